@@ -1,0 +1,318 @@
+"""events.py: the event vocabulary, the append-only JSONL session log, the bus and the projections.
+
+Owns: the envelope and line format, appending (one write per line, fsync at loop boundaries),
+recovery of torn/bad lines, replay, and the pure folds from events to the Anthropic `messages`
+history, the kernel's state and usage totals.
+Must not: import any other khaelor module, touch the network, or rewrite a line once written
+(the one exception: a torn final line, which was never a complete event, is cut off on open).
+"""
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+DURABLE = frozenset("""
+    SessionCreated BaselineRecorded UserMessageCreated SteeringQueued SteeringInjected
+    ModelTextBlockCompleted ModelThinkingBlockCompleted ToolRequested ModelResponseCompleted
+    ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
+    ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
+    ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
+    ModelChanged""".split())
+EPHEMERAL = frozenset("ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status".split())
+
+# Events that give a tool_use its tool_result. A denial is answered to the model like a result.
+TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", "PermissionDenied"})
+TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
+PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
+
+
+class KhaelorError(Exception):
+    """Base of every error khaelor reports to the user as one actionable line."""
+
+
+class SessionFileError(KhaelorError):
+    def __init__(self, path, problem):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path}: {problem}")
+
+
+# ---------------------------------------------------------------- locations
+
+def khaelor_home() -> Path:
+    return Path(os.environ.get("KHAELOR_HOME") or Path.home() / ".khaelor")
+
+
+def sessions_dir(home: Path, project_root: Path) -> Path:
+    """One folder per project: readable name plus a hash of the absolute path (names collide)."""
+    root = str(Path(project_root).resolve())
+    return home / "sessions" / f"{Path(root).name or 'root'}-{sha256(root.encode()).hexdigest()[:12]}"
+
+
+def new_session_id() -> str:
+    """Sorts by creation time (to the millisecond), with a random tail against collisions."""
+    now = time.time()
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{secrets.token_hex(3)}"
+
+
+def list_session_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
+
+
+# ---------------------------------------------------------------- the store
+
+class SessionStore:
+    """The JSONL log of one session, held in memory as `events` and appended to on disk."""
+
+    def __init__(self, path: Path, session_id: str, events: list, warnings: list):
+        self.path, self.session_id, self.events, self.warnings = path, session_id, events, warnings
+        self._fd = None
+
+    @classmethod
+    def create(cls, directory: Path, session_id: str | None = None) -> "SessionStore":
+        directory.mkdir(parents=True, exist_ok=True)
+        session_id = session_id or new_session_id()
+        return cls(directory / f"{session_id}.jsonl", session_id, [], [])
+
+    @classmethod
+    def open(cls, path: Path) -> "SessionStore":
+        """Replay a log. A torn last line is cut off; a bad line in the middle is skipped; both warn."""
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise SessionFileError(path, f"cannot be read ({e.strerror})") from None
+        events, warnings = [], []
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            warnings.append(f"{path}: the last line was cut off mid-write (a crash); dropped it "
+                            f"({len(data) - keep} bytes)")
+            _truncate(path, keep)
+            data = data[:keep]
+        for number, line in enumerate(data.splitlines(), 1):
+            event = _parse_line(line)
+            if event is None:
+                warnings.append(f"{path}:{number} is not a valid event; skipped it, kept the rest")
+                continue
+            if event["v"] > SCHEMA_VERSION:
+                raise SessionFileError(path, f"line {number} was written by a newer khaelor (schema "
+                                       f"v{event['v']}, this one reads v{SCHEMA_VERSION}); upgrade khaelor to open it")
+            events.append(event)
+        return cls(path, path.stem, events, warnings)
+
+    @property
+    def next_seq(self) -> int:
+        return self.events[-1]["seq"] + 1 if self.events else 1
+
+    def append(self, event: dict) -> None:
+        """One write of one whole line, so a crash can only tear the line being written."""
+        line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(self._fd, line)
+        except OSError as e:
+            raise SessionFileError(self.path, f"cannot append to the session log ({e.strerror}); "
+                                   "free disk space or fix permissions of KHAELOR_HOME") from None
+        self.events.append(event)
+
+    def sync(self) -> None:
+        """fsync at loop boundaries (after a response, after a tool batch, at task end)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _parse_line(line: bytes) -> dict | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(event, dict) and isinstance(event.get("v"), int) and isinstance(event.get("seq"), int)
+    return event if ok and isinstance(event.get("type"), str) else None
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+# ---------------------------------------------------------------- the bus
+
+class Bus:
+    """Publishes events. A durable event is on disk before any subscriber sees it."""
+
+    def __init__(self, store: SessionStore):
+        self.store = store
+        self._subscribers = []
+
+    def subscribe(self, fn):
+        self._subscribers.append(fn)
+        return lambda: self._subscribers.remove(fn)
+
+    def emit(self, type: str, **payload) -> dict:
+        durable = type in DURABLE
+        if not durable and type not in EPHEMERAL:
+            raise ValueError(f"unknown event type {type!r}")
+        event = {"v": SCHEMA_VERSION, "seq": self.store.next_seq if durable else 0,
+                 "id": secrets.token_hex(8), "ts": int(time.time() * 1000),
+                 "session": self.store.session_id, "type": type, **payload}
+        if durable:
+            self.store.append(event)
+        for fn in list(self._subscribers):
+            fn(event)
+        return event
+
+
+# ---------------------------------------------------------------- projection: API history
+
+def tool_result_text(event: dict) -> str:
+    if event["type"] == "PermissionDenied":
+        text = f"Permission denied: {event.get('reason') or 'the user declined this call'}."
+        if event.get("feedback"):
+            text += f" The user says: {event['feedback']}"
+        return text
+    if event["type"] == "ToolCancelled":
+        return f"Cancelled: {event.get('reason') or 'the tool did not finish'}."
+    return event.get("output") or "(no output)"
+
+
+def history(events: list[dict]) -> list[dict]:
+    """Fold durable events into the Anthropic `messages` list. Pure and deterministic: the same
+    events always give the same bytes. A model response counts only once ModelResponseCompleted
+    closes it; blocks of an attempt that failed or was cut off are not part of the conversation."""
+    start, messages = 0, []
+    for i, event in enumerate(events):
+        if event["type"] == "ContextCompacted":
+            start = next((j for j in range(i + 1) if events[j]["seq"] > event["cut_seq"]), i)
+            messages = [{"role": "user", "content": [{"type": "text", "text": event["summary"]}]}]
+    pruned = {tid for e in events if e["type"] == "ContextPruned" for tid in e["tool_use_ids"]}
+    pending, open_ids = [], set()
+    for event in events[start:]:
+        kind = event["type"]
+        if kind in ("UserMessageCreated", "SteeringInjected"):
+            pending = []
+            if event["text"]:
+                _add_user_block(messages, {"type": "text", "text": event["text"]})
+        elif kind == "ModelTextBlockCompleted":
+            if event["text"]:
+                pending.append({"type": "text", "text": event["text"]})
+        elif kind == "ModelThinkingBlockCompleted":
+            pending.append({"type": "redacted_thinking", "data": event["redacted"]} if "redacted" in event
+                           else {"type": "thinking", "thinking": event["thinking"], "signature": event["signature"]})
+        elif kind == "ToolRequested":
+            pending.append({"type": "tool_use", "id": event["tool_use_id"], "name": event["name"],
+                            "input": event["input"]})
+        elif kind in ("ModelRequestFailed", "Interrupted"):
+            pending = []
+        elif kind == "ModelResponseCompleted":
+            if pending:
+                messages.append({"role": "assistant", "content": pending})
+                open_ids = {b["id"] for b in pending if b["type"] == "tool_use"}
+            pending = []
+        elif kind in TOOL_RESULT_EVENTS and event["tool_use_id"] in open_ids:
+            open_ids.discard(event["tool_use_id"])
+            block = {"type": "tool_result", "tool_use_id": event["tool_use_id"],
+                     "content": PRUNED_PLACEHOLDER if event["tool_use_id"] in pruned else tool_result_text(event)}
+            if kind != "ToolCompleted":
+                block["is_error"] = True
+            _add_user_block(messages, block)
+    return messages
+
+
+def _add_user_block(messages: list, block: dict) -> None:
+    """Consecutive user content shares one message: tool results first, then text (the API's rule)."""
+    if messages and messages[-1]["role"] == "user":
+        messages[-1]["content"].append(block)
+    else:
+        messages.append({"role": "user", "content": [block]})
+
+
+# ---------------------------------------------------------------- projection: kernel state
+
+@dataclass
+class State:
+    """What the kernel needs to decide its next step; every field is derived from the log."""
+    turn_open: bool = False            # a user message arrived after the last turn end
+    needs_model: bool = False          # the conversation ends on the user side
+    pending_tools: list = field(default_factory=list)   # ToolRequested of completed responses, not answered yet
+    started_tools: set = field(default_factory=set)      # tool_use_ids with ToolStarted and no result
+    queued_steering: list = field(default_factory=list)  # SteeringQueued texts not yet injected
+    responses_in_turn: int = 0         # ModelResponseCompleted since the turn's user message
+    last_stop_reason: str | None = None
+    recent_calls: list = field(default_factory=list)     # (name, input json) of the newest tool calls
+    last_failure: dict | None = None   # the newest ModelRequestFailed of this turn that was not retried
+
+
+def kernel_state(events: list[dict]) -> State:
+    s = State()
+    attempt = []    # ToolRequested of the response being streamed
+    for event in events:
+        kind = event["type"]
+        if kind == "UserMessageCreated":
+            s.turn_open, s.needs_model, s.responses_in_turn, s.last_failure = True, True, 0, None
+            attempt = []
+        elif kind in TURN_END_EVENTS:
+            s.turn_open, s.needs_model = False, False
+        elif kind == "SteeringQueued":
+            s.queued_steering.append(event["text"])
+        elif kind == "SteeringInjected":
+            if event["text"] in s.queued_steering:
+                s.queued_steering.remove(event["text"])
+            s.needs_model = True
+        elif kind == "ToolRequested":
+            attempt.append(event)
+            s.recent_calls = (s.recent_calls + [(event["name"], json.dumps(event["input"], sort_keys=True))])[-3:]
+        elif kind == "ModelRequestFailed":
+            attempt = []
+            if not event.get("retrying"):
+                s.last_failure = event
+        elif kind == "ModelResponseCompleted":
+            s.pending_tools, attempt = attempt, []
+            s.responses_in_turn += 1
+            s.last_stop_reason = event["stop_reason"]
+            s.needs_model = bool(s.pending_tools)
+        elif kind == "ToolStarted":
+            s.started_tools.add(event["tool_use_id"])
+        elif kind in TOOL_RESULT_EVENTS:
+            s.started_tools.discard(event["tool_use_id"])
+            s.pending_tools = [t for t in s.pending_tools if t["tool_use_id"] != event["tool_use_id"]]
+        elif kind == "ContextCompacted":
+            s.needs_model = s.turn_open
+    return s
+
+
+# ---------------------------------------------------------------- projection: usage
+
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def usage_totals(events: list[dict]) -> dict:
+    """Summed per model, from the API's own usage fields only."""
+    totals = {}
+    for event in events:
+        if event["type"] == "ModelResponseCompleted":
+            per_model = totals.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
+            for key in USAGE_KEYS:
+                per_model[key] += event["usage"].get(key) or 0
+    return totals
+
+
+def session_title(events: list[dict]) -> str:
+    title = ""
+    for event in events:
+        if event["type"] == "SessionRenamed":
+            title = event["title"]
+        elif event["type"] == "UserMessageCreated" and not title:
+            title = " ".join(event["text"].split())[:60]
+    return title
+

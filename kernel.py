@@ -1,0 +1,268 @@
+"""kernel.py: the state-derived agent loop.
+
+Owns: `derive_next` (a pure function of the log's projection), the stream reducer (SDK stream
+events → our events, pure), the tool runtime (permission gate → execute → record), steering,
+interruption and the turn budget. Every decision is re-derived from the log on each iteration,
+so a crash resumes mid-conversation.
+Must not: import ui, touch files or processes itself (tools.py does), or keep anything that
+matters only in loop-local variables.
+"""
+import asyncio
+import json
+
+import events
+import permissions
+from model import ModelError, merge_usage
+
+DOOM_LOOP_REPEATS = 3    # byte-identical consecutive tool calls before the run pauses
+
+
+# ---------------------------------------------------------------- deciding
+
+def derive_next(state: events.State, max_turns: int | None = None) -> str:
+    """One of: execute-tools, inject-steering, call-model, ask-user, max-turns, failed, done, idle."""
+    if not state.turn_open:
+        return "idle"
+    if state.last_failure is not None:
+        return "failed"
+    if state.pending_tools:
+        calls = state.recent_calls
+        if len(calls) == DOOM_LOOP_REPEATS and len(set(calls)) == 1 and not state.started_tools:
+            return "ask-user"
+        return "execute-tools"
+    if state.queued_steering:
+        return "inject-steering"
+    if state.needs_model:
+        if max_turns is not None and state.responses_in_turn >= max_turns:
+            return "max-turns"
+        return "call-model"
+    return "done"
+
+
+class StreamReducer:
+    """Turns raw stream events (plain dicts) into (event type, payload) pairs. Durable block events
+    are produced when a block closes, so a crash keeps every finished block in the log."""
+
+    def __init__(self):
+        self.blocks, self.usage, self.message_id, self.model, self.stop_reason = {}, {}, None, None, None
+
+    def feed(self, event: dict) -> list[tuple[str, dict]]:
+        kind = event["type"]
+        if kind == "message_start":
+            self.message_id, self.model = event["message"].get("id"), event["message"].get("model")
+            self.usage = merge_usage({}, event)
+        elif kind == "content_block_start":
+            self.blocks[event["index"]] = dict(event["content_block"], partial="")
+        elif kind == "content_block_delta":
+            return self._delta(self.blocks[event["index"]], event["delta"])
+        elif kind == "content_block_stop":
+            return self._close(self.blocks.pop(event["index"]))
+        elif kind == "message_delta":
+            self.stop_reason = event["delta"].get("stop_reason") or self.stop_reason
+            self.usage = merge_usage(self.usage, event)
+        elif kind == "message_stop":
+            usage = {k: self.usage.get(k, 0) for k in events.USAGE_KEYS}
+            return [("ModelResponseCompleted", {"message_id": self.message_id, "model": self.model,
+                                                "stop_reason": self.stop_reason, "usage": usage})]
+        return []
+
+    @staticmethod
+    def _delta(block: dict, delta: dict) -> list:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + delta["text"]
+            return [("TextDelta", {"text": delta["text"]})]
+        if kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            return [("ThinkingDelta", {"text": delta["thinking"]})]
+        if kind == "signature_delta":
+            block["signature"] = block.get("signature", "") + delta["signature"]
+        elif kind == "input_json_delta":
+            block["partial"] += delta["partial_json"]
+            return [("ToolInputDelta", {"tool_use_id": block["id"], "partial_json": delta["partial_json"]})]
+        return []
+
+    @staticmethod
+    def _close(block: dict) -> list:
+        kind = block["type"]
+        if kind == "text":
+            return [("ModelTextBlockCompleted", {"text": block.get("text", "")})]
+        if kind == "thinking":
+            return [("ModelThinkingBlockCompleted", {"thinking": block.get("thinking", ""),
+                                                     "signature": block.get("signature", "")})]
+        if kind == "redacted_thinking":
+            return [("ModelThinkingBlockCompleted", {"redacted": block["data"]})]
+        if kind == "tool_use":
+            payload = {"tool_use_id": block["id"], "name": block["name"], "input": {}}
+            try:
+                parsed = json.loads(block["partial"]) if block["partial"].strip() else {}
+            except ValueError as e:
+                parsed = None
+                payload["input_error"] = f"the input was not valid JSON ({e}); it may have been cut off"
+            if isinstance(parsed, dict):
+                payload["input"] = parsed
+            elif parsed is not None:
+                payload["input_error"] = "the input must be a JSON object"
+            return [("ToolRequested", payload)]
+        return []
+
+
+# ---------------------------------------------------------------- the loop
+
+class Kernel:
+    """Runs turns of one session. `ask(request_event) -> (choice, feedback)` answers permission
+    questions: choice is "once", "always" or "deny"; `grant(rule)` persists an "always"."""
+
+    def __init__(self, *, bus, model, toolbox, ctx, rules, project_root, ask, grant=None,
+                 yes=False, max_turns=None):
+        self.bus, self.model, self.toolbox, self.ctx = bus, model, toolbox, ctx
+        self.rules, self.project_root, self.ask, self.grant = rules, project_root, ask, grant
+        self.yes, self.max_turns = yes, max_turns
+        self.busy = False
+
+    @property
+    def log(self) -> list:
+        return self.bus.store.events
+
+    def emit(self, type, **payload):
+        return self.bus.emit(type, **payload)
+
+    def submit(self, text: str) -> None:
+        """A user message; while a turn runs it is queued as steering instead."""
+        if self.busy:
+            self.emit("SteeringQueued", text=text)
+            return
+        for call in events.kernel_state(self.log).pending_tools:
+            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="not run: the user sent a new message")
+        self.emit("UserMessageCreated", text=text)
+
+    def repair(self) -> None:
+        """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
+        for tool_use_id in sorted(events.kernel_state(self.log).started_tools):
+            self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="khaelor exited while the tool was running")
+        self.bus.store.sync()
+
+    async def run(self) -> str:
+        """Run until the turn ends; returns the final step ("done", "failed", "max-turns", …)."""
+        self.busy = True
+        try:
+            while True:
+                step = derive_next(events.kernel_state(self.log), self.max_turns)
+                if step == "call-model":
+                    await self.call_model()
+                elif step == "execute-tools":
+                    await self.execute_tools()
+                elif step == "inject-steering":
+                    for text in events.kernel_state(self.log).queued_steering:
+                        self.emit("SteeringInjected", text=text)
+                else:
+                    return self.finish(step)
+        except asyncio.CancelledError:
+            self.interrupt_cleanup()
+            raise
+        finally:
+            self.busy = False
+            self.bus.store.sync()
+
+    def finish(self, step: str) -> str:
+        state = events.kernel_state(self.log)
+        if step == "done":
+            self.emit("TaskCompleted", evidence={"stop_reason": state.last_stop_reason,
+                                                 "responses": state.responses_in_turn})
+        elif step == "failed":
+            self.emit("TaskFailed", reason=state.last_failure["message"])
+        elif step == "max-turns":
+            self.emit("TaskFailed", reason=f"stopped after --max-turns {self.max_turns} model responses")
+        elif step == "ask-user":
+            for call in state.pending_tools:
+                self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
+                          reason="paused: the same call was repeated three times in a row")
+            self.emit("TaskFailed", reason=f"paused: the model repeated the same {state.pending_tools[0]['name']} "
+                      f"call {DOOM_LOOP_REPEATS} times in a row; say how to continue")
+        return step
+
+    def interrupt_cleanup(self) -> None:
+        """Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted."""
+        state = events.kernel_state(self.log)
+        for call in state.pending_tools:
+            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="interrupted by the user")
+        self.emit("Interrupted")
+
+    async def call_model(self) -> None:
+        request = self.ctx.build_request(self.log, volatile=self.ctx.volatile_facts(self.toolbox.running_processes()))
+        self.emit("ModelStarted", model=request["model"])
+        reducer = StreamReducer()
+        try:
+            async for raw in self.model.stream(request):
+                if raw["type"] == "restart":
+                    self.emit("ModelRequestFailed", kind="retryable", status=raw.get("status"),
+                              message=raw["error"], retrying=True)
+                    reducer = StreamReducer()
+                    continue
+                for kind, payload in reducer.feed(raw):
+                    self.emit(kind, **payload)
+        except ModelError as e:
+            self.emit("ModelRequestFailed", kind=e.kind, status=e.status, message=str(e), retrying=False)
+        self.bus.store.sync()
+
+    async def execute_tools(self) -> None:
+        for call in events.kernel_state(self.log).pending_tools:
+            await self.run_tool(call)
+        self.bus.store.sync()
+
+    async def run_tool(self, call: dict) -> None:
+        tool_use_id, name = call["tool_use_id"], call["name"]
+        if call.get("input_error"):
+            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name, meta={},
+                      output=f"Your {name} call could not be run: {call['input_error']}. Send the call again "
+                             "with a complete JSON object as input.")
+            return
+        if not await self.permitted(call):
+            return
+        self.emit("ToolStarted", tool_use_id=tool_use_id, name=name)
+        try:
+            result = await self.toolbox.run(name, call["input"], tool_use_id)
+        except asyncio.CancelledError:
+            self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="interrupted by the user")
+            raise
+        kind = "ToolFailed" if result.is_error else "ToolCompleted"
+        self.emit(kind, tool_use_id=tool_use_id, name=name, output=result.text, meta=result.meta)
+
+    async def permitted(self, call: dict) -> bool:
+        """The gate: the hardline floor always refuses; an ask goes to the user (or --yes)."""
+        tool_use_id = call["tool_use_id"]
+        decision = permissions.decide(call["name"], call["input"], self.project_root, self.rules)
+        if decision.action == "allow" and not decision.floor:
+            return True
+        if decision.floor or decision.action == "deny":
+            why = "refused by the hardline safety floor" if decision.floor else \
+                f"denied by rule {decision.rule.capability} {decision.rule.pattern!r}" if decision.rule else "denied"
+            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=f"{decision.descriptor}: {why}", feedback="")
+            return False
+        if self.yes:
+            self.emit("PermissionGranted", tool_use_id=tool_use_id, scope="yes")
+            return True
+        request = self.emit("PermissionRequested", tool_use_id=tool_use_id, capability=decision.capability,
+                            descriptor=decision.descriptor, suggestion=decision.suggestion,
+                            preview=permission_preview(call))
+        choice, feedback = await self.ask(request)
+        if choice == "deny":
+            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason="the user declined", feedback=feedback)
+            return False
+        if choice == "always" and decision.suggestion and self.grant:
+            self.grant(decision.suggestion)
+        self.emit("PermissionGranted", tool_use_id=tool_use_id, scope=choice)
+        return True
+
+
+def permission_preview(call: dict) -> str:
+    """What the panel shows: the command, or the content about to be written."""
+    tool_input = call["input"]
+    if call["name"] == "bash":
+        return str(tool_input.get("command", ""))
+    if call["name"] == "edit":
+        return f"- {tool_input.get('old_string', '')}\n+ {tool_input.get('new_string', '')}"
+    if call["name"] == "write":
+        return str(tool_input.get("content", ""))[:2000]
+    return json.dumps(tool_input)[:2000]
+

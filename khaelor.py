@@ -1,0 +1,338 @@
+"""khaelor.py: the command line and composition root of KHAELOR, a terminal coding agent.
+
+Owns: argv, config files and their precedence, session lifecycle (new, --continue, --resume),
+the headless runner (-p), `khaelor sessions`, `khaelor permissions`, exit codes, and the one
+catch-all that turns an unexpected error into one line plus the log path.
+Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
+It is the only module that imports ui, and only when the interactive UI starts.
+
+    khaelor                      interactive, in the current directory
+    khaelor -p "fix the test"    headless one-shot (see --help)
+"""
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import events
+from events import KhaelorError
+
+VERSION = "0.1.0"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+CONFIG_KEYS = {"model": str, "aux_model": str, "permissions": list, "prices": dict, "max_turns": int}
+
+
+class UsageError(KhaelorError):
+    """Bad flags, bad config, missing key, unknown session: exit 2 with one actionable line."""
+
+
+# ---------------------------------------------------------------- config
+
+def find_project_root(cwd: Path) -> Path:
+    """The nearest ancestor holding .git, else the working directory itself."""
+    for directory in (cwd, *cwd.parents):
+        if (directory / ".git").exists():
+            return directory
+    return cwd
+
+
+def read_config(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix or remove the file") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: must hold a JSON object like {{\"model\": \"...\"}}")
+    for key, value in config.items():
+        expected = CONFIG_KEYS.get(key)
+        if expected is None:
+            raise UsageError(f"{path}: unknown key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise UsageError(f"{path}: {key!r} must be a {expected.__name__}")
+    import permissions
+    problem = permissions.validate_config_rules(config.get("permissions", []))
+    if problem:
+        raise UsageError(f"{path}: {problem}")
+    return config
+
+
+def load_settings(args, home: Path, project_root: Path) -> dict:
+    """Precedence: flags → project config → user config → env → defaults."""
+    from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
+    user_path, project_path = home / "config.json", project_root / ".khaelor" / "config.json"
+    user, project = read_config(user_path), read_config(project_path)
+    merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL, "prices": {}, "max_turns": None}
+    merged.update({k: v for k, v in user.items() if k != "permissions"})
+    merged.update({k: v for k, v in project.items() if k != "permissions"})
+    for key in ("model", "aux_model", "max_turns"):
+        if getattr(args, key, None) is not None:
+            merged[key] = getattr(args, key)
+    merged["layers"] = [(str(user_path), user), (str(project_path), project)]
+    merged["project_config"] = project_path
+    return merged
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- sessions
+
+def open_session(args, home: Path, project_root: Path):
+    """A new session, the newest one (--continue) or one named by an id prefix (--resume)."""
+    directory = events.sessions_dir(home, project_root)
+    files = events.list_session_files(directory)
+    if args.resume:
+        matches = [f for f in files if f.stem.startswith(args.resume)]
+        if not matches:
+            raise UsageError(f"no session {args.resume!r} in this project; `khaelor sessions` lists them")
+        if len(matches) > 1:
+            raise UsageError(f"{args.resume!r} matches {len(matches)} sessions; give more of the id")
+        return events.SessionStore.open(matches[0])
+    if args.continue_:
+        if not files:
+            raise UsageError("no earlier session in this project to continue; run without -c to start one")
+        return events.SessionStore.open(files[-1])
+    return events.SessionStore.create(directory)
+
+
+def session_summary(store) -> dict:
+    from model import price_of
+    log = store.events
+    totals = events.usage_totals(log)
+    costs = [price_of(m, u) for m, u in totals.items()]
+    return {"id": store.session_id, "title": events.session_title(log),
+            "updated": log[-1]["ts"] if log else 0,
+            "tokens": sum(sum(u.values()) for u in totals.values()),
+            "cost": None if None in costs else sum(costs)}
+
+
+def cmd_sessions(home: Path, project_root: Path) -> int:
+    import time
+    files = events.list_session_files(events.sessions_dir(home, project_root))
+    if not files:
+        print("no sessions in this project yet")
+        return EXIT_OK
+    print(f"{'id':<30} {'updated':<17} {'tokens':>9} {'cost':>8}  title")
+    for path in reversed(files):
+        s = session_summary(events.SessionStore.open(path))
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s["updated"] / 1000)) if s["updated"] else "-"
+        cost = "?" if s["cost"] is None else f"${s['cost']:.4f}"
+        print(f"{s['id']:<30} {when:<17} {s['tokens']:>9} {cost:>8}  {s['title']}")
+    return EXIT_OK
+
+
+def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
+    import permissions
+    parser = argparse.ArgumentParser(prog="khaelor permissions", description="Show or test the permission policy.")
+    sub = parser.add_subparsers(dest="action")
+    check = sub.add_parser("check", help="what would happen to a call, without running it")
+    check.add_argument("--json", action="store_true")
+    target = check.add_mutually_exclusive_group(required=True)
+    target.add_argument("--bash", metavar="COMMAND")
+    target.add_argument("--read", metavar="PATH")
+    target.add_argument("--write", metavar="PATH")
+    args = parser.parse_args(argv)
+    layers = [(str(home / "config.json"), read_config(home / "config.json")),
+              (str(project_root / ".khaelor" / "config.json"), read_config(project_root / ".khaelor" / "config.json"))]
+    rules = permissions.load_rules(layers)
+    if args.action != "check":
+        print("\n".join(permissions.describe_rules(rules)))
+        return EXIT_OK
+    kind = "bash" if args.bash is not None else "read" if args.read is not None else "write"
+    result = permissions.check(kind, args.bash or args.read or args.write, project_root, rules)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['decision']}  ({result['capability']}; "
+              f"{'hardline floor' if result['floor'] else result['rule'] or 'default'})")
+        if result["suggestion"]:
+            print(f"always-allow would save: {result['suggestion']}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- headless
+
+def parse_args(argv: list):
+    parser = argparse.ArgumentParser(prog="khaelor", description="A terminal coding agent for Claude models.",
+                                     epilog="Subcommands: `khaelor sessions`, `khaelor permissions [check …]`.")
+    parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT",
+                        help="run one task headless and exit ('-' reads the prompt from stdin)")
+    parser.add_argument("--output-format", choices=("text", "json", "stream-json"), default="text")
+    parser.add_argument("--yes", action="store_true", help="approve every ask (the hardline floor still refuses)")
+    parser.add_argument("-c", "--continue", dest="continue_", action="store_true", help="continue the newest session")
+    parser.add_argument("-r", "--resume", metavar="ID", help="resume a session by id (a unique prefix is enough)")
+    parser.add_argument("--model", metavar="ID")
+    parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
+    parser.add_argument("--max-turns", dest="max_turns", type=int, metavar="N")
+    parser.add_argument("--version", action="version", version=f"khaelor {VERSION}")
+    return parser.parse_args(argv)
+
+
+def build_kernel(args, settings, store, bus, home, project_root, ask):
+    """Wire the subsystems for one session (the modules are imported here, off the cold path)."""
+    import context
+    import kernel
+    import model
+    import permissions
+    import tools
+
+    def grant(rule: dict) -> None:
+        path = settings["project_config"]
+        write_json_atomic(path, permissions.add_grant(read_config(path), rule))
+        kernel_.rules = permissions.load_rules([settings["layers"][0], (str(path), read_config(path))])
+
+    workspace = tools.Workspace(project_root)
+    toolbox = tools.Toolbox(workspace, home, bus.emit)
+    ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=settings["model"],
+                          tool_schemas=toolbox.schemas, workspace=workspace)
+    client = model.ModelClient(on_status=lambda text: bus.emit("Status", text=text))
+    kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
+                            rules=permissions.load_rules(settings["layers"]), project_root=project_root,
+                            ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"])
+    return kernel_
+
+
+def final_text(log: list) -> str:
+    """The text of the last completed model response."""
+    texts, answer = [], ""
+    for event in log:
+        if event["type"] == "ModelTextBlockCompleted":
+            texts.append(event["text"])
+        elif event["type"] in ("ModelRequestFailed", "UserMessageCreated"):
+            texts = []
+        elif event["type"] == "ModelResponseCompleted":
+            answer, texts = "\n\n".join(t for t in texts if t) or answer, []
+    return answer
+
+
+async def run_headless(args, settings, store, home, project_root) -> int:
+    bus = events.Bus(store)
+    if args.output_format == "stream-json":
+        bus.subscribe(lambda e: e["type"] in events.DURABLE and print(json.dumps(e, ensure_ascii=False), flush=True))
+    bus.subscribe(lambda e: e["type"] == "Status" and print(f"khaelor: {e['text']}", file=sys.stderr))
+
+    async def ask(request: dict):
+        # Silence is not consent: with nobody to answer, an ask is a denial.
+        print(f"khaelor: denied {request['descriptor']!r} ({request['capability']}); nobody to ask in -p mode. "
+              "Pass --yes, or allow it in .khaelor/config.json", file=sys.stderr)
+        return "deny", ""
+
+    kernel_ = build_kernel(args, settings, store, bus, home, project_root, ask)
+    if not store.events:
+        bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(project_root), model=settings["model"],
+                 aux_model=settings["aux_model"], version=VERSION)
+    kernel_.repair()
+    kernel_.submit(args.prompt)
+    try:
+        step = await kernel_.run()
+    finally:
+        await kernel_.toolbox.close()
+        store.close()
+    return report(args, store, step)
+
+
+def report(args, store, step: str) -> int:
+    log = store.events
+    failed = step != "done"
+    reason = next((e["reason"] for e in reversed(log) if e["type"] == "TaskFailed"), None) if failed else None
+    if args.output_format == "json":
+        summary = session_summary(store)
+        print(json.dumps({"session_id": store.session_id, "is_error": failed, "result": final_text(log),
+                          "error": reason, "usage": events.usage_totals(log), "cost_usd": summary["cost"],
+                          "num_turns": events.kernel_state(log).responses_in_turn}))
+    elif args.output_format == "text":
+        text = final_text(log)
+        if text:
+            print(text)
+    if failed:
+        print(f"khaelor: {reason}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def read_prompt(args) -> str:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise UsageError("the prompt is empty; pass -p \"what to do\" or pipe it with -p -")
+    return prompt
+
+
+def require_api_key() -> None:
+    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it (console.anthropic.com → API keys) and run again")
+
+
+# ---------------------------------------------------------------- entry point
+
+def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _exit_on_sigterm()
+    home, project_root = events.khaelor_home(), find_project_root(Path.cwd())
+    try:
+        if argv[:1] == ["sessions"]:
+            return cmd_sessions(home, project_root)
+        if argv[:1] == ["permissions"]:
+            return cmd_permissions(argv[1:], home, project_root)
+        args = parse_args(argv)
+        if args.prompt is not None:
+            import model
+            model.preload()   # the SDK import (~2 s) overlaps with the rest of start-up
+            args.prompt = read_prompt(args)
+            require_api_key()
+            settings = load_settings(args, home, project_root)
+            store = open_session(args, home, project_root)
+            for warning in store.warnings:
+                print(f"khaelor: warning: {warning}", file=sys.stderr)
+            return asyncio.run(run_headless(args, settings, store, home, project_root))
+        return run_interactive(args, home, project_root)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except UsageError as e:
+        print(f"khaelor: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KhaelorError as e:
+        print(f"khaelor: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:  # the one catch-all: one line for the user, the traceback in a file
+        return report_crash(e, home)
+
+
+def report_crash(error: Exception, home: Path) -> int:
+    import traceback
+    path = home / "crash.log"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(traceback.format_exception(error)) + "\n")
+    except OSError:
+        path = None
+    print(f"khaelor: internal error: {type(error).__name__}: {error}"
+          + (f" (details in {path})" if path else ""), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def run_interactive(args, home: Path, project_root: Path) -> int:
+    raise UsageError("the interactive UI is not built yet; use -p PROMPT")
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so `finally` blocks stop processes and sync the log."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

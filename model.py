@@ -1,0 +1,195 @@
+"""model.py: the model client over anthropic.AsyncAnthropic — streaming, typed errors, retries, cost.
+
+Owns: the only `import anthropic` in khaelor (lazily, inside `_sdk()`), the retry policy (the SDK's
+own retries are off so every attempt is visible here), the error taxonomy the kernel branches on,
+and the price table. Events leave here as plain dicts with only the fields the API defined.
+Must not: import kernel/tools/ui/context, touch files, or estimate usage (usage is the API's).
+"""
+import asyncio
+import random
+import threading
+
+from events import KhaelorError
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+DEFAULT_AUX_MODEL = "claude-haiku-5-5"
+MAX_ATTEMPTS = 5            # one call plus four retries
+BASE_DELAY_S = 0.5          # jittered exponential: 0.5, 1, 2, 4 … capped below
+MAX_DELAY_S = 30.0          # also caps a server's retry-after, so a run never sleeps for hours
+READ_TIMEOUT_S = 120.0      # no byte (not even a ping) for this long: the stream is stalled
+
+# $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
+PRICES = {
+    "claude-opus-5-5": (4, 20, 5, 0.20),
+    "claude-sonnet-5-5": (2, 10, 2.50, 0.20),
+    "claude-haiku-5-5": (0.10, 0.50, 0.125, 0.01),
+    "claude-fable-5-2": (8, 40, 10, 0.20),
+    "claude-opus-5": (5, 25, 6.25, 0.50),
+    "claude-sonnet-5": (2, 10, 2.50, 0.20),
+    "claude-opus-4-8": (5, 25, 6.25, 0.50),
+    "claude-opus-4-7": (5, 25, 6.25, 0.50),
+    "claude-opus-4-6": (5, 25, 6.25, 0.50),
+    "claude-sonnet-4-6": (3, 15, 3.75, 0.30),
+    "claude-opus-4-5": (5, 25, 6.25, 0.50),
+    "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
+    "claude-haiku-4-5": (1, 5, 1.25, 0.10),
+}
+# Transient failures the API itself tells clients to retry (ANTHROPIC_API.md §4.2).
+RETRYABLE_STATUS = {408, 409, 429}
+RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
+OVERFLOW_PHRASES = ("prompt is too long", "exceed context limit", "context window")
+
+
+class ModelError(KhaelorError):
+    """kind: retryable | context_overflow | auth | invalid_request | cancelled."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None):
+        self.kind, self.status = kind, status
+        super().__init__(message)
+
+
+_import_lock = threading.Lock()
+
+
+def _sdk():
+    """Import the SDK on first use (≈2 s, ~3,500 modules), never at start-up."""
+    with _import_lock:
+        import anthropic
+        return anthropic
+
+
+def preload() -> None:
+    """Start importing the SDK in a background thread so it is ready when the first request goes."""
+    threading.Thread(target=_sdk, name="khaelor-sdk-import", daemon=True).start()
+
+
+def price_of(model: str, usage: dict, prices: dict | None = None) -> float | None:
+    """Cost in dollars from real usage; None for a model with no known price (never guessed)."""
+    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
+    price = table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
+    if price is None:
+        return None
+    p_in, p_out, p_write, p_read = price
+    return (usage.get("input_tokens", 0) * p_in + usage.get("output_tokens", 0) * p_out
+            + usage.get("cache_write_tokens", 0) * p_write + usage.get("cache_read_tokens", 0) * p_read) / 1e6
+
+
+class ModelClient:
+    """One client per process. `stream(request)` yields plain event dicts; on a retryable failure
+    after events were yielded it yields {"type": "restart", ...} and starts the request again."""
+
+    def __init__(self, *, api_key: str | None = None, base_url: str | None = None,
+                 max_attempts: int = MAX_ATTEMPTS, read_timeout: float = READ_TIMEOUT_S, on_status=None):
+        self._api_key, self._base_url = api_key, base_url
+        self.max_attempts, self.read_timeout = max_attempts, read_timeout
+        self.on_status = on_status or (lambda text: None)
+        self._client = None
+
+    def _get_client(self):
+        if self._client is None:
+            sdk = _sdk()
+            timeout = sdk.Timeout(self.read_timeout, connect=10.0)
+            self._client = sdk.AsyncAnthropic(api_key=self._api_key, base_url=self._base_url,
+                                              max_retries=0, timeout=timeout)
+        return self._client
+
+    async def stream(self, request: dict):
+        for attempt in range(1, self.max_attempts + 1):
+            yielded = False
+            try:
+                client = self._get_client()
+                stream = await client.messages.create(stream=True, **request)
+                async with stream:
+                    async for event in stream:
+                        plain = _plain_event(event)
+                        if plain is not None:
+                            yielded = True
+                            yield plain
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # classified right here; nothing is swallowed
+                error = classify(exc)
+                if error.kind != "retryable" or attempt == self.max_attempts:
+                    if error.kind == "retryable" and attempt > 1:
+                        error = ModelError("retryable", f"{error} (gave up after {attempt} attempts)", error.status)
+                    raise error from None
+                delay = _retry_delay(exc, attempt)
+                self.on_status(f"{error} — retrying in {delay:.1f}s (attempt {attempt + 1} of {self.max_attempts})")
+                if yielded:
+                    yield {"type": "restart", "error": str(error), "status": error.status}
+                await asyncio.sleep(delay)
+
+    async def complete(self, request: dict) -> dict:
+        """A whole response without tools (compaction summaries, titles): {"text", "usage", "model"}."""
+        text, usage, model = [], {}, request.get("model")
+        async for event in self.stream(request):
+            if event["type"] == "restart":
+                text = []
+            elif event["type"] == "content_block_delta" and event["delta"].get("type") == "text_delta":
+                text.append(event["delta"]["text"])
+            elif event["type"] in ("message_start", "message_delta"):
+                usage = merge_usage(usage, event)
+        return {"text": "".join(text), "usage": usage, "model": model}
+
+
+def merge_usage(usage: dict, event: dict) -> dict:
+    """message_start carries the input side; message_delta's counts are cumulative (overwrite)."""
+    raw = event["message"]["usage"] if event["type"] == "message_start" else event.get("usage") or {}
+    merged = dict(usage)
+    for ours, theirs in (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
+                         ("cache_read_tokens", "cache_read_input_tokens"),
+                         ("cache_write_tokens", "cache_creation_input_tokens")):
+        if raw.get(theirs) is not None:
+            merged[ours] = raw[theirs]
+    return merged
+
+
+def _plain_event(event) -> dict | None:
+    """SDK event object → a dict of the wire fields; unknown event types are ignored."""
+    kind = getattr(event, "type", None)
+    if kind not in ("message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                    "message_delta", "message_stop"):
+        return None
+    return event.to_dict()
+
+
+def classify(exc: BaseException) -> ModelError:
+    sdk = _sdk()
+    if isinstance(exc, ModelError):
+        return exc
+    if isinstance(exc, sdk.APIStatusError):
+        status, err_type = exc.status_code, exc.type or ""
+        message = exc.api_message or str(exc)
+        label = f"API error {status}" + (f" ({err_type})" if err_type else "") + f": {message}"
+        if status == 200:   # an `error` event in the middle of a stream
+            label = f"stream error ({err_type}): {message}"
+        if status in (401, 403):
+            return ModelError("auth", f"the API refused the credentials ({status} {err_type}); "
+                              "check ANTHROPIC_API_KEY", status)
+        if status == 413 or (status == 400 and any(p in message.lower() for p in OVERFLOW_PHRASES)):
+            return ModelError("context_overflow", label, status)
+        if status in RETRYABLE_STATUS or status >= 500 or err_type in RETRYABLE_TYPES:
+            return ModelError("retryable", label, status)
+        return ModelError("invalid_request", label, status)
+    if isinstance(exc, sdk.APIConnectionError):
+        return ModelError("retryable", f"cannot reach the API: {exc}")
+    if isinstance(exc, TypeError) and "authentication" in str(exc):
+        return ModelError("auth", "no API key: set ANTHROPIC_API_KEY")
+    import httpx2  # the SDK's transport; failures after the stream began are not wrapped by the SDK
+    if isinstance(exc, httpx2.TransportError):
+        return ModelError("retryable", f"the connection failed mid-stream ({type(exc).__name__}: {exc})")
+    return ModelError("invalid_request", f"unexpected client error {type(exc).__name__}: {exc}")
+
+
+def _retry_delay(exc: BaseException, attempt: int) -> float:
+    """Honour retry-after-ms / retry-after (seconds) when the server sends them, else back off."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            value = float(headers.get(name)) * scale
+        except (TypeError, ValueError):
+            continue
+        if value >= 0 and not (name == "retry-after-ms" and value == 0):
+            return min(value, MAX_DELAY_S)
+    return min(BASE_DELAY_S * 2 ** (attempt - 1), MAX_DELAY_S) * random.uniform(0.75, 1.0)

@@ -1,0 +1,507 @@
+"""fake_api.py: a scripted fake of the Anthropic Messages API for khaelor's tests, e2e runs and benches.
+
+Owns: an HTTP server on 127.0.0.1 (stdlib only) that the REAL `anthropic` SDK talks to through
+`base_url` / ANTHROPIC_BASE_URL; request validation as strict as the real API (`validate`); a
+script of canned responses streamed as SSE exactly as ../shared/ANTHROPIC_API.md §2 and §8 describe;
+simulated usage and prompt caching; a record of every request.
+Must not: import khaelor modules, touch the network beyond 127.0.0.1, or guess: every wording comes
+from ANTHROPIC_API.md §3/§4 (a few invented ones are marked "wording not documented").
+
+In-process:
+    with FakeAnthropic([text("hi")]) as fake:          # fake.base_url -> http://127.0.0.1:PORT
+        ...; assert fake.rejections == []
+As a process (tmux/e2e/bench):
+    python tests/fake_api.py --script script.json [--port 0] [--port-file PATH] [--log PATH]
+                             [--max-context-tokens N]
+
+Script items (plain JSON dicts), consumed one per POST /v1/messages, first matching item wins:
+    {"content": [blocks], "stop_reason"?, "stop_sequence"?, "usage"? (overrides), "chunk"? (chars
+     per delta, default 8), "delay"? (seconds between events), "match"? ({"model": ...}: only for
+     requests whose body fields equal these; others skip it and it stays queued)}
+    blocks: {"type":"text","text"} {"type":"thinking","thinking","signature"?} {"type":"redacted_thinking",
+            "data"} {"type":"tool_use","name","input","id"?}
+    {"error": {"status"?, "type", "message", "headers"?}}          pre-stream JSON error
+    {"stream_error": {"type", "message"}, "content": [...]}        content, then `event: error`
+    {"drop_after_events": N, "content": [...]}                     socket closed after N events
+    {"stall_after_events": N, "stall_seconds": S, "content": [...]}
+Events are counted from 1: message_start, ping, then each block's start/deltas/stop, message_delta,
+message_stop. An exhausted script answers 500 api_error "fake script exhausted" (x-should-retry: false).
+"""
+import argparse
+import hashlib
+import http.server
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+# ---------------------------------------------------------------- constants (ANTHROPIC_API.md §1, §3, §4)
+MESSAGE_FIELDS = {"model", "max_tokens", "messages", "system", "stream", "tools", "tool_choice", "thinking",
+                  "output_config", "cache_control", "metadata", "stop_sequences", "service_tier", "speed",
+                  "inference_geo", "container", "diagnostics"}
+COUNT_TOKENS_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
+                       "cache_control", "speed"}
+# Fields accepted per content block type. Deliberately strict: response-only fields that an SDK
+# model_dump() echoes back (tool_use.caller, text.citations=None, parsed_output) are rejected.
+BLOCK_FIELDS = {
+    "text": {"type", "text", "cache_control"},
+    "image": {"type", "source", "cache_control"},
+    "document": {"type", "source", "cache_control", "citations", "context", "title"},
+    "tool_use": {"type", "id", "name", "input", "cache_control"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "thinking": {"type", "thinking", "signature"},
+    "redacted_thinking": {"type", "data"},
+}
+REQUIRED_BLOCK_FIELDS = {"text": ("text",), "image": ("source",), "document": ("source",),
+                         "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
+                         "thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+ROLE_BLOCKS = {"user": {"text", "image", "document", "tool_result"},
+               "assistant": {"text", "thinking", "redacted_thinking", "tool_use"},
+               "system": {"text"}}
+RESULT_CONTENT_BLOCKS = {"text", "image", "document"}
+TOOL_FIELDS = {"name", "description", "input_schema", "cache_control", "strict", "eager_input_streaming",
+               "defer_loading", "input_examples", "allowed_callers", "type"}
+IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+MAX_CACHE_BREAKPOINTS = 4
+CACHE_LOOKBACK_BLOCKS = 20
+MAX_OUTPUT_TOKENS = 128_000
+SMALL_OUTPUT_MODELS = ("claude-opus-4-5", "claude-haiku-4-5")   # 64K max output
+# (model-id prefix, thinking types it accepts); the first matching prefix wins.  [§3.3]
+THINKING_TYPES = [
+    ("claude-opus-5-5", {"adaptive"}), ("claude-fable-5", {"adaptive"}), ("claude-mythos-5", {"adaptive"}),
+    ("claude-sonnet-5-5", {"adaptive", "between_tools"}),
+    ("claude-opus-5", {"adaptive", "disabled"}), ("claude-sonnet-5", {"adaptive", "disabled"}),
+    ("claude-opus-4-8", {"adaptive", "disabled"}), ("claude-opus-4-7", {"adaptive", "disabled"}),
+    ("claude-opus-4-6", {"adaptive", "disabled", "enabled"}), ("claude-sonnet-4-6", {"adaptive", "disabled", "enabled"}),
+    ("claude-opus-4-5", {"enabled", "disabled"}), ("claude-sonnet-4-5", {"enabled", "disabled"}),
+    ("claude-haiku-4-5", {"enabled", "disabled"}),
+]
+NO_FORCED_TOOL_CHOICE = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-mythos-5-1")
+THINKING_TYPE_ERRORS = {
+    "enabled": '"thinking.type.enabled" is not supported for this model. Use "thinking.type.adaptive" '
+               'and "output_config.effort" to control thinking behavior.',
+    "adaptive": "adaptive thinking is not supported on this model",
+    "between_tools": '"thinking.type.between_tools" is not supported for this model.',
+    "disabled": '"thinking.type.disabled" is not supported for this model.',   # wording not documented
+}
+PREFILL = "This model does not support assistant message prefill. The conversation must end with a user message."
+THINKING_MODIFIED = ("`thinking` or `redacted_thinking` blocks in the latest assistant message cannot be modified. "
+                     "These blocks must remain as they were in the original response.")
+STATUS_OF = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+             "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+             "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": 529}
+AUTO_SIGNATURE_PREFIX = "fakesig_"
+DEFAULT_CHUNK = 8
+SCRIPT_KEYS = {"content", "stop_reason", "stop_sequence", "usage", "chunk", "delay", "match", "error",
+               "stream_error", "drop_after_events", "stall_after_events", "stall_seconds"}
+
+
+# ---------------------------------------------------------------- script helpers
+def text(s):
+    return {"type": "text", "text": s}
+
+
+def thinking(s, signature=None):
+    """A thinking block; without a signature the server derives a self-verifying one."""
+    block = {"type": "thinking", "thinking": s}
+    if signature is not None:
+        block["signature"] = signature
+    return block
+
+
+def redacted_thinking(data):
+    return {"type": "redacted_thinking", "data": data}
+
+
+def tool_use(name, input, id=None):   # noqa: A002  (mirrors the API's field names)
+    block = {"type": "tool_use", "name": name, "input": input}
+    if id is not None:
+        block["id"] = id
+    return block
+
+
+def reply(*blocks, **options):
+    """A script item: reply(text("hi"), tool_use("read", {...}), stop_reason="end_turn")."""
+    return {"content": list(blocks), **options}
+
+
+def error(type_, message, status=None, **headers):
+    """A pre-stream error item; header names use _ for - (retry_after="0")."""
+    return {"error": {"status": status or STATUS_OF.get(type_, 500), "type": type_, "message": message,
+                      "headers": {k.replace("_", "-"): str(v) for k, v in headers.items()}}}
+
+
+def auto_signature(thinking_text):
+    return AUTO_SIGNATURE_PREFIX + hashlib.sha256(thinking_text.encode()).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------- validation
+class Memory:
+    """What the server emitted, so replayed thinking can be checked byte for byte."""
+
+    def __init__(self):
+        self.thinking = {}        # signature -> thinking text
+        self.redacted = set()     # redacted_thinking data
+        self.turns = {}           # tool_use id -> the thinking/redacted blocks of that response, in order
+
+    def remember(self, content):
+        reasoning = [b for b in content if b["type"] in ("thinking", "redacted_thinking")]
+        for block in reasoning:
+            if block["type"] == "thinking":
+                self.thinking[block["signature"]] = block["thinking"]
+            else:
+                self.redacted.add(block["data"])
+        for block in content:
+            if block["type"] == "tool_use":
+                self.turns[block["id"]] = reasoning
+
+
+def validate(body, *, endpoint="messages", memory=None):
+    """Return the 400 message the real API would give for this request body, or None if it is valid.
+
+    endpoint: "messages" or "count_tokens". memory: a Memory of emitted thinking (None skips the
+    replayed-thinking checks)."""
+    if not isinstance(body, dict):
+        return "body: Input should be a valid dictionary"
+    allowed = MESSAGE_FIELDS if endpoint == "messages" else COUNT_TOKENS_FIELDS
+    for key in body:
+        if key not in allowed:
+            return f"{key}: Extra inputs are not permitted"
+    required = ("model", "max_tokens", "messages") if endpoint == "messages" else ("model", "messages")
+    for key in required:
+        if key not in body:
+            return f"{key}: Field required"
+    model = body["model"]
+    if not isinstance(model, str) or not model:
+        return "model: Input should be a valid string"
+    if endpoint == "messages":
+        problem = _check_max_tokens(body["max_tokens"], model)
+        if problem:
+            return problem
+    for check in (_check_system, _check_tools, _check_tool_choice, _check_thinking, _check_messages):
+        problem = check(body, memory)
+        if problem:
+            return problem
+    return _check_cache_count(body)
+
+
+def _check_max_tokens(max_tokens, model):
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        return "max_tokens: Input should be a valid integer greater than or equal to 0"
+    limit = 64_000 if model.startswith(SMALL_OUTPUT_MODELS) else MAX_OUTPUT_TOKENS
+    if max_tokens > limit:
+        return f"max_tokens: {max_tokens} > {limit}, which is the maximum allowed number of output tokens for {model}"
+    return None
+
+
+def _check_cache_control(value, path):
+    if not isinstance(value, dict) or value.get("type") != "ephemeral":
+        return f"{path}.cache_control.type: Input should be 'ephemeral'"
+    for key in value:
+        if key not in ("type", "ttl"):
+            return f"{path}.cache_control.{key}: Extra inputs are not permitted"
+    if "ttl" in value and value["ttl"] not in ("5m", "1h"):
+        return f"{path}.cache_control.ttl: Input should be '5m' or '1h'"
+    return None
+
+
+def _check_text(block, path):
+    if not isinstance(block.get("text"), str):
+        return f"{path}.text: Input should be a valid string"
+    if block["text"] == "":
+        return f"{path.split('.')[0]}: text content blocks must be non-empty"
+    if not block["text"].strip():
+        return f"{path}: text content blocks must contain non-whitespace text"
+    return None
+
+
+def _check_fields(block, path, allowed, required):
+    """Unknown keys, missing keys and a valid cache_control on any dict-shaped API object."""
+    for key in block:
+        if key not in allowed:
+            return f"{path}.{key}: Extra inputs are not permitted"
+    for key in required:
+        if key not in block:
+            return f"{path}.{key}: Field required"
+    if "cache_control" in block and block["cache_control"] is not None:
+        return _check_cache_control(block["cache_control"], path)
+    return None
+
+
+def _check_system(body, _memory):
+    system = body.get("system")
+    if system is None or isinstance(system, str):
+        return None
+    if not isinstance(system, list):
+        return "system: Input should be a valid string or list"
+    for i, block in enumerate(system):
+        path = f"system.{i}"
+        if not isinstance(block, dict) or block.get("type") != "text":
+            return f"{path}.type: Input should be 'text'"
+        problem = _check_fields(block, f"{path}.text", BLOCK_FIELDS["text"], ("text",)) or _check_text(block, path)
+        if problem:
+            return problem
+    return None
+
+
+def _check_tools(body, _memory):
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return "tools: Input should be a valid list"
+    names = set()
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            return f"tools.{i}: Input should be a valid dictionary"
+        if tool.get("type") not in (None, "custom"):   # a server / Anthropic-defined tool: name only
+            if not isinstance(tool.get("name"), str):
+                return f"tools.{i}.name: Field required"
+        else:
+            path = f"tools.{i}.custom"
+            problem = _check_fields(tool, path, TOOL_FIELDS, ("name", "input_schema"))
+            if problem:
+                return problem
+            if not isinstance(tool["name"], str) or not TOOL_NAME.match(tool["name"]):
+                return f"{path}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
+            if "description" in tool and not isinstance(tool["description"], str):
+                return f"{path}.description: Input should be a valid string"
+            schema = tool["input_schema"]
+            if not isinstance(schema, dict) or schema.get("type") != "object":
+                return f"{path}.input_schema.type: Input should be 'object'"
+            if not isinstance(schema.get("properties", {}), dict):
+                return f"{path}.input_schema.properties: Input should be a valid dictionary"
+            req = schema.get("required", [])
+            if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+                return f"{path}.input_schema.required: Input should be a valid list of strings"
+        if tool["name"] in names:
+            return "tools: Tool names must be unique."
+        names.add(tool["name"])
+    return None
+
+
+def _check_tool_choice(body, _memory):
+    choice = body.get("tool_choice")
+    if choice is None:
+        return None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        return "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'"
+    if kind in ("any", "tool") and body["model"].startswith(NO_FORCED_TOOL_CHOICE):
+        return 'tool_choice: type "tool" and "any" are not supported for this model.'
+    if kind == "tool" and choice.get("name") not in {t.get("name") for t in body.get("tools") or []}:
+        return f"tool_choice.name: tool {choice.get('name')!r} not found in tools"   # wording not documented
+    return None
+
+
+def _check_thinking(body, _memory):
+    config = body.get("thinking")
+    if config is None:
+        return None
+    kind = config.get("type") if isinstance(config, dict) else None
+    if kind not in THINKING_TYPE_ERRORS:
+        return "thinking.type: Input should be 'adaptive', 'enabled', 'disabled' or 'between_tools'"
+    if kind == "enabled":
+        budget = config.get("budget_tokens")
+        if not isinstance(budget, int) or budget < 1024:
+            return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+        if "max_tokens" in body and budget >= body["max_tokens"]:
+            return "`max_tokens` must be greater than `thinking.budget_tokens`"   # wording not documented
+    accepted = next((types for prefix, types in THINKING_TYPES if body["model"].startswith(prefix)), None)
+    if accepted is not None and kind not in accepted:
+        return THINKING_TYPE_ERRORS[kind]
+    return None
+
+
+def _blocks(content):
+    """Message content as a block list (a string is shorthand for one text block)."""
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def _check_messages(body, memory):
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        return "messages: Input should be a valid list"
+    if not messages:
+        return "messages: at least one message is required"
+    if len(messages) > 100_000:
+        return "messages: List should have at most 100000 items"
+    for i, message in enumerate(messages):
+        problem = _check_message(i, message, memory)
+        if problem:
+            return problem
+    if messages[0]["role"] == "assistant":
+        return 'messages: first message must use the "user" role'
+    if messages[-1]["role"] == "assistant":
+        return PREFILL
+    return _check_tool_pairing(messages) or (memory and _check_turn_reasoning(messages, memory)) or None
+
+
+def _check_message(i, message, memory):
+    if not isinstance(message, dict):
+        return f"messages.{i}: Input should be a valid dictionary"
+    for key in message:
+        if key not in ("role", "content"):
+            return f"messages.{i}.{key}: Extra inputs are not permitted"
+    for key in ("role", "content"):
+        if key not in message:
+            return f"messages.{i}.{key}: Field required"
+    role, content = message["role"], message["content"]
+    if role not in ROLE_BLOCKS:
+        return f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'"
+    if not isinstance(content, (str, list)):
+        return f"messages.{i}.content: Input should be a valid string or list"
+    if not content:
+        return f"messages.{i}: all messages must have non-empty content except for the optional final assistant message"
+    for j, block in enumerate(_blocks(content)):
+        problem = _check_block(block, f"messages.{i}.content.{j}", role, memory)
+        if problem:
+            return problem
+    return None
+
+
+def _check_block(block, path, role, memory):
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind not in BLOCK_FIELDS:
+        return (f"{path}: Input tag '{kind}' found using 'type' does not match any of the expected tags: "
+                + ", ".join(f"'{t}'" for t in sorted(ROLE_BLOCKS[role])))
+    if kind not in ROLE_BLOCKS[role]:
+        return f"{path}.type: `{kind}` blocks are not permitted in `{role}` messages"   # wording not documented
+    allowed = BLOCK_FIELDS[kind]
+    if kind == "text" and role == "assistant" and block.get("citations"):
+        allowed = allowed | {"citations"}   # real citations only come back on assistant text
+    problem = _check_fields(block, f"{path}.{kind}", allowed, REQUIRED_BLOCK_FIELDS[kind])
+    if problem:
+        return problem
+    if kind == "text":
+        return _check_text(block, path)
+    if kind == "image":
+        return _check_image(block["source"], f"{path}.image.source")
+    if kind == "tool_use":
+        if not isinstance(block["id"], str) or not TOOL_ID.match(block["id"]):
+            return f"{path}.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+        if not isinstance(block["input"], dict):
+            return f"{path}.tool_use.input: Input should be a valid dictionary"
+        return None
+    if kind == "tool_result":
+        return _check_tool_result(block, path, memory)
+    if kind in ("thinking", "redacted_thinking") and memory is not None:
+        return _check_replayed_thinking(block, path, memory)
+    return None
+
+
+def _check_image(source, path):
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        if source.get("media_type") not in IMAGE_TYPES:
+            return f"{path}.base64.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'"
+        return None if isinstance(source.get("data"), str) else f"{path}.base64.data: Field required"
+    if kind == "url":
+        return None if isinstance(source.get("url"), str) else f"{path}.url.url: Field required"
+    if kind == "file":
+        return None
+    return f"{path}: Input tag '{kind}' found using 'type' does not match any of the expected tags: 'base64', 'file', 'url'"
+
+
+def _check_tool_result(block, path, memory):
+    if "is_error" in block and not isinstance(block["is_error"], bool):
+        return f"{path}.tool_result.is_error: Input should be a valid boolean"
+    content = block.get("content")
+    if block.get("is_error") and not content:
+        return f"{path}.tool_result: content cannot be empty if `is_error` is true"
+    if content is None or isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return f"{path}.tool_result.content: Input should be a valid string or list"
+    for k, inner in enumerate(content):
+        inner_path = f"{path}.tool_result.content.{k}"
+        kind = inner.get("type") if isinstance(inner, dict) else None
+        if kind not in RESULT_CONTENT_BLOCKS:
+            return (f"{inner_path}: Input tag '{kind}' found using 'type' does not match any of the "
+                    "expected tags: 'document', 'image', 'text'")
+        problem = _check_block(inner, inner_path, "user", memory)
+        if problem:
+            return problem
+    return None
+
+
+def _check_replayed_thinking(block, path, memory):
+    if block["type"] == "redacted_thinking":
+        if block["data"] in memory.redacted:
+            return None
+        return f"{path}: Invalid `data` in `redacted_thinking` block."   # wording not documented
+    signature, thought = block["signature"], block["thinking"]
+    if memory.thinking.get(signature) == thought or signature == auto_signature(thought):
+        return None
+    if signature in memory.thinking or signature.startswith(AUTO_SIGNATURE_PREFIX):
+        return f"{path}: {THINKING_MODIFIED}"
+    return f"{path}: Invalid `signature` in `thinking` block."
+
+
+def _check_tool_pairing(messages):
+    """Every tool_use answered first thing in the very next message; no orphan tool_result."""
+    for i, message in enumerate(messages):
+        blocks = _blocks(message["content"])
+        if message["role"] == "user":
+            previous = messages[i - 1] if i else None
+            offered = set()
+            if previous is not None and previous["role"] == "assistant":
+                offered = {b["id"] for b in _blocks(previous["content"]) if b["type"] == "tool_use"}
+            for j, block in enumerate(blocks):
+                if block["type"] == "tool_result" and block["tool_use_id"] not in offered:
+                    return (f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                            f"{block['tool_use_id']}. Each `tool_result` block must have a corresponding "
+                            "`tool_use` block in the previous message.")
+        if message["role"] != "assistant":
+            continue
+        ids = [b["id"] for b in blocks if b["type"] == "tool_use"]
+        if len(set(ids)) != len(ids):
+            return f"messages.{i}: `tool_use` ids must be unique"   # wording not documented
+        if not ids or i + 1 >= len(messages):
+            continue
+        following = messages[i + 1]
+        answer = _blocks(following["content"]) if following["role"] == "user" else []
+        answered = {b["tool_use_id"] for b in answer if b["type"] == "tool_result"}
+        missing = [x for x in ids if x not in answered]
+        if missing:
+            return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                    f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` "
+                    "block in the next message.")
+        leading = next((n for n, b in enumerate(answer) if b["type"] != "tool_result"), len(answer))
+        if leading < len(answered):
+            return (f"messages.{i + 1}: Did not find {len(ids)} tool_result block(s) at the beginning of this "
+                    "message. Messages following tool_use blocks must begin with a matching number of "
+                    "tool_result blocks.")
+    return None
+
+
+def _check_turn_reasoning(messages, memory):
+    """An assistant turn we emitted must carry back all of its thinking blocks, in order, unchanged."""
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant" or isinstance(message.get("content"), str):
+            continue
+        blocks = message["content"]
+        ids = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+        emitted = next((memory.turns[x] for x in ids if x in memory.turns), None)
+        if emitted is None:
+            continue
+        sent = [(j, b) for j, b in enumerate(blocks) if b.get("type") in ("thinking", "redacted_thinking")]
+        for n, expected in enumerate(emitted):
+            if n >= len(sent) or sent[n][1] != expected:
+                j = sent[n][0] if n < len(sent) else 0
+                return f"messages.{i}.content.{j}: {THINKING_MODIFIED}"
+        if len(sent) > len(emitted):
+            return f"messages.{i}.content.{sent[len(emitted)][0]}: {THINKING_MODIFIED}"
+    return None
+
+
+def _check_cache_count(body):
+    found = len(_breakpoints(_cache_units(body), body))
+    if found > MAX_CACHE_BREAKPOINTS:
+        return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
+    return None
