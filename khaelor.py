@@ -10,7 +10,6 @@ It is the only module that imports ui, and only when the interactive UI starts.
     khaelor -p "fix the test"    headless one-shot (see --help)
 """
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -240,6 +239,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         step = await kernel_.run()
     finally:
         await kernel_.toolbox.close()
+        await kernel_.model.close()
         store.close()
     return report(args, store, step)
 
@@ -295,6 +295,7 @@ def main(argv: list | None = None) -> int:
             store = open_session(args, home, project_root)
             for warning in store.warnings:
                 print(f"khaelor: warning: {warning}", file=sys.stderr)
+            import asyncio
             return asyncio.run(run_headless(args, settings, store, home, project_root))
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:

@@ -120,6 +120,11 @@ class ModelClient:
                     yield {"type": "restart", "error": str(error), "status": error.status}
                 await asyncio.sleep(delay)
 
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
     async def complete(self, request: dict) -> dict:
         """A whole response without tools (compaction summaries, titles): {"text", "usage", "model"}."""
         text, usage, model = [], {}, request.get("model")

@@ -306,15 +306,15 @@ def _check_thinking(body, _memory):
     kind = config.get("type") if isinstance(config, dict) else None
     if kind not in THINKING_TYPE_ERRORS:
         return "thinking.type: Input should be 'adaptive', 'enabled', 'disabled' or 'between_tools'"
+    accepted = next((types for prefix, types in THINKING_TYPES if body["model"].startswith(prefix)), None)
+    if accepted is not None and kind not in accepted:
+        return THINKING_TYPE_ERRORS[kind]
     if kind == "enabled":
         budget = config.get("budget_tokens")
         if not isinstance(budget, int) or budget < 1024:
             return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
         if "max_tokens" in body and budget >= body["max_tokens"]:
             return "`max_tokens` must be greater than `thinking.budget_tokens`"   # wording not documented
-    accepted = next((types for prefix, types in THINKING_TYPES if body["model"].startswith(prefix)), None)
-    if accepted is not None and kind not in accepted:
-        return THINKING_TYPE_ERRORS[kind]
     return None
 
 
@@ -339,7 +339,10 @@ def _check_messages(body, memory):
         return 'messages: first message must use the "user" role'
     if messages[-1]["role"] == "assistant":
         return PREFILL
-    return _check_tool_pairing(messages) or (memory and _check_turn_reasoning(messages, memory)) or None
+    problem = _check_tool_pairing(messages)
+    if problem is None and memory is not None:
+        problem = _check_turn_reasoning(messages, memory)
+    return problem
 
 
 def _check_message(i, message, memory):
@@ -443,39 +446,53 @@ def _check_replayed_thinking(block, path, memory):
     return f"{path}: Invalid `signature` in `thinking` block."
 
 
-def _check_tool_pairing(messages):
-    """Every tool_use answered first thing in the very next message; no orphan tool_result."""
+def _turns(messages):
+    """Consecutive same-role messages merged, as the API merges them: [(role, [(i, j, block)])]."""
+    turns = []
     for i, message in enumerate(messages):
-        blocks = _blocks(message["content"])
-        if message["role"] == "user":
-            previous = messages[i - 1] if i else None
-            offered = set()
-            if previous is not None and previous["role"] == "assistant":
-                offered = {b["id"] for b in _blocks(previous["content"]) if b["type"] == "tool_use"}
-            for j, block in enumerate(blocks):
-                if block["type"] == "tool_result" and block["tool_use_id"] not in offered:
-                    return (f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                            f"{block['tool_use_id']}. Each `tool_result` block must have a corresponding "
-                            "`tool_use` block in the previous message.")
-        if message["role"] != "assistant":
+        located = [(i, j, block) for j, block in enumerate(_blocks(message["content"]))]
+        if turns and turns[-1][0] == message["role"]:
+            turns[-1][1].extend(located)
+        else:
+            turns.append((message["role"], located))
+    return turns
+
+
+def _orphan_result(turns, n):
+    """The error for a tool_result in turn n that answers no tool_use of turn n-1, if any."""
+    offered = {b["id"] for _, _, b in turns[n - 1][1] if b["type"] == "tool_use"} if n else set()
+    for i, j, block in turns[n][1]:
+        if block["type"] == "tool_result" and block["tool_use_id"] not in offered:
+            return (f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{block['tool_use_id']}. Each `tool_result` block must have a corresponding "
+                    "`tool_use` block in the previous message.")
+    return None
+
+
+def _check_tool_pairing(messages):
+    """No orphan tool_result; every tool_use answered first thing in the very next turn."""
+    turns = _turns(messages)
+    for n, (_role, located) in enumerate(turns):
+        ids = [b["id"] for _, _, b in located if b["type"] == "tool_use"]
+        problem = _orphan_result(turns, n) or (ids and n + 1 < len(turns) and _orphan_result(turns, n + 1))
+        if problem:
+            return problem
+        if not ids or n + 1 == len(turns):
             continue
-        ids = [b["id"] for b in blocks if b["type"] == "tool_use"]
+        where = next(i for i, _, b in located if b["type"] == "tool_use")
         if len(set(ids)) != len(ids):
-            return f"messages.{i}: `tool_use` ids must be unique"   # wording not documented
-        if not ids or i + 1 >= len(messages):
-            continue
-        following = messages[i + 1]
-        answer = _blocks(following["content"]) if following["role"] == "user" else []
-        answered = {b["tool_use_id"] for b in answer if b["type"] == "tool_result"}
+            return f"messages.{where}: `tool_use` ids must be unique"   # wording not documented
+        answer = turns[n + 1][1] if turns[n + 1][0] == "user" else []
+        answered = {b["tool_use_id"] for _, _, b in answer if b["type"] == "tool_result"}
         missing = [x for x in ids if x not in answered]
         if missing:
-            return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+            return (f"messages.{where}: `tool_use` ids were found without `tool_result` blocks immediately after: "
                     f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` "
                     "block in the next message.")
-        leading = next((n for n, b in enumerate(answer) if b["type"] != "tool_result"), len(answer))
+        leading = next((k for k, (_, _, b) in enumerate(answer) if b["type"] != "tool_result"), len(answer))
         if leading < len(answered):
-            return (f"messages.{i + 1}: Did not find {len(ids)} tool_result block(s) at the beginning of this "
-                    "message. Messages following tool_use blocks must begin with a matching number of "
+            return (f"messages.{answer[0][0]}: Did not find {len(ids)} tool_result block(s) at the beginning of "
+                    "this message. Messages following tool_use blocks must begin with a matching number of "
                     "tool_result blocks.")
     return None
 
@@ -505,3 +522,403 @@ def _check_cache_count(body):
     if found > MAX_CACHE_BREAKPOINTS:
         return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
     return None
+
+
+# ---------------------------------------------------------------- usage and prompt caching
+def _canonical(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _strip_cache_control(block):
+    block = {k: v for k, v in block.items() if k != "cache_control"}
+    if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+        block["content"] = [_strip_cache_control(b) if isinstance(b, dict) else b for b in block["content"]]
+    return block
+
+
+def _cache_units(body):
+    """The request as the cache sees it, one unit per block in the order tools, system, messages:
+    [(canonical text without cache_control, [cache_control marks on it or inside it])]."""
+    tagged = [("tool", tool) for tool in body.get("tools") or []]
+    system = body.get("system")
+    tagged += [("system", block) for block in (_blocks(system) if system else [])]
+    for i, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict) and isinstance(message.get("content"), (str, list)):
+            tagged += [(f"{i}:{message.get('role')}", block) for block in _blocks(message["content"])]
+    units = []
+    for tag, block in tagged:
+        marks = []
+        if isinstance(block, dict):
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            nested = inner if isinstance(inner, list) else []
+            marks = [b["cache_control"] for b in [block, *nested] if isinstance(b, dict) and b.get("cache_control")]
+            block = _strip_cache_control(block)
+        units.append((_canonical([tag, block]), marks))
+    return units
+
+
+def _breakpoints(units, body):
+    """[(unit position, ttl)] for every cache_control, the top-level (automatic) one on the last unit."""
+    points = [(n, mark.get("ttl", "5m")) for n, (_, marks) in enumerate(units) for mark in marks]
+    top = body.get("cache_control")
+    if isinstance(top, dict) and units:
+        points.append((len(units) - 1, top.get("ttl", "5m")))
+    return points
+
+
+class PromptCache:
+    """Simulated prompt cache: a hash of (model, every unit up to a breakpoint) -> its token count.
+    Tokens are estimated as canonical-JSON characters / 4, so the numbers are deterministic."""
+
+    def __init__(self):
+        self.entries = {}
+
+    def account(self, body):
+        """(usage, writes, total tokens) for a request; call commit(writes) once it is served."""
+        units = _cache_units(body)
+        digest = hashlib.sha256(body["model"].encode())
+        hashes, tokens, length = [], [], 1
+        for canonical, _marks in units:
+            digest.update(canonical.encode() + b"\0")
+            hashes.append(digest.hexdigest())
+            length += len(canonical) + 1
+            tokens.append(length // 4)
+        total = length // 4 + 3   # + message framing, so a fully cached request still has input tokens
+        usage = {"input_tokens": total, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                 "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}
+        points = _breakpoints(units, body)
+        if not points:
+            return usage, {}, total
+        last, ttl = max(points)
+        looked_at = {q for p, _ in points for q in range(max(0, p - CACHE_LOOKBACK_BLOCKS + 1), p + 1)}
+        hits = [q for q in looked_at if hashes[q] in self.entries]
+        read = tokens[max(hits)] if hits else 0
+        created = tokens[last] - read
+        usage.update(input_tokens=total - tokens[last], cache_read_input_tokens=read,
+                     cache_creation_input_tokens=created)
+        usage["cache_creation"][f"ephemeral_{ttl}_input_tokens"] = created
+        return usage, {hashes[p]: tokens[p] for p, _ in points}, total
+
+    def commit(self, writes):
+        self.entries.update(writes)
+
+
+# ---------------------------------------------------------------- responses and SSE
+def _finalize(content, new_tool_id):
+    """Script blocks -> the blocks the API returns (tool ids and signatures filled in)."""
+    final = []
+    for block in content:
+        kind = block["type"]
+        if kind == "text":
+            final.append({"type": "text", "text": block["text"]})
+        elif kind == "thinking":
+            signature = block.get("signature") or auto_signature(block["thinking"])
+            final.append({"type": "thinking", "thinking": block["thinking"], "signature": signature})
+        elif kind == "redacted_thinking":
+            final.append({"type": "redacted_thinking", "data": block["data"]})
+        else:
+            final.append({"type": "tool_use", "id": block.get("id") or new_tool_id(), "name": block["name"],
+                          "input": block.get("input", {})})
+    return final
+
+
+def _pieces(s, chunk):
+    return [s[k:k + chunk] for k in range(0, len(s), max(1, chunk))]
+
+
+def _block_stream(block, chunk):
+    """(content_block_start payload, [deltas]) for one finished block."""
+    kind = block["type"]
+    if kind == "text":
+        return {"type": "text", "text": ""}, [{"type": "text_delta", "text": p} for p in _pieces(block["text"], chunk)]
+    if kind == "thinking":   # thinking deltas (none when display is omitted), then one signature_delta
+        deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"], chunk)]
+        return ({"type": "thinking", "thinking": "", "signature": ""},
+                deltas + [{"type": "signature_delta", "signature": block["signature"]}])
+    if kind == "tool_use":   # input starts as {} and arrives as JSON fragments; the first is often ""
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        fragments = [""] + _pieces(json.dumps(block["input"]), chunk)
+        return start, [{"type": "input_json_delta", "partial_json": p} for p in fragments]
+    return dict(block), []   # redacted_thinking arrives whole in content_block_start
+
+
+def sse_events(message, chunk=DEFAULT_CHUNK):
+    """The (event name, data) sequence that streams a complete Message dict."""
+    usage = message["usage"]
+    head = dict(message, content=[], stop_reason=None, stop_sequence=None, usage=dict(usage, output_tokens=1))
+    events = [("message_start", {"type": "message_start", "message": head}), ("ping", {"type": "ping"})]
+    for index, block in enumerate(message["content"]):
+        start, deltas = _block_stream(block, chunk)
+        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": start}))
+        events += [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _error_body(kind, message, request_id):
+    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+
+
+def _check_script_item(item):
+    if not isinstance(item, dict) or set(item) - SCRIPT_KEYS:
+        raise ValueError(f"fake script: bad item {item!r} (keys: {sorted(SCRIPT_KEYS)})")
+    for block in item.get("content", []):
+        if block.get("type") not in ("text", "thinking", "redacted_thinking", "tool_use"):
+            raise ValueError(f"fake script: unknown block {block!r}")
+
+
+# ---------------------------------------------------------------- the server
+class FakeAnthropic:
+    """The fake API, listening from construction until stop(). Thread-safe; see the module docstring."""
+
+    def __init__(self, script=None, max_context_tokens=None, *, port=0, log_path=None):
+        self.max_context_tokens = max_context_tokens   # prompts estimated above this get "prompt is too long"
+        self.requests = []      # [{"path", "headers", "body", "raw"}] for every request, rejected ones included
+        self.rejections = []    # [{"index" (into requests), "status", "type", "message"}]
+        self.memory = Memory()
+        self.cache = PromptCache()
+        self.log_path = log_path
+        self._script = []
+        self._counter = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.enqueue(*(script or []))
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self._httpd.fake = self
+        self.port = self._httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def enqueue(self, *items):
+        for item in items:
+            _check_script_item(item)
+        with self._lock:
+            self._script.extend(items)
+
+    @property
+    def pending(self):
+        """Script items not consumed yet."""
+        with self._lock:
+            return list(self._script)
+
+    def stop(self):
+        self._stopping.set()   # wakes stalled and delayed streams
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # -- request handling without I/O; the handler calls these --
+    def record(self, path, headers, body, raw):
+        with self._lock:
+            self.requests.append({"path": path, "headers": headers, "body": body, "raw": raw})
+            return len(self.requests) - 1
+
+    def new_id(self, prefix):
+        with self._lock:
+            self._counter += 1
+            return f"{prefix}{self._counter:024d}"
+
+    def reject(self, index, status, kind, message):
+        with self._lock:
+            self.rejections.append({"index": index, "status": status, "type": kind, "message": message})
+
+    def log(self, index, status, error_message=None):
+        if not self.log_path:
+            return
+        request = self.requests[index]
+        line = {"index": index, "path": request["path"], "headers": request["headers"], "body": request["body"],
+                "status": status, "error": error_message}
+        with self._lock, open(self.log_path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+
+    def serve(self, body):
+        """Decide the answer to a valid /v1/messages body:
+        ("fail", status, type, message, headers, is_rejection) or ("message", script item, Message dict)."""
+        with self._lock:
+            usage, writes, total = self.cache.account(body)
+            if self.max_context_tokens and total > self.max_context_tokens:
+                message = f"prompt is too long: {total} tokens > {self.max_context_tokens} maximum"
+                return "fail", 400, "invalid_request_error", message, {}, True
+            item = next((it for it in self._script if all(body.get(k) == v for k, v in it.get("match", {}).items())), None)
+            if item is None:
+                return "fail", 500, "api_error", "fake script exhausted", {"x-should-retry": "false"}, True
+            self._script.remove(item)
+        if "error" in item:
+            err = item["error"]
+            status = err.get("status") or STATUS_OF.get(err["type"], 500)
+            return "fail", status, err["type"], err.get("message", ""), err.get("headers", {}), False
+        content = _finalize(item.get("content", []), lambda: self.new_id("toolu_fake"))
+        has_tool = any(b["type"] == "tool_use" for b in content)
+        usage["output_tokens"] = max(1, len(_canonical(content)) // 4)
+        usage.update(item.get("usage", {}))
+        message = {"id": self.new_id("msg_fake"), "type": "message", "role": "assistant", "model": body["model"],
+                   "content": content, "stop_reason": item.get("stop_reason") or ("tool_use" if has_tool else "end_turn"),
+                   "stop_sequence": item.get("stop_sequence"), "usage": usage}
+        with self._lock:
+            self.memory.remember(content)
+            self.cache.commit(writes)
+        return "message", item, message
+
+    def count_tokens(self, body):
+        with self._lock:
+            return self.cache.account(body)[2]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"   # keep-alive and chunked streams, like the real API
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):   # noqa: N802
+        fake = self.server.fake
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        self.index = fake.record(self.path, headers, body, raw)
+        self.request_id = fake.new_id("req_fake")
+        path = self.path.split("?")[0]
+        endpoint = ("count_tokens" if path.endswith("/v1/messages/count_tokens")
+                    else "messages" if path.endswith("/v1/messages") else None)
+        try:
+            problem = self._precheck(headers, body, endpoint, fake.memory)
+            if problem:
+                return self._fail(*problem, {}, True)
+            if endpoint == "count_tokens":
+                fake.log(self.index, 200)
+                return self._send_json(200, {"input_tokens": fake.count_tokens(body)})
+            outcome = fake.serve(body)
+            if outcome[0] == "fail":
+                return self._fail(*outcome[1:])
+            fake.log(self.index, 200)
+            _, item, message = outcome
+            if body.get("stream"):
+                self._stream(item, message)
+            else:
+                self._reply(item, message)
+        except (BrokenPipeError, ConnectionResetError):   # the client went away (cancel, read timeout)
+            self.close_connection = True
+
+    def _precheck(self, headers, body, endpoint, memory):
+        """(status, type, message) for a request the real API refuses before any generation."""
+        if endpoint is None:
+            return 404, "not_found_error", f"Not found: {self.path}"
+        key = headers.get("x-api-key")   # x-api-key wins when both are present
+        if key is None and headers.get("authorization", "").lower().startswith("bearer "):
+            key = headers["authorization"][7:]
+        if not key:
+            return 401, "authentication_error", "x-api-key header is required"
+        if key == "bad-key":
+            return 401, "authentication_error", "invalid x-api-key"
+        if "anthropic-version" not in headers:
+            return 400, "invalid_request_error", "anthropic-version: header is required"
+        if body is None:
+            return 400, "invalid_request_error", "There was an error parsing the body as JSON"
+        problem = validate(body, endpoint=endpoint, memory=memory)
+        return (400, "invalid_request_error", problem) if problem else None
+
+    def _fail(self, status, kind, message, headers, is_rejection):
+        fake = self.server.fake
+        if is_rejection:
+            fake.reject(self.index, status, kind, message)
+        fake.log(self.index, status, message)
+        self._send_json(status, _error_body(kind, message, self.request_id), headers)
+
+    def _send_json(self, status, payload, headers=None):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.send_header("request-id", self.request_id)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply(self, item, message):
+        """Non-streaming: the whole Message as JSON (stream_error becomes its HTTP error)."""
+        stopping = self.server.fake._stopping
+        if "drop_after_events" in item:
+            return self._drop()
+        if "stall_after_events" in item and stopping.wait(item.get("stall_seconds", 0)):
+            return self._drop()
+        if "stream_error" in item:
+            err = item["stream_error"]
+            body = _error_body(err["type"], err.get("message", ""), self.request_id)
+            return self._send_json(STATUS_OF.get(err["type"], 500), body)
+        self._send_json(200, message)
+
+    def _stream(self, item, message):
+        stopping = self.server.fake._stopping
+        events = sse_events(message, item.get("chunk", DEFAULT_CHUNK))
+        if "stream_error" in item:   # the content went out, then the error replaces message_delta/stop
+            err = item["stream_error"]
+            events[-2:] = [("error", {"type": "error", "error": {"type": err["type"], "message": err.get("message", "")}})]
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("request-id", self.request_id)
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for n, (name, data) in enumerate(events):
+            if n == item.get("drop_after_events"):
+                return self._drop()
+            if n == item.get("stall_after_events") and stopping.wait(item.get("stall_seconds", 0)):
+                return self._drop()
+            if n and item.get("delay") and stopping.wait(item["delay"]):
+                return self._drop()
+            self._chunk(f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode())
+        self._chunk(b"")   # the terminating zero-length chunk
+
+    def _chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _drop(self):
+        """Close the socket mid-body: the client sees an incomplete chunked read."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- running as a process
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Scripted fake Anthropic Messages API on 127.0.0.1.")
+    parser.add_argument("--script", help="JSON file: a list of script items")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--log", help="append every request here as a JSON line")
+    parser.add_argument("--max-context-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    script = json.loads(Path(args.script).read_text(encoding="utf-8")) if args.script else []
+    fake = FakeAnthropic(script, args.max_context_tokens, port=args.port, log_path=args.log)
+    if args.port_file:   # write then rename, so a reader never sees a half-written port
+        tmp = Path(args.port_file + ".tmp")
+        tmp.write_text(str(fake.port), encoding="utf-8")
+        tmp.replace(args.port_file)
+    print(f"fake anthropic listening on {fake.base_url}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(0.2):
+        pass
+    fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

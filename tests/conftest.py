@@ -1,0 +1,69 @@
+"""Shared fixtures: an isolated KHAELOR_HOME and project, the fake API, and the real CLI as a subprocess."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fake_api import FakeAnthropic  # noqa: E402
+
+
+@pytest.fixture
+def project(tmp_path):
+    path = tmp_path / "project"
+    path.mkdir()
+    (path / ".git").mkdir()          # marks the project root without needing git itself
+    return path
+
+
+@pytest.fixture
+def env(tmp_path):
+    home = tmp_path / "khaelor-home"
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "KHAELOR_"))},
+            "KHAELOR_HOME": str(home), "ANTHROPIC_API_KEY": "sk-test-secret-key",
+            "ANTHROPIC_CONFIG_DIR": str(tmp_path / "anthropic-config"), "NO_COLOR": "1",
+            "HOME": str(tmp_path / "user-home"), "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def fake():
+    with FakeAnthropic() as server:
+        yield server
+
+
+class Khaelor:
+    """Runs the real program in a project directory against the fake server."""
+
+    def __init__(self, project, env, fake):
+        self.project, self.env, self.fake = project, env, fake
+        self.env["ANTHROPIC_BASE_URL"] = fake.base_url
+
+    def run(self, *args, stdin=None, timeout=60, env=None):
+        return subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *args], cwd=self.project,
+                              env={**self.env, **(env or {})}, input=stdin, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def popen(self, *args):
+        return subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), *args], cwd=self.project,
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def session_files(self):
+        return sorted(Path(self.env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))
+
+    def log(self, path=None):
+        path = path or self.session_files()[-1]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def messages(self, i):
+        return self.fake.requests[i]["body"]["messages"]
+
+
+@pytest.fixture
+def khaelor(project, env, fake):
+    return Khaelor(project, env, fake)

@@ -1,0 +1,150 @@
+"""The session log and its projections: real files, replayed through the same folds."""
+import json
+
+import pytest
+
+import events
+from events import Bus, SessionStore
+
+
+def new_bus(tmp_path):
+    return Bus(SessionStore.create(tmp_path / "sessions"))
+
+
+def tool_loop(bus):
+    """user → assistant(text, tool_use) → tool result → assistant(text)."""
+    usage = {"input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 0, "cache_write_tokens": 0}
+    bus.emit("UserMessageCreated", text="list files")
+    bus.emit("ModelThinkingBlockCompleted", thinking="", signature="sig-1")
+    bus.emit("ModelTextBlockCompleted", text="Looking.")
+    bus.emit("ToolRequested", tool_use_id="toolu_1", name="bash", input={"command": "ls"})
+    bus.emit("ModelResponseCompleted", message_id="m1", model="claude-sonnet-5-5", stop_reason="tool_use", usage=usage)
+    bus.emit("ToolStarted", tool_use_id="toolu_1", name="bash")
+    bus.emit("ToolCompleted", tool_use_id="toolu_1", name="bash", output="a.py\n", meta={})
+    bus.emit("ModelTextBlockCompleted", text="One file.")
+    bus.emit("ModelResponseCompleted", message_id="m2", model="claude-sonnet-5-5", stop_reason="end_turn", usage=usage)
+
+
+def test_events_are_on_disk_before_subscribers_see_them(tmp_path):
+    bus = new_bus(tmp_path)
+    seen_on_disk = []
+    bus.subscribe(lambda e: seen_on_disk.append(bus.store.path.read_text().count("\n")))
+    bus.emit("UserMessageCreated", text="hi")
+    bus.emit("TextDelta", text="ephemeral")
+    assert seen_on_disk == [1, 1]
+    lines = [json.loads(line) for line in bus.store.path.read_text().splitlines()]
+    assert [e["type"] for e in lines] == ["UserMessageCreated"]
+    assert {"v", "seq", "id", "ts", "session", "type", "text"} <= set(lines[0])
+
+
+def test_replay_gives_byte_identical_history(tmp_path):
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    live = json.dumps(events.history(bus.store.events))
+    replayed = SessionStore.open(bus.store.path)
+    assert json.dumps(events.history(replayed.events)) == live
+    assert replayed.next_seq == bus.store.next_seq
+
+
+def test_history_shapes_a_tool_loop(tmp_path):
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    messages = events.history(bus.store.events)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[1]["content"][0] == {"type": "thinking", "thinking": "", "signature": "sig-1"}
+    assert messages[1]["content"][2] == {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}
+    assert messages[2]["content"] == [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\n"}]
+
+
+def test_an_aborted_response_is_not_part_of_the_conversation(tmp_path):
+    bus = new_bus(tmp_path)
+    bus.emit("UserMessageCreated", text="one")
+    bus.emit("ModelTextBlockCompleted", text="partial")
+    bus.emit("ToolRequested", tool_use_id="toolu_x", name="bash", input={})
+    bus.emit("ModelRequestFailed", kind="retryable", status=None, message="reset", retrying=True)
+    bus.emit("ModelTextBlockCompleted", text="whole")
+    bus.emit("ModelResponseCompleted", message_id="m", model="x", stop_reason="end_turn", usage={})
+    bus.emit("ToolCancelled", tool_use_id="toolu_x", reason="stray")   # ignored: its tool_use never counted
+    messages = events.history(bus.store.events)
+    assert messages[1] == {"role": "assistant", "content": [{"type": "text", "text": "whole"}]}
+    assert len(messages) == 2
+
+
+def test_steering_and_denials_join_the_tool_results_message(tmp_path):
+    bus = new_bus(tmp_path)
+    bus.emit("UserMessageCreated", text="go")
+    bus.emit("ToolRequested", tool_use_id="t1", name="write", input={"file_path": "a", "content": "b"})
+    bus.emit("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage={})
+    bus.emit("PermissionDenied", tool_use_id="t1", reason="the user declined", feedback="use b instead")
+    bus.emit("SteeringInjected", text="also be brief")
+    last = events.history(bus.store.events)[-1]
+    assert last["role"] == "user"
+    assert last["content"][0]["is_error"] is True
+    assert "use b instead" in last["content"][0]["content"]
+    assert last["content"][1] == {"type": "text", "text": "also be brief"}
+
+
+def test_pruning_and_compaction_apply_on_every_rebuild(tmp_path):
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    bus.emit("ContextPruned", tool_use_ids=["toolu_1"])
+    assert events.history(bus.store.events)[2]["content"][0]["content"] == events.PRUNED_PLACEHOLDER
+    cut = bus.store.events[-1]["seq"]
+    bus.emit("ContextCompacted", checkpoint={"objective": "x"}, summary="objective: x", cut_seq=cut)
+    bus.emit("UserMessageCreated", text="next")
+    messages = events.history(bus.store.events)
+    assert messages == [{"role": "user", "content": [{"type": "text", "text": "objective: x"},
+                                                     {"type": "text", "text": "next"}]}]
+
+
+def test_torn_last_line_is_dropped_and_appending_continues(tmp_path):
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    path = bus.store.path
+    n_events = len(bus.store.events)
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"seq":99,"type":"ModelTextBl')
+    store = SessionStore.open(path)
+    assert len(store.events) == n_events
+    assert "cut off mid-write" in store.warnings[0]
+    Bus(store).emit("UserMessageCreated", text="after the crash")
+    assert [e["text"] for e in SessionStore.open(path).events if e["type"] == "UserMessageCreated"][-1] == "after the crash"
+
+
+def test_a_bad_line_in_the_middle_is_skipped_and_the_rest_kept(tmp_path):
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    lines = bus.store.path.read_text().splitlines()
+    lines.insert(3, "not json at all")
+    bus.store.path.write_text("\n".join(lines) + "\n")
+    store = SessionStore.open(bus.store.path)
+    assert len(store.events) == len(bus.store.events)
+    assert ":4 is not a valid event" in store.warnings[0]
+
+
+def test_a_log_from_a_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps({"v": 2, "seq": 1, "type": "SessionCreated"}) + "\n")
+    with pytest.raises(events.SessionFileError, match="newer khaelor"):
+        SessionStore.open(path)
+
+
+def test_kernel_state_tracks_pending_and_started_tools(tmp_path):
+    bus = new_bus(tmp_path)
+    bus.emit("UserMessageCreated", text="go")
+    bus.emit("ToolRequested", tool_use_id="t1", name="bash", input={"command": "sleep 9"})
+    bus.emit("ToolRequested", tool_use_id="t2", name="read", input={"file_path": "x"})
+    state = events.kernel_state(bus.store.events)
+    assert state.pending_tools == [] and state.needs_model   # the response is not complete yet
+    bus.emit("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage={})
+    bus.emit("ToolStarted", tool_use_id="t1", name="bash")
+    state = events.kernel_state(bus.store.events)
+    assert [t["tool_use_id"] for t in state.pending_tools] == ["t1", "t2"]
+    assert state.started_tools == {"t1"}
+
+
+def test_usage_totals_sum_the_api_fields_per_model(tmp_path):
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    assert events.usage_totals(bus.store.events) == {"claude-sonnet-5-5": {
+        "input_tokens": 20, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}}

@@ -1,0 +1,213 @@
+"""End to end: the real `khaelor -p` process, the real anthropic SDK, the scripted fake API."""
+import json
+import signal
+import time
+
+import events
+from fake_api import error, redacted_thinking, reply, text, thinking, tool_use
+
+
+def strip_request(messages):
+    """A request's messages without the volatile tail and the cache breakpoints: what history gives."""
+    messages = json.loads(json.dumps(messages))
+    for message in messages:
+        for block in message["content"] if isinstance(message["content"], list) else []:
+            block.pop("cache_control", None)
+    last = messages[-1]["content"]
+    if last and last[-1]["type"] == "text" and last[-1]["text"].startswith("<environment>"):
+        last.pop()
+    return messages
+
+
+def assert_no_rejections(fake):
+    assert fake.rejections == [], fake.rejections
+
+
+def test_a_multi_step_tool_loop_runs_and_every_request_is_valid(khaelor, fake, project):
+    (project / "notes.txt").write_text("alpha\nbeta\n")
+    fake.enqueue(
+        reply(text("Reading the notes."), tool_use("read", {"file_path": "notes.txt"})),
+        reply(tool_use("bash", {"command": "echo gamma >> notes.txt"})),
+        reply(tool_use("bash", {"command": "wc -l notes.txt"})),
+        reply(text("notes.txt now has 3 lines.")),
+    )
+    result = khaelor.run("-p", "count the notes", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "notes.txt now has 3 lines."
+    assert_no_rejections(fake)
+    assert len(fake.requests) == 4
+    assert (project / "notes.txt").read_text() == "alpha\nbeta\ngamma\n"
+    last = fake.requests[-1]["body"]["messages"]
+    results = [b for m in last for b in m["content"] if isinstance(b, dict) and b["type"] == "tool_result"]
+    assert "alpha" in results[0]["content"] and "3 notes.txt" in results[2]["content"]
+
+
+def test_replaying_the_log_gives_the_messages_that_were_sent(khaelor, fake, project):
+    fake.enqueue(reply(tool_use("bash", {"command": "echo one"})), reply(tool_use("bash", {"command": "echo two"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    replayed = events.history(events.SessionStore.open(khaelor.session_files()[-1]).events)
+    for request in fake.requests:
+        sent = strip_request(request["body"]["messages"])
+        assert json.dumps(sent) == json.dumps(replayed[:len(sent)])
+
+
+def test_continue_sends_the_same_history_into_the_next_request(khaelor, fake):
+    fake.enqueue(reply(tool_use("bash", {"command": "echo hi"})), reply(text("first answer")))
+    assert khaelor.run("-p", "first", "--yes").returncode == 0
+    before = strip_request(fake.requests[-1]["body"]["messages"])
+    fake.enqueue(reply(text("second answer")))
+    result = khaelor.run("-c", "-p", "second")
+    assert result.returncode == 0, result.stderr
+    after = strip_request(fake.requests[-1]["body"]["messages"])
+    assert json.dumps(after[:len(before)]) == json.dumps(before)
+    assert after[len(before)] == {"role": "assistant", "content": [{"type": "text", "text": "first answer"}]}
+    assert after[-1]["content"][-1] == {"type": "text", "text": "second"}
+    assert len(khaelor.session_files()) == 1
+    assert_no_rejections(fake)
+
+
+def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
+    fake.enqueue(reply(text("word " * 400), chunk=5, delay=0.01))
+    proc = khaelor.popen("-p", "write a lot", "--yes")
+    deadline = time.time() + 30
+    while not fake.requests and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)   # well into the stream
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.enqueue(reply(text("recovered")))
+    result = khaelor.run("-c", "-p", "try again")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "recovered"
+    assert_no_rejections(fake)
+    sent = fake.requests[-1]["body"]["messages"]
+    assert sent[0]["role"] == "user" and [m["role"] for m in sent] == ["user"]
+    assert [b["text"] for b in strip_request(sent)[0]["content"]] == ["write a lot", "try again"]
+
+
+def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, fake):
+    fake.enqueue(error("rate_limit_error", "slow down", status=429, **{"retry-after": "0"}),
+                 error("overloaded_error", "Overloaded", status=529, **{"retry-after": "0"}),
+                 reply(text("made it")))
+    result = khaelor.run("-p", "hello")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "made it"
+    assert len(fake.requests) == 3
+    assert "429" in result.stderr and "529" in result.stderr   # each retry is visible
+
+
+def test_a_persistent_500_ends_with_exit_1_naming_the_status(khaelor, fake):
+    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0"})] * 5)
+    result = khaelor.run("-p", "hello")
+    assert result.returncode == 1
+    assert "500" in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr
+    log = khaelor.log()
+    assert log[-1]["type"] == "TaskFailed"
+
+
+def test_a_mid_stream_error_event_and_a_dropped_connection_are_retried(khaelor, fake):
+    fake.enqueue({"content": [text("partial answer that will be lost")], "stream_error":
+                  {"type": "overloaded_error", "message": "Overloaded"}},
+                 {"content": [text("also lost " * 20)], "drop_after_events": 4},
+                 reply(text("complete answer")))
+    result = khaelor.run("-p", "hello", "--output-format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["result"] == "complete answer"
+    history = events.history(khaelor.log())
+    assert history[-1] == {"role": "assistant", "content": [{"type": "text", "text": "complete answer"}]}
+    assert_no_rejections(fake)
+
+
+def test_a_torn_last_line_is_recovered_on_continue(khaelor, fake):
+    fake.enqueue(reply(text("one")))
+    assert khaelor.run("-p", "first").returncode == 0
+    path = khaelor.session_files()[-1]
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"seq":77,"type":"ToolReq')
+    fake.enqueue(reply(text("two")))
+    result = khaelor.run("-c", "-p", "second")
+    assert result.returncode == 0, result.stderr
+    assert "cut off mid-write" in result.stderr
+    assert_no_rejections(fake)
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+def test_stream_json_prints_every_durable_event_as_it_is_recorded(khaelor, fake):
+    fake.enqueue(reply(tool_use("bash", {"command": "true"})), reply(text("ok")))
+    result = khaelor.run("-p", "go", "--yes", "--output-format", "stream-json")
+    assert result.returncode == 0, result.stderr
+    printed = [json.loads(line) for line in result.stdout.splitlines()]
+    assert printed == khaelor.log()
+    assert {"ToolRequested", "ToolCompleted", "ModelResponseCompleted", "TaskCompleted"} <= {e["type"] for e in printed}
+
+
+def test_max_turns_stops_the_loop_with_exit_1(khaelor, fake):
+    fake.enqueue(*[reply(tool_use("bash", {"command": f"echo {i}"})) for i in range(5)])
+    result = khaelor.run("-p", "loop", "--yes", "--max-turns", "2")
+    assert result.returncode == 1
+    assert "--max-turns 2" in result.stderr
+    assert len(fake.requests) == 2
+
+
+def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
+    no_key = khaelor.run("-p", "hi", env={"ANTHROPIC_API_KEY": ""})
+    assert no_key.returncode == 2 and "ANTHROPIC_API_KEY" in no_key.stderr and len(no_key.stderr.splitlines()) == 1
+    unknown = khaelor.run("-r", "nope", "-p", "hi")
+    assert unknown.returncode == 2 and "khaelor sessions" in unknown.stderr
+    nothing = khaelor.run("-c", "-p", "hi")
+    assert nothing.returncode == 2 and "no earlier session" in nothing.stderr
+    bad_flag = khaelor.run("--frobnicate")
+    assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
+    assert fake.requests == []
+
+
+def test_a_bad_config_file_names_the_file_and_the_problem(khaelor, project):
+    (project / ".khaelor").mkdir()
+    (project / ".khaelor" / "config.json").write_text('{"model": "x",\n "permissions": 3}')
+    result = khaelor.run("-p", "hi")
+    assert result.returncode == 2
+    assert "config.json" in result.stderr and "permissions" in result.stderr
+
+
+def test_sessions_lists_id_title_tokens_and_cost(khaelor, fake):
+    fake.enqueue(reply(text("hi there")))
+    assert khaelor.run("-p", "say hello to the team").returncode == 0
+    listing = khaelor.run("sessions")
+    assert listing.returncode == 0
+    row = listing.stdout.splitlines()[1]
+    assert khaelor.session_files()[0].stem in row and "say hello to the team" in row and "$" in row
+
+
+def test_resume_accepts_an_unambiguous_id_prefix(khaelor, fake):
+    fake.enqueue(reply(text("one")))
+    assert khaelor.run("-p", "first").returncode == 0
+    session_id = khaelor.session_files()[0].stem
+    fake.enqueue(reply(text("two")))
+    result = khaelor.run("-r", session_id[:-3], "-p", "second")
+    assert result.returncode == 0, result.stderr
+    assert len(khaelor.session_files()) == 1
+
+
+def test_thinking_blocks_go_back_byte_exact_with_their_signatures(khaelor, fake):
+    fake.enqueue(reply(thinking("Let me check the files.", "sig-abc=="), redacted_thinking("EmwKopaque"),
+                       tool_use("bash", {"command": "ls"})),
+                 reply(thinking("", "sig-empty"), text("done")))
+    result = khaelor.run("-p", "look", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert_no_rejections(fake)
+    replayed = fake.requests[1]["body"]["messages"][1]["content"]
+    assert replayed[:2] == [{"type": "thinking", "thinking": "Let me check the files.", "signature": "sig-abc=="},
+                            {"type": "redacted_thinking", "data": "EmwKopaque"}]
+
+
+def test_malformed_tool_input_becomes_a_repairable_tool_error(khaelor, fake):
+    fake.enqueue(reply(tool_use("read", {"offset": "not a number"})), reply(tool_use("nonexistent_tool", {})),
+                 reply(text("gave up")))
+    result = khaelor.run("-p", "go", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert_no_rejections(fake)
+    results = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    assert all(r["is_error"] for r in results)
+    assert "file_path" in results[0]["content"] and "nonexistent_tool" in results[1]["content"]

@@ -1,0 +1,70 @@
+"""The import rules of DESIGN §1, checked by parsing every module with ast."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = {"khaelor", "events", "model", "kernel", "tools", "permissions", "context", "ui"}
+ALLOWED = {
+    "events": set(),
+    "permissions": set(),
+    "model": {"events"},
+    "tools": {"events"},
+    "context": {"events", "model"},
+    "kernel": {"events", "model", "tools", "permissions", "context"},
+    "ui": {"events"},
+    "khaelor": OURS - {"khaelor"},
+}
+WORLD_MODULES = {"subprocess", "shutil"}   # only tools.py runs programs or moves files around
+MAY_TOUCH_WORLD = {"tools"}
+
+
+def imported_names(module: str) -> list[tuple[str, bool]]:
+    """(top-level module name, imported inside a function) for every import in the file."""
+    tree = ast.parse((ROOT / f"{module}.py").read_text())
+    found = []
+
+    def visit(node, nested):
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name.split(".")[0], inner) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0:
+                found.append((child.module.split(".")[0], inner))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def test_each_module_imports_only_what_the_design_allows():
+    for module, allowed in ALLOWED.items():
+        ours = {name for name, _ in imported_names(module) if name in OURS}
+        assert ours <= allowed, f"{module}.py imports {sorted(ours - allowed)}"
+
+
+def test_only_khaelor_imports_ui():
+    for module in OURS - {"khaelor", "ui"}:
+        assert "ui" not in {name for name, _ in imported_names(module)}, module
+
+
+def test_anthropic_is_imported_only_lazily_in_model():
+    for module in OURS:
+        for name, nested in imported_names(module):
+            if name in ("anthropic", "httpx2", "httpx"):
+                assert module == "model" and nested, f"{module}.py imports {name} at module level"
+
+
+def test_only_tools_runs_subprocesses():
+    for module in OURS - MAY_TOUCH_WORLD:
+        names = {name for name, _ in imported_names(module)}
+        assert not names & WORLD_MODULES, f"{module}.py imports {sorted(names & WORLD_MODULES)}"
+
+
+def test_cold_import_does_not_load_the_sdk():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import khaelor"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.splitlines() if "|" in line}
+    assert "khaelor" in loaded
+    assert "anthropic" not in loaded and "kernel" not in loaded

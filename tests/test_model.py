@@ -1,0 +1,128 @@
+"""ModelClient through the real anthropic SDK against the fake API: taxonomy, retries, usage."""
+import asyncio
+import time
+
+import pytest
+
+import model
+from fake_api import FakeAnthropic, error, reply, text, thinking
+
+REQUEST = {"model": "claude-sonnet-5-5", "max_tokens": 1024,
+           "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+
+
+@pytest.fixture(autouse=True)
+def isolated_sdk_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", str(tmp_path))
+
+
+def collect(client, request=REQUEST):
+    async def run():
+        try:
+            return [event async for event in client.stream(request)]
+        finally:
+            await client.close()
+    return asyncio.run(run())
+
+
+def client_for(fake, **options):
+    return model.ModelClient(api_key="sk-test", base_url=fake.base_url, **options)
+
+
+def test_stream_yields_plain_wire_dicts_and_usage_comes_from_the_api():
+    with FakeAnthropic([reply(thinking("hmm", "sig-9"), text("hello"), usage={"output_tokens": 42})]) as fake:
+        events = collect(client_for(fake))
+    assert all(type(e) is dict for e in events)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    usage = {}
+    for e in events:
+        if e["type"] in ("message_start", "message_delta"):
+            usage = model.merge_usage(usage, e)
+    assert usage["output_tokens"] == 42
+    assert set(usage) == {"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"}
+
+
+def test_retry_after_is_honoured_and_each_retry_is_reported():
+    statuses = []
+    script = [error("rate_limit_error", "slow", status=429, **{"retry-after": "0.3"}), reply(text("ok"))]
+    with FakeAnthropic(script) as fake:
+        start = time.perf_counter()
+        collect(client_for(fake, on_status=statuses.append))
+        elapsed = time.perf_counter() - start
+        assert len(fake.requests) == 2
+    assert elapsed >= 0.3
+    assert len(statuses) == 1 and "429" in statuses[0] and "attempt 2" in statuses[0]
+
+
+def test_backoff_without_retry_after_is_jittered_exponential():
+    class NoHeaders(Exception):
+        pass
+    delays = [model._retry_delay(NoHeaders(), attempt) for attempt in (1, 2, 3) for _ in range(50)]
+    assert all(0.375 <= d <= 0.5 for d in delays[:50])
+    assert all(0.75 <= d <= 1.0 for d in delays[50:100])
+    assert len(set(delays)) > 100   # jittered, not fixed
+
+
+def test_attempts_are_bounded():
+    with FakeAnthropic([error("api_error", "boom", status=500, **{"retry-after": "0"})] * 3) as fake:
+        with pytest.raises(model.ModelError, match="gave up after 3 attempts") as caught:
+            collect(client_for(fake, max_attempts=3))
+        assert len(fake.requests) == 3
+    assert caught.value.kind == "retryable" and caught.value.status == 500
+
+
+def test_context_overflow_is_classified_and_never_retried():
+    with FakeAnthropic([reply(text("unused"))], max_context_tokens=5) as fake:
+        with pytest.raises(model.ModelError) as caught:
+            collect(client_for(fake))
+        assert len(fake.requests) == 1
+    assert caught.value.kind == "context_overflow" and "prompt is too long" in str(caught.value)
+
+
+def test_a_bad_key_is_an_auth_error_that_does_not_echo_the_key():
+    with FakeAnthropic([reply(text("unused"))]) as fake:
+        client = model.ModelClient(api_key="bad-key", base_url=fake.base_url)
+        with pytest.raises(model.ModelError) as caught:
+            collect(client)
+        assert len(fake.requests) == 1
+    assert caught.value.kind == "auth" and "bad-key" not in str(caught.value)
+
+
+def test_an_invalid_request_is_loud_and_not_retried():
+    with FakeAnthropic([reply(text("unused"))]) as fake:
+        with pytest.raises(model.ModelError) as caught:
+            collect(client_for(fake), {**REQUEST, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]})
+        assert len(fake.requests) == 1
+    assert caught.value.kind == "invalid_request" and "400" in str(caught.value)
+
+
+def test_a_mid_stream_failure_yields_restart_then_the_full_retry():
+    script = [{"content": [text("lost " * 30)], "drop_after_events": 5}, reply(text("whole"))]
+    with FakeAnthropic(script) as fake:
+        events = collect(client_for(fake))
+    restarts = [i for i, e in enumerate(events) if e["type"] == "restart"]
+    assert len(restarts) == 1
+    after = events[restarts[0] + 1:]
+    assert "".join(e["delta"]["text"] for e in after if e["type"] == "content_block_delta") == "whole"
+
+
+def test_cancelling_a_stream_propagates_cancelled_error():
+    async def run(fake):
+        client = client_for(fake)
+        task = asyncio.create_task(anext(aiter(client.stream(REQUEST))))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.close()
+    with FakeAnthropic([reply(text("slow " * 50), delay=0.05)]) as fake:
+        asyncio.run(run(fake))
+
+
+def test_price_comes_from_the_table_and_unknown_models_have_no_price():
+    usage = {"input_tokens": 1_000_000, "output_tokens": 0, "cache_read_tokens": 1_000_000, "cache_write_tokens": 0}
+    assert model.price_of("claude-sonnet-5-5", usage) == pytest.approx(2.20)
+    assert model.price_of("claude-sonnet-5-5-20261001", usage) == pytest.approx(2.20)
+    assert model.price_of("mystery-model", usage) is None
+    assert model.price_of("mystery-model", usage, {"mystery-model": [1, 1, 1, 1]}) == pytest.approx(2.0)

@@ -1,0 +1,1060 @@
+"""tools.py: the world seam (Workspace) and the seven model-facing tools.
+
+Owns: read write edit grep glob bash process — their schemas and descriptions (byte-stable, they are
+prompt-cached), input checking, edit's replacer cascade, output budgets and spill files, the process
+manager, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report.
+Must not: judge whether a call is allowed (permissions.py does), import anything of ours but
+`events`, or raise out of Toolbox.run (a failed tool is a result the model reads).
+"""
+
+import asyncio
+import codecs
+import difflib
+import fnmatch
+import mimetypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable, Iterator
+
+# ---------------------------------------------------------------- constants
+
+OUTPUT_BUDGET_CHARS = 30_000        # model-facing text per result; the rest is spilled to a file
+OUTPUT_HEAD_SHARE = 0.4             # of the budget kept from the start; the tail gets the rest (errors land last)
+SPILL_FILE_CAP_BYTES = 50_000_000   # one spill file stops growing here
+SPILL_DIR_CAP_BYTES = 200_000_000   # the spill folder is pruned, oldest first, to stay under this
+READ_LINE_CAP = 2000                # lines shown by one read without a limit
+READ_BYTE_CAP = 60_000              # characters of numbered text one read returns
+READ_FILE_CAP_BYTES = 50_000_000    # larger files are for bash (head, tail, grep)
+LINE_CHAR_CAP = 2000                # a longer line is cut with a marker
+LISTING_CAP = 500                   # directory entries shown by read
+SEARCH_RESULT_CAP = 100             # files (glob) or matching lines (grep) shown
+GREP_SCAN_CAP = 10_000              # matching lines collected before we stop counting
+GREP_LINE_CHARS = 300               # a matching line is cut to this many characters
+BASH_DEFAULT_TIMEOUT_MS = 120_000
+BASH_MAX_TIMEOUT_MS = 600_000
+STRAY_GRACE_S = 0.3                 # after a shell exits, its backgrounded children get this long to finish
+PROCESS_BUFFER_CHARS = 200_000      # rolling output kept per background process
+PROCESS_LIVE_CAP = 8                # background processes running at once
+PROCESS_STOP_GRACE_S = 3.0          # SIGTERM, then SIGKILL after this
+PROCESS_SETTLE_S = 0.5              # start/write wait this long for first output
+DIFF_CHAR_CAP = 20_000              # unified diff carried by FileModified
+SNIPPET_CONTEXT_LINES = 4           # lines shown around an edit
+TOOL_ORDER = ("read", "write", "edit", "grep", "glob", "bash", "process")
+
+# Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
+EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb"}
+ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+# ---------------------------------------------------------------- schemas (prompt-cached: keep byte-stable)
+
+READ_DESCRIPTION = """Read a text file (or list a directory) from the local filesystem.
+- file_path: relative to the project root, or absolute.
+- Output lines are numbered (line number, tab, content). The numbers are not part of the file: never copy them into edit's old_string.
+- By default up to 2000 lines from the start; pass offset (1-based line) and limit to page through larger files. The result says how to continue.
+- Very long lines are cut with a marker. Binary files are refused with a note saying what they are.
+- You must read a file before you edit or overwrite it, and read it again if it changed on disk.
+- Prefer reading several files in parallel calls when you need them all."""
+
+WRITE_DESCRIPTION = """Write a file, replacing its whole content, or create it (parent directories are created).
+- file_path: relative to the project root, or absolute.
+- Overwriting an existing file requires that you read it first in this session and that it has not changed on disk since; otherwise the call is refused.
+- An existing file keeps its line endings (CRLF) and byte-order mark.
+- Prefer edit for changing part of a file: it is cheaper and shows a precise diff. Use write for new files or complete rewrites."""
+
+EDIT_DESCRIPTION = """Replace text in a file: old_string becomes new_string.
+- Read the file first; edits to unread files, or to files changed on disk since you read them, are refused.
+- old_string must be copied from the file's content (without the line-number prefix read shows) and must match exactly one place; include a few surrounding lines to make it unique. Set replace_all to true to change every occurrence (e.g. renaming a variable).
+- Small differences in indentation, whitespace or escaping are tolerated, but exact text is safest. A fuzzy match much larger than old_string is refused.
+- old_string and new_string must differ. An empty old_string creates a new file containing new_string.
+- The result shows the changed region with line numbers, so there is no need to re-read the file to check the edit."""
+
+GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g. "def \\w+\\(", "TODO|FIXME").
+- path: file or directory to search, default the project root. include: a glob for file names, e.g. "*.py" or "*.{ts,tsx}".
+- Files ignored by .gitignore are skipped. Results are matching lines as path:line: text, files most recently modified first, at most 100 lines; narrow the pattern, path or include when the result says it was truncated.
+- Use this instead of running grep or rg through bash."""
+
+GLOB_DESCRIPTION = """Find files by name pattern, e.g. "**/*.py", "src/**/test_*.ts", "*.md" (a pattern without "/" matches at any depth).
+- path: directory to search, default the project root.
+- Files ignored by .gitignore are skipped. At most 100 paths, most recently modified first; narrow the pattern when the result says it was truncated.
+- Use this instead of find or ls through bash."""
+
+BASH_DESCRIPTION = """Run a shell command (bash -c) and wait for it to finish; returns its combined stdout and stderr and exit code.
+- workdir: directory to run in, relative to the project root or absolute (default the project root). Use it instead of "cd dir && ...".
+- timeout: milliseconds, default 120000, at most 600000. On timeout the command and everything it started are killed.
+- stdin is closed: interactive programs will not get input. Commands run non-interactively (no pager, no git password prompt).
+- For servers, watchers, REPLs or anything long-running, use the process tool instead; a command that backgrounds work with & has those children stopped when it ends.
+- Long output keeps its start and end; the full text is saved to a file whose path the result gives (read or grep it).
+- Prefer read, edit, write, grep and glob over cat, sed, echo >, grep and find."""
+
+PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, watchers, REPLs, long builds).
+- action "start" with command: run it in the background (bash -c, project root); returns an id like "p1" at once, with any first output.
+- action "list": every process with its status, pid and runtime.
+- action "read" with id: the output produced since your last read (older output beyond about 200K characters is dropped with a marker).
+- action "write" with id and input: send input to its stdin as given (end it with a newline to submit a line); returns any output that follows.
+- action "stop" with id: stop it and its children (SIGTERM, then SIGKILL).
+- Processes keep running across turns until stopped; all are stopped when the session ends. At most 8 run at once."""
+
+
+def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"name": name, "description": description,
+            "input_schema": {"type": "object", "properties": properties, "required": required}}
+
+
+def _prop(kind: str, description: str, **extra) -> dict:
+    return {"type": kind, "description": description, **extra}
+
+
+SCHEMAS = [
+    _schema("read", READ_DESCRIPTION, {
+        "file_path": _prop("string", "File or directory to read, relative to the project root or absolute."),
+        "offset": _prop("integer", "1-based line number to start from."),
+        "limit": _prop("integer", "Number of lines to read."),
+    }, ["file_path"]),
+    _schema("write", WRITE_DESCRIPTION, {
+        "file_path": _prop("string", "File to write, relative to the project root or absolute."),
+        "content": _prop("string", "The complete new content of the file."),
+    }, ["file_path", "content"]),
+    _schema("edit", EDIT_DESCRIPTION, {
+        "file_path": _prop("string", "File to edit, relative to the project root or absolute."),
+        "old_string": _prop("string", "Text to replace, copied from the file."),
+        "new_string": _prop("string", "Replacement text (must differ from old_string)."),
+        "replace_all": _prop("boolean", "Replace every occurrence instead of exactly one (default false)."),
+    }, ["file_path", "old_string", "new_string"]),
+    _schema("grep", GREP_DESCRIPTION, {
+        "pattern": _prop("string", "Regular expression to search for."),
+        "path": _prop("string", "File or directory to search (default: project root)."),
+        "include": _prop("string", "Glob for the file names to search, e.g. \"*.py\"."),
+    }, ["pattern"]),
+    _schema("glob", GLOB_DESCRIPTION, {
+        "pattern": _prop("string", "Glob pattern, e.g. \"**/*.py\"."),
+        "path": _prop("string", "Directory to search (default: project root)."),
+    }, ["pattern"]),
+    _schema("bash", BASH_DESCRIPTION, {
+        "command": _prop("string", "The shell command to run."),
+        "timeout": _prop("integer", "Timeout in milliseconds (default 120000, max 600000)."),
+        "workdir": _prop("string", "Directory to run the command in (default: project root)."),
+    }, ["command"]),
+    _schema("process", PROCESS_DESCRIPTION, {
+        "action": _prop("string", "What to do.", enum=["start", "list", "read", "write", "stop"]),
+        "id": _prop("string", "Process id from start or list (for read, write, stop)."),
+        "command": _prop("string", "Shell command to start (for start)."),
+        "input": _prop("string", "Text to send to the process's stdin (for write)."),
+    }, ["action"]),
+]
+
+# ---------------------------------------------------------------- exceptions and data types
+
+
+class ToolError(Exception):
+    """A failure the model should read and repair; Toolbox.run turns it into an is_error result."""
+
+    def __init__(self, message: str, **meta):
+        super().__init__(message)
+        self.meta = meta
+
+
+@dataclass
+class ToolResult:
+    text: str                                   # what the model reads (budgeted, truncated with markers)
+    is_error: bool = False
+    meta: dict = field(default_factory=dict)    # JSON-serialisable UI metadata, e.g. {"exit_code": 0}
+
+
+@dataclass(frozen=True)
+class FileVersion:
+    """One step of a file's edit history: the bytes before a write/edit (None: the file was created) and after."""
+    before: bytes | None
+    after: bytes
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    """What a file looked like when the model last read (or wrote) it."""
+    mtime_ns: int
+    size: int
+
+# ---------------------------------------------------------------- Workspace: the world seam
+
+
+class Workspace:
+    """Where tools touch the world: path resolution, file bytes in and out, subprocesses.
+
+    Local only in V1; a remote workspace would reimplement these methods. Helpers that only stat or
+    list take a Workspace for its `resolve` rather than widening this class.
+    """
+
+    def __init__(self, cwd: Path):
+        self.cwd = Path(cwd).resolve()          # the project root; relative paths start here
+
+    def resolve(self, path: str) -> Path:
+        """An absolute, normalised path for a model-given path (relative to the project root)."""
+        return Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
+
+    def display(self, path: Path) -> str:
+        """Project-relative when inside the project, absolute otherwise."""
+        try:
+            return path.relative_to(self.cwd).as_posix() or "."
+        except ValueError:
+            return str(path)
+
+    def read_file(self, path: Path) -> bytes:
+        return path.read_bytes()
+
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
+
+        A symlink is followed so the link itself survives. New files get the usual umask mode.
+        """
+        target = Path(os.path.realpath(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            mode = target.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def remove_file(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    async def exec(self, command: str | list[str], *, cwd: Path | None = None,
+                   stdin: bool = False) -> asyncio.subprocess.Process:
+        """Start a process in its own session/process group, stdout+stderr merged into one pipe.
+
+        A string runs through bash -c; a list is an argv. stdin is closed unless asked for.
+        """
+        argv = [_shell(), "-c", command] if isinstance(command, str) else command
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd or self.cwd, env={**os.environ, **EXEC_ENV_OVERRIDES},
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def capture(self, argv: list[str], *, cwd: Path | None = None,
+                timeout_s: float = 10.0) -> tuple[int, str]:
+        """Run a short read-only command synchronously (e.g. git for repository facts): (exit code, stdout).
+
+        Failure to start or a timeout gives exit code -1 and the reason as text.
+        """
+        try:
+            done = subprocess.run(argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s,
+                                  stdin=subprocess.DEVNULL, env={**os.environ, **EXEC_ENV_OVERRIDES},
+                                  start_new_session=True)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return -1, str(exc)
+        return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def _shell() -> str:
+    return shutil.which("bash") or "/bin/sh"
+
+# ---------------------------------------------------------------- output budgets and spill files
+
+
+class _Spool:
+    """Collects one result's text: keeps a bounded head and tail in memory, and once the text outgrows
+    the budget copies all of it to a spill file the model can read or grep."""
+
+    def __init__(self, spill_dir: Path, name: str, budget: int = OUTPUT_BUDGET_CHARS):
+        self.spill_dir, self.name = spill_dir, name
+        self.head_cap = int(budget * OUTPUT_HEAD_SHARE)
+        self.tail_cap = budget - self.head_cap
+        self.budget = budget
+        self.parts: list[str] = []      # everything, while under budget
+        self.head = ""
+        self.tail = ""
+        self.total = 0                  # characters seen
+        self.newlines = 0
+        self.spill_path: Path | None = None
+        self.spill_bytes = 0
+        self.handle = None
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        self.total += len(text)
+        self.newlines += text.count("\n")
+        if self.handle is None:
+            self.parts.append(text)
+            if self.total > self.budget:
+                self._start_spill()
+            return
+        self._write_spill(text)
+        self.tail = (self.tail + text)[-self.tail_cap:]
+
+    def _start_spill(self) -> None:
+        so_far = "".join(self.parts)
+        self.parts = []
+        self.head = so_far[:self.head_cap]
+        self.tail = so_far[-self.tail_cap:]
+        try:
+            self.spill_path = _new_spill_file(self.spill_dir, self.name)
+            self.handle = open(self.spill_path, "w", encoding="utf-8", errors="replace")
+        except OSError:
+            self.spill_path, self.handle = None, False   # no spill: still truncate, just without a path
+        self._write_spill(so_far)
+
+    def _write_spill(self, text: str) -> None:
+        if not self.handle or self.spill_bytes >= SPILL_FILE_CAP_BYTES:
+            return
+        chunk = text[:SPILL_FILE_CAP_BYTES - self.spill_bytes]
+        self.handle.write(chunk)
+        self.spill_bytes += len(chunk)
+        if self.spill_bytes >= SPILL_FILE_CAP_BYTES:
+            self.handle.write("\n[spill file capped here; later output was not kept]\n")
+
+    def finish(self) -> str:
+        """The model-facing text: all of it, or head + omission marker + tail."""
+        if self.handle is None:
+            return "".join(self.parts)
+        if self.handle:
+            self.handle.close()
+        head = _cut_at_line_end(self.head)
+        tail = _cut_at_line_start(self.tail)
+        omitted = self.total - len(head) - len(tail)
+        lines = max(0, self.newlines - head.count("\n") - tail.count("\n"))
+        where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; read it with offset/limit or grep it"
+                 if self.spill_path else "full output could not be saved")
+        return f"{head}\n[… {omitted:,} characters ({lines:,} lines) omitted; {where} …]\n{tail}"
+
+
+def _cut_at_line_end(text: str) -> str:
+    cut = text.rfind("\n")
+    return text[:cut + 1] if cut > len(text) // 2 else text
+
+
+def _cut_at_line_start(text: str) -> str:
+    cut = text.find("\n")
+    return text[cut + 1:] if 0 <= cut < len(text) // 2 else text
+
+
+def _new_spill_file(spill_dir: Path, name: str) -> Path:
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    _prune_spill(spill_dir)
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "output"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    fd, path = tempfile.mkstemp(dir=spill_dir, prefix=f"{stamp}-{safe}-", suffix=".txt")
+    os.close(fd)
+    return Path(path)
+
+
+def _prune_spill(spill_dir: Path) -> None:
+    """Keep the spill folder under its cap by deleting the oldest files first."""
+    files = []
+    for entry in os.scandir(spill_dir):
+        if entry.is_file():
+            stat = entry.stat()
+            files.append((stat.st_mtime, stat.st_size, entry.path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= SPILL_DIR_CAP_BYTES - SPILL_FILE_CAP_BYTES:
+            break
+        Path(path).unlink(missing_ok=True)
+        total -= size
+
+
+def _clean_output(text: str) -> str:
+    """Drop terminal escapes and carriage-return redraws (progress bars): the model reads plain lines."""
+    text = ANSI_RE.sub("", text)
+    if "\r" not in text:
+        return text
+    lines = text.replace("\r\n", "\n").split("\n")
+    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines)
+
+
+class _LineCleaner:
+    """Feeds _clean_output whole lines only, so an escape sequence or a CRLF split across two pipe
+    reads is never cut in half. A line longer than 64K characters is passed on as it stands."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.carry = ""
+
+    def feed(self, data: bytes) -> str:
+        text = self.carry + self.decoder.decode(data)
+        cut = text.rfind("\n") + 1
+        if cut == 0 and len(text) < 65_536:
+            self.carry = text
+            return ""
+        cut = cut or len(text)
+        self.carry = text[cut:]
+        return _clean_output(text[:cut])
+
+    def flush(self) -> str:
+        text, self.carry = self.carry + self.decoder.decode(b"", final=True), ""
+        return _clean_output(text)
+
+# ---------------------------------------------------------------- file helpers (take a Workspace)
+
+# Magic numbers for telling the model what a binary file is (the first bytes are enough).
+MAGIC = [
+    (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
+    (b"\x1f\x8b", "gzip archive"), (b"\x7fELF", "ELF executable"), (b"SQLite format 3", "SQLite database"),
+    (b"\x00asm", "WebAssembly module"), (b"BZh", "bzip2 archive"), (b"\xfd7zXZ", "xz archive"),
+    (b"RIFF", "RIFF media (WAV/AVI/WebP)"), (b"\xca\xfe\xba\xbe", "Java class or Mach-O binary"),
+]
+
+
+def _describe_binary(path: Path, head: bytes) -> str | None:
+    """What a binary file is, or None when the bytes look like text."""
+    kind = next((name for magic, name in MAGIC if head.startswith(magic)), None)
+    if kind is None and b"\x00" not in head[:8192]:
+        try:
+            head[:8192].decode("utf-8")
+            return None
+        except UnicodeDecodeError as exc:
+            if exc.start >= len(head[:8192]) - 4:      # a multi-byte character cut by the 8K window
+                return None
+            control = sum(1 for byte in head[:8192] if byte < 9 or 13 < byte < 32)
+            if control == 0:
+                return None                            # legacy 8-bit text: shown with replacement marks
+    return kind or mimetypes.guess_type(path.name)[0] or "binary data"
+
+
+def _decode_text(data: bytes) -> tuple[str, bool]:
+    """Text of a file without its UTF-8 BOM, and whether it had one."""
+    bom = data.startswith(codecs.BOM_UTF8)
+    return data[3:].decode("utf-8", "replace") if bom else data.decode("utf-8", "replace"), bom
+
+
+def _uses_crlf(text: str) -> bool:
+    crlf = text.count("\r\n")
+    return crlf > 0 and crlf >= text.count("\n") - crlf
+
+
+def _stamp(path: Path) -> _Stamp | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _Stamp(stat.st_mtime_ns, stat.st_size)
+
+
+def _near_names(ws: Workspace, path: Path) -> list[str]:
+    """Up to three existing paths the model probably meant."""
+    found = []
+    raw = str(path)
+    if path.is_absolute() and not path.exists():           # "/src/app.py" meant project-relative
+        inside = ws.cwd / raw.lstrip("/")
+        if inside.exists():
+            found.append(ws.display(inside))
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        names = []
+    for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
+        found.append(ws.display(parent / name))
+    return list(dict.fromkeys(found))[:3]
+
+
+def _missing(ws: Workspace, path: Path) -> ToolError:
+    near = _near_names(ws, path)
+    hint = f" Did you mean: {', '.join(near)}?" if near else " Use glob to find files by name."
+    return ToolError(f"{ws.display(path)} does not exist.{hint}", error="not_found")
+
+
+def _listing(ws: Workspace, path: Path) -> ToolResult:
+    entries = sorted(os.scandir(path), key=lambda e: (not e.is_dir(), e.name))
+    shown = [entry.name + ("/" if entry.is_dir() else "") for entry in entries[:LISTING_CAP]]
+    note = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
+    body = "\n".join(shown) if shown else "(empty directory)"
+    return ToolResult(f"{ws.display(path)}/ is a directory:\n{body}{note}", meta={"entries": len(entries)})
+
+
+def _numbered(lines: list[str], first: int) -> str:
+    """cat -n style: right-aligned line number, a tab, the line (long lines cut with a marker)."""
+    out = []
+    for number, line in enumerate(lines, first):
+        if len(line) > LINE_CHAR_CAP:
+            line = f"{line[:LINE_CHAR_CAP]}… [line cut: {len(line):,} characters]"
+        out.append(f"{number:>6}\t{line}")
+    return "\n".join(out)
+
+
+def _human_size(size: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+# ---------------------------------------------------------------- input checking
+
+
+def _signature(schema: dict) -> str:
+    spec = schema["input_schema"]
+    params = [f"{key}{'' if key in spec['required'] else '?'}: {prop['type']}" for key, prop in spec["properties"].items()]
+    return f"{schema['name']}({', '.join(params)})"
+
+
+def _type_name(value) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _coerce(kind: str, value):
+    """The value as the schema type, or raise TypeError. JSON 5.0 is a fine integer; True is not."""
+    if kind == "string" and isinstance(value, str):
+        return value
+    if kind == "boolean" and isinstance(value, bool):
+        return value
+    if kind == "integer" and not isinstance(value, bool):
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    raise TypeError(kind)
+
+
+def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
+    """(clean arguments, None) or (None, a message telling the model how to repair the call)."""
+    spec = schema["input_schema"]
+    props, problems, args = spec["properties"], [], {}
+    if not isinstance(tool_input, dict):
+        problems.append(f"the input must be a JSON object, got {_type_name(tool_input)}")
+        tool_input = {}
+    for key, value in tool_input.items():
+        if key not in props:
+            near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
+            problems.append(f"unknown parameter '{key}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
+        elif value is not None:
+            try:
+                args[key] = _coerce(props[key]["type"], value)
+            except TypeError:
+                problems.append(f"'{key}' must be {props[key]['type']}, got {_type_name(value)}")
+                continue
+            if "enum" in props[key] and value not in props[key]["enum"]:
+                problems.append(f"'{key}' must be one of {', '.join(props[key]['enum'])}, got {value!r}")
+    for key in spec["required"]:
+        if key not in args and not any(key in p for p in problems):
+            problems.append(f"missing required parameter '{key}'")
+    if not problems:
+        return args, None
+    return None, (f"Invalid input for {schema['name']}: {'; '.join(problems)}.\n"
+                  f"Expected {_signature(schema)}. Call {schema['name']} again with corrected input.")
+
+# ---------------------------------------------------------------- process groups
+
+
+def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_groups(pgids: set[int]) -> None:
+    """Last resort at interpreter exit (weakref.finalize): nothing we started survives us."""
+    for pgid in list(pgids):
+        _kill_group(pgid)
+    pgids.clear()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process remains in the group."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not os.path.isdir("/proc"):
+        return True
+    # killpg also reaches zombies that a non-reaping init keeps around; /proc tells them apart.
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                return True
+    return False
+
+
+async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None]) -> None:
+    """Read a pipe to EOF, handing on cleaned whole lines."""
+    cleaner = _LineCleaner()
+    try:
+        while chunk := await stream.read(65_536):
+            if text := cleaner.feed(chunk):
+                on_text(text)
+    finally:
+        if text := cleaner.flush():
+            on_text(text)
+
+
+async def _finish_pump(pump: asyncio.Task, timeout_s: float = 1.0) -> None:
+    """Let a pump reach EOF; a descendant that left our group may hold the pipe open, so don't wait forever."""
+    await asyncio.wait({pump}, timeout=timeout_s)
+    if not pump.done():
+        pump.cancel()
+
+
+async def _reap_strays(pgid: int, pump: asyncio.Task, grace_s: float) -> bool:
+    """After a group's leader exited: give the rest `grace_s` to finish, then kill them. True if any were left."""
+    if _group_alive(pgid):
+        await asyncio.wait({pump}, timeout=grace_s)
+    stray = _group_alive(pgid)
+    if stray:
+        _kill_group(pgid)
+    await _finish_pump(pump)
+    return stray
+
+# ---------------------------------------------------------------- read
+
+
+async def _tool_read(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    ws = box.workspace
+    path = ws.resolve(args["file_path"])
+    if path.is_dir():
+        return _listing(ws, path)
+    if not path.exists():
+        raise _missing(ws, path)
+    size = path.stat().st_size
+    if size > READ_FILE_CAP_BYTES:
+        raise ToolError(f"{ws.display(path)} is {_human_size(size)}, too large to read whole; use bash with "
+                        "head, tail, sed -n 'FROM,TOp' or grep on it.", error="too_large")
+    data = ws.read_file(path)
+    kind = _describe_binary(path, data[:8192])
+    if kind:
+        raise ToolError(f"{ws.display(path)} is a binary file ({kind}, {_human_size(size)}); read shows text "
+                        "files only.", error="binary")
+    box.remember(path)
+    text, _ = _decode_text(data)
+    return _read_window(ws.display(path), _split_lines(text), args.get("offset", 1), args.get("limit"))
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines without their endings ("\\r\\n" or "\\n"); a final newline does not start another line."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _read_window(shown_path: str, lines: list[str], offset: int, limit: int | None) -> ToolResult:
+    total = len(lines)
+    if offset < 1 or (limit is not None and limit < 1):
+        raise ToolError("offset and limit must be positive (offset is a 1-based line number).", error="invalid_input")
+    if total == 0:
+        return ToolResult(f"{shown_path} is empty (0 lines).", meta={"path": shown_path, "lines": 0})
+    if offset > total:
+        raise ToolError(f"offset {offset} is past the end of {shown_path}, which has {total} lines.", error="offset")
+    stop = min(total, offset - 1 + (limit or READ_LINE_CAP))
+    body, size, last = [], 0, offset - 1
+    for index in range(offset - 1, stop):
+        numbered = _numbered([lines[index]], index + 1)
+        if body and size + len(numbered) > READ_BYTE_CAP:
+            break
+        body.append(numbered)
+        size += len(numbered) + 1
+        last = index + 1
+    text = "\n".join(body)
+    if last < total:
+        text += f"\n\n(Showing lines {offset}–{last} of {total}. Use offset={last + 1} to continue.)"
+    elif offset > 1:
+        text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
+    return ToolResult(text, meta={"path": shown_path, "lines": total, "start": offset, "end": last})
+
+# ---------------------------------------------------------------- bash
+
+
+async def _tool_bash(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    command = args["command"]
+    if not command.strip():
+        raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
+    timeout_ms, notes = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS), []
+    if timeout_ms <= 0:
+        raise ToolError(f"timeout must be a positive number of milliseconds (default {BASH_DEFAULT_TIMEOUT_MS}).",
+                        error="invalid_input")
+    if timeout_ms > BASH_MAX_TIMEOUT_MS:
+        notes.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
+        timeout_ms = BASH_MAX_TIMEOUT_MS
+    workdir = _directory(box.workspace, args.get("workdir"))
+    spool = _Spool(box.spill_dir, tool_use_id or "bash")
+
+    def on_text(text: str) -> None:
+        spool.add(text)
+        box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
+
+    started = time.monotonic()
+    proc = await box.workspace.exec(command, cwd=workdir)
+    box.groups.add(proc.pid)
+    pump = asyncio.create_task(_pump(proc.stdout, on_text))
+    try:
+        timed_out, stray = await _wait_foreground(proc, pump, timeout_ms / 1000)
+    except asyncio.CancelledError:
+        _kill_group(proc.pid)           # interrupted turn: the whole group goes, grandchildren included
+        pump.cancel()
+        raise
+    finally:
+        box.groups.discard(proc.pid)
+    duration_ms = int((time.monotonic() - started) * 1000)
+    text = _bash_text(spool.finish(), proc.returncode, timed_out, stray, timeout_ms, notes)
+    meta = {"exit_code": proc.returncode, "duration_ms": duration_ms, "timed_out": timed_out}
+    if spool.spill_path:
+        meta["spill"] = str(spool.spill_path)
+    return ToolResult(text, is_error=timed_out, meta=meta)
+
+
+async def _wait_foreground(proc: asyncio.subprocess.Process, pump: asyncio.Task, timeout_s: float) -> tuple[bool, bool]:
+    """Wait for a foreground command: (timed out, left strays). Either way no member of its group survives."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await proc.wait()
+    except TimeoutError:
+        _kill_group(proc.pid)
+        await _finish_pump(pump)
+        await proc.wait()
+        return True, False
+    return False, await _reap_strays(proc.pid, pump, STRAY_GRACE_S)
+
+
+def _bash_text(output: str, exit_code: int, timed_out: bool, stray: bool, timeout_ms: int, notes: list[str]) -> str:
+    parts = [output.rstrip("\n") or "(no output)", ""]
+    if timed_out:
+        parts.append(f"Timed out after {timeout_ms / 1000:g} s: the command and every process it started were "
+                     "killed. For servers, watchers or long builds use process (action \"start\") and poll it "
+                     f"with process (action \"read\"); for a slow command pass a larger timeout (max {BASH_MAX_TIMEOUT_MS}).")
+    elif exit_code < 0:
+        parts.append(f"Exit code: {exit_code} (killed by {signal.Signals(-exit_code).name})")
+    else:
+        parts.append(f"Exit code: {exit_code}")
+    if stray:
+        parts.append("Note: processes it left running in the background were stopped; use the process tool for "
+                     "long-running work.")
+    return "\n".join(parts + notes)
+
+
+def _directory(ws: Workspace, value: str | None) -> Path:
+    if value is None:
+        return ws.cwd
+    path = ws.resolve(value)
+    if not path.exists():
+        raise _missing(ws, path)
+    if not path.is_dir():
+        raise ToolError(f"workdir {ws.display(path)} is a file, not a directory.", error="not_a_directory")
+    return path
+
+# ---------------------------------------------------------------- process: background processes
+
+
+class _Rolling:
+    """A process's output: the newest PROCESS_BUFFER_CHARS characters, and how far the model has read."""
+
+    def __init__(self, cap: int = PROCESS_BUFFER_CHARS):
+        self.cap = cap
+        self.text = ""
+        self.base = 0               # absolute position of text[0] in everything ever written
+        self.read_pos = 0           # absolute position up to which the model has read
+        self.arrived = asyncio.Event()
+
+    def append(self, text: str) -> None:
+        self.text += text
+        if len(self.text) > self.cap:
+            drop = len(self.text) - self.cap
+            self.text = self.text[drop:]
+            self.base += drop
+        self.arrived.set()
+
+    def unread(self) -> bool:
+        return self.base + len(self.text) > self.read_pos
+
+    def take(self) -> tuple[int, str]:
+        """(characters dropped unread, the new output) since the last take."""
+        start = max(self.read_pos, self.base)
+        dropped, new = start - self.read_pos, self.text[start - self.base:]
+        self.read_pos = self.base + len(self.text)
+        self.arrived.clear()
+        return dropped, new
+
+
+@dataclass
+class _Process:
+    process_id: str                 # "p1", "p2", … per session
+    command: str
+    proc: asyncio.subprocess.Process
+    started: float                  # time.monotonic()
+    output: _Rolling = field(default_factory=_Rolling)
+    watcher: asyncio.Task | None = None
+    ended: float | None = None      # time.monotonic() when it exited; None while running
+    cause: str | None = None        # why we stopped it ("stopped", "khaelor exit"); None: it exited by itself
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def runtime_s(self) -> float:
+        return round((self.ended or time.monotonic()) - self.started, 1)
+
+    def status(self) -> str:
+        if self.ended is None:
+            return "running"
+        code = self.proc.returncode
+        if self.cause:
+            return f"{'stopped' if self.cause == 'stopped' else self.cause} (exit code {code})"
+        return f"exited (code {code})"
+
+
+class _Processes:
+    """The session's background processes. Their watchers are tasks of their own, so an interrupted turn
+    leaves them running; close() stops them all."""
+
+    def __init__(self, workspace: Workspace, emit: Callable[..., dict], groups: set[int]):
+        self.workspace, self.emit, self.groups = workspace, emit, groups
+        self.items: dict[str, _Process] = {}
+        self.n_started = 0
+        self.closed = False
+
+    def live(self) -> list[_Process]:
+        return [p for p in self.items.values() if p.ended is None]
+
+    def running(self) -> list[dict]:
+        return [{"process_id": p.process_id, "pid": p.pid, "command": p.command, "runtime_s": p.runtime_s()}
+                for p in self.live()]
+
+    def get(self, process_id: str) -> _Process:
+        if process_id in self.items:
+            return self.items[process_id]
+        known = ", ".join(self.items) or "none yet"
+        raise ToolError(f"No process with id {process_id!r} (known: {known}). Use process action \"list\".",
+                        error="unknown_process")
+
+    async def start(self, command: str) -> _Process:
+        if self.closed:
+            raise ToolError("khaelor is shutting down; no new processes.", error="closed")
+        live = self.live()
+        if len(live) >= PROCESS_LIVE_CAP:
+            ids = ", ".join(p.process_id for p in live)
+            raise ToolError(f"{len(live)} processes are already running ({ids}), the limit is {PROCESS_LIVE_CAP}. "
+                            "Stop one you no longer need with process action \"stop\" first.", error="too_many")
+        # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so stopped later).
+        return await asyncio.shield(self._spawn(command))
+
+    async def _spawn(self, command: str) -> _Process:
+        proc = await self.workspace.exec(command, stdin=True)
+        self.groups.add(proc.pid)
+        self.n_started += 1
+        process = _Process(f"p{self.n_started}", command, proc, time.monotonic())
+        self.items[process.process_id] = process
+        process.watcher = asyncio.create_task(self._watch(process), name=f"khaelor process {process.process_id}")
+        self.emit("ProcessStarted", process_id=process.process_id, pid=proc.pid, command=command)
+        self._forget_old()
+        return process
+
+    async def _watch(self, process: _Process) -> None:
+        """Collect output until the process exits, clear out its group, report ProcessExited once."""
+        pump = asyncio.create_task(_pump(process.proc.stdout, process.output.append))
+        try:
+            await process.proc.wait()
+            await _reap_strays(process.pid, pump, 0.5 if process.cause else 1.0)
+        finally:
+            if not pump.done():
+                pump.cancel()
+            _kill_group(process.pid)
+            self.groups.discard(process.pid)
+            process.ended = time.monotonic()
+            process.output.arrived.set()
+            self.emit("ProcessExited", process_id=process.process_id, exit_code=process.proc.returncode,
+                      cause=process.cause or "exited")
+
+    async def stop(self, process: _Process, cause: str) -> None:
+        """SIGTERM to the whole group, SIGKILL after a grace period."""
+        if process.ended is not None:
+            return
+        process.cause = cause
+        _kill_group(process.pid, signal.SIGTERM)
+        await asyncio.wait({process.watcher}, timeout=PROCESS_STOP_GRACE_S)
+        if not process.watcher.done():
+            _kill_group(process.pid, signal.SIGKILL)
+            await asyncio.wait({process.watcher}, timeout=2.0)
+
+    async def close(self) -> None:
+        self.closed = True
+        await asyncio.gather(*(self.stop(p, "khaelor exit") for p in self.live()))
+
+    async def settle(self, process: _Process, timeout_s: float) -> None:
+        """Wait briefly for output (or exit), then a moment more so a burst arrives whole."""
+        if not process.output.unread() and process.ended is None:
+            try:
+                await asyncio.wait_for(process.output.arrived.wait(), timeout_s)
+            except TimeoutError:
+                return
+        if process.ended is None:
+            await asyncio.sleep(0.1)
+
+    def _forget_old(self) -> None:
+        """Keep the table small: drop the oldest exited entries beyond 4x the live cap."""
+        exited = [key for key, p in self.items.items() if p.ended is not None]
+        for key in exited[:max(0, len(self.items) - 4 * PROCESS_LIVE_CAP)]:
+            del self.items[key]
+
+
+async def _tool_process(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    action, procs = args["action"], box.processes
+    if action == "list":
+        return _process_list(procs)
+    if action == "start":
+        command = _require(args, "command", "process", "the shell command to start")
+        process = await procs.start(command)
+        await procs.settle(process, PROCESS_SETTLE_S)
+        return _process_report(process, f"Started {process.process_id}. Poll it with process action \"read\", "
+                                        f"id \"{process.process_id}\".")
+    process = procs.get(_require(args, "id", "process", "the process id, e.g. \"p1\""))
+    if action == "read":
+        await procs.settle(process, 1.0)
+        return _process_report(process)
+    if action == "write":
+        return await _process_write(procs, process, _require(args, "input", "process", "the text to send"))
+    await procs.stop(process, "stopped")
+    return _process_report(process)
+
+
+def _require(args: dict, key: str, tool: str, what: str) -> str:
+    if key not in args:
+        raise ToolError(f"process action \"{args['action']}\" needs '{key}' ({what}). Call {tool} again with it.",
+                        error="invalid_input")
+    return args[key]
+
+
+async def _process_write(procs: _Processes, process: _Process, text: str) -> ToolResult:
+    if process.ended is not None:
+        raise ToolError(f"{process.process_id} has {process.status()}; it takes no more input.", error="exited")
+    try:
+        process.proc.stdin.write(text.encode("utf-8"))
+        await asyncio.wait_for(process.proc.stdin.drain(), 5.0)
+    except (BrokenPipeError, ConnectionResetError):
+        raise ToolError(f"{process.process_id} closed its stdin.", error="stdin_closed") from None
+    except TimeoutError:
+        raise ToolError(f"{process.process_id} is not reading its stdin (write timed out after 5 s).",
+                        error="stdin_blocked") from None
+    await procs.settle(process, PROCESS_SETTLE_S)
+    return _process_report(process, f"Wrote {len(text)} characters to {process.process_id}.")
+
+
+def _process_report(process: _Process, first: str = "") -> ToolResult:
+    dropped, new = process.output.take()
+    lines = [first] if first else []
+    lines.append(f"[{process.process_id} · {process.status()} · pid {process.pid} · {process.runtime_s():g} s] "
+                 f"{process.command}")
+    if dropped:
+        lines.append(f"[… {dropped:,} earlier characters were dropped from the buffer before you read them …]")
+    lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
+    meta = {"process_id": process.process_id, "pid": process.pid, "status": process.status(),
+            "exit_code": process.proc.returncode}
+    return ToolResult("\n".join(lines), meta=meta)
+
+
+def _process_list(procs: _Processes) -> ToolResult:
+    if not procs.items:
+        return ToolResult("No background processes. Start one with process action \"start\".", meta={"count": 0})
+    rows = [f"{p.process_id}  {p.status()}  pid {p.pid}  {p.runtime_s():g} s  {p.command}"
+            for p in procs.items.values()]
+    return ToolResult("\n".join(rows), meta={"count": len(rows), "running": len(procs.live())})
+
+# ---------------------------------------------------------------- Toolbox: the kernel's entry point
+
+
+class Toolbox:
+    """The seven tools behind one `run`. Holds the session's tool state: what the model has read, each
+    file's edit history, the background processes."""
+
+    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict]):
+        self.workspace = workspace
+        self.home = Path(home)                  # KHAELOR_HOME; spill files go to <home>/spill
+        self.spill_dir = self.home / "spill"
+        self.emit = emit
+        self.schemas = [dict(schema) for schema in SCHEMAS]
+        self.edit_history: dict[Path, list[FileVersion]] = {}   # real path -> versions, oldest first
+        self.stamps: dict[Path, _Stamp] = {}    # real path -> as last read or written by the model
+        self.groups: set[int] = set()           # process groups alive right now (bash and process)
+        self.processes = _Processes(workspace, emit, self.groups)
+        self._by_name = {schema["name"]: schema for schema in SCHEMAS}
+        # If khaelor dies without awaiting close(), still kill every group at interpreter exit.
+        weakref.finalize(self, _kill_groups, self.groups)
+
+    async def run(self, name: str, tool_input: dict, tool_use_id: str) -> ToolResult:
+        """Run one tool call. Never raises, except CancelledError (the turn was interrupted)."""
+        schema = self._by_name.get(name)
+        if schema is None:
+            return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOL_ORDER)}.", True,
+                              {"error": "unknown_tool"})
+        args, problem = _check_input(schema, tool_input)
+        if problem:
+            return ToolResult(problem, True, {"error": "invalid_input"})
+        try:
+            result = await TOOLS[name](self, args, tool_use_id)
+        except ToolError as exc:
+            result = ToolResult(str(exc), True, exc.meta)
+        except OSError as exc:
+            result = ToolResult(_os_error_text(exc), True, {"error": type(exc).__name__})
+        except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
+            result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
+                                "bug. Try a different approach.", True, {"error": "internal"})
+        return self._budget(result, tool_use_id or name)
+
+    async def close(self) -> None:
+        """Stop every background process (ProcessExited cause "khaelor exit")."""
+        await self.processes.close()
+        _kill_groups(self.groups)
+
+    def running_processes(self) -> list[dict]:
+        """[{process_id, pid, command, runtime_s}] for processes still running."""
+        return self.processes.running()
+
+    def remember(self, path: Path) -> None:
+        """Record that the model has seen this file as it is now (read, or its own write)."""
+        real = Path(os.path.realpath(path))
+        stamp = _stamp(real)
+        if stamp:
+            self.stamps[real] = stamp
+
+    def _budget(self, result: ToolResult, name: str) -> ToolResult:
+        if len(result.text) <= OUTPUT_BUDGET_CHARS:
+            return result
+        spool = _Spool(self.spill_dir, name)
+        spool.add(result.text)
+        result.text = spool.finish()
+        if spool.spill_path:
+            result.meta["spill"] = str(spool.spill_path)
+        return result
+
+
+def _os_error_text(exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}. Check the path and permissions, then retry or try another approach."
+
+
+async def _not_yet(box, args, tool_use_id):
+    raise ToolError("not implemented yet")
+
+
+TOOLS = {"read": _tool_read, "write": _not_yet, "edit": _not_yet, "grep": _not_yet, "glob": _not_yet,
+         "bash": _tool_bash, "process": _tool_process}
