@@ -139,7 +139,10 @@ def build_system(project_root: Path, cwd: Path, home: Path) -> list[dict]:
     """Three text blocks: identity, tool guidance, then this session's environment and instructions."""
     project = [f"Project root: {project_root}", f"Working directory: {cwd}", f"Platform: {sys.platform}"]
     for path in find_instruction_files(home, project_root, cwd):
-        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            text = f"[this file could not be read: {e.strerror}]"
         if len(text) > MAX_INSTRUCTION_CHARS:
             text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {len(text)} characters]"
         whose = "the user's global instructions" if path.parent.resolve() == Path(home).resolve() \
@@ -344,15 +347,19 @@ def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
 
 
 def measured_tokens(log: list[dict]) -> int | None:
-    """What the last response put in the window: its whole input (input + cache read + cache write,
-    ANTHROPIC_API.md §5.1) plus its output, which the next request carries. None when there is no
-    measurement yet, or the context was pruned or compacted since (the number is stale)."""
+    """What the next request will hold: the last response's whole input (input + cache read + cache
+    write, ANTHROPIC_API.md §5.1) and its output, as the API counted them, plus an estimate of what
+    arrived since (tool results, user text). None when there is no measurement yet, or the context
+    was pruned or compacted since (the number is stale)."""
+    since = 0
     for event in reversed(log):
         if event["type"] in ("ContextPruned", "ContextCompacted"):
             return None
         if event["type"] == "ModelResponseCompleted":
             usage = event.get("usage") or {}
-            return sum(usage.get(key) or 0 for key in events.USAGE_KEYS)
+            return sum(usage.get(key) or 0 for key in events.USAGE_KEYS) + since
+        if event["type"] in events.TOOL_RESULT_EVENTS or event["type"] in ("UserMessageCreated", "SteeringInjected"):
+            since += estimate_tokens(event.get("output") or event.get("text") or "")
     return None
 
 
@@ -479,7 +486,7 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
 
 def parse_checkpoint(text: str) -> dict:
     """The model's answer → a checkpoint with every key. Tolerates prose or fences around the JSON,
-    missing keys and wrong types; with no JSON at all, the prose becomes current_state."""
+    missing keys and wrong types; with no usable JSON, the answer itself becomes current_state."""
     data = _find_json_object(text)
     if data is None:
         data = {"current_state": text.strip()[:8_000]}
@@ -543,18 +550,17 @@ def _file_changes(log: list[dict]) -> list[str]:
 
 
 def _find_json_object(text: str) -> dict | None:
-    """The first JSON object in the text that parses, preferring one that has checkpoint keys."""
-    decoder, fallback = json.JSONDecoder(), None
+    """The first JSON object in the text with a checkpoint key. A nested object alone (say the
+    answer was cut off mid-JSON) does not count: then the raw text is kept instead."""
+    decoder = json.JSONDecoder(strict=False)     # models sometimes put raw newlines inside strings
     for match in re.finditer(r"\{", text):
         try:
             value, _ = decoder.raw_decode(text, match.start())
         except ValueError:
             continue
-        if isinstance(value, dict):
-            if any(key in value for key in CHECKPOINT_KEYS):
-                return value
-            fallback = fallback or value
-    return fallback
+        if isinstance(value, dict) and any(key in value for key in CHECKPOINT_KEYS):
+            return value
+    return None
 
 
 def _as_list(value) -> list:
@@ -578,7 +584,9 @@ def _as_text(value) -> str:
 def _as_record(item, keys: tuple) -> dict:
     if not isinstance(item, dict):
         return {keys[0]: _as_text(item)}
-    record = {key: _as_text(item.get(key)) for key in keys if item.get(key) not in (None, "")}
+    # Evidence content is verbatim: only trailing whitespace goes, indentation is meaning.
+    record = {key: item[key].rstrip() if key == "content" and isinstance(item[key], str) else _as_text(item[key])
+              for key in keys if item.get(key) not in (None, "")}
     return record or {keys[0]: _as_text(item)}
 
 

@@ -48,6 +48,7 @@ PROCESS_STOP_GRACE_S = 3.0          # SIGTERM, then SIGKILL after this
 PROCESS_SETTLE_S = 0.5              # start/write wait this long for first output
 DIFF_CHAR_CAP = 20_000              # unified diff carried by FileModified
 SNIPPET_CONTEXT_LINES = 4           # lines shown around an edit
+EDIT_HISTORY_DEPTH = 20             # versions kept per file for undo
 TOOL_ORDER = ("read", "write", "edit", "grep", "glob", "bash", "process")
 
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
@@ -235,17 +236,30 @@ class Workspace:
     def remove_file(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
-    async def exec(self, command: str | list[str], *, cwd: Path | None = None,
-                   stdin: bool = False) -> asyncio.subprocess.Process:
+    async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False) -> "Child":
         """Start a process in its own session/process group, stdout+stderr merged into one pipe.
 
-        A string runs through bash -c; a list is an argv. stdin is closed unless asked for.
+        A string runs through bash -c; a list is an argv. stdin is closed unless asked for. The pipes
+        are our own, not asyncio's: its Process.wait() also waits for the pipes to close, which a
+        backgrounded grandchild can hold open for ever.
         """
         argv = [_shell(), "-c", command] if isinstance(command, str) else command
-        return await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd or self.cwd, env={**os.environ, **EXEC_ENV_OVERRIDES},
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        out_read, out_write = os.pipe()
+        in_read, in_write = os.pipe() if stdin else (subprocess.DEVNULL, None)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=cwd or self.cwd, env={**os.environ, **EXEC_ENV_OVERRIDES}, stdin=in_read,
+                stdout=out_write, stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            for fd in (out_read, in_write):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            os.close(out_write)
+            if stdin:
+                os.close(in_read)
+        return await Child.connect(proc, out_read, in_write)
 
     def capture(self, argv: list[str], *, cwd: Path | None = None,
                 timeout_s: float = 10.0) -> tuple[int, str]:
@@ -260,6 +274,37 @@ class Workspace:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return -1, str(exc)
         return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+@dataclass
+class Child:
+    """A started process: asyncio's handle plus the stream ends of the pipes we made for it."""
+    proc: asyncio.subprocess.Process
+    stdout: asyncio.StreamReader
+    stdin: asyncio.StreamWriter | None
+    transports: list = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid        # also its process group id (start_new_session)
+
+    @classmethod
+    async def connect(cls, proc: asyncio.subprocess.Process, out_fd: int, in_fd: int | None) -> "Child":
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                         os.fdopen(out_fd, "rb", 0))
+        child = cls(proc, reader, None, [read_transport])
+        if in_fd is not None:
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                                os.fdopen(in_fd, "wb", 0))
+            child.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+            child.transports.append(transport)
+        return child
+
+    def close_pipes(self) -> None:
+        for transport in self.transports:
+            transport.close()
 
 
 def _umask() -> int:
@@ -281,7 +326,7 @@ class _Spool:
     def __init__(self, spill_dir: Path, name: str, budget: int = OUTPUT_BUDGET_CHARS):
         self.spill_dir, self.name = spill_dir, name
         self.head_cap = int(budget * OUTPUT_HEAD_SHARE)
-        self.tail_cap = budget - self.head_cap
+        self.tail_cap = budget - self.head_cap - 500    # room for the omission marker
         self.budget = budget
         self.parts: list[str] = []      # everything, while under budget
         self.head = ""
@@ -683,6 +728,421 @@ def _read_window(shown_path: str, lines: list[str], offset: int, limit: int | No
         text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
     return ToolResult(text, meta={"path": shown_path, "lines": total, "start": offset, "end": last})
 
+# ---------------------------------------------------------------- edit: the replacer cascade
+# OpenCode's nine strategies (from the Cline / gemini-cli lineage), tried in order. Each returns the
+# spans of the file text it matches. Single mode: the first strategy with exactly one span wins; an
+# ambiguous strategy makes the edit fail with the candidates' line numbers, unless a later, stricter
+# strategy (indentation-flexible, trimmed-boundary) narrows it to one of them. With replace_all the
+# text-preserving strategies run and multi-occurrence gathers every whitespace variant at once.
+
+
+class _Haystack:
+    """A file's text, split into lines once for all strategies."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.lines = text.split("\n")
+        self.starts, offset = [], 0
+        for line in self.lines:
+            self.starts.append(offset)
+            offset += len(line) + 1
+
+    @cached_property
+    def trimmed(self) -> list[str]:
+        return [line.strip() for line in self.lines]
+
+    def span(self, first: int, last: int) -> tuple[int, int]:
+        """Text offsets of whole lines first..last (the last line's newline excluded)."""
+        return self.starts[first], self.starts[last] + len(self.lines[last])
+
+    def line_of(self, offset: int) -> int:
+        return self.text.count("\n", 0, offset) + 1
+
+
+def _find_lines(old: str) -> list[str]:
+    lines = old.split("\n")
+    return lines[:-1] if len(lines) > 1 and lines[-1] == "" else lines
+
+
+def _exact(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    spans, at = [], hay.text.find(old)
+    while at >= 0 and old:
+        spans.append((at, at + len(old)))
+        at = hay.text.find(old, at + len(old))
+    return spans
+
+
+def _line_blocks(hay: _Haystack, old: str, same: Callable[[list[str], list[str]], bool]) -> list[tuple[int, int]]:
+    """Blocks of whole lines, as many as old_string has, that `same` accepts; the first line pre-filters."""
+    want = _find_lines(old)
+    first, size = want[0].strip(), len(want)
+    if not "".join(want).strip():
+        return []
+    return [hay.span(i, i + size - 1) for i in range(len(hay.lines) - size + 1)
+            if hay.trimmed[i] == first and same(hay.lines[i:i + size], want)]
+
+
+def _line_trimmed(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    return _line_blocks(hay, old, lambda got, want: [g.strip() for g in got] == [w.strip() for w in want])
+
+
+def _block_anchor(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """First and last lines as anchors; the middle only needs to be similar (Levenshtein)."""
+    want = _find_lines(old)
+    first, last = want[0].strip(), want[-1].strip()
+    if len(want) < 3 or not first or not last:
+        return []
+    scored = []
+    for i, line in enumerate(hay.trimmed):
+        if line != first:
+            continue
+        j = next((j for j in range(i + 2, len(hay.lines)) if hay.trimmed[j] == last), None)
+        if j is not None:
+            scored.append((_middle_similarity(hay.trimmed[i + 1:j], want[1:-1]), i, j))
+    if not scored:
+        return []
+    best = max(score for score, _, _ in scored)
+    if best < BLOCK_ANCHOR_SIMILARITY:
+        return []
+    return [hay.span(i, j) for score, i, j in scored if score >= best - 1e-9]
+
+
+def _middle_similarity(got: list[str], want: list[str]) -> float:
+    """Mean line similarity, scaled down when the blocks differ in length."""
+    pairs = list(zip(got, (w.strip() for w in want)))
+    if not pairs:
+        return 0.0
+    mean = sum(_similarity(a, b) for a, b in pairs) / len(pairs)
+    return mean * min(len(got), len(want)) / max(len(got), len(want))
+
+
+def _similarity(a: str, b: str) -> float:
+    """1 - Levenshtein distance / longer length."""
+    if a == b:
+        return 1.0
+    if not a or not b:
+        return 0.0
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, 1):
+        current = [i]
+        for j, char_b in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+        previous = current
+    return 1 - previous[-1] / max(len(a), len(b))
+
+
+def _whitespace_normalized(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """Any run of whitespace in old_string matches any run of whitespace in the file."""
+    words = old.split()
+    if not words:
+        return []
+    pattern = re.compile(r"\s+".join(map(re.escape, words)))
+    return [match.span() for match in pattern.finditer(hay.text)]
+
+
+def _indentation_flexible(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """The same lines with the same relative indentation, shifted as a whole."""
+    return _line_blocks(hay, old, lambda got, want: _dedent(got) == _dedent(want))
+
+
+def _escape_normalized(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """old_string arrived escaped one level too many (\\n, \\", \\t as two characters)."""
+    plain = _unescape(old)
+    return (_exact(hay, plain) or _line_trimmed(hay, plain)) if plain != old else []
+
+
+def _trimmed_boundary(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """old_string with its leading and trailing whitespace dropped."""
+    core = old.strip()
+    return _exact(hay, core) if core and core != old else []
+
+
+def _context_aware(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """Same line count, both anchors, and at least half the middle lines equal."""
+    want = _find_lines(old)
+    first, last, size = want[0].strip(), want[-1].strip(), len(want)
+    if size < 3 or not first or not last:
+        return []
+    middle = [w.strip() for w in want[1:-1]]
+    wanted = [m for m in middle if m]
+    spans = []
+    for i in range(len(hay.lines) - size + 1):
+        if hay.trimmed[i] == first and hay.trimmed[i + size - 1] == last:
+            equal = sum(1 for got, w in zip(hay.trimmed[i + 1:i + size - 1], middle) if w and got == w)
+            if equal * 2 >= len(wanted):
+                spans.append(hay.span(i, i + size - 1))
+    return spans
+
+
+def _multi_occurrence(hay: _Haystack, old: str) -> list[tuple[int, int]]:
+    """replace_all over fuzzy matches: every place any whitespace-tolerant strategy finds, without overlaps."""
+    found = sorted({span for finder in (_line_trimmed, _whitespace_normalized, _indentation_flexible, _trimmed_boundary)
+                    for span in finder(hay, old)}, key=lambda span: (span[0], -span[1]))
+    spans: list[tuple[int, int]] = []
+    for start, end in found:
+        if not spans or start >= spans[-1][1]:
+            spans.append((start, end))
+    return spans
+
+
+BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor match needs
+SINGLE, BULK = "single", "bulk"     # when a strategy runs: without / with replace_all
+CASCADE = [
+    ("exact", _exact, {SINGLE, BULK}),
+    ("line_trimmed", _line_trimmed, {SINGLE}),
+    ("block_anchor", _block_anchor, {SINGLE}),
+    ("whitespace_normalized", _whitespace_normalized, {SINGLE}),
+    ("indentation_flexible", _indentation_flexible, {SINGLE}),
+    ("escape_normalized", _escape_normalized, {SINGLE, BULK}),
+    ("trimmed_boundary", _trimmed_boundary, {SINGLE}),
+    ("context_aware", _context_aware, {SINGLE}),
+    ("multi_occurrence", _multi_occurrence, {BULK}),
+]
+NARROWING = {"indentation_flexible", "trimmed_boundary"}   # stricter than what precedes them in one respect
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$", "\n": "\n"}
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\([ntr'\"`\\$\n])", lambda m: ESCAPES[m.group(1)], text)
+
+
+def _indent(lines: list[str]) -> str:
+    """The leading whitespace every non-blank line shares."""
+    heads = [line[:len(line) - len(line.lstrip())] for line in lines if line.strip()]
+    return os.path.commonprefix(heads) if heads else ""
+
+
+def _dedent(lines: list[str]) -> list[str]:
+    cut = len(_indent(lines))
+    return [line[cut:].rstrip() if line.strip() else "" for line in lines]
+
+
+def _adapt(old: str, matched: str, new: str) -> str:
+    """new_string fitted to what old_string actually matched: the file's indentation when the whole
+    block was shifted, and the file's surrounding whitespace when old_string's differed."""
+    if old == matched or not new:
+        return new
+    old_lines, got_lines = old.strip("\n").split("\n"), matched.strip("\n").split("\n")
+    if len(old_lines) == len(got_lines) and _dedent(old_lines) == _dedent(got_lines):
+        was, now = _indent(old_lines), _indent(got_lines)
+        if was != now:
+            new = "\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
+                            for line in new.split("\n"))
+            old = "\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
+                            for line in old.split("\n"))
+    for take in (_leading_space, _trailing_space):
+        was, now = take(old), take(matched)
+        if was != now and new != new.strip() and take(new) == was:
+            new = now + new.lstrip() if take is _leading_space else new.rstrip() + now
+    return new
+
+
+def _leading_space(text: str) -> str:
+    return text[:len(text) - len(text.lstrip())]
+
+
+def _trailing_space(text: str) -> str:
+    return text[len(text.rstrip()):]
+
+
+@dataclass
+class _Replaced:
+    text: str               # the new file text
+    strategy: str           # which cascade step matched
+    count: int              # replacements made
+    first_line: int         # 1-based line where the first replacement starts in the new text
+    n_lines: int            # lines that replacement spans
+
+
+def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) -> _Replaced:
+    hay, mode = _Haystack(text), BULK if replace_all else SINGLE
+    ambiguous: list[tuple[int, int]] = []
+    oversized: tuple[int, int] | None = None
+    for name, finder, modes in CASCADE:
+        if mode not in modes:
+            continue
+        spans = finder(hay, old)
+        if name == "exact" and len(spans) > 1 and not replace_all:
+            ambiguous = spans       # the model's exact text is ambiguous: no fuzzy strategy may pick for it
+            break
+        if ambiguous:
+            if name not in NARROWING:
+                continue
+            spans = [s for s in spans if any(s[0] < a[1] and a[0] < s[1] for a in ambiguous)]
+        if name != "exact":
+            oversized = oversized or next((s for s in spans if _disproportionate(old, hay.text[s[0]:s[1]])), None)
+            spans = [s for s in spans if not _disproportionate(old, hay.text[s[0]:s[1]])]
+        if len(spans) > 1 and not replace_all:
+            ambiguous = ambiguous or spans
+            continue
+        if spans:   # an over-escaped old_string came with an over-escaped new_string
+            unescape = _unescape if name == "escape_normalized" else str
+            return _splice(hay, spans, unescape(old), unescape(new), name)
+    if ambiguous:
+        lines = ", ".join(str(hay.line_of(start)) for start, _ in ambiguous[:20])
+        raise ToolError(f"old_string matches {len(ambiguous)} places in {shown_path} (lines {lines}). Include more "
+                        "surrounding lines so it matches exactly one, or set replace_all to true to change every "
+                        "occurrence.", error="ambiguous", lines=[hay.line_of(s) for s, _ in ambiguous])
+    if oversized:
+        first, last = hay.line_of(oversized[0]), hay.line_of(oversized[1])
+        raise ToolError(f"The closest match for old_string in {shown_path} spans lines {first}–{last}, much more "
+                        "text than old_string; refusing a fuzzy replacement that could delete unrelated code. "
+                        "Copy old_string exactly from the file (read it again if needed).", error="disproportionate")
+    raise ToolError(_not_found(hay, old, shown_path), error="not_found")
+
+
+def _disproportionate(old: str, matched: str) -> bool:
+    """A fuzzy match much larger than what the model quoted is more likely wrong than right."""
+    return len(matched) > 2 * len(old) + 200 or matched.count("\n") > 2 * old.count("\n") + 4
+
+
+def _splice(hay: _Haystack, spans: list[tuple[int, int]], old: str, new: str, strategy: str) -> _Replaced:
+    pieces, at, first = [], 0, None
+    for start, end in spans:
+        pieces.append(hay.text[at:start])
+        fitted = _adapt(old, hay.text[start:end], new)
+        if first is None:
+            first = (sum(map(len, pieces)), fitted)
+        pieces.append(fitted)
+        at = end
+    pieces.append(hay.text[at:])
+    text = "".join(pieces)
+    offset, fitted = first
+    return _Replaced(text, strategy, len(spans), text.count("\n", 0, offset) + 1, fitted.count("\n") + 1)
+
+
+def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
+    """The repair message: where the closest text is, shown as the model should have quoted it."""
+    message = (f"old_string was not found in {shown_path} (tried exact and fuzzy matching). Copy it exactly from "
+               "the file, including whitespace, without read's line-number prefixes; read the file again if it "
+               "may have changed.")
+    want = [line for line in _find_lines(old) if line.strip()]
+    if not want:
+        return message
+    probe = want[0].strip()
+    close = difflib.get_close_matches(probe, hay.trimmed, n=1, cutoff=0.6)
+    if not close:
+        return message
+    index = hay.trimmed.index(close[0])
+    shown = hay.lines[index:index + min(len(_find_lines(old)), 12)]
+    return f"{message}\nThe most similar text starts at line {index + 1}:\n{_numbered(shown, index + 1)}"
+
+# ---------------------------------------------------------------- write and edit
+
+
+async def _tool_write(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    ws = box.workspace
+    path = ws.resolve(args["file_path"])
+    if path.is_dir():
+        raise ToolError(f"{ws.display(path)} is a directory; give a file path.", error="is_directory")
+    before = None
+    if path.exists():
+        box.check_fresh(path)
+        before = ws.read_file(path)
+    data = _encode_like(args["content"], before)
+    if data == before:
+        return ToolResult(f"{ws.display(path)} already has exactly this content; nothing changed.",
+                          meta={"path": ws.display(path), "added": 0, "removed": 0})
+    added, removed = box.commit(path, before, data, tool_use_id)
+    n_lines = len(_split_lines(args["content"]))
+    verb = "Created" if before is None else "Wrote"
+    change = "" if before is None else f"; +{added} −{removed}"
+    return ToolResult(f"{verb} {ws.display(path)} ({n_lines} lines{change}).",
+                      meta={"path": ws.display(path), "added": added, "removed": removed, "created": before is None})
+
+
+def _encode_like(text: str, before: bytes | None) -> bytes:
+    """An overwrite keeps the old file's CRLF line endings and UTF-8 BOM."""
+    if before is not None:
+        old_text, bom = _decode_text(before)
+        if _uses_crlf(old_text) and "\r\n" not in text:
+            text = text.replace("\n", "\r\n")
+        if bom and not text.startswith("\ufeff"):
+            text = "\ufeff" + text
+    return text.encode("utf-8")
+
+
+async def _tool_edit(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    ws = box.workspace
+    path, old, new = ws.resolve(args["file_path"]), args["old_string"], args["new_string"]
+    if old == new:
+        raise ToolError("old_string and new_string are identical, so the edit would change nothing. Put the "
+                        "replacement text in new_string.", error="no_change")
+    if not path.exists():
+        if old == "":
+            return await _tool_write(box, {"file_path": args["file_path"], "content": new}, tool_use_id)
+        error = _missing(ws, path)
+        raise ToolError(f"{error} To create a new file, use write (or edit with an empty old_string).", **error.meta)
+    if path.is_dir():
+        raise ToolError(f"{ws.display(path)} is a directory; give a file path.", error="is_directory")
+    box.check_fresh(path)
+    before = ws.read_file(path)
+    try:
+        text = before.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{ws.display(path)} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
+                        error="encoding") from None
+    bom, crlf = text.startswith("\ufeff"), _uses_crlf(text)
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n") if crlf else text.removeprefix("\ufeff")
+    if crlf:
+        old, new = old.replace("\r\n", "\n"), new.replace("\r\n", "\n")
+    if old == "":
+        if text.strip():
+            raise ToolError(f"old_string is empty but {ws.display(path)} has content. Quote the text to replace, "
+                            "or use write to replace the whole file.", error="empty_old_string")
+        done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
+    else:
+        done = _replace(text, old, new, args.get("replace_all", False), ws.display(path))
+    out = done.text.replace("\n", "\r\n") if crlf else done.text
+    added, removed = box.commit(path, before, (("\ufeff" if bom else "") + out).encode("utf-8"), tool_use_id)
+    return ToolResult(_edit_report(ws.display(path), done, added, removed),
+                      meta={"path": ws.display(path), "added": added, "removed": removed,
+                            "strategy": done.strategy, "replacements": done.count})
+
+
+def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> str:
+    lines = _split_lines(done.text)
+    first = max(1, done.first_line - SNIPPET_CONTEXT_LINES)
+    last = min(len(lines), done.first_line + done.n_lines - 1 + SNIPPET_CONTEXT_LINES)
+    if last - first > 40:       # a long replacement: its start and end are enough to check it
+        snippet = f"{_numbered(lines[first - 1:first + 19], first)}\n   …\n{_numbered(lines[last - 20:last], last - 19)}"
+    else:
+        snippet = _numbered(lines[first - 1:last], first)
+    count = f"{done.count} replacements" if done.count > 1 else "1 replacement"
+    fuzzy = "" if done.strategy == "exact" else (f" old_string did not match exactly; matched by the "
+                                                 f"{done.strategy.replace('_', '-')} strategy.")
+    where = "first replacement, " if done.count > 1 else ""
+    return (f"Edited {shown_path}: {count} (+{added} −{removed}).{fuzzy}\n"
+            f"Lines {first}–{last} now ({where}as read would show them):\n{snippet}")
+
+
+def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
+    """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle is
+    given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    prefix = 0
+    while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(a), len(b)) - prefix and a[-1 - suffix] == b[-1 - suffix]:
+        suffix += 1
+    low = max(0, prefix - 3)
+    keep = max(0, suffix - 3)
+    lines = difflib.unified_diff(a[low:len(a) - keep], b[low:len(b) - keep], f"a/{shown_path}", f"b/{shown_path}", n=3)
+    out, added, removed = [], 0, 0
+    for line in lines:
+        if line.startswith("@@"):
+            line = re.sub(r"([-+])(\d+)", lambda m: f"{m.group(1)}{int(m.group(2)) + low}", line, count=2)
+        elif line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    diff = "".join(out)
+    if len(diff) > DIFF_CHAR_CAP:
+        diff = diff[:DIFF_CHAR_CAP] + f"\n[… diff cut at {DIFF_CHAR_CAP:,} of {len(diff):,} characters …]\n"
+    return added, removed, diff
+
 # ---------------------------------------------------------------- bash
 
 
@@ -716,23 +1176,25 @@ async def _tool_bash(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult
         raise
     finally:
         box.groups.discard(proc.pid)
+        proc.close_pipes()
     duration_ms = int((time.monotonic() - started) * 1000)
-    text = _bash_text(spool.finish(), proc.returncode, timed_out, stray, timeout_ms, notes)
-    meta = {"exit_code": proc.returncode, "duration_ms": duration_ms, "timed_out": timed_out}
+    exit_code = proc.proc.returncode
+    text = _bash_text(spool.finish(), exit_code, timed_out, stray, timeout_ms, notes)
+    meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
     if spool.spill_path:
         meta["spill"] = str(spool.spill_path)
     return ToolResult(text, is_error=timed_out, meta=meta)
 
 
-async def _wait_foreground(proc: asyncio.subprocess.Process, pump: asyncio.Task, timeout_s: float) -> tuple[bool, bool]:
+async def _wait_foreground(proc: Child, pump: asyncio.Task, timeout_s: float) -> tuple[bool, bool]:
     """Wait for a foreground command: (timed out, left strays). Either way no member of its group survives."""
     try:
         async with asyncio.timeout(timeout_s):
-            await proc.wait()
+            await proc.proc.wait()
     except TimeoutError:
         _kill_group(proc.pid)
         await _finish_pump(pump)
-        await proc.wait()
+        await proc.proc.wait()
         return True, False
     return False, await _reap_strays(proc.pid, pump, STRAY_GRACE_S)
 
@@ -769,8 +1231,8 @@ def _directory(ws: Workspace, value: str | None) -> Path:
 class _Rolling:
     """A process's output: the newest PROCESS_BUFFER_CHARS characters, and how far the model has read."""
 
-    def __init__(self, cap: int = PROCESS_BUFFER_CHARS):
-        self.cap = cap
+    def __init__(self):
+        self.cap = PROCESS_BUFFER_CHARS
         self.text = ""
         self.base = 0               # absolute position of text[0] in everything ever written
         self.read_pos = 0           # absolute position up to which the model has read
@@ -800,7 +1262,7 @@ class _Rolling:
 class _Process:
     process_id: str                 # "p1", "p2", … per session
     command: str
-    proc: asyncio.subprocess.Process
+    child: Child
     started: float                  # time.monotonic()
     output: _Rolling = field(default_factory=_Rolling)
     watcher: asyncio.Task | None = None
@@ -809,7 +1271,11 @@ class _Process:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.child.proc.returncode
 
     def runtime_s(self) -> float:
         return round((self.ended or time.monotonic()) - self.started, 1)
@@ -817,7 +1283,7 @@ class _Process:
     def status(self) -> str:
         if self.ended is None:
             return "running"
-        code = self.proc.returncode
+        code = self.exit_code
         if self.cause:
             return f"{'stopped' if self.cause == 'stopped' else self.cause} (exit code {code})"
         return f"exited (code {code})"
@@ -871,18 +1337,19 @@ class _Processes:
 
     async def _watch(self, process: _Process) -> None:
         """Collect output until the process exits, clear out its group, report ProcessExited once."""
-        pump = asyncio.create_task(_pump(process.proc.stdout, process.output.append))
+        pump = asyncio.create_task(_pump(process.child.stdout, process.output.append))
         try:
-            await process.proc.wait()
+            await process.child.proc.wait()
             await _reap_strays(process.pid, pump, 0.5 if process.cause else 1.0)
         finally:
             if not pump.done():
                 pump.cancel()
             _kill_group(process.pid)
             self.groups.discard(process.pid)
+            process.child.close_pipes()
             process.ended = time.monotonic()
             process.output.arrived.set()
-            self.emit("ProcessExited", process_id=process.process_id, exit_code=process.proc.returncode,
+            self.emit("ProcessExited", process_id=process.process_id, exit_code=process.exit_code,
                       cause=process.cause or "exited")
 
     async def stop(self, process: _Process, cause: str) -> None:
@@ -948,8 +1415,8 @@ async def _process_write(procs: _Processes, process: _Process, text: str) -> Too
     if process.ended is not None:
         raise ToolError(f"{process.process_id} has {process.status()}; it takes no more input.", error="exited")
     try:
-        process.proc.stdin.write(text.encode("utf-8"))
-        await asyncio.wait_for(process.proc.stdin.drain(), 5.0)
+        process.child.stdin.write(text.encode("utf-8"))
+        await asyncio.wait_for(process.child.stdin.drain(), 5.0)
     except (BrokenPipeError, ConnectionResetError):
         raise ToolError(f"{process.process_id} closed its stdin.", error="stdin_closed") from None
     except TimeoutError:
@@ -968,7 +1435,7 @@ def _process_report(process: _Process, first: str = "") -> ToolResult:
         lines.append(f"[… {dropped:,} earlier characters were dropped from the buffer before you read them …]")
     lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
     meta = {"process_id": process.process_id, "pid": process.pid, "status": process.status(),
-            "exit_code": process.proc.returncode}
+            "exit_code": process.exit_code}
     return ToolResult("\n".join(lines), meta=meta)
 
 
@@ -1036,8 +1503,59 @@ class Toolbox:
         if stamp:
             self.stamps[real] = stamp
 
+    def check_fresh(self, path: Path) -> None:
+        """Refuse to change a file the model has not read, or that changed on disk since it did."""
+        real = Path(os.path.realpath(path))
+        seen = self.stamps.get(real)
+        shown = self.workspace.display(path)
+        if seen is None:
+            raise ToolError(f"{shown} exists and you have not read it in this session. Read it first, then "
+                            "retry, so your change starts from its actual content.", error="not_read")
+        if _stamp(real) != seen:
+            raise ToolError(f"{shown} has changed on disk since you last read it (someone may be editing it). "
+                            "Read it again, then redo your change on the current content.", error="stale")
+
+    def commit(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
+        """Write a file for write/edit/undo: history, stamp, FileModified. Returns (added, removed)."""
+        self.workspace.write_file(path, after)
+        real = Path(os.path.realpath(path))
+        history = self.edit_history.setdefault(real, [])
+        history.append(FileVersion(before, after))
+        del history[:-EDIT_HISTORY_DEPTH]
+        self.remember(real)
+        return self._report_change(path, before, after, tool_use_id)
+
+    def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
+        """Put back a file as it was before khaelor's last write/edit of it (for /undo)."""
+        path = self.workspace.resolve(file_path)
+        real, shown = Path(os.path.realpath(path)), self.workspace.display(path)
+        history = self.edit_history.get(real)
+        if not history:
+            return ToolResult(f"No khaelor edits of {shown} to undo.", True, {"error": "no_history"})
+        current = self.workspace.read_file(real) if real.exists() else None
+        if current != history[-1].after:
+            return ToolResult(f"{shown} changed after khaelor's last edit; not undoing, to keep those changes.",
+                              True, {"error": "changed"})
+        version = history.pop()
+        if version.before is None:
+            self.workspace.remove_file(real)
+        else:
+            self.workspace.write_file(real, version.before)
+        self.stamps.pop(real, None)         # the model's view is stale now: it must read again
+        added, removed = self._report_change(path, version.after, version.before or b"", tool_use_id)
+        return ToolResult(f"Restored {shown} to before khaelor's last edit (+{added} −{removed}).",
+                          meta={"path": shown, "added": added, "removed": removed})
+
+    def _report_change(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
+        shown = self.workspace.display(path)
+        old_text = _decode_text(before)[0] if before else ""
+        added, removed, diff = _diff(shown, old_text, _decode_text(after)[0])
+        self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed, diff=diff,
+                  created=before is None)
+        return added, removed
+
     def _budget(self, result: ToolResult, name: str) -> ToolResult:
-        if len(result.text) <= OUTPUT_BUDGET_CHARS:
+        if len(result.text) <= OUTPUT_BUDGET_CHARS or "spill" in result.meta:
             return result
         spool = _Spool(self.spill_dir, name)
         spool.add(result.text)
@@ -1056,5 +1574,5 @@ async def _not_yet(box, args, tool_use_id):
     raise ToolError("not implemented yet")
 
 
-TOOLS = {"read": _tool_read, "write": _not_yet, "edit": _not_yet, "grep": _not_yet, "glob": _not_yet,
+TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _not_yet, "glob": _not_yet,
          "bash": _tool_bash, "process": _tool_process}

@@ -1,31 +1,27 @@
 """fake_api.py: a scripted fake of the Anthropic Messages API for khaelor's tests, e2e runs and benches.
 
-Owns: an HTTP server on 127.0.0.1 (stdlib only) that the REAL `anthropic` SDK talks to through
-`base_url` / ANTHROPIC_BASE_URL; request validation as strict as the real API (`validate`); a
-script of canned responses streamed as SSE exactly as ../shared/ANTHROPIC_API.md §2 and §8 describe;
-simulated usage and prompt caching; a record of every request.
-Must not: import khaelor modules, touch the network beyond 127.0.0.1, or guess: every wording comes
-from ANTHROPIC_API.md §3/§4 (a few invented ones are marked "wording not documented").
+Owns: an HTTP server on 127.0.0.1 (stdlib only) that the REAL `anthropic` SDK talks to via `base_url`
+or ANTHROPIC_BASE_URL; request validation as strict as the real API (`validate`, ANTHROPIC_API.md §3,
+§8); canned responses streamed as SSE exactly as §2 describes; simulated usage and prompt caching;
+a record of every request. Must not import khaelor modules or reach beyond 127.0.0.1. Error wordings
+come from ANTHROPIC_API.md; the few it does not document are marked "wording not documented".
 
-In-process:
-    with FakeAnthropic([text("hi")]) as fake:          # fake.base_url -> http://127.0.0.1:PORT
+    with FakeAnthropic([reply(text("hi"))]) as fake:   # fake.base_url == "http://127.0.0.1:PORT"
         ...; assert fake.rejections == []
-As a process (tmux/e2e/bench):
-    python tests/fake_api.py --script script.json [--port 0] [--port-file PATH] [--log PATH]
-                             [--max-context-tokens N]
+    python tests/fake_api.py --script script.json [--port 0] [--port-file PATH] [--log PATH] [--max-context-tokens N]
 
-Script items (plain JSON dicts), consumed one per POST /v1/messages, first matching item wins:
-    {"content": [blocks], "stop_reason"?, "stop_sequence"?, "usage"? (overrides), "chunk"? (chars
-     per delta, default 8), "delay"? (seconds between events), "match"? ({"model": ...}: only for
-     requests whose body fields equal these; others skip it and it stays queued)}
-    blocks: {"type":"text","text"} {"type":"thinking","thinking","signature"?} {"type":"redacted_thinking",
-            "data"} {"type":"tool_use","name","input","id"?}
-    {"error": {"status"?, "type", "message", "headers"?}}          pre-stream JSON error
-    {"stream_error": {"type", "message"}, "content": [...]}        content, then `event: error`
-    {"drop_after_events": N, "content": [...]}                     socket closed after N events
+Script items are plain JSON dicts, one consumed per POST /v1/messages (the first whose "match" fits):
+    {"content": [blocks], "stop_reason"?, "stop_sequence"?, "usage"? (overrides), "chunk"? (chars per
+     delta, default 8), "delay"? (seconds between events), "match"? ({"model": ...}: only requests whose
+     body has these values take it; it stays queued for them)}
+      blocks: {"type":"text","text"}  {"type":"thinking","thinking","signature"?}  {"type":"tool_use",
+              "name","input","id"?}  {"type":"redacted_thinking","data"}
+    {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
+    {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
+    {"drop_after_events": N, "content": [...]}                  socket closed after N events
     {"stall_after_events": N, "stall_seconds": S, "content": [...]}
-Events are counted from 1: message_start, ping, then each block's start/deltas/stop, message_delta,
-message_stop. An exhausted script answers 500 api_error "fake script exhausted" (x-should-retry: false).
+Events count from 1: message_start, ping, each block's start/deltas/stop, message_delta, message_stop.
+An exhausted script answers 500 api_error "fake script exhausted" with x-should-retry: false.
 """
 import argparse
 import hashlib
@@ -37,6 +33,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 # ---------------------------------------------------------------- constants (ANTHROPIC_API.md §1, §3, §4)
 MESSAGE_FIELDS = {"model", "max_tokens", "messages", "system", "stream", "tools", "tool_choice", "thinking",
@@ -44,51 +41,43 @@ MESSAGE_FIELDS = {"model", "max_tokens", "messages", "system", "stream", "tools"
                   "inference_geo", "container", "diagnostics"}
 COUNT_TOKENS_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
                        "cache_control", "speed"}
-# Fields accepted per content block type. Deliberately strict: response-only fields that an SDK
-# model_dump() echoes back (tool_use.caller, text.citations=None, parsed_output) are rejected.
-BLOCK_FIELDS = {
-    "text": {"type", "text", "cache_control"},
-    "image": {"type", "source", "cache_control"},
-    "document": {"type", "source", "cache_control", "citations", "context", "title"},
-    "tool_use": {"type", "id", "name", "input", "cache_control"},
-    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
-    "thinking": {"type", "thinking", "signature"},
-    "redacted_thinking": {"type", "data"},
-}
-REQUIRED_BLOCK_FIELDS = {"text": ("text",), "image": ("source",), "document": ("source",),
-                         "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
-                         "thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
-ROLE_BLOCKS = {"user": {"text", "image", "document", "tool_result"},
-               "assistant": {"text", "thinking", "redacted_thinking", "tool_use"},
-               "system": {"text"}}
-RESULT_CONTENT_BLOCKS = {"text", "image", "document"}
+# Fields accepted per block type. Deliberately strict: response-only fields that an SDK model_dump()
+# echoes back (tool_use.caller, text.citations=None, parsed_output) are refused.
+BLOCK_FIELDS = {"text": {"type", "text", "cache_control"}, "image": {"type", "source", "cache_control"},
+                "document": {"type", "source", "cache_control", "citations", "context", "title"},
+                "tool_use": {"type", "id", "name", "input", "cache_control"},
+                "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+                "thinking": {"type", "thinking", "signature"}, "redacted_thinking": {"type", "data"}}
+REQUIRED_FIELDS = {"text": ("text",), "image": ("source",), "document": ("source",),
+                   "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",),
+                   "thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+ALLOWED_BLOCKS = {"user": {"text", "image", "document", "tool_result"}, "system": {"text"},
+                  "assistant": {"text", "thinking", "redacted_thinking", "tool_use"},
+                  "tool_result": {"text", "image", "document"}}   # inside tool_result.content
+STRING_FIELDS = ("text", "id", "name", "tool_use_id", "thinking", "signature", "data")
 TOOL_FIELDS = {"name", "description", "input_schema", "cache_control", "strict", "eager_input_streaming",
                "defer_loading", "input_examples", "allowed_callers", "type"}
-IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_CACHE_BREAKPOINTS = 4
 CACHE_LOOKBACK_BLOCKS = 20
-MAX_OUTPUT_TOKENS = 128_000
-SMALL_OUTPUT_MODELS = ("claude-opus-4-5", "claude-haiku-4-5")   # 64K max output
+MAX_OUTPUT_TOKENS = 128_000   # every current model (§5.3)
 # (model-id prefix, thinking types it accepts); the first matching prefix wins.  [§3.3]
 THINKING_TYPES = [
     ("claude-opus-5-5", {"adaptive"}), ("claude-fable-5", {"adaptive"}), ("claude-mythos-5", {"adaptive"}),
-    ("claude-sonnet-5-5", {"adaptive", "between_tools"}),
-    ("claude-opus-5", {"adaptive", "disabled"}), ("claude-sonnet-5", {"adaptive", "disabled"}),
-    ("claude-opus-4-8", {"adaptive", "disabled"}), ("claude-opus-4-7", {"adaptive", "disabled"}),
-    ("claude-opus-4-6", {"adaptive", "disabled", "enabled"}), ("claude-sonnet-4-6", {"adaptive", "disabled", "enabled"}),
-    ("claude-opus-4-5", {"enabled", "disabled"}), ("claude-sonnet-4-5", {"enabled", "disabled"}),
-    ("claude-haiku-4-5", {"enabled", "disabled"}),
-]
+    ("claude-sonnet-5-5", {"adaptive", "between_tools"}), ("claude-opus-5", {"adaptive", "disabled"}),
+    ("claude-sonnet-5", {"adaptive", "disabled"}), ("claude-opus-4-8", {"adaptive", "disabled"}),
+    ("claude-opus-4-7", {"adaptive", "disabled"}), ("claude-opus-4-6", {"adaptive", "disabled", "enabled"}),
+    ("claude-sonnet-4-6", {"adaptive", "disabled", "enabled"}), ("claude-opus-4-5", {"enabled", "disabled"}),
+    ("claude-sonnet-4-5", {"enabled", "disabled"}), ("claude-haiku-4-5", {"enabled", "disabled"})]
 NO_FORCED_TOOL_CHOICE = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-mythos-5-1")
 THINKING_TYPE_ERRORS = {
     "enabled": '"thinking.type.enabled" is not supported for this model. Use "thinking.type.adaptive" '
                'and "output_config.effort" to control thinking behavior.',
     "adaptive": "adaptive thinking is not supported on this model",
     "between_tools": '"thinking.type.between_tools" is not supported for this model.',
-    "disabled": '"thinking.type.disabled" is not supported for this model.',   # wording not documented
-}
+    "disabled": '"thinking.type.disabled" is not supported for this model.'}   # the last: wording not documented
 PREFILL = "This model does not support assistant message prefill. The conversation must end with a user message."
 THINKING_MODIFIED = ("`thinking` or `redacted_thinking` blocks in the latest assistant message cannot be modified. "
                      "These blocks must remain as they were in the original response.")
@@ -97,6 +86,7 @@ STATUS_OF = {"invalid_request_error": 400, "authentication_error": 401, "billing
              "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": 529}
 AUTO_SIGNATURE_PREFIX = "fakesig_"
 DEFAULT_CHUNK = 8
+SCRIPT_BLOCKS = {"text", "thinking", "redacted_thinking", "tool_use"}
 SCRIPT_KEYS = {"content", "stop_reason", "stop_sequence", "usage", "chunk", "delay", "match", "error",
                "stream_error", "drop_after_events", "stall_after_events", "stall_seconds"}
 
@@ -107,31 +97,25 @@ def text(s):
 
 
 def thinking(s, signature=None):
-    """A thinking block; without a signature the server derives a self-verifying one."""
-    block = {"type": "thinking", "thinking": s}
-    if signature is not None:
-        block["signature"] = signature
-    return block
+    """A thinking block; without a signature the server derives a self-verifying one (auto_signature)."""
+    return {"type": "thinking", "thinking": s, **({} if signature is None else {"signature": signature})}
 
 
 def redacted_thinking(data):
     return {"type": "redacted_thinking", "data": data}
 
 
-def tool_use(name, input, id=None):   # noqa: A002  (mirrors the API's field names)
-    block = {"type": "tool_use", "name": name, "input": input}
-    if id is not None:
-        block["id"] = id
-    return block
+def tool_use(name, input, id=None):   # noqa: A002  (the API's field names)
+    return {"type": "tool_use", "name": name, "input": input, **({} if id is None else {"id": id})}
 
 
 def reply(*blocks, **options):
-    """A script item: reply(text("hi"), tool_use("read", {...}), stop_reason="end_turn")."""
+    """A script item: reply(text("hi"), tool_use("read", {...}), chunk=4)."""
     return {"content": list(blocks), **options}
 
 
 def error(type_, message, status=None, **headers):
-    """A pre-stream error item; header names use _ for - (retry_after="0")."""
+    """A pre-stream error item; header names may use _ for - (retry_after="0")."""
     return {"error": {"status": status or STATUS_OF.get(type_, 500), "type": type_, "message": message,
                       "headers": {k.replace("_", "-"): str(v) for k, v in headers.items()}}}
 
@@ -145,9 +129,9 @@ class Memory:
     """What the server emitted, so replayed thinking can be checked byte for byte."""
 
     def __init__(self):
-        self.thinking = {}        # signature -> thinking text
-        self.redacted = set()     # redacted_thinking data
-        self.turns = {}           # tool_use id -> the thinking/redacted blocks of that response, in order
+        self.thinking = {}      # signature -> thinking text
+        self.redacted = set()   # redacted_thinking data
+        self.turns = {}         # tool_use id -> that response's thinking/redacted blocks, in order
 
     def remember(self, content):
         reasoning = [b for b in content if b["type"] in ("thinking", "redacted_thinking")]
@@ -156,165 +140,106 @@ class Memory:
                 self.thinking[block["signature"]] = block["thinking"]
             else:
                 self.redacted.add(block["data"])
-        for block in content:
-            if block["type"] == "tool_use":
-                self.turns[block["id"]] = reasoning
+        self.turns.update((b["id"], reasoning) for b in content if b["type"] == "tool_use")
 
 
 def validate(body, *, endpoint="messages", memory=None):
-    """Return the 400 message the real API would give for this request body, or None if it is valid.
-
-    endpoint: "messages" or "count_tokens". memory: a Memory of emitted thinking (None skips the
-    replayed-thinking checks)."""
+    """The 400 message the real API gives for this request body, or None if it is valid.
+    endpoint: "messages" or "count_tokens"; memory: a Memory (None skips replayed-thinking checks)."""
     if not isinstance(body, dict):
         return "body: Input should be a valid dictionary"
     allowed = MESSAGE_FIELDS if endpoint == "messages" else COUNT_TOKENS_FIELDS
-    for key in body:
-        if key not in allowed:
-            return f"{key}: Extra inputs are not permitted"
     required = ("model", "max_tokens", "messages") if endpoint == "messages" else ("model", "messages")
-    for key in required:
-        if key not in body:
-            return f"{key}: Field required"
-    model = body["model"]
-    if not isinstance(model, str) or not model:
+    problem = _check_fields(body, "", allowed, required)
+    if problem:
+        return problem.lstrip(".")
+    if not isinstance(body["model"], str) or not body["model"]:
         return "model: Input should be a valid string"
-    if endpoint == "messages":
-        problem = _check_max_tokens(body["max_tokens"], model)
-        if problem:
-            return problem
-    for check in (_check_system, _check_tools, _check_tool_choice, _check_thinking, _check_messages):
+    max_tokens = body.get("max_tokens", 0)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        return "max_tokens: Input should be a valid integer greater than or equal to 0"
+    if max_tokens > MAX_OUTPUT_TOKENS:
+        return (f"max_tokens: {max_tokens} > {MAX_OUTPUT_TOKENS}, which is the maximum allowed number of "
+                f"output tokens for {body['model']}")
+    for check in (_check_system, _check_tools, _check_model_options, _check_messages):
         problem = check(body, memory)
         if problem:
             return problem
-    return _check_cache_count(body)
-
-
-def _check_max_tokens(max_tokens, model):
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
-        return "max_tokens: Input should be a valid integer greater than or equal to 0"
-    limit = 64_000 if model.startswith(SMALL_OUTPUT_MODELS) else MAX_OUTPUT_TOKENS
-    if max_tokens > limit:
-        return f"max_tokens: {max_tokens} > {limit}, which is the maximum allowed number of output tokens for {model}"
+    found = len(_breakpoints(_cache_units(body), body))
+    if found > MAX_CACHE_BREAKPOINTS:
+        return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
     return None
 
 
-def _check_cache_control(value, path):
-    if not isinstance(value, dict) or value.get("type") != "ephemeral":
-        return f"{path}.cache_control.type: Input should be 'ephemeral'"
-    for key in value:
-        if key not in ("type", "ttl"):
-            return f"{path}.cache_control.{key}: Extra inputs are not permitted"
-    if "ttl" in value and value["ttl"] not in ("5m", "1h"):
-        return f"{path}.cache_control.ttl: Input should be '5m' or '1h'"
+def _check_fields(obj, path, allowed, required):
+    """Unknown keys, missing keys and a well-formed cache_control, on any dict-shaped API object."""
+    extra = next((key for key in obj if key not in allowed), None)
+    if extra is not None:
+        return f"{path}.{extra}: Extra inputs are not permitted"
+    missing = next((key for key in required if key not in obj), None)
+    if missing is not None:
+        return f"{path}.{missing}: Field required"
+    mark = obj.get("cache_control")
+    if mark is not None and not (isinstance(mark, dict) and mark.get("type") == "ephemeral"
+                                 and set(mark) <= {"type", "ttl"} and mark.get("ttl", "5m") in ("5m", "1h")):
+        return f"{path}.cache_control: Input should be {{'type': 'ephemeral', 'ttl'?: '5m' | '1h'}}"
     return None
 
 
-def _check_text(block, path):
-    if not isinstance(block.get("text"), str):
-        return f"{path}.text: Input should be a valid string"
-    if block["text"] == "":
-        return f"{path.split('.')[0]}: text content blocks must be non-empty"
-    if not block["text"].strip():
-        return f"{path}: text content blocks must contain non-whitespace text"
-    return None
-
-
-def _check_fields(block, path, allowed, required):
-    """Unknown keys, missing keys and a valid cache_control on any dict-shaped API object."""
-    for key in block:
-        if key not in allowed:
-            return f"{path}.{key}: Extra inputs are not permitted"
-    for key in required:
-        if key not in block:
-            return f"{path}.{key}: Field required"
-    if "cache_control" in block and block["cache_control"] is not None:
-        return _check_cache_control(block["cache_control"], path)
-    return None
-
-
-def _check_system(body, _memory):
+def _check_system(body, memory):
     system = body.get("system")
     if system is None or isinstance(system, str):
         return None
     if not isinstance(system, list):
         return "system: Input should be a valid string or list"
-    for i, block in enumerate(system):
-        path = f"system.{i}"
-        if not isinstance(block, dict) or block.get("type") != "text":
-            return f"{path}.type: Input should be 'text'"
-        problem = _check_fields(block, f"{path}.text", BLOCK_FIELDS["text"], ("text",)) or _check_text(block, path)
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (_check_block(b, f"system.{i}", "system", memory) for i, b in enumerate(system))), None)
 
 
 def _check_tools(body, _memory):
     tools = body.get("tools")
     if tools is None:
         return None
-    if not isinstance(tools, list):
-        return "tools: Input should be a valid list"
-    names = set()
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        return "tools: Input should be a valid list of dictionaries"
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            return f"tools.{i}: Input should be a valid dictionary"
+        path = f"tools.{i}.custom"
         if tool.get("type") not in (None, "custom"):   # a server / Anthropic-defined tool: name only
-            if not isinstance(tool.get("name"), str):
-                return f"tools.{i}.name: Field required"
+            problem = None if isinstance(tool.get("name"), str) else f"tools.{i}.name: Field required"
         else:
-            path = f"tools.{i}.custom"
             problem = _check_fields(tool, path, TOOL_FIELDS, ("name", "input_schema"))
-            if problem:
-                return problem
-            if not isinstance(tool["name"], str) or not TOOL_NAME.match(tool["name"]):
-                return f"{path}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
-            if "description" in tool and not isinstance(tool["description"], str):
-                return f"{path}.description: Input should be a valid string"
-            schema = tool["input_schema"]
-            if not isinstance(schema, dict) or schema.get("type") != "object":
-                return f"{path}.input_schema.type: Input should be 'object'"
-            if not isinstance(schema.get("properties", {}), dict):
-                return f"{path}.input_schema.properties: Input should be a valid dictionary"
-            req = schema.get("required", [])
-            if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
-                return f"{path}.input_schema.required: Input should be a valid list of strings"
-        if tool["name"] in names:
-            return "tools: Tool names must be unique."
-        names.add(tool["name"])
+        if problem:
+            return problem
+        if not isinstance(tool["name"], str) or not TOOL_NAME.match(tool["name"]):
+            return f"{path}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
+        schema = tool.get("input_schema", {"type": "object"})
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            return f"{path}.input_schema.type: Input should be 'object'"
+        if not isinstance(schema.get("properties", {}), dict):
+            return f"{path}.input_schema.properties: Input should be a valid dictionary"
+    if len({tool["name"] for tool in tools}) != len(tools):
+        return "tools: Tool names must be unique."
     return None
 
 
-def _check_tool_choice(body, _memory):
-    choice = body.get("tool_choice")
-    if choice is None:
-        return None
+def _check_model_options(body, _memory):
+    """tool_choice and thinking, including what each model refuses (§3.3)."""
+    choice = body.get("tool_choice", {"type": "auto"})
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind not in ("auto", "any", "tool", "none"):
         return "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'"
     if kind in ("any", "tool") and body["model"].startswith(NO_FORCED_TOOL_CHOICE):
         return 'tool_choice: type "tool" and "any" are not supported for this model.'
-    if kind == "tool" and choice.get("name") not in {t.get("name") for t in body.get("tools") or []}:
-        return f"tool_choice.name: tool {choice.get('name')!r} not found in tools"   # wording not documented
-    return None
-
-
-def _check_thinking(body, _memory):
     config = body.get("thinking")
+    kind = config.get("type") if isinstance(config, dict) else None
     if config is None:
         return None
-    kind = config.get("type") if isinstance(config, dict) else None
-    if kind not in THINKING_TYPE_ERRORS:
+    if not isinstance(kind, str) or kind not in THINKING_TYPE_ERRORS:
         return "thinking.type: Input should be 'adaptive', 'enabled', 'disabled' or 'between_tools'"
     accepted = next((types for prefix, types in THINKING_TYPES if body["model"].startswith(prefix)), None)
-    if accepted is not None and kind not in accepted:
+    if accepted is not None and kind not in accepted:   # a model not in the table accepts any type
         return THINKING_TYPE_ERRORS[kind]
-    if kind == "enabled":
-        budget = config.get("budget_tokens")
-        if not isinstance(budget, int) or budget < 1024:
-            return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
-        if "max_tokens" in body and budget >= body["max_tokens"]:
-            return "`max_tokens` must be greater than `thinking.budget_tokens`"   # wording not documented
+    if kind == "enabled" and not (isinstance(config.get("budget_tokens"), int) and config["budget_tokens"] >= 1024):
+        return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
     return None
 
 
@@ -325,18 +250,12 @@ def _blocks(content):
 
 def _check_messages(body, memory):
     messages = body["messages"]
-    if not isinstance(messages, list):
-        return "messages: Input should be a valid list"
-    if not messages:
-        return "messages: at least one message is required"
-    if len(messages) > 100_000:
-        return "messages: List should have at most 100000 items"
+    if not isinstance(messages, list) or not messages:
+        return "messages: Input should be a non-empty list"
     for i, message in enumerate(messages):
         problem = _check_message(i, message, memory)
         if problem:
             return problem
-    if messages[0]["role"] == "assistant":
-        return 'messages: first message must use the "user" role'
     if messages[-1]["role"] == "assistant":
         return PREFILL
     problem = _check_tool_pairing(messages)
@@ -348,43 +267,46 @@ def _check_messages(body, memory):
 def _check_message(i, message, memory):
     if not isinstance(message, dict):
         return f"messages.{i}: Input should be a valid dictionary"
-    for key in message:
-        if key not in ("role", "content"):
-            return f"messages.{i}.{key}: Extra inputs are not permitted"
-    for key in ("role", "content"):
-        if key not in message:
-            return f"messages.{i}.{key}: Field required"
+    problem = _check_fields(message, f"messages.{i}", ("role", "content"), ("role", "content"))
+    if problem:
+        return problem
     role, content = message["role"], message["content"]
-    if role not in ROLE_BLOCKS:
+    if role not in ("user", "assistant", "system"):
         return f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'"
     if not isinstance(content, (str, list)):
         return f"messages.{i}.content: Input should be a valid string or list"
     if not content:
-        return f"messages.{i}: all messages must have non-empty content except for the optional final assistant message"
-    for j, block in enumerate(_blocks(content)):
-        problem = _check_block(block, f"messages.{i}.content.{j}", role, memory)
-        if problem:
-            return problem
-    return None
+        return (f"messages.{i}: all messages must have non-empty content except for the optional final "
+                "assistant message")
+    blocks = _blocks(content)
+    return next(filter(None, (_check_block(b, f"messages.{i}.content.{j}", role, memory)
+                              for j, b in enumerate(blocks))), None)
 
 
 def _check_block(block, path, role, memory):
-    kind = block.get("type") if isinstance(block, dict) else None
-    if kind not in BLOCK_FIELDS:
-        return (f"{path}: Input tag '{kind}' found using 'type' does not match any of the expected tags: "
-                + ", ".join(f"'{t}'" for t in sorted(ROLE_BLOCKS[role])))
-    if kind not in ROLE_BLOCKS[role]:
+    """One content block at `path`, inside a message of `role` (or "system" / "tool_result")."""
+    kind = block.get("type") if isinstance(block, dict) and isinstance(block.get("type"), str) else None
+    if kind not in BLOCK_FIELDS or (role in ("system", "tool_result") and kind not in ALLOWED_BLOCKS[role]):
+        tags = ", ".join(f"'{t}'" for t in sorted(ALLOWED_BLOCKS[role]))
+        return f"{path}: Input tag '{kind}' found using 'type' does not match any of the expected tags: {tags}"
+    if kind not in ALLOWED_BLOCKS[role]:
         return f"{path}.type: `{kind}` blocks are not permitted in `{role}` messages"   # wording not documented
     allowed = BLOCK_FIELDS[kind]
     if kind == "text" and role == "assistant" and block.get("citations"):
-        allowed = allowed | {"citations"}   # real citations only come back on assistant text
-    problem = _check_fields(block, f"{path}.{kind}", allowed, REQUIRED_BLOCK_FIELDS[kind])
+        allowed = allowed | {"citations"}   # real citations only ever come back on assistant text
+    problem = _check_fields(block, f"{path}.{kind}", allowed, REQUIRED_FIELDS[kind])
     if problem:
         return problem
+    not_str = next((k for k in STRING_FIELDS if k in block and not isinstance(block[k], str)), None)
+    if not_str:
+        return f"{path}.{kind}.{not_str}: Input should be a valid string"
     if kind == "text":
-        return _check_text(block, path)
-    if kind == "image":
-        return _check_image(block["source"], f"{path}.image.source")
+        if block["text"] == "":
+            return f"{path.split('.')[0]}: text content blocks must be non-empty"
+        return None if block["text"].strip() else f"{path}: text content blocks must contain non-whitespace text"
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    if kind == "image" and source.get("type") == "base64" and source.get("media_type") not in IMAGE_TYPES:
+        return f"{path}.image.source.base64.media_type: Input should be " + " or ".join(map(repr, IMAGE_TYPES))
     if kind == "tool_use":
         if not isinstance(block["id"], str) or not TOOL_ID.match(block["id"]):
             return f"{path}.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
@@ -392,52 +314,22 @@ def _check_block(block, path, role, memory):
             return f"{path}.tool_use.input: Input should be a valid dictionary"
         return None
     if kind == "tool_result":
-        return _check_tool_result(block, path, memory)
-    if kind in ("thinking", "redacted_thinking") and memory is not None:
-        return _check_replayed_thinking(block, path, memory)
-    return None
-
-
-def _check_image(source, path):
-    kind = source.get("type") if isinstance(source, dict) else None
-    if kind == "base64":
-        if source.get("media_type") not in IMAGE_TYPES:
-            return f"{path}.base64.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'"
-        return None if isinstance(source.get("data"), str) else f"{path}.base64.data: Field required"
-    if kind == "url":
-        return None if isinstance(source.get("url"), str) else f"{path}.url.url: Field required"
-    if kind == "file":
-        return None
-    return f"{path}: Input tag '{kind}' found using 'type' does not match any of the expected tags: 'base64', 'file', 'url'"
-
-
-def _check_tool_result(block, path, memory):
-    if "is_error" in block and not isinstance(block["is_error"], bool):
-        return f"{path}.tool_result.is_error: Input should be a valid boolean"
-    content = block.get("content")
-    if block.get("is_error") and not content:
-        return f"{path}.tool_result: content cannot be empty if `is_error` is true"
-    if content is None or isinstance(content, str):
-        return None
-    if not isinstance(content, list):
-        return f"{path}.tool_result.content: Input should be a valid string or list"
-    for k, inner in enumerate(content):
-        inner_path = f"{path}.tool_result.content.{k}"
-        kind = inner.get("type") if isinstance(inner, dict) else None
-        if kind not in RESULT_CONTENT_BLOCKS:
-            return (f"{inner_path}: Input tag '{kind}' found using 'type' does not match any of the "
-                    "expected tags: 'document', 'image', 'text'")
-        problem = _check_block(inner, inner_path, "user", memory)
-        if problem:
-            return problem
-    return None
+        content = block.get("content")
+        if block.get("is_error") and not content:
+            return f"{path}.tool_result: content cannot be empty if `is_error` is true"
+        if content is None or isinstance(content, str):
+            return None
+        if not isinstance(content, list):
+            return f"{path}.tool_result.content: Input should be a valid string or list"
+        return next(filter(None, (_check_block(b, f"{path}.tool_result.content.{k}", "tool_result", memory)
+                                  for k, b in enumerate(content))), None)
+    return _check_replayed_thinking(block, path, memory) if memory is not None else None
 
 
 def _check_replayed_thinking(block, path, memory):
     if block["type"] == "redacted_thinking":
-        if block["data"] in memory.redacted:
-            return None
-        return f"{path}: Invalid `data` in `redacted_thinking` block."   # wording not documented
+        known = block["data"] in memory.redacted
+        return None if known else f"{path}: Invalid `data` in `redacted_thinking` block."   # wording not documented
     signature, thought = block["signature"], block["thinking"]
     if memory.thinking.get(signature) == thought or signature == auto_signature(thought):
         return None
@@ -500,27 +392,15 @@ def _check_tool_pairing(messages):
 def _check_turn_reasoning(messages, memory):
     """An assistant turn we emitted must carry back all of its thinking blocks, in order, unchanged."""
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant" or isinstance(message.get("content"), str):
-            continue
-        blocks = message["content"]
-        ids = [b["id"] for b in blocks if b.get("type") == "tool_use"]
-        emitted = next((memory.turns[x] for x in ids if x in memory.turns), None)
+        blocks = _blocks(message["content"]) if message["role"] == "assistant" else []
+        ids = [b["id"] for b in blocks if b["type"] == "tool_use" and b["id"] in memory.turns]
+        emitted = memory.turns[ids[0]] if ids else None
         if emitted is None:
             continue
-        sent = [(j, b) for j, b in enumerate(blocks) if b.get("type") in ("thinking", "redacted_thinking")]
-        for n, expected in enumerate(emitted):
-            if n >= len(sent) or sent[n][1] != expected:
-                j = sent[n][0] if n < len(sent) else 0
-                return f"messages.{i}.content.{j}: {THINKING_MODIFIED}"
-        if len(sent) > len(emitted):
-            return f"messages.{i}.content.{sent[len(emitted)][0]}: {THINKING_MODIFIED}"
-    return None
-
-
-def _check_cache_count(body):
-    found = len(_breakpoints(_cache_units(body), body))
-    if found > MAX_CACHE_BREAKPOINTS:
-        return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
+        sent = [(j, b) for j, b in enumerate(blocks) if b["type"] in ("thinking", "redacted_thinking")]
+        for n in range(max(len(sent), len(emitted))):
+            if n >= len(sent) or n >= len(emitted) or sent[n][1] != emitted[n]:
+                return f"messages.{i}.content.{sent[n][0] if n < len(sent) else 0}: {THINKING_MODIFIED}"
     return None
 
 
@@ -529,19 +409,18 @@ def _canonical(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _strip_cache_control(block):
+def _without_cache_control(block):
     block = {k: v for k, v in block.items() if k != "cache_control"}
     if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
-        block["content"] = [_strip_cache_control(b) if isinstance(b, dict) else b for b in block["content"]]
+        block["content"] = [_without_cache_control(b) if isinstance(b, dict) else b for b in block["content"]]
     return block
 
 
 def _cache_units(body):
     """The request as the cache sees it, one unit per block in the order tools, system, messages:
-    [(canonical text without cache_control, [cache_control marks on it or inside it])]."""
+    [(canonical text without cache_control, [the cache_control marks on or inside the block])]."""
     tagged = [("tool", tool) for tool in body.get("tools") or []]
-    system = body.get("system")
-    tagged += [("system", block) for block in (_blocks(system) if system else [])]
+    tagged += [("system", block) for block in (_blocks(body["system"]) if body.get("system") else [])]
     for i, message in enumerate(body.get("messages") or []):
         if isinstance(message, dict) and isinstance(message.get("content"), (str, list)):
             tagged += [(f"{i}:{message.get('role')}", block) for block in _blocks(message["content"])]
@@ -552,29 +431,28 @@ def _cache_units(body):
             inner = block.get("content") if block.get("type") == "tool_result" else None
             nested = inner if isinstance(inner, list) else []
             marks = [b["cache_control"] for b in [block, *nested] if isinstance(b, dict) and b.get("cache_control")]
-            block = _strip_cache_control(block)
+            block = _without_cache_control(block)
         units.append((_canonical([tag, block]), marks))
     return units
 
 
 def _breakpoints(units, body):
-    """[(unit position, ttl)] for every cache_control, the top-level (automatic) one on the last unit."""
+    """[(unit position, ttl)] per cache_control; the top-level (automatic) one marks the last unit."""
     points = [(n, mark.get("ttl", "5m")) for n, (_, marks) in enumerate(units) for mark in marks]
-    top = body.get("cache_control")
-    if isinstance(top, dict) and units:
-        points.append((len(units) - 1, top.get("ttl", "5m")))
+    if isinstance(body.get("cache_control"), dict) and units:
+        points.append((len(units) - 1, body["cache_control"].get("ttl", "5m")))
     return points
 
 
 class PromptCache:
-    """Simulated prompt cache: a hash of (model, every unit up to a breakpoint) -> its token count.
-    Tokens are estimated as canonical-JSON characters / 4, so the numbers are deterministic."""
+    """Simulated prompt cache: hash of (model, every unit up to a breakpoint) -> that prefix's tokens.
+    Tokens are canonical-JSON characters / 4, so every number is deterministic."""
 
     def __init__(self):
         self.entries = {}
 
     def account(self, body):
-        """(usage, writes, total tokens) for a request; call commit(writes) once it is served."""
+        """(usage, writes, total input tokens) for a request; commit(writes) once it is served."""
         units = _cache_units(body)
         digest = hashlib.sha256(body["model"].encode())
         hashes, tokens, length = [], [], 1
@@ -590,13 +468,13 @@ class PromptCache:
         if not points:
             return usage, {}, total
         last, ttl = max(points)
+        # a breakpoint finds an earlier entry written at any of the 20 blocks up to it (§3.4 lookback)
         looked_at = {q for p, _ in points for q in range(max(0, p - CACHE_LOOKBACK_BLOCKS + 1), p + 1)}
         hits = [q for q in looked_at if hashes[q] in self.entries]
         read = tokens[max(hits)] if hits else 0
-        created = tokens[last] - read
         usage.update(input_tokens=total - tokens[last], cache_read_input_tokens=read,
-                     cache_creation_input_tokens=created)
-        usage["cache_creation"][f"ephemeral_{ttl}_input_tokens"] = created
+                     cache_creation_input_tokens=tokens[last] - read)
+        usage["cache_creation"][f"ephemeral_{ttl}_input_tokens"] = tokens[last] - read
         return usage, {hashes[p]: tokens[p] for p, _ in points}, total
 
     def commit(self, writes):
@@ -605,20 +483,16 @@ class PromptCache:
 
 # ---------------------------------------------------------------- responses and SSE
 def _finalize(content, new_tool_id):
-    """Script blocks -> the blocks the API returns (tool ids and signatures filled in)."""
+    """Script blocks -> the blocks the API returns (tool ids and thinking signatures filled in)."""
     final = []
     for block in content:
-        kind = block["type"]
-        if kind == "text":
-            final.append({"type": "text", "text": block["text"]})
-        elif kind == "thinking":
+        if block["type"] == "thinking":
             signature = block.get("signature") or auto_signature(block["thinking"])
-            final.append({"type": "thinking", "thinking": block["thinking"], "signature": signature})
-        elif kind == "redacted_thinking":
-            final.append({"type": "redacted_thinking", "data": block["data"]})
-        else:
-            final.append({"type": "tool_use", "id": block.get("id") or new_tool_id(), "name": block["name"],
-                          "input": block.get("input", {})})
+            block = {"type": "thinking", "thinking": block["thinking"], "signature": signature}
+        elif block["type"] == "tool_use":
+            block = {"type": "tool_use", "id": block.get("id") or new_tool_id(), "name": block["name"],
+                     "input": block.get("input", {})}
+        final.append(dict(block))
     return final
 
 
@@ -635,10 +509,10 @@ def _block_stream(block, chunk):
         deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"], chunk)]
         return ({"type": "thinking", "thinking": "", "signature": ""},
                 deltas + [{"type": "signature_delta", "signature": block["signature"]}])
-    if kind == "tool_use":   # input starts as {} and arrives as JSON fragments; the first is often ""
-        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+    if kind == "tool_use":   # input starts as {} and arrives as JSON fragments, the first often ""
         fragments = [""] + _pieces(json.dumps(block["input"]), chunk)
-        return start, [{"type": "input_json_delta", "partial_json": p} for p in fragments]
+        return ({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}},
+                [{"type": "input_json_delta", "partial_json": p} for p in fragments])
     return dict(block), []   # redacted_thinking arrives whole in content_block_start
 
 
@@ -650,39 +524,35 @@ def sse_events(message, chunk=DEFAULT_CHUNK):
     for index, block in enumerate(message["content"]):
         start, deltas = _block_stream(block, chunk)
         events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": start}))
-        events += [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
+        events += [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+                   for delta in deltas]
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
     events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
-    events.append(("message_stop", {"type": "message_stop"}))
-    return events
-
-
-def _error_body(kind, message, request_id):
-    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
-
-
-def _check_script_item(item):
-    if not isinstance(item, dict) or set(item) - SCRIPT_KEYS:
-        raise ValueError(f"fake script: bad item {item!r} (keys: {sorted(SCRIPT_KEYS)})")
-    for block in item.get("content", []):
-        if block.get("type") not in ("text", "thinking", "redacted_thinking", "tool_use"):
-            raise ValueError(f"fake script: unknown block {block!r}")
+    return events + [("message_stop", {"type": "message_stop"})]
 
 
 # ---------------------------------------------------------------- the server
+class Failure(NamedTuple):
+    """An error answer. rejection=False: the script asked for it, so it is not in .rejections."""
+    status: int
+    type: str
+    message: str
+    headers: dict = {}
+    rejection: bool = True
+
+
 class FakeAnthropic:
-    """The fake API, listening from construction until stop(). Thread-safe; see the module docstring."""
+    """The fake API, listening from construction until stop(); thread-safe. See the module docstring."""
 
     def __init__(self, script=None, max_context_tokens=None, *, port=0, log_path=None):
-        self.max_context_tokens = max_context_tokens   # prompts estimated above this get "prompt is too long"
-        self.requests = []      # [{"path", "headers", "body", "raw"}] for every request, rejected ones included
+        self.max_context_tokens = max_context_tokens   # prompts estimated above this: "prompt is too long"
+        self.requests = []      # [{"path", "headers", "body", "raw"}] for every request, rejected ones too
         self.rejections = []    # [{"index" (into requests), "status", "type", "message"}]
         self.memory = Memory()
         self.cache = PromptCache()
         self.log_path = log_path
-        self._script = []
-        self._counter = 0
+        self._script, self._counter = [], 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.enqueue(*(script or []))
@@ -690,9 +560,7 @@ class FakeAnthropic:
         self._httpd.fake = self
         self.port = self._httpd.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def __enter__(self):
         return self
@@ -701,8 +569,10 @@ class FakeAnthropic:
         self.stop()
 
     def enqueue(self, *items):
-        for item in items:
-            _check_script_item(item)
+        for item in items:   # a typo in a script should fail loudly here, not as a puzzling stream
+            kinds = {b.get("type") for b in item.get("content", [])} if isinstance(item, dict) else {None}
+            if not isinstance(item, dict) or set(item) - SCRIPT_KEYS or kinds - SCRIPT_BLOCKS:
+                raise ValueError(f"fake script: bad item {item!r} (keys: {sorted(SCRIPT_KEYS)})")
         with self._lock:
             self._script.extend(items)
 
@@ -717,7 +587,7 @@ class FakeAnthropic:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    # -- request handling without I/O; the handler calls these --
+    # -- the handler's bookkeeping and decisions, kept free of socket I/O --
     def record(self, path, headers, body, raw):
         with self._lock:
             self.requests.append({"path": path, "headers": headers, "body": body, "raw": raw})
@@ -728,50 +598,66 @@ class FakeAnthropic:
             self._counter += 1
             return f"{prefix}{self._counter:024d}"
 
-    def reject(self, index, status, kind, message):
+    def finish(self, index, status, failure=None):
+        """Note how request `index` was answered: in .rejections and in the --log file."""
         with self._lock:
-            self.rejections.append({"index": index, "status": status, "type": kind, "message": message})
-
-    def log(self, index, status, error_message=None):
-        if not self.log_path:
-            return
-        request = self.requests[index]
-        line = {"index": index, "path": request["path"], "headers": request["headers"], "body": request["body"],
-                "status": status, "error": error_message}
-        with self._lock, open(self.log_path, "a", encoding="utf-8") as log:
-            log.write(json.dumps(line) + "\n")
+            if failure and failure.rejection:
+                self.rejections.append({"index": index, "status": status, "type": failure.type,
+                                        "message": failure.message})
+            if self.log_path:
+                request = self.requests[index]
+                line = {"index": index, "path": request["path"], "headers": request["headers"],
+                        "body": request["body"], "status": status, "error": failure and failure.message}
+                with open(self.log_path, "a", encoding="utf-8") as log:
+                    log.write(json.dumps(line) + "\n")
 
     def serve(self, body):
-        """Decide the answer to a valid /v1/messages body:
-        ("fail", status, type, message, headers, is_rejection) or ("message", script item, Message dict)."""
+        """The answer to a valid /v1/messages body: a Failure, or (script item, Message dict)."""
         with self._lock:
             usage, writes, total = self.cache.account(body)
             if self.max_context_tokens and total > self.max_context_tokens:
-                message = f"prompt is too long: {total} tokens > {self.max_context_tokens} maximum"
-                return "fail", 400, "invalid_request_error", message, {}, True
-            item = next((it for it in self._script if all(body.get(k) == v for k, v in it.get("match", {}).items())), None)
+                return Failure(400, "invalid_request_error",
+                               f"prompt is too long: {total} tokens > {self.max_context_tokens} maximum")
+            item = next((it for it in self._script
+                         if all(body.get(k) == v for k, v in it.get("match", {}).items())), None)
             if item is None:
-                return "fail", 500, "api_error", "fake script exhausted", {"x-should-retry": "false"}, True
+                return Failure(500, "api_error", "fake script exhausted", {"x-should-retry": "false"})
             self._script.remove(item)
         if "error" in item:
             err = item["error"]
-            status = err.get("status") or STATUS_OF.get(err["type"], 500)
-            return "fail", status, err["type"], err.get("message", ""), err.get("headers", {}), False
+            return Failure(err.get("status") or STATUS_OF.get(err["type"], 500), err["type"],
+                           err.get("message", ""), err.get("headers", {}), rejection=False)
         content = _finalize(item.get("content", []), lambda: self.new_id("toolu_fake"))
-        has_tool = any(b["type"] == "tool_use" for b in content)
         usage["output_tokens"] = max(1, len(_canonical(content)) // 4)
         usage.update(item.get("usage", {}))
+        stop = item.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
         message = {"id": self.new_id("msg_fake"), "type": "message", "role": "assistant", "model": body["model"],
-                   "content": content, "stop_reason": item.get("stop_reason") or ("tool_use" if has_tool else "end_turn"),
-                   "stop_sequence": item.get("stop_sequence"), "usage": usage}
+                   "content": content, "stop_reason": stop, "stop_sequence": item.get("stop_sequence"), "usage": usage}
         with self._lock:
             self.memory.remember(content)
             self.cache.commit(writes)
-        return "message", item, message
+        return item, message
 
-    def count_tokens(self, body):
-        with self._lock:
-            return self.cache.account(body)[2]
+    def precheck(self, path, headers, body):
+        """The Failure for a request the real API refuses before generating anything, or None."""
+        endpoint = ("count_tokens" if path.endswith("/v1/messages/count_tokens")
+                    else "messages" if path.endswith("/v1/messages") else None)
+        key = headers.get("x-api-key")   # x-api-key wins when both are present
+        if key is None and headers.get("authorization", "").lower().startswith("bearer "):
+            key = headers["authorization"][7:]
+        if endpoint is None:
+            return Failure(404, "not_found_error", f"Not found: {path}")
+        if not key or key == "bad-key":
+            return Failure(401, "authentication_error", "invalid x-api-key" if key else "x-api-key header is required")
+        if "anthropic-version" not in headers:
+            return Failure(400, "invalid_request_error", "anthropic-version: header is required")
+        if body is None:
+            return Failure(400, "invalid_request_error", "There was an error parsing the body as JSON")
+        try:
+            problem = validate(body, endpoint=endpoint, memory=self.memory)
+        except (AttributeError, KeyError, TypeError) as exc:   # a shape validate() did not foresee
+            problem = f"fake_api could not validate this body: {exc!r}"
+        return Failure(400, "invalid_request_error", problem) if problem else None
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -788,97 +674,61 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in self.headers.items()}
-        self.index = fake.record(self.path, headers, body, raw)
+        index = fake.record(self.path, headers, body, raw)
         self.request_id = fake.new_id("req_fake")
         path = self.path.split("?")[0]
-        endpoint = ("count_tokens" if path.endswith("/v1/messages/count_tokens")
-                    else "messages" if path.endswith("/v1/messages") else None)
         try:
-            problem = self._precheck(headers, body, endpoint, fake.memory)
-            if problem:
-                return self._fail(*problem, {}, True)
-            if endpoint == "count_tokens":
-                fake.log(self.index, 200)
-                return self._send_json(200, {"input_tokens": fake.count_tokens(body)})
-            outcome = fake.serve(body)
-            if outcome[0] == "fail":
-                return self._fail(*outcome[1:])
-            fake.log(self.index, 200)
-            _, item, message = outcome
-            if body.get("stream"):
-                self._stream(item, message)
-            else:
-                self._reply(item, message)
+            outcome = fake.precheck(path, headers, body)
+            if outcome is None and path.endswith("/count_tokens"):
+                fake.finish(index, 200)
+                return self._send_json(200, {"input_tokens": fake.cache.account(body)[2]})
+            outcome = outcome or fake.serve(body)
+            if isinstance(outcome, Failure):
+                fake.finish(index, outcome.status, outcome)
+                return self._send_error(outcome.status, outcome.type, outcome.message, outcome.headers)
+            fake.finish(index, 200)
+            (self._stream if body.get("stream") else self._reply)(*outcome)
         except (BrokenPipeError, ConnectionResetError):   # the client went away (cancel, read timeout)
             self.close_connection = True
-
-    def _precheck(self, headers, body, endpoint, memory):
-        """(status, type, message) for a request the real API refuses before any generation."""
-        if endpoint is None:
-            return 404, "not_found_error", f"Not found: {self.path}"
-        key = headers.get("x-api-key")   # x-api-key wins when both are present
-        if key is None and headers.get("authorization", "").lower().startswith("bearer "):
-            key = headers["authorization"][7:]
-        if not key:
-            return 401, "authentication_error", "x-api-key header is required"
-        if key == "bad-key":
-            return 401, "authentication_error", "invalid x-api-key"
-        if "anthropic-version" not in headers:
-            return 400, "invalid_request_error", "anthropic-version: header is required"
-        if body is None:
-            return 400, "invalid_request_error", "There was an error parsing the body as JSON"
-        problem = validate(body, endpoint=endpoint, memory=memory)
-        return (400, "invalid_request_error", problem) if problem else None
-
-    def _fail(self, status, kind, message, headers, is_rejection):
-        fake = self.server.fake
-        if is_rejection:
-            fake.reject(self.index, status, kind, message)
-        fake.log(self.index, status, message)
-        self._send_json(status, _error_body(kind, message, self.request_id), headers)
 
     def _send_json(self, status, payload, headers=None):
         data = json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.send_header("request-id", self.request_id)
-        for name, value in (headers or {}).items():
+        for name, value in {"content-type": "application/json", "content-length": str(len(data)),
+                            "request-id": self.request_id, **(headers or {})}.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_error(self, status, kind, message, headers=None):
+        self._send_json(status, {"type": "error", "error": {"type": kind, "message": message},
+                                 "request_id": self.request_id}, headers)
+
     def _reply(self, item, message):
-        """Non-streaming: the whole Message as JSON (stream_error becomes its HTTP error)."""
-        stopping = self.server.fake._stopping
-        if "drop_after_events" in item:
-            return self._drop()
-        if "stall_after_events" in item and stopping.wait(item.get("stall_seconds", 0)):
+        """Non-streaming: the whole Message as JSON (a stream_error becomes its HTTP status)."""
+        stalled = "stall_after_events" in item and self.server.fake._stopping.wait(item.get("stall_seconds", 0))
+        if "drop_after_events" in item or stalled:
             return self._drop()
         if "stream_error" in item:
             err = item["stream_error"]
-            body = _error_body(err["type"], err.get("message", ""), self.request_id)
-            return self._send_json(STATUS_OF.get(err["type"], 500), body)
+            return self._send_error(STATUS_OF.get(err["type"], 500), err["type"], err.get("message", ""))
         self._send_json(200, message)
 
     def _stream(self, item, message):
         stopping = self.server.fake._stopping
         events = sse_events(message, item.get("chunk", DEFAULT_CHUNK))
-        if "stream_error" in item:   # the content went out, then the error replaces message_delta/stop
-            err = item["stream_error"]
-            events[-2:] = [("error", {"type": "error", "error": {"type": err["type"], "message": err.get("message", "")}})]
+        if "stream_error" in item:   # the content went out; the error replaces message_delta/stop
+            err = {"type": item["stream_error"]["type"], "message": item["stream_error"].get("message", "")}
+            events[-2:] = [("error", {"type": "error", "error": err})]
         self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("cache-control", "no-cache")
-        self.send_header("request-id", self.request_id)
-        self.send_header("transfer-encoding", "chunked")
+        for name, value in {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
+                            "request-id": self.request_id, "transfer-encoding": "chunked"}.items():
+            self.send_header(name, value)
         self.end_headers()
         for n, (name, data) in enumerate(events):
-            if n == item.get("drop_after_events"):
-                return self._drop()
-            if n == item.get("stall_after_events") and stopping.wait(item.get("stall_seconds", 0)):
-                return self._drop()
-            if n and item.get("delay") and stopping.wait(item["delay"]):
+            stalled = n == item.get("stall_after_events") and stopping.wait(item.get("stall_seconds", 0))
+            delayed = n and item.get("delay") and stopping.wait(item["delay"])
+            if n == item.get("drop_after_events") or stalled or delayed:   # (stopping: the server is closing)
                 return self._drop()
             self._chunk(f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode())
         self._chunk(b"")   # the terminating zero-length chunk
@@ -900,16 +750,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Scripted fake Anthropic Messages API on 127.0.0.1.")
     parser.add_argument("--script", help="JSON file: a list of script items")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--port-file", help="write the bound port here once listening")
-    parser.add_argument("--log", help="append every request here as a JSON line")
+    parser.add_argument("--port-file", help="the bound port is written here once listening")
+    parser.add_argument("--log", help="every request is appended here as a JSON line")
     parser.add_argument("--max-context-tokens", type=int, default=None)
     args = parser.parse_args(argv)
     script = json.loads(Path(args.script).read_text(encoding="utf-8")) if args.script else []
     fake = FakeAnthropic(script, args.max_context_tokens, port=args.port, log_path=args.log)
-    if args.port_file:   # write then rename, so a reader never sees a half-written port
-        tmp = Path(args.port_file + ".tmp")
-        tmp.write_text(str(fake.port), encoding="utf-8")
-        tmp.replace(args.port_file)
+    if args.port_file:   # write, then rename: a reader never sees half a port
+        Path(args.port_file + ".tmp").write_text(str(fake.port), encoding="utf-8")
+        Path(args.port_file + ".tmp").replace(args.port_file)
     print(f"fake anthropic listening on {fake.base_url}", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

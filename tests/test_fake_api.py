@@ -1,4 +1,4 @@
-"""Tests for the fake Anthropic server: the REAL SDK must accept its streams, and it must refuse what the API refuses."""
+"""Tests for the fake Anthropic server: the REAL SDK accepts its streams; it refuses what the API refuses."""
 import asyncio
 import copy
 import json
@@ -291,7 +291,18 @@ VALID = request(user("read a"), assistant([{"type": "text", "text": "sure"}, CAL
                 system=[{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}], tools=TOOLS,
                 thinking={"type": "adaptive"}, stream=True)
 
-REJECTED = [
+def block(body, i, j):
+    """messages[i].content[j] of a request body."""
+    return body["messages"][i]["content"][j]
+
+
+def mark(*blocks):
+    for b in blocks:
+        b["cache_control"] = {"type": "ephemeral"}
+
+
+EPHEMERAL = {"type": "ephemeral"}
+REJECTED = [   # (case, mutation of a copy of VALID, part of the expected 400 message)
     ("temperature", lambda b: b.update(temperature=1.0), "temperature: Extra inputs are not permitted"),
     ("top_p", lambda b: b.update(top_p=0.9), "top_p: Extra inputs are not permitted"),
     ("top_k", lambda b: b.update(top_k=5), "top_k: Extra inputs are not permitted"),
@@ -302,23 +313,28 @@ REJECTED = [
     ("max_tokens too big", lambda b: b.update(max_tokens=200_000), "max_tokens: 200000 > 128000"),
     ("bad role", lambda b: b["messages"][0].update(role="tool"), "messages.0.role: Input should be"),
     ("extra message key", lambda b: b["messages"][0].update(name="x"), "messages.0.name: Extra inputs"),
-    ("empty string content", lambda b: b["messages"][0].update(content=""), "messages.0: all messages must have non-empty content"),
-    ("empty list content", lambda b: b["messages"][0].update(content=[]), "messages.0: all messages must have non-empty content"),
-    ("empty text block", lambda b: b["messages"][1]["content"][0].update(text=""), "messages: text content blocks must be non-empty"),
+    ("empty string content", lambda b: b["messages"][0].update(content=""),
+     "messages.0: all messages must have non-empty content"),
+    ("empty list content", lambda b: b["messages"][0].update(content=[]),
+     "messages.0: all messages must have non-empty content"),
+    ("empty text block", lambda b: block(b, 1, 0).update(text=""), "messages: text content blocks must be non-empty"),
     ("empty system text", lambda b: b["system"][0].update(text=""), "system: text content blocks must be non-empty"),
-    ("whitespace text", lambda b: b["messages"][2]["content"][1].update(text="  \n"), "must contain non-whitespace text"),
-    ("citations null", lambda b: b["messages"][1]["content"][0].update(citations=None), "messages.1.content.0.text.citations: Extra inputs"),
-    ("parsed_output", lambda b: b["messages"][1]["content"][0].update(parsed_output=None), "text.parsed_output: Extra inputs"),
-    ("tool_use caller", lambda b: b["messages"][1]["content"][1].update(caller=None), "messages.1.content.1.tool_use.caller: Extra inputs"),
-    ("tool_use no input", lambda b: b["messages"][1]["content"][1].pop("input"), "tool_use.input: Field required"),
-    ("tool_use bad id", lambda b: b["messages"][1]["content"][1].update(id="bad id!"), "tool_use.id: String should match"),
+    ("whitespace text", lambda b: block(b, 2, 1).update(text="  \n"), "must contain non-whitespace text"),
+    ("citations null", lambda b: block(b, 1, 0).update(citations=None),
+     "messages.1.content.0.text.citations: Extra inputs are not permitted"),
+    ("parsed_output", lambda b: block(b, 1, 0).update(parsed_output=None), "text.parsed_output: Extra inputs"),
+    ("tool_use caller", lambda b: block(b, 1, 1).update(caller=None),
+     "messages.1.content.1.tool_use.caller: Extra inputs are not permitted"),
+    ("tool_use no input", lambda b: block(b, 1, 1).pop("input"), "tool_use.input: Field required"),
+    ("tool_use bad id", lambda b: block(b, 1, 1).update(id="bad id!"), "tool_use.id: String should match"),
     ("unknown block", lambda b: b["messages"][0].update(content=[{"type": "video"}]), "Input tag 'video'"),
-    ("tool_result in assistant", lambda b: b["messages"][1]["content"].append(result("toolu_1")), "not permitted in `assistant`"),
+    ("tool_result in assistant", lambda b: b["messages"][1]["content"].append(result("toolu_1")),
+     "not permitted in `assistant`"),
     ("unanswered tool_use", lambda b: b["messages"][2].update(content="no result"),
      "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_1."),
     ("orphan tool_result", lambda b: b["messages"][0].update(content=[result("toolu_9")]),
      "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_9."),
-    ("wrong tool_result id", lambda b: b["messages"][2]["content"][0].update(tool_use_id="toolu_2"),
+    ("wrong tool_result id", lambda b: block(b, 2, 0).update(tool_use_id="toolu_2"),
      "unexpected `tool_use_id` found in `tool_result` blocks: toolu_2"),
     ("text before tool_result", lambda b: b["messages"][2]["content"].reverse(),
      "messages.2: Did not find 1 tool_result block(s) at the beginning of this message"),
@@ -326,34 +342,33 @@ REJECTED = [
      "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"),
     ("user text message between", lambda b: b["messages"].insert(2, user("wait")),
      "messages.2: Did not find 1 tool_result block(s)"),
-    ("error result without content", lambda b: b["messages"][2]["content"][0].update(content="", is_error=True),
+    ("error result without content", lambda b: block(b, 2, 0).update(content="", is_error=True),
      "content cannot be empty if `is_error` is true"),
     ("prefill", lambda b: b["messages"].append(assistant("I think")), "does not support assistant message prefill"),
-    ("first message assistant", lambda b: b["messages"].insert(0, assistant("hello")), 'first message must use the "user" role'),
     ("cache_control on thinking", lambda b: b["messages"][1]["content"].insert(0, {
-        "type": "thinking", "thinking": "t", "signature": "s", "cache_control": {"type": "ephemeral"}}),
+        "type": "thinking", "thinking": "t", "signature": "s", "cache_control": EPHEMERAL}),
      "messages.1.content.0.thinking.cache_control: Extra inputs"),
-    ("bad cache_control", lambda b: b["system"][0].update(cache_control={"type": "persistent"}), "cache_control.type: Input should be 'ephemeral'"),
-    ("five breakpoints", lambda b: [blk.update(cache_control={"type": "ephemeral"}) for blk in
-                                    (b["tools"][0], b["messages"][1]["content"][0], CALLS(b), b["messages"][2]["content"][1])],
+    ("bad cache_control", lambda b: b["system"][0].update(cache_control={"type": "persistent"}),
+     "system.0.text.cache_control: Input should be {'type': 'ephemeral'"),
+    ("five breakpoints", lambda b: mark(b["tools"][0], block(b, 1, 0), block(b, 1, 1), block(b, 2, 1)),
      "A maximum of 4 blocks with cache_control may be provided. Found 5."),
-    ("top-level breakpoint counts", lambda b: [b.update(cache_control={"type": "ephemeral"})] + [
-        blk.update(cache_control={"type": "ephemeral"}) for blk in (b["tools"][0], CALLS(b), b["messages"][2]["content"][1])],
-     "Found 5."),
-    ("tool without schema", lambda b: b["tools"][0].pop("input_schema"), "tools.0.custom.input_schema: Field required"),
-    ("schema not object", lambda b: b["tools"][0]["input_schema"].update(type="array"), "input_schema.type: Input should be 'object'"),
+    ("top-level breakpoint counts", lambda b: mark(b, b["tools"][0], block(b, 1, 1), block(b, 2, 1)), "Found 5."),
+    ("nested breakpoint counts", lambda b: mark(b["tools"][0], block(b, 1, 1), block(b, 2, 0)["content"][0],
+                                                block(b, 2, 1)), "Found 5."),
+    ("tool without schema", lambda b: b["tools"][0].pop("input_schema"),
+     "tools.0.custom.input_schema: Field required"),
+    ("schema not object", lambda b: b["tools"][0]["input_schema"].update(type="array"),
+     "input_schema.type: Input should be 'object'"),
     ("bad tool name", lambda b: b["tools"][0].update(name="read file"), "tools.0.custom.name: String should match"),
     ("duplicate tool", lambda b: b["tools"].append(copy.deepcopy(TOOLS[0])), "Tool names must be unique"),
     ("tool extra key", lambda b: b["tools"][0].update(parameters={}), "tools.0.custom.parameters: Extra inputs"),
-    ("forced tool choice", lambda b: b.update(tool_choice={"type": "any"}), 'tool_choice: type "tool" and "any" are not supported'),
-    ("enabled thinking", lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 2000}), '"thinking.type.enabled" is not supported'),
+    ("forced tool choice", lambda b: b.update(tool_choice={"type": "any"}),
+     'tool_choice: type "tool" and "any" are not supported'),
+    ("enabled thinking", lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 2000}),
+     '"thinking.type.enabled" is not supported'),
     ("bad image type", lambda b: b["messages"][0].update(content=[{"type": "image", "source": {
         "type": "base64", "media_type": "image/bmp", "data": "AA"}}]), "media_type: Input should be"),
 ]
-
-
-def CALLS(body):   # noqa: N802  (reads like a constant in the table above)
-    return body["messages"][1]["content"][1]
 
 
 def test_valid_conversation_passes():
@@ -384,7 +399,8 @@ def test_replayed_thinking_must_be_byte_identical():
     assert check(copy.deepcopy(sent)) is None
     edited = copy.deepcopy(sent)
     edited[0]["thinking"] = "plan, edited"
-    assert "messages.1.content.0: `thinking` or `redacted_thinking` blocks in the latest assistant message cannot be modified" in check(edited)
+    assert check(edited).startswith("messages.1.content.0: `thinking` or `redacted_thinking` blocks in the latest "
+                                    "assistant message cannot be modified.")
     assert "Invalid `signature`" in check([{"type": "thinking", "thinking": "x", "signature": "forged"}, dict(CALL)])
     assert "cannot be modified" in check([sent[1], dict(CALL)]), "dropping a thinking block is a modification"
     assert "redacted_thinking" in check([sent[0], {"type": "redacted_thinking", "data": "changed"}, dict(CALL)])

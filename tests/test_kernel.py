@@ -1,0 +1,112 @@
+"""The kernel's pure parts: derive_next over real logs, and the stream reducer over wire events."""
+import events
+from kernel import StreamReducer, derive_next
+
+USAGE = {"input_tokens": 1, "output_tokens": 1, "cache_read_tokens": 0, "cache_write_tokens": 0}
+
+
+def log_of(*items):
+    return [{"v": 1, "seq": seq, "id": str(seq), "ts": 0, "session": "s", "type": kind, **payload}
+            for seq, (kind, payload) in enumerate(items, 1)]
+
+
+def call(tid, name="bash", **tool_input):
+    return ("ToolRequested", {"tool_use_id": tid, "name": name, "input": tool_input or {"command": "ls"}})
+
+
+def completed(stop="tool_use"):
+    return ("ModelResponseCompleted", {"message_id": "m", "model": "x", "stop_reason": stop, "usage": USAGE})
+
+
+def step(*items, max_turns=None):
+    return derive_next(events.kernel_state(log_of(*items)), max_turns)
+
+
+def test_derive_next_follows_the_conversation():
+    user = ("UserMessageCreated", {"text": "go"})
+    assert step() == "idle"
+    assert step(user) == "call-model"
+    assert step(user, call("t1")) == "call-model"             # response not complete: ask again
+    assert step(user, call("t1"), completed()) == "execute-tools"
+    done_tool = ("ToolCompleted", {"tool_use_id": "t1", "name": "bash", "output": "x", "meta": {}})
+    assert step(user, call("t1"), completed(), done_tool) == "call-model"
+    assert step(user, call("t1"), completed(), done_tool, completed("end_turn")) == "done"
+    assert step(user, completed("end_turn"), ("TaskCompleted", {"evidence": {}})) == "idle"
+
+
+def test_steering_is_injected_after_tool_results_and_before_the_next_call():
+    items = [("UserMessageCreated", {"text": "go"}), call("t1"), completed(), ("SteeringQueued", {"text": "faster"})]
+    assert step(*items) == "execute-tools"
+    items.append(("ToolCompleted", {"tool_use_id": "t1", "name": "bash", "output": "x", "meta": {}}))
+    assert step(*items) == "inject-steering"
+    items.append(("SteeringInjected", {"text": "faster"}))
+    assert step(*items) == "call-model"
+
+
+def test_max_turns_and_failures_end_the_turn():
+    user = ("UserMessageCreated", {"text": "go"})
+    done_tool = ("ToolCompleted", {"tool_use_id": "t1", "name": "bash", "output": "x", "meta": {}})
+    assert step(user, call("t1"), completed(), done_tool, max_turns=1) == "max-turns"
+    failed = ("ModelRequestFailed", {"kind": "auth", "status": 401, "message": "no", "retrying": False})
+    assert step(user, failed) == "failed"
+    retrying = ("ModelRequestFailed", {"kind": "retryable", "status": 529, "message": "x", "retrying": True})
+    assert step(user, retrying) == "call-model"
+
+
+def test_three_identical_calls_in_a_row_pause_the_run():
+    items = [("UserMessageCreated", {"text": "go"})]
+    for i in range(3):
+        items += [call(f"t{i}"), completed()]
+        if i < 2:
+            items.append(("ToolCompleted", {"tool_use_id": f"t{i}", "name": "bash", "output": "x", "meta": {}}))
+    assert step(*items) == "ask-user"
+    items[-2] = call("t2", command="ls -la")
+    assert step(*items) == "execute-tools"
+
+
+def wire(*events_):
+    reducer, out = StreamReducer(), []
+    for event in events_:
+        out += reducer.feed(event)
+    return out
+
+
+def test_the_reducer_turns_wire_events_into_deltas_and_completed_blocks():
+    out = wire(
+        {"type": "message_start", "message": {"id": "msg_1", "model": "m", "usage": {
+            "input_tokens": 10, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hm"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s1"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Hel"}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "lo"}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "tu", "name": "read", "input": {}}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": ""}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": '{"file_path": "a'}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": '.py"}'}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 20}},
+        {"type": "message_stop"},
+    )
+    durable = [(k, p) for k, p in out if k in events.DURABLE]
+    assert durable == [
+        ("ModelThinkingBlockCompleted", {"thinking": "hm", "signature": "s1"}),
+        ("ModelTextBlockCompleted", {"text": "Hello"}),
+        ("ToolRequested", {"tool_use_id": "tu", "name": "read", "input": {"file_path": "a.py"}}),
+        ("ModelResponseCompleted", {"message_id": "msg_1", "model": "m", "stop_reason": "tool_use", "usage": {
+            "input_tokens": 10, "output_tokens": 20, "cache_read_tokens": 7, "cache_write_tokens": 3}}),
+    ]
+    assert [p["text"] for k, p in out if k == "TextDelta"] == ["Hel", "lo"]
+
+
+def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
+    out = wire(
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "tu", "name": "write", "input": {}}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"file_path": "a.py", "cont'}},
+        {"type": "content_block_stop", "index": 0},
+    )
+    kind, payload = out[-1]
+    assert kind == "ToolRequested" and payload["input"] == {} and "not valid JSON" in payload["input_error"]

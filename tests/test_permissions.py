@@ -1,0 +1,486 @@
+"""Tests for permissions.py: the evaluator, bash parsing, the floor, suggestions, config."""
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+import permissions
+from permissions import Rule, add_grant, check, decide, default_rules, load_rules
+
+DEFAULTS = default_rules()
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project directory with a sibling outside it, and HOME pointing at a temp dir."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    root = tmp_path / "proj"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("print(1)\n")
+    (root / ".env").write_text("KEY=1\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("x\n")
+    return root
+
+
+def bash(command, root, rules=DEFAULTS):
+    return check("bash", command, root, rules)
+
+
+# ---------------------------------------------------------------- evaluator table
+
+@pytest.mark.parametrize("tool, tool_input, action, capability", [
+    ("read", {"file_path": "src/app.py"}, "allow", "file.read"),
+    ("read", {"file_path": "./src/../src/app.py"}, "allow", "file.read"),
+    ("read", {"file_path": ".env"}, "ask", "file.read"),
+    ("read", {"file_path": "src/.env.production"}, "ask", "file.read"),
+    ("read", {"file_path": ".env.example"}, "allow", "file.read"),
+    ("read", {"file_path": "deploy/server.pem"}, "ask", "file.read"),
+    ("read", {"file_path": "keys/id_rsa"}, "ask", "file.read"),
+    ("write", {"file_path": "src/new.py", "content": "x"}, "ask", "file.write.project"),
+    ("edit", {"file_path": "src/app.py", "old_string": "1", "new_string": "2"}, "ask", "file.write.project"),
+    ("grep", {"pattern": "TODO"}, "allow", "file.read"),
+    ("grep", {"pattern": "TODO", "path": "src"}, "allow", "file.read"),
+    ("glob", {"pattern": "**/*.py"}, "allow", "file.read"),
+    ("glob", {"pattern": "../outside/*"}, "ask", "filesystem.outsideProject"),
+    ("grep", {"pattern": "x", "path": "/etc"}, "ask", "filesystem.outsideProject"),
+    ("bash", {"command": "ls -la"}, "allow", "process.execute"),
+    ("bash", {"command": "git status"}, "allow", "process.execute"),
+    ("bash", {"command": "git diff HEAD~1..HEAD"}, "allow", "process.execute"),
+    ("bash", {"command": "git log --oneline | head -20"}, "allow", "process.execute"),
+    ("bash", {"command": "git branch -a"}, "allow", "process.execute"),
+    ("bash", {"command": "git branch feature"}, "ask", "git.modify"),
+    ("bash", {"command": "git stash list"}, "allow", "process.execute"),
+    ("bash", {"command": "git stash"}, "ask", "git.modify"),
+    ("bash", {"command": "git -C . commit -m x"}, "ask", "git.modify"),
+    ("bash", {"command": "git push origin main"}, "ask", "git.modify"),
+    ("bash", {"command": "git fetch"}, "ask", "network.access"),
+    ("bash", {"command": "git diff --output=patch.txt"}, "ask", "process.execute"),
+    ("bash", {"command": "find . -name '*.py'"}, "allow", "process.execute"),
+    ("bash", {"command": "find . -name '*.pyc' -delete"}, "ask", "process.execute"),
+    ("bash", {"command": "find . -exec cat {} ;"}, "ask", "process.execute"),
+    ("bash", {"command": "rg --pre ./evil TODO"}, "ask", "process.execute"),
+    ("bash", {"command": "grep -rn TODO src"}, "allow", "process.execute"),
+    ("bash", {"command": "cat .env"}, "ask", "file.read"),
+    ("bash", {"command": "cat src/app.py"}, "allow", "process.execute"),
+    ("bash", {"command": "echo hi > notes.txt"}, "ask", "file.write.project"),
+    ("bash", {"command": "ls 2>/dev/null"}, "allow", "process.execute"),
+    ("bash", {"command": "pytest -q"}, "ask", "process.execute"),
+    ("bash", {"command": "curl https://example.com"}, "ask", "network.access"),
+    ("bash", {"command": "pip install requests"}, "ask", "network.access"),
+    ("bash", {"command": "python -m pip install -e ."}, "ask", "network.access"),
+    ("bash", {"command": "npm install"}, "ask", "network.access"),
+    ("bash", {"command": "sudo ls"}, "ask", "process.execute"),
+    ("bash", {"command": "ls", "workdir": "/"}, "ask", "filesystem.outsideProject"),
+    ("process", {"action": "start", "command": "npm run dev"}, "ask", "process.execute"),
+    ("process", {"action": "list"}, "allow", "process.execute"),
+    ("process", {"action": "start", "command": "ls"}, "allow", "process.execute"),
+])
+def test_default_policy_table(project, tool, tool_input, action, capability):
+    decision = decide(tool, tool_input, project, DEFAULTS)
+    assert (decision.action, decision.capability) == (action, capability), decision
+
+
+def test_unknown_tool_is_denied(project):
+    assert decide("teleport", {}, project, DEFAULTS).action == "deny"
+
+
+def test_last_matching_rule_wins(project):
+    rules = [*DEFAULTS, Rule("process.execute", "npm *", "allow", "u"),
+             Rule("process.execute", "npm run release *", "deny", "u")]
+    assert bash("npm test", project, rules)["decision"] == "allow"
+    assert bash("npm run release", project, rules)["decision"] == "deny"
+    rules.append(Rule("process.execute", "npm *", "ask", "p"))
+    assert bash("npm test", project, rules)["decision"] == "ask"
+
+
+def test_unmatched_request_asks(project):
+    assert check("read", "src/app.py", project, [])["decision"] == "ask"
+    assert bash("ls", project, [])["rule"] is None
+
+
+def test_capability_wildcard_in_rule(project):
+    rules = [*DEFAULTS, Rule("*", "*", "allow", "yolo")]
+    assert check("write", "src/x.py", project, rules)["decision"] == "allow"
+    assert bash("git push", project, rules)["decision"] == "allow"
+
+
+def test_trailing_star_matches_bare_command(project):
+    rules = [*DEFAULTS, Rule("process.execute", "make test *", "allow", "u")]
+    assert bash("make test", project, rules)["decision"] == "allow"
+    assert bash("make test -j4", project, rules)["decision"] == "allow"
+    assert bash("make testing", project, rules)["decision"] == "ask"
+
+
+def test_rules_match_words_after_quote_removal(project):
+    rules = [*DEFAULTS, Rule("process.execute", "rm *", "deny", "u")]
+    assert bash('"r"m -f x', project, rules)["decision"] == "deny"
+
+
+def test_outside_pattern_expands_tilde(project):
+    notes = Path(os.environ["HOME"]) / "notes"
+    notes.mkdir()
+    rules = [*DEFAULTS, Rule("filesystem.outsideProject", "~/notes/*", "allow", "u")]
+    assert check("read", str(notes / "a.md"), project, rules)["decision"] == "allow"
+
+
+# ---------------------------------------------------------------- compound commands
+
+@pytest.mark.parametrize("command, action", [
+    ("ls && rm x", "ask"),
+    ("ls || rm x", "ask"),
+    ("ls; rm x", "ask"),
+    ("ls | xargs rm", "ask"),
+    ("ls\nrm x", "ask"),
+    ("echo $(rm x)", "ask"),
+    ("echo `rm x`", "ask"),
+    ('echo "$(rm x)"', "ask"),
+    ("(cd src && rm x)", "ask"),
+    ("{ ls; rm x; }", "ask"),
+    ("cat <(rm x)", "ask"),
+    ("bash -c 'rm x'", "ask"),
+    ("ls & rm x", "ask"),
+    ("ls && pwd | wc -l; echo done", "allow"),
+    ("if [ -f x ]; then cat x; fi", "allow"),
+    ("cat <<'EOF'\nrm -rf / ; don't\nEOF", "allow"),
+])
+def test_every_part_is_judged_and_strictest_wins(project, command, action):
+    assert bash(command, project)["decision"] == action
+
+
+def test_deny_beats_ask_in_a_compound(project):
+    rules = [*DEFAULTS, Rule("process.execute", "shutdown *", "deny", "u")]
+    result = bash("npm test && shutdown now", project, rules)
+    assert (result["decision"], result["rule"]) == ("deny", 'deny process.execute "shutdown *" (u)')
+
+
+def test_cd_moves_later_parts(project):
+    assert bash("cd src && cat ../.env", project)["capability"] == "file.read"
+    assert bash("cd /tmp && rm -rf build", project)["capability"] == "filesystem.outsideProject"
+
+
+def test_unparsable_line_asks_even_when_a_rule_allows(project):
+    result = bash("echo 'unterminated", project)
+    assert (result["decision"], result["suggestion"]) == ("ask", None)
+
+
+# ---------------------------------------------------------------- suggestions
+
+@pytest.mark.parametrize("command, pattern", [
+    ("git push origin main", "git push *"),
+    ("git commit -m 'fix: the bug'", "git commit *"),
+    ("git checkout -b feature", "git checkout *"),
+    ("git stash pop", "git stash pop *"),
+    ("git remote add origin git@x:y.git", "git remote add *"),
+    ("npm run build", "npm run build *"),
+    ("npm test", "npm test *"),
+    ("npm install lodash", "npm install *"),
+    ("npx prettier --write .", "npx prettier *"),
+    ("yarn test --watch", "yarn test *"),
+    ("pnpm run lint", "pnpm run lint *"),
+    ("bun run dev", "bun run dev *"),
+    ("docker compose up -d", "docker compose up *"),
+    ("docker run -it ubuntu bash", "docker run *"),
+    ("docker-compose up -d", "docker-compose up *"),
+    ("kubectl apply -f deploy.yaml", "kubectl apply *"),
+    ("python -m pytest -q", "python -m pytest *"),
+    ("python3 -m http.server 8000", "python3 -m http.server *"),
+    ("python scripts/gen.py --out x", "python scripts/gen.py *"),
+    ("python manage.py migrate", "python manage.py migrate *"),
+    ("pytest -q tests/", "pytest *"),
+    ("cargo test", "cargo test *"),
+    ("cargo build --release", "cargo build *"),
+    ("go test ./...", "go test *"),
+    ("go mod tidy", "go mod tidy *"),
+    ("make test", "make test *"),
+    ("ruff check .", "ruff check *"),
+    ("mypy src", "mypy *"),
+    ("uv run pytest", "uv run pytest *"),
+    ("poetry run pytest -x", "poetry run pytest *"),
+    ("pip install -r requirements.txt", "pip install *"),
+    ("bundle exec rspec", "bundle exec rspec *"),
+    ("gh pr create --fill", "gh pr create *"),
+    ("terraform plan", "terraform plan *"),
+    ("./gradlew build", "./gradlew build *"),
+    ("tsc --noEmit", "tsc *"),
+    # exact: fewer words than the arity, options before the subcommand, destructive programs
+    ("make", "make"),
+    ("git -C sub push", "git -C sub push"),
+    ("python -c 'print([1])'", "python -c print([[]1])"),
+    ("rm -rf build", "rm -rf build"),
+    ("curl -sSf https://example.com", "curl -sSf https://example.com"),
+    ("sudo apt install jq", "sudo apt install jq"),
+    ("FOO=1 pytest", "FOO=1 pytest"),
+    ("git push --force origin main", "git push --force origin main"),
+    ("find . -name '*.pyc' -delete", "find . -name [*].pyc -delete"),
+])
+def test_arity_suggestions(project, command, pattern):
+    result = bash(command, project)
+    assert result["suggestion"] == pattern, result
+
+
+@pytest.mark.parametrize("command", [
+    "git push origin main", "npm run build", "python -c 'print([1])'", "rm -rf build",
+    "find . -name '*.pyc' -delete", "cat .env", "docker compose up -d"])
+def test_granting_the_suggestion_allows_the_same_command(project, command):
+    decision = decide("bash", {"command": command}, project, DEFAULTS)
+    assert decision.action == "ask" and decision.suggestion
+    config = add_grant({}, decision.suggestion)
+    rules = load_rules([("proj", config)])
+    assert decide("bash", {"command": command}, project, rules).action == "allow"
+
+
+@pytest.mark.parametrize("command", [
+    "npm test && npm run lint",
+    "npm test || true",
+    "npm test; echo done",
+    "npm test | tee log.txt",
+    "npm test > log.txt",
+    "npm test 2>&1",
+    "npm test < input.txt",
+    "npm test &",
+    "npm run $(cat target)",
+    "npm run `cat target`",
+    "(npm test)",
+    "npm test\nnpm run lint",
+    "bash -c 'npm test'",
+])
+def test_no_suggestion_for_operators_or_redirections(project, command):
+    result = bash(command, project)
+    assert (result["decision"], result["suggestion"]) == ("ask", None)
+
+
+def test_file_suggestions(project):
+    assert check("write", "src/api/handler.py", project, [])["suggestion"] == "src/api/*"
+    assert check("write", "README.md", project, [])["suggestion"] == "README.md"
+    assert check("read", ".env", project, DEFAULTS)["suggestion"] == ".env"
+    outside = project.parent / "outside" / "secret.txt"
+    assert check("read", str(outside), project, DEFAULTS)["suggestion"] == str(outside.resolve())
+
+
+def test_suggestion_is_in_the_event_shape(project):
+    decision = decide("bash", {"command": "git push origin main"}, project, DEFAULTS)
+    assert decision.suggestion == {"capability": "git.modify", "pattern": "git push *"}
+    assert decision.descriptor == "git push origin main"
+
+
+# ---------------------------------------------------------------- hardline floor
+
+FLOORED = [
+    "rm -rf /", "rm -rf /*", "rm -rf ~", "rm -rf ~/", "rm -rf ~/*", "rm -rf $HOME", 'rm -rf "${HOME}"',
+    'rm -rf "$HOME"/', "rm -rf *", "rm -rf ./*", "rm -fr /", "rm -r -f /", "rm -R /",
+    "rm --recursive --force /", "rm -rf --no-preserve-root /", "rm -rf -- /", "rm -rf //",
+    "rm -rf /./", "rm -rf /home/..", "rm -rf /usr", "rm -rf /etc/", "rm -rf /home/*",
+    # obfuscated spellings
+    "r'm' -rf /", '"rm" -rf /', 'r""m -rf /', "r\\m -rf /", "\\rm -rf /", "rm -rf '/'",
+    "rm${IFS}-rf${IFS}/", "rm$IFS-rf$IFS/", "{rm,-rf,/}", "$'\\x72\\x6d' -rf /", "$'rm' -rf /",
+    "/bin/rm -rf /", "/usr/bin/rm -rf /", "./rm -rf /",
+    # prefixes
+    "sudo rm -rf /", "sudo -u root rm -rf /", "sudo -E -- rm -rf /", "doas rm -rf /", "env rm -rf /",
+    "env FOO=1 BAR=2 rm -rf /", "env -S 'rm -rf /'", "command rm -rf /", "exec rm -rf /",
+    "nice -n 19 rm -rf /", "nohup rm -rf / &", "time rm -rf /", "timeout 5 rm -rf /",
+    "xargs rm -rf /", "xargs -0 -I {} rm -rf /", "busybox rm -rf /", "! rm -rf /",
+    # variables set then expanded, substitutions
+    "X=/; rm -rf $X", "X=/\nrm -rf $X", 'D="/"; rm -rf "$D"', "T=~; rm -rf $T",
+    "export T=/; rm -rf $T", "a=rm; $a -rf /", "a=r b=m; $a$b -rf /", 'cmd="rm -rf /"; $cmd',
+    "$(echo rm) -rf /", "`echo rm` -rf /", "rm -rf $(echo /)",
+    # hidden inside compound or nested commands
+    "ls && rm -rf /", "true || rm -rf ~", "echo ok; rm -rf /", "echo $(rm -rf /)", "echo `rm -rf ~`",
+    "(rm -rf /)", "{ rm -rf /; }", "bash -c 'rm -rf /'", "sh -c \"rm -rf ~\"", "bash -lc 'rm -rf /'",
+    "sudo sh -c 'rm -rf /'", "eval 'rm -rf /'", "eval \"$(echo rm -rf /)\"", "find . -exec rm -rf / ;",
+    "while true; do rm -rf /; done", "if true; then rm -rf ~; fi", "ls\nrm -rf /",
+    # disks, filesystems, permissions, fork bombs
+    "mkfs.ext4 /dev/sda1", "mkfs -t ext4 /dev/sdb", "sudo mkfs.xfs /dev/nvme0n1", "mke2fs /dev/sda",
+    "wipefs -a /dev/sda", "dd if=/dev/zero of=/dev/sda", "dd if=/dev/urandom of=/dev/nvme0n1 bs=1M",
+    "sudo dd if=img of=/dev/disk2", "echo hi > /dev/sda", "cat image.iso > /dev/sdb",
+    "cat x >> /dev/mmcblk0", "cat img | sudo tee /dev/sda", "cp disk.img /dev/sdc", "shred /dev/sda",
+    "chmod -R 777 /", "chmod 777 -R /", "chmod --recursive 0777 /", "sudo chmod -R 777 /",
+    "chown -R nobody /", "chmod -R 000 ~", "find / -delete", "find ~ -name '*' -delete",
+    ":(){ :|:& };:", ":(){ :|: & };:", "bomb(){ bomb|bomb& };bomb", "f() { f | f & }; f",
+    "function f { f|f& }; f", "bash -c ':(){ :|:& };:'",
+    # a line the parser gives up on still cannot hide the floor
+    "rm -rf /\necho 'unterminated",
+]
+
+
+@pytest.mark.parametrize("command", FLOORED)
+def test_floor_refuses(project, command):
+    result = bash(command, project)
+    assert (result["decision"], result["floor"]) == ("deny", True), result
+    assert result["rule"].startswith("hardline floor:")
+    assert result["suggestion"] is None
+
+
+@pytest.mark.parametrize("command", ["rm -rf /", "rm -rf ~", ":(){ :|:& };:", "dd if=/dev/zero of=/dev/sda"])
+def test_floor_beats_allow_rules(project, command):
+    rules = [*DEFAULTS, Rule("*", "*", "allow", "yolo"), Rule("process.execute", command, "allow", "exact")]
+    decision = decide("bash", {"command": command}, project, rules)
+    assert (decision.action, decision.floor, decision.rule) == ("deny", True, None)
+
+
+def test_floor_refuses_the_literal_home_directory(project):
+    assert bash(f"rm -rf {os.path.expanduser('~')}", project)["floor"] is True
+
+
+NOT_FLOORED = [
+    "rm -rf ./build", "rm -rf build", "rm -rf node_modules", "rm -rf build/*", "rm -rf dist/ .cache",
+    "rm -rf /tmp/khaelor-test", "rm -rf ~/project/build", 'rm -rf "$HOME/.cache/pip"', "rm -f /tmp/x",
+    "rm -rf $BUILD_DIR", "rm /", "rm -rf src/*.pyc",
+    "dd if=a of=b.img", "dd if=/dev/zero of=zeros.bin count=1", "dd if=/dev/sda of=backup.img",
+    "dd if=x of=/dev/null", "echo hi > /dev/null", "cat /dev/null > log.txt", "ls /dev/sda",
+    "ls 2>/dev/null", "npm test 2>&1 | tee /dev/stderr",
+    "chmod -R 755 build", "chmod 777 script.sh", "chmod 777 /", "chown -R me ./data",
+    'echo "rm -rf /"', "grep -rn 'rm -rf /' docs", "git commit -m 'never rm -rf /'",
+    "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
+    "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
+]
+
+
+@pytest.mark.parametrize("command", NOT_FLOORED)
+def test_near_misses_are_not_floored(project, command):
+    assert bash(command, project)["floor"] is False
+
+
+def test_floor_does_not_apply_to_file_tools(project):
+    assert check("write", "/dev/sda", project, DEFAULTS)["floor"] is False
+
+
+# ---------------------------------------------------------------- outside the project
+
+@pytest.mark.parametrize("path", ["../outside/secret.txt", "src/../../outside/secret.txt",
+                                  "{outside}/secret.txt", "/etc/hostname", "~/notes.txt"])
+def test_paths_outside_the_project(project, path):
+    path = path.format(outside=project.parent / "outside")
+    for kind in ("read", "write"):
+        result = check(kind, path, project, DEFAULTS)
+        assert (result["decision"], result["capability"]) == ("ask", "filesystem.outsideProject")
+
+
+def test_symlinked_file_pointing_out_is_outside(project):
+    (project / "innocent.txt").symlink_to(project.parent / "outside" / "secret.txt")
+    decision = decide("read", {"file_path": "innocent.txt"}, project, DEFAULTS)
+    assert decision.capability == "filesystem.outsideProject"
+    assert decision.descriptor == str((project.parent / "outside" / "secret.txt").resolve())
+
+
+def test_write_through_symlinked_directory_is_outside(project):
+    (project / "vendor").symlink_to(project.parent / "outside", target_is_directory=True)
+    assert check("write", "vendor/new.txt", project, DEFAULTS)["capability"] == "filesystem.outsideProject"
+    assert bash("cat vendor/secret.txt", project)["capability"] == "filesystem.outsideProject"
+    assert bash("echo x > vendor/new.txt", project)["capability"] == "filesystem.outsideProject"
+
+
+def test_symlink_inside_the_project_stays_inside(project):
+    (project / "current").symlink_to(project / "src", target_is_directory=True)
+    result = check("read", "current/app.py", project, DEFAULTS)
+    assert (result["decision"], result["capability"]) == ("allow", "file.read")
+    (project / "alias").symlink_to(project / ".env")
+    assert check("read", "alias", project, DEFAULTS)["rule"] == 'ask file.read "*.env" (default)'
+
+
+def test_project_root_reached_through_a_symlink(project):
+    link = project.parent / "link-to-proj"
+    link.symlink_to(project, target_is_directory=True)
+    assert check("read", "src/app.py", link, DEFAULTS)["decision"] == "allow"
+    assert check("read", str(project / "src" / "app.py"), link, DEFAULTS)["decision"] == "allow"
+
+
+def test_bash_arguments_outside_the_project(project):
+    assert bash("cat ../outside/secret.txt", project)["capability"] == "filesystem.outsideProject"
+    assert bash("ls /etc", project)["capability"] == "filesystem.outsideProject"
+    assert bash("grep -rn /api/v1 src", project)["decision"] == "allow"   # a pattern, not a path
+    assert bash("echo /etc/passwd", project)["decision"] == "allow"
+
+
+# ---------------------------------------------------------------- config layers and grants
+
+def test_load_rules_layers_defaults_then_user_then_project(project):
+    user = {"permissions": [{"capability": "process.execute", "pattern": "npm *", "action": "deny"}]}
+    proj = {"model": "m", "permissions": [{"capability": "process.execute", "pattern": "npm test *",
+                                           "action": "allow"}]}
+    rules = load_rules([("/home/u/.khaelor/config.json", user), ("/p/.khaelor/config.json", proj)])
+    assert rules[:len(DEFAULTS)] == DEFAULTS
+    assert [r.source for r in rules[len(DEFAULTS):]] == ["/home/u/.khaelor/config.json", "/p/.khaelor/config.json"]
+    assert bash("npm test", project, rules)["decision"] == "allow"        # project wins
+    assert bash("npm run x", project, rules)["decision"] == "deny"        # user still applies
+    assert load_rules([("a", {}), ("b", {"model": "x"})]) == DEFAULTS
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ({"permissions": {"capability": "x"}}, '"permissions" must be a list'),
+    ({"permissions": ["allow all"]}, "permissions[0] must be an object"),
+    ({"permissions": [{"capability": "file.read", "pattern": "*"}]}, "permissions[0] is missing action"),
+    ({"permissions": [{"capability": "file.read", "pattern": "*", "action": "alow"}]},
+     'permissions[0].action "alow" is not one of allow, ask, deny'),
+    ({"permissions": [{"capability": "file.raed", "pattern": "*", "action": "allow"}]},
+     'capability "file.raed" names no capability'),
+    ({"permissions": [{"capability": "file.read", "pattern": "", "action": "allow"}]},
+     "permissions[0].pattern must be a non-empty string"),
+    ({"permissions": [{"capability": "file.read", "pattern": "*", "action": "allow", "acton": "x"}]},
+     "unknown key acton"),
+])
+def test_malformed_rules_give_actionable_errors(config, fragment):
+    assert fragment in permissions.validate_config_rules(config)
+    with pytest.raises(permissions.PermissionConfigError, match="/p/config.json: "):
+        load_rules([("/p/config.json", config)])
+
+
+def test_well_formed_configs_validate():
+    assert permissions.validate_config_rules({"model": "x"}) is None
+    assert permissions.validate_config_rules(
+        {"permissions": [{"capability": "file.*", "pattern": "docs/*", "action": "allow"}]}) is None
+
+
+def test_add_grant_keeps_other_keys_and_is_idempotent():
+    config = {"model": "claude-x", "prices": {"a": 1},
+              "permissions": [{"capability": "file.read", "pattern": "*", "action": "allow"}]}
+    grant = {"capability": "process.execute", "pattern": "git push *"}
+    once = add_grant(config, grant)
+    assert once["model"] == "claude-x" and once["prices"] == {"a": 1}
+    assert once["permissions"][-1] == {"capability": "process.execute", "pattern": "git push *", "action": "allow"}
+    assert add_grant(once, grant) == once
+    assert len(config["permissions"]) == 1          # the input is not modified
+
+
+def test_add_grant_moves_an_overridden_duplicate_to_the_end():
+    entry = {"capability": "process.execute", "pattern": "npm *", "action": "allow"}
+    config = {"permissions": [entry, {**entry, "action": "deny"}]}
+    assert add_grant(config, entry)["permissions"] == [{**entry, "action": "deny"}, entry]
+
+
+def test_add_grant_rejects_a_bad_rule():
+    with pytest.raises(ValueError, match="action"):
+        add_grant({}, {"capability": "file.read", "pattern": "*", "action": "sure"})
+
+
+# ---------------------------------------------------------------- inspection and module rules
+
+def test_check_returns_the_cli_json_shape(project):
+    result = bash("git push origin main", project)
+    assert result == {"decision": "ask", "capability": "git.modify", "rule": 'ask git.modify "*" (default)',
+                      "floor": False, "suggestion": "git push *"}
+    with pytest.raises(ValueError):
+        check("delete", "x", project, DEFAULTS)
+
+
+def test_describe_rules_lists_evaluation_order_with_sources():
+    rules = load_rules([("/p/.khaelor/config.json",
+                         {"permissions": [{"capability": "git.modify", "pattern": "git push *", "action": "allow"}]})])
+    lines = permissions.describe_rules(rules)
+    assert len(lines) == len(rules)
+    assert lines[0].split() == ["1", "allow", "file.read", "*", "default"]
+    assert lines[-1].split()[1:] == ["allow", "git.modify", "git", "push", "*", "/p/.khaelor/config.json"]
+
+
+def test_module_imports_nothing_of_ours():
+    ours = {p.stem for p in Path(permissions.__file__).parent.glob("*.py")}
+    tree = ast.parse(Path(permissions.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & (ours - {"permissions"})

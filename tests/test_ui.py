@@ -1,0 +1,900 @@
+"""Tests for ui.py: screens through pyte, the key decoder, the composer, and run_app in a pty.
+
+Run: python -m pytest -q tests/test_ui.py
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import termios
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyte
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ui  # noqa: E402
+
+COLOR = ui.Style(True)
+MONO = ui.Style(False)
+WIDTHS = [40, 80, 200]
+
+DOCUMENT = """\
+# Release notes
+
+The **parser** now handles *nested* input, `inline code`, and [the docs](https://example.com/docs).
+It wraps by cell width, so 中文 text and emoji 🎉 line up.
+
+## Changes
+
+- Faster start-up: the SDK import moved off the hot path
+- Settled blocks are rendered once
+  and never parsed again
+1. first numbered
+2. second numbered
+- [x] a task that is done
+
+> Quoted advice spans
+> two source lines.
+
+```python
+def greet(name):  # say hello
+    return "hello " + name * 3
+```
+
+| Module | Lines | Owner |
+|--------|------:|-------|
+| ui.py | 1200 | helper |
+| kernel.py | 300 | lead |
+
+---
+
+Final paragraph after the rule.
+"""
+
+
+# ---- helpers ----
+
+def screen_of(lines, width, height=None):
+    screen = pyte.Screen(width, height or len(lines) + 2)
+    pyte.ByteStream(screen).feed("\r\n".join(lines).encode())
+    return screen
+
+
+def render_markdown(text, width, style=COLOR):
+    stream = ui.MarkdownStream(style, width)
+    stream.feed(text)
+    stream.finish()
+    return stream.take_settled()
+
+
+def text_of(screen):
+    return "\n".join(line.rstrip() for line in screen.display).strip("\n")
+
+
+def event(type_, **payload):
+    return {"v": 1, "seq": 0, "id": "e", "ts": payload.pop("ts", 0), "session": "s",
+            "type": type_, **payload}
+
+
+class FakeController:
+    """Stands in for khaelor.py's controller at the ui boundary."""
+
+    def __init__(self, busy=False):
+        self.busy = busy
+        self.command_names = ["/help", "/model", "/exit"]
+        self.calls = []
+        self._subscribers = []
+
+    def subscribe(self, fn):
+        self._subscribers.append(fn)
+        return lambda: self._subscribers.remove(fn)
+
+    def emit(self, type_, **payload):
+        for fn in list(self._subscribers):
+            fn(event(type_, **payload))
+
+    def submit(self, text): self.calls.append(("submit", text))
+    def run_shell(self, command): self.calls.append(("shell", command))
+    def interrupt(self): self.calls.append(("interrupt",))
+    def quit(self): self.calls.append(("quit",))
+
+    def run_command(self, line):
+        self.calls.append(("command", line))
+        return ui.QUIT if line == "/exit" else "**Help** text"
+
+    def answer_permission(self, tool_use_id, choice, feedback):
+        self.calls.append(("permission", tool_use_id, choice, feedback))
+
+    def status(self):
+        return {"model": "claude-sonnet-5-5", "tokens": 12345, "cost": 0.42, "context_pct": 34,
+                "cache_share": 0.81, "processes": 2, "branch": "main"}
+
+    def mention_candidates(self, prefix):
+        return ["src/app.py", "src/ui/app_view.py", "tests/test_app.py", "README.md"]
+
+
+def app_screen(app, height=30):
+    screen = pyte.Screen(app.width, height)
+    stream = pyte.ByteStream(screen)
+    return screen, stream
+
+
+# ---- cell width and sanitising ----
+
+def test_cell_width_counts_wide_and_zero_width_characters():
+    assert ui.cell_width("abc") == 3
+    assert ui.cell_width("中文") == 4
+    assert ui.cell_width("🎉") == 2
+    assert ui.cell_width("e\u0301") == 1            # combining accent takes no cell
+    assert ui.visible_width(COLOR.paint("中a", "bold")) == 3
+
+
+def test_clip_cuts_by_cells_and_marks_the_cut():
+    assert ui.clip("hello world", 6) == "hello…"
+    assert ui.visible_width(ui.clip("中文中文中文", 5)) <= 5
+    styled = ui.clip(COLOR.paint("abcdefgh", "bold"), 4)
+    assert ui.visible_width(styled) == 4 and styled.endswith(ui.SGR_RESET)
+
+
+def test_sanitize_strips_escape_sequences_and_controls():
+    hostile = "ok\x1b[2J\x1b]0;title\x07\x1b]52;c;Zm9v\x1b\\ done\x07\x08 \u202eevil\x9b"
+    assert ui.sanitize(hostile) == "ok done evil"
+    assert ui.sanitize("50%\r100%\nnext") == "100%\nnext"
+    assert ui.sanitize("a\tb") == "a   b"
+    assert ui.sanitize("line\r\n") == "line\n"
+
+
+def test_model_text_cannot_inject_escape_sequences():
+    lines = render_markdown("hi \x1b[31mred\x1b[0m \x1b]52;c;eA==\x07there\n", 40, MONO)
+    assert "".join(lines) == "hi red there"
+
+
+# ---- markdown screens ----
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_markdown_elements_render_within_width(width):
+    lines = render_markdown(DOCUMENT, width)
+    assert all(ui.visible_width(line) <= width for line in lines)
+    screen = screen_of(lines, width)
+    text = text_of(screen)
+    joined = " ".join(text.split())
+    assert "Release notes" in text and "# Release" not in text      # heading without its marks
+    assert "The parser now handles nested input, inline code, and the docs" in joined
+    assert "(https://example.com/docs)" in joined
+    assert "• Faster start-up" in text
+    assert "Settled blocks are rendered once and never parsed again" in joined
+    assert "1. first numbered" in text and "☑ a task that is done" in text
+    assert "│ Quoted advice spans two source lines." in joined
+    assert 'def greet(name):  # say hello' in text                   # code keeps its spacing
+    assert "Module" in text and "─┼─" in text and "ui.py" in text
+    assert "─" * width in text
+    assert text.rstrip().endswith("Final paragraph after the rule.")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_markdown_styles_show_as_terminal_attributes(width):
+    lines = render_markdown(DOCUMENT, width)
+    screen = screen_of(lines, width)
+    rows = screen.display
+
+    def cell(word):
+        for y, row in enumerate(rows):
+            x = row.find(word)
+            if x >= 0:
+                return screen.buffer[y][x]
+        raise AssertionError(word)
+
+    assert cell("Release").bold and cell("Release").fg == "cyan"
+    assert cell("parser").bold
+    assert cell("nested").italics
+    assert cell("inline").fg == "cyan"                    # inline code
+    assert cell("docs").underscore
+    assert cell("return").fg == "magenta"                 # keyword
+    assert cell('"hello "').fg == "green"                 # string
+    assert cell("# say").fg != "magenta"                  # comment is dim, not a keyword
+
+
+def test_markdown_wraps_wide_characters_by_cells():
+    lines = render_markdown("中文字符" * 12 + "\n", 40)
+    screen = screen_of(lines, 40)
+    assert [ui.visible_width(line) for line in lines] == [40, 40, 16]
+    assert screen.display[0] == "中文字符" * 5
+
+
+def test_monochrome_keeps_meaning_without_escape_sequences():
+    lines = render_markdown(DOCUMENT, 80, MONO)
+    text = "\n".join(lines)
+    assert "\x1b" not in text
+    assert "# Release notes" in text and "**parser**" in text and "`inline code`" in text
+    assert "• Faster" in text and "│ Quoted" in text and "```python" in text
+
+
+def test_long_words_and_urls_break_instead_of_overflowing():
+    lines = render_markdown("x" * 95 + " tail\n", 40)
+    assert [ui.visible_width(line) for line in lines] == [40, 40, 15, ] or \
+        all(ui.visible_width(line) <= 40 for line in lines)
+    assert "".join(lines).replace(" ", "") == "x" * 95 + "tail"
+
+
+def test_table_shrinks_to_fit_a_narrow_terminal():
+    table = "| name | description |\n|---|---|\n| alpha | " + "word " * 30 + "|\n"
+    lines = render_markdown(table, 40)
+    assert all(ui.visible_width(line) <= 40 for line in lines)
+    assert len(lines) > 4                                  # the long cell wrapped in its column
+
+
+# ---- streaming ----
+
+def stream_in_chunks(text, width, rng, style=COLOR):
+    stream = ui.MarkdownStream(style, width)
+    settled, pos = [], 0
+    while pos < len(text):
+        n = rng.randint(1, 40)
+        stream.feed(text[pos:pos + n])
+        pos += n
+        settled += stream.take_settled()
+        stream.live_lines()                                # render the tail as frames would
+    stream.finish()
+    return settled + stream.take_settled()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_streaming_in_random_chunks_matches_rendering_at_once(seed):
+    rng = random.Random(seed)
+    long_line = " ".join(f"w{k}" for k in range(900))        # crosses MAX_LINE_CHARS mid-stream
+    document = DOCUMENT + "\n" + long_line + "\n\n" + DOCUMENT
+    for width in WIDTHS:
+        assert stream_in_chunks(document, width, rng) == render_markdown(document, width)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_streamed_session_ends_on_the_same_screen_as_one_render(seed):
+    """Through the whole pipe: timeline, live region frames, pyte."""
+    rng = random.Random(seed)
+
+    def run(chunks):
+        app = ui.App(FakeController(), style=COLOR, width=80, height=30)
+        screen, stream = app_screen(app, 200)
+        for chunk in chunks:
+            app.on_event(event("TextDelta", text=chunk))
+            stream.feed(app.render(0.0))
+        app.on_event(event("ModelTextBlockCompleted", text=DOCUMENT))
+        stream.feed(app.render(0.0))
+        return screen.display
+
+    pieces, pos = [], 0
+    while pos < len(DOCUMENT):
+        n = rng.randint(1, 30)
+        pieces.append(DOCUMENT[pos:pos + n])
+        pos += n
+    assert run(pieces) == run([DOCUMENT])
+
+
+def test_a_huge_code_block_keeps_the_live_tail_small():
+    stream = ui.MarkdownStream(COLOR, 80)
+    stream.feed("```python\n")
+    for k in range(5000):
+        stream.feed(f"x_{k} = {k}  # line\n")
+        assert len(stream.live_lines()) <= 1
+    stream.feed("partial = 1")
+    assert len(stream.live_lines()) == 1
+    stream.finish()
+    assert len(stream.take_settled()) == 5002
+
+
+def test_a_huge_paragraph_settles_in_bounded_pieces():
+    stream = ui.MarkdownStream(COLOR, 80)
+    for k in range(20000):
+        stream.feed(f"word{k} ")
+        if k % 500 == 0:
+            assert sum(len(line) for line in stream.live_lines()) < 2 * ui.MAX_LINE_CHARS
+    stream.finish()
+
+
+# ---- timeline: tool cards, diffs, thinking, errors ----
+
+def timeline_text(events, width=80, style=MONO):
+    return "\n".join(ui.render_transcript(events, width, style.color))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_tool_cards_are_one_line_with_facts(width):
+    events = [
+        event("ToolRequested", tool_use_id="t1", name="read", input={"file_path": "src/app.py"}),
+        event("ToolStarted", tool_use_id="t1", name="read"),
+        event("ToolCompleted", tool_use_id="t1", name="read", output="1\tx\n" * 120,
+              meta={"lines": 120}),
+        event("ToolRequested", tool_use_id="t2", name="bash", input={"command": "pytest -q"}),
+        event("ToolStarted", tool_use_id="t2", name="bash"),
+        event("ToolCompleted", tool_use_id="t2", name="bash",
+              output="collected 3 items\n...\n3 passed in 0.2s", meta={"exit_code": 0,
+                                                                        "duration_ms": 3200}),
+    ]
+    lines = ui.render_transcript(events, width, True)
+    assert all(ui.visible_width(line) <= width for line in lines)
+    text = text_of(screen_of(lines, width))
+    assert "● read src/app.py · 120 lines" in text
+    assert "● bash pytest -q · exit 0 · 3.2s" in text
+    assert "⎿ collected 3 items" in text or "3 passed in 0.2s" in text
+    assert "1\tx" not in text                              # reads show no preview
+
+
+def test_a_long_command_is_shortened_so_the_facts_still_show():
+    events = [event("ToolRequested", tool_use_id="t", name="bash",
+                    input={"command": "python -m pytest " + "tests/test_x.py " * 20}),
+              event("ToolFailed", tool_use_id="t", name="bash", output="E boom\nFAILED",
+                    meta={"exit_code": 1, "duration_ms": 900})]
+    first = ui.render_transcript(events, 40, False)[0]
+    assert first.startswith("✗ bash python -m py") and first.endswith("· exit 1 · 900ms")
+    assert ui.visible_width(first) <= 40
+
+
+def test_failed_and_cancelled_tools_say_so_without_colour():
+    text = timeline_text([
+        event("ToolRequested", tool_use_id="a", name="grep", input={"pattern": "TODO"}),
+        event("ToolFailed", tool_use_id="a", name="grep", output="bad regex", meta={}),
+        event("ToolRequested", tool_use_id="b", name="bash", input={"command": "sleep 100"}),
+        event("ToolCancelled", tool_use_id="b", reason="interrupted"),
+    ])
+    assert "✗ grep TODO · failed" in text and "bad regex" in text
+    assert "○ bash sleep 100 · cancelled (interrupted)" in text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_edits_show_a_coloured_unified_diff(width):
+    diff = ("--- a/src/app.py\n+++ b/src/app.py\n@@ -10,3 +10,3 @@\n context line\n"
+            "-old = 1\n+new = 2\n")
+    events = [
+        event("ToolRequested", tool_use_id="e", name="edit", input={"file_path": "src/app.py"}),
+        event("FileModified", tool_use_id="e", path="src/app.py", added=1, removed=1, diff=diff,
+              created=False),
+        event("ToolCompleted", tool_use_id="e", name="edit", output="ok", meta={}),
+    ]
+    lines = ui.render_transcript(events, width, True)
+    screen = screen_of(lines, width)
+    text = text_of(screen)
+    assert "● edit src/app.py · +1 −1" in text
+    assert "11 − old = 1" in text and "11 + new = 2" in text and "10   context line" in text
+    y_old = next(y for y, row in enumerate(screen.display) if "old = 1" in row)
+    y_new = next(y for y, row in enumerate(screen.display) if "new = 2" in row)
+    assert screen.buffer[y_old][screen.display[y_old].index("old")].fg == "red"
+    assert screen.buffer[y_new][screen.display[y_new].index("new")].fg == "green"
+
+
+def test_thinking_collapses_to_one_dim_line():
+    lines = ui.render_transcript([
+        event("ModelThinkingBlockCompleted", thinking="First I will read the file.\nThen edit.",
+              signature="sig"),
+        event("ModelThinkingBlockCompleted", redacted="xyz"),
+    ], 80, False)
+    assert lines == ["✻ Thinking · First I will read the file. Then edit.", "",
+                     "✻ Thinking · (redacted)"]
+
+
+def test_conversation_errors_and_steering_read_as_plain_words():
+    text = timeline_text([
+        event("UserMessageCreated", text="fix the bug"),
+        event("SteeringQueued", text="also add a test"),
+        event("ModelRequestFailed", kind="retryable", status=529, message="Overloaded",
+              retrying=True),
+        event("ModelRequestFailed", kind="auth", status=401, message="invalid x-api-key",
+              retrying=False),
+        event("TaskFailed", reason="the model stopped answering"),
+        event("Interrupted"),
+    ])
+    assert "› fix the bug" in text
+    assert "Queued instruction: also add a test" in text
+    assert "The API is unavailable right now (529): Overloaded · retrying" in text
+    assert "✗ The API did not accept the credentials (401): invalid x-api-key" in text
+    assert "Task failed: the model stopped answering" in text
+    assert "■ Interrupted" in text
+
+
+def test_replayed_text_blocks_render_like_streamed_ones():
+    streamed = [event("TextDelta", text=DOCUMENT[:50]), event("TextDelta", text=DOCUMENT[50:]),
+                event("ModelTextBlockCompleted", text=DOCUMENT)]
+    replayed = [event("ModelTextBlockCompleted", text=DOCUMENT)]
+    assert ui.render_transcript(streamed, 80) == ui.render_transcript(replayed, 80)
+
+
+def test_running_tools_show_live_with_output_tail():
+    timeline = ui.Timeline(MONO, 60)
+    timeline.apply(event("ToolRequested", tool_use_id="t", name="bash",
+                         input={"command": "npm test"}))
+    timeline.apply(event("ToolStarted", tool_use_id="t", name="bash"))
+    timeline.apply(event("ToolOutput", tool_use_id="t", text="one\ntwo\nthree\nfour\n"))
+    started = timeline.cards["t"].started
+    live = timeline.live_lines(started + 12.3, "⠋")
+    assert live[0] == "⠋ bash npm test · 12.3s"
+    assert "two" in live[1] and "four" in live[3]
+    assert timeline.activity(started + 12.3) == "running bash npm test · 12s"
+
+
+# ---- permission panel and status line ----
+
+PERMISSION = event("PermissionRequested", tool_use_id="t9", capability="process.execute",
+                   descriptor="bash: git push origin main",
+                   suggestion={"capability": "process.execute", "pattern": "git push *"},
+                   preview="git push origin main")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_permission_panel_shows_the_call_and_the_exact_rule(width):
+    lines = ui.render_permission_panel(PERMISSION, width, COLOR)
+    assert all(ui.visible_width(line) <= width for line in lines)
+    joined = " ".join(text_of(screen_of(lines, width)).replace("│", " ").split())
+    assert "⚠ Permission needed · process.execute" in joined
+    assert "bash: git push origin main" in joined
+    assert "y) allow once" in joined
+    assert "a) always allow process.execute git push *" in joined
+    assert "n) deny" in joined
+
+
+def test_permission_panel_shows_a_diff_preview_and_no_always_without_a_rule():
+    request = dict(PERMISSION, suggestion=None, capability="file.write.project",
+                   descriptor="edit: src/app.py", preview="@@ -1,1 +1,1 @@\n-a\n+b\n")
+    text = "\n".join(ui.render_permission_panel(request, 80, MONO))
+    assert "1 − a" in text and "1 + b" in text
+    assert "always" not in text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_line_fits_the_width_and_drops_the_least_useful_first(width):
+    status = FakeController().status()
+    line = ui.render_status_line(status, "running pytest -q · 12s", "⠋", width, COLOR)
+    plain = ui.SGR_RE.sub("", line)
+    assert ui.visible_width(line) <= width
+    assert plain.startswith("⠋ running pytest -q · 12s")
+    if width >= 200:
+        for part in ("claude-sonnet-5-5", "ctx 34%", "12.3k tok", "$0.42", "cache 81%",
+                     "2 procs", "⎇ main"):
+            assert part in plain
+    if width == 80:
+        assert "ctx 34%" in plain and "cache 81%" not in plain
+
+
+# ---- key decoder ----
+
+def decode(*chunks):
+    decoder = ui.KeyDecoder()
+    keys = []
+    for chunk in chunks:
+        keys += decoder.feed(chunk)
+    return keys + decoder.flush()
+
+
+def test_key_decoder_names_keys_and_sequences():
+    assert decode(b"hi\r") == [ui.Key("text", "hi"), ui.Key("enter")]
+    assert [k.name for k in decode(b"\x1b[A\x1bOB\x1b[1;5C\x1b[3~\x1b[Z")] == \
+        ["up", "down", "ctrl+right", "delete", "shift+tab"]
+    assert [k.name for k in decode(b"\x01\x05\x0b\x15\x17\x03\x04\x7f\n")] == \
+        ["ctrl+a", "ctrl+e", "ctrl+k", "ctrl+u", "ctrl+w", "ctrl+c", "ctrl+d", "backspace",
+         "ctrl+j"]
+    assert [k.name for k in decode(b"\x1bb\x1bf\x1b\r\x1b\x7f")] == \
+        ["alt+b", "alt+f", "alt+enter", "alt+backspace"]
+    assert [k.name for k in decode(b"\x1b[13;2u")] == ["shift+enter"]
+
+
+def test_key_decoder_waits_for_split_sequences_and_utf8():
+    assert decode(b"\x1b[", b"A") == [ui.Key("up")]
+    assert decode("é中".encode()[:3], "é中".encode()[3:]) == [ui.Key("text", "é"),
+                                                            ui.Key("text", "中")]
+    decoder = ui.KeyDecoder()
+    assert decoder.feed(b"\x1b") == [] and decoder.pending
+    assert decoder.flush() == [ui.Key("esc")]
+
+
+def test_key_decoder_collects_bracketed_paste_across_reads():
+    keys = decode(b"a\x1b[200~line1\r\nli", b"ne2\x1b[20", b"1~b")
+    assert keys == [ui.Key("text", "a"), ui.Key("paste", "line1\r\nline2"), ui.Key("text", "b")]
+    assert decode(b"\x1b[200~\x1b[A\x03\x1b[201~") == [ui.Key("paste", "\x1b[A\x03")]
+
+
+# ---- composer ----
+
+def K(name, text=""):
+    return ui.Key(name, text)
+
+
+def test_composer_readline_editing():
+    c = ui.Composer()
+    c.handle(K("text", "hello brave world"))
+    c.handle(K("ctrl+w"))
+    assert c.text == "hello brave "
+    c.handle(K("alt+b"))
+    assert c.cursor == 6
+    c.handle(K("ctrl+k"))
+    assert c.text == "hello "
+    c.handle(K("ctrl+y"))
+    assert c.text == "hello brave "
+    c.handle(K("ctrl+a"))
+    c.handle(K("text", ">> "))
+    c.handle(K("ctrl+e"))
+    c.handle(K("backspace"))
+    assert c.text == ">> hello brave"
+    c.handle(K("alt+b"))
+    c.handle(K("alt+f"))
+    assert c.cursor == len(c.text)
+    c.handle(K("left"))
+    c.handle(K("ctrl+u"))
+    assert c.text == "e"
+
+
+def test_composer_multiline_enter_sends_and_alt_enter_breaks_lines():
+    c = ui.Composer()
+    c.handle(K("text", "one"))
+    c.handle(K("alt+enter"))
+    c.handle(K("text", "two"))
+    c.handle(K("ctrl+j"))
+    c.handle(K("text", "three\\"))
+    assert c.handle(K("enter")) is None                # trailing backslash: newline
+    c.handle(K("text", "four"))
+    c.handle(K("up"))
+    c.handle(K("up"))
+    assert c.text[c.cursor:].startswith("wo") or c.text[:c.cursor].endswith("tw")
+    assert c.handle(K("enter")) == "one\ntwo\nthree\nfour"
+    assert c.text == "" and c.cursor == 0
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_composer_renders_with_the_prompt_marker_and_the_cursor_in_place(width):
+    c = ui.Composer()
+    rows, row, col = c.render(width, COLOR, "hint")
+    assert ui.SGR_RE.sub("", rows[0]).startswith("❯ ")
+    c.handle(K("text", "中" * width + "end"))
+    rows, row, col = c.render(width, COLOR)
+    assert ui.SGR_RE.sub("", rows[0]).startswith("❯ ")
+    assert all(ui.visible_width(r) <= width for r in rows)
+    assert col == 2 + 3 and rows[row].endswith("end")
+
+
+def test_composer_history_persists_across_sessions(tmp_path):
+    path = tmp_path / "history.jsonl"
+    first = ui.Composer(history_path=path)
+    for text in ("first prompt", "second\nprompt"):
+        first.handle(K("text", text.split("\n")[0]))
+        if "\n" in text:
+            first.handle(K("ctrl+j"))
+            first.handle(K("text", "prompt"))
+        first.handle(K("enter"))
+    with open(path, "a") as f:
+        f.write('{"torn')                                   # a crash mid-write
+    second = ui.Composer(history_path=path)
+    second.handle(K("text", "draft"))
+    second.handle(K("up"))
+    assert second.text == "second\nprompt"
+    second.handle(K("up"))                                  # moves within the entry first
+    second.handle(K("up"))
+    assert second.text == "first prompt"
+    second.handle(K("down"))
+    second.handle(K("down"))
+    second.handle(K("down"))
+    assert second.text == "draft"
+
+
+def test_large_pastes_collapse_and_expand_on_send():
+    c = ui.Composer()
+    pasted = "\n".join(f"line {k}" for k in range(40))
+    c.handle(K("text", "look: "))
+    c.handle(K("paste", pasted))
+    c.handle(K("paste", pasted))
+    assert c.text == "look: [Pasted 40 lines][Pasted 40 lines #2]"
+    c.handle(K("paste", "small\r\npaste"))
+    assert c.text.endswith("small\npaste")
+    assert c.handle(K("enter")) == "look: " + pasted + pasted + "small\npaste"
+
+
+def test_slash_commands_complete_from_the_callers_list():
+    c = ui.Composer(commands=lambda: ["/help", "/model", "mode"])
+    c.handle(K("text", "/mo"))
+    assert c.menu == ["/mode", "/model"]
+    c.handle(K("down"))
+    c.handle(K("tab"))
+    assert c.text == "/model"
+    c.set_text("/he")
+    assert c.handle(K("enter")) == "/help"
+
+
+def test_mentions_rank_fuzzy_matches_by_recency():
+    files = ["src/app.py", "src/ui/app_view.py", "tests/test_app.py", "docs/apple.md"]
+    c = ui.Composer(mentions=lambda prefix: files)
+    c.handle(K("text", "see @app"))
+    assert c.menu[0] == "src/app.py"
+    assert "docs/apple.md" in c.menu
+    c.handle(K("down"))
+    c.handle(K("enter"))                                   # accepts, does not send
+    assert c.text == "see @src/ui/app_view.py "
+    assert c.handle(K("enter")) == "see @src/ui/app_view.py "
+    c.handle(K("text", "@app"))
+    assert c.menu[0] == "src/ui/app_view.py"               # used recently: first now
+    c.handle(K("esc"))                                     # Esc is the app's; close via API
+    c.close_menu()
+    assert c.menu == []
+
+
+# ---- the app: keys to controller calls, and frames ----
+
+def test_enter_routes_messages_shell_commands_and_slash_commands():
+    ctrl = FakeController()
+    app = ui.App(ctrl, style=MONO, width=80)
+    for text in ("fix it", "!git status", "/help me"):
+        app.on_key(K("text", text))
+        app.on_key(K("enter"))
+    assert ctrl.calls == [("submit", "fix it"), ("shell", "git status"), ("command", "/help me")]
+    assert "Help text" in "\n".join(app.timeline.take_settled()).replace("*", "")
+    app.on_key(K("text", "/exit"))
+    app.on_key(K("enter"))
+    assert app.exit_code == 0
+
+
+def test_ctrl_c_clears_then_quits_and_ctrl_d_quits_when_empty():
+    ctrl = FakeController()
+    app = ui.App(ctrl, style=MONO)
+    app.on_key(K("text", "draft"))
+    app.on_key(K("ctrl+c"))
+    assert app.composer.text == "" and app.exit_code is None
+    app.on_key(K("ctrl+c"))
+    assert app.notice and app.exit_code is None
+    app.on_key(K("ctrl+c"))
+    assert app.exit_code == 0
+    other = ui.App(FakeController(), style=MONO)
+    other.on_key(K("text", "ab"))
+    other.on_key(K("left"))
+    other.on_key(K("ctrl+d"))                              # deletes under the cursor
+    assert other.composer.text == "a" and other.exit_code is None
+    other.on_key(K("ctrl+u"))
+    other.on_key(K("ctrl+d"))
+    assert other.exit_code == 0
+
+
+def test_esc_interrupts_only_while_busy():
+    ctrl = FakeController(busy=False)
+    app = ui.App(ctrl, style=MONO)
+    app.on_key(K("esc"))
+    assert ctrl.calls == []
+    ctrl.busy = True
+    app.on_key(K("esc"))
+    assert ctrl.calls == [("interrupt",)]
+    app.on_key(K("ctrl+c"))                                # first Ctrl-C also cancels the turn
+    assert ctrl.calls[-1] == ("interrupt",) and app.exit_code is None
+
+
+def test_permission_keys_answer_once_always_and_deny_with_feedback():
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO)
+    app.on_event(PERMISSION)
+    app.on_key(K("text", "x"))                             # other keys cannot approve
+    app.on_key(K("text", "a"))
+    app.on_event(dict(PERMISSION, tool_use_id="t10"))
+    app.on_key(K("text", "y"))
+    app.on_event(dict(PERMISSION, tool_use_id="t11"))
+    app.on_key(K("text", "n"))
+    app.on_key(K("text", "use git status"))
+    app.on_key(K("backspace"))
+    app.on_key(K("enter"))
+    assert ctrl.calls == [("permission", "t9", "always", ""), ("permission", "t10", "once", ""),
+                          ("permission", "t11", "deny", "use git statu")]
+    assert app.timeline.permissions == []
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_full_frame_shows_panel_status_and_composer(width):
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=COLOR, width=width, height=30)
+    screen, stream = app_screen(app)
+    ctrl.subscribe(app.on_event)
+    ctrl.emit("UserMessageCreated", text="push it")
+    ctrl.emit("TextDelta", text="I will push now.\n\nPartial line")
+    ctrl.emit("ToolRequested", tool_use_id="t9", name="bash",
+              input={"command": "git push origin main"})
+    ctrl.emit("PermissionRequested", **{k: v for k, v in PERMISSION.items()
+                                        if k not in ("v", "seq", "id", "ts", "session", "type")})
+    stream.feed(app.render(1.0))
+    text = text_of(screen)
+    assert "› push it" in text and "I will push now." in text
+    assert "Permission needed" in text and "git push" in text
+    assert "waiting for your answer" in text
+    assert any(row.startswith("❯ ") for row in screen.display)
+    app.on_key(K("text", "n"))
+    stream.feed(app.render(1.1))
+    assert "Tell the model" in " ".join(text_of(screen).split())
+    assert screen.cursor.y == next(y for y, row in enumerate(screen.display)
+                                   if "Tell the model" in row) + (2 if width == 40 else 1)
+
+
+def test_redraws_leave_no_stale_rows_and_settled_lines_print_once():
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=COLOR, width=60, height=20)
+    screen = pyte.HistoryScreen(60, 20, history=500)
+    stream = pyte.ByteStream(screen)
+    for k in range(60):
+        app.on_event(event("TextDelta", text=f"para {k} " + "word " * (k % 7) + "\n\n"))
+        stream.feed(app.render(k * 0.02))
+    app.on_key(K("text", "typed while streaming"))
+    stream.feed(app.render(2.0))
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    everything = history + [row.rstrip() for row in screen.display]
+    paragraph_rows = [row for row in everything if row.startswith("para ")]
+    assert [row.split()[1] for row in paragraph_rows] == [str(k) for k in range(60)]
+    assert sum(row.startswith("❯ ") for row in screen.display) == 1
+    assert screen.display[screen.cursor.y].startswith("❯ typed while streaming")
+
+
+def test_live_region_never_exceeds_the_terminal_height():
+    app = ui.App(FakeController(busy=True), style=COLOR, width=40, height=12)
+    app.on_event(event("TextDelta", text="```\n" + "code line\n" * 5 + "x" * 400))
+    for k in range(5):
+        app.on_event(event("ToolRequested", tool_use_id=f"t{k}", name="bash",
+                           input={"command": f"job {k}"}))
+        app.on_event(event("ToolStarted", tool_use_id=f"t{k}", name="bash"))
+    app.on_event(PERMISSION)
+    lines, cursor = app.frame(5.0)
+    assert len(lines) <= 11 and all(ui.visible_width(line) <= 40 for line in lines)
+    assert cursor[0] < len(lines)
+
+
+def test_resize_relayout_redraws_at_the_new_width():
+    app = ui.App(FakeController(), style=COLOR, width=80, height=20)
+    screen = pyte.Screen(80, 20)
+    stream = pyte.ByteStream(screen)
+    app.on_key(K("text", "hello " * 20))
+    stream.feed(app.render(0.0))
+    app.resize(40, 20)
+    screen.resize(20, 40)
+    lines, _ = app.frame(0.1)
+    assert all(ui.visible_width(line) <= 40 for line in lines)
+    stream.feed(app.render(0.1))
+    assert sum(row.startswith("❯ ") for row in screen.display) == 1
+
+
+def test_monochrome_frames_contain_no_colour():
+    app = ui.App(FakeController(busy=True), style=MONO, width=80)
+    app.on_event(event("TextDelta", text="**bold** text\n"))
+    app.on_event(PERMISSION)
+    data = app.render(0.3).decode()
+    assert ui.SGR_RE.search(data) is None
+
+
+# ---- run_app in a real pseudo-terminal ----
+
+CHILD = textwrap.dedent("""
+    import asyncio, json, os, sys
+    sys.path.insert(0, {root!r})
+    import ui
+
+    class Controller:
+        busy = False
+        command_names = ["/help"]
+        def __init__(self): self.calls = []
+        def subscribe(self, fn):
+            self.fn = fn
+            return lambda: None
+        def submit(self, text):
+            self.calls.append(["submit", text])
+            self.fn({{"type": "UserMessageCreated", "text": text}})
+            if text == "crash":
+                raise RuntimeError("boom")
+        def run_shell(self, command): self.calls.append(["shell", command])
+        def run_command(self, line): self.calls.append(["command", line])
+        def interrupt(self): self.calls.append(["interrupt"])
+        def answer_permission(self, *args): self.calls.append(["permission", *args])
+        def status(self):
+            if self.calls and self.calls[-1] == ["submit", "break status"]:
+                raise ValueError("status broke")
+            return {{"model": "m"}}
+        def mention_candidates(self, prefix): return []
+        def quit(self): self.calls.append(["quit"])
+
+    controller = Controller()
+    try:
+        code = asyncio.run(ui.run_app(controller, history_path={history!r}, color=True))
+    finally:
+        with open({result!r}, "w") as f:
+            json.dump(controller.calls, f)
+    sys.exit(code)
+""")
+
+
+class PtyChild:
+    def __init__(self, tmp_path):
+        self.master, self.slave = os.openpty()
+        termios.tcsetattr(self.slave, termios.TCSANOW, termios.tcgetattr(self.slave))
+        self.original = termios.tcgetattr(self.slave)
+        self.result = tmp_path / "calls.json"
+        script = CHILD.format(root=str(ROOT), history=str(tmp_path / "history"),
+                              result=str(self.result))
+        self.proc = subprocess.Popen([sys.executable, "-c", script], stdin=self.slave,
+                                     stdout=self.slave, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        self.output = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.output += data
+
+    def wait_for(self, needle: bytes, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while needle not in self.output:
+            assert time.monotonic() < deadline, (needle, bytes(self.output[-500:]))
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            time.sleep(0.01)
+
+    def send(self, data: bytes):
+        os.write(self.master, data)
+
+    def mode(self):
+        return termios.tcgetattr(self.slave)
+
+    def finish(self, timeout=10.0):
+        code = self.proc.wait(timeout)
+        stderr = self.proc.stderr.read().decode()
+        calls = json.loads(self.result.read_text()) if self.result.exists() else None
+        os.close(self.slave)
+        os.close(self.master)
+        return code, calls, stderr
+
+
+def is_raw(mode):
+    lflag = mode[3]
+    return not lflag & termios.ICANON and not lflag & termios.ECHO and not lflag & termios.ISIG
+
+
+def test_run_app_raw_mode_is_restored_after_ctrl_d(tmp_path):
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    assert is_raw(child.mode())
+    assert b"\x1b[?2004h" in child.output
+    child.send(b"hello there\r")
+    child.wait_for(b"hello there")
+    child.send(b"\x1b[200~pasted\ntext\x1b[201~\r")
+    child.wait_for(b"pasted")
+    child.send(b"\x1a")                    # Ctrl-Z: orphaned group ignores SIGTSTP; still works
+    child.send(b"crash\r")
+    child.wait_for(b"submit failed: boom")
+    child.send(b"\x04")
+    child.proc.wait(10)
+    assert child.mode() == child.original
+    code, calls, stderr = child.finish()
+    assert code == 0, stderr
+    assert calls == [["submit", "hello there"], ["submit", "pasted\ntext"], ["submit", "crash"],
+                     ["quit"]]
+    assert b"\x1b[?2004l" in child.output
+    assert (tmp_path / "history").read_text().count("\n") == 3
+
+
+def test_run_app_restores_the_terminal_on_sigterm(tmp_path):
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    assert is_raw(child.mode())
+    child.proc.send_signal(signal.SIGTERM)
+    child.proc.wait(10)
+    assert child.mode() == child.original
+    code, calls, _ = child.finish()
+    assert code == 143 and calls == [["quit"]]
+
+
+def test_run_app_restores_the_terminal_when_the_controller_raises(tmp_path):
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    child.send(b"break status\r")
+    child.proc.wait(10)
+    assert child.mode() == child.original
+    code, calls, stderr = child.finish()
+    assert code != 0 and "status broke" in stderr

@@ -1,0 +1,1978 @@
+"""ui.py: KHAELOR's hand-written ANSI terminal interface: inline, never full-screen.
+
+Owns: drawing (finished lines printed once into the terminal's scrollback above a bounded live
+region), streaming markdown with settled blocks, the fold from events to timeline lines, the
+composer and its key decoder, the permission panel, the status line, raw mode and restoring it.
+Must not: import anything of ours but `events` (it needs nothing from it), touch the network,
+write any file but the composer history file it is given, or do anything at import time.
+
+Public API (only khaelor.py imports this module):
+
+    code = await run_app(controller, *, stdin_fd=0, stdout=None, history_path=None,
+                         replay=(), color=None)
+        The interactive session. Raw mode + bracketed paste on `stdin_fd` (must be a terminal),
+        frames written to `stdout` (a binary stream with a fileno; default sys.stdout.buffer).
+        `replay`: earlier events of a resumed session, printed first as scrollback. `color`:
+        None = auto (stdout is a TTY and NO_COLOR is unset). Calls controller.quit() and returns
+        0 when the user quits (Ctrl-D, a second Ctrl-C, a command returning QUIT), 143 on
+        SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
+        every path, exceptions included.
+    render_transcript(events, width, color=False) -> list[str]   earlier conversation as lines
+    print_events(events, stdout=None, width=None, color=None)     the same, written out
+    Controller, QUIT                                               see below
+
+Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
+error line. run_command may return a str (shown as markdown) or QUIT (ends the app).
+Tool metadata read from ToolCompleted/ToolFailed `meta`: lines, matches, files, exit_code,
+duration_ms, timed_out, truncated; FileModified adds +added −removed and the coloured diff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import collections
+import functools
+import inspect
+import json
+import os
+import re
+import signal
+import sys
+import termios
+import threading
+import time
+import tty
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Protocol
+
+
+# ════ The controller: what khaelor.py implements for the UI ════
+
+class Controller(Protocol):
+    busy: bool                 # a turn is running: Enter queues steering, Esc interrupts
+    command_names: list[str]   # slash commands offered for completion, e.g. ["/help", "/model"]
+
+    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...  # every event
+    def submit(self, text: str) -> object: ...             # a user message (steering when busy)
+    def run_shell(self, command: str) -> object: ...       # "!cmd" typed in the composer
+    def run_command(self, line: str) -> object: ...        # "/cmd args"; str result is shown
+    def interrupt(self) -> object: ...                     # Esc while busy
+    def answer_permission(self, tool_use_id: str, choice: str, feedback: str) -> object: ...
+    def status(self) -> dict: ...   # model, tokens, cost, context_pct, cache_share, processes, branch
+    def mention_candidates(self, prefix: str) -> list[str]: ...   # paths for "@" completion
+    def quit(self) -> object: ...                          # the user is leaving
+
+
+QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()   # run_command's "end the app"
+
+
+# ════ Escape sequences: the one table (nothing else in this file spells "\x1b[") ════
+
+CSI = "\x1b["
+CURSOR_UP = CSI + "{}A"
+CURSOR_DOWN = CSI + "{}B"
+CURSOR_FORWARD = CSI + "{}C"
+CARRIAGE_RETURN = "\r"
+NEWLINE = "\r\n"                    # raw mode turns off output processing: a newline needs its CR
+ERASE_DOWN = CSI + "J"
+CLEAR_SCREEN = CSI + "H" + CSI + "2J"
+SHOW_CURSOR = CSI + "?25h"
+BRACKETED_PASTE_ON = CSI + "?2004h"
+BRACKETED_PASTE_OFF = CSI + "?2004l"
+SYNC_BEGIN = CSI + "?2026h"         # synchronized output: terminals that know it paint a frame whole
+SYNC_END = CSI + "?2026l"
+SGR = CSI + "{}m"
+SGR_RESET = CSI + "0m"
+PASTE_BEGIN = CSI + "200~"
+PASTE_END = CSI + "201~"
+
+SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
+INPUT_CSI_RE = re.compile(r"\x1b\[([0-?]*)[ -/]*([@-~])")
+INPUT_CSI_PARTIAL_RE = re.compile(r"\x1b\[[0-?]*[ -/]*\Z")
+# Anything a program might print to move the cursor, retitle the window or write the clipboard:
+# CSI, OSC (BEL or ST terminated), DCS/SOS/PM/APC strings, two-byte escapes, a lone ESC.
+ESCAPE_SEQUENCE_RE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
+    r"|\x1b[ -/]*[0-~]|\x1b")
+# C0/C1 controls except tab and newline, and the bidi overrides that can disguise text.
+CONTROL_CHAR_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+# Semantic style roles -> SGR parameters. Monochrome draws none of them, so every role that
+# carries meaning also has a symbol (● ✗ ○ + − ⚠ ›) that survives without colour.
+ROLE_SGR = {
+    "bold": "1", "dim": "2", "italic": "3", "underline": "4", "strike": "9",
+    "heading": "1;36", "code": "36", "link": "34;4", "bullet": "36", "quote": "2",
+    "keyword": "35", "string": "32", "comment": "2;3", "number": "33",
+    "added": "32", "removed": "31", "hunk": "36", "ok": "32", "error": "31", "warning": "33",
+    "prompt": "1;35", "user": "1", "selected": "7",
+}
+
+
+# ════ Cell width and untrusted text ════
+
+@functools.lru_cache(maxsize=8192)
+def char_width(ch: str) -> int:
+    """Terminal cells for one code point: 0 combining/format, 2 wide or fullwidth (CJK, emoji)."""
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def cell_width(text: str) -> int:
+    return len(text) if text.isascii() else sum(map(char_width, text))
+
+
+def visible_width(line: str) -> int:
+    """Cells of a styled line (SGR sequences take none)."""
+    return cell_width(SGR_RE.sub("", line) if "\x1b" in line else line)
+
+
+def split_at_width(text: str, cells: int) -> tuple[str, str]:
+    """The longest head of `text` fitting `cells` (may be empty: a wide char needs two)."""
+    if text.isascii():
+        cut = max(0, cells)
+        return text[:cut], text[cut:]
+    used = 0
+    for i, ch in enumerate(text):
+        used += char_width(ch)
+        if used > cells:
+            return text[:i], text[i:]
+    return text, ""
+
+
+def clip(line: str, width: int) -> str:
+    """Cut a styled line to `width` cells, marking the cut with an ellipsis."""
+    if visible_width(line) <= width:
+        return line
+    out, used = [], 0
+    for piece in re.split(r"(\x1b\[[0-9;]*m)", line):
+        if piece.startswith("\x1b"):
+            out.append(piece)
+            continue
+        for ch in piece:
+            w = char_width(ch)
+            if used + w > width - 1:
+                return "".join(out) + "…" + (SGR_RESET if "\x1b" in line else "")
+            out.append(ch)
+            used += w
+    return "".join(out)
+
+
+def sanitize(text: str) -> str:
+    """Model and tool text is untrusted: drop escape sequences and control characters, let a
+    carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
+    if "\x1b" in text:
+        text = ESCAPE_SEQUENCE_RE.sub("", text)
+    if "\r" in text:
+        text = "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line
+                         for line in text.replace("\r\n", "\n").split("\n"))
+    text = CONTROL_CHAR_RE.sub("", text)
+    return text.expandtabs(4) if "\t" in text else text
+
+
+# ════ Styles ════
+
+@dataclass(frozen=True)
+class Style:
+    color: bool = True   # False: NO_COLOR or not a TTY; no escape sequences in any text
+
+    def paint(self, text: str, *roles: str) -> str:
+        if not self.color or not roles or not text:
+            return text
+        return SGR.format(";".join(ROLE_SGR[r] for r in roles)) + text + SGR_RESET
+
+
+def detect_color(stream, env=None) -> bool:
+    env = os.environ if env is None else env
+    try:
+        return not env.get("NO_COLOR") and stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+Span = tuple[str, tuple[str, ...]]   # a run of text and the style roles it carries
+
+
+def join_runs(runs: list[list], style: Style) -> str:
+    return "".join(style.paint(text, *roles) for text, roles in runs)
+
+
+def _add_run(runs: list[list], text: str, roles: tuple) -> None:
+    if runs and runs[-1][1] == roles:
+        runs[-1][0] += text
+    else:
+        runs.append([text, roles])
+
+
+def wrap_spans(spans: Iterable[Span], width: int, style: Style,
+               first: str = "", rest: str = "") -> list[str]:
+    """Word-wrap styled spans to `width` cells; whitespace collapses to single spaces.
+    `first` and `rest` are styled prefixes for the first and following lines."""
+    lines: list[str] = []
+    rest_width = visible_width(rest)
+    prefix, start = first, visible_width(first)
+    width = max(width, start + 1, rest_width + 1)
+    used, runs, space = start, [], False
+    for text, roles in spans:
+        if text[:1].isspace():
+            space = True
+        for word in text.split():
+            w = cell_width(word)
+            gap = 1 if space and used > start else 0
+            if used + gap + w > width and used > start:
+                lines.append(prefix + join_runs(runs, style))
+                prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
+            if gap:
+                _add_run(runs, " ", runs[-1][1] if runs and runs[-1][1] == roles else ())
+            while used + gap + w > width:       # a word longer than a whole line: break it
+                head, rest_of_word = split_at_width(word, width - used - gap)
+                if not head and used == start:  # narrower than one wide char: overflow by one
+                    head, rest_of_word = word[:1], word[1:]
+                word = rest_of_word
+                if head:
+                    _add_run(runs, head, roles)
+                lines.append(prefix + join_runs(runs, style))
+                prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
+                w = cell_width(word)
+            if word:
+                _add_run(runs, word, roles)
+                used += gap + w
+            space = True
+        space = text[-1:].isspace() if text else space
+    lines.append(prefix + join_runs(runs, style))
+    return lines
+
+
+def hard_wrap_spans(spans: Iterable[Span], width: int, style: Style, indent: str = "") -> list[str]:
+    """Wrap preserving every space (code, diffs); continuation lines start with `indent`."""
+    lines: list[str] = []
+    runs: list[list] = []
+    used, width = 0, max(width, len(indent) + 1)
+    for text, roles in spans:
+        while text:
+            room = width - used
+            if cell_width(text) <= room:
+                head, text = text, ""
+            else:
+                head, text = split_at_width(text, room) if room > 0 else ("", text)
+                if not head and used == len(indent):
+                    head, text = text[:1], text[1:]
+            if head:
+                _add_run(runs, head, roles)
+                used += cell_width(head)
+            if text:
+                lines.append(join_runs(runs, style))
+                runs, used = ([[indent, ()]] if indent else []), len(indent)
+    lines.append(join_runs(runs, style))
+    return lines
+
+
+# ════ Markdown: inline styles, blocks, code, tables, diffs ════
+
+FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
+HEADING_RE = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
+HR_RE = re.compile(r"^ {0,3}([-*_])(?:\s*\1){2,}\s*$")
+LIST_RE = re.compile(r"^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$")
+QUOTE_RE = re.compile(r"^ {0,3}>\s?(.*)$")
+TABLE_SEPARATOR_RE = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+INLINE_RE = re.compile(
+    r"(?P<ticks>`+)(?P<code>.+?)(?P=ticks)"
+    r"|\*\*(?P<bold>\S(?:.*?\S)?)\*\*|__(?P<bold2>\S(?:.*?\S)?)__|~~(?P<strike>\S(?:.*?\S)?)~~"
+    r"|(?<![\w*])\*(?P<italic>[^\s*](?:.*?[^\s*])?)\*(?![\w*])"
+    r"|(?<!\w)_(?P<italic2>[^\s_](?:.*?[^\s_])?)_(?!\w)"
+    r"|\[(?P<link>[^\]]+)\]\((?P<url>[^)\s]+)\)")
+
+KEYWORDS = frozenset("""
+    and as assert async await break case catch class const continue def default defer del do
+    elif else enum except export extends false final finally fn for from func function go if impl
+    import in interface is lambda let loop match mod mut new nil none not null or package pass pub
+    raise return self static struct super switch this throw true try type typeof use var void
+    while with yield True False None""".split())
+HASH_COMMENT_LANGS = frozenset("""python py sh bash zsh shell console ruby rb yaml yml toml perl
+    r make makefile dockerfile ini conf cfg elixir ex nim ps1 powershell""".split())
+SLASH_COMMENT_LANGS = frozenset("""c h cpp cc hpp cs java js jsx ts tsx javascript typescript go
+    rust rs swift kotlin kt scala dart php json jsonc zig""".split())
+DASH_COMMENT_LANGS = frozenset("sql lua haskell hs elm".split())
+
+
+def _code_token_re(comment: str) -> re.Pattern:
+    return re.compile(
+        rf"(?P<comment>(?:{comment}).*$)"
+        r"|(?P<string>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
+        r"|(?P<number>\b\d[\w.]*)|(?P<word>\b[A-Za-z_]\w*)")
+
+
+CODE_TOKEN_RES = {"#": _code_token_re("#"), "//": _code_token_re("//"),
+                  "--": _code_token_re(r"--\s"), "": _code_token_re("#|//")}
+
+
+def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
+    """Bold, italic, strike, `code` and [links](url) as spans. Monochrome keeps the markdown as
+    written: the markers are the meaning there."""
+    if not style.color or not any(c in text for c in "*_`[~"):
+        return [(text, roles)]
+    spans: list[Span] = []
+    pos = 0
+    for m in INLINE_RE.finditer(text):
+        if m.start() > pos:
+            spans.append((text[pos:m.start()], roles))
+        if m.group("ticks"):
+            code = m.group("code")
+            spans.append((code[1:-1] if code[:1] == code[-1:] == " " and len(code) > 2 else code,
+                          roles + ("code",)))
+        elif m.group("link"):
+            spans.extend(inline_spans(m.group("link"), style, roles + ("link",)))
+            url = m.group("url")
+            if url != m.group("link") and not url.startswith("#"):
+                spans.append((f" ({url})", roles + ("dim",)))
+        else:
+            name = next(k for k in ("bold", "bold2", "strike", "italic", "italic2") if m.group(k))
+            role = {"bold2": "bold", "italic2": "italic"}.get(name, name)
+            spans.extend(inline_spans(m.group(name), style, roles + (role,)))
+        pos = m.end()
+    if pos < len(text):
+        spans.append((text[pos:], roles))
+    return spans
+
+
+def highlight_code(line: str, lang: str) -> list[Span]:
+    """Light syntax colouring of one line: comments, strings, numbers, keywords."""
+    lang = lang.lower()
+    if lang in ("diff", "patch"):
+        role = {"+": "added", "-": "removed", "@": "hunk"}.get(line[:1])
+        return [(line, (role,) if role else ())]
+    comment = ("#" if lang in HASH_COMMENT_LANGS else "//" if lang in SLASH_COMMENT_LANGS
+               else "--" if lang in DASH_COMMENT_LANGS else "")
+    spans: list[Span] = []
+    pos = 0
+    for m in CODE_TOKEN_RES[comment].finditer(line):
+        kind = m.lastgroup
+        if kind == "word" and m.group() not in KEYWORDS:
+            continue
+        if m.start() > pos:
+            spans.append((line[pos:m.start()], ()))
+        spans.append((m.group(), ("keyword",) if kind == "word" else (kind,)))
+        pos = m.end()
+    if pos < len(line):
+        spans.append((line[pos:], ()))
+    return spans
+
+
+def render_code_line(line: str, lang: str, width: int, style: Style) -> list[str]:
+    spans = highlight_code(line, lang) if style.color else [(line, ())]
+    return hard_wrap_spans(spans, width, style)
+
+
+def render_fence_line(line: str, width: int, style: Style) -> list[str]:
+    return [clip(style.paint(line.strip(), "dim"), width)]
+
+
+def render_heading(marks: str, text: str, width: int, style: Style) -> list[str]:
+    if not style.color:
+        return wrap_spans([(f"{marks} {text}", ())], width, style)
+    roles = {1: ("heading", "underline"), 2: ("heading",)}.get(len(marks), ("bold",))
+    return wrap_spans(inline_spans(text, style, roles), width, style)
+
+
+def render_list_item(indent: str, marker: str, text: str, width: int, style: Style) -> list[str]:
+    level = min(len(indent.expandtabs(4)) // 2, 6)
+    bullet = marker if marker[0].isdigit() else ("•" if level % 2 == 0 else "◦")
+    for box, symbol in (("[ ] ", "☐ "), ("[x] ", "☑ "), ("[X] ", "☑ ")):
+        if text.startswith(box):
+            bullet, text = symbol.strip(), text[len(box):]
+    first = "  " * level + style.paint(bullet, "bullet") + " "
+    return wrap_spans(inline_spans(text, style), width, style, first, " " * visible_width(first))
+
+
+def _table_cells(line: str) -> list[str]:
+    row = line.strip()
+    row = row[1:] if row.startswith("|") else row
+    row = row[:-1] if row.endswith("|") else row
+    return [cell.strip() for cell in row.split("|")]
+
+
+def render_table(header: str, rows: list[str], width: int, style: Style) -> list[str]:
+    grid = [_table_cells(header)] + [_table_cells(r) for r in rows]
+    n_cols = max(len(r) for r in grid)
+    grid = [r + [""] * (n_cols - len(r)) for r in grid]
+    widths = [max(1, max(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
+    total = sum(widths) + 3 * (n_cols - 1)
+    while total > width and max(widths) > 3:      # shrink the widest column until it fits
+        widths[widths.index(max(widths))] -= 1
+        total -= 1
+    sep = style.paint(" │ ", "dim")
+    out = []
+    for r, row in enumerate(grid):
+        roles = ("bold",) if r == 0 and style.color else ()
+        cells = [wrap_spans(inline_spans(text, style, roles), w, style)
+                 for text, w in zip(row, widths)]
+        for k in range(max(len(c) for c in cells)):
+            parts = [(c[k] if k < len(c) else "") for c in cells]
+            out.append(sep.join(p + " " * (w - visible_width(p)) for p, w in zip(parts, widths))
+                       .rstrip())
+        if r == 0:
+            out.append(style.paint("─┼─".join("─" * w for w in widths), "dim"))
+    return [clip(line, width) for line in out]
+
+
+def _starts_block(lines: list[str], i: int) -> bool:
+    line = lines[i]
+    return bool(not line.strip() or HEADING_RE.match(line) or HR_RE.match(line)
+                or FENCE_RE.match(line) or QUOTE_RE.match(line) or LIST_RE.match(line)
+                or _starts_table(lines, i))
+
+
+def _starts_table(lines: list[str], i: int) -> bool:
+    return "|" in lines[i] and i + 1 < len(lines) and bool(TABLE_SEPARATOR_RE.match(lines[i + 1]))
+
+
+def render_block(lines: list[str], width: int, style: Style) -> list[str]:
+    """Render markdown lines holding no open fence (a settled block or the live tail)."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            out.append("")
+            i += 1
+        elif m := HEADING_RE.match(line):
+            out += render_heading(m.group(1), m.group(2), width, style)
+            i += 1
+        elif HR_RE.match(line):
+            out.append(style.paint("─" * width, "dim"))
+            i += 1
+        elif FENCE_RE.match(line):
+            out += render_fence_line(line, width, style)
+            i += 1
+        elif _starts_table(lines, i):
+            j = i + 2
+            while j < len(lines) and "|" in lines[j] and lines[j].strip():
+                j += 1
+            out += render_table(line, lines[i + 2:j], width, style)
+            i = j
+        elif QUOTE_RE.match(line):
+            inner = []
+            while i < len(lines) and (m := QUOTE_RE.match(lines[i])):
+                inner.append(m.group(1))
+                i += 1
+            bar = style.paint("│ ", "quote")
+            out += [bar + row for row in render_block(inner, max(width - 2, 8), style)]
+        elif m := LIST_RE.match(line):
+            parts, i = [m.group(3)], i + 1
+            while i < len(lines) and not _starts_block(lines, i):   # continuation lines
+                parts.append(lines[i].strip())
+                i += 1
+            out += render_list_item(m.group(1), m.group(2), " ".join(parts), width, style)
+        else:
+            j = i + 1
+            while j < len(lines) and not _starts_block(lines, j):
+                j += 1
+            text = " ".join(row.strip() for row in lines[i:j])
+            out += wrap_spans(inline_spans(text, style), width, style)
+            i = j
+    return out
+
+
+def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> list[str]:
+    """A unified diff with line numbers: + added, − removed (signs carry it without colour)."""
+    out: list[str] = []
+    old = new = 0
+    in_hunk = False
+    rows = sanitize(diff).split("\n")
+    for n, raw in enumerate(rows):
+        if len(out) >= max_lines:
+            out.append(style.paint(f"     … {len(rows) - n} more diff lines", "dim"))
+            break
+        if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
+            old, new, in_hunk = int(m.group(1)), int(m.group(2)), True
+            out.append(style.paint(clip(raw, width), "hunk"))
+            continue
+        if not in_hunk or not raw:
+            continue
+        sign, body = raw[0], raw[1:]
+        if sign == "+":
+            number, roles, new = new, ("added",), new + 1
+        elif sign == "-":
+            number, roles, old = old, ("removed",), old + 1
+        elif sign == "\\":
+            out.append(style.paint(clip(raw, width), "dim"))
+            continue
+        else:
+            number, roles, old, new = new, (), old + 1, new + 1
+        shown = {"+": "+", "-": "−"}.get(sign, " ")
+        out += hard_wrap_spans([(f"{number:>4} {shown} ", roles), (body, roles)], width, style,
+                               indent=" " * 7)
+    return out
+
+
+# ════ Markdown stream: settled blocks and a live tail ════
+
+MAX_BLOCK_LINES = 40       # source lines in the live block before it settles anyway
+MAX_BLOCK_CHARS = 3000     # characters likewise: bounds the per-frame re-render of the tail
+MAX_LINE_CHARS = 2000      # a line longer than this (no newline yet) is cut at a space
+
+
+class MarkdownStream:
+    """Assistant text arriving in deltas. Complete source lines are classified once; a block
+    settles (closed fence, blank line, heading, rule, the caps above) and is rendered exactly once
+    at the width of that moment. Lines inside a fence settle one by one, so a 5,000-line code
+    block costs the same per frame as a 5-line one. Only the unsettled tail is re-rendered.
+    Every decision depends on the text alone, never on how it was chunked."""
+
+    def __init__(self, style: Style, width: int):
+        self.style, self.width = style, width
+        self._settled: list[str] = []
+        self._block: list[str] = []      # complete source lines of the unsettled block
+        self._block_chars = 0
+        self._generation = 0             # bumps when the block settles (live-render cache key)
+        self._partial = ""               # the incomplete last line
+        self._fence = ""                 # closing marker of the open fence, "" outside one
+        self._lang = ""
+        self._emitted = False
+        self._blank_pending = False
+        self._live_cache: tuple = ((), [])
+
+    def feed(self, text: str) -> None:
+        if "\n" in text:
+            *complete, self._partial = (self._partial + text).split("\n")
+            for line in complete:
+                self._take_long_line(line, complete=True)
+        else:
+            self._partial += text
+        if len(self._partial) > MAX_LINE_CHARS:
+            self._partial = self._take_long_line(self._partial, complete=False)
+
+    def finish(self) -> None:
+        if self._partial:
+            self._take_long_line(self._partial, complete=True)
+            self._partial = ""
+        self._settle_block()
+        self._fence = ""
+
+    def take_settled(self) -> list[str]:
+        lines, self._settled = self._settled, []
+        return lines
+
+    def live_lines(self) -> list[str]:
+        key = (self._generation, len(self._block), self._partial, self.width, self._fence)
+        if key != self._live_cache[0]:
+            partial = sanitize(self._partial)
+            if self._fence:
+                lines = render_code_line(partial, self._lang, self.width, self.style) if partial else []
+            else:
+                tail = self._block + ([partial] if partial.strip() else [])
+                lines = render_block(tail, self.width, self.style)
+            self._live_cache = (key, lines)
+        return self._live_cache[1]
+
+    def _take_long_line(self, line: str, complete: bool) -> str:
+        """Cut over-long lines at a space (a soft line break in markdown, so nothing changes
+        meaning); returns what is left when the line is not yet complete."""
+        while len(line) > MAX_LINE_CHARS:
+            cut = line.rfind(" ", 0, MAX_LINE_CHARS)
+            head, line = (line[:cut], line[cut + 1:]) if cut > 0 else \
+                (line[:MAX_LINE_CHARS], line[MAX_LINE_CHARS:])
+            self._take_line(sanitize(head))
+        if complete:
+            self._take_line(sanitize(line))
+            return ""
+        return line
+
+    def _take_line(self, line: str) -> None:
+        if self._fence:
+            if line.strip().startswith(self._fence) and not line.strip().strip(self._fence[0]):
+                self._emit(render_fence_line(line, self.width, self.style))
+                self._fence = ""
+            else:
+                self._emit(render_code_line(line, self._lang, self.width, self.style))
+        elif not line.strip():
+            self._settle_block()
+            self._blank_pending = self._emitted
+        elif m := FENCE_RE.match(line):
+            self._settle_block()
+            self._fence, self._lang = m.group(1), m.group(2)
+            self._emit(render_fence_line(line, self.width, self.style))
+        elif HEADING_RE.match(line) or HR_RE.match(line):
+            self._settle_block()
+            self._emit(render_block([line], self.width, self.style))
+        else:
+            self._block.append(line)
+            self._block_chars += len(line)
+            if len(self._block) >= MAX_BLOCK_LINES or self._block_chars >= MAX_BLOCK_CHARS:
+                self._settle_block()
+
+    def _settle_block(self) -> None:
+        if self._block:
+            self._emit(render_block(self._block, self.width, self.style))
+            self._block, self._block_chars = [], 0
+            self._generation += 1
+
+    def _emit(self, lines: list[str]) -> None:
+        if self._blank_pending:     # blank lines are written only between blocks, never trailing
+            self._settled.append("")
+            self._blank_pending = False
+        self._settled.extend(lines)
+        self._emitted = True
+
+
+# ════ Timeline: events folded into settled lines and live state ════
+
+THINKING_TAIL_CHARS = 400
+PREVIEW_LINES = 3
+USER_MESSAGE_MAX_LINES = 30
+SUMMARY_KEYS = {"read": "file_path", "write": "file_path", "edit": "file_path",
+                "grep": "pattern", "glob": "pattern", "bash": "command"}
+HEAD_PREVIEW_TOOLS = frozenset({"grep", "glob"})       # the first lines say most
+QUIET_TOOLS = frozenset({"read", "write", "edit"})      # the card (and diff) say it all
+ERROR_WORDS = {
+    "retryable": "The API is unavailable right now",
+    "context_overflow": "The conversation no longer fits in the model's context",
+    "auth": "The API did not accept the credentials",
+    "invalid_request": "The API rejected the request",
+}
+
+
+def format_duration(ms: float) -> str:
+    seconds = ms / 1000
+    if seconds < 1:
+        return f"{int(ms)}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    return f"{int(seconds // 60)}m {int(seconds % 60)}s"
+
+
+def tool_summary(name: str, tool_input: dict) -> str:
+    """One line saying what a call does: `src/app.py`, `pytest -q`, `start npm run dev`."""
+    tool_input = tool_input if isinstance(tool_input, dict) else {}
+    if name == "process":
+        parts = [tool_input.get("action"), tool_input.get("id"), tool_input.get("command")]
+        text = " ".join(str(p) for p in parts if p)
+    elif name in SUMMARY_KEYS:
+        text = str(tool_input.get(SUMMARY_KEYS[name], ""))
+        if name == "grep" and tool_input.get("path"):
+            text += f" in {tool_input['path']}"
+    else:
+        text = next((v for v in tool_input.values() if isinstance(v, str)), "")
+    lines = sanitize(text).strip().split("\n")
+    return lines[0] + (" …" if len(lines) > 1 else "")
+
+
+def meta_facts(meta: dict) -> list[str]:
+    facts = []
+    for key, noun in (("lines", "lines"), ("matches", "matches"), ("files", "files")):
+        if isinstance(meta.get(key), int):
+            facts.append(f"{meta[key]} {noun}")
+    if meta.get("exit_code") is not None:
+        facts.append(f"exit {meta['exit_code']}")
+    if isinstance(meta.get("duration_ms"), (int, float)):
+        facts.append(format_duration(meta["duration_ms"]))
+    facts += [word for key, word in (("timed_out", "timed out"), ("truncated", "truncated"))
+              if meta.get(key)]
+    return facts
+
+
+@dataclass
+class ToolCard:
+    tool_use_id: str
+    name: str
+    summary: str
+    started: float | None = None        # time.monotonic() at ToolStarted (live elapsed)
+    started_ts: int | None = None       # the event's ts in unix ms (durations on replay)
+    output_tail: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=PREVIEW_LINES))
+    changes: list[dict] = field(default_factory=list)   # FileModified events of this call
+
+
+def card_head(symbol: str, name: str, summary: str, facts: list[str], width: int,
+              style: Style) -> str:
+    """`● bash pytest -q · exit 0 · 3.2s`: the summary shrinks so the facts always show."""
+    tail = "".join(" · " + f for f in facts)
+    room = width - cell_width(name) - cell_width(tail) - 3
+    summary = clip(summary, max(room, 8)) if summary else ""
+    return clip(f"{symbol} {style.paint(name, 'bold')} {summary}{style.paint(tail, 'dim')}", width)
+
+
+def render_preview(lines: list[str], n_total: int, width: int, style: Style) -> list[str]:
+    out = []
+    for k, line in enumerate(lines):
+        out.append(style.paint(clip(("  ⎿ " if k == 0 else "    ") + line, width), "dim"))
+    if n_total > len(lines):
+        out.append(style.paint(f"    … {n_total - len(lines)} more lines", "dim"))
+    return out
+
+
+class Timeline:
+    """The conversation as the user sees it. `apply` folds one event; finished lines queue in
+    `take_settled()` (printed once into scrollback); `live_lines()` is what is still moving."""
+
+    def __init__(self, style: Style, width: int = 80):
+        self.style, self.width = style, width
+        self.cards: dict[str, ToolCard] = {}
+        self.permissions: list[dict] = []     # PermissionRequested events awaiting an answer
+        self.status_text = ""                  # the latest Status event ("retrying in 4s")
+        self.phase = ""                        # what the model is doing, for the spinner
+        self._settled: list[str] = []
+        self._text: MarkdownStream | None = None
+        self._n_text_chars = 0                 # delta characters fed to _text
+        self._text_started = False
+        self._thinking: str | None = None
+        self._requests: dict[str, dict] = {}   # PermissionRequested by tool_use_id until answered
+        self._any = False
+
+    # -- folding --
+
+    def apply(self, event: dict) -> None:
+        handler = getattr(self, "_on_" + str(event.get("type")), None)
+        if handler is not None:
+            handler(event)
+
+    def take_settled(self) -> list[str]:
+        lines, self._settled = self._settled, []
+        return lines
+
+    def note(self, markdown: str) -> None:
+        """Text from the controller (a slash command's answer), settled as markdown."""
+        stream = MarkdownStream(self.style, self.width)
+        stream.feed(markdown)
+        stream.finish()
+        self._settle(stream.take_settled())
+
+    def error(self, text: str) -> None:
+        self._settle(wrap_spans([(sanitize(text), ("error",))], self.width, self.style,
+                                self.style.paint("✗ ", "error"), "  "))
+
+    def flush_live(self) -> None:
+        """Settle whatever is still streaming (on exit or interruption)."""
+        self._finish_text()
+        self._finish_thinking(None)
+
+    def _settle(self, lines: list[str], gap: bool = True) -> None:
+        if gap and self._any:
+            self._settled.append("")
+        self._settled.extend(lines)
+        self._any = True
+
+    def _dim_line(self, text: str) -> None:
+        self._settle([self.style.paint(clip(sanitize(text), self.width), "dim")])
+
+    # -- conversation --
+
+    def _on_UserMessageCreated(self, e: dict) -> None:
+        self.flush_live()
+        rows = sanitize(e.get("text", "")).split("\n")
+        lines: list[str] = []
+        for k, row in enumerate(rows[:USER_MESSAGE_MAX_LINES]):
+            first = self.style.paint("› ", "prompt") if k == 0 else "  "
+            lines += wrap_spans([(row, ("user",))], self.width, self.style, first, "  ")
+        if len(rows) > USER_MESSAGE_MAX_LINES:
+            lines.append(self.style.paint(f"  … {len(rows) - USER_MESSAGE_MAX_LINES} more lines",
+                                          "dim"))
+        self._settle(lines)
+
+    def _on_SteeringQueued(self, e: dict) -> None:
+        self._settle(wrap_spans([("Queued instruction: " + sanitize(e.get("text", "")), ("dim",))],
+                                self.width, self.style, self.style.paint("› ", "prompt"), "  "))
+
+    def _on_ModelStarted(self, e: dict) -> None:
+        self.phase, self.status_text = "waiting for the model", ""
+
+    def _on_TextDelta(self, e: dict) -> None:
+        self._finish_thinking(None)
+        self.phase, self.status_text = "writing", ""
+        if self._text is None:
+            self._text, self._n_text_chars, self._text_started = \
+                MarkdownStream(self.style, self.width), 0, False
+        text = e.get("text", "")
+        self._n_text_chars += len(text)
+        self._text.width = self.width
+        self._text.feed(text)
+        self._drain_text()
+
+    def _on_ModelTextBlockCompleted(self, e: dict) -> None:
+        text = e.get("text", "")
+        if self._text is None:
+            self._text, self._n_text_chars, self._text_started = \
+                MarkdownStream(self.style, self.width), 0, False
+        if len(text) > self._n_text_chars:
+            self._text.feed(text[self._n_text_chars:])
+        self._finish_text()
+
+    def _finish_text(self) -> None:
+        if self._text is not None:
+            self._text.finish()
+            self._drain_text()
+            self._text = None
+
+    def _drain_text(self) -> None:
+        lines = self._text.take_settled()
+        if lines:
+            self._settle(lines, gap=not self._text_started)
+            self._text_started = True
+
+    def _on_ThinkingDelta(self, e: dict) -> None:
+        self.phase = "thinking"
+        self._thinking = ((self._thinking or "") + e.get("text", ""))[-THINKING_TAIL_CHARS:]
+
+    def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
+        self._finish_thinking(e.get("thinking") if "redacted" not in e else "")
+
+    def _finish_thinking(self, full: str | None) -> None:
+        """Thinking collapses to one dim line: its opening words."""
+        if full is None and self._thinking is None:
+            return
+        words = " ".join(sanitize(full if full is not None else self._thinking or "").split())
+        self._settle([self.style.paint(clip("✻ Thinking · " + (words or "(redacted)"),
+                                            self.width), "dim", "italic")])
+        self._thinking = None
+
+    def _on_ModelResponseCompleted(self, e: dict) -> None:
+        self.flush_live()
+        self.phase = ""
+
+    def _on_ModelRequestFailed(self, e: dict) -> None:
+        if e.get("kind") == "cancelled":
+            return
+        words = ERROR_WORDS.get(e.get("kind"), "The model request failed")
+        status = f" ({e['status']})" if e.get("status") else ""
+        message = sanitize(str(e.get("message") or "")).strip()
+        text = f"{words}{status}" + (f": {message}" if message else "")
+        if e.get("retrying"):
+            self._settle(wrap_spans([(text + " · retrying", ("warning",))], self.width, self.style,
+                                    self.style.paint("! ", "warning"), "  "))
+        else:
+            self.error(text)
+
+    def _on_Interrupted(self, e: dict) -> None:
+        self.flush_live()
+        self.phase = self.status_text = ""
+        self._settle([self.style.paint("■ Interrupted", "warning")
+                      + self.style.paint(" · what should happen instead?", "dim")])
+
+    def _on_TaskCompleted(self, e: dict) -> None:
+        self.flush_live()
+        self.phase = self.status_text = ""
+
+    def _on_TaskFailed(self, e: dict) -> None:
+        self.flush_live()
+        self.phase = self.status_text = ""
+        self.error("Task failed: " + str(e.get("reason", "")))
+
+    def _on_Status(self, e: dict) -> None:
+        self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
+
+    def _on_ContextPruned(self, e: dict) -> None:
+        self._dim_line(f"◇ Context: {len(e.get('tool_use_ids') or [])} old tool results pruned")
+
+    def _on_ContextCompacted(self, e: dict) -> None:
+        self._dim_line("◇ Context compacted: earlier turns are now a summary")
+
+    def _on_VerificationRequested(self, e: dict) -> None:
+        self._dim_line("◇ Checking the work before answering")
+
+    def _on_ProcessStarted(self, e: dict) -> None:
+        self._dim_line(f"◆ process {e.get('process_id')} started: {e.get('command', '')}")
+
+    def _on_ProcessExited(self, e: dict) -> None:
+        cause = f" ({e['cause']})" if e.get("cause") else ""
+        self._dim_line(f"◆ process {e.get('process_id')} exited {e.get('exit_code')}{cause}")
+
+    def _on_SessionRenamed(self, e: dict) -> None:
+        self._dim_line(f"◇ Session: {e.get('title', '')}")
+
+    def _on_ModelChanged(self, e: dict) -> None:
+        self._dim_line(f"◇ Model: {e.get('model', '')}")
+
+    # -- tools and permissions --
+
+    def _on_ToolRequested(self, e: dict) -> None:
+        self.flush_live()
+        self.phase = ""
+        tid = e.get("tool_use_id", "")
+        self.cards[tid] = ToolCard(tid, e.get("name", "?"), tool_summary(e.get("name", ""),
+                                                                        e.get("input") or {}))
+
+    def _on_ToolInputDelta(self, e: dict) -> None:
+        self.phase = "preparing a tool call"
+
+    def _on_ToolStarted(self, e: dict) -> None:
+        self.status_text = ""
+        card = self._card(e)
+        card.started, card.started_ts = time.monotonic(), e.get("ts")
+
+    def _on_ToolOutput(self, e: dict) -> None:
+        card = self.cards.get(e.get("tool_use_id", ""))
+        if card is not None:
+            card.output_tail.extend(line for line in sanitize(e.get("text", "")).split("\n")
+                                    if line.strip())
+
+    def _on_FileModified(self, e: dict) -> None:
+        card = self.cards.get(e.get("tool_use_id", ""))
+        if card is not None:
+            card.changes.append(e)
+        else:
+            self._settle(self._render_changes([e]))
+
+    def _on_ToolCompleted(self, e: dict) -> None:
+        self._finish_card(e, failed=False)
+
+    def _on_ToolFailed(self, e: dict) -> None:
+        self._finish_card(e, failed=True)
+
+    def _on_ToolCancelled(self, e: dict) -> None:
+        card = self.cards.pop(e.get("tool_use_id", ""), None) or self._card(e)
+        self.cards.pop(card.tool_use_id, None)
+        reason = sanitize(str(e.get("reason") or "")).strip()
+        facts = ["cancelled" + (f" ({reason})" if reason else "")]
+        self._settle([card_head("○", card.name, card.summary, facts, self.width, self.style)])
+
+    def _on_PermissionRequested(self, e: dict) -> None:
+        self.flush_live()
+        self._requests[e.get("tool_use_id", "")] = e
+        self.permissions.append(e)
+
+    def _on_PermissionGranted(self, e: dict) -> None:
+        request = self.resolve_permission(e.get("tool_use_id", ""))
+        rule = (request or {}).get("suggestion")
+        if e.get("scope") == "always" and rule:
+            self._dim_line(f"✓ Always allowed from now on: {rule_text(rule)}")
+
+    def _on_PermissionDenied(self, e: dict) -> None:
+        request = self.resolve_permission(e.get("tool_use_id", "")) or {}
+        what = request.get("descriptor") or self._card(e).summary
+        feedback = sanitize(str(e.get("feedback") or "")).strip()
+        self._settle(wrap_spans([(f"Denied: {sanitize(str(what))}"
+                                  + (f" · told the model: {feedback}" if feedback else ""),
+                                  ("warning",))], self.width, self.style,
+                                self.style.paint("✗ ", "warning"), "  "))
+
+    def resolve_permission(self, tool_use_id: str) -> dict | None:
+        self.permissions = [p for p in self.permissions if p.get("tool_use_id") != tool_use_id]
+        return self._requests.pop(tool_use_id, None)
+
+    def _card(self, e: dict) -> ToolCard:
+        tid = e.get("tool_use_id", "")
+        if tid not in self.cards:
+            self.cards[tid] = ToolCard(tid, e.get("name", "tool"), "")
+        return self.cards[tid]
+
+    def _finish_card(self, e: dict, failed: bool) -> None:
+        card = self._card(e)
+        del self.cards[card.tool_use_id]
+        meta = e.get("meta") if isinstance(e.get("meta"), dict) else {}
+        facts = meta_facts(meta)
+        if "duration_ms" not in meta and card.started_ts and e.get("ts"):
+            if e["ts"] - card.started_ts >= 1000:
+                facts.append(format_duration(e["ts"] - card.started_ts))
+        for change in card.changes:
+            facts.append("new file" if change.get("created") else
+                         f"+{change.get('added', 0)} −{change.get('removed', 0)}")
+        if failed and not facts:
+            facts.append("failed")
+        symbol = self.style.paint("✗", "error") if failed else self.style.paint("●", "ok")
+        lines = [card_head(symbol, card.name, card.summary, facts, self.width, self.style)]
+        lines += self._render_changes(card.changes, with_header=False)
+        if failed or (card.name not in QUIET_TOOLS and not card.changes):
+            output = [ln for ln in sanitize(str(e.get("output") or "")).split("\n") if ln.strip()]
+            shown = (output[:PREVIEW_LINES] if card.name in HEAD_PREVIEW_TOOLS and not failed
+                     else output[-PREVIEW_LINES:])
+            lines += render_preview(shown, len(output), self.width, self.style)
+        self._settle(lines)
+
+    def _render_changes(self, changes: list[dict], with_header: bool = True) -> list[str]:
+        lines = []
+        for change in changes:
+            if with_header:
+                facts = [f"+{change.get('added', 0)} −{change.get('removed', 0)}"]
+                lines.append(card_head(self.style.paint("●", "ok"), "changed",
+                                       sanitize(str(change.get("path", ""))), facts, self.width,
+                                       self.style))
+            lines += ["  " + row for row in render_diff(change.get("diff") or "",
+                                                        self.width - 2, self.style)]
+        return lines
+
+    # -- the live part --
+
+    def live_lines(self, now: float, spinner: str = "◌") -> list[str]:
+        lines = list(self._text.live_lines()) if self._text is not None else []
+        if self._thinking is not None:
+            last = " ".join(self._thinking.split())[-self.width:]
+            lines.append(self.style.paint(clip("✻ Thinking… " + last, self.width), "dim", "italic"))
+        for card in self.cards.values():
+            if card.tool_use_id in self._requests:
+                facts = ["waiting for approval"]
+            elif card.started is not None:
+                facts = [format_duration((now - card.started) * 1000)]
+            else:
+                facts = ["queued"]
+            symbol = spinner if card.started is not None else "○"
+            lines.append(card_head(symbol, card.name, card.summary, facts, self.width, self.style))
+            lines += render_preview(list(card.output_tail), len(card.output_tail), self.width,
+                                    self.style)
+        return lines
+
+    def activity(self, now: float) -> str:
+        if self.permissions:
+            return "waiting for your answer"
+        running = [c for c in self.cards.values() if c.started is not None]
+        if running:
+            card = running[-1]
+            return f"running {card.name} {card.summary} · {int(now - card.started)}s"
+        return self.status_text or self.phase
+
+
+def render_transcript(events: Iterable[dict], width: int, color: bool = False) -> list[str]:
+    """Earlier conversation (a resumed session) as settled lines; ephemeral events are ignored."""
+    timeline = Timeline(Style(color), width)
+    for event in events:
+        timeline.apply(event)
+    timeline.flush_live()
+    return timeline.take_settled()
+
+
+def print_events(events: Iterable[dict], stdout=None, width: int | None = None,
+                 color: bool | None = None) -> None:
+    stdout = stdout or sys.stdout.buffer
+    color = detect_color(stdout) if color is None else color
+    width = width or terminal_size(stdout)[0]
+    lines = render_transcript(events, width, color)
+    stdout.write(("\n".join(lines) + "\n").encode() if lines else b"")
+    stdout.flush()
+
+
+# ════ Status line and permission panel ════
+
+SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+PANEL_PREVIEW_LINES = 14
+
+
+def format_count(n: float) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(int(n))
+
+
+def status_segments(status: dict) -> list[tuple[int, str]]:
+    """(priority, text); the lowest priority is dropped first when the line is narrow."""
+    segments = []
+    if status.get("model"):
+        segments.append((5, str(status["model"])))
+    if status.get("context_pct") is not None:
+        segments.append((6, f"ctx {status['context_pct']:.0f}%"))
+    if status.get("tokens"):
+        segments.append((3, f"{format_count(status['tokens'])} tok"))
+    if status.get("cost") is not None:
+        segments.append((4, f"${status['cost']:.2f}"))
+    if status.get("cache_share") is not None:
+        segments.append((1, f"cache {status['cache_share'] * 100:.0f}%"))
+    processes = status.get("processes")
+    n_processes = len(processes) if isinstance(processes, (list, tuple)) else processes or 0
+    if n_processes:
+        segments.append((2, f"{n_processes} proc" + ("s" if n_processes != 1 else "")))
+    if status.get("branch"):
+        segments.append((2, f"⎇ {status['branch']}"))
+    return segments
+
+
+def render_status_line(status: dict, activity: str, spinner: str, width: int,
+                       style: Style) -> str:
+    left = f"{spinner} {activity}" if activity else ""
+    segments = status_segments(status)
+    while segments:
+        right = " · ".join(text for _, text in segments)
+        if cell_width(left) + cell_width(right) + 2 <= width:
+            break
+        segments.remove(min(segments, key=lambda s: s[0]))
+    else:
+        right = ""
+    if not right:
+        return clip(style.paint(left, "bold"), width) if left else ""
+    gap = width - cell_width(left) - cell_width(right)
+    return style.paint(left, "bold") + " " * gap + style.paint(right, "dim")
+
+
+def rule_text(suggestion: dict) -> str:
+    return f"{suggestion.get('capability', '?')} {suggestion.get('pattern', '*')}"
+
+
+def render_permission_panel(request: dict, width: int, style: Style,
+                            feedback: str | None = None) -> list[str]:
+    """What the call will do and the one-key choices; after `n`, the feedback line."""
+    bar = style.paint("│ ", "warning")
+    lines = [clip(style.paint("⚠ Permission needed", "warning", "bold")
+                  + style.paint(" · " + str(request.get("capability", "")), "dim"), width)]
+    lines += wrap_spans([(sanitize(str(request.get("descriptor", ""))), ("bold",))], width, style,
+                        bar, bar)
+    preview = sanitize(str(request.get("preview") or "")).rstrip("\n")
+    if preview and preview.strip() != str(request.get("descriptor", "")).strip():
+        is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
+        rows = (render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES) if is_diff
+                else [r for line in preview.split("\n")[:PANEL_PREVIEW_LINES]
+                      for r in render_code_line(line, "sh", width - 2, style)])
+        lines += [bar + row for row in rows]
+    if feedback is None:
+        keys = [("y", "allow once")]
+        if request.get("suggestion"):
+            keys.append(("a", f"always allow {rule_text(request['suggestion'])}"))
+        keys.append(("n", "deny"))
+        spans: list[Span] = []
+        for key, words in keys:
+            spans += [(key, ("bold",)), (f") {words}   ", ())]
+        lines += wrap_spans(spans, width, style, bar, bar)
+    else:
+        lines.append(bar + style.paint("Denied. Tell the model what to do instead "
+                                       "(Enter sends, Esc skips):", "dim"))
+        lines.append(bar + "  " + feedback)
+    return [clip(line, width) for line in lines]
+
+
+# ════ Keys: decoding raw terminal input ════
+
+class Key(NamedTuple):
+    name: str          # "text", "enter", "ctrl+a", "alt+b", "up", "paste", "esc", ...
+    text: str = ""     # the characters of "text" and "paste" keys
+
+
+CSI_FINAL_KEYS = {"A": "up", "B": "down", "C": "right", "D": "left", "H": "home", "F": "end",
+                  "Z": "shift+tab", "P": "f1", "Q": "f2", "R": "f3", "S": "f4"}
+CSI_TILDE_KEYS = {"1": "home", "7": "home", "4": "end", "8": "end", "3": "delete", "2": "insert",
+                  "5": "pageup", "6": "pagedown"}
+CONTROL_KEYS = {"\r": "enter", "\n": "ctrl+j", "\t": "tab", "\x7f": "backspace",
+                "\x08": "backspace", "\x00": "ctrl+space"}
+CODE_KEYS = {13: "enter", 9: "tab", 127: "backspace", 27: "esc"}   # CSI-u key codes
+
+
+def _modifier_prefix(param: str) -> str:
+    bits = int(param) - 1 if param.isdigit() and int(param) > 1 else 0
+    return "ctrl+" * bool(bits & 4) + "alt+" * bool(bits & 2) + "shift+" * bool(bits & 1)
+
+
+class KeyDecoder:
+    """Raw input bytes -> Keys. Pure: feed bytes, get keys; a sequence cut between two reads is
+    kept until the rest arrives. A lone ESC is ambiguous (Esc, or the start of a sequence):
+    `pending` says so and `flush()` after a short pause turns it into Esc."""
+
+    def __init__(self):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = ""
+        self._paste: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buffer) and self._paste is None
+
+    def flush(self) -> list[Key]:
+        keys = []
+        if self._buffer.startswith("\x1b") and self._paste is None:
+            rest, self._buffer = self._buffer[1:], ""
+            keys.append(Key("esc") if not rest else Key("alt+" + rest[0]))
+            keys += self.feed(rest[1:].encode()) if len(rest) > 1 else []
+        return keys
+
+    def feed(self, data: bytes) -> list[Key]:
+        buf = self._buffer + self._utf8.decode(data)
+        keys: list[Key] = []
+        i = 0
+        while i < len(buf):
+            if self._paste is not None:
+                end = buf.find(PASTE_END, i)
+                if end < 0:
+                    keep = next((n for n in range(len(PASTE_END) - 1, 0, -1)
+                                 if buf.endswith(PASTE_END[:n])), 0)
+                    self._paste += buf[i:len(buf) - keep]
+                    i = len(buf) - keep
+                    break
+                keys.append(Key("paste", self._paste + buf[i:end]))
+                self._paste, i = None, end + len(PASTE_END)
+                continue
+            ch = buf[i]
+            if ch == "\x1b":
+                key, used = self._escape(buf, i)
+                if used == 0:
+                    break             # incomplete sequence: wait for more bytes
+                if key is not None:
+                    keys.append(key)
+                i += used
+            elif ch < " " or ch == "\x7f":
+                keys.append(Key(CONTROL_KEYS.get(ch) or "ctrl+" + chr(ord(ch) + 96)))
+                i += 1
+            else:
+                j = i + 1
+                while j < len(buf) and buf[j] >= " " and buf[j] != "\x7f":
+                    j += 1
+                keys.append(Key("text", buf[i:j]))
+                i = j
+        self._buffer = buf[i:]
+        return keys
+
+    def _escape(self, buf: str, i: int) -> tuple[Key | None, int]:
+        """(key, characters used) for the escape at buf[i]; used == 0 means incomplete."""
+        if i + 1 == len(buf):
+            return None, 0
+        nxt = buf[i + 1]
+        if nxt == "[":
+            m = INPUT_CSI_RE.match(buf, i)
+            if not m:
+                return (None, 0) if INPUT_CSI_PARTIAL_RE.match(buf, i) else (Key("alt+["), 2)
+            return self._csi(m.group(1), m.group(2)), m.end() - i
+        if nxt == "O":
+            if i + 2 == len(buf):
+                return None, 0
+            return Key(CSI_FINAL_KEYS.get(buf[i + 2], "unknown")), 3
+        if nxt == "\x1b":
+            return Key("esc"), 1
+        if nxt in ("\r", "\n"):
+            return Key("alt+enter"), 2
+        if nxt == "\x7f" or nxt == "\x08":
+            return Key("alt+backspace"), 2
+        return Key("alt+" + nxt), 2
+
+    def _csi(self, params: str, final: str) -> Key | None:
+        fields = params.split(";")
+        if final == "~" and fields[0] == "200":
+            self._paste = ""
+            return None
+        if final == "~" and fields[0] == "27" and len(fields) == 3:     # xterm modifyOtherKeys
+            fields, final = [fields[2], fields[1]], "u"
+        if final == "u":
+            code = int(fields[0]) if fields[0].isdigit() else 0
+            prefix = _modifier_prefix(fields[1]) if len(fields) > 1 else ""
+            return Key(prefix + CODE_KEYS.get(code, chr(code) if code else "unknown"))
+        prefix = _modifier_prefix(fields[1]) if len(fields) > 1 else ""
+        if final == "~":
+            return Key(prefix + CSI_TILDE_KEYS.get(fields[0], "unknown"))
+        return Key(prefix + CSI_FINAL_KEYS.get(final, "unknown"))
+
+
+# ════ Composer ════
+
+PASTE_COLLAPSE_LINES = 5         # longer pastes show as one [Pasted N lines] placeholder
+PASTE_COLLAPSE_CHARS = 1500
+MAX_COMPOSER_ROWS = 10
+MAX_MENU_ITEMS = 8
+MAX_HISTORY = 1000
+MENTION_RE = re.compile(r"(?:^|(?<=\s))@(\S*)\Z")
+COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
+WORD_CHARS_RE = re.compile(r"\w")
+
+
+def fuzzy_score(query: str, candidate: str) -> float | None:
+    """Subsequence match; consecutive letters, word starts and the basename score higher."""
+    q, c = query.lower(), candidate.lower()
+    score, pos, prev = 0.0, -1, -2
+    for ch in q:
+        pos = c.find(ch, pos + 1)
+        if pos < 0:
+            return None
+        score += 3 if pos == prev + 1 else 0
+        score += 2 if pos == 0 or c[pos - 1] in "/._- " else 0
+        prev = pos
+    if q and q in c.rsplit("/", 1)[-1]:
+        score += 5
+    return score - len(c) * 0.01
+
+
+def fuzzy_rank(query: str, candidates: Iterable[str], recent: list[str]) -> list[str]:
+    """Best matches first; recently mentioned paths rank higher the more recent they are."""
+    recency = {path: 10 * (1 - k / max(len(recent), 1)) for k, path in enumerate(recent)}
+    scored = []
+    for candidate in dict.fromkeys(candidates):
+        score = fuzzy_score(query, candidate)
+        if score is not None:
+            scored.append((score + recency.get(candidate, 0), candidate))
+    scored.sort(key=lambda pair: (-pair[0], pair[1]))
+    return [candidate for _, candidate in scored]
+
+
+class Composer:
+    """The multi-line input. `handle(key)` edits and returns the text to send on Enter (pastes
+    expanded), else None. History lives in a file of one JSON string per line."""
+
+    def __init__(self, *, history_path: str | os.PathLike | None = None,
+                 commands: Callable[[], list[str]] = list,
+                 mentions: Callable[[str], list[str]] = lambda prefix: []):
+        self.text, self.cursor = "", 0
+        self.menu: list[str] = []
+        self.menu_index = 0
+        self._menu_kind, self._menu_start, self._menu_closed = "", 0, False
+        self._commands, self._mentions = commands, mentions
+        self._pastes: dict[str, str] = {}
+        self._kill = ""
+        self._history_path = Path(history_path) if history_path else None
+        self.history = self._load_history()
+        self._history_pos, self._draft = len(self.history), ""
+        self.recent_mentions: list[str] = []
+        for entry in self.history:
+            for token in re.findall(r"(?:^|\s)@(\S+)", entry):
+                self._remember_mention(token)
+
+    # -- editing --
+
+    def handle(self, key: Key) -> str | None:
+        name = key.name
+        if self.menu and name in ("up", "down", "tab", "enter"):
+            if name in ("up", "down"):
+                step = -1 if name == "up" else 1
+                self.menu_index = (self.menu_index + step) % len(self.menu[:MAX_MENU_ITEMS])
+                return None
+            kind = self._menu_kind
+            self._accept_menu()
+            if name == "tab" or kind == "mention":
+                return None
+        if name == "enter":
+            return self._enter()
+        action = getattr(self, "_key_" + name.replace("+", "_"), None)
+        if action is not None:
+            action(key)
+        elif name in ("text", "paste"):
+            self._insert_typed(key)
+        self._refresh_menu()
+        return None
+
+    def set_text(self, text: str) -> None:
+        self.text, self.cursor, self._menu_closed = text, len(text), False
+        self._refresh_menu()
+
+    def clear(self) -> None:
+        self._pastes.clear()
+        self.set_text("")
+
+    def close_menu(self) -> None:
+        self.menu, self._menu_closed = [], True
+
+    def _insert(self, text: str) -> None:
+        self.text = self.text[:self.cursor] + text + self.text[self.cursor:]
+        self.cursor += len(text)
+        self._menu_closed = False
+
+    def _insert_typed(self, key: Key) -> None:
+        text = key.text.replace("\r\n", "\n").replace("\r", "\n")
+        if key.name == "paste":
+            n_lines = text.count("\n") + 1
+            if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
+                label = f"[Pasted {n_lines} lines]"
+                k = 2
+                while label in self._pastes:
+                    label, k = f"[Pasted {n_lines} lines #{k}]", k + 1
+                self._pastes[label] = text
+                return self._insert(label)
+        self._insert(CONTROL_CHAR_RE.sub("", text.replace("\t", "    ")))
+
+    def _enter(self) -> str | None:
+        before = self.text[:self.cursor]
+        if before.endswith("\\"):          # "\" then Enter: a newline, as in a shell
+            self.text = before[:-1] + "\n" + self.text[self.cursor:]
+            return None
+        if not self.text.strip():
+            return None
+        text = self.text
+        for label, content in self._pastes.items():
+            text = text.replace(label, content, 1)
+        self._remember(text)
+        self.clear()
+        return text
+
+    def _line_bounds(self) -> tuple[int, int]:
+        start = self.text.rfind("\n", 0, self.cursor) + 1
+        end = self.text.find("\n", self.cursor)
+        return start, len(self.text) if end < 0 else end
+
+    def _word_left(self) -> int:
+        i = self.cursor
+        while i > 0 and not WORD_CHARS_RE.match(self.text[i - 1]):
+            i -= 1
+        while i > 0 and WORD_CHARS_RE.match(self.text[i - 1]):
+            i -= 1
+        return i
+
+    def _word_right(self) -> int:
+        i, n = self.cursor, len(self.text)
+        while i < n and not WORD_CHARS_RE.match(self.text[i]):
+            i += 1
+        while i < n and WORD_CHARS_RE.match(self.text[i]):
+            i += 1
+        return i
+
+    def _cut(self, start: int, end: int) -> None:
+        if end > start:
+            self._kill = self.text[start:end]
+            self.text = self.text[:start] + self.text[end:]
+            self.cursor = start
+
+    def _key_ctrl_j(self, key): self._insert("\n")
+    _key_alt_enter = _key_shift_enter = _key_ctrl_j
+    def _key_left(self, key): self.cursor = max(0, self.cursor - 1)
+    _key_ctrl_b = _key_left
+    def _key_right(self, key): self.cursor = min(len(self.text), self.cursor + 1)
+    _key_ctrl_f = _key_right
+    def _key_ctrl_a(self, key): self.cursor = self._line_bounds()[0]
+    _key_home = _key_ctrl_a
+    def _key_ctrl_e(self, key): self.cursor = self._line_bounds()[1]
+    _key_end = _key_ctrl_e
+    def _key_alt_b(self, key): self.cursor = self._word_left()
+    _key_ctrl_left = _key_alt_left = _key_alt_b
+    def _key_alt_f(self, key): self.cursor = self._word_right()
+    _key_ctrl_right = _key_alt_right = _key_alt_f
+    def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor)
+    _key_ctrl_h = _key_backspace
+    def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1)
+    def _key_ctrl_w(self, key): self._cut(self._word_left(), self.cursor)
+    _key_alt_backspace = _key_ctrl_w
+    def _key_alt_d(self, key): self._cut(self.cursor, self._word_right())
+    def _key_ctrl_u(self, key): self._cut(self._line_bounds()[0], self.cursor)
+    def _key_ctrl_y(self, key): self._insert(self._kill)
+
+    def _key_ctrl_k(self, key):
+        end = self._line_bounds()[1]
+        self._cut(self.cursor, end if end > self.cursor else end + 1)
+
+    def _key_up(self, key):
+        start = self._line_bounds()[0]
+        if start == 0:
+            return self._recall(-1)
+        prev_start = self.text.rfind("\n", 0, start - 1) + 1
+        self.cursor = min(prev_start + self.cursor - start, start - 1)
+
+    def _key_down(self, key):
+        start, end = self._line_bounds()
+        if end == len(self.text):
+            return self._recall(+1)
+        next_end = self.text.find("\n", end + 1)
+        next_end = len(self.text) if next_end < 0 else next_end
+        self.cursor = min(end + 1 + self.cursor - start, next_end)
+
+    # -- history --
+
+    def _recall(self, step: int) -> None:
+        pos = self._history_pos + step
+        if not 0 <= pos <= len(self.history):
+            return
+        if self._history_pos == len(self.history):
+            self._draft = self.text
+        self._history_pos = pos
+        self.text = self.history[pos] if pos < len(self.history) else self._draft
+        self.cursor = len(self.text)
+
+    def _load_history(self) -> list[str]:
+        if self._history_path is None or not self._history_path.exists():
+            return []
+        entries = []
+        for line in self._history_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue           # a torn last line from a crash: skip it, keep the rest
+            if isinstance(entry, str):
+                entries.append(entry)
+        return entries[-MAX_HISTORY:]
+
+    def _remember(self, text: str) -> None:
+        for token in re.findall(r"(?:^|\s)@(\S+)", text):
+            self._remember_mention(token)
+        if not self.history or self.history[-1] != text:
+            self.history.append(text)
+            if self._history_path is not None:
+                self._history_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self._history_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(text) + "\n")
+        self._history_pos, self._draft = len(self.history), ""
+
+    def _remember_mention(self, path: str) -> None:
+        if path in self.recent_mentions:
+            self.recent_mentions.remove(path)
+        self.recent_mentions.insert(0, path)
+        del self.recent_mentions[50:]
+
+    # -- completion: "/" commands and "@" mentions --
+
+    def _refresh_menu(self) -> None:
+        self.menu, self.menu_index, self._menu_kind = [], 0, ""
+        if self._menu_closed:
+            return
+        before = self.text[:self.cursor]
+        if before.startswith("/") and not any(c.isspace() for c in self.text):
+            names = ["/" + str(n).lstrip("/") for n in self._commands()]
+            self.menu = sorted(n for n in names if n.startswith(before) and n != before)
+            self._menu_kind, self._menu_start = "command", 0
+        elif m := MENTION_RE.search(before):
+            ranked = fuzzy_rank(m.group(1), self._mentions(m.group(1)), self.recent_mentions)
+            self.menu = ranked[:MAX_MENU_ITEMS]
+            self._menu_kind, self._menu_start = "mention", m.start(1) - 1
+
+    def _accept_menu(self) -> None:
+        item = self.menu[self.menu_index]
+        if self._menu_kind == "mention":
+            item = "@" + item + " "
+            self._remember_mention(item[1:-1])
+        self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
+        self.cursor = self._menu_start + len(item)
+        self.menu = []
+
+    # -- drawing --
+
+    def render(self, width: int, style: Style, hint: str = "") -> tuple[list[str], int, int]:
+        """(rows, cursor row, cursor column). The first row always starts with `❯ `."""
+        prompt = style.paint("❯ ", "prompt")
+        if not self.text:
+            return [clip(prompt + style.paint(hint, "dim"), width)], 0, 2
+        room = max(1, width - 2)
+        rows: list[str] = []
+        cursor_row = cursor_col = 0
+        offset = 0
+        for line in self.text.split("\n"):
+            pieces = hard_wrap_spans([(line, ())], room, Style(False)) if line else [""]
+            start = offset
+            for k, piece in enumerate(pieces):
+                end = start + len(piece)
+                last = k == len(pieces) - 1
+                if start <= self.cursor < end or (self.cursor == end and last):
+                    cursor_row = len(rows)
+                    cursor_col = 2 + cell_width(piece[:self.cursor - start])
+                rows.append("  " + piece)
+                start = end
+            offset += len(line) + 1
+        if cursor_col >= width:               # cursor just past a full row: show it on the next
+            rows.insert(cursor_row + 1, "  ")
+            cursor_row, cursor_col = cursor_row + 1, 2
+        top = max(0, min(cursor_row - MAX_COMPOSER_ROWS + 1, len(rows) - MAX_COMPOSER_ROWS))
+        rows = rows[top:top + MAX_COMPOSER_ROWS]
+        rows[0] = prompt + rows[0][2:]
+        return rows, cursor_row - top, cursor_col
+
+    def menu_lines(self, width: int, style: Style) -> list[str]:
+        lines = []
+        for k, item in enumerate(self.menu[:MAX_MENU_ITEMS]):
+            selected = k == self.menu_index
+            text = ("› " if selected else "  ") + item
+            lines.append(clip("  " + (style.paint(text, "selected") if selected
+                                      else style.paint(text, "dim")), width))
+        return lines
+
+
+# ════ Inline renderer: one write per frame ════
+
+class InlineRenderer:
+    """Writes settled lines once above the live region and redraws only the live region: move up
+    to the first changed row, erase below, write the rest, put the cursor back. One bytes object
+    per frame. It remembers how many rows it drew and where it left the cursor."""
+
+    def __init__(self):
+        self._lines: list[str] = []      # the live region as last drawn
+        self._cursor = (0, 0)            # (row, column) within it
+
+    def draw(self, settled: list[str], lines: list[str], cursor: tuple[int, int]) -> bytes:
+        if not settled and lines == self._lines and cursor == self._cursor:
+            return b""
+        parts = [SYNC_BEGIN]
+        start = 0
+        if self._lines:
+            if not settled:
+                start = next((k for k, (a, b) in enumerate(zip(self._lines, lines)) if a != b),
+                             min(len(self._lines), len(lines)))
+                start = min(start, len(self._lines) - 1, len(lines))
+            parts.append(self._move_rows(start - self._cursor[0]))
+        parts.append(CARRIAGE_RETURN + ERASE_DOWN)
+        if settled:
+            parts.append(NEWLINE.join(settled) + NEWLINE)
+        parts.append(NEWLINE.join(lines[start:]))
+        end_row = len(lines) - 1 if start < len(lines) else start
+        row, column = cursor
+        parts.append(self._move_rows(row - end_row) + CARRIAGE_RETURN
+                     + (CURSOR_FORWARD.format(column) if column else ""))
+        parts.append(SYNC_END)
+        self._lines, self._cursor = list(lines), cursor
+        return "".join(parts).encode()
+
+    def close(self, settled: list[str]) -> bytes:
+        """Erase the live region, write the last settled lines, leave the cursor on a new line."""
+        parts = [self._move_rows(-self._cursor[0]) if self._lines else "",
+                 CARRIAGE_RETURN + ERASE_DOWN + SGR_RESET]
+        parts += [line + NEWLINE for line in settled]
+        self._lines, self._cursor = [], (0, 0)
+        return "".join(parts).encode()
+
+    def resize(self, old_width: int, new_width: int) -> None:
+        """After a resize, terminals that reflow re-wrap the rows we drew: estimate where the
+        region now starts so the next frame erases it (narrowing is what splits rows)."""
+        if not self._lines or new_width >= old_width:
+            self._lines = [""] * len(self._lines)      # force a full redraw, same geometry
+            return
+        row, column = self._cursor
+        rows_above = sum(max(1, -(-visible_width(line) // new_width)) for line in self._lines[:row])
+        self._cursor = (rows_above + column // new_width, 0)
+        self._lines = [""] * (self._cursor[0] + 1)
+
+    def reset(self) -> None:
+        """Forget the region (after a clear screen or a suspend): the next frame starts afresh."""
+        self._lines, self._cursor = [], (0, 0)
+
+    @staticmethod
+    def _move_rows(delta: int) -> str:
+        if delta < 0:
+            return CURSOR_UP.format(-delta)
+        return CURSOR_DOWN.format(delta) if delta > 0 else ""
+
+
+# ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
+
+FRAME_INTERVAL = 0.016       # coalesce: at most one frame per ~16 ms
+TICK_INTERVAL = 0.1          # spinner and elapsed-time refresh while something runs
+ESC_TIMEOUT = 0.05           # a lone ESC is Esc if nothing follows within this
+
+
+class App:
+    def __init__(self, controller: Controller, *, style: Style, width: int = 80, height: int = 24,
+                 history_path: str | os.PathLike | None = None,
+                 spawn: Callable[[object], None] | None = None):
+        self.controller, self.style = controller, style
+        self.width, self.height = width, height
+        self.timeline = Timeline(style, width)
+        self.composer = Composer(history_path=history_path,
+                                 commands=lambda: list(getattr(controller, "command_names", [])),
+                                 mentions=controller.mention_candidates)
+        self.renderer = InlineRenderer()
+        self.feedback: str | None = None      # deny message being typed in the permission panel
+        self.notice = ""
+        self.exit_code: int | None = None
+        self.on_exit: Callable[[int], None] = lambda code: None
+        self._spawn = spawn or (lambda awaitable: asyncio.ensure_future(awaitable))
+        self._ctrl_c_armed = False
+
+    # -- input --
+
+    def on_event(self, event: dict) -> None:
+        try:
+            self.timeline.apply(event)
+        except Exception as exc:   # an odd event must never break the session: show it instead
+            self.timeline.error(f"ui could not show a {event.get('type')} event: {exc!r}")
+
+    def on_key(self, key: Key) -> None:
+        if key.name != "ctrl+c":
+            self._ctrl_c_armed, self.notice = False, ""
+        if self.timeline.permissions:
+            return self._panel_key(self.timeline.permissions[0], key)
+        if key.name == "ctrl+c":
+            return self._ctrl_c()
+        if key.name == "ctrl+d" and not self.composer.text:
+            return self.quit(0)
+        if key.name == "esc":
+            if self.composer.menu:
+                self.composer.close_menu()
+            elif self.controller.busy:
+                self.call(self.controller.interrupt)
+            return
+        sent = self.composer.handle(Key("delete") if key.name == "ctrl+d" else key)
+        if sent is not None:
+            self._dispatch(sent)
+
+    def quit(self, code: int) -> None:
+        if self.exit_code is None:
+            self.exit_code = code
+            self.on_exit(code)
+
+    def call(self, fn: Callable, *args) -> None:
+        """Call the controller; run an awaitable result as a task; show what comes back."""
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            return self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {exc}")
+        if inspect.isawaitable(result):
+            self._spawn(self._await_result(fn, result))
+        else:
+            self._show_result(result)
+
+    async def _await_result(self, fn: Callable, awaitable) -> None:
+        try:
+            self._show_result(await awaitable)
+        except Exception as exc:
+            self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {exc}")
+
+    def _show_result(self, result: object) -> None:
+        if result is QUIT:
+            self.quit(0)
+        elif isinstance(result, str) and result.strip():
+            self.timeline.note(result)
+
+    def _dispatch(self, text: str) -> None:
+        stripped = text.strip()
+        if stripped.startswith("!") and stripped[1:].strip():
+            self.call(self.controller.run_shell, stripped[1:].strip())
+        elif COMMAND_RE.match(stripped.split(None, 1)[0]):
+            self.call(self.controller.run_command, stripped)
+        else:
+            self.call(self.controller.submit, text)
+
+    def _ctrl_c(self) -> None:
+        if self.composer.text:
+            self.composer.clear()
+        elif self._ctrl_c_armed:
+            self.quit(0)
+        else:
+            if self.controller.busy:
+                self.call(self.controller.interrupt)
+            self._ctrl_c_armed, self.notice = True, "Press Ctrl-C again to quit"
+
+    def _panel_key(self, request: dict, key: Key) -> None:
+        """Keys belong to the panel while it shows, so typing can never approve by accident
+        except the one key meant for it."""
+        if self.feedback is None:
+            choice = {"y": "once", "a": "always" if request.get("suggestion") else None,
+                      "n": "feedback"}.get(key.text.lower()) if key.name == "text" else None
+            if key.name in ("esc", "ctrl+c"):
+                choice = "deny"
+            if choice == "feedback":
+                self.feedback = ""
+            elif choice is not None:
+                self._answer(request, choice, "")
+        elif key.name == "text":
+            self.feedback += key.text
+        elif key.name == "paste":
+            self.feedback += " ".join(key.text.split())
+        elif key.name == "backspace":
+            self.feedback = self.feedback[:-1]
+        elif key.name in ("ctrl+u", "ctrl+c"):
+            self.feedback = ""
+        elif key.name in ("enter", "esc"):
+            self._answer(request, "deny", self.feedback.strip() if key.name == "enter" else "")
+
+    def _answer(self, request: dict, choice: str, feedback: str) -> None:
+        self.feedback = None
+        self.timeline.permissions.remove(request)    # the Granted/Denied event follows
+        self.call(self.controller.answer_permission, request.get("tool_use_id", ""), choice,
+                  feedback)
+
+    # -- output --
+
+    def animating(self) -> bool:
+        return bool(self.controller.busy or self.timeline.cards)
+
+    def frame(self, now: float) -> tuple[list[str], tuple[int, int]]:
+        """The live region: timeline tail, permission panel, status line, composer, menu."""
+        width, style = self.width, self.style
+        busy = bool(self.controller.busy)
+        spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
+        hint = ("Type to steer · Esc to interrupt" if busy
+                else "Ask anything · / commands · @ files · ! shell")
+        rows, crow, ccol = self.composer.render(width, style, hint)
+        menu = self.composer.menu_lines(width, style)
+        activity = self.notice or self.timeline.activity(now) or ("working" if busy else "")
+        status = render_status_line(self.controller.status() or {}, activity,
+                                    spinner if busy else "·", width, style)
+        room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
+        panel = []
+        if self.timeline.permissions:
+            panel = render_permission_panel(self.timeline.permissions[0], width, style,
+                                            self.feedback)
+            if len(panel) > room:
+                panel = panel[:max(1, room - 2)] + panel[-2:]
+        live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
+        live = live[max(0, len(live) - (room - len(panel))):] if room > len(panel) else []
+        lines = [clip(line, width) for line in live + panel + [status] + rows + menu]
+        if self.feedback is not None and panel:
+            cursor = (len(live) + len(panel) - 1, min(visible_width(panel[-1]), width - 1))
+        else:
+            cursor = (len(live) + len(panel) + 1 + crow, min(ccol, width - 1))
+        return lines, cursor
+
+    def render(self, now: float) -> bytes:
+        self.timeline.width = self.width
+        settled = self.timeline.take_settled()
+        lines, cursor = self.frame(now)
+        return self.renderer.draw(settled, lines, cursor)
+
+    def close(self) -> bytes:
+        self.timeline.flush_live()
+        return self.renderer.close(self.timeline.take_settled())
+
+    def resize(self, width: int, height: int) -> None:
+        self.renderer.resize(self.width, width)
+        self.width, self.height = width, height
+
+
+# ════ App shell: raw mode, the event loop, signals ════
+
+def terminal_size(stream_or_fd) -> tuple[int, int]:
+    try:
+        fd = stream_or_fd if isinstance(stream_or_fd, int) else stream_or_fd.fileno()
+        size = os.get_terminal_size(fd)
+        return max(size.columns, 10), max(size.lines, 4)
+    except (OSError, ValueError, AttributeError):
+        return 80, 24
+
+
+class TerminalMode:
+    """Raw mode with bracketed paste, as a setup/teardown pair; leave() is safe to repeat."""
+
+    def __init__(self, fd: int, write: Callable[[bytes], None]):
+        self.fd, self._write = fd, write
+        self._saved: list | None = None
+
+    def enter(self) -> None:
+        try:
+            self._saved = termios.tcgetattr(self.fd)
+        except termios.error as exc:
+            raise RuntimeError("ui.run_app needs a terminal on stdin; "
+                               "use headless mode (-p) otherwise") from exc
+        tty.setraw(self.fd, termios.TCSANOW)
+        self._write((BRACKETED_PASTE_ON + SHOW_CURSOR).encode())
+
+    def leave(self) -> None:
+        if self._saved is None:
+            return
+        saved, self._saved = self._saved, None
+        try:
+            self._write((BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
+        except OSError:
+            pass                      # the terminal is gone (SIGHUP); still restore the mode
+        finally:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+
+
+async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
+                  history_path: str | os.PathLike | None = None, replay: Iterable[dict] = (),
+                  color: bool | None = None) -> int:
+    """Run the interactive UI until the user quits; see the module docstring."""
+    stdout = stdout or sys.stdout.buffer
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    done: asyncio.Future[int] = loop.create_future()
+    tasks: set[asyncio.Task] = set()
+
+    def spawn(awaitable) -> None:
+        task = loop.create_task(awaitable)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        task.add_done_callback(lambda t: request_frame())
+
+    def write(data: bytes) -> None:
+        stdout.write(data)
+        stdout.flush()
+
+    width, height = terminal_size(stdout)
+    color = detect_color(stdout) if color is None else color
+    app = App(controller, style=Style(color), width=width, height=height,
+              history_path=history_path, spawn=spawn)
+    app.on_exit = lambda code: done.done() or done.set_result(code)
+    terminal = TerminalMode(stdin_fd, write)
+    decoder = KeyDecoder()
+    handles: dict[str, asyncio.TimerHandle | None] = {"frame": None, "tick": None, "esc": None}
+    last_frame = [0.0]
+
+    def fail(exc: BaseException) -> None:
+        if not done.done():
+            done.set_exception(exc)
+
+    def request_frame() -> None:
+        if handles["frame"] is None and not done.done():
+            delay = max(0.0, last_frame[0] + FRAME_INTERVAL - time.monotonic())
+            handles["frame"] = loop.call_later(delay, draw)
+
+    def draw() -> None:
+        handles["frame"] = None
+        last_frame[0] = now = time.monotonic()
+        try:
+            data = app.render(now)
+            if data:
+                write(data)
+        except Exception as exc:
+            return fail(exc)
+        if app.animating() and handles["tick"] is None:
+            handles["tick"] = loop.call_later(TICK_INTERVAL, tick)
+
+    def tick() -> None:
+        handles["tick"] = None
+        request_frame()
+
+    def on_event(event: dict) -> None:
+        if threading.get_ident() != loop_thread:
+            loop.call_soon_threadsafe(on_event, event)
+            return
+        app.on_event(event)
+        request_frame()
+
+    def handle_keys(keys: list[Key]) -> None:
+        for key in keys:
+            if key.name == "ctrl+z":
+                suspend()
+            elif key.name == "ctrl+l":
+                write(CLEAR_SCREEN.encode())
+                app.renderer.reset()
+            else:
+                app.on_key(key)
+        request_frame()
+
+    def on_readable() -> None:
+        try:
+            data = os.read(stdin_fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            return fail(exc)
+        if not data:
+            return app.quit(129)      # the terminal went away
+        try:
+            handle_keys(decoder.feed(data))
+        except Exception as exc:
+            return fail(exc)
+        if handles["esc"] is not None:
+            handles["esc"].cancel()
+        handles["esc"] = loop.call_later(ESC_TIMEOUT, flush_escape) if decoder.pending else None
+
+    def flush_escape() -> None:
+        handles["esc"] = None
+        try:
+            handle_keys(decoder.flush())
+        except Exception as exc:
+            fail(exc)
+
+    def suspend() -> None:
+        """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
+        write(app.renderer.close(app.timeline.take_settled()))
+        terminal.leave()
+        os.kill(os.getpid(), signal.SIGTSTP)     # returns once the shell continues us
+        terminal.enter()
+
+    def on_resize() -> None:
+        app.resize(*terminal_size(stdout))
+        request_frame()
+
+    signals = {signal.SIGWINCH: on_resize, signal.SIGTERM: lambda: app.quit(143),
+               signal.SIGHUP: lambda: app.quit(129)}
+    installed = []
+    unsubscribe = None
+    terminal.enter()
+    try:
+        lines = render_transcript(replay, width, color)
+        if lines:
+            write((NEWLINE.join(lines) + NEWLINE).encode())
+        for signum, handler in signals.items():
+            try:
+                loop.add_signal_handler(signum, handler)
+                installed.append(signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass            # not the main thread: the caller handles signals
+        loop.add_reader(stdin_fd, on_readable)
+        unsubscribe = controller.subscribe(on_event)
+        request_frame()
+        code = await done
+        result = controller.quit()
+        if inspect.isawaitable(result):
+            await result
+        return code
+    finally:
+        loop.remove_reader(stdin_fd)
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        for handle in handles.values():
+            if handle is not None:
+                handle.cancel()
+        if unsubscribe is not None:
+            unsubscribe()
+        for task in tasks:
+            task.cancel()
+        try:
+            write(app.close())
+        except OSError:
+            pass
+        finally:
+            terminal.leave()
