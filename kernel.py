@@ -189,21 +189,47 @@ class Kernel:
         self.emit("Interrupted")
 
     async def call_model(self) -> None:
+        """One response. A context overflow is answered by pruning or compacting, then one retry."""
+        await self.keep_in_budget(self.ctx.plan(self.log))
+        for attempt in (1, 2):
+            try:
+                await self.stream_response()
+                break
+            except ModelError as e:
+                overflow_retry = e.kind == "context_overflow" and attempt == 1
+                self.emit("ModelRequestFailed", kind=e.kind, status=e.status, message=str(e), retrying=overflow_retry)
+                if not overflow_retry:
+                    break
+                try:
+                    await self.keep_in_budget(self.ctx.overflow_plan(self.log, str(e)))
+                except ModelError as aux_error:
+                    self.emit("ModelRequestFailed", kind=aux_error.kind, status=aux_error.status,
+                              message=f"compaction failed: {aux_error}", retrying=False)
+                    break
+        self.bus.store.sync()
+
+    async def stream_response(self) -> None:
         request = self.ctx.build_request(self.log, volatile=self.ctx.volatile_facts(self.toolbox.running_processes()))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        try:
-            async for raw in self.model.stream(request):
-                if raw["type"] == "restart":
-                    self.emit("ModelRequestFailed", kind="retryable", status=raw.get("status"),
-                              message=raw["error"], retrying=True)
-                    reducer = StreamReducer()
-                    continue
-                for kind, payload in reducer.feed(raw):
-                    self.emit(kind, **payload)
-        except ModelError as e:
-            self.emit("ModelRequestFailed", kind=e.kind, status=e.status, message=str(e), retrying=False)
-        self.bus.store.sync()
+        async for raw in self.model.stream(request):
+            if raw["type"] == "restart":
+                self.emit("ModelRequestFailed", kind="retryable", status=raw.get("status"),
+                          message=raw["error"], retrying=True)
+                reducer = StreamReducer()
+                continue
+            for kind, payload in reducer.feed(raw):
+                self.emit(kind, **payload)
+
+    async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
+        """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
+        if plan == "prune":
+            self.emit("ContextPruned", tool_use_ids=self.ctx.prune_ids(self.log))
+        elif plan == "compact":
+            self.emit("Status", text="compacting the conversation…")
+            payload = await self.ctx.compact(self.log, self.model.complete, focus=focus)
+            if payload is not None:
+                self.emit("ContextCompacted", **payload)
 
     async def execute_tools(self) -> None:
         for call in events.kernel_state(self.log).pending_tools:

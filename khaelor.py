@@ -196,7 +196,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask):
     workspace = tools.Workspace(project_root)
     toolbox = tools.Toolbox(workspace, home, bus.emit)
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=settings["model"],
-                          tool_schemas=toolbox.schemas, workspace=workspace)
+                          aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=workspace)
     client = model.ModelClient(on_status=lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
                             rules=permissions.load_rules(settings["layers"]), project_root=project_root,

@@ -30,6 +30,7 @@ suggests itself); a secret read or anything outside the project suggests the exa
 """
 
 import fnmatch
+import glob
 import os
 import posixpath
 import re
@@ -63,7 +64,7 @@ READ_ONLY_COMMANDS = (
     "git rev-parse", "git ls-files", "git ls-tree", "git blame", "git shortlog", "git remote",
     "git stash", "git merge-base", "git show-ref", "git reflog", "git worktree", "git cat-file")
 READ_ONLY_EXCEPTIONS = ("find *-exec*", "find *-ok*", "find *-delete*", "find *-fprint*",
-                        "find *-fls*", "sort *-o*", "tree *-o*", "rg *--pre*", "git *--output*")
+                        "find *-fls*", "sort *-o*", "sort *--compress*", "tree *-o*", "rg *--pre*", "git *--output*")
 
 # Programs whose "always" suggestion is the exact command: a wildcard over their arguments
 # would grant far more than the user just saw (rm *, curl *, sudo *).
@@ -116,7 +117,7 @@ _WRAPPERS = {
     "watch": {"-n", "-d"}, "xargs": {"-I", "-n", "-P", "-L", "-d", "-s", "-E", "-a"}}
 _SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su"))
 _KEYWORDS = frozenset(("if", "then", "else", "elif", "fi", "do", "done", "while", "until",
-                       "!", "{", "}", "esac", "time"))
+                       "!", "{", "}", "esac"))
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
 # First positional argument is a pattern or script, not a file.
 _PATTERN_FIRST = frozenset(("grep", "egrep", "fgrep", "rg", "sed", "awk", "jq"))
@@ -133,6 +134,7 @@ _OPERATORS = ("&&", "||", ";;", "|&", "&>>", "&>", ">>", ">|", ">&", "<<<", "<<-
               "<>", ">", "<", "|", "&", ";", "(", ")", "\n")
 _SEPARATORS = frozenset(("&&", "||", ";;", "|&", "|", "&", ";", "(", ")", "\n"))
 _WRITE_REDIRECTS = frozenset((">", ">>", ">|", "&>", "&>>", "<>", ">&"))
+_MAX_GLOB = 100          # paths a glob argument is checked against
 _MAX_NESTING = 8          # bash -c "eval \"$(...)\"" ... deeper than this is refused as unparsable
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 _PARAMETER = re.compile(r"\$(?:\{([A-Za-z_]\w*|[0-9@*])\}|([A-Za-z_]\w*|[0-9@*]))")
@@ -497,14 +499,23 @@ def _argument_requests(part: _Part, root: str, compound: bool) -> list[_Request]
     requests = []
     for op, target in part.redirects:
         writes = op in _WRITE_REDIRECTS and not target.isdigit() and target != "-"
-        if (writes or op == "<") and target not in _SAFE_DEVICES and "$" not in target:
-            _, request = _path_request(target, part.cwd, root,
-                                       "file.write.project" if writes else "file.read")
-            requests.append(request._replace(suggestion=None))
+        if (writes or op == "<") and target not in _SAFE_DEVICES:
+            requests += _word_requests(target, part.cwd, root, "file.write.project" if writes else "file.read")
     for word in _path_arguments(part.core):
-        _, request = _path_request(word, part.cwd, root, "file.read")
-        requests.append(request._replace(suggestion=None if compound else request.suggestion))
+        requests += _word_requests(word, part.cwd, root, "file.read", keep_suggestion=not compound)
     return requests
+
+
+def _word_requests(word: str, cwd: str, root: str, capability: str, keep_suggestion=False) -> list[_Request]:
+    """A shell word naming files: globs are expanded (`cat .e*` reads .env); a word holding
+    a value we cannot know ($F, $(...)) might be anywhere, so it counts as outside."""
+    if "$(" in word or "`" in word or _PARAMETER.search(word):
+        return [_Request("filesystem.outsideProject", word, None)]
+    paths = [word]
+    if any(ch in word for ch in "*?["):
+        paths = sorted(glob.glob(os.path.join(cwd, os.path.expanduser(word))))[:_MAX_GLOB] or paths
+    requests = [_path_request(path, cwd, root, capability)[1] for path in paths]
+    return [r if keep_suggestion and len(paths) == 1 else r._replace(suggestion=None) for r in requests]
 
 
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
@@ -523,7 +534,7 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
             words.append(arg)
     if name in _PATTERN_FIRST and words and not any(a in ("-e", "-f", "--regexp", "--file") for a in args):
         words = words[1:]
-    return [w for w in words if w and "$" not in w and "`" not in w and w not in _SAFE_DEVICES]
+    return [w for w in words if w and w not in _SAFE_DEVICES]
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
@@ -568,7 +579,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     targets = [a for a in args if a not in options and a != "--"]
     recursive = any(o == "--recursive" or (not o.startswith("--") and set(o[1:]) & {"r", "R"})
                     for o in options)
-    doomed = next((t for t in targets if _catastrophic(t, home)), None)
+    doomed = next((t for t in targets if _catastrophic(t, home, part.cwd)), None)
     if name == "rm" and recursive and doomed:
         return f"recursive delete of {doomed}"
     if name in ("chmod", "chown", "chgrp") and recursive and doomed:
@@ -585,19 +596,19 @@ def _floor_reason(part: _Part, home: str) -> str | None:
             if a.startswith(("-", "(", "!")):
                 break
             roots.append(a)
-        doomed = next((r for r in roots if _catastrophic(r, home)), None)
+        doomed = next((r for r in roots if _catastrophic(r, home, part.cwd)), None)
         if doomed:
             return f"find -delete from {doomed}"
     return None
 
 
-def _catastrophic(target: str, home: str) -> bool:
+def _catastrophic(target: str, home: str, cwd: str) -> bool:
     if target in ("*", "./*"):
         return True
     if target.endswith("/*"):
         target = target[:-2] or "/"
-    path = _absolute(target)
-    return path is not None and (path in _PROTECTED_DIRS or path == home)
+    path = _absolute(target) or posixpath.normpath(posixpath.join(cwd, target))
+    return path in _PROTECTED_DIRS or path == home
 
 
 def _is_device(target: str) -> bool:
@@ -698,9 +709,11 @@ class _ShellLine:
         if core and core[0] in _SHELLS:
             flag = next((i for i, w in enumerate(core[1:], 1)
                          if w.startswith("-") and not w.startswith("--") and "c" in w), None)
-            if flag is not None and flag + 1 < len(core):
+            scripts = [core[flag + 1]] if flag is not None and flag + 1 < len(core) else \
+                [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
+            for script in scripts:
                 self.compound = True
-                self._parse(core[flag + 1], cwd, depth + 1)
+                self._parse(script, cwd, depth + 1)
         elif core and core[0] == "eval":
             self.compound = True
             self._parse(" ".join(core[1:]), cwd, depth + 1)
@@ -718,7 +731,7 @@ class _ShellLine:
         return cwd
 
     def _remember_assignments(self, words: list[str], env: dict) -> None:
-        if words[0] in ("export", "declare", "local", "readonly", "typeset"):
+        if words and words[0] in ("export", "declare", "local", "readonly", "typeset"):
             words = words[1:]
         if words and all(_ASSIGNMENT.match(w) for w in words):
             for word in words:
@@ -838,7 +851,8 @@ def _lex(text: str) -> list:
         if pieces:
             tokens.append(("word", list(pieces)))
             if expect_delimiter:
-                heredocs.append(("".join(t for _, t in pieces), expect_delimiter == "<<-"))
+                quoted = any(kind != "raw" for kind, _ in pieces)
+                heredocs.append(("".join(t for _, t in pieces), expect_delimiter == "<<-", quoted, tokens[-1][1]))
                 expect_delimiter = None
             pieces.clear()
 
@@ -875,6 +889,8 @@ def _lex(text: str) -> list:
         elif text.startswith("$((", i):
             end = _balanced(text, i + 1)
             piece("lit", text[i:end])
+            for inner in _nested_subs(text[i + 3:end - 2]):
+                piece("sub", inner)
             i = end
         elif text.startswith("$(", i) or (c in "<>" and text.startswith("(", i + 1) and not pieces and not raw):
             end = _balanced(text, i + 1)      # $( ) and process substitution <( ) >( )
@@ -883,12 +899,6 @@ def _lex(text: str) -> list:
         elif c == "`":
             end = _backtick_end(text, i + 1)
             piece("sub", re.sub(r"\\([`$\\])", r"\1", text[i + 1:end]))
-            i = end + 1
-        elif text.startswith("${", i):
-            end = text.find("}", i)
-            if end < 0:
-                raise _ParseError("unterminated ${")
-            raw.append(text[i:end + 1])
             i = end + 1
         elif c == "#" and not pieces and not raw:
             end = text.find("\n", i)
@@ -910,7 +920,7 @@ def _lex(text: str) -> list:
             if op in ("<<", "<<-"):
                 expect_delimiter = op
             elif op == "\n" and heredocs:
-                i = _skip_heredocs(text, i, heredocs)
+                i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
     end_word()
     return tokens
@@ -938,6 +948,9 @@ def _lex_double(text: str, i: int, piece) -> int:
         elif text.startswith("$((", i):
             end = _balanced(text, i + 1)
             buf.append(text[i:end])
+            flush()
+            for inner in _nested_subs(text[i + 3:end - 2]):
+                piece("dqsub", inner)
             i = end
         elif text.startswith("$(", i):
             end = _balanced(text, i + 1)
@@ -993,14 +1006,39 @@ def _backtick_end(text: str, i: int) -> int:
     raise _ParseError("unterminated backtick")
 
 
-def _skip_heredocs(text: str, i: int, heredocs: list) -> int:
-    for delimiter, strip_tabs in heredocs:
+def _read_heredocs(text: str, i: int, heredocs: list) -> int:
+    """Consume the bodies that follow a line; each becomes its `<<` word's only content."""
+    for delimiter, strip_tabs, quoted, target in heredocs:
+        lines = []
         while i < len(text):
             end = text.find("\n", i)
             line, i = (text[i:], len(text)) if end < 0 else (text[i:end], end + 1)
             if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                 break
+            lines.append(line)
+        body = "\n".join(lines)
+        target[:] = [("lit", body)] + ([] if quoted else [("sub", s) for s in _nested_subs(body)])
     return i
+
+
+def _nested_subs(text: str) -> list[str]:
+    """The $( ) and backtick commands inside text where quotes do not protect them
+    (heredoc bodies, arithmetic)."""
+    found, i = [], 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text.startswith("$(", i):
+            end = _balanced(text, i + 1)
+            found.append(text[i + 2:end - 1])
+            i = end
+        elif text[i] == "`":
+            end = _backtick_end(text, i + 1)
+            found.append(text[i + 1:end])
+            i = end + 1
+        else:
+            i += 1
+    return found
 
 
 def _ansi_c(body: str) -> str:

@@ -39,6 +39,7 @@ LISTING_CAP = 500                   # directory entries shown by read
 SEARCH_RESULT_CAP = 100             # files (glob) or matching lines (grep) shown
 GREP_SCAN_CAP = 10_000              # matching lines collected before we stop counting
 GREP_LINE_CHARS = 300               # a matching line is cut to this many characters
+SEARCH_TIMEOUT_S = 60               # a ripgrep run is stopped after this
 BASH_DEFAULT_TIMEOUT_MS = 120_000
 BASH_MAX_TIMEOUT_MS = 600_000
 STRAY_GRACE_S = 0.3                 # after a shell exits, its backgrounded children get this long to finish
@@ -1143,6 +1144,211 @@ def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
         diff = diff[:DIFF_CHAR_CAP] + f"\n[… diff cut at {DIFF_CHAR_CAP:,} of {len(diff):,} characters …]\n"
     return added, removed, diff
 
+# ---------------------------------------------------------------- grep and glob
+# ripgrep when it is on PATH, otherwise Python over the same candidate files: `git ls-files` in a
+# repository (so .gitignore applies), a walk elsewhere. Hidden files count, .git never does; glob
+# patterns follow ripgrep's --glob rules (no "/" means "at any depth").
+
+
+def _glob_regex(pattern: str) -> tuple[re.Pattern, bool]:
+    """(regex for a relative path or a base name, whether it applies to the whole path)."""
+    pattern = pattern.strip().removeprefix("./")
+    anchored = "/" in pattern.rstrip("/")
+    pattern, out, i = pattern.lstrip("/"), [], 0
+    while i < len(pattern):
+        char = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[" and "]" in pattern[i + 2:]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            i = end
+        elif char == "{" and "}" in pattern[i:]:
+            end = pattern.index("}", i)
+            out.append("(?:" + "|".join(_glob_regex(part)[0].pattern[:-2] for part in pattern[i + 1:end].split(",")) + ")")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return re.compile("".join(out) + r"\Z"), anchored
+
+
+def _glob_matcher(pattern: str) -> Callable[[str], bool]:
+    regex, anchored = _glob_regex(pattern)
+    if anchored:
+        return lambda rel: regex.match(rel) is not None
+    return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
+
+
+def _candidates(ws: Workspace, root: Path) -> list[str]:
+    """Files under `root` as relative POSIX paths: git's view when it has one, else every file."""
+    code, out = ws.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root)
+    if code == 0 and out:
+        return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        base = os.path.relpath(folder, root)
+        found.extend(name if base == "." else f"{base}/{name}" for name in files)
+    return found
+
+
+async def _list_files(box: "Toolbox", root: Path) -> list[str]:
+    """Candidate files under `root`. ripgrep's own --glob would override .gitignore, so patterns are
+    always applied by us, to this list."""
+    if not box.ripgrep:
+        return await asyncio.to_thread(_candidates, box.workspace, root)
+    lines, _ = await _rg_lines(box, ["--files", "--hidden", "--glob", "!.git"], root, 10**7)
+    return [line.removeprefix("./") for line in lines]
+
+
+def _newest_first(root: Path, rels) -> list[str]:
+    def mtime(rel: str) -> int:
+        try:
+            return os.stat(root / rel).st_mtime_ns
+        except OSError:
+            return 0
+    return sorted(rels, key=lambda rel: (-mtime(rel), rel))
+
+
+async def _rg_lines(box: "Toolbox", argv: list[str], cwd: Path, cap: int) -> tuple[list[str], int]:
+    """ripgrep's output lines (at most `cap`; then it is stopped) and its exit code."""
+    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd)
+    lines = []
+    try:
+        async with asyncio.timeout(SEARCH_TIMEOUT_S):
+            while len(lines) < cap and (line := await child.stdout.readline()):
+                lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+            _kill_group(child.pid)
+            await child.proc.wait()
+    except TimeoutError:
+        raise ToolError(f"The search took over {SEARCH_TIMEOUT_S} s and was stopped; narrow the path or pattern.",
+                        error="timeout") from None
+    finally:
+        _kill_group(child.pid)
+        child.close_pipes()
+    return lines, child.proc.returncode
+
+
+def _search_root(ws: Workspace, value: str | None) -> Path:
+    path = ws.resolve(value) if value else ws.cwd
+    if not path.exists():
+        raise _missing(ws, path)
+    return path
+
+
+async def _tool_glob(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    ws, pattern = box.workspace, args["pattern"]
+    root = _search_root(ws, args.get("path"))
+    if not root.is_dir():
+        raise ToolError(f"{ws.display(root)} is a file; glob searches a directory.", error="not_a_directory")
+    match = _glob_matcher(pattern)
+    files = [rel for rel in await _list_files(box, root) if match(rel)]
+    files = await asyncio.to_thread(_newest_first, root, files)
+    meta = {"files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
+            "engine": "ripgrep" if box.ripgrep else "python"}
+    if not files:
+        return ToolResult(f"No files match {pattern!r} under {ws.display(root)}.", meta=meta)
+    shown = "\n".join(ws.display(root / rel) for rel in files[:SEARCH_RESULT_CAP])
+    if len(files) > SEARCH_RESULT_CAP:
+        shown += (f"\n\n(Showing the {SEARCH_RESULT_CAP} most recently modified of {len(files):,} matching files. "
+                  "Narrow the pattern or pass a path to see others.)")
+    return ToolResult(shown, meta=meta)
+
+
+async def _tool_grep(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+    ws, pattern, include = box.workspace, args["pattern"], args.get("include")
+    target = _search_root(ws, args.get("path"))
+    root = target if target.is_dir() else target.parent
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise ToolError(f"Invalid regular expression {pattern!r}: {exc}. Escape special characters such as "
+                        "( [ { . * + ? | with a backslash to match them literally.", error="bad_pattern") from None
+    if box.ripgrep:
+        hits = await _rg_grep(box, pattern, target, root, include)
+    else:
+        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, include)
+    return _grep_report(ws, root, hits, pattern, box.ripgrep)
+
+
+async def _rg_grep(box: "Toolbox", pattern: str, target: Path, root: Path, include: str | None) -> dict:
+    argv = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never", "--hidden",
+            "--no-messages", "--max-columns", "1000", "--max-columns-preview", "--glob", "!.git"]
+    if include and "/" not in include.rstrip("/"):     # a file type filters without overriding .gitignore
+        argv += ["--type-add", f"khaelor:{include}", "--type", "khaelor"]
+    argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
+    lines, code = await _rg_lines(box, argv, root, GREP_SCAN_CAP)
+    if code == 2 and lines and "\0" not in lines[0]:
+        raise ToolError(f"ripgrep rejected the search: {' '.join(lines)[:500]}", error="bad_pattern")
+    hits: dict[str, list[tuple[int, str]]] = {}
+    keep = _glob_matcher(include) if include else None
+    for line in lines:
+        rel, _, rest = line.partition("\0")
+        number, _, text = rest.partition(":")
+        rel = rel.removeprefix("./")
+        if number.isdigit() and (keep is None or keep(rel)):
+            hits.setdefault(rel, []).append((int(number), text))
+    return hits
+
+
+def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path, include: str | None) -> dict:
+    files = [target.name] if target.is_file() else _candidates(ws, root)
+    if include:
+        match = _glob_matcher(include)
+        files = [rel for rel in files if match(rel)]
+    hits, n_hits = {}, 0
+    for rel in files:
+        try:
+            data = (root / rel).read_bytes()
+        except OSError:
+            continue
+        if b"\0" in data:                   # binary, as ripgrep judges it
+            continue
+        text = data.decode("utf-8", "replace")
+        if not regex.search(text):
+            continue
+        for number, line in enumerate(text.split("\n"), 1):
+            if regex.search(line):
+                hits.setdefault(rel, []).append((number, line))
+                n_hits += 1
+        if n_hits >= GREP_SCAN_CAP:
+            break
+    return hits
+
+
+def _grep_report(ws: Workspace, root: Path, hits: dict, pattern: str, engine: str | None) -> ToolResult:
+    total = sum(map(len, hits.values()))
+    meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
+            "engine": "ripgrep" if engine else "python"}
+    if not hits:
+        return ToolResult(f"No matches for {pattern!r} in {ws.display(root)}.", meta=meta)
+    out = []
+    for rel in _newest_first(root, hits):
+        for number, text in hits[rel]:
+            if len(out) == SEARCH_RESULT_CAP:
+                break
+            text = text.rstrip("\r")
+            text = text if len(text) <= GREP_LINE_CHARS else text[:GREP_LINE_CHARS] + "… [line cut]"
+            out.append(f"{ws.display(root / rel)}:{number}: {text}")
+    if total > SEARCH_RESULT_CAP:
+        counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
+        out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines in {len(hits):,} files, most "
+                   "recently modified files first. Narrow it with a more specific pattern, a path, or include "
+                   "(e.g. \"*.py\").)")
+    return ToolResult("\n".join(out), meta=meta)
+
 # ---------------------------------------------------------------- bash
 
 
@@ -1462,6 +1668,7 @@ class Toolbox:
         self.edit_history: dict[Path, list[FileVersion]] = {}   # real path -> versions, oldest first
         self.stamps: dict[Path, _Stamp] = {}    # real path -> as last read or written by the model
         self.groups: set[int] = set()           # process groups alive right now (bash and process)
+        self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
         self.processes = _Processes(workspace, emit, self.groups)
         self._by_name = {schema["name"]: schema for schema in SCHEMAS}
         # If khaelor dies without awaiting close(), still kill every group at interpreter exit.
@@ -1570,9 +1777,6 @@ def _os_error_text(exc: OSError) -> str:
     return f"{exc.strerror or exc}{where}. Check the path and permissions, then retry or try another approach."
 
 
-async def _not_yet(box, args, tool_use_id):
-    raise ToolError("not implemented yet")
 
-
-TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _not_yet, "glob": _not_yet,
+TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _tool_grep, "glob": _tool_glob,
          "bash": _tool_bash, "process": _tool_process}

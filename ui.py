@@ -1104,7 +1104,7 @@ def render_permission_panel(request: dict, width: int, style: Style,
     lines += wrap_spans([(sanitize(str(request.get("descriptor", ""))), ("bold",))], width, style,
                         bar, bar)
     preview = sanitize(str(request.get("preview") or "")).rstrip("\n")
-    if preview and preview.strip() != str(request.get("descriptor", "")).strip():
+    if preview and preview.strip() not in str(request.get("descriptor", "")):
         is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
         rows = (render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES) if is_diff
                 else [r for line in preview.split("\n")[:PANEL_PREVIEW_LINES]
@@ -1116,12 +1116,12 @@ def render_permission_panel(request: dict, width: int, style: Style,
             keys.append(("a", f"always allow {rule_text(request['suggestion'])}"))
         keys.append(("n", "deny"))
         spans: list[Span] = []
-        for key, words in keys:
-            spans += [(key, ("bold",)), (f") {words}   ", ())]
+        for k, (key, words) in enumerate(keys):
+            spans += [(" · " if k else "", ("dim",)), (key, ("bold",)), (f") {words}", ())]
         lines += wrap_spans(spans, width, style, bar, bar)
     else:
-        lines.append(bar + style.paint("Denied. Tell the model what to do instead "
-                                       "(Enter sends, Esc skips):", "dim"))
+        lines += wrap_spans([("Denied. Tell the model what to do instead (Enter sends, Esc "
+                              "skips):", ("dim",))], width, style, bar, bar)
         lines.append(bar + "  " + feedback)
     return [clip(line, width) for line in lines]
 
@@ -1794,10 +1794,10 @@ class App:
 def terminal_size(stream_or_fd) -> tuple[int, int]:
     try:
         fd = stream_or_fd if isinstance(stream_or_fd, int) else stream_or_fd.fileno()
-        size = os.get_terminal_size(fd)
-        return max(size.columns, 10), max(size.lines, 4)
+        columns, rows = os.get_terminal_size(fd)
     except (OSError, ValueError, AttributeError):
         return 80, 24
+    return (max(columns, 10), max(rows, 4)) if columns > 0 and rows > 0 else (80, 24)
 
 
 class TerminalMode:

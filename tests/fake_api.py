@@ -606,8 +606,10 @@ class FakeAnthropic:
                                         "message": failure.message})
             if self.log_path:
                 request = self.requests[index]
-                line = {"index": index, "path": request["path"], "headers": request["headers"],
-                        "body": request["body"], "status": status, "error": failure and failure.message}
+                headers = {k: "<redacted>" if k in ("authorization", "x-api-key") else v
+                           for k, v in request["headers"].items()}   # a log file must not hold keys
+                line = {"index": index, "path": request["path"], "headers": headers, "body": request["body"],
+                        "status": status, "error": failure and failure.message}
                 with open(self.log_path, "a", encoding="utf-8") as log:
                     log.write(json.dumps(line) + "\n")
 

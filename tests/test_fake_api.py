@@ -283,6 +283,7 @@ def test_runs_as_a_process_with_port_file_and_log(tmp_path):
         assert proc.wait(timeout=5) == 0
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["status"] for line in lines] == [200, 500] and lines[0]["body"]["model"] == MODEL
+    assert lines[0]["headers"]["x-api-key"] == "<redacted>"
 
 
 # ---------------------------------------------------------------- validate(): one rule per case

@@ -211,3 +211,23 @@ def test_malformed_tool_input_becomes_a_repairable_tool_error(khaelor, fake):
     results = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"]
     assert all(r["is_error"] for r in results)
     assert "file_path" in results[0]["content"] and "nonexistent_tool" in results[1]["content"]
+
+
+def test_a_context_overflow_compacts_through_the_aux_model_and_the_retry_is_smaller(khaelor, fake):
+    fake.max_context_tokens = 6000
+    checkpoint = json.dumps({"objective": "print many x", "completed": ["printed 20000 x"],
+                             "next_steps": ["report the count"]})
+    fake.enqueue(reply(tool_use("bash", {"command": "python3 -c \"print('x' * 20000)\""})),
+                 reply(text(checkpoint), match={"model": "claude-haiku-5-5"}),
+                 reply(text("finished after compaction")))
+    result = khaelor.run("-p", "print x many times", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "finished after compaction"
+    assert len(fake.rejections) == 1 and "prompt is too long" in str(fake.rejections[0])
+    main_requests = [r for r in fake.requests if r["body"]["model"] == "claude-sonnet-5-5"]
+    rejected, retried = main_requests[-2], main_requests[-1]
+    assert len(retried["raw"]) < len(rejected["raw"]) / 2
+    assert "print many x" in json.dumps(retried["body"]["messages"])
+    assert any(r["body"]["model"] == "claude-haiku-5-5" for r in fake.requests)
+    compacted = [e for e in khaelor.log() if e["type"] == "ContextCompacted"]
+    assert len(compacted) == 1 and compacted[0]["checkpoint"]["objective"] == "print many x"

@@ -337,3 +337,287 @@ def test_processes_outlive_a_cancelled_turn_and_close_stops_them_all(tmp_path, m
     exits = box.of_type("ProcessExited")
     assert sorted(e["process_id"] for e in exits) == ["p1", "p2"]
     assert {e["cause"] for e in exits} == {"khaelor exit"}
+
+
+# ---------------------------------------------------------------- edit conformance table
+# (name, file bytes, old_string, new_string, replace_all, expected file bytes or "ERROR: <text>", strategy)
+EDIT_CASES = [
+    ("exact single line", b"a = 1\nb = 2\n", "b = 2", "b = 3", False, b"a = 1\nb = 3\n", "exact"),
+    ("exact multi-line", b"def f():\n    return 1\n", "def f():\n    return 1", "def f():\n    return 2", False,
+     b"def f():\n    return 2\n", "exact"),
+    ("exact ambiguous cites lines", b"x\ny\nx\n", "x", "z", False, "ERROR: matches 2 places in f.py (lines 1, 3)", None),
+    ("replace_all exact", b"x = 1\nx = 1\n", "x = 1", "x = 2", True, b"x = 2\nx = 2\n", "exact"),
+    ("identical strings refused", b"a\n", "a", "a", False, "ERROR: identical", None),
+    ("not found shows closest text", b"import os\ndef compute(a):\n    return a\n", "def compte(a, b):\n    return a",
+     "x", False, "ERROR: most similar text starts at line 2", None),
+    ("not found mentions line-number prefixes", b"x = 1\n", "     1\tx = 1", "x = 2", False,
+     "ERROR: without read's line-number prefixes", None),
+    ("line-trimmed: trailing whitespace", b"def f():  \n    return 1\t\n", "def f():\n    return 1",
+     "def f():\n    return 2", False, b"def f():\n    return 2\n", "line_trimmed"),
+    ("line-trimmed: indentation drift re-indents new_string", b"class A:\n    def f(self):\n        return 1\n",
+     "def f(self):\n    return 1", "def f(self):\n    return 2", False,
+     b"class A:\n    def f(self):\n        return 2\n", "line_trimmed"),
+    ("line-trimmed: over-indented old_string", b"def f():\n    return 1\n", "        def f():\n            return 1",
+     "        def f():\n            return 2", False, b"def f():\n    return 2\n", "line_trimmed"),
+    ("line-trimmed: trailing newline in old_string", b"    a()\n    b()\n", "a()\nb()\n", "a()\nc()\n", False,
+     b"    a()\n    c()\n", "line_trimmed"),
+    ("line-trimmed: drift with blank lines", b"class A:\n    def f(self):\n\n        return 1\n",
+     "def f(self):\n\n    return 1", "def f(self):\n\n    return 2\n    # done", False,
+     b"class A:\n    def f(self):\n\n        return 2\n        # done\n", "line_trimmed"),
+    ("block-anchor: middle line differs", b"def f(x):\n    y = x + 1\n    z = y * 2\n    return z\n",
+     "def f(x):\n    y = x + 1\n    z = y * 3\n    return z", "def f(x):\n    return x", False,
+     b"def f(x):\n    return x\n", "block_anchor"),
+    ("block-anchor: most similar candidate wins",
+     b"if a:\n    foo(1)\n    bar(1)\nend\nif a:\n    foo(2)\n    qux(9)\nend\n",
+     "if a:\n    foo(2)\n    qux(8)\nend", "if a:\n    done()\nend", False,
+     b"if a:\n    foo(1)\n    bar(1)\nend\nif a:\n    done()\nend\n", "block_anchor"),
+    ("block-anchor: too dissimilar is not a match", b"def f():\n    alpha_beta_gamma()\n    return 1\n",
+     "def f():\n    zzz\n    return 1", "x", False, "ERROR: not found", None),
+    ("whitespace-normalized: inner spaces", b"x = foo(a,  b)\n", "x = foo(a, b)", "x = foo(a, c)", False,
+     b"x = foo(a, c)\n", "whitespace_normalized"),
+    ("whitespace-normalized: tabs and doubled spaces", b"if x:\n\treturn  1\n", "if x:\n    return 1",
+     "if x:\n    return 2", False, b"if x:\n    return 2\n", "whitespace_normalized"),
+    ("whitespace-normalized: unicode", "名前  =  '値'\n".encode(), "名前 = '値'", "名前 = '新'", False,
+     "名前 = '新'\n".encode(), "whitespace_normalized"),
+    ("indentation-flexible narrows an ambiguous trimmed match",
+     b"def a():\n    if x:\n        foo()\n    bar()\ndef b():\n    if x:\n    foo()\n    bar()\n",
+     "if x:\n    foo()\nbar()", "if x:\n    baz()\nbar()", False,
+     b"def a():\n    if x:\n        baz()\n    bar()\ndef b():\n    if x:\n    foo()\n    bar()\n",
+     "indentation_flexible"),
+    ("escape-normalized: over-escaped quotes", b'print("hi")\n', 'print(\\"hi\\")', 'print(\\"bye\\")', False,
+     b'print("bye")\n', "escape_normalized"),
+    ("escape-normalized: literal backslash-n", b"a\nb\n", "a\\nb", "a\\nc", False, b"a\nc\n", "escape_normalized"),
+    ("escape-normalized: literal backslash-t", b"a\tb\n", "a\\tb", "a\\tc", False, b"a\tc\n", "escape_normalized"),
+    ("trimmed-boundary narrows a whitespace match", b"call(a  b)\ncall(a b)\n", " a b ", " c ", False,
+     b"call(a  b)\ncall(c)\n", "trimmed_boundary"),
+    ("context-aware: anchor repeats inside the block",
+     b"def f():\n    a = 1\n    return a\n    b = 2\n    return a\n",
+     "def f():\n    a = 1\n    x = 99999999\n    b = 2\n    return a", "def f():\n    return 0", False,
+     b"def f():\n    return 0\n", "context_aware"),
+    ("multi-occurrence: replace_all over whitespace variants", b"x = 1\n    x  =  1\nif y: x =\t1\n", "x = 1 ",
+     "x = 2 ", True, b"x = 2\n    x = 2\nif y: x = 2\n", "multi_occurrence"),
+    ("multi-occurrence: keeps each occurrence's indentation", b"  a(1)\n\tb\n        a(1)\n", "a(1)\n", "a(2)\n",
+     True, b"  a(2)\n\tb\n        a(2)\n", "exact"),
+    ("replace_all with nothing to match", b"a\n", "zzz", "y", True, "ERROR: not found", None),
+    ("fuzzy ambiguity cites lines", b"  foo()\nbar\n    foo()\n", "foo() ", "baz()", False,
+     "ERROR: matches 2 places in f.py (lines 1, 3)", None),
+    ("disproportionate fuzzy match refused", b"a" + b"\n" * 30 + b"b\n", "a b", "c", False,
+     "ERROR: much more text than old_string", None),
+    ("CRLF preserved", b"a\r\nb\r\nc\r\n", "a\nb", "a\nB", False, b"a\r\nB\r\nc\r\n", "exact"),
+    ("CRLF old_string on CRLF file", b"a\r\nb\r\n", "a\r\nb", "x\r\ny", False, b"x\r\ny\r\n", "exact"),
+    ("CRLF new lines inserted as CRLF", b"a\r\nb\r\n", "b", "b\nc", False, b"a\r\nb\r\nc\r\n", "exact"),
+    ("BOM preserved", b"\xef\xbb\xbfx = 1\n", "x = 1", "x = 2", False, b"\xef\xbb\xbfx = 2\n", "exact"),
+    ("BOM and CRLF together", b"\xef\xbb\xbfa\r\nb\r\n", "  b", "  c", False, b"\xef\xbb\xbfa\r\nc\r\n",
+     "line_trimmed"),
+    ("unicode exact", "naïve = '日本語'\nemoji = '🎉'\n".encode(), "emoji = '🎉'", "emoji = '✨'", False,
+     "naïve = '日本語'\nemoji = '✨'\n".encode(), "exact"),
+    ("no trailing newline kept", b"x = 1", "x = 1", "x = 2", False, b"x = 2", "exact"),
+    ("empty old_string on a non-empty file", b"x\n", "", "y", False, "ERROR: old_string is empty", None),
+    ("empty old_string fills an empty file", b"", "", "hello\n", False, b"hello\n", "exact"),
+    ("deletion with empty new_string", b"a\nb\nc\n", "b\n", "", False, b"a\nc\n", "exact"),
+]
+
+
+@pytest.mark.parametrize("name, before, old, new, replace_all, expected, strategy", EDIT_CASES,
+                         ids=[case[0] for case in EDIT_CASES])
+def test_edit_conformance(box, name, before, old, new, replace_all, expected, strategy):
+    target = box.root / "f.py"
+    target.write_bytes(before)
+    box.call("read", file_path="f.py")
+    result = box.call("edit", file_path="f.py", old_string=old, new_string=new, replace_all=replace_all)
+    if isinstance(expected, str):
+        assert result.is_error, result.text
+        assert expected.removeprefix("ERROR: ") in result.text
+        assert target.read_bytes() == before
+    else:
+        assert not result.is_error, result.text
+        assert target.read_bytes() == expected
+        assert result.meta["strategy"] == strategy
+
+
+def test_edit_conformance_table_covers_every_strategy_and_has_thirty_cases():
+    assert len(EDIT_CASES) >= 30
+    assert {case[6] for case in EDIT_CASES if case[6]} == {name for name, _, _ in tools.CASCADE}
+
+
+# ---------------------------------------------------------------- write / edit safety and reporting
+
+
+def test_edit_result_shows_a_numbered_snippet_and_emits_file_modified(box):
+    (box.root / "m.py").write_text("".join(f"line{n}\n" for n in range(1, 21)))
+    box.call("read", file_path="m.py")
+    result = box.call("edit", file_path="m.py", old_string="line10\n", new_string="ten\nTEN\n")
+    assert "    10\tten\n    11\tTEN" in result.text and "     6\tline6" in result.text
+    assert "(+2 −1)" in result.text
+    event = box.of_type("FileModified")[-1]
+    assert event["path"] == "m.py" and event["added"] == 2 and event["removed"] == 1 and not event["created"]
+    assert "@@ -7,7 +7,8 @@" in event["diff"] and "-line10\n+ten\n+TEN\n" in event["diff"]
+
+
+def test_fuzzy_match_is_reported_to_the_model(box):
+    (box.root / "f.py").write_text("x = foo(a,  b)\n")
+    box.call("read", file_path="f.py")
+    result = box.call("edit", file_path="f.py", old_string="x = foo(a, b)", new_string="x = 1")
+    assert "whitespace-normalized strategy" in result.text
+
+
+def test_write_and_edit_refuse_unread_or_changed_files(box):
+    target = box.root / "user.py"
+    target.write_text("mine = 1\n")
+    for call in (dict(name="write", content="x"), dict(name="edit", old_string="mine", new_string="yours")):
+        name = call.pop("name")
+        refused = box.call(name, file_path="user.py", **call)
+        assert refused.is_error and "not read it" in refused.text
+    box.call("read", file_path="user.py")
+    time.sleep(0.01)
+    target.write_text("mine = 2  # the user's concurrent edit\n")
+    stale = box.call("edit", file_path="user.py", old_string="mine", new_string="yours")
+    assert stale.is_error and "changed on disk" in stale.text
+    assert target.read_text() == "mine = 2  # the user's concurrent edit\n"
+    box.call("read", file_path="user.py")
+    assert not box.call("edit", file_path="user.py", old_string="mine", new_string="yours").is_error
+    again = box.call("edit", file_path="user.py", old_string="yours", new_string="ours")
+    assert not again.is_error, "the model's own write counts as seen"
+
+
+def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
+    created = box.call("write", file_path="deep/er/new.txt", content="a\nb\n")
+    assert "Created deep/er/new.txt (2 lines)" in created.text
+    assert box.of_type("FileModified")[-1]["created"] is True
+    script = box.root / "run.sh"
+    script.write_bytes(b"\xef\xbb\xbfecho 1\r\n")
+    script.chmod(0o755)
+    box.call("read", file_path="run.sh")
+    box.call("write", file_path="run.sh", content="echo 2\necho 3\n")
+    assert script.read_bytes() == b"\xef\xbb\xbfecho 2\r\necho 3\r\n"
+    assert script.stat().st_mode & 0o777 == 0o755
+    assert not list(box.root.glob(".run.sh.*")), "no temp file left behind"
+
+
+def test_write_failure_modes(box):
+    (box.root / "d").mkdir()
+    assert "is a directory" in box.call("write", file_path="d", content="x").text
+    (box.root / "same.txt").write_text("x\n")
+    box.call("read", file_path="same.txt")
+    assert "nothing changed" in box.call("write", file_path="same.txt", content="x\n").text
+
+
+def test_edit_failure_modes(box):
+    assert "does not exist" in box.call("edit", file_path="nope.py", old_string="a", new_string="b").text
+    (box.root / "latin.txt").write_bytes(b"caf\xe9\n")
+    box.call("read", file_path="latin.txt")
+    assert "not UTF-8" in box.call("edit", file_path="latin.txt", old_string="caf", new_string="bar").text
+    created = box.call("edit", file_path="brand_new.py", old_string="", new_string="x = 1\n")
+    assert not created.is_error and (box.root / "brand_new.py").read_text() == "x = 1\n"
+
+
+def test_edit_through_a_symlink_keeps_the_link(box):
+    (box.root / "real.txt").write_text("a\n")
+    (box.root / "link.txt").symlink_to("real.txt")
+    box.call("read", file_path="link.txt")
+    assert not box.call("edit", file_path="link.txt", old_string="a", new_string="b").is_error
+    assert (box.root / "link.txt").is_symlink() and (box.root / "real.txt").read_text() == "b\n"
+
+
+def test_edit_history_and_undo(box):
+    target = box.root / "u.py"
+    box.call("write", file_path="u.py", content="v1\n")
+    box.call("edit", file_path="u.py", old_string="v1", new_string="v2")
+    box.call("edit", file_path="u.py", old_string="v2", new_string="v3")
+    history = box.toolbox.edit_history[target.resolve()]
+    assert [v.before for v in history] == [None, b"v1\n", b"v2\n"]
+    assert not box.toolbox.undo("u.py").is_error and target.read_text() == "v2\n"
+    edit_after_undo = box.call("edit", file_path="u.py", old_string="v2", new_string="v9")
+    assert edit_after_undo.is_error and "not read it" in edit_after_undo.text
+    target.write_text("user change\n")
+    assert "changed after" in box.toolbox.undo("u.py").text
+    target.write_text("v2\n")
+    box.toolbox.undo("u.py")
+    assert target.read_text() == "v1\n"
+    box.toolbox.undo("u.py")
+    assert not target.exists()
+    assert "No khaelor edits" in box.toolbox.undo("u.py").text
+
+
+def test_big_diff_is_capped(box):
+    box.call("write", file_path="big.txt", content="".join(f"{n}\n" for n in range(20_000)))
+    diff = box.of_type("FileModified")[-1]["diff"]
+    assert len(diff) < tools.DIFF_CHAR_CAP + 200 and "diff cut" in diff
+
+
+# ---------------------------------------------------------------- grep and glob (both engines)
+
+
+def make_tree(root: Path, git: bool) -> None:
+    files = {
+        "src/a.py": "def foo():\n    return 1\n# TODO fix\n", "src/pkg/b.py": "import os\nfoo()\n",
+        "docs/readme.md": "# Title\nTODO: docs\n", ".github/ci.yml": "name: ci TODO\n",
+        "node_modules/lib/x.js": "x = 'TODO'\n", "build/out.txt": "TODO junk\n", "app.log": "TODO log\n",
+        "src/c.ts": "TODO ts\n", "src/d.tsx": "tsx TODO\r\n", ".gitignore": "node_modules/\nbuild/\n*.log\n",
+    }
+    for n, (rel, text) in enumerate(files.items()):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, newline="")
+        os.utime(root / rel, (1_000_000 + n, 1_000_000 + n))
+    (root / "data.bin").write_bytes(b"bin\0TODO\n")
+    if git:
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+
+
+ENGINES = ["python"] + (["ripgrep"] if tools.shutil.which("rg") else [])
+
+
+@pytest.fixture(params=ENGINES)
+def search_box(request, box):
+    make_tree(box.root, git=True)
+    if request.param == "python":
+        box.toolbox.ripgrep = None
+    return box
+
+
+def test_glob_respects_gitignore_and_sorts_newest_first(search_box):
+    assert search_box.call("glob", pattern="**/*.py").text.split("\n") == ["src/pkg/b.py", "src/a.py"]
+    assert search_box.call("glob", pattern="*.{ts,tsx}").text.split("\n") == ["src/d.tsx", "src/c.ts"]
+    everything = search_box.call("glob", pattern="*").text
+    assert ".github/ci.yml" in everything and "node_modules" not in everything and "app.log" not in everything
+    assert search_box.call("glob", pattern="*.py", path="src/pkg").text == "src/pkg/b.py"
+    assert "No files match" in search_box.call("glob", pattern="*.rs").text
+    assert search_box.call("glob", pattern="*", path="nowhere").is_error
+
+
+def test_grep_finds_lines_newest_files_first(search_box):
+    result = search_box.call("grep", pattern="TODO")
+    assert result.text.split("\n") == ["src/d.tsx:1: tsx TODO", "src/c.ts:1: TODO ts", ".github/ci.yml:1: name: ci TODO",
+                                       "docs/readme.md:2: TODO: docs", "src/a.py:3: # TODO fix"]
+    assert search_box.call("grep", pattern="TODO", include="*.log").text.startswith("No matches")
+    assert search_box.call("grep", pattern=r"foo\(", include="src/pkg/*").text == "src/pkg/b.py:2: foo()"
+    assert search_box.call("grep", pattern="import", path="src/pkg/b.py").text == "src/pkg/b.py:1: import os"
+    bad = search_box.call("grep", pattern="(unclosed")
+    assert bad.is_error and "Escape special characters" in bad.text
+
+
+def test_search_results_are_capped_with_a_notice(search_box):
+    for n in range(130):
+        (search_box.root / f"gen/f{n:03}.txt").parent.mkdir(exist_ok=True)
+        (search_box.root / f"gen/f{n:03}.txt").write_text("needle\nneedle\n")
+    globbed = search_box.call("glob", pattern="gen/*.txt")
+    assert globbed.text.count("\n") < 104 and "Showing the 100 most recently modified of 130" in globbed.text
+    grepped = search_box.call("grep", pattern="needle")
+    assert "Showing 100 of 260 matching lines in 130 files" in grepped.text and grepped.meta["truncated"]
+
+
+@pytest.mark.skipif(len(ENGINES) < 2, reason="ripgrep is not installed")
+def test_ripgrep_and_python_fallback_agree(box):
+    for git in (True, False):
+        root = box.root / ("repo" if git else "plain")
+        root.mkdir()
+        make_tree(root, git)
+        for name, tool_input in [("glob", {"pattern": "*"}), ("glob", {"pattern": "src/**"}),
+                                 ("grep", {"pattern": "TODO"}), ("grep", {"pattern": "o", "include": "*.py"}),
+                                 ("grep", {"pattern": r"\w+\(\)"})]:
+            tool_input = {**tool_input, "path": root.name}
+            box.toolbox.ripgrep = tools.shutil.which("rg")
+            fast = box.call(name, **tool_input)
+            box.toolbox.ripgrep = None
+            slow = box.call(name, **tool_input)
+            assert fast.text == slow.text, (git, name, tool_input)
