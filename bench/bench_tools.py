@@ -1,0 +1,134 @@
+"""bench_tools.py: timings for tools.py against the budgets in DESIGN.md §11 and issue 3.
+
+    python bench/bench_tools.py            # prints a table of medians
+
+Measures: edit on a 10,000-line file where only fuzzy strategies match (budget < 100 ms), grep and
+glob over a 5,000-file git tree with ripgrep and with the Python fallback, and Toolbox.run's own
+overhead (input checking, dispatch, budgeting) with the tool's work subtracted (budget < 5 ms).
+"""
+
+import asyncio
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tools  # noqa: E402
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def make_module(n_lines: int) -> str:
+    """A Python-looking file of n_lines: many small methods, all alike (the hard case for anchors)."""
+    lines, n = ["class Big:"], 0
+    while len(lines) < n_lines:
+        lines += [f"    def method_{n}(self, value):", f"        total = value + {n}",
+                  f"        if total > {n * 2}:", "            return total", "        return None", ""]
+        n += 1
+    return "\n".join(lines[:n_lines]) + "\n"
+
+
+EDIT_CASES = {
+    # strategy: (old_string, new_string) against method_1000 (about line 6,000) in the 10,000-line file
+    "line_trimmed": ("def method_1000(self, value):\n    total = value + 1000",
+                     "def method_1000(self, value):\n    total = value + 1"),
+    "block_anchor": ("def method_1000(self, value):\n    total = value + 1000\n    if total > 2001:\n"
+                     "        return total\n    return None", "def method_1000(self, value):\n    return value"),
+    "whitespace_normalized": ("total  =  value + 1000", "total = value + 1"),
+}
+
+
+async def bench_edit(root: Path, box: tools.Toolbox, runs: int) -> dict[str, float]:
+    target = root / "big.py"
+    original = make_module(10_000)
+    results = {}
+    for strategy, (old, new) in EDIT_CASES.items():
+        samples = []
+        for n in range(runs):
+            target.write_text(original)
+            box.remember(target)
+            started = time.perf_counter()
+            result = await box.run("edit", {"file_path": "big.py", "old_string": old, "new_string": new}, f"e{n}")
+            samples.append(time.perf_counter() - started)
+            assert result.meta.get("strategy") == strategy, (strategy, result.text[:300])
+        results[f"edit 10K lines ({strategy})"] = median_ms(samples)
+    return results
+
+
+def make_tree(root: Path, n_files: int) -> None:
+    for n in range(n_files):
+        folder = root / f"pkg{n % 50}" / f"mod{n % 7}"
+        folder.mkdir(parents=True, exist_ok=True)
+        body = "".join(f"def f{n}_{k}(x):\n    return x + {k}\n" for k in range(20))
+        if n % 100 == 0:
+            body += "# NEEDLE: find me\n"
+        (folder / f"file{n}.py").write_text(body)
+    (root / ".gitignore").write_text("ignored/\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+
+
+async def bench_search(root: Path, box: tools.Toolbox, runs: int) -> dict[str, float]:
+    results = {}
+    engines = [("python", None)] + ([("ripgrep", shutil.which("rg"))] if shutil.which("rg") else [])
+    for label, engine in engines:
+        box.ripgrep = engine
+        for name, tool_input in [("grep", {"pattern": "NEEDLE"}), ("grep", {"pattern": r"return x \+ 19"}),
+                                 ("glob", {"pattern": "**/mod3/*.py"})]:
+            samples = []
+            for n in range(runs):
+                started = time.perf_counter()
+                result = await box.run(name, tool_input, f"s{n}")
+                samples.append(time.perf_counter() - started)
+                assert not result.is_error, result.text
+            results[f"{name} {tool_input['pattern']!r} 5K files ({label})"] = median_ms(samples)
+    return results
+
+
+async def bench_dispatch(root: Path, box: tools.Toolbox, runs: int) -> dict[str, float]:
+    (root / "small.txt").write_text("hello\n" * 20)
+    tool_input = {"file_path": "small.txt", "limit": 10}
+    through_run, direct, unknown = [], [], []
+    for n in range(runs):
+        started = time.perf_counter()
+        await box.run("read", tool_input, f"d{n}")
+        through_run.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        await tools.TOOLS["read"](box, dict(tool_input), f"d{n}")
+        direct.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        await box.run("no_such_tool", tool_input, f"u{n}")
+        unknown.append(time.perf_counter() - started)
+    return {"Toolbox.run overhead (read, tool work subtracted)": median_ms(through_run) - median_ms(direct),
+            "Toolbox.run on an unknown tool (dispatch only)": median_ms(unknown)}
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        project, tree = tmp_path / "project", tmp_path / "tree"
+        project.mkdir()
+        tree.mkdir()
+        make_tree(tree, 5000)
+        box = tools.Toolbox(tools.Workspace(project), tmp_path / "home", lambda *a, **k: {})
+        tree_box = tools.Toolbox(tools.Workspace(tree), tmp_path / "home", lambda *a, **k: {})
+        rows = {}
+        rows.update(await bench_edit(project, box, 15))
+        rows.update(await bench_search(tree, tree_box, 5))
+        rows.update(await bench_dispatch(project, box, 200))
+        await box.close()
+        await tree_box.close()
+    width = max(map(len, rows))
+    print(f"{'benchmark':<{width}}  median ms")
+    print(f"{'-' * width}  ---------")
+    for name, value in rows.items():
+        print(f"{name:<{width}}  {value:9.3f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
