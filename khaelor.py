@@ -75,6 +75,7 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
+    merged["model_flag"] = getattr(args, "model", None)
     merged["layers"] = [(str(user_path), user), (str(project_path), project)]
     merged["project_config"] = project_path
     return merged
@@ -180,8 +181,9 @@ def parse_args(argv: list):
     return parser.parse_args(argv)
 
 
-def build_kernel(args, settings, store, bus, home, project_root, ask):
-    """Wire the subsystems for one session (the modules are imported here, off the cold path)."""
+def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=None, client=None):
+    """Wire the subsystems for one session (the modules are imported here, off the cold path).
+    An interactive run keeps one toolbox and one client across /new and /resume."""
     import context
     import kernel
     import model
@@ -193,15 +195,20 @@ def build_kernel(args, settings, store, bus, home, project_root, ask):
         write_json_atomic(path, permissions.add_grant(read_config(path), rule))
         kernel_.rules = permissions.load_rules([settings["layers"][0], (str(path), read_config(path))])
 
-    workspace = tools.Workspace(project_root)
-    toolbox = tools.Toolbox(workspace, home, bus.emit)
-    ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=settings["model"],
-                          aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=workspace)
-    client = model.ModelClient(on_status=lambda text: bus.emit("Status", text=text))
+    toolbox = toolbox or tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+    ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=current_model(store, settings),
+                          aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
+    client = client or model.ModelClient(on_status=lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
                             rules=permissions.load_rules(settings["layers"]), project_root=project_root,
                             ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"])
     return kernel_
+
+
+def current_model(store, settings) -> str:
+    """--model wins; otherwise the newest /model choice recorded in the session, else the config."""
+    changed = [e["model"] for e in store.events if e["type"] == "ModelChanged"]
+    return changed[-1] if changed and settings.get("model_flag") is None else settings["model"]
 
 
 def final_text(log: list) -> str:
@@ -274,6 +281,240 @@ def require_api_key() -> None:
         raise UsageError("ANTHROPIC_API_KEY is not set; export it (console.anthropic.com → API keys) and run again")
 
 
+# ---------------------------------------------------------------- interactive
+
+class Session:
+    """The interactive controller the UI drives (ui.Controller): one kernel at a time, a turn as a
+    task, permission questions as futures the panel resolves, and the slash-command table."""
+
+    def __init__(self, args, settings, home: Path, project_root: Path):
+        import model
+        import tools
+        self.args, self.settings, self.home, self.project_root = args, settings, home, project_root
+        self.subscribers, self.turn, self.answers = [], None, {}
+        self.toolbox = tools.Toolbox(tools.Workspace(project_root), home, lambda *a, **k: self.bus.emit(*a, **k))
+        self.client = model.ModelClient(on_status=lambda text: self.bus.emit("Status", text=text))
+        self.command_names = sorted(COMMANDS)
+        self._files = None
+
+    def attach(self, store) -> None:
+        """Make `store` the current session (start, /new, /resume); UI subscribers carry over."""
+        self.store, self.bus = store, events.Bus(store)
+        self.bus.subscribe(lambda event: [fn(event) for fn in list(self.subscribers)])
+        self.kernel = build_kernel(self.args, self.settings, store, self.bus, self.home, self.project_root,
+                                   self.ask, toolbox=self.toolbox, client=self.client)
+        if not store.events:
+            self.bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(self.project_root),
+                          model=self.kernel.ctx.model, aux_model=self.settings["aux_model"], version=VERSION)
+        self.kernel.repair()
+
+    # -- ui.Controller
+    @property
+    def busy(self) -> bool:
+        return self.turn is not None and not self.turn.done()
+
+    def subscribe(self, fn):
+        self.subscribers.append(fn)
+        return lambda: self.subscribers.remove(fn)
+
+    def submit(self, text: str):
+        import asyncio
+        self.kernel.submit(text)
+        if not self.busy:
+            self.turn = asyncio.get_running_loop().create_task(self.kernel.run())
+
+    def interrupt(self) -> None:
+        if self.busy:
+            self.turn.cancel()
+
+    async def ask(self, request: dict):
+        import asyncio
+        future = asyncio.get_running_loop().create_future()
+        self.answers[request["tool_use_id"]] = future
+        try:
+            return await future
+        finally:
+            self.answers.pop(request["tool_use_id"], None)
+
+    def answer_permission(self, tool_use_id: str, choice: str, feedback: str) -> None:
+        future = self.answers.get(tool_use_id)
+        if future is not None and not future.done():
+            future.set_result((choice, feedback))
+
+    async def run_shell(self, command: str) -> str:
+        """`!cmd`: the user's own command, run now and shown; it does not go to the model."""
+        result = await self.toolbox.run("bash", {"command": command}, "user-shell")
+        return f"```\n$ {command}\n{result.text.rstrip()}\n```"
+
+    async def run_command(self, line: str):
+        name, _, rest = line.strip().partition(" ")
+        entry = COMMANDS.get(name)
+        if entry is None:
+            return f"unknown command {name}; /help lists them"
+        return await entry[0](self, rest.strip())
+
+    def mention_candidates(self, prefix: str) -> list:
+        if self._files is None:
+            code, out = self.toolbox.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard"])
+            self._files = out.splitlines() if code == 0 else \
+                [str(p.relative_to(self.project_root)) for p in self.project_root.glob("*") if p.is_file()]
+        return self._files
+
+    def status(self) -> dict:
+        import context
+        from model import price_of
+        log = self.store.events
+        totals = events.usage_totals(log)
+        summed = {k: sum(u[k] for u in totals.values()) for k in events.USAGE_KEYS}
+        costs = [price_of(m, u, self.settings["prices"]) for m, u in totals.items()]
+        last = next((e["usage"] for e in reversed(log) if e["type"] == "ModelResponseCompleted"), None)
+        prompt = summed["input_tokens"] + summed["cache_read_tokens"] + summed["cache_write_tokens"]
+        window = context.window_of(self.kernel.ctx.model)
+        return {"model": self.kernel.ctx.model, "tokens": sum(summed.values()),
+                "cost": None if None in costs else sum(costs),
+                "context_pct": None if last is None else 100 * (sum(last.values())) / window,
+                "cache_share": summed["cache_read_tokens"] / prompt if prompt else None,
+                "processes": len(self.toolbox.running_processes()), "branch": self.settings.get("branch", "")}
+
+    async def quit(self) -> None:
+        import asyncio
+        self.interrupt()
+        if self.turn is not None:
+            await asyncio.gather(self.turn, return_exceptions=True)
+        await self.toolbox.close()
+        await self.client.close()
+        self.store.close()
+
+    # -- slash commands (one table drives dispatch, /help and completion)
+    async def cmd_help(self, _):
+        return "\n".join(f"- `{name}{(' ' + usage) if usage else ''}` {text}"
+                         for name, (_, usage, text) in sorted(COMMANDS.items()))
+
+    async def cmd_new(self, _):
+        self.interrupt()
+        self.store.close()
+        self.attach(events.SessionStore.create(events.sessions_dir(self.home, self.project_root)))
+        return f"new session {self.store.session_id}"
+
+    async def cmd_sessions(self, _):
+        files = events.list_session_files(events.sessions_dir(self.home, self.project_root))
+        rows = [session_summary(events.SessionStore.open(f)) for f in reversed(files[-20:])]
+        return "\n".join(f"- `{r['id']}` {r['title'] or '(untitled)'} · {r['tokens']} tokens · "
+                         + ("cost ?" if r["cost"] is None else f"${r['cost']:.4f}") for r in rows) or "no sessions"
+
+    async def cmd_resume(self, prefix):
+        if not prefix:
+            return await self.cmd_sessions("")
+        args = argparse.Namespace(resume=prefix, continue_=False)
+        store = open_session(args, self.home, self.project_root)
+        self.interrupt()
+        self.store.close()
+        self.attach(store)
+        return f"resumed {store.session_id}: {events.session_title(store.events)}"
+
+    async def cmd_rename(self, title):
+        if not title:
+            return "usage: /rename TITLE"
+        self.bus.emit("SessionRenamed", title=title)
+        return f"renamed to {title!r}"
+
+    async def cmd_cost(self, _):
+        from model import price_of
+        lines = []
+        for name, usage in events.usage_totals(self.store.events).items():
+            cost = price_of(name, usage, self.settings["prices"])
+            lines.append(f"- {name}: input {usage['input_tokens']}, output {usage['output_tokens']}, cache read "
+                         f"{usage['cache_read_tokens']}, cache write {usage['cache_write_tokens']} · "
+                         + ("cost unknown (no price for this model)" if cost is None else f"${cost:.4f}"))
+        return "\n".join(lines) or "no model calls yet"
+
+    async def cmd_context(self, _):
+        last = next((e["usage"] for e in reversed(self.store.events) if e["type"] == "ModelResponseCompleted"), None)
+        rows = self.kernel.ctx.inspect(self.store.events, last)
+        return "\n".join(f"- {r.get('section')}: ~{r.get('tokens', 0)} tokens"
+                         + (f", {r['cached']} cached" if r.get("cached") else "") for r in rows)
+
+    async def cmd_compact(self, focus):
+        await self.kernel.keep_in_budget("compact", focus)
+        return "compacted"
+
+    async def cmd_model(self, name):
+        if not name:
+            return f"model: {self.kernel.ctx.model}"
+        self.bus.emit("ModelChanged", model=name)
+        self.kernel.ctx.model = name
+        return f"model set to {name}"
+
+    async def cmd_diff(self, _):
+        diffs = [e["diff"] for e in self.store.events if e["type"] == "FileModified"]
+        return "```diff\n" + "\n".join(diffs) + "\n```" if diffs else "no changes by khaelor in this session"
+
+    async def cmd_undo(self, _):
+        for event in reversed(self.store.events):
+            if event["type"] == "FileModified" and self.toolbox.edit_history:
+                return self.toolbox.undo(event["path"]).text
+        return "nothing to undo"
+
+    async def cmd_processes(self, rest):
+        action, _, target = rest.partition(" ")
+        if action == "stop" and target:
+            return (await self.toolbox.run("process", {"action": "stop", "id": target}, "user-processes")).text
+        running = self.toolbox.running_processes()
+        return "\n".join(f"- `{p['process_id']}` pid {p['pid']} · {p['command']} · {int(p['runtime_s'])}s"
+                         for p in running) or "no running processes"
+
+    async def cmd_quit(self, _):
+        import ui
+        return ui.QUIT
+
+
+COMMANDS = {   # name: (handler, usage, what it does)
+    "/help": (Session.cmd_help, "", "list the commands"),
+    "/new": (Session.cmd_new, "", "start a new session"),
+    "/clear": (Session.cmd_new, "", "start a new session (the old log is kept)"),
+    "/sessions": (Session.cmd_sessions, "", "this project's sessions"),
+    "/resume": (Session.cmd_resume, "[id]", "resume a session by id prefix"),
+    "/rename": (Session.cmd_rename, "TITLE", "rename this session"),
+    "/cost": (Session.cmd_cost, "", "tokens by kind and cost, from the API's usage"),
+    "/context": (Session.cmd_context, "", "what the context holds, per section"),
+    "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
+    "/model": (Session.cmd_model, "[id]", "show or change the model"),
+    "/diff": (Session.cmd_diff, "", "changes khaelor made in this session"),
+    "/undo": (Session.cmd_undo, "", "restore the file khaelor changed last"),
+    "/processes": (Session.cmd_processes, "[stop ID]", "running background processes"),
+    "/quit": (Session.cmd_quit, "", "leave khaelor"),
+}
+
+
+def run_interactive(args, home: Path, project_root: Path) -> int:
+    if not sys.stdin.isatty() or not sys.stdout.isatty():
+        raise UsageError("the interactive UI needs a terminal; use -p PROMPT for scripts and pipes")
+    require_api_key()
+    settings = load_settings(args, home, project_root)
+    store = open_session(args, home, project_root) if (args.resume or args.continue_) else \
+        events.SessionStore.create(events.sessions_dir(home, project_root))
+    import asyncio
+    return asyncio.run(interactive_main(args, settings, store, home, project_root))
+
+
+async def interactive_main(args, settings, store, home: Path, project_root: Path) -> int:
+    import asyncio
+
+    import model
+    import ui
+    session = Session(args, settings, home, project_root)
+    earlier = list(store.events)
+    session.attach(store)
+    for warning in store.warnings:
+        session.bus.emit("Status", text=f"warning: {warning}")
+    # The SDK import (~2 s) starts just after the first paint, so typing never waits for it.
+    asyncio.get_running_loop().call_later(0.05, model.preload)
+    try:
+        return await ui.run_app(session, history_path=home / "history", replay=earlier)
+    finally:
+        await session.quit()
+
+
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list | None = None) -> int:
@@ -322,10 +563,6 @@ def report_crash(error: Exception, home: Path) -> int:
     print(f"khaelor: internal error: {type(error).__name__}: {error}"
           + (f" (details in {path})" if path else ""), file=sys.stderr)
     return EXIT_FAILED
-
-
-def run_interactive(args, home: Path, project_root: Path) -> int:
-    raise UsageError("the interactive UI is not built yet; use -p PROMPT")
 
 
 def _exit_on_sigterm() -> None:

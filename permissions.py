@@ -139,8 +139,10 @@ _MAX_NESTING = 8          # bash -c "eval \"$(...)\"" ... deeper than this is re
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 _PARAMETER = re.compile(r"\$(?:\{([A-Za-z_]\w*|[0-9@*])\}|([A-Za-z_]\w*|[0-9@*]))")
 _BRACES = re.compile(r"\{([^{}]*,[^{}]*)\}")
-_FORK_BOMBS = (re.compile(r"(?P<n>[^\s(){}|&;<>]+)\s*\(\s*\)\s*\{[^}]*?(?P=n)\s*\|\s*(?P=n)\s*&"),
-               re.compile(r"\bfunction\s+(?P<n>[^\s(){}|&;<>]+)\s*(?:\(\s*\))?\s*\{[^}]*?"
+# NAME() { NAME | NAME & }: the name starts a word and is matched possessively (++), so a
+# long command costs linear time, not quadratic backtracking.
+_FORK_BOMBS = (re.compile(r"(?<![^\s;&|(){}])(?P<n>[^\s(){}|&;<>]++)\s*\(\s*\)\s*\{[^}]*?(?P=n)\s*\|\s*(?P=n)\s*&"),
+               re.compile(r"\bfunction\s+(?P<n>[^\s(){}|&;<>]++)\s*(?:\(\s*\))?\s*\{[^}]*?"
                           r"(?P=n)\s*\|\s*(?P=n)\s*&"))
 
 
@@ -424,7 +426,7 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
             requests.append(_Request("filesystem.outsideProject", cwd, None))
     try:
         line = _ShellLine(command, cwd, home)
-    except _ParseError:
+    except (_ParseError, RecursionError):
         # Bash would run the lines before a syntax error, so the floor still reads each line;
         # what cannot be parsed is never allowed without asking.
         naive = [_Part(tuple(w), tuple(_core(w)), (), cwd)
@@ -742,7 +744,7 @@ class _ShellLine:
         """Quote removal and the expansions an attacker could hide a word behind: braces,
         ~, $HOME, $IFS, variables set earlier in the line, $(echo ...)."""
         if len(pieces) == 1 and pieces[0][0] == "raw" and _BRACES.search(pieces[0][1]):
-            return [w for word in _brace_expand(pieces[0][1])[:64] for w in self._expand([("raw", word)], env)]
+            return [w for word in _brace_expand(pieces[0][1]) for w in self._expand([("raw", word)], env)]
         if pieces and pieces[0][0] == "raw" and _ASSIGNMENT.match(pieces[0][1]):
             split = False      # A="x y" and A=$B are not word-split
         chunks, quoted = [], False
@@ -803,11 +805,16 @@ class _ShellLine:
 
 
 def _brace_expand(word: str) -> list[str]:
-    match = _BRACES.search(word)
-    if not match:
-        return [word]
-    head, tail = word[:match.start()], word[match.end():]
-    return [w for alt in match.group(1).split(",") for w in _brace_expand(head + alt + tail)]
+    """{rm,-rf,/} -> rm -rf /; depth-first and capped, so {a,b}{a,b}... cannot explode."""
+    done, todo = [], [word]
+    while todo and len(done) < _MAX_GLOB:
+        word = todo.pop(0)
+        match = _BRACES.search(word)
+        if not match:
+            done.append(word)
+            continue
+        todo[:0] = [word[:match.start()] + alt + word[match.end():] for alt in match.group(1).split(",")]
+    return done
 
 
 # ---------------------------------------------------------------- bash: tokens

@@ -10,7 +10,6 @@ Must not: judge whether a call is allowed (permissions.py does), import anything
 import asyncio
 import codecs
 import difflib
-import fnmatch
 import mimetypes
 import os
 import re
@@ -23,7 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 # ---------------------------------------------------------------- constants
 
@@ -50,11 +49,17 @@ PROCESS_SETTLE_S = 0.5              # start/write wait this long for first outpu
 DIFF_CHAR_CAP = 20_000              # unified diff carried by FileModified
 SNIPPET_CONTEXT_LINES = 4           # lines shown around an edit
 EDIT_HISTORY_DEPTH = 20             # versions kept per file for undo
+BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor match needs
 TOOL_ORDER = ("read", "write", "edit", "grep", "glob", "bash", "process")
 
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb"}
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+# Magic numbers, to tell the model what a binary file is.
+MAGIC = [(b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"), (b"%PDF", "PDF document"),
+         (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"), (b"\x1f\x8b", "gzip archive"),
+         (b"\x7fELF", "ELF executable"), (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
+         (b"\xfd7zXZ", "xz archive"), (b"RIFF", "RIFF media (WAV/AVI/WebP)")]
 
 # ---------------------------------------------------------------- schemas (prompt-cached: keep byte-stable)
 
@@ -173,16 +178,9 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class FileVersion:
-    """One step of a file's edit history: the bytes before a write/edit (None: the file was created) and after."""
-    before: bytes | None
-    after: bytes
-
-
-@dataclass(frozen=True)
-class _Stamp:
-    """What a file looked like when the model last read (or wrote) it."""
-    mtime_ns: int
-    size: int
+    """One step of a file's edit history."""
+    before: bytes | None        # content before the write/edit; None: the write created the file
+    after: bytes                # content the write/edit left
 
 # ---------------------------------------------------------------- Workspace: the world seam
 
@@ -191,7 +189,7 @@ class Workspace:
     """Where tools touch the world: path resolution, file bytes in and out, subprocesses.
 
     Local only in V1; a remote workspace would reimplement these methods. Helpers that only stat or
-    list take a Workspace for its `resolve` rather than widening this class.
+    list take a Workspace rather than widening this class.
     """
 
     def __init__(self, cwd: Path):
@@ -213,9 +211,7 @@ class Workspace:
 
     def write_file(self, path: Path, data: bytes) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
-
-        A symlink is followed so the link itself survives. New files get the usual umask mode.
-        """
+        A symlink is followed, so the link survives. New files get the umask's mode."""
         target = Path(os.path.realpath(path))
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -238,11 +234,11 @@ class Workspace:
         path.unlink(missing_ok=True)
 
     async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False) -> "Child":
-        """Start a process in its own session/process group, stdout+stderr merged into one pipe.
+        """Start a process in a new session (its own process group), stdout and stderr in one pipe.
 
-        A string runs through bash -c; a list is an argv. stdin is closed unless asked for. The pipes
-        are our own, not asyncio's: its Process.wait() also waits for the pipes to close, which a
-        backgrounded grandchild can hold open for ever.
+        A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The pipes
+        are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
+        backgrounded grandchild can put off for ever.
         """
         argv = [_shell(), "-c", command] if isinstance(command, str) else command
         out_read, out_write = os.pipe()
@@ -262,12 +258,9 @@ class Workspace:
                 os.close(in_read)
         return await Child.connect(proc, out_read, in_write)
 
-    def capture(self, argv: list[str], *, cwd: Path | None = None,
-                timeout_s: float = 10.0) -> tuple[int, str]:
-        """Run a short read-only command synchronously (e.g. git for repository facts): (exit code, stdout).
-
-        Failure to start or a timeout gives exit code -1 and the reason as text.
-        """
+    def capture(self, argv: list[str], *, cwd: Path | None = None, timeout_s: float = 10.0) -> tuple[int, str]:
+        """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
+        Failing to start, or timing out, gives -1 and the reason."""
         try:
             done = subprocess.run(argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s,
                                   stdin=subprocess.DEVNULL, env={**os.environ, **EXEC_ENV_OVERRIDES},
@@ -279,10 +272,10 @@ class Workspace:
 
 @dataclass
 class Child:
-    """A started process: asyncio's handle plus the stream ends of the pipes we made for it."""
+    """A started process: asyncio's handle plus stream ends of the pipes we made for it."""
     proc: asyncio.subprocess.Process
     stdout: asyncio.StreamReader
-    stdin: asyncio.StreamWriter | None
+    stdin: asyncio.StreamWriter | None = None
     transports: list = field(default_factory=list)
 
     @property
@@ -293,9 +286,9 @@ class Child:
     async def connect(cls, proc: asyncio.subprocess.Process, out_fd: int, in_fd: int | None) -> "Child":
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
-        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                         os.fdopen(out_fd, "rb", 0))
-        child = cls(proc, reader, None, [read_transport])
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                    os.fdopen(out_fd, "rb", 0))
+        child = cls(proc, reader, None, [transport])
         if in_fd is not None:
             transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                                 os.fdopen(in_fd, "wb", 0))
@@ -317,123 +310,243 @@ def _umask() -> int:
 def _shell() -> str:
     return shutil.which("bash") or "/bin/sh"
 
+# ---------------------------------------------------------------- Toolbox: the kernel's entry point
+
+
+class Toolbox:
+    """The seven tools behind one `run`, and the session's tool state: what the model has read, each
+    file's edit history, the background processes."""
+
+    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict]):
+        self.workspace = workspace
+        self.spill_dir = Path(home) / "spill"   # home is KHAELOR_HOME
+        self.emit = emit
+        self.schemas = [dict(schema) for schema in SCHEMAS]
+        self.edit_history: dict[Path, list[FileVersion]] = {}   # real path -> versions, oldest first
+        self.stamps: dict[Path, tuple[int, int]] = {}   # real path -> (mtime_ns, size) as the model last saw it
+        self.groups: set[int] = set()           # process groups alive right now (bash and process)
+        self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
+        self.processes = _Processes(workspace, emit, self.groups)
+        self._by_name = {schema["name"]: schema for schema in SCHEMAS}
+        # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
+        weakref.finalize(self, _kill_groups, self.groups)
+
+    async def run(self, name: str, tool_input: dict, tool_use_id: str) -> ToolResult:
+        """Run one tool call. Never raises, except CancelledError (the turn was interrupted)."""
+        schema = self._by_name.get(name)
+        if schema is None:
+            return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOL_ORDER)}.", True,
+                              {"error": "unknown_tool"})
+        args, problem = _check_input(schema, tool_input)
+        if problem:
+            return ToolResult(problem, True, {"error": "invalid_input"})
+        try:
+            result = await TOOLS[name](self, args, tool_use_id)
+        except ToolError as exc:
+            result = ToolResult(str(exc), True, exc.meta)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            result = ToolResult(f"{exc.strerror or exc}{where}. Check the path and permissions, then retry or "
+                                "try another approach.", True, {"error": type(exc).__name__})
+        except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
+            result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
+                                "bug. Try a different approach.", True, {"error": "internal"})
+        return _budget(result, self.spill_dir, tool_use_id or name)
+
+    async def close(self) -> None:
+        """Stop every background process (ProcessExited cause "khaelor exit")."""
+        await self.processes.close()
+        _kill_groups(self.groups)
+
+    def running_processes(self) -> list[dict]:
+        """[{process_id, pid, command, runtime_s}] for the processes still running."""
+        return self.processes.running()
+
+    def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
+        """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
+        path = self.workspace.resolve(file_path)
+        real, shown = Path(os.path.realpath(path)), self.workspace.display(path)
+        history = self.edit_history.get(real)
+        if not history:
+            return ToolResult(f"No khaelor edits of {shown} to undo.", True, {"error": "no_history"})
+        current = self.workspace.read_file(real) if real.exists() else None
+        if current != history[-1].after:
+            return ToolResult(f"{shown} changed after khaelor's last edit; not undoing, to keep those changes.",
+                              True, {"error": "changed"})
+        version = history.pop()
+        if version.before is None:
+            self.workspace.remove_file(real)
+        else:
+            self.workspace.write_file(real, version.before)
+        self.stamps.pop(real, None)         # the model's view is stale now: it must read again
+        added, removed = self._report_change(path, version.after, version.before or b"", tool_use_id)
+        return ToolResult(f"Restored {shown} to before khaelor's last edit (+{added} −{removed}).",
+                          meta={"path": shown, "added": added, "removed": removed})
+
+    def remember(self, path: Path) -> None:
+        """Record that the model has seen this file as it is now (it read it, or wrote it)."""
+        real = Path(os.path.realpath(path))
+        if stamp := _stamp(real):
+            self.stamps[real] = stamp
+
+    def check_fresh(self, path: Path) -> None:
+        """Refuse to change a file the model has not read, or that changed on disk since it did: this
+        protects the user's own concurrent edits."""
+        real, shown = Path(os.path.realpath(path)), self.workspace.display(path)
+        seen = self.stamps.get(real)
+        if seen is None:
+            raise ToolError(f"{shown} exists and you have not read it in this session. Read it first, then "
+                            "retry, so your change starts from its actual content.", error="not_read")
+        if _stamp(real) != seen:
+            raise ToolError(f"{shown} has changed on disk since you last read it (someone may be editing it). "
+                            "Read it again, then redo your change on the current content.", error="stale")
+
+    def commit(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
+        """Write a file for write/edit: history, stamp, FileModified. Returns (lines added, removed)."""
+        self.workspace.write_file(path, after)
+        real = Path(os.path.realpath(path))
+        history = self.edit_history.setdefault(real, [])
+        history.append(FileVersion(before, after))
+        del history[:-EDIT_HISTORY_DEPTH]
+        self.remember(real)
+        return self._report_change(path, before, after, tool_use_id)
+
+    def _report_change(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
+        shown = self.workspace.display(path)
+        added, removed, diff = _diff(shown, _decode_text(before or b"")[0], _decode_text(after)[0])
+        self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed, diff=diff,
+                  created=before is None)
+        return added, removed
+
+# ---------------------------------------------------------------- input checking
+
+
+def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
+    """(clean arguments, None), or (None, a message telling the model how to repair the call).
+    A null optional counts as absent; JSON 5.0 is a fine integer, true is not."""
+    props, required = schema["input_schema"]["properties"], schema["input_schema"]["required"]
+    args, problems = {}, []
+    if not isinstance(tool_input, dict):
+        problems.append(f"the input must be a JSON object, got {_type_name(tool_input)}")
+        tool_input = {}
+    for key, value in tool_input.items():
+        kind = props.get(key, {}).get("type")
+        if kind is None:
+            near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
+            problems.append(f"unknown parameter '{key}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
+        elif value is None:
+            continue
+        elif kind == "integer" and isinstance(value, float) and value.is_integer():
+            args[key] = int(value)
+        elif _type_name(value) != kind:
+            problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
+        elif value not in props[key].get("enum", [value]):
+            problems.append(f"'{key}' must be one of {', '.join(props[key]['enum'])}, got {value!r}")
+        else:
+            args[key] = value
+    problems += [f"missing required parameter '{key}'" for key in required
+                 if key not in args and not any(f"'{key}'" in problem for problem in problems)]
+    if not problems:
+        return args, None
+    signature = ", ".join(f"{key}{'' if key in required else '?'}: {prop['type']}" for key, prop in props.items())
+    return None, (f"Invalid input for {schema['name']}: {'; '.join(problems)}.\n"
+                  f"Expected {schema['name']}({signature}). Call {schema['name']} again with corrected input.")
+
+
+def _type_name(value) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+
 # ---------------------------------------------------------------- output budgets and spill files
 
 
 class _Spool:
-    """Collects one result's text: keeps a bounded head and tail in memory, and once the text outgrows
-    the budget copies all of it to a spill file the model can read or grep."""
+    """One result's text. Under the budget it is kept whole; past it, everything goes to a spill file
+    the model can read or grep, and only a head and a tail stay in memory."""
 
-    def __init__(self, spill_dir: Path, name: str, budget: int = OUTPUT_BUDGET_CHARS):
+    def __init__(self, spill_dir: Path, name: str):
         self.spill_dir, self.name = spill_dir, name
-        self.head_cap = int(budget * OUTPUT_HEAD_SHARE)
-        self.tail_cap = budget - self.head_cap - 500    # room for the omission marker
-        self.budget = budget
+        self.head_cap = int(OUTPUT_BUDGET_CHARS * OUTPUT_HEAD_SHARE)
+        self.tail_cap = OUTPUT_BUDGET_CHARS - self.head_cap - 500    # room for the omission marker
         self.parts: list[str] = []      # everything, while under budget
-        self.head = ""
-        self.tail = ""
-        self.total = 0                  # characters seen
-        self.newlines = 0
+        self.head = self.tail = ""
+        self.total = self.newlines = self.spilled = 0
         self.spill_path: Path | None = None
-        self.spill_bytes = 0
-        self.handle = None
+        self.handle = None              # the open spill file; False when it could not be made
 
     def add(self, text: str) -> None:
-        if not text:
-            return
         self.total += len(text)
         self.newlines += text.count("\n")
         if self.handle is None:
             self.parts.append(text)
-            if self.total > self.budget:
-                self._start_spill()
-            return
-        self._write_spill(text)
+            if self.total <= OUTPUT_BUDGET_CHARS:
+                return
+            text, self.parts = "".join(self.parts), []
+            self.head = text[:self.head_cap]
+            try:
+                self.spill_path = _new_spill_file(self.spill_dir, self.name)
+                self.handle = open(self.spill_path, "w", encoding="utf-8", errors="replace")
+            except OSError:
+                self.spill_path, self.handle = None, False
         self.tail = (self.tail + text)[-self.tail_cap:]
-
-    def _start_spill(self) -> None:
-        so_far = "".join(self.parts)
-        self.parts = []
-        self.head = so_far[:self.head_cap]
-        self.tail = so_far[-self.tail_cap:]
-        try:
-            self.spill_path = _new_spill_file(self.spill_dir, self.name)
-            self.handle = open(self.spill_path, "w", encoding="utf-8", errors="replace")
-        except OSError:
-            self.spill_path, self.handle = None, False   # no spill: still truncate, just without a path
-        self._write_spill(so_far)
-
-    def _write_spill(self, text: str) -> None:
-        if not self.handle or self.spill_bytes >= SPILL_FILE_CAP_BYTES:
-            return
-        chunk = text[:SPILL_FILE_CAP_BYTES - self.spill_bytes]
-        self.handle.write(chunk)
-        self.spill_bytes += len(chunk)
-        if self.spill_bytes >= SPILL_FILE_CAP_BYTES:
-            self.handle.write("\n[spill file capped here; later output was not kept]\n")
+        if self.handle and self.spilled < SPILL_FILE_CAP_BYTES:
+            self.spilled += self.handle.write(text[:SPILL_FILE_CAP_BYTES - self.spilled])
+            if self.spilled >= SPILL_FILE_CAP_BYTES:
+                self.handle.write("\n[spill file capped here; later output was not kept]\n")
 
     def finish(self) -> str:
-        """The model-facing text: all of it, or head + omission marker + tail."""
+        """The model-facing text: all of it, or head + omission marker + tail, cut at line ends."""
         if self.handle is None:
             return "".join(self.parts)
         if self.handle:
             self.handle.close()
-        head = _cut_at_line_end(self.head)
-        tail = _cut_at_line_start(self.tail)
-        omitted = self.total - len(head) - len(tail)
+        cut = self.head.rfind("\n")
+        head = self.head[:cut + 1] if cut > len(self.head) // 2 else self.head
+        cut = self.tail.find("\n")
+        tail = self.tail[cut + 1:] if 0 <= cut < len(self.tail) // 2 else self.tail
         lines = max(0, self.newlines - head.count("\n") - tail.count("\n"))
-        where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; read it with offset/limit or grep it"
-                 if self.spill_path else "full output could not be saved")
-        return f"{head}\n[… {omitted:,} characters ({lines:,} lines) omitted; {where} …]\n{tail}"
+        where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; read it with offset/limit "
+                 "or grep it" if self.spill_path else "full output could not be saved")
+        return f"{head}\n[… {self.total - len(head) - len(tail):,} characters ({lines:,} lines) omitted; {where} …]\n{tail}"
 
 
-def _cut_at_line_end(text: str) -> str:
-    cut = text.rfind("\n")
-    return text[:cut + 1] if cut > len(text) // 2 else text
-
-
-def _cut_at_line_start(text: str) -> str:
-    cut = text.find("\n")
-    return text[cut + 1:] if 0 <= cut < len(text) // 2 else text
+def _budget(result: ToolResult, spill_dir: Path, name: str) -> ToolResult:
+    """Any result over the budget (bash budgets its own stream) is cut to head + tail and spilled."""
+    if len(result.text) <= OUTPUT_BUDGET_CHARS or "spill" in result.meta:
+        return result
+    spool = _Spool(spill_dir, name)
+    spool.add(result.text)
+    result.text = spool.finish()
+    if spool.spill_path:
+        result.meta["spill"] = str(spool.spill_path)
+    return result
 
 
 def _new_spill_file(spill_dir: Path, name: str) -> Path:
     spill_dir.mkdir(parents=True, exist_ok=True)
     _prune_spill(spill_dir)
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "output"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    fd, path = tempfile.mkstemp(dir=spill_dir, prefix=f"{stamp}-{safe}-", suffix=".txt")
+    fd, path = tempfile.mkstemp(dir=spill_dir, prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-", suffix=".txt")
     os.close(fd)
     return Path(path)
 
 
 def _prune_spill(spill_dir: Path) -> None:
-    """Keep the spill folder under its cap by deleting the oldest files first."""
-    files = []
-    for entry in os.scandir(spill_dir):
-        if entry.is_file():
-            stat = entry.stat()
-            files.append((stat.st_mtime, stat.st_size, entry.path))
+    """Keep the spill folder under its cap (with room for one more file), deleting the oldest first."""
+    files = sorted((entry.stat().st_mtime, entry.stat().st_size, entry.path)
+                   for entry in os.scandir(spill_dir) if entry.is_file())
     total = sum(size for _, size, _ in files)
-    for _, size, path in sorted(files):
+    for _, size, path in files:
         if total <= SPILL_DIR_CAP_BYTES - SPILL_FILE_CAP_BYTES:
             break
         Path(path).unlink(missing_ok=True)
         total -= size
 
 
-def _clean_output(text: str) -> str:
-    """Drop terminal escapes and carriage-return redraws (progress bars): the model reads plain lines."""
-    text = ANSI_RE.sub("", text)
-    if "\r" not in text:
-        return text
-    lines = text.replace("\r\n", "\n").split("\n")
-    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines)
-
-
 class _LineCleaner:
-    """Feeds _clean_output whole lines only, so an escape sequence or a CRLF split across two pipe
-    reads is never cut in half. A line longer than 64K characters is passed on as it stands."""
+    """Bytes from a pipe to plain text for the model: UTF-8 decoded, terminal escapes dropped,
+    carriage-return redraws (progress bars) reduced to their last state. Works on whole lines so
+    nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
 
     def __init__(self):
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -441,170 +554,20 @@ class _LineCleaner:
 
     def feed(self, data: bytes) -> str:
         text = self.carry + self.decoder.decode(data)
-        cut = text.rfind("\n") + 1
-        if cut == 0 and len(text) < 65_536:
-            self.carry = text
-            return ""
-        cut = cut or len(text)
+        cut = text.rfind("\n") + 1 or (len(text) if len(text) >= 65_536 else 0)
         self.carry = text[cut:]
-        return _clean_output(text[:cut])
+        return self.clean(text[:cut])
 
     def flush(self) -> str:
         text, self.carry = self.carry + self.decoder.decode(b"", final=True), ""
-        return _clean_output(text)
+        return self.clean(text)
 
-# ---------------------------------------------------------------- file helpers (take a Workspace)
-
-# Magic numbers for telling the model what a binary file is (the first bytes are enough).
-MAGIC = [
-    (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
-    (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
-    (b"\x1f\x8b", "gzip archive"), (b"\x7fELF", "ELF executable"), (b"SQLite format 3", "SQLite database"),
-    (b"\x00asm", "WebAssembly module"), (b"BZh", "bzip2 archive"), (b"\xfd7zXZ", "xz archive"),
-    (b"RIFF", "RIFF media (WAV/AVI/WebP)"), (b"\xca\xfe\xba\xbe", "Java class or Mach-O binary"),
-]
-
-
-def _describe_binary(path: Path, head: bytes) -> str | None:
-    """What a binary file is, or None when the bytes look like text."""
-    kind = next((name for magic, name in MAGIC if head.startswith(magic)), None)
-    if kind is None and b"\x00" not in head[:8192]:
-        try:
-            head[:8192].decode("utf-8")
-            return None
-        except UnicodeDecodeError as exc:
-            if exc.start >= len(head[:8192]) - 4:      # a multi-byte character cut by the 8K window
-                return None
-            control = sum(1 for byte in head[:8192] if byte < 9 or 13 < byte < 32)
-            if control == 0:
-                return None                            # legacy 8-bit text: shown with replacement marks
-    return kind or mimetypes.guess_type(path.name)[0] or "binary data"
-
-
-def _decode_text(data: bytes) -> tuple[str, bool]:
-    """Text of a file without its UTF-8 BOM, and whether it had one."""
-    bom = data.startswith(codecs.BOM_UTF8)
-    return data[3:].decode("utf-8", "replace") if bom else data.decode("utf-8", "replace"), bom
-
-
-def _uses_crlf(text: str) -> bool:
-    crlf = text.count("\r\n")
-    return crlf > 0 and crlf >= text.count("\n") - crlf
-
-
-def _stamp(path: Path) -> _Stamp | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return _Stamp(stat.st_mtime_ns, stat.st_size)
-
-
-def _near_names(ws: Workspace, path: Path) -> list[str]:
-    """Up to three existing paths the model probably meant."""
-    found = []
-    raw = str(path)
-    if path.is_absolute() and not path.exists():           # "/src/app.py" meant project-relative
-        inside = ws.cwd / raw.lstrip("/")
-        if inside.exists():
-            found.append(ws.display(inside))
-    parent = path.parent
-    while not parent.is_dir() and parent != parent.parent:
-        parent = parent.parent
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        names = []
-    for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
-        found.append(ws.display(parent / name))
-    return list(dict.fromkeys(found))[:3]
-
-
-def _missing(ws: Workspace, path: Path) -> ToolError:
-    near = _near_names(ws, path)
-    hint = f" Did you mean: {', '.join(near)}?" if near else " Use glob to find files by name."
-    return ToolError(f"{ws.display(path)} does not exist.{hint}", error="not_found")
-
-
-def _listing(ws: Workspace, path: Path) -> ToolResult:
-    entries = sorted(os.scandir(path), key=lambda e: (not e.is_dir(), e.name))
-    shown = [entry.name + ("/" if entry.is_dir() else "") for entry in entries[:LISTING_CAP]]
-    note = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
-    body = "\n".join(shown) if shown else "(empty directory)"
-    return ToolResult(f"{ws.display(path)}/ is a directory:\n{body}{note}", meta={"entries": len(entries)})
-
-
-def _numbered(lines: list[str], first: int) -> str:
-    """cat -n style: right-aligned line number, a tab, the line (long lines cut with a marker)."""
-    out = []
-    for number, line in enumerate(lines, first):
-        if len(line) > LINE_CHAR_CAP:
-            line = f"{line[:LINE_CHAR_CAP]}… [line cut: {len(line):,} characters]"
-        out.append(f"{number:>6}\t{line}")
-    return "\n".join(out)
-
-
-def _human_size(size: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    return ""
-
-# ---------------------------------------------------------------- input checking
-
-
-def _signature(schema: dict) -> str:
-    spec = schema["input_schema"]
-    params = [f"{key}{'' if key in spec['required'] else '?'}: {prop['type']}" for key, prop in spec["properties"].items()]
-    return f"{schema['name']}({', '.join(params)})"
-
-
-def _type_name(value) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _coerce(kind: str, value):
-    """The value as the schema type, or raise TypeError. JSON 5.0 is a fine integer; True is not."""
-    if kind == "string" and isinstance(value, str):
-        return value
-    if kind == "boolean" and isinstance(value, bool):
-        return value
-    if kind == "integer" and not isinstance(value, bool):
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    raise TypeError(kind)
-
-
-def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
-    """(clean arguments, None) or (None, a message telling the model how to repair the call)."""
-    spec = schema["input_schema"]
-    props, problems, args = spec["properties"], [], {}
-    if not isinstance(tool_input, dict):
-        problems.append(f"the input must be a JSON object, got {_type_name(tool_input)}")
-        tool_input = {}
-    for key, value in tool_input.items():
-        if key not in props:
-            near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
-            problems.append(f"unknown parameter '{key}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
-        elif value is not None:
-            try:
-                args[key] = _coerce(props[key]["type"], value)
-            except TypeError:
-                problems.append(f"'{key}' must be {props[key]['type']}, got {_type_name(value)}")
-                continue
-            if "enum" in props[key] and value not in props[key]["enum"]:
-                problems.append(f"'{key}' must be one of {', '.join(props[key]['enum'])}, got {value!r}")
-    for key in spec["required"]:
-        if key not in args and not any(key in p for p in problems):
-            problems.append(f"missing required parameter '{key}'")
-    if not problems:
-        return args, None
-    return None, (f"Invalid input for {schema['name']}: {'; '.join(problems)}.\n"
-                  f"Expected {_signature(schema)}. Call {schema['name']} again with corrected input.")
+    @staticmethod
+    def clean(text: str) -> str:
+        text = ANSI_RE.sub("", text)
+        if "\r" not in text:
+            return text
+        return "\n".join(line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n"))
 
 # ---------------------------------------------------------------- process groups
 
@@ -617,35 +580,34 @@ def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def _kill_groups(pgids: set[int]) -> None:
-    """Last resort at interpreter exit (weakref.finalize): nothing we started survives us."""
+    """Kill every group still alive; also the last resort at interpreter exit (weakref.finalize)."""
     for pgid in list(pgids):
         _kill_group(pgid)
     pgids.clear()
 
 
 def _group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process remains in the group."""
+    """Whether any live process remains in the group. killpg also reaches zombies that a
+    non-reaping init (containers) leaves behind, so /proc settles it where there is one."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
     if not os.path.isdir("/proc"):
         return True
-    # killpg also reaches zombies that a non-reaping init keeps around; /proc tells them apart.
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                    fields = handle.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != b"Z":
-                return True
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
     return False
 
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None]) -> None:
-    """Read a pipe to EOF, handing on cleaned whole lines."""
+    """Read a pipe to EOF, handing on cleaned text."""
     cleaner = _LineCleaner()
     try:
         while chunk := await stream.read(65_536):
@@ -657,14 +619,13 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None]) ->
 
 
 async def _finish_pump(pump: asyncio.Task, timeout_s: float = 1.0) -> None:
-    """Let a pump reach EOF; a descendant that left our group may hold the pipe open, so don't wait forever."""
+    """Let a pump reach EOF, but a descendant that left our group may hold the pipe: don't wait for ever."""
     await asyncio.wait({pump}, timeout=timeout_s)
-    if not pump.done():
-        pump.cancel()
+    pump.cancel()
 
 
 async def _reap_strays(pgid: int, pump: asyncio.Task, grace_s: float) -> bool:
-    """After a group's leader exited: give the rest `grace_s` to finish, then kill them. True if any were left."""
+    """After a group's leader exited, give the rest `grace_s` to finish, then kill them. True if any were left."""
     if _group_alive(pgid):
         await asyncio.wait({pump}, timeout=grace_s)
     stray = _group_alive(pgid)
@@ -673,10 +634,10 @@ async def _reap_strays(pgid: int, pump: asyncio.Task, grace_s: float) -> bool:
     await _finish_pump(pump)
     return stray
 
-# ---------------------------------------------------------------- read
+# ---------------------------------------------------------------- read and file helpers
 
 
-async def _tool_read(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_read(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     if path.is_dir():
@@ -685,49 +646,115 @@ async def _tool_read(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult
         raise _missing(ws, path)
     size = path.stat().st_size
     if size > READ_FILE_CAP_BYTES:
-        raise ToolError(f"{ws.display(path)} is {_human_size(size)}, too large to read whole; use bash with "
-                        "head, tail, sed -n 'FROM,TOp' or grep on it.", error="too_large")
+        raise ToolError(f"{ws.display(path)} is {size:,} bytes, too large to read whole; use bash with head, "
+                        "tail, sed -n 'FROM,TOp' or grep on it.", error="too_large")
     data = ws.read_file(path)
-    kind = _describe_binary(path, data[:8192])
-    if kind:
-        raise ToolError(f"{ws.display(path)} is a binary file ({kind}, {_human_size(size)}); read shows text "
-                        "files only.", error="binary")
+    if kind := _binary_kind(path, data[:8192]):
+        raise ToolError(f"{ws.display(path)} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
+                        error="binary")
     box.remember(path)
-    text, _ = _decode_text(data)
-    return _read_window(ws.display(path), _split_lines(text), args.get("offset", 1), args.get("limit"))
+    return _read_window(ws.display(path), _split_lines(_decode_text(data)[0]), args.get("offset", 1), args.get("limit"))
 
 
-def _split_lines(text: str) -> list[str]:
-    """Lines without their endings ("\\r\\n" or "\\n"); a final newline does not start another line."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def _read_window(shown_path: str, lines: list[str], offset: int, limit: int | None) -> ToolResult:
+def _read_window(shown: str, lines: list[str], offset: int, limit: int | None) -> ToolResult:
     total = len(lines)
     if offset < 1 or (limit is not None and limit < 1):
         raise ToolError("offset and limit must be positive (offset is a 1-based line number).", error="invalid_input")
     if total == 0:
-        return ToolResult(f"{shown_path} is empty (0 lines).", meta={"path": shown_path, "lines": 0})
+        return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
     if offset > total:
-        raise ToolError(f"offset {offset} is past the end of {shown_path}, which has {total} lines.", error="offset")
-    stop = min(total, offset - 1 + (limit or READ_LINE_CAP))
+        raise ToolError(f"offset {offset} is past the end of {shown}, which has {total} lines.", error="offset")
     body, size, last = [], 0, offset - 1
-    for index in range(offset - 1, stop):
+    for index in range(offset - 1, min(total, offset - 1 + (limit or READ_LINE_CAP))):
         numbered = _numbered([lines[index]], index + 1)
         if body and size + len(numbered) > READ_BYTE_CAP:
             break
         body.append(numbered)
-        size += len(numbered) + 1
-        last = index + 1
+        size, last = size + len(numbered) + 1, index + 1
     text = "\n".join(body)
     if last < total:
         text += f"\n\n(Showing lines {offset}–{last} of {total}. Use offset={last + 1} to continue.)"
     elif offset > 1:
         text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
-    return ToolResult(text, meta={"path": shown_path, "lines": total, "start": offset, "end": last})
+    return ToolResult(text, meta={"path": shown, "lines": total, "start": offset, "end": last})
+
+
+def _numbered(lines: list[str], first: int) -> str:
+    """cat -n style: right-aligned line number, a tab, the line (a long one cut with a marker)."""
+    return "\n".join(f"{number:>6}\t{line[:LINE_CHAR_CAP]}" +
+                     (f"… [line cut: {len(line):,} characters]" if len(line) > LINE_CHAR_CAP else "")
+                     for number, line in enumerate(lines, first))
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines without their endings ("\\r\\n" or "\\n"); a final newline does not start another line."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _binary_kind(path: Path, head: bytes) -> str | None:
+    """What a binary file is, or None for text (legacy 8-bit text counts as text)."""
+    kind = next((name for magic, name in MAGIC if head.startswith(magic)), None)
+    control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
+    if kind or b"\0" in head or control > len(head) // 10:
+        return kind or mimetypes.guess_type(path.name)[0] or "binary data"
+    return None
+
+
+def _decode_text(data: bytes) -> tuple[str, bool]:
+    """A file's text without its UTF-8 BOM, and whether it had one."""
+    bom = data.startswith(codecs.BOM_UTF8)
+    return data[3 if bom else 0:].decode("utf-8", "replace"), bom
+
+
+def _uses_crlf(text: str) -> bool:
+    crlf = text.count("\r\n")
+    return crlf > 0 and crlf >= text.count("\n") - crlf
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def _missing(ws: Workspace, path: Path) -> ToolError:
+    """A missing path, with up to three existing ones the model probably meant."""
+    near = []
+    if path.is_absolute() and (ws.cwd / str(path).lstrip("/")).exists():    # "/src/app.py" meant the project's
+        near.append(ws.display(ws.cwd / str(path).lstrip("/")))
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        names = []
+    near += [ws.display(parent / name) for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)]
+    near = list(dict.fromkeys(near))[:3]
+    hint = f" Did you mean: {', '.join(near)}?" if near else " Use glob to find files by name."
+    return ToolError(f"{ws.display(path)} does not exist.{hint}", error="not_found")
+
+
+def _listing(ws: Workspace, path: Path) -> ToolResult:
+    entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
+    shown = [entry.name + ("/" if entry.is_dir() else "") for entry in entries[:LISTING_CAP]]
+    more = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
+    return ToolResult(f"{ws.display(path)}/ is a directory:\n" + ("\n".join(shown) or "(empty directory)") + more,
+                      meta={"entries": len(entries)})
+
+
+def _directory(ws: Workspace, value: str | None) -> Path:
+    path = ws.resolve(value) if value else ws.cwd
+    if not path.exists():
+        raise _missing(ws, path)
+    if not path.is_dir():
+        raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
+    return path
 
 # ---------------------------------------------------------------- edit: the replacer cascade
 # OpenCode's nine strategies (from the Cline / gemini-cli lineage), tried in order. Each returns the
@@ -886,7 +913,6 @@ def _multi_occurrence(hay: _Haystack, old: str) -> list[tuple[int, int]]:
     return spans
 
 
-BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor match needs
 SINGLE, BULK = "single", "bulk"     # when a strategy runs: without / with replace_all
 CASCADE = [
     ("exact", _exact, {SINGLE, BULK}),
@@ -926,24 +952,16 @@ def _adapt(old: str, matched: str, new: str) -> str:
     old_lines, got_lines = old.strip("\n").split("\n"), matched.strip("\n").split("\n")
     if len(old_lines) == len(got_lines) and _dedent(old_lines) == _dedent(got_lines):
         was, now = _indent(old_lines), _indent(got_lines)
-        if was != now:
-            new = "\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
-                            for line in new.split("\n"))
-            old = "\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
-                            for line in old.split("\n"))
-    for take in (_leading_space, _trailing_space):
-        was, now = take(old), take(matched)
-        if was != now and new != new.strip() and take(new) == was:
-            new = now + new.lstrip() if take is _leading_space else new.rstrip() + now
+        shift = lambda text: "\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
+                                       for line in text.split("\n"))  # noqa: E731
+        old, new = shift(old), shift(new)
+    lead = lambda text: text[:len(text) - len(text.lstrip())]  # noqa: E731
+    if lead(old) and lead(old) != lead(matched) and lead(new) == lead(old) and new.strip():
+        new = lead(matched) + new.lstrip()
+    trail = lambda text: text[len(text.rstrip()):]  # noqa: E731
+    if trail(old) and trail(old) != trail(matched) and trail(new) == trail(old) and new.strip():
+        new = new.rstrip() + trail(matched)
     return new
-
-
-def _leading_space(text: str) -> str:
-    return text[:len(text) - len(text.lstrip())]
-
-
-def _trailing_space(text: str) -> str:
-    return text[len(text.rstrip()):]
 
 
 @dataclass
@@ -1031,7 +1049,7 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
 # ---------------------------------------------------------------- write and edit
 
 
-async def _tool_write(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_write(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     if path.is_dir():
@@ -1063,7 +1081,7 @@ def _encode_like(text: str, before: bytes | None) -> bytes:
     return text.encode("utf-8")
 
 
-async def _tool_edit(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws = box.workspace
     path, old, new = ws.resolve(args["file_path"]), args["old_string"], args["new_string"]
     if old == new:
@@ -1204,7 +1222,7 @@ def _candidates(ws: Workspace, root: Path) -> list[str]:
     return found
 
 
-async def _list_files(box: "Toolbox", root: Path) -> list[str]:
+async def _list_files(box: Toolbox, root: Path) -> list[str]:
     """Candidate files under `root`. ripgrep's own --glob would override .gitignore, so patterns are
     always applied by us, to this list."""
     if not box.ripgrep:
@@ -1222,7 +1240,7 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-async def _rg_lines(box: "Toolbox", argv: list[str], cwd: Path, cap: int) -> tuple[list[str], int]:
+async def _rg_lines(box: Toolbox, argv: list[str], cwd: Path, cap: int) -> tuple[list[str], int]:
     """ripgrep's output lines (at most `cap`; then it is stopped) and its exit code."""
     child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd)
     lines = []
@@ -1241,18 +1259,9 @@ async def _rg_lines(box: "Toolbox", argv: list[str], cwd: Path, cap: int) -> tup
     return lines, child.proc.returncode
 
 
-def _search_root(ws: Workspace, value: str | None) -> Path:
-    path = ws.resolve(value) if value else ws.cwd
-    if not path.exists():
-        raise _missing(ws, path)
-    return path
-
-
-async def _tool_glob(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws, pattern = box.workspace, args["pattern"]
-    root = _search_root(ws, args.get("path"))
-    if not root.is_dir():
-        raise ToolError(f"{ws.display(root)} is a file; glob searches a directory.", error="not_a_directory")
+    root = _directory(ws, args.get("path"))
     match = _glob_matcher(pattern)
     files = [rel for rel in await _list_files(box, root) if match(rel)]
     files = await asyncio.to_thread(_newest_first, root, files)
@@ -1267,9 +1276,11 @@ async def _tool_glob(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult
     return ToolResult(shown, meta=meta)
 
 
-async def _tool_grep(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws, pattern, include = box.workspace, args["pattern"], args.get("include")
-    target = _search_root(ws, args.get("path"))
+    target = ws.resolve(args["path"]) if args.get("path") else ws.cwd
+    if not target.exists():
+        raise _missing(ws, target)
     root = target if target.is_dir() else target.parent
     try:
         regex = re.compile(pattern)
@@ -1283,7 +1294,7 @@ async def _tool_grep(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult
     return _grep_report(ws, root, hits, pattern, box.ripgrep)
 
 
-async def _rg_grep(box: "Toolbox", pattern: str, target: Path, root: Path, include: str | None) -> dict:
+async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include: str | None) -> dict:
     argv = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never", "--hidden",
             "--no-messages", "--max-columns", "1000", "--max-columns-preview", "--glob", "!.git"]
     if include and "/" not in include.rstrip("/"):     # a file type filters without overriding .gitignore
@@ -1352,7 +1363,7 @@ def _grep_report(ws: Workspace, root: Path, hits: dict, pattern: str, engine: st
 # ---------------------------------------------------------------- bash
 
 
-async def _tool_bash(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     command = args["command"]
     if not command.strip():
         raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
@@ -1420,16 +1431,6 @@ def _bash_text(output: str, exit_code: int, timed_out: bool, stray: bool, timeou
                      "long-running work.")
     return "\n".join(parts + notes)
 
-
-def _directory(ws: Workspace, value: str | None) -> Path:
-    if value is None:
-        return ws.cwd
-    path = ws.resolve(value)
-    if not path.exists():
-        raise _missing(ws, path)
-    if not path.is_dir():
-        raise ToolError(f"workdir {ws.display(path)} is a file, not a directory.", error="not_a_directory")
-    return path
 
 # ---------------------------------------------------------------- process: background processes
 
@@ -1547,6 +1548,9 @@ class _Processes:
         try:
             await process.child.proc.wait()
             await _reap_strays(process.pid, pump, 0.5 if process.cause else 1.0)
+        except asyncio.CancelledError:      # the event loop is closing without close(): still no orphans
+            process.cause = process.cause or "khaelor exit"
+            raise
         finally:
             if not pump.done():
                 pump.cancel()
@@ -1590,7 +1594,7 @@ class _Processes:
             del self.items[key]
 
 
-async def _tool_process(box: "Toolbox", args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_process(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     action, procs = args["action"], box.processes
     if action == "list":
         return _process_list(procs)
@@ -1651,131 +1655,6 @@ def _process_list(procs: _Processes) -> ToolResult:
     rows = [f"{p.process_id}  {p.status()}  pid {p.pid}  {p.runtime_s():g} s  {p.command}"
             for p in procs.items.values()]
     return ToolResult("\n".join(rows), meta={"count": len(rows), "running": len(procs.live())})
-
-# ---------------------------------------------------------------- Toolbox: the kernel's entry point
-
-
-class Toolbox:
-    """The seven tools behind one `run`. Holds the session's tool state: what the model has read, each
-    file's edit history, the background processes."""
-
-    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict]):
-        self.workspace = workspace
-        self.home = Path(home)                  # KHAELOR_HOME; spill files go to <home>/spill
-        self.spill_dir = self.home / "spill"
-        self.emit = emit
-        self.schemas = [dict(schema) for schema in SCHEMAS]
-        self.edit_history: dict[Path, list[FileVersion]] = {}   # real path -> versions, oldest first
-        self.stamps: dict[Path, _Stamp] = {}    # real path -> as last read or written by the model
-        self.groups: set[int] = set()           # process groups alive right now (bash and process)
-        self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
-        self.processes = _Processes(workspace, emit, self.groups)
-        self._by_name = {schema["name"]: schema for schema in SCHEMAS}
-        # If khaelor dies without awaiting close(), still kill every group at interpreter exit.
-        weakref.finalize(self, _kill_groups, self.groups)
-
-    async def run(self, name: str, tool_input: dict, tool_use_id: str) -> ToolResult:
-        """Run one tool call. Never raises, except CancelledError (the turn was interrupted)."""
-        schema = self._by_name.get(name)
-        if schema is None:
-            return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOL_ORDER)}.", True,
-                              {"error": "unknown_tool"})
-        args, problem = _check_input(schema, tool_input)
-        if problem:
-            return ToolResult(problem, True, {"error": "invalid_input"})
-        try:
-            result = await TOOLS[name](self, args, tool_use_id)
-        except ToolError as exc:
-            result = ToolResult(str(exc), True, exc.meta)
-        except OSError as exc:
-            result = ToolResult(_os_error_text(exc), True, {"error": type(exc).__name__})
-        except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
-            result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
-                                "bug. Try a different approach.", True, {"error": "internal"})
-        return self._budget(result, tool_use_id or name)
-
-    async def close(self) -> None:
-        """Stop every background process (ProcessExited cause "khaelor exit")."""
-        await self.processes.close()
-        _kill_groups(self.groups)
-
-    def running_processes(self) -> list[dict]:
-        """[{process_id, pid, command, runtime_s}] for processes still running."""
-        return self.processes.running()
-
-    def remember(self, path: Path) -> None:
-        """Record that the model has seen this file as it is now (read, or its own write)."""
-        real = Path(os.path.realpath(path))
-        stamp = _stamp(real)
-        if stamp:
-            self.stamps[real] = stamp
-
-    def check_fresh(self, path: Path) -> None:
-        """Refuse to change a file the model has not read, or that changed on disk since it did."""
-        real = Path(os.path.realpath(path))
-        seen = self.stamps.get(real)
-        shown = self.workspace.display(path)
-        if seen is None:
-            raise ToolError(f"{shown} exists and you have not read it in this session. Read it first, then "
-                            "retry, so your change starts from its actual content.", error="not_read")
-        if _stamp(real) != seen:
-            raise ToolError(f"{shown} has changed on disk since you last read it (someone may be editing it). "
-                            "Read it again, then redo your change on the current content.", error="stale")
-
-    def commit(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
-        """Write a file for write/edit/undo: history, stamp, FileModified. Returns (added, removed)."""
-        self.workspace.write_file(path, after)
-        real = Path(os.path.realpath(path))
-        history = self.edit_history.setdefault(real, [])
-        history.append(FileVersion(before, after))
-        del history[:-EDIT_HISTORY_DEPTH]
-        self.remember(real)
-        return self._report_change(path, before, after, tool_use_id)
-
-    def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
-        """Put back a file as it was before khaelor's last write/edit of it (for /undo)."""
-        path = self.workspace.resolve(file_path)
-        real, shown = Path(os.path.realpath(path)), self.workspace.display(path)
-        history = self.edit_history.get(real)
-        if not history:
-            return ToolResult(f"No khaelor edits of {shown} to undo.", True, {"error": "no_history"})
-        current = self.workspace.read_file(real) if real.exists() else None
-        if current != history[-1].after:
-            return ToolResult(f"{shown} changed after khaelor's last edit; not undoing, to keep those changes.",
-                              True, {"error": "changed"})
-        version = history.pop()
-        if version.before is None:
-            self.workspace.remove_file(real)
-        else:
-            self.workspace.write_file(real, version.before)
-        self.stamps.pop(real, None)         # the model's view is stale now: it must read again
-        added, removed = self._report_change(path, version.after, version.before or b"", tool_use_id)
-        return ToolResult(f"Restored {shown} to before khaelor's last edit (+{added} −{removed}).",
-                          meta={"path": shown, "added": added, "removed": removed})
-
-    def _report_change(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
-        shown = self.workspace.display(path)
-        old_text = _decode_text(before)[0] if before else ""
-        added, removed, diff = _diff(shown, old_text, _decode_text(after)[0])
-        self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed, diff=diff,
-                  created=before is None)
-        return added, removed
-
-    def _budget(self, result: ToolResult, name: str) -> ToolResult:
-        if len(result.text) <= OUTPUT_BUDGET_CHARS or "spill" in result.meta:
-            return result
-        spool = _Spool(self.spill_dir, name)
-        spool.add(result.text)
-        result.text = spool.finish()
-        if spool.spill_path:
-            result.meta["spill"] = str(spool.spill_path)
-        return result
-
-
-def _os_error_text(exc: OSError) -> str:
-    where = f" ({exc.filename})" if exc.filename else ""
-    return f"{exc.strerror or exc}{where}. Check the path and permissions, then retry or try another approach."
-
 
 
 TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _tool_grep, "glob": _tool_glob,

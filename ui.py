@@ -627,6 +627,21 @@ SUMMARY_KEYS = {"read": "file_path", "write": "file_path", "edit": "file_path",
                 "grep": "pattern", "glob": "pattern", "bash": "command"}
 HEAD_PREVIEW_TOOLS = frozenset({"grep", "glob"})       # the first lines say most
 QUIET_TOOLS = frozenset({"read", "write", "edit"})      # the card (and diff) say it all
+# Events shown as one dim line; fields are filled from the event ("?" when missing).
+NOTE_FORMATS = {
+    "ContextPruned": "◇ Context: old tool results pruned ({n_pruned})",
+    "ContextCompacted": "◇ Context compacted: earlier turns are now a summary",
+    "VerificationRequested": "◇ Checking the work before answering",
+    "ProcessStarted": "◆ process {process_id} started: {command}",
+    "ProcessExited": "◆ process {process_id} exited {exit_code} ({cause})",
+    "SessionRenamed": "◇ Session: {title}",
+    "ModelChanged": "◇ Model: {model}",
+}
+# Events that only change what the spinner says (None: leaves it) and clear the Status text.
+PHASES = {"ModelStarted": "waiting for the model", "ToolInputDelta": "preparing a tool call",
+          "TextDelta": "writing", "ThinkingDelta": "thinking", "ToolStarted": None,
+          "ToolRequested": "",
+          "ModelResponseCompleted": "", "TaskCompleted": "", "TaskFailed": "", "Interrupted": ""}
 ERROR_WORDS = {
     "retryable": "The API is unavailable right now",
     "context_overflow": "The conversation no longer fits in the model's context",
@@ -725,7 +740,15 @@ class Timeline:
     # -- folding --
 
     def apply(self, event: dict) -> None:
-        handler = getattr(self, "_on_" + str(event.get("type")), None)
+        kind = str(event.get("type"))
+        if kind in PHASES:
+            self.status_text = ""
+            self.phase = self.phase if PHASES[kind] is None else PHASES[kind]
+        if kind in NOTE_FORMATS:
+            fields = collections.defaultdict(lambda: "?", event,
+                                             n_pruned=len(event.get("tool_use_ids") or []))
+            self._dim_line(NOTE_FORMATS[kind].format_map(fields))
+        handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(event)
 
@@ -776,12 +799,8 @@ class Timeline:
         self._settle(wrap_spans([("Queued instruction: " + sanitize(e.get("text", "")), ("dim",))],
                                 self.width, self.style, self.style.paint("› ", "prompt"), "  "))
 
-    def _on_ModelStarted(self, e: dict) -> None:
-        self.phase, self.status_text = "waiting for the model", ""
-
     def _on_TextDelta(self, e: dict) -> None:
         self._finish_thinking(None)
-        self.phase, self.status_text = "writing", ""
         if self._text is None:
             self._text, self._n_text_chars, self._text_started = \
                 MarkdownStream(self.style, self.width), 0, False
@@ -813,7 +832,6 @@ class Timeline:
             self._text_started = True
 
     def _on_ThinkingDelta(self, e: dict) -> None:
-        self.phase = "thinking"
         self._thinking = ((self._thinking or "") + e.get("text", ""))[-THINKING_TAIL_CHARS:]
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
@@ -830,7 +848,6 @@ class Timeline:
 
     def _on_ModelResponseCompleted(self, e: dict) -> None:
         self.flush_live()
-        self.phase = ""
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         if e.get("kind") == "cancelled":
@@ -847,58 +864,27 @@ class Timeline:
 
     def _on_Interrupted(self, e: dict) -> None:
         self.flush_live()
-        self.phase = self.status_text = ""
         self._settle([self.style.paint("■ Interrupted", "warning")
                       + self.style.paint(" · what should happen instead?", "dim")])
 
-    def _on_TaskCompleted(self, e: dict) -> None:
-        self.flush_live()
-        self.phase = self.status_text = ""
+    _on_TaskCompleted = _on_ModelResponseCompleted
 
     def _on_TaskFailed(self, e: dict) -> None:
         self.flush_live()
-        self.phase = self.status_text = ""
         self.error("Task failed: " + str(e.get("reason", "")))
 
     def _on_Status(self, e: dict) -> None:
         self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
 
-    def _on_ContextPruned(self, e: dict) -> None:
-        self._dim_line(f"◇ Context: {len(e.get('tool_use_ids') or [])} old tool results pruned")
-
-    def _on_ContextCompacted(self, e: dict) -> None:
-        self._dim_line("◇ Context compacted: earlier turns are now a summary")
-
-    def _on_VerificationRequested(self, e: dict) -> None:
-        self._dim_line("◇ Checking the work before answering")
-
-    def _on_ProcessStarted(self, e: dict) -> None:
-        self._dim_line(f"◆ process {e.get('process_id')} started: {e.get('command', '')}")
-
-    def _on_ProcessExited(self, e: dict) -> None:
-        cause = f" ({e['cause']})" if e.get("cause") else ""
-        self._dim_line(f"◆ process {e.get('process_id')} exited {e.get('exit_code')}{cause}")
-
-    def _on_SessionRenamed(self, e: dict) -> None:
-        self._dim_line(f"◇ Session: {e.get('title', '')}")
-
-    def _on_ModelChanged(self, e: dict) -> None:
-        self._dim_line(f"◇ Model: {e.get('model', '')}")
-
     # -- tools and permissions --
 
     def _on_ToolRequested(self, e: dict) -> None:
         self.flush_live()
-        self.phase = ""
         tid = e.get("tool_use_id", "")
         self.cards[tid] = ToolCard(tid, e.get("name", "?"), tool_summary(e.get("name", ""),
                                                                         e.get("input") or {}))
 
-    def _on_ToolInputDelta(self, e: dict) -> None:
-        self.phase = "preparing a tool call"
-
     def _on_ToolStarted(self, e: dict) -> None:
-        self.status_text = ""
         card = self._card(e)
         card.started, card.started_ts = time.monotonic(), e.get("ts")
 
@@ -916,10 +902,9 @@ class Timeline:
             self._settle(self._render_changes([e]))
 
     def _on_ToolCompleted(self, e: dict) -> None:
-        self._finish_card(e, failed=False)
+        self._finish_card(e, failed=e.get("type") == "ToolFailed")
 
-    def _on_ToolFailed(self, e: dict) -> None:
-        self._finish_card(e, failed=True)
+    _on_ToolFailed = _on_ToolCompleted
 
     def _on_ToolCancelled(self, e: dict) -> None:
         card = self.cards.pop(e.get("tool_use_id", ""), None) or self._card(e)

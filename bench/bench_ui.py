@@ -120,14 +120,14 @@ def memory_bound(n_words: int, out_fd: int) -> None:
     marks = {}
 
     def on_frame(sent):
-        for mark in (n_words // 10, n_words):
-            if sent >= mark and mark not in marks:
-                marks[mark] = tracemalloc.get_traced_memory()[0]
+        if sent >= n_words // 10 and not marks:
+            marks[n_words // 10] = tracemalloc.get_traced_memory()[0]
 
     start = time.perf_counter()
     stream(n_words, out_fd, on_frame)
     elapsed = time.perf_counter() - start
     current, peak = tracemalloc.get_traced_memory()
+    marks[n_words] = current
     tracemalloc.stop()
     for mark, size in sorted(marks.items()):
         print(f"traced memory after {mark:,} words: {size / 1024:.0f} KiB")

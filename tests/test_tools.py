@@ -621,3 +621,26 @@ def test_ripgrep_and_python_fallback_agree(box):
             box.toolbox.ripgrep = None
             slow = box.call(name, **tool_input)
             assert fast.text == slow.text, (git, name, tool_input)
+
+
+def test_no_process_survives_khaelor_exiting_on_an_error(tmp_path):
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(tools.__file__).parent)!r})
+import tools
+async def main():
+    box = tools.Toolbox(tools.Workspace(Path({str(tmp_path)!r})), Path({str(tmp_path / 'home')!r}), lambda *a, **k: {{}})
+    await box.run("process", {{"action": "start", "command": "sleep 60 & sleep 60"}}, "t1")
+    await box.run("bash", {{"command": "true"}}, "t2")
+    print(box.running_processes()[0]["pid"], flush=True)
+    raise RuntimeError("khaelor crashed")
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert "khaelor crashed" in done.stderr
+    pgid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 3
+    while subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).stdout and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.strip()
