@@ -198,11 +198,17 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=No
     toolbox = toolbox or tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=current_model(store, settings),
                           aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
-    client = client or model.ModelClient(on_status=lambda text: bus.emit("Status", text=text))
+    client = client or new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
                             rules=permissions.load_rules(settings["layers"]), project_root=project_root,
                             ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"])
     return kernel_
+
+
+def new_client(on_status):
+    import model
+    return model.ModelClient(api_key=os.environ.get("ANTHROPIC_API_KEY") or None,
+                             auth_token=os.environ.get("ANTHROPIC_AUTH_TOKEN") or None, on_status=on_status)
 
 
 def current_model(store, settings) -> str:
@@ -288,12 +294,11 @@ class Session:
     task, permission questions as futures the panel resolves, and the slash-command table."""
 
     def __init__(self, args, settings, home: Path, project_root: Path):
-        import model
         import tools
         self.args, self.settings, self.home, self.project_root = args, settings, home, project_root
         self.subscribers, self.turn, self.answers = [], None, {}
         self.toolbox = tools.Toolbox(tools.Workspace(project_root), home, lambda *a, **k: self.bus.emit(*a, **k))
-        self.client = model.ModelClient(on_status=lambda text: self.bus.emit("Status", text=text))
+        self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
         self._files = None
 
@@ -509,10 +514,16 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
         session.bus.emit("Status", text=f"warning: {warning}")
     # The SDK import (~2 s) starts just after the first paint, so typing never waits for it.
     asyncio.get_running_loop().call_later(0.05, model.preload)
+    # Stray writes to stderr (library warnings) would tear the live region: they go to a file.
+    saved_stderr = os.dup(2)
+    with open(home / "stderr.log", "ab") as log:
+        os.dup2(log.fileno(), 2)
     try:
         return await ui.run_app(session, history_path=home / "history", replay=earlier)
     finally:
         await session.quit()
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
 
 
 # ---------------------------------------------------------------- entry point

@@ -78,9 +78,9 @@ class ModelClient:
     """One client per process. `stream(request)` yields plain event dicts; on a retryable failure
     after events were yielded it yields {"type": "restart", ...} and starts the request again."""
 
-    def __init__(self, *, api_key: str | None = None, base_url: str | None = None,
+    def __init__(self, *, api_key: str | None = None, auth_token: str | None = None, base_url: str | None = None,
                  max_attempts: int = MAX_ATTEMPTS, read_timeout: float = READ_TIMEOUT_S, on_status=None):
-        self._api_key, self._base_url = api_key, base_url
+        self._api_key, self._auth_token, self._base_url = api_key, auth_token, base_url
         self.max_attempts, self.read_timeout = max_attempts, read_timeout
         self.on_status = on_status or (lambda text: None)
         self._client = None
@@ -89,8 +89,10 @@ class ModelClient:
         if self._client is None:
             sdk = _sdk()
             timeout = sdk.Timeout(self.read_timeout, connect=10.0)
-            self._client = sdk.AsyncAnthropic(api_key=self._api_key, base_url=self._base_url,
-                                              max_retries=0, timeout=timeout)
+            # An explicit credential also keeps the SDK from probing profiles and logging about them.
+            credential = {"auth_token": self._auth_token} if self._auth_token and not self._api_key else \
+                {"api_key": self._api_key}
+            self._client = sdk.AsyncAnthropic(**credential, base_url=self._base_url, max_retries=0, timeout=timeout)
         return self._client
 
     async def stream(self, request: dict):

@@ -1227,7 +1227,7 @@ async def _list_files(box: Toolbox, root: Path) -> list[str]:
     always applied by us, to this list."""
     if not box.ripgrep:
         return await asyncio.to_thread(_candidates, box.workspace, root)
-    lines, _ = await _rg_lines(box, ["--files", "--hidden", "--glob", "!.git"], root, 10**7)
+    lines, _ = await _rg_lines(box, ["--files", "--hidden", "--no-messages", "--glob", "!.git"], root, 10**7)
     return [line.removeprefix("./") for line in lines]
 
 
@@ -1282,16 +1282,20 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     if not target.exists():
         raise _missing(ws, target)
     root = target if target.is_dir() else target.parent
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ToolError(f"Invalid regular expression {pattern!r}: {exc}. Escape special characters such as "
-                        "( [ { . * + ? | with a backslash to match them literally.", error="bad_pattern") from None
-    if box.ripgrep:
+    if box.ripgrep:         # ripgrep judges its own syntax (it knows \p{L}, Python's re does not)
         hits = await _rg_grep(box, pattern, target, root, include)
     else:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, include)
     return _grep_report(ws, root, hits, pattern, box.ripgrep)
+
+
+def _bad_pattern(pattern: str, problem: str) -> ToolError:
+    return ToolError(f"Invalid regular expression {pattern!r}: {problem}. Escape special characters such as "
+                     "( [ { . * + ? | with a backslash to match them literally.", error="bad_pattern")
 
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include: str | None) -> dict:
@@ -1302,7 +1306,7 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
     lines, code = await _rg_lines(box, argv, root, GREP_SCAN_CAP)
     if code == 2 and lines and "\0" not in lines[0]:
-        raise ToolError(f"ripgrep rejected the search: {' '.join(lines)[:500]}", error="bad_pattern")
+        raise _bad_pattern(pattern, " ".join(line.strip() for line in lines)[:500])
     hits: dict[str, list[tuple[int, str]]] = {}
     keep = _glob_matcher(include) if include else None
     for line in lines:

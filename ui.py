@@ -18,7 +18,6 @@ Public API (only khaelor.py imports this module):
         SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
         every path, exceptions included.
     render_transcript(events, width, color=False) -> list[str]   earlier conversation as lines
-    print_events(events, stdout=None, width=None, color=None)     the same, written out
     Controller, QUIT                                               see below
 
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
@@ -71,7 +70,8 @@ QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()   # run_command'
 
 # ════ Escape sequences: the one table (nothing else in this file spells "\x1b[") ════
 
-CSI = "\x1b["
+ESC = "\x1b"
+CSI = ESC + "["
 CURSOR_UP = CSI + "{}A"
 CURSOR_DOWN = CSI + "{}B"
 CURSOR_FORWARD = CSI + "{}C"
@@ -89,7 +89,7 @@ SGR_RESET = CSI + "0m"
 PASTE_BEGIN = CSI + "200~"
 PASTE_END = CSI + "201~"
 
-SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
+SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")        # captures, so SGR_RE.split keeps them
 INPUT_CSI_RE = re.compile(r"\x1b\[([0-?]*)[ -/]*([@-~])")
 INPUT_CSI_PARTIAL_RE = re.compile(r"\x1b\[[0-?]*[ -/]*\Z")
 # Anything a program might print to move the cursor, retitle the window or write the clipboard:
@@ -127,7 +127,7 @@ def cell_width(text: str) -> int:
 
 def visible_width(line: str) -> int:
     """Cells of a styled line (SGR sequences take none)."""
-    return cell_width(SGR_RE.sub("", line) if "\x1b" in line else line)
+    return cell_width(SGR_RE.sub("", line) if ESC in line else line)
 
 
 def split_at_width(text: str, cells: int) -> tuple[str, str]:
@@ -148,14 +148,14 @@ def clip(line: str, width: int) -> str:
     if visible_width(line) <= width:
         return line
     out, used = [], 0
-    for piece in re.split(r"(\x1b\[[0-9;]*m)", line):
-        if piece.startswith("\x1b"):
+    for piece in SGR_RE.split(line):
+        if piece.startswith(ESC):
             out.append(piece)
             continue
         for ch in piece:
             w = char_width(ch)
             if used + w > width - 1:
-                return "".join(out) + "…" + (SGR_RESET if "\x1b" in line else "")
+                return "".join(out) + "…" + (SGR_RESET if ESC in line else "")
             out.append(ch)
             used += w
     return "".join(out)
@@ -164,7 +164,7 @@ def clip(line: str, width: int) -> str:
 def sanitize(text: str) -> str:
     """Model and tool text is untrusted: drop escape sequences and control characters, let a
     carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
-    if "\x1b" in text:
+    if ESC in text:
         text = ESCAPE_SEQUENCE_RE.sub("", text)
     if "\r" in text:
         text = "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line
@@ -513,6 +513,7 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
 MAX_BLOCK_LINES = 40       # source lines in the live block before it settles anyway
 MAX_BLOCK_CHARS = 3000     # characters likewise: bounds the per-frame re-render of the tail
 MAX_LINE_CHARS = 2000      # a line longer than this (no newline yet) is cut at a space
+TABLE_CAP_FACTOR = 5       # a table needs its rows together (column widths): it may grow more
 
 
 class MarkdownStream:
@@ -601,7 +602,9 @@ class MarkdownStream:
         else:
             self._block.append(line)
             self._block_chars += len(line)
-            if len(self._block) >= MAX_BLOCK_LINES or self._block_chars >= MAX_BLOCK_CHARS:
+            factor = TABLE_CAP_FACTOR if _starts_table(self._block, 0) else 1
+            if (len(self._block) >= MAX_BLOCK_LINES * factor
+                    or self._block_chars >= MAX_BLOCK_CHARS * factor):
                 self._settle_block()
 
     def _settle_block(self) -> None:
@@ -640,8 +643,8 @@ NOTE_FORMATS = {
 # Events that only change what the spinner says (None: leaves it) and clear the Status text.
 PHASES = {"ModelStarted": "waiting for the model", "ToolInputDelta": "preparing a tool call",
           "TextDelta": "writing", "ThinkingDelta": "thinking", "ToolStarted": None,
-          "ToolRequested": "",
-          "ModelResponseCompleted": "", "TaskCompleted": "", "TaskFailed": "", "Interrupted": ""}
+          "ToolRequested": "", "ModelResponseCompleted": "", "TaskCompleted": "",
+          "TaskFailed": "", "Interrupted": ""}
 ERROR_WORDS = {
     "retryable": "The API is unavailable right now",
     "context_overflow": "The conversation no longer fits in the model's context",
@@ -907,8 +910,7 @@ class Timeline:
     _on_ToolFailed = _on_ToolCompleted
 
     def _on_ToolCancelled(self, e: dict) -> None:
-        card = self.cards.pop(e.get("tool_use_id", ""), None) or self._card(e)
-        self.cards.pop(card.tool_use_id, None)
+        card = self._pop_card(e)
         reason = sanitize(str(e.get("reason") or "")).strip()
         facts = ["cancelled" + (f" ({reason})" if reason else "")]
         self._settle([card_head("○", card.name, card.summary, facts, self.width, self.style)])
@@ -926,7 +928,8 @@ class Timeline:
 
     def _on_PermissionDenied(self, e: dict) -> None:
         request = self.resolve_permission(e.get("tool_use_id", "")) or {}
-        what = request.get("descriptor") or self._card(e).summary
+        what = request.get("descriptor") or getattr(self.cards.get(e.get("tool_use_id")),
+                                                     "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         self._settle(wrap_spans([(f"Denied: {sanitize(str(what))}"
                                   + (f" · told the model: {feedback}" if feedback else ""),
@@ -943,9 +946,12 @@ class Timeline:
             self.cards[tid] = ToolCard(tid, e.get("name", "tool"), "")
         return self.cards[tid]
 
+    def _pop_card(self, e: dict) -> ToolCard:
+        tid = e.get("tool_use_id", "")
+        return self.cards.pop(tid, None) or ToolCard(tid, e.get("name", "tool"), "")
+
     def _finish_card(self, e: dict, failed: bool) -> None:
-        card = self._card(e)
-        del self.cards[card.tool_use_id]
+        card = self._pop_card(e)
         meta = e.get("meta") if isinstance(e.get("meta"), dict) else {}
         facts = meta_facts(meta)
         if "duration_ms" not in meta and card.started_ts and e.get("ts"):
@@ -1017,16 +1023,6 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False) -
     return timeline.take_settled()
 
 
-def print_events(events: Iterable[dict], stdout=None, width: int | None = None,
-                 color: bool | None = None) -> None:
-    stdout = stdout or sys.stdout.buffer
-    color = detect_color(stdout) if color is None else color
-    width = width or terminal_size(stdout)[0]
-    lines = render_transcript(events, width, color)
-    stdout.write(("\n".join(lines) + "\n").encode() if lines else b"")
-    stdout.flush()
-
-
 # ════ Status line and permission panel ════
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -1039,24 +1035,19 @@ def format_count(n: float) -> str:
 
 def status_segments(status: dict) -> list[tuple[int, str]]:
     """(priority, text); the lowest priority is dropped first when the line is narrow."""
-    segments = []
-    if status.get("model"):
-        segments.append((5, str(status["model"])))
-    if status.get("context_pct") is not None:
-        segments.append((6, f"ctx {status['context_pct']:.0f}%"))
-    if status.get("tokens"):
-        segments.append((3, f"{format_count(status['tokens'])} tok"))
-    if status.get("cost") is not None:
-        segments.append((4, f"${status['cost']:.2f}"))
-    if status.get("cache_share") is not None:
-        segments.append((1, f"cache {status['cache_share'] * 100:.0f}%"))
-    processes = status.get("processes")
+    get = status.get
+    processes = get("processes")
     n_processes = len(processes) if isinstance(processes, (list, tuple)) else processes or 0
-    if n_processes:
-        segments.append((2, f"{n_processes} proc" + ("s" if n_processes != 1 else "")))
-    if status.get("branch"):
-        segments.append((2, f"⎇ {status['branch']}"))
-    return segments
+    segments = [
+        (5, get("model") and str(get("model"))),
+        (6, get("context_pct") is not None and f"ctx {get('context_pct'):.0f}%"),
+        (3, get("tokens") and f"{format_count(get('tokens'))} tok"),
+        (4, get("cost") is not None and f"${get('cost'):.2f}"),
+        (1, get("cache_share") is not None and f"cache {get('cache_share') * 100:.0f}%"),
+        (2, n_processes and f"{n_processes} proc" + "s" * (n_processes != 1)),
+        (2, get("branch") and f"⎇ {get('branch')}"),
+    ]
+    return [(priority, text) for priority, text in segments if text]
 
 
 def render_status_line(status: dict, activity: str, spinner: str, width: int,
@@ -1124,7 +1115,6 @@ CSI_TILDE_KEYS = {"1": "home", "7": "home", "4": "end", "8": "end", "3": "delete
                   "5": "pageup", "6": "pagedown"}
 CONTROL_KEYS = {"\r": "enter", "\n": "ctrl+j", "\t": "tab", "\x7f": "backspace",
                 "\x08": "backspace", "\x00": "ctrl+space"}
-CODE_KEYS = {13: "enter", 9: "tab", 127: "backspace", 27: "esc"}   # CSI-u key codes
 
 
 def _modifier_prefix(param: str) -> str:
@@ -1148,7 +1138,7 @@ class KeyDecoder:
 
     def flush(self) -> list[Key]:
         keys = []
-        if self._buffer.startswith("\x1b") and self._paste is None:
+        if self._buffer.startswith(ESC) and self._paste is None:
             rest, self._buffer = self._buffer[1:], ""
             keys.append(Key("esc") if not rest else Key("alt+" + rest[0]))
             keys += self.feed(rest[1:].encode()) if len(rest) > 1 else []
@@ -1171,7 +1161,7 @@ class KeyDecoder:
                 self._paste, i = None, end + len(PASTE_END)
                 continue
             ch = buf[i]
-            if ch == "\x1b":
+            if ch == ESC:
                 key, used = self._escape(buf, i)
                 if used == 0:
                     break             # incomplete sequence: wait for more bytes
@@ -1204,7 +1194,7 @@ class KeyDecoder:
             if i + 2 == len(buf):
                 return None, 0
             return Key(CSI_FINAL_KEYS.get(buf[i + 2], "unknown")), 3
-        if nxt == "\x1b":
+        if nxt == ESC:
             return Key("esc"), 1
         if nxt in ("\r", "\n"):
             return Key("alt+enter"), 2
@@ -1217,12 +1207,6 @@ class KeyDecoder:
         if final == "~" and fields[0] == "200":
             self._paste = ""
             return None
-        if final == "~" and fields[0] == "27" and len(fields) == 3:     # xterm modifyOtherKeys
-            fields, final = [fields[2], fields[1]], "u"
-        if final == "u":
-            code = int(fields[0]) if fields[0].isdigit() else 0
-            prefix = _modifier_prefix(fields[1]) if len(fields) > 1 else ""
-            return Key(prefix + CODE_KEYS.get(code, chr(code) if code else "unknown"))
         prefix = _modifier_prefix(fields[1]) if len(fields) > 1 else ""
         if final == "~":
             return Key(prefix + CSI_TILDE_KEYS.get(fields[0], "unknown"))
@@ -1238,7 +1222,17 @@ MAX_MENU_ITEMS = 8
 MAX_HISTORY = 1000
 MENTION_RE = re.compile(r"(?:^|(?<=\s))@(\S*)\Z")
 COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
-WORD_CHARS_RE = re.compile(r"\w")
+WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")      # Alt-B / Ctrl-W: back over spaces, then a word
+WORD_AFTER_RE = re.compile(r"\W*\w*")
+
+
+def _json_string(line: str) -> str | None:
+    """One history entry; None for a torn line (a crash mid-write) so the rest still loads."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, str) else None
 
 
 def fuzzy_score(query: str, candidate: str) -> float | None:
@@ -1363,20 +1357,10 @@ class Composer:
         return start, len(self.text) if end < 0 else end
 
     def _word_left(self) -> int:
-        i = self.cursor
-        while i > 0 and not WORD_CHARS_RE.match(self.text[i - 1]):
-            i -= 1
-        while i > 0 and WORD_CHARS_RE.match(self.text[i - 1]):
-            i -= 1
-        return i
+        return WORD_BEFORE_RE.search(self.text, 0, self.cursor).start()
 
     def _word_right(self) -> int:
-        i, n = self.cursor, len(self.text)
-        while i < n and not WORD_CHARS_RE.match(self.text[i]):
-            i += 1
-        while i < n and WORD_CHARS_RE.match(self.text[i]):
-            i += 1
-        return i
+        return WORD_AFTER_RE.match(self.text, self.cursor).end()
 
     def _cut(self, start: int, end: int) -> None:
         if end > start:
@@ -1385,7 +1369,7 @@ class Composer:
             self.cursor = start
 
     def _key_ctrl_j(self, key): self._insert("\n")
-    _key_alt_enter = _key_shift_enter = _key_ctrl_j
+    _key_alt_enter = _key_ctrl_j
     def _key_left(self, key): self.cursor = max(0, self.cursor - 1)
     _key_ctrl_b = _key_left
     def _key_right(self, key): self.cursor = min(len(self.text), self.cursor + 1)
@@ -1439,17 +1423,10 @@ class Composer:
         self.cursor = len(self.text)
 
     def _load_history(self) -> list[str]:
-        if self._history_path is None or not self._history_path.exists():
-            return []
-        entries = []
-        for line in self._history_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue           # a torn last line from a crash: skip it, keep the rest
-            if isinstance(entry, str):
-                entries.append(entry)
-        return entries[-MAX_HISTORY:]
+        path = self._history_path
+        lines = path.read_text("utf-8", "replace").splitlines() if path and path.exists() else []
+        entries = [_json_string(line) for line in lines[-MAX_HISTORY:]]
+        return [entry for entry in entries if entry is not None]
 
     def _remember(self, text: str) -> None:
         for token in re.findall(r"(?:^|\s)@(\S+)", text):
@@ -1477,7 +1454,8 @@ class Composer:
         before = self.text[:self.cursor]
         if before.startswith("/") and not any(c.isspace() for c in self.text):
             names = ["/" + str(n).lstrip("/") for n in self._commands()]
-            self.menu = sorted(n for n in names if n.startswith(before) and n != before)
+            matches = sorted(n for n in names if n.startswith(before))
+            self.menu = [] if matches == [before] else sorted(matches, key=lambda n: n != before)
             self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
             ranked = fuzzy_rank(m.group(1), self._mentions(m.group(1)), self.recent_mentions)
@@ -1757,6 +1735,9 @@ class App:
             cursor = (len(live) + len(panel) - 1, min(visible_width(panel[-1]), width - 1))
         else:
             cursor = (len(live) + len(panel) + 1 + crow, min(ccol, width - 1))
+        excess = len(lines) - (self.height - 1)    # a tiny terminal: the composer wins
+        if excess > 0:
+            lines, cursor = lines[excess:], (max(0, cursor[0] - excess), cursor[1])
         return lines, cursor
 
     def render(self, now: float) -> bytes:
@@ -1822,16 +1803,30 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
     loop_thread = threading.get_ident()
     done: asyncio.Future[int] = loop.create_future()
     tasks: set[asyncio.Task] = set()
-
-    def spawn(awaitable) -> None:
-        task = loop.create_task(awaitable)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        task.add_done_callback(lambda t: request_frame())
+    timers: dict[str, asyncio.TimerHandle] = {}     # "frame", "tick", "esc"
+    last_frame = [0.0]
 
     def write(data: bytes) -> None:
         stdout.write(data)
         stdout.flush()
+
+    def guarded(fn: Callable) -> Callable:
+        """A loop callback that fails ends the app; run_app re-raises it after restoring."""
+        def run(*args):
+            try:
+                fn(*args)
+            except Exception as exc:
+                done.done() or done.set_exception(exc)
+        return run
+
+    def schedule(name: str, delay: float, fn: Callable[[], None]) -> None:
+        if name not in timers and not done.done():
+            timers[name] = loop.call_later(delay, lambda: (timers.pop(name), fn()))
+
+    def spawn(awaitable) -> None:
+        task = loop.create_task(awaitable)
+        tasks.add(task)
+        task.add_done_callback(lambda t: (tasks.discard(t), request_frame()))
 
     width, height = terminal_size(stdout)
     color = detect_color(stdout) if color is None else color
@@ -1840,42 +1835,27 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
     app.on_exit = lambda code: done.done() or done.set_result(code)
     terminal = TerminalMode(stdin_fd, write)
     decoder = KeyDecoder()
-    handles: dict[str, asyncio.TimerHandle | None] = {"frame": None, "tick": None, "esc": None}
-    last_frame = [0.0]
-
-    def fail(exc: BaseException) -> None:
-        if not done.done():
-            done.set_exception(exc)
 
     def request_frame() -> None:
-        if handles["frame"] is None and not done.done():
-            delay = max(0.0, last_frame[0] + FRAME_INTERVAL - time.monotonic())
-            handles["frame"] = loop.call_later(delay, draw)
+        schedule("frame", max(0.0, last_frame[0] + FRAME_INTERVAL - time.monotonic()), draw)
 
+    @guarded
     def draw() -> None:
-        handles["frame"] = None
-        last_frame[0] = now = time.monotonic()
-        try:
-            data = app.render(now)
-            if data:
-                write(data)
-        except Exception as exc:
-            return fail(exc)
-        if app.animating() and handles["tick"] is None:
-            handles["tick"] = loop.call_later(TICK_INTERVAL, tick)
-
-    def tick() -> None:
-        handles["tick"] = None
-        request_frame()
+        last_frame[0] = time.monotonic()
+        data = app.render(last_frame[0])
+        if data:
+            write(data)
+        if app.animating():
+            schedule("tick", TICK_INTERVAL, request_frame)
 
     def on_event(event: dict) -> None:
         if threading.get_ident() != loop_thread:
-            loop.call_soon_threadsafe(on_event, event)
-            return
+            return loop.call_soon_threadsafe(on_event, event)
         app.on_event(event)
         request_frame()
 
-    def handle_keys(keys: list[Key]) -> None:
+    @guarded
+    def on_keys(keys: list[Key]) -> None:
         for key in keys:
             if key.name == "ctrl+z":
                 suspend()
@@ -1886,29 +1866,19 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
                 app.on_key(key)
         request_frame()
 
+    @guarded
     def on_readable() -> None:
         try:
             data = os.read(stdin_fd, 65536)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:
-            return fail(exc)
         if not data:
-            return app.quit(129)      # the terminal went away
-        try:
-            handle_keys(decoder.feed(data))
-        except Exception as exc:
-            return fail(exc)
-        if handles["esc"] is not None:
-            handles["esc"].cancel()
-        handles["esc"] = loop.call_later(ESC_TIMEOUT, flush_escape) if decoder.pending else None
-
-    def flush_escape() -> None:
-        handles["esc"] = None
-        try:
-            handle_keys(decoder.flush())
-        except Exception as exc:
-            fail(exc)
+            return app.quit(129)                   # the terminal went away
+        if "esc" in timers:
+            timers.pop("esc").cancel()
+        on_keys(decoder.feed(data))
+        if decoder.pending:                        # a lone ESC: Esc, unless more follows soon
+            schedule("esc", ESC_TIMEOUT, lambda: on_keys(decoder.flush()))
 
     def suspend() -> None:
         """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
@@ -1923,8 +1893,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
 
     signals = {signal.SIGWINCH: on_resize, signal.SIGTERM: lambda: app.quit(143),
                signal.SIGHUP: lambda: app.quit(129)}
-    installed = []
-    unsubscribe = None
+    installed, unsubscribe = [], None
     terminal.enter()
     try:
         lines = render_transcript(replay, width, color)
@@ -1948,16 +1917,15 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
         loop.remove_reader(stdin_fd)
         for signum in installed:
             loop.remove_signal_handler(signum)
-        for handle in handles.values():
-            if handle is not None:
-                handle.cancel()
-        if unsubscribe is not None:
-            unsubscribe()
+        for handle in timers.values():
+            handle.cancel()
         for task in tasks:
             task.cancel()
+        if unsubscribe is not None:
+            unsubscribe()
         try:
             write(app.close())
         except OSError:
-            pass
+            pass                # the terminal is gone; still restore the mode below
         finally:
             terminal.leave()

@@ -304,6 +304,11 @@ FLOORED = [
     "function f { f|f& }; f", "bash -c ':(){ :|:& };:'",
     # a line the parser gives up on still cannot hide the floor
     "rm -rf /\necho 'unterminated",
+    # places a substitution runs that a naive parser skips
+    "echo ${x:-$(rm -rf /)}", "cat <<EOF\n$(rm -rf /)\nEOF", "echo $(( $(rm -rf /) ))", "time -p rm -rf /",
+    "bash <<< 'rm -rf /'", "bash <<EOF\nrm -rf ~\nEOF", "cat <(rm -rf /)",
+    # an unset variable expands to nothing; find's {} is what it found
+    "rm -rf $UNSET_DIR/", 'rm -rf "${OUT}"/*', "rm -rf /home/$USER", "find / -exec rm -rf {} +",
 ]
 
 
@@ -329,7 +334,8 @@ def test_floor_refuses_the_literal_home_directory(project):
 NOT_FLOORED = [
     "rm -rf ./build", "rm -rf build", "rm -rf node_modules", "rm -rf build/*", "rm -rf dist/ .cache",
     "rm -rf /tmp/khaelor-test", "rm -rf ~/project/build", 'rm -rf "$HOME/.cache/pip"', "rm -f /tmp/x",
-    "rm -rf $BUILD_DIR", "rm /", "rm -rf src/*.pyc",
+    "rm -rf $BUILD_DIR", "rm -rf $TMPDIR/khaelor-x", "rm /", "rm -rf src/*.pyc",
+    "find . -name __pycache__ -exec rm -rf {} +",
     "dd if=a of=b.img", "dd if=/dev/zero of=zeros.bin count=1", "dd if=/dev/sda of=backup.img",
     "dd if=x of=/dev/null", "echo hi > /dev/null", "cat /dev/null > log.txt", "ls /dev/sda",
     "ls 2>/dev/null", "npm test 2>&1 | tee /dev/stderr",
@@ -337,12 +343,29 @@ NOT_FLOORED = [
     'echo "rm -rf /"', "grep -rn 'rm -rf /' docs", "git commit -m 'never rm -rf /'",
     "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
+    "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
 ]
 
 
 @pytest.mark.parametrize("command", NOT_FLOORED)
 def test_near_misses_are_not_floored(project, command):
     assert bash(command, project)["floor"] is False
+
+
+def test_floor_resolves_relative_targets_against_the_cwd(project, monkeypatch):
+    home = project.parent
+    monkeypatch.setenv("HOME", str(home))
+    assert bash("rm -rf ..", project)["rule"] == "hardline floor: recursive delete of .."
+    assert bash("cd src && rm -rf ../..", project)["floor"] is True
+    assert bash("rm -rf ../outside", project)["floor"] is False
+
+
+def test_pathological_commands_stay_fast(project):
+    import time
+    for command in ["echo " + "x" * 100_000, "f(){ " * 2000, "{a,b}" * 20, "$(" * 1000, '"$(' * 300]:
+        started = time.monotonic()
+        bash(command, project)
+        assert time.monotonic() - started < 1.0, command[:20]
 
 
 def test_floor_does_not_apply_to_file_tools(project):
@@ -389,6 +412,14 @@ def test_project_root_reached_through_a_symlink(project):
     assert check("read", str(project / "src" / "app.py"), link, DEFAULTS)["decision"] == "allow"
 
 
+def test_globs_and_unknown_values_in_arguments(project):
+    assert bash("cat .e*", project)["rule"] == 'ask file.read "*.env" (default)'
+    assert bash("cat src/*.py", project)["decision"] == "allow"
+    assert bash("cat $F", project)["capability"] == "filesystem.outsideProject"
+    assert bash("cat $(ls ~/.ssh/*)", project)["decision"] == "ask"
+    assert bash("echo $F", project)["decision"] == "allow"
+
+
 def test_bash_arguments_outside_the_project(project):
     assert bash("cat ../outside/secret.txt", project)["capability"] == "filesystem.outsideProject"
     assert bash("ls /etc", project)["capability"] == "filesystem.outsideProject"
@@ -431,6 +462,8 @@ def test_malformed_rules_give_actionable_errors(config, fragment):
 
 def test_well_formed_configs_validate():
     assert permissions.validate_config_rules({"model": "x"}) is None
+    assert permissions.validate_config_rules(None) is None
+    assert "JSON object" in permissions.validate_config_rules("permissions")
     assert permissions.validate_config_rules(
         {"permissions": [{"capability": "file.*", "pattern": "docs/*", "action": "allow"}]}) is None
 

@@ -396,7 +396,7 @@ EDIT_CASES = [
      b"def f():\n    return 0\n", "context_aware"),
     ("multi-occurrence: replace_all over whitespace variants", b"x = 1\n    x  =  1\nif y: x =\t1\n", "x = 1 ",
      "x = 2 ", True, b"x = 2\n    x = 2\nif y: x = 2\n", "multi_occurrence"),
-    ("multi-occurrence: keeps each occurrence's indentation", b"  a(1)\n\tb\n        a(1)\n", "a(1)\n", "a(2)\n",
+    ("replace_all exact keeps each occurrence's surroundings", b"  a(1)\n\tb\n        a(1)\n", "a(1)\n", "a(2)\n",
      True, b"  a(2)\n\tb\n        a(2)\n", "exact"),
     ("replace_all with nothing to match", b"a\n", "zzz", "y", True, "ERROR: not found", None),
     ("fuzzy ambiguity cites lines", b"  foo()\nbar\n    foo()\n", "foo() ", "baz()", False,
