@@ -261,8 +261,7 @@ class Kernel:
         if decision.action == "allow" and not decision.floor:
             return True
         if decision.floor or decision.action == "deny":
-            why = "refused by the hardline safety floor" if decision.floor else \
-                f"denied by rule {decision.rule.capability} {decision.rule.pattern!r}" if decision.rule else "denied"
+            why = f"refused by the {decision.reason}" if decision.floor else decision.reason or "denied by a rule"
             self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=f"{decision.descriptor}: {why}", feedback="")
             return False
         if self.yes:

@@ -62,7 +62,8 @@ READ_ONLY_COMMANDS = (
     "false", "test", "[", "[[", "nl", "jq", "uname", "id", "md5sum", "sha256sum", "shasum",
     "git status", "git diff", "git log", "git show", "git branch", "git tag", "git describe",
     "git rev-parse", "git ls-files", "git ls-tree", "git blame", "git shortlog", "git remote",
-    "git stash", "git merge-base", "git show-ref", "git reflog", "git worktree", "git cat-file")
+    "git stash", "git merge-base", "git show-ref", "git reflog", "git worktree", "git cat-file",
+    "git config", "git submodule")
 READ_ONLY_EXCEPTIONS = ("find *-exec*", "find *-ok*", "find *-delete*", "find *-fprint*",
                         "find *-fls*", "sort *-o*", "sort *--compress*", "tree *-o*",
                         "rg *--pre*", "git *--output*", "date *-s*")
@@ -321,6 +322,8 @@ def add_grant(config: dict, rule: dict) -> dict:
 
 def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
            floor: str | None = None, at_least: str = "allow") -> Decision:
+    floor = floor or next((_OWN_POLICY_FLOOR for r in requests if r.capability != "file.read"
+                           and _is_policy_file(r.subject)), None)
     if floor:
         return Decision("deny", "process.execute", descriptor, None, True, None, f"hardline floor: {floor}")
     if not requests:
@@ -340,6 +343,14 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         suggestion = {"capability": capability, "pattern": pattern} if pattern else None
     reason = rule_text(rule) if rule else f"no rule allows {request.capability} {request.subject}"
     return Decision(action, request.capability, descriptor, rule, False, suggestion, reason)
+
+
+_OWN_POLICY_FLOOR = "khaelor's permission config (.khaelor/config.json) is changed only by the user"
+
+
+def _is_policy_file(subject: str) -> bool:
+    """The agent must not be able to grant itself permissions, not even under --yes."""
+    return subject == ".khaelor/config.json" or subject.endswith("/.khaelor/config.json")
 
 
 def _grant_pattern(request: _Request, rule: Rule | None) -> str | None:
@@ -410,7 +421,8 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
     requests, cwd = [], root
     if workdir:
         request = _path_request(workdir, root, root, "file.read")
-        cwd = request.subject if request.capability != "file.read" else os.path.join(root, request.subject)
+        outside = request.capability == "filesystem.outsideProject"
+        cwd = request.subject if outside else os.path.join(root, request.subject)
         requests.append(request._replace(suggestion=None))
     try:
         line = _ShellLine(command, cwd, home)
@@ -428,7 +440,8 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
         for op, target in part.redirects:
             writes = op in _WRITE_REDIRECTS and not target.isdigit() and target != "-"
             if (writes or op == "<") and target not in _SAFE_DEVICES:
-                requests += _word_requests(target, part.cwd, root, "file.write.project" if writes else "file.read")
+                capability = "file.write.project" if writes else "file.read"
+                requests += _word_requests(target, part.cwd, root, capability)
         for word in _path_arguments(part.core):
             requests += _word_requests(word, part.cwd, root, "file.read", suggest=not line.compound)
     return _judge(command.strip(), requests, rules, floor=line.floor)
@@ -455,7 +468,9 @@ def _git_capability(args: tuple[str, ...]) -> str:
     sub, rest = (args[k], args[k + 1:]) if k < len(args) else ("", ())
     if sub in _GIT_NETWORK:
         return "network.access"
-    if sub in _GIT_MODIFY or (sub in _GIT_READ_FORMS and (
+    names_something = sub in ("branch", "tag") and any(a[:1] != "-" for a in rest) \
+        and not {"-l", "--list"} & set(rest)      # git branch -v NAME creates NAME
+    if sub in _GIT_MODIFY or names_something or (sub in _GIT_READ_FORMS and (
             (rest[0] if rest else "") not in _GIT_READ_FORMS[sub] or set(rest) & _GIT_MODIFYING_FLAGS)):
         return "git.modify"
     return "process.execute"
@@ -523,7 +538,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     end = args.index("--") if "--" in args else len(args)
     options = [a for a in args[:end] if a.startswith("-")]
     targets = [a for a in args if a not in options and a != "--"]
-    recursive = any(o == "--recursive" or (o[1:2] != "-" and set(o[1:]) & {"r", "R"}) for o in options)
+    letters = {"r", "R"} if name == "rm" else {"R"}      # chmod -r removes read permission
+    recursive = any(o == "--recursive" or (o[1:2] != "-" and set(o[1:]) & letters) for o in options)
     doomed = next((t for t in targets if _catastrophic(t, home, part.cwd)), None)
     if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
         return f"recursive {'delete' if name == 'rm' else name} of {doomed}"

@@ -32,6 +32,7 @@ import asyncio
 import codecs
 import collections
 import functools
+import heapq
 import inspect
 import json
 import os
@@ -1042,7 +1043,7 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         (5, get("model") and str(get("model"))),
         (6, get("context_pct") is not None and f"ctx {get('context_pct'):.0f}%"),
         (3, get("tokens") and f"{format_count(get('tokens'))} tok"),
-        (4, get("cost") is not None and f"${get('cost'):.2f}"),
+        (4, "cost" in status and ("$?" if get("cost") is None else f"${get('cost'):.2f}")),
         (1, get("cache_share") is not None and f"cache {get('cache_share') * 100:.0f}%"),
         (2, n_processes and f"{n_processes} proc" + "s" * (n_processes != 1)),
         (2, get("branch") and f"⎇ {get('branch')}"),
@@ -1220,6 +1221,7 @@ PASTE_COLLAPSE_CHARS = 1500
 MAX_COMPOSER_ROWS = 10
 MAX_MENU_ITEMS = 8
 MAX_HISTORY = 1000
+MENTION_SCAN = 1000              # candidates scored per keystroke, at most
 MENTION_RE = re.compile(r"(?:^|(?<=\s))@(\S*)\Z")
 COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
 WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")      # Alt-B / Ctrl-W: back over spaces, then a word
@@ -1251,7 +1253,7 @@ def fuzzy_score(query: str, candidate: str) -> float | None:
     return score - len(c) * 0.01
 
 
-def fuzzy_rank(query: str, candidates: Iterable[str], recent: list[str]) -> list[str]:
+def fuzzy_rank(query: str, candidates: list[str], recent: list[str]) -> list[str]:
     """Best matches first; recently mentioned paths rank higher the more recent they are."""
     recency = {path: 10 * (1 - k / max(len(recent), 1)) for k, path in enumerate(recent)}
     scored = []
@@ -1281,6 +1283,7 @@ class Composer:
         self.history = self._load_history()
         self._history_pos, self._draft = len(self.history), ""
         self.recent_mentions: list[str] = []
+        self._mention_memo: tuple = (None, "", [])   # (candidates, query, matches) last time
         for entry in self.history:
             for token in re.findall(r"(?:^|\s)@(\S+)", entry):
                 self._remember_mention(token)
@@ -1458,9 +1461,28 @@ class Composer:
             self.menu = [] if matches == [before] else sorted(matches, key=lambda n: n != before)
             self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
-            ranked = fuzzy_rank(m.group(1), self._mentions(m.group(1)), self.recent_mentions)
-            self.menu = ranked[:MAX_MENU_ITEMS]
+            self.menu = self._mention_matches(m.group(1))[:MAX_MENU_ITEMS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
+
+    def _mention_matches(self, query: str) -> list[str]:
+        """Typing narrows: while the caller returns the same list and the query only grows,
+        filter the previous matches instead of every path. In a big repository only the
+        shortest MENTION_SCAN matches holding the query as typed are scored (fuzzy_score is
+        Python), so a 100,000-file repository costs milliseconds per keystroke."""
+        candidates, lowered = self._mentions(query), query.lower()
+        last_candidates, done, matches = self._mention_memo
+        if candidates is not last_candidates or not lowered.startswith(done):
+            done, matches = "", [(path, path.lower(), -1) for path in candidates]
+        for ch in lowered[len(done):]:     # (path, lowered path, where the last letter matched)
+            matches = [(path, low, at) for path, low, pos in matches
+                       if (at := low.find(ch, pos + 1)) >= 0]
+        self._mention_memo = (candidates, lowered, matches)
+        pool = [path for path, _, _ in matches[:MENTION_SCAN]]
+        if len(matches) > MENTION_SCAN and lowered:
+            literal = [path for path, low, _ in matches if lowered in low]
+            pool = heapq.nsmallest(MENTION_SCAN, literal or [m[0] for m in matches], key=len)
+        recent = [p for p in self.recent_mentions if fuzzy_score(lowered, p) is not None]
+        return fuzzy_rank(query, pool + recent, self.recent_mentions)
 
     def _accept_menu(self) -> None:
         item = self.menu[self.menu_index]

@@ -1,7 +1,10 @@
 """End to end: the real `khaelor -p` process, the real anthropic SDK, the scripted fake API."""
 import json
+import os
 import signal
 import time
+
+import pytest
 
 import events
 from fake_api import error, redacted_thinking, reply, text, thinking, tool_use
@@ -231,3 +234,35 @@ def test_a_context_overflow_compacts_through_the_aux_model_and_the_retry_is_smal
     assert any(r["body"]["model"] == "claude-haiku-5-5" for r in fake.requests)
     compacted = [e for e in khaelor.log() if e["type"] == "ContextCompacted"]
     assert len(compacted) == 1 and compacted[0]["checkpoint"]["objective"] == "print many x"
+
+
+def test_a_scripted_session_uses_all_seven_tools(khaelor, fake, project):
+    server = "python3 -u -c \"import time; print('server ready', flush=True); time.sleep(60)\""
+    fake.enqueue(
+        reply(tool_use("write", {"file_path": "src/app.py", "content": "def greet():\n    return 'hello'\n"})),
+        reply(tool_use("read", {"file_path": "src/app.py"})),
+        reply(tool_use("edit", {"file_path": "src/app.py", "old_string": "return 'hello'", "new_string": "return 'hi'"})),
+        reply(tool_use("grep", {"pattern": "def greet"})),
+        reply(tool_use("glob", {"pattern": "**/*.py"})),
+        reply(tool_use("bash", {"command": "python3 -c 'import sys; sys.path.insert(0, \"src\"); import app; print(app.greet())'"})),
+        reply(tool_use("process", {"action": "start", "command": server})),
+        reply(tool_use("process", {"action": "list"})),
+        reply(text("all seven used")),
+    )
+    result = khaelor.run("-p", "exercise the tools", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert (project / "src" / "app.py").read_text() == "def greet():\n    return 'hi'\n"
+    assert fake.rejections == []
+    results = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    assert len(results) == 8 and not any(r.get("is_error") for r in results), results
+    assert "return 'hello'" in results[1]["content"]
+    assert "src/app.py" in results[3]["content"] and "src/app.py" in results[4]["content"]
+    assert "hi" in results[5]["content"]
+    assert "python3" in results[7]["content"]
+    log = khaelor.log()
+    assert [e["path"] for e in log if e["type"] == "FileModified"] == ["src/app.py", "src/app.py"]
+    started = [e for e in log if e["type"] == "ProcessStarted"]
+    exited = [e for e in log if e["type"] == "ProcessExited"]
+    assert len(started) == 1 and exited and exited[-1]["cause"] == "khaelor exit"   # no orphan at exit
+    with pytest.raises(ProcessLookupError):
+        os.kill(started[0]["pid"], 0)

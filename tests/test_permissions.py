@@ -55,6 +55,17 @@ def bash(command, root, rules=DEFAULTS):
     ("bash", {"command": "git branch -a"}, "allow", "process.execute"),
     ("bash", {"command": "git branch feature"}, "ask", "git.modify"),
     ("bash", {"command": "git stash list"}, "allow", "process.execute"),
+    ("bash", {"command": "git branch -v feature"}, "ask", "git.modify"),
+    ("bash", {"command": "git branch -v -D feature"}, "ask", "git.modify"),
+    ("bash", {"command": "git tag"}, "allow", "process.execute"),
+    ("bash", {"command": "git tag v1.0"}, "ask", "git.modify"),
+    ("bash", {"command": "git config --get user.name"}, "allow", "process.execute"),
+    ("bash", {"command": "git config user.name Bob"}, "ask", "git.modify"),
+    ("bash", {"command": "git remote -v"}, "allow", "process.execute"),
+    ("bash", {"command": "git remote add up url"}, "ask", "git.modify"),
+    ("bash", {"command": "git -c core.pager=sh log"}, "ask", "process.execute"),
+    ("bash", {"command": "/usr/bin/git push"}, "ask", "git.modify"),
+    ("bash", {"command": "sudo git reset --hard"}, "ask", "git.modify"),
     ("bash", {"command": "git stash"}, "ask", "git.modify"),
     ("bash", {"command": "git -C . commit -m x"}, "ask", "git.modify"),
     ("bash", {"command": "git push origin main"}, "ask", "git.modify"),
@@ -339,7 +350,7 @@ NOT_FLOORED = [
     "dd if=a of=b.img", "dd if=/dev/zero of=zeros.bin count=1", "dd if=/dev/sda of=backup.img",
     "dd if=x of=/dev/null", "echo hi > /dev/null", "cat /dev/null > log.txt", "ls /dev/sda",
     "ls 2>/dev/null", "npm test 2>&1 | tee /dev/stderr",
-    "chmod -R 755 build", "chmod 777 script.sh", "chmod 777 /", "chown -R me ./data",
+    "chmod -R 755 build", "chmod 777 script.sh", "chmod 777 /", "chmod -r /", "chown -R me ./data",
     'echo "rm -rf /"', "grep -rn 'rm -rf /' docs", "git commit -m 'never rm -rf /'",
     "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
@@ -517,3 +528,17 @@ def test_module_imports_nothing_of_ours():
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert not imported & (ours - {"permissions"})
+
+
+def test_the_agent_cannot_edit_its_own_permission_config(tmp_path):
+    rules = permissions.load_rules([("user", {"permissions": [
+        {"capability": "file.write.project", "pattern": "*", "action": "allow"},
+        {"capability": "process.execute", "pattern": "*", "action": "allow"},
+        {"capability": "filesystem.outsideProject", "pattern": "*", "action": "allow"}]})])
+    for tool, tool_input in [("write", {"file_path": ".khaelor/config.json", "content": "{}"}),
+                             ("edit", {"file_path": "./.khaelor/../.khaelor/config.json", "old_string": "a", "new_string": "b"}),
+                             ("bash", {"command": "echo '{}' > .khaelor/config.json"}),
+                             ("write", {"file_path": str(tmp_path / "home" / ".khaelor" / "config.json"), "content": "{}"})]:
+        decision = permissions.decide(tool, tool_input, tmp_path, rules)
+        assert decision.action == "deny" and decision.floor, (tool, tool_input)
+    assert permissions.decide("read", {"file_path": ".khaelor/config.json"}, tmp_path, rules).action == "allow"

@@ -467,6 +467,8 @@ def test_status_line_fits_the_width_and_drops_the_least_useful_first(width):
             assert part in plain
     if width == 80:
         assert "ctx 34%" in plain and "cache 81%" not in plain
+    unknown = ui.render_status_line(dict(status, cost=None), "", "·", width, MONO)
+    assert "$?" in unknown or width < 80            # an unknown price is shown as unknown
 
 
 # ---- key decoder ----
@@ -630,6 +632,17 @@ def test_mentions_rank_fuzzy_matches_by_recency():
     c.handle(K("esc"))                                     # Esc is the app's; close via API
     c.close_menu()
     assert c.menu == []
+
+
+def test_mention_narrowing_while_typing_matches_a_fresh_search():
+    files = [f"pkg{k % 37}/mod_{k}.py" for k in range(5000)] + ["src/app.py", "Mod1.md"]
+    typed = ui.Composer(mentions=lambda prefix: files)          # same list: narrowing applies
+    for ch in "@mod12":
+        typed.handle(K("text", ch))
+    typed.handle(K("backspace"))
+    fresh = ui.Composer(mentions=lambda prefix: list(files))    # a new list: full search
+    fresh.handle(K("text", "@mod1"))
+    assert typed.menu == fresh.menu and "Mod1.md" in typed.menu
 
 
 # ---- the app: keys to controller calls, and frames ----
