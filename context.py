@@ -226,6 +226,14 @@ class Context:
                                            timeout_s=GIT_TIMEOUT_S)
         return summarize_git_status(out) if code == 0 else ""
 
+    def baseline(self) -> dict:
+        """BaselineRecorded's payload (branch, HEAD, dirty files, diff hash), read-only."""
+        return git_baseline(self.workspace)
+
+    def detect_checks(self, changed: list[str]) -> list[str]:
+        """The check commands relevant to these changed files (the verification gate's nudge)."""
+        return detect_checks(self.project_root, changed)
+
     # -- budget
     @property
     def usable_tokens(self) -> int:
@@ -715,3 +723,332 @@ def inspect(ctx: Context, log: list[dict], last_usage: dict | None = None, volat
     rows.append({"section": "total (measured, last response)", "tokens": read + write + fresh,
                  "cached_tokens": read, "cache_write_tokens": write, "usable_tokens": ctx.usable_tokens})
     return rows
+
+
+# ---------------------------------------------------------------- repository facts: git baseline and attribution (ADR-15)
+
+MAX_BASELINE_DIRTY = 500            # dirty paths kept in one BaselineRecorded (a runaway untracked tree)
+
+
+def git_baseline(workspace) -> dict:
+    """BaselineRecorded's payload: branch, HEAD, dirty files and a hash of the diff against HEAD,
+    all read-only. {"git": False} outside a repository or without git."""
+    if workspace is None:
+        return {"git": False}
+    code, out = workspace.capture(["git", "--no-optional-locks", "status", "--porcelain=v2", "--branch", "-z",
+                                   "--untracked-files=all"], timeout_s=GIT_TIMEOUT_S)
+    if code != 0:
+        return {"git": False}
+    branch, head, dirty = parse_status_v2(out)
+    # Staged and unstaged changes against HEAD in one diff (an unborn branch has only the index).
+    code, diff = workspace.capture(["git", "--no-optional-locks", "diff", "HEAD" if head else "--cached",
+                                    "--binary", "--no-ext-diff", "--no-color"], timeout_s=GIT_TIMEOUT_S)
+    digest = sha256_text(diff + "\0".join(f"{d['status']} {d['path']}" for d in dirty)) if code == 0 else ""
+    return {"git": True, "branch": branch, "head": head, "dirty": dirty[:MAX_BASELINE_DIRTY],
+            "n_dirty": len(dirty), "diff_hash": digest}
+
+
+def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
+    """`git status --porcelain=v2 --branch -z` → (branch, HEAD sha or "", [{path, status}])."""
+    branch, head, dirty = "", "", []
+    fields = out.split("\0")
+    i = 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if entry.startswith("# branch.oid "):
+            head = "" if entry.endswith("(initial)") else entry[len("# branch.oid "):]
+        elif entry.startswith("# branch.head "):
+            branch = entry[len("# branch.head "):]
+        elif entry[:2] in ("1 ", "2 ", "u "):
+            # Fields before the path: 8 for ordinary, 9 for renamed (then the old path), 10 for unmerged.
+            parts = entry.split(" ", {"1": 8, "2": 9, "u": 10}[entry[0]])
+            dirty.append({"path": parts[-1], "status": parts[1]})
+            i += entry[0] == "2"
+        elif entry.startswith("? "):
+            dirty.append({"path": entry[2:], "status": "??"})
+    return branch, head, dirty
+
+
+def sha256_text(text: str) -> str:
+    import hashlib
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def attribute_changes(log: list[dict], dirty_now: list[str] | None = None) -> dict:
+    """Whose changes are in the tree. khaelor: files its write/edit tools changed (in order).
+    preexisting: dirty in a baseline taken before khaelor's first edit — the user's, left alone.
+    outside: dirty later (a later baseline, or now) but neither of those — the user's, or made by
+    commands that ran."""
+    khaelor, preexisting, later, edited = {}, {}, {}, False
+    for event in log:
+        if event["type"] == "FileModified":
+            edited = True
+            khaelor.setdefault(event["path"], None)
+        elif event["type"] == "BaselineRecorded":
+            for entry in event.get("dirty") or []:
+                (later if edited else preexisting).setdefault(entry["path"], entry["status"])
+    outside = [p for p in dict.fromkeys([*later, *(dirty_now or [])]) if p not in preexisting and p not in khaelor]
+    return {"khaelor": list(khaelor), "preexisting": list(preexisting), "outside": outside}
+
+
+def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: int = 60_000) -> str:
+    """/diff as markdown: khaelor's edits of this session file by file (from the log, so it
+    survives resume), then the changes that were not khaelor's."""
+    who = attribute_changes(log, dirty_now)
+    edits = {}
+    for event in log:
+        if event["type"] == "FileModified":
+            edits.setdefault(event["path"], []).append(event)
+    lines = []
+    if edits:
+        lines.append(f"**khaelor changed {len(edits)} file{'s' * (len(edits) != 1)} in this session**")
+        for path, changes in edits.items():
+            added, removed = sum(c.get("added", 0) for c in changes), sum(c.get("removed", 0) for c in changes)
+            note = " · it had uncommitted changes before khaelor: only khaelor's edits are shown" \
+                if path in who["preexisting"] else ""
+            created = " (created)" if changes[0].get("created") else ""
+            lines.append(f"- `{path}`{created} +{added} −{removed} in {len(changes)} edit{'s' * (len(changes) != 1)}{note}")
+        body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
+        if len(body) > max_chars:
+            body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
+        lines += ["", "```diff", body.rstrip("\n"), "```"]
+    else:
+        lines.append("khaelor has not changed any file in this session.")
+    for key, title in (("preexisting", "Already changed before khaelor's first edit (yours, left as they were)"),
+                       ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)")):
+        if who[key]:
+            shown = who[key][:30]
+            more = f" and {len(who[key]) - 30} more" if len(who[key]) > 30 else ""
+            lines += ["", f"**{title}:** " + ", ".join(f"`{p}`" for p in shown) + more]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- verification: code files, checks, detection (ADR-12)
+
+DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc")
+DOC_DIRS = ("docs/", "doc/")
+NOT_DOCS = ("cmakelists.txt", "requirements.txt", "constraints.txt")   # .txt files that are build input
+# Commands that check work: test runners, type checkers, linters, builds (matched anywhere in a command).
+CHECK_COMMAND = re.compile(r"""(?x)(?:^|[\s;&|(/])(?:
+      pytest | py\.test | tox | nox | mypy | pyright | ruff | flake8 | pylint | unittest | py_compile | compileall
+    | (?:npm|pnpm|yarn|bun)\s+(?:run\s+)?(?:test|lint|typecheck|type-check|check|build)\b
+    | jest | vitest | mocha | tsc | eslint | biome | playwright | node\s+--test | deno\s+(?:test|check|lint)
+    | make(?:\s+-\S+)*\s+(?:test|tests|check|lint)\b
+    | cargo\s+(?:test|check|clippy|build|nextest) | go\s+(?:test|vet|build) | gofmt | golangci-lint
+    | (?:\./)?gradlew?\s+(?:test|check|build) | mvnw?\s+(?:test|verify) | ctest | rspec | phpunit
+    | rake\s+test | dotnet\s+test | swift\s+test | shellcheck
+)(?:$|[\s;&|)])""")
+# A script run directly whose name says test: `python tests/test_app.py`, `./run_tests.sh`.
+TEST_SCRIPT = re.compile(r"(?:^|[;&|(]\s*)(?:(?:python3?|node|bash|sh|ruby|perl)\s+)?\S*test\S*")
+ECOSYSTEMS = {".py": "python", ".pyi": "python", ".rs": "rust", ".go": "go",
+              **dict.fromkeys((".js", ".jsx", ".ts", ".tsx", ".mjs", ".cjs", ".vue", ".svelte"), "node")}
+MAX_CHECK_COMMANDS = 4
+
+
+def is_code_path(path: str) -> bool:
+    """Documentation (.md, .rst, .txt, docs/) does not need a check; everything else does."""
+    lowered = path.replace("\\", "/").lower()
+    name = lowered.rsplit("/", 1)[-1]
+    if name in NOT_DOCS:
+        return True
+    return not (lowered.endswith(DOC_SUFFIXES) or lowered.startswith(DOC_DIRS) or "/docs/" in lowered
+                or name in ("license", "licence", "authors", "changelog", "notice"))
+
+
+def is_check(command: str, suggested: list[str] = ()) -> bool:
+    """Does this shell command check the work? Known runners, test scripts, or a suggested check."""
+    text = " ".join(command.split())
+    return bool(CHECK_COMMAND.search(text) or TEST_SCRIPT.search(text)) \
+        or any(s and " ".join(s.split()) in text for s in suggested)
+
+
+def unverified_changes(state) -> list[str]:
+    """Code files changed in this turn after the last check that ran (events.State)."""
+    last_check = max((c["seq"] for c in state.commands if is_check(c["command"], state.suggested_checks)), default=0)
+    return list(dict.fromkeys(path for seq, path in state.changes if seq > last_check and is_code_path(path)))
+
+
+def detect_checks(root: Path, changed: list[str]) -> list[str]:
+    """Check commands relevant to the changed files: the tests that match a changed module, the
+    project's configured linters and type checkers for them, the package's test script. The whole
+    suite or a Makefile target only when nothing narrower is known."""
+    root = Path(root)
+    kinds = {ECOSYSTEMS.get(Path(p).suffix.lower(), "other") for p in changed}
+    commands = []
+    if "python" in kinds:
+        commands += _python_checks(root, [p for p in changed if ECOSYSTEMS.get(Path(p).suffix.lower()) == "python"])
+    if "node" in kinds and (root / "package.json").is_file():
+        commands += _node_checks(root, [p for p in changed if ECOSYSTEMS.get(Path(p).suffix.lower()) == "node"])
+    if "rust" in kinds and (root / "Cargo.toml").is_file():
+        commands.append("cargo test")
+    if "go" in kinds and (root / "go.mod").is_file():
+        packages = sorted({"./" + str(Path(p).parent) if str(Path(p).parent) != "." else "."
+                           for p in changed if p.endswith(".go")})
+        commands += [f"go vet {' '.join(packages)}", f"go test {' '.join(packages)}"]
+    if not commands:
+        commands = _makefile_checks(root) or _whole_project_checks(root)
+    return list(dict.fromkeys(commands))[:MAX_CHECK_COMMANDS]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[:200_000]
+    except OSError:
+        return ""
+
+
+def _python() -> str:
+    """`python` where it exists (a venv, most systems), else `python3` (Debian without python-is-python3)."""
+    import os
+    found = any(os.access(Path(d) / "python", os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+    return "python" if found else "python3"
+
+
+def _python_checks(root: Path, changed: list[str]) -> list[str]:
+    config = _read_text(root / "pyproject.toml") + _read_text(root / "setup.cfg") + _read_text(root / "tox.ini")
+    uses_pytest = "pytest" in config or (root / "pytest.ini").is_file() or (root / "conftest.py").is_file() \
+        or (root / "tests" / "conftest.py").is_file()
+    tests = [t for path in changed for t in related_python_tests(root, path)]
+    tests = list(dict.fromkeys(tests))[:6]
+    python, commands = _python(), []
+    if tests:
+        runner = f"{python} -m pytest -q" if uses_pytest or not config else f"{python} -m unittest"
+        commands.append(f"{runner} {' '.join(tests)}")
+    elif uses_pytest:
+        commands.append(f"{python} -m pytest -q")
+    files = " ".join(changed[:10])
+    if "[tool.ruff" in config or (root / "ruff.toml").is_file() or (root / ".ruff.toml").is_file():
+        commands.append(f"ruff check {files}")
+    if "[tool.mypy" in config or "[mypy" in config or (root / "mypy.ini").is_file():
+        commands.append(f"mypy {files}")
+    if not commands and changed:
+        commands.append(f"{python} -m py_compile {files}")
+    return commands
+
+
+def related_python_tests(root: Path, path: str) -> list[str]:
+    """Test files for a module: itself if it is a test, else test_<name>.py / <name>_test.py beside
+    it, in tests/ or test/ (mirrored or anywhere below)."""
+    p = Path(path)
+    if p.name.startswith("test_") or p.stem.endswith("_test"):
+        return [path] if (root / p).is_file() else []
+    stem = p.parent.name if p.stem == "__init__" else p.stem
+    names = (f"test_{stem}.py", f"{stem}_test.py")
+    found = [root / p.parent / n for n in names] + [root / d / n for d in ("tests", "test") for n in names]
+    for directory in ("tests", "test"):
+        if (root / directory).is_dir():
+            found += [f for n in names for f in sorted((root / directory).rglob(n))[:5]]
+    return list(dict.fromkeys(str(f.relative_to(root)) for f in found if f.is_file()))
+
+
+def _node_checks(root: Path, changed: list[str]) -> list[str]:
+    try:
+        scripts = json.loads(_read_text(root / "package.json")).get("scripts") or {}
+    except (ValueError, AttributeError):
+        return []
+    manager = next((m for lock, m in (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("bun.lockb", "bun"))
+                    if (root / lock).is_file()), "npm")
+    commands = []
+    test_script = str(scripts.get("test") or "")
+    if test_script and "no test specified" not in test_script:
+        tests = [t for path in changed for t in _related_node_tests(root, path)][:4]
+        commands.append(f"{manager} test" + (f" -- {' '.join(tests)}" if tests else ""))
+    for name in ("typecheck", "type-check", "lint"):
+        if name in scripts:
+            commands.append(f"{manager} run {name}")
+    return commands
+
+
+def _related_node_tests(root: Path, path: str) -> list[str]:
+    p = Path(path)
+    if ".test." in p.name or ".spec." in p.name:
+        return [path]
+    stem = p.name.split(".")[0]
+    found = [f for folder in (root / p.parent, root / p.parent / "__tests__") if folder.is_dir()
+             for pattern in (f"{stem}.test.*", f"{stem}.spec.*") for f in sorted(folder.glob(pattern))]
+    return [str(f.relative_to(root)) for f in found[:2]]
+
+
+def _makefile_checks(root: Path) -> list[str]:
+    makefile = next((root / n for n in ("Makefile", "makefile", "GNUmakefile") if (root / n).is_file()), None)
+    if makefile is None:
+        return []
+    targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", _read_text(makefile), re.M))
+    return [f"make {t}" for t in ("test", "check", "lint") if t in targets]
+
+
+def _whole_project_checks(root: Path) -> list[str]:
+    """Nothing narrower was found: the project's own suite, by its marker files."""
+    if (root / "Cargo.toml").is_file():
+        return ["cargo test"]
+    if (root / "go.mod").is_file():
+        return ["go test ./..."]
+    if (root / "package.json").is_file():
+        return _node_checks(root, [])
+    if any((root / n).is_file() for n in ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")):
+        return [f"{_python()} -m pytest -q"]
+    return []
+
+
+def verification_nudge(changed: list[str], commands: list[str], attempt: int, of: int) -> str:
+    """The user-side text the model reads when its answer is held back."""
+    files = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    lines = [f"[Khaelor verification, reminder {attempt} of {of}] Your answer is held back: you changed "
+             f"{files} in this turn and no check has run since the last change."]
+    if commands:
+        lines.append("Run the relevant checks, fix what fails, then give your final answer again:")
+        lines += [f"- `{command}`" for command in commands]
+    else:
+        lines.append("No check command was found in this project. Run something that exercises the change "
+                     "(its tests, a build, or at least compiling or importing the changed files), then give "
+                     "your final answer again.")
+    lines.append("If a check cannot run here, give your final answer and say why. (This message comes from "
+                 "Khaelor, not from the user.)")
+    return "\n".join(lines)
+
+
+def last_response_text(log: list[dict]) -> str:
+    """The text of the newest completed model response ("" if it had none)."""
+    texts, answer = [], ""
+    for event in log:
+        if event["type"] == "ModelTextBlockCompleted":
+            texts.append(event["text"])
+        elif event["type"] == "ModelResponseCompleted":
+            answer, texts = "\n\n".join(t for t in texts if t), []
+        elif event["type"] in ("ModelRequestFailed", "Interrupted", "UserMessageCreated"):
+            texts = []
+    return answer
+
+
+def completion(state, log: list[dict]) -> dict:
+    """TaskCompleted's payload: the evidence, and, when the gate held an answer back, the answer
+    to deliver (if the model never verified, the withheld answer comes first: never lost)."""
+    checks = [c for c in state.commands if is_check(c["command"], state.suggested_checks)]
+    unverified = unverified_changes(state)
+    unresolved = []
+    if unverified:
+        unresolved.append(f"no check ran after the last change to {', '.join(unverified[:10])}"
+                          + (f" (not verified after {state.nudges} reminders)" if state.nudges else ""))
+    last_runs = {c["command"]: c for c in checks}
+    for command, run in last_runs.items():
+        if run["exit_code"] is None:
+            unresolved.append(f"`{_clip(command, 200)}` was still running")
+        elif run["exit_code"] != 0:
+            unresolved.append(f"`{_clip(command, 200)}` failed (exit {run['exit_code']})")
+    evidence = {"objective": _clip(state.objective, 2_000),
+                "changed_files": list(dict.fromkeys(path for _, path in state.changes)),
+                "checks": [{"command": _clip(c["command"], 500), "exit_code": c["exit_code"]} for c in checks][-20:],
+                "unresolved": unresolved, "preexisting_changes": attribute_changes(log)["preexisting"][:50],
+                "reminders": state.nudges, "stop_reason": state.last_stop_reason,
+                "responses": state.responses_in_turn}
+    payload = {"evidence": evidence}
+    if state.nudges:
+        start = max((i for i, e in enumerate(log) if e["type"] == "UserMessageCreated"), default=0)
+        withheld = [e.get("withheld") or "" for e in log[start:] if e["type"] == "VerificationRequested"]
+        latest, first = last_response_text(log[start:]), next((w for w in withheld if w), "")
+        if unverified:
+            payload["answer"] = "\n\n".join(dict.fromkeys(t for t in (first, latest) if t))
+        else:
+            payload["answer"] = latest or next((w for w in reversed(withheld) if w), "")
+    return payload

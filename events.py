@@ -28,6 +28,8 @@ EPHEMERAL = frozenset("ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolO
 # Events that give a tool_use its tool_result. A denial is answered to the model like a result.
 TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", "PermissionDenied"})
 TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
+# The doom-loop question goes through the permission panel under this pseudo-capability.
+LOOP_CAPABILITY = "loop.continue"
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
 
 
@@ -199,7 +201,7 @@ def history(events: list[dict]) -> list[dict]:
     pending, open_ids = [], set()
     for event in events[start:]:
         kind = event["type"]
-        if kind in ("UserMessageCreated", "SteeringInjected"):
+        if kind in ("UserMessageCreated", "SteeringInjected", "VerificationRequested"):
             pending = []
             if event["text"]:
                 _add_user_block(messages, {"type": "text", "text": event["text"]})
@@ -251,16 +253,23 @@ class State:
     last_stop_reason: str | None = None
     recent_calls: list = field(default_factory=list)     # (name, input json) of the newest tool calls
     last_failure: dict | None = None   # the newest ModelRequestFailed of this turn that was not retried
+    objective: str = ""                # the user message that opened the turn
+    changes: list = field(default_factory=list)   # (seq, path) of this turn's FileModified
+    commands: list = field(default_factory=list)  # this turn's bash runs and process starts: {seq, command, exit_code}
+    nudges: int = 0                    # VerificationRequested in this turn
+    suggested_checks: list = field(default_factory=list)   # the check commands those nudges named
 
 
 def kernel_state(events: list[dict]) -> State:
     s = State()
     attempt = []    # ToolRequested of the response being streamed
+    calls, loop_asks = {}, set()    # ToolRequested by id; ids of unanswered "continue the loop?" questions
     for event in events:
         kind = event["type"]
         if kind == "UserMessageCreated":
             s.turn_open, s.needs_model, s.responses_in_turn, s.last_failure = True, True, 0, None
-            attempt = []
+            s.objective, s.changes, s.commands, s.nudges, s.suggested_checks = event["text"], [], [], 0, []
+            attempt, s.recent_calls = [], []
         elif kind in TURN_END_EVENTS:
             s.turn_open, s.needs_model = False, False
         elif kind == "SteeringQueued":
@@ -271,6 +280,7 @@ def kernel_state(events: list[dict]) -> State:
             s.needs_model = True
         elif kind == "ToolRequested":
             attempt.append(event)
+            calls[event["tool_use_id"]] = event
             s.recent_calls = (s.recent_calls + [(event["name"], json.dumps(event["input"], sort_keys=True))])[-3:]
         elif kind == "ModelRequestFailed":
             attempt = []
@@ -284,10 +294,31 @@ def kernel_state(events: list[dict]) -> State:
         elif kind == "ToolStarted":
             s.started_tools.add(event["tool_use_id"])
         elif kind in TOOL_RESULT_EVENTS:
+            call = calls.get(event["tool_use_id"])
+            if kind in ("ToolCompleted", "ToolFailed") and call and call["name"] == "bash":
+                s.commands.append({"seq": event["seq"], "command": str(call["input"].get("command", "")),
+                                   "exit_code": (event.get("meta") or {}).get("exit_code")})
             s.started_tools.discard(event["tool_use_id"])
             s.pending_tools = [t for t in s.pending_tools if t["tool_use_id"] != event["tool_use_id"]]
         elif kind == "ContextCompacted":
             s.needs_model = s.turn_open
+        elif kind == "FileModified":
+            s.changes.append((event["seq"], event["path"]))
+        elif kind == "ProcessStarted":
+            s.commands.append({"seq": event["seq"], "command": str(event.get("command", "")), "exit_code": None,
+                               "process_id": event["process_id"]})
+        elif kind == "ProcessExited":
+            for command in s.commands:
+                if command.get("process_id") == event["process_id"]:
+                    command["exit_code"] = event.get("exit_code")
+        elif kind == "VerificationRequested":
+            s.nudges, s.needs_model = s.nudges + 1, True
+            s.suggested_checks = s.suggested_checks + list(event.get("commands") or [])
+        elif kind == "PermissionRequested" and event.get("capability") == LOOP_CAPABILITY:
+            loop_asks.add(event["tool_use_id"])
+        elif kind == "PermissionGranted" and event["tool_use_id"] in loop_asks:
+            loop_asks.discard(event["tool_use_id"])
+            s.recent_calls = []          # the user let the repeated call go on: count afresh
     return s
 
 

@@ -2,7 +2,7 @@
 
 Owns: `derive_next` (a pure function of the log's projection), the stream reducer (SDK stream
 events → our events, pure), the tool runtime (permission gate → execute → record), steering,
-interruption and the turn budget. Every decision is re-derived from the log on each iteration,
+interruption, the turn budget, the doom-loop question and the verification gate (ADR-12). Every decision is re-derived from the log on each iteration,
 so a crash resumes mid-conversation.
 Must not: import ui, touch files or processes itself (tools.py does), or keep anything that
 matters only in loop-local variables.
@@ -10,17 +10,19 @@ matters only in loop-local variables.
 import asyncio
 import json
 
+import context
 import events
 import permissions
 from model import ModelError, merge_usage
 
 DOOM_LOOP_REPEATS = 3    # byte-identical consecutive tool calls before the run pauses
+VERIFY_NUDGES = 2        # reminders to run a check before an answer is delivered as it is (ADR-12)
 
 
 # ---------------------------------------------------------------- deciding
 
 def derive_next(state: events.State, max_turns: int | None = None) -> str:
-    """One of: execute-tools, inject-steering, call-model, ask-user, max-turns, failed, done, idle."""
+    """One of: execute-tools, inject-steering, call-model, ask-user, verify, max-turns, failed, done, idle."""
     if not state.turn_open:
         return "idle"
     if state.last_failure is not None:
@@ -36,6 +38,10 @@ def derive_next(state: events.State, max_turns: int | None = None) -> str:
         if max_turns is not None and state.responses_in_turn >= max_turns:
             return "max-turns"
         return "call-model"
+    # The model ended its turn: hold the answer back while changed code has no check after it.
+    if state.last_stop_reason == "end_turn" and state.nudges < VERIFY_NUDGES \
+            and (max_turns is None or state.responses_in_turn < max_turns) and context.unverified_changes(state):
+        return "verify"
     return "done"
 
 
@@ -155,6 +161,10 @@ class Kernel:
                 elif step == "inject-steering":
                     for text in events.kernel_state(self.log).queued_steering:
                         self.emit("SteeringInjected", text=text)
+                elif step == "ask-user":
+                    await self.ask_to_continue()
+                elif step == "verify":
+                    self.request_verification()
                 else:
                     return self.finish(step)
         except asyncio.CancelledError:
@@ -167,19 +177,45 @@ class Kernel:
     def finish(self, step: str) -> str:
         state = events.kernel_state(self.log)
         if step == "done":
-            self.emit("TaskCompleted", evidence={"stop_reason": state.last_stop_reason,
-                                                 "responses": state.responses_in_turn})
+            self.emit("TaskCompleted", **context.completion(state, self.log))
         elif step == "failed":
             self.emit("TaskFailed", reason=state.last_failure["message"])
         elif step == "max-turns":
             self.emit("TaskFailed", reason=f"stopped after --max-turns {self.max_turns} model responses")
-        elif step == "ask-user":
-            for call in state.pending_tools:
-                self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
-                          reason="paused: the same call was repeated three times in a row")
-            self.emit("TaskFailed", reason=f"paused: the model repeated the same {state.pending_tools[0]['name']} "
-                      f"call {DOOM_LOOP_REPEATS} times in a row; say how to continue")
         return step
+
+    async def ask_to_continue(self) -> None:
+        """Doom loop: the same call three times in a row. The user decides through the permission
+        panel; "continue" lets it run, a denial with a message goes to the model as the call's
+        result, a bare denial (or nobody to ask, headless) ends the turn."""
+        pending = events.kernel_state(self.log).pending_tools
+        call, what = pending[-1], f"{pending[-1]['name']} call"
+        request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"], capability=events.LOOP_CAPABILITY,
+                            descriptor=f"The model made the same {what} {DOOM_LOOP_REPEATS} times in a row. "
+                                       "Let it continue?", suggestion=None, preview=permission_preview(call))
+        choice, feedback = await self.ask(request)
+        if choice != "deny":
+            self.emit("PermissionGranted", tool_use_id=call["tool_use_id"], scope="once")
+            return
+        reason = f"stopped: the model repeated the same {what} {DOOM_LOOP_REPEATS} times in a row"
+        self.emit("PermissionDenied", tool_use_id=call["tool_use_id"], reason=reason, feedback=feedback)
+        for other in pending[:-1]:
+            self.emit("ToolCancelled", tool_use_id=other["tool_use_id"], reason="not run: " + reason)
+        if not feedback:
+            self.emit("TaskFailed", reason=f"{reason}; say how to continue")
+
+    def request_verification(self) -> None:
+        """The gate: hold the answer back and remind the model, as user-side text, to run checks."""
+        state = events.kernel_state(self.log)
+        changed = context.unverified_changes(state)
+        commands = self.ctx.detect_checks(changed)
+        self.emit("VerificationRequested", attempt=state.nudges + 1, changed_files=changed, commands=commands,
+                  withheld=context.last_response_text(self.log),
+                  text=context.verification_nudge(changed, commands, state.nudges + 1, VERIFY_NUDGES))
+
+    async def record_baseline(self, reason: str) -> None:
+        """BaselineRecorded (ADR-15): git state, read-only, off the event loop."""
+        self.emit("BaselineRecorded", reason=reason, **await asyncio.to_thread(self.ctx.baseline))
 
     def interrupt_cleanup(self) -> None:
         """Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted."""
@@ -245,6 +281,9 @@ class Kernel:
             return
         if not await self.permitted(call):
             return
+        if name in ("write", "edit") and not any(e["type"] == "FileModified" or (
+                e["type"] == "BaselineRecorded" and e.get("reason") == "before first edit") for e in self.log):
+            await self.record_baseline("before first edit")     # what was already dirty is not ours
         self.emit("ToolStarted", tool_use_id=tool_use_id, name=name)
         try:
             result = await self.toolbox.run(name, call["input"], tool_use_id)

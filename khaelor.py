@@ -300,7 +300,7 @@ class Session:
         self.toolbox = tools.Toolbox(tools.Workspace(project_root), home, lambda *a, **k: self.bus.emit(*a, **k))
         self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
-        self._files = None
+        self._files, self.closed = None, False
 
     def attach(self, store) -> None:
         """Make `store` the current session (start, /new, /resume); UI subscribers carry over."""
@@ -382,7 +382,11 @@ class Session:
                 "processes": len(self.toolbox.running_processes()), "branch": self.settings.get("branch", "")}
 
     async def quit(self) -> None:
+        """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
         import asyncio
+        if self.closed:
+            return
+        self.closed = True
         self.interrupt()
         if self.turn is not None:
             await asyncio.gather(self.turn, return_exceptions=True)

@@ -12,12 +12,13 @@ Public API (only khaelor.py imports this module):
                          replay=(), color=None)
         The interactive session. Raw mode + bracketed paste on `stdin_fd` (must be a terminal),
         frames written to `stdout` (a binary stream with a fileno; default sys.stdout.buffer).
-        `replay`: earlier events of a resumed session, printed first as scrollback. `color`:
-        None = auto (stdout is a TTY and NO_COLOR is unset). Calls controller.quit() and returns
+        `replay`: earlier events of a resumed session; its last REPLAY_TURNS user turns are
+        printed first as scrollback. `color`: None = auto (stdout is a TTY and NO_COLOR is
+        unset). Calls controller.quit() once the user has left, then returns
         0 when the user quits (Ctrl-D, a second Ctrl-C, a command returning QUIT), 143 on
         SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
         every path, exceptions included.
-    render_transcript(events, width, color=False) -> list[str]   earlier conversation as lines
+    render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
     Controller, QUIT                                               see below
 
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
@@ -514,7 +515,7 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
 MAX_BLOCK_LINES = 40       # source lines in the live block before it settles anyway
 MAX_BLOCK_CHARS = 3000     # characters likewise: bounds the per-frame re-render of the tail
 MAX_LINE_CHARS = 2000      # a line longer than this (no newline yet) is cut at a space
-TABLE_CAP_FACTOR = 5       # a table needs its rows together (column widths): it may grow more
+TABLE_CAP_FACTOR = 3       # a table needs its rows together (column widths): it may grow more
 
 
 class MarkdownStream:
@@ -1015,9 +1016,17 @@ class Timeline:
         return self.status_text or self.phase
 
 
-def render_transcript(events: Iterable[dict], width: int, color: bool = False) -> list[str]:
-    """Earlier conversation (a resumed session) as settled lines; ephemeral events are ignored."""
+def render_transcript(events: Iterable[dict], width: int, color: bool = False,
+                      max_turns: int | None = None) -> list[str]:
+    """Earlier conversation (a resumed session) as settled lines. With `max_turns`, only the
+    last that many user turns are drawn, so resuming a long session costs the same as a short
+    one (the log keeps everything)."""
+    events = list(events)
     timeline = Timeline(Style(color), width)
+    starts = [k for k, e in enumerate(events) if e.get("type") == "UserMessageCreated"]
+    if max_turns is not None and len(starts) > max_turns:
+        timeline._dim_line(f"… {len(starts) - max_turns} earlier turns not shown")
+        events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)
     timeline.flush_live()
@@ -1603,6 +1612,7 @@ class InlineRenderer:
 FRAME_INTERVAL = 0.016       # coalesce: at most one frame per ~16 ms
 TICK_INTERVAL = 0.1          # spinner and elapsed-time refresh while something runs
 ESC_TIMEOUT = 0.05           # a lone ESC is Esc if nothing follows within this
+REPLAY_TURNS = 30            # a resumed session shows its last turns (bounded resume time)
 
 
 class App:
@@ -1918,7 +1928,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
     installed, unsubscribe = [], None
     terminal.enter()
     try:
-        lines = render_transcript(replay, width, color)
+        lines = render_transcript(replay, width, color, max_turns=REPLAY_TURNS)
         if lines:
             write((NEWLINE.join(lines) + NEWLINE).encode())
         for signum, handler in signals.items():

@@ -6,6 +6,7 @@ Measures (budgets from ../shared/DESIGN.md §11):
   - CPU seconds per 1,000 streamed words (fold + frames)
   - traced memory after 1,000,000 streamed words, next to the figure after 100,000 (bounded:
     settled lines leave the process once written)
+  - replaying a resumed session of 10,000 events into scrollback lines (render_transcript)
 Frames go to /dev/null: this measures our work, not the terminal's.
 
 Run: python bench/bench_ui.py [--words-for-memory 1000000]
@@ -139,6 +140,36 @@ def memory_bound(n_words: int, out_fd: int) -> None:
         pass
 
 
+def replay_cost(n_events: int = 10_000) -> None:
+    rng = random.Random(2)
+    words = reply_words(rng)
+    log = []
+    for k in range(n_events // 10):
+        reply = "".join(next(words) for _ in range(120))
+        log += [{"type": "UserMessageCreated", "text": f"request number {k}"},
+                {"type": "ModelTextBlockCompleted", "text": reply},
+                {"type": "ToolRequested", "tool_use_id": f"b{k}", "name": "bash",
+                 "input": {"command": "pytest -q"}},
+                {"type": "ToolStarted", "tool_use_id": f"b{k}", "name": "bash"},
+                {"type": "ToolCompleted", "tool_use_id": f"b{k}", "name": "bash",
+                 "output": "ok\n" * 30, "meta": {"exit_code": 0, "duration_ms": 1500}},
+                {"type": "ToolRequested", "tool_use_id": f"e{k}", "name": "edit",
+                 "input": {"file_path": "src/app.py"}},
+                {"type": "FileModified", "tool_use_id": f"e{k}", "path": "src/app.py",
+                 "added": 1, "removed": 1, "created": False,
+                 "diff": "@@ -3,2 +3,2 @@\n-old = 1\n+new = 2\n context\n"},
+                {"type": "ToolCompleted", "tool_use_id": f"e{k}", "name": "edit", "output": "ok",
+                 "meta": {}},
+                {"type": "ModelResponseCompleted", "usage": {}},
+                {"type": "TaskCompleted", "evidence": {}}]
+    for max_turns, label in ((None, "every turn"), (ui.REPLAY_TURNS, "as run_app does")):
+        start = time.perf_counter()
+        lines = ui.render_transcript(log, 100, color=True, max_turns=max_turns)
+        elapsed = time.perf_counter() - start
+        print(f"replay of {len(log):,} events, {label}: {elapsed * 1000:.0f} ms "
+              f"({len(lines):,} lines)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--words", type=int, default=20_000)
@@ -146,6 +177,7 @@ def main() -> None:
     args = parser.parse_args()
     out_fd = os.open(os.devnull, os.O_WRONLY)
     frame_budget(args.words, out_fd)
+    replay_cost()
     memory_bound(args.words_for_memory, out_fd)
 
 

@@ -227,9 +227,9 @@ def test_long_words_and_urls_break_instead_of_overflowing():
 
 
 def test_a_long_table_streams_as_one_table():
-    table = "| n | square |\n|---|---|\n" + "".join(f"| {k} | {k * k} |\n" for k in range(120))
+    table = "| n | square |\n|---|---|\n" + "".join(f"| {k} | {k * k} |\n" for k in range(100))
     lines = render_markdown(table, 80, MONO)
-    assert len(lines) == 122 and all("│" in line or "┼" in line for line in lines)
+    assert len(lines) == 102 and all("│" in line or "┼" in line for line in lines)
 
 
 def test_table_shrinks_to_fit_a_narrow_terminal():
@@ -411,6 +411,16 @@ def test_replayed_text_blocks_render_like_streamed_ones():
                 event("ModelTextBlockCompleted", text=DOCUMENT)]
     replayed = [event("ModelTextBlockCompleted", text=DOCUMENT)]
     assert ui.render_transcript(streamed, 80) == ui.render_transcript(replayed, 80)
+
+
+def test_resumed_transcripts_can_show_only_the_last_turns():
+    log = []
+    for k in range(50):
+        log += [event("UserMessageCreated", text=f"question {k}"),
+                event("ModelTextBlockCompleted", text=f"answer {k}")]
+    lines = ui.render_transcript(log, 80, max_turns=3)
+    assert lines[0] == "… 47 earlier turns not shown"
+    assert "› question 47" in lines and "answer 49" in lines and "› question 46" not in lines
 
 
 def test_running_tools_show_live_with_output_tail():
