@@ -97,7 +97,7 @@ class ModelClient:
 
     async def stream(self, request: dict):
         for attempt in range(1, self.max_attempts + 1):
-            yielded = False
+            yielded = finished = False
             try:
                 client = self._get_client()
                 stream = await client.messages.create(stream=True, **request)
@@ -105,14 +105,16 @@ class ModelClient:
                     async for event in stream:
                         plain = _plain_event(event)
                         if plain is not None:
-                            yielded = True
+                            yielded, finished = True, plain["type"] == "message_stop"
                             yield plain
+                if not finished:    # a proxy may close a chunked body cleanly mid-message
+                    raise ModelError("retryable", "the stream ended before message_stop")
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # classified right here; nothing is swallowed
                 error = classify(exc)
-                if error.kind != "retryable" or attempt == self.max_attempts:
+                if error.kind != "retryable" or attempt == self.max_attempts or not _server_allows_retry(exc):
                     if error.kind == "retryable" and attempt > 1:
                         error = ModelError("retryable", f"{error} (gave up after {attempt} attempts)", error.status)
                     raise error from None
@@ -187,6 +189,12 @@ def classify(exc: BaseException) -> ModelError:
     if isinstance(exc, httpx2.TransportError):
         return ModelError("retryable", f"the connection failed mid-stream ({type(exc).__name__}: {exc})")
     return ModelError("invalid_request", f"unexpected client error {type(exc).__name__}: {exc}")
+
+
+def _server_allows_retry(exc: BaseException) -> bool:
+    """`x-should-retry: false` is the server saying a retry cannot help (ANTHROPIC_API.md §4.3)."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    return str(headers.get("x-should-retry", "")).lower() != "false"
 
 
 def _retry_delay(exc: BaseException, attempt: int) -> float:

@@ -126,3 +126,11 @@ def test_price_comes_from_the_table_and_unknown_models_have_no_price():
     assert model.price_of("claude-sonnet-5-5-20261001", usage) == pytest.approx(2.20)
     assert model.price_of("mystery-model", usage) is None
     assert model.price_of("mystery-model", usage, {"mystery-model": [1, 1, 1, 1]}) == pytest.approx(2.0)
+
+
+def test_x_should_retry_false_is_not_retried():
+    with FakeAnthropic([]) as fake:   # an exhausted script answers 500 with x-should-retry: false
+        with pytest.raises(model.ModelError, match="script exhausted") as caught:
+            collect(client_for(fake))
+        assert len(fake.requests) == 1
+    assert caught.value.status == 500
