@@ -10,7 +10,9 @@ reading instruction files and running read-only `git` through the Workspace it i
 """
 import copy
 import datetime
+import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -366,7 +368,8 @@ def measured_tokens(log: list[dict]) -> int | None:
         if event["type"] == "ModelResponseCompleted":
             usage = event.get("usage") or {}
             return sum(usage.get(key) or 0 for key in events.USAGE_KEYS) + since
-        if event["type"] in events.TOOL_RESULT_EVENTS or event["type"] in ("UserMessageCreated", "SteeringInjected"):
+        if event["type"] in events.TOOL_RESULT_EVENTS or event["type"] in ("UserMessageCreated", "SteeringInjected",
+                                                                         "VerificationRequested"):
             since += estimate_tokens(event.get("output") or event.get("text") or "")
     return None
 
@@ -771,25 +774,32 @@ def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
 
 
 def sha256_text(text: str) -> str:
-    import hashlib
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def attribute_changes(log: list[dict], dirty_now: list[str] | None = None) -> dict:
-    """Whose changes are in the tree. khaelor: files its write/edit tools changed (in order).
-    preexisting: dirty in a baseline taken before khaelor's first edit — the user's, left alone.
-    outside: dirty later (a later baseline, or now) but neither of those — the user's, or made by
-    commands that ran."""
-    khaelor, preexisting, later, edited = {}, {}, {}, False
+    """Whose changes are in the tree. khaelor: files its write/edit tools changed, in order.
+    preexisting: dirty when the session started (its first baseline) — the user's, left alone.
+    outside: dirty later (a later baseline, or now) but neither — the user's, or made by commands.
+    dirty_before_edit: khaelor's files that already had changes before khaelor first edited them."""
+    khaelor, preexisting, later, dirty_before_edit = {}, None, {}, []
+    dirty_so_far = set()
     for event in log:
-        if event["type"] == "FileModified":
-            edited = True
-            khaelor.setdefault(event["path"], None)
+        if event["type"] == "FileModified" and event["path"] not in khaelor:
+            khaelor[event["path"]] = None
+            if event["path"] in dirty_so_far:
+                dirty_before_edit.append(event["path"])
         elif event["type"] == "BaselineRecorded":
-            for entry in event.get("dirty") or []:
-                (later if edited else preexisting).setdefault(entry["path"], entry["status"])
+            paths = [entry["path"] for entry in event.get("dirty") or []]
+            dirty_so_far.update(paths)
+            if preexisting is None:
+                preexisting = dict.fromkeys(paths)
+            else:
+                later.update(dict.fromkeys(paths))
+    preexisting = preexisting or {}
     outside = [p for p in dict.fromkeys([*later, *(dirty_now or [])]) if p not in preexisting and p not in khaelor]
-    return {"khaelor": list(khaelor), "preexisting": list(preexisting), "outside": outside}
+    return {"khaelor": list(khaelor), "preexisting": list(preexisting), "outside": outside,
+            "dirty_before_edit": dirty_before_edit}
 
 
 def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: int = 60_000) -> str:
@@ -805,8 +815,8 @@ def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: 
         lines.append(f"**khaelor changed {len(edits)} file{'s' * (len(edits) != 1)} in this session**")
         for path, changes in edits.items():
             added, removed = sum(c.get("added", 0) for c in changes), sum(c.get("removed", 0) for c in changes)
-            note = " · it had uncommitted changes before khaelor: only khaelor's edits are shown" \
-                if path in who["preexisting"] else ""
+            note = " · it had uncommitted changes before khaelor's first edit: only khaelor's edits are shown" \
+                if path in who["dirty_before_edit"] else ""
             created = " (created)" if changes[0].get("created") else ""
             lines.append(f"- `{path}`{created} +{added} −{removed} in {len(changes)} edit{'s' * (len(changes) != 1)}{note}")
         body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
@@ -815,7 +825,7 @@ def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: 
         lines += ["", "```diff", body.rstrip("\n"), "```"]
     else:
         lines.append("khaelor has not changed any file in this session.")
-    for key, title in (("preexisting", "Already changed before khaelor's first edit (yours, left as they were)"),
+    for key, title in (("preexisting", "Already changed when the session started (yours, left as they were)"),
                        ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)")):
         if who[key]:
             shown = who[key][:30]
@@ -900,7 +910,6 @@ def _read_text(path: Path) -> str:
 
 def _python() -> str:
     """`python` where it exists (a venv, most systems), else `python3` (Debian without python-is-python3)."""
-    import os
     found = any(os.access(Path(d) / "python", os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
     return "python" if found else "python3"
 
@@ -1046,9 +1055,9 @@ def completion(state, log: list[dict]) -> dict:
     if state.nudges:
         start = max((i for i, e in enumerate(log) if e["type"] == "UserMessageCreated"), default=0)
         withheld = [e.get("withheld") or "" for e in log[start:] if e["type"] == "VerificationRequested"]
-        latest, first = last_response_text(log[start:]), next((w for w in withheld if w), "")
-        if unverified:
-            payload["answer"] = "\n\n".join(dict.fromkeys(t for t in (first, latest) if t))
+        answers = [w for w in withheld + [last_response_text(log[start:])] if w]     # oldest first
+        if unverified and answers:      # gave up: the withheld answer, then the model's last word
+            payload["answer"] = "\n\n".join(dict.fromkeys((answers[0], answers[-1])))
         else:
-            payload["answer"] = latest or next((w for w in reversed(withheld) if w), "")
+            payload["answer"] = answers[-1] if answers else ""
     return payload

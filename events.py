@@ -30,6 +30,7 @@ TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", 
 TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
+LOST_RESULT = "[no result was recorded for this call: its line in the session log could not be read]"
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
 
 
@@ -76,13 +77,18 @@ class SessionStore:
 
     @classmethod
     def create(cls, directory: Path, session_id: str | None = None) -> "SessionStore":
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SessionFileError(directory, f"cannot create the sessions folder ({e.strerror}); "
+                                   "point KHAELOR_HOME at a writable directory") from None
         session_id = session_id or new_session_id()
         return cls(directory / f"{session_id}.jsonl", session_id, [], [])
 
     @classmethod
-    def open(cls, path: Path) -> "SessionStore":
-        """Replay a log. A torn last line is cut off; a bad line in the middle is skipped; both warn."""
+    def open(cls, path: Path, read_only: bool = False) -> "SessionStore":
+        """Replay a log. A torn last line is cut off (only ignored when read_only, for listings that
+        must not touch a log another khaelor may be writing); a bad line in the middle is skipped."""
         path = Path(path)
         try:
             data = path.read_bytes()
@@ -93,7 +99,8 @@ class SessionStore:
             keep = data.rfind(b"\n") + 1
             warnings.append(f"{path}: the last line was cut off mid-write (a crash); dropped it "
                             f"({len(data) - keep} bytes)")
-            _truncate(path, keep)
+            if not read_only:
+                _truncate(path, keep)
             data = data[:keep]
         for number, line in enumerate(data.splitlines(), 1):
             event = _parse_line(line)
@@ -111,27 +118,76 @@ class SessionStore:
         return self.events[-1]["seq"] + 1 if self.events else 1
 
     def append(self, event: dict) -> None:
-        """One write of one whole line, so a crash can only tear the line being written."""
+        """One write of one whole line, so a crash can only tear the line being written. A full disk
+        (or a file size limit) can take part of a line and refuse the rest: that part is cut off
+        again, so the log on disk stays whole lines, and the event counts as not recorded."""
         line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        done = 0
         try:
-            os.write(self._fd, line)
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            while done < len(line):     # after a short write, the next one reports why (ENOSPC, EFBIG)
+                done += os.write(self._fd, memoryview(line)[done:])
         except OSError as e:
-            raise SessionFileError(self.path, f"cannot append to the session log ({e.strerror}); "
-                                   "free disk space or fix permissions of KHAELOR_HOME") from None
+            if done:
+                try:
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)
+                except OSError:
+                    pass                # still safe: the next open drops a torn last line
+            raise self._failed("cannot append to the session log", e) from None
         self.events.append(event)
 
     def sync(self) -> None:
         """fsync at loop boundaries (after a response, after a tool batch, at task end)."""
         if self._fd is not None:
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as e:
+                raise self._failed("cannot save the session log to disk", e) from None
 
     def close(self) -> None:
         if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise self._failed("cannot save the session log to disk", e) from None
+            finally:
+                os.close(fd)
+
+    def _failed(self, what: str, error: OSError) -> "SessionFileError":
+        return SessionFileError(self.path, f"{what} ({error.strerror}); the session up to here is intact. "
+                                "Free disk space or fix KHAELOR_HOME's permissions, then `khaelor -c` continues it")
+
+
+def meta_path(log_path: Path) -> Path:
+    return Path(log_path).with_suffix(".meta.json")
+
+
+def read_meta(log_path: Path) -> dict | None:
+    """The session's `.meta.json` cache, or None when it is missing, unreadable or stale (the log's
+    size or mtime changed since the cache was written)."""
+    try:
+        stat = os.stat(log_path)
+        meta = json.loads(meta_path(log_path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    fresh = isinstance(meta, dict) and meta.get("log_size") == stat.st_size and meta.get("log_mtime_ns") == stat.st_mtime_ns
+    return meta if fresh else None
+
+
+def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -> None:
+    """Atomically replace the cache, stamped with the log's size and mtime — `stat` taken before
+    the log was read, when another khaelor may be appending to it. A cache that cannot be written
+    is only a slower listing next time, so failures are ignored."""
+    target = meta_path(log_path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        stat = stat or os.stat(log_path)
+        tmp.write_text(json.dumps({**meta, "log_size": stat.st_size, "log_mtime_ns": stat.st_mtime_ns}))
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _parse_line(line: bytes) -> dict | None:
@@ -201,9 +257,15 @@ def history(events: list[dict]) -> list[dict]:
     pending, open_ids = [], set()
     for event in events[start:]:
         kind = event["type"]
+        if kind in TOOL_RESULT_EVENTS and any(b.get("id") == event["tool_use_id"] for b in pending):
+            # The response's closing line was lost (a damaged log); a result proves the response completed.
+            _close_calls(messages, open_ids)
+            messages.append({"role": "assistant", "content": pending})
+            open_ids, pending = {b["id"] for b in pending if b["type"] == "tool_use"}, []
         if kind in ("UserMessageCreated", "SteeringInjected", "VerificationRequested"):
             pending = []
             if event["text"]:
+                _close_calls(messages, open_ids)
                 _add_user_block(messages, {"type": "text", "text": event["text"]})
         elif kind == "ModelTextBlockCompleted":
             if event["text"]:
@@ -218,6 +280,7 @@ def history(events: list[dict]) -> list[dict]:
             pending = []
         elif kind == "ModelResponseCompleted":
             if pending:
+                _close_calls(messages, open_ids)
                 messages.append({"role": "assistant", "content": pending})
                 open_ids = {b["id"] for b in pending if b["type"] == "tool_use"}
             pending = []
@@ -229,6 +292,15 @@ def history(events: list[dict]) -> list[dict]:
                 block["is_error"] = True
             _add_user_block(messages, block)
     return messages
+
+
+def _close_calls(messages: list, open_ids: set) -> None:
+    """Every tool_use is answered before the conversation moves on. The kernel records a result for
+    each call, so this only acts on a damaged log (a skipped line held the result)."""
+    for tool_use_id in sorted(open_ids):
+        _add_user_block(messages, {"type": "tool_result", "tool_use_id": tool_use_id, "content": LOST_RESULT,
+                                   "is_error": True})
+    open_ids.clear()
 
 
 def _add_user_block(messages: list, block: dict) -> None:
@@ -281,12 +353,14 @@ def kernel_state(events: list[dict]) -> State:
         elif kind == "ToolRequested":
             attempt.append(event)
             calls[event["tool_use_id"]] = event
-            s.recent_calls = (s.recent_calls + [(event["name"], json.dumps(event["input"], sort_keys=True))])[-3:]
         elif kind == "ModelRequestFailed":
             attempt = []
             if not event.get("retrying"):
                 s.last_failure = event
         elif kind == "ModelResponseCompleted":
+            # Only calls of completed responses count: a retried stream repeats calls, the model did not.
+            s.recent_calls = (s.recent_calls + [(t["name"], json.dumps(t["input"], sort_keys=True))
+                                                for t in attempt])[-3:]
             s.pending_tools, attempt = attempt, []
             s.responses_in_turn += 1
             s.last_stop_reason = event["stop_reason"]
@@ -294,6 +368,7 @@ def kernel_state(events: list[dict]) -> State:
         elif kind == "ToolStarted":
             s.started_tools.add(event["tool_use_id"])
         elif kind in TOOL_RESULT_EVENTS:
+            attempt = [t for t in attempt if t["tool_use_id"] != event["tool_use_id"]]   # (a damaged log)
             call = calls.get(event["tool_use_id"])
             if kind in ("ToolCompleted", "ToolFailed") and call and call["name"] == "bash":
                 s.commands.append({"seq": event["seq"], "command": str(call["input"].get("command", "")),

@@ -58,7 +58,7 @@ class StreamReducer:
             self.message_id, self.model = event["message"].get("id"), event["message"].get("model")
             self.usage = merge_usage({}, event)
         elif kind == "content_block_start":
-            self.blocks[event["index"]] = dict(event["content_block"], partial="")
+            self.blocks[event["index"]] = dict(event["content_block"], parts=[])   # joined once, at the stop
         elif kind == "content_block_delta":
             return self._delta(self.blocks[event["index"]], event["delta"])
         elif kind == "content_block_stop":
@@ -76,35 +76,35 @@ class StreamReducer:
     def _delta(block: dict, delta: dict) -> list:
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = block.get("text", "") + delta["text"]
+            block["parts"].append(delta["text"])
             return [("TextDelta", {"text": delta["text"]})]
         if kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            block["parts"].append(delta["thinking"])
             return [("ThinkingDelta", {"text": delta["thinking"]})]
         if kind == "signature_delta":
             block["signature"] = block.get("signature", "") + delta["signature"]
         elif kind == "input_json_delta":
-            block["partial"] += delta["partial_json"]
+            block["parts"].append(delta["partial_json"])
             return [("ToolInputDelta", {"tool_use_id": block["id"], "partial_json": delta["partial_json"]})]
         return []
 
     @staticmethod
     def _close(block: dict) -> list:
-        kind = block["type"]
+        kind, streamed = block["type"], "".join(block["parts"])
         if kind == "text":
-            return [("ModelTextBlockCompleted", {"text": block.get("text", "")})]
+            return [("ModelTextBlockCompleted", {"text": block.get("text", "") + streamed})]
         if kind == "thinking":
-            return [("ModelThinkingBlockCompleted", {"thinking": block.get("thinking", ""),
+            return [("ModelThinkingBlockCompleted", {"thinking": block.get("thinking", "") + streamed,
                                                      "signature": block.get("signature", "")})]
         if kind == "redacted_thinking":
             return [("ModelThinkingBlockCompleted", {"redacted": block["data"]})]
         if kind == "tool_use":
             payload = {"tool_use_id": block["id"], "name": block["name"], "input": {}}
             try:
-                parsed = json.loads(block["partial"]) if block["partial"].strip() else {}
-            except ValueError as e:
+                parsed = json.loads(streamed) if streamed.strip() else {}
+            except (ValueError, RecursionError) as e:     # RecursionError: absurdly deep nesting
                 parsed = None
-                payload["input_error"] = f"the input was not valid JSON ({e}); it may have been cut off"
+                payload["input_error"] = f"the input was not valid JSON ({str(e)[:200]}); it may have been cut off"
             if isinstance(parsed, dict):
                 payload["input"] = parsed
             elif parsed is not None:
@@ -191,8 +191,8 @@ class Kernel:
         pending = events.kernel_state(self.log).pending_tools
         call, what = pending[-1], f"{pending[-1]['name']} call"
         request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"], capability=events.LOOP_CAPABILITY,
-                            descriptor=f"The model made the same {what} {DOOM_LOOP_REPEATS} times in a row. "
-                                       "Let it continue?", suggestion=None, preview=permission_preview(call))
+                            descriptor=f"continue after {DOOM_LOOP_REPEATS} identical {what}s in a row",
+                            suggestion=None, preview=permission_preview(call))
         choice, feedback = await self.ask(request)
         if choice != "deny":
             self.emit("PermissionGranted", tool_use_id=call["tool_use_id"], scope="once")

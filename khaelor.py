@@ -109,28 +109,64 @@ def open_session(args, home: Path, project_root: Path):
 
 
 def session_summary(store) -> dict:
+    """What a listing shows; cached in the session's .meta.json."""
     from model import price_of
     log = store.events
     totals = events.usage_totals(log)
     costs = [price_of(m, u) for m, u in totals.items()]
+    models = [e["model"] for e in log if e["type"] in ("SessionCreated", "ModelChanged")]
+    branch = next((e.get("branch") for e in reversed(log) if e["type"] == "BaselineRecorded" and e.get("git")), "")
     return {"id": store.session_id, "title": events.session_title(log),
-            "updated": log[-1]["ts"] if log else 0,
+            "created": log[0]["ts"] if log else 0, "updated": log[-1]["ts"] if log else 0,
             "tokens": sum(sum(u.values()) for u in totals.values()),
-            "cost": None if None in costs else sum(costs)}
+            "cost": None if None in costs else sum(costs), "model": models[-1] if models else "",
+            "branch": branch or ""}
+
+
+def list_sessions(home: Path, project_root: Path) -> list[dict]:
+    """Summaries of this project's sessions, newest first, from the .meta.json caches; a missing or
+    stale cache is rebuilt from its log (read-only: another khaelor may be writing it)."""
+    summaries = []
+    for path in reversed(events.list_session_files(events.sessions_dir(home, project_root))):
+        meta = events.read_meta(path)
+        if meta is None:
+            try:
+                stat = os.stat(path)
+                meta = session_summary(events.SessionStore.open(path, read_only=True))
+            except (OSError, KhaelorError):
+                continue        # vanished, unreadable or from a newer khaelor: not listable
+            events.write_meta(path, meta, stat)
+        summaries.append(meta)
+    return summaries
+
+
+def close_session(store) -> None:
+    """Close the log and refresh its .meta.json, so listings need not read the log again."""
+    store.close()
+    if store.events:
+        events.write_meta(store.path, session_summary(store))
+
+
+def age(ts_ms: int) -> str:
+    import time
+    seconds = max(0.0, time.time() - ts_ms / 1000)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"
 
 
 def cmd_sessions(home: Path, project_root: Path) -> int:
-    import time
-    files = events.list_session_files(events.sessions_dir(home, project_root))
-    if not files:
+    sessions = list_sessions(home, project_root)
+    if not sessions:
         print("no sessions in this project yet")
         return EXIT_OK
-    print(f"{'id':<30} {'updated':<17} {'tokens':>9} {'cost':>8}  title")
-    for path in reversed(files):
-        s = session_summary(events.SessionStore.open(path))
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s["updated"] / 1000)) if s["updated"] else "-"
+    print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
+    for s in sessions:
         cost = "?" if s["cost"] is None else f"${s['cost']:.4f}"
-        print(f"{s['id']:<30} {when:<17} {s['tokens']:>9} {cost:>8}  {s['title']}")
+        branch = f"  [{s['branch']}]" if s.get("branch") else ""
+        print(f"{s['id']:<30} {age(s['updated']) if s['updated'] else '-':>9} {s['tokens']:>9} {cost:>8}  "
+              f"{s['title'] or '(untitled)'}{branch}")
     return EXIT_OK
 
 
@@ -208,7 +244,22 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=No
 def new_client(on_status):
     import model
     return model.ModelClient(api_key=os.environ.get("ANTHROPIC_API_KEY") or None,
-                             auth_token=os.environ.get("ANTHROPIC_AUTH_TOKEN") or None, on_status=on_status)
+                             auth_token=os.environ.get("ANTHROPIC_AUTH_TOKEN") or None, on_status=on_status,
+                             read_timeout=env_seconds("KHAELOR_READ_TIMEOUT", model.READ_TIMEOUT_S))
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment (KHAELOR_READ_TIMEOUT=30), else `default`."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"{name}={value!r} is not a positive number of seconds")
+    return seconds
 
 
 def current_model(store, settings) -> str:
@@ -218,7 +269,8 @@ def current_model(store, settings) -> str:
 
 
 def final_text(log: list) -> str:
-    """The text of the last completed model response."""
+    """The text of the last completed model response, or the answer TaskCompleted delivers after
+    the verification gate held one back."""
     texts, answer = [], ""
     for event in log:
         if event["type"] == "ModelTextBlockCompleted":
@@ -227,6 +279,8 @@ def final_text(log: list) -> str:
             texts = []
         elif event["type"] == "ModelResponseCompleted":
             answer, texts = "\n\n".join(t for t in texts if t) or answer, []
+        elif event["type"] == "TaskCompleted" and event.get("answer"):
+            answer = event["answer"]
     return answer
 
 
@@ -237,23 +291,27 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     bus.subscribe(lambda e: e["type"] == "Status" and print(f"khaelor: {e['text']}", file=sys.stderr))
 
     async def ask(request: dict):
+        if request["capability"] == events.LOOP_CAPABILITY:
+            return "deny", ""       # a doom loop stops the run; TaskFailed says why
         # Silence is not consent: with nobody to answer, an ask is a denial.
         print(f"khaelor: denied {request['descriptor']!r} ({request['capability']}); nobody to ask in -p mode. "
               "Pass --yes, or allow it in .khaelor/config.json", file=sys.stderr)
         return "deny", ""
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root, ask)
-    if not store.events:
+    resumed = bool(store.events)
+    if not resumed:
         bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(project_root), model=settings["model"],
                  aux_model=settings["aux_model"], version=VERSION)
     kernel_.repair()
-    kernel_.submit(args.prompt)
     try:
+        await kernel_.record_baseline("resume" if resumed else "session start")
+        kernel_.submit(args.prompt)
         step = await kernel_.run()
     finally:
         await kernel_.toolbox.close()
         await kernel_.model.close()
-        store.close()
+        close_session(store)
     return report(args, store, step)
 
 
@@ -300,10 +358,14 @@ class Session:
         self.toolbox = tools.Toolbox(tools.Workspace(project_root), home, lambda *a, **k: self.bus.emit(*a, **k))
         self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
-        self._files, self.closed = None, False
+        self._files, self.closed, self.baseline = None, False, None
 
     def attach(self, store) -> None:
-        """Make `store` the current session (start, /new, /resume); UI subscribers carry over."""
+        """Make `store` the current session (start, /new, /resume); UI subscribers carry over. A
+        session that died with tool calls waiting (say, a permission question nobody answered)
+        goes on at once, so the question is asked again."""
+        import asyncio
+        resumed = bool(store.events)
         self.store, self.bus = store, events.Bus(store)
         self.bus.subscribe(lambda event: [fn(event) for fn in list(self.subscribers)])
         self.kernel = build_kernel(self.args, self.settings, store, self.bus, self.home, self.project_root,
@@ -312,6 +374,21 @@ class Session:
             self.bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(self.project_root),
                           model=self.kernel.ctx.model, aux_model=self.settings["aux_model"], version=VERSION)
         self.kernel.repair()
+        loop = asyncio.get_running_loop()
+        self.baseline = loop.create_task(self.kernel.record_baseline("resume" if resumed else "session start"))
+        state = events.kernel_state(store.events)
+        if state.turn_open and state.pending_tools:
+            self.turn = loop.create_task(self.kernel.run())
+
+    async def detach(self) -> None:
+        """Leave the current session (/new, /resume, quit): end its turn, then close its log."""
+        import asyncio
+        self.interrupt()
+        if self.turn is not None:
+            await asyncio.gather(self.turn, return_exceptions=True)
+        if self.baseline is not None:
+            self.baseline.cancel()
+        close_session(self.store)
 
     # -- ui.Controller
     @property
@@ -379,20 +456,18 @@ class Session:
                 "cost": None if None in costs else sum(costs),
                 "context_pct": None if last is None else 100 * (sum(last.values())) / window,
                 "cache_share": summed["cache_read_tokens"] / prompt if prompt else None,
-                "processes": len(self.toolbox.running_processes()), "branch": self.settings.get("branch", "")}
+                "processes": len(self.toolbox.running_processes()),
+                "branch": next((e.get("branch") or "" for e in reversed(log)
+                                if e["type"] == "BaselineRecorded" and e.get("git")), "")}
 
     async def quit(self) -> None:
         """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
-        import asyncio
         if self.closed:
             return
         self.closed = True
-        self.interrupt()
-        if self.turn is not None:
-            await asyncio.gather(self.turn, return_exceptions=True)
+        await self.detach()
         await self.toolbox.close()
         await self.client.close()
-        self.store.close()
 
     # -- slash commands (one table drives dispatch, /help and completion)
     async def cmd_help(self, _):
@@ -400,26 +475,28 @@ class Session:
                          for name, (_, usage, text) in sorted(COMMANDS.items()))
 
     async def cmd_new(self, _):
-        self.interrupt()
-        self.store.close()
+        await self.detach()
         self.attach(events.SessionStore.create(events.sessions_dir(self.home, self.project_root)))
         return f"new session {self.store.session_id}"
 
     async def cmd_sessions(self, _):
-        files = events.list_session_files(events.sessions_dir(self.home, self.project_root))
-        rows = [session_summary(events.SessionStore.open(f)) for f in reversed(files[-20:])]
-        return "\n".join(f"- `{r['id']}` {r['title'] or '(untitled)'} · {r['tokens']} tokens · "
-                         + ("cost ?" if r["cost"] is None else f"${r['cost']:.4f}") for r in rows) or "no sessions"
+        import asyncio
+        # Off the loop: a first listing may rebuild many caches from their logs.
+        rows = (await asyncio.to_thread(list_sessions, self.home, self.project_root))[:20]
+        return "\n".join(f"- `{r['id']}`{' (this one)' if r['id'] == self.store.session_id else ''} "
+                         f"{r['title'] or '(untitled)'} · {age(r['updated'])} · {r['tokens']} tokens · "
+                         + ("cost ?" if r["cost"] is None else f"${r['cost']:.4f}") for r in rows) \
+            + "\n\n`/resume ID` continues one (a unique prefix of the id is enough)." if rows else "no sessions"
 
     async def cmd_resume(self, prefix):
         if not prefix:
             return await self.cmd_sessions("")
         args = argparse.Namespace(resume=prefix, continue_=False)
         store = open_session(args, self.home, self.project_root)
-        self.interrupt()
-        self.store.close()
+        await self.detach()
         self.attach(store)
-        return f"resumed {store.session_id}: {events.session_title(store.events)}"
+        return f"resumed `{store.session_id}`: {events.session_title(store.events) or '(untitled)'}" \
+            + recap(store.events)
 
     async def cmd_rename(self, title):
         if not title:
@@ -455,14 +532,25 @@ class Session:
         return f"model set to {name}"
 
     async def cmd_diff(self, _):
-        diffs = [e["diff"] for e in self.store.events if e["type"] == "FileModified"]
-        return "```diff\n" + "\n".join(diffs) + "\n```" if diffs else "no changes by khaelor in this session"
+        import asyncio
+
+        import context
+        now = await asyncio.to_thread(self.kernel.ctx.baseline)    # git status, read-only
+        return context.diff_report(self.store.events, [d["path"] for d in now.get("dirty") or []])
 
     async def cmd_undo(self, _):
-        for event in reversed(self.store.events):
-            if event["type"] == "FileModified" and self.toolbox.edit_history:
-                return self.toolbox.undo(event["path"]).text
-        return "nothing to undo"
+        """khaelor's newest edit not undone yet goes back, byte for byte (the toolbox's history)."""
+        if self.busy:
+            return "khaelor is working; wait for the turn to end (or press Esc) before /undo"
+        edited = []
+        for event in self.store.events:
+            if event["type"] == "FileModified" and event["tool_use_id"] != UNDO_ID:
+                edited.append(event["path"])
+            elif event["type"] == "FileModified" and event["path"] in edited:
+                del edited[len(edited) - 1 - edited[::-1].index(event["path"])]
+        if not edited:
+            return "nothing to undo"
+        return self.toolbox.undo(edited[-1], UNDO_ID).text
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
@@ -475,6 +563,34 @@ class Session:
     async def cmd_quit(self, _):
         import ui
         return ui.QUIT
+
+
+UNDO_ID = "undo"    # the tool_use_id of the FileModified an /undo records
+
+
+def recap(log: list, n_turns: int = 3) -> str:
+    """The last few exchanges of a resumed session, as markdown quotes (the UI shows the full
+    conversation only for sessions opened at start-up)."""
+    turns, texts = [], []
+    for event in log:
+        kind = event["type"]
+        if kind == "UserMessageCreated":
+            turns.append([event["text"], ""])
+            texts = []
+        elif kind == "ModelTextBlockCompleted":
+            texts.append(event["text"])
+        elif kind in ("ModelResponseCompleted", "ModelRequestFailed"):
+            if kind == "ModelResponseCompleted" and turns and any(texts):
+                turns[-1][1] = "\n\n".join(t for t in texts if t)
+            texts = []
+        elif kind == "TaskCompleted" and event.get("answer") and turns:
+            turns[-1][1] = event["answer"]
+    lines = []
+    for asked, answered in turns[-n_turns:]:
+        lines.append("\n> **you:** " + " ".join(asked.split())[:300])
+        if answered:
+            lines.append("> **khaelor:** " + " ".join(answered.split())[:500])
+    return "\n" + "\n".join(lines) if lines else ""
 
 
 COMMANDS = {   # name: (handler, usage, what it does)
@@ -544,10 +660,10 @@ def main(argv: list | None = None) -> int:
         args = parse_args(argv)
         if args.prompt is not None:
             import model
+            require_api_key()     # these two are quick; an exit during the import must wait for it
+            settings = load_settings(args, home, project_root)
             model.preload()   # the SDK import (~2 s) overlaps with the rest of start-up
             args.prompt = read_prompt(args)
-            require_api_key()
-            settings = load_settings(args, home, project_root)
             store = open_session(args, home, project_root)
             for warning in store.warnings:
                 print(f"khaelor: warning: {warning}", file=sys.stderr)
@@ -581,10 +697,12 @@ def report_crash(error: Exception, home: Path) -> int:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so `finally` blocks stop processes and sync the log."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop processes
+    and sync the log. The interactive UI installs its own handlers while it runs."""
     def handler(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ DEFAULT_AUX_MODEL = "claude-haiku-5-5"
 MAX_ATTEMPTS = 5            # one call plus four retries
 BASE_DELAY_S = 0.5          # jittered exponential: 0.5, 1, 2, 4 … capped below
 MAX_DELAY_S = 30.0          # also caps a server's retry-after, so a run never sleeps for hours
-READ_TIMEOUT_S = 120.0      # no byte (not even a ping) for this long: the stream is stalled
+READ_TIMEOUT_S = 120.0      # no byte (not even a ping) for this long: the stream is stalled (env KHAELOR_READ_TIMEOUT)
 
 # $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
 PRICES = {
@@ -59,8 +59,10 @@ def _sdk():
 
 
 def preload() -> None:
-    """Start importing the SDK in a background thread so it is ready when the first request goes."""
-    threading.Thread(target=_sdk, name="khaelor-sdk-import", daemon=True).start()
+    """Start importing the SDK in a background thread so it is ready when the first request goes.
+    Not a daemon: an exit during the import waits for it, because finalizing the interpreter under
+    a daemon thread that is inside the SDK's native extension aborts the process (SIGABRT)."""
+    threading.Thread(target=_sdk, name="khaelor-sdk-import").start()
 
 
 def price_of(model: str, usage: dict, prices: dict | None = None) -> float | None:
@@ -186,6 +188,9 @@ def classify(exc: BaseException) -> ModelError:
     if isinstance(exc, TypeError) and "authentication" in str(exc):
         return ModelError("auth", "no API key: set ANTHROPIC_API_KEY")
     import httpx2  # the SDK's transport; failures after the stream began are not wrapped by the SDK
+    if isinstance(exc, httpx2.TimeoutException):
+        return ModelError("retryable", f"the stream stalled ({type(exc).__name__}: no data within the read "
+                          "timeout; KHAELOR_READ_TIMEOUT sets it)")
     if isinstance(exc, httpx2.TransportError):
         return ModelError("retryable", f"the connection failed mid-stream ({type(exc).__name__}: {exc})")
     return ModelError("invalid_request", f"unexpected client error {type(exc).__name__}: {exc}")

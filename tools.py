@@ -10,6 +10,8 @@ Must not: judge whether a call is allowed (permissions.py does), import anything
 import asyncio
 import codecs
 import difflib
+import errno
+import json
 import mimetypes
 import os
 import re
@@ -53,6 +55,8 @@ BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor
 TOOL_ORDER = ("read", "write", "edit", "grep", "glob", "bash", "process")
 
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
+SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")   # khaelor's own credentials, masked in all tool output
+SECRET_MASK = "[redacted: khaelor's API credential]"
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb"}
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 # Magic numbers, to tell the model what a binary file is.
@@ -346,11 +350,13 @@ class Toolbox:
             result = ToolResult(str(exc), True, exc.meta)
         except OSError as exc:
             where = f" ({exc.filename})" if exc.filename else ""
-            result = ToolResult(f"{exc.strerror or exc}{where}. Check the path and permissions, then retry or "
-                                "try another approach.", True, {"error": type(exc).__name__})
+            hint = ("The command is too long for the system to start; write it to a script file and run that."
+                    if exc.errno == errno.E2BIG else "Check the path and permissions, then retry or try another approach.")
+            result = ToolResult(f"{exc.strerror or exc}{where}. {hint}", True, {"error": type(exc).__name__})
         except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
             result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
                                 "bug. Try a different approach.", True, {"error": "internal"})
+        result.text = _mask_secrets(result.text)
         return _budget(result, self.spill_dir, tool_use_id or name)
 
     async def close(self) -> None:
@@ -414,6 +420,7 @@ class Toolbox:
     def _report_change(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
         shown = self.workspace.display(path)
         added, removed, diff = _diff(shown, _decode_text(before or b"")[0], _decode_text(after)[0])
+        diff = _mask_secrets(diff)
         self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed, diff=diff,
                   created=before is None)
         return added, removed
@@ -564,10 +571,24 @@ class _LineCleaner:
 
     @staticmethod
     def clean(text: str) -> str:
-        text = ANSI_RE.sub("", text)
+        text = _mask_secrets(ANSI_RE.sub("", text))
         if "\r" not in text:
             return text
         return "\n".join(line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n"))
+
+def _mask_secrets(text: str) -> str:
+    """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
+    shows it (env, printenv, a .env file). Commands still get it in their environment."""
+    for name in SECRET_ENV:
+        secret = os.environ.get(name)
+        if secret and len(secret) >= 8 and secret in text:
+            text = text.replace(secret, SECRET_MASK)
+    return text
+
+
+def _one_line(name: str) -> str:
+    """A path as one line of a listing: with a newline or another control character in it, JSON-quoted."""
+    return json.dumps(name, ensure_ascii=False) if any(ord(c) < 32 or c == "\x7f" for c in name) else name
 
 # ---------------------------------------------------------------- process groups
 
@@ -724,6 +745,9 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 
 def _missing(ws: Workspace, path: Path) -> ToolError:
     """A missing path, with up to three existing ones the model probably meant."""
+    if os.path.islink(path):
+        return ToolError(f"{_one_line(ws.display(path))} is a symbolic link to nothing: its target is missing or "
+                         "the link loops back on itself.", error="broken_link")
     near = []
     if path.is_absolute() and (ws.cwd / str(path).lstrip("/")).exists():    # "/src/app.py" meant the project's
         near.append(ws.display(ws.cwd / str(path).lstrip("/")))
@@ -734,15 +758,16 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
         names = os.listdir(parent)
     except OSError:
         names = []
-    near += [ws.display(parent / name) for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)]
+    near += [_one_line(ws.display(parent / name))
+             for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)]
     near = list(dict.fromkeys(near))[:3]
     hint = f" Did you mean: {', '.join(near)}?" if near else " Use glob to find files by name."
-    return ToolError(f"{ws.display(path)} does not exist.{hint}", error="not_found")
+    return ToolError(f"{_one_line(ws.display(path))} does not exist.{hint}", error="not_found")
 
 
 def _listing(ws: Workspace, path: Path) -> ToolResult:
     entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
-    shown = [entry.name + ("/" if entry.is_dir() else "") for entry in entries[:LISTING_CAP]]
+    shown = [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in entries[:LISTING_CAP]]
     more = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
     return ToolResult(f"{ws.display(path)}/ is a directory:\n" + ("\n".join(shown) or "(empty directory)") + more,
                       meta={"entries": len(entries)})
@@ -1227,7 +1252,9 @@ async def _list_files(box: Toolbox, root: Path) -> list[str]:
     always applied by us, to this list."""
     if not box.ripgrep:
         return await asyncio.to_thread(_candidates, box.workspace, root)
-    lines, _ = await _rg_lines(box, ["--files", "--hidden", "--no-messages", "--glob", "!.git"], root, 10**7)
+    # NUL-separated: a file name may hold a newline
+    lines, _ = await _rg_lines(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
+                               10**7, end=b"\0")
     return [line.removeprefix("./") for line in lines]
 
 
@@ -1240,14 +1267,14 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-async def _rg_lines(box: Toolbox, argv: list[str], cwd: Path, cap: int) -> tuple[list[str], int]:
-    """ripgrep's output lines (at most `cap`; then it is stopped) and its exit code."""
+async def _rg_lines(box: Toolbox, argv: list[str], cwd: Path, cap: int, end: bytes = b"\n") -> tuple[list[str], int]:
+    """ripgrep's output records ending in `end` (at most `cap`; then it is stopped) and its exit code."""
     child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd)
     lines = []
     try:
         async with asyncio.timeout(SEARCH_TIMEOUT_S):
-            while len(lines) < cap and (line := await child.stdout.readline()):
-                lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+            while len(lines) < cap and (line := await _read_record(child.stdout, end)):
+                lines.append(line.decode("utf-8", "replace").removesuffix(end.decode()))
             _kill_group(child.pid)
             await child.proc.wait()
     except TimeoutError:
@@ -1257,6 +1284,13 @@ async def _rg_lines(box: Toolbox, argv: list[str], cwd: Path, cap: int) -> tuple
         _kill_group(child.pid)
         child.close_pipes()
     return lines, child.proc.returncode
+
+
+async def _read_record(stream: asyncio.StreamReader, end: bytes) -> bytes:
+    try:
+        return await stream.readuntil(end)
+    except asyncio.IncompleteReadError as exc:      # the last record, without its end
+        return exc.partial
 
 
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
@@ -1269,7 +1303,7 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
             "engine": "ripgrep" if box.ripgrep else "python"}
     if not files:
         return ToolResult(f"No files match {pattern!r} under {ws.display(root)}.", meta=meta)
-    shown = "\n".join(ws.display(root / rel) for rel in files[:SEARCH_RESULT_CAP])
+    shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:
         shown += (f"\n\n(Showing the {SEARCH_RESULT_CAP} most recently modified of {len(files):,} matching files. "
                   "Narrow the pattern or pass a path to see others.)")
@@ -1309,8 +1343,13 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include
         raise _bad_pattern(pattern, " ".join(line.strip() for line in lines)[:500])
     hits: dict[str, list[tuple[int, str]]] = {}
     keep = _glob_matcher(include) if include else None
+    carry = ""
     for line in lines:
-        rel, _, rest = line.partition("\0")
+        if "\0" not in line:     # a file name with a newline in it: its record goes on in the next line
+            carry += line + "\n"
+            continue
+        rel, _, rest = (carry + line).partition("\0")
+        carry = ""
         number, _, text = rest.partition(":")
         rel = rel.removeprefix("./")
         if number.isdigit() and (keep is None or keep(rel)):
@@ -1326,7 +1365,10 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path, include
     hits, n_hits = {}, 0
     for rel in files:
         try:
-            data = (root / rel).read_bytes()
+            with open(root / rel, "rb") as handle:
+                data = handle.read(8192)
+                if b"\0" not in data:      # a binary file (even a 1 GB one) is judged by its head
+                    data += handle.read()
         except OSError:
             continue
         if b"\0" in data:                   # binary, as ripgrep judges it
@@ -1356,7 +1398,7 @@ def _grep_report(ws: Workspace, root: Path, hits: dict, pattern: str, engine: st
                 break
             text = text.rstrip("\r")
             text = text if len(text) <= GREP_LINE_CHARS else text[:GREP_LINE_CHARS] + "… [line cut]"
-            out.append(f"{ws.display(root / rel)}:{number}: {text}")
+            out.append(f"{_one_line(ws.display(root / rel))}:{number}: {text}")
     if total > SEARCH_RESULT_CAP:
         counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines in {len(hits):,} files, most "

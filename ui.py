@@ -88,7 +88,6 @@ SYNC_BEGIN = CSI + "?2026h"         # synchronized output: terminals that know i
 SYNC_END = CSI + "?2026l"
 SGR = CSI + "{}m"
 SGR_RESET = CSI + "0m"
-PASTE_BEGIN = CSI + "200~"
 PASTE_END = CSI + "201~"
 
 SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")        # captures, so SGR_RE.split keeps them
@@ -149,18 +148,15 @@ def clip(line: str, width: int) -> str:
     """Cut a styled line to `width` cells, marking the cut with an ellipsis."""
     if visible_width(line) <= width:
         return line
-    out, used = [], 0
+    out, room = [], width - 1
     for piece in SGR_RE.split(line):
-        if piece.startswith(ESC):
-            out.append(piece)
-            continue
-        for ch in piece:
-            w = char_width(ch)
-            if used + w > width - 1:
-                return "".join(out) + "…" + (SGR_RESET if ESC in line else "")
-            out.append(ch)
-            used += w
-    return "".join(out)
+        if not piece.startswith(ESC):
+            piece, cut = split_at_width(piece, room)
+            room -= cell_width(piece)
+            if cut:
+                return "".join(out) + piece + "…" + (SGR_RESET if ESC in line else "")
+        out.append(piece)
+    return line
 
 
 def sanitize(text: str) -> str:
@@ -198,10 +194,6 @@ def detect_color(stream, env=None) -> bool:
 Span = tuple[str, tuple[str, ...]]   # a run of text and the style roles it carries
 
 
-def join_runs(runs: list[list], style: Style) -> str:
-    return "".join(style.paint(text, *roles) for text, roles in runs)
-
-
 def _add_run(runs: list[list], text: str, roles: tuple) -> None:
     if runs and runs[-1][1] == roles:
         runs[-1][0] += text
@@ -209,66 +201,48 @@ def _add_run(runs: list[list], text: str, roles: tuple) -> None:
         runs.append([text, roles])
 
 
-def wrap_spans(spans: Iterable[Span], width: int, style: Style,
-               first: str = "", rest: str = "") -> list[str]:
-    """Word-wrap styled spans to `width` cells; whitespace collapses to single spaces.
-    `first` and `rest` are styled prefixes for the first and following lines."""
+def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "", rest: str = "",
+               hard: bool = False) -> list[str]:
+    """Wrap styled spans to `width` cells behind the styled prefixes `first` (first line) and
+    `rest`. Word wrap collapses whitespace to single spaces and breaks only a word longer than a
+    line; `hard` keeps every space and breaks anywhere (code, diffs)."""
     lines: list[str] = []
     rest_width = visible_width(rest)
     prefix, start = first, visible_width(first)
     width = max(width, start + 1, rest_width + 1)
     used, runs, space = start, [], False
+
+    def new_line() -> None:
+        nonlocal prefix, start, used, runs
+        lines.append(prefix + "".join(style.paint(text, *roles) for text, roles in runs))
+        prefix, start, used, runs = rest, rest_width, rest_width, []
+
     for text, roles in spans:
-        if text[:1].isspace():
-            space = True
-        for word in text.split():
+        space = space or text[:1].isspace()
+        for word in [text] if hard else text.split():
             w = cell_width(word)
-            gap = 1 if space and used > start else 0
-            if used + gap + w > width and used > start:
-                lines.append(prefix + join_runs(runs, style))
-                prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
+            gap = 0 if hard or not space or used == start else 1
+            if used + gap + w > width and used > start and not hard:
+                new_line()
+                gap = 0
             if gap:
-                _add_run(runs, " ", runs[-1][1] if runs and runs[-1][1] == roles else ())
-            while used + gap + w > width:       # a word longer than a whole line: break it
-                head, rest_of_word = split_at_width(word, width - used - gap)
+                _add_run(runs, " ", runs[-1][1] if runs[-1][1] == roles else ())
+            while word and used + gap + w > width:      # longer than the room left: break it
+                head, word = split_at_width(word, width - used - gap)
                 if not head and used == start:  # narrower than one wide char: overflow by one
-                    head, rest_of_word = word[:1], word[1:]
-                word = rest_of_word
+                    head, word = word[:1], word[1:]
                 if head:
                     _add_run(runs, head, roles)
-                lines.append(prefix + join_runs(runs, style))
-                prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
-                w = cell_width(word)
+                used += gap + cell_width(head)
+                gap, w = 0, cell_width(word)
+                if word:
+                    new_line()
             if word:
                 _add_run(runs, word, roles)
                 used += gap + w
             space = True
         space = text[-1:].isspace() if text else space
-    lines.append(prefix + join_runs(runs, style))
-    return lines
-
-
-def hard_wrap_spans(spans: Iterable[Span], width: int, style: Style, indent: str = "") -> list[str]:
-    """Wrap preserving every space (code, diffs); continuation lines start with `indent`."""
-    lines: list[str] = []
-    runs: list[list] = []
-    used, width = 0, max(width, len(indent) + 1)
-    for text, roles in spans:
-        while text:
-            room = width - used
-            if cell_width(text) <= room:
-                head, text = text, ""
-            else:
-                head, text = split_at_width(text, room) if room > 0 else ("", text)
-                if not head and used == len(indent):
-                    head, text = text[:1], text[1:]
-            if head:
-                _add_run(runs, head, roles)
-                used += cell_width(head)
-            if text:
-                lines.append(join_runs(runs, style))
-                runs, used = ([[indent, ()]] if indent else []), len(indent)
-    lines.append(join_runs(runs, style))
+    new_line()
     return lines
 
 
@@ -311,33 +285,36 @@ CODE_TOKEN_RES = {"#": _code_token_re("#"), "//": _code_token_re("//"),
                   "--": _code_token_re(r"--\s"), "": _code_token_re("#|//")}
 
 
+def regex_spans(pattern: re.Pattern, text: str, styled: Callable, roles: tuple = ()) -> list[Span]:
+    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans (None: plain text)."""
+    spans: list[Span] = []
+    pos = 0
+    for m in pattern.finditer(text):
+        if (matched := styled(m)) is not None:
+            spans += ([(text[pos:m.start()], roles)] if m.start() > pos else []) + matched
+            pos = m.end()
+    return spans + ([(text[pos:], roles)] if pos < len(text) else [])
+
+
 def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
     """Bold, italic, strike, `code` and [links](url) as spans. Monochrome keeps the markdown as
     written: the markers are the meaning there."""
     if not style.color or not any(c in text for c in "*_`[~"):
         return [(text, roles)]
-    spans: list[Span] = []
-    pos = 0
-    for m in INLINE_RE.finditer(text):
-        if m.start() > pos:
-            spans.append((text[pos:m.start()], roles))
-        if m.group("ticks"):
-            code = m.group("code")
-            spans.append((code[1:-1] if code[:1] == code[-1:] == " " and len(code) > 2 else code,
-                          roles + ("code",)))
-        elif m.group("link"):
-            spans.extend(inline_spans(m.group("link"), style, roles + ("link",)))
-            url = m.group("url")
-            if url != m.group("link") and not url.startswith("#"):
-                spans.append((f" ({url})", roles + ("dim",)))
-        else:
-            name = next(k for k in ("bold", "bold2", "strike", "italic", "italic2") if m.group(k))
-            role = {"bold2": "bold", "italic2": "italic"}.get(name, name)
-            spans.extend(inline_spans(m.group(name), style, roles + (role,)))
-        pos = m.end()
-    if pos < len(text):
-        spans.append((text[pos:], roles))
-    return spans
+
+    def styled(m: re.Match) -> list[Span]:
+        if code := m["code"]:
+            return [(code[1:-1] if code[:1] == code[-1:] == " " and len(code) > 2 else code,
+                     roles + ("code",))]
+        if link := m["link"]:
+            url = m["url"]
+            shown = url != link and not url.startswith("#")
+            return (inline_spans(link, style, roles + ("link",))
+                    + [(f" ({url})", roles + ("dim",))] * shown)
+        name = next(k for k in ("bold", "bold2", "strike", "italic", "italic2") if m[k])
+        return inline_spans(m[name], style, roles + (name.rstrip("2"),))
+
+    return regex_spans(INLINE_RE, text, styled, roles)
 
 
 def highlight_code(line: str, lang: str) -> list[Span]:
@@ -348,24 +325,14 @@ def highlight_code(line: str, lang: str) -> list[Span]:
         return [(line, (role,) if role else ())]
     comment = ("#" if lang in HASH_COMMENT_LANGS else "//" if lang in SLASH_COMMENT_LANGS
                else "--" if lang in DASH_COMMENT_LANGS else "")
-    spans: list[Span] = []
-    pos = 0
-    for m in CODE_TOKEN_RES[comment].finditer(line):
-        kind = m.lastgroup
-        if kind == "word" and m.group() not in KEYWORDS:
-            continue
-        if m.start() > pos:
-            spans.append((line[pos:m.start()], ()))
-        spans.append((m.group(), ("keyword",) if kind == "word" else (kind,)))
-        pos = m.end()
-    if pos < len(line):
-        spans.append((line[pos:], ()))
-    return spans
+    return regex_spans(CODE_TOKEN_RES[comment], line, lambda m: (
+        [(m[0], (m.lastgroup,))] if m.lastgroup != "word"
+        else [(m[0], ("keyword",))] if m[0] in KEYWORDS else None))
 
 
 def render_code_line(line: str, lang: str, width: int, style: Style) -> list[str]:
     spans = highlight_code(line, lang) if style.color else [(line, ())]
-    return hard_wrap_spans(spans, width, style)
+    return wrap_spans(spans, width, style, hard=True)
 
 
 def render_fence_line(line: str, width: int, style: Style) -> list[str]:
@@ -382,9 +349,8 @@ def render_heading(marks: str, text: str, width: int, style: Style) -> list[str]
 def render_list_item(indent: str, marker: str, text: str, width: int, style: Style) -> list[str]:
     level = min(len(indent.expandtabs(4)) // 2, 6)
     bullet = marker if marker[0].isdigit() else ("•" if level % 2 == 0 else "◦")
-    for box, symbol in (("[ ] ", "☐ "), ("[x] ", "☑ "), ("[X] ", "☑ ")):
-        if text.startswith(box):
-            bullet, text = symbol.strip(), text[len(box):]
+    if box := {"[ ] ": "☐", "[x] ": "☑", "[X] ": "☑"}.get(text[:4]):
+        bullet, text = box, text[4:]
     first = "  " * level + style.paint(bullet, "bullet") + " "
     return wrap_spans(inline_spans(text, style), width, style, first, " " * visible_width(first))
 
@@ -462,18 +428,15 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
                 i += 1
             bar = style.paint("│ ", "quote")
             out += [bar + row for row in render_block(inner, max(width - 2, 8), style)]
-        elif m := LIST_RE.match(line):
-            parts, i = [m.group(3)], i + 1
-            while i < len(lines) and not _starts_block(lines, i):   # continuation lines
-                parts.append(lines[i].strip())
-                i += 1
-            out += render_list_item(m.group(1), m.group(2), " ".join(parts), width, style)
-        else:
+        else:                       # a list item or a paragraph, with its continuation lines
             j = i + 1
             while j < len(lines) and not _starts_block(lines, j):
                 j += 1
-            text = " ".join(row.strip() for row in lines[i:j])
-            out += wrap_spans(inline_spans(text, style), width, style)
+            m = LIST_RE.match(line)
+            text = " ".join([m.group(3) if m else line.strip()]
+                            + [row.strip() for row in lines[i + 1:j]])
+            out += (render_list_item(m.group(1), m.group(2), text, width, style) if m
+                    else wrap_spans(inline_spans(text, style), width, style))
             i = j
     return out
 
@@ -505,8 +468,8 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
         else:
             number, roles, old, new = new, (), old + 1, new + 1
         shown = {"+": "+", "-": "−"}.get(sign, " ")
-        out += hard_wrap_spans([(f"{number:>4} {shown} ", roles), (body, roles)], width, style,
-                               indent=" " * 7)
+        out += wrap_spans([(f"{number:>4} {shown} ", roles), (body, roles)], width, style,
+                          rest=" " * 7, hard=True)
     return out
 
 
@@ -527,64 +490,56 @@ class MarkdownStream:
 
     def __init__(self, style: Style, width: int):
         self.style, self.width = style, width
+        self.n_fed = 0                   # characters fed so far (also the live-render cache key)
         self._settled: list[str] = []
         self._block: list[str] = []      # complete source lines of the unsettled block
-        self._block_chars = 0
-        self._generation = 0             # bumps when the block settles (live-render cache key)
         self._partial = ""               # the incomplete last line
         self._fence = ""                 # closing marker of the open fence, "" outside one
         self._lang = ""
         self._emitted = False
         self._blank_pending = False
-        self._live_cache: tuple = ((), [])
+        self._live_cache: tuple = (None, [])
 
     def feed(self, text: str) -> None:
-        if "\n" in text:
-            *complete, self._partial = (self._partial + text).split("\n")
-            for line in complete:
-                self._take_long_line(line, complete=True)
-        else:
-            self._partial += text
-        if len(self._partial) > MAX_LINE_CHARS:
-            self._partial = self._take_long_line(self._partial, complete=False)
+        self.n_fed += len(text)
+        *complete, partial = (self._partial + text).split("\n")
+        for line in complete:
+            self._take_line(self._cut_long(line))
+        self._partial = self._cut_long(partial)
 
     def finish(self) -> None:
         if self._partial:
-            self._take_long_line(self._partial, complete=True)
-            self._partial = ""
+            self._take_line(self._partial)
         self._settle_block()
-        self._fence = ""
+        self._partial, self._fence, self._live_cache = "", "", (None, [])
 
     def take_settled(self) -> list[str]:
         lines, self._settled = self._settled, []
         return lines
 
     def live_lines(self) -> list[str]:
-        key = (self._generation, len(self._block), self._partial, self.width, self._fence)
-        if key != self._live_cache[0]:
+        if self._live_cache[0] != (self.n_fed, self.width):
             partial = sanitize(self._partial)
             if self._fence:
                 lines = render_code_line(partial, self._lang, self.width, self.style) if partial else []
             else:
                 tail = self._block + ([partial] if partial.strip() else [])
                 lines = render_block(tail, self.width, self.style)
-            self._live_cache = (key, lines)
+            self._live_cache = ((self.n_fed, self.width), lines)
         return self._live_cache[1]
 
-    def _take_long_line(self, line: str, complete: bool) -> str:
-        """Cut over-long lines at a space (a soft line break in markdown, so nothing changes
-        meaning); returns what is left when the line is not yet complete."""
+    def _cut_long(self, line: str) -> str:
+        """Take an over-long line in pieces cut at a space (a soft line break in markdown, so
+        nothing changes meaning); returns the rest."""
         while len(line) > MAX_LINE_CHARS:
             cut = line.rfind(" ", 0, MAX_LINE_CHARS)
             head, line = (line[:cut], line[cut + 1:]) if cut > 0 else \
                 (line[:MAX_LINE_CHARS], line[MAX_LINE_CHARS:])
-            self._take_line(sanitize(head))
-        if complete:
-            self._take_line(sanitize(line))
-            return ""
+            self._take_line(head)
         return line
 
     def _take_line(self, line: str) -> None:
+        line = sanitize(line)
         if self._fence:
             if line.strip().startswith(self._fence) and not line.strip().strip(self._fence[0]):
                 self._emit(render_fence_line(line, self.width, self.style))
@@ -603,17 +558,15 @@ class MarkdownStream:
             self._emit(render_block([line], self.width, self.style))
         else:
             self._block.append(line)
-            self._block_chars += len(line)
             factor = TABLE_CAP_FACTOR if _starts_table(self._block, 0) else 1
             if (len(self._block) >= MAX_BLOCK_LINES * factor
-                    or self._block_chars >= MAX_BLOCK_CHARS * factor):
+                    or sum(map(len, self._block)) >= MAX_BLOCK_CHARS * factor):
                 self._settle_block()
 
     def _settle_block(self) -> None:
         if self._block:
             self._emit(render_block(self._block, self.width, self.style))
-            self._block, self._block_chars = [], 0
-            self._generation += 1
+            self._block = []
 
     def _emit(self, lines: list[str]) -> None:
         if self._blank_pending:     # blank lines are written only between blocks, never trailing
@@ -647,6 +600,9 @@ PHASES = {"ModelStarted": "waiting for the model", "ToolInputDelta": "preparing 
           "TextDelta": "writing", "ThinkingDelta": "thinking", "ToolStarted": None,
           "ToolRequested": "", "ModelResponseCompleted": "", "TaskCompleted": "",
           "TaskFailed": "", "Interrupted": ""}
+# Events that first settle whatever is still streaming (text, thinking).
+FLUSHING = frozenset({"UserMessageCreated", "ModelResponseCompleted", "TaskCompleted",
+                      "TaskFailed", "Interrupted", "ToolRequested", "PermissionRequested"})
 ERROR_WORDS = {
     "retryable": "The API is unavailable right now",
     "context_overflow": "The conversation no longer fits in the model's context",
@@ -681,22 +637,26 @@ def tool_summary(name: str, tool_input: dict) -> str:
 
 
 def meta_facts(meta: dict) -> list[str]:
-    facts = []
-    for key, noun in (("lines", "lines"), ("matches", "matches"), ("files", "files")):
-        if isinstance(meta.get(key), int):
-            facts.append(f"{meta[key]} {noun}")
+    facts = [f"{meta[key]} {key}" for key in ("lines", "matches", "files")
+             if isinstance(meta.get(key), int)]
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
         facts.append(format_duration(meta["duration_ms"]))
-    facts += [word for key, word in (("timed_out", "timed out"), ("truncated", "truncated"))
-              if meta.get(key)]
-    return facts
+    return facts + [word for key, word in (("timed_out", "timed out"), ("truncated", "truncated"))
+                    if meta.get(key)]
+
+
+def change_counts(change: dict) -> str:
+    return f"+{change.get('added', 0)} −{change.get('removed', 0)}"
+
+
+def rule_text(suggestion: dict) -> str:
+    return f"{suggestion.get('capability', '?')} {suggestion.get('pattern', '*')}"
 
 
 @dataclass
 class ToolCard:
-    tool_use_id: str
     name: str
     summary: str
     started: float | None = None        # time.monotonic() at ToolStarted (live elapsed)
@@ -706,40 +666,21 @@ class ToolCard:
     changes: list[dict] = field(default_factory=list)   # FileModified events of this call
 
 
-def card_head(symbol: str, name: str, summary: str, facts: list[str], width: int,
-              style: Style) -> str:
-    """`● bash pytest -q · exit 0 · 3.2s`: the summary shrinks so the facts always show."""
-    tail = "".join(" · " + f for f in facts)
-    room = width - cell_width(name) - cell_width(tail) - 3
-    summary = clip(summary, max(room, 8)) if summary else ""
-    return clip(f"{symbol} {style.paint(name, 'bold')} {summary}{style.paint(tail, 'dim')}", width)
-
-
-def render_preview(lines: list[str], n_total: int, width: int, style: Style) -> list[str]:
-    out = []
-    for k, line in enumerate(lines):
-        out.append(style.paint(clip(("  ⎿ " if k == 0 else "    ") + line, width), "dim"))
-    if n_total > len(lines):
-        out.append(style.paint(f"    … {n_total - len(lines)} more lines", "dim"))
-    return out
-
-
 class Timeline:
     """The conversation as the user sees it. `apply` folds one event; finished lines queue in
     `take_settled()` (printed once into scrollback); `live_lines()` is what is still moving."""
 
     def __init__(self, style: Style, width: int = 80):
         self.style, self.width = style, width
-        self.cards: dict[str, ToolCard] = {}
-        self.permissions: list[dict] = []     # PermissionRequested events awaiting an answer
+        self.cards: dict[str, ToolCard] = {}   # by tool_use_id, until the call ends
+        self.permissions: list[dict] = []     # PermissionRequested events awaiting the user
         self.status_text = ""                  # the latest Status event ("retrying in 4s")
         self.phase = ""                        # what the model is doing, for the spinner
         self._settled: list[str] = []
         self._text: MarkdownStream | None = None
-        self._n_text_chars = 0                 # delta characters fed to _text
-        self._text_started = False
+        self._text_started = False             # _text has settled lines already
         self._thinking: str | None = None
-        self._requests: dict[str, dict] = {}   # PermissionRequested by tool_use_id until answered
+        self._requests: dict[str, dict] = {}   # PermissionRequested until Granted or Denied
         self._any = False
 
     # -- folding --
@@ -749,6 +690,8 @@ class Timeline:
         if kind in PHASES:
             self.status_text = ""
             self.phase = self.phase if PHASES[kind] is None else PHASES[kind]
+        if kind in FLUSHING:
+            self.flush_live()
         if kind in NOTE_FORMATS:
             fields = collections.defaultdict(lambda: "?", event,
                                              n_pruned=len(event.get("tool_use_ids") or []))
@@ -769,8 +712,7 @@ class Timeline:
         self._settle(stream.take_settled())
 
     def error(self, text: str) -> None:
-        self._settle(wrap_spans([(sanitize(text), ("error",))], self.width, self.style,
-                                self.style.paint("✗ ", "error"), "  "))
+        self._settle(self._marked("✗", "error", text))
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption)."""
@@ -786,43 +728,42 @@ class Timeline:
     def _dim_line(self, text: str) -> None:
         self._settle([self.style.paint(clip(sanitize(text), self.width), "dim")])
 
+    def _marked(self, symbol: str, role: str, text: str, text_role: str = "") -> list[str]:
+        """`✗ text` in `role`, wrapped under its symbol."""
+        return wrap_spans([(sanitize(text), (text_role or role,))], self.width, self.style,
+                          self.style.paint(symbol + " ", role), "  ")
+
     # -- conversation --
 
     def _on_UserMessageCreated(self, e: dict) -> None:
-        self.flush_live()
         rows = sanitize(e.get("text", "")).split("\n")
-        lines: list[str] = []
-        for k, row in enumerate(rows[:USER_MESSAGE_MAX_LINES]):
-            first = self.style.paint("› ", "prompt") if k == 0 else "  "
-            lines += wrap_spans([(row, ("user",))], self.width, self.style, first, "  ")
+        lines = self._marked("›", "prompt", rows[0], "user")
+        for row in rows[1:USER_MESSAGE_MAX_LINES]:
+            lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")
         if len(rows) > USER_MESSAGE_MAX_LINES:
             lines.append(self.style.paint(f"  … {len(rows) - USER_MESSAGE_MAX_LINES} more lines",
                                           "dim"))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
-        self._settle(wrap_spans([("Queued instruction: " + sanitize(e.get("text", "")), ("dim",))],
-                                self.width, self.style, self.style.paint("› ", "prompt"), "  "))
+        self._settle(self._marked("›", "prompt", "Queued instruction: " + sanitize(e.get("text", "")),
+                                  "dim"))
 
     def _on_TextDelta(self, e: dict) -> None:
         self._finish_thinking(None)
-        if self._text is None:
-            self._text, self._n_text_chars, self._text_started = \
-                MarkdownStream(self.style, self.width), 0, False
-        text = e.get("text", "")
-        self._n_text_chars += len(text)
-        self._text.width = self.width
-        self._text.feed(text)
+        self._stream().feed(e.get("text", ""))
         self._drain_text()
 
     def _on_ModelTextBlockCompleted(self, e: dict) -> None:
-        text = e.get("text", "")
-        if self._text is None:
-            self._text, self._n_text_chars, self._text_started = \
-                MarkdownStream(self.style, self.width), 0, False
-        if len(text) > self._n_text_chars:
-            self._text.feed(text[self._n_text_chars:])
+        stream = self._stream()
+        stream.feed(e.get("text", "")[stream.n_fed:])    # what the deltas did not bring
         self._finish_text()
+
+    def _stream(self) -> MarkdownStream:
+        if self._text is None:
+            self._text, self._text_started = MarkdownStream(self.style, self.width), False
+        self._text.width = self.width
+        return self._text
 
     def _finish_text(self) -> None:
         if self._text is not None:
@@ -831,8 +772,7 @@ class Timeline:
             self._text = None
 
     def _drain_text(self) -> None:
-        lines = self._text.take_settled()
-        if lines:
+        if lines := self._text.take_settled():
             self._settle(lines, gap=not self._text_started)
             self._text_started = True
 
@@ -843,39 +783,33 @@ class Timeline:
         self._finish_thinking(e.get("thinking") if "redacted" not in e else "")
 
     def _finish_thinking(self, full: str | None) -> None:
-        """Thinking collapses to one dim line: its opening words."""
-        if full is None and self._thinking is None:
-            return
-        words = " ".join(sanitize(full if full is not None else self._thinking or "").split())
-        self._settle([self.style.paint(clip("✻ Thinking · " + (words or "(redacted)"),
-                                            self.width), "dim", "italic")])
-        self._thinking = None
+        """Thinking collapses to one dim line: its opening words (`full`: the whole block)."""
+        text = self._thinking if full is None else full
+        if text is not None:
+            words = " ".join(sanitize(text).split())
+            self._settle([self._thinking_line("✻ Thinking · " + (words or "(redacted)"))])
+            self._thinking = None
 
-    def _on_ModelResponseCompleted(self, e: dict) -> None:
-        self.flush_live()
+    def _thinking_line(self, text: str) -> str:
+        return self.style.paint(clip(text, self.width), "dim", "italic")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         if e.get("kind") == "cancelled":
             return
-        words = ERROR_WORDS.get(e.get("kind"), "The model request failed")
-        status = f" ({e['status']})" if e.get("status") else ""
         message = sanitize(str(e.get("message") or "")).strip()
-        text = f"{words}{status}" + (f": {message}" if message else "")
+        text = (ERROR_WORDS.get(e.get("kind"), "The model request failed")
+                + (f" ({e['status']})" if e.get("status") else "")
+                + (f": {message}" if message else ""))
         if e.get("retrying"):
-            self._settle(wrap_spans([(text + " · retrying", ("warning",))], self.width, self.style,
-                                    self.style.paint("! ", "warning"), "  "))
+            self._settle(self._marked("!", "warning", text + " · retrying"))
         else:
             self.error(text)
 
     def _on_Interrupted(self, e: dict) -> None:
-        self.flush_live()
         self._settle([self.style.paint("■ Interrupted", "warning")
                       + self.style.paint(" · what should happen instead?", "dim")])
 
-    _on_TaskCompleted = _on_ModelResponseCompleted
-
     def _on_TaskFailed(self, e: dict) -> None:
-        self.flush_live()
         self.error("Task failed: " + str(e.get("reason", "")))
 
     def _on_Status(self, e: dict) -> None:
@@ -884,30 +818,44 @@ class Timeline:
     # -- tools and permissions --
 
     def _on_ToolRequested(self, e: dict) -> None:
-        self.flush_live()
-        tid = e.get("tool_use_id", "")
-        self.cards[tid] = ToolCard(tid, e.get("name", "?"), tool_summary(e.get("name", ""),
-                                                                        e.get("input") or {}))
+        self.cards[e.get("tool_use_id", "")] = ToolCard(
+            e.get("name", "?"), tool_summary(e.get("name", ""), e.get("input") or {}))
 
     def _on_ToolStarted(self, e: dict) -> None:
-        card = self._card(e)
+        card = self.cards.setdefault(e.get("tool_use_id", ""), ToolCard(e.get("name", "tool"), ""))
         card.started, card.started_ts = time.monotonic(), e.get("ts")
 
     def _on_ToolOutput(self, e: dict) -> None:
-        card = self.cards.get(e.get("tool_use_id", ""))
-        if card is not None:
+        if card := self.cards.get(e.get("tool_use_id", "")):
             card.output_tail.extend(line for line in sanitize(e.get("text", "")).split("\n")
                                     if line.strip())
 
     def _on_FileModified(self, e: dict) -> None:
-        card = self.cards.get(e.get("tool_use_id", ""))
-        if card is not None:
-            card.changes.append(e)
-        else:
-            self._settle(self._render_changes([e]))
+        if card := self.cards.get(e.get("tool_use_id", "")):
+            return card.changes.append(e)
+        self._settle([self._card_line(self.style.paint("●", "ok"), "changed",
+                                      sanitize(str(e.get("path", ""))), [change_counts(e)])]
+                     + self._diff_lines(e))
 
     def _on_ToolCompleted(self, e: dict) -> None:
-        self._finish_card(e, failed=e.get("type") == "ToolFailed")
+        failed = e.get("type") == "ToolFailed"
+        card = self._pop_card(e)
+        meta = e.get("meta") if isinstance(e.get("meta"), dict) else {}
+        if "duration_ms" not in meta and card.started_ts and e.get("ts"):
+            if e["ts"] - card.started_ts >= 1000:
+                meta = dict(meta, duration_ms=e["ts"] - card.started_ts)
+        facts = meta_facts(meta) + ["new file" if change.get("created") else change_counts(change)
+                                    for change in card.changes]
+        symbol = self.style.paint("✗", "error") if failed else self.style.paint("●", "ok")
+        lines = [self._card_line(symbol, card.name, card.summary, facts or ["failed"] * failed)]
+        for change in card.changes:
+            lines += self._diff_lines(change)
+        if failed or (card.name not in QUIET_TOOLS and not card.changes):
+            output = [ln for ln in sanitize(str(e.get("output") or "")).split("\n") if ln.strip()]
+            shown = (output[:PREVIEW_LINES] if card.name in HEAD_PREVIEW_TOOLS and not failed
+                     else output[-PREVIEW_LINES:])
+            lines += self._preview(shown, len(output))
+        self._settle(lines)
 
     _on_ToolFailed = _on_ToolCompleted
 
@@ -915,95 +863,69 @@ class Timeline:
         card = self._pop_card(e)
         reason = sanitize(str(e.get("reason") or "")).strip()
         facts = ["cancelled" + (f" ({reason})" if reason else "")]
-        self._settle([card_head("○", card.name, card.summary, facts, self.width, self.style)])
+        self._settle([self._card_line("○", card.name, card.summary, facts)])
 
     def _on_PermissionRequested(self, e: dict) -> None:
-        self.flush_live()
         self._requests[e.get("tool_use_id", "")] = e
         self.permissions.append(e)
 
     def _on_PermissionGranted(self, e: dict) -> None:
-        request = self.resolve_permission(e.get("tool_use_id", ""))
-        rule = (request or {}).get("suggestion")
+        rule = self._resolve(e).get("suggestion")
         if e.get("scope") == "always" and rule:
             self._dim_line(f"✓ Always allowed from now on: {rule_text(rule)}")
 
     def _on_PermissionDenied(self, e: dict) -> None:
-        request = self.resolve_permission(e.get("tool_use_id", "")) or {}
-        what = request.get("descriptor") or getattr(self.cards.get(e.get("tool_use_id")),
-                                                     "summary", "the tool call")
+        what = self._resolve(e).get("descriptor") or getattr(
+            self.cards.get(e.get("tool_use_id")), "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
-        self._settle(wrap_spans([(f"Denied: {sanitize(str(what))}"
-                                  + (f" · told the model: {feedback}" if feedback else ""),
-                                  ("warning",))], self.width, self.style,
-                                self.style.paint("✗ ", "warning"), "  "))
+        self._settle(self._marked("✗", "warning", f"Denied: {sanitize(str(what))}"
+                                  + (f" · told the model: {feedback}" if feedback else "")))
 
-    def resolve_permission(self, tool_use_id: str) -> dict | None:
-        self.permissions = [p for p in self.permissions if p.get("tool_use_id") != tool_use_id]
-        return self._requests.pop(tool_use_id, None)
-
-    def _card(self, e: dict) -> ToolCard:
+    def _resolve(self, e: dict) -> dict:
+        """The answered request ({} if unknown), no longer awaited."""
         tid = e.get("tool_use_id", "")
-        if tid not in self.cards:
-            self.cards[tid] = ToolCard(tid, e.get("name", "tool"), "")
-        return self.cards[tid]
+        self.permissions = [p for p in self.permissions if p.get("tool_use_id") != tid]
+        return self._requests.pop(tid, None) or {}
 
     def _pop_card(self, e: dict) -> ToolCard:
-        tid = e.get("tool_use_id", "")
-        return self.cards.pop(tid, None) or ToolCard(tid, e.get("name", "tool"), "")
+        return self.cards.pop(e.get("tool_use_id", ""), None) or ToolCard(e.get("name", "tool"), "")
 
-    def _finish_card(self, e: dict, failed: bool) -> None:
-        card = self._pop_card(e)
-        meta = e.get("meta") if isinstance(e.get("meta"), dict) else {}
-        facts = meta_facts(meta)
-        if "duration_ms" not in meta and card.started_ts and e.get("ts"):
-            if e["ts"] - card.started_ts >= 1000:
-                facts.append(format_duration(e["ts"] - card.started_ts))
-        for change in card.changes:
-            facts.append("new file" if change.get("created") else
-                         f"+{change.get('added', 0)} −{change.get('removed', 0)}")
-        if failed and not facts:
-            facts.append("failed")
-        symbol = self.style.paint("✗", "error") if failed else self.style.paint("●", "ok")
-        lines = [card_head(symbol, card.name, card.summary, facts, self.width, self.style)]
-        lines += self._render_changes(card.changes, with_header=False)
-        if failed or (card.name not in QUIET_TOOLS and not card.changes):
-            output = [ln for ln in sanitize(str(e.get("output") or "")).split("\n") if ln.strip()]
-            shown = (output[:PREVIEW_LINES] if card.name in HEAD_PREVIEW_TOOLS and not failed
-                     else output[-PREVIEW_LINES:])
-            lines += render_preview(shown, len(output), self.width, self.style)
-        self._settle(lines)
+    def _card_line(self, symbol: str, name: str, summary: str, facts: list[str]) -> str:
+        """`● bash pytest -q · exit 0 · 3.2s`: the summary shrinks so the facts always show."""
+        tail = "".join(" · " + f for f in facts)
+        room = self.width - cell_width(name) - cell_width(tail) - 3
+        summary = clip(summary, max(room, 8)) if summary else ""
+        return clip(f"{symbol} {self.style.paint(name, 'bold')} {summary}"
+                    f"{self.style.paint(tail, 'dim')}", self.width)
 
-    def _render_changes(self, changes: list[dict], with_header: bool = True) -> list[str]:
-        lines = []
-        for change in changes:
-            if with_header:
-                facts = [f"+{change.get('added', 0)} −{change.get('removed', 0)}"]
-                lines.append(card_head(self.style.paint("●", "ok"), "changed",
-                                       sanitize(str(change.get("path", ""))), facts, self.width,
-                                       self.style))
-            lines += ["  " + row for row in render_diff(change.get("diff") or "",
-                                                        self.width - 2, self.style)]
-        return lines
+    def _preview(self, lines: list[str], n_total: int) -> list[str]:
+        out = [self.style.paint(clip(("  ⎿ " if k == 0 else "    ") + line, self.width), "dim")
+               for k, line in enumerate(lines)]
+        if n_total > len(lines):
+            out.append(self.style.paint(f"    … {n_total - len(lines)} more lines", "dim"))
+        return out
+
+    def _diff_lines(self, change: dict) -> list[str]:
+        return ["  " + row for row in render_diff(change.get("diff") or "", self.width - 2,
+                                                  self.style)]
 
     # -- the live part --
 
     def live_lines(self, now: float, spinner: str = "◌") -> list[str]:
         lines = list(self._text.live_lines()) if self._text is not None else []
         if self._thinking is not None:
-            last = " ".join(self._thinking.split())[-self.width:]
-            lines.append(self.style.paint(clip("✻ Thinking… " + last, self.width), "dim", "italic"))
-        for card in self.cards.values():
-            if card.tool_use_id in self._requests:
+            words = " ".join(sanitize(self._thinking).split())
+            lines.append(self._thinking_line("✻ Thinking… " + words[-self.width:]))
+        for tid, card in self.cards.items():
+            if tid in self._requests:
                 facts = ["waiting for approval"]
             elif card.started is not None:
                 facts = [format_duration((now - card.started) * 1000)]
             else:
                 facts = ["queued"]
             symbol = spinner if card.started is not None else "○"
-            lines.append(card_head(symbol, card.name, card.summary, facts, self.width, self.style))
-            lines += render_preview(list(card.output_tail), len(card.output_tail), self.width,
-                                    self.style)
+            lines.append(self._card_line(symbol, card.name, card.summary, facts))
+            lines += self._preview(list(card.output_tail), len(card.output_tail))
         return lines
 
     def activity(self, now: float) -> str:
@@ -1043,8 +965,10 @@ def format_count(n: float) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(int(n))
 
 
-def status_segments(status: dict) -> list[tuple[int, str]]:
-    """(priority, text); the lowest priority is dropped first when the line is narrow."""
+def render_status_line(status: dict, activity: str, spinner: str, width: int,
+                       style: Style) -> str:
+    """Activity on the left, facts on the right: (priority, text), the lowest priority is
+    dropped first when the line is narrow."""
     get = status.get
     processes = get("processes")
     n_processes = len(processes) if isinstance(processes, (list, tuple)) else processes or 0
@@ -1057,13 +981,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         (2, n_processes and f"{n_processes} proc" + "s" * (n_processes != 1)),
         (2, get("branch") and f"⎇ {get('branch')}"),
     ]
-    return [(priority, text) for priority, text in segments if text]
-
-
-def render_status_line(status: dict, activity: str, spinner: str, width: int,
-                       style: Style) -> str:
+    segments = [(priority, text) for priority, text in segments if text]
     left = f"{spinner} {activity}" if activity else ""
-    segments = status_segments(status)
     while segments:
         right = " · ".join(text for _, text in segments)
         if cell_width(left) + cell_width(right) + 2 <= width:
@@ -1075,10 +994,6 @@ def render_status_line(status: dict, activity: str, spinner: str, width: int,
         return clip(style.paint(left, "bold"), width) if left else ""
     gap = width - cell_width(left) - cell_width(right)
     return style.paint(left, "bold") + " " * gap + style.paint(right, "dim")
-
-
-def rule_text(suggestion: dict) -> str:
-    return f"{suggestion.get('capability', '?')} {suggestion.get('pattern', '*')}"
 
 
 def render_permission_panel(request: dict, width: int, style: Style,
@@ -1097,14 +1012,11 @@ def render_permission_panel(request: dict, width: int, style: Style,
                       for r in render_code_line(line, "sh", width - 2, style)])
         lines += [bar + row for row in rows]
     if feedback is None:
-        keys = [("y", "allow once")]
-        if request.get("suggestion"):
-            keys.append(("a", f"always allow {rule_text(request['suggestion'])}"))
-        keys.append(("n", "deny"))
-        spans: list[Span] = []
-        for k, (key, words) in enumerate(keys):
-            spans += [(" · " if k else "", ("dim",)), (key, ("bold",)), (f") {words}", ())]
-        lines += wrap_spans(spans, width, style, bar, bar)
+        rule = request.get("suggestion")
+        keys = {"y": "allow once", "a": rule and f"always allow {rule_text(rule)}", "n": "deny"}
+        spans = [span for key, words in keys.items() if words
+                 for span in ((" · ", ("dim",)), (key, ("bold",)), (f") {words}", ()))]
+        lines += wrap_spans(spans[1:], width, style, bar, bar)
     else:
         lines += wrap_spans([("Denied. Tell the model what to do instead (Enter sends, Esc "
                               "skips):", ("dim",))], width, style, bar, bar)
@@ -1125,11 +1037,6 @@ CSI_TILDE_KEYS = {"1": "home", "7": "home", "4": "end", "8": "end", "3": "delete
                   "5": "pageup", "6": "pagedown"}
 CONTROL_KEYS = {"\r": "enter", "\n": "ctrl+j", "\t": "tab", "\x7f": "backspace",
                 "\x08": "backspace", "\x00": "ctrl+space"}
-
-
-def _modifier_prefix(param: str) -> str:
-    bits = int(param) - 1 if param.isdigit() and int(param) > 1 else 0
-    return "ctrl+" * bool(bits & 4) + "alt+" * bool(bits & 2) + "shift+" * bool(bits & 1)
 
 
 class KeyDecoder:
@@ -1208,7 +1115,7 @@ class KeyDecoder:
             return Key("esc"), 1
         if nxt in ("\r", "\n"):
             return Key("alt+enter"), 2
-        if nxt == "\x7f" or nxt == "\x08":
+        if nxt in "\x7f\x08":
             return Key("alt+backspace"), 2
         return Key("alt+" + nxt), 2
 
@@ -1217,7 +1124,8 @@ class KeyDecoder:
         if final == "~" and fields[0] == "200":
             self._paste = ""
             return None
-        prefix = _modifier_prefix(fields[1]) if len(fields) > 1 else ""
+        bits = max(int(fields[1]) - 1, 0) if len(fields) > 1 and fields[1].isdigit() else 0
+        prefix = "ctrl+" * bool(bits & 4) + "alt+" * bool(bits & 2) + "shift+" * bool(bits & 1)
         if final == "~":
             return Key(prefix + CSI_TILDE_KEYS.get(fields[0], "unknown"))
         return Key(prefix + CSI_FINAL_KEYS.get(final, "unknown"))
@@ -1235,15 +1143,7 @@ MENTION_RE = re.compile(r"(?:^|(?<=\s))@(\S*)\Z")
 COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
 WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")      # Alt-B / Ctrl-W: back over spaces, then a word
 WORD_AFTER_RE = re.compile(r"\W*\w*")
-
-
-def _json_string(line: str) -> str | None:
-    """One history entry; None for a torn line (a crash mid-write) so the rest still loads."""
-    try:
-        entry = json.loads(line)
-    except ValueError:
-        return None
-    return entry if isinstance(entry, str) else None
+MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")   # mentions in a sent message, for recency
 
 
 def fuzzy_score(query: str, candidate: str) -> float | None:
@@ -1289,13 +1189,21 @@ class Composer:
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
-        self.history = self._load_history()
+        self.history: list[str] = []
+        lines = (self._history_path.read_text("utf-8", "replace").splitlines()
+                 if self._history_path and self._history_path.exists() else [])
+        for line in lines[-MAX_HISTORY:]:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue                # a torn line (a crash mid-write): load the rest
+            if isinstance(entry, str):
+                self.history.append(entry)
         self._history_pos, self._draft = len(self.history), ""
         self.recent_mentions: list[str] = []
         self._mention_memo: tuple = (None, "", [])   # (candidates, query, matches) last time
         for entry in self.history:
-            for token in re.findall(r"(?:^|\s)@(\S+)", entry):
-                self._remember_mention(token)
+            self._remember_mentions(MENTIONED_RE.findall(entry))
 
     # -- editing --
 
@@ -1303,8 +1211,7 @@ class Composer:
         name = key.name
         if self.menu and name in ("up", "down", "tab", "enter"):
             if name in ("up", "down"):
-                step = -1 if name == "up" else 1
-                self.menu_index = (self.menu_index + step) % len(self.menu[:MAX_MENU_ITEMS])
+                self.menu_index = (self.menu_index + (1 if name == "down" else -1)) % len(self.menu)
                 return None
             kind = self._menu_kind
             self._accept_menu()
@@ -1407,20 +1314,18 @@ class Composer:
         end = self._line_bounds()[1]
         self._cut(self.cursor, end if end > self.cursor else end + 1)
 
-    def _key_up(self, key):
-        start = self._line_bounds()[0]
-        if start == 0:
-            return self._recall(-1)
-        prev_start = self.text.rfind("\n", 0, start - 1) + 1
-        self.cursor = min(prev_start + self.cursor - start, start - 1)
+    def _key_up(self, key): self._move_line(-1)
+    def _key_down(self, key): self._move_line(+1)
 
-    def _key_down(self, key):
+    def _move_line(self, step: int) -> None:
+        """Up/Down: to the same column of the line above/below; past the first/last line,
+        through the history."""
         start, end = self._line_bounds()
-        if end == len(self.text):
-            return self._recall(+1)
-        next_end = self.text.find("\n", end + 1)
-        next_end = len(self.text) if next_end < 0 else next_end
-        self.cursor = min(end + 1 + self.cursor - start, next_end)
+        if (start == 0) if step < 0 else (end == len(self.text)):
+            return self._recall(step)
+        column, self.cursor = self.cursor - start, start - 1 if step < 0 else end + 1
+        start, end = self._line_bounds()
+        self.cursor = min(start + column, end)
 
     # -- history --
 
@@ -1434,15 +1339,8 @@ class Composer:
         self.text = self.history[pos] if pos < len(self.history) else self._draft
         self.cursor = len(self.text)
 
-    def _load_history(self) -> list[str]:
-        path = self._history_path
-        lines = path.read_text("utf-8", "replace").splitlines() if path and path.exists() else []
-        entries = [_json_string(line) for line in lines[-MAX_HISTORY:]]
-        return [entry for entry in entries if entry is not None]
-
     def _remember(self, text: str) -> None:
-        for token in re.findall(r"(?:^|\s)@(\S+)", text):
-            self._remember_mention(token)
+        self._remember_mentions(MENTIONED_RE.findall(text))
         if not self.history or self.history[-1] != text:
             self.history.append(text)
             if self._history_path is not None:
@@ -1451,10 +1349,11 @@ class Composer:
                     f.write(json.dumps(text) + "\n")
         self._history_pos, self._draft = len(self.history), ""
 
-    def _remember_mention(self, path: str) -> None:
-        if path in self.recent_mentions:
-            self.recent_mentions.remove(path)
-        self.recent_mentions.insert(0, path)
+    def _remember_mentions(self, paths: list[str]) -> None:
+        for path in paths:
+            if path in self.recent_mentions:
+                self.recent_mentions.remove(path)
+            self.recent_mentions.insert(0, path)
         del self.recent_mentions[50:]
 
     # -- completion: "/" commands and "@" mentions --
@@ -1467,7 +1366,8 @@ class Composer:
         if before.startswith("/") and not any(c.isspace() for c in self.text):
             names = ["/" + str(n).lstrip("/") for n in self._commands()]
             matches = sorted(n for n in names if n.startswith(before))
-            self.menu = [] if matches == [before] else sorted(matches, key=lambda n: n != before)
+            if matches != [before]:
+                self.menu = sorted(matches, key=lambda n: n != before)[:MAX_MENU_ITEMS]
             self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
             self.menu = self._mention_matches(m.group(1))[:MAX_MENU_ITEMS]
@@ -1490,14 +1390,13 @@ class Composer:
         if len(matches) > MENTION_SCAN and lowered:
             literal = [path for path, low, _ in matches if lowered in low]
             pool = heapq.nsmallest(MENTION_SCAN, literal or [m[0] for m in matches], key=len)
-        recent = [p for p in self.recent_mentions if fuzzy_score(lowered, p) is not None]
-        return fuzzy_rank(query, pool + recent, self.recent_mentions)
+        return fuzzy_rank(query, pool + self.recent_mentions, self.recent_mentions)
 
     def _accept_menu(self) -> None:
         item = self.menu[self.menu_index]
         if self._menu_kind == "mention":
+            self._remember_mentions([item])
             item = "@" + item + " "
-            self._remember_mention(item[1:-1])
         self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
         self.menu = []
@@ -1514,7 +1413,7 @@ class Composer:
         cursor_row = cursor_col = 0
         offset = 0
         for line in self.text.split("\n"):
-            pieces = hard_wrap_spans([(line, ())], room, Style(False)) if line else [""]
+            pieces = wrap_spans([(line, ())], room, Style(False), hard=True) if line else [""]
             start = offset
             for k, piece in enumerate(pieces):
                 end = start + len(piece)
@@ -1534,13 +1433,9 @@ class Composer:
         return rows, cursor_row - top, cursor_col
 
     def menu_lines(self, width: int, style: Style) -> list[str]:
-        lines = []
-        for k, item in enumerate(self.menu[:MAX_MENU_ITEMS]):
-            selected = k == self.menu_index
-            text = ("› " if selected else "  ") + item
-            lines.append(clip("  " + (style.paint(text, "selected") if selected
-                                      else style.paint(text, "dim")), width))
-        return lines
+        return [clip("  " + (style.paint("› " + item, "selected") if k == self.menu_index
+                             else style.paint("  " + item, "dim")), width)
+                for k, item in enumerate(self.menu)]
 
 
 # ════ Inline renderer: one write per frame ════
@@ -1579,11 +1474,7 @@ class InlineRenderer:
 
     def close(self, settled: list[str]) -> bytes:
         """Erase the live region, write the last settled lines, leave the cursor on a new line."""
-        parts = [self._move_rows(-self._cursor[0]) if self._lines else "",
-                 CARRIAGE_RETURN + ERASE_DOWN + SGR_RESET]
-        parts += [line + NEWLINE for line in settled]
-        self._lines, self._cursor = [], (0, 0)
-        return "".join(parts).encode()
+        return self.draw(settled, [], (0, 0)) + SGR_RESET.encode()
 
     def resize(self, old_width: int, new_width: int) -> None:
         """After a resize, terminals that reflow re-wrap the rows we drew: estimate where the

@@ -67,3 +67,11 @@ class Khaelor:
 @pytest.fixture
 def khaelor(project, env, fake):
     return Khaelor(project, env, fake)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "suite_end: runs after every other test (it checks what the run left behind)")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("suite_end") is not None)   # stable: the rest keep order

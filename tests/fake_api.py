@@ -15,11 +15,13 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
      delta, default 8), "delay"? (seconds between events), "match"? ({"model": ...}: only requests whose
      body has these values take it; it stays queued for them)}
       blocks: {"type":"text","text"}  {"type":"thinking","thinking","signature"?}  {"type":"tool_use",
-              "name","input","id"?}  {"type":"redacted_thinking","data"}
+              "name","input","id"?, "partial_json"? (streamed verbatim instead of the input:
+              malformed or cut-off JSON)}  {"type":"redacted_thinking","data"}
     {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
     {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
     {"stall_after_events": N, "stall_seconds": S, "content": [...]}
+    {"end_after_events": N, "content": [...]}                   a clean end of the body after N events
 Events count from 1: message_start, ping, each block's start/deltas/stop, message_delta, message_stop.
 An exhausted script answers 500 api_error "fake script exhausted" with x-should-retry: false.
 """
@@ -88,7 +90,7 @@ AUTO_SIGNATURE_PREFIX = "fakesig_"
 DEFAULT_CHUNK = 8
 SCRIPT_BLOCKS = {"text", "thinking", "redacted_thinking", "tool_use"}
 SCRIPT_KEYS = {"content", "stop_reason", "stop_sequence", "usage", "chunk", "delay", "match", "error",
-               "stream_error", "drop_after_events", "stall_after_events", "stall_seconds"}
+               "stream_error", "drop_after_events", "stall_after_events", "stall_seconds", "end_after_events"}
 
 
 # ---------------------------------------------------------------- script helpers
@@ -490,8 +492,9 @@ def _finalize(content, new_tool_id):
             signature = block.get("signature") or auto_signature(block["thinking"])
             block = {"type": "thinking", "thinking": block["thinking"], "signature": signature}
         elif block["type"] == "tool_use":
+            raw = {"partial_json": block["partial_json"]} if "partial_json" in block else {}
             block = {"type": "tool_use", "id": block.get("id") or new_tool_id(), "name": block["name"],
-                     "input": block.get("input", {})}
+                     "input": block.get("input", {}), **raw}
         final.append(dict(block))
     return final
 
@@ -510,7 +513,7 @@ def _block_stream(block, chunk):
         return ({"type": "thinking", "thinking": "", "signature": ""},
                 deltas + [{"type": "signature_delta", "signature": block["signature"]}])
     if kind == "tool_use":   # input starts as {} and arrives as JSON fragments, the first often ""
-        fragments = [""] + _pieces(json.dumps(block["input"]), chunk)
+        fragments = [""] + _pieces(block.get("partial_json", json.dumps(block["input"])), chunk)
         return ({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}},
                 [{"type": "input_json_delta", "partial_json": p} for p in fragments])
     return dict(block), []   # redacted_thinking arrives whole in content_block_start
@@ -668,6 +671,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def handle(self):
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):   # a client killed between keep-alive requests
+            self.close_connection = True
+
     def do_POST(self):   # noqa: N802
         fake = self.server.fake
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -714,7 +723,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if "stream_error" in item:
             err = item["stream_error"]
             return self._send_error(STATUS_OF.get(err["type"], 500), err["type"], err.get("message", ""))
-        self._send_json(200, message)
+        content = [{k: v for k, v in block.items() if k != "partial_json"} for block in message["content"]]
+        self._send_json(200, dict(message, content=content))
 
     def _stream(self, item, message):
         stopping = self.server.fake._stopping
@@ -732,6 +742,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             delayed = n and item.get("delay") and stopping.wait(item["delay"])
             if n == item.get("drop_after_events") or stalled or delayed:   # (stopping: the server is closing)
                 return self._drop()
+            if n == item.get("end_after_events"):
+                break
             self._chunk(f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode())
         self._chunk(b"")   # the terminating zero-length chunk
 

@@ -244,7 +244,8 @@ def test_a_scripted_session_uses_all_seven_tools(khaelor, fake, project):
         reply(tool_use("edit", {"file_path": "src/app.py", "old_string": "return 'hello'", "new_string": "return 'hi'"})),
         reply(tool_use("grep", {"pattern": "def greet"})),
         reply(tool_use("glob", {"pattern": "**/*.py"})),
-        reply(tool_use("bash", {"command": "python3 -c 'import sys; sys.path.insert(0, \"src\"); import app; print(app.greet())'"})),
+        reply(tool_use("bash", {"command": "python3 -m py_compile src/app.py && "        # a check: no gate reminder
+                                           "python3 -c 'import sys; sys.path.insert(0, \"src\"); import app; print(app.greet())'"})),
         reply(tool_use("process", {"action": "start", "command": server})),
         reply(tool_use("process", {"action": "list"})),
         reply(text("all seven used")),

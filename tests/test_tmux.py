@@ -202,3 +202,138 @@ def test_continue_shows_the_earlier_conversation_and_carries_its_history(termina
     sent = second.requests()[-1]["body"]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert sent[1]["content"] == [{"type": "text", "text": "remember the walrus"}]
+
+
+# ---------------------------------------------------------------- sessions, commands, crash resume (issue 7)
+
+def tool(name, **tool_input):
+    return {"type": "tool_use", "name": name, "input": tool_input}
+
+
+def khaelor_pid(term) -> int:
+    """The khaelor process inside the tmux pane (a child of the pane's shell)."""
+    shell = int(subprocess.run(["tmux", "display-message", "-p", "-t", term.name, "#{pane_pid}"],
+                               capture_output=True, text=True, check=True).stdout)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == shell and "khaelor.py" in (stat.parent / "cmdline").read_bytes().decode(errors="replace"):
+            return int(stat.parent.name)
+    raise AssertionError("khaelor is not running in the pane")
+
+
+def git(project, *argv):
+    return subprocess.run(["git", *argv], cwd=project, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_permission_question_left_by_a_crash_is_asked_again_on_resume(terminal, project):
+    first = terminal([reply(bash("touch resumed.txt"))])
+    first.type("make a file")
+    first.keys("Enter")
+    first.wait_for("allow once")
+    pid = khaelor_pid(first)
+    os.kill(pid, 9)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), "khaelor to die")
+    first.close()
+    second = terminal([reply(text("made it after the crash"))], args="-c")
+    screen = second.wait_for("allow once")        # asked again, without typing anything
+    assert "touch resumed.txt" in screen and "make a file" in screen
+    second.type("y")
+    wait_until(lambda: (project / "resumed.txt").exists(), "the command to run")
+    second.wait_for("made it after the crash")
+    sent = second.requests()[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[2]["content"][0]["type"] == "tool_result" and not sent[2]["content"][0].get("is_error")
+    assert rejected(second) == []
+
+
+def test_undo_restores_the_exact_bytes_after_the_gate_gave_up(terminal, project):
+    original = b"\xef\xbb\xbfa = 1\r\nb = 2"          # BOM, CRLF, no final newline
+    (project / "crlf.py").write_bytes(original)
+    term = terminal([reply(tool("read", file_path="crlf.py")),
+                     reply(tool("edit", file_path="crlf.py", old_string="b = 2", new_string="b = 3")),
+                     reply(text("edited it")), reply(text("no checks here")), reply(text("really none"))], height=40)
+    term.type("change b")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")
+    term.wait_for("really none")
+    assert term.screen().count("Checking the work before answering") == 2
+    assert (project / "crlf.py").read_bytes() == b"\xef\xbb\xbfa = 1\r\nb = 3"
+    term.type("/undo")
+    term.keys("Enter")
+    term.wait_for("Restored crlf.py")
+    assert (project / "crlf.py").read_bytes() == original
+    term.type("/undo")
+    term.keys("Enter")
+    term.wait_for("nothing to undo")
+    assert rejected(term) == []
+
+
+def test_diff_separates_khaelors_edits_from_changes_already_there(terminal, project):
+    (project / ".git").rmdir()
+    git(project, "init", "-q", "-b", "main")
+    (project / "notes.txt").write_text("alpha\n")
+    (project / "README.md").write_text("# demo\n")
+    git(project, "add", ".")
+    git(project, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "init")
+    (project / "README.md").write_text("# demo\nmine, not committed\n")
+    term = terminal([reply(tool("read", file_path="notes.txt")),
+                     reply(tool("edit", file_path="notes.txt", old_string="alpha", new_string="beta")),
+                     reply(text("notes updated"))], height=40)
+    term.type("update the notes")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")
+    term.wait_for("notes updated")
+    term.type("/diff")
+    term.keys("Enter")
+    screen = term.wait_for("Already changed when")
+    mine, theirs = screen.split("Already changed when")
+    assert "khaelor changed 1 file" in mine and "notes.txt" in mine and "+beta" in mine
+    assert "README.md" in theirs and "README.md" not in mine.split("khaelor changed")[1]
+    assert git(project, "diff", "--cached") == "" and "main" in term.screen()
+    assert rejected(term) == []
+
+
+def test_rename_new_sessions_and_resume_commands(terminal, env):
+    term = terminal([reply(text("walruses are large")), reply(text("otters are small"))], height=40)
+    term.type("tell me about walruses")
+    term.keys("Enter")
+    term.wait_for("walruses are large")
+    term.type("/rename Walrus facts")
+    term.keys("Enter")
+    term.wait_for("renamed to")
+    first_id = sorted(Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))[0].stem
+    term.type("/new")
+    term.keys("Enter")
+    term.wait_for("new session")
+    term.type("and otters?")
+    term.keys("Enter")
+    term.wait_for("otters are small")
+    term.type("/sessions")
+    term.keys("Enter")
+    screen = term.wait_for("(this one)")
+    assert "and otters? · just now" in screen and "(this one)" in screen and first_id in screen
+    term.type(f"/resume {first_id[:-2]}")
+    term.keys("Enter")
+    screen = term.wait_for("resumed")
+    assert "walruses are large" in screen.split("resumed")[-1]
+    assert rejected(term) == []
+
+
+def test_a_doom_loop_pauses_and_the_user_lets_it_continue(terminal):
+    term = terminal([reply(bash("echo same-again")), reply(bash("echo same-again")), reply(bash("echo same-again")),
+                     reply(text("loop finished"))], height=40)
+    term.type("repeat yourself")
+    term.keys("Enter")
+    screen = term.wait_for("continue after 3 identical bash calls in a row")
+    assert "loop.continue" in screen and "echo same-again" in screen
+    term.type("y")
+    term.wait_for("loop finished")
+    sent = term.requests()[-1]["body"]["messages"]
+    results = [b for m in sent for b in m["content"] if b["type"] == "tool_result"]
+    assert len(results) == 3 and not any(r.get("is_error") for r in results)
+    assert rejected(term) == []

@@ -1,0 +1,338 @@
+"""Abuse: bad model output, hostile files and commands, secrets, and the terminal under signals.
+
+Each end-to-end scenario is one real `khaelor -p` run against tests/fake_api.py that packs many hostile
+calls into its script (a run costs ~1.5 s of SDK import); process behaviour with fixed grace periods
+is checked in-process on a Toolbox, concurrently, so the waits overlap.
+"""
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import events
+import tools
+from fake_api import FakeAnthropic, reply, text, tool_use
+from test_faults import KEY, in_parallel, read_log, run_cli, session_files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tool_results(request_body) -> dict:
+    """tool_use_id -> tool_result block, over a request's whole history."""
+    return {b["tool_use_id"]: b for m in request_body["messages"] for b in m["content"]
+            if isinstance(b, dict) and b["type"] == "tool_result"}
+
+
+def results_in_order(log) -> list[dict]:
+    """The result event of each tool call, in the order the calls were made."""
+    order = [e["tool_use_id"] for e in log if e["type"] == "ToolRequested"]
+    found = {e["tool_use_id"]: e for e in log if e["type"] in events.TOOL_RESULT_EVENTS}
+    return [found[tool_use_id] for tool_use_id in order]
+
+
+# ---------------------------------------------------------------- bad model output
+
+def test_bad_tool_calls_from_the_model_become_repairable_errors(project, env):
+    cut_off = tool_use("write", {}, )
+    cut_off["partial_json"] = '{"file_path": "out.txt", "content": "the first half of'
+    malformed = tool_use("read", {})
+    malformed["partial_json"] = '{"file_path": "notes.txt", limit: 3}'
+    not_an_object = tool_use("read", {})
+    not_an_object["partial_json"] = '["notes.txt"]'
+    deep = tool_use("bash", {})
+    deep["partial_json"] = '{"command": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with FakeAnthropic() as fake:
+        fake.enqueue(reply(malformed, not_an_object, deep, chunk=512),
+                     reply(tool_use("bash", {"command": ["ls"], "timeout": "soon"}),
+                           tool_use("edit", {"file_path": 7, "old_string": None, "new_string": "x", "color": "red"}),
+                           tool_use("deploy_to_production", {"target": "everything"})),
+                     reply(tool_use("write", {"file_path": "huge.txt", "content": "z" * 2_000_000}),
+                           tool_use("bash", {"command": "echo " + "a" * 300_000}),
+                           tool_use("grep", {"pattern": "(" * 5000 + "a" + ")" * 5000}), chunk=512),
+                     reply(text("Writing it now."), cut_off, stop_reason="max_tokens", chunk=64),
+                     reply(text("I will stop here.")))
+        started = time.monotonic()
+        result = run_cli(project, env, "-p", "misbehave", "--yes", fake=fake)
+        assert result.returncode == 0, result.stderr
+        assert time.monotonic() - started < 30
+        assert fake.rejections == [] and fake.pending == []
+        last = fake.requests[-1]["body"]
+    assert result.stdout.strip() == "I will stop here."
+    log = read_log(session_files(env)[-1])
+    outcomes = results_in_order(log)
+    assert len(outcomes) == 10
+    sent = tool_results(last)
+    texts = [sent[o["tool_use_id"]]["content"] for o in outcomes]
+    malformed_text, object_text, deep_text, types_text, edit_text, unknown_text = texts[:6]
+    assert "not valid JSON" in malformed_text and "could not be run" in malformed_text
+    assert "JSON object" in object_text and "could not be run" in deep_text
+    assert "'command' must be string" in types_text and "'timeout' must be integer" in types_text
+    assert "'file_path' must be string" in edit_text and "unknown parameter 'color'" in edit_text
+    assert "unknown tool 'deploy_to_production'" in unknown_text.lower()
+    huge_write, long_command, deep_regex, cut_text = outcomes[6:]
+    assert huge_write["type"] == "ToolCompleted" and (project / "huge.txt").stat().st_size == 2_000_000
+    assert long_command["type"] == "ToolFailed" and "too long" in long_command["output"]
+    assert deep_regex["type"] in ("ToolCompleted", "ToolFailed")
+    assert cut_text["type"] == "ToolFailed" and "cut off" in cut_text["output"]
+    assert not (project / "out.txt").exists()
+    assert all(sent[o["tool_use_id"]].get("is_error") for o in outcomes if o["type"] != "ToolCompleted")
+
+
+# ---------------------------------------------------------------- hostile files and commands
+
+def alive_with(marker: str) -> list[int]:
+    """Pids whose command line holds `marker` (a unique sleep duration), zombies excluded."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in cmdline and state != b"Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_hostile_files_and_commands_give_bounded_results_end_to_end(project, env):
+    (project / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)
+    with open(project / "disk.img", "wb") as handle:
+        handle.truncate(1 << 30)                       # 1 GB, sparse
+    (project / "latin1.txt").write_bytes(b"caf\xe9 cr\xe8me br\xfbl\xe9e\nok line\n")
+    odd = project / "dir with space" / "new\nline.txt"
+    odd.parent.mkdir()
+    odd.write_text("needle in a strange name\n")
+    os.symlink("loop", project / "loop")
+    os.symlink("b", project / "a")
+    os.symlink("a", project / "b")
+    marker = f"31.{uuid.uuid4().int % 10**6:06d}"
+    script = [
+        reply(tool_use("read", {"file_path": "logo.png"}), tool_use("read", {"file_path": "disk.img"}),
+              tool_use("read", {"file_path": "latin1.txt"}), tool_use("read", {"file_path": "dir with space/new\nline.txt"}),
+              tool_use("read", {"file_path": "loop"}), tool_use("read", {"file_path": "a/inside.txt"})),
+        reply(tool_use("glob", {"pattern": "**/*.txt"}), tool_use("grep", {"pattern": "needle"}),
+              tool_use("write", {"file_path": "loop", "content": "x"}),
+              tool_use("edit", {"file_path": "latin1.txt", "old_string": "ok line", "new_string": "OK"})),
+        reply(tool_use("bash", {"command": "yes 0123456789abcdef | head -c 100000000"}),
+              tool_use("bash", {"command": "cat; echo stdin closed"}),
+              tool_use("bash", {"command": f"(trap '' TERM; exec sleep {marker}) & (trap '' TERM; exec sleep {marker}) & "
+                                           "echo spawned"}),
+              tool_use("bash", {"command": f"trap '' TERM; sleep {marker}", "timeout": 300})),
+        reply(text("Survived."))]
+    with FakeAnthropic(script) as fake:
+        result = run_cli(project, env, "-p", "poke at everything", "--yes", fake=fake)
+        assert result.returncode == 0, result.stderr
+        assert fake.rejections == []
+        last = fake.requests[-1]["body"]
+    assert alive_with(marker) == []
+    outcomes = results_in_order(read_log(session_files(env)[-1]))
+    sent = tool_results(last)
+    texts = [sent[o["tool_use_id"]]["content"] for o in outcomes]
+    png, sparse, latin1, odd_read, loop, through_loop, glob, grep, write_loop, edit_latin1, \
+        flood, stdin, strays, timeout = texts
+    assert "binary file (PNG image" in png
+    assert "1,073,741,824 bytes, too large to read whole" in sparse
+    assert "caf\ufffd cr\ufffdme" in latin1 and "ok line" in latin1
+    assert "needle in a strange name" in odd_read
+    assert "symbolic link to nothing" in loop and "does not exist" in through_loop
+    assert '"dir with space/new\\nline.txt"' in glob.splitlines()
+    assert '"dir with space/new\\nline.txt":1: needle in a strange name' in grep.splitlines()
+    assert "symbolic links" in write_loop and "not UTF-8" in edit_latin1
+    assert len(flood) < 31_000 and "100,000,000 characters" in flood and "Exit code: 0" in flood
+    spill = Path(outcomes[10]["meta"]["spill"])
+    assert spill.stat().st_size < 50_100_000 and spill.read_text().endswith("later output was not kept]\n")
+    assert "stdin closed" in stdin
+    assert "spawned" in strays and "were stopped" in strays
+    assert "Timed out after 0.3 s" in timeout
+
+
+def test_python_grep_fallback_judges_a_huge_sparse_file_by_its_head(tmp_path):
+    """Without ripgrep on PATH, grep must not read a 1 GB file of zeros into memory."""
+    (tmp_path / "disk.img").open("wb").truncate(1 << 30)
+    (tmp_path / "notes.txt").write_text("a needle\n")
+    box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", lambda *a, **k: {})
+    box.ripgrep = None
+    started = time.monotonic()
+    result = asyncio.run(box.run("grep", {"pattern": "needle"}, "t1"))
+    assert result.text == "notes.txt:1: a needle" and time.monotonic() - started < 1.0
+
+
+def test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded(tmp_path):
+    """Concurrently, so the fixed grace periods overlap: a group that ignores SIGTERM is killed after
+    the grace, a write to a process that never reads its stdin times out, and close() ends all."""
+    marker = f"32.{uuid.uuid4().int % 10**6:06d}"
+    box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", lambda *a, **k: {})
+
+    async def stubborn():
+        await box.run("process", {"action": "start", "command": f"trap '' TERM; sleep {marker} & sleep {marker} & wait"}, "s1")
+        started = time.monotonic()
+        stopped = await box.run("process", {"action": "stop", "id": "p1"}, "s2")
+        return stopped, time.monotonic() - started
+
+    async def deaf():
+        await box.run("process", {"action": "start", "command": f"sleep {marker}"}, "d1")
+        started = time.monotonic()
+        written = await box.run("process", {"action": "write", "id": "p2", "input": "x" * 2_000_000}, "d2")
+        return written, time.monotonic() - started
+
+    async def scenario():
+        outcome = await asyncio.gather(stubborn(), deaf())
+        started = time.monotonic()
+        await box.close()
+        return outcome, time.monotonic() - started
+
+    ((stopped, stop_s), (written, write_s)), close_s = asyncio.run(scenario())
+    assert "stopped" in stopped.text and stop_s < tools.PROCESS_STOP_GRACE_S + 2.5
+    assert written.is_error and "not reading its stdin" in written.text and write_s < 8
+    assert close_s < tools.PROCESS_STOP_GRACE_S + 2.5
+    assert alive_with(marker) == []
+
+
+def test_sigterm_and_sighup_in_headless_mode_stop_tools_and_keep_the_log(tmp_path, env):
+    def scenario(signum):
+        project = tmp_path / signum.name
+        (project / ".git").mkdir(parents=True)
+        run_env = {**env, "KHAELOR_HOME": str(tmp_path / f"{signum.name}-home")}
+        marker = f"33.{uuid.uuid4().int % 10**6:06d}"
+
+        def go():
+            with FakeAnthropic([reply(tool_use("process", {"action": "start", "command": f"sleep {marker}"}),
+                                      tool_use("bash", {"command": f"echo started; sleep {marker}"}))]) as fake:
+                proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "work", "--yes",
+                                         "--output-format", "stream-json"], cwd=project, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env={**run_env, "ANTHROPIC_BASE_URL": fake.base_url})
+                for line in proc.stdout:
+                    event = json.loads(line)
+                    if event["type"] == "ToolStarted" and event.get("name") == "bash":
+                        break
+                time.sleep(0.2)
+                proc.send_signal(signum)
+                out, err = proc.communicate(timeout=20)
+            return proc.returncode, err.decode(), marker, run_env
+        return go
+
+    for code, err, marker, run_env in in_parallel(scenario(signal.SIGTERM), scenario(signal.SIGHUP)):
+        assert code == 130 and "Traceback" not in err, err
+        assert alive_with(marker) == []
+        log = read_log(session_files(run_env)[-1])
+        kinds = [e["type"] for e in log]
+        assert "Interrupted" in kinds and kinds.count("ToolCancelled") == 1
+        assert [e["cause"] for e in log if e["type"] == "ProcessExited"] == ["khaelor exit"]
+
+
+# ---------------------------------------------------------------- the terminal
+
+def stty_settings(path) -> list[str]:
+    """`stty -a` as its settings, without the line wrapping (which follows the width) and the size."""
+    words = path.read_text().replace(";", " ").split()
+    return [w for i, w in enumerate(words) if w not in ("rows", "columns") and words[i - 1] not in ("rows", "columns")]
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup(tmp_path, project, env):
+    """The real program in tmux: `stty -a` after it ends equals `stty -a` before it started."""
+    def quote(value):
+        return "'" + str(value).replace("'", "'\\''") + "'"
+
+    def start(name):
+        files = tmp_path / name
+        files.mkdir()
+        home = files / "home"
+        run_env = {**env, "KHAELOR_HOME": str(home), "ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "TERM": "xterm"}
+        exports = " ".join(f"{k}={quote(v)}" for k, v in run_env.items()
+                           if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH", "NO_COLOR", "TERM")))
+        command = (f"cd {quote(project)} && stty -a > {quote(files / 'before')}; env {exports} {sys.executable} "
+                   f"{ROOT / 'khaelor.py'}; echo $? > {quote(files / 'code')}; stty -a > {quote(files / 'after')}; "
+                   "sleep 60")
+        session = f"kh{uuid.uuid4().hex[:8]}"
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True)
+        return session, files, home
+
+    def screen(session):
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+    def khaelor_pid(session):
+        shell = subprocess.run(["tmux", "list-panes", "-t", session, "-F", "#{pane_pid}"], capture_output=True,
+                               text=True).stdout.split()[0]
+        children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+        return int(children[0])
+
+    def wait_for(predicate, what, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    runs = {how: start(how) for how in ("exception", "sigterm", "sighup")}
+    try:
+        for session, files, home in runs.values():
+            wait_for(lambda: "❯" in screen(session), "the prompt")
+        session, files, home = runs["exception"]
+        (home / "history").unlink(missing_ok=True)
+        (home / "history").mkdir()                         # the composer's history file can no longer be written
+        subprocess.run(["tmux", "send-keys", "-t", session, "-l", "hello"], check=True)
+        subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
+        os.kill(khaelor_pid(runs["sigterm"][0]), signal.SIGTERM)
+        os.kill(khaelor_pid(runs["sighup"][0]), signal.SIGHUP)
+        for how, (session, files, home) in runs.items():
+            wait_for(lambda: (files / "after").exists() and (files / "after").stat().st_size, f"{how} to end")
+            assert stty_settings(files / "after") == stty_settings(files / "before"), how
+        codes = {how: int((files / "code").read_text()) for how, (_, files, _) in runs.items()}
+        shown = screen(runs["exception"][0])
+        assert codes == {"exception": 1, "sigterm": 143, "sighup": 129}, shown
+        assert "khaelor: internal error: IsADirectoryError" in shown and "Traceback" not in shown
+    finally:
+        for session, _, _ in runs.values():
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+# ---------------------------------------------------------------- secrets
+
+def test_the_api_key_never_reaches_the_log_spill_files_or_output(project, env):
+    """Commands and files that show the key: env, printenv, a .env file read, grepped and catted
+    into a spilled result, a background process printing it."""
+    (project / "secrets.env").write_text(f"ANTHROPIC_API_KEY={KEY}\nOTHER=1\n")
+    script = [reply(tool_use("bash", {"command": "env | sort"}), tool_use("bash", {"command": "printenv ANTHROPIC_API_KEY"}),
+                    tool_use("read", {"file_path": "secrets.env"}), tool_use("grep", {"pattern": "API_KEY"}),
+                    tool_use("bash", {"command": "cat secrets.env; seq 1 20000; cat secrets.env"}),
+                    tool_use("process", {"action": "start", "command": "printenv ANTHROPIC_API_KEY; sleep 0.3"})),
+              reply(tool_use("process", {"action": "read", "id": "p1"})),
+              reply(text("Done looking."))]
+    with FakeAnthropic(script) as fake:
+        result = run_cli(project, env, "-p", "look for credentials", "--yes", "--output-format", "stream-json", fake=fake)
+        assert result.returncode == 0, result.stderr
+        sent = [request["raw"] for request in fake.requests]
+    log_path = session_files(env)[-1]
+    assert log_path.read_text().count(tools.SECRET_MASK) >= 6      # the key was there, and was masked
+    assert all(KEY.encode() not in raw for raw in sent)
+    written = [p for p in Path(env["KHAELOR_HOME"]).rglob("*") if p.is_file()]
+    assert any("spill" in p.parts for p in written)
+    for path in written:
+        assert KEY.encode() not in path.read_bytes(), path
+    assert KEY not in result.stdout + result.stderr
+
+
+@pytest.mark.suite_end
+def test_nothing_khaelor_wrote_during_the_suite_holds_the_api_key(tmp_path_factory):
+    """Every file under this run's temp folders (session logs, spill files, crash.log, stderr.log,
+    history, captured output), except the fixture files that hold the key on purpose."""
+    base = tmp_path_factory.getbasetemp()
+    checked = 0
+    for path in base.rglob("*"):
+        if not path.is_file() or path.is_symlink() or path.name == "secrets.env" or path.stat().st_size > 64 << 20:
+            continue
+        assert KEY.encode() not in path.read_bytes(), path
+        checked += 1
+    assert checked and any(base.rglob("sessions/*/*.jsonl"))

@@ -1,0 +1,370 @@
+"""Sessions, the verification gate, git awareness and the doom-loop guard, end to end: the real
+`khaelor` process and the real SDK against the scripted fake API (plus the pure parts they share)."""
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import context
+import events
+from fake_api import reply, text, tool_use
+
+
+def types(log, kind):
+    return [e for e in log if e["type"] == kind]
+
+
+def last_message(fake, i=-1):
+    return fake.requests[i]["body"]["messages"][-1]
+
+
+def git(project, *argv):
+    return subprocess.run(["git", *argv], cwd=project, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def repo(project):
+    """A real git repository with one commit, so baselines have something to say."""
+    (project / ".git").rmdir()
+    git(project, "init", "-q", "-b", "main")
+    git(project, "config", "user.email", "t@example.com")
+    git(project, "config", "user.name", "t")
+    (project / "app.py").write_text("def greet():\n    return 'hello'\n")
+    (project / "README.md").write_text("# demo\n")
+    git(project, "add", ".")
+    git(project, "commit", "-q", "-m", "init")
+    return project
+
+
+# ---------------------------------------------------------------- the verification gate
+
+def test_the_gate_nudges_after_a_code_edit_until_a_check_runs(khaelor, fake, project):
+    fake.enqueue(reply(tool_use("write", {"file_path": "app.py", "content": "print('hi')\n"})),
+                 reply(text("Wrote app.py.")),
+                 reply(tool_use("bash", {"command": "python3 -m py_compile app.py"})),
+                 reply(text("Wrote app.py; it compiles.")))
+    result = khaelor.run("-p", "write app.py", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "Wrote app.py; it compiles."
+    assert fake.rejections == []
+    nudge = last_message(fake, 2)
+    assert nudge["role"] == "user" and "app.py" in nudge["content"][0]["text"]
+    assert "py_compile app.py" in nudge["content"][0]["text"]       # no tests here: compile the module
+    roles = [m["role"] for m in fake.requests[2]["body"]["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant", "user"]
+    log = khaelor.log()
+    asked = types(log, "VerificationRequested")
+    assert len(asked) == 1 and asked[0]["withheld"] == "Wrote app.py." and asked[0]["changed_files"] == ["app.py"]
+    evidence = types(log, "TaskCompleted")[-1]["evidence"]
+    assert evidence["objective"] == "write app.py" and evidence["changed_files"] == ["app.py"]
+    assert evidence["checks"] == [{"command": "python3 -m py_compile app.py", "exit_code": 0}]
+    assert evidence["unresolved"] == [] and evidence["reminders"] == 1
+
+
+def test_a_readme_only_edit_skips_the_gate(khaelor, fake, project):
+    fake.enqueue(reply(tool_use("write", {"file_path": "README.md", "content": "# Title\n"})),
+                 reply(tool_use("write", {"file_path": "docs/guide.py", "content": "x = 1\n"})),
+                 reply(text("Docs updated.")))
+    result = khaelor.run("-p", "update the docs", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "Docs updated." and len(fake.requests) == 3
+    log = khaelor.log()
+    assert types(log, "VerificationRequested") == []
+    assert types(log, "TaskCompleted")[-1]["evidence"]["changed_files"] == ["README.md", "docs/guide.py"]
+
+
+def test_the_gate_gives_up_after_two_nudges_and_delivers_the_withheld_answer(khaelor, fake, project):
+    fake.enqueue(reply(tool_use("write", {"file_path": "app.py", "content": "print('hi')\n"})),
+                 reply(text("Fixed the greeting in app.py.")),
+                 reply(text("I cannot run anything here.")),
+                 reply(text("")))
+    result = khaelor.run("-p", "fix the greeting", "--yes", "--output-format", "json")
+    assert result.returncode == 0, result.stderr
+    assert fake.rejections == [] and len(fake.requests) == 4
+    out = json.loads(result.stdout)
+    assert out["result"] == "Fixed the greeting in app.py.\n\nI cannot run anything here."
+    log = khaelor.log()
+    assert [e["attempt"] for e in types(log, "VerificationRequested")] == [1, 2]
+    done = types(log, "TaskCompleted")[-1]
+    assert done["answer"] == out["result"]
+    assert done["evidence"]["checks"] == [] and "no check ran after the last change to app.py" in \
+        done["evidence"]["unresolved"][0]
+
+
+def test_a_check_that_ran_before_the_last_edit_does_not_count(khaelor, fake, project):
+    fake.enqueue(reply(tool_use("bash", {"command": "python3 -m pytest --version || true"})),
+                 reply(tool_use("write", {"file_path": "app.py", "content": "x = 1\n"})),
+                 reply(text("done")),
+                 reply(tool_use("bash", {"command": "python3 -m py_compile app.py; exit 3"})),
+                 reply(text("the check failed")))
+    result = khaelor.run("-p", "go", "--yes")
+    assert result.returncode == 0, result.stderr
+    log = khaelor.log()
+    assert len(types(log, "VerificationRequested")) == 1
+    evidence = types(log, "TaskCompleted")[-1]["evidence"]
+    assert [c["exit_code"] for c in evidence["checks"]] == [0, 3]
+    assert evidence["unresolved"] == ["`python3 -m py_compile app.py; exit 3` failed (exit 3)"]
+
+
+def test_the_nudge_names_the_test_file_of_the_changed_module(khaelor, fake, project):
+    (project / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntestpaths = ['tests']\n\n[tool.ruff]\n")
+    (project / "src").mkdir()
+    (project / "src" / "greet.py").write_text("x = 1\n")
+    (project / "tests").mkdir()
+    (project / "tests" / "test_greet.py").write_text("def test_x():\n    pass\n")
+    (project / "tests" / "test_other.py").write_text("def test_y():\n    pass\n")
+    fake.enqueue(reply(tool_use("read", {"file_path": "src/greet.py"})),
+                 reply(tool_use("edit", {"file_path": "src/greet.py", "old_string": "x = 1", "new_string": "x = 2"})),
+                 reply(text("changed")), reply(text("cannot")), reply(text("still cannot")))
+    assert khaelor.run("-p", "bump x", "--yes").returncode == 0
+    commands = types(khaelor.log(), "VerificationRequested")[0]["commands"]
+    assert len(commands) == 2 and commands[0].endswith("-m pytest -q tests/test_greet.py")
+    assert commands[1] == "ruff check src/greet.py"
+
+
+def test_check_detection_per_ecosystem(tmp_path):
+    root = tmp_path
+    (root / "package.json").write_text(json.dumps({"scripts": {"test": "vitest run", "lint": "eslint ."}}))
+    (root / "pnpm-lock.yaml").write_text("")
+    (root / "src").mkdir()
+    (root / "src" / "util.ts").write_text("")
+    (root / "src" / "util.test.ts").write_text("")
+    assert context.detect_checks(root, ["src/util.ts"]) == ["pnpm test -- src/util.test.ts", "pnpm run lint"]
+    (root / "go.mod").write_text("module x\n")
+    assert context.detect_checks(root, ["pkg/a/a.go"]) == ["go vet ./pkg/a", "go test ./pkg/a"]
+    (root / "Cargo.toml").write_text("[package]\n")
+    assert context.detect_checks(root, ["src/main.rs"]) == ["cargo test"]
+    (root / "Makefile").write_text("build:\n\tcc x.c\ntest: build\n\t./t\nlint:\n\ttrue\nX := 1\n")
+    assert context.detect_checks(root, ["x.c"]) == ["make test", "make lint"]
+
+
+def test_what_counts_as_a_check_and_as_code():
+    for command in ("pytest -q", "python3 -m pytest tests/x.py", "npm test", "npm run lint", "make test",
+                    "cargo clippy", "go test ./...", "cd src && python test_app.py", "./run_tests.sh", "tox -e py"):
+        assert context.is_check(command), command
+    for command in ("ls", "cat tests/test_app.py", "git diff", "echo done", "python3 app.py"):
+        assert not context.is_check(command), command
+    assert context.is_check("./scripts/verify.sh --all", ["./scripts/verify.sh"])
+    assert [context.is_code_path(p) for p in ("README.md", "docs/x.py", "notes.txt", "requirements.txt",
+                                               "src/app.py", "Makefile")] == [False, False, False, True, True, True]
+
+
+# ---------------------------------------------------------------- git awareness
+
+def test_baselines_and_attribution_keep_the_users_changes_apart(khaelor, fake, repo):
+    (repo / "README.md").write_text("# demo\nmy own edit, not committed\n")     # pre-existing
+    head = git(repo, "rev-parse", "HEAD")
+    fake.enqueue(reply(tool_use("read", {"file_path": "app.py"})),
+                 reply(tool_use("edit", {"file_path": "app.py", "old_string": "'hello'", "new_string": "'hi'"})),
+                 reply(tool_use("bash", {"command": "touch made-by-a-command.txt && python3 -m py_compile app.py"})),
+                 reply(text("greeting changed")))
+    result = khaelor.run("-p", "change the greeting", "--yes")
+    assert result.returncode == 0, result.stderr
+    log = khaelor.log()
+    start, before_edit = types(log, "BaselineRecorded")
+    assert start["reason"] == "session start" and before_edit["reason"] == "before first edit"
+    assert start["git"] and start["branch"] == "main" and start["head"] == head.strip()
+    assert start["dirty"] == [{"path": "README.md", "status": ".M"}] and start["diff_hash"].startswith("sha256:")
+    assert log.index(before_edit) < log.index(types(log, "FileModified")[0])
+    evidence = types(log, "TaskCompleted")[-1]["evidence"]
+    assert evidence["changed_files"] == ["app.py"] and evidence["preexisting_changes"] == ["README.md"]
+    now = context.git_baseline(__import__("tools").Workspace(repo))
+    report = context.diff_report(log, [d["path"] for d in now["dirty"]])
+    mine, theirs = report.split("**Already changed when the session started")
+    assert "`app.py` +1 −1" in mine and "+    return 'hi'" in mine and "README.md" not in mine
+    assert "`README.md`" in theirs.split("**Changed during")[0]
+    assert "`made-by-a-command.txt`" in theirs.split("**Changed during")[1]
+    # khaelor never commits, stages or stashes on its own.
+    assert git(repo, "rev-parse", "HEAD") == head and git(repo, "diff", "--cached") == ""
+    assert git(repo, "stash", "list") == ""
+
+
+def test_a_file_already_dirty_before_khaelor_is_flagged_in_diff(tmp_path):
+    log = [{"type": "BaselineRecorded", "reason": "session start", "git": True,
+            "dirty": [{"path": "app.py", "status": ".M"}, {"path": "notes.md", "status": "??"}]},
+           {"type": "FileModified", "path": "app.py", "added": 1, "removed": 0, "created": False,
+            "diff": "--- a/app.py\n+++ b/app.py\n@@ -1 +1,2 @@\n x\n+y\n", "tool_use_id": "t"},
+           {"type": "BaselineRecorded", "reason": "resume", "git": True,
+            "dirty": [{"path": "app.py", "status": ".M"}, {"path": "later.txt", "status": "??"}]}]
+    who = context.attribute_changes(log, ["app.py", "notes.md", "later.txt", "new.txt"])
+    assert who == {"khaelor": ["app.py"], "preexisting": ["app.py", "notes.md"], "outside": ["later.txt", "new.txt"],
+                   "dirty_before_edit": ["app.py"]}
+    assert "it had uncommitted changes before khaelor's first edit" in context.diff_report(log)
+
+
+def test_outside_a_git_repository_the_baseline_says_so(khaelor, fake, project):
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hello").returncode == 0
+    assert [(e["reason"], e["git"]) for e in types(khaelor.log(), "BaselineRecorded")] == [("session start", False)]
+
+
+# ---------------------------------------------------------------- the doom-loop guard
+
+def test_headless_stops_a_doom_loop_with_a_clear_message(khaelor, fake, project):
+    call = tool_use("bash", {"command": "echo again >> count.txt"})
+    fake.enqueue(reply(call), reply(call), reply(call), reply(text("never reached")))
+    result = khaelor.run("-p", "loop", "--yes")
+    assert result.returncode == 1
+    assert "repeated the same bash call 3 times in a row" in result.stderr
+    assert (project / "count.txt").read_text() == "again\nagain\n"       # the third call never ran
+    log = khaelor.log()
+    assert types(log, "PermissionRequested")[-1]["capability"] == events.LOOP_CAPABILITY
+    assert types(log, "TaskFailed") and len(fake.requests) == 3
+    # The session stays valid: the next prompt continues it with a well-formed history.
+    fake.enqueue(reply(text("ok")))
+    assert khaelor.run("-c", "-p", "stop looping").returncode == 0
+    assert fake.rejections == []
+
+
+def test_identical_calls_in_separate_turns_are_not_a_loop():
+    from kernel import derive_next
+    log = []
+    for i in range(3):
+        if i:
+            log += [{"type": "ToolCompleted", "tool_use_id": f"t{i - 1}", "name": "bash", "output": "", "meta": {}},
+                    {"type": "TaskCompleted", "evidence": {}}]
+        log += [{"type": "UserMessageCreated", "text": "run make again"},
+                {"type": "ToolRequested", "tool_use_id": f"t{i}", "name": "bash", "input": {"command": "make"}},
+                {"type": "ModelResponseCompleted", "stop_reason": "tool_use", "usage": {}}]
+    log = [dict(e, seq=n) for n, e in enumerate(log, 1)]
+    assert derive_next(events.kernel_state(log)) == "execute-tools"
+    inside_one_turn = [e for e in log if e["type"] != "UserMessageCreated" or e["seq"] == 1]
+    assert derive_next(events.kernel_state([e for e in inside_one_turn if e["type"] != "TaskCompleted"])) == "ask-user"
+
+
+# ---------------------------------------------------------------- sessions: listing, caches, resume
+
+def test_sessions_are_listed_from_their_meta_caches_and_rebuilt_when_stale(khaelor, fake, project):
+    fake.enqueue(reply(text("one")))
+    assert khaelor.run("-p", "first session about walruses").returncode == 0
+    time.sleep(0.01)
+    fake.enqueue(reply(text("two")))
+    assert khaelor.run("-p", "second session about otters").returncode == 0
+    first, second = khaelor.session_files()
+    listing = khaelor.run("sessions").stdout.splitlines()
+    assert second.stem in listing[1] and "otters" in listing[1] and first.stem in listing[2]
+    meta = json.loads(events.meta_path(first).read_text())
+    assert meta["title"] == "first session about walruses" and meta["model"] == "claude-sonnet-5-5"
+    assert meta["tokens"] > 0 and meta["cost"] > 0 and meta["created"] <= meta["updated"]
+    # A fresh cache is trusted: the listing does not read the log.
+    events.meta_path(first).write_text(json.dumps({**meta, "title": "from the cache"}))
+    assert "from the cache" in khaelor.run("sessions").stdout
+    # The log grew: the cache is stale and rebuilt from the log.
+    fake.enqueue(reply(text("three")))
+    assert khaelor.run("-r", first.stem, "-p", "more").returncode == 0
+    events.meta_path(first).write_text(json.dumps({**meta, "title": "stale"}))
+    out = khaelor.run("sessions").stdout
+    assert "stale" not in out and "first session about walruses" in out
+    rebuilt = json.loads(events.meta_path(first).read_text())
+    assert rebuilt["tokens"] > meta["tokens"]
+    events.meta_path(second).unlink()
+    assert "otters" in khaelor.run("sessions").stdout and events.meta_path(second).exists()
+
+
+def test_listing_two_hundred_sessions_reads_only_the_caches(khaelor, project, env):
+    directory = events.sessions_dir(Path(env["KHAELOR_HOME"]), project)
+    for i in range(200):
+        bus = events.Bus(events.SessionStore.create(directory, f"20250101-000000{i:03d}-aaaaaa"))
+        bus.emit("SessionCreated", cwd=str(project), project_root=str(project), model="claude-sonnet-5-5",
+                 aux_model="claude-haiku-5-5", version="t")
+        bus.emit("UserMessageCreated", text=f"task number {i}")
+        for _ in range(50):
+            bus.emit("ToolCompleted", tool_use_id="t", name="bash", output="x" * 2000, meta={})
+        bus.store.close()
+    first = khaelor.run("sessions")
+    assert first.returncode == 0 and len(first.stdout.splitlines()) == 201
+    assert len(list(directory.glob("*.meta.json"))) == 200
+    for log in directory.glob("*.jsonl"):   # junk of the same size and mtime: only the caches can answer now
+        stat = log.stat()
+        log.write_bytes(b"\n" * stat.st_size)
+        os.utime(log, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = khaelor.run("sessions")
+    assert second.stdout == first.stdout and "task number 199" in second.stdout.splitlines()[1]
+
+
+def test_resume_after_a_crash_mid_tool_continues_with_a_valid_request(khaelor, fake, project, env):
+    directory = events.sessions_dir(Path(env["KHAELOR_HOME"]), project)
+    bus = events.Bus(events.SessionStore.create(directory))
+    bus.emit("SessionCreated", cwd=str(project), project_root=str(project), model="claude-sonnet-5-5",
+             aux_model="claude-haiku-5-5", version="t")
+    bus.emit("UserMessageCreated", text="run the long thing")
+    bus.emit("ToolRequested", tool_use_id="toolu_1", name="bash", input={"command": "sleep 100"})
+    bus.emit("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5", stop_reason="tool_use",
+             usage={"input_tokens": 1, "output_tokens": 1, "cache_read_tokens": 0, "cache_write_tokens": 0})
+    bus.emit("ToolStarted", tool_use_id="toolu_1", name="bash")
+    bus.store.close()                  # khaelor died here
+    fake.enqueue(reply(text("picked up")))
+    result = khaelor.run("-c", "-p", "what happened?")
+    assert result.returncode == 0 and result.stdout.strip() == "picked up"
+    assert fake.rejections == []
+    sent = fake.requests[0]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[2]["content"][0]["type"] == "tool_result" and "exited while the tool was running" in \
+        sent[2]["content"][0]["content"]
+
+
+def test_a_doom_loop_denied_with_a_message_tells_the_model_and_the_turn_goes_on(khaelor, fake, project, env,
+                                                                                   monkeypatch):
+    """In-process kernel with a user who answers the loop question "n" plus a message."""
+    import asyncio
+
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR", "ANTHROPIC_BASE_URL"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.chdir(project)
+    call = tool_use("bash", {"command": "echo same"})
+    fake.enqueue(reply(call), reply(call), reply(text("thinking"), call), reply(text("trying another way")))
+    asked = []
+
+    async def ask(request):
+        asked.append(request)
+        return "deny", "stop repeating; read the error instead"
+
+    async def run_one_turn():
+        home = Path(env["KHAELOR_HOME"])
+        args = cli.parse_args(["-p", "x"])
+        store = events.SessionStore.create(events.sessions_dir(home, project))
+        kernel = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store), home,
+                                  project, ask)
+        kernel.submit("do the thing")
+        try:
+            return await kernel.run(), store.events
+        finally:
+            await kernel.toolbox.close()
+            await kernel.model.close()
+
+    step, log = asyncio.run(run_one_turn())
+    assert step == "done" and len(asked) == 1
+    assert asked[0]["capability"] == events.LOOP_CAPABILITY and "3 identical bash calls in a row" in asked[0]["descriptor"]
+    result = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"][-1]
+    assert result["is_error"] and "stop repeating; read the error instead" in result["content"]
+    assert len(types(log, "ToolStarted")) == 2 and fake.rejections == []
+
+
+def test_the_gate_is_skipped_when_the_turn_budget_is_spent_and_after_two_reminders():
+    from kernel import derive_next
+
+    def at(*items):
+        return [dict(e, seq=n) for n, e in enumerate(items, 1)]
+    base = [{"type": "UserMessageCreated", "text": "go"},
+            {"type": "ToolRequested", "tool_use_id": "t", "name": "write", "input": {}},
+            {"type": "ModelResponseCompleted", "stop_reason": "tool_use", "usage": {}},
+            {"type": "FileModified", "tool_use_id": "t", "path": "a.py"},
+            {"type": "ToolCompleted", "tool_use_id": "t", "name": "write", "output": "", "meta": {}},
+            {"type": "ModelResponseCompleted", "stop_reason": "end_turn", "usage": {}}]
+    assert derive_next(events.kernel_state(at(*base))) == "verify"
+    assert derive_next(events.kernel_state(at(*base)), max_turns=2) == "done"
+    nudge = {"type": "VerificationRequested", "text": "check", "commands": []}
+    again = {"type": "ModelResponseCompleted", "stop_reason": "end_turn", "usage": {}}
+    assert derive_next(events.kernel_state(at(*base, nudge))) == "call-model"
+    assert derive_next(events.kernel_state(at(*base, nudge, again))) == "verify"
+    assert derive_next(events.kernel_state(at(*base, nudge, again, nudge, again))) == "done"
+    started = {"type": "ProcessStarted", "process_id": "p1", "pid": 1, "command": "npm test -- --watch=false"}
+    state = events.kernel_state(at(*base[:-1], started, {"type": "ProcessExited", "process_id": "p1",
+                                                          "exit_code": 1, "cause": "exited"}, base[-1]))
+    assert derive_next(state) == "done" and state.commands[-1]["exit_code"] == 1   # a background check counts
+    max_tokens = dict(base[-1], stop_reason="max_tokens")
+    assert derive_next(events.kernel_state(at(*base[:-1], max_tokens))) == "done"
