@@ -40,15 +40,19 @@ def results_in_order(log) -> list[dict]:
 
 # ---------------------------------------------------------------- bad model output
 
+def raw_call(name, partial_json):
+    """A tool_use whose input streams as these exact characters (malformed, cut off, …)."""
+    return dict(tool_use(name, {}), partial_json=partial_json)
+
+
 def test_bad_tool_calls_from_the_model_become_repairable_errors(project, env):
-    cut_off = tool_use("write", {}, )
-    cut_off["partial_json"] = '{"file_path": "out.txt", "content": "the first half of'
-    malformed = tool_use("read", {})
-    malformed["partial_json"] = '{"file_path": "notes.txt", limit: 3}'
-    not_an_object = tool_use("read", {})
-    not_an_object["partial_json"] = '["notes.txt"]'
-    deep = tool_use("bash", {})
-    deep["partial_json"] = '{"command": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    """Malformed input JSON, a non-object, 100,000-deep nesting, wrong parameter types, an unknown
+    tool, absurdly large inputs (a 2 MB write, a 300 KB command, a 10,000-paren regex) and a
+    tool_use cut off by max_tokens: each is answered with a result the model can act on."""
+    cut_off = raw_call("write", '{"file_path": "out.txt", "content": "the first half of')
+    malformed = raw_call("read", '{"file_path": "notes.txt", limit: 3}')
+    not_an_object = raw_call("read", '["notes.txt"]')
+    deep = raw_call("bash", '{"command": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with FakeAnthropic() as fake:
         fake.enqueue(reply(malformed, not_an_object, deep, chunk=512),
                      reply(tool_use("bash", {"command": ["ls"], "timeout": "soon"}),
@@ -118,15 +122,16 @@ def test_hostile_files_and_commands_give_bounded_results_end_to_end(project, env
     marker = f"31.{uuid.uuid4().int % 10**6:06d}"
     script = [
         reply(tool_use("read", {"file_path": "logo.png"}), tool_use("read", {"file_path": "disk.img"}),
-              tool_use("read", {"file_path": "latin1.txt"}), tool_use("read", {"file_path": "dir with space/new\nline.txt"}),
+              tool_use("read", {"file_path": "latin1.txt"}),
+              tool_use("read", {"file_path": "dir with space/new\nline.txt"}),
               tool_use("read", {"file_path": "loop"}), tool_use("read", {"file_path": "a/inside.txt"})),
         reply(tool_use("glob", {"pattern": "**/*.txt"}), tool_use("grep", {"pattern": "needle"}),
               tool_use("write", {"file_path": "loop", "content": "x"}),
               tool_use("edit", {"file_path": "latin1.txt", "old_string": "ok line", "new_string": "OK"})),
         reply(tool_use("bash", {"command": "yes 0123456789abcdef | head -c 100000000"}),
               tool_use("bash", {"command": "cat; echo stdin closed"}),
-              tool_use("bash", {"command": f"(trap '' TERM; exec sleep {marker}) & (trap '' TERM; exec sleep {marker}) & "
-                                           "echo spawned"}),
+              tool_use("bash", {"command": f"(trap '' TERM; exec sleep {marker}) & "
+                                           f"(trap '' TERM; exec sleep {marker}) & echo spawned"}),
               tool_use("bash", {"command": f"trap '' TERM; sleep {marker}", "timeout": 300})),
         reply(text("Survived."))]
     with FakeAnthropic(script) as fake:
@@ -174,7 +179,8 @@ def test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded(tmp_path)
     box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", lambda *a, **k: {})
 
     async def stubborn():
-        await box.run("process", {"action": "start", "command": f"trap '' TERM; sleep {marker} & sleep {marker} & wait"}, "s1")
+        command = f"trap '' TERM; sleep {marker} & sleep {marker} & wait"
+        await box.run("process", {"action": "start", "command": command}, "s1")
         started = time.monotonic()
         stopped = await box.run("process", {"action": "stop", "id": "p1"}, "s2")
         return stopped, time.monotonic() - started
@@ -240,7 +246,9 @@ def stty_settings(path) -> list[str]:
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
 def test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup(tmp_path, project, env):
-    """The real program in tmux: `stty -a` after it ends equals `stty -a` before it started."""
+    """The real program in tmux: `stty -a` after it ends equals `stty -a` before it started. The UI
+    exception is real, not injected: the composer's history file turns into a folder under it, and
+    writing it on Enter raises (if that write ever becomes best-effort, pick another real trigger)."""
     def quote(value):
         return "'" + str(value).replace("'", "'\\''") + "'"
 
@@ -304,14 +312,16 @@ def test_the_api_key_never_reaches_the_log_spill_files_or_output(project, env):
     """Commands and files that show the key: env, printenv, a .env file read, grepped and catted
     into a spilled result, a background process printing it."""
     (project / "secrets.env").write_text(f"ANTHROPIC_API_KEY={KEY}\nOTHER=1\n")
-    script = [reply(tool_use("bash", {"command": "env | sort"}), tool_use("bash", {"command": "printenv ANTHROPIC_API_KEY"}),
+    script = [reply(tool_use("bash", {"command": "env | sort"}),
+                    tool_use("bash", {"command": "printenv ANTHROPIC_API_KEY"}),
                     tool_use("read", {"file_path": "secrets.env"}), tool_use("grep", {"pattern": "API_KEY"}),
                     tool_use("bash", {"command": "cat secrets.env; seq 1 20000; cat secrets.env"}),
                     tool_use("process", {"action": "start", "command": "printenv ANTHROPIC_API_KEY; sleep 0.3"})),
               reply(tool_use("process", {"action": "read", "id": "p1"})),
               reply(text("Done looking."))]
     with FakeAnthropic(script) as fake:
-        result = run_cli(project, env, "-p", "look for credentials", "--yes", "--output-format", "stream-json", fake=fake)
+        result = run_cli(project, env, "-p", "look for credentials", "--yes", "--output-format", "stream-json",
+                         fake=fake)
         assert result.returncode == 0, result.stderr
         sent = [request["raw"] for request in fake.requests]
     log_path = session_files(env)[-1]
@@ -335,4 +345,5 @@ def test_nothing_khaelor_wrote_during_the_suite_holds_the_api_key(tmp_path_facto
             continue
         assert KEY.encode() not in path.read_bytes(), path
         checked += 1
+    print(f"key scan: {checked} files, {len(list(base.rglob('sessions/*/*.jsonl')))} session logs")
     assert checked and any(base.rglob("sessions/*/*.jsonl"))

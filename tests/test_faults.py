@@ -105,7 +105,7 @@ def test_every_transient_api_fault_is_retried_visibly_and_the_task_completes(pro
                      {"content": [text("half an answer"), call], "end_after_events": 6},
                      reply(text("The file says alpha."), chunk=200))
         result = run_cli(project, env, "-p", "what does a.txt say", "--yes", fake=fake,
-                         extra_env={"KHAELOR_READ_TIMEOUT": "0.5"})
+                         extra_env={"KHAELOR_READ_TIMEOUT": "1"})
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "The file says alpha."
         assert fake.rejections == [] and fake.pending == []
@@ -445,7 +445,8 @@ def test_a_corrupted_line_anywhere_is_skipped_with_a_warning_and_the_rest_contin
     project, home = reference_run["project"], Path(reference_run["env"]["KHAELOR_HOME"])
     damages = {"garbage": lambda line: b"\x8f#%garbage{{\n", "half": lambda line: line[:len(line) // 2] + b"\n",
                "nul": lambda line: b"\0" * len(line) + b"\n"}
-    for number in range(2, len(lines)):      # line 1 is SessionCreated
+    print(f"corrupted lines: {len(lines) - 1} lines x {len(damages)} kinds")
+    for number in range(2, len(lines) + 1):      # line 1 is SessionCreated
         for kind, damage in damages.items():
             corrupt = tmp_path / "corrupt.jsonl"
             corrupt.write_bytes(b"".join(lines[:number - 1] + [damage(lines[number - 1])] + lines[number:]))
