@@ -222,7 +222,6 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=No
     An interactive run keeps one toolbox and one client across /new and /resume."""
     import context
     import kernel
-    import model
     import permissions
     import tools
 
@@ -359,6 +358,7 @@ class Session:
         self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
         self._files, self.closed, self.baseline = None, False, None
+        self._status_key, self._status = None, {}
 
     def attach(self, store) -> None:
         """Make `store` the current session (start, /new, /resume); UI subscribers carry over. A
@@ -443,6 +443,13 @@ class Session:
         return self._files
 
     def status(self) -> dict:
+        """Read on every frame: recomputed only when the log has grown (the folds are O(events))."""
+        key = (self.store.path, len(self.store.events), self.kernel.ctx.model)
+        if self._status_key != key:
+            self._status_key, self._status = key, self.fold_status()
+        return {**self._status, "processes": len(self.toolbox.running_processes())}
+
+    def fold_status(self) -> dict:
         import context
         from model import price_of
         log = self.store.events
@@ -456,7 +463,6 @@ class Session:
                 "cost": None if None in costs else sum(costs),
                 "context_pct": None if last is None else 100 * (sum(last.values())) / window,
                 "cache_share": summed["cache_read_tokens"] / prompt if prompt else None,
-                "processes": len(self.toolbox.running_processes()),
                 "branch": next((e.get("branch") or "" for e in reversed(log)
                                 if e["type"] == "BaselineRecorded" and e.get("git")), "")}
 
