@@ -23,14 +23,10 @@ from model import DEFAULT_AUX_MODEL
 CHARS_PER_TOKEN = 4                 # estimate only; real counts come from the API's usage fields
 INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")   # in one directory the first wins
 MAX_INSTRUCTION_CHARS = 40_000      # per file; a runaway file must not eat the window
-DEFAULT_WINDOW = 200_000            # tokens, for a model not in WINDOWS
+DEFAULT_WINDOW = 200_000            # tokens, for a model not in WINDOWS (the 4.5 family and older)
 # Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families.
-WINDOWS = {
-    "claude-opus-5": 1_000_000, "claude-sonnet-5": 1_000_000, "claude-haiku-5": 1_000_000,
-    "claude-fable-5": 1_000_000, "claude-mythos-5": 1_000_000, "claude-opus-4-8": 1_000_000,
-    "claude-opus-4-7": 1_000_000, "claude-opus-4-6": 1_000_000, "claude-sonnet-4-6": 1_000_000,
-    "claude-opus-4-5": 200_000, "claude-sonnet-4-5": 200_000, "claude-haiku-4-5": 200_000,
-}
+WINDOWS = dict.fromkeys(("claude-opus-5", "claude-sonnet-5", "claude-haiku-5", "claude-fable-5", "claude-mythos-5",
+                         "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6", "claude-sonnet-4-6"), 1_000_000)
 MAX_OUTPUT_TOKENS = 32_000          # max_tokens of a main request; also the output reserved in the budget
 BUFFER_TOKENS = 20_000              # headroom so a turn's tool results fit before the next measurement
 PRUNE_PROTECT_TOKENS = 40_000       # the newest tool output the model keeps verbatim (OpenCode's number)
@@ -124,17 +120,16 @@ Use [] or "" for a key with nothing to say."""
 def find_instruction_files(home: Path, project_root: Path, cwd: Path) -> list[Path]:
     """The user's global file, then the nearest project-level file from cwd up to the project root.
     Only the nearest project file counts: ancestors do not stack."""
-    found = []
-    global_file = _first_instruction_file(Path(home))
-    if global_file:
-        found.append(global_file)
-    for directory in _dirs_up(Path(cwd), Path(project_root)):
-        project_file = _first_instruction_file(directory)
-        if project_file:
-            if not (global_file and project_file.resolve() == global_file.resolve()):
-                found.append(project_file)
-            break
-    return found
+    def first_in(directory: Path) -> Path | None:
+        return next((directory / name for name in INSTRUCTION_FILES if (directory / name).is_file()), None)
+    cwd, root = Path(cwd).resolve(), Path(project_root).resolve()
+    # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
+    upwards = [cwd, *(p for p in cwd.parents if p == root or root in p.parents)] \
+        if cwd == root or root in cwd.parents else [cwd, root]
+    global_file, project_file = first_in(Path(home)), next(filter(None, map(first_in, upwards)), None)
+    if global_file and project_file and project_file.resolve() == global_file.resolve():
+        project_file = None
+    return [path for path in (global_file, project_file) if path]
 
 
 def build_system(project_root: Path, cwd: Path, home: Path) -> list[dict]:
@@ -166,18 +161,6 @@ def prompt_sizes(tool_schemas: list[dict]) -> dict:
             "tool_schemas": estimate_tokens(tool_schemas)}
 
 
-def _first_instruction_file(directory: Path) -> Path | None:
-    return next((directory / name for name in INSTRUCTION_FILES if (directory / name).is_file()), None)
-
-
-def _dirs_up(cwd: Path, project_root: Path) -> list[Path]:
-    """cwd and its parents up to and including the project root (just cwd, root if cwd is outside)."""
-    cwd, root = cwd.resolve(), project_root.resolve()
-    if cwd != root and root not in cwd.parents:
-        return [cwd, root]
-    return [cwd] + [p for p in cwd.parents if p == root or root in p.parents]
-
-
 # ---------------------------------------------------------------- the engine
 
 class Context:
@@ -206,27 +189,18 @@ class Context:
     def volatile_facts(self, processes: list[dict]) -> str:
         """Date, git and running processes, wrapped in <environment>; small and new every turn."""
         lines = [f"Date: {datetime.date.today():%A %Y-%m-%d}"]
-        git = self.git_summary()
-        if git:
-            lines.append(f"Git: {git}")
-        if processes:
-            lines.append("Running processes (see the process tool):")
-            for proc in processes[:10]:
-                command = " ".join(str(proc.get("command", "")).split())
-                command = command if len(command) <= 120 else command[:117] + "..."
-                lines.append(f"- {proc.get('process_id')}: {command} (running {_duration(proc.get('runtime_s', 0))})")
-            if len(processes) > 10:
-                lines.append(f"- … and {len(processes) - 10} more")
+        code, out = _git(self.workspace, "status", "--porcelain=v1", "--branch")
+        lines += [f"Git: {summarize_git_status(out)}"] if code == 0 else []     # none outside a repository
+        lines += ["Running processes (see the process tool):"] if processes else []
+        for proc in processes[:10]:
+            command = " ".join(str(proc.get("command", "")).split())
+            command = command if len(command) <= 120 else command[:117] + "..."
+            secs = int(proc.get("runtime_s", 0) or 0)
+            ran = f"{secs}s" if secs < 60 else f"{secs // 60}m" if secs < 3600 else \
+                f"{secs // 3600}h{secs % 3600 // 60:02d}m"
+            lines.append(f"- {proc.get('process_id')}: {command} (running {ran})")
+        lines += [f"- … and {len(processes) - 10} more"] if len(processes) > 10 else []
         return "<environment>\n" + "\n".join(lines) + "\n</environment>"
-
-    def git_summary(self) -> str:
-        """One line from `git status --porcelain --branch`; "" outside a repository or without git."""
-        if self.workspace is None:
-            return ""
-        # --no-optional-locks: a plain `git status` may rewrite the index; this must stay read-only.
-        code, out = self.workspace.capture(["git", "--no-optional-locks", "status", "--porcelain=v1", "--branch"],
-                                           timeout_s=GIT_TIMEOUT_S)
-        return summarize_git_status(out) if code == 0 else ""
 
     def baseline(self) -> dict:
         """BaselineRecorded's payload (branch, HEAD, dirty files, diff hash), read-only."""
@@ -244,23 +218,13 @@ class Context:
     def plan(self, log: list[dict]) -> str | None:
         """After a response: None, "prune" (enough by itself) or "compact", from the API's own usage."""
         used = measured_tokens(log)
-        if used is None or used <= self.usable_tokens:
-            return None
-        ids = prune_ids(log)
-        if ids and used - pruned_tokens(log, ids) <= self.usable_tokens:
-            return "prune"
-        return "compact"
+        return None if used is None or used <= self.usable_tokens else _prune_or_compact(log, used - self.usable_tokens)
 
     def overflow_plan(self, log: list[dict], message: str = "") -> str:
         """After a context_overflow error: "prune" when it frees enough by the API's numbers, else
         "compact". The message reads like `prompt is too long: 1012345 tokens > 1000000 maximum`."""
         numbers = re.search(r"(\d+)\s*tokens?\s*>\s*(\d+)", message)
-        ids = prune_ids(log)
-        if numbers and ids:
-            excess = int(numbers.group(1)) - int(numbers.group(2)) + BUFFER_TOKENS
-            if pruned_tokens(log, ids) >= excess:
-                return "prune"
-        return "compact"
+        return _prune_or_compact(log, int(numbers[1]) - int(numbers[2]) + BUFFER_TOKENS) if numbers else "compact"
 
     def prune_ids(self, log: list[dict]) -> list[str]:
         return prune_ids(log)
@@ -271,28 +235,42 @@ class Context:
 
     # -- inspection
     def inspect(self, log: list[dict], last_usage: dict | None = None, volatile: str = "") -> list[dict]:
-        return inspect(self, log, last_usage, volatile)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds or 0)
-    return f"{seconds}s" if seconds < 60 else f"{seconds // 60}m" if seconds < 3600 else \
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's cache
+        reads are attributed in the order the API caches (tools, system, messages), scaled from
+        estimates to the real total; the volatile tail is never cached. A final row holds the measured
+        totals."""
+        messages = events.history(log)
+        checkpoint = messages[0]["content"][0]["text"] if messages and _latest_cut(log) else ""
+        sizes = [("tools", estimate_tokens(self.tools)),
+                 *((f"system: {name}", estimate_tokens(block["text"]))
+                   for name, block in zip(("identity", "tool guidance", "project"), self.system)),
+                 ("checkpoint", estimate_tokens(checkpoint)),
+                 ("history", max(0, estimate_tokens(messages) - estimate_tokens(checkpoint)) if messages else 0),
+                 ("volatile tail", estimate_tokens(volatile))]
+        usage = last_usage or {}
+        read, write, fresh = (usage.get(k) or 0 for k in ("cache_read_tokens", "cache_write_tokens", "input_tokens"))
+        estimated = sum(tokens for _, tokens in sizes)
+        scale = (read + write + fresh) / estimated if estimated and usage else 1.0
+        rows, left = [], read
+        for section, tokens in sizes:
+            cached = 0 if section == "volatile tail" else min(left, round(tokens * scale))
+            rows.append({"section": section, "tokens": tokens, "cached_tokens": cached})
+            left -= cached
+        return rows + [{"section": "total (measured, last response)", "tokens": read + write + fresh,
+                        "cached_tokens": read, "cache_write_tokens": write, "usable_tokens": self.usable_tokens}]
 
 
 def summarize_git_status(porcelain: str) -> str:
     """`## main...origin/main [ahead 1]` + XY lines → "branch main (ahead 1); 2 modified, 1 untracked"."""
-    lines = porcelain.splitlines()
-    branch = ""
+    lines, branch = porcelain.splitlines(), ""
     if lines and lines[0].startswith("## "):
         head = lines.pop(0)[3:]
         name, _, rest = head.partition("...")
         name = name.removeprefix("No commits yet on ").removeprefix("Initial commit on ")
         tracking = re.search(r"\[(.*)\]", rest or head)
-        branch = f"branch {name.split(' ')[0]}" + (f" ({tracking.group(1)})" if tracking else "")
-    counts = {"staged": 0, "modified": 0, "untracked": 0, "conflicted": 0}
-    for line in lines:
-        xy = line[:2]
+        branch = f"branch {name.split(' ')[0]}" + (f" ({tracking.group(1)})" if tracking else "") + "; "
+    counts = dict.fromkeys(("staged", "modified", "untracked", "conflicted"), 0)
+    for xy in (line[:2] for line in lines):
         if xy == "??":
             counts["untracked"] += 1
         elif "U" in xy or xy in ("AA", "DD"):
@@ -300,8 +278,7 @@ def summarize_git_status(porcelain: str) -> str:
         else:
             counts["staged"] += xy[0] not in " !"
             counts["modified"] += xy[1:2] not in (" ", "!", "")
-    state = ", ".join(f"{n} {label}" for label, n in counts.items() if n) or "clean"
-    return f"{branch}; {state}" if branch else state
+    return branch + (", ".join(f"{n} {label}" for label, n in counts.items() if n) or "clean")
 
 
 # ---------------------------------------------------------------- request assembly
@@ -316,8 +293,16 @@ def assemble_messages(messages: list[dict], volatile: str = "") -> list[dict]:
     newest = len(out) - 1
     previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
     for index in (previous, newest):
-        if index is not None:
-            out[index] = _with_breakpoint(out[index])
+        if index is None:
+            continue
+        content = out[index]["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+        # the last block that may carry cache_control: not thinking, not an empty text
+        last = next((i for i in range(len(blocks) - 1, -1, -1) if blocks[i]["type"] not in NOT_CACHEABLE
+                     and not (blocks[i]["type"] == "text" and not blocks[i]["text"])), None)
+        if last is not None:
+            blocks[last] = {**blocks[last], "cache_control": CACHE}
+        out[index] = {**out[index], "content": blocks}
     if volatile and out[newest]["role"] == "user":
         out[newest]["content"] = out[newest]["content"] + [{"type": "text", "text": volatile}]
     return out
@@ -325,23 +310,9 @@ def assemble_messages(messages: list[dict], volatile: str = "") -> list[dict]:
 
 def count_breakpoints(request: dict) -> int:
     system = request.get("system")
-    blocks = (system if isinstance(system, list) else []) + list(request.get("tools") or [])
-    for message in request.get("messages", []):
-        if isinstance(message["content"], list):
-            blocks += message["content"]
+    blocks = [*(system if isinstance(system, list) else []), *(request.get("tools") or []),
+              *(b for m in request.get("messages", []) if isinstance(m["content"], list) for b in m["content"])]
     return sum("cache_control" in block for block in blocks)
-
-
-def _with_breakpoint(message: dict) -> dict:
-    """A copy of the message with cache_control on its last block that may carry one."""
-    content = message["content"]
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    for i in range(len(blocks) - 1, -1, -1):
-        block = blocks[i]
-        if block["type"] not in NOT_CACHEABLE and not (block["type"] == "text" and not block["text"]):
-            blocks[i] = {**block, "cache_control": CACHE}
-            break
-    return {**message, "content": blocks}
 
 
 # ---------------------------------------------------------------- budget
@@ -368,8 +339,8 @@ def measured_tokens(log: list[dict]) -> int | None:
         if event["type"] == "ModelResponseCompleted":
             usage = event.get("usage") or {}
             return sum(usage.get(key) or 0 for key in events.USAGE_KEYS) + since
-        if event["type"] in events.TOOL_RESULT_EVENTS or event["type"] in ("UserMessageCreated", "SteeringInjected",
-                                                                         "VerificationRequested"):
+        if event["type"] in {*events.TOOL_RESULT_EVENTS, "UserMessageCreated", "SteeringInjected",
+                             "VerificationRequested"}:
             since += estimate_tokens(event.get("output") or event.get("text") or "")
     return None
 
@@ -378,9 +349,8 @@ def prune_ids(log: list[dict]) -> list[str]:
     """tool_use_ids of old tool results to replace with the placeholder, oldest first. The newest
     ~40K tokens of tool output stay (the result that crosses the line stays too, so the newest
     result is never pruned); nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
-    candidates = _prunable_results(log)
     kept, chosen, freed = 0, [], 0
-    for tool_use_id, tokens in reversed(candidates):
+    for tool_use_id, tokens in reversed(_prunable_results(log)):
         if kept < PRUNE_PROTECT_TOKENS:
             kept += tokens
         else:
@@ -389,24 +359,20 @@ def prune_ids(log: list[dict]) -> list[str]:
     return list(reversed(chosen)) if freed >= PRUNE_MINIMUM_TOKENS else []
 
 
-def pruned_tokens(log: list[dict], ids: list[str]) -> int:
-    wanted = set(ids)
-    return sum(tokens for tool_use_id, tokens in _prunable_results(log) if tool_use_id in wanted)
+def _prune_or_compact(log: list[dict], excess: int) -> str:
+    """"prune" when pruning alone frees `excess` tokens, else "compact"."""
+    ids = set(prune_ids(log))
+    freed = sum(tokens for tool_use_id, tokens in _prunable_results(log) if tool_use_id in ids)
+    return "prune" if ids and freed >= excess else "compact"
 
 
 def _prunable_results(log: list[dict]) -> list[tuple[str, int]]:
     """(tool_use_id, estimated tokens saved) of the results still shown in full in the history."""
-    start = _latest_cut(log)
+    start, placeholder = _latest_cut(log), estimate_tokens(events.PRUNED_PLACEHOLDER)
     pruned = {tid for e in log if e["type"] == "ContextPruned" for tid in e["tool_use_ids"]}
-    placeholder = estimate_tokens(events.PRUNED_PLACEHOLDER)
-    results = []
-    for event in log:
-        if event["type"] in ("ToolCompleted", "ToolFailed") and event["seq"] > start \
-                and event["tool_use_id"] not in pruned:
-            tokens = estimate_tokens(event.get("output") or "") - placeholder
-            if tokens > 0:
-                results.append((event["tool_use_id"], tokens))
-    return results
+    results = [(e["tool_use_id"], estimate_tokens(e.get("output") or "") - placeholder) for e in log
+               if e["type"] in ("ToolCompleted", "ToolFailed") and e["seq"] > start and e["tool_use_id"] not in pruned]
+    return [(tool_use_id, tokens) for tool_use_id, tokens in results if tokens > 0]
 
 
 def _latest_cut(log: list[dict]) -> int:
@@ -446,10 +412,9 @@ def safe_cuts(log: list[dict]) -> list[int]:
 def choose_cut(log: list[dict]) -> int | None:
     """The newest safe cut, if the conversation grew since the last one."""
     after = _latest_cut(log)
-    if not any(e["seq"] > after and (e["type"] in ("UserMessageCreated", "SteeringInjected", "ModelResponseCompleted")
-                                     or e["type"] in events.TOOL_RESULT_EVENTS) for e in log):
-        return None
-    cuts = safe_cuts(log)
+    grew = any(e["seq"] > after and (e["type"] in ("UserMessageCreated", "SteeringInjected", "ModelResponseCompleted")
+                                     or e["type"] in events.TOOL_RESULT_EVENTS) for e in log)
+    cuts = safe_cuts(log) if grew else []
     return cuts[-1] if cuts else None
 
 
@@ -460,9 +425,8 @@ def summary_request(log: list[dict], cut_seq: int, *, focus: str = "", aux_model
     # The latest ContextCompacted stays even when recorded after this cut: history() applies it.
     head = [e for e in log if e["seq"] <= cut_seq or e["type"] == "ContextCompacted"]
     budget = min(TRANSCRIPT_MAX_CHARS, (usable_tokens(aux_model, SUMMARY_MAX_TOKENS) - 8_000) * 3)
-    ask = "Write the checkpoint JSON for the session above."
-    if focus:
-        ask += f" The user asks you to focus on: {focus}"
+    ask = "Write the checkpoint JSON for the session above." + \
+        (f" The user asks you to focus on: {focus}" if focus else "")
     text = "<session>\n" + render_transcript(events.history(head), budget) + "\n</session>\n\n" + ask
     return {"model": aux_model, "max_tokens": SUMMARY_MAX_TOKENS,
             "system": [{"type": "text", "text": SUMMARY_SYSTEM}],
@@ -473,21 +437,17 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
     """The history as plain text (a tool-free request cannot carry tool_use blocks). Long tool
     inputs and results keep their head and tail; past max_chars the middle of the session goes."""
     parts = []
-    for message in messages:
-        content = message["content"]
-        for block in [{"type": "text", "text": content}] if isinstance(content, str) else content:
-            kind = block["type"]
-            if kind == "text":
+    for message in messages:            # events.history: content is a list, a tool_result's content a string
+        for block in message["content"]:
+            if block["type"] == "text":
                 parts.append(f"[{message['role']}]\n{block['text']}")
-            elif kind == "tool_use":
+            elif block["type"] == "tool_use":
                 parts.append(f"[tool call {block['name']} {block['id']}]\n"
                              + _clip(json.dumps(block["input"], ensure_ascii=False), TRANSCRIPT_BLOCK_CHARS))
-            elif kind == "tool_result":
-                result = block.get("content") or ""
-                if not isinstance(result, str):
-                    result = "\n".join(b.get("text", "") for b in result if b.get("type") == "text")
+            elif block["type"] == "tool_result":
                 error = " (error)" if block.get("is_error") else ""
-                parts.append(f"[tool result {block['tool_use_id']}{error}]\n" + _clip(result, TRANSCRIPT_BLOCK_CHARS))
+                parts.append(f"[tool result {block['tool_use_id']}{error}]\n"
+                             + _clip(block["content"], TRANSCRIPT_BLOCK_CHARS))
     text = "\n\n".join(parts)
     if len(text) > max_chars:
         head, tail = max_chars // 4, max_chars - max_chars // 4
@@ -498,24 +458,18 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
 def parse_checkpoint(text: str) -> dict:
     """The model's answer → a checkpoint with every key. Tolerates prose or fences around the JSON,
     missing keys and wrong types; with no usable JSON, the answer itself becomes current_state."""
-    data = _find_json_object(text)
-    if data is None:
-        data = {"current_state": text.strip()[:8_000]}
+    data = _find_json_object(text) or {"current_state": text.strip()[:8_000]}
     checkpoint = {}
     for key in CHECKPOINT_KEYS:
         value = data.get(key)
+        items = [] if value is None or value == "" else value if isinstance(value, list) else [value]
         if key in TEXT_KEYS:
             checkpoint[key] = _as_text(value)
         elif key in RECORD_KEYS:
-            checkpoint[key] = [_as_record(item, RECORD_KEYS[key]) for item in _as_list(value)]
+            checkpoint[key] = [_as_record(item, RECORD_KEYS[key]) for item in items]
         else:
-            checkpoint[key] = [_as_text(item) for item in _as_list(value) if _as_text(item)]
+            checkpoint[key] = [_as_text(item) for item in items if _as_text(item)]
     return checkpoint
-
-
-def render_checkpoint(checkpoint: dict) -> str:
-    """The summary text the model reads: a comment header and the checkpoint as YAML."""
-    return SUMMARY_HEADER + to_yaml({key: checkpoint.get(key, "") for key in CHECKPOINT_KEYS})
 
 
 async def compact(log: list[dict], summarize, *, focus: str = "", aux_model: str = DEFAULT_AUX_MODEL) -> dict | None:
@@ -528,17 +482,6 @@ async def compact(log: list[dict], summarize, *, focus: str = "", aux_model: str
     answer = await summarize(summary_request(log, cut_seq, focus=focus, aux_model=aux_model))
     checkpoint = parse_checkpoint(answer["text"] if isinstance(answer, dict) else str(answer))
     head = [e for e in log if e["seq"] <= cut_seq]
-    checkpoint["running_processes"] = _running_processes(log)
-    if not checkpoint["changes"]:
-        checkpoint["changes"] = _file_changes(head)
-    latest = next((e["text"] for e in reversed(head) if e["type"] == "UserMessageCreated"), None)
-    if latest:
-        checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
-                                              "content": _clip(latest, 8_000)})
-    return {"checkpoint": checkpoint, "summary": render_checkpoint(checkpoint), "cut_seq": cut_seq}
-
-
-def _running_processes(log: list[dict]) -> list[dict]:
     running = {}
     for event in log:
         if event["type"] == "ProcessStarted":
@@ -546,18 +489,17 @@ def _running_processes(log: list[dict]) -> list[dict]:
                                             "status": "running"}
         elif event["type"] == "ProcessExited":
             running.pop(event["process_id"], None)
-    return list(running.values())
-
-
-def _file_changes(log: list[dict]) -> list[str]:
-    totals = {}
-    for event in log:
-        if event["type"] == "FileModified":
-            added, removed, created = totals.get(event["path"], (0, 0, False))
-            totals[event["path"]] = (added + event.get("added", 0), removed + event.get("removed", 0),
-                                     created or event.get("created", False))
-    return [f"{path}: {'created, ' if created else ''}+{added} -{removed} lines"
-            for path, (added, removed, created) in totals.items()]
+    checkpoint["running_processes"] = list(running.values())
+    checkpoint["changes"] = checkpoint["changes"] or [
+        f"{path}: {'created, ' if any(e.get('created') for e in edits) else ''}"
+        f"+{sum(e.get('added', 0) for e in edits)} -{sum(e.get('removed', 0) for e in edits)} lines"
+        for path, edits in _edits_by_path(head).items()]
+    latest = next((e["text"] for e in reversed(head) if e["type"] == "UserMessageCreated"), None)
+    if latest:
+        checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
+                                              "content": _clip(latest, 8_000)})
+    # The summary the model reads: a comment header and the checkpoint (every key, in order) as YAML.
+    return {"checkpoint": checkpoint, "summary": SUMMARY_HEADER + to_yaml(checkpoint), "cut_seq": cut_seq}
 
 
 def _find_json_object(text: str) -> dict | None:
@@ -574,22 +516,12 @@ def _find_json_object(text: str) -> dict | None:
     return None
 
 
-def _as_list(value) -> list:
-    if value is None or value == "":
-        return []
-    return value if isinstance(value, list) else [value]
-
-
 def _as_text(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value.strip()
     if isinstance(value, dict):
         return "; ".join(f"{k}: {_as_text(v)}" for k, v in value.items())
     if isinstance(value, list):
-        return "; ".join(_as_text(v) for v in value)
-    return str(value)
+        return "; ".join(map(_as_text, value))
+    return "" if value is None else value.strip() if isinstance(value, str) else str(value)
 
 
 def _as_record(item, keys: tuple) -> dict:
@@ -619,59 +551,41 @@ YAML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r",
 def to_yaml(value) -> str:
     """Block-style YAML for dicts, lists and scalars; strings are plain only when unambiguous,
     multi-line strings are block literals, everything else double-quoted."""
-    if isinstance(value, (dict, list)):
-        return "\n".join(_yaml_node(value, 0)) + "\n"
-    return "\n".join(_yaml_entry("", value, 0)).lstrip() + "\n"
+    if isinstance(value, (dict, list)) and value:
+        return "\n".join(_yaml_lines("", value, -2)[1:]) + "\n"
+    return "\n".join(_yaml_lines("", value, 0)).lstrip() + "\n"
 
 
-def _yaml_node(value, indent: int) -> list[str]:
-    pad = " " * indent
-    if isinstance(value, dict):
-        if not value:
-            return [pad + "{}"]
-        return [line for key, item in value.items() for line in _yaml_entry(pad + _yaml_scalar(str(key)) + ":", item, indent)]
-    if not value:
-        return [pad + "[]"]
-    lines = []
-    for item in value:
-        if isinstance(item, (dict, list)) and item:
-            nested = _yaml_node(item, indent + 2)   # "- " is as wide as the nested indent
-            lines += [pad + "- " + nested[0][indent + 2:]] + nested[1:]
-        else:
-            lines += _yaml_entry(pad + "-", item, indent)
-    return lines
-
-
-def _yaml_entry(head: str, value, indent: int) -> list[str]:
-    """`head value` for a scalar, or `head` followed by the nested block."""
-    if isinstance(value, (dict, list)):
-        if not value:
-            return [f"{head} {'{}' if isinstance(value, dict) else '[]'}"]
-        return [head] + _yaml_node(value, indent + 2)
-    if isinstance(value, str) and _block_literal_ok(value):
-        body = value[:-1] if value.endswith("\n") else value
+def _yaml_lines(head: str, value, indent: int) -> list[str]:
+    """`head` (an indented "key:" or "-") and its value: on the same line for a scalar or an empty
+    collection, else a block literal or the collection's lines indented by two more."""
+    inner = " " * (indent + 2)
+    if isinstance(value, dict) and value:
+        nested = [line for key, item in value.items()
+                  for line in _yaml_lines(inner + _yaml_scalar(str(key)) + ":", item, indent + 2)]
+    elif isinstance(value, list) and value:
+        nested = [line for item in value for line in _yaml_lines(inner + "-", item, indent + 2)]
+    elif isinstance(value, str) and _block_literal_ok(value):
         chomp = "-" if not value.endswith("\n") else "+" if value.endswith("\n\n") else ""
-        pad = " " * (indent + 2)
-        return [f"{head} |{chomp}"] + [pad + line if line else "" for line in body.split("\n")]
-    return [f"{head} {_yaml_scalar(value)}"]
+        return [f"{head} |{chomp}"] + [inner + line if line else "" for line in value.removesuffix("\n").split("\n")]
+    else:
+        inline = "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else _yaml_scalar(value)
+        return [f"{head} {inline}"]
+    if head.endswith("-"):      # a collection in a list starts on the dash's line ("- " is as wide as the indent)
+        return [head + " " + nested[0][indent + 2:]] + nested[1:]
+    return [head] + nested
 
 
 def _yaml_scalar(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)        # null, true, false
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    return text if _plain_ok(text) else _double_quoted(text)
-
-
-def _plain_ok(text: str) -> bool:
-    return bool(text) and text == text.strip() and text.lower() not in YAML_WORDS \
-        and text[0] not in YAML_INDICATORS and not re.match(r"[-+.]?\d|\.\.\.|[-+]?\.(inf|nan)$", text, re.I) \
-        and ": " not in text and " #" not in text and not text.endswith(":") \
-        and all(ch.isprintable() and ch != "\t" for ch in text)
+    plain = text and text == text.strip() and text.lower() not in YAML_WORDS and text[0] not in YAML_INDICATORS \
+        and not re.match(r"[-+.]?\d|\.\.\.|[-+]?\.(inf|nan)$", text, re.I) and ": " not in text \
+        and " #" not in text and not text.endswith(":") and all(ch.isprintable() and ch != "\t" for ch in text)
+    return text if plain else _double_quoted(text)
 
 
 def _block_literal_ok(text: str) -> bool:
@@ -685,47 +599,13 @@ def _block_literal_ok(text: str) -> bool:
 
 
 def _double_quoted(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in YAML_ESCAPES:
-            out.append(YAML_ESCAPES[ch])
-        elif 0xD800 <= ord(ch) <= 0xDFFF:
-            out.append("\\uFFFD")          # a lone surrogate cannot be written as UTF-8
-        elif not ch.isprintable() or ch in "\x85\u2028\u2029\ufeff":
-            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-# ---------------------------------------------------------------- inspection
-
-def inspect(ctx: Context, log: list[dict], last_usage: dict | None = None, volatile: str = "") -> list[dict]:
-    """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's cache
-    reads are attributed in the order the API caches (tools, system, messages), scaled from
-    estimates to the real total; the volatile tail is never cached. A final row holds the measured
-    totals."""
-    messages = events.history(log)
-    checkpoint = messages[0]["content"][0]["text"] if messages and _latest_cut(log) else ""
-    rows = [{"section": "tools", "tokens": estimate_tokens(ctx.tools)},
-            {"section": "system: identity", "tokens": estimate_tokens(ctx.system[0]["text"])},
-            {"section": "system: tool guidance", "tokens": estimate_tokens(ctx.system[1]["text"])},
-            {"section": "system: project", "tokens": estimate_tokens(ctx.system[2]["text"])},
-            {"section": "checkpoint", "tokens": estimate_tokens(checkpoint) if checkpoint else 0},
-            {"section": "history", "tokens": max(0, estimate_tokens(messages) - estimate_tokens(checkpoint))
-             if messages else 0},
-            {"section": "volatile tail", "tokens": estimate_tokens(volatile) if volatile else 0}]
-    usage = last_usage or {}
-    read, write, fresh = (usage.get(k) or 0 for k in ("cache_read_tokens", "cache_write_tokens", "input_tokens"))
-    estimated = sum(row["tokens"] for row in rows)
-    scale = (read + write + fresh) / estimated if estimated and usage else 1.0
-    left = read
-    for row in rows:
-        cached = 0 if row["section"] == "volatile tail" else min(left, round(row["tokens"] * scale))
-        row["cached_tokens"], left = cached, left - cached
-    rows.append({"section": "total (measured, last response)", "tokens": read + write + fresh,
-                 "cached_tokens": read, "cache_write_tokens": write, "usable_tokens": ctx.usable_tokens})
-    return rows
+    def escape(ch: str) -> str:
+        if ch in YAML_ESCAPES or 0xD800 <= ord(ch) <= 0xDFFF:     # a lone surrogate cannot be written as UTF-8
+            return YAML_ESCAPES.get(ch, "\\uFFFD")
+        if not ch.isprintable() or ch in "\x85\u2028\u2029\ufeff":
+            return f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}"
+        return ch
+    return '"' + "".join(map(escape, text)) + '"'
 
 
 # ---------------------------------------------------------------- repository facts: git baseline and attribution (ADR-15)
@@ -736,45 +616,43 @@ MAX_BASELINE_DIRTY = 500            # dirty paths kept in one BaselineRecorded (
 def git_baseline(workspace) -> dict:
     """BaselineRecorded's payload: branch, HEAD, dirty files and a hash of the diff against HEAD,
     all read-only. {"git": False} outside a repository or without git."""
-    if workspace is None:
-        return {"git": False}
-    code, out = workspace.capture(["git", "--no-optional-locks", "status", "--porcelain=v2", "--branch", "-z",
-                                   "--untracked-files=all"], timeout_s=GIT_TIMEOUT_S)
+    code, out = _git(workspace, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all")
     if code != 0:
         return {"git": False}
     branch, head, dirty = parse_status_v2(out)
     # Staged and unstaged changes against HEAD in one diff (an unborn branch has only the index).
-    code, diff = workspace.capture(["git", "--no-optional-locks", "diff", "HEAD" if head else "--cached",
-                                    "--binary", "--no-ext-diff", "--no-color"], timeout_s=GIT_TIMEOUT_S)
-    digest = sha256_text(diff + "\0".join(f"{d['status']} {d['path']}" for d in dirty)) if code == 0 else ""
+    code, diff = _git(workspace, "diff", "HEAD" if head else "--cached", "--binary", "--no-ext-diff", "--no-color")
+    text = diff + "\0".join(f"{d['status']} {d['path']}" for d in dirty)
+    digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest() if code == 0 else ""
     return {"git": True, "branch": branch, "head": head, "dirty": dirty[:MAX_BASELINE_DIRTY],
             "n_dirty": len(dirty), "diff_hash": digest}
+
+
+def _git(workspace, *args: str) -> tuple[int, str]:
+    """(exit code, output) of a read-only git command; (1, "") without a workspace. --no-optional-locks:
+    a plain `git status` may rewrite the index, and khaelor's own git use must stay read-only."""
+    return (1, "") if workspace is None else workspace.capture(["git", "--no-optional-locks", *args],
+                                                                timeout_s=GIT_TIMEOUT_S)
 
 
 def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
     """`git status --porcelain=v2 --branch -z` → (branch, HEAD sha or "", [{path, status}])."""
     branch, head, dirty = "", "", []
-    fields = out.split("\0")
-    i = 0
-    while i < len(fields):
-        entry = fields[i]
-        i += 1
+    fields = iter(out.split("\0"))
+    for entry in fields:
         if entry.startswith("# branch.oid "):
-            head = "" if entry.endswith("(initial)") else entry[len("# branch.oid "):]
+            head = "" if entry.endswith("(initial)") else entry.removeprefix("# branch.oid ")
         elif entry.startswith("# branch.head "):
-            branch = entry[len("# branch.head "):]
+            branch = entry.removeprefix("# branch.head ")
         elif entry[:2] in ("1 ", "2 ", "u "):
             # Fields before the path: 8 for ordinary, 9 for renamed (then the old path), 10 for unmerged.
             parts = entry.split(" ", {"1": 8, "2": 9, "u": 10}[entry[0]])
             dirty.append({"path": parts[-1], "status": parts[1]})
-            i += entry[0] == "2"
+            if entry[0] == "2":
+                next(fields, None)      # the old path of the rename
         elif entry.startswith("? "):
             dirty.append({"path": entry[2:], "status": "??"})
     return branch, head, dirty
-
-
-def sha256_text(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def attribute_changes(log: list[dict], dirty_now: list[str] | None = None) -> dict:
@@ -782,22 +660,18 @@ def attribute_changes(log: list[dict], dirty_now: list[str] | None = None) -> di
     preexisting: dirty when the session started (its first baseline) — the user's, left alone.
     outside: dirty later (a later baseline, or now) but neither — the user's, or made by commands.
     dirty_before_edit: khaelor's files that already had changes before khaelor first edited them."""
-    khaelor, preexisting, later, dirty_before_edit = {}, None, {}, []
-    dirty_so_far = set()
+    khaelor, baselines, dirty_before_edit, dirty_so_far = {}, [], [], set()
     for event in log:
         if event["type"] == "FileModified" and event["path"] not in khaelor:
             khaelor[event["path"]] = None
             if event["path"] in dirty_so_far:
                 dirty_before_edit.append(event["path"])
         elif event["type"] == "BaselineRecorded":
-            paths = [entry["path"] for entry in event.get("dirty") or []]
-            dirty_so_far.update(paths)
-            if preexisting is None:
-                preexisting = dict.fromkeys(paths)
-            else:
-                later.update(dict.fromkeys(paths))
-    preexisting = preexisting or {}
-    outside = [p for p in dict.fromkeys([*later, *(dirty_now or [])]) if p not in preexisting and p not in khaelor]
+            baselines.append([entry["path"] for entry in event.get("dirty") or []])
+            dirty_so_far.update(baselines[-1])
+    preexisting = dict.fromkeys(baselines[0] if baselines else [])
+    later = [path for paths in baselines[1:] for path in paths] + list(dirty_now or [])
+    outside = [p for p in dict.fromkeys(later) if p not in preexisting and p not in khaelor]
     return {"khaelor": list(khaelor), "preexisting": list(preexisting), "outside": outside,
             "dirty_before_edit": dirty_before_edit}
 
@@ -805,39 +679,40 @@ def attribute_changes(log: list[dict], dirty_now: list[str] | None = None) -> di
 def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: int = 60_000) -> str:
     """/diff as markdown: khaelor's edits of this session file by file (from the log, so it
     survives resume), then the changes that were not khaelor's."""
-    who = attribute_changes(log, dirty_now)
+    who, edits = attribute_changes(log, dirty_now), _edits_by_path(log)
+    lines = [f"**khaelor changed {len(edits)} file{'s' * (len(edits) != 1)} in this session**" if edits
+             else "khaelor has not changed any file in this session."]
+    for path, changes in edits.items():
+        added, removed = sum(c.get("added", 0) for c in changes), sum(c.get("removed", 0) for c in changes)
+        note = " · it had uncommitted changes before khaelor's first edit: only khaelor's edits are shown" \
+            if path in who["dirty_before_edit"] else ""
+        created = " (created)" if changes[0].get("created") else ""
+        lines.append(f"- `{path}`{created} +{added} −{removed} in {len(changes)} edit{'s' * (len(changes) != 1)}{note}")
+    body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
+    if len(body) > max_chars:
+        body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
+    lines += ["", "```diff", body.rstrip("\n"), "```"] if edits else []
+    for key, title in (("preexisting", "Already changed when the session started (yours, left as they were)"),
+                       ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)")):
+        more = f" and {len(who[key]) - 30} more" if len(who[key]) > 30 else ""
+        lines += ["", f"**{title}:** " + ", ".join(f"`{p}`" for p in who[key][:30]) + more] if who[key] else []
+    return "\n".join(lines)
+
+
+def _edits_by_path(log: list[dict]) -> dict[str, list[dict]]:
+    """khaelor's FileModified events grouped by file, files in the order first edited."""
     edits = {}
     for event in log:
         if event["type"] == "FileModified":
             edits.setdefault(event["path"], []).append(event)
-    lines = []
-    if edits:
-        lines.append(f"**khaelor changed {len(edits)} file{'s' * (len(edits) != 1)} in this session**")
-        for path, changes in edits.items():
-            added, removed = sum(c.get("added", 0) for c in changes), sum(c.get("removed", 0) for c in changes)
-            note = " · it had uncommitted changes before khaelor's first edit: only khaelor's edits are shown" \
-                if path in who["dirty_before_edit"] else ""
-            created = " (created)" if changes[0].get("created") else ""
-            lines.append(f"- `{path}`{created} +{added} −{removed} in {len(changes)} edit{'s' * (len(changes) != 1)}{note}")
-        body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
-        if len(body) > max_chars:
-            body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
-        lines += ["", "```diff", body.rstrip("\n"), "```"]
-    else:
-        lines.append("khaelor has not changed any file in this session.")
-    for key, title in (("preexisting", "Already changed when the session started (yours, left as they were)"),
-                       ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)")):
-        if who[key]:
-            shown = who[key][:30]
-            more = f" and {len(who[key]) - 30} more" if len(who[key]) > 30 else ""
-            lines += ["", f"**{title}:** " + ", ".join(f"`{p}`" for p in shown) + more]
-    return "\n".join(lines)
+    return edits
 
 
 # ---------------------------------------------------------------- verification: code files, checks, detection (ADR-12)
 
 DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc")
 DOC_DIRS = ("docs/", "doc/")
+DOC_NAMES = ("license", "licence", "authors", "changelog", "notice")
 NOT_DOCS = ("cmakelists.txt", "requirements.txt", "constraints.txt")   # .txt files that are build input
 # Commands that check work: test runners, type checkers, linters, builds (matched anywhere in a command).
 CHECK_COMMAND = re.compile(r"""(?x)(?:^|[\s;&|(/])(?:
@@ -860,10 +735,8 @@ def is_code_path(path: str) -> bool:
     """Documentation (.md, .rst, .txt, docs/) does not need a check; everything else does."""
     lowered = path.replace("\\", "/").lower()
     name = lowered.rsplit("/", 1)[-1]
-    if name in NOT_DOCS:
-        return True
-    return not (lowered.endswith(DOC_SUFFIXES) or lowered.startswith(DOC_DIRS) or "/docs/" in lowered
-                or name in ("license", "licence", "authors", "changelog", "notice"))
+    return name in NOT_DOCS or not (lowered.endswith(DOC_SUFFIXES) or lowered.startswith(DOC_DIRS)
+                                    or "/docs/" in lowered or name in DOC_NAMES)
 
 
 def is_check(command: str, suggested: list[str] = ()) -> bool:
@@ -883,22 +756,19 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
     """Check commands relevant to the changed files: the tests that match a changed module, the
     project's configured linters and type checkers for them, the package's test script. The whole
     suite or a Makefile target only when nothing narrower is known."""
-    root = Path(root)
-    kinds = {ECOSYSTEMS.get(Path(p).suffix.lower(), "other") for p in changed}
-    commands = []
-    if "python" in kinds:
-        commands += _python_checks(root, [p for p in changed if ECOSYSTEMS.get(Path(p).suffix.lower()) == "python"])
-    if "node" in kinds and (root / "package.json").is_file():
-        commands += _node_checks(root, [p for p in changed if ECOSYSTEMS.get(Path(p).suffix.lower()) == "node"])
-    if "rust" in kinds and (root / "Cargo.toml").is_file():
+    root, by_kind = Path(root), {}
+    for path in changed:
+        by_kind.setdefault(ECOSYSTEMS.get(Path(path).suffix.lower(), "other"), []).append(path)
+    commands = _python_checks(root, by_kind["python"]) if "python" in by_kind else []
+    if "node" in by_kind and (root / "package.json").is_file():
+        commands += _node_checks(root, by_kind["node"])
+    if "rust" in by_kind and (root / "Cargo.toml").is_file():
         commands.append("cargo test")
-    if "go" in kinds and (root / "go.mod").is_file():
-        packages = sorted({"./" + str(Path(p).parent) if str(Path(p).parent) != "." else "."
-                           for p in changed if p.endswith(".go")})
-        commands += [f"go vet {' '.join(packages)}", f"go test {' '.join(packages)}"]
-    if not commands:
-        commands = _makefile_checks(root) or _whole_project_checks(root)
-    return list(dict.fromkeys(commands))[:MAX_CHECK_COMMANDS]
+    if "go" in by_kind and (root / "go.mod").is_file():
+        packages = " ".join(sorted({"./" + str(Path(p).parent) if str(Path(p).parent) != "." else "."
+                                    for p in by_kind["go"]}))
+        commands += [f"go vet {packages}", f"go test {packages}"]
+    return list(dict.fromkeys(commands or _whole_project_checks(root)))[:MAX_CHECK_COMMANDS]
 
 
 def _read_text(path: Path) -> str:
@@ -918,22 +788,18 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     config = _read_text(root / "pyproject.toml") + _read_text(root / "setup.cfg") + _read_text(root / "tox.ini")
     uses_pytest = "pytest" in config or (root / "pytest.ini").is_file() or (root / "conftest.py").is_file() \
         or (root / "tests" / "conftest.py").is_file()
-    tests = [t for path in changed for t in related_python_tests(root, path)]
-    tests = list(dict.fromkeys(tests))[:6]
-    python, commands = _python(), []
+    tests = list(dict.fromkeys(t for path in changed for t in related_python_tests(root, path)))[:6]
+    python, commands, files = _python(), [], " ".join(changed[:10])
     if tests:
         runner = f"{python} -m pytest -q" if uses_pytest or not config else f"{python} -m unittest"
         commands.append(f"{runner} {' '.join(tests)}")
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
-    files = " ".join(changed[:10])
     if "[tool.ruff" in config or (root / "ruff.toml").is_file() or (root / ".ruff.toml").is_file():
         commands.append(f"ruff check {files}")
     if "[tool.mypy" in config or "[mypy" in config or (root / "mypy.ini").is_file():
         commands.append(f"mypy {files}")
-    if not commands and changed:
-        commands.append(f"{python} -m py_compile {files}")
-    return commands
+    return commands or ([f"{python} -m py_compile {files}"] if changed else [])
 
 
 def related_python_tests(root: Path, path: str) -> list[str]:
@@ -963,10 +829,7 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
     if test_script and "no test specified" not in test_script:
         tests = [t for path in changed for t in _related_node_tests(root, path)][:4]
         commands.append(f"{manager} test" + (f" -- {' '.join(tests)}" if tests else ""))
-    for name in ("typecheck", "type-check", "lint"):
-        if name in scripts:
-            commands.append(f"{manager} run {name}")
-    return commands
+    return commands + [f"{manager} run {name}" for name in ("typecheck", "type-check", "lint") if name in scripts]
 
 
 def _related_node_tests(root: Path, path: str) -> list[str]:
@@ -979,16 +842,13 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
     return [str(f.relative_to(root)) for f in found[:2]]
 
 
-def _makefile_checks(root: Path) -> list[str]:
-    makefile = next((root / n for n in ("Makefile", "makefile", "GNUmakefile") if (root / n).is_file()), None)
-    if makefile is None:
-        return []
-    targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", _read_text(makefile), re.M))
-    return [f"make {t}" for t in ("test", "check", "lint") if t in targets]
-
-
 def _whole_project_checks(root: Path) -> list[str]:
-    """Nothing narrower was found: the project's own suite, by its marker files."""
+    """Nothing narrower was found: the Makefile's check targets, else the project's own suite by its
+    marker files."""
+    makefile = next((root / n for n in ("Makefile", "makefile", "GNUmakefile") if (root / n).is_file()), None)
+    targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", _read_text(makefile), re.M)) if makefile else set()
+    if targets & {"test", "check", "lint"}:
+        return [f"make {t}" for t in ("test", "check", "lint") if t in targets]
     if (root / "Cargo.toml").is_file():
         return ["cargo test"]
     if (root / "go.mod").is_file():
@@ -1035,12 +895,9 @@ def completion(state, log: list[dict]) -> dict:
     to deliver (if the model never verified, the withheld answer comes first: never lost)."""
     checks = [c for c in state.commands if is_check(c["command"], state.suggested_checks)]
     unverified = unverified_changes(state)
-    unresolved = []
-    if unverified:
-        unresolved.append(f"no check ran after the last change to {', '.join(unverified[:10])}"
-                          + (f" (not verified after {state.nudges} reminders)" if state.nudges else ""))
-    last_runs = {c["command"]: c for c in checks}
-    for command, run in last_runs.items():
+    unresolved = [f"no check ran after the last change to {', '.join(unverified[:10])}"
+                  + (f" (not verified after {state.nudges} reminders)" if state.nudges else "")] if unverified else []
+    for command, run in {c["command"]: c for c in checks}.items():     # each command's last run
         if run["exit_code"] is None:
             unresolved.append(f"`{_clip(command, 200)}` was still running")
         elif run["exit_code"] != 0:
@@ -1051,13 +908,11 @@ def completion(state, log: list[dict]) -> dict:
                 "unresolved": unresolved, "preexisting_changes": attribute_changes(log)["preexisting"][:50],
                 "reminders": state.nudges, "stop_reason": state.last_stop_reason,
                 "responses": state.responses_in_turn}
-    payload = {"evidence": evidence}
-    if state.nudges:
-        start = max((i for i, e in enumerate(log) if e["type"] == "UserMessageCreated"), default=0)
-        withheld = [e.get("withheld") or "" for e in log[start:] if e["type"] == "VerificationRequested"]
-        answers = [w for w in withheld + [last_response_text(log[start:])] if w]     # oldest first
-        if unverified and answers:      # gave up: the withheld answer, then the model's last word
-            payload["answer"] = "\n\n".join(dict.fromkeys((answers[0], answers[-1])))
-        else:
-            payload["answer"] = answers[-1] if answers else ""
-    return payload
+    if not state.nudges:
+        return {"evidence": evidence}
+    start = max((i for i, e in enumerate(log) if e["type"] == "UserMessageCreated"), default=0)
+    withheld = [e.get("withheld") or "" for e in log[start:] if e["type"] == "VerificationRequested"]
+    answers = [w for w in withheld + [last_response_text(log[start:])] if w]     # oldest first
+    if unverified and answers:      # gave up: the withheld answer, then the model's last word
+        return {"evidence": evidence, "answer": "\n\n".join(dict.fromkeys((answers[0], answers[-1])))}
+    return {"evidence": evidence, "answer": answers[-1] if answers else ""}

@@ -1,33 +1,29 @@
 """permissions.py: what a tool call may do, decided before it runs.
 
-Owns: the capabilities a tool call needs (file.read, file.write.project,
-filesystem.outsideProject, process.execute, git.modify, network.access), rules
-{capability, pattern, action} evaluated last-match-wins, the hardline floor beneath the
-rules, shell-word parsing of bash commands, "always" suggestions (the arity table) and the
-config-dict edit that persists a grant.
+Owns: the capabilities a tool call needs (file.read, file.write.project, filesystem.outsideProject,
+process.execute, git.modify, network.access), rules {capability, pattern, action} evaluated
+last-match-wins, the hardline floor beneath the rules, shell-word parsing of bash commands, "always"
+suggestions (the arity table) and the config-dict edit that persists a grant.
 Must not: import our other modules, write files or run anything. It only reads the world:
 os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
-  file.read, file.write.project    the project-relative POSIX path after resolving `..` and
-                                   symlinks: "src/app.py"
-  filesystem.outsideProject        the absolute resolved path: "/etc/hosts" (a "~" at the
-                                   start of a pattern is expanded)
-  process.execute, git.modify,     one simple command's words after quote removal, joined by
-  network.access                   single spaces: "git commit -m fix bug". A pattern ending in
-                                   " *" also matches the bare command ("ls *" matches "ls").
-A bash line is split into the simple commands it runs (&&, ||, ;, |, &, newlines, $( ),
-backticks, subshells, heredocs, bash -c, eval, find -exec); each needs one of
-process.execute / git.modify / network.access, plus file.read or filesystem.outsideProject
-for each argument that may name a file, and file.write.project for each output
-redirection. Every request is judged; the strictest answer wins (deny > ask > allow).
+  file.read, file.write.project  the project-relative POSIX path after resolving `..` and symlinks: "src/app.py"
+  filesystem.outsideProject      the absolute resolved path: "/etc/hosts" (a "~" starting a pattern is expanded)
+  process.execute, git.modify,   one simple command's words after quote removal, joined by single spaces:
+  network.access                 "git commit -m fix bug". A pattern ending in " *" also matches the bare
+                                 command ("ls *" matches "ls").
+A bash line is split into the simple commands it runs (&&, ||, ;, |, &, newlines, $( ), backticks,
+subshells, heredocs, bash -c, eval, find -exec); each needs one of process.execute / git.modify /
+network.access, plus file.read or filesystem.outsideProject for each argument that may name a file,
+and file.write.project for each output redirection. Every request is judged; the strictest answer
+wins (deny > ask > allow).
 
 "Always" suggestions: a bash command gets its arity-table prefix plus " *" ("git push *");
-destructive programs (rm, dd, curl, sudo ...), options before the subcommand, and asks made
-by a specific rule ("find *-delete*") get the exact command; a line with operators or
-redirections gets none. A project write suggests the file's directory subtree
-("src/api/*", or the file itself at the root); a secret read or anything outside the
-project suggests the exact path.
+destructive programs (rm, dd, curl, sudo ...), options before the subcommand, and asks made by a
+specific rule ("find *-delete*") get the exact command; a line with operators or redirections gets
+none. A project write suggests the file's directory subtree ("src/api/*", or the file itself at the
+root); a secret read or anything outside the project suggests the exact path.
 """
 
 import fnmatch
@@ -43,8 +39,8 @@ from typing import NamedTuple
 
 CAPABILITIES = ("file.read", "file.write.project", "filesystem.outsideProject",
                 "process.execute", "git.modify", "network.access")
-ACTIONS = ("allow", "ask", "deny")
-_STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}
+ACTIONS = ("allow", "ask", "deny")                                 # in order of strictness
+_STRICTNESS = {action: n for n, action in enumerate(ACTIONS)}
 _COMMAND_CAPABILITIES = ("process.execute", "git.modify", "network.access")
 _RULE_KEYS = ("capability", "pattern", "action")
 
@@ -55,97 +51,72 @@ SECRET_TEMPLATES = ("*.env.example", "*.env.sample", "*.env.template")
 
 # Commands that only read. Their other forms are caught elsewhere: modifying git forms are
 # git.modify (so "git branch *" only ever sees listings) and READ_ONLY_EXCEPTIONS ask again.
-READ_ONLY_COMMANDS = (
-    "ls", "cat", "head", "tail", "wc", "pwd", "echo", "printf", "cd", "which", "type",
-    "whoami", "date", "stat", "du", "df", "tree", "grep", "egrep", "fgrep", "rg", "find",
-    "sort", "cut", "tr", "diff", "cmp", "basename", "dirname", "realpath", "readlink", "true",
-    "false", "test", "[", "[[", "nl", "jq", "uname", "id", "md5sum", "sha256sum", "shasum",
-    "git status", "git diff", "git log", "git show", "git branch", "git tag", "git describe",
-    "git rev-parse", "git ls-files", "git ls-tree", "git blame", "git shortlog", "git remote",
-    "git stash", "git merge-base", "git show-ref", "git reflog", "git worktree", "git cat-file",
-    "git config", "git submodule")
+READ_ONLY_COMMANDS = (*"""ls cat head tail wc pwd echo printf cd which type whoami date stat du df tree grep egrep fgrep
+    rg find sort cut tr diff cmp basename dirname realpath readlink true false test [ [[ nl jq uname id md5sum sha256sum
+    shasum""".split(), *("git " + sub for sub in """status diff log show branch tag describe rev-parse ls-files ls-tree
+    blame shortlog remote stash merge-base show-ref reflog worktree cat-file config submodule""".split()))
 READ_ONLY_EXCEPTIONS = ("find *-exec*", "find *-ok*", "find *-delete*", "find *-fprint*",
                         "find *-fls*", "sort *-o*", "sort *--compress*", "tree *-o*",
                         "rg *--pre*", "git *--output*", "date *-s*")
 
 # How many leading words name "the command" ("git push origin main" -> "git push *").
 # The longest matching key wins; unknown programs have arity 1.
-ARITY = {
-    "git": 2, "git remote": 3, "git stash": 3, "git submodule": 3, "git worktree": 3,
-    "npm": 2, "npm run": 3, "npm exec": 3, "npx": 2, "yarn": 2, "yarn run": 3, "pnpm": 2,
-    "pnpm run": 3, "bun": 2, "bun run": 3, "bunx": 2, "deno": 2, "deno task": 3, "node": 2,
-    "python": 2, "python -m": 3, "python3": 2, "python3 -m": 3, "python manage.py": 3,
-    "python3 manage.py": 3, "pip": 2, "pip3": 2, "pipx": 2, "uv": 2, "uv run": 3, "uv pip": 3,
-    "poetry": 2, "poetry run": 3, "ruby": 2, "bundle": 2, "bundle exec": 3, "rails": 2,
-    "rake": 2, "cargo": 2, "rustup": 2, "go": 2, "go mod": 3, "make": 2, "just": 2, "ruff": 2,
-    "docker": 2, "docker compose": 3, "docker-compose": 2, "kubectl": 2, "helm": 2,
-    "terraform": 2, "gh": 3, "brew": 2, "apt": 2, "apt-get": 2, "mvn": 2, "gradle": 2,
-    "./gradlew": 2, "dotnet": 2, "swift": 2, "pre-commit": 2, "systemctl": 2}
+ARITY = {**dict.fromkeys("""git npm npx yarn pnpm bun bunx deno node python python3 pip pip3 pipx uv poetry ruby bundle
+    rails rake cargo rustup go make just ruff docker docker-compose kubectl helm terraform brew apt apt-get mvn gradle
+    ./gradlew dotnet swift pre-commit systemctl""".split(), 2),
+         **dict.fromkeys(("gh", "git remote", "git stash", "git submodule", "git worktree", "npm run", "npm exec",
+                          "yarn run", "pnpm run", "bun run", "deno task", "python -m", "python3 -m", "python manage.py",
+                          "python3 manage.py", "uv run", "uv pip", "poetry run", "bundle exec", "go mod",
+                          "docker compose"), 3)}
 # Programs whose "always" is the exact command: a wildcard over their arguments would grant
 # far more than the user just saw (rm *, curl *, sudo *).
-_EXACT_ONLY = frozenset((
-    "rm", "rmdir", "dd", "chmod", "chown", "chgrp", "mv", "cp", "ln", "tee", "kill", "pkill",
-    "killall", "shred", "truncate", "sudo", "doas", "su", "eval", "exec", "source", ".", "env",
-    "xargs", "bash", "sh", "zsh", "dash", "fish", "ssh", "scp", "sftp", "rsync", "curl", "wget",
-    "nc", "ncat", "telnet", "sed", "awk", "perl", "find"))
+_EXACT_ONLY = frozenset("""rm rmdir dd chmod chown chgrp mv cp ln tee kill pkill killall shred truncate sudo doas su
+    eval exec source . env xargs bash sh zsh dash fish ssh scp sftp rsync curl wget nc ncat telnet sed awk perl
+    find""".split())
 
 _GIT_NETWORK = frozenset(("fetch", "clone", "ls-remote"))
-_GIT_MODIFY = frozenset((
-    "add", "am", "apply", "checkout", "cherry-pick", "clean", "commit", "gc", "init", "merge",
-    "mv", "pull", "push", "rebase", "reset", "restore", "revert", "rm", "switch", "update-ref",
-    "update-index", "filter-branch", "replace", "bisect", "sparse-checkout", "prune", "lfs"))
+_GIT_MODIFY = frozenset("""add am apply checkout cherry-pick clean commit gc init merge mv pull push rebase reset
+    restore revert rm switch update-ref update-index filter-branch replace bisect sparse-checkout prune lfs""".split())
 # Subcommands that read in these forms (their first argument; "" = none) and modify in any
 # other, or whenever a _GIT_MODIFYING_FLAGS flag appears.
-_GIT_READ_FORMS = {
-    "branch": {"", "-a", "-r", "-v", "-vv", "-l", "--list", "--all", "--remotes", "--merged",
-               "--no-merged", "--contains", "--show-current"},
-    "tag": {"", "-l", "--list", "-n", "--contains", "--points-at"},
-    "config": {"--get", "--get-all", "--get-regexp", "-l", "--list"},
-    "stash": {"list", "show"}, "remote": {"", "-v", "show", "get-url"}, "reflog": {"", "show"},
-    "worktree": {"list"}, "submodule": {"", "status", "summary"}, "notes": {"", "list", "show"}}
-_GIT_MODIFYING_FLAGS = frozenset(("-d", "-D", "--delete", "-m", "-M", "--move", "-c", "-C",
-                                  "--copy", "-f", "--force", "-u", "--set-upstream-to",
-                                  "--unset", "--unset-all", "--add", "--replace-all", "-e", "--edit"))
+_GIT_READ_FORMS = {name: set(forms.split(",")) for name, forms in {
+    "branch": ",-a,-r,-v,-vv,-l,--list,--all,--remotes,--merged,--no-merged,--contains,--show-current",
+    "tag": ",-l,--list,-n,--contains,--points-at", "config": "--get,--get-all,--get-regexp,-l,--list",
+    "stash": "list,show", "remote": ",-v,show,get-url", "reflog": ",show", "worktree": "list",
+    "submodule": ",status,summary", "notes": ",list,show"}.items()}
+_GIT_MODIFYING_FLAGS = frozenset("""-d -D --delete -m -M --move -c -C --copy -f --force -u --set-upstream-to --unset
+    --unset-all --add --replace-all -e --edit""".split())
 _GIT_GLOBAL_WITH_VALUE = frozenset(("-C", "-c", "--git-dir", "--work-tree", "--namespace"))
-_NETWORK_COMMANDS = frozenset(("curl", "wget", "ssh", "scp", "sftp", "nc", "ncat", "netcat",
-                               "telnet", "ftp", "http", "https", "aria2c", "gh"))
+_NETWORK_COMMANDS = frozenset("curl wget ssh scp sftp nc ncat netcat telnet ftp http https aria2c gh".split())
 # Package managers: the subcommands that download or publish ("" = the bare command).
 _NETWORK_SUBCOMMANDS = {name: set(subs.split(",")) for name, subs in {
     "pip": "install,download", "pip3": "install,download", "pipx": "install,run,upgrade",
-    "uv": "add,sync,pip,tool,lock", "npm": "install,i,ci,add,update,publish",
-    "pnpm": "install,i,add,update,dlx", "yarn": ",install,add,upgrade,dlx",
-    "bun": "install,i,add,update,x", "cargo": "install,add,fetch,update,publish",
-    "go": "get,install", "gem": "install,update", "brew": "install,update,upgrade,tap",
-    "apt": "install,update,upgrade", "apt-get": "install,update,upgrade",
-    "docker": "pull,push,login", "poetry": "add,install,update", "bundle": "install,update",
-    "composer": "install,require,update"}.items()}
+    "uv": "add,sync,pip,tool,lock", "npm": "install,i,ci,add,update,publish", "pnpm": "install,i,add,update,dlx",
+    "yarn": ",install,add,upgrade,dlx", "bun": "install,i,add,update,x", "cargo": "install,add,fetch,update,publish",
+    "go": "get,install", "gem": "install,update", "brew": "install,update,upgrade,tap", "apt": "install,update,upgrade",
+    "apt-get": "install,update,upgrade", "docker": "pull,push,login", "poetry": "add,install,update",
+    "bundle": "install,update", "composer": "install,require,update"}.items()}
 
 # Programs that run the rest of their words as a command -> their options taking a value.
-_WRAPPERS = {
-    "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-T", "-U", "--user", "--group"},
-    "doas": {"-u", "-C"}, "env": {"-u", "-C", "--unset", "--chdir"}, "command": set(),
-    "builtin": set(), "exec": {"-a"}, "nohup": set(), "time": set(), "setsid": set(),
-    "nice": {"-n", "--adjustment"}, "ionice": {"-c", "-n"}, "stdbuf": {"-i", "-o", "-e"},
-    "timeout": {"-s", "-k", "--signal", "--kill-after"}, "busybox": set(), "unbuffer": set(),
-    "watch": {"-n", "-d"}, "xargs": {"-I", "-n", "-P", "-L", "-d", "-s", "-E", "-a"}}
+_WRAPPERS = {name: set(options.split()) for name, options in {
+    "sudo": "-u -g -C -D -h -p -r -t -T -U --user --group", "doas": "-u -C", "env": "-u -C --unset --chdir",
+    "command": "", "builtin": "", "exec": "-a", "nohup": "", "time": "", "setsid": "", "nice": "-n --adjustment",
+    "ionice": "-c -n", "stdbuf": "-i -o -e", "timeout": "-s -k --signal --kill-after", "busybox": "",
+    "unbuffer": "", "watch": "-n -d", "xargs": "-I -n -P -L -d -s -E -a"}.items()}
 _SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su"))
-_KEYWORDS = frozenset(("if", "then", "else", "elif", "fi", "do", "done", "while", "until",
-                       "!", "{", "}", "esac"))
+_KEYWORDS = frozenset("if then else elif fi do done while until ! { } esac".split())
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
 _PATTERN_FIRST = frozenset(("grep", "egrep", "fgrep", "rg", "sed", "awk", "jq"))   # arg 1 is no file
 
 # The floor's targets: deleting or chmod-ing these recursively is never what anyone wanted.
-_PROTECTED_DIRS = frozenset((
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc",
-    "/root", "/sbin", "/srv", "/sys", "/usr", "/var", "/Users", "/System", "/Library",
-    "/Applications", "/private"))
-_SAFE_DEVICES = frozenset(("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr", "/dev/stdin",
-                           "/dev/tty", "/dev/random", "/dev/urandom", "/dev/full"))
+_PROTECTED_DIRS = frozenset("""/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin /srv /sys /usr
+    /var /Users /System /Library /Applications /private""".split())
+_SAFE_DEVICES = frozenset("""/dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty /dev/random /dev/urandom
+    /dev/full""".split())
 
-_OPERATORS = ("&&", "||", ";;", "|&", "&>>", "&>", ">>", ">|", ">&", "<<<", "<<-", "<<", "<&",
-              "<>", ">", "<", "|", "&", ";", "(", ")", "\n")
-_SEPARATORS = frozenset(("&&", "||", ";;", "|&", "|", "&", ";", "(", ")", "\n"))
-_WRITE_REDIRECTS = frozenset((">", ">>", ">|", "&>", "&>>", "<>", ">&"))
+_OPERATORS = (*"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(), "\n")   # longest first
+_SEPARATORS = frozenset((*"&& || ;; |& | & ; ( )".split(), "\n"))
+_WRITE_REDIRECTS = frozenset("> >> >| &> &>> <> >&".split())
 _MAX_GLOB = 100          # paths one glob or brace argument expands to, at most
 _MAX_NESTING = 8         # $( bash -c "eval ..." ) deeper than this is refused as unparsable
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
@@ -220,12 +191,10 @@ def default_rules() -> list[Rule]:
 def validate_config_rules(obj) -> str | None:
     """None when obj (a parsed config dict, or its "permissions" list) is well-formed;
     otherwise one message naming the bad entry and showing what a good one looks like."""
-    if obj is None:
-        return None
-    if not isinstance(obj, (dict, list)):
-        return 'the config must be a JSON object, e.g. {"permissions": []}'
     if isinstance(obj, dict):
         obj = obj.get("permissions", [])
+    elif not isinstance(obj, list):
+        return None if obj is None else 'the config must be a JSON object, e.g. {"permissions": []}'
     example = '{"capability": "process.execute", "pattern": "git push *", "action": "allow"}'
     if not isinstance(obj, list):
         return f'"permissions" must be a list of rules like {example}'
@@ -266,7 +235,7 @@ def load_rules(layers: list[tuple[str, dict]]) -> list[Rule]:
 def decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule]) -> Decision:
     """The floor first, then every capability the call needs; the strictest answer wins."""
     root = os.path.realpath(project_root)
-    arg = lambda key: _text(tool_input.get(key))  # noqa: E731 (the model may send non-strings)
+    arg = lambda key: "" if tool_input.get(key) is None else str(tool_input.get(key))  # noqa: E731 (any JSON type)
     if tool_name == "process" and arg("action") != "start":
         # list/read/write/stop only touch processes that were judged when they started
         return Decision("allow", "process.execute", f"process {arg('action')}", None, False, None)
@@ -290,8 +259,7 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule]) -> dict:
         raise ValueError(f"check kind must be bash, read or write, not {kind!r}")
     decision = decide(*calls[kind], project_root, rules)
     rule = rule_text(decision.rule) if decision.rule else (decision.reason if decision.floor else None)
-    return {"decision": decision.action, "capability": decision.capability, "rule": rule,
-            "floor": decision.floor,
+    return {"decision": decision.action, "capability": decision.capability, "rule": rule, "floor": decision.floor,
             "suggestion": decision.suggestion["pattern"] if decision.suggestion else None}
 
 
@@ -322,8 +290,10 @@ def add_grant(config: dict, rule: dict) -> dict:
 
 def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
            floor: str | None = None, at_least: str = "allow") -> Decision:
-    floor = floor or next((_OWN_POLICY_FLOOR for r in requests if r.capability != "file.read"
-                           and _is_policy_file(r.subject)), None)
+    # The agent must not be able to grant itself permissions, not even under --yes.
+    floor = floor or next(("khaelor's permission config (.khaelor/config.json) is changed only by the user"
+                           for r in requests if r.capability != "file.read"
+                           and ("/" + r.subject).endswith("/.khaelor/config.json")), None)
     if floor:
         return Decision("deny", "process.execute", descriptor, None, True, None, f"hardline floor: {floor}")
     if not requests:
@@ -335,8 +305,10 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     action, rule, request = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     if _STRICTNESS[at_least] > _STRICTNESS[action]:
         action, rule = at_least, None
-    # One "always" can only cover one asking request.
-    asking = {(r.capability, _grant_pattern(r, matched)) for a, matched, r in verdicts if a == "ask"}
+    # One "always" can only cover one asking request. A specific ask rule ("find *-delete*") exists
+    # to catch its form; a wildcard grant would undo it for every later case, so it grants this exact subject.
+    asking = {(r.capability, r.suggestion if r.suggestion is None or matched is None or matched.pattern == "*"
+               else _escape(r.subject)) for a, matched, r in verdicts if a == "ask"}
     suggestion = None
     if action == "ask" and len(asking) == 1:
         capability, pattern = asking.pop()
@@ -345,36 +317,14 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     return Decision(action, request.capability, descriptor, rule, False, suggestion, reason)
 
 
-_OWN_POLICY_FLOOR = "khaelor's permission config (.khaelor/config.json) is changed only by the user"
-
-
-def _is_policy_file(subject: str) -> bool:
-    """The agent must not be able to grant itself permissions, not even under --yes."""
-    return subject == ".khaelor/config.json" or subject.endswith("/.khaelor/config.json")
-
-
-def _grant_pattern(request: _Request, rule: Rule | None) -> str | None:
-    """A specific ask rule ("find *-delete*") exists to catch this form; a wildcard grant
-    would undo it for every later case, so the grant is for this exact subject."""
-    if request.suggestion is None or rule is None or rule.pattern == "*":
-        return request.suggestion
-    return _escape(request.subject)
-
-
 def _last_match(rules: list[Rule], capability: str, subject: str) -> Rule | None:
-    for rule in reversed(rules):
-        if fnmatch.fnmatchcase(capability, rule.capability) and _matches(rule.pattern, capability, subject):
-            return rule
-    return None
-
-
-def _matches(pattern: str, capability: str, subject: str) -> bool:
-    if capability == "filesystem.outsideProject" and pattern.startswith("~"):
-        pattern = os.path.expanduser(pattern)
-    if fnmatch.fnmatchcase(subject, pattern):
-        return True
-    return (capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")
-            and fnmatch.fnmatchcase(subject, pattern[:-2]))
+    def matches(pattern: str) -> bool:
+        if capability == "filesystem.outsideProject" and pattern.startswith("~"):
+            pattern = os.path.expanduser(pattern)
+        bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")    # "ls *" also matches "ls"
+        return fnmatch.fnmatchcase(subject, pattern) or (bare and fnmatch.fnmatchcase(subject, pattern[:-2]))
+    return next((rule for rule in reversed(rules)
+                 if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule.pattern)), None)
 
 
 # ---------------------------------------------------------------- paths
@@ -397,21 +347,14 @@ def _path_request(path_text: str, base: str, root: str, capability: str) -> _Req
 
 def _glob_base(pattern: str) -> str:
     """The directory a glob starts from: its components before the first wildcard."""
-    static = []
-    for component in pattern.split("/"):
-        if any(ch in component for ch in "*?[{"):
-            break
-        static.append(component)
-    return "/".join(static) or ("/" if pattern.startswith("/") else ".")
+    parts = pattern.split("/")
+    static = next((n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")), len(parts))
+    return "/".join(parts[:static]) or ("/" if pattern.startswith("/") else ".")
 
 
 def _escape(text: str) -> str:
     """fnmatch-quote text so a suggested pattern matches itself literally."""
     return re.sub(r"([*?[])", r"[\1]", text)
-
-
-def _text(value) -> str:
-    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 # ---------------------------------------------------------------- bash: judging a line
@@ -451,28 +394,21 @@ def _classify(core: tuple[str, ...]) -> str:
     """The one command capability a simple command needs."""
     name, args = (core[0], core[1:]) if core else ("", ())
     if name == "git":
-        return _git_capability(args)
+        k = 0
+        while k < len(args) and args[k].startswith("-"):      # git -C dir -c k=v --no-pager ...
+            k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
+        sub, rest = (args[k], args[k + 1:]) if k < len(args) else ("", ())
+        names_something = sub in ("branch", "tag") and any(a[:1] != "-" for a in rest) \
+            and not {"-l", "--list"} & set(rest)      # git branch -v NAME creates NAME
+        modifies = sub in _GIT_MODIFY or names_something or (sub in _GIT_READ_FORMS and (
+            (rest[0] if rest else "") not in _GIT_READ_FORMS[sub] or set(rest) & _GIT_MODIFYING_FLAGS))
+        return "network.access" if sub in _GIT_NETWORK else "git.modify" if modifies else "process.execute"
     if name.startswith("python") and args[:2] == ("-m", "pip"):
         name, args = "pip", args[2:]
     subcommand = next((a for a in args if not a.startswith("-")), "")
     if (name in _NETWORK_COMMANDS or subcommand in _NETWORK_SUBCOMMANDS.get(name, ())
             or (name == "rsync" and any(":" in a for a in args if not a.startswith("-")))):
         return "network.access"
-    return "process.execute"
-
-
-def _git_capability(args: tuple[str, ...]) -> str:
-    k = 0
-    while k < len(args) and args[k].startswith("-"):      # git -C dir -c k=v --no-pager ...
-        k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
-    sub, rest = (args[k], args[k + 1:]) if k < len(args) else ("", ())
-    if sub in _GIT_NETWORK:
-        return "network.access"
-    names_something = sub in ("branch", "tag") and any(a[:1] != "-" for a in rest) \
-        and not {"-l", "--list"} & set(rest)      # git branch -v NAME creates NAME
-    if sub in _GIT_MODIFY or names_something or (sub in _GIT_READ_FORMS and (
-            (rest[0] if rest else "") not in _GIT_READ_FORMS[sub] or set(rest) & _GIT_MODIFYING_FLAGS)):
-        return "git.modify"
     return "process.execute"
 
 
@@ -508,11 +444,8 @@ def _suggest(words: tuple[str, ...]) -> str | None:
     if (_ASSIGNMENT.match(words[0]) or program in _WRAPPERS or words[0].startswith("/")
             or program in _EXACT_ONLY or program.startswith("mkfs")):
         return exact      # an assignment, a wrapper or a path first; a destructive program
-    arity, key_length = 1, 1
-    for n in range(min(len(words), 3), 0, -1):
-        if " ".join(words[:n]) in ARITY:
-            arity, key_length = ARITY[" ".join(words[:n])], n
-            break
+    key_length = next((n for n in range(min(len(words), 3), 0, -1) if " ".join(words[:n]) in ARITY), 1)
+    arity = ARITY.get(" ".join(words[:key_length]), 1)
     if len(words) < arity or any(w.startswith("-") for w in words[key_length:arity]):
         return exact      # "make" alone, "git -C dir push", "python -c code"
     if program == "git" and set(words) & {"--force", "-f", "--hard", "-D", "--force-with-lease"}:
@@ -734,10 +667,8 @@ class _ShellLine:
             return None
         words = [w for pieces in segments[0][0] for w in self._expand(pieces, env)]
         if words[:1] == ["echo"]:
-            args = words[1:]
-            while args[:1] in (["-n"], ["-e"], ["-E"]):
-                args = args[1:]
-            return " ".join(args)
+            start = next((k for k, w in enumerate(words) if k and w not in ("-n", "-e", "-E")), len(words))
+            return " ".join(words[start:])
         if words[:1] == ["printf"] and len(words) == 2 and "%" not in words[1]:
             return words[1].replace("\\n", "\n")
         return None
@@ -820,14 +751,11 @@ def _lex(text: str) -> list:
             i = end + 1
         elif c == '"':
             i = _lex_double(text, i + 1, piece)
-        elif text.startswith("$(", i) or (c in "<>" and text[i + 1:i + 2] == "(" and not pieces and not raw):
-            i, literal, commands = _dollar_paren(text, i)      # also <( ) and >( )
+        elif c == "`" or text.startswith("$(", i) or (c in "<>" and text[i + 1:i + 2] == "(" and not (pieces or raw)):
+            i, literal, commands = _substitution(text, i)
             piece("lit" if literal else None, literal)
             for command in commands:
                 piece("sub", command)
-        elif c == "`":
-            i, command = _backticks(text, i)
-            piece("sub", command)
         elif c == "#" and not pieces and not raw:
             i = text.find("\n", i) if "\n" in text[i:] else n      # a comment
         elif c in " \t":
@@ -870,37 +798,31 @@ def _lex_double(text: str, i: int, piece) -> int:
         if c == "\\" and text[i + 1:i + 2] in ("$", "`", '"', "\\", "\n"):
             flush("lit", text[i + 1].strip("\n"))
             i += 2
-        elif text.startswith("$(", i):
-            i, literal, commands = _dollar_paren(text, i)
+        elif c == "`" or text.startswith("$(", i):
+            i, literal, commands = _substitution(text, i)
             buf.append(literal or "")
             for command in commands:
                 flush("dqsub", command)
-        elif c == "`":
-            i, command = _backticks(text, i)
-            flush("dqsub", command)
         else:
             buf.append(c)
             i += 1
     raise _ParseError("unterminated double quote")
 
 
-def _dollar_paren(text: str, i: int) -> tuple[int, str | None, list[str]]:
-    """At "$(" (or "<(" / ">("): (index after it, its literal text when it is arithmetic,
-    the commands it runs). Arithmetic is data, except the substitutions inside it."""
+def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
+    """At "$(", "<(", ">(" or "`": (index after it, its literal text when it is arithmetic, the
+    commands it runs). Arithmetic is data, except the substitutions inside it."""
+    if text[i] == "`":
+        end = i + 1
+        while end < len(text) and text[end] != "`":
+            end += 2 if text[end] == "\\" else 1
+        if end >= len(text):
+            raise _ParseError("unterminated backtick")
+        return end + 1, None, [re.sub(r"\\([`$\\\"])", r"\1", text[i + 1:end])]
     end = _balanced(text, i + 1)
     if text.startswith("$((", i):
         return end, text[i:end], _nested_subs(text[i + 3:end - 2])
     return end, None, [text[i + 2:end - 1]]
-
-
-def _backticks(text: str, i: int) -> tuple[int, str]:
-    """At "`": (index after the closing backtick, the command inside)."""
-    end = i + 1
-    while end < len(text) and text[end] != "`":
-        end += 2 if text[end] == "\\" else 1
-    if end >= len(text):
-        raise _ParseError("unterminated backtick")
-    return end + 1, re.sub(r"\\([`$\\\"])", r"\1", text[i + 1:end])
 
 
 def _balanced(text: str, i: int) -> int:
@@ -947,12 +869,9 @@ def _nested_subs(text: str) -> list[str]:
     while i < len(text):
         if text[i] == "\\":
             i += 2
-        elif text.startswith("$(", i):
-            i, _, commands = _dollar_paren(text, i)
+        elif text[i] == "`" or text.startswith("$(", i):
+            i, _, commands = _substitution(text, i)
             found += commands
-        elif text[i] == "`":
-            i, command = _backticks(text, i)
-            found.append(command)
         else:
             i += 1
     return found

@@ -48,15 +48,15 @@ PROCESS_BUFFER_CHARS = 200_000      # rolling output kept per background process
 PROCESS_LIVE_CAP = 8                # background processes running at once
 PROCESS_STOP_GRACE_S = 3.0          # SIGTERM, then SIGKILL after this
 PROCESS_SETTLE_S = 0.5              # start/write wait this long for first output
+PROCESS_STRAY_GRACE_S = 1.0         # after a background process exits, what it left running gets this long
 DIFF_CHAR_CAP = 20_000              # unified diff carried by FileModified
 SNIPPET_CONTEXT_LINES = 4           # lines shown around an edit
 EDIT_HISTORY_DEPTH = 20             # versions kept per file for undo
 BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor match needs
-TOOL_ORDER = ("read", "write", "edit", "grep", "glob", "bash", "process")
 
-# Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")   # khaelor's own credentials, masked in all tool output
 SECRET_MASK = "[redacted: khaelor's API credential]"
+# Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb"}
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 # Magic numbers, to tell the model what a binary file is.
@@ -64,6 +64,11 @@ MAGIC = [(b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "
          (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"), (b"\x1f\x8b", "gzip archive"),
          (b"\x7fELF", "ELF executable"), (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
          (b"\xfd7zXZ", "xz archive"), (b"RIFF", "RIFF media (WAV/AVI/WebP)")]
+# What an over-escaped old_string means by \n, \t, \" and the like (edit's escape-normalized strategy).
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$", "\n": "\n"}
+# A glob pattern's pieces, in ripgrep's --glob syntax, and the regex for those that stand for themselves.
+GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
+GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 
 # ---------------------------------------------------------------- schemas (prompt-cached: keep byte-stable)
 
@@ -115,51 +120,43 @@ PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, 
 - Processes keep running across turns until stopped; all are stopped when the session ends. At most 8 run at once."""
 
 
-def _schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
+def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
+    """A tool schema; each property is (JSON type, description) or (JSON type, description, allowed values)."""
+    props = {key: {"type": kind, "description": text, **({"enum": rest[0]} if rest else {})}
+             for key, (kind, text, *rest) in properties.items()}
     return {"name": name, "description": description,
-            "input_schema": {"type": "object", "properties": properties, "required": required}}
-
-
-def _prop(kind: str, description: str, **extra) -> dict:
-    return {"type": kind, "description": description, **extra}
+            "input_schema": {"type": "object", "properties": props, "required": required}}
 
 
 SCHEMAS = [
-    _schema("read", READ_DESCRIPTION, {
-        "file_path": _prop("string", "File or directory to read, relative to the project root or absolute."),
-        "offset": _prop("integer", "1-based line number to start from."),
-        "limit": _prop("integer", "Number of lines to read."),
-    }, ["file_path"]),
-    _schema("write", WRITE_DESCRIPTION, {
-        "file_path": _prop("string", "File to write, relative to the project root or absolute."),
-        "content": _prop("string", "The complete new content of the file."),
-    }, ["file_path", "content"]),
-    _schema("edit", EDIT_DESCRIPTION, {
-        "file_path": _prop("string", "File to edit, relative to the project root or absolute."),
-        "old_string": _prop("string", "Text to replace, copied from the file."),
-        "new_string": _prop("string", "Replacement text (must differ from old_string)."),
-        "replace_all": _prop("boolean", "Replace every occurrence instead of exactly one (default false)."),
-    }, ["file_path", "old_string", "new_string"]),
-    _schema("grep", GREP_DESCRIPTION, {
-        "pattern": _prop("string", "Regular expression to search for."),
-        "path": _prop("string", "File or directory to search (default: project root)."),
-        "include": _prop("string", "Glob for the file names to search, e.g. \"*.py\"."),
-    }, ["pattern"]),
-    _schema("glob", GLOB_DESCRIPTION, {
-        "pattern": _prop("string", "Glob pattern, e.g. \"**/*.py\"."),
-        "path": _prop("string", "Directory to search (default: project root)."),
-    }, ["pattern"]),
-    _schema("bash", BASH_DESCRIPTION, {
-        "command": _prop("string", "The shell command to run."),
-        "timeout": _prop("integer", "Timeout in milliseconds (default 120000, max 600000)."),
-        "workdir": _prop("string", "Directory to run the command in (default: project root)."),
-    }, ["command"]),
-    _schema("process", PROCESS_DESCRIPTION, {
-        "action": _prop("string", "What to do.", enum=["start", "list", "read", "write", "stop"]),
-        "id": _prop("string", "Process id from start or list (for read, write, stop)."),
-        "command": _prop("string", "Shell command to start (for start)."),
-        "input": _prop("string", "Text to send to the process's stdin (for write)."),
-    }, ["action"]),
+    _schema("read", READ_DESCRIPTION, ["file_path"],
+            file_path=("string", "File or directory to read, relative to the project root or absolute."),
+            offset=("integer", "1-based line number to start from."),
+            limit=("integer", "Number of lines to read.")),
+    _schema("write", WRITE_DESCRIPTION, ["file_path", "content"],
+            file_path=("string", "File to write, relative to the project root or absolute."),
+            content=("string", "The complete new content of the file.")),
+    _schema("edit", EDIT_DESCRIPTION, ["file_path", "old_string", "new_string"],
+            file_path=("string", "File to edit, relative to the project root or absolute."),
+            old_string=("string", "Text to replace, copied from the file."),
+            new_string=("string", "Replacement text (must differ from old_string)."),
+            replace_all=("boolean", "Replace every occurrence instead of exactly one (default false).")),
+    _schema("grep", GREP_DESCRIPTION, ["pattern"],
+            pattern=("string", "Regular expression to search for."),
+            path=("string", "File or directory to search (default: project root)."),
+            include=("string", "Glob for the file names to search, e.g. \"*.py\".")),
+    _schema("glob", GLOB_DESCRIPTION, ["pattern"],
+            pattern=("string", "Glob pattern, e.g. \"**/*.py\"."),
+            path=("string", "Directory to search (default: project root).")),
+    _schema("bash", BASH_DESCRIPTION, ["command"],
+            command=("string", "The shell command to run."),
+            timeout=("integer", "Timeout in milliseconds (default 120000, max 600000)."),
+            workdir=("string", "Directory to run the command in (default: project root).")),
+    _schema("process", PROCESS_DESCRIPTION, ["action"],
+            action=("string", "What to do.", ["start", "list", "read", "write", "stop"]),
+            id=("string", "Process id from start or list (for read, write, stop)."),
+            command=("string", "Shell command to start (for start)."),
+            input=("string", "Text to send to the process's stdin (for write).")),
 ]
 
 # ---------------------------------------------------------------- exceptions and data types
@@ -185,6 +182,23 @@ class FileVersion:
     """One step of a file's edit history."""
     before: bytes | None        # content before the write/edit; None: the write created the file
     after: bytes                # content the write/edit left
+
+
+@dataclass
+class Child:
+    """A started process: asyncio's handle plus stream ends of the pipes Workspace.exec made for it."""
+    proc: asyncio.subprocess.Process
+    stdout: asyncio.StreamReader
+    stdin: asyncio.StreamWriter | None = None
+    transports: list = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid        # also its process group id (start_new_session)
+
+    def close_pipes(self) -> None:
+        for transport in self.transports:
+            transport.close()
 
 # ---------------------------------------------------------------- Workspace: the world seam
 
@@ -221,7 +235,9 @@ class Workspace:
         try:
             mode = target.stat().st_mode & 0o7777
         except FileNotFoundError:
-            mode = 0o666 & ~_umask()
+            umask = os.umask(0)     # reading the umask means setting it; put it straight back
+            os.umask(umask)
+            mode = 0o666 & ~umask
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -237,14 +253,14 @@ class Workspace:
     def remove_file(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
-    async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False) -> "Child":
+    async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe.
 
         A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The pipes
         are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
         backgrounded grandchild can put off for ever.
         """
-        argv = [_shell(), "-c", command] if isinstance(command, str) else command
+        argv = [shutil.which("bash") or "/bin/sh", "-c", command] if isinstance(command, str) else command
         out_read, out_write = os.pipe()
         in_read, in_write = os.pipe() if stdin else (subprocess.DEVNULL, None)
         try:
@@ -252,15 +268,25 @@ class Workspace:
                 *argv, cwd=cwd or self.cwd, env={**os.environ, **EXEC_ENV_OVERRIDES}, stdin=in_read,
                 stdout=out_write, stderr=subprocess.STDOUT, start_new_session=True)
         except BaseException:
-            for fd in (out_read, in_write):
-                if fd is not None:
-                    os.close(fd)
+            os.close(out_read)
+            if stdin:
+                os.close(in_write)
             raise
         finally:
             os.close(out_write)
             if stdin:
                 os.close(in_read)
-        return await Child.connect(proc, out_read, in_write)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                    os.fdopen(out_read, "rb", 0))
+        child = Child(proc, reader, None, [transport])
+        if stdin:
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                                os.fdopen(in_write, "wb", 0))
+            child.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+            child.transports.append(transport)
+        return child
 
     def capture(self, argv: list[str], *, cwd: Path | None = None, timeout_s: float = 10.0) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
@@ -272,47 +298,6 @@ class Workspace:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return -1, str(exc)
         return done.returncode, done.stdout.decode("utf-8", "replace")
-
-
-@dataclass
-class Child:
-    """A started process: asyncio's handle plus stream ends of the pipes we made for it."""
-    proc: asyncio.subprocess.Process
-    stdout: asyncio.StreamReader
-    stdin: asyncio.StreamWriter | None = None
-    transports: list = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid        # also its process group id (start_new_session)
-
-    @classmethod
-    async def connect(cls, proc: asyncio.subprocess.Process, out_fd: int, in_fd: int | None) -> "Child":
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                    os.fdopen(out_fd, "rb", 0))
-        child = cls(proc, reader, None, [transport])
-        if in_fd is not None:
-            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                                os.fdopen(in_fd, "wb", 0))
-            child.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
-            child.transports.append(transport)
-        return child
-
-    def close_pipes(self) -> None:
-        for transport in self.transports:
-            transport.close()
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def _shell() -> str:
-    return shutil.which("bash") or "/bin/sh"
 
 # ---------------------------------------------------------------- Toolbox: the kernel's entry point
 
@@ -331,15 +316,14 @@ class Toolbox:
         self.groups: set[int] = set()           # process groups alive right now (bash and process)
         self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
         self.processes = _Processes(workspace, emit, self.groups)
-        self._by_name = {schema["name"]: schema for schema in SCHEMAS}
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str) -> ToolResult:
         """Run one tool call. Never raises, except CancelledError (the turn was interrupted)."""
-        schema = self._by_name.get(name)
+        schema = next((schema for schema in SCHEMAS if schema["name"] == name), None)
         if schema is None:
-            return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOL_ORDER)}.", True,
+            return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}.", True,
                               {"error": "unknown_tool"})
         args, problem = _check_input(schema, tool_input)
         if problem:
@@ -357,7 +341,11 @@ class Toolbox:
             result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
                                 "bug. Try a different approach.", True, {"error": "internal"})
         result.text = _mask_secrets(result.text)
-        return _budget(result, self.spill_dir, tool_use_id or name)
+        if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:   # bash budgets its own stream
+            spool = _Spool(self.spill_dir, tool_use_id or name)
+            spool.add(result.text)
+            result.text = spool.finish(result.meta)
+        return result
 
     async def close(self) -> None:
         """Stop every background process (ProcessExited cause "khaelor exit")."""
@@ -366,7 +354,8 @@ class Toolbox:
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
-        return self.processes.running()
+        return [{"process_id": p.process_id, "pid": p.child.pid, "command": p.command, "runtime_s": p.runtime_s()}
+                for p in self.processes.live()]
 
     def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
         """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
@@ -419,10 +408,9 @@ class Toolbox:
 
     def _report_change(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
         shown = self.workspace.display(path)
-        added, removed, diff = _diff(shown, _decode_text(before or b"")[0], _decode_text(after)[0])
-        diff = _mask_secrets(diff)
-        self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed, diff=diff,
-                  created=before is None)
+        added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
+        self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed,
+                  diff=_mask_secrets(diff), created=before is None)
         return added, removed
 
 # ---------------------------------------------------------------- input checking
@@ -464,7 +452,7 @@ def _type_name(value) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
             dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
 
-# ---------------------------------------------------------------- output budgets and spill files
+# ---------------------------------------------------------------- output budgets, spill files, secrets
 
 
 class _Spool:
@@ -491,8 +479,13 @@ class _Spool:
             text, self.parts = "".join(self.parts), []
             self.head = text[:self.head_cap]
             try:
-                self.spill_path = _new_spill_file(self.spill_dir, self.name)
-                self.handle = open(self.spill_path, "w", encoding="utf-8", errors="replace")
+                self.spill_dir.mkdir(parents=True, exist_ok=True)
+                _prune_spill(self.spill_dir)
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:60] or "output"
+                fd, path = tempfile.mkstemp(dir=self.spill_dir, suffix=".txt",
+                                            prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-")
+                self.spill_path = Path(path)
+                self.handle = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
             except OSError:
                 self.spill_path, self.handle = None, False
         self.tail = (self.tail + text)[-self.tail_cap:]
@@ -501,12 +494,14 @@ class _Spool:
             if self.spilled >= SPILL_FILE_CAP_BYTES:
                 self.handle.write("\n[spill file capped here; later output was not kept]\n")
 
-    def finish(self) -> str:
-        """The model-facing text: all of it, or head + omission marker + tail, cut at line ends."""
+    def finish(self, meta: dict) -> str:
+        """The model-facing text: all of it, or head + omission marker + tail, cut at line ends. The
+        spill file's path goes in meta["spill"]."""
         if self.handle is None:
             return "".join(self.parts)
         if self.handle:
             self.handle.close()
+            meta["spill"] = str(self.spill_path)
         cut = self.head.rfind("\n")
         head = self.head[:cut + 1] if cut > len(self.head) // 2 else self.head
         cut = self.tail.find("\n")
@@ -515,27 +510,6 @@ class _Spool:
         where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; read it with offset/limit "
                  "or grep it" if self.spill_path else "full output could not be saved")
         return f"{head}\n[… {self.total - len(head) - len(tail):,} characters ({lines:,} lines) omitted; {where} …]\n{tail}"
-
-
-def _budget(result: ToolResult, spill_dir: Path, name: str) -> ToolResult:
-    """Any result over the budget (bash budgets its own stream) is cut to head + tail and spilled."""
-    if len(result.text) <= OUTPUT_BUDGET_CHARS or "spill" in result.meta:
-        return result
-    spool = _Spool(spill_dir, name)
-    spool.add(result.text)
-    result.text = spool.finish()
-    if spool.spill_path:
-        result.meta["spill"] = str(spool.spill_path)
-    return result
-
-
-def _new_spill_file(spill_dir: Path, name: str) -> Path:
-    spill_dir.mkdir(parents=True, exist_ok=True)
-    _prune_spill(spill_dir)
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "output"
-    fd, path = tempfile.mkstemp(dir=spill_dir, prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-", suffix=".txt")
-    os.close(fd)
-    return Path(path)
 
 
 def _prune_spill(spill_dir: Path) -> None:
@@ -549,32 +523,6 @@ def _prune_spill(spill_dir: Path) -> None:
         Path(path).unlink(missing_ok=True)
         total -= size
 
-
-class _LineCleaner:
-    """Bytes from a pipe to plain text for the model: UTF-8 decoded, terminal escapes dropped,
-    carriage-return redraws (progress bars) reduced to their last state. Works on whole lines so
-    nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
-
-    def __init__(self):
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.carry = ""
-
-    def feed(self, data: bytes) -> str:
-        text = self.carry + self.decoder.decode(data)
-        cut = text.rfind("\n") + 1 or (len(text) if len(text) >= 65_536 else 0)
-        self.carry = text[cut:]
-        return self.clean(text[:cut])
-
-    def flush(self) -> str:
-        text, self.carry = self.carry + self.decoder.decode(b"", final=True), ""
-        return self.clean(text)
-
-    @staticmethod
-    def clean(text: str) -> str:
-        text = _mask_secrets(ANSI_RE.sub("", text))
-        if "\r" not in text:
-            return text
-        return "\n".join(line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n"))
 
 def _mask_secrets(text: str) -> str:
     """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
@@ -590,7 +538,7 @@ def _one_line(name: str) -> str:
     """A path as one line of a listing: with a newline or another control character in it, JSON-quoted."""
     return json.dumps(name, ensure_ascii=False) if any(ord(c) < 32 or c == "\x7f" for c in name) else name
 
-# ---------------------------------------------------------------- process groups
+# ---------------------------------------------------------------- process groups: running a command to its end
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -628,32 +576,55 @@ def _group_alive(pgid: int) -> bool:
 
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None]) -> None:
-    """Read a pipe to EOF, handing on cleaned text."""
-    cleaner = _LineCleaner()
+    """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped, carriage-return
+    redraws (progress bars) reduced to their last state. It works on whole lines, so nothing split across
+    two reads is cut in half; a line past 64K characters goes as it stands."""
+    def clean(text: str) -> str:
+        text = _mask_secrets(ANSI_RE.sub("", text))
+        if "\r" in text:
+            text = "\n".join(line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n"))
+        return text
+
+    decoder, carry = codecs.getincrementaldecoder("utf-8")("replace"), ""
     try:
         while chunk := await stream.read(65_536):
-            if text := cleaner.feed(chunk):
+            text = carry + decoder.decode(chunk)
+            cut = text.rfind("\n") + 1 or (len(text) if len(text) >= 65_536 else 0)
+            carry, text = text[cut:], clean(text[:cut])
+            if text:
                 on_text(text)
     finally:
-        if text := cleaner.flush():
+        if text := clean(carry + decoder.decode(b"", final=True)):
             on_text(text)
 
 
-async def _finish_pump(pump: asyncio.Task, timeout_s: float = 1.0) -> None:
-    """Let a pump reach EOF, but a descendant that left our group may hold the pipe: don't wait for ever."""
-    await asyncio.wait({pump}, timeout=timeout_s)
-    pump.cancel()
-
-
-async def _reap_strays(pgid: int, pump: asyncio.Task, grace_s: float) -> bool:
-    """After a group's leader exited, give the rest `grace_s` to finish, then kill them. True if any were left."""
-    if _group_alive(pgid):
-        await asyncio.wait({pump}, timeout=grace_s)
-    stray = _group_alive(pgid)
-    if stray:
-        _kill_group(pgid)
-    await _finish_pump(pump)
-    return stray
+async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None], timeout_s: float | None,
+                     grace_s: float) -> tuple[bool, bool]:
+    """Pump a child's output to on_text until it exits, then clear out its process group (which the
+    caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
+    killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
+    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever."""
+    pump = asyncio.create_task(_pump(child.stdout, on_text))
+    timed_out = stray = False
+    try:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await child.proc.wait()
+        except TimeoutError:
+            timed_out = True
+        else:
+            if _group_alive(child.pid):
+                await asyncio.wait({pump}, timeout=grace_s)
+            stray = _group_alive(child.pid)
+        _kill_group(child.pid)
+        await asyncio.wait({pump}, timeout=1.0)
+        await child.proc.wait()
+        return timed_out, stray
+    finally:
+        pump.cancel()
+        _kill_group(child.pid)
+        groups.discard(child.pid)
+        child.close_pipes()
 
 # ---------------------------------------------------------------- read and file helpers
 
@@ -661,23 +632,28 @@ async def _reap_strays(pgid: int, pump: asyncio.Task, grace_s: float) -> bool:
 async def _tool_read(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
+    shown = ws.display(path)
     if path.is_dir():
-        return _listing(ws, path)
+        entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
+        names = [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in entries[:LISTING_CAP]]
+        more = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
+        return ToolResult(f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)") + more,
+                          meta={"entries": len(entries)})
     if not path.exists():
         raise _missing(ws, path)
     size = path.stat().st_size
     if size > READ_FILE_CAP_BYTES:
-        raise ToolError(f"{ws.display(path)} is {size:,} bytes, too large to read whole; use bash with head, "
+        raise ToolError(f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
                         "tail, sed -n 'FROM,TOp' or grep on it.", error="too_large")
     data = ws.read_file(path)
-    if kind := _binary_kind(path, data[:8192]):
-        raise ToolError(f"{ws.display(path)} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
+    head = data[:8192]      # judged by its head: a magic number, a NUL, or many control bytes (8-bit text passes)
+    kind = next((name for magic, name in MAGIC if head.startswith(magic)), None)
+    if kind or b"\0" in head or sum(1 for byte in head if byte < 9 or 13 < byte < 32) > len(head) // 10:
+        kind = kind or mimetypes.guess_type(path.name)[0] or "binary data"
+        raise ToolError(f"{shown} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
                         error="binary")
     box.remember(path)
-    return _read_window(ws.display(path), _split_lines(_decode_text(data)[0]), args.get("offset", 1), args.get("limit"))
-
-
-def _read_window(shown: str, lines: list[str], offset: int, limit: int | None) -> ToolResult:
+    lines, offset, limit = _split_lines(_decode_text(data)), args.get("offset", 1), args.get("limit")
     total = len(lines)
     if offset < 1 or (limit is not None and limit < 1):
         raise ToolError("offset and limit must be positive (offset is a 1-based line number).", error="invalid_input")
@@ -685,13 +661,13 @@ def _read_window(shown: str, lines: list[str], offset: int, limit: int | None) -
         return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
     if offset > total:
         raise ToolError(f"offset {offset} is past the end of {shown}, which has {total} lines.", error="offset")
-    body, size, last = [], 0, offset - 1
+    body, n_chars, last = [], 0, offset - 1
     for index in range(offset - 1, min(total, offset - 1 + (limit or READ_LINE_CAP))):
         numbered = _numbered([lines[index]], index + 1)
-        if body and size + len(numbered) > READ_BYTE_CAP:
+        if body and n_chars + len(numbered) > READ_BYTE_CAP:
             break
         body.append(numbered)
-        size, last = size + len(numbered) + 1, index + 1
+        n_chars, last = n_chars + len(numbered) + 1, index + 1
     text = "\n".join(body)
     if last < total:
         text += f"\n\n(Showing lines {offset}–{last} of {total}. Use offset={last + 1} to continue.)"
@@ -715,19 +691,9 @@ def _split_lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def _binary_kind(path: Path, head: bytes) -> str | None:
-    """What a binary file is, or None for text (legacy 8-bit text counts as text)."""
-    kind = next((name for magic, name in MAGIC if head.startswith(magic)), None)
-    control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
-    if kind or b"\0" in head or control > len(head) // 10:
-        return kind or mimetypes.guess_type(path.name)[0] or "binary data"
-    return None
-
-
-def _decode_text(data: bytes) -> tuple[str, bool]:
-    """A file's text without its UTF-8 BOM, and whether it had one."""
-    bom = data.startswith(codecs.BOM_UTF8)
-    return data[3 if bom else 0:].decode("utf-8", "replace"), bom
+def _decode_text(data: bytes) -> str:
+    """A file's text without its UTF-8 BOM."""
+    return data.removeprefix(codecs.BOM_UTF8).decode("utf-8", "replace")
 
 
 def _uses_crlf(text: str) -> bool:
@@ -765,19 +731,12 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     return ToolError(f"{_one_line(ws.display(path))} does not exist.{hint}", error="not_found")
 
 
-def _listing(ws: Workspace, path: Path) -> ToolResult:
-    entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
-    shown = [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in entries[:LISTING_CAP]]
-    more = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
-    return ToolResult(f"{ws.display(path)}/ is a directory:\n" + ("\n".join(shown) or "(empty directory)") + more,
-                      meta={"entries": len(entries)})
-
-
-def _directory(ws: Workspace, value: str | None) -> Path:
+def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
+    """The path a model gave (default the project root); it must exist, and be a directory if asked."""
     path = ws.resolve(value) if value else ws.cwd
     if not path.exists():
         raise _missing(ws, path)
-    if not path.is_dir():
+    if directory and not path.is_dir():
         raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
     return path
 
@@ -789,8 +748,44 @@ def _directory(ws: Workspace, value: str | None) -> Path:
 # text-preserving strategies run and multi-occurrence gathers every whitespace variant at once.
 
 
+def _find_lines(old: str) -> list[str]:
+    lines = old.split("\n")
+    return lines[:-1] if len(lines) > 1 and lines[-1] == "" else lines
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\([ntr'\"`\\$\n])", lambda m: ESCAPES[m.group(1)], text)
+
+
+def _indent(lines: list[str]) -> str:
+    """The leading whitespace every non-blank line shares."""
+    heads = [line[:len(line) - len(line.lstrip())] for line in lines if line.strip()]
+    return os.path.commonprefix(heads) if heads else ""
+
+
+def _dedent(lines: list[str]) -> list[str]:
+    cut = len(_indent(lines))
+    return [line[cut:].rstrip() if line.strip() else "" for line in lines]
+
+
+def _similarity(a: str, b: str) -> float:
+    """1 - Levenshtein distance / longer length."""
+    if a == b:
+        return 1.0
+    if not a or not b:
+        return 0.0
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, 1):
+        current = [i]
+        for j, char_b in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+        previous = current
+    return 1 - previous[-1] / max(len(a), len(b))
+
+
 class _Haystack:
-    """A file's text, split into lines once for all strategies."""
+    """A file's text, split into lines once, and the strategies that search it for old_string: each
+    returns the (start, end) text offsets of the places it matches."""
 
     def __init__(self, text: str):
         self.text = text
@@ -811,162 +806,104 @@ class _Haystack:
     def line_of(self, offset: int) -> int:
         return self.text.count("\n", 0, offset) + 1
 
+    def exact(self, old: str) -> list[tuple[int, int]]:
+        spans, at = [], self.text.find(old)
+        while at >= 0 and old:
+            spans.append((at, at + len(old)))
+            at = self.text.find(old, at + len(old))
+        return spans
 
-def _find_lines(old: str) -> list[str]:
-    lines = old.split("\n")
-    return lines[:-1] if len(lines) > 1 and lines[-1] == "" else lines
+    def line_blocks(self, old: str, same: Callable[[list[str], list[str]], bool]) -> list[tuple[int, int]]:
+        """Blocks of whole lines, as many as old_string has, that `same` accepts; the first line pre-filters."""
+        want = _find_lines(old)
+        first, size = want[0].strip(), len(want)
+        if not "".join(want).strip():
+            return []
+        return [self.span(i, i + size - 1) for i in range(len(self.lines) - size + 1)
+                if self.trimmed[i] == first and same(self.lines[i:i + size], want)]
 
+    def line_trimmed(self, old: str) -> list[tuple[int, int]]:
+        return self.line_blocks(old, lambda got, want: [g.strip() for g in got] == [w.strip() for w in want])
 
-def _exact(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    spans, at = [], hay.text.find(old)
-    while at >= 0 and old:
-        spans.append((at, at + len(old)))
-        at = hay.text.find(old, at + len(old))
-    return spans
+    def block_anchor(self, old: str) -> list[tuple[int, int]]:
+        """First and last lines as anchors; the middle only needs to be similar: the mean Levenshtein
+        similarity of its lines, scaled down when the two middles differ in length."""
+        want = _find_lines(old)
+        first, last, middle = want[0].strip(), want[-1].strip(), [w.strip() for w in want[1:-1]]
+        if len(want) < 3 or not first or not last:
+            return []
+        scored = []
+        for i, line in enumerate(self.trimmed):
+            if line != first:
+                continue
+            j = next((j for j in range(i + 2, len(self.lines)) if self.trimmed[j] == last), None)
+            if j is not None:
+                got = self.trimmed[i + 1:j]
+                scored.append((sum(map(_similarity, got, middle)) / max(len(got), len(middle)), i, j))
+        best = max((score for score, _, _ in scored), default=0.0)
+        if best < BLOCK_ANCHOR_SIMILARITY:
+            return []
+        return [self.span(i, j) for score, i, j in scored if score >= best - 1e-9]
 
+    def whitespace_normalized(self, old: str) -> list[tuple[int, int]]:
+        """Any run of whitespace in old_string matches any run of whitespace in the file."""
+        words = old.split()
+        if not words:
+            return []
+        return [match.span() for match in re.finditer(r"\s+".join(map(re.escape, words)), self.text)]
 
-def _line_blocks(hay: _Haystack, old: str, same: Callable[[list[str], list[str]], bool]) -> list[tuple[int, int]]:
-    """Blocks of whole lines, as many as old_string has, that `same` accepts; the first line pre-filters."""
-    want = _find_lines(old)
-    first, size = want[0].strip(), len(want)
-    if not "".join(want).strip():
-        return []
-    return [hay.span(i, i + size - 1) for i in range(len(hay.lines) - size + 1)
-            if hay.trimmed[i] == first and same(hay.lines[i:i + size], want)]
+    def indentation_flexible(self, old: str) -> list[tuple[int, int]]:
+        """The same lines with the same relative indentation, shifted as a whole."""
+        return self.line_blocks(old, lambda got, want: _dedent(got) == _dedent(want))
 
+    def escape_normalized(self, old: str) -> list[tuple[int, int]]:
+        """old_string arrived escaped one level too many (\\n, \\", \\t as two characters)."""
+        plain = _unescape(old)
+        return (self.exact(plain) or self.line_trimmed(plain)) if plain != old else []
 
-def _line_trimmed(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    return _line_blocks(hay, old, lambda got, want: [g.strip() for g in got] == [w.strip() for w in want])
+    def trimmed_boundary(self, old: str) -> list[tuple[int, int]]:
+        """old_string with its leading and trailing whitespace dropped."""
+        core = old.strip()
+        return self.exact(core) if core and core != old else []
 
+    def context_aware(self, old: str) -> list[tuple[int, int]]:
+        """Same line count, both anchors, and at least half the middle lines equal."""
+        want = [line.strip() for line in _find_lines(old)]
+        if len(want) < 3 or not want[0] or not want[-1]:
+            return []
+        n_wanted = sum(1 for line in want[1:-1] if line)
 
-def _block_anchor(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """First and last lines as anchors; the middle only needs to be similar (Levenshtein)."""
-    want = _find_lines(old)
-    first, last = want[0].strip(), want[-1].strip()
-    if len(want) < 3 or not first or not last:
-        return []
-    scored = []
-    for i, line in enumerate(hay.trimmed):
-        if line != first:
-            continue
-        j = next((j for j in range(i + 2, len(hay.lines)) if hay.trimmed[j] == last), None)
-        if j is not None:
-            scored.append((_middle_similarity(hay.trimmed[i + 1:j], want[1:-1]), i, j))
-    if not scored:
-        return []
-    best = max(score for score, _, _ in scored)
-    if best < BLOCK_ANCHOR_SIMILARITY:
-        return []
-    return [hay.span(i, j) for score, i, j in scored if score >= best - 1e-9]
+        def same(got: list[str], _) -> bool:
+            got = [line.strip() for line in got]
+            equal = sum(1 for g, w in zip(got[1:-1], want[1:-1]) if w and g == w)
+            return got[-1] == want[-1] and equal * 2 >= n_wanted
+        return self.line_blocks(old, same)
 
-
-def _middle_similarity(got: list[str], want: list[str]) -> float:
-    """Mean line similarity, scaled down when the blocks differ in length."""
-    pairs = list(zip(got, (w.strip() for w in want)))
-    if not pairs:
-        return 0.0
-    mean = sum(_similarity(a, b) for a, b in pairs) / len(pairs)
-    return mean * min(len(got), len(want)) / max(len(got), len(want))
-
-
-def _similarity(a: str, b: str) -> float:
-    """1 - Levenshtein distance / longer length."""
-    if a == b:
-        return 1.0
-    if not a or not b:
-        return 0.0
-    previous = list(range(len(b) + 1))
-    for i, char_a in enumerate(a, 1):
-        current = [i]
-        for j, char_b in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
-        previous = current
-    return 1 - previous[-1] / max(len(a), len(b))
-
-
-def _whitespace_normalized(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """Any run of whitespace in old_string matches any run of whitespace in the file."""
-    words = old.split()
-    if not words:
-        return []
-    pattern = re.compile(r"\s+".join(map(re.escape, words)))
-    return [match.span() for match in pattern.finditer(hay.text)]
-
-
-def _indentation_flexible(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """The same lines with the same relative indentation, shifted as a whole."""
-    return _line_blocks(hay, old, lambda got, want: _dedent(got) == _dedent(want))
-
-
-def _escape_normalized(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """old_string arrived escaped one level too many (\\n, \\", \\t as two characters)."""
-    plain = _unescape(old)
-    return (_exact(hay, plain) or _line_trimmed(hay, plain)) if plain != old else []
-
-
-def _trimmed_boundary(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """old_string with its leading and trailing whitespace dropped."""
-    core = old.strip()
-    return _exact(hay, core) if core and core != old else []
-
-
-def _context_aware(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """Same line count, both anchors, and at least half the middle lines equal."""
-    want = _find_lines(old)
-    first, last, size = want[0].strip(), want[-1].strip(), len(want)
-    if size < 3 or not first or not last:
-        return []
-    middle = [w.strip() for w in want[1:-1]]
-    wanted = [m for m in middle if m]
-    spans = []
-    for i in range(len(hay.lines) - size + 1):
-        if hay.trimmed[i] == first and hay.trimmed[i + size - 1] == last:
-            equal = sum(1 for got, w in zip(hay.trimmed[i + 1:i + size - 1], middle) if w and got == w)
-            if equal * 2 >= len(wanted):
-                spans.append(hay.span(i, i + size - 1))
-    return spans
-
-
-def _multi_occurrence(hay: _Haystack, old: str) -> list[tuple[int, int]]:
-    """replace_all over fuzzy matches: every place any whitespace-tolerant strategy finds, without overlaps."""
-    found = sorted({span for finder in (_line_trimmed, _whitespace_normalized, _indentation_flexible, _trimmed_boundary)
-                    for span in finder(hay, old)}, key=lambda span: (span[0], -span[1]))
-    spans: list[tuple[int, int]] = []
-    for start, end in found:
-        if not spans or start >= spans[-1][1]:
-            spans.append((start, end))
-    return spans
+    def multi_occurrence(self, old: str) -> list[tuple[int, int]]:
+        """replace_all over fuzzy matches: every place a whitespace-tolerant strategy finds, without overlaps."""
+        found = sorted({span for finder in (self.line_trimmed, self.whitespace_normalized, self.indentation_flexible,
+                                            self.trimmed_boundary) for span in finder(old)},
+                       key=lambda span: (span[0], -span[1]))
+        spans: list[tuple[int, int]] = []
+        for start, end in found:
+            if not spans or start >= spans[-1][1]:
+                spans.append((start, end))
+        return spans
 
 
 SINGLE, BULK = "single", "bulk"     # when a strategy runs: without / with replace_all
 CASCADE = [
-    ("exact", _exact, {SINGLE, BULK}),
-    ("line_trimmed", _line_trimmed, {SINGLE}),
-    ("block_anchor", _block_anchor, {SINGLE}),
-    ("whitespace_normalized", _whitespace_normalized, {SINGLE}),
-    ("indentation_flexible", _indentation_flexible, {SINGLE}),
-    ("escape_normalized", _escape_normalized, {SINGLE, BULK}),
-    ("trimmed_boundary", _trimmed_boundary, {SINGLE}),
-    ("context_aware", _context_aware, {SINGLE}),
-    ("multi_occurrence", _multi_occurrence, {BULK}),
+    ("exact", _Haystack.exact, {SINGLE, BULK}),
+    ("line_trimmed", _Haystack.line_trimmed, {SINGLE}),
+    ("block_anchor", _Haystack.block_anchor, {SINGLE}),
+    ("whitespace_normalized", _Haystack.whitespace_normalized, {SINGLE}),
+    ("indentation_flexible", _Haystack.indentation_flexible, {SINGLE}),
+    ("escape_normalized", _Haystack.escape_normalized, {SINGLE, BULK}),
+    ("trimmed_boundary", _Haystack.trimmed_boundary, {SINGLE}),
+    ("context_aware", _Haystack.context_aware, {SINGLE}),
+    ("multi_occurrence", _Haystack.multi_occurrence, {BULK}),
 ]
 NARROWING = {"indentation_flexible", "trimmed_boundary"}   # stricter than what precedes them in one respect
-ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$", "\n": "\n"}
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r"\\([ntr'\"`\\$\n])", lambda m: ESCAPES[m.group(1)], text)
-
-
-def _indent(lines: list[str]) -> str:
-    """The leading whitespace every non-blank line shares."""
-    heads = [line[:len(line) - len(line.lstrip())] for line in lines if line.strip()]
-    return os.path.commonprefix(heads) if heads else ""
-
-
-def _dedent(lines: list[str]) -> list[str]:
-    cut = len(_indent(lines))
-    return [line[cut:].rstrip() if line.strip() else "" for line in lines]
 
 
 def _adapt(old: str, matched: str, new: str) -> str:
@@ -977,15 +914,14 @@ def _adapt(old: str, matched: str, new: str) -> str:
     old_lines, got_lines = old.strip("\n").split("\n"), matched.strip("\n").split("\n")
     if len(old_lines) == len(got_lines) and _dedent(old_lines) == _dedent(got_lines):
         was, now = _indent(old_lines), _indent(got_lines)
-        shift = lambda text: "\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
-                                       for line in text.split("\n"))  # noqa: E731
-        old, new = shift(old), shift(new)
-    lead = lambda text: text[:len(text) - len(text.lstrip())]  # noqa: E731
-    if lead(old) and lead(old) != lead(matched) and lead(new) == lead(old) and new.strip():
-        new = lead(matched) + new.lstrip()
-    trail = lambda text: text[len(text.rstrip()):]  # noqa: E731
-    if trail(old) and trail(old) != trail(matched) and trail(new) == trail(old) and new.strip():
-        new = new.rstrip() + trail(matched)
+        old, new = ("\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
+                              for line in text.split("\n")) for text in (old, new))
+    was, got, now = (text[:len(text) - len(text.lstrip())] for text in (old, matched, new))    # leading whitespace
+    if was and was != got and now == was and new.strip():
+        new = got + new.lstrip()
+    was, got, now = (text[len(text.rstrip()):] for text in (old, matched, new))               # trailing
+    if was and was != got and now == was and new.strip():
+        new = new.rstrip() + got
     return new
 
 
@@ -1013,15 +949,22 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
             if name not in NARROWING:
                 continue
             spans = [s for s in spans if any(s[0] < a[1] and a[0] < s[1] for a in ambiguous)]
-        if name != "exact":
-            oversized = oversized or next((s for s in spans if _disproportionate(old, hay.text[s[0]:s[1]])), None)
-            spans = [s for s in spans if not _disproportionate(old, hay.text[s[0]:s[1]])]
+        if name != "exact":     # a fuzzy match much larger than what the model quoted is more likely wrong than right
+            big = [(start, end) for start, end in spans if end - start > 2 * len(old) + 200
+                   or hay.text.count("\n", start, end) > 2 * old.count("\n") + 4]
+            oversized, spans = oversized or (big[0] if big else None), [span for span in spans if span not in big]
         if len(spans) > 1 and not replace_all:
             ambiguous = ambiguous or spans
             continue
-        if spans:   # an over-escaped old_string came with an over-escaped new_string
-            unescape = _unescape if name == "escape_normalized" else str
-            return _splice(hay, spans, unescape(old), unescape(new), name)
+        if spans:
+            if name == "escape_normalized":     # an over-escaped old_string came with an over-escaped new_string
+                old, new = _unescape(old), _unescape(new)
+            pieces, at = [], 0      # text before the first span, its replacement, text up to the next span, …
+            for start, end in spans:
+                pieces += [hay.text[at:start], _adapt(old, hay.text[start:end], new)]
+                at = end
+            text = "".join(pieces) + hay.text[at:]
+            return _Replaced(text, name, len(spans), pieces[0].count("\n") + 1, pieces[1].count("\n") + 1)
     if ambiguous:
         lines = ", ".join(str(hay.line_of(start)) for start, _ in ambiguous[:20])
         raise ToolError(f"old_string matches {len(ambiguous)} places in {shown_path} (lines {lines}). Include more "
@@ -1035,36 +978,13 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
     raise ToolError(_not_found(hay, old, shown_path), error="not_found")
 
 
-def _disproportionate(old: str, matched: str) -> bool:
-    """A fuzzy match much larger than what the model quoted is more likely wrong than right."""
-    return len(matched) > 2 * len(old) + 200 or matched.count("\n") > 2 * old.count("\n") + 4
-
-
-def _splice(hay: _Haystack, spans: list[tuple[int, int]], old: str, new: str, strategy: str) -> _Replaced:
-    pieces, at, first = [], 0, None
-    for start, end in spans:
-        pieces.append(hay.text[at:start])
-        fitted = _adapt(old, hay.text[start:end], new)
-        if first is None:
-            first = (sum(map(len, pieces)), fitted)
-        pieces.append(fitted)
-        at = end
-    pieces.append(hay.text[at:])
-    text = "".join(pieces)
-    offset, fitted = first
-    return _Replaced(text, strategy, len(spans), text.count("\n", 0, offset) + 1, fitted.count("\n") + 1)
-
-
 def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
     """The repair message: where the closest text is, shown as the model should have quoted it."""
     message = (f"old_string was not found in {shown_path} (tried exact and fuzzy matching). Copy it exactly from "
                "the file, including whitespace, without read's line-number prefixes; read the file again if it "
                "may have changed.")
     want = [line for line in _find_lines(old) if line.strip()]
-    if not want:
-        return message
-    probe = want[0].strip()
-    close = difflib.get_close_matches(probe, hay.trimmed, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(want[0].strip(), hay.trimmed, n=1, cutoff=0.6) if want else []
     if not close:
         return message
     index = hay.trimmed.index(close[0])
@@ -1075,40 +995,34 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
 
 
 async def _tool_write(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
-    ws = box.workspace
+    ws, text = box.workspace, args["content"]
     path = ws.resolve(args["file_path"])
+    shown = ws.display(path)
     if path.is_dir():
-        raise ToolError(f"{ws.display(path)} is a directory; give a file path.", error="is_directory")
+        raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     before = None
-    if path.exists():
+    if path.exists():       # an overwrite keeps the old file's CRLF line endings and UTF-8 BOM
         box.check_fresh(path)
         before = ws.read_file(path)
-    data = _encode_like(args["content"], before)
-    if data == before:
-        return ToolResult(f"{ws.display(path)} already has exactly this content; nothing changed.",
-                          meta={"path": ws.display(path), "added": 0, "removed": 0})
-    added, removed = box.commit(path, before, data, tool_use_id)
-    n_lines = len(_split_lines(args["content"]))
-    verb = "Created" if before is None else "Wrote"
-    change = "" if before is None else f"; +{added} −{removed}"
-    return ToolResult(f"{verb} {ws.display(path)} ({n_lines} lines{change}).",
-                      meta={"path": ws.display(path), "added": added, "removed": removed, "created": before is None})
-
-
-def _encode_like(text: str, before: bytes | None) -> bytes:
-    """An overwrite keeps the old file's CRLF line endings and UTF-8 BOM."""
-    if before is not None:
-        old_text, bom = _decode_text(before)
-        if _uses_crlf(old_text) and "\r\n" not in text:
+        if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
             text = text.replace("\n", "\r\n")
-        if bom and not text.startswith("\ufeff"):
+        if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
             text = "\ufeff" + text
-    return text.encode("utf-8")
+    data = text.encode("utf-8")
+    if data == before:
+        return ToolResult(f"{shown} already has exactly this content; nothing changed.",
+                          meta={"path": shown, "added": 0, "removed": 0})
+    added, removed = box.commit(path, before, data, tool_use_id)
+    change = "" if before is None else f"; +{added} −{removed}"
+    return ToolResult(f"{'Created' if before is None else 'Wrote'} {shown} "
+                      f"({len(_split_lines(args['content']))} lines{change}).",
+                      meta={"path": shown, "added": added, "removed": removed, "created": before is None})
 
 
 async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws = box.workspace
     path, old, new = ws.resolve(args["file_path"]), args["old_string"], args["new_string"]
+    shown = ws.display(path)
     if old == new:
         raise ToolError("old_string and new_string are identical, so the edit would change nothing. Put the "
                         "replacement text in new_string.", error="no_change")
@@ -1118,29 +1032,29 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
         error = _missing(ws, path)
         raise ToolError(f"{error} To create a new file, use write (or edit with an empty old_string).", **error.meta)
     if path.is_dir():
-        raise ToolError(f"{ws.display(path)} is a directory; give a file path.", error="is_directory")
+        raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     box.check_fresh(path)
     before = ws.read_file(path)
     try:
         text = before.decode("utf-8")
     except UnicodeDecodeError:
-        raise ToolError(f"{ws.display(path)} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
+        raise ToolError(f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
                         error="encoding") from None
     bom, crlf = text.startswith("\ufeff"), _uses_crlf(text)
-    text = text.removeprefix("\ufeff").replace("\r\n", "\n") if crlf else text.removeprefix("\ufeff")
+    text = text.removeprefix("\ufeff")
     if crlf:
-        old, new = old.replace("\r\n", "\n"), new.replace("\r\n", "\n")
+        text, old, new = (part.replace("\r\n", "\n") for part in (text, old, new))
     if old == "":
         if text.strip():
-            raise ToolError(f"old_string is empty but {ws.display(path)} has content. Quote the text to replace, "
+            raise ToolError(f"old_string is empty but {shown} has content. Quote the text to replace, "
                             "or use write to replace the whole file.", error="empty_old_string")
         done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
     else:
-        done = _replace(text, old, new, args.get("replace_all", False), ws.display(path))
+        done = _replace(text, old, new, args.get("replace_all", False), shown)
     out = done.text.replace("\n", "\r\n") if crlf else done.text
     added, removed = box.commit(path, before, (("\ufeff" if bom else "") + out).encode("utf-8"), tool_use_id)
-    return ToolResult(_edit_report(ws.display(path), done, added, removed),
-                      meta={"path": ws.display(path), "added": added, "removed": removed,
+    return ToolResult(_edit_report(shown, done, added, removed),
+                      meta={"path": shown, "added": added, "removed": removed,
                             "strategy": done.strategy, "replacements": done.count})
 
 
@@ -1164,14 +1078,9 @@ def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
     """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle is
     given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
     a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    prefix = 0
-    while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
-        prefix += 1
-    suffix = 0
-    while suffix < min(len(a), len(b)) - prefix and a[-1 - suffix] == b[-1 - suffix]:
-        suffix += 1
-    low = max(0, prefix - 3)
-    keep = max(0, suffix - 3)
+    prefix = len(os.path.commonprefix([a, b]))      # commonprefix compares any sequences: here, lists of lines
+    suffix = len(os.path.commonprefix([a[prefix:][::-1], b[prefix:][::-1]]))
+    low, keep = max(0, prefix - 3), max(0, suffix - 3)
     lines = difflib.unified_diff(a[low:len(a) - keep], b[low:len(b) - keep], f"a/{shown_path}", f"b/{shown_path}", n=3)
     out, added, removed = [], 0, 0
     for line in lines:
@@ -1190,72 +1099,77 @@ def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
 # ---------------------------------------------------------------- grep and glob
 # ripgrep when it is on PATH, otherwise Python over the same candidate files: `git ls-files` in a
 # repository (so .gitignore applies), a walk elsewhere. Hidden files count, .git never does; glob
-# patterns follow ripgrep's --glob rules (no "/" means "at any depth").
+# patterns follow ripgrep's --glob rules (no "/" means "at any depth") and are always applied by us:
+# ripgrep's own --glob would override .gitignore.
 
 
-def _glob_regex(pattern: str) -> tuple[re.Pattern, bool]:
-    """(regex for a relative path or a base name, whether it applies to the whole path)."""
-    pattern = pattern.strip().removeprefix("./")
-    anchored = "/" in pattern.rstrip("/")
-    pattern, out, i = pattern.lstrip("/"), [], 0
-    while i < len(pattern):
-        char = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif char == "[" and "]" in pattern[i + 2:]:
-            end = pattern.index("]", i + 2)
-            body = pattern[i + 1:end]
+def _glob_regex(pattern: str) -> str:
+    """The regex source for a glob pattern ("{a,b}" alternatives converted in turn)."""
+    out = []
+    for token in GLOB_TOKEN.findall(pattern.strip().removeprefix("./").lstrip("/")):
+        if token in GLOB_FIXED:
+            out.append(GLOB_FIXED[token])
+        elif token[0] == "[" and len(token) > 1:
+            body = token[1:-1]
             out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
-            i = end
-        elif char == "{" and "}" in pattern[i:]:
-            end = pattern.index("}", i)
-            out.append("(?:" + "|".join(_glob_regex(part)[0].pattern[:-2] for part in pattern[i + 1:end].split(",")) + ")")
-            i = end
+        elif token[0] == "{" and len(token) > 1:
+            out.append("(?:" + "|".join(map(_glob_regex, token[1:-1].split(","))) + ")")
         else:
-            out.append(re.escape(char))
-        i += 1
-    return re.compile("".join(out) + r"\Z"), anchored
+            out.append(re.escape(token))
+    return "".join(out)
 
 
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
-    regex, anchored = _glob_regex(pattern)
-    if anchored:
+    """A pattern with a "/" matches the relative path, one without matches the base name (as ripgrep's --glob)."""
+    regex = re.compile(_glob_regex(pattern) + r"\Z")
+    if "/" in pattern.strip().removeprefix("./").rstrip("/"):
         return lambda rel: regex.match(rel) is not None
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-def _candidates(ws: Workspace, root: Path) -> list[str]:
-    """Files under `root` as relative POSIX paths: git's view when it has one, else every file."""
-    code, out = ws.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root)
-    if code == 0 and out:
-        return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != ".git")
-        base = os.path.relpath(folder, root)
-        found.extend(name if base == "." else f"{base}/{name}" for name in files)
-    return found
-
-
 async def _list_files(box: Toolbox, root: Path) -> list[str]:
-    """Candidate files under `root`. ripgrep's own --glob would override .gitignore, so patterns are
-    always applied by us, to this list."""
-    if not box.ripgrep:
-        return await asyncio.to_thread(_candidates, box.workspace, root)
-    # NUL-separated: a file name may hold a newline
-    lines, _ = await _rg_lines(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
-                               10**7, end=b"\0")
-    return [line.removeprefix("./") for line in lines]
+    """Files under `root` as relative POSIX paths: ripgrep's list (NUL-separated: a name may hold a newline),
+    else git's view when there is one, else every file."""
+    if box.ripgrep:
+        records, _ = await _ripgrep(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
+                                    10**7, end="\0")
+        return [rel.removeprefix("./") for rel in records]
+
+    def without_ripgrep() -> list[str]:
+        code, out = box.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                                          cwd=root)
+        if code == 0 and out:
+            return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
+        found = []
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != ".git")
+            base = os.path.relpath(folder, root)
+            found.extend(name if base == "." else f"{base}/{name}" for name in files)
+        return found
+    return await asyncio.to_thread(without_ripgrep)
+
+
+async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, end: str = "\n") -> tuple[list[str], int]:
+    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code."""
+    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd)
+    chunks, n_records = [], 0
+    try:
+        async with asyncio.timeout(SEARCH_TIMEOUT_S):
+            while n_records < cap and (chunk := await child.stdout.read(65_536)):
+                chunks.append(chunk)
+                n_records += chunk.count(end.encode())
+            _kill_group(child.pid)
+            await child.proc.wait()
+    except TimeoutError:
+        raise ToolError(f"The search took over {SEARCH_TIMEOUT_S} s and was stopped; narrow the path or pattern.",
+                        error="timeout") from None
+    finally:
+        _kill_group(child.pid)
+        child.close_pipes()
+    records = b"".join(chunks).decode("utf-8", "replace").split(end)
+    if records[-1] == "":       # the output ended with `end`; a last record without it still counts
+        records.pop()
+    return records[:cap], child.proc.returncode
 
 
 def _newest_first(root: Path, rels) -> list[str]:
@@ -1267,38 +1181,11 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-async def _rg_lines(box: Toolbox, argv: list[str], cwd: Path, cap: int, end: bytes = b"\n") -> tuple[list[str], int]:
-    """ripgrep's output records ending in `end` (at most `cap`; then it is stopped) and its exit code."""
-    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd)
-    lines = []
-    try:
-        async with asyncio.timeout(SEARCH_TIMEOUT_S):
-            while len(lines) < cap and (line := await _read_record(child.stdout, end)):
-                lines.append(line.decode("utf-8", "replace").removesuffix(end.decode()))
-            _kill_group(child.pid)
-            await child.proc.wait()
-    except TimeoutError:
-        raise ToolError(f"The search took over {SEARCH_TIMEOUT_S} s and was stopped; narrow the path or pattern.",
-                        error="timeout") from None
-    finally:
-        _kill_group(child.pid)
-        child.close_pipes()
-    return lines, child.proc.returncode
-
-
-async def _read_record(stream: asyncio.StreamReader, end: bytes) -> bytes:
-    try:
-        return await stream.readuntil(end)
-    except asyncio.IncompleteReadError as exc:      # the last record, without its end
-        return exc.partial
-
-
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws, pattern = box.workspace, args["pattern"]
-    root = _directory(ws, args.get("path"))
+    root = _existing(ws, args.get("path"))
     match = _glob_matcher(pattern)
-    files = [rel for rel in await _list_files(box, root) if match(rel)]
-    files = await asyncio.to_thread(_newest_first, root, files)
+    files = await asyncio.to_thread(_newest_first, root, [rel for rel in await _list_files(box, root) if match(rel)])
     meta = {"files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
             "engine": "ripgrep" if box.ripgrep else "python"}
     if not files:
@@ -1312,19 +1199,35 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
 
 async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     ws, pattern, include = box.workspace, args["pattern"], args.get("include")
-    target = ws.resolve(args["path"]) if args.get("path") else ws.cwd
-    if not target.exists():
-        raise _missing(ws, target)
+    target = _existing(ws, args.get("path"), directory=False)
     root = target if target.is_dir() else target.parent
+    keep = _glob_matcher(include) if include else (lambda rel: True)
     if box.ripgrep:         # ripgrep judges its own syntax (it knows \p{L}, Python's re does not)
-        hits = await _rg_grep(box, pattern, target, root, include)
+        hits = await _rg_grep(box, pattern, target, root, include, keep)
     else:
         try:
             regex = re.compile(pattern)
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
-        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, include)
-    return _grep_report(ws, root, hits, pattern, box.ripgrep)
+        files = [target.name] if target.is_file() else await _list_files(box, root)
+        hits = await asyncio.to_thread(_py_grep, regex, root, [rel for rel in files if keep(rel)])
+    total = sum(map(len, hits.values()))
+    meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
+            "engine": "ripgrep" if box.ripgrep else "python"}
+    if not hits:
+        return ToolResult(f"No matches for {pattern!r} in {ws.display(root)}.", meta=meta)
+    out = []
+    for rel in _newest_first(root, hits):
+        for number, text in hits[rel][:SEARCH_RESULT_CAP - len(out)]:
+            text = text.rstrip("\r")
+            text = text if len(text) <= GREP_LINE_CHARS else text[:GREP_LINE_CHARS] + "… [line cut]"
+            out.append(f"{_one_line(ws.display(root / rel))}:{number}: {text}")
+    if total > SEARCH_RESULT_CAP:
+        counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
+        out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines in {len(hits):,} files, most "
+                   "recently modified files first. Narrow it with a more specific pattern, a path, or include "
+                   "(e.g. \"*.py\").)")
+    return ToolResult("\n".join(out), meta=meta)
 
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
@@ -1332,36 +1235,25 @@ def _bad_pattern(pattern: str, problem: str) -> ToolError:
                      "( [ { . * + ? | with a backslash to match them literally.", error="bad_pattern")
 
 
-async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include: str | None) -> dict:
+async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include: str | None,
+                   keep: Callable[[str], bool]) -> dict[str, list[tuple[int, str]]]:
     argv = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never", "--hidden",
             "--no-messages", "--max-columns", "1000", "--max-columns-preview", "--glob", "!.git"]
     if include and "/" not in include.rstrip("/"):     # a file type filters without overriding .gitignore
         argv += ["--type-add", f"khaelor:{include}", "--type", "khaelor"]
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
-    lines, code = await _rg_lines(box, argv, root, GREP_SCAN_CAP)
-    if code == 2 and lines and "\0" not in lines[0]:
-        raise _bad_pattern(pattern, " ".join(line.strip() for line in lines)[:500])
+    records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP)
+    if code == 2 and records and "\0" not in records[0]:
+        raise _bad_pattern(pattern, " ".join(record.strip() for record in records)[:500])
     hits: dict[str, list[tuple[int, str]]] = {}
-    keep = _glob_matcher(include) if include else None
-    carry = ""
-    for line in lines:
-        if "\0" not in line:     # a file name with a newline in it: its record goes on in the next line
-            carry += line + "\n"
-            continue
-        rel, _, rest = (carry + line).partition("\0")
-        carry = ""
-        number, _, text = rest.partition(":")
-        rel = rel.removeprefix("./")
-        if number.isdigit() and (keep is None or keep(rel)):
+    # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's lines
+    for rel, number, text in re.findall(r"([^\0]*)\0(\d+):(.*)\n?", "\n".join(records)):
+        if keep(rel := rel.removeprefix("./")):
             hits.setdefault(rel, []).append((int(number), text))
     return hits
 
 
-def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path, include: str | None) -> dict:
-    files = [target.name] if target.is_file() else _candidates(ws, root)
-    if include:
-        match = _glob_matcher(include)
-        files = [rel for rel in files if match(rel)]
+def _py_grep(regex: re.Pattern, root: Path, files: list[str]) -> dict[str, list[tuple[int, str]]]:
     hits, n_hits = {}, 0
     for rel in files:
         try:
@@ -1384,28 +1276,6 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path, include
             break
     return hits
 
-
-def _grep_report(ws: Workspace, root: Path, hits: dict, pattern: str, engine: str | None) -> ToolResult:
-    total = sum(map(len, hits.values()))
-    meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-            "engine": "ripgrep" if engine else "python"}
-    if not hits:
-        return ToolResult(f"No matches for {pattern!r} in {ws.display(root)}.", meta=meta)
-    out = []
-    for rel in _newest_first(root, hits):
-        for number, text in hits[rel]:
-            if len(out) == SEARCH_RESULT_CAP:
-                break
-            text = text.rstrip("\r")
-            text = text if len(text) <= GREP_LINE_CHARS else text[:GREP_LINE_CHARS] + "… [line cut]"
-            out.append(f"{_one_line(ws.display(root / rel))}:{number}: {text}")
-    if total > SEARCH_RESULT_CAP:
-        counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
-        out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines in {len(hits):,} files, most "
-                   "recently modified files first. Narrow it with a more specific pattern, a path, or include "
-                   "(e.g. \"*.py\").)")
-    return ToolResult("\n".join(out), meta=meta)
-
 # ---------------------------------------------------------------- bash
 
 
@@ -1413,14 +1283,13 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     command = args["command"]
     if not command.strip():
         raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
-    timeout_ms, notes = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS), []
+    timeout_ms = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS)
     if timeout_ms <= 0:
         raise ToolError(f"timeout must be a positive number of milliseconds (default {BASH_DEFAULT_TIMEOUT_MS}).",
                         error="invalid_input")
-    if timeout_ms > BASH_MAX_TIMEOUT_MS:
-        notes.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
-        timeout_ms = BASH_MAX_TIMEOUT_MS
-    workdir = _directory(box.workspace, args.get("workdir"))
+    notes = [f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)"] if timeout_ms > BASH_MAX_TIMEOUT_MS else []
+    timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
+    workdir = _existing(box.workspace, args.get("workdir"))
     spool = _Spool(box.spill_dir, tool_use_id or "bash")
 
     def on_text(text: str) -> None:
@@ -1428,42 +1297,12 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    proc = await box.workspace.exec(command, cwd=workdir)
-    box.groups.add(proc.pid)
-    pump = asyncio.create_task(_pump(proc.stdout, on_text))
-    try:
-        timed_out, stray = await _wait_foreground(proc, pump, timeout_ms / 1000)
-    except asyncio.CancelledError:
-        _kill_group(proc.pid)           # interrupted turn: the whole group goes, grandchildren included
-        pump.cancel()
-        raise
-    finally:
-        box.groups.discard(proc.pid)
-        proc.close_pipes()
-    duration_ms = int((time.monotonic() - started) * 1000)
-    exit_code = proc.proc.returncode
-    text = _bash_text(spool.finish(), exit_code, timed_out, stray, timeout_ms, notes)
-    meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
-    if spool.spill_path:
-        meta["spill"] = str(spool.spill_path)
-    return ToolResult(text, is_error=timed_out, meta=meta)
-
-
-async def _wait_foreground(proc: Child, pump: asyncio.Task, timeout_s: float) -> tuple[bool, bool]:
-    """Wait for a foreground command: (timed out, left strays). Either way no member of its group survives."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            await proc.proc.wait()
-    except TimeoutError:
-        _kill_group(proc.pid)
-        await _finish_pump(pump)
-        await proc.proc.wait()
-        return True, False
-    return False, await _reap_strays(proc.pid, pump, STRAY_GRACE_S)
-
-
-def _bash_text(output: str, exit_code: int, timed_out: bool, stray: bool, timeout_ms: int, notes: list[str]) -> str:
-    parts = [output.rstrip("\n") or "(no output)", ""]
+    child = await box.workspace.exec(command, cwd=workdir)
+    box.groups.add(child.pid)
+    timed_out, stray = await _supervise(child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S)
+    exit_code = child.proc.returncode
+    meta = {"exit_code": exit_code, "duration_ms": int((time.monotonic() - started) * 1000), "timed_out": timed_out}
+    parts = [spool.finish(meta).rstrip("\n") or "(no output)", ""]
     if timed_out:
         parts.append(f"Timed out after {timeout_ms / 1000:g} s: the command and every process it started were "
                      "killed. For servers, watchers or long builds use process (action \"start\") and poll it "
@@ -1475,32 +1314,33 @@ def _bash_text(output: str, exit_code: int, timed_out: bool, stray: bool, timeou
     if stray:
         parts.append("Note: processes it left running in the background were stopped; use the process tool for "
                      "long-running work.")
-    return "\n".join(parts + notes)
-
+    return ToolResult("\n".join(parts + notes), is_error=timed_out, meta=meta)
 
 # ---------------------------------------------------------------- process: background processes
 
 
-class _Rolling:
-    """A process's output: the newest PROCESS_BUFFER_CHARS characters, and how far the model has read."""
-
-    def __init__(self):
-        self.cap = PROCESS_BUFFER_CHARS
-        self.text = ""
-        self.base = 0               # absolute position of text[0] in everything ever written
-        self.read_pos = 0           # absolute position up to which the model has read
-        self.arrived = asyncio.Event()
+@dataclass
+class _Process:
+    """A background process and its output: the newest PROCESS_BUFFER_CHARS characters, and how far the
+    model has read them."""
+    process_id: str                 # "p1", "p2", … per session
+    command: str
+    child: Child
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None      # time.monotonic() when it exited; None while running
+    cause: str | None = None        # why we stopped it ("stopped", "khaelor exit"); None: it exited by itself
+    watcher: asyncio.Task | None = None
+    text: str = ""                  # the rolling output buffer
+    base: int = 0                   # absolute position of text[0] in everything it ever wrote
+    read_pos: int = 0               # absolute position up to which the model has read
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)   # set by new output and by the exit
 
     def append(self, text: str) -> None:
         self.text += text
-        if len(self.text) > self.cap:
-            drop = len(self.text) - self.cap
-            self.text = self.text[drop:]
-            self.base += drop
+        if len(self.text) > PROCESS_BUFFER_CHARS:
+            drop = len(self.text) - PROCESS_BUFFER_CHARS
+            self.text, self.base = self.text[drop:], self.base + drop
         self.arrived.set()
-
-    def unread(self) -> bool:
-        return self.base + len(self.text) > self.read_pos
 
     def take(self) -> tuple[int, str]:
         """(characters dropped unread, the new output) since the last take."""
@@ -1510,36 +1350,14 @@ class _Rolling:
         self.arrived.clear()
         return dropped, new
 
-
-@dataclass
-class _Process:
-    process_id: str                 # "p1", "p2", … per session
-    command: str
-    child: Child
-    started: float                  # time.monotonic()
-    output: _Rolling = field(default_factory=_Rolling)
-    watcher: asyncio.Task | None = None
-    ended: float | None = None      # time.monotonic() when it exited; None while running
-    cause: str | None = None        # why we stopped it ("stopped", "khaelor exit"); None: it exited by itself
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.child.proc.returncode
-
     def runtime_s(self) -> float:
         return round((self.ended or time.monotonic()) - self.started, 1)
 
     def status(self) -> str:
+        code = self.child.proc.returncode
         if self.ended is None:
             return "running"
-        code = self.exit_code
-        if self.cause:
-            return f"{'stopped' if self.cause == 'stopped' else self.cause} (exit code {code})"
-        return f"exited (code {code})"
+        return f"{self.cause} (exit code {code})" if self.cause else f"exited (code {code})"
 
 
 class _Processes:
@@ -1555,17 +1373,6 @@ class _Processes:
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
 
-    def running(self) -> list[dict]:
-        return [{"process_id": p.process_id, "pid": p.pid, "command": p.command, "runtime_s": p.runtime_s()}
-                for p in self.live()]
-
-    def get(self, process_id: str) -> _Process:
-        if process_id in self.items:
-            return self.items[process_id]
-        known = ", ".join(self.items) or "none yet"
-        raise ToolError(f"No process with id {process_id!r} (known: {known}). Use process action \"list\".",
-                        error="unknown_process")
-
     async def start(self, command: str) -> _Process:
         if self.closed:
             raise ToolError("khaelor is shutting down; no new processes.", error="closed")
@@ -1578,34 +1385,29 @@ class _Processes:
         return await asyncio.shield(self._spawn(command))
 
     async def _spawn(self, command: str) -> _Process:
-        proc = await self.workspace.exec(command, stdin=True)
-        self.groups.add(proc.pid)
+        child = await self.workspace.exec(command, stdin=True)
+        self.groups.add(child.pid)
         self.n_started += 1
-        process = _Process(f"p{self.n_started}", command, proc, time.monotonic())
+        process = _Process(f"p{self.n_started}", command, child)
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(self._watch(process), name=f"khaelor process {process.process_id}")
-        self.emit("ProcessStarted", process_id=process.process_id, pid=proc.pid, command=command)
-        self._forget_old()
+        self.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
+        exited = [key for key, p in self.items.items() if p.ended is not None]     # keep the table small
+        for key in exited[:max(0, len(self.items) - 4 * PROCESS_LIVE_CAP)]:
+            del self.items[key]
         return process
 
     async def _watch(self, process: _Process) -> None:
         """Collect output until the process exits, clear out its group, report ProcessExited once."""
-        pump = asyncio.create_task(_pump(process.child.stdout, process.output.append))
         try:
-            await process.child.proc.wait()
-            await _reap_strays(process.pid, pump, 0.5 if process.cause else 1.0)
+            await _supervise(process.child, self.groups, process.append, None, PROCESS_STRAY_GRACE_S)
         except asyncio.CancelledError:      # the event loop is closing without close(): still no orphans
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
-            if not pump.done():
-                pump.cancel()
-            _kill_group(process.pid)
-            self.groups.discard(process.pid)
-            process.child.close_pipes()
             process.ended = time.monotonic()
-            process.output.arrived.set()
-            self.emit("ProcessExited", process_id=process.process_id, exit_code=process.exit_code,
+            process.arrived.set()
+            self.emit("ProcessExited", process_id=process.process_id, exit_code=process.child.proc.returncode,
                       cause=process.cause or "exited")
 
     async def stop(self, process: _Process, cause: str) -> None:
@@ -1613,94 +1415,77 @@ class _Processes:
         if process.ended is not None:
             return
         process.cause = cause
-        _kill_group(process.pid, signal.SIGTERM)
+        _kill_group(process.child.pid, signal.SIGTERM)
         await asyncio.wait({process.watcher}, timeout=PROCESS_STOP_GRACE_S)
         if not process.watcher.done():
-            _kill_group(process.pid, signal.SIGKILL)
+            _kill_group(process.child.pid, signal.SIGKILL)
             await asyncio.wait({process.watcher}, timeout=2.0)
 
     async def close(self) -> None:
         self.closed = True
         await asyncio.gather(*(self.stop(p, "khaelor exit") for p in self.live()))
 
+    async def write(self, process: _Process, text: str) -> str:
+        if process.ended is not None:
+            raise ToolError(f"{process.process_id} has {process.status()}; it takes no more input.", error="exited")
+        try:
+            process.child.stdin.write(text.encode("utf-8"))
+            await asyncio.wait_for(process.child.stdin.drain(), 5.0)
+        except (BrokenPipeError, ConnectionResetError):
+            raise ToolError(f"{process.process_id} closed its stdin.", error="stdin_closed") from None
+        except TimeoutError:
+            raise ToolError(f"{process.process_id} is not reading its stdin (write timed out after 5 s).",
+                            error="stdin_blocked") from None
+        return f"Wrote {len(text)} characters to {process.process_id}."
+
     async def settle(self, process: _Process, timeout_s: float) -> None:
         """Wait briefly for output (or exit), then a moment more so a burst arrives whole."""
-        if not process.output.unread() and process.ended is None:
+        if process.base + len(process.text) == process.read_pos and process.ended is None:
             try:
-                await asyncio.wait_for(process.output.arrived.wait(), timeout_s)
+                await asyncio.wait_for(process.arrived.wait(), timeout_s)
             except TimeoutError:
                 return
         if process.ended is None:
             await asyncio.sleep(0.1)
 
-    def _forget_old(self) -> None:
-        """Keep the table small: drop the oldest exited entries beyond 4x the live cap."""
-        exited = [key for key, p in self.items.items() if p.ended is not None]
-        for key in exited[:max(0, len(self.items) - 4 * PROCESS_LIVE_CAP)]:
-            del self.items[key]
-
 
 async def _tool_process(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     action, procs = args["action"], box.processes
+
+    def needs(key: str, what: str) -> str:
+        if key not in args:
+            raise ToolError(f"process action \"{action}\" needs '{key}' ({what}). Call process again with it.",
+                            error="invalid_input")
+        return args[key]
+
     if action == "list":
-        return _process_list(procs)
+        rows = [f"{p.process_id}  {p.status()}  pid {p.child.pid}  {p.runtime_s():g} s  {p.command}"
+                for p in procs.items.values()]
+        if not rows:
+            return ToolResult("No background processes. Start one with process action \"start\".", meta={"count": 0})
+        return ToolResult("\n".join(rows), meta={"count": len(rows), "running": len(procs.live())})
+    lines = []
     if action == "start":
-        command = _require(args, "command", "process", "the shell command to start")
-        process = await procs.start(command)
-        await procs.settle(process, PROCESS_SETTLE_S)
-        return _process_report(process, f"Started {process.process_id}. Poll it with process action \"read\", "
-                                        f"id \"{process.process_id}\".")
-    process = procs.get(_require(args, "id", "process", "the process id, e.g. \"p1\""))
-    if action == "read":
-        await procs.settle(process, 1.0)
-        return _process_report(process)
+        process = await procs.start(needs("command", "the shell command to start"))
+        lines.append(f"Started {process.process_id}. Poll it with process action \"read\", "
+                     f"id \"{process.process_id}\".")
+    elif (process := procs.items.get(needs("id", "the process id, e.g. \"p1\""))) is None:
+        raise ToolError(f"No process with id {args['id']!r} (known: {', '.join(procs.items) or 'none yet'}). Use "
+                        "process action \"list\".", error="unknown_process")
     if action == "write":
-        return await _process_write(procs, process, _require(args, "input", "process", "the text to send"))
-    await procs.stop(process, "stopped")
-    return _process_report(process)
-
-
-def _require(args: dict, key: str, tool: str, what: str) -> str:
-    if key not in args:
-        raise ToolError(f"process action \"{args['action']}\" needs '{key}' ({what}). Call {tool} again with it.",
-                        error="invalid_input")
-    return args[key]
-
-
-async def _process_write(procs: _Processes, process: _Process, text: str) -> ToolResult:
-    if process.ended is not None:
-        raise ToolError(f"{process.process_id} has {process.status()}; it takes no more input.", error="exited")
-    try:
-        process.child.stdin.write(text.encode("utf-8"))
-        await asyncio.wait_for(process.child.stdin.drain(), 5.0)
-    except (BrokenPipeError, ConnectionResetError):
-        raise ToolError(f"{process.process_id} closed its stdin.", error="stdin_closed") from None
-    except TimeoutError:
-        raise ToolError(f"{process.process_id} is not reading its stdin (write timed out after 5 s).",
-                        error="stdin_blocked") from None
-    await procs.settle(process, PROCESS_SETTLE_S)
-    return _process_report(process, f"Wrote {len(text)} characters to {process.process_id}.")
-
-
-def _process_report(process: _Process, first: str = "") -> ToolResult:
-    dropped, new = process.output.take()
-    lines = [first] if first else []
-    lines.append(f"[{process.process_id} · {process.status()} · pid {process.pid} · {process.runtime_s():g} s] "
-                 f"{process.command}")
+        lines.append(await procs.write(process, needs("input", "the text to send")))
+    if action == "stop":
+        await procs.stop(process, "stopped")
+    else:
+        await procs.settle(process, 1.0 if action == "read" else PROCESS_SETTLE_S)
+    dropped, new = process.take()
+    lines.append(f"[{process.process_id} · {process.status()} · pid {process.child.pid} · "
+                 f"{process.runtime_s():g} s] {process.command}")
     if dropped:
         lines.append(f"[… {dropped:,} earlier characters were dropped from the buffer before you read them …]")
     lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
-    meta = {"process_id": process.process_id, "pid": process.pid, "status": process.status(),
-            "exit_code": process.exit_code}
-    return ToolResult("\n".join(lines), meta=meta)
-
-
-def _process_list(procs: _Processes) -> ToolResult:
-    if not procs.items:
-        return ToolResult("No background processes. Start one with process action \"start\".", meta={"count": 0})
-    rows = [f"{p.process_id}  {p.status()}  pid {p.pid}  {p.runtime_s():g} s  {p.command}"
-            for p in procs.items.values()]
-    return ToolResult("\n".join(rows), meta={"count": len(rows), "running": len(procs.live())})
+    return ToolResult("\n".join(lines), meta={"process_id": process.process_id, "pid": process.child.pid,
+                                              "status": process.status(), "exit_code": process.child.proc.returncode})
 
 
 TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _tool_grep, "glob": _tool_glob,

@@ -91,8 +91,12 @@ SGR_RESET = CSI + "0m"
 PASTE_END = CSI + "201~"
 
 SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")        # captures, so SGR_RE.split keeps them
-INPUT_CSI_RE = re.compile(r"\x1b\[([0-?]*)[ -/]*([@-~])")
-INPUT_CSI_PARTIAL_RE = re.compile(r"\x1b\[[0-?]*[ -/]*\Z")
+# Terminal input, one key per match: a CSI sequence, an SS3 key (ESC O), Esc before Esc, Alt+char,
+# a control character, a run of text. KEY_PARTIAL_RE: the buffer ends inside a sequence.
+KEY_RE = re.compile(
+    r"\x1b\[(?P<params>[0-?]*)[ -/]*(?P<final>[@-~])|\x1bO(?P<ss3>[\s\S])|(?P<esc>\x1b)(?=\x1b)"
+    r"|\x1b(?P<alt>[\s\S])|(?P<control>[\x00-\x1a\x1c-\x1f\x7f])|(?P<text>[^\x00-\x1f\x7f]+)")
+KEY_PARTIAL_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|O)?\Z")
 # Anything a program might print to move the cursor, retitle the window or write the clipboard:
 # CSI, OSC (BEL or ST terminated), DCS/SOS/PM/APC strings, two-byte escapes, a lone ESC.
 ESCAPE_SEQUENCE_RE = re.compile(
@@ -194,6 +198,10 @@ def detect_color(stream, env=None) -> bool:
 Span = tuple[str, tuple[str, ...]]   # a run of text and the style roles it carries
 
 
+def join_runs(runs: list[list], style: Style) -> str:
+    return "".join(style.paint(text, *roles) for text, roles in runs)
+
+
 def _add_run(runs: list[list], text: str, roles: tuple) -> None:
     if runs and runs[-1][1] == roles:
         runs[-1][0] += text
@@ -211,20 +219,14 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "",
     prefix, start = first, visible_width(first)
     width = max(width, start + 1, rest_width + 1)
     used, runs, space = start, [], False
-
-    def new_line() -> None:
-        nonlocal prefix, start, used, runs
-        lines.append(prefix + "".join(style.paint(text, *roles) for text, roles in runs))
-        prefix, start, used, runs = rest, rest_width, rest_width, []
-
     for text, roles in spans:
-        space = space or text[:1].isspace()
+        space = not hard and (space or text[:1].isspace())
         for word in [text] if hard else text.split():
             w = cell_width(word)
-            gap = 0 if hard or not space or used == start else 1
-            if used + gap + w > width and used > start and not hard:
-                new_line()
-                gap = 0
+            gap = 1 if space and used > start else 0
+            if not hard and used + gap + w > width and used > start:
+                lines.append(prefix + join_runs(runs, style))
+                prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
             if gap:
                 _add_run(runs, " ", runs[-1][1] if runs[-1][1] == roles else ())
             while word and used + gap + w > width:      # longer than the room left: break it
@@ -236,13 +238,14 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "",
                 used += gap + cell_width(head)
                 gap, w = 0, cell_width(word)
                 if word:
-                    new_line()
+                    lines.append(prefix + join_runs(runs, style))
+                    prefix, start, used, runs = rest, rest_width, rest_width, []
             if word:
                 _add_run(runs, word, roles)
                 used += gap + w
-            space = True
-        space = text[-1:].isspace() if text else space
-    new_line()
+            space = not hard
+        space = space if hard or not text else text[-1:].isspace()
+    lines.append(prefix + join_runs(runs, style))
     return lines
 
 
@@ -275,10 +278,12 @@ DASH_COMMENT_LANGS = frozenset("sql lua haskell hs elm".split())
 
 
 def _code_token_re(comment: str) -> re.Pattern:
+    """One token per match, its group named for its style role."""
     return re.compile(
         rf"(?P<comment>(?:{comment}).*$)"
         r"|(?P<string>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
-        r"|(?P<number>\b\d[\w.]*)|(?P<word>\b[A-Za-z_]\w*)")
+        r"|(?P<number>\b\d[\w.]*)"
+        rf"|\b(?P<keyword>{'|'.join(sorted(KEYWORDS, key=len, reverse=True))})\b")
 
 
 CODE_TOKEN_RES = {"#": _code_token_re("#"), "//": _code_token_re("//"),
@@ -286,14 +291,15 @@ CODE_TOKEN_RES = {"#": _code_token_re("#"), "//": _code_token_re("//"),
 
 
 def regex_spans(pattern: re.Pattern, text: str, styled: Callable, roles: tuple = ()) -> list[Span]:
-    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans (None: plain text)."""
+    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans."""
     spans: list[Span] = []
     pos = 0
     for m in pattern.finditer(text):
-        if (matched := styled(m)) is not None:
-            spans += ([(text[pos:m.start()], roles)] if m.start() > pos else []) + matched
-            pos = m.end()
-    return spans + ([(text[pos:], roles)] if pos < len(text) else [])
+        if m.start() > pos:
+            spans.append((text[pos:m.start()], roles))
+        spans += styled(m)
+        pos = m.end()
+    return spans + [(text[pos:], roles)] if pos < len(text) else spans
 
 
 def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
@@ -325,9 +331,7 @@ def highlight_code(line: str, lang: str) -> list[Span]:
         return [(line, (role,) if role else ())]
     comment = ("#" if lang in HASH_COMMENT_LANGS else "//" if lang in SLASH_COMMENT_LANGS
                else "--" if lang in DASH_COMMENT_LANGS else "")
-    return regex_spans(CODE_TOKEN_RES[comment], line, lambda m: (
-        [(m[0], (m.lastgroup,))] if m.lastgroup != "word"
-        else [(m[0], ("keyword",))] if m[0] in KEYWORDS else None))
+    return regex_spans(CODE_TOKEN_RES[comment], line, lambda m: [(m[0], (m.lastgroup,))])
 
 
 def render_code_line(line: str, lang: str, width: int, style: Style) -> list[str]:
@@ -339,13 +343,6 @@ def render_fence_line(line: str, width: int, style: Style) -> list[str]:
     return [clip(style.paint(line.strip(), "dim"), width)]
 
 
-def render_heading(marks: str, text: str, width: int, style: Style) -> list[str]:
-    if not style.color:
-        return wrap_spans([(f"{marks} {text}", ())], width, style)
-    roles = {1: ("heading", "underline"), 2: ("heading",)}.get(len(marks), ("bold",))
-    return wrap_spans(inline_spans(text, style, roles), width, style)
-
-
 def render_list_item(indent: str, marker: str, text: str, width: int, style: Style) -> list[str]:
     level = min(len(indent.expandtabs(4)) // 2, 6)
     bullet = marker if marker[0].isdigit() else ("•" if level % 2 == 0 else "◦")
@@ -355,15 +352,10 @@ def render_list_item(indent: str, marker: str, text: str, width: int, style: Sty
     return wrap_spans(inline_spans(text, style), width, style, first, " " * visible_width(first))
 
 
-def _table_cells(line: str) -> list[str]:
-    row = line.strip()
-    row = row[1:] if row.startswith("|") else row
-    row = row[:-1] if row.endswith("|") else row
-    return [cell.strip() for cell in row.split("|")]
-
-
-def render_table(header: str, rows: list[str], width: int, style: Style) -> list[str]:
-    grid = [_table_cells(header)] + [_table_cells(r) for r in rows]
+def render_table(rows: list[str], width: int, style: Style) -> list[str]:
+    """The header row, then the body rows (the separator row is left out)."""
+    grid = [[cell.strip() for cell in row.strip().removeprefix("|").removesuffix("|").split("|")]
+            for row in rows]
     n_cols = max(len(r) for r in grid)
     grid = [r + [""] * (n_cols - len(r)) for r in grid]
     widths = [max(1, max(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
@@ -402,34 +394,29 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(lines):
-        line = lines[i]
+        line, j = lines[i], i + 1      # j: where the next block starts
         if not line.strip():
             out.append("")
-            i += 1
         elif m := HEADING_RE.match(line):
-            out += render_heading(m.group(1), m.group(2), width, style)
-            i += 1
+            roles = {1: ("heading", "underline"), 2: ("heading",)}.get(len(m[1]), ("bold",))
+            out += wrap_spans(inline_spans(m[2], style, roles) if style.color
+                              else [(f"{m[1]} {m[2]}", ())], width, style)
         elif HR_RE.match(line):
             out.append(style.paint("─" * width, "dim"))
-            i += 1
         elif FENCE_RE.match(line):
             out += render_fence_line(line, width, style)
-            i += 1
         elif _starts_table(lines, i):
             j = i + 2
             while j < len(lines) and "|" in lines[j] and lines[j].strip():
                 j += 1
-            out += render_table(line, lines[i + 2:j], width, style)
-            i = j
+            out += render_table([line] + lines[i + 2:j], width, style)
         elif QUOTE_RE.match(line):
-            inner = []
-            while i < len(lines) and (m := QUOTE_RE.match(lines[i])):
-                inner.append(m.group(1))
-                i += 1
+            while j < len(lines) and QUOTE_RE.match(lines[j]):
+                j += 1
+            inner = [QUOTE_RE.match(row).group(1) for row in lines[i:j]]
             bar = style.paint("│ ", "quote")
             out += [bar + row for row in render_block(inner, max(width - 2, 8), style)]
-        else:                       # a list item or a paragraph, with its continuation lines
-            j = i + 1
+        else:                          # a list item or a paragraph, with its continuation lines
             while j < len(lines) and not _starts_block(lines, j):
                 j += 1
             m = LIST_RE.match(line)
@@ -437,7 +424,7 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
                             + [row.strip() for row in lines[i + 1:j]])
             out += (render_list_item(m.group(1), m.group(2), text, width, style) if m
                     else wrap_spans(inline_spans(text, style), width, style))
-            i = j
+        i = j
     return out
 
 
@@ -458,16 +445,12 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
         if not in_hunk or not raw:
             continue
         sign, body = raw[0], raw[1:]
-        if sign == "+":
-            number, roles, new = new, ("added",), new + 1
-        elif sign == "-":
-            number, roles, old = old, ("removed",), old + 1
-        elif sign == "\\":
+        if sign == "\\":                # "\ No newline at end of file"
             out.append(style.paint(clip(raw, width), "dim"))
             continue
-        else:
-            number, roles, old, new = new, (), old + 1, new + 1
-        shown = {"+": "+", "-": "−"}.get(sign, " ")
+        number = old if sign == "-" else new
+        old, new = old + (sign != "+"), new + (sign != "-")
+        shown, roles = {"+": ("+", ("added",)), "-": ("−", ("removed",))}.get(sign, (" ", ()))
         out += wrap_spans([(f"{number:>4} {shown} ", roles), (body, roles)], width, style,
                           rest=" " * 7, hard=True)
     return out
@@ -746,8 +729,8 @@ class Timeline:
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
-        self._settle(self._marked("›", "prompt", "Queued instruction: " + sanitize(e.get("text", "")),
-                                  "dim"))
+        text = "Queued instruction: " + sanitize(e.get("text", ""))
+        self._settle(self._marked("›", "prompt", text, "dim"))
 
     def _on_TextDelta(self, e: dict) -> None:
         self._finish_thinking(None)
@@ -983,13 +966,10 @@ def render_status_line(status: dict, activity: str, spinner: str, width: int,
     ]
     segments = [(priority, text) for priority, text in segments if text]
     left = f"{spinner} {activity}" if activity else ""
-    while segments:
-        right = " · ".join(text for _, text in segments)
-        if cell_width(left) + cell_width(right) + 2 <= width:
-            break
+    right = " · ".join(text for _, text in segments)
+    while right and cell_width(left) + cell_width(right) + 2 > width:
         segments.remove(min(segments, key=lambda s: s[0]))
-    else:
-        right = ""
+        right = " · ".join(text for _, text in segments)
     if not right:
         return clip(style.paint(left, "bold"), width) if left else ""
     gap = width - cell_width(left) - cell_width(right)
@@ -1037,6 +1017,7 @@ CSI_TILDE_KEYS = {"1": "home", "7": "home", "4": "end", "8": "end", "3": "delete
                   "5": "pageup", "6": "pagedown"}
 CONTROL_KEYS = {"\r": "enter", "\n": "ctrl+j", "\t": "tab", "\x7f": "backspace",
                 "\x08": "backspace", "\x00": "ctrl+space"}
+ALT_KEYS = {"\r": "alt+enter", "\n": "alt+enter", "\x7f": "alt+backspace", "\x08": "alt+backspace"}
 
 
 class KeyDecoder:
@@ -1077,47 +1058,23 @@ class KeyDecoder:
                 keys.append(Key("paste", self._paste + buf[i:end]))
                 self._paste, i = None, end + len(PASTE_END)
                 continue
-            ch = buf[i]
-            if ch == ESC:
-                key, used = self._escape(buf, i)
-                if used == 0:
-                    break             # incomplete sequence: wait for more bytes
-                if key is not None:
-                    keys.append(key)
-                i += used
-            elif ch < " " or ch == "\x7f":
-                keys.append(Key(CONTROL_KEYS.get(ch) or "ctrl+" + chr(ord(ch) + 96)))
-                i += 1
+            if KEY_PARTIAL_RE.match(buf, i):
+                break                 # an incomplete sequence: wait for more bytes
+            m = KEY_RE.match(buf, i)
+            i, kind, value = m.end(), m.lastgroup, m[m.lastgroup]
+            if kind == "final":
+                key = self._csi(m["params"], value)
+            elif kind == "text":
+                key = Key("text", value)
             else:
-                j = i + 1
-                while j < len(buf) and buf[j] >= " " and buf[j] != "\x7f":
-                    j += 1
-                keys.append(Key("text", buf[i:j]))
-                i = j
+                key = Key({"ss3": CSI_FINAL_KEYS.get(value, "unknown"), "esc": "esc",
+                           "alt": ALT_KEYS.get(value, "alt+" + value),
+                           "control": CONTROL_KEYS.get(value, f"ctrl+{chr(ord(value) + 96)}")
+                           }[kind])
+            if key is not None:
+                keys.append(key)
         self._buffer = buf[i:]
         return keys
-
-    def _escape(self, buf: str, i: int) -> tuple[Key | None, int]:
-        """(key, characters used) for the escape at buf[i]; used == 0 means incomplete."""
-        if i + 1 == len(buf):
-            return None, 0
-        nxt = buf[i + 1]
-        if nxt == "[":
-            m = INPUT_CSI_RE.match(buf, i)
-            if not m:
-                return (None, 0) if INPUT_CSI_PARTIAL_RE.match(buf, i) else (Key("alt+["), 2)
-            return self._csi(m.group(1), m.group(2)), m.end() - i
-        if nxt == "O":
-            if i + 2 == len(buf):
-                return None, 0
-            return Key(CSI_FINAL_KEYS.get(buf[i + 2], "unknown")), 3
-        if nxt == ESC:
-            return Key("esc"), 1
-        if nxt in ("\r", "\n"):
-            return Key("alt+enter"), 2
-        if nxt in "\x7f\x08":
-            return Key("alt+backspace"), 2
-        return Key("alt+" + nxt), 2
 
     def _csi(self, params: str, final: str) -> Key | None:
         fields = params.split(";")
@@ -1160,18 +1117,6 @@ def fuzzy_score(query: str, candidate: str) -> float | None:
     if q and q in c.rsplit("/", 1)[-1]:
         score += 5
     return score - len(c) * 0.01
-
-
-def fuzzy_rank(query: str, candidates: list[str], recent: list[str]) -> list[str]:
-    """Best matches first; recently mentioned paths rank higher the more recent they are."""
-    recency = {path: 10 * (1 - k / max(len(recent), 1)) for k, path in enumerate(recent)}
-    scored = []
-    for candidate in dict.fromkeys(candidates):
-        score = fuzzy_score(query, candidate)
-        if score is not None:
-            scored.append((score + recency.get(candidate, 0), candidate))
-    scored.sort(key=lambda pair: (-pair[0], pair[1]))
-    return [candidate for _, candidate in scored]
 
 
 class Composer:
@@ -1390,7 +1335,11 @@ class Composer:
         if len(matches) > MENTION_SCAN and lowered:
             literal = [path for path, low, _ in matches if lowered in low]
             pool = heapq.nsmallest(MENTION_SCAN, literal or [m[0] for m in matches], key=len)
-        return fuzzy_rank(query, pool + self.recent_mentions, self.recent_mentions)
+        recent = self.recent_mentions      # more recently mentioned paths rank higher
+        recency = {path: 10 * (1 - k / max(len(recent), 1)) for k, path in enumerate(recent)}
+        scored = [(score + recency.get(path, 0), path) for path in dict.fromkeys(pool + recent)
+                  if (score := fuzzy_score(query, path)) is not None]
+        return [path for _, path in sorted(scored, key=lambda pair: (-pair[0], pair[1]))]
 
     def _accept_menu(self) -> None:
         item = self.menu[self.menu_index]
@@ -1514,15 +1463,14 @@ class App:
         self.width, self.height = width, height
         self.timeline = Timeline(style, width)
         self.composer = Composer(history_path=history_path,
-                                 commands=lambda: list(getattr(controller, "command_names", [])),
+                                 commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates)
         self.renderer = InlineRenderer()
         self.feedback: str | None = None      # deny message being typed in the permission panel
-        self.notice = ""
+        self.notice = ""                      # "Press Ctrl-C again to quit": a second one quits
         self.exit_code: int | None = None
         self.on_exit: Callable[[int], None] = lambda code: None
-        self._spawn = spawn or (lambda awaitable: asyncio.ensure_future(awaitable))
-        self._ctrl_c_armed = False
+        self._spawn = spawn or asyncio.ensure_future
 
     # -- input --
 
@@ -1534,7 +1482,7 @@ class App:
 
     def on_key(self, key: Key) -> None:
         if key.name != "ctrl+c":
-            self._ctrl_c_armed, self.notice = False, ""
+            self.notice = ""
         if self.timeline.permissions:
             return self._panel_key(self.timeline.permissions[0], key)
         if key.name == "ctrl+c":
@@ -1558,23 +1506,25 @@ class App:
 
     def call(self, fn: Callable, *args) -> None:
         """Call the controller; run an awaitable result as a task; show what comes back."""
+        async def finish(awaitable) -> None:
+            try:
+                self._show_result(fn, await awaitable)
+            except Exception as exc:
+                self._show_result(fn, exc)
+
         try:
             result = fn(*args)
         except Exception as exc:
-            return self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {exc}")
+            result = exc
         if inspect.isawaitable(result):
-            self._spawn(self._await_result(fn, result))
+            self._spawn(finish(result))
         else:
-            self._show_result(result)
+            self._show_result(fn, result)
 
-    async def _await_result(self, fn: Callable, awaitable) -> None:
-        try:
-            self._show_result(await awaitable)
-        except Exception as exc:
-            self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {exc}")
-
-    def _show_result(self, result: object) -> None:
-        if result is QUIT:
+    def _show_result(self, fn: Callable, result: object) -> None:
+        if isinstance(result, Exception):
+            self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {result}")
+        elif result is QUIT:
             self.quit(0)
         elif isinstance(result, str) and result.strip():
             self.timeline.note(result)
@@ -1591,12 +1541,12 @@ class App:
     def _ctrl_c(self) -> None:
         if self.composer.text:
             self.composer.clear()
-        elif self._ctrl_c_armed:
+        elif self.notice:
             self.quit(0)
         else:
             if self.controller.busy:
                 self.call(self.controller.interrupt)
-            self._ctrl_c_armed, self.notice = True, "Press Ctrl-C again to quit"
+            self.notice = "Press Ctrl-C again to quit"
 
     def _panel_key(self, request: dict, key: Key) -> None:
         """Keys belong to the panel while it shows, so typing can never approve by accident
@@ -1680,11 +1630,10 @@ class App:
 
 # ════ App shell: raw mode, the event loop, signals ════
 
-def terminal_size(stream_or_fd) -> tuple[int, int]:
+def terminal_size(stream) -> tuple[int, int]:
     try:
-        fd = stream_or_fd if isinstance(stream_or_fd, int) else stream_or_fd.fileno()
-        columns, rows = os.get_terminal_size(fd)
-    except (OSError, ValueError, AttributeError):
+        columns, rows = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError):
         return 80, 24
     return (max(columns, 10), max(rows, 4)) if columns > 0 and rows > 0 else (80, 24)
 
