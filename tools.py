@@ -1127,26 +1127,26 @@ def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-async def _list_files(box: Toolbox, root: Path) -> list[str]:
-    """Files under `root` as relative POSIX paths: ripgrep's list (NUL-separated: a name may hold a newline),
-    else git's view when there is one, else every file."""
-    if box.ripgrep:
-        records, _ = await _ripgrep(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
-                                    10**7, end="\0")
-        return [rel.removeprefix("./") for rel in records]
+def _candidates(ws: Workspace, root: Path) -> list[str]:
+    """Files under `root` as relative POSIX paths, without ripgrep: git's view when it has one, else every file."""
+    code, out = ws.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root)
+    if code == 0 and out:
+        return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        base = os.path.relpath(folder, root)
+        found.extend(name if base == "." else f"{base}/{name}" for name in files)
+    return found
 
-    def without_ripgrep() -> list[str]:
-        code, out = box.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                                          cwd=root)
-        if code == 0 and out:
-            return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
-        found = []
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d != ".git")
-            base = os.path.relpath(folder, root)
-            found.extend(name if base == "." else f"{base}/{name}" for name in files)
-        return found
-    return await asyncio.to_thread(without_ripgrep)
+
+async def _list_files(box: Toolbox, root: Path) -> list[str]:
+    """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
+    if not box.ripgrep:
+        return await asyncio.to_thread(_candidates, box.workspace, root)
+    records, _ = await _ripgrep(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
+                                10**7, end="\0")
+    return [rel.removeprefix("./") for rel in records]
 
 
 async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, end: str = "\n") -> tuple[list[str], int]:
@@ -1209,8 +1209,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
             regex = re.compile(pattern)
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
-        files = [target.name] if target.is_file() else await _list_files(box, root)
-        hits = await asyncio.to_thread(_py_grep, regex, root, [rel for rel in files if keep(rel)])
+        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep)
     total = sum(map(len, hits.values()))
     meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
             "engine": "ripgrep" if box.ripgrep else "python"}
@@ -1253,9 +1252,10 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include
     return hits
 
 
-def _py_grep(regex: re.Pattern, root: Path, files: list[str]) -> dict[str, list[tuple[int, str]]]:
+def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
+             keep: Callable[[str], bool]) -> dict[str, list[tuple[int, str]]]:
     hits, n_hits = {}, 0
-    for rel in files:
+    for rel in filter(keep, [target.name] if target.is_file() else _candidates(ws, root)):
         try:
             with open(root / rel, "rb") as handle:
                 data = handle.read(8192)
