@@ -8,7 +8,6 @@ Must not: import any other khaelor module, touch the network, or rewrite a line 
 """
 import json
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -59,7 +58,7 @@ def sessions_dir(home: Path, project_root: Path) -> Path:
 def new_session_id() -> str:
     """Sorts by creation time (to the millisecond), with a random tail against collisions."""
     now = time.time()
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{secrets.token_hex(3)}"
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{os.urandom(3).hex()}"
 
 
 def list_session_files(directory: Path) -> list[Path]:
@@ -222,7 +221,7 @@ class Bus:
         if not durable and type not in EPHEMERAL:
             raise ValueError(f"unknown event type {type!r}")
         event = {"v": SCHEMA_VERSION, "seq": self.store.next_seq if durable else 0,
-                 "id": secrets.token_hex(8), "ts": int(time.time() * 1000),
+                 "id": os.urandom(8).hex(), "ts": int(time.time() * 1000),
                  "session": self.store.session_id, "type": type, **payload}
         if durable:
             self.store.append(event)

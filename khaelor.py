@@ -656,6 +656,9 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
 
 def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:     # the cheapest path there is: no argparse, no signals
+        print(f"khaelor {VERSION}")
+        return EXIT_OK
     _exit_on_sigterm()
     home, project_root = events.khaelor_home(), find_project_root(Path.cwd())
     try:
