@@ -1048,15 +1048,14 @@ class KeyDecoder:
         i = 0
         while i < len(buf):
             if self._paste is not None:
-                end = buf.find(PASTE_END, i)
+                seen = max(0, len(self._paste) - len(PASTE_END))   # searched already
+                self._paste += buf[i:]
+                end = self._paste.find(PASTE_END, seen)
                 if end < 0:
-                    keep = next((n for n in range(len(PASTE_END) - 1, 0, -1)
-                                 if buf.endswith(PASTE_END[:n])), 0)
-                    self._paste += buf[i:len(buf) - keep]
-                    i = len(buf) - keep
+                    i = len(buf)
                     break
-                keys.append(Key("paste", self._paste + buf[i:end]))
-                self._paste, i = None, end + len(PASTE_END)
+                keys.append(Key("paste", self._paste[:end]))
+                buf, i, self._paste = self._paste[end + len(PASTE_END):], 0, None
                 continue
             if KEY_PARTIAL_RE.match(buf, i):
                 break                 # an incomplete sequence: wait for more bytes
@@ -1167,8 +1166,6 @@ class Composer:
         action = getattr(self, "_key_" + name.replace("+", "_"), None)
         if action is not None:
             action(key)
-        elif name in ("text", "paste"):
-            self._insert_typed(key)
         self._refresh_menu()
         return None
 
@@ -1188,7 +1185,7 @@ class Composer:
         self.cursor += len(text)
         self._menu_closed = False
 
-    def _insert_typed(self, key: Key) -> None:
+    def _key_text(self, key: Key) -> None:
         text = key.text.replace("\r\n", "\n").replace("\r", "\n")
         if key.name == "paste":
             n_lines = text.count("\n") + 1
@@ -1200,6 +1197,8 @@ class Composer:
                 self._pastes[label] = text
                 return self._insert(label)
         self._insert(CONTROL_CHAR_RE.sub("", text.replace("\t", "    ")))
+
+    _key_paste = _key_text
 
     def _enter(self) -> str | None:
         before = self.text[:self.cursor]
@@ -1436,10 +1435,6 @@ class InlineRenderer:
         self._cursor = (rows_above + column // new_width, 0)
         self._lines = [""] * (self._cursor[0] + 1)
 
-    def reset(self) -> None:
-        """Forget the region (after a clear screen or a suspend): the next frame starts afresh."""
-        self._lines, self._cursor = [], (0, 0)
-
     @staticmethod
     def _move_rows(delta: int) -> str:
         if delta < 0:
@@ -1552,10 +1547,9 @@ class App:
         """Keys belong to the panel while it shows, so typing can never approve by accident
         except the one key meant for it."""
         if self.feedback is None:
-            choice = {"y": "once", "a": "always" if request.get("suggestion") else None,
-                      "n": "feedback"}.get(key.text.lower()) if key.name == "text" else None
-            if key.name in ("esc", "ctrl+c"):
-                choice = "deny"
+            choice = "deny" if key.name in ("esc", "ctrl+c") else {
+                "y": "once", "a": "always" if request.get("suggestion") else None,
+                "n": "feedback"}.get(key.text.lower()) if key.name == "text" else None
             if choice == "feedback":
                 self.feedback = ""
             elif choice is not None:
@@ -1578,9 +1572,6 @@ class App:
                   feedback)
 
     # -- output --
-
-    def animating(self) -> bool:
-        return bool(self.controller.busy or self.timeline.cards)
 
     def frame(self, now: float) -> tuple[list[str], tuple[int, int]]:
         """The live region: timeline tail, permission panel, status line, composer, menu."""
@@ -1717,7 +1708,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
         data = app.render(last_frame[0])
         if data:
             write(data)
-        if app.animating():
+        if controller.busy or app.timeline.cards:       # spinner and elapsed times move
             schedule("tick", TICK_INTERVAL, request_frame)
 
     def on_event(event: dict) -> None:
@@ -1733,7 +1724,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
                 suspend()
             elif key.name == "ctrl+l":
                 write(CLEAR_SCREEN.encode())
-                app.renderer.reset()
+                app.renderer = InlineRenderer()      # the screen is blank: draw afresh
             else:
                 app.on_key(key)
         request_frame()
