@@ -502,12 +502,12 @@ class MarkdownStream:
 
     def live_lines(self) -> list[str]:
         if self._live_cache[0] != (self.n_fed, self.width):
-            partial = sanitize(self._partial)
-            if self._fence:
-                lines = render_code_line(partial, self._lang, self.width, self.style) if partial else []
-            else:
-                tail = self._block + ([partial] if partial.strip() else [])
-                lines = render_block(tail, self.width, self.style)
+            partial, lines = sanitize(self._partial), []
+            if not self._fence:
+                lines = render_block(self._block + ([partial] if partial.strip() else []),
+                                     self.width, self.style)
+            elif partial:
+                lines = render_code_line(partial, self._lang, self.width, self.style)
             self._live_cache = ((self.n_fed, self.width), lines)
         return self._live_cache[1]
 
@@ -843,10 +843,23 @@ class Timeline:
     _on_ToolFailed = _on_ToolCompleted
 
     def _on_ToolCancelled(self, e: dict) -> None:
+        self._resolve(e)      # a question left open by an interrupted turn is no longer asked
         card = self._pop_card(e)
         reason = sanitize(str(e.get("reason") or "")).strip()
         facts = ["cancelled" + (f" ({reason})" if reason else "")]
         self._settle([self._card_line("○", card.name, card.summary, facts)])
+
+    def _on_TaskCompleted(self, e: dict) -> None:
+        """The evidence in one line: `✓ 2 files changed · pytest -q exit 0 · 1 unresolved`."""
+        e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
+        facts = [f"{len(e['changed_files'])} file{'s' * (len(e['changed_files']) != 1)} changed"
+                 ] if e.get("changed_files") else []
+        facts += [f"{sanitize(str(c.get('command', '')))[:60]} exit {c.get('exit_code')}"
+                  for c in (e.get("checks") or [])[-3:]]
+        if e.get("unresolved"):
+            facts.append(f"{len(e['unresolved'])} unresolved")
+        if facts:
+            self._dim_line("✓ " + " · ".join(facts))
 
     def _on_PermissionRequested(self, e: dict) -> None:
         self._requests[e.get("tool_use_id", "")] = e
@@ -858,8 +871,8 @@ class Timeline:
             self._dim_line(f"✓ Always allowed from now on: {rule_text(rule)}")
 
     def _on_PermissionDenied(self, e: dict) -> None:
-        what = self._resolve(e).get("descriptor") or getattr(
-            self.cards.get(e.get("tool_use_id")), "summary", "the tool call")
+        card = self.cards.pop(e.get("tool_use_id", ""), None)      # it will not run: no card to keep
+        what = self._resolve(e).get("descriptor") or getattr(card, "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         self._settle(self._marked("✗", "warning", f"Denied: {sanitize(str(what))}"
                                   + (f" · told the model: {feedback}" if feedback else "")))
@@ -993,7 +1006,8 @@ def render_permission_panel(request: dict, width: int, style: Style,
         lines += [bar + row for row in rows]
     if feedback is None:
         rule = request.get("suggestion")
-        keys = {"y": "allow once", "a": rule and f"always allow {rule_text(rule)}", "n": "deny"}
+        keys = ({"y": "continue", "n": "stop"} if request.get("capability") == "loop.continue" else
+                {"y": "allow once", "a": rule and f"always allow {rule_text(rule)}", "n": "deny"})
         spans = [span for key, words in keys.items() if words
                  for span in ((" · ", ("dim",)), (key, ("bold",)), (f") {words}", ()))]
         lines += wrap_spans(spans[1:], width, style, bar, bar)
@@ -1356,22 +1370,17 @@ class Composer:
         prompt = style.paint("❯ ", "prompt")
         if not self.text:
             return [clip(prompt + style.paint(hint, "dim"), width)], 0, 2
-        room = max(1, width - 2)
         rows: list[str] = []
-        cursor_row = cursor_col = 0
-        offset = 0
+        cursor_row = cursor_col = offset = 0      # offset: where `piece` starts in the text
         for line in self.text.split("\n"):
-            pieces = wrap_spans([(line, ())], room, Style(False), hard=True) if line else [""]
-            start = offset
+            pieces = wrap_spans([(line, ())], max(1, width - 2), Style(False), hard=True)
             for k, piece in enumerate(pieces):
-                end = start + len(piece)
-                last = k == len(pieces) - 1
-                if start <= self.cursor < end or (self.cursor == end and last):
-                    cursor_row = len(rows)
-                    cursor_col = 2 + cell_width(piece[:self.cursor - start])
+                end = offset + len(piece)         # the cursor belongs to the next row, if any
+                if offset <= self.cursor < end or self.cursor == end and k == len(pieces) - 1:
+                    cursor_row, cursor_col = len(rows), 2 + cell_width(piece[:self.cursor - offset])
                 rows.append("  " + piece)
-                start = end
-            offset += len(line) + 1
+                offset = end
+            offset += 1
         if cursor_col >= width:               # cursor just past a full row: show it on the next
             rows.insert(cursor_row + 1, "  ")
             cursor_row, cursor_col = cursor_row + 1, 2

@@ -961,3 +961,32 @@ def test_run_app_restores_the_terminal_when_the_controller_raises(tmp_path):
     assert child.mode() == child.original
     code, calls, stderr = child.finish()
     assert code != 0 and "status broke" in stderr
+
+
+def test_task_evidence_shows_as_one_summary_line():
+    timeline = ui.Timeline(MONO, 80)
+    timeline.apply(event("TaskCompleted", evidence={
+        "changed_files": ["a.py", "b.py"], "checks": [{"command": "pytest -q", "exit_code": 0}], "unresolved": []}))
+    assert "✓ 2 files changed · pytest -q exit 0" in "\n".join(timeline.take_settled())
+    quiet = ui.Timeline(MONO, 80)
+    quiet.apply(event("TaskCompleted", evidence={"changed_files": [], "checks": [], "unresolved": []}))
+    assert not any("✓" in line for line in quiet.take_settled())
+
+
+def test_the_loop_question_offers_continue_or_stop():
+    request = event("PermissionRequested", tool_use_id="t", capability="loop.continue",
+                    descriptor="The model made the same bash call 3 times in a row. Let it continue?",
+                    suggestion=None, preview="ls")
+    text = "\n".join(ui.render_permission_panel(request, 80, MONO))
+    assert "y) continue" in text and "n) stop" in text and "allow once" not in text
+
+
+def test_a_cancelled_or_denied_call_closes_its_question_and_its_card():
+    timeline = ui.Timeline(MONO, 80)
+    for tid in ("t1", "t2"):
+        timeline.apply(event("ToolRequested", tool_use_id=tid, name="bash", input={"command": "make"}))
+        timeline.apply(event("PermissionRequested", tool_use_id=tid, capability="process.execute",
+                             descriptor="make", suggestion=None, preview="make"))
+    timeline.apply(event("PermissionDenied", tool_use_id="t1", reason="the user declined", feedback=""))
+    timeline.apply(event("ToolCancelled", tool_use_id="t2", reason="interrupted by the user"))
+    assert timeline.permissions == [] and timeline.cards == {}
