@@ -2,6 +2,7 @@
 
 - `python -c pass` as the baseline of the interpreter itself, measured in the same run;
 - `khaelor --version`;
+- `khaelor` (interactive) from launch until the composer is painted in a pseudo-terminal;
 - `khaelor -p` from launch until the first request reaches the (fake) API;
 - replay of a 10,000-event session (open + every projection), in-process.
 Medians over N runs; budgets: --version < 60 ms, resume of 10K events < 500 ms (aim < 150 ms).
@@ -46,6 +47,28 @@ def time_first_request(env, workdir, runs):
     return samples
 
 
+def time_first_paint(env, workdir, runs):
+    """Launch the interactive UI in a pseudo-terminal; stop the clock at the composer's `❯`."""
+    import pty
+    import select
+    samples = []
+    for _ in range(runs):
+        leader, follower = pty.openpty()
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "khaelor"], cwd=workdir, env={**env, "TERM": "xterm"},
+                                stdin=follower, stdout=follower, stderr=follower, start_new_session=True)
+        seen = b""
+        while "❯".encode() not in seen and time.perf_counter() - start < 10:
+            if select.select([leader], [], [], 0.5)[0]:
+                seen += os.read(leader, 65536)
+        samples.append(time.perf_counter() - start)
+        proc.kill()
+        proc.wait()
+        os.close(leader)
+        os.close(follower)
+    return samples
+
+
 def make_session(path: Path, n_events: int) -> None:
     bus = events.Bus(events.SessionStore.create(path.parent, path.stem))
     usage = {"input_tokens": 100, "output_tokens": 50, "cache_read_tokens": 900, "cache_write_tokens": 0}
@@ -80,11 +103,17 @@ def main():
     runs = parser.parse_args().runs
     tmp = Path(tempfile.mkdtemp())
     (tmp / "project").mkdir()
-    env = {**os.environ, "KHAELOR_HOME": str(tmp / "home"), "ANTHROPIC_API_KEY": "bench",
+    # An installed khaelor runs from bytecode (pip compiles it); this machine sets
+    # PYTHONDONTWRITEBYTECODE, so compile once here and let the runs use the cache.
+    import compileall
+    compileall.compile_dir(str(ROOT), maxlevels=0, quiet=1)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = {**env, "KHAELOR_HOME": str(tmp / "home"), "ANTHROPIC_API_KEY": "bench",
            "ANTHROPIC_CONFIG_DIR": str(tmp / "cfg"), "PYTHONPATH": str(ROOT)}
     rows = [("python -c pass (baseline)", time_command([sys.executable, "-c", "pass"], env, runs), None),
             # -m runs khaelor from its cached bytecode, as the installed console script does
             ("khaelor --version", time_command([sys.executable, "-m", "khaelor", "--version"], env, runs), 0.060),
+            ("khaelor (interactive) → composer painted", time_first_paint(env, tmp / "project", runs), 0.150),
             ("khaelor -p → first request at the API", time_first_request(env, tmp / "project", max(3, runs // 3)), None)]
     session = tmp / "s" / "bench.jsonl"
     make_session(session, 10_000)
