@@ -199,7 +199,7 @@ Span = tuple[str, tuple[str, ...]]   # a run of text and the style roles it carr
 
 
 def join_runs(runs: list[list], style: Style) -> str:
-    return "".join(style.paint(text, *roles) for text, roles in runs)
+    return "".join([style.paint(text, *roles) for text, roles in runs])
 
 
 def _add_run(runs: list[list], text: str, roles: tuple) -> None:
