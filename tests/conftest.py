@@ -75,3 +75,31 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("suite_end") is not None)   # stable: the rest keep order
+
+
+@pytest.fixture
+def kernel_turn(project, env, fake, monkeypatch):
+    """Run one turn through the real wiring in-process, with `ask` standing in for the user who
+    answers permission questions: kernel_turn(prompt, ask) -> (final step, the session log)."""
+    import asyncio
+
+    import events
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.chdir(project)
+
+    async def turn(prompt, ask):
+        home = Path(env["KHAELOR_HOME"])
+        args = cli.parse_args(["-p", prompt])
+        store = events.SessionStore.create(events.sessions_dir(home, project))
+        kernel = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store),
+                                  home, project, ask)
+        kernel.submit(prompt)
+        try:
+            return await kernel.run(), store.events
+        finally:
+            await kernel.toolbox.close()
+            await kernel.model.close()
+    return lambda prompt, ask: asyncio.run(turn(prompt, ask))

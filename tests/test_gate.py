@@ -1,10 +1,6 @@
 """The permission gate wired into the kernel, end to end: real CLI or real Kernel, real SDK, fake API."""
-import asyncio
 import json
-from pathlib import Path
 
-import events
-import khaelor as cli
 from fake_api import reply, text, tool_use
 
 
@@ -49,12 +45,9 @@ def test_an_allow_rule_in_the_project_config_lets_a_command_run_headless(khaelor
     assert (project / "made.txt").exists()
 
 
-def test_an_always_grant_is_persisted_and_honoured_by_a_new_process(khaelor, fake, project, env, monkeypatch):
+def test_an_always_grant_is_persisted_and_honoured_by_a_new_process(khaelor, fake, project, kernel_turn):
     """The kernel is driven in-process with a user who answers "always"; a fresh `khaelor -p`
     without --yes then runs the same kind of command because the grant is in the project config."""
-    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR", "ANTHROPIC_BASE_URL"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.chdir(project)
     fake.enqueue(reply(tool_use("bash", {"command": "git init -q newrepo"})), reply(text("initialised")))
     asked = []
 
@@ -62,20 +55,7 @@ def test_an_always_grant_is_persisted_and_honoured_by_a_new_process(khaelor, fak
         asked.append(request)
         return "always", ""
 
-    async def run_one_turn():
-        home = Path(env["KHAELOR_HOME"])
-        args = cli.parse_args(["-p", "init"])
-        settings = cli.load_settings(args, home, project)
-        store = events.SessionStore.create(events.sessions_dir(home, project))
-        kernel = cli.build_kernel(args, settings, store, events.Bus(store), home, project, ask)
-        kernel.submit("init a repo")
-        try:
-            return await kernel.run()
-        finally:
-            await kernel.toolbox.close()
-            await kernel.model.close()
-
-    assert asyncio.run(run_one_turn()) == "done"
+    assert kernel_turn("init a repo", ask)[0] == "done"
     assert asked[0]["suggestion"] == {"capability": "process.execute", "pattern": "git init *"} or \
         asked[0]["suggestion"]["pattern"] == "git init *"
     saved = json.loads((project / ".khaelor" / "config.json").read_text())

@@ -306,15 +306,8 @@ def test_resume_after_a_crash_mid_tool_continues_with_a_valid_request(khaelor, f
         sent[2]["content"][0]["content"]
 
 
-def test_a_doom_loop_denied_with_a_message_tells_the_model_and_the_turn_goes_on(khaelor, fake, project, env,
-                                                                                   monkeypatch):
+def test_a_doom_loop_denied_with_a_message_tells_the_model_and_the_turn_goes_on(fake, kernel_turn):
     """In-process kernel with a user who answers the loop question "n" plus a message."""
-    import asyncio
-
-    import khaelor as cli
-    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR", "ANTHROPIC_BASE_URL"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.chdir(project)
     call = tool_use("bash", {"command": "echo same"})
     fake.enqueue(reply(call), reply(call), reply(text("thinking"), call), reply(text("trying another way")))
     asked = []
@@ -323,20 +316,7 @@ def test_a_doom_loop_denied_with_a_message_tells_the_model_and_the_turn_goes_on(
         asked.append(request)
         return "deny", "stop repeating; read the error instead"
 
-    async def run_one_turn():
-        home = Path(env["KHAELOR_HOME"])
-        args = cli.parse_args(["-p", "x"])
-        store = events.SessionStore.create(events.sessions_dir(home, project))
-        kernel = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store), home,
-                                  project, ask)
-        kernel.submit("do the thing")
-        try:
-            return await kernel.run(), store.events
-        finally:
-            await kernel.toolbox.close()
-            await kernel.model.close()
-
-    step, log = asyncio.run(run_one_turn())
+    step, log = kernel_turn("do the thing", ask)
     assert step == "done" and len(asked) == 1
     assert asked[0]["capability"] == events.LOOP_CAPABILITY and "3 identical bash calls in a row" in asked[0]["descriptor"]
     result = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"][-1]
