@@ -989,9 +989,20 @@ def render_status_line(status: dict, activity: str, spinner: str, width: int,
     return style.paint(left, "bold") + " " * gap + style.paint(right, "dim")
 
 
-def render_permission_panel(request: dict, width: int, style: Style,
-                            feedback: str | None = None) -> list[str]:
-    """What the call will do and the one-key choices; after `n`, the feedback line."""
+def panel_choices(request: dict) -> list[tuple[str, str, str]]:
+    """(key, choice, words) the panel offers; choice "feedback" is a denial with a message."""
+    if request.get("capability") == "loop.continue":
+        return [("y", "once", "continue"), ("n", "feedback", "stop")]
+    choices = [("y", "once", "allow once")]
+    if rule := request.get("suggestion"):
+        choices.append(("a", "always", f"always allow {rule_text(rule)}"))
+    return choices + [("n", "feedback", "deny")]
+
+
+def render_permission_panel(request: dict, width: int, style: Style, feedback: str | None = None,
+                            selected: int = 0, composing: bool = False) -> list[str]:
+    """What the call will do and the choices (`selected` is marked); after `n`, the feedback
+    line. `composing`: the composer holds text, so Enter sends it instead of answering."""
     bar = style.paint("│ ", "warning")
     lines = [clip(style.paint("⚠ Permission needed", "warning", "bold")
                   + style.paint(" · " + str(request.get("capability", "")), "dim"), width)]
@@ -1005,12 +1016,17 @@ def render_permission_panel(request: dict, width: int, style: Style,
                       for r in render_code_line(line, "sh", width - 2, style)])
         lines += [bar + row for row in rows]
     if feedback is None:
-        rule = request.get("suggestion")
-        keys = ({"y": "continue", "n": "stop"} if request.get("capability") == "loop.continue" else
-                {"y": "allow once", "a": rule and f"always allow {rule_text(rule)}", "n": "deny"})
-        spans = [span for key, words in keys.items() if words
-                 for span in ((" · ", ("dim",)), (key, ("bold",)), (f") {words}", ()))]
-        lines += wrap_spans(spans[1:], width, style, bar, bar)
+        choices, spans = panel_choices(request), []
+        for k, (letter, _, words) in enumerate(choices):
+            chosen = k == selected % len(choices)
+            spans += [(" · ", ("dim",))] if k else []
+            spans += [("› ", ("prompt",))] if chosen else []
+            spans += [(letter, ("bold",)), (f") {words}", ("selected",) if chosen else ())]
+        lines += wrap_spans(spans, width, style, bar, bar)
+        if composing:
+            lines += wrap_spans([("Enter sends what you typed as a message; the question stays "
+                                  "open (empty the composer to answer it)", ("dim",))],
+                                width, style, bar, bar)
     else:
         lines += wrap_spans([("Denied. Tell the model what to do instead (Enter sends, Esc "
                               "skips):", ("dim",))], width, style, bar, bar)
@@ -1471,6 +1487,7 @@ class App:
                                  mentions=controller.mention_candidates)
         self.renderer = InlineRenderer()
         self.feedback: str | None = None      # deny message being typed in the permission panel
+        self.panel_choice = 0                 # the panel's highlighted choice (Up/Down, Enter)
         self.notice = ""                      # "Press Ctrl-C again to quit": a second one quits
         self.exit_code: int | None = None
         self.on_exit: Callable[[int], None] = lambda code: None
@@ -1487,8 +1504,8 @@ class App:
     def on_key(self, key: Key) -> None:
         if key.name != "ctrl+c":
             self.notice = ""
-        if self.timeline.permissions:
-            return self._panel_key(self.timeline.permissions[0], key)
+        if self.timeline.permissions and self._panel_key(self.timeline.permissions[0], key):
+            return
         if key.name == "ctrl+c":
             return self._ctrl_c()
         if key.name == "ctrl+d" and not self.composer.text:
@@ -1552,18 +1569,41 @@ class App:
                 self.call(self.controller.interrupt)
             self.notice = "Press Ctrl-C again to quit"
 
-    def _panel_key(self, request: dict, key: Key) -> None:
-        """Keys belong to the panel while it shows, so typing can never approve by accident
-        except the one key meant for it."""
-        if self.feedback is None:
-            choice = "deny" if key.name in ("esc", "ctrl+c") else {
-                "y": "once", "a": "always" if request.get("suggestion") else None,
-                "n": "feedback"}.get(key.text.lower()) if key.name == "text" else None
-            if choice == "feedback":
-                self.feedback = ""
-            elif choice is not None:
-                self._answer(request, choice, "")
-        elif key.name == "text":
+    def _panel_key(self, request: dict, key: Key) -> bool:
+        """True if the open question took the key. Typing never answers it: text goes to the
+        composer and is kept (Enter sends it as steering). A one-key answer counts only while
+        the composer is empty; Up/Down choose and Enter answers whenever it is empty."""
+        if self.feedback is not None:
+            self._feedback_key(request, key)
+            return True
+        choices, empty = panel_choices(request), not self.composer.text
+        if self.composer.menu and key.name in ("up", "down", "tab", "enter", "esc"):
+            return False                        # the composer's completion menu has them
+        if key.name in ("up", "down") or (empty and key.name in ("left", "right")):
+            step = 1 if key.name in ("down", "right") else -1
+            self.panel_choice = (self.panel_choice + step) % len(choices)
+        elif key.name == "enter" and empty:
+            self._choose(request, choices[self.panel_choice % len(choices)][1])
+        elif key.name == "esc" or (key.name == "ctrl+c" and empty):
+            self._answer(request, "deny", "")
+        elif empty and key.name == "text" and len(key.text) == 1:
+            letters = {letter: choice for letter, choice, _ in choices}
+            if key.text.lower() not in letters:
+                return False                    # the first letter of a sentence
+            self._choose(request, letters[key.text.lower()])
+        else:
+            return False
+        return True
+
+    def _choose(self, request: dict, choice: str) -> None:
+        if choice == "feedback":
+            self.feedback = ""
+        else:
+            self._answer(request, choice, "")
+
+    def _feedback_key(self, request: dict, key: Key) -> None:
+        """After `n`: the line is a message to the model that goes with the denial."""
+        if key.name == "text":
             self.feedback += key.text
         elif key.name == "paste":
             self.feedback += " ".join(key.text.split())
@@ -1575,7 +1615,7 @@ class App:
             self._answer(request, "deny", self.feedback.strip() if key.name == "enter" else "")
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
-        self.feedback = None
+        self.feedback, self.panel_choice = None, 0
         self.timeline.permissions.remove(request)    # the Granted/Denied event follows
         self.call(self.controller.answer_permission, request.get("tool_use_id", ""), choice,
                   feedback)
@@ -1587,8 +1627,12 @@ class App:
         width, style = self.width, self.style
         busy = bool(self.controller.busy)
         spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
-        hint = ("Type to steer · Esc to interrupt" if busy
-                else "Ask anything · / commands · @ files · ! shell")
+        if self.timeline.permissions:
+            hint = "a key or ↑↓ Enter answers · typing writes a message"
+        elif busy:
+            hint = "Type to steer · Esc to interrupt"
+        else:
+            hint = "Ask anything · / commands · @ files · ! shell"
         rows, crow, ccol = self.composer.render(width, style, hint)
         menu = self.composer.menu_lines(width, style)
         activity = self.notice or self.timeline.activity(now) or ("working" if busy else "")
@@ -1598,7 +1642,8 @@ class App:
         panel = []
         if self.timeline.permissions:
             panel = render_permission_panel(self.timeline.permissions[0], width, style,
-                                            self.feedback)
+                                            self.feedback, self.panel_choice,
+                                            composing=bool(self.composer.text))
             if len(panel) > room:
                 panel = panel[:max(1, room - 2)] + panel[-2:]
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))

@@ -337,3 +337,33 @@ def test_a_doom_loop_pauses_and_the_user_lets_it_continue(terminal):
     results = [b for m in sent for b in m["content"] if b["type"] == "tool_result"]
     assert len(results) == 3 and not any(r.get("is_error") for r in results)
     assert rejected(term) == []
+
+
+# ---------------------------------------------------------------- interruptions, questions, sessions (issue 14)
+
+def type_slowly(term, text):
+    """One key per send, as a person types (tmux would otherwise deliver the word in one read)."""
+    for letter in text:
+        term.type(letter)
+        time.sleep(0.03)
+
+
+def test_typing_a_sentence_with_a_question_open_never_approves_it(terminal, project):
+    term = terminal([reply(bash("touch approved.txt")), reply(text("done after the question"))])
+    term.type("make a file")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    type_slowly(term, "okay, say why first")
+    term.wait_for("❯ okay, say why first")
+    time.sleep(0.3)
+    assert not (project / "approved.txt").exists() and "allow once" in term.screen()
+    term.keys("Enter")                                   # the sentence goes as steering
+    term.wait_for("Queued instruction: okay, say why first")
+    assert "allow once" in term.screen()                 # still asked
+    term.type("y")
+    wait_until(lambda: (project / "approved.txt").exists(), "the approved command to run")
+    term.wait_for("done after the question")
+    last = term.requests()[-1]["body"]["messages"][-1]["content"]
+    assert last[0]["type"] == "tool_result" and not last[0].get("is_error")
+    assert any(b.get("text") == "okay, say why first" for b in last)
+    assert rejected(term) == []

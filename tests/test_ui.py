@@ -706,7 +706,9 @@ def test_permission_keys_answer_once_always_and_deny_with_feedback():
     ctrl = FakeController(busy=True)
     app = ui.App(ctrl, style=MONO)
     app.on_event(PERMISSION)
-    app.on_key(K("text", "x"))                             # other keys cannot approve
+    app.on_key(K("text", "x"))                             # other keys cannot approve: typing
+    assert app.composer.text == "x" and ctrl.calls == []
+    app.on_key(K("backspace"))
     app.on_key(K("text", "a"))
     app.on_event(dict(PERMISSION, tool_use_id="t10"))
     app.on_key(K("text", "y"))
@@ -990,3 +992,45 @@ def test_a_cancelled_or_denied_call_closes_its_question_and_its_card():
     timeline.apply(event("PermissionDenied", tool_use_id="t1", reason="the user declined", feedback=""))
     timeline.apply(event("ToolCancelled", tool_use_id="t2", reason="interrupted by the user"))
     assert timeline.permissions == [] and timeline.cards == {}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_typing_with_a_question_open_writes_a_message_and_never_answers(width):
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=COLOR, width=width, height=30)
+    screen, stream = app_screen(app)
+    app.on_event(PERMISSION)
+    for letter in "okay, but first tell me why":          # one key at a time, as a person types
+        app.on_key(K("text", letter))
+    stream.feed(app.render(1.0))
+    assert ctrl.calls == [] and app.timeline.permissions    # the `a` and `y` did not answer
+    rows = [row.rstrip() for row in screen.display]
+    composer = next(row for row in rows if row.startswith("❯ "))
+    assert composer.startswith("❯ okay, but")
+    assert "Enter sends what you typed" in " ".join(text_of(screen).split())
+    app.on_key(K("enter"))                                  # sent as steering; still asked
+    assert ctrl.calls == [("submit", "okay, but first tell me why")]
+    assert app.timeline.permissions and app.composer.text == ""
+    app.on_key(K("text", "y"))                              # the composer is empty: an answer
+    assert ctrl.calls[-1] == ("permission", "t9", "once", "")
+
+
+def test_arrows_and_enter_answer_and_a_sentence_survives_the_answer():
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80)
+    app.on_event(PERMISSION)
+    app.on_key(K("down"))
+    text = "\n".join(app.frame(0.0)[0])
+    assert "› a) always allow" in text and "› y)" not in text
+    app.on_key(K("text", "note"))
+    app.on_key(K("down"))                                   # arrows choose even while typing
+    app.on_key(K("ctrl+c"))                                 # clears the text, does not deny
+    assert ctrl.calls == [] and app.composer.text == ""
+    app.on_key(K("up"))
+    app.on_key(K("enter"))
+    assert ctrl.calls == [("permission", "t9", "always", "")]
+    app.on_event(dict(PERMISSION, tool_use_id="t10"))
+    app.on_key(K("text", "keep this sentence"))
+    app.on_key(K("esc"))                                    # Esc denies; the sentence stays
+    assert ctrl.calls[-1] == ("permission", "t10", "deny", "")
+    assert app.composer.text == "keep this sentence"
