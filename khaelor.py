@@ -102,9 +102,11 @@ def open_session(args, home: Path, project_root: Path):
             raise UsageError(f"{args.resume!r} matches {len(matches)} sessions; give more of the id")
         return events.SessionStore.open(matches[0])
     if args.continue_:
-        if not files:
+        # The newest session that holds a conversation: one opened and quit without a word is not it.
+        newest = next((path for path in reversed(files) if (summary_of(path) or {}).get("n_messages")), None)
+        if newest is None:
             raise UsageError("no earlier session in this project to continue; run without -c to start one")
-        return events.SessionStore.open(files[-1])
+        return events.SessionStore.open(newest)
     return events.SessionStore.create(directory)
 
 
@@ -120,23 +122,32 @@ def session_summary(store) -> dict:
             "created": log[0]["ts"] if log else 0, "updated": log[-1]["ts"] if log else 0,
             "tokens": sum(sum(u.values()) for u in totals.values()),
             "cost": None if None in costs else sum(costs), "model": models[-1] if models else "",
-            "branch": branch or ""}
+            "branch": branch or "", "n_messages": sum(e["type"] == "UserMessageCreated" for e in log)}
+
+
+def summary_of(path: Path) -> dict | None:
+    """A session's summary from its .meta.json cache; a missing or stale cache (or one written before
+    summaries counted messages) is rebuilt from the log, read-only: another khaelor may be writing it.
+    None: the log vanished, is unreadable or is from a newer khaelor."""
+    meta = events.read_meta(path)
+    if meta is None or "n_messages" not in meta:
+        try:
+            stat = os.stat(path)
+            meta = session_summary(events.SessionStore.open(path, read_only=True))
+        except (OSError, KhaelorError):
+            return None
+        events.write_meta(path, meta, stat)
+    return meta
 
 
 def list_sessions(home: Path, project_root: Path) -> list[dict]:
-    """Summaries of this project's sessions, newest first, from the .meta.json caches; a missing or
-    stale cache is rebuilt from its log (read-only: another khaelor may be writing it)."""
+    """Summaries of this project's sessions that hold a conversation, newest first. Sessions with no
+    user message (opened and quit, by older versions too) are left out."""
     summaries = []
     for path in reversed(events.list_session_files(events.sessions_dir(home, project_root))):
-        meta = events.read_meta(path)
-        if meta is None:
-            try:
-                stat = os.stat(path)
-                meta = session_summary(events.SessionStore.open(path, read_only=True))
-            except (OSError, KhaelorError):
-                continue        # vanished, unreadable or from a newer khaelor: not listable
-            events.write_meta(path, meta, stat)
-        summaries.append(meta)
+        meta = summary_of(path)
+        if meta is not None and meta["n_messages"]:
+            summaries.append(meta)
     return summaries
 
 
@@ -370,12 +381,9 @@ class Session:
         self.bus.subscribe(lambda event: [fn(event) for fn in list(self.subscribers)])
         self.kernel = build_kernel(self.args, self.settings, store, self.bus, self.home, self.project_root,
                                    self.ask, toolbox=self.toolbox, client=self.client)
-        if not store.events:
-            self.bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(self.project_root),
-                          model=self.kernel.ctx.model, aux_model=self.settings["aux_model"], version=VERSION)
         self.kernel.repair()
         loop = asyncio.get_running_loop()
-        self.baseline = loop.create_task(self.kernel.record_baseline("resume" if resumed else "session start"))
+        self.baseline = loop.create_task(self.kernel.record_baseline("resume")) if resumed else None
         state = events.kernel_state(store.events)
         if state.turn_open and state.pending_tools:
             self.turn = loop.create_task(self.kernel.run())
@@ -399,8 +407,20 @@ class Session:
         self.subscribers.append(fn)
         return lambda: self.subscribers.remove(fn)
 
+    def begin(self) -> None:
+        """A new session's log is created by its first message, so opening and quitting leaves none."""
+        import asyncio
+        if self.store.events:
+            return
+        self.bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(self.project_root),
+                      model=self.settings["model"], aux_model=self.settings["aux_model"], version=VERSION)
+        if self.kernel.ctx.model != self.settings["model"]:     # a /model before the first message
+            self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
+        self.baseline = asyncio.get_running_loop().create_task(self.kernel.record_baseline("session start"))
+
     def submit(self, text: str):
         import asyncio
+        self.begin()
         self.kernel.submit(text)
         if not self.busy:
             self.turn = asyncio.get_running_loop().create_task(self.kernel.run())
@@ -507,6 +527,7 @@ class Session:
     async def cmd_rename(self, title):
         if not title:
             return "usage: /rename TITLE"
+        self.begin()
         self.bus.emit("SessionRenamed", title=title)
         return f"renamed to {title!r}"
 
@@ -531,10 +552,16 @@ class Session:
         return "compacted"
 
     async def cmd_model(self, name):
+        from model import PRICES
+        known = sorted({*PRICES, *self.settings["prices"]})
         if not name:
-            return f"model: {self.kernel.ctx.model}"
-        self.bus.emit("ModelChanged", model=name)
+            return f"model: {self.kernel.ctx.model}\n\nknown: " + ", ".join(f"`{m}`" for m in known)
+        if not any(name == m or name.startswith(m + "-") for m in known):   # dated ids: claude-x-20250929
+            return f"unknown model `{name}`; known models: " + ", ".join(f"`{m}`" for m in known) \
+                + " (a model with a price in config.json `prices` is known too)"
         self.kernel.ctx.model = name
+        if self.store.events:       # a session not begun yet records the choice in begin()
+            self.bus.emit("ModelChanged", model=name)
         return f"model set to {name}"
 
     async def cmd_diff(self, _):
@@ -663,6 +690,9 @@ def main(argv: list | None = None) -> int:
     home, project_root = events.khaelor_home(), find_project_root(Path.cwd())
     try:
         if argv[:1] == ["sessions"]:
+            argparse.ArgumentParser(prog="khaelor sessions", description="List this project's sessions, "
+                                    "newest first (`khaelor -r ID` resumes one; a unique prefix is enough).",
+                                    ).parse_args(argv[1:])
             return cmd_sessions(home, project_root)
         if argv[:1] == ["permissions"]:
             return cmd_permissions(argv[1:], home, project_root)

@@ -348,3 +348,33 @@ def test_the_gate_is_skipped_when_the_turn_budget_is_spent_and_after_two_reminde
     assert derive_next(state) == "done" and state.commands[-1]["exit_code"] == 1   # a background check counts
     max_tokens = dict(base[-1], stop_reason="max_tokens")
     assert derive_next(events.kernel_state(at(*base[:-1], max_tokens))) == "done"
+
+
+# ---------------------------------------------------------------- empty sessions are never listed or continued (issue 14)
+
+def test_sessions_without_a_user_message_are_not_listed_or_continued(khaelor, fake, project, env):
+    fake.enqueue(reply(text("the real answer")))
+    assert khaelor.run("-p", "a real conversation").returncode == 0
+    real = khaelor.session_files()[-1]
+    directory = events.sessions_dir(Path(env["KHAELOR_HOME"]), project)
+    # What an older khaelor left when it was opened and quit: a log with no user message, no cache.
+    time.sleep(0.01)
+    empty = events.Bus(events.SessionStore.create(directory))
+    empty.emit("SessionCreated", cwd=str(project), project_root=str(project), model="claude-sonnet-5-5",
+               aux_model="claude-haiku-5-5", version="0.0.9")
+    empty.emit("BaselineRecorded", reason="session start", git=False)
+    empty.store.close()
+    events.write_meta(real, {"id": real.stem, "title": "a cache from before n_messages"})   # rebuilt
+    listing = khaelor.run("sessions").stdout
+    assert real.stem in listing and "a real conversation" in listing
+    assert empty.store.session_id not in listing and len(listing.splitlines()) == 2
+    fake.enqueue(reply(text("continued")))
+    assert khaelor.run("-c", "-p", "and then?").returncode == 0
+    assert [e["text"] for e in khaelor.log(real) if e["type"] == "UserMessageCreated"] == \
+        ["a real conversation", "and then?"]
+
+
+def test_sessions_help_prints_its_usage(khaelor):
+    result = khaelor.run("sessions", "--help")
+    assert result.returncode == 0 and "usage: khaelor sessions" in result.stdout
+    assert "no sessions" not in result.stdout

@@ -367,3 +367,31 @@ def test_typing_a_sentence_with_a_question_open_never_approves_it(terminal, proj
     assert last[0]["type"] == "tool_result" and not last[0].get("is_error")
     assert any(b.get("text") == "okay, say why first" for b in last)
     assert rejected(term) == []
+
+
+def test_open_and_quit_leaves_no_session_and_continue_finds_the_conversation(terminal, env):
+    sessions = Path(env["KHAELOR_HOME"]) / "sessions"
+    idle = terminal([])
+    idle.keys("C-d")
+    idle.wait_for("EXITED 0")
+    assert list(sessions.glob("*/*.jsonl")) == []
+    talk = terminal([reply(text("the narwhal answer"))])
+    talk.type("tell me about narwhals")
+    talk.keys("Enter")
+    talk.wait_for("the narwhal answer")
+    talk.keys("C-d")
+    talk.wait_for("EXITED 0")
+    again = terminal([])                       # opened, /model changed, quit: still nothing new
+    again.type("/model claude-opus-5-5")
+    again.keys("Enter")
+    again.wait_for("model set to")
+    again.keys("C-d")
+    again.wait_for("EXITED 0")
+    assert len(list(sessions.glob("*/*.jsonl"))) == 1
+    resumed = terminal([reply(text("more about narwhals"))], args="-c")
+    screen = resumed.wait_for("the narwhal answer")
+    assert "tell me about narwhals" in screen
+    resumed.type("/sessions")
+    resumed.keys("Enter")
+    screen = resumed.wait_for("(this one)")
+    assert screen.count("· just now ·") == 1
