@@ -563,6 +563,9 @@ class MarkdownStream:
 
 THINKING_TAIL_CHARS = 400
 PREVIEW_LINES = 3
+PREVIEW_HEAD, PREVIEW_TAIL = 2, 3     # a finished card shows its output's first and last lines
+EXPANDED_MAX_LINES = 400              # Ctrl-O shows up to this many lines of the last card
+EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")   # bash's own footer
 USER_MESSAGE_MAX_LINES = 30
 SUMMARY_KEYS = {"read": "file_path", "write": "file_path", "edit": "file_path",
                 "grep": "pattern", "glob": "pattern", "bash": "command"}
@@ -649,6 +652,25 @@ class ToolCard:
     changes: list[dict] = field(default_factory=list)   # FileModified events of this call
 
 
+class FinishedCard(NamedTuple):
+    """A finished call as drawn: the card line and diffs, then its output (collapsed unless
+    expanded with Ctrl-O)."""
+    head: list[str]
+    output: list[str]        # sanitized non-blank output lines (bash's exit-code footer removed),
+    n_lines: int             # the first EXPANDED_MAX_LINES of n_lines
+    head_only: bool          # grep, glob: the first lines say most, the rest is "… N more lines"
+
+
+def card_output(event: dict, meta: dict) -> list[str]:
+    lines = [ln for ln in sanitize(str(event.get("output") or "")).split("\n") if ln.strip()]
+    if meta.get("exit_code") is not None:       # the card line says `exit N` already
+        for k in range(len(lines) - 1, max(len(lines) - 3, 0) - 1, -1):
+            if EXIT_CODE_LINE_RE.fullmatch(lines[k].strip()):
+                del lines[k]
+                break
+    return lines
+
+
 class Timeline:
     """The conversation as the user sees it. `apply` folds one event; finished lines queue in
     `take_settled()` (printed once into scrollback); `live_lines()` is what is still moving."""
@@ -665,6 +687,8 @@ class Timeline:
         self._thinking: str | None = None
         self._requests: dict[str, dict] = {}   # PermissionRequested until Granted or Denied
         self._any = False
+        self._held: FinishedCard | None = None   # the newest card, live until something follows
+        self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
 
     # -- folding --
 
@@ -702,7 +726,29 @@ class Timeline:
         self._finish_text()
         self._finish_thinking(None)
 
+    def finish(self) -> None:
+        """Settle everything, the newest card included (leaving, end of a replay)."""
+        self.flush_live()
+        self._release_card()
+
+    def expand_last_card(self) -> None:
+        """Ctrl-O: the newest card with its whole output. Still the newest thing on screen, it
+        settles expanded where it stands; otherwise the output is printed below."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._settle(self._card_block(held, expanded=True))
+        elif self._last_card is not None:
+            card = self._last_card
+            self._settle([self.style.paint("Output of:", "dim")] + card.head[:1]
+                         + self._card_block(card._replace(head=[]), expanded=True), gap=True)
+
+    def _release_card(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._settle(self._card_block(held))
+
     def _settle(self, lines: list[str], gap: bool = True) -> None:
+        self._release_card()        # the held card comes first: it happened first
         if gap and self._any:
             self._settled.append("")
         self._settled.extend(lines)
@@ -833,12 +879,13 @@ class Timeline:
         lines = [self._card_line(symbol, card.name, card.summary, facts or ["failed"] * failed)]
         for change in card.changes:
             lines += self._diff_lines(change)
+        output = []
         if failed or (card.name not in QUIET_TOOLS and not card.changes):
-            output = [ln for ln in sanitize(str(e.get("output") or "")).split("\n") if ln.strip()]
-            shown = (output[:PREVIEW_LINES] if card.name in HEAD_PREVIEW_TOOLS and not failed
-                     else output[-PREVIEW_LINES:])
-            lines += self._preview(shown, len(output))
-        self._settle(lines)
+            output = card_output(e, meta)
+        self._release_card()
+        self._held = self._last_card = FinishedCard(
+            lines, output[:EXPANDED_MAX_LINES], len(output),
+            card.name in HEAD_PREVIEW_TOOLS and not failed)
 
     _on_ToolFailed = _on_ToolCompleted
 
@@ -894,6 +941,26 @@ class Timeline:
         return clip(f"{symbol} {self.style.paint(name, 'bold')} {summary}"
                     f"{self.style.paint(tail, 'dim')}", self.width)
 
+    def _card_block(self, card: FinishedCard, expanded: bool = False, live: bool = False
+                    ) -> list[str]:
+        """The card's lines; its output collapsed to head and tail unless `expanded`."""
+        output, n = card.output, card.n_lines
+        hint = " · ctrl+o shows all" if live else ""
+        if expanded:
+            rows = self._preview(output, n)
+        elif card.head_only and n > PREVIEW_LINES:
+            rows = self._preview(output[:PREVIEW_LINES], n)
+            rows[-1] = self.style.paint(f"    … {n - PREVIEW_LINES} more lines{hint}", "dim")
+        elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
+            rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
+            rows.append(self.style.paint(f"    … {n - PREVIEW_HEAD - PREVIEW_TAIL} lines …{hint}",
+                                         "dim"))
+            rows += [self.style.paint(clip("    " + line, self.width), "dim")
+                     for line in output[-PREVIEW_TAIL:]]
+        else:
+            rows = self._preview(output, n)
+        return card.head + rows
+
     def _preview(self, lines: list[str], n_total: int) -> list[str]:
         out = [self.style.paint(clip(("  ⎿ " if k == 0 else "    ") + line, self.width), "dim")
                for k, line in enumerate(lines)]
@@ -908,7 +975,11 @@ class Timeline:
     # -- the live part --
 
     def live_lines(self, now: float, spinner: str = "◌") -> list[str]:
-        lines = list(self._text.live_lines()) if self._text is not None else []
+        lines = []
+        if self._held is not None:
+            lines = [""] * self._any + self._card_block(self._held, live=True)
+        if self._text is not None:
+            lines += self._text.live_lines()
         if self._thinking is not None:
             words = " ".join(sanitize(self._thinking).split())
             lines.append(self._thinking_line("✻ Thinking… " + words[-self.width:]))
@@ -947,7 +1018,7 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
         events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)
-    timeline.flush_live()
+    timeline.finish()
     return timeline.take_settled()
 
 
@@ -1510,6 +1581,8 @@ class App:
             return self._ctrl_c()
         if key.name == "ctrl+d" and not self.composer.text:
             return self.quit(0)
+        if key.name == "ctrl+o":
+            return self.timeline.expand_last_card()
         if key.name == "esc":
             if self.composer.menu:
                 self.composer.close_menu()
@@ -1665,7 +1738,7 @@ class App:
         return self.renderer.draw(settled, lines, cursor)
 
     def close(self) -> bytes:
-        self.timeline.flush_live()
+        self.timeline.finish()
         return self.renderer.close(self.timeline.take_settled())
 
     def resize(self, width: int, height: int) -> None:

@@ -1034,3 +1034,60 @@ def test_arrows_and_enter_answer_and_a_sentence_survives_the_answer():
     app.on_key(K("esc"))                                    # Esc denies; the sentence stays
     assert ctrl.calls[-1] == ("permission", "t10", "deny", "")
     assert app.composer.text == "keep this sentence"
+
+
+# ---- cards: head and tail, Ctrl-O (issue 14) ----
+
+def bash_card_events(n_lines, tid="t"):
+    output = "\n".join(f"output line {k}" for k in range(1, n_lines + 1)) + "\n\nExit code: 0"
+    return [event("ToolRequested", tool_use_id=tid, name="bash", input={"command": "make test"}),
+            event("ToolStarted", tool_use_id=tid, name="bash"),
+            event("ToolCompleted", tool_use_id=tid, name="bash", output=output,
+                  meta={"exit_code": 0, "duration_ms": 1500})]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_bash_card_shows_its_first_and_last_lines_and_no_exit_code_footer(width):
+    text = text_of(screen_of(ui.render_transcript(bash_card_events(40), width, True), width))
+    assert "● bash make test · exit 0 · 1.5s" in text
+    assert "output line 1" in text and "output line 2" in text
+    assert "… 35 lines …" in text and "output line 3\n" not in text + "\n"
+    assert "output line 38" in text and "output line 40" in text
+    assert "Exit code" not in text
+    short = text_of(screen_of(ui.render_transcript(bash_card_events(6), width, True), width))
+    assert "output line 1" in short and "output line 6" in short and "…" not in short
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_o_expands_the_newest_card_in_place(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=40)
+    screen = pyte.HistoryScreen(width, 40, history=500)
+    stream = pyte.ByteStream(screen)
+    for e in bash_card_events(40):
+        app.on_event(e)
+    stream.feed(app.render(1.0))
+    assert "ctrl+o shows all" in text_of(screen)
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(1.1))
+    app.on_event(event("UserMessageCreated", text="next question"))
+    stream.feed(app.render(1.2))
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    rows = [row for row in history + [r.rstrip() for r in screen.display] if row.strip()]
+    card = next(k for k, row in enumerate(rows) if "bash make test" in row)
+    assert [row.strip() for row in rows[card + 1:card + 41]] == \
+        ["⎿ output line 1"] + [f"output line {k}" for k in range(2, 41)]
+    assert sum("bash make test" in row for row in rows) == 1 and "… 35 lines …" not in rows
+    assert "› next question" in rows[card + 41]
+
+
+def test_ctrl_o_after_the_card_settled_prints_its_output_below():
+    app = ui.App(FakeController(), style=MONO, width=80)
+    for e in bash_card_events(12):
+        app.on_event(e)
+    app.on_event(event("UserMessageCreated", text="next"))
+    app.on_event(event("ModelTextBlockCompleted", text="an answer"))
+    first = app.timeline.take_settled()
+    assert "    … 7 lines …" in first and "output line 7" not in " ".join(first)
+    app.on_key(K("ctrl+o"))
+    again = app.timeline.take_settled()
+    assert "Output of:" in again and any("output line 7" in row for row in again)
