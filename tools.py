@@ -2,15 +2,18 @@
 
 Owns: read write edit grep glob bash process — their schemas and descriptions (byte-stable, they are
 prompt-cached), input checking, edit's replacer cascade, output budgets and spill files, the process
-manager, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report.
-Must not: judge whether a call is allowed (permissions.py does), import anything of ours but
-`events`, or raise out of Toolbox.run (a failed tool is a result the model reads).
+manager, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report; starting
+every subprocess confined as the decision's `confine` says (sandbox.py builds the Landlock ruleset), with
+git settings that keep a repository from running code; masking secrets in every output.
+Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import anything
+of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool is a result the model reads).
 """
 
 import asyncio
 import codecs
 import difflib
 import errno
+import fnmatch
 import json
 import mimetypes
 import os
@@ -25,6 +28,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
+
+import events
+import sandbox
 
 # ---------------------------------------------------------------- constants
 
@@ -56,6 +62,12 @@ BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor
 
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")   # khaelor's own credentials, masked in all tool output
 SECRET_MASK = "[redacted: khaelor's API credential]"
+DOTENV_MASK = "[redacted: a value from the project's .env file]"
+DOTENV_VALUE_MIN_CHARS = 8          # shorter .env values (ports, flags, "true") are not worth masking
+DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+# What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
+DEFAULT_CONFINE = {"write": True, "network": False, "paths": [], "secrets": False, "hide": []}
+READ_ONLY_CONFINE = {**DEFAULT_CONFINE, "write": False}    # khaelor's own git calls, ripgrep
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb"}
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
@@ -212,6 +224,9 @@ class Workspace:
 
     def __init__(self, cwd: Path):
         self.cwd = Path(cwd).resolve()          # the project root; relative paths start here
+        self.home: Path | None = None           # KHAELOR_HOME (the Toolbox sets it); None: events.khaelor_home()
+        self.temp_dir: Path | None = None       # the session's TMPDIR, made on first use; Toolbox.close removes it
+        self.abi = sandbox.probe()[0]           # Landlock ABI; 0: commands run unconfined
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root)."""
@@ -253,20 +268,30 @@ class Workspace:
     def remove_file(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
-    async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False) -> Child:
-        """Start a process in a new session (its own process group), stdout and stderr in one pipe.
+    async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False,
+                   confine: dict | None = None, ports: set[int] = frozenset()) -> Child:
+        """Start a process in a new session (its own process group), stdout and stderr in one pipe,
+        confined as `confine` says (None: DEFAULT_CONFINE); `ports` may be connected to without network.
 
         A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The pipes
         are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
         backgrounded grandchild can put off for ever.
         """
         argv = [shutil.which("bash") or "/bin/sh", "-c", command] if isinstance(command, str) else command
+        confine = confine or DEFAULT_CONFINE
+        env, ruleset = self.prepare(argv, confine, cwd or self.cwd, ports)
         out_read, out_write = os.pipe()
         in_read, in_write = os.pipe() if stdin else (subprocess.DEVNULL, None)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd or self.cwd, env={**os.environ, **EXEC_ENV_OVERRIDES}, stdin=in_read,
-                stdout=out_write, stderr=subprocess.STDOUT, start_new_session=True)
+                *argv, cwd=cwd or self.cwd, env=env, stdin=in_read, stdout=out_write, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=sandbox.child_hook(ruleset) if ruleset is not None else None)
+        except subprocess.SubprocessError as exc:   # the child could not enter the sandbox: it did not run
+            os.close(out_read)
+            if stdin:
+                os.close(in_write)
+            raise ToolError(f"The command was not run: the sandbox could not be applied ({exc}).",
+                            error="sandbox") from None
         except BaseException:
             os.close(out_read)
             if stdin:
@@ -276,6 +301,8 @@ class Workspace:
             os.close(out_write)
             if stdin:
                 os.close(in_read)
+            if ruleset is not None:
+                os.close(ruleset)       # the child has exec'd (or failed): the parent needs it no longer
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
@@ -288,16 +315,59 @@ class Workspace:
             child.transports.append(transport)
         return child
 
-    def capture(self, argv: list[str], *, cwd: Path | None = None, timeout_s: float = 10.0) -> tuple[int, str]:
+    def capture(self, argv: list[str], *, cwd: Path | None = None, timeout_s: float = 10.0,
+                confine: dict = READ_ONLY_CONFINE, scan_git: bool = True) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
         Failing to start, or timing out, gives -1 and the reason."""
         try:
-            done = subprocess.run(argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL, env={**os.environ, **EXEC_ENV_OVERRIDES},
-                                  start_new_session=True)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            env, ruleset = self.prepare(argv, confine, cwd or self.cwd, frozenset(), scan_git)
+        except OSError as exc:
             return -1, str(exc)
+        try:
+            done = subprocess.run(argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s,
+                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                  preexec_fn=sandbox.child_hook(ruleset) if ruleset is not None else None)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return -1, str(exc)
+        finally:
+            if ruleset is not None:
+                os.close(ruleset)
         return done.returncode, done.stdout.decode("utf-8", "replace")
+
+    # ------------------------------------------------ confinement: environment and Landlock ruleset
+
+    def prepare(self, argv: list[str], confine: dict, cwd: Path, ports: set[int],
+                scan_git: bool = True) -> tuple[dict, int | None]:
+        """(environment, Landlock ruleset fd or None when the kernel has none) for one command. The
+        caller closes the fd once the child has started."""
+        read_only = not confine["write"]
+        env = {**os.environ, **EXEC_ENV_OVERRIDES}
+        if read_only:
+            env["GIT_OPTIONAL_LOCKS"] = "0"     # git status would otherwise refresh .git/index
+        else:
+            temp = self.session_temp()
+            env.update(TMPDIR=str(temp), TMP=str(temp), TEMP=str(temp))
+        # A command judged read-only has literal words only: it can run git only by naming it.
+        runs_git = os.path.basename(argv[0]) == "git" or (argv[1:2] == ["-c"] and "git" in argv[-1])
+        keys = self.repository_git_drivers(cwd) if read_only and runs_git and scan_git else []
+        env.update(sandbox.git_env(os.environ, sandbox.git_settings(read_only, keys)))
+        if not self.abi:
+            return env, None
+        home = self.home or events.khaelor_home()
+        return env, sandbox.build_ruleset(confine, self.cwd, self.temp_dir, Path.home(), home, ports)
+
+    def session_temp(self) -> Path:
+        if self.temp_dir is None or not self.temp_dir.is_dir():
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="khaelor-session-"))
+        return self.temp_dir
+
+    def repository_git_drivers(self, cwd: Path) -> list[str]:
+        """The code-running driver keys (diff.external, textconv, filters, …) that the repository's own
+        config defines: local or worktree scope; the user's own global and system config are trusted."""
+        _, out = self.capture(["git", "config", "--show-scope", "--name-only", "-z", "--get-regexp",
+                               sandbox.GIT_DRIVER_KEYS.pattern], cwd=cwd, scan_git=False)
+        fields = out.split("\0")
+        return [key for scope, key in zip(fields[::2], fields[1::2]) if scope in ("local", "worktree")]
 
 # ---------------------------------------------------------------- Toolbox: the kernel's entry point
 
@@ -315,12 +385,19 @@ class Toolbox:
         self.stamps: dict[Path, tuple[int, int]] = {}   # real path -> (mtime_ns, size) as the model last saw it
         self.groups: set[int] = set()           # process groups alive right now (bash and process)
         self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
-        self.processes = _Processes(workspace, emit, self.groups)
+        self.dotenv = _DotEnv(workspace.cwd)
+        self.processes = _Processes(workspace, emit, self.groups, self.mask)
+        workspace.home = Path(home)
+        self.sandboxed = bool(workspace.abi)   # False: commands run unconfined (the kernel asks for more)
+        self.sandbox_status = sandbox.status()  # "landlock ABI 7", or "unavailable: <why>"
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
-    async def run(self, name: str, tool_input: dict, tool_use_id: str) -> ToolResult:
-        """Run one tool call. Never raises, except CancelledError (the turn was interrupted)."""
+    async def run(self, name: str, tool_input: dict, tool_use_id: str, confine: dict | None = None) -> ToolResult:
+        """Run one tool call, confined as the permission decision's `confine` says (sandbox.py; None:
+        DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
+        confine = {**DEFAULT_CONFINE, **(confine or {})}
+        self.dotenv.refresh()
         schema = next((schema for schema in SCHEMAS if schema["name"] == name), None)
         if schema is None:
             return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}.", True,
@@ -329,7 +406,7 @@ class Toolbox:
         if problem:
             return ToolResult(problem, True, {"error": "invalid_input"})
         try:
-            result = await TOOLS[name](self, args, tool_use_id)
+            result = await TOOLS[name](self, args, tool_use_id, confine)
         except ToolError as exc:
             result = ToolResult(str(exc), True, exc.meta)
         except OSError as exc:
@@ -340,7 +417,7 @@ class Toolbox:
         except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
             result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
                                 "bug. Try a different approach.", True, {"error": "internal"})
-        result.text = _mask_secrets(result.text)
+        result.text = self.mask(result.text)
         if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:   # bash budgets its own stream
             spool = _Spool(self.spill_dir, tool_use_id or name)
             spool.add(result.text)
@@ -348,9 +425,16 @@ class Toolbox:
         return result
 
     async def close(self) -> None:
-        """Stop every background process (ProcessExited cause "khaelor exit")."""
+        """Stop every background process (ProcessExited cause "khaelor exit"); remove the session's TMPDIR."""
         await self.processes.close()
         _kill_groups(self.groups)
+        if self.workspace.temp_dir is not None:
+            shutil.rmtree(self.workspace.temp_dir, ignore_errors=True)
+            self.workspace.temp_dir = None
+
+    def mask(self, text: str) -> str:
+        """Secrets out of a tool's text: khaelor's API credential and the values in the project's .env files."""
+        return _mask_secrets(text, self.dotenv.values)
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
@@ -410,7 +494,7 @@ class Toolbox:
         shown = self.workspace.display(path)
         added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
         self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed,
-                  diff=_mask_secrets(diff), created=before is None)
+                  diff=self.mask(diff), created=before is None)
         return added, removed
 
 # ---------------------------------------------------------------- input checking
@@ -524,14 +608,53 @@ def _prune_spill(spill_dir: Path) -> None:
         total -= size
 
 
-def _mask_secrets(text: str) -> str:
+def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
     """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
-    shows it (env, printenv, a .env file). Commands still get it in their environment."""
+    shows it (env, printenv, a .env file). Commands still get it in their environment. The values of the
+    project's .env files are masked the same way."""
     for name in SECRET_ENV:
         secret = os.environ.get(name)
         if secret and len(secret) >= 8 and secret in text:
             text = text.replace(secret, SECRET_MASK)
+    for value in dotenv_values:
+        if value in text:
+            text = text.replace(value, DOTENV_MASK)
     return text
+
+
+class _DotEnv:
+    """The values in the project's .env* files (KEY=value lines, quotes stripped), read again only when
+    one of those files changed (name, mtime, size)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.stamp: list[tuple[str, int, int]] = []
+        self.values: list[str] = []     # longest first, so a value inside another is not masked half
+
+    def refresh(self) -> None:
+        try:
+            files = sorted((entry.name, entry.stat().st_mtime_ns, entry.stat().st_size)
+                           for entry in os.scandir(self.root) if entry.name.startswith(".env") and entry.is_file())
+        except OSError:
+            files = []
+        if files == self.stamp:
+            return
+        values = set()
+        for name, _, _ in files:
+            try:
+                lines = (self.root / name).read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                match = DOTENV_LINE.match(line)
+                value = match.group(1) if match and not line.lstrip().startswith("#") else ""
+                if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                    value = value[1:-1]
+                elif " #" in value:     # an unquoted value ends where a comment starts
+                    value = value.split(" #", 1)[0].rstrip()
+                if len(value) >= DOTENV_VALUE_MIN_CHARS:
+                    values.add(value)
+        self.stamp, self.values = files, sorted(values, key=len, reverse=True)
 
 
 def _one_line(name: str) -> str:
@@ -575,12 +698,13 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None]) -> None:
+async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
+                mask: Callable[[str], str] = _mask_secrets) -> None:
     """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped, carriage-return
     redraws (progress bars) reduced to their last state. It works on whole lines, so nothing split across
     two reads is cut in half; a line past 64K characters goes as it stands."""
     def clean(text: str) -> str:
-        text = _mask_secrets(ANSI_RE.sub("", text))
+        text = mask(ANSI_RE.sub("", text))
         if "\r" in text:
             text = "\n".join(line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n"))
         return text
@@ -599,12 +723,12 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None]) ->
 
 
 async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None], timeout_s: float | None,
-                     grace_s: float) -> tuple[bool, bool]:
+                     grace_s: float, mask: Callable[[str], str] = _mask_secrets) -> tuple[bool, bool]:
     """Pump a child's output to on_text until it exits, then clear out its process group (which the
     caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
     killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
     A descendant that left our group may hold the pipe open, so the pump is not waited on for ever."""
-    pump = asyncio.create_task(_pump(child.stdout, on_text))
+    pump = asyncio.create_task(_pump(child.stdout, on_text, mask))
     timed_out = stray = False
     try:
         try:
@@ -629,7 +753,7 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
 # ---------------------------------------------------------------- read and file helpers
 
 
-async def _tool_read(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
@@ -994,7 +1118,7 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
 # ---------------------------------------------------------------- write and edit
 
 
-async def _tool_write(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws, text = box.workspace, args["content"]
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
@@ -1019,7 +1143,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
                       meta={"path": shown, "added": added, "removed": removed, "created": before is None})
 
 
-async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws = box.workspace
     path, old, new = ws.resolve(args["file_path"]), args["old_string"], args["new_string"]
     shown = ws.display(path)
@@ -1028,7 +1152,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
                         "replacement text in new_string.", error="no_change")
     if not path.exists():
         if old == "":
-            return await _tool_write(box, {"file_path": args["file_path"], "content": new}, tool_use_id)
+            return await _tool_write(box, {"file_path": args["file_path"], "content": new}, tool_use_id, confine)
         error = _missing(ws, path)
         raise ToolError(f"{error} To create a new file, use write (or edit with an empty old_string).", **error.meta)
     if path.is_dir():
@@ -1140,18 +1264,21 @@ def _candidates(ws: Workspace, root: Path) -> list[str]:
     return found
 
 
-async def _list_files(box: Toolbox, root: Path) -> list[str]:
+async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
     if not box.ripgrep:
         return await asyncio.to_thread(_candidates, box.workspace, root)
     records, _ = await _ripgrep(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
-                                10**7, end="\0")
+                                10**7, confine, end="\0")
     return [rel.removeprefix("./") for rel in records]
 
 
-async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, end: str = "\n") -> tuple[list[str], int]:
-    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code."""
-    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd)
+async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: dict,
+                   end: str = "\n") -> tuple[list[str], int]:
+    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code.
+    It runs read-only, and reads outside the project only where the call's approved paths say."""
+    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd,
+                                     confine={**READ_ONLY_CONFINE, "paths": confine["paths"]})
     chunks, n_records = [], 0
     try:
         async with asyncio.timeout(SEARCH_TIMEOUT_S):
@@ -1181,40 +1308,73 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws, pattern = box.workspace, args["pattern"]
     root = _existing(ws, args.get("path"))
-    match = _glob_matcher(pattern)
-    files = await asyncio.to_thread(_newest_first, root, [rel for rel in await _list_files(box, root) if match(rel)])
+    match, hidden = _glob_matcher(pattern), _secret_filter(box, confine, root)
+    found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
+    skipped = [rel for rel in found if hidden(rel)]
+    files = await asyncio.to_thread(_newest_first, root, [rel for rel in found if rel not in set(skipped)])
     meta = {"files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
-            "engine": "ripgrep" if box.ripgrep else "python"}
+            "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped)}
     if not files:
-        return ToolResult(f"No files match {pattern!r} under {ws.display(root)}.", meta=meta)
+        return ToolResult(f"No files match {pattern!r} under {ws.display(root)}.{_hidden_note(ws, root, skipped)}",
+                          meta=meta)
     shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:
         shown += (f"\n\n(Showing the {SEARCH_RESULT_CAP} most recently modified of {len(files):,} matching files. "
                   "Narrow the pattern or pass a path to see others.)")
-    return ToolResult(shown, meta=meta)
+    return ToolResult(shown + _hidden_note(ws, root, skipped), meta=meta)
 
 
-async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], bool]:
+    """Whether grep and glob leave a file out: its name matches one of the call's `hide` patterns, or it
+    is a link into a closed location (a committed notes.txt -> ~/.aws/credentials). Nothing is left out
+    when the user granted reading secrets for this call."""
+    if confine["secrets"]:
+        return lambda rel: False
+    closed = sandbox.closed_locations(Path.home(), box.workspace.home or events.khaelor_home(), confine["paths"])
+
+    def hidden(rel: str) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
+            return True
+        return os.path.islink(root / rel) and sandbox.within(os.path.realpath(root / rel), closed)
+    return hidden
+
+
+def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
+    if not skipped:
+        return ""
+    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(skipped)[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return (f"\n\n({len(skipped)} secret file(s) left out: {names}{more}. Reading them needs the user's "
+            "permission: ask for it, or read one with the read tool so that the user is asked.)")
+
+
+async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws, pattern, include = box.workspace, args["pattern"], args.get("include")
     target = _existing(ws, args.get("path"), directory=False)
     root = target if target.is_dir() else target.parent
     keep = _glob_matcher(include) if include else (lambda rel: True)
     if box.ripgrep:         # ripgrep judges its own syntax (it knows \p{L}, Python's re does not)
-        hits = await _rg_grep(box, pattern, target, root, include, keep)
+        hits = await _rg_grep(box, pattern, target, root, include, keep, confine)
     else:
         try:
             regex = re.compile(pattern)
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep)
+    hidden = _secret_filter(box, confine, root)
+    skipped = [rel for rel in hits if hidden(rel)]
+    for rel in skipped:     # filtered here for both engines, so both give the same result
+        del hits[rel]
     total = sum(map(len, hits.values()))
     meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-            "engine": "ripgrep" if box.ripgrep else "python"}
+            "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped)}
     if not hits:
-        return ToolResult(f"No matches for {pattern!r} in {ws.display(root)}.", meta=meta)
+        return ToolResult(f"No matches for {pattern!r} in {ws.display(root)}.{_hidden_note(ws, root, skipped)}",
+                          meta=meta)
     out = []
     for rel in _newest_first(root, hits):
         for number, text in hits[rel][:SEARCH_RESULT_CAP - len(out)]:
@@ -1226,7 +1386,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines in {len(hits):,} files, most "
                    "recently modified files first. Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
-    return ToolResult("\n".join(out), meta=meta)
+    return ToolResult("\n".join(out) + _hidden_note(ws, root, skipped), meta=meta)
 
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
@@ -1235,13 +1395,13 @@ def _bad_pattern(pattern: str, problem: str) -> ToolError:
 
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include: str | None,
-                   keep: Callable[[str], bool]) -> dict[str, list[tuple[int, str]]]:
+                   keep: Callable[[str], bool], confine: dict) -> dict[str, list[tuple[int, str]]]:
     argv = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never", "--hidden",
             "--no-messages", "--max-columns", "1000", "--max-columns-preview", "--glob", "!.git"]
     if include and "/" not in include.rstrip("/"):     # a file type filters without overriding .gitignore
         argv += ["--type-add", f"khaelor:{include}", "--type", "khaelor"]
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
-    records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP)
+    records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP, confine)
     if code == 2 and records and "\0" not in records[0]:
         raise _bad_pattern(pattern, " ".join(record.strip() for record in records)[:500])
     hits: dict[str, list[tuple[int, str]]] = {}
@@ -1279,7 +1439,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
 # ---------------------------------------------------------------- bash
 
 
-async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     command = args["command"]
     if not command.strip():
         raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
@@ -1297,9 +1457,10 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    child = await box.workspace.exec(command, cwd=workdir)
+    ports = set() if confine["network"] else sandbox.listening_ports(box.groups)
+    child = await box.workspace.exec(command, cwd=workdir, confine=confine, ports=ports)
     box.groups.add(child.pid)
-    timed_out, stray = await _supervise(child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S)
+    timed_out, stray = await _supervise(child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
     exit_code = child.proc.returncode
     meta = {"exit_code": exit_code, "duration_ms": int((time.monotonic() - started) * 1000), "timed_out": timed_out}
     parts = [spool.finish(meta).rstrip("\n") or "(no output)", ""]
@@ -1314,6 +1475,13 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
     if stray:
         parts.append("Note: processes it left running in the background were stopped; use the process tool for "
                      "long-running work.")
+    refused = None
+    if box.sandboxed and exit_code != 0:
+        ws = box.workspace
+        refused = sandbox.explain(parts[0], confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
+    if refused:
+        meta["sandbox_refused"] = True
+        parts.append(refused)
     return ToolResult("\n".join(parts + notes), is_error=timed_out, meta=meta)
 
 # ---------------------------------------------------------------- process: background processes
@@ -1364,8 +1532,8 @@ class _Processes:
     """The session's background processes. Their watchers are tasks of their own, so an interrupted turn
     leaves them running; close() stops them all."""
 
-    def __init__(self, workspace: Workspace, emit: Callable[..., dict], groups: set[int]):
-        self.workspace, self.emit, self.groups = workspace, emit, groups
+    def __init__(self, workspace: Workspace, emit: Callable[..., dict], groups: set[int], mask: Callable[[str], str]):
+        self.workspace, self.emit, self.groups, self.mask = workspace, emit, groups, mask
         self.items: dict[str, _Process] = {}
         self.n_started = 0
         self.closed = False
@@ -1373,7 +1541,7 @@ class _Processes:
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
 
-    async def start(self, command: str) -> _Process:
+    async def start(self, command: str, confine: dict) -> _Process:
         if self.closed:
             raise ToolError("khaelor is shutting down; no new processes.", error="closed")
         live = self.live()
@@ -1382,10 +1550,11 @@ class _Processes:
             raise ToolError(f"{len(live)} processes are already running ({ids}), the limit is {PROCESS_LIVE_CAP}. "
                             "Stop one you no longer need with process action \"stop\" first.", error="too_many")
         # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so stopped later).
-        return await asyncio.shield(self._spawn(command))
+        return await asyncio.shield(self._spawn(command, confine))
 
-    async def _spawn(self, command: str) -> _Process:
-        child = await self.workspace.exec(command, stdin=True)
+    async def _spawn(self, command: str, confine: dict) -> _Process:
+        ports = set() if confine["network"] else sandbox.listening_ports(self.groups)
+        child = await self.workspace.exec(command, stdin=True, confine=confine, ports=ports)
         self.groups.add(child.pid)
         self.n_started += 1
         process = _Process(f"p{self.n_started}", command, child)
@@ -1400,7 +1569,7 @@ class _Processes:
     async def _watch(self, process: _Process) -> None:
         """Collect output until the process exits, clear out its group, report ProcessExited once."""
         try:
-            await _supervise(process.child, self.groups, process.append, None, PROCESS_STRAY_GRACE_S)
+            await _supervise(process.child, self.groups, process.append, None, PROCESS_STRAY_GRACE_S, self.mask)
         except asyncio.CancelledError:      # the event loop is closing without close(): still no orphans
             process.cause = process.cause or "khaelor exit"
             raise
@@ -1449,7 +1618,7 @@ class _Processes:
             await asyncio.sleep(0.1)
 
 
-async def _tool_process(box: Toolbox, args: dict, tool_use_id: str) -> ToolResult:
+async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     action, procs = args["action"], box.processes
 
     def needs(key: str, what: str) -> str:
@@ -1466,7 +1635,7 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str) -> ToolResul
         return ToolResult("\n".join(rows), meta={"count": len(rows), "running": len(procs.live())})
     lines = []
     if action == "start":
-        process = await procs.start(needs("command", "the shell command to start"))
+        process = await procs.start(needs("command", "the shell command to start"), confine)
         lines.append(f"Started {process.process_id}. Poll it with process action \"read\", "
                      f"id \"{process.process_id}\".")
     elif (process := procs.items.get(needs("id", "the process id, e.g. \"p1\""))) is None:

@@ -5,12 +5,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"khaelor", "events", "model", "kernel", "tools", "permissions", "context", "ui"}
+OURS = {"khaelor", "events", "model", "kernel", "tools", "permissions", "context", "ui", "sandbox"}
 ALLOWED = {
     "events": set(),
     "permissions": set(),
     "model": {"events"},
-    "tools": {"events"},
+    "tools": {"events", "sandbox"},
+    "sandbox": set(),
     "context": {"events", "model"},
     "kernel": {"events", "model", "tools", "permissions", "context"},
     "ui": {"events"},
