@@ -212,9 +212,22 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
 
 # ---------------------------------------------------------------- headless
 
+def help_epilog() -> str:
+    """Subcommands, the interactive keys and the instruction files (imported only for --help)."""
+    import context
+    import ui
+    keys = "\n".join(f"  {key:<30} {what}" for key, what in ui.KEY_HELP)
+    return ("subcommands:\n  khaelor sessions               list this project's sessions\n"
+            "  khaelor permissions [check]    show or test the permission policy\n\n"
+            f"interactive keys:\n{keys}\n\ninstruction files: the first of {', '.join(context.INSTRUCTION_FILES)} in "
+            "KHAELOR_HOME (~/.khaelor), and the nearest one from the working directory up to the project root.")
+
+
 def parse_args(argv: list):
+    wants_help = any(arg in ("-h", "--help") for arg in argv)
     parser = argparse.ArgumentParser(prog="khaelor", description="A terminal coding agent for Claude models.",
-                                     epilog="Subcommands: `khaelor sessions`, `khaelor permissions [check …]`.")
+                                     epilog=help_epilog() if wants_help else None,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT",
                         help="run one task headless and exit ('-' reads the prompt from stdin)")
     parser.add_argument("--output-format", choices=("text", "json", "stream-json"), default="text")
@@ -368,6 +381,7 @@ class Session:
         self.toolbox = tools.Toolbox(tools.Workspace(project_root), home, lambda *a, **k: self.bus.emit(*a, **k))
         self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
+        self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
         self._files, self.closed, self.baseline = None, False, None
         self._status_key, self._status = None, {}
 
@@ -497,8 +511,14 @@ class Session:
 
     # -- slash commands (one table drives dispatch, /help and completion)
     async def cmd_help(self, _):
-        return "\n".join(f"- `{name}{(' ' + usage) if usage else ''}` {text}"
-                         for name, (_, usage, text) in sorted(COMMANDS.items()))
+        import context
+        import ui
+        commands = [f"- `{name}{(' ' + usage) if usage else ''}` {text}" for name, (_, usage, text) in sorted(COMMANDS.items())]
+        keys = [f"- `{key}` {what}" for key, what in ui.KEY_HELP]
+        read = context.find_instruction_files(self.home, self.project_root, Path.cwd())
+        files = "\n".join(f"- `{path}`" for path in read) or f"- none found ({', '.join(context.INSTRUCTION_FILES)} are looked for)"
+        return "**Commands**\n\n" + "\n".join(commands) + "\n\n**Keys**\n\n" + "\n".join(keys) \
+            + "\n\n**Instruction files read**\n\n" + files
 
     async def cmd_new(self, _):
         await self.detach()

@@ -55,6 +55,7 @@ from typing import Callable, Iterable, NamedTuple, Protocol
 class Controller(Protocol):
     busy: bool                 # a turn is running: Enter queues steering, Esc interrupts
     command_names: list[str]   # slash commands offered for completion, e.g. ["/help", "/model"]
+    command_descriptions: dict[str, str]   # optional: "/model" -> "[id] show or change the model"
 
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...  # every event
     def submit(self, text: str) -> object: ...             # a user message (steering when busy)
@@ -1188,12 +1189,31 @@ class KeyDecoder:
         return Key(prefix + CSI_FINAL_KEYS.get(final, "unknown"))
 
 
+# What the keys do, for /help and `khaelor --help` (khaelor.py formats it).
+KEY_HELP = (
+    ("Enter", "send; while khaelor works, it is queued as steering for its next step"),
+    ("Alt-Enter, Ctrl-J or \\ Enter", "a new line"),
+    ("Esc", "interrupt khaelor (what it wrote so far is kept); close a menu"),
+    ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
+    ("Ctrl-D", "quit (on an empty input)"),
+    ("Ctrl-L", "clear the screen"),
+    ("Ctrl-O", "show the whole output of the newest tool card"),
+    ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
+    ("Up, Down", "input history; in a permission question, choose an answer"),
+    ("y, a, n", "answer a permission question (on an empty input; typing writes a message)"),
+    ("@path", "mention a file (Tab or Enter completes)"),
+    ("!command", "run a shell command yourself; it and its output join the conversation"),
+    ("/", "the commands, each with what it does"),
+)
+
+
 # ════ Composer ════
 
 PASTE_COLLAPSE_LINES = 5         # longer pastes show as one [Pasted N lines] placeholder
 PASTE_COLLAPSE_CHARS = 1500
 MAX_COMPOSER_ROWS = 10
-MAX_MENU_ITEMS = 8
+MAX_MENU_ITEMS = 8               # rows the completion menu shows at once; it scrolls past them
+MAX_MENU_MENTIONS = 50           # file matches offered for an @ mention
 MAX_HISTORY = 1000
 MENTION_SCAN = 1000              # candidates scored per keystroke, at most
 MENTION_RE = re.compile(r"(?:^|(?<=\s))@(\S*)\Z")
@@ -1225,12 +1245,13 @@ class Composer:
 
     def __init__(self, *, history_path: str | os.PathLike | None = None,
                  commands: Callable[[], list[str]] = list,
-                 mentions: Callable[[str], list[str]] = lambda prefix: []):
+                 mentions: Callable[[str], list[str]] = lambda prefix: [],
+                 describe: Callable[[str], str] = lambda name: ""):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
         self.menu_index = 0
         self._menu_kind, self._menu_start, self._menu_closed = "", 0, False
-        self._commands, self._mentions = commands, mentions
+        self._commands, self._mentions, self._describe = commands, mentions, describe
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
@@ -1412,10 +1433,10 @@ class Composer:
             names = ["/" + str(n).lstrip("/") for n in self._commands()]
             matches = sorted(n for n in names if n.startswith(before))
             if matches != [before]:
-                self.menu = sorted(matches, key=lambda n: n != before)[:MAX_MENU_ITEMS]
+                self.menu = sorted(matches, key=lambda n: n != before)
             self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
-            self.menu = self._mention_matches(m.group(1))[:MAX_MENU_ITEMS]
+            self.menu = self._mention_matches(m.group(1))[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
 
     def _mention_matches(self, query: str) -> list[str]:
@@ -1477,9 +1498,24 @@ class Composer:
         return rows, cursor_row - top, cursor_col
 
     def menu_lines(self, width: int, style: Style) -> list[str]:
-        return [clip("  " + (style.paint("› " + item, "selected") if k == self.menu_index
-                             else style.paint("  " + item, "dim")), width)
-                for k, item in enumerate(self.menu)]
+        """A window of MAX_MENU_ITEMS rows that follows the selection; commands with what they
+        do; the last row says how many there are when some are out of view."""
+        n = len(self.menu)
+        top = max(0, min(self.menu_index - MAX_MENU_ITEMS + 1, n - MAX_MENU_ITEMS))
+        column = max((cell_width(item) for item in self.menu), default=0) + 2
+        rows = []
+        for k in range(top, min(n, top + MAX_MENU_ITEMS)):
+            item = self.menu[k]
+            about = self._describe(item) if self._menu_kind == "command" else ""
+            label = item + " " * (column - cell_width(item)) if about else item
+            if k == self.menu_index:
+                row = style.paint("› " + label, "selected") + style.paint(about, "dim")
+            else:
+                row = "  " + label + style.paint(about, "dim")
+            rows.append(clip("  " + row, width))
+        if n > MAX_MENU_ITEMS:
+            rows.append(style.paint(clip(f"    ↑↓ {self.menu_index + 1} of {n}", width), "dim"))
+        return rows
 
 
 # ════ Inline renderer: one write per frame ════
@@ -1553,9 +1589,11 @@ class App:
         self.controller, self.style = controller, style
         self.width, self.height = width, height
         self.timeline = Timeline(style, width)
+        about = getattr(controller, "command_descriptions", None) or {}
         self.composer = Composer(history_path=history_path,
                                  commands=lambda: controller.command_names,
-                                 mentions=controller.mention_candidates)
+                                 mentions=controller.mention_candidates,
+                                 describe=lambda name: about.get(name, ""))
         self.renderer = InlineRenderer()
         self.feedback: str | None = None      # deny message being typed in the permission panel
         self.panel_choice = 0                 # the panel's highlighted choice (Up/Down, Enter)

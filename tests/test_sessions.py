@@ -378,3 +378,11 @@ def test_sessions_help_prints_its_usage(khaelor):
     result = khaelor.run("sessions", "--help")
     assert result.returncode == 0 and "usage: khaelor sessions" in result.stdout
     assert "no sessions" not in result.stdout
+
+
+def test_help_lists_the_keys_and_the_instruction_files(khaelor):
+    result = khaelor.run("--help")
+    assert result.returncode == 0
+    for key in ("Esc", "Ctrl-J", "Ctrl-C", "Ctrl-D", "Ctrl-L", "Ctrl-O", "Ctrl-Z", "@path", "!command"):
+        assert key in result.stdout, key
+    assert "KHAELOR.md, CLAUDE.md, AGENTS.md" in result.stdout and "khaelor sessions" in result.stdout

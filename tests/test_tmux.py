@@ -176,7 +176,8 @@ def test_slash_commands_help_cost_and_quit(terminal):
     term.wait_for("hi there")
     term.type("/help")
     term.keys("Enter")
-    term.wait_for("/undo")
+    screen = term.wait_for("Instruction files read")
+    assert "Ctrl-O" in screen and "!command" in screen and "none found" in screen
     term.type("/cost")
     term.keys("Enter")
     term.wait_for("cache read")

@@ -1091,3 +1091,31 @@ def test_ctrl_o_after_the_card_settled_prints_its_output_below():
     app.on_key(K("ctrl+o"))
     again = app.timeline.take_settled()
     assert "Output of:" in again and any("output line 7" in row for row in again)
+
+
+# ---- discoverable: the / menu (issue 14) ----
+
+class ManyCommands(FakeController):
+    def __init__(self):
+        super().__init__()
+        self.command_names = [f"/cmd{k:02d}" for k in range(20)]
+        self.command_descriptions = {name: f"does thing {name[4:]}" for name in self.command_names}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_command_menu_lists_every_command_with_what_it_does_and_scrolls(width):
+    app = ui.App(ManyCommands(), style=COLOR, width=width, height=30)
+    screen, stream = app_screen(app)
+    app.on_key(K("text", "/"))
+    stream.feed(app.render(0.0))
+    text = text_of(screen)
+    assert "/cmd00" in text and "does thing 00" in text and "1 of 20" in text
+    assert "/cmd08" not in text                        # a window of rows, not all twenty
+    for _ in range(15):
+        app.on_key(K("down"))
+    stream.feed(app.render(0.1))
+    text = text_of(screen)
+    assert "› /cmd15" in text and "does thing 15" in text and "16 of 20" in text
+    assert "/cmd00" not in text
+    app.on_key(K("tab"))
+    assert app.composer.text == "/cmd15"
