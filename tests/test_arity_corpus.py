@@ -68,12 +68,14 @@ def words_of(text):
 
 def no_broader(suggestion, command, prefix):
     """True when every command the saved pattern matches is also matched by `prefix *`."""
-    if not GLOB_CHARACTERS & set(suggestion):
-        return words_of(suggestion) == words_of(command) or words_of(suggestion)[:len(words_of(prefix))] == words_of(prefix)
+    prefix_words = words_of(prefix)
+    if not GLOB_CHARACTERS & set(suggestion):       # an exact command: this one, or one under the prefix
+        exact = words_of(suggestion)
+        return exact == words_of(command) or exact[:len(prefix_words)] == prefix_words
     if not suggestion.endswith(" *") or GLOB_CHARACTERS & set(suggestion[:-2]):
         return False       # a wildcard anywhere but a final " *" can match outside the prefix
     literal = words_of(suggestion[:-2])
-    return literal[:len(words_of(prefix))] == words_of(prefix)
+    return literal[:len(prefix_words)] == prefix_words
 
 
 def suggest(command, project):
@@ -93,8 +95,9 @@ def test_always_is_never_broader_than_opencode(project):
         elif result["decision"] == "ask" and not no_broader(result["suggestion"], case["command"], case["prefix"]):
             broader.append(f"{case['command']!r}: saves {result['suggestion']!r}, OpenCode {case['prefix']} *")
     total = len(CORPUS["cases"])
-    figure = (f"arity cases: {total}, allowed without a question (no suggestion) {len(allowed)}, decided by a "
-              f"path {len(by_path)}, asked without a suggestion {len(unsuggested)}, broader than OpenCode {len(broader)}")
+    figure = (f"arity cases: {total}, allowed without a question (no suggestion) {len(allowed)}, "
+              f"decided by a path {len(by_path)}, asked without a suggestion {len(unsuggested)}, "
+              f"broader than OpenCode {len(broader)}")
     print(f"\n{figure}\nallowed: {allowed}\nby a path: {by_path}\nasked without a suggestion: {unsuggested}")
     assert not broader, f"{figure}:\n" + "\n".join(broader)
     skipped = allowed + by_path
