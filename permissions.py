@@ -2,10 +2,13 @@
 
 Owns: the capabilities a tool call needs (file.read, file.write.project, filesystem.outsideProject,
 process.execute, git.modify, network.access), rules {capability, pattern, action} evaluated
-last-match-wins, the hardline floor beneath the rules, shell-word parsing of bash commands, "always"
-suggestions (the arity table) and the config-dict edit that persists a grant.
+last-match-wins, the layers rules come from and whether a layer may grant (the trust model), the
+hardline floor beneath the rules, the read-only allow-list that lets a command run without asking,
+shell-word parsing of bash commands, "always" suggestions (the arity table), the sandbox shape a
+decision grants (`Decision.confine`) and the config-dict edit that persists a grant.
 Must not: import our other modules, write files or run anything. It only reads the world:
-os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME.
+os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME, a bounded walk
+looks for secret files under a directory a command searches recursively.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
   file.read, file.write.project  the project-relative POSIX path after resolving `..` and symlinks: "src/app.py"
@@ -19,19 +22,26 @@ network.access, plus file.read or filesystem.outsideProject for each argument th
 and file.write.project for each output redirection. Every request is judged; the strictest answer
 wins (deny > ask > allow).
 
+Silence is earned, not assumed: by default a command runs without asking only when it is provably
+read-only (READ_ONLY below: literal words, listed commands and options, no writing redirection).
+Trust comes only from the user: rules from the user's own files grant; a repository's files may
+tighten (ask, deny) at once but grant nothing until `khaelor trust` recorded their hash.
+
 "Always" suggestions: a bash command gets its arity-table prefix plus " *" ("git push *");
 destructive programs (rm, dd, curl, sudo ...), options before the subcommand, and asks made by a
-specific rule ("find *-delete*") get the exact command; a line with operators or redirections gets
-none. A project write suggests the file's directory subtree ("src/api/*", or the file itself at the
-root); a secret read or anything outside the project suggests the exact path.
+specific rule get the exact command; a line with operators or redirections gets none, and so does
+a command that destroys work in the repository (it asks every time). A project write suggests the
+file's directory subtree ("src/api/*", or the file itself at the root); a secret read or anything
+outside the project suggests the exact path.
 """
 
 import fnmatch
 import glob
+import hashlib
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,83 +54,236 @@ _STRICTNESS = {action: n for n, action in enumerate(ACTIONS)}
 _COMMAND_CAPABILITIES = ("process.execute", "git.modify", "network.access")
 _RULE_KEYS = ("capability", "pattern", "action")
 
-# Project files whose reading asks, then the harmless templates that share their names.
-SECRET_PATTERNS = ("*.env", "*.env.*", "*.pem", "*.key", "*.p12", "*.pfx", "*id_rsa*",
-                   "*id_dsa*", "*id_ecdsa*", "*id_ed25519*", "*.netrc", "*.pypirc")
-SECRET_TEMPLATES = ("*.env.example", "*.env.sample", "*.env.template")
+# Secret files, matched against a file's name (a pattern with "/" against its project path).
+# Reading one asks; grep and glob skip them; a command searching a tree that holds one asks.
+SECRET_NAMES = (".env", ".env.*", "*.env", ".envrc", ".git-credentials", ".npmrc", ".pypirc",
+                ".netrc", "_netrc", "id_*", "*.pem", "*.key", "*.p12", "*.pfx", "credentials",
+                "credentials.*", "secrets.*", ".pgpass")
+SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
+# Directories whose whole content is secret, relative to $HOME (the sandbox closes them too).
+SECRET_HOME_DIRS = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube", ".docker",
+                    ".config/gh", ".password-store")
+_SECRET_WALK_CAP = 20_000     # entries a recursive search's tree is scanned for secrets, at most
 
-# Commands that only read. Their other forms are caught elsewhere: modifying git forms are
-# git.modify (so "git branch *" only ever sees listings) and READ_ONLY_EXCEPTIONS ask again.
-READ_ONLY_COMMANDS = (*"""ls cat head tail wc pwd echo printf cd which type whoami date stat du df tree grep egrep fgrep
-    rg find sort cut tr diff cmp basename dirname realpath readlink true false test [ [[ nl jq uname id md5sum sha256sum
-    shasum""".split(), *("git " + sub for sub in """status diff log show branch tag describe rev-parse ls-files ls-tree
-    blame shortlog remote stash merge-base show-ref reflog worktree cat-file config submodule""".split()))
-READ_ONLY_EXCEPTIONS = ("find *-exec*", "find *-ok*", "find *-delete*", "find *-fprint*",
-                        "find *-fls*", "sort *-o*", "sort *--compress*", "tree *-o*",
-                        "rg *--pre*", "git *--output*", "date *-s*")
+# Commands that run without asking, with the options that keep them read-only. Short options
+# in getopt form ("n:" takes a value, given attached or as the next word); long options, "=" when
+# they take one. A long option may be abbreviated if the abbreviation begins exactly one listed
+# option: GNU then either picks that one or refuses an ambiguous abbreviation, never another one.
+# "*" accepts any word (the program treats its arguments as data). Everything absent asks.
+_GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:",
+         """extended-regexp fixed-strings basic-regexp perl-regexp regexp= file= ignore-case
+         no-ignore-case word-regexp line-regexp count color colour color= colour= files-without-match
+         files-with-matches max-count= only-matching quiet silent no-messages byte-offset with-filename
+         no-filename label= line-number initial-tab null null-data after-context= before-context=
+         context= text binary-files= devices= directories= exclude= exclude-dir= include= recursive
+         dereference-recursive line-buffered invert-match""")
+_SUMS = ("bctwz", "binary check text tag quiet status warn strict zero ignore-missing")
+READ_ONLY = {
+    "ls": ("aAbBcCdfFgGhHiklLmnNopqQrRsStuUvxXZ1T:w:I:",
+           """all almost-all escape ignore-backups classify file-type directory dired full-time
+           group-directories-first no-group human-readable si dereference dereference-command-line
+           inode kibibytes numeric-uid-gid literal hide-control-chars show-control-chars quote-name
+           recursive reverse size sort= time= time-style= color color= width= tabsize= ignore= hide=
+           format= indicator-style= quoting-style= block-size= context zero"""),
+    "cat": ("AbeEnstTuv", "show-all number-nonblank show-ends number squeeze-blank show-tabs show-nonprinting"),
+    "head": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
+    "tail": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
+    "wc": ("clmwL", "bytes chars lines words max-line-length total="),
+    "pwd": ("LP", ""), "whoami": ("", ""), "true": "*", "false": "*", "test": "*", "[": "*", "echo": "*",
+    "which": ("as", "all"), "type": ("afptP", ""), "id": ("gGnruzZ", "group groups name real user zero context"),
+    "uname": ("asnrvmpio", """all kernel-name nodename kernel-release kernel-version machine processor
+              hardware-platform operating-system"""),
+    "date": ("uRI:d:r:", "utc universal rfc-email iso-8601 iso-8601= rfc-3339= date= reference= debug"),
+    "stat": ("Lftc:", "dereference file-system terse format= printf="),
+    "du": ("0abchHklLmsSxd:t:B:", """null all apparent-size bytes total human-readable si summarize
+           max-depth= one-file-system exclude= threshold= block-size= time inodes dereference"""),
+    "df": ("ahHiklPTt:x:B:", """all human-readable si inodes local portability print-type type=
+           exclude-type= total output output= block-size="""),
+    "tree": ("adfgilpsuDFhCnNqrtvxAJXL:P:I:", """noreport dirsfirst charset= filelimit= gitignore
+             prune matchdirs ignore-case du si sort= version"""),
+    "grep": _GREP, "egrep": _GREP, "fgrep": _GREP,
+    "rg": ("iSsFwxvcnNHhlLoquUaje:g:t:T:m:A:B:C:d:M:r:E:", """ignore-case smart-case case-sensitive
+           fixed-strings word-regexp line-regexp invert-match count count-matches files-with-matches
+           files-without-match files line-number no-line-number with-filename no-filename only-matching
+           regexp= glob= iglob= type= type-not= max-count= max-depth= hidden no-ignore no-ignore-vcs
+           follow context= after-context= before-context= heading no-heading color= json vimgrep sort=
+           sortr= multiline multiline-dotall pcre2 trim column no-column null stats max-filesize=
+           threads= type-list unrestricted passthru replace= quiet text binary max-columns= encoding="""),
+    "sort": ("bdfgiMhnRrVcCmsuzk:t:S:", """ignore-leading-blanks dictionary-order ignore-case
+             general-numeric-sort ignore-nonprinting month-sort human-numeric-sort numeric-sort
+             random-sort reverse version-sort check check= merge key= field-separator= stable unique
+             zero-terminated buffer-size= parallel= debug"""),
+    "cut": ("nszb:c:d:f:", "bytes= characters= delimiter= fields= complement only-delimited output-delimiter= zero-terminated"),
+    "tr": ("cCdst", "complement delete squeeze-repeats truncate-set1"),
+    "diff": ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """brief report-identical-files unified unified= context
+             context= side-by-side recursive new-file ignore-case ignore-all-space ignore-space-change
+             ignore-blank-lines ignore-matching-lines= text strip-trailing-cr exclude= exclude-from=
+             label= minimal color color= no-dereference normal ignore-tab-expansion expand-tabs
+             show-c-function show-function-line= width= suppress-common-lines from-file= to-file= unidirectional-new-file"""),
+    "cmp": ("bilns:", "print-bytes ignore-initial= verbose bytes= quiet silent"),
+    "basename": ("asz", "multiple suffix= zero"), "dirname": ("z", "zero"),
+    "realpath": ("eLmPqsz", "canonicalize-existing canonicalize-missing logical physical quiet strip no-symlinks zero relative-to= relative-base="),
+    "readlink": ("efmnqsvz", "canonicalize canonicalize-existing canonicalize-missing no-newline quiet silent verbose zero"),
+    "nl": ("pb:d:f:h:i:l:n:s:v:w:", ""),
+    "md5sum": _SUMS, "sha1sum": _SUMS, "sha256sum": _SUMS, "sha512sum": _SUMS, "b2sum": _SUMS, "cksum": ("", ""),
+    "file": ("bcEhiLNknprsvZ0F:e:m:P:", "brief mime mime-type mime-encoding dereference no-dereference keep-going raw special-files"),
+    "uniq": ("cdDiuzf:s:w:", "count repeated all-repeated unique ignore-case skip-fields= skip-chars= check-chars= zero-terminated"),
+    "comm": ("123z", "check-order nocheck-order output-delimiter= total zero-terminated"),
+    "paste": ("szd:", "delimiters= serial zero-terminated"),
+    "fold": ("bsw:", "bytes spaces width="), "expand": ("it:", "initial tabs="), "tac": ("brs:", "before regex separator="),
+    "rev": ("", ""), "seq": ("wf:s:", "equal-width format= separator="), "sleep": ("", ""), "nproc": ("", "all"),
+    "od": ("bcdfiloxsvA:j:N:t:w:", "address-radix= skip-bytes= read-bytes= format= output-duplicates width="),
+    "xxd": ("aCeEiupc:g:l:s:o:", ""),
+    "hexdump": ("bcCdovxn:s:e:f:", ""),
+    "strings": ("afwn:t:e:", "all print-file-name bytes= radix= encoding="),
+    "jq": ("rjacnsSeCMt", "raw-output join-output ascii-output compact-output null-input slurp sort-keys exit-status color-output monochrome-output tab indent= arg= argjson= raw-input"),
+}
+# Programs whose second positional argument is an output file (uniq IN OUT, xxd IN OUT).
+_OUTPUT_SECOND_POSITIONAL = frozenset(("uniq", "xxd"))
+# jq programs can read the environment ($ENV, env), other files and modules.
+_JQ_UNSAFE = re.compile(r"\benv\b|\$ENV|\$__|\binput_filename\b|\bimport\b|\binclude\b|\bgetpath\b|\bdebug\b|\bstderr\b|\binput")
+# find: the predicates that only read and print, and those of them that take a value.
+_FIND_SAFE = frozenset("""-name -iname -path -ipath -wholename -iwholename -regex -iregex -regextype -type -xtype
+    -maxdepth -mindepth -size -empty -newer -anewer -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group
+    -uid -gid -nouser -nogroup -links -inum -samefile -lname -ilname -readable -writable -executable -print -print0
+    -printf -ls -prune -quit -true -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf -daystart
+    -ignore_readdir_race -fstype -used -newermt -newerct -newerat -newermm -neweraa -newercc -L -H -P ( ) ! ,""".split())
+_FIND_VALUE = frozenset("""-name -iname -path -ipath -wholename -iwholename -regex -iregex -regextype -type -xtype
+    -maxdepth -mindepth -size -newer -anewer -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid
+    -gid -links -inum -samefile -lname -ilname -printf -fstype -used -newermt -newerct -newerat -newermm -neweraa
+    -newercc""".split())
+# git: the global options and subcommands that only read, and each subcommand's safe options.
+# Repository configuration cannot run code in them either: tools.py's environment for read-only
+# commands turns off hooks, fsmonitor, external diff, pagers, textconv and filters.
+_GIT_GLOBAL_SAFE = {"--no-pager": False, "-P": False, "--no-optional-locks": False, "--literal-pathspecs": False,
+                    "--no-replace-objects": False, "-C": True, "--version": False}
+_GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """oneline stat stat= shortstat numstat name-only name-status graph all
+            branches branches= tags tags= remotes remotes= decorate decorate= no-decorate format= pretty pretty=
+            abbrev-commit abbrev abbrev= no-abbrev-commit no-abbrev author= committer= since= until= after= before=
+            grep= all-match invert-grep regexp-ignore-case extended-regexp fixed-strings perl-regexp max-count=
+            skip= reverse follow no-merges merges min-parents= max-parents= first-parent date= relative-date patch
+            no-patch unified= color color= no-color word-diff word-diff= ignore-space-change ignore-all-space
+            ignore-blank-lines ignore-space-at-eol left-right cherry-pick cherry-mark cherry topo-order date-order
+            author-date-order full-history simplify-by-decoration ancestry-path boundary source parents children
+            summary diff-filter= find-renames find-renames= find-copies find-copies= minimal patience histogram
+            diff-algorithm= full-diff cc combined raw binary full-index src-prefix= dst-prefix= no-prefix relative
+            relative= exit-code quiet cached staged merge-base submodule submodule= dirstat dirstat= text
+            function-context compact-summary no-renames no-textconv no-ext-diff ignore-submodules
+            ignore-submodules= check name-rev notes no-notes show-notes expand-tabs no-expand-tabs log-size
+            no-walk no-walk= do-walk walk-reflogs grep-reflog= count in-reverse remerge-diff""")
+GIT_READ_ONLY = {
+    "status": ("sbuvz", """short branch porcelain porcelain= long verbose untracked-files untracked-files= ignored
+               ignored= ignore-submodules ignore-submodules= show-stash ahead-behind no-ahead-behind renames
+               no-renames find-renames find-renames= column no-column null"""),
+    "log": _GIT_LOG, "show": _GIT_LOG, "diff": _GIT_LOG, "shortlog": ("nsec", "numbered summary email committer format= group= all"),
+    "blame": ("blstfnseMwcCL:S:", """porcelain line-porcelain incremental show-name show-number show-email show-stats
+              date= root minimal score-debug abbrev= ignore-rev= ignore-revs-file= color-lines color-by-age"""),
+    "branch": ("arvl", """list all remotes verbose merged merged= no-merged no-merged= contains contains= no-contains
+               no-contains= show-current format= sort= points-at= color color= no-color column no-column ignore-case"""),
+    "tag": ("ln:", "list contains= no-contains= points-at= merged= no-merged= sort= format= column no-column color ignore-case"),
+    "describe": ("", "tags all always long abbrev= match= exclude= dirty dirty= contains first-parent candidates= exact-match"),
+    "rev-parse": ("q", """show-toplevel abbrev-ref abbrev-ref= short short= verify quiet git-dir is-inside-work-tree
+                  is-inside-git-dir show-prefix show-cdup symbolic symbolic-full-name all branches tags remotes
+                  git-common-dir absolute-git-dir is-bare-repository is-shallow-repository show-superproject-working-tree
+                  sq-quote default= since= until= local-env-vars show-object-format path-format= revs-only no-revs
+                  flags no-flags"""),
+    "ls-files": ("cdmoiskutvzfx:X:", """cached deleted modified others ignored stage unmerged killed exclude=
+                 exclude-from= exclude-per-directory= exclude-standard error-unmatch full-name recurse-submodules
+                 abbrev abbrev= eol directory no-empty-directory format= debug sparse"""),
+    "ls-tree": ("rdtlz", "name-only name-status full-name full-tree abbrev abbrev= long object-only format="),
+    "cat-file": ("tpsev", "allow-unknown-type"),
+    "merge-base": ("a", "all octopus independent is-ancestor fork-point"),
+    "show-ref": ("dqs", "heads tags head verify dereference hash hash= abbrev abbrev= quiet exists branches"),
+    "grep": ("ivwlLnhHcEFGPozaI e:f:A:B:C:m:", """ignore-case word-regexp line-number column files-with-matches
+             files-without-match count extended-regexp fixed-strings basic-regexp perl-regexp cached untracked
+             no-index recurse-submodules max-depth= after-context= before-context= context= show-function
+             function-context heading break all-match and or not full-name null only-matching quiet threads=
+             max-count= no-color color color= exclude-standard no-exclude-standard text"""),
+    "count-objects": ("vH", "verbose human-readable"),
+    "version": ("", "build-options"),
+}
+# Subcommand forms that only read ("" = no argument): `git stash list`, `git remote -v`.
+GIT_READ_FORMS = {"stash": ("list", "show"), "remote": ("", "-v", "--verbose", "get-url"),
+                  "worktree": ("list",), "reflog": ("", "show"), "config": ("--get", "--get-all", "--get-regexp",
+                  "-l", "--list"), "submodule": ("", "status", "summary"), "notes": ("", "list", "show")}
 
 # How many leading words name "the command" ("git push origin main" -> "git push *").
-# The longest matching key wins; unknown programs have arity 1.
+# The longest matching key wins. A program not listed gets its leading plain words (see _suggest).
 ARITY = {**dict.fromkeys("""git npm npx yarn pnpm bun bunx deno node python python3 pip pip3 pipx uv poetry ruby bundle
     rails rake cargo rustup go make just ruff docker docker-compose kubectl helm terraform brew apt apt-get mvn gradle
-    ./gradlew dotnet swift pre-commit systemctl""".split(), 2),
-         **dict.fromkeys(("gh", "git remote", "git stash", "git submodule", "git worktree", "npm run", "npm exec",
-                          "yarn run", "pnpm run", "bun run", "deno task", "python -m", "python3 -m", "python manage.py",
-                          "python3 manage.py", "uv run", "uv pip", "poetry run", "bundle exec", "go mod",
-                          "docker compose"), 3)}
+    ./gradlew dotnet swift pre-commit systemctl gcloud az firebase vercel heroku flyctl pulumi conda mix gem
+    composer artisan ng nx turbo lerna hatch pdm
+    rye pixi ansible vagrant packer podman buildah skaffold minikube kind k3d kustomize istioctl flutter dart
+    pod sbt lein stack cabal opam dune zig nix""".split(), 2),
+         **dict.fromkeys((key.strip() for key in """gh, aws, git remote, git stash, git submodule, git worktree,
+    git config, npm run, npm exec, yarn run, pnpm run, bun run, deno task, python -m, python3 -m, python manage.py,
+    python3 manage.py, uv run, uv pip, uv tool, poetry run, bundle exec, go mod, docker compose, docker container,
+    docker image, docker network, docker volume, kubectl config, kubectl rollout, gcloud compute, gcloud container,
+    gcloud projects, gcloud auth, az vm, az group, az storage, conda env, helm repo, terraform workspace,
+    terraform state""".split(",")), 3)}
 # Programs whose "always" is the exact command: a wildcard over their arguments would grant
 # far more than the user just saw (rm *, curl *, sudo *).
 _EXACT_ONLY = frozenset("""rm rmdir dd chmod chown chgrp mv cp ln tee kill pkill killall shred truncate sudo doas su
     eval exec source . env xargs bash sh zsh dash fish ssh scp sftp rsync curl wget nc ncat telnet sed awk perl
-    find""".split())
+    find install""".split())
 
-_GIT_NETWORK = frozenset(("fetch", "clone", "ls-remote"))
-_GIT_MODIFY = frozenset("""add am apply checkout cherry-pick clean commit gc init merge mv pull push rebase reset
-    restore revert rm switch update-ref update-index filter-branch replace bisect sparse-checkout prune lfs""".split())
-# Subcommands that read in these forms (their first argument; "" = none) and modify in any
-# other, or whenever a _GIT_MODIFYING_FLAGS flag appears.
-_GIT_READ_FORMS = {name: set(forms.split(",")) for name, forms in {
-    "branch": ",-a,-r,-v,-vv,-l,--list,--all,--remotes,--merged,--no-merged,--contains,--show-current",
-    "tag": ",-l,--list,-n,--contains,--points-at", "config": "--get,--get-all,--get-regexp,-l,--list",
-    "stash": "list,show", "remote": ",-v,show,get-url", "reflog": ",show", "worktree": "list",
-    "submodule": ",status,summary", "notes": ",list,show"}.items()}
-_GIT_MODIFYING_FLAGS = frozenset("""-d -D --delete -m -M --move -c -C --copy -f --force -u --set-upstream-to --unset
-    --unset-all --add --replace-all -e --edit""".split())
-_GIT_GLOBAL_WITH_VALUE = frozenset(("-C", "-c", "--git-dir", "--work-tree", "--namespace"))
-_NETWORK_COMMANDS = frozenset("curl wget ssh scp sftp nc ncat netcat telnet ftp http https aria2c gh".split())
+_GIT_NETWORK = frozenset(("fetch", "clone", "ls-remote", "pull", "push", "archive", "request-pull", "send-email",
+                          "svn", "p4", "http-fetch", "fetch-pack", "send-pack", "upload-pack", "remote-ext"))
+_GIT_MODIFY = frozenset("""add am apply checkout cherry-pick clean commit gc init merge mv rebase reset
+    restore revert rm switch update-ref update-index filter-branch replace bisect sparse-checkout prune lfs
+    symbolic-ref hash-object write-tree commit-tree read-tree mktag mktree pack-refs repack fsck maintenance""".split())
+_GIT_GLOBAL_WITH_VALUE = frozenset(("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env",
+                                    "--exec-path", "--super-prefix"))
+_GIT_URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:|ext::|fd::)", re.I)
+_NETWORK_COMMANDS = frozenset("""curl wget ssh scp sftp nc ncat netcat telnet ftp http https aria2c gh socat
+    ping dig nslookup host whois rsync""".split())
 # Package managers: the subcommands that download or publish ("" = the bare command).
 _NETWORK_SUBCOMMANDS = {name: set(subs.split(",")) for name, subs in {
     "pip": "install,download", "pip3": "install,download", "pipx": "install,run,upgrade",
-    "uv": "add,sync,pip,tool,lock", "npm": "install,i,ci,add,update,publish", "pnpm": "install,i,add,update,dlx",
-    "yarn": ",install,add,upgrade,dlx", "bun": "install,i,add,update,x", "cargo": "install,add,fetch,update,publish",
-    "go": "get,install", "gem": "install,update", "brew": "install,update,upgrade,tap", "apt": "install,update,upgrade",
-    "apt-get": "install,update,upgrade", "docker": "pull,push,login", "poetry": "add,install,update",
-    "bundle": "install,update", "composer": "install,require,update"}.items()}
+    "uv": "add,sync,pip,tool,lock,run", "npm": "install,i,ci,add,update,publish,exec,x", "npx": ",",
+    "pnpm": "install,i,add,update,dlx", "yarn": ",install,add,upgrade,dlx", "bun": "install,i,add,update,x",
+    "cargo": "install,add,fetch,update,publish,build,run,test", "go": "get,install,mod,build,run,test",
+    "gem": "install,update", "brew": "install,update,upgrade,tap", "apt": "install,update,upgrade",
+    "apt-get": "install,update,upgrade", "docker": "pull,push,login,build,run", "poetry": "add,install,update",
+    "bundle": "install,update", "composer": "install,require,update", "aws": ",", "gcloud": ",", "az": ","}.items()}
 
 # Programs that run the rest of their words as a command -> their options taking a value.
 _WRAPPERS = {name: set(options.split()) for name, options in {
-    "sudo": "-u -g -C -D -h -p -r -t -T -U --user --group", "doas": "-u -C", "env": "-u -C --unset --chdir",
-    "command": "", "builtin": "", "exec": "-a", "nohup": "", "time": "", "setsid": "", "nice": "-n --adjustment",
-    "ionice": "-c -n", "stdbuf": "-i -o -e", "timeout": "-s -k --signal --kill-after", "busybox": "",
-    "unbuffer": "", "watch": "-n -d", "xargs": "-I -n -P -L -d -s -E -a"}.items()}
-_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su"))
+    "sudo": "-u -g -C -D -h -p -r -t -T -U --user --group --chdir --prompt --role --type --host --close-from",
+    "doas": "-u -C", "env": "-u -C -S --unset --chdir --split-string", "command": "", "builtin": "",
+    "exec": "-a", "nohup": "", "time": "-f -o --format --output", "setsid": "", "nice": "-n --adjustment",
+    "ionice": "-c -n -p -t", "stdbuf": "-i -o -e", "timeout": "-s -k --signal --kill-after", "busybox": "",
+    "unbuffer": "", "watch": "-n -d --interval", "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
+    "chroot": "--userspec --groups", "unshare": "-S -G --setuid --setgid", "strace": "-e -o -p -s -u -E",
+    "ltrace": "-e -o -p -u", "taskset": "", "chrt": "", "flock": "-w -E", "caffeinate": "", "proxychains": "-f",
+    "torsocks": "", "firejail": "", "runuser": "-u -g --user --group", "pkexec": "--user", "run0": "--user -u",
+    "systemd-run": "-p -u --unit --property", "script": "-c", "parallel": "-j"}.items()}
+_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh", "tcsh"))
+# Interpreters: what is written to one through `process write` is code we cannot read.
+_INTERPRETERS = frozenset("""python python2 python3 node nodejs deno bun ruby irb perl php lua luajit R Rscript julia
+    ghci scala sqlite3 psql mysql redis-cli mongo mongosh tclsh wish guile racket erl iex ipython jshell""".split())
 _KEYWORDS = frozenset("if then else elif fi do done while until ! { } esac".split())
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
 _PATTERN_FIRST = frozenset(("grep", "egrep", "fgrep", "rg", "sed", "awk", "jq"))   # arg 1 is no file
+_RECURSIVE_READERS = frozenset(("grep", "egrep", "fgrep", "rg", "diff"))
 
 # The floor's targets: deleting or chmod-ing these recursively is never what anyone wanted.
 _PROTECTED_DIRS = frozenset("""/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin /srv /sys /usr
-    /var /Users /System /Library /Applications /private""".split())
+    /var /Users /System /Library /Applications /private /mnt /media /snap /run""".split())
 _SAFE_DEVICES = frozenset("""/dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty /dev/random /dev/urandom
     /dev/full""".split())
+_POWER = frozenset("shutdown reboot halt poweroff".split())
+_DISK_TOOLS = frozenset("""mke2fs mkswap wipefs blkdiscard sfdisk parted fdisk gdisk sgdisk cfdisk mkdosfs mkntfs
+    badblocks""".split())
 
 _OPERATORS = (*"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(), "\n")   # longest first
 _SEPARATORS = frozenset((*"&& || ;; |& | & ; ( )".split(), "\n"))
 _WRITE_REDIRECTS = frozenset("> >> >| &> &>> <> >&".split())
 _MAX_GLOB = 100          # paths one glob or brace argument expands to, at most
 _MAX_NESTING = 8         # $( bash -c "eval ..." ) deeper than this is refused as unparsable
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
-_PARAMETER = re.compile(r"\$(?:\{([A-Za-z_]\w*|[0-9@*])\}|([A-Za-z_]\w*|[0-9@*]))")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
+# $NAME, ${NAME}, and ${NAME<operator>word} (${HOME:?}, ${X:-/}, ${IFS:0:1}).
+_PARAMETER = re.compile(r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]*)\}|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))")
 _BRACES = re.compile(r"\{([^{}]*,[^{}]*)\}")
 # A fork bomb defines a function and pipes it into itself in the background. Two linear
 # scans (names are matched possessively, ++): names defined as functions, NAME | NAME & uses.
@@ -144,7 +307,17 @@ class Rule:
     capability: str   # a capability name, or an fnmatch pattern over them ("*", "file.*")
     pattern: str      # fnmatch pattern over the request's subject (see the module docstring)
     action: str       # "allow" | "ask" | "deny"
-    source: str = "default"   # "default" or the config file the rule came from
+    source: str = "default"   # "default" or the file the rule came from
+    layer: str = "default"    # "default", "user" (the user's own files) or "project" (a repository's file)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One config file's rules, and whether it may grant."""
+    source: str               # the file, as shown to the user
+    config: dict              # its parsed content
+    kind: str = "user"        # "user": the user's own state; "project": a file inside the repository
+    trusted: bool = True      # a project file grants only once `khaelor trust` recorded its hash
 
 
 @dataclass(frozen=True)
@@ -156,12 +329,20 @@ class Decision:
     floor: bool               # True when the hardline floor refused (no rule can override)
     suggestion: dict | None   # {"capability", "pattern"} an "always" would persist, or None
     reason: str = ""          # one line for the model and the user: the rule or the floor item
+    layer: str = "default"    # what decided: floor, read-only, default, user, project, sandbox, destructive
+    read_only: bool = False   # every command in it is provably read-only
+    not_read_only: str = ""   # why not, for a command that is not
+    destructive: str = ""     # why it destroys work in the repository: --yes alone never approves it
+    confine: dict = field(default_factory=dict)   # the sandbox this call runs in (see _confine)
 
 
 class _Request(NamedTuple):
     capability: str
     subject: str              # what rule patterns are matched against
     suggestion: str | None    # the pattern an "always" grant would save, or None
+    read_only: bool = False   # a command proven read-only: allowed where only a default rule matches
+    secret: bool = False      # reads a secret file or location
+    path: str = ""            # the resolved absolute path, for path requests
 
 
 class _Part(NamedTuple):      # one simple command of a bash line
@@ -169,20 +350,20 @@ class _Part(NamedTuple):      # one simple command of a bash line
     core: tuple[str, ...]     # without assignments and wrappers (sudo, env ...); program basename
     redirects: tuple[tuple[str, str], ...]   # (operator, expanded target)
     cwd: str                  # where it runs (follows `cd` earlier in the line)
+    unliteral: str | None = None   # why its words are not all literal (an expansion, a glob into an option)
 
 
 # ---------------------------------------------------------------- public API
 
 def default_rules() -> list[Rule]:
-    """Reads allowed (secrets ask), read-only commands allowed, everything else asks."""
+    """Reads allowed (secrets ask), everything else asks; provably read-only commands are
+    allowed by the evaluator, not by a rule, so no pattern can be stretched to cover more."""
     table = [("file.read", "*", "allow"),
-             *(("file.read", p, "ask") for p in SECRET_PATTERNS),
-             *(("file.read", p, "allow") for p in SECRET_TEMPLATES),
+             *(("file.read", p, "ask") for p in _secret_patterns()),
+             *(("file.read", p, "allow") for p in _template_patterns()),
              ("file.write.project", "*", "ask"),
              ("filesystem.outsideProject", "*", "ask"),
              ("process.execute", "*", "ask"),
-             *(("process.execute", _escape(c) + " *", "allow") for c in READ_ONLY_COMMANDS),
-             *(("process.execute", p, "ask") for p in READ_ONLY_EXCEPTIONS),
              ("git.modify", "*", "ask"),
              ("network.access", "*", "ask")]
     return [Rule(c, p, a, "default") for c, p, a in table]
@@ -199,68 +380,94 @@ def validate_config_rules(obj) -> str | None:
     if not isinstance(obj, list):
         return f'"permissions" must be a list of rules like {example}'
     for index, entry in enumerate(obj):
-        where = f"permissions[{index}]"
-        if not isinstance(entry, dict):
-            return f"{where} must be an object like {example}"
-        missing = [key for key in _RULE_KEYS if key not in entry]
-        if missing:
-            return f"{where} is missing {', '.join(missing)}; a rule looks like {example}"
-        unknown = sorted(set(entry) - set(_RULE_KEYS))
-        if unknown:
-            return f"{where} has unknown key {', '.join(unknown)}; allowed: capability, pattern, action"
-        bad = next((key for key in _RULE_KEYS if not isinstance(entry[key], str) or not entry[key]), None)
-        if bad:
-            return f"{where}.{bad} must be a non-empty string"
-        if entry["action"] not in ACTIONS:
-            return f'{where}.action "{entry["action"]}" is not one of allow, ask, deny'
-        if not any(fnmatch.fnmatchcase(c, entry["capability"]) for c in CAPABILITIES):
-            return (f'{where}.capability "{entry["capability"]}" names no capability; '
-                    f"known: {', '.join(CAPABILITIES)}")
+        problem = _entry_problem(entry, example)
+        if problem:
+            return f"permissions[{index}]{problem}"
     return None
 
 
-def load_rules(layers: list[tuple[str, dict]]) -> list[Rule]:
-    """Defaults, then each (source, config) layer in order: pass the user's before the
-    project's, so project rules come later and win. Raises PermissionConfigError."""
+def load_rules(layers) -> list[Rule]:
+    """Defaults, then each layer in order: pass the user's before the project's, so project
+    rules come later and win. A layer is a Layer, or a (source, config) pair of the user's.
+    An untrusted project layer contributes only its ask and deny rules: it can tighten, never
+    grant. Raises PermissionConfigError."""
     rules = default_rules()
-    for source, config in layers:
-        problem = validate_config_rules(config)
+    for layer in map(_as_layer, layers):
+        problem = validate_config_rules(layer.config)
         if problem:
-            raise PermissionConfigError(f"{source}: {problem}")
-        rules += [Rule(e["capability"], e["pattern"], e["action"], source)
-                  for e in (config or {}).get("permissions", [])]
+            raise PermissionConfigError(f"{layer.source}: {problem}")
+        for entry in (layer.config or {}).get("permissions", []):
+            if layer.trusted or entry["action"] != "allow":
+                rules.append(Rule(entry["capability"], entry["pattern"], entry["action"], layer.source, layer.kind))
     return rules
 
 
-def decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule]) -> Decision:
-    """The floor first, then every capability the call needs; the strictest answer wins."""
+def untrusted_grants(layers) -> list[Rule]:
+    """The allow rules of untrusted project layers: what `khaelor trust` would grant."""
+    found = []
+    for layer in map(_as_layer, layers):
+        if layer.trusted:
+            continue
+        for entry in (layer.config or {}).get("permissions", []):
+            if isinstance(entry, dict) and entry.get("action") == "allow":
+                found.append(Rule(entry["capability"], entry["pattern"], "allow", layer.source, layer.kind))
+    return found
+
+
+def content_hash(data: bytes) -> str:
+    """What a trust record holds for a file: any change to the bytes withdraws the trust."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule], *,
+           sandboxed: bool = True, process_command: str | None = None) -> Decision:
+    """The floor first, then every capability the call needs; the strictest answer wins.
+    sandboxed: whether commands run under the OS sandbox; without it only provably read-only
+    commands run without asking. process_command: for `process write`, the command the process runs."""
     root = os.path.realpath(project_root)
-    arg = lambda key: "" if tool_input.get(key) is None else str(tool_input.get(key))  # noqa: E731 (any JSON type)
+    tool_input = tool_input if isinstance(tool_input, dict) else {}
+
+    def arg(key: str) -> str:
+        value = tool_input.get(key)
+        return "" if value is None else str(value)
+
+    if tool_name == "process" and arg("action") == "write":
+        return _decide_process_write(arg("input"), process_command or "", root, rules)
     if tool_name == "process" and arg("action") != "start":
-        # list/read/write/stop only touch processes that were judged when they started
+        # list/read/stop only touch processes that were judged when they started
         return Decision("allow", "process.execute", f"process {arg('action')}", None, False, None)
     if tool_name in ("bash", "process"):
-        return _decide_bash(arg("command"), arg("workdir"), root, rules)
+        decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
+        return decision if sandboxed else _without_sandbox(decision)
     if tool_name in ("read", "write", "edit", "grep", "glob"):
         capability = "file.write.project" if tool_name in ("write", "edit") else "file.read"
-        where = arg("file_path") if tool_name in ("read", "write", "edit") else arg("path") or "."
+        where = arg("path") or "."
+        if tool_name in ("read", "write", "edit"):
+            where = arg("file_path")
         if tool_name == "glob":
             where = _glob_base(posixpath.join(where, arg("pattern")))
         request = _path_request(where, root, root, capability)
-        return _judge(request.subject, [request], rules)
+        return _judge(request.subject, [request], rules, read_only=capability == "file.read")
     return Decision("deny", "unknown", tool_name, None, False, None, f"unknown tool {tool_name!r}")
 
 
-def check(kind: str, value: str, project_root: Path, rules: list[Rule]) -> dict:
+def check(kind: str, value: str, project_root: Path, rules: list[Rule], *, sandboxed: bool = True) -> dict:
     """What would happen, without doing anything: `khaelor permissions check --json`."""
     calls = {"bash": ("bash", {"command": value}), "read": ("read", {"file_path": value}),
              "write": ("write", {"file_path": value, "content": ""})}
     if kind not in calls:
         raise ValueError(f"check kind must be bash, read or write, not {kind!r}")
-    decision = decide(*calls[kind], project_root, rules)
-    rule = rule_text(decision.rule) if decision.rule else (decision.reason if decision.floor else None)
+    decision = decide(*calls[kind], project_root, rules, sandboxed=sandboxed)
+    rule = None
+    if decision.rule:
+        rule = rule_text(decision.rule)
+    elif decision.floor:
+        rule = decision.reason
+    suggestion = decision.suggestion["pattern"] if decision.suggestion else None
     return {"decision": decision.action, "capability": decision.capability, "rule": rule, "floor": decision.floor,
-            "suggestion": decision.suggestion["pattern"] if decision.suggestion else None}
+            "suggestion": suggestion, "layer": decision.layer, "reason": decision.reason,
+            "read_only": decision.read_only, "not_read_only": decision.not_read_only,
+            "destructive": decision.destructive, "confine": decision.confine}
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
@@ -286,35 +493,129 @@ def add_grant(config: dict, rule: dict) -> dict:
     return {**config, "permissions": [*kept, entry]}
 
 
+def is_secret_name(name: str) -> bool:
+    """A file name (or project path) that holds credentials; templates like .env.example do not."""
+    base = posixpath.basename(name)
+    if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
+        return False
+    if fnmatch.fnmatchcase(base, "id_*") and "." in base[3:] and not base.endswith(".pub"):
+        return False        # id_utils.py is code; id_rsa, id_ed25519 and their .pub are keys
+    return any(fnmatch.fnmatchcase(base, p) for p in SECRET_NAMES)
+
+
+def secret_home_paths(home: str | None = None) -> list[str]:
+    """The secret locations under $HOME that nothing reads without an explicit grant."""
+    home = home or os.path.expanduser("~")
+    return [posixpath.join(home, d) for d in SECRET_HOME_DIRS]
+
+
+def khaelor_home() -> str:
+    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into it."""
+    return os.path.realpath(os.environ.get("KHAELOR_HOME") or os.path.expanduser("~/.khaelor"))
+
+
+# ---------------------------------------------------------------- config entries and layers
+
+def _entry_problem(entry, example: str) -> str | None:
+    if not isinstance(entry, dict):
+        return f" must be an object like {example}"
+    missing = [key for key in _RULE_KEYS if key not in entry]
+    if missing:
+        return f" is missing {', '.join(missing)}; a rule looks like {example}"
+    unknown = sorted(set(entry) - set(_RULE_KEYS))
+    if unknown:
+        return f" has unknown key {', '.join(unknown)}; allowed: capability, pattern, action"
+    for key in _RULE_KEYS:
+        if not isinstance(entry[key], str) or not entry[key]:
+            return f".{key} must be a non-empty string"
+    if entry["action"] not in ACTIONS:
+        return f'.action "{entry["action"]}" is not one of allow, ask, deny'
+    if not any(fnmatch.fnmatchcase(c, entry["capability"]) for c in CAPABILITIES):
+        return f'.capability "{entry["capability"]}" names no capability; known: {", ".join(CAPABILITIES)}'
+    return None
+
+
+def _as_layer(layer) -> Layer:
+    if isinstance(layer, Layer):
+        return layer
+    source, config = layer
+    return Layer(source, config)
+
+
+def _secret_patterns() -> list[str]:
+    """SECRET_NAMES as rule patterns over project paths: at the root and in any directory."""
+    patterns = []
+    for name in SECRET_NAMES:
+        patterns += [name, "*/" + name]
+    return patterns
+
+
+def _template_patterns() -> list[str]:
+    patterns = []
+    for name in SECRET_TEMPLATES:
+        patterns += [name, "*/" + name]
+    return patterns
+
+
 # ---------------------------------------------------------------- evaluation
 
-def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
-           floor: str | None = None, at_least: str = "allow") -> Decision:
-    # The agent must not be able to grant itself permissions, not even under --yes.
-    floor = floor or next(("khaelor's permission config (.khaelor/config.json) is changed only by the user"
-                           for r in requests if r.capability != "file.read"
-                           and ("/" + r.subject).endswith("/.khaelor/config.json")), None)
+def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *, floor: str | None = None,
+           at_least: str = "allow", read_only: bool = False, not_read_only: str = "",
+           destructive: str = "") -> Decision:
+    floor = floor or _protected_write(requests)
+    confine = _confine(requests, read_only)
     if floor:
-        return Decision("deny", "process.execute", descriptor, None, True, None, f"hardline floor: {floor}")
+        return Decision("deny", "process.execute", descriptor, None, True, None, f"hardline floor: {floor}",
+                        layer="floor", not_read_only=not_read_only, confine=confine)
     if not requests:
-        return Decision(at_least, "process.execute", descriptor, None, False, None)
-    verdicts = []
-    for request in requests:
-        rule = _last_match(rules, request.capability, request.subject)
-        verdicts.append((rule.action if rule else "ask", rule, request))
-    action, rule, request = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
-    if _STRICTNESS[at_least] > _STRICTNESS[action]:
+        return Decision(at_least, "process.execute", descriptor, None, False, None, layer="default",
+                        read_only=read_only, not_read_only=not_read_only, confine=confine)
+    verdicts = [_verdict(request, rules) for request in requests]
+    action, rule, request, layer = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
+    if destructive and action == "allow":
+        action, rule, layer = "ask", None, "destructive"
+    elif _STRICTNESS[at_least] > _STRICTNESS[action]:
         action, rule = at_least, None
-    # One "always" can only cover one asking request. A specific ask rule ("find *-delete*") exists
-    # to catch its form; a wildcard grant would undo it for every later case, so it grants this exact subject.
-    asking = {(r.capability, r.suggestion if r.suggestion is None or matched is None or matched.pattern == "*"
-               else _escape(r.subject)) for a, matched, r in verdicts if a == "ask"}
-    suggestion = None
-    if action == "ask" and len(asking) == 1:
-        capability, pattern = asking.pop()
-        suggestion = {"capability": capability, "pattern": pattern} if pattern else None
-    reason = rule_text(rule) if rule else f"no rule allows {request.capability} {request.subject}"
-    return Decision(action, request.capability, descriptor, rule, False, suggestion, reason)
+    suggestion = None if destructive else _one_suggestion(verdicts, action)
+    reason = f"no rule allows {request.capability} {request.subject}"
+    if destructive:
+        reason = f"destroys work in the repository ({destructive}): asks every time, --yes alone never approves it"
+    elif rule:
+        reason = rule_text(rule)
+    elif layer == "read-only":
+        reason = "provably read-only"
+    return Decision(action, request.capability, descriptor, rule, False, suggestion, reason, layer=layer,
+                    read_only=read_only, not_read_only=not_read_only, destructive=destructive, confine=confine)
+
+
+def _verdict(request: _Request, rules: list[Rule]) -> tuple:
+    """(action, rule, request, layer) for one request. A provably read-only command is allowed
+    unless a rule the user or the project wrote says otherwise."""
+    rule = _last_match(rules, request.capability, request.subject)
+    if rule is None:
+        return "ask", None, request, "default"
+    if request.read_only and rule.layer == "default":
+        return "allow", None, request, "read-only"
+    return rule.action, rule, request, rule.layer
+
+
+def _one_suggestion(verdicts: list[tuple], action: str) -> dict | None:
+    """One "always" can only cover one asking request. A specific ask rule exists to catch its
+    form; a wildcard grant would undo it for every later case, so it grants this exact subject."""
+    if action != "ask":
+        return None
+    asking = set()
+    for verdict_action, matched, request, _ in verdicts:
+        if verdict_action != "ask":
+            continue
+        pattern = request.suggestion
+        if pattern is not None and matched is not None and matched.pattern != "*":
+            pattern = _escape(request.subject)
+        asking.add((request.capability, pattern))
+    if len(asking) != 1:
+        return None
+    capability, pattern = asking.pop()
+    return {"capability": capability, "pattern": pattern} if pattern else None
 
 
 def _last_match(rules: list[Rule], capability: str, subject: str) -> Rule | None:
@@ -323,8 +624,51 @@ def _last_match(rules: list[Rule], capability: str, subject: str) -> Rule | None
             pattern = os.path.expanduser(pattern)
         bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")    # "ls *" also matches "ls"
         return fnmatch.fnmatchcase(subject, pattern) or (bare and fnmatch.fnmatchcase(subject, pattern[:-2]))
-    return next((rule for rule in reversed(rules)
-                 if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule.pattern)), None)
+    for rule in reversed(rules):
+        if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule.pattern):
+            return rule
+    return None
+
+
+def _protected_write(requests: list[_Request]) -> str | None:
+    """The agent must not be able to grant itself permissions, not even under --yes: no write
+    into $KHAELOR_HOME, nor into a permission file the project keeps."""
+    state = khaelor_home()
+    for request in requests:
+        if request.capability == "file.read" or not request.path:
+            continue
+        if request.path == state or request.path.startswith(state + os.sep):
+            return f"khaelor's own state ({state}) is changed only by the user"
+        if _is_permission_file(request.path):
+            return f"a permission file ({request.path}) is changed only by the user"
+    return None
+
+
+def _is_permission_file(path: str) -> bool:
+    parts = path.split(os.sep)
+    tail = "/".join(parts[-2:])
+    return tail in (".khaelor/config.json", ".claude/settings.json", ".claude/settings.local.json")
+
+
+def _confine(requests: list[_Request], read_only: bool) -> dict:
+    """The sandbox a decision grants (enforced by tools.py): writes only when the command is not
+    read-only, network only when asked for, and the outside paths it named."""
+    paths = set()
+    for request in requests:
+        if request.capability == "filesystem.outsideProject" and request.path:
+            paths.add(request.path)
+    return {"write": not read_only, "network": any(r.capability == "network.access" for r in requests),
+            "paths": sorted(paths), "secrets": any(r.secret for r in requests), "hide": list(SECRET_NAMES)}
+
+
+def _without_sandbox(decision: Decision) -> Decision:
+    """With no OS sandbox to hold a command to its decision, only a provably read-only one runs
+    without asking."""
+    if decision.action != "allow" or decision.read_only:
+        return decision
+    reason = "no OS sandbox here: only provably read-only commands run without asking"
+    return Decision("ask", decision.capability, decision.descriptor, None, False, decision.suggestion, reason,
+                    layer="sandbox", not_read_only=decision.not_read_only, confine=decision.confine)
 
 
 # ---------------------------------------------------------------- paths
@@ -337,24 +681,53 @@ def _path_request(path_text: str, base: str, root: str, capability: str) -> _Req
     except (ValueError, OSError):      # an embedded NUL and the like: nowhere we can vouch for
         return _Request("filesystem.outsideProject", path_text, None)
     if resolved != root and not resolved.startswith(root.rstrip(os.sep) + os.sep):
-        return _Request("filesystem.outsideProject", resolved, _escape(resolved))
+        secret = _is_secret_location(resolved)
+        return _Request("filesystem.outsideProject", resolved, _escape(resolved), secret=secret, path=resolved)
     subject = Path(resolved).relative_to(root).as_posix()
     directory = posixpath.dirname(subject)
+    secret = capability == "file.read" and is_secret_name(subject)
     if capability == "file.write.project" and directory:
-        return _Request(capability, subject, _escape(directory) + "/*")
-    return _Request(capability, subject, _escape(subject))
+        return _Request(capability, subject, _escape(directory) + "/*", path=resolved)
+    return _Request(capability, subject, _escape(subject), secret=secret, path=resolved)
+
+
+def _is_secret_location(path: str) -> bool:
+    if is_secret_name(path):
+        return True
+    for location in secret_home_paths():
+        if path == location or path.startswith(location + os.sep):
+            return True
+    return False
 
 
 def _glob_base(pattern: str) -> str:
     """The directory a glob starts from: its components before the first wildcard."""
     parts = pattern.split("/")
-    static = next((n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")), len(parts))
+    static = len(parts)
+    for n, part in enumerate(parts):
+        if any(ch in part for ch in "*?[{"):
+            static = n
+            break
     return "/".join(parts[:static]) or ("/" if pattern.startswith("/") else ".")
 
 
 def _escape(text: str) -> str:
     """fnmatch-quote text so a suggested pattern matches itself literally."""
     return re.sub(r"([*?[])", r"[\1]", text)
+
+
+def _secrets_under(directory: str, include_hidden: bool) -> list[str]:
+    """Secret files a recursive search of directory would read (a bounded walk; .git skipped)."""
+    found, seen = [], 0
+    for parent, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if d != ".git" and (include_hidden or not d.startswith("."))]
+        for name in files:
+            seen += 1
+            if (include_hidden or not name.startswith(".")) and is_secret_name(name):
+                found.append(os.path.join(parent, name))
+        if seen > _SECRET_WALK_CAP or len(found) >= 5:
+            break
+    return found
 
 
 # ---------------------------------------------------------------- bash: judging a line
@@ -369,46 +742,125 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
         requests.append(request._replace(suggestion=None))
     try:
         line = _ShellLine(command, cwd, home)
-    except (_ParseError, RecursionError):
-        # Bash runs the lines before a syntax error, so the floor still reads every line;
-        # what cannot be parsed is never allowed without asking.
-        naive = [re.sub(r"[\"'\\]", "", ln).split() for ln in command.splitlines()]
-        floor = _fork_bomb(command) or next(filter(None, (
-            _floor_reason(_Part(tuple(w), tuple(_core(w)), (), cwd), home) for w in naive)), None)
-        return _judge(command.strip(), [_Request("process.execute", command.strip(), None)], rules,
-                      floor=floor, at_least="ask")
+    except (_ParseError, RecursionError) as e:
+        return _unparsable(command, cwd, home, rules, str(e) or "nested too deeply")
+    not_read_only, destructive = "", ""
     for part in line.parts:
-        suggestion = None if line.compound else _suggest(part.words)
-        requests.append(_Request(_classify(part.core), " ".join(part.words), suggestion))
-        for op, target in part.redirects:
-            writes = op in _WRITE_REDIRECTS and not target.isdigit() and target != "-"
-            if (writes or op == "<") and target not in _SAFE_DEVICES:
-                capability = "file.write.project" if writes else "file.read"
-                requests += _word_requests(target, part.cwd, root, capability)
-        for word in _path_arguments(part.core):
-            requests += _word_requests(word, part.cwd, root, "file.read", suggest=not line.compound)
-    return _judge(command.strip(), requests, rules, floor=line.floor)
+        problem = _not_read_only(part)
+        if problem and not not_read_only:
+            not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
+        # a write redirection asks as a file write; the command itself may still only read
+        only_redirected = problem is None or _not_read_only(part._replace(redirects=())) is None
+        requests += _part_requests(part, root, line.compound, only_redirected)
+        destructive = destructive or _destroys_work(part, root)
+    floor = line.floor or _state_write(line.parts, root)
+    return _judge(command.strip(), requests, rules, floor=floor, read_only=not not_read_only,
+                  not_read_only=not_read_only, destructive=destructive)
+
+
+def _unparsable(command: str, cwd: str, home: str, rules: list[Rule], why: str) -> Decision:
+    """Bash runs the lines before a syntax error, so the floor still reads every line;
+    what cannot be parsed is never allowed without asking."""
+    floor = _fork_bomb(command)
+    for text in command.splitlines():
+        words = re.sub(r"[\"'\\]", "", text).split()
+        floor = floor or _floor_reason(_Part(tuple(words), tuple(_core(words)), (), cwd), home)
+    request = _Request("process.execute", command.strip(), None)
+    return _judge(command.strip(), [request], rules, floor=floor, at_least="ask",
+                  not_read_only=f"the line cannot be parsed ({why})")
+
+
+def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> list[_Request]:
+    """What one simple command needs: its command capability, its redirections, the files its
+    arguments may name, and the secrets a recursive search of a directory would read."""
+    capability = _classify(part.core)
+    suggestion = None if compound else _suggest(part.words)
+    requests = [_Request(capability, " ".join(part.words), suggestion,
+                         read_only=read_only and capability == "process.execute")]
+    for op, target in part.redirects:
+        writes = op in _WRITE_REDIRECTS and not target.isdigit() and target != "-"
+        if (writes or op == "<") and target not in _SAFE_DEVICES:
+            requests += _word_requests(target, part.cwd, root, "file.write.project" if writes else "file.read")
+    for word in _path_arguments(part.core):
+        requests += _word_requests(word, part.cwd, root, "file.read", suggest=not compound)
+    for secret in _recursive_secrets(part):
+        requests.append(_path_request(secret, part.cwd, root, "file.read")._replace(suggestion=None))
+    return requests
+
+
+def _decide_process_write(text: str, process_command: str, root: str, rules: list[Rule]) -> Decision:
+    """Text written to a shell is a command line, judged as one; to an interpreter it is code no
+    one can read in advance, so it asks; anything else (a prompt, a REPL of data) is allowed."""
+    program = _stdin_reader(process_command, root)
+    if program in _SHELLS:
+        decision = _decide_bash(text, "", root, rules)
+        return replace(decision, descriptor=f"{program} ← {text.strip()}")
+    if program in _INTERPRETERS or program.startswith(("python", "node", "ruby", "perl", "php")):
+        request = _Request("process.execute", f"{program} -c {text.strip()}", None)
+        return _judge(f"{program} ← {text.strip()}", [request], rules, at_least="ask",
+                      not_read_only=f"code written to {program} runs unread")
+    return Decision("allow", "process.execute", "process write", None, False, None, layer="default")
+
+
+def _stdin_reader(command: str, root: str) -> str:
+    """The program of a background process that reads what `process write` sends: a shell or
+    an interpreter anywhere in its line counts."""
+    try:
+        parts = _ShellLine(command, root, os.path.expanduser("~")).parts
+    except (_ParseError, RecursionError):
+        return "sh"          # unknown: judge what is written as a command line
+    for part in parts:
+        name = part.core[0] if part.core else ""
+        if name in _SHELLS or name in _INTERPRETERS or name.startswith(("python", "node")):
+            return name
+    return parts[0].core[0] if parts and parts[0].core else ""
 
 
 def _classify(core: tuple[str, ...]) -> str:
     """The one command capability a simple command needs."""
-    name, args = (core[0], core[1:]) if core else ("", ())
+    if not core:
+        return "process.execute"
+    name, args = core[0], core[1:]
     if name == "git":
-        k = 0
-        while k < len(args) and args[k].startswith("-"):      # git -C dir -c k=v --no-pager ...
-            k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
-        sub, rest = (args[k], args[k + 1:]) if k < len(args) else ("", ())
-        names_something = sub in ("branch", "tag") and any(a[:1] != "-" for a in rest) \
-            and not {"-l", "--list"} & set(rest)      # git branch -v NAME creates NAME
-        modifies = sub in _GIT_MODIFY or names_something or (sub in _GIT_READ_FORMS and (
-            (rest[0] if rest else "") not in _GIT_READ_FORMS[sub] or set(rest) & _GIT_MODIFYING_FLAGS))
-        return "network.access" if sub in _GIT_NETWORK else "git.modify" if modifies else "process.execute"
+        return _classify_git(args)
     if name.startswith("python") and args[:2] == ("-m", "pip"):
         name, args = "pip", args[2:]
     subcommand = next((a for a in args if not a.startswith("-")), "")
-    if (name in _NETWORK_COMMANDS or subcommand in _NETWORK_SUBCOMMANDS.get(name, ())
-            or (name == "rsync" and any(":" in a for a in args if not a.startswith("-")))):
+    if name in _NETWORK_COMMANDS or subcommand in _NETWORK_SUBCOMMANDS.get(name, ()):
         return "network.access"
+    return "process.execute"
+
+
+def _classify_git(args: tuple[str, ...]) -> str:
+    """git reaching another machine is network access; changing the repository is git.modify."""
+    if any(_GIT_URL.match(a) or "::" in a for a in args):
+        return "network.access"
+    k = 0
+    while k < len(args) and args[k].startswith("-"):      # git -C dir -c k=v --no-pager ...
+        k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
+    if k >= len(args):
+        return "process.execute"
+    sub, rest = args[k], args[k + 1:]
+    first = rest[0] if rest else ""
+    if sub in _GIT_NETWORK or (sub == "remote" and first in ("update", "prune")) or \
+            (sub == "remote" and first == "show" and "-n" not in rest) or \
+            (sub == "submodule" and first in ("update", "add", "sync", "foreach")):
+        return "network.access"
+    if sub in _GIT_MODIFY:
+        return "git.modify"
+    if sub in ("branch", "tag"):
+        listing = {"-l", "--list"} & set(rest)
+        names = [a for a in rest if not a.startswith("-")]
+        modifying_flag = {"-d", "-D", "--delete", "-m", "-M", "--move", "-c", "-C", "--copy", "-f", "--force",
+                          "-u", "--set-upstream-to", "--unset-upstream", "-a", "--annotate", "-s", "--sign",
+                          "-e", "--edit"} & set(rest)
+        if sub == "branch":
+            modifying_flag -= {"-a"}        # git branch -a lists all branches
+        if modifying_flag or (names and not listing):
+            return "git.modify"
+        return "process.execute"
+    if sub in GIT_READ_FORMS and first not in GIT_READ_FORMS[sub]:
+        return "git.modify"
     return "process.execute"
 
 
@@ -432,25 +884,285 @@ def _word_requests(word: str, cwd: str, root: str, capability: str, suggest=Fals
     if any(ch in word for ch in "*?["):
         paths = sorted(glob.glob(os.path.join(cwd, os.path.expanduser(word))))[:_MAX_GLOB] or paths
     requests = [_path_request(path, cwd, root, capability) for path in paths]
-    return [r if suggest and len(paths) == 1 else r._replace(suggestion=None) for r in requests]
+    if suggest and len(paths) == 1:
+        return requests
+    return [r._replace(suggestion=None) for r in requests]
+
+
+def _recursive_secrets(part: _Part) -> list[str]:
+    """grep -r, rg and diff -r read every file below their directories: the secrets there."""
+    core = part.core
+    name = core[0] if core else ""
+    if name not in _RECURSIVE_READERS:
+        return []
+    options = [a for a in core[1:] if a.startswith("-")]
+    short = "".join(o[1:] for o in options if not o.startswith("--"))
+    recursive = name == "rg" or "r" in short or "R" in short or \
+        any(o in ("--recursive", "--dereference-recursive", "--directories=recurse") for o in options)
+    if not recursive:
+        return []
+    hidden = name != "rg" or any(o in ("--hidden", "-uu", "-uuu", "--unrestricted") or o == "-." for o in options)
+    targets = [w for w in _path_arguments(core) if os.path.isdir(os.path.join(part.cwd, w))]
+    if name != "diff" and not [w for w in _path_arguments(core)]:
+        targets = ["."]       # grep -r PATTERN and rg PATTERN search the working directory
+    found = []
+    for target in targets:
+        found += _secrets_under(os.path.join(part.cwd, target), hidden)
+    return found
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
-    """The arity-table pattern for an "always" grant, matched against " ".join(words)."""
+    """The narrowest useful pattern for an "always" grant, matched against " ".join(words)."""
     if not words:
         return None
     exact = _escape(" ".join(words))
     program = posixpath.basename(words[0])
     if (_ASSIGNMENT.match(words[0]) or program in _WRAPPERS or words[0].startswith("/")
-            or program in _EXACT_ONLY or program.startswith("mkfs")):
+            or program in _EXACT_ONLY or program == "mkfs" or program.startswith("mkfs.")):
         return exact      # an assignment, a wrapper or a path first; a destructive program
-    key_length = next((n for n in range(min(len(words), 3), 0, -1) if " ".join(words[:n]) in ARITY), 1)
-    arity = ARITY.get(" ".join(words[:key_length]), 1)
-    if len(words) < arity or any(w.startswith("-") for w in words[key_length:arity]):
-        return exact      # "make" alone, "git -C dir push", "python -c code"
     if program == "git" and set(words) & {"--force", "-f", "--hard", "-D", "--force-with-lease"}:
         return exact      # granting the whole subcommand would grant its forced form
+    shape = _arity(words)
+    if shape is None:
+        return exact      # an unknown CLI with a plain word after an option: its shape is unknown
+    key_length, arity = shape
+    if len(words) < arity or any(w.startswith("-") for w in words[key_length:arity]):
+        return exact      # "make" alone, "git -C dir push", "python -c code"
     return " ".join(_escape(w) for w in words[:arity]) + " *"
+
+
+def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:
+    """(words in the matching table key, words that name the command). A known CLI: its table
+    entry. An unknown one: its leading plain words, so a multi-level CLI we do not know gets the
+    narrowest rule (`foo s3 ls b` -> `foo s3 ls b *`); None when a plain word follows an option."""
+    for n in (3, 2, 1):
+        key = " ".join(words[:n])
+        if len(words) >= n and key in ARITY:
+            return n, ARITY[key]
+    plain = 1
+    while plain < len(words) and re.fullmatch(r"[a-z][a-z0-9_-]*", words[plain]):
+        plain += 1
+    rest = [w for w in words[plain:] if not w.startswith("-")]
+    if plain < len(words) and any(re.fullmatch(r"[a-z][a-z0-9_-]*", w) for w in rest):
+        return None
+    return 1, plain
+
+
+# ---------------------------------------------------------------- bash: provably read-only
+
+def _not_read_only(part: _Part) -> str | None:
+    """None when this simple command provably only reads; otherwise why not."""
+    if part.unliteral:
+        return part.unliteral
+    for op, target in part.redirects:
+        if op in _WRITE_REDIRECTS and not target.isdigit() and target != "-" and target not in _SAFE_DEVICES:
+            return f"the redirection {op} {target} writes a file"
+    words = part.words
+    if not words:
+        return None
+    if _ASSIGNMENT.match(words[0]):
+        return "it assigns a variable"
+    name, args = words[0], words[1:]
+    if "/" in name:
+        return f"it runs {name} by path"
+    if name == "git":
+        return _git_problem(args)
+    if name == "find":
+        return _find_problem(args)
+    if name == "cd":
+        return None if len(args) <= 1 else "cd takes one directory"
+    if name == "printf":
+        return "printf -v assigns a variable" if args and args[0].startswith("-v") else None
+    if name == "command":
+        return None if args[:1] in (("-v",), ("-V",)) else "command runs another program"
+    spec = READ_ONLY.get(name)
+    if spec is None:
+        return f"{name} is not on the read-only list"
+    if spec == "*":
+        return None
+    problem, positional = _options_problem(name, args, spec, numeric=name in ("head", "tail"))
+    if problem:
+        return problem
+    if name in _OUTPUT_SECOND_POSITIONAL and len(positional) > 1:
+        return f"{name} writes its second file argument"
+    if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
+        return "the jq program reads the environment or other files"
+    return None
+
+
+def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str], numeric: bool = False):
+    """(why an option is not safe or None, the positional arguments), parsing like getopt_long."""
+    short, long_text = spec
+    short = short.replace(" ", "")
+    takes_value = {short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
+    letters = set(short.replace(":", ""))
+    longs = long_text.split()
+    positional, k = [], 0
+    while k < len(args):
+        arg = args[k]
+        k += 1
+        if arg == "--":
+            positional += args[k:]
+            break
+        if arg.startswith("--"):
+            option, has_value, _ = arg[2:].partition("=")
+            full = _long_option(option, longs)
+            if full is None:
+                return f"{name}: the option --{option} is not on its read-only list", positional
+            if full.endswith("=") and not has_value and f"{full[:-1]}" not in longs:
+                k += 1         # --lines 5: the value is the next word
+            continue
+        if arg.startswith("-") and len(arg) > 1:
+            if numeric and arg[1:].isdigit():
+                continue       # head -5
+            for i, letter in enumerate(arg[1:]):
+                if letter not in letters:
+                    return f"{name}: the option -{letter} is not on its read-only list", positional
+                if letter in takes_value:
+                    if i == len(arg) - 2:
+                        k += 1     # -n 5: the value is the next word
+                    break          # -n5: the rest is the value
+            continue
+        positional.append(arg)
+    return None, positional
+
+
+def _long_option(option: str, longs: list[str]) -> str | None:
+    """The listed option an abbreviation stands for: an exact name, or the only one it begins."""
+    if not option:
+        return None
+    names = {}
+    for entry in longs:
+        names.setdefault(entry.rstrip("="), entry)
+    if option in names:
+        return names[option]
+    candidates = [entry for name, entry in names.items() if name.startswith(option)]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _git_problem(args: tuple[str, ...]) -> str | None:
+    k = 0
+    while k < len(args) and args[k].startswith("-"):
+        flag, has_value, _ = args[k].partition("=")
+        if flag not in _GIT_GLOBAL_SAFE:
+            return f"git: the option {flag} is not on the read-only list"
+        k += 2 if _GIT_GLOBAL_SAFE[flag] and not has_value else 1
+    if k >= len(args):
+        return None
+    sub, rest = args[k], args[k + 1:]
+    if sub in GIT_READ_FORMS:
+        first = rest[0] if rest else ""
+        if first not in GIT_READ_FORMS[sub]:
+            return f"git {sub} {first} is not a read-only form".replace("  ", " ")
+        if sub in ("stash", "reflog") and rest:
+            return _options_problem(f"git {sub}", rest[1:], _GIT_LOG, numeric=True)[0]
+        return None
+    spec = GIT_READ_ONLY.get(sub)
+    if spec is None:
+        return f"git {sub} is not on the read-only list"
+    return _options_problem(f"git {sub}", rest, spec, numeric=sub in ("log", "show", "shortlog"))[0]
+
+
+def _find_problem(args: tuple[str, ...]) -> str | None:
+    k = 0
+    while k < len(args):
+        arg = args[k]
+        k += 1
+        if arg.startswith("-") or arg in ("(", ")", "!", ","):
+            if arg not in _FIND_SAFE:
+                return f"find: {arg} is not on the read-only list"
+            if arg in _FIND_VALUE:
+                k += 1
+    return None
+
+
+# ---------------------------------------------------------------- bash: work in the repository
+
+def _destroys_work(part: _Part, root: str) -> str:
+    """Why this command destroys work that exists only in this repository, or "". These ask
+    every time, whatever the rules, and --yes alone does not approve them."""
+    core = part.core
+    name = core[0] if core else ""
+    if name == "git":
+        return _git_destroys(core[1:])
+    if name == "rm" and _recursive_rm(core[1:]):
+        for target in core[1:]:
+            if target.startswith("-"):
+                continue
+            path = _absolute(target) or posixpath.normpath(posixpath.join(part.cwd, target))
+            if posixpath.basename(path) == ".git" or path.endswith("/.git"):
+                return f"rm -r of the repository's history ({target})"
+            if target in ("*", "./*", ".", "./") and part.cwd == root:
+                return f"rm -r of the whole project ({target})"
+            if path == root or root.startswith(path.rstrip("/") + "/"):
+                return f"rm -r of the project or a directory holding it ({target})"
+    unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print", "-xdev"}
+    if name == "find" and "-delete" in core and part.cwd == root and core[1:2] in ((".",), ("./",)) \
+            and all(w in unfiltered or not w.startswith("-") for w in core[2:]):
+        return "find -delete over the whole project"
+    return ""
+
+
+def _git_destroys(args: tuple[str, ...]) -> str:
+    k = 0
+    while k < len(args) and args[k].startswith("-"):
+        k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
+    if k >= len(args):
+        return ""
+    sub, rest = args[k], set(args[k + 1:])
+    force = bool(rest & {"-f", "--force", "--force-with-lease", "--mirror", "--delete", "-d"}) or \
+        any(a.startswith(("+", "--force-with-lease=")) for a in rest)
+    if sub == "reset" and rest & {"--hard", "--merge", "--keep"}:
+        return "git reset --hard discards uncommitted changes"
+    if sub == "clean" and any(a == "--force" or (a[:1] == "-" and a[1:2] != "-" and "f" in a) for a in rest):
+        return "git clean -f deletes untracked files"
+    if sub == "push" and force:
+        return "a forced push rewrites the remote's history"
+    if sub == "checkout" and ("--" in rest or "." in rest or rest & {"-f", "--force"}):
+        return "git checkout over paths discards uncommitted changes"
+    if sub == "restore" and not rest & {"--staged", "-S"} - {"--worktree", "-W"}:
+        return "git restore discards uncommitted changes"
+    if sub == "stash" and rest & {"drop", "clear"}:
+        return "git stash drop/clear deletes stashed work"
+    if sub == "branch" and ("-D" in rest or (rest & {"-d", "--delete"} and rest & {"-f", "--force"})):
+        return "git branch -D deletes an unmerged branch"
+    if sub in ("filter-branch", "filter-repo") or (sub == "reflog" and rest & {"expire", "delete"}):
+        return f"git {sub} rewrites history"
+    if sub == "switch" and rest & {"--discard-changes", "-f", "--force"}:
+        return "git switch --discard-changes discards uncommitted changes"
+    return ""
+
+
+def _recursive_rm(args: tuple[str, ...]) -> bool:
+    for option in args:
+        if option == "--":
+            break
+        if option == "--recursive" or (option[:1] == "-" and option[1:2] != "-" and set(option[1:]) & {"r", "R"}):
+            return True
+    return False
+
+
+def _state_write(parts: list[_Part], root: str) -> str | None:
+    """A command that is not provably read-only naming a path in khaelor's own state: cp, mv,
+    tee, sed -i, install, ln, rsync, dd of=, git checkout --, a script given the path ..."""
+    state = khaelor_home()
+    for part in parts:
+        if _not_read_only(part) is None:
+            continue
+        for word in _path_arguments(part.core):
+            path = _word_path(word, part.cwd)
+            if path and (path == state or path.startswith(state + os.sep)):
+                return f"khaelor's own state ({state}) is changed only by the user"
+            if path and _is_permission_file(path) and part.core[:1] != ("cat",):
+                return f"a permission file ({path}) is changed only by the user"
+    return None
+
+
+def _word_path(word: str, cwd: str) -> str:
+    try:
+        return os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
+    except (ValueError, OSError):
+        return ""
 
 
 # ---------------------------------------------------------------- bash: the hardline floor
@@ -476,29 +1188,86 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     doomed = next((t for t in targets if _catastrophic(t, home, part.cwd)), None)
     if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
         return f"recursive {'delete' if name == 'rm' else name} of {doomed}"
-    if name.startswith("mkfs") or name in ("mke2fs", "wipefs"):
+    if name == "mv" and doomed:
+        return f"moving {doomed} away"
+    if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
+    if name in _DISK_TOOLS and not set(options) & {"-l", "--list", "-s", "--show", "--help", "--version"}:
+        return f"rewriting a disk ({name})"
     if name == "dd" and any(a.startswith("of=") and _is_device(a[3:]) for a in args):
         return "dd onto a device"
-    if name in ("cp", "tee", "shred") and any(_is_device(t) for t in targets):
+    if name in ("cp", "tee", "shred", "cat") and any(_is_device(t) for t in targets[1 if name == "cp" else 0:]):
         return f"{name} onto a device"
     if name == "find" and "-delete" in args:
         roots = args[:next((i for i, a in enumerate(args) if a[:1] in ("-", "(", "!")), len(args))]
         doomed = next((r for r in roots if _catastrophic(r, home, part.cwd)), None)
         return f"find -delete from {doomed}" if doomed else None
+    if _changes_power_state(name, targets):
+        return f"changing the machine's power state ({' '.join(part.core)})"
+    if name == "kill" and _kills_everything(args):
+        return "kill -1 signals every process"
     return None
 
 
-def _catastrophic(target: str, home: str, cwd: str) -> bool:
-    # A variable we could not resolve may well be unset, and bash expands an unset variable
-    # to nothing: `rm -rf "$BUILD_DIR/"` is `rm -rf /` when BUILD_DIR is unset.
-    target = _PARAMETER.sub("", target)
-    if target in ("*", "./*"):
+def _changes_power_state(name: str, targets: list[str]) -> bool:
+    if name in _POWER:
         return True
-    if target.endswith("/*"):
-        target = target[:-2] or "/"
-    path = _absolute(target) or posixpath.normpath(posixpath.join(cwd, target))
-    return path in _PROTECTED_DIRS or path == home
+    if name in ("init", "telinit"):
+        return targets[:1] in (["0"], ["6"])
+    if name in ("systemctl", "loginctl"):
+        return bool(set(targets) & {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep",
+                                    "soft-reboot"})
+    return False
+
+
+def _kills_everything(args: tuple[str, ...]) -> bool:
+    """kill -9 -1, kill -KILL -1, kill -s KILL -1, kill -- -1: -1 as the target is every process."""
+    targets, signal_given, k = [], False, 0
+    while k < len(args):
+        arg = args[k]
+        k += 1
+        if arg == "--":
+            targets += args[k:]
+            break
+        if arg in ("-s", "-n", "--signal"):
+            k += 1
+            signal_given = True
+        elif arg.startswith("-") and not signal_given and arg != "-1":
+            signal_given = True
+        elif arg == "-1" and not signal_given and k < len(args):
+            signal_given = True      # kill -1 PID: -1 is the signal (SIGHUP)
+        else:
+            targets.append(arg)
+    return "-1" in targets
+
+
+def _catastrophic(target: str, home: str, cwd: str) -> bool:
+    """Would a recursive delete of target take a system directory or the home directory?
+    A variable we could not resolve may well be unset, and bash expands an unset variable
+    to nothing: `rm -rf "$BUILD_DIR/"` is `rm -rf /` when BUILD_DIR is unset."""
+    target = _PARAMETER.sub("", target)
+    if not target:
+        return False
+    wildcard = [target.find(c) for c in "*?[" if c in target]
+    if not wildcard:
+        return _precious(_resolve(target, cwd), home)
+    head = target[:min(wildcard)]
+    directory, _, stem = head.rpartition("/")
+    if head.startswith("/") and not directory:
+        directory = "/"
+    base = _resolve(directory or ".", cwd)
+    if stem == "":
+        return _precious(base, home)        # "/*", "~/*", "*" in $HOME, "/etc/*"
+    return base == "/"                      # "/u*" names top-level system directories
+
+
+def _resolve(target: str, cwd: str) -> str:
+    return _absolute(target) or posixpath.normpath(posixpath.join(cwd, target))
+
+
+def _precious(path: str, home: str) -> bool:
+    """A system directory, the home directory, or a directory holding it."""
+    return path in _PROTECTED_DIRS or path == home or home.startswith(path.rstrip("/") + "/")
 
 
 def _is_device(target: str) -> bool:
@@ -527,7 +1296,14 @@ def _core(words) -> list[str]:
     return words
 
 
+# Wrappers whose first positional argument is not the command: timeout 5 CMD, chroot DIR CMD.
+_WRAPPER_POSITIONALS = {"timeout": 1, "chroot": 1, "flock": 1, "taskset": 1, "chrt": 1}
+
+
 def _unwrap(name: str, args: list[str]) -> list[str]:
+    """The words after a wrapper's own options. Short options are parsed like getopt, so
+    `sudo -Eu root rm` skips root as the value of -u."""
+    takes_value = _WRAPPERS[name]
     k = 0
     while k < len(args) and (args[k].startswith("-") or (name == "env" and _ASSIGNMENT.match(args[k]))):
         arg = args[k]
@@ -538,8 +1314,18 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
             return []       # only prints where the program is
         if name == "env" and arg in ("-S", "--split-string") and k + 1 < len(args):
             return args[k + 1].split() + args[k + 2:]
-        k += 2 if arg in _WRAPPERS[name] else 1
-    return args[k + (name == "timeout"):]      # timeout's duration precedes the command
+        k += 1 + _option_value_words(arg, takes_value)
+    return args[k + _WRAPPER_POSITIONALS.get(name, 0):]
+
+
+def _option_value_words(arg: str, takes_value: set) -> int:
+    """1 when option word arg takes the next word as its value, else 0."""
+    if arg.startswith("--"):
+        return int(arg in takes_value)
+    for i, letter in enumerate(arg[1:]):
+        if "-" + letter in takes_value:
+            return int(i == len(arg) - 2)
+    return 0
 
 
 # ---------------------------------------------------------------- bash: simple commands
@@ -563,7 +1349,8 @@ class _ShellLine:
         segments = _segments(tokens)
         self.compound |= len(segments) > 1 or any(k == "op" and v != "\n" for k, v in tokens)
         env: dict[str, str] = {}    # variables assigned earlier in this line
-        for words, redirects in segments:
+        piped: str | None = None    # what the previous command printed, when known, if it is piped here
+        for words, redirects, after_pipe in segments:
             for pieces in [*words, *(target for _, target in redirects)]:
                 for kind, value in pieces:
                     if kind in ("sub", "dqsub"):     # a command substitution runs too
@@ -576,22 +1363,23 @@ class _ShellLine:
                 expanded.pop()
             targets = tuple((op, " ".join(self._expand(t, env))) for op, t in redirects)
             skipped = bool(expanded) and expanded[0] in _SKIPPED_STATEMENTS
+            unliteral = _unliteral([*words, *(t for _, t in redirects)], cwd)
             if (expanded or targets) and not skipped:
                 self._remember_assignments(expanded, env)
-                cwd = self._add(tuple(expanded), targets, cwd, depth)
+                cwd = self._add(tuple(expanded), targets, cwd, depth, unliteral, piped if after_pipe else None)
+            piped = _printed(expanded)
 
-    def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int) -> str:
+    def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int,
+             unliteral: str | None = None, stdin_text: str | None = None) -> str:
         """Record one simple command and what it runs in turn; return the cwd after it."""
         core = tuple(_core(words))
-        part = _Part(words, core, redirects, cwd)
+        part = _Part(words, core, redirects, cwd, unliteral)
         self.parts.append(part)
         self.floor = self.floor or _floor_reason(part, self.home)
         name = core[0] if core else ""
         scripts = []
-        if name in _SHELLS:      # bash -c SCRIPT, or a script fed by <<EOF / <<<
-            flag = next((i for i, w in enumerate(core) if w[:1] == "-" and w[1:2] != "-" and "c" in w), 0)
-            scripts = [core[flag + 1]] if 0 < flag < len(core) - 1 else \
-                [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
+        if name in _SHELLS or name == "script":     # bash -c SCRIPT, or a script fed by <<EOF, <<< or a pipe
+            scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
         for script in scripts:
@@ -630,7 +1418,7 @@ class _ShellLine:
                 if index == 0:   # ~ starting a word or an assignment's value
                     text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)", lambda m: (m[1] or "") + self.home, text)
                 chunks.append(self._substitute(text, env, split))
-            elif kind in ("dq", "lit"):
+            elif kind in ("dq", "lit", "arith"):
                 quoted = True
                 chunks.append(self._substitute(text, env, False) if kind == "dq" else text)
             else:      # a command substitution: its output is known only for plain echo/printf
@@ -644,19 +1432,35 @@ class _ShellLine:
         return fields or ([""] if quoted else [])
 
     def _substitute(self, text: str, env: dict, split: bool) -> str:
-        """Parameter expansion; "\\0" marks where an unquoted value splits into words."""
+        """Parameter expansion; "\\0" marks where an unquoted value splits into words. What we
+        cannot know stays as written (and counts as unknown to the floor and the path checks)."""
         def value(match):
-            name = match[1] or match[2]
-            if name == "IFS":
-                return "\0" if split else " "
-            if name in env or name == "HOME":
-                found = env.get(name, self.home)
-            elif name in "123456789@*":
-                found = ""     # positional parameters are empty in `bash -c`
-            else:
+            found = self._parameter(match["b"] or match["n"], match["op"] or "", env)
+            if found is None:
                 return match[0]
+            if found == "\0":
+                return "\0" if split else " "
             return re.sub(r"\s+", "\0", found) if split else found
         return _PARAMETER.sub(value, text)
+
+    def _parameter(self, name: str, op: str, env: dict) -> str | None:
+        """The value of ${name<op>...} when it is knowable: $HOME, variables set earlier in the
+        line, defaults of unset variables (${X:-/}), $IFS (a word break, also ${IFS:0:1})."""
+        if name == "IFS":
+            return "\0"
+        known = name in env or name == "HOME"
+        found = env.get(name, self.home) if known else None
+        if name in "123456789@*#" and not known:
+            found = ""         # positional parameters are empty in `bash -c`
+        if op == "" or op.startswith((":?", "?")):
+            return found
+        if op.startswith((":-", ":=")):
+            return found if found else op[2:]
+        if op[:1] in "-=":
+            return found if found is not None else op[1:]
+        if op.startswith((":+", "+")) and found is not None:
+            return op.lstrip(":+") if found or op[0] == "+" else ""
+        return None
 
     def _static_output(self, inner: str, env: dict) -> str | None:
         try:
@@ -665,13 +1469,7 @@ class _ShellLine:
             return None
         if len(segments) != 1 or segments[0][1]:
             return None
-        words = [w for pieces in segments[0][0] for w in self._expand(pieces, env)]
-        if words[:1] == ["echo"]:
-            start = next((k for k, w in enumerate(words) if k and w not in ("-n", "-e", "-E")), len(words))
-            return " ".join(words[start:])
-        if words[:1] == ["printf"] and len(words) == 2 and "%" not in words[1]:
-            return words[1].replace("\\n", "\n")
-        return None
+        return _printed([w for pieces in segments[0][0] for w in self._expand(pieces, env)])
 
 
 def _brace_expand(word: str) -> list[str]:
@@ -687,31 +1485,93 @@ def _brace_expand(word: str) -> list[str]:
     return done
 
 
+def _shell_scripts(core: tuple[str, ...], redirects, stdin_text: str | None) -> list[str]:
+    """What a shell runs: its -c argument, else a heredoc, here-string or piped text we know."""
+    for i, word in enumerate(core[1:], 1):
+        if word[:1] == "-" and word[1:2] != "-" and "c" in word and i < len(core) - 1:
+            return [core[i + 1]]
+    fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
+    if fed:
+        return fed
+    return [stdin_text] if stdin_text else []
+
+
+def _printed(words: list[str]) -> str | None:
+    """What echo or printf with literal words prints, or None."""
+    if words[:1] == ["echo"]:
+        start = next((k for k, w in enumerate(words) if k and w not in ("-n", "-e", "-E")), len(words))
+        return " ".join(words[start:])
+    if words[:1] == ["printf"] and len(words) == 2 and "%" not in words[1]:
+        return words[1].replace("\\n", "\n")
+    return None
+
+
+_EXPANSION = re.compile(r"\$[\w{(@*#?$!-]")
+
+
+def _unliteral(words: list, cwd: str) -> str | None:
+    """Why a simple command's words are not all literal: an expansion, a substitution, brace
+    expansion, ~user, or a glob that expands to an option (a file named --co=bash)."""
+    for pieces in words:
+        for index, (kind, text) in enumerate(pieces):
+            if kind in ("sub", "dqsub"):
+                return "it runs a command substitution"
+            if kind == "arith":
+                return "it uses arithmetic expansion"
+            if kind in ("raw", "dq") and _EXPANSION.search(text):
+                return "it expands a variable"
+            if kind == "raw" and _BRACES.search(text):
+                return "it uses brace expansion"
+            if kind == "raw" and index == 0 and re.match(r"~[^/]", text):
+                return "it uses ~user expansion"
+        problem = _glob_into_option(pieces, cwd)
+        if problem:
+            return problem
+    return None
+
+
+def _glob_into_option(pieces: list, cwd: str) -> str | None:
+    if not any(kind == "raw" and any(c in text for c in "*?[") for kind, text in pieces):
+        return None
+    pattern = "".join(text if kind == "raw" else glob.escape(text) for kind, text in pieces)
+    try:
+        matches = glob.glob(pattern, root_dir=cwd)[:_MAX_GLOB]
+    except (OSError, ValueError):
+        return "a glob could not be expanded"
+    for match in matches:
+        if match.startswith("-"):
+            return f"a glob expands to an option ({match})"
+    return None
+
+
 # ---------------------------------------------------------------- bash: tokens
 
-def _segments(tokens: list) -> list[tuple[list, list]]:
-    """Split tokens at separators into (words, [(redirection, target)]) per simple command."""
-    segments, words, redirects = [], [], []
+def _segments(tokens: list) -> list[tuple[list, list, bool]]:
+    """Split tokens at separators into (words, [(redirection, target)], after a pipe) per
+    simple command."""
+    segments, words, redirects, after_pipe = [], [], [], False
     stream = iter(tokens)
     for kind, value in stream:
         if kind == "word":
             words.append(value)
         elif value in _SEPARATORS:
-            segments.append((words, redirects))
+            segments.append((words, redirects, after_pipe))
             words, redirects = [], []
+            after_pipe = value in ("|", "|&")
         else:
             target = next(stream, ("op", None))
             if target[0] != "word":
                 raise _ParseError(f"redirection {value} has no target")
             redirects.append((value, target[1]))
-    segments.append((words, redirects))
+    segments.append((words, redirects, after_pipe))
     return [s for s in segments if s[0] or s[1]]
 
 
 def _lex(text: str) -> list:
     """Tokens ("op", operator) and ("word", pieces); a piece is (kind, text), kind one of
-    raw (unquoted), dq (double-quoted), lit (single-quoted or escaped), sub and dqsub (the
-    source of a command substitution). A heredoc body becomes its `<<` word's content."""
+    raw (unquoted), dq (double-quoted), lit (single-quoted or escaped), arith (an arithmetic
+    expansion's text), sub and dqsub (the source of a command substitution). A heredoc body
+    becomes its `<<` word's content."""
     tokens, pieces, raw, heredocs = [], [], [], []
     delimiter_op = None         # set after << until its delimiter word is read
     i, n = 0, len(text)
@@ -753,7 +1613,7 @@ def _lex(text: str) -> list:
             i = _lex_double(text, i + 1, piece)
         elif c == "`" or text.startswith("$(", i) or (c in "<>" and text[i + 1:i + 2] == "(" and not (pieces or raw)):
             i, literal, commands = _substitution(text, i)
-            piece("lit" if literal else None, literal)
+            piece("arith" if literal else None, literal)
             for command in commands:
                 piece("sub", command)
         elif c == "#" and not pieces and not raw:
@@ -858,7 +1718,10 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
                 break
             lines.append(line)
         body = "\n".join(lines)
-        target[:] = [("lit", body)] + ([] if quoted else [("sub", s) for s in _nested_subs(body)])
+        if quoted:
+            target[:] = [("lit", body)]
+        else:      # an unquoted body is expanded like a double-quoted string
+            target[:] = [("dq", body)] + [("sub", s) for s in _nested_subs(body)]
     return i
 
 

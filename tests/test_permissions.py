@@ -64,11 +64,11 @@ def bash(command, root, rules=DEFAULTS):
     ("bash", {"command": "git remote -v"}, "allow", "process.execute"),
     ("bash", {"command": "git remote add up url"}, "ask", "git.modify"),
     ("bash", {"command": "git -c core.pager=sh log"}, "ask", "process.execute"),
-    ("bash", {"command": "/usr/bin/git push"}, "ask", "git.modify"),
+    ("bash", {"command": "/usr/bin/git push"}, "ask", "network.access"),
     ("bash", {"command": "sudo git reset --hard"}, "ask", "git.modify"),
     ("bash", {"command": "git stash"}, "ask", "git.modify"),
     ("bash", {"command": "git -C . commit -m x"}, "ask", "git.modify"),
-    ("bash", {"command": "git push origin main"}, "ask", "git.modify"),
+    ("bash", {"command": "git push origin main"}, "ask", "network.access"),
     ("bash", {"command": "git fetch"}, "ask", "network.access"),
     ("bash", {"command": "git diff --output=patch.txt"}, "ask", "process.execute"),
     ("bash", {"command": "find . -name '*.py'"}, "allow", "process.execute"),
@@ -164,9 +164,9 @@ def test_every_part_is_judged_and_strictest_wins(project, command, action):
 
 
 def test_deny_beats_ask_in_a_compound(project):
-    rules = [*DEFAULTS, Rule("process.execute", "shutdown *", "deny", "u")]
-    result = bash("npm test && shutdown now", project, rules)
-    assert (result["decision"], result["rule"]) == ("deny", 'deny process.execute "shutdown *" (u)')
+    rules = [*DEFAULTS, Rule("process.execute", "deploy *", "deny", "u")]
+    result = bash("npm test && deploy now", project, rules)
+    assert (result["decision"], result["rule"]) == ("deny", 'deny process.execute "deploy *" (u)')
 
 
 def test_cd_moves_later_parts(project):
@@ -209,7 +209,7 @@ def test_unparsable_line_asks_even_when_a_rule_allows(project):
     ("go mod tidy", "go mod tidy *"),
     ("make test", "make test *"),
     ("ruff check .", "ruff check *"),
-    ("mypy src", "mypy *"),
+    ("mypy src", "mypy src *"),   # an unknown CLI: its plain words, never broader
     ("uv run pytest", "uv run pytest *"),
     ("poetry run pytest -x", "poetry run pytest *"),
     ("pip install -r requirements.txt", "pip install *"),
@@ -226,7 +226,7 @@ def test_unparsable_line_asks_even_when_a_rule_allows(project):
     ("curl -sSf https://example.com", "curl -sSf https://example.com"),
     ("sudo apt install jq", "sudo apt install jq"),
     ("FOO=1 pytest", "FOO=1 pytest"),
-    ("git push --force origin main", "git push --force origin main"),
+    ("git push --force origin main", None),   # destroys work: asks every time
     ("find . -name '*.pyc' -delete", "find . -name [*].pyc -delete"),
 ])
 def test_arity_suggestions(project, command, pattern):
@@ -275,7 +275,7 @@ def test_file_suggestions(project):
 
 def test_suggestion_is_in_the_event_shape(project):
     decision = decide("bash", {"command": "git push origin main"}, project, DEFAULTS)
-    assert decision.suggestion == {"capability": "git.modify", "pattern": "git push *"}
+    assert decision.suggestion == {"capability": "network.access", "pattern": "git push *"}
     assert decision.descriptor == "git push origin main"
 
 
@@ -283,7 +283,7 @@ def test_suggestion_is_in_the_event_shape(project):
 
 FLOORED = [
     "rm -rf /", "rm -rf /*", "rm -rf ~", "rm -rf ~/", "rm -rf ~/*", "rm -rf $HOME", 'rm -rf "${HOME}"',
-    'rm -rf "$HOME"/', "rm -rf *", "rm -rf ./*", "rm -fr /", "rm -r -f /", "rm -R /",
+    'rm -rf "$HOME"/', "cd ~ && rm -rf *", "cd && rm -rf ./*", "rm -fr /", "rm -r -f /", "rm -R /",
     "rm --recursive --force /", "rm -rf --no-preserve-root /", "rm -rf -- /", "rm -rf //",
     "rm -rf /./", "rm -rf /home/..", "rm -rf /usr", "rm -rf /etc/", "rm -rf /home/*",
     # obfuscated spellings
@@ -426,9 +426,9 @@ def test_project_root_reached_through_a_symlink(project):
 def test_globs_and_unknown_values_in_arguments(project):
     assert bash("cat .e*", project)["rule"] == 'ask file.read "*.env" (default)'
     assert bash("cat src/*.py", project)["decision"] == "allow"
-    assert bash("cat $F", project)["capability"] == "filesystem.outsideProject"
+    assert bash("cat $F", project)["decision"] == "ask"     # not literal, and $F could be anywhere
     assert bash("cat $(ls ~/.ssh/*)", project)["decision"] == "ask"
-    assert bash("echo $F", project)["decision"] == "allow"
+    assert bash("echo $F", project)["decision"] == "ask"    # only literal words are provably read-only
 
 
 def test_bash_arguments_outside_the_project(project):
@@ -505,8 +505,13 @@ def test_add_grant_rejects_a_bad_rule():
 
 def test_check_returns_the_cli_json_shape(project):
     result = bash("git push origin main", project)
-    assert result == {"decision": "ask", "capability": "git.modify", "rule": 'ask git.modify "*" (default)',
-                      "floor": False, "suggestion": "git push *"}
+    assert result == {"decision": "ask", "capability": "network.access", "rule": 'ask network.access "*" (default)',
+                      "floor": False, "suggestion": "git push *", "layer": "default",
+                      "reason": 'ask network.access "*" (default)', "read_only": False,
+                      "not_read_only": "git push origin main: git push is not on the read-only list",
+                      "destructive": "",
+                      "confine": {"write": True, "network": True, "paths": [], "secrets": False,
+                                  "hide": list(permissions.SECRET_NAMES)}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
 
