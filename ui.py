@@ -690,6 +690,7 @@ class Timeline:
         self._any = False
         self._held: FinishedCard | None = None   # the newest card, live until something follows
         self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
+        self._queued: list[list[str]] = []     # steering notes waiting for the stream's block to end
 
     # -- folding --
 
@@ -726,6 +727,7 @@ class Timeline:
         """Settle whatever is still streaming (on exit or interruption)."""
         self._finish_text()
         self._finish_thinking(None)
+        self._settle_queued()
 
     def finish(self) -> None:
         """Settle everything, the newest card included (leaving, end of a replay)."""
@@ -776,8 +778,16 @@ class Timeline:
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
+        """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
         text = "Queued instruction: " + sanitize(e.get("text", ""))
-        self._settle(self._marked("›", "prompt", text, "dim"))
+        self._queued.append(self._marked("›", "prompt", text, "dim"))
+        if self._text is None and self._thinking is None:
+            self._settle_queued()
+
+    def _settle_queued(self) -> None:
+        queued, self._queued = self._queued, []
+        for lines in queued:
+            self._settle(lines)
 
     def _on_TextDelta(self, e: dict) -> None:
         self._finish_thinking(None)
@@ -788,6 +798,7 @@ class Timeline:
         stream = self._stream()
         stream.feed(e.get("text", "")[stream.n_fed:])    # what the deltas did not bring
         self._finish_text()
+        self._settle_queued()
 
     def _stream(self) -> MarkdownStream:
         if self._text is None:
@@ -811,6 +822,8 @@ class Timeline:
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
         self._finish_thinking(e.get("thinking") if "redacted" not in e else "")
+        if self._text is None:
+            self._settle_queued()
 
     def _finish_thinking(self, full: str | None) -> None:
         """Thinking collapses to one dim line: its opening words (`full`: the whole block)."""
@@ -984,6 +997,8 @@ class Timeline:
         if self._thinking is not None:
             words = " ".join(sanitize(self._thinking).split())
             lines.append(self._thinking_line("✻ Thinking… " + words[-self.width:]))
+        for queued in self._queued:
+            lines += [""] + queued
         for tid, card in self.cards.items():
             if tid in self._requests:
                 facts = ["waiting for approval"]

@@ -1119,3 +1119,31 @@ def test_the_command_menu_lists_every_command_with_what_it_does_and_scrolls(widt
     assert "/cmd00" not in text
     app.on_key(K("tab"))
     assert app.composer.text == "/cmd15"
+
+
+# ---- steering lands after the streamed block (issue 14) ----
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_steering_queued_mid_code_block_shows_after_the_block(width):
+    app = ui.App(FakeController(busy=True), style=MONO, width=width, height=30)
+    screen = pyte.HistoryScreen(width, 30, history=500)
+    stream = pyte.ByteStream(screen)
+    reply_text = "Here is the fix:\n\n```python\nfirst = 1\nsecond = 2\n"
+    app.on_event(event("TextDelta", text=reply_text))
+    stream.feed(app.render(0.0))
+    app.on_event(event("SteeringQueued", text="also rename it"))
+    stream.feed(app.render(0.1))
+    rows = [r.rstrip() for r in screen.display]
+    code = next(y for y, r in enumerate(rows) if "second = 2" in r)
+    assert any("Queued instruction: also rename it" in r for r in rows[code + 1:])  # shown, below
+    rest = "third = 3\n```\n\nDone."
+    app.on_event(event("TextDelta", text=rest))
+    stream.feed(app.render(0.2))
+    app.on_event(event("ModelTextBlockCompleted", text=reply_text + rest))
+    stream.feed(app.render(0.3))
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    rows = [r for r in history + [r.rstrip() for r in screen.display] if r.strip()]
+    order = [next(k for k, r in enumerate(rows) if needle in r)
+             for needle in ("first = 1", "third = 3", "Done.", "Queued instruction")]
+    assert order == sorted(order)
+    assert sum("Queued instruction" in r for r in rows) == 1
