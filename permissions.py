@@ -207,20 +207,40 @@ GIT_READ_FORMS = {"stash": ("list", "show"), "remote": ("", "-v", "--verbose", "
                   "worktree": ("list",), "reflog": ("", "show"), "config": ("--get", "--get-all", "--get-regexp",
                   "-l", "--list"), "submodule": ("", "status", "summary"), "notes": ("", "list", "show")}
 
-# How many leading words name "the command" ("git push origin main" -> "git push *").
-# The longest matching key wins. A program not listed gets its leading plain words (see _suggest).
-ARITY = {**dict.fromkeys("""git npm npx yarn pnpm bun bunx deno node python python3 pip pip3 pipx uv poetry ruby bundle
-    rails rake cargo rustup go make just ruff docker docker-compose kubectl helm terraform brew apt apt-get mvn gradle
-    ./gradlew dotnet swift pre-commit systemctl gcloud az firebase vercel heroku flyctl pulumi conda mix gem
-    composer artisan ng nx turbo lerna hatch pdm
-    rye pixi ansible vagrant packer podman buildah skaffold minikube kind k3d kustomize istioctl flutter dart
-    pod sbt lein stack cabal opam dune zig nix""".split(), 2),
-         **dict.fromkeys((key.strip() for key in """gh, aws, git remote, git stash, git submodule, git worktree,
-    git config, npm run, npm exec, yarn run, pnpm run, bun run, deno task, python -m, python3 -m, python manage.py,
-    python3 manage.py, uv run, uv pip, uv tool, poetry run, bundle exec, go mod, docker compose, docker container,
-    docker image, docker network, docker volume, kubectl config, kubectl rollout, gcloud compute, gcloud container,
-    gcloud projects, gcloud auth, az vm, az group, az storage, conda env, helm repo, terraform workspace,
-    terraform state""".split(",")), 3)}
+# How many leading words name "the command" ("git push origin main" -> "git push *"); the
+# longest matching key wins. Covers OpenCode's arity dictionary, deeper where a CLI nests
+# further. A program not listed gets its leading plain words (see _arity).
+_ARITY_TABLE = {2: """
+    ./gradlew ansible apt apt-get artisan bazel brew buildah bun bundle bunx cabal cargo cdk cf cmake
+    composer conda consul crictl dart deno docker docker-compose dotnet dune eksctl firebase flutter flyctl
+    gem git go gradle hatch helm heroku hugo ip istioctl just k3d kind kubectl kustomize lein lerna make mc
+    minikube mix mongosh mvn mysql ng nix node npm npx nvm nx opam openssl packer pdm pip pip3 pipenv pipx
+    pixi pnpm pod podman poetry pre-commit psql pulumi pyenv python python3 rails rake rbenv redis-cli ruby
+    ruff rustup rye sbt serverless skaffold sls sst stack swift systemctl terraform tmux turbo ufw uv
+    vagrant vault vercel volta wp yarn zig""",
+    3: """
+    aws, az, az group, az vm, bun run, bun x, bundle exec, cargo add, cargo run, conda env, consul kv, deno
+    task, docker builder, docker compose, docker container, docker image, docker network, docker volume,
+    doctl, eksctl create, gcloud, gcloud auth, gcloud config, gcloud projects, gh, git config, git remote,
+    git stash, git submodule, git worktree, go mod, helm repo, ip addr, ip link, ip netns, ip route, kind
+    create, kubectl config, kubectl kustomize, kubectl rollout, mc admin, npm exec, npm init, npm run, npm
+    view, openssl req, openssl x509, pnpm dlx, pnpm exec, pnpm run, podman container, podman image, poetry
+    run, pulumi stack, python -m, python manage.py, python3 -m, python3 manage.py, sfdx, terraform state,
+    terraform workspace, uv pip, uv run, uv tool, vault auth, vault kv, yarn dlx, yarn run""",
+    4: """
+    az storage, doctl kubernetes, gcloud compute, gcloud container"""}
+
+
+def _by_key(table: dict[int, str]) -> dict[str, int]:
+    """{"git push": 3, ...} from the table above (multi-word keys are comma-separated)."""
+    arity = {}
+    for n, keys in table.items():
+        for key in keys.split(",") if n > 2 else keys.split():
+            arity[" ".join(key.split())] = n
+    return arity
+
+
+ARITY = _by_key(_ARITY_TABLE)
 # Programs whose "always" is the exact command: a wildcard over their arguments would grant
 # far more than the user just saw (rm *, curl *, sudo *).
 _EXACT_ONLY = frozenset("""rm rmdir dd chmod chown chgrp mv cp ln tee kill pkill killall shred truncate sudo doas su
@@ -256,9 +276,11 @@ _WRAPPERS = {name: set(options.split()) for name, options in {
     "unbuffer": "", "watch": "-n -d --interval", "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
     "chroot": "--userspec --groups", "unshare": "-S -G --setuid --setgid", "strace": "-e -o -p -s -u -E",
     "ltrace": "-e -o -p -u", "taskset": "", "chrt": "", "flock": "-w -E", "caffeinate": "", "proxychains": "-f",
-    "torsocks": "", "firejail": "", "runuser": "-u -g --user --group", "pkexec": "--user", "run0": "--user -u",
-    "systemd-run": "-p -u --unit --property", "script": "-c", "parallel": "-j"}.items()}
-_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh", "tcsh"))
+    "torsocks": "", "firejail": "", "pkexec": "--user", "run0": "--user -u",
+    "systemd-run": "-p -u --unit --property", "parallel": "-j"}.items()}
+# Shells, and the programs that hand a -c string to one (su, runuser, script, flock FILE -c).
+_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh", "tcsh", "runuser",
+                     "script"))
 # Interpreters: what is written to one through `process write` is code we cannot read.
 _INTERPRETERS = frozenset("""python python2 python3 node nodejs deno bun ruby irb perl php lua luajit R Rscript julia
     ghci scala sqlite3 psql mysql redis-cli mongo mongosh tclsh wish guile racket erl iex ipython jshell""".split())
@@ -753,6 +775,9 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
         only_redirected = problem is None or _not_read_only(part._replace(redirects=())) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
+    if _FUNCTION_DEFINITION.search(command) and not not_read_only:
+        not_read_only = "it defines a shell function, which can stand in for any command"
+        requests = [r._replace(read_only=False) for r in requests]
     floor = line.floor or _state_write(line.parts, root)
     return _judge(command.strip(), requests, rules, floor=floor, read_only=not not_read_only,
                   not_read_only=not_read_only, destructive=destructive)
@@ -1315,7 +1340,10 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         if name == "env" and arg in ("-S", "--split-string") and k + 1 < len(args):
             return args[k + 1].split() + args[k + 2:]
         k += 1 + _option_value_words(arg, takes_value)
-    return args[k + _WRAPPER_POSITIONALS.get(name, 0):]
+    rest = args[k + _WRAPPER_POSITIONALS.get(name, 0):]
+    if name == "flock" and rest[:1] in (["-c"], ["--command"]):
+        return ["sh", "-c", *rest[1:]]      # flock FILE -c COMMAND runs it through sh
+    return rest
 
 
 def _option_value_words(arg: str, takes_value: set) -> int:
@@ -1378,7 +1406,7 @@ class _ShellLine:
         self.floor = self.floor or _floor_reason(part, self.home)
         name = core[0] if core else ""
         scripts = []
-        if name in _SHELLS or name == "script":     # bash -c SCRIPT, or a script fed by <<EOF, <<< or a pipe
+        if name in _SHELLS:     # bash -c SCRIPT, or a script fed by <<EOF, <<< or a pipe
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
@@ -1399,7 +1427,7 @@ class _ShellLine:
 
     def _remember_assignments(self, words: list[str], env: dict) -> None:
         if words[:1] in (["export"], ["declare"], ["local"], ["readonly"], ["typeset"]):
-            words = words[1:]
+            words = [w for w in words[1:] if not w.startswith("-")]     # declare -x C=...
         if words and all(_ASSIGNMENT.match(w) for w in words):
             for word in words:
                 name, _, value = word.partition("=")
