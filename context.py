@@ -3,10 +3,11 @@
 Owns: the system prompt tiers (identity → tool guidance → project instructions), instruction-file
 discovery, request assembly with prompt-cache breakpoints, the volatile facts (date, git, processes),
 the token budget, choosing tool results to prune, compaction (cut, summary request, structured
-checkpoint, its YAML rendering) and the per-section numbers behind /context.
+checkpoint, its YAML rendering), the per-section numbers behind /context, and the repository
+facts: the git baseline and whose changes are in the tree, the check commands a project has.
 Must not: emit or store events (it returns payloads; the kernel records ContextPruned and
-ContextCompacted), rewrite history (events.history is the one fold), or touch the world beyond
-reading instruction files and running read-only `git` through the Workspace it is given.
+ContextCompacted), fold the log (it reads `events.State`, the one fold), or touch the world
+beyond reading project files and running read-only `git` through the Workspace it is given.
 """
 import copy
 import datetime
@@ -18,9 +19,9 @@ import sys
 from pathlib import Path
 
 import events
+from events import estimate_tokens
 from model import DEFAULT_AUX_MODEL
 
-CHARS_PER_TOKEN = 4                 # estimate only; real counts come from the API's usage fields
 INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")   # in one directory the first wins
 MAX_INSTRUCTION_CHARS = 40_000      # per file; a runaway file must not eat the window
 DEFAULT_WINDOW = 200_000            # tokens, for a model not in WINDOWS (the 4.5 family and older)
@@ -149,11 +150,6 @@ def build_system(project_root: Path, cwd: Path, home: Path) -> list[dict]:
             {"type": "text", "text": "\n".join(project)}]
 
 
-def estimate_tokens(value) -> int:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-
-
 def prompt_sizes(tool_schemas: list[dict]) -> dict:
     """Estimated tokens of the fixed prompt (tiers 1-2, the same for every session) and of the tools."""
     return {"identity": estimate_tokens(IDENTITY), "tool_guidance": estimate_tokens(TOOL_GUIDANCE),
@@ -165,7 +161,7 @@ def prompt_sizes(tool_schemas: list[dict]) -> dict:
 
 class Context:
     """One per session. `system` and `tools` are built once and never change, so the cached prefix
-    survives every turn; everything per-turn is derived from the event log passed in."""
+    survives every turn; everything per-turn is read from the session's `events.State`."""
 
     def __init__(self, *, project_root: Path, cwd: Path, home: Path, model: str, tool_schemas: list[dict],
                  workspace=None, aux_model: str = DEFAULT_AUX_MODEL, max_tokens: int = MAX_OUTPUT_TOKENS):
@@ -178,13 +174,13 @@ class Context:
         if self.tools:
             self.tools[-1]["cache_control"] = CACHE
 
-    def build_request(self, log: list[dict], *, volatile: str = "") -> dict:
+    def build_request(self, state: events.State, *, volatile: str = "") -> dict:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
         the two newest user messages (this turn's prefix and the previous one's, so a read still hits
         when a tool loop appended more than the 20-block lookback)."""
         return {"model": self.model, "max_tokens": self.max_tokens,
                 "system": copy.deepcopy(self.system), "tools": copy.deepcopy(self.tools),
-                "messages": assemble_messages(events.history(log), volatile)}
+                "messages": assemble_messages(state.messages, volatile)}
 
     def volatile_facts(self, processes: list[dict]) -> str:
         """Date, git and running processes, wrapped in <environment>; small and new every turn."""
@@ -202,52 +198,42 @@ class Context:
         lines += [f"- … and {len(processes) - 10} more"] if len(processes) > 10 else []
         return "<environment>\n" + "\n".join(lines) + "\n</environment>"
 
-    def baseline(self) -> dict:
-        """BaselineRecorded's payload (branch, HEAD, dirty files, diff hash), read-only."""
-        return git_baseline(self.workspace)
-
-    def detect_checks(self, changed: list[str]) -> list[str]:
-        """The check commands relevant to these changed files (the verification gate's nudge)."""
-        return detect_checks(self.project_root, changed)
-
     # -- budget
     @property
     def usable_tokens(self) -> int:
         return usable_tokens(self.model, self.max_tokens)
 
-    def plan(self, log: list[dict]) -> str | None:
-        """After a response: None, "prune" (enough by itself) or "compact", from the API's own usage."""
-        used = measured_tokens(log)
-        return None if used is None or used <= self.usable_tokens else _prune_or_compact(log, used - self.usable_tokens)
+    def plan(self, state: events.State) -> str | None:
+        """Before a call: None, "prune" (enough by itself) or "compact", from the API's own usage
+        of the last response plus an estimate of what arrived since (`State.measured`)."""
+        used = state.measured
+        if used is None or used <= self.usable_tokens:
+            return None
+        return _prune_or_compact(state, used - self.usable_tokens)
 
-    def overflow_plan(self, log: list[dict], message: str = "") -> str:
+    def overflow_plan(self, state: events.State, message: str = "") -> str:
         """After a context_overflow error: "prune" when it frees enough by the API's numbers, else
         "compact". The message reads like `prompt is too long: 1012345 tokens > 1000000 maximum`."""
         numbers = re.search(r"(\d+)\s*tokens?\s*>\s*(\d+)", message)
-        return _prune_or_compact(log, int(numbers[1]) - int(numbers[2]) + BUFFER_TOKENS) if numbers else "compact"
-
-    def prune_ids(self, log: list[dict]) -> list[str]:
-        return prune_ids(log)
-
-    # -- compaction
-    async def compact(self, log: list[dict], summarize, focus: str = "") -> dict | None:
-        return await compact(log, summarize, focus=focus, aux_model=self.aux_model)
+        if not numbers:
+            return "compact"
+        return _prune_or_compact(state, int(numbers[1]) - int(numbers[2]) + BUFFER_TOKENS)
 
     # -- inspection
-    def inspect(self, log: list[dict], last_usage: dict | None = None, volatile: str = "") -> list[dict]:
+    def inspect(self, state: events.State, last_usage: dict | None = None, volatile: str = "") -> list[dict]:
         """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's cache
         reads are attributed in the order the API caches (tools, system, messages), scaled from
         estimates to the real total; the volatile tail is never cached. A final row holds the measured
         totals."""
-        messages = events.history(log)
-        checkpoint = messages[0]["content"][0]["text"] if messages and _latest_cut(log) else ""
+        messages = state.messages
+        checkpoint = state.summary or ""
         sizes = [("tools", estimate_tokens(self.tools)),
                  *((f"system: {name}", estimate_tokens(block["text"]))
                    for name, block in zip(("identity", "tool guidance", "project"), self.system)),
                  ("checkpoint", estimate_tokens(checkpoint)),
                  ("history", max(0, estimate_tokens(messages) - estimate_tokens(checkpoint)) if messages else 0),
                  ("volatile tail", estimate_tokens(volatile))]
-        usage = last_usage or {}
+        usage = last_usage or state.last_usage or {}
         read, write, fresh = (usage.get(k) or 0 for k in ("cache_read_tokens", "cache_write_tokens", "input_tokens"))
         estimated = sum(tokens for _, tokens in sizes)
         scale = (read + write + fresh) / estimated if estimated and usage else 1.0
@@ -327,30 +313,12 @@ def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
     return window_of(model) - max_tokens - BUFFER_TOKENS
 
 
-def measured_tokens(log: list[dict]) -> int | None:
-    """What the next request will hold: the last response's whole input (input + cache read + cache
-    write, ANTHROPIC_API.md §5.1) and its output, as the API counted them, plus an estimate of what
-    arrived since (tool results, user text). None when there is no measurement yet, or the context
-    was pruned or compacted since (the number is stale)."""
-    since = 0
-    for event in reversed(log):
-        if event["type"] in ("ContextPruned", "ContextCompacted"):
-            return None
-        if event["type"] == "ModelResponseCompleted":
-            usage = event.get("usage") or {}
-            return sum(usage.get(key) or 0 for key in events.USAGE_KEYS) + since
-        if event["type"] in {*events.TOOL_RESULT_EVENTS, "UserMessageCreated", "SteeringInjected",
-                             "VerificationRequested"}:
-            since += estimate_tokens(event.get("output") or event.get("text") or "")
-    return None
-
-
-def prune_ids(log: list[dict]) -> list[str]:
+def prune_ids(state: events.State) -> list[str]:
     """tool_use_ids of old tool results to replace with the placeholder, oldest first. The newest
     ~40K tokens of tool output stay (the result that crosses the line stays too, so the newest
     result is never pruned); nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
     kept, chosen, freed = 0, [], 0
-    for tool_use_id, tokens in reversed(_prunable_results(log)):
+    for tool_use_id, (_, tokens) in reversed(state.prunable.items()):
         if kept < PRUNE_PROTECT_TOKENS:
             kept += tokens
         else:
@@ -359,75 +327,30 @@ def prune_ids(log: list[dict]) -> list[str]:
     return list(reversed(chosen)) if freed >= PRUNE_MINIMUM_TOKENS else []
 
 
-def _prune_or_compact(log: list[dict], excess: int) -> str:
+def _prune_or_compact(state: events.State, excess: int) -> str:
     """"prune" when pruning alone frees `excess` tokens, else "compact"."""
-    ids = set(prune_ids(log))
-    freed = sum(tokens for tool_use_id, tokens in _prunable_results(log) if tool_use_id in ids)
+    ids = prune_ids(state)
+    freed = sum(state.prunable[tool_use_id][1] for tool_use_id in ids)
     return "prune" if ids and freed >= excess else "compact"
 
 
-def _prunable_results(log: list[dict]) -> list[tuple[str, int]]:
-    """(tool_use_id, estimated tokens saved) of the results still shown in full in the history."""
-    start, placeholder = _latest_cut(log), estimate_tokens(events.PRUNED_PLACEHOLDER)
-    pruned = {tid for e in log if e["type"] == "ContextPruned" for tid in e["tool_use_ids"]}
-    results = [(e["tool_use_id"], estimate_tokens(e.get("output") or "") - placeholder) for e in log
-               if e["type"] in ("ToolCompleted", "ToolFailed") and e["seq"] > start and e["tool_use_id"] not in pruned]
-    return [(tool_use_id, tokens) for tool_use_id, tokens in results if tokens > 0]
-
-
-def _latest_cut(log: list[dict]) -> int:
-    return next((e["cut_seq"] for e in reversed(log) if e["type"] == "ContextCompacted"), 0)
-
-
-# ---------------------------------------------------------------- compaction: the cut
-
-ASSISTANT_BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
-
-
-def safe_cuts(log: list[dict]) -> list[int]:
-    """Every seq after the latest cut at which the log may be cut: no response is half-way through
-    (its blocks would be lost or split), and every tool_use before the cut has its tool_result
-    before it. Mirrors events.history: a response counts once ModelResponseCompleted closes it."""
-    after = _latest_cut(log)
-    cuts, attempt, open_ids, in_response = [], None, set(), False
-    for event in log:
-        kind = event["type"]
-        if kind in ASSISTANT_BLOCK_EVENTS:
-            in_response = True
-            if kind != "ModelTextBlockCompleted" or event["text"]:    # history() drops empty text
-                attempt = (attempt or []) + ([event["tool_use_id"]] if kind == "ToolRequested" else [])
-        elif kind == "ModelResponseCompleted":
-            if attempt is not None:
-                open_ids = set(attempt)
-            attempt, in_response = None, False
-        elif kind in ("ModelRequestFailed", "Interrupted", "UserMessageCreated", "SteeringInjected"):
-            attempt, in_response = None, False
-        elif kind in events.TOOL_RESULT_EVENTS:
-            open_ids.discard(event["tool_use_id"])
-        if event["seq"] > after and not in_response and not open_ids:
-            cuts.append(event["seq"])
-    return cuts
-
-
-def choose_cut(log: list[dict]) -> int | None:
-    """The newest safe cut, if the conversation grew since the last one."""
-    after = _latest_cut(log)
-    grew = any(e["seq"] > after and (e["type"] in ("UserMessageCreated", "SteeringInjected", "ModelResponseCompleted")
-                                     or e["type"] in events.TOOL_RESULT_EVENTS) for e in log)
-    cuts = safe_cuts(log) if grew else []
-    return cuts[-1] if cuts else None
+def choose_cut(state: events.State) -> int | None:
+    """The newest safe cut (`events.safe_cuts`), if the conversation grew since the last one."""
+    if state.grew_seq > state.cut_seq and state.safe_cut > state.cut_seq:
+        return state.safe_cut
+    return None
 
 
 # ---------------------------------------------------------------- compaction: summary and checkpoint
 
-def summary_request(log: list[dict], cut_seq: int, *, focus: str = "", aux_model: str = DEFAULT_AUX_MODEL) -> dict:
+def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
+                    aux_model: str = DEFAULT_AUX_MODEL) -> dict:
     """A tool-free request asking the aux model for the checkpoint JSON of everything up to the cut."""
-    # The latest ContextCompacted stays even when recorded after this cut: history() applies it.
-    head = [e for e in log if e["seq"] <= cut_seq or e["type"] == "ContextCompacted"]
+    head = events.history_through(state, cut_seq)
     budget = min(TRANSCRIPT_MAX_CHARS, (usable_tokens(aux_model, SUMMARY_MAX_TOKENS) - 8_000) * 3)
     ask = "Write the checkpoint JSON for the session above." + \
         (f" The user asks you to focus on: {focus}" if focus else "")
-    text = "<session>\n" + render_transcript(events.history(head), budget) + "\n</session>\n\n" + ask
+    text = "<session>\n" + render_transcript(head, budget) + "\n</session>\n\n" + ask
     return {"model": aux_model, "max_tokens": SUMMARY_MAX_TOKENS,
             "system": [{"type": "text", "text": SUMMARY_SYSTEM}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
@@ -437,7 +360,7 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
     """The history as plain text (a tool-free request cannot carry tool_use blocks). Long tool
     inputs and results keep their head and tail; past max_chars the middle of the session goes."""
     parts = []
-    for message in messages:            # events.history: content is a list, a tool_result's content a string
+    for message in messages:            # State.messages: content is a list, a tool_result's content a string
         for block in message["content"]:
             if block["type"] == "text":
                 parts.append(f"[{message['role']}]\n{block['text']}")
@@ -472,34 +395,38 @@ def parse_checkpoint(text: str) -> dict:
     return checkpoint
 
 
-async def compact(log: list[dict], summarize, *, focus: str = "", aux_model: str = DEFAULT_AUX_MODEL) -> dict | None:
+async def compact(state: events.State, summarize, *, focus: str = "",
+                  aux_model: str = DEFAULT_AUX_MODEL) -> dict | None:
     """The ContextCompacted payload {checkpoint, summary, cut_seq}, or None when there is nothing to
     cut. `summarize(request)` is an async callable returning the answer's text or a dict with
     "text" (ModelClient.complete). Facts the log knows exactly override the model's account."""
-    cut_seq = choose_cut(log)
+    cut_seq = choose_cut(state)
     if cut_seq is None:
         return None
-    answer = await summarize(summary_request(log, cut_seq, focus=focus, aux_model=aux_model))
+    answer = await summarize(summary_request(state, cut_seq, focus=focus, aux_model=aux_model))
     checkpoint = parse_checkpoint(answer["text"] if isinstance(answer, dict) else str(answer))
-    head = [e for e in log if e["seq"] <= cut_seq]
-    running = {}
-    for event in log:
-        if event["type"] == "ProcessStarted":
-            running[event["process_id"]] = {"id": str(event["process_id"]), "command": str(event["command"]),
-                                            "status": "running"}
-        elif event["type"] == "ProcessExited":
-            running.pop(event["process_id"], None)
-    checkpoint["running_processes"] = list(running.values())
-    checkpoint["changes"] = checkpoint["changes"] or [
-        f"{path}: {'created, ' if any(e.get('created') for e in edits) else ''}"
-        f"+{sum(e.get('added', 0) for e in edits)} -{sum(e.get('removed', 0) for e in edits)} lines"
-        for path, edits in _edits_by_path(head).items()]
-    latest = next((e["text"] for e in reversed(head) if e["type"] == "UserMessageCreated"), None)
+    checkpoint["running_processes"] = [dict(p) for p in state.processes.values()]
+    checkpoint["changes"] = checkpoint["changes"] or _changes_through(state, cut_seq)
+    latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
     if latest:
         checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
                                               "content": _clip(latest, 8_000)})
     # The summary the model reads: a comment header and the checkpoint (every key, in order) as YAML.
     return {"checkpoint": checkpoint, "summary": SUMMARY_HEADER + to_yaml(checkpoint), "cut_seq": cut_seq}
+
+
+def _changes_through(state: events.State, cut_seq: int) -> list[str]:
+    """"path: created, +3 -1 lines" for each file khaelor changed up to the cut."""
+    lines = []
+    for path, edits in state.edits.items():
+        edits = [e for e in edits if e["seq"] <= cut_seq]
+        if not edits:
+            continue
+        created = "created, " if any(e.get("created") for e in edits) else ""
+        added = sum(e.get("added", 0) for e in edits)
+        removed = sum(e.get("removed", 0) for e in edits)
+        lines.append(f"{path}: {created}+{added} -{removed} lines")
+    return lines
 
 
 def _find_json_object(text: str) -> dict | None:
@@ -655,31 +582,23 @@ def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
     return branch, head, dirty
 
 
-def attribute_changes(log: list[dict], dirty_now: list[str] | None = None) -> dict:
+def attribute_changes(state: events.State, dirty_now: list[str] | None = None) -> dict:
     """Whose changes are in the tree. khaelor: files its write/edit tools changed, in order.
     preexisting: dirty when the session started (its first baseline) — the user's, left alone.
     outside: dirty later (a later baseline, or now) but neither — the user's, or made by commands.
     dirty_before_edit: khaelor's files that already had changes before khaelor first edited them."""
-    khaelor, baselines, dirty_before_edit, dirty_so_far = {}, [], [], set()
-    for event in log:
-        if event["type"] == "FileModified" and event["path"] not in khaelor:
-            khaelor[event["path"]] = None
-            if event["path"] in dirty_so_far:
-                dirty_before_edit.append(event["path"])
-        elif event["type"] == "BaselineRecorded":
-            baselines.append([entry["path"] for entry in event.get("dirty") or []])
-            dirty_so_far.update(baselines[-1])
+    baselines = state.baselines
     preexisting = dict.fromkeys(baselines[0] if baselines else [])
     later = [path for paths in baselines[1:] for path in paths] + list(dirty_now or [])
-    outside = [p for p in dict.fromkeys(later) if p not in preexisting and p not in khaelor]
-    return {"khaelor": list(khaelor), "preexisting": list(preexisting), "outside": outside,
-            "dirty_before_edit": dirty_before_edit}
+    outside = [p for p in dict.fromkeys(later) if p not in preexisting and p not in state.edits]
+    return {"khaelor": list(state.edits), "preexisting": list(preexisting), "outside": outside,
+            "dirty_before_edit": list(state.dirty_before_edit)}
 
 
-def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: int = 60_000) -> str:
+def diff_report(state: events.State, dirty_now: list[str] | None = None, max_chars: int = 60_000) -> str:
     """/diff as markdown: khaelor's edits of this session file by file (from the log, so it
     survives resume), then the changes that were not khaelor's."""
-    who, edits = attribute_changes(log, dirty_now), _edits_by_path(log)
+    who, edits = attribute_changes(state, dirty_now), state.edits
     lines = [f"**khaelor changed {len(edits)} file{'s' * (len(edits) != 1)} in this session**" if edits
              else "khaelor has not changed any file in this session."]
     for path, changes in edits.items():
@@ -697,15 +616,6 @@ def diff_report(log: list[dict], dirty_now: list[str] | None = None, max_chars: 
         more = f" and {len(who[key]) - 30} more" if len(who[key]) > 30 else ""
         lines += ["", f"**{title}:** " + ", ".join(f"`{p}`" for p in who[key][:30]) + more] if who[key] else []
     return "\n".join(lines)
-
-
-def _edits_by_path(log: list[dict]) -> dict[str, list[dict]]:
-    """khaelor's FileModified events grouped by file, files in the order first edited."""
-    edits = {}
-    for event in log:
-        if event["type"] == "FileModified":
-            edits.setdefault(event["path"], []).append(event)
-    return edits
 
 
 # ---------------------------------------------------------------- verification: code files, checks, detection (ADR-12)
@@ -877,20 +787,7 @@ def verification_nudge(changed: list[str], commands: list[str], attempt: int, of
     return "\n".join(lines)
 
 
-def last_response_text(log: list[dict]) -> str:
-    """The text of the newest completed model response ("" if it had none)."""
-    texts, answer = [], ""
-    for event in log:
-        if event["type"] == "ModelTextBlockCompleted":
-            texts.append(event["text"])
-        elif event["type"] == "ModelResponseCompleted":
-            answer, texts = "\n\n".join(t for t in texts if t), []
-        elif event["type"] in ("ModelRequestFailed", "Interrupted", "UserMessageCreated"):
-            texts = []
-    return answer
-
-
-def completion(state, log: list[dict]) -> dict:
+def completion(state: events.State) -> dict:
     """TaskCompleted's payload: the evidence, and, when the gate held an answer back, the answer
     to deliver (if the model never verified, the withheld answer comes first: never lost)."""
     checks = [c for c in state.commands if is_check(c["command"], state.suggested_checks)]
@@ -905,14 +802,12 @@ def completion(state, log: list[dict]) -> dict:
     evidence = {"objective": _clip(state.objective, 2_000),
                 "changed_files": list(dict.fromkeys(path for _, path in state.changes)),
                 "checks": [{"command": _clip(c["command"], 500), "exit_code": c["exit_code"]} for c in checks][-20:],
-                "unresolved": unresolved, "preexisting_changes": attribute_changes(log)["preexisting"][:50],
+                "unresolved": unresolved, "preexisting_changes": attribute_changes(state)["preexisting"][:50],
                 "reminders": state.nudges, "stop_reason": state.last_stop_reason,
                 "responses": state.responses_in_turn}
     if not state.nudges:
         return {"evidence": evidence}
-    start = max((i for i, e in enumerate(log) if e["type"] == "UserMessageCreated"), default=0)
-    withheld = [e.get("withheld") or "" for e in log[start:] if e["type"] == "VerificationRequested"]
-    answers = [w for w in withheld + [last_response_text(log[start:])] if w]     # oldest first
+    answers = [w for w in state.withheld + [state.last_text] if w]     # oldest first
     if unverified and answers:      # gave up: the withheld answer, then the model's last word
         return {"evidence": evidence, "answer": "\n\n".join(dict.fromkeys((answers[0], answers[-1])))}
     return {"evidence": evidence, "answer": answers[-1] if answers else ""}

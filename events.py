@@ -71,7 +71,11 @@ class SessionStore:
     """The JSONL log of one session, held in memory as `events` and appended to on disk."""
 
     def __init__(self, path: Path, session_id: str, events: list, warnings: list):
-        self.path, self.session_id, self.events, self.warnings = path, session_id, events, warnings
+        self.path = path
+        self.session_id = session_id
+        self.events = events
+        self.warnings = warnings
+        self.state = replay(events)     # kept up to date by append
         self._fd = None
 
     @classmethod
@@ -135,6 +139,7 @@ class SessionStore:
                     pass                # still safe: the next open drops a torn last line
             raise self._failed("cannot append to the session log", e) from None
         self.events.append(event)
+        apply(self.state, event)
 
     def sync(self) -> None:
         """fsync at loop boundaries (after a response, after a tool batch, at task end)."""
@@ -230,194 +235,521 @@ class Bus:
         return event
 
 
-# ---------------------------------------------------------------- projection: API history
+# ---------------------------------------------------------------- the closed-response rule
+
+BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
+# User-side text: it joins the conversation and ends any response still being streamed.
+USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested"})
+DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVENTS})
+OPEN, CLOSED, DROPPED = "open", "closed", "dropped"
+
+
+class Attempt:
+    """The blocks of the model response being streamed, and the one rule that decides their fate:
+    a response counts once ModelResponseCompleted closes it (or once a result answers one of its
+    calls: the closing line was lost from a damaged log); an attempt that failed, was interrupted
+    or was overtaken by user text is dropped, its calls with it. The UI folds through it too."""
+
+    def __init__(self):
+        self.blocks = []        # block events of the open attempt, in stream order
+
+    def feed(self, event: dict) -> tuple[str, list]:
+        """(OPEN, []), (CLOSED, blocks), (DROPPED, blocks), or ("", []) for any other event."""
+        kind = event["type"]
+        if kind in BLOCK_EVENTS:
+            self.blocks.append(event)
+            return OPEN, []
+        if kind == "ModelResponseCompleted" or self._answers_a_call(event):
+            return CLOSED, self._take()
+        if kind in DROPPING_EVENTS:
+            return DROPPED, self._take()
+        return "", []
+
+    def _answers_a_call(self, event: dict) -> bool:
+        if event["type"] not in TOOL_RESULT_EVENTS:
+            return False
+        tool_use_id = event["tool_use_id"]
+        return any(b.get("tool_use_id") == tool_use_id for b in self.blocks)
+
+    def _take(self) -> list:
+        blocks = self.blocks
+        self.blocks = []
+        return blocks
+
+
+# ---------------------------------------------------------------- the conversation (API messages)
 
 def tool_result_text(event: dict) -> str:
     if event["type"] == "PermissionDenied":
-        text = f"Permission denied: {event.get('reason') or 'the user declined this call'}."
+        reason = event.get("reason") or "the user declined this call"
+        text = f"Permission denied: {reason}."
         if event.get("feedback"):
             text += f" The user says: {event['feedback']}"
         return text
     if event["type"] == "ToolCancelled":
-        return f"Cancelled: {event.get('reason') or 'the tool did not finish'}."
+        reason = event.get("reason") or "the tool did not finish"
+        return f"Cancelled: {reason}."
     return event.get("output") or "(no output)"
 
 
-def history(events: list[dict]) -> list[dict]:
-    """Fold durable events into the Anthropic `messages` list. Pure and deterministic: the same
-    events always give the same bytes. A model response counts only once ModelResponseCompleted
-    closes it; blocks of an attempt that failed or was cut off are not part of the conversation."""
-    start, messages = 0, []
-    for i, event in enumerate(events):
-        if event["type"] == "ContextCompacted":
-            start = next((j for j in range(i + 1) if events[j]["seq"] > event["cut_seq"]), i)
-            messages = [{"role": "user", "content": [{"type": "text", "text": event["summary"]}]}]
-    pruned = {tid for e in events if e["type"] == "ContextPruned" for tid in e["tool_use_ids"]}
-    pending, open_ids = [], set()
-    for event in events[start:]:
-        kind = event["type"]
-        if kind in TOOL_RESULT_EVENTS and any(b.get("id") == event["tool_use_id"] for b in pending):
-            # The response's closing line was lost (a damaged log); a result proves the response completed.
-            _close_calls(messages, open_ids)
-            messages.append({"role": "assistant", "content": pending})
-            open_ids, pending = {b["id"] for b in pending if b["type"] == "tool_use"}, []
-        if kind in ("UserMessageCreated", "SteeringInjected", "VerificationRequested"):
-            pending = []
-            if event["text"]:
-                _close_calls(messages, open_ids)
-                _add_user_block(messages, {"type": "text", "text": event["text"]})
-        elif kind == "ModelTextBlockCompleted":
-            if event["text"]:
-                pending.append({"type": "text", "text": event["text"]})
-        elif kind == "ModelThinkingBlockCompleted":
-            pending.append({"type": "redacted_thinking", "data": event["redacted"]} if "redacted" in event
-                           else {"type": "thinking", "thinking": event["thinking"], "signature": event["signature"]})
-        elif kind == "ToolRequested":
-            pending.append({"type": "tool_use", "id": event["tool_use_id"], "name": event["name"],
-                            "input": event["input"]})
-        elif kind in ("ModelRequestFailed", "Interrupted"):
-            pending = []
-        elif kind == "ModelResponseCompleted":
-            if pending:
-                _close_calls(messages, open_ids)
-                messages.append({"role": "assistant", "content": pending})
-                open_ids = {b["id"] for b in pending if b["type"] == "tool_use"}
-            pending = []
-        elif kind in TOOL_RESULT_EVENTS and event["tool_use_id"] in open_ids:
-            open_ids.discard(event["tool_use_id"])
-            block = {"type": "tool_result", "tool_use_id": event["tool_use_id"],
-                     "content": PRUNED_PLACEHOLDER if event["tool_use_id"] in pruned else tool_result_text(event)}
-            if kind != "ToolCompleted":
-                block["is_error"] = True
-            _add_user_block(messages, block)
-    return messages
+def api_block(event: dict) -> dict | None:
+    """The assistant content block of a block event; None for an empty text (the API refuses it)."""
+    kind = event["type"]
+    if kind == "ModelTextBlockCompleted":
+        if not event["text"]:
+            return None
+        return {"type": "text", "text": event["text"]}
+    if kind == "ModelThinkingBlockCompleted":
+        if "redacted" in event:
+            return {"type": "redacted_thinking", "data": event["redacted"]}
+        return {"type": "thinking", "thinking": event["thinking"],
+                "signature": event["signature"]}
+    return {"type": "tool_use", "id": event["tool_use_id"], "name": event["name"],
+            "input": event["input"]}
 
 
-def _close_calls(messages: list, open_ids: set) -> None:
-    """Every tool_use is answered before the conversation moves on. The kernel records a result for
-    each call, so this only acts on a damaged log (a skipped line held the result)."""
-    for tool_use_id in sorted(open_ids):
-        _add_user_block(messages, {"type": "tool_result", "tool_use_id": tool_use_id, "content": LOST_RESULT,
-                                   "is_error": True})
-    open_ids.clear()
+class Conversation:
+    """The Anthropic `messages` list, grown in place one closed response, user text or tool result
+    at a time. Only the last message ever changes, and only by appending (a request copies it)."""
+
+    def __init__(self, summary: str | None = None):
+        self.messages = []
+        self.open_ids = set()   # tool_use ids of the last response without a tool_result yet
+        if summary is not None:
+            self.messages.append({"role": "user", "content": [{"type": "text", "text": summary}]})
+
+    def add_response(self, blocks: list) -> None:
+        content = [block for block in map(api_block, blocks) if block is not None]
+        if not content:
+            return
+        self._close_calls()
+        self.messages.append({"role": "assistant", "content": content})
+        self.open_ids = {b["id"] for b in content if b["type"] == "tool_use"}
+
+    def add_user_text(self, text: str) -> None:
+        self._close_calls()
+        self._add_user_block({"type": "text", "text": text})
+
+    def add_result(self, event: dict, pruned: set) -> None:
+        tool_use_id = event["tool_use_id"]
+        if tool_use_id not in self.open_ids:
+            return          # its tool_use never counted (a dropped attempt)
+        self.open_ids.discard(tool_use_id)
+        content = PRUNED_PLACEHOLDER
+        if tool_use_id not in pruned:
+            content = tool_result_text(event)
+        block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": content}
+        if event["type"] != "ToolCompleted":
+            block["is_error"] = True
+        self._add_user_block(block)
+
+    def _close_calls(self) -> None:
+        """Every tool_use is answered before the conversation moves on. The kernel records a result
+        for each call, so this only acts on a damaged log (a skipped line held the result)."""
+        for tool_use_id in sorted(self.open_ids):
+            self._add_user_block({"type": "tool_result", "tool_use_id": tool_use_id,
+                                  "content": LOST_RESULT, "is_error": True})
+        self.open_ids = set()
+
+    def _add_user_block(self, block: dict) -> None:
+        """Consecutive user content shares one message: tool results first, then text."""
+        if self.messages and self.messages[-1]["role"] == "user":
+            self.messages[-1]["content"].append(block)
+        else:
+            self.messages.append({"role": "user", "content": [block]})
 
 
-def _add_user_block(messages: list, block: dict) -> None:
-    """Consecutive user content shares one message: tool results first, then text (the API's rule)."""
-    if messages and messages[-1]["role"] == "user":
-        messages[-1]["content"].append(block)
-    else:
-        messages.append({"role": "user", "content": [block]})
+def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: set) -> tuple[str, list]:
+    """Feed one event to the attempt and the conversation; returns the attempt's outcome."""
+    outcome, blocks = attempt.feed(event)
+    if outcome == CLOSED:
+        conversation.add_response(blocks)
+    kind = event["type"]
+    if kind in USER_TEXT_EVENTS and event["text"]:
+        conversation.add_user_text(event["text"])
+    elif kind in TOOL_RESULT_EVENTS:
+        conversation.add_result(event, pruned)
+    return outcome, blocks
 
 
-# ---------------------------------------------------------------- projection: kernel state
+# ---------------------------------------------------------------- the state: one fold for everyone
+
+CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's usage fields
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
+RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
+UNDO_ID = "undo"                # the tool_use_id of the FileModified an /undo records
+# Events after which the conversation is longer: a compaction has something new to cut.
+GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "ModelResponseCompleted",
+                            *TOOL_RESULT_EVENTS})
+
+
+def estimate_tokens(value) -> int:
+    text = value
+    if not isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+PLACEHOLDER_TOKENS = estimate_tokens(PRUNED_PLACEHOLDER)
+
 
 @dataclass
 class State:
-    """What the kernel needs to decide its next step; every field is derived from the log."""
-    turn_open: bool = False            # a user message arrived after the last turn end
-    needs_model: bool = False          # the conversation ends on the user side
-    pending_tools: list = field(default_factory=list)   # ToolRequested of completed responses, not answered yet
-    started_tools: set = field(default_factory=set)      # tool_use_ids with ToolStarted and no result
-    queued_steering: list = field(default_factory=list)  # SteeringQueued texts not yet injected
-    responses_in_turn: int = 0         # ModelResponseCompleted since the turn's user message
+    """Everything the kernel, context, CLI and UI read from a session, kept up to date by `apply`
+    as each event is appended. Fields marked (turn) start afresh with each user message."""
+    # -- the conversation
+    conversation: Conversation = field(default_factory=Conversation)
+    attempt: Attempt = field(default_factory=Attempt)
+    uncut: list = field(default_factory=list)   # events after the latest cut: prune and compaction refold them
+    summary: str | None = None          # the latest compaction's summary, the history's first message
+    cut_seq: int = 0                    # the latest compaction's cut
+    pruned: set = field(default_factory=set)        # tool_use_ids whose results show the placeholder
+    prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees), after the cut
+    measured: int | None = None         # tokens of the next request: last usage + estimate since; None: stale
+    safe_cut: int = 0                   # the newest seq at which the log may be cut
+    grew_seq: int = 0                   # the newest seq at which the conversation grew
+    # -- what derive_next reads
+    turn_open: bool = False             # a user message arrived after the last turn end
+    needs_model: bool = False           # the conversation ends on the user side
+    pending_tools: list = field(default_factory=list)   # calls of closed responses without a result
+    started_tools: set = field(default_factory=set)     # tool_use_ids with ToolStarted and no result
+    queued_steering: list = field(default_factory=list)  # SteeringQueued texts not injected yet
+    responses_in_turn: int = 0          # (turn) ModelResponseCompleted count
     last_stop_reason: str | None = None
-    recent_calls: list = field(default_factory=list)     # (name, input json) of the newest tool calls
-    last_failure: dict | None = None   # the newest ModelRequestFailed of this turn that was not retried
-    objective: str = ""                # the user message that opened the turn
-    changes: list = field(default_factory=list)   # (seq, path) of this turn's FileModified
-    commands: list = field(default_factory=list)  # this turn's bash runs and process starts: {seq, command, exit_code}
-    nudges: int = 0                    # VerificationRequested in this turn
-    suggested_checks: list = field(default_factory=list)   # the check commands those nudges named
+    recent_calls: list = field(default_factory=list)    # (turn) (name, input json) of the newest calls
+    last_failure: dict | None = None    # (turn) the newest ModelRequestFailed not retried
+    # -- the turn's evidence (the verification gate and TaskCompleted)
+    objective: str = ""                 # (turn) the user message that opened it
+    changes: list = field(default_factory=list)     # (turn) (seq, path) of FileModified
+    commands: list = field(default_factory=list)    # (turn) bash runs and process starts: {seq, command, exit_code}
+    nudges: int = 0                     # (turn) VerificationRequested count
+    suggested_checks: list = field(default_factory=list)    # (turn) the commands those nudges named
+    withheld: list = field(default_factory=list)    # (turn) answers the nudges held back
+    last_text: str = ""                 # (turn) text of the newest completed response
+    answer: str = ""                    # (turn) newest non-empty response text, or TaskCompleted's answer
+    failure_reason: str | None = None   # (turn) TaskFailed's reason
+    # -- the session
+    last_seq: int = 0
+    created_ts: int = 0                 # unix ms of the first event
+    updated_ts: int = 0                 # unix ms of the newest event
+    model: str = ""                     # SessionCreated's model, then the newest ModelChanged
+    chosen_model: str | None = None     # the newest /model choice (ModelChanged)
+    title: str = ""                     # SessionRenamed, else the first user message
+    branch: str = ""                    # the newest git baseline's branch
+    usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
+    last_usage: dict | None = None      # the newest response's usage
+    edits: dict = field(default_factory=dict)       # path -> its FileModified events, in edit order
+    baselines: list = field(default_factory=list)   # dirty paths of each BaselineRecorded
+    dirty_seen: set = field(default_factory=set)    # every path a baseline found dirty
+    dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
+    edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit made)
+    undo_stack: list = field(default_factory=list)  # edited paths, newest last, undone ones removed
+    processes: dict = field(default_factory=dict)   # process_id -> {id, command, status} still running
+    n_processes: int = 0                # the highest process number started ("p7" -> 7)
+    user_texts: list = field(default_factory=list)  # (seq, text) of every user message
+    turns: list = field(default_factory=list)       # [question, answer] of the newest turns
+    calls: dict = field(default_factory=dict)       # tool_use_id -> ToolRequested, until its result
+    loop_asks: set = field(default_factory=set)     # unanswered "continue the loop?" questions
+
+    @property
+    def messages(self) -> list:
+        """The Anthropic `messages` history (not a copy: build a request with a copy)."""
+        return self.conversation.messages
 
 
-def kernel_state(events: list[dict]) -> State:
-    s = State()
-    attempt = []    # ToolRequested of the response being streamed
-    calls, loop_asks = {}, set()    # ToolRequested by id; ids of unanswered "continue the loop?" questions
+def replay(events: list[dict]) -> State:
+    """The state of a log: the same `apply` the store runs as each event is appended."""
+    state = State()
     for event in events:
-        kind = event["type"]
-        if kind == "UserMessageCreated":
-            s.turn_open, s.needs_model, s.responses_in_turn, s.last_failure = True, True, 0, None
-            s.objective, s.changes, s.commands, s.nudges, s.suggested_checks = event["text"], [], [], 0, []
-            attempt, s.recent_calls = [], []
-        elif kind in TURN_END_EVENTS:
-            s.turn_open, s.needs_model = False, False
-        elif kind == "SteeringQueued":
-            s.queued_steering.append(event["text"])
-        elif kind == "SteeringInjected":
-            if event["text"] in s.queued_steering:
-                s.queued_steering.remove(event["text"])
-            s.needs_model = True
-        elif kind == "ToolRequested":
-            attempt.append(event)
-            calls[event["tool_use_id"]] = event
-        elif kind == "ModelRequestFailed":
-            attempt = []
-            if not event.get("retrying"):
-                s.last_failure = event
-        elif kind == "ModelResponseCompleted":
-            # Only calls of completed responses count: a retried stream repeats calls, the model did not.
-            s.recent_calls = (s.recent_calls + [(t["name"], json.dumps(t["input"], sort_keys=True))
-                                                for t in attempt])[-3:]
-            s.pending_tools, attempt = attempt, []
-            s.responses_in_turn += 1
-            s.last_stop_reason = event["stop_reason"]
-            s.needs_model = bool(s.pending_tools)
-        elif kind == "ToolStarted":
-            s.started_tools.add(event["tool_use_id"])
-        elif kind in TOOL_RESULT_EVENTS:
-            attempt = [t for t in attempt if t["tool_use_id"] != event["tool_use_id"]]   # (a damaged log)
-            call = calls.get(event["tool_use_id"])
-            if kind in ("ToolCompleted", "ToolFailed") and call and call["name"] == "bash":
-                s.commands.append({"seq": event["seq"], "command": str(call["input"].get("command", "")),
-                                   "exit_code": (event.get("meta") or {}).get("exit_code")})
-            s.started_tools.discard(event["tool_use_id"])
-            s.pending_tools = [t for t in s.pending_tools if t["tool_use_id"] != event["tool_use_id"]]
-        elif kind == "ContextCompacted":
-            s.needs_model = s.turn_open
-        elif kind == "FileModified":
-            s.changes.append((event["seq"], event["path"]))
-        elif kind == "ProcessStarted":
-            s.commands.append({"seq": event["seq"], "command": str(event.get("command", "")), "exit_code": None,
-                               "process_id": event["process_id"]})
-        elif kind == "ProcessExited":
-            for command in s.commands:
-                if command.get("process_id") == event["process_id"]:
-                    command["exit_code"] = event.get("exit_code")
-        elif kind == "VerificationRequested":
-            s.nudges, s.needs_model = s.nudges + 1, True
-            s.suggested_checks = s.suggested_checks + list(event.get("commands") or [])
-        elif kind == "PermissionRequested" and event.get("capability") == LOOP_CAPABILITY:
-            loop_asks.add(event["tool_use_id"])
-        elif kind == "PermissionGranted" and event["tool_use_id"] in loop_asks:
-            loop_asks.discard(event["tool_use_id"])
-            s.recent_calls = []          # the user let the repeated call go on: count afresh
-    return s
+        apply(state, event)
+    return state
 
 
-# ---------------------------------------------------------------- projection: usage
+def history(events: list[dict]) -> list[dict]:
+    """The Anthropic `messages` of a log. Deterministic: the same events give the same bytes."""
+    return replay(events).messages
 
-USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+def apply(state: State, event: dict) -> None:
+    """Fold one durable event into the state."""
+    state.last_seq = event["seq"]
+    state.updated_ts = event.get("ts", 0)
+    if not state.created_ts:
+        state.created_ts = state.updated_ts
+    state.uncut.append(event)
+    outcome, blocks = _grow(state.conversation, state.attempt, event, state.pruned)
+    if outcome == CLOSED:
+        _on_closed_response(state, blocks)
+    if outcome == DROPPED:
+        for block in blocks:        # calls that will never run
+            state.calls.pop(block.get("tool_use_id"), None)
+    handler = _HANDLERS.get(event["type"])
+    if handler is not None:
+        handler(state, event)
+    if event["type"] in GROWING_EVENTS:
+        state.grew_seq = event["seq"]
+    if not state.attempt.blocks and not state.conversation.open_ids:
+        state.safe_cut = event["seq"]
 
 
-def usage_totals(events: list[dict]) -> dict:
-    """Summed per model, from the API's own usage fields only."""
-    totals = {}
+def safe_cuts(events: list[dict]) -> list[int]:
+    """Every seq after the latest cut where the log may be cut: no response half-way through, every
+    tool_use before it answered before it. (The state keeps only the newest: `State.safe_cut`.)"""
+    state, cuts = State(), []
     for event in events:
-        if event["type"] == "ModelResponseCompleted":
-            per_model = totals.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
-            for key in USAGE_KEYS:
-                per_model[key] += event["usage"].get(key) or 0
-    return totals
+        apply(state, event)
+        if state.safe_cut == event["seq"]:
+            cuts.append(event["seq"])
+    return [seq for seq in cuts if seq > state.cut_seq]
 
 
-def session_title(events: list[dict]) -> str:
-    title = ""
-    for event in events:
-        if event["type"] == "SessionRenamed":
-            title = event["title"]
-        elif event["type"] == "UserMessageCreated" and not title:
-            title = " ".join(event["text"].split())[:60]
-    return title
+def history_through(state: State, cut_seq: int) -> list[dict]:
+    """The messages as they stood at `cut_seq`: what a compaction at that cut summarises."""
+    conversation, attempt = Conversation(state.summary), Attempt()
+    for event in state.uncut:
+        if event["seq"] > cut_seq:
+            break
+        _grow(conversation, attempt, event, state.pruned)
+    return conversation.messages
 
+
+def _refold(state: State) -> None:
+    """After a prune or a compaction: the conversation again, from the latest cut."""
+    state.conversation = Conversation(state.summary)
+    state.attempt = Attempt()
+    for event in state.uncut:
+        _grow(state.conversation, state.attempt, event, state.pruned)
+
+
+# ---------------------------------------------------------------- the state: one handler per event kind
+
+def _on_closed_response(state: State, blocks: list) -> None:
+    calls = [b for b in blocks if b["type"] == "ToolRequested"]
+    keys = [(c["name"], json.dumps(c["input"], sort_keys=True)) for c in calls]
+    state.recent_calls = (state.recent_calls + keys)[-RECENT_CALLS:]
+    state.pending_tools = calls
+    state.needs_model = bool(calls)
+    texts = [b["text"] for b in blocks if b["type"] == "ModelTextBlockCompleted" and b["text"]]
+    state.last_text = "\n\n".join(texts)
+    if state.last_text:
+        _set_answer(state, state.last_text)
+
+
+def _set_answer(state: State, text: str) -> None:
+    state.answer = text
+    if state.turns:
+        state.turns[-1][1] = text
+
+
+def _on_user_message(state: State, event: dict) -> None:
+    text = event["text"]
+    state.turn_open = True
+    state.needs_model = True
+    state.responses_in_turn = 0
+    state.recent_calls = []
+    state.last_failure = None
+    state.objective = text
+    state.changes = []
+    state.commands = []
+    state.nudges = 0
+    state.suggested_checks = []
+    state.withheld = []
+    state.last_text = ""
+    state.answer = ""
+    state.failure_reason = None
+    state.user_texts.append((event["seq"], text))
+    state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
+    if not state.title:
+        state.title = " ".join(text.split())[:60]
+    _add_since_measured(state, text)
+
+
+def _on_turn_end(state: State, event: dict) -> None:
+    state.turn_open = False
+    state.needs_model = False
+    if event["type"] == "TaskFailed":
+        state.failure_reason = event.get("reason")
+    elif event["type"] == "TaskCompleted" and event.get("answer"):
+        _set_answer(state, event["answer"])
+
+
+def _on_steering_queued(state: State, event: dict) -> None:
+    state.queued_steering = state.queued_steering + [event["text"]]
+
+
+def _on_steering_injected(state: State, event: dict) -> None:
+    queued = list(state.queued_steering)
+    if event["text"] in queued:
+        queued.remove(event["text"])
+    state.queued_steering = queued
+    state.needs_model = True
+    _add_since_measured(state, event.get("text") or "")
+
+
+def _on_tool_requested(state: State, event: dict) -> None:
+    state.calls[event["tool_use_id"]] = event
+
+
+def _on_request_failed(state: State, event: dict) -> None:
+    if not event.get("retrying"):
+        state.last_failure = event
+
+
+def _on_response_completed(state: State, event: dict) -> None:
+    usage = event.get("usage") or {}
+    state.responses_in_turn += 1
+    state.last_stop_reason = event["stop_reason"]
+    state.last_usage = usage
+    state.measured = sum(usage.get(key) or 0 for key in USAGE_KEYS)
+    per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
+    for key in USAGE_KEYS:
+        per_model[key] += usage.get(key) or 0
+
+
+def _on_tool_started(state: State, event: dict) -> None:
+    state.started_tools.add(event["tool_use_id"])
+
+
+def _on_tool_result(state: State, event: dict) -> None:
+    tool_use_id = event["tool_use_id"]
+    call = state.calls.pop(tool_use_id, None)
+    ran = event["type"] in ("ToolCompleted", "ToolFailed")
+    if ran and call is not None and call["name"] == "bash":
+        meta = event.get("meta") or {}
+        command = str(call["input"].get("command", ""))
+        state.commands.append({"seq": event["seq"], "command": command,
+                               "exit_code": meta.get("exit_code")})
+    state.started_tools.discard(tool_use_id)
+    state.pending_tools = [t for t in state.pending_tools if t["tool_use_id"] != tool_use_id]
+    output = event.get("output") or ""
+    tokens = estimate_tokens(output) - PLACEHOLDER_TOKENS
+    if ran and tokens > 0 and tool_use_id not in state.pruned:
+        state.prunable[tool_use_id] = (event["seq"], tokens)
+    _add_since_measured(state, output)
+
+
+def _add_since_measured(state: State, text: str) -> None:
+    """What arrived since the last response counts too (estimated) before the next call."""
+    if state.measured is not None:
+        state.measured += estimate_tokens(text)
+
+
+def _on_pruned(state: State, event: dict) -> None:
+    state.pruned = state.pruned | set(event["tool_use_ids"])
+    for tool_use_id in event["tool_use_ids"]:
+        state.prunable.pop(tool_use_id, None)
+    state.measured = None
+    _refold(state)
+
+
+def _on_compacted(state: State, event: dict) -> None:
+    cut_seq = event["cut_seq"]
+    state.summary = event["summary"]
+    state.cut_seq = cut_seq
+    state.uncut = [e for e in state.uncut if e["seq"] > cut_seq]
+    kept = {}
+    for tool_use_id, (seq, tokens) in state.prunable.items():
+        if seq > cut_seq:
+            kept[tool_use_id] = (seq, tokens)
+    state.prunable = kept
+    state.measured = None
+    state.needs_model = state.turn_open
+    _refold(state)
+
+
+def _on_file_modified(state: State, event: dict) -> None:
+    path = event["path"]
+    state.changes.append((event["seq"], path))
+    if path not in state.edits:
+        state.edits[path] = []
+        if path in state.dirty_seen:
+            state.dirty_before_edit.append(path)
+    state.edits[path].append(event)
+    state.edit_baseline = True
+    if event.get("tool_use_id") != UNDO_ID:
+        state.undo_stack.append(path)
+    elif path in state.undo_stack:
+        last = len(state.undo_stack) - 1 - state.undo_stack[::-1].index(path)
+        del state.undo_stack[last]
+
+
+def _on_baseline(state: State, event: dict) -> None:
+    state.baselines.append([entry["path"] for entry in event.get("dirty") or []])
+    state.dirty_seen.update(state.baselines[-1])
+    if event.get("git"):
+        state.branch = event.get("branch") or ""
+    if event.get("reason") == "before first edit":
+        state.edit_baseline = True
+
+
+def _on_process_started(state: State, event: dict) -> None:
+    process_id = event["process_id"]
+    command = str(event.get("command", ""))
+    state.commands.append({"seq": event["seq"], "command": command, "exit_code": None,
+                           "process_id": process_id})
+    state.processes[process_id] = {"id": str(process_id), "command": command, "status": "running"}
+    number = str(process_id).removeprefix("p")
+    if number.isdigit():
+        state.n_processes = max(state.n_processes, int(number))
+
+
+def _on_process_exited(state: State, event: dict) -> None:
+    for command in state.commands:
+        if command.get("process_id") == event["process_id"]:
+            command["exit_code"] = event.get("exit_code")
+    state.processes.pop(event["process_id"], None)
+
+
+def _on_verification(state: State, event: dict) -> None:
+    state.nudges += 1
+    state.needs_model = True
+    state.suggested_checks = state.suggested_checks + list(event.get("commands") or [])
+    state.withheld = state.withheld + [event.get("withheld") or ""]
+    _add_since_measured(state, event.get("text") or "")
+
+
+def _on_permission_requested(state: State, event: dict) -> None:
+    if event.get("capability") == LOOP_CAPABILITY:
+        state.loop_asks.add(event["tool_use_id"])
+
+
+def _on_permission_granted(state: State, event: dict) -> None:
+    if event["tool_use_id"] in state.loop_asks:
+        state.loop_asks.discard(event["tool_use_id"])
+        state.recent_calls = []     # the user let the repeated call go on: count afresh
+
+
+def _on_model(state: State, event: dict) -> None:
+    state.model = event.get("model") or state.model
+    if event["type"] == "ModelChanged":
+        state.chosen_model = event["model"]
+
+
+def _on_renamed(state: State, event: dict) -> None:
+    state.title = event["title"]
+
+
+_HANDLERS = {
+    "UserMessageCreated": _on_user_message,
+    "SteeringQueued": _on_steering_queued,
+    "SteeringInjected": _on_steering_injected,
+    "ToolRequested": _on_tool_requested,
+    "ModelRequestFailed": _on_request_failed,
+    "ModelResponseCompleted": _on_response_completed,
+    "ToolStarted": _on_tool_started,
+    "ContextPruned": _on_pruned,
+    "ContextCompacted": _on_compacted,
+    "FileModified": _on_file_modified,
+    "BaselineRecorded": _on_baseline,
+    "ProcessStarted": _on_process_started,
+    "ProcessExited": _on_process_exited,
+    "VerificationRequested": _on_verification,
+    "PermissionRequested": _on_permission_requested,
+    "PermissionGranted": _on_permission_granted,
+    "SessionCreated": _on_model,
+    "ModelChanged": _on_model,
+    "SessionRenamed": _on_renamed,
+    **dict.fromkeys(TOOL_RESULT_EVENTS, _on_tool_result),
+    **dict.fromkeys(TURN_END_EVENTS, _on_turn_end),
+}

@@ -127,8 +127,9 @@ class Kernel:
         self.busy = False
 
     @property
-    def log(self) -> list:
-        return self.bus.store.events
+    def state(self) -> events.State:
+        """The session's one projection, kept current by the store as events are appended."""
+        return self.bus.store.state
 
     def emit(self, type, **payload):
         return self.bus.emit(type, **payload)
@@ -138,13 +139,13 @@ class Kernel:
         if self.busy:
             self.emit("SteeringQueued", text=text)
             return
-        for call in events.kernel_state(self.log).pending_tools:
+        for call in list(self.state.pending_tools):
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="not run: the user sent a new message")
         self.emit("UserMessageCreated", text=text)
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
-        for tool_use_id in sorted(events.kernel_state(self.log).started_tools):
+        for tool_use_id in sorted(self.state.started_tools):
             self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="khaelor exited while the tool was running")
         self.bus.store.sync()
 
@@ -153,18 +154,18 @@ class Kernel:
         self.busy = True
         try:
             while True:
-                step = derive_next(events.kernel_state(self.log), self.max_turns)
+                step = derive_next(self.state, self.max_turns)
                 if step == "call-model":
                     await self.call_model()
                 elif step == "execute-tools":
                     await self.execute_tools()
                 elif step == "inject-steering":
-                    for text in events.kernel_state(self.log).queued_steering:
+                    for text in list(self.state.queued_steering):
                         self.emit("SteeringInjected", text=text)
                 elif step == "ask-user":
                     await self.ask_to_continue()
                 elif step == "verify":
-                    self.request_verification()
+                    await self.request_verification()
                 else:
                     return self.finish(step)
         except asyncio.CancelledError:
@@ -175,9 +176,9 @@ class Kernel:
             self.bus.store.sync()
 
     def finish(self, step: str) -> str:
-        state = events.kernel_state(self.log)
+        state = self.state
         if step == "done":
-            self.emit("TaskCompleted", **context.completion(state, self.log))
+            self.emit("TaskCompleted", **context.completion(state))
         elif step == "failed":
             self.emit("TaskFailed", reason=state.last_failure["message"])
         elif step == "max-turns":
@@ -188,7 +189,7 @@ class Kernel:
         """Doom loop: the same call three times in a row. The user decides through the permission
         panel; "continue" lets it run, a denial with a message goes to the model as the call's
         result, a bare denial (or nobody to ask, headless) ends the turn."""
-        pending = events.kernel_state(self.log).pending_tools
+        pending = list(self.state.pending_tools)
         call, what = pending[-1], f"{pending[-1]['name']} call"
         request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"], capability=events.LOOP_CAPABILITY,
                             descriptor=f"continue after {DOOM_LOOP_REPEATS} identical {what}s in a row",
@@ -204,29 +205,30 @@ class Kernel:
         if not feedback:
             self.emit("TaskFailed", reason=f"{reason}; say how to continue")
 
-    def request_verification(self) -> None:
+    async def request_verification(self) -> None:
         """The gate: hold the answer back and remind the model, as user-side text, to run checks."""
-        state = events.kernel_state(self.log)
+        state = self.state
         changed = context.unverified_changes(state)
-        commands = self.ctx.detect_checks(changed)
+        # Off the loop: detection reads the project's files (pyproject, package.json, tests/).
+        commands = await asyncio.to_thread(context.detect_checks, self.project_root, changed)
         self.emit("VerificationRequested", attempt=state.nudges + 1, changed_files=changed, commands=commands,
-                  withheld=context.last_response_text(self.log),
+                  withheld=state.last_text,
                   text=context.verification_nudge(changed, commands, state.nudges + 1, VERIFY_NUDGES))
 
     async def record_baseline(self, reason: str) -> None:
         """BaselineRecorded (ADR-15): git state, read-only, off the event loop."""
-        self.emit("BaselineRecorded", reason=reason, **await asyncio.to_thread(self.ctx.baseline))
+        payload = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
+        self.emit("BaselineRecorded", reason=reason, **payload)
 
     def interrupt_cleanup(self) -> None:
         """Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted."""
-        state = events.kernel_state(self.log)
-        for call in state.pending_tools:
+        for call in list(self.state.pending_tools):
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="interrupted by the user")
         self.emit("Interrupted")
 
     async def call_model(self) -> None:
         """One response. A context overflow is answered by pruning or compacting, then one retry."""
-        await self.keep_in_budget(self.ctx.plan(self.log))
+        await self.keep_in_budget(self.ctx.plan(self.state))
         for attempt in (1, 2):
             try:
                 await self.stream_response()
@@ -237,7 +239,7 @@ class Kernel:
                 if not overflow_retry:
                     break
                 try:
-                    await self.keep_in_budget(self.ctx.overflow_plan(self.log, str(e)))
+                    await self.keep_in_budget(self.ctx.overflow_plan(self.state, str(e)))
                 except ModelError as aux_error:
                     self.emit("ModelRequestFailed", kind=aux_error.kind, status=aux_error.status,
                               message=f"compaction failed: {aux_error}", retrying=False)
@@ -245,7 +247,9 @@ class Kernel:
         self.bus.store.sync()
 
     async def stream_response(self) -> None:
-        request = self.ctx.build_request(self.log, volatile=self.ctx.volatile_facts(self.toolbox.running_processes()))
+        # Off the loop: the facts include `git status`, which takes a while in a big repository.
+        volatile = await asyncio.to_thread(self.ctx.volatile_facts, self.toolbox.running_processes())
+        request = self.ctx.build_request(self.state, volatile=volatile)
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
         async for raw in self.model.stream(request):
@@ -260,15 +264,16 @@ class Kernel:
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
         """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
         if plan == "prune":
-            self.emit("ContextPruned", tool_use_ids=self.ctx.prune_ids(self.log))
+            self.emit("ContextPruned", tool_use_ids=context.prune_ids(self.state))
         elif plan == "compact":
             self.emit("Status", text="compacting the conversation…")
-            payload = await self.ctx.compact(self.log, self.model.complete, focus=focus)
+            payload = await context.compact(self.state, self.model.complete, focus=focus,
+                                            aux_model=self.ctx.aux_model)
             if payload is not None:
                 self.emit("ContextCompacted", **payload)
 
     async def execute_tools(self) -> None:
-        for call in events.kernel_state(self.log).pending_tools:
+        for call in list(self.state.pending_tools):
             await self.run_tool(call)
         self.bus.store.sync()
 
@@ -279,44 +284,59 @@ class Kernel:
                       output=f"Your {name} call could not be run: {call['input_error']}. Send the call again "
                              "with a complete JSON object as input.")
             return
-        if not await self.permitted(call):
+        decision = await self.permitted(call)
+        if decision is None:
             return
-        if name in ("write", "edit") and not any(e["type"] == "FileModified" or (
-                e["type"] == "BaselineRecorded" and e.get("reason") == "before first edit") for e in self.log):
+        if name in ("write", "edit") and not self.state.edit_baseline:
             await self.record_baseline("before first edit")     # what was already dirty is not ours
         self.emit("ToolStarted", tool_use_id=tool_use_id, name=name)
         try:
-            result = await self.toolbox.run(name, call["input"], tool_use_id)
+            result = await self.toolbox.run(name, call["input"], tool_use_id, confine=decision.confine)
         except asyncio.CancelledError:
             self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="interrupted by the user")
             raise
         kind = "ToolFailed" if result.is_error else "ToolCompleted"
         self.emit(kind, tool_use_id=tool_use_id, name=name, output=result.text, meta=result.meta)
 
-    async def permitted(self, call: dict) -> bool:
-        """The gate: the hardline floor always refuses; an ask goes to the user (or --yes)."""
+    async def permitted(self, call: dict) -> permissions.Decision | None:
+        """The gate: the hardline floor always refuses; an ask goes to the user (or --yes, except
+        for what destroys work in the repository). Returns the decision the call runs under (its
+        sandbox), or None when it must not run."""
         tool_use_id = call["tool_use_id"]
-        decision = permissions.decide(call["name"], call["input"], self.project_root, self.rules)
+        decision = self.decide(call)
         if decision.action == "allow" and not decision.floor:
-            return True
+            return decision
         if decision.floor or decision.action == "deny":
             why = f"refused by the {decision.reason}" if decision.floor else decision.reason or "denied by a rule"
             self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=f"{decision.descriptor}: {why}", feedback="")
-            return False
-        if self.yes:
+            return None
+        if self.yes and not decision.destructive:
             self.emit("PermissionGranted", tool_use_id=tool_use_id, scope="yes")
-            return True
+            return decision
+        if self.yes and self.headless:
+            reason = f"{decision.descriptor}: {decision.reason}; nobody is here to approve it"
+            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=reason, feedback="")
+            return None
         request = self.emit("PermissionRequested", tool_use_id=tool_use_id, capability=decision.capability,
                             descriptor=decision.descriptor, suggestion=decision.suggestion,
                             preview=permission_preview(call))
         choice, feedback = await self.ask(request)
         if choice == "deny":
             self.emit("PermissionDenied", tool_use_id=tool_use_id, reason="the user declined", feedback=feedback)
-            return False
+            return None
         if choice == "always" and decision.suggestion and self.grant:
             self.grant(decision.suggestion)
         self.emit("PermissionGranted", tool_use_id=tool_use_id, scope=choice)
-        return True
+        return decision
+
+    def decide(self, call: dict) -> permissions.Decision:
+        """permissions.decide with what only the session knows: whether commands are sandboxed,
+        and for `process write` the command the process runs."""
+        process_command = None
+        if call["name"] == "process" and isinstance(call["input"], dict):
+            process_command = self.toolbox.process_command(call["input"].get("id"))
+        return permissions.decide(call["name"], call["input"], self.project_root, self.rules,
+                                  sandboxed=self.toolbox.sandboxed, process_command=process_command)
 
 
 def permission_preview(call: dict) -> str:

@@ -113,16 +113,14 @@ def open_session(args, home: Path, project_root: Path):
 def session_summary(store) -> dict:
     """What a listing shows; cached in the session's .meta.json."""
     from model import price_of
-    log = store.events
-    totals = events.usage_totals(log)
+    state = store.state
+    totals = state.usage
     costs = [price_of(m, u) for m, u in totals.items()]
-    models = [e["model"] for e in log if e["type"] in ("SessionCreated", "ModelChanged")]
-    branch = next((e.get("branch") for e in reversed(log) if e["type"] == "BaselineRecorded" and e.get("git")), "")
-    return {"id": store.session_id, "title": events.session_title(log),
-            "created": log[0]["ts"] if log else 0, "updated": log[-1]["ts"] if log else 0,
+    return {"id": store.session_id, "title": state.title,
+            "created": state.created_ts, "updated": state.updated_ts,
             "tokens": sum(sum(u.values()) for u in totals.values()),
-            "cost": None if None in costs else sum(costs), "model": models[-1] if models else "",
-            "branch": branch or "", "n_messages": sum(e["type"] == "UserMessageCreated" for e in log)}
+            "cost": None if None in costs else sum(costs), "model": state.model,
+            "branch": state.branch, "n_messages": len(state.user_texts)}
 
 
 def summary_of(path: Path) -> dict | None:
@@ -287,24 +285,10 @@ def env_seconds(name: str, default: float) -> float:
 
 def current_model(store, settings) -> str:
     """--model wins; otherwise the newest /model choice recorded in the session, else the config."""
-    changed = [e["model"] for e in store.events if e["type"] == "ModelChanged"]
-    return changed[-1] if changed and settings.get("model_flag") is None else settings["model"]
-
-
-def final_text(log: list) -> str:
-    """The text of the last completed model response, or the answer TaskCompleted delivers after
-    the verification gate held one back."""
-    texts, answer = [], ""
-    for event in log:
-        if event["type"] == "ModelTextBlockCompleted":
-            texts.append(event["text"])
-        elif event["type"] in ("ModelRequestFailed", "UserMessageCreated"):
-            texts = []
-        elif event["type"] == "ModelResponseCompleted":
-            answer, texts = "\n\n".join(t for t in texts if t) or answer, []
-        elif event["type"] == "TaskCompleted" and event.get("answer"):
-            answer = event["answer"]
-    return answer
+    chosen = store.state.chosen_model
+    if chosen and settings.get("model_flag") is None:
+        return chosen
+    return settings["model"]
 
 
 async def run_headless(args, settings, store, home, project_root) -> int:
@@ -339,18 +323,16 @@ async def run_headless(args, settings, store, home, project_root) -> int:
 
 
 def report(args, store, step: str) -> int:
-    log = store.events
+    state = store.state
     failed = step != "done"
-    reason = next((e["reason"] for e in reversed(log) if e["type"] == "TaskFailed"), None) if failed else None
+    reason = state.failure_reason if failed else None
     if args.output_format == "json":
         summary = session_summary(store)
-        print(json.dumps({"session_id": store.session_id, "is_error": failed, "result": final_text(log),
-                          "error": reason, "usage": events.usage_totals(log), "cost_usd": summary["cost"],
-                          "num_turns": events.kernel_state(log).responses_in_turn}))
-    elif args.output_format == "text":
-        text = final_text(log)
-        if text:
-            print(text)
+        print(json.dumps({"session_id": store.session_id, "is_error": failed, "result": state.answer,
+                          "error": reason, "usage": state.usage, "cost_usd": summary["cost"],
+                          "num_turns": state.responses_in_turn}))
+    elif args.output_format == "text" and state.answer:
+        print(state.answer)
     if failed:
         print(f"khaelor: {reason}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
@@ -398,7 +380,7 @@ class Session:
         self.kernel.repair()
         loop = asyncio.get_running_loop()
         self.baseline = loop.create_task(self.kernel.record_baseline("resume")) if resumed else None
-        state = events.kernel_state(store.events)
+        state = store.state
         if state.turn_open and state.pending_tools:
             self.turn = loop.create_task(self.kernel.run())
 
@@ -477,7 +459,7 @@ class Session:
         return self._files
 
     def status(self) -> dict:
-        """Read on every frame: recomputed only when the log has grown (the folds are O(events))."""
+        """Read on every frame: recomputed only when the log has grown."""
         key = (self.store.path, len(self.store.events), self.kernel.ctx.model)
         if self._status_key != key:
             self._status_key, self._status = key, self.fold_status()
@@ -486,19 +468,18 @@ class Session:
     def fold_status(self) -> dict:
         import context
         from model import price_of
-        log = self.store.events
-        totals = events.usage_totals(log)
+        state = self.store.state
+        totals = state.usage
         summed = {k: sum(u[k] for u in totals.values()) for k in events.USAGE_KEYS}
         costs = [price_of(m, u, self.settings["prices"]) for m, u in totals.items()]
-        last = next((e["usage"] for e in reversed(log) if e["type"] == "ModelResponseCompleted"), None)
+        last = state.last_usage
         prompt = summed["input_tokens"] + summed["cache_read_tokens"] + summed["cache_write_tokens"]
         window = context.window_of(self.kernel.ctx.model)
         return {"model": self.kernel.ctx.model, "tokens": sum(summed.values()),
                 "cost": None if None in costs else sum(costs),
                 "context_pct": None if last is None else 100 * (sum(last.values())) / window,
                 "cache_share": summed["cache_read_tokens"] / prompt if prompt else None,
-                "branch": next((e.get("branch") or "" for e in reversed(log)
-                                if e["type"] == "BaselineRecorded" and e.get("git")), "")}
+                "branch": state.branch}
 
     async def quit(self) -> None:
         """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
@@ -541,8 +522,8 @@ class Session:
         store = open_session(args, self.home, self.project_root)
         await self.detach()
         self.attach(store)
-        return f"resumed `{store.session_id}`: {events.session_title(store.events) or '(untitled)'}" \
-            + recap(store.events)
+        return f"resumed `{store.session_id}`: {store.state.title or '(untitled)'}" \
+            + recap(store.state.turns)
 
     async def cmd_rename(self, title):
         if not title:
@@ -554,7 +535,7 @@ class Session:
     async def cmd_cost(self, _):
         from model import price_of
         lines = []
-        for name, usage in events.usage_totals(self.store.events).items():
+        for name, usage in self.store.state.usage.items():
             cost = price_of(name, usage, self.settings["prices"])
             lines.append(f"- {name}: input {usage['input_tokens']}, output {usage['output_tokens']}, cache read "
                          f"{usage['cache_read_tokens']}, cache write {usage['cache_write_tokens']} · "
@@ -562,14 +543,24 @@ class Session:
         return "\n".join(lines) or "no model calls yet"
 
     async def cmd_context(self, _):
-        last = next((e["usage"] for e in reversed(self.store.events) if e["type"] == "ModelResponseCompleted"), None)
-        rows = self.kernel.ctx.inspect(self.store.events, last)
-        return "\n".join(f"- {r.get('section')}: ~{r.get('tokens', 0)} tokens"
-                         + (f", {r['cached']} cached" if r.get("cached") else "") for r in rows)
+        rows = self.kernel.ctx.inspect(self.store.state)
+        lines = []
+        for row in rows:
+            line = f"- {row['section']}: ~{row['tokens']} tokens"
+            if row.get("cached_tokens"):
+                line += f", {row['cached_tokens']} cached"
+            lines.append(line)
+        return "\n".join(lines)
 
     async def cmd_compact(self, focus):
-        await self.kernel.keep_in_budget("compact", focus)
-        return "compacted"
+        n_before = len(self.store.events)
+        try:
+            await self.kernel.keep_in_budget("compact", focus)
+        finally:
+            self.bus.emit("Status", text="")      # the "compacting…" status ends with the command
+        if any(e["type"] == "ContextCompacted" for e in self.store.events[n_before:]):
+            return "compacted: the earlier turns are now a summary"
+        return "nothing to compact yet: the conversation is too short to summarise"
 
     async def cmd_model(self, name):
         from model import PRICES
@@ -588,22 +579,18 @@ class Session:
         import asyncio
 
         import context
-        now = await asyncio.to_thread(self.kernel.ctx.baseline)    # git status, read-only
-        return context.diff_report(self.store.events, [d["path"] for d in now.get("dirty") or []])
+        # git status, read-only, off the loop
+        now = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
+        return context.diff_report(self.store.state, [d["path"] for d in now.get("dirty") or []])
 
     async def cmd_undo(self, _):
         """khaelor's newest edit not undone yet goes back, byte for byte (the toolbox's history)."""
         if self.busy:
             return "khaelor is working; wait for the turn to end (or press Esc) before /undo"
-        edited = []
-        for event in self.store.events:
-            if event["type"] == "FileModified" and event["tool_use_id"] != UNDO_ID:
-                edited.append(event["path"])
-            elif event["type"] == "FileModified" and event["path"] in edited:
-                del edited[len(edited) - 1 - edited[::-1].index(event["path"])]
+        edited = self.store.state.undo_stack
         if not edited:
             return "nothing to undo"
-        return self.toolbox.undo(edited[-1], UNDO_ID).text
+        return self.toolbox.undo(edited[-1], events.UNDO_ID).text
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
@@ -618,26 +605,9 @@ class Session:
         return ui.QUIT
 
 
-UNDO_ID = "undo"    # the tool_use_id of the FileModified an /undo records
-
-
-def recap(log: list, n_turns: int = 3) -> str:
-    """The last few exchanges of a resumed session, as markdown quotes (the UI shows the full
-    conversation only for sessions opened at start-up)."""
-    turns, texts = [], []
-    for event in log:
-        kind = event["type"]
-        if kind == "UserMessageCreated":
-            turns.append([event["text"], ""])
-            texts = []
-        elif kind == "ModelTextBlockCompleted":
-            texts.append(event["text"])
-        elif kind in ("ModelResponseCompleted", "ModelRequestFailed"):
-            if kind == "ModelResponseCompleted" and turns and any(texts):
-                turns[-1][1] = "\n\n".join(t for t in texts if t)
-            texts = []
-        elif kind == "TaskCompleted" and event.get("answer") and turns:
-            turns[-1][1] = event["answer"]
+def recap(turns: list, n_turns: int = 3) -> str:
+    """The last few exchanges of a resumed session (`State.turns`), as markdown quotes (the UI
+    shows the full conversation only for sessions opened at start-up)."""
     lines = []
     for asked, answered in turns[-n_turns:]:
         lines.append("\n> **you:** " + " ".join(asked.split())[:300])

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Protocol
 
+import events
+
 
 # ════ The controller: what khaelor.py implements for the UI ════
 
@@ -687,6 +689,7 @@ class Timeline:
         self._text_started = False             # _text has settled lines already
         self._thinking: str | None = None
         self._requests: dict[str, dict] = {}   # PermissionRequested until Granted or Denied
+        self._attempt = events.Attempt()       # the closed-response rule, from events.py
         self._any = False
         self._held: FinishedCard | None = None   # the newest card, live until something follows
         self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
@@ -705,9 +708,18 @@ class Timeline:
             fields = collections.defaultdict(lambda: "?", event,
                                              n_pruned=len(event.get("tool_use_ids") or []))
             self._dim_line(NOTE_FORMATS[kind].format_map(fields))
+        if kind in events.DURABLE:
+            self._drop_dead_cards(event)
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(event)
+
+    def _drop_dead_cards(self, event: dict) -> None:
+        """A response retried or interrupted mid-stream: its calls will never run."""
+        outcome, blocks = self._attempt.feed(event)
+        if outcome == events.DROPPED:
+            for block in blocks:
+                self.cards.pop(block.get("tool_use_id"), None)
 
     def take_settled(self) -> list[str]:
         lines, self._settled = self._settled, []

@@ -28,6 +28,10 @@ class Log(list):
         self.append(event)
         return event
 
+    @property
+    def state(self) -> events.State:
+        return events.replay(self)
+
 
 def make_context(tmp_path, model="claude-sonnet-5-5", workspace=None) -> context.Context:
     root = tmp_path / "project"
@@ -132,7 +136,7 @@ def test_oversized_instruction_file_is_cut(tmp_path):
 def scripted_session(bus, requests, ctx):
     """A multi-turn session; a request is built wherever the kernel would call the model."""
     def call(volatile):
-        requests.append(ctx.build_request(bus.store.events, volatile=volatile))
+        requests.append(ctx.build_request(bus.store.state, volatile=volatile))
 
     bus.emit("SessionCreated", cwd="/p", project_root="/p", model=ctx.model, aux_model="a", version="0")
     bus.emit("UserMessageCreated", text="fix the failing parser test")
@@ -239,11 +243,11 @@ def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     async def summarize(request):
         return {"text": '{"objective": "make the parser tests pass", "next_steps": ["run pytest"]}', "usage": {}}
 
-    payload = asyncio.run(ctx.compact(store.events, summarize))
+    payload = asyncio.run(context.compact(store.state, summarize, aux_model=ctx.aux_model))
     bus.emit("ContextCompacted", **payload)
     bus.emit("UserMessageCreated", text="and the docs?")
-    live = ctx.build_request(store.events, volatile="<environment>x</environment>")
-    replayed = ctx.build_request(events.SessionStore.open(store.path).events, volatile="<environment>x</environment>")
+    live = ctx.build_request(store.state, volatile="<environment>x</environment>")
+    replayed = ctx.build_request(events.SessionStore.open(store.path).state, volatile="<environment>x</environment>")
     assert json.dumps(live) == json.dumps(replayed)
     assert live["messages"][0]["content"][0]["text"] == payload["summary"]
     check_api_valid(live["messages"])
@@ -287,7 +291,7 @@ def tool_turns(n_results: int, chars: int) -> Log:
 
 def test_prune_protects_the_newest_40k_tokens_of_tool_output():
     log = tool_turns(30, 16_000)          # 30 results of ~4K tokens each
-    ids = context.prune_ids(log)
+    ids = context.prune_ids(log.state)
     per_result = context.estimate_tokens("y" * 16_000) - context.estimate_tokens(events.PRUNED_PLACEHOLDER)
     n_kept = -(-context.PRUNE_PROTECT_TOKENS // per_result)
     assert ids == [f"t{i}" for i in range(30 - n_kept)]
@@ -295,9 +299,9 @@ def test_prune_protects_the_newest_40k_tokens_of_tool_output():
     assert sum(context.estimate_tokens(e["output"]) for e in kept) >= context.PRUNE_PROTECT_TOKENS
     # Already-pruned results are not chosen again; too little to gain means no pruning at all.
     log.add("ContextPruned", tool_use_ids=ids)
-    assert context.prune_ids(log) == []
-    assert context.prune_ids(tool_turns(12, 16_000)) == []
-    assert context.prune_ids(tool_turns(1, 1_000_000)) == []      # the newest result is never pruned
+    assert context.prune_ids(log.state) == []
+    assert context.prune_ids(tool_turns(12, 16_000).state) == []
+    assert context.prune_ids(tool_turns(1, 1_000_000).state) == []      # the newest result is never pruned
 
 
 def test_plan_uses_the_last_measured_usage(tmp_path):
@@ -306,25 +310,25 @@ def test_plan_uses_the_last_measured_usage(tmp_path):
     assert usable == 200_000 - context.MAX_OUTPUT_TOKENS - context.BUFFER_TOKENS
     assert context.window_of("claude-sonnet-5-5") == 1_000_000 and context.window_of("mystery-1") == 200_000
     log = tool_turns(30, 16_000)
-    assert ctx.plan(log) is None
+    assert ctx.plan(log.state) is None
     log.add("ModelResponseCompleted", message_id="z", model="x", stop_reason="tool_use",
             usage=usage(n_input=2_000, read=usable - 20_000, write=10_000, n_output=10_000))
-    assert ctx.plan(log) == "prune"              # ~100K prunable covers the ~2K over
-    log.add("ContextPruned", tool_use_ids=context.prune_ids(log))
-    assert ctx.plan(log) is None                 # stale until the next response is measured
+    assert ctx.plan(log.state) == "prune"              # ~100K prunable covers the ~2K over
+    log.add("ContextPruned", tool_use_ids=context.prune_ids(log.state))
+    assert ctx.plan(log.state) is None                 # stale until the next response is measured
     log.add("ModelResponseCompleted", message_id="z2", model="x", stop_reason="end_turn",
             usage=usage(n_input=1_000, read=usable, write=0))
-    assert ctx.plan(log) == "compact"            # nothing left worth pruning
-    assert ctx.overflow_plan(log, "prompt is too long: 250000 tokens > 200000 maximum") == "compact"
+    assert ctx.plan(log.state) == "compact"            # nothing left worth pruning
+    assert ctx.overflow_plan(log.state, "prompt is too long: 250000 tokens > 200000 maximum") == "compact"
     fresh = tool_turns(30, 16_000)
     # Tool output that arrived after the last response counts too (estimated), before the next call.
     fresh.add("ModelResponseCompleted", message_id="y", model="x", stop_reason="tool_use",
               usage=usage(n_input=1_000, read=usable - 30_000))
-    assert ctx.plan(fresh) is None
+    assert ctx.plan(fresh.state) is None
     fresh.add("ToolCompleted", tool_use_id="late", name="read", output="z" * 200_000, meta={})
-    assert ctx.plan(fresh) == "prune"
-    assert ctx.overflow_plan(fresh, "prompt is too long: 201000 tokens > 200000 maximum") == "prune"
-    assert ctx.overflow_plan(fresh, "prompt is too long") == "compact"
+    assert ctx.plan(fresh.state) == "prune"
+    assert ctx.overflow_plan(fresh.state, "prompt is too long: 201000 tokens > 200000 maximum") == "prune"
+    assert ctx.overflow_plan(fresh.state, "prompt is too long") == "compact"
 
 
 # ---------------------------------------------------------------- compaction cut (property test)
@@ -351,7 +355,7 @@ def random_log(rng: random.Random) -> Log:
             if rng.random() < 0.07:
                 log.add("Interrupted")
                 break
-            if not ids and log[-1]["type"] not in context.ASSISTANT_BLOCK_EVENTS:
+            if not ids and log[-1]["type"] not in events.BLOCK_EVENTS:
                 log.add("ModelTextBlockCompleted", text="done")
             log.add("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use" if ids else "end_turn",
                     usage=usage())
@@ -385,8 +389,8 @@ def random_log(rng: random.Random) -> Log:
                 log.add("SteeringInjected", text="also this")
             if rng.random() < 0.1:
                 log.add("ContextPruned", tool_use_ids=ids[:1])
-            if rng.random() < 0.15 and context.choose_cut(log) is not None:
-                log.add("ContextCompacted", checkpoint={}, summary="summary so far", cut_seq=context.choose_cut(log))
+            if rng.random() < 0.15 and context.choose_cut(log.state) is not None:
+                log.add("ContextCompacted", checkpoint={}, summary="summary so far", cut_seq=context.choose_cut(log.state))
     return Log(log[:rng.randint(1, len(log))])
 
 
@@ -397,8 +401,8 @@ def test_a_cut_never_separates_a_tool_use_from_its_result():
         log = random_log(rng)
         requested = {e["tool_use_id"]: e["seq"] for e in log if e["type"] == "ToolRequested"}
         answered = {e["tool_use_id"]: e["seq"] for e in log if e["type"] in events.TOOL_RESULT_EVENTS}
-        cuts = context.safe_cuts(log)
-        chosen = context.choose_cut(log)
+        cuts = events.safe_cuts(log)
+        chosen = context.choose_cut(log.state)
         assert chosen is None or chosen == cuts[-1]
         for cut in rng.sample(cuts, min(8, len(cuts))) + ([chosen] if chosen else []):
             n_cuts += 1
@@ -414,12 +418,12 @@ def test_a_cut_never_separates_a_tool_use_from_its_result():
 
 def test_newest_cut_is_the_end_of_a_settled_log():
     log = tool_turns(3, 10)
-    assert context.choose_cut(log) == log[-1]["seq"]
+    assert context.choose_cut(log.state) == log[-1]["seq"]
     log.add("ToolRequested", tool_use_id="open", name="bash", input={})
     log.add("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage=usage())
-    assert context.choose_cut(log) == log[-3]["seq"]       # not between a tool_use and its result
+    assert context.choose_cut(log.state) == log[-3]["seq"]       # not between a tool_use and its result
     log.add("ContextCompacted", checkpoint={}, summary="s", cut_seq=log[-3]["seq"])
-    assert context.choose_cut(log) is None                 # nothing new since the last cut
+    assert context.choose_cut(log.state) is None                 # nothing new since the last cut
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -455,7 +459,7 @@ def test_compact_builds_a_tool_free_request_and_records_log_facts(tmp_path):
         seen.append(request)
         return 'Sure! {"objective": "fix quotes", "running_processes": [{"id": "wrong"}]} trailing'
 
-    payload = asyncio.run(context.compact(log, summarize, focus="the parser", aux_model="claude-haiku-5-5"))
+    payload = asyncio.run(context.compact(log.state, summarize, focus="the parser", aux_model="claude-haiku-5-5"))
     request = seen[0]
     assert "tools" not in request and request["model"] == "claude-haiku-5-5"
     assert "tool_use" not in json.dumps(request["messages"]).replace("[tool call", "")
@@ -513,7 +517,7 @@ def test_inspect_reports_every_section(tmp_path):
     ctx, requests = make_context(tmp_path), []
     store = events.SessionStore.create(tmp_path / "s")
     scripted_session(events.Bus(store), requests, ctx)
-    rows = ctx.inspect(store.events, usage(n_input=100, read=3_000, write=200), volatile="<environment>x</environment>")
+    rows = ctx.inspect(store.state, usage(n_input=100, read=3_000, write=200), volatile="<environment>x</environment>")
     names = [row["section"] for row in rows]
     assert names[:-1] == ["tools", "system: identity", "system: tool guidance", "system: project",
                           "checkpoint", "history", "volatile tail"]

@@ -134,11 +134,11 @@ def test_kernel_state_tracks_pending_and_started_tools(tmp_path):
     bus.emit("UserMessageCreated", text="go")
     bus.emit("ToolRequested", tool_use_id="t1", name="bash", input={"command": "sleep 9"})
     bus.emit("ToolRequested", tool_use_id="t2", name="read", input={"file_path": "x"})
-    state = events.kernel_state(bus.store.events)
+    state = events.replay(bus.store.events)
     assert state.pending_tools == [] and state.needs_model   # the response is not complete yet
     bus.emit("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage={})
     bus.emit("ToolStarted", tool_use_id="t1", name="bash")
-    state = events.kernel_state(bus.store.events)
+    state = events.replay(bus.store.events)
     assert [t["tool_use_id"] for t in state.pending_tools] == ["t1", "t2"]
     assert state.started_tools == {"t1"}
 
@@ -146,5 +146,5 @@ def test_kernel_state_tracks_pending_and_started_tools(tmp_path):
 def test_usage_totals_sum_the_api_fields_per_model(tmp_path):
     bus = new_bus(tmp_path)
     tool_loop(bus)
-    assert events.usage_totals(bus.store.events) == {"claude-sonnet-5-5": {
+    assert bus.store.state.usage == {"claude-sonnet-5-5": {
         "input_tokens": 20, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}}

@@ -71,10 +71,10 @@ def next_request(log_path, project, home, scratch):
     k.repair()
     k.submit("continue")
     store.close()
-    assert kernel.derive_next(events.kernel_state(store.events)) == "call-model"
+    assert kernel.derive_next(store.state) == "call-model"
     ctx = context.Context(project_root=project, cwd=project, home=home, model="claude-sonnet-5-5",
                           tool_schemas=tools.SCHEMAS)
-    request = ctx.build_request(store.events, volatile="<environment>\nDate: today\n</environment>")
+    request = ctx.build_request(store.state, volatile="<environment>\nDate: today\n</environment>")
     return store, json.loads(json.dumps(request))
 
 

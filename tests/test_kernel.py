@@ -19,7 +19,7 @@ def completed(stop="tool_use"):
 
 
 def step(*items, max_turns=None):
-    return derive_next(events.kernel_state(log_of(*items)), max_turns)
+    return derive_next(events.replay(log_of(*items)), max_turns)
 
 
 def test_derive_next_follows_the_conversation():

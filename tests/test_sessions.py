@@ -172,7 +172,7 @@ def test_baselines_and_attribution_keep_the_users_changes_apart(khaelor, fake, r
     evidence = types(log, "TaskCompleted")[-1]["evidence"]
     assert evidence["changed_files"] == ["app.py"] and evidence["preexisting_changes"] == ["README.md"]
     now = context.git_baseline(__import__("tools").Workspace(repo))
-    report = context.diff_report(log, [d["path"] for d in now["dirty"]])
+    report = context.diff_report(events.replay(log), [d["path"] for d in now["dirty"]])
     mine, theirs = report.split("**Already changed when the session started")
     assert "`app.py` +1 −1" in mine and "+    return 'hi'" in mine and "README.md" not in mine
     assert "`README.md`" in theirs.split("**Changed during")[0]
@@ -189,10 +189,12 @@ def test_a_file_already_dirty_before_khaelor_is_flagged_in_diff(tmp_path):
             "diff": "--- a/app.py\n+++ b/app.py\n@@ -1 +1,2 @@\n x\n+y\n", "tool_use_id": "t"},
            {"type": "BaselineRecorded", "reason": "resume", "git": True,
             "dirty": [{"path": "app.py", "status": ".M"}, {"path": "later.txt", "status": "??"}]}]
-    who = context.attribute_changes(log, ["app.py", "notes.md", "later.txt", "new.txt"])
+    log = [{"v": 1, "seq": seq, "ts": 0, **event} for seq, event in enumerate(log, 1)]
+    state = events.replay(log)
+    who = context.attribute_changes(state, ["app.py", "notes.md", "later.txt", "new.txt"])
     assert who == {"khaelor": ["app.py"], "preexisting": ["app.py", "notes.md"], "outside": ["later.txt", "new.txt"],
                    "dirty_before_edit": ["app.py"]}
-    assert "it had uncommitted changes before khaelor's first edit" in context.diff_report(log)
+    assert "it had uncommitted changes before khaelor's first edit" in context.diff_report(state)
 
 
 def test_outside_a_git_repository_the_baseline_says_so(khaelor, fake, project):
@@ -230,9 +232,9 @@ def test_identical_calls_in_separate_turns_are_not_a_loop():
                 {"type": "ToolRequested", "tool_use_id": f"t{i}", "name": "bash", "input": {"command": "make"}},
                 {"type": "ModelResponseCompleted", "stop_reason": "tool_use", "usage": {}}]
     log = [dict(e, seq=n) for n, e in enumerate(log, 1)]
-    assert derive_next(events.kernel_state(log)) == "execute-tools"
+    assert derive_next(events.replay(log)) == "execute-tools"
     inside_one_turn = [e for e in log if e["type"] != "UserMessageCreated" or e["seq"] == 1]
-    assert derive_next(events.kernel_state([e for e in inside_one_turn if e["type"] != "TaskCompleted"])) == "ask-user"
+    assert derive_next(events.replay([e for e in inside_one_turn if e["type"] != "TaskCompleted"])) == "ask-user"
 
 
 # ---------------------------------------------------------------- sessions: listing, caches, resume
@@ -335,19 +337,19 @@ def test_the_gate_is_skipped_when_the_turn_budget_is_spent_and_after_two_reminde
             {"type": "FileModified", "tool_use_id": "t", "path": "a.py"},
             {"type": "ToolCompleted", "tool_use_id": "t", "name": "write", "output": "", "meta": {}},
             {"type": "ModelResponseCompleted", "stop_reason": "end_turn", "usage": {}}]
-    assert derive_next(events.kernel_state(at(*base))) == "verify"
-    assert derive_next(events.kernel_state(at(*base)), max_turns=2) == "done"
+    assert derive_next(events.replay(at(*base))) == "verify"
+    assert derive_next(events.replay(at(*base)), max_turns=2) == "done"
     nudge = {"type": "VerificationRequested", "text": "check", "commands": []}
     again = {"type": "ModelResponseCompleted", "stop_reason": "end_turn", "usage": {}}
-    assert derive_next(events.kernel_state(at(*base, nudge))) == "call-model"
-    assert derive_next(events.kernel_state(at(*base, nudge, again))) == "verify"
-    assert derive_next(events.kernel_state(at(*base, nudge, again, nudge, again))) == "done"
+    assert derive_next(events.replay(at(*base, nudge))) == "call-model"
+    assert derive_next(events.replay(at(*base, nudge, again))) == "verify"
+    assert derive_next(events.replay(at(*base, nudge, again, nudge, again))) == "done"
     started = {"type": "ProcessStarted", "process_id": "p1", "pid": 1, "command": "npm test -- --watch=false"}
-    state = events.kernel_state(at(*base[:-1], started, {"type": "ProcessExited", "process_id": "p1",
+    state = events.replay(at(*base[:-1], started, {"type": "ProcessExited", "process_id": "p1",
                                                           "exit_code": 1, "cause": "exited"}, base[-1]))
     assert derive_next(state) == "done" and state.commands[-1]["exit_code"] == 1   # a background check counts
     max_tokens = dict(base[-1], stop_reason="max_tokens")
-    assert derive_next(events.kernel_state(at(*base[:-1], max_tokens))) == "done"
+    assert derive_next(events.replay(at(*base[:-1], max_tokens))) == "done"
 
 
 # ---------------------------------------------------------------- empty sessions are never listed or continued (issue 14)

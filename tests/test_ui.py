@@ -994,6 +994,23 @@ def test_a_cancelled_or_denied_call_closes_its_question_and_its_card():
     assert timeline.permissions == [] and timeline.cards == {}
 
 
+def test_a_card_of_a_retried_or_interrupted_response_does_not_stay_queued():
+    timeline = ui.Timeline(MONO, 80)
+    timeline.apply(event("ToolRequested", tool_use_id="t1", name="bash", input={"command": "make"}))
+    assert any("queued" in line for line in timeline.live_lines(0.0))
+    timeline.apply(event("ModelRequestFailed", kind="retryable", status=529, message="overloaded",
+                         retrying=True))
+    assert timeline.cards == {} and not any("queued" in line for line in timeline.live_lines(0.0))
+    timeline.apply(event("ToolRequested", tool_use_id="t2", name="bash", input={"command": "make"}))
+    timeline.apply(event("Interrupted"))
+    assert timeline.cards == {}
+    # A call of a response that completed keeps its card until its result.
+    timeline.apply(event("ToolRequested", tool_use_id="t3", name="bash", input={"command": "make"}))
+    timeline.apply(event("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use",
+                         usage={}))
+    assert list(timeline.cards) == ["t3"]
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_typing_with_a_question_open_writes_a_message_and_never_answers(width):
     ctrl = FakeController(busy=True)

@@ -1,0 +1,138 @@
+"""Per-step cost over a long session (issue 13). Run: python3 bench/bench_steps.py [--steps 1000]
+
+One turn of N tool steps through the real kernel, context and toolbox (the `read` tool on a
+small file in a temporary project), against a scripted in-process model that streams one text
+block and one tool call per response. It measures:
+- khaelor's own CPU per step (time.process_time between two model calls), early (steps 11-60)
+  and late (the last 50), with the cost of what the SDK would do to the request (deep-copying
+  the messages and JSON-encoding the body) measured separately and left out;
+- the longest time the event loop was blocked (a 1 ms ticker's worst lateness).
+Budget: late ≤ 1.5 × early; no block over 16 ms.
+"""
+import argparse
+import asyncio
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import context  # noqa: E402
+import events  # noqa: E402
+import kernel  # noqa: E402
+import permissions  # noqa: E402
+import tools  # noqa: E402
+
+USAGE = {"input_tokens": 50, "cache_read_tokens": 9_000, "cache_creation_input_tokens": 0,
+         "output_tokens": 40}
+
+
+class ScriptedModel:
+    """Streams `n_steps` responses of one text block and one read call, then a final answer."""
+
+    def __init__(self, n_steps: int):
+        self.n_steps = n_steps
+        self.step_cpu = []      # process_time at the start of each model call
+        self.sdk_cpu = []       # CPU of copying + encoding each request, as the SDK would
+
+    async def stream(self, request: dict):
+        await asyncio.sleep(0.001)     # the network: the loop runs other tasks meanwhile
+        now = time.process_time()
+        copy.deepcopy(request["messages"])
+        json.dumps(request)
+        self.sdk_cpu.append(time.process_time() - now)
+        self.step_cpu.append(now)
+        n = len(self.step_cpu)
+        yield {"type": "message_start", "message": {"id": f"m{n}", "model": request["model"],
+                                                    "usage": USAGE}}
+        yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        text = f"Step {n}: reading the module to see how the parser handles it."
+        yield {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+        yield {"type": "content_block_stop", "index": 0}
+        stop = "end_turn"
+        if n <= self.n_steps:
+            stop = "tool_use"
+            block = {"type": "tool_use", "id": f"toolu_{n}", "name": "read", "input": {}}
+            yield {"type": "content_block_start", "index": 1, "content_block": block}
+            partial = json.dumps({"file_path": "src/module.py", "offset": 1 + n % 5})
+            delta = {"type": "input_json_delta", "partial_json": partial}
+            yield {"type": "content_block_delta", "index": 1, "delta": delta}
+            yield {"type": "content_block_stop", "index": 1}
+        yield {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 40}}
+        yield {"type": "message_stop"}
+
+    async def complete(self, request):
+        return {"text": "{}"}
+
+    async def close(self):
+        pass
+
+
+async def ticker(worst: list) -> None:
+    """Records how late a 1 ms sleep wakes up: the longest stretch the loop was blocked."""
+    while True:
+        before = time.perf_counter()
+        await asyncio.sleep(0.001)
+        worst[0] = max(worst[0], time.perf_counter() - before - 0.001)
+
+
+async def run(n_steps: int, project: Path, home: Path) -> tuple[ScriptedModel, float]:
+    (project / "src").mkdir(parents=True)
+    lines = [f"def function_{i}(value):\n    return value * {i}  # some code\n" for i in range(20)]
+    (project / "src" / "module.py").write_text("".join(lines))
+    store = events.SessionStore.create(home / "sessions")
+    bus = events.Bus(store)
+    toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit)
+    ctx = context.Context(project_root=project, cwd=project, home=home, model="claude-sonnet-5-5",
+                          tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
+    model = ScriptedModel(n_steps)
+
+    async def ask(request):
+        return "once", ""
+
+    agent = kernel.Kernel(bus=bus, model=model, toolbox=toolbox, ctx=ctx,
+                          rules=permissions.load_rules([]), project_root=project, ask=ask)
+    bus.emit("SessionCreated", cwd=str(project), project_root=str(project),
+             model=ctx.model, aux_model=ctx.aux_model, version="bench")
+    agent.submit("Read the module again and again.")
+    worst = [0.0]
+    watch = asyncio.create_task(ticker(worst))
+    await asyncio.sleep(0.01)
+    worst[0] = 0.0
+    try:
+        await agent.run()
+    finally:
+        watch.cancel()
+        await toolbox.close()
+        store.close()
+    return model, worst[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model, worst = asyncio.run(run(args.steps, Path(tmp) / "project", Path(tmp) / "home"))
+    starts, sdk = model.step_cpu, model.sdk_cpu
+    # A step: from one model call to the next, less the SDK-equivalent work done at its start.
+    per_step = [b - a - cost for a, b, cost in zip(starts, starts[1:], sdk)]
+    early, late = per_step[10:60], per_step[-50:]
+    early_ms, late_ms = statistics.mean(early) * 1e3, statistics.mean(late) * 1e3
+    print(f"steps: {len(per_step)}")
+    print(f"khaelor CPU per step: early {early_ms:.2f} ms, late {late_ms:.2f} ms "
+          f"(late/early {late_ms / early_ms:.2f}; budget 1.50)")
+    sdk_early, sdk_late = statistics.mean(sdk[10:60]) * 1e3, statistics.mean(sdk[-50:]) * 1e3
+    print(f"SDK-equivalent request copy + JSON encode: early {sdk_early:.2f} ms, "
+          f"late {sdk_late:.2f} ms (not in the numbers above)")
+    print(f"whole run CPU (khaelor only): {sum(per_step):.2f} s")
+    print(f"longest event-loop block: {worst * 1e3:.1f} ms (budget 16)")
+
+
+if __name__ == "__main__":
+    main()
