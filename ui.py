@@ -589,6 +589,11 @@ PHASES = {"ModelStarted": "waiting for the model", "ToolInputDelta": "preparing 
           "TextDelta": "writing", "ThinkingDelta": "thinking", "ToolStarted": None,
           "ToolRequested": "", "ModelResponseCompleted": "", "TaskCompleted": "",
           "TaskFailed": "", "Interrupted": ""}
+# Deltas whose characters count toward "↓ ~N tokens" in the status line (text field of each).
+STREAMED_FIELDS = {"TextDelta": "text", "ThinkingDelta": "text", "ToolInputDelta": "partial_json"}
+RESPONSE_ENDS = frozenset({"ModelResponseCompleted", "ModelRequestFailed", "Interrupted",
+                           "TaskCompleted", "TaskFailed"})
+CHARS_PER_TOKEN = 4        # the status line's output estimate; the API's count arrives at the end
 # Events that first settle whatever is still streaming (text, thinking).
 FLUSHING = frozenset({"UserMessageCreated", "ModelResponseCompleted", "TaskCompleted",
                       "TaskFailed", "Interrupted", "ToolRequested", "PermissionRequested"})
@@ -694,6 +699,8 @@ class Timeline:
         self._held: FinishedCard | None = None   # the newest card, live until something follows
         self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
         self._queued: list[list[str]] = []     # steering notes waiting for the stream's block to end
+        self._model_started: float | None = None   # monotonic time of the running model call
+        self._n_streamed = 0                   # characters it has streamed (the token estimate)
 
     # -- folding --
 
@@ -702,6 +709,14 @@ class Timeline:
         if kind in PHASES:
             self.status_text = ""
             self.phase = self.phase if PHASES[kind] is None else PHASES[kind]
+        if kind in STREAMED_FIELDS:
+            self._n_streamed += len(event.get(STREAMED_FIELDS[kind]) or "")
+        elif kind == "ModelStarted":
+            self._model_started, self._n_streamed = time.monotonic(), 0
+        elif kind in RESPONSE_ENDS and event.get("retrying"):
+            self._n_streamed = 0               # the same call streams again from the start
+        elif kind in RESPONSE_ENDS:
+            self._model_started = None
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
@@ -1030,7 +1045,12 @@ class Timeline:
         if running:
             card = running[-1]
             return f"running {card.name} {card.summary} · {int(now - card.started)}s"
-        return self.status_text or self.phase
+        if self.status_text or not self.phase or self._model_started is None:
+            return self.status_text or self.phase
+        facts = [f"{int(now - self._model_started)}s"]
+        if self._n_streamed:
+            facts.append(f"↓ ~{format_count(self._n_streamed / CHARS_PER_TOKEN)} tokens")
+        return " · ".join([self.phase] + facts)
 
 
 def render_transcript(events: Iterable[dict], width: int, color: bool = False,

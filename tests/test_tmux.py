@@ -396,3 +396,24 @@ def test_open_and_quit_leaves_no_session_and_continue_finds_the_conversation(ter
     resumed.keys("Enter")
     screen = resumed.wait_for("(this one)")
     assert screen.count("· just now ·") == 1
+
+
+def test_model_rejects_an_unknown_id_and_compact_clears_its_status(terminal):
+    term = terminal([reply(text("short answer")), reply(text('{"objective": "say hello", "current_state": "done"}'))])
+    term.type("/model claude-nonsense-9")
+    term.keys("Enter")
+    screen = term.wait_for("unknown model")
+    assert "claude-sonnet-5-5" in screen and "claude-haiku-5-5" in screen
+    assert "claude-nonsense-9 ·" not in screen            # the status line kept the real model
+    term.type("/compact")
+    term.keys("Enter")
+    term.wait_for("nothing to compact yet")
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("short answer")
+    term.type("/compact")
+    term.keys("Enter")
+    term.wait_for("compacted: the earlier turns are now a summary")
+    time.sleep(0.3)
+    assert "compacting" not in term.screen()
+    assert len(term.requests()) == 2 and rejected(term) == []

@@ -1164,3 +1164,21 @@ def test_steering_queued_mid_code_block_shows_after_the_block(width):
              for needle in ("first = 1", "third = 3", "Done.", "Queued instruction")]
     assert order == sorted(order)
     assert sum("Queued instruction" in r for r in rows) == 1
+
+
+# ---- honest status while streaming (issue 14) ----
+
+def test_the_status_line_shows_elapsed_time_and_output_tokens_while_streaming():
+    app = ui.App(FakeController(busy=True), style=MONO, width=100, height=20)
+    app.on_event(event("ModelStarted", model="m"))
+    started = app.timeline._model_started
+    assert app.timeline.activity(started + 3.2) == "waiting for the model · 3s"
+    app.on_event(event("TextDelta", text="word " * 400))        # 2,000 characters
+    lines, _ = app.frame(started + 12.5)
+    status = next(line for line in lines if "writing" in line)
+    assert "writing · 12s · ↓ ~500 tokens" in status
+    app.on_event(event("ModelRequestFailed", kind="retryable", message="overloaded", retrying=True))
+    app.on_event(event("TextDelta", text="abcd" * 10))
+    assert app.timeline.activity(started + 14) == "writing · 14s · ↓ ~10 tokens"
+    app.on_event(event("ModelResponseCompleted", stop_reason="end_turn", usage={}))
+    assert "tokens" not in app.timeline.activity(started + 15)
