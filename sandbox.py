@@ -148,10 +148,12 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, {"READ_FILE", "IOCTL_DEV"}) for device in READABLE_DEVICES + TERMINAL_DEVICES]
     grants += [("/dev", {"READ_DIR"})]
-    grants += [(path, WRITE if confine["write"] else READ) for path in confine["paths"]]
+    grants += [(_existing(path), WRITE if confine["write"] else READ) for path in confine["paths"]]
+    # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there, and git
+    # writes the blobs it hands to a textconv or an external diff there. Nothing else is.
+    grants += [(temp_dir, WRITE)] if temp_dir else []
     if confine["write"]:
         grants += [(project, WRITE)] + [(device, DEVICE) for device in TERMINAL_DEVICES]
-        grants += [(temp_dir, WRITE)] if temp_dir else []
     network = confine["network"] or abi < 4
     attr = _RulesetAttr(_mask(FS_NAMES, abi), 0 if network else _mask(["CONNECT_TCP"], abi),
                         _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi))
@@ -169,6 +171,15 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
         os.close(fd)
         raise
     return fd
+
+
+def _existing(path: str) -> str:
+    """An approved path, or for one still to be made (mkdir, cp to a new name) its nearest existing
+    directory: Landlock rules hold on to inodes, and creating a name needs rights on its directory."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path) and os.path.dirname(path) not in (path, "/"):
+        path = os.path.dirname(path)
+    return path
 
 
 def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int) -> None:
@@ -280,16 +291,16 @@ def _pids_in_groups(pgids: set[int]) -> list[int]:
 
 
 def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str, str]]:
-    """(key, value) pairs for GIT_CONFIG_*: the fixed ones, and for read-only commands each driver key
-    the repository's own config defines, replaced by something that runs nothing."""
-    pairs = list(GIT_ALWAYS)
-    if not read_only:
-        return pairs
-    pairs += GIT_READ_ONLY
+    """(key, value) pairs for GIT_CONFIG_*: the fixed ones; each external diff command the repository's
+    own config defines; and for read-only commands its other drivers too, each replaced by something
+    that runs nothing."""
+    pairs = list(GIT_ALWAYS) + (GIT_READ_ONLY if read_only else [])
     for key in repository_keys:
         lowered = key.lower()
         if lowered.endswith((".command", "diff.external")):
             pairs.append((key, EXTERNAL_DIFF_NOTE))
+        elif not read_only:
+            continue
         elif lowered.endswith(".textconv"):
             pairs.append((key, "cat"))          # textconv gets the file's path: cat shows it unconverted
         elif lowered.startswith("filter."):
@@ -317,6 +328,7 @@ DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file s
 # Where such a line names its path: quoted ('x', "x", `x', ‘x’), or as "<path>: Permission denied".
 DENIED_PATH = re.compile(r"""['"`‘]([^'"`’\n]+)['"`’]|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only)""")
 CONNECTING = re.compile(r"connect|socket|urlopen|https?://|network|port \d+", re.I)
+CURL_REFUSED = re.compile(r"Couldn't connect to server")   # curl does not say why; Landlock makes it fail at once
 
 
 def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path | None, home: Path,
@@ -325,9 +337,9 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
     it would need (a path, write access outside the project, network) and that the user can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine["paths"])
-    writable = [os.path.realpath(path) for path in confine["paths"]]
+    writable = [os.path.realpath(path) for path in confine["paths"]] + ([str(temp_dir)] if temp_dir else [])
     if confine["write"]:
-        writable += [str(project)] + ([str(temp_dir)] if temp_dir else [])
+        writable.append(str(project))
     needs = []
     for line in lines:
         for match in DENIED_PATH.finditer(line):
@@ -339,6 +351,8 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
                 needs.append(f"write access to {path}{where}")
     if not needs and not confine["network"] and any(CONNECTING.search(line) or "Errno 13]" in line for line in lines):
         needs.append("network access")      # Landlock refuses a TCP connect with EACCES, no path named
+    elif not needs and not confine["network"] and CURL_REFUSED.search(output):
+        needs.append("network access (unless the server it connects to is simply not running)")
     if not needs:
         return None
     return ("[khaelor sandbox: this command ran confined to what its permission allowed, and the sandbox refused "

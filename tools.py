@@ -341,15 +341,13 @@ class Workspace:
         """(environment, Landlock ruleset fd or None when the kernel has none) for one command. The
         caller closes the fd once the child has started."""
         read_only = not confine["write"]
-        env = {**os.environ, **EXEC_ENV_OVERRIDES}
+        temp = str(self.session_temp())
+        env = {**os.environ, **EXEC_ENV_OVERRIDES, "TMPDIR": temp, "TMP": temp, "TEMP": temp}
         if read_only:
             env["GIT_OPTIONAL_LOCKS"] = "0"     # git status would otherwise refresh .git/index
-        else:
-            temp = self.session_temp()
-            env.update(TMPDIR=str(temp), TMP=str(temp), TEMP=str(temp))
         # A command judged read-only has literal words only: it can run git only by naming it.
         runs_git = os.path.basename(argv[0]) == "git" or (argv[1:2] == ["-c"] and "git" in argv[-1])
-        keys = self.repository_git_drivers(cwd) if read_only and runs_git and scan_git else []
+        keys = self.repository_git_drivers(cwd) if runs_git and scan_git else []
         env.update(sandbox.git_env(os.environ, sandbox.git_settings(read_only, keys)))
         if not self.abi:
             return env, None
@@ -359,6 +357,7 @@ class Workspace:
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
             self.temp_dir = Path(tempfile.mkdtemp(prefix="khaelor-session-"))
+            weakref.finalize(self, shutil.rmtree, self.temp_dir, True)  # also when no Toolbox.close comes
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
@@ -440,6 +439,11 @@ class Toolbox:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
         return [{"process_id": p.process_id, "pid": p.child.pid, "command": p.command, "runtime_s": p.runtime_s()}
                 for p in self.processes.live()]
+
+    def process_command(self, process_id) -> str | None:
+        """The command a background process runs (what `process write` is judged against)."""
+        process = self.processes.items.get(process_id) if isinstance(process_id, str) else None
+        return process.command if process else None
 
     def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
         """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
@@ -1313,8 +1317,9 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     root = _existing(ws, args.get("path"))
     match, hidden = _glob_matcher(pattern), _secret_filter(box, confine, root)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
-    skipped = [rel for rel in found if hidden(rel)]
-    files = await asyncio.to_thread(_newest_first, root, [rel for rel in found if rel not in set(skipped)])
+    reasons = {rel: hidden(rel) for rel in found}
+    skipped = [rel for rel in found if reasons[rel] == "secret"]   # links are left out silently, as ripgrep does
+    files = await asyncio.to_thread(_newest_first, root, [rel for rel in found if not reasons[rel]])
     meta = {"files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
             "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped)}
     if not files:
@@ -1327,19 +1332,21 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(shown + _hidden_note(ws, root, skipped), meta=meta)
 
 
-def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], bool]:
-    """Whether grep and glob leave a file out: its name matches one of the call's `hide` patterns, or it
-    is a link into a closed location (a committed notes.txt -> ~/.aws/credentials). Nothing is left out
-    when the user granted reading secrets for this call."""
+def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], str]:
+    """Why grep and glob leave a file out: "secret" when its name matches one of the call's `hide`
+    patterns, "link" when it is a link into a closed location (a committed notes.txt ->
+    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these); "" keeps
+    it. Nothing is left out when the user granted reading secrets for this call."""
     if confine["secrets"]:
-        return lambda rel: False
+        return lambda rel: ""
     closed = sandbox.closed_locations(Path.home(), box.workspace.home or events.khaelor_home(), confine["paths"])
 
-    def hidden(rel: str) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
-            return True
-        return os.path.islink(root / rel) and sandbox.within(os.path.realpath(root / rel), closed)
+    def hidden(rel: str) -> str:
+        if any(fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern) for pattern in confine["hide"]):
+            return "secret"
+        if os.path.islink(root / rel) and sandbox.within(os.path.realpath(root / rel), closed):
+            return "link"
+        return ""
     return hidden
 
 
@@ -1366,8 +1373,9 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep)
     hidden = _secret_filter(box, confine, root)
-    skipped = [rel for rel in hits if hidden(rel)]
-    for rel in skipped:     # filtered here for both engines, so both give the same result
+    reasons = {rel: hidden(rel) for rel in hits}
+    skipped = [rel for rel in hits if reasons[rel] == "secret"]    # links are left out silently, as ripgrep does
+    for rel in [rel for rel in hits if reasons[rel]]:     # filtered here for both engines: the same result
         del hits[rel]
     total = sum(map(len, hits.values()))
     meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,

@@ -1,0 +1,385 @@
+"""The OS sandbox on the real kernel: commands started through Toolbox.run (and through the real program)
+are confined to what their decision granted. Each test proves what a command could not do (a file left
+unwritten, a key left unread, a listener never reached), not how the sandbox was configured."""
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import context
+import sandbox
+import tools
+from fake_api import reply, text, tool_use
+
+ABI = sandbox.probe()[0]
+if not ABI:
+    if os.environ.get("KHAELOR_CI"):
+        raise RuntimeError(f"Landlock is required for the sandbox tests in CI: {sandbox.status()}")
+    pytest.skip(f"no Landlock here ({sandbox.status()})", allow_module_level=True)
+
+FAKE_KEY = "-----BEGIN FAKE KEY-----\nnot-a-real-key-0123456789\n-----END FAKE KEY-----\n"
+APPROVED = {"write": True, "network": False, "paths": [], "secrets": False, "hide": []}
+READ_ONLY = {**APPROVED, "write": False}
+HIDE = [".env", ".env.*", "*.env", "id_*", "*.pem"]
+
+
+@pytest.fixture
+def world(project, env, monkeypatch, tmp_path):
+    """A temp HOME with a fake ssh key, a KHAELOR_HOME with a config, the project, all real directories."""
+    home, khaelor_home = Path(env["HOME"]), Path(env["KHAELOR_HOME"])
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(FAKE_KEY)
+    (khaelor_home / "spill").mkdir(parents=True)
+    (khaelor_home / "config.json").write_text('{"permissions": []}\n')
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("KHAELOR_HOME", str(khaelor_home))
+    return SimpleNamespace(project=project, home=home, khaelor_home=khaelor_home, tmp=tmp_path)
+
+
+def drive(world, scenario, abi=None):
+    """Run `scenario(box)` against a real Toolbox in its own event loop, then close it."""
+    async def main():
+        workspace = tools.Workspace(world.project)
+        if abi is not None:
+            workspace.abi = abi     # 0: as on a kernel without Landlock, to test the git settings alone
+        box = tools.Toolbox(workspace, world.khaelor_home, lambda *args, **fields: {})
+        try:
+            return await scenario(box)
+        finally:
+            await box.close()
+    return asyncio.run(main())
+
+
+async def bash(box, command, confine=APPROVED, **more):
+    return await box.run("bash", {"command": command}, "t1", confine={**confine, **more})
+
+
+@pytest.fixture
+def listener():
+    """A socket on 127.0.0.1 that nothing in the sandbox should reach."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.5)
+    yield server
+    server.close()
+
+
+def was_reached(server) -> bool:
+    try:
+        connection, _ = server.accept()
+    except socket.timeout:
+        return False
+    connection.close()
+    return True
+
+
+def connect_command(port: int) -> str:
+    return (f"{sys.executable} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=3); "
+            "print(\"CONNECTED\")'")
+
+
+def free_port() -> int:
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return probe_socket.getsockname()[1]
+
+# ---------------------------------------------------------------- files
+
+
+def test_a_command_cannot_write_into_home_and_is_told_why(world):
+    target = world.home / "planted.txt"
+    result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'open(\"{target}\", \"w\").write(\"x\")'"))
+    assert not target.exists()
+    assert "PermissionError" in result.text and "Exit code: 1" in result.text
+    assert "khaelor sandbox" in result.text and f"write access to {target}" in result.text
+    assert "ask the user" in result.text and result.meta["sandbox_refused"] is True
+
+
+def test_a_command_cannot_read_the_ssh_key(world):
+    key = world.home / ".ssh" / "id_rsa"
+    result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'print(open(\"{key}\").read())'"))
+    assert "not-a-real-key" not in result.text
+    assert "Permission denied" in result.text and "protected location" in result.text
+
+
+def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_spill_files(world):
+    config = world.khaelor_home / "config.json"
+    (world.khaelor_home / "spill" / "out.txt").write_text("spilled output\n")
+
+    async def scenario(box):
+        rewrite = await bash(box, f"{sys.executable} -c 'open(\"{config}\", \"w\").write(\"{{}}\")'")
+        peek = await bash(box, f"cat {config}")
+        spill = await bash(box, f"cat {world.khaelor_home}/spill/out.txt")
+        return rewrite, peek, spill
+    rewrite, peek, spill = drive(world, scenario)
+    assert config.read_text() == '{"permissions": []}\n'
+    assert "Permission denied" in rewrite.text and "permissions" not in peek.text.split("Exit code")[0]
+    assert "spilled output" in spill.text
+
+
+def test_an_approved_command_writes_inside_the_project_and_nowhere_else(world):
+    outside = world.tmp / "outside.txt"
+    result = drive(world, lambda box: bash(box, f"echo made > inside.txt && cat inside.txt; echo x > {outside}"))
+    assert (world.project / "inside.txt").read_text() == "made\n"
+    assert not outside.exists() and "made" in result.text
+
+
+def test_a_read_only_command_cannot_write_even_in_the_project(world):
+    async def scenario(box):
+        return await bash(box, "echo x > made.txt", READ_ONLY), await bash(box, "echo x > /dev/null && echo null-ok",
+                                                                          READ_ONLY)
+    denied, null = drive(world, scenario)
+    assert not (world.project / "made.txt").exists()
+    assert "Permission denied" in denied.text and "khaelor sandbox" in denied.text
+    assert "null-ok" in null.text
+
+
+def test_an_approved_outside_path_is_writable_and_no_other(world):
+    approved, other = world.tmp / "approved", world.tmp / "other"
+    approved.mkdir()
+    other.mkdir()
+    result = drive(world, lambda box: bash(box, f"echo a > {approved}/f && echo b > {other}/f",
+                                           paths=[str(approved)]))
+    assert (approved / "f").read_text() == "a\n"
+    assert not (other / "f").exists() and "Permission denied" in result.text
+
+
+def test_the_session_temp_dir_serves_mktemp_and_pytest_and_goes_at_close(world):
+    (world.project / "test_tiny.py").write_text(
+        "def test_tmp_path_works(tmp_path):\n    (tmp_path / 'x').write_text('1')\n"
+        "    assert (tmp_path / 'x').read_text() == '1'\n")
+
+    async def scenario(box):
+        made = await bash(box, "mktemp")
+        tests = await bash(box, f"{sys.executable} -m pytest -q -p no:cacheprovider test_tiny.py")
+        return made, tests, box.workspace.temp_dir
+    made, tests, temp_dir = drive(world, scenario)
+    assert made.meta["exit_code"] == 0 and made.text.startswith(str(temp_dir) + "/")
+    assert "1 passed" in tests.text, tests.text
+    assert not temp_dir.exists()
+
+
+def test_the_ruleset_fd_is_closed_in_the_child_and_in_khaelor(world):
+    def landlock_fds(pid="self"):
+        links = []
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+        return [link for link in links if "landlock" in link]
+    result = drive(world, lambda box: bash(box, "ls -l /proc/$$/fd; echo done"))
+    assert "done" in result.text and "landlock" not in result.text
+    assert landlock_fds() == []
+
+# ---------------------------------------------------------------- network and signals
+
+
+def test_a_command_cannot_connect_to_a_local_listener_without_network(world, listener):
+    result = drive(world, lambda box: bash(box, connect_command(listener.getsockname()[1])))
+    assert not was_reached(listener)
+    assert "CONNECTED" not in result.text and "network access" in result.text
+
+
+def test_an_approved_network_command_connects(world, listener):
+    result = drive(world, lambda box: bash(box, connect_command(listener.getsockname()[1]), network=True))
+    assert was_reached(listener) and "CONNECTED" in result.text
+
+
+def test_a_dev_server_started_with_process_is_reachable_from_later_commands(world, listener):
+    port = free_port()
+
+    async def scenario(box):
+        started = await box.run("process", {"action": "start", "command": f"{sys.executable} -m http.server {port} "
+                                            "--bind 127.0.0.1"}, "t1", confine=APPROVED)
+        deadline = time.monotonic() + 15
+        while port not in sandbox.listening_ports(box.groups) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        fetch = (f"{sys.executable} -c 'import urllib.request; print(\"STATUS\", urllib.request.urlopen("
+                 f"\"http://127.0.0.1:{port}/\").status)'")
+        reached = await bash(box, fetch)
+        curl = await bash(box, f"curl -s -o /dev/null -w 'CURL %{{http_code}}' http://127.0.0.1:{port}/") \
+            if shutil.which("curl") else None
+        foreign = await bash(box, connect_command(listener.getsockname()[1]))
+        return started, reached, curl, foreign
+    started, reached, curl, foreign = drive(world, scenario)
+    assert "Started p1" in started.text
+    assert "STATUS 200" in reached.text, reached.text
+    assert curl is None or "CURL 200" in curl.text
+    assert "CONNECTED" not in foreign.text and not was_reached(listener)   # only the session's own ports
+
+
+@pytest.mark.skipif(ABI < 6, reason="signal scoping needs Landlock ABI 6")
+def test_a_command_cannot_signal_a_process_outside_its_sandbox(world):
+    outsider = subprocess.Popen(["sleep", "60"])
+    try:
+        result = drive(world, lambda box: bash(box, f"kill -TERM {outsider.pid}; sleep 30 & kill $!; wait $!; "
+                                               "echo own child: $?"))
+        time.sleep(0.2)
+        assert outsider.poll() is None
+        assert "Operation not permitted" in result.text
+        assert "own child: 143" in result.text      # its own children it may still stop
+    finally:
+        outsider.kill()
+        outsider.wait()
+
+# ---------------------------------------------------------------- git: a repository runs no code
+
+
+def hostile_repository(project: Path, markers: Path) -> None:
+    """A repository whose own config runs a marker-writing command from every hook git offers it."""
+    shutil.rmtree(project / ".git")
+    markers.mkdir()
+    git = ["git", "-C", str(project)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (project / ".gitattributes").write_text("a.txt filter=evil diff=evil\nb.txt filter=proc\n")
+    (project / "a.txt").write_text("hello\n")
+    (project / "b.txt").write_text("bee\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], check=True)
+    for key, name in [("core.fsmonitor", "fsmonitor"), ("diff.external", "external"), ("core.pager", "pager"),
+                      ("filter.evil.clean", "clean"), ("filter.evil.smudge", "smudge"), ("diff.evil.textconv",
+                      "textconv"), ("diff.evil.command", "command"), ("filter.proc.process", "process")]:
+        subprocess.run([*git, "config", key, f"sh -c 'touch {markers}/{name}; cat'"], check=True)
+    (project / "hooks").mkdir()
+    (project / "hooks" / "post-index-change").write_text(f"#!/bin/sh\ntouch {markers}/hook\n")
+    (project / "hooks" / "post-index-change").chmod(0o755)
+    subprocess.run([*git, "config", "core.hooksPath", str(project / "hooks")], check=True)
+    for name in ("a.txt", "b.txt"):     # changed, with an old mtime: git must re-read them through the filters
+        with open(project / name, "a") as handle:
+            handle.write("more\n")
+        os.utime(project / name, (1_000_000_000, 1_000_000_000))
+
+
+@pytest.mark.parametrize("abi", [ABI, 0], ids=["landlock", "git-settings-alone"])
+def test_a_hostile_repository_runs_no_code_in_khaelors_git_calls_or_a_read_only_git_diff(world, abi):
+    markers = world.tmp / "markers"
+    hostile_repository(world.project, markers)
+
+    async def scenario(box):
+        baseline = context.git_baseline(box.workspace)
+        diff = await bash(box, "git diff --no-ext-diff; git status --short; git log -p -1", READ_ONLY)
+        return baseline, diff
+    baseline, diff = drive(world, scenario, abi=abi)
+    assert sorted(os.listdir(markers)) == []
+    assert baseline["git"] and "+more" in diff.text and "Exit code: 0" in diff.text
+
+
+def test_an_approved_command_under_landlock_cannot_plant_a_marker_outside_the_project(world):
+    markers = world.tmp / "markers"
+    hostile_repository(world.project, markers)
+    result = drive(world, lambda box: bash(box, "git diff; git status --short"))
+    assert sorted(os.listdir(markers)) == []
+    assert "not running the diff command this repository configures" in result.text
+
+# ---------------------------------------------------------------- secrets in grep, glob and every output
+
+
+def secret_project(world) -> None:
+    (world.project / ".env").write_text('API_TOKEN="tok-0123456789abcdef"\nPORT=8000\n')
+    (world.project / "config").mkdir()
+    (world.project / "config" / ".env.local").write_text("API_TOKEN=local-0123456789\n")
+    (world.project / "id_deploy").write_text("API_TOKEN in a key file\n")
+    (world.project / "app.py").write_text("import os\nAPI_TOKEN = os.environ['API_TOKEN']\n")
+
+
+@pytest.mark.parametrize("tool,args", [("grep", {"pattern": "API_TOKEN"}), ("glob", {"pattern": "**/*"})])
+def test_grep_and_glob_leave_out_secret_files_alike_on_both_engines(world, tool, args):
+    secret_project(world)
+    confine = {**APPROVED, "hide": HIDE}
+
+    async def scenario(box):
+        assert box.ripgrep, "ripgrep is needed to compare the engines"
+        with_rg = await box.run(tool, args, "t1", confine=confine)
+        granted = await box.run(tool, args, "t2", confine={**confine, "secrets": True})
+        box.ripgrep = None
+        python = await box.run(tool, args, "t3", confine=confine)
+        return with_rg, granted, python
+    with_rg, granted, python = drive(world, scenario)
+    assert with_rg.text == python.text
+    assert "app.py" in with_rg.text and "3 secret file(s) left out" in with_rg.text
+    shown = with_rg.text.split("\n\n(")[0].splitlines()
+    assert not [line for line in shown if line.startswith((".env", "config/.env", "id_deploy"))]
+    assert [line for line in granted.text.splitlines() if line.startswith(".env")]
+    assert "config/.env.local" in granted.text and "left out" not in granted.text
+
+
+def test_a_link_to_a_secret_location_is_left_out_by_grep(world):
+    (world.home / ".aws").mkdir()
+    (world.home / ".aws" / "credentials").write_text("aws_secret_access_key = AKIAFAKEFAKE\n")
+    (world.project / "notes.txt").symlink_to(world.home / ".aws" / "credentials")
+
+    async def scenario(box):
+        box.ripgrep = None      # the Python fallback reads in khaelor's own process, which Landlock does not confine
+        return await box.run("grep", {"pattern": "aws_secret"}, "t1", confine=APPROVED)
+    assert "AKIAFAKE" not in drive(world, scenario).text
+
+
+def test_values_from_the_projects_env_files_are_masked_and_refreshed(world):
+    secret_project(world)
+
+    async def scenario(box):
+        first = await bash(box, "cat .env")
+        (world.project / ".env").write_text("API_TOKEN=tok-rotated-99999999\n")
+        os.utime(world.project / ".env", ns=(time.time_ns(), time.time_ns() + 10_000_000))
+        second = await bash(box, "cat .env")
+        started = await box.run("process", {"action": "start", "command": "cat .env; sleep 5"}, "t3")
+        later = await box.run("process", {"action": "read", "id": "p1"}, "t4")
+        return first, second, SimpleNamespace(text=started.text + later.text)
+    first, second, background = drive(world, scenario)
+    assert "tok-0123456789abcdef" not in first.text and "PORT=8000" in first.text
+    assert "redacted: a value from the project's .env file" in first.text
+    assert "tok-rotated-99999999" not in second.text and "redacted" in second.text
+    assert "tok-rotated-99999999" not in background.text and "redacted" in background.text
+
+# ---------------------------------------------------------------- the real program
+
+
+def test_khaelor_permissions_prints_the_sandbox_state(khaelor):
+    result = khaelor.run("permissions")
+    assert result.returncode == 0, result.stderr
+    assert f"sandbox: landlock ABI {ABI}" in result.stdout
+
+
+def test_under_yes_python_cannot_touch_home_keys_config_or_a_listener(khaelor, fake, project, env, listener):
+    home, khaelor_home = Path(env["HOME"]), Path(env["KHAELOR_HOME"])
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(FAKE_KEY)
+    khaelor_home.mkdir(parents=True)
+    (khaelor_home / "config.json").write_text("{}\n")
+    port = listener.getsockname()[1]
+    script = ("import socket\n"
+              "for what, act in [('home', lambda: open(HOME + '/planted', 'w')), ('key', lambda: print(open(HOME + "
+              "'/.ssh/id_rsa').read())), ('config', lambda: open(KH + '/config.json', 'w').write('{\"x\": 1}')),"
+              f" ('listener', lambda: socket.create_connection(('127.0.0.1', {port}), timeout=3)),"
+              " ('project', lambda: open('made.txt', 'w').write('ok'))]:\n"
+              "    try:\n        act()\n        print(what, 'DONE')\n"
+              "    except OSError as exc:\n        print(what, 'REFUSED', exc.errno)\n")
+    (project / "probe.py").write_text(script.replace("HOME", repr(str(home))).replace("KH", repr(str(khaelor_home))))
+    fake.enqueue(reply(tool_use("bash", {"command": f"{sys.executable} probe.py"})), reply(text("done")))
+    result = khaelor.run("-p", "probe the sandbox", "--yes")
+    assert result.returncode == 0, result.stderr
+    output = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    output = output[0]["content"] if isinstance(output[0]["content"], str) else output[0]["content"][0]["text"]
+    assert not (home / "planted").exists() and "not-a-real-key" not in output
+    assert (khaelor_home / "config.json").read_text() == "{}\n" and not was_reached(listener)
+    assert (project / "made.txt").read_text() == "ok" and "project DONE" in output
+    for what in ("home", "key", "config", "listener"):
+        assert f"{what} REFUSED 13" in output, output
+
+
+def test_under_yes_an_approved_network_command_connects(khaelor, fake, listener):
+    """Needs the kernel to pass the decision's confine (network: True for curl to a URL)."""
+    port = listener.getsockname()[1]
+    fake.enqueue(reply(tool_use("bash", {"command": f"curl -s -m 3 http://127.0.0.1:{port}/"})), reply(text("done")))
+    result = khaelor.run("-p", "fetch it", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert was_reached(listener)
