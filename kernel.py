@@ -9,6 +9,7 @@ matters only in loop-local variables.
 """
 import asyncio
 import json
+import traceback
 
 import context
 import events
@@ -150,30 +151,49 @@ class Kernel:
         self.bus.store.sync()
 
     async def run(self) -> str:
-        """Run until the turn ends; returns the final step ("done", "failed", "max-turns", …)."""
+        """Run until the turn ends; returns the final step ("done", "failed", "max-turns", …).
+        The one supervisor of a turn, headless and interactive: an exception other than a cancel
+        ends the turn with a durable TaskFailed that names it, and the session stays usable.
+        Only a log that cannot be written any more (a full disk) raises past it."""
         self.busy = True
         try:
-            while True:
-                step = derive_next(self.state, self.max_turns)
-                if step == "call-model":
-                    await self.call_model()
-                elif step == "execute-tools":
-                    await self.execute_tools()
-                elif step == "inject-steering":
-                    for text in list(self.state.queued_steering):
-                        self.emit("SteeringInjected", text=text)
-                elif step == "ask-user":
-                    await self.ask_to_continue()
-                elif step == "verify":
-                    await self.request_verification()
-                else:
-                    return self.finish(step)
+            return await self.steps()
         except asyncio.CancelledError:
             self.interrupt_cleanup()
             raise
+        except Exception as error:
+            self.fail(error)
+            return "failed"
         finally:
             self.busy = False
             self.bus.store.sync()
+
+    async def steps(self) -> str:
+        while True:
+            step = derive_next(self.state, self.max_turns)
+            if step == "call-model":
+                await self.call_model()
+            elif step == "execute-tools":
+                await self.execute_tools()
+            elif step == "inject-steering":
+                for text in list(self.state.queued_steering):
+                    self.emit("SteeringInjected", text=text)
+            elif step == "ask-user":
+                await self.ask_to_continue()
+            elif step == "verify":
+                await self.request_verification()
+            else:
+                return self.finish(step)
+
+    def fail(self, error: Exception) -> None:
+        """A bug, or a world that broke under us: every open call gets a result, then TaskFailed."""
+        what = str(error)
+        if not isinstance(error, events.KhaelorError):
+            what = f"internal error: {type(error).__name__}: {error}"
+        for call in list(self.state.pending_tools):
+            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason=f"not run: {what}")
+        trace = "".join(traceback.format_exception(error))
+        self.emit("TaskFailed", reason=what, traceback=trace[-8_000:])
 
     def finish(self, step: str) -> str:
         state = self.state
@@ -313,10 +333,6 @@ class Kernel:
         if self.yes and not decision.destructive:
             self.emit("PermissionGranted", tool_use_id=tool_use_id, scope="yes")
             return decision
-        if self.yes and self.headless:
-            reason = f"{decision.descriptor}: {decision.reason}; nobody is here to approve it"
-            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=reason, feedback="")
-            return None
         request = self.emit("PermissionRequested", tool_use_id=tool_use_id, capability=decision.capability,
                             descriptor=decision.descriptor, suggestion=decision.suggestion,
                             preview=permission_preview(call))

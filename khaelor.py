@@ -12,6 +12,7 @@ It is the only module that imports ui, and only when the interactive UI starts.
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -76,9 +77,105 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
     merged["model_flag"] = getattr(args, "model", None)
-    merged["layers"] = [(str(user_path), user), (str(project_path), project)]
-    merged["project_config"] = project_path
+    merged["layers"] = permission_layers(home, project_root)
     return merged
+
+
+# ---------------------------------------------------------------- trust: where permission rules come from
+
+def permission_layers(home: Path, project_root: Path) -> list:
+    """Rule layers in evaluation order (later wins): the user's own config files, the user's saved
+    "always" answers for this project, then the project's own config, which may always tighten but
+    grants only once the user trusted it (`khaelor trust`); any change to it withdraws that trust."""
+    import permissions
+    layers = []
+    for path in user_config_paths(home):
+        layers.append(permissions.Layer(str(path), read_config(path)))
+    grants = grants_path(home, project_root)
+    layers.append(permissions.Layer(str(grants), read_config(grants)))
+    project = project_root / ".khaelor" / "config.json"
+    layers.append(permissions.Layer(str(project), read_config(project), "project", is_trusted(home, project)))
+    return layers
+
+
+def user_config_paths(home: Path) -> list[Path]:
+    """~/.khaelor/config.json and $KHAELOR_HOME/config.json (one file when they are the same)."""
+    paths = [Path.home() / ".khaelor" / "config.json", home / "config.json"]
+    if os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
+        return paths[1:]
+    return paths
+
+
+def grants_path(home: Path, project_root: Path) -> Path:
+    """Where "always" answers for this project are kept: the user's state, never the repository."""
+    return home / "grants" / f"{events.sessions_dir(home, project_root).name}.json"
+
+
+def trust_records(home: Path) -> dict:
+    try:
+        records = json.loads((home / "trust.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def is_trusted(home: Path, path: Path) -> bool:
+    """Trusted: the user ran `khaelor trust` on exactly these bytes."""
+    import permissions
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return trust_records(home).get(str(path.resolve())) == permissions.content_hash(data)
+
+
+def trust_notice(layers: list) -> str | None:
+    """One line when a repository's file grants something that is ignored until trusted."""
+    import permissions
+    ignored = permissions.untrusted_grants(layers)
+    if not ignored:
+        return None
+    sources = sorted({rule.source for rule in ignored})
+    return (f"{', '.join(sources)} would grant {len(ignored)} permission(s); they are ignored until you review "
+            "and trust them with `khaelor trust`")
+
+
+def start_notices(settings: dict) -> list[str]:
+    """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
+    import sandbox
+    notices = [trust_notice(settings["layers"]), sandbox.notice()]
+    return [n for n in notices if n]
+
+
+def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
+    import permissions
+    parser = argparse.ArgumentParser(prog="khaelor trust", description="Review the permissions this project's "
+                                     ".khaelor/config.json grants and trust exactly this version of it.")
+    parser.add_argument("--revoke", action="store_true", help="withdraw the trust")
+    args = parser.parse_args(argv)
+    path = (project_root / ".khaelor" / "config.json").resolve()
+    records = trust_records(home)
+    if args.revoke:
+        records.pop(str(path), None)
+        write_json_atomic(home / "trust.json", records)
+        print(f"{path}: no longer trusted; its rules can only tighten")
+        return EXIT_OK
+    if not path.is_file():
+        raise UsageError(f"nothing to trust: {path} does not exist")
+    data = path.read_bytes()
+    config = read_config(path)
+    grants = permissions.untrusted_grants([permissions.Layer(str(path), config, "project", False)])
+    print(f"{path} (sha256 {permissions.content_hash(data)[:16]}…)")
+    if grants:
+        print("trusting it grants:")
+        for rule in grants:
+            print(f"  allow {rule.capability} {rule.pattern!r}")
+    else:
+        print("it grants nothing (its ask and deny rules apply whether trusted or not)")
+    records[str(path)] = permissions.content_hash(data)
+    write_json_atomic(home / "trust.json", records)
+    print("trusted; any change to the file withdraws the trust until you run `khaelor trust` again")
+    return EXIT_OK
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -165,6 +262,19 @@ def age(ts_ms: int) -> str:
     return "just now"
 
 
+# Escape sequences (CSI, OSC, DCS/PM/APC/SOS strings, two-byte ESC forms) and other C0/C1 controls.
+CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                              r"|\x1b[@-Z\\-_ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def for_terminal(text: str, stream) -> str:
+    """Model text and titles reach a terminal without the bytes that would drive it: a model or a
+    hostile file must not set the window title, write the clipboard (OSC 52) or move the cursor."""
+    if not stream.isatty():
+        return text
+    return CONTROL_SEQUENCE.sub("", text)
+
+
 def cmd_sessions(home: Path, project_root: Path) -> int:
     sessions = list_sessions(home, project_root)
     if not sessions:
@@ -174,8 +284,9 @@ def cmd_sessions(home: Path, project_root: Path) -> int:
     for s in sessions:
         cost = "?" if s["cost"] is None else f"${s['cost']:.4f}"
         branch = f"  [{s['branch']}]" if s.get("branch") else ""
+        title = for_terminal(s["title"] or "(untitled)", sys.stdout)
         print(f"{s['id']:<30} {age(s['updated']) if s['updated'] else '-':>9} {s['tokens']:>9} {cost:>8}  "
-              f"{s['title'] or '(untitled)'}{branch}")
+              f"{title}{branch}")
     return EXIT_OK
 
 
@@ -190,21 +301,31 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     target.add_argument("--read", metavar="PATH")
     target.add_argument("--write", metavar="PATH")
     args = parser.parse_args(argv)
-    layers = [(str(home / "config.json"), read_config(home / "config.json")),
-              (str(project_root / ".khaelor" / "config.json"), read_config(project_root / ".khaelor" / "config.json"))]
+    import sandbox
+    layers = permission_layers(home, project_root)
     rules = permissions.load_rules(layers)
+    sandboxed = sandbox.probe()[0] > 0
     if args.action != "check":
+        print(f"sandbox: {sandbox.status()}")
+        for layer in layers:
+            trust = "" if layer.kind != "project" else ("  (trusted)" if layer.trusted else "  (untrusted: tightens only)")
+            print(f"layer: {layer.kind:<7} {layer.source}{trust}")
         print("\n".join(permissions.describe_rules(rules)))
+        for rule in permissions.untrusted_grants(layers):
+            print(f"ignored  allow  {rule.capability}  {rule.pattern}  {rule.source} (untrusted: run `khaelor trust`)")
         return EXIT_OK
     kind = "bash" if args.bash is not None else "read" if args.read is not None else "write"
-    result = permissions.check(kind, args.bash or args.read or args.write, project_root, rules)
+    result = permissions.check(kind, args.bash or args.read or args.write, project_root, rules, sandboxed=sandboxed)
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"{result['decision']}  ({result['capability']}; "
-              f"{'hardline floor' if result['floor'] else result['rule'] or 'default'})")
-        if result["suggestion"]:
-            print(f"always-allow would save: {result['suggestion']}")
+        return EXIT_OK
+    print(f"{result['decision']}  ({result['capability']}; decided by: {result['layer']}; {result['reason']})")
+    if result["not_read_only"]:
+        print(f"not provably read-only: {result['not_read_only']}")
+    if result["destructive"]:
+        print(f"destroys work: {result['destructive']}")
+    if result["suggestion"]:
+        print(f"always-allow would save: {result['suggestion']}")
     return EXIT_OK
 
 
@@ -248,9 +369,9 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=No
     import tools
 
     def grant(rule: dict) -> None:
-        path = settings["project_config"]
+        path = grants_path(home, project_root)
         write_json_atomic(path, permissions.add_grant(read_config(path), rule))
-        kernel_.rules = permissions.load_rules([settings["layers"][0], (str(path), read_config(path))])
+        kernel_.rules = permissions.load_rules(permission_layers(home, project_root))
 
     toolbox = toolbox or tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=current_model(store, settings),
@@ -296,13 +417,16 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     if args.output_format == "stream-json":
         bus.subscribe(lambda e: e["type"] in events.DURABLE and print(json.dumps(e, ensure_ascii=False), flush=True))
     bus.subscribe(lambda e: e["type"] == "Status" and print(f"khaelor: {e['text']}", file=sys.stderr))
+    for notice in start_notices(settings):
+        print(f"khaelor: {notice}", file=sys.stderr)
 
     async def ask(request: dict):
         if request["capability"] == events.LOOP_CAPABILITY:
             return "deny", ""       # a doom loop stops the run; TaskFailed says why
         # Silence is not consent: with nobody to answer, an ask is a denial.
         print(f"khaelor: denied {request['descriptor']!r} ({request['capability']}); nobody to ask in -p mode. "
-              "Pass --yes, or allow it in .khaelor/config.json", file=sys.stderr)
+              "Pass --yes (it does not cover what destroys work in the repository), or allow it with "
+              "`khaelor permissions`", file=sys.stderr)
         return "deny", ""
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root, ask)
@@ -332,7 +456,7 @@ def report(args, store, step: str) -> int:
                           "error": reason, "usage": state.usage, "cost_usd": summary["cost"],
                           "num_turns": state.responses_in_turn}))
     elif args.output_format == "text" and state.answer:
-        print(state.answer)
+        print(for_terminal(state.answer, sys.stdout))
     if failed:
         print(f"khaelor: {reason}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
@@ -655,6 +779,8 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
     session.attach(store)
     for warning in store.warnings:
         session.bus.emit("Status", text=f"warning: {warning}")
+    for notice in start_notices(settings):
+        session.bus.emit("Status", text=notice)
     # The SDK import (~2 s) starts just after the first paint, so typing never waits for it.
     asyncio.get_running_loop().call_later(0.05, model.preload)
     # Stray writes to stderr (library warnings) would tear the live region: they go to a file.
@@ -686,6 +812,8 @@ def main(argv: list | None = None) -> int:
             return cmd_sessions(home, project_root)
         if argv[:1] == ["permissions"]:
             return cmd_permissions(argv[1:], home, project_root)
+        if argv[:1] == ["trust"]:
+            return cmd_trust(argv[1:], home, project_root)
         args = parse_args(argv)
         if args.prompt is not None:
             import model

@@ -1,5 +1,6 @@
 """The permission gate wired into the kernel, end to end: real CLI or real Kernel, real SDK, fake API."""
 import json
+from pathlib import Path
 
 from fake_api import reply, text, tool_use
 
@@ -35,14 +36,42 @@ def test_yes_cannot_get_past_the_hardline_floor(khaelor, fake, tmp_path):
     assert not [e for e in log if e["type"] == "ToolStarted"]
 
 
-def test_an_allow_rule_in_the_project_config_lets_a_command_run_headless(khaelor, fake, project):
-    (project / ".khaelor").mkdir()
-    (project / ".khaelor" / "config.json").write_text(json.dumps(
+def test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the_trust(khaelor, fake, project):
+    """A repository that ships .khaelor/config.json allowing a command: the first run asks (and,
+    headless, is denied); `khaelor trust` shows the grant and records the file's hash; editing
+    the file afterwards withdraws the trust until the user runs it again."""
+    config = project / ".khaelor" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(
         {"permissions": [{"capability": "process.execute", "pattern": "touch *", "action": "allow"}]}))
+    fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("could not")))
+    first = khaelor.run("-p", "make a file")
+    assert not (project / "made.txt").exists()
+    assert "khaelor trust" in first.stderr and "denied" in first.stderr
+
+    trusted = khaelor.run("trust")
+    assert trusted.returncode == 0 and "allow process.execute 'touch *'" in trusted.stdout
     fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("made")))
-    result = khaelor.run("-p", "make a file")
-    assert result.returncode == 0, result.stderr
+    assert khaelor.run("-p", "make a file").returncode == 0
     assert (project / "made.txt").exists()
+
+    config.write_text(config.read_text().replace("touch *", "touch *") + "\n")     # any change at all
+    fake.enqueue(reply(tool_use("bash", {"command": "touch again.txt"})), reply(text("could not")))
+    khaelor.run("-p", "make another")
+    assert not (project / "again.txt").exists()
+    listing = khaelor.run("permissions").stdout
+    assert "untrusted" in listing and "ignored" in listing
+
+
+def test_an_untrusted_project_config_still_tightens(khaelor, fake, project):
+    config = project / ".khaelor" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"permissions": [{"capability": "process.execute", "pattern": "ls *",
+                                                   "action": "deny"}]}))
+    fake.enqueue(reply(tool_use("bash", {"command": "ls"})), reply(text("ok")))
+    assert khaelor.run("-p", "list", "--yes").returncode == 0
+    results = tool_results(fake)
+    assert "deny process.execute" in results[0]["content"]
 
 
 def test_an_always_grant_is_persisted_and_honoured_by_a_new_process(khaelor, fake, project, kernel_turn):
@@ -58,7 +87,9 @@ def test_an_always_grant_is_persisted_and_honoured_by_a_new_process(khaelor, fak
     assert kernel_turn("init a repo", ask)[0] == "done"
     assert asked[0]["suggestion"] == {"capability": "process.execute", "pattern": "git init *"} or \
         asked[0]["suggestion"]["pattern"] == "git init *"
-    saved = json.loads((project / ".khaelor" / "config.json").read_text())
+    assert not (project / ".khaelor").exists()          # never written into the repository
+    saved_files = list((Path(khaelor.env["KHAELOR_HOME"]) / "grants").glob("*.json"))
+    saved = json.loads(saved_files[0].read_text())
     assert any(r["pattern"] == "git init *" and r["action"] == "allow" for r in saved["permissions"])
     assert (project / "newrepo" / ".git").is_dir()
 

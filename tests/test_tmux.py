@@ -152,9 +152,6 @@ def test_a_permission_panel_allows_once_and_denies_with_a_message(terminal, proj
 
 
 def test_typing_while_a_tool_runs_steers_the_next_request(terminal, project):
-    (project / ".khaelor").mkdir()
-    (project / ".khaelor" / "config.json").write_text(json.dumps(
-        {"permissions": [{"capability": "process.execute", "pattern": "sleep *", "action": "allow"}]}))
     term = terminal([reply(bash("sleep 4")), reply(text("steered answer"))])
     term.type("wait a bit")
     term.keys("Enter")
