@@ -254,18 +254,20 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "",
 
 # ════ Markdown: inline styles, blocks, code, tables, diffs ════
 
-FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
+FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+#.-]*)")   # any indent: fences in list items
 HEADING_RE = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
 HR_RE = re.compile(r"^ {0,3}([-*_])(?:\s*\1){2,}\s*$")
 LIST_RE = re.compile(r"^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$")
 QUOTE_RE = re.compile(r"^ {0,3}>\s?(.*)$")
 TABLE_SEPARATOR_RE = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 INLINE_RE = re.compile(
-    r"(?P<ticks>`+)(?P<code>.+?)(?P=ticks)"
+    r"\\(?P<escaped>[!-/:-@\[-`{-~])|(?P<ticks>`+)(?P<code>.+?)(?P=ticks)"
     r"|\*\*(?P<bold>\S(?:.*?\S)?)\*\*|__(?P<bold2>\S(?:.*?\S)?)__|~~(?P<strike>\S(?:.*?\S)?)~~"
     r"|(?<![\w*])\*(?P<italic>[^\s*](?:.*?[^\s*])?)\*(?![\w*])"
     r"|(?<!\w)_(?P<italic2>[^\s_](?:.*?[^\s_])?)_(?!\w)"
     r"|\[(?P<link>[^\]]+)\]\((?P<url>[^)\s]+)\)")
+ESCAPED_RE = re.compile(r"\\([!-/:-@\[-`{-~])")     # \* is a literal star, not emphasis
+QUOTE_MAX_BARS = 6       # deeper quotes draw no more bars (1,000 levels must still render)
 
 KEYWORDS = frozenset("""
     and as assert async await break case catch class const continue def default defer del do
@@ -308,10 +310,14 @@ def regex_spans(pattern: re.Pattern, text: str, styled: Callable, roles: tuple =
 def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
     """Bold, italic, strike, `code` and [links](url) as spans. Monochrome keeps the markdown as
     written: the markers are the meaning there."""
-    if not style.color or not any(c in text for c in "*_`[~"):
+    if not style.color or not any(c in text for c in "*_`[~\\"):
+        if "\\" in text and "`" not in text:
+            text = ESCAPED_RE.sub(r"\1", text)
         return [(text, roles)]
 
     def styled(m: re.Match) -> list[Span]:
+        if m["escaped"]:
+            return [(m["escaped"], roles)]
         if code := m["code"]:
             return [(code[1:-1] if code[:1] == code[-1:] == " " and len(code) > 2 else code,
                      roles + ("code",))]
@@ -355,10 +361,13 @@ def render_list_item(indent: str, marker: str, text: str, width: int, style: Sty
     return wrap_spans(inline_spans(text, style), width, style, first, " " * visible_width(first))
 
 
-def render_table(rows: list[str], width: int, style: Style) -> list[str]:
-    """The header row, then the body rows (the separator row is left out)."""
-    grid = [[cell.strip() for cell in row.strip().removeprefix("|").removesuffix("|").split("|")]
-            for row in rows]
+def table_cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().removeprefix("|").removesuffix("|").split("|")]
+
+
+def render_table(rows: list[str], width: int, style: Style, separator: str = "") -> list[str]:
+    """The header row, then the body rows; `separator` (|---|--:|:-:|) aligns the columns."""
+    grid = [table_cells(row) for row in rows]
     n_cols = max(len(r) for r in grid)
     grid = [r + [""] * (n_cols - len(r)) for r in grid]
     widths = [max(1, max(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
@@ -366,6 +375,10 @@ def render_table(rows: list[str], width: int, style: Style) -> list[str]:
     while total > width and max(widths) > 3:      # shrink the widest column until it fits
         widths[widths.index(max(widths))] -= 1
         total -= 1
+    aligns = [("right" if cell.endswith(":") and not cell.startswith(":") else
+                "center" if cell.startswith(":") and cell.endswith(":") else "left")
+               for cell in table_cells(separator)] if separator else []
+    aligns += ["left"] * (n_cols - len(aligns))
     sep = style.paint(" │ ", "dim")
     out = []
     for r, row in enumerate(grid):
@@ -374,11 +387,41 @@ def render_table(rows: list[str], width: int, style: Style) -> list[str]:
                  for text, w in zip(row, widths)]
         for k in range(max(len(c) for c in cells)):
             parts = [(c[k] if k < len(c) else "") for c in cells]
-            out.append(sep.join(p + " " * (w - visible_width(p)) for p, w in zip(parts, widths))
+            out.append(sep.join(_align(p, w, a) for p, w, a in zip(parts, widths, aligns))
                        .rstrip())
         if r == 0:
             out.append(style.paint("─┼─".join("─" * w for w in widths), "dim"))
     return [clip(line, width) for line in out]
+
+
+def _align(text: str, width: int, align: str) -> str:
+    room = max(0, width - visible_width(text))
+    if align == "right":
+        return " " * room + text
+    if align == "center":
+        return " " * (room // 2) + text + " " * (room - room // 2)
+    return text + " " * room
+
+
+def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
+    """Quoted lines (each starts with `>`). Each line's depth is counted, and runs of one depth
+    are rendered once behind that many bars: no recursion, so 1,000 levels render."""
+    out: list[str] = []
+    run: list[str] = []
+    run_depth = 0
+    for line in lines + [None]:
+        depth = 0
+        while line is not None and (m := QUOTE_RE.match(line)):
+            line, depth = m.group(1), depth + 1
+        if run and (line is None or depth != run_depth):
+            bars = min(run_depth, QUOTE_MAX_BARS)
+            bar = style.paint("│ " * bars, "quote")
+            out += [bar + row for row in render_block(run, max(width - 2 * bars, 8), style)]
+            run = []
+        if line is not None:
+            run.append(line)
+            run_depth = depth
+    return [clip(row, width) for row in out]
 
 
 def _starts_block(lines: list[str], i: int) -> bool:
@@ -412,13 +455,11 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
             j = i + 2
             while j < len(lines) and "|" in lines[j] and lines[j].strip():
                 j += 1
-            out += render_table([line] + lines[i + 2:j], width, style)
+            out += render_table([line] + lines[i + 2:j], width, style, lines[i + 1])
         elif QUOTE_RE.match(line):
             while j < len(lines) and QUOTE_RE.match(lines[j]):
                 j += 1
-            inner = [QUOTE_RE.match(row).group(1) for row in lines[i:j]]
-            bar = style.paint("│ ", "quote")
-            out += [bar + row for row in render_block(inner, max(width - 2, 8), style)]
+            out += render_quote(lines[i:j], width, style)
         else:                          # a list item or a paragraph, with its continuation lines
             while j < len(lines) and not _starts_block(lines, j):
                 j += 1
@@ -785,7 +826,9 @@ class Timeline:
         self._any = True
 
     def _dim_line(self, text: str) -> None:
-        self._settle([self.style.paint(clip(sanitize(text), self.width), "dim")])
+        """One line, always: a newline in it (a title, a command) is shown escaped, as \\n."""
+        text = sanitize(text).replace("\n", "\\n")
+        self._settle([self.style.paint(clip(text, self.width), "dim")])
 
     def _marked(self, symbol: str, role: str, text: str, text_role: str = "") -> list[str]:
         """`✗ text` in `role`, wrapped under its symbol."""
@@ -1286,6 +1329,20 @@ def fuzzy_score(query: str, candidate: str) -> float | None:
     return score - len(c) * 0.01
 
 
+def soft_wrap(line: str, cells: int) -> list[str]:
+    """`line` cut into rows of at most `cells`, at a space where there is one (the space stays at
+    the end of its row); the rows join back to `line` exactly, so the cursor maps onto them."""
+    rows = []
+    while cell_width(line) > cells:
+        head = split_at_width(line, cells)[0] or line[:1]   # (a wide char in a 1-cell row)
+        cut = head.rfind(" ") + 1                # just after the last space that fits
+        if cut:
+            head = head[:cut]                    # so no row ends inside a word or starts with " "
+        rows.append(head)
+        line = line[len(head):]
+    return rows + [line]
+
+
 class Composer:
     """The multi-line input. `handle(key)` edits and returns the text to send on Enter (pastes
     expanded), else None. History lives in a file of one JSON string per line."""
@@ -1302,7 +1359,8 @@ class Composer:
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
-        self.history: list[str] = []
+        self.history: list[str] = []          # messages as shown: pastes stay [Pasted N lines]
+        self._history_pastes: dict[str, dict[str, str]] = {}   # shown text -> its pastes
         lines = (self._history_path.read_text("utf-8", "replace").splitlines()
                  if self._history_path and self._history_path.exists() else [])
         for line in lines[-MAX_HISTORY:]:
@@ -1312,7 +1370,10 @@ class Composer:
                 continue                # a torn line (a crash mid-write): load the rest
             if isinstance(entry, str):
                 self.history.append(entry)
-        self._history_pos, self._draft = len(self.history), ""
+            elif isinstance(entry, dict) and isinstance(entry.get("text"), str):
+                self.history.append(entry["text"])      # a message holding collapsed pastes
+                self._history_pastes[entry["text"]] = dict(entry.get("pastes") or {})
+        self._history_pos, self._draft, self._draft_pastes = len(self.history), "", {}
         self.recent_mentions: list[str] = []
         self._mention_memo: tuple = (None, "", [])   # (candidates, query, matches) last time
         for entry in self.history:
@@ -1377,9 +1438,10 @@ class Composer:
         if not self.text.strip():
             return None
         text = self.text
-        for label, content in self._pastes.items():
+        pastes = {label: content for label, content in self._pastes.items() if label in text}
+        for label, content in pastes.items():
             text = text.replace(label, content, 1)
-        self._remember(text)
+        self._remember(self.text, pastes)
         self.clear()
         return text
 
@@ -1447,19 +1509,27 @@ class Composer:
         if not 0 <= pos <= len(self.history):
             return
         if self._history_pos == len(self.history):
-            self._draft = self.text
+            self._draft, self._draft_pastes = self.text, dict(self._pastes)
         self._history_pos = pos
-        self.text = self.history[pos] if pos < len(self.history) else self._draft
+        if pos < len(self.history):     # a recalled paste stays collapsed, and still sends whole
+            self.text, self._pastes = self.history[pos], dict(self._history_pastes.get(
+                self.history[pos], {}))
+        else:
+            self.text, self._pastes = self._draft, self._draft_pastes
         self.cursor = len(self.text)
 
-    def _remember(self, text: str) -> None:
+    def _remember(self, text: str, pastes: dict[str, str] | None = None) -> None:
+        """`text` as shown (paste labels in it) and what the labels stand for."""
         self._remember_mentions(MENTIONED_RE.findall(text))
+        if pastes:
+            self._history_pastes[text] = pastes
         if not self.history or self.history[-1] != text:
             self.history.append(text)
             if self._history_path is not None:
                 self._history_path.parent.mkdir(parents=True, exist_ok=True)
+                entry = {"text": text, "pastes": pastes} if pastes else text
                 with open(self._history_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(text) + "\n")
+                    f.write(json.dumps(entry) + "\n")
         self._history_pos, self._draft = len(self.history), ""
 
     def _remember_mentions(self, paths: list[str]) -> None:
@@ -1528,7 +1598,7 @@ class Composer:
         rows: list[str] = []
         cursor_row = cursor_col = offset = 0      # offset: where `piece` starts in the text
         for line in self.text.split("\n"):
-            pieces = wrap_spans([(line, ())], max(1, width - 2), Style(False), hard=True)
+            pieces = soft_wrap(line, max(1, width - 2))
             for k, piece in enumerate(pieces):
                 end = offset + len(piece)         # the cursor belongs to the next row, if any
                 if offset <= self.cursor < end or self.cursor == end and k == len(pieces) - 1:

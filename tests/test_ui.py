@@ -1182,3 +1182,67 @@ def test_the_status_line_shows_elapsed_time_and_output_tokens_while_streaming():
     assert app.timeline.activity(started + 14) == "writing · 14s · ↓ ~10 tokens"
     app.on_event(event("ModelResponseCompleted", stop_reason="end_turn", usage={}))
     assert "tokens" not in app.timeline.activity(started + 15)
+
+
+# ---- the smaller fixes (issue 14 item 12) ----
+
+def test_a_newline_in_a_one_line_notice_is_escaped():
+    text = timeline_text([event("SessionRenamed", title="two\nlines"),
+                          event("ProcessStarted", process_id="p1", command="npm run dev\nrm -rf x")])
+    assert "◇ Session: two\\nlines" in text and "npm run dev\\nrm -rf x" in text
+    assert all("\n" not in line for line in ui.render_transcript(
+        [event("SessionRenamed", title="a\nb\nc")], 80))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_composer_wraps_at_word_boundaries(width):
+    app = ui.App(FakeController(), style=MONO, width=width, height=30)
+    screen, stream = app_screen(app)
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima " * (width // 40 + 1)
+    app.on_key(K("text", words.strip()))
+    stream.feed(app.render(0.0))
+    rows = [row.rstrip() for row in screen.display if row.strip()]
+    first = next(k for k, row in enumerate(rows) if row.startswith("❯ "))
+    composer = [row[2:] for row in rows[first:]]
+    assert len(composer) > 1 and " ".join(" ".join(composer).split()) == words.strip()
+    assert all(row.split()[-1] in words.split() and row.split()[0] in words.split() for row in composer)
+    assert screen.cursor.y == first + len(composer) - 1          # the cursor is still at the end
+    assert screen.cursor.x == 2 + len(composer[-1])
+
+
+def test_recalling_a_large_paste_keeps_it_collapsed_and_sends_it_whole(tmp_path):
+    pasted = "\n".join(f"row {k}" for k in range(40))
+    composer = ui.Composer(history_path=tmp_path / "history")
+    composer.handle(K("text", "look at "))
+    composer.handle(K("paste", pasted))
+    assert composer.handle(K("enter")) == "look at " + pasted
+    for fresh in (composer, ui.Composer(history_path=tmp_path / "history")):   # this run, the next
+        fresh.handle(K("up"))
+        assert fresh.text == "look at [Pasted 40 lines]"
+        assert fresh.handle(K("enter")) == "look at " + pasted
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_markdown_escapes_alignment_and_fences_in_list_items(width):
+    for style in (COLOR, MONO):
+        text = text_of(screen_of(render_markdown("Use \\*args\\* and \\_name\\_ here.\n", width, style),
+                                 width))
+        assert "Use *args* and _name_ here." in text
+    table = render_markdown("| name | size |\n|------|-----:|\n| a | 1 |\n| bb | 1234 |\n", width, MONO)
+    sizes = [row.split("│")[1] for row in table if "│" in row]
+    assert sizes[1:] == ["    1", " 1234"]                # right-aligned, as the separator says
+    lines = render_markdown("- install it:\n    ```sh\n    pip install x  # a comment\n    ```\n- done\n",
+                            width, MONO)
+    assert "pip install x  # a comment" in "\n".join(lines)    # code, spacing kept, not a paragraph
+    assert not any("```" in line and "pip" in line for line in lines)
+
+
+def test_a_blockquote_nested_a_thousand_deep_renders_and_replays():
+    deep = ">" * 1000 + " the bottom\n\n" + "\n".join(">" * k + f" level {k}" for k in range(1, 1001))
+    for width in WIDTHS:
+        lines = render_markdown(deep, width)
+        assert all(ui.visible_width(line) <= width for line in lines)
+        assert "the bottom" in lines[0] and "level 1000" in lines[-1]
+    replayed = ui.render_transcript([event("UserMessageCreated", text="quote"),
+                                     event("ModelTextBlockCompleted", text=deep)], 80)
+    assert any("level 1000" in line for line in replayed)
