@@ -124,7 +124,7 @@ class SessionStore:
         """One write of one whole line, so a crash can only tear the line being written. A full disk
         (or a file size limit) can take part of a line and refuse the rest: that part is cut off
         again, so the log on disk stays whole lines, and the event counts as not recorded."""
-        line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        line = _encode(event)
         done = 0
         try:
             if self._fd is None:
@@ -146,18 +146,35 @@ class SessionStore:
         if self._fd is not None:
             try:
                 os.fsync(self._fd)
+                if os.fstat(self._fd).st_nlink == 0:
+                    self._restore()
             except OSError as e:
                 raise self._failed("cannot save the session log to disk", e) from None
 
     def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.fsync(fd)
-            except OSError as e:
-                raise self._failed("cannot save the session log to disk", e) from None
-            finally:
-                os.close(fd)
+        if self._fd is None:
+            return
+        try:
+            self.sync()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def _restore(self) -> None:
+        """The log was deleted while we held it open (KHAELOR_HOME removed mid-run): writes would
+        go on into a file nobody can open, so write it again, whole, from memory."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        data = memoryview(b"".join(map(_encode, self.events)))
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+        os.fsync(fd)
+        os.replace(tmp, self.path)
+        os.close(self._fd)
+        self._fd = fd
+        self.warnings.append(f"{self.path} was deleted while khaelor ran; wrote it again from memory")
 
     def _failed(self, what: str, error: OSError) -> "SessionFileError":
         return SessionFileError(self.path, f"{what} ({error.strerror}); the session up to here is intact. "
@@ -192,6 +209,10 @@ def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -
         os.replace(tmp, target)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def _encode(event: dict) -> bytes:
+    return (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 def _parse_line(line: bytes) -> dict | None:

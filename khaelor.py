@@ -506,7 +506,7 @@ class Session:
         self.baseline = loop.create_task(self.kernel.record_baseline("resume")) if resumed else None
         state = store.state
         if state.turn_open and state.pending_tools:
-            self.turn = loop.create_task(self.kernel.run())
+            self.start_turn()
 
     async def detach(self) -> None:
         """Leave the current session (/new, /resume, quit): end its turn, then close its log."""
@@ -539,11 +539,21 @@ class Session:
         self.baseline = asyncio.get_running_loop().create_task(self.kernel.record_baseline("session start"))
 
     def submit(self, text: str):
-        import asyncio
         self.begin()
         self.kernel.submit(text)
         if not self.busy:
-            self.turn = asyncio.get_running_loop().create_task(self.kernel.run())
+            self.start_turn()
+
+    def start_turn(self) -> None:
+        """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
+        import asyncio
+        self.turn = asyncio.get_running_loop().create_task(self.kernel.run())
+        self.turn.add_done_callback(self.turn_ended)
+
+    def turn_ended(self, turn) -> None:
+        """Only a log that can no longer be written gets past the kernel: say so in one line."""
+        if not turn.cancelled() and turn.exception() is not None:
+            self.bus.emit("Status", text=f"error: {turn.exception()}")
 
     def interrupt(self) -> None:
         if self.busy:

@@ -267,3 +267,21 @@ def test_a_scripted_session_uses_all_seven_tools(khaelor, fake, project):
     assert len(started) == 1 and exited and exited[-1]["cause"] == "khaelor exit"   # no orphan at exit
     with pytest.raises(ProcessLookupError):
         os.kill(started[0]["pid"], 0)
+
+
+def test_khaelor_home_deleted_mid_run_keeps_the_log(khaelor, fake):
+    import shutil
+    from pathlib import Path
+    fake.enqueue(reply(text("word " * 200), chunk=5, delay=0.01))
+    proc = khaelor.popen("-p", "write a lot")
+    deadline = time.time() + 30
+    while not fake.requests and time.time() < deadline:
+        time.sleep(0.05)
+    home = Path(khaelor.env["KHAELOR_HOME"])
+    shutil.rmtree(home)        # mid-stream, while the log is open for appending
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    log = khaelor.log()
+    assert [e["type"] for e in log][:1] == ["SessionCreated"] and log[-1]["type"] == "TaskCompleted"
+    assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
+    assert oct(khaelor.session_files()[-1].stat().st_mode & 0o777) == "0o600"

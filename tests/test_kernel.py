@@ -110,3 +110,49 @@ def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
     )
     kind, payload = out[-1]
     assert kind == "ToolRequested" and payload["input"] == {} and "not valid JSON" in payload["input_error"]
+
+
+# ---------------------------------------------------------------- the supervised turn (real wiring, fake API)
+
+def test_a_turn_that_raises_ends_in_task_failed_and_the_session_goes_on(project, env, fake, monkeypatch):
+    import asyncio
+    from pathlib import Path
+
+    import khaelor as cli
+    from fake_api import reply, text, tool_use
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.chdir(project)
+    fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("second answer")))
+
+    async def ask(request):
+        raise RuntimeError("the permission panel broke")
+
+    async def two_turns():
+        home = Path(env["KHAELOR_HOME"])
+        args = cli.parse_args(["-p", "x"])
+        store = events.SessionStore.create(events.sessions_dir(home, project))
+        agent = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store),
+                                 home, project, ask)
+        try:
+            agent.submit("make a file")
+            first = await agent.run()
+            agent.submit("then just answer")
+            return first, await agent.run(), store
+        finally:
+            await agent.toolbox.close()
+            await agent.model.close()
+
+    first, second, store = asyncio.run(two_turns())
+    assert first == "failed" and second == "done"
+    failed = [e for e in store.events if e["type"] == "TaskFailed"]
+    assert len(failed) == 1 and failed[0]["reason"] == "internal error: RuntimeError: the permission panel broke"
+    assert "Traceback" in failed[0]["traceback"]
+    cancelled = [e for e in store.events if e["type"] == "ToolCancelled"]
+    assert len(cancelled) == 1 and cancelled[0]["reason"].startswith("not run: internal error")
+    assert not (project / "made.txt").exists()
+    assert store.state.answer == "second answer" and not store.state.turn_open
+    # The second request carried the first turn's call with its result: the history stayed valid.
+    assert fake.rejections == []
+    assert fake.requests[-1]["body"]["messages"][2]["content"][0]["tool_use_id"] == cancelled[0]["tool_use_id"]
