@@ -13,6 +13,7 @@ reads of already open files. Names stay listable (READ_DIR is inherited; see _gr
 """
 
 import ctypes
+import errno
 import os
 import re
 from pathlib import Path
@@ -61,10 +62,12 @@ GIT_ALWAYS = [("core.fsmonitor", "false"), ("core.pager", "cat"), ("protocol.ext
               ("safe.bareRepository", "explicit"),
               ("core.sshCommand", "ssh")]   # plain ssh: a repository's own ssh command never runs, pushes still work
 GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
-# Drivers a repository's own config (local or worktree scope) may define, and what replaces them for
-# read-only commands. No git setting turns textconv or filters off wholesale (the .gitattributes naming
-# them outrank core.attributesFile), so each name defined in the repository is overridden one by one. An
-# empty diff.external or diff.<x>.command makes git fail ("cannot run"), an empty textconv too.
+# Drivers a repository's own config (local or worktree scope) may define; git_settings replaces external
+# diff commands for every command and the rest for read-only ones. No git setting turns textconv or
+# filters off wholesale (the .gitattributes naming them outrank core.attributesFile; GIT_ATTR_SOURCE
+# needs git 2.42 and still reads .git/info/attributes), so each name the repository defines is
+# overridden one by one. An empty diff.external, diff.<x>.command or textconv makes git fail ("cannot
+# run"): hence a note and `cat`. An empty filter is git's pass-through.
 GIT_DRIVER_KEYS = re.compile(r"^(diff\.external|diff\..+\.(command|textconv)|filter\..+\.(clean|smudge|process)"
                              r"|gpg\.program|gpg\.(openpgp|x509|ssh)\.program)$", re.I)
 EXTERNAL_DIFF_NOTE = ('echo "[khaelor: not running the diff command this repository configures, for $1; '
@@ -105,10 +108,16 @@ def probe() -> tuple[int, str]:
             _libc.syscall.restype = ctypes.c_long
             abi = _libc.syscall(ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
                                 ctypes.c_uint32(CREATE_RULESET_VERSION))
-            why = {38: "the kernel has no Landlock (Linux < 5.13)", 95: "Landlock is disabled at boot (lsm=)"}
-            _probed = (abi, f"landlock ABI {abi}") if abi > 0 else (0, "unavailable: " + why.get(
-                ctypes.get_errno(), os.strerror(ctypes.get_errno())))
+            _probed = (abi, f"landlock ABI {abi}") if abi > 0 else (0, f"unavailable: {_why(ctypes.get_errno())}")
     return _probed
+
+
+def _why(error: int) -> str:
+    if error == errno.ENOSYS:
+        return "the kernel has no Landlock (Linux < 5.13)"
+    if error == errno.EOPNOTSUPP:
+        return "Landlock is disabled at boot (add landlock to lsm=)"
+    return os.strerror(error)
 
 
 def status() -> str:
