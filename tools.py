@@ -63,6 +63,7 @@ BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")   # khaelor's own credentials, masked in all tool output
 SECRET_MASK = "[redacted: khaelor's API credential]"
 DOTENV_MASK = "[redacted: a value from the project's .env file]"
+DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")   # .env.example holds placeholders, not secrets
 DOTENV_VALUE_MIN_CHARS = 8          # shorter .env values (ports, flags, "true") are not worth masking
 DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
 # What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
@@ -627,8 +628,9 @@ def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
 
 
 class _DotEnv:
-    """The values in the project's .env* files (KEY=value lines, quotes stripped), read again only when
-    one of those files changed (name, mtime, size)."""
+    """The values in the project's .env files (.env, .env.*, *.env at its root, but not the templates:
+    .env.example and the like), KEY=value lines with quotes stripped; read again only when one of those
+    files changed (name, mtime, size)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -638,7 +640,7 @@ class _DotEnv:
     def refresh(self) -> None:
         try:
             files = sorted((entry.name, entry.stat().st_mtime_ns, entry.stat().st_size)
-                           for entry in os.scandir(self.root) if entry.name.startswith(".env") and entry.is_file())
+                           for entry in os.scandir(self.root) if _is_dotenv(entry.name) and entry.is_file())
         except OSError:
             files = []
         if files == self.stamp:
@@ -659,6 +661,12 @@ class _DotEnv:
                 if len(value) >= DOTENV_VALUE_MIN_CHARS:
                     values.add(value)
         self.stamp, self.values = files, sorted(values, key=len, reverse=True)
+
+
+def _is_dotenv(name: str) -> bool:
+    if name.endswith(DOTENV_TEMPLATES):
+        return False
+    return name == ".env" or name.startswith(".env.") or name.endswith(".env")
 
 
 def _one_line(name: str) -> str:

@@ -152,6 +152,22 @@ def test_an_approved_outside_path_is_writable_and_no_other(world):
     assert not (other / "f").exists() and "Permission denied" in result.text
 
 
+def test_an_approved_path_still_to_be_made_can_be_made(world):
+    fresh = world.tmp / "fresh" / "deeper"
+    result = drive(world, lambda box: bash(box, f"mkdir -p {fresh} && echo a > {fresh}/f && cat {fresh}/f",
+                                           paths=[str(fresh)]))
+    assert (fresh / "f").read_text() == "a\n", result.text
+
+
+def test_without_a_confine_a_call_runs_as_an_ordinary_approved_command(world, listener):
+    async def scenario(box):
+        command = f"echo x > made.txt; echo y > {world.home}/planted; {connect_command(listener.getsockname()[1])}"
+        return await box.run("bash", {"command": command}, "t1")
+    result = drive(world, scenario)
+    assert (world.project / "made.txt").exists() and not (world.home / "planted").exists()
+    assert not was_reached(listener) and "CONNECTED" not in result.text
+
+
 def test_the_session_temp_dir_serves_mktemp_and_pytest_and_goes_at_close(world):
     (world.project / "test_tiny.py").write_text(
         "def test_tmp_path_works(tmp_path):\n    (tmp_path / 'x').write_text('1')\n"
@@ -325,16 +341,20 @@ def test_a_link_to_a_secret_location_is_left_out_by_grep(world):
 
 def test_values_from_the_projects_env_files_are_masked_and_refreshed(world):
     secret_project(world)
+    (world.project / "deploy.env").write_text("export DEPLOY_KEY='deploy-key-777777'  \n")
+    (world.project / ".env.example").write_text("API_TOKEN=your-token-goes-here\n")
 
     async def scenario(box):
+        templates = await bash(box, "cat deploy.env .env.example")
         first = await bash(box, "cat .env")
         (world.project / ".env").write_text("API_TOKEN=tok-rotated-99999999\n")
         os.utime(world.project / ".env", ns=(time.time_ns(), time.time_ns() + 10_000_000))
         second = await bash(box, "cat .env")
         started = await box.run("process", {"action": "start", "command": "cat .env; sleep 5"}, "t3")
         later = await box.run("process", {"action": "read", "id": "p1"}, "t4")
-        return first, second, SimpleNamespace(text=started.text + later.text)
-    first, second, background = drive(world, scenario)
+        return templates, first, second, SimpleNamespace(text=started.text + later.text)
+    templates, first, second, background = drive(world, scenario)
+    assert "deploy-key-777777" not in templates.text and "your-token-goes-here" in templates.text
     assert "tok-0123456789abcdef" not in first.text and "PORT=8000" in first.text
     assert "redacted: a value from the project's .env file" in first.text
     assert "tok-rotated-99999999" not in second.text and "redacted" in second.text
