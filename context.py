@@ -130,7 +130,15 @@ def find_instruction_files(home: Path, project_root: Path, cwd: Path) -> list[Pa
     global_file, project_file = first_in(Path(home)), next(filter(None, map(first_in, upwards)), None)
     if global_file and project_file and project_file.resolve() == global_file.resolve():
         project_file = None
+    # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project into
+    # every request: a project's instruction file counts only when it resolves inside the project.
+    if project_file and not _inside(project_file.resolve(), root):
+        project_file = None
     return [path for path in (global_file, project_file) if path]
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
 
 
 def build_system(project_root: Path, cwd: Path, home: Path) -> list[dict]:

@@ -338,7 +338,10 @@ class Kernel:
                             preview=permission_preview(call))
         choice, feedback = await self.ask(request)
         if choice == "deny":
-            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason="the user declined", feedback=feedback)
+            reason = "the user declined"
+            if decision.destructive:
+                reason += f" ({decision.reason})"
+            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=reason, feedback=feedback)
             return None
         if choice == "always" and decision.suggestion and self.grant:
             self.grant(decision.suggestion)

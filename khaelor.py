@@ -266,6 +266,9 @@ def age(ts_ms: int) -> str:
 CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
                               r"|\x1b[@-Z\\-_ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
+TERMINATED_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
+                                 r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
+
 
 def for_terminal(text: str, stream) -> str:
     """Model text and titles reach a terminal without the bytes that would drive it: a model or a
@@ -417,6 +420,9 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     if args.output_format == "stream-json":
         bus.subscribe(lambda e: e["type"] in events.DURABLE and print(json.dumps(e, ensure_ascii=False), flush=True))
     bus.subscribe(lambda e: e["type"] == "Status" and print(f"khaelor: {e['text']}", file=sys.stderr))
+    args.streamed = args.output_format == "text" and sys.stdout.isatty()
+    if args.streamed:
+        bus.subscribe(StreamedAnswer())
     for notice in start_notices(settings):
         print(f"khaelor: {notice}", file=sys.stderr)
 
@@ -446,6 +452,33 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     return report(args, store, step)
 
 
+class StreamedAnswer:
+    """-p with the answer going to a terminal: the text appears as it is written, as it does in the
+    interactive UI (a pipe or file gets only the final answer, once, at the end). An escape sequence
+    split across two deltas is held back until it ends, so it is stripped whole."""
+
+    def __init__(self):
+        self.pending = ""       # the start of a control sequence the next delta may finish
+
+    def __call__(self, event: dict) -> None:
+        if event["type"] == "TextDelta":
+            sys.stdout.write(self.clean(event["text"]))
+            sys.stdout.flush()
+        elif event["type"] == "ModelTextBlockCompleted" and event["text"]:
+            sys.stdout.write(for_terminal(self.pending, sys.stdout) + "\n\n")
+            self.pending = ""
+        elif event["type"] == "ModelRequestFailed" and event.get("retrying"):
+            self.pending = ""
+            sys.stdout.write("\n[the reply broke off; it is being written again]\n\n")
+
+    def clean(self, text: str) -> str:
+        text, self.pending = self.pending + text, ""
+        start = text.rfind("\x1b")
+        if start >= 0 and not TERMINATED_SEQUENCE.match(text, start) and len(text) - start < 4096:
+            text, self.pending = text[:start], text[start:]
+        return for_terminal(text, sys.stdout)
+
+
 def report(args, store, step: str) -> int:
     state = store.state
     failed = step != "done"
@@ -455,7 +488,7 @@ def report(args, store, step: str) -> int:
         print(json.dumps({"session_id": store.session_id, "is_error": failed, "result": state.answer,
                           "error": reason, "usage": state.usage, "cost_usd": summary["cost"],
                           "num_turns": state.responses_in_turn}))
-    elif args.output_format == "text" and state.answer:
+    elif args.output_format == "text" and state.answer and not getattr(args, "streamed", False):
         print(for_terminal(state.answer, sys.stdout))
     if failed:
         print(f"khaelor: {reason}", file=sys.stderr)
@@ -489,6 +522,7 @@ class Session:
         self.command_names = sorted(COMMANDS)
         self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
         self._files, self.closed, self.baseline = None, False, None
+        self._files_at = 0.0     # time.monotonic() when _files was listed
         self._status_key, self._status = None, {}
 
     def attach(self, store) -> None:
@@ -586,11 +620,25 @@ class Session:
         return await entry[0](self, rest.strip())
 
     def mention_candidates(self, prefix: str) -> list:
-        if self._files is None:
-            code, out = self.toolbox.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard"])
-            self._files = out.splitlines() if code == 0 else \
-                [str(p.relative_to(self.project_root)) for p in self.project_root.glob("*") if p.is_file()]
+        """Files and their folders (`src/`) for @ completion. Listed again when a new mention starts and
+        the list is older than MENTION_REFRESH_S, since files come and go while khaelor works; the same
+        list while a mention is typed, so narrowing stays cheap."""
+        import time
+        now = time.monotonic()
+        if self._files is None or (not prefix and now - self._files_at > MENTION_REFRESH_S):
+            self._files, self._files_at = self.list_mentionable(), now
         return self._files
+
+    def list_mentionable(self) -> list:
+        code, out = self.toolbox.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard"])
+        files = out.splitlines() if code == 0 else walk_files(self.project_root, MAX_MENTION_FILES)
+        files, folders = files[:MAX_MENTION_FILES], set()
+        for path in files:              # each file's folders, up to the first one already seen
+            cut = path.rfind("/")
+            while cut > 0 and path[:cut + 1] not in folders:
+                folders.add(path[:cut + 1])
+                cut = path.rfind("/", 0, cut)
+        return files + sorted(folders)
 
     def status(self) -> dict:
         """Read on every frame: recomputed only when the log has grown."""
@@ -653,7 +701,12 @@ class Session:
         if not prefix:
             return await self.cmd_sessions("")
         args = argparse.Namespace(resume=prefix, continue_=False)
-        store = open_session(args, self.home, self.project_root)
+        try:
+            store = open_session(args, self.home, self.project_root)
+        except events.SessionBusyError as e:
+            if e.pid == os.getpid():
+                return f"`{e.session_id}` is the session you are in"
+            return str(e)
         await self.detach()
         self.attach(store)
         return f"resumed `{store.session_id}`: {store.state.title or '(untitled)'}" \
@@ -750,6 +803,23 @@ def recap(turns: list, n_turns: int = 3) -> str:
     return "\n" + "\n".join(lines) if lines else ""
 
 
+MENTION_REFRESH_S = 1.0      # a new @ mention lists the files again when the list is older than this
+MAX_MENTION_FILES = 50_000   # files offered for @ completion, at most
+SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})   # and every dot-folder
+
+
+def walk_files(root: Path, limit: int) -> list:
+    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and junk."""
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in SKIPPED_FOLDERS)
+        base = os.path.relpath(folder, root)
+        found += [name if base == "." else f"{base}/{name}" for name in sorted(names)]
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
 COMMANDS = {   # name: (handler, usage, what it does)
     "/help": (Session.cmd_help, "", "list the commands"),
     "/new": (Session.cmd_new, "", "start a new session"),
@@ -839,6 +909,9 @@ def main(argv: list | None = None) -> int:
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:     # `khaelor sessions | head -1`: the reader has gone; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing left to flush at exit
+        return EXIT_OK
     except UsageError as e:
         print(f"khaelor: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1476,6 +1476,8 @@ class _ShellLine:
         line, defaults of unset variables (${X:-/}), $IFS (a word break, also ${IFS:0:1})."""
         if name == "IFS":
             return "\0"
+        if name == "KHAELOR_HOME" and name not in env:
+            return khaelor_home()
         known = name in env or name == "HOME"
         found = env.get(name, self.home) if known else None
         if name in "123456789@*#" and not known:
