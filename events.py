@@ -6,6 +6,7 @@ history, the kernel's state and usage totals.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
+import fcntl
 import json
 import os
 import time
@@ -43,6 +44,17 @@ class SessionFileError(KhaelorError):
         super().__init__(f"{path}: {problem}")
 
 
+class SessionBusyError(KhaelorError):
+    """Another live khaelor holds the session (its lock names the process)."""
+
+    def __init__(self, session_id: str, pid: int | None):
+        self.session_id = session_id
+        self.pid = pid
+        holder = f"process {pid}" if pid else "another process"
+        super().__init__(f"session {session_id} is open in another khaelor ({holder}); "
+                         "finish or quit that one first, or start a new session without -c/-r")
+
+
 # ---------------------------------------------------------------- locations
 
 def khaelor_home() -> Path:
@@ -77,6 +89,7 @@ class SessionStore:
         self.warnings = warnings
         self.state = replay(events)     # kept up to date by append
         self._fd = None
+        self._lock_fd = None            # the session's lock, from the first open or append
 
     @classmethod
     def create(cls, directory: Path, session_id: str | None = None) -> "SessionStore":
@@ -90,9 +103,22 @@ class SessionStore:
 
     @classmethod
     def open(cls, path: Path, read_only: bool = False) -> "SessionStore":
-        """Replay a log. A torn last line is cut off (only ignored when read_only, for listings that
-        must not touch a log another khaelor may be writing); a bad line in the middle is skipped."""
+        """Take the session and replay its log. A torn last line is cut off (only ignored when
+        read_only, for listings that must not touch a log another khaelor may be writing); a bad
+        line in the middle is skipped. Unless read_only, a session another live khaelor holds is
+        refused (SessionBusyError) before its log is read."""
         path = Path(path)
+        lock_fd = None if read_only else _lock(path)
+        try:
+            store = cls._read(path, read_only)
+        except BaseException:
+            _unlock(lock_fd)
+            raise
+        store._lock_fd = lock_fd
+        return store
+
+    @classmethod
+    def _read(cls, path: Path, read_only: bool) -> "SessionStore":
         try:
             data = path.read_bytes()
         except OSError as e:
@@ -128,6 +154,7 @@ class SessionStore:
         done = 0
         try:
             if self._fd is None:
+                self._lock_fd = self._lock_fd or _lock(self.path)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             while done < len(line):     # after a short write, the next one reports why (ENOSPC, EFBIG)
                 done += os.write(self._fd, memoryview(line)[done:])
@@ -152,13 +179,16 @@ class SessionStore:
                 raise self._failed("cannot save the session log to disk", e) from None
 
     def close(self) -> None:
-        if self._fd is None:
-            return
+        """Sync and close the log, and let the session go (another khaelor may take it now)."""
         try:
-            self.sync()
+            if self._fd is not None:
+                self.sync()
         finally:
-            os.close(self._fd)
+            if self._fd is not None:
+                os.close(self._fd)
             self._fd = None
+            _unlock(self._lock_fd)
+            self._lock_fd = None
 
     def _restore(self) -> None:
         """The log was deleted while we held it open (KHAELOR_HOME removed mid-run): writes would
@@ -209,6 +239,35 @@ def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -
         os.replace(tmp, target)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def lock_path(log_path: Path) -> Path:
+    return Path(log_path).with_suffix(".lock")
+
+
+def _lock(log_path: Path) -> int:
+    """An advisory lock (flock) on `<id>.lock` beside the log, holding our pid. The kernel drops
+    it when the process ends, however it ends (kill -9 too), so a lock is never stale. The file
+    stays: deleting it would let two processes lock two different files."""
+    path = lock_path(log_path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise SessionFileError(path, f"cannot be opened ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise SessionBusyError(Path(log_path).stem, int(holder) if holder.isdigit() else None) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def _encode(event: dict) -> bytes:

@@ -91,6 +91,7 @@ def time_resume(path: Path, runs: int):
         start = time.perf_counter()
         store = events.SessionStore.open(path)
         store.state.messages      # replayed by open: history, kernel state and usage in one fold
+        store.close()
         samples.append(time.perf_counter() - start)
     return samples, len(store.events)
 

@@ -247,6 +247,7 @@ def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     bus.emit("ContextCompacted", **payload)
     bus.emit("UserMessageCreated", text="and the docs?")
     live = ctx.build_request(store.state, volatile="<environment>x</environment>")
+    store.close()
     replayed = ctx.build_request(events.SessionStore.open(store.path).state, volatile="<environment>x</environment>")
     assert json.dumps(live) == json.dumps(replayed)
     assert live["messages"][0]["content"][0]["text"] == payload["summary"]

@@ -1,5 +1,6 @@
 """The session log and its projections: real files, replayed through the same folds."""
 import json
+import os
 
 import pytest
 
@@ -41,6 +42,7 @@ def test_replay_gives_byte_identical_history(tmp_path):
     bus = new_bus(tmp_path)
     tool_loop(bus)
     live = json.dumps(events.history(bus.store.events))
+    bus.store.close()
     replayed = SessionStore.open(bus.store.path)
     assert json.dumps(events.history(replayed.events)) == live
     assert replayed.next_seq == bus.store.next_seq
@@ -102,12 +104,14 @@ def test_torn_last_line_is_dropped_and_appending_continues(tmp_path):
     tool_loop(bus)
     path = bus.store.path
     n_events = len(bus.store.events)
+    bus.store.close()       # the crash: the writer is gone
     with open(path, "ab") as f:
         f.write(b'{"v":1,"seq":99,"type":"ModelTextBl')
     store = SessionStore.open(path)
     assert len(store.events) == n_events
     assert "cut off mid-write" in store.warnings[0]
     Bus(store).emit("UserMessageCreated", text="after the crash")
+    store.close()
     assert [e["text"] for e in SessionStore.open(path).events if e["type"] == "UserMessageCreated"][-1] == "after the crash"
 
 
@@ -117,6 +121,7 @@ def test_a_bad_line_in_the_middle_is_skipped_and_the_rest_kept(tmp_path):
     lines = bus.store.path.read_text().splitlines()
     lines.insert(3, "not json at all")
     bus.store.path.write_text("\n".join(lines) + "\n")
+    bus.store.close()
     store = SessionStore.open(bus.store.path)
     assert len(store.events) == len(bus.store.events)
     assert ":4 is not a valid event" in store.warnings[0]
@@ -148,3 +153,17 @@ def test_usage_totals_sum_the_api_fields_per_model(tmp_path):
     tool_loop(bus)
     assert bus.store.state.usage == {"claude-sonnet-5-5": {
         "input_tokens": 20, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}}
+
+
+def test_a_session_is_held_by_one_store_at_a_time(tmp_path):
+    bus = new_bus(tmp_path)
+    bus.emit("UserMessageCreated", text="hi")        # the first append takes the session
+    with pytest.raises(events.SessionBusyError, match=f"process {os.getpid()}") as refused:
+        SessionStore.open(bus.store.path)
+    assert refused.value.pid == os.getpid()
+    assert len(SessionStore.open(bus.store.path, read_only=True).events) == 1   # listings may read
+    bus.store.close()
+    again = SessionStore.open(bus.store.path)
+    Bus(again).emit("UserMessageCreated", text="continued")
+    assert [e["seq"] for e in again.events] == [1, 2]
+    again.close()

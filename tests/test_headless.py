@@ -1,13 +1,19 @@
 """End to end: the real `khaelor -p` process, the real anthropic SDK, the scripted fake API."""
 import json
 import os
+import pty
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import events
 from fake_api import error, redacted_thinking, reply, text, thinking, tool_use
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def strip_request(messages):
@@ -285,3 +291,42 @@ def test_khaelor_home_deleted_mid_run_keeps_the_log(khaelor, fake):
     assert [e["type"] for e in log][:1] == ["SessionCreated"] and log[-1]["type"] == "TaskCompleted"
     assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
     assert oct(khaelor.session_files()[-1].stat().st_mode & 0o777) == "0o600"
+
+
+# ---------------------------------------------------------------- terminals and closed pipes (issue 14)
+
+def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
+    fake.enqueue(reply(text("early words of the answer. " + "then the rest arrives."), chunk=12,
+                       stall_after_events=5, stall_seconds=3))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "say it slowly"], cwd=khaelor.project,
+                            env=khaelor.env, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    seen, deadline = b"", time.monotonic() + 20
+    while b"early words" not in seen and time.monotonic() < deadline:
+        seen += os.read(master, 4096)
+    assert b"early words" in seen and proc.poll() is None      # shown while the reply is still coming
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:                    # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(20) == 0, proc.stderr.read()
+    os.close(master)
+    assert seen.decode().count("early words of the answer. then the rest arrives.") == 1
+
+
+def test_a_closed_pipe_ends_quietly(khaelor, fake):
+    fake.enqueue(reply(text("answer one")))
+    assert khaelor.run("-p", "make a session").returncode == 0
+    for argv in (["sessions"], ["-p", "again", "--output-format", "stream-json"]):
+        fake.enqueue(reply(text("answer two")))
+        read_end, write_end = os.pipe()
+        os.close(read_end)                 # `| head -1` that has already left
+        result = subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=khaelor.project,
+                                env=khaelor.env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+        os.close(write_end)
+        assert result.returncode == 0 and result.stderr == "", (argv, result.stderr)
