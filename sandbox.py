@@ -346,18 +346,16 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
     it would need (a path, write access outside the project, network) and that the user can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine["paths"])
-    writable = [os.path.realpath(path) for path in confine["paths"]] + ([str(temp_dir)] if temp_dir else [])
+    writable = [_existing(path) for path in confine["paths"]] + ([str(temp_dir)] if temp_dir else [])
     if confine["write"]:
         writable.append(str(project))
     needs = []
     for line in lines:
         for match in DENIED_PATH.finditer(line):
             path = os.path.realpath(cwd / (match.group(1) or match.group(2)))
-            if any(path == place or _beneath(path, place) for place in closed):
-                needs.append(f"access to {path} (a protected location)")
-            elif not any(path == root or _beneath(path, root) for root in writable) and "/dev/" not in path:
-                where = "" if _beneath(path, str(project)) else ", outside the project"
-                needs.append(f"write access to {path}{where}")
+            need = _need(path, closed, writable, project)
+            if need:
+                needs.append(need)
     if not needs and not confine["network"] and any(CONNECTING.search(line) or "Errno 13]" in line for line in lines):
         needs.append("network access")      # Landlock refuses a TCP connect with EACCES, no path named
     elif not needs and not confine["network"] and CURL_REFUSED.search(output):
@@ -368,3 +366,20 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
             f"it: it would need {'; '.join(dict.fromkeys(needs))}. Retrying the same way will fail again. If the "
             "task needs this, ask the user: explain it in your reply, or run the command again so that the user "
             "gets a permission question for exactly that.]")
+
+
+def _need(path: str, closed: list[str], writable: list[str], project: Path) -> str | None:
+    """What a refused path would have needed, or None when the sandbox allowed it (the failure is another)."""
+    if within(path, closed):
+        return f"access to {path} (a protected location)"
+    if "/dev/" in path:
+        return None
+    roots = [root for root in writable if within(path, [root])]
+    if not roots:
+        where = "" if _beneath(path, str(project)) else ", outside the project"
+        return f"write access to {path}{where}"
+    holding = [place for place in closed for root in roots if _beneath(place, root) and os.path.dirname(path) == root]
+    if holding:     # see _grant: rights to make names in this folder would open the protected one inside it
+        return (f"{path} made by the user: it was approved, but its folder holds a protected location "
+                f"({holding[0]}), where the sandbox cannot let a command make new names")
+    return None

@@ -152,11 +152,19 @@ def test_an_approved_outside_path_is_writable_and_no_other(world):
     assert not (other / "f").exists() and "Permission denied" in result.text
 
 
-def test_an_approved_path_still_to_be_made_can_be_made(world):
-    fresh = world.tmp / "fresh" / "deeper"
-    result = drive(world, lambda box: bash(box, f"mkdir -p {fresh} && echo a > {fresh}/f && cat {fresh}/f",
-                                           paths=[str(fresh)]))
-    assert (fresh / "f").read_text() == "a\n", result.text
+def test_an_approved_path_still_to_be_made_can_be_made_except_beside_a_closed_location(world):
+    """Making a name needs rights on its folder, and Landlock rights are inherited: in a folder that
+    holds a closed location (here HOME, beside ~/.ssh) granting them would open that location too."""
+    (world.tmp / "area").mkdir()
+    fresh, beside_ssh = world.tmp / "area" / "fresh" / "deeper", world.home / "new.txt"
+
+    async def scenario(box):
+        made = await bash(box, f"mkdir -p {fresh} && echo a > {fresh}/f", paths=[str(fresh)])
+        refused = await bash(box, f"echo b > {beside_ssh}", paths=[str(beside_ssh)])
+        return made, refused
+    made, refused = drive(world, scenario)
+    assert (fresh / "f").read_text() == "a\n", made.text
+    assert not beside_ssh.exists() and "khaelor sandbox" in refused.text
 
 
 def test_without_a_confine_a_call_runs_as_an_ordinary_approved_command(world, listener):
