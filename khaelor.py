@@ -523,6 +523,7 @@ class Session:
         self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
         self._files, self.closed, self.baseline = None, False, None
         self._files_at = 0.0     # time.monotonic() when _files was listed
+        self._mention_prefix = "\0"    # the query of the last @ completion
         self._status_key, self._status = None, {}
 
     def attach(self, store) -> None:
@@ -625,8 +626,10 @@ class Session:
         list while a mention is typed, so narrowing stays cheap."""
         import time
         now = time.monotonic()
-        if self._files is None or (not prefix and now - self._files_at > MENTION_REFRESH_S):
+        new_mention = not prefix.startswith(self._mention_prefix)   # not the same mention typed on
+        if self._files is None or (new_mention and now - self._files_at > MENTION_REFRESH_S):
             self._files, self._files_at = self.list_mentionable(), now
+        self._mention_prefix = prefix
         return self._files
 
     def list_mentionable(self) -> list:

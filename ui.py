@@ -1583,7 +1583,7 @@ class Composer:
         item = self.menu[self.menu_index]
         if self._menu_kind == "mention":
             self._remember_mentions([item])
-            item = "@" + item + " "
+            item = f'@"{item}" ' if " " in item else "@" + item + " "   # a path with spaces, quoted
         self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
         self.menu = []

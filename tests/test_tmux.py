@@ -414,3 +414,23 @@ def test_model_rejects_an_unknown_id_and_compact_clears_its_status(terminal):
     time.sleep(0.3)
     assert "compacting" not in term.screen()
     assert len(term.requests()) == 2 and rejected(term) == []
+
+
+def test_mentions_list_folders_new_files_and_quote_spaces_outside_git(terminal, project):
+    (project / "src").mkdir()
+    (project / "src" / "first.py").write_text("x = 1\n")
+    term = terminal([])                          # the project's .git is empty: not a repository
+    term.type("@fir")
+    term.wait_for("src/first.py")
+    term.keys("C-u")
+    term.type("@sr")
+    screen = term.wait_for("src/")
+    assert "› src/" in screen or "  src/" in screen
+    term.keys("C-u")
+    (project / "docs").mkdir()
+    (project / "docs" / "my notes.md").write_text("# notes\n")   # made while khaelor runs
+    time.sleep(1.2)
+    term.type("@mynot")
+    term.wait_for("docs/my notes.md")
+    term.keys("Tab")
+    term.wait_for('❯ @"docs/my notes.md"')
