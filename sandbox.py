@@ -55,6 +55,7 @@ SECRET_HOME_PATHS = [".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc", ".git
 NULL_DEVICES = ["/dev/null", "/dev/zero", "/dev/full"]             # writable even by read-only commands
 READABLE_DEVICES = ["/dev/random", "/dev/urandom"]
 TERMINAL_DEVICES = ["/dev/tty", "/dev/ptmx", "/dev/pts"]            # writable for approved commands
+SHARED_MEMORY = "/dev/shm"      # POSIX semaphores and shared memory (multiprocessing): approved commands
 
 # ---------------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file. Values tested on git 2.39.
@@ -162,7 +163,7 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     # writes the blobs it hands to a textconv or an external diff there. Nothing else is.
     grants += [(temp_dir, WRITE)] if temp_dir else []
     if confine["write"]:
-        grants += [(project, WRITE)] + [(device, DEVICE) for device in TERMINAL_DEVICES]
+        grants += [(project, WRITE), (SHARED_MEMORY, WRITE)] + [(device, DEVICE) for device in TERMINAL_DEVICES]
     network = confine["network"] or abi < 4
     attr = _RulesetAttr(_mask(FS_NAMES, abi), 0 if network else _mask(["CONNECT_TCP"], abi),
                         _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi))
@@ -333,9 +334,10 @@ def git_env(environ: dict, pairs: list[tuple[str, str]]) -> dict:
 
 # ---------------------------------------------------------------- explaining a refusal
 
-DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system")
+DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|\bEACCES\b|\bEPERM\b", re.I)
 # Where such a line names its path: quoted ('x', "x", `x', ‘x’), or as "<path>: Permission denied".
-DENIED_PATH = re.compile(r"""['"`‘]([^'"`’\n]+)['"`’]|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only)""")
+DENIED_PATH = re.compile(r"""['"`‘]([^'"`’\n]+)['"`’]|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only)""",
+                         re.I)
 CONNECTING = re.compile(r"connect|socket|urlopen|https?://|network|port \d+", re.I)
 CURL_REFUSED = re.compile(r"Couldn't connect to server")   # curl does not say why; Landlock makes it fail at once
 
@@ -356,7 +358,7 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
             need = _need(path, closed, writable, project)
             if need:
                 needs.append(need)
-    if not needs and not confine["network"] and any(CONNECTING.search(line) or "Errno 13]" in line for line in lines):
+    if not needs and not confine["network"] and lines and CONNECTING.search(output):
         needs.append("network access")      # Landlock refuses a TCP connect with EACCES, no path named
     elif not needs and not confine["network"] and CURL_REFUSED.search(output):
         needs.append("network access (unless the server it connects to is simply not running)")

@@ -176,7 +176,7 @@ def test_without_a_confine_a_call_runs_as_an_ordinary_approved_command(world, li
     assert not was_reached(listener) and "CONNECTED" not in result.text
 
 
-def test_the_session_temp_dir_serves_mktemp_and_pytest_and_goes_at_close(world):
+def test_the_session_temp_dir_serves_mktemp_pytest_and_multiprocessing_and_goes_at_close(world):
     (world.project / "test_tiny.py").write_text(
         "def test_tmp_path_works(tmp_path):\n    (tmp_path / 'x').write_text('1')\n"
         "    assert (tmp_path / 'x').read_text() == '1'\n")
@@ -184,8 +184,11 @@ def test_the_session_temp_dir_serves_mktemp_and_pytest_and_goes_at_close(world):
     async def scenario(box):
         made = await bash(box, "mktemp")
         tests = await bash(box, f"{sys.executable} -m pytest -q -p no:cacheprovider test_tiny.py")
-        return made, tests, box.workspace.temp_dir
-    made, tests, temp_dir = drive(world, scenario)
+        pool = await bash(box, f"{sys.executable} -c 'import concurrent.futures as f; "
+                               "print(\"POOL\", sum(f.ProcessPoolExecutor(2).map(abs, [-1, -2])))'")
+        return made, tests, pool, box.workspace.temp_dir
+    made, tests, pool, temp_dir = drive(world, scenario)
+    assert "POOL 3" in pool.text, pool.text       # semaphores live in /dev/shm
     assert made.meta["exit_code"] == 0 and made.text.startswith(str(temp_dir) + "/")
     assert "1 passed" in tests.text, tests.text
     assert not temp_dir.exists()
