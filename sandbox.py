@@ -365,9 +365,9 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
     if not needs:
         return None
     return ("[khaelor sandbox: this command ran confined to what its permission allowed, and the sandbox refused "
-            f"it: it would need {'; '.join(dict.fromkeys(needs))}. Retrying the same way will fail again. If the "
-            "task needs this, ask the user: explain it in your reply, or run the command again so that the user "
-            "gets a permission question for exactly that.]")
+            f"it: it would need {'; '.join(dict.fromkeys(needs))}. The same command will fail the same way. If the "
+            "task needs this, ask the user: say so in your reply, or run a command that names that path or URL "
+            "itself, so that the user's permission question covers it.]")
 
 
 def _need(path: str, closed: list[str], writable: list[str], project: Path) -> str | None:
