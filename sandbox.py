@@ -8,8 +8,10 @@ Must not: import anything of ours, run a program (tools.py starts every process)
 what it does not: `status()` says what the kernel offers, and without Landlock nothing is confined.
 
 What Landlock cannot confine, even at ABI 7: UDP (so DNS), raw sockets (root), pathname unix sockets
-(e.g. /var/run/docker.sock), TCP connect by address (a port rule allows that port on every host), and
-reads of already open files. Names stay listable (READ_DIR is inherited; see _grant).
+(e.g. /var/run/docker.sock), TCP connect by address (a port rule allows that port on every host), the
+files a command was given open (its stdin, stdout, stderr), and /proc (readable, but another process's
+memory and environment are refused by Landlock's ptrace rule). Names stay listable (READ_DIR is
+inherited; see _grant).
 """
 
 import ctypes

@@ -203,8 +203,9 @@ def test_the_ruleset_fd_is_closed_in_the_child_and_in_khaelor(world):
             except OSError:
                 continue
         return [link for link in links if "landlock" in link]
-    result = drive(world, lambda box: bash(box, "ls -l /proc/$$/fd; echo done"))
+    result = drive(world, lambda box: bash(box, f"ls -l /proc/$$/fd; echo x > {world.home}/f; echo done"))
     assert "done" in result.text and "landlock" not in result.text
+    assert not (world.home / "f").exists()      # the fd was there when the child entered the sandbox
     assert landlock_fds() == []
 
 # ---------------------------------------------------------------- network and signals
