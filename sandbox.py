@@ -9,9 +9,9 @@ what it does not: `status()` says what the kernel offers, and without Landlock n
 
 What Landlock cannot confine, even at ABI 7: UDP (so DNS), raw sockets (root), pathname unix sockets
 (e.g. /var/run/docker.sock), TCP connect by address (a port rule allows that port on every host), the
-files a command was given open (its stdin, stdout, stderr), and /proc (readable, but another process's
-memory and environment are refused by Landlock's ptrace rule). Names stay listable (READ_DIR is
-inherited; see _grant).
+files a command was given open (its stdin, stdout, stderr), and /proc (readable, and so is
+/proc/<pid>/environ of khaelor, whose environment every command gets anyway; another process's memory
+is refused by Landlock's ptrace rule). Names stay listable (READ_DIR is inherited; see _grant).
 """
 
 import ctypes
