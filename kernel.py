@@ -121,10 +121,11 @@ class Kernel:
     questions: choice is "once", "always" or "deny"; `grant(rule)` persists an "always"."""
 
     def __init__(self, *, bus, model, toolbox, ctx, rules, project_root, ask, grant=None,
-                 yes=False, max_turns=None):
+                 yes=False, max_turns=None, permission_mode="default"):
         self.bus, self.model, self.toolbox, self.ctx = bus, model, toolbox, ctx
         self.rules, self.project_root, self.ask, self.grant = rules, project_root, ask, grant
         self.yes, self.max_turns = yes, max_turns
+        self.permission_mode = permission_mode      # "default", "acceptEdits" or "plan" (permissions.MODES)
         self.busy = False
 
     @property
@@ -304,6 +305,10 @@ class Kernel:
                       output=f"Your {name} call could not be run: {call['input_error']}. Send the call again "
                              "with a complete JSON object as input.")
             return
+        doomed = self.toolbox.edit_problem(call["input"]) if name == "edit" else None
+        if doomed is not None:      # no question for an edit that cannot succeed (issue 14 item 6)
+            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name, output=doomed.text, meta=doomed.meta)
+            return
         decision = await self.permitted(call)
         if decision is None:
             return
@@ -355,7 +360,8 @@ class Kernel:
         if call["name"] == "process" and isinstance(call["input"], dict):
             process_command = self.toolbox.process_command(call["input"].get("id"))
         return permissions.decide(call["name"], call["input"], self.project_root, self.rules,
-                                  sandboxed=self.toolbox.sandboxed, process_command=process_command)
+                                  sandboxed=self.toolbox.sandboxed, process_command=process_command,
+                                  mode=self.permission_mode)
 
 
 def permission_preview(call: dict) -> str:

@@ -22,7 +22,7 @@ from events import KhaelorError
 
 VERSION = "0.1.0"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-CONFIG_KEYS = {"model": str, "aux_model": str, "permissions": list, "prices": dict, "max_turns": int}
+CONFIG_KEYS = {"model": str, "aux_model": str, "permissions": (list, dict), "prices": dict, "max_turns": int}
 
 
 class UsageError(KhaelorError):
@@ -57,8 +57,11 @@ def read_config(path: Path) -> dict:
         if expected is None:
             raise UsageError(f"{path}: unknown key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
         if not isinstance(value, expected) or isinstance(value, bool):
-            raise UsageError(f"{path}: {key!r} must be a {expected.__name__}")
+            names = " or ".join(t.__name__ for t in expected) if isinstance(expected, tuple) else expected.__name__
+            raise UsageError(f"{path}: {key!r} must be a {names}")
     import permissions
+    if isinstance(config.get("permissions"), dict):
+        return config       # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
     problem = permissions.validate_config_rules(config.get("permissions", []))
     if problem:
         raise UsageError(f"{path}: {problem}")
@@ -83,19 +86,47 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
 
 # ---------------------------------------------------------------- trust: where permission rules come from
 
-def permission_layers(home: Path, project_root: Path) -> list:
-    """Rule layers in evaluation order (later wins): the user's own config files, the user's saved
-    "always" answers for this project, then the project's own config, which may always tighten but
-    grants only once the user trusted it (`khaelor trust`); any change to it withdraws that trust."""
+def permission_layers(home: Path, project_root: Path, extra: tuple = ()) -> list:
+    """Rule layers in evaluation order (later wins): the user's own files (Claude Code's
+    ~/.claude/settings.json, then KHAELOR's), the user's saved "always" answers for this project,
+    then the project's own files, which may always tighten but grant only once the user trusted them
+    (`khaelor trust`); any change to one withdraws its trust. `extra`: this run's flags."""
     import permissions
-    layers = []
+    layers = [claude_settings_layer(Path.home() / ".claude" / "settings.json", project_root, "user", True)]
     for path in user_config_paths(home):
-        layers.append(permissions.Layer(str(path), read_config(path)))
+        layers.append(config_layer(path, project_root, "user", True))
     grants = grants_path(home, project_root)
     layers.append(permissions.Layer(str(grants), read_config(grants)))
     project = project_root / ".khaelor" / "config.json"
-    layers.append(permissions.Layer(str(project), read_config(project), "project", is_trusted(home, project)))
-    return layers
+    layers.append(config_layer(project, project_root, "project", is_trusted(home, project)))
+    for path in claude_project_files(project_root):
+        layers.append(claude_settings_layer(path, project_root, "project", is_trusted(home, path)))
+    return [*layers, *extra]
+
+
+def claude_project_files(project_root: Path) -> list[Path]:
+    return [project_root / ".claude" / "settings.json", project_root / ".claude" / "settings.local.json"]
+
+
+def config_layer(path: Path, project_root: Path, kind: str, trusted: bool):
+    """A KHAELOR config file's rules; a Claude-style permissions block pasted into it
+    ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
+    import permissions
+    config = read_config(path)
+    text = path.read_text(encoding="utf-8", errors="replace") if config else ""
+    if isinstance(config.get("permissions"), dict):
+        layer = permissions.Layer(str(path), {}, kind, trusted, claude=True, text=text)
+        return permissions.claude_rules(layer, config["permissions"], os.path.realpath(project_root))
+    return permissions.Layer(str(path), config, kind, trusted, text=text)
+
+
+def claude_settings_layer(path: Path, project_root: Path, kind: str, trusted: bool):
+    import permissions
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    return permissions.claude_layer(str(path), text, project_root, kind, trusted)
 
 
 def user_config_paths(home: Path) -> list[Path]:
@@ -150,31 +181,37 @@ def start_notices(settings: dict) -> list[str]:
 def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     import permissions
     parser = argparse.ArgumentParser(prog="khaelor trust", description="Review the permissions this project's "
-                                     ".khaelor/config.json grants and trust exactly this version of it.")
+                                     "own files (.khaelor/config.json, .claude/settings*.json) grant, and trust "
+                                     "exactly these versions of them.")
     parser.add_argument("--revoke", action="store_true", help="withdraw the trust")
     args = parser.parse_args(argv)
-    path = (project_root / ".khaelor" / "config.json").resolve()
+    files = [project_root / ".khaelor" / "config.json", *claude_project_files(project_root)]
+    files = [path.resolve() for path in files if path.is_file()]
     records = trust_records(home)
-    if args.revoke:
-        records.pop(str(path), None)
-        write_json_atomic(home / "trust.json", records)
-        print(f"{path}: no longer trusted; its rules can only tighten")
-        return EXIT_OK
-    if not path.is_file():
-        raise UsageError(f"nothing to trust: {path} does not exist")
-    data = path.read_bytes()
-    config = read_config(path)
-    grants = permissions.untrusted_grants([permissions.Layer(str(path), config, "project", False)])
-    print(f"{path} (sha256 {permissions.content_hash(data)[:16]}…)")
-    if grants:
-        print("trusting it grants:")
+    if not files:
+        raise UsageError(f"nothing to trust: {project_root} has no .khaelor/config.json or .claude/settings*.json")
+    for path in files:
+        if args.revoke:
+            records.pop(str(path), None)
+            print(f"{path}: no longer trusted; its rules can only tighten")
+            continue
+        data = path.read_bytes()
+        if path.parent.name == ".claude":
+            layer = claude_settings_layer(path, project_root, "project", False)
+        else:
+            layer = config_layer(path, project_root, "project", False)
+        grants = permissions.untrusted_grants([layer])
+        print(f"{path} (sha256 {permissions.content_hash(data)[:16]}…)")
+        if grants:
+            print("  trusting it grants:")
+        else:
+            print("  it grants nothing (its ask and deny rules apply whether trusted or not)")
         for rule in grants:
-            print(f"  allow {rule.capability} {rule.pattern!r}")
-    else:
-        print("it grants nothing (its ask and deny rules apply whether trusted or not)")
-    records[str(path)] = permissions.content_hash(data)
+            print(f"    allow {rule.capability} {rule.pattern!r}  ({rule.source})")
+        records[str(path)] = permissions.content_hash(data)
     write_json_atomic(home / "trust.json", records)
-    print("trusted; any change to the file withdraws the trust until you run `khaelor trust` again")
+    if not args.revoke:
+        print("trusted; any change to a file withdraws its trust until you run `khaelor trust` again")
     return EXIT_OK
 
 
@@ -316,6 +353,9 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         print("\n".join(permissions.describe_rules(rules)))
         for rule in permissions.untrusted_grants(layers):
             print(f"ignored  allow  {rule.capability}  {rule.pattern}  {rule.source} (untrusted: run `khaelor trust`)")
+        for layer in layers:
+            for where, rule, why in layer.ignored:
+                print(f"ignored  {rule}  {where} ({why})")
         return EXIT_OK
     kind = "bash" if args.bash is not None else "read" if args.read is not None else "write"
     result = permissions.check(kind, args.bash or args.read or args.write, project_root, rules, sandboxed=sandboxed)
@@ -363,9 +403,10 @@ def parse_args(argv: list):
     return parser.parse_args(argv)
 
 
-def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=None, client=None):
+def build_kernel(args, settings, store, bus, home, project_root, ask, client=None):
     """Wire the subsystems for one session (the modules are imported here, off the cold path).
-    An interactive run keeps one toolbox and one client across /new and /resume."""
+    The toolbox is the session's own (what the model read, its edits, its processes), taken up
+    from the log on resume; an interactive run keeps one client across /new and /resume."""
     import context
     import kernel
     import permissions
@@ -376,7 +417,8 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, toolbox=No
         write_json_atomic(path, permissions.add_grant(read_config(path), rule))
         kernel_.rules = permissions.load_rules(permission_layers(home, project_root))
 
-    toolbox = toolbox or tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+    toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+    toolbox.resume(store.state)
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=current_model(store, settings),
                           aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
     client = client or new_client(lambda text: bus.emit("Status", text=text))
@@ -514,10 +556,8 @@ class Session:
     task, permission questions as futures the panel resolves, and the slash-command table."""
 
     def __init__(self, args, settings, home: Path, project_root: Path):
-        import tools
         self.args, self.settings, self.home, self.project_root = args, settings, home, project_root
         self.subscribers, self.turn, self.answers = [], None, {}
-        self.toolbox = tools.Toolbox(tools.Workspace(project_root), home, lambda *a, **k: self.bus.emit(*a, **k))
         self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
         self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
@@ -535,7 +575,7 @@ class Session:
         self.store, self.bus = store, events.Bus(store)
         self.bus.subscribe(lambda event: [fn(event) for fn in list(self.subscribers)])
         self.kernel = build_kernel(self.args, self.settings, store, self.bus, self.home, self.project_root,
-                                   self.ask, toolbox=self.toolbox, client=self.client)
+                                   self.ask, client=self.client)
         self.kernel.repair()
         loop = asyncio.get_running_loop()
         self.baseline = loop.create_task(self.kernel.record_baseline("resume")) if resumed else None
@@ -551,7 +591,13 @@ class Session:
             await asyncio.gather(self.turn, return_exceptions=True)
         if self.baseline is not None:
             self.baseline.cancel()
+        await self.toolbox.close()      # its processes end with it, ProcessExited in its own log
         close_session(self.store)
+
+    @property
+    def toolbox(self):
+        """The current session's tools and their state."""
+        return self.kernel.toolbox
 
     # -- ui.Controller
     @property
@@ -672,7 +718,6 @@ class Session:
             return
         self.closed = True
         await self.detach()
-        await self.toolbox.close()
         await self.client.close()
 
     # -- slash commands (one table drives dispatch, /help and completion)

@@ -38,6 +38,7 @@ outside the project suggests the exact path.
 import fnmatch
 import glob
 import hashlib
+import json
 import os
 import posixpath
 import re
@@ -329,8 +330,10 @@ class Rule:
     capability: str   # a capability name, or an fnmatch pattern over them ("*", "file.*")
     pattern: str      # fnmatch pattern over the request's subject (see the module docstring)
     action: str       # "allow" | "ask" | "deny"
-    source: str = "default"   # "default" or the file the rule came from
+    source: str = "default"   # "default" or the file the rule came from (with its line, for Claude Code's)
     layer: str = "default"    # "default", "user" (the user's own files) or "project" (a repository's file)
+    glob: bool = False        # the pattern is a gitignore-style path glob (Claude Code's Read/Edit rules)
+    scope: str = ""           # "read" or "write": applies only to requests that read (or write) a path
 
 
 @dataclass(frozen=True)
@@ -340,6 +343,10 @@ class Layer:
     config: dict              # its parsed content
     kind: str = "user"        # "user": the user's own state; "project": a file inside the repository
     trusted: bool = True      # a project file grants only once `khaelor trust` recorded its hash
+    claude: bool = False      # Claude Code's settings: its rules keep its precedence, deny > ask > allow
+    rules: tuple = ()         # for a Claude Code layer: its rules, already mapped (claude_layer)
+    ignored: tuple = ()       # for a Claude Code layer: (where, rule, why it maps onto nothing)
+    text: str = ""            # the file's text, so each rule can name its line
 
 
 @dataclass(frozen=True)
@@ -365,6 +372,8 @@ class _Request(NamedTuple):
     read_only: bool = False   # a command proven read-only: allowed where only a default rule matches
     secret: bool = False      # reads a secret file or location
     path: str = ""            # the resolved absolute path, for path requests
+    writes: bool = False      # a path request that writes (an outside path is one capability for both)
+    core: str = ""            # a command's words without wrappers: deny and ask rules also match these
 
 
 class _Part(NamedTuple):      # one simple command of a bash line
@@ -412,16 +421,25 @@ def load_rules(layers) -> list[Rule]:
     """Defaults, then each layer in order: pass the user's before the project's, so project
     rules come later and win. A layer is a Layer, or a (source, config) pair of the user's.
     An untrusted project layer contributes only its ask and deny rules: it can tighten, never
-    grant. Raises PermissionConfigError."""
-    rules = default_rules()
+    grant. Claude Code's rules keep its precedence: their allows and asks come first (so any
+    KHAELOR rule or saved answer refines them) and their denies last, so no allow undoes one.
+    Raises PermissionConfigError."""
+    claude_allow, claude_ask, ours, claude_deny = [], [], [], []
     for layer in map(_as_layer, layers):
+        if layer.claude:
+            for rule in layer.rules:
+                if not layer.trusted and rule.action == "allow":
+                    continue
+                {"allow": claude_allow, "ask": claude_ask, "deny": claude_deny}[rule.action].append(rule)
+            continue
         problem = validate_config_rules(layer.config)
         if problem:
             raise PermissionConfigError(f"{layer.source}: {problem}")
         for entry in (layer.config or {}).get("permissions", []):
             if layer.trusted or entry["action"] != "allow":
-                rules.append(Rule(entry["capability"], entry["pattern"], entry["action"], layer.source, layer.kind))
-    return rules
+                where = _where(layer, json.dumps(entry["pattern"]))
+                ours.append(Rule(entry["capability"], entry["pattern"], entry["action"], where, layer.kind))
+    return default_rules() + claude_allow + claude_ask + ours + claude_deny
 
 
 def untrusted_grants(layers) -> list[Rule]:
@@ -430,10 +448,45 @@ def untrusted_grants(layers) -> list[Rule]:
     for layer in map(_as_layer, layers):
         if layer.trusted:
             continue
+        if layer.claude:
+            found += [rule for rule in layer.rules if rule.action == "allow"]
+            continue
         for entry in (layer.config or {}).get("permissions", []):
             if isinstance(entry, dict) and entry.get("action") == "allow":
                 found.append(Rule(entry["capability"], entry["pattern"], "allow", layer.source, layer.kind))
     return found
+
+
+def claude_layer(source: str, text: str, project_root: Path, kind: str = "user", trusted: bool = True) -> Layer:
+    """A Claude Code settings file (settings.json, settings.local.json) read as it is: its
+    permissions.allow / ask / deny lists in Claude Code's rule syntax, mapped onto capabilities.
+    Nothing in it stops khaelor: bad JSON or a rule that maps onto nothing is listed as ignored."""
+    layer = Layer(source, {}, kind, trusted, claude=True, text=text)
+    try:
+        settings = json.loads(text) if text.strip() else {}
+    except ValueError as e:
+        return replace(layer, ignored=((source, "", f"not valid JSON ({e.msg} at line {e.lineno}); no rule read"),))
+    block = settings.get("permissions", {}) if isinstance(settings, dict) else None
+    if not isinstance(block, dict):
+        return replace(layer, ignored=((source, "permissions", "must be an object with allow, ask and deny lists"),))
+    return claude_rules(layer, block, os.path.realpath(project_root))
+
+
+def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
+    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]} mapped in."""
+    rules, ignored = [], []
+    for action in ACTIONS:
+        entries = block.get(action, [])
+        if not isinstance(entries, list):
+            ignored.append((layer.source, f"permissions.{action}", "must be a list of rule strings"))
+            continue
+        for entry in entries:
+            where = _where(layer, json.dumps(entry) if isinstance(entry, str) else str(entry))
+            mapped, why = _claude_rule(entry, action, where, layer.kind, root)
+            rules += mapped
+            if why:
+                ignored.append((where, str(entry), why))
+    return replace(layer, rules=tuple(rules), ignored=tuple(ignored))
 
 
 def content_hash(data: bytes) -> str:
@@ -441,11 +494,37 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+MODES = ("default", "acceptEdits", "plan")
+
+
 def decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule], *,
-           sandboxed: bool = True, process_command: str | None = None) -> Decision:
+           sandboxed: bool = True, process_command: str | None = None, mode: str = "default") -> Decision:
     """The floor first, then every capability the call needs; the strictest answer wins.
     sandboxed: whether commands run under the OS sandbox; without it only provably read-only
-    commands run without asking. process_command: for `process write`, the command the process runs."""
+    commands run without asking. process_command: for `process write`, the command the process runs.
+    mode: "plan" runs only what reads; "acceptEdits" writes project files without asking."""
+    decision = _decide(tool_name, tool_input, project_root, rules, sandboxed, process_command)
+    if mode == "plan" and not decision.floor and decision.action != "deny" and not _reads(tool_name, tool_input,
+                                                                                          decision):
+        reason = "plan mode: only tools that read run; describe the change instead of making it"
+        return replace(decision, action="deny", rule=None, suggestion=None, reason=reason, layer="mode")
+    if mode == "acceptEdits" and tool_name in ("write", "edit") and decision.action == "ask" \
+            and decision.capability == "file.write.project" and decision.layer == "default":
+        return replace(decision, action="allow", reason="acceptEdits mode: project files are written without asking",
+                       layer="mode")
+    return decision
+
+
+def _reads(tool_name: str, tool_input: dict, decision: Decision) -> bool:
+    if tool_name in ("read", "grep", "glob"):
+        return True
+    if tool_name == "process" and tool_input.get("action") in ("list", "read"):
+        return True
+    return tool_name in ("bash", "process") and decision.read_only and tool_input.get("action") != "write"
+
+
+def _decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule], sandboxed: bool,
+            process_command: str | None) -> Decision:
     root = os.path.realpath(project_root)
     tool_input = tool_input if isinstance(tool_input, dict) else {}
 
@@ -557,6 +636,85 @@ def _entry_problem(entry, example: str) -> str | None:
     return None
 
 
+# Claude Code's tools, by what their rules govern here; the tools khaelor does not have.
+_CLAUDE_TOOLS = {"Bash": "command", "Read": "read", "Grep": "read", "Glob": "read", "LS": "read",
+                 "Edit": "write", "Write": "write", "MultiEdit": "write", "NotebookEdit": "write"}
+_CLAUDE_ABSENT = {"WebFetch": "khaelor has no web tool, so this rule matches nothing",
+                  "WebSearch": "khaelor has no web tool, so this rule matches nothing",
+                  "Task": "khaelor has no subagents", "Agent": "khaelor has no subagents",
+                  "TodoWrite": "khaelor has no todo tool", "NotebookRead": "khaelor reads notebooks with Read"}
+
+
+def _claude_rule(entry, action: str, where: str, kind: str, root: str) -> tuple[list[Rule], str | None]:
+    """One Claude Code rule ("Bash(npm run test:*)", "Read(./.env)", "Edit(src/**)") as rules here,
+    or why it maps onto nothing."""
+    if not isinstance(entry, str):
+        return [], "a rule must be a string like \"Bash(npm test)\""
+    match = re.fullmatch(r"\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*", entry, re.S)
+    if not match:
+        return [], "not in Claude Code's rule syntax, Tool or Tool(specifier)"
+    tool, spec = match[1], (match[2] or "").strip()
+    if tool.startswith("mcp__"):
+        return [], "khaelor has no MCP tools"
+    if tool in _CLAUDE_ABSENT:
+        return [], _CLAUDE_ABSENT[tool]
+    what = _CLAUDE_TOOLS.get(tool)
+    if what is None:
+        return [], f"unknown tool {tool!r}"
+    if what == "command":
+        pattern = _claude_command(spec)
+        return [Rule(c, pattern, action, where, kind) for c in _COMMAND_CAPABILITIES], None
+    capability = "file.read" if what == "read" else "file.write.project"
+    if spec in ("", "*", "**"):
+        return [Rule(capability, "*", action, where, kind)], None
+    return _claude_path(spec, capability, what, action, where, kind, root), None
+
+
+def _claude_command(spec: str) -> str:
+    """Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is."""
+    if spec in ("", "*"):
+        return "*"
+    if spec.endswith(":*"):
+        return spec[:-2] + "*"
+    return spec
+
+
+def _claude_path(spec: str, capability: str, scope: str, action: str, where: str, kind: str,
+                 root: str) -> list[Rule]:
+    """gitignore-style paths: //abs is absolute, ~/ the home, /p and ./p from the project root,
+    a bare name (no slash) at any depth."""
+    if spec.endswith("/"):
+        spec += "**"
+    outside = None
+    if spec.startswith("//"):
+        outside = "/" + spec.lstrip("/")
+    elif spec.startswith("~/"):
+        outside = spec
+    if outside is not None:
+        rules = [Rule("filesystem.outsideProject", outside, action, where, kind, glob=True, scope=scope)]
+        absolute = os.path.expanduser(outside)
+        if absolute == root or absolute.startswith(root + "/"):
+            rules.append(Rule(capability, absolute[len(root) + 1:] or "**", action, where, kind, glob=True))
+        return rules
+    if spec.startswith("/"):
+        relative = spec.lstrip("/")
+    elif spec.startswith("./"):
+        relative = spec[2:]
+    elif "/" in spec:
+        relative = spec
+    else:
+        relative = "**/" + spec
+    return [Rule(capability, relative, action, where, kind, glob=True)]
+
+
+def _where(layer: Layer, needle: str) -> str:
+    """file:line of the first line holding needle, or the file alone."""
+    for number, line in enumerate(layer.text.splitlines(), 1):
+        if needle in line:
+            return f"{layer.source}:{number}"
+    return layer.source
+
+
 def _as_layer(layer) -> Layer:
     if isinstance(layer, Layer):
         return layer
@@ -612,8 +770,15 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *, floo
 
 def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     """(action, rule, request, layer) for one request. A provably read-only command is allowed
-    unless a rule the user or the project wrote says otherwise."""
-    rule = _last_match(rules, request.capability, request.subject)
+    unless a rule the user or the project wrote says otherwise. Deny and ask rules also match the
+    command without its wrappers (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm`
+    is not `rm *`)."""
+    rule = _last_match(rules, request)
+    if request.core and request.core != request.subject:
+        stricter = _last_match([r for r in rules if r.action != "allow" and r.layer != "default"],
+                               request._replace(subject=request.core))
+        if stricter and (rule is None or _STRICTNESS[stricter.action] > _STRICTNESS[rule.action]):
+            rule = stricter
     if rule is None:
         return "ask", None, request, "default"
     if request.read_only and rule.layer == "default":
@@ -640,16 +805,45 @@ def _one_suggestion(verdicts: list[tuple], action: str) -> dict | None:
     return {"capability": capability, "pattern": pattern} if pattern else None
 
 
-def _last_match(rules: list[Rule], capability: str, subject: str) -> Rule | None:
-    def matches(pattern: str) -> bool:
+def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
+    capability, subject = request.capability, request.subject
+
+    def matches(rule: Rule) -> bool:
+        if rule.scope and (rule.scope == "write") != request.writes:
+            return False
+        pattern = rule.pattern
         if capability == "filesystem.outsideProject" and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
+        if rule.glob:
+            return re.fullmatch(_glob_to_regex(pattern), subject) is not None
         bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")    # "ls *" also matches "ls"
         return fnmatch.fnmatchcase(subject, pattern) or (bare and fnmatch.fnmatchcase(subject, pattern[:-2]))
     for rule in reversed(rules):
-        if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule.pattern):
+        if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule):
             return rule
     return None
+
+
+def _glob_to_regex(pattern: str) -> str:
+    """A gitignore-style glob: `*` and `?` stay within one directory, `**` crosses them."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
@@ -701,10 +895,11 @@ def _path_request(path_text: str, base: str, root: str, capability: str) -> _Req
     try:
         resolved = os.path.realpath(os.path.join(base, os.path.expanduser(path_text)))
     except (ValueError, OSError):      # an embedded NUL and the like: nowhere we can vouch for
-        return _Request("filesystem.outsideProject", path_text, None)
+        return _Request("filesystem.outsideProject", path_text, None, writes=capability == "file.write.project")
     if resolved != root and not resolved.startswith(root.rstrip(os.sep) + os.sep):
         secret = _is_secret_location(resolved)
-        return _Request("filesystem.outsideProject", resolved, _escape(resolved), secret=secret, path=resolved)
+        return _Request("filesystem.outsideProject", resolved, _escape(resolved), secret=secret, path=resolved,
+                        writes=capability == "file.write.project")
     subject = Path(resolved).relative_to(root).as_posix()
     directory = posixpath.dirname(subject)
     secret = capability == "file.read" and is_secret_name(subject)
@@ -801,7 +996,7 @@ def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> l
     capability = _classify(part.core)
     suggestion = None if compound else _suggest(part.words)
     requests = [_Request(capability, " ".join(part.words), suggestion,
-                         read_only=read_only and capability == "process.execute")]
+                         read_only=read_only and capability == "process.execute", core=" ".join(part.core))]
     for op, target in part.redirects:
         writes = op in _WRITE_REDIRECTS and not target.isdigit() and target != "-"
         if (writes or op == "<") and target not in _SAFE_DEVICES:

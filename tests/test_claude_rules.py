@@ -1,0 +1,145 @@
+"""Claude Code's permission settings, read as they are: the rule syntax against Claude Code's own
+documentation examples (tests/data/claude_rules.json), the precedence (a deny is never lost), the
+trust model for the repository's files, and `khaelor permissions` naming each rule's file and line."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import permissions
+
+DATA = json.loads((Path(__file__).parent / "data" / "claude_rules.json").read_text())["rules"]
+OPERATORS = re.compile(r"&&|\|\||;|\||\$")
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KHAELOR_HOME", str(tmp_path / "khaelor-home"))
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    return project
+
+
+def rules_from(root, action, *rules):
+    text = json.dumps({"permissions": {action: list(rules)}}, indent=2)
+    layer = permissions.claude_layer("settings.json", text, root)
+    return layer, permissions.load_rules([layer])
+
+
+def decision(root, tool, subject, rules):
+    tool_input = {"command": subject} if tool == "bash" else {"file_path": subject, "content": "", "old_string": "a",
+                                                               "new_string": "b"}
+    return permissions.decide(tool, tool_input, root, rules).action
+
+
+def tool_of(rule: str) -> str:
+    name = rule.split("(")[0]
+    return {"Bash": "bash", "Read": "read", "Edit": "edit", "Write": "write"}.get(name, "")
+
+
+def subject_and_home(example: str, monkeypatch) -> str:
+    match = re.fullmatch(r"(.*) \(HOME=(.*)\)", example)
+    if match:
+        monkeypatch.setenv("HOME", match[2])
+        return match[1]
+    return example
+
+
+@pytest.mark.parametrize("case", [c for c in DATA if tool_of(c["rule"])], ids=lambda c: c["rule"])
+def test_each_documented_rule_denies_what_it_matches_and_nothing_else(root, case, monkeypatch):
+    tool = tool_of(case["rule"])
+    _, deny = rules_from(root, "deny", case["rule"])
+    _, allow = rules_from(root, "allow", case["rule"])
+    for example in case["matches"]:
+        subject = subject_and_home(example, monkeypatch)
+        assert decision(root, tool, subject, deny) == "deny", (case["rule"], subject)
+    for example in case["does_not_match"]:
+        subject = subject_and_home(example, monkeypatch)
+        if tool == "bash" and case["rule"] == f"Bash({subject} *)":
+            continue    # the bare command under "cmd *": the docs do not say; a deny here also covers it
+        if tool == "bash" and OPERATORS.search(subject):
+            # a compound line: the rule must not grant it (a deny of one part still denies it all)
+            assert decision(root, tool, subject, allow) != "allow", (case["rule"], subject)
+        else:
+            assert decision(root, tool, subject, deny) != "deny", (case["rule"], subject)
+
+
+@pytest.mark.parametrize("case", [c for c in DATA if not tool_of(c["rule"])], ids=lambda c: c["rule"])
+def test_rules_for_tools_khaelor_lacks_are_listed_as_ignored_with_the_reason(root, case):
+    layer, rules = rules_from(root, "allow", case["rule"])
+    assert layer.rules == ()
+    assert [entry[1] for entry in layer.ignored] == [case["rule"]] and layer.ignored[0][2]
+    assert rules == permissions.default_rules()
+
+
+def test_a_deny_is_never_lost_to_an_allow_in_any_layer(root):
+    """deny > ask > allow for Claude Code's rules, whatever file or KHAELOR layer allows."""
+    (root / "secrets").mkdir()
+    text = json.dumps({"permissions": {"allow": ["Read", "Bash(cat *)"], "deny": ["Read(./secrets/**)"]}})
+    claude = permissions.claude_layer("a/settings.json", text, root)
+    ours = permissions.Layer("u/config.json", {"permissions": [
+        {"capability": "*", "pattern": "*", "action": "allow"}]})
+    rules = permissions.load_rules([claude, ours])
+    assert decision(root, "read", "secrets/api.key", rules) == "deny"
+    assert decision(root, "bash", "cat secrets/api.key", rules) == "deny"
+    assert decision(root, "read", "src/app.py", rules) == "allow"
+
+
+def test_ask_beats_allow_and_wrappers_do_not_hide_a_deny(root):
+    text = json.dumps({"permissions": {"allow": ["Bash(git *)"], "ask": ["Bash(git push *)"],
+                                       "deny": ["Bash(rm *)"]}})
+    rules = permissions.load_rules([permissions.claude_layer("s.json", text, root)])
+    assert decision(root, "bash", "git commit -m x", rules) == "allow"
+    assert decision(root, "bash", "git push origin main", rules) == "ask"
+    for wrapped in ("timeout 5 rm -rf build", "nice -n 5 rm x", "sudo rm x", "env A=1 rm x"):
+        assert decision(root, "bash", wrapped, rules) == "deny", wrapped
+
+
+def test_an_untrusted_repository_settings_file_tightens_but_grants_nothing(root):
+    text = json.dumps({"permissions": {"allow": ["Bash"], "deny": ["Bash(make *)"]}})
+    layer = permissions.claude_layer(".claude/settings.json", text, root, "project", trusted=False)
+    rules = permissions.load_rules([layer])
+    assert decision(root, "bash", "npm test", rules) == "ask"
+    assert decision(root, "bash", "make all", rules) == "deny"
+    assert [r.pattern for r in permissions.untrusted_grants([layer])] == ["*", "*", "*"]
+
+
+def test_bad_settings_never_stop_khaelor(root):
+    for text in ("{not json", '{"permissions": []}', '{"permissions": {"allow": "Bash"}}', '[]'):
+        layer = permissions.claude_layer("s.json", text, root)
+        assert layer.ignored and layer.rules == ()
+        assert permissions.load_rules([layer]) == permissions.default_rules()
+
+
+def test_a_project_that_works_with_claude_code_works_unchanged(khaelor, project, env):
+    """The repository's .claude/settings.json and a Claude-style block pasted into
+    .khaelor/config.json; `khaelor permissions` names the file and line of every rule; the
+    repository's allows apply once trusted; the user's ~/.claude/settings.json is the user's."""
+    (project / ".claude").mkdir()
+    settings = {"permissions": {"allow": ["Bash(npm run test:*)", "Edit(src/**)"],
+                                "deny": ["Read(./secrets/**)", "WebFetch(domain:example.com)"]}}
+    (project / ".claude" / "settings.json").write_text(json.dumps(settings, indent=2))
+    (project / ".khaelor").mkdir()
+    (project / ".khaelor" / "config.json").write_text(json.dumps({"permissions": {"deny": ["Bash(make *)"]}}))
+    user = Path(env["HOME"]) / ".claude"
+    user.mkdir(parents=True)
+    (user / "settings.json").write_text(json.dumps({"permissions": {"allow": ["Bash(make lint)"]}}))
+
+    def check(*what):
+        result = khaelor.run("permissions", "check", "--json", *what)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert check("--bash", "npm run test")["decision"] == "ask"          # not trusted yet
+    assert check("--read", "secrets/db.key")["decision"] == "deny"       # tightening applies at once
+    assert check("--bash", "make all")["decision"] == "deny"
+    listing = khaelor.run("permissions").stdout
+    assert f"{project / '.claude' / 'settings.json'}:4" in listing      # the line of "Bash(npm run test:*)"
+    assert "WebFetch(domain:example.com)" in listing and "no web tool" in listing
+    assert khaelor.run("trust").returncode == 0
+    assert check("--bash", "npm run test -- --watch")["decision"] == "allow"
+    assert check("--write", "src/app.py")["decision"] == "allow"
+    assert check("--read", "secrets/db.key")["decision"] == "deny"
+    assert check("--bash", "make lint")["decision"] == "deny"     # the repository's deny outranks the user's allow
