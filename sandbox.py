@@ -360,10 +360,13 @@ def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path
             need = _need(path, closed, writable, project)
             if need:
                 needs.append(need)
+    # Landlock refuses a TCP connect with EACCES and names no path. Ports are fixed when a command starts.
+    local = ("; a local server is reachable only when it was started with the process tool before this "
+             "command, not by this command itself")
     if not needs and not confine["network"] and lines and CONNECTING.search(output):
-        needs.append("network access")      # Landlock refuses a TCP connect with EACCES, no path named
+        needs.append(f"network access{local}")
     elif not needs and not confine["network"] and CURL_REFUSED.search(output):
-        needs.append("network access (unless the server it connects to is simply not running)")
+        needs.append(f"network access, unless the server it connects to is simply not running{local}")
     if not needs:
         return None
     return ("[khaelor sandbox: this command ran confined to what its permission allowed, and the sandbox refused "
