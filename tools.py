@@ -14,6 +14,7 @@ import codecs
 import difflib
 import errno
 import fnmatch
+import hashlib
 import json
 import mimetypes
 import os
@@ -192,9 +193,10 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class FileVersion:
-    """One step of a file's edit history."""
-    before: bytes | None        # content before the write/edit; None: the write created the file
-    after: bytes                # content the write/edit left
+    """One step of a file's edit history, as names of blobs in KHAELOR_HOME/versions (the
+    sha256 of the content), so the history outlives the process: FileModified records them."""
+    before: str | None          # content before the write/edit; None: the write created the file
+    after: str                  # content the write/edit left
 
 
 @dataclass
@@ -343,7 +345,8 @@ class Workspace:
         caller closes the fd once the child has started."""
         read_only = not confine["write"]
         temp = str(self.session_temp())
-        env = {**os.environ, **EXEC_ENV_OVERRIDES, "TMPDIR": temp, "TMP": temp, "TEMP": temp}
+        env = {**os.environ, **EXEC_ENV_OVERRIDES, "TMPDIR": temp, "TMP": temp, "TEMP": temp,
+               "PATH": _absolute_path_entries(os.environ.get("PATH", ""))}
         if read_only:
             env["GIT_OPTIONAL_LOCKS"] = "0"     # git status would otherwise refresh .git/index
         # A command judged read-only has literal words only: it can run git only by naming it.
@@ -383,6 +386,8 @@ class Toolbox:
         self.schemas = [dict(schema) for schema in SCHEMAS]
         self.edit_history: dict[Path, list[FileVersion]] = {}   # real path -> versions, oldest first
         self.stamps: dict[Path, tuple[int, int]] = {}   # real path -> (mtime_ns, size) as the model last saw it
+        self.seen: list[list] = []              # [real path, mtime_ns, size] the running call saw
+        self.versions_dir = Path(home) / "versions"     # content-addressed file versions, for /undo
         self.groups: set[int] = set()           # process groups alive right now (bash and process)
         self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
         self.dotenv = _DotEnv(workspace.cwd)
@@ -405,6 +410,7 @@ class Toolbox:
         args, problem = _check_input(schema, tool_input)
         if problem:
             return ToolResult(problem, True, {"error": "invalid_input"})
+        self.seen = []
         try:
             result = await TOOLS[name](self, args, tool_use_id, confine)
         except ToolError as exc:
@@ -417,12 +423,36 @@ class Toolbox:
         except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
             result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
                                 "bug. Try a different approach.", True, {"error": "internal"})
+        if self.seen:       # in the log, so a resumed session knows what the model has read
+            result.meta["seen"] = self.seen
         result.text = self.mask(result.text)
         if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:   # bash budgets its own stream
             spool = _Spool(self.spill_dir, tool_use_id or name)
             spool.add(result.text)
             result.text = spool.finish(result.meta)
         return result
+
+    def edit_problem(self, tool_input: dict) -> ToolResult | None:
+        """The failure an edit call is certain to meet whatever the user answers: the file exists but was
+        not read (or changed since), or old_string is not in it (or is in several places). The kernel
+        fails such a call as the model's mistake before asking anyone to approve it. None: it may work
+        (creating a file, a bad input and other failures are left to the tool itself)."""
+        args, problem = _check_input(next(s for s in SCHEMAS if s["name"] == "edit"), tool_input)
+        if problem or not args["old_string"] or args["old_string"] == args["new_string"]:
+            return None
+        try:
+            path = self.workspace.resolve(args["file_path"])
+            if not path.is_file():
+                return None
+            self.check_fresh(path)
+            text = self.workspace.read_file(path).decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
+            old, new = (part.replace("\r\n", "\n") for part in (args["old_string"], args["new_string"]))
+            _replace(text, old, new, args.get("replace_all", False), self.workspace.display(path))
+        except ToolError as exc:
+            return ToolResult(self.mask(str(exc)), True, exc.meta)
+        except (OSError, UnicodeDecodeError):
+            return None
+        return None
 
     async def close(self) -> None:
         """Stop every background process (ProcessExited cause "khaelor exit"); remove the session's TMPDIR."""
@@ -446,6 +476,16 @@ class Toolbox:
         process = self.processes.items.get(process_id) if isinstance(process_id, str) else None
         return process.command if process else None
 
+    def resume(self, state: events.State) -> None:
+        """Take up a session's tool state from its log: what the model has seen, each file's edit
+        history (so /undo works after `khaelor -c`), and the process number to go on from."""
+        for real, stamp in state.stamps.items():
+            self.stamps[Path(real)] = stamp
+        for real, versions in state.versions.items():
+            history = [FileVersion(before, after) for before, after in versions]
+            self.edit_history[Path(real)] = history[-EDIT_HISTORY_DEPTH:]
+        self.processes.n_started = state.n_processes
+
     def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
         """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
         path = self.workspace.resolve(file_path)
@@ -454,16 +494,18 @@ class Toolbox:
         if not history:
             return ToolResult(f"No khaelor edits of {shown} to undo.", True, {"error": "no_history"})
         current = self.workspace.read_file(real) if real.exists() else None
-        if current != history[-1].after:
+        if current is None or _blob_name(current) != history[-1].after:
             return ToolResult(f"{shown} changed after khaelor's last edit; not undoing, to keep those changes.",
                               True, {"error": "changed"})
-        version = history.pop()
-        if version.before is None:
+        version = history[-1]
+        before = None if version.before is None else self.load_version(version.before)
+        history.pop()
+        if before is None:
             self.workspace.remove_file(real)
         else:
-            self.workspace.write_file(real, version.before)
+            self.workspace.write_file(real, before)
         self.stamps.pop(real, None)         # the model's view is stale now: it must read again
-        added, removed = self._report_change(path, version.after, version.before or b"", tool_use_id)
+        added, removed = self._report_change(path, current, before or b"", version, tool_use_id)
         return ToolResult(f"Restored {shown} to before khaelor's last edit (+{added} −{removed}).",
                           meta={"path": shown, "added": added, "removed": removed})
 
@@ -472,6 +514,23 @@ class Toolbox:
         real = Path(os.path.realpath(path))
         if stamp := _stamp(real):
             self.stamps[real] = stamp
+            self.seen.append([str(real), *stamp])
+
+    def keep_version(self, data: bytes) -> str:
+        """Store a file's content under its sha256 in KHAELOR_HOME/versions (once); its name."""
+        name = _blob_name(data)
+        path = self.versions_dir / name
+        if not path.exists():
+            self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        return name
+
+    def load_version(self, name: str) -> bytes:
+        return (self.versions_dir / name).read_bytes()
 
     def check_fresh(self, path: Path) -> None:
         """Refuse to change a file the model has not read, or that changed on disk since it did: this
@@ -487,19 +546,23 @@ class Toolbox:
 
     def commit(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
         """Write a file for write/edit: history, stamp, FileModified. Returns (lines added, removed)."""
+        # Both versions are kept before the file changes, so an edit is never without its undo.
+        version = FileVersion(None if before is None else self.keep_version(before), self.keep_version(after))
         self.workspace.write_file(path, after)
         real = Path(os.path.realpath(path))
         history = self.edit_history.setdefault(real, [])
-        history.append(FileVersion(before, after))
+        history.append(version)
         del history[:-EDIT_HISTORY_DEPTH]
         self.remember(real)
-        return self._report_change(path, before, after, tool_use_id)
+        return self._report_change(path, before, after, version, tool_use_id)
 
-    def _report_change(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
+    def _report_change(self, path: Path, before: bytes | None, after: bytes, version: FileVersion,
+                       tool_use_id: str) -> tuple[int, int]:
         shown = self.workspace.display(path)
         added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
         self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed,
-                  diff=self.mask(diff), created=before is None)
+                  diff=self.mask(diff), created=before is None, real_path=str(os.path.realpath(path)),
+                  before_version=version.before, after_version=version.after)
         return added, removed
 
 # ---------------------------------------------------------------- input checking
@@ -611,6 +674,12 @@ def _prune_spill(spill_dir: Path) -> None:
             break
         Path(path).unlink(missing_ok=True)
         total -= size
+
+
+def _absolute_path_entries(path: str) -> str:
+    """PATH without its empty or relative entries: with "." or "bin" on PATH, a `cat` judged
+    read-only would run the repository's own ./cat or bin/cat."""
+    return os.pathsep.join(entry for entry in path.split(os.pathsep) if os.path.isabs(entry))
 
 
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
@@ -835,6 +904,10 @@ def _decode_text(data: bytes) -> str:
 def _uses_crlf(text: str) -> bool:
     crlf = text.count("\r\n")
     return crlf > 0 and crlf >= text.count("\n") - crlf
+
+
+def _blob_name(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -255,3 +255,20 @@ def test_control_sequences_from_the_model_never_reach_the_terminal(khaelor, fake
     assert proc.returncode == 0, proc.stderr.read()
     assert b"answer" in output and b"safe" in output
     assert b"\x1b" not in output
+
+
+def test_a_relative_path_entry_never_runs_the_repositorys_own_programs(khaelor, fake, project, tmp_path):
+    """The user's PATH starts with "." and "bin": a read-only `cat` still runs the system's cat,
+    not the repository's ./cat or bin/cat."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    for place in (project, project / "bin"):
+        place.mkdir(exist_ok=True)
+        (place / "cat").write_text(f"#!/bin/sh\ntouch {markers}/own-cat\n")
+        (place / "cat").chmod(0o755)
+    (project / "app.py").write_text("print('real file')\n")
+    fake.enqueue(reply(tool_use("bash", {"command": "cat app.py"})), reply(text("done")))
+    result = khaelor.run("-p", "show app.py", env={"PATH": f".:bin:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in markers.iterdir()) == []
+    assert "real file" in "\n".join(tool_outputs(khaelor))
