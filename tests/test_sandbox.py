@@ -408,6 +408,19 @@ def test_under_yes_python_cannot_touch_home_keys_config_or_a_listener(khaelor, f
         assert f"{what} REFUSED 13" in output, output
 
 
+def test_a_hostile_repository_runs_no_code_through_the_real_program(khaelor, fake, project, tmp_path):
+    """Without --yes: khaelor's own git calls (the baseline, the per-turn status) and the model's
+    `git diff`, which runs silently as a read-only command."""
+    markers = tmp_path / "markers"
+    hostile_repository(project, markers)
+    fake.enqueue(reply(tool_use("bash", {"command": "git diff"})), reply(text("looked")))
+    result = khaelor.run("-p", "what changed?")
+    assert result.returncode == 0, result.stderr
+    output = [b for m in fake.requests[-1]["body"]["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    assert sorted(os.listdir(markers)) == []
+    assert "not running the diff command this repository configures" in str(output[0]["content"])
+
+
 def test_under_yes_an_approved_network_command_connects(khaelor, fake, listener):
     """Needs the kernel to pass the decision's confine (network: True for curl to a URL)."""
     port = listener.getsockname()[1]
