@@ -525,6 +525,8 @@ class State:
     dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
     edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit made)
     undo_stack: list = field(default_factory=list)  # edited paths, newest last, undone ones removed
+    versions: dict = field(default_factory=dict)    # real path -> [(before, after) version names] to undo
+    stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) the model last saw
     processes: dict = field(default_factory=dict)   # process_id -> {id, command, status} still running
     n_processes: int = 0                # the highest process number started ("p7" -> 7)
     user_texts: list = field(default_factory=list)  # (seq, text) of every user message
@@ -707,6 +709,8 @@ def _on_tool_result(state: State, event: dict) -> None:
     if ran and tokens > 0 and tool_use_id not in state.pruned:
         state.prunable[tool_use_id] = (event["seq"], tokens)
     _add_since_measured(state, output)
+    for real, mtime_ns, size in (event.get("meta") or {}).get("seen") or []:
+        state.stamps[real] = (mtime_ns, size)
 
 
 def _add_since_measured(state: State, text: str) -> None:
@@ -747,11 +751,21 @@ def _on_file_modified(state: State, event: dict) -> None:
             state.dirty_before_edit.append(path)
     state.edits[path].append(event)
     state.edit_baseline = True
-    if event.get("tool_use_id") != UNDO_ID:
+    undone = event.get("tool_use_id") == UNDO_ID
+    if not undone:
         state.undo_stack.append(path)
     elif path in state.undo_stack:
         last = len(state.undo_stack) - 1 - state.undo_stack[::-1].index(path)
         del state.undo_stack[last]
+    real = event.get("real_path")
+    if real is None or "after_version" not in event:
+        return          # written by a khaelor that kept no versions: no /undo after resume
+    versions = state.versions.setdefault(real, [])
+    if not undone:
+        versions.append((event["before_version"], event["after_version"]))
+    elif versions:
+        versions.pop()
+        state.stamps.pop(real, None)
 
 
 def _on_baseline(state: State, event: dict) -> None:

@@ -388,3 +388,69 @@ def test_help_lists_the_keys_and_the_instruction_files(khaelor):
     for key in ("Esc", "Ctrl-J", "Ctrl-C", "Ctrl-D", "Ctrl-L", "Ctrl-O", "Ctrl-Z", "@path", "!command"):
         assert key in result.stdout, key
     assert "KHAELOR.md, CLAUDE.md, AGENTS.md" in result.stdout and "khaelor sessions" in result.stdout
+
+
+# ---------------------------------------------------------------- the world belongs to the session
+
+def in_session(project, env, monkeypatch, script):
+    """Run `await script(session)` against the interactive controller (no terminal), in `project`."""
+    import asyncio
+
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.chdir(project)
+    home = Path(env["KHAELOR_HOME"])
+
+    async def go():
+        args = cli.parse_args(["-c"])
+        session = cli.Session(args, cli.load_settings(args, home, project), home, project)
+        session.attach(cli.open_session(args, home, project))
+        try:
+            return await script(session)
+        finally:
+            await session.quit()
+    return asyncio.run(go())
+
+
+def test_undo_works_after_continue(khaelor, fake, project, env, monkeypatch):
+    (project / "app.py").write_text("print('hello')\n")
+    fake.enqueue(reply(tool_use("read", {"file_path": "app.py"})),
+                 reply(tool_use("edit", {"file_path": "app.py", "old_string": "hello", "new_string": "hi"})),
+                 reply(tool_use("edit", {"file_path": "app.py", "old_string": "hi", "new_string": "hey"})),
+                 reply(tool_use("bash", {"command": "python3 -m py_compile app.py"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "greet differently", "--yes").returncode == 0
+    assert (project / "app.py").read_text() == "print('hey')\n"
+
+    async def undo_twice(session):
+        return [await session.cmd_undo(""), await session.cmd_undo(""), await session.cmd_undo("")]
+    answers = in_session(project, env, monkeypatch, undo_twice)
+    assert answers[0].startswith("Restored app.py") and answers[1].startswith("Restored app.py")
+    assert answers[2] == "nothing to undo"
+    assert (project / "app.py").read_text() == "print('hello')\n"
+
+
+def test_a_new_session_starts_with_a_fresh_world_and_ids_go_on_after_resume(khaelor, fake, project, env,
+                                                                             monkeypatch):
+    (project / "notes.py").write_text("x = 1\n")
+    fake.enqueue(reply(tool_use("read", {"file_path": "notes.py"})),
+                 reply(tool_use("process", {"action": "start", "command": "sleep 30"})), reply(text("ok")))
+    assert khaelor.run("-p", "look and start", "--yes").returncode == 0
+    first_log = khaelor.session_files()[-1]
+
+    async def script(session):
+        edit = {"file_path": "notes.py", "old_string": "x = 1", "new_string": "x = 2"}
+        resumed = await session.toolbox.run("edit", edit, "t-resumed")       # read in the earlier run
+        started = await session.toolbox.run("process", {"action": "start", "command": "sleep 30"}, "t-p")
+        await session.cmd_new("")
+        fresh = await session.toolbox.run("edit", {**edit, "old_string": "x = 2", "new_string": "x = 3"}, "t-new")
+        return resumed, started, fresh, session.store.path
+    resumed, started, fresh, new_log = in_session(project, env, monkeypatch, script)
+    assert not resumed.is_error and (project / "notes.py").read_text() == "x = 2\n"
+    assert started.meta["process_id"] == "p2"               # p1 was started in the first run
+    assert fresh.is_error and fresh.meta["error"] == "not_read"      # the new session read nothing
+    first = [json.loads(line) for line in first_log.read_text().splitlines()]
+    exited = [e["process_id"] for e in first if e["type"] == "ProcessExited"]
+    assert exited == ["p1", "p2"]                           # each exit in its own session's log
+    assert not new_log.exists() or "ProcessExited" not in new_log.read_text()

@@ -525,7 +525,8 @@ def test_edit_history_and_undo(box):
     box.call("edit", file_path="u.py", old_string="v1", new_string="v2")
     box.call("edit", file_path="u.py", old_string="v2", new_string="v3")
     history = box.toolbox.edit_history[target.resolve()]
-    assert [v.before for v in history] == [None, b"v1\n", b"v2\n"]
+    befores = [v.before and box.toolbox.load_version(v.before) for v in history]
+    assert befores == [None, b"v1\n", b"v2\n"]       # kept under KHAELOR_HOME/versions
     assert not box.toolbox.undo("u.py").is_error and target.read_text() == "v2\n"
     edit_after_undo = box.call("edit", file_path="u.py", old_string="v2", new_string="v9")
     assert edit_after_undo.is_error and "not read it" in edit_after_undo.text
