@@ -694,6 +694,7 @@ def rule_text(suggestion: dict) -> str:
 class ToolCard:
     name: str
     summary: str
+    tool_input: dict = field(default_factory=dict)    # what the permission panel previews
     started: float | None = None        # time.monotonic() at ToolStarted (live elapsed)
     started_ts: int | None = None       # the event's ts in unix ms (durations on replay)
     output_tail: collections.deque = field(
@@ -931,8 +932,9 @@ class Timeline:
     # -- tools and permissions --
 
     def _on_ToolRequested(self, e: dict) -> None:
+        tool_input = e.get("input") if isinstance(e.get("input"), dict) else {}
         self.cards[e.get("tool_use_id", "")] = ToolCard(
-            e.get("name", "?"), tool_summary(e.get("name", ""), e.get("input") or {}))
+            e.get("name", "?"), tool_summary(e.get("name", ""), tool_input), tool_input)
 
     def _on_ToolStarted(self, e: dict) -> None:
         card = self.cards.setdefault(e.get("tool_use_id", ""), ToolCard(e.get("name", "tool"), ""))
@@ -1161,21 +1163,50 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     return choices + [("n", "feedback", "deny")]
 
 
+def panel_preview(request: dict, tool_input: dict | None) -> str:
+    """What the panel shows under the descriptor. The call's own input when the UI saw it: all of
+    a write's content (so the count of lines left out is exact), a process's command as lines."""
+    tool_input = tool_input if isinstance(tool_input, dict) else {}
+    if isinstance(tool_input.get("content"), str):
+        return tool_input["content"]
+    if request.get("capability") != "loop.continue" and isinstance(tool_input.get("command"), str):
+        return tool_input["command"]
+    old, new = tool_input.get("old_string"), tool_input.get("new_string")
+    if isinstance(old, str) and isinstance(new, str):     # an edit: every line marked − or +
+        return "\n".join(["- " + line for line in old.split("\n")] * bool(old)
+                         + ["+ " + line for line in new.split("\n")])
+    return str(request.get("preview") or "")
+
+
+def preview_rows(text: str, width: int, style: Style, lang: str = "sh") -> list[str]:
+    """Lines of code or a command, as lines; after PANEL_PREVIEW_LINES, how many more there are."""
+    rows = text.split("\n")
+    out = [r for line in rows[:PANEL_PREVIEW_LINES] for r in render_code_line(line, lang, width, style)]
+    if len(rows) > PANEL_PREVIEW_LINES:
+        out.append(style.paint(f"… {len(rows) - PANEL_PREVIEW_LINES} more lines", "dim"))
+    return out
+
+
 def render_permission_panel(request: dict, width: int, style: Style, feedback: str | None = None,
-                            selected: int = 0, composing: bool = False) -> list[str]:
+                            selected: int = 0, composing: bool = False,
+                            tool_input: dict | None = None) -> list[str]:
     """What the call will do and the choices (`selected` is marked); after `n`, the feedback
-    line. `composing`: the composer holds text, so Enter sends it instead of answering."""
+    line. `composing`: the composer holds text, so Enter sends it instead of answering.
+    `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing."""
     bar = style.paint("│ ", "warning")
     lines = [clip(style.paint("⚠ Permission needed", "warning", "bold")
                   + style.paint(" · " + str(request.get("capability", "")), "dim"), width)]
-    lines += wrap_spans([(sanitize(str(request.get("descriptor", ""))), ("bold",))], width, style,
-                        bar, bar)
-    preview = sanitize(str(request.get("preview") or "")).rstrip("\n")
-    if preview and preview.strip() not in str(request.get("descriptor", "")):
+    descriptor = sanitize(str(request.get("descriptor", ""))).strip("\n")
+    if "\n" in descriptor:             # a multi-line command: its lines, not one run-on line
+        lines += [bar + row for row in preview_rows(descriptor, width - 2, style)]
+    else:
+        lines += wrap_spans([(descriptor, ("bold",))], width, style, bar, bar)
+    preview = sanitize(panel_preview(request, tool_input)).rstrip("\n")
+    if preview and preview.strip() not in descriptor:
         is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
+        lang = "diff" if isinstance((tool_input or {}).get("old_string"), str) else "sh"
         rows = (render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES) if is_diff
-                else [r for line in preview.split("\n")[:PANEL_PREVIEW_LINES]
-                      for r in render_code_line(line, "sh", width - 2, style)])
+                else preview_rows(preview, width - 2, style, lang))
         lines += [bar + row for row in rows]
     if feedback is None:
         choices, spans = panel_choices(request), []
@@ -1869,11 +1900,16 @@ class App:
         room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
         panel = []
         if self.timeline.permissions:
-            panel = render_permission_panel(self.timeline.permissions[0], width, style,
-                                            self.feedback, self.panel_choice,
-                                            composing=bool(self.composer.text))
-            if len(panel) > room:
-                panel = panel[:max(1, room - 2)] + panel[-2:]
+            request = self.timeline.permissions[0]
+            card = self.timeline.cards.get(request.get("tool_use_id", ""))
+            panel = render_permission_panel(request, width, style, self.feedback, self.panel_choice,
+                                            composing=bool(self.composer.text),
+                                            tool_input=card.tool_input if card else None)
+            if len(panel) > room:         # a small terminal: say what is left out, keep the keys
+                keep = max(1, room - 3)
+                hidden = style.paint(f"│ … {len(panel) - keep - 2} lines not shown: the terminal "
+                                     "is too small", "warning")
+                panel = panel[:keep] + [clip(hidden, width)] + panel[-2:]
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
         live = live[max(0, len(live) - (room - len(panel))):] if room > len(panel) else []
         lines = [clip(line, width) for line in live + panel + [status] + rows + menu]

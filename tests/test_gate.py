@@ -111,3 +111,26 @@ def test_permissions_check_reports_decisions_as_json(khaelor):
     assert outside["capability"] == "filesystem.outsideProject" and outside["decision"] == "ask"
     listing = khaelor.run("permissions")
     assert listing.returncode == 0 and "default" in listing.stdout
+
+
+def test_an_edit_that_cannot_succeed_fails_before_anyone_is_asked(fake, project, kernel_turn):
+    """Issue 14 item 6: an unread file or an absent old_string is the model's mistake, not a question."""
+    (project / "notes.py").write_text("alpha = 1\n")
+    fake.enqueue(reply(tool_use("edit", {"file_path": "notes.py", "old_string": "alpha", "new_string": "beta"})),
+                 reply(tool_use("read", {"file_path": "notes.py"})),
+                 reply(tool_use("edit", {"file_path": "notes.py", "old_string": "gamma", "new_string": "beta"})),
+                 reply(tool_use("edit", {"file_path": "notes.py", "old_string": "alpha", "new_string": "beta"})),
+                 reply(text("edited")), reply(text("no checks for this")), reply(text("really none")))
+    asked = []
+
+    async def ask(request):
+        asked.append(request)
+        return "once", ""
+
+    step, log = kernel_turn("rename alpha", ask)
+    assert step == "done" and [a["descriptor"] for a in asked] == ["notes.py"]     # only the edit that can work
+    failed = [e for e in log if e["type"] == "ToolFailed"]
+    assert len(failed) == 2 and "have not read it" in failed[0]["output"] and "not found" in failed[1]["output"]
+    assert not any(e["type"] == "PermissionRequested" and e["tool_use_id"] == f["tool_use_id"]
+                   for e in log for f in failed)
+    assert (project / "notes.py").read_text() == "beta = 1\n" and fake.rejections == []

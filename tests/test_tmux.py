@@ -434,3 +434,15 @@ def test_mentions_list_folders_new_files_and_quote_spaces_outside_git(terminal, 
     term.wait_for("docs/my notes.md")
     term.keys("Tab")
     term.wait_for('❯ @"docs/my notes.md"')
+
+
+def test_a_long_write_preview_says_how_many_lines_it_left_out(terminal, project):
+    content = "".join(f"row {k}\n" for k in range(1, 201))
+    term = terminal([reply(tool("write", file_path="rows.txt", content=content)), reply(text("written"))], height=40)
+    term.type("write the rows")
+    term.keys("Enter")
+    screen = term.wait_for("allow once")
+    assert "row 1" in screen and "row 14" in screen and "… 186 more lines" in screen
+    term.type("y")
+    term.wait_for("written")
+    assert (project / "rows.txt").read_text() == content

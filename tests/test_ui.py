@@ -1246,3 +1246,51 @@ def test_a_blockquote_nested_a_thousand_deep_renders_and_replays():
     replayed = ui.render_transcript([event("UserMessageCreated", text="quote"),
                                      event("ModelTextBlockCompleted", text=deep)], 80)
     assert any("level 1000" in line for line in replayed)
+
+
+# ---- permission previews hide nothing silently (issue 14) ----
+
+def panel_for(name, tool_input, width=80, style=MONO, **request):
+    timeline_events = [event("ToolRequested", tool_use_id="p", name=name, input=tool_input),
+                       event("PermissionRequested", tool_use_id="p", capability="file.write.project",
+                             suggestion=None, **request)]
+    app = ui.App(FakeController(busy=True), style=style, width=width, height=40)
+    for e in timeline_events:
+        app.on_event(e)
+    return app
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_long_write_shows_its_head_and_how_many_lines_are_left(width):
+    content = "\n".join(f"line {k}" for k in range(1, 301))
+    app = panel_for("write", {"file_path": "big.txt", "content": content}, width,
+                    descriptor="big.txt", preview=content[:2000])
+    text = text_of(screen_of(app.frame(0.0)[0], width))
+    assert "line 1" in text and f"line {ui.PANEL_PREVIEW_LINES}" in text
+    assert f"… {300 - ui.PANEL_PREVIEW_LINES} more lines" in text      # exact, past the 2,000 cut
+
+
+def test_multi_line_commands_and_edits_show_as_lines():
+    command = "cd build &&\ncmake ..\nmake -j4"
+    app = panel_for("bash", {"command": command}, descriptor=command, preview=command)
+    rows = [row.strip() for row in "\n".join(app.frame(0.0)[0]).split("\n")]
+    assert "│ cd build &&" in rows and "│ cmake .." in rows and "│ make -j4" in rows
+    edit = panel_for("edit", {"file_path": "a.py", "old_string": "x = 1\ny = 2", "new_string": "x = 3\ny = 4"},
+                     descriptor="a.py", preview="- x = 1\ny = 2\n+ x = 3\ny = 4")
+    rows = [row.strip() for row in "\n".join(edit.frame(0.0)[0]).split("\n")]
+    assert ["│ - x = 1", "│ - y = 2", "│ + x = 3", "│ + y = 4"] == [r for r in rows if r[2:3] in "-+" and r[2:3]]
+    process = panel_for("process", {"action": "start", "command": "npm run dev\n--port 3000"},
+                        descriptor="npm run dev --port 3000", preview='{"action": "start"}')
+    text = "\n".join(process.frame(0.0)[0])
+    assert "│ npm run dev" in text and "│ --port 3000" in text and '"action"' not in text
+
+
+def test_a_small_terminal_says_what_the_panel_left_out():
+    content = "\n".join(f"line {k}" for k in range(1, 40))
+    app = panel_for("write", {"file_path": "big.txt", "content": content}, 80, descriptor="big.txt",
+                    preview=content)
+    app.height = 12
+    lines, _ = app.frame(0.0)
+    text = "\n".join(lines)
+    assert len(lines) <= 11 and "lines not shown: the terminal is too small" in text
+    assert "y) allow once" in text and "n) deny" in text
