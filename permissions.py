@@ -873,8 +873,33 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
     for request in requests:
         if request.capability == "filesystem.outsideProject" and request.path:
             paths.add(request.path)
+    installs = [r for r in requests if r.capability == "network.access" and _installer(r.core.split())]
+    if installs:
+        paths.update(_package_locations())
     return {"write": not read_only, "network": any(r.capability == "network.access" for r in requests),
             "paths": sorted(paths), "secrets": any(r.secret for r in requests), "hide": list(SECRET_NAMES)}
+
+
+# Where package managers install and cache, under $HOME: an approved `pip install` or `npm install`
+# may write there (and into this interpreter's site-packages), or it could not do what was approved.
+_PACKAGE_HOME_DIRS = (".cache", ".local", ".npm", ".cargo", ".rustup", "go", ".gem", ".m2", ".gradle", ".yarn",
+                      ".pnpm-store", ".bun", ".deno", ".nuget", ".pyenv")
+
+
+def _installer(core: list[str]) -> bool:
+    """A package manager (python -m pip counts as pip)."""
+    if core[:1] and core[0].startswith("python") and core[1:3] == ["-m", "pip"]:
+        return True
+    return bool(core) and core[0] in _NETWORK_SUBCOMMANDS and core[0] not in ("aws", "gcloud", "az")
+
+
+def _package_locations() -> list[str]:
+    import sysconfig
+    home = os.path.expanduser("~")
+    places = [os.path.join(home, name) for name in _PACKAGE_HOME_DIRS]
+    for key in ("purelib", "platlib", "scripts", "data"):
+        places.append(sysconfig.get_paths()[key])
+    return [os.path.realpath(p) for p in places]
 
 
 def _without_sandbox(decision: Decision) -> Decision:

@@ -428,3 +428,44 @@ def test_under_yes_an_approved_network_command_connects(khaelor, fake, listener)
     result = khaelor.run("-p", "fetch it", "--yes")
     assert result.returncode == 0, result.stderr
     assert was_reached(listener)
+
+
+def make_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel (no build step, no index): what `pip install` gets from PyPI."""
+    import base64
+    import hashlib
+    import zipfile
+    files = {"tinypkg/__init__.py": "X = 1\n",
+             "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+             "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                           "Tag: py3-none-any\n"}
+    record = ""
+    for name, content in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content.encode()).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(content)}\n"
+    path = directory / "tinypkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, content in files.items():
+            wheel.writestr(name, content)
+        wheel.writestr("tinypkg-0.1.dist-info/RECORD", record + "tinypkg-0.1.dist-info/RECORD,,\n")
+    return path
+
+
+def test_an_approved_pip_install_can_install_where_pip_installs_and_an_unapproved_one_cannot(world):
+    """The decision for `pip install` (network approved) opens the package locations; the same
+    command run as an ordinary approved one is refused by the sandbox and told why."""
+    import permissions
+    make_wheel(world.project)
+    (world.home / ".local").mkdir()
+    command = ("python3 -m pip install -q --user --no-index --no-warn-script-location tinypkg-0.1-py3-none-any.whl"
+               " && cd / && python3 -c 'import tinypkg; print(\"imported\", tinypkg.X)'")
+    decision = permissions.decide("bash", {"command": command}, world.project, permissions.default_rules())
+    assert decision.capability == "network.access" and decision.confine["network"]
+
+    async def scenario(box):
+        refused = await bash(box, command)                   # write to the project only
+        installed = await bash(box, command, **decision.confine)
+        return refused, installed
+    refused, installed = drive(world, scenario)
+    assert "imported 1" not in refused.text and "sandbox" in refused.text.lower()
+    assert "imported 1" in installed.text, installed.text
