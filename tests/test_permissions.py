@@ -547,3 +547,32 @@ def test_the_agent_cannot_edit_its_own_permission_config(tmp_path):
         decision = permissions.decide(tool, tool_input, tmp_path, rules)
         assert decision.action == "deny" and decision.floor, (tool, tool_input)
     assert permissions.decide("read", {"file_path": ".khaelor/config.json"}, tmp_path, rules).action == "allow"
+
+
+def test_without_an_os_sandbox_only_provably_read_only_commands_run_without_asking(project):
+    rules = [*DEFAULTS, Rule("process.execute", "npm *", "allow", "u", "user")]
+    confined = decide("bash", {"command": "npm test"}, project, rules)
+    unconfined = decide("bash", {"command": "npm test"}, project, rules, sandboxed=False)
+    assert confined.action == "allow" and unconfined.action == "ask"
+    assert unconfined.layer == "sandbox" and "sandbox" in unconfined.reason
+    assert decide("bash", {"command": "ls -la"}, project, DEFAULTS, sandboxed=False).action == "allow"
+
+
+@pytest.mark.parametrize("command, destroys", [
+    ("git reset --hard", True), ("git reset --hard HEAD~1", True), ("git clean -fdx", True),
+    ("git clean -n", False), ("git push --force origin main", True), ("git push origin +main", True),
+    ("git push origin main", False), ("git checkout -- .", True), ("git checkout feature", False),
+    ("rm -rf .git", True), ("rm -rf ..", True), ("rm -rf *", True), ("rm -rf build", False),
+    ("cd build && rm -rf *", False), ("git stash drop", True), ("git branch -D old", True),
+    ("find . -delete", True), ("find . -name '*.pyc' -delete", False),
+])
+def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
+    (project / "build").mkdir(exist_ok=True)
+    rules = [*DEFAULTS, Rule("*", "*", "allow", "u", "user")]        # even when a rule allows everything
+    decision = decide("bash", {"command": command}, project, rules)
+    if decision.floor:          # here `..` also holds $HOME: the floor refuses it outright
+        assert command == "rm -rf .." and decision.action == "deny"
+        return
+    assert bool(decision.destructive) == destroys, decision
+    if destroys:
+        assert decision.action == "ask" and decision.suggestion is None
