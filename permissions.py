@@ -958,18 +958,29 @@ def _escape(text: str) -> str:
     return re.sub(r"([*?[])", r"[\1]", text)
 
 
-def _secrets_under(directory: str, include_hidden: bool) -> list[str]:
-    """Secret files a recursive search of directory would read (a bounded walk; .git skipped)."""
+def _secrets_under(directory: str, include_hidden: bool, follows: bool = False) -> list[str]:
+    """Secret files a recursive search of directory would read (a bounded walk; .git skipped),
+    and when it follows symlinks, each link that leads out of directory."""
     found, seen = [], 0
+    top = os.path.realpath(directory)
     for parent, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if d != ".git" and (include_hidden or not d.startswith("."))]
-        for name in files:
+        for name in files + (dirs if follows else []):
             seen += 1
-            if (include_hidden or not name.startswith(".")) and is_secret_name(name):
-                found.append(os.path.join(parent, name))
+            path = os.path.join(parent, name)
+            if not include_hidden and name.startswith("."):
+                continue
+            if is_secret_name(name) and name not in dirs:
+                found.append(path)
+            elif follows and os.path.islink(path) and not _beneath(os.path.realpath(path), top):
+                found.append(path)
         if seen > _SECRET_WALK_CAP or len(found) >= 5:
             break
     return found
+
+
+def _beneath(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 # ---------------------------------------------------------------- bash: judging a line
@@ -1135,7 +1146,8 @@ def _word_requests(word: str, cwd: str, root: str, capability: str, suggest=Fals
 
 
 def _recursive_secrets(part: _Part) -> list[str]:
-    """grep -r, rg and diff -r read every file below their directories: the secrets there."""
+    """grep -r, rg and diff -r read every file below their directories: the secrets there, and
+    with -R / -L / --follow the places outside that symlinks lead to."""
     core = part.core
     name = core[0] if core else ""
     if name not in _RECURSIVE_READERS:
@@ -1146,13 +1158,15 @@ def _recursive_secrets(part: _Part) -> list[str]:
         any(o in ("--recursive", "--dereference-recursive", "--directories=recurse") for o in options)
     if not recursive:
         return []
+    follows = any(o in ("--dereference-recursive", "--follow") for o in options) or \
+        ("R" in short if name != "rg" else "L" in short)
     hidden = name != "rg" or any(o in ("--hidden", "-uu", "-uuu", "--unrestricted") or o == "-." for o in options)
     targets = [w for w in _path_arguments(core) if os.path.isdir(os.path.join(part.cwd, w))]
-    if name != "diff" and not [w for w in _path_arguments(core)]:
+    if name != "diff" and not _path_arguments(core):
         targets = ["."]       # grep -r PATTERN and rg PATTERN search the working directory
     found = []
     for target in targets:
-        found += _secrets_under(os.path.join(part.cwd, target), hidden)
+        found += _secrets_under(os.path.join(part.cwd, target), hidden, follows)
     return found
 
 
@@ -1218,6 +1232,8 @@ def _not_read_only(part: _Part) -> str | None:
         return None if len(args) <= 1 else "cd takes one directory"
     if name == "printf":
         return "printf -v assigns a variable" if args and args[0].startswith("-v") else None
+    if name in ("test", "[") and {"-v", "-R"} & set(args):
+        return f"{name} -v evaluates an array subscript, which can run a command"
     if name == "command":
         return None if args[:1] in (("-v",), ("-V",)) else "command runs another program"
     spec = READ_ONLY.get(name)

@@ -576,3 +576,16 @@ def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, co
     assert bool(decision.destructive) == destroys, decision
     if destroys:
         assert decision.action == "ask" and decision.suggestion is None
+
+
+def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
+    (project / "docs").symlink_to(project.parent / "outside", target_is_directory=True)
+    for following in ("grep -R secret .", "grep --dereference-recursive secret .", "rg -L secret", "rg --follow x"):
+        assert bash(following, project)["decision"] == "ask", following
+    for not_following in ("grep -r secret .", "rg secret", "grep -rn secret src"):
+        assert bash(not_following, project)["decision"] == "allow", not_following
+
+
+def test_test_v_with_an_array_subscript_is_not_read_only(project):
+    assert bash("test -v name", project)["decision"] == "ask"
+    assert bash("[ -f README.md ]", project)["decision"] == "allow"
