@@ -22,7 +22,7 @@ DURABLE = frozenset("""
     ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged""".split())
+    ModelChanged UserShellRan""".split())
 EPHEMERAL = frozenset("ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status".split())
 
 # Events that give a tool_use its tool_result. A denial is answered to the model like a result.
@@ -30,6 +30,9 @@ TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", 
 TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
+# A command the user ran with `!` (UserShellRan: command, output, exit_code, duration_ms, stopped):
+# its ToolOutput carries this id, and it joins the conversation as user-side text.
+USER_SHELL_ID = "user-shell"
 LOST_RESULT = "[no result was recorded for this call: its line in the session log could not be read]"
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
 
@@ -319,7 +322,8 @@ class Bus:
 
 BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
 # User-side text: it joins the conversation and ends any response still being streamed.
-USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested"})
+USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested",
+                              "UserShellRan"})
 DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVENTS})
 OPEN, CLOSED, DROPPED = "open", "closed", "dropped"
 
@@ -439,14 +443,26 @@ class Conversation:
             self.messages.append({"role": "user", "content": [block]})
 
 
+def user_text(event: dict) -> str:
+    """What a user-side event says to the model. A `!` command is context the user supplied, like
+    Claude Code's `!`: the command, then its output (or that the user stopped it)."""
+    if event["type"] != "UserShellRan":
+        return event["text"]
+    output = str(event.get("output") or "").rstrip() or "(no output)"
+    if event.get("stopped"):
+        output += "\n[stopped by the user before it finished]"
+    return (f"<user-shell>\nI ran this command myself; it and its output are context for what I ask next.\n"
+            f"$ {event['command']}\n{output}\n</user-shell>")
+
+
 def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: set) -> tuple[str, list]:
     """Feed one event to the attempt and the conversation; returns the attempt's outcome."""
     outcome, blocks = attempt.feed(event)
     if outcome == CLOSED:
         conversation.add_response(blocks)
     kind = event["type"]
-    if kind in USER_TEXT_EVENTS and event["text"]:
-        conversation.add_user_text(event["text"])
+    if kind in USER_TEXT_EVENTS and user_text(event):
+        conversation.add_user_text(user_text(event))
     elif kind in TOOL_RESULT_EVENTS:
         conversation.add_result(event, pruned)
     return outcome, blocks
@@ -460,8 +476,8 @@ RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an /undo records
 # Events after which the conversation is longer: a compaction has something new to cut.
-GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "ModelResponseCompleted",
-                            *TOOL_RESULT_EVENTS})
+GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "UserShellRan",
+                            "ModelResponseCompleted", *TOOL_RESULT_EVENTS})
 
 
 def estimate_tokens(value) -> int:
@@ -669,6 +685,10 @@ def _on_steering_injected(state: State, event: dict) -> None:
     _add_since_measured(state, event.get("text") or "")
 
 
+def _on_user_shell(state: State, event: dict) -> None:
+    _add_since_measured(state, user_text(event))
+
+
 def _on_tool_requested(state: State, event: dict) -> None:
     state.calls[event["tool_use_id"]] = event
 
@@ -828,6 +848,7 @@ _HANDLERS = {
     "UserMessageCreated": _on_user_message,
     "SteeringQueued": _on_steering_queued,
     "SteeringInjected": _on_steering_injected,
+    "UserShellRan": _on_user_shell,
     "ToolRequested": _on_tool_requested,
     "ModelRequestFailed": _on_request_failed,
     "ModelResponseCompleted": _on_response_completed,

@@ -562,6 +562,7 @@ class Session:
         self.command_names = sorted(COMMANDS)
         self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
         self._files, self.closed, self.baseline = None, False, None
+        self.shell = None        # the task of a running `!` command
         self._files_at = 0.0     # time.monotonic() when _files was listed
         self._mention_prefix = "\0"    # the query of the last @ completion
         self._status_key, self._status = None, {}
@@ -602,6 +603,11 @@ class Session:
     # -- ui.Controller
     @property
     def busy(self) -> bool:
+        """A turn or a `!` command runs: the UI shows a spinner, and Esc stops it."""
+        return self.working or (self.shell is not None and not self.shell.done())
+
+    @property
+    def working(self) -> bool:
         return self.turn is not None and not self.turn.done()
 
     def subscribe(self, fn):
@@ -622,7 +628,7 @@ class Session:
     def submit(self, text: str):
         self.begin()
         self.kernel.submit(text)
-        if not self.busy:
+        if not self.working:
             self.start_turn()
 
     def start_turn(self) -> None:
@@ -637,8 +643,10 @@ class Session:
             self.bus.emit("Status", text=f"error: {turn.exception()}")
 
     def interrupt(self) -> None:
-        if self.busy:
+        if self.working:
             self.turn.cancel()
+        if self.shell is not None:
+            self.shell.cancel()
 
     async def ask(self, request: dict):
         import asyncio
@@ -654,10 +662,33 @@ class Session:
         if future is not None and not future.done():
             future.set_result((choice, feedback))
 
-    async def run_shell(self, command: str) -> str:
-        """`!cmd`: the user's own command, run now and shown; it does not go to the model."""
-        result = await self.toolbox.run("bash", {"command": command}, "user-shell")
-        return f"```\n$ {command}\n{result.text.rstrip()}\n```"
+    async def run_shell(self, command: str):
+        """`!cmd`: the user's own command, run now (no question: the user typed it) and shown as it runs;
+        Esc stops it. It and its output join the conversation (UserShellRan), so the next request
+        carries them as user-side context."""
+        import asyncio
+        if self.working or self.shell is not None:
+            return "khaelor is working; `!` commands run between turns (Esc interrupts the turn)"
+        self.begin()
+        self.shell = asyncio.current_task()
+        streamed = []       # what it printed, kept if it is stopped
+
+        def collect(event: dict) -> None:
+            if event["type"] == "ToolOutput" and event.get("tool_use_id") == events.USER_SHELL_ID:
+                streamed.append(event["text"])
+        unsubscribe = self.bus.subscribe(collect)
+        try:
+            result = await self.toolbox.run("bash", {"command": command}, events.USER_SHELL_ID)
+        except asyncio.CancelledError:
+            self.bus.emit("UserShellRan", command=command, output="".join(streamed)[-STOPPED_OUTPUT_CHARS:],
+                          exit_code=None, stopped=True)
+            raise
+        finally:
+            self.shell = None
+            unsubscribe()
+        meta = result.meta
+        self.bus.emit("UserShellRan", command=command, output=result.text, exit_code=meta.get("exit_code"),
+                      duration_ms=meta.get("duration_ms"), stopped=False)
 
     async def run_command(self, line: str):
         name, _, rest = line.strip().partition(" ")
@@ -820,7 +851,7 @@ class Session:
 
     async def cmd_undo(self, _):
         """khaelor's newest edit not undone yet goes back, byte for byte (the toolbox's history)."""
-        if self.busy:
+        if self.working:
             return "khaelor is working; wait for the turn to end (or press Esc) before /undo"
         edited = self.store.state.undo_stack
         if not edited:
@@ -851,6 +882,7 @@ def recap(turns: list, n_turns: int = 3) -> str:
     return "\n" + "\n".join(lines) if lines else ""
 
 
+STOPPED_OUTPUT_CHARS = 20_000  # of a `!` command stopped with Esc, the output kept (its end)
 MENTION_REFRESH_S = 1.0      # a new @ mention lists the files again when the list is older than this
 MAX_MENTION_FILES = 50_000   # files offered for @ completion, at most
 SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})   # and every dot-folder

@@ -975,6 +975,29 @@ class Timeline:
 
     _on_ToolFailed = _on_ToolCompleted
 
+    def start_shell(self, command: str) -> None:
+        """A `!` command the user just started: a live card until its UserShellRan."""
+        card = ToolCard("!", tool_summary("bash", {"command": command}))
+        card.started = time.monotonic()
+        self.cards[events.USER_SHELL_ID] = card
+
+    def _on_UserShellRan(self, e: dict) -> None:
+        """The user's own command, drawn like a bash card: `● ! git status · exit 0 · 0.2s`."""
+        self.cards.pop(events.USER_SHELL_ID, None)
+        meta = {key: e[key] for key in ("exit_code", "duration_ms") if e.get(key) is not None}
+        summary = tool_summary("bash", {"command": e.get("command", "")})
+        if e.get("stopped"):
+            symbol, facts = "○", ["stopped"]
+        elif meta.get("exit_code") == 0:
+            symbol, facts = self.style.paint("●", "ok"), meta_facts(meta)
+        else:
+            symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
+        output = card_output(e, meta)
+        self._release_card()
+        self._held = self._last_card = FinishedCard(
+            [self._card_line(symbol, "!", summary, facts)], output[:EXPANDED_MAX_LINES], len(output),
+            False)
+
     def _on_ToolCancelled(self, e: dict) -> None:
         self._resolve(e)      # a question left open by an interrupted turn is no longer asked
         card = self._pop_card(e)
@@ -1802,6 +1825,8 @@ class App:
             self._show_result(fn, result)
 
     def _show_result(self, fn: Callable, result: object) -> None:
+        if isinstance(result, Exception) and fn == self.controller.run_shell:
+            self.timeline.cards.pop(events.USER_SHELL_ID, None)    # it failed to run: not running
         if isinstance(result, Exception):
             self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {result}")
         elif result is QUIT:
@@ -1812,6 +1837,8 @@ class App:
     def _dispatch(self, text: str) -> None:
         stripped = text.strip()
         if stripped.startswith("!") and stripped[1:].strip():
+            if not self.controller.busy:          # it will run: show it running at once
+                self.timeline.start_shell(stripped[1:].strip())
             self.call(self.controller.run_shell, stripped[1:].strip())
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
             self.call(self.controller.run_command, stripped)
@@ -1890,6 +1917,8 @@ class App:
             hint = "a key or ↑↓ Enter answers · typing writes a message"
         elif busy:
             hint = "Type to steer · Esc to interrupt"
+            if events.USER_SHELL_ID in self.timeline.cards:
+                hint = "Esc stops the command"
         else:
             hint = "Ask anything · / commands · @ files · ! shell"
         rows, crow, ccol = self.composer.render(width, style, hint)

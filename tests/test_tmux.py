@@ -446,3 +446,26 @@ def test_a_long_write_preview_says_how_many_lines_it_left_out(terminal, project)
     term.type("y")
     term.wait_for("written")
     assert (project / "rows.txt").read_text() == content
+
+
+def test_a_shell_command_shows_running_stops_with_esc_and_joins_the_conversation(terminal):
+    term = terminal([reply(text("I see what you ran"))])
+    term.type("!echo started; sleep 30")
+    term.keys("Enter")
+    screen = term.wait_for("running ! echo started; sleep 30")
+    assert "Esc stops the command" in screen
+    term.wait_for("started")
+    term.keys("Escape")
+    term.wait_for("! echo started; sleep 30 · stopped")
+    term.type("!echo shell-marker-42")
+    term.keys("Enter")
+    term.wait_for("! echo shell-marker-42 · exit 0")
+    term.type("what did I run?")
+    term.keys("Enter")
+    term.wait_for("I see what you ran")
+    sent = term.requests()[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user"]
+    texts = [b["text"] for b in sent[0]["content"] if b["type"] == "text"]
+    assert "$ echo started; sleep 30\nstarted\n[stopped by the user" in texts[0]
+    assert "$ echo shell-marker-42\nshell-marker-42" in texts[1]
+    assert texts[2] == "what did I run?" and rejected(term) == []

@@ -1294,3 +1294,27 @@ def test_a_small_terminal_says_what_the_panel_left_out():
     text = "\n".join(lines)
     assert len(lines) <= 11 and "lines not shown: the terminal is too small" in text
     assert "y) allow once" in text and "n) deny" in text
+
+
+# ---- ! shell commands (issue 14) ----
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_shell_command_runs_live_then_settles_as_a_card(width):
+    ctrl = FakeController()
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    app.on_key(K("text", "!make test"))
+    app.on_key(K("enter"))
+    assert ctrl.calls == [("shell", "make test")]
+    app.on_event(event("ToolOutput", tool_use_id="user-shell", text="compiling\nlinking\n"))
+    live = "\n".join(app.timeline.live_lines(app.timeline.cards["user-shell"].started + 2.5))
+    assert "! make test · 2.5s" in live and "linking" in live
+    output = "\n".join(f"test {k} ok" for k in range(1, 21)) + "\n\nExit code: 0"
+    app.on_event(event("UserShellRan", command="make test", output=output, exit_code=0, duration_ms=2600,
+                       stopped=False))
+    app.timeline.finish()
+    text = text_of(screen_of(app.timeline.take_settled(), width))
+    assert "● ! make test · exit 0 · 2.6s" in text and "test 1 ok" in text and "test 20 ok" in text
+    assert "… 15 lines …" in text and "Exit code" not in text and app.timeline.cards == {}
+    stopped = ui.render_transcript([event("UserShellRan", command="sleep 9", output="tick\n", exit_code=None,
+                                          stopped=True)], width)
+    assert "○ ! sleep 9 · stopped" in stopped[0] and "tick" in stopped[1]
