@@ -374,11 +374,11 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
                 parts.append(f"[{message['role']}]\n{block['text']}")
             elif block["type"] == "tool_use":
                 parts.append(f"[tool call {block['name']} {block['id']}]\n"
-                             + _clip(json.dumps(block["input"], ensure_ascii=False), TRANSCRIPT_BLOCK_CHARS))
+                             + clip(json.dumps(block["input"], ensure_ascii=False), TRANSCRIPT_BLOCK_CHARS))
             elif block["type"] == "tool_result":
                 error = " (error)" if block.get("is_error") else ""
                 parts.append(f"[tool result {block['tool_use_id']}{error}]\n"
-                             + _clip(block["content"], TRANSCRIPT_BLOCK_CHARS))
+                             + clip(block["content"], TRANSCRIPT_BLOCK_CHARS))
     text = "\n\n".join(parts)
     if len(text) > max_chars:
         head, tail = max_chars // 4, max_chars - max_chars // 4
@@ -418,7 +418,7 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
     if latest:
         checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
-                                              "content": _clip(latest, 8_000)})
+                                              "content": clip(latest, 8_000)})
     # The summary the model reads: a comment header and the checkpoint (every key, in order) as YAML.
     return {"checkpoint": checkpoint, "summary": SUMMARY_HEADER + to_yaml(checkpoint), "cut_seq": cut_seq}
 
@@ -468,7 +468,7 @@ def _as_record(item, keys: tuple) -> dict:
     return record or {keys[0]: _as_text(item)}
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     half = limit // 2
@@ -603,71 +603,11 @@ def attribute_changes(state: events.State, dirty_now: list[str] | None = None) -
             "dirty_before_edit": list(state.dirty_before_edit)}
 
 
-def diff_report(state: events.State, dirty_now: list[str] | None = None, max_chars: int = 60_000) -> str:
-    """/diff as markdown: khaelor's edits of this session file by file (from the log, so it
-    survives resume), then the changes that were not khaelor's."""
-    who, edits = attribute_changes(state, dirty_now), state.edits
-    lines = [f"**khaelor changed {len(edits)} file{'s' * (len(edits) != 1)} in this session**" if edits
-             else "khaelor has not changed any file in this session."]
-    for path, changes in edits.items():
-        added, removed = sum(c.get("added", 0) for c in changes), sum(c.get("removed", 0) for c in changes)
-        note = " · it had uncommitted changes before khaelor's first edit: only khaelor's edits are shown" \
-            if path in who["dirty_before_edit"] else ""
-        created = " (created)" if changes[0].get("created") else ""
-        lines.append(f"- `{path}`{created} +{added} −{removed} in {len(changes)} edit{'s' * (len(changes) != 1)}{note}")
-    body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
-    if len(body) > max_chars:
-        body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
-    lines += ["", "```diff", body.rstrip("\n"), "```"] if edits else []
-    for key, title in (("preexisting", "Already changed when the session started (yours, left as they were)"),
-                       ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)")):
-        more = f" and {len(who[key]) - 30} more" if len(who[key]) > 30 else ""
-        lines += ["", f"**{title}:** " + ", ".join(f"`{p}`" for p in who[key][:30]) + more] if who[key] else []
-    return "\n".join(lines)
+# ---------------------------------------------------------------- repository facts: check commands (the gate, ADR-12)
 
-
-# ---------------------------------------------------------------- verification: code files, checks, detection (ADR-12)
-
-DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc")
-DOC_DIRS = ("docs/", "doc/")
-DOC_NAMES = ("license", "licence", "authors", "changelog", "notice")
-NOT_DOCS = ("cmakelists.txt", "requirements.txt", "constraints.txt")   # .txt files that are build input
-# Commands that check work: test runners, type checkers, linters, builds (matched anywhere in a command).
-CHECK_COMMAND = re.compile(r"""(?x)(?:^|[\s;&|(/])(?:
-      pytest | py\.test | tox | nox | mypy | pyright | ruff | flake8 | pylint | unittest | py_compile | compileall
-    | (?:npm|pnpm|yarn|bun)\s+(?:run\s+)?(?:test|lint|typecheck|type-check|check|build)\b
-    | jest | vitest | mocha | tsc | eslint | biome | playwright | node\s+--test | deno\s+(?:test|check|lint)
-    | make(?:\s+-\S+)*\s+(?:test|tests|check|lint)\b
-    | cargo\s+(?:test|check|clippy|build|nextest) | go\s+(?:test|vet|build) | gofmt | golangci-lint
-    | (?:\./)?gradlew?\s+(?:test|check|build) | mvnw?\s+(?:test|verify) | ctest | rspec | phpunit
-    | rake\s+test | dotnet\s+test | swift\s+test | shellcheck
-)(?:$|[\s;&|)])""")
-# A script run directly whose name says test: `python tests/test_app.py`, `./run_tests.sh`.
-TEST_SCRIPT = re.compile(r"(?:^|[;&|(]\s*)(?:(?:python3?|node|bash|sh|ruby|perl)\s+)?\S*test\S*")
 ECOSYSTEMS = {".py": "python", ".pyi": "python", ".rs": "rust", ".go": "go",
               **dict.fromkeys((".js", ".jsx", ".ts", ".tsx", ".mjs", ".cjs", ".vue", ".svelte"), "node")}
 MAX_CHECK_COMMANDS = 4
-
-
-def is_code_path(path: str) -> bool:
-    """Documentation (.md, .rst, .txt, docs/) does not need a check; everything else does."""
-    lowered = path.replace("\\", "/").lower()
-    name = lowered.rsplit("/", 1)[-1]
-    return name in NOT_DOCS or not (lowered.endswith(DOC_SUFFIXES) or lowered.startswith(DOC_DIRS)
-                                    or "/docs/" in lowered or name in DOC_NAMES)
-
-
-def is_check(command: str, suggested: list[str] = ()) -> bool:
-    """Does this shell command check the work? Known runners, test scripts, or a suggested check."""
-    text = " ".join(command.split())
-    return bool(CHECK_COMMAND.search(text) or TEST_SCRIPT.search(text)) \
-        or any(s and " ".join(s.split()) in text for s in suggested)
-
-
-def unverified_changes(state) -> list[str]:
-    """Code files changed in this turn after the last check that ran (events.State)."""
-    last_check = max((c["seq"] for c in state.commands if is_check(c["command"], state.suggested_checks)), default=0)
-    return list(dict.fromkeys(path for seq, path in state.changes if seq > last_check and is_code_path(path)))
 
 
 def detect_checks(root: Path, changed: list[str]) -> list[str]:
@@ -776,46 +716,3 @@ def _whole_project_checks(root: Path) -> list[str]:
     if any((root / n).is_file() for n in ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")):
         return [f"{_python()} -m pytest -q"]
     return []
-
-
-def verification_nudge(changed: list[str], commands: list[str], attempt: int, of: int) -> str:
-    """The user-side text the model reads when its answer is held back."""
-    files = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
-    lines = [f"[Khaelor verification, reminder {attempt} of {of}] Your answer is held back: you changed "
-             f"{files} in this turn and no check has run since the last change."]
-    if commands:
-        lines.append("Run the relevant checks, fix what fails, then give your final answer again:")
-        lines += [f"- `{command}`" for command in commands]
-    else:
-        lines.append("No check command was found in this project. Run something that exercises the change "
-                     "(its tests, a build, or at least compiling or importing the changed files), then give "
-                     "your final answer again.")
-    lines.append("If a check cannot run here, give your final answer and say why. (This message comes from "
-                 "Khaelor, not from the user.)")
-    return "\n".join(lines)
-
-
-def completion(state: events.State) -> dict:
-    """TaskCompleted's payload: the evidence, and, when the gate held an answer back, the answer
-    to deliver (if the model never verified, the withheld answer comes first: never lost)."""
-    checks = [c for c in state.commands if is_check(c["command"], state.suggested_checks)]
-    unverified = unverified_changes(state)
-    unresolved = [f"no check ran after the last change to {', '.join(unverified[:10])}"
-                  + (f" (not verified after {state.nudges} reminders)" if state.nudges else "")] if unverified else []
-    for command, run in {c["command"]: c for c in checks}.items():     # each command's last run
-        if run["exit_code"] is None:
-            unresolved.append(f"`{_clip(command, 200)}` was still running")
-        elif run["exit_code"] != 0:
-            unresolved.append(f"`{_clip(command, 200)}` failed (exit {run['exit_code']})")
-    evidence = {"objective": _clip(state.objective, 2_000),
-                "changed_files": list(dict.fromkeys(path for _, path in state.changes)),
-                "checks": [{"command": _clip(c["command"], 500), "exit_code": c["exit_code"]} for c in checks][-20:],
-                "unresolved": unresolved, "preexisting_changes": attribute_changes(state)["preexisting"][:50],
-                "reminders": state.nudges, "stop_reason": state.last_stop_reason,
-                "responses": state.responses_in_turn}
-    if not state.nudges:
-        return {"evidence": evidence}
-    answers = [w for w in state.withheld + [state.last_text] if w]     # oldest first
-    if unverified and answers:      # gave up: the withheld answer, then the model's last word
-        return {"evidence": evidence, "answer": "\n\n".join(dict.fromkeys((answers[0], answers[-1])))}
-    return {"evidence": evidence, "answer": answers[-1] if answers else ""}

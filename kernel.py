@@ -9,6 +9,7 @@ matters only in loop-local variables.
 """
 import asyncio
 import json
+import re
 import traceback
 
 import context
@@ -22,8 +23,10 @@ VERIFY_NUDGES = 2        # reminders to run a check before an answer is delivere
 
 # ---------------------------------------------------------------- deciding
 
-def derive_next(state: events.State, max_turns: int | None = None) -> str:
-    """One of: execute-tools, inject-steering, call-model, ask-user, verify, max-turns, failed, done, idle."""
+def derive_next(state: events.State, max_turns: int | None = None, budget: str | None = None) -> str:
+    """One of: execute-tools, inject-steering, prune, compact, call-model, ask-user, verify,
+    max-turns, failed, done, idle. `budget` is the context engine's word on the next request:
+    None (it fits), "prune" or "compact" (Context.plan)."""
     if not state.turn_open:
         return "idle"
     if state.last_failure is not None:
@@ -38,12 +41,124 @@ def derive_next(state: events.State, max_turns: int | None = None) -> str:
     if state.needs_model:
         if max_turns is not None and state.responses_in_turn >= max_turns:
             return "max-turns"
+        if budget is not None:
+            return budget
         return "call-model"
-    # The model ended its turn: hold the answer back while changed code has no check after it.
-    if state.last_stop_reason == "end_turn" and state.nudges < VERIFY_NUDGES \
-            and (max_turns is None or state.responses_in_turn < max_turns) and context.unverified_changes(state):
+    if gate_holds(state, max_turns):
         return "verify"
     return "done"
+
+
+# ---------------------------------------------------------------- the verification gate (ADR-12)
+
+DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc")
+DOC_DIRS = ("docs/", "doc/")
+DOC_NAMES = ("license", "licence", "authors", "changelog", "notice")
+# .txt files that are build input, not documentation
+NOT_DOCS = ("cmakelists.txt", "requirements.txt", "constraints.txt")
+# Commands that check work: test runners, type checkers, linters, builds (matched anywhere).
+CHECK_COMMAND = re.compile(r"""(?x)(?:^|[\s;&|(/])(?:
+      pytest | py\.test | tox | nox | mypy | pyright | ruff | flake8 | pylint | unittest
+    | py_compile | compileall
+    | (?:npm|pnpm|yarn|bun)\s+(?:run\s+)?(?:test|lint|typecheck|type-check|check|build)\b
+    | jest | vitest | mocha | tsc | eslint | biome | playwright | node\s+--test
+    | deno\s+(?:test|check|lint)
+    | make(?:\s+-\S+)*\s+(?:test|tests|check|lint)\b
+    | cargo\s+(?:test|check|clippy|build|nextest) | go\s+(?:test|vet|build) | gofmt
+    | golangci-lint | (?:\./)?gradlew?\s+(?:test|check|build) | mvnw?\s+(?:test|verify)
+    | ctest | rspec | phpunit | rake\s+test | dotnet\s+test | swift\s+test | shellcheck
+)(?:$|[\s;&|)])""")
+# A script run directly whose name says test: `python tests/test_app.py`, `./run_tests.sh`.
+TEST_SCRIPT = re.compile(r"(?:^|[;&|(]\s*)(?:(?:python3?|node|bash|sh|ruby|perl)\s+)?\S*test\S*")
+
+
+def gate_holds(state: events.State, max_turns: int | None) -> bool:
+    """The model ended its turn: hold the answer back while changed code has no check after
+    it, at most VERIFY_NUDGES times, and never past the turn budget."""
+    if state.last_stop_reason != "end_turn" or state.nudges >= VERIFY_NUDGES:
+        return False
+    if max_turns is not None and state.responses_in_turn >= max_turns:
+        return False
+    return bool(unverified_changes(state))
+
+
+def is_code_path(path: str) -> bool:
+    """Documentation (.md, .rst, .txt, docs/) does not need a check; everything else does."""
+    lowered = path.replace("\\", "/").lower()
+    name = lowered.rsplit("/", 1)[-1]
+    if name in NOT_DOCS:
+        return True
+    in_docs = lowered.startswith(DOC_DIRS) or "/docs/" in lowered
+    return not (lowered.endswith(DOC_SUFFIXES) or in_docs or name in DOC_NAMES)
+
+
+def is_check(command: str, suggested: list[str] = ()) -> bool:
+    """Does this shell command check the work? Known runners, test scripts, or a suggested check."""
+    text = " ".join(command.split())
+    if CHECK_COMMAND.search(text) or TEST_SCRIPT.search(text):
+        return True
+    return any(s and " ".join(s.split()) in text for s in suggested)
+
+
+def unverified_changes(state: events.State) -> list[str]:
+    """Code files changed in this turn after the last check that ran."""
+    last_check = 0
+    for command in state.commands:
+        if is_check(command["command"], state.suggested_checks):
+            last_check = max(last_check, command["seq"])
+    changed = [path for seq, path in state.changes if seq > last_check and is_code_path(path)]
+    return list(dict.fromkeys(changed))
+
+
+def verification_nudge(changed: list[str], commands: list[str], attempt: int) -> str:
+    """The user-side text the model reads when its answer is held back."""
+    files = ", ".join(changed[:8])
+    if len(changed) > 8:
+        files += f" and {len(changed) - 8} more"
+    lines = [f"[Khaelor verification, reminder {attempt} of {VERIFY_NUDGES}] Your answer is held "
+             f"back: you changed {files} in this turn and no check has run since the last change."]
+    if commands:
+        lines.append("Run the relevant checks, fix what fails, then give your final answer again:")
+        lines += [f"- `{command}`" for command in commands]
+    else:
+        lines.append("No check command was found in this project. Run something that exercises "
+                     "the change (its tests, a build, or at least compiling or importing the "
+                     "changed files), then give your final answer again.")
+    lines.append("If a check cannot run here, give your final answer and say why. (This message "
+                 "comes from Khaelor, not from the user.)")
+    return "\n".join(lines)
+
+
+def completion(state: events.State) -> dict:
+    """TaskCompleted's payload: the evidence, and, when the gate held an answer back, the answer
+    to deliver (if the model never verified, the withheld answer comes first: never lost)."""
+    checks = [c for c in state.commands if is_check(c["command"], state.suggested_checks)]
+    unverified = unverified_changes(state)
+    unresolved = []
+    if unverified:
+        problem = f"no check ran after the last change to {', '.join(unverified[:10])}"
+        if state.nudges:
+            problem += f" (not verified after {state.nudges} reminders)"
+        unresolved.append(problem)
+    for command, run in {c["command"]: c for c in checks}.items():     # each command's last run
+        if run["exit_code"] is None:
+            unresolved.append(f"`{context.clip(command, 200)}` was still running")
+        elif run["exit_code"] != 0:
+            unresolved.append(f"`{context.clip(command, 200)}` failed (exit {run['exit_code']})")
+    ran = [{"command": context.clip(c["command"], 500), "exit_code": c["exit_code"]} for c in checks]
+    preexisting = context.attribute_changes(state)["preexisting"]
+    evidence = {"objective": context.clip(state.objective, 2_000),
+                "changed_files": list(dict.fromkeys(path for _, path in state.changes)),
+                "checks": ran[-20:], "unresolved": unresolved,
+                "preexisting_changes": preexisting[:50], "reminders": state.nudges,
+                "stop_reason": state.last_stop_reason, "responses": state.responses_in_turn}
+    if not state.nudges:
+        return {"evidence": evidence}
+    answers = [w for w in state.withheld + [state.last_text] if w]     # oldest first
+    if unverified and answers:      # gave up: the withheld answer, then the model's last word
+        answer = "\n\n".join(dict.fromkeys((answers[0], answers[-1])))
+        return {"evidence": evidence, "answer": answer}
+    return {"evidence": evidence, "answer": answers[-1] if answers else ""}
 
 
 class StreamReducer:
@@ -127,6 +242,7 @@ class Kernel:
         self.yes, self.max_turns = yes, max_turns
         self.permission_mode = permission_mode      # "default", "acceptEdits" or "plan" (permissions.MODES)
         self.busy = False
+        self.planned_seq = 0        # the log's last seq when Context.plan was last asked
 
     @property
     def state(self) -> events.State:
@@ -171,7 +287,7 @@ class Kernel:
 
     async def steps(self) -> str:
         while True:
-            step = derive_next(self.state, self.max_turns)
+            step = derive_next(self.state, self.max_turns, self.budget())
             if step == "call-model":
                 await self.call_model()
             elif step == "execute-tools":
@@ -183,8 +299,18 @@ class Kernel:
                 await self.ask_to_continue()
             elif step == "verify":
                 await self.request_verification()
+            elif step in ("prune", "compact"):
+                await self.keep_in_budget(step)
             else:
                 return self.finish(step)
+
+    def budget(self) -> str | None:
+        """The context engine's plan for the next request, asked once per grown log: a prune or
+        compaction that freed nothing is not tried again until the conversation moves on."""
+        if not self.state.needs_model or self.state.last_seq == self.planned_seq:
+            return None
+        self.planned_seq = self.state.last_seq
+        return self.ctx.plan(self.state)
 
     def fail(self, error: Exception) -> None:
         """A bug, or a world that broke under us: every open call gets a result, then TaskFailed."""
@@ -199,7 +325,7 @@ class Kernel:
     def finish(self, step: str) -> str:
         state = self.state
         if step == "done":
-            self.emit("TaskCompleted", **context.completion(state))
+            self.emit("TaskCompleted", **completion(state))
         elif step == "failed":
             self.emit("TaskFailed", reason=state.last_failure["message"])
         elif step == "max-turns":
@@ -229,12 +355,12 @@ class Kernel:
     async def request_verification(self) -> None:
         """The gate: hold the answer back and remind the model, as user-side text, to run checks."""
         state = self.state
-        changed = context.unverified_changes(state)
+        changed = unverified_changes(state)
         # Off the loop: detection reads the project's files (pyproject, package.json, tests/).
         commands = await asyncio.to_thread(context.detect_checks, self.project_root, changed)
         self.emit("VerificationRequested", attempt=state.nudges + 1, changed_files=changed, commands=commands,
                   withheld=state.last_text,
-                  text=context.verification_nudge(changed, commands, state.nudges + 1, VERIFY_NUDGES))
+                  text=verification_nudge(changed, commands, state.nudges + 1))
 
     async def record_baseline(self, reason: str) -> None:
         """BaselineRecorded (ADR-15): git state, read-only, off the event loop."""
@@ -249,7 +375,6 @@ class Kernel:
 
     async def call_model(self) -> None:
         """One response. A context overflow is answered by pruning or compacting, then one retry."""
-        await self.keep_in_budget(self.ctx.plan(self.state))
         for attempt in (1, 2):
             try:
                 await self.stream_response()

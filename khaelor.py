@@ -847,7 +847,7 @@ class Session:
         import context
         # git status, read-only, off the loop
         now = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
-        return context.diff_report(self.store.state, [d["path"] for d in now.get("dirty") or []])
+        return diff_report(self.store.state, [d["path"] for d in now.get("dirty") or []])
 
     async def cmd_undo(self, _):
         """khaelor's newest edit not undone yet goes back, byte for byte (the toolbox's history)."""
@@ -869,6 +869,54 @@ class Session:
     async def cmd_quit(self, _):
         import ui
         return ui.QUIT
+
+
+DIFF_SECTIONS = (
+    ("preexisting", "Already changed when the session started (yours, left as they were)"),
+    ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)"),
+)
+
+
+def diff_report(state, dirty_now: list | None = None, max_chars: int = 60_000) -> str:
+    """/diff as markdown: khaelor's edits of this session file by file (from the log, so it
+    survives resume), then the changes that were not khaelor's."""
+    import context
+    who = context.attribute_changes(state, dirty_now)
+    edits = state.edits
+    lines = ["khaelor has not changed any file in this session."]
+    if edits:
+        lines = [f"**khaelor changed {plural(len(edits), 'file')} in this session**"]
+    for path, changes in edits.items():
+        lines.append(edit_summary(path, changes, path in who["dirty_before_edit"]))
+    if edits:
+        body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
+        if len(body) > max_chars:
+            body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
+        lines += ["", "```diff", body.rstrip("\n"), "```"]
+    for key, title in DIFF_SECTIONS:
+        paths = who[key]
+        if not paths:
+            continue
+        names = ", ".join(f"`{p}`" for p in paths[:30])
+        if len(paths) > 30:
+            names += f" and {len(paths) - 30} more"
+        lines += ["", f"**{title}:** {names}"]
+    return "\n".join(lines)
+
+
+def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
+    """`- `app.py` +3 −1 in 2 edits` for one file of /diff."""
+    added = sum(c.get("added", 0) for c in changes)
+    removed = sum(c.get("removed", 0) for c in changes)
+    created = " (created)" if changes[0].get("created") else ""
+    line = f"- `{path}`{created} +{added} −{removed} in {plural(len(changes), 'edit')}"
+    if was_dirty:
+        line += " · it had uncommitted changes before khaelor's first edit: only khaelor's edits are shown"
+    return line
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def recap(turns: list, n_turns: int = 3) -> str:

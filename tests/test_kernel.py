@@ -156,3 +156,13 @@ def test_a_turn_that_raises_ends_in_task_failed_and_the_session_goes_on(project,
     # The second request carried the first turn's call with its result: the history stayed valid.
     assert fake.rejections == []
     assert fake.requests[-1]["body"]["messages"][2]["content"][0]["tool_use_id"] == cancelled[0]["tool_use_id"]
+
+
+def test_derive_next_decides_pruning_and_compaction_before_a_call():
+    user = ("UserMessageCreated", {"text": "go"})
+    state = events.replay(log_of(user))
+    assert derive_next(state, budget="compact") == "compact"
+    assert derive_next(state, budget="prune") == "prune"
+    assert derive_next(state, max_turns=0, budget="compact") == "max-turns"
+    with_calls = events.replay(log_of(user, call("t1"), completed()))
+    assert derive_next(with_calls, budget="compact") == "execute-tools"    # results first

@@ -10,6 +10,8 @@ import pytest
 
 import context
 import events
+import kernel
+import khaelor as cli
 from fake_api import reply, text, tool_use
 
 
@@ -144,11 +146,11 @@ def test_check_detection_per_ecosystem(tmp_path):
 def test_what_counts_as_a_check_and_as_code():
     for command in ("pytest -q", "python3 -m pytest tests/x.py", "npm test", "npm run lint", "make test",
                     "cargo clippy", "go test ./...", "cd src && python test_app.py", "./run_tests.sh", "tox -e py"):
-        assert context.is_check(command), command
+        assert kernel.is_check(command), command
     for command in ("ls", "cat tests/test_app.py", "git diff", "echo done", "python3 app.py"):
-        assert not context.is_check(command), command
-    assert context.is_check("./scripts/verify.sh --all", ["./scripts/verify.sh"])
-    assert [context.is_code_path(p) for p in ("README.md", "docs/x.py", "notes.txt", "requirements.txt",
+        assert not kernel.is_check(command), command
+    assert kernel.is_check("./scripts/verify.sh --all", ["./scripts/verify.sh"])
+    assert [kernel.is_code_path(p) for p in ("README.md", "docs/x.py", "notes.txt", "requirements.txt",
                                                "src/app.py", "Makefile")] == [False, False, False, True, True, True]
 
 
@@ -172,7 +174,7 @@ def test_baselines_and_attribution_keep_the_users_changes_apart(khaelor, fake, r
     evidence = types(log, "TaskCompleted")[-1]["evidence"]
     assert evidence["changed_files"] == ["app.py"] and evidence["preexisting_changes"] == ["README.md"]
     now = context.git_baseline(__import__("tools").Workspace(repo))
-    report = context.diff_report(events.replay(log), [d["path"] for d in now["dirty"]])
+    report = cli.diff_report(events.replay(log), [d["path"] for d in now["dirty"]])
     mine, theirs = report.split("**Already changed when the session started")
     assert "`app.py` +1 −1" in mine and "+    return 'hi'" in mine and "README.md" not in mine
     assert "`README.md`" in theirs.split("**Changed during")[0]
@@ -194,7 +196,7 @@ def test_a_file_already_dirty_before_khaelor_is_flagged_in_diff(tmp_path):
     who = context.attribute_changes(state, ["app.py", "notes.md", "later.txt", "new.txt"])
     assert who == {"khaelor": ["app.py"], "preexisting": ["app.py", "notes.md"], "outside": ["later.txt", "new.txt"],
                    "dirty_before_edit": ["app.py"]}
-    assert "it had uncommitted changes before khaelor's first edit" in context.diff_report(state)
+    assert "it had uncommitted changes before khaelor's first edit" in cli.diff_report(state)
 
 
 def test_outside_a_git_repository_the_baseline_says_so(khaelor, fake, project):
