@@ -915,9 +915,18 @@ class Timeline:
                 + (f" ({e['status']})" if e.get("status") else "")
                 + (f": {message}" if message else ""))
         if e.get("retrying"):
+            self._drop_failed_attempt()
             self._settle(self._marked("!", "warning", text + " · retrying"))
         else:
+            self.flush_live()
             self.error(text)
+
+    def _drop_failed_attempt(self) -> None:
+        """A reply that broke off and is written again: its unsettled tail leaves the screen, what
+        had settled is marked as the failed attempt's, and the retry starts a new block."""
+        if self._text is not None and self._text_started:
+            self._dim_line("↑ that reply broke off here; it is written again below")
+        self._text, self._thinking = None, None
 
     def _on_Interrupted(self, e: dict) -> None:
         self._settle([self.style.paint("■ Interrupted", "warning")

@@ -469,3 +469,16 @@ def test_a_shell_command_shows_running_stops_with_esc_and_joins_the_conversation
     assert "$ echo started; sleep 30\nstarted\n[stopped by the user" in texts[0]
     assert "$ echo shell-marker-42\nshell-marker-42" in texts[1]
     assert texts[2] == "what did I run?" and rejected(term) == []
+
+
+def test_a_reply_that_breaks_off_is_retried_in_a_new_block(terminal):
+    term = terminal([{"content": [text("First try paragraph.\n\nthen half a sentence that breaks " + "off " * 30)],
+                      "drop_after_events": 9, "chunk": 12, "delay": 0.02},
+                     reply(text("The retried answer, complete."))])
+    term.type("answer me")
+    term.keys("Enter")
+    screen = term.wait_for("The retried answer, complete.")
+    assert "retrying" in screen and "First try paragraph." in screen
+    assert "broke off here" in screen and "half a sentence" not in screen
+    sent = term.requests()[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user"] and rejected(term) == []

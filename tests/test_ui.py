@@ -1318,3 +1318,28 @@ def test_a_shell_command_runs_live_then_settles_as_a_card(width):
     stopped = ui.render_transcript([event("UserShellRan", command="sleep 9", output="tick\n", exit_code=None,
                                           stopped=True)], width)
     assert "○ ! sleep 9 · stopped" in stopped[0] and "tick" in stopped[1]
+
+
+# ---- a retried answer starts clean (issue 14) ----
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_retried_reply_starts_a_new_block_and_the_broken_tail_leaves_the_screen(width):
+    app = ui.App(FakeController(busy=True), style=MONO, width=width, height=30)
+    screen = pyte.HistoryScreen(width, 30, history=500)
+    stream = pyte.ByteStream(screen)
+    app.on_event(event("TextDelta", text="First paragraph of the failed try.\n\nhalf a sentence that"))
+    stream.feed(app.render(0.0))
+    app.on_event(event("ModelRequestFailed", kind="retryable", status=None, message="stream broke",
+                       retrying=True))
+    app.on_event(event("TextDelta", text="Retried answer, whole."))
+    stream.feed(app.render(0.1))
+    app.on_event(event("ModelTextBlockCompleted", text="Retried answer, whole."))
+    app.on_event(event("ModelResponseCompleted", stop_reason="end_turn", usage={}))
+    stream.feed(app.render(0.2))
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    text = "\n".join(history + [row.rstrip() for row in screen.display])
+    assert "half a sentence" not in text                        # the unsettled tail is gone
+    order = [text.index(s) for s in ("First paragraph of the failed try.", "that reply broke off",
+                                      "stream broke · retrying", "Retried answer, whole.")]
+    assert order == sorted(order)
+    assert "try. Retried" not in " ".join(text.split())          # never glued onto one paragraph
