@@ -253,16 +253,18 @@ class Workspace:
         try:
             mode = target.stat().st_mode & 0o7777
         except FileNotFoundError:
-            umask = os.umask(0)     # reading the umask means setting it; put it straight back
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            mode = None
+        # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
+        # would mean setting it, process-wide, while other threads may be creating files.
+        tmp = target.parent / f".{target.name}.{os.urandom(6).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else 0o600)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, mode)
+            if mode is not None:
+                os.chmod(tmp, mode)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -928,6 +930,16 @@ def _uses_crlf(text: str) -> bool:
     return crlf > 0 and crlf >= text.count("\n") - crlf
 
 
+def _signal_name(number: int) -> str:
+    """SIGKILL, or SIGRTMIN+3 for a real-time signal (signal.Signals has no member for those)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"
+
+
 def _blob_name(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -1145,8 +1157,9 @@ def _adapt(old: str, matched: str, new: str) -> str:
     old_lines, got_lines = old.strip("\n").split("\n"), matched.strip("\n").split("\n")
     if len(old_lines) == len(got_lines) and _dedent(old_lines) == _dedent(got_lines):
         was, now = _indent(old_lines), _indent(got_lines)
-        old, new = ("\n".join(now + line[len(was):] if line.startswith(was) and line.strip() else line
-                              for line in text.split("\n")) for text in (old, new))
+        old = _reindent(old, was, now)
+        if _indent(new.strip("\n").split("\n")) != now:     # it may carry the file's indentation already
+            new = _reindent(new, was, now)
     was, got, now = (text[:len(text) - len(text.lstrip())] for text in (old, matched, new))    # leading whitespace
     if was and was != got and now == was and new.strip():
         new = got + new.lstrip()
@@ -1154,6 +1167,16 @@ def _adapt(old: str, matched: str, new: str) -> str:
     if was and was != got and now == was and new.strip():
         new = new.rstrip() + got
     return new
+
+
+def _reindent(text: str, was: str, now: str) -> str:
+    """Each non-blank line that starts with `was` starts with `now` instead."""
+    lines = []
+    for line in text.split("\n"):
+        if line.startswith(was) and line.strip():
+            line = now + line[len(was):]
+        lines.append(line)
+    return "\n".join(lines)
 
 
 @dataclass
@@ -1274,7 +1297,10 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     bom, crlf = text.startswith("\ufeff"), _uses_crlf(text)
     text = text.removeprefix("\ufeff")
     if crlf:
-        text, old, new = (part.replace("\r\n", "\n") for part in (text, old, new))
+        text = text.replace("\r\n", "\n")
+    # Both strings in LF, whatever the file uses: written back in the file's own line ending.
+    old = old.replace("\r\n", "\n")
+    new = new.replace("\r\n", "\n")
     if old == "":
         if text.strip():
             raise ToolError(f"old_string is empty but {shown} has content. Quote the text to replace, "
@@ -1314,12 +1340,14 @@ def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
     low, keep = max(0, prefix - 3), max(0, suffix - 3)
     lines = difflib.unified_diff(a[low:len(a) - keep], b[low:len(b) - keep], f"a/{shown_path}", f"b/{shown_path}", n=3)
     out, added, removed = [], 0, 0
-    for line in lines:
-        if line.startswith("@@"):
+    for n, line in enumerate(lines):
+        if n < 2:
+            pass        # the ---/+++ file header: a changed line may begin with "++" or "--" too
+        elif line.startswith("@@"):
             line = re.sub(r"([-+])(\d+)", lambda m: f"{m.group(1)}{int(m.group(2)) + low}", line, count=2)
-        elif line.startswith("+") and not line.startswith("+++"):
+        elif line.startswith("+"):
             added += 1
-        elif line.startswith("-") and not line.startswith("---"):
+        elif line.startswith("-"):
             removed += 1
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     diff = "".join(out)
@@ -1580,7 +1608,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
                      "killed. For servers, watchers or long builds use process (action \"start\") and poll it "
                      f"with process (action \"read\"); for a slow command pass a larger timeout (max {BASH_MAX_TIMEOUT_MS}).")
     elif exit_code < 0:
-        parts.append(f"Exit code: {exit_code} (killed by {signal.Signals(-exit_code).name})")
+        parts.append(f"Exit code: {exit_code} (killed by {_signal_name(-exit_code)})")
     else:
         parts.append(f"Exit code: {exit_code}")
     if stray:

@@ -645,3 +645,63 @@ asyncio.run(main())
     while subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).stdout and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.strip()
+
+
+# ---------------------------------------------------------------- issue 13: edit, diff, signals, umask
+
+def test_a_crlf_edit_of_an_lf_file_leaves_no_crlf_inside_it(box):
+    (box.root / "lf.py").write_bytes(b"def f():\n    return 1\n\nx = 2\n")
+    box.call("read", file_path="lf.py")
+    result = box.call("edit", file_path="lf.py", old_string="def f():\r\n    return 1\r\n",
+                      new_string="def f():\r\n    return 10\r\n")
+    assert not result.is_error, result.text
+    assert (box.root / "lf.py").read_bytes() == b"def f():\n    return 10\n\nx = 2\n"
+
+
+def test_a_fuzzy_match_does_not_indent_an_already_indented_new_string_twice(box):
+    (box.root / "ind.py").write_text("class A:\n    def f(self):\n        return 1\n")
+    box.call("read", file_path="ind.py")
+    result = box.call("edit", file_path="ind.py", old_string="def f(self):\n    return 1",
+                      new_string="    def f(self):\n        return 2")
+    assert not result.is_error, result.text
+    assert (box.root / "ind.py").read_text() == "class A:\n    def f(self):\n        return 2\n"
+    # new_string at old_string's indentation is still moved to the file's
+    result = box.call("edit", file_path="ind.py", old_string="def f(self):\n    return 2",
+                      new_string="def f(self):\n    return 3")
+    assert (box.root / "ind.py").read_text() == "class A:\n    def f(self):\n        return 3\n"
+
+
+def test_diff_counts_lines_that_begin_with_plus_plus_or_minus_minus():
+    before = "a\n-- old comment\n++counter;\nz\n"
+    after = "a\n--- new rule\n+++ added\nz\n"
+    added, removed, diff = tools._diff("f.sql", before, after)
+    assert (added, removed) == (2, 2), diff
+    assert "+--- new rule\n" in diff and "-++counter;\n" in diff
+
+
+def test_a_command_killed_by_a_real_time_signal_keeps_its_result(box):
+    result = box.call("bash", command="echo before; kill -s RTMIN+3 $$")
+    assert "before" in result.text
+    assert "killed by SIGRTMIN+3" in result.text, result.text
+
+
+def test_writing_a_new_file_never_sets_the_umask(box):
+    """Reading the umask by setting it opens a window where any other thread (a git capture in
+    a worker) creates world-writable files. New files get the umask's mode without asking it."""
+    import sys
+    calls = []
+
+    def watch(frame, event, arg):
+        if event == "c_call" and arg is os.umask:
+            calls.append(arg)
+    old = os.umask(0o027)
+    sys.setprofile(watch)
+    try:
+        box.toolbox.workspace.write_file(box.root / "new.txt", b"x")
+        box.toolbox.workspace.write_file(box.root / "new.txt", b"y")      # existing: mode kept
+    finally:
+        sys.setprofile(None)
+        os.umask(old)
+    assert calls == []
+    assert (box.root / "new.txt").stat().st_mode & 0o777 == 0o640
+    assert (box.root / "new.txt").read_bytes() == b"y"
