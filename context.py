@@ -17,13 +17,21 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import events
 from events import estimate_tokens
 from model import DEFAULT_AUX_MODEL
 
 INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")   # in one directory the first wins
+LOCAL_INSTRUCTIONS = "CLAUDE.local.md"   # Claude Code's personal notes for a project, read beside the others
 MAX_INSTRUCTION_CHARS = 40_000      # per file; a runaway file must not eat the window
+MAX_IMPORT_DEPTH = 5                # @path hops from an instruction file (Claude Code's memory docs: 5)
+MAX_INSTRUCTION_FILES = 40          # instruction files and imports in all: a fan-out must not eat the window
+# `@path` at the start of a word, `\ ` escaping a space: Claude Code's import syntax.
+IMPORT_RE = re.compile(r"(?<!\S)@((?:[^\s\\]|\\ )+)")
+# Code fences and inline code: an @ there is an example, not an import (Claude Code skips them too).
+CODE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^ {0,3}\1[^\n]*$|\Z)|`+[^`\n]*`+", re.M | re.S)
 DEFAULT_WINDOW = 200_000            # tokens, for a model not in WINDOWS (the 4.5 family and older)
 # Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families.
 WINDOWS = dict.fromkeys(("claude-opus-5", "claude-sonnet-5", "claude-haiku-5", "claude-fable-5", "claude-mythos-5",
@@ -95,6 +103,12 @@ file in pieces rather than running the command again.
 - Git: inspect freely (status, diff, log). Never commit, push, reset, rebase, stash or discard \
 changes unless asked; never force-push or skip hooks."""
 
+PLAN_MODE = """\
+Plan mode: this session may only look. Writing files and running commands that are not provably \
+read-only are refused. Investigate with read, grep, glob and read-only commands, then answer with a \
+plan: the files to change, what to change in each, and how to verify it. Do not try to make the \
+changes in another way."""
+
 SUMMARY_SYSTEM = """\
 You write the checkpoint that replaces the earlier part of a coding session between a user and \
 Khaelor, a coding agent. The agent will continue the work from your checkpoint alone, so keep \
@@ -118,42 +132,166 @@ Use [] or "" for a key with nothing to say."""
 
 # ---------------------------------------------------------------- system prompt tiers
 
-def find_instruction_files(home: Path, project_root: Path, cwd: Path) -> list[Path]:
-    """The user's global file, then the nearest project-level file from cwd up to the project root.
-    Only the nearest project file counts: ancestors do not stack."""
-    def first_in(directory: Path) -> Path | None:
-        return next((directory / name for name in INSTRUCTION_FILES if (directory / name).is_file()), None)
+class Instruction(NamedTuple):
+    path: Path                      # the file (an import: where its @path resolved)
+    tier: str                       # "user" (the user's own), "project", or "local" (CLAUDE.local.md)
+    text: str                       # its content, cut at MAX_INSTRUCTION_CHARS
+    imported_by: Path | None = None   # the file whose @path brought it in
+
+
+def find_instruction_files(home: Path, project_root: Path, cwd: Path, user_home: Path | None = None) -> list[Path]:
+    """The user's files (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the
+    nearest project-level file from cwd up to the project root (ancestors do not stack), then the
+    nearest CLAUDE.local.md. Imports are not listed here (load_instructions follows them)."""
+    return [path for path, _ in _instruction_roots(home, project_root, cwd, user_home, [])]
+
+
+def load_instructions(home: Path, project_root: Path, cwd: Path, user_home: Path | None = None,
+                      is_secret=None) -> tuple[list[Instruction], list[str]]:
+    """Every instruction file with its @path imports followed, depth first, and the notes /context
+    shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal.
+    is_secret(name): a file name that holds credentials (permissions.is_secret_name); never imported."""
+    notes = []
+    importer = _Importer(Path(project_root).resolve(), Path(user_home or Path.home()), is_secret, notes)
+    for path, tier in _instruction_roots(home, project_root, cwd, user_home, notes):
+        importer.load(path, tier)
+    return importer.loaded, notes
+
+
+def _instruction_roots(home, project_root, cwd, user_home, notes: list) -> list[tuple[Path, str]]:
+    def first_in(directory: Path, names=INSTRUCTION_FILES) -> Path | None:
+        return next((directory / name for name in names if (directory / name).is_file()), None)
     cwd, root = Path(cwd).resolve(), Path(project_root).resolve()
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
     upwards = [cwd, *(p for p in cwd.parents if p == root or root in p.parents)] \
         if cwd == root or root in cwd.parents else [cwd, root]
-    global_file, project_file = first_in(Path(home)), next(filter(None, map(first_in, upwards)), None)
-    if global_file and project_file and project_file.resolve() == global_file.resolve():
-        project_file = None
-    # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project into
-    # every request: a project's instruction file counts only when it resolves inside the project.
-    if project_file and not _inside(project_file.resolve(), root):
-        project_file = None
-    return [path for path in (global_file, project_file) if path]
+    found = [(Path(user_home or Path.home()) / ".claude" / "CLAUDE.md", "user"), (first_in(Path(home)), "user"),
+             (next(filter(None, map(first_in, upwards)), None), "project"),
+             (next(filter(None, (first_in(d, (LOCAL_INSTRUCTIONS,)) for d in upwards)), None), "local")]
+    roots, seen = [], set()
+    for path, tier in found:
+        if path is None or not path.is_file() or path.resolve() in seen:
+            continue
+        # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project into
+        # every request: a project's instruction file counts only when it resolves inside the project.
+        if tier != "user" and not _inside(path.resolve(), root):
+            notes.append(f"{path}: not loaded: it resolves to {path.resolve()}, outside the project")
+            continue
+        seen.add(path.resolve())
+        roots.append((path, tier))
+    return roots
 
 
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def build_system(project_root: Path, cwd: Path, home: Path) -> list[dict]:
-    """Three text blocks: identity, tool guidance, then this session's environment and instructions."""
+class _Importer:
+    """Reads instruction files and follows their @path imports as Claude Code does: relative to the
+    importing file, `~/` for the home directory, at most MAX_IMPORT_DEPTH hops, never from inside
+    code. An import obeys the rules of the file that made it: a project's files import only from
+    the project (and Markdown under ~/.claude/, the user's own); the user's files from their home or
+    the project. Symlinks are resolved first, so a link cannot carry an import out."""
+
+    def __init__(self, root: Path, user_home: Path, is_secret, notes: list):
+        self.root, self.user_home, self.is_secret, self.notes = root, user_home, is_secret, notes
+        self.loaded: list[Instruction] = []
+        self.seen: set[Path] = set()
+
+    def load(self, path: Path, tier: str, imported_by: Path | None = None, chain: tuple = ()) -> None:
+        resolved = path.resolve()
+        if resolved in self.seen:       # imported twice: read once
+            return
+        if len(self.loaded) >= MAX_INSTRUCTION_FILES:
+            self.notes.append(f"{path}: not loaded: {MAX_INSTRUCTION_FILES} instruction files are the most read")
+            return
+        self.seen.add(resolved)
+        text = _read_instruction(path)
+        self.loaded.append(Instruction(path, tier, text, imported_by))
+        if imported_by is not None and resolved.suffix.lower() not in (".md", ".markdown"):
+            return      # an imported package.json or README is read, its @s are not followed
+        for line, spec in imports_in(text):
+            self.follow(path, line, spec, tier, (*chain, resolved))
+
+    def follow(self, importer: Path, line: int, spec: str, tier: str, chain: tuple) -> None:
+        where = f"{importer}:{line}: @{spec}"
+        target = self.target(importer, spec)
+        if target is None:
+            self.notes.append(f"{where}: not found; not imported")
+            return
+        resolved = target.resolve()
+        if resolved in chain:
+            loop = " → ".join(p.name for p in (*chain[chain.index(resolved):], resolved))
+            self.notes.append(f"{where}: an import cycle ({loop}); not imported again")
+            return
+        if len(chain) > MAX_IMPORT_DEPTH:
+            self.notes.append(f"{where}: more than {MAX_IMPORT_DEPTH} imports deep; not imported")
+            return
+        refused = self.refusal(resolved, tier)
+        if refused:
+            self.notes.append(f"{where}: not imported: {refused}")
+            return
+        self.load(resolved, tier, importer, chain)
+
+    def target(self, importer: Path, spec: str) -> Path | None:
+        """The file an @path names, or None. Trailing punctuation is part of the sentence, not the
+        name, unless a file by the full name exists (`see @README.` names README)."""
+        spec = spec.replace("\\ ", " ")
+        for name in dict.fromkeys((spec, spec.rstrip(".,;:!?)]}'\""))):
+            path = self.user_home / name[2:] if name.startswith("~/") else importer.parent / name
+            if name and path.is_file():
+                return path
+        return None
+
+    def refusal(self, resolved: Path, tier: str) -> str | None:
+        """Why this import may not be read, or None."""
+        if self.is_secret is not None and self.is_secret(resolved.name):
+            return "it is a secret file"
+        if _inside(resolved, self.root):
+            return None
+        if tier == "user":
+            if _inside(resolved, self.user_home.resolve()):
+                return None
+            return f"{resolved} is outside your home directory and the project"
+        claude_dir = (self.user_home / ".claude").resolve()
+        if _inside(resolved, claude_dir) and resolved.suffix.lower() == ".md":
+            return None
+        return (f"{resolved} is outside the project (a project's files import only project files "
+                "and Markdown files under ~/.claude/)")
+
+
+def imports_in(text: str) -> list[tuple[int, str]]:
+    """(line number, path) of each `@path` in the text, outside code fences and inline code."""
+    prose = CODE_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)    # keeps the line numbers
+    return [(prose.count("\n", 0, m.start()) + 1, m.group(1)) for m in IMPORT_RE.finditer(prose)]
+
+
+def _read_instruction(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        return f"[this file could not be read: {e.strerror}]"
+    if len(text) > MAX_INSTRUCTION_CHARS:
+        text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {len(text)} characters]"
+    return text
+
+
+INSTRUCTION_WHOSE = {"user": "the user's global instructions",
+                     "project": "this project's instructions; they take precedence over the global ones",
+                     "local": "the user's own notes for this project"}
+
+
+def build_system(project_root: Path, cwd: Path, home: Path, instructions: list[Instruction] | None = None) -> list[dict]:
+    """Three text blocks: identity, tool guidance, then this session's environment and instructions
+    (each file and each import in its own section, an import right after the file that made it)."""
+    if instructions is None:
+        instructions = load_instructions(home, project_root, cwd)[0]
     project = [f"Project root: {project_root}", f"Working directory: {cwd}", f"Platform: {sys.platform}"]
-    for path in find_instruction_files(home, project_root, cwd):
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            text = f"[this file could not be read: {e.strerror}]"
-        if len(text) > MAX_INSTRUCTION_CHARS:
-            text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {len(text)} characters]"
-        whose = "the user's global instructions" if path.parent.resolve() == Path(home).resolve() \
-            else "this project's instructions; they take precedence over the global ones"
-        project.append(f"\nInstructions from {path} ({whose}):\n{text.strip()}")
+    for item in instructions:
+        whose = INSTRUCTION_WHOSE[item.tier]
+        if item.imported_by is not None:
+            whose = f"imported by {item.imported_by}; {whose}"
+        project.append(f"\nInstructions from {item.path} ({whose}):\n{item.text.strip()}")
     return [{"type": "text", "text": IDENTITY}, {"type": "text", "text": TOOL_GUIDANCE},
             {"type": "text", "text": "\n".join(project)}]
 
@@ -172,11 +310,22 @@ class Context:
     survives every turn; everything per-turn is read from the session's `events.State`."""
 
     def __init__(self, *, project_root: Path, cwd: Path, home: Path, model: str, tool_schemas: list[dict],
-                 workspace=None, aux_model: str = DEFAULT_AUX_MODEL, max_tokens: int = MAX_OUTPUT_TOKENS):
+                 workspace=None, aux_model: str = DEFAULT_AUX_MODEL, max_tokens: int = MAX_OUTPUT_TOKENS,
+                 user_home: Path | None = None, is_secret=None, plan_mode: bool = False, append_system: str = ""):
         self.project_root, self.cwd, self.home = Path(project_root).resolve(), Path(cwd).resolve(), Path(home)
         self.model, self.aux_model, self.max_tokens = model, aux_model, max_tokens
         self.workspace = workspace
-        self.system = build_system(self.project_root, self.cwd, self.home)
+        # Read once: the instructions (and what /context says about their imports) hold for the session.
+        self.instructions, self.instruction_notes = load_instructions(self.home, self.project_root, self.cwd,
+                                                                      user_home, is_secret)
+        self.system = build_system(self.project_root, self.cwd, self.home, self.instructions)
+        self.system_names = ["identity", "tool guidance", "project"]
+        # Tiers of this run only, each its own block after the project's: plan mode, then the text of
+        # --append-system-prompt. One breakpoint still ends the system prompt.
+        for name, text in (("plan mode", PLAN_MODE if plan_mode else ""), ("appended", append_system)):
+            if text:
+                self.system.append({"type": "text", "text": text})
+                self.system_names.append(name)
         self.system[-1] = {**self.system[-1], "cache_control": CACHE}
         self.tools = copy.deepcopy(tool_schemas)
         if self.tools:
@@ -237,7 +386,7 @@ class Context:
         checkpoint = state.summary or ""
         sizes = [("tools", estimate_tokens(self.tools)),
                  *((f"system: {name}", estimate_tokens(block["text"]))
-                   for name, block in zip(("identity", "tool guidance", "project"), self.system)),
+                   for name, block in zip(self.system_names, self.system)),
                  ("checkpoint", estimate_tokens(checkpoint)),
                  ("history", max(0, estimate_tokens(messages) - estimate_tokens(checkpoint)) if messages else 0),
                  ("volatile tail", estimate_tokens(volatile))]

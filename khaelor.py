@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import events
 from events import KhaelorError
@@ -80,7 +81,8 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
     merged["model_flag"] = getattr(args, "model", None)
-    merged["layers"] = permission_layers(home, project_root)
+    merged["extra_layers"] = flag_layers(args, project_root)
+    merged["layers"] = permission_layers(home, project_root, merged["extra_layers"])
     return merged
 
 
@@ -175,6 +177,8 @@ def start_notices(settings: dict) -> list[str]:
     """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
     import sandbox
     notices = [trust_notice(settings["layers"]), sandbox.notice()]
+    for layer in settings.get("extra_layers", ()):       # a flag's rule that maps onto nothing
+        notices += [f"{layer.source} {rule!r} is ignored: {why}" for _, rule, why in layer.ignored]
     return [n for n in notices if n]
 
 
@@ -372,6 +376,154 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
+
+MAX_COMMAND_FILES = 500         # per directory: a huge tree must not slow start-up
+COMMAND_FIELDS = ("description", "argument-hint", "model", "allowed-tools")   # front matter read; the rest is ignored
+COMMAND_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(?::[A-Za-z0-9][\w.-]*)*$")
+PLACEHOLDER = re.compile(r"\$(ARGUMENTS|[1-9])(?!\d)")
+
+
+class CustomCommand(NamedTuple):
+    name: str               # "/fixissue"; a subdirectory gives "/frontend:component"
+    path: Path              # the Markdown file
+    source: str             # where it came from, as /help shows it: "project .claude/commands"
+    template: str           # the body after the front matter: $ARGUMENTS and $1…$9 are filled in
+    description: str        # front matter, else the body's first line
+    argument_hint: str      # front matter: "[issue-number]"
+    model: str              # front matter: the model for this command's turn; "" for the session's
+    allowed_tools: str      # front matter: shown, never granted (a command file is a prompt only)
+
+
+def command_dirs(home: Path, project_root: Path) -> list[tuple[Path, str, bool]]:
+    """(directory, source label, in the repository) in precedence order: a later one wins a name,
+    so the project's commands override the user's, as in Claude Code."""
+    return [(Path.home() / ".claude" / "commands", "user ~/.claude/commands", False),
+            (home / "commands", "user $KHAELOR_HOME/commands", False),
+            (project_root / ".claude" / "commands", "project .claude/commands", True),
+            (project_root / ".khaelor" / "commands", "project .khaelor/commands", True)]
+
+
+def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
+    """Every command file by name. Built-in commands keep their names; a repository's command file
+    that resolves outside the project (a symlink) is not read, as with instruction files."""
+    root = project_root.resolve()
+    commands = {}
+    for directory, source, in_repository in command_dirs(home, project_root):
+        for path in command_files(directory):
+            resolved = path.resolve()
+            if in_repository and not (resolved == root or root in resolved.parents):
+                continue
+            name = "/" + ":".join(path.relative_to(directory).with_suffix("").parts)
+            if name in COMMANDS or not COMMAND_NAME.match(name[1:]):
+                continue
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            commands[name] = parse_command(name, path, source, text)
+    return commands
+
+
+def command_files(directory: Path) -> list[Path]:
+    found = []
+    for folder, subfolders, names in os.walk(directory):     # symlinked folders are not followed
+        subfolders.sort()
+        found += [Path(folder) / name for name in sorted(names) if name.endswith(".md")]
+        if len(found) >= MAX_COMMAND_FILES:
+            break
+    return found[:MAX_COMMAND_FILES]
+
+
+def parse_command(name: str, path: Path, source: str, text: str) -> CustomCommand:
+    fields, body = front_matter(text)
+    first_line = next((line.strip().lstrip("#").strip() for line in body.splitlines() if line.strip()), "")
+    return CustomCommand(name, path, source, body, fields.get("description") or first_line[:80],
+                         fields.get("argument-hint", ""), fields.get("model", ""), fields.get("allowed-tools", ""))
+
+
+def front_matter(text: str) -> tuple[dict, str]:
+    """The `---` block at the top of a command file, as the tiny YAML subset command files use:
+    one `key: value` per line, the value plain or quoted. A list such as `[issue-number]` stays
+    text (it is shown, not interpreted). No closing `---`: it is all body."""
+    text = text.lstrip("\ufeff").replace("\r\n", "\n")
+    lines = text.split("\n")
+    if lines[0].rstrip() != "---":
+        return {}, text
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
+    if end is None:
+        return {}, text
+    fields = {}
+    for line in lines[1:end]:
+        key, colon, value = line.partition(":")
+        if colon and not line[:1].isspace() and key.strip() in COMMAND_FIELDS:
+            fields[key.strip()] = yaml_scalar(value.strip())
+    return fields, "\n".join(lines[end + 1:]).lstrip("\n")
+
+
+def yaml_scalar(value: str) -> str:
+    """'it''s' → it's, "a \\"b\\"" → a "b", plain # comment → plain (a comment may follow quotes too)."""
+    single = re.match(r"'((?:[^']|'')*)'\s*(?:#.*)?$", value)
+    if single:
+        return single[1].replace("''", "'")
+    double = re.match(r'"((?:[^"\\]|\\.)*)"\s*(?:#.*)?$', value)
+    if double:
+        try:
+            return json.loads(f'"{double[1]}"')
+        except ValueError:
+            return double[1]
+    return re.sub(r"\s+#.*$", "", value)
+
+
+def expand_command(command: CustomCommand, arguments: str) -> str:
+    """The prompt a command sends. $ARGUMENTS is everything after the name, $1…$9 its words (quotes
+    group words, as in a shell); one pass, so an argument holding "$1" stays as typed. A template
+    with no placeholder gets the arguments after it, so they are never lost."""
+    import shlex
+    try:
+        words = shlex.split(arguments)
+    except ValueError:          # an unbalanced quote: plain words
+        words = arguments.split()
+
+    def fill(match):
+        if match.group(1) == "ARGUMENTS":
+            return arguments
+        index = int(match.group(1)) - 1
+        return words[index] if index < len(words) else ""
+    body = command.template.strip()
+    if arguments and not PLACEHOLDER.search(body):
+        return f"{body}\n\nARGUMENTS: {arguments}"
+    return PLACEHOLDER.sub(fill, body).strip()
+
+
+def match_command(text: str, commands: dict) -> tuple[CustomCommand | None, str]:
+    """("/fixissue 123", commands) → (the command, "123"); (None, "") for anything else."""
+    name, _, arguments = text.strip().partition(" ")
+    command = commands.get(name)
+    if command is None:
+        return None, ""
+    return command, arguments.strip()
+
+
+def expand_headless(prompt: str, settings: dict, home: Path, project_root: Path) -> str:
+    """`khaelor -p "/fixissue 123"`: the template, filled in, is what is sent. Its `model` applies to
+    the run unless --model was given."""
+    if not prompt.lstrip().startswith("/"):
+        return prompt
+    command, arguments = match_command(prompt, load_commands(home, project_root))
+    if command is None:
+        return prompt
+    if command.model and settings.get("model_flag") is None:
+        settings["model"] = command.model
+    return expand_command(command, arguments)
+
+
+def describe_command(command: CustomCommand) -> str:
+    """One line for /help and the / menu: hint, description, and where it came from."""
+    text = " ".join(part for part in (command.argument_hint, command.description) if part)
+    return f"{text} ({command.source})".strip()
+
+
 # ---------------------------------------------------------------- headless
 
 def help_epilog() -> str:
@@ -399,8 +551,55 @@ def parse_args(argv: list):
     parser.add_argument("--model", metavar="ID")
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
     parser.add_argument("--max-turns", dest="max_turns", type=int, metavar="N")
+    # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
+    parser.add_argument("--append-system-prompt", dest="append_system_prompt", metavar="TEXT", default="",
+                        help="add TEXT to the system prompt, as its own tier, for this run")
+    parser.add_argument("--allowedTools", "--allowed-tools", dest="allowed_tools", nargs="+", action="extend",
+                        default=[], metavar="RULE", help="allow these Claude Code rules for this run, e.g. "
+                        "\"Bash(git log:*)\" Read (space- or comma-separated; the hardline floor still refuses)")
+    parser.add_argument("--disallowedTools", "--disallowed-tools", dest="disallowed_tools", nargs="+",
+                        action="extend", default=[], metavar="RULE",
+                        help="deny these Claude Code rules for this run, even under --yes")
+    import permissions      # every run reads its rules anyway
+    parser.add_argument("--permission-mode", dest="permission_mode", choices=permissions.MODES, default="default",
+                        help="plan: only tools that read run; acceptEdits: project files are written without asking")
     parser.add_argument("--version", action="version", version=f"khaelor {VERSION}")
     return parser.parse_args(argv)
+
+
+def split_tool_rules(values: list[str]) -> list[str]:
+    """`"Bash(git log:*)" "Read,Edit"` → ["Bash(git log:*)", "Read", "Edit"]: Claude Code's lists are
+    separated by spaces or commas, except inside a rule's parentheses."""
+    rules = []
+    for value in values:
+        depth, current = 0, ""
+        for ch in value:
+            if ch == "(":
+                depth += 1
+            elif ch == ")" and depth > 0:
+                depth -= 1
+            if depth == 0 and (ch == "," or ch.isspace()):
+                rules += [current] if current else []
+                current = ""
+            else:
+                current += ch
+        rules += [current] if current else []
+    return rules
+
+
+def flag_layers(args, project_root: Path) -> tuple:
+    """--allowedTools and --disallowedTools as Claude Code rule layers, for this run only. They are the
+    user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks every
+    allow, and the hardline floor is beneath them all."""
+    import permissions
+    layers = []
+    for flag, action, values in (("--allowedTools", "allow", getattr(args, "allowed_tools", [])),
+                                 ("--disallowedTools", "deny", getattr(args, "disallowed_tools", []))):
+        rules = split_tool_rules(values or [])
+        if rules:
+            layer = permissions.Layer(flag, {}, "user", True, claude=True)
+            layers.append(permissions.claude_rules(layer, {action: rules}, os.path.realpath(project_root)))
+    return tuple(layers)
 
 
 def build_kernel(args, settings, store, bus, home, project_root, ask, client=None):
@@ -415,16 +614,19 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, client=Non
     def grant(rule: dict) -> None:
         path = grants_path(home, project_root)
         write_json_atomic(path, permissions.add_grant(read_config(path), rule))
-        kernel_.rules = permissions.load_rules(permission_layers(home, project_root))
+        kernel_.rules = permissions.load_rules(permission_layers(home, project_root, settings["extra_layers"]))
 
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
     toolbox.resume(store.state)
+    mode = getattr(args, "permission_mode", "default")
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=current_model(store, settings),
-                          aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
+                          aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=toolbox.workspace,
+                          user_home=Path.home(), is_secret=permissions.is_secret_name, plan_mode=mode == "plan",
+                          append_system=getattr(args, "append_system_prompt", ""))
     client = client or new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
                             rules=permissions.load_rules(settings["layers"]), project_root=project_root,
-                            ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"])
+                            ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"], permission_mode=mode)
     return kernel_
 
 
@@ -521,15 +723,35 @@ class StreamedAnswer:
         return for_terminal(text, sys.stdout)
 
 
+RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns"}   # any other end: error_during_execution
+
+
+def result_object(args, store, step: str) -> dict:
+    """What `--output-format json` prints, and `stream-json` ends with: Claude Code's result fields
+    (type, subtype, result, session_id, is_error, num_turns, duration_ms, total_cost_usd, usage in
+    its key names) alongside KHAELOR's own (error, cost_usd, usage_by_model in KHAELOR's key names).
+    A cost is null when a model has no known price: never guessed."""
+    import time
+    state = store.state
+    failed = step != "done"
+    cost = session_summary(store)["cost"]
+    totals = {key: sum(usage[key] for usage in state.usage.values()) for key in events.USAGE_KEYS}
+    usage = {"input_tokens": totals["input_tokens"], "cache_creation_input_tokens": totals["cache_write_tokens"],
+             "cache_read_input_tokens": totals["cache_read_tokens"], "output_tokens": totals["output_tokens"]}
+    started = getattr(args, "started", None) or time.monotonic()
+    return {"type": "result", "subtype": RESULT_SUBTYPES.get(step, "error_during_execution"),
+            "is_error": failed, "result": state.answer or "", "session_id": store.session_id,
+            "num_turns": state.responses_in_turn, "duration_ms": round((time.monotonic() - started) * 1000),
+            "total_cost_usd": cost, "usage": usage,
+            "error": state.failure_reason if failed else None, "cost_usd": cost, "usage_by_model": state.usage}
+
+
 def report(args, store, step: str) -> int:
     state = store.state
     failed = step != "done"
     reason = state.failure_reason if failed else None
-    if args.output_format == "json":
-        summary = session_summary(store)
-        print(json.dumps({"session_id": store.session_id, "is_error": failed, "result": state.answer,
-                          "error": reason, "usage": state.usage, "cost_usd": summary["cost"],
-                          "num_turns": state.responses_in_turn}))
+    if args.output_format in ("json", "stream-json"):
+        print(json.dumps(result_object(args, store, step), ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not getattr(args, "streamed", False):
         print(for_terminal(state.answer, sys.stdout))
     if failed:
@@ -561,6 +783,9 @@ class Session:
         self.client = new_client(lambda text: self.bus.emit("Status", text=text))
         self.command_names = sorted(COMMANDS)
         self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
+        self.custom = load_commands(home, project_root)     # command files, read once at start as Claude Code does
+        self.command_names = sorted([*COMMANDS, *self.custom])
+        self.command_descriptions.update({name: describe_command(c) for name, c in self.custom.items()})
         self._files, self.closed, self.baseline = None, False, None
         self.shell = None        # the task of a running `!` command
         self._files_at = 0.0     # time.monotonic() when _files was listed
@@ -626,10 +851,21 @@ class Session:
         self.baseline = asyncio.get_running_loop().create_task(self.kernel.record_baseline("session start"))
 
     def submit(self, text: str):
+        command, arguments = match_command(text, self.custom)
+        if command is not None:     # a command file: its template, filled in, is the message
+            text = expand_command(command, arguments)
         self.begin()
         self.kernel.submit(text)
         if not self.working:
             self.start_turn()
+            if command is not None and command.model:
+                self.model_for_turn(command.model)
+
+    def model_for_turn(self, name: str) -> None:
+        """A command file's `model:` holds for the turn it starts; then the session's model is back."""
+        ctx, previous = self.kernel.ctx, self.kernel.ctx.model
+        ctx.model = name
+        self.turn.add_done_callback(lambda _: setattr(ctx, "model", previous))
 
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
@@ -693,6 +929,9 @@ class Session:
     async def run_command(self, line: str):
         name, _, rest = line.strip().partition(" ")
         entry = COMMANDS.get(name)
+        if entry is None and name in self.custom:
+            self.submit(line)
+            return ""
         if entry is None:
             return f"unknown command {name}; /help lists them"
         return await entry[0](self, rest.strip())
@@ -757,10 +996,28 @@ class Session:
         import ui
         commands = [f"- `{name}{(' ' + usage) if usage else ''}` {text}" for name, (_, usage, text) in sorted(COMMANDS.items())]
         keys = [f"- `{key}` {what}" for key, what in ui.KEY_HELP]
-        read = context.find_instruction_files(self.home, self.project_root, Path.cwd())
-        files = "\n".join(f"- `{path}`" for path in read) or f"- none found ({', '.join(context.INSTRUCTION_FILES)} are looked for)"
+        read = self.kernel.ctx.instructions
+        files = "\n".join(f"- `{item.path}`" + (f" (imported by `{item.imported_by}`)" if item.imported_by else "")
+                          for item in read) or f"- none found ({', '.join(context.INSTRUCTION_FILES)} are looked for)"
         return "**Commands**\n\n" + "\n".join(commands) + "\n\n**Keys**\n\n" + "\n".join(keys) \
-            + "\n\n**Instruction files read**\n\n" + files
+            + "\n\n" + self.custom_help() + "\n\n**Instruction files read**\n\n" + files
+
+    def custom_help(self) -> str:
+        """/help's section on command files: each with its description and source."""
+        if not self.custom:
+            return ("**Custom commands**\n\nnone: a Markdown file in .khaelor/commands/, .claude/commands/, "
+                    "$KHAELOR_HOME/commands/ or ~/.claude/commands/ becomes a /name command")
+        lines = ["**Custom commands** (prompt templates: a command file grants no permission, so "
+                 "`allowed-tools` in its front matter is shown but ignored)", ""]
+        for name, command in sorted(self.custom.items()):
+            hint = f" {command.argument_hint}" if command.argument_hint else ""
+            line = f"- `{name}{hint}` {command.description} · {command.source}"
+            if command.model:
+                line += f" · model {command.model}"
+            if command.allowed_tools:
+                line += f" · allowed-tools ignored: {command.allowed_tools}"
+            lines.append(line)
+        return "\n".join(lines)
 
     async def cmd_new(self, _):
         await self.detach()
@@ -816,6 +1073,18 @@ class Session:
             if row.get("cached_tokens"):
                 line += f", {row['cached_tokens']} cached"
             lines.append(line)
+        return "\n".join(lines) + "\n\n" + self.instructions_report()
+
+    def instructions_report(self) -> str:
+        """/context's account of the instruction files: what was read, and each import that was not."""
+        ctx = self.kernel.ctx
+        lines = ["**Instruction files**", ""]
+        for item in ctx.instructions:
+            via = f" (imported by `{item.imported_by}`)" if item.imported_by else ""
+            lines.append(f"- `{item.path}`{via}: ~{events.estimate_tokens(item.text)} tokens")
+        if not ctx.instructions:
+            lines.append("- none")
+        lines += [f"- {note}" for note in ctx.instruction_notes]
         return "\n".join(lines)
 
     async def cmd_compact(self, focus):
@@ -1024,11 +1293,14 @@ def main(argv: list | None = None) -> int:
             return cmd_trust(argv[1:], home, project_root)
         args = parse_args(argv)
         if args.prompt is not None:
+            import time
+
             import model
+            args.started = time.monotonic()     # duration_ms of the result counts from here
             require_api_key()     # these two are quick; an exit during the import must wait for it
             settings = load_settings(args, home, project_root)
             model.preload()   # the SDK import (~2 s) overlaps with the rest of start-up
-            args.prompt = read_prompt(args)
+            args.prompt = expand_headless(read_prompt(args), settings, home, project_root)
             store = open_session(args, home, project_root)
             for warning in store.warnings:
                 print(f"khaelor: warning: {warning}", file=sys.stderr)
