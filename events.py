@@ -238,10 +238,22 @@ def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         stat = stat or os.stat(log_path)
-        tmp.write_text(json.dumps({**meta, "log_size": stat.st_size, "log_mtime_ns": stat.st_mtime_ns}))
+        data = json.dumps({**meta, "log_size": stat.st_size, "log_mtime_ns": stat.st_mtime_ns})
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)     # as private as the log
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
         os.replace(tmp, target)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def private_file(path: Path) -> Path:
+    """`path`, created empty if missing, readable by its owner only (0600, like the logs)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    os.chmod(path, 0o600)
+    return path
 
 
 def lock_path(log_path: Path) -> Path:

@@ -258,7 +258,22 @@ def session_summary(store) -> dict:
             "created": state.created_ts, "updated": state.updated_ts,
             "tokens": sum(sum(u.values()) for u in totals.values()),
             "cost": None if None in costs else sum(costs), "model": state.model,
-            "branch": state.branch, "n_messages": len(state.user_texts)}
+            "branch": state.branch, "n_messages": len(state.user_texts), "usage": totals}
+
+
+def session_cost(summary: dict, prices: dict) -> float | None:
+    """A session's cost by this run's price table: config `prices` override the defaults, so the
+    cost a cache recorded with the default table is not the one to show."""
+    from model import price_of
+    costs = [price_of(model, usage, prices) for model, usage in summary["usage"].items()]
+    return None if None in costs else sum(costs)
+
+
+def config_prices(home: Path, project_root: Path) -> dict:
+    """The `prices` of the user's and the project's config.json (the project's win)."""
+    user = read_config(home / "config.json").get("prices") or {}
+    project = read_config(project_root / ".khaelor" / "config.json").get("prices") or {}
+    return {**user, **project}
 
 
 def summary_of(path: Path) -> dict | None:
@@ -266,7 +281,7 @@ def summary_of(path: Path) -> dict | None:
     summaries counted messages) is rebuilt from the log, read-only: another khaelor may be writing it.
     None: the log vanished, is unreadable or is from a newer khaelor."""
     meta = events.read_meta(path)
-    if meta is None or "n_messages" not in meta:
+    if meta is None or "usage" not in meta:
         try:
             stat = os.stat(path)
             meta = session_summary(events.SessionStore.open(path, read_only=True))
@@ -324,9 +339,11 @@ def cmd_sessions(home: Path, project_root: Path) -> int:
     if not sessions:
         print("no sessions in this project yet")
         return EXIT_OK
+    prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for s in sessions:
-        cost = "?" if s["cost"] is None else f"${s['cost']:.4f}"
+        dollars = session_cost(s, prices)
+        cost = "?" if dollars is None else f"${dollars:.4f}"
         branch = f"  [{s['branch']}]" if s.get("branch") else ""
         title = for_terminal(s["title"] or "(untitled)", sys.stdout)
         print(f"{s['id']:<30} {age(s['updated']) if s['updated'] else '-':>9} {s['tokens']:>9} {cost:>8}  "
@@ -693,7 +710,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         await kernel_.toolbox.close()
         await kernel_.model.close()
         close_session(store)
-    return report(args, store, step)
+    return report(args, store, step, settings["prices"])
 
 
 class StreamedAnswer:
@@ -726,7 +743,7 @@ class StreamedAnswer:
 RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns"}   # any other end: error_during_execution
 
 
-def result_object(args, store, step: str) -> dict:
+def result_object(args, store, step: str, prices: dict) -> dict:
     """What `--output-format json` prints, and `stream-json` ends with: Claude Code's result fields
     (type, subtype, result, session_id, is_error, num_turns, duration_ms, total_cost_usd, usage in
     its key names) alongside KHAELOR's own (error, cost_usd, usage_by_model in KHAELOR's key names).
@@ -734,7 +751,7 @@ def result_object(args, store, step: str) -> dict:
     import time
     state = store.state
     failed = step != "done"
-    cost = session_summary(store)["cost"]
+    cost = session_cost(session_summary(store), prices)
     totals = {key: sum(usage[key] for usage in state.usage.values()) for key in events.USAGE_KEYS}
     usage = {"input_tokens": totals["input_tokens"], "cache_creation_input_tokens": totals["cache_write_tokens"],
              "cache_read_input_tokens": totals["cache_read_tokens"], "output_tokens": totals["output_tokens"]}
@@ -746,12 +763,12 @@ def result_object(args, store, step: str) -> dict:
             "error": state.failure_reason if failed else None, "cost_usd": cost, "usage_by_model": state.usage}
 
 
-def report(args, store, step: str) -> int:
+def report(args, store, step: str, prices: dict) -> int:
     state = store.state
     failed = step != "done"
     reason = state.failure_reason if failed else None
     if args.output_format in ("json", "stream-json"):
-        print(json.dumps(result_object(args, store, step), ensure_ascii=False), flush=True)
+        print(json.dumps(result_object(args, store, step, prices), ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not getattr(args, "streamed", False):
         print(for_terminal(state.answer, sys.stdout))
     if failed:
@@ -1028,10 +1045,16 @@ class Session:
         import asyncio
         # Off the loop: a first listing may rebuild many caches from their logs.
         rows = (await asyncio.to_thread(list_sessions, self.home, self.project_root))[:20]
-        return "\n".join(f"- `{r['id']}`{' (this one)' if r['id'] == self.store.session_id else ''} "
-                         f"{r['title'] or '(untitled)'} · {age(r['updated'])} · {r['tokens']} tokens · "
-                         + ("cost ?" if r["cost"] is None else f"${r['cost']:.4f}") for r in rows) \
-            + "\n\n`/resume ID` continues one (a unique prefix of the id is enough)." if rows else "no sessions"
+        if not rows:
+            return "no sessions"
+        lines = []
+        for row in rows:
+            here = " (this one)" if row["id"] == self.store.session_id else ""
+            dollars = session_cost(row, self.settings["prices"])
+            cost = "cost ?" if dollars is None else f"${dollars:.4f}"
+            lines.append(f"- `{row['id']}`{here} {row['title'] or '(untitled)'} · {age(row['updated'])}"
+                         f" · {row['tokens']} tokens · {cost}")
+        return "\n".join(lines) + "\n\n`/resume ID` continues one (a unique prefix of the id is enough)."
 
     async def cmd_resume(self, prefix):
         if not prefix:
@@ -1088,12 +1111,14 @@ class Session:
         return "\n".join(lines)
 
     async def cmd_compact(self, focus):
-        n_before = len(self.store.events)
+        if self.busy:       # a cut mid-turn could fall between a tool call and its result
+            return "khaelor is working; /compact once the turn ends (or press Esc first)"
+        cut_before = self.store.state.cut_seq
         try:
             await self.kernel.keep_in_budget("compact", focus)
         finally:
             self.bus.emit("Status", text="")      # the "compacting…" status ends with the command
-        if any(e["type"] == "ContextCompacted" for e in self.store.events[n_before:]):
+        if self.store.state.cut_seq != cut_before:
             return "compacted: the earlier turns are now a summary"
         return "nothing to compact yet: the conversation is too short to summarise"
 
@@ -1265,7 +1290,8 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
     with open(home / "stderr.log", "ab") as log:
         os.dup2(log.fileno(), 2)
     try:
-        return await ui.run_app(session, history_path=home / "history", replay=earlier)
+        history = events.private_file(home / "history")     # what the user typed: 0600, like the logs
+        return await ui.run_app(session, history_path=history, replay=earlier)
     finally:
         await session.quit()
         os.dup2(saved_stderr, 2)

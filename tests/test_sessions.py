@@ -399,8 +399,9 @@ def in_session(project, env, monkeypatch, script):
     import asyncio
 
     import khaelor as cli
-    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME"):
-        monkeypatch.setenv(key, env[key])
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME", "ANTHROPIC_BASE_URL"):
+        if key in env:
+            monkeypatch.setenv(key, env[key])
     monkeypatch.chdir(project)
     home = Path(env["KHAELOR_HOME"])
 
@@ -456,3 +457,82 @@ def test_a_new_session_starts_with_a_fresh_world_and_ids_go_on_after_resume(khae
     exited = [e["process_id"] for e in first if e["type"] == "ProcessExited"]
     assert exited == ["p1", "p2"]                           # each exit in its own session's log
     assert not new_log.exists() or "ProcessExited" not in new_log.read_text()
+
+
+# ---------------------------------------------------------------- issue 13: what the read found
+
+def test_context_shows_the_cached_tokens_of_the_last_response(khaelor, fake, project, env, monkeypatch):
+    fake.enqueue(reply(text("first")), reply(text("second")))
+    assert khaelor.run("-p", "one " * 3000).returncode == 0
+    assert khaelor.run("-c", "-p", "two").returncode == 0
+    read = [e for e in khaelor.log() if e["type"] == "ModelResponseCompleted"][-1]["usage"]["cache_read_tokens"]
+    assert read > 0
+
+    async def context_command(session):
+        return await session.cmd_context("")
+    shown = in_session(project, env, monkeypatch, context_command)
+    total = next(line for line in shown.splitlines() if line.startswith("- total (measured"))
+    assert total.endswith(f", {read} cached") and "cached" in shown.splitlines()[0]
+
+
+def test_price_overrides_reach_sessions_and_the_json_cost(khaelor, fake, project, env, monkeypatch):
+    home = Path(env["KHAELOR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.json").write_text(json.dumps({"prices": {"claude-sonnet-5-5": [1000, 1000, 1000, 1000]}}))
+    fake.enqueue(reply(text("priced")))
+    result = khaelor.run("-p", "hello", "--output-format", "json")
+    assert result.returncode == 0, result.stderr
+    usage = json.loads(result.stdout)["usage_by_model"]["claude-sonnet-5-5"]
+    expected = sum(usage.values()) * 1000 / 1e6
+    assert json.loads(result.stdout)["cost_usd"] == pytest.approx(expected)
+    listing = khaelor.run("sessions")
+    assert f"${expected:.4f}" in listing.stdout, listing.stdout
+
+    async def sessions_command(session):
+        return await session.cmd_sessions("")
+    assert f"${expected:.4f}" in in_session(project, env, monkeypatch, sessions_command)
+
+
+def test_a_failed_continue_does_not_print_the_previous_answer(khaelor, fake):
+    from fake_api import error
+    fake.enqueue(reply(text("the first answer")))
+    assert khaelor.run("-p", "first").returncode == 0
+    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0"})] * 5)
+    result = khaelor.run("-c", "-p", "second")
+    assert result.returncode == 1
+    assert "the first answer" not in result.stdout and result.stdout == ""
+
+
+def test_compact_says_when_nothing_was_compacted_and_waits_for_the_turn(khaelor, fake, project, env, monkeypatch):
+    import asyncio
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hello").returncode == 0
+
+    async def script(session):
+        fake.enqueue(reply(text('{"objective": "say hello"}')))
+        done = await session.cmd_compact("")
+        nothing = await session.cmd_compact("")      # no new turn since the cut
+        fake.enqueue(reply(text("slow " * 200), chunk=5, delay=0.02))
+        n_requests = len(fake.requests)
+        session.submit("write a lot")
+        while len(fake.requests) == n_requests:
+            await asyncio.sleep(0.02)
+        cut_seq = session.store.state.cut_seq
+        during = await session.cmd_compact("")
+        session.interrupt()
+        return done, nothing, during, cut_seq == session.store.state.cut_seq
+    done, nothing, during, unchanged = in_session(project, env, monkeypatch, script)
+    assert done.startswith("compacted") and nothing.startswith("nothing to compact")
+    assert during.startswith("khaelor is working") and unchanged
+
+
+def test_meta_caches_are_private_like_the_logs(khaelor, fake):
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hello").returncode == 0
+    log = khaelor.session_files()[-1]
+    meta = events.meta_path(log)
+    assert meta.exists() and meta.stat().st_mode & 0o777 == 0o600 == log.stat().st_mode & 0o777
+    loose = log.parent / "composer-history"
+    loose.write_text("")
+    loose.chmod(0o644)
+    assert events.private_file(loose).stat().st_mode & 0o777 == 0o600
