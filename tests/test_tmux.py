@@ -482,3 +482,28 @@ def test_a_reply_that_breaks_off_is_retried_in_a_new_block(terminal):
     assert "broke off here" in screen and "half a sentence" not in screen
     sent = term.requests()[-1]["body"]["messages"]
     assert [m["role"] for m in sent] == ["user"] and rejected(term) == []
+
+
+def test_custom_commands_show_in_the_menu_and_send_their_template(terminal, project):
+    commands = project / ".claude" / "commands"
+    (commands / "frontend").mkdir(parents=True)
+    (commands / "fixissue.md").write_text("---\ndescription: Fix a GitHub issue\nargument-hint: [number]\n---\n"
+                                          "Fix issue #$ARGUMENTS following our coding standards.\n")
+    (commands / "frontend" / "component.md").write_text("Create a React component named $1.\n")
+    term = terminal([reply(text("Fixed issue 123.")), reply(text("Made the Button."))])
+    term.type("/fix")
+    screen = term.wait_for("Fix a GitHub issue")
+    assert "/fixissue" in screen and "[number] Fix a GitHub issue (project .claude/commands)" in screen
+    term.type("issue 123")
+    term.keys("Enter")
+    term.wait_for("Fixed issue 123.")
+    term.type("/frontend:component Button")
+    term.keys("Enter")
+    term.wait_for("Made the Button.")
+    sent = [[b["text"] for b in r["body"]["messages"][-1]["content"] if b["type"] == "text"] for r in term.requests()]
+    assert sent[0][0] == "Fix issue #123 following our coding standards."
+    assert sent[1][0] == "Create a React component named Button."
+    term.type("/help")
+    term.keys("Enter")
+    screen = term.wait_for("Custom commands")
+    assert "/frontend:component" in screen and rejected(term) == []
