@@ -57,9 +57,10 @@ _RULE_KEYS = ("capability", "pattern", "action")
 
 # Secret files, matched against a file's name (a pattern with "/" against its project path).
 # Reading one asks; grep and glob skip them; a command searching a tree that holds one asks.
+# SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code.
 SECRET_NAMES = (".env", ".env.*", "*.env", ".envrc", ".git-credentials", ".npmrc", ".pypirc",
-                ".netrc", "_netrc", "id_*", "*.pem", "*.key", "*.p12", "*.pfx", "credentials",
-                "credentials.*", "secrets.*", ".pgpass")
+                ".netrc", "_netrc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
+                "*.pem", "*.key", "*.p12", "*.pfx", "credentials", "credentials.*", "secrets.*", ".pgpass")
 SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
 # Directories whose whole content is secret, relative to $HOME (the sandbox closes them too).
 SECRET_HOME_DIRS = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube", ".docker",
@@ -599,8 +600,6 @@ def is_secret_name(name: str) -> bool:
     base = posixpath.basename(name)
     if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
         return False
-    if fnmatch.fnmatchcase(base, "id_*") and "." in base[3:] and not base.endswith(".pub"):
-        return False        # id_utils.py is code; id_rsa, id_ed25519 and their .pub are keys
     return any(fnmatch.fnmatchcase(base, p) for p in SECRET_NAMES)
 
 
