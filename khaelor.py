@@ -241,7 +241,9 @@ def open_session(args, home: Path, project_root: Path):
         return events.SessionStore.open(matches[0])
     if args.continue_:
         # The newest session that holds a conversation: one opened and quit without a word is not it.
-        newest = next((path for path in reversed(files) if (summary_of(path) or {}).get("n_messages")), None)
+        # One that cannot be summarised (unreadable, from a newer khaelor) is opened, to say why.
+        newest = next((path for path in reversed(files)
+                       if (summary_of(path) or {"n_messages": 1}).get("n_messages")), None)
         if newest is None:
             raise UsageError("no earlier session in this project to continue; run without -c to start one")
         return events.SessionStore.open(newest)
@@ -318,9 +320,10 @@ def age(ts_ms: int) -> str:
     return "just now"
 
 
-# Escape sequences (CSI, OSC, DCS/PM/APC/SOS strings, two-byte ESC forms) and other C0/C1 controls.
+# Escape sequences (CSI, OSC, DCS/PM/APC/SOS strings, two-byte ESC forms), other C0/C1 controls,
+# and the bidirectional overrides that make text read differently from what it is.
 CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
-                              r"|\x1b[@-Z\\-_ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+                              r"|\x1b[@-Z\\-_ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 TERMINATED_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
                                  r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
@@ -550,8 +553,11 @@ def help_epilog() -> str:
     keys = "\n".join(f"  {key:<30} {what}" for key, what in ui.KEY_HELP)
     return ("subcommands:\n  khaelor sessions               list this project's sessions\n"
             "  khaelor permissions [check]    show or test the permission policy\n\n"
-            f"interactive keys:\n{keys}\n\ninstruction files: the first of {', '.join(context.INSTRUCTION_FILES)} in "
-            "KHAELOR_HOME (~/.khaelor), and the nearest one from the working directory up to the project root.")
+            f"interactive keys:\n{keys}\n\ninstruction files: ~/.claude/CLAUDE.md, the first of "
+            f"{', '.join(context.INSTRUCTION_FILES)} in KHAELOR_HOME (~/.khaelor), the nearest one from the "
+            "working directory up to the project root, then the nearest CLAUDE.local.md; @path imports are followed.\n"
+            "custom commands: *.md in .khaelor/commands, .claude/commands, KHAELOR_HOME/commands and "
+            "~/.claude/commands (khaelor -p \"/name args\" runs one headless).")
 
 
 def parse_args(argv: list):
@@ -1277,8 +1283,8 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
     import model
     import ui
     session = Session(args, settings, home, project_root)
-    earlier = list(store.events)
     session.attach(store)
+    earlier = list(store.events)      # after attach: what repair() recorded (a reply cut off by a crash) shows too
     for warning in store.warnings:
         session.bus.emit("Status", text=f"warning: {warning}")
     for notice in start_notices(settings):
