@@ -408,3 +408,12 @@ def test_flag_rule_lists_split_like_claude_codes():
     [layer] = cli.flag_layers(cli.parse_args(["--allowedTools", "Read", "Bash(git log:*)"]), ROOT)
     assert layer.source == "--allowedTools" and layer.kind == "user" and layer.trusted
     assert [rule.action for rule in layer.rules] == ["allow"] * len(layer.rules) and len(layer.rules) >= 2
+
+
+def test_the_readme_installs_with_pipx_first_and_keeps_the_test_command():
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("    ") and line.strip()]
+    test_command = "python3 -m pip install -q -e '.[test]' && python3 -m pytest -q"
+    assert commands[0] == "pipx install . && khaelor"
+    assert any(c.endswith("/bin/pip install . && ~/.venvs/khaelor/bin/khaelor") for c in commands[1:3])
+    assert test_command in commands and test_command in (ROOT / ".ci" / "run").read_text()
