@@ -1,8 +1,9 @@
 """khaelor.py: the command line and composition root of KHAELOR, a terminal coding agent.
 
 Owns: argv, config files and their precedence, session lifecycle (new, --continue, --resume),
-the headless runner (-p), `khaelor sessions`, `khaelor permissions`, exit codes, and the one
-catch-all that turns an unexpected error into one line plus the log path.
+the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`, the
+slash-command table and the custom command files (Claude Code's `commands/*.md` prompt templates),
+exit codes, and the one catch-all that turns an unexpected error into one line plus the log path.
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
 It is the only module that imports ui, and only when the interactive UI starts.
 
@@ -518,11 +519,11 @@ def expand_command(command: CustomCommand, arguments: str) -> str:
 
 def match_command(text: str, commands: dict) -> tuple[CustomCommand | None, str]:
     """("/fixissue 123", commands) → (the command, "123"); (None, "") for anything else."""
-    name, _, arguments = text.strip().partition(" ")
-    command = commands.get(name)
+    words = text.strip().split(None, 1)     # the arguments may start on the next line
+    command = commands.get(words[0]) if words else None
     if command is None:
         return None, ""
-    return command, arguments.strip()
+    return command, words[1].strip() if len(words) == 2 else ""
 
 
 def expand_headless(prompt: str, settings: dict, home: Path, project_root: Path) -> str:

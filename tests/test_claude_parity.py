@@ -201,6 +201,14 @@ def test_a_template_without_placeholders_still_gets_the_arguments(project, env):
         "Analyze this code for performance issues:\n\nARGUMENTS: src/app.py"
 
 
+def test_arguments_may_start_on_the_next_line_and_names_match_whole(project):
+    path = write(project / ".claude" / "commands" / "fix.md", "Fix #$1: $ARGUMENTS")
+    commands = {"/fix": cli.parse_command("/fix", path, "project .claude/commands", path.read_text())}
+    command, arguments = cli.match_command("/fix\n123 the login page", commands)
+    assert cli.expand_command(command, arguments) == "Fix #123: 123 the login page"
+    assert cli.match_command("/fixer 1", commands) == (None, "") and cli.match_command("", commands) == (None, "")
+
+
 def last_user_text(request) -> str:
     """The newest user message's text, without the <environment> tail khaelor adds."""
     blocks = request["body"]["messages"][-1]["content"]
