@@ -37,7 +37,7 @@ def make_context(tmp_path, model="claude-sonnet-5-5", workspace=None) -> context
     root = tmp_path / "project"
     root.mkdir(exist_ok=True)
     return context.Context(project_root=root, cwd=root, home=tmp_path / "home", model=model,
-                           tool_schemas=SCHEMAS, workspace=workspace)
+                           tool_schemas=SCHEMAS, workspace=workspace, user_home=tmp_path / "user-home")
 
 
 def stable(value) -> str:
@@ -81,7 +81,8 @@ def check_api_valid(messages: list[dict]) -> None:
 
 # ---------------------------------------------------------------- system prompt tiers
 
-def test_instruction_discovery_nearest_project_file_wins_and_global_comes_first(tmp_path):
+def test_instruction_discovery_nearest_project_file_wins_and_global_comes_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "user-home"))     # a real ~/.claude/CLAUDE.md stays out
     home, root = tmp_path / "home", tmp_path / "repo"
     deeper = root / "pkg" / "sub"
     deeper.mkdir(parents=True)
