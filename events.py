@@ -22,7 +22,7 @@ DURABLE = frozenset("""
     ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged UserShellRan""".split())
+    ModelChanged UserShellRan TextCheckpoint""".split())
 EPHEMERAL = frozenset("ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status".split())
 
 # Events that give a tool_use its tool_result. A denial is answered to the model like a result.
@@ -338,6 +338,8 @@ USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "Verific
                               "UserShellRan"})
 DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVENTS})
 OPEN, CLOSED, DROPPED = "open", "closed", "dropped"
+# After the text of a reply the user cut off (Esc, or khaelor died while it streamed), the model reads:
+INTERRUPTED_NOTE = "[I interrupted your reply here; the text above is what you had written so far.]"
 
 
 class Attempt:
@@ -348,16 +350,29 @@ class Attempt:
 
     def __init__(self):
         self.blocks = []        # block events of the open attempt, in stream order
+        self.partial = []       # TextCheckpoint texts of the text block still streaming
+        self.cut_text = ""      # after an Interrupted: the attempt's text, kept for the conversation
 
     def feed(self, event: dict) -> tuple[str, list]:
-        """(OPEN, []), (CLOSED, blocks), (DROPPED, blocks), or ("", []) for any other event."""
+        """(OPEN, []), (CLOSED, blocks), (DROPPED, blocks), or ("", []) for any other event. An
+        interrupted attempt keeps its text (whole text blocks, then the checkpointed part of the one
+        that was streaming) in `cut_text`; its thinking and tool calls are dropped, never sent half."""
         kind = event["type"]
+        self.cut_text = ""
+        if kind == "TextCheckpoint":
+            self.partial.append(event.get("text") or "")
+            return OPEN, []
         if kind in BLOCK_EVENTS:
+            if kind == "ModelTextBlockCompleted":
+                self.partial = []       # the whole block supersedes its checkpoints
             self.blocks.append(event)
             return OPEN, []
         if kind == "ModelResponseCompleted" or self._answers_a_call(event):
             return CLOSED, self._take()
         if kind in DROPPING_EVENTS:
+            if kind == "Interrupted":
+                texts = [b["text"] for b in self.blocks if b["type"] == "ModelTextBlockCompleted"]
+                self.cut_text = "\n\n".join(t for t in texts + ["".join(self.partial)] if t.strip()).rstrip()
             return DROPPED, self._take()
         return "", []
 
@@ -369,7 +384,7 @@ class Attempt:
 
     def _take(self) -> list:
         blocks = self.blocks
-        self.blocks = []
+        self.blocks, self.partial = [], []
         return blocks
 
 
@@ -472,6 +487,9 @@ def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: set
     outcome, blocks = attempt.feed(event)
     if outcome == CLOSED:
         conversation.add_response(blocks)
+    if outcome == DROPPED and attempt.cut_text:     # the cut-off reply stays, so "continue" continues
+        conversation.add_response([{"type": "ModelTextBlockCompleted", "text": attempt.cut_text}])
+        conversation.add_user_text(INTERRUPTED_NOTE)
     kind = event["type"]
     if kind in USER_TEXT_EVENTS and user_text(event):
         conversation.add_user_text(user_text(event))
@@ -721,6 +739,16 @@ def _on_response_completed(state: State, event: dict) -> None:
         per_model[key] += usage.get(key) or 0
 
 
+def _on_checkpoint(state: State, event: dict) -> None:
+    """A cut-off response's last checkpoint carries the usage the API had reported: it is paid for."""
+    _add_since_measured(state, event.get("text") or "")
+    usage = event.get("usage")
+    if usage:
+        per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
+        for key in USAGE_KEYS:
+            per_model[key] += usage.get(key) or 0
+
+
 def _on_tool_started(state: State, event: dict) -> None:
     state.started_tools.add(event["tool_use_id"])
 
@@ -861,6 +889,7 @@ _HANDLERS = {
     "SteeringQueued": _on_steering_queued,
     "SteeringInjected": _on_steering_injected,
     "UserShellRan": _on_user_shell,
+    "TextCheckpoint": _on_checkpoint,
     "ToolRequested": _on_tool_requested,
     "ModelRequestFailed": _on_request_failed,
     "ModelResponseCompleted": _on_response_completed,

@@ -10,6 +10,7 @@ matters only in loop-local variables.
 import asyncio
 import json
 import re
+import time
 import traceback
 
 import context
@@ -18,6 +19,8 @@ import permissions
 from model import ModelError, merge_usage
 
 DOOM_LOOP_REPEATS = 3    # byte-identical consecutive tool calls before the run pauses
+CHECKPOINT_INTERVAL_S = 1.0   # a streaming text block reaches the log this often: a crash loses ~1 s of it
+CHECKPOINT_CHARS = 4096       # or as soon as this much new text has arrived
 VERIFY_NUDGES = 2        # reminders to run a check before an answer is delivered as it is (ADR-12)
 
 
@@ -167,6 +170,29 @@ class StreamReducer:
 
     def __init__(self):
         self.blocks, self.usage, self.message_id, self.model, self.stop_reason = {}, {}, None, None, None
+        self.saved_at: float | None = None    # monotonic time of the last TextCheckpoint
+
+    def checkpoint(self, now: float | None) -> dict | None:
+        """A TextCheckpoint payload: the text streamed into the open text block since the last one,
+        once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being cut
+        off, so whatever is unsaved, with the usage the API has reported so far."""
+        if self.saved_at is None:
+            self.saved_at = now or 0.0
+        payload = None
+        for index, block in self.blocks.items():
+            unsaved = block["parts"][block.get("n_saved", 0):]
+            if block["type"] != "text" or not unsaved:
+                continue
+            text = "".join(unsaved)
+            if now is None or now - self.saved_at >= CHECKPOINT_INTERVAL_S or len(text) >= CHECKPOINT_CHARS:
+                block["n_saved"] = len(block["parts"])
+                payload = {"index": index, "text": text}
+        if now is None and any(self.usage.values()):
+            payload = {**(payload or {"index": -1, "text": ""}), "model": self.model,
+                       "usage": {k: self.usage.get(k, 0) for k in events.USAGE_KEYS}}
+        if payload is not None:
+            self.saved_at = now
+        return payload
 
     def feed(self, event: dict) -> list[tuple[str, dict]]:
         kind = event["type"]
@@ -265,6 +291,9 @@ class Kernel:
         """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
         for tool_use_id in sorted(self.state.started_tools):
             self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="khaelor exited while the tool was running")
+        if self.state.turn_open and (self.state.attempt.blocks or self.state.attempt.partial):
+            # It died mid-reply: the turn ends there, and the text saved so far stays in the conversation.
+            self.emit("Interrupted", reason="khaelor exited while the reply was streaming")
         self.bus.store.sync()
 
     async def run(self) -> str:
@@ -398,14 +427,26 @@ class Kernel:
         request = self.ctx.build_request(self.state, volatile=volatile)
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        async for raw in self.model.stream(request):
-            if raw["type"] == "restart":
-                self.emit("ModelRequestFailed", kind="retryable", status=raw.get("status"),
-                          message=raw["error"], retrying=True)
-                reducer = StreamReducer()
-                continue
-            for kind, payload in reducer.feed(raw):
-                self.emit(kind, **payload)
+        try:
+            async for raw in self.model.stream(request):
+                if raw["type"] == "restart":
+                    self.emit("ModelRequestFailed", kind="retryable", status=raw.get("status"),
+                              message=raw["error"], retrying=True)
+                    reducer = StreamReducer()
+                    continue
+                for kind, payload in reducer.feed(raw):
+                    self.emit(kind, **payload)
+                self.save_checkpoint(reducer, time.monotonic())
+        except asyncio.CancelledError:
+            self.save_checkpoint(reducer, None)     # Esc: the text streamed so far is kept (item 1)
+            raise
+
+    def save_checkpoint(self, reducer: StreamReducer, now: float | None) -> None:
+        """The streaming text block, durably and at a low rate, so a crash or an Esc keeps it."""
+        payload = reducer.checkpoint(now)
+        if payload is not None:
+            self.emit("TextCheckpoint", **payload)
+            self.bus.store.sync()
 
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
         """Prune old tool results, or compact through the auxiliary model; both are recorded events."""

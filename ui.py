@@ -741,6 +741,7 @@ class Timeline:
         self._held: FinishedCard | None = None   # the newest card, live until something follows
         self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
         self._queued: list[list[str]] = []     # steering notes waiting for the stream's block to end
+        self._checkpointed = ""                # TextCheckpoint text of the block in _text
         self._model_started: float | None = None   # monotonic time of the running model call
         self._n_streamed = 0                   # characters it has streamed (the token estimate)
 
@@ -874,6 +875,7 @@ class Timeline:
     def _stream(self) -> MarkdownStream:
         if self._text is None:
             self._text, self._text_started = MarkdownStream(self.style, self.width), False
+            self._checkpointed = ""
         self._text.width = self.width
         return self._text
 
@@ -929,8 +931,19 @@ class Timeline:
         self._text, self._thinking = None, None
 
     def _on_Interrupted(self, e: dict) -> None:
-        self._settle([self.style.paint("■ Interrupted", "warning")
-                      + self.style.paint(" · what should happen instead?", "dim")])
+        why = sanitize(str(e.get("reason") or "")).strip()
+        self._settle([self.style.paint("■ Interrupted" + (f" ({why})" if why else ""), "warning")
+                      + self.style.paint(" · what it wrote is kept; say what to do next, or “continue”",
+                                         "dim")])
+
+    def _on_TextCheckpoint(self, e: dict) -> None:
+        """The saved part of a streaming text block. Live, the deltas showed it already; replayed
+        (a resumed session that was cut off mid-reply) it is the only record of that text."""
+        self._checkpointed += e.get("text") or ""
+        stream = self._stream()
+        if stream.n_fed < len(self._checkpointed):
+            stream.feed(self._checkpointed[stream.n_fed:])
+            self._drain_text()
 
     def _on_TaskFailed(self, e: dict) -> None:
         self.error("Task failed: " + str(e.get("reason", "")))

@@ -167,3 +167,36 @@ def test_a_session_is_held_by_one_store_at_a_time(tmp_path):
     Bus(again).emit("UserMessageCreated", text="continued")
     assert [e["seq"] for e in again.events] == [1, 2]
     again.close()
+
+
+# ---------------------------------------------------------------- a cut-off reply is kept (issue 14 item 1)
+
+def test_an_interrupted_reply_keeps_its_text_and_drops_its_half_blocks(tmp_path):
+    bus = new_bus(tmp_path)
+    bus.emit("SessionCreated", cwd="/p", model="m")
+    bus.emit("UserMessageCreated", text="explain it")
+    bus.emit("ModelThinkingBlockCompleted", thinking="hmm", signature="sig")
+    bus.emit("ModelTextBlockCompleted", text="First block.")
+    bus.emit("TextCheckpoint", index=2, text="Second block, cut ")
+    bus.emit("TextCheckpoint", index=2, text="off here", model="m",
+             usage={"input_tokens": 100, "output_tokens": 40, "cache_read_tokens": 0, "cache_write_tokens": 0})
+    bus.emit("Interrupted")
+    bus.emit("UserMessageCreated", text="continue")
+    messages = events.history(bus.store.events)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == [{"type": "text", "text": "First block.\n\nSecond block, cut off here"}]
+    assert [b["text"] for b in messages[2]["content"]] == [events.INTERRUPTED_NOTE, "continue"]
+    assert bus.store.state.usage["m"]["output_tokens"] == 40          # paid for, so counted
+    bus.store.close()
+    assert events.history(SessionStore.open(bus.store.path).events) == messages   # replayed the same
+
+
+def test_a_retried_or_failed_attempt_leaves_no_text_in_the_conversation(tmp_path):
+    bus = new_bus(tmp_path)
+    bus.emit("SessionCreated", cwd="/p", model="m")
+    bus.emit("UserMessageCreated", text="go")
+    bus.emit("TextCheckpoint", index=0, text="the broken try")
+    bus.emit("ModelRequestFailed", kind="retryable", message="overloaded", retrying=True)
+    bus.emit("ModelTextBlockCompleted", text="the retried answer")
+    bus.emit("ModelResponseCompleted", stop_reason="end_turn", model="m", usage={})
+    assert events.history(bus.store.events)[1]["content"] == [{"type": "text", "text": "the retried answer"}]

@@ -166,3 +166,20 @@ def test_derive_next_decides_pruning_and_compaction_before_a_call():
     assert derive_next(state, max_turns=0, budget="compact") == "max-turns"
     with_calls = events.replay(log_of(user, call("t1"), completed()))
     assert derive_next(with_calls, budget="compact") == "execute-tools"    # results first
+
+
+def test_a_streaming_text_block_is_checkpointed_about_once_a_second():
+    from kernel import StreamReducer
+    reducer = StreamReducer()
+    reducer.feed({"type": "message_start", "message": {"id": "m1", "model": "m", "usage": {"input_tokens": 7}}})
+    reducer.feed({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    saved, clock = [], 100.0
+    for k in range(300):                       # 3 s of deltas, one every 10 ms
+        reducer.feed({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f"w{k} "}})
+        clock += 0.01
+        if (payload := reducer.checkpoint(clock)) is not None:
+            saved.append(payload["text"])
+    assert 2 <= len(saved) <= 3
+    final = reducer.checkpoint(None)           # cut off: the rest, and the usage reported so far
+    assert "".join(saved) + final["text"] == "".join(f"w{k} " for k in range(300))
+    assert final["usage"]["input_tokens"] == 7 and final["model"] == "m"

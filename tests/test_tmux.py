@@ -114,20 +114,25 @@ def test_a_prompt_streams_a_tool_card_and_the_answer(terminal):
     assert rejected(term) == []
 
 
-def test_esc_interrupts_a_stream_and_the_next_request_is_valid(terminal):
+def test_esc_keeps_the_partial_reply_and_continue_continues_it(terminal):
     term = terminal([reply(text("streaming " * 300), chunk=4, delay=0.02), reply(text("second answer"))])
     term.type("write a lot")
     term.keys("Enter")
     term.wait_for("streaming streaming")
     term.keys("Escape")
-    term.wait_for("nterrupted")
-    term.type("now something short")
+    screen = term.wait_for("nterrupted")
+    assert "what it wrote is kept" in screen and "streaming streaming" in screen
+    term.type("continue")
     term.keys("Enter")
     term.wait_for("second answer")
     requests = term.requests()
     assert len(requests) == 2 and rejected(term) == []
     last = requests[-1]["body"]["messages"]
-    assert [m["role"] for m in last] == ["user"]    # the cut-off reply is not part of the conversation
+    assert [m["role"] for m in last] == ["user", "assistant", "user"]   # the cut-off reply is kept
+    kept = last[1]["content"][0]["text"]
+    assert kept.startswith("streaming streaming") and len(kept) < len("streaming " * 300)
+    note, continued = [b["text"] for b in last[2]["content"] if b["type"] == "text"][:2]
+    assert "interrupted your reply" in note and continued == "continue"
 
 
 def test_a_permission_panel_allows_once_and_denies_with_a_message(terminal, project):
@@ -507,3 +512,32 @@ def test_custom_commands_show_in_the_menu_and_send_their_template(terminal, proj
     term.keys("Enter")
     screen = term.wait_for("Custom commands")
     assert "/frontend:component" in screen and rejected(term) == []
+
+
+def test_text_streamed_a_second_before_a_kill_is_in_the_next_request(terminal, env):
+    words = " ".join(f"word{k:03d}" for k in range(400))
+    first = terminal([reply(text(words), chunk=8, delay=0.03)])
+    first.type("write many words")
+    first.keys("Enter")
+    first.wait_for("word060")
+    time.sleep(1.5)                               # everything shown by now is older than a checkpoint
+    shown = max(int(w[4:]) for w in first.screen().split() if w.startswith("word") and w[4:].isdigit())
+    pid = khaelor_pid(first)
+    os.kill(pid, 9)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), "khaelor to die")
+    first.close()
+    second = terminal([reply(text("picking up from word"))], args="-c")
+    screen = second.wait_for("Interrupted")
+    assert "khaelor exited while the reply was streaming" in screen and "word060" in screen
+    second.type("continue")
+    second.keys("Enter")
+    second.wait_for("picking up from word")
+    sent = second.requests()[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    kept = sent[1]["content"][0]["text"]
+    assert kept.startswith("word000 word001") and f"word{shown - 20:03d}" in kept
+    assert "interrupted your reply" in sent[2]["content"][0]["text"] and rejected(second) == []
+    log = [json.loads(line) for path in Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl")
+           for line in path.read_text().splitlines()]
+    checkpoints = [e for e in log if e["type"] == "TextCheckpoint"]
+    assert 2 <= len(checkpoints) <= 8                # about one a second, not one per delta
