@@ -30,6 +30,7 @@ TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", 
 TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
+USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts when a person said no
 # A command the user ran with `!` (UserShellRan: command, output, exit_code, duration_ms, stopped):
 # its ToolOutput carries this id, and it joins the conversation as user-side text.
 USER_SHELL_ID = "user-shell"
@@ -550,6 +551,7 @@ class State:
     changes: list = field(default_factory=list)     # (turn) (seq, path) of FileModified
     commands: list = field(default_factory=list)    # (turn) bash runs and process starts: {seq, command, exit_code}
     nudges: int = 0                     # (turn) VerificationRequested count
+    user_denied: bool = False           # (turn) the user said no to a call: the gate asks no more
     suggested_checks: list = field(default_factory=list)    # (turn) the commands those nudges named
     withheld: list = field(default_factory=list)    # (turn) answers the nudges held back
     last_text: str = ""                 # (turn) text of the newest completed response
@@ -681,6 +683,7 @@ def _on_user_message(state: State, event: dict) -> None:
     state.changes = []
     state.commands = []
     state.nudges = 0
+    state.user_denied = False
     state.suggested_checks = []
     state.withheld = []
     state.last_text = ""
@@ -755,6 +758,8 @@ def _on_tool_started(state: State, event: dict) -> None:
 
 def _on_tool_result(state: State, event: dict) -> None:
     tool_use_id = event["tool_use_id"]
+    if event["type"] == "PermissionDenied" and str(event.get("reason", "")).startswith(USER_DECLINED):
+        state.user_denied = True
     call = state.calls.pop(tool_use_id, None)
     ran = event["type"] in ("ToolCompleted", "ToolFailed")
     if ran and call is not None and call["name"] == "bash":

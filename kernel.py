@@ -54,7 +54,10 @@ def derive_next(state: events.State, max_turns: int | None = None, budget: str |
 
 # ---------------------------------------------------------------- the verification gate (ADR-12)
 
-DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc")
+DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc",
+                # data and settings no check covers (manifests that builds read are in NOT_DOCS)
+                ".csv", ".tsv", ".jsonl", ".ndjson", ".svg", ".png", ".jpg", ".jpeg", ".gif", ".ico",
+                ".ini", ".env", ".gitignore", ".gitattributes", ".editorconfig", ".dockerignore")
 DOC_DIRS = ("docs/", "doc/")
 DOC_NAMES = ("license", "licence", "authors", "changelog", "notice")
 # .txt files that are build input, not documentation
@@ -80,13 +83,16 @@ def gate_holds(state: events.State, max_turns: int | None) -> bool:
     it, at most VERIFY_NUDGES times, and never past the turn budget."""
     if state.last_stop_reason != "end_turn" or state.nudges >= VERIFY_NUDGES:
         return False
+    if state.user_denied:       # the user said no (to the check, or to running anything): no more asking
+        return False
     if max_turns is not None and state.responses_in_turn >= max_turns:
         return False
     return bool(unverified_changes(state))
 
 
 def is_code_path(path: str) -> bool:
-    """Documentation (.md, .rst, .txt, docs/) does not need a check; everything else does."""
+    """Documentation (.md, .rst, .txt, docs/), data and settings files (.csv, images, .ini,
+    .gitignore) need no check; everything else does."""
     lowered = path.replace("\\", "/").lower()
     name = lowered.rsplit("/", 1)[-1]
     if name in NOT_DOCS:

@@ -1028,16 +1028,22 @@ class Timeline:
         self._settle([self._card_line("○", card.name, card.summary, facts)])
 
     def _on_TaskCompleted(self, e: dict) -> None:
-        """The evidence in one line: `✓ 2 files changed · pytest -q exit 0 · 1 unresolved`."""
+        """The evidence in one line: `✓ 2 files changed · pytest -q exit 0`. The ✓ only when
+        every check passed and nothing is unresolved; a failed check shows as `✗ pytest -q exit 1`."""
         e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
         facts = [f"{len(e['changed_files'])} file{'s' * (len(e['changed_files']) != 1)} changed"
                  ] if e.get("changed_files") else []
-        facts += [f"{sanitize(str(c.get('command', '')))[:60]} exit {c.get('exit_code')}"
-                  for c in (e.get("checks") or [])[-3:]]
+        checks = (e.get("checks") or [])[-3:]
+        for check in checks:
+            mark = "" if check.get("exit_code") == 0 else "✗ "
+            facts.append(f"{mark}{sanitize(str(check.get('command', '')))[:60]} exit {check.get('exit_code')}")
         if e.get("unresolved"):
             facts.append(f"{len(e['unresolved'])} unresolved")
-        if facts:
-            self._dim_line("✓ " + " · ".join(facts))
+        if not facts:
+            return
+        passed = not e.get("unresolved") and all(c.get("exit_code") == 0 for c in checks)
+        line = ("✓ " if passed else "⚠ ") + " · ".join(facts)
+        self._settle([self.style.paint(clip(sanitize(line), self.width), "dim" if passed else "warning")])
 
     def _on_PermissionRequested(self, e: dict) -> None:
         self._requests[e.get("tool_use_id", "")] = e

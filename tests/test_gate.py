@@ -134,3 +134,32 @@ def test_an_edit_that_cannot_succeed_fails_before_anyone_is_asked(fake, project,
     assert not any(e["type"] == "PermissionRequested" and e["tool_use_id"] == f["tool_use_id"]
                    for e in log for f in failed)
     assert (project / "notes.py").read_text() == "beta = 1\n" and fake.rejections == []
+
+
+def test_the_gate_asks_no_more_once_the_user_denied_the_check(fake, project, kernel_turn):
+    """Issue 14 item 5: a denied check (or any denial) is the user's answer; the turn ends there."""
+    (project / "app.py").write_text("x = 1\n")
+    fake.enqueue(reply(tool_use("read", {"file_path": "app.py"})),
+                 reply(tool_use("edit", {"file_path": "app.py", "old_string": "x = 1", "new_string": "x = 2"})),
+                 reply(text("Changed x.")),
+                 reply(tool_use("bash", {"command": "python -m pytest -q"})),
+                 reply(text("I could not run the tests; x is 2 now.")),
+                 reply(text("a second reminder would ask for this")))
+    asked = []
+
+    async def ask(request):
+        asked.append(request["descriptor"])
+        return ("deny", "") if "pytest" in request["descriptor"] else ("once", "")
+
+    step, log = kernel_turn("set x to 2", ask)
+    assert step == "done" and len(fake.requests) == 5
+    assert sum(e["type"] == "VerificationRequested" for e in log) == 1
+    assert any("pytest" in d for d in asked) and fake.rejections == []
+
+
+def test_data_and_settings_files_need_no_check():
+    import kernel
+    for path in ("data/users.csv", "assets/logo.png", ".gitignore", "setup.ini", "README.md", "docs/x.py"):
+        assert not kernel.is_code_path(path), path
+    for path in ("app.py", "requirements.txt", "src/main.rs", "package.json"):
+        assert kernel.is_code_path(path), path

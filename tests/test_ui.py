@@ -1343,3 +1343,13 @@ def test_a_retried_reply_starts_a_new_block_and_the_broken_tail_leaves_the_scree
                                       "stream broke · retrying", "Retried answer, whole.")]
     assert order == sorted(order)
     assert "try. Retried" not in " ".join(text.split())          # never glued onto one paragraph
+
+
+def test_the_evidence_line_marks_only_passing_checks_with_a_tick():
+    failing = timeline_text([event("TaskCompleted", evidence={
+        "changed_files": ["a.py"], "checks": [{"command": "pytest -q", "exit_code": 1}],
+        "unresolved": ["`pytest -q` failed (exit 1)"]})])
+    assert "✓" not in failing and "⚠ 1 file changed · ✗ pytest -q exit 1 · 1 unresolved" in failing
+    unchecked = timeline_text([event("TaskCompleted", evidence={
+        "changed_files": ["a.py"], "checks": [], "unresolved": ["no check ran after the last change to a.py"]})])
+    assert unchecked.startswith("⚠ 1 file changed · 1 unresolved")
