@@ -291,6 +291,8 @@ class Kernel:
             return
         for call in list(self.state.pending_tools):
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="not run: the user sent a new message")
+        for queued in list(self.state.queued_steering):     # typed before an Esc: it goes first, in order
+            self.emit("SteeringInjected", text=queued)
         self.emit("UserMessageCreated", text=text)
 
     def repair(self) -> None:

@@ -742,6 +742,7 @@ class Timeline:
         self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
         self._queued: list[list[str]] = []     # steering notes waiting for the stream's block to end
         self._checkpointed = ""                # TextCheckpoint text of the block in _text
+        self._steering: list[str] = []         # SteeringQueued texts not injected yet
         self._model_started: float | None = None   # monotonic time of the running model call
         self._n_streamed = 0                   # characters it has streamed (the token estimate)
 
@@ -853,6 +854,7 @@ class Timeline:
         """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
         text = "Queued instruction: " + sanitize(e.get("text", ""))
         self._queued.append(self._marked("›", "prompt", text, "dim"))
+        self._steering.append(e.get("text"))
         if self._text is None and self._thinking is None:
             self._settle_queued()
 
@@ -935,6 +937,13 @@ class Timeline:
         self._settle([self.style.paint("■ Interrupted" + (f" ({why})" if why else ""), "warning")
                       + self.style.paint(" · what it wrote is kept; say what to do next, or “continue”",
                                          "dim")])
+        if self._steering:
+            n = len(self._steering)
+            self._dim_line(f"› {n} queued instruction{'s' * (n != 1)} will go first with your next message")
+
+    def _on_SteeringInjected(self, e: dict) -> None:
+        if e.get("text") in self._steering:
+            self._steering.remove(e.get("text"))
 
     def _on_TextCheckpoint(self, e: dict) -> None:
         """The saved part of a streaming text block. Live, the deltas showed it already; replayed

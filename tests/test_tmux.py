@@ -541,3 +541,24 @@ def test_text_streamed_a_second_before_a_kill_is_in_the_next_request(terminal, e
            for line in path.read_text().splitlines()]
     checkpoints = [e for e in log if e["type"] == "TextCheckpoint"]
     assert 2 <= len(checkpoints) <= 8                # about one a second, not one per delta
+
+
+def test_steering_queued_before_an_esc_goes_first_with_the_next_message(terminal, project):
+    (project / ".khaelor").mkdir()
+    (project / ".khaelor" / "config.json").write_text(json.dumps(
+        {"permissions": [{"capability": "process.execute", "pattern": "sleep *", "action": "allow"}]}))
+    term = terminal([reply(bash("sleep 30")), reply(text("answered in order"))])
+    term.type("wait a bit")
+    term.keys("Enter")
+    term.wait_for("bash sleep 30")
+    term.type("use the small dataset")
+    term.keys("Enter")
+    term.wait_for("Queued instruction: use the small dataset")
+    term.keys("Escape")
+    term.wait_for("1 queued instruction will go first with your next message")
+    term.type("now go on")
+    term.keys("Enter")
+    term.wait_for("answered in order")
+    last = term.requests()[-1]["body"]["messages"][-1]["content"]
+    texts = [b["text"] for b in last if b["type"] == "text" and not b["text"].startswith("<environment>")]
+    assert texts[-2:] == ["use the small dataset", "now go on"] and rejected(term) == []
