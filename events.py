@@ -10,9 +10,12 @@ import fcntl
 import json
 import os
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
+from typing import Literal, NotRequired, TypedDict
 
 SCHEMA_VERSION = 1
 
@@ -36,6 +39,312 @@ USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts
 USER_SHELL_ID = "user-shell"
 LOST_RESULT = "[no result was recorded for this call: its line in the session log could not be read]"
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
+
+
+# ---------------------------------------------------------------- event kinds: one TypedDict each
+
+class Envelope(TypedDict):
+    v: int                  # schema version
+    seq: int                # 1, 2, … per session; 0 for an ephemeral event
+    id: str
+    ts: int                 # unix ms
+    session: str
+
+
+class Usage(TypedDict):     # copied from the API, never estimated
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+
+class SessionCreated(Envelope):
+    type: Literal["SessionCreated"]
+    cwd: str
+    project_root: str
+    model: str
+    aux_model: str
+    version: str
+
+
+class BaselineRecorded(Envelope):
+    type: Literal["BaselineRecorded"]
+    reason: str             # "session start", "resume", "before first edit"
+    git: bool               # False: not a repository (or no git); nothing else then
+    branch: NotRequired[str]
+    head: NotRequired[str]
+    dirty: NotRequired[list]        # [{path, status}]
+    n_dirty: NotRequired[int]
+    diff_hash: NotRequired[str]
+
+
+class UserMessageCreated(Envelope):
+    type: Literal["UserMessageCreated"]
+    text: str
+
+
+class UserShellRan(Envelope):
+    type: Literal["UserShellRan"]
+    command: str
+    output: str
+    exit_code: int | None
+    stopped: bool
+    duration_ms: NotRequired[int | None]
+
+
+class SteeringQueued(Envelope):
+    type: Literal["SteeringQueued"]
+    text: str
+
+
+class SteeringInjected(Envelope):
+    type: Literal["SteeringInjected"]
+    text: str
+
+
+class TextCheckpoint(Envelope):
+    type: Literal["TextCheckpoint"]
+    index: int
+    text: str
+    model: NotRequired[str | None]
+    usage: NotRequired[Usage]
+
+
+class ModelTextBlockCompleted(Envelope):
+    type: Literal["ModelTextBlockCompleted"]
+    text: str
+
+
+class ModelThinkingBlockCompleted(Envelope):
+    type: Literal["ModelThinkingBlockCompleted"]
+    thinking: NotRequired[str]
+    signature: NotRequired[str]
+    redacted: NotRequired[str]      # instead of thinking and signature
+
+
+class ToolRequested(Envelope):
+    type: Literal["ToolRequested"]
+    tool_use_id: str
+    name: str
+    input: dict
+    input_error: NotRequired[str]   # the streamed input was not a JSON object
+
+
+class ModelResponseCompleted(Envelope):
+    type: Literal["ModelResponseCompleted"]
+    message_id: str | None
+    model: str | None
+    stop_reason: str | None
+    usage: Usage
+
+
+class ModelRequestFailed(Envelope):
+    type: Literal["ModelRequestFailed"]
+    kind: str               # model.ModelError kinds: retryable, context_overflow, auth, …
+    status: int | None
+    message: str
+    retrying: bool
+
+
+class PermissionRequested(Envelope):
+    type: Literal["PermissionRequested"]
+    tool_use_id: str
+    capability: str
+    descriptor: str
+    suggestion: dict | None         # the rule an "always" would save
+    preview: str
+
+
+class PermissionGranted(Envelope):
+    type: Literal["PermissionGranted"]
+    tool_use_id: str
+    scope: str              # "once", "always", "yes"
+
+
+class PermissionDenied(Envelope):
+    type: Literal["PermissionDenied"]
+    tool_use_id: str
+    reason: str
+    feedback: str
+
+
+class ToolStarted(Envelope):
+    type: Literal["ToolStarted"]
+    tool_use_id: str
+    name: str
+
+
+class ToolCompleted(Envelope):
+    type: Literal["ToolCompleted"]
+    tool_use_id: str
+    name: str
+    output: str
+    meta: dict              # UI facts; "seen": [[real path, mtime_ns, size]] the call read
+
+
+class ToolFailed(Envelope):
+    type: Literal["ToolFailed"]
+    tool_use_id: str
+    name: str
+    output: str
+    meta: dict
+
+
+class ToolCancelled(Envelope):
+    type: Literal["ToolCancelled"]
+    tool_use_id: str
+    reason: str
+
+
+class FileModified(Envelope):
+    type: Literal["FileModified"]
+    tool_use_id: str
+    path: str               # as shown (relative to the project)
+    added: int
+    removed: int
+    diff: str
+    created: bool
+    real_path: NotRequired[str]
+    before_version: NotRequired[str | None]     # blob names under KHAELOR_HOME/versions
+    after_version: NotRequired[str]
+
+
+class ProcessStarted(Envelope):
+    type: Literal["ProcessStarted"]
+    process_id: str
+    pid: int
+    command: str
+
+
+class ProcessExited(Envelope):
+    type: Literal["ProcessExited"]
+    process_id: str
+    exit_code: int | None
+    cause: str
+
+
+class ContextPruned(Envelope):
+    type: Literal["ContextPruned"]
+    tool_use_ids: list
+
+
+class ContextCompacted(Envelope):
+    type: Literal["ContextCompacted"]
+    checkpoint: dict
+    summary: str
+    cut_seq: int
+
+
+class Interrupted(Envelope):
+    type: Literal["Interrupted"]
+    reason: NotRequired[str]
+
+
+class VerificationRequested(Envelope):
+    type: Literal["VerificationRequested"]
+    attempt: int
+    changed_files: list
+    commands: list
+    withheld: str
+    text: str
+
+
+class TaskCompleted(Envelope):
+    type: Literal["TaskCompleted"]
+    evidence: dict
+    answer: NotRequired[str]
+
+
+class TaskFailed(Envelope):
+    type: Literal["TaskFailed"]
+    reason: str
+    traceback: NotRequired[str]
+
+
+class SessionRenamed(Envelope):
+    type: Literal["SessionRenamed"]
+    title: str
+
+
+class ModelChanged(Envelope):
+    type: Literal["ModelChanged"]
+    model: str
+
+
+class ModelStarted(Envelope):
+    type: Literal["ModelStarted"]
+    model: str
+
+
+class TextDelta(Envelope):
+    type: Literal["TextDelta"]
+    text: str
+
+
+class ThinkingDelta(Envelope):
+    type: Literal["ThinkingDelta"]
+    text: str
+
+
+class ToolInputDelta(Envelope):
+    type: Literal["ToolInputDelta"]
+    tool_use_id: str
+    partial_json: str
+
+
+class ToolOutput(Envelope):
+    type: Literal["ToolOutput"]
+    tool_use_id: str
+    text: str
+
+
+class Status(Envelope):
+    type: Literal["Status"]
+    text: str
+
+
+EVENT_KINDS = {kind.__name__: kind for kind in (
+    SessionCreated, BaselineRecorded, UserMessageCreated, UserShellRan, SteeringQueued,
+    SteeringInjected, TextCheckpoint, ModelTextBlockCompleted, ModelThinkingBlockCompleted,
+    ToolRequested, ModelResponseCompleted, ModelRequestFailed, PermissionRequested,
+    PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
+    FileModified, ProcessStarted, ProcessExited, ContextPruned, ContextCompacted, Interrupted,
+    VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
+    ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status)}
+
+
+def check_event(event: dict) -> list[str]:
+    """What is wrong with an event by its kind's TypedDict: missing, unexpected or mistyped keys
+    (empty: nothing). Tests run with KHAELOR_CHECK_EVENTS=1, so the Bus checks every event."""
+    kind = EVENT_KINDS.get(event.get("type"))
+    if kind is None:
+        return [f"unknown event type {event.get('type')!r}"]
+    hints = typing.get_type_hints(kind)
+    name = event["type"]
+    problems = [f"{name}: {key!r} is missing" for key in kind.__required_keys__ if key not in event]
+    for key, value in event.items():
+        if key not in hints:
+            problems.append(f"{name}: {key!r} is not a field of it")
+        elif not _fits(value, hints[key]):
+            problems.append(f"{name}: {key!r} is {value!r}, not {hints[key]}")
+    return problems
+
+
+def _fits(value, hint) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):
+        return hint is bool
+    if hint is float:
+        return isinstance(value, (int, float))
+    if typing.is_typeddict(hint):
+        return isinstance(value, dict)
+    return isinstance(value, origin or hint)
 
 
 class KhaelorError(Exception):
@@ -312,6 +621,7 @@ class Bus:
     def __init__(self, store: SessionStore):
         self.store = store
         self._subscribers = []
+        self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))     # tests: every event by its kind
 
     def subscribe(self, fn):
         self._subscribers.append(fn)
@@ -324,6 +634,8 @@ class Bus:
         event = {"v": SCHEMA_VERSION, "seq": self.store.next_seq if durable else 0,
                  "id": os.urandom(8).hex(), "ts": int(time.time() * 1000),
                  "session": self.store.session_id, "type": type, **payload}
+        if self.check and check_event(event):
+            raise ValueError("; ".join(check_event(event)))
         if durable:
             self.store.append(event)
         for fn in list(self._subscribers):

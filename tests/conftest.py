@@ -13,6 +13,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_api import FakeAnthropic  # noqa: E402
 
+# Every event any test emits (in-process, and in the CLI subprocesses that inherit it) is checked
+# against its kind's TypedDict in events.py: a mismatch raises where the event is made.
+os.environ["KHAELOR_CHECK_EVENTS"] = "1"
+
 
 @pytest.fixture
 def project(tmp_path):
@@ -28,7 +32,7 @@ def env(tmp_path):
     return {**{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "KHAELOR_"))},
             "KHAELOR_HOME": str(home), "ANTHROPIC_API_KEY": "sk-test-secret-key",
             "ANTHROPIC_CONFIG_DIR": str(tmp_path / "anthropic-config"), "NO_COLOR": "1",
-            "HOME": str(tmp_path / "user-home"), "PYTHONPATH": str(ROOT)}
+            "HOME": str(tmp_path / "user-home"), "PYTHONPATH": str(ROOT), "KHAELOR_CHECK_EVENTS": "1"}
 
 
 @pytest.fixture

@@ -173,7 +173,7 @@ def test_a_session_is_held_by_one_store_at_a_time(tmp_path):
 
 def test_an_interrupted_reply_keeps_its_text_and_drops_its_half_blocks(tmp_path):
     bus = new_bus(tmp_path)
-    bus.emit("SessionCreated", cwd="/p", model="m")
+    bus.emit("SessionCreated", cwd="/p", project_root="/p", model="m", aux_model="a", version="0")
     bus.emit("UserMessageCreated", text="explain it")
     bus.emit("ModelThinkingBlockCompleted", thinking="hmm", signature="sig")
     bus.emit("ModelTextBlockCompleted", text="First block.")
@@ -193,10 +193,27 @@ def test_an_interrupted_reply_keeps_its_text_and_drops_its_half_blocks(tmp_path)
 
 def test_a_retried_or_failed_attempt_leaves_no_text_in_the_conversation(tmp_path):
     bus = new_bus(tmp_path)
-    bus.emit("SessionCreated", cwd="/p", model="m")
+    bus.emit("SessionCreated", cwd="/p", project_root="/p", model="m", aux_model="a", version="0")
     bus.emit("UserMessageCreated", text="go")
     bus.emit("TextCheckpoint", index=0, text="the broken try")
-    bus.emit("ModelRequestFailed", kind="retryable", message="overloaded", retrying=True)
+    bus.emit("ModelRequestFailed", kind="retryable", status=529, message="overloaded", retrying=True)
     bus.emit("ModelTextBlockCompleted", text="the retried answer")
-    bus.emit("ModelResponseCompleted", stop_reason="end_turn", model="m", usage={})
+    bus.emit("ModelResponseCompleted", message_id="m2", stop_reason="end_turn", model="m", usage={})
     assert events.history(bus.store.events)[1]["content"] == [{"type": "text", "text": "the retried answer"}]
+
+
+def test_every_event_kind_has_a_typed_dict_and_events_are_checked_against_it(tmp_path):
+    assert set(events.EVENT_KINDS) == events.DURABLE | events.EPHEMERAL
+    envelope = {"v": 1, "seq": 1, "id": "e1", "ts": 1, "session": "s"}
+    call = {**envelope, "type": "ToolRequested", "tool_use_id": "t1", "name": "bash", "input": {}}
+    assert events.check_event(call) == []
+    assert events.check_event({**call, "input": "ls"}) == ["ToolRequested: 'input' is 'ls', not <class 'dict'>"]
+    assert events.check_event({**call, "colour": "red"}) == ["ToolRequested: 'colour' is not a field of it"]
+    missing = {k: v for k, v in call.items() if k != "name"}
+    assert events.check_event(missing) == ["ToolRequested: 'name' is missing"]
+    assert events.check_event({**call, "type": "Telepathy"}) == ["unknown event type 'Telepathy'"]
+    bus = new_bus(tmp_path)
+    bus.check = True
+    with pytest.raises(ValueError, match="'reason' is missing"):
+        bus.emit("TaskFailed")
+    assert bus.store.events == []           # refused before it was written
