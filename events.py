@@ -233,6 +233,8 @@ class ContextCompacted(Envelope):
     checkpoint: dict
     summary: str
     cut_seq: int
+    model: NotRequired[str | None]     # the summary call's model and usage (counted in /cost)
+    usage: NotRequired[Usage]
 
 
 class Interrupted(Envelope):
@@ -1057,6 +1059,11 @@ def _on_response_completed(state: State, event: dict) -> None:
 def _on_checkpoint(state: State, event: dict) -> None:
     """A cut-off response's last checkpoint carries the usage the API had reported: it is paid for."""
     _add_since_measured(state, event.get("text") or "")
+    _add_usage(state, event)
+
+
+def _add_usage(state: State, event: dict) -> None:
+    """Usage the API reported outside a completed response (a cut-off one, a compaction summary)."""
     usage = event.get("usage")
     if usage:
         per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
@@ -1105,6 +1112,7 @@ def _on_pruned(state: State, event: dict) -> None:
 
 
 def _on_compacted(state: State, event: dict) -> None:
+    _add_usage(state, event)            # the summary call, paid for like any other
     cut_seq = event["cut_seq"]
     state.summary = event["summary"]
     state.cut_seq = cut_seq

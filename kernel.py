@@ -462,10 +462,15 @@ class Kernel:
             self.emit("ContextPruned", tool_use_ids=context.prune_ids(self.state))
         elif plan == "compact":
             self.emit("Status", text="compacting the conversation…")
-            payload = await context.compact(self.state, self.model.complete, focus=focus,
-                                            aux_model=self.ctx.aux_model)
+            paid = {}       # the summary call's usage: /cost counts compaction too
+
+            async def summarize(request: dict) -> dict:
+                answer = await self.model.complete(request)
+                paid.update(model=answer.get("model"), usage=answer.get("usage") or {})
+                return answer
+            payload = await context.compact(self.state, summarize, focus=focus, aux_model=self.ctx.aux_model)
             if payload is not None:
-                self.emit("ContextCompacted", **payload)
+                self.emit("ContextCompacted", **payload, **paid)
 
     async def execute_tools(self) -> None:
         for call in list(self.state.pending_tools):

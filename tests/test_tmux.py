@@ -418,6 +418,10 @@ def test_model_rejects_an_unknown_id_and_compact_clears_its_status(terminal):
     term.wait_for("compacted: the earlier turns are now a summary")
     time.sleep(0.3)
     assert "compacting" not in term.screen()
+    term.type("/cost")
+    term.keys("Enter")
+    screen = term.wait_for("claude-haiku-5-5: input")          # the summary call is paid for too
+    assert "claude-sonnet-5-5: input" in screen
     assert len(term.requests()) == 2 and rejected(term) == []
 
 
