@@ -566,3 +566,38 @@ def test_steering_queued_before_an_esc_goes_first_with_the_next_message(terminal
     last = term.requests()[-1]["body"]["messages"][-1]["content"]
     texts = [b["text"] for b in last if b["type"] == "text" and not b["text"].startswith("<environment>")]
     assert texts[-2:] == ["use the small dataset", "now go on"] and rejected(term) == []
+
+
+def test_a_denied_check_is_not_asked_for_again(terminal, project):
+    (project / "app.py").write_text("x = 1\n")
+    term = terminal([reply(tool("read", file_path="app.py")),
+                     reply(tool("edit", file_path="app.py", old_string="x = 1", new_string="x = 2")),
+                     reply(text("Changed x.")), reply(bash("python -m pytest -q")),
+                     reply(text("Not tested, as you asked; x is 2.")), reply(text("should never be needed"))],
+                    height=40)
+    term.type("set x to 2")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")                                        # the edit
+    term.wait_for("python -m pytest -q")
+    term.wait_for("n) deny")
+    term.type("n")
+    term.wait_for("Tell the model")
+    term.keys("Enter")                                    # denied, no message
+    screen = term.wait_for("Not tested, as you asked; x is 2.")
+    time.sleep(0.5)
+    assert term.screen().count("Checking the work before answering") == 1
+    assert "⚠ 1 file changed" in term.screen() and len(term.requests()) == 5 and rejected(term) == []
+
+
+def test_ctrl_o_shows_the_whole_output_of_the_last_card(terminal):
+    term = terminal([reply(bash("seq 1 60 | sed 's/^/row-/'")), reply(text("sixty rows"))], height=40)
+    term.type("count")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")
+    screen = term.wait_for("sixty rows")
+    assert "… 55 lines …" in screen and "row-30" not in screen
+    term.keys("C-o")
+    screen = term.wait_for("row-30")
+    assert "row-31" in screen and "row-60" in screen      # all of it, below the answer
