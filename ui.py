@@ -3,8 +3,8 @@
 Owns: drawing (finished lines printed once into the terminal's scrollback above a bounded live
 region), streaming markdown with settled blocks, the fold from events to timeline lines, the
 composer and its key decoder, the permission panel, the status line, raw mode and restoring it.
-Must not: import anything of ours but `events` (it needs nothing from it), touch the network,
-write any file but the composer history file it is given, or do anything at import time.
+Must not: import anything of ours but `events` (the closed-response rule, USER_SHELL_ID), touch
+the network, write any file but the composer history file it is given, or do anything at import time.
 
 Public API (only khaelor.py imports this module):
 
@@ -21,6 +21,9 @@ Public API (only khaelor.py imports this module):
     render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
     Controller, QUIT                                               see below
 
+While a question is open, typing goes to the composer (Enter sends it as steering); y/a/n answer
+only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc stops
+it: interrupt()); its UserShellRan settles its card. Ctrl-O expands the newest card.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown) or QUIT (ends the app).
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines, matches, files, exit_code,
