@@ -11,6 +11,7 @@ beyond reading project files and running read-only `git` through the Workspace i
 """
 import copy
 import datetime
+import time
 import hashlib
 import json
 import os
@@ -44,6 +45,9 @@ SUMMARY_MAX_TOKENS = 16_000         # output of the compaction call
 TRANSCRIPT_BLOCK_CHARS = 4_000      # per tool result/input in the compaction transcript (head + tail)
 TRANSCRIPT_MAX_CHARS = 600_000      # whole transcript (~150K tokens), before the aux window cap
 GIT_TIMEOUT_S = 3.0                 # a huge repository must not stall every turn
+# `git status` is asked again after a step that may have changed the tree (State.world_seq), or
+# after this long (the user edits too); a run of reads and searches reuses the line.
+GIT_STATUS_REUSE_S = 10.0
 CACHE = {"type": "ephemeral"}
 NOT_CACHEABLE = ("thinking", "redacted_thinking")   # cache_control cannot go on these (§1.3)
 
@@ -315,6 +319,7 @@ class Context:
         self.project_root, self.cwd, self.home = Path(project_root).resolve(), Path(cwd).resolve(), Path(home)
         self.model, self.aux_model, self.max_tokens = model, aux_model, max_tokens
         self.workspace = workspace
+        self._git_status = None     # (world_seq, time.monotonic(), the "Git:" line or None)
         # Read once: the instructions (and what /context says about their imports) hold for the session.
         self.instructions, self.instruction_notes = load_instructions(self.home, self.project_root, self.cwd,
                                                                       user_home, is_secret)
@@ -339,21 +344,36 @@ class Context:
                 "system": copy.deepcopy(self.system), "tools": copy.deepcopy(self.tools),
                 "messages": assemble_messages(state.messages, volatile)}
 
-    def volatile_facts(self, processes: list[dict]) -> str:
-        """Date, git and running processes, wrapped in <environment>; small and new every turn."""
+    def volatile_facts(self, processes: list[dict], world_seq: int | None = None) -> str:
+        """Date, git and running processes, wrapped in <environment>; small and new every turn.
+        `world_seq`: the log's newest event that may have changed the tree (None: unknown)."""
         lines = [f"Date: {datetime.date.today():%A %Y-%m-%d}"]
-        code, out = _git(self.workspace, "status", "--porcelain=v1", "--branch")
-        lines += [f"Git: {summarize_git_status(out)}"] if code == 0 else []     # none outside a repository
-        lines += ["Running processes (see the process tool):"] if processes else []
+        git = self.git_status_line(world_seq)
+        if git is not None:             # none outside a repository
+            lines.append(git)
+        if processes:
+            lines.append("Running processes (see the process tool):")
         for proc in processes[:10]:
             command = " ".join(str(proc.get("command", "")).split())
-            command = command if len(command) <= 120 else command[:117] + "..."
-            secs = int(proc.get("runtime_s", 0) or 0)
-            ran = f"{secs}s" if secs < 60 else f"{secs // 60}m" if secs < 3600 else \
-                f"{secs // 3600}h{secs % 3600 // 60:02d}m"
+            if len(command) > 120:
+                command = command[:117] + "..."
+            ran = _duration(int(proc.get("runtime_s", 0) or 0))
             lines.append(f"- {proc.get('process_id')}: {command} (running {ran})")
-        lines += [f"- … and {len(processes) - 10} more"] if len(processes) > 10 else []
+        if len(processes) > 10:
+            lines.append(f"- … and {len(processes) - 10} more")
         return "<environment>\n" + "\n".join(lines) + "\n</environment>"
+
+    def git_status_line(self, world_seq: int | None) -> str | None:
+        """"Git: branch main; 2 modified", asked of git only when the tree may have changed."""
+        now = time.monotonic()
+        if world_seq is not None and self._git_status is not None:
+            seen_seq, seen_at, line = self._git_status
+            if seen_seq == world_seq and now - seen_at < GIT_STATUS_REUSE_S:
+                return line
+        code, out = _git(self.workspace, "status", "--porcelain=v1", "--branch")
+        line = f"Git: {summarize_git_status(out)}" if code == 0 else None
+        self._git_status = (world_seq, now, line)
+        return line
 
     # -- budget
     @property
@@ -401,6 +421,15 @@ class Context:
             left -= cached
         return rows + [{"section": "total (measured, last response)", "tokens": read + write + fresh,
                         "cached_tokens": read, "cache_write_tokens": write, "usable_tokens": self.usable_tokens}]
+
+
+def _duration(seconds: int) -> str:
+    """45s, 12m, 3h05m."""
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def summarize_git_status(porcelain: str) -> str:

@@ -821,6 +821,9 @@ RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an /undo records
 # Events after which the conversation is longer: a compaction has something new to cut.
+# Tools that only look; every other tool's result may come with a changed working tree.
+LOOKING_TOOLS = frozenset({"read", "grep", "glob"})
+WORLD_EVENTS = frozenset({"FileModified", "ProcessStarted", "ProcessExited", "UserShellRan"})
 GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "UserShellRan",
                             "ModelResponseCompleted", *TOOL_RESULT_EVENTS})
 
@@ -850,6 +853,7 @@ class State:
     measured: int | None = None         # tokens of the next request: last usage + estimate since; None: stale
     safe_cut: int = 0                   # the newest seq at which the log may be cut
     grew_seq: int = 0                   # the newest seq at which the conversation grew
+    world_seq: int = 0                  # the newest seq after which the working tree may differ
     # -- what derive_next reads
     turn_open: bool = False             # a user message arrived after the last turn end
     needs_model: bool = False           # the conversation ends on the user side
@@ -933,6 +937,8 @@ def apply(state: State, event: dict) -> None:
         handler(state, event)
     if event["type"] in GROWING_EVENTS:
         state.grew_seq = event["seq"]
+    if event["type"] in WORLD_EVENTS:
+        state.world_seq = event["seq"]
     if not state.attempt.blocks and not state.conversation.open_ids:
         state.safe_cut = event["seq"]
 
@@ -1080,6 +1086,9 @@ def _on_tool_result(state: State, event: dict) -> None:
     if event["type"] == "PermissionDenied" and str(event.get("reason", "")).startswith(USER_DECLINED):
         state.user_denied = True
     call = state.calls.pop(tool_use_id, None)
+    name = event.get("name") or (call or {}).get("name")
+    if name not in LOOKING_TOOLS:
+        state.world_seq = event["seq"]      # it may have changed the tree
     ran = event["type"] in ("ToolCompleted", "ToolFailed")
     if ran and call is not None and call["name"] == "bash":
         meta = event.get("meta") or {}

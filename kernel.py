@@ -431,7 +431,8 @@ class Kernel:
 
     async def stream_response(self) -> None:
         # Off the loop: the facts include `git status`, which takes a while in a big repository.
-        volatile = await asyncio.to_thread(self.ctx.volatile_facts, self.toolbox.running_processes())
+        processes = self.toolbox.running_processes()
+        volatile = await asyncio.to_thread(self.ctx.volatile_facts, processes, self.state.world_seq)
         request = self.ctx.build_request(self.state, volatile=volatile)
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()

@@ -534,3 +534,28 @@ def test_context_imports_only_stdlib_events_and_model():
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not imported & ours and {"events", "model"} >= imported & {"events", "model"}
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_git_status_is_asked_again_only_when_the_tree_may_have_changed(tmp_path):
+    import tools
+    root = tmp_path / "project"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "work", str(root)], check=True)
+    ctx = make_context(tmp_path, workspace=tools.Workspace(root))
+    assert "Git: branch work; clean" in ctx.volatile_facts([], world_seq=5)
+    (root / "new.py").write_text("x = 1\n")
+    assert "Git: branch work; clean" in ctx.volatile_facts([], world_seq=5)     # only reads since
+    assert "1 untracked" in ctx.volatile_facts([], world_seq=9)                 # a tool ran
+    (root / "two.py").write_text("y = 2\n")
+    assert "2 untracked" in ctx.volatile_facts([])                             # unknown: always asked
+    log = Log()
+    log.add("UserMessageCreated", text="go")
+    log.add("ToolRequested", tool_use_id="r", name="read", input={})
+    log.add("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage=usage())
+    log.add("ToolCompleted", tool_use_id="r", name="read", output="x", meta={})
+    assert log.state.world_seq == 0
+    log.add("ToolRequested", tool_use_id="b", name="bash", input={"command": "touch z"})
+    log.add("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage=usage())
+    log.add("ToolCancelled", tool_use_id="b", reason="interrupted")
+    assert log.state.world_seq == log[-1]["seq"]
