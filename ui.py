@@ -378,9 +378,7 @@ def render_table(rows: list[str], width: int, style: Style, separator: str = "")
     while total > width and max(widths) > 3:      # shrink the widest column until it fits
         widths[widths.index(max(widths))] -= 1
         total -= 1
-    aligns = [("right" if cell.endswith(":") and not cell.startswith(":") else
-                "center" if cell.startswith(":") and cell.endswith(":") else "left")
-               for cell in table_cells(separator)] if separator else []
+    aligns = [column_align(cell) for cell in table_cells(separator)] if separator else []
     aligns += ["left"] * (n_cols - len(aligns))
     sep = style.paint(" │ ", "dim")
     out = []
@@ -395,6 +393,14 @@ def render_table(rows: list[str], width: int, style: Style, separator: str = "")
         if r == 0:
             out.append(style.paint("─┼─".join("─" * w for w in widths), "dim"))
     return [clip(line, width) for line in out]
+
+
+def column_align(separator_cell: str) -> str:
+    """`---:` right, `:---:` center, else left (GitHub tables)."""
+    right = separator_cell.endswith(":")
+    if right and separator_cell.startswith(":"):
+        return "center"
+    return "right" if right else "left"
 
 
 def _align(text: str, width: int, align: str) -> str:
@@ -1449,7 +1455,8 @@ class Composer:
         self.menu: list[str] = []
         self.menu_index = 0
         self._menu_kind, self._menu_start, self._menu_closed = "", 0, False
-        self._commands, self._mentions, self._describe = commands, mentions, describe
+        self._commands, self._mentions = commands, mentions
+        self._describe = describe             # a command's one-line description, for the menu
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
@@ -1467,7 +1474,8 @@ class Composer:
             elif isinstance(entry, dict) and isinstance(entry.get("text"), str):
                 self.history.append(entry["text"])      # a message holding collapsed pastes
                 self._history_pastes[entry["text"]] = dict(entry.get("pastes") or {})
-        self._history_pos, self._draft, self._draft_pastes = len(self.history), "", {}
+        self._history_pos, self._draft = len(self.history), ""
+        self._draft_pastes: dict[str, str] = {}   # the draft's pastes, while history is browsed
         self.recent_mentions: list[str] = []
         self._mention_memo: tuple = (None, "", [])   # (candidates, query, matches) last time
         for entry in self.history:
