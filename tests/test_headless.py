@@ -330,3 +330,19 @@ def test_a_closed_pipe_ends_quietly(khaelor, fake):
                                 env=khaelor.env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
         os.close(write_end)
         assert result.returncode == 0 and result.stderr == "", (argv, result.stderr)
+
+
+def test_a_retry_after_a_closed_tool_use_block_runs_only_the_retried_call(khaelor, fake):
+    fake.enqueue({"content": [text("Let me look."), tool_use("bash", {"command": "touch first-try.txt"})],
+                  "stream_error": {"type": "overloaded_error", "message": "Overloaded"}},
+                 reply(tool_use("bash", {"command": "touch second-try.txt"})),
+                 reply(text("made it")))
+    result = khaelor.run("-p", "make a file", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert not (khaelor.project / "first-try.txt").exists() and (khaelor.project / "second-try.txt").exists()
+    log = khaelor.log()
+    first = [e["tool_use_id"] for e in log if e["type"] == "ToolRequested"][0]
+    assert not [e for e in log if e.get("tool_use_id") == first and e["type"] != "ToolRequested"]
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert first not in sent and "first-try" not in sent and "second-try" in sent
+    assert_no_rejections(fake)
