@@ -316,8 +316,12 @@ class Context:
     def __init__(self, *, project_root: Path, cwd: Path, home: Path, model: str, tool_schemas: list[dict],
                  workspace=None, aux_model: str = DEFAULT_AUX_MODEL, max_tokens: int = MAX_OUTPUT_TOKENS,
                  user_home: Path | None = None, is_secret=None, plan_mode: bool = False, append_system: str = ""):
-        self.project_root, self.cwd, self.home = Path(project_root).resolve(), Path(cwd).resolve(), Path(home)
-        self.model, self.aux_model, self.max_tokens = model, aux_model, max_tokens
+        self.project_root = Path(project_root).resolve()
+        self.cwd = Path(cwd).resolve()
+        self.home = Path(home)
+        self.model = model
+        self.aux_model = aux_model
+        self.max_tokens = max_tokens
         self.workspace = workspace
         self._git_status = None     # (world_seq, time.monotonic(), the "Git:" line or None)
         # Read once: the instructions (and what /context says about their imports) hold for the session.
@@ -411,7 +415,9 @@ class Context:
                  ("history", max(0, estimate_tokens(messages) - estimate_tokens(checkpoint)) if messages else 0),
                  ("volatile tail", estimate_tokens(volatile))]
         usage = last_usage or state.last_usage or {}
-        read, write, fresh = (usage.get(k) or 0 for k in ("cache_read_tokens", "cache_write_tokens", "input_tokens"))
+        read = usage.get("cache_read_tokens") or 0
+        write = usage.get("cache_write_tokens") or 0
+        fresh = usage.get("input_tokens") or 0
         estimated = sum(tokens for _, tokens in sizes)
         scale = (read + write + fresh) / estimated if estimated and usage else 1.0
         rows, left = [], read
@@ -503,7 +509,9 @@ def prune_ids(state: events.State) -> list[str]:
     """tool_use_ids of old tool results to replace with the placeholder, oldest first. The newest
     ~40K tokens of tool output stay (the result that crosses the line stays too, so the newest
     result is never pruned); nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
-    kept, chosen, freed = 0, [], 0
+    kept = 0            # tokens of the newest results, kept whole
+    freed = 0           # tokens the chosen ones free
+    chosen = []
     for tool_use_id, (_, tokens) in reversed(state.prunable.items()):
         if kept < PRUNE_PROTECT_TOKENS:
             kept += tokens
@@ -571,7 +579,7 @@ def parse_checkpoint(text: str) -> dict:
     checkpoint = {}
     for key in CHECKPOINT_KEYS:
         value = data.get(key)
-        items = [] if value is None or value == "" else value if isinstance(value, list) else [value]
+        items = _as_list(value)
         if key in TEXT_KEYS:
             checkpoint[key] = _as_text(value)
         elif key in RECORD_KEYS:
@@ -629,12 +637,25 @@ def _find_json_object(text: str) -> dict | None:
     return None
 
 
+def _as_list(value) -> list:
+    """A checkpoint value as a list: nothing, the list itself, or the one value in a list."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, list):
+        return value
+    return [value]
+
+
 def _as_text(value) -> str:
     if isinstance(value, dict):
         return "; ".join(f"{k}: {_as_text(v)}" for k, v in value.items())
     if isinstance(value, list):
         return "; ".join(map(_as_text, value))
-    return "" if value is None else value.strip() if isinstance(value, str) else str(value)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    return str(value)
 
 
 def _as_record(item, keys: tuple) -> dict:
@@ -679,14 +700,31 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
     elif isinstance(value, list) and value:
         nested = [line for item in value for line in _yaml_lines(inner + "-", item, indent + 2)]
     elif isinstance(value, str) and _block_literal_ok(value):
-        chomp = "-" if not value.endswith("\n") else "+" if value.endswith("\n\n") else ""
+        chomp = _chomping(value)
         return [f"{head} |{chomp}"] + [inner + line if line else "" for line in value.removesuffix("\n").split("\n")]
     else:
-        inline = "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else _yaml_scalar(value)
-        return [f"{head} {inline}"]
+        return [f"{head} {_yaml_inline(value)}"]
     if head.endswith("-"):      # a collection in a list starts on the dash's line ("- " is as wide as the indent)
         return [head + " " + nested[0][indent + 2:]] + nested[1:]
     return [head] + nested
+
+
+def _chomping(text: str) -> str:
+    """A block literal's chomping indicator: strip (no final newline), keep (several), clip (one)."""
+    if not text.endswith("\n"):
+        return "-"
+    if text.endswith("\n\n"):
+        return "+"
+    return ""
+
+
+def _yaml_inline(value) -> str:
+    """A value on its key's line: an empty collection, or a scalar."""
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    return _yaml_scalar(value)
 
 
 def _yaml_scalar(value) -> str:
@@ -750,7 +788,9 @@ def _git(workspace, *args: str) -> tuple[int, str]:
 
 def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
     """`git status --porcelain=v2 --branch -z` → (branch, HEAD sha or "", [{path, status}])."""
-    branch, head, dirty = "", "", []
+    branch = ""
+    head = ""
+    dirty = []
     fields = iter(out.split("\0"))
     for entry in fields:
         if entry.startswith("# branch.oid "):
@@ -825,7 +865,9 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     uses_pytest = "pytest" in config or (root / "pytest.ini").is_file() or (root / "conftest.py").is_file() \
         or (root / "tests" / "conftest.py").is_file()
     tests = list(dict.fromkeys(t for path in changed for t in related_python_tests(root, path)))[:6]
-    python, commands, files = _python(), [], " ".join(changed[:10])
+    python = _python()
+    commands = []
+    files = " ".join(changed[:10])
     if tests:
         runner = f"{python} -m pytest -q" if uses_pytest or not config else f"{python} -m unittest"
         commands.append(f"{runner} {' '.join(tests)}")

@@ -652,7 +652,9 @@ BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockComplete
 USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested",
                               "UserShellRan"})
 DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVENTS})
-OPEN, CLOSED, DROPPED = "open", "closed", "dropped"
+OPEN = "open"               # what Attempt.feed says of an event: a block joined the attempt,
+CLOSED = "closed"           # the response counts,
+DROPPED = "dropped"         # or it never will
 # After the text of a reply the user cut off (Esc, or khaelor died while it streamed), the model reads:
 INTERRUPTED_NOTE = "[I interrupted your reply here; the text above is what you had written so far.]"
 

@@ -175,7 +175,11 @@ class StreamReducer:
     are produced when a block closes, so a crash keeps every finished block in the log."""
 
     def __init__(self):
-        self.blocks, self.usage, self.message_id, self.model, self.stop_reason = {}, {}, None, None, None
+        self.blocks = {}            # stream index -> the open block, its parts not joined yet
+        self.usage = {}
+        self.message_id = None
+        self.model = None
+        self.stop_reason = None
         self.saved_at: float | None = None    # monotonic time of the last TextCheckpoint
 
     def checkpoint(self, now: float | None) -> dict | None:
@@ -269,9 +273,16 @@ class Kernel:
 
     def __init__(self, *, bus, model, toolbox, ctx, rules, project_root, ask, grant=None,
                  yes=False, max_turns=None, permission_mode="default"):
-        self.bus, self.model, self.toolbox, self.ctx = bus, model, toolbox, ctx
-        self.rules, self.project_root, self.ask, self.grant = rules, project_root, ask, grant
-        self.yes, self.max_turns = yes, max_turns
+        self.bus = bus
+        self.model = model
+        self.toolbox = toolbox
+        self.ctx = ctx
+        self.rules = rules
+        self.project_root = project_root
+        self.ask = ask
+        self.grant = grant
+        self.yes = yes
+        self.max_turns = max_turns
         self.permission_mode = permission_mode      # "default", "acceptEdits" or "plan" (permissions.MODES)
         self.busy = False
         self.planned_seq = 0        # the log's last seq when Context.plan was last asked
