@@ -1262,6 +1262,12 @@ def render_permission_panel(request: dict, width: int, style: Style, feedback: s
     """What the call will do and the choices (`selected` is marked); after `n`, the feedback
     line. `composing`: the composer holds text, so Enter sends it instead of answering.
     `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing."""
+    return (panel_head(request, width, style, tool_input)
+            + panel_footer(request, width, style, feedback, selected, composing))
+
+
+def panel_head(request: dict, width: int, style: Style, tool_input: dict | None) -> list[str]:
+    """The question: capability, descriptor, preview."""
     bar = style.paint("│ ", "warning")
     lines = [clip(style.paint("⚠ Permission needed", "warning", "bold")
                   + style.paint(" · " + str(request.get("capability", "")), "dim"), width)]
@@ -1277,6 +1283,14 @@ def render_permission_panel(request: dict, width: int, style: Style, feedback: s
         rows = (render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES) if is_diff
                 else preview_rows(preview, width - 2, style, lang))
         lines += [bar + row for row in rows]
+    return [clip(line, width) for line in lines]
+
+
+def panel_footer(request: dict, width: int, style: Style, feedback: str | None, selected: int,
+                 composing: bool) -> list[str]:
+    """The answers (kept whole on a small terminal), or the denial's message line."""
+    bar = style.paint("│ ", "warning")
+    lines = []
     if feedback is None:
         choices, spans = panel_choices(request), []
         for k, (letter, _, words) in enumerate(choices):
@@ -1286,9 +1300,8 @@ def render_permission_panel(request: dict, width: int, style: Style, feedback: s
             spans += [(letter, ("bold",)), (f") {words}", ("selected",) if chosen else ())]
         lines += wrap_spans(spans, width, style, bar, bar)
         if composing:
-            lines += wrap_spans([("Enter sends what you typed as a message; the question stays "
-                                  "open (empty the composer to answer it)", ("dim",))],
-                                width, style, bar, bar)
+            lines += wrap_spans([("Enter sends your text as a message; empty the composer to "
+                                  "answer", ("dim",))], width, style, bar, bar)
     else:
         lines += wrap_spans([("Denied. Tell the model what to do instead (Enter sends, Esc "
                               "skips):", ("dim",))], width, style, bar, bar)
@@ -1979,14 +1992,14 @@ class App:
         if self.timeline.permissions:
             request = self.timeline.permissions[0]
             card = self.timeline.cards.get(request.get("tool_use_id", ""))
-            panel = render_permission_panel(request, width, style, self.feedback, self.panel_choice,
-                                            composing=bool(self.composer.text),
-                                            tool_input=card.tool_input if card else None)
-            if len(panel) > room:         # a small terminal: say what is left out, keep the keys
-                keep = max(1, room - 3)
-                hidden = style.paint(f"│ … {len(panel) - keep - 2} lines not shown: the terminal "
-                                     "is too small", "warning")
-                panel = panel[:keep] + [clip(hidden, width)] + panel[-2:]
+            head = panel_head(request, width, style, card.tool_input if card else None)
+            footer = panel_footer(request, width, style, self.feedback, self.panel_choice,
+                                  composing=bool(self.composer.text))
+            panel = head + footer
+            if len(panel) > room:         # a small terminal: say what is left out, keep the answers
+                keep = max(1, room - len(footer) - 1)
+                hidden = style.paint(f"│ … {len(head) - keep} panel lines hidden (small terminal)", "warning")
+                panel = head[:keep] + [clip(hidden, width)] + footer
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
         live = live[max(0, len(live) - (room - len(panel))):] if room > len(panel) else []
         lines = [clip(line, width) for line in live + panel + [status] + rows + menu]

@@ -1024,7 +1024,7 @@ def test_typing_with_a_question_open_writes_a_message_and_never_answers(width):
     rows = [row.rstrip() for row in screen.display]
     composer = next(row for row in rows if row.startswith("❯ "))
     assert composer.startswith("❯ okay, but")
-    assert "Enter sends what you typed" in " ".join(text_of(screen).split())
+    assert "Enter sends your text as a message" in " ".join(text_of(screen).split())
     app.on_key(K("enter"))                                  # sent as steering; still asked
     assert ctrl.calls == [("submit", "okay, but first tell me why")]
     assert app.timeline.permissions and app.composer.text == ""
@@ -1292,8 +1292,11 @@ def test_a_small_terminal_says_what_the_panel_left_out():
     app.height = 12
     lines, _ = app.frame(0.0)
     text = "\n".join(lines)
-    assert len(lines) <= 11 and "lines not shown: the terminal is too small" in text
+    assert len(lines) <= 11 and "panel lines hidden (small terminal)" in text
     assert "y) allow once" in text and "n) deny" in text
+    app.on_key(K("text", "a sentence"))                       # the composing hint: answers still show
+    text = "\n".join(app.frame(0.0)[0])
+    assert "y) allow once" in text and "Enter sends your text" in text and "❯ a sentence" in text
 
 
 # ---- ! shell commands (issue 14) ----
