@@ -500,10 +500,6 @@ class Kernel:
         if doomed is not None:      # no question for an edit that cannot succeed (issue 14 item 6)
             self.emit("ToolFailed", tool_use_id=tool_use_id, name=name, output=doomed.text, meta=doomed.meta)
             return
-        doomed = self.toolbox.edit_problem(call["input"]) if name == "edit" else None
-        if doomed is not None:      # no question for an edit that cannot succeed (issue 14 item 6)
-            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name, output=doomed.text, meta=doomed.meta)
-            return
         decision = await self.permitted(call)
         if decision is None:
             return

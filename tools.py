@@ -456,28 +456,6 @@ class Toolbox:
             return None
         return None
 
-    def edit_problem(self, tool_input: dict) -> ToolResult | None:
-        """The failure an edit call is certain to meet whatever the user answers: the file exists but was
-        not read (or changed since), or old_string is not in it (or is in several places). The kernel
-        fails such a call as the model's mistake before asking anyone to approve it. None: it may work
-        (creating a file, a bad input and other failures are left to the tool itself)."""
-        args, problem = _check_input(next(s for s in SCHEMAS if s["name"] == "edit"), tool_input)
-        if problem or not args["old_string"] or args["old_string"] == args["new_string"]:
-            return None
-        try:
-            path = self.workspace.resolve(args["file_path"])
-            if not path.is_file():
-                return None
-            self.check_fresh(path)
-            text = self.workspace.read_file(path).decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
-            old, new = (part.replace("\r\n", "\n") for part in (args["old_string"], args["new_string"]))
-            _replace(text, old, new, args.get("replace_all", False), self.workspace.display(path))
-        except ToolError as exc:
-            return ToolResult(self.mask(str(exc)), True, exc.meta)
-        except (OSError, UnicodeDecodeError):
-            return None
-        return None
-
     async def close(self) -> None:
         """Stop every background process (ProcessExited cause "khaelor exit"); remove the session's TMPDIR."""
         await self.processes.close()
