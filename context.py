@@ -406,27 +406,35 @@ class Context:
         reads are attributed in the order the API caches (tools, system, messages), scaled from
         estimates to the real total; the volatile tail is never cached. A final row holds the measured
         totals."""
-        messages = state.messages
-        checkpoint = state.summary or ""
-        sizes = [("tools", estimate_tokens(self.tools)),
-                 *((f"system: {name}", estimate_tokens(block["text"]))
-                   for name, block in zip(self.system_names, self.system)),
-                 ("checkpoint", estimate_tokens(checkpoint)),
-                 ("history", max(0, estimate_tokens(messages) - estimate_tokens(checkpoint)) if messages else 0),
-                 ("volatile tail", estimate_tokens(volatile))]
+        checkpoint = estimate_tokens(state.summary or "")
+        history = 0
+        if state.messages:
+            history = max(0, estimate_tokens(state.messages) - checkpoint)
+        sizes = [("tools", estimate_tokens(self.tools))]
+        for name, block in zip(self.system_names, self.system):
+            sizes.append((f"system: {name}", estimate_tokens(block["text"])))
+        sizes += [("checkpoint", checkpoint), ("history", history),
+                  ("volatile tail", estimate_tokens(volatile))]
         usage = last_usage or state.last_usage or {}
         read = usage.get("cache_read_tokens") or 0
         write = usage.get("cache_write_tokens") or 0
         fresh = usage.get("input_tokens") or 0
         estimated = sum(tokens for _, tokens in sizes)
-        scale = (read + write + fresh) / estimated if estimated and usage else 1.0
-        rows, left = [], read
+        scale = 1.0         # estimated tokens -> the API's
+        if estimated and usage:
+            scale = (read + write + fresh) / estimated
+        rows = []
+        left = read         # cache reads not attributed yet
         for section, tokens in sizes:
-            cached = 0 if section == "volatile tail" else min(left, round(tokens * scale))
+            cached = 0
+            if section != "volatile tail":
+                cached = min(left, round(tokens * scale))
             rows.append({"section": section, "tokens": tokens, "cached_tokens": cached})
             left -= cached
-        return rows + [{"section": "total (measured, last response)", "tokens": read + write + fresh,
-                        "cached_tokens": read, "cache_write_tokens": write, "usable_tokens": self.usable_tokens}]
+        total = {"section": "total (measured, last response)", "tokens": read + write + fresh,
+                 "cached_tokens": read, "cache_write_tokens": write,
+                 "usable_tokens": self.usable_tokens}
+        return rows + [total]
 
 
 def _duration(seconds: int) -> str:
@@ -469,21 +477,32 @@ def assemble_messages(messages: list[dict], volatile: str = "") -> list[dict]:
     if not out:
         return out
     newest = len(out) - 1
-    previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
+    previous = None     # the user message before the newest
+    for index in range(newest - 1, -1, -1):
+        if out[index]["role"] == "user":
+            previous = index
+            break
     for index in (previous, newest):
-        if index is None:
-            continue
-        content = out[index]["content"]
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-        # the last block that may carry cache_control: not thinking, not an empty text
-        last = next((i for i in range(len(blocks) - 1, -1, -1) if blocks[i]["type"] not in NOT_CACHEABLE
-                     and not (blocks[i]["type"] == "text" and not blocks[i]["text"])), None)
-        if last is not None:
-            blocks[last] = {**blocks[last], "cache_control": CACHE}
-        out[index] = {**out[index], "content": blocks}
+        if index is not None:
+            out[index] = {**out[index], "content": _with_breakpoint(out[index]["content"])}
     if volatile and out[newest]["role"] == "user":
         out[newest]["content"] = out[newest]["content"] + [{"type": "text", "text": volatile}]
     return out
+
+
+def _with_breakpoint(content) -> list[dict]:
+    """A copy of a message's blocks, cache_control on the last one that may carry it (not
+    thinking, not an empty text)."""
+    blocks = list(content)
+    if isinstance(content, str):
+        blocks = [{"type": "text", "text": content}]
+    for index in range(len(blocks) - 1, -1, -1):
+        block = blocks[index]
+        empty_text = block["type"] == "text" and not block["text"]
+        if block["type"] not in NOT_CACHEABLE and not empty_text:
+            blocks[index] = {**block, "cache_control": CACHE}
+            break
+    return blocks
 
 
 def count_breakpoints(request: dict) -> int:
@@ -541,10 +560,14 @@ def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
                     aux_model: str = DEFAULT_AUX_MODEL) -> dict:
     """A tool-free request asking the aux model for the checkpoint JSON of everything up to the cut."""
     head = events.history_through(state, cut_seq)
-    budget = min(TRANSCRIPT_MAX_CHARS, (usable_tokens(aux_model, SUMMARY_MAX_TOKENS) - 8_000) * 3)
-    ask = "Write the checkpoint JSON for the session above." + \
-        (f" The user asks you to focus on: {focus}" if focus else "")
-    text = "<session>\n" + render_transcript(head, budget) + "\n</session>\n\n" + ask
+    # ~3 characters a token, 8K tokens left for the instructions
+    window = usable_tokens(aux_model, SUMMARY_MAX_TOKENS)
+    budget = min(TRANSCRIPT_MAX_CHARS, (window - 8_000) * 3)
+    ask = "Write the checkpoint JSON for the session above."
+    if focus:
+        ask += f" The user asks you to focus on: {focus}"
+    transcript = render_transcript(head, budget)
+    text = f"<session>\n{transcript}\n</session>\n\n{ask}"
     return {"model": aux_model, "max_tokens": SUMMARY_MAX_TOKENS,
             "system": [{"type": "text", "text": SUMMARY_SYSTEM}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
@@ -554,22 +577,33 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
     """The history as plain text (a tool-free request cannot carry tool_use blocks). Long tool
     inputs and results keep their head and tail; past max_chars the middle of the session goes."""
     parts = []
-    for message in messages:            # State.messages: content is a list, a tool_result's content a string
+    # State.messages: content is a list, a tool_result's content a string
+    for message in messages:
         for block in message["content"]:
-            if block["type"] == "text":
-                parts.append(f"[{message['role']}]\n{block['text']}")
-            elif block["type"] == "tool_use":
-                parts.append(f"[tool call {block['name']} {block['id']}]\n"
-                             + clip(json.dumps(block["input"], ensure_ascii=False), TRANSCRIPT_BLOCK_CHARS))
-            elif block["type"] == "tool_result":
-                error = " (error)" if block.get("is_error") else ""
-                parts.append(f"[tool result {block['tool_use_id']}{error}]\n"
-                             + clip(block["content"], TRANSCRIPT_BLOCK_CHARS))
+            part = _transcript_part(message["role"], block)
+            if part is not None:
+                parts.append(part)
     text = "\n\n".join(parts)
     if len(text) > max_chars:
-        head, tail = max_chars // 4, max_chars - max_chars // 4
-        text = text[:head] + f"\n\n[… {len(text) - max_chars} characters of the session omitted …]\n\n" + text[-tail:]
+        head = max_chars // 4
+        tail = max_chars - head
+        omitted = f"\n\n[… {len(text) - max_chars} characters of the session omitted …]\n\n"
+        text = text[:head] + omitted + text[-tail:]
     return text
+
+
+def _transcript_part(role: str, block: dict) -> str | None:
+    """One content block as transcript text; None for thinking (not shown to the summariser)."""
+    if block["type"] == "text":
+        return f"[{role}]\n{block['text']}"
+    if block["type"] == "tool_use":
+        tool_input = json.dumps(block["input"], ensure_ascii=False)
+        return f"[tool call {block['name']} {block['id']}]\n" + clip(tool_input, TRANSCRIPT_BLOCK_CHARS)
+    if block["type"] == "tool_result":
+        error = " (error)" if block.get("is_error") else ""
+        result = clip(block["content"], TRANSCRIPT_BLOCK_CHARS)
+        return f"[tool result {block['tool_use_id']}{error}]\n{result}"
+    return None
 
 
 def parse_checkpoint(text: str) -> dict:
@@ -661,9 +695,15 @@ def _as_text(value) -> str:
 def _as_record(item, keys: tuple) -> dict:
     if not isinstance(item, dict):
         return {keys[0]: _as_text(item)}
-    # Evidence content is verbatim: only trailing whitespace goes, indentation is meaning.
-    record = {key: item[key].rstrip() if key == "content" and isinstance(item[key], str) else _as_text(item[key])
-              for key in keys if item.get(key) not in (None, "")}
+    record = {}
+    for key in keys:
+        value = item.get(key)
+        if value in (None, ""):
+            continue
+        if key == "content" and isinstance(value, str):
+            record[key] = value.rstrip()    # evidence is verbatim: indentation is meaning
+        else:
+            record[key] = _as_text(value)
     return record or {keys[0]: _as_text(item)}
 
 
@@ -733,10 +773,23 @@ def _yaml_scalar(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    plain = text and text == text.strip() and text.lower() not in YAML_WORDS and text[0] not in YAML_INDICATORS \
-        and not re.match(r"[-+.]?\d|\.\.\.|[-+]?\.(inf|nan)$", text, re.I) and ": " not in text \
-        and " #" not in text and not text.endswith(":") and all(ch.isprintable() and ch != "\t" for ch in text)
-    return text if plain else _double_quoted(text)
+    if _plain_ok(text):
+        return text
+    return _double_quoted(text)
+
+
+def _plain_ok(text: str) -> bool:
+    """Can this string be a plain scalar? Not when YAML would read it as something else (a
+    number, a bool, null, a key, a comment) or lose whitespace or a control character."""
+    if not text or text != text.strip():
+        return False
+    if text.lower() in YAML_WORDS or text[0] in YAML_INDICATORS:
+        return False
+    if re.match(r"[-+.]?\d|\.\.\.|[-+]?\.(inf|nan)$", text, re.I):
+        return False
+    if ": " in text or " #" in text or text.endswith(":"):
+        return False
+    return all(ch.isprintable() and ch != "\t" for ch in text)
 
 
 def _block_literal_ok(text: str) -> bool:
@@ -744,9 +797,14 @@ def _block_literal_ok(text: str) -> bool:
     that does not start with a space (block indentation is detected from it)."""
     if "\n" not in text:
         return False
-    first = next((line for line in text.split("\n") if line), "")
-    return bool(first) and not first[0].isspace() and all(ch.isprintable() or ch in "\n\t" for ch in text) \
-        and not any(line != line.rstrip(" \t") and not line.strip() for line in text.split("\n"))
+    lines = text.split("\n")
+    first = next((line for line in lines if line), "")
+    if not first or first[0].isspace():
+        return False
+    if not all(ch.isprintable() or ch in "\n\t" for ch in text):
+        return False
+    # a line of only spaces or tabs would not survive the block's indentation
+    return not any(line and not line.strip() for line in lines)
 
 
 def _double_quoted(text: str) -> str:
@@ -772,9 +830,12 @@ def git_baseline(workspace) -> dict:
         return {"git": False}
     branch, head, dirty = parse_status_v2(out)
     # Staged and unstaged changes against HEAD in one diff (an unborn branch has only the index).
-    code, diff = _git(workspace, "diff", "HEAD" if head else "--cached", "--binary", "--no-ext-diff", "--no-color")
-    text = diff + "\0".join(f"{d['status']} {d['path']}" for d in dirty)
-    digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest() if code == 0 else ""
+    against = "HEAD" if head else "--cached"
+    code, diff = _git(workspace, "diff", against, "--binary", "--no-ext-diff", "--no-color")
+    digest = ""
+    if code == 0:
+        text = diff + "\0".join(f"{d['status']} {d['path']}" for d in dirty)
+        digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
     return {"git": True, "branch": branch, "head": head, "dirty": dirty[:MAX_BASELINE_DIRTY],
             "n_dirty": len(dirty), "diff_hash": digest}
 
@@ -782,8 +843,10 @@ def git_baseline(workspace) -> dict:
 def _git(workspace, *args: str) -> tuple[int, str]:
     """(exit code, output) of a read-only git command; (1, "") without a workspace. --no-optional-locks:
     a plain `git status` may rewrite the index, and khaelor's own git use must stay read-only."""
-    return (1, "") if workspace is None else workspace.capture(["git", "--no-optional-locks", *args],
-                                                                timeout_s=GIT_TIMEOUT_S)
+    if workspace is None:
+        return 1, ""
+    argv = ["git", "--no-optional-locks", *args]
+    return workspace.capture(argv, timeout_s=GIT_TIMEOUT_S)
 
 
 def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
