@@ -379,13 +379,17 @@ def khaelor_home() -> Path:
 def sessions_dir(home: Path, project_root: Path) -> Path:
     """One folder per project: readable name plus a hash of the absolute path (names collide)."""
     root = str(Path(project_root).resolve())
-    return home / "sessions" / f"{Path(root).name or 'root'}-{sha256(root.encode()).hexdigest()[:12]}"
+    name = Path(root).name or "root"
+    digest = sha256(root.encode()).hexdigest()[:12]
+    return home / "sessions" / f"{name}-{digest}"
 
 
 def new_session_id() -> str:
     """Sorts by creation time (to the millisecond), with a random tail against collisions."""
     now = time.time()
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{os.urandom(3).hex()}"
+    second = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    millisecond = int(now * 1000) % 1000
+    return f"{second}{millisecond:03d}-{os.urandom(3).hex()}"
 
 
 def list_session_files(directory: Path) -> list[Path]:
@@ -538,8 +542,11 @@ def read_meta(log_path: Path) -> dict | None:
         meta = json.loads(meta_path(log_path).read_bytes())
     except (OSError, ValueError):
         return None
-    fresh = isinstance(meta, dict) and meta.get("log_size") == stat.st_size and meta.get("log_mtime_ns") == stat.st_mtime_ns
-    return meta if fresh else None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("log_size") != stat.st_size or meta.get("log_mtime_ns") != stat.st_mtime_ns:
+        return None
+    return meta
 
 
 def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -> None:
@@ -606,8 +613,12 @@ def _parse_line(line: bytes) -> dict | None:
         event = json.loads(line)
     except ValueError:
         return None
-    ok = isinstance(event, dict) and isinstance(event.get("v"), int) and isinstance(event.get("seq"), int)
-    return event if ok and isinstance(event.get("type"), str) else None
+    if not isinstance(event, dict):
+        return None
+    numbered = isinstance(event.get("v"), int) and isinstance(event.get("seq"), int)
+    if not numbered or not isinstance(event.get("type"), str):
+        return None
+    return event
 
 
 def _truncate(path: Path, size: int) -> None:
