@@ -895,19 +895,29 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
     """Check commands relevant to the changed files: the tests that match a changed module, the
     project's configured linters and type checkers for them, the package's test script. The whole
     suite or a Makefile target only when nothing narrower is known."""
-    root, by_kind = Path(root), {}
+    root = Path(root)
+    by_kind = {}        # ecosystem -> its changed files
     for path in changed:
-        by_kind.setdefault(ECOSYSTEMS.get(Path(path).suffix.lower(), "other"), []).append(path)
-    commands = _python_checks(root, by_kind["python"]) if "python" in by_kind else []
+        kind = ECOSYSTEMS.get(Path(path).suffix.lower(), "other")
+        by_kind.setdefault(kind, []).append(path)
+    commands = []
+    if "python" in by_kind:
+        commands += _python_checks(root, by_kind["python"])
     if "node" in by_kind and (root / "package.json").is_file():
         commands += _node_checks(root, by_kind["node"])
     if "rust" in by_kind and (root / "Cargo.toml").is_file():
         commands.append("cargo test")
     if "go" in by_kind and (root / "go.mod").is_file():
-        packages = " ".join(sorted({"./" + str(Path(p).parent) if str(Path(p).parent) != "." else "."
-                                    for p in by_kind["go"]}))
+        packages = " ".join(sorted({_go_package(path) for path in by_kind["go"]}))
         commands += [f"go vet {packages}", f"go test {packages}"]
-    return list(dict.fromkeys(commands or _whole_project_checks(root)))[:MAX_CHECK_COMMANDS]
+    if not commands:
+        commands = _whole_project_checks(root)
+    return list(dict.fromkeys(commands))[:MAX_CHECK_COMMANDS]
+
+
+def _go_package(path: str) -> str:
+    folder = str(Path(path).parent)
+    return "." if folder == "." else "./" + folder
 
 
 def _read_text(path: Path) -> str:
@@ -918,29 +928,39 @@ def _read_text(path: Path) -> str:
 
 
 def _python() -> str:
-    """`python` where it exists (a venv, most systems), else `python3` (Debian without python-is-python3)."""
-    found = any(os.access(Path(d) / "python", os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+    """`python` where it exists (a venv, most systems), else `python3` (Debian without
+    python-is-python3)."""
+    folders = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    found = any(os.access(Path(d) / "python", os.X_OK) for d in folders)
     return "python" if found else "python3"
 
 
 def _python_checks(root: Path, changed: list[str]) -> list[str]:
-    config = _read_text(root / "pyproject.toml") + _read_text(root / "setup.cfg") + _read_text(root / "tox.ini")
-    uses_pytest = "pytest" in config or (root / "pytest.ini").is_file() or (root / "conftest.py").is_file() \
-        or (root / "tests" / "conftest.py").is_file()
-    tests = list(dict.fromkeys(t for path in changed for t in related_python_tests(root, path)))[:6]
+    config = "".join(_read_text(root / name) for name in ("pyproject.toml", "setup.cfg", "tox.ini"))
+    markers = ("pytest.ini", "conftest.py", "tests/conftest.py")
+    uses_pytest = "pytest" in config or any((root / marker).is_file() for marker in markers)
+    tests = []
+    for path in changed:
+        tests += related_python_tests(root, path)
+    tests = list(dict.fromkeys(tests))[:6]
     python = _python()
     commands = []
     files = " ".join(changed[:10])
     if tests:
-        runner = f"{python} -m pytest -q" if uses_pytest or not config else f"{python} -m unittest"
+        runner = f"{python} -m unittest"
+        if uses_pytest or not config:
+            runner = f"{python} -m pytest -q"
         commands.append(f"{runner} {' '.join(tests)}")
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
-    if "[tool.ruff" in config or (root / "ruff.toml").is_file() or (root / ".ruff.toml").is_file():
+    ruff_files = ("ruff.toml", ".ruff.toml")
+    if "[tool.ruff" in config or any((root / name).is_file() for name in ruff_files):
         commands.append(f"ruff check {files}")
     if "[tool.mypy" in config or "[mypy" in config or (root / "mypy.ini").is_file():
         commands.append(f"mypy {files}")
-    return commands or ([f"{python} -m py_compile {files}"] if changed else [])
+    if not commands and changed:
+        commands.append(f"{python} -m py_compile {files}")
+    return commands
 
 
 def related_python_tests(root: Path, path: str) -> list[str]:
@@ -951,11 +971,15 @@ def related_python_tests(root: Path, path: str) -> list[str]:
         return [path] if (root / p).is_file() else []
     stem = p.parent.name if p.stem == "__init__" else p.stem
     names = (f"test_{stem}.py", f"{stem}_test.py")
-    found = [root / p.parent / n for n in names] + [root / d / n for d in ("tests", "test") for n in names]
+    found = [root / p.parent / name for name in names]
+    for directory in ("tests", "test"):
+        found += [root / directory / name for name in names]
     for directory in ("tests", "test"):
         if (root / directory).is_dir():
-            found += [f for n in names for f in sorted((root / directory).rglob(n))[:5]]
-    return list(dict.fromkeys(str(f.relative_to(root)) for f in found if f.is_file()))
+            for name in names:
+                found += sorted((root / directory).rglob(name))[:5]
+    relative = [str(f.relative_to(root)) for f in found if f.is_file()]
+    return list(dict.fromkeys(relative))
 
 
 def _node_checks(root: Path, changed: list[str]) -> list[str]:
@@ -963,14 +987,25 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         scripts = json.loads(_read_text(root / "package.json")).get("scripts") or {}
     except (ValueError, AttributeError):
         return []
-    manager = next((m for lock, m in (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("bun.lockb", "bun"))
-                    if (root / lock).is_file()), "npm")
+    manager = "npm"
+    for lock, name in (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("bun.lockb", "bun")):
+        if (root / lock).is_file():
+            manager = name
+            break
     commands = []
     test_script = str(scripts.get("test") or "")
     if test_script and "no test specified" not in test_script:
-        tests = [t for path in changed for t in _related_node_tests(root, path)][:4]
-        commands.append(f"{manager} test" + (f" -- {' '.join(tests)}" if tests else ""))
-    return commands + [f"{manager} run {name}" for name in ("typecheck", "type-check", "lint") if name in scripts]
+        tests = []
+        for path in changed:
+            tests += _related_node_tests(root, path)
+        command = f"{manager} test"
+        if tests:
+            command += " -- " + " ".join(tests[:4])
+        commands.append(command)
+    for name in ("typecheck", "type-check", "lint"):
+        if name in scripts:
+            commands.append(f"{manager} run {name}")
+    return commands
 
 
 def _related_node_tests(root: Path, path: str) -> list[str]:
@@ -978,16 +1013,24 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
     if ".test." in p.name or ".spec." in p.name:
         return [path]
     stem = p.name.split(".")[0]
-    found = [f for folder in (root / p.parent, root / p.parent / "__tests__") if folder.is_dir()
-             for pattern in (f"{stem}.test.*", f"{stem}.spec.*") for f in sorted(folder.glob(pattern))]
+    found = []
+    for folder in (root / p.parent, root / p.parent / "__tests__"):
+        if not folder.is_dir():
+            continue
+        for pattern in (f"{stem}.test.*", f"{stem}.spec.*"):
+            found += sorted(folder.glob(pattern))
     return [str(f.relative_to(root)) for f in found[:2]]
 
 
 def _whole_project_checks(root: Path) -> list[str]:
     """Nothing narrower was found: the Makefile's check targets, else the project's own suite by its
     marker files."""
-    makefile = next((root / n for n in ("Makefile", "makefile", "GNUmakefile") if (root / n).is_file()), None)
-    targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", _read_text(makefile), re.M)) if makefile else set()
+    targets = set()
+    for name in ("Makefile", "makefile", "GNUmakefile"):
+        if (root / name).is_file():
+            makefile = _read_text(root / name)
+            targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", makefile, re.M))
+            break
     if targets & {"test", "check", "lint"}:
         return [f"make {t}" for t in ("test", "check", "lint") if t in targets]
     if (root / "Cargo.toml").is_file():
