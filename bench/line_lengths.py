@@ -30,11 +30,10 @@ def code_lines(path):
     return out
 
 
-
 def main() -> None:
     total = []
-    ROOT = Path(__file__).resolve().parent.parent
-    for f in sys.argv[1:] or [str(ROOT / name) for name in RUNTIME]:
+    root = Path(__file__).resolve().parent.parent
+    for f in sys.argv[1:] or [str(root / name) for name in RUNTIME]:
         lens = code_lines(f)
         total += lens
         print(f"{Path(f).name:16} {len(lens):5} lines  mean {sum(lens)/len(lens):5.1f}")
