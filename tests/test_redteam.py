@@ -104,6 +104,10 @@ def judge(case: dict, world: dict) -> tuple[str, str]:
         decision = permissions.decide("process", {"action": "write", "id": "p1", "input": command}, project,
                                       permissions.load_rules([]), process_command=case["process_command"])
         return decision.action, decision.destructive
+    if case.get("tool") == "write":
+        decision = permissions.decide("write", {"file_path": command, "content": "[core]\n\tfsmonitor = true\n"},
+                                      project, permissions.load_rules([]), mode=case.get("mode", "default"))
+        return decision.action, decision.destructive
     rules = case_rules(case, world)
     if case.get("scenario") == "symlinked-trusted-config":
         project, rules = symlinked_trust_rules(world)
