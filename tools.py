@@ -1138,13 +1138,22 @@ def _adapt(old: str, matched: str, new: str) -> str:
         old = _reindent(old, was, now)
         if _indent(new.strip("\n").split("\n")) != now:     # it may carry the file's indentation already
             new = _reindent(new, was, now)
-    was, got, now = (text[:len(text) - len(text.lstrip())] for text in (old, matched, new))    # leading whitespace
+    # Leading whitespace: what old_string had, what the file had there, what new_string has.
+    was, got, now = map(_leading_space, (old, matched, new))
     if was and was != got and now == was and new.strip():
         new = got + new.lstrip()
-    was, got, now = (text[len(text.rstrip()):] for text in (old, matched, new))               # trailing
+    was, got, now = map(_trailing_space, (old, matched, new))
     if was and was != got and now == was and new.strip():
         new = new.rstrip() + got
     return new
+
+
+def _leading_space(text: str) -> str:
+    return text[:len(text) - len(text.lstrip())]
+
+
+def _trailing_space(text: str) -> str:
+    return text[len(text.rstrip()):]
 
 
 def _reindent(text: str, was: str, now: str) -> str:
@@ -1253,7 +1262,9 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
 
 async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws = box.workspace
-    path, old, new = ws.resolve(args["file_path"]), args["old_string"], args["new_string"]
+    path = ws.resolve(args["file_path"])
+    old = args["old_string"]
+    new = args["new_string"]
     shown = ws.display(path)
     if old == new:
         raise ToolError("old_string and new_string are identical, so the edit would change nothing. Put the "
@@ -1315,9 +1326,13 @@ def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
     a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
     prefix = len(os.path.commonprefix([a, b]))      # commonprefix compares any sequences: here, lists of lines
     suffix = len(os.path.commonprefix([a[prefix:][::-1], b[prefix:][::-1]]))
-    low, keep = max(0, prefix - 3), max(0, suffix - 3)
-    lines = difflib.unified_diff(a[low:len(a) - keep], b[low:len(b) - keep], f"a/{shown_path}", f"b/{shown_path}", n=3)
-    out, added, removed = [], 0, 0
+    low = max(0, prefix - 3)        # 3 lines of context stay on each side
+    keep = max(0, suffix - 3)
+    lines = difflib.unified_diff(a[low:len(a) - keep], b[low:len(b) - keep],
+                                 f"a/{shown_path}", f"b/{shown_path}", n=3)
+    out = []
+    added = 0
+    removed = 0
     for n, line in enumerate(lines):
         if n < 2:
             pass        # the ---/+++ file header: a changed line may begin with "++" or "--" too
