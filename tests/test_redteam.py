@@ -96,23 +96,24 @@ def symlinked_trust_rules(world: dict) -> tuple[Path, list]:
     return b, permissions.load_rules(khaelor.permission_layers(world["state"], b))
 
 
-def judge(case: dict, world: dict) -> tuple[str, str]:
-    """(decision, why it destroys work or "") for one case, the way khaelor would judge it."""
+def judge(case: dict, world: dict) -> tuple[str, str, list]:
+    """(decision, why it destroys work or "", the outside paths its sandbox opens) for one case,
+    the way khaelor would judge it."""
     command = fill(case["command"], world)
     project = world["project"]
     if "process_command" in case:
         decision = permissions.decide("process", {"action": "write", "id": "p1", "input": command}, project,
                                       permissions.load_rules([]), process_command=case["process_command"])
-        return decision.action, decision.destructive
+        return decision.action, decision.destructive, decision.confine.get("paths", [])
     if case.get("tool") == "write":
         decision = permissions.decide("write", {"file_path": command, "content": "[core]\n\tfsmonitor = true\n"},
                                       project, permissions.load_rules([]), mode=case.get("mode", "default"))
-        return decision.action, decision.destructive
+        return decision.action, decision.destructive, decision.confine.get("paths", [])
     rules = case_rules(case, world)
     if case.get("scenario") == "symlinked-trusted-config":
         project, rules = symlinked_trust_rules(world)
     result = permissions.check("bash", command, project, rules)
-    return result["decision"], result["destructive"]
+    return result["decision"], result["destructive"], result["confine"].get("paths", [])
 
 
 def case_id(case: dict) -> str:
@@ -122,7 +123,7 @@ def case_id(case: dict) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_redteam_case_is_not_let_through(case, world):
-    decision, destructive = judge(case, world)
+    decision, destructive, opened = judge(case, world)
     where = f"{case['command']!r} -> {decision} ({case['why']})"
     if case["expect"] == "deny":
         assert decision == "deny", "should be refused: " + where
@@ -130,6 +131,12 @@ def test_redteam_case_is_not_let_through(case, world):
     assert decision != "allow", "allowed without a question: " + where
     if case.get("destructive"):
         assert destructive or decision == "deny", "--yes alone would approve what destroys work: " + where
+    if case.get("keeps_closed") and decision != "deny":
+        import sandbox
+        closed = sandbox.closed_locations(world["home"], world["state"], opened)
+        for name in case["keeps_closed"]:
+            location = os.path.realpath(world["home"] / name)
+            assert location in closed, f"an approval would open {location} to the sandbox: " + where
 
 
 def test_the_corpus_is_well_formed():
