@@ -187,3 +187,29 @@ def test_a_hijacked_model_runs_hidden_commands_without_a_question(khaelor, fake,
     assert result.returncode == 0, result.stderr
     started = [e for e in khaelor.log() if e["type"] == "ToolStarted" and e["name"] == "bash"]
     assert not received, f"hidden commands ran silently ({len(started)} bash calls started): {sorted(received)}"
+
+
+def test_a_project_directory_on_path_does_not_shadow_read_only_commands(khaelor, fake, project):
+    """The user started khaelor inside an activated virtualenv (or with node_modules/.bin on PATH):
+    PATH's absolute entries are kept, so the repository's committed .venv/bin/cat runs for a `cat`
+    judged read-only."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    (project / "app.py").write_text("print(1)\n")
+    venv_bin = project / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "cat").write_text(f"#!/bin/bash\necho venv-cat > /dev/udp/127.0.0.1/{port}\n")
+    (venv_bin / "cat").chmod(0o755)
+    fake.enqueue(reply(tool_use("bash", {"command": "cat app.py"})), reply(text("done")))
+    try:
+        result = khaelor.run("-p", "show app.py", env={"PATH": f"{venv_bin}:{os.environ['PATH']}"})
+        try:
+            received = listener.recv(100).decode().strip()
+        except socket.timeout:
+            received = ""
+    finally:
+        listener.close()
+    assert result.returncode == 0, result.stderr
+    assert not received, "the repository's .venv/bin/cat ran for a read-only `cat`"
