@@ -42,6 +42,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -68,8 +69,9 @@ SECRET_HOME_DIRS = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube
 _SECRET_WALK_CAP = 20_000     # entries a recursive search's tree is scanned for secrets, at most
 
 # Commands that run without asking, with the options that keep them read-only. Short options
-# in getopt form ("n:" takes a value, given attached or as the next word); long options, "=" when
-# they take one. A long option may be abbreviated if the abbreviation begins exactly one listed
+# in getopt form ("n:" takes a value, given attached or as the next word; an option whose value is
+# optional, like date -I, is listed as a plain flag); long options, "=" when they take one. A value
+# given as the next word must not look like an option, so no option can hide behind one. A long option may be abbreviated if the abbreviation begins exactly one listed
 # option: GNU then either picks that one or refuses an ambiguous abbreviation, never another one.
 # "*" accepts any word (the program treats its arguments as data). Everything absent asks.
 _GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:",
@@ -95,7 +97,7 @@ READ_ONLY = {
     "which": ("as", "all"), "type": ("afptP", ""), "id": ("gGnruzZ", "group groups name real user zero context"),
     "uname": ("asnrvmpio", """all kernel-name nodename kernel-release kernel-version machine processor
               hardware-platform operating-system"""),
-    "date": ("uRI:d:r:", "utc universal rfc-email iso-8601 iso-8601= rfc-3339= date= reference= debug"),
+    "date": ("uRId:r:", "utc universal rfc-email iso-8601 iso-8601= rfc-3339= date= reference= debug"),
     "stat": ("Lftc:", "dereference file-system terse format= printf="),
     "du": ("0abchHklLmsSxd:t:B:", """null all apparent-size bytes total human-readable si summarize
            max-depth= one-file-system exclude= threshold= block-size= time inodes dereference"""),
@@ -134,16 +136,16 @@ READ_ONLY = {
     "paste": ("szd:", "delimiters= serial zero-terminated"),
     "fold": ("bsw:", "bytes spaces width="), "expand": ("it:", "initial tabs="), "tac": ("brs:", "before regex separator="),
     "rev": ("", ""), "seq": ("wf:s:", "equal-width format= separator="), "sleep": ("", ""), "nproc": ("", "all"),
-    "od": ("bcdfiloxsvA:j:N:t:w:", "address-radix= skip-bytes= read-bytes= format= output-duplicates width="),
-    "xxd": ("aCeEiupc:g:l:s:o:", ""),
+    "od": ("bcdfiloxsvwA:j:N:t:", "address-radix= skip-bytes= read-bytes= format= output-duplicates width="),
     "hexdump": ("bcCdovxn:s:e:f:", ""),
     "strings": ("afwn:t:e:", "all print-file-name bytes= radix= encoding="),
     "jq": ("rjacnsSeCMt", "raw-output join-output ascii-output compact-output null-input slurp sort-keys exit-status color-output monochrome-output tab indent= arg= argjson= raw-input"),
 }
-# Programs whose second positional argument is an output file (uniq IN OUT, xxd IN OUT).
-_OUTPUT_SECOND_POSITIONAL = frozenset(("uniq", "xxd"))
+# Programs whose second positional argument is an output file (uniq IN OUT). (xxd is not listed: its
+# options are single-dash words like -ps, which getopt-style parsing would misread.)
+_OUTPUT_SECOND_POSITIONAL = frozenset(("uniq",))
 # jq programs can read the environment ($ENV, env), other files and modules.
-_JQ_UNSAFE = re.compile(r"\benv\b|\$ENV|\$__|\binput_filename\b|\bimport\b|\binclude\b|\bgetpath\b|\bdebug\b|\bstderr\b|\binput")
+_JQ_UNSAFE = re.compile(r"\benv\b|\$\s*ENV|\$\s*__|\binput_filename\b|\bimport\b|\binclude\b|\bgetpath\b|\bdebug\b|\bstderr\b|\binput")
 # find: the predicates that only read and print, and those of them that take a value.
 _FIND_SAFE = frozenset("""-name -iname -path -ipath -wholename -iwholename -regex -iregex -regextype -type -xtype
     -maxdepth -mindepth -size -empty -newer -anewer -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group
@@ -196,18 +198,31 @@ GIT_READ_ONLY = {
     "cat-file": ("tpsev", "allow-unknown-type"),
     "merge-base": ("a", "all octopus independent is-ancestor fork-point"),
     "show-ref": ("dqs", "heads tags head verify dereference hash hash= abbrev abbrev= quiet exists branches"),
-    "grep": ("ivwlLnhHcEFGPozaI e:f:A:B:C:m:", """ignore-case word-regexp line-number column files-with-matches
-             files-without-match count extended-regexp fixed-strings basic-regexp perl-regexp cached untracked
-             no-index recurse-submodules max-depth= after-context= before-context= context= show-function
+    # (not --untracked or --no-index: they read files git does not track, such as .env)
+    "grep": ("ivwlLnhHcEFGPozaIe:f:A:B:C:m:", """ignore-case word-regexp line-number column files-with-matches
+             files-without-match count extended-regexp fixed-strings basic-regexp perl-regexp cached
+             recurse-submodules max-depth= after-context= before-context= context= show-function
              function-context heading break all-match and or not full-name null only-matching quiet threads=
-             max-count= no-color color color= exclude-standard no-exclude-standard text"""),
+             max-count= no-color color color= exclude-standard text"""),
     "count-objects": ("vH", "verbose human-readable"),
     "version": ("", "build-options"),
 }
-# Subcommand forms that only read ("" = no argument): `git stash list`, `git remote -v`.
-GIT_READ_FORMS = {"stash": ("list", "show"), "remote": ("", "-v", "--verbose", "get-url"),
-                  "worktree": ("list",), "reflog": ("", "show"), "config": ("--get", "--get-all", "--get-regexp",
-                  "-l", "--list"), "submodule": ("", "status", "summary"), "notes": ("", "list", "show")}
+# Subcommands that read only in these exact shapes: (first word, options allowed after it, how many
+# plain arguments at most). `git remote -v show origin` is not `git remote -v`: it contacts origin.
+GIT_READ_FORMS = {
+    "stash": {"list": ("log", 0), "show": ("log", 1)},
+    "remote": {"": ("", 0), "-v": ("", 0), "--verbose": ("", 0), "get-url": ("--push --all", 1)},
+    "worktree": {"list": ("--porcelain -v --verbose -z", 0)},
+    "reflog": {"": ("log", 1), "show": ("log", 1)},
+    "config": {"--get": ("--global --local --system --show-origin --show-scope --null -z --type= --default=", 2),
+               "--get-all": ("--global --local --system --show-origin --show-scope --null -z", 2),
+               "--get-regexp": ("--global --local --system --show-origin --show-scope --name-only --null -z", 2),
+               "-l": ("--global --local --system --show-origin --show-scope --name-only --null -z", 0),
+               "--list": ("--global --local --system --show-origin --show-scope --name-only --null -z", 0)},
+    "submodule": {"": ("", 0), "status": ("--recursive --cached", 99), "summary": ("", 99)},
+    "notes": {"": ("", 0), "list": ("", 1), "show": ("", 1)},
+}
+
 
 # How many leading words name "the command" ("git push origin main" -> "git push *"); the
 # longest matching key wins. Covers OpenCode's arity dictionary, deeper where a CLI nests
@@ -383,6 +398,8 @@ class _Part(NamedTuple):      # one simple command of a bash line
     redirects: tuple[tuple[str, str], ...]   # (operator, expanded target)
     cwd: str                  # where it runs (follows `cd` earlier in the line)
     unliteral: str | None = None   # why its words are not all literal (an expansion, a glob into an option)
+    cwds: tuple[str, ...] = ()     # every directory the line has been in by then: `(cd x)`, `cd -` and a
+                                   # failing cd leave bash elsewhere than the last cd says
 
 
 # ---------------------------------------------------------------- public API
@@ -998,15 +1015,17 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
         return _unparsable(command, cwd, home, rules, str(e) or "nested too deeply")
     not_read_only, destructive = "", ""
     for part in line.parts:
-        problem = _not_read_only(part)
+        problem = _not_read_only(part, root)
         if problem and not not_read_only:
             not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
         # a write redirection asks as a file write; the command itself may still only read
-        only_redirected = problem is None or _not_read_only(part._replace(redirects=())) is None
+        only_redirected = problem is None or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
-    if _FUNCTION_DEFINITION.search(command) and not not_read_only:
-        not_read_only = "it defines a shell function, which can stand in for any command"
+    if _FUNCTION_DEFINITION.search(command):
+        line.unfollowed = "it defines a shell function, which can stand in for any command"
+    if line.unfollowed and not not_read_only:
+        not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
     floor = line.floor or _state_write(line.parts, root)
     return _judge(command.strip(), requests, rules, floor=floor, read_only=not not_read_only,
@@ -1032,15 +1051,19 @@ def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> l
     suggestion = None if compound else _suggest(part.words)
     requests = [_Request(capability, " ".join(part.words), suggestion,
                          read_only=read_only and capability == "process.execute", core=" ".join(part.core))]
+    places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
-        writes = op in _WRITE_REDIRECTS and not target.isdigit() and target != "-"
+        writes = op in _WRITE_REDIRECTS and not _is_number(target) and target != "-"
         if (writes or op == "<") and target not in _SAFE_DEVICES:
-            requests += _word_requests(target, part.cwd, root, "file.write.project" if writes else "file.read")
+            for place in places:
+                requests += _word_requests(target, place, root, "file.write.project" if writes else "file.read")
     for word in _path_arguments(part.core):
-        requests += _word_requests(word, part.cwd, root, "file.read", suggest=not compound)
-    for secret in _recursive_secrets(part):
-        requests.append(_path_request(secret, part.cwd, root, "file.read")._replace(suggestion=None))
-    return requests
+        for place in places:
+            requests += _word_requests(word, place, root, "file.read", suggest=not compound and len(places) == 1)
+    for place in places:
+        for secret in _recursive_secrets(part._replace(cwd=place)):
+            requests.append(_path_request(secret, place, root, "file.read")._replace(suggestion=None))
+    return list(dict.fromkeys(requests))
 
 
 def _decide_process_write(text: str, process_command: str, root: str, rules: list[Rule]) -> Decision:
@@ -1114,7 +1137,9 @@ def _classify_git(args: tuple[str, ...]) -> str:
         if modifying_flag or (names and not listing):
             return "git.modify"
         return "process.execute"
-    if sub in GIT_READ_FORMS and first not in GIT_READ_FORMS[sub]:
+    if sub in GIT_READ_FORMS and _git_form_problem(sub, rest):
+        if sub == "remote" and set(rest) & {"show", "update", "prune", "set-head"}:
+            return "network.access"     # `git remote -v show origin` contacts origin
         return "git.modify"
     return "process.execute"
 
@@ -1127,7 +1152,19 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
     if core[0] in _PATTERN_FIRST and not set(core) & {"-e", "-f", "--regexp", "--file"}:
         positional = positional[1:]
     values = [a.partition("=")[2] for a in core[1:] if "=" in a]   # --output=/x, of=/dev/x
-    return [w for w in positional + values if w and w not in _SAFE_DEVICES]
+    # -m.env, -f~/.cargo/credentials: a value attached to a short option can name a file too
+    attached = [a[2:] for a in core[1:] if a[:1] == "-" and a[1:2] != "-" and re.search(r"[./~]", a[2:])]
+    return [w for w in positional + values + attached if w and w not in _SAFE_DEVICES]
+
+
+_POSIX_CLASSES = {"alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
+                  "space": " \t\n", "xdigit": "0-9a-fA-F", "punct": "!-/:-@[-`{-~", "print": " -~", "graph": "!-~"}
+
+
+def _bash_glob(word: str) -> str:
+    """A bash glob as Python's glob reads them: [^x] is [!x], and POSIX classes become ranges."""
+    word = word.replace("[^", "[!")
+    return re.sub(r"\[:(\w+):\]", lambda m: _POSIX_CLASSES.get(m[1], m[0]), word)
 
 
 def _word_requests(word: str, cwd: str, root: str, capability: str, suggest=False) -> list[_Request]:
@@ -1137,7 +1174,7 @@ def _word_requests(word: str, cwd: str, root: str, capability: str, suggest=Fals
         return [_Request("filesystem.outsideProject", word, None)]
     paths = [word]
     if any(ch in word for ch in "*?["):
-        paths = sorted(glob.glob(os.path.join(cwd, os.path.expanduser(word))))[:_MAX_GLOB] or paths
+        paths = sorted(glob.glob(os.path.join(cwd, os.path.expanduser(_bash_glob(word)))))[:_MAX_GLOB] or paths
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
         return requests
@@ -1151,22 +1188,52 @@ def _recursive_secrets(part: _Part) -> list[str]:
     name = core[0] if core else ""
     if name not in _RECURSIVE_READERS:
         return []
-    options = [a for a in core[1:] if a.startswith("-")]
-    short = "".join(o[1:] for o in options if not o.startswith("--"))
-    recursive = name == "rg" or "r" in short or "R" in short or \
-        any(o in ("--recursive", "--dereference-recursive", "--directories=recurse") for o in options)
+    recursive, follows, hidden = _search_shape(name, core[1:])
     if not recursive:
         return []
-    follows = any(o in ("--dereference-recursive", "--follow") for o in options) or \
-        ("R" in short if name != "rg" else "L" in short)
-    hidden = name != "rg" or any(o in ("--hidden", "-uu", "-uuu", "--unrestricted") or o == "-." for o in options)
-    targets = [w for w in _path_arguments(core) if os.path.isdir(os.path.join(part.cwd, w))]
-    if name != "diff" and not _path_arguments(core):
-        targets = ["."]       # grep -r PATTERN and rg PATTERN search the working directory
+    paths = _path_arguments(core)
+    targets = []
+    for word in paths:
+        for match in glob.glob(os.path.join(part.cwd, _bash_glob(word))) or [os.path.join(part.cwd, word)]:
+            if os.path.isdir(match):
+                targets.append(match)
+    if name != "diff" and not paths:
+        targets = [part.cwd]      # grep -r PATTERN and rg PATTERN search the working directory
     found = []
     for target in targets:
-        found += _secrets_under(os.path.join(part.cwd, target), hidden, follows)
+        found += _secrets_under(target, hidden, follows)
     return found
+
+
+def _search_shape(name: str, args: tuple[str, ...]) -> tuple[bool, bool, bool]:
+    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff, reading options as the
+    program does: abbreviations (--rec), -d recurse, --directories=recurse, -uu."""
+    longs = READ_ONLY.get(name, ("", ""))[1].split() + ["recursive", "dereference-recursive", "directories=",
+                                                        "follow", "hidden", "unrestricted", "no-ignore"]
+    recursive, follows, unrestricted, hidden = name == "rg", False, 0, name != "rg"
+    for k, arg in enumerate(args):
+        value = args[k + 1] if k + 1 < len(args) else ""
+        if arg.startswith("--"):
+            option, has_value, given = arg[2:].partition("=")
+            full = (_long_option(option, longs) or option).rstrip("=")
+            recursive |= full in ("recursive", "dereference-recursive") or \
+                (full == "directories" and (given if has_value else value) == "recurse")
+            follows |= full in ("dereference-recursive", "follow")
+            hidden |= full in ("hidden", "unrestricted") and name == "rg"
+            unrestricted += full == "unrestricted"
+        elif arg.startswith("-") and len(arg) > 1:
+            letters = arg[1:]
+            if name != "rg":
+                recursive |= "r" in letters or "R" in letters or letters in ("drecurse",) or \
+                    (letters.endswith("d") and value == "recurse")
+                follows |= "R" in letters
+            else:
+                follows |= "L" in letters
+                unrestricted += letters.count("u")
+                hidden |= "." in letters
+    if name == "rg" and unrestricted >= 2:
+        hidden = True
+    return recursive, follows, hidden
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
@@ -1208,12 +1275,12 @@ def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:
 
 # ---------------------------------------------------------------- bash: provably read-only
 
-def _not_read_only(part: _Part) -> str | None:
+def _not_read_only(part: _Part, root: str = "") -> str | None:
     """None when this simple command provably only reads; otherwise why not."""
     if part.unliteral:
         return part.unliteral
     for op, target in part.redirects:
-        if op in _WRITE_REDIRECTS and not target.isdigit() and target != "-" and target not in _SAFE_DEVICES:
+        if op in _WRITE_REDIRECTS and not _is_number(target) and target != "-" and target not in _SAFE_DEVICES:
             return f"the redirection {op} {target} writes a file"
     words = part.words
     if not words:
@@ -1238,6 +1305,9 @@ def _not_read_only(part: _Part) -> str | None:
     spec = READ_ONLY.get(name)
     if spec is None:
         return f"{name} is not on the read-only list"
+    own = _project_program(name, root)
+    if own:
+        return f"{name} would run the project's own {own} (a directory of the project is on PATH)"
     if spec == "*":
         return None
     problem, positional = _options_problem(name, args, spec, numeric=name in ("head", "tail"))
@@ -1247,6 +1317,21 @@ def _not_read_only(part: _Part) -> str | None:
         return f"{name} writes its second file argument"
     if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
         return "the jq program reads the environment or other files"
+    return None
+
+
+_BUILTINS = frozenset("echo printf cd pwd test [ true false type command".split())
+
+
+def _project_program(name: str, root: str) -> str | None:
+    """Where PATH finds an external program when that is inside the project (an activated
+    .venv/bin holding a committed `cat`); commands get only PATH's absolute entries."""
+    if not root or name in _BUILTINS:
+        return None
+    entries = [e for e in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(e)]
+    found = shutil.which(name, path=os.pathsep.join(entries))
+    if found and _beneath(os.path.realpath(found), root):
+        return found
     return None
 
 
@@ -1270,15 +1355,19 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str], nu
             if full is None:
                 return f"{name}: the option --{option} is not on its read-only list", positional
             if full.endswith("=") and not has_value and f"{full[:-1]}" not in longs:
+                if k < len(args) and args[k].startswith("-"):
+                    return f"{name}: the value of --{option} looks like an option ({args[k]})", positional
                 k += 1         # --lines 5: the value is the next word
             continue
         if arg.startswith("-") and len(arg) > 1:
-            if numeric and arg[1:].isdigit():
+            if numeric and _is_number(arg[1:]):
                 continue       # head -5
             for i, letter in enumerate(arg[1:]):
                 if letter not in letters:
                     return f"{name}: the option -{letter} is not on its read-only list", positional
                 if letter in takes_value:
+                    if i == len(arg) - 2 and k < len(args) and args[k].startswith("-") and args[k] != "-":
+                        return f"{name}: the value of -{letter} looks like an option ({args[k]})", positional
                     if i == len(arg) - 2:
                         k += 1     # -n 5: the value is the next word
                     break          # -n5: the rest is the value
@@ -1311,16 +1400,30 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
         return None
     sub, rest = args[k], args[k + 1:]
     if sub in GIT_READ_FORMS:
-        first = rest[0] if rest else ""
-        if first not in GIT_READ_FORMS[sub]:
-            return f"git {sub} {first} is not a read-only form".replace("  ", " ")
-        if sub in ("stash", "reflog") and rest:
-            return _options_problem(f"git {sub}", rest[1:], _GIT_LOG, numeric=True)[0]
-        return None
+        return _git_form_problem(sub, rest)
     spec = GIT_READ_ONLY.get(sub)
     if spec is None:
         return f"git {sub} is not on the read-only list"
     return _options_problem(f"git {sub}", rest, spec, numeric=sub in ("log", "show", "shortlog"))[0]
+
+
+def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
+    """None when `git SUB REST` has one of GIT_READ_FORMS' shapes."""
+    first = rest[0] if rest else ""
+    form = GIT_READ_FORMS[sub].get(first)
+    if form is None:
+        return f"git {sub} {first} is not a read-only form".replace("  ", " ")
+    options, most = form
+    after = rest[1:] if first else rest
+    if options == "log":
+        problem, plain = _options_problem(f"git {sub} {first}", after, _GIT_LOG, numeric=True)
+    else:
+        problem, plain = _options_problem(f"git {sub} {first}", after, ("", options))
+    if problem:
+        return problem
+    if len(plain) > most:
+        return f"git {sub} {first} takes at most {most} argument(s) in its read-only form"
+    return None
 
 
 def _find_problem(args: tuple[str, ...]) -> str | None:
@@ -1407,7 +1510,7 @@ def _state_write(parts: list[_Part], root: str) -> str | None:
     tee, sed -i, install, ln, rsync, dd of=, git checkout --, a script given the path ..."""
     state = khaelor_home()
     for part in parts:
-        if _not_read_only(part) is None:
+        if _not_read_only(part, root) is None:
             continue
         for word in _path_arguments(part.core):
             path = _word_path(word, part.cwd)
@@ -1602,6 +1705,8 @@ class _ShellLine:
         self.parts: list[_Part] = []
         self.compound = False      # operators, redirections or nesting: no "always" suggestion
         self.floor: str | None = None
+        self.unfollowed: str | None = None   # a construct that makes no command provably read-only
+        self.visited: list[str] = [cwd]     # the working directories the line may run in
         self._parse(command, cwd, 0)
 
     def _parse(self, command: str, cwd: str, depth: int) -> None:
@@ -1620,12 +1725,15 @@ class _ShellLine:
                         self.compound = True
                         self._parse(value, cwd, depth + 1)
             expanded = [w for pieces in words for w in self._expand(pieces, env)]
-            while expanded and expanded[0] in _KEYWORDS:
-                expanded.pop(0)
+            while expanded and expanded[0] in (*_KEYWORDS, "coproc"):
+                if expanded.pop(0) == "coproc":
+                    self.unfollowed = "it starts a coprocess"
             while expanded and expanded[-1] == "}":
                 expanded.pop()
             targets = tuple((op, " ".join(self._expand(t, env))) for op, t in redirects)
             skipped = bool(expanded) and expanded[0] in _SKIPPED_STATEMENTS
+            if skipped:
+                self.unfollowed = f"its {expanded[0]} statement sets variables this check does not follow"
             unliteral = _unliteral([*words, *(t for _, t in redirects)], cwd)
             if (expanded or targets) and not skipped:
                 self._remember_assignments(expanded, env)
@@ -1636,7 +1744,9 @@ class _ShellLine:
              unliteral: str | None = None, stdin_text: str | None = None) -> str:
         """Record one simple command and what it runs in turn; return the cwd after it."""
         core = tuple(_core(words))
-        part = _Part(words, core, redirects, cwd, unliteral)
+        if cwd not in self.visited:
+            self.visited.append(cwd)
+        part = _Part(words, core, redirects, cwd, unliteral, tuple(self.visited))
         self.parts.append(part)
         self.floor = self.floor or _floor_reason(part, self.home)
         name = core[0] if core else ""
@@ -1787,6 +1897,8 @@ def _unliteral(words: list, cwd: str) -> str | None:
                 return "it expands a variable"
             if kind == "raw" and _BRACES.search(text):
                 return "it uses brace expansion"
+            if kind == "raw" and re.search(r"\[.*\]", text):
+                return "it uses a bracket glob, which bash and this check may read differently"
             if kind == "raw" and index == 0 and re.match(r"~[^/]", text):
                 return "it uses ~user expansion"
         problem = _glob_into_option(pieces, cwd)
@@ -1798,7 +1910,7 @@ def _unliteral(words: list, cwd: str) -> str | None:
 def _glob_into_option(pieces: list, cwd: str) -> str | None:
     if not any(kind == "raw" and any(c in text for c in "*?[") for kind, text in pieces):
         return None
-    pattern = "".join(text if kind == "raw" else glob.escape(text) for kind, text in pieces)
+    pattern = "".join(_bash_glob(text) if kind == "raw" else glob.escape(text) for kind, text in pieces)
     try:
         matches = glob.glob(pattern, root_dir=cwd)[:_MAX_GLOB]
     except (OSError, ValueError):
@@ -1881,6 +1993,9 @@ def _lex(text: str) -> list:
             piece("arith" if literal else None, literal)
             for command in commands:
                 piece("sub", command)
+        elif text.startswith("$[", i) or (text.startswith("((", i) and not pieces and not raw):
+            # bash reads these as arithmetic, where `<<`, `#` and `,` mean other things than here
+            raise _ParseError("arithmetic as (( )) or $[ ] is not followed")
         elif c == "#" and not pieces and not raw:
             i = text.find("\n", i) if "\n" in text[i:] else n      # a comment
         elif c in " \t":
@@ -1892,7 +2007,7 @@ def _lex(text: str) -> list:
                 raw.append(c)
                 i += 1
                 continue
-            if c in "<>" and not pieces and "".join(raw).isdigit():
+            if c in "<>" and not pieces and _is_number("".join(raw)):
                 raw.clear()          # the descriptor number in 2> and 0< does not matter here
             end_word()
             tokens.append(("op", op))
@@ -1923,6 +2038,8 @@ def _lex_double(text: str, i: int, piece) -> int:
         if c == "\\" and text[i + 1:i + 2] in ("$", "`", '"', "\\", "\n"):
             flush("lit", text[i + 1].strip("\n"))
             i += 2
+        elif text.startswith("$[", i):
+            raise _ParseError("arithmetic as $[ ] is not followed")
         elif c == "`" or text.startswith("$(", i):
             i, literal, commands = _substitution(text, i)
             buf.append(literal or "")
@@ -1975,6 +2092,8 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
     """Consume the bodies after a line; each becomes its `<<` word's only content, and an
     unquoted body's substitutions run."""
     for delimiter, strip_tabs, quoted, target in heredocs:
+        if not re.fullmatch(r"[\w.-]+", delimiter):
+            raise _ParseError(f"heredoc delimiter {delimiter!r} is not a plain word")
         lines = []
         while i < len(text):
             end = text.find("\n", i)
@@ -1983,6 +2102,8 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
                 break
             lines.append(line)
         body = "\n".join(lines)
+        if not quoted and any(line.endswith("\\") for line in lines):
+            raise _ParseError("a heredoc line ends in a backslash, which bash joins with the next")
         if quoted:
             target[:] = [("lit", body)]
         else:      # an unquoted body is expanded like a double-quoted string
@@ -2006,12 +2127,25 @@ def _nested_subs(text: str) -> list[str]:
 
 
 def _ansi_c(body: str) -> str:
-    """Decode bash's $'...' escapes ($'\\x72\\x6d' is "rm")."""
+    """Decode bash's $'...' escapes ($'\\x72\\m' is "rm", $'\\U2d' is "-")."""
+    named = {"n": "\n", "t": "\t", "r": "\r", "e": "\x1b", "E": "\x1b", "a": "\a", "b": "\b", "f": "\f",
+             "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+
     def decode(match):
         code = match[1]
-        if code[0] in "xu":
-            return chr(int(code[1:], 16))
+        if code[0] in "xuU":
+            value = int(code[1:], 16)
+            if value > 0x10FFFF:
+                raise _ParseError("an escape beyond Unicode")
+            return chr(value)
         if code[0] in "01234567":
             return chr(int(code, 8))
-        return {"n": "\n", "t": "\t", "r": "\r", "e": "\x1b"}.get(code, code)
-    return re.sub(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|[0-7]{1,3}|.)", decode, body)
+        if code[0] == "c":
+            return chr(ord(code[1:2].upper() or "@") & 0x1F)
+        return named.get(code, "\\" + code)
+    return re.sub(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|c.?|.)", decode, body, flags=re.S)
+
+
+def _is_number(text: str) -> bool:
+    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file name."""
+    return text.isascii() and text.isdigit()
