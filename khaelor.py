@@ -153,14 +153,25 @@ def trust_records(home: Path) -> dict:
     return records if isinstance(records, dict) else {}
 
 
+def trust_key(path: Path) -> str | None:
+    """What a trust record is kept under: the file's own place in this project. A permission file
+    reached through a symlink (the file or a folder on its way) can never be trusted: it could be
+    another project's trusted file, or change without this project changing."""
+    place = Path(os.path.realpath(path.parent.parent)) / path.parent.name / path.name
+    if os.path.realpath(path) != str(place):
+        return None
+    return str(place)
+
+
 def is_trusted(home: Path, path: Path) -> bool:
-    """Trusted: the user ran `khaelor trust` on exactly these bytes."""
+    """Trusted: the user ran `khaelor trust` on exactly these bytes, in this place."""
     import permissions
+    key = trust_key(path)
     try:
         data = path.read_bytes()
     except OSError:
         return False
-    return trust_records(home).get(str(path.resolve())) == permissions.content_hash(data)
+    return key is not None and trust_records(home).get(key) == permissions.content_hash(data)
 
 
 def trust_notice(layers: list) -> str | None:
@@ -191,13 +202,17 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     parser.add_argument("--revoke", action="store_true", help="withdraw the trust")
     args = parser.parse_args(argv)
     files = [project_root / ".khaelor" / "config.json", *claude_project_files(project_root)]
-    files = [path.resolve() for path in files if path.is_file()]
+    files = [path for path in files if path.is_file()]
     records = trust_records(home)
     if not files:
         raise UsageError(f"nothing to trust: {project_root} has no .khaelor/config.json or .claude/settings*.json")
     for path in files:
+        key = trust_key(path)
+        if key is None:
+            print(f"{path}: a symlink; a permission file reached through a link is never trusted")
+            continue
         if args.revoke:
-            records.pop(str(path), None)
+            records.pop(key, None)
             print(f"{path}: no longer trusted; its rules can only tighten")
             continue
         data = path.read_bytes()
@@ -213,7 +228,7 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
             print("  it grants nothing (its ask and deny rules apply whether trusted or not)")
         for rule in grants:
             print(f"    allow {rule.capability} {rule.pattern!r}  ({rule.source})")
-        records[str(path)] = permissions.content_hash(data)
+        records[key] = permissions.content_hash(data)
     write_json_atomic(home / "trust.json", records)
     if not args.revoke:
         print("trusted; any change to a file withdraws its trust until you run `khaelor trust` again")

@@ -293,7 +293,8 @@ _WRAPPERS = {name: set(options.split()) for name, options in {
     "unbuffer": "", "watch": "-n -d --interval", "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
     "chroot": "--userspec --groups", "unshare": "-S -G --setuid --setgid", "strace": "-e -o -p -s -u -E",
     "ltrace": "-e -o -p -u", "taskset": "", "chrt": "", "flock": "-w -E", "caffeinate": "", "proxychains": "-f",
-    "torsocks": "", "firejail": "", "pkexec": "--user", "run0": "--user -u",
+    "torsocks": "", "firejail": "", "pkexec": "--user", "runuser": "-u -g -G --user --group --supp-group",
+    "setpriv": "--reuid --regid --groups --inh-caps --ambient-caps --bounding-set --securebits --selinux-label", "run0": "--user -u",
     "systemd-run": "-p -u --unit --property", "parallel": "-j"}.items()}
 # Shells, and the programs that hand a -c string to one (su, runuser, script, flock FILE -c).
 _SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh", "tcsh", "runuser",
@@ -301,6 +302,10 @@ _SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "m
 # Interpreters: what is written to one through `process write` is code we cannot read.
 _INTERPRETERS = frozenset("""python python2 python3 node nodejs deno bun ruby irb perl php lua luajit R Rscript julia
     ghci scala sqlite3 psql mysql redis-cli mongo mongosh tclsh wish guile racket erl iex ipython jshell""".split())
+# Programs that run what they read (debuggers, editors, awk, remote shells, sudo -s): what is written
+# to one through `process write` is judged like code for an interpreter.
+_STDIN_RUNNERS = frozenset("""gdb lldb pdb ed ex vi vim nvim emacs awk gawk mawk nawk ipython ipython3 bpython ssh
+    telnet nc ncat socat expect sudo doas su docker podman kubectl dbus-run-session xargs parallel busybox""".split())
 _KEYWORDS = frozenset("if then else elif fi do done while until ! { } esac".split())
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
 _PATTERN_FIRST = frozenset(("grep", "egrep", "fgrep", "rg", "sed", "awk", "jq"))   # arg 1 is no file
@@ -308,7 +313,8 @@ _RECURSIVE_READERS = frozenset(("grep", "egrep", "fgrep", "rg", "diff"))
 
 # The floor's targets: deleting or chmod-ing these recursively is never what anyone wanted.
 _PROTECTED_DIRS = frozenset("""/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin /srv /sys /usr
-    /var /Users /System /Library /Applications /private /mnt /media /snap /run""".split())
+    /var /Users /System /Library /Applications /private /mnt /media /snap /run /usr/bin /usr/sbin /usr/lib /usr/lib32
+    /usr/lib64 /usr/libexec /usr/include /usr/share /usr/local /usr/src /var/lib /boot/efi /etc/ssh /etc/systemd""".split())
 _SAFE_DEVICES = frozenset("""/dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty /dev/random /dev/urandom
     /dev/full""".split())
 _POWER = frozenset("shutdown reboot halt poweroff".split())
@@ -350,6 +356,7 @@ class Rule:
     layer: str = "default"    # "default", "user" (the user's own files) or "project" (a repository's file)
     glob: bool = False        # the pattern is a gitignore-style path glob (Claude Code's Read/Edit rules)
     scope: str = ""           # "read" or "write": applies only to requests that read (or write) a path
+    tighten_only: bool = False   # from an untrusted file: it may make a verdict stricter, never looser
 
 
 @dataclass(frozen=True)
@@ -448,6 +455,7 @@ def load_rules(layers) -> list[Rule]:
             for rule in layer.rules:
                 if not layer.trusted and rule.action == "allow":
                     continue
+                rule = replace(rule, tighten_only=not layer.trusted)
                 {"allow": claude_allow, "ask": claude_ask, "deny": claude_deny}[rule.action].append(rule)
             continue
         problem = validate_config_rules(layer.config)
@@ -456,7 +464,8 @@ def load_rules(layers) -> list[Rule]:
         for entry in (layer.config or {}).get("permissions", []):
             if layer.trusted or entry["action"] != "allow":
                 where = _where(layer, json.dumps(entry["pattern"]))
-                ours.append(Rule(entry["capability"], entry["pattern"], entry["action"], where, layer.kind))
+                ours.append(Rule(entry["capability"], entry["pattern"], entry["action"], where, layer.kind,
+                                 tighten_only=not layer.trusted))
     return default_rules() + claude_allow + claude_ask + ours + claude_deny
 
 
@@ -527,7 +536,8 @@ def decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rul
         reason = "plan mode: only tools that read run; describe the change instead of making it"
         return replace(decision, action="deny", rule=None, suggestion=None, reason=reason, layer="mode")
     if mode == "acceptEdits" and tool_name in ("write", "edit") and decision.action == "ask" \
-            and decision.capability == "file.write.project" and decision.layer == "default":
+            and decision.capability == "file.write.project" and decision.layer == "default" \
+            and not (decision.descriptor + "/").startswith(".git/"):     # .git/config can run code later
         return replace(decision, action="allow", reason="acceptEdits mode: project files are written without asking",
                        layer="mode")
     return decision
@@ -614,7 +624,7 @@ def add_grant(config: dict, rule: dict) -> dict:
 
 def is_secret_name(name: str) -> bool:
     """A file name (or project path) that holds credentials; templates like .env.example do not."""
-    base = posixpath.basename(name)
+    base = posixpath.basename(name).lower()      # .ENV is .env on a case-insensitive file system
     if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
         return False
     return any(fnmatch.fnmatchcase(base, p) for p in SECRET_NAMES)
@@ -790,6 +800,11 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     command without its wrappers (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm`
     is not `rm *`)."""
     rule = _last_match(rules, request)
+    if rule is not None and rule.tighten_only:
+        # an untrusted file's ask after the user's deny must not loosen it
+        underneath = _last_match([r for r in rules if not r.tighten_only], request)
+        if underneath is not None and _STRICTNESS[underneath.action] > _STRICTNESS[rule.action]:
+            rule = underneath
     if request.core and request.core != request.subject:
         stricter = _last_match([r for r in rules if r.action != "allow" and r.layer != "default"],
                                request._replace(subject=request.core))
@@ -799,6 +814,8 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
         return "ask", None, request, "default"
     if request.read_only and rule.layer == "default":
         return "allow", None, request, "read-only"
+    if request.secret and rule.layer == "default" and rule.action == "allow":
+        return "ask", None, request, "default"      # a secret whose spelling the default patterns miss
     return rule.action, rule, request, rule.layer
 
 
@@ -865,20 +882,32 @@ def _glob_to_regex(pattern: str) -> str:
 def _protected_write(requests: list[_Request]) -> str | None:
     """The agent must not be able to grant itself permissions, not even under --yes: no write
     into $KHAELOR_HOME, nor into a permission file the project keeps."""
-    state = khaelor_home()
     for request in requests:
         if request.capability == "file.read" or not request.path:
             continue
-        if request.path == state or request.path.startswith(state + os.sep):
-            return f"khaelor's own state ({state}) is changed only by the user"
-        if _is_permission_file(request.path):
-            return f"a permission file ({request.path}) is changed only by the user"
+        why = _protected(request.path)
+        if why:
+            return why
+    return None
+
+
+def _protected(path: str) -> str | None:
+    """Why writing path would change who may do what: khaelor's state, the user's own permission
+    folders (~/.khaelor, ~/.claude), a project's permission file. Compared case-insensitively, as a
+    macOS or Windows file system compares them."""
+    lowered = path.lower()
+    for place in (khaelor_home(), os.path.expanduser("~/.khaelor"), os.path.expanduser("~/.claude")):
+        place = place.lower()
+        if lowered == place or lowered.startswith(place + os.sep):
+            return f"khaelor's own state and the user's permission files ({place}) are changed only by the user"
+    if _is_permission_file(lowered):
+        return f"a permission file ({path}) is changed only by the user"
     return None
 
 
 def _is_permission_file(path: str) -> bool:
     parts = path.split(os.sep)
-    tail = "/".join(parts[-2:])
+    tail = "/".join(parts[-2:]).lower()
     return tail in (".khaelor/config.json", ".claude/settings.json", ".claude/settings.local.json")
 
 
@@ -1033,11 +1062,12 @@ def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> De
 
 
 def _unparsable(command: str, cwd: str, home: str, rules: list[Rule], why: str) -> Decision:
-    """Bash runs the lines before a syntax error, so the floor still reads every line;
-    what cannot be parsed is never allowed without asking."""
+    """Bash runs the lines before a syntax error, so the floor still reads every line, split at
+    its operators; what cannot be parsed is never allowed without asking."""
     floor = _fork_bomb(command)
-    for text in command.splitlines():
-        words = re.sub(r"[\"'\\]", "", text).split()
+    for text in re.split(r"[\n;&|()]+", command):
+        words = re.sub(r"[\"'\\]", "", text).replace("${HOME}", home).replace("$HOME", home).split()
+        words = [home + word[1:] if word == "~" or word.startswith("~/") else word for word in words]
         floor = floor or _floor_reason(_Part(tuple(words), tuple(_core(words)), (), cwd), home)
     request = _Request("process.execute", command.strip(), None)
     return _judge(command.strip(), [request], rules, floor=floor, at_least="ask",
@@ -1050,9 +1080,12 @@ def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> l
     capability = _classify(part.core)
     suggestion = None if compound else _suggest(part.words)
     requests = [_Request(capability, " ".join(part.words), suggestion,
-                         read_only=read_only and capability == "process.execute", core=" ".join(part.core))]
+                         read_only=read_only and capability == "process.execute", core=" ".join(_rule_core(part.core)))]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
+        if target.startswith(("/dev/tcp/", "/dev/udp/")):      # bash opens a socket for these
+            requests.append(_Request("network.access", f"{op} {target}", None))
+            continue
         writes = op in _WRITE_REDIRECTS and not _is_number(target) and target != "-"
         if (writes or op == "<") and target not in _SAFE_DEVICES:
             for place in places:
@@ -1066,6 +1099,17 @@ def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> l
     return list(dict.fromkeys(requests))
 
 
+def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
+    """What deny and ask rules also match: the command without wrappers, and for git without its
+    global options (`git --no-pager -C . push` is `git push`)."""
+    if core[:1] != ("git",):
+        return core
+    k = 1
+    while k < len(core) and core[k].startswith("-"):
+        k += 2 if core[k] in _GIT_GLOBAL_WITH_VALUE else 1
+    return ("git", *core[k:])
+
+
 def _decide_process_write(text: str, process_command: str, root: str, rules: list[Rule]) -> Decision:
     """Text written to a shell is a command line, judged as one; to an interpreter it is code no
     one can read in advance, so it asks; anything else (a prompt, a REPL of data) is allowed."""
@@ -1073,7 +1117,8 @@ def _decide_process_write(text: str, process_command: str, root: str, rules: lis
     if program in _SHELLS:
         decision = _decide_bash(text, "", root, rules)
         return replace(decision, descriptor=f"{program} ← {text.strip()}")
-    if program in _INTERPRETERS or program.startswith(("python", "node", "ruby", "perl", "php")):
+    if program in _INTERPRETERS or program in _STDIN_RUNNERS or program.startswith(("python", "node", "ruby", "perl",
+                                                                                      "php")):
         request = _Request("process.execute", f"{program} -c {text.strip()}", None)
         return _judge(f"{program} ← {text.strip()}", [request], rules, at_least="ask",
                       not_read_only=f"code written to {program} runs unread")
@@ -1088,9 +1133,11 @@ def _stdin_reader(command: str, root: str) -> str:
     except (_ParseError, RecursionError):
         return "sh"          # unknown: judge what is written as a command line
     for part in parts:
-        name = part.core[0] if part.core else ""
-        if name in _SHELLS or name in _INTERPRETERS or name.startswith(("python", "node")):
-            return name
+        for word in part.words:
+            name = posixpath.basename(word)
+            if name in _SHELLS or name in _INTERPRETERS or name in _STDIN_RUNNERS or \
+                    name.startswith(("python", "node", "ruby", "perl", "php")):
+                return name
     return parts[0].core[0] if parts and parts[0].core else ""
 
 
@@ -1447,51 +1494,84 @@ def _destroys_work(part: _Part, root: str) -> str:
     core = part.core
     name = core[0] if core else ""
     if name == "git":
-        return _git_destroys(core[1:])
+        return _git_destroys(core[1:], part.cwd)
     if name == "rm" and _recursive_rm(core[1:]):
         for target in core[1:]:
-            if target.startswith("-"):
-                continue
-            path = _absolute(target) or posixpath.normpath(posixpath.join(part.cwd, target))
-            if posixpath.basename(path) == ".git" or path.endswith("/.git"):
-                return f"rm -r of the repository's history ({target})"
-            if target in ("*", "./*", ".", "./") and part.cwd == root:
-                return f"rm -r of the whole project ({target})"
-            if path == root or root.startswith(path.rstrip("/") + "/"):
-                return f"rm -r of the project or a directory holding it ({target})"
-    unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print", "-xdev"}
-    if name == "find" and "-delete" in core and part.cwd == root and core[1:2] in ((".",), ("./",)) \
-            and all(w in unfiltered or not w.startswith("-") for w in core[2:]):
-        return "find -delete over the whole project"
+            if not target.startswith("-"):
+                why = _rm_destroys(target, part.cwd, root)
+                if why:
+                    return why
+    if name == "find" and "-delete" in core:
+        unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print", "-xdev", "-L", "-H", "-P"}
+        whole = [r for r in _find_roots(core[1:]) if _resolve(r, part.cwd) == root]
+        if whole and all(w in unfiltered or not w.startswith("-") for w in core[1:]):
+            return "find -delete over the whole project"
     return ""
 
 
-def _git_destroys(args: tuple[str, ...]) -> str:
+def _rm_destroys(target: str, cwd: str, root: str) -> str:
+    """rm -r of .git (or inside it), of the project, of a directory holding it, or of everything
+    at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
+    target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
+    wildcard = [target.find(c) for c in "*?[" if c in target]
+    path = _resolve(target, cwd)
+    if wildcard:
+        directory = target[:min(wildcard)].rpartition("/")[0]
+        base = _resolve(directory or ".", cwd)
+        if base == root and "/" not in target[min(wildcard):]:
+            return f"rm -r of everything at the project's root ({target})"
+        path = base
+    git_dir = posixpath.join(root, ".git")
+    if path == git_dir or path.startswith(git_dir + "/"):
+        return f"rm -r of the repository's history ({target})"
+    if path == root or root.startswith(path.rstrip("/") + "/"):
+        return f"rm -r of the project or a directory holding it ({target})"
+    return ""
+
+
+def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     k = 0
     while k < len(args) and args[k].startswith("-"):
+        if args[k] == "-c" or args[k].startswith("--config-env"):
+            return "git -c can redefine what any git command does (an alias, clean.requireForce)"
         k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
     if k >= len(args):
         return ""
-    sub, rest = args[k], set(args[k + 1:])
-    force = bool(rest & {"-f", "--force", "--force-with-lease", "--mirror", "--delete", "-d"}) or \
-        any(a.startswith(("+", "--force-with-lease=")) for a in rest)
-    if sub == "reset" and rest & {"--hard", "--merge", "--keep"}:
+    sub, rest = args[k], args[k + 1:]
+
+    def has(*longs: str, short: str = "") -> bool:
+        """Any of these long options (git accepts unique abbreviations, --ha for --hard) or letters."""
+        for arg in rest:
+            if arg.startswith("--") and len(arg) > 3:
+                option = arg.partition("=")[0]
+                if any(full.startswith(option) for full in longs):
+                    return True
+            elif arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) & set(short):
+                return True
+        return False
+    plain = [a for a in rest if not a.startswith("-")]
+    if sub == "reset" and has("--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
-    if sub == "clean" and any(a == "--force" or (a[:1] == "-" and a[1:2] != "-" and "f" in a) for a in rest):
-        return "git clean -f deletes untracked files"
-    if sub == "push" and force:
-        return "a forced push rewrites the remote's history"
-    if sub == "checkout" and ("--" in rest or "." in rest or rest & {"-f", "--force"}):
+    if sub == "clean" and not has("--dry-run", short="n"):
+        return "git clean deletes untracked files"
+    if sub == "push" and (has("--force", "--force-with-lease", "--mirror", "--delete", "--prune", short="fd")
+                          or any(a.startswith(("+", ":")) for a in plain)):
+        return "a forced push (or a deletion) rewrites the remote's history"
+    if sub == "checkout" and ("--" in rest or has("--force", short="f") or len(plain) >= 2
+                              or any(a == "." or a.startswith(":") or os.path.exists(os.path.join(cwd, a))
+                                     for a in plain)):
         return "git checkout over paths discards uncommitted changes"
-    if sub == "restore" and not rest & {"--staged", "-S"} - {"--worktree", "-W"}:
+    if sub == "restore" and (has("--worktree", short="W") or not has("--staged", short="S")):
         return "git restore discards uncommitted changes"
-    if sub == "stash" and rest & {"drop", "clear"}:
+    if sub == "rm" and not has("--cached") and (has("--force", short="f") or "." in plain):
+        return "git rm -f deletes files with their uncommitted changes"
+    if sub == "stash" and {"drop", "clear"} & set(plain):
         return "git stash drop/clear deletes stashed work"
-    if sub == "branch" and ("-D" in rest or (rest & {"-d", "--delete"} and rest & {"-f", "--force"})):
+    if sub == "branch" and (has(short="D") or (has("--delete", short="d") and has("--force", short="f"))):
         return "git branch -D deletes an unmerged branch"
-    if sub in ("filter-branch", "filter-repo") or (sub == "reflog" and rest & {"expire", "delete"}):
+    if sub in ("filter-branch", "filter-repo") or (sub == "reflog" and {"expire", "delete"} & set(plain)):
         return f"git {sub} rewrites history"
-    if sub == "switch" and rest & {"--discard-changes", "-f", "--force"}:
+    if sub == "switch" and has("--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
     return ""
 
@@ -1508,16 +1588,14 @@ def _recursive_rm(args: tuple[str, ...]) -> bool:
 def _state_write(parts: list[_Part], root: str) -> str | None:
     """A command that is not provably read-only naming a path in khaelor's own state: cp, mv,
     tee, sed -i, install, ln, rsync, dd of=, git checkout --, a script given the path ..."""
-    state = khaelor_home()
     for part in parts:
         if _not_read_only(part, root) is None:
             continue
         for word in _path_arguments(part.core):
             path = _word_path(word, part.cwd)
-            if path and (path == state or path.startswith(state + os.sep)):
-                return f"khaelor's own state ({state}) is changed only by the user"
-            if path and _is_permission_file(path) and part.core[:1] != ("cat",):
-                return f"a permission file ({path}) is changed only by the user"
+            why = _protected(path) if path else None
+            if why:
+                return why
     return None
 
 
@@ -1534,6 +1612,11 @@ def _fork_bomb(command: str) -> str | None:
     unquoted = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "''", command)
     defined = {m["n"] or m["f"] for m in _FUNCTION_DEFINITION.finditer(unquoted)}
     bombs = [m["n"] for m in _SELF_PIPE.finditer(unquoted) if m["n"] in defined]
+    for name in defined:          # f(){ f & f; }: it calls itself twice, once in the background
+        body = re.search(rf"{re.escape(name)}\s*\(\s*\)\s*\{{(.*?)\}}", unquoted, re.S)
+        calls = re.findall(rf"(?<![\w-]){re.escape(name)}(?![\w-])", body[1]) if body else []
+        if len(calls) >= 2 and "&" in body[1]:
+            bombs.append(name)
     return f"fork bomb ({bombs[0]})" if bombs else None
 
 
@@ -1542,6 +1625,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     for op, target in part.redirects:
         if op in _WRITE_REDIRECTS and _is_device(target):
             return f"write to device {target}"
+        if op in _WRITE_REDIRECTS and (_absolute(target) or "").startswith(("/proc/sys", "/sys/")):
+            return f"write to the kernel's controls ({target})"
     name, args = (part.core[0], part.core[1:]) if part.core else ("", ())
     end = args.index("--") if "--" in args else len(args)
     options = [a for a in args[:end] if a.startswith("-")]
@@ -1561,14 +1646,38 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         return "dd onto a device"
     if name in ("cp", "tee", "shred", "cat") and any(_is_device(t) for t in targets[1 if name == "cp" else 0:]):
         return f"{name} onto a device"
-    if name == "find" and "-delete" in args:
-        roots = args[:next((i for i, a in enumerate(args) if a[:1] in ("-", "(", "!")), len(args))]
-        doomed = next((r for r in roots if _catastrophic(r, home, part.cwd)), None)
-        return f"find -delete from {doomed}" if doomed else None
+    if name == "find" and "-delete" in args and _find_roots_doomed(args, home, part.cwd):
+        return f"find -delete from {_find_roots_doomed(args, home, part.cwd)}"
     if _changes_power_state(name, targets):
         return f"changing the machine's power state ({' '.join(part.core)})"
     if name == "kill" and _kills_everything(args):
         return "kill -1 signals every process"
+    if name == "killall5":
+        return "killall5 signals every process"
+    if name == "rsync" and any(o.startswith("--delete") for o in options) and targets and \
+            _catastrophic(targets[-1], home, part.cwd):
+        return f"rsync --delete into {targets[-1]}"
+    if name == "find" and _find_roots_doomed(args, home, part.cwd) and \
+            set(args) & {"-exec", "-execdir", "-ok", "-okdir"}:
+        return f"find -exec over {_find_roots_doomed(args, home, part.cwd)}"
+    return None
+
+
+def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
+    """find's starting points: after its -L/-H/-P/-D/-O options, before the first expression."""
+    k = 0
+    while k < len(args) and (args[k] in ("-L", "-H", "-P") or args[k].startswith(("-D", "-O"))):
+        k += 2 if args[k] == "-D" else 1
+    end = k
+    while end < len(args) and args[end][:1] not in ("-", "(", "!"):
+        end += 1
+    return args[k:end] or (".",)
+
+
+def _find_roots_doomed(args: tuple[str, ...], home: str, cwd: str) -> str | None:
+    for root in _find_roots(args):
+        if _catastrophic(root, home, cwd):
+            return root
     return None
 
 
@@ -1578,8 +1687,9 @@ def _changes_power_state(name: str, targets: list[str]) -> bool:
     if name in ("init", "telinit"):
         return targets[:1] in (["0"], ["6"])
     if name in ("systemctl", "loginctl"):
-        return bool(set(targets) & {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep",
-                                    "soft-reboot"})
+        verbs = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep", "soft-reboot"}
+        units = {f"{verb}.target" for verb in verbs} | {"rescue.target", "emergency.target"}
+        return bool(set(targets) & (verbs | units))
     return False
 
 
@@ -1636,7 +1746,7 @@ def _precious(path: str, home: str) -> bool:
 def _is_device(target: str) -> bool:
     path = _absolute(target) or ""
     return (path.startswith("/dev/") and path not in _SAFE_DEVICES
-            and not path.startswith(("/dev/fd/", "/dev/pts/", "/dev/shm/")))
+            and not path.startswith(("/dev/fd/", "/dev/pts/", "/dev/shm/", "/dev/tcp/", "/dev/udp/")))
 
 
 def _absolute(target: str) -> str | None:
@@ -1667,6 +1777,9 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     """The words after a wrapper's own options. Short options are parsed like getopt, so
     `sudo -Eu root rm` skips root as the value of -u."""
     takes_value = _WRAPPERS[name]
+    for i, arg in enumerate(args[:-1]):
+        if name == "runuser" and arg in ("-c", "--command"):
+            return ["sh", "-c", args[i + 1]]     # runuser -l root -c CMD runs CMD through a shell
     k = 0
     while k < len(args) and (args[k].startswith("-") or (name == "env" and _ASSIGNMENT.match(args[k]))):
         arg = args[k]
@@ -1677,6 +1790,8 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
             return []       # only prints where the program is
         if name == "env" and arg in ("-S", "--split-string") and k + 1 < len(args):
             return args[k + 1].split() + args[k + 2:]
+        if name == "env" and arg.startswith(("-S", "--split-string=")):
+            return arg.partition("=")[2].split() if arg.startswith("--") else arg[2:].split() + args[k + 1:]
         k += 1 + _option_value_words(arg, takes_value)
     rest = args[k + _WRAPPER_POSITIONALS.get(name, 0):]
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
@@ -1755,6 +1870,10 @@ class _ShellLine:
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
+        if stdin_text and posixpath.basename(words[0] if words else "") == "xargs":
+            # echo / | xargs rm -rf: what is piped in becomes the command's arguments
+            fed = _Part(words, (*core, *stdin_text.split()), redirects, cwd, unliteral, part.cwds)
+            self.floor = self.floor or _floor_reason(fed, self.home)
         for script in scripts:
             self.compound = True
             self._parse(script, cwd, depth + 1)

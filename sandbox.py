@@ -143,11 +143,12 @@ def _mask(names, abi: int) -> int:
 
 def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> list[str]:
     """Real paths no command may read or write: the secret home locations, $KHAELOR_HOME and /dev
-    (its usable devices are granted one by one). An approved path that is, or holds, one opens it."""
+    (its usable devices are granted one by one). Only an approval that names one, or a path inside
+    it, opens it: approving `cp -r dotfiles/. ~` grants ~ around them, never ~/.ssh itself."""
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
     paths += [os.path.realpath(khaelor_home), "/dev"]
     opened = [os.path.realpath(path) for path in approved]
-    return [path for path in paths if not any(path == grant or _beneath(path, grant) for grant in opened)]
+    return [path for path in paths if not any(path == grant or _beneath(grant, path) for grant in opened)]
 
 
 def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Path, khaelor_home: Path,
