@@ -42,7 +42,6 @@ import json
 import os
 import posixpath
 import re
-import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -1375,10 +1374,10 @@ def _project_program(name: str, root: str) -> str | None:
     .venv/bin holding a committed `cat`); commands get only PATH's absolute entries."""
     if not root or name in _BUILTINS:
         return None
-    entries = [e for e in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(e)]
-    found = shutil.which(name, path=os.pathsep.join(entries))
-    if found and _beneath(os.path.realpath(found), root):
-        return found
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        found = os.path.join(entry, name)
+        if os.path.isabs(entry) and os.path.isfile(found) and os.access(found, os.X_OK):
+            return found if _beneath(os.path.realpath(found), root) else None
     return None
 
 

@@ -679,7 +679,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):   # noqa: N802
         fake = self.server.fake
-        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length)
+        if len(raw) < length:
+            # the client died while sending (a kill -9 mid-upload): the real API never sees a
+            # whole request, so it answers nothing and records no rejection
+            self.close_connection = True
+            return
         try:
             body = json.loads(raw)
         except ValueError:
