@@ -339,6 +339,8 @@ def test_nothing_khaelor_wrote_during_the_suite_holds_the_api_key(tmp_path_facto
     """Every file under this run's temp folders (session logs, spill files, crash.log, stderr.log,
     history, captured output), except the fixture files that hold the key on purpose."""
     base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent      # every worker's folders (pytest-N/popen-gw0, popen-gw1, ...)
     checked = 0
     for path in base.rglob("*"):
         if not path.is_file() or path.is_symlink() or path.name == "secrets.env" or path.stat().st_size > 64 << 20:
