@@ -1301,10 +1301,7 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
     session = Session(args, settings, home, project_root)
     session.attach(store)
     earlier = list(store.events)      # after attach: what repair() recorded (a reply cut off by a crash) shows too
-    for warning in store.warnings:
-        session.bus.emit("Status", text=f"warning: {warning}")
-    for notice in start_notices(settings):
-        session.bus.emit("Status", text=notice)
+    notices = [f"warning: {warning}" for warning in store.warnings] + start_notices(settings)
     # The SDK import (~2 s) starts just after the first paint, so typing never waits for it.
     asyncio.get_running_loop().call_later(0.05, model.preload)
     # Stray writes to stderr (library warnings) would tear the live region: they go to a file.
@@ -1313,7 +1310,7 @@ async def interactive_main(args, settings, store, home: Path, project_root: Path
         os.dup2(log.fileno(), 2)
     try:
         history = events.private_file(home / "history")     # what the user typed: 0600, like the logs
-        return await ui.run_app(session, history_path=history, replay=earlier)
+        return await ui.run_app(session, history_path=history, replay=earlier, notices=notices)
     finally:
         await session.quit()
         os.dup2(saved_stderr, 2)

@@ -2067,8 +2067,9 @@ class TerminalMode:
 
 async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
                   history_path: str | os.PathLike | None = None, replay: Iterable[dict] = (),
-                  color: bool | None = None) -> int:
-    """Run the interactive UI until the user quits; see the module docstring."""
+                  color: bool | None = None, notices: Iterable[str] = ()) -> int:
+    """Run the interactive UI until the user quits; see the module docstring. `notices` are said
+    once, above the composer, when it opens (an untrusted project config, no OS sandbox)."""
     stdout = stdout or sys.stdout.buffer
     loop = asyncio.get_running_loop()
     loop_thread = threading.get_ident()
@@ -2178,6 +2179,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
                 pass            # not the main thread: the caller handles signals
         loop.add_reader(stdin_fd, on_readable)
         unsubscribe = controller.subscribe(on_event)
+        for notice in notices:
+            app.timeline.note("⚠ " + notice)
         request_frame()
         code = await done
         result = controller.quit()

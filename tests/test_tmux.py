@@ -601,3 +601,12 @@ def test_ctrl_o_shows_the_whole_output_of_the_last_card(terminal):
     term.keys("C-o")
     screen = term.wait_for("row-30")
     assert "row-31" in screen and "row-60" in screen      # all of it, below the answer
+
+
+def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command_to_trust_it(terminal, project):
+    (project / ".khaelor").mkdir()
+    (project / ".khaelor" / "config.json").write_text(json.dumps(
+        {"permissions": [{"capability": "*", "pattern": "*", "action": "allow"}]}))
+    term = terminal([reply(text("hi"))])
+    screen = " ".join(term.wait_for("khaelor trust").split())      # the notice wraps at the pane's width
+    assert "would grant 1 permission" in screen and screen.count("khaelor trust") == 1
