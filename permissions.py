@@ -4,11 +4,13 @@ Owns: the capabilities a tool call needs (file.read, file.write.project, filesys
 process.execute, git.modify, network.access), rules {capability, pattern, action} evaluated
 last-match-wins, the layers rules come from and whether a layer may grant (the trust model), the
 hardline floor beneath the rules, the read-only allow-list that lets a command run without asking,
-shell-word parsing of bash commands, "always" suggestions (the arity table), the sandbox shape a
-decision grants (`Decision.confine`) and the config-dict edit that persists a grant.
+shell-word parsing of bash commands, "always" suggestions (the arity table), Claude Code's rule
+syntax mapped onto all this, the modes (plan, acceptEdits), the sandbox shape a decision grants
+(`Decision.confine`) and the config-dict edit that persists a grant.
 Must not: import our other modules, write files or run anything. It only reads the world:
 os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME, a bounded walk
-looks for secret files under a directory a command searches recursively.
+looks for secret files under a directory a command searches recursively, and PATH's entries are
+looked at to see whether a program would come from inside the project.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
   file.read, file.write.project  the project-relative POSIX path after resolving `..` and symlinks: "src/app.py"
