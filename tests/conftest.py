@@ -107,3 +107,21 @@ def kernel_turn(project, env, fake, monkeypatch):
             await kernel.toolbox.close()
             await kernel.model.close()
     return lambda prompt, ask: asyncio.run(turn(prompt, ask))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In parallel runs the suite_end key scan runs while the other worker may still be writing, so
+    the controller scans every worker's folders again once all of them are done, and fails the run
+    if any file khaelor wrote holds the API key."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    base = config._tmp_path_factory.getbasetemp()
+    key = b"sk-test-secret-key"
+    for path in base.rglob("*"):
+        if not path.is_file() or path.is_symlink() or path.name == "secrets.env" or path.stat().st_size > 64 << 20:
+            continue
+        if key in path.read_bytes():
+            print(f"\nFAILED: the API key was written to {path}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
