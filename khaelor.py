@@ -388,7 +388,9 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     if args.action != "check":
         print(f"sandbox: {sandbox.status()}")
         for layer in layers:
-            trust = "" if layer.kind != "project" else ("  (trusted)" if layer.trusted else "  (untrusted: tightens only)")
+            trust = ""
+            if layer.kind == "project":
+                trust = "  (trusted)" if layer.trusted else "  (untrusted: tightens only)"
             print(f"layer: {layer.kind:<7} {layer.source}{trust}")
         print("\n".join(permissions.describe_rules(rules)))
         for rule in permissions.untrusted_grants(layers):
@@ -397,7 +399,11 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
             for where, rule, why in layer.ignored:
                 print(f"ignored  {rule}  {where} ({why})")
         return EXIT_OK
-    kind = "bash" if args.bash is not None else "read" if args.read is not None else "write"
+    kind = "write"
+    if args.bash is not None:
+        kind = "bash"
+    elif args.read is not None:
+        kind = "read"
     result = permissions.check(kind, args.bash or args.read or args.write, project_root, rules, sandboxed=sandboxed)
     if args.json:
         print(json.dumps(result))
