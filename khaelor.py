@@ -818,6 +818,10 @@ def require_api_key() -> None:
 
 # ---------------------------------------------------------------- interactive
 
+# The user's own `!` commands run as the user would run them: the sandbox holds what the model runs.
+USER_SHELL = {"write": True, "network": True, "paths": [], "secrets": True, "hide": [], "unconfined": True}
+
+
 class Session:
     """The interactive controller the UI drives (ui.Controller): one kernel at a time, a turn as a
     task, permission questions as futures the panel resolves, and the slash-command table."""
@@ -959,7 +963,7 @@ class Session:
                 streamed.append(event["text"])
         unsubscribe = self.bus.subscribe(collect)
         try:
-            result = await self.toolbox.run("bash", {"command": command}, events.USER_SHELL_ID)
+            result = await self.toolbox.run("bash", {"command": command}, events.USER_SHELL_ID, confine=USER_SHELL)
         except asyncio.CancelledError:
             self.bus.emit("UserShellRan", command=command, output="".join(streamed)[-STOPPED_OUTPUT_CHARS:],
                           exit_code=None, stopped=True)

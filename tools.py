@@ -355,7 +355,7 @@ class Workspace:
         runs_git = os.path.basename(argv[0]) == "git" or (argv[1:2] == ["-c"] and "git" in argv[-1])
         keys = self.repository_git_drivers(cwd) if runs_git and scan_git else []
         env.update(sandbox.git_env(os.environ, sandbox.git_settings(read_only, keys)))
-        if not self.abi:
+        if not self.abi or confine.get("unconfined"):      # no Landlock, or the user's own `!` command
             return env, None
         home = self.home or events.khaelor_home()
         return env, sandbox.build_ruleset(confine, self.cwd, self.temp_dir, Path.home(), home, ports)

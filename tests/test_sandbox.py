@@ -469,3 +469,14 @@ def test_an_approved_pip_install_can_install_where_pip_installs_and_an_unapprove
     refused, installed = drive(world, scenario)
     assert "imported 1" not in refused.text and "sandbox" in refused.text.lower()
     assert "imported 1" in installed.text, installed.text
+
+
+def test_the_users_own_shell_command_runs_unconfined(world):
+    """`!cmd` is the user's command, not the model's: it reaches what the user can."""
+    import khaelor
+    target = world.home / "written-by-the-user.txt"
+
+    async def scenario(box):
+        return await box.run("bash", {"command": f"echo mine > {target}"}, "user", confine=khaelor.USER_SHELL)
+    drive(world, scenario)
+    assert target.read_text() == "mine\n"
