@@ -1080,6 +1080,10 @@ def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> l
     arguments may name, and the secrets a recursive search of a directory would read."""
     capability = _classify(part.core)
     suggestion = None if compound else _suggest(part.words)
+    if suggestion and not read_only and capability == "process.execute" and _listed_read_only(part.core):
+        # it asks because of an option or a form (sort --co=…, git log --output=…): a wildcard
+        # over its arguments would grant exactly that form from then on
+        suggestion = _escape(" ".join(part.words))
     requests = [_Request(capability, " ".join(part.words), suggestion,
                          read_only=read_only and capability == "process.execute", core=" ".join(_rule_core(part.core)))]
     places = part.cwds or (part.cwd,)
@@ -1109,6 +1113,16 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
     while k < len(core) and core[k].startswith("-"):
         k += 2 if core[k] in _GIT_GLOBAL_WITH_VALUE else 1
     return ("git", *core[k:])
+
+
+def _listed_read_only(core: tuple[str, ...]) -> bool:
+    """The program (or git subcommand) is on the read-only lists, in some form."""
+    if core[:1] == ("git",):
+        words = _rule_core(core)
+        sub = words[1] if len(words) > 1 else ""
+        first = words[2] if len(words) > 2 else ""
+        return sub in GIT_READ_ONLY or first in GIT_READ_FORMS.get(sub, {})
+    return bool(core) and core[0] in READ_ONLY
 
 
 def _decide_process_write(text: str, process_command: str, root: str, rules: list[Rule]) -> Decision:
@@ -1855,6 +1869,8 @@ class _ShellLine:
                 self._remember_assignments(expanded, env)
                 cwd = self._add(tuple(expanded), targets, cwd, depth, unliteral, piped if after_pipe else None)
             piped = _printed(expanded)
+            if expanded[:1] == ["find"]:       # find / | xargs rm -rf: what it prints starts at its roots
+                piped = " ".join(_find_roots(tuple(expanded[1:])))
 
     def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int,
              unliteral: str | None = None, stdin_text: str | None = None) -> str:

@@ -589,3 +589,15 @@ def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
 def test_test_v_with_an_array_subscript_is_not_read_only(project):
     assert bash("test -v name", project)["decision"] == "ask"
     assert bash("[ -f README.md ]", project)["decision"] == "allow"
+
+
+def test_always_on_a_listed_command_asked_for_its_option_is_exact(project):
+    """sort asked because of --co=: "always" must not save sort *, which would grant that form."""
+    for command in ("sort --co=bash names.txt", "git log --output=x", "rg --pre ./x TODO"):
+        assert bash(command, project)["suggestion"] == permissions._escape(command), command
+    assert bash("git push origin main", project)["suggestion"] == "git push *"
+
+
+def test_find_piped_into_xargs_rm_is_floored_from_its_roots(project):
+    assert bash("find / | xargs rm -rf", project)["floor"]
+    assert not bash("find . -name '*.pyc' | xargs rm -f", project)["floor"]
