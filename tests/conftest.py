@@ -1,6 +1,7 @@
 """Shared fixtures: an isolated KHAELOR_HOME and project, the fake API, and the real CLI as a subprocess."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,26 @@ class Khaelor:
 @pytest.fixture
 def khaelor(project, env, fake):
     return Khaelor(project, env, fake)
+
+
+@pytest.fixture
+def listener():
+    """A socket on 127.0.0.1 that nothing confined or denied should reach (was_reached tells)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.5)
+    yield server
+    server.close()
+
+
+def was_reached(server) -> bool:
+    try:
+        connection, _ = server.accept()
+    except socket.timeout:
+        return False
+    connection.close()
+    return True
 
 
 def pytest_configure(config):

@@ -12,13 +12,13 @@ import os
 import pty
 import select
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import was_reached
 from fake_api import reply, text, tool_use
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,25 +41,6 @@ def real_git_repository(project: Path) -> None:
     (project / "app.py").write_text("print('work')\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "init"], check=True)
-
-
-@pytest.fixture
-def listener():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.3)
-    yield server
-    server.close()
-
-
-def was_reached(server) -> bool:
-    try:
-        connection, _ = server.accept()
-    except socket.timeout:
-        return False
-    connection.close()
-    return True
 
 
 def test_a_cloned_repository_and_a_hijacked_model_run_nothing_without_a_question(khaelor, fake, project,

@@ -16,6 +16,7 @@ import pytest
 import context
 import sandbox
 import tools
+from conftest import was_reached
 from fake_api import reply, text, tool_use
 
 ABI = sandbox.probe()[0]
@@ -59,26 +60,6 @@ def drive(world, scenario, abi=None):
 
 async def bash(box, command, confine=APPROVED, **more):
     return await box.run("bash", {"command": command}, "t1", confine={**confine, **more})
-
-
-@pytest.fixture
-def listener():
-    """A socket on 127.0.0.1 that nothing in the sandbox should reach."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.5)
-    yield server
-    server.close()
-
-
-def was_reached(server) -> bool:
-    try:
-        connection, _ = server.accept()
-    except socket.timeout:
-        return False
-    connection.close()
-    return True
 
 
 def connect_command(port: int) -> str:
