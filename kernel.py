@@ -315,6 +315,18 @@ class Kernel:
             self.emit("Interrupted", reason="khaelor exited while the reply was streaming")
         self.bus.store.sync()
 
+    def start(self) -> asyncio.Task:
+        """The turn as a task (interactive). Busy from this moment, not from the task's first
+        step, so a message sent in between is steering, never a second turn."""
+        self.busy = True
+        turn = asyncio.get_running_loop().create_task(self.run())
+        # A task cancelled before its first step never runs run()'s finally.
+        turn.add_done_callback(self._turn_done)
+        return turn
+
+    def _turn_done(self, turn) -> None:
+        self.busy = False
+
     async def run(self) -> str:
         """Run until the turn ends; returns the final step ("done", "failed", "max-turns", …).
         The one supervisor of a turn, headless and interactive: an exception other than a cancel

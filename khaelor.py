@@ -882,7 +882,8 @@ class Session:
 
     @property
     def working(self) -> bool:
-        return self.turn is not None and not self.turn.done()
+        """A turn runs: the kernel alone knows (it answers submit with steering then)."""
+        return self.kernel.busy
 
     def subscribe(self, fn):
         self.subscribers.append(fn)
@@ -918,8 +919,7 @@ class Session:
 
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
-        import asyncio
-        self.turn = asyncio.get_running_loop().create_task(self.kernel.run())
+        self.turn = self.kernel.start()
         self.turn.add_done_callback(self.turn_ended)
 
     def turn_ended(self, turn) -> None:

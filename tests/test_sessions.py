@@ -459,6 +459,25 @@ def test_a_new_session_starts_with_a_fresh_world_and_ids_go_on_after_resume(khae
     assert not new_log.exists() or "ProcessExited" not in new_log.read_text()
 
 
+def test_a_message_sent_before_the_turn_task_first_runs_is_steering(khaelor, fake, project, env, monkeypatch):
+    """Busy is the kernel's alone, and it starts when the turn is started, not when its task first
+    runs: two messages sent in one breath are one turn and one steering message."""
+    fake.enqueue(reply(text("hello")))
+    assert khaelor.run("-p", "hi", "--yes").returncode == 0
+    fake.enqueue(reply(text("on it")), reply(text("and the second")))
+
+    async def script(session):
+        session.submit("first")
+        session.submit("second")        # no await between: the turn's task has not run yet
+        assert session.working
+        await session.turn
+        return [(e["type"], e.get("text")) for e in session.store.events
+                if e["type"] in ("UserMessageCreated", "SteeringQueued", "SteeringInjected")]
+    said = in_session(project, env, monkeypatch, script)
+    assert said[-3:] == [("UserMessageCreated", "first"), ("SteeringQueued", "second"),
+                         ("SteeringInjected", "second")]
+
+
 # ---------------------------------------------------------------- issue 13: what the read found
 
 def test_context_shows_the_cached_tokens_of_the_last_response(khaelor, fake, project, env, monkeypatch):
