@@ -59,6 +59,11 @@ PROCESS_STRAY_GRACE_S = 1.0         # after a background process exits, what it 
 DIFF_CHAR_CAP = 20_000              # unified diff carried by FileModified
 SNIPPET_CONTEXT_LINES = 4           # lines shown around an edit
 EDIT_HISTORY_DEPTH = 20             # versions kept per file for undo
+# Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
+VERSIONS_KEEP_DAYS = 30
+VERSIONS_PRUNE_INTERVAL_S = 86_400  # prune_versions runs at most once a day
+VERSIONS_PRUNE_MARKER = ".last-prune"   # in versions/; its mtime is when prune_versions last ran
+BLOB_NAME = re.compile(r"[0-9a-f]{64}")  # a version's file name: the sha256 of its content
 BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor match needs
 
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")   # khaelor's own credentials, masked in all tool output
@@ -500,7 +505,12 @@ class Toolbox:
             return ToolResult(f"{shown} changed after khaelor's last edit; not undoing, to keep those changes.",
                               True, {"error": "changed"})
         version = history[-1]
-        before = None if version.before is None else self.load_version(version.before)
+        before = None
+        if version.before is not None:
+            try:
+                before = self.load_version(version.before)
+            except OSError as exc:
+                return self._version_lost(shown, exc)
         history.pop()
         if before is None:
             self.workspace.remove_file(real)
@@ -510,6 +520,17 @@ class Toolbox:
         added, removed = self._report_change(path, current, before or b"", version, tool_use_id)
         return ToolResult(f"Restored {shown} to before khaelor's last edit (+{added} −{removed}).",
                           meta={"path": shown, "added": added, "removed": removed})
+
+    def _version_lost(self, shown: str, exc: OSError) -> ToolResult:
+        """An /undo whose saved version cannot be read: nothing is changed, and the message says why."""
+        if isinstance(exc, FileNotFoundError):
+            why = (f"is gone from {self.versions_dir} (versions unused for "
+                   f"{VERSIONS_KEEP_DAYS} days are pruned)")
+        else:
+            why = f"cannot be read from {self.versions_dir} ({exc.strerror or exc})"
+        text = (f"Cannot undo khaelor's last edit of {shown}: the saved version from before it {why}. "
+                f"{shown} is left as it is.")
+        return ToolResult(text, True, {"error": "version_missing", "path": shown})
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it)."""
@@ -522,7 +543,12 @@ class Toolbox:
         """Store a file's content under its sha256 in KHAELOR_HOME/versions (once); its name."""
         name = _blob_name(data)
         path = self.versions_dir / name
-        if not path.exists():
+        if path.exists():
+            try:
+                os.utime(path)      # still in use: a fresh mtime keeps prune_versions off it
+            except OSError:
+                pass                # the version is there; an old mtime only risks its pruning
+        else:
             self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -566,6 +592,66 @@ class Toolbox:
                   diff=self.mask(diff), created=before is None, real_path=str(os.path.realpath(path)),
                   before_version=version.before, after_version=version.after)
         return added, removed
+
+def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
+    """Remove file versions (KHAELOR_HOME/versions) unused for keep_days, at most once a day.
+    Only plain files directly in versions/ with a sha256 name go; symlinks are never followed.
+    Never raises: what cannot be checked or removed is left. Returns how many were removed."""
+    try:
+        versions = os.open(Path(home) / "versions", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return 0            # no versions yet, or versions/ is not a plain directory
+    try:
+        if not _prune_due(versions):
+            return 0
+        return _remove_old_blobs(versions, time.time() - keep_days * 86_400)
+    finally:
+        os.close(versions)
+
+
+def _prune_due(versions: int) -> bool:
+    """True if the last prune was a day ago or more; then the marker is touched (now is the last)."""
+    try:
+        marker = os.stat(VERSIONS_PRUNE_MARKER, dir_fd=versions, follow_symlinks=False)
+        if time.time() - marker.st_mtime < VERSIONS_PRUNE_INTERVAL_S:
+            return False
+    except FileNotFoundError:
+        pass                # never pruned here
+    except OSError:
+        return False
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        fd = os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)
+    except OSError:
+        return False        # e.g. the marker is a symlink: prune nothing rather than follow it
+    try:
+        os.utime(fd)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _remove_old_blobs(versions: int, cutoff: float) -> int:
+    removed = 0
+    try:
+        entries = list(os.scandir(versions))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not BLOB_NAME.fullmatch(entry.name):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                continue
+            os.unlink(entry.name, dir_fd=versions)     # unlink never follows a symlink
+        except OSError:
+            continue
+        removed += 1
+    return removed
 
 # ---------------------------------------------------------------- input checking
 

@@ -540,6 +540,117 @@ def test_edit_history_and_undo(box):
     assert "No khaelor edits" in box.toolbox.undo("u.py").text
 
 
+def age_days(path: Path, days: float) -> None:
+    """Set a file's mtime (not following a symlink) to `days` ago."""
+    then = time.time() - days * 86_400
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_prune_versions_removes_only_old_sha256_blobs_directly_in_versions(tmp_path):
+    home = tmp_path / "home"
+    versions = home / "versions"
+    versions.mkdir(parents=True)
+    old, fresh = versions / ("a" * 64), versions / ("b" * 64)
+    old.write_bytes(b"old")
+    fresh.write_bytes(b"fresh")
+    age_days(old, 31)
+    age_days(fresh, 29)
+    not_hex = versions / "notes.txt"          # not a sha256 name: never removed, however old
+    not_hex.write_text("mine")
+    age_days(not_hex, 400)
+    upper = versions / ("C" * 64)             # the hex alphabet is lower-case only
+    upper.write_text("mine")
+    age_days(upper, 400)
+    outside = tmp_path / "precious.txt"       # a symlink with a hash name: neither it nor its target goes
+    outside.write_text("keep me")
+    age_days(outside, 400)
+    link = versions / ("d" * 64)
+    link.symlink_to(outside)
+    age_days(link, 400)
+    nested = versions / ("e" * 64)            # a directory with a hash name is not a blob
+    nested.mkdir()
+    (nested / ("f" * 64)).write_text("inner")
+    age_days(nested / ("f" * 64), 400)
+    age_days(nested, 400)
+
+    assert tools.prune_versions(home) == 1
+    assert not old.exists() and fresh.read_bytes() == b"fresh"
+    assert not_hex.exists() and upper.exists() and (nested / ("f" * 64)).exists()
+    assert link.is_symlink() and outside.read_text() == "keep me"
+
+
+def test_prune_versions_runs_at_most_once_a_day(tmp_path):
+    home = tmp_path / "home"
+    versions = home / "versions"
+    versions.mkdir(parents=True)
+    first, second = versions / ("1" * 64), versions / ("2" * 64)
+    first.write_bytes(b"1")
+    age_days(first, 40)
+    assert tools.prune_versions(home) == 1
+    marker = versions / tools.VERSIONS_PRUNE_MARKER
+    assert marker.is_file()
+    second.write_bytes(b"2")
+    age_days(second, 40)
+    assert tools.prune_versions(home) == 0 and second.exists()     # pruned less than a day ago
+    age_days(marker, 1.1)
+    assert tools.prune_versions(home) == 1 and not second.exists()
+    assert time.time() - marker.stat().st_mtime < 60            # the marker records this run
+
+
+def test_prune_versions_keep_days_and_what_it_never_raises_on(tmp_path):
+    assert tools.prune_versions(tmp_path / "no-home") == 0         # nothing stored yet
+    home = tmp_path / "home"
+    versions = home / "versions"
+    versions.mkdir(parents=True)
+    blob = versions / ("a" * 64)
+    blob.write_bytes(b"x")
+    age_days(blob, 3)
+    assert tools.prune_versions(home, keep_days=2) == 1 and not blob.exists()
+    # A marker that is a symlink is not followed (nor written through): nothing is pruned.
+    target = tmp_path / "elsewhere"
+    target.write_text("t")
+    age_days(target, 400)
+    marker = versions / tools.VERSIONS_PRUNE_MARKER
+    marker.unlink()
+    marker.symlink_to(target)
+    blob.write_bytes(b"x")
+    age_days(blob, 40)
+    assert tools.prune_versions(home) == 0 and blob.exists()
+    assert target.read_text() == "t" and time.time() - target.stat().st_mtime > 300 * 86_400
+    # versions/ itself a symlink: it is not followed.
+    other = tmp_path / "other-home"
+    other.mkdir()
+    (other / "versions").symlink_to(versions)
+    marker.unlink()
+    assert tools.prune_versions(other) == 0 and blob.exists()
+
+
+def test_storing_an_existing_version_again_keeps_it_fresh(box):
+    box.call("write", file_path="v.txt", content="same\n")
+    name = box.of_type("FileModified")[-1]["after_version"]
+    blob = box.toolbox.versions_dir / name
+    age_days(blob, 40)
+    box.call("write", file_path="w.txt", content="same\n")     # the same content: the same blob
+    assert time.time() - blob.stat().st_mtime < 60
+    assert tools.prune_versions(box.toolbox.versions_dir.parent) == 0 and blob.exists()
+
+
+def test_undo_whose_saved_version_was_pruned_leaves_the_file_and_says_so(box):
+    target = box.root / "p.py"
+    box.call("write", file_path="p.py", content="v1\n")
+    box.call("edit", file_path="p.py", old_string="v1", new_string="v2")
+    before = box.of_type("FileModified")[-1]["before_version"]
+    age_days(box.toolbox.versions_dir / before, 31)
+    assert tools.prune_versions(box.toolbox.versions_dir.parent) >= 1
+    n_events = len(box.events)
+    result = box.toolbox.undo("p.py")
+    assert result.is_error and result.meta["error"] == "version_missing"
+    assert "Cannot undo khaelor's last edit of p.py" in result.text
+    assert "pruned" in result.text and "p.py is left as it is" in result.text
+    assert target.read_text() == "v2\n" and len(box.events) == n_events
+    assert len(box.toolbox.edit_history[target.resolve()]) == 2     # history kept: nothing was undone
+
+
 def test_big_diff_is_capped(box):
     box.call("write", file_path="big.txt", content="".join(f"{n}\n" for n in range(20_000)))
     diff = box.of_type("FileModified")[-1]["diff"]
