@@ -26,7 +26,8 @@ DURABLE = frozenset("""
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
     ModelChanged UserShellRan TextCheckpoint""".split())
-EPHEMERAL = frozenset("ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status".split())
+EPHEMERAL = frozenset("""
+    ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
 # Events that give a tool_use its tool_result. A denial is answered to the model like a result.
 TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", "PermissionDenied"})
@@ -305,6 +306,11 @@ class Status(Envelope):
     text: str
 
 
+class FilesListed(Envelope):     # the project's files were listed for @ completion
+    type: Literal["FilesListed"]
+    count: int
+
+
 EVENT_KINDS = {kind.__name__: kind for kind in (
     SessionCreated, BaselineRecorded, UserMessageCreated, UserShellRan, SteeringQueued,
     SteeringInjected, TextCheckpoint, ModelTextBlockCompleted, ModelThinkingBlockCompleted,
@@ -312,7 +318,7 @@ EVENT_KINDS = {kind.__name__: kind for kind in (
     PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
     FileModified, ProcessStarted, ProcessExited, ContextPruned, ContextCompacted, Interrupted,
     VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
-    ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status)}
+    ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status, FilesListed)}
 
 
 def check_event(event: dict) -> list[str]:

@@ -838,6 +838,7 @@ class Session:
         self._files, self.closed, self.baseline = None, False, None
         self.shell = None        # the task of a running `!` command
         self._files_at = 0.0     # time.monotonic() when _files was listed
+        self._listing = None     # the listing running in a thread, if one is
         self._mention_prefix = "\0"    # the query of the last @ completion
         self._status_key, self._status = None, {}
 
@@ -986,16 +987,37 @@ class Session:
         return await entry[0](self, rest.strip())
 
     def mention_candidates(self, prefix: str) -> list:
-        """Files and their folders (`src/`) for @ completion. Listed again when a new mention starts and
-        the list is older than MENTION_REFRESH_S, since files come and go while khaelor works; the same
-        list while a mention is typed, so narrowing stays cheap."""
+        """Files and their folders (`src/`) for @ completion, as last listed. Listing runs in a
+        thread, never on the event loop (git in a big repository takes a while): it starts at
+        the first mention, and again when a new mention starts and the list is older than
+        MENTION_REFRESH_S, since files come and go while khaelor works. When a listing lands,
+        FilesListed makes the UI ask again. The same list while a mention is typed, so
+        narrowing stays cheap."""
         import time
-        now = time.monotonic()
-        new_mention = not prefix.startswith(self._mention_prefix)   # not the same mention typed on
-        if self._files is None or (new_mention and now - self._files_at > MENTION_REFRESH_S):
-            self._files, self._files_at = self.list_mentionable(), now
+        # Not the same mention typed on:
+        new_mention = not prefix.startswith(self._mention_prefix)
         self._mention_prefix = prefix
-        return self._files
+        stale = time.monotonic() - self._files_at > MENTION_REFRESH_S
+        if self._files is None or (new_mention and stale):
+            self.start_listing()
+        return self._files or []
+
+    def start_listing(self) -> None:
+        import asyncio
+        import time
+        if self._listing is not None:
+            return
+        self._files_at = time.monotonic()
+        loop = asyncio.get_running_loop()
+        self._listing = loop.run_in_executor(None, self.list_mentionable)
+        self._listing.add_done_callback(self.files_listed)
+
+    def files_listed(self, listing) -> None:
+        self._listing = None
+        if listing.cancelled() or listing.exception() is not None:
+            return
+        self._files = listing.result()
+        self.bus.emit("FilesListed", count=len(self._files))
 
     def list_mentionable(self) -> list:
         code, out = self.toolbox.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard"])

@@ -478,6 +478,24 @@ def test_a_message_sent_before_the_turn_task_first_runs_is_steering(khaelor, fak
                          ("SteeringInjected", "second")]
 
 
+def test_mention_files_are_listed_off_the_event_loop_and_announced(khaelor, fake, project, env, monkeypatch):
+    fake.enqueue(reply(text("hello")))
+    assert khaelor.run("-p", "hi", "--yes").returncode == 0
+    (project / "src").mkdir()
+    (project / "src" / "found.py").write_text("x = 1\n")
+
+    async def script(session):
+        import asyncio
+        listed = asyncio.Event()
+        session.subscribe(lambda e: e["type"] == "FilesListed" and listed.set())
+        first = session.mention_candidates("")      # returns at once: the listing runs in a thread
+        await asyncio.wait_for(listed.wait(), 10)
+        return first, session.mention_candidates("f")
+    first, later = in_session(project, env, monkeypatch, script)
+    assert first == []
+    assert "src/found.py" in later and "src/" in later
+
+
 # ---------------------------------------------------------------- issue 13: what the read found
 
 def test_context_shows_the_cached_tokens_of_the_last_response(khaelor, fake, project, env, monkeypatch):
