@@ -22,48 +22,82 @@ from pathlib import Path
 
 # ---------------------------------------------------------------- Landlock constants (linux/landlock.h)
 
-SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
+SYS_CREATE_RULESET = 444
+SYS_ADD_RULE = 445
+SYS_RESTRICT_SELF = 446
 # The Landlock syscalls got one number on every architecture (asm-generic and x86 tables alike); mips and
 # alpha offset theirs, so only these machines are trusted with the numbers above.
-MACHINES = {"x86_64", "aarch64", "arm64", "armv7l", "armv8l", "i686", "riscv64", "ppc64le", "s390x", "loongarch64"}
-CREATE_RULESET_VERSION = 1 << 0     # landlock_create_ruleset flag: return the ABI version
+MACHINES = {
+    "x86_64", "i686", "aarch64", "arm64", "armv7l", "armv8l",
+    "riscv64", "ppc64le", "s390x", "loongarch64",
+}
+# landlock_create_ruleset flag: return the ABI version
+CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
 
 # right -> (bit, first ABI that has it). Filesystem rights, then network, then scopes.
 LANDLOCK = {
-    "EXECUTE": (1 << 0, 1), "WRITE_FILE": (1 << 1, 1), "READ_FILE": (1 << 2, 1), "READ_DIR": (1 << 3, 1),
-    "REMOVE_DIR": (1 << 4, 1), "REMOVE_FILE": (1 << 5, 1), "MAKE_CHAR": (1 << 6, 1), "MAKE_DIR": (1 << 7, 1),
-    "MAKE_REG": (1 << 8, 1), "MAKE_SOCK": (1 << 9, 1), "MAKE_FIFO": (1 << 10, 1), "MAKE_BLOCK": (1 << 11, 1),
-    "MAKE_SYM": (1 << 12, 1), "REFER": (1 << 13, 2), "TRUNCATE": (1 << 14, 3), "IOCTL_DEV": (1 << 15, 5),
-    "CONNECT_TCP": (1 << 1, 4),                 # BIND_TCP (1 << 0) is left unhandled: dev servers may bind
-    "SCOPE_ABSTRACT_UNIX_SOCKET": (1 << 0, 6), "SCOPE_SIGNAL": (1 << 1, 6),
+    "EXECUTE": (1 << 0, 1),
+    "WRITE_FILE": (1 << 1, 1),
+    "READ_FILE": (1 << 2, 1),
+    "READ_DIR": (1 << 3, 1),
+    "REMOVE_DIR": (1 << 4, 1),
+    "REMOVE_FILE": (1 << 5, 1),
+    "MAKE_CHAR": (1 << 6, 1),
+    "MAKE_DIR": (1 << 7, 1),
+    "MAKE_REG": (1 << 8, 1),
+    "MAKE_SOCK": (1 << 9, 1),
+    "MAKE_FIFO": (1 << 10, 1),
+    "MAKE_BLOCK": (1 << 11, 1),
+    "MAKE_SYM": (1 << 12, 1),
+    "REFER": (1 << 13, 2),
+    "TRUNCATE": (1 << 14, 3),
+    "IOCTL_DEV": (1 << 15, 5),
+    # BIND_TCP (1 << 0) is left unhandled: dev servers may bind
+    "CONNECT_TCP": (1 << 1, 4),
+    "SCOPE_ABSTRACT_UNIX_SOCKET": (1 << 0, 6),
+    "SCOPE_SIGNAL": (1 << 1, 6),
 }
 FS_NAMES = [name for name in LANDLOCK if not name.startswith(("CONNECT", "SCOPE"))]
 # Rights a rule on a file (not a directory) may carry; the kernel refuses the others there.
 FILE_ONLY = {"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"}
 READ = {"EXECUTE", "READ_FILE", "READ_DIR"}
 # Everything but MAKE_CHAR/MAKE_BLOCK: a device node made in the project would open the raw disk.
-WRITE = READ | {"WRITE_FILE", "REMOVE_DIR", "REMOVE_FILE", "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO",
-                "MAKE_SYM", "REFER", "TRUNCATE", "IOCTL_DEV"}
+WRITE = READ | {
+    "WRITE_FILE", "TRUNCATE", "IOCTL_DEV", "REFER",
+    "REMOVE_DIR", "REMOVE_FILE",
+    "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_SYM",
+}
 DEVICE = {"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"}
 
 # ---------------------------------------------------------------- what is always closed
 
 # Under the user's home: neither readable nor writable unless the user approved that very path.
-SECRET_HOME_PATHS = [".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc", ".git-credentials", ".docker", ".kube",
-                     ".npmrc", ".pypirc", ".config/gh", ".azure", ".password-store"]
+SECRET_HOME_PATHS = [
+    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc",
+    ".git-credentials", ".docker", ".kube", ".npmrc", ".pypirc",
+    ".config/gh", ".azure", ".password-store",
+]
 # /dev is closed too (raw disks would bypass every rule); these devices stay usable.
-NULL_DEVICES = ["/dev/null", "/dev/zero", "/dev/full"]             # writable even by read-only commands
+# Writable even by read-only commands:
+NULL_DEVICES = ["/dev/null", "/dev/zero", "/dev/full"]
 READABLE_DEVICES = ["/dev/random", "/dev/urandom"]
-TERMINAL_DEVICES = ["/dev/tty", "/dev/ptmx", "/dev/pts"]            # writable for approved commands
-SHARED_MEMORY = "/dev/shm"      # POSIX semaphores and shared memory (multiprocessing): approved commands
+# Writable for approved commands:
+TERMINAL_DEVICES = ["/dev/tty", "/dev/ptmx", "/dev/pts"]
+# POSIX semaphores and shared memory (multiprocessing): approved commands.
+SHARED_MEMORY = "/dev/shm"
 
 # ---------------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file. Values tested on git 2.39.
-GIT_ALWAYS = [("core.fsmonitor", "false"), ("core.pager", "cat"), ("protocol.ext.allow", "never"),
-              ("safe.bareRepository", "explicit"),
-              ("core.sshCommand", "ssh")]   # plain ssh: a repository's own ssh command never runs, pushes still work
+GIT_ALWAYS = [
+    ("core.fsmonitor", "false"),
+    ("core.pager", "cat"),
+    ("protocol.ext.allow", "never"),
+    ("safe.bareRepository", "explicit"),
+    # plain ssh: a repository's own ssh command never runs, pushes still work
+    ("core.sshCommand", "ssh"),
+]
 GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
 # Drivers a repository's own config (local or worktree scope) may define; git_settings replaces external
 # diff commands for every command and the rest for read-only ones. No git setting turns textconv or
@@ -71,47 +105,77 @@ GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
 # needs git 2.42 and still reads .git/info/attributes), so each name the repository defines is
 # overridden one by one. An empty diff.external, diff.<x>.command or textconv makes git fail ("cannot
 # run"): hence a note and `cat`. An empty filter is git's pass-through.
-GIT_DRIVER_KEYS = re.compile(r"^(diff\.external|diff\..+\.(command|textconv)|filter\..+\.(clean|smudge|process)"
-                             r"|gpg\.program|gpg\.(openpgp|x509|ssh)\.program)$", re.I)
-EXTERNAL_DIFF_NOTE = ('echo "[khaelor: not running the diff command this repository configures, for $1; '
-                      'git diff --no-ext-diff shows the diff]" #')     # "#": git appends "$@", which it comments out
-GPG_PROGRAMS = {"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x509.program": "gpgsm",
-                "gpg.ssh.program": "ssh-keygen"}
+GIT_DRIVER_KEYS = re.compile(
+    r"^(diff\.external"
+    r"|diff\..+\.(command|textconv)"
+    r"|filter\..+\.(clean|smudge|process)"
+    r"|gpg\.program"
+    r"|gpg\.(openpgp|x509|ssh)\.program)$",
+    re.I)
+# The closing "#": git appends "$@", which it comments out.
+EXTERNAL_DIFF_NOTE = (
+    'echo "[khaelor: not running the diff command this repository '
+    'configures, for $1; git diff --no-ext-diff shows the diff]" #')
+GPG_PROGRAMS = {
+    "gpg.program": "gpg",
+    "gpg.openpgp.program": "gpg",
+    "gpg.x509.program": "gpgsm",
+    "gpg.ssh.program": "ssh-keygen",
+}
 
 # ---------------------------------------------------------------- probing
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneath(ctypes.Structure):
-    _pack_ = 1      # __attribute__((packed)) in the header
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+    # __attribute__((packed)) in the header
+    _pack_ = 1
+    _fields_ = [
+        ("allowed_access", ctypes.c_uint64),
+        ("parent_fd", ctypes.c_int32),
+    ]
 
 
 class _NetPort(ctypes.Structure):
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+    _fields_ = [
+        ("allowed_access", ctypes.c_uint64),
+        ("port", ctypes.c_uint64),
+    ]
 
 
-_probed: tuple[int, str] | None = None      # (ABI, status line), once per process
+# (ABI, status line), once per process
+_probed: tuple[int, str] | None = None
 _libc = None
 
 
 def probe() -> tuple[int, str]:
     """(Landlock ABI, status line): (7, "landlock ABI 7") or (0, "unavailable: <why>")."""
     global _probed, _libc
-    if _probed is None:
+    if _probed is not None:
+        return _probed
+    machine = os.uname().machine
+    if os.uname().sysname != "Linux":
         _probed = (0, "unavailable: not Linux")
-        if os.uname().sysname == "Linux" and os.uname().machine not in MACHINES:
-            _probed = (0, f"unavailable: Landlock syscall numbers unknown on {os.uname().machine}")
-        elif os.uname().sysname == "Linux":
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.syscall.restype = ctypes.c_long
-            abi = _libc.syscall(ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-                                ctypes.c_uint32(CREATE_RULESET_VERSION))
-            _probed = (abi, f"landlock ABI {abi}") if abi > 0 else (0, f"unavailable: {_why(ctypes.get_errno())}")
+    elif machine not in MACHINES:
+        why = f"Landlock syscall numbers unknown on {machine}"
+        _probed = (0, f"unavailable: {why}")
+    else:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+        abi = _libc.syscall(
+            ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
+            ctypes.c_uint32(CREATE_RULESET_VERSION))
+        if abi > 0:
+            _probed = (abi, f"landlock ABI {abi}")
+        else:
+            _probed = (0, f"unavailable: {_why(ctypes.get_errno())}")
     return _probed
 
 
@@ -131,8 +195,8 @@ def notice() -> str | None:
     """The one line to show at interactive start and on stderr headless when nothing is confined."""
     if probe()[0]:
         return None
-    return (f"sandbox {status()}: commands run unconfined, so every command that is not provably "
-            "read-only asks first.")
+    return (f"sandbox {status()}: commands run unconfined, "
+            "so every command that is not provably read-only asks first.")
 
 
 def _mask(names, abi: int) -> int:
@@ -148,32 +212,46 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
     paths += [os.path.realpath(khaelor_home), "/dev"]
     opened = [os.path.realpath(path) for path in approved]
-    return [path for path in paths if not any(path == grant or _beneath(grant, path) for grant in opened)]
+    return [path for path in paths if not _opened_by(path, opened)]
 
 
-def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Path, khaelor_home: Path,
-                  ports: set[int]) -> int:
+def _opened_by(path: str, grants: list[str]) -> bool:
+    """Whether one of `grants` is `path` or lies inside it."""
+    return any(grant == path or _beneath(grant, path) for grant in grants)
+
+
+def build_ruleset(confine: dict, project: Path, temp_dir: Path | None,
+                  home: Path, khaelor_home: Path, ports: set[int]) -> int:
     """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads stay open everywhere but the closed
     locations; writes go where `confine` says; TCP connect only with network or to `ports`."""
     abi = probe()[0]
     closed = closed_locations(home, khaelor_home, confine["paths"])
-    grants = [("/", READ), (project, READ), (khaelor_home / "spill", READ)]   # results point at spill files
+    # Results point at spill files, so those stay readable.
+    grants = [("/", READ), (project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
-    grants += [(device, {"READ_FILE", "IOCTL_DEV"}) for device in READABLE_DEVICES + TERMINAL_DEVICES]
+    for device in READABLE_DEVICES + TERMINAL_DEVICES:
+        grants.append((device, {"READ_FILE", "IOCTL_DEV"}))
     grants += [("/dev", {"READ_DIR"})]
-    grants += [(_existing(path), WRITE if confine["write"] else READ) for path in confine["paths"]]
+    approved_rights = WRITE if confine["write"] else READ
+    for path in confine["paths"]:
+        grants.append((_existing(path), approved_rights))
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there, and git
     # writes the blobs it hands to a textconv or an external diff there. Nothing else is.
-    grants += [(temp_dir, WRITE)] if temp_dir else []
+    if temp_dir:
+        grants.append((temp_dir, WRITE))
     if confine["write"]:
-        grants += [(project, WRITE), (SHARED_MEMORY, WRITE)] + [(device, DEVICE) for device in TERMINAL_DEVICES]
+        grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
+        grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
     network = confine["network"] or abi < 4
-    attr = _RulesetAttr(_mask(FS_NAMES, abi), 0 if network else _mask(["CONNECT_TCP"], abi),
-                        _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi))
-    fd = _libc.syscall(ctypes.c_long(SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
-                       ctypes.c_uint32(0))
+    connect = 0 if network else _mask(["CONNECT_TCP"], abi)
+    scopes = _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi)
+    attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
+    fd = _libc.syscall(
+        ctypes.c_long(SYS_CREATE_RULESET), ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if fd < 0:
-        raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+        error = ctypes.get_errno()
+        raise OSError(error, f"landlock_create_ruleset: {os.strerror(error)}")
     try:
         for path, rights in grants:
             _grant(fd, os.path.realpath(path), rights, closed, abi)
@@ -190,8 +268,11 @@ def _existing(path: str) -> str:
     """An approved path, or for one still to be made (mkdir, cp to a new name) its nearest existing
     directory: Landlock rules hold on to inodes, and creating a name needs rights on its directory."""
     path = os.path.realpath(path)
-    while not os.path.exists(path) and os.path.dirname(path) not in (path, "/"):
-        path = os.path.dirname(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent in (path, "/"):
+            break
+        path = parent
     return path
 
 
@@ -208,7 +289,8 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int) ->
     except OSError:
         return
     for entry in entries:
-        # A link is checked where it leads, so it needs no rule (and a rule on it would grant its target).
+        # A link is checked where it leads, so it needs no rule
+        # (and a rule on it would grant its target).
         if entry.path not in closed and not entry.is_symlink():
             _grant(fd, entry.path, rights, closed, abi)
 
@@ -220,14 +302,16 @@ def within(path: str, places: list[str]) -> bool:
 
 def _beneath(path: str, parent: str) -> bool:
     """Whether `path` lies strictly inside `parent` (plain strings: pathlib is too slow for this walk)."""
-    return path.startswith(parent.rstrip("/") + "/") and path != parent
+    inside = path.startswith(parent.rstrip("/") + "/")
+    return inside and path != parent
 
 
 def _add_path(fd: int, path: Path, rights: set[str], abi: int) -> None:
     try:
         target = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        return                  # missing (a device this machine lacks): nothing to grant
+        # missing (a device this machine lacks): nothing to grant
+        return
     try:
         if not os.path.isdir(path):
             rights = rights & FILE_ONLY
@@ -239,8 +323,12 @@ def _add_path(fd: int, path: Path, rights: set[str], abi: int) -> None:
 
 
 def _add_rule(fd: int, kind: int, rule, what: str) -> None:
-    if _libc.syscall(ctypes.c_long(SYS_ADD_RULE), ctypes.c_long(fd), ctypes.c_long(kind), rule, ctypes.c_uint32(0)):
-        raise OSError(ctypes.get_errno(), f"landlock_add_rule({what}): {os.strerror(ctypes.get_errno())}")
+    failed = _libc.syscall(
+        ctypes.c_long(SYS_ADD_RULE), ctypes.c_long(fd), ctypes.c_long(kind),
+        rule, ctypes.c_uint32(0))
+    if failed:
+        error = ctypes.get_errno()
+        raise OSError(error, f"landlock_add_rule({what}): {os.strerror(error)}")
 
 
 def child_hook(fd: int):
@@ -248,10 +336,14 @@ def child_hook(fd: int):
     ctypes functions with arguments built here. CPython calls it before close_fds, so the ruleset fd is
     still open; close_fds and its O_CLOEXEC close it before exec. If it fails, Popen raises in the parent
     and the command does not run."""
-    syscall, prctl = _libc.syscall, _libc.prctl
-    args_nnp = (ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                ctypes.c_ulong(0))
-    args_restrict = (ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_long(fd), ctypes.c_uint32(0))
+    syscall = _libc.syscall
+    prctl = _libc.prctl
+    args_nnp = (
+        ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
+        ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    args_restrict = (
+        ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_long(fd),
+        ctypes.c_uint32(0))
 
     def enter() -> None:
         if prctl(*args_nnp) or syscall(*args_restrict):
@@ -267,10 +359,14 @@ def listening_ports(pgids: set[int]) -> set[int]:
     inodes = set()
     for pid in _pids_in_groups(pgids):
         try:
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            fds = os.listdir(f"/proc/{pid}/fd")
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
         except OSError:
             continue
-        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
+        for link in links:
+            # "socket:[<inode>]"
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -278,9 +374,13 @@ def listening_ports(pgids: set[int]) -> set[int]:
         except OSError:
             continue
         for row in rows:
-            fields = row.split()    # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            fields = row.split()
+            listening = len(fields) > 9 and fields[3] == "0A"
+            if listening and fields[9] in inodes:
+                # local_address is <address>:<port>, in hex
+                port = fields[1].rsplit(":", 1)[1]
+                ports.add(int(port, 16))
     return ports
 
 
@@ -307,7 +407,9 @@ def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str,
     """(key, value) pairs for GIT_CONFIG_*: the fixed ones; each external diff command the repository's
     own config defines; and for read-only commands its other drivers too, each replaced by something
     that runs nothing."""
-    pairs = list(GIT_ALWAYS) + (GIT_READ_ONLY if read_only else [])
+    pairs = list(GIT_ALWAYS)
+    if read_only:
+        pairs += GIT_READ_ONLY
     for key in repository_keys:
         lowered = key.lower()
         if lowered.endswith((".command", "diff.external")):
@@ -315,9 +417,11 @@ def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str,
         elif not read_only:
             continue
         elif lowered.endswith(".textconv"):
-            pairs.append((key, "cat"))          # textconv gets the file's path: cat shows it unconverted
+            # textconv gets the file's path: cat shows it unconverted
+            pairs.append((key, "cat"))
         elif lowered.startswith("filter."):
-            pairs.append((key, ""))             # an empty filter is a pass-through
+            # an empty filter is a pass-through
+            pairs.append((key, ""))
         else:
             pairs.append((key, GPG_PROGRAMS.get(lowered, "gpg")))
     return pairs
@@ -337,43 +441,61 @@ def git_env(environ: dict, pairs: list[tuple[str, str]]) -> dict:
 
 # ---------------------------------------------------------------- explaining a refusal
 
-DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|\bEACCES\b|\bEPERM\b", re.I)
+DENIED = re.compile(
+    r"Permission denied|Operation not permitted|Read-only file system"
+    r"|\bEACCES\b|\bEPERM\b",
+    re.I)
 # Where such a line names its path: quoted ('x', "x", `x', ‘x’), or as "<path>: Permission denied".
-DENIED_PATH = re.compile(r"""['"`‘]([^'"`’\n]+)['"`’]|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only)""",
-                         re.I)
-CONNECTING = re.compile(r"connect|socket|urlopen|https?://|network|port \d+", re.I)
-CURL_REFUSED = re.compile(r"Couldn't connect to server")   # curl does not say why; Landlock makes it fail at once
+DENIED_PATH = re.compile(
+    r"""['"`‘]([^'"`’\n]+)['"`’]"""
+    r"""|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only)""",
+    re.I)
+CONNECTING = re.compile(
+    r"connect|socket|urlopen|https?://|network|port \d+", re.I)
+# curl does not say why; Landlock makes it fail at once
+CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
 
-def explain(output: str, confine: dict, cwd: Path, project: Path, temp_dir: Path | None, home: Path,
+def explain(output: str, confine: dict, cwd: Path, project: Path,
+            temp_dir: Path | None, home: Path,
             khaelor_home: Path) -> str | None:
     """A note for the model when a confined command's failure looks like the sandbox refusing it: what
     it would need (a path, write access outside the project, network) and that the user can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine["paths"])
-    writable = [_existing(path) for path in confine["paths"]] + ([str(temp_dir)] if temp_dir else [])
+    writable = [_existing(path) for path in confine["paths"]]
+    if temp_dir:
+        writable.append(str(temp_dir))
     if confine["write"]:
         writable.append(str(project))
     needs = []
     for line in lines:
         for match in DENIED_PATH.finditer(line):
-            path = os.path.realpath(cwd / (match.group(1) or match.group(2)))
+            named = match.group(1) or match.group(2)
+            path = os.path.realpath(cwd / named)
             need = _need(path, closed, writable, project)
             if need:
                 needs.append(need)
     # Landlock refuses a TCP connect with EACCES and names no path. Ports are fixed when a command starts.
-    local = ("; a local server is reachable only when it was started with the process tool before this "
-             "command, not by this command itself")
-    if not needs and not confine["network"] and lines and CONNECTING.search(output):
+    local = ("; a local server is reachable only when it was started "
+             "with the process tool before this command, "
+             "not by this command itself")
+    maybe_network = not needs and not confine["network"]
+    if maybe_network and lines and CONNECTING.search(output):
         needs.append(f"network access{local}")
-    elif not needs and not confine["network"] and CURL_REFUSED.search(output):
-        needs.append(f"network access, unless the server it connects to is simply not running{local}")
+    elif maybe_network and CURL_REFUSED.search(output):
+        needs.append("network access, unless the server it connects to "
+                     f"is simply not running{local}")
     if not needs:
         return None
-    return ("[khaelor sandbox: this command ran confined to what its permission allowed, and the sandbox refused "
-            f"it: it would need {'; '.join(dict.fromkeys(needs))}. The same command will fail the same way. If the "
-            "task needs this, ask the user: say so in your reply, or run a command that names that path or URL "
-            "itself, so that the user's permission question covers it.]")
+    wanted = "; ".join(dict.fromkeys(needs))
+    return ("[khaelor sandbox: this command ran confined to what its "
+            "permission allowed, and the sandbox refused it: "
+            f"it would need {wanted}. "
+            "The same command will fail the same way. "
+            "If the task needs this, ask the user: say so in your reply, "
+            "or run a command that names that path or URL itself, "
+            "so that the user's permission question covers it.]")
 
 
 def _need(path: str, closed: list[str], writable: list[str], project: Path) -> str | None:
@@ -384,10 +506,19 @@ def _need(path: str, closed: list[str], writable: list[str], project: Path) -> s
         return None
     roots = [root for root in writable if within(path, [root])]
     if not roots:
-        where = "" if _beneath(path, str(project)) else ", outside the project"
+        where = ", outside the project"
+        if _beneath(path, str(project)):
+            where = ""
         return f"write access to {path}{where}"
-    holding = [place for place in closed for root in roots if _beneath(place, root) and os.path.dirname(path) == root]
-    if holding:     # see _grant: rights to make names in this folder would open the protected one inside it
-        return (f"{path} made by the user: it was approved, but its folder holds a protected location "
-                f"({holding[0]}), where the sandbox cannot let a command make new names")
+    # See _grant: rights to make names in this folder would open the
+    # protected location inside it.
+    folder = os.path.dirname(path)
+    holding = []
+    if folder in roots:
+        holding = [place for place in closed if _beneath(place, folder)]
+    if holding:
+        return (f"{path} made by the user: it was approved, "
+                "but its folder holds a protected location "
+                f"({holding[0]}), "
+                "where the sandbox cannot let a command make new names")
     return None
