@@ -1837,6 +1837,8 @@ class App:
     # -- input --
 
     def on_event(self, event: dict) -> None:
+        if event.get("type") == "FilesListed":      # @ completion's list is ready: show it
+            self.composer._refresh_menu()
         try:
             self.timeline.apply(event)
         except Exception as exc:   # an odd event must never break the session: show it instead
