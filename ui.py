@@ -58,22 +58,34 @@ import events
 # ════ The controller: what khaelor.py implements for the UI ════
 
 class Controller(Protocol):
-    busy: bool                 # a turn is running: Enter queues steering, Esc interrupts
-    command_names: list[str]   # slash commands offered for completion, e.g. ["/help", "/model"]
-    command_descriptions: dict[str, str]   # optional: "/model" -> "[id] show or change the model"
+    # a turn is running: Enter queues steering, Esc interrupts
+    busy: bool
+    # slash commands offered for completion, e.g. ["/help", "/model"]
+    command_names: list[str]
+    # optional: "/model" -> "[id] show or change the model"
+    command_descriptions: dict[str, str]
 
-    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...  # every event
-    def submit(self, text: str) -> object: ...             # a user message (steering when busy)
-    def run_shell(self, command: str) -> object: ...       # "!cmd" typed in the composer
-    def run_command(self, line: str) -> object: ...        # "/cmd args"; str result is shown
-    def interrupt(self) -> object: ...                     # Esc while busy
+    # every event
+    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...
+    # a user message (steering when busy)
+    def submit(self, text: str) -> object: ...
+    # "!cmd" typed in the composer
+    def run_shell(self, command: str) -> object: ...
+    # "/cmd args"; str result is shown
+    def run_command(self, line: str) -> object: ...
+    # Esc while busy
+    def interrupt(self) -> object: ...
     def answer_permission(self, tool_use_id: str, choice: str, feedback: str) -> object: ...
-    def status(self) -> dict: ...   # model, tokens, cost, context_pct, cache_share, processes, branch
-    def mention_candidates(self, prefix: str) -> list[str]: ...   # paths for "@" completion
-    def quit(self) -> object: ...                          # the user is leaving
+    # model, tokens, cost, context_pct, cache_share, processes, branch
+    def status(self) -> dict: ...
+    # paths for "@" completion
+    def mention_candidates(self, prefix: str) -> list[str]: ...
+    # the user is leaving
+    def quit(self) -> object: ...
 
 
-QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()   # run_command's "end the app"
+# run_command's "end the app"
+QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()
 
 
 # ════ Escape sequences: the one table (nothing else in this file spells "\x1b[") ════
@@ -84,19 +96,22 @@ CURSOR_UP = CSI + "{}A"
 CURSOR_DOWN = CSI + "{}B"
 CURSOR_FORWARD = CSI + "{}C"
 CARRIAGE_RETURN = "\r"
-NEWLINE = "\r\n"                    # raw mode turns off output processing: a newline needs its CR
+# raw mode turns off output processing: a newline needs its CR
+NEWLINE = "\r\n"
 ERASE_DOWN = CSI + "J"
 CLEAR_SCREEN = CSI + "H" + CSI + "2J"
 SHOW_CURSOR = CSI + "?25h"
 BRACKETED_PASTE_ON = CSI + "?2004h"
 BRACKETED_PASTE_OFF = CSI + "?2004l"
-SYNC_BEGIN = CSI + "?2026h"         # synchronized output: terminals that know it paint a frame whole
+# synchronized output: terminals that know it paint a frame whole
+SYNC_BEGIN = CSI + "?2026h"
 SYNC_END = CSI + "?2026l"
 SGR = CSI + "{}m"
 SGR_RESET = CSI + "0m"
 PASTE_END = CSI + "201~"
 
-SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")        # captures, so SGR_RE.split keeps them
+# captures, so SGR_RE.split keeps them
+SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")
 # Terminal input, one key per match: a CSI sequence, an SS3 key (ESC O), Esc before Esc, Alt+char,
 # a control character, a run of text. KEY_PARTIAL_RE: the buffer ends inside a sequence.
 KEY_RE = re.compile(
@@ -185,7 +200,8 @@ def sanitize(text: str) -> str:
 
 @dataclass(frozen=True)
 class Style:
-    color: bool = True   # False: NO_COLOR or not a TTY; no escape sequences in any text
+    # False: NO_COLOR or not a TTY; no escape sequences in any text
+    color: bool = True
 
     def paint(self, text: str, *roles: str) -> str:
         if not self.color or not roles or not text:
@@ -201,7 +217,8 @@ def detect_color(stream, env=None) -> bool:
         return False
 
 
-Span = tuple[str, tuple[str, ...]]   # a run of text and the style roles it carries
+# a run of text and the style roles it carries
+Span = tuple[str, tuple[str, ...]]
 
 
 def join_runs(runs: list[list], style: Style) -> str:
@@ -235,9 +252,11 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "",
                 prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
             if gap:
                 _add_run(runs, " ", runs[-1][1] if runs[-1][1] == roles else ())
-            while word and used + gap + w > width:      # longer than the room left: break it
+            # longer than the room left: break it
+            while word and used + gap + w > width:
                 head, word = split_at_width(word, width - used - gap)
-                if not head and used == start:  # narrower than one wide char: overflow by one
+                # narrower than one wide char: overflow by one
+                if not head and used == start:
                     head, word = word[:1], word[1:]
                 if head:
                     _add_run(runs, head, roles)
@@ -257,7 +276,8 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "",
 
 # ════ Markdown: inline styles, blocks, code, tables, diffs ════
 
-FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+#.-]*)")   # any indent: fences in list items
+# any indent: fences in list items
+FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+#.-]*)")
 HEADING_RE = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$")
 HR_RE = re.compile(r"^ {0,3}([-*_])(?:\s*\1){2,}\s*$")
 LIST_RE = re.compile(r"^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$")
@@ -269,8 +289,10 @@ INLINE_RE = re.compile(
     r"|(?<![\w*])\*(?P<italic>[^\s*](?:.*?[^\s*])?)\*(?![\w*])"
     r"|(?<!\w)_(?P<italic2>[^\s_](?:.*?[^\s_])?)_(?!\w)"
     r"|\[(?P<link>[^\]]+)\]\((?P<url>[^)\s]+)\)")
-ESCAPED_RE = re.compile(r"\\([!-/:-@\[-`{-~])")     # \* is a literal star, not emphasis
-QUOTE_MAX_BARS = 6       # deeper quotes draw no more bars (1,000 levels must still render)
+# \* is a literal star, not emphasis
+ESCAPED_RE = re.compile(r"\\([!-/:-@\[-`{-~])")
+# deeper quotes draw no more bars (1,000 levels must still render)
+QUOTE_MAX_BARS = 6
 
 KEYWORDS = frozenset("""
     and as assert async await break case catch class const continue def default defer del do
@@ -375,7 +397,8 @@ def render_table(rows: list[str], width: int, style: Style, separator: str = "")
     grid = [r + [""] * (n_cols - len(r)) for r in grid]
     widths = [max(1, max(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
     total = sum(widths) + 3 * (n_cols - 1)
-    while total > width and max(widths) > 3:      # shrink the widest column until it fits
+    # shrink the widest column until it fits
+    while total > width and max(widths) > 3:
         widths[widths.index(max(widths))] -= 1
         total -= 1
     aligns = [column_align(cell) for cell in table_cells(separator)] if separator else []
@@ -449,7 +472,8 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(lines):
-        line, j = lines[i], i + 1      # j: where the next block starts
+        # j: where the next block starts
+        line, j = lines[i], i + 1
         if not line.strip():
             out.append("")
         elif m := HEADING_RE.match(line):
@@ -469,7 +493,8 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
             while j < len(lines) and QUOTE_RE.match(lines[j]):
                 j += 1
             out += render_quote(lines[i:j], width, style)
-        else:                          # a list item or a paragraph, with its continuation lines
+        else:
+            # a list item or a paragraph, with its continuation lines
             while j < len(lines) and not _starts_block(lines, j):
                 j += 1
             m = LIST_RE.match(line)
@@ -498,7 +523,8 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
         if not in_hunk or not raw:
             continue
         sign, body = raw[0], raw[1:]
-        if sign == "\\":                # "\ No newline at end of file"
+        # "\ No newline at end of file"
+        if sign == "\\":
             out.append(style.paint(clip(raw, width), "dim"))
             continue
         number = old if sign == "-" else new
@@ -511,10 +537,14 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
 
 # ════ Markdown stream: settled blocks and a live tail ════
 
-MAX_BLOCK_LINES = 40       # source lines in the live block before it settles anyway
-MAX_BLOCK_CHARS = 3000     # characters likewise: bounds the per-frame re-render of the tail
-MAX_LINE_CHARS = 2000      # a line longer than this (no newline yet) is cut at a space
-TABLE_CAP_FACTOR = 3       # a table needs its rows together (column widths): it may grow more
+# source lines in the live block before it settles anyway
+MAX_BLOCK_LINES = 40
+# characters likewise: bounds the per-frame re-render of the tail
+MAX_BLOCK_CHARS = 3000
+# a line longer than this (no newline yet) is cut at a space
+MAX_LINE_CHARS = 2000
+# a table needs its rows together (column widths): it may grow more
+TABLE_CAP_FACTOR = 3
 
 
 class MarkdownStream:
@@ -526,11 +556,15 @@ class MarkdownStream:
 
     def __init__(self, style: Style, width: int):
         self.style, self.width = style, width
-        self.n_fed = 0                   # characters fed so far (also the live-render cache key)
+        # characters fed so far (also the live-render cache key)
+        self.n_fed = 0
         self._settled: list[str] = []
-        self._block: list[str] = []      # complete source lines of the unsettled block
-        self._partial = ""               # the incomplete last line
-        self._fence = ""                 # closing marker of the open fence, "" outside one
+        # complete source lines of the unsettled block
+        self._block: list[str] = []
+        # the incomplete last line
+        self._partial = ""
+        # closing marker of the open fence, "" outside one
+        self._fence = ""
         self._lang = ""
         self._emitted = False
         self._blank_pending = False
@@ -605,7 +639,8 @@ class MarkdownStream:
             self._block = []
 
     def _emit(self, lines: list[str]) -> None:
-        if self._blank_pending:     # blank lines are written only between blocks, never trailing
+        # blank lines are written only between blocks, never trailing
+        if self._blank_pending:
             self._settled.append("")
             self._blank_pending = False
         self._settled.extend(lines)
@@ -616,14 +651,19 @@ class MarkdownStream:
 
 THINKING_TAIL_CHARS = 400
 PREVIEW_LINES = 3
-PREVIEW_HEAD, PREVIEW_TAIL = 2, 3     # a finished card shows its output's first and last lines
-EXPANDED_MAX_LINES = 400              # Ctrl-O shows up to this many lines of the last card
-EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")   # bash's own footer
+# a finished card shows its output's first and last lines
+PREVIEW_HEAD, PREVIEW_TAIL = 2, 3
+# Ctrl-O shows up to this many lines of the last card
+EXPANDED_MAX_LINES = 400
+# bash's own footer
+EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")
 USER_MESSAGE_MAX_LINES = 30
 SUMMARY_KEYS = {"read": "file_path", "write": "file_path", "edit": "file_path",
                 "grep": "pattern", "glob": "pattern", "bash": "command"}
-HEAD_PREVIEW_TOOLS = frozenset({"grep", "glob"})       # the first lines say most
-QUIET_TOOLS = frozenset({"read", "write", "edit"})      # the card (and diff) say it all
+# the first lines say most
+HEAD_PREVIEW_TOOLS = frozenset({"grep", "glob"})
+# the card (and diff) say it all
+QUIET_TOOLS = frozenset({"read", "write", "edit"})
 # Events shown as one dim line; fields are filled from the event ("?" when missing).
 NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned})",
@@ -643,7 +683,8 @@ PHASES = {"ModelStarted": "waiting for the model", "ToolInputDelta": "preparing 
 STREAMED_FIELDS = {"TextDelta": "text", "ThinkingDelta": "text", "ToolInputDelta": "partial_json"}
 RESPONSE_ENDS = frozenset({"ModelResponseCompleted", "ModelRequestFailed", "Interrupted",
                            "TaskCompleted", "TaskFailed"})
-CHARS_PER_TOKEN = 4        # the status line's output estimate; the API's count arrives at the end
+# the status line's output estimate; the API's count arrives at the end
+CHARS_PER_TOKEN = 4
 # Events that first settle whatever is still streaming (text, thinking).
 FLUSHING = frozenset({"UserMessageCreated", "ModelResponseCompleted", "TaskCompleted",
                       "TaskFailed", "Interrupted", "ToolRequested", "PermissionRequested"})
@@ -703,26 +744,34 @@ def rule_text(suggestion: dict) -> str:
 class ToolCard:
     name: str
     summary: str
-    tool_input: dict = field(default_factory=dict)    # what the permission panel previews
-    started: float | None = None        # time.monotonic() at ToolStarted (live elapsed)
-    started_ts: int | None = None       # the event's ts in unix ms (durations on replay)
+    # what the permission panel previews
+    tool_input: dict = field(default_factory=dict)
+    # time.monotonic() at ToolStarted (live elapsed)
+    started: float | None = None
+    # the event's ts in unix ms (durations on replay)
+    started_ts: int | None = None
     output_tail: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=PREVIEW_LINES))
-    changes: list[dict] = field(default_factory=list)   # FileModified events of this call
+    # FileModified events of this call
+    changes: list[dict] = field(default_factory=list)
 
 
 class FinishedCard(NamedTuple):
     """A finished call as drawn: the card line and diffs, then its output (collapsed unless
     expanded with Ctrl-O)."""
     head: list[str]
-    output: list[str]        # sanitized non-blank output lines (bash's exit-code footer removed),
-    n_lines: int             # the first EXPANDED_MAX_LINES of n_lines
-    head_only: bool          # grep, glob: the first lines say most, the rest is "… N more lines"
+    # sanitized non-blank output lines (bash's exit-code footer removed),
+    # the first EXPANDED_MAX_LINES of n_lines
+    output: list[str]
+    n_lines: int
+    # grep, glob: the first lines say most, the rest is "… N more lines"
+    head_only: bool
 
 
 def card_output(event: dict, meta: dict) -> list[str]:
     lines = [ln for ln in sanitize(str(event.get("output") or "")).split("\n") if ln.strip()]
-    if meta.get("exit_code") is not None:       # the card line says `exit N` already
+    # the card line says `exit N` already
+    if meta.get("exit_code") is not None:
         for k in range(len(lines) - 1, max(len(lines) - 3, 0) - 1, -1):
             if EXIT_CODE_LINE_RE.fullmatch(lines[k].strip()):
                 del lines[k]
@@ -736,24 +785,38 @@ class Timeline:
 
     def __init__(self, style: Style, width: int = 80):
         self.style, self.width = style, width
-        self.cards: dict[str, ToolCard] = {}   # by tool_use_id, until the call ends
-        self.permissions: list[dict] = []     # PermissionRequested events awaiting the user
-        self.status_text = ""                  # the latest Status event ("retrying in 4s")
-        self.phase = ""                        # what the model is doing, for the spinner
+        # by tool_use_id, until the call ends
+        self.cards: dict[str, ToolCard] = {}
+        # PermissionRequested events awaiting the user
+        self.permissions: list[dict] = []
+        # the latest Status event ("retrying in 4s")
+        self.status_text = ""
+        # what the model is doing, for the spinner
+        self.phase = ""
         self._settled: list[str] = []
         self._text: MarkdownStream | None = None
-        self._text_started = False             # _text has settled lines already
+        # _text has settled lines already
+        self._text_started = False
         self._thinking: str | None = None
-        self._requests: dict[str, dict] = {}   # PermissionRequested until Granted or Denied
-        self._attempt = events.Attempt()       # the closed-response rule, from events.py
+        # PermissionRequested until Granted or Denied
+        self._requests: dict[str, dict] = {}
+        # the closed-response rule, from events.py
+        self._attempt = events.Attempt()
         self._any = False
-        self._held: FinishedCard | None = None   # the newest card, live until something follows
-        self._last_card: FinishedCard | None = None   # what Ctrl-O expands once it has settled
-        self._queued: list[list[str]] = []     # steering notes waiting for the stream's block to end
-        self._checkpointed = ""                # TextCheckpoint text of the block in _text
-        self._steering: list[str] = []         # SteeringQueued texts not injected yet
-        self._model_started: float | None = None   # monotonic time of the running model call
-        self._n_streamed = 0                   # characters it has streamed (the token estimate)
+        # the newest card, live until something follows
+        self._held: FinishedCard | None = None
+        # what Ctrl-O expands once it has settled
+        self._last_card: FinishedCard | None = None
+        # steering notes waiting for the stream's block to end
+        self._queued: list[list[str]] = []
+        # TextCheckpoint text of the block in _text
+        self._checkpointed = ""
+        # SteeringQueued texts not injected yet
+        self._steering: list[str] = []
+        # monotonic time of the running model call
+        self._model_started: float | None = None
+        # characters it has streamed (the token estimate)
+        self._n_streamed = 0
 
     # -- folding --
 
@@ -767,7 +830,8 @@ class Timeline:
         elif kind == "ModelStarted":
             self._model_started, self._n_streamed = time.monotonic(), 0
         elif kind in RESPONSE_ENDS and event.get("retrying"):
-            self._n_streamed = 0               # the same call streams again from the start
+            # the same call streams again from the start
+            self._n_streamed = 0
         elif kind in RESPONSE_ENDS:
             self._model_started = None
         if kind in FLUSHING:
@@ -831,7 +895,8 @@ class Timeline:
             self._settle(self._card_block(held))
 
     def _settle(self, lines: list[str], gap: bool = True) -> None:
-        self._release_card()        # the held card comes first: it happened first
+        # the held card comes first: it happened first
+        self._release_card()
         if gap and self._any:
             self._settled.append("")
         self._settled.extend(lines)
@@ -879,7 +944,8 @@ class Timeline:
 
     def _on_ModelTextBlockCompleted(self, e: dict) -> None:
         stream = self._stream()
-        stream.feed(e.get("text", "")[stream.n_fed:])    # what the deltas did not bring
+        # what the deltas did not bring
+        stream.feed(e.get("text", "")[stream.n_fed:])
         self._finish_text()
         self._settle_queued()
 
@@ -1039,7 +1105,8 @@ class Timeline:
             False)
 
     def _on_ToolCancelled(self, e: dict) -> None:
-        self._resolve(e)      # a question left open by an interrupted turn is no longer asked
+        # a question left open by an interrupted turn is no longer asked
+        self._resolve(e)
         card = self._pop_card(e)
         reason = sanitize(str(e.get("reason") or "")).strip()
         facts = ["cancelled" + (f" ({reason})" if reason else "")]
@@ -1073,7 +1140,8 @@ class Timeline:
             self._dim_line(f"✓ Always allowed from now on: {rule_text(rule)}")
 
     def _on_PermissionDenied(self, e: dict) -> None:
-        card = self.cards.pop(e.get("tool_use_id", ""), None)      # it will not run: no card to keep
+        # it will not run: no card to keep
+        card = self.cards.pop(e.get("tool_use_id", ""), None)
         what = self._resolve(e).get("descriptor") or getattr(card, "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         self._settle(self._marked("✗", "warning", f"Denied: {sanitize(str(what))}"
@@ -1241,7 +1309,8 @@ def panel_preview(request: dict, tool_input: dict | None) -> str:
     if request.get("capability") != "loop.continue" and isinstance(tool_input.get("command"), str):
         return tool_input["command"]
     old, new = tool_input.get("old_string"), tool_input.get("new_string")
-    if isinstance(old, str) and isinstance(new, str):     # an edit: every line marked − or +
+    # an edit: every line marked − or +
+    if isinstance(old, str) and isinstance(new, str):
         return "\n".join(["- " + line for line in old.split("\n")] * bool(old)
                          + ["+ " + line for line in new.split("\n")])
     return str(request.get("preview") or "")
@@ -1272,7 +1341,8 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict | None)
     lines = [clip(style.paint("⚠ Permission needed", "warning", "bold")
                   + style.paint(" · " + str(request.get("capability", "")), "dim"), width)]
     descriptor = sanitize(str(request.get("descriptor", ""))).strip("\n")
-    if "\n" in descriptor:             # a multi-line command: its lines, not one run-on line
+    # a multi-line command: its lines, not one run-on line
+    if "\n" in descriptor:
         lines += [bar + row for row in preview_rows(descriptor, width - 2, style)]
     else:
         lines += wrap_spans([(descriptor, ("bold",))], width, style, bar, bar)
@@ -1312,8 +1382,10 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None, 
 # ════ Keys: decoding raw terminal input ════
 
 class Key(NamedTuple):
-    name: str          # "text", "enter", "ctrl+a", "alt+b", "up", "paste", "esc", ...
-    text: str = ""     # the characters of "text" and "paste" keys
+    # "text", "enter", "ctrl+a", "alt+b", "up", "paste", "esc", ...
+    name: str
+    # the characters of "text" and "paste" keys
+    text: str = ""
 
 
 CSI_FINAL_KEYS = {"A": "up", "B": "down", "C": "right", "D": "left", "H": "home", "F": "end",
@@ -1353,7 +1425,8 @@ class KeyDecoder:
         i = 0
         while i < len(buf):
             if self._paste is not None:
-                seen = max(0, len(self._paste) - len(PASTE_END))   # searched already
+                # the paste so far was searched already
+                seen = max(0, len(self._paste) - len(PASTE_END))
                 self._paste += buf[i:]
                 end = self._paste.find(PASTE_END, seen)
                 if end < 0:
@@ -1363,7 +1436,8 @@ class KeyDecoder:
                 buf, i, self._paste = self._paste[end + len(PASTE_END):], 0, None
                 continue
             if KEY_PARTIAL_RE.match(buf, i):
-                break                 # an incomplete sequence: wait for more bytes
+                # an incomplete sequence: wait for more bytes
+                break
             m = KEY_RE.match(buf, i)
             i, kind, value = m.end(), m.lastgroup, m[m.lastgroup]
             if kind == "final":
@@ -1412,18 +1486,24 @@ KEY_HELP = (
 
 # ════ Composer ════
 
-PASTE_COLLAPSE_LINES = 5         # longer pastes show as one [Pasted N lines] placeholder
+# longer pastes show as one [Pasted N lines] placeholder
+PASTE_COLLAPSE_LINES = 5
 PASTE_COLLAPSE_CHARS = 1500
 MAX_COMPOSER_ROWS = 10
-MAX_MENU_ITEMS = 8               # rows the completion menu shows at once; it scrolls past them
-MAX_MENU_MENTIONS = 50           # file matches offered for an @ mention
+# rows the completion menu shows at once; it scrolls past them
+MAX_MENU_ITEMS = 8
+# file matches offered for an @ mention
+MAX_MENU_MENTIONS = 50
 MAX_HISTORY = 1000
-MENTION_SCAN = 1000              # candidates scored per keystroke, at most
+# candidates scored per keystroke, at most
+MENTION_SCAN = 1000
 MENTION_RE = re.compile(r"(?:^|(?<=\s))@(\S*)\Z")
 COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
-WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")      # Alt-B / Ctrl-W: back over spaces, then a word
+# Alt-B / Ctrl-W: back over spaces, then a word
+WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")
 WORD_AFTER_RE = re.compile(r"\W*\w*")
-MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")   # mentions in a sent message, for recency
+# mentions in a sent message, for recency
+MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")
 
 
 def fuzzy_score(query: str, candidate: str) -> float | None:
@@ -1447,10 +1527,13 @@ def soft_wrap(line: str, cells: int) -> list[str]:
     the end of its row); the rows join back to `line` exactly, so the cursor maps onto them."""
     rows = []
     while cell_width(line) > cells:
-        head = split_at_width(line, cells)[0] or line[:1]   # (a wide char in a 1-cell row)
-        cut = head.rfind(" ") + 1                # just after the last space that fits
+        # line[:1]: a wide char in a 1-cell row
+        head = split_at_width(line, cells)[0] or line[:1]
+        # just after the last space that fits
+        cut = head.rfind(" ") + 1
         if cut:
-            head = head[:cut]                    # so no row ends inside a word or starts with " "
+            # so no row ends inside a word or starts with " "
+            head = head[:cut]
         rows.append(head)
         line = line[len(head):]
     return rows + [line]
@@ -1469,28 +1552,35 @@ class Composer:
         self.menu_index = 0
         self._menu_kind, self._menu_start, self._menu_closed = "", 0, False
         self._commands, self._mentions = commands, mentions
-        self._describe = describe             # a command's one-line description, for the menu
+        # a command's one-line description, for the menu
+        self._describe = describe
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
-        self.history: list[str] = []          # messages as shown: pastes stay [Pasted N lines]
-        self._history_pastes: dict[str, dict[str, str]] = {}   # shown text -> its pastes
+        # messages as shown: pastes stay [Pasted N lines]
+        self.history: list[str] = []
+        # shown text -> its pastes
+        self._history_pastes: dict[str, dict[str, str]] = {}
         lines = (self._history_path.read_text("utf-8", "replace").splitlines()
                  if self._history_path and self._history_path.exists() else [])
         for line in lines[-MAX_HISTORY:]:
             try:
                 entry = json.loads(line)
             except ValueError:
-                continue                # a torn line (a crash mid-write): load the rest
+                # a torn line (a crash mid-write): load the rest
+                continue
             if isinstance(entry, str):
                 self.history.append(entry)
             elif isinstance(entry, dict) and isinstance(entry.get("text"), str):
-                self.history.append(entry["text"])      # a message holding collapsed pastes
+                # a message holding collapsed pastes
+                self.history.append(entry["text"])
                 self._history_pastes[entry["text"]] = dict(entry.get("pastes") or {})
         self._history_pos, self._draft = len(self.history), ""
-        self._draft_pastes: dict[str, str] = {}   # the draft's pastes, while history is browsed
+        # the draft's pastes, while history is browsed
+        self._draft_pastes: dict[str, str] = {}
         self.recent_mentions: list[str] = []
-        self._mention_memo: tuple = (None, "", [])   # (candidates, query, matches) last time
+        # (candidates, query, matches) last time
+        self._mention_memo: tuple = (None, "", [])
         for entry in self.history:
             self._remember_mentions(MENTIONED_RE.findall(entry))
 
@@ -1547,7 +1637,8 @@ class Composer:
 
     def _enter(self) -> str | None:
         before = self.text[:self.cursor]
-        if before.endswith("\\"):          # "\" then Enter: a newline, as in a shell
+        # "\" then Enter: a newline, as in a shell
+        if before.endswith("\\"):
             self.text = before[:-1] + "\n" + self.text[self.cursor:]
             return None
         if not self.text.strip():
@@ -1626,7 +1717,8 @@ class Composer:
         if self._history_pos == len(self.history):
             self._draft, self._draft_pastes = self.text, dict(self._pastes)
         self._history_pos = pos
-        if pos < len(self.history):     # a recalled paste stays collapsed, and still sends whole
+        # a recalled paste stays collapsed, and still sends whole
+        if pos < len(self.history):
             self.text, self._pastes = self.history[pos], dict(self._history_pastes.get(
                 self.history[pos], {}))
         else:
@@ -1680,7 +1772,8 @@ class Composer:
         last_candidates, done, matches = self._mention_memo
         if candidates is not last_candidates or not lowered.startswith(done):
             done, matches = "", [(path, path.lower(), -1) for path in candidates]
-        for ch in lowered[len(done):]:     # (path, lowered path, where the last letter matched)
+        # matches: (path, lowered path, where the last letter matched)
+        for ch in lowered[len(done):]:
             matches = [(path, low, at) for path, low, pos in matches
                        if (at := low.find(ch, pos + 1)) >= 0]
         self._mention_memo = (candidates, lowered, matches)
@@ -1688,7 +1781,8 @@ class Composer:
         if len(matches) > MENTION_SCAN and lowered:
             literal = [path for path, low, _ in matches if lowered in low]
             pool = heapq.nsmallest(MENTION_SCAN, literal or [m[0] for m in matches], key=len)
-        recent = self.recent_mentions      # more recently mentioned paths rank higher
+        # more recently mentioned paths rank higher
+        recent = self.recent_mentions
         recency = {path: 10 * (1 - k / max(len(recent), 1)) for k, path in enumerate(recent)}
         scored = [(score + recency.get(path, 0), path) for path in dict.fromkeys(pool + recent)
                   if (score := fuzzy_score(query, path)) is not None]
@@ -1698,7 +1792,8 @@ class Composer:
         item = self.menu[self.menu_index]
         if self._menu_kind == "mention":
             self._remember_mentions([item])
-            item = f'@"{item}" ' if " " in item else "@" + item + " "   # a path with spaces, quoted
+            # a path with spaces, quoted
+            item = f'@"{item}" ' if " " in item else "@" + item + " "
         self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
         self.menu = []
@@ -1711,17 +1806,20 @@ class Composer:
         if not self.text:
             return [clip(prompt + style.paint(hint, "dim"), width)], 0, 2
         rows: list[str] = []
-        cursor_row = cursor_col = offset = 0      # offset: where `piece` starts in the text
+        # offset: where `piece` starts in the text
+        cursor_row = cursor_col = offset = 0
         for line in self.text.split("\n"):
             pieces = soft_wrap(line, max(1, width - 2))
             for k, piece in enumerate(pieces):
-                end = offset + len(piece)         # the cursor belongs to the next row, if any
+                # the cursor belongs to the next row, if any
+                end = offset + len(piece)
                 if offset <= self.cursor < end or self.cursor == end and k == len(pieces) - 1:
                     cursor_row, cursor_col = len(rows), 2 + cell_width(piece[:self.cursor - offset])
                 rows.append("  " + piece)
                 offset = end
             offset += 1
-        if cursor_col >= width:               # cursor just past a full row: show it on the next
+        # cursor just past a full row: show it on the next
+        if cursor_col >= width:
             rows.insert(cursor_row + 1, "  ")
             cursor_row, cursor_col = cursor_row + 1, 2
         top = max(0, min(cursor_row - MAX_COMPOSER_ROWS + 1, len(rows) - MAX_COMPOSER_ROWS))
@@ -1758,8 +1856,10 @@ class InlineRenderer:
     per frame. It remembers how many rows it drew and where it left the cursor."""
 
     def __init__(self):
-        self._lines: list[str] = []      # the live region as last drawn
-        self._cursor = (0, 0)            # (row, column) within it
+        # the live region as last drawn
+        self._lines: list[str] = []
+        # (row, column) within it
+        self._cursor = (0, 0)
 
     def draw(self, settled: list[str], lines: list[str], cursor: tuple[int, int]) -> bytes:
         if not settled and lines == self._lines and cursor == self._cursor:
@@ -1792,7 +1892,8 @@ class InlineRenderer:
         """After a resize, terminals that reflow re-wrap the rows we drew: estimate where the
         region now starts so the next frame erases it (narrowing is what splits rows)."""
         if not self._lines or new_width >= old_width:
-            self._lines = [""] * len(self._lines)      # force a full redraw, same geometry
+            # force a full redraw, same geometry
+            self._lines = [""] * len(self._lines)
             return
         row, column = self._cursor
         rows_above = sum(max(1, -(-visible_width(line) // new_width)) for line in self._lines[:row])
@@ -1808,10 +1909,14 @@ class InlineRenderer:
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
 
-FRAME_INTERVAL = 0.016       # coalesce: at most one frame per ~16 ms
-TICK_INTERVAL = 0.1          # spinner and elapsed-time refresh while something runs
-ESC_TIMEOUT = 0.05           # a lone ESC is Esc if nothing follows within this
-REPLAY_TURNS = 30            # a resumed session shows its last turns (bounded resume time)
+# coalesce: at most one frame per ~16 ms
+FRAME_INTERVAL = 0.016
+# spinner and elapsed-time refresh while something runs
+TICK_INTERVAL = 0.1
+# a lone ESC is Esc if nothing follows within this
+ESC_TIMEOUT = 0.05
+# a resumed session shows its last turns (bounded resume time)
+REPLAY_TURNS = 30
 
 
 class App:
@@ -1827,9 +1932,12 @@ class App:
                                  mentions=controller.mention_candidates,
                                  describe=lambda name: about.get(name, ""))
         self.renderer = InlineRenderer()
-        self.feedback: str | None = None      # deny message being typed in the permission panel
-        self.panel_choice = 0                 # the panel's highlighted choice (Up/Down, Enter)
-        self.notice = ""                      # "Press Ctrl-C again to quit": a second one quits
+        # deny message being typed in the permission panel
+        self.feedback: str | None = None
+        # the panel's highlighted choice (Up/Down, Enter)
+        self.panel_choice = 0
+        # "Press Ctrl-C again to quit": a second one quits
+        self.notice = ""
         self.exit_code: int | None = None
         self.on_exit: Callable[[int], None] = lambda code: None
         self._spawn = spawn or asyncio.ensure_future
@@ -1837,11 +1945,13 @@ class App:
     # -- input --
 
     def on_event(self, event: dict) -> None:
-        if event.get("type") == "FilesListed":      # @ completion's list is ready: show it
+        # @ completion's list is ready: show it
+        if event.get("type") == "FilesListed":
             self.composer._refresh_menu()
         try:
             self.timeline.apply(event)
-        except Exception as exc:   # an odd event must never break the session: show it instead
+        except Exception as exc:
+            # an odd event must never break the session: show it instead
             self.timeline.error(f"ui could not show a {event.get('type')} event: {exc!r}")
 
     def on_key(self, key: Key) -> None:
@@ -1889,7 +1999,8 @@ class App:
 
     def _show_result(self, fn: Callable, result: object) -> None:
         if isinstance(result, Exception) and fn == self.controller.run_shell:
-            self.timeline.cards.pop(events.USER_SHELL_ID, None)    # it failed to run: not running
+            # it failed to run: not running
+            self.timeline.cards.pop(events.USER_SHELL_ID, None)
         if isinstance(result, Exception):
             self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {result}")
         elif result is QUIT:
@@ -1900,7 +2011,8 @@ class App:
     def _dispatch(self, text: str) -> None:
         stripped = text.strip()
         if stripped.startswith("!") and stripped[1:].strip():
-            if not self.controller.busy:          # it will run: show it running at once
+            # it will run: show it running at once
+            if not self.controller.busy:
                 self.timeline.start_shell(stripped[1:].strip())
             self.call(self.controller.run_shell, stripped[1:].strip())
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
@@ -1927,7 +2039,8 @@ class App:
             return True
         choices, empty = panel_choices(request), not self.composer.text
         if self.composer.menu and key.name in ("up", "down", "tab", "enter", "esc"):
-            return False                        # the composer's completion menu has them
+            # the composer's completion menu has them
+            return False
         if key.name in ("up", "down") or (empty and key.name in ("left", "right")):
             step = 1 if key.name in ("down", "right") else -1
             self.panel_choice = (self.panel_choice + step) % len(choices)
@@ -1938,7 +2051,8 @@ class App:
         elif empty and key.name == "text" and len(key.text) == 1:
             letters = {letter: choice for letter, choice, _ in choices}
             if key.text.lower() not in letters:
-                return False                    # the first letter of a sentence
+                # the first letter of a sentence
+                return False
             self._choose(request, letters[key.text.lower()])
         else:
             return False
@@ -1965,7 +2079,8 @@ class App:
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
         self.feedback, self.panel_choice = None, 0
-        self.timeline.permissions.remove(request)    # the Granted/Denied event follows
+        # the Granted/Denied event follows
+        self.timeline.permissions.remove(request)
         self.call(self.controller.answer_permission, request.get("tool_use_id", ""), choice,
                   feedback)
 
@@ -1998,7 +2113,8 @@ class App:
             footer = panel_footer(request, width, style, self.feedback, self.panel_choice,
                                   composing=bool(self.composer.text))
             panel = head + footer
-            if len(panel) > room:         # a small terminal: say what is left out, keep the answers
+            # a small terminal: say what is left out, keep the answers
+            if len(panel) > room:
                 keep = max(1, room - len(footer) - 1)
                 hidden = style.paint(f"│ … {len(head) - keep} panel lines hidden (small terminal)", "warning")
                 panel = head[:keep] + [clip(hidden, width)] + footer
@@ -2009,7 +2125,8 @@ class App:
             cursor = (len(live) + len(panel) - 1, min(visible_width(panel[-1]), width - 1))
         else:
             cursor = (len(live) + len(panel) + 1 + crow, min(ccol, width - 1))
-        excess = len(lines) - (self.height - 1)    # a tiny terminal: the composer wins
+        # a tiny terminal: the composer wins
+        excess = len(lines) - (self.height - 1)
         if excess > 0:
             lines, cursor = lines[excess:], (max(0, cursor[0] - excess), cursor[1])
         return lines, cursor
@@ -2062,7 +2179,8 @@ class TerminalMode:
         try:
             self._write((BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
         except OSError:
-            pass                      # the terminal is gone (SIGHUP); still restore the mode
+            # the terminal is gone (SIGHUP); still restore the mode
+            pass
         finally:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
 
@@ -2077,7 +2195,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
     loop_thread = threading.get_ident()
     done: asyncio.Future[int] = loop.create_future()
     tasks: set[asyncio.Task] = set()
-    timers: dict[str, asyncio.TimerHandle] = {}     # "frame", "tick", "esc"
+    # "frame", "tick", "esc"
+    timers: dict[str, asyncio.TimerHandle] = {}
     last_frame = [0.0]
 
     def write(data: bytes) -> None:
@@ -2119,7 +2238,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
         data = app.render(last_frame[0])
         if data:
             write(data)
-        if controller.busy or app.timeline.cards:       # spinner and elapsed times move
+        # spinner and elapsed times move
+        if controller.busy or app.timeline.cards:
             schedule("tick", TICK_INTERVAL, request_frame)
 
     def on_event(event: dict) -> None:
@@ -2135,7 +2255,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
                 suspend()
             elif key.name == "ctrl+l":
                 write(CLEAR_SCREEN.encode())
-                app.renderer = InlineRenderer()      # the screen is blank: draw afresh
+                # the screen is blank: draw afresh
+                app.renderer = InlineRenderer()
             else:
                 app.on_key(key)
         request_frame()
@@ -2147,18 +2268,21 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
         except (BlockingIOError, InterruptedError):
             return
         if not data:
-            return app.quit(129)                   # the terminal went away
+            # the terminal went away
+            return app.quit(129)
         if "esc" in timers:
             timers.pop("esc").cancel()
         on_keys(decoder.feed(data))
-        if decoder.pending:                        # a lone ESC: Esc, unless more follows soon
+        # a lone ESC: Esc, unless more follows soon
+        if decoder.pending:
             schedule("esc", ESC_TIMEOUT, lambda: on_keys(decoder.flush()))
 
     def suspend() -> None:
         """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
         write(app.renderer.close(app.timeline.take_settled()))
         terminal.leave()
-        os.kill(os.getpid(), signal.SIGTSTP)     # returns once the shell continues us
+        # returns once the shell continues us
+        os.kill(os.getpid(), signal.SIGTSTP)
         terminal.enter()
 
     def on_resize() -> None:
@@ -2178,7 +2302,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
                 loop.add_signal_handler(signum, handler)
                 installed.append(signum)
             except (NotImplementedError, RuntimeError, ValueError):
-                pass            # not the main thread: the caller handles signals
+                # not the main thread: the caller handles signals
+                pass
         loop.add_reader(stdin_fd, on_readable)
         unsubscribe = controller.subscribe(on_event)
         for notice in notices:
@@ -2202,6 +2327,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
         try:
             write(app.close())
         except OSError:
-            pass                # the terminal is gone; still restore the mode below
+            # the terminal is gone; still restore the mode below
+            pass
         finally:
             terminal.leave()
