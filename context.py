@@ -24,40 +24,70 @@ import events
 from events import estimate_tokens
 from model import DEFAULT_AUX_MODEL
 
-INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")   # in one directory the first wins
-LOCAL_INSTRUCTIONS = "CLAUDE.local.md"   # Claude Code's personal notes for a project, read beside the others
-MAX_INSTRUCTION_CHARS = 40_000      # per file; a runaway file must not eat the window
-MAX_IMPORT_DEPTH = 5                # @path hops from an instruction file (Claude Code's memory docs: 5)
-MAX_INSTRUCTION_FILES = 40          # instruction files and imports in all: a fan-out must not eat the window
+# In one directory the first of these wins.
+INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")
+# Claude Code's personal notes for a project, read beside the others.
+LOCAL_INSTRUCTIONS = "CLAUDE.local.md"
+# Per file: a runaway file must not eat the window.
+MAX_INSTRUCTION_CHARS = 40_000
+# @path hops from an instruction file (Claude Code's memory docs: 5).
+MAX_IMPORT_DEPTH = 5
+# Instruction files and imports in all: a fan-out must not eat the window.
+MAX_INSTRUCTION_FILES = 40
 # `@path` at the start of a word, `\ ` escaping a space: Claude Code's import syntax.
 IMPORT_RE = re.compile(r"(?<!\S)@((?:[^\s\\]|\\ )+)")
 # Code fences and inline code: an @ there is an example, not an import (Claude Code skips them too).
-CODE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^ {0,3}\1[^\n]*$|\Z)|`+[^`\n]*`+", re.M | re.S)
-DEFAULT_WINDOW = 200_000            # tokens, for a model not in WINDOWS (the 4.5 family and older)
+CODE_RE = re.compile(
+    # a fence of ``` or ~~~, up to the same fence or the end of the text
+    r"^ {0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^ {0,3}\1[^\n]*$|\Z)"
+    # inline code
+    r"|`+[^`\n]*`+",
+    re.M | re.S)
+# Tokens, for a model not in WINDOWS (the 4.5 family and older).
+DEFAULT_WINDOW = 200_000
 # Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families.
-WINDOWS = dict.fromkeys(("claude-opus-5", "claude-sonnet-5", "claude-haiku-5", "claude-fable-5", "claude-mythos-5",
-                         "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6", "claude-sonnet-4-6"), 1_000_000)
-MAX_OUTPUT_TOKENS = 32_000          # max_tokens of a main request; also the output reserved in the budget
-BUFFER_TOKENS = 20_000              # headroom so a turn's tool results fit before the next measurement
-PRUNE_PROTECT_TOKENS = 40_000       # the newest tool output the model keeps verbatim (OpenCode's number)
-PRUNE_MINIMUM_TOKENS = 20_000       # pruning breaks the cache; below this it is not worth it
-SUMMARY_MAX_TOKENS = 16_000         # output of the compaction call
-TRANSCRIPT_BLOCK_CHARS = 4_000      # per tool result/input in the compaction transcript (head + tail)
-TRANSCRIPT_MAX_CHARS = 600_000      # whole transcript (~150K tokens), before the aux window cap
-GIT_TIMEOUT_S = 3.0                 # a huge repository must not stall every turn
+WINDOWS = dict.fromkeys(
+    ("claude-opus-5", "claude-sonnet-5", "claude-haiku-5",
+     "claude-fable-5", "claude-mythos-5",
+     "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6",
+     "claude-sonnet-4-6"),
+    1_000_000)
+# max_tokens of a main request; also the output reserved in the budget.
+MAX_OUTPUT_TOKENS = 32_000
+# Headroom so a turn's tool results fit before the next measurement.
+BUFFER_TOKENS = 20_000
+# The newest tool output the model keeps verbatim (OpenCode's number).
+PRUNE_PROTECT_TOKENS = 40_000
+# Pruning breaks the cache; below this it is not worth it.
+PRUNE_MINIMUM_TOKENS = 20_000
+# Output of the compaction call.
+SUMMARY_MAX_TOKENS = 16_000
+# Per tool result/input in the compaction transcript (head + tail).
+TRANSCRIPT_BLOCK_CHARS = 4_000
+# The whole transcript (~150K tokens), before the aux window cap.
+TRANSCRIPT_MAX_CHARS = 600_000
+# A huge repository must not stall every turn.
+GIT_TIMEOUT_S = 3.0
 # `git status` is asked again after a step that may have changed the tree (State.world_seq), or
 # after this long (the user edits too); a run of reads and searches reuses the line.
 GIT_STATUS_REUSE_S = 10.0
 CACHE = {"type": "ephemeral"}
-NOT_CACHEABLE = ("thinking", "redacted_thinking")   # cache_control cannot go on these (§1.3)
+# cache_control cannot go on these (§1.3).
+NOT_CACHEABLE = ("thinking", "redacted_thinking")
 
-CHECKPOINT_KEYS = ("objective", "completed", "current_state", "important_files", "changes",
-                   "failed_attempts", "decisions", "running_processes", "next_steps", "raw_evidence")
+CHECKPOINT_KEYS = ("objective", "completed", "current_state",
+                   "important_files", "changes", "failed_attempts",
+                   "decisions", "running_processes", "next_steps",
+                   "raw_evidence")
 TEXT_KEYS = ("objective", "current_state")
-RECORD_KEYS = {"important_files": ("path", "reason"), "running_processes": ("id", "command", "status"),
+RECORD_KEYS = {"important_files": ("path", "reason"),
+               "running_processes": ("id", "command", "status"),
                "raw_evidence": ("label", "content")}
-SUMMARY_HEADER = ("# Checkpoint: the earlier part of this session was compacted into this summary.\n"
-                  "# Continue from it. File contents are not included: re-read a file before editing it.\n")
+SUMMARY_HEADER = (
+    "# Checkpoint: the earlier part of this session was compacted"
+    " into this summary.\n"
+    "# Continue from it. File contents are not included:"
+    " re-read a file before editing it.\n")
 
 # ---------------------------------------------------------------- prompt text
 
@@ -143,47 +173,79 @@ class Instruction(NamedTuple):
     imported_by: Path | None = None   # the file whose @path brought it in
 
 
-def find_instruction_files(home: Path, project_root: Path, cwd: Path, user_home: Path | None = None) -> list[Path]:
+def find_instruction_files(home: Path, project_root: Path, cwd: Path,
+                           user_home: Path | None = None) -> list[Path]:
     """The user's files (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the
     nearest project-level file from cwd up to the project root (ancestors do not stack), then the
     nearest CLAUDE.local.md. Imports are not listed here (load_instructions follows them)."""
-    return [path for path, _ in _instruction_roots(home, project_root, cwd, user_home, [])]
+    roots = _instruction_roots(home, project_root, cwd, user_home, [])
+    return [path for path, _ in roots]
 
 
-def load_instructions(home: Path, project_root: Path, cwd: Path, user_home: Path | None = None,
+def load_instructions(home: Path, project_root: Path, cwd: Path,
+                      user_home: Path | None = None,
                       is_secret=None) -> tuple[list[Instruction], list[str]]:
     """Every instruction file with its @path imports followed, depth first, and the notes /context
     shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal.
     is_secret(name): a file name that holds credentials (permissions.is_secret_name); never imported."""
     notes = []
-    importer = _Importer(Path(project_root).resolve(), Path(user_home or Path.home()), is_secret, notes)
+    project = Path(project_root).resolve()
+    users_home = Path(user_home or Path.home())
+    importer = _Importer(project, users_home, is_secret, notes)
     for path, tier in _instruction_roots(home, project_root, cwd, user_home, notes):
         importer.load(path, tier)
     return importer.loaded, notes
 
 
-def _instruction_roots(home, project_root, cwd, user_home, notes: list) -> list[tuple[Path, str]]:
-    def first_in(directory: Path, names=INSTRUCTION_FILES) -> Path | None:
-        return next((directory / name for name in names if (directory / name).is_file()), None)
-    cwd, root = Path(cwd).resolve(), Path(project_root).resolve()
+def _instruction_roots(home, project_root, cwd, user_home,
+                       notes: list) -> list[tuple[Path, str]]:
+    cwd = Path(cwd).resolve()
+    root = Path(project_root).resolve()
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
-    upwards = [cwd, *(p for p in cwd.parents if p == root or root in p.parents)] \
-        if cwd == root or root in cwd.parents else [cwd, root]
-    found = [(Path(user_home or Path.home()) / ".claude" / "CLAUDE.md", "user"), (first_in(Path(home)), "user"),
-             (next(filter(None, map(first_in, upwards)), None), "project"),
-             (next(filter(None, (first_in(d, (LOCAL_INSTRUCTIONS,)) for d in upwards)), None), "local")]
-    roots, seen = [], set()
+    if _inside(cwd, root):
+        upwards = [cwd]
+        upwards += [p for p in cwd.parents if _inside(p, root)]
+    else:
+        upwards = [cwd, root]
+    users_file = Path(user_home or Path.home()) / ".claude" / "CLAUDE.md"
+    found = [(users_file, "user"),
+             (_first_in(Path(home), INSTRUCTION_FILES), "user"),
+             (_nearest(upwards, INSTRUCTION_FILES), "project"),
+             (_nearest(upwards, (LOCAL_INSTRUCTIONS,)), "local")]
+    roots = []
+    seen = set()
     for path, tier in found:
-        if path is None or not path.is_file() or path.resolve() in seen:
+        if path is None or not path.is_file():
+            continue
+        resolved = path.resolve()
+        if resolved in seen:
             continue
         # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project into
         # every request: a project's instruction file counts only when it resolves inside the project.
-        if tier != "user" and not _inside(path.resolve(), root):
-            notes.append(f"{path}: not loaded: it resolves to {path.resolve()}, outside the project")
+        if tier != "user" and not _inside(resolved, root):
+            notes.append(f"{path}: not loaded: it resolves to {resolved},"
+                         " outside the project")
             continue
-        seen.add(path.resolve())
+        seen.add(resolved)
         roots.append((path, tier))
     return roots
+
+
+def _first_in(directory: Path, names: tuple) -> Path | None:
+    """The first of `names` that is a file in the directory."""
+    for name in names:
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def _nearest(directories: list[Path], names: tuple) -> Path | None:
+    """The first of `names` in the first of the directories that has one."""
+    for directory in directories:
+        found = _first_in(directory, names)
+        if found is not None:
+            return found
+    return None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -198,26 +260,35 @@ class _Importer:
     the project. Symlinks are resolved first, so a link cannot carry an import out."""
 
     def __init__(self, root: Path, user_home: Path, is_secret, notes: list):
-        self.root, self.user_home, self.is_secret, self.notes = root, user_home, is_secret, notes
+        self.root = root
+        self.user_home = user_home
+        self.is_secret = is_secret
+        self.notes = notes
         self.loaded: list[Instruction] = []
         self.seen: set[Path] = set()
 
-    def load(self, path: Path, tier: str, imported_by: Path | None = None, chain: tuple = ()) -> None:
+    def load(self, path: Path, tier: str, imported_by: Path | None = None,
+             chain: tuple = ()) -> None:
         resolved = path.resolve()
-        if resolved in self.seen:       # imported twice: read once
+        # imported twice: read once
+        if resolved in self.seen:
             return
         if len(self.loaded) >= MAX_INSTRUCTION_FILES:
-            self.notes.append(f"{path}: not loaded: {MAX_INSTRUCTION_FILES} instruction files are the most read")
+            self.notes.append(f"{path}: not loaded: {MAX_INSTRUCTION_FILES}"
+                              " instruction files are the most read")
             return
         self.seen.add(resolved)
         text = _read_instruction(path)
         self.loaded.append(Instruction(path, tier, text, imported_by))
-        if imported_by is not None and resolved.suffix.lower() not in (".md", ".markdown"):
-            return      # an imported package.json or README is read, its @s are not followed
+        is_markdown = resolved.suffix.lower() in (".md", ".markdown")
+        if imported_by is not None and not is_markdown:
+            # an imported package.json or README is read, its @s are not followed
+            return
         for line, spec in imports_in(text):
             self.follow(path, line, spec, tier, (*chain, resolved))
 
-    def follow(self, importer: Path, line: int, spec: str, tier: str, chain: tuple) -> None:
+    def follow(self, importer: Path, line: int, spec: str, tier: str,
+               chain: tuple) -> None:
         where = f"{importer}:{line}: @{spec}"
         target = self.target(importer, spec)
         if target is None:
@@ -225,11 +296,13 @@ class _Importer:
             return
         resolved = target.resolve()
         if resolved in chain:
-            loop = " → ".join(p.name for p in (*chain[chain.index(resolved):], resolved))
+            cycle = (*chain[chain.index(resolved):], resolved)
+            loop = " → ".join(p.name for p in cycle)
             self.notes.append(f"{where}: an import cycle ({loop}); not imported again")
             return
         if len(chain) > MAX_IMPORT_DEPTH:
-            self.notes.append(f"{where}: more than {MAX_IMPORT_DEPTH} imports deep; not imported")
+            self.notes.append(f"{where}: more than {MAX_IMPORT_DEPTH}"
+                              " imports deep; not imported")
             return
         refused = self.refusal(resolved, tier)
         if refused:
@@ -241,8 +314,13 @@ class _Importer:
         """The file an @path names, or None. Trailing punctuation is part of the sentence, not the
         name, unless a file by the full name exists (`see @README.` names README)."""
         spec = spec.replace("\\ ", " ")
-        for name in dict.fromkeys((spec, spec.rstrip(".,;:!?)]}'\""))):
-            path = self.user_home / name[2:] if name.startswith("~/") else importer.parent / name
+        bare = spec.rstrip(".,;:!?)]}'\"")
+        # the full name first; once only when there was nothing to strip
+        for name in dict.fromkeys((spec, bare)):
+            if name.startswith("~/"):
+                path = self.user_home / name[2:]
+            else:
+                path = importer.parent / name
             if name and path.is_file():
                 return path
         return None
@@ -260,14 +338,25 @@ class _Importer:
         claude_dir = (self.user_home / ".claude").resolve()
         if _inside(resolved, claude_dir) and resolved.suffix.lower() == ".md":
             return None
-        return (f"{resolved} is outside the project (a project's files import only project files "
-                "and Markdown files under ~/.claude/)")
+        return (f"{resolved} is outside the project (a project's files"
+                " import only project files and Markdown files under"
+                " ~/.claude/)")
 
 
 def imports_in(text: str) -> list[tuple[int, str]]:
     """(line number, path) of each `@path` in the text, outside code fences and inline code."""
-    prose = CODE_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)    # keeps the line numbers
-    return [(prose.count("\n", 0, m.start()) + 1, m.group(1)) for m in IMPORT_RE.finditer(prose)]
+    # Code is blanked out, not removed, so the line numbers stay.
+    prose = CODE_RE.sub(_blank, text)
+    found = []
+    for match in IMPORT_RE.finditer(prose):
+        line = prose.count("\n", 0, match.start()) + 1
+        found.append((line, match.group(1)))
+    return found
+
+
+def _blank(match: re.Match) -> str:
+    """The matched text with every character but a newline made a space."""
+    return re.sub(r"[^\n]", " ", match.group())
 
 
 def _read_instruction(path: Path) -> str:
@@ -276,35 +365,46 @@ def _read_instruction(path: Path) -> str:
     except OSError as e:
         return f"[this file could not be read: {e.strerror}]"
     if len(text) > MAX_INSTRUCTION_CHARS:
-        text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {len(text)} characters]"
+        note = f"\n[… cut: the file has {len(text)} characters]"
+        text = text[:MAX_INSTRUCTION_CHARS] + note
     return text
 
 
-INSTRUCTION_WHOSE = {"user": "the user's global instructions",
-                     "project": "this project's instructions; they take precedence over the global ones",
-                     "local": "the user's own notes for this project"}
+INSTRUCTION_WHOSE = {
+    "user": "the user's global instructions",
+    "project": "this project's instructions;"
+               " they take precedence over the global ones",
+    "local": "the user's own notes for this project",
+}
 
 
-def build_system(project_root: Path, cwd: Path, home: Path, instructions: list[Instruction] | None = None) -> list[dict]:
+def build_system(project_root: Path, cwd: Path, home: Path,
+                 instructions: list[Instruction] | None = None) -> list[dict]:
     """Three text blocks: identity, tool guidance, then this session's environment and instructions
     (each file and each import in its own section, an import right after the file that made it)."""
     if instructions is None:
         instructions = load_instructions(home, project_root, cwd)[0]
-    project = [f"Project root: {project_root}", f"Working directory: {cwd}", f"Platform: {sys.platform}"]
+    project = [f"Project root: {project_root}",
+               f"Working directory: {cwd}",
+               f"Platform: {sys.platform}"]
     for item in instructions:
         whose = INSTRUCTION_WHOSE[item.tier]
         if item.imported_by is not None:
             whose = f"imported by {item.imported_by}; {whose}"
-        project.append(f"\nInstructions from {item.path} ({whose}):\n{item.text.strip()}")
-    return [{"type": "text", "text": IDENTITY}, {"type": "text", "text": TOOL_GUIDANCE},
+        heading = f"Instructions from {item.path} ({whose}):"
+        project.append(f"\n{heading}\n{item.text.strip()}")
+    return [{"type": "text", "text": IDENTITY},
+            {"type": "text", "text": TOOL_GUIDANCE},
             {"type": "text", "text": "\n".join(project)}]
 
 
 def prompt_sizes(tool_schemas: list[dict]) -> dict:
     """Estimated tokens of the fixed prompt (tiers 1-2, the same for every session) and of the tools."""
-    return {"identity": estimate_tokens(IDENTITY), "tool_guidance": estimate_tokens(TOOL_GUIDANCE),
+    return {"identity": estimate_tokens(IDENTITY),
+            "tool_guidance": estimate_tokens(TOOL_GUIDANCE),
             "fixed_system": estimate_tokens(IDENTITY + TOOL_GUIDANCE),
             "tool_schemas": estimate_tokens(tool_schemas)}
+
 
 
 # ---------------------------------------------------------------- the engine
