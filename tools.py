@@ -35,56 +35,111 @@ import sandbox
 
 # ---------------------------------------------------------------- constants
 
-OUTPUT_BUDGET_CHARS = 30_000        # model-facing text per result; the rest is spilled to a file
-OUTPUT_HEAD_SHARE = 0.4             # of the budget kept from the start; the tail gets the rest (errors land last)
-SPILL_FILE_CAP_BYTES = 50_000_000   # one spill file stops growing here
-SPILL_DIR_CAP_BYTES = 200_000_000   # the spill folder is pruned, oldest first, to stay under this
-READ_LINE_CAP = 2000                # lines shown by one read without a limit
-READ_BYTE_CAP = 60_000              # characters of numbered text one read returns
-READ_FILE_CAP_BYTES = 50_000_000    # larger files are for bash (head, tail, grep)
-LINE_CHAR_CAP = 2000                # a longer line is cut with a marker
-LISTING_CAP = 500                   # directory entries shown by read
-SEARCH_RESULT_CAP = 100             # files (glob) or matching lines (grep) shown
-GREP_SCAN_CAP = 10_000              # matching lines collected before we stop counting
-GREP_LINE_CHARS = 300               # a matching line is cut to this many characters
-SEARCH_TIMEOUT_S = 60               # a ripgrep run is stopped after this
+# Tool output: model-facing text per result; the rest is spilled to a file.
+OUTPUT_BUDGET_CHARS = 30_000
+# Share of the budget kept from the start; the tail gets the rest (errors land last).
+OUTPUT_HEAD_SHARE = 0.4
+# One spill file stops growing here; the spill folder is pruned, oldest first, to stay under the
+# second cap.
+SPILL_FILE_CAP_BYTES = 50_000_000
+SPILL_DIR_CAP_BYTES = 200_000_000
+
+# read: lines shown without a limit, characters of numbered text returned, the largest file
+# (larger ones are for bash: head, tail, grep), a line's length before it is cut with a marker,
+# directory entries listed.
+READ_LINE_CAP = 2000
+READ_BYTE_CAP = 60_000
+READ_FILE_CAP_BYTES = 50_000_000
+LINE_CHAR_CAP = 2000
+LISTING_CAP = 500
+
+# grep and glob: files (glob) or matching lines (grep) shown, matching lines collected before
+# we stop counting, a matching line's length before it is cut, and when ripgrep is stopped.
+SEARCH_RESULT_CAP = 100
+GREP_SCAN_CAP = 10_000
+GREP_LINE_CHARS = 300
+SEARCH_TIMEOUT_S = 60
+
 BASH_DEFAULT_TIMEOUT_MS = 120_000
 BASH_MAX_TIMEOUT_MS = 600_000
-STRAY_GRACE_S = 0.3                 # after a shell exits, its backgrounded children get this long to finish
-PROCESS_BUFFER_CHARS = 200_000      # rolling output kept per background process
-PROCESS_LIVE_CAP = 8                # background processes running at once
-PROCESS_STOP_GRACE_S = 3.0          # SIGTERM, then SIGKILL after this
-PROCESS_SETTLE_S = 0.5              # start/write wait this long for first output
-PROCESS_STRAY_GRACE_S = 1.0         # after a background process exits, what it left running gets this long
-DIFF_CHAR_CAP = 20_000              # unified diff carried by FileModified
-SNIPPET_CONTEXT_LINES = 4           # lines shown around an edit
-EDIT_HISTORY_DEPTH = 20             # versions kept per file for undo
+# After a shell exits, its backgrounded children get this long to finish.
+STRAY_GRACE_S = 0.3
+
+# Background processes: rolling output kept per process, how many run at once.
+PROCESS_BUFFER_CHARS = 200_000
+PROCESS_LIVE_CAP = 8
+# stop sends SIGTERM, then SIGKILL after this.
+PROCESS_STOP_GRACE_S = 3.0
+# start and write wait this long for first output.
+PROCESS_SETTLE_S = 0.5
+# After a background process exits, what it left running gets this long.
+PROCESS_STRAY_GRACE_S = 1.0
+
+# write and edit: the unified diff FileModified carries, lines shown around an edit, versions
+# kept per file for undo.
+DIFF_CHAR_CAP = 20_000
+SNIPPET_CONTEXT_LINES = 4
+EDIT_HISTORY_DEPTH = 20
 # Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
 VERSIONS_KEEP_DAYS = 30
-VERSIONS_PRUNE_INTERVAL_S = 86_400  # prune_versions runs at most once a day
-VERSIONS_PRUNE_MARKER = ".last-prune"   # in versions/; its mtime is when prune_versions last ran
-BLOB_NAME = re.compile(r"[0-9a-f]{64}")  # a version's file name: the sha256 of its content
-BLOCK_ANCHOR_SIMILARITY = 0.5       # mean middle-line similarity a block-anchor match needs
+# prune_versions runs at most once a day; the marker's mtime (in versions/) says when it last ran.
+VERSIONS_PRUNE_INTERVAL_S = 86_400
+VERSIONS_PRUNE_MARKER = ".last-prune"
+# A version's file name: the sha256 of its content.
+BLOB_NAME = re.compile(r"[0-9a-f]{64}")
+# Mean middle-line similarity a block-anchor match needs.
+BLOCK_ANCHOR_SIMILARITY = 0.5
 
-SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")   # khaelor's own credentials, masked in all tool output
+# khaelor's own credentials, masked in all tool output.
+SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 SECRET_MASK = "[redacted: khaelor's API credential]"
 DOTENV_MASK = "[redacted: a value from the project's .env file]"
-DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")   # .env.example holds placeholders, not secrets
-DOTENV_VALUE_MIN_CHARS = 8          # shorter .env values (ports, flags, "true") are not worth masking
-DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+# .env.example and the like hold placeholders, not secrets.
+DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")
+# Shorter .env values (ports, flags, "true") are not worth masking.
+DOTENV_VALUE_MIN_CHARS = 8
+DOTENV_LINE = re.compile(
+    r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+
 # What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
-DEFAULT_CONFINE = {"write": True, "network": False, "paths": [], "secrets": False, "hide": []}
-READ_ONLY_CONFINE = {**DEFAULT_CONFINE, "write": False}    # khaelor's own git calls, ripgrep
+DEFAULT_CONFINE = {
+    "write": True, "network": False, "paths": [],
+    "secrets": False, "hide": [],
+}
+# khaelor's own git calls, ripgrep.
+READ_ONLY_CONFINE = {**DEFAULT_CONFINE, "write": False}
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
-EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb"}
-ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+EXEC_ENV_OVERRIDES = {
+    "PAGER": "cat", "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb",
+}
+# Escape sequences: CSI, OSC (ended by BEL or ST), and the two-byte ones.
+ANSI_RE = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]"
+    r"|\][^\x07\x1b]*(?:\x07|\x1b\\)"
+    r"|[@-Z\\-_])")
 # Magic numbers, to tell the model what a binary file is.
-MAGIC = [(b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"), (b"%PDF", "PDF document"),
-         (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"), (b"\x1f\x8b", "gzip archive"),
-         (b"\x7fELF", "ELF executable"), (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
-         (b"\xfd7zXZ", "xz archive"), (b"RIFF", "RIFF media (WAV/AVI/WebP)")]
+MAGIC = [
+    # images and documents
+    (b"\x89PNG", "PNG image"),
+    (b"\xff\xd8\xff", "JPEG image"),
+    (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"),
+    # archives
+    (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
+    (b"\x1f\x8b", "gzip archive"),
+    (b"\xfd7zXZ", "xz archive"),
+    # programs, databases, media
+    (b"\x7fELF", "ELF executable"),
+    (b"SQLite format 3", "SQLite database"),
+    (b"\x00asm", "WebAssembly module"),
+    (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
+]
 # What an over-escaped old_string means by \n, \t, \" and the like (edit's escape-normalized strategy).
-ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$", "\n": "\n"}
+ESCAPES = {
+    "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
+    "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
+}
 # A glob pattern's pieces, in ripgrep's --glob syntax, and the regex for those that stand for themselves.
 GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
 GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
@@ -141,41 +196,76 @@ PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, 
 
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
     """A tool schema; each property is (JSON type, description) or (JSON type, description, allowed values)."""
-    props = {key: {"type": kind, "description": text, **({"enum": rest[0]} if rest else {})}
-             for key, (kind, text, *rest) in properties.items()}
-    return {"name": name, "description": description,
-            "input_schema": {"type": "object", "properties": props, "required": required}}
+    props = {}
+    for key, (kind, text, *allowed) in properties.items():
+        prop = {"type": kind, "description": text}
+        if allowed:
+            prop["enum"] = allowed[0]
+        props[key] = prop
+    input_schema = {"type": "object", "properties": props, "required": required}
+    return {"name": name, "description": description, "input_schema": input_schema}
 
 
 SCHEMAS = [
-    _schema("read", READ_DESCRIPTION, ["file_path"],
-            file_path=("string", "File or directory to read, relative to the project root or absolute."),
-            offset=("integer", "1-based line number to start from."),
-            limit=("integer", "Number of lines to read.")),
-    _schema("write", WRITE_DESCRIPTION, ["file_path", "content"],
-            file_path=("string", "File to write, relative to the project root or absolute."),
-            content=("string", "The complete new content of the file.")),
-    _schema("edit", EDIT_DESCRIPTION, ["file_path", "old_string", "new_string"],
-            file_path=("string", "File to edit, relative to the project root or absolute."),
-            old_string=("string", "Text to replace, copied from the file."),
-            new_string=("string", "Replacement text (must differ from old_string)."),
-            replace_all=("boolean", "Replace every occurrence instead of exactly one (default false).")),
-    _schema("grep", GREP_DESCRIPTION, ["pattern"],
-            pattern=("string", "Regular expression to search for."),
-            path=("string", "File or directory to search (default: project root)."),
-            include=("string", "Glob for the file names to search, e.g. \"*.py\".")),
-    _schema("glob", GLOB_DESCRIPTION, ["pattern"],
-            pattern=("string", "Glob pattern, e.g. \"**/*.py\"."),
-            path=("string", "Directory to search (default: project root).")),
-    _schema("bash", BASH_DESCRIPTION, ["command"],
-            command=("string", "The shell command to run."),
-            timeout=("integer", "Timeout in milliseconds (default 120000, max 600000)."),
-            workdir=("string", "Directory to run the command in (default: project root).")),
-    _schema("process", PROCESS_DESCRIPTION, ["action"],
-            action=("string", "What to do.", ["start", "list", "read", "write", "stop"]),
-            id=("string", "Process id from start or list (for read, write, stop)."),
-            command=("string", "Shell command to start (for start)."),
-            input=("string", "Text to send to the process's stdin (for write).")),
+    _schema(
+        "read", READ_DESCRIPTION, ["file_path"],
+        file_path=(
+            "string",
+            "File or directory to read, relative to the project root or absolute."),
+        offset=("integer", "1-based line number to start from."),
+        limit=("integer", "Number of lines to read.")),
+    _schema(
+        "write", WRITE_DESCRIPTION, ["file_path", "content"],
+        file_path=(
+            "string",
+            "File to write, relative to the project root or absolute."),
+        content=("string", "The complete new content of the file.")),
+    _schema(
+        "edit", EDIT_DESCRIPTION, ["file_path", "old_string", "new_string"],
+        file_path=(
+            "string",
+            "File to edit, relative to the project root or absolute."),
+        old_string=("string", "Text to replace, copied from the file."),
+        new_string=(
+            "string",
+            "Replacement text (must differ from old_string)."),
+        replace_all=(
+            "boolean",
+            "Replace every occurrence instead of exactly one (default false).")),
+    _schema(
+        "grep", GREP_DESCRIPTION, ["pattern"],
+        pattern=("string", "Regular expression to search for."),
+        path=(
+            "string",
+            "File or directory to search (default: project root)."),
+        include=(
+            "string",
+            "Glob for the file names to search, e.g. \"*.py\".")),
+    _schema(
+        "glob", GLOB_DESCRIPTION, ["pattern"],
+        pattern=("string", "Glob pattern, e.g. \"**/*.py\"."),
+        path=("string", "Directory to search (default: project root).")),
+    _schema(
+        "bash", BASH_DESCRIPTION, ["command"],
+        command=("string", "The shell command to run."),
+        timeout=(
+            "integer",
+            "Timeout in milliseconds (default 120000, max 600000)."),
+        workdir=(
+            "string",
+            "Directory to run the command in (default: project root).")),
+    _schema(
+        "process", PROCESS_DESCRIPTION, ["action"],
+        action=(
+            "string", "What to do.",
+            ["start", "list", "read", "write", "stop"]),
+        id=(
+            "string",
+            "Process id from start or list (for read, write, stop)."),
+        command=("string", "Shell command to start (for start)."),
+        input=(
+            "string",
+            "Text to send to the process's stdin (for write).")),
 ]
 
 # ---------------------------------------------------------------- exceptions and data types
@@ -191,17 +281,21 @@ class ToolError(Exception):
 
 @dataclass
 class ToolResult:
-    text: str                                   # what the model reads (budgeted, truncated with markers)
+    # What the model reads (budgeted, truncated with markers).
+    text: str
     is_error: bool = False
-    meta: dict = field(default_factory=dict)    # JSON-serialisable UI metadata, e.g. {"exit_code": 0}
+    # JSON-serialisable UI metadata, e.g. {"exit_code": 0}.
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class FileVersion:
     """One step of a file's edit history, as names of blobs in KHAELOR_HOME/versions (the
     sha256 of the content), so the history outlives the process: FileModified records them."""
-    before: str | None          # content before the write/edit; None: the write created the file
-    after: str                  # content the write/edit left
+    # Content before the write/edit; None: the write created the file.
+    before: str | None
+    # Content the write/edit left.
+    after: str
 
 
 @dataclass
@@ -214,7 +308,8 @@ class Child:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid        # also its process group id (start_new_session)
+        # Also its process group id (start_new_session).
+        return self.proc.pid
 
     def close_pipes(self) -> None:
         for transport in self.transports:
@@ -231,10 +326,14 @@ class Workspace:
     """
 
     def __init__(self, cwd: Path):
-        self.cwd = Path(cwd).resolve()          # the project root; relative paths start here
-        self.home: Path | None = None           # KHAELOR_HOME (the Toolbox sets it); None: events.khaelor_home()
-        self.temp_dir: Path | None = None       # the session's TMPDIR, made on first use; Toolbox.close removes it
-        self.abi = sandbox.probe()[0]           # Landlock ABI; 0: commands run unconfined
+        # The project root; relative paths start here.
+        self.cwd = Path(cwd).resolve()
+        # KHAELOR_HOME (the Toolbox sets it); None: events.khaelor_home().
+        self.home: Path | None = None
+        # The session's TMPDIR, made on first use; Toolbox.close removes it.
+        self.temp_dir: Path | None = None
+        # Landlock ABI; 0: commands run unconfined.
+        self.abi = sandbox.probe()[0]
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root)."""
@@ -262,7 +361,12 @@ class Workspace:
         # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
         # would mean setting it, process-wide, while other threads may be creating files.
         tmp = target.parent / f".{target.name}.{os.urandom(6).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else 0o600)
+        if mode is None:
+            create_mode = 0o666
+        else:
+            create_mode = 0o600
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = os.open(tmp, flags, create_mode)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
@@ -278,8 +382,9 @@ class Workspace:
     def remove_file(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
-    async def exec(self, command: str | list[str], *, cwd: Path | None = None, stdin: bool = False,
-                   confine: dict | None = None, ports: set[int] = frozenset()) -> Child:
+    async def exec(self, command: str | list[str], *, cwd: Path | None = None,
+                   stdin: bool = False, confine: dict | None = None,
+                   ports: set[int] = frozenset()) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe,
         confined as `confine` says (None: DEFAULT_CONFINE); `ports` may be connected to without network.
 
@@ -287,21 +392,35 @@ class Workspace:
         are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
         backgrounded grandchild can put off for ever.
         """
-        argv = [shutil.which("bash") or "/bin/sh", "-c", command] if isinstance(command, str) else command
+        if isinstance(command, str):
+            argv = [shutil.which("bash") or "/bin/sh", "-c", command]
+        else:
+            argv = command
         confine = confine or DEFAULT_CONFINE
         env, ruleset = self.prepare(argv, confine, cwd or self.cwd, ports)
         out_read, out_write = os.pipe()
-        in_read, in_write = os.pipe() if stdin else (subprocess.DEVNULL, None)
+        if stdin:
+            in_read, in_write = os.pipe()
+        else:
+            in_read, in_write = subprocess.DEVNULL, None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd or self.cwd, env=env, stdin=in_read, stdout=out_write, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=sandbox.child_hook(ruleset) if ruleset is not None else None)
-        except subprocess.SubprocessError as exc:   # the child could not enter the sandbox: it did not run
+                *argv,
+                cwd=cwd or self.cwd,
+                env=env,
+                stdin=in_read,
+                stdout=out_write,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_sandbox_hook(ruleset))
+        except subprocess.SubprocessError as exc:
+            # The child could not enter the sandbox: it did not run.
             os.close(out_read)
             if stdin:
                 os.close(in_write)
-            raise ToolError(f"The command was not run: the sandbox could not be applied ({exc}).",
-                            error="sandbox") from None
+            raise ToolError(
+                f"The command was not run: the sandbox could not be applied ({exc}).",
+                error="sandbox") from None
         except BaseException:
             os.close(out_read)
             if stdin:
@@ -312,31 +431,42 @@ class Workspace:
             if stdin:
                 os.close(in_read)
             if ruleset is not None:
-                os.close(ruleset)       # the child has exec'd (or failed): the parent needs it no longer
+                # The child has exec'd (or failed): the parent needs it no longer.
+                os.close(ruleset)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                    os.fdopen(out_read, "rb", 0))
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader),
+            os.fdopen(out_read, "rb", 0))
         child = Child(proc, reader, None, [transport])
         if stdin:
-            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                                os.fdopen(in_write, "wb", 0))
+            transport, protocol = await loop.connect_write_pipe(
+                asyncio.streams.FlowControlMixin,
+                os.fdopen(in_write, "wb", 0))
             child.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
             child.transports.append(transport)
         return child
 
-    def capture(self, argv: list[str], *, cwd: Path | None = None, timeout_s: float = 10.0,
-                confine: dict = READ_ONLY_CONFINE, scan_git: bool = True) -> tuple[int, str]:
+    def capture(self, argv: list[str], *, cwd: Path | None = None,
+                timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                scan_git: bool = True) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
         Failing to start, or timing out, gives -1 and the reason."""
         try:
-            env, ruleset = self.prepare(argv, confine, cwd or self.cwd, frozenset(), scan_git)
+            env, ruleset = self.prepare(
+                argv, confine, cwd or self.cwd, frozenset(), scan_git)
         except OSError as exc:
             return -1, str(exc)
         try:
-            done = subprocess.run(argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                  preexec_fn=sandbox.child_hook(ruleset) if ruleset is not None else None)
+            done = subprocess.run(
+                argv,
+                cwd=cwd or self.cwd,
+                capture_output=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_sandbox_hook(ruleset))
         except (OSError, subprocess.SubprocessError) as exc:
             return -1, str(exc)
         finally:
@@ -352,32 +482,65 @@ class Workspace:
         caller closes the fd once the child has started."""
         read_only = not confine["write"]
         temp = str(self.session_temp())
-        env = {**os.environ, **EXEC_ENV_OVERRIDES, "TMPDIR": temp, "TMP": temp, "TEMP": temp,
-               "PATH": _absolute_path_entries(os.environ.get("PATH", ""))}
+        env = {**os.environ, **EXEC_ENV_OVERRIDES}
+        env["TMPDIR"] = temp
+        env["TMP"] = temp
+        env["TEMP"] = temp
+        env["PATH"] = _absolute_path_entries(os.environ.get("PATH", ""))
         if read_only:
-            env["GIT_OPTIONAL_LOCKS"] = "0"     # git status would otherwise refresh .git/index
-        # A command judged read-only has literal words only: it can run git only by naming it.
-        runs_git = os.path.basename(argv[0]) == "git" or (argv[1:2] == ["-c"] and "git" in argv[-1])
-        keys = self.repository_git_drivers(cwd) if runs_git and scan_git else []
-        env.update(sandbox.git_env(os.environ, sandbox.git_settings(read_only, keys)))
-        if not self.abi or confine.get("unconfined"):      # no Landlock, or the user's own `!` command
+            # git status would otherwise refresh .git/index.
+            env["GIT_OPTIONAL_LOCKS"] = "0"
+        if _runs_git(argv) and scan_git:
+            keys = self.repository_git_drivers(cwd)
+        else:
+            keys = []
+        settings = sandbox.git_settings(read_only, keys)
+        env.update(sandbox.git_env(os.environ, settings))
+        # No Landlock, or the user's own `!` command.
+        if not self.abi or confine.get("unconfined"):
             return env, None
         home = self.home or events.khaelor_home()
-        return env, sandbox.build_ruleset(confine, self.cwd, self.temp_dir, Path.home(), home, ports)
+        ruleset = sandbox.build_ruleset(
+            confine, self.cwd, self.temp_dir, Path.home(), home, ports)
+        return env, ruleset
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
             self.temp_dir = Path(tempfile.mkdtemp(prefix="khaelor-session-"))
-            weakref.finalize(self, shutil.rmtree, self.temp_dir, True)  # also when no Toolbox.close comes
+            # Also when no Toolbox.close comes.
+            weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
         """The code-running driver keys (diff.external, textconv, filters, …) that the repository's own
         config defines: local or worktree scope; the user's own global and system config are trusted."""
-        _, out = self.capture(["git", "config", "--show-scope", "--name-only", "-z", "--get-regexp",
-                               sandbox.GIT_DRIVER_KEYS.pattern], cwd=cwd, scan_git=False)
+        argv = [
+            "git", "config", "--show-scope", "--name-only", "-z",
+            "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
+        ]
+        _, out = self.capture(argv, cwd=cwd, scan_git=False)
         fields = out.split("\0")
-        return [key for scope, key in zip(fields[::2], fields[1::2]) if scope in ("local", "worktree")]
+        scopes = fields[::2]
+        keys = fields[1::2]
+        drivers = []
+        for scope, key in zip(scopes, keys):
+            if scope in ("local", "worktree"):
+                drivers.append(key)
+        return drivers
+
+
+def _sandbox_hook(ruleset: int | None) -> Callable[[], None] | None:
+    """The preexec_fn that confines a child with a Landlock ruleset; None: no ruleset."""
+    if ruleset is None:
+        return None
+    return sandbox.child_hook(ruleset)
+
+
+def _runs_git(argv: list[str]) -> bool:
+    """A command judged read-only has literal words only: it can run git only by naming it."""
+    if os.path.basename(argv[0]) == "git":
+        return True
+    return argv[1:2] == ["-c"] and "git" in argv[-1]
 
 # ---------------------------------------------------------------- Toolbox: the kernel's entry point
 
