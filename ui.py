@@ -115,24 +115,41 @@ SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")
 # Terminal input, one key per match: a CSI sequence, an SS3 key (ESC O), Esc before Esc, Alt+char,
 # a control character, a run of text. KEY_PARTIAL_RE: the buffer ends inside a sequence.
 KEY_RE = re.compile(
-    r"\x1b\[(?P<params>[0-?]*)[ -/]*(?P<final>[@-~])|\x1bO(?P<ss3>[\s\S])|(?P<esc>\x1b)(?=\x1b)"
-    r"|\x1b(?P<alt>[\s\S])|(?P<control>[\x00-\x1a\x1c-\x1f\x7f])|(?P<text>[^\x00-\x1f\x7f]+)")
+    r"\x1b\[(?P<params>[0-?]*)[ -/]*(?P<final>[@-~])"
+    r"|\x1bO(?P<ss3>[\s\S])"
+    r"|(?P<esc>\x1b)(?=\x1b)"
+    r"|\x1b(?P<alt>[\s\S])"
+    r"|(?P<control>[\x00-\x1a\x1c-\x1f\x7f])"
+    r"|(?P<text>[^\x00-\x1f\x7f]+)")
 KEY_PARTIAL_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|O)?\Z")
 # Anything a program might print to move the cursor, retitle the window or write the clipboard:
 # CSI, OSC (BEL or ST terminated), DCS/SOS/PM/APC strings, two-byte escapes, a lone ESC.
 ESCAPE_SEQUENCE_RE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
-    r"|\x1b[ -/]*[0-~]|\x1b")
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
+    r"|\x1b[ -/]*[0-~]"
+    r"|\x1b")
 # C0/C1 controls except tab and newline, and the bidi overrides that can disguise text.
-CONTROL_CHAR_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CONTROL_CHAR_RE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 # Semantic style roles -> SGR parameters. Monochrome draws none of them, so every role that
 # carries meaning also has a symbol (● ✗ ○ + − ⚠ ›) that survives without colour.
 ROLE_SGR = {
-    "bold": "1", "dim": "2", "italic": "3", "underline": "4", "strike": "9",
-    "heading": "1;36", "code": "36", "link": "34;4", "bullet": "36", "quote": "2",
-    "keyword": "35", "string": "32", "comment": "2;3", "number": "33",
-    "added": "32", "removed": "31", "hunk": "36", "ok": "32", "error": "31", "warning": "33",
+    # plain attributes
+    "bold": "1", "dim": "2", "italic": "3",
+    "underline": "4", "strike": "9",
+    # markdown
+    "heading": "1;36", "code": "36", "link": "34;4",
+    "bullet": "36", "quote": "2",
+    # code
+    "keyword": "35", "string": "32",
+    "comment": "2;3", "number": "33",
+    # diffs and outcomes
+    "added": "32", "removed": "31", "hunk": "36",
+    "ok": "32", "error": "31", "warning": "33",
+    # the composer and menus
     "prompt": "1;35", "user": "1", "selected": "7",
 }
 
@@ -142,18 +159,26 @@ ROLE_SGR = {
 @functools.lru_cache(maxsize=8192)
 def char_width(ch: str) -> int:
     """Terminal cells for one code point: 0 combining/format, 2 wide or fullwidth (CJK, emoji)."""
-    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+    if unicodedata.combining(ch):
         return 0
-    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    if unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0
+    if unicodedata.east_asian_width(ch) in ("W", "F"):
+        return 2
+    return 1
 
 
 def cell_width(text: str) -> int:
-    return len(text) if text.isascii() else sum(map(char_width, text))
+    if text.isascii():
+        return len(text)
+    return sum(map(char_width, text))
 
 
 def visible_width(line: str) -> int:
     """Cells of a styled line (SGR sequences take none)."""
-    return cell_width(SGR_RE.sub("", line) if ESC in line else line)
+    if ESC in line:
+        line = SGR_RE.sub("", line)
+    return cell_width(line)
 
 
 def split_at_width(text: str, cells: int) -> tuple[str, str]:
@@ -173,13 +198,16 @@ def clip(line: str, width: int) -> str:
     """Cut a styled line to `width` cells, marking the cut with an ellipsis."""
     if visible_width(line) <= width:
         return line
-    out, room = [], width - 1
+    out = []
+    # one cell for the ellipsis
+    room = width - 1
+    reset = SGR_RESET if ESC in line else ""
     for piece in SGR_RE.split(line):
         if not piece.startswith(ESC):
             piece, cut = split_at_width(piece, room)
             room -= cell_width(piece)
             if cut:
-                return "".join(out) + piece + "…" + (SGR_RESET if ESC in line else "")
+                return "".join(out) + piece + "…" + reset
         out.append(piece)
     return line
 
@@ -190,10 +218,13 @@ def sanitize(text: str) -> str:
     if ESC in text:
         text = ESCAPE_SEQUENCE_RE.sub("", text)
     if "\r" in text:
-        text = "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line
-                         for line in text.replace("\r\n", "\n").split("\n"))
+        lines = text.replace("\r\n", "\n").split("\n")
+        # what follows the last carriage return is what stays on screen
+        text = "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
     text = CONTROL_CHAR_RE.sub("", text)
-    return text.expandtabs(4) if "\t" in text else text
+    if "\t" in text:
+        text = text.expandtabs(4)
+    return text
 
 
 # ════ Styles ════
@@ -206,7 +237,8 @@ class Style:
     def paint(self, text: str, *roles: str) -> str:
         if not self.color or not roles or not text:
             return text
-        return SGR.format(";".join(ROLE_SGR[r] for r in roles)) + text + SGR_RESET
+        params = ";".join(ROLE_SGR[role] for role in roles)
+        return SGR.format(params) + text + SGR_RESET
 
 
 def detect_color(stream, env=None) -> bool:
@@ -232,26 +264,38 @@ def _add_run(runs: list[list], text: str, roles: tuple) -> None:
         runs.append([text, roles])
 
 
-def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "", rest: str = "",
+def wrap_spans(spans: Iterable[Span], width: int, style: Style,
+               first: str = "", rest: str = "",
                hard: bool = False) -> list[str]:
     """Wrap styled spans to `width` cells behind the styled prefixes `first` (first line) and
     `rest`. Word wrap collapses whitespace to single spaces and breaks only a word longer than a
     line; `hard` keeps every space and breaks anywhere (code, diffs)."""
     lines: list[str] = []
     rest_width = visible_width(rest)
-    prefix, start = first, visible_width(first)
+    # the current line: its prefix, where its text starts, the cells used
+    prefix = first
+    start = visible_width(first)
     width = max(width, start + 1, rest_width + 1)
-    used, runs, space = start, [], False
+    used = start
+    runs = []
+    space = False
     for text, roles in spans:
         space = not hard and (space or text[:1].isspace())
-        for word in [text] if hard else text.split():
+        words = [text] if hard else text.split()
+        for word in words:
             w = cell_width(word)
             gap = 1 if space and used > start else 0
-            if not hard and used + gap + w > width and used > start:
+            too_long = used + gap + w > width
+            if not hard and too_long and used > start:
                 lines.append(prefix + join_runs(runs, style))
-                prefix, start, used, runs, gap = rest, rest_width, rest_width, [], 0
+                prefix = rest
+                start = used = rest_width
+                runs = []
+                gap = 0
             if gap:
-                _add_run(runs, " ", runs[-1][1] if runs[-1][1] == roles else ())
+                # between two runs of one style the space shares it (an underline goes on)
+                space_roles = runs[-1][1] if runs[-1][1] == roles else ()
+                _add_run(runs, " ", space_roles)
             # longer than the room left: break it
             while word and used + gap + w > width:
                 head, word = split_at_width(word, width - used - gap)
@@ -264,12 +308,15 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style, first: str = "",
                 gap, w = 0, cell_width(word)
                 if word:
                     lines.append(prefix + join_runs(runs, style))
-                    prefix, start, used, runs = rest, rest_width, rest_width, []
+                    prefix = rest
+                    start = used = rest_width
+                    runs = []
             if word:
                 _add_run(runs, word, roles)
                 used += gap + w
             space = not hard
-        space = space if hard or not text else text[-1:].isspace()
+        if not hard and text:
+            space = text[-1:].isspace()
     lines.append(prefix + join_runs(runs, style))
     return lines
 
