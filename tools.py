@@ -551,32 +551,42 @@ class Toolbox:
 
     def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict]):
         self.workspace = workspace
-        self.spill_dir = Path(home) / "spill"   # home is KHAELOR_HOME
+        # home is KHAELOR_HOME.
+        self.spill_dir = Path(home) / "spill"
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
-        self.edit_history: dict[Path, list[FileVersion]] = {}   # real path -> versions, oldest first
-        self.stamps: dict[Path, tuple[int, int]] = {}   # real path -> (mtime_ns, size) as the model last saw it
-        self.seen: list[list] = []              # [real path, mtime_ns, size] the running call saw
-        self.versions_dir = Path(home) / "versions"     # content-addressed file versions, for /undo
-        self.groups: set[int] = set()           # process groups alive right now (bash and process)
-        self.ripgrep = shutil.which("rg")       # None: grep/glob use the Python fallback
+        # Real path -> versions, oldest first.
+        self.edit_history: dict[Path, list[FileVersion]] = {}
+        # Real path -> (mtime_ns, size) as the model last saw it.
+        self.stamps: dict[Path, tuple[int, int]] = {}
+        # [real path, mtime_ns, size] the running call saw.
+        self.seen: list[list] = []
+        # Content-addressed file versions, for /undo.
+        self.versions_dir = Path(home) / "versions"
+        # Process groups alive right now (bash and process).
+        self.groups: set[int] = set()
+        # None: grep/glob use the Python fallback.
+        self.ripgrep = shutil.which("rg")
         self.dotenv = _DotEnv(workspace.cwd)
         self.processes = _Processes(workspace, emit, self.groups, self.mask)
         workspace.home = Path(home)
-        self.sandboxed = bool(workspace.abi)   # False: commands run unconfined (the kernel asks for more)
-        self.sandbox_status = sandbox.status()  # "landlock ABI 7", or "unavailable: <why>"
+        # False: commands run unconfined (the kernel asks for more).
+        self.sandboxed = bool(workspace.abi)
+        # "landlock ABI 7", or "unavailable: <why>".
+        self.sandbox_status = sandbox.status()
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
-    async def run(self, name: str, tool_input: dict, tool_use_id: str, confine: dict | None = None) -> ToolResult:
+    async def run(self, name: str, tool_input: dict, tool_use_id: str,
+                  confine: dict | None = None) -> ToolResult:
         """Run one tool call, confined as the permission decision's `confine` says (sandbox.py; None:
         DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = {**DEFAULT_CONFINE, **(confine or {})}
         self.dotenv.refresh()
-        schema = next((schema for schema in SCHEMAS if schema["name"] == name), None)
+        schema = _schema_named(name)
         if schema is None:
-            return ToolResult(f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}.", True,
-                              {"error": "unknown_tool"})
+            text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
+            return ToolResult(text, True, {"error": "unknown_tool"})
         args, problem = _check_input(schema, tool_input)
         if problem:
             return ToolResult(problem, True, {"error": "invalid_input"})
@@ -586,17 +596,19 @@ class Toolbox:
         except ToolError as exc:
             result = ToolResult(str(exc), True, exc.meta)
         except OSError as exc:
-            where = f" ({exc.filename})" if exc.filename else ""
-            hint = ("The command is too long for the system to start; write it to a script file and run that."
-                    if exc.errno == errno.E2BIG else "Check the path and permissions, then retry or try another approach.")
-            result = ToolResult(f"{exc.strerror or exc}{where}. {hint}", True, {"error": type(exc).__name__})
-        except Exception as exc:    # a bug in a tool must not end the session; the model can work around it
-            result = ToolResult(f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); this is a khaelor "
-                                "bug. Try a different approach.", True, {"error": "internal"})
-        if self.seen:       # in the log, so a resumed session knows what the model has read
+            result = _os_error_result(exc)
+        except Exception as exc:
+            # A bug in a tool must not end the session; the model can work around it.
+            text = (f"{name} failed unexpectedly ({type(exc).__name__}: {exc}); "
+                    "this is a khaelor bug. Try a different approach.")
+            result = ToolResult(text, True, {"error": "internal"})
+        if self.seen:
+            # In the log, so a resumed session knows what the model has read.
             result.meta["seen"] = self.seen
         result.text = self.mask(result.text)
-        if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:   # bash budgets its own stream
+        # bash budgets its own stream.
+        over_budget = len(result.text) > OUTPUT_BUDGET_CHARS
+        if over_budget and "spill" not in result.meta:
             spool = _Spool(self.spill_dir, tool_use_id or name)
             spool.add(result.text)
             result.text = spool.finish(result.meta)
@@ -607,17 +619,22 @@ class Toolbox:
         not read (or changed since), or old_string is not in it (or is in several places). The kernel
         fails such a call as the model's mistake before asking anyone to approve it. None: it may work
         (creating a file, a bad input and other failures are left to the tool itself)."""
-        args, problem = _check_input(next(s for s in SCHEMAS if s["name"] == "edit"), tool_input)
-        if problem or not args["old_string"] or args["old_string"] == args["new_string"]:
+        args, problem = _check_input(_schema_named("edit"), tool_input)
+        if problem:
+            return None
+        if not args["old_string"] or args["old_string"] == args["new_string"]:
             return None
         try:
             path = self.workspace.resolve(args["file_path"])
             if not path.is_file():
                 return None
             self.check_fresh(path)
-            text = self.workspace.read_file(path).decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
-            old, new = (part.replace("\r\n", "\n") for part in (args["old_string"], args["new_string"]))
-            _replace(text, old, new, args.get("replace_all", False), self.workspace.display(path))
+            data = self.workspace.read_file(path)
+            text = _lf(data.decode("utf-8").removeprefix("\ufeff"))
+            old = _lf(args["old_string"])
+            new = _lf(args["new_string"])
+            replace_all = args.get("replace_all", False)
+            _replace(text, old, new, replace_all, self.workspace.display(path))
         except ToolError as exc:
             return ToolResult(self.mask(str(exc)), True, exc.meta)
         except (OSError, UnicodeDecodeError):
@@ -638,12 +655,21 @@ class Toolbox:
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
-        return [{"process_id": p.process_id, "pid": p.child.pid, "command": p.command, "runtime_s": p.runtime_s()}
-                for p in self.processes.live()]
+        running = []
+        for process in self.processes.live():
+            running.append({
+                "process_id": process.process_id,
+                "pid": process.child.pid,
+                "command": process.command,
+                "runtime_s": process.runtime_s(),
+            })
+        return running
 
     def process_command(self, process_id) -> str | None:
         """The command a background process runs (what `process write` is judged against)."""
-        process = self.processes.items.get(process_id) if isinstance(process_id, str) else None
+        if not isinstance(process_id, str):
+            return None
+        process = self.processes.items.get(process_id)
         return process.command if process else None
 
     def resume(self, state: events.State) -> None:
@@ -659,15 +685,18 @@ class Toolbox:
     def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
         """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
         path = self.workspace.resolve(file_path)
-        real, shown = Path(os.path.realpath(path)), self.workspace.display(path)
+        real = Path(os.path.realpath(path))
+        shown = self.workspace.display(path)
         history = self.edit_history.get(real)
         if not history:
-            return ToolResult(f"No khaelor edits of {shown} to undo.", True, {"error": "no_history"})
-        current = self.workspace.read_file(real) if real.exists() else None
-        if current is None or _blob_name(current) != history[-1].after:
-            return ToolResult(f"{shown} changed after khaelor's last edit; not undoing, to keep those changes.",
-                              True, {"error": "changed"})
+            text = f"No khaelor edits of {shown} to undo."
+            return ToolResult(text, True, {"error": "no_history"})
         version = history[-1]
+        current = self.workspace.read_file(real) if real.exists() else None
+        if current is None or _blob_name(current) != version.after:
+            text = (f"{shown} changed after khaelor's last edit; "
+                    "not undoing, to keep those changes.")
+            return ToolResult(text, True, {"error": "changed"})
         before = None
         if version.before is not None:
             try:
@@ -679,21 +708,26 @@ class Toolbox:
             self.workspace.remove_file(real)
         else:
             self.workspace.write_file(real, before)
-        self.stamps.pop(real, None)         # the model's view is stale now: it must read again
-        added, removed = self._report_change(path, current, before or b"", version, tool_use_id)
-        return ToolResult(f"Restored {shown} to before khaelor's last edit (+{added} −{removed}).",
-                          meta={"path": shown, "added": added, "removed": removed})
+        # The model's view is stale now: it must read again.
+        self.stamps.pop(real, None)
+        added, removed = self._report_change(
+            path, current, before or b"", version, tool_use_id)
+        text = f"Restored {shown} to before khaelor's last edit (+{added} −{removed})."
+        meta = {"path": shown, "added": added, "removed": removed}
+        return ToolResult(text, meta=meta)
 
     def _version_lost(self, shown: str, exc: OSError) -> ToolResult:
         """An /undo whose saved version cannot be read: nothing is changed, and the message says why."""
         if isinstance(exc, FileNotFoundError):
-            why = (f"is gone from {self.versions_dir} (versions unused for "
-                   f"{VERSIONS_KEEP_DAYS} days are pruned)")
+            why = (f"is gone from {self.versions_dir} "
+                   f"(versions unused for {VERSIONS_KEEP_DAYS} days are pruned)")
         else:
             why = f"cannot be read from {self.versions_dir} ({exc.strerror or exc})"
-        text = (f"Cannot undo khaelor's last edit of {shown}: the saved version from before it {why}. "
+        text = (f"Cannot undo khaelor's last edit of {shown}: "
+                f"the saved version from before it {why}. "
                 f"{shown} is left as it is.")
-        return ToolResult(text, True, {"error": "version_missing", "path": shown})
+        meta = {"error": "version_missing", "path": shown}
+        return ToolResult(text, True, meta)
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it)."""
@@ -708,13 +742,16 @@ class Toolbox:
         path = self.versions_dir / name
         if path.exists():
             try:
-                os.utime(path)      # still in use: a fresh mtime keeps prune_versions off it
+                # Still in use: a fresh mtime keeps prune_versions off it.
+                os.utime(path)
             except OSError:
-                pass                # the version is there; an old mtime only risks its pruning
+                # The version is there; an old mtime only risks its pruning.
+                pass
         else:
             self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            fd = os.open(tmp, flags, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
@@ -726,19 +763,29 @@ class Toolbox:
     def check_fresh(self, path: Path) -> None:
         """Refuse to change a file the model has not read, or that changed on disk since it did: this
         protects the user's own concurrent edits."""
-        real, shown = Path(os.path.realpath(path)), self.workspace.display(path)
+        real = Path(os.path.realpath(path))
+        shown = self.workspace.display(path)
         seen = self.stamps.get(real)
         if seen is None:
-            raise ToolError(f"{shown} exists and you have not read it in this session. Read it first, then "
-                            "retry, so your change starts from its actual content.", error="not_read")
+            raise ToolError(
+                f"{shown} exists and you have not read it in this session. "
+                "Read it first, then retry, so your change starts from its actual content.",
+                error="not_read")
         if _stamp(real) != seen:
-            raise ToolError(f"{shown} has changed on disk since you last read it (someone may be editing it). "
-                            "Read it again, then redo your change on the current content.", error="stale")
+            raise ToolError(
+                f"{shown} has changed on disk since you last read it "
+                "(someone may be editing it). "
+                "Read it again, then redo your change on the current content.",
+                error="stale")
 
-    def commit(self, path: Path, before: bytes | None, after: bytes, tool_use_id: str) -> tuple[int, int]:
+    def commit(self, path: Path, before: bytes | None, after: bytes,
+               tool_use_id: str) -> tuple[int, int]:
         """Write a file for write/edit: history, stamp, FileModified. Returns (lines added, removed)."""
         # Both versions are kept before the file changes, so an edit is never without its undo.
-        version = FileVersion(None if before is None else self.keep_version(before), self.keep_version(after))
+        before_version = None
+        if before is not None:
+            before_version = self.keep_version(before)
+        version = FileVersion(before_version, self.keep_version(after))
         self.workspace.write_file(path, after)
         real = Path(os.path.realpath(path))
         history = self.edit_history.setdefault(real, [])
@@ -747,27 +794,65 @@ class Toolbox:
         self.remember(real)
         return self._report_change(path, before, after, version, tool_use_id)
 
-    def _report_change(self, path: Path, before: bytes | None, after: bytes, version: FileVersion,
-                       tool_use_id: str) -> tuple[int, int]:
+    def _report_change(self, path: Path, before: bytes | None, after: bytes,
+                       version: FileVersion, tool_use_id: str) -> tuple[int, int]:
         shown = self.workspace.display(path)
-        added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
-        self.emit("FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed,
-                  diff=self.mask(diff), created=before is None, real_path=str(os.path.realpath(path)),
-                  before_version=version.before, after_version=version.after)
+        before_text = _decode_text(before or b"")
+        added, removed, diff = _diff(shown, before_text, _decode_text(after))
+        self.emit(
+            "FileModified",
+            tool_use_id=tool_use_id,
+            path=shown,
+            added=added,
+            removed=removed,
+            diff=self.mask(diff),
+            created=before is None,
+            real_path=str(os.path.realpath(path)),
+            before_version=version.before,
+            after_version=version.after)
         return added, removed
+
+
+def _schema_named(name: str) -> dict | None:
+    for schema in SCHEMAS:
+        if schema["name"] == name:
+            return schema
+    return None
+
+
+def _os_error_result(exc: OSError) -> ToolResult:
+    """A tool's OSError as a result the model can act on: what failed, where, and what to try."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.errno == errno.E2BIG:
+        hint = ("The command is too long for the system to start; "
+                "write it to a script file and run that.")
+    else:
+        hint = "Check the path and permissions, then retry or try another approach."
+    text = f"{exc.strerror or exc}{where}. {hint}"
+    return ToolResult(text, True, {"error": type(exc).__name__})
+
+
+def _lf(text: str) -> str:
+    return text.replace("\r\n", "\n")
+
+# ---------------------------------------------------------------- file versions: pruning the store
+
 
 def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
     """Remove file versions (KHAELOR_HOME/versions) unused for keep_days, at most once a day.
     Only plain files directly in versions/ with a sha256 name go; symlinks are never followed.
     Never raises: what cannot be checked or removed is left. Returns how many were removed."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
-        versions = os.open(Path(home) / "versions", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        versions = os.open(Path(home) / "versions", flags)
     except OSError:
-        return 0            # no versions yet, or versions/ is not a plain directory
+        # No versions yet, or versions/ is not a plain directory.
+        return 0
     try:
         if not _prune_due(versions):
             return 0
-        return _remove_old_blobs(versions, time.time() - keep_days * 86_400)
+        cutoff = time.time() - keep_days * 86_400
+        return _remove_old_blobs(versions, cutoff)
     finally:
         os.close(versions)
 
@@ -779,14 +864,16 @@ def _prune_due(versions: int) -> bool:
         if time.time() - marker.st_mtime < VERSIONS_PRUNE_INTERVAL_S:
             return False
     except FileNotFoundError:
-        pass                # never pruned here
+        # Never pruned here.
+        pass
     except OSError:
         return False
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
     try:
         fd = os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)
     except OSError:
-        return False        # e.g. the marker is a symlink: prune nothing rather than follow it
+        # E.g. the marker is a symlink: prune nothing rather than follow it.
+        return False
     try:
         os.utime(fd)
     except OSError:
@@ -810,7 +897,8 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
                 continue
             if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
                 continue
-            os.unlink(entry.name, dir_fd=versions)     # unlink never follows a symlink
+            # unlink never follows a symlink.
+            os.unlink(entry.name, dir_fd=versions)
         except OSError:
             continue
         removed += 1
