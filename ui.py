@@ -331,8 +331,11 @@ LIST_RE = re.compile(r"^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$")
 QUOTE_RE = re.compile(r"^ {0,3}>\s?(.*)$")
 TABLE_SEPARATOR_RE = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 INLINE_RE = re.compile(
-    r"\\(?P<escaped>[!-/:-@\[-`{-~])|(?P<ticks>`+)(?P<code>.+?)(?P=ticks)"
-    r"|\*\*(?P<bold>\S(?:.*?\S)?)\*\*|__(?P<bold2>\S(?:.*?\S)?)__|~~(?P<strike>\S(?:.*?\S)?)~~"
+    r"\\(?P<escaped>[!-/:-@\[-`{-~])"
+    r"|(?P<ticks>`+)(?P<code>.+?)(?P=ticks)"
+    r"|\*\*(?P<bold>\S(?:.*?\S)?)\*\*"
+    r"|__(?P<bold2>\S(?:.*?\S)?)__"
+    r"|~~(?P<strike>\S(?:.*?\S)?)~~"
     r"|(?<![\w*])\*(?P<italic>[^\s*](?:.*?[^\s*])?)\*(?![\w*])"
     r"|(?<!\w)_(?P<italic2>[^\s_](?:.*?[^\s_])?)_(?!\w)"
     r"|\[(?P<link>[^\]]+)\]\((?P<url>[^)\s]+)\)")
@@ -342,32 +345,47 @@ ESCAPED_RE = re.compile(r"\\([!-/:-@\[-`{-~])")
 QUOTE_MAX_BARS = 6
 
 KEYWORDS = frozenset("""
-    and as assert async await break case catch class const continue def default defer del do
-    elif else enum except export extends false final finally fn for from func function go if impl
-    import in interface is lambda let loop match mod mut new nil none not null or package pass pub
-    raise return self static struct super switch this throw true try type typeof use var void
-    while with yield True False None""".split())
-HASH_COMMENT_LANGS = frozenset("""python py sh bash zsh shell console ruby rb yaml yml toml perl
-    r make makefile dockerfile ini conf cfg elixir ex nim ps1 powershell""".split())
-SLASH_COMMENT_LANGS = frozenset("""c h cpp cc hpp cs java js jsx ts tsx javascript typescript go
-    rust rs swift kotlin kt scala dart php json jsonc zig""".split())
+    and as assert async await break case catch class const
+    continue def default defer del do elif else enum except
+    export extends false final finally fn for from func function
+    go if impl import in interface is lambda let loop match mod
+    mut new nil none not null or package pass pub raise return
+    self static struct super switch this throw true try type
+    typeof use var void while with yield True False None
+    """.split())
+HASH_COMMENT_LANGS = frozenset("""
+    python py sh bash zsh shell console ruby rb yaml yml toml
+    perl r make makefile dockerfile ini conf cfg elixir ex nim
+    ps1 powershell
+    """.split())
+SLASH_COMMENT_LANGS = frozenset("""
+    c h cpp cc hpp cs java js jsx ts tsx javascript typescript
+    go rust rs swift kotlin kt scala dart php json jsonc zig
+    """.split())
 DASH_COMMENT_LANGS = frozenset("sql lua haskell hs elm".split())
 
 
 def _code_token_re(comment: str) -> re.Pattern:
     """One token per match, its group named for its style role."""
+    keywords = "|".join(sorted(KEYWORDS, key=len, reverse=True))
     return re.compile(
         rf"(?P<comment>(?:{comment}).*$)"
         r"|(?P<string>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
         r"|(?P<number>\b\d[\w.]*)"
-        rf"|\b(?P<keyword>{'|'.join(sorted(KEYWORDS, key=len, reverse=True))})\b")
+        rf"|\b(?P<keyword>{keywords})\b")
 
 
-CODE_TOKEN_RES = {"#": _code_token_re("#"), "//": _code_token_re("//"),
-                  "--": _code_token_re(r"--\s"), "": _code_token_re("#|//")}
+# By the comment marker of a language ("": unknown, either marker).
+CODE_TOKEN_RES = {
+    "#": _code_token_re("#"),
+    "//": _code_token_re("//"),
+    "--": _code_token_re(r"--\s"),
+    "": _code_token_re("#|//"),
+}
 
 
-def regex_spans(pattern: re.Pattern, text: str, styled: Callable, roles: tuple = ()) -> list[Span]:
+def regex_spans(pattern: re.Pattern, text: str, styled: Callable,
+                roles: tuple = ()) -> list[Span]:
     """`text` cut at `pattern`'s matches: styled(match) gives a match's spans."""
     spans: list[Span] = []
     pos = 0
@@ -376,13 +394,16 @@ def regex_spans(pattern: re.Pattern, text: str, styled: Callable, roles: tuple =
             spans.append((text[pos:m.start()], roles))
         spans += styled(m)
         pos = m.end()
-    return spans + [(text[pos:], roles)] if pos < len(text) else spans
+    if pos < len(text):
+        spans.append((text[pos:], roles))
+    return spans
 
 
 def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
     """Bold, italic, strike, `code` and [links](url) as spans. Monochrome keeps the markdown as
     written: the markers are the meaning there."""
-    if not style.color or not any(c in text for c in "*_`[~\\"):
+    has_markup = any(c in text for c in "*_`[~\\")
+    if not style.color or not has_markup:
         if "\\" in text and "`" not in text:
             text = ESCAPED_RE.sub(r"\1", text)
         return [(text, roles)]
@@ -391,14 +412,19 @@ def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
         if m["escaped"]:
             return [(m["escaped"], roles)]
         if code := m["code"]:
-            return [(code[1:-1] if code[:1] == code[-1:] == " " and len(code) > 2 else code,
-                     roles + ("code",))]
+            # one space at each end is padding (CommonMark: `` `x` `` shows `x`)
+            if code[:1] == code[-1:] == " " and len(code) > 2:
+                code = code[1:-1]
+            return [(code, roles + ("code",))]
         if link := m["link"]:
             url = m["url"]
             shown = url != link and not url.startswith("#")
-            return (inline_spans(link, style, roles + ("link",))
-                    + [(f" ({url})", roles + ("dim",))] * shown)
-        name = next(k for k in ("bold", "bold2", "strike", "italic", "italic2") if m[k])
+            spans = inline_spans(link, style, roles + ("link",))
+            if shown:
+                spans.append((f" ({url})", roles + ("dim",)))
+            return spans
+        emphasis = ("bold", "bold2", "strike", "italic", "italic2")
+        name = next(k for k in emphasis if m[k])
         return inline_spans(m[name], style, roles + (name.rstrip("2"),))
 
     return regex_spans(INLINE_RE, text, styled, roles)
@@ -410,13 +436,26 @@ def highlight_code(line: str, lang: str) -> list[Span]:
     if lang in ("diff", "patch"):
         role = {"+": "added", "-": "removed", "@": "hunk"}.get(line[:1])
         return [(line, (role,) if role else ())]
-    comment = ("#" if lang in HASH_COMMENT_LANGS else "//" if lang in SLASH_COMMENT_LANGS
-               else "--" if lang in DASH_COMMENT_LANGS else "")
-    return regex_spans(CODE_TOKEN_RES[comment], line, lambda m: [(m[0], (m.lastgroup,))])
+    pattern = CODE_TOKEN_RES[_comment_marker(lang)]
+    return regex_spans(pattern, line, lambda m: [(m[0], (m.lastgroup,))])
 
 
-def render_code_line(line: str, lang: str, width: int, style: Style) -> list[str]:
-    spans = highlight_code(line, lang) if style.color else [(line, ())]
+def _comment_marker(lang: str) -> str:
+    if lang in HASH_COMMENT_LANGS:
+        return "#"
+    if lang in SLASH_COMMENT_LANGS:
+        return "//"
+    if lang in DASH_COMMENT_LANGS:
+        return "--"
+    return ""
+
+
+def render_code_line(line: str, lang: str, width: int,
+                     style: Style) -> list[str]:
+    if style.color:
+        spans = highlight_code(line, lang)
+    else:
+        spans = [(line, ())]
     return wrap_spans(spans, width, style, hard=True)
 
 
@@ -424,31 +463,46 @@ def render_fence_line(line: str, width: int, style: Style) -> list[str]:
     return [clip(style.paint(line.strip(), "dim"), width)]
 
 
-def render_list_item(indent: str, marker: str, text: str, width: int, style: Style) -> list[str]:
+def render_list_item(indent: str, marker: str, text: str, width: int,
+                     style: Style) -> list[str]:
     level = min(len(indent.expandtabs(4)) // 2, 6)
-    bullet = marker if marker[0].isdigit() else ("•" if level % 2 == 0 else "◦")
+    if marker[0].isdigit():
+        bullet = marker
+    elif level % 2 == 0:
+        bullet = "•"
+    else:
+        bullet = "◦"
     if box := {"[ ] ": "☐", "[x] ": "☑", "[X] ": "☑"}.get(text[:4]):
-        bullet, text = box, text[4:]
+        bullet = box
+        text = text[4:]
     first = "  " * level + style.paint(bullet, "bullet") + " "
-    return wrap_spans(inline_spans(text, style), width, style, first, " " * visible_width(first))
+    rest = " " * visible_width(first)
+    return wrap_spans(inline_spans(text, style), width, style, first, rest)
 
 
 def table_cells(row: str) -> list[str]:
-    return [cell.strip() for cell in row.strip().removeprefix("|").removesuffix("|").split("|")]
+    inner = row.strip().removeprefix("|").removesuffix("|")
+    return [cell.strip() for cell in inner.split("|")]
 
 
-def render_table(rows: list[str], width: int, style: Style, separator: str = "") -> list[str]:
+def render_table(rows: list[str], width: int, style: Style,
+                 separator: str = "") -> list[str]:
     """The header row, then the body rows; `separator` (|---|--:|:-:|) aligns the columns."""
     grid = [table_cells(row) for row in rows]
     n_cols = max(len(r) for r in grid)
     grid = [r + [""] * (n_cols - len(r)) for r in grid]
-    widths = [max(1, max(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
+    widths = []
+    for c in range(n_cols):
+        widths.append(max(1, max(cell_width(r[c]) for r in grid)))
+    # the cells and a " │ " between columns
     total = sum(widths) + 3 * (n_cols - 1)
     # shrink the widest column until it fits
     while total > width and max(widths) > 3:
         widths[widths.index(max(widths))] -= 1
         total -= 1
-    aligns = [column_align(cell) for cell in table_cells(separator)] if separator else []
+    aligns = []
+    if separator:
+        aligns = [column_align(cell) for cell in table_cells(separator)]
     aligns += ["left"] * (n_cols - len(aligns))
     sep = style.paint(" │ ", "dim")
     out = []
@@ -456,12 +510,15 @@ def render_table(rows: list[str], width: int, style: Style, separator: str = "")
         roles = ("bold",) if r == 0 and style.color else ()
         cells = [wrap_spans(inline_spans(text, style, roles), w, style)
                  for text, w in zip(row, widths)]
+        # a row is as tall as its tallest cell
         for k in range(max(len(c) for c in cells)):
             parts = [(c[k] if k < len(c) else "") for c in cells]
-            out.append(sep.join(_align(p, w, a) for p, w, a in zip(parts, widths, aligns))
-                       .rstrip())
+            columns = zip(parts, widths, aligns)
+            aligned = [_align(part, w, a) for part, w, a in columns]
+            out.append(sep.join(aligned).rstrip())
         if r == 0:
-            out.append(style.paint("─┼─".join("─" * w for w in widths), "dim"))
+            rule = "─┼─".join("─" * w for w in widths)
+            out.append(style.paint(rule, "dim"))
     return [clip(line, width) for line in out]
 
 
@@ -491,11 +548,14 @@ def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
     for line in lines + [None]:
         depth = 0
         while line is not None and (m := QUOTE_RE.match(line)):
-            line, depth = m.group(1), depth + 1
+            line = m.group(1)
+            depth += 1
         if run and (line is None or depth != run_depth):
             bars = min(run_depth, QUOTE_MAX_BARS)
             bar = style.paint("│ " * bars, "quote")
-            out += [bar + row for row in render_block(run, max(width - 2 * bars, 8), style)]
+            inner_width = max(width - 2 * bars, 8)
+            for row in render_block(run, inner_width, style):
+                out.append(bar + row)
             run = []
         if line is not None:
             run.append(line)
@@ -511,7 +571,10 @@ def _starts_block(lines: list[str], i: int) -> bool:
 
 
 def _starts_table(lines: list[str], i: int) -> bool:
-    return "|" in lines[i] and i + 1 < len(lines) and bool(TABLE_SEPARATOR_RE.match(lines[i + 1]))
+    """A row with a pipe, and a separator row under it."""
+    if "|" not in lines[i] or i + 1 >= len(lines):
+        return False
+    return bool(TABLE_SEPARATOR_RE.match(lines[i + 1]))
 
 
 def render_block(lines: list[str], width: int, style: Style) -> list[str]:
@@ -524,9 +587,7 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
         if not line.strip():
             out.append("")
         elif m := HEADING_RE.match(line):
-            roles = {1: ("heading", "underline"), 2: ("heading",)}.get(len(m[1]), ("bold",))
-            out += wrap_spans(inline_spans(m[2], style, roles) if style.color
-                              else [(f"{m[1]} {m[2]}", ())], width, style)
+            out += render_heading(m[1], m[2], width, style)
         elif HR_RE.match(line):
             out.append(style.paint("─" * width, "dim"))
         elif FENCE_RE.match(line):
@@ -545,15 +606,35 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
             while j < len(lines) and not _starts_block(lines, j):
                 j += 1
             m = LIST_RE.match(line)
-            text = " ".join([m.group(3) if m else line.strip()]
-                            + [row.strip() for row in lines[i + 1:j]])
-            out += (render_list_item(m.group(1), m.group(2), text, width, style) if m
-                    else wrap_spans(inline_spans(text, style), width, style))
+            first = m.group(3) if m else line.strip()
+            rest = [row.strip() for row in lines[i + 1:j]]
+            text = " ".join([first] + rest)
+            if m:
+                indent, marker = m.group(1), m.group(2)
+                out += render_list_item(indent, marker, text, width, style)
+            else:
+                out += wrap_spans(inline_spans(text, style), width, style)
         i = j
     return out
 
 
-def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> list[str]:
+def render_heading(hashes: str, text: str, width: int,
+                   style: Style) -> list[str]:
+    """`#` and `##` in the heading colour (`#` underlined), deeper ones bold;
+    monochrome keeps the hashes."""
+    if not style.color:
+        return wrap_spans([(f"{hashes} {text}", ())], width, style)
+    levels = {1: ("heading", "underline"), 2: ("heading",)}
+    roles = levels.get(len(hashes), ("bold",))
+    return wrap_spans(inline_spans(text, style, roles), width, style)
+
+
+# diff sign -> (the sign shown, its style)
+DIFF_SIGNS = {"+": ("+", ("added",)), "-": ("−", ("removed",))}
+
+
+def render_diff(diff: str, width: int, style: Style,
+                max_lines: int = 80) -> list[str]:
     """A unified diff with line numbers: + added, − removed (signs carry it without colour)."""
     out: list[str] = []
     old = new = 0
@@ -561,10 +642,13 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
     rows = sanitize(diff).split("\n")
     for n, raw in enumerate(rows):
         if len(out) >= max_lines:
-            out.append(style.paint(f"     … {len(rows) - n} more diff lines", "dim"))
+            more = f"     … {len(rows) - n} more diff lines"
+            out.append(style.paint(more, "dim"))
             break
         if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
-            old, new, in_hunk = int(m.group(1)), int(m.group(2)), True
+            old = int(m.group(1))
+            new = int(m.group(2))
+            in_hunk = True
             out.append(style.paint(clip(raw, width), "hunk"))
             continue
         if not in_hunk or not raw:
@@ -575,9 +659,14 @@ def render_diff(diff: str, width: int, style: Style, max_lines: int = 80) -> lis
             out.append(style.paint(clip(raw, width), "dim"))
             continue
         number = old if sign == "-" else new
-        old, new = old + (sign != "+"), new + (sign != "-")
-        shown, roles = {"+": ("+", ("added",)), "-": ("−", ("removed",))}.get(sign, (" ", ()))
-        out += wrap_spans([(f"{number:>4} {shown} ", roles), (body, roles)], width, style,
+        # a context line counts on both sides
+        if sign != "+":
+            old += 1
+        if sign != "-":
+            new += 1
+        shown, roles = DIFF_SIGNS.get(sign, (" ", ()))
+        gutter = f"{number:>4} {shown} "
+        out += wrap_spans([(gutter, roles), (body, roles)], width, style,
                           rest=" " * 7, hard=True)
     return out
 
