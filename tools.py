@@ -910,38 +910,68 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
 def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
     """(clean arguments, None), or (None, a message telling the model how to repair the call).
     A null optional counts as absent; JSON 5.0 is a fine integer, true is not."""
-    props, required = schema["input_schema"]["properties"], schema["input_schema"]["required"]
-    args, problems = {}, []
+    props = schema["input_schema"]["properties"]
+    required = schema["input_schema"]["required"]
+    args = {}
+    problems = []
     if not isinstance(tool_input, dict):
         problems.append(f"the input must be a JSON object, got {_type_name(tool_input)}")
         tool_input = {}
     for key, value in tool_input.items():
         kind = props.get(key, {}).get("type")
+        allowed = props.get(key, {}).get("enum", [value])
         if kind is None:
-            near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
-            problems.append(f"unknown parameter '{key}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
+            problems.append(_unknown_parameter(key, props))
         elif value is None:
             continue
         elif kind == "integer" and isinstance(value, float) and value.is_integer():
             args[key] = int(value)
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
-        elif value not in props[key].get("enum", [value]):
-            problems.append(f"'{key}' must be one of {', '.join(props[key]['enum'])}, got {value!r}")
+        elif value not in allowed:
+            choices = ", ".join(allowed)
+            problems.append(f"'{key}' must be one of {choices}, got {value!r}")
         else:
             args[key] = value
-    problems += [f"missing required parameter '{key}'" for key in required
-                 if key not in args and not any(f"'{key}'" in problem for problem in problems)]
+    missing = []
+    for key in required:
+        # A required key already reported (wrong type, bad value) is not also "missing".
+        reported = any(f"'{key}'" in problem for problem in problems)
+        if key not in args and not reported:
+            missing.append(f"missing required parameter '{key}'")
+    problems += missing
     if not problems:
         return args, None
-    signature = ", ".join(f"{key}{'' if key in required else '?'}: {prop['type']}" for key, prop in props.items())
-    return None, (f"Invalid input for {schema['name']}: {'; '.join(problems)}.\n"
-                  f"Expected {schema['name']}({signature}). Call {schema['name']} again with corrected input.")
+    name = schema["name"]
+    return None, (f"Invalid input for {name}: {'; '.join(problems)}.\n"
+                  f"Expected {name}({_signature(props, required)}). "
+                  f"Call {name} again with corrected input.")
+
+
+def _unknown_parameter(key: str, props: dict) -> str:
+    near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
+    if near:
+        return f"unknown parameter '{key}' (did you mean '{near[0]}'?)"
+    return f"unknown parameter '{key}'"
+
+
+def _signature(props: dict, required: list[str]) -> str:
+    """A tool's parameters as `name: type`, with `?` after the optional ones."""
+    parts = []
+    for key, prop in props.items():
+        optional = "" if key in required else "?"
+        parts.append(f"{key}{optional}: {prop['type']}")
+    return ", ".join(parts)
+
+
+JSON_TYPE_NAMES = {
+    bool: "boolean", int: "integer", float: "number", str: "string",
+    list: "array", dict: "object", type(None): "null",
+}
 
 
 def _type_name(value) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+    return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
 # ---------------------------------------------------------------- output budgets, spill files, secrets
 
@@ -951,14 +981,21 @@ class _Spool:
     the model can read or grep, and only a head and a tail stay in memory."""
 
     def __init__(self, spill_dir: Path, name: str):
-        self.spill_dir, self.name = spill_dir, name
+        self.spill_dir = spill_dir
+        self.name = name
         self.head_cap = int(OUTPUT_BUDGET_CHARS * OUTPUT_HEAD_SHARE)
-        self.tail_cap = OUTPUT_BUDGET_CHARS - self.head_cap - 500    # room for the omission marker
-        self.parts: list[str] = []      # everything, while under budget
-        self.head = self.tail = ""
-        self.total = self.newlines = self.spilled = 0
+        # Room for the omission marker.
+        self.tail_cap = OUTPUT_BUDGET_CHARS - self.head_cap - 500
+        # Everything, while under budget.
+        self.parts: list[str] = []
+        self.head = ""
+        self.tail = ""
+        self.total = 0
+        self.newlines = 0
+        self.spilled = 0
         self.spill_path: Path | None = None
-        self.handle = None              # the open spill file; False when it could not be made
+        # The open spill file; False when it could not be made.
+        self.handle = None
 
     def add(self, text: str) -> None:
         self.total += len(text)
@@ -967,23 +1004,29 @@ class _Spool:
             self.parts.append(text)
             if self.total <= OUTPUT_BUDGET_CHARS:
                 return
-            text, self.parts = "".join(self.parts), []
+            text = "".join(self.parts)
+            self.parts = []
             self.head = text[:self.head_cap]
-            try:
-                self.spill_dir.mkdir(parents=True, exist_ok=True)
-                _prune_spill(self.spill_dir)
-                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:60] or "output"
-                fd, path = tempfile.mkstemp(dir=self.spill_dir, suffix=".txt",
-                                            prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-")
-                self.spill_path = Path(path)
-                self.handle = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
-            except OSError:
-                self.spill_path, self.handle = None, False
+            self.open_spill_file()
         self.tail = (self.tail + text)[-self.tail_cap:]
         if self.handle and self.spilled < SPILL_FILE_CAP_BYTES:
-            self.spilled += self.handle.write(text[:SPILL_FILE_CAP_BYTES - self.spilled])
+            room = SPILL_FILE_CAP_BYTES - self.spilled
+            self.spilled += self.handle.write(text[:room])
             if self.spilled >= SPILL_FILE_CAP_BYTES:
                 self.handle.write("\n[spill file capped here; later output was not kept]\n")
+
+    def open_spill_file(self) -> None:
+        try:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            _prune_spill(self.spill_dir)
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:60] or "output"
+            prefix = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-"
+            fd, path = tempfile.mkstemp(dir=self.spill_dir, suffix=".txt", prefix=prefix)
+            self.spill_path = Path(path)
+            self.handle = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+        except OSError:
+            self.spill_path = None
+            self.handle = False
 
     def finish(self, meta: dict) -> str:
         """The model-facing text: all of it, or head + omission marker + tail, cut at line ends. The
@@ -993,20 +1036,32 @@ class _Spool:
         if self.handle:
             self.handle.close()
             meta["spill"] = str(self.spill_path)
-        cut = self.head.rfind("\n")
-        head = self.head[:cut + 1] if cut > len(self.head) // 2 else self.head
-        cut = self.tail.find("\n")
-        tail = self.tail[cut + 1:] if 0 <= cut < len(self.tail) // 2 else self.tail
-        lines = max(0, self.newlines - head.count("\n") - tail.count("\n"))
-        where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; read it with offset/limit "
-                 "or grep it" if self.spill_path else "full output could not be saved")
-        return f"{head}\n[… {self.total - len(head) - len(tail):,} characters ({lines:,} lines) omitted; {where} …]\n{tail}"
+        head = self.head
+        cut = head.rfind("\n")
+        if cut > len(head) // 2:
+            head = head[:cut + 1]
+        tail = self.tail
+        cut = tail.find("\n")
+        if 0 <= cut < len(tail) // 2:
+            tail = tail[cut + 1:]
+        n_omitted = self.total - len(head) - len(tail)
+        n_lines = max(0, self.newlines - head.count("\n") - tail.count("\n"))
+        if self.spill_path:
+            where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; "
+                     "read it with offset/limit or grep it")
+        else:
+            where = "full output could not be saved"
+        marker = f"[… {n_omitted:,} characters ({n_lines:,} lines) omitted; {where} …]"
+        return f"{head}\n{marker}\n{tail}"
 
 
 def _prune_spill(spill_dir: Path) -> None:
     """Keep the spill folder under its cap (with room for one more file), deleting the oldest first."""
-    files = sorted((entry.stat().st_mtime, entry.stat().st_size, entry.path)
-                   for entry in os.scandir(spill_dir) if entry.is_file())
+    files = []
+    for entry in os.scandir(spill_dir):
+        if entry.is_file():
+            files.append((entry.stat().st_mtime, entry.stat().st_size, entry.path))
+    files.sort()
     total = sum(size for _, size, _ in files)
     for _, size, path in files:
         if total <= SPILL_DIR_CAP_BYTES - SPILL_FILE_CAP_BYTES:
@@ -1018,7 +1073,8 @@ def _prune_spill(spill_dir: Path) -> None:
 def _absolute_path_entries(path: str) -> str:
     """PATH without its empty or relative entries: with "." or "bin" on PATH, a `cat` judged
     read-only would run the repository's own ./cat or bin/cat."""
-    return os.pathsep.join(entry for entry in path.split(os.pathsep) if os.path.isabs(entry))
+    entries = path.split(os.pathsep)
+    return os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
 
 
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
@@ -1043,32 +1099,51 @@ class _DotEnv:
     def __init__(self, root: Path):
         self.root = root
         self.stamp: list[tuple[str, int, int]] = []
-        self.values: list[str] = []     # longest first, so a value inside another is not masked half
+        # Longest first, so a value inside another is not masked half.
+        self.values: list[str] = []
 
     def refresh(self) -> None:
-        try:
-            files = sorted((entry.name, entry.stat().st_mtime_ns, entry.stat().st_size)
-                           for entry in os.scandir(self.root) if _is_dotenv(entry.name) and entry.is_file())
-        except OSError:
-            files = []
+        files = self.dotenv_files()
         if files == self.stamp:
             return
         values = set()
         for name, _, _ in files:
             try:
-                lines = (self.root / name).read_text(encoding="utf-8", errors="replace").splitlines()
+                text = (self.root / name).read_text(encoding="utf-8", errors="replace")
             except OSError:
                 continue
-            for line in lines:
-                match = DOTENV_LINE.match(line)
-                value = match.group(1) if match and not line.lstrip().startswith("#") else ""
-                if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                    value = value[1:-1]
-                elif " #" in value:     # an unquoted value ends where a comment starts
-                    value = value.split(" #", 1)[0].rstrip()
+            for line in text.splitlines():
+                value = _dotenv_value(line)
                 if len(value) >= DOTENV_VALUE_MIN_CHARS:
                     values.add(value)
-        self.stamp, self.values = files, sorted(values, key=len, reverse=True)
+        self.stamp = files
+        self.values = sorted(values, key=len, reverse=True)
+
+    def dotenv_files(self) -> list[tuple[str, int, int]]:
+        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be listed."""
+        files = []
+        try:
+            for entry in os.scandir(self.root):
+                if _is_dotenv(entry.name) and entry.is_file():
+                    stat = entry.stat()
+                    files.append((entry.name, stat.st_mtime_ns, stat.st_size))
+        except OSError:
+            return []
+        return sorted(files)
+
+
+def _dotenv_value(line: str) -> str:
+    """The value of a KEY=value line, quotes stripped; "" for a comment or another line."""
+    match = DOTENV_LINE.match(line)
+    if not match or line.lstrip().startswith("#"):
+        return ""
+    value = match.group(1)
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    if " #" in value:
+        # An unquoted value ends where a comment starts.
+        return value.split(" #", 1)[0].rstrip()
+    return value
 
 
 def _is_dotenv(name: str) -> bool:
@@ -1079,7 +1154,9 @@ def _is_dotenv(name: str) -> bool:
 
 def _one_line(name: str) -> str:
     """A path as one line of a listing: with a newline or another control character in it, JSON-quoted."""
-    return json.dumps(name, ensure_ascii=False) if any(ord(c) < 32 or c == "\x7f" for c in name) else name
+    if any(ord(c) < 32 or c == "\x7f" for c in name):
+        return json.dumps(name, ensure_ascii=False)
+    return name
 
 # ---------------------------------------------------------------- process groups: running a command to its end
 
