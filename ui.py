@@ -717,41 +717,51 @@ class MarkdownStream:
         if self._partial:
             self._take_line(self._partial)
         self._settle_block()
-        self._partial, self._fence, self._live_cache = "", "", (None, [])
+        self._partial = ""
+        self._fence = ""
+        self._live_cache = (None, [])
 
     def take_settled(self) -> list[str]:
         lines, self._settled = self._settled, []
         return lines
 
     def live_lines(self) -> list[str]:
-        if self._live_cache[0] != (self.n_fed, self.width):
-            partial, lines = sanitize(self._partial), []
-            if not self._fence:
-                lines = render_block(self._block + ([partial] if partial.strip() else []),
-                                     self.width, self.style)
-            elif partial:
-                lines = render_code_line(partial, self._lang, self.width, self.style)
-            self._live_cache = ((self.n_fed, self.width), lines)
+        key = (self.n_fed, self.width)
+        if self._live_cache[0] != key:
+            self._live_cache = (key, self._render_live())
         return self._live_cache[1]
+
+    def _render_live(self) -> list[str]:
+        partial = sanitize(self._partial)
+        if not self._fence:
+            block = self._block + ([partial] if partial.strip() else [])
+            return render_block(block, self.width, self.style)
+        if partial:
+            return render_code_line(partial, self._lang, self.width,
+                                    self.style)
+        return []
 
     def _cut_long(self, line: str) -> str:
         """Take an over-long line in pieces cut at a space (a soft line break in markdown, so
         nothing changes meaning); returns the rest."""
         while len(line) > MAX_LINE_CHARS:
             cut = line.rfind(" ", 0, MAX_LINE_CHARS)
-            head, line = (line[:cut], line[cut + 1:]) if cut > 0 else \
-                (line[:MAX_LINE_CHARS], line[MAX_LINE_CHARS:])
+            if cut > 0:
+                head, line = line[:cut], line[cut + 1:]
+            else:
+                head, line = line[:MAX_LINE_CHARS], line[MAX_LINE_CHARS:]
             self._take_line(head)
         return line
 
     def _take_line(self, line: str) -> None:
         line = sanitize(line)
         if self._fence:
-            if line.strip().startswith(self._fence) and not line.strip().strip(self._fence[0]):
+            if self._closes_fence(line):
                 self._emit(render_fence_line(line, self.width, self.style))
                 self._fence = ""
             else:
-                self._emit(render_code_line(line, self._lang, self.width, self.style))
+                self._emit(render_code_line(line, self._lang, self.width,
+                                            self.style))
         elif not line.strip():
             self._settle_block()
             self._blank_pending = self._emitted
@@ -765,9 +775,16 @@ class MarkdownStream:
         else:
             self._block.append(line)
             factor = TABLE_CAP_FACTOR if _starts_table(self._block, 0) else 1
-            if (len(self._block) >= MAX_BLOCK_LINES * factor
-                    or sum(map(len, self._block)) >= MAX_BLOCK_CHARS * factor):
+            too_many = len(self._block) >= MAX_BLOCK_LINES * factor
+            too_long = sum(map(len, self._block)) >= MAX_BLOCK_CHARS * factor
+            if too_many or too_long:
                 self._settle_block()
+
+    def _closes_fence(self, line: str) -> bool:
+        """The open fence's marker (or a longer run of it), alone on the line."""
+        marker = line.strip()
+        return (marker.startswith(self._fence)
+                and not marker.strip(self._fence[0]))
 
     def _settle_block(self) -> None:
         if self._block:
@@ -794,8 +811,12 @@ EXPANDED_MAX_LINES = 400
 # bash's own footer
 EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")
 USER_MESSAGE_MAX_LINES = 30
-SUMMARY_KEYS = {"read": "file_path", "write": "file_path", "edit": "file_path",
-                "grep": "pattern", "glob": "pattern", "bash": "command"}
+# tool -> the input field its card line shows
+SUMMARY_KEYS = {
+    "read": "file_path", "write": "file_path", "edit": "file_path",
+    "grep": "pattern", "glob": "pattern",
+    "bash": "command",
+}
 # the first lines say most
 HEAD_PREVIEW_TOOLS = frozenset({"grep", "glob"})
 # the card (and diff) say it all
@@ -811,19 +832,35 @@ NOTE_FORMATS = {
     "ModelChanged": "◇ Model: {model}",
 }
 # Events that only change what the spinner says (None: leaves it) and clear the Status text.
-PHASES = {"ModelStarted": "waiting for the model", "ToolInputDelta": "preparing a tool call",
-          "TextDelta": "writing", "ThinkingDelta": "thinking", "ToolStarted": None,
-          "ToolRequested": "", "ModelResponseCompleted": "", "TaskCompleted": "",
-          "TaskFailed": "", "Interrupted": ""}
+PHASES = {
+    "ModelStarted": "waiting for the model",
+    "ToolInputDelta": "preparing a tool call",
+    "TextDelta": "writing",
+    "ThinkingDelta": "thinking",
+    "ToolStarted": None,
+    "ToolRequested": "",
+    "ModelResponseCompleted": "",
+    "TaskCompleted": "",
+    "TaskFailed": "",
+    "Interrupted": "",
+}
 # Deltas whose characters count toward "↓ ~N tokens" in the status line (text field of each).
-STREAMED_FIELDS = {"TextDelta": "text", "ThinkingDelta": "text", "ToolInputDelta": "partial_json"}
-RESPONSE_ENDS = frozenset({"ModelResponseCompleted", "ModelRequestFailed", "Interrupted",
-                           "TaskCompleted", "TaskFailed"})
+STREAMED_FIELDS = {
+    "TextDelta": "text",
+    "ThinkingDelta": "text",
+    "ToolInputDelta": "partial_json",
+}
+RESPONSE_ENDS = frozenset({
+    "ModelResponseCompleted", "ModelRequestFailed", "Interrupted",
+    "TaskCompleted", "TaskFailed",
+})
 # the status line's output estimate; the API's count arrives at the end
 CHARS_PER_TOKEN = 4
 # Events that first settle whatever is still streaming (text, thinking).
-FLUSHING = frozenset({"UserMessageCreated", "ModelResponseCompleted", "TaskCompleted",
-                      "TaskFailed", "Interrupted", "ToolRequested", "PermissionRequested"})
+FLUSHING = frozenset({
+    "UserMessageCreated", "ToolRequested", "PermissionRequested",
+    "ModelResponseCompleted", "TaskCompleted", "TaskFailed", "Interrupted",
+})
 ERROR_WORDS = {
     "retryable": "The API is unavailable right now",
     "context_overflow": "The conversation no longer fits in the model's context",
@@ -845,27 +882,36 @@ def tool_summary(name: str, tool_input: dict) -> str:
     """One line saying what a call does: `src/app.py`, `pytest -q`, `start npm run dev`."""
     tool_input = tool_input if isinstance(tool_input, dict) else {}
     if name == "process":
-        parts = [tool_input.get("action"), tool_input.get("id"), tool_input.get("command")]
+        keys = ("action", "id", "command")
+        parts = [tool_input.get(key) for key in keys]
         text = " ".join(str(p) for p in parts if p)
     elif name in SUMMARY_KEYS:
         text = str(tool_input.get(SUMMARY_KEYS[name], ""))
         if name == "grep" and tool_input.get("path"):
             text += f" in {tool_input['path']}"
     else:
-        text = next((v for v in tool_input.values() if isinstance(v, str)), "")
+        strings = [v for v in tool_input.values() if isinstance(v, str)]
+        text = strings[0] if strings else ""
     lines = sanitize(text).strip().split("\n")
-    return lines[0] + (" …" if len(lines) > 1 else "")
+    if len(lines) > 1:
+        return lines[0] + " …"
+    return lines[0]
 
 
 def meta_facts(meta: dict) -> list[str]:
-    facts = [f"{meta[key]} {key}" for key in ("lines", "matches", "files")
-             if isinstance(meta.get(key), int)]
+    facts = []
+    for key in ("lines", "matches", "files"):
+        if isinstance(meta.get(key), int):
+            facts.append(f"{meta[key]} {key}")
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
         facts.append(format_duration(meta["duration_ms"]))
-    return facts + [word for key, word in (("timed_out", "timed out"), ("truncated", "truncated"))
-                    if meta.get(key)]
+    if meta.get("timed_out"):
+        facts.append("timed out")
+    if meta.get("truncated"):
+        facts.append("truncated")
+    return facts
 
 
 def change_counts(change: dict) -> str:
@@ -873,7 +919,9 @@ def change_counts(change: dict) -> str:
 
 
 def rule_text(suggestion: dict) -> str:
-    return f"{suggestion.get('capability', '?')} {suggestion.get('pattern', '*')}"
+    capability = suggestion.get("capability", "?")
+    pattern = suggestion.get("pattern", "*")
+    return f"{capability} {pattern}"
 
 
 @dataclass
@@ -905,10 +953,12 @@ class FinishedCard(NamedTuple):
 
 
 def card_output(event: dict, meta: dict) -> list[str]:
-    lines = [ln for ln in sanitize(str(event.get("output") or "")).split("\n") if ln.strip()]
-    # the card line says `exit N` already
+    output = sanitize(str(event.get("output") or ""))
+    lines = [line for line in output.split("\n") if line.strip()]
+    # the card line says `exit N` already: drop the footer, one of the last three lines
     if meta.get("exit_code") is not None:
-        for k in range(len(lines) - 1, max(len(lines) - 3, 0) - 1, -1):
+        last_three = max(len(lines) - 3, 0)
+        for k in reversed(range(last_three, len(lines))):
             if EXIT_CODE_LINE_RE.fullmatch(lines[k].strip()):
                 del lines[k]
                 break
@@ -960,11 +1010,14 @@ class Timeline:
         kind = str(event.get("type"))
         if kind in PHASES:
             self.status_text = ""
-            self.phase = self.phase if PHASES[kind] is None else PHASES[kind]
+            if PHASES[kind] is not None:
+                self.phase = PHASES[kind]
         if kind in STREAMED_FIELDS:
-            self._n_streamed += len(event.get(STREAMED_FIELDS[kind]) or "")
+            streamed = event.get(STREAMED_FIELDS[kind]) or ""
+            self._n_streamed += len(streamed)
         elif kind == "ModelStarted":
-            self._model_started, self._n_streamed = time.monotonic(), 0
+            self._model_started = time.monotonic()
+            self._n_streamed = 0
         elif kind in RESPONSE_ENDS and event.get("retrying"):
             # the same call streams again from the start
             self._n_streamed = 0
@@ -973,8 +1026,9 @@ class Timeline:
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
+            n_pruned = len(event.get("tool_use_ids") or [])
             fields = collections.defaultdict(lambda: "?", event,
-                                             n_pruned=len(event.get("tool_use_ids") or []))
+                                             n_pruned=n_pruned)
             self._dim_line(NOTE_FORMATS[kind].format_map(fields))
         if kind in events.DURABLE:
             self._drop_dead_cards(event)
