@@ -50,291 +50,570 @@ from typing import NamedTuple
 
 # ---------------------------------------------------------------- policy tables
 
-CAPABILITIES = ("file.read", "file.write.project", "filesystem.outsideProject",
-                "process.execute", "git.modify", "network.access")
-ACTIONS = ("allow", "ask", "deny")                                 # in order of strictness
+CAPABILITIES = (
+    "file.read", "file.write.project", "filesystem.outsideProject",
+    "process.execute", "git.modify", "network.access",
+)
+# in order of strictness
+ACTIONS = ("allow", "ask", "deny")
 _STRICTNESS = {action: n for n, action in enumerate(ACTIONS)}
 _COMMAND_CAPABILITIES = ("process.execute", "git.modify", "network.access")
 _RULE_KEYS = ("capability", "pattern", "action")
 
-# Secret files, matched against a file's name (a pattern with "/" against its project path).
-# Reading one asks; grep and glob skip them; a command searching a tree that holds one asks.
-# SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code.
-SECRET_NAMES = (".env", ".env.*", "*.env", ".envrc", ".git-credentials", ".npmrc", ".pypirc",
-                ".netrc", "_netrc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
-                "*.pem", "*.key", "*.p12", "*.pfx", "credentials", "credentials.*", "secrets.*", ".pgpass")
-SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
-# Directories whose whole content is secret, relative to $HOME (the sandbox closes them too).
-SECRET_HOME_DIRS = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube", ".docker",
-                    ".config/gh", ".password-store")
-_SECRET_WALK_CAP = 20_000     # entries a recursive search's tree is scanned for secrets, at most
+# Secret files, matched against a file's name (a pattern with "/" against
+# its project path). Reading one asks; grep and glob skip them; a command
+# searching a tree that holds one asks.
+SECRET_NAMES = (
+    # environment files
+    ".env", ".env.*", "*.env", ".envrc",
+    # credentials of git, package registries and hosts
+    ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
+    # SSH identities are named id_<algorithm> (id_*), spelled out so that
+    # id_utils.py stays code
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
+    # keys and certificates
+    "*.pem", "*.key", "*.p12", "*.pfx",
+    # files named for what they hold
+    "credentials", "credentials.*", "secrets.*", ".pgpass",
+)
+SECRET_TEMPLATES = (
+    ".env.example", ".env.sample", ".env.template", "*.env.example",
+)
+# Directories whose whole content is secret, relative to $HOME (the sandbox
+# closes them too).
+SECRET_HOME_DIRS = (
+    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube",
+    ".docker", ".config/gh", ".password-store",
+)
+# entries a recursive search's tree is scanned for secrets, at most
+_SECRET_WALK_CAP = 20_000
 
-# Commands that run without asking, with the options that keep them read-only. Short options
-# in getopt form ("n:" takes a value, given attached or as the next word; an option whose value is
-# optional, like date -I, is listed as a plain flag); long options, "=" when they take one. A value
-# given as the next word must not look like an option, so no option can hide behind one. A long option may be abbreviated if the abbreviation begins exactly one listed
-# option: GNU then either picks that one or refuses an ambiguous abbreviation, never another one.
-# "*" accepts any word (the program treats its arguments as data). Everything absent asks.
-_GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:",
-         """extended-regexp fixed-strings basic-regexp perl-regexp regexp= file= ignore-case
-         no-ignore-case word-regexp line-regexp count color colour color= colour= files-without-match
-         files-with-matches max-count= only-matching quiet silent no-messages byte-offset with-filename
-         no-filename label= line-number initial-tab null null-data after-context= before-context=
-         context= text binary-files= devices= directories= exclude= exclude-dir= include= recursive
-         dereference-recursive line-buffered invert-match""")
-_SUMS = ("bctwz", "binary check text tag quiet status warn strict zero ignore-missing")
+# Commands that run without asking, with the options that keep them
+# read-only. Short options in getopt form ("n:" takes a value, given
+# attached or as the next word; an option whose value is optional, like
+# date -I, is listed as a plain flag); long options, "=" when they take one.
+# A value given as the next word must not look like an option, so no option
+# can hide behind one. A long option may be abbreviated if the abbreviation
+# begins exactly one listed option: GNU then either picks that one or
+# refuses an ambiguous abbreviation, never another one. "*" accepts any
+# word (the program treats its arguments as data). Everything absent asks.
+_GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:", """
+    extended-regexp fixed-strings basic-regexp perl-regexp regexp= file=
+    ignore-case no-ignore-case word-regexp line-regexp count color colour
+    color= colour= files-without-match files-with-matches max-count=
+    only-matching quiet silent no-messages byte-offset with-filename
+    no-filename label= line-number initial-tab null null-data
+    after-context= before-context= context= text binary-files= devices=
+    directories= exclude= exclude-dir= include= recursive
+    dereference-recursive line-buffered invert-match""")
+_SUMS = ("bctwz", """
+    binary check text tag quiet status warn strict zero ignore-missing""")
 READ_ONLY = {
-    "ls": ("aAbBcCdfFgGhHiklLmnNopqQrRsStuUvxXZ1T:w:I:",
-           """all almost-all escape ignore-backups classify file-type directory dired full-time
-           group-directories-first no-group human-readable si dereference dereference-command-line
-           inode kibibytes numeric-uid-gid literal hide-control-chars show-control-chars quote-name
-           recursive reverse size sort= time= time-style= color color= width= tabsize= ignore= hide=
-           format= indicator-style= quoting-style= block-size= context zero"""),
-    "cat": ("AbeEnstTuv", "show-all number-nonblank show-ends number squeeze-blank show-tabs show-nonprinting"),
+    # files, directories and their metadata
+    "ls": ("aAbBcCdfFgGhHiklLmnNopqQrRsStuUvxXZ1T:w:I:", """
+        all almost-all escape ignore-backups classify file-type directory
+        dired full-time group-directories-first no-group human-readable si
+        dereference dereference-command-line inode kibibytes numeric-uid-gid
+        literal hide-control-chars show-control-chars quote-name recursive
+        reverse size sort= time= time-style= color color= width= tabsize=
+        ignore= hide= format= indicator-style= quoting-style= block-size=
+        context zero"""),
+    "cat": ("AbeEnstTuv", """
+        show-all number-nonblank show-ends number squeeze-blank show-tabs
+        show-nonprinting"""),
     "head": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
     "tail": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
     "wc": ("clmwL", "bytes chars lines words max-line-length total="),
-    "pwd": ("LP", ""), "whoami": ("", ""), "true": "*", "false": "*", "test": "*", "[": "*", "echo": "*",
-    "which": ("as", "all"), "type": ("afptP", ""), "id": ("gGnruzZ", "group groups name real user zero context"),
-    "uname": ("asnrvmpio", """all kernel-name nodename kernel-release kernel-version machine processor
-              hardware-platform operating-system"""),
-    "date": ("uRId:r:", "utc universal rfc-email iso-8601 iso-8601= rfc-3339= date= reference= debug"),
+    # the shell's and the machine's state
+    "pwd": ("LP", ""),
+    "whoami": ("", ""),
+    "true": "*",
+    "false": "*",
+    "test": "*",
+    "[": "*",
+    "echo": "*",
+    "which": ("as", "all"),
+    "type": ("afptP", ""),
+    "id": ("gGnruzZ", "group groups name real user zero context"),
+    "uname": ("asnrvmpio", """
+        all kernel-name nodename kernel-release kernel-version machine
+        processor hardware-platform operating-system"""),
+    "date": ("uRId:r:", """
+        utc universal rfc-email iso-8601 iso-8601= rfc-3339= date=
+        reference= debug"""),
     "stat": ("Lftc:", "dereference file-system terse format= printf="),
-    "du": ("0abchHklLmsSxd:t:B:", """null all apparent-size bytes total human-readable si summarize
-           max-depth= one-file-system exclude= threshold= block-size= time inodes dereference"""),
-    "df": ("ahHiklPTt:x:B:", """all human-readable si inodes local portability print-type type=
-           exclude-type= total output output= block-size="""),
-    "tree": ("adfgilpsuDFhCnNqrtvxAJXL:P:I:", """noreport dirsfirst charset= filelimit= gitignore
-             prune matchdirs ignore-case du si sort= version"""),
-    "grep": _GREP, "egrep": _GREP, "fgrep": _GREP,
-    "rg": ("iSsFwxvcnNHhlLoquUaje:g:t:T:m:A:B:C:d:M:r:E:", """ignore-case smart-case case-sensitive
-           fixed-strings word-regexp line-regexp invert-match count count-matches files-with-matches
-           files-without-match files line-number no-line-number with-filename no-filename only-matching
-           regexp= glob= iglob= type= type-not= max-count= max-depth= hidden no-ignore no-ignore-vcs
-           follow context= after-context= before-context= heading no-heading color= json vimgrep sort=
-           sortr= multiline multiline-dotall pcre2 trim column no-column null stats max-filesize=
-           threads= type-list unrestricted passthru replace= quiet text binary max-columns= encoding="""),
-    "sort": ("bdfgiMhnRrVcCmsuzk:t:S:", """ignore-leading-blanks dictionary-order ignore-case
-             general-numeric-sort ignore-nonprinting month-sort human-numeric-sort numeric-sort
-             random-sort reverse version-sort check check= merge key= field-separator= stable unique
-             zero-terminated buffer-size= parallel= debug"""),
-    "cut": ("nszb:c:d:f:", "bytes= characters= delimiter= fields= complement only-delimited output-delimiter= zero-terminated"),
+    "du": ("0abchHklLmsSxd:t:B:", """
+        null all apparent-size bytes total human-readable si summarize
+        max-depth= one-file-system exclude= threshold= block-size= time
+        inodes dereference"""),
+    "df": ("ahHiklPTt:x:B:", """
+        all human-readable si inodes local portability print-type type=
+        exclude-type= total output output= block-size="""),
+    "tree": ("adfgilpsuDFhCnNqrtvxAJXL:P:I:", """
+        noreport dirsfirst charset= filelimit= gitignore prune matchdirs
+        ignore-case du si sort= version"""),
+    # searching
+    "grep": _GREP,
+    "egrep": _GREP,
+    "fgrep": _GREP,
+    "rg": ("iSsFwxvcnNHhlLoquUaje:g:t:T:m:A:B:C:d:M:r:E:", """
+        ignore-case smart-case case-sensitive fixed-strings word-regexp
+        line-regexp invert-match count count-matches files-with-matches
+        files-without-match files line-number no-line-number with-filename
+        no-filename only-matching regexp= glob= iglob= type= type-not=
+        max-count= max-depth= hidden no-ignore no-ignore-vcs follow context=
+        after-context= before-context= heading no-heading color= json
+        vimgrep sort= sortr= multiline multiline-dotall pcre2 trim column
+        no-column null stats max-filesize= threads= type-list unrestricted
+        passthru replace= quiet text binary max-columns= encoding="""),
+    # filters and comparisons
+    "sort": ("bdfgiMhnRrVcCmsuzk:t:S:", """
+        ignore-leading-blanks dictionary-order ignore-case
+        general-numeric-sort ignore-nonprinting month-sort
+        human-numeric-sort numeric-sort random-sort reverse version-sort
+        check check= merge key= field-separator= stable unique
+        zero-terminated buffer-size= parallel= debug"""),
+    "cut": ("nszb:c:d:f:", """
+        bytes= characters= delimiter= fields= complement only-delimited
+        output-delimiter= zero-terminated"""),
     "tr": ("cCdst", "complement delete squeeze-repeats truncate-set1"),
-    "diff": ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """brief report-identical-files unified unified= context
-             context= side-by-side recursive new-file ignore-case ignore-all-space ignore-space-change
-             ignore-blank-lines ignore-matching-lines= text strip-trailing-cr exclude= exclude-from=
-             label= minimal color color= no-dereference normal ignore-tab-expansion expand-tabs
-             show-c-function show-function-line= width= suppress-common-lines from-file= to-file= unidirectional-new-file"""),
-    "cmp": ("bilns:", "print-bytes ignore-initial= verbose bytes= quiet silent"),
-    "basename": ("asz", "multiple suffix= zero"), "dirname": ("z", "zero"),
-    "realpath": ("eLmPqsz", "canonicalize-existing canonicalize-missing logical physical quiet strip no-symlinks zero relative-to= relative-base="),
-    "readlink": ("efmnqsvz", "canonicalize canonicalize-existing canonicalize-missing no-newline quiet silent verbose zero"),
+    "diff": ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """
+        brief report-identical-files unified unified= context context=
+        side-by-side recursive new-file ignore-case ignore-all-space
+        ignore-space-change ignore-blank-lines ignore-matching-lines= text
+        strip-trailing-cr exclude= exclude-from= label= minimal color color=
+        no-dereference normal ignore-tab-expansion expand-tabs
+        show-c-function show-function-line= width= suppress-common-lines
+        from-file= to-file= unidirectional-new-file"""),
+    "cmp": ("bilns:", """
+        print-bytes ignore-initial= verbose bytes= quiet silent"""),
+    # names of files
+    "basename": ("asz", "multiple suffix= zero"),
+    "dirname": ("z", "zero"),
+    "realpath": ("eLmPqsz", """
+        canonicalize-existing canonicalize-missing logical physical quiet
+        strip no-symlinks zero relative-to= relative-base="""),
+    "readlink": ("efmnqsvz", """
+        canonicalize canonicalize-existing canonicalize-missing no-newline
+        quiet silent verbose zero"""),
     "nl": ("pb:d:f:h:i:l:n:s:v:w:", ""),
-    "md5sum": _SUMS, "sha1sum": _SUMS, "sha256sum": _SUMS, "sha512sum": _SUMS, "b2sum": _SUMS, "cksum": ("", ""),
-    "file": ("bcEhiLNknprsvZ0F:e:m:P:", "brief mime mime-type mime-encoding dereference no-dereference keep-going raw special-files"),
-    "uniq": ("cdDiuzf:s:w:", "count repeated all-repeated unique ignore-case skip-fields= skip-chars= check-chars= zero-terminated"),
-    "comm": ("123z", "check-order nocheck-order output-delimiter= total zero-terminated"),
+    # checksums
+    "md5sum": _SUMS,
+    "sha1sum": _SUMS,
+    "sha256sum": _SUMS,
+    "sha512sum": _SUMS,
+    "b2sum": _SUMS,
+    "cksum": ("", ""),
+    # more filters, and what a file holds
+    "file": ("bcEhiLNknprsvZ0F:e:m:P:", """
+        brief mime mime-type mime-encoding dereference no-dereference
+        keep-going raw special-files"""),
+    "uniq": ("cdDiuzf:s:w:", """
+        count repeated all-repeated unique ignore-case skip-fields=
+        skip-chars= check-chars= zero-terminated"""),
+    "comm": ("123z", """
+        check-order nocheck-order output-delimiter= total zero-terminated"""),
     "paste": ("szd:", "delimiters= serial zero-terminated"),
-    "fold": ("bsw:", "bytes spaces width="), "expand": ("it:", "initial tabs="), "tac": ("brs:", "before regex separator="),
-    "rev": ("", ""), "seq": ("wf:s:", "equal-width format= separator="), "sleep": ("", ""), "nproc": ("", "all"),
-    "od": ("bcdfiloxsvwA:j:N:t:", "address-radix= skip-bytes= read-bytes= format= output-duplicates width="),
+    "fold": ("bsw:", "bytes spaces width="),
+    "expand": ("it:", "initial tabs="),
+    "tac": ("brs:", "before regex separator="),
+    "rev": ("", ""),
+    "seq": ("wf:s:", "equal-width format= separator="),
+    "sleep": ("", ""),
+    "nproc": ("", "all"),
+    "od": ("bcdfiloxsvwA:j:N:t:", """
+        address-radix= skip-bytes= read-bytes= format= output-duplicates
+        width="""),
     "hexdump": ("bcCdovxn:s:e:f:", ""),
     "strings": ("afwn:t:e:", "all print-file-name bytes= radix= encoding="),
-    "jq": ("rjacnsSeCMt", "raw-output join-output ascii-output compact-output null-input slurp sort-keys exit-status color-output monochrome-output tab indent= arg= argjson= raw-input"),
+    "jq": ("rjacnsSeCMt", """
+        raw-output join-output ascii-output compact-output null-input slurp
+        sort-keys exit-status color-output monochrome-output tab indent=
+        arg= argjson= raw-input"""),
 }
-# Programs whose second positional argument is an output file (uniq IN OUT). (xxd is not listed: its
-# options are single-dash words like -ps, which getopt-style parsing would misread.)
+# Programs whose second positional argument is an output file (uniq IN
+# OUT). (xxd is not listed: its options are single-dash words like -ps,
+# which getopt-style parsing would misread.)
 _OUTPUT_SECOND_POSITIONAL = frozenset(("uniq",))
 # jq programs can read the environment ($ENV, env), other files and modules.
-_JQ_UNSAFE = re.compile(r"\benv\b|\$\s*ENV|\$\s*__|\binput_filename\b|\bimport\b|\binclude\b|\bgetpath\b|\bdebug\b|\bstderr\b|\binput")
-# find: the predicates that only read and print, and those of them that take a value.
-_FIND_SAFE = frozenset("""-name -iname -path -ipath -wholename -iwholename -regex -iregex -regextype -type -xtype
-    -maxdepth -mindepth -size -empty -newer -anewer -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group
-    -uid -gid -nouser -nogroup -links -inum -samefile -lname -ilname -readable -writable -executable -print -print0
-    -printf -ls -prune -quit -true -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf -daystart
-    -ignore_readdir_race -fstype -used -newermt -newerct -newerat -newermm -neweraa -newercc -L -H -P ( ) ! ,""".split())
-_FIND_VALUE = frozenset("""-name -iname -path -ipath -wholename -iwholename -regex -iregex -regextype -type -xtype
-    -maxdepth -mindepth -size -newer -anewer -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid
-    -gid -links -inum -samefile -lname -ilname -printf -fstype -used -newermt -newerct -newerat -newermm -neweraa
-    -newercc""".split())
-# git: the global options and subcommands that only read, and each subcommand's safe options.
-# Repository configuration cannot run code in them either: tools.py's environment for read-only
-# commands turns off hooks, fsmonitor, external diff, pagers, textconv and filters.
-_GIT_GLOBAL_SAFE = {"--no-pager": False, "-P": False, "--no-optional-locks": False, "--literal-pathspecs": False,
-                    "--no-replace-objects": False, "-C": True, "--version": False}
-_GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """oneline stat stat= shortstat numstat name-only name-status graph all
-            branches branches= tags tags= remotes remotes= decorate decorate= no-decorate format= pretty pretty=
-            abbrev-commit abbrev abbrev= no-abbrev-commit no-abbrev author= committer= since= until= after= before=
-            grep= all-match invert-grep regexp-ignore-case extended-regexp fixed-strings perl-regexp max-count=
-            skip= reverse follow no-merges merges min-parents= max-parents= first-parent date= relative-date patch
-            no-patch unified= color color= no-color word-diff word-diff= ignore-space-change ignore-all-space
-            ignore-blank-lines ignore-space-at-eol left-right cherry-pick cherry-mark cherry topo-order date-order
-            author-date-order full-history simplify-by-decoration ancestry-path boundary source parents children
-            summary diff-filter= find-renames find-renames= find-copies find-copies= minimal patience histogram
-            diff-algorithm= full-diff cc combined raw binary full-index src-prefix= dst-prefix= no-prefix relative
-            relative= exit-code quiet cached staged merge-base submodule submodule= dirstat dirstat= text
-            function-context compact-summary no-renames no-textconv no-ext-diff ignore-submodules
-            ignore-submodules= check name-rev notes no-notes show-notes expand-tabs no-expand-tabs log-size
-            no-walk no-walk= do-walk walk-reflogs grep-reflog= count in-reverse remerge-diff""")
+_JQ_UNSAFE = re.compile(
+    r"\benv\b|\$\s*ENV|\$\s*__|\binput_filename\b|\bimport\b|\binclude\b"
+    r"|\bgetpath\b|\bdebug\b|\bstderr\b|\binput"
+)
+# find: the predicates that only read and print, and those of them that
+# take a value.
+_FIND_SAFE = frozenset("""
+    -name -iname -path -ipath -wholename -iwholename -regex -iregex
+    -regextype -type -xtype -maxdepth -mindepth -size -empty -newer -anewer
+    -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid
+    -gid -nouser -nogroup -links -inum -samefile -lname -ilname -readable
+    -writable -executable -print -print0 -printf -ls -prune -quit -true
+    -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf
+    -daystart -ignore_readdir_race -fstype -used -newermt -newerct -newerat
+    -newermm -neweraa -newercc -L -H -P ( ) ! ,
+""".split())
+_FIND_VALUE = frozenset("""
+    -name -iname -path -ipath -wholename -iwholename -regex -iregex
+    -regextype -type -xtype -maxdepth -mindepth -size -newer -anewer -cnewer
+    -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid -gid
+    -links -inum -samefile -lname -ilname -printf -fstype -used -newermt
+    -newerct -newerat -newermm -neweraa -newercc
+""".split())
+# git: the global options and subcommands that only read, and each
+# subcommand's safe options. Repository configuration cannot run code in
+# them either: tools.py's environment for read-only commands turns off
+# hooks, fsmonitor, external diff, pagers, textconv and filters.
+# (True: the option takes the next word as its value.)
+_GIT_GLOBAL_SAFE = {
+    "--no-pager": False,
+    "-P": False,
+    "--no-optional-locks": False,
+    "--literal-pathspecs": False,
+    "--no-replace-objects": False,
+    "-C": True,
+    "--version": False,
+}
+_GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """
+    oneline stat stat= shortstat numstat name-only name-status graph all
+    branches branches= tags tags= remotes remotes= decorate decorate=
+    no-decorate format= pretty pretty= abbrev-commit abbrev abbrev=
+    no-abbrev-commit no-abbrev author= committer= since= until= after=
+    before= grep= all-match invert-grep regexp-ignore-case extended-regexp
+    fixed-strings perl-regexp max-count= skip= reverse follow no-merges
+    merges min-parents= max-parents= first-parent date= relative-date patch
+    no-patch unified= color color= no-color word-diff word-diff=
+    ignore-space-change ignore-all-space ignore-blank-lines
+    ignore-space-at-eol left-right cherry-pick cherry-mark cherry topo-order
+    date-order author-date-order full-history simplify-by-decoration
+    ancestry-path boundary source parents children summary diff-filter=
+    find-renames find-renames= find-copies find-copies= minimal patience
+    histogram diff-algorithm= full-diff cc combined raw binary full-index
+    src-prefix= dst-prefix= no-prefix relative relative= exit-code quiet
+    cached staged merge-base submodule submodule= dirstat dirstat= text
+    function-context compact-summary no-renames no-textconv no-ext-diff
+    ignore-submodules ignore-submodules= check name-rev notes no-notes
+    show-notes expand-tabs no-expand-tabs log-size no-walk no-walk= do-walk
+    walk-reflogs grep-reflog= count in-reverse remerge-diff""")
 GIT_READ_ONLY = {
-    "status": ("sbuvz", """short branch porcelain porcelain= long verbose untracked-files untracked-files= ignored
-               ignored= ignore-submodules ignore-submodules= show-stash ahead-behind no-ahead-behind renames
-               no-renames find-renames find-renames= column no-column null"""),
-    "log": _GIT_LOG, "show": _GIT_LOG, "diff": _GIT_LOG, "shortlog": ("nsec", "numbered summary email committer format= group= all"),
-    "blame": ("blstfnseMwcCL:S:", """porcelain line-porcelain incremental show-name show-number show-email show-stats
-              date= root minimal score-debug abbrev= ignore-rev= ignore-revs-file= color-lines color-by-age"""),
-    "branch": ("arvl", """list all remotes verbose merged merged= no-merged no-merged= contains contains= no-contains
-               no-contains= show-current format= sort= points-at= color color= no-color column no-column ignore-case"""),
-    "tag": ("ln:", "list contains= no-contains= points-at= merged= no-merged= sort= format= column no-column color ignore-case"),
-    "describe": ("", "tags all always long abbrev= match= exclude= dirty dirty= contains first-parent candidates= exact-match"),
-    "rev-parse": ("q", """show-toplevel abbrev-ref abbrev-ref= short short= verify quiet git-dir is-inside-work-tree
-                  is-inside-git-dir show-prefix show-cdup symbolic symbolic-full-name all branches tags remotes
-                  git-common-dir absolute-git-dir is-bare-repository is-shallow-repository show-superproject-working-tree
-                  sq-quote default= since= until= local-env-vars show-object-format path-format= revs-only no-revs
-                  flags no-flags"""),
-    "ls-files": ("cdmoiskutvzfx:X:", """cached deleted modified others ignored stage unmerged killed exclude=
-                 exclude-from= exclude-per-directory= exclude-standard error-unmatch full-name recurse-submodules
-                 abbrev abbrev= eol directory no-empty-directory format= debug sparse"""),
-    "ls-tree": ("rdtlz", "name-only name-status full-name full-tree abbrev abbrev= long object-only format="),
+    "status": ("sbuvz", """
+        short branch porcelain porcelain= long verbose untracked-files
+        untracked-files= ignored ignored= ignore-submodules
+        ignore-submodules= show-stash ahead-behind no-ahead-behind renames
+        no-renames find-renames find-renames= column no-column null"""),
+    "log": _GIT_LOG,
+    "show": _GIT_LOG,
+    "diff": _GIT_LOG,
+    "shortlog": ("nsec", """
+        numbered summary email committer format= group= all"""),
+    "blame": ("blstfnseMwcCL:S:", """
+        porcelain line-porcelain incremental show-name show-number
+        show-email show-stats date= root minimal score-debug abbrev=
+        ignore-rev= ignore-revs-file= color-lines color-by-age"""),
+    "branch": ("arvl", """
+        list all remotes verbose merged merged= no-merged no-merged=
+        contains contains= no-contains no-contains= show-current format=
+        sort= points-at= color color= no-color column no-column
+        ignore-case"""),
+    "tag": ("ln:", """
+        list contains= no-contains= points-at= merged= no-merged= sort=
+        format= column no-column color ignore-case"""),
+    "describe": ("", """
+        tags all always long abbrev= match= exclude= dirty dirty= contains
+        first-parent candidates= exact-match"""),
+    "rev-parse": ("q", """
+        show-toplevel abbrev-ref abbrev-ref= short short= verify quiet
+        git-dir is-inside-work-tree is-inside-git-dir show-prefix show-cdup
+        symbolic symbolic-full-name all branches tags remotes git-common-dir
+        absolute-git-dir is-bare-repository is-shallow-repository
+        show-superproject-working-tree sq-quote default= since= until=
+        local-env-vars show-object-format path-format= revs-only no-revs
+        flags no-flags"""),
+    "ls-files": ("cdmoiskutvzfx:X:", """
+        cached deleted modified others ignored stage unmerged killed
+        exclude= exclude-from= exclude-per-directory= exclude-standard
+        error-unmatch full-name recurse-submodules abbrev abbrev= eol
+        directory no-empty-directory format= debug sparse"""),
+    "ls-tree": ("rdtlz", """
+        name-only name-status full-name full-tree abbrev abbrev= long
+        object-only format="""),
     "cat-file": ("tpsev", "allow-unknown-type"),
     "merge-base": ("a", "all octopus independent is-ancestor fork-point"),
-    "show-ref": ("dqs", "heads tags head verify dereference hash hash= abbrev abbrev= quiet exists branches"),
-    # (not --untracked or --no-index: they read files git does not track, such as .env)
-    "grep": ("ivwlLnhHcEFGPozaIe:f:A:B:C:m:", """ignore-case word-regexp line-number column files-with-matches
-             files-without-match count extended-regexp fixed-strings basic-regexp perl-regexp cached
-             recurse-submodules max-depth= after-context= before-context= context= show-function
-             function-context heading break all-match and or not full-name null only-matching quiet threads=
-             max-count= no-color color color= exclude-standard text"""),
+    "show-ref": ("dqs", """
+        heads tags head verify dereference hash hash= abbrev abbrev= quiet
+        exists branches"""),
+    # (not --untracked or --no-index: they read files git does not track,
+    # such as .env)
+    "grep": ("ivwlLnhHcEFGPozaIe:f:A:B:C:m:", """
+        ignore-case word-regexp line-number column files-with-matches
+        files-without-match count extended-regexp fixed-strings basic-regexp
+        perl-regexp cached recurse-submodules max-depth= after-context=
+        before-context= context= show-function function-context heading
+        break all-match and or not full-name null only-matching quiet
+        threads= max-count= no-color color color= exclude-standard text"""),
     "count-objects": ("vH", "verbose human-readable"),
     "version": ("", "build-options"),
 }
-# Subcommands that read only in these exact shapes: (first word, options allowed after it, how many
-# plain arguments at most). `git remote -v show origin` is not `git remote -v`: it contacts origin.
+# Subcommands that read only in these exact shapes: (first word, options
+# allowed after it, how many plain arguments at most). `git remote -v show
+# origin` is not `git remote -v`: it contacts origin.
+_CONFIG_SCOPES = "--global --local --system --show-origin --show-scope"
 GIT_READ_FORMS = {
     "stash": {"list": ("log", 0), "show": ("log", 1)},
-    "remote": {"": ("", 0), "-v": ("", 0), "--verbose": ("", 0), "get-url": ("--push --all", 1)},
+    "remote": {
+        "": ("", 0),
+        "-v": ("", 0),
+        "--verbose": ("", 0),
+        "get-url": ("--push --all", 1),
+    },
     "worktree": {"list": ("--porcelain -v --verbose -z", 0)},
     "reflog": {"": ("log", 1), "show": ("log", 1)},
-    "config": {"--get": ("--global --local --system --show-origin --show-scope --null -z --type= --default=", 2),
-               "--get-all": ("--global --local --system --show-origin --show-scope --null -z", 2),
-               "--get-regexp": ("--global --local --system --show-origin --show-scope --name-only --null -z", 2),
-               "-l": ("--global --local --system --show-origin --show-scope --name-only --null -z", 0),
-               "--list": ("--global --local --system --show-origin --show-scope --name-only --null -z", 0)},
-    "submodule": {"": ("", 0), "status": ("--recursive --cached", 99), "summary": ("", 99)},
+    "config": {
+        "--get": (f"{_CONFIG_SCOPES} --null -z --type= --default=", 2),
+        "--get-all": (f"{_CONFIG_SCOPES} --null -z", 2),
+        "--get-regexp": (f"{_CONFIG_SCOPES} --name-only --null -z", 2),
+        "-l": (f"{_CONFIG_SCOPES} --name-only --null -z", 0),
+        "--list": (f"{_CONFIG_SCOPES} --name-only --null -z", 0),
+    },
+    "submodule": {
+        "": ("", 0),
+        "status": ("--recursive --cached", 99),
+        "summary": ("", 99),
+    },
     "notes": {"": ("", 0), "list": ("", 1), "show": ("", 1)},
 }
 
 
-# How many leading words name "the command" ("git push origin main" -> "git push *"); the
-# longest matching key wins. Covers OpenCode's arity dictionary, deeper where a CLI nests
-# further. A program not listed gets its leading plain words (see _arity).
-_ARITY_TABLE = {2: """
-    ./gradlew ansible apt apt-get artisan bazel brew buildah bun bundle bunx cabal cargo cdk cf cmake
-    composer conda consul crictl dart deno docker docker-compose dotnet dune eksctl firebase flutter flyctl
-    gem git go gradle hatch helm heroku hugo ip istioctl just k3d kind kubectl kustomize lein lerna make mc
-    minikube mix mongosh mvn mysql ng nix node npm npx nvm nx opam openssl packer pdm pip pip3 pipenv pipx
-    pixi pnpm pod podman poetry pre-commit psql pulumi pyenv python python3 rails rake rbenv redis-cli ruby
-    ruff rustup rye sbt serverless skaffold sls sst stack swift systemctl terraform tmux turbo ufw uv
-    vagrant vault vercel volta wp yarn zig""",
+# How many leading words name "the command" ("git push origin main" ->
+# "git push *"); the longest matching key wins. Covers OpenCode's arity
+# dictionary, deeper where a CLI nests further. A program not listed gets
+# its leading plain words (see _arity).
+_ARITY_TABLE = {
+    2: """
+    ./gradlew ansible apt apt-get artisan bazel brew buildah bun bundle bunx
+    cabal cargo cdk cf cmake composer conda consul crictl dart deno docker
+    docker-compose dotnet dune eksctl firebase flutter flyctl gem git go
+    gradle hatch helm heroku hugo ip istioctl just k3d kind kubectl
+    kustomize lein lerna make mc minikube mix mongosh mvn mysql ng nix node
+    npm npx nvm nx opam openssl packer pdm pip pip3 pipenv pipx pixi pnpm
+    pod podman poetry pre-commit psql pulumi pyenv python python3 rails rake
+    rbenv redis-cli ruby ruff rustup rye sbt serverless skaffold sls sst
+    stack swift systemctl terraform tmux turbo ufw uv vagrant vault vercel
+    volta wp yarn zig""",
     3: """
-    aws, az, az group, az vm, bun run, bun x, bundle exec, cargo add, cargo run, conda env, consul kv, deno
-    task, docker builder, docker compose, docker container, docker image, docker network, docker volume,
-    doctl, eksctl create, gcloud, gcloud auth, gcloud config, gcloud projects, gh, git config, git remote,
-    git stash, git submodule, git worktree, go mod, helm repo, ip addr, ip link, ip netns, ip route, kind
-    create, kubectl config, kubectl kustomize, kubectl rollout, mc admin, npm exec, npm init, npm run, npm
-    view, openssl req, openssl x509, pnpm dlx, pnpm exec, pnpm run, podman container, podman image, poetry
-    run, pulumi stack, python -m, python manage.py, python3 -m, python3 manage.py, sfdx, terraform state,
-    terraform workspace, uv pip, uv run, uv tool, vault auth, vault kv, yarn dlx, yarn run""",
+    aws, az, az group, az vm, bun run, bun x, bundle exec, cargo add,
+    cargo run, conda env, consul kv, deno task, docker builder,
+    docker compose, docker container, docker image, docker network,
+    docker volume, doctl, eksctl create, gcloud, gcloud auth, gcloud config,
+    gcloud projects, gh, git config, git remote, git stash, git submodule,
+    git worktree, go mod, helm repo, ip addr, ip link, ip netns, ip route,
+    kind create, kubectl config, kubectl kustomize, kubectl rollout,
+    mc admin, npm exec, npm init, npm run, npm view, openssl req,
+    openssl x509, pnpm dlx, pnpm exec, pnpm run, podman container,
+    podman image, poetry run, pulumi stack, python -m, python manage.py,
+    python3 -m, python3 manage.py, sfdx, terraform state,
+    terraform workspace, uv pip, uv run, uv tool, vault auth, vault kv,
+    yarn dlx, yarn run""",
     4: """
-    az storage, doctl kubernetes, gcloud compute, gcloud container"""}
+    az storage, doctl kubernetes, gcloud compute, gcloud container""",
+}
 
 
 def _by_key(table: dict[int, str]) -> dict[str, int]:
-    """{"git push": 3, ...} from the table above (multi-word keys are comma-separated)."""
+    """{"git push": 3, ...} from the table above (multi-word keys are
+    comma-separated)."""
     arity = {}
     for n, keys in table.items():
-        for key in keys.split(",") if n > 2 else keys.split():
+        if n > 2:
+            names = keys.split(",")
+        else:
+            names = keys.split()
+        for key in names:
             arity[" ".join(key.split())] = n
     return arity
 
 
 ARITY = _by_key(_ARITY_TABLE)
-# Programs whose "always" is the exact command: a wildcard over their arguments would grant
-# far more than the user just saw (rm *, curl *, sudo *).
-_EXACT_ONLY = frozenset("""rm rmdir dd chmod chown chgrp mv cp ln tee kill pkill killall shred truncate sudo doas su
-    eval exec source . env xargs bash sh zsh dash fish ssh scp sftp rsync curl wget nc ncat telnet sed awk perl
-    find install""".split())
+# Programs whose "always" is the exact command: a wildcard over their
+# arguments would grant far more than the user just saw (rm *, curl *,
+# sudo *).
+_EXACT_ONLY = frozenset("""
+    rm rmdir dd chmod chown chgrp mv cp ln tee kill pkill killall shred
+    truncate sudo doas su eval exec source . env xargs bash sh zsh dash fish
+    ssh scp sftp rsync curl wget nc ncat telnet sed awk perl find install
+""".split())
 
-_GIT_NETWORK = frozenset(("fetch", "clone", "ls-remote", "pull", "push", "archive", "request-pull", "send-email",
-                          "svn", "p4", "http-fetch", "fetch-pack", "send-pack", "upload-pack", "remote-ext"))
-_GIT_MODIFY = frozenset("""add am apply checkout cherry-pick clean commit gc init merge mv rebase reset
-    restore revert rm switch update-ref update-index filter-branch replace bisect sparse-checkout prune lfs
-    symbolic-ref hash-object write-tree commit-tree read-tree mktag mktree pack-refs repack fsck maintenance""".split())
-_GIT_GLOBAL_WITH_VALUE = frozenset(("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env",
-                                    "--exec-path", "--super-prefix"))
-_GIT_URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:|ext::|fd::)", re.I)
-_NETWORK_COMMANDS = frozenset("""curl wget ssh scp sftp nc ncat netcat telnet ftp http https aria2c gh socat
-    ping dig nslookup host whois rsync""".split())
-# Package managers: the subcommands that download or publish ("" = the bare command).
+_GIT_NETWORK = frozenset((
+    "fetch", "clone", "ls-remote", "pull", "push", "archive",
+    "request-pull", "send-email", "svn", "p4", "http-fetch", "fetch-pack",
+    "send-pack", "upload-pack", "remote-ext",
+))
+_GIT_MODIFY = frozenset("""
+    add am apply checkout cherry-pick clean commit gc init merge mv rebase
+    reset restore revert rm switch update-ref update-index filter-branch
+    replace bisect sparse-checkout prune lfs symbolic-ref hash-object
+    write-tree commit-tree read-tree mktag mktree pack-refs repack fsck
+    maintenance
+""".split())
+_GIT_GLOBAL_WITH_VALUE = frozenset((
+    "-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env",
+    "--exec-path", "--super-prefix",
+))
+_GIT_URL = re.compile(
+    r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:|ext::|fd::)", re.I
+)
+_NETWORK_COMMANDS = frozenset("""
+    curl wget ssh scp sftp nc ncat netcat telnet ftp http https aria2c gh
+    socat ping dig nslookup host whois rsync
+""".split())
+# Package managers: the subcommands that download or publish ("" = the
+# bare command).
 _NETWORK_SUBCOMMANDS = {name: set(subs.split(",")) for name, subs in {
-    "pip": "install,download", "pip3": "install,download", "pipx": "install,run,upgrade",
-    "uv": "add,sync,pip,tool,lock,run", "npm": "install,i,ci,add,update,publish,exec,x", "npx": ",",
-    "pnpm": "install,i,add,update,dlx", "yarn": ",install,add,upgrade,dlx", "bun": "install,i,add,update,x",
-    "cargo": "install,add,fetch,update,publish,build,run,test", "go": "get,install,mod,build,run,test",
-    "gem": "install,update", "brew": "install,update,upgrade,tap", "apt": "install,update,upgrade",
-    "apt-get": "install,update,upgrade", "docker": "pull,push,login,build,run", "poetry": "add,install,update",
-    "bundle": "install,update", "composer": "install,require,update", "aws": ",", "gcloud": ",", "az": ","}.items()}
+    # Python
+    "pip": "install,download",
+    "pip3": "install,download",
+    "pipx": "install,run,upgrade",
+    "uv": "add,sync,pip,tool,lock,run",
+    # JavaScript
+    "npm": "install,i,ci,add,update,publish,exec,x",
+    "npx": ",",
+    "pnpm": "install,i,add,update,dlx",
+    "yarn": ",install,add,upgrade,dlx",
+    "bun": "install,i,add,update,x",
+    # Rust and Go fetch what a build needs
+    "cargo": "install,add,fetch,update,publish,build,run,test",
+    "go": "get,install,mod,build,run,test",
+    # systems and other languages
+    "gem": "install,update",
+    "brew": "install,update,upgrade,tap",
+    "apt": "install,update,upgrade",
+    "apt-get": "install,update,upgrade",
+    "docker": "pull,push,login,build,run",
+    "poetry": "add,install,update",
+    "bundle": "install,update",
+    "composer": "install,require,update",
+    # cloud CLIs
+    "aws": ",",
+    "gcloud": ",",
+    "az": ",",
+}.items()}
 
-# Programs that run the rest of their words as a command -> their options taking a value.
+# Programs that run the rest of their words as a command -> their options
+# taking a value.
 _WRAPPERS = {name: set(options.split()) for name, options in {
-    "sudo": "-u -g -C -D -h -p -r -t -T -U --user --group --chdir --prompt --role --type --host --close-from",
-    "doas": "-u -C", "env": "-u -C -S --unset --chdir --split-string", "command": "", "builtin": "",
-    "exec": "-a", "nohup": "", "time": "-f -o --format --output", "setsid": "", "nice": "-n --adjustment",
-    "ionice": "-c -n -p -t", "stdbuf": "-i -o -e", "timeout": "-s -k --signal --kill-after", "busybox": "",
-    "unbuffer": "", "watch": "-n -d --interval", "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
-    "chroot": "--userspec --groups", "unshare": "-S -G --setuid --setgid", "strace": "-e -o -p -s -u -E",
-    "ltrace": "-e -o -p -u", "taskset": "", "chrt": "", "flock": "-w -E", "caffeinate": "", "proxychains": "-f",
-    "torsocks": "", "firejail": "", "pkexec": "--user", "runuser": "-u -g -G --user --group --supp-group",
-    "setpriv": "--reuid --regid --groups --inh-caps --ambient-caps --bounding-set --securebits --selinux-label", "run0": "--user -u",
-    "systemd-run": "-p -u --unit --property", "parallel": "-j"}.items()}
-# Shells, and the programs that hand a -c string to one (su, runuser, script, flock FILE -c).
-_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh", "tcsh", "runuser",
-                     "script"))
-# Interpreters: what is written to one through `process write` is code we cannot read.
-_INTERPRETERS = frozenset("""python python2 python3 node nodejs deno bun ruby irb perl php lua luajit R Rscript julia
-    ghci scala sqlite3 psql mysql redis-cli mongo mongosh tclsh wish guile racket erl iex ipython jshell""".split())
-# Programs that run what they read (debuggers, editors, awk, remote shells, sudo -s): what is written
-# to one through `process write` is judged like code for an interpreter.
-_STDIN_RUNNERS = frozenset("""gdb lldb pdb ed ex vi vim nvim emacs awk gawk mawk nawk ipython ipython3 bpython ssh
-    telnet nc ncat socat expect sudo doas su docker podman kubectl dbus-run-session xargs parallel busybox""".split())
-_KEYWORDS = frozenset("if then else elif fi do done while until ! { } esac".split())
+    # another user or privilege
+    "sudo": """-u -g -C -D -h -p -r -t -T -U --user --group --chdir --prompt
+               --role --type --host --close-from""",
+    "doas": "-u -C",
+    # another environment or way of running
+    "env": "-u -C -S --unset --chdir --split-string",
+    "command": "",
+    "builtin": "",
+    "exec": "-a",
+    "nohup": "",
+    "time": "-f -o --format --output",
+    "setsid": "",
+    "nice": "-n --adjustment",
+    "ionice": "-c -n -p -t",
+    "stdbuf": "-i -o -e",
+    "timeout": "-s -k --signal --kill-after",
+    "busybox": "",
+    "unbuffer": "",
+    "watch": "-n -d --interval",
+    "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
+    "chroot": "--userspec --groups",
+    "unshare": "-S -G --setuid --setgid",
+    "strace": "-e -o -p -s -u -E",
+    "ltrace": "-e -o -p -u",
+    "taskset": "",
+    "chrt": "",
+    "flock": "-w -E",
+    "caffeinate": "",
+    "proxychains": "-f",
+    "torsocks": "",
+    "firejail": "",
+    "pkexec": "--user",
+    "runuser": "-u -g -G --user --group --supp-group",
+    "setpriv": """--reuid --regid --groups --inh-caps --ambient-caps
+                  --bounding-set --securebits --selinux-label""",
+    "run0": "--user -u",
+    "systemd-run": "-p -u --unit --property",
+    "parallel": "-j",
+}.items()}
+# Shells, and the programs that hand a -c string to one (su, runuser,
+# script, flock FILE -c).
+_SHELLS = frozenset((
+    "sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh",
+    "tcsh", "runuser", "script",
+))
+# Interpreters: what is written to one through `process write` is code we
+# cannot read.
+_INTERPRETERS = frozenset("""
+    python python2 python3 node nodejs deno bun ruby irb perl php lua luajit
+    R Rscript julia ghci scala sqlite3 psql mysql redis-cli mongo mongosh
+    tclsh wish guile racket erl iex ipython jshell
+""".split())
+# Programs that run what they read (debuggers, editors, awk, remote shells,
+# sudo -s): what is written to one through `process write` is judged like
+# code for an interpreter.
+_STDIN_RUNNERS = frozenset("""
+    gdb lldb pdb ed ex vi vim nvim emacs awk gawk mawk nawk ipython ipython3
+    bpython ssh telnet nc ncat socat expect sudo doas su docker podman
+    kubectl dbus-run-session xargs parallel busybox
+""".split())
+_KEYWORDS = frozenset(
+    "if then else elif fi do done while until ! { } esac".split()
+)
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
-_PATTERN_FIRST = frozenset(("grep", "egrep", "fgrep", "rg", "sed", "awk", "jq"))   # arg 1 is no file
+# their first argument is a pattern, not a file
+_PATTERN_FIRST = frozenset((
+    "grep", "egrep", "fgrep", "rg", "sed", "awk", "jq",
+))
 _RECURSIVE_READERS = frozenset(("grep", "egrep", "fgrep", "rg", "diff"))
 
-# The floor's targets: deleting or chmod-ing these recursively is never what anyone wanted.
-_PROTECTED_DIRS = frozenset("""/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin /srv /sys /usr
-    /var /Users /System /Library /Applications /private /mnt /media /snap /run /usr/bin /usr/sbin /usr/lib /usr/lib32
-    /usr/lib64 /usr/libexec /usr/include /usr/share /usr/local /usr/src /var/lib /boot/efi /etc/ssh /etc/systemd""".split())
-_SAFE_DEVICES = frozenset("""/dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty /dev/random /dev/urandom
-    /dev/full""".split())
+# The floor's targets: deleting or chmod-ing these recursively is never
+# what anyone wanted.
+_PROTECTED_DIRS = frozenset("""
+    / /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin
+    /srv /sys /usr /var /Users /System /Library /Applications /private /mnt
+    /media /snap /run /usr/bin /usr/sbin /usr/lib /usr/lib32 /usr/lib64
+    /usr/libexec /usr/include /usr/share /usr/local /usr/src /var/lib
+    /boot/efi /etc/ssh /etc/systemd
+""".split())
+_SAFE_DEVICES = frozenset("""
+    /dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty
+    /dev/random /dev/urandom /dev/full
+""".split())
 _POWER = frozenset("shutdown reboot halt poweroff".split())
-_DISK_TOOLS = frozenset("""mke2fs mkswap wipefs blkdiscard sfdisk parted fdisk gdisk sgdisk cfdisk mkdosfs mkntfs
-    badblocks""".split())
+_DISK_TOOLS = frozenset("""
+    mke2fs mkswap wipefs blkdiscard sfdisk parted fdisk gdisk sgdisk cfdisk
+    mkdosfs mkntfs badblocks
+""".split())
 
-_OPERATORS = (*"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(), "\n")   # longest first
+# longest first, so that ">>" is not read as ">" twice
+_OPERATORS = (
+    *"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(),
+    "\n",
+)
 _SEPARATORS = frozenset((*"&& || ;; |& | & ; ( )".split(), "\n"))
 _WRITE_REDIRECTS = frozenset("> >> >| &> &>> <> >&".split())
-_MAX_GLOB = 100          # paths one glob or brace argument expands to, at most
-_MAX_NESTING = 8         # $( bash -c "eval ..." ) deeper than this is refused as unparsable
+# paths one glob or brace argument expands to, at most
+_MAX_GLOB = 100
+# $( bash -c "eval ..." ) deeper than this is refused as unparsable
+_MAX_NESTING = 8
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
 # $NAME, ${NAME}, and ${NAME<operator>word} (${HOME:?}, ${X:-/}, ${IFS:0:1}).
-_PARAMETER = re.compile(r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]*)\}|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))")
+_PARAMETER = re.compile(
+    r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]*)\}"
+    r"|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))"
+)
 _BRACES = re.compile(r"\{([^{}]*,[^{}]*)\}")
-# A fork bomb defines a function and pipes it into itself in the background. Two linear
-# scans (names are matched possessively, ++): names defined as functions, NAME | NAME & uses.
+# A fork bomb defines a function and pipes it into itself in the
+# background. Two linear scans (names are matched possessively, ++): names
+# defined as functions, NAME | NAME & uses.
 _NAME = r"(?<![^\s;&|(){}])(?P<n>[^\s(){}|&;<>]++)"
-_FUNCTION_DEFINITION = re.compile(rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)")
+_FUNCTION_DEFINITION = re.compile(
+    rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
+)
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 
 
