@@ -413,9 +413,12 @@ class Context:
     """One per session. `system` and `tools` are built once and never change, so the cached prefix
     survives every turn; everything per-turn is read from the session's `events.State`."""
 
-    def __init__(self, *, project_root: Path, cwd: Path, home: Path, model: str, tool_schemas: list[dict],
-                 workspace=None, aux_model: str = DEFAULT_AUX_MODEL, max_tokens: int = MAX_OUTPUT_TOKENS,
-                 user_home: Path | None = None, is_secret=None, plan_mode: bool = False, append_system: str = ""):
+    def __init__(self, *, project_root: Path, cwd: Path, home: Path,
+                 model: str, tool_schemas: list[dict], workspace=None,
+                 aux_model: str = DEFAULT_AUX_MODEL,
+                 max_tokens: int = MAX_OUTPUT_TOKENS,
+                 user_home: Path | None = None, is_secret=None,
+                 plan_mode: bool = False, append_system: str = ""):
         self.project_root = Path(project_root).resolve()
         self.cwd = Path(cwd).resolve()
         self.home = Path(home)
@@ -423,15 +426,19 @@ class Context:
         self.aux_model = aux_model
         self.max_tokens = max_tokens
         self.workspace = workspace
-        self._git_status = None     # (world_seq, time.monotonic(), the "Git:" line or None)
+        # (world_seq, time.monotonic(), the "Git:" line or None)
+        self._git_status = None
         # Read once: the instructions (and what /context says about their imports) hold for the session.
-        self.instructions, self.instruction_notes = load_instructions(self.home, self.project_root, self.cwd,
-                                                                      user_home, is_secret)
-        self.system = build_system(self.project_root, self.cwd, self.home, self.instructions)
+        self.instructions, self.instruction_notes = load_instructions(
+            self.home, self.project_root, self.cwd, user_home, is_secret)
+        self.system = build_system(self.project_root, self.cwd, self.home,
+                                   self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
         # Tiers of this run only, each its own block after the project's: plan mode, then the text of
         # --append-system-prompt. One breakpoint still ends the system prompt.
-        for name, text in (("plan mode", PLAN_MODE if plan_mode else ""), ("appended", append_system)):
+        run_tiers = [("plan mode", PLAN_MODE if plan_mode else ""),
+                     ("appended", append_system)]
+        for name, text in run_tiers:
             if text:
                 self.system.append({"type": "text", "text": text})
                 self.system_names.append(name)
@@ -444,16 +451,20 @@ class Context:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
         the two newest user messages (this turn's prefix and the previous one's, so a read still hits
         when a tool loop appended more than the 20-block lookback)."""
-        return {"model": self.model, "max_tokens": self.max_tokens,
-                "system": copy.deepcopy(self.system), "tools": copy.deepcopy(self.tools),
+        return {"model": self.model,
+                "max_tokens": self.max_tokens,
+                "system": copy.deepcopy(self.system),
+                "tools": copy.deepcopy(self.tools),
                 "messages": assemble_messages(state.messages, volatile)}
 
-    def volatile_facts(self, processes: list[dict], world_seq: int | None = None) -> str:
+    def volatile_facts(self, processes: list[dict],
+                       world_seq: int | None = None) -> str:
         """Date, git and running processes, wrapped in <environment>; small and new every turn.
         `world_seq`: the log's newest event that may have changed the tree (None: unknown)."""
         lines = [f"Date: {datetime.date.today():%A %Y-%m-%d}"]
         git = self.git_status_line(world_seq)
-        if git is not None:             # none outside a repository
+        # none outside a repository
+        if git is not None:
             lines.append(git)
         if processes:
             lines.append("Running processes (see the process tool):")
@@ -462,7 +473,8 @@ class Context:
             if len(command) > 120:
                 command = command[:117] + "..."
             ran = _duration(int(proc.get("runtime_s", 0) or 0))
-            lines.append(f"- {proc.get('process_id')}: {command} (running {ran})")
+            process_id = proc.get("process_id")
+            lines.append(f"- {process_id}: {command} (running {ran})")
         if len(processes) > 10:
             lines.append(f"- … and {len(processes) - 10} more")
         return "<environment>\n" + "\n".join(lines) + "\n</environment>"
@@ -474,8 +486,11 @@ class Context:
             seen_seq, seen_at, line = self._git_status
             if seen_seq == world_seq and now - seen_at < GIT_STATUS_REUSE_S:
                 return line
-        code, out = _git(self.workspace, "status", "--porcelain=v1", "--branch")
-        line = f"Git: {summarize_git_status(out)}" if code == 0 else None
+        code, out = _git(self.workspace,
+                         "status", "--porcelain=v1", "--branch")
+        line = None
+        if code == 0:
+            line = f"Git: {summarize_git_status(out)}"
         self._git_status = (world_seq, now, line)
         return line
 
@@ -498,10 +513,13 @@ class Context:
         numbers = re.search(r"(\d+)\s*tokens?\s*>\s*(\d+)", message)
         if not numbers:
             return "compact"
-        return _prune_or_compact(state, int(numbers[1]) - int(numbers[2]) + BUFFER_TOKENS)
+        asked = int(numbers[1])
+        maximum = int(numbers[2])
+        return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS)
 
     # -- inspection
-    def inspect(self, state: events.State, last_usage: dict | None = None, volatile: str = "") -> list[dict]:
+    def inspect(self, state: events.State, last_usage: dict | None = None,
+                volatile: str = "") -> list[dict]:
         """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's cache
         reads are attributed in the order the API caches (tools, system, messages), scaled from
         estimates to the real total; the volatile tail is never cached. A final row holds the measured
@@ -512,7 +530,8 @@ class Context:
             history = max(0, estimate_tokens(state.messages) - checkpoint)
         sizes = [("tools", estimate_tokens(self.tools))]
         for name, block in zip(self.system_names, self.system):
-            sizes.append((f"system: {name}", estimate_tokens(block["text"])))
+            tokens = estimate_tokens(block["text"])
+            sizes.append((f"system: {name}", tokens))
         sizes += [("checkpoint", checkpoint), ("history", history),
                   ("volatile tail", estimate_tokens(volatile))]
         usage = last_usage or state.last_usage or {}
@@ -529,10 +548,13 @@ class Context:
             cached = 0
             if section != "volatile tail":
                 cached = min(left, round(tokens * scale))
-            rows.append({"section": section, "tokens": tokens, "cached_tokens": cached})
+            rows.append({"section": section, "tokens": tokens,
+                         "cached_tokens": cached})
             left -= cached
-        total = {"section": "total (measured, last response)", "tokens": read + write + fresh,
-                 "cached_tokens": read, "cache_write_tokens": write,
+        total = {"section": "total (measured, last response)",
+                 "tokens": read + write + fresh,
+                 "cached_tokens": read,
+                 "cache_write_tokens": write,
                  "usable_tokens": self.usable_tokens}
         return rows + [total]
 
@@ -548,15 +570,22 @@ def _duration(seconds: int) -> str:
 
 def summarize_git_status(porcelain: str) -> str:
     """`## main...origin/main [ahead 1]` + XY lines → "branch main (ahead 1); 2 modified, 1 untracked"."""
-    lines, branch = porcelain.splitlines(), ""
+    lines = porcelain.splitlines()
+    branch = ""
     if lines and lines[0].startswith("## "):
         head = lines.pop(0)[3:]
         name, _, rest = head.partition("...")
-        name = name.removeprefix("No commits yet on ").removeprefix("Initial commit on ")
+        name = name.removeprefix("No commits yet on ")
+        name = name.removeprefix("Initial commit on ")
         tracking = re.search(r"\[(.*)\]", rest or head)
-        branch = f"branch {name.split(' ')[0]}" + (f" ({tracking.group(1)})" if tracking else "") + "; "
-    counts = dict.fromkeys(("staged", "modified", "untracked", "conflicted"), 0)
-    for xy in (line[:2] for line in lines):
+        branch = f"branch {name.split(' ')[0]}"
+        if tracking:
+            branch += f" ({tracking.group(1)})"
+        branch += "; "
+    labels = ("staged", "modified", "untracked", "conflicted")
+    counts = dict.fromkeys(labels, 0)
+    for line in lines:
+        xy = line[:2]
         if xy == "??":
             counts["untracked"] += 1
         elif "U" in xy or xy in ("AA", "DD"):
@@ -564,7 +593,8 @@ def summarize_git_status(porcelain: str) -> str:
         else:
             counts["staged"] += xy[0] not in " !"
             counts["modified"] += xy[1:2] not in (" ", "!", "")
-    return branch + (", ".join(f"{n} {label}" for label, n in counts.items() if n) or "clean")
+    parts = [f"{n} {label}" for label, n in counts.items() if n]
+    return branch + (", ".join(parts) or "clean")
 
 
 # ---------------------------------------------------------------- request assembly
@@ -583,10 +613,13 @@ def assemble_messages(messages: list[dict], volatile: str = "") -> list[dict]:
             previous = index
             break
     for index in (previous, newest):
-        if index is not None:
-            out[index] = {**out[index], "content": _with_breakpoint(out[index]["content"])}
+        if index is None:
+            continue
+        content = _with_breakpoint(out[index]["content"])
+        out[index] = {**out[index], "content": content}
     if volatile and out[newest]["role"] == "user":
-        out[newest]["content"] = out[newest]["content"] + [{"type": "text", "text": volatile}]
+        tail = {"type": "text", "text": volatile}
+        out[newest]["content"] = out[newest]["content"] + [tail]
     return out
 
 
@@ -606,17 +639,24 @@ def _with_breakpoint(content) -> list[dict]:
 
 
 def count_breakpoints(request: dict) -> int:
+    blocks = []
     system = request.get("system")
-    blocks = [*(system if isinstance(system, list) else []), *(request.get("tools") or []),
-              *(b for m in request.get("messages", []) if isinstance(m["content"], list) for b in m["content"])]
+    if isinstance(system, list):
+        blocks += system
+    blocks += request.get("tools") or []
+    for message in request.get("messages", []):
+        if isinstance(message["content"], list):
+            blocks += message["content"]
     return sum("cache_control" in block for block in blocks)
 
 
 # ---------------------------------------------------------------- budget
 
 def window_of(model: str) -> int:
-    return next((size for prefix, size in WINDOWS.items() if model == prefix or model.startswith(prefix + "-")),
-                DEFAULT_WINDOW)
+    for prefix, size in WINDOWS.items():
+        if model == prefix or model.startswith(prefix + "-"):
+            return size
+    return DEFAULT_WINDOW
 
 
 def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
@@ -637,7 +677,10 @@ def prune_ids(state: events.State) -> list[str]:
         else:
             chosen.append(tool_use_id)
             freed += tokens
-    return list(reversed(chosen)) if freed >= PRUNE_MINIMUM_TOKENS else []
+    if freed < PRUNE_MINIMUM_TOKENS:
+        return []
+    return list(reversed(chosen))
+
 
 
 def _prune_or_compact(state: events.State, excess: int) -> str:
