@@ -6,6 +6,7 @@ history, the kernel's state and usage totals.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
+import asyncio
 import fcntl
 import json
 import os
@@ -496,12 +497,28 @@ class SessionStore:
     def sync(self) -> None:
         """fsync at loop boundaries (after a response, after a tool batch, at task end)."""
         if self._fd is not None:
-            try:
-                os.fsync(self._fd)
-                if os.fstat(self._fd).st_nlink == 0:
-                    self._restore()
-            except OSError as e:
-                raise self._failed("cannot save the session log to disk", e) from None
+            self._fsync(self._fd)
+            self._keep_linked()
+
+    async def sync_off_loop(self) -> None:
+        """sync() with the fsync in a thread: on a slow disk it takes longer than a frame.
+        Appends may go on meanwhile; the check that the file is still there stays on the loop."""
+        if self._fd is not None:
+            await asyncio.to_thread(self._fsync, self._fd)
+            self._keep_linked()
+
+    def _fsync(self, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            raise self._failed("cannot save the session log to disk", e) from None
+
+    def _keep_linked(self) -> None:
+        try:
+            if self._fd is not None and os.fstat(self._fd).st_nlink == 0:
+                self._restore()
+        except OSError as e:
+            raise self._failed("cannot save the session log to disk", e) from None
 
     def close(self) -> None:
         """Sync and close the log, and let the session go (another khaelor may take it now)."""

@@ -343,7 +343,7 @@ class Kernel:
             return "failed"
         finally:
             self.busy = False
-            self.bus.store.sync()
+            await self.bus.store.sync_off_loop()
 
     async def steps(self) -> str:
         while True:
@@ -450,7 +450,7 @@ class Kernel:
                     self.emit("ModelRequestFailed", kind=aux_error.kind, status=aux_error.status,
                               message=f"compaction failed: {aux_error}", retrying=False)
                     break
-        self.bus.store.sync()
+        await self.bus.store.sync_off_loop()
 
     async def stream_response(self) -> None:
         # Off the loop: the facts include `git status`, which takes a while in a big repository.
@@ -468,17 +468,19 @@ class Kernel:
                     continue
                 for kind, payload in reducer.feed(raw):
                     self.emit(kind, **payload)
-                self.save_checkpoint(reducer, time.monotonic())
+                if self.save_checkpoint(reducer, time.monotonic()):
+                    await self.bus.store.sync_off_loop()
         except asyncio.CancelledError:
-            self.save_checkpoint(reducer, None)     # Esc: the text streamed so far is kept (item 1)
+            # Esc: the text streamed so far is kept (run() syncs it as the turn ends).
+            self.save_checkpoint(reducer, None)
             raise
 
-    def save_checkpoint(self, reducer: StreamReducer, now: float | None) -> None:
+    def save_checkpoint(self, reducer: StreamReducer, now: float | None) -> bool:
         """The streaming text block, durably and at a low rate, so a crash or an Esc keeps it."""
         payload = reducer.checkpoint(now)
         if payload is not None:
             self.emit("TextCheckpoint", **payload)
-            self.bus.store.sync()
+        return payload is not None
 
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
         """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
@@ -499,7 +501,7 @@ class Kernel:
     async def execute_tools(self) -> None:
         for call in list(self.state.pending_tools):
             await self.run_tool(call)
-        self.bus.store.sync()
+        await self.bus.store.sync_off_loop()
 
     async def run_tool(self, call: dict) -> None:
         tool_use_id, name = call["tool_use_id"], call["name"]

@@ -183,3 +183,25 @@ def test_a_streaming_text_block_is_checkpointed_about_once_a_second():
     final = reducer.checkpoint(None)           # cut off: the rest, and the usage reported so far
     assert "".join(saved) + final["text"] == "".join(f"w{k} " for k in range(300))
     assert final["usage"]["input_tokens"] == 7 and final["model"] == "m"
+
+
+def test_the_log_is_fsynced_off_the_event_loop(kernel_turn, fake, project, monkeypatch):
+    """fsync can take longer than a frame on a slow disk: the kernel's syncs run in a thread."""
+    import os
+    import threading
+
+    from fake_api import reply, text, tool_use
+    (project / "a.txt").write_text("a\n")
+    fake.enqueue(reply(tool_use("read", {"file_path": "a.txt"})), reply(text("read it")))
+    loop_thread = threading.get_ident()     # asyncio.run runs the loop in this thread
+    threads = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        threads.append(threading.get_ident())
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    step, log = kernel_turn("read a.txt", ask=None)
+    assert step == "done" and log[-1]["type"] == "TaskCompleted"
+    assert len(threads) >= 3            # after the tool batch, after each response, at the end
+    assert loop_thread not in threads
