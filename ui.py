@@ -1076,8 +1076,9 @@ class Timeline:
             self._settle(self._card_block(held, expanded=True))
         elif self._last_card is not None:
             card = self._last_card
-            self._settle([self.style.paint("Output of:", "dim")] + card.head[:1]
-                         + self._card_block(card._replace(head=[]), expanded=True), gap=True)
+            title = [self.style.paint("Output of:", "dim")] + card.head[:1]
+            body = self._card_block(card._replace(head=[]), expanded=True)
+            self._settle(title + body, gap=True)
 
     def _release_card(self) -> None:
         held, self._held = self._held, None
@@ -1097,10 +1098,12 @@ class Timeline:
         text = sanitize(text).replace("\n", "\\n")
         self._settle([self.style.paint(clip(text, self.width), "dim")])
 
-    def _marked(self, symbol: str, role: str, text: str, text_role: str = "") -> list[str]:
+    def _marked(self, symbol: str, role: str, text: str,
+                text_role: str = "") -> list[str]:
         """`✗ text` in `role`, wrapped under its symbol."""
-        return wrap_spans([(sanitize(text), (text_role or role,))], self.width, self.style,
-                          self.style.paint(symbol + " ", role), "  ")
+        spans = [(sanitize(text), (text_role or role,))]
+        first = self.style.paint(symbol + " ", role)
+        return wrap_spans(spans, self.width, self.style, first, "  ")
 
     # -- conversation --
 
@@ -1108,10 +1111,11 @@ class Timeline:
         rows = sanitize(e.get("text", "")).split("\n")
         lines = self._marked("›", "prompt", rows[0], "user")
         for row in rows[1:USER_MESSAGE_MAX_LINES]:
-            lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")
+            spans = [(row, ("user",))]
+            lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
         if len(rows) > USER_MESSAGE_MAX_LINES:
-            lines.append(self.style.paint(f"  … {len(rows) - USER_MESSAGE_MAX_LINES} more lines",
-                                          "dim"))
+            more = len(rows) - USER_MESSAGE_MAX_LINES
+            lines.append(self.style.paint(f"  … {more} more lines", "dim"))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1141,7 +1145,8 @@ class Timeline:
 
     def _stream(self) -> MarkdownStream:
         if self._text is None:
-            self._text, self._text_started = MarkdownStream(self.style, self.width), False
+            self._text = MarkdownStream(self.style, self.width)
+            self._text_started = False
             self._checkpointed = ""
         self._text.width = self.width
         return self._text
@@ -1158,10 +1163,14 @@ class Timeline:
             self._text_started = True
 
     def _on_ThinkingDelta(self, e: dict) -> None:
-        self._thinking = ((self._thinking or "") + e.get("text", ""))[-THINKING_TAIL_CHARS:]
+        thinking = (self._thinking or "") + e.get("text", "")
+        self._thinking = thinking[-THINKING_TAIL_CHARS:]
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
-        self._finish_thinking(e.get("thinking") if "redacted" not in e else "")
+        if "redacted" in e:
+            self._finish_thinking("")
+        else:
+            self._finish_thinking(e.get("thinking"))
         if self._text is None:
             self._settle_queued()
 
@@ -1169,8 +1178,9 @@ class Timeline:
         """Thinking collapses to one dim line: its opening words (`full`: the whole block)."""
         text = self._thinking if full is None else full
         if text is not None:
-            words = " ".join(sanitize(text).split())
-            self._settle([self._thinking_line("✻ Thinking · " + (words or "(redacted)"))])
+            words = " ".join(sanitize(text).split()) or "(redacted)"
+            line = self._thinking_line("✻ Thinking · " + words)
+            self._settle([line])
             self._thinking = None
 
     def _thinking_line(self, text: str) -> str:
@@ -1180,9 +1190,11 @@ class Timeline:
         if e.get("kind") == "cancelled":
             return
         message = sanitize(str(e.get("message") or "")).strip()
-        text = (ERROR_WORDS.get(e.get("kind"), "The model request failed")
-                + (f" ({e['status']})" if e.get("status") else "")
-                + (f": {message}" if message else ""))
+        text = ERROR_WORDS.get(e.get("kind"), "The model request failed")
+        if e.get("status"):
+            text += f" ({e['status']})"
+        if message:
+            text += f": {message}"
         if e.get("retrying"):
             self._drop_failed_attempt()
             self._settle(self._marked("!", "warning", text + " · retrying"))
@@ -1195,16 +1207,21 @@ class Timeline:
         had settled is marked as the failed attempt's, and the retry starts a new block."""
         if self._text is not None and self._text_started:
             self._dim_line("↑ that reply broke off here; it is written again below")
-        self._text, self._thinking = None, None
+        self._text = None
+        self._thinking = None
 
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
-        self._settle([self.style.paint("■ Interrupted" + (f" ({why})" if why else ""), "warning")
-                      + self.style.paint(" · what it wrote is kept; say what to do next, or “continue”",
-                                         "dim")])
+        title = "■ Interrupted" + (f" ({why})" if why else "")
+        hint = " · what it wrote is kept; say what to do next, or “continue”"
+        line = (self.style.paint(title, "warning")
+                + self.style.paint(hint, "dim"))
+        self._settle([line])
         if self._steering:
             n = len(self._steering)
-            self._dim_line(f"› {n} queued instruction{'s' * (n != 1)} will go first with your next message")
+            instructions = "instruction" + "s" * (n != 1)
+            self._dim_line(f"› {n} queued {instructions} "
+                           "will go first with your next message")
 
     def _on_SteeringInjected(self, e: dict) -> None:
         if e.get("text") in self._steering:
@@ -1228,46 +1245,64 @@ class Timeline:
     # -- tools and permissions --
 
     def _on_ToolRequested(self, e: dict) -> None:
-        tool_input = e.get("input") if isinstance(e.get("input"), dict) else {}
-        self.cards[e.get("tool_use_id", "")] = ToolCard(
-            e.get("name", "?"), tool_summary(e.get("name", ""), tool_input), tool_input)
+        tool_input = e.get("input")
+        if not isinstance(tool_input, dict):
+            tool_input = {}
+        summary = tool_summary(e.get("name", ""), tool_input)
+        card = ToolCard(e.get("name", "?"), summary, tool_input)
+        self.cards[e.get("tool_use_id", "")] = card
 
     def _on_ToolStarted(self, e: dict) -> None:
-        card = self.cards.setdefault(e.get("tool_use_id", ""), ToolCard(e.get("name", "tool"), ""))
-        card.started, card.started_ts = time.monotonic(), e.get("ts")
+        # without its ToolRequested the card has no summary, but it is drawn
+        unrequested = ToolCard(e.get("name", "tool"), "")
+        card = self.cards.setdefault(e.get("tool_use_id", ""), unrequested)
+        card.started = time.monotonic()
+        card.started_ts = e.get("ts")
 
     def _on_ToolOutput(self, e: dict) -> None:
         if card := self.cards.get(e.get("tool_use_id", "")):
-            card.output_tail.extend(line for line in sanitize(e.get("text", "")).split("\n")
-                                    if line.strip())
+            lines = sanitize(e.get("text", "")).split("\n")
+            card.output_tail.extend(line for line in lines if line.strip())
 
     def _on_FileModified(self, e: dict) -> None:
         if card := self.cards.get(e.get("tool_use_id", "")):
             return card.changes.append(e)
-        self._settle([self._card_line(self.style.paint("●", "ok"), "changed",
-                                      sanitize(str(e.get("path", ""))), [change_counts(e)])]
-                     + self._diff_lines(e))
+        # a change no card holds: its own card line
+        symbol = self.style.paint("●", "ok")
+        path = sanitize(str(e.get("path", "")))
+        line = self._card_line(symbol, "changed", path, [change_counts(e)])
+        self._settle([line] + self._diff_lines(e))
 
     def _on_ToolCompleted(self, e: dict) -> None:
         failed = e.get("type") == "ToolFailed"
         card = self._pop_card(e)
         meta = e.get("meta") if isinstance(e.get("meta"), dict) else {}
+        # on replay the events' timestamps give the duration
         if "duration_ms" not in meta and card.started_ts and e.get("ts"):
             if e["ts"] - card.started_ts >= 1000:
                 meta = dict(meta, duration_ms=e["ts"] - card.started_ts)
-        facts = meta_facts(meta) + ["new file" if change.get("created") else change_counts(change)
-                                    for change in card.changes]
-        symbol = self.style.paint("✗", "error") if failed else self.style.paint("●", "ok")
-        lines = [self._card_line(symbol, card.name, card.summary, facts or ["failed"] * failed)]
+        facts = meta_facts(meta)
+        for change in card.changes:
+            if change.get("created"):
+                facts.append("new file")
+            else:
+                facts.append(change_counts(change))
+        if failed:
+            symbol = self.style.paint("✗", "error")
+        else:
+            symbol = self.style.paint("●", "ok")
+        if failed and not facts:
+            facts = ["failed"]
+        lines = [self._card_line(symbol, card.name, card.summary, facts)]
         for change in card.changes:
             lines += self._diff_lines(change)
         output = []
         if failed or (card.name not in QUIET_TOOLS and not card.changes):
             output = card_output(e, meta)
         self._release_card()
+        head_only = card.name in HEAD_PREVIEW_TOOLS and not failed
         self._held = self._last_card = FinishedCard(
-            lines, output[:EXPANDED_MAX_LINES], len(output),
-            card.name in HEAD_PREVIEW_TOOLS and not failed)
+            lines, output[:EXPANDED_MAX_LINES], len(output), head_only)
 
     _on_ToolFailed = _on_ToolCompleted
 
@@ -1280,7 +1315,10 @@ class Timeline:
     def _on_UserShellRan(self, e: dict) -> None:
         """The user's own command, drawn like a bash card: `● ! git status · exit 0 · 0.2s`."""
         self.cards.pop(events.USER_SHELL_ID, None)
-        meta = {key: e[key] for key in ("exit_code", "duration_ms") if e.get(key) is not None}
+        meta = {}
+        for key in ("exit_code", "duration_ms"):
+            if e.get(key) is not None:
+                meta[key] = e[key]
         summary = tool_summary("bash", {"command": e.get("command", "")})
         if e.get("stopped"):
             symbol, facts = "○", ["stopped"]
@@ -1290,9 +1328,9 @@ class Timeline:
             symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
         output = card_output(e, meta)
         self._release_card()
+        head = [self._card_line(symbol, "!", summary, facts)]
         self._held = self._last_card = FinishedCard(
-            [self._card_line(symbol, "!", summary, facts)], output[:EXPANDED_MAX_LINES], len(output),
-            False)
+            head, output[:EXPANDED_MAX_LINES], len(output), False)
 
     def _on_ToolCancelled(self, e: dict) -> None:
         # a question left open by an interrupted turn is no longer asked
@@ -1306,19 +1344,24 @@ class Timeline:
         """The evidence in one line: `✓ 2 files changed · pytest -q exit 0`. The ✓ only when
         every check passed and nothing is unresolved; a failed check shows as `✗ pytest -q exit 1`."""
         e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
-        facts = [f"{len(e['changed_files'])} file{'s' * (len(e['changed_files']) != 1)} changed"
-                 ] if e.get("changed_files") else []
+        facts = []
+        if e.get("changed_files"):
+            n = len(e["changed_files"])
+            facts.append(f"{n} file{'s' * (n != 1)} changed")
         checks = (e.get("checks") or [])[-3:]
         for check in checks:
             mark = "" if check.get("exit_code") == 0 else "✗ "
-            facts.append(f"{mark}{sanitize(str(check.get('command', '')))[:60]} exit {check.get('exit_code')}")
+            command = sanitize(str(check.get("command", "")))[:60]
+            facts.append(f"{mark}{command} exit {check.get('exit_code')}")
         if e.get("unresolved"):
             facts.append(f"{len(e['unresolved'])} unresolved")
         if not facts:
             return
-        passed = not e.get("unresolved") and all(c.get("exit_code") == 0 for c in checks)
+        all_passed = all(c.get("exit_code") == 0 for c in checks)
+        passed = not e.get("unresolved") and all_passed
         line = ("✓ " if passed else "⚠ ") + " · ".join(facts)
-        self._settle([self.style.paint(clip(sanitize(line), self.width), "dim" if passed else "warning")])
+        role = "dim" if passed else "warning"
+        self._settle([self.style.paint(clip(sanitize(line), self.width), role)])
 
     def _on_PermissionRequested(self, e: dict) -> None:
         self._requests[e.get("tool_use_id", "")] = e
