@@ -1203,30 +1203,46 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
     def clean(text: str) -> str:
         text = mask(ANSI_RE.sub("", text))
         if "\r" in text:
-            text = "\n".join(line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n"))
+            lines = text.replace("\r\n", "\n").split("\n")
+            text = "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
         return text
 
-    decoder, carry = codecs.getincrementaldecoder("utf-8")("replace"), ""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    carry = ""
     try:
         while chunk := await stream.read(65_536):
             text = carry + decoder.decode(chunk)
-            cut = text.rfind("\n") + 1 or (len(text) if len(text) >= 65_536 else 0)
-            carry, text = text[cut:], clean(text[:cut])
+            cut = _whole_lines_end(text)
+            carry = text[cut:]
+            text = clean(text[:cut])
             if text:
                 on_text(text)
     finally:
-        if text := clean(carry + decoder.decode(b"", final=True)):
+        text = clean(carry + decoder.decode(b"", final=True))
+        if text:
             on_text(text)
 
 
-async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None], timeout_s: float | None,
-                     grace_s: float, mask: Callable[[str], str] = _mask_secrets) -> tuple[bool, bool]:
+def _whole_lines_end(text: str) -> int:
+    """Where the text's whole lines end; a line past 64K characters goes as it stands."""
+    cut = text.rfind("\n") + 1
+    if cut:
+        return cut
+    if len(text) >= 65_536:
+        return len(text)
+    return 0
+
+
+async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None],
+                     timeout_s: float | None, grace_s: float,
+                     mask: Callable[[str], str] = _mask_secrets) -> tuple[bool, bool]:
     """Pump a child's output to on_text until it exits, then clear out its process group (which the
     caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
     killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
     A descendant that left our group may hold the pipe open, so the pump is not waited on for ever."""
     pump = asyncio.create_task(_pump(child.stdout, on_text, mask))
-    timed_out = stray = False
+    timed_out = False
+    stray = False
     try:
         try:
             async with asyncio.timeout(timeout_s):
@@ -1255,53 +1271,102 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
     if path.is_dir():
-        entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
-        names = [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in entries[:LISTING_CAP]]
-        more = f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)" if len(entries) > LISTING_CAP else ""
-        return ToolResult(f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)") + more,
-                          meta={"entries": len(entries)})
+        return _listing(path, shown)
     if not path.exists():
         raise _missing(ws, path)
     size = path.stat().st_size
     if size > READ_FILE_CAP_BYTES:
-        raise ToolError(f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
-                        "tail, sed -n 'FROM,TOp' or grep on it.", error="too_large")
+        raise ToolError(
+            f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
+            "tail, sed -n 'FROM,TOp' or grep on it.",
+            error="too_large")
     data = ws.read_file(path)
-    head = data[:8192]      # judged by its head: a magic number, a NUL, or many control bytes (8-bit text passes)
-    kind = next((name for magic, name in MAGIC if head.startswith(magic)), None)
-    if kind or b"\0" in head or sum(1 for byte in head if byte < 9 or 13 < byte < 32) > len(head) // 10:
-        kind = kind or mimetypes.guess_type(path.name)[0] or "binary data"
-        raise ToolError(f"{shown} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
-                        error="binary")
+    kind = _binary_kind(data[:8192], path.name)
+    if kind:
+        raise ToolError(
+            f"{shown} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
+            error="binary")
     box.remember(path)
-    lines, offset, limit = _split_lines(_decode_text(data)), args.get("offset", 1), args.get("limit")
+    lines = _split_lines(_decode_text(data))
+    offset = args.get("offset", 1)
+    limit = args.get("limit")
     total = len(lines)
     if offset < 1 or (limit is not None and limit < 1):
-        raise ToolError("offset and limit must be positive (offset is a 1-based line number).", error="invalid_input")
+        raise ToolError(
+            "offset and limit must be positive (offset is a 1-based line number).",
+            error="invalid_input")
     if total == 0:
-        return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
+        meta = {"path": shown, "lines": 0}
+        return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
     if offset > total:
-        raise ToolError(f"offset {offset} is past the end of {shown}, which has {total} lines.", error="offset")
-    body, n_chars, last = [], 0, offset - 1
-    for index in range(offset - 1, min(total, offset - 1 + (limit or READ_LINE_CAP))):
+        raise ToolError(
+            f"offset {offset} is past the end of {shown}, which has {total} lines.",
+            error="offset")
+    body, last = _numbered_page(lines, offset, limit or READ_LINE_CAP)
+    text = "\n".join(body)
+    if last < total:
+        text += (f"\n\n(Showing lines {offset}–{last} of {total}. "
+                 f"Use offset={last + 1} to continue.)")
+    elif offset > 1:
+        text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
+    meta = {"path": shown, "lines": total, "start": offset, "end": last}
+    return ToolResult(text, meta=meta)
+
+
+def _listing(path: Path, shown: str) -> ToolResult:
+    """A directory for read: subdirectories first, then files, each by name."""
+    entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
+    names = []
+    for entry in entries[:LISTING_CAP]:
+        suffix = "/" if entry.is_dir() else ""
+        names.append(_one_line(entry.name + suffix))
+    text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
+    if len(entries) > LISTING_CAP:
+        text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
+    return ToolResult(text, meta={"entries": len(entries)})
+
+
+def _binary_kind(head: bytes, name: str) -> str | None:
+    """What a file is if its head says binary: a magic number, a NUL, or many control bytes (8-bit
+    text passes). None: text."""
+    kind = None
+    for magic, what in MAGIC:
+        if head.startswith(magic):
+            kind = what
+            break
+    n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
+    looks_binary = b"\0" in head or n_control > len(head) // 10
+    if kind is None and not looks_binary:
+        return None
+    return kind or mimetypes.guess_type(name)[0] or "binary data"
+
+
+def _numbered_page(lines: list[str], offset: int, n_wanted: int) -> tuple[list[str], int]:
+    """Up to n_wanted numbered lines from `offset` (1-based), stopping at READ_BYTE_CAP characters
+    (at least one line): (the numbered lines, the last line number shown)."""
+    body = []
+    n_chars = 0
+    last = offset - 1
+    end = min(len(lines), offset - 1 + n_wanted)
+    for index in range(offset - 1, end):
         numbered = _numbered([lines[index]], index + 1)
         if body and n_chars + len(numbered) > READ_BYTE_CAP:
             break
         body.append(numbered)
-        n_chars, last = n_chars + len(numbered) + 1, index + 1
-    text = "\n".join(body)
-    if last < total:
-        text += f"\n\n(Showing lines {offset}–{last} of {total}. Use offset={last + 1} to continue.)"
-    elif offset > 1:
-        text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
-    return ToolResult(text, meta={"path": shown, "lines": total, "start": offset, "end": last})
+        n_chars += len(numbered) + 1
+        last = index + 1
+    return body, last
 
 
 def _numbered(lines: list[str], first: int) -> str:
     """cat -n style: right-aligned line number, a tab, the line (a long one cut with a marker)."""
-    return "\n".join(f"{number:>6}\t{line[:LINE_CHAR_CAP]}" +
-                     (f"… [line cut: {len(line):,} characters]" if len(line) > LINE_CHAR_CAP else "")
-                     for number, line in enumerate(lines, first))
+    numbered = []
+    for number, line in enumerate(lines, first):
+        text = f"{number:>6}\t{line[:LINE_CHAR_CAP]}"
+        if len(line) > LINE_CHAR_CAP:
+            text += f"… [line cut: {len(line):,} characters]"
+        numbered.append(text)
+    return "\n".join(numbered)
 
 
 def _split_lines(text: str) -> list[str]:
@@ -1346,12 +1411,17 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 
 def _missing(ws: Workspace, path: Path) -> ToolError:
     """A missing path, with up to three existing ones the model probably meant."""
+    shown = _one_line(ws.display(path))
     if os.path.islink(path):
-        return ToolError(f"{_one_line(ws.display(path))} is a symbolic link to nothing: its target is missing or "
-                         "the link loops back on itself.", error="broken_link")
+        return ToolError(
+            f"{shown} is a symbolic link to nothing: its target is missing or "
+            "the link loops back on itself.",
+            error="broken_link")
     near = []
-    if path.is_absolute() and (ws.cwd / str(path).lstrip("/")).exists():    # "/src/app.py" meant the project's
-        near.append(ws.display(ws.cwd / str(path).lstrip("/")))
+    # "/src/app.py" meant the project's.
+    in_project = ws.cwd / str(path).lstrip("/")
+    if path.is_absolute() and in_project.exists():
+        near.append(ws.display(in_project))
     parent = path.parent
     while not parent.is_dir() and parent != parent.parent:
         parent = parent.parent
@@ -1359,11 +1429,14 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
         names = os.listdir(parent)
     except OSError:
         names = []
-    near += [_one_line(ws.display(parent / name))
-             for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)]
+    for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
+        near.append(_one_line(ws.display(parent / name)))
     near = list(dict.fromkeys(near))[:3]
-    hint = f" Did you mean: {', '.join(near)}?" if near else " Use glob to find files by name."
-    return ToolError(f"{_one_line(ws.display(path))} does not exist.{hint}", error="not_found")
+    if near:
+        hint = f" Did you mean: {', '.join(near)}?"
+    else:
+        hint = " Use glob to find files by name."
+    return ToolError(f"{shown} does not exist.{hint}", error="not_found")
 
 
 def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
@@ -1372,7 +1445,9 @@ def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
     if not path.exists():
         raise _missing(ws, path)
     if directory and not path.is_dir():
-        raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
+        raise ToolError(
+            f"{ws.display(path)} is a file, not a directory.",
+            error="not_a_directory")
     return path
 
 # ---------------------------------------------------------------- edit: the replacer cascade
