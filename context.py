@@ -711,12 +711,16 @@ def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
         ask += f" The user asks you to focus on: {focus}"
     transcript = render_transcript(head, budget)
     text = f"<session>\n{transcript}\n</session>\n\n{ask}"
-    return {"model": aux_model, "max_tokens": SUMMARY_MAX_TOKENS,
+    message = {"role": "user",
+               "content": [{"type": "text", "text": text}]}
+    return {"model": aux_model,
+            "max_tokens": SUMMARY_MAX_TOKENS,
             "system": [{"type": "text", "text": SUMMARY_SYSTEM}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
+            "messages": [message]}
 
 
-def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHARS) -> str:
+def render_transcript(messages: list[dict],
+                      max_chars: int = TRANSCRIPT_MAX_CHARS) -> str:
     """The history as plain text (a tool-free request cannot carry tool_use blocks). Long tool
     inputs and results keep their head and tail; past max_chars the middle of the session goes."""
     parts = []
@@ -730,7 +734,8 @@ def render_transcript(messages: list[dict], max_chars: int = TRANSCRIPT_MAX_CHAR
     if len(text) > max_chars:
         head = max_chars // 4
         tail = max_chars - head
-        omitted = f"\n\n[… {len(text) - max_chars} characters of the session omitted …]\n\n"
+        omitted = (f"\n\n[… {len(text) - max_chars} characters"
+                   " of the session omitted …]\n\n")
         text = text[:head] + omitted + text[-tail:]
     return text
 
@@ -741,7 +746,8 @@ def _transcript_part(role: str, block: dict) -> str | None:
         return f"[{role}]\n{block['text']}"
     if block["type"] == "tool_use":
         tool_input = json.dumps(block["input"], ensure_ascii=False)
-        return f"[tool call {block['name']} {block['id']}]\n" + clip(tool_input, TRANSCRIPT_BLOCK_CHARS)
+        shown = clip(tool_input, TRANSCRIPT_BLOCK_CHARS)
+        return f"[tool call {block['name']} {block['id']}]\n{shown}"
     if block["type"] == "tool_result":
         error = " (error)" if block.get("is_error") else ""
         result = clip(block["content"], TRANSCRIPT_BLOCK_CHARS)
@@ -752,7 +758,9 @@ def _transcript_part(role: str, block: dict) -> str | None:
 def parse_checkpoint(text: str) -> dict:
     """The model's answer → a checkpoint with every key. Tolerates prose or fences around the JSON,
     missing keys and wrong types; with no usable JSON, the answer itself becomes current_state."""
-    data = _find_json_object(text) or {"current_state": text.strip()[:8_000]}
+    data = _find_json_object(text)
+    if not data:
+        data = {"current_state": text.strip()[:8_000]}
     checkpoint = {}
     for key in CHECKPOINT_KEYS:
         value = data.get(key)
@@ -760,9 +768,11 @@ def parse_checkpoint(text: str) -> dict:
         if key in TEXT_KEYS:
             checkpoint[key] = _as_text(value)
         elif key in RECORD_KEYS:
-            checkpoint[key] = [_as_record(item, RECORD_KEYS[key]) for item in items]
+            fields = RECORD_KEYS[key]
+            checkpoint[key] = [_as_record(item, fields) for item in items]
         else:
-            checkpoint[key] = [_as_text(item) for item in items if _as_text(item)]
+            texts = [_as_text(item) for item in items]
+            checkpoint[key] = [entry for entry in texts if entry]
     return checkpoint
 
 
@@ -774,16 +784,31 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     cut_seq = choose_cut(state)
     if cut_seq is None:
         return None
-    answer = await summarize(summary_request(state, cut_seq, focus=focus, aux_model=aux_model))
-    checkpoint = parse_checkpoint(answer["text"] if isinstance(answer, dict) else str(answer))
-    checkpoint["running_processes"] = [dict(p) for p in state.processes.values()]
-    checkpoint["changes"] = checkpoint["changes"] or _changes_through(state, cut_seq)
-    latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
+    request = summary_request(state, cut_seq, focus=focus,
+                              aux_model=aux_model)
+    answer = await summarize(request)
+    if isinstance(answer, dict):
+        answer_text = answer["text"]
+    else:
+        answer_text = str(answer)
+    checkpoint = parse_checkpoint(answer_text)
+    processes = state.processes.values()
+    checkpoint["running_processes"] = [dict(p) for p in processes]
+    if not checkpoint["changes"]:
+        checkpoint["changes"] = _changes_through(state, cut_seq)
+    latest = None
+    for seq, text in reversed(state.user_texts):
+        if seq <= cut_seq:
+            latest = text
+            break
     if latest:
-        checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
-                                              "content": clip(latest, 8_000)})
+        evidence = {"label": "latest user message (verbatim)",
+                    "content": clip(latest, 8_000)}
+        checkpoint["raw_evidence"].insert(0, evidence)
     # The summary the model reads: a comment header and the checkpoint (every key, in order) as YAML.
-    return {"checkpoint": checkpoint, "summary": SUMMARY_HEADER + to_yaml(checkpoint), "cut_seq": cut_seq}
+    return {"checkpoint": checkpoint,
+            "summary": SUMMARY_HEADER + to_yaml(checkpoint),
+            "cut_seq": cut_seq}
 
 
 def _changes_through(state: events.State, cut_seq: int) -> list[str]:
@@ -793,7 +818,9 @@ def _changes_through(state: events.State, cut_seq: int) -> list[str]:
         edits = [e for e in edits if e["seq"] <= cut_seq]
         if not edits:
             continue
-        created = "created, " if any(e.get("created") for e in edits) else ""
+        created = ""
+        if any(e.get("created") for e in edits):
+            created = "created, "
         added = sum(e.get("added", 0) for e in edits)
         removed = sum(e.get("removed", 0) for e in edits)
         lines.append(f"{path}: {created}+{added} -{removed} lines")
@@ -803,13 +830,16 @@ def _changes_through(state: events.State, cut_seq: int) -> list[str]:
 def _find_json_object(text: str) -> dict | None:
     """The first JSON object in the text with a checkpoint key. A nested object alone (say the
     answer was cut off mid-JSON) does not count: then the raw text is kept instead."""
-    decoder = json.JSONDecoder(strict=False)     # models sometimes put raw newlines inside strings
+    # strict=False: models sometimes put raw newlines inside strings
+    decoder = json.JSONDecoder(strict=False)
     for match in re.finditer(r"\{", text):
         try:
             value, _ = decoder.raw_decode(text, match.start())
         except ValueError:
             continue
-        if isinstance(value, dict) and any(key in value for key in CHECKPOINT_KEYS):
+        if not isinstance(value, dict):
+            continue
+        if any(key in value for key in CHECKPOINT_KEYS):
             return value
     return None
 
@@ -825,7 +855,8 @@ def _as_list(value) -> list:
 
 def _as_text(value) -> str:
     if isinstance(value, dict):
-        return "; ".join(f"{k}: {_as_text(v)}" for k, v in value.items())
+        pairs = [f"{key}: {_as_text(item)}" for key, item in value.items()]
+        return "; ".join(pairs)
     if isinstance(value, list):
         return "; ".join(map(_as_text, value))
     if value is None:
@@ -844,7 +875,8 @@ def _as_record(item, keys: tuple) -> dict:
         if value in (None, ""):
             continue
         if key == "content" and isinstance(value, str):
-            record[key] = value.rstrip()    # evidence is verbatim: indentation is meaning
+            # evidence is verbatim: indentation is meaning
+            record[key] = value.rstrip()
         else:
             record[key] = _as_text(value)
     return record or {keys[0]: _as_text(item)}
@@ -854,7 +886,8 @@ def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     half = limit // 2
-    return text[:half] + f"\n[… {len(text) - limit} characters omitted …]\n" + text[-half:]
+    marker = f"\n[… {len(text) - limit} characters omitted …]\n"
+    return text[:half] + marker + text[-half:]
 
 
 # ---------------------------------------------------------------- YAML emitter
@@ -862,7 +895,8 @@ def clip(text: str, limit: int) -> str:
 # Plain scalars YAML 1.1 or 1.2 would read as something other than a string.
 YAML_WORDS = frozenset("y n yes no true false on off null ~ = <<".split())
 YAML_INDICATORS = "-?:,[]{}#&*!|>'\"%@`"
-YAML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}
+YAML_ESCAPES = {"\\": "\\\\", '"': '\\"',
+                "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}
 
 
 def to_yaml(value) -> str:
@@ -877,17 +911,24 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
     """`head` (an indented "key:" or "-") and its value: on the same line for a scalar or an empty
     collection, else a block literal or the collection's lines indented by two more."""
     inner = " " * (indent + 2)
+    nested = []
     if isinstance(value, dict) and value:
-        nested = [line for key, item in value.items()
-                  for line in _yaml_lines(inner + _yaml_scalar(str(key)) + ":", item, indent + 2)]
+        for key, item in value.items():
+            key_head = inner + _yaml_scalar(str(key)) + ":"
+            nested += _yaml_lines(key_head, item, indent + 2)
     elif isinstance(value, list) and value:
-        nested = [line for item in value for line in _yaml_lines(inner + "-", item, indent + 2)]
+        for item in value:
+            nested += _yaml_lines(inner + "-", item, indent + 2)
     elif isinstance(value, str) and _block_literal_ok(value):
-        chomp = _chomping(value)
-        return [f"{head} |{chomp}"] + [inner + line if line else "" for line in value.removesuffix("\n").split("\n")]
+        lines = [f"{head} |{_chomping(value)}"]
+        for line in value.removesuffix("\n").split("\n"):
+            # an empty line gets no indentation
+            lines.append(inner + line if line else "")
+        return lines
     else:
         return [f"{head} {_yaml_inline(value)}"]
-    if head.endswith("-"):      # a collection in a list starts on the dash's line ("- " is as wide as the indent)
+    # A collection in a list starts on the dash's line ("- " is as wide as the indent).
+    if head.endswith("-"):
         return [head + " " + nested[0][indent + 2:]] + nested[1:]
     return [head] + nested
 
@@ -952,11 +993,16 @@ def _block_literal_ok(text: str) -> bool:
 
 def _double_quoted(text: str) -> str:
     def escape(ch: str) -> str:
-        if ch in YAML_ESCAPES or 0xD800 <= ord(ch) <= 0xDFFF:     # a lone surrogate cannot be written as UTF-8
+        # a lone surrogate cannot be written as UTF-8
+        is_surrogate = 0xD800 <= ord(ch) <= 0xDFFF
+        if ch in YAML_ESCAPES or is_surrogate:
             return YAML_ESCAPES.get(ch, "\\uFFFD")
         if not ch.isprintable() or ch in "\x85\u2028\u2029\ufeff":
-            return f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}"
+            if ord(ch) <= 0xFFFF:
+                return f"\\u{ord(ch):04X}"
+            return f"\\U{ord(ch):08X}"
         return ch
+
     return '"' + "".join(map(escape, text)) + '"'
 
 
