@@ -1458,9 +1458,18 @@ def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
 # text-preserving strategies run and multi-occurrence gathers every whitespace variant at once.
 
 
+# (start, end) offsets of a match in the file text.
+Span = tuple[int, int]
+# Whether a block of the file's lines is the block old_string wants: (got, want) -> bool.
+LinesCheck = Callable[[list[str], list[str]], bool]
+
+
 def _find_lines(old: str) -> list[str]:
     lines = old.split("\n")
-    return lines[:-1] if len(lines) > 1 and lines[-1] == "" else lines
+    # A final newline does not start another line.
+    if len(lines) > 1 and lines[-1] == "":
+        return lines[:-1]
+    return lines
 
 
 def _unescape(text: str) -> str:
@@ -1488,7 +1497,10 @@ def _similarity(a: str, b: str) -> float:
     for i, char_a in enumerate(a, 1):
         current = [i]
         for j, char_b in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+            deletion = previous[j] + 1
+            insertion = current[j - 1] + 1
+            substitution = previous[j - 1] + (char_a != char_b)
+            current.append(min(deletion, insertion, substitution))
         previous = current
     return 1 - previous[-1] / max(len(a), len(b))
 
@@ -1500,7 +1512,8 @@ class _Haystack:
     def __init__(self, text: str):
         self.text = text
         self.lines = text.split("\n")
-        self.starts, offset = [], 0
+        self.starts = []
+        offset = 0
         for line in self.lines:
             self.starts.append(offset)
             offset += len(line) + 1
@@ -1509,74 +1522,97 @@ class _Haystack:
     def trimmed(self) -> list[str]:
         return [line.strip() for line in self.lines]
 
-    def span(self, first: int, last: int) -> tuple[int, int]:
+    def span(self, first: int, last: int) -> Span:
         """Text offsets of whole lines first..last (the last line's newline excluded)."""
         return self.starts[first], self.starts[last] + len(self.lines[last])
 
     def line_of(self, offset: int) -> int:
         return self.text.count("\n", 0, offset) + 1
 
-    def exact(self, old: str) -> list[tuple[int, int]]:
-        spans, at = [], self.text.find(old)
+    def find_trimmed(self, wanted: str, start: int) -> int | None:
+        """The index of the first line from `start` on that is `wanted` once trimmed."""
+        for index in range(start, len(self.lines)):
+            if self.trimmed[index] == wanted:
+                return index
+        return None
+
+    def exact(self, old: str) -> list[Span]:
+        spans = []
+        at = self.text.find(old)
         while at >= 0 and old:
             spans.append((at, at + len(old)))
             at = self.text.find(old, at + len(old))
         return spans
 
-    def line_blocks(self, old: str, same: Callable[[list[str], list[str]], bool]) -> list[tuple[int, int]]:
+    def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
         """Blocks of whole lines, as many as old_string has, that `same` accepts; the first line pre-filters."""
         want = _find_lines(old)
-        first, size = want[0].strip(), len(want)
+        first = want[0].strip()
+        size = len(want)
         if not "".join(want).strip():
             return []
-        return [self.span(i, i + size - 1) for i in range(len(self.lines) - size + 1)
-                if self.trimmed[i] == first and same(self.lines[i:i + size], want)]
+        spans = []
+        for i in range(len(self.lines) - size + 1):
+            if self.trimmed[i] == first and same(self.lines[i:i + size], want):
+                spans.append(self.span(i, i + size - 1))
+        return spans
 
-    def line_trimmed(self, old: str) -> list[tuple[int, int]]:
-        return self.line_blocks(old, lambda got, want: [g.strip() for g in got] == [w.strip() for w in want])
+    def line_trimmed(self, old: str) -> list[Span]:
+        def same(got: list[str], want: list[str]) -> bool:
+            return [g.strip() for g in got] == [w.strip() for w in want]
+        return self.line_blocks(old, same)
 
-    def block_anchor(self, old: str) -> list[tuple[int, int]]:
+    def block_anchor(self, old: str) -> list[Span]:
         """First and last lines as anchors; the middle only needs to be similar: the mean Levenshtein
         similarity of its lines, scaled down when the two middles differ in length."""
         want = _find_lines(old)
-        first, last, middle = want[0].strip(), want[-1].strip(), [w.strip() for w in want[1:-1]]
+        first = want[0].strip()
+        last = want[-1].strip()
+        middle = [w.strip() for w in want[1:-1]]
         if len(want) < 3 or not first or not last:
             return []
         scored = []
         for i, line in enumerate(self.trimmed):
             if line != first:
                 continue
-            j = next((j for j in range(i + 2, len(self.lines)) if self.trimmed[j] == last), None)
-            if j is not None:
-                got = self.trimmed[i + 1:j]
-                scored.append((sum(map(_similarity, got, middle)) / max(len(got), len(middle)), i, j))
+            j = self.find_trimmed(last, i + 2)
+            if j is None:
+                continue
+            got = self.trimmed[i + 1:j]
+            score = sum(map(_similarity, got, middle)) / max(len(got), len(middle))
+            scored.append((score, i, j))
         best = max((score for score, _, _ in scored), default=0.0)
         if best < BLOCK_ANCHOR_SIMILARITY:
             return []
         return [self.span(i, j) for score, i, j in scored if score >= best - 1e-9]
 
-    def whitespace_normalized(self, old: str) -> list[tuple[int, int]]:
+    def whitespace_normalized(self, old: str) -> list[Span]:
         """Any run of whitespace in old_string matches any run of whitespace in the file."""
         words = old.split()
         if not words:
             return []
-        return [match.span() for match in re.finditer(r"\s+".join(map(re.escape, words)), self.text)]
+        pattern = r"\s+".join(map(re.escape, words))
+        return [match.span() for match in re.finditer(pattern, self.text)]
 
-    def indentation_flexible(self, old: str) -> list[tuple[int, int]]:
+    def indentation_flexible(self, old: str) -> list[Span]:
         """The same lines with the same relative indentation, shifted as a whole."""
         return self.line_blocks(old, lambda got, want: _dedent(got) == _dedent(want))
 
-    def escape_normalized(self, old: str) -> list[tuple[int, int]]:
+    def escape_normalized(self, old: str) -> list[Span]:
         """old_string arrived escaped one level too many (\\n, \\", \\t as two characters)."""
         plain = _unescape(old)
-        return (self.exact(plain) or self.line_trimmed(plain)) if plain != old else []
+        if plain == old:
+            return []
+        return self.exact(plain) or self.line_trimmed(plain)
 
-    def trimmed_boundary(self, old: str) -> list[tuple[int, int]]:
+    def trimmed_boundary(self, old: str) -> list[Span]:
         """old_string with its leading and trailing whitespace dropped."""
         core = old.strip()
-        return self.exact(core) if core and core != old else []
+        if not core or core == old:
+            return []
+        return self.exact(core)
 
-    def context_aware(self, old: str) -> list[tuple[int, int]]:
+    def context_aware(self, old: str) -> list[Span]:
         """Same line count, both anchors, and at least half the middle lines equal."""
         want = [line.strip() for line in _find_lines(old)]
         if len(want) < 3 or not want[0] or not want[-1]:
@@ -1585,23 +1621,30 @@ class _Haystack:
 
         def same(got: list[str], _) -> bool:
             got = [line.strip() for line in got]
-            equal = sum(1 for g, w in zip(got[1:-1], want[1:-1]) if w and g == w)
+            pairs = zip(got[1:-1], want[1:-1])
+            equal = sum(1 for g, w in pairs if w and g == w)
             return got[-1] == want[-1] and equal * 2 >= n_wanted
         return self.line_blocks(old, same)
 
-    def multi_occurrence(self, old: str) -> list[tuple[int, int]]:
+    def multi_occurrence(self, old: str) -> list[Span]:
         """replace_all over fuzzy matches: every place a whitespace-tolerant strategy finds, without overlaps."""
-        found = sorted({span for finder in (self.line_trimmed, self.whitespace_normalized, self.indentation_flexible,
-                                            self.trimmed_boundary) for span in finder(old)},
-                       key=lambda span: (span[0], -span[1]))
-        spans: list[tuple[int, int]] = []
-        for start, end in found:
+        finders = (self.line_trimmed, self.whitespace_normalized,
+                   self.indentation_flexible, self.trimmed_boundary)
+        found = set()
+        for finder in finders:
+            found.update(finder(old))
+        # Left to right; of two that start together, the longer first.
+        ordered = sorted(found, key=lambda span: (span[0], -span[1]))
+        spans: list[Span] = []
+        for start, end in ordered:
             if not spans or start >= spans[-1][1]:
                 spans.append((start, end))
         return spans
 
 
-SINGLE, BULK = "single", "bulk"     # when a strategy runs: without / with replace_all
+# When a strategy runs: without / with replace_all.
+SINGLE = "single"
+BULK = "bulk"
 CASCADE = [
     ("exact", _Haystack.exact, {SINGLE, BULK}),
     ("line_trimmed", _Haystack.line_trimmed, {SINGLE}),
@@ -1613,7 +1656,8 @@ CASCADE = [
     ("context_aware", _Haystack.context_aware, {SINGLE}),
     ("multi_occurrence", _Haystack.multi_occurrence, {BULK}),
 ]
-NARROWING = {"indentation_flexible", "trimmed_boundary"}   # stricter than what precedes them in one respect
+# Stricter than what precedes them in one respect.
+NARROWING = {"indentation_flexible", "trimmed_boundary"}
 
 
 def _adapt(old: str, matched: str, new: str) -> str:
@@ -1621,11 +1665,15 @@ def _adapt(old: str, matched: str, new: str) -> str:
     block was shifted, and the file's surrounding whitespace when old_string's differed."""
     if old == matched or not new:
         return new
-    old_lines, got_lines = old.strip("\n").split("\n"), matched.strip("\n").split("\n")
-    if len(old_lines) == len(got_lines) and _dedent(old_lines) == _dedent(got_lines):
-        was, now = _indent(old_lines), _indent(got_lines)
+    old_lines = old.strip("\n").split("\n")
+    got_lines = matched.strip("\n").split("\n")
+    same_shape = len(old_lines) == len(got_lines)
+    if same_shape and _dedent(old_lines) == _dedent(got_lines):
+        was = _indent(old_lines)
+        now = _indent(got_lines)
         old = _reindent(old, was, now)
-        if _indent(new.strip("\n").split("\n")) != now:     # it may carry the file's indentation already
+        # It may carry the file's indentation already.
+        if _indent(new.strip("\n").split("\n")) != now:
             new = _reindent(new, was, now)
     # Leading whitespace: what old_string had, what the file had there, what new_string has.
     was, got, now = map(_leading_space, (old, matched, new))
@@ -1657,69 +1705,117 @@ def _reindent(text: str, was: str, now: str) -> str:
 
 @dataclass
 class _Replaced:
-    text: str               # the new file text
-    strategy: str           # which cascade step matched
-    count: int              # replacements made
-    first_line: int         # 1-based line where the first replacement starts in the new text
-    n_lines: int            # lines that replacement spans
+    # The new file text.
+    text: str
+    # Which cascade step matched.
+    strategy: str
+    # Replacements made.
+    count: int
+    # 1-based line where the first replacement starts in the new text.
+    first_line: int
+    # Lines that replacement spans.
+    n_lines: int
 
 
 def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) -> _Replaced:
-    hay, mode = _Haystack(text), BULK if replace_all else SINGLE
-    ambiguous: list[tuple[int, int]] = []
-    oversized: tuple[int, int] | None = None
+    hay = _Haystack(text)
+    mode = BULK if replace_all else SINGLE
+    ambiguous: list[Span] = []
+    oversized: Span | None = None
     for name, finder, modes in CASCADE:
         if mode not in modes:
             continue
         spans = finder(hay, old)
         if name == "exact" and len(spans) > 1 and not replace_all:
-            ambiguous = spans       # the model's exact text is ambiguous: no fuzzy strategy may pick for it
+            # The model's exact text is ambiguous: no fuzzy strategy may pick for it.
+            ambiguous = spans
             break
         if ambiguous:
             if name not in NARROWING:
                 continue
-            spans = [s for s in spans if any(s[0] < a[1] and a[0] < s[1] for a in ambiguous)]
-        if name != "exact":     # a fuzzy match much larger than what the model quoted is more likely wrong than right
-            big = [(start, end) for start, end in spans if end - start > 2 * len(old) + 200
-                   or hay.text.count("\n", start, end) > 2 * old.count("\n") + 4]
-            oversized, spans = oversized or (big[0] if big else None), [span for span in spans if span not in big]
+            spans = _overlapping(spans, ambiguous)
+        if name != "exact":
+            # A fuzzy match much larger than what the model quoted is more likely wrong than right.
+            big = [span for span in spans if _disproportionate(hay, span, old)]
+            if oversized is None and big:
+                oversized = big[0]
+            spans = [span for span in spans if span not in big]
         if len(spans) > 1 and not replace_all:
             ambiguous = ambiguous or spans
             continue
         if spans:
-            if name == "escape_normalized":     # an over-escaped old_string came with an over-escaped new_string
-                old, new = _unescape(old), _unescape(new)
-            pieces, at = [], 0      # text before the first span, its replacement, text up to the next span, …
-            for start, end in spans:
-                pieces += [hay.text[at:start], _adapt(old, hay.text[start:end], new)]
-                at = end
-            text = "".join(pieces) + hay.text[at:]
-            return _Replaced(text, name, len(spans), pieces[0].count("\n") + 1, pieces[1].count("\n") + 1)
+            if name == "escape_normalized":
+                # An over-escaped old_string came with an over-escaped new_string.
+                old = _unescape(old)
+                new = _unescape(new)
+            return _replace_spans(hay.text, spans, old, new, name)
     if ambiguous:
         lines = ", ".join(str(hay.line_of(start)) for start, _ in ambiguous[:20])
-        raise ToolError(f"old_string matches {len(ambiguous)} places in {shown_path} (lines {lines}). Include more "
-                        "surrounding lines so it matches exactly one, or set replace_all to true to change every "
-                        "occurrence.", error="ambiguous", lines=[hay.line_of(s) for s, _ in ambiguous])
+        raise ToolError(
+            f"old_string matches {len(ambiguous)} places in {shown_path} (lines {lines}). "
+            "Include more surrounding lines so it matches exactly one, "
+            "or set replace_all to true to change every occurrence.",
+            error="ambiguous",
+            lines=[hay.line_of(start) for start, _ in ambiguous])
     if oversized:
-        first, last = hay.line_of(oversized[0]), hay.line_of(oversized[1])
-        raise ToolError(f"The closest match for old_string in {shown_path} spans lines {first}–{last}, much more "
-                        "text than old_string; refusing a fuzzy replacement that could delete unrelated code. "
-                        "Copy old_string exactly from the file (read it again if needed).", error="disproportionate")
+        first = hay.line_of(oversized[0])
+        last = hay.line_of(oversized[1])
+        raise ToolError(
+            f"The closest match for old_string in {shown_path} spans lines {first}–{last}, "
+            "much more text than old_string; "
+            "refusing a fuzzy replacement that could delete unrelated code. "
+            "Copy old_string exactly from the file (read it again if needed).",
+            error="disproportionate")
     raise ToolError(_not_found(hay, old, shown_path), error="not_found")
+
+
+def _overlapping(spans: list[Span], others: list[Span]) -> list[Span]:
+    """The spans that overlap one of the others."""
+    kept = []
+    for start, end in spans:
+        if any(start < other_end and other_start < end for other_start, other_end in others):
+            kept.append((start, end))
+    return kept
+
+
+def _disproportionate(hay: _Haystack, span: Span, old: str) -> bool:
+    """A match much larger than old_string, in characters or in lines."""
+    start, end = span
+    too_long = end - start > 2 * len(old) + 200
+    too_many_lines = hay.text.count("\n", start, end) > 2 * old.count("\n") + 4
+    return too_long or too_many_lines
+
+
+def _replace_spans(text: str, spans: list[Span], old: str, new: str, strategy: str) -> _Replaced:
+    # Text before the first span, its replacement, text up to the next span, …
+    pieces = []
+    at = 0
+    for start, end in spans:
+        pieces.append(text[at:start])
+        pieces.append(_adapt(old, text[start:end], new))
+        at = end
+    new_text = "".join(pieces) + text[at:]
+    first_line = pieces[0].count("\n") + 1
+    n_lines = pieces[1].count("\n") + 1
+    return _Replaced(new_text, strategy, len(spans), first_line, n_lines)
 
 
 def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
     """The repair message: where the closest text is, shown as the model should have quoted it."""
-    message = (f"old_string was not found in {shown_path} (tried exact and fuzzy matching). Copy it exactly from "
-               "the file, including whitespace, without read's line-number prefixes; read the file again if it "
-               "may have changed.")
+    message = (f"old_string was not found in {shown_path} (tried exact and fuzzy matching). "
+               "Copy it exactly from the file, including whitespace, "
+               "without read's line-number prefixes; "
+               "read the file again if it may have changed.")
     want = [line for line in _find_lines(old) if line.strip()]
-    close = difflib.get_close_matches(want[0].strip(), hay.trimmed, n=1, cutoff=0.6) if want else []
+    if not want:
+        return message
+    close = difflib.get_close_matches(want[0].strip(), hay.trimmed, n=1, cutoff=0.6)
     if not close:
         return message
     index = hay.trimmed.index(close[0])
     shown = hay.lines[index:index + min(len(_find_lines(old)), 12)]
-    return f"{message}\nThe most similar text starts at line {index + 1}:\n{_numbered(shown, index + 1)}"
+    similar = _numbered(shown, index + 1)
+    return f"{message}\nThe most similar text starts at line {index + 1}:\n{similar}"
 
 # ---------------------------------------------------------------- write and edit
 
