@@ -1375,30 +1375,38 @@ class Timeline:
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep
         card = self.cards.pop(e.get("tool_use_id", ""), None)
-        what = self._resolve(e).get("descriptor") or getattr(card, "summary", "the tool call")
+        what = self._resolve(e).get("descriptor")
+        if not what:
+            what = getattr(card, "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
-        self._settle(self._marked("✗", "warning", f"Denied: {sanitize(str(what))}"
-                                  + (f" · told the model: {feedback}" if feedback else "")))
+        text = f"Denied: {sanitize(str(what))}"
+        if feedback:
+            text += f" · told the model: {feedback}"
+        self._settle(self._marked("✗", "warning", text))
 
     def _resolve(self, e: dict) -> dict:
         """The answered request ({} if unknown), no longer awaited."""
         tid = e.get("tool_use_id", "")
-        self.permissions = [p for p in self.permissions if p.get("tool_use_id") != tid]
+        self.permissions = [p for p in self.permissions
+                            if p.get("tool_use_id") != tid]
         return self._requests.pop(tid, None) or {}
 
     def _pop_card(self, e: dict) -> ToolCard:
-        return self.cards.pop(e.get("tool_use_id", ""), None) or ToolCard(e.get("name", "tool"), "")
+        card = self.cards.pop(e.get("tool_use_id", ""), None)
+        return card or ToolCard(e.get("name", "tool"), "")
 
-    def _card_line(self, symbol: str, name: str, summary: str, facts: list[str]) -> str:
+    def _card_line(self, symbol: str, name: str, summary: str,
+                   facts: list[str]) -> str:
         """`● bash pytest -q · exit 0 · 3.2s`: the summary shrinks so the facts always show."""
         tail = "".join(" · " + f for f in facts)
         room = self.width - cell_width(name) - cell_width(tail) - 3
         summary = clip(summary, max(room, 8)) if summary else ""
-        return clip(f"{symbol} {self.style.paint(name, 'bold')} {summary}"
-                    f"{self.style.paint(tail, 'dim')}", self.width)
+        name = self.style.paint(name, "bold")
+        tail = self.style.paint(tail, "dim")
+        return clip(f"{symbol} {name} {summary}{tail}", self.width)
 
-    def _card_block(self, card: FinishedCard, expanded: bool = False, live: bool = False
-                    ) -> list[str]:
+    def _card_block(self, card: FinishedCard, expanded: bool = False,
+                    live: bool = False) -> list[str]:
         """The card's lines; its output collapsed to head and tail unless `expanded`."""
         output, n = card.output, card.n_lines
         hint = " · ctrl+o shows all" if live else ""
@@ -1406,39 +1414,49 @@ class Timeline:
             rows = self._preview(output, n)
         elif card.head_only and n > PREVIEW_LINES:
             rows = self._preview(output[:PREVIEW_LINES], n)
-            rows[-1] = self.style.paint(f"    … {n - PREVIEW_LINES} more lines{hint}", "dim")
+            more = n - PREVIEW_LINES
+            rows[-1] = self.style.paint(f"    … {more} more lines{hint}", "dim")
         elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
             rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
-            rows.append(self.style.paint(f"    … {n - PREVIEW_HEAD - PREVIEW_TAIL} lines …{hint}",
-                                         "dim"))
-            rows += [self.style.paint(clip("    " + line, self.width), "dim")
-                     for line in output[-PREVIEW_TAIL:]]
+            hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
+            rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
+            for line in output[-PREVIEW_TAIL:]:
+                tail_line = clip("    " + line, self.width)
+                rows.append(self.style.paint(tail_line, "dim"))
         else:
             rows = self._preview(output, n)
         return card.head + rows
 
     def _preview(self, lines: list[str], n_total: int) -> list[str]:
-        out = [self.style.paint(clip(("  ⎿ " if k == 0 else "    ") + line, self.width), "dim")
-               for k, line in enumerate(lines)]
+        out = []
+        for k, line in enumerate(lines):
+            # the first line hangs off the card line
+            indent = "  ⎿ " if k == 0 else "    "
+            out.append(self.style.paint(clip(indent + line, self.width), "dim"))
         if n_total > len(lines):
-            out.append(self.style.paint(f"    … {n_total - len(lines)} more lines", "dim"))
+            more = n_total - len(lines)
+            out.append(self.style.paint(f"    … {more} more lines", "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
-        return ["  " + row for row in render_diff(change.get("diff") or "", self.width - 2,
-                                                  self.style)]
+        diff = change.get("diff") or ""
+        rows = render_diff(diff, self.width - 2, self.style)
+        return ["  " + row for row in rows]
 
     # -- the live part --
 
     def live_lines(self, now: float, spinner: str = "◌") -> list[str]:
         lines = []
         if self._held is not None:
-            lines = [""] * self._any + self._card_block(self._held, live=True)
+            # a blank line after what came before it, as once it settles
+            lines = [""] * self._any
+            lines += self._card_block(self._held, live=True)
         if self._text is not None:
             lines += self._text.live_lines()
         if self._thinking is not None:
             words = " ".join(sanitize(self._thinking).split())
-            lines.append(self._thinking_line("✻ Thinking… " + words[-self.width:]))
+            line = "✻ Thinking… " + words[-self.width:]
+            lines.append(self._thinking_line(line))
         for queued in self._queued:
             lines += [""] + queued
         for tid, card in self.cards.items():
@@ -1449,8 +1467,10 @@ class Timeline:
             else:
                 facts = ["queued"]
             symbol = spinner if card.started is not None else "○"
-            lines.append(self._card_line(symbol, card.name, card.summary, facts))
-            lines += self._preview(list(card.output_tail), len(card.output_tail))
+            lines.append(self._card_line(symbol, card.name, card.summary,
+                                         facts))
+            tail = list(card.output_tail)
+            lines += self._preview(tail, len(tail))
         return lines
 
     def activity(self, now: float) -> str:
@@ -1459,12 +1479,16 @@ class Timeline:
         running = [c for c in self.cards.values() if c.started is not None]
         if running:
             card = running[-1]
-            return f"running {card.name} {card.summary} · {int(now - card.started)}s"
-        if self.status_text or not self.phase or self._model_started is None:
+            seconds = int(now - card.started)
+            return f"running {card.name} {card.summary} · {seconds}s"
+        if self.status_text or not self.phase:
             return self.status_text or self.phase
+        if self._model_started is None:
+            return self.phase
         facts = [f"{int(now - self._model_started)}s"]
         if self._n_streamed:
-            facts.append(f"↓ ~{format_count(self._n_streamed / CHARS_PER_TOKEN)} tokens")
+            tokens = format_count(self._n_streamed / CHARS_PER_TOKEN)
+            facts.append(f"↓ ~{tokens} tokens")
         return " · ".join([self.phase] + facts)
 
 
@@ -1475,9 +1499,11 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
     one (the log keeps everything)."""
     events = list(events)
     timeline = Timeline(Style(color), width)
-    starts = [k for k, e in enumerate(events) if e.get("type") == "UserMessageCreated"]
+    starts = [k for k, e in enumerate(events)
+              if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
-        timeline._dim_line(f"… {len(starts) - max_turns} earlier turns not shown")
+        hidden = len(starts) - max_turns
+        timeline._dim_line(f"… {hidden} earlier turns not shown")
         events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)
@@ -1492,26 +1518,18 @@ PANEL_PREVIEW_LINES = 14
 
 
 def format_count(n: float) -> str:
-    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(int(n))
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f}k"
+    return str(int(n))
 
 
-def render_status_line(status: dict, activity: str, spinner: str, width: int,
-                       style: Style) -> str:
+def render_status_line(status: dict, activity: str, spinner: str,
+                       width: int, style: Style) -> str:
     """Activity on the left, facts on the right: (priority, text), the lowest priority is
     dropped first when the line is narrow."""
-    get = status.get
-    processes = get("processes")
-    n_processes = len(processes) if isinstance(processes, (list, tuple)) else processes or 0
-    segments = [
-        (5, get("model") and str(get("model"))),
-        (6, get("context_pct") is not None and f"ctx {get('context_pct'):.0f}%"),
-        (3, get("tokens") and f"{format_count(get('tokens'))} tok"),
-        (4, "cost" in status and ("$?" if get("cost") is None else f"${get('cost'):.2f}")),
-        (1, get("cache_share") is not None and f"cache {get('cache_share') * 100:.0f}%"),
-        (2, n_processes and f"{n_processes} proc" + "s" * (n_processes != 1)),
-        (2, get("branch") and f"⎇ {get('branch')}"),
-    ]
-    segments = [(priority, text) for priority, text in segments if text]
+    segments = status_segments(status)
     left = f"{spinner} {activity}" if activity else ""
     right = " · ".join(text for _, text in segments)
     while right and cell_width(left) + cell_width(right) + 2 > width:
@@ -1521,6 +1539,34 @@ def render_status_line(status: dict, activity: str, spinner: str, width: int,
         return clip(style.paint(left, "bold"), width) if left else ""
     gap = width - cell_width(left) - cell_width(right)
     return style.paint(left, "bold") + " " * gap + style.paint(right, "dim")
+
+
+def status_segments(status: dict) -> list[tuple[int, str]]:
+    """The facts in the order shown, each with its priority (higher stays longer)."""
+    get = status.get
+    segments = []
+    if get("model"):
+        segments.append((5, str(get("model"))))
+    if get("context_pct") is not None:
+        segments.append((6, f"ctx {get('context_pct'):.0f}%"))
+    if get("tokens"):
+        segments.append((3, f"{format_count(get('tokens'))} tok"))
+    if "cost" in status:
+        cost = get("cost")
+        segments.append((4, "$?" if cost is None else f"${cost:.2f}"))
+    if get("cache_share") is not None:
+        segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
+    processes = get("processes")
+    if isinstance(processes, (list, tuple)):
+        n_processes = len(processes)
+    else:
+        n_processes = processes or 0
+    if n_processes:
+        plural = "s" * (n_processes != 1)
+        segments.append((2, f"{n_processes} proc{plural}"))
+    if get("branch"):
+        segments.append((2, f"⎇ {get('branch')}"))
+    return [(priority, text) for priority, text in segments if text]
 
 
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:
@@ -1539,75 +1585,100 @@ def panel_preview(request: dict, tool_input: dict | None) -> str:
     tool_input = tool_input if isinstance(tool_input, dict) else {}
     if isinstance(tool_input.get("content"), str):
         return tool_input["content"]
-    if request.get("capability") != "loop.continue" and isinstance(tool_input.get("command"), str):
-        return tool_input["command"]
-    old, new = tool_input.get("old_string"), tool_input.get("new_string")
+    command = tool_input.get("command")
+    if request.get("capability") != "loop.continue" and isinstance(command, str):
+        return command
+    old = tool_input.get("old_string")
+    new = tool_input.get("new_string")
     # an edit: every line marked − or +
     if isinstance(old, str) and isinstance(new, str):
-        return "\n".join(["- " + line for line in old.split("\n")] * bool(old)
-                         + ["+ " + line for line in new.split("\n")])
+        removed = ["- " + line for line in old.split("\n")] if old else []
+        added = ["+ " + line for line in new.split("\n")]
+        return "\n".join(removed + added)
     return str(request.get("preview") or "")
 
 
-def preview_rows(text: str, width: int, style: Style, lang: str = "sh") -> list[str]:
+def preview_rows(text: str, width: int, style: Style,
+                 lang: str = "sh") -> list[str]:
     """Lines of code or a command, as lines; after PANEL_PREVIEW_LINES, how many more there are."""
     rows = text.split("\n")
-    out = [r for line in rows[:PANEL_PREVIEW_LINES] for r in render_code_line(line, lang, width, style)]
+    out = []
+    for line in rows[:PANEL_PREVIEW_LINES]:
+        out += render_code_line(line, lang, width, style)
     if len(rows) > PANEL_PREVIEW_LINES:
-        out.append(style.paint(f"… {len(rows) - PANEL_PREVIEW_LINES} more lines", "dim"))
+        more = len(rows) - PANEL_PREVIEW_LINES
+        out.append(style.paint(f"… {more} more lines", "dim"))
     return out
 
 
-def render_permission_panel(request: dict, width: int, style: Style, feedback: str | None = None,
+def render_permission_panel(request: dict, width: int, style: Style,
+                            feedback: str | None = None,
                             selected: int = 0, composing: bool = False,
                             tool_input: dict | None = None) -> list[str]:
     """What the call will do and the choices (`selected` is marked); after `n`, the feedback
     line. `composing`: the composer holds text, so Enter sends it instead of answering.
     `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing."""
-    return (panel_head(request, width, style, tool_input)
-            + panel_footer(request, width, style, feedback, selected, composing))
+    head = panel_head(request, width, style, tool_input)
+    footer = panel_footer(request, width, style, feedback, selected,
+                          composing)
+    return head + footer
 
 
-def panel_head(request: dict, width: int, style: Style, tool_input: dict | None) -> list[str]:
+def panel_head(request: dict, width: int, style: Style,
+               tool_input: dict | None) -> list[str]:
     """The question: capability, descriptor, preview."""
     bar = style.paint("│ ", "warning")
-    lines = [clip(style.paint("⚠ Permission needed", "warning", "bold")
-                  + style.paint(" · " + str(request.get("capability", "")), "dim"), width)]
+    title = style.paint("⚠ Permission needed", "warning", "bold")
+    capability = style.paint(" · " + str(request.get("capability", "")), "dim")
+    lines = [clip(title + capability, width)]
     descriptor = sanitize(str(request.get("descriptor", ""))).strip("\n")
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
-        lines += [bar + row for row in preview_rows(descriptor, width - 2, style)]
+        for row in preview_rows(descriptor, width - 2, style):
+            lines.append(bar + row)
     else:
-        lines += wrap_spans([(descriptor, ("bold",))], width, style, bar, bar)
+        spans = [(descriptor, ("bold",))]
+        lines += wrap_spans(spans, width, style, bar, bar)
     preview = sanitize(panel_preview(request, tool_input)).rstrip("\n")
     if preview and preview.strip() not in descriptor:
         is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
-        lang = "diff" if isinstance((tool_input or {}).get("old_string"), str) else "sh"
-        rows = (render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES) if is_diff
-                else preview_rows(preview, width - 2, style, lang))
+        is_edit = isinstance((tool_input or {}).get("old_string"), str)
+        lang = "diff" if is_edit else "sh"
+        if is_diff:
+            rows = render_diff(preview, width - 2, style,
+                               max_lines=PANEL_PREVIEW_LINES)
+        else:
+            rows = preview_rows(preview, width - 2, style, lang)
         lines += [bar + row for row in rows]
     return [clip(line, width) for line in lines]
 
 
-def panel_footer(request: dict, width: int, style: Style, feedback: str | None, selected: int,
+def panel_footer(request: dict, width: int, style: Style,
+                 feedback: str | None, selected: int,
                  composing: bool) -> list[str]:
     """The answers (kept whole on a small terminal), or the denial's message line."""
     bar = style.paint("│ ", "warning")
     lines = []
     if feedback is None:
-        choices, spans = panel_choices(request), []
+        choices = panel_choices(request)
+        spans = []
         for k, (letter, _, words) in enumerate(choices):
             chosen = k == selected % len(choices)
-            spans += [(" · ", ("dim",))] if k else []
-            spans += [("› ", ("prompt",))] if chosen else []
-            spans += [(letter, ("bold",)), (f") {words}", ("selected",) if chosen else ())]
+            if k:
+                spans.append((" · ", ("dim",)))
+            if chosen:
+                spans.append(("› ", ("prompt",)))
+            spans.append((letter, ("bold",)))
+            spans.append((f") {words}", ("selected",) if chosen else ()))
         lines += wrap_spans(spans, width, style, bar, bar)
         if composing:
-            lines += wrap_spans([("Enter sends your text as a message; empty the composer to "
-                                  "answer", ("dim",))], width, style, bar, bar)
+            hint = ("Enter sends your text as a message; "
+                    "empty the composer to answer")
+            lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
     else:
-        lines += wrap_spans([("Denied. Tell the model what to do instead (Enter sends, Esc "
-                              "skips):", ("dim",))], width, style, bar, bar)
+        ask = ("Denied. Tell the model what to do instead "
+               "(Enter sends, Esc skips):")
+        lines += wrap_spans([(ask, ("dim",))], width, style, bar, bar)
         lines.append(bar + "  " + feedback)
     return [clip(line, width) for line in lines]
 
@@ -1621,13 +1692,25 @@ class Key(NamedTuple):
     text: str = ""
 
 
-CSI_FINAL_KEYS = {"A": "up", "B": "down", "C": "right", "D": "left", "H": "home", "F": "end",
-                  "Z": "shift+tab", "P": "f1", "Q": "f2", "R": "f3", "S": "f4"}
-CSI_TILDE_KEYS = {"1": "home", "7": "home", "4": "end", "8": "end", "3": "delete", "2": "insert",
-                  "5": "pageup", "6": "pagedown"}
-CONTROL_KEYS = {"\r": "enter", "\n": "ctrl+j", "\t": "tab", "\x7f": "backspace",
-                "\x08": "backspace", "\x00": "ctrl+space"}
-ALT_KEYS = {"\r": "alt+enter", "\n": "alt+enter", "\x7f": "alt+backspace", "\x08": "alt+backspace"}
+# ESC [ <final> (and ESC O <final>, SS3)
+CSI_FINAL_KEYS = {
+    "A": "up", "B": "down", "C": "right", "D": "left",
+    "H": "home", "F": "end", "Z": "shift+tab",
+    "P": "f1", "Q": "f2", "R": "f3", "S": "f4",
+}
+# ESC [ <number> ~
+CSI_TILDE_KEYS = {
+    "1": "home", "7": "home", "4": "end", "8": "end",
+    "3": "delete", "2": "insert", "5": "pageup", "6": "pagedown",
+}
+CONTROL_KEYS = {
+    "\r": "enter", "\n": "ctrl+j", "\t": "tab",
+    "\x7f": "backspace", "\x08": "backspace", "\x00": "ctrl+space",
+}
+ALT_KEYS = {
+    "\r": "alt+enter", "\n": "alt+enter",
+    "\x7f": "alt+backspace", "\x08": "alt+backspace",
+}
 
 
 class KeyDecoder:
@@ -1649,7 +1732,8 @@ class KeyDecoder:
         if self._buffer.startswith(ESC) and self._paste is None:
             rest, self._buffer = self._buffer[1:], ""
             keys.append(Key("esc") if not rest else Key("alt+" + rest[0]))
-            keys += self.feed(rest[1:].encode()) if len(rest) > 1 else []
+            if len(rest) > 1:
+                keys += self.feed(rest[1:].encode())
         return keys
 
     def feed(self, data: bytes) -> list[Key]:
@@ -1666,22 +1750,24 @@ class KeyDecoder:
                     i = len(buf)
                     break
                 keys.append(Key("paste", self._paste[:end]))
-                buf, i, self._paste = self._paste[end + len(PASTE_END):], 0, None
+                # what follows the paste is decoded as keys again
+                buf = self._paste[end + len(PASTE_END):]
+                i = 0
+                self._paste = None
                 continue
             if KEY_PARTIAL_RE.match(buf, i):
                 # an incomplete sequence: wait for more bytes
                 break
             m = KEY_RE.match(buf, i)
-            i, kind, value = m.end(), m.lastgroup, m[m.lastgroup]
+            i = m.end()
+            kind = m.lastgroup
+            value = m[kind]
             if kind == "final":
                 key = self._csi(m["params"], value)
             elif kind == "text":
                 key = Key("text", value)
             else:
-                key = Key({"ss3": CSI_FINAL_KEYS.get(value, "unknown"), "esc": "esc",
-                           "alt": ALT_KEYS.get(value, "alt+" + value),
-                           "control": CONTROL_KEYS.get(value, f"ctrl+{chr(ord(value) + 96)}")
-                           }[kind])
+                key = Key(_key_name(kind, value))
             if key is not None:
                 keys.append(key)
         self._buffer = buf[i:]
@@ -1692,11 +1778,28 @@ class KeyDecoder:
         if final == "~" and fields[0] == "200":
             self._paste = ""
             return None
-        bits = max(int(fields[1]) - 1, 0) if len(fields) > 1 and fields[1].isdigit() else 0
-        prefix = "ctrl+" * bool(bits & 4) + "alt+" * bool(bits & 2) + "shift+" * bool(bits & 1)
+        # xterm modifiers: ESC [ 1 ; <1 + bits> <final>
+        bits = 0
+        if len(fields) > 1 and fields[1].isdigit():
+            bits = max(int(fields[1]) - 1, 0)
+        prefix = ("ctrl+" * bool(bits & 4)
+                  + "alt+" * bool(bits & 2)
+                  + "shift+" * bool(bits & 1))
         if final == "~":
             return Key(prefix + CSI_TILDE_KEYS.get(fields[0], "unknown"))
         return Key(prefix + CSI_FINAL_KEYS.get(final, "unknown"))
+
+
+def _key_name(kind: str, value: str) -> str:
+    """The name of a one-character key: an SS3 key, Esc, Alt+char or a control character."""
+    if kind == "ss3":
+        return CSI_FINAL_KEYS.get(value, "unknown")
+    if kind == "esc":
+        return "esc"
+    if kind == "alt":
+        return ALT_KEYS.get(value, "alt+" + value)
+    # Ctrl+letter arrives as the letter's code minus 96
+    return CONTROL_KEYS.get(value, f"ctrl+{chr(ord(value) + 96)}")
 
 
 # What the keys do, for /help and `khaelor --help` (khaelor.py formats it).
