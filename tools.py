@@ -1821,13 +1821,15 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
 
 
 async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    ws, text = box.workspace, args["content"]
+    ws = box.workspace
+    text = args["content"]
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
     if path.is_dir():
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     before = None
-    if path.exists():       # an overwrite keeps the old file's CRLF line endings and UTF-8 BOM
+    if path.exists():
+        # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
         box.check_fresh(path)
         before = ws.read_file(path)
         if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
@@ -1836,13 +1838,18 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
             text = "\ufeff" + text
     data = text.encode("utf-8")
     if data == before:
-        return ToolResult(f"{shown} already has exactly this content; nothing changed.",
-                          meta={"path": shown, "added": 0, "removed": 0})
+        text = f"{shown} already has exactly this content; nothing changed."
+        meta = {"path": shown, "added": 0, "removed": 0}
+        return ToolResult(text, meta=meta)
     added, removed = box.commit(path, before, data, tool_use_id)
-    change = "" if before is None else f"; +{added} −{removed}"
-    return ToolResult(f"{'Created' if before is None else 'Wrote'} {shown} "
-                      f"({len(_split_lines(args['content']))} lines{change}).",
-                      meta={"path": shown, "added": added, "removed": removed, "created": before is None})
+    n_lines = len(_split_lines(args["content"]))
+    created = before is None
+    if created:
+        text = f"Created {shown} ({n_lines} lines)."
+    else:
+        text = f"Wrote {shown} ({n_lines} lines; +{added} −{removed})."
+    meta = {"path": shown, "added": added, "removed": removed, "created": created}
+    return ToolResult(text, meta=meta)
 
 
 async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
@@ -1852,13 +1859,18 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     new = args["new_string"]
     shown = ws.display(path)
     if old == new:
-        raise ToolError("old_string and new_string are identical, so the edit would change nothing. Put the "
-                        "replacement text in new_string.", error="no_change")
+        raise ToolError(
+            "old_string and new_string are identical, so the edit would change nothing. "
+            "Put the replacement text in new_string.",
+            error="no_change")
     if not path.exists():
         if old == "":
-            return await _tool_write(box, {"file_path": args["file_path"], "content": new}, tool_use_id, confine)
+            write_args = {"file_path": args["file_path"], "content": new}
+            return await _tool_write(box, write_args, tool_use_id, confine)
         error = _missing(ws, path)
-        raise ToolError(f"{error} To create a new file, use write (or edit with an empty old_string).", **error.meta)
+        raise ToolError(
+            f"{error} To create a new file, use write (or edit with an empty old_string).",
+            **error.meta)
     if path.is_dir():
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     box.check_fresh(path)
@@ -1866,41 +1878,63 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     try:
         text = before.decode("utf-8")
     except UnicodeDecodeError:
-        raise ToolError(f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
-                        error="encoding") from None
-    bom, crlf = text.startswith("\ufeff"), _uses_crlf(text)
+        raise ToolError(
+            f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
+            error="encoding") from None
+    bom = text.startswith("\ufeff")
+    crlf = _uses_crlf(text)
     text = text.removeprefix("\ufeff")
     if crlf:
-        text = text.replace("\r\n", "\n")
+        text = _lf(text)
     # Both strings in LF, whatever the file uses: written back in the file's own line ending.
-    old = old.replace("\r\n", "\n")
-    new = new.replace("\r\n", "\n")
+    old = _lf(old)
+    new = _lf(new)
     if old == "":
         if text.strip():
-            raise ToolError(f"old_string is empty but {shown} has content. Quote the text to replace, "
-                            "or use write to replace the whole file.", error="empty_old_string")
+            raise ToolError(
+                f"old_string is empty but {shown} has content. Quote the text to replace, "
+                "or use write to replace the whole file.",
+                error="empty_old_string")
         done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
     else:
-        done = _replace(text, old, new, args.get("replace_all", False), shown)
-    out = done.text.replace("\n", "\r\n") if crlf else done.text
-    added, removed = box.commit(path, before, (("\ufeff" if bom else "") + out).encode("utf-8"), tool_use_id)
-    return ToolResult(_edit_report(shown, done, added, removed),
-                      meta={"path": shown, "added": added, "removed": removed,
-                            "strategy": done.strategy, "replacements": done.count})
+        replace_all = args.get("replace_all", False)
+        done = _replace(text, old, new, replace_all, shown)
+    out = done.text
+    if crlf:
+        out = out.replace("\n", "\r\n")
+    if bom:
+        out = "\ufeff" + out
+    added, removed = box.commit(path, before, out.encode("utf-8"), tool_use_id)
+    meta = {
+        "path": shown, "added": added, "removed": removed,
+        "strategy": done.strategy, "replacements": done.count,
+    }
+    return ToolResult(_edit_report(shown, done, added, removed), meta=meta)
 
 
 def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> str:
     lines = _split_lines(done.text)
     first = max(1, done.first_line - SNIPPET_CONTEXT_LINES)
-    last = min(len(lines), done.first_line + done.n_lines - 1 + SNIPPET_CONTEXT_LINES)
-    if last - first > 40:       # a long replacement: its start and end are enough to check it
-        snippet = f"{_numbered(lines[first - 1:first + 19], first)}\n   …\n{_numbered(lines[last - 20:last], last - 19)}"
+    last_replaced = done.first_line + done.n_lines - 1
+    last = min(len(lines), last_replaced + SNIPPET_CONTEXT_LINES)
+    if last - first > 40:
+        # A long replacement: its start and end are enough to check it.
+        start = _numbered(lines[first - 1:first + 19], first)
+        end = _numbered(lines[last - 20:last], last - 19)
+        snippet = f"{start}\n   …\n{end}"
     else:
         snippet = _numbered(lines[first - 1:last], first)
-    count = f"{done.count} replacements" if done.count > 1 else "1 replacement"
-    fuzzy = "" if done.strategy == "exact" else (f" old_string did not match exactly; matched by the "
-                                                 f"{done.strategy.replace('_', '-')} strategy.")
-    where = "first replacement, " if done.count > 1 else ""
+    if done.count > 1:
+        count = f"{done.count} replacements"
+        where = "first replacement, "
+    else:
+        count = "1 replacement"
+        where = ""
+    if done.strategy == "exact":
+        fuzzy = ""
+    else:
+        strategy = done.strategy.replace("_", "-")
+        fuzzy = f" old_string did not match exactly; matched by the {strategy} strategy."
     return (f"Edited {shown_path}: {count} (+{added} −{removed}).{fuzzy}\n"
             f"Lines {first}–{last} now ({where}as read would show them):\n{snippet}")
 
@@ -1908,30 +1942,45 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
 def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
     """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle is
     given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
-    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    prefix = len(os.path.commonprefix([a, b]))      # commonprefix compares any sequences: here, lists of lines
+    a = before.splitlines(keepends=True)
+    b = after.splitlines(keepends=True)
+    # commonprefix compares any sequences: here, lists of lines.
+    prefix = len(os.path.commonprefix([a, b]))
     suffix = len(os.path.commonprefix([a[prefix:][::-1], b[prefix:][::-1]]))
-    low = max(0, prefix - 3)        # 3 lines of context stay on each side
+    # 3 lines of context stay on each side.
+    low = max(0, prefix - 3)
     keep = max(0, suffix - 3)
-    lines = difflib.unified_diff(a[low:len(a) - keep], b[low:len(b) - keep],
-                                 f"a/{shown_path}", f"b/{shown_path}", n=3)
+    lines = difflib.unified_diff(
+        a[low:len(a) - keep], b[low:len(b) - keep],
+        f"a/{shown_path}", f"b/{shown_path}", n=3)
     out = []
     added = 0
     removed = 0
     for n, line in enumerate(lines):
         if n < 2:
-            pass        # the ---/+++ file header: a changed line may begin with "++" or "--" too
+            # The ---/+++ file header: a changed line may begin with "++" or "--" too.
+            pass
         elif line.startswith("@@"):
-            line = re.sub(r"([-+])(\d+)", lambda m: f"{m.group(1)}{int(m.group(2)) + low}", line, count=2)
+            line = _shift_hunk_header(line, low)
         elif line.startswith("+"):
             added += 1
         elif line.startswith("-"):
             removed += 1
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+        if not line.endswith("\n"):
+            line += "\n\\ No newline at end of file\n"
+        out.append(line)
     diff = "".join(out)
     if len(diff) > DIFF_CHAR_CAP:
-        diff = diff[:DIFF_CHAR_CAP] + f"\n[… diff cut at {DIFF_CHAR_CAP:,} of {len(diff):,} characters …]\n"
+        cut = f"\n[… diff cut at {DIFF_CHAR_CAP:,} of {len(diff):,} characters …]\n"
+        diff = diff[:DIFF_CHAR_CAP] + cut
     return added, removed, diff
+
+
+def _shift_hunk_header(line: str, low: int) -> str:
+    """An @@ -a,b +c,d @@ header of a diff of lines from `low` on, numbered as in the whole file."""
+    def shifted(match: re.Match) -> str:
+        return f"{match.group(1)}{int(match.group(2)) + low}"
+    return re.sub(r"([-+])(\d+)", shifted, line, count=2)
 
 # ---------------------------------------------------------------- grep and glob
 # ripgrep when it is on PATH, otherwise Python over the same candidate files: `git ls-files` in a
