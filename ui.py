@@ -1804,7 +1804,8 @@ def _key_name(kind: str, value: str) -> str:
 
 # What the keys do, for /help and `khaelor --help` (khaelor.py formats it).
 KEY_HELP = (
-    ("Enter", "send; while khaelor works, it is queued as steering for its next step"),
+    ("Enter",
+     "send; while khaelor works, it is queued as steering for its next step"),
     ("Alt-Enter, Ctrl-J or \\ Enter", "a new line"),
     ("Esc", "interrupt khaelor (what it wrote so far is kept); close a menu"),
     ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
@@ -1813,9 +1814,11 @@ KEY_HELP = (
     ("Ctrl-O", "show the whole output of the newest tool card"),
     ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
     ("Up, Down", "input history; in a permission question, choose an answer"),
-    ("y, a, n", "answer a permission question (on an empty input; typing writes a message)"),
+    ("y, a, n",
+     "answer a permission question (on an empty input; typing writes a message)"),
     ("@path", "mention a file (Tab or Enter completes)"),
-    ("!command", "run a shell command yourself; it and its output join the conversation"),
+    ("!command",
+     "run a shell command yourself; it and its output join the conversation"),
     ("/", "the commands, each with what it does"),
 )
 
@@ -1845,13 +1848,18 @@ MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")
 def fuzzy_score(query: str, candidate: str) -> float | None:
     """Subsequence match; consecutive letters, word starts and the basename score higher."""
     q, c = query.lower(), candidate.lower()
-    score, pos, prev = 0.0, -1, -2
+    score = 0.0
+    # where this letter and the one before it matched
+    pos = -1
+    prev = -2
     for ch in q:
         pos = c.find(ch, pos + 1)
         if pos < 0:
             return None
-        score += 3 if pos == prev + 1 else 0
-        score += 2 if pos == 0 or c[pos - 1] in "/._- " else 0
+        if pos == prev + 1:
+            score += 3
+        if pos == 0 or c[pos - 1] in "/._- ":
+            score += 2
         prev = pos
     if q and q in c.rsplit("/", 1)[-1]:
         score += 5
@@ -1886,7 +1894,12 @@ class Composer:
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
         self.menu_index = 0
-        self._menu_kind, self._menu_start, self._menu_closed = "", 0, False
+        # "command" or "mention"
+        self._menu_kind = ""
+        # where the word being completed starts (its / or @)
+        self._menu_start = 0
+        # Esc closed it: it stays closed until more is typed
+        self._menu_closed = False
         self._commands, self._mentions = commands, mentions
         # a command's one-line description, for the menu
         self._describe = describe
@@ -1897,20 +1910,7 @@ class Composer:
         self.history: list[str] = []
         # shown text -> its pastes
         self._history_pastes: dict[str, dict[str, str]] = {}
-        lines = (self._history_path.read_text("utf-8", "replace").splitlines()
-                 if self._history_path and self._history_path.exists() else [])
-        for line in lines[-MAX_HISTORY:]:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                # a torn line (a crash mid-write): load the rest
-                continue
-            if isinstance(entry, str):
-                self.history.append(entry)
-            elif isinstance(entry, dict) and isinstance(entry.get("text"), str):
-                # a message holding collapsed pastes
-                self.history.append(entry["text"])
-                self._history_pastes[entry["text"]] = dict(entry.get("pastes") or {})
+        self._load_history()
         self._history_pos, self._draft = len(self.history), ""
         # the draft's pastes, while history is browsed
         self._draft_pastes: dict[str, str] = {}
@@ -1920,13 +1920,37 @@ class Composer:
         for entry in self.history:
             self._remember_mentions(MENTIONED_RE.findall(entry))
 
+    def _load_history(self) -> None:
+        path = self._history_path
+        lines = []
+        if path and path.exists():
+            lines = path.read_text("utf-8", "replace").splitlines()
+        for line in lines[-MAX_HISTORY:]:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                # a torn line (a crash mid-write): load the rest
+                continue
+            if isinstance(entry, str):
+                self.history.append(entry)
+                continue
+            if not isinstance(entry, dict):
+                continue
+            text = entry.get("text")
+            if isinstance(text, str):
+                # a message holding collapsed pastes
+                self.history.append(text)
+                pastes = dict(entry.get("pastes") or {})
+                self._history_pastes[text] = pastes
+
     # -- editing --
 
     def handle(self, key: Key) -> str | None:
         name = key.name
         if self.menu and name in ("up", "down", "tab", "enter"):
             if name in ("up", "down"):
-                self.menu_index = (self.menu_index + (1 if name == "down" else -1)) % len(self.menu)
+                step = 1 if name == "down" else -1
+                self.menu_index = (self.menu_index + step) % len(self.menu)
                 return None
             kind = self._menu_kind
             self._accept_menu()
@@ -1941,7 +1965,9 @@ class Composer:
         return None
 
     def set_text(self, text: str) -> None:
-        self.text, self.cursor, self._menu_closed = text, len(text), False
+        self.text = text
+        self.cursor = len(text)
+        self._menu_closed = False
         self._refresh_menu()
 
     def clear(self) -> None:
@@ -1964,10 +1990,12 @@ class Composer:
                 label = f"[Pasted {n_lines} lines]"
                 k = 2
                 while label in self._pastes:
-                    label, k = f"[Pasted {n_lines} lines #{k}]", k + 1
+                    label = f"[Pasted {n_lines} lines #{k}]"
+                    k += 1
                 self._pastes[label] = text
                 return self._insert(label)
-        self._insert(CONTROL_CHAR_RE.sub("", text.replace("\t", "    ")))
+        text = text.replace("\t", "    ")
+        self._insert(CONTROL_CHAR_RE.sub("", text))
 
     _key_paste = _key_text
 
@@ -1980,7 +2008,11 @@ class Composer:
         if not self.text.strip():
             return None
         text = self.text
-        pastes = {label: content for label, content in self._pastes.items() if label in text}
+        # the pastes whose labels are still in the text
+        pastes = {}
+        for label, content in self._pastes.items():
+            if label in text:
+                pastes[label] = content
         for label, content in pastes.items():
             text = text.replace(label, content, 1)
         self._remember(self.text, pastes)
@@ -2038,9 +2070,16 @@ class Composer:
         """Up/Down: to the same column of the line above/below; past the first/last line,
         through the history."""
         start, end = self._line_bounds()
-        if (start == 0) if step < 0 else (end == len(self.text)):
+        # up from the first line or down from the last: the history
+        if step < 0:
+            at_edge = start == 0
+        else:
+            at_edge = end == len(self.text)
+        if at_edge:
             return self._recall(step)
-        column, self.cursor = self.cursor - start, start - 1 if step < 0 else end + 1
+        column = self.cursor - start
+        # onto the end of the line above, or the start of the one below
+        self.cursor = start - 1 if step < 0 else end + 1
         start, end = self._line_bounds()
         self.cursor = min(start + column, end)
 
@@ -2051,14 +2090,16 @@ class Composer:
         if not 0 <= pos <= len(self.history):
             return
         if self._history_pos == len(self.history):
-            self._draft, self._draft_pastes = self.text, dict(self._pastes)
+            self._draft = self.text
+            self._draft_pastes = dict(self._pastes)
         self._history_pos = pos
         # a recalled paste stays collapsed, and still sends whole
         if pos < len(self.history):
-            self.text, self._pastes = self.history[pos], dict(self._history_pastes.get(
-                self.history[pos], {}))
+            self.text = self.history[pos]
+            self._pastes = dict(self._history_pastes.get(self.text, {}))
         else:
-            self.text, self._pastes = self._draft, self._draft_pastes
+            self.text = self._draft
+            self._pastes = self._draft_pastes
         self.cursor = len(self.text)
 
     def _remember(self, text: str, pastes: dict[str, str] | None = None) -> None:
