@@ -1008,25 +1008,30 @@ def _double_quoted(text: str) -> str:
 
 # ---------------------------------------------------------------- repository facts: git baseline and attribution (ADR-15)
 
-MAX_BASELINE_DIRTY = 500            # dirty paths kept in one BaselineRecorded (a runaway untracked tree)
+# Dirty paths kept in one BaselineRecorded (a runaway untracked tree).
+MAX_BASELINE_DIRTY = 500
 
 
 def git_baseline(workspace) -> dict:
     """BaselineRecorded's payload: branch, HEAD, dirty files and a hash of the diff against HEAD,
     all read-only. {"git": False} outside a repository or without git."""
-    code, out = _git(workspace, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all")
+    code, out = _git(workspace, "status", "--porcelain=v2", "--branch",
+                     "-z", "--untracked-files=all")
     if code != 0:
         return {"git": False}
     branch, head, dirty = parse_status_v2(out)
     # Staged and unstaged changes against HEAD in one diff (an unborn branch has only the index).
     against = "HEAD" if head else "--cached"
-    code, diff = _git(workspace, "diff", against, "--binary", "--no-ext-diff", "--no-color")
+    code, diff = _git(workspace, "diff", against,
+                      "--binary", "--no-ext-diff", "--no-color")
     digest = ""
     if code == 0:
-        text = diff + "\0".join(f"{d['status']} {d['path']}" for d in dirty)
-        digest = "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-    return {"git": True, "branch": branch, "head": head, "dirty": dirty[:MAX_BASELINE_DIRTY],
-            "n_dirty": len(dirty), "diff_hash": digest}
+        listing = "\0".join(f"{d['status']} {d['path']}" for d in dirty)
+        data = (diff + listing).encode("utf-8", "surrogateescape")
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    return {"git": True, "branch": branch, "head": head,
+            "dirty": dirty[:MAX_BASELINE_DIRTY], "n_dirty": len(dirty),
+            "diff_hash": digest}
 
 
 def _git(workspace, *args: str) -> tuple[int, str]:
@@ -1046,37 +1051,56 @@ def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
     fields = iter(out.split("\0"))
     for entry in fields:
         if entry.startswith("# branch.oid "):
-            head = "" if entry.endswith("(initial)") else entry.removeprefix("# branch.oid ")
+            head = entry.removeprefix("# branch.oid ")
+            if entry.endswith("(initial)"):
+                head = ""
         elif entry.startswith("# branch.head "):
             branch = entry.removeprefix("# branch.head ")
         elif entry[:2] in ("1 ", "2 ", "u "):
-            # Fields before the path: 8 for ordinary, 9 for renamed (then the old path), 10 for unmerged.
-            parts = entry.split(" ", {"1": 8, "2": 9, "u": 10}[entry[0]])
+            # Fields before the path: 8 for ordinary, 9 for renamed
+            # (then the old path), 10 for unmerged.
+            n_fields = {"1": 8, "2": 9, "u": 10}[entry[0]]
+            parts = entry.split(" ", n_fields)
             dirty.append({"path": parts[-1], "status": parts[1]})
             if entry[0] == "2":
-                next(fields, None)      # the old path of the rename
+                # the old path of the rename
+                next(fields, None)
         elif entry.startswith("? "):
             dirty.append({"path": entry[2:], "status": "??"})
     return branch, head, dirty
 
 
-def attribute_changes(state: events.State, dirty_now: list[str] | None = None) -> dict:
+def attribute_changes(state: events.State,
+                      dirty_now: list[str] | None = None) -> dict:
     """Whose changes are in the tree. khaelor: files its write/edit tools changed, in order.
     preexisting: dirty when the session started (its first baseline) — the user's, left alone.
     outside: dirty later (a later baseline, or now) but neither — the user's, or made by commands.
     dirty_before_edit: khaelor's files that already had changes before khaelor first edited them."""
     baselines = state.baselines
     preexisting = dict.fromkeys(baselines[0] if baselines else [])
-    later = [path for paths in baselines[1:] for path in paths] + list(dirty_now or [])
-    outside = [p for p in dict.fromkeys(later) if p not in preexisting and p not in state.edits]
-    return {"khaelor": list(state.edits), "preexisting": list(preexisting), "outside": outside,
+    later = []
+    for paths in baselines[1:]:
+        later += paths
+    later += dirty_now or []
+    outside = []
+    for path in dict.fromkeys(later):
+        if path not in preexisting and path not in state.edits:
+            outside.append(path)
+    return {"khaelor": list(state.edits),
+            "preexisting": list(preexisting),
+            "outside": outside,
             "dirty_before_edit": list(state.dirty_before_edit)}
 
 
 # ---------------------------------------------------------------- repository facts: check commands (the gate, ADR-12)
 
-ECOSYSTEMS = {".py": "python", ".pyi": "python", ".rs": "rust", ".go": "go",
-              **dict.fromkeys((".js", ".jsx", ".ts", ".tsx", ".mjs", ".cjs", ".vue", ".svelte"), "node")}
+ECOSYSTEMS = {
+    ".py": "python", ".pyi": "python",
+    ".rs": "rust",
+    ".go": "go",
+    ".js": "node", ".jsx": "node", ".ts": "node", ".tsx": "node",
+    ".mjs": "node", ".cjs": "node", ".vue": "node", ".svelte": "node",
+}
 MAX_CHECK_COMMANDS = 4
 
 
@@ -1097,7 +1121,8 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
     if "rust" in by_kind and (root / "Cargo.toml").is_file():
         commands.append("cargo test")
     if "go" in by_kind and (root / "go.mod").is_file():
-        packages = " ".join(sorted({_go_package(path) for path in by_kind["go"]}))
+        folders = {_go_package(path) for path in by_kind["go"]}
+        packages = " ".join(sorted(folders))
         commands += [f"go vet {packages}", f"go test {packages}"]
     if not commands:
         commands = _whole_project_checks(root)
@@ -1111,9 +1136,10 @@ def _go_package(path: str) -> str:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")[:200_000]
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
+    return text[:200_000]
 
 
 def _python() -> str:
@@ -1125,9 +1151,11 @@ def _python() -> str:
 
 
 def _python_checks(root: Path, changed: list[str]) -> list[str]:
-    config = "".join(_read_text(root / name) for name in ("pyproject.toml", "setup.cfg", "tox.ini"))
+    config_files = ("pyproject.toml", "setup.cfg", "tox.ini")
+    config = "".join(_read_text(root / name) for name in config_files)
     markers = ("pytest.ini", "conftest.py", "tests/conftest.py")
-    uses_pytest = "pytest" in config or any((root / marker).is_file() for marker in markers)
+    has_marker = any((root / marker).is_file() for marker in markers)
+    uses_pytest = "pytest" in config or has_marker
     tests = []
     for path in changed:
         tests += related_python_tests(root, path)
@@ -1143,9 +1171,11 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
     ruff_files = ("ruff.toml", ".ruff.toml")
-    if "[tool.ruff" in config or any((root / name).is_file() for name in ruff_files):
+    has_ruff_file = any((root / name).is_file() for name in ruff_files)
+    if "[tool.ruff" in config or has_ruff_file:
         commands.append(f"ruff check {files}")
-    if "[tool.mypy" in config or "[mypy" in config or (root / "mypy.ini").is_file():
+    mypy_section = "[tool.mypy" in config or "[mypy" in config
+    if mypy_section or (root / "mypy.ini").is_file():
         commands.append(f"mypy {files}")
     if not commands and changed:
         commands.append(f"{python} -m py_compile {files}")
@@ -1172,12 +1202,15 @@ def related_python_tests(root: Path, path: str) -> list[str]:
 
 
 def _node_checks(root: Path, changed: list[str]) -> list[str]:
+    package_json = _read_text(root / "package.json")
     try:
-        scripts = json.loads(_read_text(root / "package.json")).get("scripts") or {}
+        scripts = json.loads(package_json).get("scripts") or {}
     except (ValueError, AttributeError):
         return []
     manager = "npm"
-    for lock, name in (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"), ("bun.lockb", "bun")):
+    lock_files = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"),
+                  ("bun.lockb", "bun"))
+    for lock, name in lock_files:
         if (root / lock).is_file():
             manager = name
             break
@@ -1218,16 +1251,21 @@ def _whole_project_checks(root: Path) -> list[str]:
     for name in ("Makefile", "makefile", "GNUmakefile"):
         if (root / name).is_file():
             makefile = _read_text(root / name)
-            targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", makefile, re.M))
+            # "name:" at the start of a line, but not "name := value"
+            rule = r"^([A-Za-z][\w-]*)\s*:(?!=)"
+            targets = set(re.findall(rule, makefile, re.M))
             break
-    if targets & {"test", "check", "lint"}:
-        return [f"make {t}" for t in ("test", "check", "lint") if t in targets]
+    check_targets = ("test", "check", "lint")
+    if targets & set(check_targets):
+        return [f"make {t}" for t in check_targets if t in targets]
     if (root / "Cargo.toml").is_file():
         return ["cargo test"]
     if (root / "go.mod").is_file():
         return ["go test ./..."]
     if (root / "package.json").is_file():
         return _node_checks(root, [])
-    if any((root / n).is_file() for n in ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")):
+    python_markers = ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")
+    if any((root / name).is_file() for name in python_markers):
+
         return [f"{_python()} -m pytest -q"]
     return []
