@@ -1992,17 +1992,25 @@ def _shift_hunk_header(line: str, low: int) -> str:
 def _glob_regex(pattern: str) -> str:
     """The regex source for a glob pattern ("{a,b}" alternatives converted in turn)."""
     out = []
-    for token in GLOB_TOKEN.findall(pattern.strip().removeprefix("./").lstrip("/")):
+    pattern = pattern.strip().removeprefix("./").lstrip("/")
+    for token in GLOB_TOKEN.findall(pattern):
         if token in GLOB_FIXED:
             out.append(GLOB_FIXED[token])
         elif token[0] == "[" and len(token) > 1:
-            body = token[1:-1]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            out.append(_glob_class(token[1:-1]))
         elif token[0] == "{" and len(token) > 1:
-            out.append("(?:" + "|".join(map(_glob_regex, token[1:-1].split(","))) + ")")
+            alternatives = map(_glob_regex, token[1:-1].split(","))
+            out.append("(?:" + "|".join(alternatives) + ")")
         else:
             out.append(re.escape(token))
     return "".join(out)
+
+
+def _glob_class(body: str) -> str:
+    """A glob's [...] as a regex class: [!a-z] is negated, a backslash stands for itself."""
+    if body.startswith("!"):
+        body = "^" + body[1:]
+    return "[" + body.replace("\\", "\\\\") + "]"
 
 
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
@@ -2015,14 +2023,19 @@ def _glob_matcher(pattern: str) -> Callable[[str], bool]:
 
 def _candidates(ws: Workspace, root: Path) -> list[str]:
     """Files under `root` as relative POSIX paths, without ripgrep: git's view when it has one, else every file."""
-    code, out = ws.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root)
+    argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
+    code, out = ws.capture(argv, cwd=root)
     if code == 0 and out:
         return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != ".git")
         base = os.path.relpath(folder, root)
-        found.extend(name if base == "." else f"{base}/{name}" for name in files)
+        for name in files:
+            if base == ".":
+                found.append(name)
+            else:
+                found.append(f"{base}/{name}")
     return found
 
 
@@ -2030,8 +2043,8 @@ async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
     if not box.ripgrep:
         return await asyncio.to_thread(_candidates, box.workspace, root)
-    records, _ = await _ripgrep(box, ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"], root,
-                                10**7, confine, end="\0")
+    argv = ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"]
+    records, _ = await _ripgrep(box, argv, root, 10**7, confine, end="\0")
     return [rel.removeprefix("./") for rel in records]
 
 
@@ -2039,9 +2052,10 @@ async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: 
                    end: str = "\n") -> tuple[list[str], int]:
     """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code.
     It runs read-only, and reads outside the project only where the call's approved paths say."""
-    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd,
-                                     confine={**READ_ONLY_CONFINE, "paths": confine["paths"]})
-    chunks, n_records = [], 0
+    read_only = {**READ_ONLY_CONFINE, "paths": confine["paths"]}
+    child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd, confine=read_only)
+    chunks = []
+    n_records = 0
     try:
         async with asyncio.timeout(SEARCH_TIMEOUT_S):
             while n_records < cap and (chunk := await child.stdout.read(65_536)):
@@ -2050,13 +2064,16 @@ async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: 
             _kill_group(child.pid)
             await child.proc.wait()
     except TimeoutError:
-        raise ToolError(f"The search took over {SEARCH_TIMEOUT_S} s and was stopped; narrow the path or pattern.",
-                        error="timeout") from None
+        raise ToolError(
+            f"The search took over {SEARCH_TIMEOUT_S} s and was stopped; "
+            "narrow the path or pattern.",
+            error="timeout") from None
     finally:
         _kill_group(child.pid)
         child.close_pipes()
     records = b"".join(chunks).decode("utf-8", "replace").split(end)
-    if records[-1] == "":       # the output ended with `end`; a last record without it still counts
+    if records[-1] == "":
+        # The output ended with `end`; a last record without it still counts.
         records.pop()
     return records[:cap], child.proc.returncode
 
@@ -2070,24 +2087,36 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
+def _engine(box: Toolbox) -> str:
+    return "ripgrep" if box.ripgrep else "python"
+
+
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    ws, pattern = box.workspace, args["pattern"]
+    ws = box.workspace
+    pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
-    match, hidden = _glob_matcher(pattern), _secret_filter(box, confine, root)
+    match = _glob_matcher(pattern)
+    hidden = _secret_filter(box, confine, root)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
     reasons = {rel: hidden(rel) for rel in found}
-    skipped = [rel for rel in found if reasons[rel] == "secret"]   # links are left out silently, as ripgrep does
-    files = await asyncio.to_thread(_newest_first, root, [rel for rel in found if not reasons[rel]])
-    meta = {"files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
-            "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped)}
+    # Links are left out silently, as ripgrep does.
+    skipped = [rel for rel in found if reasons[rel] == "secret"]
+    kept = [rel for rel in found if not reasons[rel]]
+    files = await asyncio.to_thread(_newest_first, root, kept)
+    meta = {
+        "files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
+        "engine": _engine(box), "hidden": len(skipped),
+    }
+    note = _hidden_note(ws, root, skipped)
     if not files:
-        return ToolResult(f"No files match {pattern!r} under {ws.display(root)}.{_hidden_note(ws, root, skipped)}",
-                          meta=meta)
+        text = f"No files match {pattern!r} under {ws.display(root)}.{note}"
+        return ToolResult(text, meta=meta)
     shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:
-        shown += (f"\n\n(Showing the {SEARCH_RESULT_CAP} most recently modified of {len(files):,} matching files. "
+        shown += (f"\n\n(Showing the {SEARCH_RESULT_CAP} most recently modified "
+                  f"of {len(files):,} matching files. "
                   "Narrow the pattern or pass a path to see others.)")
-    return ToolResult(shown + _hidden_note(ws, root, skipped), meta=meta)
+    return ToolResult(shown + note, meta=meta)
 
 
 def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], str]:
@@ -2097,12 +2126,15 @@ def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], s
     it. Nothing is left out when the user granted reading secrets for this call."""
     if confine["secrets"]:
         return lambda rel: ""
-    closed = sandbox.closed_locations(Path.home(), box.workspace.home or events.khaelor_home(), confine["paths"])
+    home = box.workspace.home or events.khaelor_home()
+    closed = sandbox.closed_locations(Path.home(), home, confine["paths"])
 
     def hidden(rel: str) -> str:
-        if any(fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern) for pattern in confine["hide"]):
+        name = rel.rsplit("/", 1)[-1]
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
             return "secret"
-        if os.path.islink(root / rel) and sandbox.within(os.path.realpath(root / rel), closed):
+        path = root / rel
+        if os.path.islink(path) and sandbox.within(os.path.realpath(path), closed):
             return "link"
         return ""
     return hidden
@@ -2113,16 +2145,20 @@ def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
         return ""
     names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(skipped)[:5])
     more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    return (f"\n\n({len(skipped)} secret file(s) left out: {names}{more}. Reading them needs the user's "
-            "permission: ask for it, or read one with the read tool so that the user is asked.)")
+    return (f"\n\n({len(skipped)} secret file(s) left out: {names}{more}. "
+            "Reading them needs the user's permission: ask for it, "
+            "or read one with the read tool so that the user is asked.)")
 
 
 async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    ws, pattern, include = box.workspace, args["pattern"], args.get("include")
+    ws = box.workspace
+    pattern = args["pattern"]
+    include = args.get("include")
     target = _existing(ws, args.get("path"), directory=False)
     root = target if target.is_dir() else target.parent
     keep = _glob_matcher(include) if include else (lambda rel: True)
-    if box.ripgrep:         # ripgrep judges its own syntax (it knows \p{L}, Python's re does not)
+    if box.ripgrep:
+        # ripgrep judges its own syntax (it knows \p{L}, Python's re does not).
         hits = await _rg_grep(box, pattern, target, root, include, keep, confine)
     else:
         try:
@@ -2132,67 +2168,95 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep)
     hidden = _secret_filter(box, confine, root)
     reasons = {rel: hidden(rel) for rel in hits}
-    skipped = [rel for rel in hits if reasons[rel] == "secret"]    # links are left out silently, as ripgrep does
-    for rel in [rel for rel in hits if reasons[rel]]:     # filtered here for both engines: the same result
+    # Links are left out silently, as ripgrep does.
+    skipped = [rel for rel in hits if reasons[rel] == "secret"]
+    # Filtered here for both engines: the same result.
+    for rel in [rel for rel in hits if reasons[rel]]:
         del hits[rel]
     total = sum(map(len, hits.values()))
-    meta = {"matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-            "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped)}
+    meta = {
+        "matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
+        "engine": _engine(box), "hidden": len(skipped),
+    }
+    note = _hidden_note(ws, root, skipped)
     if not hits:
-        return ToolResult(f"No matches for {pattern!r} in {ws.display(root)}.{_hidden_note(ws, root, skipped)}",
-                          meta=meta)
+        text = f"No matches for {pattern!r} in {ws.display(root)}.{note}"
+        return ToolResult(text, meta=meta)
     out = []
     for rel in _newest_first(root, hits):
+        shown = _one_line(ws.display(root / rel))
         for number, text in hits[rel][:SEARCH_RESULT_CAP - len(out)]:
-            text = text.rstrip("\r")
-            text = text if len(text) <= GREP_LINE_CHARS else text[:GREP_LINE_CHARS] + "… [line cut]"
-            out.append(f"{_one_line(ws.display(root / rel))}:{number}: {text}")
+            out.append(f"{shown}:{number}: {_grep_line(text)}")
     if total > SEARCH_RESULT_CAP:
-        counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
-        out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines in {len(hits):,} files, most "
-                   "recently modified files first. Narrow it with a more specific pattern, a path, or include "
+        if total < GREP_SCAN_CAP:
+            counted = f"{total:,}"
+        else:
+            counted = f"more than {GREP_SCAN_CAP:,}"
+        out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines "
+                   f"in {len(hits):,} files, most recently modified files first. "
+                   "Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
-    return ToolResult("\n".join(out) + _hidden_note(ws, root, skipped), meta=meta)
+    return ToolResult("\n".join(out) + note, meta=meta)
+
+
+def _grep_line(text: str) -> str:
+    text = text.rstrip("\r")
+    if len(text) <= GREP_LINE_CHARS:
+        return text
+    return text[:GREP_LINE_CHARS] + "… [line cut]"
 
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
-    return ToolError(f"Invalid regular expression {pattern!r}: {problem}. Escape special characters such as "
-                     "( [ { . * + ? | with a backslash to match them literally.", error="bad_pattern")
+    return ToolError(
+        f"Invalid regular expression {pattern!r}: {problem}. "
+        "Escape special characters such as ( [ { . * + ? | "
+        "with a backslash to match them literally.",
+        error="bad_pattern")
 
 
-async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path, include: str | None,
-                   keep: Callable[[str], bool], confine: dict) -> dict[str, list[tuple[int, str]]]:
-    argv = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never", "--hidden",
-            "--no-messages", "--max-columns", "1000", "--max-columns-preview", "--glob", "!.git"]
-    if include and "/" not in include.rstrip("/"):     # a file type filters without overriding .gitignore
+# A file's matching lines: (line number, text).
+Hits = dict[str, list[tuple[int, str]]]
+RG_GREP_ARGS = [
+    "--line-number", "--no-heading", "--with-filename", "--null",
+    "--color", "never", "--hidden", "--no-messages",
+    "--max-columns", "1000", "--max-columns-preview",
+    "--glob", "!.git",
+]
+
+
+async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
+                   include: str | None, keep: Callable[[str], bool],
+                   confine: dict) -> Hits:
+    argv = list(RG_GREP_ARGS)
+    if include and "/" not in include.rstrip("/"):
+        # A file type filters without overriding .gitignore.
         argv += ["--type-add", f"khaelor:{include}", "--type", "khaelor"]
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
     records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP, confine)
     if code == 2 and records and "\0" not in records[0]:
-        raise _bad_pattern(pattern, " ".join(record.strip() for record in records)[:500])
-    hits: dict[str, list[tuple[int, str]]] = {}
+        problem = " ".join(record.strip() for record in records)[:500]
+        raise _bad_pattern(pattern, problem)
+    hits: Hits = {}
     # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's lines
-    for rel, number, text in re.findall(r"([^\0]*)\0(\d+):(.*)\n?", "\n".join(records)):
-        if keep(rel := rel.removeprefix("./")):
+    found = re.findall(r"([^\0]*)\0(\d+):(.*)\n?", "\n".join(records))
+    for rel, number, text in found:
+        rel = rel.removeprefix("./")
+        if keep(rel):
             hits.setdefault(rel, []).append((int(number), text))
     return hits
 
 
 def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
-             keep: Callable[[str], bool]) -> dict[str, list[tuple[int, str]]]:
-    hits, n_hits = {}, 0
-    for rel in filter(keep, [target.name] if target.is_file() else _candidates(ws, root)):
-        try:
-            with open(root / rel, "rb") as handle:
-                data = handle.read(8192)
-                if b"\0" not in data:      # a binary file (even a 1 GB one) is judged by its head
-                    data += handle.read()
-        except OSError:
-            continue
-        if b"\0" in data:                   # binary, as ripgrep judges it
-            continue
-        text = data.decode("utf-8", "replace")
-        if not regex.search(text):
+             keep: Callable[[str], bool]) -> Hits:
+    hits = {}
+    n_hits = 0
+    if target.is_file():
+        rels = [target.name]
+    else:
+        rels = _candidates(ws, root)
+    for rel in filter(keep, rels):
+        text = _read_text_file(root / rel)
+        if text is None or not regex.search(text):
             continue
         for number, line in enumerate(text.split("\n"), 1):
             if regex.search(line):
@@ -2201,6 +2265,22 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
         if n_hits >= GREP_SCAN_CAP:
             break
     return hits
+
+
+def _read_text_file(path: Path) -> str | None:
+    """A file's text for the Python grep; None if it cannot be read or is binary (a NUL in it, as
+    ripgrep judges)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(8192)
+            # A binary file (even a 1 GB one) is judged by its head.
+            if b"\0" not in data:
+                data += handle.read()
+    except OSError:
+        return None
+    if b"\0" in data:
+        return None
+    return data.decode("utf-8", "replace")
 
 # ---------------------------------------------------------------- bash
 
