@@ -2126,7 +2126,9 @@ class Composer:
     # -- completion: "/" commands and "@" mentions --
 
     def _refresh_menu(self) -> None:
-        self.menu, self.menu_index, self._menu_kind = [], 0, ""
+        self.menu = []
+        self.menu_index = 0
+        self._menu_kind = ""
         if self._menu_closed:
             return
         before = self.text[:self.cursor]
@@ -2137,7 +2139,8 @@ class Composer:
                 self.menu = sorted(matches, key=lambda n: n != before)
             self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
-            self.menu = self._mention_matches(m.group(1))[:MAX_MENU_MENTIONS]
+            matches = self._mention_matches(m.group(1))
+            self.menu = matches[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
 
     def _mention_matches(self, query: str) -> list[str]:
@@ -2147,23 +2150,32 @@ class Composer:
         Python), so a 100,000-file repository costs milliseconds per keystroke."""
         candidates, lowered = self._mentions(query), query.lower()
         last_candidates, done, matches = self._mention_memo
-        if candidates is not last_candidates or not lowered.startswith(done):
-            done, matches = "", [(path, path.lower(), -1) for path in candidates]
+        fresh = candidates is not last_candidates
+        if fresh or not lowered.startswith(done):
+            done = ""
+            matches = [(path, path.lower(), -1) for path in candidates]
         # matches: (path, lowered path, where the last letter matched)
         for ch in lowered[len(done):]:
-            matches = [(path, low, at) for path, low, pos in matches
-                       if (at := low.find(ch, pos + 1)) >= 0]
+            matches = _narrow(matches, ch)
         self._mention_memo = (candidates, lowered, matches)
         pool = [path for path, _, _ in matches[:MENTION_SCAN]]
         if len(matches) > MENTION_SCAN and lowered:
             literal = [path for path, low, _ in matches if lowered in low]
-            pool = heapq.nsmallest(MENTION_SCAN, literal or [m[0] for m in matches], key=len)
+            shortest_of = literal or [m[0] for m in matches]
+            pool = heapq.nsmallest(MENTION_SCAN, shortest_of, key=len)
         # more recently mentioned paths rank higher
         recent = self.recent_mentions
-        recency = {path: 10 * (1 - k / max(len(recent), 1)) for k, path in enumerate(recent)}
-        scored = [(score + recency.get(path, 0), path) for path in dict.fromkeys(pool + recent)
-                  if (score := fuzzy_score(query, path)) is not None]
-        return [path for _, path in sorted(scored, key=lambda pair: (-pair[0], pair[1]))]
+        recency = {}
+        for k, path in enumerate(recent):
+            recency[path] = 10 * (1 - k / max(len(recent), 1))
+        scored = []
+        for path in dict.fromkeys(pool + recent):
+            score = fuzzy_score(query, path)
+            if score is not None:
+                scored.append((score + recency.get(path, 0), path))
+        # best score first, then by name
+        scored.sort(key=lambda pair: (-pair[0], pair[1]))
+        return [path for _, path in scored]
 
     def _accept_menu(self) -> None:
         item = self.menu[self.menu_index]
@@ -2171,35 +2183,49 @@ class Composer:
             self._remember_mentions([item])
             # a path with spaces, quoted
             item = f'@"{item}" ' if " " in item else "@" + item + " "
-        self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
+        before = self.text[:self._menu_start]
+        after = self.text[self.cursor:]
+        self.text = before + item + after
         self.cursor = self._menu_start + len(item)
         self.menu = []
 
     # -- drawing --
 
-    def render(self, width: int, style: Style, hint: str = "") -> tuple[list[str], int, int]:
+    def render(self, width: int, style: Style,
+               hint: str = "") -> tuple[list[str], int, int]:
         """(rows, cursor row, cursor column). The first row always starts with `❯ `."""
         prompt = style.paint("❯ ", "prompt")
         if not self.text:
             return [clip(prompt + style.paint(hint, "dim"), width)], 0, 2
         rows: list[str] = []
-        # offset: where `piece` starts in the text
-        cursor_row = cursor_col = offset = 0
+        cursor_row = 0
+        cursor_col = 0
+        # where `piece` starts in the text
+        offset = 0
         for line in self.text.split("\n"):
             pieces = soft_wrap(line, max(1, width - 2))
             for k, piece in enumerate(pieces):
-                # the cursor belongs to the next row, if any
                 end = offset + len(piece)
-                if offset <= self.cursor < end or self.cursor == end and k == len(pieces) - 1:
-                    cursor_row, cursor_col = len(rows), 2 + cell_width(piece[:self.cursor - offset])
+                # at a row's end the cursor belongs to the next row, if any
+                last = k == len(pieces) - 1
+                inside = offset <= self.cursor < end
+                if inside or self.cursor == end and last:
+                    cursor_row = len(rows)
+                    before_cursor = piece[:self.cursor - offset]
+                    cursor_col = 2 + cell_width(before_cursor)
                 rows.append("  " + piece)
                 offset = end
+            # the newline
             offset += 1
         # cursor just past a full row: show it on the next
         if cursor_col >= width:
             rows.insert(cursor_row + 1, "  ")
-            cursor_row, cursor_col = cursor_row + 1, 2
-        top = max(0, min(cursor_row - MAX_COMPOSER_ROWS + 1, len(rows) - MAX_COMPOSER_ROWS))
+            cursor_row += 1
+            cursor_col = 2
+        # the window of rows shown keeps the cursor in it
+        top = min(cursor_row - MAX_COMPOSER_ROWS + 1,
+                  len(rows) - MAX_COMPOSER_ROWS)
+        top = max(0, top)
         rows = rows[top:top + MAX_COMPOSER_ROWS]
         rows[0] = prompt + rows[0][2:]
         return rows, cursor_row - top, cursor_col
@@ -2208,21 +2234,39 @@ class Composer:
         """A window of MAX_MENU_ITEMS rows that follows the selection; commands with what they
         do; the last row says how many there are when some are out of view."""
         n = len(self.menu)
-        top = max(0, min(self.menu_index - MAX_MENU_ITEMS + 1, n - MAX_MENU_ITEMS))
-        column = max((cell_width(item) for item in self.menu), default=0) + 2
+        top = min(self.menu_index - MAX_MENU_ITEMS + 1, n - MAX_MENU_ITEMS)
+        top = max(0, top)
+        widest = max((cell_width(item) for item in self.menu), default=0)
+        column = widest + 2
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
-            about = self._describe(item) if self._menu_kind == "command" else ""
-            label = item + " " * (column - cell_width(item)) if about else item
+            about = ""
+            if self._menu_kind == "command":
+                about = self._describe(item)
+            label = item
+            if about:
+                label += " " * (column - cell_width(item))
+            about = style.paint(about, "dim")
             if k == self.menu_index:
-                row = style.paint("› " + label, "selected") + style.paint(about, "dim")
+                row = style.paint("› " + label, "selected") + about
             else:
-                row = "  " + label + style.paint(about, "dim")
+                row = "  " + label + about
             rows.append(clip("  " + row, width))
         if n > MAX_MENU_ITEMS:
-            rows.append(style.paint(clip(f"    ↑↓ {self.menu_index + 1} of {n}", width), "dim"))
+            where = f"    ↑↓ {self.menu_index + 1} of {n}"
+            rows.append(style.paint(clip(where, width), "dim"))
         return rows
+
+
+def _narrow(matches: list[tuple], ch: str) -> list[tuple]:
+    """The (path, lowered, at) matches in which `ch` comes after where the last letter matched."""
+    narrowed = []
+    for path, low, pos in matches:
+        at = low.find(ch, pos + 1)
+        if at >= 0:
+            narrowed.append((path, low, at))
+    return narrowed
 
 
 # ════ Inline renderer: one write per frame ════
@@ -2238,15 +2282,17 @@ class InlineRenderer:
         # (row, column) within it
         self._cursor = (0, 0)
 
-    def draw(self, settled: list[str], lines: list[str], cursor: tuple[int, int]) -> bytes:
-        if not settled and lines == self._lines and cursor == self._cursor:
+    def draw(self, settled: list[str], lines: list[str],
+             cursor: tuple[int, int]) -> bytes:
+        unchanged = lines == self._lines and cursor == self._cursor
+        if not settled and unchanged:
             return b""
         parts = [SYNC_BEGIN]
+        # the first row to rewrite
         start = 0
         if self._lines:
             if not settled:
-                start = next((k for k, (a, b) in enumerate(zip(self._lines, lines)) if a != b),
-                             min(len(self._lines), len(lines)))
+                start = _first_difference(self._lines, lines)
                 start = min(start, len(self._lines) - 1, len(lines))
             parts.append(self._move_rows(start - self._cursor[0]))
         parts.append(CARRIAGE_RETURN + ERASE_DOWN)
@@ -2255,8 +2301,9 @@ class InlineRenderer:
         parts.append(NEWLINE.join(lines[start:]))
         end_row = len(lines) - 1 if start < len(lines) else start
         row, column = cursor
-        parts.append(self._move_rows(row - end_row) + CARRIAGE_RETURN
-                     + (CURSOR_FORWARD.format(column) if column else ""))
+        parts.append(self._move_rows(row - end_row) + CARRIAGE_RETURN)
+        if column:
+            parts.append(CURSOR_FORWARD.format(column))
         parts.append(SYNC_END)
         self._lines, self._cursor = list(lines), cursor
         return "".join(parts).encode()
@@ -2273,7 +2320,10 @@ class InlineRenderer:
             self._lines = [""] * len(self._lines)
             return
         row, column = self._cursor
-        rows_above = sum(max(1, -(-visible_width(line) // new_width)) for line in self._lines[:row])
+        rows_above = 0
+        for line in self._lines[:row]:
+            # rows it takes now: its width divided by new_width, rounded up
+            rows_above += max(1, -(-visible_width(line) // new_width))
         self._cursor = (rows_above + column // new_width, 0)
         self._lines = [""] * (self._cursor[0] + 1)
 
@@ -2281,7 +2331,17 @@ class InlineRenderer:
     def _move_rows(delta: int) -> str:
         if delta < 0:
             return CURSOR_UP.format(-delta)
-        return CURSOR_DOWN.format(delta) if delta > 0 else ""
+        if delta > 0:
+            return CURSOR_DOWN.format(delta)
+        return ""
+
+
+def _first_difference(old: list[str], new: list[str]) -> int:
+    """The first row where two frames differ, or where the shorter one ends."""
+    for k, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            return k
+    return min(len(old), len(new))
 
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
