@@ -18,15 +18,20 @@ import events
 import permissions
 from model import ModelError, merge_usage
 
-DOOM_LOOP_REPEATS = 3    # byte-identical consecutive tool calls before the run pauses
-CHECKPOINT_INTERVAL_S = 1.0   # a streaming text block reaches the log this often: a crash loses ~1 s of it
-CHECKPOINT_CHARS = 4096       # or as soon as this much new text has arrived
-VERIFY_NUDGES = 2        # reminders to run a check before an answer is delivered as it is (ADR-12)
+# byte-identical consecutive tool calls before the run pauses
+DOOM_LOOP_REPEATS = 3
+# a streaming text block reaches the log this often: a crash loses ~1 s of it
+CHECKPOINT_INTERVAL_S = 1.0
+# or as soon as this much new text has arrived
+CHECKPOINT_CHARS = 4096
+# reminders to run a check before an answer is delivered as it is (ADR-12)
+VERIFY_NUDGES = 2
 
 
 # ---------------------------------------------------------------- deciding
 
-def derive_next(state: events.State, max_turns: int | None = None, budget: str | None = None) -> str:
+def derive_next(state: events.State, max_turns: int | None = None,
+                budget: str | None = None) -> str:
     """One of: execute-tools, inject-steering, prune, compact, call-model, ask-user, verify,
     max-turns, failed, done, idle. `budget` is the context engine's word on the next request:
     None (it fits), "prune" or "compact" (Context.plan)."""
@@ -36,13 +41,15 @@ def derive_next(state: events.State, max_turns: int | None = None, budget: str |
         return "failed"
     if state.pending_tools:
         calls = state.recent_calls
-        if len(calls) == DOOM_LOOP_REPEATS and len(set(calls)) == 1 and not state.started_tools:
+        one_call = len(set(calls)) == 1
+        doom_loop = len(calls) == DOOM_LOOP_REPEATS and one_call
+        if doom_loop and not state.started_tools:
             return "ask-user"
         return "execute-tools"
     if state.queued_steering:
         return "inject-steering"
     if state.needs_model:
-        if max_turns is not None and state.responses_in_turn >= max_turns:
+        if out_of_turns(state, max_turns):
             return "max-turns"
         if budget is not None:
             return budget
@@ -52,40 +59,62 @@ def derive_next(state: events.State, max_turns: int | None = None, budget: str |
     return "done"
 
 
+def out_of_turns(state: events.State, max_turns: int | None) -> bool:
+    """The turn budget (--max-turns) is spent."""
+    if max_turns is None:
+        return False
+    return state.responses_in_turn >= max_turns
+
+
 # ---------------------------------------------------------------- the verification gate (ADR-12)
 
-DOC_SUFFIXES = (".md", ".markdown", ".rst", ".txt", ".adoc",
-                # data and settings no check covers (manifests that builds read are in NOT_DOCS)
-                ".csv", ".tsv", ".jsonl", ".ndjson", ".svg", ".png", ".jpg", ".jpeg", ".gif", ".ico",
-                ".ini", ".env", ".gitignore", ".gitattributes", ".editorconfig", ".dockerignore")
+DOC_SUFFIXES = (
+    ".md", ".markdown", ".rst", ".txt", ".adoc",
+    # data and settings no check covers (manifests that builds read are in NOT_DOCS)
+    ".csv", ".tsv", ".jsonl", ".ndjson",
+    ".svg", ".png", ".jpg", ".jpeg", ".gif", ".ico",
+    ".ini", ".env",
+    ".gitignore", ".gitattributes", ".editorconfig", ".dockerignore",
+)
 DOC_DIRS = ("docs/", "doc/")
 DOC_NAMES = ("license", "licence", "authors", "changelog", "notice")
 # .txt files that are build input, not documentation
 NOT_DOCS = ("cmakelists.txt", "requirements.txt", "constraints.txt")
 # Commands that check work: test runners, type checkers, linters, builds (matched anywhere).
 CHECK_COMMAND = re.compile(r"""(?x)(?:^|[\s;&|(/])(?:
-      pytest | py\.test | tox | nox | mypy | pyright | ruff | flake8 | pylint | unittest
+      pytest | py\.test | tox | nox
+    | mypy | pyright | ruff | flake8 | pylint | unittest
     | py_compile | compileall
-    | (?:npm|pnpm|yarn|bun)\s+(?:run\s+)?(?:test|lint|typecheck|type-check|check|build)\b
-    | jest | vitest | mocha | tsc | eslint | biome | playwright | node\s+--test
+    | (?:npm|pnpm|yarn|bun)\s+(?:run\s+)?
+      (?:test|lint|typecheck|type-check|check|build)\b
+    | jest | vitest | mocha | tsc | eslint | biome | playwright
+    | node\s+--test
     | deno\s+(?:test|check|lint)
     | make(?:\s+-\S+)*\s+(?:test|tests|check|lint)\b
-    | cargo\s+(?:test|check|clippy|build|nextest) | go\s+(?:test|vet|build) | gofmt
-    | golangci-lint | (?:\./)?gradlew?\s+(?:test|check|build) | mvnw?\s+(?:test|verify)
-    | ctest | rspec | phpunit | rake\s+test | dotnet\s+test | swift\s+test | shellcheck
+    | cargo\s+(?:test|check|clippy|build|nextest)
+    | go\s+(?:test|vet|build) | gofmt | golangci-lint
+    | (?:\./)?gradlew?\s+(?:test|check|build)
+    | mvnw?\s+(?:test|verify)
+    | ctest | rspec | phpunit | rake\s+test
+    | dotnet\s+test | swift\s+test | shellcheck
 )(?:$|[\s;&|)])""")
 # A script run directly whose name says test: `python tests/test_app.py`, `./run_tests.sh`.
-TEST_SCRIPT = re.compile(r"(?:^|[;&|(]\s*)(?:(?:python3?|node|bash|sh|ruby|perl)\s+)?\S*test\S*")
+TEST_SCRIPT = re.compile(r"(?:^|[;&|(]\s*)"
+                         r"(?:(?:python3?|node|bash|sh|ruby|perl)\s+)?"
+                         r"\S*test\S*")
 
 
 def gate_holds(state: events.State, max_turns: int | None) -> bool:
     """The model ended its turn: hold the answer back while changed code has no check after
     it, at most VERIFY_NUDGES times, and never past the turn budget."""
-    if state.last_stop_reason != "end_turn" or state.nudges >= VERIFY_NUDGES:
+    if state.last_stop_reason != "end_turn":
         return False
-    if state.user_denied:       # the user said no (to the check, or to running anything): no more asking
+    if state.nudges >= VERIFY_NUDGES:
         return False
-    if max_turns is not None and state.responses_in_turn >= max_turns:
+    # the user said no (to the check, or to running anything): no more asking
+    if state.user_denied:
+        return False
+    if out_of_turns(state, max_turns):
         return False
     return bool(unverified_changes(state))
 
@@ -98,7 +127,8 @@ def is_code_path(path: str) -> bool:
     if name in NOT_DOCS:
         return True
     in_docs = lowered.startswith(DOC_DIRS) or "/docs/" in lowered
-    return not (lowered.endswith(DOC_SUFFIXES) or in_docs or name in DOC_NAMES)
+    is_doc = lowered.endswith(DOC_SUFFIXES) or name in DOC_NAMES
+    return not (is_doc or in_docs)
 
 
 def is_check(command: str, suggested: list[str] = ()) -> bool:
@@ -106,7 +136,10 @@ def is_check(command: str, suggested: list[str] = ()) -> bool:
     text = " ".join(command.split())
     if CHECK_COMMAND.search(text) or TEST_SCRIPT.search(text):
         return True
-    return any(s and " ".join(s.split()) in text for s in suggested)
+    for check in suggested:
+        if check and " ".join(check.split()) in text:
+            return True
+    return False
 
 
 def unverified_changes(state: events.State) -> list[str]:
@@ -115,59 +148,88 @@ def unverified_changes(state: events.State) -> list[str]:
     for command in state.commands:
         if is_check(command["command"], state.suggested_checks):
             last_check = max(last_check, command["seq"])
-    changed = [path for seq, path in state.changes if seq > last_check and is_code_path(path)]
+    changed = []
+    for seq, path in state.changes:
+        if seq > last_check and is_code_path(path):
+            changed.append(path)
     return list(dict.fromkeys(changed))
 
 
-def verification_nudge(changed: list[str], commands: list[str], attempt: int) -> str:
+def verification_nudge(changed: list[str], commands: list[str],
+                       attempt: int) -> str:
     """The user-side text the model reads when its answer is held back."""
     files = ", ".join(changed[:8])
     if len(changed) > 8:
         files += f" and {len(changed) - 8} more"
-    lines = [f"[Khaelor verification, reminder {attempt} of {VERIFY_NUDGES}] Your answer is held "
-             f"back: you changed {files} in this turn and no check has run since the last change."]
+    header = f"[Khaelor verification, reminder {attempt} of {VERIFY_NUDGES}]"
+    lines = [f"{header} Your answer is held back: you changed {files}"
+             " in this turn and no check has run since the last change."]
     if commands:
-        lines.append("Run the relevant checks, fix what fails, then give your final answer again:")
+        lines.append("Run the relevant checks, fix what fails,"
+                     " then give your final answer again:")
         lines += [f"- `{command}`" for command in commands]
     else:
-        lines.append("No check command was found in this project. Run something that exercises "
-                     "the change (its tests, a build, or at least compiling or importing the "
-                     "changed files), then give your final answer again.")
-    lines.append("If a check cannot run here, give your final answer and say why. (This message "
-                 "comes from Khaelor, not from the user.)")
+        lines.append("No check command was found in this project."
+                     " Run something that exercises the change"
+                     " (its tests, a build, or at least compiling"
+                     " or importing the changed files),"
+                     " then give your final answer again.")
+    lines.append("If a check cannot run here, give your final answer"
+                 " and say why. (This message comes from Khaelor,"
+                 " not from the user.)")
     return "\n".join(lines)
 
 
 def completion(state: events.State) -> dict:
     """TaskCompleted's payload: the evidence, and, when the gate held an answer back, the answer
     to deliver (if the model never verified, the withheld answer comes first: never lost)."""
-    checks = [c for c in state.commands if is_check(c["command"], state.suggested_checks)]
+    checks = []
+    for command in state.commands:
+        if is_check(command["command"], state.suggested_checks):
+            checks.append(command)
     unverified = unverified_changes(state)
     unresolved = []
     if unverified:
-        problem = f"no check ran after the last change to {', '.join(unverified[:10])}"
+        names = ", ".join(unverified[:10])
+        problem = f"no check ran after the last change to {names}"
         if state.nudges:
             problem += f" (not verified after {state.nudges} reminders)"
         unresolved.append(problem)
-    for command, run in {c["command"]: c for c in checks}.items():     # each command's last run
+    # each command's last run
+    last_runs = {check["command"]: check for check in checks}
+    for command, run in last_runs.items():
+        shown = context.clip(command, 200)
         if run["exit_code"] is None:
-            unresolved.append(f"`{context.clip(command, 200)}` was still running")
+            unresolved.append(f"`{shown}` was still running")
         elif run["exit_code"] != 0:
-            unresolved.append(f"`{context.clip(command, 200)}` failed (exit {run['exit_code']})")
-    ran = [{"command": context.clip(c["command"], 500), "exit_code": c["exit_code"]} for c in checks]
+            unresolved.append(f"`{shown}` failed (exit {run['exit_code']})")
+    ran = []
+    for check in checks:
+        ran.append({"command": context.clip(check["command"], 500),
+                    "exit_code": check["exit_code"]})
     preexisting = context.attribute_changes(state)["preexisting"]
-    evidence = {"objective": context.clip(state.objective, 2_000),
-                "changed_files": list(dict.fromkeys(path for _, path in state.changes)),
-                "checks": ran[-20:], "unresolved": unresolved,
-                "preexisting_changes": preexisting[:50], "reminders": state.nudges,
-                "stop_reason": state.last_stop_reason, "responses": state.responses_in_turn}
+    changed_files = [path for _, path in state.changes]
+    evidence = {
+        "objective": context.clip(state.objective, 2_000),
+        "changed_files": list(dict.fromkeys(changed_files)),
+        "checks": ran[-20:],
+        "unresolved": unresolved,
+        "preexisting_changes": preexisting[:50],
+        "reminders": state.nudges,
+        "stop_reason": state.last_stop_reason,
+        "responses": state.responses_in_turn,
+    }
     if not state.nudges:
         return {"evidence": evidence}
-    answers = [w for w in state.withheld + [state.last_text] if w]     # oldest first
-    if unverified and answers:      # gave up: the withheld answer, then the model's last word
-        answer = "\n\n".join(dict.fromkeys((answers[0], answers[-1])))
+    # oldest first
+    answers = [text for text in state.withheld + [state.last_text] if text]
+    if unverified and answers:
+        # gave up: the withheld answer, then the model's last word
+        first_and_last = dict.fromkeys((answers[0], answers[-1]))
+        answer = "\n\n".join(first_and_last)
         return {"evidence": evidence, "answer": answer}
-    return {"evidence": evidence, "answer": answers[-1] if answers else ""}
+    last_answer = answers[-1] if answers else ""
+    return {"evidence": evidence, "answer": last_answer}
 
 
 class StreamReducer:
@@ -175,12 +237,24 @@ class StreamReducer:
     are produced when a block closes, so a crash keeps every finished block in the log."""
 
     def __init__(self):
-        self.blocks = {}            # stream index -> the open block, its parts not joined yet
+        # stream index -> the open block, its parts not joined yet
+        self.blocks = {}
         self.usage = {}
         self.message_id = None
         self.model = None
         self.stop_reason = None
-        self.saved_at: float | None = None    # monotonic time of the last TextCheckpoint
+        # monotonic time of the last TextCheckpoint
+        self.saved_at: float | None = None
+
+    def reported_usage(self) -> dict:
+        """The usage the API has reported so far, under every one of our keys."""
+        return {key: self.usage.get(key, 0) for key in events.USAGE_KEYS}
+
+    def checkpoint_due(self, now: float, text: str) -> bool:
+        waited = now - self.saved_at
+        if waited >= CHECKPOINT_INTERVAL_S:
+            return True
+        return len(text) >= CHECKPOINT_CHARS
 
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
@@ -194,12 +268,14 @@ class StreamReducer:
             if block["type"] != "text" or not unsaved:
                 continue
             text = "".join(unsaved)
-            if now is None or now - self.saved_at >= CHECKPOINT_INTERVAL_S or len(text) >= CHECKPOINT_CHARS:
+            if now is None or self.checkpoint_due(now, text):
                 block["n_saved"] = len(block["parts"])
                 payload = {"index": index, "text": text}
         if now is None and any(self.usage.values()):
-            payload = {**(payload or {"index": -1, "text": ""}), "model": self.model,
-                       "usage": {k: self.usage.get(k, 0) for k in events.USAGE_KEYS}}
+            # cut off: the usage goes with the text, or alone
+            payload = dict(payload or {"index": -1, "text": ""})
+            payload["model"] = self.model
+            payload["usage"] = self.reported_usage()
         if payload is not None:
             self.saved_at = now
         return payload
@@ -207,21 +283,29 @@ class StreamReducer:
     def feed(self, event: dict) -> list[tuple[str, dict]]:
         kind = event["type"]
         if kind == "message_start":
-            self.message_id, self.model = event["message"].get("id"), event["message"].get("model")
+            message = event["message"]
+            self.message_id = message.get("id")
+            self.model = message.get("model")
             self.usage = merge_usage({}, event)
         elif kind == "content_block_start":
-            self.blocks[event["index"]] = dict(event["content_block"], parts=[])   # joined once, at the stop
+            # the parts are joined once, at the stop
+            block = dict(event["content_block"], parts=[])
+            self.blocks[event["index"]] = block
         elif kind == "content_block_delta":
-            return self._delta(self.blocks[event["index"]], event["delta"])
+            block = self.blocks[event["index"]]
+            return self._delta(block, event["delta"])
         elif kind == "content_block_stop":
             return self._close(self.blocks.pop(event["index"]))
         elif kind == "message_delta":
-            self.stop_reason = event["delta"].get("stop_reason") or self.stop_reason
+            stop_reason = event["delta"].get("stop_reason")
+            self.stop_reason = stop_reason or self.stop_reason
             self.usage = merge_usage(self.usage, event)
         elif kind == "message_stop":
-            usage = {k: self.usage.get(k, 0) for k in events.USAGE_KEYS}
-            return [("ModelResponseCompleted", {"message_id": self.message_id, "model": self.model,
-                                                "stop_reason": self.stop_reason, "usage": usage})]
+            completed = {"message_id": self.message_id,
+                         "model": self.model,
+                         "stop_reason": self.stop_reason,
+                         "usage": self.reported_usage()}
+            return [("ModelResponseCompleted", completed)]
         return []
 
     @staticmethod
@@ -234,35 +318,54 @@ class StreamReducer:
             block["parts"].append(delta["thinking"])
             return [("ThinkingDelta", {"text": delta["thinking"]})]
         if kind == "signature_delta":
-            block["signature"] = block.get("signature", "") + delta["signature"]
+            signature = block.get("signature", "") + delta["signature"]
+            block["signature"] = signature
         elif kind == "input_json_delta":
-            block["parts"].append(delta["partial_json"])
-            return [("ToolInputDelta", {"tool_use_id": block["id"], "partial_json": delta["partial_json"]})]
+            partial = delta["partial_json"]
+            block["parts"].append(partial)
+            payload = {"tool_use_id": block["id"], "partial_json": partial}
+            return [("ToolInputDelta", payload)]
         return []
 
     @staticmethod
     def _close(block: dict) -> list:
-        kind, streamed = block["type"], "".join(block["parts"])
+        kind = block["type"]
+        streamed = "".join(block["parts"])
         if kind == "text":
-            return [("ModelTextBlockCompleted", {"text": block.get("text", "") + streamed})]
+            text = block.get("text", "") + streamed
+            return [("ModelTextBlockCompleted", {"text": text})]
         if kind == "thinking":
-            return [("ModelThinkingBlockCompleted", {"thinking": block.get("thinking", "") + streamed,
-                                                     "signature": block.get("signature", "")})]
+            thinking = block.get("thinking", "") + streamed
+            payload = {"thinking": thinking,
+                       "signature": block.get("signature", "")}
+            return [("ModelThinkingBlockCompleted", payload)]
         if kind == "redacted_thinking":
-            return [("ModelThinkingBlockCompleted", {"redacted": block["data"]})]
+            payload = {"redacted": block["data"]}
+            return [("ModelThinkingBlockCompleted", payload)]
         if kind == "tool_use":
-            payload = {"tool_use_id": block["id"], "name": block["name"], "input": {}}
-            try:
-                parsed = json.loads(streamed) if streamed.strip() else {}
-            except (ValueError, RecursionError) as e:     # RecursionError: absurdly deep nesting
-                parsed = None
-                payload["input_error"] = f"the input was not valid JSON ({str(e)[:200]}); it may have been cut off"
-            if isinstance(parsed, dict):
-                payload["input"] = parsed
-            elif parsed is not None:
-                payload["input_error"] = "the input must be a JSON object"
+            payload = StreamReducer._tool_request(block, streamed)
             return [("ToolRequested", payload)]
         return []
+
+    @staticmethod
+    def _tool_request(block: dict, streamed: str) -> dict:
+        """ToolRequested: input that is not one JSON object is an input_error the model reads."""
+        payload = {"tool_use_id": block["id"], "name": block["name"],
+                   "input": {}}
+        try:
+            parsed = {}
+            if streamed.strip():
+                parsed = json.loads(streamed)
+        except (ValueError, RecursionError) as e:
+            # RecursionError: absurdly deep nesting
+            parsed = None
+            problem = f"the input was not valid JSON ({str(e)[:200]})"
+            payload["input_error"] = f"{problem}; it may have been cut off"
+        if isinstance(parsed, dict):
+            payload["input"] = parsed
+        elif parsed is not None:
+            payload["input_error"] = "the input must be a JSON object"
+        return payload
 
 
 # ---------------------------------------------------------------- the loop
@@ -271,8 +374,9 @@ class Kernel:
     """Runs turns of one session. `ask(request_event) -> (choice, feedback)` answers permission
     questions: choice is "once", "always" or "deny"; `grant(rule)` persists an "always"."""
 
-    def __init__(self, *, bus, model, toolbox, ctx, rules, project_root, ask, grant=None,
-                 yes=False, max_turns=None, permission_mode="default"):
+    def __init__(self, *, bus, model, toolbox, ctx, rules, project_root,
+                 ask, grant=None, yes=False, max_turns=None,
+                 permission_mode="default"):
         self.bus = bus
         self.model = model
         self.toolbox = toolbox
@@ -283,9 +387,11 @@ class Kernel:
         self.grant = grant
         self.yes = yes
         self.max_turns = max_turns
-        self.permission_mode = permission_mode      # "default", "acceptEdits" or "plan" (permissions.MODES)
+        # "default", "acceptEdits" or "plan" (permissions.MODES)
+        self.permission_mode = permission_mode
         self.busy = False
-        self.planned_seq = 0        # the log's last seq when Context.plan was last asked
+        # the log's last seq when Context.plan was last asked
+        self.planned_seq = 0
 
     @property
     def state(self) -> events.State:
@@ -295,24 +401,34 @@ class Kernel:
     def emit(self, type, **payload):
         return self.bus.emit(type, **payload)
 
+    def cancel_pending(self, reason: str) -> None:
+        """Every call still waiting for its result gets a cancelled one, saying why."""
+        for call in list(self.state.pending_tools):
+            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
+                      reason=reason)
+
     def submit(self, text: str) -> None:
         """A user message; while a turn runs it is queued as steering instead."""
         if self.busy:
             self.emit("SteeringQueued", text=text)
             return
-        for call in list(self.state.pending_tools):
-            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="not run: the user sent a new message")
-        for queued in list(self.state.queued_steering):     # typed before an Esc: it goes first, in order
+        self.cancel_pending("not run: the user sent a new message")
+        # typed before an Esc: it goes first, in order
+        for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
         self.emit("UserMessageCreated", text=text)
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
         for tool_use_id in sorted(self.state.started_tools):
-            self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="khaelor exited while the tool was running")
-        if self.state.turn_open and (self.state.attempt.blocks or self.state.attempt.partial):
+            self.emit("ToolCancelled", tool_use_id=tool_use_id,
+                      reason="khaelor exited while the tool was running")
+        attempt = self.state.attempt
+        mid_reply = attempt.blocks or attempt.partial
+        if self.state.turn_open and mid_reply:
             # It died mid-reply: the turn ends there, and the text saved so far stays in the conversation.
-            self.emit("Interrupted", reason="khaelor exited while the reply was streaming")
+            self.emit("Interrupted",
+                      reason="khaelor exited while the reply was streaming")
         self.bus.store.sync()
 
     def start(self) -> asyncio.Task:
@@ -367,18 +483,20 @@ class Kernel:
     def budget(self) -> str | None:
         """The context engine's plan for the next request, asked once per grown log: a prune or
         compaction that freed nothing is not tried again until the conversation moves on."""
-        if not self.state.needs_model or self.state.last_seq == self.planned_seq:
+        state = self.state
+        if not state.needs_model:
             return None
-        self.planned_seq = self.state.last_seq
-        return self.ctx.plan(self.state)
+        if state.last_seq == self.planned_seq:
+            return None
+        self.planned_seq = state.last_seq
+        return self.ctx.plan(state)
 
     def fail(self, error: Exception) -> None:
         """A bug, or a world that broke under us: every open call gets a result, then TaskFailed."""
         what = str(error)
         if not isinstance(error, events.KhaelorError):
             what = f"internal error: {type(error).__name__}: {error}"
-        for call in list(self.state.pending_tools):
-            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason=f"not run: {what}")
+        self.cancel_pending(f"not run: {what}")
         trace = "".join(traceback.format_exception(error))
         self.emit("TaskFailed", reason=what, traceback=trace[-8_000:])
 
@@ -389,7 +507,9 @@ class Kernel:
         elif step == "failed":
             self.emit("TaskFailed", reason=state.last_failure["message"])
         elif step == "max-turns":
-            self.emit("TaskFailed", reason=f"stopped after --max-turns {self.max_turns} model responses")
+            reason = (f"stopped after --max-turns {self.max_turns}"
+                      " model responses")
+            self.emit("TaskFailed", reason=reason)
         return step
 
     async def ask_to_continue(self) -> None:
@@ -397,18 +517,27 @@ class Kernel:
         panel; "continue" lets it run, a denial with a message goes to the model as the call's
         result, a bare denial (or nobody to ask, headless) ends the turn."""
         pending = list(self.state.pending_tools)
-        call, what = pending[-1], f"{pending[-1]['name']} call"
-        request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"], capability=events.LOOP_CAPABILITY,
-                            descriptor=f"continue after {DOOM_LOOP_REPEATS} identical {what}s in a row",
-                            suggestion=None, preview=permission_preview(call))
+        call = pending[-1]
+        call_id = call["tool_use_id"]
+        what = f"{call['name']} call"
+        repeats = f"{DOOM_LOOP_REPEATS} identical {what}s in a row"
+        request = self.emit("PermissionRequested",
+                            tool_use_id=call_id,
+                            capability=events.LOOP_CAPABILITY,
+                            descriptor=f"continue after {repeats}",
+                            suggestion=None,
+                            preview=permission_preview(call))
         choice, feedback = await self.ask(request)
         if choice != "deny":
-            self.emit("PermissionGranted", tool_use_id=call["tool_use_id"], scope="once")
+            self.emit("PermissionGranted", tool_use_id=call_id, scope="once")
             return
-        reason = f"stopped: the model repeated the same {what} {DOOM_LOOP_REPEATS} times in a row"
-        self.emit("PermissionDenied", tool_use_id=call["tool_use_id"], reason=reason, feedback=feedback)
+        reason = (f"stopped: the model repeated the same {what}"
+                  f" {DOOM_LOOP_REPEATS} times in a row")
+        self.emit("PermissionDenied", tool_use_id=call_id,
+                  reason=reason, feedback=feedback)
         for other in pending[:-1]:
-            self.emit("ToolCancelled", tool_use_id=other["tool_use_id"], reason="not run: " + reason)
+            self.emit("ToolCancelled", tool_use_id=other["tool_use_id"],
+                      reason="not run: " + reason)
         if not feedback:
             self.emit("TaskFailed", reason=f"{reason}; say how to continue")
 
@@ -417,20 +546,23 @@ class Kernel:
         state = self.state
         changed = unverified_changes(state)
         # Off the loop: detection reads the project's files (pyproject, package.json, tests/).
-        commands = await asyncio.to_thread(context.detect_checks, self.project_root, changed)
-        self.emit("VerificationRequested", attempt=state.nudges + 1, changed_files=changed, commands=commands,
+        commands = await asyncio.to_thread(context.detect_checks,
+                                           self.project_root, changed)
+        attempt = state.nudges + 1
+        self.emit("VerificationRequested", attempt=attempt,
+                  changed_files=changed, commands=commands,
                   withheld=state.last_text,
-                  text=verification_nudge(changed, commands, state.nudges + 1))
+                  text=verification_nudge(changed, commands, attempt))
 
     async def record_baseline(self, reason: str) -> None:
         """BaselineRecorded (ADR-15): git state, read-only, off the event loop."""
-        payload = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
+        workspace = self.toolbox.workspace
+        payload = await asyncio.to_thread(context.git_baseline, workspace)
         self.emit("BaselineRecorded", reason=reason, **payload)
 
     def interrupt_cleanup(self) -> None:
         """Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted."""
-        for call in list(self.state.pending_tools):
-            self.emit("ToolCancelled", tool_use_id=call["tool_use_id"], reason="interrupted by the user")
+        self.cancel_pending("interrupted by the user")
         self.emit("Interrupted")
 
     async def call_model(self) -> None:
@@ -440,29 +572,37 @@ class Kernel:
                 await self.stream_response()
                 break
             except ModelError as e:
-                overflow_retry = e.kind == "context_overflow" and attempt == 1
-                self.emit("ModelRequestFailed", kind=e.kind, status=e.status, message=str(e), retrying=overflow_retry)
-                if not overflow_retry:
+                overflow = e.kind == "context_overflow"
+                retrying = overflow and attempt == 1
+                self.emit("ModelRequestFailed", kind=e.kind, status=e.status,
+                          message=str(e), retrying=retrying)
+                if not retrying:
                     break
                 try:
-                    await self.keep_in_budget(self.ctx.overflow_plan(self.state, str(e)))
+                    plan = self.ctx.overflow_plan(self.state, str(e))
+                    await self.keep_in_budget(plan)
                 except ModelError as aux_error:
-                    self.emit("ModelRequestFailed", kind=aux_error.kind, status=aux_error.status,
-                              message=f"compaction failed: {aux_error}", retrying=False)
+                    self.emit("ModelRequestFailed", kind=aux_error.kind,
+                              status=aux_error.status,
+                              message=f"compaction failed: {aux_error}",
+                              retrying=False)
                     break
         await self.bus.store.sync_off_loop()
 
     async def stream_response(self) -> None:
         # Off the loop: the facts include `git status`, which takes a while in a big repository.
         processes = self.toolbox.running_processes()
-        volatile = await asyncio.to_thread(self.ctx.volatile_facts, processes, self.state.world_seq)
+        world_seq = self.state.world_seq
+        volatile = await asyncio.to_thread(self.ctx.volatile_facts,
+                                           processes, world_seq)
         request = self.ctx.build_request(self.state, volatile=volatile)
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
-                    self.emit("ModelRequestFailed", kind="retryable", status=raw.get("status"),
+                    self.emit("ModelRequestFailed", kind="retryable",
+                              status=raw.get("status"),
                               message=raw["error"], retrying=True)
                     reducer = StreamReducer()
                     continue
@@ -475,7 +615,8 @@ class Kernel:
             self.save_checkpoint(reducer, None)
             raise
 
-    def save_checkpoint(self, reducer: StreamReducer, now: float | None) -> bool:
+    def save_checkpoint(self, reducer: StreamReducer,
+                        now: float | None) -> bool:
         """The streaming text block, durably and at a low rate, so a crash or an Esc keeps it."""
         payload = reducer.checkpoint(now)
         if payload is not None:
@@ -485,16 +626,21 @@ class Kernel:
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
         """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
         if plan == "prune":
-            self.emit("ContextPruned", tool_use_ids=context.prune_ids(self.state))
+            pruned = context.prune_ids(self.state)
+            self.emit("ContextPruned", tool_use_ids=pruned)
         elif plan == "compact":
             self.emit("Status", text="compacting the conversation…")
-            paid = {}       # the summary call's usage: /cost counts compaction too
+            # the summary call's usage: /cost counts compaction too
+            paid = {}
 
             async def summarize(request: dict) -> dict:
                 answer = await self.model.complete(request)
-                paid.update(model=answer.get("model"), usage=answer.get("usage") or {})
+                paid.update(model=answer.get("model"),
+                            usage=answer.get("usage") or {})
                 return answer
-            payload = await context.compact(self.state, summarize, focus=focus, aux_model=self.ctx.aux_model)
+            payload = await context.compact(self.state, summarize,
+                                            focus=focus,
+                                            aux_model=self.ctx.aux_model)
             if payload is not None:
                 self.emit("ContextCompacted", **payload, **paid)
 
@@ -504,29 +650,41 @@ class Kernel:
         await self.bus.store.sync_off_loop()
 
     async def run_tool(self, call: dict) -> None:
-        tool_use_id, name = call["tool_use_id"], call["name"]
+        tool_use_id = call["tool_use_id"]
+        name = call["name"]
         if call.get("input_error"):
-            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name, meta={},
-                      output=f"Your {name} call could not be run: {call['input_error']}. Send the call again "
-                             "with a complete JSON object as input.")
+            output = (f"Your {name} call could not be run:"
+                      f" {call['input_error']}. Send the call again"
+                      " with a complete JSON object as input.")
+            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
+                      meta={}, output=output)
             return
-        doomed = self.toolbox.edit_problem(call["input"]) if name == "edit" else None
-        if doomed is not None:      # no question for an edit that cannot succeed (issue 14 item 6)
-            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name, output=doomed.text, meta=doomed.meta)
+        doomed = None
+        if name == "edit":
+            doomed = self.toolbox.edit_problem(call["input"])
+        # no question for an edit that cannot succeed (issue 14 item 6)
+        if doomed is not None:
+            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
+                      output=doomed.text, meta=doomed.meta)
             return
         decision = await self.permitted(call)
         if decision is None:
             return
-        if name in ("write", "edit") and not self.state.edit_baseline:
-            await self.record_baseline("before first edit")     # what was already dirty is not ours
+        edits = name in ("write", "edit")
+        if edits and not self.state.edit_baseline:
+            # what was already dirty is not ours
+            await self.record_baseline("before first edit")
         self.emit("ToolStarted", tool_use_id=tool_use_id, name=name)
         try:
-            result = await self.toolbox.run(name, call["input"], tool_use_id, confine=decision.confine)
+            result = await self.toolbox.run(name, call["input"], tool_use_id,
+                                            confine=decision.confine)
         except asyncio.CancelledError:
-            self.emit("ToolCancelled", tool_use_id=tool_use_id, reason="interrupted by the user")
+            self.emit("ToolCancelled", tool_use_id=tool_use_id,
+                      reason="interrupted by the user")
             raise
         kind = "ToolFailed" if result.is_error else "ToolCompleted"
-        self.emit(kind, tool_use_id=tool_use_id, name=name, output=result.text, meta=result.meta)
+        self.emit(kind, tool_use_id=tool_use_id, name=name,
+                  output=result.text, meta=result.meta)
 
     async def permitted(self, call: dict) -> permissions.Decision | None:
         """The gate: the hardline floor always refuses; an ask goes to the user (or --yes, except
@@ -537,21 +695,30 @@ class Kernel:
         if decision.action == "allow" and not decision.floor:
             return decision
         if decision.floor or decision.action == "deny":
-            why = f"refused by the {decision.reason}" if decision.floor else decision.reason or "denied by a rule"
-            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=f"{decision.descriptor}: {why}", feedback="")
+            if decision.floor:
+                why = f"refused by the {decision.reason}"
+            else:
+                why = decision.reason or "denied by a rule"
+            self.emit("PermissionDenied", tool_use_id=tool_use_id,
+                      reason=f"{decision.descriptor}: {why}", feedback="")
             return None
         if self.yes and not decision.destructive:
-            self.emit("PermissionGranted", tool_use_id=tool_use_id, scope="yes")
+            self.emit("PermissionGranted", tool_use_id=tool_use_id,
+                      scope="yes")
             return decision
-        request = self.emit("PermissionRequested", tool_use_id=tool_use_id, capability=decision.capability,
-                            descriptor=decision.descriptor, suggestion=decision.suggestion,
+        request = self.emit("PermissionRequested",
+                            tool_use_id=tool_use_id,
+                            capability=decision.capability,
+                            descriptor=decision.descriptor,
+                            suggestion=decision.suggestion,
                             preview=permission_preview(call))
         choice, feedback = await self.ask(request)
         if choice == "deny":
             reason = "the user declined"
             if decision.destructive:
                 reason += f" ({decision.reason})"
-            self.emit("PermissionDenied", tool_use_id=tool_use_id, reason=reason, feedback=feedback)
+            self.emit("PermissionDenied", tool_use_id=tool_use_id,
+                      reason=reason, feedback=feedback)
             return None
         if choice == "always" and decision.suggestion and self.grant:
             self.grant(decision.suggestion)
@@ -562,10 +729,14 @@ class Kernel:
         """permissions.decide with what only the session knows: whether commands are sandboxed,
         and for `process write` the command the process runs."""
         process_command = None
-        if call["name"] == "process" and isinstance(call["input"], dict):
-            process_command = self.toolbox.process_command(call["input"].get("id"))
-        return permissions.decide(call["name"], call["input"], self.project_root, self.rules,
-                                  sandboxed=self.toolbox.sandboxed, process_command=process_command,
+        tool_input = call["input"]
+        if call["name"] == "process" and isinstance(tool_input, dict):
+            process_id = tool_input.get("id")
+            process_command = self.toolbox.process_command(process_id)
+        return permissions.decide(call["name"], tool_input,
+                                  self.project_root, self.rules,
+                                  sandboxed=self.toolbox.sandboxed,
+                                  process_command=process_command,
                                   mode=self.permission_mode)
 
 
@@ -575,7 +746,9 @@ def permission_preview(call: dict) -> str:
     if call["name"] == "bash":
         return str(tool_input.get("command", ""))
     if call["name"] == "edit":
-        return f"- {tool_input.get('old_string', '')}\n+ {tool_input.get('new_string', '')}"
+        old = tool_input.get("old_string", "")
+        new = tool_input.get("new_string", "")
+        return f"- {old}\n+ {new}"
     if call["name"] == "write":
         return str(tool_input.get("content", ""))[:2000]
     return json.dumps(tool_input)[:2000]
