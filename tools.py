@@ -2288,12 +2288,18 @@ def _read_text_file(path: Path) -> str | None:
 async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     command = args["command"]
     if not command.strip():
-        raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
+        raise ToolError(
+            "command is empty; pass the shell command to run.",
+            error="invalid_input")
     timeout_ms = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS)
     if timeout_ms <= 0:
-        raise ToolError(f"timeout must be a positive number of milliseconds (default {BASH_DEFAULT_TIMEOUT_MS}).",
-                        error="invalid_input")
-    notes = [f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)"] if timeout_ms > BASH_MAX_TIMEOUT_MS else []
+        raise ToolError(
+            "timeout must be a positive number of milliseconds "
+            f"(default {BASH_DEFAULT_TIMEOUT_MS}).",
+            error="invalid_input")
+    notes = []
+    if timeout_ms > BASH_MAX_TIMEOUT_MS:
+        notes.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
     workdir = _existing(box.workspace, args.get("workdir"))
     spool = _Spool(box.spill_dir, tool_use_id or "bash")
@@ -2303,32 +2309,47 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    ports = set() if confine["network"] else sandbox.listening_ports(box.groups)
+    ports = _reachable_ports(confine, box.groups)
     child = await box.workspace.exec(command, cwd=workdir, confine=confine, ports=ports)
     box.groups.add(child.pid)
-    timed_out, stray = await _supervise(child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
+    timed_out, stray = await _supervise(
+        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
     exit_code = child.proc.returncode
-    meta = {"exit_code": exit_code, "duration_ms": int((time.monotonic() - started) * 1000), "timed_out": timed_out}
-    parts = [spool.finish(meta).rstrip("\n") or "(no output)", ""]
+    duration_ms = int((time.monotonic() - started) * 1000)
+    meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
+    output = spool.finish(meta).rstrip("\n") or "(no output)"
+    parts = [output, ""]
     if timed_out:
-        parts.append(f"Timed out after {timeout_ms / 1000:g} s: the command and every process it started were "
-                     "killed. For servers, watchers or long builds use process (action \"start\") and poll it "
-                     f"with process (action \"read\"); for a slow command pass a larger timeout (max {BASH_MAX_TIMEOUT_MS}).")
+        parts.append(
+            f"Timed out after {timeout_ms / 1000:g} s: "
+            "the command and every process it started were killed. "
+            "For servers, watchers or long builds use process (action \"start\") "
+            "and poll it with process (action \"read\"); "
+            f"for a slow command pass a larger timeout (max {BASH_MAX_TIMEOUT_MS}).")
     elif exit_code < 0:
         parts.append(f"Exit code: {exit_code} (killed by {_signal_name(-exit_code)})")
     else:
         parts.append(f"Exit code: {exit_code}")
     if stray:
-        parts.append("Note: processes it left running in the background were stopped; use the process tool for "
-                     "long-running work.")
+        parts.append(
+            "Note: processes it left running in the background were stopped; "
+            "use the process tool for long-running work.")
     refused = None
     if box.sandboxed and exit_code != 0:
         ws = box.workspace
-        refused = sandbox.explain(parts[0], confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
+        refused = sandbox.explain(
+            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)
     return ToolResult("\n".join(parts + notes), is_error=timed_out, meta=meta)
+
+
+def _reachable_ports(confine: dict, groups: set[int]) -> set[int]:
+    """Without network, a command may still connect to what khaelor's own processes listen on."""
+    if confine["network"]:
+        return set()
+    return sandbox.listening_ports(groups)
 
 # ---------------------------------------------------------------- process: background processes
 
@@ -2337,29 +2358,38 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
 class _Process:
     """A background process and its output: the newest PROCESS_BUFFER_CHARS characters, and how far the
     model has read them."""
-    process_id: str                 # "p1", "p2", … per session
+    # "p1", "p2", … per session.
+    process_id: str
     command: str
     child: Child
     started: float = field(default_factory=time.monotonic)
-    ended: float | None = None      # time.monotonic() when it exited; None while running
-    cause: str | None = None        # why we stopped it ("stopped", "khaelor exit"); None: it exited by itself
+    # time.monotonic() when it exited; None while running.
+    ended: float | None = None
+    # Why we stopped it ("stopped", "khaelor exit"); None: it exited by itself.
+    cause: str | None = None
     watcher: asyncio.Task | None = None
-    text: str = ""                  # the rolling output buffer
-    base: int = 0                   # absolute position of text[0] in everything it ever wrote
-    read_pos: int = 0               # absolute position up to which the model has read
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)   # set by new output and by the exit
+    # The rolling output buffer.
+    text: str = ""
+    # Absolute position of text[0] in everything it ever wrote.
+    base: int = 0
+    # Absolute position up to which the model has read.
+    read_pos: int = 0
+    # Set by new output and by the exit.
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def append(self, text: str) -> None:
         self.text += text
         if len(self.text) > PROCESS_BUFFER_CHARS:
             drop = len(self.text) - PROCESS_BUFFER_CHARS
-            self.text, self.base = self.text[drop:], self.base + drop
+            self.text = self.text[drop:]
+            self.base += drop
         self.arrived.set()
 
     def take(self) -> tuple[int, str]:
         """(characters dropped unread, the new output) since the last take."""
         start = max(self.read_pos, self.base)
-        dropped, new = start - self.read_pos, self.text[start - self.base:]
+        dropped = start - self.read_pos
+        new = self.text[start - self.base:]
         self.read_pos = self.base + len(self.text)
         self.arrived.clear()
         return dropped, new
@@ -2371,15 +2401,21 @@ class _Process:
         code = self.child.proc.returncode
         if self.ended is None:
             return "running"
-        return f"{self.cause} (exit code {code})" if self.cause else f"exited (code {code})"
+        if self.cause:
+            return f"{self.cause} (exit code {code})"
+        return f"exited (code {code})"
 
 
 class _Processes:
     """The session's background processes. Their watchers are tasks of their own, so an interrupted turn
     leaves them running; close() stops them all."""
 
-    def __init__(self, workspace: Workspace, emit: Callable[..., dict], groups: set[int], mask: Callable[[str], str]):
-        self.workspace, self.emit, self.groups, self.mask = workspace, emit, groups, mask
+    def __init__(self, workspace: Workspace, emit: Callable[..., dict],
+                 groups: set[int], mask: Callable[[str], str]):
+        self.workspace = workspace
+        self.emit = emit
+        self.groups = groups
+        self.mask = mask
         self.items: dict[str, _Process] = {}
         self.n_started = 0
         self.closed = False
@@ -2393,37 +2429,57 @@ class _Processes:
         live = self.live()
         if len(live) >= PROCESS_LIVE_CAP:
             ids = ", ".join(p.process_id for p in live)
-            raise ToolError(f"{len(live)} processes are already running ({ids}), the limit is {PROCESS_LIVE_CAP}. "
-                            "Stop one you no longer need with process action \"stop\" first.", error="too_many")
+            raise ToolError(
+                f"{len(live)} processes are already running ({ids}), "
+                f"the limit is {PROCESS_LIVE_CAP}. "
+                "Stop one you no longer need with process action \"stop\" first.",
+                error="too_many")
         # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so stopped later).
         return await asyncio.shield(self._spawn(command, confine))
 
     async def _spawn(self, command: str, confine: dict) -> _Process:
-        ports = set() if confine["network"] else sandbox.listening_ports(self.groups)
-        child = await self.workspace.exec(command, stdin=True, confine=confine, ports=ports)
+        ports = _reachable_ports(confine, self.groups)
+        child = await self.workspace.exec(
+            command, stdin=True, confine=confine, ports=ports)
         self.groups.add(child.pid)
         self.n_started += 1
         process = _Process(f"p{self.n_started}", command, child)
         self.items[process.process_id] = process
-        process.watcher = asyncio.create_task(self._watch(process), name=f"khaelor process {process.process_id}")
-        self.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
-        exited = [key for key, p in self.items.items() if p.ended is not None]     # keep the table small
-        for key in exited[:max(0, len(self.items) - 4 * PROCESS_LIVE_CAP)]:
-            del self.items[key]
+        process.watcher = asyncio.create_task(
+            self._watch(process), name=f"khaelor process {process.process_id}")
+        self.emit(
+            "ProcessStarted",
+            process_id=process.process_id,
+            pid=child.pid,
+            command=command)
+        self.forget_exited()
         return process
+
+    def forget_exited(self) -> None:
+        """Keep the table small: beyond 4 × PROCESS_LIVE_CAP entries, the oldest exited ones go."""
+        exited = [key for key, p in self.items.items() if p.ended is not None]
+        n_extra = max(0, len(self.items) - 4 * PROCESS_LIVE_CAP)
+        for key in exited[:n_extra]:
+            del self.items[key]
 
     async def _watch(self, process: _Process) -> None:
         """Collect output until the process exits, clear out its group, report ProcessExited once."""
         try:
-            await _supervise(process.child, self.groups, process.append, None, PROCESS_STRAY_GRACE_S, self.mask)
-        except asyncio.CancelledError:      # the event loop is closing without close(): still no orphans
+            await _supervise(
+                process.child, self.groups, process.append, None,
+                PROCESS_STRAY_GRACE_S, self.mask)
+        except asyncio.CancelledError:
+            # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
             process.ended = time.monotonic()
             process.arrived.set()
-            self.emit("ProcessExited", process_id=process.process_id, exit_code=process.child.proc.returncode,
-                      cause=process.cause or "exited")
+            self.emit(
+                "ProcessExited",
+                process_id=process.process_id,
+                exit_code=process.child.proc.returncode,
+                cause=process.cause or "exited")
 
     async def stop(self, process: _Process, cause: str) -> None:
         """SIGTERM to the whole group, SIGKILL after a grace period."""
@@ -2441,21 +2497,26 @@ class _Processes:
         await asyncio.gather(*(self.stop(p, "khaelor exit") for p in self.live()))
 
     async def write(self, process: _Process, text: str) -> str:
+        name = process.process_id
         if process.ended is not None:
-            raise ToolError(f"{process.process_id} has {process.status()}; it takes no more input.", error="exited")
+            raise ToolError(
+                f"{name} has {process.status()}; it takes no more input.",
+                error="exited")
         try:
             process.child.stdin.write(text.encode("utf-8"))
             await asyncio.wait_for(process.child.stdin.drain(), 5.0)
         except (BrokenPipeError, ConnectionResetError):
-            raise ToolError(f"{process.process_id} closed its stdin.", error="stdin_closed") from None
+            raise ToolError(f"{name} closed its stdin.", error="stdin_closed") from None
         except TimeoutError:
-            raise ToolError(f"{process.process_id} is not reading its stdin (write timed out after 5 s).",
-                            error="stdin_blocked") from None
-        return f"Wrote {len(text)} characters to {process.process_id}."
+            raise ToolError(
+                f"{name} is not reading its stdin (write timed out after 5 s).",
+                error="stdin_blocked") from None
+        return f"Wrote {len(text)} characters to {name}."
 
     async def settle(self, process: _Process, timeout_s: float) -> None:
         """Wait briefly for output (or exit), then a moment more so a burst arrives whole."""
-        if process.base + len(process.text) == process.read_pos and process.ended is None:
+        all_read = process.base + len(process.text) == process.read_pos
+        if all_read and process.ended is None:
             try:
                 await asyncio.wait_for(process.arrived.wait(), timeout_s)
             except TimeoutError:
@@ -2465,43 +2526,75 @@ class _Processes:
 
 
 async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    action, procs = args["action"], box.processes
+    action = args["action"]
+    procs = box.processes
 
     def needs(key: str, what: str) -> str:
         if key not in args:
-            raise ToolError(f"process action \"{action}\" needs '{key}' ({what}). Call process again with it.",
-                            error="invalid_input")
+            raise ToolError(
+                f"process action \"{action}\" needs '{key}' ({what}). "
+                "Call process again with it.",
+                error="invalid_input")
         return args[key]
 
     if action == "list":
-        rows = [f"{p.process_id}  {p.status()}  pid {p.child.pid}  {p.runtime_s():g} s  {p.command}"
-                for p in procs.items.values()]
-        if not rows:
-            return ToolResult("No background processes. Start one with process action \"start\".", meta={"count": 0})
-        return ToolResult("\n".join(rows), meta={"count": len(rows), "running": len(procs.live())})
+        return _process_list(procs)
     lines = []
     if action == "start":
-        process = await procs.start(needs("command", "the shell command to start"), confine)
+        command = needs("command", "the shell command to start")
+        process = await procs.start(command, confine)
         lines.append(f"Started {process.process_id}. Poll it with process action \"read\", "
                      f"id \"{process.process_id}\".")
-    elif (process := procs.items.get(needs("id", "the process id, e.g. \"p1\""))) is None:
-        raise ToolError(f"No process with id {args['id']!r} (known: {', '.join(procs.items) or 'none yet'}). Use "
-                        "process action \"list\".", error="unknown_process")
+    else:
+        process_id = needs("id", "the process id, e.g. \"p1\"")
+        process = procs.items.get(process_id)
+        if process is None:
+            known = ", ".join(procs.items) or "none yet"
+            raise ToolError(
+                f"No process with id {args['id']!r} (known: {known}). "
+                "Use process action \"list\".",
+                error="unknown_process")
     if action == "write":
         lines.append(await procs.write(process, needs("input", "the text to send")))
     if action == "stop":
         await procs.stop(process, "stopped")
+    elif action == "read":
+        await procs.settle(process, 1.0)
     else:
-        await procs.settle(process, 1.0 if action == "read" else PROCESS_SETTLE_S)
+        await procs.settle(process, PROCESS_SETTLE_S)
     dropped, new = process.take()
     lines.append(f"[{process.process_id} · {process.status()} · pid {process.child.pid} · "
                  f"{process.runtime_s():g} s] {process.command}")
     if dropped:
-        lines.append(f"[… {dropped:,} earlier characters were dropped from the buffer before you read them …]")
-    lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
-    return ToolResult("\n".join(lines), meta={"process_id": process.process_id, "pid": process.child.pid,
-                                              "status": process.status(), "exit_code": process.child.proc.returncode})
+        lines.append(f"[… {dropped:,} earlier characters were dropped "
+                     "from the buffer before you read them …]")
+    if new.strip():
+        lines.append(new.rstrip("\n"))
+    else:
+        lines.append("(no new output)")
+    meta = {
+        "process_id": process.process_id,
+        "pid": process.child.pid,
+        "status": process.status(),
+        "exit_code": process.child.proc.returncode,
+    }
+    return ToolResult("\n".join(lines), meta=meta)
 
 
-TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _tool_grep, "glob": _tool_glob,
-         "bash": _tool_bash, "process": _tool_process}
+def _process_list(procs: _Processes) -> ToolResult:
+    rows = []
+    for p in procs.items.values():
+        rows.append(f"{p.process_id}  {p.status()}  pid {p.child.pid}  "
+                    f"{p.runtime_s():g} s  {p.command}")
+    if not rows:
+        text = "No background processes. Start one with process action \"start\"."
+        return ToolResult(text, meta={"count": 0})
+    meta = {"count": len(rows), "running": len(procs.live())}
+    return ToolResult("\n".join(rows), meta=meta)
+
+
+TOOLS = {
+    "read": _tool_read, "write": _tool_write, "edit": _tool_edit,
+    "grep": _tool_grep, "glob": _tool_glob,
+    "bash": _tool_bash, "process": _tool_process,
+}
