@@ -99,8 +99,8 @@ How to work:
 - Understand before you change. Read the code you will touch and the code around it; find how the \
 project already does similar things and follow its conventions, libraries and style. Look APIs up \
 in the code instead of guessing.
-- Make the smallest change that fully solves the task: no unrelated refactors, no new dependencies, \
-no speculative features, no comments that narrate the change.
+- Make the smallest change that fully solves the task: no unrelated refactors, \
+no new dependencies, no speculative features, no comments that narrate the change.
 - Verify with the project's own checks: the tests, type checker, linter or build it already uses \
 (see README, pyproject.toml, package.json, Makefile, CI config). Work is done when a check that \
 exercises the change passes. If you could not run one, say so and why.
@@ -116,18 +116,20 @@ How to answer:
 - This is a terminal: be brief. Lead with the answer or result; no preamble, no restating the \
 request, no closing offers. Use Markdown sparingly: short paragraphs, lists, fenced code.
 - Point to code as path:line.
-- When you finish, say what changed, how you verified it and what is left. Report failures plainly; \
-never claim a check passed unless you saw it pass."""
+- When you finish, say what changed, how you verified it and what is left. \
+Report failures plainly; never claim a check passed unless you saw it pass."""
 
 TOOL_GUIDANCE = """\
 Using tools:
 - Use the file tools, not the shell, for files: read (not cat/head/tail), edit for changes to \
 existing files, write only for new files or complete rewrites, grep and glob to search (not \
 grep/find/ls in bash). Their output is budgeted and their edits are checked.
-- Read a file before you edit it. Give edit an old_string with enough surrounding lines to be unique.
+- Read a file before you edit it. Give edit an old_string with enough surrounding \
+lines to be unique.
 - Make independent calls together in one response (several reads or searches at once); run \
 dependent steps one after another.
-- bash is for short commands: builds, tests, git inspection. Use its workdir parameter rather than cd.
+- bash is for short commands: builds, tests, git inspection. Use its workdir \
+parameter rather than cd.
 - Anything long-running or that does not exit by itself (dev servers, watchers, long test suites, \
 REPLs) belongs in process: start it, read its output, stop it when done. Check its list before \
 starting a second copy.
@@ -139,9 +141,9 @@ changes unless asked; never force-push or skip hooks."""
 
 PLAN_MODE = """\
 Plan mode: this session may only look. Writing files and running commands that are not provably \
-read-only are refused. Investigate with read, grep, glob and read-only commands, then answer with a \
-plan: the files to change, what to change in each, and how to verify it. Do not try to make the \
-changes in another way."""
+read-only are refused. Investigate with read, grep, glob and read-only commands, then answer \
+with a plan: the files to change, what to change in each, and how to verify it. Do not try to \
+make the changes in another way."""
 
 SUMMARY_SYSTEM = """\
 You write the checkpoint that replaces the earlier part of a coding session between a user and \
@@ -167,10 +169,14 @@ Use [] or "" for a key with nothing to say."""
 # ---------------------------------------------------------------- system prompt tiers
 
 class Instruction(NamedTuple):
-    path: Path                      # the file (an import: where its @path resolved)
-    tier: str                       # "user" (the user's own), "project", or "local" (CLAUDE.local.md)
-    text: str                       # its content, cut at MAX_INSTRUCTION_CHARS
-    imported_by: Path | None = None   # the file whose @path brought it in
+    # the file (an import: where its @path resolved)
+    path: Path
+    # "user" (the user's own), "project", or "local" (CLAUDE.local.md)
+    tier: str
+    # its content, cut at MAX_INSTRUCTION_CHARS
+    text: str
+    # the file whose @path brought it in
+    imported_by: Path | None = None
 
 
 def find_instruction_files(home: Path, project_root: Path, cwd: Path,
@@ -187,12 +193,14 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
                       is_secret=None) -> tuple[list[Instruction], list[str]]:
     """Every instruction file with its @path imports followed, depth first, and the notes /context
     shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal.
-    is_secret(name): a file name that holds credentials (permissions.is_secret_name); never imported."""
+    is_secret(name): a file name that holds credentials (permissions.is_secret_name); never
+    imported."""
     notes = []
     project = Path(project_root).resolve()
     users_home = Path(user_home or Path.home())
     importer = _Importer(project, users_home, is_secret, notes)
-    for path, tier in _instruction_roots(home, project_root, cwd, user_home, notes):
+    roots = _instruction_roots(home, project_root, cwd, user_home, notes)
+    for path, tier in roots:
         importer.load(path, tier)
     return importer.loaded, notes
 
@@ -220,8 +228,9 @@ def _instruction_roots(home, project_root, cwd, user_home,
         resolved = path.resolve()
         if resolved in seen:
             continue
-        # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project into
-        # every request: a project's instruction file counts only when it resolves inside the project.
+        # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project
+        # into every request: a project's instruction file counts only when it resolves inside
+        # the project.
         if tier != "user" and not _inside(resolved, root):
             notes.append(f"{path}: not loaded: it resolves to {resolved},"
                          " outside the project")
@@ -298,7 +307,8 @@ class _Importer:
         if resolved in chain:
             cycle = (*chain[chain.index(resolved):], resolved)
             loop = " → ".join(p.name for p in cycle)
-            self.notes.append(f"{where}: an import cycle ({loop}); not imported again")
+            self.notes.append(f"{where}: an import cycle ({loop});"
+                              " not imported again")
             return
         if len(chain) > MAX_IMPORT_DEPTH:
             self.notes.append(f"{where}: more than {MAX_IMPORT_DEPTH}"
@@ -399,7 +409,8 @@ def build_system(project_root: Path, cwd: Path, home: Path,
 
 
 def prompt_sizes(tool_schemas: list[dict]) -> dict:
-    """Estimated tokens of the fixed prompt (tiers 1-2, the same for every session) and of the tools."""
+    """Estimated tokens of the fixed prompt (tiers 1-2, the same for every session) and of the
+    tools."""
     return {"identity": estimate_tokens(IDENTITY),
             "tool_guidance": estimate_tokens(TOOL_GUIDANCE),
             "fixed_system": estimate_tokens(IDENTITY + TOOL_GUIDANCE),
@@ -428,14 +439,15 @@ class Context:
         self.workspace = workspace
         # (world_seq, time.monotonic(), the "Git:" line or None)
         self._git_status = None
-        # Read once: the instructions (and what /context says about their imports) hold for the session.
+        # Read once: the instructions (and what /context says about their imports) hold for the
+        # session.
         self.instructions, self.instruction_notes = load_instructions(
             self.home, self.project_root, self.cwd, user_home, is_secret)
         self.system = build_system(self.project_root, self.cwd, self.home,
                                    self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
-        # Tiers of this run only, each its own block after the project's: plan mode, then the text of
-        # --append-system-prompt. One breakpoint still ends the system prompt.
+        # Tiers of this run only, each its own block after the project's: plan mode, then the text
+        # of --append-system-prompt. One breakpoint still ends the system prompt.
         run_tiers = [("plan mode", PLAN_MODE if plan_mode else ""),
                      ("appended", append_system)]
         for name, text in run_tiers:
@@ -449,8 +461,8 @@ class Context:
 
     def build_request(self, state: events.State, *, volatile: str = "") -> dict:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
-        the two newest user messages (this turn's prefix and the previous one's, so a read still hits
-        when a tool loop appended more than the 20-block lookback)."""
+        the two newest user messages (this turn's prefix and the previous one's, so a read still
+        hits when a tool loop appended more than the 20-block lookback)."""
         return {"model": self.model,
                 "max_tokens": self.max_tokens,
                 "system": copy.deepcopy(self.system),
@@ -520,10 +532,10 @@ class Context:
     # -- inspection
     def inspect(self, state: events.State, last_usage: dict | None = None,
                 volatile: str = "") -> list[dict]:
-        """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's cache
-        reads are attributed in the order the API caches (tools, system, messages), scaled from
-        estimates to the real total; the volatile tail is never cached. A final row holds the measured
-        totals."""
+        """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's
+        cache reads are attributed in the order the API caches (tools, system, messages), scaled
+        from estimates to the real total; the volatile tail is never cached. A final row holds the
+        measured totals."""
         checkpoint = estimate_tokens(state.summary or "")
         history = 0
         if state.messages:
@@ -569,7 +581,8 @@ def _duration(seconds: int) -> str:
 
 
 def summarize_git_status(porcelain: str) -> str:
-    """`## main...origin/main [ahead 1]` + XY lines → "branch main (ahead 1); 2 modified, 1 untracked"."""
+    """`## main...origin/main [ahead 1]` + XY lines →
+    "branch main (ahead 1); 2 modified, 1 untracked"."""
     lines = porcelain.splitlines()
     branch = ""
     if lines and lines[0].startswith("## "):
@@ -701,7 +714,8 @@ def choose_cut(state: events.State) -> int | None:
 
 def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
                     aux_model: str = DEFAULT_AUX_MODEL) -> dict:
-    """A tool-free request asking the aux model for the checkpoint JSON of everything up to the cut."""
+    """A tool-free request asking the aux model for the checkpoint JSON of everything up to the
+    cut."""
     head = events.history_through(state, cut_seq)
     # ~3 characters a token, 8K tokens left for the instructions
     window = usable_tokens(aux_model, SUMMARY_MAX_TOKENS)
@@ -756,8 +770,9 @@ def _transcript_part(role: str, block: dict) -> str | None:
 
 
 def parse_checkpoint(text: str) -> dict:
-    """The model's answer → a checkpoint with every key. Tolerates prose or fences around the JSON,
-    missing keys and wrong types; with no usable JSON, the answer itself becomes current_state."""
+    """The model's answer → a checkpoint with every key. Tolerates prose or fences around the
+    JSON, missing keys and wrong types; with no usable JSON, the answer itself becomes
+    current_state."""
     data = _find_json_object(text)
     if not data:
         data = {"current_state": text.strip()[:8_000]}
@@ -805,7 +820,8 @@ async def compact(state: events.State, summarize, *, focus: str = "",
         evidence = {"label": "latest user message (verbatim)",
                     "content": clip(latest, 8_000)}
         checkpoint["raw_evidence"].insert(0, evidence)
-    # The summary the model reads: a comment header and the checkpoint (every key, in order) as YAML.
+    # The summary the model reads: a comment header and the checkpoint (every key, in order) as
+    # YAML.
     return {"checkpoint": checkpoint,
             "summary": SUMMARY_HEADER + to_yaml(checkpoint),
             "cut_seq": cut_seq}
@@ -934,7 +950,8 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
 
 
 def _chomping(text: str) -> str:
-    """A block literal's chomping indicator: strip (no final newline), keep (several), clip (one)."""
+    """A block literal's chomping indicator: strip (no final newline), keep (several), clip
+    (one)."""
     if not text.endswith("\n"):
         return "-"
     if text.endswith("\n\n"):
@@ -1035,8 +1052,10 @@ def git_baseline(workspace) -> dict:
 
 
 def _git(workspace, *args: str) -> tuple[int, str]:
-    """(exit code, output) of a read-only git command; (1, "") without a workspace. --no-optional-locks:
-    a plain `git status` may rewrite the index, and khaelor's own git use must stay read-only."""
+    """(exit code, output) of a read-only git command; (1, "") without a workspace.
+    --no-optional-locks: a plain `git status` may rewrite the index, and khaelor's own git use
+    must stay read-only."""
+
     if workspace is None:
         return 1, ""
     argv = ["git", "--no-optional-locks", *args]
