@@ -2357,7 +2357,8 @@ REPLAY_TURNS = 30
 
 
 class App:
-    def __init__(self, controller: Controller, *, style: Style, width: int = 80, height: int = 24,
+    def __init__(self, controller: Controller, *, style: Style,
+                 width: int = 80, height: int = 24,
                  history_path: str | os.PathLike | None = None,
                  spawn: Callable[[object], None] | None = None):
         self.controller, self.style = controller, style
@@ -2389,12 +2390,14 @@ class App:
             self.timeline.apply(event)
         except Exception as exc:
             # an odd event must never break the session: show it instead
-            self.timeline.error(f"ui could not show a {event.get('type')} event: {exc!r}")
+            kind = event.get("type")
+            self.timeline.error(f"ui could not show a {kind} event: {exc!r}")
 
     def on_key(self, key: Key) -> None:
         if key.name != "ctrl+c":
             self.notice = ""
-        if self.timeline.permissions and self._panel_key(self.timeline.permissions[0], key):
+        permissions = self.timeline.permissions
+        if permissions and self._panel_key(permissions[0], key):
             return
         if key.name == "ctrl+c":
             return self._ctrl_c()
@@ -2408,7 +2411,10 @@ class App:
             elif self.controller.busy:
                 self.call(self.controller.interrupt)
             return
-        sent = self.composer.handle(Key("delete") if key.name == "ctrl+d" else key)
+        # Ctrl-D on a non-empty input deletes, as in a shell
+        if key.name == "ctrl+d":
+            key = Key("delete")
+        sent = self.composer.handle(key)
         if sent is not None:
             self._dispatch(sent)
 
@@ -2439,7 +2445,8 @@ class App:
             # it failed to run: not running
             self.timeline.cards.pop(events.USER_SHELL_ID, None)
         if isinstance(result, Exception):
-            self.timeline.error(f"{getattr(fn, '__name__', 'command')} failed: {result}")
+            name = getattr(fn, "__name__", "command")
+            self.timeline.error(f"{name} failed: {result}")
         elif result is QUIT:
             self.quit(0)
         elif isinstance(result, str) and result.strip():
@@ -2447,11 +2454,12 @@ class App:
 
     def _dispatch(self, text: str) -> None:
         stripped = text.strip()
-        if stripped.startswith("!") and stripped[1:].strip():
+        shell_command = stripped[1:].strip()
+        if stripped.startswith("!") and shell_command:
             # it will run: show it running at once
             if not self.controller.busy:
-                self.timeline.start_shell(stripped[1:].strip())
-            self.call(self.controller.run_shell, stripped[1:].strip())
+                self.timeline.start_shell(shell_command)
+            self.call(self.controller.run_shell, shell_command)
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
             self.call(self.controller.run_command, stripped)
         else:
@@ -2474,15 +2482,19 @@ class App:
         if self.feedback is not None:
             self._feedback_key(request, key)
             return True
-        choices, empty = panel_choices(request), not self.composer.text
-        if self.composer.menu and key.name in ("up", "down", "tab", "enter", "esc"):
+        choices = panel_choices(request)
+        empty = not self.composer.text
+        menu_keys = ("up", "down", "tab", "enter", "esc")
+        if self.composer.menu and key.name in menu_keys:
             # the composer's completion menu has them
             return False
-        if key.name in ("up", "down") or (empty and key.name in ("left", "right")):
+        arrows = key.name in ("up", "down")
+        if arrows or (empty and key.name in ("left", "right")):
             step = 1 if key.name in ("down", "right") else -1
             self.panel_choice = (self.panel_choice + step) % len(choices)
         elif key.name == "enter" and empty:
-            self._choose(request, choices[self.panel_choice % len(choices)][1])
+            _, choice, _ = choices[self.panel_choice % len(choices)]
+            self._choose(request, choice)
         elif key.name == "esc" or (key.name == "ctrl+c" and empty):
             self._answer(request, "deny", "")
         elif empty and key.name == "text" and len(key.text) == 1:
@@ -2511,15 +2523,18 @@ class App:
             self.feedback = self.feedback[:-1]
         elif key.name in ("ctrl+u", "ctrl+c"):
             self.feedback = ""
-        elif key.name in ("enter", "esc"):
-            self._answer(request, "deny", self.feedback.strip() if key.name == "enter" else "")
+        elif key.name == "enter":
+            self._answer(request, "deny", self.feedback.strip())
+        elif key.name == "esc":
+            self._answer(request, "deny", "")
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
-        self.feedback, self.panel_choice = None, 0
+        self.feedback = None
+        self.panel_choice = 0
         # the Granted/Denied event follows
         self.timeline.permissions.remove(request)
-        self.call(self.controller.answer_permission, request.get("tool_use_id", ""), choice,
-                  feedback)
+        self.call(self.controller.answer_permission,
+                  request.get("tool_use_id", ""), choice, feedback)
 
     # -- output --
 
@@ -2527,7 +2542,8 @@ class App:
         """The live region: timeline tail, permission panel, status line, composer, menu."""
         width, style = self.width, self.style
         busy = bool(self.controller.busy)
-        spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
+        n_ticks = int(now / TICK_INTERVAL)
+        spinner = SPINNER_FRAMES[n_ticks % len(SPINNER_FRAMES)]
         if self.timeline.permissions:
             hint = "a key or ↑↓ Enter answers · typing writes a message"
         elif busy:
@@ -2538,35 +2554,57 @@ class App:
             hint = "Ask anything · / commands · @ files · ! shell"
         rows, crow, ccol = self.composer.render(width, style, hint)
         menu = self.composer.menu_lines(width, style)
-        activity = self.notice or self.timeline.activity(now) or ("working" if busy else "")
+        activity = self.notice or self.timeline.activity(now)
+        if not activity and busy:
+            activity = "working"
         status = render_status_line(self.controller.status() or {}, activity,
                                     spinner if busy else "·", width, style)
+        # rows left above the status line, the composer and its menu
         room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
-        panel = []
-        if self.timeline.permissions:
-            request = self.timeline.permissions[0]
-            card = self.timeline.cards.get(request.get("tool_use_id", ""))
-            head = panel_head(request, width, style, card.tool_input if card else None)
-            footer = panel_footer(request, width, style, self.feedback, self.panel_choice,
-                                  composing=bool(self.composer.text))
-            panel = head + footer
-            # a small terminal: say what is left out, keep the answers
-            if len(panel) > room:
-                keep = max(1, room - len(footer) - 1)
-                hidden = style.paint(f"│ … {len(head) - keep} panel lines hidden (small terminal)", "warning")
-                panel = head[:keep] + [clip(hidden, width)] + footer
+        panel = self._panel(room)
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
-        live = live[max(0, len(live) - (room - len(panel))):] if room > len(panel) else []
-        lines = [clip(line, width) for line in live + panel + [status] + rows + menu]
-        if self.feedback is not None and panel:
-            cursor = (len(live) + len(panel) - 1, min(visible_width(panel[-1]), width - 1))
+        # the newest live lines that fit above the panel
+        if room > len(panel):
+            live = live[max(0, len(live) - (room - len(panel))):]
         else:
-            cursor = (len(live) + len(panel) + 1 + crow, min(ccol, width - 1))
+            live = []
+        frame = live + panel + [status] + rows + menu
+        lines = [clip(line, width) for line in frame]
+        if self.feedback is not None and panel:
+            # the cursor at the end of the denial's message
+            row = len(live) + len(panel) - 1
+            cursor = (row, min(visible_width(panel[-1]), width - 1))
+        else:
+            row = len(live) + len(panel) + 1 + crow
+            cursor = (row, min(ccol, width - 1))
         # a tiny terminal: the composer wins
         excess = len(lines) - (self.height - 1)
         if excess > 0:
-            lines, cursor = lines[excess:], (max(0, cursor[0] - excess), cursor[1])
+            lines = lines[excess:]
+            cursor = (max(0, cursor[0] - excess), cursor[1])
         return lines, cursor
+
+    def _panel(self, room: int) -> list[str]:
+        """The open permission question, if any, in at most `room` rows when it can be."""
+        if not self.timeline.permissions:
+            return []
+        width, style = self.width, self.style
+        request = self.timeline.permissions[0]
+        card = self.timeline.cards.get(request.get("tool_use_id", ""))
+        tool_input = card.tool_input if card else None
+        head = panel_head(request, width, style, tool_input)
+        footer = panel_footer(request, width, style, self.feedback,
+                              self.panel_choice,
+                              composing=bool(self.composer.text))
+        panel = head + footer
+        # a small terminal: say what is left out, keep the answers
+        if len(panel) > room:
+            keep = max(1, room - len(footer) - 1)
+            hidden = (f"│ … {len(head) - keep} panel lines hidden "
+                      "(small terminal)")
+            hidden = style.paint(hidden, "warning")
+            panel = head[:keep] + [clip(hidden, width)] + footer
+        return panel
 
     def render(self, now: float) -> bytes:
         self.timeline.width = self.width
@@ -2590,7 +2628,9 @@ def terminal_size(stream) -> tuple[int, int]:
         columns, rows = os.get_terminal_size(stream.fileno())
     except (OSError, ValueError):
         return 80, 24
-    return (max(columns, 10), max(rows, 4)) if columns > 0 and rows > 0 else (80, 24)
+    if columns <= 0 or rows <= 0:
+        return 80, 24
+    return max(columns, 10), max(rows, 4)
 
 
 class TerminalMode:
@@ -2622,9 +2662,12 @@ class TerminalMode:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
 
 
-async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
-                  history_path: str | os.PathLike | None = None, replay: Iterable[dict] = (),
-                  color: bool | None = None, notices: Iterable[str] = ()) -> int:
+async def run_app(controller: Controller, *, stdin_fd: int = 0,
+                  stdout=None,
+                  history_path: str | os.PathLike | None = None,
+                  replay: Iterable[dict] = (),
+                  color: bool | None = None,
+                  notices: Iterable[str] = ()) -> int:
     """Run the interactive UI until the user quits; see the module docstring. `notices` are said
     once, above the composer, when it opens (an untrusted project config, no OS sandbox)."""
     stdout = stdout or sys.stdout.buffer
@@ -2646,28 +2689,43 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
             try:
                 fn(*args)
             except Exception as exc:
-                done.done() or done.set_exception(exc)
+                if not done.done():
+                    done.set_exception(exc)
         return run
 
     def schedule(name: str, delay: float, fn: Callable[[], None]) -> None:
+        """Run `fn` after `delay`, unless a timer of that name is pending already."""
+        def fire() -> None:
+            timers.pop(name)
+            fn()
+
         if name not in timers and not done.done():
-            timers[name] = loop.call_later(delay, lambda: (timers.pop(name), fn()))
+            timers[name] = loop.call_later(delay, fire)
 
     def spawn(awaitable) -> None:
+        def finished(task: asyncio.Task) -> None:
+            tasks.discard(task)
+            request_frame()
+
         task = loop.create_task(awaitable)
         tasks.add(task)
-        task.add_done_callback(lambda t: (tasks.discard(t), request_frame()))
+        task.add_done_callback(finished)
+
+    def exit_with(code: int) -> None:
+        if not done.done():
+            done.set_result(code)
 
     width, height = terminal_size(stdout)
     color = detect_color(stdout) if color is None else color
     app = App(controller, style=Style(color), width=width, height=height,
               history_path=history_path, spawn=spawn)
-    app.on_exit = lambda code: done.done() or done.set_result(code)
+    app.on_exit = exit_with
     terminal = TerminalMode(stdin_fd, write)
     decoder = KeyDecoder()
 
     def request_frame() -> None:
-        schedule("frame", max(0.0, last_frame[0] + FRAME_INTERVAL - time.monotonic()), draw)
+        next_frame = last_frame[0] + FRAME_INTERVAL
+        schedule("frame", max(0.0, next_frame - time.monotonic()), draw)
 
     @guarded
     def draw() -> None:
@@ -2726,8 +2784,11 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0, stdout=None,
         app.resize(*terminal_size(stdout))
         request_frame()
 
-    signals = {signal.SIGWINCH: on_resize, signal.SIGTERM: lambda: app.quit(143),
-               signal.SIGHUP: lambda: app.quit(129)}
+    signals = {
+        signal.SIGWINCH: on_resize,
+        signal.SIGTERM: lambda: app.quit(143),
+        signal.SIGHUP: lambda: app.quit(129),
+    }
     installed, unsubscribe = [], None
     terminal.enter()
     try:
