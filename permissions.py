@@ -618,75 +618,126 @@ _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 
 
 class PermissionConfigError(ValueError):
-    """A config file's "permissions" list is malformed; the message names the file and entry."""
+    """A config file's "permissions" list is malformed; the message names
+    the file and entry."""
 
 
 class _ParseError(ValueError):
-    """A bash line this parser cannot follow: it is then never allowed without asking."""
+    """A bash line this parser cannot follow: it is then never allowed
+    without asking."""
 
 
 # ---------------------------------------------------------------- data types
 
 @dataclass(frozen=True)
 class Rule:
-    capability: str   # a capability name, or an fnmatch pattern over them ("*", "file.*")
-    pattern: str      # fnmatch pattern over the request's subject (see the module docstring)
-    action: str       # "allow" | "ask" | "deny"
-    source: str = "default"   # "default" or the file the rule came from (with its line, for Claude Code's)
-    layer: str = "default"    # "default", "user" (the user's own files) or "project" (a repository's file)
-    glob: bool = False        # the pattern is a gitignore-style path glob (Claude Code's Read/Edit rules)
-    scope: str = ""           # "read" or "write": applies only to requests that read (or write) a path
-    tighten_only: bool = False   # from an untrusted file: it may make a verdict stricter, never looser
+    # a capability name, or an fnmatch pattern over them ("*", "file.*")
+    capability: str
+    # fnmatch pattern over the request's subject (see the module docstring)
+    pattern: str
+    # "allow" | "ask" | "deny"
+    action: str
+    # "default" or the file the rule came from (with its line, for Claude
+    # Code's)
+    source: str = "default"
+    # "default", "user" (the user's own files) or "project" (a repository's
+    # file)
+    layer: str = "default"
+    # the pattern is a gitignore-style path glob (Claude Code's Read/Edit
+    # rules)
+    glob: bool = False
+    # "read" or "write": applies only to requests that read (or write) a path
+    scope: str = ""
+    # from an untrusted file: it may make a verdict stricter, never looser
+    tighten_only: bool = False
 
 
 @dataclass(frozen=True)
 class Layer:
     """One config file's rules, and whether it may grant."""
-    source: str               # the file, as shown to the user
-    config: dict              # its parsed content
-    kind: str = "user"        # "user": the user's own state; "project": a file inside the repository
-    trusted: bool = True      # a project file grants only once `khaelor trust` recorded its hash
-    claude: bool = False      # Claude Code's settings: its rules keep its precedence, deny > ask > allow
-    rules: tuple = ()         # for a Claude Code layer: its rules, already mapped (claude_layer)
-    ignored: tuple = ()       # for a Claude Code layer: (where, rule, why it maps onto nothing)
-    text: str = ""            # the file's text, so each rule can name its line
+    # the file, as shown to the user
+    source: str
+    # its parsed content
+    config: dict
+    # "user": the user's own state; "project": a file inside the repository
+    kind: str = "user"
+    # a project file grants only once `khaelor trust` recorded its hash
+    trusted: bool = True
+    # Claude Code's settings: its rules keep its precedence, deny > ask >
+    # allow
+    claude: bool = False
+    # for a Claude Code layer: its rules, already mapped (claude_layer)
+    rules: tuple = ()
+    # for a Claude Code layer: (where, rule, why it maps onto nothing)
+    ignored: tuple = ()
+    # the file's text, so each rule can name its line
+    text: str = ""
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str               # "allow" | "ask" | "deny"
-    capability: str           # the capability that decided (the first strictest request)
-    descriptor: str           # what the user is asked about: the command or the path
-    rule: Rule | None         # the deciding rule; None for the floor or when nothing matched
-    floor: bool               # True when the hardline floor refused (no rule can override)
-    suggestion: dict | None   # {"capability", "pattern"} an "always" would persist, or None
-    reason: str = ""          # one line for the model and the user: the rule or the floor item
-    layer: str = "default"    # what decided: floor, read-only, default, user, project, sandbox, destructive
-    read_only: bool = False   # every command in it is provably read-only
-    not_read_only: str = ""   # why not, for a command that is not
-    destructive: str = ""     # why it destroys work in the repository: --yes alone never approves it
-    confine: dict = field(default_factory=dict)   # the sandbox this call runs in (see _confine)
+    # "allow" | "ask" | "deny"
+    action: str
+    # the capability that decided (the first strictest request)
+    capability: str
+    # what the user is asked about: the command or the path
+    descriptor: str
+    # the deciding rule; None for the floor or when nothing matched
+    rule: Rule | None
+    # True when the hardline floor refused (no rule can override)
+    floor: bool
+    # {"capability", "pattern"} an "always" would persist, or None
+    suggestion: dict | None
+    # one line for the model and the user: the rule or the floor item
+    reason: str = ""
+    # what decided: floor, read-only, default, user, project, sandbox,
+    # destructive
+    layer: str = "default"
+    # every command in it is provably read-only
+    read_only: bool = False
+    # why not, for a command that is not
+    not_read_only: str = ""
+    # why it destroys work in the repository: --yes alone never approves it
+    destructive: str = ""
+    # the sandbox this call runs in (see _confine)
+    confine: dict = field(default_factory=dict)
 
 
 class _Request(NamedTuple):
     capability: str
-    subject: str              # what rule patterns are matched against
-    suggestion: str | None    # the pattern an "always" grant would save, or None
-    read_only: bool = False   # a command proven read-only: allowed where only a default rule matches
-    secret: bool = False      # reads a secret file or location
-    path: str = ""            # the resolved absolute path, for path requests
-    writes: bool = False      # a path request that writes (an outside path is one capability for both)
-    core: str = ""            # a command's words without wrappers: deny and ask rules also match these
+    # what rule patterns are matched against
+    subject: str
+    # the pattern an "always" grant would save, or None
+    suggestion: str | None
+    # a command proven read-only: allowed where only a default rule matches
+    read_only: bool = False
+    # reads a secret file or location
+    secret: bool = False
+    # the resolved absolute path, for path requests
+    path: str = ""
+    # a path request that writes (an outside path is one capability for
+    # both)
+    writes: bool = False
+    # a command's words without wrappers: deny and ask rules also match these
+    core: str = ""
 
 
-class _Part(NamedTuple):      # one simple command of a bash line
-    words: tuple[str, ...]    # after quote removal and expansion; joined, what rules match
-    core: tuple[str, ...]     # without assignments and wrappers (sudo, env ...); program basename
-    redirects: tuple[tuple[str, str], ...]   # (operator, expanded target)
-    cwd: str                  # where it runs (follows `cd` earlier in the line)
-    unliteral: str | None = None   # why its words are not all literal (an expansion, a glob into an option)
-    cwds: tuple[str, ...] = ()     # every directory the line has been in by then: `(cd x)`, `cd -` and a
-                                   # failing cd leave bash elsewhere than the last cd says
+class _Part(NamedTuple):
+    """One simple command of a bash line."""
+    # after quote removal and expansion; joined, what rules match
+    words: tuple[str, ...]
+    # without assignments and wrappers (sudo, env ...); program basename
+    core: tuple[str, ...]
+    # (operator, expanded target)
+    redirects: tuple[tuple[str, str], ...]
+    # where it runs (follows `cd` earlier in the line)
+    cwd: str
+    # why its words are not all literal (an expansion, a glob into an
+    # option)
+    unliteral: str | None = None
+    # every directory the line has been in by then: `(cd x)`, `cd -` and a
+    # failing cd leave bash elsewhere than the last cd says
+    cwds: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- public API
@@ -694,14 +745,16 @@ class _Part(NamedTuple):      # one simple command of a bash line
 def default_rules() -> list[Rule]:
     """Reads allowed (secrets ask), everything else asks; provably read-only commands are
     allowed by the evaluator, not by a rule, so no pattern can be stretched to cover more."""
-    table = [("file.read", "*", "allow"),
-             *(("file.read", p, "ask") for p in _secret_patterns()),
-             *(("file.read", p, "allow") for p in _template_patterns()),
-             ("file.write.project", "*", "ask"),
-             ("filesystem.outsideProject", "*", "ask"),
-             ("process.execute", "*", "ask"),
-             ("git.modify", "*", "ask"),
-             ("network.access", "*", "ask")]
+    table = [
+        ("file.read", "*", "allow"),
+        *(("file.read", p, "ask") for p in _secret_patterns()),
+        *(("file.read", p, "allow") for p in _template_patterns()),
+        ("file.write.project", "*", "ask"),
+        ("filesystem.outsideProject", "*", "ask"),
+        ("process.execute", "*", "ask"),
+        ("git.modify", "*", "ask"),
+        ("network.access", "*", "ask"),
+    ]
     return [Rule(c, p, a, "default") for c, p, a in table]
 
 
@@ -710,9 +763,12 @@ def validate_config_rules(obj) -> str | None:
     otherwise one message naming the bad entry and showing what a good one looks like."""
     if isinstance(obj, dict):
         obj = obj.get("permissions", [])
+    elif obj is None:
+        return None
     elif not isinstance(obj, list):
-        return None if obj is None else 'the config must be a JSON object, e.g. {"permissions": []}'
-    example = '{"capability": "process.execute", "pattern": "git push *", "action": "allow"}'
+        return 'the config must be a JSON object, e.g. {"permissions": []}'
+    example = ('{"capability": "process.execute", "pattern": "git push *", '
+               '"action": "allow"}')
     if not isinstance(obj, list):
         return f'"permissions" must be a list of rules like {example}'
     for index, entry in enumerate(obj):
@@ -729,24 +785,29 @@ def load_rules(layers) -> list[Rule]:
     grant. Claude Code's rules keep its precedence: their allows and asks come first (so any
     KHAELOR rule or saved answer refines them) and their denies last, so no allow undoes one.
     Raises PermissionConfigError."""
-    claude_allow, claude_ask, ours, claude_deny = [], [], [], []
+    claude = {"allow": [], "ask": [], "deny": []}
+    ours = []
     for layer in map(_as_layer, layers):
         if layer.claude:
             for rule in layer.rules:
                 if not layer.trusted and rule.action == "allow":
                     continue
                 rule = replace(rule, tighten_only=not layer.trusted)
-                {"allow": claude_allow, "ask": claude_ask, "deny": claude_deny}[rule.action].append(rule)
+                claude[rule.action].append(rule)
             continue
         problem = validate_config_rules(layer.config)
         if problem:
             raise PermissionConfigError(f"{layer.source}: {problem}")
         for entry in (layer.config or {}).get("permissions", []):
-            if layer.trusted or entry["action"] != "allow":
-                where = _where(layer, json.dumps(entry["pattern"]))
-                ours.append(Rule(entry["capability"], entry["pattern"], entry["action"], where, layer.kind,
-                                 tighten_only=not layer.trusted))
-    return default_rules() + claude_allow + claude_ask + ours + claude_deny
+            if not layer.trusted and entry["action"] == "allow":
+                continue
+            where = _where(layer, json.dumps(entry["pattern"]))
+            ours.append(Rule(
+                entry["capability"], entry["pattern"], entry["action"],
+                where, layer.kind, tighten_only=not layer.trusted,
+            ))
+    return (default_rules() + claude["allow"] + claude["ask"] + ours
+            + claude["deny"])
 
 
 def untrusted_grants(layers) -> list[Rule]:
@@ -760,11 +821,13 @@ def untrusted_grants(layers) -> list[Rule]:
             continue
         for entry in (layer.config or {}).get("permissions", []):
             if isinstance(entry, dict) and entry.get("action") == "allow":
-                found.append(Rule(entry["capability"], entry["pattern"], "allow", layer.source, layer.kind))
+                found.append(Rule(entry["capability"], entry["pattern"],
+                                  "allow", layer.source, layer.kind))
     return found
 
 
-def claude_layer(source: str, text: str, project_root: Path, kind: str = "user", trusted: bool = True) -> Layer:
+def claude_layer(source: str, text: str, project_root: Path,
+                 kind: str = "user", trusted: bool = True) -> Layer:
     """A Claude Code settings file (settings.json, settings.local.json) read as it is: its
     permissions.allow / ask / deny lists in Claude Code's rule syntax, mapped onto capabilities.
     Nothing in it stops khaelor: bad JSON or a rule that maps onto nothing is listed as ignored."""
@@ -772,10 +835,14 @@ def claude_layer(source: str, text: str, project_root: Path, kind: str = "user",
     try:
         settings = json.loads(text) if text.strip() else {}
     except ValueError as e:
-        return replace(layer, ignored=((source, "", f"not valid JSON ({e.msg} at line {e.lineno}); no rule read"),))
-    block = settings.get("permissions", {}) if isinstance(settings, dict) else None
+        why = f"not valid JSON ({e.msg} at line {e.lineno}); no rule read"
+        return replace(layer, ignored=((source, "", why),))
+    block = None
+    if isinstance(settings, dict):
+        block = settings.get("permissions", {})
     if not isinstance(block, dict):
-        return replace(layer, ignored=((source, "permissions", "must be an object with allow, ask and deny lists"),))
+        why = "must be an object with allow, ask and deny lists"
+        return replace(layer, ignored=((source, "permissions", why),))
     return claude_rules(layer, block, os.path.realpath(project_root))
 
 
@@ -785,10 +852,15 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
     for action in ACTIONS:
         entries = block.get(action, [])
         if not isinstance(entries, list):
-            ignored.append((layer.source, f"permissions.{action}", "must be a list of rule strings"))
+            why = "must be a list of rule strings"
+            ignored.append((layer.source, f"permissions.{action}", why))
             continue
         for entry in entries:
-            where = _where(layer, json.dumps(entry) if isinstance(entry, str) else str(entry))
+            if isinstance(entry, str):
+                needle = json.dumps(entry)
+            else:
+                needle = str(entry)
+            where = _where(layer, needle)
             mapped, why = _claude_rule(entry, action, where, layer.kind, root)
             rules += mapped
             if why:
@@ -804,23 +876,45 @@ def content_hash(data: bytes) -> str:
 MODES = ("default", "acceptEdits", "plan")
 
 
-def decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule], *,
-           sandboxed: bool = True, process_command: str | None = None, mode: str = "default") -> Decision:
+def decide(tool_name: str, tool_input: dict, project_root: Path,
+           rules: list[Rule], *, sandboxed: bool = True,
+           process_command: str | None = None,
+           mode: str = "default") -> Decision:
     """The floor first, then every capability the call needs; the strictest answer wins.
     sandboxed: whether commands run under the OS sandbox; without it only provably read-only
     commands run without asking. process_command: for `process write`, the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files without asking."""
-    decision = _decide(tool_name, tool_input, project_root, rules, sandboxed, process_command)
-    if mode == "plan" and not decision.floor and decision.action != "deny" and not _reads(tool_name, tool_input,
-                                                                                          decision):
-        reason = "plan mode: only tools that read run; describe the change instead of making it"
-        return replace(decision, action="deny", rule=None, suggestion=None, reason=reason, layer="mode")
-    if mode == "acceptEdits" and tool_name in ("write", "edit") and decision.action == "ask" \
-            and decision.capability == "file.write.project" and decision.layer == "default" \
-            and not (decision.descriptor + "/").startswith(".git/"):     # .git/config can run code later
-        return replace(decision, action="allow", reason="acceptEdits mode: project files are written without asking",
-                       layer="mode")
+    decision = _decide(tool_name, tool_input, project_root, rules,
+                       sandboxed, process_command)
+    if mode == "plan" and _plan_refuses(tool_name, tool_input, decision):
+        reason = ("plan mode: only tools that read run; "
+                  "describe the change instead of making it")
+        return replace(decision, action="deny", rule=None, suggestion=None,
+                       reason=reason, layer="mode")
+    if mode == "acceptEdits" and _accepts_edit(tool_name, decision):
+        reason = "acceptEdits mode: project files are written without asking"
+        return replace(decision, action="allow", reason=reason, layer="mode")
     return decision
+
+
+def _plan_refuses(tool_name: str, tool_input: dict,
+                  decision: Decision) -> bool:
+    """Plan mode denies what does not read (a floor or a deny stands as it is)."""
+    if decision.floor or decision.action == "deny":
+        return False
+    return not _reads(tool_name, tool_input, decision)
+
+
+def _accepts_edit(tool_name: str, decision: Decision) -> bool:
+    """acceptEdits writes a project file where only the default rule asked;
+    not into .git/: .git/config can run code later."""
+    if tool_name not in ("write", "edit") or decision.action != "ask":
+        return False
+    if decision.capability != "file.write.project":
+        return False
+    if decision.layer != "default":
+        return False
+    return not (decision.descriptor + "/").startswith(".git/")
 
 
 def _reads(tool_name: str, tool_input: dict, decision: Decision) -> bool:
@@ -828,62 +922,96 @@ def _reads(tool_name: str, tool_input: dict, decision: Decision) -> bool:
         return True
     if tool_name == "process" and tool_input.get("action") in ("list", "read"):
         return True
-    return tool_name in ("bash", "process") and decision.read_only and tool_input.get("action") != "write"
+    if tool_name not in ("bash", "process") or not decision.read_only:
+        return False
+    return tool_input.get("action") != "write"
 
 
-def _decide(tool_name: str, tool_input: dict, project_root: Path, rules: list[Rule], sandboxed: bool,
+def _decide(tool_name: str, tool_input: dict, project_root: Path,
+            rules: list[Rule], sandboxed: bool,
             process_command: str | None) -> Decision:
     root = os.path.realpath(project_root)
-    tool_input = tool_input if isinstance(tool_input, dict) else {}
+    if not isinstance(tool_input, dict):
+        tool_input = {}
 
     def arg(key: str) -> str:
         value = tool_input.get(key)
         return "" if value is None else str(value)
 
     if tool_name == "process" and arg("action") == "write":
-        return _decide_process_write(arg("input"), process_command or "", root, rules)
+        return _decide_process_write(arg("input"), process_command or "",
+                                     root, rules)
     if tool_name == "process" and arg("action") != "start":
-        # list/read/stop only touch processes that were judged when they started
-        return Decision("allow", "process.execute", f"process {arg('action')}", None, False, None)
+        # list/read/stop only touch processes that were judged when they
+        # started
+        return Decision("allow", "process.execute",
+                        f"process {arg('action')}", None, False, None)
     if tool_name in ("bash", "process"):
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
-        return decision if sandboxed else _without_sandbox(decision)
+        if sandboxed:
+            return decision
+        return _without_sandbox(decision)
     if tool_name in ("read", "write", "edit", "grep", "glob"):
-        capability = "file.write.project" if tool_name in ("write", "edit") else "file.read"
+        capability = "file.read"
+        if tool_name in ("write", "edit"):
+            capability = "file.write.project"
         where = arg("path") or "."
         if tool_name in ("read", "write", "edit"):
             where = arg("file_path")
         if tool_name == "glob":
             where = _glob_base(posixpath.join(where, arg("pattern")))
         request = _path_request(where, root, root, capability)
-        return _judge(request.subject, [request], rules, read_only=capability == "file.read")
-    return Decision("deny", "unknown", tool_name, None, False, None, f"unknown tool {tool_name!r}")
+        return _judge(request.subject, [request], rules,
+                      read_only=capability == "file.read")
+    return Decision("deny", "unknown", tool_name, None, False, None,
+                    f"unknown tool {tool_name!r}")
 
 
-def check(kind: str, value: str, project_root: Path, rules: list[Rule], *, sandboxed: bool = True) -> dict:
+def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
+          sandboxed: bool = True) -> dict:
     """What would happen, without doing anything: `khaelor permissions check --json`."""
-    calls = {"bash": ("bash", {"command": value}), "read": ("read", {"file_path": value}),
-             "write": ("write", {"file_path": value, "content": ""})}
+    calls = {
+        "bash": ("bash", {"command": value}),
+        "read": ("read", {"file_path": value}),
+        "write": ("write", {"file_path": value, "content": ""}),
+    }
     if kind not in calls:
-        raise ValueError(f"check kind must be bash, read or write, not {kind!r}")
-    decision = decide(*calls[kind], project_root, rules, sandboxed=sandboxed)
+        raise ValueError("check kind must be bash, read or write, "
+                         f"not {kind!r}")
+    tool_name, tool_input = calls[kind]
+    decision = decide(tool_name, tool_input, project_root, rules,
+                      sandboxed=sandboxed)
     rule = None
     if decision.rule:
         rule = rule_text(decision.rule)
     elif decision.floor:
         rule = decision.reason
-    suggestion = decision.suggestion["pattern"] if decision.suggestion else None
-    return {"decision": decision.action, "capability": decision.capability, "rule": rule, "floor": decision.floor,
-            "suggestion": suggestion, "layer": decision.layer, "reason": decision.reason,
-            "read_only": decision.read_only, "not_read_only": decision.not_read_only,
-            "destructive": decision.destructive, "confine": decision.confine}
+    suggestion = None
+    if decision.suggestion:
+        suggestion = decision.suggestion["pattern"]
+    return {
+        "decision": decision.action,
+        "capability": decision.capability,
+        "rule": rule,
+        "floor": decision.floor,
+        "suggestion": suggestion,
+        "layer": decision.layer,
+        "reason": decision.reason,
+        "read_only": decision.read_only,
+        "not_read_only": decision.not_read_only,
+        "destructive": decision.destructive,
+        "confine": decision.confine,
+    }
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
     """One line per rule in evaluation order (the last matching line wins), with its source."""
     width = max((len(r.capability) for r in rules), default=0)
-    return [f"{n:>3}  {r.action:<5}  {r.capability:<{width}}  {r.pattern:<24}  {r.source}"
-            for n, r in enumerate(rules, 1)]
+    lines = []
+    for n, rule in enumerate(rules, 1):
+        lines.append(f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
+                     f"  {rule.pattern:<24}  {rule.source}")
+    return lines
 
 
 def rule_text(rule: Rule) -> str:
@@ -893,18 +1021,23 @@ def rule_text(rule: Rule) -> str:
 def add_grant(config: dict, rule: dict) -> dict:
     """A copy of config whose last permission is rule ({capability, pattern, action="allow"}),
     so it wins; an identical earlier entry is moved there, never duplicated."""
-    entry = {"capability": rule.get("capability"), "pattern": rule.get("pattern"),
-             "action": rule.get("action", "allow")}
+    entry = {
+        "capability": rule.get("capability"),
+        "pattern": rule.get("pattern"),
+        "action": rule.get("action", "allow"),
+    }
     problem = validate_config_rules([entry]) or validate_config_rules(config)
     if problem:
-        raise PermissionConfigError(problem.replace("permissions[0]", "grant", 1))
+        message = problem.replace("permissions[0]", "grant", 1)
+        raise PermissionConfigError(message)
     kept = [e for e in config.get("permissions", []) if e != entry]
     return {**config, "permissions": [*kept, entry]}
 
 
 def is_secret_name(name: str) -> bool:
     """A file name (or project path) that holds credentials; templates like .env.example do not."""
-    base = posixpath.basename(name).lower()      # .ENV is .env on a case-insensitive file system
+    # .ENV is .env on a case-insensitive file system
+    base = posixpath.basename(name).lower()
     if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
         return False
     return any(fnmatch.fnmatchcase(base, p) for p in SECRET_NAMES)
@@ -918,7 +1051,8 @@ def secret_home_paths(home: str | None = None) -> list[str]:
 
 def khaelor_home() -> str:
     """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into it."""
-    return os.path.realpath(os.environ.get("KHAELOR_HOME") or os.path.expanduser("~/.khaelor"))
+    home = os.environ.get("KHAELOR_HOME") or os.path.expanduser("~/.khaelor")
+    return os.path.realpath(home)
 
 
 # ---------------------------------------------------------------- config entries and layers
@@ -931,35 +1065,51 @@ def _entry_problem(entry, example: str) -> str | None:
         return f" is missing {', '.join(missing)}; a rule looks like {example}"
     unknown = sorted(set(entry) - set(_RULE_KEYS))
     if unknown:
-        return f" has unknown key {', '.join(unknown)}; allowed: capability, pattern, action"
+        return (f" has unknown key {', '.join(unknown)}; "
+                "allowed: capability, pattern, action")
     for key in _RULE_KEYS:
         if not isinstance(entry[key], str) or not entry[key]:
             return f".{key} must be a non-empty string"
-    if entry["action"] not in ACTIONS:
-        return f'.action "{entry["action"]}" is not one of allow, ask, deny'
-    if not any(fnmatch.fnmatchcase(c, entry["capability"]) for c in CAPABILITIES):
-        return f'.capability "{entry["capability"]}" names no capability; known: {", ".join(CAPABILITIES)}'
+    action = entry["action"]
+    if action not in ACTIONS:
+        return f'.action "{action}" is not one of allow, ask, deny'
+    capability = entry["capability"]
+    if not any(fnmatch.fnmatchcase(c, capability) for c in CAPABILITIES):
+        known = ", ".join(CAPABILITIES)
+        return f'.capability "{capability}" names no capability; known: {known}'
     return None
 
 
-# Claude Code's tools, by what their rules govern here; the tools khaelor does not have.
-_CLAUDE_TOOLS = {"Bash": "command", "Read": "read", "Grep": "read", "Glob": "read", "LS": "read",
-                 "Edit": "write", "Write": "write", "MultiEdit": "write", "NotebookEdit": "write"}
-_CLAUDE_ABSENT = {"WebFetch": "khaelor has no web tool, so this rule matches nothing",
-                  "WebSearch": "khaelor has no web tool, so this rule matches nothing",
-                  "Task": "khaelor has no subagents", "Agent": "khaelor has no subagents",
-                  "TodoWrite": "khaelor has no todo tool", "NotebookRead": "khaelor reads notebooks with Read"}
+# Claude Code's tools, by what their rules govern here; the tools khaelor
+# does not have.
+_CLAUDE_TOOLS = {
+    "Bash": "command",
+    "Read": "read", "Grep": "read", "Glob": "read", "LS": "read",
+    "Edit": "write", "Write": "write", "MultiEdit": "write",
+    "NotebookEdit": "write",
+}
+_CLAUDE_ABSENT = {
+    "WebFetch": "khaelor has no web tool, so this rule matches nothing",
+    "WebSearch": "khaelor has no web tool, so this rule matches nothing",
+    "Task": "khaelor has no subagents",
+    "Agent": "khaelor has no subagents",
+    "TodoWrite": "khaelor has no todo tool",
+    "NotebookRead": "khaelor reads notebooks with Read",
+}
 
 
-def _claude_rule(entry, action: str, where: str, kind: str, root: str) -> tuple[list[Rule], str | None]:
+def _claude_rule(entry, action: str, where: str, kind: str,
+                 root: str) -> tuple[list[Rule], str | None]:
     """One Claude Code rule ("Bash(npm run test:*)", "Read(./.env)", "Edit(src/**)") as rules here,
     or why it maps onto nothing."""
     if not isinstance(entry, str):
         return [], "a rule must be a string like \"Bash(npm test)\""
-    match = re.fullmatch(r"\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*", entry, re.S)
+    match = re.fullmatch(r"\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*",
+                         entry, re.S)
     if not match:
         return [], "not in Claude Code's rule syntax, Tool or Tool(specifier)"
-    tool, spec = match[1], (match[2] or "").strip()
+    tool = match[1]
+    spec = (match[2] or "").strip()
     if tool.startswith("mcp__"):
         return [], "khaelor has no MCP tools"
     if tool in _CLAUDE_ABSENT:
@@ -969,11 +1119,14 @@ def _claude_rule(entry, action: str, where: str, kind: str, root: str) -> tuple[
         return [], f"unknown tool {tool!r}"
     if what == "command":
         pattern = _claude_command(spec)
-        return [Rule(c, pattern, action, where, kind) for c in _COMMAND_CAPABILITIES], None
+        rules = [Rule(c, pattern, action, where, kind)
+                 for c in _COMMAND_CAPABILITIES]
+        return rules, None
     capability = "file.read" if what == "read" else "file.write.project"
     if spec in ("", "*", "**"):
         return [Rule(capability, "*", action, where, kind)], None
-    return _claude_path(spec, capability, what, action, where, kind, root), None
+    rules = _claude_path(spec, capability, what, action, where, kind, root)
+    return rules, None
 
 
 def _claude_command(spec: str) -> str:
@@ -985,8 +1138,8 @@ def _claude_command(spec: str) -> str:
     return spec
 
 
-def _claude_path(spec: str, capability: str, scope: str, action: str, where: str, kind: str,
-                 root: str) -> list[Rule]:
+def _claude_path(spec: str, capability: str, scope: str, action: str,
+                 where: str, kind: str, root: str) -> list[Rule]:
     """gitignore-style paths: //abs is absolute, ~/ the home, /p and ./p from the project root,
     a bare name (no slash) at any depth."""
     if spec.endswith("/"):
@@ -997,10 +1150,13 @@ def _claude_path(spec: str, capability: str, scope: str, action: str, where: str
     elif spec.startswith("~/"):
         outside = spec
     if outside is not None:
-        rules = [Rule("filesystem.outsideProject", outside, action, where, kind, glob=True, scope=scope)]
+        rules = [Rule("filesystem.outsideProject", outside, action, where,
+                      kind, glob=True, scope=scope)]
         absolute = os.path.expanduser(outside)
         if absolute == root or absolute.startswith(root + "/"):
-            rules.append(Rule(capability, absolute[len(root) + 1:] or "**", action, where, kind, glob=True))
+            inside = absolute[len(root) + 1:] or "**"
+            rules.append(Rule(capability, inside, action, where, kind,
+                              glob=True))
         return rules
     if spec.startswith("/"):
         relative = spec.lstrip("/")
@@ -1045,33 +1201,43 @@ def _template_patterns() -> list[str]:
 
 # ---------------------------------------------------------------- evaluation
 
-def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *, floor: str | None = None,
-           at_least: str = "allow", read_only: bool = False, not_read_only: str = "",
+def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
+           floor: str | None = None, at_least: str = "allow",
+           read_only: bool = False, not_read_only: str = "",
            destructive: str = "") -> Decision:
     floor = floor or _protected_write(requests)
     confine = _confine(requests, read_only)
     if floor:
-        return Decision("deny", "process.execute", descriptor, None, True, None, f"hardline floor: {floor}",
-                        layer="floor", not_read_only=not_read_only, confine=confine)
+        return Decision("deny", "process.execute", descriptor, None, True,
+                        None, f"hardline floor: {floor}", layer="floor",
+                        not_read_only=not_read_only, confine=confine)
     if not requests:
-        return Decision(at_least, "process.execute", descriptor, None, False, None, layer="default",
-                        read_only=read_only, not_read_only=not_read_only, confine=confine)
+        return Decision(at_least, "process.execute", descriptor, None, False,
+                        None, layer="default", read_only=read_only,
+                        not_read_only=not_read_only, confine=confine)
     verdicts = [_verdict(request, rules) for request in requests]
-    action, rule, request, layer = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
+    strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
+    action, rule, request, layer = strictest
     if destructive and action == "allow":
-        action, rule, layer = "ask", None, "destructive"
+        action = "ask"
+        rule = None
+        layer = "destructive"
     elif _STRICTNESS[at_least] > _STRICTNESS[action]:
-        action, rule = at_least, None
+        action = at_least
+        rule = None
     suggestion = None if destructive else _one_suggestion(verdicts, action)
     reason = f"no rule allows {request.capability} {request.subject}"
     if destructive:
-        reason = f"destroys work in the repository ({destructive}): asks every time, --yes alone never approves it"
+        reason = (f"destroys work in the repository ({destructive}): "
+                  "asks every time, --yes alone never approves it")
     elif rule:
         reason = rule_text(rule)
     elif layer == "read-only":
         reason = "provably read-only"
-    return Decision(action, request.capability, descriptor, rule, False, suggestion, reason, layer=layer,
-                    read_only=read_only, not_read_only=not_read_only, destructive=destructive, confine=confine)
+    return Decision(action, request.capability, descriptor, rule, False,
+                    suggestion, reason, layer=layer, read_only=read_only,
+                    not_read_only=not_read_only, destructive=destructive,
+                    confine=confine)
 
 
 def _verdict(request: _Request, rules: list[Rule]) -> tuple:
@@ -1082,21 +1248,29 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     rule = _last_match(rules, request)
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
-        underneath = _last_match([r for r in rules if not r.tighten_only], request)
-        if underneath is not None and _STRICTNESS[underneath.action] > _STRICTNESS[rule.action]:
+        trusted = [r for r in rules if not r.tighten_only]
+        underneath = _last_match(trusted, request)
+        if underneath is not None and _stricter(underneath, rule):
             rule = underneath
     if request.core and request.core != request.subject:
-        stricter = _last_match([r for r in rules if r.action != "allow" and r.layer != "default"],
-                               request._replace(subject=request.core))
-        if stricter and (rule is None or _STRICTNESS[stricter.action] > _STRICTNESS[rule.action]):
+        tightening = [r for r in rules
+                      if r.action != "allow" and r.layer != "default"]
+        without_wrappers = request._replace(subject=request.core)
+        stricter = _last_match(tightening, without_wrappers)
+        if stricter and (rule is None or _stricter(stricter, rule)):
             rule = stricter
     if rule is None:
         return "ask", None, request, "default"
     if request.read_only and rule.layer == "default":
         return "allow", None, request, "read-only"
     if request.secret and rule.layer == "default" and rule.action == "allow":
-        return "ask", None, request, "default"      # a secret whose spelling the default patterns miss
+        # a secret whose spelling the default patterns miss
+        return "ask", None, request, "default"
     return rule.action, rule, request, rule.layer
+
+
+def _stricter(rule: Rule, than: Rule) -> bool:
+    return _STRICTNESS[rule.action] > _STRICTNESS[than.action]
 
 
 def _one_suggestion(verdicts: list[tuple], action: str) -> dict | None:
@@ -1109,28 +1283,37 @@ def _one_suggestion(verdicts: list[tuple], action: str) -> dict | None:
         if verdict_action != "ask":
             continue
         pattern = request.suggestion
-        if pattern is not None and matched is not None and matched.pattern != "*":
+        specific = matched is not None and matched.pattern != "*"
+        if pattern is not None and specific:
             pattern = _escape(request.subject)
         asking.add((request.capability, pattern))
     if len(asking) != 1:
         return None
     capability, pattern = asking.pop()
-    return {"capability": capability, "pattern": pattern} if pattern else None
+    if not pattern:
+        return None
+    return {"capability": capability, "pattern": pattern}
 
 
 def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
-    capability, subject = request.capability, request.subject
+    capability = request.capability
+    subject = request.subject
 
     def matches(rule: Rule) -> bool:
         if rule.scope and (rule.scope == "write") != request.writes:
             return False
         pattern = rule.pattern
-        if capability == "filesystem.outsideProject" and pattern.startswith("~"):
+        outside = capability == "filesystem.outsideProject"
+        if outside and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
             return re.fullmatch(_glob_to_regex(pattern), subject) is not None
-        bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")    # "ls *" also matches "ls"
-        return fnmatch.fnmatchcase(subject, pattern) or (bare and fnmatch.fnmatchcase(subject, pattern[:-2]))
+        if fnmatch.fnmatchcase(subject, pattern):
+            return True
+        # "ls *" also matches "ls"
+        bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")
+        return bare and fnmatch.fnmatchcase(subject, pattern[:-2])
+
     for rule in reversed(rules):
         if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule):
             return rule
@@ -1176,10 +1359,13 @@ def _protected(path: str) -> str | None:
     folders (~/.khaelor, ~/.claude), a project's permission file. Compared case-insensitively, as a
     macOS or Windows file system compares them."""
     lowered = path.lower()
-    for place in (khaelor_home(), os.path.expanduser("~/.khaelor"), os.path.expanduser("~/.claude")):
+    places = (khaelor_home(), os.path.expanduser("~/.khaelor"),
+              os.path.expanduser("~/.claude"))
+    for place in places:
         place = place.lower()
         if lowered == place or lowered.startswith(place + os.sep):
-            return f"khaelor's own state and the user's permission files ({place}) are changed only by the user"
+            return ("khaelor's own state and the user's permission files "
+                    f"({place}) are changed only by the user")
     if _is_permission_file(lowered):
         return f"a permission file ({path}) is changed only by the user"
     return None
@@ -1188,7 +1374,9 @@ def _protected(path: str) -> str | None:
 def _is_permission_file(path: str) -> bool:
     parts = path.split(os.sep)
     tail = "/".join(parts[-2:]).lower()
-    return tail in (".khaelor/config.json", ".claude/settings.json", ".claude/settings.local.json")
+    permission_files = (".khaelor/config.json", ".claude/settings.json",
+                        ".claude/settings.local.json")
+    return tail in permission_files
 
 
 def _confine(requests: list[_Request], read_only: bool) -> dict:
@@ -1196,26 +1384,38 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
     read-only, network only when asked for, and the outside paths it named."""
     paths = set()
     for request in requests:
-        if request.capability == "filesystem.outsideProject" and request.path:
+        outside = request.capability == "filesystem.outsideProject"
+        if outside and request.path:
             paths.add(request.path)
-    installs = [r for r in requests if r.capability == "network.access" and _installer(r.core.split())]
-    if installs:
+    network = [r for r in requests if r.capability == "network.access"]
+    if any(_installer(r.core.split()) for r in network):
         paths.update(_package_locations())
-    return {"write": not read_only, "network": any(r.capability == "network.access" for r in requests),
-            "paths": sorted(paths), "secrets": any(r.secret for r in requests), "hide": list(SECRET_NAMES)}
+    return {
+        "write": not read_only,
+        "network": bool(network),
+        "paths": sorted(paths),
+        "secrets": any(r.secret for r in requests),
+        "hide": list(SECRET_NAMES),
+    }
 
 
-# Where package managers install and cache, under $HOME: an approved `pip install` or `npm install`
-# may write there (and into this interpreter's site-packages), or it could not do what was approved.
-_PACKAGE_HOME_DIRS = (".cache", ".local", ".npm", ".cargo", ".rustup", "go", ".gem", ".m2", ".gradle", ".yarn",
-                      ".pnpm-store", ".bun", ".deno", ".nuget", ".pyenv")
+# Where package managers install and cache, under $HOME: an approved `pip
+# install` or `npm install` may write there (and into this interpreter's
+# site-packages), or it could not do what was approved.
+_PACKAGE_HOME_DIRS = (
+    ".cache", ".local", ".npm", ".cargo", ".rustup", "go", ".gem", ".m2",
+    ".gradle", ".yarn", ".pnpm-store", ".bun", ".deno", ".nuget", ".pyenv",
+)
 
 
 def _installer(core: list[str]) -> bool:
     """A package manager (python -m pip counts as pip)."""
-    if core[:1] and core[0].startswith("python") and core[1:3] == ["-m", "pip"]:
+    if not core:
+        return False
+    if core[0].startswith("python") and core[1:3] == ["-m", "pip"]:
         return True
-    return bool(core) and core[0] in _NETWORK_SUBCOMMANDS and core[0] not in ("aws", "gcloud", "az")
+    cloud_clis = ("aws", "gcloud", "az")
+    return core[0] in _NETWORK_SUBCOMMANDS and core[0] not in cloud_clis
 
 
 def _package_locations() -> list[str]:
@@ -1232,9 +1432,12 @@ def _without_sandbox(decision: Decision) -> Decision:
     without asking."""
     if decision.action != "allow" or decision.read_only:
         return decision
-    reason = "no OS sandbox here: only provably read-only commands run without asking"
-    return Decision("ask", decision.capability, decision.descriptor, None, False, decision.suggestion, reason,
-                    layer="sandbox", not_read_only=decision.not_read_only, confine=decision.confine)
+    reason = ("no OS sandbox here: only provably read-only commands run "
+              "without asking")
+    return Decision("ask", decision.capability, decision.descriptor, None,
+                    False, decision.suggestion, reason, layer="sandbox",
+                    not_read_only=decision.not_read_only,
+                    confine=decision.confine)
 
 
 # ---------------------------------------------------------------- paths
