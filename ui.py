@@ -75,7 +75,8 @@ class Controller(Protocol):
     def run_command(self, line: str) -> object: ...
     # Esc while busy
     def interrupt(self) -> object: ...
-    def answer_permission(self, tool_use_id: str, choice: str, feedback: str) -> object: ...
+    def answer_permission(self, tool_use_id: str, choice: str,
+                          feedback: str) -> object: ...
     # model, tokens, cost, context_pct, cache_share, processes, branch
     def status(self) -> dict: ...
     # paths for "@" completion
@@ -565,9 +566,12 @@ def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
 
 def _starts_block(lines: list[str], i: int) -> bool:
     line = lines[i]
-    return bool(not line.strip() or HEADING_RE.match(line) or HR_RE.match(line)
-                or FENCE_RE.match(line) or QUOTE_RE.match(line) or LIST_RE.match(line)
-                or _starts_table(lines, i))
+    if not line.strip():
+        return True
+    starts = (HEADING_RE, HR_RE, FENCE_RE, QUOTE_RE, LIST_RE)
+    if any(pattern.match(line) for pattern in starts):
+        return True
+    return _starts_table(lines, i)
 
 
 def _starts_table(lines: list[str], i: int) -> bool:
@@ -596,7 +600,9 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
             j = i + 2
             while j < len(lines) and "|" in lines[j] and lines[j].strip():
                 j += 1
-            out += render_table([line] + lines[i + 2:j], width, style, lines[i + 1])
+            # the header row, the separator row, the body rows
+            rows = [line] + lines[i + 2:j]
+            out += render_table(rows, width, style, lines[i + 1])
         elif QUOTE_RE.match(line):
             while j < len(lines) and QUOTE_RE.match(lines[j]):
                 j += 1
@@ -1586,7 +1592,8 @@ def panel_preview(request: dict, tool_input: dict | None) -> str:
     if isinstance(tool_input.get("content"), str):
         return tool_input["content"]
     command = tool_input.get("command")
-    if request.get("capability") != "loop.continue" and isinstance(command, str):
+    continuing = request.get("capability") == "loop.continue"
+    if not continuing and isinstance(command, str):
         return command
     old = tool_input.get("old_string")
     new = tool_input.get("new_string")
@@ -1986,7 +1993,8 @@ class Composer:
         text = key.text.replace("\r\n", "\n").replace("\r", "\n")
         if key.name == "paste":
             n_lines = text.count("\n") + 1
-            if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
+            too_long = len(text) > PASTE_COLLAPSE_CHARS
+            if n_lines > PASTE_COLLAPSE_LINES or too_long:
                 label = f"[Pasted {n_lines} lines]"
                 k = 2
                 while label in self._pastes:
@@ -2102,7 +2110,8 @@ class Composer:
             self._pastes = self._draft_pastes
         self.cursor = len(self.text)
 
-    def _remember(self, text: str, pastes: dict[str, str] | None = None) -> None:
+    def _remember(self, text: str,
+                  pastes: dict[str, str] | None = None) -> None:
         """`text` as shown (paste labels in it) and what the labels stand for."""
         self._remember_mentions(MENTIONED_RE.findall(text))
         if pastes:
@@ -2654,7 +2663,8 @@ class TerminalMode:
             return
         saved, self._saved = self._saved, None
         try:
-            self._write((BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
+            restore = BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR
+            self._write(restore.encode())
         except OSError:
             # the terminal is gone (SIGHUP); still restore the mode
             pass
