@@ -35,29 +35,33 @@ import sandbox
 
 # ---------------------------------------------------------------- constants
 
-# Tool output: model-facing text per result; the rest is spilled to a file.
+# Model-facing text per result; the rest is spilled to a file.
 OUTPUT_BUDGET_CHARS = 30_000
 # Share of the budget kept from the start; the tail gets the rest (errors land last).
 OUTPUT_HEAD_SHARE = 0.4
-# One spill file stops growing here; the spill folder is pruned, oldest first, to stay under the
-# second cap.
+# One spill file stops growing here.
 SPILL_FILE_CAP_BYTES = 50_000_000
+# The spill folder is pruned, oldest first, to stay under this.
 SPILL_DIR_CAP_BYTES = 200_000_000
 
-# read: lines shown without a limit, characters of numbered text returned, the largest file
-# (larger ones are for bash: head, tail, grep), a line's length before it is cut with a marker,
-# directory entries listed.
+# Lines shown by one read without a limit.
 READ_LINE_CAP = 2000
+# Characters of numbered text one read returns.
 READ_BYTE_CAP = 60_000
+# Larger files are for bash (head, tail, grep).
 READ_FILE_CAP_BYTES = 50_000_000
+# A longer line is cut with a marker.
 LINE_CHAR_CAP = 2000
+# Directory entries shown by read.
 LISTING_CAP = 500
 
-# grep and glob: files (glob) or matching lines (grep) shown, matching lines collected before
-# we stop counting, a matching line's length before it is cut, and when ripgrep is stopped.
+# Files (glob) or matching lines (grep) shown.
 SEARCH_RESULT_CAP = 100
+# Matching lines collected before we stop counting.
 GREP_SCAN_CAP = 10_000
+# A matching line is cut to this many characters.
 GREP_LINE_CHARS = 300
+# A ripgrep run is stopped after this.
 SEARCH_TIMEOUT_S = 60
 
 BASH_DEFAULT_TIMEOUT_MS = 120_000
@@ -65,20 +69,22 @@ BASH_MAX_TIMEOUT_MS = 600_000
 # After a shell exits, its backgrounded children get this long to finish.
 STRAY_GRACE_S = 0.3
 
-# Background processes: rolling output kept per process, how many run at once.
+# Rolling output kept per background process.
 PROCESS_BUFFER_CHARS = 200_000
+# Background processes running at once.
 PROCESS_LIVE_CAP = 8
-# stop sends SIGTERM, then SIGKILL after this.
+# SIGTERM, then SIGKILL after this.
 PROCESS_STOP_GRACE_S = 3.0
-# start and write wait this long for first output.
+# start/write wait this long for first output.
 PROCESS_SETTLE_S = 0.5
 # After a background process exits, what it left running gets this long.
 PROCESS_STRAY_GRACE_S = 1.0
 
-# write and edit: the unified diff FileModified carries, lines shown around an edit, versions
-# kept per file for undo.
+# Unified diff carried by FileModified.
 DIFF_CHAR_CAP = 20_000
+# Lines shown around an edit.
 SNIPPET_CONTEXT_LINES = 4
+# Versions kept per file for undo.
 EDIT_HISTORY_DEPTH = 20
 # Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
 VERSIONS_KEEP_DAYS = 30
@@ -209,38 +215,26 @@ def _schema(name: str, description: str, required: list[str], **properties: tupl
 SCHEMAS = [
     _schema(
         "read", READ_DESCRIPTION, ["file_path"],
-        file_path=(
-            "string",
-            "File or directory to read, relative to the project root or absolute."),
+        file_path=("string",
+                   "File or directory to read, relative to the project root or absolute."),
         offset=("integer", "1-based line number to start from."),
         limit=("integer", "Number of lines to read.")),
     _schema(
         "write", WRITE_DESCRIPTION, ["file_path", "content"],
-        file_path=(
-            "string",
-            "File to write, relative to the project root or absolute."),
+        file_path=("string", "File to write, relative to the project root or absolute."),
         content=("string", "The complete new content of the file.")),
     _schema(
         "edit", EDIT_DESCRIPTION, ["file_path", "old_string", "new_string"],
-        file_path=(
-            "string",
-            "File to edit, relative to the project root or absolute."),
+        file_path=("string", "File to edit, relative to the project root or absolute."),
         old_string=("string", "Text to replace, copied from the file."),
-        new_string=(
-            "string",
-            "Replacement text (must differ from old_string)."),
-        replace_all=(
-            "boolean",
-            "Replace every occurrence instead of exactly one (default false).")),
+        new_string=("string", "Replacement text (must differ from old_string)."),
+        replace_all=("boolean",
+                     "Replace every occurrence instead of exactly one (default false).")),
     _schema(
         "grep", GREP_DESCRIPTION, ["pattern"],
         pattern=("string", "Regular expression to search for."),
-        path=(
-            "string",
-            "File or directory to search (default: project root)."),
-        include=(
-            "string",
-            "Glob for the file names to search, e.g. \"*.py\".")),
+        path=("string", "File or directory to search (default: project root)."),
+        include=("string", "Glob for the file names to search, e.g. \"*.py\".")),
     _schema(
         "glob", GLOB_DESCRIPTION, ["pattern"],
         pattern=("string", "Glob pattern, e.g. \"**/*.py\"."),
@@ -248,24 +242,14 @@ SCHEMAS = [
     _schema(
         "bash", BASH_DESCRIPTION, ["command"],
         command=("string", "The shell command to run."),
-        timeout=(
-            "integer",
-            "Timeout in milliseconds (default 120000, max 600000)."),
-        workdir=(
-            "string",
-            "Directory to run the command in (default: project root).")),
+        timeout=("integer", "Timeout in milliseconds (default 120000, max 600000)."),
+        workdir=("string", "Directory to run the command in (default: project root).")),
     _schema(
         "process", PROCESS_DESCRIPTION, ["action"],
-        action=(
-            "string", "What to do.",
-            ["start", "list", "read", "write", "stop"]),
-        id=(
-            "string",
-            "Process id from start or list (for read, write, stop)."),
+        action=("string", "What to do.", ["start", "list", "read", "write", "stop"]),
+        id=("string", "Process id from start or list (for read, write, stop)."),
         command=("string", "Shell command to start (for start)."),
-        input=(
-            "string",
-            "Text to send to the process's stdin (for write).")),
+        input=("string", "Text to send to the process's stdin (for write).")),
 ]
 
 # ---------------------------------------------------------------- exceptions and data types
@@ -361,10 +345,7 @@ class Workspace:
         # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
         # would mean setting it, process-wide, while other threads may be creating files.
         tmp = target.parent / f".{target.name}.{os.urandom(6).hex()}.tmp"
-        if mode is None:
-            create_mode = 0o666
-        else:
-            create_mode = 0o600
+        create_mode = 0o666 if mode is None else 0o600
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         fd = os.open(tmp, flags, create_mode)
         try:
@@ -800,16 +781,10 @@ class Toolbox:
         before_text = _decode_text(before or b"")
         added, removed, diff = _diff(shown, before_text, _decode_text(after))
         self.emit(
-            "FileModified",
-            tool_use_id=tool_use_id,
-            path=shown,
-            added=added,
-            removed=removed,
-            diff=self.mask(diff),
-            created=before is None,
+            "FileModified", tool_use_id=tool_use_id, path=shown,
+            added=added, removed=removed, diff=self.mask(diff), created=before is None,
             real_path=str(os.path.realpath(path)),
-            before_version=version.before,
-            after_version=version.after)
+            before_version=version.before, after_version=version.after)
         return added, removed
 
 
