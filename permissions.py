@@ -1442,23 +1442,32 @@ def _without_sandbox(decision: Decision) -> Decision:
 
 # ---------------------------------------------------------------- paths
 
-def _path_request(path_text: str, base: str, root: str, capability: str) -> _Request:
+def _path_request(path_text: str, base: str, root: str,
+                  capability: str) -> _Request:
     """The request to touch path_text (relative to base). realpath resolves `..` and
     symlinks, so a link inside the project that points out of it is outside."""
+    writes = capability == "file.write.project"
     try:
-        resolved = os.path.realpath(os.path.join(base, os.path.expanduser(path_text)))
-    except (ValueError, OSError):      # an embedded NUL and the like: nowhere we can vouch for
-        return _Request("filesystem.outsideProject", path_text, None, writes=capability == "file.write.project")
-    if resolved != root and not resolved.startswith(root.rstrip(os.sep) + os.sep):
+        expanded = os.path.expanduser(path_text)
+        resolved = os.path.realpath(os.path.join(base, expanded))
+    except (ValueError, OSError):
+        # an embedded NUL and the like: nowhere we can vouch for
+        return _Request("filesystem.outsideProject", path_text, None,
+                        writes=writes)
+    under_root = root.rstrip(os.sep) + os.sep
+    if resolved != root and not resolved.startswith(under_root):
         secret = _is_secret_location(resolved)
-        return _Request("filesystem.outsideProject", resolved, _escape(resolved), secret=secret, path=resolved,
-                        writes=capability == "file.write.project")
+        return _Request("filesystem.outsideProject", resolved,
+                        _escape(resolved), secret=secret, path=resolved,
+                        writes=writes)
     subject = Path(resolved).relative_to(root).as_posix()
     directory = posixpath.dirname(subject)
     secret = capability == "file.read" and is_secret_name(subject)
     if capability == "file.write.project" and directory:
-        return _Request(capability, subject, _escape(directory) + "/*", path=resolved)
-    return _Request(capability, subject, _escape(subject), secret=secret, path=resolved)
+        return _Request(capability, subject, _escape(directory) + "/*",
+                        path=resolved)
+    return _Request(capability, subject, _escape(subject), secret=secret,
+                    path=resolved)
 
 
 def _is_secret_location(path: str) -> bool:
@@ -1478,7 +1487,10 @@ def _glob_base(pattern: str) -> str:
         if any(ch in part for ch in "*?[{"):
             static = n
             break
-    return "/".join(parts[:static]) or ("/" if pattern.startswith("/") else ".")
+    base = "/".join(parts[:static])
+    if base:
+        return base
+    return "/" if pattern.startswith("/") else "."
 
 
 def _escape(text: str) -> str:
@@ -1486,13 +1498,18 @@ def _escape(text: str) -> str:
     return re.sub(r"([*?[])", r"[\1]", text)
 
 
-def _secrets_under(directory: str, include_hidden: bool, follows: bool = False) -> list[str]:
+def _secrets_under(directory: str, include_hidden: bool,
+                   follows: bool = False) -> list[str]:
     """Secret files a recursive search of directory would read (a bounded walk; .git skipped),
     and when it follows symlinks, each link that leads out of directory."""
-    found, seen = [], 0
+    found = []
+    seen = 0
     top = os.path.realpath(directory)
     for parent, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if d != ".git" and (include_hidden or not d.startswith("."))]
+        # pruned in place, so the walk does not descend into them
+        dirs[:] = [d for d in dirs if d != ".git"]
+        if not include_hidden:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files + (dirs if follows else []):
             seen += 1
             path = os.path.join(parent, name)
@@ -1500,8 +1517,9 @@ def _secrets_under(directory: str, include_hidden: bool, follows: bool = False) 
                 continue
             if is_secret_name(name) and name not in dirs:
                 found.append(path)
-            elif follows and os.path.islink(path) and not _beneath(os.path.realpath(path), top):
-                found.append(path)
+            elif follows and os.path.islink(path):
+                if not _beneath(os.path.realpath(path), top):
+                    found.append(path)
         if seen > _SECRET_WALK_CAP or len(found) >= 5:
             break
     return found
@@ -1513,77 +1531,118 @@ def _beneath(path: str, top: str) -> bool:
 
 # ---------------------------------------------------------------- bash: judging a line
 
-def _decide_bash(command: str, workdir: str, root: str, rules: list[Rule]) -> Decision:
+def _decide_bash(command: str, workdir: str, root: str,
+                 rules: list[Rule]) -> Decision:
     home = posixpath.normpath(os.path.expanduser("~"))
-    requests, cwd = [], root
+    requests = []
+    cwd = root
     if workdir:
         request = _path_request(workdir, root, root, "file.read")
-        outside = request.capability == "filesystem.outsideProject"
-        cwd = request.subject if outside else os.path.join(root, request.subject)
+        if request.capability == "filesystem.outsideProject":
+            cwd = request.subject
+        else:
+            cwd = os.path.join(root, request.subject)
         requests.append(request._replace(suggestion=None))
     try:
         line = _ShellLine(command, cwd, home)
     except (_ParseError, RecursionError) as e:
-        return _unparsable(command, cwd, home, rules, str(e) or "nested too deeply")
-    not_read_only, destructive = "", ""
+        why = str(e) or "nested too deeply"
+        return _unparsable(command, cwd, home, rules, why)
+    not_read_only = ""
+    destructive = ""
     for part in line.parts:
         problem = _not_read_only(part, root)
         if problem and not not_read_only:
             not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
-        # a write redirection asks as a file write; the command itself may still only read
-        only_redirected = problem is None or _not_read_only(part._replace(redirects=()), root) is None
+        # a write redirection asks as a file write; the command itself may
+        # still only read
+        if problem is None:
+            only_redirected = True
+        else:
+            unredirected = part._replace(redirects=())
+            only_redirected = _not_read_only(unredirected, root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
     if _FUNCTION_DEFINITION.search(command):
-        line.unfollowed = "it defines a shell function, which can stand in for any command"
+        line.unfollowed = ("it defines a shell function, "
+                           "which can stand in for any command")
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
     floor = line.floor or _state_write(line.parts, root)
-    return _judge(command.strip(), requests, rules, floor=floor, read_only=not not_read_only,
-                  not_read_only=not_read_only, destructive=destructive)
+    return _judge(command.strip(), requests, rules, floor=floor,
+                  read_only=not not_read_only, not_read_only=not_read_only,
+                  destructive=destructive)
 
 
-def _unparsable(command: str, cwd: str, home: str, rules: list[Rule], why: str) -> Decision:
+def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
+                why: str) -> Decision:
     """Bash runs the lines before a syntax error, so the floor still reads every line, split at
     its operators; what cannot be parsed is never allowed without asking."""
     floor = _fork_bomb(command)
     for text in re.split(r"[\n;&|()]+", command):
-        words = re.sub(r"[\"'\\]", "", text).replace("${HOME}", home).replace("$HOME", home).split()
-        words = [home + word[1:] if word == "~" or word.startswith("~/") else word for word in words]
-        floor = floor or _floor_reason(_Part(tuple(words), tuple(_core(words)), (), cwd), home)
+        unquoted = re.sub(r"[\"'\\]", "", text)
+        unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
+        words = []
+        for word in unquoted.split():
+            if word == "~" or word.startswith("~/"):
+                word = home + word[1:]
+            words.append(word)
+        if not floor:
+            part = _Part(tuple(words), tuple(_core(words)), (), cwd)
+            floor = _floor_reason(part, home)
     request = _Request("process.execute", command.strip(), None)
-    return _judge(command.strip(), [request], rules, floor=floor, at_least="ask",
+    return _judge(command.strip(), [request], rules, floor=floor,
+                  at_least="ask",
                   not_read_only=f"the line cannot be parsed ({why})")
 
 
-def _part_requests(part: _Part, root: str, compound: bool, read_only: bool) -> list[_Request]:
+def _part_requests(part: _Part, root: str, compound: bool,
+                   read_only: bool) -> list[_Request]:
     """What one simple command needs: its command capability, its redirections, the files its
     arguments may name, and the secrets a recursive search of a directory would read."""
     capability = _classify(part.core)
+    command = " ".join(part.words)
     suggestion = None if compound else _suggest(part.words)
-    if suggestion and not read_only and capability == "process.execute" and _listed_read_only(part.core):
-        # it asks because of an option or a form (sort --co=…, git log --output=…): a wildcard
-        # over its arguments would grant exactly that form from then on
-        suggestion = _escape(" ".join(part.words))
-    requests = [_Request(capability, " ".join(part.words), suggestion,
-                         read_only=read_only and capability == "process.execute", core=" ".join(_rule_core(part.core)))]
+    if suggestion and not read_only and capability == "process.execute":
+        if _listed_read_only(part.core):
+            # it asks because of an option or a form (sort --co=…, git log
+            # --output=…): a wildcard over its arguments would grant exactly
+            # that form from then on
+            suggestion = _escape(command)
+    requests = [_Request(
+        capability, command, suggestion,
+        read_only=read_only and capability == "process.execute",
+        core=" ".join(_rule_core(part.core)),
+    )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
-        if target.startswith(("/dev/tcp/", "/dev/udp/")):      # bash opens a socket for these
-            requests.append(_Request("network.access", f"{op} {target}", None))
+        if target.startswith(("/dev/tcp/", "/dev/udp/")):
+            # bash opens a socket for these
+            socket = _Request("network.access", f"{op} {target}", None)
+            requests.append(socket)
             continue
-        writes = op in _WRITE_REDIRECTS and not _is_number(target) and target != "-"
+        writes = _redirect_writes(op, target)
         if (writes or op == "<") and target not in _SAFE_DEVICES:
+            access = "file.write.project" if writes else "file.read"
             for place in places:
-                requests += _word_requests(target, place, root, "file.write.project" if writes else "file.read")
+                requests += _word_requests(target, place, root, access)
+    suggest_paths = not compound and len(places) == 1
     for word in _path_arguments(part.core):
         for place in places:
-            requests += _word_requests(word, place, root, "file.read", suggest=not compound and len(places) == 1)
+            requests += _word_requests(word, place, root, "file.read",
+                                       suggest=suggest_paths)
     for place in places:
         for secret in _recursive_secrets(part._replace(cwd=place)):
-            requests.append(_path_request(secret, place, root, "file.read")._replace(suggestion=None))
+            request = _path_request(secret, place, root, "file.read")
+            requests.append(request._replace(suggestion=None))
     return list(dict.fromkeys(requests))
+
+
+def _redirect_writes(op: str, target: str) -> bool:
+    """A redirection that writes a file: not a descriptor copy (2>&1) or
+    close (>&-)."""
+    return op in _WRITE_REDIRECTS and not _is_number(target) and target != "-"
 
 
 def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
@@ -1607,19 +1666,29 @@ def _listed_read_only(core: tuple[str, ...]) -> bool:
     return bool(core) and core[0] in READ_ONLY
 
 
-def _decide_process_write(text: str, process_command: str, root: str, rules: list[Rule]) -> Decision:
+def _decide_process_write(text: str, process_command: str, root: str,
+                          rules: list[Rule]) -> Decision:
     """Text written to a shell is a command line, judged as one; to an interpreter it is code no
     one can read in advance, so it asks; anything else (a prompt, a REPL of data) is allowed."""
     program = _stdin_reader(process_command, root)
     if program in _SHELLS:
         decision = _decide_bash(text, "", root, rules)
         return replace(decision, descriptor=f"{program} ← {text.strip()}")
-    if program in _INTERPRETERS or program in _STDIN_RUNNERS or program.startswith(("python", "node", "ruby", "perl",
-                                                                                      "php")):
-        request = _Request("process.execute", f"{program} -c {text.strip()}", None)
-        return _judge(f"{program} ← {text.strip()}", [request], rules, at_least="ask",
+    if _runs_code(program):
+        request = _Request("process.execute",
+                           f"{program} -c {text.strip()}", None)
+        return _judge(f"{program} ← {text.strip()}", [request], rules,
+                      at_least="ask",
                       not_read_only=f"code written to {program} runs unread")
-    return Decision("allow", "process.execute", "process write", None, False, None, layer="default")
+    return Decision("allow", "process.execute", "process write", None,
+                    False, None, layer="default")
+
+
+def _runs_code(program: str) -> bool:
+    """An interpreter, or a program that runs what it reads."""
+    if program in _INTERPRETERS or program in _STDIN_RUNNERS:
+        return True
+    return program.startswith(("python", "node", "ruby", "perl", "php"))
 
 
 def _stdin_reader(command: str, root: str) -> str:
@@ -1628,14 +1697,16 @@ def _stdin_reader(command: str, root: str) -> str:
     try:
         parts = _ShellLine(command, root, os.path.expanduser("~")).parts
     except (_ParseError, RecursionError):
-        return "sh"          # unknown: judge what is written as a command line
+        # unknown: judge what is written as a command line
+        return "sh"
     for part in parts:
         for word in part.words:
             name = posixpath.basename(word)
-            if name in _SHELLS or name in _INTERPRETERS or name in _STDIN_RUNNERS or \
-                    name.startswith(("python", "node", "ruby", "perl", "php")):
+            if name in _SHELLS or _runs_code(name):
                 return name
-    return parts[0].core[0] if parts and parts[0].core else ""
+    if parts and parts[0].core:
+        return parts[0].core[0]
+    return ""
 
 
 def _classify(core: tuple[str, ...]) -> str:
@@ -1648,7 +1719,9 @@ def _classify(core: tuple[str, ...]) -> str:
     if name.startswith("python") and args[:2] == ("-m", "pip"):
         name, args = "pip", args[2:]
     subcommand = next((a for a in args if not a.startswith("-")), "")
-    if name in _NETWORK_COMMANDS or subcommand in _NETWORK_SUBCOMMANDS.get(name, ()):
+    if name in _NETWORK_COMMANDS:
+        return "network.access"
+    if subcommand in _NETWORK_SUBCOMMANDS.get(name, ()):
         return "network.access"
     return "process.execute"
 
@@ -1658,34 +1731,50 @@ def _classify_git(args: tuple[str, ...]) -> str:
     if any(_GIT_URL.match(a) or "::" in a for a in args):
         return "network.access"
     k = 0
-    while k < len(args) and args[k].startswith("-"):      # git -C dir -c k=v --no-pager ...
+    # past the global options: git -C dir -c k=v --no-pager ...
+    while k < len(args) and args[k].startswith("-"):
         k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
     if k >= len(args):
         return "process.execute"
     sub, rest = args[k], args[k + 1:]
     first = rest[0] if rest else ""
-    if sub in _GIT_NETWORK or (sub == "remote" and first in ("update", "prune")) or \
-            (sub == "remote" and first == "show" and "-n" not in rest) or \
-            (sub == "submodule" and first in ("update", "add", "sync", "foreach")):
+    if _git_reaches_remote(sub, first, rest):
         return "network.access"
     if sub in _GIT_MODIFY:
         return "git.modify"
     if sub in ("branch", "tag"):
         listing = {"-l", "--list"} & set(rest)
         names = [a for a in rest if not a.startswith("-")]
-        modifying_flag = {"-d", "-D", "--delete", "-m", "-M", "--move", "-c", "-C", "--copy", "-f", "--force",
-                          "-u", "--set-upstream-to", "--unset-upstream", "-a", "--annotate", "-s", "--sign",
-                          "-e", "--edit"} & set(rest)
+        ref_changing = {
+            "-d", "-D", "--delete", "-m", "-M", "--move", "-c", "-C",
+            "--copy", "-f", "--force", "-u", "--set-upstream-to",
+            "--unset-upstream", "-a", "--annotate", "-s", "--sign",
+            "-e", "--edit",
+        }
+        modifying_flag = ref_changing & set(rest)
         if sub == "branch":
-            modifying_flag -= {"-a"}        # git branch -a lists all branches
+            # git branch -a lists all branches
+            modifying_flag -= {"-a"}
         if modifying_flag or (names and not listing):
             return "git.modify"
         return "process.execute"
     if sub in GIT_READ_FORMS and _git_form_problem(sub, rest):
-        if sub == "remote" and set(rest) & {"show", "update", "prune", "set-head"}:
-            return "network.access"     # `git remote -v show origin` contacts origin
+        contacting = {"show", "update", "prune", "set-head"}
+        if sub == "remote" and set(rest) & contacting:
+            # `git remote -v show origin` contacts origin
+            return "network.access"
         return "git.modify"
     return "process.execute"
+
+
+def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
+    if sub in _GIT_NETWORK:
+        return True
+    if sub == "remote" and first in ("update", "prune"):
+        return True
+    if sub == "remote" and first == "show" and "-n" not in rest:
+        return True
+    return sub == "submodule" and first in ("update", "add", "sync", "foreach")
 
 
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
@@ -1693,32 +1782,48 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
     if not core or core[0] in ("echo", "printf"):
         return []
     positional = [a for a in core[1:] if not a.startswith("-")]
-    if core[0] in _PATTERN_FIRST and not set(core) & {"-e", "-f", "--regexp", "--file"}:
+    pattern_option = set(core) & {"-e", "-f", "--regexp", "--file"}
+    if core[0] in _PATTERN_FIRST and not pattern_option:
         positional = positional[1:]
-    values = [a.partition("=")[2] for a in core[1:] if "=" in a]   # --output=/x, of=/dev/x
-    # -m.env, -f~/.cargo/credentials: a value attached to a short option can name a file too
-    attached = [a[2:] for a in core[1:] if a[:1] == "-" and a[1:2] != "-" and re.search(r"[./~]", a[2:])]
-    return [w for w in positional + values + attached if w and w not in _SAFE_DEVICES]
+    # --output=/x, of=/dev/x
+    values = [a.partition("=")[2] for a in core[1:] if "=" in a]
+    # -m.env, -f~/.cargo/credentials: a value attached to a short option can
+    # name a file too
+    attached = []
+    for arg in core[1:]:
+        short_option = arg[:1] == "-" and arg[1:2] != "-"
+        if short_option and re.search(r"[./~]", arg[2:]):
+            attached.append(arg[2:])
+    words = positional + values + attached
+    return [w for w in words if w and w not in _SAFE_DEVICES]
 
 
-_POSIX_CLASSES = {"alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
-                  "space": " \t\n", "xdigit": "0-9a-fA-F", "punct": "!-/:-@[-`{-~", "print": " -~", "graph": "!-~"}
+_POSIX_CLASSES = {
+    "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9",
+    "upper": "A-Z", "lower": "a-z", "space": " \t\n", "xdigit": "0-9a-fA-F",
+    "punct": "!-/:-@[-`{-~", "print": " -~", "graph": "!-~",
+}
 
 
 def _bash_glob(word: str) -> str:
     """A bash glob as Python's glob reads them: [^x] is [!x], and POSIX classes become ranges."""
     word = word.replace("[^", "[!")
-    return re.sub(r"\[:(\w+):\]", lambda m: _POSIX_CLASSES.get(m[1], m[0]), word)
+    return re.sub(r"\[:(\w+):\]",
+                  lambda m: _POSIX_CLASSES.get(m[1], m[0]), word)
 
 
-def _word_requests(word: str, cwd: str, root: str, capability: str, suggest=False) -> list[_Request]:
+def _word_requests(word: str, cwd: str, root: str, capability: str,
+                   suggest=False) -> list[_Request]:
     """A shell word naming files. Globs are expanded (`cat .e*` reads .env); a value we
     cannot know ($F, $(...)) might be anywhere, so it counts as outside the project."""
     if "$(" in word or "`" in word or _PARAMETER.search(word):
         return [_Request("filesystem.outsideProject", word, None)]
     paths = [word]
     if any(ch in word for ch in "*?["):
-        paths = sorted(glob.glob(os.path.join(cwd, os.path.expanduser(_bash_glob(word)))))[:_MAX_GLOB] or paths
+        pattern = os.path.join(cwd, os.path.expanduser(_bash_glob(word)))
+        matches = sorted(glob.glob(pattern))[:_MAX_GLOB]
+        if matches:
+            paths = matches
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
         return requests
@@ -1738,38 +1843,51 @@ def _recursive_secrets(part: _Part) -> list[str]:
     paths = _path_arguments(core)
     targets = []
     for word in paths:
-        for match in glob.glob(os.path.join(part.cwd, _bash_glob(word))) or [os.path.join(part.cwd, word)]:
+        pattern = os.path.join(part.cwd, _bash_glob(word))
+        matches = glob.glob(pattern) or [os.path.join(part.cwd, word)]
+        for match in matches:
             if os.path.isdir(match):
                 targets.append(match)
     if name != "diff" and not paths:
-        targets = [part.cwd]      # grep -r PATTERN and rg PATTERN search the working directory
+        # grep -r PATTERN and rg PATTERN search the working directory
+        targets = [part.cwd]
     found = []
     for target in targets:
         found += _secrets_under(target, hidden, follows)
     return found
 
 
-def _search_shape(name: str, args: tuple[str, ...]) -> tuple[bool, bool, bool]:
+def _search_shape(name: str,
+                  args: tuple[str, ...]) -> tuple[bool, bool, bool]:
     """(recurses, follows symlinks, reads hidden files) for grep, rg or diff, reading options as the
     program does: abbreviations (--rec), -d recurse, --directories=recurse, -uu."""
-    longs = READ_ONLY.get(name, ("", ""))[1].split() + ["recursive", "dereference-recursive", "directories=",
-                                                        "follow", "hidden", "unrestricted", "no-ignore"]
-    recursive, follows, unrestricted, hidden = name == "rg", False, 0, name != "rg"
+    longs = READ_ONLY.get(name, ("", ""))[1].split()
+    longs += ["recursive", "dereference-recursive", "directories=",
+              "follow", "hidden", "unrestricted", "no-ignore"]
+    # rg recurses by default and skips hidden files; grep -r and diff -r
+    # read them
+    recursive = name == "rg"
+    follows = False
+    unrestricted = 0
+    hidden = name != "rg"
     for k, arg in enumerate(args):
         value = args[k + 1] if k + 1 < len(args) else ""
         if arg.startswith("--"):
             option, has_value, given = arg[2:].partition("=")
             full = (_long_option(option, longs) or option).rstrip("=")
-            recursive |= full in ("recursive", "dereference-recursive") or \
-                (full == "directories" and (given if has_value else value) == "recurse")
+            directories = given if has_value else value
+            recursive |= full in ("recursive", "dereference-recursive")
+            recursive |= full == "directories" and directories == "recurse"
             follows |= full in ("dereference-recursive", "follow")
             hidden |= full in ("hidden", "unrestricted") and name == "rg"
             unrestricted += full == "unrestricted"
         elif arg.startswith("-") and len(arg) > 1:
             letters = arg[1:]
             if name != "rg":
-                recursive |= "r" in letters or "R" in letters or letters in ("drecurse",) or \
-                    (letters.endswith("d") and value == "recurse")
+                recursive |= "r" in letters or "R" in letters
+                recursive |= letters in ("drecurse",)
+                # -d recurse
+                recursive |= letters.endswith("d") and value == "recurse"
                 follows |= "R" in letters
             else:
                 follows |= "L" in letters
@@ -1786,17 +1904,27 @@ def _suggest(words: tuple[str, ...]) -> str | None:
         return None
     exact = _escape(" ".join(words))
     program = posixpath.basename(words[0])
-    if (_ASSIGNMENT.match(words[0]) or program in _WRAPPERS or words[0].startswith("/")
-            or program in _EXACT_ONLY or program == "mkfs" or program.startswith("mkfs.")):
-        return exact      # an assignment, a wrapper or a path first; a destructive program
-    if program == "git" and set(words) & {"--force", "-f", "--hard", "-D", "--force-with-lease"}:
-        return exact      # granting the whole subcommand would grant its forced form
+    # an assignment, a wrapper or a path first; a destructive program
+    unusual_start = (_ASSIGNMENT.match(words[0]) or program in _WRAPPERS
+                     or words[0].startswith("/"))
+    destructive = (program in _EXACT_ONLY or program == "mkfs"
+                   or program.startswith("mkfs."))
+    if unusual_start or destructive:
+        return exact
+    forced = {"--force", "-f", "--hard", "-D", "--force-with-lease"}
+    if program == "git" and set(words) & forced:
+        # granting the whole subcommand would grant its forced form
+        return exact
     shape = _arity(words)
     if shape is None:
-        return exact      # an unknown CLI with a plain word after an option: its shape is unknown
+        # an unknown CLI with a plain word after an option: its shape is
+        # unknown
+        return exact
     key_length, arity = shape
-    if len(words) < arity or any(w.startswith("-") for w in words[key_length:arity]):
-        return exact      # "make" alone, "git -C dir push", "python -c code"
+    naming = words[key_length:arity]
+    if len(words) < arity or any(w.startswith("-") for w in naming):
+        # "make" alone, "git -C dir push", "python -c code"
+        return exact
     return " ".join(_escape(w) for w in words[:arity]) + " *"
 
 
@@ -1808,11 +1936,12 @@ def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:
         key = " ".join(words[:n])
         if len(words) >= n and key in ARITY:
             return n, ARITY[key]
+    plain_word = r"[a-z][a-z0-9_-]*"
     plain = 1
-    while plain < len(words) and re.fullmatch(r"[a-z][a-z0-9_-]*", words[plain]):
+    while plain < len(words) and re.fullmatch(plain_word, words[plain]):
         plain += 1
     rest = [w for w in words[plain:] if not w.startswith("-")]
-    if plain < len(words) and any(re.fullmatch(r"[a-z][a-z0-9_-]*", w) for w in rest):
+    if plain < len(words) and any(re.fullmatch(plain_word, w) for w in rest):
         return None
     return 1, plain
 
@@ -1824,7 +1953,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if part.unliteral:
         return part.unliteral
     for op, target in part.redirects:
-        if op in _WRITE_REDIRECTS and not _is_number(target) and target != "-" and target not in _SAFE_DEVICES:
+        if _redirect_writes(op, target) and target not in _SAFE_DEVICES:
             return f"the redirection {op} {target} writes a file"
     words = part.words
     if not words:
@@ -1839,22 +1968,31 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if name == "find":
         return _find_problem(args)
     if name == "cd":
-        return None if len(args) <= 1 else "cd takes one directory"
+        if len(args) <= 1:
+            return None
+        return "cd takes one directory"
     if name == "printf":
-        return "printf -v assigns a variable" if args and args[0].startswith("-v") else None
+        if args and args[0].startswith("-v"):
+            return "printf -v assigns a variable"
+        return None
     if name in ("test", "[") and {"-v", "-R"} & set(args):
-        return f"{name} -v evaluates an array subscript, which can run a command"
+        return (f"{name} -v evaluates an array subscript, "
+                "which can run a command")
     if name == "command":
-        return None if args[:1] in (("-v",), ("-V",)) else "command runs another program"
+        if args[:1] in (("-v",), ("-V",)):
+            return None
+        return "command runs another program"
     spec = READ_ONLY.get(name)
     if spec is None:
         return f"{name} is not on the read-only list"
     own = _project_program(name, root)
     if own:
-        return f"{name} would run the project's own {own} (a directory of the project is on PATH)"
+        return (f"{name} would run the project's own {own} "
+                "(a directory of the project is on PATH)")
     if spec == "*":
         return None
-    problem, positional = _options_problem(name, args, spec, numeric=name in ("head", "tail"))
+    numeric = name in ("head", "tail")
+    problem, positional = _options_problem(name, args, spec, numeric=numeric)
     if problem:
         return problem
     if name in _OUTPUT_SECOND_POSITIONAL and len(positional) > 1:
@@ -1864,7 +2002,9 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     return None
 
 
-_BUILTINS = frozenset("echo printf cd pwd test [ true false type command".split())
+_BUILTINS = frozenset(
+    "echo printf cd pwd test [ true false type command".split()
+)
 
 
 def _project_program(name: str, root: str) -> str | None:
@@ -1874,19 +2014,27 @@ def _project_program(name: str, root: str) -> str | None:
         return None
     for entry in os.environ.get("PATH", "").split(os.pathsep):
         found = os.path.join(entry, name)
-        if os.path.isabs(entry) and os.path.isfile(found) and os.access(found, os.X_OK):
+        if not os.path.isabs(entry):
+            continue
+        if os.path.isfile(found) and os.access(found, os.X_OK):
             return found if _beneath(os.path.realpath(found), root) else None
     return None
 
 
-def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str], numeric: bool = False):
+def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
+                     numeric: bool = False):
     """(why an option is not safe or None, the positional arguments), parsing like getopt_long."""
     short, long_text = spec
     short = short.replace(" ", "")
-    takes_value = {short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
+    # "n:" takes a value: each letter right before a colon
+    takes_value = set()
+    for i in range(1, len(short)):
+        if short[i] == ":":
+            takes_value.add(short[i - 1])
     letters = set(short.replace(":", ""))
     longs = long_text.split()
-    positional, k = [], 0
+    positional = []
+    k = 0
     while k < len(args):
         arg = args[k]
         k += 1
@@ -1897,27 +2045,44 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str], nu
             option, has_value, _ = arg[2:].partition("=")
             full = _long_option(option, longs)
             if full is None:
-                return f"{name}: the option --{option} is not on its read-only list", positional
-            if full.endswith("=") and not has_value and f"{full[:-1]}" not in longs:
-                if k < len(args) and args[k].startswith("-"):
-                    return f"{name}: the value of --{option} looks like an option ({args[k]})", positional
-                k += 1         # --lines 5: the value is the next word
+                return _unlisted(name, "--" + option), positional
+            value_follows = (full.endswith("=") and not has_value
+                             and full[:-1] not in longs)
+            if value_follows and k < len(args) and args[k].startswith("-"):
+                return _option_like(name, "--" + option, args[k]), positional
+            if value_follows:
+                # --lines 5: the value is the next word
+                k += 1
             continue
         if arg.startswith("-") and len(arg) > 1:
             if numeric and _is_number(arg[1:]):
-                continue       # head -5
+                # head -5
+                continue
             for i, letter in enumerate(arg[1:]):
                 if letter not in letters:
-                    return f"{name}: the option -{letter} is not on its read-only list", positional
-                if letter in takes_value:
-                    if i == len(arg) - 2 and k < len(args) and args[k].startswith("-") and args[k] != "-":
-                        return f"{name}: the value of -{letter} looks like an option ({args[k]})", positional
-                    if i == len(arg) - 2:
-                        k += 1     # -n 5: the value is the next word
-                    break          # -n5: the rest is the value
+                    return _unlisted(name, "-" + letter), positional
+                if letter not in takes_value:
+                    continue
+                if i < len(arg) - 2:
+                    # -n5: the rest is the value
+                    break
+                # -n 5: the value is the next word
+                value = args[k] if k < len(args) else ""
+                if value.startswith("-") and value != "-":
+                    return _option_like(name, "-" + letter, value), positional
+                k += 1
+                break
             continue
         positional.append(arg)
     return None, positional
+
+
+def _unlisted(name: str, option: str) -> str:
+    return f"{name}: the option {option} is not on its read-only list"
+
+
+def _option_like(name: str, option: str, value: str) -> str:
+    return f"{name}: the value of {option} looks like an option ({value})"
 
 
 def _long_option(option: str, longs: list[str]) -> str | None:
@@ -1929,8 +2094,11 @@ def _long_option(option: str, longs: list[str]) -> str | None:
         names.setdefault(entry.rstrip("="), entry)
     if option in names:
         return names[option]
-    candidates = [entry for name, entry in names.items() if name.startswith(option)]
-    return candidates[0] if len(candidates) == 1 else None
+    candidates = [entry for name, entry in names.items()
+                  if name.startswith(option)]
+    if len(candidates) == 1:
+        return candidates[0]
+    return None
 
 
 def _git_problem(args: tuple[str, ...]) -> str | None:
@@ -1939,7 +2107,8 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
         flag, has_value, _ = args[k].partition("=")
         if flag not in _GIT_GLOBAL_SAFE:
             return f"git: the option {flag} is not on the read-only list"
-        k += 2 if _GIT_GLOBAL_SAFE[flag] and not has_value else 1
+        value_follows = _GIT_GLOBAL_SAFE[flag] and not has_value
+        k += 2 if value_follows else 1
     if k >= len(args):
         return None
     sub, rest = args[k], args[k + 1:]
@@ -1948,7 +2117,9 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
     spec = GIT_READ_ONLY.get(sub)
     if spec is None:
         return f"git {sub} is not on the read-only list"
-    return _options_problem(f"git {sub}", rest, spec, numeric=sub in ("log", "show", "shortlog"))[0]
+    numeric = sub in ("log", "show", "shortlog")
+    problem, _ = _options_problem(f"git {sub}", rest, spec, numeric=numeric)
+    return problem
 
 
 def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
@@ -1959,14 +2130,17 @@ def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
         return f"git {sub} {first} is not a read-only form".replace("  ", " ")
     options, most = form
     after = rest[1:] if first else rest
+    form_name = f"git {sub} {first}"
     if options == "log":
-        problem, plain = _options_problem(f"git {sub} {first}", after, _GIT_LOG, numeric=True)
+        problem, plain = _options_problem(form_name, after, _GIT_LOG,
+                                          numeric=True)
     else:
-        problem, plain = _options_problem(f"git {sub} {first}", after, ("", options))
+        problem, plain = _options_problem(form_name, after, ("", options))
     if problem:
         return problem
     if len(plain) > most:
-        return f"git {sub} {first} takes at most {most} argument(s) in its read-only form"
+        return (f"git {sub} {first} takes at most {most} argument(s) "
+                "in its read-only form")
     return None
 
 
@@ -1999,9 +2173,12 @@ def _destroys_work(part: _Part, root: str) -> str:
                 if why:
                     return why
     if name == "find" and "-delete" in core:
-        unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print", "-xdev", "-L", "-H", "-P"}
-        whole = [r for r in _find_roots(core[1:]) if _resolve(r, part.cwd) == root]
-        if whole and all(w in unfiltered or not w.startswith("-") for w in core[1:]):
+        unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
+                      "-xdev", "-L", "-H", "-P"}
+        roots = _find_roots(core[1:])
+        whole = [r for r in roots if _resolve(r, part.cwd) == root]
+        options = [w for w in core[1:] if w.startswith("-")]
+        if whole and all(w in unfiltered for w in options):
             return "find -delete over the whole project"
     return ""
 
@@ -2030,7 +2207,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     k = 0
     while k < len(args) and args[k].startswith("-"):
         if args[k] == "-c" or args[k].startswith("--config-env"):
-            return "git -c can redefine what any git command does (an alias, clean.requireForce)"
+            return ("git -c can redefine what any git command does "
+                    "(an alias, clean.requireForce)")
         k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
     if k >= len(args):
         return ""
@@ -2039,34 +2217,50 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     def has(*longs: str, short: str = "") -> bool:
         """Any of these long options (git accepts unique abbreviations, --ha for --hard) or letters."""
         for arg in rest:
-            if arg.startswith("--") and len(arg) > 3:
+            if arg.startswith("--"):
                 option = arg.partition("=")[0]
-                if any(full.startswith(option) for full in longs):
+                abbreviates = any(full.startswith(option) for full in longs)
+                if len(arg) > 3 and abbreviates:
                     return True
-            elif arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) & set(short):
+            elif arg.startswith("-") and set(arg[1:]) & set(short):
                 return True
         return False
+
     plain = [a for a in rest if not a.startswith("-")]
     if sub == "reset" and has("--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not has("--dry-run", short="n"):
         return "git clean deletes untracked files"
-    if sub == "push" and (has("--force", "--force-with-lease", "--mirror", "--delete", "--prune", short="fd")
-                          or any(a.startswith(("+", ":")) for a in plain)):
-        return "a forced push (or a deletion) rewrites the remote's history"
-    if sub == "checkout" and ("--" in rest or has("--force", short="f") or len(plain) >= 2
-                              or any(a == "." or a.startswith(":") or os.path.exists(os.path.join(cwd, a))
-                                     for a in plain)):
-        return "git checkout over paths discards uncommitted changes"
-    if sub == "restore" and (has("--worktree", short="W") or not has("--staged", short="S")):
-        return "git restore discards uncommitted changes"
-    if sub == "rm" and not has("--cached") and (has("--force", short="f") or "." in plain):
-        return "git rm -f deletes files with their uncommitted changes"
+    if sub == "push":
+        forced = has("--force", "--force-with-lease", "--mirror", "--delete",
+                     "--prune", short="fd")
+        # a refspec +main forces, :main deletes
+        forced_refspec = any(a.startswith(("+", ":")) for a in plain)
+        if forced or forced_refspec:
+            return ("a forced push (or a deletion) rewrites "
+                    "the remote's history")
+    if sub == "checkout":
+        forced = "--" in rest or has("--force", short="f")
+        paths = [a for a in plain if a == "." or a.startswith(":")
+                 or os.path.exists(os.path.join(cwd, a))]
+        if forced or len(plain) >= 2 or paths:
+            return "git checkout over paths discards uncommitted changes"
+    if sub == "restore":
+        worktree = has("--worktree", short="W")
+        if worktree or not has("--staged", short="S"):
+            return "git restore discards uncommitted changes"
+    if sub == "rm" and not has("--cached"):
+        if has("--force", short="f") or "." in plain:
+            return "git rm -f deletes files with their uncommitted changes"
     if sub == "stash" and {"drop", "clear"} & set(plain):
         return "git stash drop/clear deletes stashed work"
-    if sub == "branch" and (has(short="D") or (has("--delete", short="d") and has("--force", short="f"))):
-        return "git branch -D deletes an unmerged branch"
-    if sub in ("filter-branch", "filter-repo") or (sub == "reflog" and {"expire", "delete"} & set(plain)):
+    if sub == "branch":
+        deletes = has("--delete", short="d")
+        if has(short="D") or (deletes and has("--force", short="f")):
+            return "git branch -D deletes an unmerged branch"
+    if sub in ("filter-branch", "filter-repo"):
+        return f"git {sub} rewrites history"
+    if sub == "reflog" and {"expire", "delete"} & set(plain):
         return f"git {sub} rewrites history"
     if sub == "switch" and has("--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
@@ -2077,7 +2271,10 @@ def _recursive_rm(args: tuple[str, ...]) -> bool:
     for option in args:
         if option == "--":
             break
-        if option == "--recursive" or (option[:1] == "-" and option[1:2] != "-" and set(option[1:]) & {"r", "R"}):
+        if option == "--recursive":
+            return True
+        short_option = option[:1] == "-" and option[1:2] != "-"
+        if short_option and set(option[1:]) & {"r", "R"}:
             return True
     return False
 
