@@ -665,7 +665,8 @@ def render_diff(diff: str, width: int, style: Style,
             out.append(style.paint(clip(raw, width), "dim"))
             continue
         number = old if sign == "-" else new
-        # a context line counts on both sides
+        # a removed line counts in the old file, an added one in the new,
+        # a context line in both
         if sign != "+":
             old += 1
         if sign != "-":
