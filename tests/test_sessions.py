@@ -496,6 +496,20 @@ def test_mention_files_are_listed_off_the_event_loop_and_announced(khaelor, fake
     assert "src/found.py" in later and "src/" in later
 
 
+def test_khaelor_prunes_file_versions_unused_for_thirty_days_at_start(khaelor, fake, env):
+    import hashlib
+    versions = Path(env["KHAELOR_HOME"]) / "versions"
+    versions.mkdir(parents=True)
+    old, fresh = versions / hashlib.sha256(b"old").hexdigest(), versions / hashlib.sha256(b"new").hexdigest()
+    old.write_bytes(b"old")
+    fresh.write_bytes(b"new")
+    forty_days_ago = time.time() - 40 * 86400
+    os.utime(old, (forty_days_ago, forty_days_ago))
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hello").returncode == 0
+    assert not old.exists() and fresh.read_bytes() == b"new"
+
+
 # ---------------------------------------------------------------- issue 13: what the read found
 
 def test_context_shows_the_cached_tokens_of_the_last_response(khaelor, fake, project, env, monkeypatch):
