@@ -2271,10 +2271,7 @@ def _recursive_rm(args: tuple[str, ...]) -> bool:
     for option in args:
         if option == "--":
             break
-        if option == "--recursive":
-            return True
-        short_option = option[:1] == "-" and option[1:2] != "-"
-        if short_option and set(option[1:]) & {"r", "R"}:
+        if option == "--recursive" or _short_flags(option) & {"r", "R"}:
             return True
     return False
 
@@ -2304,71 +2301,108 @@ def _word_path(word: str, cwd: str) -> str:
 
 def _fork_bomb(command: str) -> str | None:
     unquoted = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "''", command)
-    defined = {m["n"] or m["f"] for m in _FUNCTION_DEFINITION.finditer(unquoted)}
-    bombs = [m["n"] for m in _SELF_PIPE.finditer(unquoted) if m["n"] in defined]
-    for name in defined:          # f(){ f & f; }: it calls itself twice, once in the background
-        body = re.search(rf"{re.escape(name)}\s*\(\s*\)\s*\{{(.*?)\}}", unquoted, re.S)
-        calls = re.findall(rf"(?<![\w-]){re.escape(name)}(?![\w-])", body[1]) if body else []
+    defined = {m["n"] or m["f"]
+               for m in _FUNCTION_DEFINITION.finditer(unquoted)}
+    bombs = [m["n"] for m in _SELF_PIPE.finditer(unquoted)
+             if m["n"] in defined]
+    # f(){ f & f; }: it calls itself twice, once in the background
+    for name in defined:
+        quoted_name = re.escape(name)
+        definition = rf"{quoted_name}\s*\(\s*\)\s*\{{(.*?)\}}"
+        body = re.search(definition, unquoted, re.S)
+        if not body:
+            continue
+        calls = re.findall(rf"(?<![\w-]){quoted_name}(?![\w-])", body[1])
         if len(calls) >= 2 and "&" in body[1]:
             bombs.append(name)
-    return f"fork bomb ({bombs[0]})" if bombs else None
+    if bombs:
+        return f"fork bomb ({bombs[0]})"
+    return None
 
 
 def _floor_reason(part: _Part, home: str) -> str | None:
     """Why this simple command is refused outright, or None. Reads the de-obfuscated core."""
     for op, target in part.redirects:
-        if op in _WRITE_REDIRECTS and _is_device(target):
+        if op not in _WRITE_REDIRECTS:
+            continue
+        if _is_device(target):
             return f"write to device {target}"
-        if op in _WRITE_REDIRECTS and (_absolute(target) or "").startswith(("/proc/sys", "/sys/")):
+        if (_absolute(target) or "").startswith(("/proc/sys", "/sys/")):
             return f"write to the kernel's controls ({target})"
-    name, args = (part.core[0], part.core[1:]) if part.core else ("", ())
+    name = part.core[0] if part.core else ""
+    args = part.core[1:]
+    cwd = part.cwd
     end = args.index("--") if "--" in args else len(args)
     options = [a for a in args[:end] if a.startswith("-")]
     targets = [a for a in args if a not in options and a != "--"]
-    letters = {"r", "R"} if name == "rm" else {"R"}      # chmod -r removes read permission
-    recursive = any(o == "--recursive" or (o[1:2] != "-" and set(o[1:]) & letters) for o in options)
-    doomed = next((t for t in targets if _catastrophic(t, home, part.cwd)), None)
+    # chmod -r removes read permission
+    letters = {"r", "R"} if name == "rm" else {"R"}
+    recursive = any(o == "--recursive" or _short_flags(o) & letters
+                    for o in options)
+    doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
     if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
-        return f"recursive {'delete' if name == 'rm' else name} of {doomed}"
+        verb = "delete" if name == "rm" else name
+        return f"recursive {verb} of {doomed}"
     if name == "mv" and doomed:
         return f"moving {doomed} away"
     if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
-    if name in _DISK_TOOLS and not set(options) & {"-l", "--list", "-s", "--show", "--help", "--version"}:
+    only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
+    if name in _DISK_TOOLS and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
-    if name == "dd" and any(a.startswith("of=") and _is_device(a[3:]) for a in args):
-        return "dd onto a device"
-    if name in ("cp", "tee", "shred", "cat") and any(_is_device(t) for t in targets[1 if name == "cp" else 0:]):
-        return f"{name} onto a device"
-    if name == "find" and "-delete" in args and _find_roots_doomed(args, home, part.cwd):
-        return f"find -delete from {_find_roots_doomed(args, home, part.cwd)}"
+    if name == "dd":
+        outputs = [a[3:] for a in args if a.startswith("of=")]
+        if any(_is_device(output) for output in outputs):
+            return "dd onto a device"
+    if name in ("cp", "tee", "shred", "cat"):
+        # cp's first argument is what it copies from
+        written = targets[1:] if name == "cp" else targets
+        if any(_is_device(t) for t in written):
+            return f"{name} onto a device"
+    if name == "find":
+        doomed_root = _find_roots_doomed(args, home, cwd)
+        runs = {"-exec", "-execdir", "-ok", "-okdir"}
+        if doomed_root and "-delete" in args:
+            return f"find -delete from {doomed_root}"
+        if doomed_root and set(args) & runs:
+            return f"find -exec over {doomed_root}"
     if _changes_power_state(name, targets):
         return f"changing the machine's power state ({' '.join(part.core)})"
     if name == "kill" and _kills_everything(args):
         return "kill -1 signals every process"
     if name == "killall5":
         return "killall5 signals every process"
-    if name == "rsync" and any(o.startswith("--delete") for o in options) and targets and \
-            _catastrophic(targets[-1], home, part.cwd):
-        return f"rsync --delete into {targets[-1]}"
-    if name == "find" and _find_roots_doomed(args, home, part.cwd) and \
-            set(args) & {"-exec", "-execdir", "-ok", "-okdir"}:
-        return f"find -exec over {_find_roots_doomed(args, home, part.cwd)}"
+    if name == "rsync" and targets:
+        deletes = any(o.startswith("--delete") for o in options)
+        if deletes and _catastrophic(targets[-1], home, cwd):
+            return f"rsync --delete into {targets[-1]}"
     return None
+
+
+def _short_flags(word: str) -> set[str]:
+    """The letters of a cluster of short options (-rf); none for --long."""
+    if word[:1] == "-" and word[1:2] != "-":
+        return set(word[1:])
+    return set()
 
 
 def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
     """find's starting points: after its -L/-H/-P/-D/-O options, before the first expression."""
     k = 0
-    while k < len(args) and (args[k] in ("-L", "-H", "-P") or args[k].startswith(("-D", "-O"))):
-        k += 2 if args[k] == "-D" else 1
+    while k < len(args):
+        arg = args[k]
+        if arg not in ("-L", "-H", "-P") and not arg.startswith(("-D", "-O")):
+            break
+        # -D takes the next word (its debug options)
+        k += 2 if arg == "-D" else 1
     end = k
     while end < len(args) and args[end][:1] not in ("-", "(", "!"):
         end += 1
     return args[k:end] or (".",)
 
 
-def _find_roots_doomed(args: tuple[str, ...], home: str, cwd: str) -> str | None:
+def _find_roots_doomed(args: tuple[str, ...], home: str,
+                       cwd: str) -> str | None:
     for root in _find_roots(args):
         if _catastrophic(root, home, cwd):
             return root
@@ -2381,15 +2415,19 @@ def _changes_power_state(name: str, targets: list[str]) -> bool:
     if name in ("init", "telinit"):
         return targets[:1] in (["0"], ["6"])
     if name in ("systemctl", "loginctl"):
-        verbs = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate", "hybrid-sleep", "soft-reboot"}
-        units = {f"{verb}.target" for verb in verbs} | {"rescue.target", "emergency.target"}
+        verbs = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate",
+                 "hybrid-sleep", "soft-reboot"}
+        units = {f"{verb}.target" for verb in verbs}
+        units |= {"rescue.target", "emergency.target"}
         return bool(set(targets) & (verbs | units))
     return False
 
 
 def _kills_everything(args: tuple[str, ...]) -> bool:
     """kill -9 -1, kill -KILL -1, kill -s KILL -1, kill -- -1: -1 as the target is every process."""
-    targets, signal_given, k = [], False, 0
+    targets = []
+    signal_given = False
+    k = 0
     while k < len(args):
         arg = args[k]
         k += 1
@@ -2402,7 +2440,8 @@ def _kills_everything(args: tuple[str, ...]) -> bool:
         elif arg.startswith("-") and not signal_given and arg != "-1":
             signal_given = True
         elif arg == "-1" and not signal_given and k < len(args):
-            signal_given = True      # kill -1 PID: -1 is the signal (SIGHUP)
+            # kill -1 PID: -1 is the signal (SIGHUP)
+            signal_given = True
         else:
             targets.append(arg)
     return "-1" in targets
@@ -2424,28 +2463,42 @@ def _catastrophic(target: str, home: str, cwd: str) -> bool:
         directory = "/"
     base = _resolve(directory or ".", cwd)
     if stem == "":
-        return _precious(base, home)        # "/*", "~/*", "*" in $HOME, "/etc/*"
-    return base == "/"                      # "/u*" names top-level system directories
+        # "/*", "~/*", "*" in $HOME, "/etc/*"
+        return _precious(base, home)
+    # "/u*" names top-level system directories
+    return base == "/"
 
 
 def _resolve(target: str, cwd: str) -> str:
-    return _absolute(target) or posixpath.normpath(posixpath.join(cwd, target))
+    absolute = _absolute(target)
+    if absolute:
+        return absolute
+    return posixpath.normpath(posixpath.join(cwd, target))
 
 
 def _precious(path: str, home: str) -> bool:
     """A system directory, the home directory, or a directory holding it."""
-    return path in _PROTECTED_DIRS or path == home or home.startswith(path.rstrip("/") + "/")
+    if path in _PROTECTED_DIRS or path == home:
+        return True
+    return home.startswith(path.rstrip("/") + "/")
 
 
 def _is_device(target: str) -> bool:
     path = _absolute(target) or ""
-    return (path.startswith("/dev/") and path not in _SAFE_DEVICES
-            and not path.startswith(("/dev/fd/", "/dev/pts/", "/dev/shm/", "/dev/tcp/", "/dev/udp/")))
+    if not path.startswith("/dev/") or path in _SAFE_DEVICES:
+        return False
+    # descriptors, terminals, shared memory and bash's sockets
+    not_devices = ("/dev/fd/", "/dev/pts/", "/dev/shm/", "/dev/tcp/",
+                   "/dev/udp/")
+    return not path.startswith(not_devices)
 
 
 def _absolute(target: str) -> str | None:
-    # "//", "/./" and "/home/.." all mean "/"; normpath keeps a leading "//", so strip it first
-    return posixpath.normpath("/" + target.lstrip("/")) if target.startswith("/") else None
+    # "//", "/./" and "/home/.." all mean "/"; normpath keeps a leading "//",
+    # so strip it first
+    if not target.startswith("/"):
+        return None
+    return posixpath.normpath("/" + target.lstrip("/"))
 
 
 def _core(words) -> list[str]:
@@ -2463,8 +2516,11 @@ def _core(words) -> list[str]:
     return words
 
 
-# Wrappers whose first positional argument is not the command: timeout 5 CMD, chroot DIR CMD.
-_WRAPPER_POSITIONALS = {"timeout": 1, "chroot": 1, "flock": 1, "taskset": 1, "chrt": 1}
+# Wrappers whose first positional argument is not the command: timeout 5
+# CMD, chroot DIR CMD.
+_WRAPPER_POSITIONALS = {
+    "timeout": 1, "chroot": 1, "flock": 1, "taskset": 1, "chrt": 1,
+}
 
 
 def _unwrap(name: str, args: list[str]) -> list[str]:
@@ -2473,23 +2529,33 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     takes_value = _WRAPPERS[name]
     for i, arg in enumerate(args[:-1]):
         if name == "runuser" and arg in ("-c", "--command"):
-            return ["sh", "-c", args[i + 1]]     # runuser -l root -c CMD runs CMD through a shell
+            # runuser -l root -c CMD runs CMD through a shell
+            return ["sh", "-c", args[i + 1]]
     k = 0
-    while k < len(args) and (args[k].startswith("-") or (name == "env" and _ASSIGNMENT.match(args[k]))):
+    while k < len(args):
         arg = args[k]
+        env_assignment = name == "env" and _ASSIGNMENT.match(arg)
+        if not arg.startswith("-") and not env_assignment:
+            break
         if arg in ("--", "-"):
             k += arg == "--"
             break
         if name == "command" and arg in ("-v", "-V"):
-            return []       # only prints where the program is
-        if name == "env" and arg in ("-S", "--split-string") and k + 1 < len(args):
+            # only prints where the program is
+            return []
+        # env -S 'rm -rf x': the string is split into the command's words
+        split_string = name == "env" and arg in ("-S", "--split-string")
+        if split_string and k + 1 < len(args):
             return args[k + 1].split() + args[k + 2:]
-        if name == "env" and arg.startswith(("-S", "--split-string=")):
-            return arg.partition("=")[2].split() if arg.startswith("--") else arg[2:].split() + args[k + 1:]
+        if name == "env" and arg.startswith("--split-string="):
+            return arg.partition("=")[2].split()
+        if name == "env" and arg.startswith("-S"):
+            return arg[2:].split() + args[k + 1:]
         k += 1 + _option_value_words(arg, takes_value)
     rest = args[k + _WRAPPER_POSITIONALS.get(name, 0):]
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
-        return ["sh", "-c", *rest[1:]]      # flock FILE -c COMMAND runs it through sh
+        # flock FILE -c COMMAND runs it through sh
+        return ["sh", "-c", *rest[1:]]
     return rest
 
 
@@ -2512,10 +2578,13 @@ class _ShellLine:
     def __init__(self, command: str, cwd: str, home: str):
         self.home = home
         self.parts: list[_Part] = []
-        self.compound = False      # operators, redirections or nesting: no "always" suggestion
+        # operators, redirections or nesting: no "always" suggestion
+        self.compound = False
         self.floor: str | None = None
-        self.unfollowed: str | None = None   # a construct that makes no command provably read-only
-        self.visited: list[str] = [cwd]     # the working directories the line may run in
+        # a construct that makes no command provably read-only
+        self.unfollowed: str | None = None
+        # the working directories the line may run in
+        self.visited: list[str] = [cwd]
         self._parse(command, cwd, 0)
 
     def _parse(self, command: str, cwd: str, depth: int) -> None:
@@ -2524,106 +2593,162 @@ class _ShellLine:
         self.floor = self.floor or _fork_bomb(command)
         tokens = _lex(command)
         segments = _segments(tokens)
-        self.compound |= len(segments) > 1 or any(k == "op" and v != "\n" for k, v in tokens)
-        env: dict[str, str] = {}    # variables assigned earlier in this line
-        piped: str | None = None    # what the previous command printed, when known, if it is piped here
+        has_operator = any(k == "op" and v != "\n" for k, v in tokens)
+        self.compound |= len(segments) > 1 or has_operator
+        # variables assigned earlier in this line
+        env: dict[str, str] = {}
+        # what the previous command printed, when known, if it is piped here
+        piped: str | None = None
         for words, redirects, after_pipe in segments:
-            for pieces in [*words, *(target for _, target in redirects)]:
+            redirect_targets = [target for _, target in redirects]
+            for pieces in [*words, *redirect_targets]:
                 for kind, value in pieces:
-                    if kind in ("sub", "dqsub"):     # a command substitution runs too
+                    # a command substitution runs too
+                    if kind in ("sub", "dqsub"):
                         self.compound = True
                         self._parse(value, cwd, depth + 1)
-            expanded = [w for pieces in words for w in self._expand(pieces, env)]
+            expanded = []
+            for pieces in words:
+                expanded += self._expand(pieces, env)
             while expanded and expanded[0] in (*_KEYWORDS, "coproc"):
                 if expanded.pop(0) == "coproc":
                     self.unfollowed = "it starts a coprocess"
             while expanded and expanded[-1] == "}":
                 expanded.pop()
-            targets = tuple((op, " ".join(self._expand(t, env))) for op, t in redirects)
+            targets = tuple((op, " ".join(self._expand(t, env)))
+                            for op, t in redirects)
             skipped = bool(expanded) and expanded[0] in _SKIPPED_STATEMENTS
             if skipped:
-                self.unfollowed = f"its {expanded[0]} statement sets variables this check does not follow"
-            unliteral = _unliteral([*words, *(t for _, t in redirects)], cwd)
+                self.unfollowed = (f"its {expanded[0]} statement sets "
+                                   "variables this check does not follow")
+            unliteral = _unliteral([*words, *redirect_targets], cwd)
             if (expanded or targets) and not skipped:
                 self._remember_assignments(expanded, env)
-                cwd = self._add(tuple(expanded), targets, cwd, depth, unliteral, piped if after_pipe else None)
+                stdin_text = piped if after_pipe else None
+                cwd = self._add(tuple(expanded), targets, cwd, depth,
+                                unliteral, stdin_text)
             piped = _printed(expanded)
-            if expanded[:1] == ["find"]:       # find / | xargs rm -rf: what it prints starts at its roots
+            if expanded[:1] == ["find"]:
+                # find / | xargs rm -rf: what it prints starts at its roots
                 piped = " ".join(_find_roots(tuple(expanded[1:])))
 
     def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int,
-             unliteral: str | None = None, stdin_text: str | None = None) -> str:
+             unliteral: str | None = None,
+             stdin_text: str | None = None) -> str:
         """Record one simple command and what it runs in turn; return the cwd after it."""
         core = tuple(_core(words))
         if cwd not in self.visited:
             self.visited.append(cwd)
-        part = _Part(words, core, redirects, cwd, unliteral, tuple(self.visited))
+        part = _Part(words, core, redirects, cwd, unliteral,
+                     tuple(self.visited))
         self.parts.append(part)
         self.floor = self.floor or _floor_reason(part, self.home)
         name = core[0] if core else ""
         scripts = []
-        if name in _SHELLS:     # bash -c SCRIPT, or a script fed by <<EOF, <<< or a pipe
+        if name in _SHELLS:
+            # bash -c SCRIPT, or a script fed by <<EOF, <<< or a pipe
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
-        if stdin_text and posixpath.basename(words[0] if words else "") == "xargs":
-            # echo / | xargs rm -rf: what is piped in becomes the command's arguments
-            fed = _Part(words, (*core, *stdin_text.split()), redirects, cwd, unliteral, part.cwds)
+        program = posixpath.basename(words[0] if words else "")
+        if stdin_text and program == "xargs":
+            # echo / | xargs rm -rf: what is piped in becomes the command's
+            # arguments
+            fed = _Part(words, (*core, *stdin_text.split()), redirects, cwd,
+                        unliteral, part.cwds)
             self.floor = self.floor or _floor_reason(fed, self.home)
         for script in scripts:
             self.compound = True
             self._parse(script, cwd, depth + 1)
-        for k, word in enumerate(core if name == "find" else ()):
-            if word in ("-exec", "-execdir", "-ok", "-okdir"):   # {} stands for what find found
-                end = next((j for j in range(k + 1, len(core)) if core[j] in (";", "+")), len(core))
-                start = core[1] if len(core) > 1 and core[1][:1] not in ("-", "(", "!") else "."
-                if core[k + 1:end]:
-                    self._add(tuple(start if w == "{}" else w for w in core[k + 1:end]), (), cwd, depth + 1)
+        if name == "find":
+            self._add_find_commands(core, cwd, depth)
         if name == "cd":
             target = core[1] if len(core) > 1 else self.home
             if target[:1] != "-" and "$" not in target:
                 cwd = posixpath.normpath(posixpath.join(cwd, target))
         return cwd
 
+    def _add_find_commands(self, core: tuple[str, ...], cwd: str,
+                           depth: int) -> None:
+        """find -exec CMD {} ; runs CMD too; {} stands for what find found,
+        which starts at its first starting point."""
+        start = "."
+        if len(core) > 1 and core[1][:1] not in ("-", "(", "!"):
+            start = core[1]
+        for k, word in enumerate(core):
+            if word not in ("-exec", "-execdir", "-ok", "-okdir"):
+                continue
+            end = len(core)
+            for j in range(k + 1, len(core)):
+                if core[j] in (";", "+"):
+                    end = j
+                    break
+            command = core[k + 1:end]
+            if command:
+                words = tuple(start if w == "{}" else w for w in command)
+                self._add(words, (), cwd, depth + 1)
+
     def _remember_assignments(self, words: list[str], env: dict) -> None:
-        if words[:1] in (["export"], ["declare"], ["local"], ["readonly"], ["typeset"]):
-            words = [w for w in words[1:] if not w.startswith("-")]     # declare -x C=...
+        declarations = ("export", "declare", "local", "readonly", "typeset")
+        if words[:1] and words[0] in declarations:
+            # declare -x C=...
+            words = [w for w in words[1:] if not w.startswith("-")]
         if words and all(_ASSIGNMENT.match(w) for w in words):
             for word in words:
                 name, _, value = word.partition("=")
-                env[name.rstrip("+")] = (env.get(name[:-1], "") if name.endswith("+") else "") + value
+                # NAME+=value appends to what NAME held
+                before = env.get(name[:-1], "") if name.endswith("+") else ""
+                env[name.rstrip("+")] = before + value
 
     def _expand(self, pieces: list, env: dict) -> list[str]:
         """Quote removal and the expansions a word can hide behind: braces, ~, $HOME, $IFS,
         variables assigned earlier in the line, $(echo ...). Returns the resulting words."""
-        if len(pieces) == 1 and pieces[0][0] == "raw" and _BRACES.search(pieces[0][1]):
-            return [w for word in _brace_expand(pieces[0][1]) for w in self._expand([("raw", word)], env)]
+        if len(pieces) == 1 and pieces[0][0] == "raw":
+            if _BRACES.search(pieces[0][1]):
+                words = []
+                for word in _brace_expand(pieces[0][1]):
+                    words += self._expand([("raw", word)], env)
+                return words
         # A="x y" and A=$B are not word-split
-        split = not (pieces and pieces[0][0] == "raw" and _ASSIGNMENT.match(pieces[0][1]))
-        chunks, quoted = [], False
+        assignment = (pieces and pieces[0][0] == "raw"
+                      and _ASSIGNMENT.match(pieces[0][1]))
+        split = not assignment
+        chunks = []
+        quoted = False
         for index, (kind, text) in enumerate(pieces):
             if kind == "raw":
-                if index == 0:   # ~ starting a word or an assignment's value
-                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)", lambda m: (m[1] or "") + self.home, text)
+                if index == 0:
+                    # ~ starting a word or an assignment's value
+                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)",
+                                  lambda m: (m[1] or "") + self.home, text)
                 chunks.append(self._substitute(text, env, split))
             elif kind in ("dq", "lit", "arith"):
                 quoted = True
-                chunks.append(self._substitute(text, env, False) if kind == "dq" else text)
-            else:      # a command substitution: its output is known only for plain echo/printf
+                if kind == "dq":
+                    text = self._substitute(text, env, False)
+                chunks.append(text)
+            else:
+                # a command substitution: its output is known only for plain
+                # echo/printf
                 output = self._static_output(text, env)
                 quoted |= kind == "dqsub"
                 if output is None:
                     chunks.append(f"$({text})")
+                elif kind == "sub" and split:
+                    chunks.append(re.sub(r"\s+", "\0", output.strip()))
                 else:
-                    chunks.append(re.sub(r"\s+", "\0", output.strip()) if kind == "sub" and split else output)
+                    chunks.append(output)
         fields = [f for f in "".join(chunks).split("\0") if f]
-        return fields or ([""] if quoted else [])
+        if fields:
+            return fields
+        return [""] if quoted else []
 
     def _substitute(self, text: str, env: dict, split: bool) -> str:
         """Parameter expansion; "\\0" marks where an unquoted value splits into words. What we
         cannot know stays as written (and counts as unknown to the floor and the path checks)."""
         def value(match):
-            found = self._parameter(match["b"] or match["n"], match["op"] or "", env)
+            name = match["b"] or match["n"]
+            found = self._parameter(name, match["op"] or "", env)
             if found is None:
                 return match[0]
             if found == "\0":
@@ -2641,7 +2766,8 @@ class _ShellLine:
         known = name in env or name == "HOME"
         found = env.get(name, self.home) if known else None
         if name in "123456789@*#" and not known:
-            found = ""         # positional parameters are empty in `bash -c`
+            # positional parameters are empty in `bash -c`
+            found = ""
         if op == "" or op.startswith((":?", "?")):
             return found
         if op.startswith((":-", ":=")):
@@ -2659,26 +2785,35 @@ class _ShellLine:
             return None
         if len(segments) != 1 or segments[0][1]:
             return None
-        return _printed([w for pieces in segments[0][0] for w in self._expand(pieces, env)])
+        words = []
+        for pieces in segments[0][0]:
+            words += self._expand(pieces, env)
+        return _printed(words)
 
 
 def _brace_expand(word: str) -> list[str]:
     """{rm,-rf,/} -> rm -rf /; depth-first and capped, so {a,b}{a,b}... cannot explode."""
-    done, todo = [], [word]
+    done = []
+    todo = [word]
     while todo and len(done) < _MAX_GLOB:
         word = todo.pop(0)
         match = _BRACES.search(word)
-        if match:
-            todo[:0] = [word[:match.start()] + alt + word[match.end():] for alt in match[1].split(",")]
-        else:
+        if not match:
             done.append(word)
+            continue
+        before = word[:match.start()]
+        after = word[match.end():]
+        todo[:0] = [before + alt + after for alt in match[1].split(",")]
     return done
 
 
-def _shell_scripts(core: tuple[str, ...], redirects, stdin_text: str | None) -> list[str]:
+def _shell_scripts(core: tuple[str, ...], redirects,
+                   stdin_text: str | None) -> list[str]:
     """What a shell runs: its -c argument, else a heredoc, here-string or piped text we know."""
     for i, word in enumerate(core[1:], 1):
-        if word[:1] == "-" and word[1:2] != "-" and "c" in word and i < len(core) - 1:
+        # -c, or a cluster of short options holding it (-lc)
+        short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
+        if short_c and i < len(core) - 1:
             return [core[i + 1]]
     fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
     if fed:
@@ -2689,7 +2824,12 @@ def _shell_scripts(core: tuple[str, ...], redirects, stdin_text: str | None) -> 
 def _printed(words: list[str]) -> str | None:
     """What echo or printf with literal words prints, or None."""
     if words[:1] == ["echo"]:
-        start = next((k for k, w in enumerate(words) if k and w not in ("-n", "-e", "-E")), len(words))
+        # from the first word that is not one of echo's options
+        start = len(words)
+        for k, word in enumerate(words):
+            if k and word not in ("-n", "-e", "-E"):
+                start = k
+                break
         return " ".join(words[start:])
     if words[:1] == ["printf"] and len(words) == 2 and "%" not in words[1]:
         return words[1].replace("\\n", "\n")
@@ -2713,7 +2853,8 @@ def _unliteral(words: list, cwd: str) -> str | None:
             if kind == "raw" and _BRACES.search(text):
                 return "it uses brace expansion"
             if kind == "raw" and re.search(r"\[.*\]", text):
-                return "it uses a bracket glob, which bash and this check may read differently"
+                return ("it uses a bracket glob, which bash and this check "
+                        "may read differently")
             if kind == "raw" and index == 0 and re.match(r"~[^/]", text):
                 return "it uses ~user expansion"
         problem = _glob_into_option(pieces, cwd)
@@ -2723,9 +2864,18 @@ def _unliteral(words: list, cwd: str) -> str | None:
 
 
 def _glob_into_option(pieces: list, cwd: str) -> str | None:
-    if not any(kind == "raw" and any(c in text for c in "*?[") for kind, text in pieces):
+    wildcard = any(kind == "raw" and any(c in text for c in "*?[")
+                   for kind, text in pieces)
+    if not wildcard:
         return None
-    pattern = "".join(_bash_glob(text) if kind == "raw" else glob.escape(text) for kind, text in pieces)
+    # only the unquoted pieces are a pattern
+    parts = []
+    for kind, text in pieces:
+        if kind == "raw":
+            parts.append(_bash_glob(text))
+        else:
+            parts.append(glob.escape(text))
+    pattern = "".join(parts)
     try:
         matches = glob.glob(pattern, root_dir=cwd)[:_MAX_GLOB]
     except (OSError, ValueError):
@@ -2741,16 +2891,21 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
 def _segments(tokens: list) -> list[tuple[list, list, bool]]:
     """Split tokens at separators into (words, [(redirection, target)], after a pipe) per
     simple command."""
-    segments, words, redirects, after_pipe = [], [], [], False
+    segments = []
+    words = []
+    redirects = []
+    after_pipe = False
     stream = iter(tokens)
     for kind, value in stream:
         if kind == "word":
             words.append(value)
         elif value in _SEPARATORS:
             segments.append((words, redirects, after_pipe))
-            words, redirects = [], []
+            words = []
+            redirects = []
             after_pipe = value in ("|", "|&")
         else:
+            # a redirection: its target is the next token
             target = next(stream, ("op", None))
             if target[0] != "word":
                 raise _ParseError(f"redirection {value} has no target")
@@ -2764,9 +2919,14 @@ def _lex(text: str) -> list:
     raw (unquoted), dq (double-quoted), lit (single-quoted or escaped), arith (an arithmetic
     expansion's text), sub and dqsub (the source of a command substitution). A heredoc body
     becomes its `<<` word's content."""
-    tokens, pieces, raw, heredocs = [], [], [], []
-    delimiter_op = None         # set after << until its delimiter word is read
-    i, n = 0, len(text)
+    tokens = []
+    pieces = []
+    raw = []
+    heredocs = []
+    # set after << until its delimiter word is read
+    delimiter_op = None
+    i = 0
+    n = len(text)
 
     def piece(kind, value):
         if raw:
@@ -2781,38 +2941,54 @@ def _lex(text: str) -> list:
         if pieces:
             tokens.append(("word", list(pieces)))
             if delimiter_op:
+                delimiter = "".join(t for _, t in pieces)
+                strip_tabs = delimiter_op == "<<-"
                 quoted = any(kind != "raw" for kind, _ in pieces)
-                heredocs.append(("".join(t for _, t in pieces), delimiter_op == "<<-", quoted, tokens[-1][1]))
+                target = tokens[-1][1]
+                heredocs.append((delimiter, strip_tabs, quoted, target))
                 delimiter_op = None
             pieces.clear()
 
     while i < n:
         c = text[i]
+        at_word_start = not pieces and not raw
+        # <(cmd) and >(cmd) starting a word are process substitutions
+        process_substitution = (c in "<>" and text[i + 1:i + 2] == "("
+                                and at_word_start)
+        arithmetic_command = text.startswith("((", i) and at_word_start
         if c == "\\":
-            if text[i + 1:i + 2] != "\n":          # backslash-newline continues the line
+            # backslash-newline continues the line
+            if text[i + 1:i + 2] != "\n":
                 piece("lit", text[i + 1:i + 2])
             i += 2
         elif c == "'" or text.startswith("$'", i):
-            start = i + 1 + (c == "$")
+            # '...' is literal; $'...' decodes backslash escapes
+            ansi_c = c == "$"
+            start = i + 1 + ansi_c
             end = start
             while end < n and text[end] != "'":
-                end += 2 if c == "$" and text[end] == "\\" else 1
+                end += 2 if ansi_c and text[end] == "\\" else 1
             if end >= n:
                 raise _ParseError("unterminated quote")
-            piece("lit", text[start:end] if c == "'" else _ansi_c(text[start:end]))
+            body = text[start:end]
+            piece("lit", _ansi_c(body) if ansi_c else body)
             i = end + 1
         elif c == '"':
             i = _lex_double(text, i + 1, piece)
-        elif c == "`" or text.startswith("$(", i) or (c in "<>" and text[i + 1:i + 2] == "(" and not (pieces or raw)):
+        elif c == "`" or text.startswith("$(", i) or process_substitution:
             i, literal, commands = _substitution(text, i)
             piece("arith" if literal else None, literal)
             for command in commands:
                 piece("sub", command)
-        elif text.startswith("$[", i) or (text.startswith("((", i) and not pieces and not raw):
-            # bash reads these as arithmetic, where `<<`, `#` and `,` mean other things than here
+        elif text.startswith("$[", i) or arithmetic_command:
+            # bash reads these as arithmetic, where `<<`, `#` and `,` mean
+            # other things than here
             raise _ParseError("arithmetic as (( )) or $[ ] is not followed")
-        elif c == "#" and not pieces and not raw:
-            i = text.find("\n", i) if "\n" in text[i:] else n      # a comment
+        elif c == "#" and at_word_start:
+            # a comment, to the end of the line
+            i = text.find("\n", i)
+            if i < 0:
+                i = n
         elif c in " \t":
             end_word()
             i += 1
@@ -2823,7 +2999,8 @@ def _lex(text: str) -> list:
                 i += 1
                 continue
             if c in "<>" and not pieces and _is_number("".join(raw)):
-                raw.clear()          # the descriptor number in 2> and 0< does not matter here
+                # the descriptor number in 2> and 0< does not matter here
+                raw.clear()
             end_word()
             tokens.append(("op", op))
             i += len(op)
@@ -2841,10 +3018,12 @@ def _lex_double(text: str, i: int, piece) -> int:
     buf = []
 
     def flush(kind=None, value=None):
-        piece("dq", "".join(buf))     # always a piece, so "" is still an (empty) word
+        # always a piece, so "" is still an (empty) word
+        piece("dq", "".join(buf))
         buf.clear()
         if kind:
             piece(kind, value)
+
     while i < len(text):
         c = text[i]
         if c == '"':
@@ -2908,21 +3087,29 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
     unquoted body's substitutions run."""
     for delimiter, strip_tabs, quoted, target in heredocs:
         if not re.fullmatch(r"[\w.-]+", delimiter):
-            raise _ParseError(f"heredoc delimiter {delimiter!r} is not a plain word")
+            raise _ParseError(f"heredoc delimiter {delimiter!r} "
+                              "is not a plain word")
         lines = []
         while i < len(text):
             end = text.find("\n", i)
-            line, i = (text[i:], len(text)) if end < 0 else (text[i:end], end + 1)
-            if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+            if end < 0:
+                line, i = text[i:], len(text)
+            else:
+                line, i = text[i:end], end + 1
+            closing = line.lstrip("\t") if strip_tabs else line
+            if closing == delimiter:
                 break
             lines.append(line)
         body = "\n".join(lines)
         if not quoted and any(line.endswith("\\") for line in lines):
-            raise _ParseError("a heredoc line ends in a backslash, which bash joins with the next")
+            raise _ParseError("a heredoc line ends in a backslash, "
+                              "which bash joins with the next")
         if quoted:
             target[:] = [("lit", body)]
-        else:      # an unquoted body is expanded like a double-quoted string
-            target[:] = [("dq", body)] + [("sub", s) for s in _nested_subs(body)]
+        else:
+            # an unquoted body is expanded like a double-quoted string
+            subs = [("sub", s) for s in _nested_subs(body)]
+            target[:] = [("dq", body)] + subs
     return i
 
 
@@ -2943,8 +3130,11 @@ def _nested_subs(text: str) -> list[str]:
 
 def _ansi_c(body: str) -> str:
     """Decode bash's $'...' escapes ($'\\x72\\m' is "rm", $'\\U2d' is "-")."""
-    named = {"n": "\n", "t": "\t", "r": "\r", "e": "\x1b", "E": "\x1b", "a": "\a", "b": "\b", "f": "\f",
-             "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+    named = {
+        "n": "\n", "t": "\t", "r": "\r", "e": "\x1b", "E": "\x1b",
+        "a": "\a", "b": "\b", "f": "\f", "v": "\v",
+        "\\": "\\", "'": "'", '"': '"', "?": "?",
+    }
 
     def decode(match):
         code = match[1]
@@ -2958,7 +3148,10 @@ def _ansi_c(body: str) -> str:
         if code[0] == "c":
             return chr(ord(code[1:2].upper() or "@") & 0x1F)
         return named.get(code, "\\" + code)
-    return re.sub(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|c.?|.)", decode, body, flags=re.S)
+
+    escape = (r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}"
+              r"|[0-7]{1,3}|c.?|.)")
+    return re.sub(escape, decode, body, flags=re.S)
 
 
 def _is_number(text: str) -> bool:
