@@ -130,6 +130,8 @@ class ToolRequested(Envelope):
     name: str
     input: dict
     input_error: NotRequired[str]   # the streamed input was not a JSON object
+    # how the UI draws its card, as the tool declares it (tools.card_of): summary, output
+    card: NotRequired[dict]
 
 
 class ModelResponseCompleted(Envelope):

@@ -16,6 +16,7 @@ import traceback
 import context
 import events
 import permissions
+import tools
 from model import ModelError, merge_usage
 
 # byte-identical consecutive tool calls before the run pauses
@@ -607,6 +608,8 @@ class Kernel:
                     reducer = StreamReducer()
                     continue
                 for kind, payload in reducer.feed(raw):
+                    if kind == "ToolRequested":
+                        payload["card"] = card_of(payload)
                     self.emit(kind, **payload)
                 if self.save_checkpoint(reducer, time.monotonic()):
                     await self.bus.store.sync_off_loop()
@@ -740,16 +743,15 @@ class Kernel:
                                   mode=self.permission_mode)
 
 
+def card_of(request: dict) -> dict:
+    """How the UI draws the call's card, as the tool declares it beside its schema."""
+    tool_input = request["input"]
+    if not isinstance(tool_input, dict):
+        tool_input = {}
+    return tools.card_of(request["name"], tool_input)
+
+
 def permission_preview(call: dict) -> str:
-    """What the panel shows: the command, or the content about to be written."""
-    tool_input = call["input"]
-    if call["name"] == "bash":
-        return str(tool_input.get("command", ""))
-    if call["name"] == "edit":
-        old = tool_input.get("old_string", "")
-        new = tool_input.get("new_string", "")
-        return f"- {old}\n+ {new}"
-    if call["name"] == "write":
-        return str(tool_input.get("content", ""))[:2000]
-    return json.dumps(tool_input)[:2000]
+    """What the panel shows, as the tool declares it beside its schema."""
+    return tools.permission_preview(call["name"], call["input"])
 

@@ -252,6 +252,57 @@ SCHEMAS = [
         input=("string", "Text to send to the process's stdin (for write).")),
 ]
 
+# Beside the schemas, how a tool's calls are shown, so that adding a tool touches this file
+# (the kernel puts both on the events; the UI imports nothing of ours):
+# `card`: the input fields its card line names, each after its prefix, absent ones left out;
+# `output`: what a finished card shows of the output: "none" (the card or its diff says it
+# all), "head" (the first lines say most) or "tail" (the first and last lines);
+# `preview`: the input field the permission panel shows, or "edit" for the old and new text.
+TOOL_VIEWS = {
+    "read": {"card": [("", "file_path")], "output": "none", "preview": None},
+    "write": {"card": [("", "file_path")], "output": "none", "preview": "content"},
+    "edit": {"card": [("", "file_path")], "output": "none", "preview": "edit"},
+    "grep": {"card": [("", "pattern"), ("in ", "path")], "output": "head", "preview": None},
+    "glob": {"card": [("", "pattern")], "output": "head", "preview": None},
+    "bash": {"card": [("", "command")], "output": "tail", "preview": "command"},
+    "process": {
+        "card": [("", "action"), ("", "id"), ("", "command")],
+        "output": "tail",
+        "preview": None,
+    },
+}
+PREVIEW_CHARS = 2000
+
+
+def card_of(name: str, tool_input: dict) -> dict:
+    """What a call's card shows: {"summary": "pattern in src", "output": "head"}. An unknown
+    tool is named by its first string input."""
+    view = TOOL_VIEWS.get(name)
+    if view is None:
+        strings = [v for v in tool_input.values() if isinstance(v, str)]
+        return {"summary": strings[0] if strings else "", "output": "tail"}
+    parts = []
+    for prefix, key in view["card"]:
+        value = tool_input.get(key)
+        if value:
+            parts.append(f"{prefix}{value}")
+    return {"summary": " ".join(parts), "output": view["output"]}
+
+
+def permission_preview(name: str, tool_input: dict) -> str:
+    """What the permission panel shows: the command, the content about to be written, the
+    edit's old and new text, or else the input itself."""
+    field = TOOL_VIEWS.get(name, {}).get("preview")
+    if field == "edit":
+        old = tool_input.get("old_string", "")
+        new = tool_input.get("new_string", "")
+        return f"- {old}\n+ {new}"
+    if field == "command":
+        return str(tool_input.get("command", ""))
+    if field is not None:
+        return str(tool_input.get(field, ""))[:PREVIEW_CHARS]
+    return json.dumps(tool_input)[:PREVIEW_CHARS]
+
 # ---------------------------------------------------------------- exceptions and data types
 
 

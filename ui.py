@@ -818,16 +818,6 @@ EXPANDED_MAX_LINES = 400
 # bash's own footer
 EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")
 USER_MESSAGE_MAX_LINES = 30
-# tool -> the input field its card line shows
-SUMMARY_KEYS = {
-    "read": "file_path", "write": "file_path", "edit": "file_path",
-    "grep": "pattern", "glob": "pattern",
-    "bash": "command",
-}
-# the first lines say most
-HEAD_PREVIEW_TOOLS = frozenset({"grep", "glob"})
-# the card (and diff) say it all
-QUIET_TOOLS = frozenset({"read", "write", "edit"})
 # Events shown as one dim line; fields are filled from the event ("?" when missing).
 NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned})",
@@ -885,24 +875,22 @@ def format_duration(ms: float) -> str:
     return f"{int(seconds // 60)}m {int(seconds % 60)}s"
 
 
-def tool_summary(name: str, tool_input: dict) -> str:
-    """One line saying what a call does: `src/app.py`, `pytest -q`, `start npm run dev`."""
-    tool_input = tool_input if isinstance(tool_input, dict) else {}
-    if name == "process":
-        keys = ("action", "id", "command")
-        parts = [tool_input.get(key) for key in keys]
-        text = " ".join(str(p) for p in parts if p)
-    elif name in SUMMARY_KEYS:
-        text = str(tool_input.get(SUMMARY_KEYS[name], ""))
-        if name == "grep" and tool_input.get("path"):
-            text += f" in {tool_input['path']}"
-    else:
-        strings = [v for v in tool_input.values() if isinstance(v, str)]
-        text = strings[0] if strings else ""
+def one_line(text: str) -> str:
+    """A card's summary as one line: `src/app.py`, `pytest -q`, `start npm run dev`."""
     lines = sanitize(text).strip().split("\n")
     if len(lines) > 1:
         return lines[0] + " …"
     return lines[0]
+
+
+def card_view(e: dict, tool_input: dict) -> dict:
+    """The card a ToolRequested declares (the tool says, beside its schema, what its card
+    shows); a log written before cards were declared: the first string input, output tail."""
+    card = e.get("card")
+    if isinstance(card, dict) and isinstance(card.get("summary"), str):
+        return card
+    strings = [v for v in tool_input.values() if isinstance(v, str)]
+    return {"summary": strings[0] if strings else "", "output": "tail"}
 
 
 def meta_facts(meta: dict) -> list[str]:
@@ -945,6 +933,8 @@ class ToolCard:
         default_factory=lambda: collections.deque(maxlen=PREVIEW_LINES))
     # FileModified events of this call
     changes: list[dict] = field(default_factory=list)
+    # of a finished card's output: "none", "head" or "tail" (tools.TOOL_VIEWS)
+    output: str = "tail"
 
 
 class FinishedCard(NamedTuple):
@@ -1255,8 +1245,9 @@ class Timeline:
         tool_input = e.get("input")
         if not isinstance(tool_input, dict):
             tool_input = {}
-        summary = tool_summary(e.get("name", ""), tool_input)
-        card = ToolCard(e.get("name", "?"), summary, tool_input)
+        view = card_view(e, tool_input)
+        card = ToolCard(e.get("name", "?"), one_line(view["summary"]), tool_input)
+        card.output = view.get("output", "tail")
         self.cards[e.get("tool_use_id", "")] = card
 
     def _on_ToolStarted(self, e: dict) -> None:
@@ -1304,10 +1295,10 @@ class Timeline:
         for change in card.changes:
             lines += self._diff_lines(change)
         output = []
-        if failed or (card.name not in QUIET_TOOLS and not card.changes):
+        if failed or (card.output != "none" and not card.changes):
             output = card_output(e, meta)
         self._release_card()
-        head_only = card.name in HEAD_PREVIEW_TOOLS and not failed
+        head_only = card.output == "head" and not failed
         self._held = self._last_card = FinishedCard(
             lines, output[:EXPANDED_MAX_LINES], len(output), head_only)
 
@@ -1315,7 +1306,7 @@ class Timeline:
 
     def start_shell(self, command: str) -> None:
         """A `!` command the user just started: a live card until its UserShellRan."""
-        card = ToolCard("!", tool_summary("bash", {"command": command}))
+        card = ToolCard("!", one_line(command))
         card.started = time.monotonic()
         self.cards[events.USER_SHELL_ID] = card
 
@@ -1326,7 +1317,7 @@ class Timeline:
         for key in ("exit_code", "duration_ms"):
             if e.get(key) is not None:
                 meta[key] = e[key]
-        summary = tool_summary("bash", {"command": e.get("command", "")})
+        summary = one_line(str(e.get("command", "")))
         if e.get("stopped"):
             symbol, facts = "○", ["stopped"]
         elif meta.get("exit_code") == 0:

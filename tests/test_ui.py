@@ -309,6 +309,33 @@ def test_a_huge_paragraph_settles_in_bounded_pieces():
 
 # ---- timeline: tool cards, diffs, thinking, errors ----
 
+def requested(tool_use_id, name, tool_input):
+    """A ToolRequested as the kernel records it: with the card its tool declares."""
+    import tools
+    return event("ToolRequested", tool_use_id=tool_use_id, name=name, input=tool_input,
+                 card=tools.card_of(name, tool_input))
+
+
+def finished_card(tool_use_id, name, tool_input, output, request=None):
+    return [request or requested(tool_use_id, name, tool_input),
+            event("ToolStarted", tool_use_id=tool_use_id, name=name),
+            event("ToolCompleted", tool_use_id=tool_use_id, name=name, output=output, meta={})]
+
+
+def test_a_card_shows_what_its_tool_declares_and_an_old_log_still_draws():
+    lines = "\n".join(f"hit {k}" for k in range(1, 30))
+    text = timeline_text(
+        finished_card("g", "grep", {"pattern": "TODO", "path": "src"}, lines)
+        + finished_card("w", "write", {"file_path": "a.py", "content": "x"}, "Wrote a.py")
+        + finished_card("p", "process", {"action": "start", "command": "npm run dev"}, "p1 started"))
+    assert "● grep TODO in src" in text and "hit 1" in text and "hit 29" not in text    # the head
+    assert "● write a.py" in text and "Wrote a.py" not in text                           # quiet
+    assert "● process start npm run dev" in text and "p1 started" in text
+    old = event("ToolRequested", tool_use_id="o", name="grep", input={"pattern": "TODO"})
+    text = timeline_text(finished_card("o", "grep", {}, lines, request=old))
+    assert "● grep TODO" in text and "hit 29" in text     # no card recorded: first input, the tail
+
+
 def timeline_text(events, width=80, style=MONO):
     return "\n".join(ui.render_transcript(events, width, style.color))
 
@@ -316,11 +343,11 @@ def timeline_text(events, width=80, style=MONO):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_tool_cards_are_one_line_with_facts(width):
     events = [
-        event("ToolRequested", tool_use_id="t1", name="read", input={"file_path": "src/app.py"}),
+        requested("t1", "read", {"file_path": "src/app.py"}),
         event("ToolStarted", tool_use_id="t1", name="read"),
         event("ToolCompleted", tool_use_id="t1", name="read", output="1\tx\n" * 120,
               meta={"lines": 120}),
-        event("ToolRequested", tool_use_id="t2", name="bash", input={"command": "pytest -q"}),
+        requested("t2", "bash", {"command": "pytest -q"}),
         event("ToolStarted", tool_use_id="t2", name="bash"),
         event("ToolCompleted", tool_use_id="t2", name="bash",
               output="collected 3 items\n...\n3 passed in 0.2s", meta={"exit_code": 0,
@@ -332,7 +359,7 @@ def test_tool_cards_are_one_line_with_facts(width):
     assert "● read src/app.py · 120 lines" in text
     assert "● bash pytest -q · exit 0 · 3.2s" in text
     assert "⎿ collected 3 items" in text or "3 passed in 0.2s" in text
-    assert "1\tx" not in text                              # reads show no preview
+    assert "⎿" not in text.split("● bash")[0]             # reads show no preview
 
 
 def test_a_long_command_is_shortened_so_the_facts_still_show():
