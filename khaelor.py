@@ -23,8 +23,19 @@ import events
 from events import KhaelorError
 
 VERSION = "0.1.0"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-CONFIG_KEYS = {"model": str, "aux_model": str, "permissions": (list, dict), "prices": dict, "max_turns": int}
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+# 128 + SIGINT, as a shell reports a command Ctrl-C ended
+EXIT_INTERRUPTED = 130
+# config.json's keys and the type each value must have
+CONFIG_KEYS = {
+    "model": str,
+    "aux_model": str,
+    "permissions": (list, dict),
+    "prices": dict,
+    "max_turns": int,
+}
 
 
 class UsageError(KhaelorError):
@@ -51,64 +62,87 @@ def read_config(path: Path) -> dict:
     try:
         config = json.loads(text)
     except ValueError as e:
-        raise UsageError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix or remove the file") from None
+        problem = f"not valid JSON ({e.msg}); fix or remove the file"
+        raise UsageError(f"{path}:{e.lineno}: {problem}") from None
     if not isinstance(config, dict):
-        raise UsageError(f"{path}: must hold a JSON object like {{\"model\": \"...\"}}")
+        example = '{"model": "..."}'
+        raise UsageError(f"{path}: must hold a JSON object like {example}")
     for key, value in config.items():
         expected = CONFIG_KEYS.get(key)
         if expected is None:
-            raise UsageError(f"{path}: unknown key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+            known = ", ".join(CONFIG_KEYS)
+            raise UsageError(f"{path}: unknown key {key!r};"
+                             f" known keys: {known}")
         if not isinstance(value, expected) or isinstance(value, bool):
-            names = " or ".join(t.__name__ for t in expected) if isinstance(expected, tuple) else expected.__name__
+            names = type_names(expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
     import permissions
     if isinstance(config.get("permissions"), dict):
-        return config       # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
+        # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
+        return config
     problem = permissions.validate_config_rules(config.get("permissions", []))
     if problem:
         raise UsageError(f"{path}: {problem}")
     return config
 
 
+def type_names(expected) -> str:
+    """str → "str"; (list, dict) → "list or dict"."""
+    if isinstance(expected, tuple):
+        return " or ".join(t.__name__ for t in expected)
+    return expected.__name__
+
+
 def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
-    user_path, project_path = home / "config.json", project_root / ".khaelor" / "config.json"
-    user, project = read_config(user_path), read_config(project_path)
-    merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL, "prices": {}, "max_turns": None}
-    merged.update({k: v for k, v in user.items() if k != "permissions"})
-    merged.update({k: v for k, v in project.items() if k != "permissions"})
+    user = read_config(home / "config.json")
+    project = read_config(project_root / ".khaelor" / "config.json")
+    merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
+              "prices": {}, "max_turns": None}
+    # the project's file wins; permission rules are layers of their own
+    for config in (user, project):
+        for key, value in config.items():
+            if key != "permissions":
+                merged[key] = value
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
     merged["model_flag"] = getattr(args, "model", None)
     merged["extra_layers"] = flag_layers(args, project_root)
-    merged["layers"] = permission_layers(home, project_root, merged["extra_layers"])
+    merged["layers"] = permission_layers(home, project_root,
+                                         merged["extra_layers"])
     return merged
 
 
 # ---------------------------------------------------------------- trust: where permission rules come from
 
-def permission_layers(home: Path, project_root: Path, extra: tuple = ()) -> list:
+def permission_layers(home: Path, project_root: Path,
+                      extra: tuple = ()) -> list:
     """Rule layers in evaluation order (later wins): the user's own files (Claude Code's
     ~/.claude/settings.json, then KHAELOR's), the user's saved "always" answers for this project,
     then the project's own files, which may always tighten but grant only once the user trusted them
     (`khaelor trust`); any change to one withdraws its trust. `extra`: this run's flags."""
     import permissions
-    layers = [claude_settings_layer(Path.home() / ".claude" / "settings.json", project_root, "user", True)]
+    claude_user = Path.home() / ".claude" / "settings.json"
+    layers = [claude_settings_layer(claude_user, project_root, "user", True)]
     for path in user_config_paths(home):
         layers.append(config_layer(path, project_root, "user", True))
     grants = grants_path(home, project_root)
     layers.append(permissions.Layer(str(grants), read_config(grants)))
     project = project_root / ".khaelor" / "config.json"
-    layers.append(config_layer(project, project_root, "project", is_trusted(home, project)))
+    trusted = is_trusted(home, project)
+    layers.append(config_layer(project, project_root, "project", trusted))
     for path in claude_project_files(project_root):
-        layers.append(claude_settings_layer(path, project_root, "project", is_trusted(home, path)))
+        trusted = is_trusted(home, path)
+        layer = claude_settings_layer(path, project_root, "project", trusted)
+        layers.append(layer)
     return [*layers, *extra]
 
 
 def claude_project_files(project_root: Path) -> list[Path]:
-    return [project_root / ".claude" / "settings.json", project_root / ".claude" / "settings.local.json"]
+    claude = project_root / ".claude"
+    return [claude / "settings.json", claude / "settings.local.json"]
 
 
 def config_layer(path: Path, project_root: Path, kind: str, trusted: bool):
@@ -116,20 +150,26 @@ def config_layer(path: Path, project_root: Path, kind: str, trusted: bool):
     ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
     import permissions
     config = read_config(path)
-    text = path.read_text(encoding="utf-8", errors="replace") if config else ""
+    text = ""
+    if config:
+        text = path.read_text(encoding="utf-8", errors="replace")
     if isinstance(config.get("permissions"), dict):
-        layer = permissions.Layer(str(path), {}, kind, trusted, claude=True, text=text)
-        return permissions.claude_rules(layer, config["permissions"], os.path.realpath(project_root))
+        layer = permissions.Layer(str(path), {}, kind, trusted,
+                                  claude=True, text=text)
+        root = os.path.realpath(project_root)
+        return permissions.claude_rules(layer, config["permissions"], root)
     return permissions.Layer(str(path), config, kind, trusted, text=text)
 
 
-def claude_settings_layer(path: Path, project_root: Path, kind: str, trusted: bool):
+def claude_settings_layer(path: Path, project_root: Path, kind: str,
+                          trusted: bool):
     import permissions
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
-    return permissions.claude_layer(str(path), text, project_root, kind, trusted)
+    return permissions.claude_layer(str(path), text, project_root, kind,
+                                    trusted)
 
 
 def user_config_paths(home: Path) -> list[Path]:
@@ -142,12 +182,14 @@ def user_config_paths(home: Path) -> list[Path]:
 
 def grants_path(home: Path, project_root: Path) -> Path:
     """Where "always" answers for this project are kept: the user's state, never the repository."""
-    return home / "grants" / f"{events.sessions_dir(home, project_root).name}.json"
+    name = events.sessions_dir(home, project_root).name
+    return home / "grants" / f"{name}.json"
 
 
 def trust_records(home: Path) -> dict:
+    path = home / "trust.json"
     try:
-        records = json.loads((home / "trust.json").read_text(encoding="utf-8"))
+        records = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return records if isinstance(records, dict) else {}
@@ -157,7 +199,8 @@ def trust_key(path: Path) -> str | None:
     """What a trust record is kept under: the file's own place in this project. A permission file
     reached through a symlink (the file or a folder on its way) can never be trusted: it could be
     another project's trusted file, or change without this project changing."""
-    place = Path(os.path.realpath(path.parent.parent)) / path.parent.name / path.name
+    folder = Path(os.path.realpath(path.parent.parent))
+    place = folder / path.parent.name / path.name
     if os.path.realpath(path) != str(place):
         return None
     return str(place)
@@ -171,7 +214,10 @@ def is_trusted(home: Path, path: Path) -> bool:
         data = path.read_bytes()
     except OSError:
         return False
-    return key is not None and trust_records(home).get(key) == permissions.content_hash(data)
+    if key is None:
+        return False
+    trusted_hash = trust_records(home).get(key)
+    return trusted_hash == permissions.content_hash(data)
 
 
 def trust_notice(layers: list) -> str | None:
@@ -180,59 +226,76 @@ def trust_notice(layers: list) -> str | None:
     ignored = permissions.untrusted_grants(layers)
     if not ignored:
         return None
-    sources = sorted({rule.source for rule in ignored})
-    return (f"{', '.join(sources)} would grant {len(ignored)} permission(s); they are ignored until you review "
-            "and trust them with `khaelor trust`")
+    sources = ", ".join(sorted({rule.source for rule in ignored}))
+    return (f"{sources} would grant {len(ignored)} permission(s);"
+            " they are ignored until you review and trust them"
+            " with `khaelor trust`")
 
 
 def start_notices(settings: dict) -> list[str]:
     """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
     import sandbox
     notices = [trust_notice(settings["layers"]), sandbox.notice()]
-    for layer in settings.get("extra_layers", ()):       # a flag's rule that maps onto nothing
-        notices += [f"{layer.source} {rule!r} is ignored: {why}" for _, rule, why in layer.ignored]
-    return [n for n in notices if n]
+    # a flag's rule that maps onto nothing
+    for layer in settings.get("extra_layers", ()):
+        for _, rule, why in layer.ignored:
+            notices.append(f"{layer.source} {rule!r} is ignored: {why}")
+    return [notice for notice in notices if notice]
 
 
 def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     import permissions
-    parser = argparse.ArgumentParser(prog="khaelor trust", description="Review the permissions this project's "
-                                     "own files (.khaelor/config.json, .claude/settings*.json) grant, and trust "
-                                     "exactly these versions of them.")
-    parser.add_argument("--revoke", action="store_true", help="withdraw the trust")
+    parser = argparse.ArgumentParser(
+        prog="khaelor trust",
+        description="Review the permissions this project's own files"
+                    " (.khaelor/config.json, .claude/settings*.json) grant,"
+                    " and trust exactly these versions of them.")
+    parser.add_argument("--revoke", action="store_true",
+                        help="withdraw the trust")
     args = parser.parse_args(argv)
-    files = [project_root / ".khaelor" / "config.json", *claude_project_files(project_root)]
-    files = [path for path in files if path.is_file()]
+    candidates = [project_root / ".khaelor" / "config.json",
+                  *claude_project_files(project_root)]
+    files = [path for path in candidates if path.is_file()]
     records = trust_records(home)
     if not files:
-        raise UsageError(f"nothing to trust: {project_root} has no .khaelor/config.json or .claude/settings*.json")
+        raise UsageError(f"nothing to trust: {project_root} has no"
+                         " .khaelor/config.json or .claude/settings*.json")
     for path in files:
         key = trust_key(path)
         if key is None:
-            print(f"{path}: a symlink; a permission file reached through a link is never trusted")
+            print(f"{path}: a symlink; a permission file reached"
+                  " through a link is never trusted")
             continue
         if args.revoke:
             records.pop(key, None)
             print(f"{path}: no longer trusted; its rules can only tighten")
             continue
         data = path.read_bytes()
-        if path.parent.name == ".claude":
-            layer = claude_settings_layer(path, project_root, "project", False)
-        else:
-            layer = config_layer(path, project_root, "project", False)
+        digest = permissions.content_hash(data)
+        layer = untrusted_layer(path, project_root)
         grants = permissions.untrusted_grants([layer])
-        print(f"{path} (sha256 {permissions.content_hash(data)[:16]}…)")
+        print(f"{path} (sha256 {digest[:16]}…)")
         if grants:
             print("  trusting it grants:")
         else:
-            print("  it grants nothing (its ask and deny rules apply whether trusted or not)")
+            print("  it grants nothing (its ask and deny rules apply"
+                  " whether trusted or not)")
         for rule in grants:
-            print(f"    allow {rule.capability} {rule.pattern!r}  ({rule.source})")
-        records[key] = permissions.content_hash(data)
+            print(f"    allow {rule.capability} {rule.pattern!r}"
+                  f"  ({rule.source})")
+        records[key] = digest
     write_json_atomic(home / "trust.json", records)
     if not args.revoke:
-        print("trusted; any change to a file withdraws its trust until you run `khaelor trust` again")
+        print("trusted; any change to a file withdraws its trust"
+              " until you run `khaelor trust` again")
     return EXIT_OK
+
+
+def untrusted_layer(path: Path, project_root: Path):
+    """A project's permission file as it reads before `khaelor trust`."""
+    if path.parent.name == ".claude":
+        return claude_settings_layer(path, project_root, "project", False)
+    return config_layer(path, project_root, "project", False)
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -251,19 +314,40 @@ def open_session(args, home: Path, project_root: Path):
     if args.resume:
         matches = [f for f in files if f.stem.startswith(args.resume)]
         if not matches:
-            raise UsageError(f"no session {args.resume!r} in this project; `khaelor sessions` lists them")
+            raise UsageError(f"no session {args.resume!r} in this project;"
+                             " `khaelor sessions` lists them")
         if len(matches) > 1:
-            raise UsageError(f"{args.resume!r} matches {len(matches)} sessions; give more of the id")
+            raise UsageError(f"{args.resume!r} matches {len(matches)}"
+                             " sessions; give more of the id")
         return events.SessionStore.open(matches[0])
     if args.continue_:
         # The newest session that holds a conversation: one opened and quit without a word is not it.
-        # One that cannot be summarised (unreadable, from a newer khaelor) is opened, to say why.
-        newest = next((path for path in reversed(files)
-                       if (summary_of(path) or {"n_messages": 1}).get("n_messages")), None)
+        newest = None
+        for path in reversed(files):
+            if holds_conversation(path):
+                newest = path
+                break
         if newest is None:
-            raise UsageError("no earlier session in this project to continue; run without -c to start one")
+            raise UsageError("no earlier session in this project to continue;"
+                             " run without -c to start one")
         return events.SessionStore.open(newest)
     return events.SessionStore.create(directory)
+
+
+def holds_conversation(path: Path) -> bool:
+    """A user message is in it. One that cannot be summarised (unreadable, from a newer
+    khaelor) counts too: opening it says why."""
+    summary = summary_of(path)
+    if not summary:
+        return True
+    return bool(summary.get("n_messages"))
+
+
+def total_cost(costs: list) -> float | None:
+    """The sum; None when one is unknown (a model with no price): never guessed."""
+    if None in costs:
+        return None
+    return sum(costs)
 
 
 def session_summary(store) -> dict:
@@ -271,27 +355,36 @@ def session_summary(store) -> dict:
     from model import price_of
     state = store.state
     totals = state.usage
-    costs = [price_of(m, u) for m, u in totals.items()]
-    return {"id": store.session_id, "title": state.title,
-            "created": state.created_ts, "updated": state.updated_ts,
-            "tokens": sum(sum(u.values()) for u in totals.values()),
-            "cost": None if None in costs else sum(costs), "model": state.model,
-            "branch": state.branch, "n_messages": len(state.user_texts), "usage": totals}
+    costs = [price_of(model, usage) for model, usage in totals.items()]
+    tokens = sum(sum(usage.values()) for usage in totals.values())
+    return {"id": store.session_id,
+            "title": state.title,
+            "created": state.created_ts,
+            "updated": state.updated_ts,
+            "tokens": tokens,
+            "cost": total_cost(costs),
+            "model": state.model,
+            "branch": state.branch,
+            "n_messages": len(state.user_texts),
+            "usage": totals}
 
 
 def session_cost(summary: dict, prices: dict) -> float | None:
     """A session's cost by this run's price table: config `prices` override the defaults, so the
     cost a cache recorded with the default table is not the one to show."""
     from model import price_of
-    costs = [price_of(model, usage, prices) for model, usage in summary["usage"].items()]
-    return None if None in costs else sum(costs)
+    costs = []
+    for model, usage in summary["usage"].items():
+        costs.append(price_of(model, usage, prices))
+    return total_cost(costs)
 
 
 def config_prices(home: Path, project_root: Path) -> dict:
     """The `prices` of the user's and the project's config.json (the project's win)."""
-    user = read_config(home / "config.json").get("prices") or {}
-    project = read_config(project_root / ".khaelor" / "config.json").get("prices") or {}
-    return {**user, **project}
+    user = read_config(home / "config.json").get("prices")
+    project_file = project_root / ".khaelor" / "config.json"
+    project = read_config(project_file).get("prices")
+    return {**(user or {}), **(project or {})}
 
 
 def summary_of(path: Path) -> dict | None:
@@ -302,7 +395,8 @@ def summary_of(path: Path) -> dict | None:
     if meta is None or "usage" not in meta:
         try:
             stat = os.stat(path)
-            meta = session_summary(events.SessionStore.open(path, read_only=True))
+            store = events.SessionStore.open(path, read_only=True)
+            meta = session_summary(store)
         except (OSError, KhaelorError):
             return None
         events.write_meta(path, meta, stat)
@@ -313,7 +407,8 @@ def list_sessions(home: Path, project_root: Path) -> list[dict]:
     """Summaries of this project's sessions that hold a conversation, newest first. Sessions with no
     user message (opened and quit, by older versions too) are left out."""
     summaries = []
-    for path in reversed(events.list_session_files(events.sessions_dir(home, project_root))):
+    directory = events.sessions_dir(home, project_root)
+    for path in reversed(events.list_session_files(directory)):
         meta = summary_of(path)
         if meta is not None and meta["n_messages"]:
             summaries.append(meta)
@@ -338,11 +433,21 @@ def age(ts_ms: int) -> str:
 
 # Escape sequences (CSI, OSC, DCS/PM/APC/SOS strings, two-byte ESC forms), other C0/C1 controls,
 # and the bidirectional overrides that make text read differently from what it is.
-CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
-                              r"|\x1b[@-Z\\-_ -/]*[0-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CONTROL_SEQUENCE = re.compile(
+    # CSI
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    # OSC, DCS, SOS, PM, APC: up to BEL or ST, or to the end
+    r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    # the other ESC forms
+    r"|\x1b[@-Z\\-_ -/]*[0-~]?"
+    # C0 and C1 controls but tab and newline, then the bidirectional overrides
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
-TERMINATED_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
-                                 r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
+# The same sequences, complete: a stream holds back one that is not (yet).
+TERMINATED_SEQUENCE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
+    r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
 
 
 def for_terminal(text: str, stream) -> str:
@@ -360,21 +465,28 @@ def cmd_sessions(home: Path, project_root: Path) -> int:
         return EXIT_OK
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
-    for s in sessions:
-        dollars = session_cost(s, prices)
+    for row in sessions:
+        dollars = session_cost(row, prices)
         cost = "?" if dollars is None else f"${dollars:.4f}"
-        branch = f"  [{s['branch']}]" if s.get("branch") else ""
-        title = for_terminal(s["title"] or "(untitled)", sys.stdout)
-        print(f"{s['id']:<30} {age(s['updated']) if s['updated'] else '-':>9} {s['tokens']:>9} {cost:>8}  "
-              f"{title}{branch}")
+        branch = ""
+        if row.get("branch"):
+            branch = f"  [{row['branch']}]"
+        title = row["title"] or "(untitled)"
+        title = for_terminal(title, sys.stdout)
+        updated = age(row["updated"]) if row["updated"] else "-"
+        print(f"{row['id']:<30} {updated:>9} {row['tokens']:>9}"
+              f" {cost:>8}  {title}{branch}")
     return EXIT_OK
 
 
 def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     import permissions
-    parser = argparse.ArgumentParser(prog="khaelor permissions", description="Show or test the permission policy.")
+    parser = argparse.ArgumentParser(
+        prog="khaelor permissions",
+        description="Show or test the permission policy.")
     sub = parser.add_subparsers(dest="action")
-    check = sub.add_parser("check", help="what would happen to a call, without running it")
+    check = sub.add_parser(
+        "check", help="what would happen to a call, without running it")
     check.add_argument("--json", action="store_true")
     target = check.add_mutually_exclusive_group(required=True)
     target.add_argument("--bash", metavar="COMMAND")
@@ -386,29 +498,22 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     rules = permissions.load_rules(layers)
     sandboxed = sandbox.probe()[0] > 0
     if args.action != "check":
-        print(f"sandbox: {sandbox.status()}")
-        for layer in layers:
-            trust = ""
-            if layer.kind == "project":
-                trust = "  (trusted)" if layer.trusted else "  (untrusted: tightens only)"
-            print(f"layer: {layer.kind:<7} {layer.source}{trust}")
-        print("\n".join(permissions.describe_rules(rules)))
-        for rule in permissions.untrusted_grants(layers):
-            print(f"ignored  allow  {rule.capability}  {rule.pattern}  {rule.source} (untrusted: run `khaelor trust`)")
-        for layer in layers:
-            for where, rule, why in layer.ignored:
-                print(f"ignored  {rule}  {where} ({why})")
+        print_policy(layers, rules)
         return EXIT_OK
     kind = "write"
     if args.bash is not None:
         kind = "bash"
     elif args.read is not None:
         kind = "read"
-    result = permissions.check(kind, args.bash or args.read or args.write, project_root, rules, sandboxed=sandboxed)
+    subject = args.bash or args.read or args.write
+    result = permissions.check(kind, subject, project_root, rules,
+                               sandboxed=sandboxed)
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
-    print(f"{result['decision']}  ({result['capability']}; decided by: {result['layer']}; {result['reason']})")
+    why = (f"{result['capability']}; decided by: {result['layer']};"
+           f" {result['reason']}")
+    print(f"{result['decision']}  ({why})")
     if result["not_read_only"]:
         print(f"not provably read-only: {result['not_read_only']}")
     if result["destructive"]:
@@ -418,32 +523,70 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     return EXIT_OK
 
 
+def print_policy(layers: list, rules) -> None:
+    """`khaelor permissions`: the sandbox, the layers, the rules, and what is ignored."""
+    import permissions
+    import sandbox
+    print(f"sandbox: {sandbox.status()}")
+    for layer in layers:
+        trust = ""
+        if layer.kind == "project":
+            trust = "  (untrusted: tightens only)"
+            if layer.trusted:
+                trust = "  (trusted)"
+        print(f"layer: {layer.kind:<7} {layer.source}{trust}")
+    print("\n".join(permissions.describe_rules(rules)))
+    for rule in permissions.untrusted_grants(layers):
+        print(f"ignored  allow  {rule.capability}  {rule.pattern}"
+              f"  {rule.source} (untrusted: run `khaelor trust`)")
+    for layer in layers:
+        for where, rule, why in layer.ignored:
+            print(f"ignored  {rule}  {where} ({why})")
+
+
 # ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
 
-MAX_COMMAND_FILES = 500         # per directory: a huge tree must not slow start-up
-COMMAND_FIELDS = ("description", "argument-hint", "model", "allowed-tools")   # front matter read; the rest is ignored
+# per directory: a huge tree must not slow start-up
+MAX_COMMAND_FILES = 500
+# the front matter read; the rest is ignored
+COMMAND_FIELDS = ("description", "argument-hint", "model", "allowed-tools")
 COMMAND_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(?::[A-Za-z0-9][\w.-]*)*$")
 PLACEHOLDER = re.compile(r"\$(ARGUMENTS|[1-9])(?!\d)")
 
 
 class CustomCommand(NamedTuple):
-    name: str               # "/fixissue"; a subdirectory gives "/frontend:component"
-    path: Path              # the Markdown file
-    source: str             # where it came from, as /help shows it: "project .claude/commands"
-    template: str           # the body after the front matter: $ARGUMENTS and $1…$9 are filled in
-    description: str        # front matter, else the body's first line
-    argument_hint: str      # front matter: "[issue-number]"
-    model: str              # front matter: the model for this command's turn; "" for the session's
-    allowed_tools: str      # front matter: shown, never granted (a command file is a prompt only)
+    # "/fixissue"; a subdirectory gives "/frontend:component"
+    name: str
+    # the Markdown file
+    path: Path
+    # where it came from, as /help shows it: "project .claude/commands"
+    source: str
+    # the body after the front matter: $ARGUMENTS and $1…$9 are filled in
+    template: str
+    # front matter, else the body's first line
+    description: str
+    # front matter: "[issue-number]"
+    argument_hint: str
+    # front matter: the model for this command's turn; "" for the session's
+    model: str
+    # front matter: shown, never granted (a command file is a prompt only)
+    allowed_tools: str
 
 
-def command_dirs(home: Path, project_root: Path) -> list[tuple[Path, str, bool]]:
+def command_dirs(home: Path,
+                 project_root: Path) -> list[tuple[Path, str, bool]]:
     """(directory, source label, in the repository) in precedence order: a later one wins a name,
     so the project's commands override the user's, as in Claude Code."""
-    return [(Path.home() / ".claude" / "commands", "user ~/.claude/commands", False),
-            (home / "commands", "user $KHAELOR_HOME/commands", False),
-            (project_root / ".claude" / "commands", "project .claude/commands", True),
-            (project_root / ".khaelor" / "commands", "project .khaelor/commands", True)]
+    return [
+        (Path.home() / ".claude" / "commands",
+         "user ~/.claude/commands", False),
+        (home / "commands",
+         "user $KHAELOR_HOME/commands", False),
+        (project_root / ".claude" / "commands",
+         "project .claude/commands", True),
+        (project_root / ".khaelor" / "commands",
+         "project .khaelor/commands", True),
+    ]
 
 
 def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
@@ -454,9 +597,11 @@ def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
     for directory, source, in_repository in command_dirs(home, project_root):
         for path in command_files(directory):
             resolved = path.resolve()
-            if in_repository and not (resolved == root or root in resolved.parents):
+            inside = resolved == root or root in resolved.parents
+            if in_repository and not inside:
                 continue
-            name = "/" + ":".join(path.relative_to(directory).with_suffix("").parts)
+            parts = path.relative_to(directory).with_suffix("").parts
+            name = "/" + ":".join(parts)
             if name in COMMANDS or not COMMAND_NAME.match(name[1:]):
                 continue
             try:
@@ -469,19 +614,33 @@ def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
 
 def command_files(directory: Path) -> list[Path]:
     found = []
-    for folder, subfolders, names in os.walk(directory):     # symlinked folders are not followed
+    # symlinked folders are not followed
+    for folder, subfolders, names in os.walk(directory):
         subfolders.sort()
-        found += [Path(folder) / name for name in sorted(names) if name.endswith(".md")]
+        for name in sorted(names):
+            if name.endswith(".md"):
+                found.append(Path(folder) / name)
         if len(found) >= MAX_COMMAND_FILES:
             break
     return found[:MAX_COMMAND_FILES]
 
 
-def parse_command(name: str, path: Path, source: str, text: str) -> CustomCommand:
+def parse_command(name: str, path: Path, source: str,
+                  text: str) -> CustomCommand:
     fields, body = front_matter(text)
-    first_line = next((line.strip().lstrip("#").strip() for line in body.splitlines() if line.strip()), "")
-    return CustomCommand(name, path, source, body, fields.get("description") or first_line[:80],
-                         fields.get("argument-hint", ""), fields.get("model", ""), fields.get("allowed-tools", ""))
+    description = fields.get("description") or first_line(body)[:80]
+    return CustomCommand(name, path, source, body, description,
+                         argument_hint=fields.get("argument-hint", ""),
+                         model=fields.get("model", ""),
+                         allowed_tools=fields.get("allowed-tools", ""))
+
+
+def first_line(text: str) -> str:
+    """The first line that is not blank, without a Markdown heading's #."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip().lstrip("#").strip()
+    return ""
 
 
 def front_matter(text: str) -> tuple[dict, str]:
@@ -492,14 +651,20 @@ def front_matter(text: str) -> tuple[dict, str]:
     lines = text.split("\n")
     if lines[0].rstrip() != "---":
         return {}, text
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
+    end = None
+    for index in range(1, len(lines)):
+        if lines[index].rstrip() in ("---", "..."):
+            end = index
+            break
     if end is None:
         return {}, text
     fields = {}
     for line in lines[1:end]:
         key, colon, value = line.partition(":")
-        if colon and not line[:1].isspace() and key.strip() in COMMAND_FIELDS:
-            fields[key.strip()] = yaml_scalar(value.strip())
+        key = key.strip()
+        top_level = colon and not line[:1].isspace()
+        if top_level and key in COMMAND_FIELDS:
+            fields[key] = yaml_scalar(value.strip())
     return fields, "\n".join(lines[end + 1:]).lstrip("\n")
 
 
@@ -524,7 +689,8 @@ def expand_command(command: CustomCommand, arguments: str) -> str:
     import shlex
     try:
         words = shlex.split(arguments)
-    except ValueError:          # an unbalanced quote: plain words
+    except ValueError:
+        # an unbalanced quote: plain words
         words = arguments.split()
 
     def fill(match):
@@ -538,21 +704,27 @@ def expand_command(command: CustomCommand, arguments: str) -> str:
     return PLACEHOLDER.sub(fill, body).strip()
 
 
-def match_command(text: str, commands: dict) -> tuple[CustomCommand | None, str]:
+def match_command(text: str,
+                  commands: dict) -> tuple[CustomCommand | None, str]:
     """("/fixissue 123", commands) → (the command, "123"); (None, "") for anything else."""
-    words = text.strip().split(None, 1)     # the arguments may start on the next line
+    # the arguments may start on the next line
+    words = text.strip().split(None, 1)
     command = commands.get(words[0]) if words else None
     if command is None:
         return None, ""
-    return command, words[1].strip() if len(words) == 2 else ""
+    if len(words) < 2:
+        return command, ""
+    return command, words[1].strip()
 
 
-def expand_headless(prompt: str, settings: dict, home: Path, project_root: Path) -> str:
+def expand_headless(prompt: str, settings: dict, home: Path,
+                    project_root: Path) -> str:
     """`khaelor -p "/fixissue 123"`: the template, filled in, is what is sent. Its `model` applies to
     the run unless --model was given."""
     if not prompt.lstrip().startswith("/"):
         return prompt
-    command, arguments = match_command(prompt, load_commands(home, project_root))
+    commands = load_commands(home, project_root)
+    command, arguments = match_command(prompt, commands)
     if command is None:
         return prompt
     if command.model and settings.get("model_flag") is None:
@@ -562,7 +734,8 @@ def expand_headless(prompt: str, settings: dict, home: Path, project_root: Path)
 
 def describe_command(command: CustomCommand) -> str:
     """One line for /help and the / menu: hint, description, and where it came from."""
-    text = " ".join(part for part in (command.argument_hint, command.description) if part)
+    parts = [command.argument_hint, command.description]
+    text = " ".join(part for part in parts if part)
     return f"{text} ({command.source})".strip()
 
 
@@ -573,42 +746,76 @@ def help_epilog() -> str:
     import context
     import ui
     keys = "\n".join(f"  {key:<30} {what}" for key, what in ui.KEY_HELP)
-    return ("subcommands:\n  khaelor sessions               list this project's sessions\n"
-            "  khaelor permissions [check]    show or test the permission policy\n\n"
-            f"interactive keys:\n{keys}\n\ninstruction files: ~/.claude/CLAUDE.md, the first of "
-            f"{', '.join(context.INSTRUCTION_FILES)} in KHAELOR_HOME (~/.khaelor), the nearest one from the "
-            "working directory up to the project root, then the nearest CLAUDE.local.md; @path imports are followed.\n"
-            "custom commands: *.md in .khaelor/commands, .claude/commands, KHAELOR_HOME/commands and "
-            "~/.claude/commands (khaelor -p \"/name args\" runs one headless).")
+    names = ", ".join(context.INSTRUCTION_FILES)
+    return ("subcommands:\n"
+            "  khaelor sessions               list this project's sessions\n"
+            "  khaelor permissions [check]    show or test the permission policy\n"
+            "\n"
+            f"interactive keys:\n{keys}\n"
+            "\n"
+            "instruction files: ~/.claude/CLAUDE.md, the first of"
+            f" {names} in KHAELOR_HOME (~/.khaelor), the nearest one"
+            " from the working directory up to the project root,"
+            " then the nearest CLAUDE.local.md; @path imports are followed.\n"
+            "custom commands: *.md in .khaelor/commands, .claude/commands,"
+            " KHAELOR_HOME/commands and ~/.claude/commands"
+            ' (khaelor -p "/name args" runs one headless).')
 
 
 def parse_args(argv: list):
     wants_help = any(arg in ("-h", "--help") for arg in argv)
-    parser = argparse.ArgumentParser(prog="khaelor", description="A terminal coding agent for Claude models.",
-                                     epilog=help_epilog() if wants_help else None,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="khaelor",
+        description="A terminal coding agent for Claude models.",
+        epilog=help_epilog() if wants_help else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT",
-                        help="run one task headless and exit ('-' reads the prompt from stdin)")
-    parser.add_argument("--output-format", choices=("text", "json", "stream-json"), default="text")
-    parser.add_argument("--yes", action="store_true", help="approve every ask (the hardline floor still refuses)")
-    parser.add_argument("-c", "--continue", dest="continue_", action="store_true", help="continue the newest session")
-    parser.add_argument("-r", "--resume", metavar="ID", help="resume a session by id (a unique prefix is enough)")
+                        help="run one task headless and exit"
+                             " ('-' reads the prompt from stdin)")
+    parser.add_argument("--output-format", default="text",
+                        choices=("text", "json", "stream-json"))
+    parser.add_argument("--yes", action="store_true",
+                        help="approve every ask"
+                             " (the hardline floor still refuses)")
+    parser.add_argument("-c", "--continue", dest="continue_",
+                        action="store_true",
+                        help="continue the newest session")
+    parser.add_argument("-r", "--resume", metavar="ID",
+                        help="resume a session by id"
+                             " (a unique prefix is enough)")
     parser.add_argument("--model", metavar="ID")
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
-    parser.add_argument("--max-turns", dest="max_turns", type=int, metavar="N")
+    parser.add_argument("--max-turns", dest="max_turns", type=int,
+                        metavar="N")
     # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
-    parser.add_argument("--append-system-prompt", dest="append_system_prompt", metavar="TEXT", default="",
-                        help="add TEXT to the system prompt, as its own tier, for this run")
-    parser.add_argument("--allowedTools", "--allowed-tools", dest="allowed_tools", nargs="+", action="extend",
-                        default=[], metavar="RULE", help="allow these Claude Code rules for this run, e.g. "
-                        "\"Bash(git log:*)\" Read (space- or comma-separated; the hardline floor still refuses)")
-    parser.add_argument("--disallowedTools", "--disallowed-tools", dest="disallowed_tools", nargs="+",
-                        action="extend", default=[], metavar="RULE",
-                        help="deny these Claude Code rules for this run, even under --yes")
-    import permissions      # every run reads its rules anyway
-    parser.add_argument("--permission-mode", dest="permission_mode", choices=permissions.MODES, default="default",
-                        help="plan: only tools that read run; acceptEdits: project files are written without asking")
-    parser.add_argument("--version", action="version", version=f"khaelor {VERSION}")
+    parser.add_argument("--append-system-prompt",
+                        dest="append_system_prompt",
+                        metavar="TEXT", default="",
+                        help="add TEXT to the system prompt,"
+                             " as its own tier, for this run")
+    parser.add_argument("--allowedTools", "--allowed-tools",
+                        dest="allowed_tools",
+                        nargs="+", action="extend", default=[],
+                        metavar="RULE",
+                        help="allow these Claude Code rules for this run,"
+                             ' e.g. "Bash(git log:*)" Read'
+                             " (space- or comma-separated;"
+                             " the hardline floor still refuses)")
+    parser.add_argument("--disallowedTools", "--disallowed-tools",
+                        dest="disallowed_tools",
+                        nargs="+", action="extend", default=[],
+                        metavar="RULE",
+                        help="deny these Claude Code rules for this run,"
+                             " even under --yes")
+    # every run reads its rules anyway
+    import permissions
+    parser.add_argument("--permission-mode", dest="permission_mode",
+                        choices=permissions.MODES, default="default",
+                        help="plan: only tools that read run;"
+                             " acceptEdits: project files are written"
+                             " without asking")
+    parser.add_argument("--version", action="version",
+                        version=f"khaelor {VERSION}")
     return parser.parse_args(argv)
 
 
@@ -617,18 +824,21 @@ def split_tool_rules(values: list[str]) -> list[str]:
     separated by spaces or commas, except inside a rule's parentheses."""
     rules = []
     for value in values:
-        depth, current = 0, ""
+        depth = 0
+        current = ""
         for ch in value:
             if ch == "(":
                 depth += 1
             elif ch == ")" and depth > 0:
                 depth -= 1
             if depth == 0 and (ch == "," or ch.isspace()):
-                rules += [current] if current else []
+                if current:
+                    rules.append(current)
                 current = ""
             else:
                 current += ch
-        rules += [current] if current else []
+        if current:
+            rules.append(current)
     return rules
 
 
@@ -637,17 +847,22 @@ def flag_layers(args, project_root: Path) -> tuple:
     user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks every
     allow, and the hardline floor is beneath them all."""
     import permissions
+    allowed = getattr(args, "allowed_tools", [])
+    disallowed = getattr(args, "disallowed_tools", [])
     layers = []
-    for flag, action, values in (("--allowedTools", "allow", getattr(args, "allowed_tools", [])),
-                                 ("--disallowedTools", "deny", getattr(args, "disallowed_tools", []))):
+    for flag, action, values in (("--allowedTools", "allow", allowed),
+                                 ("--disallowedTools", "deny", disallowed)):
         rules = split_tool_rules(values or [])
         if rules:
-            layer = permissions.Layer(flag, {}, "user", True, claude=True)
-            layers.append(permissions.claude_rules(layer, {action: rules}, os.path.realpath(project_root)))
+            empty = permissions.Layer(flag, {}, "user", True, claude=True)
+            root = os.path.realpath(project_root)
+            layer = permissions.claude_rules(empty, {action: rules}, root)
+            layers.append(layer)
     return tuple(layers)
 
 
-def build_kernel(args, settings, store, bus, home, project_root, ask, client=None):
+def build_kernel(args, settings, store, bus, home, project_root, ask,
+                 client=None):
     """Wire the subsystems for one session (the modules are imported here, off the cold path).
     The toolbox is the session's own (what the model read, its edits, its processes), taken up
     from the log on resume; an interactive run keeps one client across /new and /resume."""
@@ -658,28 +873,50 @@ def build_kernel(args, settings, store, bus, home, project_root, ask, client=Non
 
     def grant(rule: dict) -> None:
         path = grants_path(home, project_root)
-        write_json_atomic(path, permissions.add_grant(read_config(path), rule))
-        kernel_.rules = permissions.load_rules(permission_layers(home, project_root, settings["extra_layers"]))
+        grants = permissions.add_grant(read_config(path), rule)
+        write_json_atomic(path, grants)
+        layers = permission_layers(home, project_root,
+                                   settings["extra_layers"])
+        kernel_.rules = permissions.load_rules(layers)
 
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
     toolbox.resume(store.state)
     mode = getattr(args, "permission_mode", "default")
-    ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home, model=current_model(store, settings),
-                          aux_model=settings["aux_model"], tool_schemas=toolbox.schemas, workspace=toolbox.workspace,
-                          user_home=Path.home(), is_secret=permissions.is_secret_name, plan_mode=mode == "plan",
-                          append_system=getattr(args, "append_system_prompt", ""))
-    client = client or new_client(lambda text: bus.emit("Status", text=text))
-    kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
-                            rules=permissions.load_rules(settings["layers"]), project_root=project_root,
-                            ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"], permission_mode=mode)
+    append_system = getattr(args, "append_system_prompt", "")
+    ctx = context.Context(project_root=project_root,
+                          cwd=Path.cwd(),
+                          home=home,
+                          model=current_model(store, settings),
+                          aux_model=settings["aux_model"],
+                          tool_schemas=toolbox.schemas,
+                          workspace=toolbox.workspace,
+                          user_home=Path.home(),
+                          is_secret=permissions.is_secret_name,
+                          plan_mode=mode == "plan",
+                          append_system=append_system)
+    if not client:
+        client = new_client(lambda text: bus.emit("Status", text=text))
+    kernel_ = kernel.Kernel(bus=bus,
+                            model=client,
+                            toolbox=toolbox,
+                            ctx=ctx,
+                            rules=permissions.load_rules(settings["layers"]),
+                            project_root=project_root,
+                            ask=ask,
+                            grant=grant,
+                            yes=args.yes,
+                            max_turns=settings["max_turns"],
+                            permission_mode=mode)
     return kernel_
 
 
 def new_client(on_status):
     import model
-    return model.ModelClient(api_key=os.environ.get("ANTHROPIC_API_KEY") or None,
-                             auth_token=os.environ.get("ANTHROPIC_AUTH_TOKEN") or None, on_status=on_status,
-                             read_timeout=env_seconds("KHAELOR_READ_TIMEOUT", model.READ_TIMEOUT_S))
+    api_key = os.environ.get("ANTHROPIC_API_KEY") or None
+    auth_token = os.environ.get("ANTHROPIC_AUTH_TOKEN") or None
+    read_timeout = env_seconds("KHAELOR_READ_TIMEOUT", model.READ_TIMEOUT_S)
+    return model.ModelClient(api_key=api_key, auth_token=auth_token,
+                             on_status=on_status, read_timeout=read_timeout)
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -692,7 +929,8 @@ def env_seconds(name: str, default: float) -> float:
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < float("inf"):
-        raise UsageError(f"{name}={value!r} is not a positive number of seconds")
+        raise UsageError(f"{name}={value!r} is not a positive number"
+                         " of seconds")
     return seconds
 
 
@@ -704,11 +942,22 @@ def current_model(store, settings) -> str:
     return settings["model"]
 
 
+def print_durable(event: dict) -> None:
+    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens."""
+    if event["type"] in events.DURABLE:
+        print(json.dumps(event, ensure_ascii=False), flush=True)
+
+
+def print_status(event: dict) -> None:
+    if event["type"] == "Status":
+        print(f"khaelor: {event['text']}", file=sys.stderr)
+
+
 async def run_headless(args, settings, store, home, project_root) -> int:
     bus = events.Bus(store)
     if args.output_format == "stream-json":
-        bus.subscribe(lambda e: e["type"] in events.DURABLE and print(json.dumps(e, ensure_ascii=False), flush=True))
-    bus.subscribe(lambda e: e["type"] == "Status" and print(f"khaelor: {e['text']}", file=sys.stderr))
+        bus.subscribe(print_durable)
+    bus.subscribe(print_status)
     args.streamed = args.output_format == "text" and sys.stdout.isatty()
     if args.streamed:
         bus.subscribe(StreamedAnswer())
@@ -717,21 +966,27 @@ async def run_headless(args, settings, store, home, project_root) -> int:
 
     async def ask(request: dict):
         if request["capability"] == events.LOOP_CAPABILITY:
-            return "deny", ""       # a doom loop stops the run; TaskFailed says why
+            # a doom loop stops the run; TaskFailed says why
+            return "deny", ""
         # Silence is not consent: with nobody to answer, an ask is a denial.
-        print(f"khaelor: denied {request['descriptor']!r} ({request['capability']}); nobody to ask in -p mode. "
-              "Pass --yes (it does not cover what destroys work in the repository), or allow it with "
-              "`khaelor permissions`", file=sys.stderr)
+        denied = f"{request['descriptor']!r} ({request['capability']})"
+        print(f"khaelor: denied {denied}; nobody to ask in -p mode."
+              " Pass --yes (it does not cover what destroys work in the"
+              " repository), or allow it with `khaelor permissions`",
+              file=sys.stderr)
         return "deny", ""
 
-    kernel_ = build_kernel(args, settings, store, bus, home, project_root, ask)
+    kernel_ = build_kernel(args, settings, store, bus, home, project_root,
+                           ask)
     resumed = bool(store.events)
     if not resumed:
-        bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(project_root), model=settings["model"],
+        bus.emit("SessionCreated", cwd=str(Path.cwd()),
+                 project_root=str(project_root), model=settings["model"],
                  aux_model=settings["aux_model"], version=VERSION)
     kernel_.repair()
+    baseline_reason = "resume" if resumed else "session start"
     try:
-        await kernel_.record_baseline("resume" if resumed else "session start")
+        await kernel_.record_baseline(baseline_reason)
         kernel_.submit(args.prompt)
         step = await kernel_.run()
     finally:
@@ -747,7 +1002,8 @@ class StreamedAnswer:
     split across two deltas is held back until it ends, so it is stripped whole."""
 
     def __init__(self):
-        self.pending = ""       # the start of a control sequence the next delta may finish
+        # the start of a control sequence the next delta may finish
+        self.pending = ""
 
     def __call__(self, event: dict) -> None:
         if event["type"] == "TextDelta":
@@ -758,17 +1014,31 @@ class StreamedAnswer:
             self.pending = ""
         elif event["type"] == "ModelRequestFailed" and event.get("retrying"):
             self.pending = ""
-            sys.stdout.write("\n[the reply broke off; it is being written again]\n\n")
+            sys.stdout.write("\n[the reply broke off;"
+                             " it is being written again]\n\n")
 
     def clean(self, text: str) -> str:
-        text, self.pending = self.pending + text, ""
+        text = self.pending + text
+        self.pending = ""
         start = text.rfind("\x1b")
-        if start >= 0 and not TERMINATED_SEQUENCE.match(text, start) and len(text) - start < 4096:
-            text, self.pending = text[:start], text[start:]
+        unfinished = start >= 0 and not TERMINATED_SEQUENCE.match(text, start)
+        # held back for the next delta, unless it is past any real sequence's length
+        if unfinished and len(text) - start < 4096:
+            self.pending = text[start:]
+            text = text[:start]
         return for_terminal(text, sys.stdout)
 
 
-RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns"}   # any other end: error_during_execution
+# any other end: error_during_execution
+RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns"}
+
+
+def summed_usage(usage_by_model: dict) -> dict:
+    """Every model's usage added up, key by key (events.USAGE_KEYS)."""
+    totals = {}
+    for key in events.USAGE_KEYS:
+        totals[key] = sum(usage[key] for usage in usage_by_model.values())
+    return totals
 
 
 def result_object(args, store, step: str, prices: dict) -> dict:
@@ -780,24 +1050,41 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     state = store.state
     failed = step != "done"
     cost = session_cost(session_summary(store), prices)
-    totals = {key: sum(usage[key] for usage in state.usage.values()) for key in events.USAGE_KEYS}
-    usage = {"input_tokens": totals["input_tokens"], "cache_creation_input_tokens": totals["cache_write_tokens"],
-             "cache_read_input_tokens": totals["cache_read_tokens"], "output_tokens": totals["output_tokens"]}
+    totals = summed_usage(state.usage)
+    # in Claude Code's key names
+    usage = {"input_tokens": totals["input_tokens"],
+             "cache_creation_input_tokens": totals["cache_write_tokens"],
+             "cache_read_input_tokens": totals["cache_read_tokens"],
+             "output_tokens": totals["output_tokens"]}
     started = getattr(args, "started", None) or time.monotonic()
-    return {"type": "result", "subtype": RESULT_SUBTYPES.get(step, "error_during_execution"),
-            "is_error": failed, "result": state.answer or "", "session_id": store.session_id,
-            "num_turns": state.responses_in_turn, "duration_ms": round((time.monotonic() - started) * 1000),
-            "total_cost_usd": cost, "usage": usage,
-            "error": state.failure_reason if failed else None, "cost_usd": cost, "usage_by_model": state.usage}
+    elapsed_s = time.monotonic() - started
+    return {
+        # Claude Code's
+        "type": "result",
+        "subtype": RESULT_SUBTYPES.get(step, "error_during_execution"),
+        "is_error": failed,
+        "result": state.answer or "",
+        "session_id": store.session_id,
+        "num_turns": state.responses_in_turn,
+        "duration_ms": round(elapsed_s * 1000),
+        "total_cost_usd": cost,
+        "usage": usage,
+        # KHAELOR's own
+        "error": state.failure_reason if failed else None,
+        "cost_usd": cost,
+        "usage_by_model": state.usage,
+    }
 
 
 def report(args, store, step: str, prices: dict) -> int:
     state = store.state
     failed = step != "done"
     reason = state.failure_reason if failed else None
+    streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
-        print(json.dumps(result_object(args, store, step, prices), ensure_ascii=False), flush=True)
-    elif args.output_format == "text" and state.answer and not getattr(args, "streamed", False):
+        result = result_object(args, store, step, prices)
+        print(json.dumps(result, ensure_ascii=False), flush=True)
+    elif args.output_format == "text" and state.answer and not streamed:
         print(for_terminal(state.answer, sys.stdout))
     if failed:
         print(f"khaelor: {reason}", file=sys.stderr)
@@ -807,19 +1094,24 @@ def report(args, store, step: str, prices: dict) -> int:
 def read_prompt(args) -> str:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
-        raise UsageError("the prompt is empty; pass -p \"what to do\" or pipe it with -p -")
+        raise UsageError('the prompt is empty; pass -p "what to do"'
+                         " or pipe it with -p -")
     return prompt
 
 
 def require_api_key() -> None:
-    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
-        raise UsageError("ANTHROPIC_API_KEY is not set; export it (console.anthropic.com → API keys) and run again")
+    has_key = os.environ.get("ANTHROPIC_API_KEY")
+    has_token = os.environ.get("ANTHROPIC_AUTH_TOKEN")
+    if not (has_key or has_token):
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it"
+                         " (console.anthropic.com → API keys) and run again")
 
 
 # ---------------------------------------------------------------- interactive
 
 # The user's own `!` commands run as the user would run them: the sandbox holds what the model runs.
-USER_SHELL = {"write": True, "network": True, "paths": [], "secrets": True, "hide": [], "unconfined": True}
+USER_SHELL = {"write": True, "network": True, "paths": [], "secrets": True,
+              "hide": [], "unconfined": True}
 
 
 class Session:
@@ -827,19 +1119,38 @@ class Session:
     task, permission questions as futures the panel resolves, and the slash-command table."""
 
     def __init__(self, args, settings, home: Path, project_root: Path):
-        self.args, self.settings, self.home, self.project_root = args, settings, home, project_root
-        self.subscribers, self.turn, self.answers = [], None, {}
-        self.client = new_client(lambda text: self.bus.emit("Status", text=text))
-        self.command_names = sorted(COMMANDS)
-        self.command_descriptions = {name: f"{usage} {text}".strip() for name, (_, usage, text) in COMMANDS.items()}
-        self.custom = load_commands(home, project_root)     # command files, read once at start as Claude Code does
+        self.args = args
+        self.settings = settings
+        self.home = home
+        self.project_root = project_root
+        # the UI's subscribers: they carry over to the next session
+        self.subscribers = []
+        # the running turn's task
+        self.turn = None
+        # tool_use_id -> the future the permission panel resolves
+        self.answers = {}
+        self.client = new_client(self.show_status)
+        # command files, read once at start as Claude Code does
+        self.custom = load_commands(home, project_root)
         self.command_names = sorted([*COMMANDS, *self.custom])
-        self.command_descriptions.update({name: describe_command(c) for name, c in self.custom.items()})
-        self._files, self.closed, self.baseline = None, False, None
-        self.shell = None        # the task of a running `!` command
-        self._files_at = 0.0     # time.monotonic() when _files was listed
-        self._listing = None     # the listing running in a thread, if one is
-        self._mention_prefix = "\0"    # the query of the last @ completion
+        self.command_descriptions = {}
+        for name, (_, usage, text) in COMMANDS.items():
+            self.command_descriptions[name] = f"{usage} {text}".strip()
+        for name, command in self.custom.items():
+            self.command_descriptions[name] = describe_command(command)
+        self.closed = False
+        # the task recording the git baseline, if one runs
+        self.baseline = None
+        # the task of a running `!` command
+        self.shell = None
+        # @ completion: the files as last listed, and when (time.monotonic())
+        self._files = None
+        self._files_at = 0.0
+        # the listing running in a thread, if one is
+        self._listing = None
+        # the query of the last @ completion
+        self._mention_prefix = "\0"
+        # status(): the last one, and the state it was folded from
         self._status_key, self._status = None, {}
 
     def attach(self, store) -> None:
@@ -848,16 +1159,30 @@ class Session:
         goes on at once, so the question is asked again."""
         import asyncio
         resumed = bool(store.events)
-        self.store, self.bus = store, events.Bus(store)
-        self.bus.subscribe(lambda event: [fn(event) for fn in list(self.subscribers)])
-        self.kernel = build_kernel(self.args, self.settings, store, self.bus, self.home, self.project_root,
-                                   self.ask, client=self.client)
+        self.store = store
+        self.bus = events.Bus(store)
+        self.bus.subscribe(self.publish)
+        self.kernel = build_kernel(self.args, self.settings, store, self.bus,
+                                   self.home, self.project_root, self.ask,
+                                   client=self.client)
         self.kernel.repair()
         loop = asyncio.get_running_loop()
-        self.baseline = loop.create_task(self.kernel.record_baseline("resume")) if resumed else None
+        self.baseline = None
+        if resumed:
+            recording = self.kernel.record_baseline("resume")
+            self.baseline = loop.create_task(recording)
         state = store.state
         if state.turn_open and state.pending_tools:
             self.start_turn()
+
+    def show_status(self, text: str) -> None:
+        """The model client's word on a retry or a wait, for the status line."""
+        self.bus.emit("Status", text=text)
+
+    def publish(self, event: dict) -> None:
+        """Every event to the UI's subscribers (a copy of the list: one may unsubscribe)."""
+        for fn in list(self.subscribers):
+            fn(event)
 
     async def detach(self) -> None:
         """Leave the current session (/new, /resume, quit): end its turn, then close its log."""
@@ -867,7 +1192,8 @@ class Session:
             await asyncio.gather(self.turn, return_exceptions=True)
         if self.baseline is not None:
             self.baseline.cancel()
-        await self.toolbox.close()      # its processes end with it, ProcessExited in its own log
+        # its processes end with it, ProcessExited in its own log
+        await self.toolbox.close()
         close_session(self.store)
 
     @property
@@ -879,7 +1205,8 @@ class Session:
     @property
     def busy(self) -> bool:
         """A turn or a `!` command runs: the UI shows a spinner, and Esc stops it."""
-        return self.working or (self.shell is not None and not self.shell.done())
+        shell_runs = self.shell is not None and not self.shell.done()
+        return self.working or shell_runs
 
     @property
     def working(self) -> bool:
@@ -895,15 +1222,22 @@ class Session:
         import asyncio
         if self.store.events:
             return
-        self.bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(self.project_root),
-                      model=self.settings["model"], aux_model=self.settings["aux_model"], version=VERSION)
-        if self.kernel.ctx.model != self.settings["model"]:     # a /model before the first message
+        self.bus.emit("SessionCreated", cwd=str(Path.cwd()),
+                      project_root=str(self.project_root),
+                      model=self.settings["model"],
+                      aux_model=self.settings["aux_model"],
+                      version=VERSION)
+        # a /model before the first message
+        if self.kernel.ctx.model != self.settings["model"]:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
-        self.baseline = asyncio.get_running_loop().create_task(self.kernel.record_baseline("session start"))
+        loop = asyncio.get_running_loop()
+        recording = self.kernel.record_baseline("session start")
+        self.baseline = loop.create_task(recording)
 
     def submit(self, text: str):
         command, arguments = match_command(text, self.custom)
-        if command is not None:     # a command file: its template, filled in, is the message
+        # a command file: its template, filled in, is the message
+        if command is not None:
             text = expand_command(command, arguments)
         self.begin()
         self.kernel.submit(text)
@@ -914,9 +1248,13 @@ class Session:
 
     def model_for_turn(self, name: str) -> None:
         """A command file's `model:` holds for the turn it starts; then the session's model is back."""
-        ctx, previous = self.kernel.ctx, self.kernel.ctx.model
+        ctx = self.kernel.ctx
+        previous = ctx.model
         ctx.model = name
-        self.turn.add_done_callback(lambda _: setattr(ctx, "model", previous))
+
+        def restore(_turn) -> None:
+            ctx.model = previous
+        self.turn.add_done_callback(restore)
 
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
@@ -943,7 +1281,8 @@ class Session:
         finally:
             self.answers.pop(request["tool_use_id"], None)
 
-    def answer_permission(self, tool_use_id: str, choice: str, feedback: str) -> None:
+    def answer_permission(self, tool_use_id: str, choice: str,
+                          feedback: str) -> None:
         future = self.answers.get(tool_use_id)
         if future is not None and not future.done():
             future.set_result((choice, feedback))
@@ -954,26 +1293,33 @@ class Session:
         carries them as user-side context."""
         import asyncio
         if self.working or self.shell is not None:
-            return "khaelor is working; `!` commands run between turns (Esc interrupts the turn)"
+            return ("khaelor is working; `!` commands run between turns"
+                    " (Esc interrupts the turn)")
         self.begin()
         self.shell = asyncio.current_task()
-        streamed = []       # what it printed, kept if it is stopped
+        # what it printed, kept if it is stopped
+        streamed = []
 
         def collect(event: dict) -> None:
-            if event["type"] == "ToolOutput" and event.get("tool_use_id") == events.USER_SHELL_ID:
+            ours = event.get("tool_use_id") == events.USER_SHELL_ID
+            if event["type"] == "ToolOutput" and ours:
                 streamed.append(event["text"])
         unsubscribe = self.bus.subscribe(collect)
         try:
-            result = await self.toolbox.run("bash", {"command": command}, events.USER_SHELL_ID, confine=USER_SHELL)
+            result = await self.toolbox.run("bash", {"command": command},
+                                            events.USER_SHELL_ID,
+                                            confine=USER_SHELL)
         except asyncio.CancelledError:
-            self.bus.emit("UserShellRan", command=command, output="".join(streamed)[-STOPPED_OUTPUT_CHARS:],
+            output = "".join(streamed)[-STOPPED_OUTPUT_CHARS:]
+            self.bus.emit("UserShellRan", command=command, output=output,
                           exit_code=None, stopped=True)
             raise
         finally:
             self.shell = None
             unsubscribe()
         meta = result.meta
-        self.bus.emit("UserShellRan", command=command, output=result.text, exit_code=meta.get("exit_code"),
+        self.bus.emit("UserShellRan", command=command, output=result.text,
+                      exit_code=meta.get("exit_code"),
                       duration_ms=meta.get("duration_ms"), stopped=False)
 
     async def run_command(self, line: str):
@@ -1020,10 +1366,17 @@ class Session:
         self.bus.emit("FilesListed", count=len(self._files))
 
     def list_mentionable(self) -> list:
-        code, out = self.toolbox.workspace.capture(["git", "ls-files", "--cached", "--others", "--exclude-standard"])
-        files = out.splitlines() if code == 0 else walk_files(self.project_root, MAX_MENTION_FILES)
-        files, folders = files[:MAX_MENTION_FILES], set()
-        for path in files:              # each file's folders, up to the first one already seen
+        ls_files = ["git", "ls-files", "--cached", "--others",
+                    "--exclude-standard"]
+        code, out = self.toolbox.workspace.capture(ls_files)
+        if code == 0:
+            files = out.splitlines()
+        else:
+            files = walk_files(self.project_root, MAX_MENTION_FILES)
+        files = files[:MAX_MENTION_FILES]
+        folders = set()
+        # each file's folders, up to the first one already seen
+        for path in files:
             cut = path.rfind("/")
             while cut > 0 and path[:cut + 1] not in folders:
                 folders.add(path[:cut + 1])
@@ -1034,23 +1387,34 @@ class Session:
         """Read on every frame: recomputed only when the log has grown."""
         key = (self.store.path, len(self.store.events), self.kernel.ctx.model)
         if self._status_key != key:
-            self._status_key, self._status = key, self.fold_status()
-        return {**self._status, "processes": len(self.toolbox.running_processes())}
+            self._status = self.fold_status()
+            self._status_key = key
+        processes = self.toolbox.running_processes()
+        return {**self._status, "processes": len(processes)}
 
     def fold_status(self) -> dict:
         import context
         from model import price_of
         state = self.store.state
         totals = state.usage
-        summed = {k: sum(u[k] for u in totals.values()) for k in events.USAGE_KEYS}
-        costs = [price_of(m, u, self.settings["prices"]) for m, u in totals.items()]
+        summed = summed_usage(totals)
+        prices = self.settings["prices"]
+        costs = [price_of(m, u, prices) for m, u in totals.items()]
         last = state.last_usage
-        prompt = summed["input_tokens"] + summed["cache_read_tokens"] + summed["cache_write_tokens"]
+        prompt = (summed["input_tokens"] + summed["cache_read_tokens"]
+                  + summed["cache_write_tokens"])
         window = context.window_of(self.kernel.ctx.model)
-        return {"model": self.kernel.ctx.model, "tokens": sum(summed.values()),
-                "cost": None if None in costs else sum(costs),
-                "context_pct": None if last is None else 100 * (sum(last.values())) / window,
-                "cache_share": summed["cache_read_tokens"] / prompt if prompt else None,
+        context_pct = None
+        if last is not None:
+            context_pct = 100 * (sum(last.values())) / window
+        cache_share = None
+        if prompt:
+            cache_share = summed["cache_read_tokens"] / prompt
+        return {"model": self.kernel.ctx.model,
+                "tokens": sum(summed.values()),
+                "cost": total_cost(costs),
+                "context_pct": context_pct,
+                "cache_share": cache_share,
                 "branch": state.branch}
 
     async def quit(self) -> None:
@@ -1065,24 +1429,39 @@ class Session:
     async def cmd_help(self, _):
         import context
         import ui
-        commands = [f"- `{name}{(' ' + usage) if usage else ''}` {text}" for name, (_, usage, text) in sorted(COMMANDS.items())]
+        commands = []
+        for name, (_, usage, text) in sorted(COMMANDS.items()):
+            shown = f"{name} {usage}" if usage else name
+            commands.append(f"- `{shown}` {text}")
         keys = [f"- `{key}` {what}" for key, what in ui.KEY_HELP]
-        read = self.kernel.ctx.instructions
-        files = "\n".join(f"- `{item.path}`" + (f" (imported by `{item.imported_by}`)" if item.imported_by else "")
-                          for item in read) or f"- none found ({', '.join(context.INSTRUCTION_FILES)} are looked for)"
-        return "**Commands**\n\n" + "\n".join(commands) + "\n\n**Keys**\n\n" + "\n".join(keys) \
-            + "\n\n" + self.custom_help() + "\n\n**Instruction files read**\n\n" + files
+        files = []
+        for item in self.kernel.ctx.instructions:
+            files.append(f"- `{item.path}`{import_note(item)}")
+        if not files:
+            looked_for = ", ".join(context.INSTRUCTION_FILES)
+            files.append(f"- none found ({looked_for} are looked for)")
+        sections = ["**Commands**", "\n".join(commands),
+                    "**Keys**", "\n".join(keys),
+                    self.custom_help(),
+                    "**Instruction files read**", "\n".join(files)]
+        return "\n\n".join(sections)
 
     def custom_help(self) -> str:
         """/help's section on command files: each with its description and source."""
         if not self.custom:
-            return ("**Custom commands**\n\nnone: a Markdown file in .khaelor/commands/, .claude/commands/, "
-                    "$KHAELOR_HOME/commands/ or ~/.claude/commands/ becomes a /name command")
-        lines = ["**Custom commands** (prompt templates: a command file grants no permission, so "
-                 "`allowed-tools` in its front matter is shown but ignored)", ""]
+            return ("**Custom commands**\n\n"
+                    "none: a Markdown file in .khaelor/commands/,"
+                    " .claude/commands/, $KHAELOR_HOME/commands/"
+                    " or ~/.claude/commands/ becomes a /name command")
+        lines = ["**Custom commands** (prompt templates: a command file"
+                 " grants no permission, so `allowed-tools` in its front"
+                 " matter is shown but ignored)", ""]
         for name, command in sorted(self.custom.items()):
-            hint = f" {command.argument_hint}" if command.argument_hint else ""
-            line = f"- `{name}{hint}` {command.description} · {command.source}"
+            hint = ""
+            if command.argument_hint:
+                hint = f" {command.argument_hint}"
+            line = f"- `{name}{hint}` {command.description}"
+            line += f" · {command.source}"
             if command.model:
                 line += f" · model {command.model}"
             if command.allowed_tools:
@@ -1092,23 +1471,28 @@ class Session:
 
     async def cmd_new(self, _):
         await self.detach()
-        self.attach(events.SessionStore.create(events.sessions_dir(self.home, self.project_root)))
+        directory = events.sessions_dir(self.home, self.project_root)
+        self.attach(events.SessionStore.create(directory))
         return f"new session {self.store.session_id}"
 
     async def cmd_sessions(self, _):
         import asyncio
         # Off the loop: a first listing may rebuild many caches from their logs.
-        rows = (await asyncio.to_thread(list_sessions, self.home, self.project_root))[:20]
+        rows = await asyncio.to_thread(list_sessions, self.home,
+                                       self.project_root)
         if not rows:
             return "no sessions"
         lines = []
-        for row in rows:
+        for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
             dollars = session_cost(row, self.settings["prices"])
             cost = "cost ?" if dollars is None else f"${dollars:.4f}"
-            lines.append(f"- `{row['id']}`{here} {row['title'] or '(untitled)'} · {age(row['updated'])}"
+            title = row["title"] or "(untitled)"
+            updated = age(row["updated"])
+            lines.append(f"- `{row['id']}`{here} {title} · {updated}"
                          f" · {row['tokens']} tokens · {cost}")
-        return "\n".join(lines) + "\n\n`/resume ID` continues one (a unique prefix of the id is enough)."
+        return ("\n".join(lines) + "\n\n`/resume ID` continues one"
+                " (a unique prefix of the id is enough).")
 
     async def cmd_resume(self, prefix):
         if not prefix:
@@ -1122,8 +1506,9 @@ class Session:
             return str(e)
         await self.detach()
         self.attach(store)
-        return f"resumed `{store.session_id}`: {store.state.title or '(untitled)'}" \
-            + recap(store.state.turns)
+        title = store.state.title or "(untitled)"
+        resumed = f"resumed `{store.session_id}`: {title}"
+        return resumed + recap(store.state.turns)
 
     async def cmd_rename(self, title):
         if not title:
@@ -1137,9 +1522,15 @@ class Session:
         lines = []
         for name, usage in self.store.state.usage.items():
             cost = price_of(name, usage, self.settings["prices"])
-            lines.append(f"- {name}: input {usage['input_tokens']}, output {usage['output_tokens']}, cache read "
-                         f"{usage['cache_read_tokens']}, cache write {usage['cache_write_tokens']} · "
-                         + ("cost unknown (no price for this model)" if cost is None else f"${cost:.4f}"))
+            if cost is None:
+                price = "cost unknown (no price for this model)"
+            else:
+                price = f"${cost:.4f}"
+            lines.append(f"- {name}: input {usage['input_tokens']},"
+                         f" output {usage['output_tokens']},"
+                         f" cache read {usage['cache_read_tokens']},"
+                         f" cache write {usage['cache_write_tokens']}"
+                         f" · {price}")
         return "\n".join(lines) or "no model calls yet"
 
     async def cmd_context(self, _):
@@ -1157,35 +1548,43 @@ class Session:
         ctx = self.kernel.ctx
         lines = ["**Instruction files**", ""]
         for item in ctx.instructions:
-            via = f" (imported by `{item.imported_by}`)" if item.imported_by else ""
-            lines.append(f"- `{item.path}`{via}: ~{events.estimate_tokens(item.text)} tokens")
+            via = import_note(item)
+            tokens = events.estimate_tokens(item.text)
+            lines.append(f"- `{item.path}`{via}: ~{tokens} tokens")
         if not ctx.instructions:
             lines.append("- none")
         lines += [f"- {note}" for note in ctx.instruction_notes]
         return "\n".join(lines)
 
     async def cmd_compact(self, focus):
-        if self.busy:       # a cut mid-turn could fall between a tool call and its result
-            return "khaelor is working; /compact once the turn ends (or press Esc first)"
+        # a cut mid-turn could fall between a tool call and its result
+        if self.busy:
+            return ("khaelor is working; /compact once the turn ends"
+                    " (or press Esc first)")
         cut_before = self.store.state.cut_seq
         try:
             await self.kernel.keep_in_budget("compact", focus)
         finally:
-            self.bus.emit("Status", text="")      # the "compacting…" status ends with the command
+            # the "compacting…" status ends with the command
+            self.bus.emit("Status", text="")
         if self.store.state.cut_seq != cut_before:
             return "compacted: the earlier turns are now a summary"
-        return "nothing to compact yet: the conversation is too short to summarise"
+        return ("nothing to compact yet: the conversation is too short"
+                " to summarise")
 
     async def cmd_model(self, name):
         from model import PRICES
         known = sorted({*PRICES, *self.settings["prices"]})
+        names = ", ".join(f"`{model}`" for model in known)
         if not name:
-            return f"model: {self.kernel.ctx.model}\n\nknown: " + ", ".join(f"`{m}`" for m in known)
-        if not any(name == m or name.startswith(m + "-") for m in known):   # dated ids: claude-x-20250929
-            return f"unknown model `{name}`; known models: " + ", ".join(f"`{m}`" for m in known) \
-                + " (a model with a price in config.json `prices` is known too)"
+            return f"model: {self.kernel.ctx.model}\n\nknown: {names}"
+        if not is_known_model(name, known):
+            return (f"unknown model `{name}`; known models: {names}"
+                    " (a model with a price in config.json `prices`"
+                    " is known too)")
         self.kernel.ctx.model = name
-        if self.store.events:       # a session not begun yet records the choice in begin()
+        # a session not begun yet records the choice in begin()
+        if self.store.events:
             self.bus.emit("ModelChanged", model=name)
         return f"model set to {name}"
 
@@ -1194,13 +1593,16 @@ class Session:
 
         import context
         # git status, read-only, off the loop
-        now = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
-        return diff_report(self.store.state, [d["path"] for d in now.get("dirty") or []])
+        workspace = self.toolbox.workspace
+        now = await asyncio.to_thread(context.git_baseline, workspace)
+        dirty = [entry["path"] for entry in now.get("dirty") or []]
+        return diff_report(self.store.state, dirty)
 
     async def cmd_undo(self, _):
         """khaelor's newest edit not undone yet goes back, byte for byte (the toolbox's history)."""
         if self.working:
-            return "khaelor is working; wait for the turn to end (or press Esc) before /undo"
+            return ("khaelor is working; wait for the turn to end"
+                    " (or press Esc) before /undo")
         edited = self.store.state.undo_stack
         if not edited:
             return "nothing to undo"
@@ -1209,23 +1611,47 @@ class Session:
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
         if action == "stop" and target:
-            return (await self.toolbox.run("process", {"action": "stop", "id": target}, "user-processes")).text
-        running = self.toolbox.running_processes()
-        return "\n".join(f"- `{p['process_id']}` pid {p['pid']} · {p['command']} · {int(p['runtime_s'])}s"
-                         for p in running) or "no running processes"
+            stop = {"action": "stop", "id": target}
+            result = await self.toolbox.run("process", stop, "user-processes")
+            return result.text
+        lines = []
+        for process in self.toolbox.running_processes():
+            runtime_s = int(process["runtime_s"])
+            lines.append(f"- `{process['process_id']}` pid {process['pid']}"
+                         f" · {process['command']} · {runtime_s}s")
+        return "\n".join(lines) or "no running processes"
 
     async def cmd_quit(self, _):
         import ui
         return ui.QUIT
 
 
+def import_note(item) -> str:
+    """What follows an instruction file's path when another one imported it."""
+    if not item.imported_by:
+        return ""
+    return f" (imported by `{item.imported_by}`)"
+
+
+def is_known_model(name: str, known: list) -> bool:
+    """A model with a price, or a dated id of one: claude-x-20250929."""
+    for model in known:
+        if name == model or name.startswith(model + "-"):
+            return True
+    return False
+
+
 DIFF_SECTIONS = (
-    ("preexisting", "Already changed when the session started (yours, left as they were)"),
-    ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)"),
+    ("preexisting",
+     "Already changed when the session started (yours, left as they were)"),
+    ("outside",
+     "Changed during the session outside khaelor's edit tools"
+     " (by you or by commands)"),
 )
 
 
-def diff_report(state, dirty_now: list | None = None, max_chars: int = 60_000) -> str:
+def diff_report(state, dirty_now: list | None = None,
+                max_chars: int = 60_000) -> str:
     """/diff as markdown: khaelor's edits of this session file by file (from the log, so it
     survives resume), then the changes that were not khaelor's."""
     import context
@@ -1233,13 +1659,20 @@ def diff_report(state, dirty_now: list | None = None, max_chars: int = 60_000) -
     edits = state.edits
     lines = ["khaelor has not changed any file in this session."]
     if edits:
-        lines = [f"**khaelor changed {plural(len(edits), 'file')} in this session**"]
+        files = plural(len(edits), "file")
+        lines = [f"**khaelor changed {files} in this session**"]
     for path, changes in edits.items():
-        lines.append(edit_summary(path, changes, path in who["dirty_before_edit"]))
+        was_dirty = path in who["dirty_before_edit"]
+        lines.append(edit_summary(path, changes, was_dirty))
     if edits:
-        body = "".join(c.get("diff", "") for changes in edits.values() for c in changes)
+        diffs = []
+        for changes in edits.values():
+            diffs += [change.get("diff", "") for change in changes]
+        body = "".join(diffs)
         if len(body) > max_chars:
-            body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
+            more = len(body) - max_chars
+            cut = f"\n[… {more} more characters of diff …]\n"
+            body = body[:max_chars] + cut
         lines += ["", "```diff", body.rstrip("\n"), "```"]
     for key, title in DIFF_SECTIONS:
         paths = who[key]
@@ -1257,9 +1690,11 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
     added = sum(c.get("added", 0) for c in changes)
     removed = sum(c.get("removed", 0) for c in changes)
     created = " (created)" if changes[0].get("created") else ""
-    line = f"- `{path}`{created} +{added} −{removed} in {plural(len(changes), 'edit')}"
+    edits = plural(len(changes), "edit")
+    line = f"- `{path}`{created} +{added} −{removed} in {edits}"
     if was_dirty:
-        line += " · it had uncommitted changes before khaelor's first edit: only khaelor's edits are shown"
+        line += (" · it had uncommitted changes before khaelor's first edit:"
+                 " only khaelor's edits are shown")
     return line
 
 
@@ -1274,26 +1709,38 @@ def recap(turns: list, n_turns: int = 3) -> str:
     for asked, answered in turns[-n_turns:]:
         lines.append("\n> **you:** " + " ".join(asked.split())[:300])
         if answered:
-            lines.append("> **khaelor:** " + " ".join(answered.split())[:500])
-    return "\n" + "\n".join(lines) if lines else ""
+            said = " ".join(answered.split())[:500]
+            lines.append("> **khaelor:** " + said)
+    if not lines:
+        return ""
+    return "\n" + "\n".join(lines)
 
 
-STOPPED_OUTPUT_CHARS = 20_000  # of a `!` command stopped with Esc, the output kept (its end)
-MENTION_REFRESH_S = 1.0      # a new @ mention lists the files again when the list is older than this
-MAX_MENTION_FILES = 50_000   # files offered for @ completion, at most
-SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})   # and every dot-folder
+# of a `!` command stopped with Esc, the output kept (its end)
+STOPPED_OUTPUT_CHARS = 20_000
+# a new @ mention lists the files again when the list is older than this
+MENTION_REFRESH_S = 1.0
+# files offered for @ completion, at most
+MAX_MENTION_FILES = 50_000
+# and every dot-folder
+SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})
 
 
 def walk_files(root: Path, limit: int) -> list:
     """Project files outside git (relative paths, sorted by folder), skipping dot-folders and junk."""
     found = []
     for folder, subfolders, names in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in SKIPPED_FOLDERS)
+        subfolders[:] = sorted(d for d in subfolders if not is_skipped(d))
         base = os.path.relpath(folder, root)
-        found += [name if base == "." else f"{base}/{name}" for name in sorted(names)]
+        prefix = "" if base == "." else f"{base}/"
+        found += [prefix + name for name in sorted(names)]
         if len(found) >= limit:
             break
     return found[:limit]
+
+
+def is_skipped(folder: str) -> bool:
+    return folder.startswith(".") or folder in SKIPPED_FOLDERS
 
 
 COMMANDS = {   # name: (handler, usage, what it does)
@@ -1316,53 +1763,79 @@ COMMANDS = {   # name: (handler, usage, what it does)
 
 def run_interactive(args, home: Path, project_root: Path) -> int:
     if not sys.stdin.isatty() or not sys.stdout.isatty():
-        raise UsageError("the interactive UI needs a terminal; use -p PROMPT for scripts and pipes")
+        raise UsageError("the interactive UI needs a terminal;"
+                         " use -p PROMPT for scripts and pipes")
     require_api_key()
     settings = load_settings(args, home, project_root)
-    store = open_session(args, home, project_root) if (args.resume or args.continue_) else \
-        events.SessionStore.create(events.sessions_dir(home, project_root))
+    if args.resume or args.continue_:
+        store = open_session(args, home, project_root)
+    else:
+        directory = events.sessions_dir(home, project_root)
+        store = events.SessionStore.create(directory)
     import asyncio
-    return asyncio.run(interactive_main(args, settings, store, home, project_root))
+    app = interactive_main(args, settings, store, home, project_root)
+    return asyncio.run(app)
 
 
-async def interactive_main(args, settings, store, home: Path, project_root: Path) -> int:
+async def interactive_main(args, settings, store, home: Path,
+                           project_root: Path) -> int:
     import asyncio
 
     import model
     import ui
     session = Session(args, settings, home, project_root)
     session.attach(store)
-    earlier = list(store.events)      # after attach: what repair() recorded (a reply cut off by a crash) shows too
-    notices = [f"warning: {warning}" for warning in store.warnings] + start_notices(settings)
+    # after attach: what repair() recorded (a reply cut off by a crash) shows too
+    earlier = list(store.events)
+    notices = [f"warning: {warning}" for warning in store.warnings]
+    notices += start_notices(settings)
     # The SDK import (~2 s) starts just after the first paint, so typing never waits for it.
     asyncio.get_running_loop().call_later(0.05, model.preload)
+    asyncio.get_running_loop().call_later(0.1, prune_in_background, home)
     # Stray writes to stderr (library warnings) would tear the live region: they go to a file.
     saved_stderr = os.dup(2)
     with open(home / "stderr.log", "ab") as log:
         os.dup2(log.fileno(), 2)
     try:
-        history = events.private_file(home / "history")     # what the user typed: 0600, like the logs
-        return await ui.run_app(session, history_path=history, replay=earlier, notices=notices)
+        # what the user typed: 0600, like the logs
+        history = events.private_file(home / "history")
+        return await ui.run_app(session, history_path=history,
+                                replay=earlier, notices=notices)
     finally:
         await session.quit()
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
 
 
+def prune_in_background(home: Path) -> None:
+    """File versions kept for /undo and unused for 30 days go, in a thread: start-up never
+    waits for it. A daemon: quitting mid-prune leaves only files that a later prune removes."""
+    import threading
+
+    import tools
+    threading.Thread(target=tools.prune_versions, args=(home,),
+                     name="khaelor-prune", daemon=True).start()
+
+
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--version"]:     # the cheapest path there is: no argparse, no signals
+    # the cheapest path there is: no argparse, no signals
+    if argv == ["--version"]:
         print(f"khaelor {VERSION}")
         return EXIT_OK
     _exit_on_sigterm()
-    home, project_root = events.khaelor_home(), find_project_root(Path.cwd())
+    home = events.khaelor_home()
+    project_root = find_project_root(Path.cwd())
     try:
         if argv[:1] == ["sessions"]:
-            argparse.ArgumentParser(prog="khaelor sessions", description="List this project's sessions, "
-                                    "newest first (`khaelor -r ID` resumes one; a unique prefix is enough).",
-                                    ).parse_args(argv[1:])
+            parser = argparse.ArgumentParser(
+                prog="khaelor sessions",
+                description="List this project's sessions, newest first"
+                            " (`khaelor -r ID` resumes one;"
+                            " a unique prefix is enough).")
+            parser.parse_args(argv[1:])
             return cmd_sessions(home, project_root)
         if argv[:1] == ["permissions"]:
             return cmd_permissions(argv[1:], home, project_root)
@@ -1373,21 +1846,32 @@ def main(argv: list | None = None) -> int:
             import time
 
             import model
-            args.started = time.monotonic()     # duration_ms of the result counts from here
-            require_api_key()     # these two are quick; an exit during the import must wait for it
+            # duration_ms of the result counts from here
+            args.started = time.monotonic()
+            # these two are quick; an exit during the import must wait for it
+            require_api_key()
             settings = load_settings(args, home, project_root)
-            model.preload()   # the SDK import (~2 s) overlaps with the rest of start-up
-            args.prompt = expand_headless(read_prompt(args), settings, home, project_root)
+            # the SDK import (~2 s) overlaps with the rest of start-up
+            model.preload()
+            prune_in_background(home)
+            prompt = read_prompt(args)
+            args.prompt = expand_headless(prompt, settings, home,
+                                          project_root)
             store = open_session(args, home, project_root)
             for warning in store.warnings:
                 print(f"khaelor: warning: {warning}", file=sys.stderr)
             import asyncio
-            return asyncio.run(run_headless(args, settings, store, home, project_root))
+            headless = run_headless(args, settings, store, home,
+                                    project_root)
+            return asyncio.run(headless)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:     # `khaelor sessions | head -1`: the reader has gone; end quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing left to flush at exit
+    except BrokenPipeError:
+        # `khaelor sessions | head -1`: the reader has gone; end quietly,
+        # with nothing left to flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
     except UsageError as e:
         print(f"khaelor: {e}", file=sys.stderr)
@@ -1395,7 +1879,8 @@ def main(argv: list | None = None) -> int:
     except KhaelorError as e:
         print(f"khaelor: {e}", file=sys.stderr)
         return EXIT_FAILED
-    except Exception as e:  # the one catch-all: one line for the user, the traceback in a file
+    # the one catch-all: one line for the user, the traceback in a file
+    except Exception as e:
         return report_crash(e, home)
 
 
@@ -1408,8 +1893,10 @@ def report_crash(error: Exception, home: Path) -> int:
             f.write("".join(traceback.format_exception(error)) + "\n")
     except OSError:
         path = None
-    print(f"khaelor: internal error: {type(error).__name__}: {error}"
-          + (f" (details in {path})" if path else ""), file=sys.stderr)
+    details = f" (details in {path})" if path else ""
+    kind = type(error).__name__
+    print(f"khaelor: internal error: {kind}: {error}{details}",
+          file=sys.stderr)
     return EXIT_FAILED
 
 
