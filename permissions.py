@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-# ---------------------------------------------------------------- policy tables
+# --------------------------------------------------------------- policy tables
 
 CAPABILITIES = (
     "file.read", "file.write.project", "filesystem.outsideProject",
@@ -627,7 +627,7 @@ class _ParseError(ValueError):
     without asking."""
 
 
-# ---------------------------------------------------------------- data types
+# ------------------------------------------------------------------ data types
 
 @dataclass(frozen=True)
 class Rule:
@@ -740,11 +740,12 @@ class _Part(NamedTuple):
     cwds: tuple[str, ...] = ()
 
 
-# ---------------------------------------------------------------- public API
+# ------------------------------------------------------------------ public API
 
 def default_rules() -> list[Rule]:
-    """Reads allowed (secrets ask), everything else asks; provably read-only commands are
-    allowed by the evaluator, not by a rule, so no pattern can be stretched to cover more."""
+    """Reads allowed (secrets ask), everything else asks; provably read-only
+    commands are allowed by the evaluator, not by a rule, so no pattern can be
+    stretched to cover more."""
     table = [
         ("file.read", "*", "allow"),
         *(("file.read", p, "ask") for p in _secret_patterns()),
@@ -759,8 +760,9 @@ def default_rules() -> list[Rule]:
 
 
 def validate_config_rules(obj) -> str | None:
-    """None when obj (a parsed config dict, or its "permissions" list) is well-formed;
-    otherwise one message naming the bad entry and showing what a good one looks like."""
+    """None when obj (a parsed config dict, or its "permissions" list) is
+    well-formed; otherwise one message naming the bad entry and showing what a
+    good one looks like."""
     if isinstance(obj, dict):
         obj = obj.get("permissions", [])
     elif obj is None:
@@ -779,12 +781,13 @@ def validate_config_rules(obj) -> str | None:
 
 
 def load_rules(layers) -> list[Rule]:
-    """Defaults, then each layer in order: pass the user's before the project's, so project
-    rules come later and win. A layer is a Layer, or a (source, config) pair of the user's.
-    An untrusted project layer contributes only its ask and deny rules: it can tighten, never
-    grant. Claude Code's rules keep its precedence: their allows and asks come first (so any
-    KHAELOR rule or saved answer refines them) and their denies last, so no allow undoes one.
-    Raises PermissionConfigError."""
+    """Defaults, then each layer in order: pass the user's before the
+    project's, so project rules come later and win. A layer is a Layer, or a
+    (source, config) pair of the user's. An untrusted project layer contributes
+    only its ask and deny rules: it can tighten, never grant. Claude Code's
+    rules keep its precedence: their allows and asks come first (so any KHAELOR
+    rule or saved answer refines them) and their denies last, so no allow
+    undoes one. Raises PermissionConfigError."""
     claude = {"allow": [], "ask": [], "deny": []}
     ours = []
     for layer in map(_as_layer, layers):
@@ -811,7 +814,8 @@ def load_rules(layers) -> list[Rule]:
 
 
 def untrusted_grants(layers) -> list[Rule]:
-    """The allow rules of untrusted project layers: what `khaelor trust` would grant."""
+    """The allow rules of untrusted project layers: what `khaelor trust` would
+    grant."""
     found = []
     for layer in map(_as_layer, layers):
         if layer.trusted:
@@ -828,9 +832,10 @@ def untrusted_grants(layers) -> list[Rule]:
 
 def claude_layer(source: str, text: str, project_root: Path,
                  kind: str = "user", trusted: bool = True) -> Layer:
-    """A Claude Code settings file (settings.json, settings.local.json) read as it is: its
-    permissions.allow / ask / deny lists in Claude Code's rule syntax, mapped onto capabilities.
-    Nothing in it stops khaelor: bad JSON or a rule that maps onto nothing is listed as ignored."""
+    """A Claude Code settings file (settings.json, settings.local.json) read as
+    it is: its permissions.allow / ask / deny lists in Claude Code's rule
+    syntax, mapped onto capabilities. Nothing in it stops khaelor: bad JSON or
+    a rule that maps onto nothing is listed as ignored."""
     layer = Layer(source, {}, kind, trusted, claude=True, text=text)
     try:
         settings = json.loads(text) if text.strip() else {}
@@ -847,7 +852,8 @@ def claude_layer(source: str, text: str, project_root: Path,
 
 
 def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
-    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]} mapped in."""
+    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]}
+    mapped in."""
     rules, ignored = [], []
     for action in ACTIONS:
         entries = block.get(action, [])
@@ -869,7 +875,8 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
 
 
 def content_hash(data: bytes) -> str:
-    """What a trust record holds for a file: any change to the bytes withdraws the trust."""
+    """What a trust record holds for a file: any change to the bytes withdraws
+    the trust."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -880,10 +887,13 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
            rules: list[Rule], *, sandboxed: bool = True,
            process_command: str | None = None,
            mode: str = "default") -> Decision:
-    """The floor first, then every capability the call needs; the strictest answer wins.
-    sandboxed: whether commands run under the OS sandbox; without it only provably read-only
-    commands run without asking. process_command: for `process write`, the command the process runs.
-    mode: "plan" runs only what reads; "acceptEdits" writes project files without asking."""
+    """The floor first, then every capability the call needs; the strictest
+    answer wins.
+    sandboxed: whether commands run under the OS sandbox; without it only
+    provably read-only commands run without asking.
+    process_command: for `process write`, the command the process runs.
+    mode: "plan" runs only what reads; "acceptEdits" writes project files
+    without asking."""
     decision = _decide(tool_name, tool_input, project_root, rules,
                        sandboxed, process_command)
     if mode == "plan" and _plan_refuses(tool_name, tool_input, decision):
@@ -899,7 +909,7 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
 
 def _plan_refuses(tool_name: str, tool_input: dict,
                   decision: Decision) -> bool:
-    """Plan mode denies what does not read (a floor or a deny stands as it is)."""
+    """Plan mode denies what does not read; a floor or a deny stands."""
     if decision.floor or decision.action == "deny":
         return False
     return not _reads(tool_name, tool_input, decision)
@@ -969,7 +979,8 @@ def _decide(tool_name: str, tool_input: dict, project_root: Path,
 
 def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
           sandboxed: bool = True) -> dict:
-    """What would happen, without doing anything: `khaelor permissions check --json`."""
+    """What would happen, without doing anything:
+    `khaelor permissions check --json`."""
     calls = {
         "bash": ("bash", {"command": value}),
         "read": ("read", {"file_path": value}),
@@ -1005,7 +1016,8 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
-    """One line per rule in evaluation order (the last matching line wins), with its source."""
+    """One line per rule in evaluation order (the last matching line wins),
+    with its source."""
     width = max((len(r.capability) for r in rules), default=0)
     lines = []
     for n, rule in enumerate(rules, 1):
@@ -1019,8 +1031,9 @@ def rule_text(rule: Rule) -> str:
 
 
 def add_grant(config: dict, rule: dict) -> dict:
-    """A copy of config whose last permission is rule ({capability, pattern, action="allow"}),
-    so it wins; an identical earlier entry is moved there, never duplicated."""
+    """A copy of config whose last permission is rule ({capability, pattern,
+    action="allow"}), so it wins; an identical earlier entry is moved there,
+    never duplicated."""
     entry = {
         "capability": rule.get("capability"),
         "pattern": rule.get("pattern"),
@@ -1035,7 +1048,8 @@ def add_grant(config: dict, rule: dict) -> dict:
 
 
 def is_secret_name(name: str) -> bool:
-    """A file name (or project path) that holds credentials; templates like .env.example do not."""
+    """A file name (or project path) that holds credentials; templates like
+    .env.example do not."""
     # .ENV is .env on a case-insensitive file system
     base = posixpath.basename(name).lower()
     if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
@@ -1044,18 +1058,20 @@ def is_secret_name(name: str) -> bool:
 
 
 def secret_home_paths(home: str | None = None) -> list[str]:
-    """The secret locations under $HOME that nothing reads without an explicit grant."""
+    """The secret locations under $HOME that nothing reads without an explicit
+    grant."""
     home = home or os.path.expanduser("~")
     return [posixpath.join(home, d) for d in SECRET_HOME_DIRS]
 
 
 def khaelor_home() -> str:
-    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into it."""
+    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into
+    it."""
     home = os.environ.get("KHAELOR_HOME") or os.path.expanduser("~/.khaelor")
     return os.path.realpath(home)
 
 
-# ---------------------------------------------------------------- config entries and layers
+# --------------------------------------------------- config entries and layers
 
 def _entry_problem(entry, example: str) -> str | None:
     if not isinstance(entry, dict):
@@ -1076,7 +1092,8 @@ def _entry_problem(entry, example: str) -> str | None:
     capability = entry["capability"]
     if not any(fnmatch.fnmatchcase(c, capability) for c in CAPABILITIES):
         known = ", ".join(CAPABILITIES)
-        return f'.capability "{capability}" names no capability; known: {known}'
+        return (f'.capability "{capability}" names no capability; '
+                f"known: {known}")
     return None
 
 
@@ -1100,8 +1117,8 @@ _CLAUDE_ABSENT = {
 
 def _claude_rule(entry, action: str, where: str, kind: str,
                  root: str) -> tuple[list[Rule], str | None]:
-    """One Claude Code rule ("Bash(npm run test:*)", "Read(./.env)", "Edit(src/**)") as rules here,
-    or why it maps onto nothing."""
+    """One Claude Code rule ("Bash(npm run test:*)", "Read(./.env)",
+    "Edit(src/**)") as rules here, or why it maps onto nothing."""
     if not isinstance(entry, str):
         return [], "a rule must be a string like \"Bash(npm test)\""
     match = re.fullmatch(r"\s*([A-Za-z_][\w-]*)\s*(?:\((.*)\))?\s*",
@@ -1130,7 +1147,8 @@ def _claude_rule(entry, action: str, where: str, kind: str,
 
 
 def _claude_command(spec: str) -> str:
-    """Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is."""
+    """Bash(npm run test:*) is a prefix; any other specifier is a wildcard
+    pattern as it is."""
     if spec in ("", "*"):
         return "*"
     if spec.endswith(":*"):
@@ -1140,8 +1158,8 @@ def _claude_command(spec: str) -> str:
 
 def _claude_path(spec: str, capability: str, scope: str, action: str,
                  where: str, kind: str, root: str) -> list[Rule]:
-    """gitignore-style paths: //abs is absolute, ~/ the home, /p and ./p from the project root,
-    a bare name (no slash) at any depth."""
+    """gitignore-style paths: //abs is absolute, ~/ the home, /p and ./p from
+    the project root, a bare name (no slash) at any depth."""
     if spec.endswith("/"):
         spec += "**"
     outside = None
@@ -1185,7 +1203,8 @@ def _as_layer(layer) -> Layer:
 
 
 def _secret_patterns() -> list[str]:
-    """SECRET_NAMES as rule patterns over project paths: at the root and in any directory."""
+    """SECRET_NAMES as rule patterns over project paths: at the root and in any
+    directory."""
     patterns = []
     for name in SECRET_NAMES:
         patterns += [name, "*/" + name]
@@ -1199,7 +1218,7 @@ def _template_patterns() -> list[str]:
     return patterns
 
 
-# ---------------------------------------------------------------- evaluation
+# ------------------------------------------------------------------ evaluation
 
 def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
            floor: str | None = None, at_least: str = "allow",
@@ -1241,10 +1260,11 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
 
 
 def _verdict(request: _Request, rules: list[Rule]) -> tuple:
-    """(action, rule, request, layer) for one request. A provably read-only command is allowed
-    unless a rule the user or the project wrote says otherwise. Deny and ask rules also match the
-    command without its wrappers (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm`
-    is not `rm *`)."""
+    """(action, rule, request, layer) for one request. A provably read-only
+    command is allowed unless a rule the user or the project wrote says
+    otherwise. Deny and ask rules also match the command without its wrappers
+    (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm` is not
+    `rm *`)."""
     rule = _last_match(rules, request)
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
@@ -1274,8 +1294,9 @@ def _stricter(rule: Rule, than: Rule) -> bool:
 
 
 def _one_suggestion(verdicts: list[tuple], action: str) -> dict | None:
-    """One "always" can only cover one asking request. A specific ask rule exists to catch its
-    form; a wildcard grant would undo it for every later case, so it grants this exact subject."""
+    """One "always" can only cover one asking request. A specific ask rule
+    exists to catch its form; a wildcard grant would undo it for every later
+    case, so it grants this exact subject."""
     if action != "ask":
         return None
     asking = set()
@@ -1321,7 +1342,8 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
 
 
 def _glob_to_regex(pattern: str) -> str:
-    """A gitignore-style glob: `*` and `?` stay within one directory, `**` crosses them."""
+    """A gitignore-style glob: `*` and `?` stay within one directory, `**`
+    crosses them."""
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith("**/", i):
@@ -1343,8 +1365,9 @@ def _glob_to_regex(pattern: str) -> str:
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
-    """The agent must not be able to grant itself permissions, not even under --yes: no write
-    into $KHAELOR_HOME, nor into a permission file the project keeps."""
+    """The agent must not be able to grant itself permissions, not even under
+    --yes: no write into $KHAELOR_HOME, nor into a permission file the project
+    keeps."""
     for request in requests:
         if request.capability == "file.read" or not request.path:
             continue
@@ -1355,9 +1378,10 @@ def _protected_write(requests: list[_Request]) -> str | None:
 
 
 def _protected(path: str) -> str | None:
-    """Why writing path would change who may do what: khaelor's state, the user's own permission
-    folders (~/.khaelor, ~/.claude), a project's permission file. Compared case-insensitively, as a
-    macOS or Windows file system compares them."""
+    """Why writing path would change who may do what: khaelor's state, the
+    user's own permission folders (~/.khaelor, ~/.claude), a project's
+    permission file. Compared case-insensitively, as a macOS or Windows file
+    system compares them."""
     lowered = path.lower()
     places = (khaelor_home(), os.path.expanduser("~/.khaelor"),
               os.path.expanduser("~/.claude"))
@@ -1380,8 +1404,9 @@ def _is_permission_file(path: str) -> bool:
 
 
 def _confine(requests: list[_Request], read_only: bool) -> dict:
-    """The sandbox a decision grants (enforced by tools.py): writes only when the command is not
-    read-only, network only when asked for, and the outside paths it named."""
+    """The sandbox a decision grants (enforced by tools.py): writes only when
+    the command is not read-only, network only when asked for, and the outside
+    paths it named."""
     paths = set()
     for request in requests:
         outside = request.capability == "filesystem.outsideProject"
@@ -1428,8 +1453,8 @@ def _package_locations() -> list[str]:
 
 
 def _without_sandbox(decision: Decision) -> Decision:
-    """With no OS sandbox to hold a command to its decision, only a provably read-only one runs
-    without asking."""
+    """With no OS sandbox to hold a command to its decision, only a provably
+    read-only one runs without asking."""
     if decision.action != "allow" or decision.read_only:
         return decision
     reason = ("no OS sandbox here: only provably read-only commands run "
@@ -1440,12 +1465,13 @@ def _without_sandbox(decision: Decision) -> Decision:
                     confine=decision.confine)
 
 
-# ---------------------------------------------------------------- paths
+# ----------------------------------------------------------------------- paths
 
 def _path_request(path_text: str, base: str, root: str,
                   capability: str) -> _Request:
-    """The request to touch path_text (relative to base). realpath resolves `..` and
-    symlinks, so a link inside the project that points out of it is outside."""
+    """The request to touch path_text (relative to base). realpath resolves
+    `..` and symlinks, so a link inside the project that points out of it is
+    outside."""
     writes = capability == "file.write.project"
     try:
         expanded = os.path.expanduser(path_text)
@@ -1480,7 +1506,8 @@ def _is_secret_location(path: str) -> bool:
 
 
 def _glob_base(pattern: str) -> str:
-    """The directory a glob starts from: its components before the first wildcard."""
+    """The directory a glob starts from: its components before the first
+    wildcard."""
     parts = pattern.split("/")
     static = len(parts)
     for n, part in enumerate(parts):
@@ -1500,8 +1527,9 @@ def _escape(text: str) -> str:
 
 def _secrets_under(directory: str, include_hidden: bool,
                    follows: bool = False) -> list[str]:
-    """Secret files a recursive search of directory would read (a bounded walk; .git skipped),
-    and when it follows symlinks, each link that leads out of directory."""
+    """Secret files a recursive search of directory would read (a bounded walk;
+    .git skipped), and when it follows symlinks, each link that leads out of
+    directory."""
     found = []
     seen = 0
     top = os.path.realpath(directory)
@@ -1529,7 +1557,7 @@ def _beneath(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-# ---------------------------------------------------------------- bash: judging a line
+# -------------------------------------------------------- bash: judging a line
 
 def _decide_bash(command: str, workdir: str, root: str,
                  rules: list[Rule]) -> Decision:
@@ -1577,8 +1605,9 @@ def _decide_bash(command: str, workdir: str, root: str,
 
 def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
                 why: str) -> Decision:
-    """Bash runs the lines before a syntax error, so the floor still reads every line, split at
-    its operators; what cannot be parsed is never allowed without asking."""
+    """Bash runs the lines before a syntax error, so the floor still reads
+    every line, split at its operators; what cannot be parsed is never allowed
+    without asking."""
     floor = _fork_bomb(command)
     for text in re.split(r"[\n;&|()]+", command):
         unquoted = re.sub(r"[\"'\\]", "", text)
@@ -1599,8 +1628,9 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
 
 def _part_requests(part: _Part, root: str, compound: bool,
                    read_only: bool) -> list[_Request]:
-    """What one simple command needs: its command capability, its redirections, the files its
-    arguments may name, and the secrets a recursive search of a directory would read."""
+    """What one simple command needs: its command capability, its redirections,
+    the files its arguments may name, and the secrets a recursive search of a
+    directory would read."""
     capability = _classify(part.core)
     command = " ".join(part.words)
     suggestion = None if compound else _suggest(part.words)
@@ -1646,8 +1676,9 @@ def _redirect_writes(op: str, target: str) -> bool:
 
 
 def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
-    """What deny and ask rules also match: the command without wrappers, and for git without its
-    global options (`git --no-pager -C . push` is `git push`)."""
+    """What deny and ask rules also match: the command without wrappers, and
+    for git without its global options (`git --no-pager -C . push` is
+    `git push`)."""
     if core[:1] != ("git",):
         return core
     k = 1
@@ -1657,7 +1688,8 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _listed_read_only(core: tuple[str, ...]) -> bool:
-    """The program (or git subcommand) is on the read-only lists, in some form."""
+    """The program (or git subcommand) is on the read-only lists, in some
+    form."""
     if core[:1] == ("git",):
         words = _rule_core(core)
         sub = words[1] if len(words) > 1 else ""
@@ -1668,8 +1700,9 @@ def _listed_read_only(core: tuple[str, ...]) -> bool:
 
 def _decide_process_write(text: str, process_command: str, root: str,
                           rules: list[Rule]) -> Decision:
-    """Text written to a shell is a command line, judged as one; to an interpreter it is code no
-    one can read in advance, so it asks; anything else (a prompt, a REPL of data) is allowed."""
+    """Text written to a shell is a command line, judged as one; to an
+    interpreter it is code no one can read in advance, so it asks; anything
+    else (a prompt, a REPL of data) is allowed."""
     program = _stdin_reader(process_command, root)
     if program in _SHELLS:
         decision = _decide_bash(text, "", root, rules)
@@ -1692,8 +1725,8 @@ def _runs_code(program: str) -> bool:
 
 
 def _stdin_reader(command: str, root: str) -> str:
-    """The program of a background process that reads what `process write` sends: a shell or
-    an interpreter anywhere in its line counts."""
+    """The program of a background process that reads what `process write`
+    sends: a shell or an interpreter anywhere in its line counts."""
     try:
         parts = _ShellLine(command, root, os.path.expanduser("~")).parts
     except (_ParseError, RecursionError):
@@ -1727,7 +1760,8 @@ def _classify(core: tuple[str, ...]) -> str:
 
 
 def _classify_git(args: tuple[str, ...]) -> str:
-    """git reaching another machine is network access; changing the repository is git.modify."""
+    """git reaching another machine is network access; changing the repository
+    is git.modify."""
     if any(_GIT_URL.match(a) or "::" in a for a in args):
         return "network.access"
     k = 0
@@ -1778,7 +1812,8 @@ def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
 
 
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
-    """Arguments that may name files: positionals, and the values of name=value words."""
+    """Arguments that may name files: positionals, and the values of name=value
+    words."""
     if not core or core[0] in ("echo", "printf"):
         return []
     positional = [a for a in core[1:] if not a.startswith("-")]
@@ -1806,7 +1841,8 @@ _POSIX_CLASSES = {
 
 
 def _bash_glob(word: str) -> str:
-    """A bash glob as Python's glob reads them: [^x] is [!x], and POSIX classes become ranges."""
+    """A bash glob as Python's glob reads them: [^x] is [!x], and POSIX classes
+    become ranges."""
     word = word.replace("[^", "[!")
     return re.sub(r"\[:(\w+):\]",
                   lambda m: _POSIX_CLASSES.get(m[1], m[0]), word)
@@ -1814,8 +1850,9 @@ def _bash_glob(word: str) -> str:
 
 def _word_requests(word: str, cwd: str, root: str, capability: str,
                    suggest=False) -> list[_Request]:
-    """A shell word naming files. Globs are expanded (`cat .e*` reads .env); a value we
-    cannot know ($F, $(...)) might be anywhere, so it counts as outside the project."""
+    """A shell word naming files. Globs are expanded (`cat .e*` reads .env); a
+    value we cannot know ($F, $(...)) might be anywhere, so it counts as
+    outside the project."""
     if "$(" in word or "`" in word or _PARAMETER.search(word):
         return [_Request("filesystem.outsideProject", word, None)]
     paths = [word]
@@ -1831,8 +1868,9 @@ def _word_requests(word: str, cwd: str, root: str, capability: str,
 
 
 def _recursive_secrets(part: _Part) -> list[str]:
-    """grep -r, rg and diff -r read every file below their directories: the secrets there, and
-    with -R / -L / --follow the places outside that symlinks lead to."""
+    """grep -r, rg and diff -r read every file below their directories: the
+    secrets there, and with -R / -L / --follow the places outside that symlinks
+    lead to."""
     core = part.core
     name = core[0] if core else ""
     if name not in _RECURSIVE_READERS:
@@ -1859,8 +1897,9 @@ def _recursive_secrets(part: _Part) -> list[str]:
 
 def _search_shape(name: str,
                   args: tuple[str, ...]) -> tuple[bool, bool, bool]:
-    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff, reading options as the
-    program does: abbreviations (--rec), -d recurse, --directories=recurse, -uu."""
+    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff,
+    reading options as the program does: abbreviations (--rec), -d recurse,
+    --directories=recurse, -uu."""
     longs = READ_ONLY.get(name, ("", ""))[1].split()
     longs += ["recursive", "dereference-recursive", "directories=",
               "follow", "hidden", "unrestricted", "no-ignore"]
@@ -1899,7 +1938,8 @@ def _search_shape(name: str,
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
-    """The narrowest useful pattern for an "always" grant, matched against " ".join(words)."""
+    """The narrowest useful pattern for an "always" grant, matched against "
+    ".join(words)."""
     if not words:
         return None
     exact = _escape(" ".join(words))
@@ -1929,9 +1969,10 @@ def _suggest(words: tuple[str, ...]) -> str | None:
 
 
 def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:
-    """(words in the matching table key, words that name the command). A known CLI: its table
-    entry. An unknown one: its leading plain words, so a multi-level CLI we do not know gets the
-    narrowest rule (`foo s3 ls b` -> `foo s3 ls b *`); None when a plain word follows an option."""
+    """(words in the matching table key, words that name the command). A known
+    CLI: its table entry. An unknown one: its leading plain words, so a
+    multi-level CLI we do not know gets the narrowest rule (`foo s3 ls b` ->
+    `foo s3 ls b *`); None when a plain word follows an option."""
     for n in (3, 2, 1):
         key = " ".join(words[:n])
         if len(words) >= n and key in ARITY:
@@ -1946,7 +1987,7 @@ def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:
     return 1, plain
 
 
-# ---------------------------------------------------------------- bash: provably read-only
+# ---------------------------------------------------- bash: provably read-only
 
 def _not_read_only(part: _Part, root: str = "") -> str | None:
     """None when this simple command provably only reads; otherwise why not."""
@@ -2008,8 +2049,9 @@ _BUILTINS = frozenset(
 
 
 def _project_program(name: str, root: str) -> str | None:
-    """Where PATH finds an external program when that is inside the project (an activated
-    .venv/bin holding a committed `cat`); commands get only PATH's absolute entries."""
+    """Where PATH finds an external program when that is inside the project (an
+    activated .venv/bin holding a committed `cat`); commands get only PATH's
+    absolute entries."""
     if not root or name in _BUILTINS:
         return None
     for entry in os.environ.get("PATH", "").split(os.pathsep):
@@ -2023,7 +2065,8 @@ def _project_program(name: str, root: str) -> str | None:
 
 def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
                      numeric: bool = False):
-    """(why an option is not safe or None, the positional arguments), parsing like getopt_long."""
+    """(why an option is not safe or None, the positional arguments), parsing
+    like getopt_long."""
     short, long_text = spec
     short = short.replace(" ", "")
     # "n:" takes a value: each letter right before a colon
@@ -2086,7 +2129,8 @@ def _option_like(name: str, option: str, value: str) -> str:
 
 
 def _long_option(option: str, longs: list[str]) -> str | None:
-    """The listed option an abbreviation stands for: an exact name, or the only one it begins."""
+    """The listed option an abbreviation stands for: an exact name, or the only
+    one it begins."""
     if not option:
         return None
     names = {}
@@ -2157,11 +2201,12 @@ def _find_problem(args: tuple[str, ...]) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- bash: work in the repository
+# ------------------------------------------------ bash: work in the repository
 
 def _destroys_work(part: _Part, root: str) -> str:
-    """Why this command destroys work that exists only in this repository, or "". These ask
-    every time, whatever the rules, and --yes alone does not approve them."""
+    """Why this command destroys work that exists only in this repository, or
+    "". These ask every time, whatever the rules, and --yes alone does not
+    approve them."""
     core = part.core
     name = core[0] if core else ""
     if name == "git":
@@ -2184,8 +2229,8 @@ def _destroys_work(part: _Part, root: str) -> str:
 
 
 def _rm_destroys(target: str, cwd: str, root: str) -> str:
-    """rm -r of .git (or inside it), of the project, of a directory holding it, or of everything
-    at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
+    """rm -r of .git (or inside it), of the project, of a directory holding it,
+    or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
     target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
     wildcard = [target.find(c) for c in "*?[" if c in target]
     path = _resolve(target, cwd)
@@ -2215,7 +2260,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     sub, rest = args[k], args[k + 1:]
 
     def has(*longs: str, short: str = "") -> bool:
-        """Any of these long options (git accepts unique abbreviations, --ha for --hard) or letters."""
+        """Any of these long options (git accepts unique abbreviations, --ha
+        for --hard) or letters."""
         for arg in rest:
             if arg.startswith("--"):
                 option = arg.partition("=")[0]
@@ -2277,8 +2323,9 @@ def _recursive_rm(args: tuple[str, ...]) -> bool:
 
 
 def _state_write(parts: list[_Part], root: str) -> str | None:
-    """A command that is not provably read-only naming a path in khaelor's own state: cp, mv,
-    tee, sed -i, install, ln, rsync, dd of=, git checkout --, a script given the path ..."""
+    """A command that is not provably read-only naming a path in khaelor's own
+    state: cp, mv, tee, sed -i, install, ln, rsync, dd of=, git checkout --, a
+    script given the path ..."""
     for part in parts:
         if _not_read_only(part, root) is None:
             continue
@@ -2297,7 +2344,7 @@ def _word_path(word: str, cwd: str) -> str:
         return ""
 
 
-# ---------------------------------------------------------------- bash: the hardline floor
+# ---------------------------------------------------- bash: the hardline floor
 
 def _fork_bomb(command: str) -> str | None:
     unquoted = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "''", command)
@@ -2321,7 +2368,8 @@ def _fork_bomb(command: str) -> str | None:
 
 
 def _floor_reason(part: _Part, home: str) -> str | None:
-    """Why this simple command is refused outright, or None. Reads the de-obfuscated core."""
+    """Why this simple command is refused outright, or None. Reads the
+    de-obfuscated core."""
     for op, target in part.redirects:
         if op not in _WRITE_REDIRECTS:
             continue
@@ -2387,7 +2435,8 @@ def _short_flags(word: str) -> set[str]:
 
 
 def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
-    """find's starting points: after its -L/-H/-P/-D/-O options, before the first expression."""
+    """find's starting points: after its -L/-H/-P/-D/-O options, before the
+    first expression."""
     k = 0
     while k < len(args):
         arg = args[k]
@@ -2424,7 +2473,8 @@ def _changes_power_state(name: str, targets: list[str]) -> bool:
 
 
 def _kills_everything(args: tuple[str, ...]) -> bool:
-    """kill -9 -1, kill -KILL -1, kill -s KILL -1, kill -- -1: -1 as the target is every process."""
+    """kill -9 -1, kill -KILL -1, kill -s KILL -1, kill -- -1: -1 as the target
+    is every process."""
     targets = []
     signal_given = False
     k = 0
@@ -2448,9 +2498,10 @@ def _kills_everything(args: tuple[str, ...]) -> bool:
 
 
 def _catastrophic(target: str, home: str, cwd: str) -> bool:
-    """Would a recursive delete of target take a system directory or the home directory?
-    A variable we could not resolve may well be unset, and bash expands an unset variable
-    to nothing: `rm -rf "$BUILD_DIR/"` is `rm -rf /` when BUILD_DIR is unset."""
+    """Would a recursive delete of target take a system directory or the home
+    directory? A variable we could not resolve may well be unset, and bash
+    expands an unset variable to nothing: `rm -rf "$BUILD_DIR/"` is `rm -rf /`
+    when BUILD_DIR is unset."""
     target = _PARAMETER.sub("", target)
     if not target:
         return False
@@ -2502,8 +2553,8 @@ def _absolute(target: str) -> str | None:
 
 
 def _core(words) -> list[str]:
-    """Strip assignments and wrappers (sudo, env, nice, xargs ...) down to the program
-    that really runs, named by its basename (/usr/bin/rm -> rm)."""
+    """Strip assignments and wrappers (sudo, env, nice, xargs ...) down to the
+    program that really runs, named by its basename (/usr/bin/rm -> rm)."""
     words = list(words)
     while words:
         if _ASSIGNMENT.match(words[0]):
@@ -2524,8 +2575,8 @@ _WRAPPER_POSITIONALS = {
 
 
 def _unwrap(name: str, args: list[str]) -> list[str]:
-    """The words after a wrapper's own options. Short options are parsed like getopt, so
-    `sudo -Eu root rm` skips root as the value of -u."""
+    """The words after a wrapper's own options. Short options are parsed like
+    getopt, so `sudo -Eu root rm` skips root as the value of -u."""
     takes_value = _WRAPPERS[name]
     for i, arg in enumerate(args[:-1]):
         if name == "runuser" and arg in ("-c", "--command"):
@@ -2569,11 +2620,12 @@ def _option_value_words(arg: str, takes_value: set) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- bash: simple commands
+# ------------------------------------------------------- bash: simple commands
 
 class _ShellLine:
-    """Every simple command one bash line runs, in order, including those nested in $( ),
-    backticks, heredocs fed to a shell, bash -c, eval and find -exec."""
+    """Every simple command one bash line runs, in order, including those
+    nested in $( ), backticks, heredocs fed to a shell, bash -c, eval and find
+    -exec."""
 
     def __init__(self, command: str, cwd: str, home: str):
         self.home = home
@@ -2635,7 +2687,8 @@ class _ShellLine:
     def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int,
              unliteral: str | None = None,
              stdin_text: str | None = None) -> str:
-        """Record one simple command and what it runs in turn; return the cwd after it."""
+        """Record one simple command and what it runs in turn; return the cwd
+        after it."""
         core = tuple(_core(words))
         if cwd not in self.visited:
             self.visited.append(cwd)
@@ -2701,8 +2754,9 @@ class _ShellLine:
                 env[name.rstrip("+")] = before + value
 
     def _expand(self, pieces: list, env: dict) -> list[str]:
-        """Quote removal and the expansions a word can hide behind: braces, ~, $HOME, $IFS,
-        variables assigned earlier in the line, $(echo ...). Returns the resulting words."""
+        """Quote removal and the expansions a word can hide behind: braces, ~,
+        $HOME, $IFS, variables assigned earlier in the line, $(echo ...).
+        Returns the resulting words."""
         if len(pieces) == 1 and pieces[0][0] == "raw":
             if _BRACES.search(pieces[0][1]):
                 words = []
@@ -2744,8 +2798,9 @@ class _ShellLine:
         return [""] if quoted else []
 
     def _substitute(self, text: str, env: dict, split: bool) -> str:
-        """Parameter expansion; "\\0" marks where an unquoted value splits into words. What we
-        cannot know stays as written (and counts as unknown to the floor and the path checks)."""
+        """Parameter expansion; "\\0" marks where an unquoted value splits into
+        words. What we cannot know stays as written (and counts as unknown to
+        the floor and the path checks)."""
         def value(match):
             name = match["b"] or match["n"]
             found = self._parameter(name, match["op"] or "", env)
@@ -2757,8 +2812,9 @@ class _ShellLine:
         return _PARAMETER.sub(value, text)
 
     def _parameter(self, name: str, op: str, env: dict) -> str | None:
-        """The value of ${name<op>...} when it is knowable: $HOME, variables set earlier in the
-        line, defaults of unset variables (${X:-/}), $IFS (a word break, also ${IFS:0:1})."""
+        """The value of ${name<op>...} when it is knowable: $HOME, variables
+        set earlier in the line, defaults of unset variables (${X:-/}), $IFS (a
+        word break, also ${IFS:0:1})."""
         if name == "IFS":
             return "\0"
         if name == "KHAELOR_HOME" and name not in env:
@@ -2792,7 +2848,8 @@ class _ShellLine:
 
 
 def _brace_expand(word: str) -> list[str]:
-    """{rm,-rf,/} -> rm -rf /; depth-first and capped, so {a,b}{a,b}... cannot explode."""
+    """{rm,-rf,/} -> rm -rf /; depth-first and capped, so {a,b}{a,b}... cannot
+    explode."""
     done = []
     todo = [word]
     while todo and len(done) < _MAX_GLOB:
@@ -2809,7 +2866,8 @@ def _brace_expand(word: str) -> list[str]:
 
 def _shell_scripts(core: tuple[str, ...], redirects,
                    stdin_text: str | None) -> list[str]:
-    """What a shell runs: its -c argument, else a heredoc, here-string or piped text we know."""
+    """What a shell runs: its -c argument, else a heredoc, here-string or piped
+    text we know."""
     for i, word in enumerate(core[1:], 1):
         # -c, or a cluster of short options holding it (-lc)
         short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
@@ -2840,8 +2898,9 @@ _EXPANSION = re.compile(r"\$[\w{(@*#?$!-]")
 
 
 def _unliteral(words: list, cwd: str) -> str | None:
-    """Why a simple command's words are not all literal: an expansion, a substitution, brace
-    expansion, ~user, or a glob that expands to an option (a file named --co=bash)."""
+    """Why a simple command's words are not all literal: an expansion, a
+    substitution, brace expansion, ~user, or a glob that expands to an option
+    (a file named --co=bash)."""
     for pieces in words:
         for index, (kind, text) in enumerate(pieces):
             if kind in ("sub", "dqsub"):
@@ -2889,8 +2948,8 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
 # ---------------------------------------------------------------- bash: tokens
 
 def _segments(tokens: list) -> list[tuple[list, list, bool]]:
-    """Split tokens at separators into (words, [(redirection, target)], after a pipe) per
-    simple command."""
+    """Split tokens at separators into (words, [(redirection, target)], after a
+    pipe) per simple command."""
     segments = []
     words = []
     redirects = []
@@ -2915,10 +2974,11 @@ def _segments(tokens: list) -> list[tuple[list, list, bool]]:
 
 
 def _lex(text: str) -> list:
-    """Tokens ("op", operator) and ("word", pieces); a piece is (kind, text), kind one of
-    raw (unquoted), dq (double-quoted), lit (single-quoted or escaped), arith (an arithmetic
-    expansion's text), sub and dqsub (the source of a command substitution). A heredoc body
-    becomes its `<<` word's content."""
+    """Tokens ("op", operator) and ("word", pieces); a piece is (kind,
+    text), kind one of raw (unquoted), dq (double-quoted), lit
+    (single-quoted or escaped), arith (an arithmetic expansion's text), sub
+    and dqsub (the source of a command substitution). A heredoc body becomes
+    its `<<` word's content."""
     tokens = []
     pieces = []
     raw = []
@@ -3014,7 +3074,8 @@ def _lex(text: str) -> list:
 
 
 def _lex_double(text: str, i: int, piece) -> int:
-    """Lex a double-quoted string from just after its quote; return the index after it."""
+    """Lex a double-quoted string from just after its quote; return the index
+    after it."""
     buf = []
 
     def flush(kind=None, value=None):
@@ -3046,8 +3107,9 @@ def _lex_double(text: str, i: int, piece) -> int:
 
 
 def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
-    """At "$(", "<(", ">(" or "`": (index after it, its literal text when it is arithmetic, the
-    commands it runs). Arithmetic is data, except the substitutions inside it."""
+    """At "$(", "<(", ">(" or "`": (index after it, its literal text when it is
+    arithmetic, the commands it runs). Arithmetic is data, except the
+    substitutions inside it."""
     if text[i] == "`":
         end = i + 1
         while end < len(text) and text[end] != "`":
@@ -3062,7 +3124,8 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
 
 
 def _balanced(text: str, i: int) -> int:
-    """text[i] is "("; return the index just after its matching ")", skipping quotes."""
+    """text[i] is "("; return the index just after its matching ")", skipping
+    quotes."""
     depth = 0
     while i < len(text):
         c = text[i]
@@ -3083,8 +3146,8 @@ def _balanced(text: str, i: int) -> int:
 
 
 def _read_heredocs(text: str, i: int, heredocs: list) -> int:
-    """Consume the bodies after a line; each becomes its `<<` word's only content, and an
-    unquoted body's substitutions run."""
+    """Consume the bodies after a line; each becomes its `<<` word's only
+    content, and an unquoted body's substitutions run."""
     for delimiter, strip_tabs, quoted, target in heredocs:
         if not re.fullmatch(r"[\w.-]+", delimiter):
             raise _ParseError(f"heredoc delimiter {delimiter!r} "
@@ -3114,8 +3177,8 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
 
 
 def _nested_subs(text: str) -> list[str]:
-    """The $( ) and backtick commands in text that quotes do not protect (heredoc bodies,
-    arithmetic)."""
+    """The $( ) and backtick commands in text that quotes do not protect
+    (heredoc bodies, arithmetic)."""
     found, i = [], 0
     while i < len(text):
         if text[i] == "\\":
@@ -3155,5 +3218,6 @@ def _ansi_c(body: str) -> str:
 
 
 def _is_number(text: str) -> bool:
-    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file name."""
+    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file
+    name."""
     return text.isascii() and text.isdigit()
