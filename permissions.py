@@ -125,15 +125,9 @@ READ_ONLY = {
     "tail": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
     "wc": ("clmwL", "bytes chars lines words max-line-length total="),
     # the shell's and the machine's state
-    "pwd": ("LP", ""),
-    "whoami": ("", ""),
-    "true": "*",
-    "false": "*",
-    "test": "*",
-    "[": "*",
-    "echo": "*",
-    "which": ("as", "all"),
-    "type": ("afptP", ""),
+    "pwd": ("LP", ""), "whoami": ("", ""),
+    "true": "*", "false": "*", "test": "*", "[": "*", "echo": "*",
+    "which": ("as", "all"), "type": ("afptP", ""),
     "id": ("gGnruzZ", "group groups name real user zero context"),
     "uname": ("asnrvmpio", """
         all kernel-name nodename kernel-release kernel-version machine
@@ -153,9 +147,7 @@ READ_ONLY = {
         noreport dirsfirst charset= filelimit= gitignore prune matchdirs
         ignore-case du si sort= version"""),
     # searching
-    "grep": _GREP,
-    "egrep": _GREP,
-    "fgrep": _GREP,
+    "grep": _GREP, "egrep": _GREP, "fgrep": _GREP,
     "rg": ("iSsFwxvcnNHhlLoquUaje:g:t:T:m:A:B:C:d:M:r:E:", """
         ignore-case smart-case case-sensitive fixed-strings word-regexp
         line-regexp invert-match count count-matches files-with-matches
@@ -198,12 +190,8 @@ READ_ONLY = {
         quiet silent verbose zero"""),
     "nl": ("pb:d:f:h:i:l:n:s:v:w:", ""),
     # checksums
-    "md5sum": _SUMS,
-    "sha1sum": _SUMS,
-    "sha256sum": _SUMS,
-    "sha512sum": _SUMS,
-    "b2sum": _SUMS,
-    "cksum": ("", ""),
+    "md5sum": _SUMS, "sha1sum": _SUMS, "sha256sum": _SUMS,
+    "sha512sum": _SUMS, "b2sum": _SUMS, "cksum": ("", ""),
     # more filters, and what a file holds
     "file": ("bcEhiLNknprsvZ0F:e:m:P:", """
         brief mime mime-type mime-encoding dereference no-dereference
@@ -217,10 +205,8 @@ READ_ONLY = {
     "fold": ("bsw:", "bytes spaces width="),
     "expand": ("it:", "initial tabs="),
     "tac": ("brs:", "before regex separator="),
-    "rev": ("", ""),
+    "rev": ("", ""), "sleep": ("", ""), "nproc": ("", "all"),
     "seq": ("wf:s:", "equal-width format= separator="),
-    "sleep": ("", ""),
-    "nproc": ("", "all"),
     "od": ("bcdfiloxsvwA:j:N:t:", """
         address-radix= skip-bytes= read-bytes= format= output-duplicates
         width="""),
@@ -300,9 +286,7 @@ GIT_READ_ONLY = {
         untracked-files= ignored ignored= ignore-submodules
         ignore-submodules= show-stash ahead-behind no-ahead-behind renames
         no-renames find-renames find-renames= column no-column null"""),
-    "log": _GIT_LOG,
-    "show": _GIT_LOG,
-    "diff": _GIT_LOG,
+    "log": _GIT_LOG, "show": _GIT_LOG, "diff": _GIT_LOG,
     "shortlog": ("nsec", """
         numbered summary email committer format= group= all"""),
     "blame": ("blstfnseMwcCL:S:", """
@@ -500,43 +484,31 @@ _NETWORK_SUBCOMMANDS = {name: set(subs.split(",")) for name, subs in {
 # Programs that run the rest of their words as a command -> their options
 # taking a value.
 _WRAPPERS = {name: set(options.split()) for name, options in {
-    # another user or privilege
+    # another user, privilege or root directory
     "sudo": """-u -g -C -D -h -p -r -t -T -U --user --group --chdir --prompt
                --role --type --host --close-from""",
-    "doas": "-u -C",
-    # another environment or way of running
-    "env": "-u -C -S --unset --chdir --split-string",
-    "command": "",
-    "builtin": "",
-    "exec": "-a",
-    "nohup": "",
-    "time": "-f -o --format --output",
-    "setsid": "",
-    "nice": "-n --adjustment",
-    "ionice": "-c -n -p -t",
-    "stdbuf": "-i -o -e",
-    "timeout": "-s -k --signal --kill-after",
-    "busybox": "",
-    "unbuffer": "",
-    "watch": "-n -d --interval",
-    "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
-    "chroot": "--userspec --groups",
-    "unshare": "-S -G --setuid --setgid",
-    "strace": "-e -o -p -s -u -E",
-    "ltrace": "-e -o -p -u",
-    "taskset": "",
-    "chrt": "",
-    "flock": "-w -E",
-    "caffeinate": "",
-    "proxychains": "-f",
-    "torsocks": "",
-    "firejail": "",
-    "pkexec": "--user",
+    "doas": "-u -C", "pkexec": "--user", "run0": "--user -u",
     "runuser": "-u -g -G --user --group --supp-group",
     "setpriv": """--reuid --regid --groups --inh-caps --ambient-caps
                   --bounding-set --securebits --selinux-label""",
-    "run0": "--user -u",
+    "chroot": "--userspec --groups", "unshare": "-S -G --setuid --setgid",
+    "firejail": "",
+    # another environment, priority, session or time limit
+    "env": "-u -C -S --unset --chdir --split-string",
+    "nice": "-n --adjustment", "ionice": "-c -n -p -t",
+    "taskset": "", "chrt": "", "setsid": "", "nohup": "", "caffeinate": "",
+    "stdbuf": "-i -o -e", "unbuffer": "",
+    "timeout": "-s -k --signal --kill-after",
+    "time": "-f -o --format --output",
+    "watch": "-n -d --interval", "flock": "-w -E",
     "systemd-run": "-p -u --unit --property",
+    # the shell's own, and busybox's applets
+    "command": "", "builtin": "", "exec": "-a", "busybox": "",
+    # tracers and proxies
+    "strace": "-e -o -p -s -u -E", "ltrace": "-e -o -p -u",
+    "proxychains": "-f", "torsocks": "",
+    # a command per input line or item
+    "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
     "parallel": "-j",
 }.items()}
 # Shells, and the programs that hand a -c string to one (su, runuser,
