@@ -2567,19 +2567,37 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
             # only prints where the program is
             return []
         # env -S 'rm -rf x': the string is split into the command's words
-        split_string = name == "env" and arg in ("-S", "--split-string")
-        if split_string and k + 1 < len(args):
-            return args[k + 1].split() + args[k + 2:]
-        if name == "env" and arg.startswith("--split-string="):
-            return arg.partition("=")[2].split()
-        if name == "env" and arg.startswith("-S"):
-            return arg[2:].split() + args[k + 1:]
+        split = _env_split_string(arg, args[k + 1:]) if name == "env" else None
+        if split is not None:
+            return split
         k += 1 + _option_value_words(arg, takes_value)
     rest = args[k + _WRAPPER_POSITIONALS.get(name, 0):]
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
     return rest
+
+
+def _env_split_string(arg: str, after: list[str]) -> list[str] | None:
+    """The command `env` runs when option word `arg` is -S/--split-string, in
+    any spelling env accepts (`-S'…'`, `-iS …`, `--split-string=…`, `--spl …`):
+    the string split into words, then the words after it. None otherwise."""
+    if arg.startswith("--"):
+        option, eq, value = arg.partition("=")
+        if len(option) < 3 or not "--split-string".startswith(option):
+            return None
+        if eq:
+            return value.split() + after
+        return after[0].split() + after[1:] if after else []
+    for i, letter in enumerate(arg[1:], 1):
+        if letter in "uC":
+            # -u NAME, -C DIR: the rest of the word (or the next) is their value
+            return None
+        if letter == "S":
+            if arg[i + 1:]:
+                return arg[i + 1:].split() + after
+            return after[0].split() + after[1:] if after else []
+    return None
 
 
 def _option_value_words(arg: str, takes_value: set) -> int:
