@@ -146,14 +146,22 @@ def is_check(command: str, suggested: list[str] = ()) -> bool:
 def unverified_changes(state: events.State) -> list[str]:
     """Code files changed in this turn after the last check that ran."""
     last_check = 0
-    for command in state.commands:
-        if is_check(command["command"], state.suggested_checks):
-            last_check = max(last_check, command["seq"])
+    for command in checks_run(state):
+        last_check = max(last_check, command["seq"])
     changed = []
     for seq, path in state.changes:
         if seq > last_check and is_code_path(path):
             changed.append(path)
     return list(dict.fromkeys(changed))
+
+
+def checks_run(state: events.State) -> list[dict]:
+    """The commands of this turn that checked the work, oldest first."""
+    checks = []
+    for command in state.commands:
+        if is_check(command["command"], state.suggested_checks):
+            checks.append(command)
+    return checks
 
 
 def verification_nudge(changed: list[str], commands: list[str],
@@ -184,26 +192,9 @@ def verification_nudge(changed: list[str], commands: list[str],
 def completion(state: events.State) -> dict:
     """TaskCompleted's payload: the evidence, and, when the gate held an answer back, the answer
     to deliver (if the model never verified, the withheld answer comes first: never lost)."""
-    checks = []
-    for command in state.commands:
-        if is_check(command["command"], state.suggested_checks):
-            checks.append(command)
+    checks = checks_run(state)
     unverified = unverified_changes(state)
-    unresolved = []
-    if unverified:
-        names = ", ".join(unverified[:10])
-        problem = f"no check ran after the last change to {names}"
-        if state.nudges:
-            problem += f" (not verified after {state.nudges} reminders)"
-        unresolved.append(problem)
-    # each command's last run
-    last_runs = {check["command"]: check for check in checks}
-    for command, run in last_runs.items():
-        shown = context.clip(command, 200)
-        if run["exit_code"] is None:
-            unresolved.append(f"`{shown}` was still running")
-        elif run["exit_code"] != 0:
-            unresolved.append(f"`{shown}` failed (exit {run['exit_code']})")
+    unresolved = open_problems(state, checks, unverified)
     ran = []
     for check in checks:
         ran.append({"command": context.clip(check["command"], 500),
@@ -231,6 +222,28 @@ def completion(state: events.State) -> dict:
         return {"evidence": evidence, "answer": answer}
     last_answer = answers[-1] if answers else ""
     return {"evidence": evidence, "answer": last_answer}
+
+
+def open_problems(state: events.State, checks: list[dict],
+                  unverified: list[str]) -> list[str]:
+    """What the evidence lists as unresolved: changes no check ran after,
+    and checks whose last run failed or was still running."""
+    problems = []
+    if unverified:
+        names = ", ".join(unverified[:10])
+        problem = f"no check ran after the last change to {names}"
+        if state.nudges:
+            problem += f" (not verified after {state.nudges} reminders)"
+        problems.append(problem)
+    # each command's last run
+    last_runs = {check["command"]: check for check in checks}
+    for command, run in last_runs.items():
+        shown = context.clip(command, 200)
+        if run["exit_code"] is None:
+            problems.append(f"`{shown}` was still running")
+        elif run["exit_code"] != 0:
+            problems.append(f"`{shown}` failed (exit {run['exit_code']})")
+    return problems
 
 
 class StreamReducer:

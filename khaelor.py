@@ -1399,7 +1399,9 @@ class Session:
         totals = state.usage
         summed = summed_usage(totals)
         prices = self.settings["prices"]
-        costs = [price_of(m, u, prices) for m, u in totals.items()]
+        costs = []
+        for model, usage in totals.items():
+            costs.append(price_of(model, usage, prices))
         last = state.last_usage
         prompt = (summed["input_tokens"] + summed["cache_read_tokens"]
                   + summed["cache_write_tokens"])
