@@ -750,6 +750,7 @@ def help_epilog() -> str:
     return ("subcommands:\n"
             "  khaelor sessions               list this project's sessions\n"
             "  khaelor permissions [check]    show or test the permission policy\n"
+            "  khaelor trust [--revoke]       review and trust this repository's permission files\n"
             "\n"
             f"interactive keys:\n{keys}\n"
             "\n"

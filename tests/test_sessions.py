@@ -390,6 +390,7 @@ def test_help_lists_the_keys_and_the_instruction_files(khaelor):
     for key in ("Esc", "Ctrl-J", "Ctrl-C", "Ctrl-D", "Ctrl-L", "Ctrl-O", "Ctrl-Z", "@path", "!command"):
         assert key in result.stdout, key
     assert "KHAELOR.md, CLAUDE.md, AGENTS.md" in result.stdout and "khaelor sessions" in result.stdout
+    assert "khaelor permissions" in result.stdout and "khaelor trust [--revoke]" in result.stdout
 
 
 # ---------------------------------------------------------------- the world belongs to the session
