@@ -6,7 +6,6 @@ history, the kernel's state and usage totals.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
-import asyncio
 import fcntl
 import json
 import os
@@ -505,6 +504,7 @@ class SessionStore:
     async def sync_off_loop(self) -> None:
         """sync() with the fsync in a thread: on a slow disk it takes longer than a frame.
         Appends may go on meanwhile; the check that the file is still there stays on the loop."""
+        import asyncio      # here, not at the top: `khaelor --version` imports this module
         if self._fd is not None:
             await asyncio.to_thread(self._fsync, self._fd)
             self._keep_linked()
