@@ -69,3 +69,5 @@ def test_cold_import_does_not_load_the_sdk():
     loaded = {line.rsplit("|", 1)[-1].strip() for line in out.splitlines() if "|" in line}
     assert "khaelor" in loaded
     assert "anthropic" not in loaded and "kernel" not in loaded
+    # `khaelor --version` imports only khaelor and events: asyncio alone takes tens of ms
+    assert "asyncio" not in loaded
