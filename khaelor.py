@@ -97,9 +97,13 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
     user = read_config(home / "config.json")
-    project = read_config(project_root / ".khaelor" / "config.json")
+    project_file = project_root / ".khaelor" / "config.json"
+    project = read_config(project_file)
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
               "prices": {}, "max_turns": None}
+    merged["untrusted_prices"] = untrusted_prices(home, project_file, project)
+    if merged["untrusted_prices"]:
+        project = {k: v for k, v in project.items() if k != "prices"}
     # the project's file wins; permission rules are layers of their own
     for config in (user, project):
         for key, value in config.items():
@@ -236,6 +240,9 @@ def start_notices(settings: dict) -> list[str]:
     """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
     import sandbox
     notices = [trust_notice(settings["layers"]), sandbox.notice()]
+    if settings.get("untrusted_prices"):
+        notices.append("this project's .khaelor/config.json sets prices; they are"
+                       " ignored until you trust it with `khaelor trust`")
     # a flag's rule that maps onto nothing
     for layer in settings.get("extra_layers", ()):
         for _, rule, why in layer.ignored:
@@ -283,6 +290,9 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
         for rule in grants:
             print(f"    allow {rule.capability} {rule.pattern!r}"
                   f"  ({rule.source})")
+        prices = read_config(path).get("prices") if path.name == "config.json" else None
+        if prices:
+            print(f"  its prices for {', '.join(sorted(prices))} apply (what /cost shows)")
         records[key] = digest
     write_json_atomic(home / "trust.json", records)
     if not args.revoke:
@@ -380,11 +390,20 @@ def session_cost(summary: dict, prices: dict) -> float | None:
 
 
 def config_prices(home: Path, project_root: Path) -> dict:
-    """The `prices` of the user's and the project's config.json (the project's win)."""
+    """The `prices` of the user's and the project's config.json (the project's win, once
+    trusted)."""
     user = read_config(home / "config.json").get("prices")
     project_file = project_root / ".khaelor" / "config.json"
-    project = read_config(project_file).get("prices")
-    return {**(user or {}), **(project or {})}
+    project = read_config(project_file)
+    if untrusted_prices(home, project_file, project):
+        project = {}
+    return {**(user or {}), **(project.get("prices") or {})}
+
+
+def untrusted_prices(home: Path, path: Path, config: dict) -> bool:
+    """A repository's own prices could make a session look cheaper than it is: like its
+    grants, they apply only once the user trusted the file (`khaelor trust`)."""
+    return bool(config.get("prices")) and not is_trusted(home, path)
 
 
 def summary_of(path: Path) -> dict | None:

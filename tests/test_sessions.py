@@ -545,6 +545,23 @@ def test_price_overrides_reach_sessions_and_the_json_cost(khaelor, fake, project
     assert f"${expected:.4f}" in in_session(project, env, monkeypatch, sessions_command)
 
 
+def test_a_repositorys_own_prices_count_only_once_trusted(khaelor, fake, project, env):
+    """A cloned repository must not make a session look cheaper than it is."""
+    (project / ".khaelor").mkdir()
+    free = {"prices": {"claude-sonnet-5-5": [0, 0, 0, 0]}}
+    (project / ".khaelor" / "config.json").write_text(json.dumps(free))
+    fake.enqueue(reply(text("first")), reply(text("second")))
+    untrusted = khaelor.run("-p", "hello", "--output-format", "json")
+    assert untrusted.returncode == 0, untrusted.stderr
+    assert json.loads(untrusted.stdout)["cost_usd"] > 0
+    assert "sets prices" in untrusted.stderr and "khaelor trust" in untrusted.stderr
+    shown = khaelor.run("trust")
+    assert shown.returncode == 0 and "its prices for claude-sonnet-5-5 apply" in shown.stdout
+    trusted = khaelor.run("-p", "hello", "--output-format", "json")
+    assert json.loads(trusted.stdout)["cost_usd"] == 0
+    assert "sets prices" not in trusted.stderr
+
+
 def test_a_failed_continue_does_not_print_the_previous_answer(khaelor, fake):
     from fake_api import error
     fake.enqueue(reply(text("the first answer")))
