@@ -2052,17 +2052,25 @@ def _candidates(ws: Workspace, root: Path) -> list[str]:
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     if code == 0 and out:
-        return [rel for rel in out.split("\0") if rel and os.path.isfile(root / rel)]
+        return [rel for rel in out.split("\0") if rel and _searched(root / rel)]
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != ".git")
         base = os.path.relpath(folder, root)
         for name in files:
+            if not _searched(Path(folder) / name):
+                continue
             if base == ".":
                 found.append(name)
             else:
                 found.append(f"{base}/{name}")
     return found
+
+
+def _searched(path: Path) -> bool:
+    """A file the search reads, as ripgrep chooses: never a link it meets on the way (a
+    committed notes.txt -> ~/.aws/credentials, or -> /etc/passwd), only plain files."""
+    return os.path.isfile(path) and not os.path.islink(path)
 
 
 async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:

@@ -735,6 +735,31 @@ def test_ripgrep_and_python_fallback_agree(box):
             assert fast.text == slow.text, (git, name, tool_input)
 
 
+def test_neither_search_engine_follows_a_link_out_of_the_project(box, tmp_path):
+    """ripgrep never follows a link it meets; the Python fallback must not either, or a
+    committed link would carry grep and glob to any file the user can read."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("TODO outside-secret-value\n")
+    for git in (True, False):
+        root = box.root / ("linked-repo" if git else "linked-plain")
+        root.mkdir()
+        (root / "in.txt").write_text("TODO inside\n")
+        (root / "out.txt").symlink_to(outside)
+        (root / "same.txt").symlink_to("in.txt")
+        if git:
+            subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+            subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+        for name, tool_input in [("grep", {"pattern": "TODO"}), ("glob", {"pattern": "*"})]:
+            tool_input = {**tool_input, "path": root.name}
+            box.toolbox.ripgrep = tools.shutil.which("rg")
+            fast = box.call(name, **tool_input)
+            box.toolbox.ripgrep = None
+            slow = box.call(name, **tool_input)
+            assert fast.text == slow.text, (git, name)
+            assert "in.txt" in slow.text and "out.txt" not in slow.text
+            assert "outside-secret-value" not in slow.text
+
+
 def test_no_process_survives_khaelor_exiting_on_an_error(tmp_path):
     script = f"""
 import asyncio, sys
