@@ -13,7 +13,6 @@ import time
 import types
 import typing
 from dataclasses import dataclass, field
-from hashlib import sha256
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict
 
@@ -386,6 +385,8 @@ def khaelor_home() -> Path:
 
 def sessions_dir(home: Path, project_root: Path) -> Path:
     """One folder per project: readable name plus a hash of the absolute path (names collide)."""
+    # here, not at the top: hashlib costs `khaelor --version` ~4 ms
+    from hashlib import sha256
     root = str(Path(project_root).resolve())
     name = Path(root).name or "root"
     digest = sha256(root.encode()).hexdigest()[:12]
