@@ -1,0 +1,88 @@
+"""OpenCode's edit-tool tests, run through our real edit tool (tests/data/opencode_edit.json).
+
+Each case is a file's content, an edit call and OpenCode's outcome: the file's exact content
+after, or the kind of error. Our edit must give the same outcome, except where the case says
+`expect_ours`: there our outcome is kept on purpose (stricter or more careful) and the case gives
+it as `ours`. Every case runs on a real file in a temp project, read before it is edited.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_tools import box  # noqa: F401  (the fixture: a Toolbox on a temp project)
+
+CORPUS = json.loads((Path(__file__).parent / "data" / "opencode_edit.json").read_text())
+CASES = CORPUS["cases"]
+
+# OpenCode's error kinds, as the `error` our edit tool puts in its result's meta.
+ERROR_KINDS = {
+    "not found": "not_found",
+    "multiple matches": "ambiguous",
+    "identical strings": "no_change",
+    "is a directory": "is_directory",
+    "empty old_string": "empty_old_string",
+}
+
+
+def wanted(case: dict) -> dict:
+    if "expect_ours" in case:
+        return case["ours"]
+    return case["opencode"]
+
+
+def prepare(box, case: dict) -> Path:
+    target = box.root / case.get("path", "f.txt")
+    if case.get("directory"):
+        target.mkdir(parents=True)
+    elif case["before"] is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(case["before"].encode("utf-8"))
+        box.call("read", file_path=str(target.relative_to(box.root)))
+    return target
+
+
+def edit(box, target: Path, old: str, new: str, replace_all: bool):
+    shown = str(target.relative_to(box.root))
+    return box.call("edit", file_path=shown, old_string=old, new_string=new, replace_all=replace_all)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
+def test_opencode_edit_case(box, case):  # noqa: F811
+    target = prepare(box, case)
+    result = edit(box, target, case["old_string"], case["new_string"], case["replace_all"])
+    outcome = wanted(case)
+    if "error" in outcome:
+        assert result.is_error, result.text
+        assert result.meta.get("error") == ERROR_KINDS[outcome["error"]], result.text
+        if case["before"] is None:
+            assert case.get("directory") or not target.exists()
+        else:
+            assert target.read_bytes() == case["before"].encode("utf-8"), "a refused edit changed the file"
+        return
+    assert not result.is_error, result.text
+    if "added" in case:
+        assert (result.meta["added"], result.meta["removed"]) == (case["added"], case["removed"])
+    second = case.get("then")
+    if second:
+        result = edit(box, target, second["old_string"], second["new_string"], False)
+        assert not result.is_error, result.text
+    if "contains" in outcome:
+        # OpenCode's test asserts only this much.
+        assert outcome["contains"] in target.read_text()
+        return
+    assert target.read_bytes() == outcome["after"].encode("utf-8")
+
+
+def test_every_case_names_its_source_and_every_kept_difference_says_why():
+    files = {entry.split(" ")[0] for entry in CORPUS["source"]["files"]}
+    for case in CASES:
+        assert case["source"]["file"] in files and case["source"]["test"], case["name"]
+        assert ("ours" in case) == ("expect_ours" in case), case["name"]
+        if "expect_ours" in case:
+            assert case["ours"] != case["opencode"], case["name"]
+            assert len(case["expect_ours"].strip()) > 20, case["name"]
+    kinds = {wanted(case).get("error") for case in CASES} - {None}
+    assert kinds == set(ERROR_KINDS), "every error kind is exercised"
+    assert len(CASES) >= 40
