@@ -1776,9 +1776,9 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
                 new = _unescape(new)
             return _replace_spans(hay.text, spans, old, new, name)
     if ambiguous:
-        lines = ", ".join(str(hay.line_of(start)) for start, _ in ambiguous[:20])
+        where = _line_list([hay.line_of(start) for start, _ in ambiguous])
         raise ToolError(
-            f"old_string matches {len(ambiguous)} places in {shown_path} (lines {lines}). "
+            f"old_string matches {len(ambiguous)} places in {shown_path} ({where}). "
             "Include more surrounding lines so it matches exactly one, "
             "or set replace_all to true to change every occurrence.",
             error="ambiguous",
@@ -1793,6 +1793,24 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
             "Copy old_string exactly from the file (read it again if needed).",
             error="disproportionate")
     raise ToolError(_not_found(hay, old, shown_path), error="not_found")
+
+
+def _line_list(numbers: list[int]) -> str:
+    """The matches' lines, as "lines 1, 3", or "line 1 ×2" where several share a line
+    ("lines 1, 1" reads as a typo)."""
+    counts: dict[int, int] = {}
+    for number in numbers:
+        counts[number] = counts.get(number, 0) + 1
+    parts = []
+    for number, count in list(counts.items())[:20]:
+        if count > 1:
+            parts.append(f"{number} ×{count}")
+        else:
+            parts.append(str(number))
+    label = "lines"
+    if len(counts) == 1:
+        label = "line"
+    return f"{label} {', '.join(parts)}"
 
 
 def _overlapping(spans: list[Span], others: list[Span]) -> list[Span]:

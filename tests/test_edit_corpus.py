@@ -56,6 +56,7 @@ def test_opencode_edit_case(box, case):  # noqa: F811
     if "error" in outcome:
         assert result.is_error, result.text
         assert result.meta.get("error") == ERROR_KINDS[outcome["error"]], result.text
+        assert case.get("message", "") in result.text
         if case["before"] is None:
             assert case.get("directory") or not target.exists()
         else:
