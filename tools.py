@@ -1701,6 +1701,9 @@ def _adapt(old: str, matched: str, new: str) -> str:
         # It may carry the file's indentation already.
         if _indent(new.strip("\n").split("\n")) != now:
             new = _reindent(new, was, now)
+    elif same_shape and _stripped(old_lines) == _stripped(got_lines):
+        # old_string's indentation was wrong line by line (often: none at all).
+        new = _indent_each(old_lines, got_lines, new)
     # Leading whitespace: what old_string had, what the file had there, what new_string has.
     was, got, now = map(_leading_space, (old, matched, new))
     if was and was != got and now == was and new.strip():
@@ -1709,6 +1712,31 @@ def _adapt(old: str, matched: str, new: str) -> str:
     if was and was != got and now == was and new.strip():
         new = new.rstrip() + got
     return new
+
+
+def _stripped(lines: list[str]) -> list[str]:
+    return [line.strip() for line in lines]
+
+
+def _indent_each(old_lines: list[str], got_lines: list[str], new: str) -> str:
+    """new_string with each line indented as the file's line in its place, when new_string has
+    old_string's line count and each line's indentation as old_string had it; else unchanged."""
+    body = new.strip("\n")
+    if not body.strip():
+        return new
+    new_lines = body.split("\n")
+    if len(new_lines) != len(old_lines):
+        return new
+    fitted = []
+    for old_line, got_line, new_line in zip(old_lines, got_lines, new_lines):
+        if _leading_space(new_line) != _leading_space(old_line):
+            return new
+        if new_line.strip():
+            new_line = _leading_space(got_line) + new_line.lstrip()
+        fitted.append(new_line)
+    head = new[:len(new) - len(new.lstrip("\n"))]
+    tail = new[len(new.rstrip("\n")):]
+    return head + "\n".join(fitted) + tail
 
 
 def _leading_space(text: str) -> str:

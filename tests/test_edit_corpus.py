@@ -87,3 +87,14 @@ def test_every_case_names_its_source_and_every_kept_difference_says_why():
     kinds = {wanted(case).get("error") for case in CASES} - {None}
     assert kinds == set(ERROR_KINDS), "every error kind is exercised"
     assert len(CASES) >= 40
+
+
+def test_a_block_quoted_without_its_indentation_keeps_the_files(box):  # noqa: F811
+    # The table cases above in Python, where losing the indentation breaks the program.
+    target = box.root / "f.py"
+    target.write_text("def f(x):\n    if x:\n        return 1\n    return 0\n")
+    box.call("read", file_path="f.py")
+    result = edit(box, target, "if x:\nreturn 1", "if x:\nreturn 2", False)
+    assert not result.is_error, result.text
+    assert result.meta["strategy"] == "line_trimmed"
+    assert target.read_text() == "def f(x):\n    if x:\n        return 2\n    return 0\n"
