@@ -169,6 +169,9 @@ READ_ONLY = {
         bytes= characters= delimiter= fields= complement only-delimited
         output-delimiter= zero-terminated"""),
     "tr": ("cCdst", "complement delete squeeze-repeats truncate-set1"),
+    # sed only with scripts that print lines by number (_SED_PRINT): no
+    # -i, -f, and no script that could write (w), read (r) or run (e)
+    "sed": ("ne:", "quiet silent"),
     "diff": ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """
         brief report-identical-files unified unified= context context=
         side-by-side recursive new-file ignore-case ignore-all-space
@@ -207,11 +210,14 @@ READ_ONLY = {
     "tac": ("brs:", "before regex separator="),
     "rev": ("", ""), "sleep": ("", ""), "nproc": ("", "all"),
     "seq": ("wf:s:", "equal-width format= separator="),
+    "numfmt": ("", ""),
     "od": ("bcdfiloxsvwA:j:N:t:", """
         address-radix= skip-bytes= read-bytes= format= output-duplicates
         width="""),
     "hexdump": ("bcCdovxn:s:e:f:", ""),
     "strings": ("afwn:t:e:", "all print-file-name bytes= radix= encoding="),
+    # (GNU base64 writes only to stdout; BSD's -o FILE stays unlisted)
+    "base64": ("diw:", "decode ignore-garbage wrap="),
     "jq": ("rjacnsSeCMt", """
         raw-output join-output ascii-output compact-output null-input slurp
         sort-keys exit-status color-output monochrome-output tab indent=
@@ -226,6 +232,8 @@ _JQ_UNSAFE = re.compile(
     r"\benv\b|\$\s*ENV|\$\s*__|\binput_filename\b|\bimport\b|\binclude\b"
     r"|\bgetpath\b|\bdebug\b|\bstderr\b|\binput"
 )
+# sed scripts that only print: line N or lines M to N (1,5p).
+_SED_PRINT = re.compile(r"([0-9]+,)?[0-9]+p")
 # find: the predicates that only read and print, and those of them that
 # take a value.
 _FIND_SAFE = frozenset("""
@@ -2012,6 +2020,44 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
         return f"{name} writes its second file argument"
     if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
         return "the jq program reads the environment or other files"
+    if name == "sed":
+        return _sed_problem(args)
+    return None
+
+
+def _sed_problem(args: tuple[str, ...]) -> str | None:
+    """None when every script sed runs prints lines by number. Its options
+    passed READ_ONLY's check, so they are -n, -e SCRIPT (-eSCRIPT, -ne
+    SCRIPT) and --quiet/--silent; without -e the first operand is the
+    script, as sed reads it."""
+    scripts = []
+    operands = []
+    k = 0
+    while k < len(args):
+        arg = args[k]
+        k += 1
+        if arg == "--":
+            operands += args[k:]
+            break
+        if arg.startswith("--"):
+            continue
+        if not arg.startswith("-") or arg == "-":
+            operands.append(arg)
+            continue
+        at = arg.find("e")
+        if at < 0:
+            continue
+        script = arg[at + 1:]
+        if not script and k < len(args):
+            script = args[k]
+            k += 1
+        scripts.append(script)
+    if not scripts:
+        scripts = operands[:1]
+    for script in scripts or [""]:
+        if not _SED_PRINT.fullmatch(script):
+            return (f"sed: the script {script!r} is not a print of line N "
+                    "or lines M,N (Np, M,Np)")
     return None
 
 
