@@ -1,10 +1,12 @@
 """tools.py: the world seam (Workspace) and the seven model-facing tools.
 
 Owns: read write edit grep glob bash process — their schemas and descriptions (byte-stable, they are
-prompt-cached), input checking, edit's replacer cascade, output budgets and spill files, the process
-manager, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report; starting
-every subprocess confined as the decision's `confine` says (sandbox.py builds the Landlock ruleset), with
-git settings that keep a repository from running code; masking secrets in every output.
+prompt-cached) and, beside them, how their calls are shown (card, panel preview); input checking,
+edit's replacer cascade, output budgets and spill files, the process manager, pruning the file
+versions /undo keeps, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they
+report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
+Landlock ruleset), with git settings that keep a repository from running code; masking secrets in
+every output.
 Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import anything
 of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool is a result the model reads).
 """
