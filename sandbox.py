@@ -207,8 +207,9 @@ def _mask(names, abi: int) -> int:
 
 def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> list[str]:
     """Real paths no command may read or write: the secret home locations, $KHAELOR_HOME and /dev
-    (its usable devices are granted one by one). Only an approval that names one, or a path inside
-    it, opens it: approving `cp -r dotfiles/. ~` grants ~ around them, never ~/.ssh itself."""
+    (its usable devices are granted one by one). Only an approval that names one opens it:
+    approving `cp -r dotfiles/. ~` grants ~ around them, never ~/.ssh itself, and approving
+    `cat ~/.ssh/config` grants that file, never ~/.ssh/id_rsa beside it."""
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
     paths += [os.path.realpath(khaelor_home), "/dev"]
     opened = [os.path.realpath(path) for path in approved]
@@ -216,8 +217,9 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
 
 
 def _opened_by(path: str, grants: list[str]) -> bool:
-    """Whether one of `grants` is `path` or lies inside it."""
-    return any(grant == path or _beneath(grant, path) for grant in grants)
+    """Whether one of `grants` is `path` itself. A grant inside it gets its own rule, and the
+    rest of the location stays closed."""
+    return path in grants
 
 
 def build_ruleset(confine: dict, project: Path, temp_dir: Path | None,

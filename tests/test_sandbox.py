@@ -91,6 +91,24 @@ def test_a_command_cannot_read_the_ssh_key(world):
     assert "Permission denied" in result.text and "protected location" in result.text
 
 
+def test_approving_a_file_in_a_closed_location_opens_that_file_and_not_the_location(world):
+    ssh = world.home / ".ssh"
+    (ssh / "config").write_text("Host example\n")
+
+    async def scenario(box):
+        named = await bash(box, f"cat {ssh}/config", READ_ONLY, paths=[str(ssh / "config")])
+        # the same approval, then a script that reads the key beside it
+        beside = await bash(box, f"cat {ssh}/config; cat {ssh}/id_rsa", READ_ONLY,
+                            paths=[str(ssh / "config")])
+        whole = await bash(box, f"cat {ssh}/id_rsa", READ_ONLY, paths=[str(ssh)])
+        return named, beside, whole
+    named, beside, whole = drive(world, scenario)
+    assert "Host example" in named.text
+    assert "Host example" in beside.text and "not-a-real-key" not in beside.text
+    assert "Permission denied" in beside.text
+    assert "not-a-real-key" in whole.text         # naming the location itself opens it
+
+
 def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_spill_files(world):
     config = world.khaelor_home / "config.json"
     (world.khaelor_home / "spill" / "out.txt").write_text("spilled output\n")
