@@ -102,6 +102,10 @@ BLOCK_ANCHOR_SIMILARITY = 0.5
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 SECRET_MASK = "[redacted: khaelor's API credential]"
 DOTENV_MASK = "[redacted: a value from the project's .env file]"
+# A password in a URL (a remote in .git/config, a pip index): what `git config -l` or
+# `cat .git/config` would otherwise show the model and the session log.
+URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
+URL_PASSWORD_MASK = "[redacted]@"
 # .env.example and the like hold placeholders, not secrets.
 DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")
 # Shorter .env values (ports, flags, "true") are not worth masking.
@@ -1108,7 +1112,7 @@ def _absolute_path_entries(path: str) -> str:
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
     """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
     shows it (env, printenv, a .env file). Commands still get it in their environment. The values of the
-    project's .env files are masked the same way."""
+    project's .env files and the passwords in URLs are masked the same way."""
     for name in SECRET_ENV:
         secret = os.environ.get(name)
         if secret and len(secret) >= 8 and secret in text:
@@ -1116,7 +1120,24 @@ def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
     for value in dotenv_values:
         if value in text:
             text = text.replace(value, DOTENV_MASK)
+    if "@" in text:
+        text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
     return text
+
+
+def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
+    """A write or edit must not put a mask where the secret it hid was: a model that read a
+    masked .env and wrote it back would replace every value with the mask. A file that holds
+    the mask's text itself (khaelor's own source) may still be edited."""
+    for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK):
+        in_file = before is not None and mask.encode() in before
+        if mask in new_text and not in_file:
+            raise ToolError(
+                f"Not written: the new text for {shown} holds {mask!r}, which stands for a "
+                "secret khaelor hid from you; writing it would replace the real value. "
+                "Leave the lines that hold secrets as they are and edit the others "
+                "(the edit tool changes only what old_string names).",
+                error="masked_secret")
 
 
 class _DotEnv:
@@ -1910,6 +1931,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
             text = text.replace("\n", "\r\n")
         if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
             text = "\ufeff" + text
+    _refuse_masks(args["content"], before, shown)
     data = text.encode("utf-8")
     if data == before:
         text = f"{shown} already has exactly this content; nothing changed."
@@ -1949,6 +1971,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     box.check_fresh(path)
     before = ws.read_file(path)
+    _refuse_masks(new, before, shown)
     try:
         text = before.decode("utf-8")
     except UnicodeDecodeError:

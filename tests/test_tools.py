@@ -760,6 +760,29 @@ def test_neither_search_engine_follows_a_link_out_of_the_project(box, tmp_path):
             assert "outside-secret-value" not in slow.text
 
 
+def test_a_password_in_a_url_is_masked_and_a_masked_secret_is_never_written_back(box):
+    """The model sees neither a remote's password nor a .env value, and writing back what it saw
+    (a whole .env with its values masked) is refused, so no secret is lost."""
+    (box.root / ".git").mkdir()
+    remote = "https://ci-bot:hunter2-remote-pw@git.example.com/team/app.git"
+    (box.root / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {remote}\n')
+    (box.root / ".env").write_text("DB_PASSWORD=s3cret-value-42\nPORT=8000\n")
+    shown = box.call("bash", command="git config --file .git/config -l; cat .git/config")
+    assert "hunter2-remote-pw" not in shown.text and "ci-bot:[redacted]@git.example.com" in shown.text
+    seen = box.call("read", file_path=".env")
+    assert "s3cret-value-42" not in seen.text and tools.DOTENV_MASK in seen.text
+    lines = [line.split("\t", 1)[1] for line in seen.text.splitlines() if "\t" in line]
+    written = box.call("write", file_path=".env", content="\n".join(lines + ["DEBUG=1"]) + "\n")
+    assert written.is_error and written.meta["error"] == "masked_secret"
+    assert (box.root / ".env").read_text() == "DB_PASSWORD=s3cret-value-42\nPORT=8000\n"
+    edited = box.call("edit", file_path=".env", old_string="PORT=8000",
+                      new_string=f"PORT=8000\nDB_COPY={tools.DOTENV_MASK}")
+    assert edited.is_error and "s3cret-value-42" in (box.root / ".env").read_text()
+    added = box.call("edit", file_path=".env", old_string="PORT=8000", new_string="PORT=8000\nDEBUG=1")
+    assert not added.is_error
+    assert (box.root / ".env").read_text() == "DB_PASSWORD=s3cret-value-42\nPORT=8000\nDEBUG=1\n"
+
+
 def test_no_process_survives_khaelor_exiting_on_an_error(tmp_path):
     script = f"""
 import asyncio, sys
