@@ -278,6 +278,8 @@ TOOL_VIEWS = {
     },
 }
 PREVIEW_CHARS = 2000
+# A card shows one line: a 300 KB command is not copied into the log a second time.
+CARD_SUMMARY_CHARS = 500
 
 
 def card_of(name: str, tool_input: dict) -> dict:
@@ -286,13 +288,15 @@ def card_of(name: str, tool_input: dict) -> dict:
     view = TOOL_VIEWS.get(name)
     if view is None:
         strings = [v for v in tool_input.values() if isinstance(v, str)]
-        return {"summary": strings[0] if strings else "", "output": "tail"}
+        summary = strings[0] if strings else ""
+        return {"summary": summary[:CARD_SUMMARY_CHARS], "output": "tail"}
     parts = []
     for prefix, key in view["card"]:
         value = tool_input.get(key)
         if value:
             parts.append(f"{prefix}{value}")
-    return {"summary": " ".join(parts), "output": view["output"]}
+    summary = " ".join(parts)[:CARD_SUMMARY_CHARS]
+    return {"summary": summary, "output": view["output"]}
 
 
 def permission_preview(name: str, tool_input: dict) -> str:

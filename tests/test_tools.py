@@ -783,6 +783,16 @@ def test_a_password_in_a_url_is_masked_and_a_masked_secret_is_never_written_back
     assert (box.root / ".env").read_text() == "DB_PASSWORD=s3cret-value-42\nPORT=8000\nDEBUG=1\n"
 
 
+def test_a_card_names_its_call_in_bounded_text():
+    assert tools.card_of("grep", {"pattern": "TODO", "path": "src"}) == {
+        "summary": "TODO in src", "output": "head"}
+    assert tools.card_of("read", {"file_path": "a.py"})["output"] == "none"
+    huge = tools.card_of("bash", {"command": "echo " + "x" * 300_000})
+    assert len(huge["summary"]) == tools.CARD_SUMMARY_CHARS and huge["output"] == "tail"
+    assert tools.permission_preview("write", {"content": "y" * 9000}) == "y" * tools.PREVIEW_CHARS
+    assert tools.permission_preview("edit", {"old_string": "a", "new_string": "b"}) == "- a\n+ b"
+
+
 def test_no_process_survives_khaelor_exiting_on_an_error(tmp_path):
     script = f"""
 import asyncio, sys
