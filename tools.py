@@ -106,6 +106,12 @@ DOTENV_MASK = "[redacted: a value from the project's .env file]"
 # `cat .git/config` would otherwise show the model and the session log.
 URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
 URL_PASSWORD_MASK = "[redacted]@"
+# Tokens whose format names them (GitHub, GitLab, Slack, Anthropic): masked wherever they show,
+# a URL's user name included (https://ghp_…@github.com).
+# (No \b before them: it makes the scan of 100 MB of output 3.5 times slower.)
+TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{20,}"
+                   r"|xox[abpr]-[A-Za-z0-9-]{10,}|sk-ant-[\w-]{20,}")
+TOKEN_MASK = "[redacted: a token]"
 # .env.example and the like hold placeholders, not secrets.
 DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")
 # Shorter .env values (ports, flags, "true") are not worth masking.
@@ -1116,7 +1122,8 @@ def _absolute_path_entries(path: str) -> str:
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
     """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
     shows it (env, printenv, a .env file). Commands still get it in their environment. The values of the
-    project's .env files and the passwords in URLs are masked the same way."""
+    project's .env files, the passwords in URLs and tokens of known formats are masked the same
+    way."""
     for name in SECRET_ENV:
         secret = os.environ.get(name)
         if secret and len(secret) >= 8 and secret in text:
@@ -1126,14 +1133,14 @@ def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
             text = text.replace(value, DOTENV_MASK)
     if "@" in text:
         text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
-    return text
+    return TOKEN.sub(TOKEN_MASK, text)
 
 
 def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
     """A write or edit must not put a mask where the secret it hid was: a model that read a
     masked .env and wrote it back would replace every value with the mask. A file that holds
     the mask's text itself (khaelor's own source) may still be edited."""
-    for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK):
+    for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK, TOKEN_MASK):
         in_file = before is not None and mask.encode() in before
         if mask in new_text and not in_file:
             raise ToolError(
