@@ -540,7 +540,8 @@ class Kernel:
                             capability=events.LOOP_CAPABILITY,
                             descriptor=f"continue after {repeats}",
                             suggestion=None,
-                            preview=permission_preview(call))
+                            preview=tools.permission_preview(
+                                call["name"], call["input"]))
         choice, feedback = await self.ask(request)
         if choice != "deny":
             self.emit("PermissionGranted", tool_use_id=call_id, scope="once")
@@ -622,7 +623,8 @@ class Kernel:
                     continue
                 for kind, payload in reducer.feed(raw):
                     if kind == "ToolRequested":
-                        payload["card"] = card_of(payload)
+                        payload["card"] = tools.card_of(
+                            payload["name"], payload["input"])
                     self.emit(kind, **payload)
                 if self.save_checkpoint(reducer, time.monotonic()):
                     await self.bus.store.sync_off_loop()
@@ -727,7 +729,8 @@ class Kernel:
                             capability=decision.capability,
                             descriptor=decision.descriptor,
                             suggestion=decision.suggestion,
-                            preview=permission_preview(call))
+                            preview=tools.permission_preview(
+                                call["name"], call["input"]))
         choice, feedback = await self.ask(request)
         if choice == "deny":
             reason = "the user declined"
@@ -754,17 +757,3 @@ class Kernel:
                                   sandboxed=self.toolbox.sandboxed,
                                   process_command=process_command,
                                   mode=self.permission_mode)
-
-
-def card_of(request: dict) -> dict:
-    """How the UI draws the call's card, as the tool declares it beside its schema."""
-    tool_input = request["input"]
-    if not isinstance(tool_input, dict):
-        tool_input = {}
-    return tools.card_of(request["name"], tool_input)
-
-
-def permission_preview(call: dict) -> str:
-    """What the panel shows, as the tool declares it beside its schema."""
-    return tools.permission_preview(call["name"], call["input"])
-

@@ -291,6 +291,9 @@ CARD_SUMMARY_CHARS = 500
 def card_of(name: str, tool_input: dict) -> dict:
     """What a call's card shows: {"summary": "pattern in src", "output": "head"}. An unknown
     tool is named by its first string input."""
+    if not isinstance(tool_input, dict):
+        # a streamed input that was not a JSON object
+        tool_input = {}
     view = TOOL_VIEWS.get(name)
     if view is None:
         strings = [v for v in tool_input.values() if isinstance(v, str)]
