@@ -35,6 +35,7 @@ CONFIG_KEYS = {
     "permissions": (list, dict),
     "prices": dict,
     "max_turns": int,
+    "pass_env": list,
 }
 
 
@@ -112,6 +113,8 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
+    # Environment names passed to commands: a grant, so only from the user's own config.
+    merged["pass_env"] = user.get("pass_env", [])
     merged["model_flag"] = getattr(args, "model", None)
     merged["extra_layers"] = flag_layers(args, project_root)
     merged["layers"] = permission_layers(home, project_root,
@@ -542,11 +545,69 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     return EXIT_OK
 
 
+def print_boundary(out=sys.stdout) -> None:
+    """Each layer of the OS boundary and whether this kernel enforces it."""
+    import sandbox
+    for name, enforced, holds in sandbox.layers():
+        state = "enforced" if enforced else "MISSING "
+        print(f"boundary: {name:<15} {state}  {holds}", file=out)
+
+
+def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
+    """`khaelor sandbox [--read-only|--write|--network] [--path P] -- CMD…`: run any command in the
+    sandbox a permission decision would give it, so the boundary can be tested without the model."""
+    import permissions
+    import subprocess
+
+    import tools
+    parser = argparse.ArgumentParser(
+        prog="khaelor sandbox",
+        description="Run CMD in the sandbox that a permission decision gives:"
+                    " read-only (default: a command that runs without asking),"
+                    " --write (an approved command), --network (approved with network).")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--read-only", dest="shape", action="store_const", const="read-only")
+    shape.add_argument("--write", dest="shape", action="store_const", const="write")
+    shape.add_argument("--network", dest="shape", action="store_const", const="network")
+    parser.add_argument("--path", action="append", default=[], metavar="P",
+                        help="an approved path outside the project (repeatable)")
+    parser.add_argument("--secrets", action="store_true",
+                        help="as if reading the project's secret files was approved")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("khaelor sandbox: name a command after --")
+    shape = args.shape or "read-only"
+    confine = {"write": shape != "read-only", "network": shape == "network",
+               "paths": [os.path.abspath(path) for path in args.path],
+               "secrets": args.secrets, "hide": list(permissions.SECRET_NAMES)}
+    workspace = tools.Workspace(project_root)
+    workspace.home = home
+    workspace.pass_env = read_config(home / "config.json").get("pass_env", [])
+    print(f"khaelor sandbox: {shape}, project {project_root}"
+          f"{', outside paths: ' + ', '.join(confine['paths']) if confine['paths'] else ''}",
+          file=sys.stderr)
+    print_boundary(sys.stderr)
+    env, entry = workspace.prepare(command, confine, Path.cwd(), set)
+    try:
+        child = subprocess.Popen(command, env=env, preexec_fn=entry and entry.hook)
+        if entry:
+            entry.started()
+    except FileNotFoundError:
+        raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
+    finally:
+        if entry:
+            entry.close()
+    return child.wait()
+
+
 def print_policy(layers: list, rules) -> None:
     """`khaelor permissions`: the sandbox, the layers, the rules, and what is ignored."""
     import permissions
     import sandbox
     print(f"sandbox: {sandbox.status()}")
+    print_boundary()
     for layer in layers:
         trust = ""
         if layer.kind == "project":
@@ -900,6 +961,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
         kernel_.rules = permissions.load_rules(layers)
 
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+    toolbox.workspace.pass_env = settings["pass_env"]
     toolbox.resume(store.state)
     mode = getattr(args, "permission_mode", "default")
     append_system = getattr(args, "append_system_prompt", "")
@@ -1863,6 +1925,8 @@ def main(argv: list | None = None) -> int:
             return cmd_permissions(argv[1:], home, project_root)
         if argv[:1] == ["trust"]:
             return cmd_trust(argv[1:], home, project_root)
+        if argv[:1] == ["sandbox"]:
+            return cmd_sandbox(argv[1:], home, project_root)
         args = parse_args(argv)
         if args.prompt is not None:
             import time

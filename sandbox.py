@@ -35,6 +35,13 @@ MACHINES = {
 CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# What a read-only command may use: one file's size, CPU seconds, memory; the temp dir's total.
+READ_ONLY_FILE_CAP = 512 << 20
+READ_ONLY_CPU_S = 600
+READ_ONLY_MEMORY = 8 << 30
+TEMP_DIR_CAP = 1 << 30
 
 # right -> (bit, first ABI that has it). Filesystem rights, then network, then scopes.
 LANDLOCK = {
@@ -202,16 +209,115 @@ def notice() -> str | None:
 def _mask(names, abi: int) -> int:
     return sum(LANDLOCK[name][0] for name in names if LANDLOCK[name][1] <= abi)
 
+# ---------------------------------------------------------------- reads: an allow-list
+
+# System directories every command may read, where they exist.
+SYSTEM_READABLE = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/var",
+    "/nix", "/snap", "/proc", "/sys", "/run/systemd/resolve", "/run/resolvconf",
+]
+# ... except what they keep secret (host keys are added by name: /etc/ssh/ssh_host_*_key).
+SYSTEM_SECRETS = [
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+    "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
+    "/var/lib/sss", "/var/lib/docker", "/var/lib/containers", "/var/lib/libvirt",
+]
+# Under $HOME only the toolchains and git's own config are readable; the rest (shell histories,
+# ~/.claude, ~/.config/*, browser profiles) opens only by an approval that names a path.
+HOME_READABLE = [
+    ".pyenv", ".rbenv", ".nodenv", ".nvm", ".volta", ".asdf", ".cargo", ".rustup", "go",
+    ".sdkman", ".bun", ".deno", ".local/bin", ".local/lib", ".local/pipx", ".m2", ".gradle",
+    ".gitconfig", ".config/git",
+]
+_roots: dict[tuple, list[str]] = {}
+
+
+def readable_roots(home: Path) -> list[str]:
+    """What every command may read besides the project: system directories, the toolchains under
+    $HOME, each PATH entry with the prefix its programs load from, and this interpreter's prefix."""
+    import sys
+    key = (str(home), os.environ.get("PATH", ""))
+    if key in _roots:
+        return _roots[key]
+    roots = list(SYSTEM_READABLE)
+    roots += [str(home / name) for name in HOME_READABLE]
+    roots += [sys.prefix, sys.base_prefix]
+    for entry in key[1].split(os.pathsep):
+        if os.path.isabs(entry):
+            roots += _toolchain(entry)
+    _roots[key] = [root for root in dict.fromkeys(roots) if os.path.exists(root)]
+    return _roots[key]
+
+
+def _toolchain(entry: str) -> list[str]:
+    """A PATH entry and, for a `…/bin`, the libraries beside it (a venv, /opt/node, ~/.nvm/…)."""
+    if os.path.basename(entry.rstrip("/")) not in ("bin", "sbin"):
+        return [entry]
+    prefix = os.path.dirname(entry.rstrip("/"))
+    beside = ["lib", "lib64", "libexec", "include", "pyvenv.cfg"]
+    return [entry] + [os.path.join(prefix, name) for name in beside]
+
+
+def system_secrets() -> list[str]:
+    import glob
+    return SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
+
+
+class SecretScan:
+    """The project's secret files: names matching the `hide` patterns and every hard link to one (a
+    link elsewhere named notes.txt is the same inode). The walk follows no link (a symbolic link to a
+    secret is refused by Landlock where it leads) and skips .git; a directory is listed again only
+    when its mtime changed, so a .env made mid-session is left out of the next command."""
+
+    def __init__(self):
+        # directory -> (mtime_ns, [(name, inode, is_dir)])
+        self.listings: dict[str, tuple[int, list]] = {}
+
+    def find(self, root: str, patterns: list[str]) -> list[str]:
+        import fnmatch
+        seen = {}
+        entries = []
+        stack = [root]
+        visited = set()
+        while stack:
+            directory = stack.pop()
+            visited.add(directory)
+            for name, inode, is_dir in self._listing(directory):
+                path = os.path.join(directory, name)
+                entries.append((path, inode))
+                if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+                    seen[inode] = path
+                elif is_dir and name != ".git":
+                    stack.append(path)
+        self.listings = {d: self.listings[d] for d in visited if d in self.listings}
+        return [path for path, inode in entries if inode in seen]
+
+    def _listing(self, directory: str) -> list:
+        try:
+            mtime = os.stat(directory, follow_symlinks=False).st_mtime_ns
+        except OSError:
+            return []
+        cached = self.listings.get(directory)
+        if cached is None or cached[0] != mtime:
+            try:
+                with os.scandir(directory) as found:
+                    listing = [(e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found]
+            except OSError:
+                listing = []
+            cached = (mtime, listing)
+            self.listings[directory] = cached
+        return cached[1]
+
 # ---------------------------------------------------------------- the ruleset
 
 
 def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> list[str]:
-    """Real paths no command may read or write: the secret home locations, $KHAELOR_HOME and /dev
-    (its usable devices are granted one by one). Only an approval that names one opens it:
+    """Real paths no command may read or write: the secret home locations, $KHAELOR_HOME, the
+    system's secrets and /dev (its usable devices are granted one by one). Only an approval that names one opens it:
     approving `cp -r dotfiles/. ~` grants ~ around them, never ~/.ssh itself, and approving
     `cat ~/.ssh/config` grants that file, never ~/.ssh/id_rsa beside it."""
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
-    paths += [os.path.realpath(khaelor_home), "/dev"]
+    paths += [os.path.realpath(khaelor_home), "/dev"] + system_secrets()
     opened = [os.path.realpath(path) for path in approved]
     return [path for path in paths if not _opened_by(path, opened)]
 
@@ -222,14 +328,16 @@ def _opened_by(path: str, grants: list[str]) -> bool:
     return path in grants
 
 
-def build_ruleset(confine: dict, project: Path, temp_dir: Path | None,
-                  home: Path, khaelor_home: Path, ports: set[int]) -> int:
-    """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads stay open everywhere but the closed
-    locations; writes go where `confine` says; TCP connect only with network or to `ports`."""
+def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Path,
+                  khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
+    """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads only from the allow-list (system
+    directories, toolchains, the project but its `hidden` secret files, spill files, the temp dir);
+    writes where `confine` says; TCP connect only with network or to `ports`."""
     abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine["paths"])
+    closed = closed_locations(home, khaelor_home, confine["paths"]) + list(hidden)
+    grants = [(root, READ) for root in readable_roots(home)]
     # Results point at spill files, so those stay readable.
-    grants = [("/", READ), (project, READ), (khaelor_home / "spill", READ)]
+    grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     for device in READABLE_DEVICES + TERMINAL_DEVICES:
         grants.append((device, {"READ_FILE", "IOCTL_DEV"}))
@@ -333,24 +441,397 @@ def _add_rule(fd: int, kind: int, rule, what: str) -> None:
         raise OSError(error, f"landlock_add_rule({what}): {os.strerror(error)}")
 
 
-def child_hook(fd: int):
-    """The preexec_fn that enters the ruleset. It runs after fork in a threaded process, so it only calls
-    ctypes functions with arguments built here. CPython calls it before close_fds, so the ruleset fd is
-    still open; close_fds and its O_CLOEXEC close it before exec. If it fails, Popen raises in the parent
-    and the command does not run."""
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def child_hook(ruleset: int | None, program: list | None, limits: list, listener_to=None):
+    """The preexec_fn that confines a child: no capabilities (a root child could otherwise read
+    khaelor's /proc/PID/environ through Landlock), lower rlimits, no new privileges, the Landlock
+    ruleset, then the seccomp filter; with `listener_to` (a socket) the filter's notification fd is
+    sent there for the supervisor (see Supervisor). It runs after fork in a threaded process, so it
+    calls only ctypes and the resource module with arguments built here. CPython calls it before
+    close_fds, so the fds it needs are still open; close_fds closes them before exec. If it fails,
+    Popen raises in the parent and the command does not run."""
+    import resource
+    import socket
     syscall = _libc.syscall
     prctl = _libc.prctl
-    args_nnp = (
-        ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
-        ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-    args_restrict = (
-        ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_long(fd),
-        ctypes.c_uint32(0))
+    long = ctypes.c_ulong
+    drops = [(long(PR_CAPBSET_DROP), long(cap), long(0), long(0), long(0))
+             for cap in range(_last_capability() + 1)]
+    clear_ambient = (long(PR_CAP_AMBIENT), long(PR_CAP_AMBIENT_CLEAR_ALL), long(0), long(0),
+                     long(0))
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    no_capabilities = (_CapData * 2)()
+    no_new_privs = (ctypes.c_int(PR_SET_NO_NEW_PRIVS), long(1), long(0), long(0), long(0))
+    restrict = (ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_long(ruleset or 0), ctypes.c_uint32(0))
+    if program:
+        steps = (_SockFilter * len(program))(*[_SockFilter(*step) for step in program])
+        fprog = _SockFprog(len(program), steps)
+        flags = SECCOMP_FILTER_FLAG_NEW_LISTENER if listener_to else 0
+        install = (ctypes.c_long(SYSCALLS[os.uname().machine]["seccomp"]),
+                   ctypes.c_long(SECCOMP_SET_MODE_FILTER), ctypes.c_long(flags),
+                   ctypes.byref(fprog))
 
     def enter() -> None:
-        if prctl(*args_nnp) or syscall(*args_restrict):
+        for drop in drops:
+            # EPERM without CAP_SETPCAP (not root): there is nothing to drop then
+            prctl(*drop)
+        prctl(*clear_ambient)
+        if _libc.capset(ctypes.byref(header), no_capabilities):
+            raise OSError("could not drop capabilities")
+        for kind, value in limits:
+            resource.setrlimit(kind, (value, value))
+        if prctl(*no_new_privs):
+            raise OSError("could not set no_new_privs")
+        if ruleset is not None and syscall(*restrict):
             raise OSError("could not enter the Landlock sandbox")
+        if program:
+            listener = syscall(*install)
+            if listener < 0:
+                raise OSError("could not enter the seccomp filter")
+            if listener_to:
+                socket.send_fds(listener_to, [b"L"], [listener])
+                os.close(listener)
     return enter
+
+
+def _last_capability() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        return 63
+
+
+def limits_for(confine: dict) -> list[tuple[int, int]]:
+    """(resource, value) a command runs under: a read-only command cannot fill the disk (one file,
+    and the session temp dir, see tools) or the memory; none dumps core. RLIMIT_AS would break V8, Go
+    and the JVM, which reserve far more address space than they use: RLIMIT_DATA counts what is
+    really allocated. A limit is only ever lowered."""
+    import resource
+    wanted = [(resource.RLIMIT_CORE, 0)]
+    if not confine["write"]:
+        wanted += [(resource.RLIMIT_FSIZE, READ_ONLY_FILE_CAP),
+                   (resource.RLIMIT_CPU, READ_ONLY_CPU_S),
+                   (resource.RLIMIT_DATA, READ_ONLY_MEMORY)]
+    limits = []
+    for kind, value in wanted:
+        hard = resource.getrlimit(kind)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        limits.append((kind, value))
+    return limits
+
+
+# ---------------------------------------------------------------- seccomp: sockets, other processes, the terminal
+# Landlock confines files, TCP ports and signals; seccomp-BPF covers what it cannot see: sockets of
+# every other family (UDP, raw, packet, netlink, unix pathname sockets), TCP fast open, ptrace and
+# process_vm_*, io_uring (which would run its own connect and open), namespaces, keyrings, bpf,
+# perf, and the ioctls that type into a terminal. One filter, built in the parent, per kind of command.
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# syscall numbers (asm/unistd_64.h; asm-generic/unistd.h for aarch64)
+SYSCALLS = {
+    "x86_64": {
+        "socket": 41, "connect": 42, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
+        "ioctl": 16, "clone": 56, "unshare": 272, "clone3": 435, "capset": 126,
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
+        "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "setns": 308,
+        "open_by_handle_at": 304, "userfaultfd": 323, "seccomp": 317,
+    },
+    "aarch64": {
+        "socket": 198, "connect": 203, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
+        "ioctl": 29, "clone": 220, "unshare": 97, "clone3": 435, "capset": 91,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
+        "bpf": 280, "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "setns": 268,
+        "open_by_handle_at": 265, "userfaultfd": 282, "seccomp": 277,
+    },
+}
+# Refused for every confined command: each reaches another process, the kernel or the network
+# behind the other rules' backs.
+DENIED_SYSCALLS = [
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "bpf", "perf_event_open",
+    "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "setns", "open_by_handle_at", "userfaultfd",
+]
+# clone and unshare flags that make a namespace (CLONE_NEWNS … CLONE_NEWNET)
+NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
+    | 0x40000000
+TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
+AF_INET, AF_INET6, SOCK_STREAM, IPPROTO_TCP = 2, 10, 1, 6
+MSG_FASTOPEN = 0x20000000
+X32_SYSCALL_BIT = 0x40000000
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+RET_ALLOW = 0x7FFF0000
+RET_USER_NOTIF = 0x7FC00000
+RET_ERRNO = 0x00050000
+# classic BPF opcodes
+LD_ABS, JEQ, JSET, JGE, RET, AND = 0x20, 0x15, 0x45, 0x35, 0x06, 0x54
+# offsets into struct seccomp_data: nr, arch, then 64-bit args from 16 (the low half first)
+NR, ARCH = 0, 4
+
+
+def _arg(index: int) -> int:
+    return 16 + 8 * index
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
+    """Classic BPF from a list of ("label", name) markers and (code, k, jump-if-true label) steps;
+    a false test falls through. Jumps only go forward, as BPF requires."""
+    where = {}
+    steps = []
+    for item in program:
+        if item[0] == "label":
+            where[item[1]] = len(steps)
+        else:
+            steps.append(item)
+    code = []
+    for index, (op, k, *target) in enumerate(steps):
+        jump = where[target[0]] - index - 1 if target else 0
+        code.append((op, jump, 0, k))
+    return code
+
+
+def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int, int, int, int]]:
+    """The filter for one kind of command. sockets: "none" (read-only: socketpair and pipes only),
+    "tcp" (TCP stream sockets, to serve and, through `connect`, to reach the session's own servers)
+    or "any" (network approved). connect: "allow", "deny" or "notify" (khaelor's supervisor decides)."""
+    nr = SYSCALLS[machine]
+    deny = (RET, RET_ERRNO | errno.EPERM)
+    refuse = (RET, RET_ERRNO | errno.EACCES)
+    allow = (RET, RET_ALLOW)
+    program = [(LD_ABS, ARCH), (JEQ, AUDIT_ARCH[machine], "native"), deny, ("label", "native"),
+               (LD_ABS, NR)]
+    if machine == "x86_64":
+        program += [(JGE, X32_SYSCALL_BIT, "deny")]
+    program += [(JEQ, nr[name], "deny") for name in DENIED_SYSCALLS]
+    # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
+    program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
+                (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
+    if sockets != "any":
+        program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
+                    (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2")]
+    if connect != "allow":
+        program += [(JEQ, nr["connect"], "connect")]
+    program += [allow,
+                ("label", "ioctl"), (LD_ABS, _arg(1))]
+    program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
+    program += [allow,
+                ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
+                ("label", "socket")]
+    if sockets == "tcp":
+        program += [(LD_ABS, _arg(0)), (JEQ, AF_INET, "inet"), (JEQ, AF_INET6, "inet"), refuse,
+                    ("label", "inet"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "stream"),
+                    refuse,
+                    ("label", "stream"), (LD_ABS, _arg(2)), (JEQ, 0, "allow"),
+                    (JEQ, IPPROTO_TCP, "allow")]
+    program += [refuse,
+                ("label", "flags3"), (LD_ABS, _arg(3)), (JSET, MSG_FASTOPEN, "refuse"), allow,
+                ("label", "flags2"), (LD_ABS, _arg(2)), (JSET, MSG_FASTOPEN, "refuse"), allow,
+                ("label", "connect"),
+                (RET, RET_USER_NOTIF) if connect == "notify" else refuse,
+                ("label", "enosys"), (RET, RET_ERRNO | errno.ENOSYS),
+                ("label", "refuse"), refuse,
+                ("label", "allow"), allow,
+                ("label", "deny"), deny]
+    return _assemble(program)
+
+
+
+def seccomp_available() -> bool:
+    """Whether this kernel filters system calls for a machine whose numbers are listed here."""
+    if os.uname().machine not in SYSCALLS:
+        return False
+    try:
+        return "Seccomp:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+def filter_for(confine: dict, supervised: bool) -> list | None:
+    """The seccomp program for a command confined as `confine`: a read-only one opens no socket; an
+    approved one serves TCP and reaches, through the supervisor, only the session's own servers on
+    loopback (without one, no connect at all); one approved for the network opens any socket."""
+    if not seccomp_available():
+        return None
+    machine = os.uname().machine
+    if confine["network"]:
+        return seccomp_program(machine, "any", "allow")
+    if not confine["write"]:
+        return seccomp_program(machine, "none", "deny")
+    return seccomp_program(machine, "tcp", "notify" if supervised else "deny")
+
+
+class Entry:
+    """What one child needs to enter its sandbox, built in the parent; close() once it has started."""
+
+    def __init__(self, ruleset: int | None, program: list | None, limits: list,
+                 supervisor: "Supervisor | None" = None):
+        self.ruleset = ruleset
+        self.supervisor = supervisor
+        listener_to = supervisor.theirs if supervisor else None
+        self.hook = child_hook(ruleset, program, limits, listener_to)
+
+    def started(self) -> None:
+        """The child has exec'd: its supervisor starts."""
+        if self.supervisor:
+            self.supervisor.start()
+            self.supervisor = None
+
+    def close(self) -> None:
+        """Once the child started, or failed to: nothing of this is needed by the parent."""
+        if self.ruleset is not None:
+            os.close(self.ruleset)
+            self.ruleset = None
+        if self.supervisor:
+            self.supervisor.theirs.close()
+
+
+def layers() -> list[tuple[str, bool, str]]:
+    """(layer, enforced here, what it holds), for `khaelor permissions` and `khaelor sandbox`."""
+    abi = probe()[0]
+    seccomp = seccomp_available()
+    return [
+        ("landlock", abi > 0, f"files: reads from an allow-list, writes where approved ({status()})"),
+        ("landlock-net", abi >= 4, "TCP connect only with network approval"),
+        ("landlock-scope", abi >= 6, "signals and abstract unix sockets stay inside the command"),
+        ("seccomp", seccomp, "no UDP, raw, packet, netlink or unix socket without network; "
+                             "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI"),
+        ("capabilities", True, "every capability dropped, also for root"),
+        ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
+    ]
+
+# ---------------------------------------------------------------- the connect supervisor
+# Landlock's port rules cannot see an address, and seccomp cannot read connect()'s argument: a port
+# open to the session's dev server would be open on every host. So an approved command's connect()
+# stops in the kernel (seccomp user notification) and khaelor decides it from outside the sandbox.
+
+SYS_PIDFD_GETFD = 438
+NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
+LOOPBACK_V6 = bytes(15) + b"\x01"
+V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
+class _Notif(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("nr", ctypes.c_int32), ("arch", ctypes.c_uint32), ("ip", ctypes.c_uint64),
+                ("args", ctypes.c_uint64 * 6)]
+
+
+class _NotifResp(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32),
+                ("flags", ctypes.c_uint32)]
+
+
+def loopback_port(address: bytes) -> int | None:
+    """The port of a sockaddr naming a loopback address (127/8, ::1, ::ffff:127.x), else None."""
+    if len(address) < 8:
+        return None
+    family = int.from_bytes(address[:2], "little")
+    port = int.from_bytes(address[2:4], "big")
+    if family == AF_INET and address[4] == 127:
+        return port
+    if family == AF_INET6 and len(address) >= 24:
+        host = address[8:24]
+        if host == LOOPBACK_V6 or (host[:12] == V4_MAPPED and host[12] == 127):
+            return port
+    return None
+
+
+class Supervisor:
+    """Answers the connect() calls of one command's processes: a loopback address on a port that
+    `ports()` names (the session's own servers, asked at the moment of the call) is connected by
+    khaelor itself, on a duplicate of the command's socket and with the bytes it checked, so the
+    command cannot change the address after the check; anything else gets EACCES."""
+
+    def __init__(self, ports):
+        import socket
+        self.ports = ports
+        self.ours, self.theirs = socket.socketpair()
+
+    def start(self) -> None:
+        """After the child started: take the listener it sent and answer it in a thread."""
+        import socket
+        import threading
+        self.theirs.close()
+        self.ours.settimeout(5)
+        try:
+            _, fds, _, _ = socket.recv_fds(self.ours, 1, 1)
+        finally:
+            self.ours.close()
+        if fds:
+            threading.Thread(target=self._serve, args=(fds[0],), daemon=True,
+                             name="khaelor connect supervisor").start()
+
+    def _serve(self, listener: int) -> None:
+        import select
+        poller = select.poll()
+        poller.register(listener, select.POLLIN)
+        try:
+            while True:
+                events = poller.poll()
+                if any(mask & (select.POLLHUP | select.POLLERR) for _, mask in events):
+                    return
+                notif = _Notif()
+                if _libc.ioctl(listener, ctypes.c_ulong(NOTIF_RECV), ctypes.byref(notif)):
+                    continue
+                error = self._decide(listener, notif)
+                answer = _NotifResp(notif.id, 0, -error, 0)
+                _libc.ioctl(listener, ctypes.c_ulong(NOTIF_SEND), ctypes.byref(answer))
+        finally:
+            os.close(listener)
+
+    def _decide(self, listener: int, notif: _Notif) -> int:
+        """0 once connected, or the errno the command's connect() returns."""
+        sockfd, pointer, length = notif.args[0], notif.args[1], notif.args[2]
+        try:
+            with open(f"/proc/{notif.pid}/mem", "rb", buffering=0) as memory:
+                memory.seek(pointer)
+                address = memory.read(min(length, 128))
+        except (OSError, ValueError, OverflowError):
+            return errno.EACCES
+        # the pid may have died and been reused while we read
+        valid = ctypes.c_uint64(notif.id)
+        if _libc.ioctl(listener, ctypes.c_ulong(NOTIF_ID_VALID), ctypes.byref(valid)):
+            return errno.EACCES
+        port = loopback_port(address)
+        if port is None or port not in self.ports():
+            return errno.EACCES
+        return self._connect(notif.pid, sockfd, address)
+
+    def _connect(self, pid: int, sockfd: int, address: bytes) -> int:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return errno.EACCES
+        try:
+            duplicate = _libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_long(pidfd),
+                                      ctypes.c_long(sockfd), ctypes.c_long(0))
+            if duplicate < 0:
+                return errno.EACCES
+            failed = _libc.connect(duplicate, address, len(address))
+            os.close(duplicate)
+            return ctypes.get_errno() if failed else 0
+        finally:
+            os.close(pidfd)
 
 # ---------------------------------------------------------------- ports of the session's own servers
 
@@ -401,6 +882,44 @@ def _pids_in_groups(pgids: set[int]) -> list[int]:
         if int(fields[2]) in pgids:
             pids.append(int(entry.name))
     return pids
+
+# ---------------------------------------------------------------- the child's environment
+
+# A command's environment is built from these names only, plus those the user's own config passes
+# (`pass_env`): a silent `env` shows nothing secret (no API key, no AWS_*, *_TOKEN, *_SECRET).
+ENV_NAMES = {
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "COLORTERM",
+    "NO_COLOR", "FORCE_COLOR", "CI", "COLUMNS", "LINES", "PWD",
+    "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "PYENV_ROOT", "PYENV_VERSION",
+    "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
+    "JAVA_HOME", "GOPATH", "GOROOT", "GOCACHE", "GOMODCACHE", "CARGO_HOME", "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN", "NVM_DIR", "NVM_BIN", "NODE_PATH", "GEM_HOME", "GEM_PATH", "RBENV_ROOT",
+    "PKG_CONFIG_PATH", "LD_LIBRARY_PATH", "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS",
+    "MAKEFLAGS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+}
+ENV_PREFIXES = ("LC_",)
+# Only a command approved for the network needs its proxies and ssh agent.
+NETWORK_ENV_NAMES = {
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy", "SSH_AUTH_SOCK",
+}
+
+
+def child_environment(environ: dict, passed: list[str], network: bool, home: str) -> dict:
+    """The allow-listed part of `environ`, and what the user's config passes (fnmatch patterns).
+    HOME is pinned (a repository cannot point git or the shell at its own start-up files);
+    PATH keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
+    import fnmatch
+    names = ENV_NAMES | NETWORK_ENV_NAMES if network else ENV_NAMES
+    env = {}
+    for name, value in environ.items():
+        wanted = name in names or name.startswith(ENV_PREFIXES)
+        if wanted or any(fnmatch.fnmatchcase(name, pattern) for pattern in passed):
+            env[name] = value
+    entries = environ.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
+    env["HOME"] = home
+    return env
 
 # ---------------------------------------------------------------- git settings
 

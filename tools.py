@@ -388,6 +388,12 @@ class Workspace:
         self.temp_dir: Path | None = None
         # Landlock ABI; 0: commands run unconfined.
         self.abi = sandbox.probe()[0]
+        # The project's secret files, left out of what a read-only command may read.
+        self.secrets = sandbox.SecretScan()
+        # Environment names the user's own config passes to commands (fnmatch patterns).
+        self.pass_env: list[str] = []
+        # HOME for commands: the user's, never a folder of the project.
+        self.user_home = _user_home(self.cwd)
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root)."""
@@ -435,9 +441,10 @@ class Workspace:
 
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
                    stdin: bool = False, confine: dict | None = None,
-                   ports: set[int] = frozenset()) -> Child:
+                   ports: Callable[[], set[int]] = set) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe,
-        confined as `confine` says (None: DEFAULT_CONFINE); `ports` may be connected to without network.
+        confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it may
+        connect to without network (asked at each connect where seccomp supervises it).
 
         A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The pipes
         are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
@@ -448,7 +455,7 @@ class Workspace:
         else:
             argv = command
         confine = confine or DEFAULT_CONFINE
-        env, ruleset = self.prepare(argv, confine, cwd or self.cwd, ports)
+        env, entry = self.prepare(argv, confine, cwd or self.cwd, ports)
         out_read, out_write = os.pipe()
         if stdin:
             in_read, in_write = os.pipe()
@@ -463,7 +470,9 @@ class Workspace:
                 stdout=out_write,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_sandbox_hook(ruleset))
+                preexec_fn=entry and entry.hook)
+            if entry:
+                entry.started()
         except subprocess.SubprocessError as exc:
             # The child could not enter the sandbox: it did not run.
             os.close(out_read)
@@ -481,9 +490,9 @@ class Workspace:
             os.close(out_write)
             if stdin:
                 os.close(in_read)
-            if ruleset is not None:
+            if entry:
                 # The child has exec'd (or failed): the parent needs it no longer.
-                os.close(ruleset)
+                entry.close()
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
         transport, _ = await loop.connect_read_pipe(
@@ -504,8 +513,7 @@ class Workspace:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
         Failing to start, or timing out, gives -1 and the reason."""
         try:
-            env, ruleset = self.prepare(
-                argv, confine, cwd or self.cwd, frozenset(), scan_git)
+            env, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
         except OSError as exc:
             return -1, str(exc)
         try:
@@ -517,27 +525,27 @@ class Workspace:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_sandbox_hook(ruleset))
+                preexec_fn=entry and entry.hook)
         except (OSError, subprocess.SubprocessError) as exc:
             return -1, str(exc)
         finally:
-            if ruleset is not None:
-                os.close(ruleset)
+            if entry:
+                entry.close()
         return done.returncode, done.stdout.decode("utf-8", "replace")
 
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 
-    def prepare(self, argv: list[str], confine: dict, cwd: Path, ports: set[int],
-                scan_git: bool = True) -> tuple[dict, int | None]:
-        """(environment, Landlock ruleset fd or None when the kernel has none) for one command. The
-        caller closes the fd once the child has started."""
+    def prepare(self, argv: list[str], confine: dict, cwd: Path, ports: Callable[[], set[int]],
+                scan_git: bool = True) -> tuple[dict, "sandbox.Entry | None"]:
+        """(environment, what the child needs to enter its sandbox, or None: unconfined) for one
+        command. The caller closes the entry once the child has started."""
         read_only = not confine["write"]
         temp = str(self.session_temp())
-        env = {**os.environ, **EXEC_ENV_OVERRIDES}
+        env = sandbox.child_environment(os.environ, self.pass_env, confine["network"], self.user_home)
+        env.update(EXEC_ENV_OVERRIDES)
         env["TMPDIR"] = temp
         env["TMP"] = temp
         env["TEMP"] = temp
-        env["PATH"] = _absolute_path_entries(os.environ.get("PATH", ""))
         if read_only:
             # git status would otherwise refresh .git/index.
             env["GIT_OPTIONAL_LOCKS"] = "0"
@@ -547,13 +555,25 @@ class Workspace:
             keys = []
         settings = sandbox.git_settings(read_only, keys)
         env.update(sandbox.git_env(os.environ, settings))
-        # No Landlock, or the user's own `!` command.
-        if not self.abi or confine.get("unconfined"):
-            return env, None
-        home = self.home or events.khaelor_home()
-        ruleset = sandbox.build_ruleset(
-            confine, self.cwd, self.temp_dir, Path.home(), home, ports)
-        return env, ruleset
+        # the user's own `!` command
+        if confine.get("unconfined"):
+            return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
+        # An approved command reaches the session's servers through the connect supervisor where
+        # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
+        supervisor = None
+        if sandbox.seccomp_available() and confine["write"] and not confine["network"]:
+            supervisor = sandbox.Supervisor(ports)
+        ruleset = None
+        if self.abi:
+            home = self.home or events.khaelor_home()
+            hidden = []
+            if read_only and not confine["secrets"]:
+                hidden = self.secrets.find(str(self.cwd), confine["hide"])
+            static_ports = set() if supervisor or read_only else ports()
+            ruleset = sandbox.build_ruleset(
+                confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
+        program = sandbox.filter_for(confine, supervised=bool(supervisor))
+        return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -580,11 +600,14 @@ class Workspace:
         return drivers
 
 
-def _sandbox_hook(ruleset: int | None) -> Callable[[], None] | None:
-    """The preexec_fn that confines a child with a Landlock ruleset; None: no ruleset."""
-    if ruleset is None:
-        return None
-    return sandbox.child_hook(ruleset)
+def _user_home(project: Path) -> str:
+    """$HOME, unless it points into the project: then the account's own home directory."""
+    import pwd
+    home = os.path.expanduser("~")
+    real = os.path.realpath(home)
+    if real == str(project) or real.startswith(str(project) + "/"):
+        return pwd.getpwuid(os.getuid()).pw_dir
+    return home
 
 
 def _runs_git(argv: list[str]) -> bool:
@@ -1113,13 +1136,6 @@ def _prune_spill(spill_dir: Path) -> None:
             break
         Path(path).unlink(missing_ok=True)
         total -= size
-
-
-def _absolute_path_entries(path: str) -> str:
-    """PATH without its empty or relative entries: with "." or "bin" on PATH, a `cat` judged
-    read-only would run the repository's own ./cat or bin/cat."""
-    entries = path.split(os.pathsep)
-    return os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
 
 
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
@@ -2464,11 +2480,14 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult("\n".join(parts + notes), is_error=timed_out, meta=meta)
 
 
-def _reachable_ports(confine: dict, groups: set[int]) -> set[int]:
-    """Without network, a command may still connect to what khaelor's own processes listen on."""
-    if confine["network"]:
-        return set()
-    return sandbox.listening_ports(groups)
+def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
+    """Without network, a command may still connect to what khaelor's own processes listen on: the
+    ports are looked up when it connects (the supervisor runs in a thread: it reads a copy)."""
+    def ports() -> set[int]:
+        if confine["network"]:
+            return set()
+        return sandbox.listening_ports(set(groups))
+    return ports
 
 # ---------------------------------------------------------------- process: background processes
 
