@@ -12,6 +12,7 @@ import json
 import re
 import time
 import traceback
+from dataclasses import replace
 
 import context
 import events
@@ -384,6 +385,15 @@ class StreamReducer:
 
 # ---------------------------------------------------------------- the loop
 
+def _unattended(decision: permissions.Decision) -> permissions.Decision:
+    """What --yes approves: the decision, without the network unless every program of the line
+    is known to need it (see permissions._confine)."""
+    confine = decision.confine
+    if not confine or not confine["network"] or confine.get("unattended_network"):
+        return decision
+    return replace(decision, confine={**confine, "network": False})
+
+
 class Kernel:
     """Runs turns of one session. `ask(request_event) -> (choice, feedback)` answers permission
     questions: choice is "once", "always" or "deny"; `grant(rule)` persists an "always"."""
@@ -723,7 +733,7 @@ class Kernel:
         if self.yes and not decision.destructive:
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
-            return decision
+            return _unattended(decision)
         request = self.emit("PermissionRequested",
                             tool_use_id=tool_use_id,
                             capability=decision.capability,
@@ -742,6 +752,9 @@ class Kernel:
         if choice == "always" and decision.suggestion and self.grant:
             self.grant(decision.suggestion)
         self.emit("PermissionGranted", tool_use_id=tool_use_id, scope=choice)
+        if decision.confine:
+            # the user saw this very call: what it names, it may change (tools.guard_check)
+            return replace(decision, confine={**decision.confine, "attended": True})
         return decision
 
     def decide(self, call: dict) -> permissions.Decision:

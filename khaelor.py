@@ -518,7 +518,7 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     import sandbox
     layers = permission_layers(home, project_root)
     rules = permissions.load_rules(layers)
-    sandboxed = sandbox.probe()[0] > 0
+    sandboxed = sandbox.enforced()
     if args.action != "check":
         print_policy(layers, rules)
         return EXIT_OK
@@ -557,8 +557,6 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     """`khaelor sandbox [--read-only|--write|--network] [--path P] -- CMD…`: run any command in the
     sandbox a permission decision would give it, so the boundary can be tested without the model."""
     import permissions
-    import subprocess
-
     import tools
     parser = argparse.ArgumentParser(
         prog="khaelor sandbox",
@@ -589,17 +587,10 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
           f"{', outside paths: ' + ', '.join(confine['paths']) if confine['paths'] else ''}",
           file=sys.stderr)
     print_boundary(sys.stderr)
-    env, entry = workspace.prepare(command, confine, Path.cwd(), set)
     try:
-        child = subprocess.Popen(command, env=env, preexec_fn=entry and entry.hook)
-        if entry:
-            entry.started()
+        return workspace.run_attached(command, confine)
     except FileNotFoundError:
         raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
-    finally:
-        if entry:
-            entry.close()
-    return child.wait()
 
 
 def print_policy(layers: list, rules) -> None:

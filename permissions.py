@@ -1395,9 +1395,13 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
     network = [r for r in requests if r.capability == "network.access"]
     if any(_installer(r.core.split()) for r in network):
         paths.update(_package_locations())
+    # --yes gives the network only to a line whose every program is known to need it: never to
+    # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`).
+    known = not any(r.capability == "process.execute" for r in requests)
     return {
         "write": not read_only,
         "network": bool(network),
+        "unattended_network": bool(network) and known,
         "paths": sorted(paths),
         "secrets": any(r.secret for r in requests),
         "hide": list(SECRET_NAMES),
@@ -1433,12 +1437,13 @@ def _package_locations() -> list[str]:
 
 
 def _without_sandbox(decision: Decision) -> Decision:
-    """With no OS sandbox to hold a command to its decision, only a provably
-    read-only one runs without asking."""
-    if decision.action != "allow" or decision.read_only:
+    """Without the whole OS boundary (Landlock and seccomp) nothing holds a
+    command to its decision, whatever the parser thought of it: every command
+    asks."""
+    if decision.action != "allow":
         return decision
-    reason = ("no OS sandbox here: only provably read-only commands run "
-              "without asking")
+    reason = ("no OS sandbox here (see khaelor permissions): every command "
+              "asks")
     return Decision("ask", decision.capability, decision.descriptor, None,
                     False, decision.suggestion, reason, layer="sandbox",
                     not_read_only=decision.not_read_only,

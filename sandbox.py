@@ -18,6 +18,7 @@ import ctypes
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 
 # ---------------------------------------------------------------- Landlock constants (linux/landlock.h)
@@ -35,7 +36,9 @@ MACHINES = {
 CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
-PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # What a read-only command may use: one file's size, CPU seconds, memory; the temp dir's total.
 READ_ONLY_FILE_CAP = 512 << 20
@@ -198,12 +201,20 @@ def status() -> str:
     return probe()[1]
 
 
+def enforced() -> bool:
+    """Whether the whole boundary holds here: Landlock and seccomp."""
+    return probe()[0] > 0 and seccomp_available()
+
+
 def notice() -> str | None:
-    """The one line to show at interactive start and on stderr headless when nothing is confined."""
-    if probe()[0]:
+    """The one line to show at interactive start and on stderr headless when a layer is missing."""
+    missing = [name for name, held, _ in layers()[:4] if not held]
+    if not missing:
         return None
-    return (f"sandbox {status()}: commands run unconfined, "
-            "so every command that is not provably read-only asks first.")
+    if enforced():
+        return f"sandbox: this kernel lacks {', '.join(missing)}; the rest holds."
+    return (f"sandbox: this kernel lacks {', '.join(missing)} ({status()}): commands are not "
+            "held to their decision, so every command asks first.")
 
 
 def _mask(names, abi: int) -> int:
@@ -245,7 +256,8 @@ def readable_roots(home: Path) -> list[str]:
     for entry in key[1].split(os.pathsep):
         if os.path.isabs(entry):
             roots += _toolchain(entry)
-    _roots[key] = [root for root in dict.fromkeys(roots) if os.path.exists(root)]
+    real = [os.path.realpath(root) for root in roots if os.path.exists(root)]
+    _roots[key] = list(dict.fromkeys(real))
     return _roots[key]
 
 
@@ -259,8 +271,14 @@ def _toolchain(entry: str) -> list[str]:
 
 
 def system_secrets() -> list[str]:
-    import glob
-    return SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
+    global _system_secrets
+    if _system_secrets is None:
+        import glob
+        _system_secrets = SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
+    return _system_secrets
+
+
+_system_secrets: list[str] | None = None
 
 
 class SecretScan:
@@ -270,43 +288,62 @@ class SecretScan:
     when its mtime changed, so a .env made mid-session is left out of the next command."""
 
     def __init__(self):
-        # directory -> (mtime_ns, [(name, inode, is_dir)])
-        self.listings: dict[str, tuple[int, list]] = {}
+        self.patterns: list[str] = []
+        self.matches = None
+        # directory -> (mtime_ns, [(secret name, inode)], [subdirectory names], {inode: [names]})
+        self.listings: dict[str, tuple] = {}
 
     def find(self, root: str, patterns: list[str]) -> list[str]:
-        import fnmatch
-        seen = {}
-        entries = []
+        if not patterns:
+            return []
+        if patterns != self.patterns:
+            import fnmatch
+            self.patterns = list(patterns)
+            self.matches = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
+            self.listings = {}
+        visited = {}
         stack = [root]
-        visited = set()
         while stack:
             directory = stack.pop()
-            visited.add(directory)
-            for name, inode, is_dir in self._listing(directory):
-                path = os.path.join(directory, name)
-                entries.append((path, inode))
-                if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
-                    seen[inode] = path
-                elif is_dir and name != ".git":
-                    stack.append(path)
-        self.listings = {d: self.listings[d] for d in visited if d in self.listings}
-        return [path for path, inode in entries if inode in seen]
+            listing = self._listing(directory)
+            visited[directory] = listing
+            stack += [os.path.join(directory, name) for name in listing[2]]
+        self.listings = visited
+        secrets = []
+        inodes = set()
+        for directory, (_, found, _, _) in visited.items():
+            secrets += [os.path.join(directory, name) for name, _ in found]
+            inodes.update(inode for _, inode in found)
+        for directory, (_, _, _, others) in visited.items():
+            for inode in inodes & others.keys():
+                secrets += [os.path.join(directory, name) for name in others[inode]]
+        return secrets
 
-    def _listing(self, directory: str) -> list:
+    def _listing(self, directory: str) -> tuple:
         try:
             mtime = os.stat(directory, follow_symlinks=False).st_mtime_ns
         except OSError:
-            return []
+            return (0, [], [], {})
         cached = self.listings.get(directory)
-        if cached is None or cached[0] != mtime:
-            try:
-                with os.scandir(directory) as found:
-                    listing = [(e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found]
-            except OSError:
-                listing = []
-            cached = (mtime, listing)
-            self.listings[directory] = cached
-        return cached[1]
+        if cached and cached[0] == mtime:
+            return cached
+        found = []
+        subdirectories = []
+        others = {}
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if self.matches(entry.name):
+                        found.append((entry.name, entry.inode()))
+                    elif entry.is_dir(follow_symlinks=False):
+                        if entry.name != ".git":
+                            subdirectories.append(entry.name)
+                    else:
+                        others.setdefault(entry.inode(), []).append(entry.name)
+        except OSError:
+            pass
+        return (mtime, found, subdirectories, others)
+
 
 # ---------------------------------------------------------------- the ruleset
 
@@ -344,7 +381,9 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     grants += [("/dev", {"READ_DIR"})]
     approved_rights = WRITE if confine["write"] else READ
     for path in confine["paths"]:
-        grants.append((_existing(path), approved_rights))
+        target = approved_target(path)
+        if target:
+            grants.append((target, approved_rights))
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there, and git
     # writes the blobs it hands to a textconv or an external diff there. Nothing else is.
     if temp_dir:
@@ -363,8 +402,9 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
         error = ctypes.get_errno()
         raise OSError(error, f"landlock_create_ruleset: {os.strerror(error)}")
     try:
+        real_project = os.path.realpath(project)
         for path, rights in grants:
-            _grant(fd, os.path.realpath(path), rights, closed, abi)
+            _grant(fd, os.path.realpath(path), rights, closed, abi, real_project)
         for port in [] if network else sorted(ports):
             rule = _NetPort(_mask(["CONNECT_TCP"], abi), port)
             _add_rule(fd, RULE_NET_PORT, ctypes.byref(rule), f"port {port}")
@@ -374,26 +414,38 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     return fd
 
 
-def _existing(path: str) -> str:
-    """An approved path, or for one still to be made (mkdir, cp to a new name) its nearest existing
-    directory: Landlock rules hold on to inodes, and creating a name needs rights on its directory."""
+def approved_target(path: str) -> str | None:
+    """What approving `path` opens: the path itself; for one still to be made (mkdir, cp to a new
+    name), its folder, only while that folder is empty (khaelor makes missing ones: make_parents):
+    making a name needs rights on its folder, and rights on ~ would open all of ~. None: nothing."""
     path = os.path.realpath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent in (path, "/"):
-            break
-        path = parent
-    return path
+    if os.path.lexists(path):
+        return path
+    folder = os.path.dirname(path)
+    if os.path.isdir(folder) and not os.listdir(folder):
+        return folder
+    return None
 
 
-def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int) -> None:
+def make_parents(paths: list[str]) -> None:
+    """Make the missing folders of approved paths still to be made (the user approved the path,
+    so khaelor makes its folders), left empty for the command to make the path itself."""
+    for path in paths:
+        folder = os.path.dirname(os.path.realpath(path))
+        if not os.path.lexists(path) and not os.path.lexists(folder):
+            os.makedirs(folder, mode=0o700)
+
+
+def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, project: str) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only add and are
     inherited, so a closed location inside `path` means: the directory itself gets READ_DIR (its names,
     and those below it, stay listable), and every entry of it but the closed one is granted in turn."""
-    if not any(_beneath(place, path) for place in closed):
-        _add_path(fd, path, rights, abi)
+    prefix = path.rstrip("/") + "/"
+    inside = [place for place in closed if place.startswith(prefix)]
+    if not inside:
+        _add_path(fd, path, rights, abi, project)
         return
-    _add_path(fd, path, rights & {"READ_DIR"}, abi)
+    _add_path(fd, path, rights & {"READ_DIR"}, abi, project)
     try:
         entries = list(os.scandir(path))
     except OSError:
@@ -401,8 +453,8 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int) ->
     for entry in entries:
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
-        if entry.path not in closed and not entry.is_symlink():
-            _grant(fd, entry.path, rights, closed, abi)
+        if entry.path not in inside and not entry.is_symlink():
+            _grant(fd, entry.path, rights, inside, abi, project)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -416,20 +468,32 @@ def _beneath(path: str, parent: str) -> bool:
     return inside and path != parent
 
 
-def _add_path(fd: int, path: Path, rights: set[str], abi: int) -> None:
+# path -> (O_PATH fd, is a directory), for the paths outside the project, which every command's
+# ruleset grants again: opened once per session, so a ruleset costs its add_rule calls only.
+_opened: dict[str, tuple[int, bool]] = {}
+
+
+def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> None:
+    opened = _opened.get(path)
+    if opened is None:
+        try:
+            target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            # missing (a device this machine lacks): nothing to grant
+            return
+        opened = (target, stat.S_ISDIR(os.fstat(target).st_mode))
     try:
-        target = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        # missing (a device this machine lacks): nothing to grant
-        return
-    try:
-        if not os.path.isdir(path):
+        if not opened[1]:
             rights = rights & FILE_ONLY
         if rights:
-            rule = _PathBeneath(_mask(rights, abi), target)
-            _add_rule(fd, RULE_PATH_BENEATH, ctypes.byref(rule), str(path))
+            rule = _PathBeneath(_mask(rights, abi), opened[0])
+            _add_rule(fd, RULE_PATH_BENEATH, ctypes.byref(rule), path)
     finally:
-        os.close(target)
+        # the project's entries are opened afresh: they come and go during a session
+        if path == project or _beneath(path, project):
+            os.close(opened[0])
+        else:
+            _opened[path] = opened
 
 
 def _add_rule(fd: int, kind: int, rule, what: str) -> None:
@@ -566,7 +630,10 @@ DENIED_SYSCALLS = [
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
-AF_INET, AF_INET6, SOCK_STREAM, IPPROTO_TCP = 2, 10, 1, 6
+AF_INET = 2
+AF_INET6 = 10
+SOCK_STREAM = 1
+IPPROTO_TCP = 6
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
@@ -575,9 +642,15 @@ RET_ALLOW = 0x7FFF0000
 RET_USER_NOTIF = 0x7FC00000
 RET_ERRNO = 0x00050000
 # classic BPF opcodes
-LD_ABS, JEQ, JSET, JGE, RET, AND = 0x20, 0x15, 0x45, 0x35, 0x06, 0x54
+LD_ABS = 0x20
+JEQ = 0x15
+JSET = 0x45
+JGE = 0x35
+RET = 0x06
+AND = 0x54
 # offsets into struct seccomp_data: nr, arch, then 64-bit args from 16 (the low half first)
-NR, ARCH = 0, 4
+NR = 0
+ARCH = 4
 
 
 def _arg(index: int) -> int:
@@ -725,7 +798,9 @@ def layers() -> list[tuple[str, bool, str]]:
 # stops in the kernel (seccomp user notification) and khaelor decides it from outside the sandbox.
 
 SYS_PIDFD_GETFD = 438
-NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
+NOTIF_RECV = 0xC0502100
+NOTIF_SEND = 0xC0182101
+NOTIF_ID_VALID = 0x40082102
 LOOPBACK_V6 = bytes(15) + b"\x01"
 V4_MAPPED = bytes(10) + b"\xff\xff"
 
@@ -984,7 +1059,7 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
     it would need (a path, write access outside the project, network) and that the user can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine["paths"])
-    writable = [_existing(path) for path in confine["paths"]]
+    writable = [approved_target(path) or path for path in confine["paths"]]
     if temp_dir:
         writable.append(str(temp_dir))
     if confine["write"]:

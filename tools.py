@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -533,6 +534,19 @@ class Workspace:
                 entry.close()
         return done.returncode, done.stdout.decode("utf-8", "replace")
 
+    def run_attached(self, argv: list[str], confine: dict) -> int:
+        """Run a command confined as `confine`, on khaelor's own terminal (`khaelor sandbox`): its
+        exit code."""
+        env, entry = self.prepare(argv, confine, Path.cwd(), set)
+        try:
+            child = subprocess.Popen(argv, env=env, preexec_fn=entry and entry.hook)
+            if entry:
+                entry.started()
+        finally:
+            if entry:
+                entry.close()
+        return child.wait()
+
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 
     def prepare(self, argv: list[str], confine: dict, cwd: Path, ports: Callable[[], set[int]],
@@ -565,6 +579,7 @@ class Workspace:
             supervisor = sandbox.Supervisor(ports)
         ruleset = None
         if self.abi:
+            sandbox.make_parents(confine["paths"])
             home = self.home or events.khaelor_home()
             hidden = []
             if read_only and not confine["secrets"]:
@@ -616,6 +631,112 @@ def _runs_git(argv: list[str]) -> bool:
         return True
     return argv[1:2] == ["-c"] and "git" in argv[-1]
 
+# ---------------------------------------------------------------- the guard: no persistence inside the project
+# Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
+# later, unconfined (git's hooks and drivers when the user runs git, khaelor's and Claude Code's
+# permission files), is recorded before an approved step and compared after it. A change the user
+# did not approve by name is put back, and what it had written is kept in the spill folder.
+GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude")
+GIT_CONFIG = ".git/config"
+# .git/config entries a step may change freely (anything else there can run code or reroute git)
+GIT_CONFIG_PLAIN = re.compile(
+    r"^(remote\.[^\n]*\.(url|pushurl|fetch|push|tagopt|prune)|branch\.[^\n]*"
+    r"|user\.\w+|init\.\w+|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
+    r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
+    r"|precomposeunicode|autocrlf|eol|symlinks))=", re.I)
+GUARD_FILE_CAP = 1 << 20
+
+
+def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
+    """The guarded files: relative path -> (mode, bytes)."""
+    state = {}
+    paths = [project / GIT_CONFIG]
+    for name in GUARDED_DIRS:
+        for directory, _, files in os.walk(project / name):
+            paths += [Path(directory) / file for file in files]
+    for path in paths:
+        try:
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode) and info.st_size <= GUARD_FILE_CAP:
+                state[path.relative_to(project).as_posix()] = (info.st_mode, path.read_bytes())
+            elif not stat.S_ISDIR(info.st_mode):
+                # a link or a fifo: recorded as present, so that its appearing is seen
+                state[path.relative_to(project).as_posix()] = (info.st_mode, b"")
+        except OSError:
+            continue
+    return state
+
+
+def guard_restore(project: Path, before: dict, named: str, keep: Path) -> list[str]:
+    """Put back what changed since `before` unless `named` (the command the user approved, or
+    "") names it; the changed bytes go to `keep`. Returns the paths put back."""
+    after = guard_record(project)
+    restored = []
+    for rel in sorted(set(before) | set(after)):
+        old = before.get(rel)
+        new = after.get(rel)
+        if old == new or _named(rel, named):
+            continue
+        if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
+            continue
+        path = project / rel
+        if new is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
+            kept.write_bytes(new[1])
+            path.unlink(missing_ok=True)
+        if old is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(old[1])
+            os.chmod(path, stat.S_IMODE(old[0]))
+        restored.append(rel)
+    return restored
+
+
+def _named(rel: str, command: str) -> bool:
+    if not command:
+        return False
+    if rel == GIT_CONFIG:
+        return "git config" in command or GIT_CONFIG in command
+    return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
+
+
+def _git_config_plain(old: bytes, new: bytes) -> bool:
+    """Whether two versions of .git/config differ only in entries that run nothing."""
+    changed = _config_entries(old) ^ _config_entries(new)
+    return all(GIT_CONFIG_PLAIN.match(entry) for entry in changed)
+
+
+def _config_entries(data: bytes) -> set[str]:
+    """`section.sub.key=value` for each entry of a git config file."""
+    entries = set()
+    section = ""
+    for line in data.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            head = line[1:].split("]", 1)[0]
+            name, _, sub = head.partition(" ")
+            section = f"{name}.{sub.strip().strip(chr(34))}" if sub else name
+        elif line and line[0] not in "#;":
+            key, _, value = line.partition("=")
+            entries.add(f"{section}.{key.strip()}={value.strip()}")
+    return entries
+
+
+def guard_check(project: Path, spill_dir: Path, before: dict, command: str, confine: dict) -> str:
+    """After an approved step: put back the guarded files it changed without the user having
+    approved that command by name; the note says what, and where its version was kept."""
+    named = command if confine.get("attended") else ""
+    keep = spill_dir / "guarded"
+    restored = guard_restore(project, before, named, keep)
+    if not restored:
+        return ""
+    return (f"[khaelor: put back {', '.join(restored)}: this command changed "
+            "what git or khaelor would run or grant later, and nobody approved that by name; "
+            f"its version is kept in {keep}. To make such a change, run a command that names "
+            "the file, so that the user's question shows it.]")
+
+
 # ---------------------------------------------------------------- Toolbox: the kernel's entry point
 
 
@@ -642,10 +763,10 @@ class Toolbox:
         # None: grep/glob use the Python fallback.
         self.ripgrep = shutil.which("rg")
         self.dotenv = _DotEnv(workspace.cwd)
-        self.processes = _Processes(workspace, emit, self.groups, self.mask)
         workspace.home = Path(home)
-        # False: commands run unconfined (the kernel asks for more).
-        self.sandboxed = bool(workspace.abi)
+        self.processes = _Processes(workspace, emit, self.groups, self.mask)
+        # False: the boundary is incomplete here (the kernel asks for every command).
+        self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
         # "landlock ABI 7", or "unavailable: <why>".
         self.sandbox_status = sandbox.status()
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
@@ -2445,10 +2566,21 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
 
     started = time.monotonic()
     ports = _reachable_ports(confine, box.groups)
+    guarded = guard_record(box.workspace.cwd) if confine["write"] else None
     child = await box.workspace.exec(command, cwd=workdir, confine=confine, ports=ports)
     box.groups.add(child.pid)
+    watchdog = None
+    if not confine["write"]:
+        watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
     timed_out, stray = await _supervise(
         child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
+    if watchdog and watchdog.done():
+        notes.append(f"Stopped: the session temp dir passed {sandbox.TEMP_DIR_CAP >> 20} MiB, "
+                     "the most a command that runs without asking may write.")
+    elif watchdog:
+        watchdog.cancel()
+    if guarded is not None:
+        notes.append(guard_check(box.workspace.cwd, box.spill_dir, guarded, command, confine))
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
@@ -2477,7 +2609,28 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)
-    return ToolResult("\n".join(parts + notes), is_error=timed_out, meta=meta)
+    return ToolResult("\n".join(parts + [note for note in notes if note]), is_error=timed_out,
+                      meta=meta)
+
+
+async def _watch_temp(temp: Path, pid: int) -> None:
+    """Stop a read-only command's group once the session temp dir passes its cap (RLIMIT_FSIZE
+    bounds one file only)."""
+    while await asyncio.to_thread(_tree_bytes, temp) <= sandbox.TEMP_DIR_CAP:
+        await asyncio.sleep(0.5)
+    _kill_group(pid)
+
+
+def _tree_bytes(root: Path) -> int:
+    """Disk blocks in use under `root`, in bytes (a sparse file counts what it holds)."""
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
@@ -2514,6 +2667,9 @@ class _Process:
     read_pos: int = 0
     # Set by new output and by the exit.
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    # The guarded files when it started (see guard_record), and its confine.
+    guarded: dict | None = None
+    confine: dict | None = None
 
     def append(self, text: str) -> None:
         self.text += text
@@ -2557,6 +2713,7 @@ class _Processes:
         self.items: dict[str, _Process] = {}
         self.n_started = 0
         self.closed = False
+        self.spill_dir = (workspace.home or events.khaelor_home()) / "spill"
 
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
@@ -2577,11 +2734,14 @@ class _Processes:
 
     async def _spawn(self, command: str, confine: dict) -> _Process:
         ports = _reachable_ports(confine, self.groups)
+        guarded = guard_record(self.workspace.cwd) if confine["write"] else None
         child = await self.workspace.exec(
             command, stdin=True, confine=confine, ports=ports)
         self.groups.add(child.pid)
         self.n_started += 1
         process = _Process(f"p{self.n_started}", command, child)
+        process.guarded = guarded
+        process.confine = confine
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
@@ -2611,6 +2771,11 @@ class _Processes:
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
+            if process.guarded is not None:
+                note = guard_check(self.workspace.cwd, self.spill_dir, process.guarded,
+                                   process.command, process.confine)
+                if note:
+                    process.append(f"\n{note}\n")
             process.ended = time.monotonic()
             process.arrived.set()
             self.emit(

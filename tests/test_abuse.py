@@ -325,7 +325,9 @@ def test_the_api_key_never_reaches_the_log_spill_files_or_output(project, env):
         assert result.returncode == 0, result.stderr
         sent = [request["raw"] for request in fake.requests]
     log_path = session_files(env)[-1]
-    assert log_path.read_text().count(tools.SECRET_MASK) >= 6      # the key was there, and was masked
+    # env and printenv no longer see the key (the child's environment is allow-listed); the file
+    # read, grepped and catted does show it, masked
+    assert log_path.read_text().count(tools.SECRET_MASK) >= 3
     assert all(KEY.encode() not in raw for raw in sent)
     written = [p for p in Path(env["KHAELOR_HOME"]).rglob("*") if p.is_file()]
     assert any("spill" in p.parts for p in written)

@@ -124,8 +124,9 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
 
 
 def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, fake, project, tmp_path):
-    """An approved command plants core.fsmonitor, a pager, an external diff and a hook in .git;
-    khaelor's own per-turn git calls and the model's read-only git commands never run them."""
+    """An approved command plants core.fsmonitor, a pager, an external diff and a hook in .git: under
+    --yes nobody approved that by name, so the guard puts .git back at once; and khaelor's own
+    per-turn git calls and the model's read-only git commands never run what was planted."""
     real_git_repository(project)
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -141,8 +142,10 @@ def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, f
                  reply(text("done")))
     result = khaelor.run("-p", "look at the repo", "--yes")
     assert result.returncode == 0, result.stderr
-    assert subprocess.run(["git", "-C", str(project), "config", "core.fsmonitor"], capture_output=True,
-                          text=True).stdout.strip()      # the plant itself happened
+    assert not subprocess.run(["git", "-C", str(project), "config", "core.fsmonitor"],
+                              capture_output=True, text=True).stdout.strip()
+    assert not (project / ".git" / "hooks" / "post-index-change").exists()
+    assert "put back .git/config, .git/hooks/post-index-change" in tool_outputs(khaelor)[0]
     assert sorted(p.name for p in markers.iterdir()) == []
     assert "modified:   app.py" in "\n".join(tool_outputs(khaelor))    # git itself still works
 

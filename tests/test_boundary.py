@@ -1,6 +1,7 @@
 """The boundary, proved by running hostile payloads inside each decision's sandbox directly
 (`khaelor sandbox`), whatever the parser would have said of them. Every payload is harmless if it
 ran: a marker file, a listener the test holds, a temp HOME."""
+import json
 import os
 import pty
 import socket
@@ -13,6 +14,7 @@ import pytest
 
 import sandbox
 from conftest import ROOT, was_reached
+from fake_api import reply, text, tool_use
 
 if not sandbox.probe()[0] or not sandbox.seccomp_available():
     if os.environ.get("KHAELOR_CI"):
@@ -218,3 +220,128 @@ def test_ordinary_work_keeps_working_in_an_approved_sandbox(project, env):
                           "git log --oneline | wc -l")
     assert code == 0, out
     assert (project / "out.txt").read_text() == "built\n" and "1 passed" in out
+
+
+# ---------------------------------------------------------------- the guard: no persistence in the project
+
+APPROVED = {"write": True, "network": False, "paths": [], "secrets": False, "hide": []}
+
+
+def run_tool(project, home, name, tool_input, confine):
+    import asyncio
+
+    import tools
+
+    async def main():
+        box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {})
+        try:
+            result = await box.run(name, tool_input, "t1", confine=confine)
+            if name == "process":
+                await asyncio.sleep(1.0)
+                later = await box.run("process", {"action": "read", "id": "p1"}, "t2", confine=confine)
+                result.text += later.text
+            return result
+        finally:
+            await box.close()
+    return asyncio.run(main())
+
+
+PLANT = ("import os\n"
+         "os.makedirs('.git/hooks', exist_ok=True)\n"
+         "open('.git/hooks/pre-commit', 'w').write('#!/bin/sh\\ntouch MARKER\\n')\n"
+         "os.chmod('.git/hooks/pre-commit', 0o755)\n"
+         "open('.git/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+         "os.makedirs('.claude', exist_ok=True)\n"
+         "open('.claude/settings.json', 'w').write('{\"permissions\": {\"allow\": [\"Bash\"]}}')\n")
+
+
+@pytest.fixture
+def repo(project):
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    (project / "plant.py").write_text(PLANT)
+    return project
+
+
+def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_path):
+    config = (repo / ".git" / "config").read_bytes()
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} plant.py"},
+                      {**APPROVED, "attended": True})
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert not (repo / ".claude" / "settings.json").exists()
+    assert "put back .claude/settings.json, .git/config, .git/hooks/pre-commit" in result.text
+    kept = list((tmp_path / "kh" / "spill" / "guarded").iterdir())
+    assert any(b"touch MARKER" in path.read_bytes() for path in kept)     # nothing is lost
+
+
+def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):
+    result = run_tool(repo, tmp_path / "kh", "process",
+                      {"action": "start", "command": f"{sys.executable} plant.py"}, APPROVED)
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert "put back" in result.text
+
+
+def test_what_the_user_approved_by_name_stays_and_plain_git_config_changes_stay(repo, tmp_path):
+    command = "mkdir -p .git/hooks && printf '#!/bin/sh\\n' > .git/hooks/pre-push && git remote add origin x"
+    run_tool(repo, tmp_path / "kh", "bash", {"command": command}, {**APPROVED, "attended": True})
+    assert (repo / ".git" / "hooks" / "pre-push").exists()
+    assert b'[remote "origin"]' in (repo / ".git" / "config").read_bytes()
+    # the same command under --yes (nobody saw it): the hook goes, the remote stays
+    (repo / ".git" / "hooks" / "pre-push").unlink()
+    run_tool(repo, tmp_path / "kh", "bash", {"command": command.replace("origin", "other")}, APPROVED)
+    assert not (repo / ".git" / "hooks" / "pre-push").exists()
+    assert b'[remote "other"]' in (repo / ".git" / "config").read_bytes()
+
+
+def test_under_yes_a_hostile_payload_gets_nothing_out(khaelor, fake, project, env, home, listener, tmp_path):
+    """The real program, --yes, no parser in the way: the payload is a script the model runs
+    (`curl …; python3 payload.py` asks for the network, and --yes does not give it to python3)."""
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(0.3)
+    unix_path = str(tmp_path / "agent.sock")
+    unix_server = socket.socket(socket.AF_UNIX)
+    unix_server.bind(unix_path)
+    unix_server.listen()
+    unix_server.settimeout(0.3)
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    payload = (
+        "import os, socket\n"
+        "def attempt(what, act):\n"
+        "    try:\n        print(what, 'GOT', act())\n"
+        "    except Exception as exc:\n        print(what, 'REFUSED', type(exc).__name__)\n"
+        f"attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'k', ('127.0.0.1', {receiver.getsockname()[1]})))\n"
+        f"attempt('unix', lambda: socket.socket(socket.AF_UNIX).connect({unix_path!r}))\n"
+        f"attempt('tcp', lambda: socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=2))\n"
+        f"attempt('creds', lambda: open({str(home / '.claude' / '.credentials.json')!r}).read())\n"
+        "attempt('environ', lambda: open(f'/proc/{os.getppid()}/environ').read())\n"
+        f"attempt('bashrc', lambda: open({str(home / '.bashrc')!r}, 'a').write('evil'))\n"
+        "attempt('hook', lambda: open('.git/hooks/post-checkout', 'w').write('#!/bin/sh\\ntouch MARKER'))\n"
+    )
+    (project / "payload.py").write_text(payload)
+    command = f"curl -s -m 1 http://127.0.0.1:9/ ; {sys.executable} payload.py"
+    fake.enqueue(reply(tool_use("bash", {"command": command})), reply(text("done")))
+    result = khaelor.run("-p", "run the payload", "--yes")
+    assert result.returncode == 0, result.stderr
+    sent = json.dumps(fake.requests[-1]["body"])
+    for what in ("udp", "unix", "tcp", "creds", "environ", "bashrc"):
+        assert f"{what} REFUSED" in sent, (what, sent[-2000:])
+    assert CREDENTIAL not in sent and "sk-test-secret-key" not in sent
+    with pytest.raises(socket.timeout):
+        receiver.recvfrom(10)
+    assert not was_reached(unix_server) and not was_reached(listener)
+    assert (home / ".bashrc").read_text() == "# the user's\n"
+    assert not (project / ".git" / "hooks" / "post-checkout").exists()
+    receiver.close()
+    unix_server.close()
+
+
+def test_a_read_only_command_filling_the_temp_dir_is_stopped(project, tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "TEMP_DIR_CAP", 1 << 20)
+    command = ("for i in 1 2 3; do head -c 600000 /dev/urandom > $TMPDIR/f$i; done; sleep 20; "
+               "echo SURVIVED")
+    started = time.monotonic()
+    result = run_tool(project, tmp_path / "kh", "bash", {"command": command},
+                      {**APPROVED, "write": False})
+    assert "SURVIVED" not in result.text and "session temp dir passed 1 MiB" in result.text
+    assert time.monotonic() - started < 10
