@@ -876,11 +876,12 @@ class Supervisor:
 
     def _decide(self, listener: int, notif: _Notif) -> int:
         """0 once connected, or the errno the command's connect() returns."""
-        sockfd, pointer, length = notif.args[0], notif.args[1], notif.args[2]
+        # connect(sockfd, address pointer, length)
+        sockfd = notif.args[0]
         try:
             with open(f"/proc/{notif.pid}/mem", "rb", buffering=0) as memory:
-                memory.seek(pointer)
-                address = memory.read(min(length, 128))
+                memory.seek(notif.args[1])
+                address = memory.read(min(notif.args[2], 128))
         except (OSError, ValueError, OverflowError):
             return errno.EACCES
         # the pid may have died and been reused while we read
