@@ -49,7 +49,7 @@ def test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the
     assert not (project / "made.txt").exists()
     assert "khaelor trust" in first.stderr and "denied" in first.stderr
 
-    trusted = khaelor.run("trust")
+    trusted = khaelor.run("trust", "--yes")
     assert trusted.returncode == 0 and "allow process.execute 'touch *'" in trusted.stdout
     fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("made")))
     assert khaelor.run("-p", "make a file").returncode == 0
