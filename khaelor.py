@@ -28,6 +28,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 # 128 + SIGINT, as a shell reports a command Ctrl-C ended
 EXIT_INTERRUPTED = 130
+# 128 + SIGPIPE: the reader of the output has gone (`khaelor -p … | head -1`)
+EXIT_PIPE = 141
 # config.json's keys and the type each value must have
 CONFIG_KEYS = {
     "model": str,
@@ -984,10 +986,25 @@ def current_model(store, settings) -> str:
     return settings["model"]
 
 
-def print_durable(event: dict) -> None:
-    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens."""
-    if event["type"] in events.DURABLE:
-        print(json.dumps(event, ensure_ascii=False), flush=True)
+class StreamJson:
+    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens.
+    When the reader has gone (`| head -1`) the run stops as Ctrl-C stops it (the log says it was
+    interrupted), and nothing more is written."""
+
+    def __init__(self):
+        import asyncio
+        self.run = asyncio.current_task()
+        self.reader_gone = False
+
+    def __call__(self, event: dict) -> None:
+        if event["type"] not in events.DURABLE or self.reader_gone:
+            return
+        try:
+            print(json.dumps(event, ensure_ascii=False), flush=True)
+        except BrokenPipeError:
+            self.reader_gone = True
+            stdout_to_devnull()
+            self.run.cancel()
 
 
 def print_status(event: dict) -> None:
@@ -996,9 +1013,11 @@ def print_status(event: dict) -> None:
 
 
 async def run_headless(args, settings, store, home, project_root) -> int:
+    import asyncio
     bus = events.Bus(store)
+    stream = StreamJson()
     if args.output_format == "stream-json":
-        bus.subscribe(print_durable)
+        bus.subscribe(stream)
     bus.subscribe(print_status)
     args.streamed = args.output_format == "text" and sys.stdout.isatty()
     if args.streamed:
@@ -1032,6 +1051,10 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         await kernel_.record_baseline(baseline_reason)
         kernel_.submit(args.prompt)
         step = await kernel_.run()
+    except asyncio.CancelledError:
+        if not stream.reader_gone:
+            raise
+        return EXIT_PIPE
     finally:
         await kernel_.toolbox.close()
         await kernel_.model.close()
@@ -1865,6 +1888,27 @@ def prune_in_background(home: Path) -> None:
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list | None = None) -> int:
+    """The entry point. Whatever was being written, a reader that has gone (`khaelor -p … |
+    head -1`) ends the program quietly with 141, as a shell expects of a closed pipe."""
+    try:
+        try:
+            return run_command_line(argv)
+        finally:
+            # the output's last block waits in the buffer until here
+            sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_to_devnull()
+        return EXIT_PIPE
+
+
+def stdout_to_devnull() -> None:
+    """The reader has gone: what is still written (a flush at exit too) goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def run_command_line(argv: list | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # the cheapest path there is: no argparse, no signals
     if argv == ["--version"]:
@@ -1913,11 +1957,8 @@ def main(argv: list | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # `khaelor sessions | head -1`: the reader has gone; end quietly,
-        # with nothing left to flush at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
+        # main's to answer: the reader has gone
+        raise
     except UsageError as e:
         print(f"khaelor: {e}", file=sys.stderr)
         return EXIT_USAGE
