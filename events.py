@@ -400,7 +400,7 @@ _PICTURES = {"\r": "␍", "\x7f": "^?"}
 
 
 def overwritten(text: str) -> str:
-    """Each line as a terminal leaves it after its carriage returns (a progress bar's last state)."""
+    """Each line as a terminal leaves it after its carriage returns (a progress bar at its end)."""
     if "\r" not in text:
         return text
     lines = text.replace("\r\n", "\n").split("\n")

@@ -315,7 +315,7 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
         print("  it grants nothing (its ask and deny rules apply"
               " whether trusted or not)")
     for rule in grants:
-        say(f"    allow {rule.capability} {rule.pattern!r}  ({rule.source})")
+        say(f"    allow {rule.capability} '{rule.pattern}'  ({rule.source})")
     prices = None
     if path.name == "config.json":
         prices = parse_config(path, data.decode("utf-8", "replace")).get("prices")
