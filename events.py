@@ -395,6 +395,8 @@ CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u206
 # what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
 INVISIBLE_CHARS = "\u200b-\u200d\u2060-\u2064\ufeff\U000e0000-\U000e007f"
 _UNSAFE_RE = re.compile(rf"{_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]")
+# every sequence starts with one of these: text without any (nearly all) is left as it is, fast
+_CONTROL_RE = re.compile(f"[{CONTROL_CHARS}]")
 _HIDDEN_RE = re.compile(f"[{CONTROL_CHARS}{INVISIBLE_CHARS}]")
 _PICTURES = {"\r": "␍", "\x7f": "^?"}
 
@@ -410,12 +412,16 @@ def overwritten(text: str) -> str:
 def without_escapes(text: str) -> str:
     """A program's output for the model: escape sequences dropped (their payloads too), lines
     overwritten as a terminal would."""
+    if not _CONTROL_RE.search(text):
+        return text
     return _ESCAPES_RE.sub("", overwritten(text))
 
 
 def plain_text(text: str) -> str:
     """Untrusted text made safe to print: also every other control character dropped, so nothing in
     it moves the cursor, retitles the window, writes the clipboard (OSC 52) or reorders the line."""
+    if not _CONTROL_RE.search(text):
+        return text
     return _UNSAFE_RE.sub("", overwritten(text))
 
 
