@@ -9,6 +9,7 @@ Must not: import any other khaelor module, touch the network, or rewrite a line 
 import fcntl
 import json
 import os
+import re
 import time
 import types
 import typing
@@ -375,6 +376,78 @@ class SessionBusyError(KhaelorError):
         holder = f"process {pid}" if pid else "another process"
         super().__init__(f"session {session_id} is open in another khaelor ({holder}); "
                          "finish or quit that one first, or start a new session without -c/-r")
+
+
+# ---------------------------------------------------------------- terminal control: one grammar
+
+# What a terminal acts on, for every module that strips it from untrusted text or shows it: CSI
+# (ESC [ or the 8-bit 0x9B), the strings (OSC, DCS, SOS, PM, APC) up to BEL or ST, and the other
+# ESC forms (ESC 7, ESC c, ESC ( B). A string never ended runs to the end of the text.
+_STRING_START = r"(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*"
+_SEQUENCE = (r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+             rf"|{_STRING_START}(?:\x07|\x1b\\|\x9c)"
+             r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
+# complete sequences only: a stream holds back one that is not (yet)
+ESCAPE_SEQUENCE_RE = re.compile(_SEQUENCE)
+_ESCAPES_RE = re.compile(rf"{_SEQUENCE}|{_STRING_START}|\x1b")
+# C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
+CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
+INVISIBLE_CHARS = "\u200b-\u200d\u2060-\u2064\ufeff\U000e0000-\U000e007f"
+_UNSAFE_RE = re.compile(rf"{_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]")
+# every sequence starts with one of these: text without any (nearly all) is left as it is, fast
+_CONTROL_RE = re.compile(f"[{CONTROL_CHARS}]")
+_HIDDEN_RE = re.compile(f"[{CONTROL_CHARS}{INVISIBLE_CHARS}]")
+_PICTURES = {"\r": "␍", "\x7f": "^?"}
+
+
+def overwritten(text: str) -> str:
+    """Each line as a terminal leaves it after its carriage returns (a progress bar at its end)."""
+    if "\r" not in text:
+        return text
+    lines = text.replace("\r\n", "\n").split("\n")
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
+
+
+def without_escapes(text: str) -> str:
+    """A program's output for the model: escape sequences dropped (their payloads too), lines
+    overwritten as a terminal would."""
+    if not _CONTROL_RE.search(text):
+        return text
+    return _ESCAPES_RE.sub("", overwritten(text))
+
+
+def plain_text(text: str) -> str:
+    """Untrusted text made safe to print: also every other control character dropped, so nothing in
+    it moves the cursor, retitles the window, writes the clipboard (OSC 52) or reorders the line."""
+    if not _CONTROL_RE.search(text):
+        return text
+    return _UNSAFE_RE.sub("", overwritten(text))
+
+
+def _picture(match: re.Match) -> str:
+    ch = match.group()
+    if ch in _PICTURES:
+        return _PICTURES[ch]
+    if ch < " ":
+        return "^" + chr(ord(ch) + 64)
+    return f"<U+{ord(ch):04X}>"
+
+
+def visible_controls(text: str, one_line: bool = False) -> str:
+    """What the user approves is what runs: every character of a command or a rule kept, each
+    control, bidirectional or invisible one shown as itself (ESC as ^[, CR as ␍, 0x9B as <U+009B>),
+    none left for the terminal to act on. `one_line`: a newline shown as ␤."""
+    shown = _HIDDEN_RE.sub(_picture, text)
+    if one_line:
+        return shown.replace("\n", "␤")
+    return shown
+
+
+def has_hidden_characters(text: str) -> bool:
+    """A C0 or C1 control, a bidirectional control or an invisible character: what the panel warns
+    of, since what the user reads may not be what runs (a CR before a newline is a line ending)."""
+    return bool(_HIDDEN_RE.search(text.replace("\r\n", "\n")))
 
 
 # ---------------------------------------------------------------- locations

@@ -28,6 +28,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 # 128 + SIGINT, as a shell reports a command Ctrl-C ended
 EXIT_INTERRUPTED = 130
+# 128 + SIGPIPE: the reader of the output has gone (`khaelor -p … | head -1`)
+EXIT_PIPE = 141
 # config.json's keys and the type each value must have
 CONFIG_KEYS = {
     "model": str,
@@ -53,13 +55,23 @@ def find_project_root(cwd: Path) -> Path:
     return cwd
 
 
-def read_config(path: Path) -> dict:
+def read_bytes(path: Path) -> bytes:
+    """A config or permission file's bytes, read once; b"" when there is none."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return b""
     except OSError as e:
         raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def read_config(path: Path) -> dict:
+    return parse_config(path, read_bytes(path).decode("utf-8", "replace"))
+
+
+def parse_config(path: Path, text: str) -> dict:
+    if not text:
+        return {}
     try:
         config = json.loads(text)
     except ValueError as e:
@@ -98,13 +110,9 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
     user = read_config(home / "config.json")
-    project_file = project_root / ".khaelor" / "config.json"
-    project = read_config(project_file)
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
               "prices": {}, "max_turns": None}
-    merged["untrusted_prices"] = untrusted_prices(home, project_file, project)
-    if merged["untrusted_prices"]:
-        project = {k: v for k, v in project.items() if k != "prices"}
+    project, merged["untrusted_prices"] = project_config(home, project_root)
     # the project's file wins; permission rules are layers of their own
     for config in (user, project):
         for key, value in config.items():
@@ -134,32 +142,41 @@ def permission_layers(home: Path, project_root: Path,
     claude_user = Path.home() / ".claude" / "settings.json"
     layers = [claude_settings_layer(claude_user, project_root, "user", True)]
     for path in user_config_paths(home):
-        layers.append(config_layer(path, project_root, "user", True))
+        text = read_bytes(path).decode("utf-8", "replace")
+        layers.append(config_layer(path, text, project_root, "user", True))
     grants = grants_path(home, project_root)
     layers.append(permissions.Layer(str(grants), read_config(grants)))
-    project = project_root / ".khaelor" / "config.json"
-    trusted = is_trusted(home, project)
-    layers.append(config_layer(project, project_root, "project", trusted))
-    for path in claude_project_files(project_root):
-        trusted = is_trusted(home, path)
-        layer = claude_settings_layer(path, project_root, "project", trusted)
-        layers.append(layer)
+    for path in project_files(project_root):
+        data = read_bytes(path)
+        trusted = is_trusted(home, path, data)
+        layers.append(project_layer(path, data, project_root, trusted))
     return [*layers, *extra]
 
 
-def claude_project_files(project_root: Path) -> list[Path]:
+def project_files(project_root: Path) -> list[Path]:
+    """The repository's own permission files, as `khaelor trust` reviews them."""
     claude = project_root / ".claude"
-    return [claude / "settings.json", claude / "settings.local.json"]
+    return [project_root / ".khaelor" / "config.json",
+            claude / "settings.json", claude / "settings.local.json"]
 
 
-def config_layer(path: Path, project_root: Path, kind: str, trusted: bool):
+def project_layer(path: Path, data: bytes, project_root: Path, trusted: bool):
+    """A repository's permission file as `data` (its one read) says: what is hashed for trust
+    is what is parsed, so a file swapped in between cannot be trusted unseen."""
+    import permissions
+    text = data.decode("utf-8", "replace")
+    if path.parent.name == ".claude":
+        return permissions.claude_layer(str(path), text, project_root,
+                                        "project", trusted)
+    return config_layer(path, text, project_root, "project", trusted)
+
+
+def config_layer(path: Path, text: str, project_root: Path, kind: str,
+                 trusted: bool):
     """A KHAELOR config file's rules; a Claude-style permissions block pasted into it
     ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
     import permissions
-    config = read_config(path)
-    text = ""
-    if config:
-        text = path.read_text(encoding="utf-8", errors="replace")
+    config = parse_config(path, text)
     if isinstance(config.get("permissions"), dict):
         layer = permissions.Layer(str(path), {}, kind, trusted,
                                   claude=True, text=text)
@@ -213,15 +230,12 @@ def trust_key(path: Path) -> str | None:
     return str(place)
 
 
-def is_trusted(home: Path, path: Path) -> bool:
-    """Trusted: the user ran `khaelor trust` on exactly these bytes, in this place."""
+def is_trusted(home: Path, path: Path, data: bytes) -> bool:
+    """Trusted: the user ran `khaelor trust` on exactly these bytes (the file's one read), in
+    this place."""
     import permissions
     key = trust_key(path)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return False
-    if key is None:
+    if key is None or not data:
         return False
     trusted_hash = trust_records(home).get(key)
     return trusted_hash == permissions.content_hash(data)
@@ -254,7 +268,6 @@ def start_notices(settings: dict) -> list[str]:
 
 
 def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
-    import permissions
     parser = argparse.ArgumentParser(
         prog="khaelor trust",
         description="Review the permissions this project's own files"
@@ -262,53 +275,78 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
                     " and trust exactly these versions of them.")
     parser.add_argument("--revoke", action="store_true",
                         help="withdraw the trust")
+    parser.add_argument("-y", "--yes", action="store_true",
+                        help="trust what is shown without asking")
     args = parser.parse_args(argv)
-    candidates = [project_root / ".khaelor" / "config.json",
-                  *claude_project_files(project_root)]
-    files = [path for path in candidates if path.is_file()]
-    records = trust_records(home)
+    files = [path for path in project_files(project_root) if path.is_file()]
     if not files:
         raise UsageError(f"nothing to trust: {project_root} has no"
                          " .khaelor/config.json or .claude/settings*.json")
+    records = trust_records(home)
+    reviewed = {}
     for path in files:
         key = trust_key(path)
         if key is None:
-            print(f"{path}: a symlink; a permission file reached"
-                  " through a link is never trusted")
-            continue
-        if args.revoke:
+            say(f"{path}: a symlink; a permission file reached"
+                " through a link is never trusted")
+        elif args.revoke:
             records.pop(key, None)
-            print(f"{path}: no longer trusted; its rules can only tighten")
-            continue
-        data = path.read_bytes()
-        digest = permissions.content_hash(data)
-        layer = untrusted_layer(path, project_root)
-        grants = permissions.untrusted_grants([layer])
-        print(f"{path} (sha256 {digest[:16]}…)")
-        if grants:
-            print("  trusting it grants:")
+            say(f"{path}: no longer trusted; its rules can only tighten")
         else:
-            print("  it grants nothing (its ask and deny rules apply"
-                  " whether trusted or not)")
-        for rule in grants:
-            print(f"    allow {rule.capability} {rule.pattern!r}"
-                  f"  ({rule.source})")
-        prices = read_config(path).get("prices") if path.name == "config.json" else None
-        if prices:
-            print(f"  its prices for {', '.join(sorted(prices))} apply (what /cost shows)")
-        records[key] = digest
-    write_json_atomic(home / "trust.json", records)
-    if not args.revoke:
+            reviewed[key] = show_grants(path, read_bytes(path), project_root)
+    if reviewed and not trust_confirmed(args.yes):
+        print("nothing trusted")
+        return EXIT_FAILED
+    write_json_atomic(home / "trust.json", {**records, **reviewed})
+    if reviewed:
         print("trusted; any change to a file withdraws its trust"
               " until you run `khaelor trust` again")
     return EXIT_OK
 
 
-def untrusted_layer(path: Path, project_root: Path):
-    """A project's permission file as it reads before `khaelor trust`."""
-    if path.parent.name == ".claude":
-        return claude_settings_layer(path, project_root, "project", False)
-    return config_layer(path, project_root, "project", False)
+def show_grants(path: Path, data: bytes, project_root: Path) -> str:
+    """What trusting these bytes (the file's one read) grants, shown; returns their hash, so the
+    trust recorded is for exactly what the user saw."""
+    import permissions
+    digest = permissions.content_hash(data)
+    layer = project_layer(path, data, project_root, False)
+    grants = permissions.untrusted_grants([layer])
+    say(f"{path} (sha256 {digest[:16]}…)")
+    if grants:
+        print("  trusting it grants:")
+    else:
+        print("  it grants nothing (its ask and deny rules apply"
+              " whether trusted or not)")
+    for rule in grants:
+        say(f"    allow {rule.capability} '{rule.pattern}'  ({rule.source})")
+    prices = None
+    if path.name == "config.json":
+        prices = parse_config(path, data.decode("utf-8", "replace")).get("prices")
+    if prices:
+        say(f"  its prices for {', '.join(sorted(prices))} apply (what /cost shows)")
+    return digest
+
+
+def trust_confirmed(yes: bool) -> bool:
+    """--yes, or `y` typed at the terminal. With nobody to ask, nothing is trusted: silence is
+    not consent, here as at a permission question."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError("nothing trusted: there is no terminal to ask on;"
+                         " run `khaelor trust` in a terminal, or"
+                         " `khaelor trust --yes` to trust what is listed above")
+    try:
+        answer = input("Trust these? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def say(line: str) -> None:
+    """A line that holds a repository's rules or paths: every character shown as itself, none
+    acted on by the terminal, on one line (events.visible_controls)."""
+    print(events.visible_controls(line, one_line=True))
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -396,17 +434,21 @@ def config_prices(home: Path, project_root: Path) -> dict:
     """The `prices` of the user's and the project's config.json (the project's win, once
     trusted)."""
     user = read_config(home / "config.json").get("prices")
-    project_file = project_root / ".khaelor" / "config.json"
-    project = read_config(project_file)
-    if untrusted_prices(home, project_file, project):
-        project = {}
+    project, _ = project_config(home, project_root)
     return {**(user or {}), **(project.get("prices") or {})}
 
 
-def untrusted_prices(home: Path, path: Path, config: dict) -> bool:
-    """A repository's own prices could make a session look cheaper than it is: like its
-    grants, they apply only once the user trusted the file (`khaelor trust`)."""
-    return bool(config.get("prices")) and not is_trusted(home, path)
+def project_config(home: Path, project_root: Path) -> tuple[dict, bool]:
+    """The project's config.json, read once, and whether it sets prices that do not apply: a
+    repository's own prices could make a session look cheaper than it is, so like its grants
+    they apply only once the user trusted these bytes (`khaelor trust`); until then left out."""
+    path = project_root / ".khaelor" / "config.json"
+    data = read_bytes(path)
+    config = parse_config(path, data.decode("utf-8", "replace"))
+    untrusted = bool(config.get("prices")) and not is_trusted(home, path, data)
+    if untrusted:
+        config = {k: v for k, v in config.items() if k != "prices"}
+    return config, untrusted
 
 
 def summary_of(path: Path) -> dict | None:
@@ -453,31 +495,12 @@ def age(ts_ms: int) -> str:
     return "just now"
 
 
-# Escape sequences (CSI, OSC, DCS/PM/APC/SOS strings, two-byte ESC forms), other C0/C1 controls,
-# and the bidirectional overrides that make text read differently from what it is.
-CONTROL_SEQUENCE = re.compile(
-    # CSI
-    r"\x1b\[[0-?]*[ -/]*[@-~]"
-    # OSC, DCS, SOS, PM, APC: up to BEL or ST, or to the end
-    r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
-    # the other ESC forms
-    r"|\x1b[@-Z\\-_ -/]*[0-~]?"
-    # C0 and C1 controls but tab and newline, then the bidirectional overrides
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-# The same sequences, complete: a stream holds back one that is not (yet).
-TERMINATED_SEQUENCE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"
-    r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
-    r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
-
-
 def for_terminal(text: str, stream) -> str:
     """Model text and titles reach a terminal without the bytes that would drive it: a model or a
     hostile file must not set the window title, write the clipboard (OSC 52) or move the cursor."""
     if not stream.isatty():
         return text
-    return CONTROL_SEQUENCE.sub("", text)
+    return events.plain_text(text)
 
 
 def cmd_sessions(home: Path, project_root: Path) -> int:
@@ -535,13 +558,13 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         return EXIT_OK
     why = (f"{result['capability']}; decided by: {result['layer']};"
            f" {result['reason']}")
-    print(f"{result['decision']}  ({why})")
+    say(f"{result['decision']}  ({why})")
     if result["not_read_only"]:
-        print(f"not provably read-only: {result['not_read_only']}")
+        say(f"not provably read-only: {result['not_read_only']}")
     if result["destructive"]:
-        print(f"destroys work: {result['destructive']}")
+        say(f"destroys work: {result['destructive']}")
     if result["suggestion"]:
-        print(f"always-allow would save: {result['suggestion']}")
+        say(f"always-allow would save: {result['suggestion']}")
     return EXIT_OK
 
 
@@ -605,14 +628,15 @@ def print_policy(layers: list, rules) -> None:
             trust = "  (untrusted: tightens only)"
             if layer.trusted:
                 trust = "  (trusted)"
-        print(f"layer: {layer.kind:<7} {layer.source}{trust}")
-    print("\n".join(permissions.describe_rules(rules)))
+        say(f"layer: {layer.kind:<7} {layer.source}{trust}")
+    for line in permissions.describe_rules(rules):
+        say(line)
     for rule in permissions.untrusted_grants(layers):
-        print(f"ignored  allow  {rule.capability}  {rule.pattern}"
-              f"  {rule.source} (untrusted: run `khaelor trust`)")
+        say(f"ignored  allow  {rule.capability}  {rule.pattern}"
+            f"  {rule.source} (untrusted: run `khaelor trust`)")
     for layer in layers:
         for where, rule, why in layer.ignored:
-            print(f"ignored  {rule}  {where} ({why})")
+            say(f"ignored  {rule}  {where} ({why})")
 
 
 # ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
@@ -1015,10 +1039,25 @@ def current_model(store, settings) -> str:
     return settings["model"]
 
 
-def print_durable(event: dict) -> None:
-    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens."""
-    if event["type"] in events.DURABLE:
-        print(json.dumps(event, ensure_ascii=False), flush=True)
+class StreamJson:
+    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens.
+    When the reader has gone (`| head -1`) the run stops as Ctrl-C stops it (the log says it was
+    interrupted), and nothing more is written."""
+
+    def __init__(self):
+        import asyncio
+        self.run = asyncio.current_task()
+        self.reader_gone = False
+
+    def __call__(self, event: dict) -> None:
+        if event["type"] not in events.DURABLE or self.reader_gone:
+            return
+        try:
+            print(json.dumps(event, ensure_ascii=False), flush=True)
+        except BrokenPipeError:
+            self.reader_gone = True
+            stdout_to_devnull()
+            self.run.cancel()
 
 
 def print_status(event: dict) -> None:
@@ -1027,9 +1066,11 @@ def print_status(event: dict) -> None:
 
 
 async def run_headless(args, settings, store, home, project_root) -> int:
+    import asyncio
     bus = events.Bus(store)
+    stream = StreamJson()
     if args.output_format == "stream-json":
-        bus.subscribe(print_durable)
+        bus.subscribe(stream)
     bus.subscribe(print_status)
     args.streamed = args.output_format == "text" and sys.stdout.isatty()
     if args.streamed:
@@ -1042,7 +1083,8 @@ async def run_headless(args, settings, store, home, project_root) -> int:
             # a doom loop stops the run; TaskFailed says why
             return "deny", ""
         # Silence is not consent: with nobody to answer, an ask is a denial.
-        denied = f"{request['descriptor']!r} ({request['capability']})"
+        command = events.visible_controls(request["descriptor"], one_line=True)
+        denied = f"`{command}` ({request['capability']})"
         print(f"khaelor: denied {denied}; nobody to ask in -p mode."
               " Pass --yes (it does not cover what destroys work in the"
               " repository), or allow it with `khaelor permissions`",
@@ -1062,6 +1104,10 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         await kernel_.record_baseline(baseline_reason)
         kernel_.submit(args.prompt)
         step = await kernel_.run()
+    except asyncio.CancelledError:
+        if not stream.reader_gone:
+            raise
+        return EXIT_PIPE
     finally:
         await kernel_.toolbox.close()
         await kernel_.model.close()
@@ -1094,7 +1140,7 @@ class StreamedAnswer:
         text = self.pending + text
         self.pending = ""
         start = text.rfind("\x1b")
-        unfinished = start >= 0 and not TERMINATED_SEQUENCE.match(text, start)
+        unfinished = start >= 0 and not events.ESCAPE_SEQUENCE_RE.match(text, start)
         # held back for the next delta, unless it is past any real sequence's length
         if unfinished and len(text) - start < 4096:
             self.pending = text[start:]
@@ -1895,6 +1941,27 @@ def prune_in_background(home: Path) -> None:
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list | None = None) -> int:
+    """The entry point. Whatever was being written, a reader that has gone (`khaelor -p … |
+    head -1`) ends the program quietly with 141, as a shell expects of a closed pipe."""
+    try:
+        try:
+            return run_command_line(argv)
+        finally:
+            # the output's last block waits in the buffer until here
+            sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_to_devnull()
+        return EXIT_PIPE
+
+
+def stdout_to_devnull() -> None:
+    """The reader has gone: what is still written (a flush at exit too) goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def run_command_line(argv: list | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # the cheapest path there is: no argparse, no signals
     if argv == ["--version"]:
@@ -1945,11 +2012,8 @@ def main(argv: list | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # `khaelor sessions | head -1`: the reader has gone; end quietly,
-        # with nothing left to flush at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
+        # main's to answer: the reader has gone
+        raise
     except UsageError as e:
         print(f"khaelor: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -132,11 +132,6 @@ EXEC_ENV_OVERRIDES = {
     "PAGER": "cat", "GIT_PAGER": "cat",
     "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb",
 }
-# Escape sequences: CSI, OSC (ended by BEL or ST), and the two-byte ones.
-ANSI_RE = re.compile(
-    r"\x1b(?:\[[0-?]*[ -/]*[@-~]"
-    r"|\][^\x07\x1b]*(?:\x07|\x1b\\)"
-    r"|[@-Z\\-_])")
 # Magic numbers, to tell the model what a binary file is.
 MAGIC = [
     # images and documents
@@ -1401,11 +1396,7 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
     redraws (progress bars) reduced to their last state. It works on whole lines, so nothing split across
     two reads is cut in half; a line past 64K characters goes as it stands."""
     def clean(text: str) -> str:
-        text = mask(ANSI_RE.sub("", text))
-        if "\r" in text:
-            lines = text.replace("\r\n", "\n").split("\n")
-            text = "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
-        return text
+        return mask(events.without_escapes(text))
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     carry = ""

@@ -123,18 +123,6 @@ KEY_RE = re.compile(
     r"|(?P<control>[\x00-\x1a\x1c-\x1f\x7f])"
     r"|(?P<text>[^\x00-\x1f\x7f]+)")
 KEY_PARTIAL_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|O)?\Z")
-# Anything a program might print to move the cursor, retitle the window or write the clipboard:
-# CSI, OSC (BEL or ST terminated), DCS/SOS/PM/APC strings, two-byte escapes, a lone ESC.
-ESCAPE_SEQUENCE_RE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
-    r"|\x1b[ -/]*[0-~]"
-    r"|\x1b")
-# C0/C1 controls except tab and newline, and the bidi overrides that can disguise text.
-CONTROL_CHAR_RE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
 # Semantic style roles -> SGR parameters. Monochrome draws none of them, so every role that
 # carries meaning also has a symbol (● ✗ ○ + − ⚠ ›) that survives without colour.
 ROLE_SGR = {
@@ -216,13 +204,15 @@ def clip(line: str, width: int) -> str:
 def sanitize(text: str) -> str:
     """Model and tool text is untrusted: drop escape sequences and control characters, let a
     carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
-    if ESC in text:
-        text = ESCAPE_SEQUENCE_RE.sub("", text)
-    if "\r" in text:
-        lines = text.replace("\r\n", "\n").split("\n")
-        # what follows the last carriage return is what stays on screen
-        text = "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
-    text = CONTROL_CHAR_RE.sub("", text)
+    text = events.plain_text(text)
+    if "\t" in text:
+        text = text.expandtabs(4)
+    return text
+
+
+def shown(text: str) -> str:
+    """A command or a path the user judges: every character shown, none interpreted."""
+    text = events.visible_controls(text)
     if "\t" in text:
         text = text.expandtabs(4)
     return text
@@ -877,7 +867,7 @@ def format_duration(ms: float) -> str:
 
 def one_line(text: str) -> str:
     """A card's summary as one line: `src/app.py`, `pytest -q`, `start npm run dev`."""
-    lines = sanitize(text).strip().split("\n")
+    lines = shown(text).strip().split("\n")
     if len(lines) > 1:
         return lines[0] + " …"
     return lines[0]
@@ -915,7 +905,7 @@ def change_counts(change: dict) -> str:
 
 def rule_text(suggestion: dict) -> str:
     capability = suggestion.get("capability", "?")
-    pattern = suggestion.get("pattern", "*")
+    pattern = events.visible_controls(str(suggestion.get("pattern", "*")), one_line=True)
     return f"{capability} {pattern}"
 
 
@@ -1349,7 +1339,7 @@ class Timeline:
         checks = (e.get("checks") or [])[-3:]
         for check in checks:
             mark = "" if check.get("exit_code") == 0 else "✗ "
-            command = sanitize(str(check.get("command", "")))[:60]
+            command = shown(str(check.get("command", "")))[:60]
             facts.append(f"{mark}{command} exit {check.get('exit_code')}")
         if e.get("unresolved"):
             facts.append(f"{len(e['unresolved'])} unresolved")
@@ -1377,7 +1367,7 @@ class Timeline:
         if not what:
             what = getattr(card, "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
-        text = f"Denied: {sanitize(str(what))}"
+        text = f"Denied: {shown(str(what))}"
         if feedback:
             text += f" · told the model: {feedback}"
         self._settle(self._marked("✗", "warning", text))
@@ -1630,7 +1620,16 @@ def panel_head(request: dict, width: int, style: Style,
     title = style.paint("⚠ Permission needed", "warning", "bold")
     capability = style.paint(" · " + str(request.get("capability", "")), "dim")
     lines = [clip(title + capability, width)]
-    descriptor = sanitize(str(request.get("descriptor", ""))).strip("\n")
+    raw = str(request.get("descriptor", ""))
+    raw_preview = panel_preview(request, tool_input)
+    if events.has_hidden_characters(raw + raw_preview):
+        noun = "call"
+        if isinstance(tool_input, dict) and "command" in tool_input:
+            noun = "command"
+        warning = (f"⚠ this {noun} contains hidden or control characters,"
+                   " shown below as ^[, ␍ or <U+…>")
+        lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
+    descriptor = shown(raw).strip("\n")
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
         for row in preview_rows(descriptor, width - 2, style):
@@ -1638,7 +1637,7 @@ def panel_head(request: dict, width: int, style: Style,
     else:
         spans = [(descriptor, ("bold",))]
         lines += wrap_spans(spans, width, style, bar, bar)
-    preview = sanitize(panel_preview(request, tool_input)).rstrip("\n")
+    preview = shown(raw_preview).rstrip("\n")
     if preview and preview.strip() not in descriptor:
         is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
         is_edit = isinstance((tool_input or {}).get("old_string"), str)
@@ -1995,7 +1994,7 @@ class Composer:
                 self._pastes[label] = text
                 return self._insert(label)
         text = text.replace("\t", "    ")
-        self._insert(CONTROL_CHAR_RE.sub("", text))
+        self._insert(events.plain_text(text))
 
     _key_paste = _key_text
 

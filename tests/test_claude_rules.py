@@ -138,7 +138,7 @@ def test_a_project_that_works_with_claude_code_works_unchanged(khaelor, project,
     listing = khaelor.run("permissions").stdout
     assert f"{project / '.claude' / 'settings.json'}:4" in listing      # the line of "Bash(npm run test:*)"
     assert "WebFetch(domain:example.com)" in listing and "no web tool" in listing
-    assert khaelor.run("trust").returncode == 0
+    assert khaelor.run("trust", "--yes").returncode == 0
     assert check("--bash", "npm run test -- --watch")["decision"] == "allow"
     assert check("--write", "src/app.py")["decision"] == "allow"
     assert check("--read", "secrets/db.key")["decision"] == "deny"

@@ -217,3 +217,38 @@ def test_every_event_kind_has_a_typed_dict_and_events_are_checked_against_it(tmp
     with pytest.raises(ValueError, match="'reason' is missing"):
         bus.emit("TaskFailed")
     assert bus.store.events == []           # refused before it was written
+
+
+# ---------------------------------------------------------------- terminal control: one grammar (issue 21 item 3)
+
+@pytest.mark.parametrize("raw, shown", [
+    ("a\x1b[31mb", "a^[[31mb"), ("50%\r100%", "50%␍100%"), ("\x00\x07\x08\x7f", "^@^G^H^?"),
+    ("x\x9b2J", "x<U+009B>2J"), ("\x85\x9c", "<U+0085><U+009C>"), ("\u202eexe.gnp\u202c", "<U+202E>exe.gnp<U+202C>"),
+    ("\u2066a\u2069", "<U+2066>a<U+2069>"), ("a\u200bb\u200dc\u2060d\ufeff", "a<U+200B>b<U+200D>c<U+2060>d<U+FEFF>"),
+    ("tab\tand\nline", "tab\tand\nline"), ("中文 🎉 é", "中文 🎉 é")])
+def test_every_control_bidi_and_invisible_character_is_shown_as_itself(raw, shown):
+    assert events.visible_controls(raw) == shown
+    assert events.has_hidden_characters(raw) == (raw != shown)
+
+
+def test_a_line_ending_is_not_hidden_but_a_lone_cr_is_and_one_line_shows_newlines():
+    assert not events.has_hidden_characters("a\r\nb\r\n")
+    assert events.has_hidden_characters("a\rb\r\n")
+    assert events.visible_controls("a\nb", one_line=True) == "a␤b"
+
+
+@pytest.mark.parametrize("sequence", [
+    "\x1b[2J", "\x1b[?1049h", "\x9b2J", "\x1b]0;title\x07", "\x1b]52;c;Zm9v\x1b\\", "\x9d8;;http://x\x9c",
+    "\x1bPq#0;2;0;0;0\x1b\\", "\x1bXsos\x1b\\", "\x1b^pm\x1b\\", "\x1b_apc\x07", "\x9fapc\x9c", "\x1b7",
+    "\x1bc", "\x1b(B", "\x1b]0;never ended", "\x1b"])
+def test_every_escape_sequence_goes_whole_with_its_payload(sequence):
+    assert events.plain_text(f"a{sequence}b") in ("ab", "a")
+    assert events.without_escapes(f"a{sequence}b") in ("ab", "a")
+    assert "\x1b" not in events.plain_text(sequence + "\u202ex\x08")
+
+
+def test_a_stream_knows_a_complete_sequence_from_an_unfinished_one():
+    complete = ["\x1b[31m", "\x1b]0;t\x07", "\x1bPx\x1b\\", "\x1b7"]
+    unfinished = ["\x1b[31", "\x1b]0;t", "\x1bPx", "\x1b", "\x1b["]
+    assert all(events.ESCAPE_SEQUENCE_RE.match(s) for s in complete)
+    assert not any(events.ESCAPE_SEQUENCE_RE.fullmatch(s) for s in unfinished)

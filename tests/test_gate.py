@@ -1,8 +1,16 @@
 """The permission gate wired into the kernel, end to end: real CLI or real Kernel, real SDK, fake API."""
+import contextlib
+import hashlib
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 
 from fake_api import reply, text, tool_use
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tool_results(fake, i=-1):
@@ -49,7 +57,7 @@ def test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the
     assert not (project / "made.txt").exists()
     assert "khaelor trust" in first.stderr and "denied" in first.stderr
 
-    trusted = khaelor.run("trust")
+    trusted = khaelor.run("trust", "--yes")
     assert trusted.returncode == 0 and "allow process.execute 'touch *'" in trusted.stdout
     fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("made")))
     assert khaelor.run("-p", "make a file").returncode == 0
@@ -163,3 +171,112 @@ def test_data_and_settings_files_need_no_check():
         assert not kernel.is_code_path(path), path
     for path in ("app.py", "requirements.txt", "src/main.rs", "package.json"):
         assert kernel.is_code_path(path), path
+
+
+# ---------------------------------------------------------------- trust asks, and trusts what it showed (issues 19, 22)
+
+HOSTILE_RULE = {"capability": "process.execute", "pattern": "make \x1b]0;pwned\x07\u202e*", "action": "allow"}
+
+
+def project_config(project, rules):
+    config = project / ".khaelor" / "config.json"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(json.dumps({"permissions": rules}, ensure_ascii=False))
+    return config
+
+
+def trust_on_a_terminal(khaelor, answer):
+    """`khaelor trust` in a pty, answered with `answer`: (exit code, what the terminal showed)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "trust"], cwd=khaelor.project,
+                            env=khaelor.env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while b"[y/N]" not in seen:
+        seen += os.read(master, 4096)
+    os.write(master, answer.encode() + b"\r")
+    code = proc.wait(20)
+    with contextlib.suppress(OSError):
+        seen += os.read(master, 4096)
+    os.close(master)
+    return code, seen.decode()
+
+
+def trusted_hashes(khaelor):
+    path = Path(khaelor.env["KHAELOR_HOME"]) / "trust.json"
+    return list(json.loads(path.read_text()).values()) if path.exists() else []
+
+
+def test_trust_shows_the_grants_then_asks_and_only_yes_trusts(khaelor, project):
+    config = project_config(project, [{"capability": "process.execute", "pattern": "make *", "action": "allow"}])
+    digest = hashlib.sha256(config.read_bytes()).hexdigest()
+    code, seen = trust_on_a_terminal(khaelor, "n")
+    assert code == 1 and "allow process.execute 'make *'" in seen and "nothing trusted" in seen
+    assert seen.index("make *") < seen.index("Trust these? [y/N]")
+    assert trusted_hashes(khaelor) == []
+    code, seen = trust_on_a_terminal(khaelor, "y")
+    assert code == 0 and "trusted;" in seen and trusted_hashes(khaelor) == [digest]
+
+
+def test_trust_without_a_terminal_trusts_nothing_unless_told_yes(khaelor, project):
+    config = project_config(project, [{"capability": "process.execute", "pattern": "make *", "action": "allow"}])
+    piped = khaelor.run("trust", stdin="y\n")           # a `y` in a pipe is not a person
+    assert piped.returncode == 2 and trusted_hashes(khaelor) == []
+    assert "nothing trusted" in piped.stderr and "khaelor trust --yes" in piped.stderr
+    told = khaelor.run("trust", "--yes")
+    assert told.returncode == 0 and "Trust these?" not in told.stdout
+    assert trusted_hashes(khaelor) == [hashlib.sha256(config.read_bytes()).hexdigest()]
+
+
+def test_permissions_and_trust_show_every_byte_of_a_rule_none_interpreted(khaelor, project):
+    """Issue 19 item 6: a repository's rule holding an OSC title sequence and a right-to-left
+    override is listed with each control visible, in `khaelor permissions` and `khaelor trust`."""
+    project_config(project, [HOSTILE_RULE])
+    for argv in (["permissions"], ["trust", "--yes"]):
+        result = khaelor.run(*argv)
+        assert result.returncode == 0, result.stderr
+        assert "make ^[]0;pwned^G<U+202E>*" in result.stdout, argv
+        assert "\x1b" not in result.stdout and "\u202e" not in result.stdout and "\x07" not in result.stdout
+
+
+def test_a_headless_denial_shows_the_command_with_its_controls_visible(khaelor, fake):
+    fake.enqueue(reply(tool_use("bash", {"command": "touch a\rrm -rf b \x1b[8m\x9b"})), reply(text("ok")))
+    result = khaelor.run("-p", "go")
+    assert "denied `touch a␍rm -rf b ^[[8m<U+009B>`" in result.stderr
+    assert "\x1b" not in result.stderr and "\r" not in result.stderr
+
+
+def swap_after_first_read(monkeypatch, path, replacement):
+    """A process racing khaelor: `path` changes right after khaelor's first read of it."""
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        data = real(self)
+        if self == path:
+            monkeypatch.setattr(Path, "read_bytes", real)
+            path.write_text(replacement)
+        return data
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+
+
+def test_a_file_swapped_after_it_was_hashed_is_never_what_is_trusted(project, tmp_path, monkeypatch, capsys):
+    """The trust check hashes and parses the same bytes: at start, a config swapped between the
+    two grants nothing unseen; in `khaelor trust`, what is shown is what is recorded."""
+    import khaelor as cli
+    monkeypatch.setenv("HOME", str(tmp_path / "user-home"))
+    home = tmp_path / "khaelor-home"
+    benign = {"capability": "process.execute", "pattern": "make *", "action": "allow"}
+    hostile = json.dumps({"permissions": [{**benign, "pattern": "*"}]})
+    project_config(project, [benign])
+    assert cli.cmd_trust(["--yes"], home, project) == 0
+    swap_after_first_read(monkeypatch, project / ".khaelor" / "config.json", hostile)
+    layer = cli.permission_layers(home, project)[-3]
+    assert layer.trusted and [rule["pattern"] for rule in layer.config["permissions"]] == ["make *"]
+    capsys.readouterr()
+    # now the hostile file is in place; a swap back to benign right after trust's read
+    swap_after_first_read(monkeypatch, project / ".khaelor" / "config.json", json.dumps({"permissions": [benign]}))
+    assert cli.cmd_trust(["--yes"], home, project) == 0
+    shown = capsys.readouterr().out
+    assert "allow process.execute '*'" in shown
+    assert cli.trust_records(home)[str((project / ".khaelor" / "config.json").resolve())] == \
+        hashlib.sha256(hostile.encode()).hexdigest()

@@ -319,17 +319,37 @@ def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
     assert seen.decode().count("early words of the answer. then the rest arrives.") == 1
 
 
-def test_a_closed_pipe_ends_quietly(khaelor, fake):
+def test_a_closed_pipe_ends_quietly_with_141_in_every_output_format(khaelor, fake):
+    """Issue 22 item 2: `khaelor … | head -1` whose reader has already left: no BrokenPipeError,
+    no "Exception ignored", exit 141 (128 + SIGPIPE) as a shell expects, whatever was writing."""
     fake.enqueue(reply(text("answer one")))
     assert khaelor.run("-p", "make a session").returncode == 0
-    for argv in (["sessions"], ["-p", "again", "--output-format", "stream-json"]):
-        fake.enqueue(reply(text("answer two")))
+    formats = [["-p", "again", "--output-format", kind] for kind in ("text", "json", "stream-json")]
+    for argv in (["sessions"], ["--version"], *formats):
+        fake.enqueue(reply(text("answer two\nsecond line")))
         read_end, write_end = os.pipe()
         os.close(read_end)                 # `| head -1` that has already left
         result = subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=khaelor.project,
                                 env=khaelor.env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
         os.close(write_end)
-        assert result.returncode == 0 and result.stderr == "", (argv, result.stderr)
+        assert (result.returncode, result.stderr) == (141, ""), argv
+
+
+def test_a_reader_that_leaves_mid_run_stops_it_as_an_interruption(khaelor, fake):
+    """stream-json read by `head -3`: the reader goes while the reply streams; the run stops at
+    the next line it would write, the log says it was interrupted, and the exit is a quiet 141."""
+    fake.enqueue(reply(text("a reply that takes its time " * 20), chunk=8, stall_after_events=4,
+                       stall_seconds=2))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "go", "--output-format",
+                             "stream-json"], cwd=khaelor.project, env=khaelor.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kinds = []
+    while "UserMessageCreated" not in kinds:
+        kinds.append(json.loads(proc.stdout.readline())["type"])
+    proc.stdout.close()
+    assert proc.wait(30) == 141
+    assert proc.stderr.read() == ""
+    assert khaelor.log()[-1]["type"] == "Interrupted"
 
 
 def test_a_retry_after_a_closed_tool_use_block_runs_only_the_retried_call(khaelor, fake):

@@ -555,7 +555,7 @@ def test_a_repositorys_own_prices_count_only_once_trusted(khaelor, fake, project
     assert untrusted.returncode == 0, untrusted.stderr
     assert json.loads(untrusted.stdout)["cost_usd"] > 0
     assert "sets prices" in untrusted.stderr and "khaelor trust" in untrusted.stderr
-    shown = khaelor.run("trust")
+    shown = khaelor.run("trust", "--yes")
     assert shown.returncode == 0 and "its prices for claude-sonnet-5-5 apply" in shown.stdout
     trusted = khaelor.run("-p", "hello", "--output-format", "json")
     assert json.loads(trusted.stdout)["cost_usd"] == 0

@@ -220,6 +220,14 @@ def test_ansi_and_progress_redraws_are_cleaned(box):
     assert text.startswith("red\n100%\ndone")
 
 
+def test_string_escapes_reach_the_model_without_their_payloads(box):
+    """Issue 21 item 3: DCS, SOS, PM and APC strings, like OSC, are dropped whole (a terminal shows
+    nothing of them, so neither may the model read what the user never saw); ESC 7 and ESC c too."""
+    payloads = r"\033Pdcs-x\033\\ \033Xsos-x\033\\ \033^pm-x\033\\ \033_apc-x\007 \0337\033c"
+    text = box.call("bash", command=f"printf '{payloads}seen\\n'").text
+    assert text.startswith("    seen") and "-x" not in text and "\x1b" not in text
+
+
 def test_spill_folder_is_pruned_oldest_first(tmp_path, monkeypatch):
     spill = tmp_path / "spill"
     spill.mkdir()

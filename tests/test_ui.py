@@ -483,6 +483,51 @@ def test_permission_panel_shows_the_call_and_the_exact_rule(width):
     assert "n) deny" in joined
 
 
+# A command that reads as harmless where its bytes are not: a CR that would draw `echo hello` over
+# the start of the line, a CSI that would erase it, an OSC retitling the window, an 8-bit CSI
+# (0x9B) that would clear the screen, a right-to-left override reversing `gnp.exe`, a zero-width space.
+HOSTILE_COMMAND = ("rm -rf ~/w \x1b[2K\r\x1b]0;pwned\x07echo hello\x9b2J"
+                   " \u202egnp.exe\u202c\u200b #\x1b[8m")
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_the_panel_shows_every_byte_of_a_hostile_command_and_flags_it(width):
+    """Issue 19 item 6: what the user approves is what runs. Through the real frame and pyte: the
+    terminal interprets nothing (no title set, nothing erased or cleared), every byte is shown,
+    and a plain warning line says the command holds hidden or control characters."""
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=COLOR, width=width, height=30)
+    screen, stream = app_screen(app)
+    ctrl.subscribe(app.on_event)
+    ctrl.emit("ToolRequested", tool_use_id="t9", name="bash", input={"command": HOSTILE_COMMAND})
+    ctrl.emit("PermissionRequested", tool_use_id="t9", capability="process.execute",
+              descriptor=HOSTILE_COMMAND, preview=HOSTILE_COMMAND,
+              suggestion={"capability": "process.execute", "pattern": "rm \x1b[8m*"})
+    stream.feed(app.render(1.0))
+    assert screen.title == ""
+    rows = [row.replace("│", " ").strip() for row in screen.display]
+    flat = "".join("".join(rows).split())
+    shown = "rm -rf ~/w ^[[2K␍^[]0;pwned^Gecho hello<U+009B>2J <U+202E>gnp.exe<U+202C><U+200B> #^[[8m"
+    assert "".join(shown.split()) in flat
+    assert "alwaysallowprocess.executerm^[[8m*" in flat
+    warning = " ".join(" ".join(rows).split())
+    assert "⚠ this command contains hidden or control characters" in warning
+    assert all(ui.visible_width(line) <= width for line in app.frame(1.0)[0])
+    # the card it leaves once run says the same
+    app.on_key(K("text", "y"))
+    ctrl.emit("ToolStarted", tool_use_id="t9", name="bash")
+    ctrl.emit("ToolCompleted", tool_use_id="t9", name="bash", output="done", meta={"exit_code": 0})
+    ctrl.busy = False
+    stream.feed(app.render(2.0))
+    assert screen.title == "" and "● bash rm -rf ~/w ^[[2K␍" in text_of(screen)
+
+
+def test_a_plain_command_raises_no_warning():
+    request = dict(PERMISSION, descriptor="printf 'a\tb'\npytest -q", preview="")
+    text = "\n".join(ui.render_permission_panel(request, 80, MONO))
+    assert "hidden" not in text and "pytest -q" in text
+
+
 def test_permission_panel_shows_a_diff_preview_and_no_always_without_a_rule():
     request = dict(PERMISSION, suggestion=None, capability="file.write.project",
                    descriptor="edit: src/app.py", preview="@@ -1,1 +1,1 @@\n-a\n+b\n")
