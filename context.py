@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import events
 from events import estimate_tokens
-from model import DEFAULT_AUX_MODEL
+from model import DEFAULT_AUX_MODEL, price_row
 
 # In one directory the first of these wins.
 INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")
@@ -60,6 +60,18 @@ BUFFER_TOKENS = 20_000
 PRUNE_PROTECT_TOKENS = 40_000
 # Pruning breaks the cache; below this it is not worth it.
 PRUNE_MINIMUM_TOKENS = 20_000
+# Past this much input a request re-reads old tool output worth clearing (config context.prune_at;
+# Anthropic's own context editing triggers there too).
+PRUNE_AT_TOKENS = 100_000
+# A prune must pay its cache rewrite back within this many requests (see "pruning by cost").
+PRUNE_PAYBACK_REQUESTS = 20
+# A cache entry lives this long after the request that wrote or read it (the default 5m TTL).
+CACHE_TTL_S = 300
+# Models that bind a replayed thinking block to the messages before it (ANTHROPIC_API.md §3.3: Fable
+# 5.1, Opus 5.5, Sonnet 5.5; the later Fable, Mythos and Haiku 5.5 assumed the same, the safe side).
+BINDING_MODELS = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5",
+                  "claude-fable-5-1", "claude-fable-5-2", "claude-mythos-5-1",
+                  "claude-mythos-5-2")
 # Output of the compaction call.
 SUMMARY_MAX_TOKENS = 16_000
 # Per tool result/input in the compaction transcript (head + tail).
@@ -429,13 +441,16 @@ class Context:
                  aux_model: str = DEFAULT_AUX_MODEL,
                  max_tokens: int = MAX_OUTPUT_TOKENS,
                  user_home: Path | None = None, is_secret=None,
-                 plan_mode: bool = False, append_system: str = ""):
+                 plan_mode: bool = False, append_system: str = "",
+                 prune_at: int = PRUNE_AT_TOKENS):
         self.project_root = Path(project_root).resolve()
         self.cwd = Path(cwd).resolve()
         self.home = Path(home)
         self.model = model
         self.aux_model = aux_model
         self.max_tokens = max_tokens
+        # input tokens past which old tool results are pruned by cost; 0: only at the window's end
+        self.prune_at = prune_at
         self.workspace = workspace
         # (world_seq, time.monotonic(), the "Git:" line or None)
         self._git_status = None
@@ -511,13 +526,25 @@ class Context:
     def usable_tokens(self) -> int:
         return usable_tokens(self.model, self.max_tokens)
 
-    def plan(self, state: events.State) -> str | None:
-        """Before a call: None, "prune" (enough by itself) or "compact", from the API's own usage
-        of the last response plus an estimate of what arrived since (`State.measured`)."""
+    def plan(self, state: events.State, now_s: float | None = None) -> str | None:
+        """Before a call: None, "prune" or "compact", from the API's own usage of the last response
+        plus an estimate of what arrived since (`State.measured`). Past the usable window: prune
+        when that frees enough, else compact. Past prune_at: prune when it pays (pruning by cost)."""
         used = state.measured
-        if used is None or used <= self.usable_tokens:
+        if used is None:
             return None
-        return _prune_or_compact(state, used - self.usable_tokens)
+        if used > self.usable_tokens:
+            return _prune_or_compact(state, used - self.usable_tokens)
+        if not self.prune_at or used <= self.prune_at:
+            return None
+        if may_prune_now(state, self.model) and worth_pruning(self.prune(state, now_s)):
+            return "prune"
+        return None
+
+    def prune(self, state: events.State, now_s: float | None = None) -> dict:
+        """The ContextPruned payload for this state (prune_payload)."""
+        return prune_payload(state, self.model, self.prune_at,
+                             self.usable_tokens, now_s)
 
     def overflow_plan(self, state: events.State, message: str = "") -> str:
         """After a context_overflow error: "prune" when it frees enough by the API's numbers, else
@@ -678,13 +705,17 @@ def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
 
 
 def prune_ids(state: events.State) -> list[str]:
-    """tool_use_ids of old tool results to replace with the placeholder, oldest first. The newest
+    """tool_use_ids of old tool results to replace with a placeholder, oldest first. The newest
     ~40K tokens of tool output stay (the result that crosses the line stays too, so the newest
-    result is never pruned); nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
+    result is never pruned), and so do reads of files the user attached (@path in their messages);
+    nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
     kept = 0            # tokens of the newest results, kept whole
     freed = 0           # tokens the chosen ones free
     chosen = []
+    attached = _attached_reads(state)
     for tool_use_id, (_, tokens) in reversed(state.prunable.items()):
+        if tool_use_id in attached:
+            continue
         if kept < PRUNE_PROTECT_TOKENS:
             kept += tokens
         else:
@@ -694,6 +725,167 @@ def prune_ids(state: events.State) -> list[str]:
         return []
     return list(reversed(chosen))
 
+
+def _calls_and_results(state: events.State) -> dict:
+    """tool_use_id -> (its ToolRequested, its result event), for the results after the latest cut."""
+    calls = {}
+    found = {}
+    for event in state.uncut:
+        tool_use_id = event.get("tool_use_id")
+        if event["type"] == "ToolRequested":
+            calls[tool_use_id] = event
+        elif event["type"] in events.TOOL_RESULT_EVENTS:
+            found[tool_use_id] = (calls.get(tool_use_id), event)
+    return found
+
+
+def _attached_reads(state: events.State) -> set:
+    """tool_use_ids of reads of a file the user attached with @path: the user put it in the
+    conversation, so it stays whole."""
+    mentioned = set()
+    for _, text in state.user_texts:
+        for _, spec in imports_in(text):
+            bare = spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\"")
+            mentioned.add(os.path.normpath(bare))
+    if not mentioned:
+        return set()
+    attached = set()
+    for tool_use_id, (call, result) in _calls_and_results(state).items():
+        if call is None or call["name"] != "read":
+            continue
+        shown = (result.get("meta") or {}).get("path")
+        paths = {str(call["input"].get("path", "")), str(shown or "")}
+        if {os.path.normpath(path) for path in paths if path} & mentioned:
+            attached.add(tool_use_id)
+    return attached
+
+
+# ---------------------------------------------------------------- budget: pruning by cost
+#
+# Past `prune_at` input tokens, every request re-reads old tool output the model no longer needs, at
+# the cache-read price. Clearing it breaks the cache once. With w the cache-write price and r the
+# cache-read price (the model's own, model.PRICES), C the tokens cleared and R the tokens rewritten
+# (those after the first cleared block that stay):
+#   the clear costs R × (w − r) once: those tokens are written at w where they would be read at r;
+#   it saves C × r on every request after it;
+#   so it pays back after N = (w − r) / r × R / C requests: 11.5 × R / C at the standard 1.25× and
+#   0.1× of the input price (Sonnet 5.5: 2.50 and 0.20 per million).
+# A prune is made when N ≤ PRUNE_PAYBACK_REQUESTS. Once the cache has expired anyway (CACHE_TTL_S
+# since the last response), the whole prompt is written again whatever is sent, and a clear only
+# saves. Results are cleared oldest first and all of them beyond the protected window at once: each
+# one more lowers N, since R shrinks as C grows. At the window's end (usable) the rule gives way to
+# need: prune when that frees enough, else compact.
+#
+# Where: at the first request of a user turn. Within a turn only when no thinking block of the turn
+# would be replayed over a changed history: the 5.5 models bind a replayed thinking block to the
+# messages before it (ANTHROPIC_API.md §3.3), so there a mid-turn prune would be refused.
+
+def payback_requests(rewritten: int, cleared: int, model: str) -> float | None:
+    """N above: requests after which the clear has paid for its rewrite; None for no clear."""
+    if cleared <= 0:
+        return None
+    write, read = cache_prices(model)
+    return (write - read) / read * rewritten / cleared
+
+
+def cache_prices(model: str) -> tuple[float, float]:
+    """(cache write, cache read) $ per million tokens; the standard 1.25× and 0.1× of an input
+    price of 1 for a model with no known price (only their ratio decides)."""
+    row = price_row(model)
+    if row is None:
+        return 1.25, 0.1
+    return row[2], row[3]
+
+
+def may_prune_now(state: events.State, model: str) -> bool:
+    """At a user turn's first request; mid-turn only where no replayed thinking binds the history."""
+    if state.responses_in_turn == 0:
+        return True
+    if not model.startswith(BINDING_MODELS):
+        return True
+    turn_seq = state.user_texts[-1][0] if state.user_texts else 0
+    for event in state.uncut:
+        thinking = event["type"] == "ModelThinkingBlockCompleted"
+        if thinking and event["seq"] > turn_seq:
+            return False
+    return True
+
+
+def cache_expired(state: events.State, now_s: float | None = None) -> bool:
+    """No response in the last CACHE_TTL_S (or none since the latest cut): the cached prefix is
+    gone, so the next request writes all of it anyway."""
+    if now_s is None:
+        now_s = time.time()
+    for event in reversed(state.uncut):
+        if event["type"] == "ModelResponseCompleted":
+            return now_s - event.get("ts", 0) / 1000 > CACHE_TTL_S
+    return True
+
+
+def prune_payload(state: events.State, model: str, prune_at: int,
+                  usable: int, now_s: float | None = None) -> dict:
+    """ContextPruned's payload: the results prune_ids picks, the placeholder each gets, and why:
+    "cost" (past prune_at, and it pays back), "idle" (past prune_at, the cache expired anyway)
+    or "window" (past the usable window, or the API said the prompt is too long)."""
+    ids = prune_ids(state)
+    found = _calls_and_results(state)
+    freed = sum(state.prunable[tool_use_id][1] for tool_use_id in ids)
+    rewritten = _rewritten_tokens(state, ids, freed)
+    used = state.measured or 0
+    reason = "window"
+    if prune_at and prune_at < used <= usable:
+        reason = "cost"
+        if cache_expired(state, now_s):
+            reason = "idle"
+    placeholders = {}
+    for tool_use_id in ids:
+        placeholders[tool_use_id] = placeholder(*found[tool_use_id])
+    payback = payback_requests(rewritten, freed, model)
+    return {"tool_use_ids": ids, "placeholders": placeholders,
+            "reason": reason, "model": model, "trigger": prune_at,
+            "tokens_before": used, "freed_tokens": freed,
+            "rewritten_tokens": rewritten,
+            "payback_requests": None if payback is None else round(payback, 1)}
+
+
+def worth_pruning(payload: dict) -> bool:
+    """The break-even rule on a prune_payload."""
+    if not payload["tool_use_ids"]:
+        return False
+    if payload["reason"] != "cost":
+        return True
+    return payload["payback_requests"] <= PRUNE_PAYBACK_REQUESTS
+
+
+def _rewritten_tokens(state: events.State, ids: list, freed: int) -> int:
+    """Tokens after the first cleared result that stay: what the clear makes the API write again."""
+    if not ids:
+        return 0
+    messages = state.messages
+    for index, message in enumerate(messages):
+        ids_here = {block.get("tool_use_id") for block in message["content"]}
+        if ids[0] in ids_here:
+            return max(0, estimate_tokens(messages[index:]) - freed)
+    return 0
+
+
+def placeholder(call: dict | None, result: dict) -> str:
+    """What a pruned result says instead: that it was removed, and how to get it back."""
+    name = (call or {}).get("name") or result.get("name") or "tool"
+    given = (call or {}).get("input") or {}
+    meta = result.get("meta") or {}
+    how = f"run the {name} call again if you need it"
+    if name == "read":
+        path = meta.get("path") or given.get("path")
+        how = f"it was the read of {path}: read the file again if you need it"
+    elif name == "bash":
+        command = clip(" ".join(str(given.get("command", "")).split()), 200)
+        how = f"it was the output of `{command}`: run the command again if you need it"
+    elif name in ("grep", "glob"):
+        how = f"it was a {name} search: run it again if you need it"
+    if meta.get("spill"):
+        how += f" (the full output was saved to {meta['spill']}: read that file first)"
+    return f"[old tool result removed to save context; {how}]"
 
 
 def _prune_or_compact(state: events.State, excess: int) -> str:

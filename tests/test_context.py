@@ -308,6 +308,7 @@ def test_prune_protects_the_newest_40k_tokens_of_tool_output():
 
 def test_plan_uses_the_last_measured_usage(tmp_path):
     ctx = make_context(tmp_path, model="claude-haiku-4-5")        # 200K window
+    ctx.prune_at = 0            # the window's end alone here; pruning by cost: test_prune.py
     usable = ctx.usable_tokens
     assert usable == 200_000 - context.MAX_OUTPUT_TOKENS - context.BUFFER_TOKENS
     assert context.window_of("claude-sonnet-5-5") == 1_000_000 and context.window_of("mystery-1") == 200_000
