@@ -56,8 +56,11 @@ WINDOWS = dict.fromkeys(
 MAX_OUTPUT_TOKENS = 32_000
 # Headroom so a turn's tool results fit before the next measurement.
 BUFFER_TOKENS = 20_000
-# The newest tool output the model keeps verbatim (OpenCode's number).
-PRUNE_PROTECT_TOKENS = 40_000
+# The newest tool output the model keeps verbatim: this many tokens and at least this many results
+# (Anthropic's context editing keeps 3). Measured in bench/bench_prune.py: 40K (OpenCode's number)
+# left a 40-turn session at 0.72x the cost of keeping everything, 12K at 0.57x.
+PRUNE_PROTECT_TOKENS = 12_000
+PRUNE_KEEP_RESULTS = 3
 # Pruning breaks the cache; below this it is not worth it.
 PRUNE_MINIMUM_TOKENS = 20_000
 # Past this much input a request re-reads old tool output worth clearing (config context.prune_at;
@@ -706,18 +709,21 @@ def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
 
 def prune_ids(state: events.State) -> list[str]:
     """tool_use_ids of old tool results to replace with a placeholder, oldest first. The newest
-    ~40K tokens of tool output stay (the result that crosses the line stays too, so the newest
-    result is never pruned), and so do reads of files the user attached (@path in their messages);
-    nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
+    PRUNE_KEEP_RESULTS results and ~PRUNE_PROTECT_TOKENS of tool output stay (the result that
+    crosses the line stays too, so the newest result is never pruned), and so do reads of files the
+    user attached (@path in their messages); nothing is returned unless pruning frees
+    PRUNE_MINIMUM_TOKENS."""
     kept = 0            # tokens of the newest results, kept whole
+    n_kept = 0
     freed = 0           # tokens the chosen ones free
     chosen = []
     attached = _attached_reads(state)
     for tool_use_id, (_, tokens) in reversed(state.prunable.items()):
         if tool_use_id in attached:
             continue
-        if kept < PRUNE_PROTECT_TOKENS:
+        if kept < PRUNE_PROTECT_TOKENS or n_kept < PRUNE_KEEP_RESULTS:
             kept += tokens
+            n_kept += 1
         else:
             chosen.append(tool_use_id)
             freed += tokens
