@@ -16,7 +16,7 @@ replayed thinking block of the current turn must see the same earlier messages a
 (the block binding of ANTHROPIC_API.md §3.3). What this leaves out: the kernel loop and the SDK and
 HTTP layers (the numbers do not depend on them; tests/test_prune.py runs the real program).
 
-Reports, per policy: total input cost (Sonnet 5.5 prices, model.PRICES), peak request size,
+Reports, per policy: total input cost (the model's prices, model.PRICES; Sonnet 5.5 by default), peak request size,
 cache-read share, prunes, and invalid requests (must be 0). Target: khaelor ≤ 0.6× keep-everything,
 peak ≤ 150K tokens.
 """
@@ -121,7 +121,7 @@ class Session:
         recorded = {"input_tokens": usage["input_tokens"], "output_tokens": len(json.dumps(blocks)) // 4,
                     "cache_read_tokens": usage["cache_read_input_tokens"],
                     "cache_write_tokens": usage["cache_creation_input_tokens"]}
-        self.add("ModelResponseCompleted", message_id=f"msg_{len(self.requests)}", model=MODEL,
+        self.add("ModelResponseCompleted", message_id=f"msg_{len(self.requests)}", model=self.ctx.model,
                  stop_reason="tool_use" if calls else "end_turn", usage=recorded)
 
     def result(self, name: str, output: str, meta: dict) -> None:
@@ -141,7 +141,8 @@ class Session:
     def check(self, request: dict) -> None:
         number = len(self.requests) + 1
         problem = fake_api.validate(json.loads(json.dumps(request)), memory=self.memory)
-        if problem is None:
+        binds = self.ctx.model.startswith(context.BINDING_MODELS)   # §3.3: the 5.5 generation
+        if problem is None and binds:
             problem = self.binding_problem(request["messages"])
         if problem is not None:
             self.invalid.append((number, problem))
@@ -171,10 +172,10 @@ def stable(messages: list) -> str:
     return json.dumps(strip(messages), separators=(",", ":"))
 
 
-def run(turns: int, prune_at: int, idle_every: int) -> Session:
+def run(turns: int, prune_at: int, idle_every: int, model_id: str = MODEL) -> Session:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        ctx = context.Context(project_root=root, cwd=root, home=root / "home", model=MODEL,
+        ctx = context.Context(project_root=root, cwd=root, home=root / "home", model=model_id,
                               tool_schemas=tools.SCHEMAS, user_home=root / "user", prune_at=prune_at)
         session = Session(ctx, seed=turns)
         for k in range(1, turns + 1):
@@ -185,7 +186,7 @@ def run(turns: int, prune_at: int, idle_every: int) -> Session:
 
 
 def report(name: str, session: Session) -> dict:
-    price = model.PRICES[MODEL]
+    price = model.price_row(session.ctx.model)
     usages = session.requests
     fresh = sum(u["input_tokens"] for u in usages)
     read = sum(u["cache_read_input_tokens"] for u in usages)
@@ -206,13 +207,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, nargs="+", default=[40, 100])
     parser.add_argument("--prune-at", type=int, default=context.PRUNE_AT_TOKENS)
+    parser.add_argument("--model", default=MODEL, help="one without thinking binding prunes mid-turn too")
     parser.add_argument("--idle-every", type=int, default=0, help="a 6-minute break before every Nth turn")
     args = parser.parse_args()
     ok = True
     for turns in args.turns:
-        print(f"{turns} turns, {3 * turns} requests, {MODEL}, prune_at {args.prune_at:,}:")
-        kept = report("keep-everything", run(turns, 0, args.idle_every))
-        pruned = report("khaelor", run(turns, args.prune_at, args.idle_every))
+        print(f"{turns} turns, {3 * turns} requests, {args.model}, prune_at {args.prune_at:,}:")
+        kept = report("keep-everything", run(turns, 0, args.idle_every, args.model))
+        pruned = report("khaelor", run(turns, args.prune_at, args.idle_every, args.model))
         ratio = pruned["cost"] / kept["cost"]
         met = ratio <= 0.6 and pruned["peak"] <= 150_000 and not pruned["invalid"] and not kept["invalid"]
         ok = ok and met
