@@ -9,6 +9,7 @@ Must not: emit or store events (it returns payloads; the kernel records ContextP
 ContextCompacted), fold the log (it reads `events.State`, the one fold), or touch the world
 beyond reading project files and running read-only `git` through the Workspace it is given.
 """
+import collections
 import copy
 import datetime
 import time
@@ -760,7 +761,7 @@ def _attached_reads(state: events.State) -> set:
         if call is None or call["name"] != "read":
             continue
         shown = (result.get("meta") or {}).get("path")
-        paths = {str(call["input"].get("path", "")), str(shown or "")}
+        paths = {str(call["input"].get("file_path", "")), str(shown or "")}
         if {os.path.normpath(path) for path in paths if path} & mentioned:
             attached.add(tool_use_id)
     return attached
@@ -863,6 +864,69 @@ def worth_pruning(payload: dict) -> bool:
     return payload["payback_requests"] <= PRUNE_PAYBACK_REQUESTS
 
 
+PRUNE_REASONS = {
+    "cost": "past the trigger at {tokens_before:,} tokens;"
+            " pays its cache rewrite back in {payback_requests} requests",
+    "idle": "past the trigger at {tokens_before:,} tokens, the cache expired"
+            " (idle over 5 minutes): no rewrite to pay for",
+    "window": "at the window's end",
+}
+
+
+def prune_report(log: list[dict], prune_at: int) -> list[str]:
+    """/context's account of every prune in the log: what was cleared, why, and the tokens and
+    dollars it saved: each later request (up to a compaction) read `freed` fewer tokens from the
+    cache, less the one rewrite of the tokens after the first cleared result."""
+    trigger = f"past {prune_at:,} input tokens" if prune_at else "off"
+    lines = ["**Pruning**", "",
+             f"- trigger: {trigger} (config `context.prune_at`);"
+             f" the newest {PRUNE_KEEP_RESULTS} results and"
+             f" ~{PRUNE_PROTECT_TOKENS:,} tokens of tool output are kept"]
+    names = {}
+    total_freed = 0
+    total_saved = 0.0
+    for index, event in enumerate(log):
+        if event["type"] == "ToolRequested":
+            names[event["tool_use_id"]] = event["name"]
+        if event["type"] != "ContextPruned" or not event["tool_use_ids"]:
+            continue
+        ids = event["tool_use_ids"]
+        tools = collections.Counter(names.get(i, "tool") for i in ids)
+        what = ", ".join(f"{n} {name}" for name, n in tools.most_common())
+        freed = event.get("freed_tokens") or 0
+        why = PRUNE_REASONS.get(event.get("reason"), PRUNE_REASONS["window"])
+        line = (f"- {len(ids)} tool results cleared ({what}), ~{freed:,} tokens:"
+                f" {why.format_map(event)}")
+        saved = _prune_saved(event, log[index + 1:])
+        if saved is not None:
+            line += f"; saved ~${saved:.2f} so far"
+            total_saved += saved
+        total_freed += freed
+        lines.append(line)
+    if total_freed:
+        lines.append(f"- in all: ~{total_freed:,} tokens cleared,"
+                     f" ~${total_saved:.2f} saved")
+    else:
+        lines.append("- nothing pruned yet")
+    return lines
+
+
+def _prune_saved(event: dict, later: list[dict]) -> float | None:
+    """Dollars a prune saved by now; None for one recorded without its numbers or a model with no
+    known price."""
+    row = price_row(event.get("model") or "")
+    if "freed_tokens" not in event or row is None:
+        return None
+    write, read = row[2], row[3]
+    n_requests = 0
+    for other in later:
+        if other["type"] == "ContextCompacted":
+            break
+        n_requests += other["type"] == "ModelResponseCompleted"
+    rewrite = event.get("rewritten_tokens", 0) * (write - read)
+    return (event["freed_tokens"] * read * n_requests - rewrite) / 1e6
+
+
 def _rewritten_tokens(state: events.State, ids: list, freed: int) -> int:
     """Tokens after the first cleared result that stay: what the clear makes the API write again."""
     if not ids:
@@ -882,7 +946,7 @@ def placeholder(call: dict | None, result: dict) -> str:
     meta = result.get("meta") or {}
     how = f"run the {name} call again if you need it"
     if name == "read":
-        path = meta.get("path") or given.get("path")
+        path = meta.get("path") or given.get("file_path")
         how = f"it was the read of {path}: read the file again if you need it"
     elif name == "bash":
         command = clip(" ".join(str(given.get("command", "")).split()), 200)

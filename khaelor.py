@@ -35,7 +35,10 @@ CONFIG_KEYS = {
     "permissions": (list, dict),
     "prices": dict,
     "max_turns": int,
+    "context": dict,
 }
+# the keys of config.json's "context" object
+CONTEXT_KEYS = {"prune_at": int}
 
 
 class UsageError(KhaelorError):
@@ -76,6 +79,13 @@ def read_config(path: Path) -> dict:
         if not isinstance(value, expected) or isinstance(value, bool):
             names = type_names(expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
+    for key, value in (config.get("context") or {}).items():
+        if key not in CONTEXT_KEYS:
+            raise UsageError(f"{path}: unknown key 'context.{key}';"
+                             f" known: {', '.join(CONTEXT_KEYS)}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"{path}: 'context.{key}' must be a whole"
+                             " number of tokens (0: off)")
     import permissions
     if isinstance(config.get("permissions"), dict):
         # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
@@ -100,7 +110,7 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     project_file = project_root / ".khaelor" / "config.json"
     project = read_config(project_file)
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
-              "prices": {}, "max_turns": None}
+              "prices": {}, "max_turns": None, "context": {}}
     merged["untrusted_prices"] = untrusted_prices(home, project_file, project)
     if merged["untrusted_prices"]:
         project = {k: v for k, v in project.items() if k != "prices"}
@@ -913,7 +923,9 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           user_home=Path.home(),
                           is_secret=permissions.is_secret_name,
                           plan_mode=mode == "plan",
-                          append_system=append_system)
+                          append_system=append_system,
+                          prune_at=settings["context"].get(
+                              "prune_at", context.PRUNE_AT_TOKENS))
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus,
@@ -1428,7 +1440,9 @@ class Session:
         window = context.window_of(self.kernel.ctx.model)
         context_pct = None
         if last is not None:
-            context_pct = 100 * (sum(last.values())) / window
+            # a prune since the last response shrinks the next request now, not at the next usage
+            used = sum(last.values()) - state.freed_since_usage
+            context_pct = 100 * used / window
         cache_share = None
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
@@ -1556,6 +1570,7 @@ class Session:
         return "\n".join(lines) or "no model calls yet"
 
     async def cmd_context(self, _):
+        import context
         rows = self.kernel.ctx.inspect(self.store.state)
         lines = []
         for row in rows:
@@ -1563,7 +1578,8 @@ class Session:
             if row.get("cached_tokens"):
                 line += f", {row['cached_tokens']} cached"
             lines.append(line)
-        return "\n".join(lines) + "\n\n" + self.instructions_report()
+        pruning = context.prune_report(self.store.events, self.kernel.ctx.prune_at)
+        return "\n".join(lines + [""] + pruning) + "\n\n" + self.instructions_report()
 
     def instructions_report(self) -> str:
         """/context's account of the instruction files: what was read, and each import that was not."""

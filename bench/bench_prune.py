@@ -86,7 +86,7 @@ class Session:
     def turn(self, k: int) -> None:
         path = f"src/module_{k}.py"
         self.add("UserMessageCreated", text=f"Turn {k}: check {path} and run its test; tell me what it does.")
-        self.respond([("read", {"path": path})], "Reading the module first.")
+        self.respond([("read", {"file_path": path})], "Reading the module first.")
         content = source_file(self.rng, FILE_BYTES)
         self.result("read", content, {"path": path, "lines": content.count("\n") + 1})
         command = f"python -m pytest -q tests/test_module_{k}.py"
