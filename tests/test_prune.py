@@ -221,19 +221,24 @@ def test_the_program_prunes_past_prune_at_and_context_explains(khaelor, fake, pr
     for i in range(6):       # ~7.5K tokens each
         (project / f"f{i}.txt").write_text("".join(f"file {i} line {n:03d} " + f"{i}" * 80 + "\n" for n in range(300)))
     fake.enqueue(*[reply(tool_use("read", {"file_path": f"f{i}.txt"})) for i in range(6)], reply(text("read them")))
-    assert khaelor.run("-p", "read the six files").returncode == 0
-    fake.enqueue(reply(text("next answer")))
-    second = khaelor.run("-c", "-p", "and now?")
-    assert second.returncode == 0, second.stderr
-    pruned = [e for e in khaelor.log() if e["type"] == "ContextPruned"]
+    run = khaelor.run("-p", "read the six files")
+    assert run.returncode == 0, run.stderr
+    # The fake's replies carry no thinking, so nothing binds the history: it prunes within the turn.
+    log = khaelor.log()
+    pruned = [e for e in log if e["type"] == "ContextPruned"]
     assert len(pruned) == 1 and pruned[0]["reason"] == "cost" and len(pruned[0]["tool_use_ids"]) == 3
+    assert [e["type"] for e in log].index("ContextPruned") > [e["type"] for e in log].index("ToolCompleted")
     last = json.dumps(fake.requests[-1]["body"]["messages"])
     assert "it was the read of f0.txt" in last and "file 0 line 299" not in last and "file 5 line 299" in last
     assert fake.rejections == []
 
     async def context_command(session):
-        return await session.cmd_context("")
-    shown = in_session(project, env, monkeypatch, context_command)
+        before = session.fold_status()["context_pct"]
+        # the status line's context figure drops as a prune is recorded, before the next usage
+        session.bus.emit("ContextPruned", tool_use_ids=[], freed_tokens=10_000)
+        return await session.cmd_context(""), before - session.fold_status()["context_pct"]
+    shown, dropped = in_session(project, env, monkeypatch, context_command)
+    assert dropped == pytest.approx(1.0), "10K tokens of a 1M window"
     assert "- trigger: past 20,000 input tokens" in shown
     assert "- 3 tool results cleared (3 read)" in shown and "pays its cache rewrite back in" in shown
 
