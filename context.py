@@ -78,6 +78,8 @@ BINDING_MODELS = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5",
                   "claude-mythos-5-2")
 # Output of the compaction call.
 SUMMARY_MAX_TOKENS = 16_000
+# A checkpoint's usual size, for the break-even rule of an early compaction.
+SUMMARY_TOKENS = 4_000
 # Per tool result/input in the compaction transcript (head + tail).
 TRANSCRIPT_BLOCK_CHARS = 4_000
 # The whole transcript (~150K tokens), before the aux window cap.
@@ -543,7 +545,19 @@ class Context:
             return None
         if may_prune_now(state, self.model) and worth_pruning(self.prune(state, now_s)):
             return "prune"
+        if self.compact_early(state, used):
+            return "compact"
         return None
+
+    def compact_early(self, state: events.State, used: int) -> bool:
+        """Compaction loses detail, so before the window's end it is made only where pruning cannot
+        keep the session in the window: a window whose usable end is less than twice the trigger
+        away (the 200K ones). There, at a turn's first request (a clean cut) and when the same
+        break-even rule says it pays back, aux call included, it comes now rather than mid-turn."""
+        small_window = self.usable_tokens < 2 * self.prune_at
+        if not small_window or state.responses_in_turn or choose_cut(state) is None:
+            return False
+        return compaction_pays(state, self.model, self.aux_model, used)
 
     def prune(self, state: events.State, now_s: float | None = None) -> dict:
         """The ContextPruned payload for this state (prune_payload)."""
@@ -780,8 +794,9 @@ def _attached_reads(state: events.State) -> set:
 # A prune is made when N ≤ PRUNE_PAYBACK_REQUESTS. Once the cache has expired anyway (CACHE_TTL_S
 # since the last response), the whole prompt is written again whatever is sent, and a clear only
 # saves. Results are cleared oldest first and all of them beyond the protected window at once: each
-# one more lowers N, since R shrinks as C grows. At the window's end (usable) the rule gives way to
-# need: prune when that frees enough, else compact.
+# one more lowers N, since R shrinks as C grows. The same rule decides a compaction where pruning
+# cannot keep a small window (Context.compact_early); at the window's end (usable) the rule gives
+# way to need: prune when that frees enough, else compact.
 #
 # Where: at the first request of a user turn. Within a turn only when no thinking block of the turn
 # would be replayed over a changed history: the 5.5 models bind a replayed thinking block to the
@@ -853,6 +868,17 @@ def prune_payload(state: events.State, model: str, prune_at: int,
             "tokens_before": used, "freed_tokens": freed,
             "rewritten_tokens": rewritten,
             "payback_requests": None if payback is None else round(payback, 1)}
+
+
+def compaction_pays(state: events.State, model: str, aux_model: str, used: int) -> bool:
+    """The break-even rule for a compaction at a turn's start: it clears the history for a summary
+    of ~SUMMARY_TOKENS, which is written to the cache, and pays the aux call (reading the
+    transcript, writing the summary) once on top."""
+    write, read = cache_prices(model)
+    aux = price_row(aux_model) or price_row(DEFAULT_AUX_MODEL)
+    cleared = estimate_tokens(state.messages) - SUMMARY_TOKENS
+    once = SUMMARY_TOKENS * (write - read) + used * aux[0] + SUMMARY_TOKENS * aux[1]
+    return once <= cleared * read * PRUNE_PAYBACK_REQUESTS
 
 
 def worth_pruning(payload: dict) -> bool:

@@ -115,6 +115,23 @@ def test_a_binding_model_prunes_at_a_turn_boundary_only(tmp_path):
     assert binding.plan(mid_turn.state, NOW_S) == "prune"
 
 
+def test_where_pruning_cannot_keep_a_small_window_the_same_rule_compacts_at_a_turn_start(tmp_path):
+    log = Log()
+    log.add("UserMessageCreated", text="design notes:\n" + "words " * 70_000)    # ~105K tokens of talk
+    finish_turn(log, 110_000)
+    log.add("UserMessageCreated", text="and now?")
+    assert context.prune_ids(log.state) == [], "nothing to prune"
+    small = make_context(tmp_path, model="claude-haiku-4-5")     # 200K window: usable 148K
+    assert small.plan(log.state, NOW_S) == "compact"
+    assert make_context(tmp_path, model="claude-sonnet-5-5").plan(log.state, NOW_S) is None, "1M: not yet"
+    log.add("ModelTextBlockCompleted", text="working")
+    respond(log, "end_turn", 110_000)
+    assert small.plan(log.state, NOW_S) is None, "mid-turn it waits for the window's end"
+    short = finish_turn(Log(), 110_000)
+    short.add("UserMessageCreated", text="hi")
+    assert not context.compaction_pays(short.state, "claude-haiku-4-5", "claude-haiku-5-5", 110_000)
+
+
 def test_what_the_user_attached_is_never_pruned(tmp_path):
     log = Log()
     log.add("UserMessageCreated", text="explain @src/f0.py, and @./src/f1.py.")
