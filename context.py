@@ -535,7 +535,8 @@ class Context:
     def plan(self, state: events.State, now_s: float | None = None) -> str | None:
         """Before a call: None, "prune" or "compact", from the API's own usage of the last response
         plus an estimate of what arrived since (`State.measured`). Past the usable window: prune
-        when that frees enough, else compact. Past prune_at: prune when it pays (pruning by cost)."""
+        when that frees enough, else compact. Past prune_at: prune when it pays (pruning by
+        cost)."""
         used = state.measured
         if used is None:
             return None
@@ -748,7 +749,7 @@ def prune_ids(state: events.State) -> list[str]:
 
 
 def _calls_and_results(state: events.State) -> dict:
-    """tool_use_id -> (its ToolRequested, its result event), for the results after the latest cut."""
+    """tool_use_id -> (its ToolRequested, its result event), for results after the latest cut."""
     calls = {}
     found = {}
     for event in state.uncut:
@@ -820,7 +821,7 @@ def cache_prices(model: str) -> tuple[float, float]:
 
 
 def may_prune_now(state: events.State, model: str) -> bool:
-    """At a user turn's first request; mid-turn only where no replayed thinking binds the history."""
+    """At a user turn's first request; mid-turn only where no replayed thinking binds history."""
     if state.responses_in_turn == 0:
         return True
     if not model.startswith(BINDING_MODELS):

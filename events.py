@@ -228,7 +228,7 @@ class ProcessExited(Envelope):
 class ContextPruned(Envelope):
     type: Literal["ContextPruned"]
     tool_use_ids: list
-    placeholders: NotRequired[dict]     # tool_use_id -> what its result says instead (how to get it back)
+    placeholders: NotRequired[dict]     # tool_use_id -> what its result says instead
     reason: NotRequired[str]            # "cost", "idle" (the cache had expired) or "window"
     model: NotRequired[str]
     trigger: NotRequired[int]           # context.prune_at then
@@ -895,7 +895,7 @@ class State:
     uncut: list = field(default_factory=list)   # events after the latest cut: prune and compaction refold them
     summary: str | None = None          # the latest compaction's summary, the history's first message
     cut_seq: int = 0                    # the latest compaction's cut
-    pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder (None: the fixed one)
+    pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder or None
     prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees), after the cut
     measured: int | None = None         # tokens of the next request: last usage + estimate since; None: stale
     freed_since_usage: int = 0          # tokens prunes freed since the last response's usage

@@ -13,8 +13,10 @@ simulation (a read for the longest earlier prefix up to a breakpoint, entries al
 their last use, on a simulated clock: 15 s a request, 60 s between turns). The fake's usage becomes
 the response's usage, as the real program records it. One check beyond the fake's: on Sonnet 5.5 a
 replayed thinking block of the current turn must see the same earlier messages as when it was made
-(the block binding of ANTHROPIC_API.md §3.3). What this leaves out: the kernel loop and the SDK and
-HTTP layers (the numbers do not depend on them; tests/test_prune.py runs the real program).
+(the block binding of ANTHROPIC_API.md §3.3). Requests are built without the volatile tail: as
+assemble_messages moves it from message to message, every mid-turn request would fail that check,
+pruning or not (reported to the lead). What this leaves out: the kernel loop and the SDK and HTTP
+layers (the numbers do not depend on them; tests/test_prune.py runs the real program).
 
 Reports, per policy: total input cost (the model's prices, model.PRICES; Sonnet 5.5 by default), peak request size,
 cache-read share, prunes, and invalid requests (must be 0). Target: khaelor ≤ 0.6× keep-everything,
@@ -151,8 +153,8 @@ class Session:
         """A thinking block of the current turn replayed over changed earlier messages."""
         turn_start = 0
         for i, message in enumerate(messages):
-            if message["role"] == "user" and any(b["type"] == "text" for b in message["content"]):
-                turn_start = i
+            if message["role"] == "user" and all(b["type"] == "text" for b in message["content"]):
+                turn_start = i      # the user's question (results and the volatile tail come later)
         for i in range(turn_start, len(messages)):
             for block in messages[i]["content"]:
                 seen = self.bound.get(block.get("signature"))

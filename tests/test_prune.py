@@ -3,6 +3,8 @@ protected window, break-even, turn boundaries, attached files, placeholders), a 
 the same request bytes from the JSONL log, and the real program pruning past `context.prune_at`
 with /context explaining it."""
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -267,3 +269,13 @@ def test_a_bad_context_setting_is_a_clear_error(khaelor, project):
         (project / ".khaelor" / "config.json").write_text(bad)
         result = khaelor.run("-p", "hi")
         assert result.returncode == 2 and says in result.stderr, result.stderr
+
+
+def test_the_bench_session_stays_valid_and_its_binding_check_can_fail(monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import bench_prune
+    session = bench_prune.run(12, 30_000, 0)
+    assert session.prunes and not session.invalid
+    monkeypatch.setattr(context, "may_prune_now", lambda state, model: True)     # prune mid-turn
+    forced = bench_prune.run(12, 30_000, 0)
+    assert any("bound to a different conversation" in problem for _, problem in forced.invalid)
