@@ -67,7 +67,8 @@ PRUNE_MINIMUM_TOKENS = 20_000
 # Past this much input a request re-reads old tool output worth clearing (config context.prune_at;
 # Anthropic's own context editing triggers there too).
 PRUNE_AT_TOKENS = 100_000
-# A prune must pay its cache rewrite back within this many requests (see "pruning by cost").
+# A prune must pay its cache rewrite back within this many requests (see "pruning by cost"); in
+# bench/bench_prune.py prunes pay back in 3-5 requests and come ~30 requests apart.
 PRUNE_PAYBACK_REQUESTS = 20
 # A cache entry lives this long after the request that wrote or read it (the default 5m TTL).
 CACHE_TTL_S = 300
