@@ -9,6 +9,7 @@ Must not: emit or store events (it returns payloads; the kernel records ContextP
 ContextCompacted), fold the log (it reads `events.State`, the one fold), or touch the world
 beyond reading project files and running read-only `git` through the Workspace it is given.
 """
+import collections
 import copy
 import datetime
 import time
@@ -22,7 +23,7 @@ from typing import NamedTuple
 
 import events
 from events import estimate_tokens
-from model import DEFAULT_AUX_MODEL
+from model import DEFAULT_AUX_MODEL, price_row
 
 # In one directory the first of these wins.
 INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")
@@ -56,12 +57,30 @@ WINDOWS = dict.fromkeys(
 MAX_OUTPUT_TOKENS = 32_000
 # Headroom so a turn's tool results fit before the next measurement.
 BUFFER_TOKENS = 20_000
-# The newest tool output the model keeps verbatim (OpenCode's number).
-PRUNE_PROTECT_TOKENS = 40_000
+# The newest tool output the model keeps verbatim: this many tokens and at least this many results
+# (Anthropic's context editing keeps 3). Measured in bench/bench_prune.py: 40K (OpenCode's number)
+# left a 40-turn session at 0.72x the cost of keeping everything, 12K at 0.57x.
+PRUNE_PROTECT_TOKENS = 12_000
+PRUNE_KEEP_RESULTS = 3
 # Pruning breaks the cache; below this it is not worth it.
 PRUNE_MINIMUM_TOKENS = 20_000
+# Past this much input a request re-reads old tool output worth clearing (config context.prune_at;
+# Anthropic's own context editing triggers there too).
+PRUNE_AT_TOKENS = 100_000
+# A prune must pay its cache rewrite back within this many requests (see "pruning by cost"); in
+# bench/bench_prune.py prunes pay back in 3-5 requests and come ~30 requests apart.
+PRUNE_PAYBACK_REQUESTS = 20
+# A cache entry lives this long after the request that wrote or read it (the default 5m TTL).
+CACHE_TTL_S = 300
+# Models that bind a replayed thinking block to the messages before it (ANTHROPIC_API.md §3.3: Fable
+# 5.1, Opus 5.5, Sonnet 5.5; the later Fable, Mythos and Haiku 5.5 assumed the same, the safe side).
+BINDING_MODELS = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5",
+                  "claude-fable-5-1", "claude-fable-5-2", "claude-mythos-5-1",
+                  "claude-mythos-5-2")
 # Output of the compaction call.
 SUMMARY_MAX_TOKENS = 16_000
+# A checkpoint's usual size, for the break-even rule of an early compaction.
+SUMMARY_TOKENS = 4_000
 # Per tool result/input in the compaction transcript (head + tail).
 TRANSCRIPT_BLOCK_CHARS = 4_000
 # The whole transcript (~150K tokens), before the aux window cap.
@@ -429,13 +448,16 @@ class Context:
                  aux_model: str = DEFAULT_AUX_MODEL,
                  max_tokens: int = MAX_OUTPUT_TOKENS,
                  user_home: Path | None = None, is_secret=None,
-                 plan_mode: bool = False, append_system: str = ""):
+                 plan_mode: bool = False, append_system: str = "",
+                 prune_at: int = PRUNE_AT_TOKENS):
         self.project_root = Path(project_root).resolve()
         self.cwd = Path(cwd).resolve()
         self.home = Path(home)
         self.model = model
         self.aux_model = aux_model
         self.max_tokens = max_tokens
+        # input tokens past which old tool results are pruned by cost; 0: only at the window's end
+        self.prune_at = prune_at
         self.workspace = workspace
         # (world_seq, time.monotonic(), the "Git:" line or None)
         self._git_status = None
@@ -511,13 +533,38 @@ class Context:
     def usable_tokens(self) -> int:
         return usable_tokens(self.model, self.max_tokens)
 
-    def plan(self, state: events.State) -> str | None:
-        """Before a call: None, "prune" (enough by itself) or "compact", from the API's own usage
-        of the last response plus an estimate of what arrived since (`State.measured`)."""
+    def plan(self, state: events.State, now_s: float | None = None) -> str | None:
+        """Before a call: None, "prune" or "compact", from the API's own usage of the last response
+        plus an estimate of what arrived since (`State.measured`). Past the usable window: prune
+        when that frees enough, else compact. Past prune_at: prune when it pays (pruning by
+        cost)."""
         used = state.measured
-        if used is None or used <= self.usable_tokens:
+        if used is None:
             return None
-        return _prune_or_compact(state, used - self.usable_tokens)
+        if used > self.usable_tokens:
+            return _prune_or_compact(state, used - self.usable_tokens)
+        if not self.prune_at or used <= self.prune_at:
+            return None
+        if may_prune_now(state, self.model) and worth_pruning(self.prune(state, now_s)):
+            return "prune"
+        if self.compact_early(state, used):
+            return "compact"
+        return None
+
+    def compact_early(self, state: events.State, used: int) -> bool:
+        """Compaction loses detail, so before the window's end it is made only where pruning cannot
+        keep the session in the window: a window whose usable end is less than twice the trigger
+        away (the 200K ones). There, at a turn's first request (a clean cut) and when the same
+        break-even rule says it pays back, aux call included, it comes now rather than mid-turn."""
+        small_window = self.usable_tokens < 2 * self.prune_at
+        if not small_window or state.responses_in_turn or choose_cut(state) is None:
+            return False
+        return compaction_pays(state, self.model, self.aux_model, used)
+
+    def prune(self, state: events.State, now_s: float | None = None) -> dict:
+        """The ContextPruned payload for this state (prune_payload)."""
+        return prune_payload(state, self.model, self.prune_at,
+                             self.usable_tokens, now_s)
 
     def overflow_plan(self, state: events.State, message: str = "") -> str:
         """After a context_overflow error: "prune" when it frees enough by the API's numbers, else
@@ -678,15 +725,22 @@ def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
 
 
 def prune_ids(state: events.State) -> list[str]:
-    """tool_use_ids of old tool results to replace with the placeholder, oldest first. The newest
-    ~40K tokens of tool output stay (the result that crosses the line stays too, so the newest
-    result is never pruned); nothing is returned unless pruning frees PRUNE_MINIMUM_TOKENS."""
+    """tool_use_ids of old tool results to replace with a placeholder, oldest first. The newest
+    PRUNE_KEEP_RESULTS results and ~PRUNE_PROTECT_TOKENS of tool output stay (the result that
+    crosses the line stays too, so the newest result is never pruned), and so do reads of files the
+    user attached (@path in their messages); nothing is returned unless pruning frees
+    PRUNE_MINIMUM_TOKENS."""
     kept = 0            # tokens of the newest results, kept whole
+    n_kept = 0
     freed = 0           # tokens the chosen ones free
     chosen = []
+    attached = _attached_reads(state)
     for tool_use_id, (_, tokens) in reversed(state.prunable.items()):
-        if kept < PRUNE_PROTECT_TOKENS:
+        if tool_use_id in attached:
+            continue
+        if kept < PRUNE_PROTECT_TOKENS or n_kept < PRUNE_KEEP_RESULTS:
             kept += tokens
+            n_kept += 1
         else:
             chosen.append(tool_use_id)
             freed += tokens
@@ -694,6 +748,242 @@ def prune_ids(state: events.State) -> list[str]:
         return []
     return list(reversed(chosen))
 
+
+def _calls_and_results(state: events.State) -> dict:
+    """tool_use_id -> (its ToolRequested, its result event), for results after the latest cut."""
+    calls = {}
+    found = {}
+    for event in state.uncut:
+        tool_use_id = event.get("tool_use_id")
+        if event["type"] == "ToolRequested":
+            calls[tool_use_id] = event
+        elif event["type"] in events.TOOL_RESULT_EVENTS:
+            found[tool_use_id] = (calls.get(tool_use_id), event)
+    return found
+
+
+def _attached_reads(state: events.State) -> set:
+    """tool_use_ids of reads of a file the user attached with @path: the user put it in the
+    conversation, so it stays whole."""
+    mentioned = set()
+    for _, text in state.user_texts:
+        for _, spec in imports_in(text):
+            bare = spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\"")
+            mentioned.add(os.path.normpath(bare))
+    if not mentioned:
+        return set()
+    attached = set()
+    for tool_use_id, (call, result) in _calls_and_results(state).items():
+        if call is None or call["name"] != "read":
+            continue
+        shown = (result.get("meta") or {}).get("path")
+        paths = {str(call["input"].get("file_path", "")), str(shown or "")}
+        if {os.path.normpath(path) for path in paths if path} & mentioned:
+            attached.add(tool_use_id)
+    return attached
+
+
+# ---------------------------------------------------------------- budget: pruning by cost
+#
+# Past `prune_at` input tokens, every request re-reads old tool output the model no longer needs, at
+# the cache-read price. Clearing it breaks the cache once. With w the cache-write price and r the
+# cache-read price (the model's own, model.PRICES), C the tokens cleared and R the tokens rewritten
+# (those after the first cleared block that stay):
+#   the clear costs R × (w − r) once: those tokens are written at w where they would be read at r;
+#   it saves C × r on every request after it;
+#   so it pays back after N = (w − r) / r × R / C requests: 11.5 × R / C at the standard 1.25× and
+#   0.1× of the input price (Sonnet 5.5: 2.50 and 0.20 per million).
+# A prune is made when N ≤ PRUNE_PAYBACK_REQUESTS. Once the cache has expired anyway (CACHE_TTL_S
+# since the last response), the whole prompt is written again whatever is sent, and a clear only
+# saves. Results are cleared oldest first and all of them beyond the protected window at once: each
+# one more lowers N, since R shrinks as C grows. The same rule decides a compaction where pruning
+# cannot keep a small window (Context.compact_early); at the window's end (usable) the rule gives
+# way to need: prune when that frees enough, else compact.
+#
+# Where: at the first request of a user turn. Within a turn only when no thinking block of the turn
+# would be replayed over a changed history: the 5.5 models bind a replayed thinking block to the
+# messages before it (ANTHROPIC_API.md §3.3), so there a mid-turn prune would be refused.
+
+def payback_requests(rewritten: int, cleared: int, model: str) -> float | None:
+    """N above: requests after which the clear has paid for its rewrite; None for no clear."""
+    if cleared <= 0:
+        return None
+    write, read = cache_prices(model)
+    return (write - read) / read * rewritten / cleared
+
+
+def cache_prices(model: str) -> tuple[float, float]:
+    """(cache write, cache read) $ per million tokens; the standard 1.25× and 0.1× of an input
+    price of 1 for a model with no known price (only their ratio decides)."""
+    row = price_row(model)
+    if row is None:
+        return 1.25, 0.1
+    return row[2], row[3]
+
+
+def may_prune_now(state: events.State, model: str) -> bool:
+    """At a user turn's first request; mid-turn only where no replayed thinking binds history."""
+    if state.responses_in_turn == 0:
+        return True
+    if not model.startswith(BINDING_MODELS):
+        return True
+    turn_seq = state.user_texts[-1][0] if state.user_texts else 0
+    for event in state.uncut:
+        thinking = event["type"] == "ModelThinkingBlockCompleted"
+        if thinking and event["seq"] > turn_seq:
+            return False
+    return True
+
+
+def cache_expired(state: events.State, now_s: float | None = None) -> bool:
+    """No response in the last CACHE_TTL_S (or none since the latest cut): the cached prefix is
+    gone, so the next request writes all of it anyway."""
+    if now_s is None:
+        now_s = time.time()
+    for event in reversed(state.uncut):
+        if event["type"] == "ModelResponseCompleted":
+            return now_s - event.get("ts", 0) / 1000 > CACHE_TTL_S
+    return True
+
+
+def prune_payload(state: events.State, model: str, prune_at: int,
+                  usable: int, now_s: float | None = None) -> dict:
+    """ContextPruned's payload: the results prune_ids picks, the placeholder each gets, and why:
+    "cost" (past prune_at, and it pays back), "idle" (past prune_at, the cache expired anyway)
+    or "window" (past the usable window, or the API said the prompt is too long)."""
+    ids = prune_ids(state)
+    found = _calls_and_results(state)
+    freed = sum(state.prunable[tool_use_id][1] for tool_use_id in ids)
+    rewritten = _rewritten_tokens(state, ids, freed)
+    used = state.measured or 0
+    reason = "window"
+    if prune_at and prune_at < used <= usable:
+        reason = "cost"
+        if cache_expired(state, now_s):
+            reason = "idle"
+    placeholders = {}
+    for tool_use_id in ids:
+        placeholders[tool_use_id] = placeholder(*found[tool_use_id])
+    payback = payback_requests(rewritten, freed, model)
+    return {"tool_use_ids": ids, "placeholders": placeholders,
+            "reason": reason, "model": model, "trigger": prune_at,
+            "tokens_before": used, "freed_tokens": freed,
+            "rewritten_tokens": rewritten,
+            "payback_requests": None if payback is None else round(payback, 1)}
+
+
+def compaction_pays(state: events.State, model: str, aux_model: str, used: int) -> bool:
+    """The break-even rule for a compaction at a turn's start: it clears the history for a summary
+    of ~SUMMARY_TOKENS, which is written to the cache, and pays the aux call (reading the
+    transcript, writing the summary) once on top."""
+    write, read = cache_prices(model)
+    aux = price_row(aux_model) or price_row(DEFAULT_AUX_MODEL)
+    cleared = estimate_tokens(state.messages) - SUMMARY_TOKENS
+    once = SUMMARY_TOKENS * (write - read) + used * aux[0] + SUMMARY_TOKENS * aux[1]
+    return once <= cleared * read * PRUNE_PAYBACK_REQUESTS
+
+
+def worth_pruning(payload: dict) -> bool:
+    """The break-even rule on a prune_payload."""
+    if not payload["tool_use_ids"]:
+        return False
+    if payload["reason"] != "cost":
+        return True
+    return payload["payback_requests"] <= PRUNE_PAYBACK_REQUESTS
+
+
+PRUNE_REASONS = {
+    "cost": "past the trigger at {tokens_before:,} tokens;"
+            " pays its cache rewrite back in {payback_requests} requests",
+    "idle": "past the trigger at {tokens_before:,} tokens, the cache expired"
+            " (idle over 5 minutes): no rewrite to pay for",
+    "window": "at the window's end",
+}
+
+
+def prune_report(log: list[dict], prune_at: int) -> list[str]:
+    """/context's account of every prune in the log: what was cleared, why, and the tokens and
+    dollars it saved: each later request (up to a compaction) read `freed` fewer tokens from the
+    cache, less the one rewrite of the tokens after the first cleared result."""
+    trigger = f"past {prune_at:,} input tokens" if prune_at else "off"
+    lines = ["**Pruning**", "",
+             f"- trigger: {trigger} (config `context.prune_at`);"
+             f" the newest {PRUNE_KEEP_RESULTS} results and"
+             f" ~{PRUNE_PROTECT_TOKENS:,} tokens of tool output are kept"]
+    names = {}
+    total_freed = 0
+    total_saved = 0.0
+    for index, event in enumerate(log):
+        if event["type"] == "ToolRequested":
+            names[event["tool_use_id"]] = event["name"]
+        if event["type"] != "ContextPruned" or not event["tool_use_ids"]:
+            continue
+        ids = event["tool_use_ids"]
+        tools = collections.Counter(names.get(i, "tool") for i in ids)
+        what = ", ".join(f"{n} {name}" for name, n in tools.most_common())
+        freed = event.get("freed_tokens") or 0
+        why = PRUNE_REASONS.get(event.get("reason"), PRUNE_REASONS["window"])
+        line = (f"- {len(ids)} tool results cleared ({what}), ~{freed:,} tokens:"
+                f" {why.format_map(event)}")
+        saved = _prune_saved(event, log[index + 1:])
+        if saved is not None:
+            line += f"; saved ~${saved:.2f} so far"
+            total_saved += saved
+        total_freed += freed
+        lines.append(line)
+    if total_freed:
+        lines.append(f"- in all: ~{total_freed:,} tokens cleared,"
+                     f" ~${total_saved:.2f} saved")
+    else:
+        lines.append("- nothing pruned yet")
+    return lines
+
+
+def _prune_saved(event: dict, later: list[dict]) -> float | None:
+    """Dollars a prune saved by now; None for one recorded without its numbers or a model with no
+    known price."""
+    row = price_row(event.get("model") or "")
+    if "freed_tokens" not in event or row is None:
+        return None
+    write, read = row[2], row[3]
+    n_requests = 0
+    for other in later:
+        if other["type"] == "ContextCompacted":
+            break
+        n_requests += other["type"] == "ModelResponseCompleted"
+    rewrite = event.get("rewritten_tokens", 0) * (write - read)
+    return (event["freed_tokens"] * read * n_requests - rewrite) / 1e6
+
+
+def _rewritten_tokens(state: events.State, ids: list, freed: int) -> int:
+    """Tokens after the first cleared result that stay: what the clear makes the API write again."""
+    if not ids:
+        return 0
+    messages = state.messages
+    for index, message in enumerate(messages):
+        ids_here = {block.get("tool_use_id") for block in message["content"]}
+        if ids[0] in ids_here:
+            return max(0, estimate_tokens(messages[index:]) - freed)
+    return 0
+
+
+def placeholder(call: dict | None, result: dict) -> str:
+    """What a pruned result says instead: that it was removed, and how to get it back."""
+    name = (call or {}).get("name") or result.get("name") or "tool"
+    given = (call or {}).get("input") or {}
+    meta = result.get("meta") or {}
+    how = f"run the {name} call again if you need it"
+    if name == "read":
+        path = meta.get("path") or given.get("file_path")
+        how = f"it was the read of {path}: read the file again if you need it"
+    elif name == "bash":
+        command = clip(" ".join(str(given.get("command", "")).split()), 200)
+        how = f"it was the output of `{command}`: run the command again if you need it"
+    elif name in ("grep", "glob"):
+        how = f"it was a {name} search: run it again if you need it"
+    if meta.get("spill"):
+        how += f" (the full output was saved to {meta['spill']}: read that file first)"
+    return f"[old tool result removed to save context; {how}]"
 
 
 def _prune_or_compact(state: events.State, excess: int) -> str:

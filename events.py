@@ -229,6 +229,14 @@ class ProcessExited(Envelope):
 class ContextPruned(Envelope):
     type: Literal["ContextPruned"]
     tool_use_ids: list
+    placeholders: NotRequired[dict]     # tool_use_id -> what its result says instead
+    reason: NotRequired[str]            # "cost", "idle" (the cache had expired) or "window"
+    model: NotRequired[str]
+    trigger: NotRequired[int]           # context.prune_at then
+    tokens_before: NotRequired[int]     # the request's measured size before the prune
+    freed_tokens: NotRequired[int]
+    rewritten_tokens: NotRequired[int]  # after the first cleared result: written to the cache again
+    payback_requests: NotRequired[float | None]
 
 
 class ContextCompacted(Envelope):
@@ -868,14 +876,14 @@ class Conversation:
         self._close_calls()
         self._add_user_block({"type": "text", "text": text})
 
-    def add_result(self, event: dict, pruned: set) -> None:
+    def add_result(self, event: dict, pruned: dict) -> None:
         tool_use_id = event["tool_use_id"]
         if tool_use_id not in self.open_ids:
             return          # its tool_use never counted (a dropped attempt)
         self.open_ids.discard(tool_use_id)
-        content = PRUNED_PLACEHOLDER
-        if tool_use_id not in pruned:
-            content = tool_result_text(event)
+        content = tool_result_text(event)
+        if tool_use_id in pruned:
+            content = pruned[tool_use_id] or PRUNED_PLACEHOLDER
         block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": content}
         if event["type"] != "ToolCompleted":
             block["is_error"] = True
@@ -909,7 +917,7 @@ def user_text(event: dict) -> str:
             f"$ {event['command']}\n{output}\n</user-shell>")
 
 
-def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: set) -> tuple[str, list]:
+def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: dict) -> tuple[str, list]:
     """Feed one event to the attempt and the conversation; returns the attempt's outcome."""
     outcome, blocks = attempt.feed(event)
     if outcome == CLOSED:
@@ -960,9 +968,10 @@ class State:
     uncut: list = field(default_factory=list)   # events after the latest cut: prune and compaction refold them
     summary: str | None = None          # the latest compaction's summary, the history's first message
     cut_seq: int = 0                    # the latest compaction's cut
-    pruned: set = field(default_factory=set)        # tool_use_ids whose results show the placeholder
+    pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder or None
     prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees), after the cut
     measured: int | None = None         # tokens of the next request: last usage + estimate since; None: stale
+    freed_since_usage: int = 0          # tokens prunes freed since the last response's usage
     safe_cut: int = 0                   # the newest seq at which the log may be cut
     grew_seq: int = 0                   # the newest seq at which the conversation grew
     world_seq: int = 0                  # the newest seq after which the working tree may differ
@@ -1169,6 +1178,7 @@ def _on_response_completed(state: State, event: dict) -> None:
     state.last_stop_reason = event["stop_reason"]
     state.last_usage = usage
     state.measured = sum(usage.get(key) or 0 for key in USAGE_KEYS)
+    state.freed_since_usage = 0
     per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
     for key in USAGE_KEYS:
         per_model[key] += usage.get(key) or 0
@@ -1225,7 +1235,10 @@ def _add_since_measured(state: State, text: str) -> None:
 
 
 def _on_pruned(state: State, event: dict) -> None:
-    state.pruned = state.pruned | set(event["tool_use_ids"])
+    placeholders = event.get("placeholders") or {}
+    chosen = {i: placeholders.get(i) for i in event["tool_use_ids"]}
+    state.pruned = {**state.pruned, **chosen}
+    state.freed_since_usage += event.get("freed_tokens") or 0
     for tool_use_id in event["tool_use_ids"]:
         state.prunable.pop(tool_use_id, None)
     state.measured = None

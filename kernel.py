@@ -654,8 +654,7 @@ class Kernel:
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
         """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
         if plan == "prune":
-            pruned = context.prune_ids(self.state)
-            self.emit("ContextPruned", tool_use_ids=pruned)
+            self.emit("ContextPruned", **self.ctx.prune(self.state))
         elif plan == "compact":
             self.emit("Status", text="compacting the conversation…")
             # the summary call's usage: /cost counts compaction too

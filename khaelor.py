@@ -38,7 +38,10 @@ CONFIG_KEYS = {
     "prices": dict,
     "max_turns": int,
     "pass_env": list,
+    "context": dict,
 }
+# the keys of config.json's "context" object
+CONTEXT_KEYS = {"prune_at": int}
 
 
 class UsageError(KhaelorError):
@@ -89,6 +92,13 @@ def parse_config(path: Path, text: str) -> dict:
         if not isinstance(value, expected) or isinstance(value, bool):
             names = type_names(expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
+    for key, value in (config.get("context") or {}).items():
+        if key not in CONTEXT_KEYS:
+            raise UsageError(f"{path}: unknown key 'context.{key}';"
+                             f" known: {', '.join(CONTEXT_KEYS)}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"{path}: 'context.{key}' must be a whole"
+                             " number of tokens (0: off)")
     import permissions
     if isinstance(config.get("permissions"), dict):
         # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
@@ -111,7 +121,7 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
-              "prices": {}, "max_turns": None}
+              "prices": {}, "max_turns": None, "context": {}}
     project, merged["untrusted_prices"] = project_config(home, project_root)
     # the project's file wins; permission rules are layers of their own
     for config in (user, project):
@@ -990,7 +1000,9 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           user_home=Path.home(),
                           is_secret=permissions.is_secret_name,
                           plan_mode=mode == "plan",
-                          append_system=append_system)
+                          append_system=append_system,
+                          prune_at=settings["context"].get(
+                              "prune_at", context.PRUNE_AT_TOKENS))
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus,
@@ -1527,7 +1539,9 @@ class Session:
         window = context.window_of(self.kernel.ctx.model)
         context_pct = None
         if last is not None:
-            context_pct = 100 * (sum(last.values())) / window
+            # a prune since the last response shrinks the next request now, not at the next usage
+            used = sum(last.values()) - state.freed_since_usage
+            context_pct = 100 * used / window
         cache_share = None
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
@@ -1655,6 +1669,7 @@ class Session:
         return "\n".join(lines) or "no model calls yet"
 
     async def cmd_context(self, _):
+        import context
         rows = self.kernel.ctx.inspect(self.store.state)
         lines = []
         for row in rows:
@@ -1662,7 +1677,8 @@ class Session:
             if row.get("cached_tokens"):
                 line += f", {row['cached_tokens']} cached"
             lines.append(line)
-        return "\n".join(lines) + "\n\n" + self.instructions_report()
+        pruning = context.prune_report(self.store.events, self.kernel.ctx.prune_at)
+        return "\n".join(lines + [""] + pruning) + "\n\n" + self.instructions_report()
 
     def instructions_report(self) -> str:
         """/context's account of the instruction files: what was read, and each import that was not."""

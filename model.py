@@ -65,10 +65,16 @@ def preload() -> None:
     threading.Thread(target=_sdk, name="khaelor-sdk-import").start()
 
 
+def price_row(model: str, prices: dict | None = None) -> tuple | None:
+    """(input, output, cache write, cache read) $ per million tokens, by id or id prefix; None for a
+    model with no known price. `prices`: config overrides of PRICES."""
+    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
+    return table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
+
+
 def price_of(model: str, usage: dict, prices: dict | None = None) -> float | None:
     """Cost in dollars from real usage; None for a model with no known price (never guessed)."""
-    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
-    price = table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
+    price = price_row(model, prices)
     if price is None:
         return None
     p_in, p_out, p_write, p_read = price

@@ -810,7 +810,7 @@ EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")
 USER_MESSAGE_MAX_LINES = 30
 # Events shown as one dim line; fields are filled from the event ("?" when missing).
 NOTE_FORMATS = {
-    "ContextPruned": "◇ Context: old tool results pruned ({n_pruned})",
+    "ContextPruned": "◇ Context: old tool results pruned ({n_pruned}; /context says why)",
     "ContextCompacted": "◇ Context compacted: earlier turns are now a summary",
     "VerificationRequested": "◇ Checking the work before answering",
     "ProcessStarted": "◆ process {process_id} started: {command}",

@@ -34,6 +34,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -64,6 +65,7 @@ TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_CACHE_BREAKPOINTS = 4
 CACHE_LOOKBACK_BLOCKS = 20
+CACHE_TTL_S = {"5m": 300, "1h": 3600}   # a cache entry's lifetime, by its breakpoint's ttl
 MAX_OUTPUT_TOKENS = 128_000   # every current model (§5.3)
 # (model-id prefix, thinking types it accepts); the first matching prefix wins.  [§3.3]
 THINKING_TYPES = [
@@ -447,11 +449,14 @@ def _breakpoints(units, body):
 
 
 class PromptCache:
-    """Simulated prompt cache: hash of (model, every unit up to a breakpoint) -> that prefix's tokens.
-    Tokens are canonical-JSON characters / 4, so every number is deterministic."""
+    """Simulated prompt cache: hash of (model, every unit up to a breakpoint) -> (that prefix's tokens,
+    when it expires). Tokens are canonical-JSON characters / 4, so every number is deterministic. An
+    entry lives CACHE_TTL_S after the request that wrote or read it (§3.4); `clock` (seconds) may be
+    simulated, as bench/bench_prune.py does."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self.entries = {}
+        self.clock = clock
 
     def account(self, body):
         """(usage, writes, total input tokens) for a request; commit(writes) once it is served."""
@@ -472,15 +477,20 @@ class PromptCache:
         last, ttl = max(points)
         # a breakpoint finds an earlier entry written at any of the 20 blocks up to it (§3.4 lookback)
         looked_at = {q for p, _ in points for q in range(max(0, p - CACHE_LOOKBACK_BLOCKS + 1), p + 1)}
-        hits = [q for q in looked_at if hashes[q] in self.entries]
+        now = self.clock()
+        hits = [q for q in looked_at if self.entries.get(hashes[q], (0, now - 1, 0))[1] >= now]
         read = tokens[max(hits)] if hits else 0
         usage.update(input_tokens=total - tokens[last], cache_read_input_tokens=read,
                      cache_creation_input_tokens=tokens[last] - read)
         usage["cache_creation"][f"ephemeral_{ttl}_input_tokens"] = tokens[last] - read
-        return usage, {hashes[p]: tokens[p] for p, _ in points}, total
+        writes = {hashes[p]: (tokens[p], CACHE_TTL_S[t]) for p, t in points}
+        if hits:   # a read refreshes the entry's lifetime
+            writes.setdefault(hashes[max(hits)], (read, self.entries[hashes[max(hits)]][2]))
+        return usage, writes, total
 
     def commit(self, writes):
-        self.entries.update(writes)
+        now = self.clock()
+        self.entries.update((h, (tokens, now + life, life)) for h, (tokens, life) in writes.items())
 
 
 # ---------------------------------------------------------------- responses and SSE

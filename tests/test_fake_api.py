@@ -238,6 +238,22 @@ def test_moving_breakpoint_reads_the_earlier_prefix_and_writes_the_rest():
     assert sum(usage2[k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")) == total2
 
 
+def test_a_cache_entry_expires_five_minutes_after_its_last_use():
+    now = [0.0]
+    cache = PromptCache(clock=lambda: now[0])
+    body = request(user([{"type": "text", "text": "question " * 300, "cache_control": {"type": "ephemeral"}}]))
+
+    def send(at):
+        now[0] = at
+        usage, writes, _ = cache.account(body)
+        cache.commit(writes)
+        return usage["cache_read_input_tokens"]
+    assert send(0) == 0
+    assert send(290) > 0 and send(580) > 0, "a read keeps the entry alive for another five minutes"
+    assert send(881) == 0, "idle for more than five minutes: written again"
+    assert send(900) > 0
+
+
 def test_prompt_too_long_above_max_context_tokens():
     with FakeAnthropic([reply(text("never"))], max_context_tokens=50) as fake:
         with pytest.raises(anthropic.BadRequestError) as caught:
