@@ -35,7 +35,15 @@ CONFIG_KEYS = {
     "permissions": (list, dict),
     "prices": dict,
     "max_turns": int,
+    "thinking": str,
+    "effort": str,
+    "show_thinking": bool,
+    "max_output_tokens": int,
 }
+# the values a thinking setting may take (model.THINKING_MODES, model.EFFORTS)
+THINKING_CHOICES = ("off", "adaptive", "always")
+EFFORT_CHOICES = ("low", "medium", "high", "xhigh", "max")
+CONFIG_CHOICES = {"thinking": THINKING_CHOICES, "effort": EFFORT_CHOICES}
 
 
 class UsageError(KhaelorError):
@@ -73,9 +81,18 @@ def read_config(path: Path) -> dict:
             known = ", ".join(CONFIG_KEYS)
             raise UsageError(f"{path}: unknown key {key!r};"
                              f" known keys: {known}")
-        if not isinstance(value, expected) or isinstance(value, bool):
+        # a bool is an int to isinstance: only a bool key takes one
+        wrong_bool = isinstance(value, bool) and expected is not bool
+        if not isinstance(value, expected) or wrong_bool:
             names = type_names(expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
+        choices = CONFIG_CHOICES.get(key)
+        if choices and value not in choices:
+            raise UsageError(f"{path}: {key!r} must be one of"
+                             f" {', '.join(choices)}")
+        if key == "max_output_tokens" and value < 1:
+            raise UsageError(f"{path}: 'max_output_tokens' must be"
+                             " a positive number of tokens")
     import permissions
     if isinstance(config.get("permissions"), dict):
         # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
@@ -100,7 +117,9 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     project_file = project_root / ".khaelor" / "config.json"
     project = read_config(project_file)
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
-              "prices": {}, "max_turns": None}
+              "prices": {}, "max_turns": None, "thinking": "adaptive",
+              "effort": None, "show_thinking": None,
+              "max_output_tokens": None}
     merged["untrusted_prices"] = untrusted_prices(home, project_file, project)
     if merged["untrusted_prices"]:
         project = {k: v for k, v in project.items() if k != "prices"}
@@ -113,6 +132,11 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
     merged["model_flag"] = getattr(args, "model", None)
+    # --thinking and --effort: recorded in the session, so they outlive the run (a resume keeps them)
+    merged["reasoning_flags"] = {}
+    for key in ("thinking", "effort"):
+        if getattr(args, key, None) is not None:
+            merged["reasoning_flags"][key] = getattr(args, key)
     merged["extra_layers"] = flag_layers(args, project_root)
     merged["layers"] = permission_layers(home, project_root,
                                          merged["extra_layers"])
@@ -807,6 +831,12 @@ def parse_args(argv: list):
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
     parser.add_argument("--max-turns", dest="max_turns", type=int,
                         metavar="N")
+    parser.add_argument("--thinking", choices=THINKING_CHOICES,
+                        help="how the model thinks, from this run on"
+                             " (adaptive: as the model sees fit)")
+    parser.add_argument("--effort", choices=EFFORT_CHOICES,
+                        help="how hard the model works, from this run on"
+                             " (default: the model's own)")
     # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
     parser.add_argument("--append-system-prompt",
                         dest="append_system_prompt",
@@ -913,7 +943,11 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           user_home=Path.home(),
                           is_secret=permissions.is_secret_name,
                           plan_mode=mode == "plan",
-                          append_system=append_system)
+                          append_system=append_system,
+                          thinking=settings["thinking"],
+                          effort=settings["effort"],
+                          show_thinking=shows_thinking(args, settings),
+                          **output_limit(settings))
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus,
@@ -928,6 +962,48 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                             max_turns=settings["max_turns"],
                             permission_mode=mode)
     return kernel_
+
+
+def shows_thinking(args, settings) -> bool:
+    """show_thinking from config, else on where someone watches: the UI, and stream-json (which
+    carries the thinking blocks); off for text and json, which never show it (a faster first token)."""
+    if settings["show_thinking"] is not None:
+        return settings["show_thinking"]
+    return args.prompt is None or args.output_format == "stream-json"
+
+
+def output_limit(settings) -> dict:
+    """Context's max_tokens, when config.json sets max_output_tokens."""
+    if settings["max_output_tokens"] is None:
+        return {}
+    return {"max_tokens": settings["max_output_tokens"]}
+
+
+def record_reasoning(bus, store, wanted: dict) -> None:
+    """ThinkingChanged for what `wanted` sets differently from the log (flags, or a choice made
+    before the log began), so the session keeps it."""
+    recorded = store.state.reasoning
+    changed = {}
+    for key, value in wanted.items():
+        if recorded.get(key) != value:
+            changed[key] = value
+    if changed:
+        bus.emit("ThinkingChanged", **changed)
+
+
+def reasoning_label(request: dict) -> str:
+    """How a request asks the model to think: "effort high", "thinking off", "" (its defaults)."""
+    parts = []
+    thinking = (request.get("thinking") or {}).get("type")
+    if thinking == "disabled":
+        parts.append("thinking off")
+    if thinking == "enabled":
+        budget = request["thinking"]["budget_tokens"]
+        parts.append(f"thinking budget {budget}")
+    effort = (request.get("output_config") or {}).get("effort")
+    if effort:
+        parts.append(f"effort {effort}")
+    return " · ".join(parts)
 
 
 def new_client(on_status):
@@ -1003,6 +1079,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         bus.emit("SessionCreated", cwd=str(Path.cwd()),
                  project_root=str(project_root), model=settings["model"],
                  aux_model=settings["aux_model"], version=VERSION)
+    record_reasoning(bus, store, settings["reasoning_flags"])
     kernel_.repair()
     baseline_reason = "resume" if resumed else "session start"
     try:
@@ -1013,6 +1090,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         await kernel_.toolbox.close()
         await kernel_.model.close()
         close_session(store)
+    args.request = kernel_.request
     return report(args, store, step, settings["prices"])
 
 
@@ -1078,6 +1156,15 @@ def result_object(args, store, step: str, prices: dict) -> dict:
              "output_tokens": totals["output_tokens"]}
     started = getattr(args, "started", None) or time.monotonic()
     elapsed_s = time.monotonic() - started
+    # the last request's: the setting as the model took it (null: the model's default)
+    request = getattr(args, "request", None) or {}
+    thinking = (request.get("thinking") or {}).get("type")
+    effort = (request.get("output_config") or {}).get("effort")
+    # part of output_tokens (counted once, there), where the API said
+    thinking_tokens = None
+    for model_usage in state.usage.values():
+        if "thinking_tokens" in model_usage:
+            thinking_tokens = (thinking_tokens or 0) + model_usage["thinking_tokens"]
     return {
         # Claude Code's
         "type": "result",
@@ -1093,6 +1180,9 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "error": state.failure_reason if failed else None,
         "cost_usd": cost,
         "usage_by_model": state.usage,
+        "thinking": thinking,
+        "effort": effort,
+        "thinking_tokens": thinking_tokens,
     }
 
 
@@ -1172,6 +1262,9 @@ class Session:
         self._mention_prefix = "\0"
         # status(): the last one, and the state it was folded from
         self._status_key, self._status = None, {}
+        # thinking and effort chosen in this process (flags, /thinking, /effort): a session
+        # attached or begun records them, so /new and /resume keep them too
+        self.reasoning = dict(settings["reasoning_flags"])
 
     def attach(self, store) -> None:
         """Make `store` the current session (start, /new, /resume); UI subscribers carry over. A
@@ -1189,6 +1282,7 @@ class Session:
         loop = asyncio.get_running_loop()
         self.baseline = None
         if resumed:
+            record_reasoning(self.bus, store, self.reasoning)
             recording = self.kernel.record_baseline("resume")
             self.baseline = loop.create_task(recording)
         state = store.state
@@ -1250,6 +1344,7 @@ class Session:
         # a /model before the first message
         if self.kernel.ctx.model != self.settings["model"]:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
+        record_reasoning(self.bus, self.store, self.reasoning)
         loop = asyncio.get_running_loop()
         recording = self.kernel.record_baseline("session start")
         self.baseline = loop.create_task(recording)
@@ -1405,7 +1500,8 @@ class Session:
 
     def status(self) -> dict:
         """Read on every frame: recomputed only when the log has grown."""
-        key = (self.store.path, len(self.store.events), self.kernel.ctx.model)
+        key = (self.store.path, len(self.store.events), self.kernel.ctx.model,
+               str(self.reasoning))
         if self._status_key != key:
             self._status = self.fold_status()
             self._status_key = key
@@ -1428,7 +1524,9 @@ class Session:
         window = context.window_of(self.kernel.ctx.model)
         context_pct = None
         if last is not None:
-            context_pct = 100 * (sum(last.values())) / window
+            # (thinking_tokens is part of output_tokens)
+            used = sum(last.get(key) or 0 for key in events.USAGE_KEYS)
+            context_pct = 100 * used / window
         cache_share = None
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
@@ -1437,7 +1535,20 @@ class Session:
                 "cost": total_cost(costs),
                 "context_pct": context_pct,
                 "cache_share": cache_share,
+                "reasoning": reasoning_label(self.next_reasoning().fields),
                 "branch": state.branch}
+
+    def next_reasoning(self):
+        """The thinking fields the next turn's requests carry (model.Reasoning), with this
+        process's choices."""
+        import model
+        ctx = self.kernel.ctx
+        chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
+                  **self.store.state.reasoning, **self.reasoning}
+        taken = model.reasoning(ctx.model, chosen["thinking"],
+                                chosen["effort"], ctx.show_thinking,
+                                ctx.max_tokens)
+        return taken
 
     async def quit(self) -> None:
         """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
@@ -1548,12 +1659,20 @@ class Session:
                 price = "cost unknown (no price for this model)"
             else:
                 price = f"${cost:.4f}"
+            thought = ""
+            if "thinking_tokens" in usage:
+                thought = f" (thinking {usage['thinking_tokens']})"
             lines.append(f"- {name}: input {usage['input_tokens']},"
-                         f" output {usage['output_tokens']},"
+                         f" output {usage['output_tokens']}{thought},"
                          f" cache read {usage['cache_read_tokens']},"
                          f" cache write {usage['cache_write_tokens']}"
                          f" · {price}")
-        return "\n".join(lines) or "no model calls yet"
+        if not lines:
+            return "no model calls yet"
+        label = reasoning_label(self.kernel.request)
+        if label:
+            lines.append(f"\nlast request: {label}")
+        return "\n".join(lines)
 
     async def cmd_context(self, _):
         rows = self.kernel.ctx.inspect(self.store.state)
@@ -1609,6 +1728,38 @@ class Session:
         if self.store.events:
             self.bus.emit("ModelChanged", model=name)
         return f"model set to {name}"
+
+    async def cmd_thinking(self, mode):
+        return self.choose_reasoning("thinking", mode, THINKING_CHOICES)
+
+    async def cmd_effort(self, level):
+        return self.choose_reasoning("effort", level, EFFORT_CHOICES)
+
+    def choose_reasoning(self, key: str, value: str,
+                         choices: tuple) -> str:
+        """/thinking and /effort: shown, or chosen for the next turns (never the running one:
+        on the 5.5 models a replayed thinking block holds only while the request is unchanged)."""
+        import model
+        ctx = self.kernel.ctx
+        levels = model.REASONING.get(model.family_of(ctx.model) or "")
+        accepted = model.describe_efforts(levels[1] if levels else None)
+        sent = reasoning_label(self.next_reasoning().fields)
+        sent = sent or "the model's defaults"
+        if not value:
+            return (f"{key} choices: {', '.join(choices)}"
+                    f" (`/{key} LEVEL`)\n\n{ctx.model} takes effort"
+                    f" {accepted}; the next request asks for: {sent}")
+        if value not in choices:
+            return f"unknown {key} `{value}`; choices: {', '.join(choices)}"
+        self.reasoning[key] = value
+        # a session not begun yet records it in begin()
+        if self.store.events:
+            record_reasoning(self.bus, self.store, self.reasoning)
+        taken = self.next_reasoning()
+        sent = reasoning_label(taken.fields) or "its defaults"
+        notes = "".join(f"\n\n{note}" for note in taken.notes)
+        return (f"{key} set to {value}, from your next message"
+                f" ({ctx.model}: {sent}){notes}")
 
     async def cmd_diff(self, _):
         import asyncio
@@ -1776,6 +1927,10 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/context": (Session.cmd_context, "", "what the context holds, per section"),
     "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
     "/model": (Session.cmd_model, "[id]", "show or change the model"),
+    "/thinking": (Session.cmd_thinking, "[off|adaptive|always]",
+                  "how the model thinks, from the next message"),
+    "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",
+                "how hard the model works, from the next message"),
     "/diff": (Session.cmd_diff, "", "changes khaelor made in this session"),
     "/undo": (Session.cmd_undo, "", "restore the file khaelor changed last"),
     "/processes": (Session.cmd_processes, "[stop ID]", "running background processes"),

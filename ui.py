@@ -810,6 +810,8 @@ class MarkdownStream:
 # ════ Timeline: events folded into settled lines and live state ════
 
 THINKING_TAIL_CHARS = 400
+# thinking opened with Ctrl-O while it streams shows its newest rows, at most this many
+THINKING_OPEN_ROWS = 12
 PREVIEW_LINES = 3
 # a finished card shows its output's first and last lines
 PREVIEW_HEAD, PREVIEW_TAIL = 2, 3
@@ -980,7 +982,13 @@ class Timeline:
         self._text: MarkdownStream | None = None
         # _text has settled lines already
         self._text_started = False
+        # the thinking block streaming: its text so far (None: none streams)
         self._thinking: str | None = None
+        # when it began (time.monotonic()), and whether Ctrl-O opened it
+        self._thinking_since = 0.0
+        self._thinking_open = False
+        # the newest settled thinking: (its collapsed line, its whole text), for Ctrl-O
+        self._last_thought: tuple[str, str] | None = None
         # PermissionRequested until Granted or Denied
         self._requests: dict[str, dict] = {}
         # the closed-response rule, from events.py
@@ -1066,9 +1074,15 @@ class Timeline:
         self._release_card()
 
     def expand_last_card(self) -> None:
-        """Ctrl-O: the newest card with its whole output. Still the newest thing on screen, it
-        settles expanded where it stands; otherwise the output is printed below."""
-        if self._held is not None:
+        """Ctrl-O: thinking that streams opens (or closes) in place; else the newest card with
+        its whole output (still the newest thing on screen, it settles expanded where it stands;
+        otherwise the output is printed below), or the newest thinking, printed whole below."""
+        if self._thinking is not None:
+            self._thinking_open = not self._thinking_open
+        elif self._held is None and self._last_card is None and self._last_thought:
+            line, text = self._last_thought
+            self._settle([line] + self._thought_rows(text))
+        elif self._held is not None:
             held, self._held = self._held, None
             self._settle(self._card_block(held, expanded=True))
         elif self._last_card is not None:
@@ -1160,28 +1174,73 @@ class Timeline:
             self._text_started = True
 
     def _on_ThinkingDelta(self, e: dict) -> None:
-        thinking = (self._thinking or "") + e.get("text", "")
-        self._thinking = thinking[-THINKING_TAIL_CHARS:]
+        if self._thinking is None:
+            self._thinking = ""
+            self._thinking_since = time.monotonic()
+        self._thinking += e.get("text", "")
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
-        if "redacted" in e:
-            self._finish_thinking("")
-        else:
-            self._finish_thinking(e.get("thinking"))
+        redacted = "redacted" in e
+        self._finish_thinking(e.get("thinking") or "", e.get("duration_ms"),
+                              redacted)
         if self._text is None:
             self._settle_queued()
 
-    def _finish_thinking(self, full: str | None) -> None:
-        """Thinking collapses to one dim line: its opening words (`full`: the whole block)."""
+    def _finish_thinking(self, full: str | None, duration_ms: int | None = None,
+                         redacted: bool = False) -> None:
+        """Thinking settles collapsed, as one dim line: how long it took and its opening words
+        (`full`: the whole block; None: what streamed of it). Ctrl-O prints it whole."""
         text = self._thinking if full is None else full
-        if text is not None:
-            words = " ".join(sanitize(text).split()) or "(redacted)"
-            line = self._thinking_line("✻ Thinking · " + words)
-            self._settle([line])
-            self._thinking = None
+        if text is None:
+            return
+        if duration_ms is None and self._thinking is not None:
+            duration_ms = (time.monotonic() - self._thinking_since) * 1000
+        head = "✻ Thinking"
+        if duration_ms is not None:
+            head += f" · {max(1, round(duration_ms / 1000))}s"
+        words = " ".join(sanitize(text).split())
+        if words:
+            head += " · " + words
+        if redacted:
+            head += " · (redacted)"
+        line = self._thinking_line(head)
+        self._settle([line])
+        self._last_thought = (line, text)
+        # Ctrl-O now means this thinking, not an older card
+        self._last_card = None
+        self._thinking = None
+        self._thinking_open = False
+
+    def _thought_rows(self, text: str) -> list[str]:
+        """Thinking text wrapped under its line, dim."""
+        rows = []
+        for paragraph in sanitize(text).split("\n"):
+            spans = [(paragraph, ("dim", "italic"))]
+            rows += wrap_spans(spans, self.width, self.style, "  ", "  ")
+        return rows
+
+    def _live_thinking(self, now: float) -> list[str]:
+        """`✻ Thinking · 4s` and its newest words; opened (Ctrl-O), its newest rows below."""
+        seconds = int(now - self._thinking_since)
+        head = f"✻ Thinking · {seconds}s"
+        if self._thinking_open:
+            rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
+            hint = self.style.paint(" · ctrl+o closes", "dim")
+            return [self._thinking_line(head) + hint] + rows
+        tail = self._thinking[-THINKING_TAIL_CHARS:]
+        words = " ".join(sanitize(tail).split())
+        hint = " · ctrl+o opens"
+        room = self.width - cell_width(head + hint) - 3
+        if words and room > 8:
+            head += " · …" + words[-room:]
+        return [self._thinking_line(head + hint)]
 
     def _thinking_line(self, text: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", "italic")
+
+    def _on_ThinkingChanged(self, e: dict) -> None:
+        chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
+        self._dim_line("◇ " + ", ".join(chosen) + " from the next message")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         if e.get("kind") == "cancelled":
@@ -1452,9 +1511,7 @@ class Timeline:
         if self._text is not None:
             lines += self._text.live_lines()
         if self._thinking is not None:
-            words = " ".join(sanitize(self._thinking).split())
-            line = "✻ Thinking… " + words[-self.width:]
-            lines.append(self._thinking_line(line))
+            lines += self._live_thinking(now)
         for queued in self._queued:
             lines += [""] + queued
         for tid, card in self.cards.items():
@@ -1554,6 +1611,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((4, "$?" if cost is None else f"${cost:.2f}"))
     if get("cache_share") is not None:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
+    if get("reasoning"):
+        segments.append((3, str(get("reasoning"))))
     processes = get("processes")
     if isinstance(processes, (list, tuple)):
         n_processes = len(processes)
@@ -1810,7 +1869,7 @@ KEY_HELP = (
     ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
     ("Ctrl-D", "quit (on an empty input)"),
     ("Ctrl-L", "clear the screen"),
-    ("Ctrl-O", "show the whole output of the newest tool card"),
+    ("Ctrl-O", "show the whole output of the newest tool card, or the model's thinking"),
     ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
     ("Up, Down", "input history; in a permission question, choose an answer"),
     ("y, a, n",
