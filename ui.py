@@ -1230,7 +1230,8 @@ class Timeline:
         tail = self._thinking[-THINKING_TAIL_CHARS:]
         words = " ".join(sanitize(tail).split())
         hint = " · ctrl+o opens"
-        room = self.width - cell_width(head + hint) - 3
+        # what the words leave: " · …" before them, a spare cell after
+        room = self.width - cell_width(head + hint) - 5
         if words and room > 8:
             head += " · …" + words[-room:]
         return [self._thinking_line(head + hint)]
