@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import context
+import events
 import model
 from fake_api import error, reply, text, thinking, tool_use, validate
 
@@ -86,6 +88,26 @@ def test_only_a_400_that_names_the_setting_drops_it():
     assert model.refused_field("adaptive thinking is not supported on this model", {}) is None
 
 
+def test_pruning_leaves_thinking_byte_identical_and_the_summariser_never_reads_it(tmp_path):
+    bus = events.Bus(events.SessionStore.create(tmp_path / "s"))
+    bus.emit("UserMessageCreated", text="read it")
+    bus.emit("ModelThinkingBlockCompleted", thinking="secret plan", signature="sig-1", duration_ms=1200)
+    bus.emit("ModelThinkingBlockCompleted", redacted="opaque")
+    bus.emit("ToolRequested", tool_use_id="t1", name="read", input={"file_path": "a.py"})
+    bus.emit("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5", stop_reason="tool_use",
+             usage={"input_tokens": 1, "output_tokens": 9, "cache_read_tokens": 0, "cache_write_tokens": 0,
+                    "thinking_tokens": 5})
+    bus.emit("ToolCompleted", tool_use_id="t1", name="read", output="x" * 1000, meta={})
+    before = json.dumps(bus.store.state.messages[1]["content"][:2])
+    bus.emit("ContextPruned", tool_use_ids=["t1"])
+    state = bus.store.state
+    assert json.dumps(state.messages[1]["content"][:2]) == before
+    assert "secret plan" not in context.render_transcript(state.messages)
+    usage = state.usage["claude-sonnet-5-5"]
+    assert usage["output_tokens"] == 9 and usage["thinking_tokens"] == 5, "thinking counted once, inside output"
+    assert model.price_of("claude-sonnet-5-5", usage) == pytest.approx((1 * 2 + 9 * 10) / 1e6)
+
+
 # ---------------------------------------------------------------- through the real program
 
 def write_config(home, **config):
@@ -151,3 +173,43 @@ def test_signatures_survive_a_tool_round_trip_and_a_resume_and_stream_json_carri
     replayed = bodies(fake)[2]["messages"][1]["content"][0]
     assert replayed == {"type": "thinking", "thinking": "Look at the files first.", "signature": "sig-1"}
     assert fake.rejections == [], "the fake checks every replayed block byte for byte"
+
+
+def test_effort_chosen_in_the_session_applies_from_the_next_message(fake, project, env, monkeypatch):
+    """/effort mid-turn leaves the running turn's requests as they were (a replayed thinking block
+    holds only while the request is unchanged); the next message has it; the log records it."""
+    import asyncio
+
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.chdir(project)
+    home = Path(env["KHAELOR_HOME"])
+    fake.enqueue(reply(thinking("look", "sig-a"), tool_use("glob", {"pattern": "*"}), delay=0.05),
+                 reply(text("first")), reply(text("second")))
+
+    async def go():
+        args = cli.parse_args([])
+        session = cli.Session(args, cli.load_settings(args, home, project), home, project)
+        session.attach(events.SessionStore.create(events.sessions_dir(home, project)))
+        try:
+            listed = await session.run_command("/effort")
+            chosen = await session.run_command("/effort max")
+            status = session.status()["reasoning"]
+            session.submit("one")
+            await session.run_command("/effort low")
+            await session.turn
+            session.submit("two")
+            await session.turn
+            return listed, chosen, status, session.store.events
+        finally:
+            await session.quit()
+    listed, chosen, status, log = asyncio.run(go())
+    assert "low, medium, high, xhigh, max" in listed and "claude-sonnet-5-5" in listed
+    assert chosen.startswith("effort set to max, from your next message") and status == "effort max"
+    sent = bodies(fake)
+    assert [b["output_config"]["effort"] for b in sent] == ["max", "max", "low"]
+    assert sent[0]["thinking"] == {"type": "adaptive", "display": "summarized"}, "the UI shows thinking"
+    changes = [e.get("effort") for e in log if e["type"] == "ThinkingChanged"]
+    assert changes == ["max", "low"] and fake.rejections == []
