@@ -56,7 +56,7 @@ class Usage(TypedDict):     # copied from the API, never estimated
     output_tokens: int
     cache_read_tokens: int
     cache_write_tokens: int
-    thinking_tokens: NotRequired[int]   # the part of output_tokens that was thinking, if the API says
+    thinking_tokens: NotRequired[int]   # the part of output_tokens that was thinking, if said
 
 
 class SessionCreated(Envelope):
@@ -327,7 +327,8 @@ EVENT_KINDS = {kind.__name__: kind for kind in (
     PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
     FileModified, ProcessStarted, ProcessExited, ContextPruned, ContextCompacted, Interrupted,
     VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
-    ThinkingChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status, FilesListed)}
+    ThinkingChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
+    FilesListed)}
 
 
 def check_event(event: dict) -> list[str]:
@@ -928,7 +929,7 @@ class State:
     updated_ts: int = 0                 # unix ms of the newest event
     model: str = ""                     # SessionCreated's model, then the newest ModelChanged
     chosen_model: str | None = None     # the newest /model choice (ModelChanged)
-    reasoning: dict = field(default_factory=dict)       # thinking, effort: the newest ThinkingChanged
+    reasoning: dict = field(default_factory=dict)       # thinking, effort (ThinkingChanged)
     turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
     title: str = ""                     # SessionRenamed, else the first user message
     branch: str = ""                    # the newest git baseline's branch
@@ -1124,7 +1125,8 @@ def _add_usage(state: State, event: dict) -> None:
         for key in USAGE_KEYS:
             per_model[key] += usage.get(key) or 0
         if "thinking_tokens" in usage:     # part of output_tokens: shown, never added to it
-            per_model["thinking_tokens"] = per_model.get("thinking_tokens", 0) + usage["thinking_tokens"]
+            thought = per_model.get("thinking_tokens", 0)
+            per_model["thinking_tokens"] = thought + usage["thinking_tokens"]
 
 
 def _on_tool_started(state: State, event: dict) -> None:

@@ -132,7 +132,7 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
     merged["model_flag"] = getattr(args, "model", None)
-    # --thinking and --effort: recorded in the session, so they outlive the run (a resume keeps them)
+    # --thinking and --effort: recorded in the session, so a resume keeps them
     merged["reasoning_flags"] = {}
     for key in ("thinking", "effort"):
         if getattr(args, key, None) is not None:
@@ -966,7 +966,8 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
 
 def shows_thinking(args, settings) -> bool:
     """show_thinking from config, else on where someone watches: the UI, and stream-json (which
-    carries the thinking blocks); off for text and json, which never show it (a faster first token)."""
+    carries the thinking blocks); off for text and json, which never show it (a faster first
+    token)."""
     if settings["show_thinking"] is not None:
         return settings["show_thinking"]
     return args.prompt is None or args.output_format == "stream-json"

@@ -36,12 +36,13 @@ PRICES = {
     "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
     "claude-haiku-4-5": (1, 5, 1.25, 0.10),
 }
-# Thinking and effort by model family, exactly as ANTHROPIC_API.md §3.3 and §3.3a give them; requests
-# are built from this table only, so they are legal by construction. Per family: the `thinking.type`s
-# it accepts (None: not documented, so no `thinking` is sent and the model's default stands), the
-# `output_config.effort` levels (None: no effort is sent; UNLISTED: effort is accepted but its levels
-# are not published, so only the level the user asked for is sent), and its output limit (None: not
-# documented). A dated id (claude-opus-4-5-20251101) is its family's.
+# Thinking and effort by model family, exactly as ANTHROPIC_API.md §3.3 and §3.3a give them;
+# requests are built from this table only, so they are legal by construction. Per family: the
+# `thinking.type`s it accepts (None: not documented, so no `thinking` is sent and the model's
+# default stands), the `output_config.effort` levels (None: no effort is sent; UNLISTED: effort
+# is accepted but its levels are not published, so only the level the user asked for is sent),
+# and its output limit (None: not documented). A dated id (claude-opus-4-5-20251101) is its
+# family's.
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 THINKING_MODES = ("off", "adaptive", "always")
 UNLISTED = "unlisted"
@@ -182,7 +183,7 @@ def _thinking_config(types, thinking: str, show: bool, max_tokens: int) -> dict 
         return {"type": "disabled"}
     if "adaptive" in types:
         return {"type": "adaptive", "display": display}
-    # an `enabled`-only family: `always` is a budget inside max_tokens; adaptive is its default (off)
+    # an `enabled`-only family: `always` is a budget inside max_tokens; adaptive, its default (off)
     if thinking == "always" and max_tokens > MIN_BUDGET_TOKENS:
         budget = max(MIN_BUDGET_TOKENS, max_tokens // 2)
         return {"type": "enabled", "budget_tokens": budget, "display": display}

@@ -1229,7 +1229,8 @@ class Timeline:
             return [self._thinking_line(head) + hint] + rows
         tail = self._thinking[-THINKING_TAIL_CHARS:]
         words = " ".join(sanitize(tail).split())
-        hint = " · ctrl+o opens"
+        # nothing to open while the API sends none of the text (display omitted)
+        hint = " · ctrl+o opens" if words else ""
         # what the words leave: " · …" before them, a spare cell after
         room = self.width - cell_width(head + hint) - 5
         if words and room > 8:

@@ -202,10 +202,12 @@ def test_effort_chosen_in_the_session_applies_from_the_next_message(fake, projec
             await session.turn
             session.submit("two")
             await session.turn
-            return listed, chosen, status, session.store.events
+            cost = await session.run_command("/cost")
+            return listed, chosen, status, cost, session.store.events
         finally:
             await session.quit()
-    listed, chosen, status, log = asyncio.run(go())
+    listed, chosen, status, cost, log = asyncio.run(go())
+    assert "(thinking " in cost and "last request: effort low" in cost
     assert "low, medium, high, xhigh, max" in listed and "claude-sonnet-5-5" in listed
     assert chosen.startswith("effort set to max, from your next message") and status == "effort max"
     sent = bodies(fake)
