@@ -1249,6 +1249,9 @@ class Session:
             self.command_descriptions[name] = f"{usage} {text}".strip()
         for name, command in self.custom.items():
             self.command_descriptions[name] = describe_command(command)
+        # typing "/effort " offers its levels (the UI's menu is the picker)
+        self.command_choices = {"/thinking": list(THINKING_CHOICES),
+                                "/effort": list(EFFORT_CHOICES)}
         self.closed = False
         # the task recording the git baseline, if one runs
         self.baseline = None
@@ -1748,8 +1751,9 @@ class Session:
         sent = sent or "the model's defaults"
         if not value:
             return (f"{key} choices: {', '.join(choices)}"
-                    f" (`/{key} LEVEL`)\n\n{ctx.model} takes effort"
-                    f" {accepted}; the next request asks for: {sent}")
+                    f" (`/{key} CHOICE`, or type `/{key} ` and pick)"
+                    f"\n\n{ctx.model} takes effort {accepted};"
+                    f" the next request asks for: {sent}")
         if value not in choices:
             return f"unknown {key} `{value}`; choices: {', '.join(choices)}"
         self.reasoning[key] = value

@@ -64,6 +64,8 @@ class Controller(Protocol):
     command_names: list[str]
     # optional: "/model" -> "[id] show or change the model"
     command_descriptions: dict[str, str]
+    # optional: "/effort" -> ["low", "medium", …]: typing "/effort " picks one from a menu
+    command_choices: dict[str, list[str]]
 
     # every event
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...
@@ -1950,7 +1952,8 @@ class Composer:
     def __init__(self, *, history_path: str | os.PathLike | None = None,
                  commands: Callable[[], list[str]] = list,
                  mentions: Callable[[str], list[str]] = lambda prefix: [],
-                 describe: Callable[[str], str] = lambda name: ""):
+                 describe: Callable[[str], str] = lambda name: "",
+                 choices: dict[str, list[str]] | None = None):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
         self.menu_index = 0
@@ -1963,6 +1966,8 @@ class Composer:
         self._commands, self._mentions = commands, mentions
         # a command's one-line description, for the menu
         self._describe = describe
+        # a command's arguments, offered once its name and a space are typed
+        self._choices = choices or {}
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
@@ -2200,10 +2205,23 @@ class Composer:
             if matches != [before]:
                 self.menu = sorted(matches, key=lambda n: n != before)
             self._menu_kind, self._menu_start = "command", 0
+        elif self._argument_menu(before):
+            self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
             matches = self._mention_matches(m.group(1))
             self.menu = matches[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
+
+    def _argument_menu(self, before: str) -> bool:
+        """`/effort ` (and what follows, up to a space): its choices, as whole commands."""
+        name, space, partial = before.partition(" ")
+        choices = self._choices.get(name)
+        if not choices or not space or " " in partial:
+            return False
+        matches = [f"{name} {c}" for c in choices if c.startswith(partial)]
+        if matches != [before]:
+            self.menu = matches
+        return True
 
     def _mention_matches(self, query: str) -> list[str]:
         """Typing narrows: while the caller returns the same list and the query only grows,
@@ -2427,10 +2445,12 @@ class App:
         self.width, self.height = width, height
         self.timeline = Timeline(style, width)
         about = getattr(controller, "command_descriptions", None) or {}
+        choices = getattr(controller, "command_choices", None) or {}
         self.composer = Composer(history_path=history_path,
                                  commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates,
-                                 describe=lambda name: about.get(name, ""))
+                                 describe=lambda name: about.get(name, ""),
+                                 choices=choices)
         self.renderer = InlineRenderer()
         # deny message being typed in the permission panel
         self.feedback: str | None = None

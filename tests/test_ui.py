@@ -709,6 +709,20 @@ def test_slash_commands_complete_from_the_callers_list():
     assert exact.handle(K("enter")) == "/help"               # an exact command stays itself
 
 
+def test_a_command_with_choices_offers_them_as_a_picker_once_its_name_is_typed():
+    c = ui.Composer(commands=lambda: ["/effort"], choices={"/effort": ["low", "medium", "high"]})
+    c.handle(K("text", "/effort"))
+    assert c.menu == []
+    c.handle(K("text", " "))
+    assert c.menu == ["/effort low", "/effort medium", "/effort high"]
+    c.handle(K("down"))
+    assert c.handle(K("enter")) == "/effort medium"
+    c.set_text("/effort h")
+    assert c.menu == ["/effort high"]
+    c.set_text("/effort high")
+    assert c.menu == [] and c.handle(K("enter")) == "/effort high"
+
+
 def test_mentions_rank_fuzzy_matches_by_recency():
     files = ["src/app.py", "src/ui/app_view.py", "tests/test_app.py", "docs/apple.md"]
     c = ui.Composer(mentions=lambda prefix: files)
