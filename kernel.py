@@ -649,6 +649,7 @@ class Kernel:
                               status=raw.get("status"),
                               message=raw["error"], retrying=True)
                     reducer = StreamReducer()
+                    thinking_since = None
                     continue
                 for kind, payload in reducer.feed(raw):
                     if kind == "ToolRequested":

@@ -539,6 +539,14 @@ def _finalize(content, new_tool_id):
     return final
 
 
+def _omitted(block):
+    """A thinking block as display "omitted" sends it: no text; a self-verifying signature stays one."""
+    signature = block["signature"]
+    if signature == auto_signature(block["thinking"]):
+        signature = auto_signature("")
+    return dict(block, thinking="", signature=signature)
+
+
 def _pieces(s, chunk):
     return [s[k:k + chunk] for k in range(0, len(s), max(1, chunk))]
 
@@ -680,7 +688,7 @@ class FakeAnthropic:
             usage["output_tokens_details"] = {"thinking_tokens": min(usage["output_tokens"],
                                                                     max(1, len("".join(thoughts)) // 4))}
         if (body.get("thinking") or {}).get("display") == "omitted":   # a signature only (§2.4)
-            content = [dict(b, thinking="") if b["type"] == "thinking" else b for b in content]
+            content = [_omitted(b) if b["type"] == "thinking" else b for b in content]
         usage.update(item.get("usage", {}))
         stop = item.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
         message = {"id": self.new_id("msg_fake"), "type": "message", "role": "assistant", "model": body["model"],
