@@ -28,6 +28,18 @@ def test_every_setting_on_every_family_is_a_request_the_api_accepts():
                     assert validate(body) is None, (name, mode, effort, show, validate(body))
 
 
+def test_the_scripted_api_refuses_what_the_table_avoids():
+    """So the test above can fail: each of these is a 400 from the fake, as from the API."""
+    base = {"model": "claude-opus-4-6", "max_tokens": 2000, **BODY}
+    assert "not supported" in validate({**base, "output_config": {"effort": "xhigh"}})
+    assert validate({**base, "model": "claude-sonnet-4-5", "output_config": {"effort": "low"}})
+    assert validate({**base, "model": "claude-opus-5-5", "thinking": {"type": "disabled"}})
+    assert validate({**base, "model": "claude-opus-5", "thinking": {"type": "disabled"},
+                     "output_config": {"effort": "max"}})
+    assert validate({**base, "model": "claude-opus-4-5", "thinking": {"type": "enabled", "budget_tokens": 2000}})
+    assert validate({**base, "thinking": {"type": "disabled", "display": "omitted"}})
+
+
 # one case per row of model.REASONING: (model, thinking, effort) -> (thinking sent, effort sent, a note?)
 ROWS = [
     ("claude-opus-5-5", "off", None, ADAPTIVE_SHOWN, "low", "cannot turn thinking off"),
