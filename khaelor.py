@@ -40,10 +40,6 @@ CONFIG_KEYS = {
     "show_thinking": bool,
     "max_output_tokens": int,
 }
-# the values a thinking setting may take (model.THINKING_MODES, model.EFFORTS)
-THINKING_CHOICES = ("off", "adaptive", "always")
-EFFORT_CHOICES = ("low", "medium", "high", "xhigh", "max")
-CONFIG_CHOICES = {"thinking": THINKING_CHOICES, "effort": EFFORT_CHOICES}
 
 
 class UsageError(KhaelorError):
@@ -86,7 +82,7 @@ def read_config(path: Path) -> dict:
         if not isinstance(value, expected) or wrong_bool:
             names = type_names(expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
-        choices = CONFIG_CHOICES.get(key)
+        choices = setting_choices().get(key)
         if choices and value not in choices:
             raise UsageError(f"{path}: {key!r} must be one of"
                              f" {', '.join(choices)}")
@@ -101,6 +97,12 @@ def read_config(path: Path) -> dict:
     if problem:
         raise UsageError(f"{path}: {problem}")
     return config
+
+
+def setting_choices() -> dict:
+    """The values `thinking` and `effort` may take: model.py's table owns them."""
+    import model
+    return {"thinking": model.THINKING_MODES, "effort": model.EFFORTS}
 
 
 def type_names(expected) -> str:
@@ -831,10 +833,11 @@ def parse_args(argv: list):
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
     parser.add_argument("--max-turns", dest="max_turns", type=int,
                         metavar="N")
-    parser.add_argument("--thinking", choices=THINKING_CHOICES,
+    choices = setting_choices()
+    parser.add_argument("--thinking", choices=choices["thinking"],
                         help="how the model thinks, from this run on"
                              " (adaptive: as the model sees fit)")
-    parser.add_argument("--effort", choices=EFFORT_CHOICES,
+    parser.add_argument("--effort", choices=choices["effort"],
                         help="how hard the model works, from this run on"
                              " (default: the model's own)")
     # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
@@ -1250,8 +1253,9 @@ class Session:
         for name, command in self.custom.items():
             self.command_descriptions[name] = describe_command(command)
         # typing "/effort " offers its levels (the UI's menu is the picker)
-        self.command_choices = {"/thinking": list(THINKING_CHOICES),
-                                "/effort": list(EFFORT_CHOICES)}
+        self.command_choices = {}
+        for key, values in setting_choices().items():
+            self.command_choices[f"/{key}"] = list(values)
         self.closed = False
         # the task recording the git baseline, if one runs
         self.baseline = None
@@ -1734,19 +1738,19 @@ class Session:
         return f"model set to {name}"
 
     async def cmd_thinking(self, mode):
-        return self.choose_reasoning("thinking", mode, THINKING_CHOICES)
+        return self.choose_reasoning("thinking", mode)
 
     async def cmd_effort(self, level):
-        return self.choose_reasoning("effort", level, EFFORT_CHOICES)
+        return self.choose_reasoning("effort", level)
 
-    def choose_reasoning(self, key: str, value: str,
-                         choices: tuple) -> str:
+    def choose_reasoning(self, key: str, value: str) -> str:
         """/thinking and /effort: shown, or chosen for the next turns (never the running one:
         on the 5.5 models a replayed thinking block holds only while the request is unchanged)."""
         import model
         ctx = self.kernel.ctx
-        levels = model.REASONING.get(model.family_of(ctx.model) or "")
-        accepted = model.describe_efforts(levels[1] if levels else None)
+        choices = setting_choices()[key]
+        row = model.REASONING.get(model.family_of(ctx.model) or "")
+        accepted = model.describe_efforts(row[1] if row else None)
         sent = reasoning_label(self.next_reasoning().fields)
         sent = sent or "the model's defaults"
         if not value:
