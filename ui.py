@@ -1290,8 +1290,9 @@ class Timeline:
     def _on_TextCheckpoint(self, e: dict) -> None:
         """The saved part of a streaming text block. Live, the deltas showed it already; replayed
         (a resumed session that was cut off mid-reply) it is the only record of that text."""
-        self._checkpointed += e.get("text") or ""
+        # (a new stream starts with nothing checkpointed: make it before adding this text)
         stream = self._stream()
+        self._checkpointed += e.get("text") or ""
         if stream.n_fed < len(self._checkpointed):
             stream.feed(self._checkpointed[stream.n_fed:])
             self._drain_text()

@@ -470,6 +470,13 @@ def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_tim
     assert "◇ effort high from the next message" in lines
 
 
+def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
+    lines = ui.render_transcript([event("UserMessageCreated", text="q"),
+                                  event("TextCheckpoint", index=1, text="Answer r"),
+                                  event("TextCheckpoint", index=1, text="eady."), event("Interrupted")], 80)
+    assert "Answer ready." in lines
+
+
 def test_conversation_errors_and_steering_read_as_plain_words():
     text = timeline_text([
         event("UserMessageCreated", text="fix the bug"),
