@@ -1269,6 +1269,7 @@ class Timeline:
             self._dim_line("↑ that reply broke off here; it is written again below")
         self._text = None
         self._thinking = None
+        self._thinking_open = False
 
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
