@@ -227,3 +227,20 @@ def test_effort_chosen_in_the_session_applies_from_the_next_message(fake, projec
     assert sent[0]["thinking"] == {"type": "adaptive", "display": "summarized"}, "the UI shows thinking"
     changes = [e.get("effort") for e in log if e["type"] == "ThinkingChanged"]
     assert changes == ["max", "low"] and fake.rejections == []
+
+
+def test_config_takes_the_settings_and_says_what_is_wrong_with_a_bad_one(tmp_path):
+    import khaelor as cli
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"thinking": "off", "effort": "max", "show_thinking": False,
+                                "max_output_tokens": 64_000}))
+    assert cli.read_config(good)["show_thinking"] is False
+    for bad, says in (({"thinking": "sometimes"}, "one of off, adaptive, always"),
+                      ({"effort": "extreme"}, "one of low, medium, high, xhigh, max"),
+                      ({"max_output_tokens": 0}, "positive number"),
+                      ({"max_output_tokens": True}, "must be a int"),
+                      ({"show_thinking": "yes"}, "must be a bool")):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(cli.UsageError, match=says):
+            cli.read_config(path)
