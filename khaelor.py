@@ -1538,8 +1538,10 @@ class Session:
         cache_share = None
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
+        thought = [usage.get("thinking_tokens") or 0 for usage in totals.values()]
         return {"model": self.kernel.ctx.model,
                 "tokens": sum(summed.values()),
+                "thinking_tokens": sum(thought),
                 "cost": total_cost(costs),
                 "context_pct": context_pct,
                 "cache_share": cache_share,

@@ -79,7 +79,7 @@ class Controller(Protocol):
     def interrupt(self) -> object: ...
     def answer_permission(self, tool_use_id: str, choice: str,
                           feedback: str) -> object: ...
-    # model, tokens, cost, context_pct, cache_share, processes, branch
+    # model, tokens, thinking_tokens, cost, context_pct, cache_share, reasoning, processes, branch
     def status(self) -> dict: ...
     # paths for "@" completion, as last listed; a FilesListed event says a new list is ready
     def mention_candidates(self, prefix: str) -> list[str]: ...
@@ -1611,7 +1611,11 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     if get("context_pct") is not None:
         segments.append((6, f"ctx {get('context_pct'):.0f}%"))
     if get("tokens"):
-        segments.append((3, f"{format_count(get('tokens'))} tok"))
+        tokens = f"{format_count(get('tokens'))} tok"
+        # the part of the output that was thinking, where the API said (inside the total)
+        if get("thinking_tokens"):
+            tokens += f" ({format_count(get('thinking_tokens'))} thinking)"
+        segments.append((3, tokens))
     if "cost" in status:
         cost = get("cost")
         segments.append((4, "$?" if cost is None else f"${cost:.2f}"))

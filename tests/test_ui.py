@@ -470,6 +470,13 @@ def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_tim
     assert "◇ effort high from the next message" in lines
 
 
+def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
+    status = {"model": "claude-opus-5-5", "tokens": 12_345, "thinking_tokens": 4_100, "cost": 0.4,
+              "reasoning": "effort high"}
+    line = ui.render_status_line(status, "", "", 120, MONO)
+    assert "12.3k tok (4.1k thinking)" in line and "effort high" in line
+
+
 def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
     lines = ui.render_transcript([event("UserMessageCreated", text="q"),
                                   event("TextCheckpoint", index=1, text="Answer r"),
