@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import events
 from events import estimate_tokens
+import model as models
 from model import DEFAULT_AUX_MODEL, price_row
 
 # In one directory the first of these wins.
@@ -449,7 +450,9 @@ class Context:
                  max_tokens: int = MAX_OUTPUT_TOKENS,
                  user_home: Path | None = None, is_secret=None,
                  plan_mode: bool = False, append_system: str = "",
-                 prune_at: int = PRUNE_AT_TOKENS):
+                 prune_at: int = PRUNE_AT_TOKENS,
+                 thinking: str = "adaptive", effort: str | None = None,
+                 show_thinking: bool = True):
         self.project_root = Path(project_root).resolve()
         self.cwd = Path(cwd).resolve()
         self.home = Path(home)
@@ -458,6 +461,16 @@ class Context:
         self.max_tokens = max_tokens
         # input tokens past which old tool results are pruned by cost; 0: only at the window's end
         self.prune_at = prune_at
+        # the session's thinking setting where the log records no choice (config and flags)
+        self.thinking = thinking
+        self.effort = effort
+        # thinking summarized for the user (else omitted: a faster first token)
+        self.show_thinking = show_thinking
+        # (model, field) pairs the API refused with a 400: never sent again this session
+        self.refused = set()
+        # notes on the thinking setting already told, and those still to tell
+        self.said = set()
+        self.notes = []
         self.workspace = workspace
         # (world_seq, time.monotonic(), the "Git:" line or None)
         self._git_status = None
@@ -485,11 +498,29 @@ class Context:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
         the two newest user messages (this turn's prefix and the previous one's, so a read still
         hits when a tool loop appended more than the 20-block lookback)."""
+        fields = self.reasoning(state).fields
+        for refused_model, field in self.refused:
+            if refused_model == self.model:
+                fields.pop(field, None)
         return {"model": self.model,
-                "max_tokens": self.max_tokens,
+                **fields,
                 "system": copy.deepcopy(self.system),
                 "tools": copy.deepcopy(self.tools),
                 "messages": assemble_messages(state.messages, volatile)}
+
+    def reasoning(self, state: events.State) -> models.Reasoning:
+        """The thinking setting of the turn (chosen before its user message, so nothing that
+        shapes a request changes mid-turn), as the model takes it; new notes queue in `notes`."""
+        chosen = state.turn_reasoning
+        thinking = chosen.get("thinking") or self.thinking
+        effort = chosen.get("effort") or self.effort
+        taken = models.reasoning(self.model, thinking, effort,
+                                 self.show_thinking, self.max_tokens)
+        for note in taken.notes:
+            if note not in self.said:
+                self.said.add(note)
+                self.notes.append(note)
+        return taken
 
     def volatile_facts(self, processes: list[dict],
                        world_seq: int | None = None) -> str:

@@ -25,7 +25,7 @@ DURABLE = frozenset("""
     ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged UserShellRan TextCheckpoint""".split())
+    ModelChanged UserShellRan TextCheckpoint ThinkingChanged""".split())
 EPHEMERAL = frozenset("""
     ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
@@ -57,6 +57,7 @@ class Usage(TypedDict):     # copied from the API, never estimated
     output_tokens: int
     cache_read_tokens: int
     cache_write_tokens: int
+    thinking_tokens: NotRequired[int]   # the part of output_tokens that was thinking, if said
 
 
 class SessionCreated(Envelope):
@@ -121,6 +122,7 @@ class ModelThinkingBlockCompleted(Envelope):
     thinking: NotRequired[str]
     signature: NotRequired[str]
     redacted: NotRequired[str]      # instead of thinking and signature
+    duration_ms: NotRequired[int]   # how long the model thought (the UI's "✻ Thinking · 4s")
 
 
 class ToolRequested(Envelope):
@@ -284,6 +286,12 @@ class ModelChanged(Envelope):
     model: str
 
 
+class ThinkingChanged(Envelope):     # /thinking, /effort, --thinking, --effort: from the next turn
+    type: Literal["ThinkingChanged"]
+    thinking: NotRequired[str]      # off, adaptive, always
+    effort: NotRequired[str]        # low, medium, high, xhigh, max
+
+
 class ModelStarted(Envelope):
     type: Literal["ModelStarted"]
     model: str
@@ -328,7 +336,8 @@ EVENT_KINDS = {kind.__name__: kind for kind in (
     PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
     FileModified, ProcessStarted, ProcessExited, ContextPruned, ContextCompacted, Interrupted,
     VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
-    ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status, FilesListed)}
+    ThinkingChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
+    FilesListed)}
 
 
 def check_event(event: dict) -> list[str]:
@@ -1002,6 +1011,8 @@ class State:
     updated_ts: int = 0                 # unix ms of the newest event
     model: str = ""                     # SessionCreated's model, then the newest ModelChanged
     chosen_model: str | None = None     # the newest /model choice (ModelChanged)
+    reasoning: dict = field(default_factory=dict)       # thinking, effort (ThinkingChanged)
+    turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
     title: str = ""                     # SessionRenamed, else the first user message
     branch: str = ""                    # the newest git baseline's branch
     usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
@@ -1130,6 +1141,7 @@ def _on_user_message(state: State, event: dict) -> None:
     state.last_text = ""
     state.answer = ""
     state.failure_reason = None
+    state.turn_reasoning = dict(state.reasoning)
     state.user_texts.append((event["seq"], text))
     state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
     if not state.title:
@@ -1179,9 +1191,7 @@ def _on_response_completed(state: State, event: dict) -> None:
     state.last_usage = usage
     state.measured = sum(usage.get(key) or 0 for key in USAGE_KEYS)
     state.freed_since_usage = 0
-    per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
-    for key in USAGE_KEYS:
-        per_model[key] += usage.get(key) or 0
+    _add_usage(state, event)
 
 
 def _on_checkpoint(state: State, event: dict) -> None:
@@ -1191,12 +1201,15 @@ def _on_checkpoint(state: State, event: dict) -> None:
 
 
 def _add_usage(state: State, event: dict) -> None:
-    """Usage the API reported outside a completed response (a cut-off one, a compaction summary)."""
+    """Usage the API reported, summed per model: a response, a cut-off one, a compaction summary."""
     usage = event.get("usage")
     if usage:
         per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
         for key in USAGE_KEYS:
             per_model[key] += usage.get(key) or 0
+        if "thinking_tokens" in usage:     # part of output_tokens: shown, never added to it
+            thought = per_model.get("thinking_tokens", 0)
+            per_model["thinking_tokens"] = thought + usage["thinking_tokens"]
 
 
 def _on_tool_started(state: State, event: dict) -> None:
@@ -1339,6 +1352,11 @@ def _on_model(state: State, event: dict) -> None:
         state.chosen_model = event["model"]
 
 
+def _on_thinking_changed(state: State, event: dict) -> None:
+    chosen = {key: event[key] for key in ("thinking", "effort") if event.get(key)}
+    state.reasoning = {**state.reasoning, **chosen}
+
+
 def _on_renamed(state: State, event: dict) -> None:
     state.title = event["title"]
 
@@ -1365,6 +1383,7 @@ _HANDLERS = {
     "SessionCreated": _on_model,
     "ModelChanged": _on_model,
     "SessionRenamed": _on_renamed,
+    "ThinkingChanged": _on_thinking_changed,
     **dict.fromkeys(TOOL_RESULT_EVENTS, _on_tool_result),
     **dict.fromkeys(TURN_END_EVENTS, _on_turn_end),
 }

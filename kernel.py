@@ -18,7 +18,7 @@ import context
 import events
 import permissions
 import tools
-from model import ModelError, merge_usage
+from model import ModelError, merge_usage, refused_field
 
 # byte-identical consecutive tool calls before the run pauses
 DOOM_LOOP_REPEATS = 3
@@ -28,6 +28,8 @@ CHECKPOINT_INTERVAL_S = 1.0
 CHECKPOINT_CHARS = 4096
 # reminders to run a check before an answer is delivered as it is (ADR-12)
 VERIFY_NUDGES = 2
+# the request fields a 400 may refuse (model.refused_field), as the user knows them
+REFUSED_SETTINGS = {"thinking": "thinking setting", "output_config": "effort setting"}
 
 
 # ---------------------------------------------------------------- deciding
@@ -262,8 +264,12 @@ class StreamReducer:
         self.saved_at: float | None = None
 
     def reported_usage(self) -> dict:
-        """The usage the API has reported so far, under every one of our keys."""
-        return {key: self.usage.get(key, 0) for key in events.USAGE_KEYS}
+        """The usage the API has reported so far, under every one of our keys (and the part of
+        the output that was thinking, when the API says)."""
+        usage = {key: self.usage.get(key, 0) for key in events.USAGE_KEYS}
+        if "thinking_tokens" in self.usage:
+            usage["thinking_tokens"] = self.usage["thinking_tokens"]
+        return usage
 
     def checkpoint_due(self, now: float, text: str) -> bool:
         waited = now - self.saved_at
@@ -306,6 +312,9 @@ class StreamReducer:
             # the parts are joined once, at the stop
             block = dict(event["content_block"], parts=[])
             self.blocks[event["index"]] = block
+            if block["type"] == "thinking":
+                # thinking has begun, even when no text of it will stream (display omitted)
+                return [("ThinkingDelta", {"text": ""})]
         elif kind == "content_block_delta":
             block = self.blocks[event["index"]]
             return self._delta(block, event["delta"])
@@ -416,6 +425,8 @@ class Kernel:
         self.busy = False
         # the log's last seq when Context.plan was last asked
         self.planned_seq = 0
+        # the newest request sent (what a 400 refused)
+        self.request = {}
 
     @property
     def state(self) -> events.State:
@@ -591,18 +602,30 @@ class Kernel:
         self.emit("Interrupted")
 
     async def call_model(self) -> None:
-        """One response. A context overflow is answered by pruning or compacting, then one retry."""
+        """One response. A context overflow is answered by pruning or compacting, then one retry;
+        a 400 that refuses the thinking setting, by one retry without it (and never sending it to
+        that model again this session)."""
         for attempt in (1, 2):
             try:
                 await self.stream_response()
                 break
             except ModelError as e:
                 overflow = e.kind == "context_overflow"
-                retrying = overflow and attempt == 1
+                refused = None
+                if e.status == 400:
+                    refused = refused_field(str(e), self.request)
+                retrying = bool(overflow or refused) and attempt == 1
+                message = str(e)
+                if refused:
+                    setting = REFUSED_SETTINGS[refused]
+                    message = f"the API refused the {setting} ({e}); sent again without it"
+                    self.ctx.refused.add((self.request["model"], refused))
                 self.emit("ModelRequestFailed", kind=e.kind, status=e.status,
-                          message=str(e), retrying=retrying)
+                          message=message, retrying=retrying)
                 if not retrying:
                     break
+                if refused:
+                    continue
                 try:
                     plan = self.ctx.overflow_plan(self.state, str(e))
                     await self.keep_in_budget(plan)
@@ -621,8 +644,14 @@ class Kernel:
         volatile = await asyncio.to_thread(self.ctx.volatile_facts,
                                            processes, world_seq)
         request = self.ctx.build_request(self.state, volatile=volatile)
+        self.request = request
+        # what the thinking setting could not have as asked, told once
+        while self.ctx.notes:
+            self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
+        # monotonic time the open thinking block began
+        thinking_since = None
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
@@ -630,11 +659,19 @@ class Kernel:
                               status=raw.get("status"),
                               message=raw["error"], retrying=True)
                     reducer = StreamReducer()
+                    thinking_since = None
                     continue
                 for kind, payload in reducer.feed(raw):
                     if kind == "ToolRequested":
                         payload["card"] = tools.card_of(
                             payload["name"], payload["input"])
+                    if kind == "ThinkingDelta" and thinking_since is None:
+                        thinking_since = time.monotonic()
+                    thought = kind == "ModelThinkingBlockCompleted"
+                    if thought and thinking_since is not None:
+                        elapsed = time.monotonic() - thinking_since
+                        payload["duration_ms"] = round(elapsed * 1000)
+                        thinking_since = None
                     self.emit(kind, **payload)
                 if self.save_checkpoint(reducer, time.monotonic()):
                     await self.bus.store.sync_off_loop()

@@ -39,6 +39,10 @@ CONFIG_KEYS = {
     "max_turns": int,
     "pass_env": list,
     "context": dict,
+    "thinking": str,
+    "effort": str,
+    "show_thinking": bool,
+    "max_output_tokens": int,
 }
 # the keys of config.json's "context" object
 CONTEXT_KEYS = {"prune_at": int}
@@ -89,9 +93,18 @@ def parse_config(path: Path, text: str) -> dict:
             known = ", ".join(CONFIG_KEYS)
             raise UsageError(f"{path}: unknown key {key!r};"
                              f" known keys: {known}")
-        if not isinstance(value, expected) or isinstance(value, bool):
+        # a bool is an int to isinstance: only a bool key takes one
+        wrong_bool = isinstance(value, bool) and expected is not bool
+        if not isinstance(value, expected) or wrong_bool:
             names = type_names(expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
+        choices = setting_choices().get(key)
+        if choices and value not in choices:
+            raise UsageError(f"{path}: {key!r} must be one of"
+                             f" {', '.join(choices)}")
+        if key == "max_output_tokens" and value < 1:
+            raise UsageError(f"{path}: 'max_output_tokens' must be"
+                             " a positive number of tokens")
     for key, value in (config.get("context") or {}).items():
         if key not in CONTEXT_KEYS:
             raise UsageError(f"{path}: unknown key 'context.{key}';"
@@ -109,6 +122,12 @@ def parse_config(path: Path, text: str) -> dict:
     return config
 
 
+def setting_choices() -> dict:
+    """The values `thinking` and `effort` may take: model.py's table owns them."""
+    import model
+    return {"thinking": model.THINKING_MODES, "effort": model.EFFORTS}
+
+
 def type_names(expected) -> str:
     """str → "str"; (list, dict) → "list or dict"."""
     if isinstance(expected, tuple):
@@ -121,7 +140,9 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
-              "prices": {}, "max_turns": None, "context": {}}
+              "prices": {}, "max_turns": None, "context": {},
+              "thinking": "adaptive", "effort": None, "show_thinking": None,
+              "max_output_tokens": None}
     project, merged["untrusted_prices"] = project_config(home, project_root)
     # the project's file wins; permission rules are layers of their own
     for config in (user, project):
@@ -134,6 +155,11 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     # Environment names passed to commands: a grant, so only from the user's own config.
     merged["pass_env"] = user.get("pass_env", [])
     merged["model_flag"] = getattr(args, "model", None)
+    # --thinking and --effort: recorded in the session, so a resume keeps them
+    merged["reasoning_flags"] = {}
+    for key in ("thinking", "effort"):
+        if getattr(args, key, None) is not None:
+            merged["reasoning_flags"][key] = getattr(args, key)
     merged["extra_layers"] = flag_layers(args, project_root)
     merged["layers"] = permission_layers(home, project_root,
                                          merged["extra_layers"])
@@ -893,6 +919,13 @@ def parse_args(argv: list):
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
     parser.add_argument("--max-turns", dest="max_turns", type=int,
                         metavar="N")
+    choices = setting_choices()
+    parser.add_argument("--thinking", choices=choices["thinking"],
+                        help="how the model thinks, from this run on"
+                             " (adaptive: as the model sees fit)")
+    parser.add_argument("--effort", choices=choices["effort"],
+                        help="how hard the model works, from this run on"
+                             " (default: the model's own)")
     # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
     parser.add_argument("--append-system-prompt",
                         dest="append_system_prompt",
@@ -1002,7 +1035,11 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           plan_mode=mode == "plan",
                           append_system=append_system,
                           prune_at=settings["context"].get(
-                              "prune_at", context.PRUNE_AT_TOKENS))
+                              "prune_at", context.PRUNE_AT_TOKENS),
+                          thinking=settings["thinking"],
+                          effort=settings["effort"],
+                          show_thinking=shows_thinking(args, settings),
+                          **output_limit(settings))
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus,
@@ -1017,6 +1054,49 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                             max_turns=settings["max_turns"],
                             permission_mode=mode)
     return kernel_
+
+
+def shows_thinking(args, settings) -> bool:
+    """show_thinking from config, else on where someone watches: the UI, and stream-json (which
+    carries the thinking blocks); off for text and json, which never show it (a faster first
+    token)."""
+    if settings["show_thinking"] is not None:
+        return settings["show_thinking"]
+    return args.prompt is None or args.output_format == "stream-json"
+
+
+def output_limit(settings) -> dict:
+    """Context's max_tokens, when config.json sets max_output_tokens."""
+    if settings["max_output_tokens"] is None:
+        return {}
+    return {"max_tokens": settings["max_output_tokens"]}
+
+
+def record_reasoning(bus, store, wanted: dict) -> None:
+    """ThinkingChanged for what `wanted` sets differently from the log (flags, or a choice made
+    before the log began), so the session keeps it."""
+    recorded = store.state.reasoning
+    changed = {}
+    for key, value in wanted.items():
+        if recorded.get(key) != value:
+            changed[key] = value
+    if changed:
+        bus.emit("ThinkingChanged", **changed)
+
+
+def reasoning_label(request: dict) -> str:
+    """How a request asks the model to think: "effort high", "thinking off", "" (its defaults)."""
+    parts = []
+    thinking = (request.get("thinking") or {}).get("type")
+    if thinking == "disabled":
+        parts.append("thinking off")
+    if thinking == "enabled":
+        budget = request["thinking"]["budget_tokens"]
+        parts.append(f"thinking budget {budget}")
+    effort = (request.get("output_config") or {}).get("effort")
+    if effort:
+        parts.append(f"effort {effort}")
+    return " · ".join(parts)
 
 
 def new_client(on_status):
@@ -1110,6 +1190,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         bus.emit("SessionCreated", cwd=str(Path.cwd()),
                  project_root=str(project_root), model=settings["model"],
                  aux_model=settings["aux_model"], version=VERSION)
+    record_reasoning(bus, store, settings["reasoning_flags"])
     kernel_.repair()
     baseline_reason = "resume" if resumed else "session start"
     try:
@@ -1124,6 +1205,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         await kernel_.toolbox.close()
         await kernel_.model.close()
         close_session(store)
+    args.request = kernel_.request
     return report(args, store, step, settings["prices"])
 
 
@@ -1189,6 +1271,15 @@ def result_object(args, store, step: str, prices: dict) -> dict:
              "output_tokens": totals["output_tokens"]}
     started = getattr(args, "started", None) or time.monotonic()
     elapsed_s = time.monotonic() - started
+    # the last request's: the setting as the model took it (null: the model's default)
+    request = getattr(args, "request", None) or {}
+    thinking = (request.get("thinking") or {}).get("type")
+    effort = (request.get("output_config") or {}).get("effort")
+    # part of output_tokens (counted once, there), where the API said
+    thinking_tokens = None
+    for model_usage in state.usage.values():
+        if "thinking_tokens" in model_usage:
+            thinking_tokens = (thinking_tokens or 0) + model_usage["thinking_tokens"]
     return {
         # Claude Code's
         "type": "result",
@@ -1204,6 +1295,9 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "error": state.failure_reason if failed else None,
         "cost_usd": cost,
         "usage_by_model": state.usage,
+        "thinking": thinking,
+        "effort": effort,
+        "thinking_tokens": thinking_tokens,
     }
 
 
@@ -1269,6 +1363,10 @@ class Session:
             self.command_descriptions[name] = f"{usage} {text}".strip()
         for name, command in self.custom.items():
             self.command_descriptions[name] = describe_command(command)
+        # typing "/effort " offers its levels (the UI's menu is the picker)
+        self.command_choices = {}
+        for key, values in setting_choices().items():
+            self.command_choices[f"/{key}"] = list(values)
         self.closed = False
         # the task recording the git baseline, if one runs
         self.baseline = None
@@ -1283,6 +1381,9 @@ class Session:
         self._mention_prefix = "\0"
         # status(): the last one, and the state it was folded from
         self._status_key, self._status = None, {}
+        # thinking and effort chosen in this process (flags, /thinking, /effort): a session
+        # attached or begun records them, so /new and /resume keep them too
+        self.reasoning = dict(settings["reasoning_flags"])
 
     def attach(self, store) -> None:
         """Make `store` the current session (start, /new, /resume); UI subscribers carry over. A
@@ -1300,6 +1401,7 @@ class Session:
         loop = asyncio.get_running_loop()
         self.baseline = None
         if resumed:
+            record_reasoning(self.bus, store, self.reasoning)
             recording = self.kernel.record_baseline("resume")
             self.baseline = loop.create_task(recording)
         state = store.state
@@ -1361,6 +1463,7 @@ class Session:
         # a /model before the first message
         if self.kernel.ctx.model != self.settings["model"]:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
+        record_reasoning(self.bus, self.store, self.reasoning)
         loop = asyncio.get_running_loop()
         recording = self.kernel.record_baseline("session start")
         self.baseline = loop.create_task(recording)
@@ -1516,7 +1619,8 @@ class Session:
 
     def status(self) -> dict:
         """Read on every frame: recomputed only when the log has grown."""
-        key = (self.store.path, len(self.store.events), self.kernel.ctx.model)
+        key = (self.store.path, len(self.store.events), self.kernel.ctx.model,
+               str(self.reasoning))
         if self._status_key != key:
             self._status = self.fold_status()
             self._status_key = key
@@ -1540,17 +1644,34 @@ class Session:
         context_pct = None
         if last is not None:
             # a prune since the last response shrinks the next request now, not at the next usage
-            used = sum(last.values()) - state.freed_since_usage
+            # (thinking_tokens is part of output_tokens)
+            used = sum(last.get(key) or 0 for key in events.USAGE_KEYS)
+            used -= state.freed_since_usage
             context_pct = 100 * used / window
         cache_share = None
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
+        thought = [usage.get("thinking_tokens") or 0 for usage in totals.values()]
         return {"model": self.kernel.ctx.model,
                 "tokens": sum(summed.values()),
+                "thinking_tokens": sum(thought),
                 "cost": total_cost(costs),
                 "context_pct": context_pct,
                 "cache_share": cache_share,
+                "reasoning": reasoning_label(self.next_reasoning().fields),
                 "branch": state.branch}
+
+    def next_reasoning(self):
+        """The thinking fields the next turn's requests carry (model.Reasoning), with this
+        process's choices."""
+        import model
+        ctx = self.kernel.ctx
+        chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
+                  **self.store.state.reasoning, **self.reasoning}
+        taken = model.reasoning(ctx.model, chosen["thinking"],
+                                chosen["effort"], ctx.show_thinking,
+                                ctx.max_tokens)
+        return taken
 
     async def quit(self) -> None:
         """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
@@ -1661,12 +1782,20 @@ class Session:
                 price = "cost unknown (no price for this model)"
             else:
                 price = f"${cost:.4f}"
+            thought = ""
+            if "thinking_tokens" in usage:
+                thought = f" (thinking {usage['thinking_tokens']})"
             lines.append(f"- {name}: input {usage['input_tokens']},"
-                         f" output {usage['output_tokens']},"
+                         f" output {usage['output_tokens']}{thought},"
                          f" cache read {usage['cache_read_tokens']},"
                          f" cache write {usage['cache_write_tokens']}"
                          f" · {price}")
-        return "\n".join(lines) or "no model calls yet"
+        if not lines:
+            return "no model calls yet"
+        label = reasoning_label(self.kernel.request)
+        if label:
+            lines.append(f"\nlast request: {label}")
+        return "\n".join(lines)
 
     async def cmd_context(self, _):
         import context
@@ -1724,6 +1853,39 @@ class Session:
         if self.store.events:
             self.bus.emit("ModelChanged", model=name)
         return f"model set to {name}"
+
+    async def cmd_thinking(self, mode):
+        return self.choose_reasoning("thinking", mode)
+
+    async def cmd_effort(self, level):
+        return self.choose_reasoning("effort", level)
+
+    def choose_reasoning(self, key: str, value: str) -> str:
+        """/thinking and /effort: shown, or chosen for the next turns (never the running one:
+        on the 5.5 models a replayed thinking block holds only while the request is unchanged)."""
+        import model
+        ctx = self.kernel.ctx
+        choices = setting_choices()[key]
+        row = model.REASONING.get(model.family_of(ctx.model) or "")
+        accepted = model.describe_efforts(row[1] if row else None)
+        sent = reasoning_label(self.next_reasoning().fields)
+        sent = sent or "the model's defaults"
+        if not value:
+            return (f"{key} choices: {', '.join(choices)}"
+                    f" (`/{key} CHOICE`, or type `/{key} ` and pick)"
+                    f"\n\n{ctx.model} takes effort {accepted};"
+                    f" the next request asks for: {sent}")
+        if value not in choices:
+            return f"unknown {key} `{value}`; choices: {', '.join(choices)}"
+        self.reasoning[key] = value
+        # a session not begun yet records it in begin()
+        if self.store.events:
+            record_reasoning(self.bus, self.store, self.reasoning)
+        taken = self.next_reasoning()
+        sent = reasoning_label(taken.fields) or "its defaults"
+        notes = "".join(f"\n\n{note}" for note in taken.notes)
+        return (f"{key} set to {value}, from your next message"
+                f" ({ctx.model}: {sent}){notes}")
 
     async def cmd_diff(self, _):
         import asyncio
@@ -1891,6 +2053,10 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/context": (Session.cmd_context, "", "what the context holds, per section"),
     "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
     "/model": (Session.cmd_model, "[id]", "show or change the model"),
+    "/thinking": (Session.cmd_thinking, "[off|adaptive|always]",
+                  "how the model thinks, from the next message"),
+    "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",
+                "how hard the model works, from the next message"),
     "/diff": (Session.cmd_diff, "", "changes khaelor made in this session"),
     "/undo": (Session.cmd_undo, "", "restore the file khaelor changed last"),
     "/processes": (Session.cmd_processes, "[stop ID]", "running background processes"),

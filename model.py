@@ -7,7 +7,9 @@ Must not: import kernel/tools/ui/context, touch files, or estimate usage (usage 
 """
 import asyncio
 import random
+import re
 import threading
+from typing import NamedTuple
 
 from events import KhaelorError
 
@@ -34,6 +36,43 @@ PRICES = {
     "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
     "claude-haiku-4-5": (1, 5, 1.25, 0.10),
 }
+# Thinking and effort by model family, exactly as ANTHROPIC_API.md §3.3 and §3.3a give them;
+# requests are built from this table only, so they are legal by construction. Per family: the
+# `thinking.type`s it accepts (None: not documented, so no `thinking` is sent and the model's
+# default stands), the `output_config.effort` levels (None: no effort is sent; UNLISTED: effort
+# is accepted but its levels are not published, so only the level the user asked for is sent),
+# and its output limit (None: not documented). A dated id (claude-opus-4-5-20251101) is its
+# family's.
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+THINKING_MODES = ("off", "adaptive", "always")
+UNLISTED = "unlisted"
+NO_XHIGH = ("low", "medium", "high", "max")
+ADAPTIVE_OR_OFF = frozenset({"adaptive", "disabled"})
+BUDGETED = frozenset({"enabled", "disabled"})
+REASONING = {
+    "claude-opus-5-5": (frozenset({"adaptive"}), UNLISTED, 128_000),
+    "claude-sonnet-5-5": (frozenset({"adaptive", "between_tools"}), UNLISTED, 128_000),
+    "claude-haiku-5-5": (None, UNLISTED, 128_000),
+    "claude-fable-5-2": (None, None, 128_000),
+    "claude-mythos-5-2": (None, None, None),
+    "claude-fable-5-1": (frozenset({"adaptive"}), UNLISTED, None),
+    "claude-mythos-5-1": (frozenset({"adaptive"}), UNLISTED, None),
+    "claude-fable-5": (frozenset({"adaptive"}), EFFORTS, None),
+    "claude-mythos-5": (frozenset({"adaptive"}), EFFORTS, None),
+    "claude-mythos-preview": (None, NO_XHIGH, None),
+    "claude-opus-5": (ADAPTIVE_OR_OFF, EFFORTS, 128_000),
+    "claude-sonnet-5": (ADAPTIVE_OR_OFF, EFFORTS, 128_000),
+    "claude-opus-4-8": (ADAPTIVE_OR_OFF, EFFORTS, 128_000),
+    "claude-opus-4-7": (ADAPTIVE_OR_OFF, EFFORTS, 128_000),
+    "claude-opus-4-6": (ADAPTIVE_OR_OFF | {"enabled"}, NO_XHIGH, 128_000),
+    "claude-sonnet-4-6": (ADAPTIVE_OR_OFF | {"enabled"}, NO_XHIGH, 128_000),
+    "claude-opus-4-5": (BUDGETED, ("low", "medium", "high"), 64_000),
+    "claude-sonnet-4-5": (BUDGETED, None, None),
+    "claude-haiku-4-5": (BUDGETED, None, 64_000),
+}
+# Opus 5 turns thinking off only at effort high or below (§3.3).
+OFF_UP_TO_HIGH = ("claude-opus-5",)
+MIN_BUDGET_TOKENS = 1024    # `enabled` thinking: budget_tokens >= 1024 and < max_tokens
 # Transient failures the API itself tells clients to retry (ANTHROPIC_API.md §4.2).
 RETRYABLE_STATUS = {408, 409, 429}
 RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
@@ -80,6 +119,105 @@ def price_of(model: str, usage: dict, prices: dict | None = None) -> float | Non
     p_in, p_out, p_write, p_read = price
     return (usage.get("input_tokens", 0) * p_in + usage.get("output_tokens", 0) * p_out
             + usage.get("cache_write_tokens", 0) * p_write + usage.get("cache_read_tokens", 0) * p_read) / 1e6
+
+
+class Reasoning(NamedTuple):
+    """A thinking setting as one model takes it: the request fields (max_tokens, and thinking and
+    output_config where they apply) and what to tell the user where it could not be had as asked."""
+    fields: dict
+    notes: list
+
+
+def family_of(model: str) -> str | None:
+    """The REASONING key of a model id (a date suffix dropped), or None for a model not in it."""
+    base = re.sub(r"-\d{8}$", "", model)
+    return base if base in REASONING else None
+
+
+def reasoning(model: str, thinking: str = "adaptive", effort: str | None = None,
+              show: bool = True, max_tokens: int = 32_000) -> Reasoning:
+    """The fields for `thinking` (THINKING_MODES) at `effort` (None: the model's default), legal for
+    `model` by REASONING; `show`: the thinking is summarized for the user, else omitted."""
+    family = family_of(model)
+    types, levels, limit = REASONING.get(family, (None, None, None))
+    notes = []
+    if limit is not None and max_tokens > limit:
+        notes.append(f"max_output_tokens {max_tokens} is above {model}'s limit; {limit} is used")
+        max_tokens = limit
+    asked = effort
+    if thinking == "always" and _rank(effort) < _rank("high"):
+        effort = "high"
+    if thinking == "off" and types is not None and "disabled" not in types:
+        notes.append(f"{model} cannot turn thinking off; it thinks adaptively at effort low")
+        thinking, effort = "adaptive", "low"
+    if thinking == "off" and family in OFF_UP_TO_HIGH and _rank(effort) > _rank("high"):
+        notes.append(f"{model} turns thinking off only at effort high or below; high is used")
+        effort = "high"
+    if types is None and thinking != "adaptive":
+        notes.append(f"{model}'s thinking settings are not documented; its default thinking stands")
+    fields = {"max_tokens": max_tokens}
+    config = _thinking_config(types, thinking, show, max_tokens)
+    if config is not None:
+        fields["thinking"] = config
+    level = _effort_level(levels, effort)
+    if level is not None:
+        fields["output_config"] = {"effort": level}
+    if asked is not None and level not in (asked, effort):
+        notes.append(f"{model} takes effort {describe_efforts(levels)}; "
+                     f"{level or 'its default'} is used")
+    return Reasoning(fields, notes)
+
+
+def describe_efforts(levels) -> str:
+    if levels is None:
+        return "no level (none documented)"
+    if levels == UNLISTED:
+        return "levels that are not published (the one asked for is sent)"
+    return ", ".join(levels)
+
+
+def _rank(effort: str | None) -> int:
+    """Effort levels in order; None (the model's default) counts as below low."""
+    return EFFORTS.index(effort) if effort in EFFORTS else -1
+
+
+def _thinking_config(types, thinking: str, show: bool, max_tokens: int) -> dict | None:
+    display = "summarized" if show else "omitted"
+    if types is None:
+        return None
+    if thinking == "off":
+        return {"type": "disabled"}
+    if "adaptive" in types:
+        return {"type": "adaptive", "display": display}
+    # an `enabled`-only family: `always` is a budget inside max_tokens; adaptive, its default (off)
+    if thinking == "always" and max_tokens > MIN_BUDGET_TOKENS:
+        budget = max(MIN_BUDGET_TOKENS, max_tokens // 2)
+        return {"type": "enabled", "budget_tokens": budget, "display": display}
+    return None
+
+
+def _effort_level(levels, effort: str | None) -> str | None:
+    """The level sent: as asked where accepted (or levels unpublished), else the highest below."""
+    if effort is None or levels is None:
+        return None
+    if levels == UNLISTED or effort in levels:
+        return effort
+    lower = [level for level in levels if _rank(level) <= _rank(effort)]
+    return lower[-1] if lower else levels[0]
+
+
+def refused_field(message: str, request: dict) -> str | None:
+    """The request field a 400 refuses when it names the thinking setting ("thinking") or the
+    effort ("output_config"); None for anything else, such as an edited thinking block in
+    `messages.N`, which dropping a field cannot fix."""
+    lowered = message.lower()
+    if re.search(r"\bmessages\.\d", lowered):
+        return None
+    if "thinking" in lowered and "thinking" in request:
+        return "thinking"
+    if ("effort" in lowered or "output_config" in lowered) and "output_config" in request:
+        return "output_config"
+    return None
 
 
 class ModelClient:
@@ -159,6 +297,10 @@ def merge_usage(usage: dict, event: dict) -> dict:
                          ("cache_write_tokens", "cache_creation_input_tokens")):
         if raw.get(theirs) is not None:
             merged[ours] = raw[theirs]
+    # the part of output_tokens that was thinking, where the stream says (already in output_tokens)
+    details = raw.get("output_tokens_details") or {}
+    if details.get("thinking_tokens") is not None:
+        merged["thinking_tokens"] = details["thinking_tokens"]
     return merged
 
 

@@ -64,6 +64,8 @@ class Controller(Protocol):
     command_names: list[str]
     # optional: "/model" -> "[id] show or change the model"
     command_descriptions: dict[str, str]
+    # optional: "/effort" -> ["low", "medium", …]: typing "/effort " picks one from a menu
+    command_choices: dict[str, list[str]]
 
     # every event
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...
@@ -77,7 +79,7 @@ class Controller(Protocol):
     def interrupt(self) -> object: ...
     def answer_permission(self, tool_use_id: str, choice: str,
                           feedback: str) -> object: ...
-    # model, tokens, cost, context_pct, cache_share, processes, branch
+    # model, tokens, thinking_tokens, cost, context_pct, cache_share, reasoning, processes, branch
     def status(self) -> dict: ...
     # paths for "@" completion, as last listed; a FilesListed event says a new list is ready
     def mention_candidates(self, prefix: str) -> list[str]: ...
@@ -800,6 +802,8 @@ class MarkdownStream:
 # ════ Timeline: events folded into settled lines and live state ════
 
 THINKING_TAIL_CHARS = 400
+# thinking opened with Ctrl-O while it streams shows its newest rows, at most this many
+THINKING_OPEN_ROWS = 12
 PREVIEW_LINES = 3
 # a finished card shows its output's first and last lines
 PREVIEW_HEAD, PREVIEW_TAIL = 2, 3
@@ -970,7 +974,13 @@ class Timeline:
         self._text: MarkdownStream | None = None
         # _text has settled lines already
         self._text_started = False
+        # the thinking block streaming: its text so far (None: none streams)
         self._thinking: str | None = None
+        # when it began (time.monotonic()), and whether Ctrl-O opened it
+        self._thinking_since = 0.0
+        self._thinking_open = False
+        # the newest settled thinking: (its collapsed line, its whole text), for Ctrl-O
+        self._last_thought: tuple[str, str] | None = None
         # PermissionRequested until Granted or Denied
         self._requests: dict[str, dict] = {}
         # the closed-response rule, from events.py
@@ -1056,9 +1066,15 @@ class Timeline:
         self._release_card()
 
     def expand_last_card(self) -> None:
-        """Ctrl-O: the newest card with its whole output. Still the newest thing on screen, it
-        settles expanded where it stands; otherwise the output is printed below."""
-        if self._held is not None:
+        """Ctrl-O: thinking that streams opens (or closes) in place; else the newest card with
+        its whole output (still the newest thing on screen, it settles expanded where it stands;
+        otherwise the output is printed below), or the newest thinking, printed whole below."""
+        if self._thinking is not None:
+            self._thinking_open = not self._thinking_open
+        elif self._held is None and self._last_card is None and self._last_thought:
+            line, text = self._last_thought
+            self._settle([line] + self._thought_rows(text))
+        elif self._held is not None:
             held, self._held = self._held, None
             self._settle(self._card_block(held, expanded=True))
         elif self._last_card is not None:
@@ -1150,28 +1166,75 @@ class Timeline:
             self._text_started = True
 
     def _on_ThinkingDelta(self, e: dict) -> None:
-        thinking = (self._thinking or "") + e.get("text", "")
-        self._thinking = thinking[-THINKING_TAIL_CHARS:]
+        if self._thinking is None:
+            self._thinking = ""
+            self._thinking_since = time.monotonic()
+        self._thinking += e.get("text", "")
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
-        if "redacted" in e:
-            self._finish_thinking("")
-        else:
-            self._finish_thinking(e.get("thinking"))
+        redacted = "redacted" in e
+        self._finish_thinking(e.get("thinking") or "", e.get("duration_ms"),
+                              redacted)
         if self._text is None:
             self._settle_queued()
 
-    def _finish_thinking(self, full: str | None) -> None:
-        """Thinking collapses to one dim line: its opening words (`full`: the whole block)."""
+    def _finish_thinking(self, full: str | None, duration_ms: int | None = None,
+                         redacted: bool = False) -> None:
+        """Thinking settles collapsed, as one dim line: how long it took and its opening words
+        (`full`: the whole block; None: what streamed of it). Ctrl-O prints it whole."""
         text = self._thinking if full is None else full
-        if text is not None:
-            words = " ".join(sanitize(text).split()) or "(redacted)"
-            line = self._thinking_line("✻ Thinking · " + words)
-            self._settle([line])
-            self._thinking = None
+        if text is None:
+            return
+        if duration_ms is None and self._thinking is not None:
+            duration_ms = (time.monotonic() - self._thinking_since) * 1000
+        head = "✻ Thinking"
+        if duration_ms is not None:
+            head += f" · {max(1, round(duration_ms / 1000))}s"
+        words = " ".join(sanitize(text).split())
+        if words:
+            head += " · " + words
+        if redacted:
+            head += " · (redacted)"
+        line = self._thinking_line(head)
+        self._settle([line])
+        self._last_thought = (line, text)
+        # Ctrl-O now means this thinking, not an older card
+        self._last_card = None
+        self._thinking = None
+        self._thinking_open = False
+
+    def _thought_rows(self, text: str) -> list[str]:
+        """Thinking text wrapped under its line, dim."""
+        rows = []
+        for paragraph in sanitize(text).split("\n"):
+            spans = [(paragraph, ("dim", "italic"))]
+            rows += wrap_spans(spans, self.width, self.style, "  ", "  ")
+        return rows
+
+    def _live_thinking(self, now: float) -> list[str]:
+        """`✻ Thinking · 4s` and its newest words; opened (Ctrl-O), its newest rows below."""
+        seconds = int(now - self._thinking_since)
+        head = f"✻ Thinking · {seconds}s"
+        if self._thinking_open:
+            rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
+            hint = self.style.paint(" · ctrl+o closes", "dim")
+            return [self._thinking_line(head) + hint] + rows
+        tail = self._thinking[-THINKING_TAIL_CHARS:]
+        words = " ".join(sanitize(tail).split())
+        # nothing to open while the API sends none of the text (display omitted)
+        hint = " · ctrl+o opens" if words else ""
+        # what the words leave: " · …" before them, a spare cell after
+        room = self.width - cell_width(head + hint) - 5
+        if words and room > 8:
+            head += " · …" + words[-room:]
+        return [self._thinking_line(head + hint)]
 
     def _thinking_line(self, text: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", "italic")
+
+    def _on_ThinkingChanged(self, e: dict) -> None:
+        chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
+        self._dim_line("◇ " + ", ".join(chosen) + " from the next message")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         if e.get("kind") == "cancelled":
@@ -1196,6 +1259,7 @@ class Timeline:
             self._dim_line("↑ that reply broke off here; it is written again below")
         self._text = None
         self._thinking = None
+        self._thinking_open = False
 
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
@@ -1217,8 +1281,9 @@ class Timeline:
     def _on_TextCheckpoint(self, e: dict) -> None:
         """The saved part of a streaming text block. Live, the deltas showed it already; replayed
         (a resumed session that was cut off mid-reply) it is the only record of that text."""
-        self._checkpointed += e.get("text") or ""
+        # (a new stream starts with nothing checkpointed: make it before adding this text)
         stream = self._stream()
+        self._checkpointed += e.get("text") or ""
         if stream.n_fed < len(self._checkpointed):
             stream.feed(self._checkpointed[stream.n_fed:])
             self._drain_text()
@@ -1442,9 +1507,7 @@ class Timeline:
         if self._text is not None:
             lines += self._text.live_lines()
         if self._thinking is not None:
-            words = " ".join(sanitize(self._thinking).split())
-            line = "✻ Thinking… " + words[-self.width:]
-            lines.append(self._thinking_line(line))
+            lines += self._live_thinking(now)
         for queued in self._queued:
             lines += [""] + queued
         for tid, card in self.cards.items():
@@ -1538,12 +1601,18 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     if get("context_pct") is not None:
         segments.append((6, f"ctx {get('context_pct'):.0f}%"))
     if get("tokens"):
-        segments.append((3, f"{format_count(get('tokens'))} tok"))
+        tokens = f"{format_count(get('tokens'))} tok"
+        # the part of the output that was thinking, where the API said (inside the total)
+        if get("thinking_tokens"):
+            tokens += f" ({format_count(get('thinking_tokens'))} thinking)"
+        segments.append((3, tokens))
     if "cost" in status:
         cost = get("cost")
         segments.append((4, "$?" if cost is None else f"${cost:.2f}"))
     if get("cache_share") is not None:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
+    if get("reasoning"):
+        segments.append((3, str(get("reasoning"))))
     processes = get("processes")
     if isinstance(processes, (list, tuple)):
         n_processes = len(processes)
@@ -1809,7 +1878,7 @@ KEY_HELP = (
     ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
     ("Ctrl-D", "quit (on an empty input)"),
     ("Ctrl-L", "clear the screen"),
-    ("Ctrl-O", "show the whole output of the newest tool card"),
+    ("Ctrl-O", "show the whole output of the newest tool card, or the model's thinking"),
     ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
     ("Up, Down", "input history; in a permission question, choose an answer"),
     ("y, a, n",
@@ -1888,7 +1957,8 @@ class Composer:
     def __init__(self, *, history_path: str | os.PathLike | None = None,
                  commands: Callable[[], list[str]] = list,
                  mentions: Callable[[str], list[str]] = lambda prefix: [],
-                 describe: Callable[[str], str] = lambda name: ""):
+                 describe: Callable[[str], str] = lambda name: "",
+                 choices: dict[str, list[str]] | None = None):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
         self.menu_index = 0
@@ -1901,6 +1971,8 @@ class Composer:
         self._commands, self._mentions = commands, mentions
         # a command's one-line description, for the menu
         self._describe = describe
+        # a command's arguments, offered once its name and a space are typed
+        self._choices = choices or {}
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
@@ -2138,10 +2210,23 @@ class Composer:
             if matches != [before]:
                 self.menu = sorted(matches, key=lambda n: n != before)
             self._menu_kind, self._menu_start = "command", 0
+        elif self._argument_menu(before):
+            self._menu_kind, self._menu_start = "command", 0
         elif m := MENTION_RE.search(before):
             matches = self._mention_matches(m.group(1))
             self.menu = matches[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
+
+    def _argument_menu(self, before: str) -> bool:
+        """`/effort ` (and what follows, up to a space): its choices, as whole commands."""
+        name, space, partial = before.partition(" ")
+        choices = self._choices.get(name)
+        if not choices or not space or " " in partial:
+            return False
+        matches = [f"{name} {c}" for c in choices if c.startswith(partial)]
+        if matches != [before]:
+            self.menu = matches
+        return True
 
     def _mention_matches(self, query: str) -> list[str]:
         """Typing narrows: while the caller returns the same list and the query only grows,
@@ -2365,10 +2450,12 @@ class App:
         self.width, self.height = width, height
         self.timeline = Timeline(style, width)
         about = getattr(controller, "command_descriptions", None) or {}
+        choices = getattr(controller, "command_choices", None) or {}
         self.composer = Composer(history_path=history_path,
                                  commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates,
-                                 describe=lambda name: about.get(name, ""))
+                                 describe=lambda name: about.get(name, ""),
+                                 choices=choices)
         self.renderer = InlineRenderer()
         # deny message being typed in the permission panel
         self.feedback: str | None = None

@@ -17,6 +17,7 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
       blocks: {"type":"text","text"}  {"type":"thinking","thinking","signature"?}  {"type":"tool_use",
               "name","input","id"?, "partial_json"? (streamed verbatim instead of the input:
               malformed or cut-off JSON)}  {"type":"redacted_thinking","data"}
+      A request with thinking.display "omitted" gets its thinking blocks as a signature only ("").
     {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
     {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
@@ -75,6 +76,18 @@ THINKING_TYPES = [
     ("claude-opus-4-7", {"adaptive", "disabled"}), ("claude-opus-4-6", {"adaptive", "disabled", "enabled"}),
     ("claude-sonnet-4-6", {"adaptive", "disabled", "enabled"}), ("claude-opus-4-5", {"enabled", "disabled"}),
     ("claude-sonnet-4-5", {"enabled", "disabled"}), ("claude-haiku-4-5", {"enabled", "disabled"})]
+# (model-id prefix, effort levels it accepts; None: effort refused); the first matching prefix wins.
+# Models not listed (the 5.5 generation, 5.1, Haiku 5.5): levels not published, any is accepted. [§3.3a]
+ALL_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+EFFORT_LEVELS = [
+    ("claude-fable-5-2", None), ("claude-mythos-5-2", None), ("claude-fable-5-1", ALL_EFFORTS),
+    ("claude-mythos-5-1", ALL_EFFORTS), ("claude-fable-5", ALL_EFFORTS), ("claude-mythos-5", ALL_EFFORTS),
+    ("claude-opus-5-5", ALL_EFFORTS), ("claude-sonnet-5-5", ALL_EFFORTS), ("claude-haiku-5-5", ALL_EFFORTS),
+    ("claude-opus-5", ALL_EFFORTS), ("claude-sonnet-5", ALL_EFFORTS), ("claude-opus-4-8", ALL_EFFORTS),
+    ("claude-opus-4-7", ALL_EFFORTS), ("claude-mythos-preview", ("low", "medium", "high", "max")),
+    ("claude-opus-4-6", ("low", "medium", "high", "max")), ("claude-sonnet-4-6", ("low", "medium", "high", "max")),
+    ("claude-opus-4-5", ("low", "medium", "high")), ("claude-sonnet-4-5", None), ("claude-haiku-4-5", None)]
+EFFORT_REFUSED = "output_config.effort: effort is not supported for this model."   # wording not documented
 NO_FORCED_TOOL_CHOICE = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-mythos-5-1")
 THINKING_TYPE_ERRORS = {
     "enabled": '"thinking.type.enabled" is not supported for this model. Use "thinking.type.adaptive" '
@@ -165,7 +178,7 @@ def validate(body, *, endpoint="messages", memory=None):
     if max_tokens > MAX_OUTPUT_TOKENS:
         return (f"max_tokens: {max_tokens} > {MAX_OUTPUT_TOKENS}, which is the maximum allowed number of "
                 f"output tokens for {body['model']}")
-    for check in (_check_system, _check_tools, _check_model_options, _check_messages):
+    for check in (_check_system, _check_tools, _check_model_options, _check_effort, _check_messages):
         problem = check(body, memory)
         if problem:
             return problem
@@ -244,6 +257,33 @@ def _check_model_options(body, _memory):
         return THINKING_TYPE_ERRORS[kind]
     if kind == "enabled" and not (isinstance(config.get("budget_tokens"), int) and config["budget_tokens"] >= 1024):
         return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+    if kind == "enabled" and config["budget_tokens"] >= body["max_tokens"]:
+        return "`max_tokens` must be greater than `thinking.budget_tokens`"   # wording not documented
+    if config.get("display", "omitted") not in ("summarized", "omitted") or (kind in ("disabled", "between_tools")
+                                                                            and "display" in config):
+        return f"thinking.{kind}.display: Input should be 'summarized' or 'omitted'"
+    if kind == "disabled" and body["model"].startswith("claude-opus-5") and not body["model"].startswith(
+            "claude-opus-5-5") and _effort(body) in ("xhigh", "max"):
+        return THINKING_TYPE_ERRORS["disabled"]   # Opus 5: disabled only at effort high or below
+    return None
+
+
+def _effort(body):
+    return (body.get("output_config") or {}).get("effort")
+
+
+def _check_effort(body, _memory):
+    """output_config.effort: a known level, and one the model accepts (§3.3a)."""
+    effort = _effort(body)
+    if effort is None:
+        return None
+    if effort not in ALL_EFFORTS:
+        return "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'"
+    levels = next((levels for prefix, levels in EFFORT_LEVELS if body["model"].startswith(prefix)), ALL_EFFORTS)
+    if levels is None:
+        return EFFORT_REFUSED
+    if effort not in levels:
+        return f"output_config.effort: '{effort}' is not supported for this model."   # wording not documented
     return None
 
 
@@ -509,6 +549,14 @@ def _finalize(content, new_tool_id):
     return final
 
 
+def _omitted(block):
+    """A thinking block as display "omitted" sends it: no text; a self-verifying signature stays one."""
+    signature = block["signature"]
+    if signature == auto_signature(block["thinking"]):
+        signature = auto_signature("")
+    return dict(block, thinking="", signature=signature)
+
+
 def _pieces(s, chunk):
     return [s[k:k + chunk] for k in range(0, len(s), max(1, chunk))]
 
@@ -532,7 +580,8 @@ def _block_stream(block, chunk):
 def sse_events(message, chunk=DEFAULT_CHUNK):
     """The (event name, data) sequence that streams a complete Message dict."""
     usage = message["usage"]
-    head = dict(message, content=[], stop_reason=None, stop_sequence=None, usage=dict(usage, output_tokens=1))
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens_details"}
+    head = dict(message, content=[], stop_reason=None, stop_sequence=None, usage=dict(start_usage, output_tokens=1))
     events = [("message_start", {"type": "message_start", "message": head}), ("ping", {"type": "ping"})]
     for index, block in enumerate(message["content"]):
         start, deltas = _block_stream(block, chunk)
@@ -644,6 +693,12 @@ class FakeAnthropic:
                            err.get("message", ""), err.get("headers", {}), rejection=False)
         content = _finalize(item.get("content", []), lambda: self.new_id("toolu_fake"))
         usage["output_tokens"] = max(1, len(_canonical(content)) // 4)
+        thoughts = [b["thinking"] for b in content if b["type"] == "thinking"]
+        if thoughts:   # the part of output_tokens that was thinking (§5.1)
+            usage["output_tokens_details"] = {"thinking_tokens": min(usage["output_tokens"],
+                                                                    max(1, len("".join(thoughts)) // 4))}
+        if (body.get("thinking") or {}).get("display") == "omitted":   # a signature only (§2.4)
+            content = [_omitted(b) if b["type"] == "thinking" else b for b in content]
         usage.update(item.get("usage", {}))
         stop = item.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
         message = {"id": self.new_id("msg_fake"), "type": "message", "role": "assistant", "model": body["model"],

@@ -175,7 +175,7 @@ def test_requests_are_byte_stable_across_a_session(tmp_path):
     dump = lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":"))
     for request in requests:
         assert dump(request["system"]) == dump(first["system"]) and dump(request["tools"]) == dump(first["tools"])
-        assert set(request) == {"model", "max_tokens", "system", "tools", "messages"}
+        assert set(request) == {"model", "max_tokens", "system", "tools", "messages", "thinking"}
     for before, after in zip(requests, requests[1:]):
         old, new = before["messages"], after["messages"]
         assert stable(new[:len(old) - 1]) == stable(old[:-1])

@@ -206,8 +206,10 @@ def test_thinking_blocks_go_back_byte_exact_with_their_signatures(khaelor, fake)
     result = khaelor.run("-p", "look", "--yes")
     assert result.returncode == 0, result.stderr
     assert_no_rejections(fake)
+    # text output shows no thinking, so it is asked for omitted: a signature alone comes back, and goes back
+    assert fake.requests[0]["body"]["thinking"] == {"type": "adaptive", "display": "omitted"}
     replayed = fake.requests[1]["body"]["messages"][1]["content"]
-    assert replayed[:2] == [{"type": "thinking", "thinking": "Let me check the files.", "signature": "sig-abc=="},
+    assert replayed[:2] == [{"type": "thinking", "thinking": "", "signature": "sig-abc=="},
                             {"type": "redacted_thinking", "data": "EmwKopaque"}]
 
 

@@ -40,7 +40,9 @@ def test_stream_yields_plain_wire_dicts_and_usage_comes_from_the_api():
         if e["type"] in ("message_start", "message_delta"):
             usage = model.merge_usage(usage, e)
     assert usage["output_tokens"] == 42
-    assert set(usage) == {"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"}
+    assert set(usage) == {"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                          "thinking_tokens"}
+    assert 0 < usage["thinking_tokens"] <= usage["output_tokens"], "part of the output, never on top"
 
 
 def test_retry_after_is_honoured_and_each_retry_is_reported():

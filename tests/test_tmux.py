@@ -610,3 +610,28 @@ def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command
     term = terminal([reply(text("hi"))])
     screen = " ".join(term.wait_for("khaelor trust").split())      # the notice wraps at the pane's width
     assert "would grant 1 permission" in screen and screen.count("khaelor trust") == 1
+
+
+def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was(terminal):
+    thought = "First read the file. " + " ".join(f"step{k}" for k in range(40))
+    term = terminal([reply({"type": "thinking", "thinking": thought}, text("Answer ready."), chunk=8, delay=0.06)],
+                    width=80)
+    term.type("think first")
+    term.keys("Enter")
+    screen = term.wait_for("✻ Thinking · ")
+    assert sum("Thinking" in row for row in screen.splitlines()) == 1 and "step0 " not in screen
+    term.keys("C-o")
+    term.wait_for("ctrl+o closes")
+    screen = term.wait_for("step3 ")
+    assert "First read the file." in screen, "opened: the thinking so far, wrapped"
+    screen = term.wait_for("Answer ready.")
+    rows = [row for row in screen.splitlines() if "Thinking" in row]
+    assert len(rows) == 1 and rows[0].startswith("✻ Thinking · ") and "First read the file." in rows[0]
+    assert "step39" not in screen, "it settles collapsed"
+    assert term.requests()[0]["body"]["thinking"] == {"type": "adaptive", "display": "summarized"}
+    term.wait_for("Ask anything")                   # the turn has ended
+    term.keys("C-d")
+    term.wait_for("EXITED 0")
+    again = terminal([], args="-c", width=80)
+    screen = again.wait_for("Answer ready.")
+    assert [row for row in screen.splitlines() if "Thinking" in row] == rows, "replayed as it was shown live"

@@ -414,6 +414,76 @@ def test_thinking_collapses_to_one_dim_line():
                      "✻ Thinking · (redacted)"]
 
 
+THOUGHT = "First read the file. " + " ".join(f"step{k}" for k in range(60))
+
+
+def screen_rows(screen):
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    return [row for row in history + [r.rstrip() for r in screen.display] if row.strip()]
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_thinking_streams_collapsed_opens_with_ctrl_o_and_settles_collapsed(width):
+    app = ui.App(FakeController(busy=True), style=COLOR, width=width, height=30)
+    screen = pyte.HistoryScreen(width, 30, history=500)
+    stream = pyte.ByteStream(screen)
+    app.on_event(event("UserMessageCreated", text="fix it"))
+    app.on_event(event("ModelStarted", model="claude-sonnet-5-5"))
+    app.on_event(event("ThinkingDelta", text=""))
+    started = time.monotonic()
+    app.on_event(event("ThinkingDelta", text=THOUGHT))
+    stream.feed(app.render(started + 4.2))
+    rows = screen_rows(screen)
+    thinking = [row for row in rows if "Thinking" in row]
+    assert len(thinking) == 1 and thinking[0].startswith("✻ Thinking · 4s")
+    assert "step0 " not in text_of(screen), "collapsed: only the live tail shows"
+    if width >= 100:
+        assert "step59" in thinking[0] and "ctrl+o opens" in thinking[0]
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(started + 5.3))
+    opened = text_of(screen)
+    assert "✻ Thinking · 5s · ctrl+o closes" in opened and "step59" in opened
+    assert all(len(row) <= width for row in screen_rows(screen))
+    app.on_event(event("ModelThinkingBlockCompleted", thinking=THOUGHT, signature="sig",
+                       duration_ms=5400))
+    app.on_event(event("ModelTextBlockCompleted", text="Done."))
+    stream.feed(app.render(started + 6))
+    rows = screen_rows(screen)
+    settled = [row for row in rows if "Thinking" in row]
+    assert len(settled) == 1 and settled[0].startswith("✻ Thinking · 5s · First read the file.")
+    assert "step59" not in text_of(screen), "kept collapsed in the scrollback"
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(started + 7))
+    whole = "\n".join(screen_rows(screen))
+    assert "step0" in whole and "step59" in whole, "Ctrl-O prints the settled thinking whole"
+
+
+def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_time():
+    lines = ui.render_transcript([
+        event("UserMessageCreated", text="fix it"),
+        event("ModelThinkingBlockCompleted", thinking="Read it first.", signature="s", duration_ms=4200),
+        event("ModelThinkingBlockCompleted", thinking="", signature="s2", duration_ms=900),
+        event("ThinkingChanged", effort="high"),
+    ], 80, False)
+    assert "✻ Thinking · 4s · Read it first." in lines
+    assert "✻ Thinking · 1s" in lines
+    assert "◇ effort high from the next message" in lines
+
+
+def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
+    status = {"model": "claude-opus-5-5", "tokens": 12_345, "thinking_tokens": 4_100, "cost": 0.4,
+              "reasoning": "effort high"}
+    line = ui.render_status_line(status, "", "", 120, MONO)
+    assert "12.3k tok (4.1k thinking)" in line and "effort high" in line
+
+
+def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
+    lines = ui.render_transcript([event("UserMessageCreated", text="q"),
+                                  event("TextCheckpoint", index=1, text="Answer r"),
+                                  event("TextCheckpoint", index=1, text="eady."), event("Interrupted")], 80)
+    assert "Answer ready." in lines
+
+
 def test_conversation_errors_and_steering_read_as_plain_words():
     text = timeline_text([
         event("UserMessageCreated", text="fix the bug"),
@@ -696,6 +766,20 @@ def test_slash_commands_complete_from_the_callers_list():
     exact.set_text("/help")
     assert exact.menu == ["/help", "/helpful"]
     assert exact.handle(K("enter")) == "/help"               # an exact command stays itself
+
+
+def test_a_command_with_choices_offers_them_as_a_picker_once_its_name_is_typed():
+    c = ui.Composer(commands=lambda: ["/effort"], choices={"/effort": ["low", "medium", "high"]})
+    c.handle(K("text", "/effort"))
+    assert c.menu == []
+    c.handle(K("text", " "))
+    assert c.menu == ["/effort low", "/effort medium", "/effort high"]
+    c.handle(K("down"))
+    assert c.handle(K("enter")) == "/effort medium"
+    c.set_text("/effort h")
+    assert c.menu == ["/effort high"]
+    c.set_text("/effort high")
+    assert c.menu == [] and c.handle(K("enter")) == "/effort high"
 
 
 def test_mentions_rank_fuzzy_matches_by_recency():
