@@ -4,6 +4,7 @@ ran: a marker file, a listener the test holds, a temp HOME."""
 import json
 import os
 import pty
+import shutil
 import socket
 import subprocess
 import sys
@@ -213,13 +214,17 @@ def test_the_connect_supervisor_lets_only_loopback_through():
 def test_ordinary_work_keeps_working_in_an_approved_sandbox(project, env):
     (project / "Makefile").write_text("all:\n\techo built > out.txt\n")
     (project / "test_x.py").write_text("def test_x():\n    assert 1 + 1 == 2\n")
+    (project / "package.json").write_text('{"name": "p", "scripts": {"test": "node check.js"}}')
+    (project / "check.js").write_text('console.log("node says " + (1 + 1))\n')
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    npm = "npm test && " if shutil.which("npm") or os.environ.get("KHAELOR_CI") else ""
     code, out = sandboxed(project, env, "--write", "sh", "-c",
                           f"make -s && {sys.executable} -m pytest -q -p no:cacheprovider -n 0 test_x.py && "
-                          "git add -A && git -c user.name=u -c user.email=u@x commit -qm one && "
+                          f"{npm}git add -A && git -c user.name=u -c user.email=u@x commit -qm one && "
                           "git log --oneline | wc -l")
     assert code == 0, out
     assert (project / "out.txt").read_text() == "built\n" and "1 passed" in out
+    assert not npm or "node says 2" in out
 
 
 # ---------------------------------------------------------------- the guard: no persistence in the project
