@@ -395,12 +395,14 @@ class StreamReducer:
 # ---------------------------------------------------------------- the loop
 
 def _unattended(decision: permissions.Decision) -> permissions.Decision:
-    """What --yes approves: the decision, without the network unless every program of the line
-    is known to need it (see permissions._confine)."""
+    """What --yes approves (see permissions._confine): project writes; the network only when
+    every program of the line is known to need it; outside the project only an install's places."""
     confine = decision.confine
-    if not confine or not confine["network"] or confine.get("unattended_network"):
+    if not confine:
         return decision
-    return replace(decision, confine={**confine, "network": False})
+    network = confine["network"] and confine.get("unattended_network", True)
+    paths = confine.get("unattended_paths", confine["paths"])
+    return replace(decision, confine={**confine, "network": network, "paths": paths})
 
 
 class Kernel:

@@ -1393,15 +1393,20 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
         if outside and request.path:
             paths.add(request.path)
     network = [r for r in requests if r.capability == "network.access"]
+    installs = []
     if any(_installer(r.core.split()) for r in network):
-        paths.update(_package_locations())
+        installs = _package_locations()
+        paths.update(installs)
     # --yes gives the network only to a line whose every program is known to need it: never to
-    # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`).
+    # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`);
+    # and of the outside paths only where an approved install puts packages: nothing outside the
+    # project can be rewound, and what it reads (a shell history) could leave with the answer.
     known = not any(r.capability == "process.execute" for r in requests)
     return {
         "write": not read_only,
         "network": bool(network),
         "unattended_network": bool(network) and known,
+        "unattended_paths": sorted(installs) if known else [],
         "paths": sorted(paths),
         "secrets": any(r.secret for r in requests),
         "hide": list(SECRET_NAMES),

@@ -1060,7 +1060,9 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
     it would need (a path, write access outside the project, network) and that the user can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine["paths"])
-    writable = [approved_target(path) or path for path in confine["paths"]]
+    targets = {os.path.realpath(path): approved_target(path) for path in confine["paths"]}
+    writable = [target for target in targets.values() if target]
+    unopened = [path for path, target in targets.items() if not target]
     if temp_dir:
         writable.append(str(temp_dir))
     if confine["write"]:
@@ -1070,13 +1072,12 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
         for match in DENIED_PATH.finditer(line):
             named = match.group(1) or match.group(2)
             path = os.path.realpath(cwd / named)
-            need = _need(path, closed, writable, project)
+            need = _need(path, closed, writable, unopened, project)
             if need:
                 needs.append(need)
-    # Landlock refuses a TCP connect with EACCES and names no path. Ports are fixed when a command starts.
-    local = ("; a local server is reachable only when it was started "
-             "with the process tool before this command, "
-             "not by this command itself")
+    # A refused connect names no path.
+    local = ("; without it, only a server on this machine's loopback that khaelor's own "
+             "processes listen on is reachable")
     maybe_network = not needs and not confine["network"]
     if maybe_network and lines and CONNECTING.search(output):
         needs.append(f"network access{local}")
@@ -1095,27 +1096,20 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
             "so that the user's permission question covers it.]")
 
 
-def _need(path: str, closed: list[str], writable: list[str], project: Path) -> str | None:
+def _need(path: str, closed: list[str], writable: list[str], unopened: list[str],
+          project: Path) -> str | None:
     """What a refused path would have needed, or None when the sandbox allowed it (the failure is another)."""
     if within(path, closed):
         return f"access to {path} (a protected location)"
     if "/dev/" in path:
         return None
-    roots = [root for root in writable if within(path, [root])]
-    if not roots:
+    if path in unopened:
+        return (f"{path} made by the user: it was approved, but it does not exist yet and its "
+                "folder holds other files, and the sandbox opens an approved path only, never "
+                "the folder around it")
+    if not any(within(path, [root]) for root in writable):
         where = ", outside the project"
         if _beneath(path, str(project)):
             where = ""
         return f"write access to {path}{where}"
-    # See _grant: rights to make names in this folder would open the
-    # protected location inside it.
-    folder = os.path.dirname(path)
-    holding = []
-    if folder in roots:
-        holding = [place for place in closed if _beneath(place, folder)]
-    if holding:
-        return (f"{path} made by the user: it was approved, "
-                "but its folder holds a protected location "
-                f"({holding[0]}), "
-                "where the sandbox cannot let a command make new names")
     return None

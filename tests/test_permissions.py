@@ -511,7 +511,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "not_read_only": "git push origin main: git push is not on the read-only list",
                       "destructive": "",
                       "confine": {"write": True, "network": True, "unattended_network": True,
-                                  "paths": [], "secrets": False,
+                                  "unattended_paths": [], "paths": [], "secrets": False,
                                   "hide": list(permissions.SECRET_NAMES)}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
