@@ -37,6 +37,7 @@ file's directory subtree ("src/api/*", or the file itself at the root); a secret
 outside the project suggests the exact path.
 """
 
+import contextvars
 import fnmatch
 import glob
 import hashlib
@@ -44,6 +45,7 @@ import json
 import os
 import posixpath
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -574,19 +576,35 @@ _OPERATORS = (
     *"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(),
     "\n",
 )
+_OPERATOR_START = frozenset("&|;<>()\n")
+# what the lexer reads in one step: characters with no meaning to it, the
+# body of $'...' and of `...` (up to their closing quote), text in "..."
+_ORDINARY = re.compile(r"[^ \t\n\\'\"`$<>&|;()]*")
+_ANSI_C_BODY = re.compile(r"(?:[^'\\]|\\.)*", re.S)
+_BACKTICK_BODY = re.compile(r"(?:[^`\\]|\\.)*", re.S)
+_DOUBLE_QUOTED = re.compile(r'[^"\\`$]*')
+_SUBSTITUTION_MARK = re.compile(r"\\.|`|\$\(", re.S)
 _SEPARATORS = frozenset((*"&& || ;; |& | & ; ( )".split(), "\n"))
 _WRITE_REDIRECTS = frozenset("> >> >| &> &>> <> >&".split())
 # paths one glob or brace argument expands to, at most
 _MAX_GLOB = 100
 # $( bash -c "eval ..." ) deeper than this is refused as unparsable
 _MAX_NESTING = 8
+# characters a line's expansions may add beyond twice its length
+_EXPANSION_ROOM = 65_536
+# A judgement that takes longer than this asks: a pathological line (300 KB
+# of nesting or quotes) must not stall the session, nor pass unjudged.
+DECIDE_BUDGET_SECONDS = 0.05
+# when the judgement running in this thread (or task) must end
+_DEADLINE = contextvars.ContextVar("deadline", default=float("inf"))
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
-# $NAME, ${NAME}, and ${NAME<operator>word} (${HOME:?}, ${X:-/}, ${IFS:0:1}).
+# $NAME, ${NAME}, and ${NAME<operator>word} (${HOME:?}, ${X:-/}, ${IFS:0:1});
+# a longer operator is left as written (bounded: each match stays short).
 _PARAMETER = re.compile(
-    r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]*)\}"
+    r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]{0,256})\}"
     r"|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))"
 )
-_BRACES = re.compile(r"\{([^{}]*,[^{}]*)\}")
+_BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
 # A fork bomb defines a function and pipes it into itself in the
 # background. Two linear scans (names are matched possessively, ++): names
 # defined as functions, NAME | NAME & uses.
@@ -595,6 +613,11 @@ _FUNCTION_DEFINITION = re.compile(
     rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
 )
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
+# (a bomb's body is short: bounded, so nested definitions stay linear)
+_FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
+# quoted strings, an unterminated one to the end (so no scan restarts)
+_QUOTED = re.compile(r"'[^']*+(?:'|\Z)|\"(?:\\.|[^\"\\])*+(?:\"|\\?\Z)",
+                     re.S)
 
 
 class PermissionConfigError(ValueError):
@@ -605,6 +628,10 @@ class PermissionConfigError(ValueError):
 class _ParseError(ValueError):
     """A bash line this parser cannot follow: it is then never allowed
     without asking."""
+
+
+class _OutOfTime(Exception):
+    """The judgement used up DECIDE_BUDGET_SECONDS: the call asks."""
 
 
 # ------------------------------------------------------------------ data types
@@ -874,8 +901,16 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
     process_command: for `process write`, the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""
-    decision = _decide(tool_name, tool_input, project_root, rules,
-                       sandboxed, process_command)
+    deadline = _DEADLINE.set(time.monotonic() + DECIDE_BUDGET_SECONDS)
+    try:
+        decision = _decide(tool_name, tool_input, project_root, rules,
+                           sandboxed, process_command)
+    except _OutOfTime:
+        decision = None
+    finally:
+        _DEADLINE.reset(deadline)
+    if decision is None:
+        decision = _out_of_time(tool_name, tool_input, rules)
     if mode == "plan" and _plan_refuses(tool_name, tool_input, decision):
         reason = ("plan mode: only tools that read run; "
                   "describe the change instead of making it")
@@ -885,6 +920,24 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
         reason = "acceptEdits mode: project files are written without asking"
         return replace(decision, action="allow", reason=reason, layer="mode")
     return decision
+
+
+def _out_of_time(tool_name: str, tool_input: dict,
+                 rules: list[Rule]) -> Decision:
+    """What a call gets when judging it took too long: a question (or a deny
+    rule's answer), never a silent run."""
+    text = str(tool_input.get("command") or tool_input.get("input") or "")
+    request = _Request("process.execute", text.strip(), None)
+    why = (f"{tool_name}: not judged within "
+           f"{DECIDE_BUDGET_SECONDS * 1000:.0f} ms")
+    return _judge(text.strip(), [request], rules, at_least="ask",
+                  not_read_only=why)
+
+
+def _on_time() -> None:
+    """Called in every loop that grows with the command's length."""
+    if time.monotonic() > _DEADLINE.get():
+        raise _OutOfTime
 
 
 def _plan_refuses(tool_name: str, tool_input: dict,
@@ -1518,6 +1571,7 @@ def _secrets_under(directory: str, include_hidden: bool,
         dirs[:] = [d for d in dirs if d != ".git"]
         if not include_hidden:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
+        _on_time()
         for name in files + (dirs if follows else []):
             seen += 1
             path = os.path.join(parent, name)
@@ -1558,7 +1612,10 @@ def _decide_bash(command: str, workdir: str, root: str,
         return _unparsable(command, cwd, home, rules, why)
     not_read_only = ""
     destructive = ""
-    for part in line.parts:
+    writing = []
+    # (the same command twice asks the same things)
+    for part in dict.fromkeys(line.parts):
+        _on_time()
         problem = _not_read_only(part, root)
         if problem and not not_read_only:
             not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
@@ -1567,6 +1624,7 @@ def _decide_bash(command: str, workdir: str, root: str,
         if problem is None:
             only_redirected = True
         else:
+            writing.append(part)
             unredirected = part._replace(redirects=())
             only_redirected = _not_read_only(unredirected, root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
@@ -1577,7 +1635,7 @@ def _decide_bash(command: str, workdir: str, root: str,
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
-    floor = line.floor or _state_write(line.parts, root)
+    floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
                   read_only=not not_read_only, not_read_only=not_read_only,
                   destructive=destructive)
@@ -1590,6 +1648,7 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
     without asking."""
     floor = _fork_bomb(command)
     for text in re.split(r"[\n;&|()]+", command):
+        _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
         words = []
@@ -1838,13 +1897,26 @@ def _word_requests(word: str, cwd: str, root: str, capability: str,
     paths = [word]
     if any(ch in word for ch in "*?["):
         pattern = os.path.join(cwd, os.path.expanduser(_bash_glob(word)))
-        matches = sorted(glob.glob(pattern))[:_MAX_GLOB]
-        if matches:
-            paths = matches
+        matches = _glob(pattern)
+        if matches is None:
+            # too many to vouch for each
+            return [_Request("filesystem.outsideProject", word, None)]
+        paths = matches or paths
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
         return requests
     return [r._replace(suggestion=None) for r in requests]
+
+
+def _glob(pattern: str, root_dir: str | None = None) -> list[str] | None:
+    """The paths pattern matches, sorted; None when more than _MAX_GLOB."""
+    found = []
+    for path in glob.iglob(pattern, root_dir=root_dir):
+        _on_time()
+        found.append(path)
+        if len(found) > _MAX_GLOB:
+            return None
+    return sorted(found)
 
 
 def _recursive_secrets(part: _Part) -> list[str]:
@@ -1862,7 +1934,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     targets = []
     for word in paths:
         pattern = os.path.join(part.cwd, _bash_glob(word))
-        matches = glob.glob(pattern) or [os.path.join(part.cwd, word)]
+        matches = _glob(pattern) or [os.path.join(part.cwd, word)]
         for match in matches:
             if os.path.isdir(match):
                 targets.append(match)
@@ -2340,13 +2412,11 @@ def _recursive_rm(args: tuple[str, ...]) -> bool:
     return False
 
 
-def _state_write(parts: list[_Part], root: str) -> str | None:
+def _state_write(writing: list[_Part]) -> str | None:
     """A command that is not provably read-only naming a path in khaelor's own
     state: cp, mv, tee, sed -i, install, ln, rsync, dd of=, git checkout --, a
     script given the path ..."""
-    for part in parts:
-        if _not_read_only(part, root) is None:
-            continue
+    for part in writing:
         for word in _path_arguments(part.core):
             path = _word_path(word, part.cwd)
             why = _protected(path) if path else None
@@ -2365,21 +2435,21 @@ def _word_path(word: str, cwd: str) -> str:
 # ---------------------------------------------------- bash: the hardline floor
 
 def _fork_bomb(command: str) -> str | None:
-    unquoted = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "''", command)
-    defined = {m["n"] or m["f"]
-               for m in _FUNCTION_DEFINITION.finditer(unquoted)}
-    bombs = [m["n"] for m in _SELF_PIPE.finditer(unquoted)
-             if m["n"] in defined]
-    # f(){ f & f; }: it calls itself twice, once in the background
-    for name in defined:
-        quoted_name = re.escape(name)
-        definition = rf"{quoted_name}\s*\(\s*\)\s*\{{(.*?)\}}"
-        body = re.search(definition, unquoted, re.S)
-        if not body:
-            continue
-        calls = re.findall(rf"(?<![\w-]){quoted_name}(?![\w-])", body[1])
-        if len(calls) >= 2 and "&" in body[1]:
+    unquoted = _QUOTED.sub("''", command)
+    defined = set()
+    bombs = []
+    for definition in _FUNCTION_DEFINITION.finditer(unquoted):
+        _on_time()
+        name = definition["n"] or definition["f"]
+        defined.add(name)
+        body = _FUNCTION_BODY.match(unquoted, definition.end())
+        body = body[1] if body else ""
+        calls = re.findall(rf"(?<![\w-]){re.escape(name)}(?![\w-])", body)
+        # f(){ f & f; }: it calls itself twice, once in the background
+        if len(calls) >= 2 and "&" in body:
             bombs.append(name)
+    bombs += [m["n"] for m in _SELF_PIPE.finditer(unquoted)
+              if m["n"] in defined]
     if bombs:
         return f"fork bomb ({bombs[0]})"
     return None
@@ -2673,13 +2743,20 @@ class _ShellLine:
         self.unfollowed: str | None = None
         # the working directories the line may run in
         self.visited: list[str] = [cwd]
+        # characters expansions may still add: A=xx; A+=$A; A+=$A ... doubles
+        self.room = 2 * len(command) + _EXPANSION_ROOM
         self._parse(command, cwd, 0)
+
+    def _spend(self, text_length: int) -> None:
+        self.room -= text_length
+        if self.room < 0:
+            raise _ParseError("it expands to far more text than it holds")
 
     def _parse(self, command: str, cwd: str, depth: int) -> None:
         if depth > _MAX_NESTING:
             raise _ParseError("nested too deeply")
         self.floor = self.floor or _fork_bomb(command)
-        tokens = _lex(command)
+        tokens, _ = _lex(command)
         segments = _segments(tokens)
         has_operator = any(k == "op" and v != "\n" for k, v in tokens)
         self.compound |= len(segments) > 1 or has_operator
@@ -2688,6 +2765,7 @@ class _ShellLine:
         # what the previous command printed, when known, if it is piped here
         piped: str | None = None
         for words, redirects, after_pipe in segments:
+            _on_time()
             redirect_targets = [target for _, target in redirects]
             for pieces in [*words, *redirect_targets]:
                 for kind, value in pieces:
@@ -2797,6 +2875,7 @@ class _ShellLine:
             if _BRACES.search(pieces[0][1]):
                 words = []
                 for word in _brace_expand(pieces[0][1]):
+                    self._spend(len(word))
                     words += self._expand([("raw", word)], env)
                 return words
         # A="x y" and A=$B are not word-split
@@ -2812,7 +2891,7 @@ class _ShellLine:
                     text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)",
                                   lambda m: (m[1] or "") + self.home, text)
                 chunks.append(self._substitute(text, env, split))
-            elif kind in ("dq", "lit", "arith"):
+            elif kind in ("dq", "lit", "arith", "locale"):
                 quoted = True
                 if kind == "dq":
                     text = self._substitute(text, env, False)
@@ -2822,6 +2901,7 @@ class _ShellLine:
                 # echo/printf
                 output = self._static_output(text, env)
                 quoted |= kind == "dqsub"
+                self._spend(len(output or ""))
                 if output is None:
                     chunks.append(f"$({text})")
                 elif kind == "sub" and split:
@@ -2842,6 +2922,7 @@ class _ShellLine:
             found = self._parameter(name, match["op"] or "", env)
             if found is None:
                 return match[0]
+            self._spend(len(found))
             if found == "\0":
                 return "\0" if split else " "
             return re.sub(r"\s+", "\0", found) if split else found
@@ -2872,7 +2953,7 @@ class _ShellLine:
 
     def _static_output(self, inner: str, env: dict) -> str | None:
         try:
-            segments = _segments(_lex(inner))
+            segments = _segments(_lex(inner)[0])
         except _ParseError:
             return None
         if len(segments) != 1 or segments[0][1]:
@@ -2931,6 +3012,7 @@ def _printed(words: list[str]) -> str | None:
 
 
 _EXPANSION = re.compile(r"\$[\w{(@*#?$!-]")
+_BRACE_MARKS = re.compile(r"[{},]|\.\.")
 
 
 def _unliteral(words: list, cwd: str) -> str | None:
@@ -2943,19 +3025,40 @@ def _unliteral(words: list, cwd: str) -> str | None:
                 return "it runs a command substitution"
             if kind == "arith":
                 return "it uses arithmetic expansion"
+            if kind == "locale":
+                return 'it uses a $"..." string, which the locale translates'
             if kind in ("raw", "dq") and _EXPANSION.search(text):
                 return "it expands a variable"
-            if kind == "raw" and _BRACES.search(text):
-                return "it uses brace expansion"
-            if kind == "raw" and re.search(r"\[.*\]", text):
-                return ("it uses a bracket glob, which bash and this check "
-                        "may read differently")
             if kind == "raw" and index == 0 and re.match(r"~[^/]", text):
                 return "it uses ~user expansion"
+        # what bash sees unquoted: quoted text cannot open a brace or bracket
+        unquoted = "".join(t if k == "raw" else "_" for k, t in pieces)
+        if _brace_expansion(unquoted):
+            return "it uses brace expansion"
+        opening = unquoted.find("[")
+        if opening >= 0 and "]" in unquoted[opening:]:
+            return ("it uses a bracket glob, which bash and this check "
+                    "may read differently")
         problem = _glob_into_option(pieces, cwd)
         if problem:
             return problem
     return None
+
+
+def _brace_expansion(unquoted: str) -> bool:
+    """Whether bash brace-expands this: a {...} holding a comma or a sequence
+    (..) at its own level, however deep ({a,b}, {1..3}, x{a,{b}}). One pass,
+    with a stack of the braces still open."""
+    separated = []
+    for mark in _BRACE_MARKS.finditer(unquoted):
+        _on_time()
+        if mark[0] == "{":
+            separated.append(False)
+        elif mark[0] != "}" and separated:
+            separated[-1] = True
+        elif mark[0] == "}" and separated and separated.pop():
+            return True
+    return False
 
 
 def _glob_into_option(pieces: list, cwd: str) -> str | None:
@@ -2970,11 +3073,12 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
             parts.append(_bash_glob(text))
         else:
             parts.append(glob.escape(text))
-    pattern = "".join(parts)
     try:
-        matches = glob.glob(pattern, root_dir=cwd)[:_MAX_GLOB]
+        matches = _glob("".join(parts), root_dir=cwd)
     except (OSError, ValueError):
         return "a glob could not be expanded"
+    if matches is None:
+        return f"a glob matches more than {_MAX_GLOB} paths"
     for match in matches:
         if match.startswith("-"):
             return f"a glob expands to an option ({match})"
@@ -3009,19 +3113,22 @@ def _segments(tokens: list) -> list[tuple[list, list, bool]]:
     return [s for s in segments if s[0] or s[1]]
 
 
-def _lex(text: str) -> list:
-    """Tokens ("op", operator) and ("word", pieces); a piece is (kind,
-    text), kind one of raw (unquoted), dq (double-quoted), lit
-    (single-quoted or escaped), arith (an arithmetic expansion's text), sub
-    and dqsub (the source of a command substitution). A heredoc body becomes
-    its `<<` word's content."""
+def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
+    """(tokens, the index after them): ("op", operator) and ("word",
+    pieces); a piece is (kind, text), kind one of raw (unquoted), dq
+    (double-quoted), lit (single-quoted or escaped), locale (the mark of a
+    $"..." string), arith (an arithmetic expansion's text), sub and dqsub
+    (the source of a command substitution). A heredoc body becomes its `<<`
+    word's content. closing: the body of a $( ), ended by its unmatched ")"
+    just as bash ends it (comments and heredocs included)."""
     tokens = []
     pieces = []
     raw = []
     heredocs = []
     # set after << until its delimiter word is read
     delimiter_op = None
-    i = 0
+    # ( opened inside a $( ) body and not yet closed
+    depth = 0
     n = len(text)
 
     def piece(kind, value):
@@ -3046,6 +3153,7 @@ def _lex(text: str) -> list:
             pieces.clear()
 
     while i < n:
+        _on_time()
         c = text[i]
         at_word_start = not pieces and not raw
         # <(cmd) and >(cmd) starting a word are process substitutions
@@ -3058,19 +3166,13 @@ def _lex(text: str) -> list:
                 piece("lit", text[i + 1:i + 2])
             i += 2
         elif c == "'" or text.startswith("$'", i):
-            # '...' is literal; $'...' decodes backslash escapes
-            ansi_c = c == "$"
-            start = i + 1 + ansi_c
-            end = start
-            while end < n and text[end] != "'":
-                end += 2 if ansi_c and text[end] == "\\" else 1
-            if end >= n:
-                raise _ParseError("unterminated quote")
-            body = text[start:end]
-            piece("lit", _ansi_c(body) if ansi_c else body)
-            i = end + 1
-        elif c == '"':
-            i = _lex_double(text, i + 1, piece)
+            i = _lex_single(text, i, piece)
+        elif c == '"' or text.startswith('$"', i):
+            if c == "$":
+                # $"..." is looked up in the locale's message catalogue
+                # (TEXTDOMAIN): it may stand for any text
+                piece("locale", "")
+            i = _lex_double(text, i + 1 + (c == "$"), piece)
         elif c == "`" or text.startswith("$(", i) or process_substitution:
             i, literal, commands = _substitution(text, i)
             piece("arith" if literal else None, literal)
@@ -3088,25 +3190,58 @@ def _lex(text: str) -> list:
         elif c in " \t":
             end_word()
             i += 1
-        else:
-            op = next((o for o in _OPERATORS if text.startswith(o, i)), None)
-            if op is None:
-                raw.append(c)
-                i += 1
-                continue
-            if c in "<>" and not pieces and _is_number("".join(raw)):
-                # the descriptor number in 2> and 0< does not matter here
-                raw.clear()
+        elif c in _OPERATOR_START:
+            op = next(o for o in _OPERATORS if text.startswith(o, i))
+            if op not in _SEPARATORS:
+                _redirection_word(pieces, raw, op)
             end_word()
-            tokens.append(("op", op))
             i += len(op)
+            depth += (op == "(") - (op == ")")
+            if closing and depth < 0:
+                return tokens, i
+            tokens.append(("op", op))
             if op in ("<<", "<<-"):
                 delimiter_op = op
             elif op == "\n" and heredocs:
                 i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
+        else:
+            # a run of characters that mean nothing special here
+            end = _ORDINARY.match(text, i + 1).end()
+            raw.append(text[i:end])
+            i = end
+    if closing:
+        raise _ParseError("unbalanced parenthesis")
     end_word()
-    return tokens
+    return tokens, i
+
+
+def _redirection_word(pieces: list, raw: list, op: str) -> None:
+    """The word written right before a redirection: a descriptor number (2>)
+    is dropped; {name}> makes bash store a new descriptor's number in the
+    variable name (`{PATH}<<<x` sets PATH to 10), which is not followed."""
+    head = "".join(text for _, text in pieces) + "".join(raw)
+    if head.startswith("{") and head.endswith("}"):
+        raise _ParseError(f"{head}{op} assigns a descriptor number to "
+                          "a variable")
+    if op[0] in "<>" and not pieces and _is_number(head):
+        raw.clear()
+
+
+def _lex_single(text: str, i: int, piece) -> int:
+    """Lex '...' (literal) or $'...' (backslash escapes decoded) at i; return
+    the index after it."""
+    ansi_c = text[i] == "$"
+    start = i + 1 + ansi_c
+    if ansi_c:
+        end = _ANSI_C_BODY.match(text, start).end()
+    else:
+        end = text.find("'", start)
+    if text[end:end + 1] != "'":
+        raise _ParseError("unterminated quote")
+    body = text[start:end]
+    piece("lit", _ansi_c(body) if ansi_c else body)
+    return end + 1
 
 
 def _lex_double(text: str, i: int, piece) -> int:
@@ -3122,6 +3257,7 @@ def _lex_double(text: str, i: int, piece) -> int:
             piece(kind, value)
 
     while i < len(text):
+        _on_time()
         c = text[i]
         if c == '"':
             flush()
@@ -3137,8 +3273,9 @@ def _lex_double(text: str, i: int, piece) -> int:
             for command in commands:
                 flush("dqsub", command)
         else:
-            buf.append(c)
-            i += 1
+            end = _DOUBLE_QUOTED.match(text, i + 1).end()
+            buf.append(text[i:end])
+            i = end
     raise _ParseError("unterminated double quote")
 
 
@@ -3147,23 +3284,24 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
     arithmetic, the commands it runs). Arithmetic is data, except the
     substitutions inside it."""
     if text[i] == "`":
-        end = i + 1
-        while end < len(text) and text[end] != "`":
-            end += 2 if text[end] == "\\" else 1
-        if end >= len(text):
+        end = _BACKTICK_BODY.match(text, i + 1).end()
+        if text[end:end + 1] != "`":
             raise _ParseError("unterminated backtick")
         return end + 1, None, [re.sub(r"\\([`$\\\"])", r"\1", text[i + 1:end])]
-    end = _balanced(text, i + 1)
     if text.startswith("$((", i):
+        end = _balanced(text, i + 1)
         return end, text[i:end], _nested_subs(text[i + 3:end - 2])
-    return end, None, [text[i + 2:end - 1]]
+    start = i + 2
+    _, end = _lex(text, start, closing=True)
+    return end, None, [text[start:end - 1]]
 
 
 def _balanced(text: str, i: int) -> int:
-    """text[i] is "("; return the index just after its matching ")", skipping
-    quotes."""
+    """text[i] is the "(" of an arithmetic expansion; return the index just
+    after its matching ")", skipping quotes."""
     depth = 0
     while i < len(text):
+        _on_time()
         c = text[i]
         if c == "\\":
             i += 1
@@ -3216,15 +3354,15 @@ def _nested_subs(text: str) -> list[str]:
     """The $( ) and backtick commands in text that quotes do not protect
     (heredoc bodies, arithmetic)."""
     found, i = [], 0
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-        elif text[i] == "`" or text.startswith("$(", i):
-            i, _, commands = _substitution(text, i)
+    while True:
+        _on_time()
+        mark = _SUBSTITUTION_MARK.search(text, i)
+        if mark is None:
+            return found
+        i = mark.end()
+        if mark[0][0] != "\\":
+            i, _, commands = _substitution(text, mark.start())
             found += commands
-        else:
-            i += 1
-    return found
 
 
 def _ansi_c(body: str) -> str:
@@ -3236,6 +3374,7 @@ def _ansi_c(body: str) -> str:
     }
 
     def decode(match):
+        _on_time()
         code = match[1]
         if code[0] in "xuU":
             value = int(code[1:], 16)
