@@ -448,6 +448,15 @@ _GIT_MODIFY = frozenset("""
     write-tree commit-tree read-tree mktag mktree pack-refs repack fsck
     maintenance
 """.split())
+# git's other commands in common use. An alias cannot take a built-in
+# command's name, so a name in none of these tables may be an alias.
+_GIT_BUILTINS = frozenset("""
+    help rev-list for-each-ref format-patch cherry range-diff whatchanged
+    check-ignore check-attr name-rev show-branch verify-commit verify-tag
+    difftool mergetool bundle rerere annotate diff-tree var
+""".split())
+# config keys that define commands for later: aliases, included files
+_GIT_ALIASING = ("alias.", "include")
 _GIT_GLOBAL_WITH_VALUE = frozenset((
     "-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env",
     "--exec-path", "--super-prefix",
@@ -1845,6 +1854,13 @@ def _classify_git(args: tuple[str, ...]) -> str:
     return "process.execute"
 
 
+def _git_builtin(sub: str) -> bool:
+    """A git command this policy knows by name: not an alias."""
+    tables = (GIT_READ_ONLY, GIT_READ_FORMS, _GIT_MODIFY, _GIT_NETWORK,
+              _GIT_BUILTINS)
+    return any(sub in table for table in tables)
+
+
 def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
     if sub in _GIT_NETWORK:
         return True
@@ -1855,26 +1871,43 @@ def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
     return sub == "submodule" and first in ("update", "add", "sync", "foreach")
 
 
+def _gives_pattern(option: str) -> bool:
+    """Whether this option word may hold or name grep's pattern (sed's, awk's
+    or jq's program): -e P, -ex, -fFILE, --reg=P, --file F. The first operand
+    is then a file."""
+    if option.startswith("--"):
+        return _abbreviates(option, "regexp", "file", "expression",
+                            "from-file", "source")
+    return bool(_short_flags(option) & {"e", "f"})
+
+
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
-    """Arguments that may name files: positionals, and the values of name=value
-    words."""
+    """Arguments that may name files: operands, and option values."""
     if not core or core[0] in ("echo", "printf"):
         return []
-    positional = [a for a in core[1:] if not a.startswith("-")]
-    pattern_option = set(core) & {"-e", "-f", "--regexp", "--file"}
-    if core[0] in _PATTERN_FIRST and not pattern_option:
-        positional = positional[1:]
+    options, operands = _operands(core)
     # --output=/x, of=/dev/x
     values = [a.partition("=")[2] for a in core[1:] if "=" in a]
-    # -m.env, -f~/.cargo/credentials: a value attached to a short option can
-    # name a file too
+    # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a
+    # short option can name a file too, after any of the cluster's letters
     attached = []
-    for arg in core[1:]:
-        short_option = arg[:1] == "-" and arg[1:2] != "-"
-        if short_option and re.search(r"[./~]", arg[2:]):
-            attached.append(arg[2:])
-    words = positional + values + attached
+    for arg in options:
+        if arg[1:2] != "-":
+            attached += [arg[k:] for k in range(2, min(len(arg), 10))]
+    words = operands + values + attached
     return [w for w in words if w and w not in _SAFE_DEVICES]
+
+
+def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(option words, operands): after --, every word is an operand (grep --
+    -x .env reads .env); a pattern-first program's pattern is left out."""
+    args = core[1:]
+    end = args.index("--") if "--" in args else len(args)
+    options = [a for a in args[:end] if a[:1] == "-" and a != "-"]
+    operands = [a for a in args[:end] if a[:1] != "-"] + [*args[end + 1:]]
+    if core[0] in _PATTERN_FIRST and not any(map(_gives_pattern, options)):
+        operands = operands[1:]
+    return options, operands
 
 
 _POSIX_CLASSES = {
@@ -1946,7 +1979,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     recursive, follows, hidden = _search_shape(name, core[1:])
     if not recursive:
         return []
-    paths = _path_arguments(core)
+    options, paths = _operands(core)
     targets = []
     for word in paths:
         pattern = os.path.join(part.cwd, _bash_glob(word))
@@ -1954,9 +1987,11 @@ def _recursive_secrets(part: _Part) -> list[str]:
         for match in matches:
             if os.path.isdir(match):
                 targets.append(match)
-    if name != "diff" and not paths:
-        # grep -r PATTERN and rg PATTERN search the working directory
-        targets = [part.cwd]
+    # grep -r PATTERN and rg PATTERN search the working directory; so may
+    # rg -g*.ref WORD, where WORD may be the pattern or a file
+    lone = len(paths) == 1 and any(map(_gives_pattern, options))
+    if name != "diff" and (not paths or lone):
+        targets.append(part.cwd)
     found = []
     for target in targets:
         found += _secrets_under(target, hidden, follows)
@@ -1968,9 +2003,6 @@ def _search_shape(name: str,
     """(recurses, follows symlinks, reads hidden files) for grep, rg or diff,
     reading options as the program does: abbreviations (--rec), -d recurse,
     --directories=recurse, -uu."""
-    longs = READ_ONLY.get(name, ("", ""))[1].split()
-    longs += ["recursive", "dereference-recursive", "directories=",
-              "follow", "hidden", "unrestricted", "no-ignore"]
     # rg recurses by default and skips hidden files; grep -r and diff -r
     # read them
     recursive = name == "rg"
@@ -1980,14 +2012,15 @@ def _search_shape(name: str,
     for k, arg in enumerate(args):
         value = args[k + 1] if k + 1 < len(args) else ""
         if arg.startswith("--"):
-            option, has_value, given = arg[2:].partition("=")
-            full = (_long_option(option, longs) or option).rstrip("=")
+            _, has_value, given = arg.partition("=")
             directories = given if has_value else value
-            recursive |= full in ("recursive", "dereference-recursive")
-            recursive |= full == "directories" and directories == "recurse"
-            follows |= full in ("dereference-recursive", "follow")
-            hidden |= full in ("hidden", "unrestricted") and name == "rg"
-            unrestricted += full == "unrestricted"
+            recursive |= _abbreviates(arg, "recursive",
+                                      "dereference-recursive")
+            recursive |= (_abbreviates(arg, "directories")
+                          and directories == "recurse")
+            follows |= _abbreviates(arg, "dereference-recursive", "follow")
+            hidden |= _abbreviates(arg, "hidden", "unrestricted")
+            unrestricted += _abbreviates(arg, "unrestricted")
         elif arg.startswith("-") and len(arg) > 1:
             letters = arg[1:]
             if name != "rg":
@@ -2077,9 +2110,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if name == "find":
         return _find_problem(args)
     if name == "cd":
-        if len(args) <= 1:
-            return None
-        return "cd takes one directory"
+        return _cd_problem(args)
     if name == "printf":
         if args and args[0].startswith("-v"):
             return "printf -v assigns a variable"
@@ -2110,6 +2141,18 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
         return "the jq program reads the environment or other files"
     if name == "sed":
         return _sed_problem(args)
+    return None
+
+
+def _cd_problem(args: tuple[str, ...]) -> str | None:
+    """cd DIR is followed; not what else cd does: options (-P resolves links
+    another way), `-` ($OLDPWD), no directory ($HOME), and a relative name
+    bash first looks up in the $CDPATH it inherits."""
+    if len(args) != 1 or args[0].startswith("-"):
+        return "cd is followed only with one directory (no option, - or none)"
+    own = args[0].startswith(("/", "./", "../")) or args[0] in (".", "..")
+    if os.environ.get("CDPATH") and not own:
+        return f"cd {args[0]} may be found through $CDPATH"
     return None
 
 
@@ -2235,20 +2278,20 @@ def _option_like(name: str, option: str, value: str) -> str:
 
 
 def _long_option(option: str, longs: list[str]) -> str | None:
-    """The listed option an abbreviation stands for: an exact name, or the only
-    one it begins."""
-    if not option:
-        return None
-    names = {}
-    for entry in longs:
-        names.setdefault(entry.rstrip("="), entry)
-    if option in names:
-        return names[option]
-    candidates = [entry for name, entry in names.items()
-                  if name.startswith(option)]
-    if len(candidates) == 1:
-        return candidates[0]
-    return None
+    """The listed option named in full. An abbreviation is not followed: the
+    program expands it among all its options, listed or not (sort --comp is
+    --compress-program, git --exec-p is --exec-path)."""
+    return next((e for e in longs if e.rstrip("=") == option), None)
+
+
+def _abbreviates(word: str, *names: str) -> bool:
+    """Whether option word --x or --x=v may stand for one of names (given
+    with or without their dashes): GNU and git accept any unambiguous
+    prefix."""
+    given = word.partition("=")[0]
+    if not given.startswith("--") or given == "--":
+        return False
+    return any(name.lstrip("-").startswith(given[2:]) for name in names)
 
 
 def _git_problem(args: tuple[str, ...]) -> str | None:
@@ -2366,19 +2409,17 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     sub, rest = args[k], args[k + 1:]
 
     def has(*longs: str, short: str = "") -> bool:
-        """Any of these long options (git accepts unique abbreviations, --ha
-        for --hard) or letters."""
+        """Any of these long options (--ha for --hard) or letters."""
         for arg in rest:
-            if arg.startswith("--"):
-                option = arg.partition("=")[0]
-                abbreviates = any(full.startswith(option) for full in longs)
-                if len(arg) > 3 and abbreviates:
-                    return True
-            elif arg.startswith("-") and set(arg[1:]) & set(short):
+            if _abbreviates(arg, *longs) or _short_flags(arg) & set(short):
                 return True
         return False
 
     plain = [a for a in rest if not a.startswith("-")]
+    aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
+    if sub == "config" and aliasing and _git_form_problem(sub, rest):
+        return (f"git config {aliasing[0]} defines what a later git "
+                "command runs")
     if sub == "reset" and has("--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not has("--dry-run", short="n"):
@@ -2416,6 +2457,9 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return f"git {sub} rewrites history"
     if sub == "switch" and has("--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
+    if not _git_builtin(sub):
+        return (f"git {sub} may be an alias (or a program on PATH), which "
+                "can stand for any command: reset --hard, !sh -c ...")
     return ""
 
 
@@ -2716,7 +2760,7 @@ def _env_split_string(arg: str, after: list[str]) -> list[str] | None:
     the string split into words, then the words after it. None otherwise."""
     if arg.startswith("--"):
         option, eq, value = arg.partition("=")
-        if len(option) < 3 or not "--split-string".startswith(option):
+        if not _abbreviates(option, "split-string"):
             return None
         if eq:
             return value.split() + after
@@ -2846,7 +2890,7 @@ class _ShellLine:
         if name == "find":
             self._add_find_commands(core, cwd, depth)
         if name == "cd":
-            target = core[1] if len(core) > 1 else self.home
+            target = core[-1] if len(core) > 1 else self.home
             if target[:1] != "-" and "$" not in target:
                 cwd = posixpath.normpath(posixpath.join(cwd, target))
         return cwd
