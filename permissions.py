@@ -1908,7 +1908,8 @@ def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
     end = args.index("--") if "--" in args else len(args)
     options = [a for a in args[:end] if a[:1] == "-" and a != "-"]
     operands = [a for a in args[:end] if a[:1] != "-"] + [*args[end + 1:]]
-    if core[0] in _PATTERN_FIRST and not any(map(_gives_pattern, options)):
+    pattern_first = core[:1] and core[0] in _PATTERN_FIRST
+    if pattern_first and not any(map(_gives_pattern, options)):
         operands = operands[1:]
     return options, operands
 
@@ -2135,7 +2136,8 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if spec == "*":
         return None
     numeric = name in ("head", "tail")
-    problem, positional = _options_problem(name, args, spec, numeric=numeric)
+    problem, positional, values = _options_problem(name, args, spec,
+                                                   numeric=numeric)
     if problem:
         return problem
     if name in _OUTPUT_SECOND_POSITIONAL and len(positional) > 1:
@@ -2143,7 +2145,8 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
         return "the jq program reads the environment or other files"
     if name == "sed":
-        return _sed_problem(args)
+        # its scripts: -e's values, else the first operand
+        return _sed_problem(values or positional[:1])
     return None
 
 
@@ -2159,35 +2162,8 @@ def _cd_problem(args: tuple[str, ...]) -> str | None:
     return None
 
 
-def _sed_problem(args: tuple[str, ...]) -> str | None:
-    """None when every script sed runs prints lines by number. Its options
-    passed READ_ONLY's check, so they are -n, -e SCRIPT (-eSCRIPT, -ne
-    SCRIPT) and --quiet/--silent; without -e the first operand is the
-    script, as sed reads it."""
-    scripts = []
-    operands = []
-    k = 0
-    while k < len(args):
-        arg = args[k]
-        k += 1
-        if arg == "--":
-            operands += args[k:]
-            break
-        if arg.startswith("--"):
-            continue
-        if not arg.startswith("-") or arg == "-":
-            operands.append(arg)
-            continue
-        at = arg.find("e")
-        if at < 0:
-            continue
-        script = arg[at + 1:]
-        if not script and k < len(args):
-            script = args[k]
-            k += 1
-        scripts.append(script)
-    if not scripts:
-        scripts = operands[:1]
+def _sed_problem(scripts: list[str]) -> str | None:
+    """None when every script sed runs prints lines by number."""
     for script in scripts or [""]:
         if not _SED_PRINT.fullmatch(script):
             return (f"sed: the script {script!r} is not a print of line N "
@@ -2217,8 +2193,10 @@ def _project_program(name: str, root: str) -> str | None:
 
 def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
                      numeric: bool = False):
-    """(why an option is not safe or None, the positional arguments), parsing
-    like getopt_long."""
+    """(why an option is not safe or None, the positional arguments, the
+    options' values), parsing like getopt_long. A long option counts only
+    spelled out: the program expands an abbreviation among all its options,
+    listed or not (sort --comp is --compress-program)."""
     short, long_text = spec
     short = short.replace(" ", "")
     # "n:" takes a value: each letter right before a colon
@@ -2229,6 +2207,7 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
     letters = set(short.replace(":", ""))
     longs = long_text.split()
     positional = []
+    values = []
     k = 0
     while k < len(args):
         arg = args[k]
@@ -2237,17 +2216,20 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
             positional += args[k:]
             break
         if arg.startswith("--"):
-            option, has_value, _ = arg[2:].partition("=")
-            full = _long_option(option, longs)
+            option, has_value, value = arg[2:].partition("=")
+            full = next((e for e in longs if e.rstrip("=") == option), None)
             if full is None:
-                return _unlisted(name, "--" + option), positional
+                return _unlisted(name, "--" + option), positional, values
             value_follows = (full.endswith("=") and not has_value
                              and full[:-1] not in longs)
             if value_follows and k < len(args) and args[k].startswith("-"):
-                return _option_like(name, "--" + option, args[k]), positional
+                problem = _option_like(name, "--" + option, args[k])
+                return problem, positional, values
             if value_follows:
                 # --lines 5: the value is the next word
+                value = args[k] if k < len(args) else ""
                 k += 1
+            values += [value] if has_value or value_follows else []
             continue
         if arg.startswith("-") and len(arg) > 1:
             if numeric and _is_number(arg[1:]):
@@ -2255,21 +2237,24 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
                 continue
             for i, letter in enumerate(arg[1:]):
                 if letter not in letters:
-                    return _unlisted(name, "-" + letter), positional
+                    return _unlisted(name, "-" + letter), positional, values
                 if letter not in takes_value:
                     continue
                 if i < len(arg) - 2:
                     # -n5: the rest is the value
+                    values.append(arg[i + 2:])
                     break
                 # -n 5: the value is the next word
                 value = args[k] if k < len(args) else ""
                 if value.startswith("-") and value != "-":
-                    return _option_like(name, "-" + letter, value), positional
+                    problem = _option_like(name, "-" + letter, value)
+                    return problem, positional, values
+                values.append(value)
                 k += 1
                 break
             continue
         positional.append(arg)
-    return None, positional
+    return None, positional, values
 
 
 def _unlisted(name: str, option: str) -> str:
@@ -2278,13 +2263,6 @@ def _unlisted(name: str, option: str) -> str:
 
 def _option_like(name: str, option: str, value: str) -> str:
     return f"{name}: the value of {option} looks like an option ({value})"
-
-
-def _long_option(option: str, longs: list[str]) -> str | None:
-    """The listed option named in full. An abbreviation is not followed: the
-    program expands it among all its options, listed or not (sort --comp is
-    --compress-program, git --exec-p is --exec-path)."""
-    return next((e for e in longs if e.rstrip("=") == option), None)
 
 
 def _abbreviates(word: str, *names: str) -> bool:
@@ -2314,7 +2292,8 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
     if spec is None:
         return f"git {sub} is not on the read-only list"
     numeric = sub in ("log", "show", "shortlog")
-    problem, _ = _options_problem(f"git {sub}", rest, spec, numeric=numeric)
+    problem, _, _ = _options_problem(f"git {sub}", rest, spec,
+                                     numeric=numeric)
     return problem
 
 
@@ -2328,10 +2307,11 @@ def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
     after = rest[1:] if first else rest
     form_name = f"git {sub} {first}"
     if options == "log":
-        problem, plain = _options_problem(form_name, after, _GIT_LOG,
-                                          numeric=True)
+        problem, plain, _ = _options_problem(form_name, after, _GIT_LOG,
+                                             numeric=True)
     else:
-        problem, plain = _options_problem(form_name, after, ("", options))
+        problem, plain, _ = _options_problem(form_name, after,
+                                             ("", options))
     if problem:
         return problem
     if len(plain) > most:
@@ -2531,9 +2511,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     name = part.core[0] if part.core else ""
     args = part.core[1:]
     cwd = part.cwd
-    end = args.index("--") if "--" in args else len(args)
-    options = [a for a in args[:end] if a.startswith("-")]
-    targets = [a for a in args if a not in options and a != "--"]
+    options, targets = _operands(part.core)
     # chmod -r removes read permission
     letters = {"r", "R"} if name == "rm" else {"R"}
     recursive = any(o == "--recursive" or _short_flags(o) & letters
