@@ -2343,12 +2343,11 @@ def _destroys_work(part: _Part, root: str) -> str:
     name = core[0] if core else ""
     if name == "git":
         return _git_destroys(core[1:], part.cwd)
-    if name == "rm" and _recursive_rm(core[1:]):
-        for target in core[1:]:
-            if not target.startswith("-"):
-                why = _rm_destroys(target, part.cwd, root)
-                if why:
-                    return why
+    if name == "rm" and _recursive(core):
+        for target in _operands(core)[1]:
+            why = _rm_destroys(target, part.cwd, root)
+            if why:
+                return why
     if name == "find" and "-delete" in core:
         unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
                       "-xdev", "-L", "-H", "-P"}
@@ -2446,11 +2445,12 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     return ""
 
 
-def _recursive_rm(args: tuple[str, ...]) -> bool:
-    for option in args:
-        if option == "--":
-            break
-        if option == "--recursive" or _short_flags(option) & {"r", "R"}:
+def _recursive(core: tuple[str, ...]) -> bool:
+    """rm -r, -R or --recursive (--rec: GNU takes any prefix); for chmod,
+    chown and chgrp only -R, since their -r is a mode."""
+    letters = {"r", "R"} if core[0] == "rm" else {"R"}
+    for option in _operands(core)[0]:
+        if _abbreviates(option, "recursive") or _short_flags(option) & letters:
             return True
     return False
 
@@ -2512,10 +2512,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     args = part.core[1:]
     cwd = part.cwd
     options, targets = _operands(part.core)
-    # chmod -r removes read permission
-    letters = {"r", "R"} if name == "rm" else {"R"}
-    recursive = any(o == "--recursive" or _short_flags(o) & letters
-                    for o in options)
+    recursive = bool(part.core) and _recursive(part.core)
     doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
     if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
         verb = "delete" if name == "rm" else name
