@@ -25,7 +25,10 @@ and file.write.project for each output redirection. Every request is judged; the
 wins (deny > ask > allow).
 
 Silence is earned, not assumed: by default a command runs without asking only when it is provably
-read-only (READ_ONLY below: literal words, listed commands and options, no writing redirection).
+read-only (READ_ONLY below: literal words, listed commands and options spelled out, no writing
+redirection). Grammar the parser does not follow exactly ({fd}< redirections, $"...", brace
+expansion, cd -) is never silent, and judging stops after DECIDE_BUDGET_SECONDS of CPU time: past
+it, the call asks.
 Trust comes only from the user: rules from the user's own files grant; a repository's files may
 tighten (ask, deny) at once but grant nothing until `khaelor trust` recorded their hash.
 
