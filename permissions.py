@@ -1861,10 +1861,13 @@ def _classify_git(args: tuple[str, ...]) -> str:
 
 
 def _git_builtin(sub: str) -> bool:
-    """A git command this policy knows by name: not an alias."""
+    """A git command this policy knows by name: not an alias. (git lfs, svn
+    and send-email are installed apart from git: where one is missing, an
+    alias of its name runs.)"""
     tables = (GIT_READ_ONLY, GIT_READ_FORMS, _GIT_MODIFY, _GIT_NETWORK,
               _GIT_BUILTINS)
-    return any(sub in table for table in tables)
+    apart = sub in ("lfs", "svn", "send-email")
+    return not apart and any(sub in table for table in tables)
 
 
 def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
