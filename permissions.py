@@ -1899,10 +1899,12 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
     values = [a.partition("=")[2] for a in core[1:] if "=" in a]
     # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a
     # short option can name a file too, after any of the cluster's letters
+    # (a longer one than PATH_MAX could not be opened)
     attached = []
     for arg in options:
         if arg[1:2] != "-":
-            attached += [arg[k:] for k in range(2, min(len(arg), 10))]
+            first = max(2, len(arg) - _PATH_MAX)
+            attached += [arg[k:] for k in range(first, len(arg))]
     words = operands + values + attached
     return [w for w in words if w and w not in _SAFE_DEVICES]
 

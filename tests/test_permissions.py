@@ -652,6 +652,7 @@ PATHOLOGICAL = {
     "doubling variables": "A=xx;" + "A+=$A;" * 60 + "echo $A",
     "pipes": "ls |" * 75_000 + "ls",
     "a heredoc": "cat <<EOF\n" + "line $x `id`\n" * 25_000 + "EOF\n",
+    "an option cluster": "ls -" + "l" * 300_000,
 }
 
 
