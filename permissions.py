@@ -1287,7 +1287,10 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         return Decision(at_least, "process.execute", descriptor, None, False,
                         None, layer="default", read_only=read_only,
                         not_read_only=not_read_only, confine=confine)
-    verdicts = [_verdict(request, rules) for request in requests]
+    verdicts = []
+    for request in requests:
+        _on_time()
+        verdicts.append(_verdict(request, rules))
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
     if destructive and action == "allow":
@@ -1718,6 +1721,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
                 requests += _word_requests(target, place, root, access)
     suggest_paths = not compound and len(places) == 1
     for word in _path_arguments(part.core):
+        _on_time()
         for place in places:
             requests += _word_requests(word, place, root, "file.read",
                                        suggest=suggest_paths)
@@ -2469,6 +2473,7 @@ def _state_write(writing: list[_Part]) -> str | None:
     script given the path ..."""
     for part in writing:
         for word in _path_arguments(part.core):
+            _on_time()
             path = _word_path(word, part.cwd)
             why = _protected(path) if path else None
             if why:
