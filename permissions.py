@@ -2401,15 +2401,16 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     if k >= len(args):
         return ""
     sub, rest = args[k], args[k + 1:]
+    # (after --, -n is a path: git clean -fdx -- -n . deletes)
+    options, plain = _operands(("git", *rest))
 
     def has(*longs: str, short: str = "") -> bool:
         """Any of these long options (--ha for --hard) or letters."""
-        for arg in rest:
+        for arg in options:
             if _abbreviates(arg, *longs) or _short_flags(arg) & set(short):
                 return True
         return False
 
-    plain = [a for a in rest if not a.startswith("-")]
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
         return (f"git config {aliasing[0]} defines what a later git "
