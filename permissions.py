@@ -634,9 +634,10 @@ _FUNCTION_DEFINITION = re.compile(
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 # (a bomb's body is short: bounded, so nested definitions stay linear)
 _FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
-# quoted strings, an unterminated one to the end (so no scan restarts)
-_QUOTED = re.compile(r"'[^']*+(?:'|\Z)|\"(?:\\.|[^\"\\])*+(?:\"|\\?\Z)",
-                     re.S)
+# an escaped character, and quoted strings (an unterminated one to the
+# end, so no scan restarts)
+_QUOTED = re.compile(
+    r"\\(.)|'[^']*+(?:'|\Z)|\"(?:\\.|[^\"\\])*+(?:\"|\\?\Z)", re.S)
 
 
 class PermissionConfigError(ValueError):
@@ -2492,7 +2493,7 @@ def _word_path(word: str, cwd: str) -> str:
 # ---------------------------------------------------- bash: the hardline floor
 
 def _fork_bomb(command: str) -> str | None:
-    unquoted = _QUOTED.sub("''", command)
+    unquoted = _QUOTED.sub(lambda m: m[1] or "''", command)
     defined = set()
     bombs = []
     for definition in _FUNCTION_DEFINITION.finditer(unquoted):
