@@ -312,7 +312,7 @@ FLOORED = [
     "chmod -R 777 /", "chmod 777 -R /", "chmod --recursive 0777 /", "sudo chmod -R 777 /",
     "chown -R nobody /", "chmod -R 000 ~", "find / -delete", "find ~ -name '*' -delete",
     ":(){ :|:& };:", ":(){ :|: & };:", "bomb(){ bomb|bomb& };bomb", "f() { f | f & }; f",
-    "function f { f|f& }; f", "bash -c ':(){ :|:& };:'",
+    "function f { f|f& }; f", "bash -c ':(){ :|:& };:'", "echo \\' ; :(){ :|:& };:", "rm --rec -f ~",
     # a line the parser gives up on still cannot hide the floor
     "rm -rf /\necho 'unterminated",
     # places a substitution runs that a naive parser skips
