@@ -25,7 +25,10 @@ and file.write.project for each output redirection. Every request is judged; the
 wins (deny > ask > allow).
 
 Silence is earned, not assumed: by default a command runs without asking only when it is provably
-read-only (READ_ONLY below: literal words, listed commands and options, no writing redirection).
+read-only (READ_ONLY below: literal words, listed commands and options spelled out, no writing
+redirection). Grammar the parser does not follow exactly ({fd}< redirections, $"...", brace
+expansion, cd -) is never silent, and judging stops after DECIDE_BUDGET_SECONDS of CPU time: past
+it, the call asks.
 Trust comes only from the user: rules from the user's own files grant; a repository's files may
 tighten (ask, deny) at once but grant nothing until `khaelor trust` recorded their hash.
 
@@ -37,13 +40,16 @@ file's directory subtree ("src/api/*", or the file itself at the root); a secret
 outside the project suggests the exact path.
 """
 
+import contextvars
 import fnmatch
 import glob
 import hashlib
+import itertools
 import json
 import os
 import posixpath
 import re
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -446,6 +452,15 @@ _GIT_MODIFY = frozenset("""
     write-tree commit-tree read-tree mktag mktree pack-refs repack fsck
     maintenance
 """.split())
+# git's other commands in common use. An alias cannot take a built-in
+# command's name, so a name in none of these tables may be an alias.
+_GIT_BUILTINS = frozenset("""
+    help rev-list for-each-ref format-patch cherry range-diff whatchanged
+    check-ignore check-attr name-rev show-branch verify-commit verify-tag
+    difftool mergetool bundle rerere annotate diff-tree var
+""".split())
+# config keys that define commands for later: aliases, included files
+_GIT_ALIASING = ("alias.", "include")
 _GIT_GLOBAL_WITH_VALUE = frozenset((
     "-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env",
     "--exec-path", "--super-prefix",
@@ -574,19 +589,41 @@ _OPERATORS = (
     *"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(),
     "\n",
 )
+_OPERATOR_START = frozenset("&|;<>()\n")
+# what the lexer reads in one step: characters with no meaning to it, the
+# body of $'...' and of `...` (up to their closing quote), text in "..."
+_ORDINARY = re.compile(r"[^ \t\n\\'\"`$<>&|;()]*")
+_ANSI_C_BODY = re.compile(r"(?:[^'\\]|\\.)*", re.S)
+_BACKTICK_BODY = re.compile(r"(?:[^`\\]|\\.)*", re.S)
+_DOUBLE_QUOTED = re.compile(r'[^"\\`$]*')
+_SUBSTITUTION_MARK = re.compile(r"\\.|`|\$\(", re.S)
 _SEPARATORS = frozenset((*"&& || ;; |& | & ; ( )".split(), "\n"))
 _WRITE_REDIRECTS = frozenset("> >> >| &> &>> <> >&".split())
 # paths one glob or brace argument expands to, at most
 _MAX_GLOB = 100
+# the longest path the kernel opens (PATH_MAX)
+_PATH_MAX = 4096
 # $( bash -c "eval ..." ) deeper than this is refused as unparsable
 _MAX_NESTING = 8
+# characters a line's expansions may add beyond twice its length
+_EXPANSION_ROOM = 65_536
+# A judgement that takes longer than this asks: a pathological line (300 KB
+# of nesting or quotes) must not stall the session, nor pass unjudged. It is
+# the judging thread's CPU time: on a loaded machine a 0.5 ms judgement was
+# measured taking 17 ms of wall time, and ordinary commands must not ask at
+# random.
+DECIDE_BUDGET_SECONDS = 0.05
+# when (in time.thread_time) the judgement running in this thread must end
+_DEADLINE = contextvars.ContextVar("deadline", default=float("inf"))
+_TICKS = itertools.count()
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^]]*\])?\+?=")
-# $NAME, ${NAME}, and ${NAME<operator>word} (${HOME:?}, ${X:-/}, ${IFS:0:1}).
+# $NAME, ${NAME}, and ${NAME<operator>word} (${HOME:?}, ${X:-/}, ${IFS:0:1});
+# a longer operator is left as written (bounded: each match stays short).
 _PARAMETER = re.compile(
-    r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]*)\}"
+    r"\$(?:\{(?P<b>[A-Za-z_]\w*|[0-9@*#?$!-])(?P<op>[^}]{0,256})\}"
     r"|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))"
 )
-_BRACES = re.compile(r"\{([^{}]*,[^{}]*)\}")
+_BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
 # A fork bomb defines a function and pipes it into itself in the
 # background. Two linear scans (names are matched possessively, ++): names
 # defined as functions, NAME | NAME & uses.
@@ -595,6 +632,12 @@ _FUNCTION_DEFINITION = re.compile(
     rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
 )
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
+# (a bomb's body is short: bounded, so nested definitions stay linear)
+_FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
+# an escaped character, and quoted strings (an unterminated one to the
+# end, so no scan restarts)
+_QUOTED = re.compile(
+    r"\\(.)|'[^']*+(?:'|\Z)|\"(?:\\.|[^\"\\])*+(?:\"|\\?\Z)", re.S)
 
 
 class PermissionConfigError(ValueError):
@@ -605,6 +648,10 @@ class PermissionConfigError(ValueError):
 class _ParseError(ValueError):
     """A bash line this parser cannot follow: it is then never allowed
     without asking."""
+
+
+class _OutOfTime(Exception):
+    """The judgement used up DECIDE_BUDGET_SECONDS: the call asks."""
 
 
 # ------------------------------------------------------------------ data types
@@ -874,8 +921,16 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
     process_command: for `process write`, the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""
-    decision = _decide(tool_name, tool_input, project_root, rules,
-                       sandboxed, process_command)
+    deadline = _DEADLINE.set(time.thread_time() + DECIDE_BUDGET_SECONDS)
+    try:
+        decision = _decide(tool_name, tool_input, project_root, rules,
+                           sandboxed, process_command)
+    except _OutOfTime:
+        decision = None
+    finally:
+        _DEADLINE.reset(deadline)
+    if decision is None:
+        decision = _out_of_time(tool_name, tool_input, rules)
     if mode == "plan" and _plan_refuses(tool_name, tool_input, decision):
         reason = ("plan mode: only tools that read run; "
                   "describe the change instead of making it")
@@ -885,6 +940,25 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
         reason = "acceptEdits mode: project files are written without asking"
         return replace(decision, action="allow", reason=reason, layer="mode")
     return decision
+
+
+def _out_of_time(tool_name: str, tool_input: dict,
+                 rules: list[Rule]) -> Decision:
+    """What a call gets when judging it took too long: a question (or a deny
+    rule's answer), never a silent run."""
+    text = str(tool_input.get("command") or tool_input.get("input") or "")
+    request = _Request("process.execute", text.strip(), None)
+    why = (f"{tool_name}: not judged within "
+           f"{DECIDE_BUDGET_SECONDS * 1000:.0f} ms")
+    return _judge(text.strip(), [request], rules, at_least="ask",
+                  not_read_only=why)
+
+
+def _on_time() -> None:
+    """Called in every loop that grows with the command's length; reads the
+    clock every 64th call (a thread's CPU clock costs a system call)."""
+    if next(_TICKS) % 64 == 0 and time.thread_time() > _DEADLINE.get():
+        raise _OutOfTime
 
 
 def _plan_refuses(tool_name: str, tool_input: dict,
@@ -1214,7 +1288,10 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         return Decision(at_least, "process.execute", descriptor, None, False,
                         None, layer="default", read_only=read_only,
                         not_read_only=not_read_only, confine=confine)
-    verdicts = [_verdict(request, rules) for request in requests]
+    verdicts = []
+    for request in requests:
+        _on_time()
+        verdicts.append(_verdict(request, rules))
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
     if destructive and action == "allow":
@@ -1512,7 +1589,7 @@ def _glob_base(pattern: str) -> str:
 
 def _escape(text: str) -> str:
     """fnmatch-quote text so a suggested pattern matches itself literally."""
-    return re.sub(r"([*?[])", r"[\1]", text)
+    return text.translate({ord(c): f"[{c}]" for c in "*?["})
 
 
 def _secrets_under(directory: str, include_hidden: bool,
@@ -1528,6 +1605,7 @@ def _secrets_under(directory: str, include_hidden: bool,
         dirs[:] = [d for d in dirs if d != ".git"]
         if not include_hidden:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
+        _on_time()
         for name in files + (dirs if follows else []):
             seen += 1
             path = os.path.join(parent, name)
@@ -1568,7 +1646,10 @@ def _decide_bash(command: str, workdir: str, root: str,
         return _unparsable(command, cwd, home, rules, why)
     not_read_only = ""
     destructive = ""
-    for part in line.parts:
+    writing = []
+    # (the same command twice asks the same things)
+    for part in dict.fromkeys(line.parts):
+        _on_time()
         problem = _not_read_only(part, root)
         if problem and not not_read_only:
             not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
@@ -1577,6 +1658,7 @@ def _decide_bash(command: str, workdir: str, root: str,
         if problem is None:
             only_redirected = True
         else:
+            writing.append(part)
             unredirected = part._replace(redirects=())
             only_redirected = _not_read_only(unredirected, root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
@@ -1587,7 +1669,7 @@ def _decide_bash(command: str, workdir: str, root: str,
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
-    floor = line.floor or _state_write(line.parts, root)
+    floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
                   read_only=not not_read_only, not_read_only=not_read_only,
                   destructive=destructive)
@@ -1600,6 +1682,7 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
     without asking."""
     floor = _fork_bomb(command)
     for text in re.split(r"[\n;&|()]+", command):
+        _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
         words = []
@@ -1649,6 +1732,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
                 requests += _word_requests(target, place, root, access)
     suggest_paths = not compound and len(places) == 1
     for word in _path_arguments(part.core):
+        _on_time()
         for place in places:
             requests += _word_requests(word, place, root, "file.read",
                                        suggest=suggest_paths)
@@ -1791,6 +1875,16 @@ def _classify_git(args: tuple[str, ...]) -> str:
     return "process.execute"
 
 
+def _git_builtin(sub: str) -> bool:
+    """A git command this policy knows by name: not an alias. (git lfs, svn
+    and send-email are installed apart from git: where one is missing, an
+    alias of its name runs.)"""
+    tables = (GIT_READ_ONLY, GIT_READ_FORMS, _GIT_MODIFY, _GIT_NETWORK,
+              _GIT_BUILTINS)
+    apart = sub in ("lfs", "svn", "send-email")
+    return not apart and any(sub in table for table in tables)
+
+
 def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
     if sub in _GIT_NETWORK:
         return True
@@ -1801,26 +1895,46 @@ def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
     return sub == "submodule" and first in ("update", "add", "sync", "foreach")
 
 
+def _gives_pattern(option: str) -> bool:
+    """Whether this option word may hold or name grep's pattern (sed's, awk's
+    or jq's program): -e P, -ex, -fFILE, --reg=P, --file F. The first operand
+    is then a file."""
+    if option.startswith("--"):
+        return _abbreviates(option, "regexp", "file", "expression",
+                            "from-file", "source")
+    return bool(_short_flags(option) & {"e", "f"})
+
+
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
-    """Arguments that may name files: positionals, and the values of name=value
-    words."""
+    """Arguments that may name files: operands, and option values."""
     if not core or core[0] in ("echo", "printf"):
         return []
-    positional = [a for a in core[1:] if not a.startswith("-")]
-    pattern_option = set(core) & {"-e", "-f", "--regexp", "--file"}
-    if core[0] in _PATTERN_FIRST and not pattern_option:
-        positional = positional[1:]
+    options, operands = _operands(core)
     # --output=/x, of=/dev/x
     values = [a.partition("=")[2] for a in core[1:] if "=" in a]
-    # -m.env, -f~/.cargo/credentials: a value attached to a short option can
-    # name a file too
+    # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a
+    # short option can name a file too, after any of the cluster's letters
+    # (a longer one than PATH_MAX could not be opened)
     attached = []
-    for arg in core[1:]:
-        short_option = arg[:1] == "-" and arg[1:2] != "-"
-        if short_option and re.search(r"[./~]", arg[2:]):
-            attached.append(arg[2:])
-    words = positional + values + attached
+    for arg in options:
+        if arg[1:2] != "-":
+            first = max(2, len(arg) - _PATH_MAX)
+            attached += [arg[k:] for k in range(first, len(arg))]
+    words = operands + values + attached
     return [w for w in words if w and w not in _SAFE_DEVICES]
+
+
+def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(option words, operands): after --, every word is an operand (grep --
+    -x .env reads .env); a pattern-first program's pattern is left out."""
+    args = core[1:]
+    end = args.index("--") if "--" in args else len(args)
+    options = [a for a in args[:end] if a[:1] == "-" and a != "-"]
+    operands = [a for a in args[:end] if a[:1] != "-"] + [*args[end + 1:]]
+    pattern_first = core[:1] and core[0] in _PATTERN_FIRST
+    if pattern_first and not any(map(_gives_pattern, options)):
+        operands = operands[1:]
+    return options, operands
 
 
 _POSIX_CLASSES = {
@@ -1831,11 +1945,18 @@ _POSIX_CLASSES = {
 
 
 def _bash_glob(word: str) -> str:
-    """A bash glob as Python's glob reads them: [^x] is [!x], and POSIX classes
-    become ranges."""
+    """A bash glob as Python's glob reads them: [^x] is [!x], POSIX classes
+    become ranges, and a [ that no ] follows in its path component is literal
+    (fnmatch would look for its ] from every one of them)."""
     word = word.replace("[^", "[!")
-    return re.sub(r"\[:(\w+):\]",
+    word = re.sub(r"\[:(\w+):\]",
                   lambda m: _POSIX_CLASSES.get(m[1], m[0]), word)
+    components = []
+    for component in word.split("/"):
+        closed = component.rfind("]") + 1
+        tail = component[closed:].replace("[", "[[]")
+        components.append(component[:closed] + tail)
+    return "/".join(components)
 
 
 def _word_requests(word: str, cwd: str, root: str, capability: str,
@@ -1848,13 +1969,30 @@ def _word_requests(word: str, cwd: str, root: str, capability: str,
     paths = [word]
     if any(ch in word for ch in "*?["):
         pattern = os.path.join(cwd, os.path.expanduser(_bash_glob(word)))
-        matches = sorted(glob.glob(pattern))[:_MAX_GLOB]
-        if matches:
-            paths = matches
+        matches = _glob(pattern)
+        if matches is None:
+            # too many to vouch for each
+            return [_Request("filesystem.outsideProject", word, None)]
+        paths = matches or paths
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
         return requests
     return [r._replace(suggestion=None) for r in requests]
+
+
+def _glob(pattern: str, root_dir: str | None = None) -> list[str] | None:
+    """The paths pattern matches, sorted; None when more than _MAX_GLOB, or
+    when the pattern is longer than any path (its regex would take long to
+    build)."""
+    if len(pattern) > _PATH_MAX:
+        return None
+    found = []
+    for path in glob.iglob(pattern, root_dir=root_dir):
+        _on_time()
+        found.append(path)
+        if len(found) > _MAX_GLOB:
+            return None
+    return sorted(found)
 
 
 def _recursive_secrets(part: _Part) -> list[str]:
@@ -1868,17 +2006,19 @@ def _recursive_secrets(part: _Part) -> list[str]:
     recursive, follows, hidden = _search_shape(name, core[1:])
     if not recursive:
         return []
-    paths = _path_arguments(core)
+    options, paths = _operands(core)
     targets = []
     for word in paths:
         pattern = os.path.join(part.cwd, _bash_glob(word))
-        matches = glob.glob(pattern) or [os.path.join(part.cwd, word)]
+        matches = _glob(pattern) or [os.path.join(part.cwd, word)]
         for match in matches:
             if os.path.isdir(match):
                 targets.append(match)
-    if name != "diff" and not paths:
-        # grep -r PATTERN and rg PATTERN search the working directory
-        targets = [part.cwd]
+    # grep -r PATTERN and rg PATTERN search the working directory; so may
+    # rg -g*.ref WORD, where WORD may be the pattern or a file
+    lone = len(paths) == 1 and any(map(_gives_pattern, options))
+    if name != "diff" and (not paths or lone):
+        targets.append(part.cwd)
     found = []
     for target in targets:
         found += _secrets_under(target, hidden, follows)
@@ -1890,9 +2030,6 @@ def _search_shape(name: str,
     """(recurses, follows symlinks, reads hidden files) for grep, rg or diff,
     reading options as the program does: abbreviations (--rec), -d recurse,
     --directories=recurse, -uu."""
-    longs = READ_ONLY.get(name, ("", ""))[1].split()
-    longs += ["recursive", "dereference-recursive", "directories=",
-              "follow", "hidden", "unrestricted", "no-ignore"]
     # rg recurses by default and skips hidden files; grep -r and diff -r
     # read them
     recursive = name == "rg"
@@ -1902,14 +2039,15 @@ def _search_shape(name: str,
     for k, arg in enumerate(args):
         value = args[k + 1] if k + 1 < len(args) else ""
         if arg.startswith("--"):
-            option, has_value, given = arg[2:].partition("=")
-            full = (_long_option(option, longs) or option).rstrip("=")
+            _, has_value, given = arg.partition("=")
             directories = given if has_value else value
-            recursive |= full in ("recursive", "dereference-recursive")
-            recursive |= full == "directories" and directories == "recurse"
-            follows |= full in ("dereference-recursive", "follow")
-            hidden |= full in ("hidden", "unrestricted") and name == "rg"
-            unrestricted += full == "unrestricted"
+            recursive |= _abbreviates(arg, "recursive",
+                                      "dereference-recursive")
+            recursive |= (_abbreviates(arg, "directories")
+                          and directories == "recurse")
+            follows |= _abbreviates(arg, "dereference-recursive", "follow")
+            hidden |= _abbreviates(arg, "hidden", "unrestricted")
+            unrestricted += _abbreviates(arg, "unrestricted")
         elif arg.startswith("-") and len(arg) > 1:
             letters = arg[1:]
             if name != "rg":
@@ -1999,9 +2137,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if name == "find":
         return _find_problem(args)
     if name == "cd":
-        if len(args) <= 1:
-            return None
-        return "cd takes one directory"
+        return _cd_problem(args)
     if name == "printf":
         if args and args[0].startswith("-v"):
             return "printf -v assigns a variable"
@@ -2023,7 +2159,8 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if spec == "*":
         return None
     numeric = name in ("head", "tail")
-    problem, positional = _options_problem(name, args, spec, numeric=numeric)
+    problem, positional, values = _options_problem(name, args, spec,
+                                                   numeric=numeric)
     if problem:
         return problem
     if name in _OUTPUT_SECOND_POSITIONAL and len(positional) > 1:
@@ -2031,39 +2168,25 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
         return "the jq program reads the environment or other files"
     if name == "sed":
-        return _sed_problem(args)
+        # its scripts: -e's values, else the first operand
+        return _sed_problem(values or positional[:1])
     return None
 
 
-def _sed_problem(args: tuple[str, ...]) -> str | None:
-    """None when every script sed runs prints lines by number. Its options
-    passed READ_ONLY's check, so they are -n, -e SCRIPT (-eSCRIPT, -ne
-    SCRIPT) and --quiet/--silent; without -e the first operand is the
-    script, as sed reads it."""
-    scripts = []
-    operands = []
-    k = 0
-    while k < len(args):
-        arg = args[k]
-        k += 1
-        if arg == "--":
-            operands += args[k:]
-            break
-        if arg.startswith("--"):
-            continue
-        if not arg.startswith("-") or arg == "-":
-            operands.append(arg)
-            continue
-        at = arg.find("e")
-        if at < 0:
-            continue
-        script = arg[at + 1:]
-        if not script and k < len(args):
-            script = args[k]
-            k += 1
-        scripts.append(script)
-    if not scripts:
-        scripts = operands[:1]
+def _cd_problem(args: tuple[str, ...]) -> str | None:
+    """cd DIR is followed; not what else cd does: options (-P resolves links
+    another way), `-` ($OLDPWD), no directory ($HOME), and a relative name
+    bash first looks up in the $CDPATH it inherits."""
+    if len(args) != 1 or args[0].startswith("-"):
+        return "cd is followed only with one directory (no option, - or none)"
+    own = args[0].startswith(("/", "./", "../")) or args[0] in (".", "..")
+    if os.environ.get("CDPATH") and not own:
+        return f"cd {args[0]} may be found through $CDPATH"
+    return None
+
+
+def _sed_problem(scripts: list[str]) -> str | None:
+    """None when every script sed runs prints lines by number."""
     for script in scripts or [""]:
         if not _SED_PRINT.fullmatch(script):
             return (f"sed: the script {script!r} is not a print of line N "
@@ -2093,8 +2216,10 @@ def _project_program(name: str, root: str) -> str | None:
 
 def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
                      numeric: bool = False):
-    """(why an option is not safe or None, the positional arguments), parsing
-    like getopt_long."""
+    """(why an option is not safe or None, the positional arguments, the
+    options' values), parsing like getopt_long. A long option counts only
+    spelled out: the program expands an abbreviation among all its options,
+    listed or not (sort --comp is --compress-program)."""
     short, long_text = spec
     short = short.replace(" ", "")
     # "n:" takes a value: each letter right before a colon
@@ -2105,6 +2230,7 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
     letters = set(short.replace(":", ""))
     longs = long_text.split()
     positional = []
+    values = []
     k = 0
     while k < len(args):
         arg = args[k]
@@ -2113,17 +2239,20 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
             positional += args[k:]
             break
         if arg.startswith("--"):
-            option, has_value, _ = arg[2:].partition("=")
-            full = _long_option(option, longs)
+            option, has_value, value = arg[2:].partition("=")
+            full = next((e for e in longs if e.rstrip("=") == option), None)
             if full is None:
-                return _unlisted(name, "--" + option), positional
+                return _unlisted(name, "--" + option), positional, values
             value_follows = (full.endswith("=") and not has_value
                              and full[:-1] not in longs)
             if value_follows and k < len(args) and args[k].startswith("-"):
-                return _option_like(name, "--" + option, args[k]), positional
+                problem = _option_like(name, "--" + option, args[k])
+                return problem, positional, values
             if value_follows:
                 # --lines 5: the value is the next word
+                value = args[k] if k < len(args) else ""
                 k += 1
+            values += [value] if has_value or value_follows else []
             continue
         if arg.startswith("-") and len(arg) > 1:
             if numeric and _is_number(arg[1:]):
@@ -2131,21 +2260,24 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
                 continue
             for i, letter in enumerate(arg[1:]):
                 if letter not in letters:
-                    return _unlisted(name, "-" + letter), positional
+                    return _unlisted(name, "-" + letter), positional, values
                 if letter not in takes_value:
                     continue
                 if i < len(arg) - 2:
                     # -n5: the rest is the value
+                    values.append(arg[i + 2:])
                     break
                 # -n 5: the value is the next word
                 value = args[k] if k < len(args) else ""
                 if value.startswith("-") and value != "-":
-                    return _option_like(name, "-" + letter, value), positional
+                    problem = _option_like(name, "-" + letter, value)
+                    return problem, positional, values
+                values.append(value)
                 k += 1
                 break
             continue
         positional.append(arg)
-    return None, positional
+    return None, positional, values
 
 
 def _unlisted(name: str, option: str) -> str:
@@ -2156,21 +2288,14 @@ def _option_like(name: str, option: str, value: str) -> str:
     return f"{name}: the value of {option} looks like an option ({value})"
 
 
-def _long_option(option: str, longs: list[str]) -> str | None:
-    """The listed option an abbreviation stands for: an exact name, or the only
-    one it begins."""
-    if not option:
-        return None
-    names = {}
-    for entry in longs:
-        names.setdefault(entry.rstrip("="), entry)
-    if option in names:
-        return names[option]
-    candidates = [entry for name, entry in names.items()
-                  if name.startswith(option)]
-    if len(candidates) == 1:
-        return candidates[0]
-    return None
+def _abbreviates(word: str, *names: str) -> bool:
+    """Whether option word --x or --x=v may stand for one of names (given
+    with or without their dashes): GNU and git accept any unambiguous
+    prefix."""
+    given = word.partition("=")[0]
+    if not given.startswith("--") or given == "--":
+        return False
+    return any(name.lstrip("-").startswith(given[2:]) for name in names)
 
 
 def _git_problem(args: tuple[str, ...]) -> str | None:
@@ -2190,7 +2315,8 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
     if spec is None:
         return f"git {sub} is not on the read-only list"
     numeric = sub in ("log", "show", "shortlog")
-    problem, _ = _options_problem(f"git {sub}", rest, spec, numeric=numeric)
+    problem, _, _ = _options_problem(f"git {sub}", rest, spec,
+                                     numeric=numeric)
     return problem
 
 
@@ -2204,10 +2330,11 @@ def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
     after = rest[1:] if first else rest
     form_name = f"git {sub} {first}"
     if options == "log":
-        problem, plain = _options_problem(form_name, after, _GIT_LOG,
-                                          numeric=True)
+        problem, plain, _ = _options_problem(form_name, after, _GIT_LOG,
+                                             numeric=True)
     else:
-        problem, plain = _options_problem(form_name, after, ("", options))
+        problem, plain, _ = _options_problem(form_name, after,
+                                             ("", options))
     if problem:
         return problem
     if len(plain) > most:
@@ -2239,12 +2366,11 @@ def _destroys_work(part: _Part, root: str) -> str:
     name = core[0] if core else ""
     if name == "git":
         return _git_destroys(core[1:], part.cwd)
-    if name == "rm" and _recursive_rm(core[1:]):
-        for target in core[1:]:
-            if not target.startswith("-"):
-                why = _rm_destroys(target, part.cwd, root)
-                if why:
-                    return why
+    if name == "rm" and _recursive(core):
+        for target in _operands(core)[1]:
+            why = _rm_destroys(target, part.cwd, root)
+            if why:
+                return why
     if name == "find" and "-delete" in core:
         unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
                       "-xdev", "-L", "-H", "-P"}
@@ -2286,21 +2412,20 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     if k >= len(args):
         return ""
     sub, rest = args[k], args[k + 1:]
+    # (after --, -n is a path: git clean -fdx -- -n . deletes)
+    options, plain = _operands(("git", *rest))
 
     def has(*longs: str, short: str = "") -> bool:
-        """Any of these long options (git accepts unique abbreviations, --ha
-        for --hard) or letters."""
-        for arg in rest:
-            if arg.startswith("--"):
-                option = arg.partition("=")[0]
-                abbreviates = any(full.startswith(option) for full in longs)
-                if len(arg) > 3 and abbreviates:
-                    return True
-            elif arg.startswith("-") and set(arg[1:]) & set(short):
+        """Any of these long options (--ha for --hard) or letters."""
+        for arg in options:
+            if _abbreviates(arg, *longs) or _short_flags(arg) & set(short):
                 return True
         return False
 
-    plain = [a for a in rest if not a.startswith("-")]
+    aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
+    if sub == "config" and aliasing and _git_form_problem(sub, rest):
+        return (f"git config {aliasing[0]} defines what a later git "
+                "command runs")
     if sub == "reset" and has("--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not has("--dry-run", short="n"):
@@ -2338,26 +2463,29 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return f"git {sub} rewrites history"
     if sub == "switch" and has("--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
+    if not _git_builtin(sub):
+        return (f"git {sub} may be an alias (or a program on PATH), which "
+                "can stand for any command: reset --hard, !sh -c ...")
     return ""
 
 
-def _recursive_rm(args: tuple[str, ...]) -> bool:
-    for option in args:
-        if option == "--":
-            break
-        if option == "--recursive" or _short_flags(option) & {"r", "R"}:
+def _recursive(core: tuple[str, ...]) -> bool:
+    """rm -r, -R or --recursive (--rec: GNU takes any prefix); for chmod,
+    chown and chgrp only -R, since their -r is a mode."""
+    letters = {"r", "R"} if core[0] == "rm" else {"R"}
+    for option in _operands(core)[0]:
+        if _abbreviates(option, "recursive") or _short_flags(option) & letters:
             return True
     return False
 
 
-def _state_write(parts: list[_Part], root: str) -> str | None:
+def _state_write(writing: list[_Part]) -> str | None:
     """A command that is not provably read-only naming a path in khaelor's own
     state: cp, mv, tee, sed -i, install, ln, rsync, dd of=, git checkout --, a
     script given the path ..."""
-    for part in parts:
-        if _not_read_only(part, root) is None:
-            continue
+    for part in writing:
         for word in _path_arguments(part.core):
+            _on_time()
             path = _word_path(word, part.cwd)
             why = _protected(path) if path else None
             if why:
@@ -2375,21 +2503,21 @@ def _word_path(word: str, cwd: str) -> str:
 # ---------------------------------------------------- bash: the hardline floor
 
 def _fork_bomb(command: str) -> str | None:
-    unquoted = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "''", command)
-    defined = {m["n"] or m["f"]
-               for m in _FUNCTION_DEFINITION.finditer(unquoted)}
-    bombs = [m["n"] for m in _SELF_PIPE.finditer(unquoted)
-             if m["n"] in defined]
-    # f(){ f & f; }: it calls itself twice, once in the background
-    for name in defined:
-        quoted_name = re.escape(name)
-        definition = rf"{quoted_name}\s*\(\s*\)\s*\{{(.*?)\}}"
-        body = re.search(definition, unquoted, re.S)
-        if not body:
-            continue
-        calls = re.findall(rf"(?<![\w-]){quoted_name}(?![\w-])", body[1])
-        if len(calls) >= 2 and "&" in body[1]:
+    unquoted = _QUOTED.sub(lambda m: m[1] or "''", command)
+    defined = set()
+    bombs = []
+    for definition in _FUNCTION_DEFINITION.finditer(unquoted):
+        _on_time()
+        name = definition["n"] or definition["f"]
+        defined.add(name)
+        body = _FUNCTION_BODY.match(unquoted, definition.end())
+        body = body[1] if body else ""
+        calls = [word for word in re.findall(_NAME, body) if word == name]
+        # f(){ f & f; }: it calls itself twice, once in the background
+        if len(calls) >= 2 and "&" in body:
             bombs.append(name)
+    bombs += [m["n"] for m in _SELF_PIPE.finditer(unquoted)
+              if m["n"] in defined]
     if bombs:
         return f"fork bomb ({bombs[0]})"
     return None
@@ -2408,13 +2536,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     name = part.core[0] if part.core else ""
     args = part.core[1:]
     cwd = part.cwd
-    end = args.index("--") if "--" in args else len(args)
-    options = [a for a in args[:end] if a.startswith("-")]
-    targets = [a for a in args if a not in options and a != "--"]
-    # chmod -r removes read permission
-    letters = {"r", "R"} if name == "rm" else {"R"}
-    recursive = any(o == "--recursive" or _short_flags(o) & letters
-                    for o in options)
+    options, targets = _operands(part.core)
+    recursive = bool(part.core) and _recursive(part.core)
     doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
     if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
         verb = "delete" if name == "rm" else name
@@ -2640,7 +2763,7 @@ def _env_split_string(arg: str, after: list[str]) -> list[str] | None:
     the string split into words, then the words after it. None otherwise."""
     if arg.startswith("--"):
         option, eq, value = arg.partition("=")
-        if len(option) < 3 or not "--split-string".startswith(option):
+        if not _abbreviates(option, "split-string"):
             return None
         if eq:
             return value.split() + after
@@ -2683,13 +2806,20 @@ class _ShellLine:
         self.unfollowed: str | None = None
         # the working directories the line may run in
         self.visited: list[str] = [cwd]
+        # characters expansions may still add: A=xx; A+=$A; A+=$A ... doubles
+        self.room = 2 * len(command) + _EXPANSION_ROOM
         self._parse(command, cwd, 0)
+
+    def _spend(self, text_length: int) -> None:
+        self.room -= text_length
+        if self.room < 0:
+            raise _ParseError("it expands to far more text than it holds")
 
     def _parse(self, command: str, cwd: str, depth: int) -> None:
         if depth > _MAX_NESTING:
             raise _ParseError("nested too deeply")
         self.floor = self.floor or _fork_bomb(command)
-        tokens = _lex(command)
+        tokens, _ = _lex(command)
         segments = _segments(tokens)
         has_operator = any(k == "op" and v != "\n" for k, v in tokens)
         self.compound |= len(segments) > 1 or has_operator
@@ -2698,6 +2828,7 @@ class _ShellLine:
         # what the previous command printed, when known, if it is piped here
         piped: str | None = None
         for words, redirects, after_pipe in segments:
+            _on_time()
             redirect_targets = [target for _, target in redirects]
             for pieces in [*words, *redirect_targets]:
                 for kind, value in pieces:
@@ -2762,7 +2893,7 @@ class _ShellLine:
         if name == "find":
             self._add_find_commands(core, cwd, depth)
         if name == "cd":
-            target = core[1] if len(core) > 1 else self.home
+            target = core[-1] if len(core) > 1 else self.home
             if target[:1] != "-" and "$" not in target:
                 cwd = posixpath.normpath(posixpath.join(cwd, target))
         return cwd
@@ -2807,6 +2938,7 @@ class _ShellLine:
             if _BRACES.search(pieces[0][1]):
                 words = []
                 for word in _brace_expand(pieces[0][1]):
+                    self._spend(len(word))
                     words += self._expand([("raw", word)], env)
                 return words
         # A="x y" and A=$B are not word-split
@@ -2822,7 +2954,7 @@ class _ShellLine:
                     text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)",
                                   lambda m: (m[1] or "") + self.home, text)
                 chunks.append(self._substitute(text, env, split))
-            elif kind in ("dq", "lit", "arith"):
+            elif kind in ("dq", "lit", "arith", "locale"):
                 quoted = True
                 if kind == "dq":
                     text = self._substitute(text, env, False)
@@ -2832,6 +2964,7 @@ class _ShellLine:
                 # echo/printf
                 output = self._static_output(text, env)
                 quoted |= kind == "dqsub"
+                self._spend(len(output or ""))
                 if output is None:
                     chunks.append(f"$({text})")
                 elif kind == "sub" and split:
@@ -2852,6 +2985,7 @@ class _ShellLine:
             found = self._parameter(name, match["op"] or "", env)
             if found is None:
                 return match[0]
+            self._spend(len(found))
             if found == "\0":
                 return "\0" if split else " "
             return re.sub(r"\s+", "\0", found) if split else found
@@ -2882,7 +3016,7 @@ class _ShellLine:
 
     def _static_output(self, inner: str, env: dict) -> str | None:
         try:
-            segments = _segments(_lex(inner))
+            segments = _segments(_lex(inner)[0])
         except _ParseError:
             return None
         if len(segments) != 1 or segments[0][1]:
@@ -2898,7 +3032,11 @@ def _brace_expand(word: str) -> list[str]:
     explode."""
     done = []
     todo = [word]
-    while todo and len(done) < _MAX_GLOB:
+    # each step finishes a word or opens one brace
+    for _ in range(2 * _MAX_GLOB):
+        _on_time()
+        if not todo or len(done) >= _MAX_GLOB:
+            break
         word = todo.pop(0)
         match = _BRACES.search(word)
         if not match:
@@ -2906,7 +3044,8 @@ def _brace_expand(word: str) -> list[str]:
             continue
         before = word[:match.start()]
         after = word[match.end():]
-        todo[:0] = [before + alt + after for alt in match[1].split(",")]
+        alternatives = match[1].split(",")[:_MAX_GLOB]
+        todo[:0] = [before + alt + after for alt in alternatives]
     return done
 
 
@@ -2941,6 +3080,7 @@ def _printed(words: list[str]) -> str | None:
 
 
 _EXPANSION = re.compile(r"\$[\w{(@*#?$!-]")
+_BRACE_MARKS = re.compile(r"[{},]|\.\.")
 
 
 def _unliteral(words: list, cwd: str) -> str | None:
@@ -2953,19 +3093,40 @@ def _unliteral(words: list, cwd: str) -> str | None:
                 return "it runs a command substitution"
             if kind == "arith":
                 return "it uses arithmetic expansion"
+            if kind == "locale":
+                return 'it uses a $"..." string, which the locale translates'
             if kind in ("raw", "dq") and _EXPANSION.search(text):
                 return "it expands a variable"
-            if kind == "raw" and _BRACES.search(text):
-                return "it uses brace expansion"
-            if kind == "raw" and re.search(r"\[.*\]", text):
-                return ("it uses a bracket glob, which bash and this check "
-                        "may read differently")
             if kind == "raw" and index == 0 and re.match(r"~[^/]", text):
                 return "it uses ~user expansion"
+        # what bash sees unquoted: quoted text cannot open a brace or bracket
+        unquoted = "".join(t if k == "raw" else "_" for k, t in pieces)
+        if _brace_expansion(unquoted):
+            return "it uses brace expansion"
+        opening = unquoted.find("[")
+        if opening >= 0 and "]" in unquoted[opening:]:
+            return ("it uses a bracket glob, which bash and this check "
+                    "may read differently")
         problem = _glob_into_option(pieces, cwd)
         if problem:
             return problem
     return None
+
+
+def _brace_expansion(unquoted: str) -> bool:
+    """Whether bash brace-expands this: a {...} holding a comma or a sequence
+    (..) at its own level, however deep ({a,b}, {1..3}, x{a,{b}}). One pass,
+    with a stack of the braces still open."""
+    separated = []
+    for mark in _BRACE_MARKS.finditer(unquoted):
+        _on_time()
+        if mark[0] == "{":
+            separated.append(False)
+        elif mark[0] != "}" and separated:
+            separated[-1] = True
+        elif mark[0] == "}" and separated and separated.pop():
+            return True
+    return False
 
 
 def _glob_into_option(pieces: list, cwd: str) -> str | None:
@@ -2980,11 +3141,12 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
             parts.append(_bash_glob(text))
         else:
             parts.append(glob.escape(text))
-    pattern = "".join(parts)
     try:
-        matches = glob.glob(pattern, root_dir=cwd)[:_MAX_GLOB]
+        matches = _glob("".join(parts), root_dir=cwd)
     except (OSError, ValueError):
         return "a glob could not be expanded"
+    if matches is None:
+        return f"a glob matches more than {_MAX_GLOB} paths"
     for match in matches:
         if match.startswith("-"):
             return f"a glob expands to an option ({match})"
@@ -3019,19 +3181,22 @@ def _segments(tokens: list) -> list[tuple[list, list, bool]]:
     return [s for s in segments if s[0] or s[1]]
 
 
-def _lex(text: str) -> list:
-    """Tokens ("op", operator) and ("word", pieces); a piece is (kind,
-    text), kind one of raw (unquoted), dq (double-quoted), lit
-    (single-quoted or escaped), arith (an arithmetic expansion's text), sub
-    and dqsub (the source of a command substitution). A heredoc body becomes
-    its `<<` word's content."""
+def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
+    """(tokens, the index after them): ("op", operator) and ("word",
+    pieces); a piece is (kind, text), kind one of raw (unquoted), dq
+    (double-quoted), lit (single-quoted or escaped), locale (the mark of a
+    $"..." string), arith (an arithmetic expansion's text), sub and dqsub
+    (the source of a command substitution). A heredoc body becomes its `<<`
+    word's content. closing: the body of a $( ), ended by its unmatched ")"
+    just as bash ends it (comments and heredocs included)."""
     tokens = []
     pieces = []
     raw = []
     heredocs = []
     # set after << until its delimiter word is read
     delimiter_op = None
-    i = 0
+    # ( opened inside a $( ) body and not yet closed
+    depth = 0
     n = len(text)
 
     def piece(kind, value):
@@ -3056,6 +3221,7 @@ def _lex(text: str) -> list:
             pieces.clear()
 
     while i < n:
+        _on_time()
         c = text[i]
         at_word_start = not pieces and not raw
         # <(cmd) and >(cmd) starting a word are process substitutions
@@ -3068,19 +3234,13 @@ def _lex(text: str) -> list:
                 piece("lit", text[i + 1:i + 2])
             i += 2
         elif c == "'" or text.startswith("$'", i):
-            # '...' is literal; $'...' decodes backslash escapes
-            ansi_c = c == "$"
-            start = i + 1 + ansi_c
-            end = start
-            while end < n and text[end] != "'":
-                end += 2 if ansi_c and text[end] == "\\" else 1
-            if end >= n:
-                raise _ParseError("unterminated quote")
-            body = text[start:end]
-            piece("lit", _ansi_c(body) if ansi_c else body)
-            i = end + 1
-        elif c == '"':
-            i = _lex_double(text, i + 1, piece)
+            i = _lex_single(text, i, piece)
+        elif c == '"' or text.startswith('$"', i):
+            if c == "$":
+                # $"..." is looked up in the locale's message catalogue
+                # (TEXTDOMAIN): it may stand for any text
+                piece("locale", "")
+            i = _lex_double(text, i + 1 + (c == "$"), piece)
         elif c == "`" or text.startswith("$(", i) or process_substitution:
             i, literal, commands = _substitution(text, i)
             piece("arith" if literal else None, literal)
@@ -3098,25 +3258,58 @@ def _lex(text: str) -> list:
         elif c in " \t":
             end_word()
             i += 1
-        else:
-            op = next((o for o in _OPERATORS if text.startswith(o, i)), None)
-            if op is None:
-                raw.append(c)
-                i += 1
-                continue
-            if c in "<>" and not pieces and _is_number("".join(raw)):
-                # the descriptor number in 2> and 0< does not matter here
-                raw.clear()
+        elif c in _OPERATOR_START:
+            op = next(o for o in _OPERATORS if text.startswith(o, i))
+            if op not in _SEPARATORS:
+                _redirection_word(pieces, raw, op)
             end_word()
-            tokens.append(("op", op))
             i += len(op)
+            depth += (op == "(") - (op == ")")
+            if closing and depth < 0:
+                return tokens, i
+            tokens.append(("op", op))
             if op in ("<<", "<<-"):
                 delimiter_op = op
             elif op == "\n" and heredocs:
                 i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
+        else:
+            # a run of characters that mean nothing special here
+            end = _ORDINARY.match(text, i + 1).end()
+            raw.append(text[i:end])
+            i = end
+    if closing:
+        raise _ParseError("unbalanced parenthesis")
     end_word()
-    return tokens
+    return tokens, i
+
+
+def _redirection_word(pieces: list, raw: list, op: str) -> None:
+    """The word written right before a redirection: a descriptor number (2>)
+    is dropped; {name}> makes bash store a new descriptor's number in the
+    variable name (`{PATH}<<<x` sets PATH to 10), which is not followed."""
+    head = "".join(text for _, text in pieces) + "".join(raw)
+    if head.startswith("{") and head.endswith("}"):
+        raise _ParseError(f"{head}{op} assigns a descriptor number to "
+                          "a variable")
+    if op[0] in "<>" and not pieces and _is_number(head):
+        raw.clear()
+
+
+def _lex_single(text: str, i: int, piece) -> int:
+    """Lex '...' (literal) or $'...' (backslash escapes decoded) at i; return
+    the index after it."""
+    ansi_c = text[i] == "$"
+    start = i + 1 + ansi_c
+    if ansi_c:
+        end = _ANSI_C_BODY.match(text, start).end()
+    else:
+        end = text.find("'", start)
+    if text[end:end + 1] != "'":
+        raise _ParseError("unterminated quote")
+    body = text[start:end]
+    piece("lit", _ansi_c(body) if ansi_c else body)
+    return end + 1
 
 
 def _lex_double(text: str, i: int, piece) -> int:
@@ -3132,6 +3325,7 @@ def _lex_double(text: str, i: int, piece) -> int:
             piece(kind, value)
 
     while i < len(text):
+        _on_time()
         c = text[i]
         if c == '"':
             flush()
@@ -3147,8 +3341,9 @@ def _lex_double(text: str, i: int, piece) -> int:
             for command in commands:
                 flush("dqsub", command)
         else:
-            buf.append(c)
-            i += 1
+            end = _DOUBLE_QUOTED.match(text, i + 1).end()
+            buf.append(text[i:end])
+            i = end
     raise _ParseError("unterminated double quote")
 
 
@@ -3157,23 +3352,24 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
     arithmetic, the commands it runs). Arithmetic is data, except the
     substitutions inside it."""
     if text[i] == "`":
-        end = i + 1
-        while end < len(text) and text[end] != "`":
-            end += 2 if text[end] == "\\" else 1
-        if end >= len(text):
+        end = _BACKTICK_BODY.match(text, i + 1).end()
+        if text[end:end + 1] != "`":
             raise _ParseError("unterminated backtick")
         return end + 1, None, [re.sub(r"\\([`$\\\"])", r"\1", text[i + 1:end])]
-    end = _balanced(text, i + 1)
     if text.startswith("$((", i):
+        end = _balanced(text, i + 1)
         return end, text[i:end], _nested_subs(text[i + 3:end - 2])
-    return end, None, [text[i + 2:end - 1]]
+    start = i + 2
+    _, end = _lex(text, start, closing=True)
+    return end, None, [text[start:end - 1]]
 
 
 def _balanced(text: str, i: int) -> int:
-    """text[i] is "("; return the index just after its matching ")", skipping
-    quotes."""
+    """text[i] is the "(" of an arithmetic expansion; return the index just
+    after its matching ")", skipping quotes."""
     depth = 0
     while i < len(text):
+        _on_time()
         c = text[i]
         if c == "\\":
             i += 1
@@ -3226,15 +3422,15 @@ def _nested_subs(text: str) -> list[str]:
     """The $( ) and backtick commands in text that quotes do not protect
     (heredoc bodies, arithmetic)."""
     found, i = [], 0
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-        elif text[i] == "`" or text.startswith("$(", i):
-            i, _, commands = _substitution(text, i)
+    while True:
+        _on_time()
+        mark = _SUBSTITUTION_MARK.search(text, i)
+        if mark is None:
+            return found
+        i = mark.end()
+        if mark[0][0] != "\\":
+            i, _, commands = _substitution(text, mark.start())
             found += commands
-        else:
-            i += 1
-    return found
 
 
 def _ansi_c(body: str) -> str:
@@ -3246,6 +3442,7 @@ def _ansi_c(body: str) -> str:
     }
 
     def decode(match):
+        _on_time()
         code = match[1]
         if code[0] in "xuU":
             value = int(code[1:], 16)

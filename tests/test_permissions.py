@@ -312,7 +312,7 @@ FLOORED = [
     "chmod -R 777 /", "chmod 777 -R /", "chmod --recursive 0777 /", "sudo chmod -R 777 /",
     "chown -R nobody /", "chmod -R 000 ~", "find / -delete", "find ~ -name '*' -delete",
     ":(){ :|:& };:", ":(){ :|: & };:", "bomb(){ bomb|bomb& };bomb", "f() { f | f & }; f",
-    "function f { f|f& }; f", "bash -c ':(){ :|:& };:'",
+    "function f { f|f& }; f", "bash -c ':(){ :|:& };:'", "echo \\' ; :(){ :|:& };:", "rm --rec -f ~",
     # a line the parser gives up on still cannot hide the floor
     "rm -rf /\necho 'unterminated",
     # places a substitution runs that a naive parser skips
@@ -604,3 +604,81 @@ def test_always_on_a_listed_command_asked_for_its_option_is_exact(project):
 def test_find_piped_into_xargs_rm_is_floored_from_its_roots(project):
     assert bash("find / | xargs rm -rf", project)["floor"]
     assert not bash("find . -name '*.pyc' | xargs rm -f", project)["floor"]
+
+
+# ------------------------------------------------ grammar the judge follows exactly, or asks (issue 19)
+
+@pytest.mark.parametrize("command", [
+    "true {PATH}<<<x; cat src/app.py", "echo hi {fd}>&2", "cat {a[1]}<src/app.py", "true {PATH}>&-",
+    'cat src/app$".py"', "ls {src,.}", "ls src/{a..c}", "ls {1..3}", "ls src{,/}",
+    "echo $(ls # )\nid\n)", "cd -", "cd -P src", "cd", "cd src src", "grep -v -- -x .env",
+])
+def test_grammar_the_judge_does_not_follow_is_never_silent(project, command):
+    assert bash(command, project)["decision"] != "allow", command
+
+
+def test_a_relative_cd_that_cdpath_may_redirect_asks(project, monkeypatch):
+    monkeypatch.setenv("CDPATH", str(project.parent / "outside"))
+    assert bash("cd src && ls", project)["decision"] == "ask"
+    assert bash("cd ./src && ls", project)["decision"] == "allow"
+    monkeypatch.delenv("CDPATH")
+    assert bash("cd src && ls", project)["decision"] == "allow"
+
+
+def test_long_options_are_followed_only_when_spelled_out(project):
+    """GNU and git expand an abbreviation among all their options, listed or not."""
+    for abbreviated in ("sort --comp=sh src/app.py", "git --exec-p=. log", "ls --al", "git log --outp=x"):
+        assert bash(abbreviated, project)["decision"] == "ask", abbreviated
+    for spelled_out in ("ls --all src", "git log --oneline", "grep --count x src/app.py"):
+        assert bash(spelled_out, project)["decision"] == "allow", spelled_out
+
+
+def test_unknown_git_commands_and_aliases_are_never_approved_by_yes(project):
+    """An unknown git command may be an alias for reset --hard: it asks every time, even under --yes."""
+    for command in ("git lg", "git -C . st", "git config alias.st status", "git config include.path ../x"):
+        result = bash(command, project)
+        assert result["decision"] == "ask" and result["destructive"], command
+    for command in ("git rev-list HEAD", "git config user.name me", "git push origin main"):
+        assert not bash(command, project)["destructive"], command
+    assert bash("git config --get alias.st", project)["decision"] == "allow"
+
+
+PATHOLOGICAL = {
+    "nested substitutions": "echo " + "$(" * 75_000 + ")" * 75_000,
+    "empty quotes": "echo " + "''" * 150_000,
+    "escaped quotes": 'echo "' + '\\"' * 150_000,
+    "unclosed brackets": "echo " + "[" * 300_000,
+    "an unclosed brace list": "echo {" + "," * 300_000,
+    "brace lists": "echo " + "{a,b}" * 60_000,
+    "unclosed parameters": "echo " + "${a" * 100_000,
+    "function definitions": "".join(f"f{i}(){{ :; }};" for i in range(25_000)),
+    "doubling variables": "A=xx;" + "A+=$A;" * 60 + "echo $A",
+    "pipes": "ls |" * 75_000 + "ls",
+    "a heredoc": "cat <<EOF\n" + "line $x `id`\n" * 25_000 + "EOF\n",
+    "an option cluster": "ls -" + "l" * 300_000,
+}
+
+
+@pytest.mark.parametrize("shape", PATHOLOGICAL)
+def test_a_300_kb_pathological_command_asks_within_its_budget(project, shape):
+    """decide() stops at DECIDE_BUDGET_SECONDS of CPU time and asks; the work after that (one linear
+    pass to build the answer) is bounded too."""
+    import time
+    started = time.thread_time()
+    decision = decide("bash", {"command": PATHOLOGICAL[shape]}, project, DEFAULTS)
+    spent = time.thread_time() - started
+    assert decision.action == "ask" and not decision.read_only
+    assert spent < 5 * permissions.DECIDE_BUDGET_SECONDS, f"{shape}: {spent:.3f} s"
+
+
+@pytest.mark.parametrize("shape", ["unclosed brackets", "an unclosed brace list", "unclosed parameters",
+                                   "escaped quotes", "function definitions", "brace lists"])
+def test_judging_grows_linearly_with_the_command(project, monkeypatch, shape):
+    """Without the budget, a third of each former quadratic shape is judged in well under a second
+    (quadratically it took minutes)."""
+    import time
+    monkeypatch.setattr(permissions, "DECIDE_BUDGET_SECONDS", 60)
+    command = PATHOLOGICAL[shape][:100_000]
+    started = time.thread_time()
+    decide("bash", {"command": command}, project, DEFAULTS)
+    assert time.thread_time() - started < 1.5, shape
