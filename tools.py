@@ -13,6 +13,7 @@ of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool i
 
 import asyncio
 import codecs
+import contextlib
 import difflib
 import errno
 import fnmatch
@@ -23,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -400,38 +402,113 @@ class Workspace:
         except ValueError:
             return str(path)
 
-    def read_file(self, path: Path) -> bytes:
-        return path.read_bytes()
+    # ------------------------------------------------ files: opened as judged, never through a link swapped in
 
-    def write_file(self, path: Path, data: bytes) -> None:
+    def places(self, confine: dict) -> list[str]:
+        """Where one call's file tools may open: the project and the outside paths its decision named
+        (real paths: permissions.py judged each call's realpath)."""
+        return [str(self.cwd), *confine["paths"]]
+
+    def judged(self, path: Path, places: list[str]) -> str:
+        """`path`'s real path, which must lie within `places`: what the permission judged, not where a
+        link changed since then now leads."""
+        real = os.path.realpath(path)
+        if not sandbox.within(real, places):
+            raise ToolError(
+                f"{_one_line(self.display(path))} now leads to {_one_line(real)}, outside the "
+                "project and the paths approved for this call, so it was not opened. "
+                "Name that path itself, so that the user is asked.",
+                error="outside")
+        return real
+
+    def open(self, path: Path, places: list[str], flags: int) -> int:
+        """A descriptor for `path` (see judged), opened without following any link: one swapped into
+        its path after the check makes the open fail, not go elsewhere. Never blocks on a FIFO."""
+        real = self.judged(path, places)
+        try:
+            return sandbox.open_no_links(real, flags | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as exc:
+            raise self.refusal(path, exc) from None
+
+    def refusal(self, path: Path, exc: OSError) -> OSError | ToolError:
+        """What to raise for an open that failed: a clear ToolError for a link met on the way (ELOOP)
+        or a socket (ENXIO), the OSError itself otherwise."""
+        shown = _one_line(self.display(path))
+        if exc.errno == errno.ENXIO:
+            return ToolError(f"{shown} is a socket, not a file.", error="not_a_file")
+        if exc.errno != errno.ELOOP:
+            return exc
+        return ToolError(
+            f"{shown} was not opened: a folder or file on its path became a symbolic link after "
+            "it was checked (a running process may be changing it), and khaelor does not follow "
+            "such a link. Look at it with ls -l, then retry.",
+            error="raced")
+
+    def read_file(self, path: Path, places: list[str]) -> bytes:
+        """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
+        past READ_FILE_CAP_BYTES (or growing past it while it is read) is too large."""
+        with os.fdopen(self.open(path, places, os.O_RDONLY), "rb") as handle:
+            return _read_regular(handle, self.display(path))
+
+    def write_file(self, path: Path, data: bytes, places: list[str]) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
-        A symlink is followed, so the link survives. New files get the umask's mode."""
-        target = Path(os.path.realpath(path))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        A link is followed when it leads within `places`, so the link survives. The folder is
+        opened as `open` does (missing ones made from their parent's descriptor) and the temp file
+        made and renamed in it, so a link swapped in meanwhile is never written through. New files
+        get the umask's mode."""
+        folder, name = os.path.split(self.judged(path, places))
         try:
-            mode = target.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = None
-        # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
-        # would mean setting it, process-wide, while other threads may be creating files.
-        tmp = target.parent / f".{target.name}.{os.urandom(6).hex()}.tmp"
-        create_mode = 0o666 if mode is None else 0o600
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = os.open(tmp, flags, create_mode)
+            folder_fd = _open_folder(folder)
+        except OSError as exc:
+            raise self.refusal(path, exc) from None
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if mode is not None:
-                os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            mode = self.file_mode(path, name, folder_fd)
+            # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
+            # would mean setting it, process-wide, while other threads may be creating files.
+            create_mode = 0o666 if mode is None else 0o600
+            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, create_mode, dir_fd=folder_fd)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    if mode is not None:
+                        os.fchmod(fd, mode)
+                    os.fsync(fd)
+                os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=folder_fd)
+                raise
+        finally:
+            os.close(folder_fd)
 
-    def remove_file(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
+    def file_mode(self, path: Path, name: str, folder_fd: int) -> int | None:
+        """The permission bits of the regular file `name` in the folder, None when there is none."""
+        try:
+            found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(found.st_mode):
+            raise self.refusal(path, OSError(errno.ELOOP, os.strerror(errno.ELOOP)))
+        if not stat.S_ISREG(found.st_mode):
+            raise _not_regular(self.display(path), found.st_mode)
+        return found.st_mode & 0o7777
+
+    def remove_file(self, path: Path, places: list[str]) -> None:
+        folder, name = os.path.split(self.judged(path, places))
+        try:
+            folder_fd = sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self.refusal(path, exc) from None
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=folder_fd)
+        finally:
+            os.close(folder_fd)
 
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
                    stdin: bool = False, confine: dict | None = None,
@@ -612,6 +689,8 @@ class Toolbox:
         self.stamps: dict[Path, tuple[int, int]] = {}
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
+        # Where the running call's file tools may open (Workspace.places).
+        self.places = [str(workspace.cwd)]
         # Content-addressed file versions, for /undo.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
@@ -642,6 +721,7 @@ class Toolbox:
         if problem:
             return ToolResult(problem, True, {"error": "invalid_input"})
         self.seen = []
+        self.places = self.workspace.places(confine)
         try:
             result = await TOOLS[name](self, args, tool_use_id, confine)
         except ToolError as exc:
@@ -680,7 +760,8 @@ class Toolbox:
             if not path.is_file():
                 return None
             self.check_fresh(path)
-            data = self.workspace.read_file(path)
+            # Only the file the model read (check_fresh): before any approval.
+            data = self.workspace.read_file(path, [os.path.realpath(path)])
             text = _lf(data.decode("utf-8").removeprefix("\ufeff"))
             old = _lf(args["old_string"])
             new = _lf(args["new_string"])
@@ -743,7 +824,14 @@ class Toolbox:
             text = f"No khaelor edits of {shown} to undo."
             return ToolResult(text, True, {"error": "no_history"})
         version = history[-1]
-        current = self.workspace.read_file(real) if real.exists() else None
+        # The very file khaelor wrote, opened as write and edit open it.
+        places = [str(real)]
+        current = None
+        try:
+            if real.exists():
+                current = self.workspace.read_file(real, places)
+        except ToolError as exc:
+            return ToolResult(str(exc), True, exc.meta)
         if current is None or _blob_name(current) != version.after:
             text = (f"{shown} changed after khaelor's last edit; "
                     "not undoing, to keep those changes.")
@@ -754,11 +842,14 @@ class Toolbox:
                 before = self.load_version(version.before)
             except OSError as exc:
                 return self._version_lost(shown, exc)
+        try:
+            if before is None:
+                self.workspace.remove_file(real, places)
+            else:
+                self.workspace.write_file(real, before, places)
+        except ToolError as exc:
+            return ToolResult(str(exc), True, exc.meta)
         history.pop()
-        if before is None:
-            self.workspace.remove_file(real)
-        else:
-            self.workspace.write_file(real, before)
         # The model's view is stale now: it must read again.
         self.stamps.pop(real, None)
         added, removed = self._report_change(
@@ -837,7 +928,7 @@ class Toolbox:
         if before is not None:
             before_version = self.keep_version(before)
         version = FileVersion(before_version, self.keep_version(after))
-        self.workspace.write_file(path, after)
+        self.workspace.write_file(path, after, self.places)
         real = Path(os.path.realpath(path))
         history = self.edit_history.setdefault(real, [])
         history.append(version)
@@ -1333,21 +1424,17 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
-    if path.is_dir():
-        return _listing(path, shown)
     if not path.exists():
         raise _missing(ws, path)
-    size = path.stat().st_size
-    if size > READ_FILE_CAP_BYTES:
-        raise ToolError(
-            f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
-            "tail, sed -n 'FROM,TOp' or grep on it.",
-            error="too_large")
-    data = ws.read_file(path)
+    fd = ws.open(path, box.places, os.O_RDONLY)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        return _listing(fd, shown)
+    with os.fdopen(fd, "rb") as handle:
+        data = _read_regular(handle, shown)
     kind = _binary_kind(data[:8192], path.name)
     if kind:
         raise ToolError(
-            f"{shown} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
+            f"{shown} is a binary file ({kind}, {len(data):,} bytes); read shows text files only.",
             error="binary")
     box.remember(path)
     lines = _split_lines(_decode_text(data))
@@ -1376,9 +1463,12 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(text, meta=meta)
 
 
-def _listing(path: Path, shown: str) -> ToolResult:
-    """A directory for read: subdirectories first, then files, each by name."""
-    entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
+def _listing(folder_fd: int, shown: str) -> ToolResult:
+    """A directory for read (its descriptor, closed here): subdirectories first, then files."""
+    try:
+        entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
+    finally:
+        os.close(folder_fd)
     names = []
     for entry in entries[:LISTING_CAP]:
         suffix = "/" if entry.is_dir() else ""
@@ -1387,6 +1477,52 @@ def _listing(path: Path, shown: str) -> ToolResult:
     if len(entries) > LISTING_CAP:
         text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
     return ToolResult(text, meta={"entries": len(entries)})
+
+
+def _read_regular(handle, shown: str) -> bytes:
+    """The bytes of an open file if it is a regular one (a FIFO or a device could block or never
+    end), up to READ_FILE_CAP_BYTES: more, even from a file still growing, is too large."""
+    found = os.fstat(handle.fileno())
+    if not stat.S_ISREG(found.st_mode):
+        raise _not_regular(shown, found.st_mode)
+    size = found.st_size
+    if size <= READ_FILE_CAP_BYTES:
+        data = handle.read(READ_FILE_CAP_BYTES + 1)
+        size = len(data)
+    if size > READ_FILE_CAP_BYTES:
+        raise ToolError(
+            f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
+            "tail, sed -n 'FROM,TOp' or grep on it.",
+            error="too_large")
+    return data
+
+
+def _not_regular(shown: str, mode: int) -> ToolError:
+    kinds = {
+        stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
+    }
+    kind = kinds.get(stat.S_IFMT(mode), "a special file")
+    return ToolError(
+        f"{shown} is {kind}, not a regular file, so it was not read "
+        "(reading it could block or never end).",
+        error="not_a_file")
+
+
+def _open_folder(folder: str) -> int:
+    """A descriptor for the real folder `folder` (as sandbox.open_no_links opens), made with its
+    missing parents first, each from its parent's descriptor: where write_file renames."""
+    try:
+        return sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
+    except FileNotFoundError:
+        parent_fd = _open_folder(os.path.dirname(folder))
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.basename(folder), dir_fd=parent_fd)
+        flags = sandbox.O_PATH | os.O_DIRECTORY
+        return sandbox.open_no_links(os.path.basename(folder), flags, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
 
 
 def _binary_kind(head: bytes, name: str) -> str | None:
@@ -1940,7 +2076,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
     if path.exists():
         # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
         box.check_fresh(path)
-        before = ws.read_file(path)
+        before = ws.read_file(path, box.places)
         if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
             text = text.replace("\n", "\r\n")
         if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
@@ -1984,7 +2120,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     if path.is_dir():
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     box.check_fresh(path)
-    before = ws.read_file(path)
+    before = ws.read_file(path, box.places)
     _refuse_masks(new, before, shown)
     try:
         text = before.decode("utf-8")

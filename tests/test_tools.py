@@ -869,8 +869,8 @@ def test_writing_a_new_file_never_sets_the_umask(box):
     old = os.umask(0o027)
     sys.setprofile(watch)
     try:
-        box.toolbox.workspace.write_file(box.root / "new.txt", b"x")
-        box.toolbox.workspace.write_file(box.root / "new.txt", b"y")      # existing: mode kept
+        box.toolbox.workspace.write_file(box.root / "new.txt", b"x", [str(box.root)])
+        box.toolbox.workspace.write_file(box.root / "new.txt", b"y", [str(box.root)])  # mode kept
     finally:
         sys.setprofile(None)
         os.umask(old)
