@@ -22,6 +22,7 @@ import json
 import mimetypes
 import os
 import re
+import select
 import shutil
 import signal
 import stat
@@ -67,6 +68,10 @@ GREP_SCAN_CAP = 10_000
 GREP_LINE_CHARS = 300
 # A ripgrep run is stopped after this.
 SEARCH_TIMEOUT_S = 60
+# The Python grep's matching of a pattern that is not a plain literal is stopped after this.
+GREP_PATTERN_BUDGET_S = 10.0
+# A pattern with no regex syntax: it is searched for as it is, in linear time.
+PLAIN_PATTERN = re.compile(r"[^.^$*+?{}\[\]\\|()]*")
 
 BASH_DEFAULT_TIMEOUT_MS = 120_000
 BASH_MAX_TIMEOUT_MS = 600_000
@@ -2420,7 +2425,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
             regex = re.compile(pattern)
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
-        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep)
+        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
     hidden = _secret_filter(box, confine, root)
     reasons = {rel: hidden(rel) for rel in hits}
     # Links are left out silently, as ripgrep does.
@@ -2502,35 +2507,114 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
 
 
 def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
-             keep: Callable[[str], bool]) -> Hits:
+             keep: Callable[[str], bool], places: list[str]) -> Hits:
+    """grep without ripgrep. Files are opened from the judged folder's descriptor, never through a
+    link; a pattern that is not a plain literal is matched in a child process with a time budget."""
+    real = ws.judged(target, places)
+    if target.is_file():
+        folder = os.path.dirname(real)
+        rels = [os.path.basename(real)] if keep(target.name) else []
+    else:
+        folder = real
+        rels = list(filter(keep, _candidates(ws, root)))
+    try:
+        folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ws.refusal(target, exc) from None
+    try:
+        if PLAIN_PATTERN.fullmatch(regex.pattern):
+            # A literal cannot backtrack: no child (a fork costs milliseconds).
+            hits = _grep_files(regex, folder_fd, rels)
+        else:
+            hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
+    finally:
+        os.close(folder_fd)
+    if target.is_file():
+        # Shown under the name it was asked by (a link's own name).
+        hits = {target.name: lines for lines in hits.values()}
+    return hits
+
+
+def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
     hits = {}
     n_hits = 0
-    if target.is_file():
-        rels = [target.name]
-    else:
-        rels = _candidates(ws, root)
-    for rel in filter(keep, rels):
-        text = _read_text_file(root / rel)
+    for rel in rels:
+        text = _read_text_file(folder_fd, rel)
         if text is None or not regex.search(text):
             continue
         for number, line in enumerate(text.split("\n"), 1):
             if regex.search(line):
-                hits.setdefault(rel, []).append((number, line))
+                # _grep_line shows no more: a minified file's line stays small.
+                hits.setdefault(rel, []).append((number, line[:GREP_LINE_CHARS + 2]))
                 n_hits += 1
         if n_hits >= GREP_SCAN_CAP:
             break
     return hits
 
 
-def _read_text_file(path: Path) -> str | None:
-    """A file's text for the Python grep; None if it cannot be read or is binary (a NUL in it, as
-    ripgrep judges)."""
+def _in_child(work: Callable[[], Hits]) -> Hits:
+    """work()'s result, computed in a forked child that has GREP_PATTERN_BUDGET_S: Python's re
+    cannot be stopped from another thread, and a pattern like (a+)+$ backtracks for ever."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        # The child: only the match loop and the pipe; _exit skips every cleanup of the parent's.
+        status = 1
+        try:
+            os.close(read_end)
+            with os.fdopen(write_end, "w") as out:
+                json.dump(work(), out)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    output = None
     try:
-        with open(path, "rb") as handle:
+        output = _read_within(read_end, GREP_PATTERN_BUDGET_S)
+    finally:
+        os.close(read_end)
+        if output is None:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if output is None:
+        raise ToolError(
+            f"The pattern took too long (over {GREP_PATTERN_BUDGET_S:g} s) and was stopped: it "
+            "may backtrack without end (nested repeats like (a+)+). Simplify the pattern or narrow "
+            "the path.",
+            error="timeout")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise ToolError("The search failed; retry it, or narrow the path.", error="search_failed")
+    return json.loads(output)
+
+
+def _read_within(fd: int, budget_s: float) -> bytes | None:
+    """All a pipe gives until it closes, or None when that takes over budget_s."""
+    deadline = time.monotonic() + budget_s
+    chunks = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _read_text_file(folder_fd: int, rel: str) -> str | None:
+    """A file's text for the Python grep, opened beneath folder_fd through no link, at most
+    READ_FILE_CAP_BYTES of it; None if it cannot be read, is not a regular file (a FIFO would
+    block) or is binary (a NUL in it, as ripgrep judges)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        fd = sandbox.open_no_links(rel, flags, dir_fd=folder_fd)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             data = handle.read(8192)
             # A binary file (even a 1 GB one) is judged by its head.
             if b"\0" not in data:
-                data += handle.read()
+                data += handle.read(READ_FILE_CAP_BYTES)
     except OSError:
         return None
     if b"\0" in data:
