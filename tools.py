@@ -417,7 +417,7 @@ class Workspace:
     def judged(self, path: Path, places: list[str]) -> str:
         """`path`'s real path, which must lie within `places`: what the permission judged, not where a
         link changed since then now leads."""
-        real = os.path.realpath(path)
+        real = _realpath(path)
         if not sandbox.within(real, places):
             raise ToolError(
                 f"{_one_line(self.display(path))} now leads to {_one_line(real)}, outside the "
@@ -438,16 +438,12 @@ class Workspace:
     def refusal(self, path: Path, exc: OSError) -> OSError | ToolError:
         """What to raise for an open that failed: a clear ToolError for a link met on the way (ELOOP)
         or a socket (ENXIO), the OSError itself otherwise."""
-        shown = _one_line(self.display(path))
+        shown = self.display(path)
         if exc.errno == errno.ENXIO:
-            return ToolError(f"{shown} is a socket, not a file.", error="not_a_file")
+            return ToolError(f"{_one_line(shown)} is a socket, not a file.", error="not_a_file")
         if exc.errno != errno.ELOOP:
             return exc
-        return ToolError(
-            f"{shown} was not opened: a folder or file on its path became a symbolic link after "
-            "it was checked (a running process may be changing it), and khaelor does not follow "
-            "such a link. Look at it with ls -l, then retry.",
-            error="raced")
+        return _raced(shown)
 
     def read_file(self, path: Path, places: list[str]) -> bytes:
         """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
@@ -766,7 +762,7 @@ class Toolbox:
                 return None
             self.check_fresh(path)
             # Only the file the model read (check_fresh): before any approval.
-            data = self.workspace.read_file(path, [os.path.realpath(path)])
+            data = self.workspace.read_file(path, [_realpath(path)])
             text = _lf(data.decode("utf-8").removeprefix("\ufeff"))
             old = _lf(args["old_string"])
             new = _lf(args["new_string"])
@@ -822,7 +818,7 @@ class Toolbox:
     def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
         """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
         path = self.workspace.resolve(file_path)
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         shown = self.workspace.display(path)
         history = self.edit_history.get(real)
         if not history:
@@ -878,7 +874,7 @@ class Toolbox:
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it)."""
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         if stamp := _stamp(real):
             self.stamps[real] = stamp
             self.seen.append([str(real), *stamp])
@@ -910,7 +906,7 @@ class Toolbox:
     def check_fresh(self, path: Path) -> None:
         """Refuse to change a file the model has not read, or that changed on disk since it did: this
         protects the user's own concurrent edits."""
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         shown = self.workspace.display(path)
         seen = self.stamps.get(real)
         if seen is None:
@@ -934,7 +930,7 @@ class Toolbox:
             before_version = self.keep_version(before)
         version = FileVersion(before_version, self.keep_version(after))
         self.workspace.write_file(path, after, self.places)
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         history = self.edit_history.setdefault(real, [])
         history.append(version)
         del history[:-EDIT_HISTORY_DEPTH]
@@ -949,7 +945,7 @@ class Toolbox:
         self.emit(
             "FileModified", tool_use_id=tool_use_id, path=shown,
             added=added, removed=removed, diff=self.mask(diff), created=before is None,
-            real_path=str(os.path.realpath(path)),
+            real_path=_realpath(path),
             before_version=version.before, after_version=version.after)
         return added, removed
 
@@ -1500,6 +1496,23 @@ def _read_regular(handle, shown: str) -> bytes:
             "tail, sed -n 'FROM,TOp' or grep on it.",
             error="too_large")
     return data
+
+
+def _realpath(path: Path) -> str:
+    """os.path.realpath, whose readlink fails (EINVAL) when a link it met stops being one as it walks:
+    a process swapping it, reported as the race it is."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        raise _raced(str(path)) from None
+
+
+def _raced(shown: str) -> ToolError:
+    return ToolError(
+        f"{_one_line(shown)} was not opened: a folder or file on its path became a symbolic link "
+        "after it was checked (a running process may be changing it), and khaelor does not follow "
+        "such a link. Look at it with ls -l, then retry.",
+        error="raced")
 
 
 def _not_regular(shown: str, mode: int) -> ToolError:
@@ -2394,7 +2407,7 @@ def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], s
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
             return "secret"
         path = root / rel
-        if os.path.islink(path) and sandbox.within(os.path.realpath(path), closed):
+        if os.path.islink(path) and sandbox.within(_realpath(path), closed):
             return "link"
         return ""
     return hidden

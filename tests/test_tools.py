@@ -1,6 +1,8 @@
 """Tests for tools.py: real files in tmp_path, real subprocesses, no mocks of our own code."""
 
 import asyncio
+import collections
+import errno
 import os
 import re
 import socket
@@ -877,3 +879,175 @@ def test_writing_a_new_file_never_sets_the_umask(box):
     assert calls == []
     assert (box.root / "new.txt").stat().st_mode & 0o777 == 0o640
     assert (box.root / "new.txt").read_bytes() == b"y"
+
+
+# ---------------------------------------------------------------- races: the tools open what they judged
+
+# A background process (the model can start one) swaps project/d, a real folder, with a link to a
+# folder outside the project, as fast as it can, until it is killed (renameat2 RENAME_EXCHANGE: d is
+# always there, as one or the other).
+SWAPPER = """
+import ctypes, os, sys
+os.chdir(sys.argv[1])
+os.symlink(sys.argv[2], "d.link")
+libc = ctypes.CDLL(None, use_errno=True)
+while libc.renameat2(-100, b"d", -100, b"d.link", 2) == 0:
+    pass
+"""
+
+
+def swapping(root: Path, outside: Path) -> subprocess.Popen:
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(root), str(outside)])
+    deadline = time.monotonic() + 10
+    while not (root / "d").is_symlink() and time.monotonic() < deadline:
+        pass
+    return swapper
+
+
+def racing(call) -> list:
+    """Results of `call()` repeated until 3 of them lost the race after the check (the open met the
+    link swapped in), or 3,000 calls."""
+    results = []
+    n_raced = 0
+    while len(results) < 3000 and n_raced < 3:
+        results.append(call())
+        n_raced += results[-1].meta.get("error") == "raced"
+    return results
+
+
+def test_a_link_swapped_in_never_redirects_a_read(box, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("SECRET-MARKER\n")
+    (box.root / "d").mkdir()
+    (box.root / "d" / "f.txt").write_text("public\n")
+    swapper = swapping(box.root, outside)
+    try:
+        # The race is real here: a plain open by path does get the secret.
+        naive = []
+        for _ in range(2000):
+            naive.append((box.root / "d" / "f.txt").read_text())
+        results = racing(lambda: box.call("read", file_path="d/f.txt"))
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert "SECRET-MARKER\n" in naive and "public\n" in naive
+    assert not any("SECRET-MARKER" in result.text for result in results)
+    errors = collections.Counter(result.meta.get("error") for result in results)
+    # Some calls lost the race after the check: the open refused the link instead of following it.
+    assert errors["raced"] >= 1 and set(errors) <= {"raced", "outside", None}
+
+
+def test_a_link_swapped_in_never_redirects_a_write(box, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("ORIGINAL\n")
+    (box.root / "d").mkdir()
+    swapper = swapping(box.root, outside)
+    try:
+        names = iter(range(10**6))
+        results = racing(lambda: box.call("write", file_path=f"d/new{next(names)}.txt", content="x\n"))
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (outside / "keep.txt").read_text() == "ORIGINAL\n"
+    errors = collections.Counter(result.meta.get("error") for result in results)
+    assert errors["raced"] >= 1 and set(errors) <= {"raced", "outside", None}
+
+
+def test_a_link_out_of_the_project_is_opened_only_where_the_decision_named_its_target(box, tmp_path):
+    outside = tmp_path / "notes.txt"
+    outside.write_text("outside notes\n")
+    (box.root / "notes.txt").symlink_to(outside)
+    refused = box.call("read", file_path="notes.txt")
+    assert refused.is_error and refused.meta["error"] == "outside" and "outside notes" not in refused.text
+    assert box.call("write", file_path="notes.txt", content="x\n").is_error
+    approved = {"paths": [str(outside)]}
+    read = box.loop.run_until_complete(box.toolbox.run("read", {"file_path": "notes.txt"}, "tu", approved))
+    assert "outside notes" in read.text
+    written = box.loop.run_until_complete(
+        box.toolbox.run("write", {"file_path": "notes.txt", "content": "new\n"}, "tu", approved))
+    assert not written.is_error and outside.read_text() == "new\n" and (box.root / "notes.txt").is_symlink()
+
+
+def test_an_approved_outside_file_gets_its_missing_folders_made(box, tmp_path):
+    target = tmp_path / "newtool" / "conf" / "config.ini"
+    approved = {"paths": [str(target)]}
+    result = box.loop.run_until_complete(
+        box.toolbox.run("write", {"file_path": str(target), "content": "[x]\n"}, "tu", approved))
+    assert not result.is_error and target.read_text() == "[x]\n"
+
+
+def call_within(box, seconds: float, name: str, tool_input: dict, confine: dict | None = None):
+    """The result of one call, or None if it did not finish in time (it blocked)."""
+    done = []
+    worker = __import__("threading").Thread(target=lambda: done.append(
+        box.loop.run_until_complete(box.toolbox.run(name, tool_input, "tu", confine))), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return done[0] if done else None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_fifo_or_a_device_never_blocks_a_tool(box, engine):
+    os.mkfifo(box.root / "pipe")
+    (box.root / "a.txt").write_text("needle\n")
+    if engine == "python":
+        box.toolbox.ripgrep = None
+    read = call_within(box, 5, "read", {"file_path": "pipe"})
+    assert read.is_error and "FIFO" in read.text
+    zero = call_within(box, 5, "read", {"file_path": "/dev/zero"}, {"paths": ["/dev/zero"]})
+    assert zero.is_error and "character device" in zero.text
+    grep = call_within(box, 10, "grep", {"pattern": "needle"})
+    assert grep.text == "a.txt:1: needle"
+    box.call("read", file_path="a.txt")
+    write = call_within(box, 5, "write", {"file_path": "pipe", "content": "x"})
+    assert write.is_error and (box.root / "pipe").is_fifo()
+
+
+def test_a_catastrophic_pattern_in_the_python_grep_stops_within_its_budget(box, monkeypatch):
+    monkeypatch.setattr(tools, "GREP_PATTERN_BUDGET_S", 1.0)
+    box.toolbox.ripgrep = None
+    (box.root / "a.txt").write_text("a" * 40 + "b\n")
+    started = time.monotonic()
+    result = box.call("grep", pattern=r"(a+)+$")
+    assert time.monotonic() - started < 3
+    assert result.is_error and "took too long" in result.text
+    assert box.call("grep", pattern=r"a+b").text.startswith("a.txt:1: aaaa")
+
+
+def test_ripgrep_runs_read_only_in_the_sandbox(box, tmp_path):
+    if not box.toolbox.sandboxed:
+        pytest.skip("no Landlock here")
+    fake = tmp_path / "rg"
+    fake.write_text(f"#!/bin/sh\necho planted > {box.root}/planted.txt\n")
+    fake.chmod(0o755)
+    box.toolbox.ripgrep = str(fake)
+    box.call("grep", pattern="x")
+    box.call("glob", pattern="*")
+    assert not (box.root / "planted.txt").exists()
+
+
+@pytest.mark.parametrize("opener", [tools.sandbox.open_no_links, tools.sandbox.walk_open])
+def test_opening_without_links_refuses_a_link_anywhere_on_the_path(tmp_path, opener):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("real")
+    (tmp_path / "l").symlink_to("d")
+    fd = opener(str(tmp_path / "d" / "f"), os.O_RDONLY)
+    assert os.read(fd, 10) == b"real"
+    os.close(fd)
+    for path in (tmp_path / "l" / "f", tmp_path / "l"):
+        with pytest.raises(OSError) as refused:
+            opener(str(path), os.O_RDONLY)
+        assert refused.value.errno == errno.ELOOP
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as refused:
+            opener("l/f", os.O_RDONLY, dir_fd=folder)
+        assert refused.value.errno == errno.ELOOP
+        with pytest.raises(OSError) as refused:
+            opener("../x", os.O_RDONLY, dir_fd=folder)
+        assert refused.value.errno == errno.EXDEV
+    finally:
+        os.close(folder)
