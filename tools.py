@@ -492,7 +492,8 @@ class Workspace:
         except FileNotFoundError:
             return None
         if stat.S_ISLNK(found.st_mode):
-            raise self.refusal(path, OSError(errno.ELOOP, os.strerror(errno.ELOOP)))
+            # realpath left it a link: it loops (or was swapped in since); not followed.
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self.display(path))
         if not stat.S_ISREG(found.st_mode):
             raise _not_regular(self.display(path), found.st_mode)
         return found.st_mode & 0o7777
