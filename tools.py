@@ -1489,7 +1489,7 @@ def _read_regular(handle, shown: str) -> bytes:
         raise _not_regular(shown, found.st_mode)
     size = found.st_size
     if size <= READ_FILE_CAP_BYTES:
-        data = handle.read(READ_FILE_CAP_BYTES + 1)
+        data = _read_at_most(handle, READ_FILE_CAP_BYTES + 1)
         size = len(data)
     if size > READ_FILE_CAP_BYTES:
         raise ToolError(
@@ -1514,6 +1514,19 @@ def _raced(shown: str) -> ToolError:
         "after it was checked (a running process may be changing it), and khaelor does not follow "
         "such a link. Look at it with ls -l, then retry.",
         error="raced")
+
+
+def _read_at_most(handle, n_bytes: int) -> bytes:
+    """Up to n_bytes, even of a file that grows as it is read, in chunks: read(n) would allocate all
+    n_bytes first (50 MB, for every file the Python grep reads)."""
+    chunks = []
+    while n_bytes > 0:
+        chunk = handle.read(min(n_bytes, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n_bytes -= len(chunk)
+    return b"".join(chunks)
 
 
 def _not_regular(shown: str, mode: int) -> ToolError:
@@ -2628,7 +2641,7 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
             data = handle.read(8192)
             # A binary file (even a 1 GB one) is judged by its head.
             if b"\0" not in data:
-                data += handle.read(READ_FILE_CAP_BYTES)
+                data += _read_at_most(handle, READ_FILE_CAP_BYTES)
     except OSError:
         return None
     if b"\0" in data:
