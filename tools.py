@@ -2300,24 +2300,32 @@ def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-def _candidates(ws: Workspace, root: Path) -> list[str]:
+def _candidates(ws: Workspace, root: Path, places: list[str]) -> list[str]:
     """Files under `root` as relative POSIX paths, without ripgrep: git's view when it has one, else every file."""
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     if code == 0 and out:
         return [rel for rel in out.split("\0") if rel and _searched(root / rel)]
     found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != ".git")
-        base = os.path.relpath(folder, root)
-        for name in files:
-            if not _searched(Path(folder) / name):
-                continue
-            if base == ".":
-                found.append(name)
-            else:
-                found.append(f"{base}/{name}")
+    root_fd = ws.open(root, places, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # From the judged folder's descriptor, fwalk enters no folder that a link was swapped in for.
+        for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
+            dirs[:] = sorted(d for d in dirs if d != ".git")
+            for name in files:
+                if _plain_file(name, folder_fd):
+                    found.append(os.path.normpath(f"{folder}/{name}"))
+    finally:
+        os.close(root_fd)
     return found
+
+
+def _plain_file(name: str, folder_fd: int) -> bool:
+    try:
+        found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode)
 
 
 def _searched(path: Path) -> bool:
@@ -2329,7 +2337,7 @@ def _searched(path: Path) -> bool:
 async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
     if not box.ripgrep:
-        return await asyncio.to_thread(_candidates, box.workspace, root)
+        return await asyncio.to_thread(_candidates, box.workspace, root, box.places)
     argv = ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"]
     records, _ = await _ripgrep(box, argv, root, 10**7, confine, end="\0")
     return [rel.removeprefix("./") for rel in records]
@@ -2543,7 +2551,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
         rels = [os.path.basename(real)] if keep(target.name) else []
     else:
         folder = real
-        rels = list(filter(keep, _candidates(ws, root)))
+        rels = list(filter(keep, _candidates(ws, root, places)))
     try:
         folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:

@@ -956,6 +956,28 @@ def test_a_link_swapped_in_never_redirects_a_write(box, tmp_path):
     assert errors["raced"] >= 1 and set(errors) <= {"raced", "outside", None}
 
 
+def test_a_link_swapped_in_never_carries_the_python_search_out_of_the_project(box, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "SECRET-NAME.txt").write_text("MARK secret\n")
+    (box.root / "d").mkdir()
+    (box.root / "d" / "public.txt").write_text("MARK public\n")
+    # Files the walk looks at before it enters d: a wider window for the swap.
+    for n in range(300):
+        (box.root / f"f{n}.dat").write_text("")
+    box.toolbox.ripgrep = None
+    swapper = swapping(box.root, outside)
+    try:
+        results = []
+        for _ in range(15):
+            results += [box.call("glob", pattern="*.txt"), box.call("grep", pattern="MARK")]
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert not any("SECRET" in result.text or "secret" in result.text for result in results)
+    assert any("d/public.txt" in result.text for result in results)
+
+
 def test_a_link_out_of_the_project_is_opened_only_where_the_decision_named_its_target(box, tmp_path):
     outside = tmp_path / "notes.txt"
     outside.write_text("outside notes\n")
