@@ -2596,9 +2596,14 @@ def _in_child(work: Callable[[], Hits]) -> Hits:
         # The child: only the match loop and the pipe; _exit skips every cleanup of the parent's.
         status = 1
         try:
+            # Ctrl-C and resizes are for the parent: out of the terminal's process group, and
+            # no signal forwarded to the parent's event loop through its wakeup fd.
+            signal.set_wakeup_fd(-1)
+            os.setpgid(0, 0)
             os.close(read_end)
-            with os.fdopen(write_end, "w") as out:
-                json.dump(work(), out)
+            view = memoryview(json.dumps(work()).encode())
+            while view:
+                view = view[os.write(write_end, view):]
             status = 0
         finally:
             os._exit(status)

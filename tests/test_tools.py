@@ -1073,3 +1073,34 @@ def test_opening_without_links_refuses_a_link_anywhere_on_the_path(tmp_path, ope
         assert refused.value.errno == errno.EXDEV
     finally:
         os.close(folder)
+
+
+def test_a_ctrl_c_during_the_python_grep_child_reaches_khaelor_once(tmp_path):
+    """The forked child must not forward the terminal's SIGINT to the parent's event loop (its
+    wakeup fd): two would read as the second Ctrl-C, which exits."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "a.txt").write_text("a" * 40 + "b\n")
+    script = f"""
+import asyncio, os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(tools.__file__).parent)!r})
+import tools
+tools.GREP_PATTERN_BUDGET_S = 1.0
+async def main():
+    hits = []
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, lambda: hits.append(1))
+    box = tools.Toolbox(tools.Workspace(Path({str(tmp_path / 'p')!r})), Path({str(tmp_path / 'home')!r}),
+                        lambda *a, **k: {{}})
+    box.ripgrep = None
+    task = asyncio.create_task(box.run("grep", {{"pattern": "(a+)+$"}}, "x"))
+    await asyncio.sleep(0.5)
+    os.killpg(os.getpgrp(), signal.SIGINT)
+    result = await task
+    await asyncio.sleep(0.2)
+    print(len(hits), result.meta.get("error"))
+    await box.close()
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, start_new_session=True)
+    assert done.stdout.split() == ["1", "timeout"], done.stderr
