@@ -3,7 +3,8 @@ permission decision granted; and the git configuration that keeps a repository f
 
 Owns: probing the Landlock ABI, building a ruleset in the parent from a `confine` dict, the preexec hook
 that enters it in the child, the ports the session's own servers listen on, the secret locations that are
-always closed, the git settings every command carries, and the note that explains a refusal.
+always closed, the git settings every command carries, the note that explains a refusal, and opening a
+path through no symbolic link (openat2), for khaelor's own file tools.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to confine
 what it does not: `status()` says what the kernel offers, and without Landlock nothing is confined.
 

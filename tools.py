@@ -426,7 +426,7 @@ class Workspace:
                 error="outside")
         return real
 
-    def open(self, path: Path, places: list[str], flags: int) -> int:
+    def open_judged(self, path: Path, places: list[str], flags: int) -> int:
         """A descriptor for `path` (see judged), opened without following any link: one swapped into
         its path after the check makes the open fail, not go elsewhere. Never blocks on a FIFO."""
         real = self.judged(path, places)
@@ -448,13 +448,13 @@ class Workspace:
     def read_file(self, path: Path, places: list[str]) -> bytes:
         """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
         past READ_FILE_CAP_BYTES (or growing past it while it is read) is too large."""
-        with os.fdopen(self.open(path, places, os.O_RDONLY), "rb") as handle:
+        with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
             return _read_regular(handle, self.display(path))
 
     def write_file(self, path: Path, data: bytes, places: list[str]) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
         A link is followed when it leads within `places`, so the link survives. The folder is
-        opened as `open` does (missing ones made from their parent's descriptor) and the temp file
+        opened as open_judged does (missing ones made from their parent's descriptor) and the temp file
         made and renamed in it, so a link swapped in meanwhile is never written through. New files
         get the umask's mode."""
         folder, name = os.path.split(self.judged(path, places))
@@ -499,6 +499,7 @@ class Workspace:
         return found.st_mode & 0o7777
 
     def remove_file(self, path: Path, places: list[str]) -> None:
+        """Unlink `path` in its folder, opened as open_judged does (for /undo of a created file)."""
         folder, name = os.path.split(self.judged(path, places))
         try:
             folder_fd = sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
@@ -1428,7 +1429,7 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     shown = ws.display(path)
     if not path.exists():
         raise _missing(ws, path)
-    fd = ws.open(path, box.places, os.O_RDONLY)
+    fd = ws.open_judged(path, box.places, os.O_RDONLY)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         return _listing(fd, shown)
     with os.fdopen(fd, "rb") as handle:
@@ -2307,7 +2308,7 @@ def _candidates(ws: Workspace, root: Path, places: list[str]) -> list[str]:
     if code == 0 and out:
         return [rel for rel in out.split("\0") if rel and _searched(root / rel)]
     found = []
-    root_fd = ws.open(root, places, os.O_RDONLY | os.O_DIRECTORY)
+    root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
     try:
         # From the judged folder's descriptor, fwalk enters no folder that a link was swapped in for.
         for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
@@ -2546,7 +2547,8 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
     """grep without ripgrep. Files are opened from the judged folder's descriptor, never through a
     link; a pattern that is not a plain literal is matched in a child process with a time budget."""
     real = ws.judged(target, places)
-    if target.is_file():
+    single = target.is_file()
+    if single:
         folder = os.path.dirname(real)
         rels = [os.path.basename(real)] if keep(target.name) else []
     else:
@@ -2564,7 +2566,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
             hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
     finally:
         os.close(folder_fd)
-    if target.is_file():
+    if single:
         # Shown under the name it was asked by (a link's own name).
         hits = {target.name: lines for lines in hits.values()}
     return hits
@@ -2591,7 +2593,12 @@ def _in_child(work: Callable[[], Hits]) -> Hits:
     """work()'s result, computed in a forked child that has GREP_PATTERN_BUDGET_S: Python's re
     cannot be stopped from another thread, and a pattern like (a+)+$ backtracks for ever."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
     if pid == 0:
         # The child: only the match loop and the pipe; _exit skips every cleanup of the parent's.
         status = 1
