@@ -3,8 +3,8 @@ permission decision granted; and the git configuration that keeps a repository f
 
 Owns: probing the Landlock ABI, building a ruleset in the parent from a `confine` dict, the preexec hook
 that enters it in the child, the ports the session's own servers listen on, the secret locations that are
-always closed, the git settings every command carries, the note that explains a refusal, and opening a
-path through no symbolic link (openat2), for khaelor's own file tools.
+always closed, the git settings every command carries, the note that explains a refusal, and
+opening a path through no symbolic link (openat2), for khaelor's own file tools.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to confine
 what it does not: `status()` says what the kernel offers, and without Landlock nothing is confined.
 
@@ -354,10 +354,11 @@ def child_hook(fd: int):
             raise OSError("could not enter the Landlock sandbox")
     return enter
 
-# ---------------------------------------------------------------- opening a path no link can redirect
-# khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link in
-# it), then open that very path here, so a link swapped into it in between (by a background process)
-# fails the open with ELOOP instead of redirecting it to ~/.ssh/id_rsa or out of the project.
+# ---------------------------------------------------------------- opening through no link
+# khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link
+# in it), then open that very path here, so a link swapped into it in between (by a background
+# process) fails the open with ELOOP instead of redirecting it to ~/.ssh/id_rsa or out of the
+# project.
 
 # openat2(2), Linux 5.6: one number on the MACHINES, as the Landlock calls.
 SYS_OPENAT2 = 437

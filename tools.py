@@ -407,16 +407,16 @@ class Workspace:
         except ValueError:
             return str(path)
 
-    # ------------------------------------------------ files: opened as judged, never through a link swapped in
+    # ------------------------------------------------ files: opened as judged, through no link
 
     def places(self, confine: dict) -> list[str]:
-        """Where one call's file tools may open: the project and the outside paths its decision named
-        (real paths: permissions.py judged each call's realpath)."""
+        """Where one call's file tools may open: the project and the outside paths its decision
+        named (real paths: permissions.py judged each call's realpath)."""
         return [str(self.cwd), *confine["paths"]]
 
     def judged(self, path: Path, places: list[str]) -> str:
-        """`path`'s real path, which must lie within `places`: what the permission judged, not where a
-        link changed since then now leads."""
+        """`path`'s real path, which must lie within `places`: what the permission judged, not
+        where a link changed since then now leads."""
         real = _realpath(path)
         if not sandbox.within(real, places):
             raise ToolError(
@@ -436,8 +436,8 @@ class Workspace:
             raise self.refusal(path, exc) from None
 
     def refusal(self, path: Path, exc: OSError) -> OSError | ToolError:
-        """What to raise for an open that failed: a clear ToolError for a link met on the way (ELOOP)
-        or a socket (ENXIO), the OSError itself otherwise."""
+        """What to raise for an open that failed: a clear ToolError for a link met on the way
+        (ELOOP) or a socket (ENXIO), the OSError itself otherwise."""
         shown = self.display(path)
         if exc.errno == errno.ENXIO:
             return ToolError(f"{_one_line(shown)} is a socket, not a file.", error="not_a_file")
@@ -454,9 +454,9 @@ class Workspace:
     def write_file(self, path: Path, data: bytes, places: list[str]) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
         A link is followed when it leads within `places`, so the link survives. The folder is
-        opened as open_judged does (missing ones made from their parent's descriptor) and the temp file
-        made and renamed in it, so a link swapped in meanwhile is never written through. New files
-        get the umask's mode."""
+        opened as open_judged does (missing ones made from their parent's descriptor) and the
+        temp file made and renamed in it, so a link swapped in meanwhile is never written
+        through. New files get the umask's mode."""
         folder, name = os.path.split(self.judged(path, places))
         try:
             folder_fd = _open_folder(folder)
@@ -1501,8 +1501,8 @@ def _read_regular(handle, shown: str) -> bytes:
 
 
 def _realpath(path: Path) -> str:
-    """os.path.realpath, whose readlink fails (EINVAL) when a link it met stops being one as it walks:
-    a process swapping it, reported as the race it is."""
+    """os.path.realpath, whose readlink fails (EINVAL) when a link it met stops being one as it
+    walks: a process swapping it, reported as the race it is."""
     try:
         return os.path.realpath(path)
     except OSError:
@@ -2310,7 +2310,7 @@ def _candidates(ws: Workspace, root: Path, places: list[str]) -> list[str]:
     found = []
     root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        # From the judged folder's descriptor, fwalk enters no folder that a link was swapped in for.
+        # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
         for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
             dirs[:] = sorted(d for d in dirs if d != ".git")
             for name in files:

@@ -5,9 +5,9 @@
 Measures: edit on a 10,000-line file where only fuzzy strategies match (budget < 100 ms), grep and
 glob over a 5,000-file git tree with ripgrep and with the Python fallback, and Toolbox.run's own
 overhead (input checking, dispatch, budgeting) with the tool's work subtracted (budget < 5 ms).
-Also what opening without links costs (issue 19 item 4): a 4 KB read by plain open, by openat2 and by
-the O_NOFOLLOW walk, Workspace.read_file against Path.read_bytes, and the forked child that gives the
-Python grep's regex its time budget, in this small process and with 200 MB of it touched.
+Also what opening without links costs (issue 19 item 4): a 4 KB read by plain open, by openat2
+and by the O_NOFOLLOW walk, Workspace.read_file against Path.read_bytes, and the forked child that
+gives the Python grep's regex its time budget, in this small process and with 200 MB touched.
 """
 
 import asyncio
