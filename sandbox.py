@@ -3,7 +3,8 @@ permission decision granted; and the git configuration that keeps a repository f
 
 Owns: probing the Landlock ABI, building a ruleset in the parent from a `confine` dict, the preexec hook
 that enters it in the child, the ports the session's own servers listen on, the secret locations that are
-always closed, the git settings every command carries, and the note that explains a refusal.
+always closed, the git settings every command carries, the note that explains a refusal, and
+opening a path through no symbolic link (openat2), for khaelor's own file tools.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to confine
 what it does not: `status()` says what the kernel offers, and without Landlock nothing is confined.
 
@@ -908,6 +909,87 @@ class Supervisor:
             return ctypes.get_errno() if failed else 0
         finally:
             os.close(pidfd)
+# ---------------------------------------------------------------- opening through no link
+# khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link
+# in it), then open that very path here, so a link swapped into it in between (by a background
+# process) fails the open with ELOOP instead of redirecting it to ~/.ssh/id_rsa or out of the
+# project.
+
+# openat2(2), Linux 5.6: one number on the MACHINES, as the Landlock calls.
+SYS_OPENAT2 = 437
+# linux/openat2.h: refuse every symbolic link on the way, /proc's magic links too.
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+AT_FDCWD = -100
+# Crossing a folder needs only its search permission, as a plain open would (macOS has no O_PATH).
+O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint64),
+        ("mode", ctypes.c_uint64),
+        ("resolve", ctypes.c_uint64),
+    ]
+
+
+# False once the kernel answered ENOSYS (before 5.6, or a seccomp filter that hides openat2).
+_openat2_works = True
+
+
+def open_no_links(path: str, flags: int, mode: int = 0, dir_fd: int = AT_FDCWD) -> int:
+    """A descriptor (O_CLOEXEC) for `path`, relative to dir_fd or absolute, opened without following
+    any symbolic link in it: OSError ELOOP when one is there now. A relative path stays beneath
+    dir_fd (EXDEV for "..")."""
+    global _openat2_works
+    flags |= os.O_CLOEXEC
+    resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+    if dir_fd != AT_FDCWD:
+        resolve |= RESOLVE_BENEATH
+    probe()
+    if _openat2_works and _libc is not None:
+        # openat2 refuses a mode without O_CREAT
+        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
+        fd = _libc.syscall(
+            ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd),
+            ctypes.c_char_p(os.fsencode(path)), ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)))
+        if fd >= 0:
+            return fd
+        error = ctypes.get_errno()
+        if error != errno.ENOSYS:
+            raise OSError(error, os.strerror(error), path)
+        _openat2_works = False
+    return walk_open(path, flags, mode, dir_fd)
+
+
+def walk_open(path: str, flags: int, mode: int = 0, dir_fd: int = AT_FDCWD) -> int:
+    """open_no_links where openat2 is missing: one component at a time from "/" (or dir_fd), each
+    opened with O_NOFOLLOW from its parent's descriptor."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), path)
+    start = "/" if path.startswith("/") else "."
+    fd = os.open(start, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        for part in parts[:-1]:
+            step = _open_step(part, O_PATH | os.O_DIRECTORY, 0, fd)
+            os.close(fd)
+            fd = step
+        return _open_step(parts[-1] if parts else ".", flags | os.O_CLOEXEC, mode, fd)
+    finally:
+        os.close(fd)
+
+
+def _open_step(name: str, flags: int, mode: int, dir_fd: int) -> int:
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    except NotADirectoryError:
+        # O_DIRECTORY meets a link as "not a directory": say it was a link, as openat2 does
+        if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
 
 # ---------------------------------------------------------------- ports of the session's own servers
 

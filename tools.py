@@ -13,6 +13,7 @@ of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool i
 
 import asyncio
 import codecs
+import contextlib
 import difflib
 import errno
 import fnmatch
@@ -21,6 +22,7 @@ import json
 import mimetypes
 import os
 import re
+import select
 import shutil
 import signal
 import stat
@@ -66,6 +68,10 @@ GREP_SCAN_CAP = 10_000
 GREP_LINE_CHARS = 300
 # A ripgrep run is stopped after this.
 SEARCH_TIMEOUT_S = 60
+# The Python grep's matching of a pattern that is not a plain literal is stopped after this.
+GREP_PATTERN_BUDGET_S = 10.0
+# A pattern with no regex syntax: it is searched for as it is, in linear time.
+PLAIN_PATTERN = re.compile(r"[^.^$*+?{}\[\]\\|()]*")
 
 BASH_DEFAULT_TIMEOUT_MS = 120_000
 BASH_MAX_TIMEOUT_MS = 600_000
@@ -402,38 +408,111 @@ class Workspace:
         except ValueError:
             return str(path)
 
-    def read_file(self, path: Path) -> bytes:
-        return path.read_bytes()
+    # ------------------------------------------------ files: opened as judged, through no link
 
-    def write_file(self, path: Path, data: bytes) -> None:
+    def places(self, confine: dict) -> list[str]:
+        """Where one call's file tools may open: the project and the outside paths its decision
+        named (real paths: permissions.py judged each call's realpath)."""
+        return [str(self.cwd), *confine["paths"]]
+
+    def judged(self, path: Path, places: list[str]) -> str:
+        """`path`'s real path, which must lie within `places`: what the permission judged, not
+        where a link changed since then now leads."""
+        real = _realpath(path)
+        if not sandbox.within(real, places):
+            raise ToolError(
+                f"{_one_line(self.display(path))} now leads to {_one_line(real)}, outside the "
+                "project and the paths approved for this call, so it was not opened. "
+                "Name that path itself, so that the user is asked.",
+                error="outside")
+        return real
+
+    def open_judged(self, path: Path, places: list[str], flags: int) -> int:
+        """A descriptor for `path` (see judged), opened without following any link: one swapped into
+        its path after the check makes the open fail, not go elsewhere. Never blocks on a FIFO."""
+        real = self.judged(path, places)
+        try:
+            return sandbox.open_no_links(real, flags | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as exc:
+            raise self.refusal(path, exc) from None
+
+    def refusal(self, path: Path, exc: OSError) -> OSError | ToolError:
+        """What to raise for an open that failed: a clear ToolError for a link met on the way
+        (ELOOP) or a socket (ENXIO), the OSError itself otherwise."""
+        shown = self.display(path)
+        if exc.errno == errno.ENXIO:
+            return ToolError(f"{_one_line(shown)} is a socket, not a file.", error="not_a_file")
+        if exc.errno != errno.ELOOP:
+            return exc
+        return _raced(shown)
+
+    def read_file(self, path: Path, places: list[str]) -> bytes:
+        """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
+        past READ_FILE_CAP_BYTES (or growing past it while it is read) is too large."""
+        with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
+            return _read_regular(handle, self.display(path))
+
+    def write_file(self, path: Path, data: bytes, places: list[str]) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
-        A symlink is followed, so the link survives. New files get the umask's mode."""
-        target = Path(os.path.realpath(path))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        A link is followed when it leads within `places`, so the link survives. The folder is
+        opened as open_judged does (missing ones made from their parent's descriptor) and the
+        temp file made and renamed in it, so a link swapped in meanwhile is never written
+        through. New files get the umask's mode."""
+        folder, name = os.path.split(self.judged(path, places))
         try:
-            mode = target.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = None
-        # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
-        # would mean setting it, process-wide, while other threads may be creating files.
-        tmp = target.parent / f".{target.name}.{os.urandom(6).hex()}.tmp"
-        create_mode = 0o666 if mode is None else 0o600
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = os.open(tmp, flags, create_mode)
+            folder_fd = _open_folder(folder)
+        except OSError as exc:
+            raise self.refusal(path, exc) from None
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if mode is not None:
-                os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            mode = self.file_mode(path, name, folder_fd)
+            # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
+            # would mean setting it, process-wide, while other threads may be creating files.
+            create_mode = 0o666 if mode is None else 0o600
+            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, create_mode, dir_fd=folder_fd)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    if mode is not None:
+                        os.fchmod(fd, mode)
+                    os.fsync(fd)
+                os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=folder_fd)
+                raise
+        finally:
+            os.close(folder_fd)
 
-    def remove_file(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
+    def file_mode(self, path: Path, name: str, folder_fd: int) -> int | None:
+        """The permission bits of the regular file `name` in the folder, None when there is none."""
+        try:
+            found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(found.st_mode):
+            # realpath left it a link: it loops (or was swapped in since); not followed.
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self.display(path))
+        if not stat.S_ISREG(found.st_mode):
+            raise _not_regular(self.display(path), found.st_mode)
+        return found.st_mode & 0o7777
+
+    def remove_file(self, path: Path, places: list[str]) -> None:
+        """Unlink `path` in its folder, opened as open_judged does (for /undo of a created file)."""
+        folder, name = os.path.split(self.judged(path, places))
+        try:
+            folder_fd = sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self.refusal(path, exc) from None
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=folder_fd)
+        finally:
+            os.close(folder_fd)
 
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
                    stdin: bool = False, confine: dict | None = None,
@@ -751,6 +830,8 @@ class Toolbox:
         self.stamps: dict[Path, tuple[int, int]] = {}
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
+        # Where the running call's file tools may open (Workspace.places).
+        self.places = [str(workspace.cwd)]
         # Content-addressed file versions, for /undo.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
@@ -781,6 +862,7 @@ class Toolbox:
         if problem:
             return ToolResult(problem, True, {"error": "invalid_input"})
         self.seen = []
+        self.places = self.workspace.places(confine)
         try:
             result = await TOOLS[name](self, args, tool_use_id, confine)
         except ToolError as exc:
@@ -819,7 +901,8 @@ class Toolbox:
             if not path.is_file():
                 return None
             self.check_fresh(path)
-            data = self.workspace.read_file(path)
+            # Only the file the model read (check_fresh): before any approval.
+            data = self.workspace.read_file(path, [_realpath(path)])
             text = _lf(data.decode("utf-8").removeprefix("\ufeff"))
             old = _lf(args["old_string"])
             new = _lf(args["new_string"])
@@ -875,14 +958,21 @@ class Toolbox:
     def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
         """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
         path = self.workspace.resolve(file_path)
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         shown = self.workspace.display(path)
         history = self.edit_history.get(real)
         if not history:
             text = f"No khaelor edits of {shown} to undo."
             return ToolResult(text, True, {"error": "no_history"})
         version = history[-1]
-        current = self.workspace.read_file(real) if real.exists() else None
+        # The very file khaelor wrote, opened as write and edit open it.
+        places = [str(real)]
+        current = None
+        try:
+            if real.exists():
+                current = self.workspace.read_file(real, places)
+        except ToolError as exc:
+            return ToolResult(str(exc), True, exc.meta)
         if current is None or _blob_name(current) != version.after:
             text = (f"{shown} changed after khaelor's last edit; "
                     "not undoing, to keep those changes.")
@@ -893,11 +983,14 @@ class Toolbox:
                 before = self.load_version(version.before)
             except OSError as exc:
                 return self._version_lost(shown, exc)
+        try:
+            if before is None:
+                self.workspace.remove_file(real, places)
+            else:
+                self.workspace.write_file(real, before, places)
+        except ToolError as exc:
+            return ToolResult(str(exc), True, exc.meta)
         history.pop()
-        if before is None:
-            self.workspace.remove_file(real)
-        else:
-            self.workspace.write_file(real, before)
         # The model's view is stale now: it must read again.
         self.stamps.pop(real, None)
         added, removed = self._report_change(
@@ -921,7 +1014,7 @@ class Toolbox:
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it)."""
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         if stamp := _stamp(real):
             self.stamps[real] = stamp
             self.seen.append([str(real), *stamp])
@@ -953,7 +1046,7 @@ class Toolbox:
     def check_fresh(self, path: Path) -> None:
         """Refuse to change a file the model has not read, or that changed on disk since it did: this
         protects the user's own concurrent edits."""
-        real = Path(os.path.realpath(path))
+        real = Path(_realpath(path))
         shown = self.workspace.display(path)
         seen = self.stamps.get(real)
         if seen is None:
@@ -976,8 +1069,8 @@ class Toolbox:
         if before is not None:
             before_version = self.keep_version(before)
         version = FileVersion(before_version, self.keep_version(after))
-        self.workspace.write_file(path, after)
-        real = Path(os.path.realpath(path))
+        self.workspace.write_file(path, after, self.places)
+        real = Path(_realpath(path))
         history = self.edit_history.setdefault(real, [])
         history.append(version)
         del history[:-EDIT_HISTORY_DEPTH]
@@ -992,7 +1085,7 @@ class Toolbox:
         self.emit(
             "FileModified", tool_use_id=tool_use_id, path=shown,
             added=added, removed=removed, diff=self.mask(diff), created=before is None,
-            real_path=str(os.path.realpath(path)),
+            real_path=_realpath(path),
             before_version=version.before, after_version=version.after)
         return added, removed
 
@@ -1461,21 +1554,17 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
-    if path.is_dir():
-        return _listing(path, shown)
     if not path.exists():
         raise _missing(ws, path)
-    size = path.stat().st_size
-    if size > READ_FILE_CAP_BYTES:
-        raise ToolError(
-            f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
-            "tail, sed -n 'FROM,TOp' or grep on it.",
-            error="too_large")
-    data = ws.read_file(path)
+    fd = ws.open_judged(path, box.places, os.O_RDONLY)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        return _listing(fd, shown)
+    with os.fdopen(fd, "rb") as handle:
+        data = _read_regular(handle, shown)
     kind = _binary_kind(data[:8192], path.name)
     if kind:
         raise ToolError(
-            f"{shown} is a binary file ({kind}, {size:,} bytes); read shows text files only.",
+            f"{shown} is a binary file ({kind}, {len(data):,} bytes); read shows text files only.",
             error="binary")
     box.remember(path)
     lines = _split_lines(_decode_text(data))
@@ -1504,9 +1593,12 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(text, meta=meta)
 
 
-def _listing(path: Path, shown: str) -> ToolResult:
-    """A directory for read: subdirectories first, then files, each by name."""
-    entries = sorted(os.scandir(path), key=lambda entry: (not entry.is_dir(), entry.name))
+def _listing(folder_fd: int, shown: str) -> ToolResult:
+    """A directory for read (its descriptor, closed here): subdirectories first, then files."""
+    try:
+        entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
+    finally:
+        os.close(folder_fd)
     names = []
     for entry in entries[:LISTING_CAP]:
         suffix = "/" if entry.is_dir() else ""
@@ -1515,6 +1607,82 @@ def _listing(path: Path, shown: str) -> ToolResult:
     if len(entries) > LISTING_CAP:
         text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
     return ToolResult(text, meta={"entries": len(entries)})
+
+
+def _read_regular(handle, shown: str) -> bytes:
+    """The bytes of an open file if it is a regular one (a FIFO or a device could block or never
+    end), up to READ_FILE_CAP_BYTES: more, even from a file still growing, is too large."""
+    found = os.fstat(handle.fileno())
+    if not stat.S_ISREG(found.st_mode):
+        raise _not_regular(shown, found.st_mode)
+    size = found.st_size
+    if size <= READ_FILE_CAP_BYTES:
+        data = _read_at_most(handle, READ_FILE_CAP_BYTES + 1)
+        size = len(data)
+    if size > READ_FILE_CAP_BYTES:
+        raise ToolError(
+            f"{shown} is {size:,} bytes, too large to read whole; use bash with head, "
+            "tail, sed -n 'FROM,TOp' or grep on it.",
+            error="too_large")
+    return data
+
+
+def _realpath(path: Path) -> str:
+    """os.path.realpath, whose readlink fails (EINVAL) when a link it met stops being one as it
+    walks: a process swapping it, reported as the race it is."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        raise _raced(str(path)) from None
+
+
+def _raced(shown: str) -> ToolError:
+    return ToolError(
+        f"{_one_line(shown)} was not opened: a folder or file on its path became a symbolic link "
+        "after it was checked (a running process may be changing it), and khaelor does not follow "
+        "such a link. Look at it with ls -l, then retry.",
+        error="raced")
+
+
+def _read_at_most(handle, n_bytes: int) -> bytes:
+    """Up to n_bytes, even of a file that grows as it is read, in chunks: read(n) would allocate all
+    n_bytes first (50 MB, for every file the Python grep reads)."""
+    chunks = []
+    while n_bytes > 0:
+        chunk = handle.read(min(n_bytes, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n_bytes -= len(chunk)
+    return b"".join(chunks)
+
+
+def _not_regular(shown: str, mode: int) -> ToolError:
+    kinds = {
+        stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
+    }
+    kind = kinds.get(stat.S_IFMT(mode), "a special file")
+    return ToolError(
+        f"{shown} is {kind}, not a regular file, so it was not read "
+        "(reading it could block or never end).",
+        error="not_a_file")
+
+
+def _open_folder(folder: str) -> int:
+    """A descriptor for the real folder `folder` (as sandbox.open_no_links opens), made with its
+    missing parents first, each from its parent's descriptor: where write_file renames."""
+    try:
+        return sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
+    except FileNotFoundError:
+        parent_fd = _open_folder(os.path.dirname(folder))
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.basename(folder), dir_fd=parent_fd)
+        flags = sandbox.O_PATH | os.O_DIRECTORY
+        return sandbox.open_no_links(os.path.basename(folder), flags, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
 
 
 def _binary_kind(head: bytes, name: str) -> str | None:
@@ -2068,7 +2236,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
     if path.exists():
         # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
         box.check_fresh(path)
-        before = ws.read_file(path)
+        before = ws.read_file(path, box.places)
         if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
             text = text.replace("\n", "\r\n")
         if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
@@ -2112,7 +2280,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     if path.is_dir():
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     box.check_fresh(path)
-    before = ws.read_file(path)
+    before = ws.read_file(path, box.places)
     _refuse_masks(new, before, shown)
     try:
         text = before.decode("utf-8")
@@ -2260,24 +2428,32 @@ def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-def _candidates(ws: Workspace, root: Path) -> list[str]:
+def _candidates(ws: Workspace, root: Path, places: list[str]) -> list[str]:
     """Files under `root` as relative POSIX paths, without ripgrep: git's view when it has one, else every file."""
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     if code == 0 and out:
         return [rel for rel in out.split("\0") if rel and _searched(root / rel)]
     found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != ".git")
-        base = os.path.relpath(folder, root)
-        for name in files:
-            if not _searched(Path(folder) / name):
-                continue
-            if base == ".":
-                found.append(name)
-            else:
-                found.append(f"{base}/{name}")
+    root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
+        for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
+            dirs[:] = sorted(d for d in dirs if d != ".git")
+            for name in files:
+                if _plain_file(name, folder_fd):
+                    found.append(os.path.normpath(f"{folder}/{name}"))
+    finally:
+        os.close(root_fd)
     return found
+
+
+def _plain_file(name: str, folder_fd: int) -> bool:
+    try:
+        found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode)
 
 
 def _searched(path: Path) -> bool:
@@ -2289,7 +2465,7 @@ def _searched(path: Path) -> bool:
 async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
     if not box.ripgrep:
-        return await asyncio.to_thread(_candidates, box.workspace, root)
+        return await asyncio.to_thread(_candidates, box.workspace, root, box.places)
     argv = ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"]
     records, _ = await _ripgrep(box, argv, root, 10**7, confine, end="\0")
     return [rel.removeprefix("./") for rel in records]
@@ -2381,7 +2557,7 @@ def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], s
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
             return "secret"
         path = root / rel
-        if os.path.islink(path) and sandbox.within(os.path.realpath(path), closed):
+        if os.path.islink(path) and sandbox.within(_realpath(path), closed):
             return "link"
         return ""
     return hidden
@@ -2412,7 +2588,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
             regex = re.compile(pattern)
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
-        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep)
+        hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
     hidden = _secret_filter(box, confine, root)
     reasons = {rel: hidden(rel) for rel in hits}
     # Links are left out silently, as ripgrep does.
@@ -2494,35 +2670,125 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
 
 
 def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
-             keep: Callable[[str], bool]) -> Hits:
+             keep: Callable[[str], bool], places: list[str]) -> Hits:
+    """grep without ripgrep. Files are opened from the judged folder's descriptor, never through a
+    link; a pattern that is not a plain literal is matched in a child process with a time budget."""
+    real = ws.judged(target, places)
+    single = target.is_file()
+    if single:
+        folder = os.path.dirname(real)
+        rels = [os.path.basename(real)] if keep(target.name) else []
+    else:
+        folder = real
+        rels = list(filter(keep, _candidates(ws, root, places)))
+    try:
+        folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ws.refusal(target, exc) from None
+    try:
+        if PLAIN_PATTERN.fullmatch(regex.pattern):
+            # A literal cannot backtrack: no child (a fork costs milliseconds).
+            hits = _grep_files(regex, folder_fd, rels)
+        else:
+            hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
+    finally:
+        os.close(folder_fd)
+    if single:
+        # Shown under the name it was asked by (a link's own name).
+        hits = {target.name: lines for lines in hits.values()}
+    return hits
+
+
+def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
     hits = {}
     n_hits = 0
-    if target.is_file():
-        rels = [target.name]
-    else:
-        rels = _candidates(ws, root)
-    for rel in filter(keep, rels):
-        text = _read_text_file(root / rel)
+    for rel in rels:
+        text = _read_text_file(folder_fd, rel)
         if text is None or not regex.search(text):
             continue
         for number, line in enumerate(text.split("\n"), 1):
             if regex.search(line):
-                hits.setdefault(rel, []).append((number, line))
+                # _grep_line shows no more: a minified file's line stays small.
+                hits.setdefault(rel, []).append((number, line[:GREP_LINE_CHARS + 2]))
                 n_hits += 1
         if n_hits >= GREP_SCAN_CAP:
             break
     return hits
 
 
-def _read_text_file(path: Path) -> str | None:
-    """A file's text for the Python grep; None if it cannot be read or is binary (a NUL in it, as
-    ripgrep judges)."""
+def _in_child(work: Callable[[], Hits]) -> Hits:
+    """work()'s result, computed in a forked child that has GREP_PATTERN_BUDGET_S: Python's re
+    cannot be stopped from another thread, and a pattern like (a+)+$ backtracks for ever."""
+    read_end, write_end = os.pipe()
     try:
-        with open(path, "rb") as handle:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
+    if pid == 0:
+        # The child: only the match loop and the pipe; _exit skips every cleanup of the parent's.
+        status = 1
+        try:
+            # Ctrl-C and resizes are for the parent: out of the terminal's process group, and
+            # no signal forwarded to the parent's event loop through its wakeup fd.
+            signal.set_wakeup_fd(-1)
+            os.setpgid(0, 0)
+            os.close(read_end)
+            view = memoryview(json.dumps(work()).encode())
+            while view:
+                view = view[os.write(write_end, view):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    output = None
+    try:
+        output = _read_within(read_end, GREP_PATTERN_BUDGET_S)
+    finally:
+        os.close(read_end)
+        if output is None:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if output is None:
+        raise ToolError(
+            f"The pattern took too long (over {GREP_PATTERN_BUDGET_S:g} s) and was stopped: it "
+            "may backtrack without end (nested repeats like (a+)+). Simplify the pattern or narrow "
+            "the path.",
+            error="timeout")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise ToolError("The search failed; retry it, or narrow the path.", error="search_failed")
+    return json.loads(output)
+
+
+def _read_within(fd: int, budget_s: float) -> bytes | None:
+    """All a pipe gives until it closes, or None when that takes over budget_s."""
+    deadline = time.monotonic() + budget_s
+    chunks = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _read_text_file(folder_fd: int, rel: str) -> str | None:
+    """A file's text for the Python grep, opened beneath folder_fd through no link, at most
+    READ_FILE_CAP_BYTES of it; None if it cannot be read, is not a regular file (a FIFO would
+    block) or is binary (a NUL in it, as ripgrep judges)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        fd = sandbox.open_no_links(rel, flags, dir_fd=folder_fd)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             data = handle.read(8192)
             # A binary file (even a 1 GB one) is judged by its head.
             if b"\0" not in data:
-                data += handle.read()
+                data += _read_at_most(handle, READ_FILE_CAP_BYTES)
     except OSError:
         return None
     if b"\0" in data:

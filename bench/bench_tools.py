@@ -5,9 +5,13 @@
 Measures: edit on a 10,000-line file where only fuzzy strategies match (budget < 100 ms), grep and
 glob over a 5,000-file git tree with ripgrep and with the Python fallback, and Toolbox.run's own
 overhead (input checking, dispatch, budgeting) with the tool's work subtracted (budget < 5 ms).
+Also what opening without links costs (issue 19 item 4): a 4 KB read by plain open, by openat2
+and by the O_NOFOLLOW walk, Workspace.read_file against Path.read_bytes, and the forked child that
+gives the Python grep's regex its time budget, in this small process and with 200 MB touched.
 """
 
 import asyncio
+import os
 import shutil
 import statistics
 import subprocess
@@ -99,13 +103,53 @@ async def bench_dispatch(root: Path, box: tools.Toolbox, runs: int) -> dict[str,
         await box.run("read", tool_input, f"d{n}")
         through_run.append(time.perf_counter() - started)
         started = time.perf_counter()
-        await tools.TOOLS["read"](box, dict(tool_input), f"d{n}")
+        await tools.TOOLS["read"](box, dict(tool_input), f"d{n}", tools.DEFAULT_CONFINE)
         direct.append(time.perf_counter() - started)
         started = time.perf_counter()
         await box.run("no_such_tool", tool_input, f"u{n}")
         unknown.append(time.perf_counter() - started)
     return {"Toolbox.run overhead (read, tool work subtracted)": median_ms(through_run) - median_ms(direct),
             "Toolbox.run on an unknown tool (dispatch only)": median_ms(unknown)}
+
+
+def bench_open(root: Path, box: tools.Toolbox, runs: int) -> dict[str, float]:
+    small = root / "pkg" / "mod" / "small.txt"
+    small.parent.mkdir(parents=True)
+    small.write_bytes(b"x" * 4096)
+    real = os.path.realpath(small)
+    places = [str(box.workspace.cwd)]
+
+    def read_with(opener) -> None:
+        fd = opener(real, os.O_RDONLY)
+        os.read(fd, 8192)
+        os.close(fd)
+    cases = {
+        "read 4 KB: os.open": lambda: read_with(os.open),
+        "read 4 KB: openat2 RESOLVE_NO_SYMLINKS": lambda: read_with(tools.sandbox.open_no_links),
+        "read 4 KB: O_NOFOLLOW walk (no openat2)": lambda: read_with(tools.sandbox.walk_open),
+        "read 4 KB: Path.read_bytes": small.read_bytes,
+        "read 4 KB: Workspace.read_file (realpath, check, openat2)":
+            lambda: box.workspace.read_file(small, places),
+        "grep's forked child, empty work": lambda: tools._in_child(dict),
+    }
+    results = {}
+    for name, case in cases.items():
+        samples = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            case()
+            samples.append(time.perf_counter() - started)
+        results[name] = median_ms(samples)
+    ballast = bytearray(200_000_000)
+    for offset in range(0, len(ballast), 4096):
+        ballast[offset] = 1
+    samples = []
+    for _ in range(runs // 10):
+        started = time.perf_counter()
+        tools._in_child(dict)
+        samples.append(time.perf_counter() - started)
+    results["grep's forked child, empty work, 200 MB touched"] = median_ms(samples)
+    return results
 
 
 async def main() -> None:
@@ -121,6 +165,7 @@ async def main() -> None:
         rows.update(await bench_edit(project, box, 15))
         rows.update(await bench_search(tree, tree_box, 5))
         rows.update(await bench_dispatch(project, box, 200))
+        rows.update(bench_open(project, box, 500))
         await box.close()
         await tree_box.close()
     width = max(map(len, rows))

@@ -1,11 +1,14 @@
 """Tests for tools.py: real files in tmp_path, real subprocesses, no mocks of our own code."""
 
 import asyncio
+import collections
+import errno
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -877,11 +880,237 @@ def test_writing_a_new_file_never_sets_the_umask(box):
     old = os.umask(0o027)
     sys.setprofile(watch)
     try:
-        box.toolbox.workspace.write_file(box.root / "new.txt", b"x")
-        box.toolbox.workspace.write_file(box.root / "new.txt", b"y")      # existing: mode kept
+        box.toolbox.workspace.write_file(box.root / "new.txt", b"x", [str(box.root)])
+        box.toolbox.workspace.write_file(box.root / "new.txt", b"y", [str(box.root)])  # mode kept
     finally:
         sys.setprofile(None)
         os.umask(old)
     assert calls == []
     assert (box.root / "new.txt").stat().st_mode & 0o777 == 0o640
     assert (box.root / "new.txt").read_bytes() == b"y"
+
+
+# ---------------------------------------------------------------- races: tools open what was judged
+
+# A background process (the model can start one) swaps project/d, a real folder, with a link to a
+# folder outside the project, as fast as it can, until it is killed (renameat2 RENAME_EXCHANGE: d is
+# always there, as one or the other).
+SWAPPER = """
+import ctypes, os, sys
+os.chdir(sys.argv[1])
+os.symlink(sys.argv[2], "d.link")
+libc = ctypes.CDLL(None, use_errno=True)
+while libc.renameat2(-100, b"d", -100, b"d.link", 2) == 0:
+    pass
+"""
+
+
+def swapping(root: Path, outside: Path) -> subprocess.Popen:
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(root), str(outside)])
+    deadline = time.monotonic() + 10
+    while not (root / "d").is_symlink() and time.monotonic() < deadline:
+        pass
+    return swapper
+
+
+def racing(call) -> list:
+    """Results of `call()` repeated until 3 of them lost the race after the check (the open met the
+    link swapped in), or 3,000 calls."""
+    results = []
+    n_raced = 0
+    while len(results) < 3000 and n_raced < 3:
+        results.append(call())
+        n_raced += results[-1].meta.get("error") == "raced"
+    return results
+
+
+def test_a_link_swapped_in_never_redirects_a_read(box, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("SECRET-MARKER\n")
+    (box.root / "d").mkdir()
+    (box.root / "d" / "f.txt").write_text("public\n")
+    swapper = swapping(box.root, outside)
+    try:
+        # The race is real here: a plain open by path does get the secret.
+        naive = []
+        for _ in range(2000):
+            naive.append((box.root / "d" / "f.txt").read_text())
+        results = racing(lambda: box.call("read", file_path="d/f.txt"))
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert "SECRET-MARKER\n" in naive and "public\n" in naive
+    assert not any("SECRET-MARKER" in result.text for result in results)
+    errors = collections.Counter(result.meta.get("error") for result in results)
+    # Some calls lost the race after the check: the open refused the link instead of following it.
+    assert errors["raced"] >= 1 and set(errors) <= {"raced", "outside", None}
+
+
+def test_a_link_swapped_in_never_redirects_a_write(box, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("ORIGINAL\n")
+    (box.root / "d").mkdir()
+    swapper = swapping(box.root, outside)
+    try:
+        names = iter(range(10**6))
+        results = racing(lambda: box.call("write", file_path=f"d/{next(names)}.txt", content="x\n"))
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert (outside / "keep.txt").read_text() == "ORIGINAL\n"
+    errors = collections.Counter(result.meta.get("error") for result in results)
+    assert errors["raced"] >= 1 and set(errors) <= {"raced", "outside", None}
+
+
+def test_a_link_swapped_in_never_carries_the_python_search_out_of_the_project(box, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "SECRET-NAME.txt").write_text("MARK secret\n")
+    (box.root / "d").mkdir()
+    (box.root / "d" / "public.txt").write_text("MARK public\n")
+    # Files the walk looks at before it enters d: a wider window for the swap.
+    for n in range(300):
+        (box.root / f"f{n}.dat").write_text("")
+    box.toolbox.ripgrep = None
+    swapper = swapping(box.root, outside)
+    try:
+        results = []
+        for _ in range(15):
+            results += [box.call("glob", pattern="*.txt"), box.call("grep", pattern="MARK")]
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert not any("SECRET" in result.text or "secret" in result.text for result in results)
+    assert any("d/public.txt" in result.text for result in results)
+
+
+def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_target(box, tmp_path):
+    outside = tmp_path / "notes.txt"
+    outside.write_text("outside notes\n")
+    (box.root / "notes.txt").symlink_to(outside)
+    refused = box.call("read", file_path="notes.txt")
+    assert refused.meta["error"] == "outside" and "outside notes" not in refused.text
+    assert box.call("write", file_path="notes.txt", content="x\n").is_error
+    approved = {"paths": [str(outside)]}
+    read = box.loop.run_until_complete(
+        box.toolbox.run("read", {"file_path": "notes.txt"}, "tu", approved))
+    assert "outside notes" in read.text
+    written = box.loop.run_until_complete(
+        box.toolbox.run("write", {"file_path": "notes.txt", "content": "new\n"}, "tu", approved))
+    assert not written.is_error and outside.read_text() == "new\n"
+    assert (box.root / "notes.txt").is_symlink()
+
+
+def test_an_approved_outside_file_gets_its_missing_folders_made(box, tmp_path):
+    target = tmp_path / "newtool" / "conf" / "config.ini"
+    approved = {"paths": [str(target)]}
+    result = box.loop.run_until_complete(
+        box.toolbox.run("write", {"file_path": str(target), "content": "[x]\n"}, "tu", approved))
+    assert not result.is_error and target.read_text() == "[x]\n"
+
+
+def call_within(box, seconds: float, name: str, tool_input: dict, confine: dict | None = None):
+    """The result of one call, or None if it did not finish in time (it blocked)."""
+    done = []
+    worker = threading.Thread(target=lambda: done.append(
+        box.loop.run_until_complete(box.toolbox.run(name, tool_input, "tu", confine))), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return done[0] if done else None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_fifo_or_a_device_never_blocks_a_tool(box, engine):
+    os.mkfifo(box.root / "pipe")
+    (box.root / "a.txt").write_text("needle\n")
+    if engine == "python":
+        box.toolbox.ripgrep = None
+    read = call_within(box, 5, "read", {"file_path": "pipe"})
+    assert read.is_error and "FIFO" in read.text
+    zero = call_within(box, 5, "read", {"file_path": "/dev/zero"}, {"paths": ["/dev/zero"]})
+    assert zero.is_error and "character device" in zero.text
+    grep = call_within(box, 10, "grep", {"pattern": "needle"})
+    assert grep.text == "a.txt:1: needle"
+    write = call_within(box, 5, "write", {"file_path": "pipe", "content": "x"})
+    assert write.is_error and (box.root / "pipe").is_fifo()
+
+
+def test_a_catastrophic_pattern_in_the_python_grep_stops_within_its_budget(box, monkeypatch):
+    monkeypatch.setattr(tools, "GREP_PATTERN_BUDGET_S", 1.0)
+    box.toolbox.ripgrep = None
+    (box.root / "a.txt").write_text("a" * 40 + "b\n")
+    started = time.monotonic()
+    result = box.call("grep", pattern=r"(a+)+$")
+    assert time.monotonic() - started < 3
+    assert result.is_error and "took too long" in result.text
+    assert box.call("grep", pattern=r"a+b").text.startswith("a.txt:1: aaaa")
+
+
+def test_ripgrep_runs_read_only_in_the_sandbox(box, tmp_path):
+    if not box.toolbox.sandboxed:
+        pytest.skip("no Landlock here")
+    fake = tmp_path / "rg"
+    fake.write_text(f"#!/bin/sh\necho planted > {box.root}/planted.txt\n")
+    fake.chmod(0o755)
+    box.toolbox.ripgrep = str(fake)
+    box.call("grep", pattern="x")
+    box.call("glob", pattern="*")
+    assert not (box.root / "planted.txt").exists()
+
+
+@pytest.mark.parametrize("opener", [tools.sandbox.open_no_links, tools.sandbox.walk_open])
+def test_opening_without_links_refuses_a_link_anywhere_on_the_path(tmp_path, opener):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("real")
+    (tmp_path / "l").symlink_to("d")
+    fd = opener(str(tmp_path / "d" / "f"), os.O_RDONLY)
+    assert os.read(fd, 10) == b"real"
+    os.close(fd)
+    for path in (tmp_path / "l" / "f", tmp_path / "l"):
+        with pytest.raises(OSError) as refused:
+            opener(str(path), os.O_RDONLY)
+        assert refused.value.errno == errno.ELOOP
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError) as refused:
+            opener("l/f", os.O_RDONLY, dir_fd=folder)
+        assert refused.value.errno == errno.ELOOP
+        with pytest.raises(OSError) as refused:
+            opener("../x", os.O_RDONLY, dir_fd=folder)
+        assert refused.value.errno == errno.EXDEV
+    finally:
+        os.close(folder)
+
+
+def test_a_ctrl_c_during_the_python_grep_child_reaches_khaelor_once(tmp_path):
+    """The forked child must not forward the terminal's SIGINT to the parent's event loop (its
+    wakeup fd): two would read as the second Ctrl-C, which exits."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "a.txt").write_text("a" * 40 + "b\n")
+    script = f"""
+import asyncio, os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(tools.__file__).parent)!r})
+import tools
+tools.GREP_PATTERN_BUDGET_S = 1.0
+async def main():
+    hits = []
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, lambda: hits.append(1))
+    root, home = Path({str(tmp_path / 'p')!r}), Path({str(tmp_path / 'home')!r})
+    box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {{}})
+    box.ripgrep = None
+    task = asyncio.create_task(box.run("grep", {{"pattern": "(a+)+$"}}, "x"))
+    await asyncio.sleep(0.5)
+    os.killpg(os.getpgrp(), signal.SIGINT)
+    result = await task
+    await asyncio.sleep(0.2)
+    print(len(hits), result.meta.get("error"))
+    await box.close()
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, start_new_session=True)
+    assert done.stdout.split() == ["1", "timeout"], done.stderr
