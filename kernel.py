@@ -757,7 +757,8 @@ class Kernel:
         for what destroys work in the repository). Returns the decision the call runs under (its
         sandbox), or None when it must not run."""
         tool_use_id = call["tool_use_id"]
-        decision = self.decide(call)
+        # off the loop: a pathological command may take decide() its whole 50 ms budget
+        decision = await asyncio.to_thread(self.decide, call)
         if decision.action == "allow" and not decision.floor:
             return decision
         if decision.floor or decision.action == "deny":

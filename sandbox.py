@@ -776,7 +776,9 @@ class Entry:
             os.close(self.ruleset)
             self.ruleset = None
         if self.supervisor:
+            # never started: the child did not run
             self.supervisor.theirs.close()
+            self.supervisor.ours.close()
 
 
 def layers() -> list[tuple[str, bool, str]]:
