@@ -472,6 +472,7 @@ def _beneath(path: str, parent: str) -> bool:
 # path -> (O_PATH fd, is a directory), for the paths outside the project, which every command's
 # ruleset grants again: opened once per session, so a ruleset costs its add_rule calls only.
 _opened: dict[str, tuple[int, bool]] = {}
+OPENED_CAP = 512
 
 
 def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> None:
@@ -494,7 +495,17 @@ def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> N
         if path == project or _beneath(path, project):
             os.close(opened[0])
         else:
-            _opened[path] = opened
+            _hold(path, opened)
+
+
+def _hold(path: str, opened: tuple[int, bool]) -> None:
+    """Keep a path's descriptor for the next ruleset; past OPENED_CAP (one process serving many
+    homes and projects, as the tests do) the held ones are let go first."""
+    if path not in _opened and len(_opened) >= OPENED_CAP:
+        for fd, _ in _opened.values():
+            os.close(fd)
+        _opened.clear()
+    _opened[path] = opened
 
 
 def _add_rule(fd: int, kind: int, rule, what: str) -> None:

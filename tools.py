@@ -2765,9 +2765,12 @@ def _read_within(fd: int, budget_s: float) -> bytes | None:
     """All a pipe gives until it closes, or None when that takes over budget_s."""
     deadline = time.monotonic() + budget_s
     chunks = []
+    # poll, not select: select cannot watch a descriptor numbered 1024 or more
+    waiting = select.poll()
+    waiting.register(fd, select.POLLIN)
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or not waiting.poll(remaining * 1000):
             return None
         chunk = os.read(fd, 1 << 20)
         if not chunk:

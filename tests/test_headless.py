@@ -372,19 +372,25 @@ def test_a_retry_after_a_closed_tool_use_block_runs_only_the_retried_call(khaelo
 
 def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, project, tmp_path):
     """Issue 19 item 4, end to end: the decision's confine carries the approved real path to the
-    file tools, which open exactly it (a link in the project to it included, its folders made)."""
+    file tools, which open exactly it (a link in the project to it included, its folders made).
+    --yes alone approves nothing outside the project (it cannot be rewound), so the same calls
+    are refused there."""
     outside = tmp_path / "elsewhere" / "notes.txt"
     outside.parent.mkdir()
     outside.write_text("outside notes\n")
     (project / "link.txt").symlink_to(outside)
     config = tmp_path / "newtool" / "conf" / "config.ini"
-    fake.enqueue(reply(tool_use("read", {"file_path": "link.txt"})),
-                 reply(tool_use("write", {"file_path": str(config), "content": "[x]\n"})),
-                 reply(text("done")))
-    result = khaelor.run("-p", "go", "--yes")
-    assert result.returncode == 0, result.stderr
-    last = fake.requests[-1]["body"]["messages"]
-    results = [b for m in last for b in m["content"]
-               if isinstance(b, dict) and b["type"] == "tool_result"]
+    for approval in (["--yes"], ["--allowedTools", f"Read(/{outside.parent}/**)",
+                                 f"Edit(/{tmp_path}/newtool/**)"]):
+        fake.enqueue(reply(tool_use("read", {"file_path": "link.txt"})),
+                     reply(tool_use("write", {"file_path": str(config), "content": "[x]\n"})),
+                     reply(text("done")))
+        result = khaelor.run("-p", "go", *approval)
+        assert result.returncode == 0, result.stderr
+        last = fake.requests[-1]["body"]["messages"]
+        results = [b for m in last for b in m["content"]
+                   if isinstance(b, dict) and b["type"] == "tool_result"]
+        if approval == ["--yes"]:
+            assert "outside notes" not in str(results[0]["content"]) and not config.exists()
     assert "outside notes" in str(results[0]["content"]), results
     assert config.read_text() == "[x]\n", results
