@@ -293,6 +293,8 @@ class SecretScan:
         self.matches = None
         # directory -> (mtime_ns, [(secret name, inode)], [subdirectory names], {inode: [names]})
         self.listings: dict[str, tuple] = {}
+        # counts the folders listed anew: unchanged, no folder of the project changed
+        self.version = 0
 
     def find(self, root: str, patterns: list[str]) -> list[str]:
         if not patterns:
@@ -328,6 +330,7 @@ class SecretScan:
         cached = self.listings.get(directory)
         if cached and cached[0] == mtime:
             return cached
+        self.version += 1
         found = []
         subdirectories = []
         others = {}
@@ -766,7 +769,8 @@ def filter_for(confine: dict, supervised: bool) -> list | None:
 
 
 class Entry:
-    """What one child needs to enter its sandbox, built in the parent; close() once it has started."""
+    """What one child needs to enter its sandbox, built in the parent; close() once it has started.
+    The ruleset fd stays its owner's (the Workspace keeps rulesets for reuse)."""
 
     def __init__(self, ruleset: int | None, program: list | None, limits: list,
                  supervisor: "Supervisor | None" = None):
@@ -783,9 +787,6 @@ class Entry:
 
     def close(self) -> None:
         """Once the child started, or failed to: nothing of this is needed by the parent."""
-        if self.ruleset is not None:
-            os.close(self.ruleset)
-            self.ruleset = None
         if self.supervisor:
             # never started: the child did not run
             self.supervisor.theirs.close()

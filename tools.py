@@ -126,6 +126,8 @@ DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(
     r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
 
+# Landlock rulesets a Workspace keeps for reuse.
+RULESETS_KEPT = 8
 # What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
 DEFAULT_CONFINE = {
     "write": True, "network": False, "paths": [],
@@ -392,6 +394,9 @@ class Workspace:
         self.abi = sandbox.probe()[0]
         # The project's secret files, left out of what a read-only command may read.
         self.secrets = sandbox.SecretScan()
+        # Landlock ruleset fds by what they were built from (see prepare).
+        self.rulesets: dict[tuple, int] = {}
+        weakref.finalize(self, _close_all, self.rulesets)
         # Environment names the user's own config passes to commands (fnmatch patterns).
         self.pass_env: list[str] = []
         # HOME for commands: the user's, never a folder of the project.
@@ -659,10 +664,26 @@ class Workspace:
             if read_only and not confine["secrets"]:
                 hidden = self.secrets.find(str(self.cwd), confine["hide"])
             static_ports = set() if supervisor or read_only else ports()
-            ruleset = sandbox.build_ruleset(
-                confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
+            # A ruleset serves again while nothing it was built from changed (Landlock copies it
+            # into each child's domain): what was granted, the secrets left out and the folders
+            # they sit in (rules hold inodes: a file made in such a folder needs a new rule).
+            key = (confine["write"], confine["network"], tuple(confine["paths"]),
+                   tuple(map(sandbox.approved_target, confine["paths"])), tuple(hidden),
+                   self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
+                   str(self.temp_dir), home, tuple(sorted(static_ports)))
+            ruleset = self.rulesets.get(key)
+            if ruleset is None:
+                ruleset = sandbox.build_ruleset(
+                    confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
+                self._keep_ruleset(key, ruleset)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
+
+    def _keep_ruleset(self, key: tuple, ruleset: int) -> None:
+        if len(self.rulesets) >= RULESETS_KEPT:
+            oldest = next(iter(self.rulesets))
+            os.close(self.rulesets.pop(oldest))
+        self.rulesets[key] = ruleset
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -687,6 +708,12 @@ class Workspace:
             if scope in ("local", "worktree"):
                 drivers.append(key)
         return drivers
+
+
+def _close_all(rulesets: dict[tuple, int]) -> None:
+    for fd in rulesets.values():
+        os.close(fd)
+    rulesets.clear()
 
 
 def _user_home(project: Path) -> str:
@@ -921,6 +948,7 @@ class Toolbox:
         if self.workspace.temp_dir is not None:
             shutil.rmtree(self.workspace.temp_dir, ignore_errors=True)
             self.workspace.temp_dir = None
+        _close_all(self.workspace.rulesets)
 
     def mask(self, text: str) -> str:
         """Secrets out of a tool's text: khaelor's API credential and the values in the project's .env files."""
