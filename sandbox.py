@@ -234,7 +234,9 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None,
     for device in READABLE_DEVICES + TERMINAL_DEVICES:
         grants.append((device, {"READ_FILE", "IOCTL_DEV"}))
     grants += [("/dev", {"READ_DIR"})]
-    approved_rights = WRITE if confine["write"] else READ
+    # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
+    # its shadow repository under $KHAELOR_HOME and nothing else).
+    approved_rights = WRITE if confine["write"] or confine.get("paths_write") else READ
     for path in confine["paths"]:
         grants.append((_existing(path), approved_rights))
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there, and git

@@ -503,27 +503,38 @@ class Workspace:
                 scan_git: bool = True) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
         Failing to start, or timing out, gives -1 and the reason."""
+        code, out = self.capture_bytes(
+            argv, cwd=cwd, timeout_s=timeout_s, confine=confine, scan_git=scan_git)
+        return code, out.decode("utf-8", "replace")
+
+    def capture_bytes(self, argv: list[str], *, cwd: Path | None = None,
+                      timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                      scan_git: bool = True, env: dict | None = None,
+                      stdin: bytes | None = None) -> tuple[int, bytes]:
+        """capture's stdout as bytes (file contents), with `env` added and `stdin` fed to it."""
         try:
-            env, ruleset = self.prepare(
+            prepared, ruleset = self.prepare(
                 argv, confine, cwd or self.cwd, frozenset(), scan_git)
         except OSError as exc:
-            return -1, str(exc)
+            return -1, str(exc).encode()
+        prepared.update(env or {})
+        feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
         try:
             done = subprocess.run(
                 argv,
                 cwd=cwd or self.cwd,
                 capture_output=True,
                 timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-                env=env,
+                env=prepared,
                 start_new_session=True,
-                preexec_fn=_sandbox_hook(ruleset))
+                preexec_fn=_sandbox_hook(ruleset),
+                **feed)
         except (OSError, subprocess.SubprocessError) as exc:
-            return -1, str(exc)
+            return -1, str(exc).encode()
         finally:
             if ruleset is not None:
                 os.close(ruleset)
-        return done.returncode, done.stdout.decode("utf-8", "replace")
+        return done.returncode, done.stdout
 
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 
@@ -619,6 +630,7 @@ class Toolbox:
         # None: grep/glob use the Python fallback.
         self.ripgrep = shutil.which("rg")
         self.dotenv = _DotEnv(workspace.cwd)
+        self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
         self.processes = _Processes(workspace, emit, self.groups, self.mask)
         workspace.home = Path(home)
         # False: commands run unconfined (the kernel asks for more).
@@ -948,6 +960,370 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
             continue
         removed += 1
     return removed
+
+# ---------------------------------------------------------------- checkpoints: the work tree in a shadow repository
+
+
+# An untracked file larger than this is left out of a checkpoint (and named in it).
+CHECKPOINT_FILE_CAP_BYTES = 20_000_000
+# Changed paths one CheckpointRecorded names; it counts them all.
+CHECKPOINT_NAMES_CAP = 100
+# The shadow repository's info/attributes (they outrank the work tree's .gitattributes): every file
+# is stored as its bytes, with no end-of-line conversion and no filter (a filter is a program: lfs,
+# or one a repository's attributes name).
+SHADOW_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
+# Nothing ever collects the shadow's objects behind a checkpoint's back.
+SHADOW_CONFIG = "[gc]\n\tauto = 0\n"
+# git's mode of a symbolic link and of a nested repository (a gitlink, never written back).
+LINK_MODE = "120000"
+GITLINK_MODE = "160000"
+ABSENT_MODE = "000000"
+
+
+class CheckpointError(Exception):
+    """A checkpoint or a rewind that could not be done; the message says which git call failed."""
+
+
+@dataclass(frozen=True)
+class Repository:
+    """Where git keeps the project's repository; None stands for "not a repository"."""
+    # The work tree's top directory.
+    root: Path
+    # The worktree's own git directory (HEAD, index) and the shared one (objects, info/exclude).
+    git_dir: Path
+    common_dir: Path
+    # The commit HEAD names when it was looked at; "" before the first commit.
+    head: str
+
+
+@dataclass
+class Restore:
+    """One path a rewind writes back (oid or data) or deletes (mode ABSENT_MODE)."""
+    path: str
+    mode: str
+    oid: str = ""
+    # The bytes of a write/edit version (they come from KHAELOR_HOME/versions, not git).
+    data: bytes | None = None
+    # The user changed it after the agent's last step: a rewind asks first.
+    user_changed: bool = False
+
+
+class Checkpoints:
+    """The work tree as git sees it (tracked files with their changes, untracked files that are not
+    ignored), recorded as a tree in a shadow repository under KHAELOR_HOME: never as refs, objects
+    or an index in the user's .git, which the commands a checkpoint must undo destroy (`rm -rf
+    .git`, `gc --prune=now`) and a push would publish. The user's objects are borrowed through
+    objects/info/alternates and the user's index is copied, so a checkpoint costs what changed."""
+
+    def __init__(self, workspace: Workspace, keep: Callable[[bytes], str],
+                 load: Callable[[str], bytes]):
+        self.workspace = workspace
+        # store and fetch bytes by name (the toolbox's file versions): the user's index
+        self.keep = keep
+        self.load = load
+
+    def take(self, previous: str = "") -> dict:
+        """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
+        version name), skipped (untracked files over the cap), changed since `previous` (a tree)."""
+        repo = self.repository()
+        root = repo.root if repo else self.workspace.cwd
+        shadow = self.shadow(root)
+        self._prepare(shadow, repo)
+        index = shadow / f"index.{os.getpid()}.{os.urandom(4).hex()}"
+        try:
+            payload = self._record(shadow, root, repo, index)
+        finally:
+            index.unlink(missing_ok=True)
+        if previous:
+            changed = self.changes(root, previous, payload["tree"])
+            payload["n_changed"] = len(changed)
+            payload["changed"] = changed[:CHECKPOINT_NAMES_CAP]
+        return payload
+
+    def repository(self) -> Repository | None:
+        # One call: HEAD before its first commit makes it fail after printing the rest.
+        argv = ["git", "rev-parse", "--path-format=absolute", "--show-toplevel",
+                "--absolute-git-dir", "--git-common-dir", "HEAD"]
+        _, out = self.workspace.capture(argv, scan_git=False)
+        lines = out.splitlines()
+        if len(lines) != 4:
+            return None
+        head = lines[3]
+        if not re.fullmatch(r"[0-9a-f]{40,64}", head):
+            head = ""
+        root, git_dir, common_dir = (Path(line) for line in lines[:3])
+        return Repository(root, git_dir, common_dir, head)
+
+    def shadow(self, root: Path) -> Path:
+        home = self.workspace.home or events.khaelor_home()
+        name = events.sessions_dir(home, root).name
+        return home / "checkpoints" / name
+
+    def git(self, root: Path, argv: list[str], index: Path | None = None,
+            stdin: bytes | None = None, timeout_s: float = 60.0) -> bytes:
+        """git in the shadow repository over the work tree `root`; only the shadow is writable."""
+        shadow = self.shadow(root)
+        env = {"GIT_DIR": str(shadow)}
+        if argv[0] != "init":
+            env["GIT_WORK_TREE"] = str(root)
+        if index is not None:
+            env["GIT_INDEX_FILE"] = str(index)
+        confine = {**READ_ONLY_CONFINE, "paths": [str(shadow)], "paths_write": True}
+        code, out = self.workspace.capture_bytes(
+            ["git", *argv], cwd=root, confine=confine, scan_git=False,
+            env=env, stdin=stdin, timeout_s=timeout_s)
+        if code != 0:
+            raise CheckpointError(f"`git {argv[0]}` failed in {shadow} (exit {code})")
+        return out
+
+    def _prepare(self, shadow: Path, repo: Repository | None) -> None:
+        """The shadow repository, made on first use (0700), borrowing the user's objects and taking
+        their info/exclude, so what the user ignores stays out."""
+        if not (shadow / "HEAD").exists():
+            shadow.mkdir(mode=0o700, parents=True, exist_ok=True)
+            root = repo.root if repo else self.workspace.cwd
+            # no template: no sample hooks, nothing that could run
+            self.git(root, ["init", "--bare", "-q", "--template="])
+            with open(shadow / "config", "a") as config:
+                config.write(SHADOW_CONFIG)
+            (shadow / "info").mkdir(exist_ok=True)
+            (shadow / "info" / "attributes").write_text(SHADOW_ATTRIBUTES)
+        alternates = shadow / "objects" / "info" / "alternates"
+        exclude = ""
+        if repo:
+            alternates.write_text(f"{repo.common_dir / 'objects'}\n")
+            user_exclude = repo.common_dir / "info" / "exclude"
+            if user_exclude.is_file():
+                exclude = user_exclude.read_text(errors="replace")
+        else:
+            alternates.unlink(missing_ok=True)
+        (shadow / "info" / "exclude").write_text(exclude)
+
+    def _record(self, shadow: Path, root: Path, repo: Repository | None,
+                index: Path) -> dict:
+        payload = {"git": repo is not None, "head": "", "branch": "", "index": ""}
+        if repo:
+            payload.update(self._head(repo))
+            if (repo.git_dir / "index").is_file():
+                data = (repo.git_dir / "index").read_bytes()
+                payload["index"] = self.keep(data)
+                index.write_bytes(data)
+        elif (shadow / "index").is_file():
+            # Not a repository: the shadow keeps its own index, for the stat cache.
+            shutil.copyfile(shadow / "index", index)
+        changed, skipped = self._changed(root, index)
+        if changed:
+            self._stage(root, index, changed)
+        argv = ["write-tree", "--missing-ok"]
+        payload["tree"] = self.git(root, argv, index).decode().strip()
+        payload["skipped"] = skipped
+        if not repo:
+            os.replace(index, shadow / "index")
+        return payload
+
+    def _head(self, repo: Repository) -> dict:
+        """HEAD's commit ("" before the first) and branch ("" when detached)."""
+        try:
+            ref = (repo.git_dir / "HEAD").read_text().strip()
+        except OSError:
+            ref = ""
+        branch = ""
+        if ref.startswith("ref: refs/heads/"):
+            branch = ref.removeprefix("ref: refs/heads/")
+        return {"head": repo.head, "branch": branch}
+
+    def _changed(self, root: Path, index: Path) -> tuple[list[bytes], list[str]]:
+        """(paths whose index entry is out of date: changed, deleted, untracked and not ignored;
+        untracked files over CHECKPOINT_FILE_CAP_BYTES, left out). One walk of the tree, as
+        `git status` makes; a nested repository ("sub/") is left out."""
+        argv = ["ls-files", "-z", "-t", "-m", "-d", "-o", "--exclude-standard"]
+        listed = self.git(root, argv, index).split(b"\0")
+        changed = {}
+        skipped = []
+        for line in listed:
+            tag = line[:2]
+            name = line[2:]
+            if not name or name.endswith(b"/"):
+                continue
+            if tag == b"? " and _over_cap(root / os.fsdecode(name)):
+                skipped.append(os.fsdecode(name))
+                continue
+            changed[name] = True
+        return list(changed), skipped
+
+    def _stage(self, root: Path, index: Path, changed: list[bytes]) -> None:
+        argv = ["update-index", "--add", "--remove", "--replace", "-z", "--stdin"]
+        try:
+            self.git(root, argv, index, stdin=b"\0".join(changed) + b"\0")
+        except CheckpointError:
+            # e.g. a file it cannot read: add takes what it can
+            self.git(root, ["add", "-A", "--ignore-errors", "--", "."], index)
+
+    def changes(self, root: Path, old: str, new: str) -> list[list[str]]:
+        """[[status, path]] between two trees: A added, D deleted, M changed, T type changed."""
+        argv = ["diff-tree", "-r", "-z", "--no-renames", "--name-status", old, new]
+        fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
+        return [[status, path] for status, path in zip(fields[::2], fields[1::2]) if path]
+
+    def entries(self, root: Path, old: str, new: str) -> dict[str, tuple]:
+        """path -> (mode in old, oid in old, mode in new, oid in new) for the paths that differ."""
+        argv = ["diff-tree", "-r", "-z", "--no-renames", old, new]
+        fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
+        found = {}
+        for head, path in zip(fields[::2], fields[1::2]):
+            if not path:
+                continue
+            old_mode, new_mode, old_oid, new_oid, _ = head.lstrip(":").split(" ")
+            found[path] = (old_mode, old_oid, new_mode, new_oid)
+        return found
+
+    def plan(self, root: Path, target: str, overlay: dict[str, bytes], last: str,
+             now: str) -> list[Restore]:
+        """What going back to the tree `target` (with `overlay`, files written by write/edit after
+        it) writes and deletes: the paths the agent changed between `target` and `last` (the
+        checkpoint after its last step) that differ now; a path that also changed between `last`
+        and `now` was changed by someone else since, and is marked."""
+        agent = self.entries(root, target, last)
+        user = self.entries(root, last, now)
+        restores = []
+        for path, (mode, oid, last_mode, last_oid) in agent.items():
+            if path in overlay:
+                continue
+            current = (last_mode, last_oid)
+            if path in user:
+                current = user[path][2:]
+            if current != (mode, oid):
+                restores.append(Restore(path, mode, oid, user_changed=path in user))
+        for path, data in overlay.items():
+            if self._read(root / path) != data:
+                mode = agent.get(path, ("100644",))[0]
+                if mode == ABSENT_MODE:
+                    mode = "100644"
+                changed = path in user or path in agent
+                restores.append(Restore(path, mode, data=data, user_changed=changed))
+        return sorted(restores, key=lambda r: r.path)
+
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    def apply(self, root: Path, restores: list[Restore]) -> list[str]:
+        """Write back and delete as planned, byte for byte, the executable bit included. Returns
+        what could not be restored, each with why."""
+        wanted = [r.oid for r in restores if r.data is None and r.mode != ABSENT_MODE]
+        blobs = self._blobs(root, wanted)
+        problems = []
+        deletes = [r for r in restores if r.mode == ABSENT_MODE]
+        for restore in sorted(deletes, key=lambda r: r.path, reverse=True):
+            self._delete(root, restore.path)
+        for restore in restores:
+            if restore.mode in (ABSENT_MODE, GITLINK_MODE):
+                continue
+            data = restore.data
+            if data is None:
+                data = blobs[restore.oid]
+            problem = self._write(root, restore.path, restore.mode, data)
+            if problem:
+                problems.append(f"{restore.path}: {problem}")
+        return problems
+
+    def _blobs(self, root: Path, oids: list[str]) -> dict[str, bytes]:
+        """The contents of these blobs, through one `git cat-file --batch`."""
+        if not oids:
+            return {}
+        out = self.git(root, ["cat-file", "--batch"], stdin="\n".join(oids).encode() + b"\n")
+        blobs = {}
+        at = 0
+        for oid in oids:
+            end = out.index(b"\n", at)
+            header = out[at:end].split(b" ")
+            if header[-1] == b"missing":
+                raise CheckpointError(f"the checkpoint's copy of blob {oid} is missing")
+            size = int(header[2])
+            blobs[oid] = out[end + 1:end + 1 + size]
+            at = end + 1 + size + 1
+        return blobs
+
+    def _delete(self, root: Path, path: str) -> None:
+        """Remove a file a later step created, then the folders that leaves empty."""
+        target = root / path
+        if not _inside(target.parent, root):
+            return
+        if target.is_dir() and not target.is_symlink():
+            # a folder where the step made a file: left alone
+            return
+        target.unlink(missing_ok=True)
+        folder = target.parent
+        while folder != root and _inside(folder, root):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
+
+    def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not _inside(target.parent, root):
+            return "its folder now leads outside the project"
+        if target.is_symlink():
+            # written as a link or a file, never through one
+            target.unlink()
+        elif target.is_dir():
+            return "a folder is in its place now"
+        if mode == LINK_MODE:
+            os.symlink(os.fsdecode(data), target)
+            return ""
+        self.workspace.write_file(target, data)
+        permissions = target.stat().st_mode & 0o7777
+        if mode == "100755":
+            # x wherever r is, as git checks out an executable
+            permissions |= (permissions & 0o444) >> 2
+        else:
+            permissions &= ~0o111
+        os.chmod(target, permissions)
+        return ""
+
+    def restore_head(self, repo: Repository, recorded: dict) -> None:
+        """HEAD, its branch and the index as a checkpoint recorded them."""
+        now = self._head(self.repository() or repo)
+        branch = recorded["branch"]
+        head = recorded["head"]
+        git = ["git", "-C", str(repo.root)]
+        moved = (branch, head) != (now["branch"], now["head"])
+        if moved and branch and head:
+            self._user_git(repo, git + ["update-ref", f"refs/heads/{branch}", head])
+        if branch and branch != now["branch"]:
+            self._user_git(repo, git + ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
+        elif not branch and head and head != now["head"]:
+            self._user_git(repo, git + ["update-ref", "--no-deref", "HEAD", head])
+        if not recorded["index"]:
+            return
+        data = self.load(recorded["index"])
+        if self._read(repo.git_dir / "index") != data:
+            self.workspace.write_file(repo.git_dir / "index", data)
+
+    def _user_git(self, repo: Repository, argv: list[str]) -> None:
+        code, _ = self.workspace.capture(argv, cwd=repo.root, confine=DEFAULT_CONFINE,
+                                         scan_git=False)
+        if code != 0:
+            raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
+
+
+def _over_cap(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_size > CHECKPOINT_FILE_CAP_BYTES
+    except OSError:
+        return False
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real = os.path.realpath(path)
+    top = os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
 
 # ---------------------------------------------------------------- input checking
 
