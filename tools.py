@@ -980,7 +980,7 @@ GITLINK_MODE = "160000"
 ABSENT_MODE = "000000"
 
 
-class CheckpointError(Exception):
+class CheckpointError(events.KhaelorError):
     """A checkpoint or a rewind that could not be done; the message says which git call failed."""
 
 
