@@ -1254,7 +1254,8 @@ def _on_checkpoint_recorded(state: State, event: dict) -> None:
     state.checkpoints.append(event)
     state.unrecorded = bool(event["step"])
     call = state.calls.get(event["step"]) or {}
-    if call:
+    # before a write or edit: the tree it starts from (its FileModified is the step)
+    if call.get("name") in ("bash", "process"):
         tool_input = call.get("input") or {}
         what = str(tool_input.get("command") or tool_input.get("input") or "")
         _add_step(state, event["seq"], call["name"], what, event["step"])
@@ -1265,12 +1266,14 @@ def _on_checkpoint_recorded(state: State, event: dict) -> None:
 def _add_step(state: State, seq: int, kind: str, what: str, tool_use_id: str,
               changed: list | None = None) -> None:
     state.steps.append({"seq": seq, "kind": kind, "what": what, "tool_use_id": tool_use_id,
-                        "changed": changed})
+                        "changed": changed, "undone": False})
 
 
 def _on_rewound(state: State, event: dict) -> None:
     if state.steps and state.steps[-1]["kind"] == "rewind":
         state.steps[-1]["what"] = f"back to before step {event['step']}"
+    for step in state.steps[event["step"] - 1:-1]:
+        step["undone"] = True
     state.stamps = {}       # the model must read a file again before it edits it
 
 

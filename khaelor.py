@@ -580,15 +580,21 @@ def step_lines(state) -> list[str]:
             what = ", ".join(changed[:4])
             if len(changed) > 4:
                 what += f" and {len(changed) - 4} more"
+        if step["undone"]:
+            what += " (undone)"
         shown = " ".join(step["what"].split())[:60]
         lines.append(f"{number:>3}. {step['kind']} {shown} · {what}")
     return lines
 
 
 def last_changing_step(state) -> int | None:
-    """The newest step that changed something (or whose changes are not recorded yet)."""
+    """The newest step not undone yet that changed something (or whose changes are not recorded
+    yet); a rewind is not one: /undo again goes further back."""
     for number in range(len(state.steps), 0, -1):
-        if state.steps[number - 1]["changed"] != []:
+        step = state.steps[number - 1]
+        if step["kind"] == "rewind" or step["undone"]:
+            continue
+        if step["changed"] != []:
             return number
     return None
 

@@ -46,6 +46,7 @@ def repository_facts(root: Path) -> dict:
     git_dir = root / ".git"
     return {"status": git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=all"),
             "index": hashlib.sha256((git_dir / "index").read_bytes()).hexdigest(),
+            "staged": git(root, "ls-files", "--stage"),
             "stash": git(root, "stash", "list"),
             "branches": git(root, "branch", "-av"),
             "reflog": git(root, "reflog", "--all"),
@@ -83,3 +84,86 @@ def test_checkpoints_leave_the_users_repository_as_it_was(tmp_path):
                             text=True, check=True).stdout.split()
     # untracked recorded, ignored not copied
     assert "u.txt" in listed and "staged.txt" in listed and "node_modules/m.js" not in listed
+
+
+# The spellings that wiped uncommitted work under --yes while protection was a list of them.
+DESTRUCTIVE = [
+    "git reset --hard",
+    "git checkout -f master",
+    "git checkout-index -f -a",
+    "git config alias.nuke 'reset --hard'; git nuke",
+]
+
+
+def steps_of(khaelor) -> list[str]:
+    listed = khaelor.run("rewind", "--list")
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout.splitlines()
+
+
+def test_rewind_brings_back_what_each_destructive_command_wiped(khaelor, fake, project):
+    make_repository(project)
+    start = work_tree(project)
+    before = repository_facts(project)
+    # step 1 deletes a tracked and an untracked file; then each command wipes an edit made just
+    # before it (steps 2, 4, 6, 8), and the agent installs an ignored file (step 9)
+    calls = [tool_use("bash", {"command": "rm gone.txt u.txt"})]
+    for n, command in enumerate(DESTRUCTIVE):
+        if n:
+            calls.append(tool_use("bash", {"command": f"printf 'v1\\nmine {n}\\n' > a.txt"}))
+        calls.append(tool_use("bash", {"command": command}))
+    calls.append(tool_use("bash", {"command": "echo new > node_modules/new.js"}))
+    fake.enqueue(*[reply(call) for call in calls], reply(text("done")))
+    result = khaelor.run("-p", "clean up", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert (project / "a.txt").read_text() == "v1\n"
+    steps = steps_of(khaelor)
+    assert len(steps) == 9 and "git reset --hard" in steps[-2], steps
+    # newest first: each destructive step, then the first
+    for step, wiped in ((8, "v1\nmine 3\n"), (6, "v1\nmine 2\n"), (4, "v1\nmine 1\n")):
+        rewound = khaelor.run("rewind", str(step), "--yes")
+        assert rewound.returncode == 0, rewound.stderr
+        assert (project / "a.txt").read_text() == wiped, (step, rewound.stdout)
+    assert khaelor.run("rewind", "1", "--yes").returncode == 0
+    assert work_tree(project) == {**start, "node_modules/new.js": (b"new\n", False)}
+    assert repository_facts(project)["status"] == before["status"]
+    # the index as it was (its bytes differ: git refreshes the stat data of rewritten files)
+    assert repository_facts(project)["staged"] == before["staged"]
+    assert git(project, "stash", "list") == before["stash"]
+    # the model's next request says what was undone
+    fake.enqueue(reply(text("ok")))
+    assert khaelor.run("-c", "-p", "go on", "--yes").returncode == 0
+    sent = str(fake.requests[-1]["body"]["messages"])
+    assert "rewound the work tree to before step 1" in sent and "rm gone.txt u.txt" in sent
+
+
+def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
+    git(project, "init", "-q")
+    (project / "a.txt").write_text("v1\n")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo agent > a.txt; echo agent > b.txt"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    refused = khaelor.run("rewind")
+    assert refused.returncode == 2 and "you changed it" in refused.stdout
+    assert (project / "b.txt").exists()
+    kept = khaelor.run("rewind", "--yes")
+    assert kept.returncode == 0, kept.stderr
+    assert (project / "a.txt").read_text() == "the user's own\n"
+    assert not (project / "b.txt").exists() and "Kept as you left them" in kept.stdout
+
+
+def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
+    (project / ".git").rmdir()
+    (project / "src").mkdir()
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    (project / "tool").write_bytes(b"#!/bin/sh\n")
+    (project / "tool").chmod(0o755)
+    start = work_tree(project)
+    fake.enqueue(reply(tool_use("bash", {"command": "find . -type f -not -path './.git/*' -delete"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    assert work_tree(project) == {}
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert work_tree(project) == start
