@@ -909,9 +909,28 @@ def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
         if not _prune_due(versions):
             return 0
         cutoff = time.time() - keep_days * 86_400
+        _remove_old_shadows(Path(home) / "checkpoints", cutoff)
         return _remove_old_blobs(versions, cutoff)
     finally:
         os.close(versions)
+
+
+def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
+    """A project's shadow repository goes when its last checkpoint is older than the cutoff (each
+    checkpoint rewrites info/exclude): the index copies its checkpoints need are gone by then."""
+    try:
+        entries = list(os.scandir(checkpoints))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
+            if stamp.st_mtime < cutoff:
+                shutil.rmtree(entry.path)
+        except OSError:
+            continue
 
 
 def _prune_due(versions: int) -> bool:

@@ -3,7 +3,9 @@ Real git in tmp dirs; the real program under --yes with the scripted fake API wh
 the point (each costs ~2 s of SDK import), in-process elsewhere."""
 import hashlib
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import tools
@@ -167,3 +169,37 @@ def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
     rewound = khaelor.run("rewind", "--yes")
     assert rewound.returncode == 0, rewound.stderr
     assert work_tree(project) == start
+
+
+def test_after_a_kill_9_mid_step_the_rewind_works(khaelor, fake, project):
+    git(project, "init", "-q")
+    (project / "a.txt").write_text("mine\n")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo agent > a.txt; sleep 5"})))
+    proc = khaelor.popen("-p", "go", "--yes")
+    deadline = time.time() + 30
+    while (project / "a.txt").read_text() != "agent\n" and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert (project / "a.txt").read_text() == "mine\n"
+
+
+def test_a_shadow_repository_unused_for_30_days_is_pruned(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "a.txt").write_text("a\n")
+    git(root, "add", "a.txt")
+    home = tmp_path / "home"
+    toolbox = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {})
+    toolbox.checkpoints.take()
+    shadow = toolbox.checkpoints.shadow(root)
+    tools.prune_versions(home)
+    assert shadow.is_dir()
+    old = time.time() - 31 * 86_400
+    os.utime(shadow / "info" / "exclude", (old, old))
+    (home / "versions" / tools.VERSIONS_PRUNE_MARKER).unlink()
+    tools.prune_versions(home)
+    assert not shadow.exists()
