@@ -727,8 +727,9 @@ class Kernel:
             return None
         undoable = permissions.checkpoint_undoes(decision.destructive)
         if self.yes and decision.destructive and undoable:
-            # what a rewind brings back: run once it can
-            undoable = await self.checkpoint(tool_use_id, "before a destructive step")
+            # what a rewind brings back: run once it can (no file left out)
+            taken = await self.checkpoint(tool_use_id, "before a destructive step")
+            undoable = taken and not self.state.checkpoints[-1]["skipped"]
         if self.yes and (not decision.destructive or undoable):
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")

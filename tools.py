@@ -1218,8 +1218,7 @@ class Checkpoints:
                 mode = agent.get(path, ("100644",))[0]
                 if mode == ABSENT_MODE:
                     mode = "100644"
-                changed = path in user or path in agent
-                restores.append(Restore(path, mode, data=data, user_changed=changed))
+                restores.append(Restore(path, mode, data=data, user_changed=path in user))
         return sorted(restores, key=lambda r: r.path)
 
     def _read(self, path: Path) -> bytes | None:

@@ -142,7 +142,11 @@ def test_rewind_brings_back_what_each_destructive_command_wiped(khaelor, fake, p
 def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
     git(project, "init", "-q")
     (project / "a.txt").write_text("v1\n")
-    fake.enqueue(reply(tool_use("bash", {"command": "echo agent > a.txt; echo agent > b.txt"})),
+    fake.enqueue(reply(tool_use("write", {"file_path": "c.txt", "content": "one\n"})),
+                 reply(tool_use("edit", {"file_path": "c.txt", "old_string": "one",
+                                         "new_string": "two"})),
+                 reply(tool_use("bash", {"command": "echo agent > a.txt; echo agent > b.txt;"
+                                                    " echo three > c.txt"})),
                  reply(text("done")))
     assert khaelor.run("-p", "go", "--yes").returncode == 0
     (project / "a.txt").write_text("the user's own\n")
@@ -153,6 +157,12 @@ def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
     assert kept.returncode == 0, kept.stderr
     assert (project / "a.txt").read_text() == "the user's own\n"
     assert not (project / "b.txt").exists() and "Kept as you left them" in kept.stdout
+    # before the edit: what the write left; before the write: no file
+    assert (project / "c.txt").read_text() == "two\n"
+    assert khaelor.run("rewind", "2", "--yes").returncode == 0
+    assert (project / "c.txt").read_text() == "one\n"
+    assert khaelor.run("rewind", "1", "--yes").returncode == 0
+    assert not (project / "c.txt").exists()
 
 
 def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
