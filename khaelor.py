@@ -563,7 +563,7 @@ def print_policy(layers: list, rules) -> None:
             print(f"ignored  {rule}  {where} ({why})")
 
 
-# ---------------------------------------------------------------- rewind: the work tree back to before a step
+# ---------------------------------------------------------------- rewind: back to before a step
 
 
 def step_lines(state) -> list[str]:

@@ -980,7 +980,7 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
         removed += 1
     return removed
 
-# ---------------------------------------------------------------- checkpoints: the work tree in a shadow repository
+# ---------------------------------------------------------------- checkpoints: the work tree, shadowed
 
 
 # An untracked file larger than this is left out of a checkpoint (and named in it).

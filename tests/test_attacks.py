@@ -118,7 +118,8 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
     assert not (kh / "config.json").exists()
     assert (home / "keep" / "precious.txt").read_text() == "mine\n"
     assert (project / ".git" / "HEAD").is_file()
-    calls = {e["tool_use_id"]: e["input"]["command"] for e in khaelor.log() if e["type"] == "ToolRequested"}
+    requested = [e for e in khaelor.log() if e["type"] == "ToolRequested"]
+    calls = {e["tool_use_id"]: e["input"]["command"] for e in requested}
     ran = [calls[e["tool_use_id"]] for e in khaelor.log() if e["type"] == "ToolStarted"]
     assert ran == ["git reset --hard", "git checkout -- ."]
     outputs = "\n".join(tool_outputs(khaelor))

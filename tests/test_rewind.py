@@ -172,8 +172,8 @@ def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
     (project / "tool").write_bytes(b"#!/bin/sh\n")
     (project / "tool").chmod(0o755)
     start = work_tree(project)
-    fake.enqueue(reply(tool_use("bash", {"command": "find . -type f -not -path './.git/*' -delete"})),
-                 reply(text("done")))
+    find = "find . -type f -not -path './.git/*' -delete"
+    fake.enqueue(reply(tool_use("bash", {"command": find})), reply(text("done")))
     assert khaelor.run("-p", "go", "--yes").returncode == 0
     assert work_tree(project) == {}
     rewound = khaelor.run("rewind", "--yes")
