@@ -1040,6 +1040,8 @@ class Checkpoints:
         # store and fetch bytes by name (the toolbox's file versions): the user's index
         self.keep = keep
         self.load = load
+        # the repository as last found
+        self.known: Repository | None = None
 
     def take(self, previous: str = "") -> dict:
         """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
@@ -1054,12 +1056,25 @@ class Checkpoints:
         finally:
             index.unlink(missing_ok=True)
         if previous:
-            changed = self.changes(root, previous, payload["tree"])
+            changed = []
+            if previous != payload["tree"]:
+                changed = self.changes(root, previous, payload["tree"])
             payload["n_changed"] = len(changed)
             payload["changed"] = changed[:CHECKPOINT_NAMES_CAP]
         return payload
 
     def repository(self) -> Repository | None:
+        """The repository's layout and HEAD: as found before while its HEAD names a loose ref (one
+        process less per checkpoint), else from git."""
+        known = self.known
+        if known and (known.git_dir / "HEAD").is_file():
+            head = _loose_head(known)
+            if head:
+                return Repository(known.root, known.git_dir, known.common_dir, head)
+        self.known = self._discover()
+        return self.known
+
+    def _discover(self) -> Repository | None:
         # One call: HEAD before its first commit makes it fail after printing the rest.
         argv = ["git", "rev-parse", "--path-format=absolute", "--show-toplevel",
                 "--absolute-git-dir", "--git-common-dir", "HEAD"]
@@ -1328,6 +1343,25 @@ class Checkpoints:
                                          scan_git=False)
         if code != 0:
             raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
+
+
+def _loose_head(repo: Repository) -> str:
+    """The commit HEAD names, read from the files refs live in (loose, else packed-refs); ""
+    when that does not tell (no commit yet, another ref store): git is asked then."""
+    try:
+        head = (repo.git_dir / "HEAD").read_text().strip()
+        ref = head.removeprefix("ref: ")
+        if ref.startswith("refs/heads/") and (repo.common_dir / ref).is_file():
+            head = (repo.common_dir / ref).read_text().strip()
+        elif ref.startswith("refs/heads/"):
+            packed = (repo.common_dir / "packed-refs").read_text()
+            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
+            head = found.group(1) if found else ""
+    except (OSError, ValueError):
+        return ""
+    if re.fullmatch(r"[0-9a-f]{40,64}", head):
+        return head
+    return ""
 
 
 def _over_cap(path: Path) -> bool:
