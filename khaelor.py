@@ -1,7 +1,8 @@
 """khaelor.py: the command line and composition root of KHAELOR, a terminal coding agent.
 
 Owns: argv, config files and their precedence, session lifecycle (new, --continue, --resume),
-the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`, the
+the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`,
+`khaelor rewind` and /rewind (the work tree back to before a step, from its checkpoints), the
 slash-command table and the custom command files (Claude Code's `commands/*.md` prompt templates),
 exit codes, and the one catch-all that turns an unexpected error into one line plus the log path.
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
@@ -982,6 +983,8 @@ def help_epilog() -> str:
             "  khaelor sessions               list this project's sessions\n"
             "  khaelor permissions [check]    show or test the permission policy\n"
             "  khaelor trust [--revoke]       review and trust this repository's permission files\n"
+            "  khaelor rewind [--list] [STEP] [-r SESSION] [--yes]\n"
+            "                                 the work tree back to before a step of a session\n"
             "\n"
             f"interactive keys:\n{keys}\n"
             "\n"

@@ -1064,11 +1064,11 @@ class Checkpoints:
         return payload
 
     def repository(self) -> Repository | None:
-        """The repository's layout and HEAD: as found before while its HEAD names a loose ref (one
-        process less per checkpoint), else from git."""
+        """The repository's layout and HEAD: as found before, while HEAD can be read from the ref
+        files (one process less per checkpoint), else from git."""
         known = self.known
         if known and (known.git_dir / "HEAD").is_file():
-            head = _loose_head(known)
+            head = _head_from_files(known)
             if head:
                 return Repository(known.root, known.git_dir, known.common_dir, head)
         self.known = self._discover()
@@ -1250,14 +1250,20 @@ class Checkpoints:
         problems = []
         deletes = [r for r in restores if r.mode == ABSENT_MODE]
         for restore in sorted(deletes, key=lambda r: r.path, reverse=True):
-            self._delete(root, restore.path)
+            try:
+                self._delete(root, restore.path)
+            except OSError as exc:
+                problems.append(f"{restore.path}: {exc.strerror or exc}")
         for restore in restores:
             if restore.mode in (ABSENT_MODE, GITLINK_MODE):
                 continue
             data = restore.data
             if data is None:
                 data = blobs[restore.oid]
-            problem = self._write(root, restore.path, restore.mode, data)
+            try:
+                problem = self._write(root, restore.path, restore.mode, data)
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
             if problem:
                 problems.append(f"{restore.path}: {problem}")
         return problems
@@ -1298,9 +1304,10 @@ class Checkpoints:
 
     def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
         target = root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
+        # checked before making folders: a link planted in its place must not lead them outside
         if not _inside(target.parent, root):
             return "its folder now leads outside the project"
+        target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink():
             # written as a link or a file, never through one
             target.unlink()
@@ -1345,7 +1352,7 @@ class Checkpoints:
             raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
 
 
-def _loose_head(repo: Repository) -> str:
+def _head_from_files(repo: Repository) -> str:
     """The commit HEAD names, read from the files refs live in (loose, else packed-refs); ""
     when that does not tell (no commit yet, another ref store): git is asked then."""
     try:

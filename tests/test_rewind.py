@@ -213,3 +213,22 @@ def test_a_shadow_repository_unused_for_30_days_is_pruned(tmp_path):
     (home / "versions" / tools.VERSIONS_PRUNE_MARKER).unlink()
     tools.prune_versions(home)
     assert not shadow.exists()
+
+
+def test_a_folder_a_step_replaced_by_a_link_outside_is_restored_inside(tmp_path):
+    root = tmp_path / "project"
+    outside = tmp_path / "outside"
+    (root / "src").mkdir(parents=True)
+    outside.mkdir()
+    (root / "src" / "main.py").write_text("mine\n")
+    checkpoints = tools.Toolbox(tools.Workspace(root), tmp_path / "home",
+                                lambda *a, **k: {}).checkpoints
+    before = checkpoints.take()
+    (root / "src" / "main.py").unlink()
+    (root / "src").rmdir()
+    (root / "src").symlink_to(outside)
+    after = checkpoints.take(before["tree"])
+    restores = checkpoints.plan(root, before["tree"], {}, after["tree"], after["tree"])
+    assert checkpoints.apply(root, restores) == []
+    assert not (root / "src").is_symlink() and (root / "src" / "main.py").read_text() == "mine\n"
+    assert list(outside.iterdir()) == []
