@@ -472,10 +472,11 @@ class Kernel:
             self.fail(error)
             return "failed"
         finally:
-            self.busy = False
             if self.state.unrecorded:
-                # after the last step: what a rewind compares the tree with
+                # after the last step: what a rewind compares the tree with (still busy: a
+                # /rewind waits for it)
                 await self.checkpoint("", "after the turn")
+            self.busy = False
             await self.bus.store.sync_off_loop()
 
     async def steps(self) -> str:

@@ -622,13 +622,15 @@ class Rewind:
             raise UsageError(f"no checkpoint before step {self.number}")
         checkpoints = self.toolbox.checkpoints
         newest = state.checkpoints[-1]["tree"]
+        # the log's word, read before the checkpoint below: the newest one follows the last step
+        after_last_step = not state.unrecorded
         try:
             self.now = checkpoints.take(newest)
         except tools.CheckpointError as error:
             raise KhaelorError(f"cannot rewind: {error}") from None
         self.repo = checkpoints.repository()
         self.root = self.repo.root if self.repo else self.toolbox.workspace.cwd
-        last = self.now["tree"] if state.unrecorded else newest
+        last = newest if after_last_step else self.now["tree"]
         written = {}
         for real, version in overlay.items():
             relative = os.path.relpath(real, self.root)
@@ -1846,10 +1848,13 @@ class Session:
         """No argument: the steps, newest first. A number: the work tree back to before that step;
         files the user changed after the agent's last step are kept (`khaelor rewind` asks)."""
         import asyncio
+        state = self.store.state
+        if self.working and not state.turn_open and self.turn is not None:
+            # the turn has ended and is writing its last checkpoint: a moment
+            await asyncio.gather(self.turn, return_exceptions=True)
         if self.working:
             return ("khaelor is working; wait for the turn to end"
                     " (or press Esc) before /rewind")
-        state = self.store.state
         if not argument.strip().isdigit():
             lines = step_lines(state)
             if not lines:

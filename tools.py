@@ -1142,9 +1142,13 @@ class Checkpoints:
                 data = (repo.git_dir / "index").read_bytes()
                 payload["index"] = self.keep(data)
                 index.write_bytes(data)
+                # git trusts an entry's stat data only when older than its index file: a file
+                # changed in the second the index was written must still be looked at
+                stamp = (repo.git_dir / "index").stat()
+                os.utime(index, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
         elif (shadow / "index").is_file():
             # Not a repository: the shadow keeps its own index, for the stat cache.
-            shutil.copyfile(shadow / "index", index)
+            shutil.copy2(shadow / "index", index)
         changed, skipped = self._changed(root, index)
         if changed:
             self._stage(root, index, changed)
