@@ -886,7 +886,7 @@ CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
-UNDO_ID = "undo"                # the tool_use_id of the FileModified an /undo records
+UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made
 REWIND_STEP = "rewind"          # the step of the CheckpointRecorded taken before a rewind
 # Events after which the conversation is longer: a compaction has something new to cut.
 # Tools that only look; every other tool's result may come with a changed working tree.
@@ -959,8 +959,6 @@ class State:
     dirty_seen: set = field(default_factory=set)    # every path a baseline found dirty
     dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
     edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit made)
-    undo_stack: list = field(default_factory=list)  # edited paths, newest last, undone ones removed
-    versions: dict = field(default_factory=dict)    # real path -> [(before, after) version names] to undo
     stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) the model last saw
     processes: dict = field(default_factory=dict)   # process_id -> {id, command, status} still running
     n_processes: int = 0                # the highest process number started ("p7" -> 7)
@@ -1218,26 +1216,13 @@ def _on_file_modified(state: State, event: dict) -> None:
             state.dirty_before_edit.append(path)
     state.edits[path].append(event)
     state.edit_baseline = True
-    undone = event.get("tool_use_id") == UNDO_ID
-    if not undone:
-        state.undo_stack.append(path)
-    elif path in state.undo_stack:
-        last = len(state.undo_stack) - 1 - state.undo_stack[::-1].index(path)
-        del state.undo_stack[last]
-    if not undone:
-        state.unrecorded = True
-        tool_use_id = event.get("tool_use_id") or ""
-        name = (state.calls.get(tool_use_id) or {}).get("name") or "edit"
-        _add_step(state, event["seq"], name, path, tool_use_id, [path])
-    real = event.get("real_path")
-    if real is None or "after_version" not in event:
-        return          # written by a khaelor that kept no versions: no /undo after resume
-    versions = state.versions.setdefault(real, [])
-    if not undone:
-        versions.append((event["before_version"], event["after_version"]))
-    elif versions:
-        versions.pop()
-        state.stamps.pop(real, None)
+    state.unrecorded = True
+    tool_use_id = event.get("tool_use_id") or ""
+    if tool_use_id == UNDO_ID:
+        state.stamps.pop(event.get("real_path"), None)    # an /undo of an older khaelor
+        return
+    name = (state.calls.get(tool_use_id) or {}).get("name") or "edit"
+    _add_step(state, event["seq"], name, path, tool_use_id, [path])
 
 
 def _on_checkpoint_recorded(state: State, event: dict) -> None:

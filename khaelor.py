@@ -2075,7 +2075,7 @@ async def interactive_main(args, settings, store, home: Path,
 
 
 def prune_in_background(home: Path) -> None:
-    """File versions kept for /undo and unused for 30 days go, in a thread: start-up never
+    """File versions and checkpoints unused for 30 days go, in a thread: start-up never
     waits for it. A daemon: quitting mid-prune leaves only files that a later prune removes."""
     import threading
 

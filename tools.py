@@ -2,9 +2,9 @@
 
 Owns: read write edit grep glob bash process — their schemas and descriptions (byte-stable, they are
 prompt-cached) and, beside them, how their calls are shown (card, panel preview); input checking,
-edit's replacer cascade, output budgets and spill files, the process manager, pruning the file
-versions /undo keeps, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they
-report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
+edit's replacer cascade, output budgets and spill files, the process manager, the file versions
+write/edit keep and the work-tree checkpoints (a shadow repository) a rewind writes back, pruning
+both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
 Landlock ruleset), with git settings that keep a repository from running code; masking secrets in
 every output.
 Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import anything
@@ -86,8 +86,6 @@ PROCESS_STRAY_GRACE_S = 1.0
 DIFF_CHAR_CAP = 20_000
 # Lines shown around an edit.
 SNIPPET_CONTEXT_LINES = 4
-# Versions kept per file for undo.
-EDIT_HISTORY_DEPTH = 20
 # Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
 VERSIONS_KEEP_DAYS = 30
 # prune_versions runs at most once a day; the marker's mtime (in versions/) says when it last ran.
@@ -617,13 +615,11 @@ class Toolbox:
         self.spill_dir = Path(home) / "spill"
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
-        # Real path -> versions, oldest first.
-        self.edit_history: dict[Path, list[FileVersion]] = {}
         # Real path -> (mtime_ns, size) as the model last saw it.
         self.stamps: dict[Path, tuple[int, int]] = {}
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
-        # Content-addressed file versions, for /undo.
+        # Content-addressed file versions: a rewind to between two edits writes them back.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
@@ -736,61 +732,11 @@ class Toolbox:
         return process.command if process else None
 
     def resume(self, state: events.State) -> None:
-        """Take up a session's tool state from its log: what the model has seen, each file's edit
-        history (so /undo works after `khaelor -c`), and the process number to go on from."""
+        """Take up a session's tool state from its log: what the model has seen, and the process
+        number to go on from."""
         for real, stamp in state.stamps.items():
             self.stamps[Path(real)] = stamp
-        for real, versions in state.versions.items():
-            history = [FileVersion(before, after) for before, after in versions]
-            self.edit_history[Path(real)] = history[-EDIT_HISTORY_DEPTH:]
         self.processes.n_started = state.n_processes
-
-    def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
-        """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
-        path = self.workspace.resolve(file_path)
-        real = Path(os.path.realpath(path))
-        shown = self.workspace.display(path)
-        history = self.edit_history.get(real)
-        if not history:
-            text = f"No khaelor edits of {shown} to undo."
-            return ToolResult(text, True, {"error": "no_history"})
-        version = history[-1]
-        current = self.workspace.read_file(real) if real.exists() else None
-        if current is None or _blob_name(current) != version.after:
-            text = (f"{shown} changed after khaelor's last edit; "
-                    "not undoing, to keep those changes.")
-            return ToolResult(text, True, {"error": "changed"})
-        before = None
-        if version.before is not None:
-            try:
-                before = self.load_version(version.before)
-            except OSError as exc:
-                return self._version_lost(shown, exc)
-        history.pop()
-        if before is None:
-            self.workspace.remove_file(real)
-        else:
-            self.workspace.write_file(real, before)
-        # The model's view is stale now: it must read again.
-        self.stamps.pop(real, None)
-        added, removed = self._report_change(
-            path, current, before or b"", version, tool_use_id)
-        text = f"Restored {shown} to before khaelor's last edit (+{added} −{removed})."
-        meta = {"path": shown, "added": added, "removed": removed}
-        return ToolResult(text, meta=meta)
-
-    def _version_lost(self, shown: str, exc: OSError) -> ToolResult:
-        """An /undo whose saved version cannot be read: nothing is changed, and the message says why."""
-        if isinstance(exc, FileNotFoundError):
-            why = (f"is gone from {self.versions_dir} "
-                   f"(versions unused for {VERSIONS_KEEP_DAYS} days are pruned)")
-        else:
-            why = f"cannot be read from {self.versions_dir} ({exc.strerror or exc})"
-        text = (f"Cannot undo khaelor's last edit of {shown}: "
-                f"the saved version from before it {why}. "
-                f"{shown} is left as it is.")
-        meta = {"error": "version_missing", "path": shown}
-        return ToolResult(text, True, meta)
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it)."""
@@ -843,18 +789,15 @@ class Toolbox:
 
     def commit(self, path: Path, before: bytes | None, after: bytes,
                tool_use_id: str) -> tuple[int, int]:
-        """Write a file for write/edit: history, stamp, FileModified. Returns (lines added, removed)."""
-        # Both versions are kept before the file changes, so an edit is never without its undo.
+        """Write a file for write/edit: versions, stamp, FileModified. Returns (lines added,
+        removed)."""
+        # Both versions are kept before the file changes: a rewind to between two edits needs them.
         before_version = None
         if before is not None:
             before_version = self.keep_version(before)
         version = FileVersion(before_version, self.keep_version(after))
         self.workspace.write_file(path, after)
-        real = Path(os.path.realpath(path))
-        history = self.edit_history.setdefault(real, [])
-        history.append(version)
-        del history[:-EDIT_HISTORY_DEPTH]
-        self.remember(real)
+        self.remember(path)
         return self._report_change(path, before, after, version, tool_use_id)
 
     def _report_change(self, path: Path, before: bytes | None, after: bytes,
