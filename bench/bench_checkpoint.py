@@ -36,7 +36,9 @@ def make_repository(root: Path) -> None:
     subprocess.run(git + identity + ["commit", "-qm", "x"], check=True)
     # packed, as a repository with history is (and no gc left running in the background)
     subprocess.run(git + ["gc", "-q"], check=True)
-    # as a user's index is: fresh from their last `git status`
+    # as a user's index is: fresh from their last `git status`, a while after the files were
+    # written (an entry written in the index's own second is "racily clean": git reads its file)
+    time.sleep(1.1)
     subprocess.run(git + ["status", "-s"], check=True, capture_output=True)
 
 
