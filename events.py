@@ -25,7 +25,7 @@ DURABLE = frozenset("""
     ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged UserShellRan TextCheckpoint ThinkingChanged""".split())
+    ModelChanged UserShellRan TextCheckpoint ThinkingChanged CheckpointRecorded Rewound""".split())
 EPHEMERAL = frozenset("""
     ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
@@ -214,6 +214,33 @@ class FileModified(Envelope):
     after_version: NotRequired[str]
 
 
+class CheckpointRecorded(Envelope):
+    """The work tree as git sees it, before a step that may change it (or after the last one), as a
+    tree in the shadow repository $KHAELOR_HOME/checkpoints/<project> (tools.Checkpoints)."""
+    type: Literal["CheckpointRecorded"]
+    step: str               # the tool_use_id it precedes; "rewind"; "": after the turn's last step
+    reason: str
+    tree: str
+    git: bool               # False: not a repository (files only)
+    head: str               # HEAD's commit; "": none yet
+    branch: str             # "": detached (or not a repository)
+    index: str              # the user's index, a version name under KHAELOR_HOME/versions
+    skipped: list           # untracked files over the size cap, not recorded
+    n_changed: NotRequired[int]
+    changed: NotRequired[list]      # [[status, path]] since the session's previous checkpoint
+
+
+class Rewound(Envelope):
+    """The work tree went back to before step `step` (State.steps, 1-based); `text` is what the
+    model reads with the next request."""
+    type: Literal["Rewound"]
+    step: int
+    undone: list            # the steps undone, as listed
+    restored: list          # paths written back or deleted
+    kept: list              # paths the user changed after the agent's last step, left as they are
+    text: str
+
+
 class ProcessStarted(Envelope):
     type: Literal["ProcessStarted"]
     process_id: str
@@ -334,7 +361,8 @@ EVENT_KINDS = {kind.__name__: kind for kind in (
     SteeringInjected, TextCheckpoint, ModelTextBlockCompleted, ModelThinkingBlockCompleted,
     ToolRequested, ModelResponseCompleted, ModelRequestFailed, PermissionRequested,
     PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
-    FileModified, ProcessStarted, ProcessExited, ContextPruned, ContextCompacted, Interrupted,
+    FileModified, CheckpointRecorded, Rewound, ProcessStarted, ProcessExited, ContextPruned,
+    ContextCompacted, Interrupted,
     VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
     ThinkingChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
     FilesListed)}
@@ -777,7 +805,7 @@ class Bus:
 BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
 # User-side text: it joins the conversation and ends any response still being streamed.
 USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested",
-                              "UserShellRan"})
+                              "UserShellRan", "Rewound"})
 DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVENTS})
 OPEN = "open"               # what Attempt.feed says of an event: a block joined the attempt,
 CLOSED = "closed"           # the response counts,
@@ -948,11 +976,13 @@ CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
-UNDO_ID = "undo"                # the tool_use_id of the FileModified an /undo records
+UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made
+REWIND_STEP = "rewind"          # the step of the CheckpointRecorded taken before a rewind
 # Events after which the conversation is longer: a compaction has something new to cut.
 # Tools that only look; every other tool's result may come with a changed working tree.
 LOOKING_TOOLS = frozenset({"read", "grep", "glob"})
-WORLD_EVENTS = frozenset({"FileModified", "ProcessStarted", "ProcessExited", "UserShellRan"})
+WORLD_EVENTS = frozenset({"FileModified", "ProcessStarted", "ProcessExited", "UserShellRan",
+                          "Rewound"})
 GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "UserShellRan",
                             "ModelResponseCompleted", *TOOL_RESULT_EVENTS})
 
@@ -1022,8 +1052,6 @@ class State:
     dirty_seen: set = field(default_factory=set)    # every path a baseline found dirty
     dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
     edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit made)
-    undo_stack: list = field(default_factory=list)  # edited paths, newest last, undone ones removed
-    versions: dict = field(default_factory=dict)    # real path -> [(before, after) version names] to undo
     stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) the model last saw
     processes: dict = field(default_factory=dict)   # process_id -> {id, command, status} still running
     n_processes: int = 0                # the highest process number started ("p7" -> 7)
@@ -1031,6 +1059,10 @@ class State:
     turns: list = field(default_factory=list)       # [question, answer] of the newest turns
     calls: dict = field(default_factory=dict)       # tool_use_id -> ToolRequested, until its result
     loop_asks: set = field(default_factory=set)     # unanswered "continue the loop?" questions
+    # -- work-tree checkpoints and the steps a rewind can go back before
+    checkpoints: list = field(default_factory=list)     # CheckpointRecorded events, oldest first
+    steps: list = field(default_factory=list)       # {seq, kind, what, tool_use_id, changed}
+    unrecorded: bool = False            # the tree may have changed since the newest checkpoint
 
     @property
     def messages(self) -> list:
@@ -1283,21 +1315,71 @@ def _on_file_modified(state: State, event: dict) -> None:
             state.dirty_before_edit.append(path)
     state.edits[path].append(event)
     state.edit_baseline = True
-    undone = event.get("tool_use_id") == UNDO_ID
-    if not undone:
-        state.undo_stack.append(path)
-    elif path in state.undo_stack:
-        last = len(state.undo_stack) - 1 - state.undo_stack[::-1].index(path)
-        del state.undo_stack[last]
-    real = event.get("real_path")
-    if real is None or "after_version" not in event:
-        return          # written by a khaelor that kept no versions: no /undo after resume
-    versions = state.versions.setdefault(real, [])
-    if not undone:
-        versions.append((event["before_version"], event["after_version"]))
-    elif versions:
-        versions.pop()
-        state.stamps.pop(real, None)
+    state.unrecorded = True
+    tool_use_id = event.get("tool_use_id") or ""
+    if tool_use_id == UNDO_ID:
+        state.stamps.pop(event.get("real_path"), None)    # an /undo of an older khaelor
+        return
+    name = (state.calls.get(tool_use_id) or {}).get("name") or "edit"
+    _add_step(state, event["seq"], name, path, tool_use_id, [path])
+
+
+def _on_checkpoint_recorded(state: State, event: dict) -> None:
+    """A checkpoint names what changed since the previous one: that is what the step before it did
+    (less the files write/edit steps changed in between, which are steps of their own)."""
+    changed = [path for _, path in event.get("changed") or []]
+    edited = set()
+    for step in reversed(state.steps):
+        if step["kind"] in ("edit", "write"):
+            edited.add(step["what"])
+        elif step["changed"] is None:
+            step["changed"] = [path for path in changed if path not in edited]
+            break
+    state.checkpoints.append(event)
+    state.unrecorded = bool(event["step"])
+    call = state.calls.get(event["step"]) or {}
+    # before a write or edit: the tree it starts from (its FileModified is the step)
+    if call.get("name") in ("bash", "process"):
+        tool_input = call.get("input") or {}
+        what = str(tool_input.get("command") or tool_input.get("input") or "")
+        _add_step(state, event["seq"], call["name"], what, event["step"])
+    elif event["step"] == REWIND_STEP:
+        _add_step(state, event["seq"], "rewind", "", REWIND_STEP)
+
+
+def _add_step(state: State, seq: int, kind: str, what: str, tool_use_id: str,
+              changed: list | None = None) -> None:
+    state.steps.append({"seq": seq, "kind": kind, "what": what, "tool_use_id": tool_use_id,
+                        "changed": changed, "undone": False})
+
+
+def _on_rewound(state: State, event: dict) -> None:
+    if state.steps and state.steps[-1]["kind"] == "rewind":
+        state.steps[-1]["what"] = f"back to before step {event['step']}"
+    for step in state.steps[event["step"] - 1:-1]:
+        step["undone"] = True
+    state.stamps = {}       # the model must read a file again before it edits it
+
+
+def rewind_target(state: State, number: int) -> tuple[dict | None, dict]:
+    """Before step `number` (1-based): (the newest checkpoint at or before it, {real path: version
+    name} of what write/edit steps left between that checkpoint and the step)."""
+    seq = state.steps[number - 1]["seq"]
+    checkpoint = None
+    for event in state.checkpoints:
+        if event["seq"] <= seq:
+            checkpoint = event
+    after = checkpoint["seq"] if checkpoint else 0
+    written = []
+    for modified in state.edits.values():
+        for event in modified:
+            if after < event["seq"] < seq and event.get("tool_use_id") != UNDO_ID:
+                written.append(event)
+    overlay = {}
+    for event in sorted(written, key=lambda e: e["seq"]):
+        if event.get("real_path") and event.get("after_version"):
+            overlay[event["real_path"]] = event["after_version"]
+    return checkpoint, overlay
 
 
 def _on_baseline(state: State, event: dict) -> None:
@@ -1375,6 +1457,8 @@ _HANDLERS = {
     "ContextCompacted": _on_compacted,
     "FileModified": _on_file_modified,
     "BaselineRecorded": _on_baseline,
+    "CheckpointRecorded": _on_checkpoint_recorded,
+    "Rewound": _on_rewound,
     "ProcessStarted": _on_process_started,
     "ProcessExited": _on_process_exited,
     "VerificationRequested": _on_verification,

@@ -495,6 +495,10 @@ class Kernel:
             self.fail(error)
             return "failed"
         finally:
+            if self.state.unrecorded:
+                # after the last step: what a rewind compares the tree with (still busy: a
+                # /rewind waits for it)
+                await self.checkpoint("", "after the turn")
             self.busy = False
             await self.bus.store.sync_off_loop()
 
@@ -740,6 +744,8 @@ class Kernel:
         if edits and not self.state.edit_baseline:
             # what was already dirty is not ours
             await self.record_baseline("before first edit")
+        if self.needs_checkpoint(call, decision):
+            await self.checkpoint(tool_use_id, f"before {name}")
         self.emit("ToolStarted", tool_use_id=tool_use_id, name=name)
         try:
             result = await self.toolbox.run(name, call["input"], tool_use_id,
@@ -769,7 +775,12 @@ class Kernel:
             self.emit("PermissionDenied", tool_use_id=tool_use_id,
                       reason=f"{decision.descriptor}: {why}", feedback="")
             return None
-        if self.yes and not decision.destructive:
+        undoable = permissions.checkpoint_undoes(decision.destructive)
+        if self.yes and decision.destructive and undoable:
+            # what a rewind brings back: run once it can (no file left out)
+            taken = await self.checkpoint(tool_use_id, "before a destructive step")
+            undoable = taken and not self.state.checkpoints[-1]["skipped"]
+        if self.yes and (not decision.destructive or undoable):
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
             return _unattended(decision)
@@ -795,6 +806,40 @@ class Kernel:
             # the user saw this very call: what it names, it may change (tools.guard_check)
             return replace(decision, confine={**decision.confine, "attended": True})
         return decision
+
+    def needs_checkpoint(self, call: dict,
+                         decision: permissions.Decision) -> bool:
+        """Before a step that may change the work tree: a bash command, a process start or write
+        not proven read-only; a write or edit when this turn has none yet (its own file's
+        versions are kept, but a rewind to before it needs the tree it started from)."""
+        state = self.state
+        newest = state.checkpoints[-1] if state.checkpoints else {}
+        if newest.get("step") == call["tool_use_id"]:
+            return False
+        if call["name"] in ("write", "edit"):
+            turn_seq = state.user_texts[-1][0] if state.user_texts else 0
+            return newest.get("seq", 0) < turn_seq
+        action = (call["input"] or {}).get("action")
+        process_changes = action in ("start", "write")
+        if call["name"] == "process" and not process_changes:
+            return False
+        return call["name"] in ("bash", "process") and not decision.read_only
+
+    async def checkpoint(self, step: str, reason: str) -> bool:
+        """CheckpointRecorded: the work tree in the shadow repository, off the event loop. A
+        failure is said (Status) and the step goes on: --yes then runs nothing destructive."""
+        previous = ""
+        if self.state.checkpoints:
+            previous = self.state.checkpoints[-1]["tree"]
+        take = self.toolbox.checkpoints.take
+        try:
+            payload = await asyncio.to_thread(take, previous)
+        except (tools.CheckpointError, OSError) as error:
+            self.emit("Status", text=f"no checkpoint: {error}")
+            return False
+        self.emit("CheckpointRecorded", step=step, reason=reason,
+                  **payload)
+        return True
 
     def decide(self, call: dict) -> permissions.Decision:
         """permissions.decide with what only the session knows: whether commands are sandboxed,

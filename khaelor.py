@@ -1,7 +1,8 @@
 """khaelor.py: the command line and composition root of KHAELOR, a terminal coding agent.
 
 Owns: argv, config files and their precedence, session lifecycle (new, --continue, --resume),
-the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`, the
+the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`,
+`khaelor rewind` and /rewind (the work tree back to before a step, from its checkpoints), the
 slash-command table and the custom command files (Claude Code's `commands/*.md` prompt templates),
 exit codes, and the one catch-all that turns an unexpected error into one line plus the log path.
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
@@ -675,6 +676,220 @@ def print_policy(layers: list, rules) -> None:
             say(f"ignored  {rule}  {where} ({why})")
 
 
+# ---------------------------------------------------------------- rewind: back to before a step
+
+
+def step_lines(state) -> list[str]:
+    """The session's steps that may have changed the work tree, newest first, with what each
+    changed (from the checkpoint after it)."""
+    lines = []
+    for number, step in reversed(list(enumerate(state.steps, 1))):
+        changed = step["changed"]
+        if changed is None:
+            what = "changes not recorded yet"
+        elif not changed:
+            what = "changed nothing"
+        else:
+            what = ", ".join(changed[:4])
+            if len(changed) > 4:
+                what += f" and {len(changed) - 4} more"
+        if step["undone"]:
+            what += " (undone)"
+        shown = " ".join(step["what"].split())[:60]
+        lines.append(f"{number:>3}. {step['kind']} {shown} · {what}")
+    return lines
+
+
+def last_changing_step(state) -> int | None:
+    """The newest step not undone yet that changed something (or whose changes are not recorded
+    yet); a rewind is not one: /undo again goes further back."""
+    for number in range(len(state.steps), 0, -1):
+        step = state.steps[number - 1]
+        if step["kind"] == "rewind" or step["undone"]:
+            continue
+        if step["changed"] != []:
+            return number
+    return None
+
+
+class Rewind:
+    """Going back to before step `number`: `plan` says what it writes and deletes, `run` does it
+    between two checkpoints (so a rewind can itself be rewound) as a durable Rewound event."""
+
+    def __init__(self, bus, toolbox, number: int):
+        self.bus = bus
+        self.toolbox = toolbox
+        self.number = number
+        self.state = bus.store.state
+        self.restores = []
+        self.now = {}
+
+    def plan(self) -> None:
+        import tools
+        state = self.state
+        if not 1 <= self.number <= len(state.steps):
+            raise UsageError(f"no step {self.number}: the steps are 1 to {len(state.steps)}")
+        self.target, overlay = events.rewind_target(state, self.number)
+        if self.target is None:
+            raise UsageError(f"no checkpoint before step {self.number}")
+        checkpoints = self.toolbox.checkpoints
+        newest = state.checkpoints[-1]["tree"]
+        # the log's word, read before the checkpoint below: the newest one follows the last step
+        after_last_step = not state.unrecorded
+        try:
+            self.now = checkpoints.take(newest)
+        except tools.CheckpointError as error:
+            raise KhaelorError(f"cannot rewind: {error}") from None
+        self.repo = checkpoints.repository()
+        self.root = self.repo.root if self.repo else self.toolbox.workspace.cwd
+        last = newest if after_last_step else self.now["tree"]
+        written = {}
+        for real, version in overlay.items():
+            relative = os.path.relpath(real, self.root)
+            try:
+                written[relative] = self.toolbox.load_version(version)
+            except OSError:
+                raise KhaelorError(f"cannot rewind: the version of {relative}"
+                                   " kept for it is gone (pruned after 30 days)") from None
+        self.restores = checkpoints.plan(self.root, self.target["tree"], written,
+                                         last, self.now["tree"])
+
+    @property
+    def user_changed(self) -> list[str]:
+        return [r.path for r in self.restores if r.user_changed]
+
+    def moves_head(self) -> bool:
+        target = self.target
+        now = self.now
+        return (target["head"], target["branch"]) != (now["head"], now["branch"])
+
+    def describe(self) -> str:
+        step = self.state.steps[self.number - 1]
+        lines = [f"Rewinding to before step {self.number} ({step['kind']}"
+                 f" {' '.join(step['what'].split())[:60]}):"]
+        for restore in self.restores:
+            verb = "write back"
+            if restore.mode == "000000":
+                verb = "delete"
+            mark = ""
+            if restore.user_changed:
+                mark = "  (you changed it after the agent's last step)"
+            lines.append(f"  {verb} {restore.path}{mark}")
+        if self.moves_head():
+            branch = self.target["branch"] or "detached HEAD"
+            lines.append(f"  HEAD back to {branch} at {self.target['head'][:12]}")
+        if len(lines) == 1:
+            lines.append("  nothing differs: the work tree is as it was")
+        return "\n".join(lines)
+
+    def run(self, overwrite: bool) -> str:
+        """All of it, in this thread (the CLI)."""
+        self.start(overwrite)
+        self.write()
+        return self.finish()
+
+    def start(self, overwrite: bool) -> None:
+        """Files the user changed after the agent's last step are kept unless `overwrite`. The
+        checkpoint taken by plan() is the rewind's own: it goes into the log first."""
+        self.kept = [r.path for r in self.restores if r.user_changed and not overwrite]
+        self.todo = [r for r in self.restores if r.path not in self.kept]
+        self.bus.emit("CheckpointRecorded", step=events.REWIND_STEP,
+                      reason="before a rewind", **self.now)
+
+    def write(self) -> None:
+        """The writes and the checkpoint after them (no events: this may run in a thread)."""
+        checkpoints = self.toolbox.checkpoints
+        self.problems = checkpoints.apply(self.root, self.todo)
+        if self.repo and self.target["git"]:
+            checkpoints.restore_head(self.repo, self.target)
+        self.toolbox.stamps.clear()
+        self.after = checkpoints.take(self.now["tree"])
+
+    def finish(self) -> str:
+        n_undone = len(self.state.steps) - self.number
+        # the newest step is the rewind itself, which is not undone
+        undone = step_lines(self.state)[1:n_undone + 1][::-1]
+        restored = [r.path for r in self.todo]
+        note = rewound_note(self.number, undone, restored, self.kept)
+        self.bus.emit("Rewound", step=self.number, undone=undone,
+                      restored=restored, kept=self.kept, text=note)
+        self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
+        self.bus.store.sync()
+        report = f"Rewound to before step {self.number}: {len(restored)} files restored."
+        if self.kept:
+            report += ("\nKept as you left them (changed after the agent's last step):"
+                       f" {', '.join(self.kept)}")
+        if self.problems:
+            report += "\nNot restored: " + "; ".join(self.problems)
+        return report + ("\nWhat a rewind cannot bring back: commits already pushed, files"
+                         " outside the project, ignored files; commits reset away stay in"
+                         " the reflog.")
+
+
+def rewound_note(number: int, undone: list, restored: list, kept: list) -> str:
+    """What the model reads with its next request."""
+    lines = [f"[khaelor: the user rewound the work tree to before step {number};"
+             " these steps are undone:"]
+    lines += [f"- {line.strip()}" for line in undone]
+    if restored:
+        lines.append(f"Files written back or deleted: {', '.join(restored[:50])}.")
+    if kept:
+        lines.append(f"Kept as the user changed them: {', '.join(kept[:50])}.")
+    lines.append("HEAD, the branch and the index are as they were then. Read a file again"
+                 " before you edit it. (This note comes from khaelor, not from the user.)]")
+    return "\n".join(lines)
+
+
+def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
+    parser = argparse.ArgumentParser(
+        prog="khaelor rewind",
+        description="Put the work tree back as it was before a step of a session"
+                    " (default: the newest session's last step that changed something).")
+    parser.add_argument("step", nargs="?", type=int, help="the step, as --list numbers it")
+    parser.add_argument("--list", action="store_true", help="list the steps, newest first")
+    parser.add_argument("-r", "--resume", metavar="SESSION", help="a session id (or prefix)")
+    parser.add_argument("--yes", action="store_true",
+                        help="do not ask (files you changed since are kept)")
+    args = parser.parse_args(argv)
+    import tools
+    args.continue_ = not args.resume
+    store = open_session(args, home, project_root)
+    try:
+        bus = events.Bus(store)
+        toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+        return rewind_session(args, bus, toolbox)
+    finally:
+        close_session(store)
+
+
+def rewind_session(args, bus, toolbox) -> int:
+    state = bus.store.state
+    if args.list or not state.steps:
+        print("\n".join(step_lines(state)) or "no steps that changed the work tree")
+        return EXIT_OK
+    number = args.step or last_changing_step(state)
+    if number is None:
+        print("nothing to rewind: no step changed the work tree")
+        return EXIT_OK
+    rewind = Rewind(bus, toolbox, number)
+    rewind.plan()
+    print(rewind.describe())
+    if not rewind.restores and not rewind.moves_head():
+        return EXIT_OK
+    overwrite = False
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("khaelor: not rewound: run it on a terminal, or with --yes", file=sys.stderr)
+            return EXIT_USAGE
+        if input("Rewind? [y/N] ").strip().lower() != "y":
+            return EXIT_OK
+        if rewind.user_changed:
+            answer = input("Overwrite the files you changed since? [y/N] ")
+            overwrite = answer.strip().lower() == "y"
+    print(rewind.run(overwrite))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
 
 # per directory: a huge tree must not slow start-up
@@ -882,6 +1097,8 @@ def help_epilog() -> str:
             "  khaelor sessions               list this project's sessions\n"
             "  khaelor permissions [check]    show or test the permission policy\n"
             "  khaelor trust [--revoke]       review and trust this repository's permission files\n"
+            "  khaelor rewind [--list] [STEP] [-r SESSION] [--yes]\n"
+            "                                 the work tree back to before a step of a session\n"
             "\n"
             f"interactive keys:\n{keys}\n"
             "\n"
@@ -1898,14 +2115,40 @@ class Session:
         return diff_report(self.store.state, dirty)
 
     async def cmd_undo(self, _):
-        """khaelor's newest edit not undone yet goes back, byte for byte (the toolbox's history)."""
+        """Rewind the last step that changed something."""
+        number = last_changing_step(self.store.state)
+        if number is None:
+            return "nothing to undo"
+        return await self.cmd_rewind(str(number))
+
+    async def cmd_rewind(self, argument):
+        """No argument: the steps, newest first. A number: the work tree back to before that step;
+        files the user changed after the agent's last step are kept (`khaelor rewind` asks)."""
+        import asyncio
+        state = self.store.state
+        if self.working and not state.turn_open and self.turn is not None:
+            # the turn has ended and is writing its last checkpoint: a moment
+            await asyncio.gather(self.turn, return_exceptions=True)
         if self.working:
             return ("khaelor is working; wait for the turn to end"
-                    " (or press Esc) before /undo")
-        edited = self.store.state.undo_stack
-        if not edited:
-            return "nothing to undo"
-        return self.toolbox.undo(edited[-1], events.UNDO_ID).text
+                    " (or press Esc) before /rewind")
+        if not argument.strip().isdigit():
+            lines = step_lines(state)
+            if not lines:
+                return "no steps that changed the work tree yet"
+            return ("\n".join(f"- `{line.strip()}`" for line in lines)
+                    + "\n\n`/rewind N` puts the work tree back as it was before step N.")
+        rewind = Rewind(self.bus, self.toolbox, int(argument))
+        try:
+            # off the loop: two checkpoints and the writes
+            await asyncio.to_thread(rewind.plan)
+            if not rewind.restores and not rewind.moves_head():
+                return rewind.describe()
+            rewind.start(overwrite=False)
+            await asyncio.to_thread(rewind.write)
+        except KhaelorError as error:
+            return str(error)
+        return f"{rewind.describe()}\n\n{rewind.finish()}"
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
@@ -2058,7 +2301,9 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",
                 "how hard the model works, from the next message"),
     "/diff": (Session.cmd_diff, "", "changes khaelor made in this session"),
-    "/undo": (Session.cmd_undo, "", "restore the file khaelor changed last"),
+    "/undo": (Session.cmd_undo, "", "rewind the last step that changed the work tree"),
+    "/rewind": (Session.cmd_rewind, "[step]",
+                "the steps, newest first; a step: the work tree back to before it"),
     "/processes": (Session.cmd_processes, "[stop ID]", "running background processes"),
     "/quit": (Session.cmd_quit, "", "leave khaelor"),
 }
@@ -2111,7 +2356,7 @@ async def interactive_main(args, settings, store, home: Path,
 
 
 def prune_in_background(home: Path) -> None:
-    """File versions kept for /undo and unused for 30 days go, in a thread: start-up never
+    """File versions and checkpoints unused for 30 days go, in a thread: start-up never
     waits for it. A daemon: quitting mid-prune leaves only files that a later prune removes."""
     import threading
 
@@ -2167,6 +2412,8 @@ def run_command_line(argv: list | None) -> int:
             return cmd_trust(argv[1:], home, project_root)
         if argv[:1] == ["sandbox"]:
             return cmd_sandbox(argv[1:], home, project_root)
+        if argv[:1] == ["rewind"]:
+            return cmd_rewind(argv[1:], home, project_root)
         args = parse_args(argv)
         if args.prompt is not None:
             import time

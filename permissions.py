@@ -2429,6 +2429,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     if sub == "reset" and has("--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not has("--dry-run", short="n"):
+        if has(short="xX"):
+            return "git clean -x deletes ignored files, which no checkpoint holds"
         return "git clean deletes untracked files"
     if sub == "push":
         forced = has("--force", "--force-with-lease", "--mirror", "--delete",
@@ -2467,6 +2469,20 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return (f"git {sub} may be an alias (or a program on PATH), which "
                 "can stand for any command: reset --hard, !sh -c ...")
     return ""
+
+
+# What a work-tree checkpoint brings back (issue 20): the files, HEAD, the branch and the index. Not
+# another machine (a push), ignored files, stashes, other branches, history, or the .git that holds
+# the objects a checkpoint borrows: those keep asking under --yes.
+_UNDONE_BY_CHECKPOINT = (
+    "git reset --hard", "git clean deletes untracked", "git checkout over paths",
+    "git restore", "git rm -f", "git switch --discard-changes",
+)
+
+
+def checkpoint_undoes(destructive: str) -> bool:
+    """Whether a rewind to the checkpoint taken before it brings back what this destroys."""
+    return destructive.startswith(_UNDONE_BY_CHECKPOINT)
 
 
 def _recursive(core: tuple[str, ...]) -> bool:

@@ -383,7 +383,9 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     for device in READABLE_DEVICES + TERMINAL_DEVICES:
         grants.append((device, {"READ_FILE", "IOCTL_DEV"}))
     grants += [("/dev", {"READ_DIR"})]
-    approved_rights = WRITE if confine["write"] else READ
+    # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
+    # its shadow repository under $KHAELOR_HOME and nothing else).
+    approved_rights = WRITE if confine["write"] or confine.get("paths_write") else READ
     for path in confine["paths"]:
         target = approved_target(path)
         if target:

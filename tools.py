@@ -2,9 +2,9 @@
 
 Owns: read write edit grep glob bash process — their schemas and descriptions (byte-stable, they are
 prompt-cached) and, beside them, how their calls are shown (card, panel preview); input checking,
-edit's replacer cascade, output budgets and spill files, the process manager, pruning the file
-versions /undo keeps, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they
-report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
+edit's replacer cascade, output budgets and spill files, the process manager, the file versions
+write/edit keep and the work-tree checkpoints (a shadow repository) a rewind writes back, pruning
+both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
 Landlock ruleset), with git settings that keep a repository from running code; masking secrets in
 every output.
 Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import anything
@@ -93,8 +93,6 @@ PROCESS_STRAY_GRACE_S = 1.0
 DIFF_CHAR_CAP = 20_000
 # Lines shown around an edit.
 SNIPPET_CONTEXT_LINES = 4
-# Versions kept per file for undo.
-EDIT_HISTORY_DEPTH = 20
 # Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
 VERSIONS_KEEP_DAYS = 30
 # prune_versions runs at most once a day; the marker's mtime (in versions/) says when it last ran.
@@ -592,26 +590,37 @@ class Workspace:
                 scan_git: bool = True) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
         Failing to start, or timing out, gives -1 and the reason."""
+        code, out = self.capture_bytes(
+            argv, cwd=cwd, timeout_s=timeout_s, confine=confine, scan_git=scan_git)
+        return code, out.decode("utf-8", "replace")
+
+    def capture_bytes(self, argv: list[str], *, cwd: Path | None = None,
+                      timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                      scan_git: bool = True, env: dict | None = None,
+                      stdin: bytes | None = None) -> tuple[int, bytes]:
+        """capture's stdout as bytes (file contents), with `env` added and `stdin` fed to it."""
         try:
-            env, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
+            prepared, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
         except OSError as exc:
-            return -1, str(exc)
+            return -1, str(exc).encode()
+        prepared.update(env or {})
+        feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
         try:
             done = subprocess.run(
                 argv,
                 cwd=cwd or self.cwd,
                 capture_output=True,
                 timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-                env=env,
+                env=prepared,
                 start_new_session=True,
-                preexec_fn=entry and entry.hook)
+                preexec_fn=entry and entry.hook,
+                **feed)
         except (OSError, subprocess.SubprocessError) as exc:
-            return -1, str(exc)
+            return -1, str(exc).encode()
         finally:
             if entry:
                 entry.close()
-        return done.returncode, done.stdout.decode("utf-8", "replace")
+        return done.returncode, done.stdout
 
     def run_attached(self, argv: list[str], confine: dict) -> int:
         """Run a command confined as `confine`, on khaelor's own terminal (`khaelor sandbox`): its
@@ -851,15 +860,13 @@ class Toolbox:
         self.spill_dir = Path(home) / "spill"
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
-        # Real path -> versions, oldest first.
-        self.edit_history: dict[Path, list[FileVersion]] = {}
         # Real path -> (mtime_ns, size) as the model last saw it.
         self.stamps: dict[Path, tuple[int, int]] = {}
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
         self.places = [str(workspace.cwd)]
-        # Content-addressed file versions, for /undo.
+        # Content-addressed file versions: a rewind to between two edits writes them back.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
@@ -867,6 +874,7 @@ class Toolbox:
         self.ripgrep = shutil.which("rg")
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
+        self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
         self.processes = _Processes(workspace, emit, self.groups, self.mask)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
@@ -974,71 +982,11 @@ class Toolbox:
         return process.command if process else None
 
     def resume(self, state: events.State) -> None:
-        """Take up a session's tool state from its log: what the model has seen, each file's edit
-        history (so /undo works after `khaelor -c`), and the process number to go on from."""
+        """Take up a session's tool state from its log: what the model has seen, and the process
+        number to go on from."""
         for real, stamp in state.stamps.items():
             self.stamps[Path(real)] = stamp
-        for real, versions in state.versions.items():
-            history = [FileVersion(before, after) for before, after in versions]
-            self.edit_history[Path(real)] = history[-EDIT_HISTORY_DEPTH:]
         self.processes.n_started = state.n_processes
-
-    def undo(self, file_path: str, tool_use_id: str = "") -> ToolResult:
-        """Put a file back as it was before khaelor's last write/edit of it (for /undo)."""
-        path = self.workspace.resolve(file_path)
-        real = Path(_realpath(path))
-        shown = self.workspace.display(path)
-        history = self.edit_history.get(real)
-        if not history:
-            text = f"No khaelor edits of {shown} to undo."
-            return ToolResult(text, True, {"error": "no_history"})
-        version = history[-1]
-        # The very file khaelor wrote, opened as write and edit open it.
-        places = [str(real)]
-        current = None
-        try:
-            if real.exists():
-                current = self.workspace.read_file(real, places)
-        except ToolError as exc:
-            return ToolResult(str(exc), True, exc.meta)
-        if current is None or _blob_name(current) != version.after:
-            text = (f"{shown} changed after khaelor's last edit; "
-                    "not undoing, to keep those changes.")
-            return ToolResult(text, True, {"error": "changed"})
-        before = None
-        if version.before is not None:
-            try:
-                before = self.load_version(version.before)
-            except OSError as exc:
-                return self._version_lost(shown, exc)
-        try:
-            if before is None:
-                self.workspace.remove_file(real, places)
-            else:
-                self.workspace.write_file(real, before, places)
-        except ToolError as exc:
-            return ToolResult(str(exc), True, exc.meta)
-        history.pop()
-        # The model's view is stale now: it must read again.
-        self.stamps.pop(real, None)
-        added, removed = self._report_change(
-            path, current, before or b"", version, tool_use_id)
-        text = f"Restored {shown} to before khaelor's last edit (+{added} −{removed})."
-        meta = {"path": shown, "added": added, "removed": removed}
-        return ToolResult(text, meta=meta)
-
-    def _version_lost(self, shown: str, exc: OSError) -> ToolResult:
-        """An /undo whose saved version cannot be read: nothing is changed, and the message says why."""
-        if isinstance(exc, FileNotFoundError):
-            why = (f"is gone from {self.versions_dir} "
-                   f"(versions unused for {VERSIONS_KEEP_DAYS} days are pruned)")
-        else:
-            why = f"cannot be read from {self.versions_dir} ({exc.strerror or exc})"
-        text = (f"Cannot undo khaelor's last edit of {shown}: "
-                f"the saved version from before it {why}. "
-                f"{shown} is left as it is.")
-        meta = {"error": "version_missing", "path": shown}
-        return ToolResult(text, True, meta)
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it)."""
@@ -1091,18 +1039,15 @@ class Toolbox:
 
     def commit(self, path: Path, before: bytes | None, after: bytes,
                tool_use_id: str) -> tuple[int, int]:
-        """Write a file for write/edit: history, stamp, FileModified. Returns (lines added, removed)."""
-        # Both versions are kept before the file changes, so an edit is never without its undo.
+        """Write a file for write/edit: versions, stamp, FileModified. Returns (lines added,
+        removed)."""
+        # Both versions are kept before the file changes: a rewind to between two edits needs them.
         before_version = None
         if before is not None:
             before_version = self.keep_version(before)
         version = FileVersion(before_version, self.keep_version(after))
         self.workspace.write_file(path, after, self.places)
-        real = Path(_realpath(path))
-        history = self.edit_history.setdefault(real, [])
-        history.append(version)
-        del history[:-EDIT_HISTORY_DEPTH]
-        self.remember(real)
+        self.remember(Path(_realpath(path)))
         return self._report_change(path, before, after, version, tool_use_id)
 
     def _report_change(self, path: Path, before: bytes | None, after: bytes,
@@ -1157,9 +1102,28 @@ def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
         if not _prune_due(versions):
             return 0
         cutoff = time.time() - keep_days * 86_400
+        _remove_old_shadows(Path(home) / "checkpoints", cutoff)
         return _remove_old_blobs(versions, cutoff)
     finally:
         os.close(versions)
+
+
+def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
+    """A project's shadow repository goes when its last checkpoint is older than the cutoff (each
+    checkpoint rewrites info/exclude): the index copies its checkpoints need are gone by then."""
+    try:
+        entries = list(os.scandir(checkpoints))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
+            if stamp.st_mtime < cutoff:
+                shutil.rmtree(entry.path)
+        except OSError:
+            continue
 
 
 def _prune_due(versions: int) -> bool:
@@ -1208,6 +1172,415 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
             continue
         removed += 1
     return removed
+
+# ---------------------------------------------------------------- checkpoints: the work tree, shadowed
+
+
+# An untracked file larger than this is left out of a checkpoint (and named in it).
+CHECKPOINT_FILE_CAP_BYTES = 20_000_000
+# Changed paths one CheckpointRecorded names; it counts them all.
+CHECKPOINT_NAMES_CAP = 100
+# The shadow repository's info/attributes (they outrank the work tree's .gitattributes): every file
+# is stored as its bytes, with no end-of-line conversion and no filter (a filter is a program: lfs,
+# or one a repository's attributes name).
+SHADOW_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
+# Nothing ever collects the shadow's objects behind a checkpoint's back.
+SHADOW_CONFIG = "[gc]\n\tauto = 0\n"
+# git's mode of a symbolic link and of a nested repository (a gitlink, never written back).
+LINK_MODE = "120000"
+GITLINK_MODE = "160000"
+ABSENT_MODE = "000000"
+
+
+class CheckpointError(events.KhaelorError):
+    """A checkpoint or a rewind that could not be done; the message says which git call failed."""
+
+
+@dataclass(frozen=True)
+class Repository:
+    """Where git keeps the project's repository; None stands for "not a repository"."""
+    # The work tree's top directory.
+    root: Path
+    # The worktree's own git directory (HEAD, index) and the shared one (objects, info/exclude).
+    git_dir: Path
+    common_dir: Path
+    # The commit HEAD names when it was looked at; "" before the first commit.
+    head: str
+
+
+@dataclass
+class Restore:
+    """One path a rewind writes back (oid or data) or deletes (mode ABSENT_MODE)."""
+    path: str
+    mode: str
+    oid: str = ""
+    # The bytes of a write/edit version (they come from KHAELOR_HOME/versions, not git).
+    data: bytes | None = None
+    # The user changed it after the agent's last step: a rewind asks first.
+    user_changed: bool = False
+
+
+class Checkpoints:
+    """The work tree as git sees it (tracked files with their changes, untracked files that are not
+    ignored), recorded as a tree in a shadow repository under KHAELOR_HOME: never as refs, objects
+    or an index in the user's .git, which the commands a checkpoint must undo destroy (`rm -rf
+    .git`, `gc --prune=now`) and a push would publish. The user's objects are borrowed through
+    objects/info/alternates and the user's index is copied, so a checkpoint costs what changed."""
+
+    def __init__(self, workspace: Workspace, keep: Callable[[bytes], str],
+                 load: Callable[[str], bytes]):
+        self.workspace = workspace
+        # store and fetch bytes by name (the toolbox's file versions): the user's index
+        self.keep = keep
+        self.load = load
+        # the repository as last found
+        self.known: Repository | None = None
+
+    def take(self, previous: str = "") -> dict:
+        """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
+        version name), skipped (untracked files over the cap), changed since `previous` (a tree)."""
+        repo = self.repository()
+        root = repo.root if repo else self.workspace.cwd
+        shadow = self.shadow(root)
+        self._prepare(shadow, repo)
+        index = shadow / f"index.{os.getpid()}.{os.urandom(4).hex()}"
+        try:
+            payload = self._record(shadow, root, repo, index)
+        finally:
+            index.unlink(missing_ok=True)
+        if previous:
+            changed = []
+            if previous != payload["tree"]:
+                changed = self.changes(root, previous, payload["tree"])
+            payload["n_changed"] = len(changed)
+            payload["changed"] = changed[:CHECKPOINT_NAMES_CAP]
+        return payload
+
+    def repository(self) -> Repository | None:
+        """The repository's layout and HEAD: as found before, while HEAD can be read from the ref
+        files (one process less per checkpoint), else from git."""
+        known = self.known
+        if known and (known.git_dir / "HEAD").is_file():
+            head = _head_from_files(known)
+            if head:
+                return Repository(known.root, known.git_dir, known.common_dir, head)
+        self.known = self._discover()
+        return self.known
+
+    def _discover(self) -> Repository | None:
+        # One call: HEAD before its first commit makes it fail after printing the rest.
+        argv = ["git", "rev-parse", "--path-format=absolute", "--show-toplevel",
+                "--absolute-git-dir", "--git-common-dir", "HEAD"]
+        _, out = self.workspace.capture(argv, scan_git=False)
+        lines = out.splitlines()
+        if len(lines) != 4:
+            return None
+        head = lines[3]
+        if not re.fullmatch(r"[0-9a-f]{40,64}", head):
+            head = ""
+        root, git_dir, common_dir = (Path(line) for line in lines[:3])
+        return Repository(root, git_dir, common_dir, head)
+
+    def shadow(self, root: Path) -> Path:
+        home = self.workspace.home or events.khaelor_home()
+        name = events.sessions_dir(home, root).name
+        return home / "checkpoints" / name
+
+    def git(self, root: Path, argv: list[str], index: Path | None = None,
+            stdin: bytes | None = None, timeout_s: float = 60.0) -> bytes:
+        """git in the shadow repository over the work tree `root`; only the shadow is writable."""
+        shadow = self.shadow(root)
+        env = {"GIT_DIR": str(shadow)}
+        if argv[0] != "init":
+            env["GIT_WORK_TREE"] = str(root)
+        if index is not None:
+            env["GIT_INDEX_FILE"] = str(index)
+        confine = {**READ_ONLY_CONFINE, "paths": [str(shadow)], "paths_write": True}
+        code, out = self.workspace.capture_bytes(
+            ["git", *argv], cwd=root, confine=confine, scan_git=False,
+            env=env, stdin=stdin, timeout_s=timeout_s)
+        if code != 0:
+            raise CheckpointError(f"`git {argv[0]}` failed in {shadow} (exit {code})")
+        return out
+
+    def _prepare(self, shadow: Path, repo: Repository | None) -> None:
+        """The shadow repository, made on first use (0700), borrowing the user's objects and taking
+        their info/exclude, so what the user ignores stays out."""
+        if not (shadow / "HEAD").exists():
+            shadow.mkdir(mode=0o700, parents=True, exist_ok=True)
+            root = repo.root if repo else self.workspace.cwd
+            # no template: no sample hooks, nothing that could run
+            self.git(root, ["init", "--bare", "-q", "--template="])
+            with open(shadow / "config", "a") as config:
+                config.write(SHADOW_CONFIG)
+            (shadow / "info").mkdir(exist_ok=True)
+            (shadow / "info" / "attributes").write_text(SHADOW_ATTRIBUTES)
+        alternates = shadow / "objects" / "info" / "alternates"
+        exclude = ""
+        if repo:
+            alternates.write_text(f"{repo.common_dir / 'objects'}\n")
+            user_exclude = repo.common_dir / "info" / "exclude"
+            if user_exclude.is_file():
+                exclude = user_exclude.read_text(errors="replace")
+        else:
+            alternates.unlink(missing_ok=True)
+        (shadow / "info" / "exclude").write_text(exclude)
+
+    def _record(self, shadow: Path, root: Path, repo: Repository | None,
+                index: Path) -> dict:
+        payload = {"git": repo is not None, "head": "", "branch": "", "index": ""}
+        if repo:
+            payload.update(self._head(repo))
+            if (repo.git_dir / "index").is_file():
+                data = (repo.git_dir / "index").read_bytes()
+                payload["index"] = self.keep(data)
+                index.write_bytes(data)
+                # git trusts an entry's stat data only when older than its index file: a file
+                # changed in the second the index was written must still be looked at
+                stamp = (repo.git_dir / "index").stat()
+                os.utime(index, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        elif (shadow / "index").is_file():
+            # Not a repository: the shadow keeps its own index, for the stat cache.
+            shutil.copy2(shadow / "index", index)
+        changed, skipped = self._changed(root, index)
+        if changed:
+            self._stage(root, index, changed)
+        argv = ["write-tree", "--missing-ok"]
+        payload["tree"] = self.git(root, argv, index).decode().strip()
+        payload["skipped"] = skipped
+        if not repo:
+            os.replace(index, shadow / "index")
+        return payload
+
+    def _head(self, repo: Repository) -> dict:
+        """HEAD's commit ("" before the first) and branch ("" when detached)."""
+        try:
+            ref = (repo.git_dir / "HEAD").read_text().strip()
+        except OSError:
+            ref = ""
+        branch = ""
+        if ref.startswith("ref: refs/heads/"):
+            branch = ref.removeprefix("ref: refs/heads/")
+        return {"head": repo.head, "branch": branch}
+
+    def _changed(self, root: Path, index: Path) -> tuple[list[bytes], list[str]]:
+        """(paths whose index entry is out of date: changed, deleted, untracked and not ignored;
+        untracked files over CHECKPOINT_FILE_CAP_BYTES, left out). One walk of the tree, as
+        `git status` makes; a nested repository ("sub/") is left out."""
+        argv = ["ls-files", "-z", "-t", "-m", "-d", "-o", "--exclude-standard"]
+        listed = self.git(root, argv, index).split(b"\0")
+        changed = {}
+        skipped = []
+        for line in listed:
+            tag = line[:2]
+            name = line[2:]
+            if not name or name.endswith(b"/"):
+                continue
+            if tag == b"? " and _over_cap(root / os.fsdecode(name)):
+                skipped.append(os.fsdecode(name))
+                continue
+            changed[name] = True
+        return list(changed), skipped
+
+    def _stage(self, root: Path, index: Path, changed: list[bytes]) -> None:
+        argv = ["update-index", "--add", "--remove", "--replace", "-z", "--stdin"]
+        try:
+            self.git(root, argv, index, stdin=b"\0".join(changed) + b"\0")
+        except CheckpointError:
+            # e.g. a file it cannot read: add takes what it can
+            self.git(root, ["add", "-A", "--ignore-errors", "--", "."], index)
+
+    def changes(self, root: Path, old: str, new: str) -> list[list[str]]:
+        """[[status, path]] between two trees: A added, D deleted, M changed, T type changed."""
+        argv = ["diff-tree", "-r", "-z", "--no-renames", "--name-status", old, new]
+        fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
+        return [[status, path] for status, path in zip(fields[::2], fields[1::2]) if path]
+
+    def entries(self, root: Path, old: str, new: str) -> dict[str, tuple]:
+        """path -> (mode in old, oid in old, mode in new, oid in new) for the paths that differ."""
+        argv = ["diff-tree", "-r", "-z", "--no-renames", old, new]
+        fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
+        found = {}
+        for head, path in zip(fields[::2], fields[1::2]):
+            if not path:
+                continue
+            old_mode, new_mode, old_oid, new_oid, _ = head.lstrip(":").split(" ")
+            found[path] = (old_mode, old_oid, new_mode, new_oid)
+        return found
+
+    def plan(self, root: Path, target: str, overlay: dict[str, bytes], last: str,
+             now: str) -> list[Restore]:
+        """What going back to the tree `target` (with `overlay`, files written by write/edit after
+        it) writes and deletes: the paths the agent changed between `target` and `last` (the
+        checkpoint after its last step) that differ now; a path that also changed between `last`
+        and `now` was changed by someone else since, and is marked."""
+        agent = self.entries(root, target, last)
+        user = self.entries(root, last, now)
+        restores = []
+        for path, (mode, oid, last_mode, last_oid) in agent.items():
+            if path in overlay:
+                continue
+            current = (last_mode, last_oid)
+            if path in user:
+                current = user[path][2:]
+            if current != (mode, oid):
+                restores.append(Restore(path, mode, oid, user_changed=path in user))
+        for path, data in overlay.items():
+            if self._read(root / path) != data:
+                mode = agent.get(path, ("100644",))[0]
+                if mode == ABSENT_MODE:
+                    mode = "100644"
+                restores.append(Restore(path, mode, data=data, user_changed=path in user))
+        return sorted(restores, key=lambda r: r.path)
+
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    def apply(self, root: Path, restores: list[Restore]) -> list[str]:
+        """Write back and delete as planned, byte for byte, the executable bit included. Returns
+        what could not be restored, each with why."""
+        wanted = [r.oid for r in restores if r.data is None and r.mode != ABSENT_MODE]
+        blobs = self._blobs(root, wanted)
+        problems = []
+        deletes = [r for r in restores if r.mode == ABSENT_MODE]
+        for restore in sorted(deletes, key=lambda r: r.path, reverse=True):
+            try:
+                self._delete(root, restore.path)
+            except OSError as exc:
+                problems.append(f"{restore.path}: {exc.strerror or exc}")
+        for restore in restores:
+            if restore.mode in (ABSENT_MODE, GITLINK_MODE):
+                continue
+            data = restore.data
+            if data is None:
+                data = blobs[restore.oid]
+            try:
+                problem = self._write(root, restore.path, restore.mode, data)
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+            if problem:
+                problems.append(f"{restore.path}: {problem}")
+        return problems
+
+    def _blobs(self, root: Path, oids: list[str]) -> dict[str, bytes]:
+        """The contents of these blobs, through one `git cat-file --batch`."""
+        if not oids:
+            return {}
+        out = self.git(root, ["cat-file", "--batch"], stdin="\n".join(oids).encode() + b"\n")
+        blobs = {}
+        at = 0
+        for oid in oids:
+            end = out.index(b"\n", at)
+            header = out[at:end].split(b" ")
+            if header[-1] == b"missing":
+                raise CheckpointError(f"the checkpoint's copy of blob {oid} is missing")
+            size = int(header[2])
+            blobs[oid] = out[end + 1:end + 1 + size]
+            at = end + 1 + size + 1
+        return blobs
+
+    def _delete(self, root: Path, path: str) -> None:
+        """Remove a file a later step created, then the folders that leaves empty."""
+        target = root / path
+        if not _inside(target.parent, root):
+            return
+        if target.is_dir() and not target.is_symlink():
+            # a folder where the step made a file: left alone
+            return
+        target.unlink(missing_ok=True)
+        folder = target.parent
+        while folder != root and _inside(folder, root):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
+
+    def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
+        target = root / path
+        # checked before making folders: a link planted in its place must not lead them outside
+        if not _inside(target.parent, root):
+            return "its folder now leads outside the project"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():
+            # written as a link or a file, never through one
+            target.unlink()
+        elif target.is_dir():
+            return "a folder is in its place now"
+        if mode == LINK_MODE:
+            os.symlink(os.fsdecode(data), target)
+            return ""
+        self.workspace.write_file(target, data, [os.path.realpath(root)])
+        permissions = target.stat().st_mode & 0o7777
+        if mode == "100755":
+            # x wherever r is, as git checks out an executable
+            permissions |= (permissions & 0o444) >> 2
+        else:
+            permissions &= ~0o111
+        os.chmod(target, permissions)
+        return ""
+
+    def restore_head(self, repo: Repository, recorded: dict) -> None:
+        """HEAD, its branch and the index as a checkpoint recorded them."""
+        now = self._head(self.repository() or repo)
+        branch = recorded["branch"]
+        head = recorded["head"]
+        git = ["git", "-C", str(repo.root)]
+        moved = (branch, head) != (now["branch"], now["head"])
+        if moved and branch and head:
+            self._user_git(repo, git + ["update-ref", f"refs/heads/{branch}", head])
+        if branch and branch != now["branch"]:
+            self._user_git(repo, git + ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
+        elif not branch and head and head != now["head"]:
+            self._user_git(repo, git + ["update-ref", "--no-deref", "HEAD", head])
+        if not recorded["index"]:
+            return
+        data = self.load(recorded["index"])
+        if self._read(repo.git_dir / "index") != data:
+            self.workspace.write_file(repo.git_dir / "index", data,
+                                      [os.path.realpath(repo.git_dir)])
+
+    def _user_git(self, repo: Repository, argv: list[str]) -> None:
+        code, _ = self.workspace.capture(argv, cwd=repo.root, confine=DEFAULT_CONFINE,
+                                         scan_git=False)
+        if code != 0:
+            raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
+
+
+def _head_from_files(repo: Repository) -> str:
+    """The commit HEAD names, read from the files refs live in (loose, else packed-refs); ""
+    when that does not tell (no commit yet, another ref store): git is asked then."""
+    try:
+        head = (repo.git_dir / "HEAD").read_text().strip()
+        ref = head.removeprefix("ref: ")
+        if ref.startswith("refs/heads/") and (repo.common_dir / ref).is_file():
+            head = (repo.common_dir / ref).read_text().strip()
+        elif ref.startswith("refs/heads/"):
+            packed = (repo.common_dir / "packed-refs").read_text()
+            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
+            head = found.group(1) if found else ""
+    except (OSError, ValueError):
+        return ""
+    if re.fullmatch(r"[0-9a-f]{40,64}", head):
+        return head
+    return ""
+
+
+def _over_cap(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_size > CHECKPOINT_FILE_CAP_BYTES
+    except OSError:
+        return False
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real = os.path.realpath(path)
+    top = os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
 
 # ---------------------------------------------------------------- input checking
 

@@ -1875,6 +1875,7 @@ KEY_HELP = (
      "send; while khaelor works, it is queued as steering for its next step"),
     ("Alt-Enter, Ctrl-J or \\ Enter", "a new line"),
     ("Esc", "interrupt khaelor (what it wrote so far is kept); close a menu"),
+    ("Esc Esc", "on an empty input: /rewind, the steps to go back before"),
     ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
     ("Ctrl-D", "quit (on an empty input)"),
     ("Ctrl-L", "clear the screen"),
@@ -2437,6 +2438,8 @@ FRAME_INTERVAL = 0.016
 TICK_INTERVAL = 0.1
 # a lone ESC is Esc if nothing follows within this
 ESC_TIMEOUT = 0.05
+# Esc twice within this, on an empty composer while nothing runs, opens /rewind (as in Claude Code)
+DOUBLE_ESC_S = 0.6
 # a resumed session shows its last turns (bounded resume time)
 REPLAY_TURNS = 30
 
@@ -2466,6 +2469,8 @@ class App:
         self.exit_code: int | None = None
         self.on_exit: Callable[[int], None] = lambda code: None
         self._spawn = spawn or asyncio.ensure_future
+        # time.monotonic() of the last Esc that did nothing (Esc Esc opens /rewind)
+        self._idle_esc = 0.0
 
     # -- input --
 
@@ -2497,6 +2502,8 @@ class App:
                 self.composer.close_menu()
             elif self.controller.busy:
                 self.call(self.controller.interrupt)
+            elif not self.composer.text:
+                self._esc_idle()
             return
         # Ctrl-D on a non-empty input deletes, as in a shell
         if key.name == "ctrl+d":
@@ -2504,6 +2511,13 @@ class App:
         sent = self.composer.handle(key)
         if sent is not None:
             self._dispatch(sent)
+
+    def _esc_idle(self) -> None:
+        now = time.monotonic()
+        if now - self._idle_esc < DOUBLE_ESC_S:
+            now = 0.0
+            self.call(self.controller.run_command, "/rewind")
+        self._idle_esc = now
 
     def quit(self, code: int) -> None:
         if self.exit_code is None:

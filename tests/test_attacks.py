@@ -89,7 +89,8 @@ def test_a_cloned_repository_and_a_hijacked_model_run_nothing_without_a_question
 
 
 def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, project, env):
-    """--yes approves ordinary asks, not the floor and not what destroys work in the repository."""
+    """--yes approves ordinary asks, not the floor; of what destroys work, only what a checkpoint
+    undoes (issue 20), and `khaelor rewind` brings that work back."""
     real_git_repository(project)
     (project / "app.py").write_text("print('uncommitted work')\n")
     home = Path(env["HOME"])
@@ -116,11 +117,15 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
     assert not (project / ".khaelor").exists()
     assert not (kh / "config.json").exists()
     assert (home / "keep" / "precious.txt").read_text() == "mine\n"
-    assert (project / "app.py").read_text() == "print('uncommitted work')\n"
     assert (project / ".git" / "HEAD").is_file()
-    assert not [e for e in khaelor.log() if e["type"] == "ToolStarted"]
+    requested = [e for e in khaelor.log() if e["type"] == "ToolRequested"]
+    calls = {e["tool_use_id"]: e["input"]["command"] for e in requested}
+    ran = [calls[e["tool_use_id"]] for e in khaelor.log() if e["type"] == "ToolStarted"]
+    assert ran == ["git reset --hard", "git checkout -- ."]
     outputs = "\n".join(tool_outputs(khaelor))
     assert outputs.count("hardline floor") >= 6 and "destroys work" in outputs
+    assert khaelor.run("rewind", "--yes").returncode == 0
+    assert (project / "app.py").read_text() == "print('uncommitted work')\n"
 
 
 def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, fake, project, tmp_path):

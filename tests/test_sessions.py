@@ -427,11 +427,13 @@ def test_undo_works_after_continue(khaelor, fake, project, env, monkeypatch):
     assert khaelor.run("-p", "greet differently", "--yes").returncode == 0
     assert (project / "app.py").read_text() == "print('hey')\n"
 
-    async def undo_twice(session):
-        return [await session.cmd_undo(""), await session.cmd_undo(""), await session.cmd_undo("")]
-    answers = in_session(project, env, monkeypatch, undo_twice)
-    assert answers[0].startswith("Restored app.py") and answers[1].startswith("Restored app.py")
-    assert answers[2] == "nothing to undo"
+    async def undo_each_step(session):
+        return [await session.cmd_undo("") for _ in range(4)]
+    # /undo rewinds the last step not undone yet: the compile's cache, then each edit
+    answers = in_session(project, env, monkeypatch, undo_each_step)
+    for answer, step in zip(answers, (3, 2, 1)):
+        assert answer.startswith(f"Rewinding to before step {step}"), answer
+    assert "app.py" in answers[1] and answers[3] == "nothing to undo"
     assert (project / "app.py").read_text() == "print('hello')\n"
 
 

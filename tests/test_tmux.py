@@ -267,7 +267,7 @@ def test_undo_restores_the_exact_bytes_after_the_gate_gave_up(terminal, project)
     assert (project / "crlf.py").read_bytes() == b"\xef\xbb\xbfa = 1\r\nb = 3"
     term.type("/undo")
     term.keys("Enter")
-    term.wait_for("Restored crlf.py")
+    term.wait_for("Rewound to before step 1")
     assert (project / "crlf.py").read_bytes() == original
     term.type("/undo")
     term.keys("Enter")

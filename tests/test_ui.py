@@ -858,6 +858,21 @@ def test_esc_interrupts_only_while_busy():
     assert ctrl.calls[-1] == ("interrupt",) and app.exit_code is None
 
 
+def test_esc_esc_on_an_empty_composer_opens_rewind():
+    ctrl = FakeController(busy=False)
+    app = ui.App(ctrl, style=MONO)
+    app.on_key(K("text", "draft"))
+    app.on_key(K("esc"))
+    app.on_key(K("esc"))
+    assert ctrl.calls == []                                # a draft is never lost to a rewind
+    app.composer.clear()
+    app.on_key(K("esc"))
+    app.on_key(K("esc"))
+    assert ctrl.calls == [("command", "/rewind")]
+    app.on_key(K("esc"))                                   # a third Esc starts afresh
+    assert ctrl.calls == [("command", "/rewind")]
+
+
 def test_permission_keys_answer_once_always_and_deny_with_feedback():
     ctrl = FakeController(busy=True)
     app = ui.App(ctrl, style=MONO)

@@ -1,0 +1,234 @@
+"""Issue 20: a checkpoint before every step that may change the work tree, and `khaelor rewind`.
+Real git in tmp dirs; the real program under --yes with the scripted fake API where only it proves
+the point (each costs ~2 s of SDK import), in-process elsewhere."""
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import tools
+from fake_api import reply, text, tool_use
+
+
+def git(root: Path, *args: str) -> str:
+    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    done = subprocess.run(["git", *identity, *args], cwd=root, capture_output=True, text=True,
+                          check=True)
+    return done.stdout
+
+
+def make_repository(root: Path) -> None:
+    """A repository with work in every place git keeps it: a commit, a staged file, an uncommitted
+    edit (on an executable too), an untracked file, an ignored node_modules file, a stash, a
+    second branch."""
+    git(root, "init", "-q", "-b", "master")
+    (root / "a.txt").write_text("v1\n")
+    (root / "gone.txt").write_text("tracked, then deleted\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho v1\n")
+    (root / "run.sh").chmod(0o755)
+    (root / ".gitignore").write_text("node_modules/\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "one")
+    git(root, "branch", "feature")
+    (root / "a.txt").write_text("stashed\n")
+    git(root, "stash", "-q")
+    (root / "staged.txt").write_text("staged\n")
+    git(root, "add", "staged.txt")
+    (root / "a.txt").write_text("v1\nmine\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho mine\n")
+    (root / "u.txt").write_bytes(b"untracked \x00\xff\n")
+    (root / "node_modules").mkdir()
+    (root / "node_modules" / "m.js").write_text("ignored\n")
+
+
+def repository_facts(root: Path) -> dict:
+    """What a checkpoint must never change."""
+    git_dir = root / ".git"
+    return {"status": git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=all"),
+            "index": hashlib.sha256((git_dir / "index").read_bytes()).hexdigest(),
+            "staged": git(root, "ls-files", "--stage"),
+            "stash": git(root, "stash", "list"),
+            "branches": git(root, "branch", "-av"),
+            "reflog": git(root, "reflog", "--all"),
+            "refs": git(root, "for-each-ref"),
+            "objects": git(root, "count-objects", "-v"),
+            "config": (git_dir / "config").read_text()}
+
+
+def work_tree(root: Path) -> dict:
+    """Every file outside .git: (bytes, executable)."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if ".git" in path.relative_to(root).parts or not path.is_file():
+            continue
+        files[path.relative_to(root).as_posix()] = (path.read_bytes(), os.access(path, os.X_OK))
+    return files
+
+
+def test_checkpoints_leave_the_users_repository_as_it_was(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    before = repository_facts(root)
+    toolbox = tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {})
+    first = toolbox.checkpoints.take()
+    (root / "a.txt").write_text("changed by a step\n")
+    second = toolbox.checkpoints.take(first["tree"])
+    (root / "a.txt").write_text("v1\nmine\n")
+    assert repository_facts(root) == before
+    assert second["changed"] == [["M", "a.txt"]] and first["branch"] == "master"
+    shadow = toolbox.checkpoints.shadow(root)
+    assert shadow.stat().st_mode & 0o777 == 0o700
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", first["tree"]], cwd=root,
+                            env={**os.environ, "GIT_DIR": str(shadow)}, capture_output=True,
+                            text=True, check=True).stdout.split()
+    # untracked recorded, ignored not copied
+    assert "u.txt" in listed and "staged.txt" in listed and "node_modules/m.js" not in listed
+
+
+# The spellings that wiped uncommitted work under --yes while protection was a list of them.
+DESTRUCTIVE = [
+    "git reset --hard",
+    "git checkout -f master",
+    "git checkout-index -f -a",
+    "git config alias.nuke 'reset --hard'; git nuke",
+]
+
+
+def steps_of(khaelor) -> list[str]:
+    listed = khaelor.run("rewind", "--list")
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout.splitlines()
+
+
+def test_rewind_brings_back_what_each_destructive_command_wiped(khaelor, fake, project):
+    make_repository(project)
+    start = work_tree(project)
+    before = repository_facts(project)
+    # step 1 deletes a tracked and an untracked file; then each command wipes an edit made just
+    # before it (steps 2, 4, 6, 8), and the agent installs an ignored file (step 9)
+    calls = [tool_use("bash", {"command": "rm gone.txt u.txt"})]
+    for n, command in enumerate(DESTRUCTIVE):
+        if n:
+            calls.append(tool_use("bash", {"command": f"printf 'v1\\nmine {n}\\n' > a.txt"}))
+        calls.append(tool_use("bash", {"command": command}))
+    calls.append(tool_use("bash", {"command": "echo new > node_modules/new.js"}))
+    fake.enqueue(*[reply(call) for call in calls], reply(text("done")))
+    result = khaelor.run("-p", "clean up", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert (project / "a.txt").read_text() == "v1\n"
+    steps = steps_of(khaelor)
+    assert len(steps) == 9 and "git reset --hard" in steps[-2], steps
+    # newest first: each destructive step, then the first
+    for step, wiped in ((8, "v1\nmine 3\n"), (6, "v1\nmine 2\n"), (4, "v1\nmine 1\n")):
+        rewound = khaelor.run("rewind", str(step), "--yes")
+        assert rewound.returncode == 0, rewound.stderr
+        assert (project / "a.txt").read_text() == wiped, (step, rewound.stdout)
+    assert khaelor.run("rewind", "1", "--yes").returncode == 0
+    assert work_tree(project) == {**start, "node_modules/new.js": (b"new\n", False)}
+    assert repository_facts(project)["status"] == before["status"]
+    # the index as it was (its bytes differ: git refreshes the stat data of rewritten files)
+    assert repository_facts(project)["staged"] == before["staged"]
+    assert git(project, "stash", "list") == before["stash"]
+    # the model's next request says what was undone
+    fake.enqueue(reply(text("ok")))
+    assert khaelor.run("-c", "-p", "go on", "--yes").returncode == 0
+    sent = str(fake.requests[-1]["body"]["messages"])
+    assert "rewound the work tree to before step 1" in sent and "rm gone.txt u.txt" in sent
+
+
+def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
+    git(project, "init", "-q")
+    (project / "a.txt").write_text("v1\n")
+    fake.enqueue(reply(tool_use("write", {"file_path": "c.txt", "content": "one\n"})),
+                 reply(tool_use("edit", {"file_path": "c.txt", "old_string": "one",
+                                         "new_string": "two"})),
+                 reply(tool_use("bash", {"command": "echo agent > a.txt; echo agent > b.txt;"
+                                                    " echo three > c.txt"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    refused = khaelor.run("rewind")
+    assert refused.returncode == 2 and "you changed it" in refused.stdout
+    assert (project / "b.txt").exists()
+    kept = khaelor.run("rewind", "--yes")
+    assert kept.returncode == 0, kept.stderr
+    assert (project / "a.txt").read_text() == "the user's own\n"
+    assert not (project / "b.txt").exists() and "Kept as you left them" in kept.stdout
+    # before the edit: what the write left; before the write: no file
+    assert (project / "c.txt").read_text() == "two\n"
+    assert khaelor.run("rewind", "2", "--yes").returncode == 0
+    assert (project / "c.txt").read_text() == "one\n"
+    assert khaelor.run("rewind", "1", "--yes").returncode == 0
+    assert not (project / "c.txt").exists()
+
+
+def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
+    (project / ".git").rmdir()
+    (project / "src").mkdir()
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    (project / "tool").write_bytes(b"#!/bin/sh\n")
+    (project / "tool").chmod(0o755)
+    start = work_tree(project)
+    find = "find . -type f -not -path './.git/*' -delete"
+    fake.enqueue(reply(tool_use("bash", {"command": find})), reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    assert work_tree(project) == {}
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert work_tree(project) == start
+
+
+def test_after_a_kill_9_mid_step_the_rewind_works(khaelor, fake, project):
+    git(project, "init", "-q")
+    (project / "a.txt").write_text("mine\n")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo agent > a.txt; sleep 5"})))
+    proc = khaelor.popen("-p", "go", "--yes")
+    deadline = time.time() + 30
+    while (project / "a.txt").read_text() != "agent\n" and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert (project / "a.txt").read_text() == "mine\n"
+
+
+def test_a_shadow_repository_unused_for_30_days_is_pruned(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "a.txt").write_text("a\n")
+    git(root, "add", "a.txt")
+    home = tmp_path / "home"
+    toolbox = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {})
+    toolbox.checkpoints.take()
+    shadow = toolbox.checkpoints.shadow(root)
+    tools.prune_versions(home)
+    assert shadow.is_dir()
+    old = time.time() - 31 * 86_400
+    os.utime(shadow / "info" / "exclude", (old, old))
+    (home / "versions" / tools.VERSIONS_PRUNE_MARKER).unlink()
+    tools.prune_versions(home)
+    assert not shadow.exists()
+
+
+def test_a_folder_a_step_replaced_by_a_link_outside_is_restored_inside(tmp_path):
+    root = tmp_path / "project"
+    outside = tmp_path / "outside"
+    (root / "src").mkdir(parents=True)
+    outside.mkdir()
+    (root / "src" / "main.py").write_text("mine\n")
+    checkpoints = tools.Toolbox(tools.Workspace(root), tmp_path / "home",
+                                lambda *a, **k: {}).checkpoints
+    before = checkpoints.take()
+    (root / "src" / "main.py").unlink()
+    (root / "src").rmdir()
+    (root / "src").symlink_to(outside)
+    after = checkpoints.take(before["tree"])
+    restores = checkpoints.plan(root, before["tree"], {}, after["tree"], after["tree"])
+    assert checkpoints.apply(root, restores) == []
+    assert not (root / "src").is_symlink() and (root / "src" / "main.py").read_text() == "mine\n"
+    assert list(outside.iterdir()) == []
