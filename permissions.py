@@ -458,6 +458,14 @@ _GIT_BUILTINS = frozenset("""
     help rev-list for-each-ref format-patch cherry range-diff whatchanged
     check-ignore check-attr name-rev show-branch verify-commit verify-tag
     difftool mergetool bundle rerere annotate diff-tree var
+    bugreport check-mailmap check-ref-format checkout-index column commit-graph credential
+    credential-cache credential-store daemon diagnose diff-files diff-index fast-export
+    fast-import fmt-merge-msg for-each-repo fsck-objects get-tar-commit-id hook http-backend
+    http-push imap-send index-pack init-db instaweb interpret-trailers mailinfo mailsplit
+    merge-file merge-index merge-octopus merge-one-file merge-ours merge-recursive
+    merge-resolve merge-subtree merge-tree multi-pack-index pack-objects pack-redundant
+    patch-id pickaxe prune-packed quiltimport receive-pack shell show-index stage stripspace
+    subtree unpack-file unpack-objects update-server-info upload-archive verify-pack
 """.split())
 # config keys that define commands for later: aliases, included files
 _GIT_ALIASING = ("alias.", "include")
