@@ -49,7 +49,8 @@ def serve() -> dict:
     children = {}
     pending = b""
     while True:
-        if select.select([0], [], [], 0.01)[0]:
+        # a job's exit is noticed within 10 ms; with none running, wait for the next job
+        if select.select([0], [], [], 0.01 if children else None)[0]:
             data = os.read(0, 1 << 16)
             if not data:
                 return {}
