@@ -55,9 +55,9 @@ class ForkServer:
                        "env": {**base_env(base), "KHAELOR_HOME": str(base / "home"),
                                "ANTHROPIC_BASE_URL": fake.base_url}}
             (base / "project" / ".git").mkdir(parents=True)
-            self.proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "tests" / "fork_server.py"), str(ROOT), json.dumps(warm_up)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            server = [sys.executable, str(ROOT / "tests" / "fork_server.py"), str(ROOT)]
+            self.proc = subprocess.Popen([*server, json.dumps(warm_up)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, bufsize=1)
             assert "ready" in json.loads(self.proc.stdout.readline())
         self.pids, self.exits = {}, {}
         self.changed = threading.Condition()
@@ -87,7 +87,7 @@ class ForkServer:
             return self.pids[job_id]
 
     def wait(self, job_id, timeout):
-        """The exit code (as subprocess reports it), or None if the job still runs after `timeout`."""
+        """The exit code (as subprocess gives it), or None if the job still runs after `timeout`."""
         with self.changed:
             self.changed.wait_for(lambda: job_id in self.exits, timeout)
             return self.exits.get(job_id)
@@ -124,7 +124,7 @@ _fork_server_lock = threading.Lock()
 
 
 def fork_server() -> ForkServer:
-    """This worker's fork server, started on first use (a worker that runs no CLI test starts none)."""
+    """This worker's fork server, started on first use (a worker with no CLI test starts none)."""
     with _fork_server_lock:
         if "server" not in _fork_server:
             base = _fork_server["config"]._tmp_path_factory.mktemp("fork-server")
@@ -134,8 +134,8 @@ def fork_server() -> ForkServer:
 
 def run_khaelor(argv, cwd, env, stdin=None, timeout=60, fresh=False,
                 preexec_fn=None) -> subprocess.CompletedProcess:
-    """`python khaelor.py *argv` run to its end, forked from the fork server; fresh=True starts a new
-    interpreter instead, where only that proves the point (cold start, signals, timing, limits)."""
+    """`python khaelor.py *argv` run to its end, forked from the fork server; fresh=True starts a
+    new interpreter instead, where only that proves the point (cold start, signals, limits)."""
     if fresh:
         return subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=cwd, env=env,
                               input=stdin, capture_output=True, text=True, timeout=timeout,
@@ -145,11 +145,11 @@ def run_khaelor(argv, cwd, env, stdin=None, timeout=60, fresh=False,
 
 
 def base_env(base: Path) -> dict:
-    """What the `env` fixture gives, for a folder of one's own (module-scoped fixtures, the server)."""
+    """What the `env` fixture gives, in a folder of one's own (module fixtures, the server)."""
     return {**{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "KHAELOR_"))},
-            "ANTHROPIC_API_KEY": "sk-test-secret-key", "ANTHROPIC_CONFIG_DIR": str(base / "anthropic-config"),
-            "NO_COLOR": "1", "HOME": str(base / "user-home"), "PYTHONPATH": str(ROOT),
-            "KHAELOR_CHECK_EVENTS": "1"}
+            "ANTHROPIC_API_KEY": "sk-test-secret-key", "NO_COLOR": "1",
+            "ANTHROPIC_CONFIG_DIR": str(base / "anthropic-config"), "HOME": str(base / "user-home"),
+            "PYTHONPATH": str(ROOT), "KHAELOR_CHECK_EVENTS": "1"}
 
 
 class Khaelor:

@@ -6,9 +6,9 @@ schemas are built, then reads jobs, one JSON line each on stdin:
     {"id", "argv", "cwd", "env", "stdin" (a path or null), "stdout", "stderr"}
 and forks a child per job. The child is an ordinary process with the job's cwd, environment, argv
 and files as fds 0, 1 and 2; it runs `sys.exit(khaelor.main(argv))` as khaelor.py's last line does,
-so it ends like any run (atexit, the wait for non-daemon threads, the flush). For each job the server
-prints {"id", "pid"} once forked and {"id", "exit"} (as subprocess reports it: -N for signal N) once
-reaped. EOF on stdin ends the server. conftest.py's ForkServer is the other end.
+so it ends like any run (atexit, the wait for non-daemon threads, the flush). For each job the
+server prints {"id", "pid"} once forked and {"id", "exit"} once reaped (as subprocess reports it:
+-N for signal N). EOF on stdin ends the server. conftest.py's ForkServer is the other end.
 """
 import json
 import os

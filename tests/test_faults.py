@@ -1,9 +1,10 @@
 """Fault injection: the world misbehaves (API, storage, kill -9) and khaelor keeps working, losing nothing.
 
 Scenarios run the real program against tests/fake_api.py; independent runs share a small thread pool,
-forked from conftest's fork server (a pre-warmed interpreter), as the kill -9 experiments are. Where many
-damaged logs are checked (every byte offset, every line), the next request is built in-process by
-the same functions `--continue` runs and checked with fake_api.validate, the fake server's own rules.
+forked from conftest's fork server (a pre-warmed interpreter), as the kill -9 experiments are.
+Where many damaged logs are checked (every byte offset, every line), the next request is built
+in-process by the same functions `--continue` runs and checked with fake_api.validate, the fake
+server's own rules.
 """
 import json
 import os
@@ -11,9 +12,6 @@ import random
 import resource
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,11 +25,11 @@ import tools
 from conftest import base_env, fork_server, run_khaelor
 from fake_api import FakeAnthropic, error, reply, text, thinking, tool_use, validate
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-secret-key"      # conftest's env fixture; test_abuse greps for it in all khaelor wrote
 
 
-def run_cli(project, env, *args, fake=None, extra_env=None, timeout=60, fresh=False, preexec_fn=None):
+def run_cli(project, env, *args, fake=None, extra_env=None, timeout=60, fresh=False,
+            preexec_fn=None):
     """One real `khaelor …` (what the `khaelor` fixture does, with a few more knobs)."""
     env = {**env, **({"ANTHROPIC_BASE_URL": fake.base_url} if fake else {}), **(extra_env or {})}
     result = run_khaelor(args, project, env, timeout=timeout, fresh=fresh, preexec_fn=preexec_fn)

@@ -3,9 +3,10 @@
 tests/data/hermes_approval.json holds the command strings Hermes' tests expect to be refused under
 --yolo ("hardline"), to stay off that floor ("not_hardline"), and to need approval
 ("needs_approval"); its "source" names the files and lists. Targets: >= 95 % of the hardline
-commands refused by the floor, <= 1 % of the not_hardline commands; the checks hold the floor at the
-figures measured (174 of 175, no false floor), so no refusal is lost silently. Every command is only passed
-to permissions.check as a string: nothing here runs it. Run with -s to see the measured figures.
+commands refused by the floor, <= 1 % of the not_hardline commands; the checks hold the floor at
+the figures measured (174 of 175, no false floor), so no refusal is lost silently. Every command
+is only passed to permissions.check as a string: nothing here runs it. Run with -s to see the
+measured figures.
 """
 
 import json
@@ -73,7 +74,8 @@ def test_floor_refuses_hermes_hardline_commands(world):
     refused = len(results) - len(misses)
     figure = f"hardline commands refused by the floor: {percent(refused, len(results))}"
     print("\n" + figure)
-    assert refused >= HARDLINE_REFUSED, f"{figure}, measured {HARDLINE_REFUSED}; not refused:\n{listing(misses)}"
+    assert refused >= HARDLINE_REFUSED, \
+        f"{figure}, measured {HARDLINE_REFUSED}; not refused:\n{listing(misses)}"
 
 
 def test_floor_leaves_hermes_not_hardline_commands(world):

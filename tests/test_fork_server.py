@@ -21,8 +21,8 @@ def scenario(khaelor, fake, name: str, fresh: bool) -> tuple:
         f.write(f"toolchain {name}\n")
     command = f"cat ~/.cargo/{name}; pwd"
     fake.enqueue(reply(tool_use("bash", {"command": command})), reply(text(f"done {name}")))
-    result = khaelor.run("-p", "-", "--yes", "--output-format", "stream-json", stdin=f"check {name}\n",
-                         fresh=fresh)
+    argv = ["-p", "-", "--yes", "--output-format", "stream-json"]
+    result = khaelor.run(*argv, stdin=f"check {name}\n", fresh=fresh)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     [done] = [e for e in lines if e["type"] == "ToolCompleted"]

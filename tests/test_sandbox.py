@@ -342,7 +342,7 @@ def test_grep_and_glob_leave_out_secret_files_alike_on_both_engines(world, tool,
     assert [line for line in granted.text.splitlines() if line.startswith(".env")]
     assert "config/.env.local" in granted.text and "left out" not in granted.text
     if not compare:
-        pytest.skip("ripgrep (rg) is not installed: the Python engine was checked, not compared with rg")
+        pytest.skip("ripgrep (rg) is not installed: the Python engine was checked, not compared")
     assert with_rg.text == python.text
 
 

@@ -729,7 +729,7 @@ def test_search_results_are_capped_with_a_notice(search_box):
     assert "Showing 100 of 260 matching lines in 130 files" in grepped.text and grepped.meta["truncated"]
 
 
-@pytest.mark.skipif(not RIPGREP, reason="ripgrep (rg) is not installed: the engines are not compared")
+@pytest.mark.skipif(not RIPGREP, reason="ripgrep (rg) is not installed: engines not compared")
 def test_ripgrep_and_python_fallback_agree(box):
     assert tools.shutil.which("rg"), "ripgrep (rg) is needed to compare the engines: install it"
     for git in (True, False):
