@@ -19,8 +19,9 @@ import permissions
 CORPUS = json.loads((Path(__file__).parent / "data" / "opencode_arity.json").read_text())
 GLOB_CHARACTERS = set("*?[")
 COMMAND_CAPABILITIES = ("process.execute", "git.modify", "network.access")
-MAX_ALLOWED_SHARE = 0.15     # cases with no command rule to judge: allowed (cat, ls, pwd ...) or decided by a path
-MAX_NO_SUGGESTION_SHARE = 0.10   # asked cases with no suggestion at all (a vacuous pass if it were common)
+# The measured figures of the 156 cases, pinned (lower them when they improve):
+MAX_SKIPPED = 9          # no command rule to judge: allowed (cat, ls ...) 8, decided by a path 1
+MAX_NO_SUGGESTION = 2    # asked with no suggestion at all (a vacuous pass if it were common)
 
 # (command, the words the saved rule must at least name). The verb is part of the command for
 # these CLIs, so a rule that stops before it would also allow the destructive siblings.
@@ -101,8 +102,8 @@ def test_always_is_never_broader_than_opencode(project):
     print(f"\n{figure}\nallowed: {allowed}\nby a path: {by_path}\nasked without a suggestion: {unsuggested}")
     assert not broader, f"{figure}:\n" + "\n".join(broader)
     skipped = allowed + by_path
-    assert len(skipped) <= MAX_ALLOWED_SHARE * total, f"{figure}; skipped: {skipped}"
-    assert len(unsuggested) <= MAX_NO_SUGGESTION_SHARE * total, f"{figure}; no suggestion: {unsuggested}"
+    assert len(skipped) <= MAX_SKIPPED, f"{figure}; skipped: {skipped}"
+    assert len(unsuggested) <= MAX_NO_SUGGESTION, f"{figure}; no suggestion: {unsuggested}"
 
 
 @pytest.mark.parametrize("command, narrowest", MULTI_LEVEL)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from conftest import ROOT, was_reached
+from conftest import ROOT, run_khaelor, was_reached
 from fake_api import reply, text, tool_use
 
 if not sandbox.probe()[0] or not sandbox.seccomp_available():
@@ -39,9 +39,7 @@ def home(env):
 
 def sandboxed(project, env, shape, *command, extra_env=None):
     """`khaelor sandbox SHAPE -- COMMAND` in the project: (exit code, stdout + stderr)."""
-    done = subprocess.run([sys.executable, str(ROOT / "khaelor.py"), "sandbox", shape, "--", *command],
-                          cwd=project, env={**env, **(extra_env or {})}, capture_output=True,
-                          text=True, timeout=60)
+    done = run_khaelor(["sandbox", shape, "--", *command], project, {**env, **(extra_env or {})})
     return done.returncode, done.stdout + done.stderr
 
 

@@ -1,10 +1,10 @@
 """Fault injection: the world misbehaves (API, storage, kill -9) and khaelor keeps working, losing nothing.
 
 Scenarios run the real program against tests/fake_api.py; independent runs share a small thread pool,
-since each spends ~1.5 s of CPU importing the SDK and the suite has a time budget. The kill -9
-experiments fork the real `khaelor.main` from a pre-warmed interpreter (see `Zygote`). Where many
-damaged logs are checked (every byte offset, every line), the next request is built in-process by
-the same functions `--continue` runs and checked with fake_api.validate, the fake server's own rules.
+forked from conftest's fork server (a pre-warmed interpreter), as the kill -9 experiments are.
+Where many damaged logs are checked (every byte offset, every line), the next request is built
+in-process by the same functions `--continue` runs and checked with fake_api.validate, the fake
+server's own rules.
 """
 import json
 import os
@@ -12,9 +12,6 @@ import random
 import resource
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,17 +22,17 @@ import context
 import events
 import kernel
 import tools
+from conftest import base_env, fork_server, run_khaelor
 from fake_api import FakeAnthropic, error, reply, text, thinking, tool_use, validate
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-secret-key"      # conftest's env fixture; test_abuse greps for it in all khaelor wrote
 
 
-def run_cli(project, env, *args, fake=None, extra_env=None, preexec_fn=None, timeout=60):
-    """One real `python khaelor.py …` (what the `khaelor` fixture does, with a few more knobs)."""
+def run_cli(project, env, *args, fake=None, extra_env=None, timeout=60, fresh=False,
+            preexec_fn=None):
+    """One real `khaelor …` (what the `khaelor` fixture does, with a few more knobs)."""
     env = {**env, **({"ANTHROPIC_BASE_URL": fake.base_url} if fake else {}), **(extra_env or {})}
-    result = subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *args], cwd=project, env=env,
-                            capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+    result = run_khaelor(args, project, env, timeout=timeout, fresh=fresh, preexec_fn=preexec_fn)
     with open(Path(project).parent / "khaelor-output.txt", "a", encoding="utf-8") as kept:   # for test_abuse's key scan
         kept.write(f"$ khaelor {' '.join(args)[:200]}\n{result.stdout}{result.stderr}")
     return result
@@ -170,102 +167,6 @@ KILL_POOL = 8               # experiments at once; each is mostly waiting on str
 N_TORN_APPENDS = 200        # byte offsets the reference log is cut at
 SEED = 20261130
 
-ZYGOTE = r'''
-import json, os, select, sys
-sys.path.insert(0, sys.argv[1])
-import anthropic  # noqa: F401  (the ~1.5 s that every forked child then skips)
-import khaelor
-warm = json.loads(sys.argv[2])     # one run in-process first, so lazy imports and SDK schemas are built
-os.chdir(warm["cwd"])
-os.environ.update(warm["env"])
-saved, quiet = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-os.dup2(quiet, 1)
-khaelor.main(warm["argv"])
-sys.stdout.flush()
-os.dup2(saved, 1)
-print(json.dumps({"ready": os.getpid()}), flush=True)
-children, pending = {}, b""
-while True:
-    if select.select([0], [], [], 0.02)[0]:
-        data = os.read(0, 65536)
-        if not data:
-            break
-        pending += data
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            job = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                code = 70
-                try:
-                    os.chdir(job["cwd"])
-                    os.environ.clear()
-                    os.environ.update(job["env"])
-                    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
-                                            (1, job["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                            (2, job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-                        opened = os.open(path, flags, 0o600)
-                        os.dup2(opened, fd)
-                        os.close(opened)
-                    code = khaelor.main(job["argv"])
-                finally:
-                    try:
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                    finally:
-                        os._exit(code)
-            children[pid] = job["id"]
-            print(json.dumps({"id": job["id"], "pid": pid}), flush=True)
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if not pid:
-            break
-        print(json.dumps({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)}), flush=True)
-'''
-
-
-class Zygote:
-    """Forks the real CLI entry point (`khaelor.main`, the console script) from an interpreter that
-    has already imported the SDK. Each child is an ordinary process with its own cwd, environment
-    and output files, so kill -9 means what it means for any run; it only skips the ~1.5 s import,
-    which at 60 runs would be most of the suite's time budget."""
-
-    def __init__(self, warm_up: dict):
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(ROOT), json.dumps(warm_up)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        assert "ready" in json.loads(self.proc.stdout.readline())
-        self.pids, self.exits = {}, {}
-        self.changed = threading.Condition()
-        self.write_lock = threading.Lock()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            with self.changed:
-                (self.pids if "pid" in message else self.exits)[message["id"]] = message.get("pid", message.get("exit"))
-                self.changed.notify_all()
-
-    def spawn(self, job_id, argv, cwd, env, stdout, stderr) -> int:
-        job = {"id": job_id, "argv": argv, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
-        with self.write_lock:
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
-        with self.changed:
-            assert self.changed.wait_for(lambda: job_id in self.pids, timeout=20)
-            return self.pids[job_id]
-
-    def wait(self, job_id, timeout):
-        with self.changed:
-            self.changed.wait_for(lambda: job_id in self.exits, timeout)
-            return self.exits.get(job_id)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=20)
 
 
 def session_script():
@@ -333,22 +234,9 @@ def phase_of(log: list, torn: bool, n_requests: int) -> str:
     return "after a response"
 
 
-def base_env(base: Path) -> dict:
-    """What conftest's `env` fixture gives, for module-scoped fixtures."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "KHAELOR_"))}
-    env.update(ANTHROPIC_API_KEY=KEY, NO_COLOR="1", HOME=str(base / "user-home"), PYTHONPATH=str(ROOT),
-               ANTHROPIC_CONFIG_DIR=str(base / "anthropic-config"))
-    return env
-
-
 @pytest.fixture(scope="module")
-def zygote(tmp_path_factory):
-    base = tmp_path_factory.mktemp("zygote")
-    with FakeAnthropic([reply(text("Warming up."), tool_use("bash", {"command": "true"})), reply(text("ok"))]) as fake:
-        project, env = new_workspace(base, base_env(base), fake)
-        made = Zygote({"cwd": str(project), "env": env, "argv": ["-p", "warm up", "--yes"]})
-    yield made
-    made.close()
+def zygote():
+    return fork_server()
 
 
 @pytest.fixture(scope="module")
@@ -394,6 +282,8 @@ def test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid(z
         for line in run["stdout"].read_bytes().splitlines(keepends=True):
             if line.endswith(b"\n"):
                 printed.append(json.loads(line))
+        if printed and printed[-1]["type"] == "result":
+            printed.pop()       # killed while the interpreter shut down: the summary is no event
         # recorded before published: everything printed is in the log, in order, unchanged
         assert whole[:len(printed)] == printed and len(whole) - len(printed) <= 1
         store, request = next_request(log_path, run["project"], Path(run["env"]["KHAELOR_HOME"]), tmp_path)
@@ -494,7 +384,8 @@ def test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole(pr
     def small_disk():
         resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))   # SessionCreated and the prompt fit; the answer not
     with FakeAnthropic([reply(text("a long answer " * 400))]) as fake:
-        full = run_cli(project, env, "-p", "first", fake=fake, preexec_fn=small_disk)
+        # fresh: the limit must bind the program's own process, not the fork server's output files
+        full = run_cli(project, env, "-p", "first", fake=fake, fresh=True, preexec_fn=small_disk)
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr
         assert "cannot append to the session log (File too large)" in full.stderr.splitlines()[-1]

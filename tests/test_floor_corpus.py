@@ -3,8 +3,10 @@
 tests/data/hermes_approval.json holds the command strings Hermes' tests expect to be refused under
 --yolo ("hardline"), to stay off that floor ("not_hardline"), and to need approval
 ("needs_approval"); its "source" names the files and lists. Targets: >= 95 % of the hardline
-commands refused by the floor, <= 1 % of the not_hardline commands. Every command is only passed
-to permissions.check as a string: nothing here runs it. Run with -s to see the measured figures.
+commands refused by the floor, <= 1 % of the not_hardline commands; the checks hold the floor at
+the figures measured (174 of 175, no false floor), so no refusal is lost silently. Every command
+is only passed to permissions.check as a string: nothing here runs it. Run with -s to see the
+measured figures.
 """
 
 import json
@@ -17,8 +19,9 @@ import pytest
 import permissions
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "hermes_approval.json").read_text())
-HARDLINE_TARGET = 0.95          # share of Hermes' hardline commands the floor must refuse, at least
-NOT_HARDLINE_LIMIT = 0.01       # share of Hermes' must-not-be-hardline commands it may refuse, at most
+# The measured figures, pinned: raise HARDLINE_REFUSED when the floor refuses more.
+HARDLINE_REFUSED = 174          # of Hermes' 175 hardline commands (99.4 %; the target is 95 %)
+NOT_HARDLINE_FLOORED = 0        # of its 173 must-not-be-hardline commands (the limit is 1 %)
 
 
 @pytest.fixture
@@ -71,7 +74,8 @@ def test_floor_refuses_hermes_hardline_commands(world):
     refused = len(results) - len(misses)
     figure = f"hardline commands refused by the floor: {percent(refused, len(results))}"
     print("\n" + figure)
-    assert refused >= HARDLINE_TARGET * len(results), f"{figure}, target 95 %; not refused:\n{listing(misses)}"
+    assert refused >= HARDLINE_REFUSED, \
+        f"{figure}, measured {HARDLINE_REFUSED}; not refused:\n{listing(misses)}"
 
 
 def test_floor_leaves_hermes_not_hardline_commands(world):
@@ -80,8 +84,8 @@ def test_floor_leaves_hermes_not_hardline_commands(world):
     errors = [(command, result) for command, result in results if result["decision"] == "error"]
     figure = f"not_hardline commands refused by the floor: {percent(len(false_floors), len(results))}"
     print("\n" + figure)
-    assert len(false_floors) <= NOT_HARDLINE_LIMIT * len(results), \
-        f"{figure}, limit 1 %; false floors:\n{listing(false_floors)}"
+    assert len(false_floors) <= NOT_HARDLINE_FLOORED, \
+        f"{figure}, measured {NOT_HARDLINE_FLOORED}; false floors:\n{listing(false_floors)}"
     assert not errors, f"permissions.check raised on:\n{listing(errors)}"
 
 

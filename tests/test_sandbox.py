@@ -321,23 +321,30 @@ def secret_project(world) -> None:
 
 @pytest.mark.parametrize("tool,args", [("grep", {"pattern": "API_TOKEN"}), ("glob", {"pattern": "**/*"})])
 def test_grep_and_glob_leave_out_secret_files_alike_on_both_engines(world, tool, args):
+    """Both engines where ripgrep is installed (CI insists on it); elsewhere the Python engine alone
+    is checked and the test then says, as its skip reason, that the comparison did not run."""
     secret_project(world)
     confine = {**APPROVED, "hide": HIDE}
+    compare = shutil.which("rg") is not None or bool(os.environ.get("KHAELOR_CI"))
 
     async def scenario(box):
-        assert box.ripgrep, "ripgrep is needed to compare the engines"
-        with_rg = await box.run(tool, args, "t1", confine=confine)
+        with_rg = None
+        if compare:
+            assert box.ripgrep, "ripgrep (rg) is needed to compare the engines: install it"
+            with_rg = await box.run(tool, args, "t1", confine=confine)
         granted = await box.run(tool, args, "t2", confine={**confine, "secrets": True})
         box.ripgrep = None
         python = await box.run(tool, args, "t3", confine=confine)
         return with_rg, granted, python
     with_rg, granted, python = drive(world, scenario)
-    assert with_rg.text == python.text
-    assert "app.py" in with_rg.text and "3 secret file(s) left out" in with_rg.text
-    shown = with_rg.text.split("\n\n(")[0].splitlines()
+    assert "app.py" in python.text and "3 secret file(s) left out" in python.text
+    shown = python.text.split("\n\n(")[0].splitlines()
     assert not [line for line in shown if line.startswith((".env", "config/.env", "id_deploy"))]
     assert [line for line in granted.text.splitlines() if line.startswith(".env")]
     assert "config/.env.local" in granted.text and "left out" not in granted.text
+    if not compare:
+        pytest.skip("ripgrep (rg) is not installed: the Python engine was checked, not compared")
+    assert with_rg.text == python.text
 
 
 def test_a_link_to_a_secret_location_is_left_out_by_grep(world):
