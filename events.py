@@ -35,6 +35,8 @@ TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
 USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts when a person said no
+# ... and when nobody could be asked (-p): the model is not told that someone said no.
+NOT_ASKED = "not allowed without asking; headless"
 # A command the user ran with `!` (UserShellRan: command, output, exit_code, duration_ms, stopped):
 # its ToolOutput carries this id, and it joins the conversation as user-side text.
 USER_SHELL_ID = "user-shell"
@@ -1218,7 +1220,7 @@ def _on_tool_started(state: State, event: dict) -> None:
 
 def _on_tool_result(state: State, event: dict) -> None:
     tool_use_id = event["tool_use_id"]
-    if event["type"] == "PermissionDenied" and str(event.get("reason", "")).startswith(USER_DECLINED):
+    if event["type"] == "PermissionDenied" and str(event.get("reason", "")).startswith((USER_DECLINED, NOT_ASKED)):
         state.user_denied = True
     call = state.calls.pop(tool_use_id, None)
     name = event.get("name") or (call or {}).get("name")

@@ -566,7 +566,7 @@ class Kernel:
                             preview=tools.permission_preview(
                                 call["name"], call["input"]))
         choice, feedback = await self.ask(request)
-        if choice != "deny":
+        if choice in ("once", "always"):
             self.emit("PermissionGranted", tool_use_id=call_id, scope="once")
             return
         reason = (f"stopped: the model repeated the same {what}"
@@ -780,8 +780,11 @@ class Kernel:
                             preview=tools.permission_preview(
                                 call["name"], call["input"]))
         choice, feedback = await self.ask(request)
-        if choice == "deny":
-            reason = "the user declined"
+        if choice not in ("once", "always"):
+            # "deny": a person said no; "nobody": there was no one to ask
+            reason = events.USER_DECLINED
+            if choice != "deny":
+                reason = events.NOT_ASKED
             if decision.destructive:
                 reason += f" ({decision.reason})"
             self.emit("PermissionDenied", tool_use_id=tool_use_id,

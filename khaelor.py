@@ -1176,12 +1176,14 @@ async def run_headless(args, settings, store, home, project_root) -> int:
             return "deny", ""
         # Silence is not consent: with nobody to answer, an ask is a denial.
         command = events.visible_controls(request["descriptor"], one_line=True)
-        denied = f"`{command}` ({request['capability']})"
-        print(f"khaelor: denied {denied}; nobody to ask in -p mode."
-              " Pass --yes (it does not cover what destroys work in the"
-              " repository), or allow it with `khaelor permissions`",
-              file=sys.stderr)
-        return "deny", ""
+        how = "allow it with `khaelor permissions`"
+        if flag := allowed_tools_flag(request):
+            how = f"allow it with --allowedTools {flag}"
+        print(f"khaelor: denied `{command}`: not allowed without asking,"
+              f" and nobody to ask in -p mode. To run it, {how},"
+              " or pass --yes (it does not cover what destroys work"
+              " in the repository)", file=sys.stderr)
+        return "nobody", ""
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root,
                            ask)
@@ -1207,6 +1209,30 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         close_session(store)
     args.request = kernel_.request
     return report(args, store, step, settings["prices"])
+
+
+# Claude Code's tool for a file rule, in --allowedTools (commands: Bash).
+CLAUDE_FILE_TOOLS = {"file.read": "Read", "file.write.project": "Edit"}
+
+
+def allowed_tools_flag(request: dict) -> str:
+    """The --allowedTools value that would allow this asked call, shell-quoted:
+    "Bash(touch:*)", "Edit(calc.py)"; "" for a path outside the project."""
+    import shlex
+    capability = request["capability"]
+    pattern = (request.get("suggestion") or {}).get("pattern")
+    pattern = pattern or request["descriptor"]
+    tool = CLAUDE_FILE_TOOLS.get(capability, "Bash")
+    hidden = events.has_hidden_characters(pattern) or "\n" in pattern
+    if capability == "filesystem.outsideProject" or hidden:
+        # a flag to paste must show every character it grants
+        return ""
+    if tool == "Bash" and pattern.endswith(" *"):
+        pattern = pattern[:-2] + ":*"
+    rule = f"{tool}({pattern})"
+    if re.search(r'["$`\\!]', rule):
+        return shlex.quote(rule)
+    return f'"{rule}"'
 
 
 class StreamedAnswer:

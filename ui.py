@@ -908,9 +908,13 @@ def change_counts(change: dict) -> str:
 
 
 def rule_text(suggestion: dict) -> str:
+    """An "always" rule in plain words: `python3 -m pytest …`, editing `src/**`."""
     capability = suggestion.get("capability", "?")
     pattern = events.visible_controls(str(suggestion.get("pattern", "*")), one_line=True)
-    return f"{capability} {pattern}"
+    if pattern.endswith(" *"):
+        # "and whatever follows", as a reader would write it
+        pattern = pattern[:-1] + "…"
+    return RULE_WORDS.get(capability, "") + f"`{pattern}`"
 
 
 @dataclass
@@ -1423,7 +1427,7 @@ class Timeline:
     def _on_PermissionGranted(self, e: dict) -> None:
         rule = self._resolve(e).get("suggestion")
         if e.get("scope") == "always" and rule:
-            self._dim_line(f"✓ Always allowed from now on: {rule_text(rule)}")
+            self._dim_line(f"✓ Always allowed in this project from now on: {rule_text(rule)}")
 
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep
@@ -1566,6 +1570,20 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PANEL_PREVIEW_LINES = 14
+# The panel's verb: by what the call's input holds (first match), else by the capability asked.
+PANEL_VERBS = (("command", "Run"), ("old_string", "Edit"), ("content", "Write"),
+               ("pattern", "Search"), ("file_path", "Read"))
+CAPABILITY_VERBS = {"file.write.project": "Edit", "file.read": "Read",
+                    "filesystem.outsideProject": "Access"}
+# What a capability adds to the question, in words.
+CAPABILITY_NOTES = {
+    "filesystem.outsideProject": "outside the project",
+    "network.access": "uses the network",
+    "git.modify": "changes the git repository",
+}
+# An "always" rule's words before its pattern (commands have none).
+RULE_WORDS = {"file.write.project": "editing ", "file.read": "reading ",
+              "filesystem.outsideProject": "access to "}
 
 
 def format_count(n: float) -> str:
@@ -1632,7 +1650,7 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
         return [("y", "once", "continue"), ("n", "feedback", "stop")]
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
-        choices.append(("a", "always", f"always allow {rule_text(rule)}"))
+        choices.append(("a", "always", f"always allow {rule_text(rule)} in this project"))
     return choices + [("n", "feedback", "deny")]
 
 
@@ -1684,12 +1702,11 @@ def render_permission_panel(request: dict, width: int, style: Style,
 
 def panel_head(request: dict, width: int, style: Style,
                tool_input: dict | None) -> list[str]:
-    """The question: capability, descriptor, preview."""
+    """The question in plain words ("Edit calc.py?", "Run `make`?"), then a preview."""
     bar = style.paint("│ ", "warning")
-    title = style.paint("⚠ Permission needed", "warning", "bold")
-    capability = style.paint(" · " + str(request.get("capability", "")), "dim")
-    lines = [clip(title + capability, width)]
     raw = str(request.get("descriptor", ""))
+    descriptor = shown(raw).strip("\n")
+    lines = wrap_spans(panel_question(request, tool_input, descriptor), width, style, "", bar)
     raw_preview = panel_preview(request, tool_input)
     if events.has_hidden_characters(raw + raw_preview):
         noun = "call"
@@ -1698,14 +1715,10 @@ def panel_head(request: dict, width: int, style: Style,
         warning = (f"⚠ this {noun} contains hidden or control characters,"
                    " shown below as ^[, ␍ or <U+…>")
         lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
-    descriptor = shown(raw).strip("\n")
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
         for row in preview_rows(descriptor, width - 2, style):
             lines.append(bar + row)
-    else:
-        spans = [(descriptor, ("bold",))]
-        lines += wrap_spans(spans, width, style, bar, bar)
     preview = shown(raw_preview).rstrip("\n")
     if preview and preview.strip() not in descriptor:
         is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
@@ -1718,6 +1731,27 @@ def panel_head(request: dict, width: int, style: Style,
             rows = preview_rows(preview, width - 2, style, lang)
         lines += [bar + row for row in rows]
     return [clip(line, width) for line in lines]
+
+
+def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> list[Span]:
+    """"Edit calc.py?", "Run `python3 -m pytest -q`?": the verb from what the call's input holds
+    (else its capability), a multi-line command as "this command" (its lines follow)."""
+    capability = str(request.get("capability", ""))
+    bold = ("warning", "bold")
+    if capability == events.LOOP_CAPABILITY:
+        return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
+    keys = tool_input if isinstance(tool_input, dict) else {}
+    verbs = [verb for key, verb in PANEL_VERBS if key in keys]
+    verb = (verbs or [CAPABILITY_VERBS.get(capability, "Run")])[0]
+    what = descriptor
+    if verb == "Run":
+        what = f"`{descriptor}`"
+    if "\n" in descriptor:
+        what = "this command"
+    spans = [(f"⚠ {verb} ", bold), (what, ("bold",)), ("?", bold)]
+    if capability in CAPABILITY_NOTES:
+        spans.append((f" ({CAPABILITY_NOTES[capability]})", ("dim",)))
+    return spans
 
 
 def panel_footer(request: dict, width: int, style: Style,

@@ -546,11 +546,30 @@ def test_permission_panel_shows_the_call_and_the_exact_rule(width):
     lines = ui.render_permission_panel(PERMISSION, width, COLOR)
     assert all(ui.visible_width(line) <= width for line in lines)
     joined = " ".join(text_of(screen_of(lines, width)).replace("│", " ").split())
-    assert "⚠ Permission needed · process.execute" in joined
-    assert "bash: git push origin main" in joined
+    assert "⚠ Run `bash: git push origin main`?" in joined
+    assert "process.execute" not in joined
     assert "y) allow once" in joined
-    assert "a) always allow process.execute git push *" in joined
+    assert "a) always allow `git push …` in this project" in joined
     assert "n) deny" in joined
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_the_panel_asks_in_plain_words(width):
+    """Issue 22 item 11: the question names the action and its object, never a capability."""
+    edit = dict(PERMISSION, capability="file.write.project", descriptor="calc.py",
+                suggestion={"capability": "file.write.project", "pattern": "calc.py"})
+    run = dict(PERMISSION, descriptor="python3 -m pytest -q",
+               suggestion={"capability": "process.execute", "pattern": "python3 -m pytest *"})
+    cases = [(edit, {"file_path": "calc.py", "old_string": "a", "new_string": "b"},
+              ["⚠ Edit calc.py?", "always allow editing `calc.py` in this project"]),
+             (run, {"command": "python3 -m pytest -q"},
+              ["⚠ Run `python3 -m pytest -q`?",
+               "always allow `python3 -m pytest …` in this project"])]
+    for request, tool_input, wanted in cases:
+        lines = ui.render_permission_panel(request, width, MONO, tool_input=tool_input)
+        joined = " ".join(text_of(screen_of(lines, width)).replace("│", " ").split())
+        assert all(phrase in joined for phrase in wanted), joined
+        assert "file.write" not in joined and "process.execute" not in joined
 
 
 # A command that reads as harmless where its bytes are not: a CR that would draw `echo hello` over
@@ -579,7 +598,7 @@ def test_the_panel_shows_every_byte_of_a_hostile_command_and_flags_it(width):
     flat = "".join("".join(rows).split())
     shown = "rm -rf ~/w ^[[2K␍^[]0;pwned^Gecho hello<U+009B>2J <U+202E>gnp.exe<U+202C><U+200B> #^[[8m"
     assert "".join(shown.split()) in flat
-    assert "alwaysallowprocess.executerm^[[8m*" in flat
+    assert "alwaysallow`rm^[[8m*`inthisproject" in flat
     warning = " ".join(" ".join(rows).split())
     assert "⚠ this command contains hidden or control characters" in warning
     assert all(ui.visible_width(line) <= width for line in app.frame(1.0)[0])
@@ -893,7 +912,7 @@ def test_full_frame_shows_panel_status_and_composer(width):
     stream.feed(app.render(1.0))
     text = text_of(screen)
     assert "› push it" in text and "I will push now." in text
-    assert "Permission needed" in text and "git push" in text
+    assert "Run `bash: git push origin main`?" in text
     assert "waiting for your answer" in text
     assert any(row.startswith("❯ ") for row in screen.display)
     app.on_key(K("text", "n"))
