@@ -1200,9 +1200,10 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         kernel_.submit(args.prompt)
         step = await kernel_.run()
     except asyncio.CancelledError:
-        if not stream.reader_gone:
-            raise
-        return EXIT_PIPE
+        if stream.reader_gone:
+            return EXIT_PIPE
+        # Ctrl-C (asyncio.run cancels the run): a script still gets the result object
+        step = "interrupted"
     finally:
         await kernel_.toolbox.close()
         await kernel_.model.close()
@@ -1269,7 +1270,18 @@ class StreamedAnswer:
 
 
 # any other end: error_during_execution
-RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns"}
+RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns",
+                   "interrupted": "error_interrupted"}
+INTERRUPTED = "interrupted by the user (Ctrl-C)"
+
+
+def failure(state, step: str) -> str | None:
+    """Why the run did not finish, or None when it did."""
+    if step == "interrupted":
+        return INTERRUPTED
+    if step == "done":
+        return None
+    return state.failure_reason
 
 
 def summed_usage(usage_by_model: dict) -> dict:
@@ -1318,7 +1330,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "total_cost_usd": cost,
         "usage": usage,
         # KHAELOR's own
-        "error": state.failure_reason if failed else None,
+        "error": failure(state, step),
         "cost_usd": cost,
         "usage_by_model": state.usage,
         "thinking": thinking,
@@ -1329,17 +1341,19 @@ def result_object(args, store, step: str, prices: dict) -> dict:
 
 def report(args, store, step: str, prices: dict) -> int:
     state = store.state
-    failed = step != "done"
-    reason = state.failure_reason if failed else None
+    reason = failure(state, step)
     streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
         result = result_object(args, store, step, prices)
         print(json.dumps(result, ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not streamed:
         print(for_terminal(state.answer, sys.stdout))
-    if failed:
-        print(f"khaelor: {reason}", file=sys.stderr)
-    return EXIT_FAILED if failed else EXIT_OK
+    if step == "done":
+        return EXIT_OK
+    print(f"khaelor: {reason}", file=sys.stderr)
+    if step == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED
 
 
 def read_prompt(args) -> str:
