@@ -152,9 +152,14 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
+    for key in ("model", "aux_model"):
+        if getattr(args, key, None) is not None:
+            merged[key] = model_choice(merged[key], merged["prices"])
     # Environment names passed to commands: a grant, so only from the user's own config.
     merged["pass_env"] = user.get("pass_env", [])
-    merged["model_flag"] = getattr(args, "model", None)
+    merged["model_flag"] = None
+    if getattr(args, "model", None) is not None:
+        merged["model_flag"] = merged["model"]
     # --thinking and --effort: recorded in the session, so a resume keeps them
     merged["reasoning_flags"] = {}
     for key in ("thinking", "effort"):
@@ -1407,6 +1412,9 @@ class Session:
         self.command_choices = {}
         for key, values in setting_choices().items():
             self.command_choices[f"/{key}"] = list(values)
+        import model
+        known = known_model_ids(settings["prices"])
+        self.command_choices["/model"] = [*model.MODEL_ALIASES, *known]
         self.closed = False
         # the task recording the git baseline, if one runs
         self.baseline = None
@@ -1879,15 +1887,17 @@ class Session:
                 " to summarise")
 
     async def cmd_model(self, name):
-        from model import PRICES
-        known = sorted({*PRICES, *self.settings["prices"]})
-        names = ", ".join(f"`{model}`" for model in known)
+        import model
         if not name:
-            return f"model: {self.kernel.ctx.model}\n\nknown: {names}"
-        if not is_known_model(name, known):
-            return (f"unknown model `{name}`; known models: {names}"
-                    " (a model with a price in config.json `prices`"
-                    " is known too)")
+            aliases = ", ".join(f"`{alias}` ({model_id})" for alias, model_id
+                                in model.MODEL_ALIASES.items())
+            return (f"model: {self.kernel.ctx.model}\n\n{aliases};"
+                    f" known: {known_models(self.settings['prices'])}"
+                    "\n\ntype `/model ` and pick, or `/model NAME`")
+        try:
+            name = model_choice(name, self.settings["prices"])
+        except UsageError as error:
+            return str(error)
         self.kernel.ctx.model = name
         # a session not begun yet records the choice in begin()
         if self.store.events:
@@ -1975,9 +1985,32 @@ def import_note(item) -> str:
 def is_known_model(name: str, known: list) -> bool:
     """A model with a price, or a dated id of one: claude-x-20250929."""
     for model in known:
-        if name == model or name.startswith(model + "-"):
+        if name == model or re.fullmatch(re.escape(model) + r"-\d{8}", name):
             return True
     return False
+
+
+def known_model_ids(prices: dict) -> list[str]:
+    """model.py's priced models and those config.json `prices` adds."""
+    import model
+    return sorted({*model.PRICES, *prices})
+
+
+def known_models(prices: dict) -> str:
+    return ", ".join(f"`{model_id}`" for model_id in known_model_ids(prices))
+
+
+def model_choice(name: str, prices: dict) -> str:
+    """The model --model or /model names: opus, sonnet and haiku are the current ids; any other
+    must be known (priced) or a dated id of one, else a UsageError that lists them."""
+    import model
+    chosen = model.MODEL_ALIASES.get(name, name)
+    if is_known_model(chosen, known_model_ids(prices)):
+        return chosen
+    aliases = ", ".join(model.MODEL_ALIASES)
+    raise UsageError(f"unknown model `{name}`; use {aliases} or a known model:"
+                     f" {known_models(prices)} (a model with a price in"
+                     " config.json `prices` is known too)")
 
 
 DIFF_SECTIONS = (
@@ -2092,7 +2125,7 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/cost": (Session.cmd_cost, "", "tokens by kind and cost, from the API's usage"),
     "/context": (Session.cmd_context, "", "what the context holds, per section"),
     "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
-    "/model": (Session.cmd_model, "[id]", "show or change the model"),
+    "/model": (Session.cmd_model, "[opus|sonnet|haiku|id]", "show or change the model"),
     "/thinking": (Session.cmd_thinking, "[off|adaptive|always]",
                   "how the model thinks, from the next message"),
     "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",

@@ -15,6 +15,9 @@ from events import KhaelorError
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 DEFAULT_AUX_MODEL = "claude-haiku-5-5"
+# What --model and /model take for each family's current model, as Claude Code's names.
+MODEL_ALIASES = {"opus": "claude-opus-5-5", "sonnet": "claude-sonnet-5-5",
+                 "haiku": "claude-haiku-5-5"}
 MAX_ATTEMPTS = 5            # one call plus four retries
 BASE_DELAY_S = 0.5          # jittered exponential: 0.5, 1, 2, 4 … capped below
 MAX_DELAY_S = 30.0          # also caps a server's retry-after, so a run never sleeps for hours
