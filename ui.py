@@ -1344,10 +1344,12 @@ class Timeline:
                 facts.append("new file")
             else:
                 facts.append(change_counts(change))
+        symbol = self.style.paint("●", "ok")
+        if meta.get("exit_code") not in (None, 0):
+            # it ran, and the command says it did not succeed
+            symbol = self.style.paint("✗", "warning")
         if failed:
             symbol = self.style.paint("✗", "error")
-        else:
-            symbol = self.style.paint("●", "ok")
         if failed and not facts:
             facts = ["failed"]
         lines = [self._card_line(symbol, card.name, card.summary, facts)]
@@ -1410,8 +1412,7 @@ class Timeline:
             mark = "" if check.get("exit_code") == 0 else "✗ "
             command = shown(str(check.get("command", "")))[:60]
             facts.append(f"{mark}{command} exit {check.get('exit_code')}")
-        if e.get("unresolved"):
-            facts.append(f"{len(e['unresolved'])} unresolved")
+        facts += unresolved_words(e.get("unresolved") or [])
         if not facts:
             return
         all_passed = all(c.get("exit_code") == 0 for c in checks)
@@ -1642,6 +1643,21 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
     return [(priority, text) for priority, text in segments if text]
+
+
+# What kernel.open_problems says, by a phrase it uses, in the turn summary's words.
+UNRESOLVED_WORDS = (("failed (exit", "tests still failing"),
+                    ("no check ran", "changes not verified"),
+                    ("still running", "a check still running"))
+
+
+def unresolved_words(problems: list) -> list[str]:
+    """The turn's open problems, each kind once: "tests still failing", not "1 unresolved"."""
+    words = []
+    for phrase, said in UNRESOLVED_WORDS:
+        if any(phrase in str(problem) for problem in problems):
+            words.append(said)
+    return words
 
 
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:

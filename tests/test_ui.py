@@ -1527,7 +1527,24 @@ def test_the_evidence_line_marks_only_passing_checks_with_a_tick():
     failing = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [{"command": "pytest -q", "exit_code": 1}],
         "unresolved": ["`pytest -q` failed (exit 1)"]})])
-    assert "✓" not in failing and "⚠ 1 file changed · ✗ pytest -q exit 1 · 1 unresolved" in failing
+    assert "✓" not in failing and "⚠ 1 file changed · ✗ pytest -q exit 1 · tests still failing" in failing
     unchecked = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [], "unresolved": ["no check ran after the last change to a.py"]})])
-    assert unchecked.startswith("⚠ 1 file changed · 1 unresolved")
+    assert unchecked.startswith("⚠ 1 file changed · changes not verified")
+    assert "unresolved" not in failing + unchecked
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_a_command_that_exited_non_zero_is_not_a_green_dot(width):
+    """Issue 22 item 12: the card of `pytest -q` exit 1 is an amber ✗; exit 0 stays a green ●."""
+    cards = []
+    for tid, code in (("t1", 1), ("t2", 0)):
+        cards += [event("ToolRequested", tool_use_id=tid, name="bash", input={"command": "pytest -q"}),
+                  event("ToolStarted", tool_use_id=tid, name="bash"),
+                  event("ToolCompleted", tool_use_id=tid, name="bash", output="1 failed",
+                        meta={"exit_code": code})]
+    lines = [line for line in timeline_text(cards, width).split("\n") if "bash" in line]
+    assert lines[0].startswith("✗ bash pytest -q") and "exit 1" in lines[0]
+    assert lines[1].startswith("● bash pytest -q")
+    painted = timeline_text(cards, width, COLOR)
+    assert COLOR.paint("✗", "warning") in painted and COLOR.paint("●", "ok") in painted
