@@ -610,11 +610,17 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
 
 
 def print_boundary(out=sys.stdout) -> None:
+    print("\n".join(boundary_lines()), file=out)
+
+
+def boundary_lines() -> list[str]:
     """Each layer of the OS boundary and whether this kernel enforces it."""
     import sandbox
+    lines = []
     for name, enforced, holds in sandbox.layers():
         state = "enforced" if enforced else "MISSING "
-        print(f"boundary: {name:<15} {state}  {holds}", file=out)
+        lines.append(f"boundary: {name:<15} {state}  {holds}")
+    return lines
 
 
 def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
@@ -659,25 +665,32 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
 
 def print_policy(layers: list, rules) -> None:
     """`khaelor permissions`: the sandbox, the layers, the rules, and what is ignored."""
-    import permissions
     import sandbox
     print(f"sandbox: {sandbox.status()}")
     print_boundary()
+    for line in policy_lines(layers, rules):
+        say(line)
+
+
+def policy_lines(layers: list, rules) -> list[str]:
+    """The layers, the rules and what is ignored (`khaelor permissions`, /permissions)."""
+    import permissions
+    lines = []
     for layer in layers:
         trust = ""
         if layer.kind == "project":
             trust = "  (untrusted: tightens only)"
             if layer.trusted:
                 trust = "  (trusted)"
-        say(f"layer: {layer.kind:<7} {layer.source}{trust}")
-    for line in permissions.describe_rules(rules):
-        say(line)
+        lines.append(f"layer: {layer.kind:<7} {layer.source}{trust}")
+    lines += permissions.describe_rules(rules)
     for rule in permissions.untrusted_grants(layers):
-        say(f"ignored  allow  {rule.capability}  {rule.pattern}"
-            f"  {rule.source} (untrusted: run `khaelor trust`)")
+        lines.append(f"ignored  allow  {rule.capability}  {rule.pattern}"
+                     f"  {rule.source} (untrusted: run `khaelor trust`)")
     for layer in layers:
         for where, rule, why in layer.ignored:
-            say(f"ignored  {rule}  {where} ({why})")
+            lines.append(f"ignored  {rule}  {where} ({why})")
+    return lines
 
 
 # ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
@@ -1737,7 +1750,6 @@ class Session:
         for name, (_, usage, text) in sorted(COMMANDS.items()):
             shown = f"{name} {usage}" if usage else name
             commands.append(f"- `{shown}` {text}")
-        keys = [f"- `{key}` {what}" for key, what in ui.KEY_HELP]
         files = []
         for item in self.kernel.ctx.instructions:
             files.append(f"- `{item.path}`{import_note(item)}")
@@ -1745,7 +1757,7 @@ class Session:
             looked_for = ", ".join(context.INSTRUCTION_FILES)
             files.append(f"- none found ({looked_for} are looked for)")
         sections = ["**Commands**", "\n".join(commands),
-                    "**Keys**", "\n".join(keys),
+                    ui.keys_help(),
                     self.custom_help(),
                     "**Instruction files read**", "\n".join(files)]
         return "\n\n".join(sections)
@@ -1974,6 +1986,102 @@ class Session:
         import ui
         return ui.QUIT
 
+    async def cmd_permissions(self, _):
+        """`khaelor permissions` in the session: the boundary, the layers and the rules."""
+        import sandbox
+        layers = permission_layers(self.home, self.project_root,
+                                   self.settings["extra_layers"])
+        rules = self.kernel.rules
+        lines = [f"sandbox: {sandbox.status()}", *boundary_lines(),
+                 *policy_lines(layers, rules)]
+        shown = [events.visible_controls(line, one_line=True) for line in lines]
+        return "```\n" + "\n".join(shown) + "\n```"
+
+    async def cmd_status(self, _):
+        import sandbox
+        store = self.store
+        cost = session_cost(session_summary(store), self.settings["prices"])
+        spent = "unknown (a model has no price)"
+        if cost is not None:
+            spent = f"${cost:.2f}"
+        facts = [("version", VERSION), ("session", store.session_id),
+                 ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
+                 ("model", self.kernel.ctx.model),
+                 ("permission mode", self.kernel.permission_mode),
+                 ("sandbox", sandbox.status()), ("cost so far", spent)]
+        return "\n".join(f"- {name}: {value}" for name, value in facts)
+
+    async def cmd_export(self, target):
+        """The transcript as Markdown: to a file (default khaelor-<session>.md here), or with
+        `clipboard` to the terminal's clipboard by OSC 52."""
+        text = transcript_markdown(self.store.events)
+        if target == "clipboard":
+            import base64
+            data = base64.b64encode(text.encode("utf-8")).decode("ascii")
+            sys.stdout.write(f"\x1b]52;c;{data}\x07")
+            sys.stdout.flush()
+            return (f"sent the transcript ({len(text)} characters) to the clipboard"
+                    " (OSC 52: your terminal must allow it)")
+        path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
+        path = Path.cwd() / path
+        path.write_text(text, encoding="utf-8")
+        return f"transcript written to `{path}`"
+
+    async def cmd_init(self, arg):
+        """A starting instruction file from what the repository shows; shown first, written by
+        `/init write`, never over one that exists."""
+        import asyncio
+
+        import context
+        root = self.project_root
+        for name in context.INSTRUCTION_FILES:
+            if (root / name).exists():
+                return f"`{name}` exists already; /init writes only a new file"
+        name = "KHAELOR.md"
+        if (root / ".claude").is_dir():
+            name = "CLAUDE.md"
+        text = await asyncio.to_thread(starting_instructions, root)
+        if arg != "write":
+            return (f"`/init write` saves this as `{name}`:\n\n"
+                    f"````markdown\n{text}````")
+        (root / name).write_text(text, encoding="utf-8")
+        return f"wrote `{name}`: edit it to say what a newcomer must know"
+
+
+def transcript_markdown(log: list[dict]) -> str:
+    """/export: what was said and done, as Markdown (a tool's output: its first 40 lines)."""
+    parts = []
+    for event in log:
+        kind = event["type"]
+        if kind == "UserMessageCreated":
+            parts.append(f"## You\n\n{event.get('text', '')}")
+        elif kind == "ModelTextBlockCompleted" and event.get("text"):
+            parts.append(event["text"])
+        elif kind == "ToolRequested":
+            call = json.dumps(event.get("input"), ensure_ascii=False)
+            parts.append(f"**{event.get('name')}** `{call[:300]}`")
+        elif kind in ("ToolCompleted", "ToolFailed"):
+            lines = str(event.get("output") or "").split("\n")
+            parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
+    return "\n\n".join(parts) + "\n"
+
+
+def starting_instructions(root: Path) -> str:
+    """/init's draft: the project's layout and check commands, and headings to fill in."""
+    import context
+    entries = []
+    for path in sorted(root.iterdir()):
+        if not path.name.startswith("."):
+            entries.append(f"- `{path.name}{'/' * path.is_dir()}`")
+    checks = [f"- `{command}`" for command in context.detect_checks(root, [])]
+    checks = checks or ["- (none found: say how to run the tests)"]
+    sections = [f"# {root.name}",
+                "Instructions for coding agents (khaelor, Claude Code) in this repository.",
+                "## Layout", "\n".join(entries[:40]),
+                "## Checks (run after every change)", "\n".join(checks),
+                "## Conventions", "- (style, naming, what never to touch)"]
+    return "\n\n".join(sections) + "\n"
+
 
 def import_note(item) -> str:
     """What follows an instruction file's path when another one imported it."""
@@ -2134,6 +2242,11 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/undo": (Session.cmd_undo, "", "restore the file khaelor changed last"),
     "/processes": (Session.cmd_processes, "[stop ID]", "running background processes"),
     "/quit": (Session.cmd_quit, "", "leave khaelor"),
+    "/exit": (Session.cmd_quit, "", "leave khaelor (as /quit)"),
+    "/init": (Session.cmd_init, "[write]", "draft a KHAELOR.md from the repository"),
+    "/permissions": (Session.cmd_permissions, "", "the permission layers and rules"),
+    "/status": (Session.cmd_status, "", "version, session, model, sandbox, cost"),
+    "/export": (Session.cmd_export, "[FILE|clipboard]", "the transcript as Markdown"),
 }
 
 

@@ -1937,7 +1937,13 @@ KEY_HELP = (
     ("!command",
      "run a shell command yourself; it and its output join the conversation"),
     ("/", "the commands, each with what it does"),
+    ("?", "these keys (on an empty input)"),
 )
+
+
+def keys_help() -> str:
+    """KEY_HELP as /help and "?" show it."""
+    return "**Keys**\n\n" + "\n".join(f"- `{key}` {what}" for key, what in KEY_HELP)
 
 
 # ════ Composer ════
@@ -2067,6 +2073,11 @@ class Composer:
 
     def handle(self, key: Key) -> str | None:
         name = key.name
+        if name == "enter" and self.text == "/":
+            # a bare "/" asks for the menu: Enter shows it, never runs its first entry
+            self._menu_closed = False
+            self._refresh_menu()
+            return None
         if self.menu and name in ("up", "down", "tab", "enter"):
             if name in ("up", "down"):
                 step = 1 if name == "down" else -1
@@ -2548,6 +2559,9 @@ class App:
             elif self.controller.busy:
                 self.call(self.controller.interrupt)
             return
+        if key == Key("text", "?") and not self.composer.text:
+            # as in Claude Code: "?" on an empty input shows the keys
+            return self.timeline.note(keys_help())
         # Ctrl-D on a non-empty input deletes, as in a shell
         if key.name == "ctrl+d":
             key = Key("delete")

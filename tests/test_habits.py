@@ -2,6 +2,7 @@
 and, where only the real program proves it, the real program against the fake API."""
 import json
 
+import ui
 from fake_api import reply, text
 from test_claude_parity import in_session
 
@@ -36,3 +37,45 @@ def test_the_model_flag_takes_a_name_and_refuses_what_slash_model_refuses(khaelo
     refused = khaelor.run("-p", "hi", "--model", "claude-opus-5-5-extra")
     assert refused.returncode == 2 and "unknown model `claude-opus-5-5-extra`" in refused.stderr
     assert json.loads(result.stdout)["is_error"] is False
+
+
+# ---------------------------------------------------------------- item 10: Claude Code's commands and keys
+
+def test_exit_init_permissions_status_and_export(project, env, monkeypatch, tmp_path):
+    (project / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    (project / "src").mkdir()
+
+    async def habits(session):
+        session.begin()
+        session.bus.emit("UserMessageCreated", text="fix the parser")
+        shown = {name: await session.run_command(name) for name in
+                 ("/exit", "/init", "/permissions", "/status")}
+        shown["/init write"] = await session.run_command("/init write")
+        shown["/init again"] = await session.run_command("/init")
+        shown["/export"] = await session.run_command(f"/export {tmp_path / 'out.md'}")
+        return shown
+    shown = in_session(project, env, monkeypatch, habits)
+    assert shown["/exit"] is ui.QUIT
+    assert "`/init write` saves this as `KHAELOR.md`" in shown["/init"]
+    assert "- `src/`" in shown["/init"] and "-m pytest -q`" in shown["/init"]
+    written = (project / "KHAELOR.md").read_text()
+    assert written.startswith(f"# {project.name}") and "## Checks" in written
+    assert "exists already" in shown["/init again"]
+    assert "layer: user" in shown["/permissions"] and "boundary:" in shown["/permissions"]
+    assert "- model: claude-sonnet-5-5" in shown["/status"] and "- version: " in shown["/status"]
+    assert "## You\n\nfix the parser" in (tmp_path / "out.md").read_text()
+
+
+def test_slash_enter_opens_the_menu_and_question_mark_shows_the_keys():
+    from test_ui import COLOR, FakeController, K, app_screen, text_of
+    ctrl = FakeController()
+    app = ui.App(ctrl, style=COLOR, width=80, height=30)
+    screen, stream = app_screen(app)
+    app.on_key(K("text", "/"))
+    app.composer.close_menu()
+    app.on_key(K("enter"))
+    assert ctrl.calls == [] and app.composer.text == "/" and app.composer.menu
+    app.composer.clear()
+    app.on_key(K("text", "?"))
+    stream.feed(app.render(1.0))
+    assert "Esc" in text_of(screen) and "Ctrl-O" in text_of(screen) and app.composer.text == ""
