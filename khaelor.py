@@ -1830,8 +1830,9 @@ class Session:
         if not title:
             return "usage: /rename TITLE"
         self.begin()
+        # its line ("◇ Session: …") is the confirmation
         self.bus.emit("SessionRenamed", title=title)
-        return f"renamed to {title!r}"
+        return ""
 
     async def cmd_cost(self, _):
         from model import price_of
@@ -1894,7 +1895,8 @@ class Session:
             # the "compacting…" status ends with the command
             self.bus.emit("Status", text="")
         if self.store.state.cut_seq != cut_before:
-            return "compacted: the earlier turns are now a summary"
+            # ContextCompacted's line says so
+            return ""
         return ("nothing to compact yet: the conversation is too short"
                 " to summarise")
 
@@ -1912,9 +1914,11 @@ class Session:
             return str(error)
         self.kernel.ctx.model = name
         # a session not begun yet records the choice in begin()
-        if self.store.events:
-            self.bus.emit("ModelChanged", model=name)
-        return f"model set to {name}"
+        if not self.store.events:
+            return f"model set to {name}, from your first message"
+        # its line ("◇ Model: …") is the confirmation
+        self.bus.emit("ModelChanged", model=name)
+        return ""
 
     async def cmd_thinking(self, mode):
         return self.choose_reasoning("thinking", mode)

@@ -950,6 +950,10 @@ class FinishedCard(NamedTuple):
 def card_output(event: dict, meta: dict) -> list[str]:
     output = sanitize(str(event.get("output") or ""))
     lines = [line for line in output.split("\n") if line.strip()]
+    if meta.get("process_id"):
+        # what the process tool tells the model ("Poll it with process action …") is not output
+        told = f"Started {meta['process_id']}."
+        lines = [line for line in lines if not line.startswith(told)]
     # the card line says `exit N` already: drop the footer, one of the last three lines
     if meta.get("exit_code") is not None:
         last_three = max(len(lines) - 3, 0)
@@ -975,6 +979,8 @@ class Timeline:
         # what the model is doing, for the spinner
         self.phase = ""
         self._settled: list[str] = []
+        # the model failure last shown, which the TaskFailed that follows repeats
+        self._failure_shown = ""
         self._text: MarkdownStream | None = None
         # _text has settled lines already
         self._text_started = False
@@ -1245,7 +1251,8 @@ class Timeline:
             return
         message = sanitize(str(e.get("message") or "")).strip()
         text = ERROR_WORDS.get(e.get("kind"), "The model request failed")
-        if e.get("status"):
+        # 200: the stream broke after the API said OK, so the code tells nothing
+        if (e.get("status") or 0) >= 400:
             text += f" ({e['status']})"
         if message:
             text += f": {message}"
@@ -1255,6 +1262,7 @@ class Timeline:
         else:
             self.flush_live()
             self.error(text)
+            self._failure_shown = message
 
     def _drop_failed_attempt(self) -> None:
         """A reply that broke off and is written again: its unsettled tail leaves the screen, what
@@ -1293,7 +1301,11 @@ class Timeline:
             self._drain_text()
 
     def _on_TaskFailed(self, e: dict) -> None:
-        self.error("Task failed: " + str(e.get("reason", "")))
+        reason = str(e.get("reason", ""))
+        if reason and reason == self._failure_shown:
+            # the API error just shown is why: once is enough
+            return
+        self.error("Task failed: " + reason)
 
     def _on_Status(self, e: dict) -> None:
         self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
@@ -1535,8 +1547,8 @@ class Timeline:
         running = [c for c in self.cards.values() if c.started is not None]
         if running:
             card = running[-1]
-            seconds = int(now - card.started)
-            return f"running {card.name} {card.summary} · {seconds}s"
+            # the card above shows its time: one timer
+            return f"running {card.name} {card.summary}"
         if self.status_text or not self.phase:
             return self.status_text or self.phase
         if self._model_started is None:
@@ -1939,6 +1951,11 @@ KEY_HELP = (
     ("/", "the commands, each with what it does"),
     ("?", "these keys (on an empty input)"),
 )
+
+
+# What failed, by the controller call that raised.
+RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
+                 "run_shell": "The shell command did not run"}
 
 
 def keys_help() -> str:
@@ -2596,8 +2613,9 @@ class App:
             # it failed to run: not running
             self.timeline.cards.pop(events.USER_SHELL_ID, None)
         if isinstance(result, Exception):
-            name = getattr(fn, "__name__", "command")
-            self.timeline.error(f"{name} failed: {result}")
+            # in the user's words, not the controller's method name
+            what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")
+            self.timeline.error(f"{what}: {result}")
         elif result is QUIT:
             self.quit(0)
         elif isinstance(result, str) and result.strip():

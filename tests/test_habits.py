@@ -79,3 +79,35 @@ def test_slash_enter_opens_the_menu_and_question_mark_shows_the_keys():
     app.on_key(K("text", "?"))
     stream.feed(app.render(1.0))
     assert "Esc" in text_of(screen) and "Ctrl-O" in text_of(screen) and app.composer.text == ""
+
+
+# ---------------------------------------------------------------- item 14: one message per event
+
+def test_an_api_error_shows_once_and_internal_words_never_reach_the_user():
+    from test_ui import event, timeline_text
+    broke = "the connection closed mid-stream"
+    shown = timeline_text([
+        event("ModelRequestFailed", kind="retryable", status=200, message=broke, retrying=False),
+        event("TaskFailed", reason=broke),
+        event("ToolRequested", tool_use_id="p", name="process",
+              input={"action": "start", "command": "npm run dev"}),
+        event("ToolStarted", tool_use_id="p", name="process"),
+        event("ToolCompleted", tool_use_id="p", name="process", meta={"process_id": "p1"},
+              output='Started p1. Poll it with process action "read", id "p1".\n'
+                     "[p1 · running · pid 7 · 1 s] npm run dev\nlistening on 3000"),
+    ])
+    assert shown.count(broke) == 1 and "(200)" not in shown
+    assert "Poll it with" not in shown and "listening on 3000" in shown
+
+
+def test_model_rename_and_compact_confirm_once(project, env, monkeypatch):
+    from test_ui import timeline_text
+
+    async def confirm(session):
+        session.begin()
+        said = [await session.cmd_model("haiku"), await session.cmd_rename("parser work")]
+        return said, list(session.store.events)
+    said, log = in_session(project, env, monkeypatch, confirm)
+    assert said == ["", ""]
+    shown = timeline_text(log)
+    assert shown.count("◇ Model: claude-haiku-5-5") == 1 and shown.count("parser work") == 1
