@@ -85,6 +85,7 @@ class BaselineRecorded(Envelope):
 class UserMessageCreated(Envelope):
     type: Literal["UserMessageCreated"]
     text: str
+    attachments: NotRequired[list]  # the @mentioned files' text or listings, as the model reads them
 
 
 class UserShellRan(Envelope):
@@ -920,7 +921,7 @@ def user_text(event: dict) -> str:
     """What a user-side event says to the model. A `!` command is context the user supplied, like
     Claude Code's `!`: the command, then its output (or that the user stopped it)."""
     if event["type"] != "UserShellRan":
-        return event["text"]
+        return "\n\n".join([event["text"], *event.get("attachments", [])])
     output = str(event.get("output") or "").rstrip() or "(no output)"
     if event.get("stopped"):
         output += "\n[stopped by the user before it finished]"

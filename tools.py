@@ -1551,6 +1551,12 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
 
 
 async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+    return read_now(box, args)
+
+
+def read_now(box: Toolbox, args: dict) -> ToolResult:
+    """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
+    ToolError as the tool does."""
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)

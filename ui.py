@@ -860,6 +860,11 @@ ERROR_WORDS = {
 }
 
 
+def more_lines(n: int) -> str:
+    """"… 1 more line", "… 12 more lines"."""
+    return f"… {n} more line" + "s" * (n != 1)
+
+
 def format_duration(ms: float) -> str:
     seconds = ms / 1000
     if seconds < 1:
@@ -1128,7 +1133,14 @@ class Timeline:
             lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
         if len(rows) > USER_MESSAGE_MAX_LINES:
             more = len(rows) - USER_MESSAGE_MAX_LINES
-            lines.append(self.style.paint(f"  … {more} more lines", "dim"))
+            lines.append(self.style.paint("  " + more_lines(more), "dim"))
+        # the @mentions sent with it (kernel.attachments)
+        names = []
+        for attached in e.get("attachments") or []:
+            names += ATTACHED_RE.findall(str(attached))[:1]
+        if names:
+            note = "  ⎿ attached " + sanitize(", ".join(names))
+            lines.append(self.style.paint(clip(note, self.width), "dim"))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1485,7 +1497,7 @@ class Timeline:
         elif card.head_only and n > PREVIEW_LINES:
             rows = self._preview(output[:PREVIEW_LINES], n)
             more = n - PREVIEW_LINES
-            rows[-1] = self.style.paint(f"    … {more} more lines{hint}", "dim")
+            rows[-1] = self.style.paint("    " + more_lines(more) + hint, "dim")
         elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
             rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
             hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
@@ -1505,7 +1517,7 @@ class Timeline:
             out.append(self.style.paint(clip(indent + line, self.width), "dim"))
         if n_total > len(lines):
             more = n_total - len(lines)
-            out.append(self.style.paint(f"    … {more} more lines", "dim"))
+            out.append(self.style.paint("    " + more_lines(more), "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
@@ -1711,7 +1723,7 @@ def preview_rows(text: str, width: int, style: Style,
         out += render_code_line(line, lang, width, style)
     if len(rows) > PANEL_PREVIEW_LINES:
         more = len(rows) - PANEL_PREVIEW_LINES
-        out.append(style.paint(f"… {more} more lines", "dim"))
+        out.append(style.paint(more_lines(more), "dim"))
     return out
 
 
@@ -1953,6 +1965,8 @@ KEY_HELP = (
 )
 
 
+# An attachment's path, as kernel.attachments wraps it.
+ATTACHED_RE = re.compile(r'\A<attached-file path="([^"\n]*)">')
 # What failed, by the controller call that raised.
 RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
                  "run_shell": "The shell command did not run"}

@@ -111,3 +111,28 @@ def test_model_rename_and_compact_confirm_once(project, env, monkeypatch):
     assert said == ["", ""]
     shown = timeline_text(log)
     assert shown.count("◇ Model: claude-haiku-5-5") == 1 and shown.count("parser work") == 1
+
+
+# ---------------------------------------------------------------- item 13: @file attaches the file
+
+def test_a_mentioned_file_and_folder_go_with_the_message_but_a_secret_does_not(khaelor, fake, project):
+    (project / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (project / "src").mkdir()
+    (project / "src" / "app.py").write_text("print('hi')\n")
+    (project / ".env").write_text("TOKEN=attach-me-never\n")
+    fake.enqueue(reply(text("seen")))
+    result = khaelor.run("-p", "explain @calc.py, see @src/ and @.env")
+    assert result.returncode == 0, result.stderr
+    sent = json.dumps(fake.requests[-1]["body"]["messages"][0])
+    assert "<attached-file path=\\\"calc.py\\\">" in sent and "return a + b" in sent
+    assert "app.py" in sent and "attach-me-never" not in sent
+    created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
+    assert created["text"] == "explain @calc.py, see @src/ and @.env"      # the screen shows what was typed
+
+
+def test_the_message_says_what_was_attached_and_counts_one_more_line():
+    from test_ui import event, timeline_text
+    rows = "\n".join(f"row {k}" for k in range(ui.USER_MESSAGE_MAX_LINES + 1))
+    shown = timeline_text([event("UserMessageCreated", text=rows,
+                                 attachments=['<attached-file path="calc.py">\n1\tx\n</attached-file>'])])
+    assert "⎿ attached calc.py" in shown and "… 1 more line" in shown and "1 more lines" not in shown
