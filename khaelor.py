@@ -1746,10 +1746,12 @@ class Session:
     async def cmd_help(self, _):
         import context
         import ui
-        commands = []
+        # in columns: a table
+        commands = ["| command | what it does |", "|---|---|"]
         for name, (_, usage, text) in sorted(COMMANDS.items()):
-            shown = f"{name} {usage}" if usage else name
-            commands.append(f"- `{shown}` {text}")
+            # a "|" would end the cell
+            shown = f"{name} {usage.replace('|', ', ')}".strip()
+            commands.append(f"| {shown} | {text} |")
         files = []
         for item in self.kernel.ctx.instructions:
             files.append(f"- `{item.path}`{import_note(item)}")
@@ -2292,12 +2294,35 @@ async def interactive_main(args, settings, store, home: Path,
     try:
         # what the user typed: 0600, like the logs
         history = events.private_file(home / "history")
-        return await ui.run_app(session, history_path=history,
-                                replay=earlier, notices=notices)
+        code = await ui.run_app(session, history_path=history, replay=earlier,
+                                notices=notices, welcome=welcome_line(session))
     finally:
         await session.quit()
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
+    if session.store.events:
+        print(farewell_line(session.store, settings["prices"]))
+    return code
+
+
+def welcome_line(session) -> str:
+    """The first line: what runs, where, with which model, and whether the sandbox holds."""
+    import sandbox
+    boundary = "sandboxed"
+    if not sandbox.enforced():
+        boundary = "no OS sandbox"
+    model_id = session.kernel.ctx.model
+    return (f"khaelor {VERSION} · {session.project_root} · {model_id}"
+            f" · {boundary} · /help, ? for keys")
+
+
+def farewell_line(store, prices: dict) -> str:
+    """On quit: what the session cost and how to come back to it."""
+    cost = session_cost(session_summary(store), prices)
+    spent = "cost unknown"
+    if cost is not None:
+        spent = f"${cost:.2f}"
+    return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 
 def prune_in_background(home: Path) -> None:

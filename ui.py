@@ -2147,7 +2147,8 @@ class Composer:
     def _key_text(self, key: Key) -> None:
         text = key.text.replace("\r\n", "\n").replace("\r", "\n")
         if key.name == "paste":
-            n_lines = text.count("\n") + 1
+            # a final newline ends the last line, it starts none
+            n_lines = text.rstrip("\n").count("\n") + 1
             too_long = len(text) > PASTE_COLLAPSE_CHARS
             if n_lines > PASTE_COLLAPSE_LINES or too_long:
                 label = f"[Pasted {n_lines} lines]"
@@ -2851,7 +2852,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
                   history_path: str | os.PathLike | None = None,
                   replay: Iterable[dict] = (),
                   color: bool | None = None,
-                  notices: Iterable[str] = ()) -> int:
+                  notices: Iterable[str] = (), welcome: str = "") -> int:
     """Run the interactive UI until the user quits; see the module docstring. `notices` are said
     once, above the composer, when it opens (an untrusted project config, no OS sandbox)."""
     stdout = stdout or sys.stdout.buffer
@@ -2988,6 +2989,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
                 pass
         loop.add_reader(stdin_fd, on_readable)
         unsubscribe = controller.subscribe(on_event)
+        if welcome:
+            app.timeline.note(welcome)
         for notice in notices:
             app.timeline.note("⚠ " + notice)
         request_frame()

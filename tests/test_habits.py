@@ -136,3 +136,24 @@ def test_the_message_says_what_was_attached_and_counts_one_more_line():
     shown = timeline_text([event("UserMessageCreated", text=rows,
                                  attachments=['<attached-file path="calc.py">\n1\tx\n</attached-file>'])])
     assert "⎿ attached calc.py" in shown and "… 1 more line" in shown and "1 more lines" not in shown
+
+
+# ---------------------------------------------------------------- item 16: small things
+
+def test_a_pasted_200_lines_says_200():
+    composer = ui.Composer()
+    composer.handle(ui.Key("paste", "".join(f"line {k}\n" for k in range(200))))
+    assert composer.text == "[Pasted 200 lines]"
+
+
+def test_help_lists_the_commands_in_columns(project, env, monkeypatch):
+    async def show(session):
+        return await session.cmd_help("")
+    shown = in_session(project, env, monkeypatch, show)
+    for width in (60, 100):
+        timeline = ui.Timeline(ui.Style(False), width)
+        timeline.note(shown)
+        settled = timeline.take_settled()
+        for command, does in (("/compact", "summarise"), ("/effort", "how")):
+            rows = [row for row in settled if command in row]
+            assert rows and does in rows[0], rows      # the command and what it does, side by side

@@ -173,6 +173,8 @@ def test_typing_while_a_tool_runs_steers_the_next_request(terminal, project):
 
 def test_slash_commands_help_cost_and_quit(terminal):
     term = terminal([reply(text("hi there"))])
+    screen = term.wait_for("khaelor 0.1.0 · ")                             # the welcome line (issue 22 item 16)
+    assert "claude-sonnet-5-5 · " in screen and "sandbox" in screen
     term.type("hello")
     term.keys("Enter")
     term.wait_for("hi there")
@@ -185,7 +187,8 @@ def test_slash_commands_help_cost_and_quit(terminal):
     term.wait_for("cache read")
     term.type("/quit")
     term.keys("Enter")
-    term.wait_for("EXITED 0")
+    screen = term.wait_for("EXITED 0")
+    assert "· $" in screen and "continue it with `khaelor -c`" in screen      # issue 22 item 16
 
 
 def test_continue_shows_the_earlier_conversation_and_carries_its_history(terminal):
