@@ -578,11 +578,15 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     target.add_argument("--bash", metavar="COMMAND")
     target.add_argument("--read", metavar="PATH")
     target.add_argument("--write", metavar="PATH")
+    parser.add_argument("--json", action="store_true", help="the policy as JSON")
     args = parser.parse_args(argv)
     import sandbox
     layers = permission_layers(home, project_root)
     rules = permissions.load_rules(layers)
     sandboxed = sandbox.enforced()
+    if args.action != "check" and args.json:
+        print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
+        return EXIT_OK
     if args.action != "check":
         print_policy(layers, rules)
         return EXIT_OK
@@ -672,6 +676,24 @@ def print_policy(layers: list, rules) -> None:
         say(line)
 
 
+def layer_exists(layer) -> bool:
+    """A layer read from a file that is there (a flag's layer has no file)."""
+    return not layer.source.startswith("/") or Path(layer.source).exists()
+
+
+def policy_json(layers: list, rules) -> dict:
+    """`khaelor permissions --json`: what the listing shows, for scripts."""
+    import dataclasses
+
+    import sandbox
+    shown_layers = [{"kind": layer.kind, "source": layer.source, "trusted": layer.trusted,
+                     "exists": layer_exists(layer)} for layer in layers]
+    ignored = [{"rule": str(rule), "where": where, "why": why}
+               for layer in layers for where, rule, why in layer.ignored]
+    return {"sandbox": sandbox.status(), "layers": shown_layers,
+            "rules": [dataclasses.asdict(rule) for rule in rules], "ignored": ignored}
+
+
 def policy_lines(layers: list, rules) -> list[str]:
     """The layers, the rules and what is ignored (`khaelor permissions`, /permissions)."""
     import permissions
@@ -682,8 +704,13 @@ def policy_lines(layers: list, rules) -> list[str]:
             trust = "  (untrusted: tightens only)"
             if layer.trusted:
                 trust = "  (trusted)"
+        if not layer_exists(layer):
+            trust += "  (no such file)"
         lines.append(f"layer: {layer.kind:<7} {layer.source}{trust}")
-    lines += permissions.describe_rules(rules)
+    # your own rules first; the number is the evaluation order (the last match wins)
+    described = permissions.describe_rules(rules)
+    for own in (True, False):
+        lines += [line for line, rule in zip(described, rules) if (rule.layer == "user") == own]
     for rule in permissions.untrusted_grants(layers):
         lines.append(f"ignored  allow  {rule.capability}  {rule.pattern}"
                      f"  {rule.source} (untrusted: run `khaelor trust`)")

@@ -157,3 +157,18 @@ def test_help_lists_the_commands_in_columns(project, env, monkeypatch):
         for command, does in (("/compact", "summarise"), ("/effort", "how")):
             rows = [row for row in settled if command in row]
             assert rows and does in rows[0], rows      # the command and what it does, side by side
+
+
+def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(khaelor, env):
+    from pathlib import Path
+    config = Path(env["KHAELOR_HOME"]) / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps({"permissions": [
+        {"capability": "process.execute", "pattern": "make *", "action": "allow"}]}))
+    listing = khaelor.run("permissions").stdout.splitlines()
+    rules = [line for line in listing if line[:3].strip().isdigit()]
+    assert "make *" in rules[0] and str(config) in rules[0] and "default" in rules[1]
+    assert any(line.endswith("(no such file)") for line in listing if line.startswith("layer:"))
+    data = json.loads(khaelor.run("permissions", "--json").stdout)
+    assert {"kind": "user", "source": str(config), "trusted": True, "exists": True} in data["layers"]
+    assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
