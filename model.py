@@ -335,7 +335,10 @@ def classify(exc: BaseException) -> ModelError:
             return ModelError("retryable", label, status)
         return ModelError("invalid_request", label, status)
     if isinstance(exc, sdk.APIConnectionError):
-        return ModelError("retryable", f"cannot reach the API: {exc}")
+        # which address: a wrong ANTHROPIC_BASE_URL is the usual cause
+        url = getattr(getattr(exc, "request", None), "url", "")
+        where = f" at {url}" if url else ""
+        return ModelError("retryable", f"cannot reach the API{where}: {exc}")
     if isinstance(exc, TypeError) and "authentication" in str(exc):
         return ModelError("auth", "no API key: set ANTHROPIC_API_KEY")
     import httpx2  # the SDK's transport; failures after the stream began are not wrapped by the SDK

@@ -172,3 +172,12 @@ def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(
     data = json.loads(khaelor.run("permissions", "--json").stdout)
     assert {"kind": "user", "source": str(config), "trusted": True, "exists": True} in data["layers"]
     assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
+
+
+def test_a_connection_error_names_the_address():
+    import anthropic
+    import httpx2
+    import model
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/messages")
+    error = model.classify(anthropic.APIConnectionError(request=request))
+    assert error.kind == "retryable" and "cannot reach the API at http://127.0.0.1:9/v1/messages" in str(error)
