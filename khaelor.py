@@ -288,8 +288,17 @@ def trust_notice(layers: list) -> str | None:
     ignored = permissions.untrusted_grants(layers)
     if not ignored:
         return None
-    sources = ", ".join(sorted({rule.source for rule in ignored}))
-    return (f"{sources} would grant {len(ignored)} permission(s);"
+    # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
+    written = set()
+    files = set()
+    for rule in ignored:
+        command = rule.capability in ("process.execute", "git.modify", "network.access")
+        kind = "command" if command else rule.capability
+        written.add((rule.source, rule.pattern, rule.action, kind))
+        # "settings.json:4": the file, not each line
+        files.add(re.sub(r":\d+$", "", rule.source))
+    sources = ", ".join(sorted(files))
+    return (f"{sources} would grant {plural(len(written), 'permission')};"
             " they are ignored until you review and trust them"
             " with `khaelor trust`")
 

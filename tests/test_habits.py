@@ -181,3 +181,15 @@ def test_a_connection_error_names_the_address():
     request = httpx2.Request("POST", "http://127.0.0.1:9/v1/messages")
     error = model.classify(anthropic.APIConnectionError(request=request))
     assert error.kind == "retryable" and "cannot reach the API at http://127.0.0.1:9/v1/messages" in str(error)
+
+
+def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch):
+    from pathlib import Path
+
+    import khaelor as cli
+    monkeypatch.setenv("HOME", env["HOME"])
+    settings = project / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "Edit(src/**)"]}}))
+    notice = cli.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
+    assert notice.startswith(f"{settings} would grant 2 permissions;"), notice
