@@ -85,7 +85,7 @@ class BaselineRecorded(Envelope):
 class UserMessageCreated(Envelope):
     type: Literal["UserMessageCreated"]
     text: str
-    attachments: NotRequired[list]  # the @mentioned files' text or listings, as the model reads them
+    attachments: NotRequired[list]  # the @mentioned files' text or listings, for the model
 
 
 class UserShellRan(Envelope):
@@ -1221,7 +1221,8 @@ def _on_tool_started(state: State, event: dict) -> None:
 
 def _on_tool_result(state: State, event: dict) -> None:
     tool_use_id = event["tool_use_id"]
-    if event["type"] == "PermissionDenied" and str(event.get("reason", "")).startswith((USER_DECLINED, NOT_ASKED)):
+    reason = str(event.get("reason", ""))
+    if event["type"] == "PermissionDenied" and reason.startswith((USER_DECLINED, NOT_ASKED)):
         state.user_denied = True
     call = state.calls.pop(tool_use_id, None)
     name = event.get("name") or (call or {}).get("name")

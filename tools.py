@@ -1957,8 +1957,8 @@ class _Haystack:
         return [self.span(i, j) for score, i, j in scored if score >= best - 1e-9]
 
     def whitespace_normalized(self, old: str) -> list[Span]:
-        """Runs of whitespace compare equal, as OpenCode's replacer: a one-line old_string within a
-        line, a longer one over as many whole lines (their text, without the first's indentation)."""
+        """Runs of whitespace compare equal, as in OpenCode's replacer: a one-line old_string
+        within a line, a longer one over as many whole lines (without the first's indentation)."""
         words = old.split()
         size = len(_find_lines(old))
         if not words:

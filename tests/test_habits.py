@@ -18,7 +18,8 @@ def test_model_names_resolve_alike_in_slash_model_and_the_flag(project, env, mon
         return listing, refused, kept, chosen, session.kernel.ctx.model, session.command_choices
     listing, refused, kept, chosen, now, choices = in_session(project, env, monkeypatch, choose)
     assert "`opus` (claude-opus-5-5)" in listing and "pick" in listing
-    assert refused.startswith("unknown model `claude-opus-5-5 extra`") and kept == "claude-sonnet-5-5"
+    assert refused.startswith("unknown model `claude-opus-5-5 extra`")
+    assert kept == "claude-sonnet-5-5"
     assert now == "claude-opus-5-5" and "claude-opus-5-5" in chosen
     assert choices["/model"][:3] == ["opus", "sonnet", "haiku"]
     haiku = in_session(project, env, monkeypatch, lambda s: _model_of(s), argv=["--model", "haiku"])
@@ -39,7 +40,7 @@ def test_the_model_flag_takes_a_name_and_refuses_what_slash_model_refuses(khaelo
     assert json.loads(result.stdout)["is_error"] is False
 
 
-# ---------------------------------------------------------------- item 10: Claude Code's commands and keys
+# ---------------------------------------------------------------- item 10: Claude Code's habits
 
 def test_exit_init_permissions_status_and_export(project, env, monkeypatch, tmp_path):
     (project / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
@@ -115,7 +116,7 @@ def test_model_rename_and_compact_confirm_once(project, env, monkeypatch):
 
 # ---------------------------------------------------------------- item 13: @file attaches the file
 
-def test_a_mentioned_file_and_folder_go_with_the_message_but_a_secret_does_not(khaelor, fake, project):
+def test_a_mentioned_file_and_folder_go_with_the_message_but_no_secret(khaelor, fake, project):
     (project / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     (project / "src").mkdir()
     (project / "src" / "app.py").write_text("print('hi')\n")
@@ -127,15 +128,17 @@ def test_a_mentioned_file_and_folder_go_with_the_message_but_a_secret_does_not(k
     assert "<attached-file path=\\\"calc.py\\\">" in sent and "return a + b" in sent
     assert "app.py" in sent and "attach-me-never" not in sent
     created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
-    assert created["text"] == "explain @calc.py, see @src/ and @.env"      # the screen shows what was typed
+    # the screen shows what was typed
+    assert created["text"] == "explain @calc.py, see @src/ and @.env"
 
 
 def test_the_message_says_what_was_attached_and_counts_one_more_line():
     from test_ui import event, timeline_text
     rows = "\n".join(f"row {k}" for k in range(ui.USER_MESSAGE_MAX_LINES + 1))
-    shown = timeline_text([event("UserMessageCreated", text=rows,
-                                 attachments=['<attached-file path="calc.py">\n1\tx\n</attached-file>'])])
-    assert "⎿ attached calc.py" in shown and "… 1 more line" in shown and "1 more lines" not in shown
+    attached = '<attached-file path="calc.py">\n1\tx\n</attached-file>'
+    shown = timeline_text([event("UserMessageCreated", text=rows, attachments=[attached])])
+    assert "⎿ attached calc.py" in shown
+    assert "… 1 more line" in shown and "1 more lines" not in shown
 
 
 # ---------------------------------------------------------------- item 16: small things
@@ -170,7 +173,8 @@ def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(
     assert "make *" in rules[0] and str(config) in rules[0] and "default" in rules[1]
     assert any(line.endswith("(no such file)") for line in listing if line.startswith("layer:"))
     data = json.loads(khaelor.run("permissions", "--json").stdout)
-    assert {"kind": "user", "source": str(config), "trusted": True, "exists": True} in data["layers"]
+    mine = {"kind": "user", "source": str(config), "trusted": True, "exists": True}
+    assert mine in data["layers"]
     assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
 
 
@@ -180,7 +184,8 @@ def test_a_connection_error_names_the_address():
     import model
     request = httpx2.Request("POST", "http://127.0.0.1:9/v1/messages")
     error = model.classify(anthropic.APIConnectionError(request=request))
-    assert error.kind == "retryable" and "cannot reach the API at http://127.0.0.1:9/v1/messages" in str(error)
+    assert error.kind == "retryable"
+    assert "cannot reach the API at http://127.0.0.1:9/v1/messages" in str(error)
 
 
 def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch):
