@@ -35,6 +35,8 @@ TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
 USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts when a person said no
+# ... and when nobody could be asked (-p): the model is not told that someone said no.
+NOT_ASKED = "not allowed without asking; headless"
 # A command the user ran with `!` (UserShellRan: command, output, exit_code, duration_ms, stopped):
 # its ToolOutput carries this id, and it joins the conversation as user-side text.
 USER_SHELL_ID = "user-shell"
@@ -83,6 +85,7 @@ class BaselineRecorded(Envelope):
 class UserMessageCreated(Envelope):
     type: Literal["UserMessageCreated"]
     text: str
+    attachments: NotRequired[list]  # the @mentioned files' text or listings, for the model
 
 
 class UserShellRan(Envelope):
@@ -946,7 +949,7 @@ def user_text(event: dict) -> str:
     """What a user-side event says to the model. A `!` command is context the user supplied, like
     Claude Code's `!`: the command, then its output (or that the user stopped it)."""
     if event["type"] != "UserShellRan":
-        return event["text"]
+        return "\n\n".join([event["text"], *event.get("attachments", [])])
     output = str(event.get("output") or "").rstrip() or "(no output)"
     if event.get("stopped"):
         output += "\n[stopped by the user before it finished]"
@@ -1250,7 +1253,8 @@ def _on_tool_started(state: State, event: dict) -> None:
 
 def _on_tool_result(state: State, event: dict) -> None:
     tool_use_id = event["tool_use_id"]
-    if event["type"] == "PermissionDenied" and str(event.get("reason", "")).startswith(USER_DECLINED):
+    reason = str(event.get("reason", ""))
+    if event["type"] == "PermissionDenied" and reason.startswith((USER_DECLINED, NOT_ASKED)):
         state.user_denied = True
     call = state.calls.pop(tool_use_id, None)
     name = event.get("name") or (call or {}).get("name")

@@ -28,6 +28,11 @@ CHECKPOINT_INTERVAL_S = 1.0
 CHECKPOINT_CHARS = 4096
 # reminders to run a check before an answer is delivered as it is (ADR-12)
 VERIFY_NUDGES = 2
+# @path in a message (as the composer completes it): attached, up to ATTACH_MAX of them, a file
+# by its first ATTACH_LINES lines (the model pages on with read).
+MENTION_RE = re.compile(r"(?:^|(?<=\s))@([^\s@]+)")
+ATTACH_MAX = 5
+ATTACH_LINES = 500
 # the request fields a 400 may refuse (model.refused_field), as the user knows them
 REFUSED_SETTINGS = {"thinking": "thinking setting", "output_config": "effort setting"}
 
@@ -453,7 +458,27 @@ class Kernel:
         # typed before an Esc: it goes first, in order
         for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
-        self.emit("UserMessageCreated", text=text)
+        self.emit("UserMessageCreated", text=text, **self.attachments(text))
+
+    def attachments(self, text: str) -> dict:
+        """@path mentions the rules let the model read without asking, attached as read would
+        show them (a file's first ATTACH_LINES lines, a folder's listing): no round trip."""
+        attached = []
+        for mention in MENTION_RE.findall(text)[:ATTACH_MAX]:
+            # "see @calc.py, then": the sentence's punctuation is not the name's
+            mention = mention.rstrip(".,;:!?)'\"")
+            tool_input = {"file_path": mention, "limit": ATTACH_LINES}
+            decision = self.decide({"name": "read", "input": tool_input})
+            if decision.action != "allow" or decision.floor:
+                continue
+            try:
+                result = tools.read_now(self.toolbox, tool_input)
+            except (tools.ToolError, OSError):
+                continue
+            attached.append(f'<attached-file path="{mention}">\n{result.text}\n</attached-file>')
+        if not attached:
+            return {}
+        return {"attachments": attached}
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
@@ -570,7 +595,7 @@ class Kernel:
                             preview=tools.permission_preview(
                                 call["name"], call["input"]))
         choice, feedback = await self.ask(request)
-        if choice != "deny":
+        if choice in ("once", "always"):
             self.emit("PermissionGranted", tool_use_id=call_id, scope="once")
             return
         reason = (f"stopped: the model repeated the same {what}"
@@ -792,8 +817,11 @@ class Kernel:
                             preview=tools.permission_preview(
                                 call["name"], call["input"]))
         choice, feedback = await self.ask(request)
-        if choice == "deny":
-            reason = "the user declined"
+        if choice not in ("once", "always"):
+            # "deny": a person said no; "nobody": there was no one to ask
+            reason = events.USER_DECLINED
+            if choice != "deny":
+                reason = events.NOT_ASKED
             if decision.destructive:
                 reason += f" ({decision.reason})"
             self.emit("PermissionDenied", tool_use_id=tool_use_id,

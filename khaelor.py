@@ -153,9 +153,14 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
+    for key in ("model", "aux_model"):
+        if getattr(args, key, None) is not None:
+            merged[key] = model_choice(merged[key], merged["prices"])
     # Environment names passed to commands: a grant, so only from the user's own config.
     merged["pass_env"] = user.get("pass_env", [])
-    merged["model_flag"] = getattr(args, "model", None)
+    merged["model_flag"] = None
+    if getattr(args, "model", None) is not None:
+        merged["model_flag"] = merged["model"]
     # --thinking and --effort: recorded in the session, so a resume keeps them
     merged["reasoning_flags"] = {}
     for key in ("thinking", "effort"):
@@ -284,8 +289,17 @@ def trust_notice(layers: list) -> str | None:
     ignored = permissions.untrusted_grants(layers)
     if not ignored:
         return None
-    sources = ", ".join(sorted({rule.source for rule in ignored}))
-    return (f"{sources} would grant {len(ignored)} permission(s);"
+    # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
+    written = set()
+    files = set()
+    for rule in ignored:
+        command = rule.capability in ("process.execute", "git.modify", "network.access")
+        kind = "command" if command else rule.capability
+        written.add((rule.source, rule.pattern, rule.action, kind))
+        # "settings.json:4": the file, not each line
+        files.add(re.sub(r":\d+$", "", rule.source))
+    sources = ", ".join(sorted(files))
+    return (f"{sources} would grant {plural(len(written), 'permission')};"
             " they are ignored until you review and trust them"
             " with `khaelor trust`")
 
@@ -574,11 +588,15 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     target.add_argument("--bash", metavar="COMMAND")
     target.add_argument("--read", metavar="PATH")
     target.add_argument("--write", metavar="PATH")
+    parser.add_argument("--json", action="store_true", help="the policy as JSON")
     args = parser.parse_args(argv)
     import sandbox
     layers = permission_layers(home, project_root)
     rules = permissions.load_rules(layers)
     sandboxed = sandbox.enforced()
+    if args.action != "check" and args.json:
+        print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
+        return EXIT_OK
     if args.action != "check":
         print_policy(layers, rules)
         return EXIT_OK
@@ -606,11 +624,17 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
 
 
 def print_boundary(out=sys.stdout) -> None:
+    print("\n".join(boundary_lines()), file=out)
+
+
+def boundary_lines() -> list[str]:
     """Each layer of the OS boundary and whether this kernel enforces it."""
     import sandbox
+    lines = []
     for name, enforced, holds in sandbox.layers():
         state = "enforced" if enforced else "MISSING "
-        print(f"boundary: {name:<15} {state}  {holds}", file=out)
+        lines.append(f"boundary: {name:<15} {state}  {holds}")
+    return lines
 
 
 def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
@@ -655,25 +679,55 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
 
 def print_policy(layers: list, rules) -> None:
     """`khaelor permissions`: the sandbox, the layers, the rules, and what is ignored."""
-    import permissions
     import sandbox
     print(f"sandbox: {sandbox.status()}")
     print_boundary()
+    for line in policy_lines(layers, rules):
+        say(line)
+
+
+def layer_exists(layer) -> bool:
+    """A layer read from a file that is there (a flag's layer has no file)."""
+    return not layer.source.startswith("/") or Path(layer.source).exists()
+
+
+def policy_json(layers: list, rules) -> dict:
+    """`khaelor permissions --json`: what the listing shows, for scripts."""
+    import dataclasses
+
+    import sandbox
+    shown_layers = [{"kind": layer.kind, "source": layer.source, "trusted": layer.trusted,
+                     "exists": layer_exists(layer)} for layer in layers]
+    ignored = [{"rule": str(rule), "where": where, "why": why}
+               for layer in layers for where, rule, why in layer.ignored]
+    return {"sandbox": sandbox.status(), "layers": shown_layers,
+            "rules": [dataclasses.asdict(rule) for rule in rules], "ignored": ignored}
+
+
+def policy_lines(layers: list, rules) -> list[str]:
+    """The layers, the rules and what is ignored (`khaelor permissions`, /permissions)."""
+    import permissions
+    lines = []
     for layer in layers:
         trust = ""
         if layer.kind == "project":
             trust = "  (untrusted: tightens only)"
             if layer.trusted:
                 trust = "  (trusted)"
-        say(f"layer: {layer.kind:<7} {layer.source}{trust}")
-    for line in permissions.describe_rules(rules):
-        say(line)
+        if not layer_exists(layer):
+            trust += "  (no such file)"
+        lines.append(f"layer: {layer.kind:<7} {layer.source}{trust}")
+    # your own rules first; the number is the evaluation order (the last match wins)
+    described = permissions.describe_rules(rules)
+    for own in (True, False):
+        lines += [line for line, rule in zip(described, rules) if (rule.layer == "user") == own]
     for rule in permissions.untrusted_grants(layers):
-        say(f"ignored  allow  {rule.capability}  {rule.pattern}"
-            f"  {rule.source} (untrusted: run `khaelor trust`)")
+        lines.append(f"ignored  allow  {rule.capability}  {rule.pattern}"
+                     f"  {rule.source} (untrusted: run `khaelor trust`)")
     for layer in layers:
         for where, rule, why in layer.ignored:
-            say(f"ignored  {rule}  {where} ({why})")
+            lines.append(f"ignored  {rule}  {where} ({why})")
+    return lines
 
 
 # ---------------------------------------------------------------- rewind: back to before a step
@@ -1393,12 +1447,14 @@ async def run_headless(args, settings, store, home, project_root) -> int:
             return "deny", ""
         # Silence is not consent: with nobody to answer, an ask is a denial.
         command = events.visible_controls(request["descriptor"], one_line=True)
-        denied = f"`{command}` ({request['capability']})"
-        print(f"khaelor: denied {denied}; nobody to ask in -p mode."
-              " Pass --yes (it does not cover what destroys work in the"
-              " repository), or allow it with `khaelor permissions`",
-              file=sys.stderr)
-        return "deny", ""
+        how = "allow it with `khaelor permissions`"
+        if flag := allowed_tools_flag(request):
+            how = f"allow it with --allowedTools {flag}"
+        print(f"khaelor: denied `{command}`: not allowed without asking,"
+              f" and nobody to ask in -p mode. To run it, {how},"
+              " or pass --yes (it does not cover what destroys work"
+              " in the repository)", file=sys.stderr)
+        return "nobody", ""
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root,
                            ask)
@@ -1415,15 +1471,40 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         kernel_.submit(args.prompt)
         step = await kernel_.run()
     except asyncio.CancelledError:
-        if not stream.reader_gone:
-            raise
-        return EXIT_PIPE
+        if stream.reader_gone:
+            return EXIT_PIPE
+        # Ctrl-C (asyncio.run cancels the run): a script still gets the result object
+        step = "interrupted"
     finally:
         await kernel_.toolbox.close()
         await kernel_.model.close()
         close_session(store)
     args.request = kernel_.request
     return report(args, store, step, settings["prices"])
+
+
+# Claude Code's tool for a file rule, in --allowedTools (commands: Bash).
+CLAUDE_FILE_TOOLS = {"file.read": "Read", "file.write.project": "Edit"}
+
+
+def allowed_tools_flag(request: dict) -> str:
+    """The --allowedTools value that would allow this asked call, shell-quoted:
+    "Bash(touch:*)", "Edit(calc.py)"; "" for a path outside the project."""
+    import shlex
+    capability = request["capability"]
+    pattern = (request.get("suggestion") or {}).get("pattern")
+    pattern = pattern or request["descriptor"]
+    tool = CLAUDE_FILE_TOOLS.get(capability, "Bash")
+    hidden = events.has_hidden_characters(pattern) or "\n" in pattern
+    if capability == "filesystem.outsideProject" or hidden:
+        # a flag to paste must show every character it grants
+        return ""
+    if tool == "Bash" and pattern.endswith(" *"):
+        pattern = pattern[:-2] + ":*"
+    rule = f"{tool}({pattern})"
+    if re.search(r'["$`\\!]', rule):
+        return shlex.quote(rule)
+    return f'"{rule}"'
 
 
 class StreamedAnswer:
@@ -1460,7 +1541,18 @@ class StreamedAnswer:
 
 
 # any other end: error_during_execution
-RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns"}
+RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns",
+                   "interrupted": "error_interrupted"}
+INTERRUPTED = "interrupted by the user (Ctrl-C)"
+
+
+def failure(state, step: str) -> str | None:
+    """Why the run did not finish, or None when it did."""
+    if step == "interrupted":
+        return INTERRUPTED
+    if step == "done":
+        return None
+    return state.failure_reason
 
 
 def summed_usage(usage_by_model: dict) -> dict:
@@ -1509,7 +1601,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "total_cost_usd": cost,
         "usage": usage,
         # KHAELOR's own
-        "error": state.failure_reason if failed else None,
+        "error": failure(state, step),
         "cost_usd": cost,
         "usage_by_model": state.usage,
         "thinking": thinking,
@@ -1520,17 +1612,19 @@ def result_object(args, store, step: str, prices: dict) -> dict:
 
 def report(args, store, step: str, prices: dict) -> int:
     state = store.state
-    failed = step != "done"
-    reason = state.failure_reason if failed else None
+    reason = failure(state, step)
     streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
         result = result_object(args, store, step, prices)
         print(json.dumps(result, ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not streamed:
         print(for_terminal(state.answer, sys.stdout))
-    if failed:
-        print(f"khaelor: {reason}", file=sys.stderr)
-    return EXIT_FAILED if failed else EXIT_OK
+    if step == "done":
+        return EXIT_OK
+    print(f"khaelor: {reason}", file=sys.stderr)
+    if step == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED
 
 
 def read_prompt(args) -> str:
@@ -1584,6 +1678,9 @@ class Session:
         self.command_choices = {}
         for key, values in setting_choices().items():
             self.command_choices[f"/{key}"] = list(values)
+        import model
+        known = known_model_ids(settings["prices"])
+        self.command_choices["/model"] = [*model.MODEL_ALIASES, *known]
         self.closed = False
         # the task recording the git baseline, if one runs
         self.baseline = None
@@ -1902,11 +1999,12 @@ class Session:
     async def cmd_help(self, _):
         import context
         import ui
-        commands = []
+        # in columns: a table
+        commands = ["| command | what it does |", "|---|---|"]
         for name, (_, usage, text) in sorted(COMMANDS.items()):
-            shown = f"{name} {usage}" if usage else name
-            commands.append(f"- `{shown}` {text}")
-        keys = [f"- `{key}` {what}" for key, what in ui.KEY_HELP]
+            # a "|" would end the cell
+            shown = f"{name} {usage.replace('|', ', ')}".strip()
+            commands.append(f"| {shown} | {text} |")
         files = []
         for item in self.kernel.ctx.instructions:
             files.append(f"- `{item.path}`{import_note(item)}")
@@ -1914,7 +2012,7 @@ class Session:
             looked_for = ", ".join(context.INSTRUCTION_FILES)
             files.append(f"- none found ({looked_for} are looked for)")
         sections = ["**Commands**", "\n".join(commands),
-                    "**Keys**", "\n".join(keys),
+                    ui.keys_help(),
                     self.custom_help(),
                     "**Instruction files read**", "\n".join(files)]
         return "\n\n".join(sections)
@@ -1987,8 +2085,9 @@ class Session:
         if not title:
             return "usage: /rename TITLE"
         self.begin()
+        # its line ("◇ Session: …") is the confirmation
         self.bus.emit("SessionRenamed", title=title)
-        return f"renamed to {title!r}"
+        return ""
 
     async def cmd_cost(self, _):
         from model import price_of
@@ -2051,25 +2150,30 @@ class Session:
             # the "compacting…" status ends with the command
             self.bus.emit("Status", text="")
         if self.store.state.cut_seq != cut_before:
-            return "compacted: the earlier turns are now a summary"
+            # ContextCompacted's line says so
+            return ""
         return ("nothing to compact yet: the conversation is too short"
                 " to summarise")
 
     async def cmd_model(self, name):
-        from model import PRICES
-        known = sorted({*PRICES, *self.settings["prices"]})
-        names = ", ".join(f"`{model}`" for model in known)
+        import model
         if not name:
-            return f"model: {self.kernel.ctx.model}\n\nknown: {names}"
-        if not is_known_model(name, known):
-            return (f"unknown model `{name}`; known models: {names}"
-                    " (a model with a price in config.json `prices`"
-                    " is known too)")
+            aliases = ", ".join(f"`{alias}` ({model_id})" for alias, model_id
+                                in model.MODEL_ALIASES.items())
+            return (f"model: {self.kernel.ctx.model}\n\n{aliases};"
+                    f" known: {known_models(self.settings['prices'])}"
+                    "\n\ntype `/model ` and pick, or `/model NAME`")
+        try:
+            name = model_choice(name, self.settings["prices"])
+        except UsageError as error:
+            return str(error)
         self.kernel.ctx.model = name
         # a session not begun yet records the choice in begin()
-        if self.store.events:
-            self.bus.emit("ModelChanged", model=name)
-        return f"model set to {name}"
+        if not self.store.events:
+            return f"model set to {name}, from your first message"
+        # its line ("◇ Model: …") is the confirmation
+        self.bus.emit("ModelChanged", model=name)
+        return ""
 
     async def cmd_thinking(self, mode):
         return self.choose_reasoning("thinking", mode)
@@ -2167,6 +2271,102 @@ class Session:
         import ui
         return ui.QUIT
 
+    async def cmd_permissions(self, _):
+        """`khaelor permissions` in the session: the boundary, the layers and the rules."""
+        import sandbox
+        layers = permission_layers(self.home, self.project_root,
+                                   self.settings["extra_layers"])
+        rules = self.kernel.rules
+        lines = [f"sandbox: {sandbox.status()}", *boundary_lines(),
+                 *policy_lines(layers, rules)]
+        shown = [events.visible_controls(line, one_line=True) for line in lines]
+        return "```\n" + "\n".join(shown) + "\n```"
+
+    async def cmd_status(self, _):
+        import sandbox
+        store = self.store
+        cost = session_cost(session_summary(store), self.settings["prices"])
+        spent = "unknown (a model has no price)"
+        if cost is not None:
+            spent = f"${cost:.2f}"
+        facts = [("version", VERSION), ("session", store.session_id),
+                 ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
+                 ("model", self.kernel.ctx.model),
+                 ("permission mode", self.kernel.permission_mode),
+                 ("sandbox", sandbox.status()), ("cost so far", spent)]
+        return "\n".join(f"- {name}: {value}" for name, value in facts)
+
+    async def cmd_export(self, target):
+        """The transcript as Markdown: to a file (default khaelor-<session>.md here), or with
+        `clipboard` to the terminal's clipboard by OSC 52."""
+        text = transcript_markdown(self.store.events)
+        if target == "clipboard":
+            import base64
+            data = base64.b64encode(text.encode("utf-8")).decode("ascii")
+            sys.stdout.write(f"\x1b]52;c;{data}\x07")
+            sys.stdout.flush()
+            return (f"sent the transcript ({len(text)} characters) to the clipboard"
+                    " (OSC 52: your terminal must allow it)")
+        path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
+        path = Path.cwd() / path
+        path.write_text(text, encoding="utf-8")
+        return f"transcript written to `{path}`"
+
+    async def cmd_init(self, arg):
+        """A starting instruction file from what the repository shows; shown first, written by
+        `/init write`, never over one that exists."""
+        import asyncio
+
+        import context
+        root = self.project_root
+        for name in context.INSTRUCTION_FILES:
+            if (root / name).exists():
+                return f"`{name}` exists already; /init writes only a new file"
+        name = "KHAELOR.md"
+        if (root / ".claude").is_dir():
+            name = "CLAUDE.md"
+        text = await asyncio.to_thread(starting_instructions, root)
+        if arg != "write":
+            return (f"`/init write` saves this as `{name}`:\n\n"
+                    f"````markdown\n{text}````")
+        (root / name).write_text(text, encoding="utf-8")
+        return f"wrote `{name}`: edit it to say what a newcomer must know"
+
+
+def transcript_markdown(log: list[dict]) -> str:
+    """/export: what was said and done, as Markdown (a tool's output: its first 40 lines)."""
+    parts = []
+    for event in log:
+        kind = event["type"]
+        if kind == "UserMessageCreated":
+            parts.append(f"## You\n\n{event.get('text', '')}")
+        elif kind == "ModelTextBlockCompleted" and event.get("text"):
+            parts.append(event["text"])
+        elif kind == "ToolRequested":
+            call = json.dumps(event.get("input"), ensure_ascii=False)
+            parts.append(f"**{event.get('name')}** `{call[:300]}`")
+        elif kind in ("ToolCompleted", "ToolFailed"):
+            lines = str(event.get("output") or "").split("\n")
+            parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
+    return "\n\n".join(parts) + "\n"
+
+
+def starting_instructions(root: Path) -> str:
+    """/init's draft: the project's layout and check commands, and headings to fill in."""
+    import context
+    entries = []
+    for path in sorted(root.iterdir()):
+        if not path.name.startswith("."):
+            entries.append(f"- `{path.name}{'/' * path.is_dir()}`")
+    checks = [f"- `{command}`" for command in context.detect_checks(root, [])]
+    checks = checks or ["- (none found: say how to run the tests)"]
+    sections = [f"# {root.name}",
+                "Instructions for coding agents (khaelor, Claude Code) in this repository.",
+                "## Layout", "\n".join(entries[:40]),
+                "## Checks (run after every change)", "\n".join(checks),
+                "## Conventions", "- (style, naming, what never to touch)"]
+    return "\n\n".join(sections) + "\n"
+
 
 def import_note(item) -> str:
     """What follows an instruction file's path when another one imported it."""
@@ -2178,9 +2378,32 @@ def import_note(item) -> str:
 def is_known_model(name: str, known: list) -> bool:
     """A model with a price, or a dated id of one: claude-x-20250929."""
     for model in known:
-        if name == model or name.startswith(model + "-"):
+        if name == model or re.fullmatch(re.escape(model) + r"-\d{8}", name):
             return True
     return False
+
+
+def known_model_ids(prices: dict) -> list[str]:
+    """model.py's priced models and those config.json `prices` adds."""
+    import model
+    return sorted({*model.PRICES, *prices})
+
+
+def known_models(prices: dict) -> str:
+    return ", ".join(f"`{model_id}`" for model_id in known_model_ids(prices))
+
+
+def model_choice(name: str, prices: dict) -> str:
+    """The model --model or /model names: opus, sonnet and haiku are the current ids; any other
+    must be known (priced) or a dated id of one, else a UsageError that lists them."""
+    import model
+    chosen = model.MODEL_ALIASES.get(name, name)
+    if is_known_model(chosen, known_model_ids(prices)):
+        return chosen
+    aliases = ", ".join(model.MODEL_ALIASES)
+    raise UsageError(f"unknown model `{name}`; use {aliases} or a known model:"
+                     f" {known_models(prices)} (a model with a price in"
+                     " config.json `prices` is known too)")
 
 
 DIFF_SECTIONS = (
@@ -2295,7 +2518,7 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/cost": (Session.cmd_cost, "", "tokens by kind and cost, from the API's usage"),
     "/context": (Session.cmd_context, "", "what the context holds, per section"),
     "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
-    "/model": (Session.cmd_model, "[id]", "show or change the model"),
+    "/model": (Session.cmd_model, "[opus|sonnet|haiku|id]", "show or change the model"),
     "/thinking": (Session.cmd_thinking, "[off|adaptive|always]",
                   "how the model thinks, from the next message"),
     "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",
@@ -2306,6 +2529,11 @@ COMMANDS = {   # name: (handler, usage, what it does)
                 "the steps, newest first; a step: the work tree back to before it"),
     "/processes": (Session.cmd_processes, "[stop ID]", "running background processes"),
     "/quit": (Session.cmd_quit, "", "leave khaelor"),
+    "/exit": (Session.cmd_quit, "", "leave khaelor (as /quit)"),
+    "/init": (Session.cmd_init, "[write]", "draft a KHAELOR.md from the repository"),
+    "/permissions": (Session.cmd_permissions, "", "the permission layers and rules"),
+    "/status": (Session.cmd_status, "", "version, session, model, sandbox, cost"),
+    "/export": (Session.cmd_export, "[FILE|clipboard]", "the transcript as Markdown"),
 }
 
 
@@ -2347,12 +2575,35 @@ async def interactive_main(args, settings, store, home: Path,
     try:
         # what the user typed: 0600, like the logs
         history = events.private_file(home / "history")
-        return await ui.run_app(session, history_path=history,
-                                replay=earlier, notices=notices)
+        code = await ui.run_app(session, history_path=history, replay=earlier,
+                                notices=notices, welcome=welcome_line(session))
     finally:
         await session.quit()
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
+    if session.store.events:
+        print(farewell_line(session.store, settings["prices"]))
+    return code
+
+
+def welcome_line(session) -> str:
+    """The first line: what runs, where, with which model, and whether the sandbox holds."""
+    import sandbox
+    boundary = "sandboxed"
+    if not sandbox.enforced():
+        boundary = "no OS sandbox"
+    model_id = session.kernel.ctx.model
+    return (f"khaelor {VERSION} · {session.project_root} · {model_id}"
+            f" · {boundary} · /help, ? for keys")
+
+
+def farewell_line(store, prices: dict) -> str:
+    """On quit: what the session cost and how to come back to it."""
+    cost = session_cost(session_summary(store), prices)
+    spent = "cost unknown"
+    if cost is not None:
+        spent = f"${cost:.2f}"
+    return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 
 def prune_in_background(home: Path) -> None:

@@ -15,6 +15,9 @@ from events import KhaelorError
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 DEFAULT_AUX_MODEL = "claude-haiku-5-5"
+# What --model and /model take for each family's current model, as Claude Code's names.
+MODEL_ALIASES = {"opus": "claude-opus-5-5", "sonnet": "claude-sonnet-5-5",
+                 "haiku": "claude-haiku-5-5"}
 MAX_ATTEMPTS = 5            # one call plus four retries
 BASE_DELAY_S = 0.5          # jittered exponential: 0.5, 1, 2, 4 … capped below
 MAX_DELAY_S = 30.0          # also caps a server's retry-after, so a run never sleeps for hours
@@ -332,7 +335,10 @@ def classify(exc: BaseException) -> ModelError:
             return ModelError("retryable", label, status)
         return ModelError("invalid_request", label, status)
     if isinstance(exc, sdk.APIConnectionError):
-        return ModelError("retryable", f"cannot reach the API: {exc}")
+        # which address: a wrong ANTHROPIC_BASE_URL is the usual cause
+        url = getattr(getattr(exc, "request", None), "url", "")
+        where = f" at {url}" if url else ""
+        return ModelError("retryable", f"cannot reach the API{where}: {exc}")
     if isinstance(exc, TypeError) and "authentication" in str(exc):
         return ModelError("auth", "no API key: set ANTHROPIC_API_KEY")
     import httpx2  # the SDK's transport; failures after the stream began are not wrapped by the SDK

@@ -1952,6 +1952,12 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
 
 
 async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+    return read_now(box, args)
+
+
+def read_now(box: Toolbox, args: dict) -> ToolResult:
+    """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
+    ToolError as the tool does."""
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
@@ -2286,6 +2292,11 @@ class _Haystack:
         """Text offsets of whole lines first..last (the last line's newline excluded)."""
         return self.starts[first], self.starts[last] + len(self.lines[last])
 
+    def text_span(self, first: int, last: int) -> Span:
+        """Lines first..last without the first's indentation, which new_string then keeps."""
+        start, end = self.span(first, last)
+        return start + len(_leading_space(self.lines[first])), end
+
     def line_of(self, offset: int) -> int:
         return self.text.count("\n", 0, offset) + 1
 
@@ -2347,12 +2358,23 @@ class _Haystack:
         return [self.span(i, j) for score, i, j in scored if score >= best - 1e-9]
 
     def whitespace_normalized(self, old: str) -> list[Span]:
-        """Any run of whitespace in old_string matches any run of whitespace in the file."""
+        """Runs of whitespace compare equal, as in OpenCode's replacer: a one-line old_string
+        within a line, a longer one over as many whole lines (without the first's indentation)."""
         words = old.split()
+        size = len(_find_lines(old))
         if not words:
             return []
-        pattern = r"\s+".join(map(re.escape, words))
-        return [match.span() for match in re.finditer(pattern, self.text)]
+        if size == 1:
+            pattern = re.compile(r"[ \t]+".join(map(re.escape, words)))
+            spans = []
+            for start, line in zip(self.starts, self.lines):
+                spans += [(start + m.start(), start + m.end()) for m in pattern.finditer(line)]
+            return spans
+        spans = []
+        for i in range(len(self.lines) - size + 1):
+            if " ".join(self.lines[i:i + size]).split() == words:
+                spans.append(self.text_span(i, i + size - 1))
+        return spans
 
     def indentation_flexible(self, old: str) -> list[Span]:
         """The same lines with the same relative indentation, shifted as a whole."""
@@ -2361,9 +2383,23 @@ class _Haystack:
     def escape_normalized(self, old: str) -> list[Span]:
         """old_string arrived escaped one level too many (\\n, \\", \\t as two characters)."""
         plain = _unescape(old)
-        if plain == old:
-            return []
-        return self.exact(plain) or self.line_trimmed(plain)
+        if plain != old:
+            found = self.exact(plain) or self.line_trimmed(plain)
+            if found:
+                return found
+        return self.escaped_lines(plain)
+
+    def escaped_lines(self, plain: str) -> list[Span]:
+        """Whole lines that read as old_string once the file's own escapes are undone: the file
+        has `'it\\'s'` where the model quoted `'it's'` (OpenCode's replacer looks both ways)."""
+        want = [line.strip() for line in _find_lines(plain)]
+        size = len(want)
+        spans = []
+        for i in range(len(self.lines) - size + 1):
+            block = self.lines[i:i + size]
+            if "\\" in "".join(block) and [_unescape(line).strip() for line in block] == want:
+                spans.append(self.text_span(i, i + size - 1))
+        return spans
 
     def trimmed_boundary(self, old: str) -> list[Span]:
         """old_string with its leading and trailing whitespace dropped."""
@@ -2532,7 +2568,7 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
             ambiguous = ambiguous or spans
             continue
         if spans:
-            if name == "escape_normalized":
+            if name == "escape_normalized" and _unescape(old) != old:
                 # An over-escaped old_string came with an over-escaped new_string.
                 old = _unescape(old)
                 new = _unescape(new)
@@ -2665,7 +2701,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     old = args["old_string"]
     new = args["new_string"]
     shown = ws.display(path)
-    if old == new:
+    if _lf(old) == _lf(new):
         raise ToolError(
             "old_string and new_string are identical, so the edit would change nothing. "
             "Put the replacement text in new_string.",
@@ -2697,6 +2733,10 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     # Both strings in LF, whatever the file uses: written back in the file's own line ending.
     old = _lf(old)
     new = _lf(new)
+    if bom:
+        # The model copied the file's invisible first character.
+        old = old.removeprefix("\ufeff")
+        new = new.removeprefix("\ufeff")
     if old == "":
         if text.strip():
             raise ToolError(

@@ -860,6 +860,11 @@ ERROR_WORDS = {
 }
 
 
+def more_lines(n: int) -> str:
+    """"… 1 more line", "… 12 more lines"."""
+    return f"… {n} more line" + "s" * (n != 1)
+
+
 def format_duration(ms: float) -> str:
     seconds = ms / 1000
     if seconds < 1:
@@ -908,9 +913,13 @@ def change_counts(change: dict) -> str:
 
 
 def rule_text(suggestion: dict) -> str:
+    """An "always" rule in plain words: `python3 -m pytest …`, editing `src/**`."""
     capability = suggestion.get("capability", "?")
     pattern = events.visible_controls(str(suggestion.get("pattern", "*")), one_line=True)
-    return f"{capability} {pattern}"
+    if pattern.endswith(" *"):
+        # "and whatever follows", as a reader would write it
+        pattern = pattern[:-1] + "…"
+    return RULE_WORDS.get(capability, "") + f"`{pattern}`"
 
 
 @dataclass
@@ -946,6 +955,10 @@ class FinishedCard(NamedTuple):
 def card_output(event: dict, meta: dict) -> list[str]:
     output = sanitize(str(event.get("output") or ""))
     lines = [line for line in output.split("\n") if line.strip()]
+    if meta.get("process_id"):
+        # what the process tool tells the model ("Poll it with process action …") is not output
+        told = f"Started {meta['process_id']}."
+        lines = [line for line in lines if not line.startswith(told)]
     # the card line says `exit N` already: drop the footer, one of the last three lines
     if meta.get("exit_code") is not None:
         last_three = max(len(lines) - 3, 0)
@@ -971,6 +984,8 @@ class Timeline:
         # what the model is doing, for the spinner
         self.phase = ""
         self._settled: list[str] = []
+        # the model failure last shown, which the TaskFailed that follows repeats
+        self._failure_shown = ""
         self._text: MarkdownStream | None = None
         # _text has settled lines already
         self._text_started = False
@@ -1118,7 +1133,14 @@ class Timeline:
             lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
         if len(rows) > USER_MESSAGE_MAX_LINES:
             more = len(rows) - USER_MESSAGE_MAX_LINES
-            lines.append(self.style.paint(f"  … {more} more lines", "dim"))
+            lines.append(self.style.paint("  " + more_lines(more), "dim"))
+        # the @mentions sent with it (kernel.attachments)
+        names = []
+        for attached in e.get("attachments") or []:
+            names += ATTACHED_RE.findall(str(attached))[:1]
+        if names:
+            note = "  ⎿ attached " + sanitize(", ".join(names))
+            lines.append(self.style.paint(clip(note, self.width), "dim"))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1241,7 +1263,8 @@ class Timeline:
             return
         message = sanitize(str(e.get("message") or "")).strip()
         text = ERROR_WORDS.get(e.get("kind"), "The model request failed")
-        if e.get("status"):
+        # 200: the stream broke after the API said OK, so the code tells nothing
+        if (e.get("status") or 0) >= 400:
             text += f" ({e['status']})"
         if message:
             text += f": {message}"
@@ -1251,6 +1274,7 @@ class Timeline:
         else:
             self.flush_live()
             self.error(text)
+            self._failure_shown = message
 
     def _drop_failed_attempt(self) -> None:
         """A reply that broke off and is written again: its unsettled tail leaves the screen, what
@@ -1289,7 +1313,11 @@ class Timeline:
             self._drain_text()
 
     def _on_TaskFailed(self, e: dict) -> None:
-        self.error("Task failed: " + str(e.get("reason", "")))
+        reason = str(e.get("reason", ""))
+        if reason and reason == self._failure_shown:
+            # the API error just shown is why: once is enough
+            return
+        self.error("Task failed: " + reason)
 
     def _on_Status(self, e: dict) -> None:
         self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
@@ -1340,10 +1368,12 @@ class Timeline:
                 facts.append("new file")
             else:
                 facts.append(change_counts(change))
+        symbol = self.style.paint("●", "ok")
+        if meta.get("exit_code") not in (None, 0):
+            # it ran, and the command says it did not succeed
+            symbol = self.style.paint("✗", "warning")
         if failed:
             symbol = self.style.paint("✗", "error")
-        else:
-            symbol = self.style.paint("●", "ok")
         if failed and not facts:
             facts = ["failed"]
         lines = [self._card_line(symbol, card.name, card.summary, facts)]
@@ -1406,8 +1436,7 @@ class Timeline:
             mark = "" if check.get("exit_code") == 0 else "✗ "
             command = shown(str(check.get("command", "")))[:60]
             facts.append(f"{mark}{command} exit {check.get('exit_code')}")
-        if e.get("unresolved"):
-            facts.append(f"{len(e['unresolved'])} unresolved")
+        facts += unresolved_words(e.get("unresolved") or [])
         if not facts:
             return
         all_passed = all(c.get("exit_code") == 0 for c in checks)
@@ -1423,7 +1452,7 @@ class Timeline:
     def _on_PermissionGranted(self, e: dict) -> None:
         rule = self._resolve(e).get("suggestion")
         if e.get("scope") == "always" and rule:
-            self._dim_line(f"✓ Always allowed from now on: {rule_text(rule)}")
+            self._dim_line(f"✓ Always allowed in this project from now on: {rule_text(rule)}")
 
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep
@@ -1468,7 +1497,7 @@ class Timeline:
         elif card.head_only and n > PREVIEW_LINES:
             rows = self._preview(output[:PREVIEW_LINES], n)
             more = n - PREVIEW_LINES
-            rows[-1] = self.style.paint(f"    … {more} more lines{hint}", "dim")
+            rows[-1] = self.style.paint("    " + more_lines(more) + hint, "dim")
         elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
             rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
             hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
@@ -1488,7 +1517,7 @@ class Timeline:
             out.append(self.style.paint(clip(indent + line, self.width), "dim"))
         if n_total > len(lines):
             more = n_total - len(lines)
-            out.append(self.style.paint(f"    … {more} more lines", "dim"))
+            out.append(self.style.paint("    " + more_lines(more), "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
@@ -1530,8 +1559,8 @@ class Timeline:
         running = [c for c in self.cards.values() if c.started is not None]
         if running:
             card = running[-1]
-            seconds = int(now - card.started)
-            return f"running {card.name} {card.summary} · {seconds}s"
+            # the card above shows its time: one timer
+            return f"running {card.name} {card.summary}"
         if self.status_text or not self.phase:
             return self.status_text or self.phase
         if self._model_started is None:
@@ -1566,6 +1595,20 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PANEL_PREVIEW_LINES = 14
+# The panel's verb: by what the call's input holds (first match), else by the capability asked.
+PANEL_VERBS = (("command", "Run"), ("old_string", "Edit"), ("content", "Write"),
+               ("pattern", "Search"), ("file_path", "Read"))
+CAPABILITY_VERBS = {"file.write.project": "Edit", "file.read": "Read",
+                    "filesystem.outsideProject": "Access"}
+# What a capability adds to the question, in words.
+CAPABILITY_NOTES = {
+    "filesystem.outsideProject": "outside the project",
+    "network.access": "uses the network",
+    "git.modify": "changes the git repository",
+}
+# An "always" rule's words before its pattern (commands have none).
+RULE_WORDS = {"file.write.project": "editing ", "file.read": "reading ",
+              "filesystem.outsideProject": "access to "}
 
 
 def format_count(n: float) -> str:
@@ -1626,13 +1669,28 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     return [(priority, text) for priority, text in segments if text]
 
 
+# What kernel.open_problems says, by a phrase it uses, in the turn summary's words.
+UNRESOLVED_WORDS = (("failed (exit", "tests still failing"),
+                    ("no check ran", "changes not verified"),
+                    ("still running", "a check still running"))
+
+
+def unresolved_words(problems: list) -> list[str]:
+    """The turn's open problems, each kind once: "tests still failing", not "1 unresolved"."""
+    words = []
+    for phrase, said in UNRESOLVED_WORDS:
+        if any(phrase in str(problem) for problem in problems):
+            words.append(said)
+    return words
+
+
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     """(key, choice, words) the panel offers; choice "feedback" is a denial with a message."""
     if request.get("capability") == "loop.continue":
         return [("y", "once", "continue"), ("n", "feedback", "stop")]
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
-        choices.append(("a", "always", f"always allow {rule_text(rule)}"))
+        choices.append(("a", "always", f"always allow {rule_text(rule)} in this project"))
     return choices + [("n", "feedback", "deny")]
 
 
@@ -1665,7 +1723,7 @@ def preview_rows(text: str, width: int, style: Style,
         out += render_code_line(line, lang, width, style)
     if len(rows) > PANEL_PREVIEW_LINES:
         more = len(rows) - PANEL_PREVIEW_LINES
-        out.append(style.paint(f"… {more} more lines", "dim"))
+        out.append(style.paint(more_lines(more), "dim"))
     return out
 
 
@@ -1684,12 +1742,11 @@ def render_permission_panel(request: dict, width: int, style: Style,
 
 def panel_head(request: dict, width: int, style: Style,
                tool_input: dict | None) -> list[str]:
-    """The question: capability, descriptor, preview."""
+    """The question in plain words ("Edit calc.py?", "Run `make`?"), then a preview."""
     bar = style.paint("│ ", "warning")
-    title = style.paint("⚠ Permission needed", "warning", "bold")
-    capability = style.paint(" · " + str(request.get("capability", "")), "dim")
-    lines = [clip(title + capability, width)]
     raw = str(request.get("descriptor", ""))
+    descriptor = shown(raw).strip("\n")
+    lines = wrap_spans(panel_question(request, tool_input, descriptor), width, style, "", bar)
     raw_preview = panel_preview(request, tool_input)
     if events.has_hidden_characters(raw + raw_preview):
         noun = "call"
@@ -1698,14 +1755,10 @@ def panel_head(request: dict, width: int, style: Style,
         warning = (f"⚠ this {noun} contains hidden or control characters,"
                    " shown below as ^[, ␍ or <U+…>")
         lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
-    descriptor = shown(raw).strip("\n")
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
         for row in preview_rows(descriptor, width - 2, style):
             lines.append(bar + row)
-    else:
-        spans = [(descriptor, ("bold",))]
-        lines += wrap_spans(spans, width, style, bar, bar)
     preview = shown(raw_preview).rstrip("\n")
     if preview and preview.strip() not in descriptor:
         is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
@@ -1718,6 +1771,27 @@ def panel_head(request: dict, width: int, style: Style,
             rows = preview_rows(preview, width - 2, style, lang)
         lines += [bar + row for row in rows]
     return [clip(line, width) for line in lines]
+
+
+def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> list[Span]:
+    """"Edit calc.py?", "Run `python3 -m pytest -q`?": the verb from what the call's input holds
+    (else its capability), a multi-line command as "this command" (its lines follow)."""
+    capability = str(request.get("capability", ""))
+    bold = ("warning", "bold")
+    if capability == events.LOOP_CAPABILITY:
+        return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
+    keys = tool_input if isinstance(tool_input, dict) else {}
+    verbs = [verb for key, verb in PANEL_VERBS if key in keys]
+    verb = (verbs or [CAPABILITY_VERBS.get(capability, "Run")])[0]
+    what = descriptor
+    if verb == "Run":
+        what = f"`{descriptor}`"
+    if "\n" in descriptor:
+        what = "this command"
+    spans = [(f"⚠ {verb} ", bold), (what, ("bold",)), ("?", bold)]
+    if capability in CAPABILITY_NOTES:
+        spans.append((f" ({CAPABILITY_NOTES[capability]})", ("dim",)))
+    return spans
 
 
 def panel_footer(request: dict, width: int, style: Style,
@@ -1888,7 +1962,20 @@ KEY_HELP = (
     ("!command",
      "run a shell command yourself; it and its output join the conversation"),
     ("/", "the commands, each with what it does"),
+    ("?", "these keys (on an empty input)"),
 )
+
+
+# An attachment's path, as kernel.attachments wraps it.
+ATTACHED_RE = re.compile(r'\A<attached-file path="([^"\n]*)">')
+# What failed, by the controller call that raised.
+RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
+                 "run_shell": "The shell command did not run"}
+
+
+def keys_help() -> str:
+    """KEY_HELP as /help and "?" show it."""
+    return "**Keys**\n\n" + "\n".join(f"- `{key}` {what}" for key, what in KEY_HELP)
 
 
 # ════ Composer ════
@@ -2018,6 +2105,11 @@ class Composer:
 
     def handle(self, key: Key) -> str | None:
         name = key.name
+        if name == "enter" and self.text == "/":
+            # a bare "/" asks for the menu: Enter shows it, never runs its first entry
+            self._menu_closed = False
+            self._refresh_menu()
+            return None
         if self.menu and name in ("up", "down", "tab", "enter"):
             if name in ("up", "down"):
                 step = 1 if name == "down" else -1
@@ -2056,7 +2148,8 @@ class Composer:
     def _key_text(self, key: Key) -> None:
         text = key.text.replace("\r\n", "\n").replace("\r", "\n")
         if key.name == "paste":
-            n_lines = text.count("\n") + 1
+            # a final newline ends the last line, it starts none
+            n_lines = text.rstrip("\n").count("\n") + 1
             too_long = len(text) > PASTE_COLLAPSE_CHARS
             if n_lines > PASTE_COLLAPSE_LINES or too_long:
                 label = f"[Pasted {n_lines} lines]"
@@ -2505,6 +2598,9 @@ class App:
             elif not self.composer.text:
                 self._esc_idle()
             return
+        if key == Key("text", "?") and not self.composer.text:
+            # as in Claude Code: "?" on an empty input shows the keys
+            return self.timeline.note(keys_help())
         # Ctrl-D on a non-empty input deletes, as in a shell
         if key.name == "ctrl+d":
             key = Key("delete")
@@ -2546,8 +2642,9 @@ class App:
             # it failed to run: not running
             self.timeline.cards.pop(events.USER_SHELL_ID, None)
         if isinstance(result, Exception):
-            name = getattr(fn, "__name__", "command")
-            self.timeline.error(f"{name} failed: {result}")
+            # in the user's words, not the controller's method name
+            what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")
+            self.timeline.error(f"{what}: {result}")
         elif result is QUIT:
             self.quit(0)
         elif isinstance(result, str) and result.strip():
@@ -2769,7 +2866,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
                   history_path: str | os.PathLike | None = None,
                   replay: Iterable[dict] = (),
                   color: bool | None = None,
-                  notices: Iterable[str] = ()) -> int:
+                  notices: Iterable[str] = (), welcome: str = "") -> int:
     """Run the interactive UI until the user quits; see the module docstring. `notices` are said
     once, above the composer, when it opens (an untrusted project config, no OS sandbox)."""
     stdout = stdout or sys.stdout.buffer
@@ -2906,6 +3003,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
                 pass
         loop.add_reader(stdin_fd, on_readable)
         unsubscribe = controller.subscribe(on_event)
+        if welcome:
+            app.timeline.note(welcome)
         for notice in notices:
             app.timeline.note("⚠ " + notice)
         request_frame()

@@ -258,8 +258,13 @@ def events_of(khaelor, kind):
 
 def test_allowed_tools_lets_a_command_run_without_yes(khaelor, fake, project):
     fake.enqueue(reply(tool_use("bash", {"command": "touch first.txt"})), reply(text("no")))
-    assert khaelor.run("-p", "make the file").returncode == 0
+    first = khaelor.run("-p", "make the file")
+    assert first.returncode == 0
     assert not (project / "first.txt").exists()       # without the flag: asked, nobody there, denied
+    # issue 22 item 11: the hint names the flag; the model is not told that someone said no
+    assert '--allowedTools "Bash(touch:*)"' in first.stderr, first.stderr
+    result = fake.requests[-1]["body"]["messages"][-1]["content"][0]["content"]
+    assert "not allowed without asking; headless" in str(result) and "declined" not in str(result)
     fake.enqueue(reply(tool_use("bash", {"command": "touch second.txt"})),
                  reply(tool_use("bash", {"command": "mkdir made"})), reply(text("yes")))
     result = khaelor.run("-p", "make the file", "--allowedTools", "Read,Bash(touch:*)", "Bash(mkdir made)")

@@ -394,3 +394,21 @@ def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, p
             assert "outside notes" not in str(results[0]["content"]) and not config.exists()
     assert "outside notes" in str(results[0]["content"]), results
     assert config.read_text() == "[x]\n", results
+
+
+@pytest.mark.parametrize("output_format", ["json", "stream-json"])
+def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_format):
+    """Issue 22 item 7: SIGINT mid-stream ends the run with the result object a script reads."""
+    fake.enqueue(reply(text("word " * 400), chunk=5, delay=0.01))
+    proc = khaelor.popen("-p", "write a lot", "--output-format", output_format)
+    deadline = time.time() + 30
+    while not fake.requests and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["type"] == "result" and result["is_error"] is True
+    assert result["subtype"] == "error_interrupted" and "interrupted" in result["error"]
+    assert "Traceback" not in stderr and "interrupted" in stderr

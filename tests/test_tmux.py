@@ -173,6 +173,8 @@ def test_typing_while_a_tool_runs_steers_the_next_request(terminal, project):
 
 def test_slash_commands_help_cost_and_quit(terminal):
     term = terminal([reply(text("hi there"))])
+    screen = term.wait_for("khaelor 0.1.0 · ")                             # the welcome line (issue 22 item 16)
+    assert "claude-sonnet-5-5 · " in screen and "sandbox" in screen
     term.type("hello")
     term.keys("Enter")
     term.wait_for("hi there")
@@ -185,7 +187,8 @@ def test_slash_commands_help_cost_and_quit(terminal):
     term.wait_for("cache read")
     term.type("/quit")
     term.keys("Enter")
-    term.wait_for("EXITED 0")
+    screen = term.wait_for("EXITED 0")
+    assert "· $" in screen and "continue it with `khaelor -c`" in screen      # issue 22 item 16
 
 
 def test_continue_shows_the_earlier_conversation_and_carries_its_history(terminal):
@@ -308,7 +311,8 @@ def test_rename_new_sessions_and_resume_commands(terminal, env):
     term.wait_for("walruses are large")
     term.type("/rename Walrus facts")
     term.keys("Enter")
-    term.wait_for("renamed to")
+    screen = term.wait_for("◇ Session: Walrus facts")
+    assert screen.count("Walrus facts") == 1 and "renamed to" not in screen   # one message (issue 22 item 14)
     first_id = sorted(Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))[0].stem
     term.type("/new")
     term.keys("Enter")
@@ -415,9 +419,10 @@ def test_model_rejects_an_unknown_id_and_compact_clears_its_status(terminal):
     term.wait_for("short answer")
     term.type("/compact")
     term.keys("Enter")
-    term.wait_for("compacted: the earlier turns are now a summary")
+    term.wait_for("Context compacted: earlier turns are now a summary")
     time.sleep(0.3)
     assert "compacting" not in term.screen()
+    assert term.screen().count("compacted") == 1                    # one message (issue 22 item 14)
     term.type("/cost")
     term.keys("Enter")
     screen = term.wait_for("claude-haiku-5-5: input")          # the summary call is paid for too

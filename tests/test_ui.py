@@ -530,7 +530,7 @@ def test_running_tools_show_live_with_output_tail():
     live = timeline.live_lines(started + 12.3, "⠋")
     assert live[0] == "⠋ bash npm test · 12.3s"
     assert "two" in live[1] and "four" in live[3]
-    assert timeline.activity(started + 12.3) == "running bash npm test · 12s"
+    assert timeline.activity(started + 12.3) == "running bash npm test"     # the card has the timer
 
 
 # ---- permission panel and status line ----
@@ -546,11 +546,30 @@ def test_permission_panel_shows_the_call_and_the_exact_rule(width):
     lines = ui.render_permission_panel(PERMISSION, width, COLOR)
     assert all(ui.visible_width(line) <= width for line in lines)
     joined = " ".join(text_of(screen_of(lines, width)).replace("│", " ").split())
-    assert "⚠ Permission needed · process.execute" in joined
-    assert "bash: git push origin main" in joined
+    assert "⚠ Run `bash: git push origin main`?" in joined
+    assert "process.execute" not in joined
     assert "y) allow once" in joined
-    assert "a) always allow process.execute git push *" in joined
+    assert "a) always allow `git push …` in this project" in joined
     assert "n) deny" in joined
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_the_panel_asks_in_plain_words(width):
+    """Issue 22 item 11: the question names the action and its object, never a capability."""
+    edit = dict(PERMISSION, capability="file.write.project", descriptor="calc.py",
+                suggestion={"capability": "file.write.project", "pattern": "calc.py"})
+    run = dict(PERMISSION, descriptor="python3 -m pytest -q",
+               suggestion={"capability": "process.execute", "pattern": "python3 -m pytest *"})
+    cases = [(edit, {"file_path": "calc.py", "old_string": "a", "new_string": "b"},
+              ["⚠ Edit calc.py?", "always allow editing `calc.py` in this project"]),
+             (run, {"command": "python3 -m pytest -q"},
+              ["⚠ Run `python3 -m pytest -q`?",
+               "always allow `python3 -m pytest …` in this project"])]
+    for request, tool_input, wanted in cases:
+        lines = ui.render_permission_panel(request, width, MONO, tool_input=tool_input)
+        joined = " ".join(text_of(screen_of(lines, width)).replace("│", " ").split())
+        assert all(phrase in joined for phrase in wanted), joined
+        assert "file.write" not in joined and "process.execute" not in joined
 
 
 # A command that reads as harmless where its bytes are not: a CR that would draw `echo hello` over
@@ -579,7 +598,7 @@ def test_the_panel_shows_every_byte_of_a_hostile_command_and_flags_it(width):
     flat = "".join("".join(rows).split())
     shown = "rm -rf ~/w ^[[2K␍^[]0;pwned^Gecho hello<U+009B>2J <U+202E>gnp.exe<U+202C><U+200B> #^[[8m"
     assert "".join(shown.split()) in flat
-    assert "alwaysallowprocess.executerm^[[8m*" in flat
+    assert "alwaysallow`rm^[[8m*`inthisproject" in flat
     warning = " ".join(" ".join(rows).split())
     assert "⚠ this command contains hidden or control characters" in warning
     assert all(ui.visible_width(line) <= width for line in app.frame(1.0)[0])
@@ -908,7 +927,7 @@ def test_full_frame_shows_panel_status_and_composer(width):
     stream.feed(app.render(1.0))
     text = text_of(screen)
     assert "› push it" in text and "I will push now." in text
-    assert "Permission needed" in text and "git push" in text
+    assert "Run `bash: git push origin main`?" in text
     assert "waiting for your answer" in text
     assert any(row.startswith("❯ ") for row in screen.display)
     app.on_key(K("text", "n"))
@@ -1098,7 +1117,7 @@ def test_run_app_raw_mode_is_restored_after_ctrl_d(tmp_path):
     child.wait_for(b"pasted")
     child.send(b"\x1a")                    # Ctrl-Z: orphaned group ignores SIGTSTP; still works
     child.send(b"crash\r")
-    child.wait_for(b"submit failed: boom")
+    child.wait_for(b"The message was not sent: boom")
     assert is_raw(child.mode())                # taken back after the suspend
     fcntl.ioctl(child.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
     mark = len(child.output)
@@ -1523,7 +1542,24 @@ def test_the_evidence_line_marks_only_passing_checks_with_a_tick():
     failing = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [{"command": "pytest -q", "exit_code": 1}],
         "unresolved": ["`pytest -q` failed (exit 1)"]})])
-    assert "✓" not in failing and "⚠ 1 file changed · ✗ pytest -q exit 1 · 1 unresolved" in failing
+    assert "✓" not in failing and "⚠ 1 file changed · ✗ pytest -q exit 1 · tests still failing" in failing
     unchecked = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [], "unresolved": ["no check ran after the last change to a.py"]})])
-    assert unchecked.startswith("⚠ 1 file changed · 1 unresolved")
+    assert unchecked.startswith("⚠ 1 file changed · changes not verified")
+    assert "unresolved" not in failing + unchecked
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_a_command_that_exited_non_zero_is_not_a_green_dot(width):
+    """Issue 22 item 12: the card of `pytest -q` exit 1 is an amber ✗; exit 0 stays a green ●."""
+    cards = []
+    for tid, code in (("t1", 1), ("t2", 0)):
+        cards += [event("ToolRequested", tool_use_id=tid, name="bash", input={"command": "pytest -q"}),
+                  event("ToolStarted", tool_use_id=tid, name="bash"),
+                  event("ToolCompleted", tool_use_id=tid, name="bash", output="1 failed",
+                        meta={"exit_code": code})]
+    lines = [line for line in timeline_text(cards, width).split("\n") if "bash" in line]
+    assert lines[0].startswith("✗ bash pytest -q") and "exit 1" in lines[0]
+    assert lines[1].startswith("● bash pytest -q")
+    painted = timeline_text(cards, width, COLOR)
+    assert COLOR.paint("✗", "warning") in painted and COLOR.paint("●", "ok") in painted

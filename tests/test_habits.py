@@ -1,0 +1,200 @@
+"""Issue 22: a Claude Code user's daily habits, through the interactive controller (no terminal)
+and, where only the real program proves it, the real program against the fake API."""
+import json
+
+import ui
+from fake_api import reply, text
+from test_claude_parity import in_session
+
+
+# ---------------------------------------------------------------- item 8: models by name
+
+def test_model_names_resolve_alike_in_slash_model_and_the_flag(project, env, monkeypatch):
+    async def choose(session):
+        listing = await session.cmd_model("")
+        refused = await session.cmd_model("claude-opus-5-5 extra")
+        kept = session.kernel.ctx.model
+        chosen = await session.cmd_model("opus")
+        return listing, refused, kept, chosen, session.kernel.ctx.model, session.command_choices
+    listing, refused, kept, chosen, now, choices = in_session(project, env, monkeypatch, choose)
+    assert "`opus` (claude-opus-5-5)" in listing and "pick" in listing
+    assert refused.startswith("unknown model `claude-opus-5-5 extra`")
+    assert kept == "claude-sonnet-5-5"
+    assert now == "claude-opus-5-5" and "claude-opus-5-5" in chosen
+    assert choices["/model"][:3] == ["opus", "sonnet", "haiku"]
+    haiku = in_session(project, env, monkeypatch, lambda s: _model_of(s), argv=["--model", "haiku"])
+    assert haiku == "claude-haiku-5-5"
+
+
+async def _model_of(session):
+    return session.kernel.ctx.model
+
+
+def test_the_model_flag_takes_a_name_and_refuses_what_slash_model_refuses(khaelor, fake):
+    fake.enqueue(reply(text("hi")))
+    result = khaelor.run("-p", "hi", "--model", "sonnet", "--output-format", "json")
+    assert result.returncode == 0, result.stderr
+    assert fake.requests[-1]["body"]["model"] == "claude-sonnet-5-5"
+    refused = khaelor.run("-p", "hi", "--model", "claude-opus-5-5-extra")
+    assert refused.returncode == 2 and "unknown model `claude-opus-5-5-extra`" in refused.stderr
+    assert json.loads(result.stdout)["is_error"] is False
+
+
+# ---------------------------------------------------------------- item 10: Claude Code's habits
+
+def test_exit_init_permissions_status_and_export(project, env, monkeypatch, tmp_path):
+    (project / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    (project / "src").mkdir()
+
+    async def habits(session):
+        session.begin()
+        session.bus.emit("UserMessageCreated", text="fix the parser")
+        shown = {name: await session.run_command(name) for name in
+                 ("/exit", "/init", "/permissions", "/status")}
+        shown["/init write"] = await session.run_command("/init write")
+        shown["/init again"] = await session.run_command("/init")
+        shown["/export"] = await session.run_command(f"/export {tmp_path / 'out.md'}")
+        return shown
+    shown = in_session(project, env, monkeypatch, habits)
+    assert shown["/exit"] is ui.QUIT
+    assert "`/init write` saves this as `KHAELOR.md`" in shown["/init"]
+    assert "- `src/`" in shown["/init"] and "-m pytest -q`" in shown["/init"]
+    written = (project / "KHAELOR.md").read_text()
+    assert written.startswith(f"# {project.name}") and "## Checks" in written
+    assert "exists already" in shown["/init again"]
+    assert "layer: user" in shown["/permissions"] and "boundary:" in shown["/permissions"]
+    assert "- model: claude-sonnet-5-5" in shown["/status"] and "- version: " in shown["/status"]
+    assert "## You\n\nfix the parser" in (tmp_path / "out.md").read_text()
+
+
+def test_slash_enter_opens_the_menu_and_question_mark_shows_the_keys():
+    from test_ui import COLOR, FakeController, K, app_screen, text_of
+    ctrl = FakeController()
+    app = ui.App(ctrl, style=COLOR, width=80, height=30)
+    screen, stream = app_screen(app)
+    app.on_key(K("text", "/"))
+    app.composer.close_menu()
+    app.on_key(K("enter"))
+    assert ctrl.calls == [] and app.composer.text == "/" and app.composer.menu
+    app.composer.clear()
+    app.on_key(K("text", "?"))
+    stream.feed(app.render(1.0))
+    assert "Esc" in text_of(screen) and "Ctrl-O" in text_of(screen) and app.composer.text == ""
+
+
+# ---------------------------------------------------------------- item 14: one message per event
+
+def test_an_api_error_shows_once_and_internal_words_never_reach_the_user():
+    from test_ui import event, timeline_text
+    broke = "the connection closed mid-stream"
+    shown = timeline_text([
+        event("ModelRequestFailed", kind="retryable", status=200, message=broke, retrying=False),
+        event("TaskFailed", reason=broke),
+        event("ToolRequested", tool_use_id="p", name="process",
+              input={"action": "start", "command": "npm run dev"}),
+        event("ToolStarted", tool_use_id="p", name="process"),
+        event("ToolCompleted", tool_use_id="p", name="process", meta={"process_id": "p1"},
+              output='Started p1. Poll it with process action "read", id "p1".\n'
+                     "[p1 · running · pid 7 · 1 s] npm run dev\nlistening on 3000"),
+    ])
+    assert shown.count(broke) == 1 and "(200)" not in shown
+    assert "Poll it with" not in shown and "listening on 3000" in shown
+
+
+def test_model_rename_and_compact_confirm_once(project, env, monkeypatch):
+    from test_ui import timeline_text
+
+    async def confirm(session):
+        session.begin()
+        said = [await session.cmd_model("haiku"), await session.cmd_rename("parser work")]
+        return said, list(session.store.events)
+    said, log = in_session(project, env, monkeypatch, confirm)
+    assert said == ["", ""]
+    shown = timeline_text(log)
+    assert shown.count("◇ Model: claude-haiku-5-5") == 1 and shown.count("parser work") == 1
+
+
+# ---------------------------------------------------------------- item 13: @file attaches the file
+
+def test_a_mentioned_file_and_folder_go_with_the_message_but_no_secret(khaelor, fake, project):
+    (project / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (project / "src").mkdir()
+    (project / "src" / "app.py").write_text("print('hi')\n")
+    (project / ".env").write_text("TOKEN=attach-me-never\n")
+    fake.enqueue(reply(text("seen")))
+    result = khaelor.run("-p", "explain @calc.py, see @src/ and @.env")
+    assert result.returncode == 0, result.stderr
+    sent = json.dumps(fake.requests[-1]["body"]["messages"][0])
+    assert "<attached-file path=\\\"calc.py\\\">" in sent and "return a + b" in sent
+    assert "app.py" in sent and "attach-me-never" not in sent
+    created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
+    # the screen shows what was typed
+    assert created["text"] == "explain @calc.py, see @src/ and @.env"
+
+
+def test_the_message_says_what_was_attached_and_counts_one_more_line():
+    from test_ui import event, timeline_text
+    rows = "\n".join(f"row {k}" for k in range(ui.USER_MESSAGE_MAX_LINES + 1))
+    attached = '<attached-file path="calc.py">\n1\tx\n</attached-file>'
+    shown = timeline_text([event("UserMessageCreated", text=rows, attachments=[attached])])
+    assert "⎿ attached calc.py" in shown
+    assert "… 1 more line" in shown and "1 more lines" not in shown
+
+
+# ---------------------------------------------------------------- item 16: small things
+
+def test_a_pasted_200_lines_says_200():
+    composer = ui.Composer()
+    composer.handle(ui.Key("paste", "".join(f"line {k}\n" for k in range(200))))
+    assert composer.text == "[Pasted 200 lines]"
+
+
+def test_help_lists_the_commands_in_columns(project, env, monkeypatch):
+    async def show(session):
+        return await session.cmd_help("")
+    shown = in_session(project, env, monkeypatch, show)
+    for width in (60, 100):
+        timeline = ui.Timeline(ui.Style(False), width)
+        timeline.note(shown)
+        settled = timeline.take_settled()
+        for command, does in (("/compact", "summarise"), ("/effort", "how")):
+            rows = [row for row in settled if command in row]
+            assert rows and does in rows[0], rows      # the command and what it does, side by side
+
+
+def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(khaelor, env):
+    from pathlib import Path
+    config = Path(env["KHAELOR_HOME"]) / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps({"permissions": [
+        {"capability": "process.execute", "pattern": "make *", "action": "allow"}]}))
+    listing = khaelor.run("permissions").stdout.splitlines()
+    rules = [line for line in listing if line[:3].strip().isdigit()]
+    assert "make *" in rules[0] and str(config) in rules[0] and "default" in rules[1]
+    assert any(line.endswith("(no such file)") for line in listing if line.startswith("layer:"))
+    data = json.loads(khaelor.run("permissions", "--json").stdout)
+    mine = {"kind": "user", "source": str(config), "trusted": True, "exists": True}
+    assert mine in data["layers"]
+    assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
+
+
+def test_a_connection_error_names_the_address():
+    import anthropic
+    import httpx2
+    import model
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/messages")
+    error = model.classify(anthropic.APIConnectionError(request=request))
+    assert error.kind == "retryable"
+    assert "cannot reach the API at http://127.0.0.1:9/v1/messages" in str(error)
+
+
+def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch):
+    from pathlib import Path
+
+    import khaelor as cli
+    monkeypatch.setenv("HOME", env["HOME"])
+    settings = project / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "Edit(src/**)"]}}))
+    notice = cli.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
+    assert notice.startswith(f"{settings} would grant 2 permissions;"), notice
