@@ -1633,7 +1633,8 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
         choices.append(("a", "always", f"always allow {rule_text(rule)}"))
-    return choices + [("n", "feedback", "deny")]
+    # as in Claude Code: `n` denies and asks what to do instead; Esc denies and ends the turn
+    return choices + [("n", "feedback", "deny"), ("esc", "stop", "stop")]
 
 
 def panel_preview(request: dict, tool_input: dict | None) -> str:
@@ -1744,7 +1745,7 @@ def panel_footer(request: dict, width: int, style: Style,
             lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
     else:
         ask = ("Denied. Tell the model what to do instead "
-               "(Enter sends, Esc skips):")
+               "(Enter sends, Esc stops):")
         lines += wrap_spans([(ask, ("dim",))], width, style, bar, bar)
         lines.append(bar + "  " + feedback)
     return [clip(line, width) for line in lines]
@@ -2583,7 +2584,7 @@ class App:
             _, choice, _ = choices[self.panel_choice % len(choices)]
             self._choose(request, choice)
         elif key.name == "esc" or (key.name == "ctrl+c" and empty):
-            self._answer(request, "deny", "")
+            self._stop(request)
         elif empty and key.name == "text" and len(key.text) == 1:
             letters = {letter: choice for letter, choice, _ in choices}
             if key.text.lower() not in letters:
@@ -2597,8 +2598,15 @@ class App:
     def _choose(self, request: dict, choice: str) -> None:
         if choice == "feedback":
             self.feedback = ""
+        elif choice == "stop":
+            self._stop(request)
         else:
             self._answer(request, choice, "")
+
+    def _stop(self, request: dict) -> None:
+        """Esc or Ctrl-C at the panel: the call is denied and the turn ends, as in Claude Code."""
+        self._answer(request, "deny", "")
+        self.call(self.controller.interrupt)
 
     def _feedback_key(self, request: dict, key: Key) -> None:
         """After `n`: the line is a message to the model that goes with the denial."""
@@ -2608,12 +2616,14 @@ class App:
             self.feedback += " ".join(key.text.split())
         elif key.name == "backspace":
             self.feedback = self.feedback[:-1]
+        elif key.name == "ctrl+c" and not self.feedback:
+            self._stop(request)
         elif key.name in ("ctrl+u", "ctrl+c"):
             self.feedback = ""
         elif key.name == "enter":
             self._answer(request, "deny", self.feedback.strip())
         elif key.name == "esc":
-            self._answer(request, "deny", "")
+            self._stop(request)
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
         self.feedback = None

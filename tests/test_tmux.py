@@ -635,3 +635,21 @@ def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_i
     again = terminal([], args="-c", width=80)
     screen = again.wait_for("Answer ready.")
     assert [row for row in screen.splitlines() if "Thinking" in row] == rows, "replayed as it was shown live"
+
+
+def test_esc_at_a_question_denies_the_call_and_ends_the_turn(terminal, project):
+    term = terminal([reply(bash("touch never.txt")), reply(text("after the stop"))], width=60)
+    term.type("make a file")
+    term.keys("Enter")
+    term.wait_for("esc) stop")
+    term.keys("Escape")
+    screen = term.wait_for("Interrupted")
+    assert "Permission needed" not in screen and not (project / "never.txt").exists()
+    time.sleep(0.5)
+    assert len(term.requests()) == 1                        # the turn ended: no second request
+    term.type("something else")
+    term.keys("Enter")
+    term.wait_for("after the stop")
+    results = [b for m in term.requests()[-1]["body"]["messages"] for b in m["content"]
+               if b["type"] == "tool_result"]
+    assert results and results[0]["is_error"] and rejected(term) == []

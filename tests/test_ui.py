@@ -1205,8 +1205,34 @@ def test_arrows_and_enter_answer_and_a_sentence_survives_the_answer():
     app.on_event(dict(PERMISSION, tool_use_id="t10"))
     app.on_key(K("text", "keep this sentence"))
     app.on_key(K("esc"))                                    # Esc denies; the sentence stays
-    assert ctrl.calls[-1] == ("permission", "t10", "deny", "")
+    assert ctrl.calls[-2:] == [("permission", "t10", "deny", ""), ("interrupt",)]
     assert app.composer.text == "keep this sentence"
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_esc_or_ctrl_c_at_a_question_denies_and_ends_the_turn_and_n_asks_what_instead(width):
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    screen, stream = app_screen(app)
+    app.on_event(PERMISSION)
+    stream.feed(app.render(1.0))
+    words = " ".join(text_of(screen).replace("│", "").split())
+    assert "n) deny · esc) stop" in words
+    app.on_key(K("esc"))
+    assert ctrl.calls == [("permission", "t9", "deny", ""), ("interrupt",)]
+    app.on_event(dict(PERMISSION, tool_use_id="t10"))
+    app.on_key(K("ctrl+c"))                                 # an empty composer: Ctrl-C stops too
+    assert ctrl.calls[-2:] == [("permission", "t10", "deny", ""), ("interrupt",)]
+    app.on_event(dict(PERMISSION, tool_use_id="t11"))
+    app.on_key(K("text", "n"))                              # n: deny, then what to do instead
+    stream.feed(app.render(1.1))
+    assert "Esc stops" in " ".join(text_of(screen).replace("│", "").split())
+    app.on_key(K("text", "x"))
+    app.on_key(K("ctrl+c"))                                 # clears the message first
+    assert app.feedback == "" and ctrl.calls[-1] == ("interrupt",)
+    app.on_key(K("esc"))
+    assert ctrl.calls[-2:] == [("permission", "t11", "deny", ""), ("interrupt",)]
+    assert app.timeline.permissions == []
 
 
 # ---- cards: head and tail, Ctrl-O (issue 14) ----
