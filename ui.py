@@ -1049,10 +1049,16 @@ class Timeline:
         stream = MarkdownStream(self.style, self.width)
         stream.feed(markdown)
         stream.finish()
-        self._settle(stream.take_settled())
+        self._after_block(stream.take_settled())
 
     def error(self, text: str) -> None:
-        self._settle(self._marked("✗", "error", text))
+        self._after_block(self._marked("✗", "error", text))
+
+    def _after_block(self, lines: list[str]) -> None:
+        """Lines that must not land inside a block still streaming: they settle after it."""
+        self._queued.append(lines)
+        if self._text is None and self._thinking is None:
+            self._settle_queued()
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption)."""
@@ -1124,10 +1130,8 @@ class Timeline:
     def _on_SteeringQueued(self, e: dict) -> None:
         """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
         text = "Queued instruction: " + sanitize(e.get("text", ""))
-        self._queued.append(self._marked("›", "prompt", text, "dim"))
         self._steering.append(e.get("text"))
-        if self._text is None and self._thinking is None:
-            self._settle_queued()
+        self._after_block(self._marked("›", "prompt", text, "dim"))
 
     def _settle_queued(self) -> None:
         queued, self._queued = self._queued, []
@@ -2462,6 +2466,8 @@ class App:
         self.feedback: str | None = None
         # the panel's highlighted choice (Up/Down, Enter)
         self.panel_choice = 0
+        # `!` commands typed while the model works: each runs when the turn ends
+        self.queued_shell: list[str] = []
         # "Press Ctrl-C again to quit": a second one quits
         self.notice = ""
         self.exit_code: int | None = None
@@ -2544,14 +2550,26 @@ class App:
         stripped = text.strip()
         shell_command = stripped[1:].strip()
         if stripped.startswith("!") and shell_command:
-            # it will run: show it running at once
-            if not self.controller.busy:
-                self.timeline.start_shell(shell_command)
-            self.call(self.controller.run_shell, shell_command)
+            if self.controller.busy:
+                # nothing typed is lost: it runs when the turn ends
+                self.queued_shell.append(shell_command)
+            else:
+                self._run_shell(shell_command)
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
             self.call(self.controller.run_command, stripped)
         else:
             self.call(self.controller.submit, text)
+
+    def _run_shell(self, command: str) -> None:
+        # it will run: show it running at once
+        self.timeline.start_shell(command)
+        self.call(self.controller.run_shell, command)
+
+    def _run_queued_shell(self) -> None:
+        """The turn has ended: the next queued `!` command runs (one at a time)."""
+        idle = events.USER_SHELL_ID not in self.timeline.cards
+        if self.queued_shell and idle and not self.controller.busy:
+            self._run_shell(self.queued_shell.pop(0))
 
     def _ctrl_c(self) -> None:
         if self.composer.text:
@@ -2660,6 +2678,9 @@ class App:
         room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
         panel = self._panel(room)
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
+        for command in self.queued_shell:
+            line = f"› queued: !{one_line(command)} · runs when the turn ends"
+            live.append(style.paint(clip(line, width), "dim"))
         # the newest live lines that fit above the panel
         if room > len(panel):
             live = live[max(0, len(live) - (room - len(panel))):]
@@ -2705,6 +2726,7 @@ class App:
 
     def render(self, now: float) -> bytes:
         self.timeline.width = self.width
+        self._run_queued_shell()
         settled = self.timeline.take_settled()
         lines, cursor = self.frame(now)
         return self.renderer.draw(settled, lines, cursor)
@@ -2832,7 +2854,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         if data:
             write(data)
         # spinner and elapsed times move
-        if controller.busy or app.timeline.cards:
+        if controller.busy or app.timeline.cards or app.queued_shell:
             schedule("tick", TICK_INTERVAL, request_frame)
 
     def on_event(event: dict) -> None:

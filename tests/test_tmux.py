@@ -653,3 +653,15 @@ def test_esc_at_a_question_denies_the_call_and_ends_the_turn(terminal, project):
     results = [b for m in term.requests()[-1]["body"]["messages"] for b in m["content"]
                if b["type"] == "tool_result"]
     assert results and results[0]["is_error"] and rejected(term) == []
+
+
+def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(terminal):
+    term = terminal([reply(text("streaming " * 100), chunk=4, delay=0.02)], width=70)
+    term.type("write a lot")
+    term.keys("Enter")
+    term.wait_for("streaming streaming")
+    term.type("!echo queued-$((40+2))")
+    term.keys("Enter")
+    term.wait_for("runs when the turn ends")
+    screen = term.wait_for("queued-42")
+    assert "● ! echo queued-$((40+2))" in screen and "runs when the turn ends" not in screen

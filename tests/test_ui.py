@@ -1538,3 +1538,34 @@ def test_the_evidence_line_marks_only_passing_checks_with_a_tick():
     unchecked = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [], "unresolved": ["no check ran after the last change to a.py"]})])
     assert unchecked.startswith("⚠ 1 file changed · 1 unresolved")
+
+
+# ---- nothing typed is lost (issue 22 item 4) ----
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_a_shell_command_typed_mid_turn_is_queued_and_command_output_follows_the_block(width):
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    screen = pyte.HistoryScreen(width, 30, history=500)
+    stream = pyte.ByteStream(screen)
+    reply_text = "Here is the fix:\n\n```python\nfirst = 1\nsecond = 2\n"
+    app.on_event(event("TextDelta", text=reply_text))
+    for text in ("!git status", "/help"):
+        app.on_key(K("text", text))
+        app.on_key(K("enter"))
+    stream.feed(app.render(0.1))
+    assert ("shell", "git status") not in ctrl.calls and ("command", "/help") in ctrl.calls
+    rows = [r.rstrip() for r in screen.display]
+    assert any("queued: !git status" in r for r in rows)
+    app.on_event(event("TextDelta", text="third = 3\n```\n\nDone."))
+    app.on_event(event("ModelTextBlockCompleted", text=reply_text + "third = 3\n```\n\nDone."))
+    app.on_event(event("TaskCompleted"))
+    ctrl.busy = False
+    stream.feed(app.render(0.3))                            # the turn ended: the command runs
+    assert ctrl.calls[-1] == ("shell", "git status") and app.queued_shell == []
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    rows = [r for r in history + [r.rstrip() for r in screen.display] if r.strip()]
+    order = [next(k for k, r in enumerate(rows) if needle in r)
+             for needle in ("first = 1", "third = 3", "Done.", "**Help** text")]
+    assert order == sorted(order)
+    assert not any("queued: !git" in r for r in rows)
