@@ -79,8 +79,13 @@ class Controller(Protocol):
     def interrupt(self) -> object: ...
     def answer_permission(self, tool_use_id: str, choice: str,
                           feedback: str) -> object: ...
-    # model, tokens, thinking_tokens, cost, context_pct, cache_share, reasoning, processes, branch
+    # model, tokens, thinking_tokens, cost, context_pct, cache_share, reasoning, processes, branch,
+    # mode
     def status(self) -> dict: ...
+    # Shift-Tab: the next permission mode (default → acceptEdits → plan), from the next turn
+    def cycle_mode(self) -> object: ...
+    # a plan is ready: "acceptEdits" or "default" proceed in that mode; "deny" keeps planning
+    def proceed_with_plan(self, choice: str) -> object: ...
     # paths for "@" completion, as last listed; a FilesListed event says a new list is ready
     def mention_candidates(self, prefix: str) -> list[str]: ...
     # the user is leaving
@@ -1437,6 +1442,8 @@ class Timeline:
             what = getattr(card, "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         text = f"Denied: {shown(str(what))}"
+        if "plan mode: " in str(e.get("reason") or ""):
+            text += " · plan mode: only what reads runs (Shift-Tab leaves it)"
         if feedback:
             text += f" · told the model: {feedback}"
         self._settle(self._marked("✗", "warning", text))
@@ -1569,6 +1576,10 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
 # ════ Status line and permission panel ════
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+# the status line's badge of a permission mode other than the default, as Claude Code shows it
+MODE_BADGES = {"plan": "⏸ plan mode", "acceptEdits": "⏵⏵ accept edits"}
+# the question asked when a turn in plan mode has answered with its plan
+PLAN_CAPABILITY = "plan.proceed"
 PANEL_PREVIEW_LINES = 14
 
 
@@ -1600,6 +1611,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     """The facts in the order shown, each with its priority (higher stays longer)."""
     get = status.get
     segments = []
+    if get("mode") in MODE_BADGES:
+        segments.append((7, MODE_BADGES[get("mode")]))
     if get("model"):
         segments.append((5, str(get("model"))))
     if get("context_pct") is not None:
@@ -1634,6 +1647,10 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     """(key, choice, words) the panel offers; choice "feedback" is a denial with a message."""
     if request.get("capability") == "loop.continue":
         return [("y", "once", "continue"), ("n", "feedback", "stop")]
+    if request.get("capability") == PLAN_CAPABILITY:
+        return [("y", "acceptEdits", "yes, and accept edits"),
+                ("e", "default", "yes, and ask for each edit"),
+                ("n", "deny", "no, keep planning")]
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
         choices.append(("a", "always", f"always allow {rule_text(rule)}"))
@@ -1693,6 +1710,8 @@ def panel_head(request: dict, width: int, style: Style,
     bar = style.paint("│ ", "warning")
     title = style.paint("⚠ Permission needed", "warning", "bold")
     capability = style.paint(" · " + str(request.get("capability", "")), "dim")
+    if request.get("capability") == PLAN_CAPABILITY:
+        title, capability = style.paint("◆ The plan is ready", "warning", "bold"), ""
     lines = [clip(title + capability, width)]
     raw = str(request.get("descriptor", ""))
     raw_preview = panel_preview(request, tool_input)
@@ -2466,6 +2485,8 @@ class App:
         self.feedback: str | None = None
         # the panel's highlighted choice (Up/Down, Enter)
         self.panel_choice = 0
+        # the permission mode the running turn began in
+        self.turn_mode = "default"
         # `!` commands typed while the model works: each runs when the turn ends
         self.queued_shell: list[str] = []
         # "Press Ctrl-C again to quit": a second one quits
@@ -2477,15 +2498,29 @@ class App:
     # -- input --
 
     def on_event(self, event: dict) -> None:
+        kind = event.get("type")
         # @ completion's list is ready: show it
-        if event.get("type") == "FilesListed":
+        if kind == "FilesListed":
             self.composer._refresh_menu()
+        if kind == "UserMessageCreated":
+            self.turn_mode = self._mode()
         try:
             self.timeline.apply(event)
         except Exception as exc:
             # an odd event must never break the session: show it instead
-            kind = event.get("type")
             self.timeline.error(f"ui could not show a {kind} event: {exc!r}")
+        if kind == "TaskCompleted":
+            self._ask_about_plan()
+
+    def _mode(self) -> str:
+        return (self.controller.status() or {}).get("mode") or "default"
+
+    def _ask_about_plan(self) -> None:
+        """A turn in plan mode ended with its answer, the plan: proceed? as Claude Code asks."""
+        if self.turn_mode == "plan" and self._mode() == "plan":
+            self.timeline.permissions.append({"tool_use_id": PLAN_CAPABILITY,
+                                              "capability": PLAN_CAPABILITY,
+                                              "descriptor": "Proceed with this plan?"})
 
     def on_key(self, key: Key) -> None:
         if key.name != "ctrl+c":
@@ -2499,6 +2534,8 @@ class App:
             return self.quit(0)
         if key.name == "ctrl+o":
             return self.timeline.expand_last_card()
+        if key.name == "shift+tab":
+            return self.call(self.controller.cycle_mode)
         if key.name == "esc":
             if self.composer.menu:
                 self.composer.close_menu()
@@ -2648,6 +2685,8 @@ class App:
         self.panel_choice = 0
         # the Granted/Denied event follows
         self.timeline.permissions.remove(request)
+        if request.get("capability") == PLAN_CAPABILITY:
+            return self.call(self.controller.proceed_with_plan, choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 

@@ -665,3 +665,27 @@ def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(t
     term.wait_for("runs when the turn ends")
     screen = term.wait_for("queued-42")
     assert "● ! echo queued-$((40+2))" in screen and "runs when the turn ends" not in screen
+
+
+def test_shift_tab_enters_plan_mode_and_an_approved_plan_proceeds_accepting_edits(terminal, project):
+    write = {"type": "tool_use", "name": "write", "input": {"file_path": "notes.md", "content": "hi\n"}}
+    term = terminal([reply(write), reply(text("Plan: write notes.md.")), reply(write),
+                     reply(text("notes written"))], width=80)
+    term.keys("BTab")
+    term.wait_for("accept edits")
+    term.keys("BTab")
+    term.wait_for("plan mode")
+    term.type("plan the notes")
+    term.keys("Enter")
+    screen = term.wait_for("The plan is ready")
+    assert "plan mode: only what reads runs" in screen and not (project / "notes.md").exists()
+    words = " ".join(screen.replace("│", "").split())
+    assert "yes, and accept edits" in words and "no, keep planning" in words
+    term.type("y")
+    screen = term.wait_for("notes written")
+    assert (project / "notes.md").read_text() == "hi\n" and "accept edits" in screen
+    bodies = [r["body"] for r in term.requests()]
+    tails = [body["messages"][-1]["content"][-1].get("text", "") for body in bodies]
+    assert "Plan mode" in tails[0] and "Plan mode" in tails[1] and "Plan mode" not in tails[2]
+    assert bodies[0]["system"] == bodies[2]["system"]        # the cached tiers never changed
+    assert rejected(term) == []

@@ -116,6 +116,9 @@ class FakeController:
     def answer_permission(self, tool_use_id, choice, feedback):
         self.calls.append(("permission", tool_use_id, choice, feedback))
 
+    def cycle_mode(self): self.calls.append(("cycle_mode",))
+    def proceed_with_plan(self, choice): self.calls.append(("plan", choice))
+
     def status(self):
         return {"model": "claude-sonnet-5-5", "tokens": 12345, "cost": 0.42, "context_pct": 34,
                 "cache_share": 0.81, "processes": 2, "branch": "main"}
@@ -1569,3 +1572,43 @@ def test_a_shell_command_typed_mid_turn_is_queued_and_command_output_follows_the
              for needle in ("first = 1", "third = 3", "Done.", "**Help** text")]
     assert order == sorted(order)
     assert not any("queued: !git" in r for r in rows)
+
+
+# ---- plan mode you can see and leave (issue 22 item 9) ----
+
+class PlanController(FakeController):
+    mode = "plan"
+
+    def status(self):
+        return {**super().status(), "mode": self.mode}
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_plan_mode_shows_a_badge_shift_tab_cycles_and_a_finished_plan_asks_to_proceed(width):
+    ctrl = PlanController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    screen, stream = app_screen(app)
+    app.on_key(K("shift+tab"))
+    assert ctrl.calls == [("cycle_mode",)]
+    app.on_event(event("UserMessageCreated", text="plan the fix"))
+    app.on_event(event("ToolRequested", tool_use_id="t1", name="write",
+                       input={"file_path": "a.py", "content": "x"}))
+    app.on_event(event("PermissionDenied", tool_use_id="t1", feedback="",
+                       reason="plan mode: only tools that read run; describe the change instead"))
+    app.on_event(event("TaskCompleted"))
+    ctrl.busy = False
+    stream.feed(app.render(1.0))
+    words = " ".join(text_of(screen).replace("│", "").split())
+    assert "⏸ plan mode" in words and "Denied: a.py · plan mode" in words
+    assert "The plan is ready" in words and "y) yes, and accept edits" in words
+    assert "e) yes, and ask for each edit" in words and "n) no, keep planning" in words
+    app.on_key(K("text", "y"))
+    assert ctrl.calls[-1] == ("plan", "acceptEdits") and app.timeline.permissions == []
+    app.on_event(event("UserMessageCreated", text="plan again"))
+    app.on_event(event("TaskCompleted"))
+    app.on_key(K("esc"))                                    # Esc keeps planning
+    assert ctrl.calls[-2] == ("plan", "deny")
+    ctrl.mode = "default"
+    app.on_event(event("UserMessageCreated", text="just do it"))
+    app.on_event(event("TaskCompleted"))                    # not a plan: nothing asked
+    assert app.timeline.permissions == []
