@@ -689,3 +689,57 @@ def test_shift_tab_enters_plan_mode_and_an_approved_plan_proceeds_accepting_edit
     assert "Plan mode" in tails[0] and "Plan mode" in tails[1] and "Plan mode" not in tails[2]
     assert bodies[0]["system"] == bodies[2]["system"]        # the cached tiers never changed
     assert rejected(term) == []
+
+
+def conversation(term) -> list[str]:
+    """The scrollback and screen from the first user message to the newest Interrupted line."""
+    rows = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-", "-t", term.name],
+                          capture_output=True, text=True).stdout.splitlines()
+    start = next(k for k, row in enumerate(rows) if row.startswith("› first"))
+    end = max(k for k, row in enumerate(rows) if "Interrupted" in row)
+    return [row.rstrip() for row in rows[start:end + 1]]
+
+
+@pytest.mark.parametrize("width", [60, 100])
+def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, width):
+    table = "".join(f"## Part {k}\n\n| key | value |\n|---|---:|\n| k{k} | {k * 7} |\n\nText {k}.\n\n"
+                    for k in range(8))
+    write = {"type": "tool_use", "name": "write", "input": {"file_path": "b.txt", "content": "b\n"}}
+    script = [reply({"type": "thinking", "thinking": "Plan the table."}, text(table),
+                    bash("touch a.txt"), chunk=6, delay=0.01),
+              reply(write, bash("touch c.txt")), reply(text("done **one**")),
+              reply(text("streaming " * 400), chunk=5, delay=0.02)]
+    live = terminal(script, width=width, height=20)
+    live.type("first")
+    live.keys("Enter")
+    live.wait_for("allow once")
+    live.type("y")
+    live.wait_for("touch c.txt")
+    live.wait_for("allow once")
+    live.type("n")
+    live.wait_for("Tell the model")
+    live.type("skip it")
+    live.keys("Enter")
+    live.wait_for("touch c.txt · waiting")
+    live.type("y")
+    live.wait_for("done one")
+    live.wait_for("Ask anything")
+    live.type("!echo shell-ran")
+    live.keys("Enter")
+    live.wait_for("shell-ran")
+    live.type("second")
+    live.keys("Enter")
+    live.wait_for("streaming streaming streaming")
+    time.sleep(1.5)                                         # past a text checkpoint
+    live.keys("Escape")
+    live.wait_for("Interrupted")
+    shown_live = conversation(live)
+    text_live = "\n".join(shown_live)
+    for seen in ("Thinking", "k7  │    49", "● bash touch a.txt", "Denied: b.txt · told the model: skip it",
+                 "done one", "● ! echo shell-ran", "› second", "streaming streaming"):
+        assert seen in text_live, seen
+    live.keys("C-d")
+    live.wait_for("EXITED 0")
+    again = terminal([], args="-c", width=width, height=20)
+    again.wait_for("Interrupted")
+    assert conversation(again) == shown_live
