@@ -106,7 +106,9 @@ CURSOR_FORWARD = CSI + "{}C"
 CARRIAGE_RETURN = "\r"
 # raw mode turns off output processing: a newline needs its CR
 NEWLINE = "\r\n"
-ERASE_DOWN = CSI + "J"
+# The live region's rows and all below. Not a plain CSI J: at the screen's top-left corner tmux
+# (scroll-on-clear) and others take that for a clear screen and keep a copy in the scrollback.
+ERASE_DOWN = CSI + "2K" + ESC + "7" + CSI + "B" + CSI + "J" + ESC + "8"
 CLEAR_SCREEN = CSI + "H" + CSI + "2J"
 SHOW_CURSOR = CSI + "?25h"
 BRACKETED_PASTE_ON = CSI + "?2004h"
@@ -2908,7 +2910,9 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
             if key.name == "ctrl+z":
                 suspend()
             elif key.name == "ctrl+l":
-                write(CLEAR_SCREEN.encode())
+                # the live region first: the cleared screen a terminal keeps in its scrollback
+                # holds the conversation, no copy of the composer
+                write(app.renderer.draw([], [], (0, 0)) + CLEAR_SCREEN.encode())
                 # the screen is blank: draw afresh
                 app.renderer = InlineRenderer()
             else:

@@ -743,3 +743,22 @@ def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, wid
     again = terminal([], args="-c", width=width, height=20)
     again.wait_for("Interrupted")
     assert conversation(again) == shown_live
+
+
+def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback(terminal):
+    term = terminal([reply(text("an answer"))], width=70, height=15)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("an answer")
+    term.wait_for("Ask anything")
+    for letter in "abc":
+        term.keys("C-l")
+        time.sleep(0.3)
+        term.type(letter)                                   # a redraw after the clear
+        time.sleep(0.3)
+    term.wait_for("❯ abc")
+    rows = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-", "-t", term.name],
+                          capture_output=True, text=True).stdout.splitlines()
+    assert sum(row.startswith("❯ ") for row in rows) == 1, "\n".join(rows)
+    assert sum("claude-sonnet-5-5" in row for row in rows) == 1
+    assert sum("an answer" in row for row in rows) == 1
