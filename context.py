@@ -449,7 +449,7 @@ class Context:
                  aux_model: str = DEFAULT_AUX_MODEL,
                  max_tokens: int = MAX_OUTPUT_TOKENS,
                  user_home: Path | None = None, is_secret=None,
-                 plan_mode: bool = False, append_system: str = "",
+                 append_system: str = "",
                  prune_at: int = PRUNE_AT_TOKENS,
                  thinking: str = "adaptive", effort: str | None = None,
                  show_thinking: bool = True):
@@ -481,14 +481,11 @@ class Context:
         self.system = build_system(self.project_root, self.cwd, self.home,
                                    self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
-        # Tiers of this run only, each its own block after the project's: plan mode, then the text
-        # of --append-system-prompt. One breakpoint still ends the system prompt.
-        run_tiers = [("plan mode", PLAN_MODE if plan_mode else ""),
-                     ("appended", append_system)]
-        for name, text in run_tiers:
-            if text:
-                self.system.append({"type": "text", "text": text})
-                self.system_names.append(name)
+        # The text of --append-system-prompt is its own block after the project's (plan mode is
+        # in the volatile tail: it changes mid-session). One breakpoint still ends the system prompt.
+        if append_system:
+            self.system.append({"type": "text", "text": append_system})
+            self.system_names.append("appended")
         self.system[-1] = {**self.system[-1], "cache_control": CACHE}
         self.tools = copy.deepcopy(tool_schemas)
         if self.tools:

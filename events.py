@@ -25,7 +25,8 @@ DURABLE = frozenset("""
     ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged UserShellRan TextCheckpoint ThinkingChanged CheckpointRecorded Rewound""".split())
+    ModelChanged UserShellRan TextCheckpoint ThinkingChanged CheckpointRecorded Rewound
+    ModeChanged""".split())
 EPHEMERAL = frozenset("""
     ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
@@ -322,6 +323,11 @@ class ThinkingChanged(Envelope):     # /thinking, /effort, --thinking, --effort:
     effort: NotRequired[str]        # low, medium, high, xhigh, max
 
 
+class ModeChanged(Envelope):     # Shift-Tab, --permission-mode, a plan approved: from the next turn
+    type: Literal["ModeChanged"]
+    mode: str                       # default, acceptEdits, plan
+
+
 class ModelStarted(Envelope):
     type: Literal["ModelStarted"]
     model: str
@@ -367,7 +373,7 @@ EVENT_KINDS = {kind.__name__: kind for kind in (
     FileModified, CheckpointRecorded, Rewound, ProcessStarted, ProcessExited, ContextPruned,
     ContextCompacted, Interrupted,
     VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
-    ThinkingChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
+    ThinkingChanged, ModeChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
     FilesListed)}
 
 
@@ -1046,6 +1052,8 @@ class State:
     chosen_model: str | None = None     # the newest /model choice (ModelChanged)
     reasoning: dict = field(default_factory=dict)       # thinking, effort (ThinkingChanged)
     turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
+    mode: str = ""                      # the newest ModeChanged's permission mode ("": none)
+    turn_mode: str = ""                 # (turn) `mode` as the turn began
     title: str = ""                     # SessionRenamed, else the first user message
     branch: str = ""                    # the newest git baseline's branch
     usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
@@ -1177,6 +1185,7 @@ def _on_user_message(state: State, event: dict) -> None:
     state.answer = ""
     state.failure_reason = None
     state.turn_reasoning = dict(state.reasoning)
+    state.turn_mode = state.mode
     state.user_texts.append((event["seq"], text))
     state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
     if not state.title:
@@ -1443,6 +1452,10 @@ def _on_thinking_changed(state: State, event: dict) -> None:
     state.reasoning = {**state.reasoning, **chosen}
 
 
+def _on_mode_changed(state: State, event: dict) -> None:
+    state.mode = event["mode"]
+
+
 def _on_renamed(state: State, event: dict) -> None:
     state.title = event["title"]
 
@@ -1472,6 +1485,7 @@ _HANDLERS = {
     "ModelChanged": _on_model,
     "SessionRenamed": _on_renamed,
     "ThinkingChanged": _on_thinking_changed,
+    "ModeChanged": _on_mode_changed,
     **dict.fromkeys(TOOL_RESULT_EVENTS, _on_tool_result),
     **dict.fromkeys(TURN_END_EVENTS, _on_turn_end),
 }

@@ -674,6 +674,9 @@ class Kernel:
         world_seq = self.state.world_seq
         volatile = await asyncio.to_thread(self.ctx.volatile_facts,
                                            processes, world_seq)
+        if self.turn_mode() == "plan":
+            # in the uncached tail: leaving plan mode keeps the cached system prompt valid
+            volatile += "\n" + context.PLAN_MODE
         request = self.ctx.build_request(self.state, volatile=volatile)
         self.request = request
         # what the thinking setting could not have as asked, told once
@@ -881,4 +884,8 @@ class Kernel:
                                   self.project_root, self.rules,
                                   sandboxed=self.toolbox.sandboxed,
                                   process_command=process_command,
-                                  mode=self.permission_mode)
+                                  mode=self.turn_mode())
+
+    def turn_mode(self) -> str:
+        """The permission mode as this turn began (a change waits for the next user message)."""
+        return self.state.turn_mode or self.permission_mode

@@ -1303,7 +1303,6 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
                           is_secret=permissions.is_secret_name,
-                          plan_mode=mode == "plan",
                           append_system=append_system,
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),
@@ -1695,6 +1694,9 @@ class Session:
         self._mention_prefix = "\0"
         # status(): the last one, and the state it was folded from
         self._status_key, self._status = None, {}
+        # the permission mode chosen in this process (--permission-mode, Shift-Tab, a plan
+        # approved): the log records it, and each turn runs in the mode it began in
+        self.mode = getattr(args, "permission_mode", "default")
         # thinking and effort chosen in this process (flags, /thinking, /effort): a session
         # attached or begun records them, so /new and /resume keep them too
         self.reasoning = dict(settings["reasoning_flags"])
@@ -1716,6 +1718,7 @@ class Session:
         self.baseline = None
         if resumed:
             record_reasoning(self.bus, store, self.reasoning)
+            self.record_mode()
             recording = self.kernel.record_baseline("resume")
             self.baseline = loop.create_task(recording)
         state = store.state
@@ -1778,6 +1781,7 @@ class Session:
         if self.kernel.ctx.model != self.settings["model"]:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
         record_reasoning(self.bus, self.store, self.reasoning)
+        self.record_mode()
         loop = asyncio.get_running_loop()
         recording = self.kernel.record_baseline("session start")
         self.baseline = loop.create_task(recording)
@@ -1793,6 +1797,28 @@ class Session:
             self.start_turn()
             if command is not None and command.model:
                 self.model_for_turn(command.model)
+
+    def record_mode(self) -> None:
+        """ModeChanged when this process's mode is not the log's (a new log records a non-default
+        one; the next user message binds it to its turn)."""
+        if (self.store.state.mode or "default") != self.mode:
+            self.bus.emit("ModeChanged", mode=self.mode)
+
+    def cycle_mode(self) -> None:
+        """Shift-Tab: default → acceptEdits → plan → default, as in Claude Code."""
+        import permissions
+        modes = permissions.MODES
+        self.mode = modes[(modes.index(self.mode) + 1) % len(modes)]
+        if self.store.events:
+            self.record_mode()
+
+    def proceed_with_plan(self, choice: str):
+        """The plan is ready: go ahead in acceptEdits or default mode, or keep planning."""
+        if choice not in ("acceptEdits", "default"):
+            return "Still in plan mode: say what to change in the plan (Shift-Tab leaves it)."
+        self.mode = choice
+        self.record_mode()
+        self.submit("Go ahead with the plan.")
 
     def model_for_turn(self, name: str) -> None:
         """A command file's `model:` holds for the turn it starts; then the session's model is back."""
@@ -1939,7 +1965,7 @@ class Session:
             self._status = self.fold_status()
             self._status_key = key
         processes = self.toolbox.running_processes()
-        return {**self._status, "processes": len(processes)}
+        return {**self._status, "processes": len(processes), "mode": self.mode}
 
     def fold_status(self) -> dict:
         import context

@@ -248,6 +248,9 @@ class ModelClient:
         for attempt in range(1, self.max_attempts + 1):
             yielded = finished = False
             try:
+                if self._client is None:
+                    # the import (≈2 s) off the loop: keys, the spinner and Esc stay live meanwhile
+                    await asyncio.to_thread(_sdk)
                 client = self._get_client()
                 stream = await client.messages.create(stream=True, **request)
                 async with stream:

@@ -79,8 +79,13 @@ class Controller(Protocol):
     def interrupt(self) -> object: ...
     def answer_permission(self, tool_use_id: str, choice: str,
                           feedback: str) -> object: ...
-    # model, tokens, thinking_tokens, cost, context_pct, cache_share, reasoning, processes, branch
+    # model, tokens, thinking_tokens, cost, context_pct, cache_share, reasoning, processes, branch,
+    # mode
     def status(self) -> dict: ...
+    # Shift-Tab: the next permission mode (default → acceptEdits → plan), from the next turn
+    def cycle_mode(self) -> object: ...
+    # a plan is ready: "acceptEdits" or "default" proceed in that mode; "deny" keeps planning
+    def proceed_with_plan(self, choice: str) -> object: ...
     # paths for "@" completion, as last listed; a FilesListed event says a new list is ready
     def mention_candidates(self, prefix: str) -> list[str]: ...
     # the user is leaving
@@ -101,7 +106,9 @@ CURSOR_FORWARD = CSI + "{}C"
 CARRIAGE_RETURN = "\r"
 # raw mode turns off output processing: a newline needs its CR
 NEWLINE = "\r\n"
-ERASE_DOWN = CSI + "J"
+# The live region's rows and all below. Not a plain CSI J: at the screen's top-left corner tmux
+# (scroll-on-clear) and others take that for a clear screen and keep a copy in the scrollback.
+ERASE_DOWN = CSI + "2K" + ESC + "7" + CSI + "B" + CSI + "J" + ESC + "8"
 CLEAR_SCREEN = CSI + "H" + CSI + "2J"
 SHOW_CURSOR = CSI + "?25h"
 BRACKETED_PASTE_ON = CSI + "?2004h"
@@ -1064,10 +1071,16 @@ class Timeline:
         stream = MarkdownStream(self.style, self.width)
         stream.feed(markdown)
         stream.finish()
-        self._settle(stream.take_settled())
+        self._after_block(stream.take_settled())
 
     def error(self, text: str) -> None:
-        self._settle(self._marked("✗", "error", text))
+        self._after_block(self._marked("✗", "error", text))
+
+    def _after_block(self, lines: list[str]) -> None:
+        """Lines that must not land inside a block still streaming: they settle after it."""
+        self._queued.append(lines)
+        if self._text is None and self._thinking is None:
+            self._settle_queued()
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption)."""
@@ -1146,10 +1159,8 @@ class Timeline:
     def _on_SteeringQueued(self, e: dict) -> None:
         """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
         text = "Queued instruction: " + sanitize(e.get("text", ""))
-        self._queued.append(self._marked("›", "prompt", text, "dim"))
         self._steering.append(e.get("text"))
-        if self._text is None and self._thinking is None:
-            self._settle_queued()
+        self._after_block(self._marked("›", "prompt", text, "dim"))
 
     def _settle_queued(self) -> None:
         queued, self._queued = self._queued, []
@@ -1462,6 +1473,8 @@ class Timeline:
             what = getattr(card, "summary", "the tool call")
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         text = f"Denied: {shown(str(what))}"
+        if "plan mode: " in str(e.get("reason") or ""):
+            text += " · plan mode: only what reads runs (Shift-Tab leaves it)"
         if feedback:
             text += f" · told the model: {feedback}"
         self._settle(self._marked("✗", "warning", text))
@@ -1594,6 +1607,10 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
 # ════ Status line and permission panel ════
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+# the status line's badge of a permission mode other than the default, as Claude Code shows it
+MODE_BADGES = {"plan": "⏸ plan mode", "acceptEdits": "⏵⏵ accept edits"}
+# the question asked when a turn in plan mode has answered with its plan
+PLAN_CAPABILITY = "plan.proceed"
 PANEL_PREVIEW_LINES = 14
 # The panel's verb: by what the call's input holds (first match), else by the capability asked.
 PANEL_VERBS = (("command", "Run"), ("old_string", "Edit"), ("content", "Write"),
@@ -1639,6 +1656,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     """The facts in the order shown, each with its priority (higher stays longer)."""
     get = status.get
     segments = []
+    if get("mode") in MODE_BADGES:
+        segments.append((7, MODE_BADGES[get("mode")]))
     if get("model"):
         segments.append((5, str(get("model"))))
     if get("context_pct") is not None:
@@ -1688,10 +1707,15 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     """(key, choice, words) the panel offers; choice "feedback" is a denial with a message."""
     if request.get("capability") == "loop.continue":
         return [("y", "once", "continue"), ("n", "feedback", "stop")]
+    if request.get("capability") == PLAN_CAPABILITY:
+        return [("y", "acceptEdits", "yes, and accept edits"),
+                ("e", "default", "yes, and ask for each edit"),
+                ("n", "deny", "no, keep planning")]
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
         choices.append(("a", "always", f"always allow {rule_text(rule)} in this project"))
-    return choices + [("n", "feedback", "deny")]
+    # as in Claude Code: `n` denies and asks what to do instead; Esc denies and ends the turn
+    return choices + [("n", "feedback", "deny"), ("esc", "stop", "stop")]
 
 
 def panel_preview(request: dict, tool_input: dict | None) -> str:
@@ -1780,6 +1804,8 @@ def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> l
     bold = ("warning", "bold")
     if capability == events.LOOP_CAPABILITY:
         return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
+    if capability == PLAN_CAPABILITY:
+        return [("◆ The plan is ready", bold)]
     keys = tool_input if isinstance(tool_input, dict) else {}
     verbs = [verb for key, verb in PANEL_VERBS if key in keys]
     verb = (verbs or [CAPABILITY_VERBS.get(capability, "Run")])[0]
@@ -1818,7 +1844,7 @@ def panel_footer(request: dict, width: int, style: Style,
             lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
     else:
         ask = ("Denied. Tell the model what to do instead "
-               "(Enter sends, Esc skips):")
+               "(Enter sends, Esc stops):")
         lines += wrap_spans([(ask, ("dim",))], width, style, bar, bar)
         lines.append(bar + "  " + feedback)
     return [clip(line, width) for line in lines]
@@ -2557,6 +2583,10 @@ class App:
         self.feedback: str | None = None
         # the panel's highlighted choice (Up/Down, Enter)
         self.panel_choice = 0
+        # the permission mode the running turn began in
+        self.turn_mode = "default"
+        # `!` commands typed while the model works: each runs when the turn ends
+        self.queued_shell: list[str] = []
         # "Press Ctrl-C again to quit": a second one quits
         self.notice = ""
         self.exit_code: int | None = None
@@ -2568,15 +2598,29 @@ class App:
     # -- input --
 
     def on_event(self, event: dict) -> None:
+        kind = event.get("type")
         # @ completion's list is ready: show it
-        if event.get("type") == "FilesListed":
+        if kind == "FilesListed":
             self.composer._refresh_menu()
+        if kind == "UserMessageCreated":
+            self.turn_mode = self._mode()
         try:
             self.timeline.apply(event)
         except Exception as exc:
             # an odd event must never break the session: show it instead
-            kind = event.get("type")
             self.timeline.error(f"ui could not show a {kind} event: {exc!r}")
+        if kind == "TaskCompleted":
+            self._ask_about_plan()
+
+    def _mode(self) -> str:
+        return (self.controller.status() or {}).get("mode") or "default"
+
+    def _ask_about_plan(self) -> None:
+        """A turn in plan mode ended with its answer, the plan: proceed? as Claude Code asks."""
+        if self.turn_mode == "plan" and self._mode() == "plan":
+            self.timeline.permissions.append({"tool_use_id": PLAN_CAPABILITY,
+                                              "capability": PLAN_CAPABILITY,
+                                              "descriptor": "Proceed with this plan?"})
 
     def on_key(self, key: Key) -> None:
         if key.name != "ctrl+c":
@@ -2590,6 +2634,8 @@ class App:
             return self.quit(0)
         if key.name == "ctrl+o":
             return self.timeline.expand_last_card()
+        if key.name == "shift+tab":
+            return self.call(self.controller.cycle_mode)
         if key.name == "esc":
             if self.composer.menu:
                 self.composer.close_menu()
@@ -2654,14 +2700,26 @@ class App:
         stripped = text.strip()
         shell_command = stripped[1:].strip()
         if stripped.startswith("!") and shell_command:
-            # it will run: show it running at once
-            if not self.controller.busy:
-                self.timeline.start_shell(shell_command)
-            self.call(self.controller.run_shell, shell_command)
+            if self.controller.busy:
+                # nothing typed is lost: it runs when the turn ends
+                self.queued_shell.append(shell_command)
+            else:
+                self._run_shell(shell_command)
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
             self.call(self.controller.run_command, stripped)
         else:
             self.call(self.controller.submit, text)
+
+    def _run_shell(self, command: str) -> None:
+        # it will run: show it running at once
+        self.timeline.start_shell(command)
+        self.call(self.controller.run_shell, command)
+
+    def _run_queued_shell(self) -> None:
+        """The turn has ended: the next queued `!` command runs (one at a time)."""
+        idle = events.USER_SHELL_ID not in self.timeline.cards
+        if self.queued_shell and idle and not self.controller.busy:
+            self._run_shell(self.queued_shell.pop(0))
 
     def _ctrl_c(self) -> None:
         if self.composer.text:
@@ -2694,7 +2752,7 @@ class App:
             _, choice, _ = choices[self.panel_choice % len(choices)]
             self._choose(request, choice)
         elif key.name == "esc" or (key.name == "ctrl+c" and empty):
-            self._answer(request, "deny", "")
+            self._stop(request)
         elif empty and key.name == "text" and len(key.text) == 1:
             letters = {letter: choice for letter, choice, _ in choices}
             if key.text.lower() not in letters:
@@ -2708,8 +2766,15 @@ class App:
     def _choose(self, request: dict, choice: str) -> None:
         if choice == "feedback":
             self.feedback = ""
+        elif choice == "stop":
+            self._stop(request)
         else:
             self._answer(request, choice, "")
+
+    def _stop(self, request: dict) -> None:
+        """Esc or Ctrl-C at the panel: the call is denied and the turn ends, as in Claude Code."""
+        self._answer(request, "deny", "")
+        self.call(self.controller.interrupt)
 
     def _feedback_key(self, request: dict, key: Key) -> None:
         """After `n`: the line is a message to the model that goes with the denial."""
@@ -2719,18 +2784,22 @@ class App:
             self.feedback += " ".join(key.text.split())
         elif key.name == "backspace":
             self.feedback = self.feedback[:-1]
+        elif key.name == "ctrl+c" and not self.feedback:
+            self._stop(request)
         elif key.name in ("ctrl+u", "ctrl+c"):
             self.feedback = ""
         elif key.name == "enter":
             self._answer(request, "deny", self.feedback.strip())
         elif key.name == "esc":
-            self._answer(request, "deny", "")
+            self._stop(request)
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
         self.feedback = None
         self.panel_choice = 0
         # the Granted/Denied event follows
         self.timeline.permissions.remove(request)
+        if request.get("capability") == PLAN_CAPABILITY:
+            return self.call(self.controller.proceed_with_plan, choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 
@@ -2761,6 +2830,9 @@ class App:
         room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
         panel = self._panel(room)
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
+        for command in self.queued_shell:
+            line = f"› queued: !{one_line(command)} · runs when the turn ends"
+            live.append(style.paint(clip(line, width), "dim"))
         # the newest live lines that fit above the panel
         if room > len(panel):
             live = live[max(0, len(live) - (room - len(panel))):]
@@ -2806,6 +2878,7 @@ class App:
 
     def render(self, now: float) -> bytes:
         self.timeline.width = self.width
+        self._run_queued_shell()
         settled = self.timeline.take_settled()
         lines, cursor = self.frame(now)
         return self.renderer.draw(settled, lines, cursor)
@@ -2933,7 +3006,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         if data:
             write(data)
         # spinner and elapsed times move
-        if controller.busy or app.timeline.cards:
+        if controller.busy or app.timeline.cards or app.queued_shell:
             schedule("tick", TICK_INTERVAL, request_frame)
 
     def on_event(event: dict) -> None:
@@ -2948,7 +3021,9 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
             if key.name == "ctrl+z":
                 suspend()
             elif key.name == "ctrl+l":
-                write(CLEAR_SCREEN.encode())
+                # the live region first: the cleared screen a terminal keeps in its scrollback
+                # holds the conversation, no copy of the composer
+                write(app.renderer.draw([], [], (0, 0)) + CLEAR_SCREEN.encode())
                 # the screen is blank: draw afresh
                 app.renderer = InlineRenderer()
             else:

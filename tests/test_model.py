@@ -1,5 +1,6 @@
 """ModelClient through the real anthropic SDK against the fake API: taxonomy, retries, usage."""
 import asyncio
+import threading
 import time
 
 import pytest
@@ -136,3 +137,35 @@ def test_x_should_retry_false_is_not_retried():
             collect(client_for(fake))
         assert len(fake.requests) == 1
     assert caught.value.status == 500
+
+
+def test_the_loop_stays_live_while_the_sdk_import_is_still_running():
+    """The first request sent while the background import runs must not block the loop on it."""
+    model._sdk()                                            # loaded: only the wait is measured
+    importing = model._import_lock
+    importing.acquire()                                     # an import in progress, for 0.8 s
+
+    async def run(fake):
+        client = client_for(fake)
+        # released by another thread, as the import's own thread would
+        threading.Timer(0.8, importing.release).start()
+        gaps, last = [], time.monotonic()
+
+        async def ticker():
+            nonlocal last
+            while True:
+                await asyncio.sleep(0.02)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+        ticking = asyncio.ensure_future(ticker())
+        try:
+            events = [e async for e in client.stream(REQUEST)]
+        finally:
+            ticking.cancel()
+            await client.close()
+        return events, max(gaps)
+
+    with FakeAnthropic([reply(text("hello"))]) as fake:
+        events, longest = asyncio.run(run(fake))
+    assert events[-1]["type"] == "message_stop"
+    assert longest < 0.3, f"the loop stalled {longest:.2f} s"

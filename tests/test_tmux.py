@@ -640,3 +640,130 @@ def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_i
     again = terminal([], args="-c", width=80)
     screen = again.wait_for("Answer ready.")
     assert [row for row in screen.splitlines() if "Thinking" in row] == rows, "replayed as it was shown live"
+
+
+def test_esc_at_a_question_denies_the_call_and_ends_the_turn(terminal, project):
+    term = terminal([reply(bash("touch never.txt")), reply(text("after the stop"))], width=60)
+    term.type("make a file")
+    term.keys("Enter")
+    term.wait_for("esc) stop")
+    term.keys("Escape")
+    screen = term.wait_for("Interrupted")
+    assert "Permission needed" not in screen and not (project / "never.txt").exists()
+    time.sleep(0.5)
+    assert len(term.requests()) == 1                        # the turn ended: no second request
+    term.type("something else")
+    term.keys("Enter")
+    term.wait_for("after the stop")
+    results = [b for m in term.requests()[-1]["body"]["messages"] for b in m["content"]
+               if b["type"] == "tool_result"]
+    assert results and results[0]["is_error"] and rejected(term) == []
+
+
+def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(terminal):
+    term = terminal([reply(text("streaming " * 100), chunk=4, delay=0.02)], width=70)
+    term.type("write a lot")
+    term.keys("Enter")
+    term.wait_for("streaming streaming")
+    term.type("!echo queued-$((40+2))")
+    term.keys("Enter")
+    term.wait_for("runs when the turn ends")
+    screen = term.wait_for("queued-42")
+    assert "● ! echo queued-$((40+2))" in screen and "runs when the turn ends" not in screen
+
+
+def test_shift_tab_enters_plan_mode_and_an_approved_plan_proceeds_accepting_edits(terminal, project):
+    write = {"type": "tool_use", "name": "write", "input": {"file_path": "notes.md", "content": "hi\n"}}
+    term = terminal([reply(write), reply(text("Plan: write notes.md.")), reply(write),
+                     reply(text("notes written"))], width=80)
+    term.keys("BTab")
+    term.wait_for("accept edits")
+    term.keys("BTab")
+    term.wait_for("plan mode")
+    term.type("plan the notes")
+    term.keys("Enter")
+    screen = term.wait_for("The plan is ready")
+    assert "plan mode: only what reads runs" in screen and not (project / "notes.md").exists()
+    words = " ".join(screen.replace("│", "").split())
+    assert "yes, and accept edits" in words and "no, keep planning" in words
+    term.type("y")
+    screen = term.wait_for("notes written")
+    assert (project / "notes.md").read_text() == "hi\n" and "accept edits" in screen
+    bodies = [r["body"] for r in term.requests()]
+    tails = [body["messages"][-1]["content"][-1].get("text", "") for body in bodies]
+    assert "Plan mode" in tails[0] and "Plan mode" in tails[1] and "Plan mode" not in tails[2]
+    assert bodies[0]["system"] == bodies[2]["system"]        # the cached tiers never changed
+    assert rejected(term) == []
+
+
+def conversation(term) -> list[str]:
+    """The scrollback and screen from the first user message to the newest Interrupted line."""
+    rows = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-", "-t", term.name],
+                          capture_output=True, text=True).stdout.splitlines()
+    start = next(k for k, row in enumerate(rows) if row.startswith("› first"))
+    end = max(k for k, row in enumerate(rows) if "Interrupted" in row)
+    return [row.rstrip() for row in rows[start:end + 1]]
+
+
+@pytest.mark.parametrize("width", [60, 100])
+def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, width):
+    table = "".join(f"## Part {k}\n\n| key | value |\n|---|---:|\n| k{k} | {k * 7} |\n\nText {k}.\n\n"
+                    for k in range(8))
+    write = {"type": "tool_use", "name": "write", "input": {"file_path": "b.txt", "content": "b\n"}}
+    script = [reply({"type": "thinking", "thinking": "Plan the table."}, text(table),
+                    bash("touch a.txt"), chunk=6, delay=0.01),
+              reply(write, bash("touch c.txt")), reply(text("done **one**")),
+              reply(text("streaming " * 400), chunk=5, delay=0.02)]
+    live = terminal(script, width=width, height=20)
+    live.type("first")
+    live.keys("Enter")
+    live.wait_for("allow once")
+    live.type("y")
+    live.wait_for("touch c.txt")
+    live.wait_for("allow once")
+    live.type("n")
+    live.wait_for("Tell the model")
+    live.type("skip it")
+    live.keys("Enter")
+    live.wait_for("touch c.txt · waiting")
+    live.type("y")
+    live.wait_for("done one")
+    live.wait_for("Ask anything")
+    live.type("!echo shell-ran")
+    live.keys("Enter")
+    live.wait_for("shell-ran")
+    live.type("second")
+    live.keys("Enter")
+    live.wait_for("streaming streaming streaming")
+    time.sleep(1.5)                                         # past a text checkpoint
+    live.keys("Escape")
+    live.wait_for("Interrupted")
+    shown_live = conversation(live)
+    text_live = "\n".join(shown_live)
+    for seen in ("Thinking", "k7  │    49", "● bash touch a.txt", "Denied: b.txt · told the model: skip it",
+                 "done one", "● ! echo shell-ran", "› second", "streaming streaming"):
+        assert seen in text_live, seen
+    live.keys("C-d")
+    live.wait_for("EXITED 0")
+    again = terminal([], args="-c", width=width, height=20)
+    again.wait_for("Interrupted")
+    assert conversation(again) == shown_live
+
+
+def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback(terminal):
+    term = terminal([reply(text("an answer"))], width=70, height=15)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("an answer")
+    term.wait_for("Ask anything")
+    for letter in "abc":
+        term.keys("C-l")
+        time.sleep(0.3)
+        term.type(letter)                                   # a redraw after the clear
+        time.sleep(0.3)
+    term.wait_for("❯ abc")
+    rows = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-", "-t", term.name],
+                          capture_output=True, text=True).stdout.splitlines()
+    assert sum(row.startswith("❯ ") for row in rows) == 1, "\n".join(rows)
+    assert sum("claude-sonnet-5-5" in row for row in rows) == 1
+    assert sum("an answer" in row for row in rows) == 1

@@ -116,6 +116,9 @@ class FakeController:
     def answer_permission(self, tool_use_id, choice, feedback):
         self.calls.append(("permission", tool_use_id, choice, feedback))
 
+    def cycle_mode(self): self.calls.append(("cycle_mode",))
+    def proceed_with_plan(self, choice): self.calls.append(("plan", choice))
+
     def status(self):
         return {"model": "claude-sonnet-5-5", "tokens": 12345, "cost": 0.42, "context_pct": 34,
                 "cache_share": 0.81, "processes": 2, "branch": "main"}
@@ -1239,8 +1242,34 @@ def test_arrows_and_enter_answer_and_a_sentence_survives_the_answer():
     app.on_event(dict(PERMISSION, tool_use_id="t10"))
     app.on_key(K("text", "keep this sentence"))
     app.on_key(K("esc"))                                    # Esc denies; the sentence stays
-    assert ctrl.calls[-1] == ("permission", "t10", "deny", "")
+    assert ctrl.calls[-2:] == [("permission", "t10", "deny", ""), ("interrupt",)]
     assert app.composer.text == "keep this sentence"
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_esc_or_ctrl_c_at_a_question_denies_and_ends_the_turn_and_n_asks_what_instead(width):
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    screen, stream = app_screen(app)
+    app.on_event(PERMISSION)
+    stream.feed(app.render(1.0))
+    words = " ".join(text_of(screen).replace("│", "").split())
+    assert "n) deny · esc) stop" in words
+    app.on_key(K("esc"))
+    assert ctrl.calls == [("permission", "t9", "deny", ""), ("interrupt",)]
+    app.on_event(dict(PERMISSION, tool_use_id="t10"))
+    app.on_key(K("ctrl+c"))                                 # an empty composer: Ctrl-C stops too
+    assert ctrl.calls[-2:] == [("permission", "t10", "deny", ""), ("interrupt",)]
+    app.on_event(dict(PERMISSION, tool_use_id="t11"))
+    app.on_key(K("text", "n"))                              # n: deny, then what to do instead
+    stream.feed(app.render(1.1))
+    assert "Esc stops" in " ".join(text_of(screen).replace("│", "").split())
+    app.on_key(K("text", "x"))
+    app.on_key(K("ctrl+c"))                                 # clears the message first
+    assert app.feedback == "" and ctrl.calls[-1] == ("interrupt",)
+    app.on_key(K("esc"))
+    assert ctrl.calls[-2:] == [("permission", "t11", "deny", ""), ("interrupt",)]
+    assert app.timeline.permissions == []
 
 
 # ---- cards: head and tail, Ctrl-O (issue 14) ----
@@ -1563,3 +1592,74 @@ def test_a_command_that_exited_non_zero_is_not_a_green_dot(width):
     assert lines[1].startswith("● bash pytest -q")
     painted = timeline_text(cards, width, COLOR)
     assert COLOR.paint("✗", "warning") in painted and COLOR.paint("●", "ok") in painted
+
+
+# ---- nothing typed is lost (issue 22 item 4) ----
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_a_shell_command_typed_mid_turn_is_queued_and_command_output_follows_the_block(width):
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    screen = pyte.HistoryScreen(width, 30, history=500)
+    stream = pyte.ByteStream(screen)
+    reply_text = "Here is the fix:\n\n```python\nfirst = 1\nsecond = 2\n"
+    app.on_event(event("TextDelta", text=reply_text))
+    for text in ("!git status", "/help"):
+        app.on_key(K("text", text))
+        app.on_key(K("enter"))
+    stream.feed(app.render(0.1))
+    assert ("shell", "git status") not in ctrl.calls and ("command", "/help") in ctrl.calls
+    rows = [r.rstrip() for r in screen.display]
+    assert any("queued: !git status" in r for r in rows)
+    app.on_event(event("TextDelta", text="third = 3\n```\n\nDone."))
+    app.on_event(event("ModelTextBlockCompleted", text=reply_text + "third = 3\n```\n\nDone."))
+    app.on_event(event("TaskCompleted"))
+    ctrl.busy = False
+    stream.feed(app.render(0.3))                            # the turn ended: the command runs
+    assert ctrl.calls[-1] == ("shell", "git status") and app.queued_shell == []
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    rows = [r for r in history + [r.rstrip() for r in screen.display] if r.strip()]
+    order = [next(k for k, r in enumerate(rows) if needle in r)
+             for needle in ("first = 1", "third = 3", "Done.", "**Help** text")]
+    assert order == sorted(order)
+    assert not any("queued: !git" in r for r in rows)
+
+
+# ---- plan mode you can see and leave (issue 22 item 9) ----
+
+class PlanController(FakeController):
+    mode = "plan"
+
+    def status(self):
+        return {**super().status(), "mode": self.mode}
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_plan_mode_shows_a_badge_shift_tab_cycles_and_a_finished_plan_asks_to_proceed(width):
+    ctrl = PlanController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=width, height=30)
+    screen, stream = app_screen(app)
+    app.on_key(K("shift+tab"))
+    assert ctrl.calls == [("cycle_mode",)]
+    app.on_event(event("UserMessageCreated", text="plan the fix"))
+    app.on_event(event("ToolRequested", tool_use_id="t1", name="write",
+                       input={"file_path": "a.py", "content": "x"}))
+    app.on_event(event("PermissionDenied", tool_use_id="t1", feedback="",
+                       reason="plan mode: only tools that read run; describe the change instead"))
+    app.on_event(event("TaskCompleted"))
+    ctrl.busy = False
+    stream.feed(app.render(1.0))
+    words = " ".join(text_of(screen).replace("│", "").split())
+    assert "⏸ plan mode" in words and "Denied: a.py · plan mode" in words
+    assert "The plan is ready" in words and "y) yes, and accept edits" in words
+    assert "e) yes, and ask for each edit" in words and "n) no, keep planning" in words
+    app.on_key(K("text", "y"))
+    assert ctrl.calls[-1] == ("plan", "acceptEdits") and app.timeline.permissions == []
+    app.on_event(event("UserMessageCreated", text="plan again"))
+    app.on_event(event("TaskCompleted"))
+    app.on_key(K("esc"))                                    # Esc keeps planning
+    assert ctrl.calls[-2] == ("plan", "deny")
+    ctrl.mode = "default"
+    app.on_event(event("UserMessageCreated", text="just do it"))
+    app.on_event(event("TaskCompleted"))                    # not a plan: nothing asked
+    assert app.timeline.permissions == []
