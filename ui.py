@@ -1835,8 +1835,9 @@ def panel_footer(request: dict, width: int, style: Style,
                 spans.append((" · ", ("dim",)))
             if chosen:
                 spans.append(("› ", ("prompt",)))
-            spans.append((letter, ("bold",)))
-            spans.append((f") {words}", ("selected",) if chosen else ()))
+            # "esc)" stays whole when a narrow terminal wraps the answers
+            spans.append((f"{letter})", ("bold",)))
+            spans.append((f" {words}", ("selected",) if chosen else ()))
         lines += wrap_spans(spans, width, style, bar, bar)
         if composing:
             hint = ("Enter sends your text as a message; "
