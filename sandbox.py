@@ -1,18 +1,20 @@
-"""sandbox.py: Linux Landlock through ctypes, so that every command khaelor starts is confined to what its
-permission decision granted; and the git configuration that keeps a repository from running code.
+"""sandbox.py: the boundary. Every command khaelor starts is held by the kernel to what its permission
+decision granted, whatever the judgement of its text got wrong: Landlock (files, TCP ports, signal and
+abstract-socket scopes), seccomp-BPF (socket families, other processes, the kernel's other doors, the
+terminal), capabilities dropped, rlimits, an allow-listed environment; all through ctypes, no helper binary.
 
-Owns: probing the Landlock ABI, building a ruleset in the parent from a `confine` dict, the preexec hook
-that enters it in the child, the ports the session's own servers listen on, the secret locations that are
-always closed, the git settings every command carries, the note that explains a refusal, and
-opening a path through no symbolic link (openat2), for khaelor's own file tools.
+Owns: probing Landlock and seccomp; the read allow-list and the secrets closed inside it (the home's, the
+system's, the project's own secret files and their hard links); building a ruleset in the parent from a
+`confine` dict; the seccomp programs; the preexec hook that enters all of it in the child; the connect
+supervisor that lets an approved command reach only the session's own loopback servers; the child's
+environment; the git settings every command carries; the note that explains a refusal; and opening a
+path through no symbolic link (openat2), for khaelor's own file tools.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to confine
-what it does not: `status()` says what the kernel offers, and without Landlock nothing is confined.
+what it does not: `layers()` says which layer this kernel enforces, and a missing one makes every
+command ask (permissions.py).
 
-What Landlock cannot confine, even at ABI 7: UDP (so DNS), raw sockets (root), pathname unix sockets
-(e.g. /var/run/docker.sock), TCP connect by address (a port rule allows that port on every host), the
-files a command was given open (its stdin, stdout, stderr), and /proc (readable, and so is
-/proc/<pid>/environ of khaelor, whose environment every command gets anyway; another process's memory
-is refused by Landlock's ptrace rule). Names stay listable (READ_DIR is inherited; see _grant).
+What stays open: the files a command was given open (its stdin, stdout, stderr); /proc/<pid>/cmdline
+of other processes; names stay listable along the way to a closed location (READ_DIR; see _grant).
 """
 
 import ctypes
