@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from conftest import ROOT, run_khaelor, was_reached
+from conftest import run_khaelor, was_reached
 from fake_api import reply, text, tool_use
 
 if not sandbox.probe()[0] or not sandbox.seccomp_available():
