@@ -26,6 +26,8 @@ from events import estimate_tokens
 import model as models
 from model import DEFAULT_AUX_MODEL, price_row
 
+# How the facts a turn's first request tells the model begin (kernel.turn_needs_facts).
+ENVIRONMENT_OPEN = "<environment>"
 # In one directory the first of these wins.
 INSTRUCTION_FILES = ("KHAELOR.md", "CLAUDE.md", "AGENTS.md")
 # Claude Code's personal notes for a project, read beside the others.
@@ -491,7 +493,7 @@ class Context:
         if self.tools:
             self.tools[-1]["cache_control"] = CACHE
 
-    def build_request(self, state: events.State, *, volatile: str = "") -> dict:
+    def build_request(self, state: events.State) -> dict:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
         the two newest user messages (this turn's prefix and the previous one's, so a read still
         hits when a tool loop appended more than the 20-block lookback)."""
@@ -503,7 +505,7 @@ class Context:
                 **fields,
                 "system": copy.deepcopy(self.system),
                 "tools": copy.deepcopy(self.tools),
-                "messages": assemble_messages(state.messages, volatile)}
+                "messages": assemble_messages(state.messages)}
 
     def reasoning(self, state: events.State) -> models.Reasoning:
         """The thinking setting of the turn (chosen before its user message, so nothing that
@@ -539,7 +541,7 @@ class Context:
             lines.append(f"- {process_id}: {command} (running {ran})")
         if len(processes) > 10:
             lines.append(f"- … and {len(processes) - 10} more")
-        return "<environment>\n" + "\n".join(lines) + "\n</environment>"
+        return ENVIRONMENT_OPEN + "\n" + "\n".join(lines) + "\n</environment>"
 
     def git_status_line(self, world_seq: int | None) -> str | None:
         """"Git: branch main; 2 modified", asked of git only when the tree may have changed."""
@@ -687,9 +689,10 @@ def summarize_git_status(porcelain: str) -> str:
 
 # ---------------------------------------------------------------- request assembly
 
-def assemble_messages(messages: list[dict], volatile: str = "") -> list[dict]:
+def assemble_messages(messages: list[dict]) -> list[dict]:
     """The API copy of the history: breakpoints on the newest stable block of the last message and
-    of the user message before it, then the volatile facts after the last message's stable blocks.
+    of the user message before it. Nothing else differs from the history (the turn's environment
+    facts are in it: EnvironmentNoted), so a replayed thinking block stays bound to what it saw.
     Only the touched messages are copied; the history itself is never modified."""
     out = list(messages)
     if not out:
@@ -705,9 +708,6 @@ def assemble_messages(messages: list[dict], volatile: str = "") -> list[dict]:
             continue
         content = _with_breakpoint(out[index]["content"])
         out[index] = {**out[index], "content": content}
-    if volatile and out[newest]["role"] == "user":
-        tail = {"type": "text", "text": volatile}
-        out[newest]["content"] = out[newest]["content"] + [tail]
     return out
 
 

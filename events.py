@@ -26,7 +26,7 @@ DURABLE = frozenset("""
     ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
     ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
     ModelChanged UserShellRan TextCheckpoint ThinkingChanged CheckpointRecorded Rewound
-    ModeChanged""".split())
+    ModeChanged EnvironmentNoted""".split())
 EPHEMERAL = frozenset("""
     ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
@@ -234,6 +234,15 @@ class CheckpointRecorded(Envelope):
     changed: NotRequired[list]      # [[status, path]] since the session's previous checkpoint
 
 
+class EnvironmentNoted(Envelope):
+    """The volatile facts (date, git, running processes, the mode) the turn's first request told the
+    model, after the user's message. Recorded, so every later request sends them as the same bytes:
+    on Sonnet and Opus 5.5 a replayed thinking block is valid only while the earlier messages are
+    unchanged, and the prompt cache keeps its prefix."""
+    type: Literal["EnvironmentNoted"]
+    text: str
+
+
 class Rewound(Envelope):
     """The work tree went back to before step `step` (State.steps, 1-based); `text` is what the
     model reads with the next request."""
@@ -370,7 +379,7 @@ EVENT_KINDS = {kind.__name__: kind for kind in (
     SteeringInjected, TextCheckpoint, ModelTextBlockCompleted, ModelThinkingBlockCompleted,
     ToolRequested, ModelResponseCompleted, ModelRequestFailed, PermissionRequested,
     PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
-    FileModified, CheckpointRecorded, Rewound, ProcessStarted, ProcessExited, ContextPruned,
+    FileModified, CheckpointRecorded, Rewound, EnvironmentNoted, ProcessStarted, ProcessExited, ContextPruned,
     ContextCompacted, Interrupted,
     VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
     ThinkingChanged, ModeChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
@@ -814,7 +823,7 @@ class Bus:
 BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
 # User-side text: it joins the conversation and ends any response still being streamed.
 USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested",
-                              "UserShellRan", "Rewound"})
+                              "UserShellRan", "Rewound", "EnvironmentNoted"})
 DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVENTS})
 OPEN = "open"               # what Attempt.feed says of an event: a block joined the attempt,
 CLOSED = "closed"           # the response counts,
@@ -1465,6 +1474,8 @@ _HANDLERS = {
     "SteeringQueued": _on_steering_queued,
     "SteeringInjected": _on_steering_injected,
     "UserShellRan": _on_user_shell,
+    # context the model reads, like a `!` command's output
+    "EnvironmentNoted": _on_user_shell,
     "TextCheckpoint": _on_checkpoint,
     "ToolRequested": _on_tool_requested,
     "ModelRequestFailed": _on_request_failed,

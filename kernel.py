@@ -668,16 +668,27 @@ class Kernel:
                     break
         await self.bus.store.sync_off_loop()
 
+    def turn_needs_facts(self) -> bool:
+        """Whether the turn's first request is next and its facts are not yet in the history
+        (a retried first request sends the ones recorded)."""
+        messages = self.state.messages
+        if self.state.responses_in_turn or not messages or messages[-1]["role"] != "user":
+            return False
+        last = messages[-1]["content"][-1]
+        return not str(last.get("text", "")).startswith(context.ENVIRONMENT_OPEN)
+
     async def stream_response(self) -> None:
-        # Off the loop: the facts include `git status`, which takes a while in a big repository.
-        processes = self.toolbox.running_processes()
-        world_seq = self.state.world_seq
-        volatile = await asyncio.to_thread(self.ctx.volatile_facts,
-                                           processes, world_seq)
-        if self.turn_mode() == "plan":
-            # in the uncached tail: leaving plan mode keeps the cached system prompt valid
-            volatile += "\n" + context.PLAN_MODE
-        request = self.ctx.build_request(self.state, volatile=volatile)
+        if self.turn_needs_facts():
+            # Off the loop: the facts include `git status`, which takes a while in a big repository.
+            processes = self.toolbox.running_processes()
+            world_seq = self.state.world_seq
+            facts = await asyncio.to_thread(self.ctx.volatile_facts,
+                                            processes, world_seq)
+            if self.turn_mode() == "plan":
+                # after the user's message: leaving plan mode keeps the cached system prompt valid
+                facts += "\n" + context.PLAN_MODE
+            self.emit("EnvironmentNoted", text=facts)
+        request = self.ctx.build_request(self.state)
         self.request = request
         # what the thinking setting could not have as asked, told once
         while self.ctx.notes:

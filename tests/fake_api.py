@@ -149,15 +149,52 @@ class Memory:
         self.thinking = {}      # signature -> thinking text
         self.redacted = set()   # redacted_thinking data
         self.turns = {}         # tool_use id -> that response's thinking/redacted blocks, in order
+        self.bound = {}         # signature -> the request it was made for (binding models, §3.3)
 
-    def remember(self, content):
+    def remember(self, content, body=None):
         reasoning = [b for b in content if b["type"] in ("thinking", "redacted_thinking")]
         for block in reasoning:
             if block["type"] == "thinking":
                 self.thinking[block["signature"]] = block["thinking"]
+                if body is not None and body["model"].startswith(BINDING_MODELS):
+                    self.bound[block["signature"]] = _binding_key(body, len(body["messages"]))
             else:
                 self.redacted.add(block["data"])
         self.turns.update((b["id"], reasoning) for b in content if b["type"] == "tool_use")
+
+
+# Models on which a replayed thinking block is valid only while system, tools and the earlier
+# messages are unchanged (ANTHROPIC_API.md §3.3, enforced for accounts made after 2026-08-31).
+BINDING_MODELS = ("claude-fable-5-1", "claude-opus-5-5", "claude-sonnet-5-5")
+BOUND_ELSEWHERE = "Invalid `signature` in `thinking` block. The block is bound to a different conversation."
+
+
+def _binding_key(body, n_messages):
+    """system, tools and the first n messages, cache breakpoints aside."""
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if k != "cache_control"}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+    return json.dumps(plain([body.get("system"), body.get("tools"), body["messages"][:n_messages]]),
+                      sort_keys=True)
+
+
+def check_binding(body, memory):
+    """The 400 for a thinking block of this turn replayed after the messages before it changed."""
+    messages = body["messages"]
+    opening = 0
+    for i, message in enumerate(messages):
+        blocks = _blocks(message["content"])
+        if message["role"] == "user" and not any(b.get("type") == "tool_result" for b in blocks):
+            opening = i
+    for i in range(opening, len(messages)):
+        for j, block in enumerate(_blocks(messages[i]["content"])):
+            bound = memory.bound.get(block.get("signature")) if block.get("type") == "thinking" else None
+            if bound is not None and bound != _binding_key(body, i):
+                return f"messages.{i}.content.{j}: {BOUND_ELSEWHERE}"
+    return None
 
 
 def validate(body, *, endpoint="messages", memory=None):
@@ -704,7 +741,7 @@ class FakeAnthropic:
         message = {"id": self.new_id("msg_fake"), "type": "message", "role": "assistant", "model": body["model"],
                    "content": content, "stop_reason": stop, "stop_sequence": item.get("stop_sequence"), "usage": usage}
         with self._lock:
-            self.memory.remember(content)
+            self.memory.remember(content, body)
             self.cache.commit(writes)
         return item, message
 
@@ -725,6 +762,8 @@ class FakeAnthropic:
             return Failure(400, "invalid_request_error", "There was an error parsing the body as JSON")
         try:
             problem = validate(body, endpoint=endpoint, memory=self.memory)
+            if not problem and endpoint == "messages":
+                problem = check_binding(body, self.memory)
         except (AttributeError, KeyError, TypeError) as exc:   # a shape validate() did not foresee
             problem = f"fake_api could not validate this body: {exc!r}"
         return Failure(400, "invalid_request_error", problem) if problem else None

@@ -135,9 +135,12 @@ def test_oversized_instruction_file_is_cut(tmp_path):
 # ---------------------------------------------------------------- request assembly
 
 def scripted_session(bus, requests, ctx):
-    """A multi-turn session; a request is built wherever the kernel would call the model."""
-    def call(volatile):
-        requests.append(ctx.build_request(bus.store.state, volatile=volatile))
+    """A multi-turn session; a request is built wherever the kernel would call the model, and the
+    environment facts recorded before a turn's first request, as the kernel records them."""
+    def call(facts=""):
+        if facts:
+            bus.emit("EnvironmentNoted", text=facts)
+        requests.append(ctx.build_request(bus.store.state))
 
     bus.emit("SessionCreated", cwd="/p", project_root="/p", model=ctx.model, aux_model="a", version="0")
     bus.emit("UserMessageCreated", text="fix the failing parser test")
@@ -148,7 +151,7 @@ def scripted_session(bus, requests, ctx):
     bus.emit("ModelResponseCompleted", message_id="m1", model=ctx.model, stop_reason="tool_use", usage=usage())
     bus.emit("ToolStarted", tool_use_id="t1", name="read")
     bus.emit("ToolCompleted", tool_use_id="t1", name="read", output="1\tdef parse(): ...", meta={})
-    call("<environment>\nDate: 2\n</environment>")
+    call()
     bus.emit("ToolRequested", tool_use_id="t2", name="edit", input={"file_path": "parser.py"})
     bus.emit("ToolRequested", tool_use_id="t3", name="bash", input={"command": "pytest -q"})
     bus.emit("ModelResponseCompleted", message_id="m2", model=ctx.model, stop_reason="tool_use", usage=usage())
@@ -156,7 +159,7 @@ def scripted_session(bus, requests, ctx):
     bus.emit("PermissionDenied", tool_use_id="t3", reason="the user declined", feedback="run only the parser tests")
     bus.emit("SteeringQueued", text="also update the docs")
     bus.emit("SteeringInjected", text="also update the docs")
-    call("<environment>\nDate: 3\nGit: branch main; 1 modified\n</environment>")
+    call()
     bus.emit("ModelTextBlockCompleted", text="Done: the parser handles empty input.")
     bus.emit("ModelResponseCompleted", message_id="m3", model=ctx.model, stop_reason="end_turn", usage=usage())
     bus.emit("TaskCompleted", evidence={})
@@ -165,7 +168,7 @@ def scripted_session(bus, requests, ctx):
     bus.emit("ToolRequested", tool_use_id="t4", name="bash", input={"command": "pytest"})
     bus.emit("ModelResponseCompleted", message_id="m4", model=ctx.model, stop_reason="tool_use", usage=usage())
     bus.emit("ToolCompleted", tool_use_id="t4", name="bash", output="42 passed", meta={})
-    call("")
+    call()
 
 
 def test_requests_are_byte_stable_across_a_session(tmp_path):
@@ -178,26 +181,24 @@ def test_requests_are_byte_stable_across_a_session(tmp_path):
         assert set(request) == {"model", "max_tokens", "system", "tools", "messages", "thinking"}
     for before, after in zip(requests, requests[1:]):
         old, new = before["messages"], after["messages"]
-        assert stable(new[:len(old) - 1]) == stable(old[:-1])
-        # The last user message minus its volatile block is what the next request carries: the
-        # whole previous request up to its message breakpoint is a cache hit.
-        last = copy.deepcopy(old[-1])
-        if last["content"][-1]["text"].startswith("<environment>"):
-            last["content"].pop()
-        assert stable(new[len(old) - 1]) == stable(last)
-        assert stable(new).startswith(stable(old[:-1])[:-1])
+        # Every message a request sent is sent again unchanged (cache breakpoints aside): the whole
+        # previous request is a cache hit, and a replayed thinking block stays bound (5.5 models).
+        assert stable(new[:len(old)]) == stable(old)
+        assert stable(new).startswith(stable(old)[:-1])
 
 
-def test_volatile_facts_only_in_the_newest_user_message(tmp_path):
+def test_the_environment_facts_follow_the_message_that_opened_their_turn(tmp_path):
     ctx, requests = make_context(tmp_path), []
     scripted_session(events.Bus(events.SessionStore.create(tmp_path / "s")), requests, ctx)
-    for request in requests[:-1]:
-        *older, newest = request["messages"]
-        assert newest["role"] == "user"
-        assert newest["content"][-1]["text"].startswith("<environment>")
-        assert "cache_control" not in newest["content"][-1]
-        assert "Date: " not in stable(older) + stable(request["system"]) + stable(request["tools"])
-    assert "Date: " not in stable(requests[-1])      # volatile="" adds nothing
+    for request in requests:
+        first = request["messages"][0]["content"]
+        assert [b["text"] for b in first[:2]] == ["fix the failing parser test",
+                                                  "<environment>\nDate: 1\n</environment>"]
+        assert "Date: " not in stable(request["system"]) + stable(request["tools"])
+    texts = [b.get("text", "") for m in requests[-1]["messages"] for b in m["content"]]
+    turn_two = texts.index("now run the whole suite")
+    assert texts[turn_two + 1] == "<environment>\nDate: 4\n</environment>"
+    assert sum(text.startswith("<environment>") for text in texts) == 2
 
 
 def test_breakpoints_at_most_four_and_where_they_belong(tmp_path):
@@ -207,9 +208,7 @@ def test_breakpoints_at_most_four_and_where_they_belong(tmp_path):
         assert context.count_breakpoints(request) <= 4
         assert "cache_control" in request["system"][-1] and "cache_control" in request["tools"][-1]
         messages = request["messages"]
-        newest = messages[-1]["content"]
-        volatile = newest[-1].get("text", "").startswith("<environment>")
-        assert "cache_control" in newest[-2 if volatile else -1]
+        assert "cache_control" in messages[-1]["content"][-1]
         users = [m for m in messages if m["role"] == "user"]
         if len(users) > 1:
             assert "cache_control" in users[-2]["content"][-1]
@@ -225,11 +224,10 @@ def test_breakpoint_skips_thinking_and_empty_text_and_never_mutates_history():
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"},
                                             {"type": "text", "text": ""}]}]
     before = copy.deepcopy(history)
-    out = context.assemble_messages(history, "<environment>v</environment>")
+    out = context.assemble_messages(history)
     assert history == before
     assert out[0]["content"] == [{"type": "text", "text": "plain string content", "cache_control": context.CACHE}]
     assert out[2]["content"][0]["cache_control"] == context.CACHE and "cache_control" not in out[2]["content"][1]
-    assert out[2]["content"][-1]["text"] == "<environment>v</environment>"
     # An assistant message ending in thinking (never sent last by the kernel) gets no marker on it.
     out = context.assemble_messages(history[:2])
     assert "cache_control" not in out[1]["content"][1] and out[1]["content"][0]["cache_control"] == context.CACHE
@@ -247,9 +245,10 @@ def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     payload = asyncio.run(context.compact(store.state, summarize, aux_model=ctx.aux_model))
     bus.emit("ContextCompacted", **payload)
     bus.emit("UserMessageCreated", text="and the docs?")
-    live = ctx.build_request(store.state, volatile="<environment>x</environment>")
+    bus.emit("EnvironmentNoted", text="<environment>x</environment>")
+    live = ctx.build_request(store.state)
     store.close()
-    replayed = ctx.build_request(events.SessionStore.open(store.path).state, volatile="<environment>x</environment>")
+    replayed = ctx.build_request(events.SessionStore.open(store.path).state)
     assert json.dumps(live) == json.dumps(replayed)
     assert live["messages"][0]["content"][0]["text"] == payload["summary"]
     check_api_valid(live["messages"])

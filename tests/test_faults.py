@@ -71,7 +71,7 @@ def next_request(log_path, project, home, scratch):
     assert kernel.derive_next(store.state) == "call-model"
     ctx = context.Context(project_root=project, cwd=project, home=home, model="claude-sonnet-5-5",
                           tool_schemas=tools.SCHEMAS)
-    request = ctx.build_request(store.state, volatile="<environment>\nDate: today\n</environment>")
+    request = ctx.build_request(store.state)
     return store, json.loads(json.dumps(request))
 
 
@@ -150,7 +150,9 @@ def test_api_faults_that_do_not_clear_end_with_one_clear_line_and_exit_1(tmp_pat
         log = read_log(session_files(scenario_env)[-1])
         assert log[-1]["type"] == "TaskFailed"
         assert not any(e["type"] == "ModelResponseCompleted" for e in log)
-        assert events.history(log) == [{"role": "user", "content": [{"type": "text", "text": "hello there"}]}]
+        [prompt] = events.history(log)        # the prompt and the environment facts told with it
+        assert prompt["content"][0] == {"type": "text", "text": "hello there"}
+        assert [b["text"][:13] for b in prompt["content"][1:]] == ["<environment>"]
 
 
 def test_a_bad_read_timeout_setting_is_a_usage_error(project, env):
@@ -392,7 +394,8 @@ def test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole(pr
         [log_path] = session_files(env)
         assert log_path.read_bytes().endswith(b"\n")
         recorded = read_log(log_path)
-        assert recorded[0]["type"] == "SessionCreated" and recorded[-1]["type"] == "UserMessageCreated"
+        kinds = [e["type"] for e in recorded]
+        assert kinds[0] == "SessionCreated" and kinds[-2:] == ["UserMessageCreated", "EnvironmentNoted"]
 
         fake.enqueue(reply(text("two")))
         again = run_cli(project, env, "-c", "-p", "second", fake=fake)

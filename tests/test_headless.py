@@ -17,15 +17,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def strip_request(messages):
-    """A request's messages without the volatile tail and the cache breakpoints: what history gives."""
+    """A request's messages without the cache breakpoints: what history gives (the turn's
+    environment facts are history too: EnvironmentNoted)."""
     messages = json.loads(json.dumps(messages))
     for message in messages:
         for block in message["content"] if isinstance(message["content"], list) else []:
             block.pop("cache_control", None)
-    last = messages[-1]["content"]
-    if last and last[-1]["type"] == "text" and last[-1]["text"].startswith("<environment>"):
-        last.pop()
     return messages
+
+
+def said(message) -> list[str]:
+    """The texts of a user message but the environment facts."""
+    texts = [block["text"] for block in message["content"] if block["type"] == "text"]
+    return [text for text in texts if not text.startswith("<environment>")]
 
 
 def assert_no_rejections(fake):
@@ -71,7 +75,8 @@ def test_continue_sends_the_same_history_into_the_next_request(khaelor, fake):
     after = strip_request(fake.requests[-1]["body"]["messages"])
     assert json.dumps(after[:len(before)]) == json.dumps(before)
     assert after[len(before)] == {"role": "assistant", "content": [{"type": "text", "text": "first answer"}]}
-    assert after[-1]["content"][-1] == {"type": "text", "text": "second"}
+    assert after[-1]["content"][-2] == {"type": "text", "text": "second"}
+    assert after[-1]["content"][-1]["text"].startswith("<environment>")
     assert len(khaelor.session_files()) == 1
     assert_no_rejections(fake)
 
@@ -92,7 +97,7 @@ def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
     assert_no_rejections(fake)
     sent = fake.requests[-1]["body"]["messages"]
     assert sent[0]["role"] == "user" and [m["role"] for m in sent] == ["user"]
-    assert [b["text"] for b in strip_request(sent)[0]["content"]] == ["write a lot", "try again"]
+    assert said(strip_request(sent)[0]) == ["write a lot", "try again"]
 
 
 def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, fake):

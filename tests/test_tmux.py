@@ -691,8 +691,11 @@ def test_shift_tab_enters_plan_mode_and_an_approved_plan_proceeds_accepting_edit
     screen = term.wait_for("notes written")
     assert (project / "notes.md").read_text() == "hi\n" and "accept edits" in screen
     bodies = [r["body"] for r in term.requests()]
-    tails = [body["messages"][-1]["content"][-1].get("text", "") for body in bodies]
-    assert "Plan mode" in tails[0] and "Plan mode" in tails[1] and "Plan mode" not in tails[2]
+    # each request's newest environment facts: the turn's, recorded with its first request
+    facts = [[b["text"] for m in body["messages"] for b in m["content"]
+              if b.get("type") == "text" and b["text"].startswith("<environment>")][-1]
+             for body in bodies]
+    assert "Plan mode" in facts[0] and "Plan mode" in facts[1] and "Plan mode" not in facts[2]
     assert bodies[0]["system"] == bodies[2]["system"]        # the cached tiers never changed
     assert rejected(term) == []
 
