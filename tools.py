@@ -1334,13 +1334,16 @@ class Checkpoints:
             if (repo.git_dir / "index").is_file():
                 data = (repo.git_dir / "index").read_bytes()
                 payload["index"] = self.keep(data)
-                index.write_bytes(data)
-                # git trusts an entry's stat data only when older than its index file: a file
-                # changed in the second the index was written must still be looked at
-                stamp = (repo.git_dir / "index").stat()
-                os.utime(index, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
-        elif (shadow / "index").is_file():
-            # Not a repository: the shadow keeps its own index, for the stat cache.
+                if not (shadow / "index").is_file():
+                    # the first checkpoint starts from the user's index (its stat cache)
+                    index.write_bytes(data)
+                    # git trusts an entry's stat data only when older than its index file: a
+                    # file changed in the second the index was written must still be looked at
+                    stamp = (repo.git_dir / "index").stat()
+                    os.utime(index, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        if (shadow / "index").is_file():
+            # The shadow keeps its own index of the tree it last recorded: its stat cache and its
+            # cache of trees make the next write-tree redo only the folders that changed.
             shutil.copy2(shadow / "index", index)
         changed, skipped = self._changed(root, index)
         if changed:
@@ -1348,8 +1351,7 @@ class Checkpoints:
         argv = ["write-tree", "--missing-ok"]
         payload["tree"] = self.git(root, argv, index).decode().strip()
         payload["skipped"] = skipped
-        if not repo:
-            os.replace(index, shadow / "index")
+        os.replace(index, shadow / "index")
         return payload
 
     def _head(self, repo: Repository) -> dict:
