@@ -450,17 +450,18 @@ _STRING_START = r"(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*"
 _SEQUENCE = (r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
              rf"|{_STRING_START}(?:\x07|\x1b\\|\x9c)"
              r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
+# Patterns, not compiled here: re compiles and caches each on its first use, off the start-up path.
 # complete sequences only: a stream holds back one that is not (yet)
-ESCAPE_SEQUENCE_RE = re.compile(_SEQUENCE)
-_ESCAPES_RE = re.compile(rf"{_SEQUENCE}|{_STRING_START}|\x1b")
+ESCAPE_SEQUENCE = _SEQUENCE
+_ESCAPES = rf"{_SEQUENCE}|{_STRING_START}|\x1b"
 # C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
 CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
 INVISIBLE_CHARS = "\u200b-\u200d\u2060-\u2064\ufeff\U000e0000-\U000e007f"
-_UNSAFE_RE = re.compile(rf"{_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]")
+_UNSAFE = rf"{_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]"
 # every sequence starts with one of these: text without any (nearly all) is left as it is, fast
-_CONTROL_RE = re.compile(f"[{CONTROL_CHARS}]")
-_HIDDEN_RE = re.compile(f"[{CONTROL_CHARS}{INVISIBLE_CHARS}]")
+_CONTROL = f"[{CONTROL_CHARS}]"
+_HIDDEN = f"[{CONTROL_CHARS}{INVISIBLE_CHARS}]"
 _PICTURES = {"\r": "␍", "\x7f": "^?"}
 
 
@@ -475,17 +476,17 @@ def overwritten(text: str) -> str:
 def without_escapes(text: str) -> str:
     """A program's output for the model: escape sequences dropped (their payloads too), lines
     overwritten as a terminal would."""
-    if not _CONTROL_RE.search(text):
+    if not re.search(_CONTROL, text):
         return text
-    return _ESCAPES_RE.sub("", overwritten(text))
+    return re.sub(_ESCAPES, "", overwritten(text))
 
 
 def plain_text(text: str) -> str:
     """Untrusted text made safe to print: also every other control character dropped, so nothing in
     it moves the cursor, retitles the window, writes the clipboard (OSC 52) or reorders the line."""
-    if not _CONTROL_RE.search(text):
+    if not re.search(_CONTROL, text):
         return text
-    return _UNSAFE_RE.sub("", overwritten(text))
+    return re.sub(_UNSAFE, "", overwritten(text))
 
 
 def _picture(match: re.Match) -> str:
@@ -501,7 +502,7 @@ def visible_controls(text: str, one_line: bool = False) -> str:
     """What the user approves is what runs: every character of a command or a rule kept, each
     control, bidirectional or invisible one shown as itself (ESC as ^[, CR as ␍, 0x9B as <U+009B>),
     none left for the terminal to act on. `one_line`: a newline shown as ␤."""
-    shown = _HIDDEN_RE.sub(_picture, text)
+    shown = re.sub(_HIDDEN, _picture, text)
     if one_line:
         return shown.replace("\n", "␤")
     return shown
@@ -510,7 +511,7 @@ def visible_controls(text: str, one_line: bool = False) -> str:
 def has_hidden_characters(text: str) -> bool:
     """A C0 or C1 control, a bidirectional control or an invisible character: what the panel warns
     of, since what the user reads may not be what runs (a CR before a newline is a line ending)."""
-    return bool(_HIDDEN_RE.search(text.replace("\r\n", "\n")))
+    return bool(re.search(_HIDDEN, text.replace("\r\n", "\n")))
 
 
 # ---------------------------------------------------------------- locations

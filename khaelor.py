@@ -1531,7 +1531,7 @@ class StreamedAnswer:
         text = self.pending + text
         self.pending = ""
         start = text.rfind("\x1b")
-        unfinished = start >= 0 and not events.ESCAPE_SEQUENCE_RE.match(text, start)
+        unfinished = start >= 0 and not re.compile(events.ESCAPE_SEQUENCE).match(text, start)
         # held back for the next delta, unless it is past any real sequence's length
         if unfinished and len(text) - start < 4096:
             self.pending = text[start:]
