@@ -1,17 +1,19 @@
 """sandbox.py: the boundary. Every command khaelor starts is held by the kernel to what its permission
-decision granted, whatever the judgement of its text got wrong: Landlock (files, TCP ports, signal and
-abstract-socket scopes), seccomp-BPF (socket families, other processes, the kernel's other doors, the
-terminal), capabilities dropped, rlimits, an allow-listed environment; all through ctypes, no helper binary.
+decision granted, whatever the judgement of its text got wrong: Landlock (files, TCP ports, signal
+and abstract-socket scopes), seccomp-BPF (socket families, other processes, the kernel's other
+doors, the terminal), capabilities dropped, rlimits, an allow-listed environment; all through
+ctypes, no helper binary.
 
-Owns: probing Landlock and seccomp; the read allow-list and the secrets closed inside it (the home's, the
-system's, the project's own secret files and their hard links); building a ruleset in the parent from a
-`confine` dict; the seccomp programs; the preexec hook that enters all of it in the child; the connect
-supervisor that lets an approved command reach only the session's own loopback servers; the child's
-environment; the git settings every command carries; the note that explains a refusal; and opening a
-path through no symbolic link (openat2), for khaelor's own file tools.
-Must not: import anything of ours, run a program (tools.py starts every process), or claim to confine
-what it does not: `layers()` says which layer this kernel enforces, and a missing one makes every
-command ask (permissions.py).
+Owns: probing Landlock and seccomp; the read allow-list and the secrets closed inside it (the
+home's, the system's, the project's own secret files and their hard links); building a ruleset in
+the parent from a `confine` dict; the seccomp programs; the preexec hook that enters all of it in
+the child; the connect supervisor that lets an approved command reach only the session's own
+loopback servers; the child's environment; the git settings every command carries; the note that
+explains a refusal; and opening a path through no symbolic link (openat2), for khaelor's own file
+tools.
+Must not: import anything of ours, run a program (tools.py starts every process), or claim to
+confine what it does not: `layers()` says which layer this kernel enforces, and a missing one makes
+every command ask (permissions.py).
 
 What stays open: the files a command was given open (its stdin, stdout, stderr); /proc/<pid>/cmdline
 of other processes; names stay listable along the way to a closed location (READ_DIR; see _grant).
@@ -612,11 +614,12 @@ def limits_for(confine: dict) -> list[tuple[int, int]]:
     return limits
 
 
-# ---------------------------------------------------------------- seccomp: sockets, other processes, the terminal
+# ---------------------------------------------------------------- seccomp: sockets, processes, terminal
 # Landlock confines files, TCP ports and signals; seccomp-BPF covers what it cannot see: sockets of
 # every other family (UDP, raw, packet, netlink, unix pathname sockets), TCP fast open, ptrace and
 # process_vm_*, io_uring (which would run its own connect and open), namespaces, keyrings, bpf,
-# perf, and the ioctls that type into a terminal. One filter, built in the parent, per kind of command.
+# perf, and the ioctls that type into a terminal. One filter, built in the parent, per kind of
+# command.
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # syscall numbers (asm/unistd_64.h; asm-generic/unistd.h for aarch64)
