@@ -337,6 +337,12 @@ def classify(exc: BaseException) -> ModelError:
         if status in RETRYABLE_STATUS or status >= 500 or err_type in RETRYABLE_TYPES:
             return ModelError("retryable", label, status)
         return ModelError("invalid_request", label, status)
+    import httpx2  # the SDK's transport
+    cause = exc.__cause__
+    if isinstance(exc, sdk.APIConnectionError) and not isinstance(cause, httpx2.ConnectError):
+        # SDK 2.17 wraps a failure after the stream began too: say what it was, not "cannot reach"
+        if isinstance(cause, httpx2.TransportError) and not isinstance(cause, httpx2.ConnectTimeout):
+            exc = cause
     if isinstance(exc, sdk.APIConnectionError):
         # which address: a wrong ANTHROPIC_BASE_URL is the usual cause
         url = getattr(getattr(exc, "request", None), "url", "")
@@ -344,7 +350,6 @@ def classify(exc: BaseException) -> ModelError:
         return ModelError("retryable", f"cannot reach the API{where}: {exc}")
     if isinstance(exc, TypeError) and "authentication" in str(exc):
         return ModelError("auth", "no API key: set ANTHROPIC_API_KEY")
-    import httpx2  # the SDK's transport; failures after the stream began are not wrapped by the SDK
     if isinstance(exc, httpx2.TimeoutException):
         return ModelError("retryable", f"the stream stalled ({type(exc).__name__}: no data within the read "
                           "timeout; KHAELOR_READ_TIMEOUT sets it)")
