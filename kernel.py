@@ -276,11 +276,11 @@ class StreamReducer:
             usage["thinking_tokens"] = self.usage["thinking_tokens"]
         return usage
 
-    def checkpoint_due(self, now: float, text: str) -> bool:
+    def checkpoint_due(self, now: float, unsaved_chars: int) -> bool:
         waited = now - self.saved_at
         if waited >= CHECKPOINT_INTERVAL_S:
             return True
-        return len(text) >= CHECKPOINT_CHARS
+        return unsaved_chars >= CHECKPOINT_CHARS
 
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
@@ -290,12 +290,13 @@ class StreamReducer:
             self.saved_at = now or 0.0
         payload = None
         for index, block in self.blocks.items():
-            unsaved = block["parts"][block.get("n_saved", 0):]
-            if block["type"] != "text" or not unsaved:
+            if block["type"] != "text" or not block["unsaved_chars"]:
                 continue
-            text = "".join(unsaved)
-            if now is None or self.checkpoint_due(now, text):
+            # asked after every delta: join the parts only when a checkpoint is due
+            if now is None or self.checkpoint_due(now, block["unsaved_chars"]):
+                text = "".join(block["parts"][block["n_saved"]:])
                 block["n_saved"] = len(block["parts"])
+                block["unsaved_chars"] = 0
                 payload = {"index": index, "text": text}
         if now is None and any(self.usage.values()):
             # cut off: the usage goes with the text, or alone
@@ -315,7 +316,7 @@ class StreamReducer:
             self.usage = merge_usage({}, event)
         elif kind == "content_block_start":
             # the parts are joined once, at the stop
-            block = dict(event["content_block"], parts=[])
+            block = dict(event["content_block"], parts=[], n_saved=0, unsaved_chars=0)
             self.blocks[event["index"]] = block
             if block["type"] == "thinking":
                 # thinking has begun, even when no text of it will stream (display omitted)
@@ -342,6 +343,7 @@ class StreamReducer:
         kind = delta.get("type")
         if kind == "text_delta":
             block["parts"].append(delta["text"])
+            block["unsaved_chars"] += len(delta["text"])
             return [("TextDelta", {"text": delta["text"]})]
         if kind == "thinking_delta":
             block["parts"].append(delta["thinking"])

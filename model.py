@@ -316,7 +316,18 @@ def _plain_event(event) -> dict | None:
     if kind not in ("message_start", "content_block_start", "content_block_delta", "content_block_stop",
                     "message_delta", "message_stop"):
         return None
+    if kind == "content_block_delta":
+        # most events of a stream are deltas of one field: copy it rather than serialize the model
+        delta = event.delta
+        field = DELTA_FIELDS.get(delta.type)
+        if field is not None:
+            plain = {"type": delta.type, field: getattr(delta, field)}
+            return {"type": kind, "index": event.index, "delta": plain}
     return event.to_dict()
+
+
+DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json",
+                "signature_delta": "signature"}
 
 
 def classify(exc: BaseException) -> ModelError:
