@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import events
-from events import estimate_tokens
+from events import estimate_tokens, price_row
 import model as models
-from model import DEFAULT_AUX_MODEL, price_row
+from model import DEFAULT_AUX_MODEL
 
 # How the facts a turn's first request tells the model begin (kernel.turn_needs_facts).
 ENVIRONMENT_OPEN = "<environment>"
@@ -536,7 +536,7 @@ class Context:
             command = " ".join(str(proc.get("command", "")).split())
             if len(command) > 120:
                 command = command[:117] + "..."
-            ran = _duration(int(proc.get("runtime_s", 0) or 0))
+            ran = events.duration(proc.get("runtime_s") or 0)
             process_id = proc.get("process_id")
             lines.append(f"- {process_id}: {command} (running {ran})")
         if len(processes) > 10:
@@ -646,15 +646,6 @@ class Context:
                  "cache_write_tokens": write,
                  "usable_tokens": self.usable_tokens}
         return rows + [total]
-
-
-def _duration(seconds: int) -> str:
-    """45s, 12m, 3h05m."""
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def summarize_git_status(porcelain: str) -> str:

@@ -15,20 +15,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NotRequired, TypedDict
+from typing import NotRequired
 
 SCHEMA_VERSION = 1
-
-DURABLE = frozenset("""
-    SessionCreated BaselineRecorded UserMessageCreated SteeringQueued SteeringInjected
-    ModelTextBlockCompleted ModelThinkingBlockCompleted ToolRequested ModelResponseCompleted
-    ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
-    ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
-    ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged UserShellRan TextCheckpoint ThinkingChanged CheckpointRecorded Rewound
-    ModeChanged EnvironmentNoted""".split())
-EPHEMERAL = frozenset("""
-    ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
 # Events that give a tool_use its tool_result. A denial is answered to the model like a result.
 TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", "PermissionDenied"})
@@ -38,376 +27,206 @@ LOOP_CAPABILITY = "loop.continue"
 USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts when a person said no
 # ... and when nobody could be asked (-p): the model is not told that someone said no.
 NOT_ASKED = "not allowed without asking; headless"
-# A command the user ran with `!` (UserShellRan: command, output, exit_code, duration_ms, stopped):
-# its ToolOutput carries this id, and it joins the conversation as user-side text.
+# A command the user ran with `!` (UserShellRan): its ToolOutput carries this id, and it joins the
+# conversation as user-side text.
 USER_SHELL_ID = "user-shell"
 LOST_RESULT = "[no result was recorded for this call: its line in the session log could not be read]"
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
 
 
-# ---------------------------------------------------------------- event kinds: one TypedDict each
-
-class Envelope(TypedDict):
-    v: int                  # schema version
-    seq: int                # 1, 2, … per session; 0 for an ephemeral event
-    id: str
-    ts: int                 # unix ms
-    session: str
-
-
-class Usage(TypedDict):     # copied from the API, never estimated
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    thinking_tokens: NotRequired[int]   # the part of output_tokens that was thinking, if said
-
-
-class SessionCreated(Envelope):
-    type: Literal["SessionCreated"]
-    cwd: str
-    project_root: str
-    model: str
-    aux_model: str
-    version: str
-
-
-class BaselineRecorded(Envelope):
-    type: Literal["BaselineRecorded"]
-    reason: str             # "session start", "resume", "before first edit"
-    git: bool               # False: not a repository (or no git); nothing else then
-    branch: NotRequired[str]
-    head: NotRequired[str]
-    dirty: NotRequired[list]        # [{path, status}]
-    n_dirty: NotRequired[int]
-    diff_hash: NotRequired[str]
-
-
-class UserMessageCreated(Envelope):
-    type: Literal["UserMessageCreated"]
-    text: str
-    attachments: NotRequired[list]  # the @mentioned files' text or listings, for the model
-
-
-class UserShellRan(Envelope):
-    type: Literal["UserShellRan"]
-    command: str
-    output: str
-    exit_code: int | None
-    stopped: bool
-    duration_ms: NotRequired[int | None]
-
-
-class SteeringQueued(Envelope):
-    type: Literal["SteeringQueued"]
-    text: str
-
-
-class SteeringInjected(Envelope):
-    type: Literal["SteeringInjected"]
-    text: str
-
-
-class TextCheckpoint(Envelope):
-    type: Literal["TextCheckpoint"]
-    index: int
-    text: str
-    model: NotRequired[str | None]
-    usage: NotRequired[Usage]
-
-
-class ModelTextBlockCompleted(Envelope):
-    type: Literal["ModelTextBlockCompleted"]
-    text: str
-
-
-class ModelThinkingBlockCompleted(Envelope):
-    type: Literal["ModelThinkingBlockCompleted"]
-    thinking: NotRequired[str]
-    signature: NotRequired[str]
-    redacted: NotRequired[str]      # instead of thinking and signature
-    duration_ms: NotRequired[int]   # how long the model thought (the UI's "✻ Thinking · 4s")
-
-
-class ToolRequested(Envelope):
-    type: Literal["ToolRequested"]
-    tool_use_id: str
-    name: str
-    input: dict
-    input_error: NotRequired[str]   # the streamed input was not a JSON object
-    # how the UI draws its card, as the tool declares it (tools.card_of): summary, output
-    card: NotRequired[dict]
-
-
-class ModelResponseCompleted(Envelope):
-    type: Literal["ModelResponseCompleted"]
-    message_id: str | None
-    model: str | None
-    stop_reason: str | None
-    usage: Usage
-
-
-class ModelRequestFailed(Envelope):
-    type: Literal["ModelRequestFailed"]
-    kind: str               # model.ModelError kinds: retryable, context_overflow, auth, …
-    status: int | None
-    message: str
-    retrying: bool
-
-
-class PermissionRequested(Envelope):
-    type: Literal["PermissionRequested"]
-    tool_use_id: str
-    capability: str
-    descriptor: str
-    suggestion: dict | None         # the rule an "always" would save
-    preview: str
-
-
-class PermissionGranted(Envelope):
-    type: Literal["PermissionGranted"]
-    tool_use_id: str
-    scope: str              # "once", "always", "yes"
-
-
-class PermissionDenied(Envelope):
-    type: Literal["PermissionDenied"]
-    tool_use_id: str
-    reason: str
-    feedback: str
-
-
-class ToolStarted(Envelope):
-    type: Literal["ToolStarted"]
-    tool_use_id: str
-    name: str
-
-
-class ToolCompleted(Envelope):
-    type: Literal["ToolCompleted"]
-    tool_use_id: str
-    name: str
-    output: str
-    meta: dict              # UI facts; "seen": [[real path, mtime_ns, size]] the call read
-
-
-class ToolFailed(Envelope):
-    type: Literal["ToolFailed"]
-    tool_use_id: str
-    name: str
-    output: str
-    meta: dict
-
-
-class ToolCancelled(Envelope):
-    type: Literal["ToolCancelled"]
-    tool_use_id: str
-    reason: str
-
-
-class FileModified(Envelope):
-    type: Literal["FileModified"]
-    tool_use_id: str
-    path: str               # as shown (relative to the project)
-    added: int
-    removed: int
-    diff: str
-    created: bool
-    real_path: NotRequired[str]
-    before_version: NotRequired[str | None]     # blob names under KHAELOR_HOME/versions
-    after_version: NotRequired[str]
-
-
-class CheckpointRecorded(Envelope):
-    """The work tree as git sees it, before a step that may change it (or after the last one), as a
-    tree in the shadow repository $KHAELOR_HOME/checkpoints/<project> (tools.Checkpoints)."""
-    type: Literal["CheckpointRecorded"]
-    step: str               # the tool_use_id it precedes; "rewind"; "": after the turn's last step
-    reason: str
-    tree: str
-    git: bool               # False: not a repository (files only)
-    head: str               # HEAD's commit; "": none yet
-    branch: str             # "": detached (or not a repository)
-    index: str              # the user's index, a version name under KHAELOR_HOME/versions
-    skipped: list           # untracked files over the size cap, not recorded
-    n_changed: NotRequired[int]
-    changed: NotRequired[list]      # [[status, path]] since the session's previous checkpoint
-
-
-class EnvironmentNoted(Envelope):
-    """The volatile facts (date, git, running processes, the mode) the turn's first request told the
-    model, after the user's message. Recorded, so every later request sends them as the same bytes:
-    on Sonnet and Opus 5.5 a replayed thinking block is valid only while the earlier messages are
-    unchanged, and the prompt cache keeps its prefix."""
-    type: Literal["EnvironmentNoted"]
-    text: str
-
-
-class Rewound(Envelope):
-    """The work tree went back to before step `step` (State.steps, 1-based); `text` is what the
-    model reads with the next request."""
-    type: Literal["Rewound"]
-    step: int
-    undone: list            # the steps undone, as listed
-    restored: list          # paths written back or deleted
-    kept: list              # paths the user changed after the agent's last step, left as they are
-    text: str
-
-
-class ProcessStarted(Envelope):
-    type: Literal["ProcessStarted"]
-    process_id: str
-    pid: int
-    command: str
-
-
-class ProcessExited(Envelope):
-    type: Literal["ProcessExited"]
-    process_id: str
-    exit_code: int | None
-    cause: str
-
-
-class ContextPruned(Envelope):
-    type: Literal["ContextPruned"]
-    tool_use_ids: list
-    placeholders: NotRequired[dict]     # tool_use_id -> what its result says instead
-    reason: NotRequired[str]            # "cost", "idle" (the cache had expired) or "window"
-    model: NotRequired[str]
-    trigger: NotRequired[int]           # context.prune_at then
-    tokens_before: NotRequired[int]     # the request's measured size before the prune
-    freed_tokens: NotRequired[int]
-    rewritten_tokens: NotRequired[int]  # after the first cleared result: written to the cache again
-    payback_requests: NotRequired[float | None]
-
-
-class ContextCompacted(Envelope):
-    type: Literal["ContextCompacted"]
-    checkpoint: dict
-    summary: str
-    cut_seq: int
-    model: NotRequired[str | None]     # the summary call's model and usage (counted in /cost)
-    usage: NotRequired[Usage]
-
-
-class Interrupted(Envelope):
-    type: Literal["Interrupted"]
-    reason: NotRequired[str]
-
-
-class VerificationRequested(Envelope):
-    type: Literal["VerificationRequested"]
-    attempt: int
-    changed_files: list
-    commands: list
-    withheld: str
-    text: str
-
-
-class TaskCompleted(Envelope):
-    type: Literal["TaskCompleted"]
-    evidence: dict
-    answer: NotRequired[str]
-
-
-class TaskFailed(Envelope):
-    type: Literal["TaskFailed"]
-    reason: str
-    traceback: NotRequired[str]
-
-
-class SessionRenamed(Envelope):
-    type: Literal["SessionRenamed"]
-    title: str
-
-
-class ModelChanged(Envelope):
-    type: Literal["ModelChanged"]
-    model: str
-
-
-class ThinkingChanged(Envelope):     # /thinking, /effort, --thinking, --effort: from the next turn
-    type: Literal["ThinkingChanged"]
-    thinking: NotRequired[str]      # off, adaptive, always
-    effort: NotRequired[str]        # low, medium, high, xhigh, max
-
-
-class ModeChanged(Envelope):     # Shift-Tab, --permission-mode, a plan approved: from the next turn
-    type: Literal["ModeChanged"]
-    mode: str                       # default, acceptEdits, plan
-
-
-class ModelStarted(Envelope):
-    type: Literal["ModelStarted"]
-    model: str
-
-
-class TextDelta(Envelope):
-    type: Literal["TextDelta"]
-    text: str
-
-
-class ThinkingDelta(Envelope):
-    type: Literal["ThinkingDelta"]
-    text: str
-
-
-class ToolInputDelta(Envelope):
-    type: Literal["ToolInputDelta"]
-    tool_use_id: str
-    partial_json: str
-
-
-class ToolOutput(Envelope):
-    type: Literal["ToolOutput"]
-    tool_use_id: str
-    text: str
-
-
-class Status(Envelope):
-    type: Literal["Status"]
-    text: str
-
-
-class FilesListed(Envelope):     # the project's files were listed for @ completion
-    type: Literal["FilesListed"]
-    count: int
-
-
-EVENT_KINDS = {kind.__name__: kind for kind in (
-    SessionCreated, BaselineRecorded, UserMessageCreated, UserShellRan, SteeringQueued,
-    SteeringInjected, TextCheckpoint, ModelTextBlockCompleted, ModelThinkingBlockCompleted,
-    ToolRequested, ModelResponseCompleted, ModelRequestFailed, PermissionRequested,
-    PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
-    FileModified, CheckpointRecorded, Rewound, EnvironmentNoted, ProcessStarted, ProcessExited, ContextPruned,
-    ContextCompacted, Interrupted,
-    VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
-    ThinkingChanged, ModeChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
-    FilesListed)}
+# ---------------------------------------------------------------- the vocabulary: one table
+
+# Every event: the envelope, its `type` (the kind's name), then its kind's payload fields.
+ENVELOPE = {
+    "v": int,               # schema version
+    "seq": int,             # 1, 2, … per session; 0 for an ephemeral event
+    "id": str,
+    "ts": int,              # unix ms
+    "session": str,
+}
+# A `usage` (a dict): these keys copied from the API, never estimated, and "thinking_tokens", the
+# part of output_tokens that was thinking, when the API said.
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+# the order of a PRICES row
+PRICED_KEYS = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+DURATION_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+# kind -> its payload fields and their types; NotRequired: may be absent. Durable kinds are
+# appended to the log before anyone sees them; check_event holds every event to its row.
+DURABLE_KINDS = {
+    "SessionCreated": {"cwd": str, "project_root": str, "model": str, "aux_model": str,
+                       "version": str},
+    "BaselineRecorded": {
+        "reason": str,              # "session start", "resume", "before first edit"
+        "git": bool,                # False: not a repository (or no git); nothing else then
+        "branch": NotRequired[str],
+        "head": NotRequired[str],
+        "dirty": NotRequired[list],         # [{path, status}]
+        "n_dirty": NotRequired[int],
+        "diff_hash": NotRequired[str],
+    },
+    "UserMessageCreated": {
+        "text": str,
+        "attachments": NotRequired[list],   # the @mentioned files' text or listings, for the model
+        "model": NotRequired[str],  # the model of this turn's requests (a command file's `model:`)
+    },
+    "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,
+                     "duration_ms": NotRequired[int | None]},
+    "SteeringQueued": {"text": str},
+    "SteeringInjected": {"text": str},
+    "TextCheckpoint": {"index": int, "text": str, "model": NotRequired[str | None],
+                       "usage": NotRequired[dict]},
+    "ModelTextBlockCompleted": {"text": str},
+    "ModelThinkingBlockCompleted": {
+        "thinking": NotRequired[str],
+        "signature": NotRequired[str],
+        "redacted": NotRequired[str],       # instead of thinking and signature
+        "duration_ms": NotRequired[int],    # how long the model thought (the UI's "✻ Thinking · 4s")
+    },
+    "ToolRequested": {
+        "tool_use_id": str,
+        "name": str,
+        "input": dict,
+        "input_error": NotRequired[str],    # the streamed input was not a JSON object
+        # how the UI draws its card, as the tool declares it (tools.card_of): summary, output
+        "card": NotRequired[dict],
+    },
+    "ModelResponseCompleted": {"message_id": str | None, "model": str | None,
+                               "stop_reason": str | None, "usage": dict},
+    "ModelRequestFailed": {
+        "kind": str,                # model.ModelError kinds: retryable, context_overflow, auth, …
+        "status": int | None,
+        "message": str,
+        "retrying": bool,
+    },
+    "PermissionRequested": {
+        "tool_use_id": str,
+        "capability": str,
+        "descriptor": str,
+        "suggestion": dict | None,  # the rule an "always" would save
+        "preview": str,
+    },
+    "PermissionGranted": {"tool_use_id": str, "scope": str},     # "once", "always", "yes"
+    "PermissionDenied": {"tool_use_id": str, "reason": str, "feedback": str},
+    "ToolStarted": {"tool_use_id": str, "name": str},
+    # meta: UI facts; "seen": [[real path, mtime_ns, size]] the call read
+    "ToolCompleted": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
+    "ToolFailed": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
+    "ToolCancelled": {"tool_use_id": str, "reason": str},
+    "FileModified": {
+        "tool_use_id": str,
+        "path": str,                # as shown (relative to the project)
+        "added": int,
+        "removed": int,
+        "diff": str,
+        "created": bool,
+        "real_path": NotRequired[str],
+        "before_version": NotRequired[str | None],  # blob names under KHAELOR_HOME/versions
+        "after_version": NotRequired[str],
+    },
+    # The work tree as git sees it, before a step that may change it (or after the last one), as a
+    # tree in the shadow repository $KHAELOR_HOME/checkpoints/<project> (tools.Checkpoints).
+    "CheckpointRecorded": {
+        "step": str,                # the tool_use_id it precedes; "rewind"; "": after the turn's last step
+        "reason": str,
+        "tree": str,
+        "git": bool,                # False: not a repository (files only)
+        "head": str,                # HEAD's commit; "": none yet
+        "branch": str,              # "": detached (or not a repository)
+        "index": str,               # the user's index, a version name under KHAELOR_HOME/versions
+        "skipped": list,            # untracked files over the size cap, not recorded
+        "n_changed": NotRequired[int],
+        "changed": NotRequired[list],       # [[status, path]] since the session's previous checkpoint
+    },
+    # The work tree went back to before step `step` (State.steps, 1-based); `text` is what the model
+    # reads with the next request.
+    "Rewound": {
+        "step": int,
+        "undone": list,             # the steps undone, as listed
+        "restored": list,           # paths written back or deleted
+        "kept": list,               # paths the user changed after the agent's last step, left as they are
+        "text": str,
+    },
+    # The volatile facts (date, git, running processes, the mode) the turn's first request told the
+    # model, after the user's message. Recorded, so every later request sends them as the same
+    # bytes: on Sonnet and Opus 5.5 a replayed thinking block is valid only while the earlier
+    # messages are unchanged, and the prompt cache keeps its prefix.
+    "EnvironmentNoted": {"text": str},
+    "ProcessStarted": {"process_id": str, "pid": int, "command": str},
+    "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str},
+    "ContextPruned": {
+        "tool_use_ids": list,
+        "placeholders": NotRequired[dict],      # tool_use_id -> what its result says instead
+        "reason": NotRequired[str],     # "cost", "idle" (the cache had expired) or "window"
+        "model": NotRequired[str],
+        "trigger": NotRequired[int],            # context.prune_at then
+        "tokens_before": NotRequired[int],      # the request's measured size before the prune
+        "freed_tokens": NotRequired[int],
+        "rewritten_tokens": NotRequired[int],   # after the first cleared result: cached again
+        "payback_requests": NotRequired[float | None],
+    },
+    "ContextCompacted": {
+        "checkpoint": dict,
+        "summary": str,
+        "cut_seq": int,
+        "model": NotRequired[str | None],   # the summary call's model and usage (counted in /cost)
+        "usage": NotRequired[dict],
+    },
+    "Interrupted": {"reason": NotRequired[str]},
+    "VerificationRequested": {"attempt": int, "changed_files": list, "commands": list,
+                              "withheld": str, "text": str},
+    "TaskCompleted": {"evidence": dict, "answer": NotRequired[str]},
+    "TaskFailed": {"reason": str, "traceback": NotRequired[str]},
+    "SessionRenamed": {"title": str},
+    "ModelChanged": {"model": str},
+    # /thinking, /effort, --thinking, --effort: from the next turn
+    "ThinkingChanged": {
+        "thinking": NotRequired[str],       # off, adaptive, always
+        "effort": NotRequired[str],         # low, medium, high, xhigh, max
+    },
+    # Shift-Tab, --permission-mode, a plan approved: from the next turn
+    "ModeChanged": {"mode": str},           # default, acceptEdits, plan
+}
+# Published, never stored.
+EPHEMERAL_KINDS = {
+    "ModelStarted": {"model": str},
+    "TextDelta": {"text": str},
+    "ThinkingDelta": {"text": str},
+    "ToolInputDelta": {"tool_use_id": str, "partial_json": str},
+    "ToolOutput": {"tool_use_id": str, "text": str},
+    "Status": {"text": str},
+    "FilesListed": {"count": int},          # the project's files were listed for @ completion
+}
+EVENT_KINDS = {**DURABLE_KINDS, **EPHEMERAL_KINDS}
+DURABLE = frozenset(DURABLE_KINDS)
+EPHEMERAL = frozenset(EPHEMERAL_KINDS)
 
 
 def check_event(event: dict) -> list[str]:
-    """What is wrong with an event by its kind's TypedDict: missing, unexpected or mistyped keys
+    """What is wrong with an event by its kind's row: missing, unexpected or mistyped keys
     (empty: nothing). Tests run with KHAELOR_CHECK_EVENTS=1, so the Bus checks every event."""
-    kind = EVENT_KINDS.get(event.get("type"))
-    if kind is None:
-        return [f"unknown event type {event.get('type')!r}"]
-    hints = typing.get_type_hints(kind)
-    name = event["type"]
-    problems = [f"{name}: {key!r} is missing" for key in kind.__required_keys__ if key not in event]
+    name = event.get("type")
+    if name not in EVENT_KINDS:
+        return [f"unknown event type {name!r}"]
+    problems = []
+    fields = {**ENVELOPE, "type": str, **EVENT_KINDS[name]}
+    for key, hint in fields.items():
+        optional = typing.get_origin(hint) is NotRequired
+        if key not in event and not optional:
+            problems.append(f"{name}: {key!r} is missing")
     for key, value in event.items():
-        if key not in hints:
+        hint = fields.get(key)
+        if typing.get_origin(hint) is NotRequired:
+            hint = typing.get_args(hint)[0]
+        if hint is None:
             problems.append(f"{name}: {key!r} is not a field of it")
-        elif not _fits(value, hints[key]):
-            problems.append(f"{name}: {key!r} is {value!r}, not {hints[key]}")
+        elif not _fits(value, hint):
+            problems.append(f"{name}: {key!r} is {value!r}, not {hint}")
     return problems
 
 
 def _fits(value, hint) -> bool:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
+    if isinstance(hint, types.UnionType):
         return any(_fits(value, arg) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None
@@ -415,9 +234,7 @@ def _fits(value, hint) -> bool:
         return hint is bool
     if hint is float:
         return isinstance(value, (int, float))
-    if typing.is_typeddict(hint):
-        return isinstance(value, dict)
-    return isinstance(value, origin or hint)
+    return isinstance(value, hint)
 
 
 class KhaelorError(Exception):
@@ -512,6 +329,59 @@ def has_hidden_characters(text: str) -> bool:
     """A C0 or C1 control, a bidirectional control or an invisible character: what the panel warns
     of, since what the user reads may not be what runs (a CR before a newline is a line ending)."""
     return bool(re.search(_HIDDEN, text.replace("\r\n", "\n")))
+
+
+# ---------------------------------------------------------------- what people read: cost and duration
+
+# $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
+PRICES = {
+    "claude-opus-5-5": (4, 20, 5, 0.20),
+    "claude-sonnet-5-5": (2, 10, 2.50, 0.20),
+    "claude-haiku-5-5": (0.10, 0.50, 0.125, 0.01),
+    "claude-fable-5-2": (8, 40, 10, 0.20),
+    "claude-opus-5": (5, 25, 6.25, 0.50),
+    "claude-sonnet-5": (2, 10, 2.50, 0.20),
+    "claude-opus-4-8": (5, 25, 6.25, 0.50),
+    "claude-opus-4-7": (5, 25, 6.25, 0.50),
+    "claude-opus-4-6": (5, 25, 6.25, 0.50),
+    "claude-sonnet-4-6": (3, 15, 3.75, 0.30),
+    "claude-opus-4-5": (5, 25, 6.25, 0.50),
+    "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
+    "claude-haiku-4-5": (1, 5, 1.25, 0.10),
+}
+
+
+def price_row(model: str, prices: dict | None = None) -> tuple | None:
+    """(input, output, cache write, cache read) $ per million tokens, by id or id prefix; None for a
+    model with no known price. `prices`: config overrides of PRICES."""
+    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
+    return table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
+
+
+def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
+    """Dollars for {model: usage} (State.usage), from the API's usage only; None when a model has
+    no known price: a cost is never guessed. `prices`: config overrides of PRICES."""
+    total = 0.0
+    for model, usage in usage_by_model.items():
+        price = price_row(model, prices)
+        if price is None:
+            return None
+        for key, dollars in zip(PRICED_KEYS, price):
+            total += (usage.get(key) or 0) * dollars / 1e6
+    return total
+
+
+def duration(seconds: float) -> str:
+    """How long, for people, in two units at most: 900ms, 3.2s, 2m 5s, 3h 5m, 2d 3h."""
+    if seconds < 1:
+        return f"{int(seconds * 1000)}ms"
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    for (unit, size), (smaller, smaller_size) in zip(DURATION_UNITS, DURATION_UNITS[1:]):
+        if whole >= size:
+            return f"{whole // size}{unit} {whole % size // smaller_size}{smaller}"
+    return f"{whole}s"
 
 
 # ---------------------------------------------------------------- locations
@@ -992,7 +862,6 @@ def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: dic
 # ---------------------------------------------------------------- the state: one fold for everyone
 
 CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's usage fields
-USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made

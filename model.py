@@ -1,8 +1,9 @@
-"""model.py: the model client over anthropic.AsyncAnthropic — streaming, typed errors, retries, cost.
+"""model.py: the model client over anthropic.AsyncAnthropic — streaming, typed errors, retries.
 
 Owns: the only `import anthropic` in khaelor (lazily, inside `_sdk()`), the retry policy (the SDK's
 own retries are off so every attempt is visible here), the error taxonomy the kernel branches on,
-and the price table. Events leave here as plain dicts with only the fields the API defined.
+and the thinking and effort table (the price table and cost are events.py's). Events leave here as
+plain dicts with only the fields the API defined.
 Must not: import kernel/tools/ui/context, touch files, or estimate usage (usage is the API's).
 """
 import asyncio
@@ -23,22 +24,6 @@ BASE_DELAY_S = 0.5          # jittered exponential: 0.5, 1, 2, 4 … capped belo
 MAX_DELAY_S = 30.0          # also caps a server's retry-after, so a run never sleeps for hours
 READ_TIMEOUT_S = 120.0      # no byte (not even a ping) for this long: the stream is stalled (env KHAELOR_READ_TIMEOUT)
 
-# $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
-PRICES = {
-    "claude-opus-5-5": (4, 20, 5, 0.20),
-    "claude-sonnet-5-5": (2, 10, 2.50, 0.20),
-    "claude-haiku-5-5": (0.10, 0.50, 0.125, 0.01),
-    "claude-fable-5-2": (8, 40, 10, 0.20),
-    "claude-opus-5": (5, 25, 6.25, 0.50),
-    "claude-sonnet-5": (2, 10, 2.50, 0.20),
-    "claude-opus-4-8": (5, 25, 6.25, 0.50),
-    "claude-opus-4-7": (5, 25, 6.25, 0.50),
-    "claude-opus-4-6": (5, 25, 6.25, 0.50),
-    "claude-sonnet-4-6": (3, 15, 3.75, 0.30),
-    "claude-opus-4-5": (5, 25, 6.25, 0.50),
-    "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
-    "claude-haiku-4-5": (1, 5, 1.25, 0.10),
-}
 # Thinking and effort by model family, exactly as ANTHROPIC_API.md §3.3 and §3.3a give them;
 # requests are built from this table only, so they are legal by construction. Per family: the
 # `thinking.type`s it accepts (None: not documented, so no `thinking` is sent and the model's
@@ -105,23 +90,6 @@ def preload() -> None:
     Not a daemon: an exit during the import waits for it, because finalizing the interpreter under
     a daemon thread that is inside the SDK's native extension aborts the process (SIGABRT)."""
     threading.Thread(target=_sdk, name="khaelor-sdk-import").start()
-
-
-def price_row(model: str, prices: dict | None = None) -> tuple | None:
-    """(input, output, cache write, cache read) $ per million tokens, by id or id prefix; None for a
-    model with no known price. `prices`: config overrides of PRICES."""
-    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
-    return table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
-
-
-def price_of(model: str, usage: dict, prices: dict | None = None) -> float | None:
-    """Cost in dollars from real usage; None for a model with no known price (never guessed)."""
-    price = price_row(model, prices)
-    if price is None:
-        return None
-    p_in, p_out, p_write, p_read = price
-    return (usage.get("input_tokens", 0) * p_in + usage.get("output_tokens", 0) * p_out
-            + usage.get("cache_write_tokens", 0) * p_write + usage.get("cache_read_tokens", 0) * p_read) / 1e6
 
 
 class Reasoning(NamedTuple):

@@ -274,7 +274,7 @@ def test_volatile_facts_from_a_real_repository(tmp_path):
     facts = ctx.volatile_facts([{"process_id": "p1", "pid": 9, "command": "npm   run dev", "runtime_s": 125}])
     assert facts.startswith("<environment>\nDate: ") and facts.endswith("</environment>")
     assert "Git: branch work; 1 untracked" in facts
-    assert "- p1: npm run dev (running 2m)" in facts
+    assert "- p1: npm run dev (running 2m 5s)" in facts     # events.duration, the one formatter
     assert "Git:" not in make_context(tmp_path).volatile_facts([])   # no workspace, no git line
 
 
