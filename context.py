@@ -497,15 +497,21 @@ class Context:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
         the two newest user messages (this turn's prefix and the previous one's, so a read still
         hits when a tool loop appended more than the 20-block lookback)."""
+        model = self.model_of(state)
         fields = self.reasoning(state).fields
         for refused_model, field in self.refused:
-            if refused_model == self.model:
+            if refused_model == model:
                 fields.pop(field, None)
-        return {"model": self.model,
+        return {"model": model,
                 **fields,
                 "system": copy.deepcopy(self.system),
                 "tools": copy.deepcopy(self.tools),
                 "messages": assemble_messages(state.messages)}
+
+    def model_of(self, state: events.State) -> str:
+        """The model of the turn's requests: the one its user message named (a command file's
+        `model:`, recorded with it), else the session's (/model, --model, the config)."""
+        return state.turn_model or self.model
 
     def reasoning(self, state: events.State) -> models.Reasoning:
         """The thinking setting of the turn (chosen before its user message, so nothing that
@@ -513,7 +519,7 @@ class Context:
         chosen = state.turn_reasoning
         thinking = chosen.get("thinking") or self.thinking
         effort = chosen.get("effort") or self.effort
-        taken = models.reasoning(self.model, thinking, effort,
+        taken = models.reasoning(self.model_of(state), thinking, effort,
                                  self.show_thinking, self.max_tokens)
         for note in taken.notes:
             if note not in self.said:

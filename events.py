@@ -933,6 +933,7 @@ class State:
     turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
     mode: str = ""                      # the newest ModeChanged's permission mode ("": none)
     turn_mode: str = ""                 # (turn) `mode` as the turn began
+    turn_model: str = ""                # (turn) the model its message named for it ("": the session's)
     title: str = ""                     # SessionRenamed, else the first user message
     branch: str = ""                    # the newest git baseline's branch
     usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
@@ -1065,6 +1066,7 @@ def _on_user_message(state: State, event: dict) -> None:
     state.failure_reason = None
     state.turn_reasoning = dict(state.reasoning)
     state.turn_mode = state.mode
+    state.turn_model = event.get("model") or ""
     state.user_texts.append((event["seq"], text))
     state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
     if not state.title:

@@ -449,8 +449,9 @@ class Kernel:
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
                       reason=reason)
 
-    def submit(self, text: str) -> None:
-        """A user message; while a turn runs it is queued as steering instead."""
+    def submit(self, text: str, model: str | None = None) -> None:
+        """A user message; while a turn runs it is queued as steering instead. `model`: the one
+        this turn's requests use (a command file's), recorded with the message."""
         if self.busy:
             self.emit("SteeringQueued", text=text)
             return
@@ -458,7 +459,8 @@ class Kernel:
         # typed before an Esc: it goes first, in order
         for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
-        self.emit("UserMessageCreated", text=text, **self.attachments(text))
+        chosen = {"model": model} if model else {}
+        self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen)
 
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
@@ -481,17 +483,22 @@ class Kernel:
         return {"attachments": attached}
 
     def repair(self) -> None:
-        """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
+        """On resume: a tool that was running when khaelor died gets a result, so the history is
+        valid; a process the log still calls running is closed, since no khaelor manages it now
+        (left alone: after a kill -9 its pid may already be another program's). Synced at the
+        turn's first loop boundary, or by close."""
         for tool_use_id in sorted(self.state.started_tools):
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
                       reason="khaelor exited while the tool was running")
+        for process_id in list(self.state.processes):
+            self.emit("ProcessExited", process_id=process_id, exit_code=None,
+                      cause="lost: khaelor exited while it ran")
         attempt = self.state.attempt
         mid_reply = attempt.blocks or attempt.partial
         if self.state.turn_open and mid_reply:
             # It died mid-reply: the turn ends there, and the text saved so far stays in the conversation.
             self.emit("Interrupted",
                       reason="khaelor exited while the reply was streaming")
-        self.bus.store.sync()
 
     def start(self) -> asyncio.Task:
         """The turn as a task (interactive). Busy from this moment, not from the task's first

@@ -1772,11 +1772,9 @@ class Session:
         if command is not None:
             text = expand_command(command, arguments)
         self.begin()
-        self.kernel.submit(text)
+        self.kernel.submit(text, command.model if command is not None else None)
         if not self.working:
             self.start_turn()
-            if command is not None and command.model:
-                self.model_for_turn(command.model)
 
     def record_mode(self) -> None:
         """ModeChanged when this process's mode is not the log's (a new log records a non-default
@@ -1799,16 +1797,6 @@ class Session:
         self.mode = choice
         self.record_mode()
         self.submit("Go ahead with the plan.")
-
-    def model_for_turn(self, name: str) -> None:
-        """A command file's `model:` holds for the turn it starts; then the session's model is back."""
-        ctx = self.kernel.ctx
-        previous = ctx.model
-        ctx.model = name
-
-        def restore(_turn) -> None:
-            ctx.model = previous
-        self.turn.add_done_callback(restore)
 
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
