@@ -1019,7 +1019,7 @@ def _prune_or_compact(state: events.State, excess: int) -> str:
 
 
 def choose_cut(state: events.State) -> int | None:
-    """The newest safe cut (`events.safe_cuts`), if the conversation grew since the last one."""
+    """The newest safe cut (`State.safe_cut`), if the conversation grew since the last one."""
     if state.grew_seq > state.cut_seq and state.safe_cut > state.cut_seq:
         return state.safe_cut
     return None

@@ -485,18 +485,16 @@ class SessionStore:
         """One write of one whole line, so a crash can only tear the line being written. A full disk
         (or a file size limit) can take part of a line and refuse the rest: that part is cut off
         again, so the log on disk stays whole lines, and the event counts as not recorded."""
-        line = _encode(event)
-        done = 0
+        done = [0]
         try:
             if self._fd is None:
                 self._lock_fd = self._lock_fd or _lock(self.path)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            while done < len(line):     # after a short write, the next one reports why (ENOSPC, EFBIG)
-                done += os.write(self._fd, memoryview(line)[done:])
+            _write_all(self._fd, _encode(event), done)
         except OSError as e:
-            if done:
+            if done[0]:
                 try:
-                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done[0])
                 except OSError:
                     pass                # still safe: the next open drops a torn last line
             raise self._failed("cannot append to the session log", e) from None
@@ -548,10 +546,7 @@ class SessionStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        data = memoryview(b"".join(map(_encode, self.events)))
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done:])
+        _write_all(fd, b"".join(map(_encode, self.events)), [0])
         os.fsync(fd)
         os.replace(tmp, self.path)
         os.close(self._fd)
@@ -652,6 +647,13 @@ def _parse_line(line: bytes) -> dict | None:
     if not numbered or not isinstance(event.get("type"), str):
         return None
     return event
+
+
+def _write_all(fd: int, data: bytes, done: list) -> None:
+    """Write all of `data`, counting the bytes written in done[0]: after a short write, the next
+    one reports why (ENOSPC, EFBIG)."""
+    while done[0] < len(data):
+        done[0] += os.write(fd, memoryview(data)[done[0]:])
 
 
 def _truncate(path: Path, size: int) -> None:
@@ -998,33 +1000,26 @@ def apply(state: State, event: dict) -> None:
         state.safe_cut = event["seq"]
 
 
-def safe_cuts(events: list[dict]) -> list[int]:
-    """Every seq after the latest cut where the log may be cut: no response half-way through, every
-    tool_use before it answered before it. (The state keeps only the newest: `State.safe_cut`.)"""
-    state, cuts = State(), []
-    for event in events:
-        apply(state, event)
-        if state.safe_cut == event["seq"]:
-            cuts.append(event["seq"])
-    return [seq for seq in cuts if seq > state.cut_seq]
-
-
 def history_through(state: State, cut_seq: int) -> list[dict]:
     """The messages as they stood at `cut_seq`: what a compaction at that cut summarises."""
-    conversation, attempt = Conversation(state.summary), Attempt()
-    for event in state.uncut:
-        if event["seq"] > cut_seq:
-            break
-        _grow(conversation, attempt, event, state.pruned)
-    return conversation.messages
+    return _fold_from_cut(state, cut_seq)[0].messages
 
 
 def _refold(state: State) -> None:
     """After a prune or a compaction: the conversation again, from the latest cut."""
-    state.conversation = Conversation(state.summary)
-    state.attempt = Attempt()
+    state.conversation, state.attempt = _fold_from_cut(state, state.last_seq)
+
+
+def _fold_from_cut(state: State, through: int) -> tuple[Conversation, Attempt]:
+    """The conversation from the latest cut's summary, folded up to seq `through`. (The state
+    keeps where the log may be cut, `safe_cut`: no response half-way through it, every tool_use
+    before it answered before it.)"""
+    conversation, attempt = Conversation(state.summary), Attempt()
     for event in state.uncut:
-        _grow(state.conversation, state.attempt, event, state.pruned)
+        if event["seq"] > through:
+            break
+        _grow(conversation, attempt, event, state.pruned)
+    return conversation, attempt
 
 
 # ---------------------------------------------------------------- the state: one handler per event kind

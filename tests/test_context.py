@@ -396,6 +396,16 @@ def random_log(rng: random.Random) -> Log:
     return Log(log[:rng.randint(1, len(log))])
 
 
+def safe_cuts(log: list[dict]) -> list[int]:
+    """Every seq after the latest cut where the log may be cut: each prefix's `State.safe_cut`."""
+    state, cuts = events.State(), []
+    for event in log:
+        events.apply(state, event)
+        if state.safe_cut == event["seq"]:
+            cuts.append(event["seq"])
+    return [seq for seq in cuts if seq > state.cut_seq]
+
+
 def test_a_cut_never_separates_a_tool_use_from_its_result():
     rng = random.Random(20261130)
     n_cuts = 0
@@ -403,7 +413,7 @@ def test_a_cut_never_separates_a_tool_use_from_its_result():
         log = random_log(rng)
         requested = {e["tool_use_id"]: e["seq"] for e in log if e["type"] == "ToolRequested"}
         answered = {e["tool_use_id"]: e["seq"] for e in log if e["type"] in events.TOOL_RESULT_EVENTS}
-        cuts = events.safe_cuts(log)
+        cuts = safe_cuts(log)
         chosen = context.choose_cut(log.state)
         assert chosen is None or chosen == cuts[-1]
         for cut in rng.sample(cuts, min(8, len(cuts))) + ([chosen] if chosen else []):
