@@ -556,8 +556,7 @@ class Context:
             seen_seq, seen_at, line = self._git_status
             if seen_seq == world_seq and now - seen_at < GIT_STATUS_REUSE_S:
                 return line
-        code, out = _git(self.workspace,
-                         "status", "--porcelain=v1", "--branch")
+        code, out = _git(self.workspace, *GIT_STATUS, "--untracked-files=normal")
         line = None
         if code == 0:
             line = f"Git: {summarize_git_status(out)}"
@@ -654,34 +653,29 @@ class Context:
         return rows + [total]
 
 
-def summarize_git_status(porcelain: str) -> str:
-    """`## main...origin/main [ahead 1]` + XY lines →
-    "branch main (ahead 1); 2 modified, 1 untracked"."""
-    lines = porcelain.splitlines()
-    branch = ""
-    if lines and lines[0].startswith("## "):
-        head = lines.pop(0)[3:]
-        name, _, rest = head.partition("...")
-        name = name.removeprefix("No commits yet on ")
-        name = name.removeprefix("Initial commit on ")
-        tracking = re.search(r"\[(.*)\]", rest or head)
-        branch = f"branch {name.split(' ')[0]}"
-        if tracking:
-            branch += f" ({tracking.group(1)})"
-        branch += "; "
+def summarize_git_status(out: str) -> str:
+    """`git status` (GIT_STATUS) → "branch main (ahead 1); 2 modified, 1 untracked"."""
+    branch, _, dirty = parse_status_v2(out)
+    tracking = re.search(r"^# branch\.ab \+(\d+) -(\d+)$", out.replace("\0", "\n"), re.M)
+    said = ""
+    if tracking:
+        ahead_behind = zip(("ahead", "behind"), tracking.groups())
+        said = ", ".join(f"{word} {n}" for word, n in ahead_behind if n != "0")
     labels = ("staged", "modified", "untracked", "conflicted")
     counts = dict.fromkeys(labels, 0)
-    for line in lines:
-        xy = line[:2]
+    for entry in dirty:
+        xy = entry["status"]
         if xy == "??":
             counts["untracked"] += 1
         elif "U" in xy or xy in ("AA", "DD"):
             counts["conflicted"] += 1
         else:
-            counts["staged"] += xy[0] not in " !"
-            counts["modified"] += xy[1:2] not in (" ", "!", "")
+            counts["staged"] += xy[0] != "."
+            counts["modified"] += xy[1] != "."
     parts = [f"{n} {label}" for label, n in counts.items() if n]
-    return branch + (", ".join(parts) or "clean")
+    if said:
+        branch += f" ({said})"
+    return f"branch {branch}; " + (", ".join(parts) or "clean")
 
 
 # ---------------------------------------------------------------- request assembly
@@ -1340,6 +1334,8 @@ def _double_quoted(text: str) -> str:
 
 # ---------------------------------------------------------------- repository facts: git baseline and attribution (ADR-15)
 
+# Every read of the tree's state, parsed by parse_status_v2 (with an --untracked-files mode).
+GIT_STATUS = ("status", "--porcelain=v2", "--branch", "-z")
 # Dirty paths kept in one BaselineRecorded (a runaway untracked tree).
 MAX_BASELINE_DIRTY = 500
 
@@ -1347,8 +1343,7 @@ MAX_BASELINE_DIRTY = 500
 def git_baseline(workspace) -> dict:
     """BaselineRecorded's payload: branch, HEAD, dirty files and a hash of the diff against HEAD,
     all read-only. {"git": False} outside a repository or without git."""
-    code, out = _git(workspace, "status", "--porcelain=v2", "--branch",
-                     "-z", "--untracked-files=all")
+    code, out = _git(workspace, *GIT_STATUS, "--untracked-files=all")
     if code != 0:
         return {"git": False}
     branch, head, dirty = parse_status_v2(out)

@@ -24,13 +24,15 @@ TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", 
 TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
-USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts when a person said no
+# How a PermissionDenied's reason starts when a person said no ...
+USER_DECLINED = "the user declined"
 # ... and when nobody could be asked (-p): the model is not told that someone said no.
 NOT_ASKED = "not allowed without asking; headless"
 # A command the user ran with `!` (UserShellRan): its ToolOutput carries this id, and it joins the
 # conversation as user-side text.
 USER_SHELL_ID = "user-shell"
-LOST_RESULT = "[no result was recorded for this call: its line in the session log could not be read]"
+LOST_RESULT = ("[no result was recorded for this call:"
+               " its line in the session log could not be read]")
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
 
 
@@ -81,7 +83,7 @@ DURABLE_KINDS = {
         "thinking": NotRequired[str],
         "signature": NotRequired[str],
         "redacted": NotRequired[str],       # instead of thinking and signature
-        "duration_ms": NotRequired[int],    # how long the model thought (the UI's "✻ Thinking · 4s")
+        "duration_ms": NotRequired[int],    # how long it thought (the UI's "✻ Thinking · 4s")
     },
     "ToolRequested": {
         "tool_use_id": str,
@@ -127,7 +129,7 @@ DURABLE_KINDS = {
     # The work tree as git sees it, before a step that may change it (or after the last one), as a
     # tree in the shadow repository $KHAELOR_HOME/checkpoints/<project> (tools.Checkpoints).
     "CheckpointRecorded": {
-        "step": str,                # the tool_use_id it precedes; "rewind"; "": after the turn's last step
+        "step": str,        # the tool_use_id it precedes; "rewind"; "": after the turn's last step
         "reason": str,
         "tree": str,
         "git": bool,                # False: not a repository (files only)
@@ -136,7 +138,7 @@ DURABLE_KINDS = {
         "index": str,               # the user's index, a version name under KHAELOR_HOME/versions
         "skipped": list,            # untracked files over the size cap, not recorded
         "n_changed": NotRequired[int],
-        "changed": NotRequired[list],       # [[status, path]] since the session's previous checkpoint
+        "changed": NotRequired[list],   # [[status, path]] since the session's previous checkpoint
     },
     # The work tree went back to before step `step` (State.steps, 1-based); `text` is what the model
     # reads with the next request.
@@ -144,7 +146,7 @@ DURABLE_KINDS = {
         "step": int,
         "undone": list,             # the steps undone, as listed
         "restored": list,           # paths written back or deleted
-        "kept": list,               # paths the user changed after the agent's last step, left as they are
+        "kept": list,       # paths the user changed after the agent's last step, left as they are
         "text": str,
     },
     # The volatile facts (date, git, running processes, the mode) the turn's first request told the
@@ -331,7 +333,7 @@ def has_hidden_characters(text: str) -> bool:
     return bool(re.search(_HIDDEN, text.replace("\r\n", "\n")))
 
 
-# ---------------------------------------------------------------- what people read: cost and duration
+# ------------------------------------------------------------ what people read: cost and duration
 
 # $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
 PRICES = {
@@ -355,7 +357,8 @@ def price_row(model: str, prices: dict | None = None) -> tuple | None:
     """(input, output, cache write, cache read) $ per million tokens, by id or id prefix; None for a
     model with no known price. `prices`: config overrides of PRICES."""
     table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
-    return table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
+    dated = (row for prefix, row in table.items() if model.startswith(prefix + "-"))
+    return table.get(model) or next(dated, None)
 
 
 def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
@@ -472,8 +475,9 @@ class SessionStore:
                 warnings.append(f"{path}:{number} is not a valid event; skipped it, kept the rest")
                 continue
             if event["v"] > SCHEMA_VERSION:
-                raise SessionFileError(path, f"line {number} was written by a newer khaelor (schema "
-                                       f"v{event['v']}, this one reads v{SCHEMA_VERSION}); upgrade khaelor to open it")
+                raise SessionFileError(path, f"line {number} was written by a newer khaelor"
+                                       f" (schema v{event['v']}, this one reads"
+                                       f" v{SCHEMA_VERSION}); upgrade khaelor to open it")
             events.append(event)
         return cls(path, path.stem, events, warnings)
 
@@ -551,11 +555,13 @@ class SessionStore:
         os.replace(tmp, self.path)
         os.close(self._fd)
         self._fd = fd
-        self.warnings.append(f"{self.path} was deleted while khaelor ran; wrote it again from memory")
+        self.warnings.append(f"{self.path} was deleted while khaelor ran;"
+                             " wrote it again from memory")
 
     def _failed(self, what: str, error: OSError) -> "SessionFileError":
-        return SessionFileError(self.path, f"{what} ({error.strerror}); the session up to here is intact. "
-                                "Free disk space or fix KHAELOR_HOME's permissions, then `khaelor -c` continues it")
+        return SessionFileError(self.path, f"{what} ({error.strerror}); the session up to here is"
+                                " intact. Free disk space or fix KHAELOR_HOME's permissions,"
+                                " then `khaelor -c` continues it")
 
 
 def meta_path(log_path: Path) -> Path:
@@ -621,7 +627,8 @@ def _lock(log_path: Path) -> int:
     except BlockingIOError:
         holder = os.read(fd, 32).decode("ascii", "replace").strip()
         os.close(fd)
-        raise SessionBusyError(Path(log_path).stem, int(holder) if holder.isdigit() else None) from None
+        pid = int(holder) if holder.isdigit() else None
+        raise SessionBusyError(Path(log_path).stem, pid) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -669,7 +676,8 @@ class Bus:
     def __init__(self, store: SessionStore):
         self.store = store
         self._subscribers = []
-        self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))     # tests: every event by its kind
+        # tests: every event checked by its kind's row
+        self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))
 
     def subscribe(self, fn):
         self._subscribers.append(fn)
@@ -693,7 +701,8 @@ class Bus:
 
 # ---------------------------------------------------------------- the closed-response rule
 
-BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
+BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted",
+                          "ToolRequested"})
 # User-side text: it joins the conversation and ends any response still being streamed.
 USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested",
                               "UserShellRan", "Rewound", "EnvironmentNoted"})
@@ -701,7 +710,8 @@ DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVE
 OPEN = "open"               # what Attempt.feed says of an event: a block joined the attempt,
 CLOSED = "closed"           # the response counts,
 DROPPED = "dropped"         # or it never will
-# After the text of a reply the user cut off (Esc, or khaelor died while it streamed), the model reads:
+# After the text of a reply the user cut off (Esc, or khaelor died while it streamed), the model
+# reads:
 INTERRUPTED_NOTE = "[I interrupted your reply here; the text above is what you had written so far.]"
 
 
@@ -714,12 +724,13 @@ class Attempt:
     def __init__(self):
         self.blocks = []        # block events of the open attempt, in stream order
         self.partial = []       # TextCheckpoint texts of the text block still streaming
-        self.cut_text = ""      # after an Interrupted: the attempt's text, kept for the conversation
+        self.cut_text = ""      # after an Interrupted: the attempt's text, kept in the conversation
 
     def feed(self, event: dict) -> tuple[str, list]:
         """(OPEN, []), (CLOSED, blocks), (DROPPED, blocks), or ("", []) for any other event. An
         interrupted attempt keeps its text (whole text blocks, then the checkpointed part of the one
-        that was streaming) in `cut_text`; its thinking and tool calls are dropped, never sent half."""
+        that was streaming) in `cut_text`; its thinking and tool calls are dropped, never sent
+        half."""
         kind = event["type"]
         self.cut_text = ""
         if kind == "TextCheckpoint":
@@ -735,7 +746,8 @@ class Attempt:
         if kind in DROPPING_EVENTS:
             if kind == "Interrupted":
                 texts = [b["text"] for b in self.blocks if b["type"] == "ModelTextBlockCompleted"]
-                self.cut_text = "\n\n".join(t for t in texts + ["".join(self.partial)] if t.strip()).rstrip()
+                texts.append("".join(self.partial))
+                self.cut_text = "\n\n".join(t for t in texts if t.strip()).rstrip()
             return DROPPED, self._take()
         return "", []
 
@@ -841,16 +853,19 @@ def user_text(event: dict) -> str:
     output = str(event.get("output") or "").rstrip() or "(no output)"
     if event.get("stopped"):
         output += "\n[stopped by the user before it finished]"
-    return (f"<user-shell>\nI ran this command myself; it and its output are context for what I ask next.\n"
+    return ("<user-shell>\nI ran this command myself;"
+            " it and its output are context for what I ask next.\n"
             f"$ {event['command']}\n{output}\n</user-shell>")
 
 
-def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: dict) -> tuple[str, list]:
+def _grow(conversation: Conversation, attempt: Attempt, event: dict,
+          pruned: dict) -> tuple[str, list]:
     """Feed one event to the attempt and the conversation; returns the attempt's outcome."""
     outcome, blocks = attempt.feed(event)
     if outcome == CLOSED:
         conversation.add_response(blocks)
-    if outcome == DROPPED and attempt.cut_text:     # the cut-off reply stays, so "continue" continues
+    # the cut-off reply stays, so "continue" continues
+    if outcome == DROPPED and attempt.cut_text:
         conversation.add_response([{"type": "ModelTextBlockCompleted", "text": attempt.cut_text}])
         conversation.add_user_text(INTERRUPTED_NOTE)
     kind = event["type"]
@@ -894,12 +909,12 @@ class State:
     # -- the conversation
     conversation: Conversation = field(default_factory=Conversation)
     attempt: Attempt = field(default_factory=Attempt)
-    uncut: list = field(default_factory=list)   # events after the latest cut: prune and compaction refold them
-    summary: str | None = None          # the latest compaction's summary, the history's first message
+    uncut: list = field(default_factory=list)   # events after the latest cut (to refold)
+    summary: str | None = None          # the latest compaction's summary: the first message
     cut_seq: int = 0                    # the latest compaction's cut
     pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder or None
-    prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees), after the cut
-    measured: int | None = None         # tokens of the next request: last usage + estimate since; None: stale
+    prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees)
+    measured: int | None = None         # next request's tokens: last usage + estimate since
     freed_since_usage: int = 0          # tokens prunes freed since the last response's usage
     safe_cut: int = 0                   # the newest seq at which the log may be cut
     grew_seq: int = 0                   # the newest seq at which the conversation grew
@@ -908,22 +923,23 @@ class State:
     turn_open: bool = False             # a user message arrived after the last turn end
     needs_model: bool = False           # the conversation ends on the user side
     pending_tools: list = field(default_factory=list)   # calls of closed responses without a result
-    started_tools: set = field(default_factory=set)     # tool_use_ids with ToolStarted and no result
+    started_tools: set = field(default_factory=set)     # ToolStarted, no result yet
     queued_steering: list = field(default_factory=list)  # SteeringQueued texts not injected yet
     responses_in_turn: int = 0          # (turn) ModelResponseCompleted count
     last_stop_reason: str | None = None
-    recent_calls: list = field(default_factory=list)    # (turn) (name, input json) of the newest calls
+    recent_calls: list = field(default_factory=list)    # (turn) newest calls' (name, input json)
     last_failure: dict | None = None    # (turn) the newest ModelRequestFailed not retried
     # -- the turn's evidence (the verification gate and TaskCompleted)
     objective: str = ""                 # (turn) the user message that opened it
     changes: list = field(default_factory=list)     # (turn) (seq, path) of FileModified
-    commands: list = field(default_factory=list)    # (turn) bash runs and process starts: {seq, command, exit_code}
+    # (turn) bash runs and process starts: {seq, command, exit_code}
+    commands: list = field(default_factory=list)
     nudges: int = 0                     # (turn) VerificationRequested count
     user_denied: bool = False           # (turn) the user said no to a call: the gate asks no more
     suggested_checks: list = field(default_factory=list)    # (turn) the commands those nudges named
     withheld: list = field(default_factory=list)    # (turn) answers the nudges held back
     last_text: str = ""                 # (turn) text of the newest completed response
-    answer: str = ""                    # (turn) newest non-empty response text, or TaskCompleted's answer
+    answer: str = ""                    # (turn) newest response text, or TaskCompleted's answer
     failure_reason: str | None = None   # (turn) TaskFailed's reason
     # -- the session
     last_seq: int = 0
@@ -935,7 +951,7 @@ class State:
     turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
     mode: str = ""                      # the newest ModeChanged's permission mode ("": none)
     turn_mode: str = ""                 # (turn) `mode` as the turn began
-    turn_model: str = ""                # (turn) the model its message named for it ("": the session's)
+    turn_model: str = ""                # (turn) the model its message named ("": the session's)
     title: str = ""                     # SessionRenamed, else the first user message
     branch: str = ""                    # the newest git baseline's branch
     usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
@@ -944,9 +960,9 @@ class State:
     baselines: list = field(default_factory=list)   # dirty paths of each BaselineRecorded
     dirty_seen: set = field(default_factory=set)    # every path a baseline found dirty
     dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
-    edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit made)
-    stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) the model last saw
-    processes: dict = field(default_factory=dict)   # process_id -> {id, command, status} still running
+    edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit)
+    stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) last seen
+    processes: dict = field(default_factory=dict)   # running: process_id -> {id, command, status}
     n_processes: int = 0                # the highest process number started ("p7" -> 7)
     user_texts: list = field(default_factory=list)  # (seq, text) of every user message
     turns: list = field(default_factory=list)       # [question, answer] of the newest turns
@@ -1022,7 +1038,7 @@ def _fold_from_cut(state: State, through: int) -> tuple[Conversation, Attempt]:
     return conversation, attempt
 
 
-# ---------------------------------------------------------------- the state: one handler per event kind
+# ------------------------------------------------------------ the state: one handler per event kind
 
 def _on_closed_response(state: State, blocks: list) -> None:
     calls = [b for b in blocks if b["type"] == "ToolRequested"]
@@ -1115,7 +1131,7 @@ def _on_response_completed(state: State, event: dict) -> None:
 
 
 def _on_checkpoint(state: State, event: dict) -> None:
-    """A cut-off response's last checkpoint carries the usage the API had reported: it is paid for."""
+    """A cut-off response's last checkpoint carries the usage the API had reported: paid for."""
     _add_since_measured(state, event.get("text") or "")
     _add_usage(state, event)
 
@@ -1124,7 +1140,8 @@ def _add_usage(state: State, event: dict) -> None:
     """Usage the API reported, summed per model: a response, a cut-off one, a compaction summary."""
     usage = event.get("usage")
     if usage:
-        per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
+        model = event.get("model") or "unknown"
+        per_model = state.usage.setdefault(model, dict.fromkeys(USAGE_KEYS, 0))
         for key in USAGE_KEYS:
             per_model[key] += usage.get(key) or 0
         if "thinking_tokens" in usage:     # part of output_tokens: shown, never added to it

@@ -257,10 +257,18 @@ def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
 # ---------------------------------------------------------------- volatile facts
 
 def test_summarize_git_status():
-    porcelain = "## main...origin/main [ahead 2]\n M a.py\nM  b.py\nMM c.py\n?? new.txt\nUU d.py\n"
+    """From `git status --porcelain=v2 --branch -z`, the one status format khaelor reads."""
+    mode = "N... 100644 100644 100644"
+    sha = "0" * 40
+    porcelain = "\0".join([
+        f"# branch.oid {sha}", "# branch.head main", "# branch.upstream origin/main",
+        "# branch.ab +2 -0", f"1 .M {mode} {sha} {sha} a.py", f"1 M. {mode} {sha} {sha} b.py",
+        f"1 MM {mode} {sha} {sha} c.py", "? new.txt",
+        f"u UU N... 100644 100644 100644 100644 {sha} {sha} {sha} d.py", ""])
     assert context.summarize_git_status(porcelain) == \
         "branch main (ahead 2); 2 staged, 2 modified, 1 untracked, 1 conflicted"
-    assert context.summarize_git_status("## No commits yet on trunk\n") == "branch trunk; clean"
+    unborn = "# branch.oid (initial)\0# branch.head trunk\0"
+    assert context.summarize_git_status(unborn) == "branch trunk; clean"
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
