@@ -1,10 +1,11 @@
 """context.py: the context engine — what the model sees on every request, and keeping it in budget.
 
 Owns: the system prompt tiers (identity → tool guidance → project instructions), instruction-file
-discovery, request assembly with prompt-cache breakpoints, the volatile facts (date, git, processes),
-the token budget, choosing tool results to prune, compaction (cut, summary request, structured
-checkpoint, its YAML rendering), the per-section numbers behind /context, and the repository
-facts: the git baseline and whose changes are in the tree, the check commands a project has.
+discovery, request assembly with prompt-cache breakpoints, the volatile facts (date, git,
+processes), the token budget, choosing tool results to prune, compaction (cut, summary request,
+structured checkpoint, its YAML rendering), the per-section numbers behind /context, and the
+repository facts: the git baseline and whose changes are in the tree, the check commands a project
+has.
 Must not: emit or store events (it returns payloads; the kernel records ContextPruned and
 ContextCompacted), fold the log (it reads `events.State`, the one fold), or touch the world
 beyond reading project files and running read-only `git` through the Workspace it is given.
@@ -484,7 +485,7 @@ class Context:
                                    self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
         # The text of --append-system-prompt is its own block after the project's (plan mode is
-        # in the volatile tail: it changes mid-session). One breakpoint still ends the system prompt.
+        # in the volatile tail: it changes mid-session). One breakpoint still ends the system.
         if append_system:
             self.system.append({"type": "text", "text": append_system})
             self.system_names.append("appended")
@@ -1019,7 +1020,7 @@ def choose_cut(state: events.State) -> int | None:
     return None
 
 
-# ---------------------------------------------------------------- compaction: summary and checkpoint
+# -------------------------------------------------------------- compaction: summary and checkpoint
 
 def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
                     aux_model: str = DEFAULT_AUX_MODEL) -> dict:
@@ -1332,7 +1333,7 @@ def _double_quoted(text: str) -> str:
     return '"' + "".join(map(escape, text)) + '"'
 
 
-# ---------------------------------------------------------------- repository facts: git baseline and attribution (ADR-15)
+# ------------------------------------------ repository facts: git baseline and attribution (ADR-15)
 
 # Every read of the tree's state, parsed by parse_status_v2 (with an --untracked-files mode).
 GIT_STATUS = ("status", "--porcelain=v2", "--branch", "-z")
@@ -1421,7 +1422,7 @@ def attribute_changes(state: events.State,
             "dirty_before_edit": list(state.dirty_before_edit)}
 
 
-# ---------------------------------------------------------------- repository facts: check commands (the gate, ADR-12)
+# ---------------------------------------------- repository facts: check commands (the gate, ADR-12)
 
 ECOSYSTEMS = {
     ".py": "python", ".pyi": "python",

@@ -2,8 +2,8 @@
 
 Owns: `derive_next` (a pure function of the log's projection), the stream reducer (SDK stream
 events → our events, pure), the tool runtime (permission gate → execute → record), steering,
-interruption, the turn budget, the doom-loop question and the verification gate (ADR-12). Every decision is re-derived from the log on each iteration,
-so a crash resumes mid-conversation.
+interruption, the turn budget, the doom-loop question and the verification gate (ADR-12). Every
+decision is re-derived from the log on each iteration, so a crash resumes mid-conversation.
 Must not: import ui, touch files or processes itself (tools.py does), or keep anything that
 matters only in loop-local variables.
 """
@@ -284,8 +284,8 @@ class StreamReducer:
 
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
-        once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being cut
-        off, so whatever is unsaved, with the usage the API has reported so far."""
+        once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
+        cut off, so whatever is unsaved, with the usage the API has reported so far."""
         if self.saved_at is None:
             self.saved_at = now or 0.0
         payload = None
@@ -496,7 +496,7 @@ class Kernel:
         attempt = self.state.attempt
         mid_reply = attempt.blocks or attempt.partial
         if self.state.turn_open and mid_reply:
-            # It died mid-reply: the turn ends there, and the text saved so far stays in the conversation.
+            # It died mid-reply: the turn ends there; the text saved so far stays.
             self.emit("Interrupted",
                       reason="khaelor exited while the reply was streaming")
 
@@ -741,7 +741,7 @@ class Kernel:
         return payload is not None
 
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
-        """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
+        """Prune old tool results, or compact through the auxiliary model (both recorded)."""
         if plan == "prune":
             self.emit("ContextPruned", **self.ctx.prune(self.state))
         elif plan == "compact":
