@@ -594,14 +594,8 @@ class Kernel:
         call_id = call["tool_use_id"]
         what = f"{call['name']} call"
         repeats = f"{DOOM_LOOP_REPEATS} identical {what}s in a row"
-        request = self.emit("PermissionRequested",
-                            tool_use_id=call_id,
-                            capability=events.LOOP_CAPABILITY,
-                            descriptor=f"continue after {repeats}",
-                            suggestion=None,
-                            preview=tools.permission_preview(
-                                call["name"], call["input"]))
-        choice, feedback = await self.ask(request)
+        choice, feedback = await self.ask_user(call, events.LOOP_CAPABILITY,
+                                               f"continue after {repeats}", None)
         if choice in ("once", "always"):
             self.emit("PermissionGranted", tool_use_id=call_id, scope="once")
             return
@@ -768,15 +762,13 @@ class Kernel:
     async def run_tool(self, call: dict) -> None:
         tool_use_id = call["tool_use_id"]
         name = call["name"]
+        doomed = None
         if call.get("input_error"):
             output = (f"Your {name} call could not be run:"
                       f" {call['input_error']}. Send the call again"
                       " with a complete JSON object as input.")
-            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
-                      meta={}, output=output)
-            return
-        doomed = None
-        if name == "edit":
+            doomed = tools.ToolResult(output, is_error=True)
+        elif name == "edit":
             doomed = self.toolbox.edit_problem(call["input"])
         # no question for an edit that cannot succeed (issue 14 item 6)
         if doomed is not None:
@@ -830,14 +822,8 @@ class Kernel:
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
             return _unattended(decision)
-        request = self.emit("PermissionRequested",
-                            tool_use_id=tool_use_id,
-                            capability=decision.capability,
-                            descriptor=decision.descriptor,
-                            suggestion=decision.suggestion,
-                            preview=tools.permission_preview(
-                                call["name"], call["input"]))
-        choice, feedback = await self.ask(request)
+        choice, feedback = await self.ask_user(call, decision.capability,
+                                               decision.descriptor, decision.suggestion)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
             reason = events.USER_DECLINED
@@ -855,6 +841,15 @@ class Kernel:
             # the user saw this very call: what it names, it may change (tools.guard_check)
             return replace(decision, confine={**decision.confine, "attended": True})
         return decision
+
+    async def ask_user(self, call: dict, capability: str, descriptor: str,
+                       suggestion: dict | None) -> tuple[str, str]:
+        """PermissionRequested for the call, then the user's (choice, feedback)."""
+        preview = tools.permission_preview(call["name"], call["input"])
+        request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"],
+                            capability=capability, descriptor=descriptor,
+                            suggestion=suggestion, preview=preview)
+        return await self.ask(request)
 
     def needs_checkpoint(self, call: dict,
                          decision: permissions.Decision) -> bool:
