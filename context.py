@@ -240,7 +240,7 @@ def _instruction_roots(home, project_root, cwd, user_home,
         upwards = [cwd, root]
     users_file = Path(user_home or Path.home()) / ".claude" / "CLAUDE.md"
     found = [(users_file, "user"),
-             (_first_in(Path(home), INSTRUCTION_FILES), "user"),
+             (_nearest([Path(home)], INSTRUCTION_FILES), "user"),
              (_nearest(upwards, INSTRUCTION_FILES), "project"),
              (_nearest(upwards, (LOCAL_INSTRUCTIONS,)), "local")]
     roots = []
@@ -263,20 +263,12 @@ def _instruction_roots(home, project_root, cwd, user_home,
     return roots
 
 
-def _first_in(directory: Path, names: tuple) -> Path | None:
-    """The first of `names` that is a file in the directory."""
-    for name in names:
-        if (directory / name).is_file():
-            return directory / name
-    return None
-
-
 def _nearest(directories: list[Path], names: tuple) -> Path | None:
-    """The first of `names` in the first of the directories that has one."""
+    """The first of `names` that is a file in the first of the directories that has one."""
     for directory in directories:
-        found = _first_in(directory, names)
-        if found is not None:
-            return found
+        for name in names:
+            if (directory / name).is_file():
+                return directory / name
     return None
 
 
