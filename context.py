@@ -1097,15 +1097,18 @@ async def compact(state: events.State, summarize, *, focus: str = "",
                   aux_model: str = DEFAULT_AUX_MODEL) -> dict | None:
     """The ContextCompacted payload {checkpoint, summary, cut_seq}, or None when there is nothing to
     cut. `summarize(request)` is an async callable returning the answer's text or a dict with
-    "text" (ModelClient.complete). Facts the log knows exactly override the model's account."""
+    "text" (ModelClient.complete), whose "model" and "usage" the payload carries (/cost counts
+    compaction too). Facts the log knows exactly override the model's account."""
     cut_seq = choose_cut(state)
     if cut_seq is None:
         return None
     request = summary_request(state, cut_seq, focus=focus,
                               aux_model=aux_model)
     answer = await summarize(request)
+    paid = {}
     if isinstance(answer, dict):
         answer_text = answer["text"]
+        paid = {"model": answer.get("model"), "usage": answer.get("usage") or {}}
     else:
         answer_text = str(answer)
     checkpoint = parse_checkpoint(answer_text)
@@ -1126,7 +1129,7 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     # YAML.
     return {"checkpoint": checkpoint,
             "summary": SUMMARY_HEADER + to_yaml(checkpoint),
-            "cut_seq": cut_seq}
+            "cut_seq": cut_seq, **paid}
 
 
 def _changes_through(state: events.State, cut_seq: int) -> list[str]:

@@ -740,19 +740,11 @@ class Kernel:
             self.emit("ContextPruned", **self.ctx.prune(self.state))
         elif plan == "compact":
             self.emit("Status", text="compacting the conversation…")
-            # the summary call's usage: /cost counts compaction too
-            paid = {}
-
-            async def summarize(request: dict) -> dict:
-                answer = await self.model.complete(request)
-                paid.update(model=answer.get("model"),
-                            usage=answer.get("usage") or {})
-                return answer
-            payload = await context.compact(self.state, summarize,
+            payload = await context.compact(self.state, self.model.complete,
                                             focus=focus,
                                             aux_model=self.ctx.aux_model)
             if payload is not None:
-                self.emit("ContextCompacted", **payload, **paid)
+                self.emit("ContextCompacted", **payload)
 
     async def execute_tools(self) -> None:
         for call in list(self.state.pending_tools):
