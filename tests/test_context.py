@@ -239,11 +239,15 @@ def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     bus = events.Bus(store)
     scripted_session(bus, requests, ctx)
 
+    paid = {"input_tokens": 900, "output_tokens": 80, "cache_read_tokens": 0, "cache_write_tokens": 0}
+
     async def summarize(request):
-        return {"text": '{"objective": "make the parser tests pass", "next_steps": ["run pytest"]}', "usage": {}}
+        return {"text": '{"objective": "make the parser tests pass", "next_steps": ["run pytest"]}',
+                "usage": paid, "model": "claude-haiku-5-5"}
 
     payload = asyncio.run(context.compact(store.state, summarize, aux_model=ctx.aux_model))
     bus.emit("ContextCompacted", **payload)
+    assert store.state.usage["claude-haiku-5-5"] == paid      # the summary call is paid for: /cost
     bus.emit("UserMessageCreated", text="and the docs?")
     bus.emit("EnvironmentNoted", text="<environment>x</environment>")
     live = ctx.build_request(store.state)
