@@ -848,7 +848,6 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        self.bus.store.sync()
         report = f"Rewound to before step {self.number}: {len(restored)} files restored."
         if self.kept:
             report += ("\nKept as you left them (changed after the agent's last step):"
@@ -1724,6 +1723,8 @@ class Session:
             self.baseline.cancel()
         # its processes end with it, ProcessExited in its own log
         await self.toolbox.close()
+        # the fsync off the loop: close's own then finds nothing left to write
+        await self.store.sync_off_loop()
         close_session(self.store)
 
     @property
@@ -2240,7 +2241,10 @@ class Session:
             await asyncio.to_thread(rewind.write)
         except KhaelorError as error:
             return str(error)
-        return f"{rewind.describe()}\n\n{rewind.finish()}"
+        report = rewind.finish()
+        # the fsync off the loop (`khaelor rewind` syncs as it closes the log)
+        await self.bus.store.sync_off_loop()
+        return f"{rewind.describe()}\n\n{report}"
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
