@@ -1088,6 +1088,7 @@ def _on_user_message(state: State, event: dict) -> None:
 def _on_turn_end(state: State, event: dict) -> None:
     state.turn_open = False
     state.needs_model = False
+    state.turn_model = ""       # a command file's model holds for its turn only
     if event["type"] == "TaskFailed":
         state.failure_reason = event.get("reason")
     elif event["type"] == "TaskCompleted" and event.get("answer"):

@@ -1944,7 +1944,9 @@ class Session:
         last = state.last_usage
         prompt = (summed["input_tokens"] + summed["cache_read_tokens"]
                   + summed["cache_write_tokens"])
-        window = context.window_of(self.kernel.ctx.model)
+        # the running turn's model (a command file may name its own)
+        model_id = self.kernel.ctx.model_of(state)
+        window = context.window_of(model_id)
         context_pct = None
         if last is not None:
             # a prune since the last response shrinks the next request now, not at the next usage
@@ -1956,7 +1958,7 @@ class Session:
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
         thought = [usage.get("thinking_tokens") or 0 for usage in totals.values()]
-        return {"model": self.kernel.ctx.model,
+        return {"model": model_id,
                 "tokens": sum(summed.values()),
                 "thinking_tokens": sum(thought),
                 "cost": events.cost(totals, self.settings["prices"]),

@@ -229,6 +229,7 @@ def test_a_command_files_model_holds_for_its_turn_and_a_model_chosen_meanwhile_i
     bus.emit("ModelChanged", model="claude-opus-5-5")
     assert ctx.build_request(store.state)["model"] == "claude-haiku-5-5"    # the turn keeps its own
     bus.emit("TaskCompleted", evidence={})
+    assert ctx.model_of(store.state) == "claude-opus-5-5"      # what the status line shows, idle
     agent.submit("and now?")
     assert ctx.build_request(store.state)["model"] == "claude-opus-5-5"
     assert "model" not in store.events[-1]
