@@ -1008,6 +1008,8 @@ def apply(state: State, event: dict) -> None:
     handler = _HANDLERS.get(event["type"])
     if handler is not None:
         handler(state, event)
+    if event["type"] in USER_TEXT_EVENTS:       # the next request carries it
+        _add_since_measured(state, user_text(event))
     if event["type"] in GROWING_EVENTS:
         state.grew_seq = event["seq"]
     if event["type"] in WORLD_EVENTS:
@@ -1082,7 +1084,6 @@ def _on_user_message(state: State, event: dict) -> None:
     state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
     if not state.title:
         state.title = " ".join(text.split())[:60]
-    _add_since_measured(state, text)
 
 
 def _on_turn_end(state: State, event: dict) -> None:
@@ -1105,11 +1106,6 @@ def _on_steering_injected(state: State, event: dict) -> None:
         queued.remove(event["text"])
     state.queued_steering = queued
     state.needs_model = True
-    _add_since_measured(state, event.get("text") or "")
-
-
-def _on_user_shell(state: State, event: dict) -> None:
-    _add_since_measured(state, user_text(event))
 
 
 def _on_tool_requested(state: State, event: dict) -> None:
@@ -1321,7 +1317,6 @@ def _on_verification(state: State, event: dict) -> None:
     state.needs_model = True
     state.suggested_checks = state.suggested_checks + list(event.get("commands") or [])
     state.withheld = state.withheld + [event.get("withheld") or ""]
-    _add_since_measured(state, event.get("text") or "")
 
 
 def _on_permission_requested(state: State, event: dict) -> None:
@@ -1358,9 +1353,6 @@ _HANDLERS = {
     "UserMessageCreated": _on_user_message,
     "SteeringQueued": _on_steering_queued,
     "SteeringInjected": _on_steering_injected,
-    "UserShellRan": _on_user_shell,
-    # context the model reads, like a `!` command's output
-    "EnvironmentNoted": _on_user_shell,
     "TextCheckpoint": _on_checkpoint,
     "ToolRequested": _on_tool_requested,
     "ModelRequestFailed": _on_request_failed,
