@@ -202,15 +202,6 @@ class Instruction(NamedTuple):
     imported_by: Path | None = None
 
 
-def find_instruction_files(home: Path, project_root: Path, cwd: Path,
-                           user_home: Path | None = None) -> list[Path]:
-    """The user's files (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the
-    nearest project-level file from cwd up to the project root (ancestors do not stack), then the
-    nearest CLAUDE.local.md. Imports are not listed here (load_instructions follows them)."""
-    roots = _instruction_roots(home, project_root, cwd, user_home, [])
-    return [path for path, _ in roots]
-
-
 def load_instructions(home: Path, project_root: Path, cwd: Path,
                       user_home: Path | None = None,
                       is_secret=None) -> tuple[list[Instruction], list[str]]:
@@ -230,6 +221,9 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
 
 def _instruction_roots(home, project_root, cwd, user_home,
                        notes: list) -> list[tuple[Path, str]]:
+    """(path, tier) of the user's files (~/.claude/CLAUDE.md, then the first instruction file in
+    KHAELOR_HOME), the nearest project-level file from cwd up to the project root (ancestors do
+    not stack), then the nearest CLAUDE.local.md. Not their imports (load_instructions)."""
     cwd = Path(cwd).resolve()
     root = Path(project_root).resolve()
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
@@ -421,15 +415,6 @@ def build_system(project_root: Path, cwd: Path, home: Path,
     return [{"type": "text", "text": IDENTITY},
             {"type": "text", "text": TOOL_GUIDANCE},
             {"type": "text", "text": "\n".join(project)}]
-
-
-def prompt_sizes(tool_schemas: list[dict]) -> dict:
-    """Estimated tokens of the fixed prompt (tiers 1-2, the same for every session) and of the
-    tools."""
-    return {"identity": estimate_tokens(IDENTITY),
-            "tool_guidance": estimate_tokens(TOOL_GUIDANCE),
-            "fixed_system": estimate_tokens(IDENTITY + TOOL_GUIDANCE),
-            "tool_schemas": estimate_tokens(tool_schemas)}
 
 
 
@@ -708,18 +693,6 @@ def _with_breakpoint(content) -> list[dict]:
             blocks[index] = {**block, "cache_control": CACHE}
             break
     return blocks
-
-
-def count_breakpoints(request: dict) -> int:
-    blocks = []
-    system = request.get("system")
-    if isinstance(system, list):
-        blocks += system
-    blocks += request.get("tools") or []
-    for message in request.get("messages", []):
-        if isinstance(message["content"], list):
-            blocks += message["content"]
-    return sum("cache_control" in block for block in blocks)
 
 
 # ---------------------------------------------------------------- budget

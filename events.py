@@ -505,15 +505,10 @@ class SessionStore:
         self.events.append(event)
         apply(self.state, event)
 
-    def sync(self) -> None:
-        """fsync at loop boundaries (after a response, after a tool batch, at task end)."""
-        if self._fd is not None:
-            self._fsync(self._fd)
-            self._keep_linked()
-
     async def sync_off_loop(self) -> None:
-        """sync() with the fsync in a thread: on a slow disk it takes longer than a frame.
-        Appends may go on meanwhile; the check that the file is still there stays on the loop."""
+        """fsync at loop boundaries (after a response, after a tool batch, at task end), in a
+        thread: on a slow disk it takes longer than a frame. Appends may go on meanwhile; the check
+        that the file is still there stays on the loop. (close() syncs the rest.)"""
         import asyncio      # here, not at the top: `khaelor --version` imports this module
         if self._fd is not None:
             await asyncio.to_thread(self._fsync, self._fd)
@@ -536,7 +531,8 @@ class SessionStore:
         """Sync and close the log, and let the session go (another khaelor may take it now)."""
         try:
             if self._fd is not None:
-                self.sync()
+                self._fsync(self._fd)
+                self._keep_linked()
         finally:
             if self._fd is not None:
                 os.close(self._fd)
