@@ -1,8 +1,9 @@
 """events.py: the event vocabulary, the append-only JSONL session log, the bus and the projections.
 
-Owns: the envelope and line format, appending (one write per line, fsync at loop boundaries),
-recovery of torn/bad lines, replay, and the pure folds from events to the Anthropic `messages`
-history, the kernel's state and usage totals.
+Owns: the event kinds (one table), the envelope and line format, appending (one write per line,
+fsync at loop boundaries), recovery of torn/bad lines, replay, and the pure folds from events to the
+Anthropic `messages` history, the kernel's state and usage totals; the price table with the one
+cost function, and the one duration formatter, which every module may use.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
