@@ -267,6 +267,8 @@ class StreamReducer:
         self.stop_reason = None
         # monotonic time of the last TextCheckpoint
         self.saved_at: float | None = None
+        # monotonic time the open thinking block began
+        self.thinking_since: float | None = None
 
     def reported_usage(self) -> dict:
         """The usage the API has reported so far, under every one of our keys (and the part of
@@ -306,7 +308,9 @@ class StreamReducer:
             self.saved_at = now
         return payload
 
-    def feed(self, event: dict) -> list[tuple[str, dict]]:
+    def feed(self, event: dict, now: float | None = None) -> list[tuple[str, dict]]:
+        """`now` (monotonic): when the event arrived; a thinking block then says how long it took
+        (duration_ms, the UI's "✻ Thinking · 4s")."""
         kind = event["type"]
         if kind == "message_start":
             message = event["message"]
@@ -318,13 +322,19 @@ class StreamReducer:
             block = dict(event["content_block"], parts=[])
             self.blocks[event["index"]] = block
             if block["type"] == "thinking":
+                self.thinking_since = now
                 # thinking has begun, even when no text of it will stream (display omitted)
                 return [("ThinkingDelta", {"text": ""})]
         elif kind == "content_block_delta":
             block = self.blocks[event["index"]]
             return self._delta(block, event["delta"])
         elif kind == "content_block_stop":
-            return self._close(self.blocks.pop(event["index"]))
+            closed = self._close(self.blocks.pop(event["index"]))
+            thought = closed and closed[0][0] == "ModelThinkingBlockCompleted"
+            if thought and None not in (now, self.thinking_since):
+                closed[0][1]["duration_ms"] = round((now - self.thinking_since) * 1000)
+                self.thinking_since = None
+            return closed
         elif kind == "message_delta":
             stop_reason = event["delta"].get("stop_reason")
             self.stop_reason = stop_reason or self.stop_reason
@@ -696,8 +706,6 @@ class Kernel:
             self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        # monotonic time the open thinking block began
-        thinking_since = None
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
@@ -705,19 +713,11 @@ class Kernel:
                               status=raw.get("status"),
                               message=raw["error"], retrying=True)
                     reducer = StreamReducer()
-                    thinking_since = None
                     continue
-                for kind, payload in reducer.feed(raw):
+                for kind, payload in reducer.feed(raw, time.monotonic()):
                     if kind == "ToolRequested":
                         payload["card"] = tools.card_of(
                             payload["name"], payload["input"])
-                    if kind == "ThinkingDelta" and thinking_since is None:
-                        thinking_since = time.monotonic()
-                    thought = kind == "ModelThinkingBlockCompleted"
-                    if thought and thinking_since is not None:
-                        elapsed = time.monotonic() - thinking_since
-                        payload["duration_ms"] = round(elapsed * 1000)
-                        thinking_since = None
                     self.emit(kind, **payload)
                 if self.save_checkpoint(reducer, time.monotonic()):
                     await self.bus.store.sync_off_loop()

@@ -102,6 +102,15 @@ def test_the_reducer_turns_wire_events_into_deltas_and_completed_blocks():
     assert [p["text"] for k, p in out if k == "TextDelta"] == ["Hel", "lo"]
 
 
+def test_a_thinking_block_says_how_long_the_model_thought():
+    reducer = StreamReducer()
+    start = {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
+    assert reducer.feed(start, 10.0) == [("ThinkingDelta", {"text": ""})]
+    closed = reducer.feed({"type": "content_block_stop", "index": 0}, 14.2)
+    assert closed == [("ModelThinkingBlockCompleted", {"thinking": "", "signature": "", "duration_ms": 4200})]
+
+
 def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
     out = wire(
         {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "tu", "name": "write", "input": {}}},
