@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import context  # noqa: E402
 import events  # noqa: E402
 import fake_api  # noqa: E402
-import model  # noqa: E402
 import tools  # noqa: E402
 
 MODEL = "claude-sonnet-5-5"
