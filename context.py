@@ -1,10 +1,11 @@
 """context.py: the context engine — what the model sees on every request, and keeping it in budget.
 
 Owns: the system prompt tiers (identity → tool guidance → project instructions), instruction-file
-discovery, request assembly with prompt-cache breakpoints, the volatile facts (date, git, processes),
-the token budget, choosing tool results to prune, compaction (cut, summary request, structured
-checkpoint, its YAML rendering), the per-section numbers behind /context, and the repository
-facts: the git baseline and whose changes are in the tree, the check commands a project has.
+discovery, request assembly with prompt-cache breakpoints, the volatile facts (date, git,
+processes), the token budget, choosing tool results to prune, compaction (cut, summary request,
+structured checkpoint, its YAML rendering), the per-section numbers behind /context, and the
+repository facts: the git baseline and whose changes are in the tree, the check commands a project
+has.
 Must not: emit or store events (it returns payloads; the kernel records ContextPruned and
 ContextCompacted), fold the log (it reads `events.State`, the one fold), or touch the world
 beyond reading project files and running read-only `git` through the Workspace it is given.
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import events
-from events import estimate_tokens
+from events import estimate_tokens, price_row
 import model as models
-from model import DEFAULT_AUX_MODEL, price_row
+from model import DEFAULT_AUX_MODEL
 
 # How the facts a turn's first request tells the model begin (kernel.turn_needs_facts).
 ENVIRONMENT_OPEN = "<environment>"
@@ -201,15 +202,6 @@ class Instruction(NamedTuple):
     imported_by: Path | None = None
 
 
-def find_instruction_files(home: Path, project_root: Path, cwd: Path,
-                           user_home: Path | None = None) -> list[Path]:
-    """The user's files (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the
-    nearest project-level file from cwd up to the project root (ancestors do not stack), then the
-    nearest CLAUDE.local.md. Imports are not listed here (load_instructions follows them)."""
-    roots = _instruction_roots(home, project_root, cwd, user_home, [])
-    return [path for path, _ in roots]
-
-
 def load_instructions(home: Path, project_root: Path, cwd: Path,
                       user_home: Path | None = None,
                       is_secret=None) -> tuple[list[Instruction], list[str]]:
@@ -229,6 +221,9 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
 
 def _instruction_roots(home, project_root, cwd, user_home,
                        notes: list) -> list[tuple[Path, str]]:
+    """(path, tier) of the user's files (~/.claude/CLAUDE.md, then the first instruction file in
+    KHAELOR_HOME), the nearest project-level file from cwd up to the project root (ancestors do
+    not stack), then the nearest CLAUDE.local.md. Not their imports (load_instructions)."""
     cwd = Path(cwd).resolve()
     root = Path(project_root).resolve()
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
@@ -239,7 +234,7 @@ def _instruction_roots(home, project_root, cwd, user_home,
         upwards = [cwd, root]
     users_file = Path(user_home or Path.home()) / ".claude" / "CLAUDE.md"
     found = [(users_file, "user"),
-             (_first_in(Path(home), INSTRUCTION_FILES), "user"),
+             (_nearest([Path(home)], INSTRUCTION_FILES), "user"),
              (_nearest(upwards, INSTRUCTION_FILES), "project"),
              (_nearest(upwards, (LOCAL_INSTRUCTIONS,)), "local")]
     roots = []
@@ -262,20 +257,12 @@ def _instruction_roots(home, project_root, cwd, user_home,
     return roots
 
 
-def _first_in(directory: Path, names: tuple) -> Path | None:
-    """The first of `names` that is a file in the directory."""
-    for name in names:
-        if (directory / name).is_file():
-            return directory / name
-    return None
-
-
 def _nearest(directories: list[Path], names: tuple) -> Path | None:
-    """The first of `names` in the first of the directories that has one."""
+    """The first of `names` that is a file in the first of the directories that has one."""
     for directory in directories:
-        found = _first_in(directory, names)
-        if found is not None:
-            return found
+        for name in names:
+            if (directory / name).is_file():
+                return directory / name
     return None
 
 
@@ -430,15 +417,6 @@ def build_system(project_root: Path, cwd: Path, home: Path,
             {"type": "text", "text": "\n".join(project)}]
 
 
-def prompt_sizes(tool_schemas: list[dict]) -> dict:
-    """Estimated tokens of the fixed prompt (tiers 1-2, the same for every session) and of the
-    tools."""
-    return {"identity": estimate_tokens(IDENTITY),
-            "tool_guidance": estimate_tokens(TOOL_GUIDANCE),
-            "fixed_system": estimate_tokens(IDENTITY + TOOL_GUIDANCE),
-            "tool_schemas": estimate_tokens(tool_schemas)}
-
-
 
 # ---------------------------------------------------------------- the engine
 
@@ -484,7 +462,7 @@ class Context:
                                    self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
         # The text of --append-system-prompt is its own block after the project's (plan mode is
-        # in the volatile tail: it changes mid-session). One breakpoint still ends the system prompt.
+        # in the volatile tail: it changes mid-session). One breakpoint still ends the system.
         if append_system:
             self.system.append({"type": "text", "text": append_system})
             self.system_names.append("appended")
@@ -497,15 +475,21 @@ class Context:
         """kwargs for client.messages.stream(**req). Breakpoints: last system block, last tool, and
         the two newest user messages (this turn's prefix and the previous one's, so a read still
         hits when a tool loop appended more than the 20-block lookback)."""
+        model = self.model_of(state)
         fields = self.reasoning(state).fields
         for refused_model, field in self.refused:
-            if refused_model == self.model:
+            if refused_model == model:
                 fields.pop(field, None)
-        return {"model": self.model,
+        return {"model": model,
                 **fields,
                 "system": copy.deepcopy(self.system),
                 "tools": copy.deepcopy(self.tools),
                 "messages": assemble_messages(state.messages)}
+
+    def model_of(self, state: events.State) -> str:
+        """The model of the turn's requests: the one its user message named (a command file's
+        `model:`, recorded with it), else the session's (/model, --model, the config)."""
+        return state.turn_model or self.model
 
     def reasoning(self, state: events.State) -> models.Reasoning:
         """The thinking setting of the turn (chosen before its user message, so nothing that
@@ -513,7 +497,7 @@ class Context:
         chosen = state.turn_reasoning
         thinking = chosen.get("thinking") or self.thinking
         effort = chosen.get("effort") or self.effort
-        taken = models.reasoning(self.model, thinking, effort,
+        taken = models.reasoning(self.model_of(state), thinking, effort,
                                  self.show_thinking, self.max_tokens)
         for note in taken.notes:
             if note not in self.said:
@@ -536,7 +520,7 @@ class Context:
             command = " ".join(str(proc.get("command", "")).split())
             if len(command) > 120:
                 command = command[:117] + "..."
-            ran = _duration(int(proc.get("runtime_s", 0) or 0))
+            ran = events.duration(proc.get("runtime_s") or 0)
             process_id = proc.get("process_id")
             lines.append(f"- {process_id}: {command} (running {ran})")
         if len(processes) > 10:
@@ -550,8 +534,7 @@ class Context:
             seen_seq, seen_at, line = self._git_status
             if seen_seq == world_seq and now - seen_at < GIT_STATUS_REUSE_S:
                 return line
-        code, out = _git(self.workspace,
-                         "status", "--porcelain=v1", "--branch")
+        code, out = _git(self.workspace, *GIT_STATUS, "--untracked-files=normal")
         line = None
         if code == 0:
             line = f"Git: {summarize_git_status(out)}"
@@ -648,43 +631,29 @@ class Context:
         return rows + [total]
 
 
-def _duration(seconds: int) -> str:
-    """45s, 12m, 3h05m."""
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def summarize_git_status(porcelain: str) -> str:
-    """`## main...origin/main [ahead 1]` + XY lines →
-    "branch main (ahead 1); 2 modified, 1 untracked"."""
-    lines = porcelain.splitlines()
-    branch = ""
-    if lines and lines[0].startswith("## "):
-        head = lines.pop(0)[3:]
-        name, _, rest = head.partition("...")
-        name = name.removeprefix("No commits yet on ")
-        name = name.removeprefix("Initial commit on ")
-        tracking = re.search(r"\[(.*)\]", rest or head)
-        branch = f"branch {name.split(' ')[0]}"
-        if tracking:
-            branch += f" ({tracking.group(1)})"
-        branch += "; "
+def summarize_git_status(out: str) -> str:
+    """`git status` (GIT_STATUS) → "branch main (ahead 1); 2 modified, 1 untracked"."""
+    branch, _, dirty = parse_status_v2(out)
+    tracking = re.search(r"^# branch\.ab \+(\d+) -(\d+)$", out.replace("\0", "\n"), re.M)
+    said = ""
+    if tracking:
+        ahead_behind = zip(("ahead", "behind"), tracking.groups())
+        said = ", ".join(f"{word} {n}" for word, n in ahead_behind if n != "0")
     labels = ("staged", "modified", "untracked", "conflicted")
     counts = dict.fromkeys(labels, 0)
-    for line in lines:
-        xy = line[:2]
+    for entry in dirty:
+        xy = entry["status"]
         if xy == "??":
             counts["untracked"] += 1
         elif "U" in xy or xy in ("AA", "DD"):
             counts["conflicted"] += 1
         else:
-            counts["staged"] += xy[0] not in " !"
-            counts["modified"] += xy[1:2] not in (" ", "!", "")
+            counts["staged"] += xy[0] != "."
+            counts["modified"] += xy[1] != "."
     parts = [f"{n} {label}" for label, n in counts.items() if n]
-    return branch + (", ".join(parts) or "clean")
+    if said:
+        branch += f" ({said})"
+    return f"branch {branch}; " + (", ".join(parts) or "clean")
 
 
 # ---------------------------------------------------------------- request assembly
@@ -724,18 +693,6 @@ def _with_breakpoint(content) -> list[dict]:
             blocks[index] = {**block, "cache_control": CACHE}
             break
     return blocks
-
-
-def count_breakpoints(request: dict) -> int:
-    blocks = []
-    system = request.get("system")
-    if isinstance(system, list):
-        blocks += system
-    blocks += request.get("tools") or []
-    for message in request.get("messages", []):
-        if isinstance(message["content"], list):
-            blocks += message["content"]
-    return sum("cache_control" in block for block in blocks)
 
 
 # ---------------------------------------------------------------- budget
@@ -1022,13 +979,13 @@ def _prune_or_compact(state: events.State, excess: int) -> str:
 
 
 def choose_cut(state: events.State) -> int | None:
-    """The newest safe cut (`events.safe_cuts`), if the conversation grew since the last one."""
+    """The newest safe cut (`State.safe_cut`), if the conversation grew since the last one."""
     if state.grew_seq > state.cut_seq and state.safe_cut > state.cut_seq:
         return state.safe_cut
     return None
 
 
-# ---------------------------------------------------------------- compaction: summary and checkpoint
+# -------------------------------------------------------------- compaction: summary and checkpoint
 
 def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
                     aux_model: str = DEFAULT_AUX_MODEL) -> dict:
@@ -1113,15 +1070,18 @@ async def compact(state: events.State, summarize, *, focus: str = "",
                   aux_model: str = DEFAULT_AUX_MODEL) -> dict | None:
     """The ContextCompacted payload {checkpoint, summary, cut_seq}, or None when there is nothing to
     cut. `summarize(request)` is an async callable returning the answer's text or a dict with
-    "text" (ModelClient.complete). Facts the log knows exactly override the model's account."""
+    "text" (ModelClient.complete), whose "model" and "usage" the payload carries (/cost counts
+    compaction too). Facts the log knows exactly override the model's account."""
     cut_seq = choose_cut(state)
     if cut_seq is None:
         return None
     request = summary_request(state, cut_seq, focus=focus,
                               aux_model=aux_model)
     answer = await summarize(request)
+    paid = {}
     if isinstance(answer, dict):
         answer_text = answer["text"]
+        paid = {"model": answer.get("model"), "usage": answer.get("usage") or {}}
     else:
         answer_text = str(answer)
     checkpoint = parse_checkpoint(answer_text)
@@ -1142,7 +1102,7 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     # YAML.
     return {"checkpoint": checkpoint,
             "summary": SUMMARY_HEADER + to_yaml(checkpoint),
-            "cut_seq": cut_seq}
+            "cut_seq": cut_seq, **paid}
 
 
 def _changes_through(state: events.State, cut_seq: int) -> list[str]:
@@ -1341,8 +1301,10 @@ def _double_quoted(text: str) -> str:
     return '"' + "".join(map(escape, text)) + '"'
 
 
-# ---------------------------------------------------------------- repository facts: git baseline and attribution (ADR-15)
+# ------------------------------------------ repository facts: git baseline and attribution (ADR-15)
 
+# Every read of the tree's state, parsed by parse_status_v2 (with an --untracked-files mode).
+GIT_STATUS = ("status", "--porcelain=v2", "--branch", "-z")
 # Dirty paths kept in one BaselineRecorded (a runaway untracked tree).
 MAX_BASELINE_DIRTY = 500
 
@@ -1350,8 +1312,7 @@ MAX_BASELINE_DIRTY = 500
 def git_baseline(workspace) -> dict:
     """BaselineRecorded's payload: branch, HEAD, dirty files and a hash of the diff against HEAD,
     all read-only. {"git": False} outside a repository or without git."""
-    code, out = _git(workspace, "status", "--porcelain=v2", "--branch",
-                     "-z", "--untracked-files=all")
+    code, out = _git(workspace, *GIT_STATUS, "--untracked-files=all")
     if code != 0:
         return {"git": False}
     branch, head, dirty = parse_status_v2(out)
@@ -1429,7 +1390,7 @@ def attribute_changes(state: events.State,
             "dirty_before_edit": list(state.dirty_before_edit)}
 
 
-# ---------------------------------------------------------------- repository facts: check commands (the gate, ADR-12)
+# ---------------------------------------------- repository facts: check commands (the gate, ADR-12)
 
 ECOSYSTEMS = {
     ".py": "python", ".pyi": "python",

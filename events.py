@@ -1,8 +1,9 @@
 """events.py: the event vocabulary, the append-only JSONL session log, the bus and the projections.
 
-Owns: the envelope and line format, appending (one write per line, fsync at loop boundaries),
-recovery of torn/bad lines, replay, and the pure folds from events to the Anthropic `messages`
-history, the kernel's state and usage totals.
+Owns: the event kinds (one table), the envelope and line format, appending (one write per line,
+fsync at loop boundaries), recovery of torn/bad lines, replay, and the pure folds from events to the
+Anthropic `messages` history, the kernel's state and usage totals; the price table with the one
+cost function, and the one duration formatter, which every module may use.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
@@ -15,399 +16,220 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NotRequired, TypedDict
+from typing import NotRequired
 
 SCHEMA_VERSION = 1
-
-DURABLE = frozenset("""
-    SessionCreated BaselineRecorded UserMessageCreated SteeringQueued SteeringInjected
-    ModelTextBlockCompleted ModelThinkingBlockCompleted ToolRequested ModelResponseCompleted
-    ModelRequestFailed PermissionRequested PermissionGranted PermissionDenied ToolStarted
-    ToolCompleted ToolFailed ToolCancelled FileModified ProcessStarted ProcessExited ContextPruned
-    ContextCompacted Interrupted VerificationRequested TaskCompleted TaskFailed SessionRenamed
-    ModelChanged UserShellRan TextCheckpoint ThinkingChanged CheckpointRecorded Rewound
-    ModeChanged EnvironmentNoted""".split())
-EPHEMERAL = frozenset("""
-    ModelStarted TextDelta ThinkingDelta ToolInputDelta ToolOutput Status FilesListed""".split())
 
 # Events that give a tool_use its tool_result. A denial is answered to the model like a result.
 TOOL_RESULT_EVENTS = frozenset({"ToolCompleted", "ToolFailed", "ToolCancelled", "PermissionDenied"})
 TURN_END_EVENTS = frozenset({"TaskCompleted", "TaskFailed", "Interrupted"})
 # The doom-loop question goes through the permission panel under this pseudo-capability.
 LOOP_CAPABILITY = "loop.continue"
-USER_DECLINED = "the user declined"     # how a PermissionDenied's reason starts when a person said no
+# How a PermissionDenied's reason starts when a person said no ...
+USER_DECLINED = "the user declined"
 # ... and when nobody could be asked (-p): the model is not told that someone said no.
 NOT_ASKED = "not allowed without asking; headless"
-# A command the user ran with `!` (UserShellRan: command, output, exit_code, duration_ms, stopped):
-# its ToolOutput carries this id, and it joins the conversation as user-side text.
+# A command the user ran with `!` (UserShellRan): its ToolOutput carries this id, and it joins the
+# conversation as user-side text.
 USER_SHELL_ID = "user-shell"
-LOST_RESULT = "[no result was recorded for this call: its line in the session log could not be read]"
+LOST_RESULT = ("[no result was recorded for this call:"
+               " its line in the session log could not be read]")
 PRUNED_PLACEHOLDER = "[old tool result removed to save context; run the tool again if you need it]"
 
 
-# ---------------------------------------------------------------- event kinds: one TypedDict each
-
-class Envelope(TypedDict):
-    v: int                  # schema version
-    seq: int                # 1, 2, … per session; 0 for an ephemeral event
-    id: str
-    ts: int                 # unix ms
-    session: str
-
-
-class Usage(TypedDict):     # copied from the API, never estimated
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    thinking_tokens: NotRequired[int]   # the part of output_tokens that was thinking, if said
-
-
-class SessionCreated(Envelope):
-    type: Literal["SessionCreated"]
-    cwd: str
-    project_root: str
-    model: str
-    aux_model: str
-    version: str
-
-
-class BaselineRecorded(Envelope):
-    type: Literal["BaselineRecorded"]
-    reason: str             # "session start", "resume", "before first edit"
-    git: bool               # False: not a repository (or no git); nothing else then
-    branch: NotRequired[str]
-    head: NotRequired[str]
-    dirty: NotRequired[list]        # [{path, status}]
-    n_dirty: NotRequired[int]
-    diff_hash: NotRequired[str]
-
-
-class UserMessageCreated(Envelope):
-    type: Literal["UserMessageCreated"]
-    text: str
-    attachments: NotRequired[list]  # the @mentioned files' text or listings, for the model
-
-
-class UserShellRan(Envelope):
-    type: Literal["UserShellRan"]
-    command: str
-    output: str
-    exit_code: int | None
-    stopped: bool
-    duration_ms: NotRequired[int | None]
-
-
-class SteeringQueued(Envelope):
-    type: Literal["SteeringQueued"]
-    text: str
-
-
-class SteeringInjected(Envelope):
-    type: Literal["SteeringInjected"]
-    text: str
-
-
-class TextCheckpoint(Envelope):
-    type: Literal["TextCheckpoint"]
-    index: int
-    text: str
-    model: NotRequired[str | None]
-    usage: NotRequired[Usage]
-
-
-class ModelTextBlockCompleted(Envelope):
-    type: Literal["ModelTextBlockCompleted"]
-    text: str
-
-
-class ModelThinkingBlockCompleted(Envelope):
-    type: Literal["ModelThinkingBlockCompleted"]
-    thinking: NotRequired[str]
-    signature: NotRequired[str]
-    redacted: NotRequired[str]      # instead of thinking and signature
-    duration_ms: NotRequired[int]   # how long the model thought (the UI's "✻ Thinking · 4s")
-
-
-class ToolRequested(Envelope):
-    type: Literal["ToolRequested"]
-    tool_use_id: str
-    name: str
-    input: dict
-    input_error: NotRequired[str]   # the streamed input was not a JSON object
-    # how the UI draws its card, as the tool declares it (tools.card_of): summary, output
-    card: NotRequired[dict]
-
-
-class ModelResponseCompleted(Envelope):
-    type: Literal["ModelResponseCompleted"]
-    message_id: str | None
-    model: str | None
-    stop_reason: str | None
-    usage: Usage
-
-
-class ModelRequestFailed(Envelope):
-    type: Literal["ModelRequestFailed"]
-    kind: str               # model.ModelError kinds: retryable, context_overflow, auth, …
-    status: int | None
-    message: str
-    retrying: bool
-
-
-class PermissionRequested(Envelope):
-    type: Literal["PermissionRequested"]
-    tool_use_id: str
-    capability: str
-    descriptor: str
-    suggestion: dict | None         # the rule an "always" would save
-    preview: str
-
-
-class PermissionGranted(Envelope):
-    type: Literal["PermissionGranted"]
-    tool_use_id: str
-    scope: str              # "once", "always", "yes"
-
-
-class PermissionDenied(Envelope):
-    type: Literal["PermissionDenied"]
-    tool_use_id: str
-    reason: str
-    feedback: str
-
-
-class ToolStarted(Envelope):
-    type: Literal["ToolStarted"]
-    tool_use_id: str
-    name: str
-
-
-class ToolCompleted(Envelope):
-    type: Literal["ToolCompleted"]
-    tool_use_id: str
-    name: str
-    output: str
-    meta: dict              # UI facts; "seen": [[real path, mtime_ns, size]] the call read
-
-
-class ToolFailed(Envelope):
-    type: Literal["ToolFailed"]
-    tool_use_id: str
-    name: str
-    output: str
-    meta: dict
-
-
-class ToolCancelled(Envelope):
-    type: Literal["ToolCancelled"]
-    tool_use_id: str
-    reason: str
-
-
-class FileModified(Envelope):
-    type: Literal["FileModified"]
-    tool_use_id: str
-    path: str               # as shown (relative to the project)
-    added: int
-    removed: int
-    diff: str
-    created: bool
-    real_path: NotRequired[str]
-    before_version: NotRequired[str | None]     # blob names under KHAELOR_HOME/versions
-    after_version: NotRequired[str]
-
-
-class CheckpointRecorded(Envelope):
-    """The work tree as git sees it, before a step that may change it (or after the last one), as a
-    tree in the shadow repository $KHAELOR_HOME/checkpoints/<project> (tools.Checkpoints)."""
-    type: Literal["CheckpointRecorded"]
-    step: str               # the tool_use_id it precedes; "rewind"; "": after the turn's last step
-    reason: str
-    tree: str
-    git: bool               # False: not a repository (files only)
-    head: str               # HEAD's commit; "": none yet
-    branch: str             # "": detached (or not a repository)
-    index: str              # the user's index, a version name under KHAELOR_HOME/versions
-    skipped: list           # untracked files over the size cap, not recorded
-    n_changed: NotRequired[int]
-    changed: NotRequired[list]      # [[status, path]] since the session's previous checkpoint
-
-
-class EnvironmentNoted(Envelope):
-    """The volatile facts (date, git, running processes, the mode) the turn's first request told the
-    model, after the user's message. Recorded, so every later request sends them as the same bytes:
-    on Sonnet and Opus 5.5 a replayed thinking block is valid only while the earlier messages are
-    unchanged, and the prompt cache keeps its prefix."""
-    type: Literal["EnvironmentNoted"]
-    text: str
-
-
-class Rewound(Envelope):
-    """The work tree went back to before step `step` (State.steps, 1-based); `text` is what the
-    model reads with the next request."""
-    type: Literal["Rewound"]
-    step: int
-    undone: list            # the steps undone, as listed
-    restored: list          # paths written back or deleted
-    kept: list              # paths the user changed after the agent's last step, left as they are
-    text: str
-
-
-class ProcessStarted(Envelope):
-    type: Literal["ProcessStarted"]
-    process_id: str
-    pid: int
-    command: str
-
-
-class ProcessExited(Envelope):
-    type: Literal["ProcessExited"]
-    process_id: str
-    exit_code: int | None
-    cause: str
-
-
-class ContextPruned(Envelope):
-    type: Literal["ContextPruned"]
-    tool_use_ids: list
-    placeholders: NotRequired[dict]     # tool_use_id -> what its result says instead
-    reason: NotRequired[str]            # "cost", "idle" (the cache had expired) or "window"
-    model: NotRequired[str]
-    trigger: NotRequired[int]           # context.prune_at then
-    tokens_before: NotRequired[int]     # the request's measured size before the prune
-    freed_tokens: NotRequired[int]
-    rewritten_tokens: NotRequired[int]  # after the first cleared result: written to the cache again
-    payback_requests: NotRequired[float | None]
-
-
-class ContextCompacted(Envelope):
-    type: Literal["ContextCompacted"]
-    checkpoint: dict
-    summary: str
-    cut_seq: int
-    model: NotRequired[str | None]     # the summary call's model and usage (counted in /cost)
-    usage: NotRequired[Usage]
-
-
-class Interrupted(Envelope):
-    type: Literal["Interrupted"]
-    reason: NotRequired[str]
-
-
-class VerificationRequested(Envelope):
-    type: Literal["VerificationRequested"]
-    attempt: int
-    changed_files: list
-    commands: list
-    withheld: str
-    text: str
-
-
-class TaskCompleted(Envelope):
-    type: Literal["TaskCompleted"]
-    evidence: dict
-    answer: NotRequired[str]
-
-
-class TaskFailed(Envelope):
-    type: Literal["TaskFailed"]
-    reason: str
-    traceback: NotRequired[str]
-
-
-class SessionRenamed(Envelope):
-    type: Literal["SessionRenamed"]
-    title: str
-
-
-class ModelChanged(Envelope):
-    type: Literal["ModelChanged"]
-    model: str
-
-
-class ThinkingChanged(Envelope):     # /thinking, /effort, --thinking, --effort: from the next turn
-    type: Literal["ThinkingChanged"]
-    thinking: NotRequired[str]      # off, adaptive, always
-    effort: NotRequired[str]        # low, medium, high, xhigh, max
-
-
-class ModeChanged(Envelope):     # Shift-Tab, --permission-mode, a plan approved: from the next turn
-    type: Literal["ModeChanged"]
-    mode: str                       # default, acceptEdits, plan
-
-
-class ModelStarted(Envelope):
-    type: Literal["ModelStarted"]
-    model: str
-
-
-class TextDelta(Envelope):
-    type: Literal["TextDelta"]
-    text: str
-
-
-class ThinkingDelta(Envelope):
-    type: Literal["ThinkingDelta"]
-    text: str
-
-
-class ToolInputDelta(Envelope):
-    type: Literal["ToolInputDelta"]
-    tool_use_id: str
-    partial_json: str
-
-
-class ToolOutput(Envelope):
-    type: Literal["ToolOutput"]
-    tool_use_id: str
-    text: str
-
-
-class Status(Envelope):
-    type: Literal["Status"]
-    text: str
-
-
-class FilesListed(Envelope):     # the project's files were listed for @ completion
-    type: Literal["FilesListed"]
-    count: int
-
-
-EVENT_KINDS = {kind.__name__: kind for kind in (
-    SessionCreated, BaselineRecorded, UserMessageCreated, UserShellRan, SteeringQueued,
-    SteeringInjected, TextCheckpoint, ModelTextBlockCompleted, ModelThinkingBlockCompleted,
-    ToolRequested, ModelResponseCompleted, ModelRequestFailed, PermissionRequested,
-    PermissionGranted, PermissionDenied, ToolStarted, ToolCompleted, ToolFailed, ToolCancelled,
-    FileModified, CheckpointRecorded, Rewound, EnvironmentNoted, ProcessStarted, ProcessExited, ContextPruned,
-    ContextCompacted, Interrupted,
-    VerificationRequested, TaskCompleted, TaskFailed, SessionRenamed, ModelChanged,
-    ThinkingChanged, ModeChanged, ModelStarted, TextDelta, ThinkingDelta, ToolInputDelta, ToolOutput, Status,
-    FilesListed)}
+# ---------------------------------------------------------------- the vocabulary: one table
+
+# Every event: the envelope, its `type` (the kind's name), then its kind's payload fields.
+ENVELOPE = {
+    "v": int,               # schema version
+    "seq": int,             # 1, 2, … per session; 0 for an ephemeral event
+    "id": str,
+    "ts": int,              # unix ms
+    "session": str,
+}
+# A `usage` (a dict): these keys copied from the API, never estimated, and "thinking_tokens", the
+# part of output_tokens that was thinking, when the API said.
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+# the order of a PRICES row
+PRICED_KEYS = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+DURATION_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+# kind -> its payload fields and their types; NotRequired: may be absent. Durable kinds are
+# appended to the log before anyone sees them; check_event holds every event to its row.
+DURABLE_KINDS = {
+    "SessionCreated": {"cwd": str, "project_root": str, "model": str, "aux_model": str,
+                       "version": str},
+    "BaselineRecorded": {
+        "reason": str,              # "session start", "resume", "before first edit"
+        "git": bool,                # False: not a repository (or no git); nothing else then
+        "branch": NotRequired[str],
+        "head": NotRequired[str],
+        "dirty": NotRequired[list],         # [{path, status}]
+        "n_dirty": NotRequired[int],
+        "diff_hash": NotRequired[str],
+    },
+    "UserMessageCreated": {
+        "text": str,
+        "attachments": NotRequired[list],   # the @mentioned files' text or listings, for the model
+        "model": NotRequired[str],  # the model of this turn's requests (a command file's `model:`)
+    },
+    "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,
+                     "duration_ms": NotRequired[int | None]},
+    "SteeringQueued": {"text": str},
+    "SteeringInjected": {"text": str},
+    "TextCheckpoint": {"index": int, "text": str, "model": NotRequired[str | None],
+                       "usage": NotRequired[dict]},
+    "ModelTextBlockCompleted": {"text": str},
+    "ModelThinkingBlockCompleted": {
+        "thinking": NotRequired[str],
+        "signature": NotRequired[str],
+        "redacted": NotRequired[str],       # instead of thinking and signature
+        "duration_ms": NotRequired[int],    # how long it thought (the UI's "✻ Thinking · 4s")
+    },
+    "ToolRequested": {
+        "tool_use_id": str,
+        "name": str,
+        "input": dict,
+        "input_error": NotRequired[str],    # the streamed input was not a JSON object
+        # how the UI draws its card, as the tool declares it (tools.card_of): summary, output
+        "card": NotRequired[dict],
+    },
+    "ModelResponseCompleted": {"message_id": str | None, "model": str | None,
+                               "stop_reason": str | None, "usage": dict},
+    "ModelRequestFailed": {
+        "kind": str,                # model.ModelError kinds: retryable, context_overflow, auth, …
+        "status": int | None,
+        "message": str,
+        "retrying": bool,
+    },
+    "PermissionRequested": {
+        "tool_use_id": str,
+        "capability": str,
+        "descriptor": str,
+        "suggestion": dict | None,  # the rule an "always" would save
+        "preview": str,
+    },
+    "PermissionGranted": {"tool_use_id": str, "scope": str},     # "once", "always", "yes"
+    "PermissionDenied": {"tool_use_id": str, "reason": str, "feedback": str},
+    "ToolStarted": {"tool_use_id": str, "name": str},
+    # meta: UI facts; "seen": [[real path, mtime_ns, size]] the call read
+    "ToolCompleted": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
+    "ToolFailed": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
+    "ToolCancelled": {"tool_use_id": str, "reason": str},
+    "FileModified": {
+        "tool_use_id": str,
+        "path": str,                # as shown (relative to the project)
+        "added": int,
+        "removed": int,
+        "diff": str,
+        "created": bool,
+        "real_path": NotRequired[str],
+        "before_version": NotRequired[str | None],  # blob names under KHAELOR_HOME/versions
+        "after_version": NotRequired[str],
+    },
+    # The work tree as git sees it, before a step that may change it (or after the last one), as a
+    # tree in the shadow repository $KHAELOR_HOME/checkpoints/<project> (tools.Checkpoints).
+    "CheckpointRecorded": {
+        "step": str,        # the tool_use_id it precedes; "rewind"; "": after the turn's last step
+        "reason": str,
+        "tree": str,
+        "git": bool,                # False: not a repository (files only)
+        "head": str,                # HEAD's commit; "": none yet
+        "branch": str,              # "": detached (or not a repository)
+        "index": str,               # the user's index, a version name under KHAELOR_HOME/versions
+        "skipped": list,            # untracked files over the size cap, not recorded
+        "n_changed": NotRequired[int],
+        "changed": NotRequired[list],   # [[status, path]] since the session's previous checkpoint
+    },
+    # The work tree went back to before step `step` (State.steps, 1-based); `text` is what the model
+    # reads with the next request.
+    "Rewound": {
+        "step": int,
+        "undone": list,             # the steps undone, as listed
+        "restored": list,           # paths written back or deleted
+        "kept": list,       # paths the user changed after the agent's last step, left as they are
+        "text": str,
+    },
+    # The volatile facts (date, git, running processes, the mode) the turn's first request told the
+    # model, after the user's message. Recorded, so every later request sends them as the same
+    # bytes: on Sonnet and Opus 5.5 a replayed thinking block is valid only while the earlier
+    # messages are unchanged, and the prompt cache keeps its prefix.
+    "EnvironmentNoted": {"text": str},
+    "ProcessStarted": {"process_id": str, "pid": int, "command": str},
+    "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str},
+    "ContextPruned": {
+        "tool_use_ids": list,
+        "placeholders": NotRequired[dict],      # tool_use_id -> what its result says instead
+        "reason": NotRequired[str],     # "cost", "idle" (the cache had expired) or "window"
+        "model": NotRequired[str],
+        "trigger": NotRequired[int],            # context.prune_at then
+        "tokens_before": NotRequired[int],      # the request's measured size before the prune
+        "freed_tokens": NotRequired[int],
+        "rewritten_tokens": NotRequired[int],   # after the first cleared result: cached again
+        "payback_requests": NotRequired[float | None],
+    },
+    "ContextCompacted": {
+        "checkpoint": dict,
+        "summary": str,
+        "cut_seq": int,
+        "model": NotRequired[str | None],   # the summary call's model and usage (counted in /cost)
+        "usage": NotRequired[dict],
+    },
+    "Interrupted": {"reason": NotRequired[str]},
+    "VerificationRequested": {"attempt": int, "changed_files": list, "commands": list,
+                              "withheld": str, "text": str},
+    "TaskCompleted": {"evidence": dict, "answer": NotRequired[str]},
+    "TaskFailed": {"reason": str, "traceback": NotRequired[str]},
+    "SessionRenamed": {"title": str},
+    "ModelChanged": {"model": str},
+    # /thinking, /effort, --thinking, --effort: from the next turn
+    "ThinkingChanged": {
+        "thinking": NotRequired[str],       # off, adaptive, always
+        "effort": NotRequired[str],         # low, medium, high, xhigh, max
+    },
+    # Shift-Tab, --permission-mode, a plan approved: from the next turn
+    "ModeChanged": {"mode": str},           # default, acceptEdits, plan
+}
+# Published, never stored.
+EPHEMERAL_KINDS = {
+    "ModelStarted": {"model": str},
+    "TextDelta": {"text": str},
+    "ThinkingDelta": {"text": str},
+    "ToolInputDelta": {"tool_use_id": str, "partial_json": str},
+    "ToolOutput": {"tool_use_id": str, "text": str},
+    "Status": {"text": str},
+    "FilesListed": {"count": int},          # the project's files were listed for @ completion
+}
+EVENT_KINDS = {**DURABLE_KINDS, **EPHEMERAL_KINDS}
+DURABLE = frozenset(DURABLE_KINDS)
+EPHEMERAL = frozenset(EPHEMERAL_KINDS)
 
 
 def check_event(event: dict) -> list[str]:
-    """What is wrong with an event by its kind's TypedDict: missing, unexpected or mistyped keys
+    """What is wrong with an event by its kind's row: missing, unexpected or mistyped keys
     (empty: nothing). Tests run with KHAELOR_CHECK_EVENTS=1, so the Bus checks every event."""
-    kind = EVENT_KINDS.get(event.get("type"))
-    if kind is None:
-        return [f"unknown event type {event.get('type')!r}"]
-    hints = typing.get_type_hints(kind)
-    name = event["type"]
-    problems = [f"{name}: {key!r} is missing" for key in kind.__required_keys__ if key not in event]
+    name = event.get("type")
+    if name not in EVENT_KINDS:
+        return [f"unknown event type {name!r}"]
+    problems = []
+    fields = {**ENVELOPE, "type": str, **EVENT_KINDS[name]}
+    for key, hint in fields.items():
+        optional = typing.get_origin(hint) is NotRequired
+        if key not in event and not optional:
+            problems.append(f"{name}: {key!r} is missing")
     for key, value in event.items():
-        if key not in hints:
+        hint = fields.get(key)
+        if typing.get_origin(hint) is NotRequired:
+            hint = typing.get_args(hint)[0]
+        if hint is None:
             problems.append(f"{name}: {key!r} is not a field of it")
-        elif not _fits(value, hints[key]):
-            problems.append(f"{name}: {key!r} is {value!r}, not {hints[key]}")
+        elif not _fits(value, hint):
+            problems.append(f"{name}: {key!r} is {value!r}, not {hint}")
     return problems
 
 
 def _fits(value, hint) -> bool:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
+    if isinstance(hint, types.UnionType):
         return any(_fits(value, arg) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None
@@ -415,9 +237,7 @@ def _fits(value, hint) -> bool:
         return hint is bool
     if hint is float:
         return isinstance(value, (int, float))
-    if typing.is_typeddict(hint):
-        return isinstance(value, dict)
-    return isinstance(value, origin or hint)
+    return isinstance(value, hint)
 
 
 class KhaelorError(Exception):
@@ -514,6 +334,60 @@ def has_hidden_characters(text: str) -> bool:
     return bool(re.search(_HIDDEN, text.replace("\r\n", "\n")))
 
 
+# ------------------------------------------------------------ what people read: cost and duration
+
+# $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
+PRICES = {
+    "claude-opus-5-5": (4, 20, 5, 0.20),
+    "claude-sonnet-5-5": (2, 10, 2.50, 0.20),
+    "claude-haiku-5-5": (0.10, 0.50, 0.125, 0.01),
+    "claude-fable-5-2": (8, 40, 10, 0.20),
+    "claude-opus-5": (5, 25, 6.25, 0.50),
+    "claude-sonnet-5": (2, 10, 2.50, 0.20),
+    "claude-opus-4-8": (5, 25, 6.25, 0.50),
+    "claude-opus-4-7": (5, 25, 6.25, 0.50),
+    "claude-opus-4-6": (5, 25, 6.25, 0.50),
+    "claude-sonnet-4-6": (3, 15, 3.75, 0.30),
+    "claude-opus-4-5": (5, 25, 6.25, 0.50),
+    "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
+    "claude-haiku-4-5": (1, 5, 1.25, 0.10),
+}
+
+
+def price_row(model: str, prices: dict | None = None) -> tuple | None:
+    """(input, output, cache write, cache read) $ per million tokens, by id or id prefix; None for a
+    model with no known price. `prices`: config overrides of PRICES."""
+    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
+    dated = (row for prefix, row in table.items() if model.startswith(prefix + "-"))
+    return table.get(model) or next(dated, None)
+
+
+def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
+    """Dollars for {model: usage} (State.usage), from the API's usage only; None when a model has
+    no known price: a cost is never guessed. `prices`: config overrides of PRICES."""
+    total = 0.0
+    for model, usage in usage_by_model.items():
+        price = price_row(model, prices)
+        if price is None:
+            return None
+        for key, dollars in zip(PRICED_KEYS, price):
+            total += (usage.get(key) or 0) * dollars / 1e6
+    return total
+
+
+def duration(seconds: float) -> str:
+    """How long, for people, in two units at most: 900ms, 3.2s, 2m 5s, 3h 5m, 2d 3h."""
+    if seconds < 1:
+        return f"{int(seconds * 1000)}ms"
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    for (unit, size), (smaller, smaller_size) in zip(DURATION_UNITS, DURATION_UNITS[1:]):
+        if whole >= size:
+            return f"{whole // size}{unit} {whole % size // smaller_size}{smaller}"
+    return f"{whole}s"
+
+
 # ---------------------------------------------------------------- locations
 
 def khaelor_home() -> Path:
@@ -602,8 +476,9 @@ class SessionStore:
                 warnings.append(f"{path}:{number} is not a valid event; skipped it, kept the rest")
                 continue
             if event["v"] > SCHEMA_VERSION:
-                raise SessionFileError(path, f"line {number} was written by a newer khaelor (schema "
-                                       f"v{event['v']}, this one reads v{SCHEMA_VERSION}); upgrade khaelor to open it")
+                raise SessionFileError(path, f"line {number} was written by a newer khaelor"
+                                       f" (schema v{event['v']}, this one reads"
+                                       f" v{SCHEMA_VERSION}); upgrade khaelor to open it")
             events.append(event)
         return cls(path, path.stem, events, warnings)
 
@@ -615,33 +490,26 @@ class SessionStore:
         """One write of one whole line, so a crash can only tear the line being written. A full disk
         (or a file size limit) can take part of a line and refuse the rest: that part is cut off
         again, so the log on disk stays whole lines, and the event counts as not recorded."""
-        line = _encode(event)
-        done = 0
+        done = [0]
         try:
             if self._fd is None:
                 self._lock_fd = self._lock_fd or _lock(self.path)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            while done < len(line):     # after a short write, the next one reports why (ENOSPC, EFBIG)
-                done += os.write(self._fd, memoryview(line)[done:])
+            _write_all(self._fd, _encode(event), done)
         except OSError as e:
-            if done:
+            if done[0]:
                 try:
-                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done)
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - done[0])
                 except OSError:
                     pass                # still safe: the next open drops a torn last line
             raise self._failed("cannot append to the session log", e) from None
         self.events.append(event)
         apply(self.state, event)
 
-    def sync(self) -> None:
-        """fsync at loop boundaries (after a response, after a tool batch, at task end)."""
-        if self._fd is not None:
-            self._fsync(self._fd)
-            self._keep_linked()
-
     async def sync_off_loop(self) -> None:
-        """sync() with the fsync in a thread: on a slow disk it takes longer than a frame.
-        Appends may go on meanwhile; the check that the file is still there stays on the loop."""
+        """fsync at loop boundaries (after a response, after a tool batch, at task end), in a
+        thread: on a slow disk it takes longer than a frame. Appends may go on meanwhile; the check
+        that the file is still there stays on the loop. (close() syncs the rest.)"""
         import asyncio      # here, not at the top: `khaelor --version` imports this module
         if self._fd is not None:
             await asyncio.to_thread(self._fsync, self._fd)
@@ -664,7 +532,8 @@ class SessionStore:
         """Sync and close the log, and let the session go (another khaelor may take it now)."""
         try:
             if self._fd is not None:
-                self.sync()
+                self._fsync(self._fd)
+                self._keep_linked()
         finally:
             if self._fd is not None:
                 os.close(self._fd)
@@ -678,19 +547,18 @@ class SessionStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        data = memoryview(b"".join(map(_encode, self.events)))
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done:])
+        _write_all(fd, b"".join(map(_encode, self.events)), [0])
         os.fsync(fd)
         os.replace(tmp, self.path)
         os.close(self._fd)
         self._fd = fd
-        self.warnings.append(f"{self.path} was deleted while khaelor ran; wrote it again from memory")
+        self.warnings.append(f"{self.path} was deleted while khaelor ran;"
+                             " wrote it again from memory")
 
     def _failed(self, what: str, error: OSError) -> "SessionFileError":
-        return SessionFileError(self.path, f"{what} ({error.strerror}); the session up to here is intact. "
-                                "Free disk space or fix KHAELOR_HOME's permissions, then `khaelor -c` continues it")
+        return SessionFileError(self.path, f"{what} ({error.strerror}); the session up to here is"
+                                " intact. Free disk space or fix KHAELOR_HOME's permissions,"
+                                " then `khaelor -c` continues it")
 
 
 def meta_path(log_path: Path) -> Path:
@@ -756,7 +624,8 @@ def _lock(log_path: Path) -> int:
     except BlockingIOError:
         holder = os.read(fd, 32).decode("ascii", "replace").strip()
         os.close(fd)
-        raise SessionBusyError(Path(log_path).stem, int(holder) if holder.isdigit() else None) from None
+        pid = int(holder) if holder.isdigit() else None
+        raise SessionBusyError(Path(log_path).stem, pid) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -784,6 +653,13 @@ def _parse_line(line: bytes) -> dict | None:
     return event
 
 
+def _write_all(fd: int, data: bytes, done: list) -> None:
+    """Write all of `data`, counting the bytes written in done[0]: after a short write, the next
+    one reports why (ENOSPC, EFBIG)."""
+    while done[0] < len(data):
+        done[0] += os.write(fd, memoryview(data)[done[0]:])
+
+
 def _truncate(path: Path, size: int) -> None:
     with open(path, "r+b") as f:
         f.truncate(size)
@@ -797,7 +673,8 @@ class Bus:
     def __init__(self, store: SessionStore):
         self.store = store
         self._subscribers = []
-        self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))     # tests: every event by its kind
+        # tests: every event checked by its kind's row
+        self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))
 
     def subscribe(self, fn):
         self._subscribers.append(fn)
@@ -821,7 +698,8 @@ class Bus:
 
 # ---------------------------------------------------------------- the closed-response rule
 
-BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted", "ToolRequested"})
+BLOCK_EVENTS = frozenset({"ModelTextBlockCompleted", "ModelThinkingBlockCompleted",
+                          "ToolRequested"})
 # User-side text: it joins the conversation and ends any response still being streamed.
 USER_TEXT_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "VerificationRequested",
                               "UserShellRan", "Rewound", "EnvironmentNoted"})
@@ -829,7 +707,8 @@ DROPPING_EVENTS = frozenset({"ModelRequestFailed", "Interrupted", *USER_TEXT_EVE
 OPEN = "open"               # what Attempt.feed says of an event: a block joined the attempt,
 CLOSED = "closed"           # the response counts,
 DROPPED = "dropped"         # or it never will
-# After the text of a reply the user cut off (Esc, or khaelor died while it streamed), the model reads:
+# After the text of a reply the user cut off (Esc, or khaelor died while it streamed), the model
+# reads:
 INTERRUPTED_NOTE = "[I interrupted your reply here; the text above is what you had written so far.]"
 
 
@@ -842,12 +721,13 @@ class Attempt:
     def __init__(self):
         self.blocks = []        # block events of the open attempt, in stream order
         self.partial = []       # TextCheckpoint texts of the text block still streaming
-        self.cut_text = ""      # after an Interrupted: the attempt's text, kept for the conversation
+        self.cut_text = ""      # after an Interrupted: the attempt's text, kept in the conversation
 
     def feed(self, event: dict) -> tuple[str, list]:
         """(OPEN, []), (CLOSED, blocks), (DROPPED, blocks), or ("", []) for any other event. An
         interrupted attempt keeps its text (whole text blocks, then the checkpointed part of the one
-        that was streaming) in `cut_text`; its thinking and tool calls are dropped, never sent half."""
+        that was streaming) in `cut_text`; its thinking and tool calls are dropped, never sent
+        half."""
         kind = event["type"]
         self.cut_text = ""
         if kind == "TextCheckpoint":
@@ -863,7 +743,8 @@ class Attempt:
         if kind in DROPPING_EVENTS:
             if kind == "Interrupted":
                 texts = [b["text"] for b in self.blocks if b["type"] == "ModelTextBlockCompleted"]
-                self.cut_text = "\n\n".join(t for t in texts + ["".join(self.partial)] if t.strip()).rstrip()
+                texts.append("".join(self.partial))
+                self.cut_text = "\n\n".join(t for t in texts if t.strip()).rstrip()
             return DROPPED, self._take()
         return "", []
 
@@ -969,16 +850,19 @@ def user_text(event: dict) -> str:
     output = str(event.get("output") or "").rstrip() or "(no output)"
     if event.get("stopped"):
         output += "\n[stopped by the user before it finished]"
-    return (f"<user-shell>\nI ran this command myself; it and its output are context for what I ask next.\n"
+    return ("<user-shell>\nI ran this command myself;"
+            " it and its output are context for what I ask next.\n"
             f"$ {event['command']}\n{output}\n</user-shell>")
 
 
-def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: dict) -> tuple[str, list]:
+def _grow(conversation: Conversation, attempt: Attempt, event: dict,
+          pruned: dict) -> tuple[str, list]:
     """Feed one event to the attempt and the conversation; returns the attempt's outcome."""
     outcome, blocks = attempt.feed(event)
     if outcome == CLOSED:
         conversation.add_response(blocks)
-    if outcome == DROPPED and attempt.cut_text:     # the cut-off reply stays, so "continue" continues
+    # the cut-off reply stays, so "continue" continues
+    if outcome == DROPPED and attempt.cut_text:
         conversation.add_response([{"type": "ModelTextBlockCompleted", "text": attempt.cut_text}])
         conversation.add_user_text(INTERRUPTED_NOTE)
     kind = event["type"]
@@ -992,7 +876,6 @@ def _grow(conversation: Conversation, attempt: Attempt, event: dict, pruned: dic
 # ---------------------------------------------------------------- the state: one fold for everyone
 
 CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's usage fields
-USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made
@@ -1023,12 +906,12 @@ class State:
     # -- the conversation
     conversation: Conversation = field(default_factory=Conversation)
     attempt: Attempt = field(default_factory=Attempt)
-    uncut: list = field(default_factory=list)   # events after the latest cut: prune and compaction refold them
-    summary: str | None = None          # the latest compaction's summary, the history's first message
+    uncut: list = field(default_factory=list)   # events after the latest cut (to refold)
+    summary: str | None = None          # the latest compaction's summary: the first message
     cut_seq: int = 0                    # the latest compaction's cut
     pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder or None
-    prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees), after the cut
-    measured: int | None = None         # tokens of the next request: last usage + estimate since; None: stale
+    prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees)
+    measured: int | None = None         # next request's tokens: last usage + estimate since
     freed_since_usage: int = 0          # tokens prunes freed since the last response's usage
     safe_cut: int = 0                   # the newest seq at which the log may be cut
     grew_seq: int = 0                   # the newest seq at which the conversation grew
@@ -1037,22 +920,23 @@ class State:
     turn_open: bool = False             # a user message arrived after the last turn end
     needs_model: bool = False           # the conversation ends on the user side
     pending_tools: list = field(default_factory=list)   # calls of closed responses without a result
-    started_tools: set = field(default_factory=set)     # tool_use_ids with ToolStarted and no result
+    started_tools: set = field(default_factory=set)     # ToolStarted, no result yet
     queued_steering: list = field(default_factory=list)  # SteeringQueued texts not injected yet
     responses_in_turn: int = 0          # (turn) ModelResponseCompleted count
     last_stop_reason: str | None = None
-    recent_calls: list = field(default_factory=list)    # (turn) (name, input json) of the newest calls
+    recent_calls: list = field(default_factory=list)    # (turn) newest calls' (name, input json)
     last_failure: dict | None = None    # (turn) the newest ModelRequestFailed not retried
     # -- the turn's evidence (the verification gate and TaskCompleted)
     objective: str = ""                 # (turn) the user message that opened it
     changes: list = field(default_factory=list)     # (turn) (seq, path) of FileModified
-    commands: list = field(default_factory=list)    # (turn) bash runs and process starts: {seq, command, exit_code}
+    # (turn) bash runs and process starts: {seq, command, exit_code}
+    commands: list = field(default_factory=list)
     nudges: int = 0                     # (turn) VerificationRequested count
     user_denied: bool = False           # (turn) the user said no to a call: the gate asks no more
     suggested_checks: list = field(default_factory=list)    # (turn) the commands those nudges named
     withheld: list = field(default_factory=list)    # (turn) answers the nudges held back
     last_text: str = ""                 # (turn) text of the newest completed response
-    answer: str = ""                    # (turn) newest non-empty response text, or TaskCompleted's answer
+    answer: str = ""                    # (turn) newest response text, or TaskCompleted's answer
     failure_reason: str | None = None   # (turn) TaskFailed's reason
     # -- the session
     last_seq: int = 0
@@ -1064,6 +948,7 @@ class State:
     turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
     mode: str = ""                      # the newest ModeChanged's permission mode ("": none)
     turn_mode: str = ""                 # (turn) `mode` as the turn began
+    turn_model: str = ""                # (turn) the model its message named ("": the session's)
     title: str = ""                     # SessionRenamed, else the first user message
     branch: str = ""                    # the newest git baseline's branch
     usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
@@ -1072,9 +957,9 @@ class State:
     baselines: list = field(default_factory=list)   # dirty paths of each BaselineRecorded
     dirty_seen: set = field(default_factory=set)    # every path a baseline found dirty
     dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
-    edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit made)
-    stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) the model last saw
-    processes: dict = field(default_factory=dict)   # process_id -> {id, command, status} still running
+    edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit)
+    stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) last seen
+    processes: dict = field(default_factory=dict)   # running: process_id -> {id, command, status}
     n_processes: int = 0                # the highest process number started ("p7" -> 7)
     user_texts: list = field(default_factory=list)  # (seq, text) of every user message
     turns: list = field(default_factory=list)       # [question, answer] of the newest turns
@@ -1120,6 +1005,8 @@ def apply(state: State, event: dict) -> None:
     handler = _HANDLERS.get(event["type"])
     if handler is not None:
         handler(state, event)
+    if event["type"] in USER_TEXT_EVENTS:       # the next request carries it
+        _add_since_measured(state, user_text(event))
     if event["type"] in GROWING_EVENTS:
         state.grew_seq = event["seq"]
     if event["type"] in WORLD_EVENTS:
@@ -1128,36 +1015,29 @@ def apply(state: State, event: dict) -> None:
         state.safe_cut = event["seq"]
 
 
-def safe_cuts(events: list[dict]) -> list[int]:
-    """Every seq after the latest cut where the log may be cut: no response half-way through, every
-    tool_use before it answered before it. (The state keeps only the newest: `State.safe_cut`.)"""
-    state, cuts = State(), []
-    for event in events:
-        apply(state, event)
-        if state.safe_cut == event["seq"]:
-            cuts.append(event["seq"])
-    return [seq for seq in cuts if seq > state.cut_seq]
-
-
 def history_through(state: State, cut_seq: int) -> list[dict]:
     """The messages as they stood at `cut_seq`: what a compaction at that cut summarises."""
-    conversation, attempt = Conversation(state.summary), Attempt()
-    for event in state.uncut:
-        if event["seq"] > cut_seq:
-            break
-        _grow(conversation, attempt, event, state.pruned)
-    return conversation.messages
+    return _fold_from_cut(state, cut_seq)[0].messages
 
 
 def _refold(state: State) -> None:
     """After a prune or a compaction: the conversation again, from the latest cut."""
-    state.conversation = Conversation(state.summary)
-    state.attempt = Attempt()
+    state.conversation, state.attempt = _fold_from_cut(state, state.last_seq)
+
+
+def _fold_from_cut(state: State, through: int) -> tuple[Conversation, Attempt]:
+    """The conversation from the latest cut's summary, folded up to seq `through`. (The state
+    keeps where the log may be cut, `safe_cut`: no response half-way through it, every tool_use
+    before it answered before it.)"""
+    conversation, attempt = Conversation(state.summary), Attempt()
     for event in state.uncut:
-        _grow(state.conversation, state.attempt, event, state.pruned)
+        if event["seq"] > through:
+            break
+        _grow(conversation, attempt, event, state.pruned)
+    return conversation, attempt
 
 
-# ---------------------------------------------------------------- the state: one handler per event kind
+# ------------------------------------------------------------ the state: one handler per event kind
 
 def _on_closed_response(state: State, blocks: list) -> None:
     calls = [b for b in blocks if b["type"] == "ToolRequested"]
@@ -1196,16 +1076,17 @@ def _on_user_message(state: State, event: dict) -> None:
     state.failure_reason = None
     state.turn_reasoning = dict(state.reasoning)
     state.turn_mode = state.mode
+    state.turn_model = event.get("model") or ""
     state.user_texts.append((event["seq"], text))
     state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
     if not state.title:
         state.title = " ".join(text.split())[:60]
-    _add_since_measured(state, text)
 
 
 def _on_turn_end(state: State, event: dict) -> None:
     state.turn_open = False
     state.needs_model = False
+    state.turn_model = ""       # a command file's model holds for its turn only
     if event["type"] == "TaskFailed":
         state.failure_reason = event.get("reason")
     elif event["type"] == "TaskCompleted" and event.get("answer"):
@@ -1222,11 +1103,6 @@ def _on_steering_injected(state: State, event: dict) -> None:
         queued.remove(event["text"])
     state.queued_steering = queued
     state.needs_model = True
-    _add_since_measured(state, event.get("text") or "")
-
-
-def _on_user_shell(state: State, event: dict) -> None:
-    _add_since_measured(state, user_text(event))
 
 
 def _on_tool_requested(state: State, event: dict) -> None:
@@ -1249,7 +1125,7 @@ def _on_response_completed(state: State, event: dict) -> None:
 
 
 def _on_checkpoint(state: State, event: dict) -> None:
-    """A cut-off response's last checkpoint carries the usage the API had reported: it is paid for."""
+    """A cut-off response's last checkpoint carries the usage the API had reported: paid for."""
     _add_since_measured(state, event.get("text") or "")
     _add_usage(state, event)
 
@@ -1258,7 +1134,8 @@ def _add_usage(state: State, event: dict) -> None:
     """Usage the API reported, summed per model: a response, a cut-off one, a compaction summary."""
     usage = event.get("usage")
     if usage:
-        per_model = state.usage.setdefault(event.get("model") or "unknown", dict.fromkeys(USAGE_KEYS, 0))
+        model = event.get("model") or "unknown"
+        per_model = state.usage.setdefault(model, dict.fromkeys(USAGE_KEYS, 0))
         for key in USAGE_KEYS:
             per_model[key] += usage.get(key) or 0
         if "thinking_tokens" in usage:     # part of output_tokens: shown, never added to it
@@ -1437,7 +1314,6 @@ def _on_verification(state: State, event: dict) -> None:
     state.needs_model = True
     state.suggested_checks = state.suggested_checks + list(event.get("commands") or [])
     state.withheld = state.withheld + [event.get("withheld") or ""]
-    _add_since_measured(state, event.get("text") or "")
 
 
 def _on_permission_requested(state: State, event: dict) -> None:
@@ -1474,9 +1350,6 @@ _HANDLERS = {
     "UserMessageCreated": _on_user_message,
     "SteeringQueued": _on_steering_queued,
     "SteeringInjected": _on_steering_injected,
-    "UserShellRan": _on_user_shell,
-    # context the model reads, like a `!` command's output
-    "EnvironmentNoted": _on_user_shell,
     "TextCheckpoint": _on_checkpoint,
     "ToolRequested": _on_tool_requested,
     "ModelRequestFailed": _on_request_failed,

@@ -2,8 +2,8 @@
 
 Owns: `derive_next` (a pure function of the log's projection), the stream reducer (SDK stream
 events → our events, pure), the tool runtime (permission gate → execute → record), steering,
-interruption, the turn budget, the doom-loop question and the verification gate (ADR-12). Every decision is re-derived from the log on each iteration,
-so a crash resumes mid-conversation.
+interruption, the turn budget, the doom-loop question and the verification gate (ADR-12). Every
+decision is re-derived from the log on each iteration, so a crash resumes mid-conversation.
 Must not: import ui, touch files or processes itself (tools.py does), or keep anything that
 matters only in loop-local variables.
 """
@@ -267,6 +267,8 @@ class StreamReducer:
         self.stop_reason = None
         # monotonic time of the last TextCheckpoint
         self.saved_at: float | None = None
+        # monotonic time the open thinking block began
+        self.thinking_since: float | None = None
 
     def reported_usage(self) -> dict:
         """The usage the API has reported so far, under every one of our keys (and the part of
@@ -284,8 +286,8 @@ class StreamReducer:
 
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
-        once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being cut
-        off, so whatever is unsaved, with the usage the API has reported so far."""
+        once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
+        cut off, so whatever is unsaved, with the usage the API has reported so far."""
         if self.saved_at is None:
             self.saved_at = now or 0.0
         payload = None
@@ -307,7 +309,9 @@ class StreamReducer:
             self.saved_at = now
         return payload
 
-    def feed(self, event: dict) -> list[tuple[str, dict]]:
+    def feed(self, event: dict, now: float | None = None) -> list[tuple[str, dict]]:
+        """`now` (monotonic): when the event arrived; a thinking block then says how long it took
+        (duration_ms, the UI's "✻ Thinking · 4s")."""
         kind = event["type"]
         if kind == "message_start":
             message = event["message"]
@@ -319,13 +323,19 @@ class StreamReducer:
             block = dict(event["content_block"], parts=[], n_saved=0, unsaved_chars=0)
             self.blocks[event["index"]] = block
             if block["type"] == "thinking":
+                self.thinking_since = now
                 # thinking has begun, even when no text of it will stream (display omitted)
                 return [("ThinkingDelta", {"text": ""})]
         elif kind == "content_block_delta":
             block = self.blocks[event["index"]]
             return self._delta(block, event["delta"])
         elif kind == "content_block_stop":
-            return self._close(self.blocks.pop(event["index"]))
+            closed = self._close(self.blocks.pop(event["index"]))
+            thought = closed and closed[0][0] == "ModelThinkingBlockCompleted"
+            if thought and None not in (now, self.thinking_since):
+                closed[0][1]["duration_ms"] = round((now - self.thinking_since) * 1000)
+                self.thinking_since = None
+            return closed
         elif kind == "message_delta":
             stop_reason = event["delta"].get("stop_reason")
             self.stop_reason = stop_reason or self.stop_reason
@@ -451,8 +461,9 @@ class Kernel:
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
                       reason=reason)
 
-    def submit(self, text: str) -> None:
-        """A user message; while a turn runs it is queued as steering instead."""
+    def submit(self, text: str, model: str | None = None) -> None:
+        """A user message; while a turn runs it is queued as steering instead. `model`: the one
+        this turn's requests use (a command file's), recorded with the message."""
         if self.busy:
             self.emit("SteeringQueued", text=text)
             return
@@ -460,7 +471,8 @@ class Kernel:
         # typed before an Esc: it goes first, in order
         for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
-        self.emit("UserMessageCreated", text=text, **self.attachments(text))
+        chosen = {"model": model} if model else {}
+        self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen)
 
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
@@ -483,17 +495,22 @@ class Kernel:
         return {"attachments": attached}
 
     def repair(self) -> None:
-        """On resume: a tool that was running when khaelor died gets a result, so the history is valid."""
+        """On resume: a tool that was running when khaelor died gets a result, so the history is
+        valid; a process the log still calls running is closed, since no khaelor manages it now
+        (left alone: after a kill -9 its pid may already be another program's). Synced at the
+        turn's first loop boundary, or by close."""
         for tool_use_id in sorted(self.state.started_tools):
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
                       reason="khaelor exited while the tool was running")
+        for process_id in list(self.state.processes):
+            self.emit("ProcessExited", process_id=process_id, exit_code=None,
+                      cause="lost: khaelor exited while it ran")
         attempt = self.state.attempt
         mid_reply = attempt.blocks or attempt.partial
         if self.state.turn_open and mid_reply:
-            # It died mid-reply: the turn ends there, and the text saved so far stays in the conversation.
+            # It died mid-reply: the turn ends there; the text saved so far stays.
             self.emit("Interrupted",
                       reason="khaelor exited while the reply was streaming")
-        self.bus.store.sync()
 
     def start(self) -> asyncio.Task:
         """The turn as a task (interactive). Busy from this moment, not from the task's first
@@ -589,14 +606,8 @@ class Kernel:
         call_id = call["tool_use_id"]
         what = f"{call['name']} call"
         repeats = f"{DOOM_LOOP_REPEATS} identical {what}s in a row"
-        request = self.emit("PermissionRequested",
-                            tool_use_id=call_id,
-                            capability=events.LOOP_CAPABILITY,
-                            descriptor=f"continue after {repeats}",
-                            suggestion=None,
-                            preview=tools.permission_preview(
-                                call["name"], call["input"]))
-        choice, feedback = await self.ask(request)
+        choice, feedback = await self.ask_user(call, events.LOOP_CAPABILITY,
+                                               f"continue after {repeats}", None)
         if choice in ("once", "always"):
             self.emit("PermissionGranted", tool_use_id=call_id, scope="once")
             return
@@ -697,8 +708,6 @@ class Kernel:
             self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        # monotonic time the open thinking block began
-        thinking_since = None
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
@@ -706,19 +715,11 @@ class Kernel:
                               status=raw.get("status"),
                               message=raw["error"], retrying=True)
                     reducer = StreamReducer()
-                    thinking_since = None
                     continue
-                for kind, payload in reducer.feed(raw):
+                for kind, payload in reducer.feed(raw, time.monotonic()):
                     if kind == "ToolRequested":
                         payload["card"] = tools.card_of(
                             payload["name"], payload["input"])
-                    if kind == "ThinkingDelta" and thinking_since is None:
-                        thinking_since = time.monotonic()
-                    thought = kind == "ModelThinkingBlockCompleted"
-                    if thought and thinking_since is not None:
-                        elapsed = time.monotonic() - thinking_since
-                        payload["duration_ms"] = round(elapsed * 1000)
-                        thinking_since = None
                     self.emit(kind, **payload)
                 if self.save_checkpoint(reducer, time.monotonic()):
                     await self.bus.store.sync_off_loop()
@@ -736,24 +737,16 @@ class Kernel:
         return payload is not None
 
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
-        """Prune old tool results, or compact through the auxiliary model; both are recorded events."""
+        """Prune old tool results, or compact through the auxiliary model (both recorded)."""
         if plan == "prune":
             self.emit("ContextPruned", **self.ctx.prune(self.state))
         elif plan == "compact":
             self.emit("Status", text="compacting the conversation…")
-            # the summary call's usage: /cost counts compaction too
-            paid = {}
-
-            async def summarize(request: dict) -> dict:
-                answer = await self.model.complete(request)
-                paid.update(model=answer.get("model"),
-                            usage=answer.get("usage") or {})
-                return answer
-            payload = await context.compact(self.state, summarize,
+            payload = await context.compact(self.state, self.model.complete,
                                             focus=focus,
                                             aux_model=self.ctx.aux_model)
             if payload is not None:
-                self.emit("ContextCompacted", **payload, **paid)
+                self.emit("ContextCompacted", **payload)
 
     async def execute_tools(self) -> None:
         for call in list(self.state.pending_tools):
@@ -763,15 +756,13 @@ class Kernel:
     async def run_tool(self, call: dict) -> None:
         tool_use_id = call["tool_use_id"]
         name = call["name"]
+        doomed = None
         if call.get("input_error"):
             output = (f"Your {name} call could not be run:"
                       f" {call['input_error']}. Send the call again"
                       " with a complete JSON object as input.")
-            self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
-                      meta={}, output=output)
-            return
-        doomed = None
-        if name == "edit":
+            doomed = tools.ToolResult(output, is_error=True)
+        elif name == "edit":
             doomed = self.toolbox.edit_problem(call["input"])
         # no question for an edit that cannot succeed (issue 14 item 6)
         if doomed is not None:
@@ -825,14 +816,8 @@ class Kernel:
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
             return _unattended(decision)
-        request = self.emit("PermissionRequested",
-                            tool_use_id=tool_use_id,
-                            capability=decision.capability,
-                            descriptor=decision.descriptor,
-                            suggestion=decision.suggestion,
-                            preview=tools.permission_preview(
-                                call["name"], call["input"]))
-        choice, feedback = await self.ask(request)
+        choice, feedback = await self.ask_user(call, decision.capability,
+                                               decision.descriptor, decision.suggestion)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
             reason = events.USER_DECLINED
@@ -850,6 +835,15 @@ class Kernel:
             # the user saw this very call: what it names, it may change (tools.guard_check)
             return replace(decision, confine={**decision.confine, "attended": True})
         return decision
+
+    async def ask_user(self, call: dict, capability: str, descriptor: str,
+                       suggestion: dict | None) -> tuple[str, str]:
+        """PermissionRequested for the call, then the user's (choice, feedback)."""
+        preview = tools.permission_preview(call["name"], call["input"])
+        request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"],
+                            capability=capability, descriptor=descriptor,
+                            suggestion=suggestion, preview=preview)
+        return await self.ask(request)
 
     def needs_checkpoint(self, call: dict,
                          decision: permissions.Decision) -> bool:

@@ -445,40 +445,21 @@ def holds_conversation(path: Path) -> bool:
     return bool(summary.get("n_messages"))
 
 
-def total_cost(costs: list) -> float | None:
-    """The sum; None when one is unknown (a model with no price): never guessed."""
-    if None in costs:
-        return None
-    return sum(costs)
-
-
 def session_summary(store) -> dict:
     """What a listing shows; cached in the session's .meta.json."""
-    from model import price_of
     state = store.state
     totals = state.usage
-    costs = [price_of(model, usage) for model, usage in totals.items()]
     tokens = sum(sum(usage.values()) for usage in totals.values())
     return {"id": store.session_id,
             "title": state.title,
             "created": state.created_ts,
             "updated": state.updated_ts,
             "tokens": tokens,
-            "cost": total_cost(costs),
+            "cost": events.cost(totals),
             "model": state.model,
             "branch": state.branch,
             "n_messages": len(state.user_texts),
             "usage": totals}
-
-
-def session_cost(summary: dict, prices: dict) -> float | None:
-    """A session's cost by this run's price table: config `prices` override the defaults, so the
-    cost a cache recorded with the default table is not the one to show."""
-    from model import price_of
-    costs = []
-    for model, usage in summary["usage"].items():
-        costs.append(price_of(model, usage, prices))
-    return total_cost(costs)
 
 
 def config_prices(home: Path, project_root: Path) -> dict:
@@ -539,11 +520,10 @@ def close_session(store) -> None:
 
 def age(ts_ms: int) -> str:
     import time
-    seconds = max(0.0, time.time() - ts_ms / 1000)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit} ago"
-    return "just now"
+    seconds = time.time() - ts_ms / 1000
+    if seconds < 60:
+        return "just now"
+    return f"{events.duration(seconds)} ago"
 
 
 def for_terminal(text: str, stream) -> str:
@@ -562,7 +542,7 @@ def cmd_sessions(home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        dollars = session_cost(row, prices)
+        dollars = events.cost(row["usage"], prices)
         cost = "?" if dollars is None else f"${dollars:.4f}"
         branch = ""
         if row.get("branch"):
@@ -868,7 +848,6 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        self.bus.store.sync()
         report = f"Rewound to before step {self.number}: {len(restored)} files restored."
         if self.kept:
             report += ("\nKept as you left them (changed after the agent's last step):"
@@ -1570,7 +1549,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     import time
     state = store.state
     failed = step != "done"
-    cost = session_cost(session_summary(store), prices)
+    cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
     # in Claude Code's key names
     usage = {"input_tokens": totals["input_tokens"],
@@ -1744,6 +1723,8 @@ class Session:
             self.baseline.cancel()
         # its processes end with it, ProcessExited in its own log
         await self.toolbox.close()
+        # the fsync off the loop: close's own then finds nothing left to write
+        await self.store.sync_off_loop()
         close_session(self.store)
 
     @property
@@ -1792,11 +1773,9 @@ class Session:
         if command is not None:
             text = expand_command(command, arguments)
         self.begin()
-        self.kernel.submit(text)
+        self.kernel.submit(text, command.model if command is not None else None)
         if not self.working:
             self.start_turn()
-            if command is not None and command.model:
-                self.model_for_turn(command.model)
 
     def record_mode(self) -> None:
         """ModeChanged when this process's mode is not the log's (a new log records a non-default
@@ -1819,16 +1798,6 @@ class Session:
         self.mode = choice
         self.record_mode()
         self.submit("Go ahead with the plan.")
-
-    def model_for_turn(self, name: str) -> None:
-        """A command file's `model:` holds for the turn it starts; then the session's model is back."""
-        ctx = self.kernel.ctx
-        previous = ctx.model
-        ctx.model = name
-
-        def restore(_turn) -> None:
-            ctx.model = previous
-        self.turn.add_done_callback(restore)
 
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
@@ -1969,18 +1938,15 @@ class Session:
 
     def fold_status(self) -> dict:
         import context
-        from model import price_of
         state = self.store.state
         totals = state.usage
         summed = summed_usage(totals)
-        prices = self.settings["prices"]
-        costs = []
-        for model, usage in totals.items():
-            costs.append(price_of(model, usage, prices))
         last = state.last_usage
         prompt = (summed["input_tokens"] + summed["cache_read_tokens"]
                   + summed["cache_write_tokens"])
-        window = context.window_of(self.kernel.ctx.model)
+        # the running turn's model (a command file may name its own)
+        model_id = self.kernel.ctx.model_of(state)
+        window = context.window_of(model_id)
         context_pct = None
         if last is not None:
             # a prune since the last response shrinks the next request now, not at the next usage
@@ -1992,10 +1958,10 @@ class Session:
         if prompt:
             cache_share = summed["cache_read_tokens"] / prompt
         thought = [usage.get("thinking_tokens") or 0 for usage in totals.values()]
-        return {"model": self.kernel.ctx.model,
+        return {"model": model_id,
                 "tokens": sum(summed.values()),
                 "thinking_tokens": sum(thought),
-                "cost": total_cost(costs),
+                "cost": events.cost(totals, self.settings["prices"]),
                 "context_pct": context_pct,
                 "cache_share": cache_share,
                 "reasoning": reasoning_label(self.next_reasoning().fields),
@@ -2082,7 +2048,7 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            dollars = session_cost(row, self.settings["prices"])
+            dollars = events.cost(row["usage"], self.settings["prices"])
             cost = "cost ?" if dollars is None else f"${dollars:.4f}"
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
@@ -2116,10 +2082,9 @@ class Session:
         return ""
 
     async def cmd_cost(self, _):
-        from model import price_of
         lines = []
         for name, usage in self.store.state.usage.items():
-            cost = price_of(name, usage, self.settings["prices"])
+            cost = events.cost({name: usage}, self.settings["prices"])
             if cost is None:
                 price = "cost unknown (no price for this model)"
             else:
@@ -2278,7 +2243,10 @@ class Session:
             await asyncio.to_thread(rewind.write)
         except KhaelorError as error:
             return str(error)
-        return f"{rewind.describe()}\n\n{rewind.finish()}"
+        report = rewind.finish()
+        # the fsync off the loop (`khaelor rewind` syncs as it closes the log)
+        await self.bus.store.sync_off_loop()
+        return f"{rewind.describe()}\n\n{report}"
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
@@ -2311,7 +2279,7 @@ class Session:
     async def cmd_status(self, _):
         import sandbox
         store = self.store
-        cost = session_cost(session_summary(store), self.settings["prices"])
+        cost = events.cost(store.state.usage, self.settings["prices"])
         spent = "unknown (a model has no price)"
         if cost is not None:
             spent = f"${cost:.2f}"
@@ -2410,9 +2378,8 @@ def is_known_model(name: str, known: list) -> bool:
 
 
 def known_model_ids(prices: dict) -> list[str]:
-    """model.py's priced models and those config.json `prices` adds."""
-    import model
-    return sorted({*model.PRICES, *prices})
+    """events.py's priced models and those config.json `prices` adds."""
+    return sorted({*events.PRICES, *prices})
 
 
 def known_models(prices: dict) -> str:
@@ -2625,7 +2592,7 @@ def welcome_line(session) -> str:
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    cost = session_cost(session_summary(store), prices)
+    cost = events.cost(store.state.usage, prices)
     spent = "cost unknown"
     if cost is not None:
         spent = f"${cost:.2f}"

@@ -1,8 +1,9 @@
-"""model.py: the model client over anthropic.AsyncAnthropic — streaming, typed errors, retries, cost.
+"""model.py: the model client over anthropic.AsyncAnthropic — streaming, typed errors, retries.
 
 Owns: the only `import anthropic` in khaelor (lazily, inside `_sdk()`), the retry policy (the SDK's
 own retries are off so every attempt is visible here), the error taxonomy the kernel branches on,
-and the price table. Events leave here as plain dicts with only the fields the API defined.
+and the thinking and effort table (the price table and cost are events.py's). Events leave here as
+plain dicts with only the fields the API defined.
 Must not: import kernel/tools/ui/context, touch files, or estimate usage (usage is the API's).
 """
 import asyncio
@@ -21,24 +22,9 @@ MODEL_ALIASES = {"opus": "claude-opus-5-5", "sonnet": "claude-sonnet-5-5",
 MAX_ATTEMPTS = 5            # one call plus four retries
 BASE_DELAY_S = 0.5          # jittered exponential: 0.5, 1, 2, 4 … capped below
 MAX_DELAY_S = 30.0          # also caps a server's retry-after, so a run never sleeps for hours
-READ_TIMEOUT_S = 120.0      # no byte (not even a ping) for this long: the stream is stalled (env KHAELOR_READ_TIMEOUT)
+# no byte (not even a ping) for this long: the stream is stalled (env KHAELOR_READ_TIMEOUT)
+READ_TIMEOUT_S = 120.0
 
-# $ per million tokens: input, output, cache write (5m), cache read. ANTHROPIC_API.md §5.3.
-PRICES = {
-    "claude-opus-5-5": (4, 20, 5, 0.20),
-    "claude-sonnet-5-5": (2, 10, 2.50, 0.20),
-    "claude-haiku-5-5": (0.10, 0.50, 0.125, 0.01),
-    "claude-fable-5-2": (8, 40, 10, 0.20),
-    "claude-opus-5": (5, 25, 6.25, 0.50),
-    "claude-sonnet-5": (2, 10, 2.50, 0.20),
-    "claude-opus-4-8": (5, 25, 6.25, 0.50),
-    "claude-opus-4-7": (5, 25, 6.25, 0.50),
-    "claude-opus-4-6": (5, 25, 6.25, 0.50),
-    "claude-sonnet-4-6": (3, 15, 3.75, 0.30),
-    "claude-opus-4-5": (5, 25, 6.25, 0.50),
-    "claude-sonnet-4-5": (3, 15, 3.75, 0.30),
-    "claude-haiku-4-5": (1, 5, 1.25, 0.10),
-}
 # Thinking and effort by model family, exactly as ANTHROPIC_API.md §3.3 and §3.3a give them;
 # requests are built from this table only, so they are legal by construction. Per family: the
 # `thinking.type`s it accepts (None: not documented, so no `thinking` is sent and the model's
@@ -105,23 +91,6 @@ def preload() -> None:
     Not a daemon: an exit during the import waits for it, because finalizing the interpreter under
     a daemon thread that is inside the SDK's native extension aborts the process (SIGABRT)."""
     threading.Thread(target=_sdk, name="khaelor-sdk-import").start()
-
-
-def price_row(model: str, prices: dict | None = None) -> tuple | None:
-    """(input, output, cache write, cache read) $ per million tokens, by id or id prefix; None for a
-    model with no known price. `prices`: config overrides of PRICES."""
-    table = {**PRICES, **{k: tuple(v) for k, v in (prices or {}).items()}}
-    return table.get(model) or next((p for m, p in table.items() if model.startswith(m + "-")), None)
-
-
-def price_of(model: str, usage: dict, prices: dict | None = None) -> float | None:
-    """Cost in dollars from real usage; None for a model with no known price (never guessed)."""
-    price = price_row(model, prices)
-    if price is None:
-        return None
-    p_in, p_out, p_write, p_read = price
-    return (usage.get("input_tokens", 0) * p_in + usage.get("output_tokens", 0) * p_out
-            + usage.get("cache_write_tokens", 0) * p_write + usage.get("cache_read_tokens", 0) * p_read) / 1e6
 
 
 class Reasoning(NamedTuple):
@@ -227,8 +196,9 @@ class ModelClient:
     """One client per process. `stream(request)` yields plain event dicts; on a retryable failure
     after events were yielded it yields {"type": "restart", ...} and starts the request again."""
 
-    def __init__(self, *, api_key: str | None = None, auth_token: str | None = None, base_url: str | None = None,
-                 max_attempts: int = MAX_ATTEMPTS, read_timeout: float = READ_TIMEOUT_S, on_status=None):
+    def __init__(self, *, api_key: str | None = None, auth_token: str | None = None,
+                 base_url: str | None = None, max_attempts: int = MAX_ATTEMPTS,
+                 read_timeout: float = READ_TIMEOUT_S, on_status=None):
         self._api_key, self._auth_token, self._base_url = api_key, auth_token, base_url
         self.max_attempts, self.read_timeout = max_attempts, read_timeout
         self.on_status = on_status or (lambda text: None)
@@ -238,10 +208,13 @@ class ModelClient:
         if self._client is None:
             sdk = _sdk()
             timeout = sdk.Timeout(self.read_timeout, connect=10.0)
-            # An explicit credential also keeps the SDK from probing profiles and logging about them.
-            credential = {"auth_token": self._auth_token} if self._auth_token and not self._api_key else \
-                {"api_key": self._api_key}
-            self._client = sdk.AsyncAnthropic(**credential, base_url=self._base_url, max_retries=0, timeout=timeout)
+            # An explicit credential also keeps the SDK from probing profiles and logging about
+            # them.
+            credential = {"api_key": self._api_key}
+            if self._auth_token and not self._api_key:
+                credential = {"auth_token": self._auth_token}
+            self._client = sdk.AsyncAnthropic(**credential, base_url=self._base_url,
+                                              max_retries=0, timeout=timeout)
         return self._client
 
     async def stream(self, request: dict):
@@ -266,12 +239,16 @@ class ModelClient:
                 raise
             except Exception as exc:  # classified right here; nothing is swallowed
                 error = classify(exc)
-                if error.kind != "retryable" or attempt == self.max_attempts or not _server_allows_retry(exc):
+                last = attempt == self.max_attempts
+                if error.kind != "retryable" or last or not _server_allows_retry(exc):
                     if error.kind == "retryable" and attempt > 1:
-                        error = ModelError("retryable", f"{error} (gave up after {attempt} attempts)", error.status)
+                        error = ModelError("retryable",
+                                           f"{error} (gave up after {attempt} attempts)",
+                                           error.status)
                     raise error from None
                 delay = _retry_delay(exc, attempt)
-                self.on_status(f"{error} — retrying in {delay:.1f}s (attempt {attempt + 1} of {self.max_attempts})")
+                self.on_status(f"{error} — retrying in {delay:.1f}s"
+                               f" (attempt {attempt + 1} of {self.max_attempts})")
                 if yielded:
                     yield {"type": "restart", "error": str(error), "status": error.status}
                 await asyncio.sleep(delay)
@@ -282,12 +259,14 @@ class ModelClient:
             self._client = None
 
     async def complete(self, request: dict) -> dict:
-        """A whole response without tools (compaction summaries, titles): {"text", "usage", "model"}."""
+        """A whole response without tools (compaction summaries, titles): {"text", "usage",
+        "model"}."""
         text, usage, model = [], {}, request.get("model")
         async for event in self.stream(request):
             if event["type"] == "restart":
                 text = []
-            elif event["type"] == "content_block_delta" and event["delta"].get("type") == "text_delta":
+            elif event["type"] == "content_block_delta" and \
+                    event["delta"].get("type") == "text_delta":
                 text.append(event["delta"]["text"])
             elif event["type"] in ("message_start", "message_delta"):
                 usage = merge_usage(usage, event)
@@ -296,7 +275,9 @@ class ModelClient:
 
 def merge_usage(usage: dict, event: dict) -> dict:
     """message_start carries the input side; message_delta's counts are cumulative (overwrite)."""
-    raw = event["message"]["usage"] if event["type"] == "message_start" else event.get("usage") or {}
+    raw = event.get("usage") or {}
+    if event["type"] == "message_start":
+        raw = event["message"]["usage"]
     merged = dict(usage)
     for ours, theirs in (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
                          ("cache_read_tokens", "cache_read_input_tokens"),
@@ -313,8 +294,8 @@ def merge_usage(usage: dict, event: dict) -> dict:
 def _plain_event(event) -> dict | None:
     """SDK event object → a dict of the wire fields; unknown event types are ignored."""
     kind = getattr(event, "type", None)
-    if kind not in ("message_start", "content_block_start", "content_block_delta", "content_block_stop",
-                    "message_delta", "message_stop"):
+    if kind not in ("message_start", "content_block_start", "content_block_delta",
+                    "content_block_stop", "message_delta", "message_stop"):
         return None
     if kind == "content_block_delta":
         # most events of a stream are deltas of one field: copy it rather than serialize the model
@@ -362,10 +343,11 @@ def classify(exc: BaseException) -> ModelError:
     if isinstance(exc, TypeError) and "authentication" in str(exc):
         return ModelError("auth", "no API key: set ANTHROPIC_API_KEY")
     if isinstance(exc, httpx2.TimeoutException):
-        return ModelError("retryable", f"the stream stalled ({type(exc).__name__}: no data within the read "
-                          "timeout; KHAELOR_READ_TIMEOUT sets it)")
+        return ModelError("retryable", f"the stream stalled ({type(exc).__name__}: no data within"
+                          " the read timeout; KHAELOR_READ_TIMEOUT sets it)")
     if isinstance(exc, httpx2.TransportError):
-        return ModelError("retryable", f"the connection failed mid-stream ({type(exc).__name__}: {exc})")
+        return ModelError("retryable",
+                          f"the connection failed mid-stream ({type(exc).__name__}: {exc})")
     return ModelError("invalid_request", f"unexpected client error {type(exc).__name__}: {exc}")
 
 

@@ -872,15 +872,6 @@ def more_lines(n: int) -> str:
     return f"… {n} more line" + "s" * (n != 1)
 
 
-def format_duration(ms: float) -> str:
-    seconds = ms / 1000
-    if seconds < 1:
-        return f"{int(ms)}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    return f"{int(seconds // 60)}m {int(seconds % 60)}s"
-
-
 def one_line(text: str) -> str:
     """A card's summary as one line: `src/app.py`, `pytest -q`, `start npm run dev`."""
     lines = shown(text).strip().split("\n")
@@ -907,7 +898,7 @@ def meta_facts(meta: dict) -> list[str]:
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
-        facts.append(format_duration(meta["duration_ms"]))
+        facts.append(events.duration(meta["duration_ms"] / 1000))
     if meta.get("timed_out"):
         facts.append("timed out")
     if meta.get("truncated"):
@@ -1556,7 +1547,7 @@ class Timeline:
             if tid in self._requests:
                 facts = ["waiting for approval"]
             elif card.started is not None:
-                facts = [format_duration((now - card.started) * 1000)]
+                facts = [events.duration(now - card.started)]
             else:
                 facts = ["queued"]
             symbol = spinner if card.started is not None else "○"

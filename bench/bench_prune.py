@@ -18,7 +18,7 @@ assemble_messages moves it from message to message, every mid-turn request would
 pruning or not (reported to the lead). What this leaves out: the kernel loop and the SDK and HTTP
 layers (the numbers do not depend on them; tests/test_prune.py runs the real program).
 
-Reports, per policy: total input cost (the model's prices, model.PRICES; Sonnet 5.5 by default), peak request size,
+Reports, per policy: total input cost (the model's prices, events.PRICES; Sonnet 5.5 by default), peak request size,
 cache-read share, prunes, and invalid requests (must be 0). Target: khaelor ≤ 0.6× keep-everything,
 peak ≤ 150K tokens.
 """
@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import context  # noqa: E402
 import events  # noqa: E402
 import fake_api  # noqa: E402
-import model  # noqa: E402
 import tools  # noqa: E402
 
 MODEL = "claude-sonnet-5-5"
@@ -188,7 +187,7 @@ def run(turns: int, prune_at: int, idle_every: int, model_id: str = MODEL) -> Se
 
 
 def report(name: str, session: Session) -> dict:
-    price = model.price_row(session.ctx.model)
+    price = events.price_row(session.ctx.model)
     usages = session.requests
     fresh = sum(u["input_tokens"] for u in usages)
     read = sum(u["cache_read_input_tokens"] for u in usages)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fake_api import FakeAnthropic, reply, text, tool_use  # noqa: E402
 
 # Every event any test emits (in-process, and in the CLI subprocesses that inherit it) is checked
-# against its kind's TypedDict in events.py: a mismatch raises where the event is made.
+# against its kind's row in events.EVENT_KINDS: a mismatch raises where the event is made.
 os.environ["KHAELOR_CHECK_EVENTS"] = "1"
 
 

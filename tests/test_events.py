@@ -253,3 +253,9 @@ def test_a_stream_knows_a_complete_sequence_from_an_unfinished_one():
     unfinished = ["\x1b[31", "\x1b]0;t", "\x1bPx", "\x1b", "\x1b["]
     assert all(re.match(events.ESCAPE_SEQUENCE, s) for s in complete)
     assert not any(re.fullmatch(events.ESCAPE_SEQUENCE, s) for s in unfinished)
+
+
+def test_one_duration_formatter_says_how_long_in_two_units_at_most():
+    """events.duration: tool cards, the running processes the model is told of, session ages."""
+    assert [events.duration(s) for s in (0.9, 3.21, 59.99, 125, 3 * 3600 + 307, 2 * 86400 + 3 * 3600)] == \
+        ["900ms", "3.2s", "1m 0s", "2m 5s", "3h 5m", "2d 3h"]

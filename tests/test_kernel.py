@@ -102,6 +102,15 @@ def test_the_reducer_turns_wire_events_into_deltas_and_completed_blocks():
     assert [p["text"] for k, p in out if k == "TextDelta"] == ["Hel", "lo"]
 
 
+def test_a_thinking_block_says_how_long_the_model_thought():
+    reducer = StreamReducer()
+    start = {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
+    assert reducer.feed(start, 10.0) == [("ThinkingDelta", {"text": ""})]
+    closed = reducer.feed({"type": "content_block_stop", "index": 0}, 14.2)
+    assert closed == [("ModelThinkingBlockCompleted", {"thinking": "", "signature": "", "duration_ms": 4200})]
+
+
 def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
     out = wire(
         {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "tu", "name": "write", "input": {}}},
@@ -205,3 +214,56 @@ def test_the_log_is_fsynced_off_the_event_loop(kernel_turn, fake, project, monke
     assert step == "done" and log[-1]["type"] == "TaskCompleted"
     assert len(threads) >= 3            # after the tool batch, after each response, at the end
     assert loop_thread not in threads
+
+
+# ---------------------------------------------------------------- one truth: the log and memory agree
+
+def test_a_command_files_model_holds_for_its_turn_and_a_model_chosen_meanwhile_is_kept(tmp_path):
+    """The model of a request is recorded with its turn's message: a `/model` given while a command
+    file's turn runs is not reverted in memory when the turn ends (the log keeps it too)."""
+    import context
+    import kernel
+    store = events.SessionStore.create(tmp_path / "sessions")
+    bus = events.Bus(store)
+    ctx = context.Context(project_root=tmp_path, cwd=tmp_path, home=tmp_path / "home",
+                          model="claude-sonnet-5-5", tool_schemas=[])
+    agent = kernel.Kernel(bus=bus, model=None, toolbox=None, ctx=ctx, rules=[], project_root=tmp_path,
+                          ask=None)
+    bus.emit("SessionCreated", cwd="/p", project_root="/p", model="claude-sonnet-5-5",
+             aux_model="claude-haiku-5-5", version="0")
+    agent.submit("/commit", model="claude-haiku-5-5")
+    assert store.events[-1]["model"] == "claude-haiku-5-5"
+    assert ctx.build_request(store.state)["model"] == "claude-haiku-5-5"
+    ctx.model = "claude-opus-5-5"                 # what /model does mid-turn
+    bus.emit("ModelChanged", model="claude-opus-5-5")
+    assert ctx.build_request(store.state)["model"] == "claude-haiku-5-5"    # the turn keeps its own
+    bus.emit("TaskCompleted", evidence={})
+    assert ctx.model_of(store.state) == "claude-opus-5-5"      # what the status line shows, idle
+    agent.submit("and now?")
+    assert ctx.build_request(store.state)["model"] == "claude-opus-5-5"
+    assert "model" not in store.events[-1]
+    assert ctx.model == store.state.model == events.replay(store.events).model == "claude-opus-5-5"
+
+
+def test_repair_closes_the_processes_the_log_still_calls_running(tmp_path):
+    """After a kill -9 no khaelor manages the processes the log started: repair records that each
+    ended, so the fold no longer lists them as running, now or when the log is read again."""
+    import kernel
+    store = events.SessionStore.create(tmp_path / "sessions")
+    bus = events.Bus(store)
+    bus.emit("ProcessStarted", process_id="p1", pid=101, command="npm run dev")
+    bus.emit("ProcessStarted", process_id="p2", pid=102, command="make watch")
+    bus.emit("ProcessExited", process_id="p2", exit_code=0, cause="exited")
+    assert list(store.state.processes) == ["p1"]
+    store.close()
+    store = events.SessionStore.open(store.path)
+    agent = kernel.Kernel(bus=events.Bus(store), model=None, toolbox=None, ctx=None, rules=[],
+                          project_root=tmp_path, ask=None)
+    agent.repair()
+    exited = [e for e in store.events if e["type"] == "ProcessExited"]
+    assert [(e["process_id"], e["exit_code"]) for e in exited] == [("p2", 0), ("p1", None)]
+    assert store.state.processes == {}
+    agent.repair()                                  # nothing left to close
+    assert len(store.events) == 4
+    store.close()
+    assert events.SessionStore.open(store.path, read_only=True).state.processes == {}

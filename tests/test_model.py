@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+import events
 import model
 from fake_api import FakeAnthropic, error, reply, text, thinking
 
@@ -124,11 +125,16 @@ def test_cancelling_a_stream_propagates_cancelled_error():
 
 
 def test_price_comes_from_the_table_and_unknown_models_have_no_price():
+    """events.cost, the one cost function (the price table moved there from model.py)."""
     usage = {"input_tokens": 1_000_000, "output_tokens": 0, "cache_read_tokens": 1_000_000, "cache_write_tokens": 0}
-    assert model.price_of("claude-sonnet-5-5", usage) == pytest.approx(2.20)
-    assert model.price_of("claude-sonnet-5-5-20261001", usage) == pytest.approx(2.20)
-    assert model.price_of("mystery-model", usage) is None
-    assert model.price_of("mystery-model", usage, {"mystery-model": [1, 1, 1, 1]}) == pytest.approx(2.0)
+    assert events.cost({"claude-sonnet-5-5": usage}) == pytest.approx(2.20)
+    assert events.cost({"claude-sonnet-5-5-20261001": usage}) == pytest.approx(2.20)
+    assert events.cost({"mystery-model": usage}) is None
+    assert events.cost({"mystery-model": usage}, {"mystery-model": [1, 1, 1, 1]}) == pytest.approx(2.0)
+    # a session's models add up; one without a price makes the whole unknown, never a guess
+    assert events.cost({"claude-sonnet-5-5": usage, "claude-haiku-5-5": usage}) == pytest.approx(2.31)
+    assert events.cost({"claude-sonnet-5-5": usage, "mystery-model": usage}) is None
+    assert events.cost({}) == 0
 
 
 def test_x_should_retry_false_is_not_retried():

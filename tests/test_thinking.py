@@ -117,7 +117,7 @@ def test_pruning_leaves_thinking_byte_identical_and_the_summariser_never_reads_i
     assert "secret plan" not in context.render_transcript(state.messages)
     usage = state.usage["claude-sonnet-5-5"]
     assert usage["output_tokens"] == 9 and usage["thinking_tokens"] == 5, "thinking counted once, inside output"
-    assert model.price_of("claude-sonnet-5-5", usage) == pytest.approx((1 * 2 + 9 * 10) / 1e6)
+    assert events.cost({"claude-sonnet-5-5": usage}) == pytest.approx((1 * 2 + 9 * 10) / 1e6)
 
 
 # ---------------------------------------------------------------- through the real program
