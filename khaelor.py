@@ -33,17 +33,17 @@ EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 # config.json's keys and the type each value must have
 CONFIG_KEYS = {
-    "model": str,
-    "aux_model": str,
+    "model": (str,),
+    "aux_model": (str,),
     "permissions": (list, dict),
-    "prices": dict,
-    "max_turns": int,
-    "pass_env": list,
-    "context": dict,
-    "thinking": str,
-    "effort": str,
-    "show_thinking": bool,
-    "max_output_tokens": int,
+    "prices": (dict,),
+    "max_turns": (int,),
+    "pass_env": (list,),
+    "context": (dict,),
+    "thinking": (str,),
+    "effort": (str,),
+    "show_thinking": (bool,),
+    "max_output_tokens": (int,),
 }
 # the keys of config.json's "context" object
 CONTEXT_KEYS = {"prune_at": int}
@@ -95,9 +95,9 @@ def parse_config(path: Path, text: str) -> dict:
             raise UsageError(f"{path}: unknown key {key!r};"
                              f" known keys: {known}")
         # a bool is an int to isinstance: only a bool key takes one
-        wrong_bool = isinstance(value, bool) and expected is not bool
+        wrong_bool = isinstance(value, bool) and bool not in expected
         if not isinstance(value, expected) or wrong_bool:
-            names = type_names(expected)
+            names = " or ".join(t.__name__ for t in expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
         choices = setting_choices().get(key)
         if choices and value not in choices:
@@ -129,13 +129,6 @@ def setting_choices() -> dict:
     return {"thinking": model.THINKING_MODES, "effort": model.EFFORTS}
 
 
-def type_names(expected) -> str:
-    """str → "str"; (list, dict) → "list or dict"."""
-    if isinstance(expected, tuple):
-        return " or ".join(t.__name__ for t in expected)
-    return expected.__name__
-
-
 def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
@@ -150,22 +143,21 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         for key, value in config.items():
             if key != "permissions":
                 merged[key] = value
+    # --model and --aux-model take a name /model takes
     for key in ("model", "aux_model", "max_turns"):
-        if getattr(args, key, None) is not None:
-            merged[key] = getattr(args, key)
-    for key in ("model", "aux_model"):
-        if getattr(args, key, None) is not None:
-            merged[key] = model_choice(merged[key], merged["prices"])
+        value = getattr(args, key, None)
+        if value is not None and key != "max_turns":
+            value = model_choice(value, merged["prices"])
+        if value is not None:
+            merged[key] = value
     # Environment names passed to commands: a grant, so only from the user's own config.
     merged["pass_env"] = user.get("pass_env", [])
     merged["model_flag"] = None
     if getattr(args, "model", None) is not None:
         merged["model_flag"] = merged["model"]
     # --thinking and --effort: recorded in the session, so a resume keeps them
-    merged["reasoning_flags"] = {}
-    for key in ("thinking", "effort"):
-        if getattr(args, key, None) is not None:
-            merged["reasoning_flags"][key] = getattr(args, key)
+    flags = {key: getattr(args, key, None) for key in ("thinking", "effort")}
+    merged["reasoning_flags"] = {k: v for k, v in flags.items() if v is not None}
     merged["extra_layers"] = flag_layers(args, project_root)
     merged["layers"] = permission_layers(home, project_root,
                                          merged["extra_layers"])
@@ -179,63 +171,39 @@ def permission_layers(home: Path, project_root: Path,
     """Rule layers in evaluation order (later wins): the user's own files (Claude Code's
     ~/.claude/settings.json, then KHAELOR's), the user's saved "always" answers for this project,
     then the project's own files, which may always tighten but grant only once the user trusted them
-    (`khaelor trust`); any change to one withdraws its trust. `extra`: this run's flags."""
+    (`khaelor trust`); any change to one withdraws its trust. `extra`: this run's flags. The files
+    are read here; permissions.py's trust model decides what they grant."""
     import permissions
     claude_user = Path.home() / ".claude" / "settings.json"
-    layers = [claude_settings_layer(claude_user, project_root, "user", True)]
+    try:
+        claude_data = claude_user.read_bytes()
+    except OSError:
+        # Claude Code's own file: one khaelor cannot read stops nothing
+        claude_data = b""
+    layers = [file_layer(claude_user, claude_data, project_root, "user", True)]
     for path in user_config_paths(home):
-        text = read_bytes(path).decode("utf-8", "replace")
-        layers.append(config_layer(path, text, project_root, "user", True))
+        layers.append(file_layer(path, read_bytes(path), project_root, "user", True))
     grants = grants_path(home, project_root)
     layers.append(permissions.Layer(str(grants), read_config(grants)))
-    for path in project_files(project_root):
+    records = trust_records(home)
+    for name in permissions.PROJECT_FILES:
+        path = project_root / name
         data = read_bytes(path)
-        trusted = is_trusted(home, path, data)
-        layers.append(project_layer(path, data, project_root, trusted))
+        trusted = permissions.is_trusted(records, path, data)
+        layers.append(file_layer(path, data, project_root, "project", trusted))
     return [*layers, *extra]
 
 
-def project_files(project_root: Path) -> list[Path]:
-    """The repository's own permission files, as `khaelor trust` reviews them."""
-    claude = project_root / ".claude"
-    return [project_root / ".khaelor" / "config.json",
-            claude / "settings.json", claude / "settings.local.json"]
-
-
-def project_layer(path: Path, data: bytes, project_root: Path, trusted: bool):
-    """A repository's permission file as `data` (its one read) says: what is hashed for trust
-    is what is parsed, so a file swapped in between cannot be trusted unseen."""
+def file_layer(path: Path, data: bytes, project_root: Path, kind: str, trusted: bool):
+    """A permission file's layer as `data` (its one read) says: what is hashed for trust is
+    what is parsed, so a file swapped in between cannot be trusted unseen. Claude Code's settings
+    are read in its syntax; a KHAELOR config is checked as config.json first."""
     import permissions
     text = data.decode("utf-8", "replace")
     if path.parent.name == ".claude":
-        return permissions.claude_layer(str(path), text, project_root,
-                                        "project", trusted)
-    return config_layer(path, text, project_root, "project", trusted)
-
-
-def config_layer(path: Path, text: str, project_root: Path, kind: str,
-                 trusted: bool):
-    """A KHAELOR config file's rules; a Claude-style permissions block pasted into it
-    ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
-    import permissions
+        return permissions.claude_layer(str(path), text, project_root, kind, trusted)
     config = parse_config(path, text)
-    if isinstance(config.get("permissions"), dict):
-        layer = permissions.Layer(str(path), {}, kind, trusted,
-                                  claude=True, text=text)
-        root = os.path.realpath(project_root)
-        return permissions.claude_rules(layer, config["permissions"], root)
-    return permissions.Layer(str(path), config, kind, trusted, text=text)
-
-
-def claude_settings_layer(path: Path, project_root: Path, kind: str,
-                          trusted: bool):
-    import permissions
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    return permissions.claude_layer(str(path), text, project_root, kind,
-                                    trusted)
+    return permissions.config_layer(str(path), config, text, project_root, kind, trusted)
 
 
 def user_config_paths(home: Path) -> list[Path]:
@@ -253,6 +221,7 @@ def grants_path(home: Path, project_root: Path) -> Path:
 
 
 def trust_records(home: Path) -> dict:
+    """$KHAELOR_HOME/trust.json: {a file's place: the hash of the bytes the user trusted}."""
     path = home / "trust.json"
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
@@ -261,53 +230,11 @@ def trust_records(home: Path) -> dict:
     return records if isinstance(records, dict) else {}
 
 
-def trust_key(path: Path) -> str | None:
-    """What a trust record is kept under: the file's own place in this project. A permission file
-    reached through a symlink (the file or a folder on its way) can never be trusted: it could be
-    another project's trusted file, or change without this project changing."""
-    folder = Path(os.path.realpath(path.parent.parent))
-    place = folder / path.parent.name / path.name
-    if os.path.realpath(path) != str(place):
-        return None
-    return str(place)
-
-
-def is_trusted(home: Path, path: Path, data: bytes) -> bool:
-    """Trusted: the user ran `khaelor trust` on exactly these bytes (the file's one read), in
-    this place."""
-    import permissions
-    key = trust_key(path)
-    if key is None or not data:
-        return False
-    trusted_hash = trust_records(home).get(key)
-    return trusted_hash == permissions.content_hash(data)
-
-
-def trust_notice(layers: list) -> str | None:
-    """One line when a repository's file grants something that is ignored until trusted."""
-    import permissions
-    ignored = permissions.untrusted_grants(layers)
-    if not ignored:
-        return None
-    # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
-    written = set()
-    files = set()
-    for rule in ignored:
-        command = rule.capability in ("process.execute", "git.modify", "network.access")
-        kind = "command" if command else rule.capability
-        written.add((rule.source, rule.pattern, rule.action, kind))
-        # "settings.json:4": the file, not each line
-        files.add(re.sub(r":\d+$", "", rule.source))
-    sources = ", ".join(sorted(files))
-    return (f"{sources} would grant {plural(len(written), 'permission')};"
-            " they are ignored until you review and trust them"
-            " with `khaelor trust`")
-
-
 def start_notices(settings: dict) -> list[str]:
     """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
     import sandbox
-    notices = [trust_notice(settings["layers"]), sandbox.notice()]
+    import permissions
+    notices = [permissions.trust_notice(settings["layers"]), sandbox.notice()]
     if settings.get("untrusted_prices"):
         notices.append("this project's .khaelor/config.json sets prices; they are"
                        " ignored until you trust it with `khaelor trust`")
@@ -329,14 +256,16 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     parser.add_argument("-y", "--yes", action="store_true",
                         help="trust what is shown without asking")
     args = parser.parse_args(argv)
-    files = [path for path in project_files(project_root) if path.is_file()]
+    import permissions
+    files = [project_root / name for name in permissions.PROJECT_FILES]
+    files = [path for path in files if path.is_file()]
     if not files:
         raise UsageError(f"nothing to trust: {project_root} has no"
                          " .khaelor/config.json or .claude/settings*.json")
     records = trust_records(home)
     reviewed = {}
     for path in files:
-        key = trust_key(path)
+        key = permissions.trust_key(path)
         if key is None:
             say(f"{path}: a symlink; a permission file reached"
                 " through a link is never trusted")
@@ -360,7 +289,7 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
     trust recorded is for exactly what the user saw."""
     import permissions
     digest = permissions.content_hash(data)
-    layer = project_layer(path, data, project_root, False)
+    layer = file_layer(path, data, project_root, "project", False)
     grants = permissions.untrusted_grants([layer])
     say(f"{path} (sha256 {digest[:16]}…)")
     if grants:
@@ -496,7 +425,9 @@ def project_config(home: Path, project_root: Path) -> tuple[dict, bool]:
     path = project_root / ".khaelor" / "config.json"
     data = read_bytes(path)
     config = parse_config(path, data.decode("utf-8", "replace"))
-    untrusted = bool(config.get("prices")) and not is_trusted(home, path, data)
+    import permissions
+    trusted = permissions.is_trusted(trust_records(home), path, data)
+    untrusted = bool(config.get("prices")) and not trusted
     if untrusted:
         config = {k: v for k, v in config.items() if k != "prices"}
     return config, untrusted

@@ -192,9 +192,10 @@ def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch
     from pathlib import Path
 
     import khaelor as cli
+    import permissions
     monkeypatch.setenv("HOME", env["HOME"])
     settings = project / ".claude" / "settings.json"
     settings.parent.mkdir()
     settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "Edit(src/**)"]}}))
-    notice = cli.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
+    notice = permissions.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
     assert notice.startswith(f"{settings} would grant 2 permissions;"), notice
