@@ -274,9 +274,15 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
             say(f"{path}: no longer trusted; its rules can only tighten")
         else:
             reviewed[key] = show_grants(path, read_bytes(path), project_root)
-    if reviewed and not trust_confirmed(args.yes):
-        print("nothing trusted")
-        return EXIT_FAILED
+    if reviewed and not args.yes:
+        if not sys.stdin.isatty():
+            # silence is not consent, here as at a permission question
+            raise UsageError("nothing trusted: there is no terminal to ask on;"
+                             " run `khaelor trust` in a terminal, or"
+                             " `khaelor trust --yes` to trust what is listed above")
+        if not confirm("Trust these?"):
+            print("nothing trusted")
+            return EXIT_FAILED
     write_json_atomic(home / "trust.json", {**records, **reviewed})
     if reviewed:
         print("trusted; any change to a file withdraws its trust"
@@ -307,17 +313,10 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
     return digest
 
 
-def trust_confirmed(yes: bool) -> bool:
-    """--yes, or `y` typed at the terminal. With nobody to ask, nothing is trusted: silence is
-    not consent, here as at a permission question."""
-    if yes:
-        return True
-    if not sys.stdin.isatty():
-        raise UsageError("nothing trusted: there is no terminal to ask on;"
-                         " run `khaelor trust` in a terminal, or"
-                         " `khaelor trust --yes` to trust what is listed above")
+def confirm(question: str) -> bool:
+    """`y` typed at the terminal; anything else, or the input's end, is no."""
     try:
-        answer = input("Trust these? [y/N] ")
+        answer = input(f"{question} [y/N] ")
     except EOFError:
         return False
     return answer.strip().lower() in ("y", "yes")
@@ -374,40 +373,39 @@ def holds_conversation(path: Path) -> bool:
     return bool(summary.get("n_messages"))
 
 
-def total_cost(costs: list) -> float | None:
-    """The sum; None when one is unknown (a model with no price): never guessed."""
+def usage_cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
+    """What the usage cost by this run's price table: config `prices` override model.py's, so the
+    cost a cache recorded with the default table is not the one to show. None when a model has
+    no price: never guessed."""
+    from model import price_of
+    costs = [price_of(model, usage, prices) for model, usage in usage_by_model.items()]
     if None in costs:
         return None
     return sum(costs)
 
 
+def dollars(cost: float | None, unknown: str = "cost unknown", digits: int = 4) -> str:
+    """$0.0123, or what to say when a model has no price."""
+    if cost is None:
+        return unknown
+    return f"${cost:.{digits}f}"
+
+
 def session_summary(store) -> dict:
     """What a listing shows; cached in the session's .meta.json."""
-    from model import price_of
     state = store.state
     totals = state.usage
-    costs = [price_of(model, usage) for model, usage in totals.items()]
     tokens = sum(sum(usage.values()) for usage in totals.values())
     return {"id": store.session_id,
             "title": state.title,
             "created": state.created_ts,
             "updated": state.updated_ts,
             "tokens": tokens,
-            "cost": total_cost(costs),
+            "cost": usage_cost(totals),
             "model": state.model,
             "branch": state.branch,
             "n_messages": len(state.user_texts),
             "usage": totals}
-
-
-def session_cost(summary: dict, prices: dict) -> float | None:
-    """A session's cost by this run's price table: config `prices` override the defaults, so the
-    cost a cache recorded with the default table is not the one to show."""
-    from model import price_of
-    costs = []
-    for model, usage in summary["usage"].items():
-        costs.append(price_of(model, usage, prices))
-    return total_cost(costs)
 
 
 def config_prices(home: Path, project_root: Path) -> dict:
@@ -485,7 +483,12 @@ def for_terminal(text: str, stream) -> str:
     return events.plain_text(text)
 
 
-def cmd_sessions(home: Path, project_root: Path) -> int:
+def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
+    parser = argparse.ArgumentParser(
+        prog="khaelor sessions",
+        description="List this project's sessions, newest first"
+                    " (`khaelor -r ID` resumes one; a unique prefix is enough).")
+    parser.parse_args(argv)
     sessions = list_sessions(home, project_root)
     if not sessions:
         print("no sessions in this project yet")
@@ -493,8 +496,7 @@ def cmd_sessions(home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        dollars = session_cost(row, prices)
-        cost = "?" if dollars is None else f"${dollars:.4f}"
+        cost = dollars(usage_cost(row["usage"], prices), "?")
         branch = ""
         if row.get("branch"):
             branch = f"  [{row['branch']}]"
@@ -516,9 +518,10 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         "check", help="what would happen to a call, without running it")
     check.add_argument("--json", action="store_true")
     target = check.add_mutually_exclusive_group(required=True)
-    target.add_argument("--bash", metavar="COMMAND")
-    target.add_argument("--read", metavar="PATH")
-    target.add_argument("--write", metavar="PATH")
+    for kind, metavar in (("bash", "COMMAND"), ("read", "PATH"), ("write", "PATH")):
+        # args.call: (kind, what), as permissions.check takes them
+        target.add_argument(f"--{kind}", dest="call", metavar=metavar,
+                            type=lambda value, kind=kind: (kind, value))
     parser.add_argument("--json", action="store_true", help="the policy as JSON")
     args = parser.parse_args(argv)
     import sandbox
@@ -529,14 +532,9 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
         return EXIT_OK
     if args.action != "check":
-        print_policy(layers, rules)
+        print("\n".join(policy_report(layers, rules)))
         return EXIT_OK
-    kind = "write"
-    if args.bash is not None:
-        kind = "bash"
-    elif args.read is not None:
-        kind = "read"
-    subject = args.bash or args.read or args.write
+    kind, subject = args.call
     result = permissions.check(kind, subject, project_root, rules,
                                sandboxed=sandboxed)
     if args.json:
@@ -545,17 +543,12 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     why = (f"{result['capability']}; decided by: {result['layer']};"
            f" {result['reason']}")
     say(f"{result['decision']}  ({why})")
-    if result["not_read_only"]:
-        say(f"not provably read-only: {result['not_read_only']}")
-    if result["destructive"]:
-        say(f"destroys work: {result['destructive']}")
-    if result["suggestion"]:
-        say(f"always-allow would save: {result['suggestion']}")
+    for key, label in (("not_read_only", "not provably read-only"),
+                       ("destructive", "destroys work"),
+                       ("suggestion", "always-allow would save")):
+        if result[key]:
+            say(f"{label}: {result[key]}")
     return EXIT_OK
-
-
-def print_boundary(out=sys.stdout) -> None:
-    print("\n".join(boundary_lines()), file=out)
 
 
 def boundary_lines() -> list[str]:
@@ -601,20 +594,19 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     print(f"khaelor sandbox: {shape}, project {project_root}"
           f"{', outside paths: ' + ', '.join(confine['paths']) if confine['paths'] else ''}",
           file=sys.stderr)
-    print_boundary(sys.stderr)
+    print("\n".join(boundary_lines()), file=sys.stderr)
     try:
         return workspace.run_attached(command, confine)
     except FileNotFoundError:
         raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
 
 
-def print_policy(layers: list, rules) -> None:
-    """`khaelor permissions`: the sandbox, the layers, the rules, and what is ignored."""
+def policy_report(layers: list, rules) -> list[str]:
+    """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
+    and what is ignored; every character shown as itself (events.visible_controls)."""
     import sandbox
-    print(f"sandbox: {sandbox.status()}")
-    print_boundary()
-    for line in policy_lines(layers, rules):
-        say(line)
+    lines = [f"sandbox: {sandbox.status()}", *boundary_lines(), *policy_lines(layers, rules)]
+    return [events.visible_controls(line, one_line=True) for line in lines]
 
 
 def layer_exists(layer) -> bool:
@@ -864,13 +856,11 @@ def rewind_session(args, bus, toolbox) -> int:
     overwrite = False
     if not args.yes:
         if not sys.stdin.isatty():
-            print("khaelor: not rewound: run it on a terminal, or with --yes", file=sys.stderr)
-            return EXIT_USAGE
-        if input("Rewind? [y/N] ").strip().lower() != "y":
+            raise UsageError("not rewound: run it on a terminal, or with --yes")
+        if not confirm("Rewind?"):
             return EXIT_OK
         if rewind.user_changed:
-            answer = input("Overwrite the files you changed since? [y/N] ")
-            overwrite = answer.strip().lower() == "y"
+            overwrite = confirm("Overwrite the files you changed since?")
     print(rewind.run(overwrite))
     return EXIT_OK
 
@@ -1078,12 +1068,10 @@ def help_epilog() -> str:
     import ui
     keys = "\n".join(f"  {key:<30} {what}" for key, what in ui.KEY_HELP)
     names = ", ".join(context.INSTRUCTION_FILES)
-    return ("subcommands:\n"
-            "  khaelor sessions               list this project's sessions\n"
-            "  khaelor permissions [check]    show or test the permission policy\n"
-            "  khaelor trust [--revoke]       review and trust this repository's permission files\n"
-            "  khaelor rewind [--list] [STEP] [-r SESSION] [--yes]\n"
-            "                                 the work tree back to before a step of a session\n"
+    commands = ""
+    for name, (_, usage, what) in SUBCOMMANDS.items():
+        commands += f"  {f'khaelor {name} {usage}'.strip()}\n      {what}\n"
+    return (f"subcommands:\n{commands}"
             "\n"
             f"interactive keys:\n{keys}\n"
             "\n"
@@ -1358,6 +1346,27 @@ def print_status(event: dict) -> None:
         print(f"khaelor: {event['text']}", file=sys.stderr)
 
 
+def run_print(args, home: Path, project_root: Path) -> int:
+    """-p: start-up around the SDK import, then one task headless."""
+    import asyncio
+    import time
+
+    import model
+    # duration_ms of the result counts from here
+    args.started = time.monotonic()
+    # these two are quick; an exit during the import must wait for it
+    require_api_key()
+    settings = load_settings(args, home, project_root)
+    # the SDK import (~2 s) overlaps with the rest of start-up
+    model.preload()
+    prune_in_background(home)
+    args.prompt = expand_headless(read_prompt(args), settings, home, project_root)
+    store = open_session(args, home, project_root)
+    for warning in store.warnings:
+        print(f"khaelor: warning: {warning}", file=sys.stderr)
+    return asyncio.run(run_headless(args, settings, store, home, project_root))
+
+
 async def run_headless(args, settings, store, home, project_root) -> int:
     import asyncio
     bus = events.Bus(store)
@@ -1501,7 +1510,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     import time
     state = store.state
     failed = step != "done"
-    cost = session_cost(session_summary(store), prices)
+    cost = usage_cost(state.usage, prices)
     totals = summed_usage(state.usage)
     # in Claude Code's key names
     usage = {"input_tokens": totals["input_tokens"],
@@ -1900,14 +1909,9 @@ class Session:
 
     def fold_status(self) -> dict:
         import context
-        from model import price_of
         state = self.store.state
         totals = state.usage
         summed = summed_usage(totals)
-        prices = self.settings["prices"]
-        costs = []
-        for model, usage in totals.items():
-            costs.append(price_of(model, usage, prices))
         last = state.last_usage
         prompt = (summed["input_tokens"] + summed["cache_read_tokens"]
                   + summed["cache_write_tokens"])
@@ -1926,7 +1930,7 @@ class Session:
         return {"model": self.kernel.ctx.model,
                 "tokens": sum(summed.values()),
                 "thinking_tokens": sum(thought),
-                "cost": total_cost(costs),
+                "cost": usage_cost(totals, self.settings["prices"]),
                 "context_pct": context_pct,
                 "cache_share": cache_share,
                 "reasoning": reasoning_label(self.next_reasoning().fields),
@@ -2013,8 +2017,7 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            dollars = session_cost(row, self.settings["prices"])
-            cost = "cost ?" if dollars is None else f"${dollars:.4f}"
+            cost = dollars(usage_cost(row["usage"], self.settings["prices"]), "cost ?")
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
             lines.append(f"- `{row['id']}`{here} {title} · {updated}"
@@ -2047,14 +2050,10 @@ class Session:
         return ""
 
     async def cmd_cost(self, _):
-        from model import price_of
         lines = []
         for name, usage in self.store.state.usage.items():
-            cost = price_of(name, usage, self.settings["prices"])
-            if cost is None:
-                price = "cost unknown (no price for this model)"
-            else:
-                price = f"${cost:.4f}"
+            cost = usage_cost({name: usage}, self.settings["prices"])
+            price = dollars(cost, "cost unknown (no price for this model)")
             thought = ""
             if "thinking_tokens" in usage:
                 thought = f" (thinking {usage['thinking_tokens']})"
@@ -2132,13 +2131,7 @@ class Session:
         self.bus.emit("ModelChanged", model=name)
         return ""
 
-    async def cmd_thinking(self, mode):
-        return self.choose_reasoning("thinking", mode)
-
-    async def cmd_effort(self, level):
-        return self.choose_reasoning("effort", level)
-
-    def choose_reasoning(self, key: str, value: str) -> str:
+    async def choose_reasoning(self, key: str, value: str) -> str:
         """/thinking and /effort: shown, or chosen for the next turns (never the running one:
         on the 5.5 models a replayed thinking block holds only while the request is unchanged)."""
         import model
@@ -2230,22 +2223,16 @@ class Session:
 
     async def cmd_permissions(self, _):
         """`khaelor permissions` in the session: the boundary, the layers and the rules."""
-        import sandbox
         layers = permission_layers(self.home, self.project_root,
                                    self.settings["extra_layers"])
-        rules = self.kernel.rules
-        lines = [f"sandbox: {sandbox.status()}", *boundary_lines(),
-                 *policy_lines(layers, rules)]
-        shown = [events.visible_controls(line, one_line=True) for line in lines]
-        return "```\n" + "\n".join(shown) + "\n```"
+        report = policy_report(layers, self.kernel.rules)
+        return "```\n" + "\n".join(report) + "\n```"
 
     async def cmd_status(self, _):
         import sandbox
         store = self.store
-        cost = session_cost(session_summary(store), self.settings["prices"])
-        spent = "unknown (a model has no price)"
-        if cost is not None:
-            spent = f"${cost:.2f}"
+        cost = usage_cost(store.state.usage, self.settings["prices"])
+        spent = dollars(cost, "unknown (a model has no price)", digits=2)
         facts = [("version", VERSION), ("session", store.session_id),
                  ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
                  ("model", self.kernel.ctx.model),
@@ -2476,10 +2463,10 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/context": (Session.cmd_context, "", "what the context holds, per section"),
     "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
     "/model": (Session.cmd_model, "[opus|sonnet|haiku|id]", "show or change the model"),
-    "/thinking": (Session.cmd_thinking, "[off|adaptive|always]",
-                  "how the model thinks, from the next message"),
-    "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",
-                "how hard the model works, from the next message"),
+    "/thinking": (lambda session, mode: session.choose_reasoning("thinking", mode),
+                  "[off|adaptive|always]", "how the model thinks, from the next message"),
+    "/effort": (lambda session, level: session.choose_reasoning("effort", level),
+                "[low|medium|high|xhigh|max]", "how hard the model works, from the next message"),
     "/diff": (Session.cmd_diff, "", "changes khaelor made in this session"),
     "/undo": (Session.cmd_undo, "", "rewind the last step that changed the work tree"),
     "/rewind": (Session.cmd_rewind, "[step]",
@@ -2500,11 +2487,7 @@ def run_interactive(args, home: Path, project_root: Path) -> int:
                          " use -p PROMPT for scripts and pipes")
     require_api_key()
     settings = load_settings(args, home, project_root)
-    if args.resume or args.continue_:
-        store = open_session(args, home, project_root)
-    else:
-        directory = events.sessions_dir(home, project_root)
-        store = events.SessionStore.create(directory)
+    store = open_session(args, home, project_root)
     import asyncio
     app = interactive_main(args, settings, store, home, project_root)
     return asyncio.run(app)
@@ -2556,10 +2539,7 @@ def welcome_line(session) -> str:
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    cost = session_cost(session_summary(store), prices)
-    spent = "cost unknown"
-    if cost is not None:
-        spent = f"${cost:.2f}"
+    spent = dollars(usage_cost(store.state.usage, prices), digits=2)
     return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 
@@ -2574,6 +2554,18 @@ def prune_in_background(home: Path) -> None:
 
 
 # ---------------------------------------------------------------- entry point
+
+SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
+    "sessions": (cmd_sessions, "", "list this project's sessions"),
+    "permissions": (cmd_permissions, "[check] [--json]", "show or test the permission policy"),
+    "trust": (cmd_trust, "[--revoke] [--yes]",
+              "review and trust this repository's permission files"),
+    "sandbox": (cmd_sandbox, "[--write|--network] [--path P] -- CMD",
+                "run a command in the sandbox a permission decision gives"),
+    "rewind": (cmd_rewind, "[--list] [STEP] [-r SESSION] [--yes]",
+               "the work tree back to before a step of a session"),
+}
+
 
 def main(argv: list | None = None) -> int:
     """The entry point. Whatever was being written, a reader that has gone (`khaelor -p … |
@@ -2606,45 +2598,11 @@ def run_command_line(argv: list | None) -> int:
     home = events.khaelor_home()
     project_root = find_project_root(Path.cwd())
     try:
-        if argv[:1] == ["sessions"]:
-            parser = argparse.ArgumentParser(
-                prog="khaelor sessions",
-                description="List this project's sessions, newest first"
-                            " (`khaelor -r ID` resumes one;"
-                            " a unique prefix is enough).")
-            parser.parse_args(argv[1:])
-            return cmd_sessions(home, project_root)
-        if argv[:1] == ["permissions"]:
-            return cmd_permissions(argv[1:], home, project_root)
-        if argv[:1] == ["trust"]:
-            return cmd_trust(argv[1:], home, project_root)
-        if argv[:1] == ["sandbox"]:
-            return cmd_sandbox(argv[1:], home, project_root)
-        if argv[:1] == ["rewind"]:
-            return cmd_rewind(argv[1:], home, project_root)
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]][0](argv[1:], home, project_root)
         args = parse_args(argv)
         if args.prompt is not None:
-            import time
-
-            import model
-            # duration_ms of the result counts from here
-            args.started = time.monotonic()
-            # these two are quick; an exit during the import must wait for it
-            require_api_key()
-            settings = load_settings(args, home, project_root)
-            # the SDK import (~2 s) overlaps with the rest of start-up
-            model.preload()
-            prune_in_background(home)
-            prompt = read_prompt(args)
-            args.prompt = expand_headless(prompt, settings, home,
-                                          project_root)
-            store = open_session(args, home, project_root)
-            for warning in store.warnings:
-                print(f"khaelor: warning: {warning}", file=sys.stderr)
-            import asyncio
-            headless = run_headless(args, settings, store, home,
-                                    project_root)
-            return asyncio.run(headless)
+            return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
