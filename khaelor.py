@@ -644,12 +644,17 @@ def policy_lines(layers: list, rules) -> list[str]:
     described = permissions.describe_rules(rules)
     for own in (True, False):
         lines += [line for line, rule in zip(described, rules) if (rule.layer == "user") == own]
-    for rule in permissions.untrusted_grants(layers):
-        lines.append(f"ignored  allow  {rule.capability}  {rule.pattern}"
-                     f"  {rule.source} (untrusted: run `khaelor trust`)")
+    # what is ignored, in the same columns: "-" has no place in the order
+    grants = permissions.untrusted_grants(layers)
+    width = max(len(rule.capability) for rule in [*rules, *grants])
+    for rule in grants:
+        lines.append(f"  -  allow  {rule.capability:<{width}}  {rule.pattern:<24}"
+                     f"  {rule.source}  (ignored: untrusted; run `khaelor trust`)")
     for layer in layers:
         for where, rule, why in layer.ignored:
-            lines.append(f"ignored  {rule}  {where} ({why})")
+            # as wide as the action, capability and pattern columns
+            columns = 5 + 2 + width + 2 + 24
+            lines.append(f"  -  {rule:<{columns}}  {where}  (ignored: {why})")
     return lines
 
 

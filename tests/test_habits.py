@@ -178,6 +178,20 @@ def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(
     assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
 
 
+def test_permissions_aligns_the_ignored_rules_with_the_rules(khaelor, project):
+    settings = project / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "WebFetch(domain:x.com)"],
+                                                    "deny": ["Read(.env)"]}}))
+    listing = khaelor.run("permissions").stdout.splitlines()
+    denied = [line for line in listing if line[:3].strip().isdigit() and str(settings) in line]
+    ignored = [line for line in listing if line.startswith("  -  ")]
+    assert len(denied) == 1 and len(ignored) == 4, listing      # npm test: 3 command capabilities
+    assert {line.index(str(settings)) for line in denied + ignored} == {denied[0].index(str(settings))}
+    assert all("(ignored: " in line for line in ignored)
+    assert "no web tool" in ignored[-1] and "`khaelor trust`" in ignored[0]
+
+
 def test_a_connection_error_names_the_address():
     import anthropic
     import httpx2
