@@ -178,6 +178,22 @@ def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(
     assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
 
 
+def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(project, env, monkeypatch):
+    import khaelor as cli
+
+    async def lines(session):
+        session.begin()
+        session.bus.emit("ModelResponseCompleted", message_id="msg_1", stop_reason="end_turn",
+                         model="claude-sonnet-5-5",
+                         usage={"input_tokens": 1000, "output_tokens": 100, "cache_read_tokens": 0,
+                                "cache_write_tokens": 0})
+        return cli.welcome_line(session), cli.farewell_line(session.store, {}), session.store.session_id
+    welcome, farewell, session_id = in_session(project, env, monkeypatch, lines)
+    assert welcome.startswith(f"khaelor {cli.VERSION} · {project} · claude-sonnet-5-5 · ")
+    assert "sandbox" in welcome
+    assert farewell == f"session {session_id} · $0.00 · continue it with `khaelor -c`"
+
+
 def test_permissions_aligns_the_ignored_rules_with_the_rules(khaelor, project):
     settings = project / ".claude" / "settings.json"
     settings.parent.mkdir()
