@@ -796,7 +796,6 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        self.bus.store.sync()
         report = f"Rewound to before step {self.number}: {len(restored)} files restored."
         if self.kept:
             report += ("\nKept as you left them (changed after the agent's last step):"
@@ -1233,7 +1232,8 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           thinking=settings["thinking"],
                           effort=settings["effort"],
                           show_thinking=shows_thinking(args, settings),
-                          **output_limit(settings))
+                          # config.json's max_output_tokens is at least 1 when set
+                          max_tokens=settings["max_output_tokens"] or context.MAX_OUTPUT_TOKENS)
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus,
@@ -1259,21 +1259,11 @@ def shows_thinking(args, settings) -> bool:
     return args.prompt is None or args.output_format == "stream-json"
 
 
-def output_limit(settings) -> dict:
-    """Context's max_tokens, when config.json sets max_output_tokens."""
-    if settings["max_output_tokens"] is None:
-        return {}
-    return {"max_tokens": settings["max_output_tokens"]}
-
-
 def record_reasoning(bus, store, wanted: dict) -> None:
     """ThinkingChanged for what `wanted` sets differently from the log (flags, or a choice made
     before the log began), so the session keeps it."""
     recorded = store.state.reasoning
-    changed = {}
-    for key, value in wanted.items():
-        if recorded.get(key) != value:
-            changed[key] = value
+    changed = {key: value for key, value in wanted.items() if recorded.get(key) != value}
     if changed:
         bus.emit("ThinkingChanged", **changed)
 
@@ -1689,6 +1679,8 @@ class Session:
             self.baseline.cancel()
         # its processes end with it, ProcessExited in its own log
         await self.toolbox.close()
+        # the fsync off the loop; closing then finds nothing left to write
+        await self.store.sync_off_loop()
         close_session(self.store)
 
     @property
@@ -2207,7 +2199,10 @@ class Session:
             await asyncio.to_thread(rewind.write)
         except KhaelorError as error:
             return str(error)
-        return f"{rewind.describe()}\n\n{rewind.finish()}"
+        report = rewind.finish()
+        # the fsync off the loop: on a slow disk it takes longer than a frame
+        await self.store.sync_off_loop()
+        return f"{rewind.describe()}\n\n{report}"
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
