@@ -164,7 +164,7 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     return merged
 
 
-# ---------------------------------------------------------------- trust: where permission rules come from
+# ------------------------------------------------ trust: where permission rules come from
 
 def permission_layers(home: Path, project_root: Path,
                       extra: tuple = ()) -> list:
@@ -351,12 +351,9 @@ def open_session(args, home: Path, project_root: Path):
                              " sessions; give more of the id")
         return events.SessionStore.open(matches[0])
     if args.continue_:
-        # The newest session that holds a conversation: one opened and quit without a word is not it.
-        newest = None
-        for path in reversed(files):
-            if holds_conversation(path):
-                newest = path
-                break
+        # The newest session that holds a conversation: one opened and quit without a word
+        # is not it.
+        newest = next((path for path in reversed(files) if holds_conversation(path)), None)
         if newest is None:
             raise UsageError("no earlier session in this project to continue;"
                              " run without -c to start one")
@@ -432,8 +429,9 @@ def project_config(home: Path, project_root: Path) -> tuple[dict, bool]:
 
 
 def summary_of(path: Path) -> dict | None:
-    """A session's summary from its .meta.json cache; a missing or stale cache (or one written before
-    summaries counted messages) is rebuilt from the log, read-only: another khaelor may be writing it.
+    """A session's summary from its .meta.json cache; a missing or stale cache (or one written
+    before summaries counted messages) is rebuilt from the log, read-only: another khaelor may be
+    writing it.
     None: the log vanished, is unreadable or is from a newer khaelor."""
     meta = events.read_meta(path)
     if meta is None or "usage" not in meta:
@@ -869,7 +867,7 @@ def rewind_session(args, bus, toolbox) -> int:
     return EXIT_OK
 
 
-# ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
+# ------------------------------------ custom slash commands (Claude Code's command files)
 
 # per directory: a huge tree must not slow start-up
 MAX_COMMAND_FILES = 500
@@ -994,7 +992,8 @@ def front_matter(text: str) -> tuple[dict, str]:
 
 
 def yaml_scalar(value: str) -> str:
-    """'it''s' → it's, "a \\"b\\"" → a "b", plain # comment → plain (a comment may follow quotes too)."""
+    """'it''s' → it's, "a \\"b\\"" → a "b", plain # comment → plain (a comment may follow
+    quotes too)."""
     single = re.match(r"'((?:[^']|'')*)'\s*(?:#.*)?$", value)
     if single:
         return single[1].replace("''", "'")
@@ -1033,19 +1032,17 @@ def match_command(text: str,
                   commands: dict) -> tuple[CustomCommand | None, str]:
     """("/fixissue 123", commands) → (the command, "123"); (None, "") for anything else."""
     # the arguments may start on the next line
-    words = text.strip().split(None, 1)
+    words = text.split(None, 1)
     command = commands.get(words[0]) if words else None
     if command is None:
         return None, ""
-    if len(words) < 2:
-        return command, ""
-    return command, words[1].strip()
+    return command, "".join(words[1:]).strip()
 
 
 def expand_headless(prompt: str, settings: dict, home: Path,
                     project_root: Path) -> str:
-    """`khaelor -p "/fixissue 123"`: the template, filled in, is what is sent. Its `model` applies to
-    the run unless --model was given."""
+    """`khaelor -p "/fixissue 123"`: the template, filled in, is what is sent. Its `model` applies
+    to the run unless --model was given."""
     if not prompt.lstrip().startswith("/"):
         return prompt
     commands = load_commands(home, project_root)
@@ -1120,7 +1117,8 @@ def parse_args(argv: list):
     parser.add_argument("--effort", choices=choices["effort"],
                         help="how hard the model works, from this run on"
                              " (default: the model's own)")
-    # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
+    # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case
+    # both work)
     parser.add_argument("--append-system-prompt",
                         dest="append_system_prompt",
                         metavar="TEXT", default="",
@@ -1153,8 +1151,8 @@ def parse_args(argv: list):
 
 
 def split_tool_rules(values: list[str]) -> list[str]:
-    """`"Bash(git log:*)" "Read,Edit"` → ["Bash(git log:*)", "Read", "Edit"]: Claude Code's lists are
-    separated by spaces or commas, except inside a rule's parentheses."""
+    """`"Bash(git log:*)" "Read,Edit"` → ["Bash(git log:*)", "Read", "Edit"]: Claude Code's lists
+    are separated by spaces or commas, except inside a rule's parentheses."""
     rules = []
     for value in values:
         depth = 0
@@ -1176,9 +1174,9 @@ def split_tool_rules(values: list[str]) -> list[str]:
 
 
 def flag_layers(args, project_root: Path) -> tuple:
-    """--allowedTools and --disallowedTools as Claude Code rule layers, for this run only. They are the
-    user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks every
-    allow, and the hardline floor is beneath them all."""
+    """--allowedTools and --disallowedTools as Claude Code rule layers, for this run only. They are
+    the user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks
+    every allow, and the hardline floor is beneath them all."""
     import permissions
     allowed = getattr(args, "allowed_tools", [])
     disallowed = getattr(args, "disallowed_tools", [])
@@ -1293,7 +1291,8 @@ def new_client(on_status):
 
 
 def env_seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment (KHAELOR_READ_TIMEOUT=30), else `default`."""
+    """A positive number of seconds from the environment (KHAELOR_READ_TIMEOUT=30), else
+    `default`."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -1603,15 +1602,13 @@ class Session:
         # command files, read once at start as Claude Code does
         self.custom = load_commands(home, project_root)
         self.command_names = sorted([*COMMANDS, *self.custom])
-        self.command_descriptions = {}
-        for name, (_, usage, text) in COMMANDS.items():
-            self.command_descriptions[name] = f"{usage} {text}".strip()
+        self.command_descriptions = {name: f"{usage} {text}".strip()
+                                     for name, (_, usage, text) in COMMANDS.items()}
         for name, command in self.custom.items():
             self.command_descriptions[name] = describe_command(command)
         # typing "/effort " offers its levels (the UI's menu is the picker)
-        self.command_choices = {}
-        for key, values in setting_choices().items():
-            self.command_choices[f"/{key}"] = list(values)
+        self.command_choices = {f"/{key}": list(values)
+                                for key, values in setting_choices().items()}
         import model
         known = known_model_ids(settings["prices"])
         self.command_choices["/model"] = [*model.MODEL_ALIASES, *known]
@@ -1705,7 +1702,8 @@ class Session:
         return lambda: self.subscribers.remove(fn)
 
     def begin(self) -> None:
-        """A new session's log is created by its first message, so opening and quitting leaves none."""
+        """A new session's log is created by its first message, so opening and quitting leaves
+        none."""
         import asyncio
         if self.store.events:
             return
@@ -1758,7 +1756,8 @@ class Session:
         self.submit("Go ahead with the plan.")
 
     def model_for_turn(self, name: str) -> None:
-        """A command file's `model:` holds for the turn it starts; then the session's model is back."""
+        """A command file's `model:` holds for the turn it starts; then the session's model is
+        back."""
         ctx = self.kernel.ctx
         previous = ctx.model
         ctx.model = name
@@ -1799,9 +1798,9 @@ class Session:
             future.set_result((choice, feedback))
 
     async def run_shell(self, command: str):
-        """`!cmd`: the user's own command, run now (no question: the user typed it) and shown as it runs;
-        Esc stops it. It and its output join the conversation (UserShellRan), so the next request
-        carries them as user-side context."""
+        """`!cmd`: the user's own command, run now (no question: the user typed it) and shown as it
+        runs; Esc stops it. It and its output join the conversation (UserShellRan), so the next
+        request carries them as user-side context."""
         import asyncio
         if self.working or self.shell is not None:
             return ("khaelor is working; `!` commands run between turns"
@@ -1946,7 +1945,8 @@ class Session:
         return taken
 
     async def quit(self) -> None:
-        """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
+        """Idempotent: the UI calls it when the user leaves, and interactive_main again on any
+        exit."""
         if self.closed:
             return
         self.closed = True
@@ -2079,7 +2079,8 @@ class Session:
         return "\n".join(lines + [""] + pruning) + "\n\n" + self.instructions_report()
 
     def instructions_report(self) -> str:
-        """/context's account of the instruction files: what was read, and each import that was not."""
+        """/context's account of the instruction files: what was read, and each import that was
+        not."""
         ctx = self.kernel.ctx
         lines = ["**Instruction files**", ""]
         for item in ctx.instructions:
@@ -2436,7 +2437,8 @@ SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})
 
 
 def walk_files(root: Path, limit: int) -> list:
-    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and junk."""
+    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and
+    junk."""
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if not is_skipped(d))
@@ -2637,8 +2639,8 @@ def report_crash(error: Exception, home: Path) -> int:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop processes
-    and sync the log. The interactive UI installs its own handlers while it runs."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop
+    processes and sync the log. The interactive UI installs its own handlers while it runs."""
     def handler(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
