@@ -2,9 +2,11 @@
 
 Owns: argv, config files and their precedence, session lifecycle (new, --continue, --resume),
 the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`,
-`khaelor rewind` and /rewind (the work tree back to before a step, from its checkpoints), the
-slash-command table and the custom command files (Claude Code's `commands/*.md` prompt templates),
-exit codes, and the one catch-all that turns an unexpected error into one line plus the log path.
+`khaelor trust` and `khaelor sandbox`, `khaelor rewind` and /rewind (the work tree back to before
+a step, from its checkpoints), the slash-command table and the custom command files (Claude Code's
+`commands/*.md` prompt templates), exit codes, and the one catch-all that turns an unexpected
+error into one line plus the log path. It reads the permission files and trust.json and writes
+grants and trust records; what a file grants is permissions.py's to decide (the trust model).
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
 It is the only module that imports ui, and only when the interactive UI starts.
 

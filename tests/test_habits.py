@@ -178,7 +178,8 @@ def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(
     assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
 
 
-def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(project, env, monkeypatch):
+def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(project, env,
+                                                                              monkeypatch):
     import khaelor as cli
 
     async def lines(session):
@@ -187,7 +188,8 @@ def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(pr
                          model="claude-sonnet-5-5",
                          usage={"input_tokens": 1000, "output_tokens": 100, "cache_read_tokens": 0,
                                 "cache_write_tokens": 0})
-        return cli.welcome_line(session), cli.farewell_line(session.store, {}), session.store.session_id
+        farewell = cli.farewell_line(session.store, {})
+        return cli.welcome_line(session), farewell, session.store.session_id
     welcome, farewell, session_id = in_session(project, env, monkeypatch, lines)
     assert welcome.startswith(f"khaelor {cli.VERSION} · {project} · claude-sonnet-5-5 · ")
     assert "sandbox" in welcome
@@ -197,13 +199,14 @@ def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(pr
 def test_permissions_aligns_the_ignored_rules_with_the_rules(khaelor, project):
     settings = project / ".claude" / "settings.json"
     settings.parent.mkdir()
-    settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "WebFetch(domain:x.com)"],
-                                                    "deny": ["Read(.env)"]}}))
+    rules = {"allow": ["Bash(npm test:*)", "WebFetch(domain:x.com)"], "deny": ["Read(.env)"]}
+    settings.write_text(json.dumps({"permissions": rules}))
     listing = khaelor.run("permissions").stdout.splitlines()
     denied = [line for line in listing if line[:3].strip().isdigit() and str(settings) in line]
     ignored = [line for line in listing if line.startswith("  -  ")]
     assert len(denied) == 1 and len(ignored) == 4, listing      # npm test: 3 command capabilities
-    assert {line.index(str(settings)) for line in denied + ignored} == {denied[0].index(str(settings))}
+    column = denied[0].index(str(settings))
+    assert {line.index(str(settings)) for line in denied + ignored} == {column}
     assert all("(ignored: " in line for line in ignored)
     assert "no web tool" in ignored[-1] and "`khaelor trust`" in ignored[0]
 

@@ -184,11 +184,12 @@ def test_baselines_and_attribution_keep_the_users_changes_apart(khaelor, fake, r
     assert git(repo, "stash", "list") == ""
 
 
-def test_slash_diff_never_blames_the_session_for_a_file_untracked_before_it(khaelor, fake, repo, env,
-                                                                           monkeypatch):
-    (repo / "notes.txt").write_text("mine, never added\n")                      # untracked before the session
+def test_slash_diff_never_blames_the_session_for_a_file_untracked_before_it(khaelor, fake, repo,
+                                                                           env, monkeypatch):
+    (repo / "notes.txt").write_text("mine, never added\n")           # untracked before the session
+    edit = {"file_path": "app.py", "old_string": "'hello'", "new_string": "'hi'"}
     fake.enqueue(reply(tool_use("read", {"file_path": "app.py"})),
-                 reply(tool_use("edit", {"file_path": "app.py", "old_string": "'hello'", "new_string": "'hi'"})),
+                 reply(tool_use("edit", edit)),
                  reply(tool_use("bash", {"command": "python3 -m py_compile app.py"})),
                  reply(text("done")))
     assert khaelor.run("-p", "change the greeting", "--yes").returncode == 0
