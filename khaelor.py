@@ -372,39 +372,40 @@ def holds_conversation(path: Path) -> bool:
     return bool(summary.get("n_messages"))
 
 
-def usage_cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
-    """What the usage cost by this run's price table: config `prices` override model.py's, so the
-    cost a cache recorded with the default table is not the one to show. None when a model has
-    no price: never guessed."""
-    from model import price_of
-    costs = [price_of(model, usage, prices) for model, usage in usage_by_model.items()]
+def total_cost(costs: list) -> float | None:
+    """The sum; None when one is unknown (a model with no price): never guessed."""
     if None in costs:
         return None
     return sum(costs)
 
 
-def dollars(cost: float | None, unknown: str = "cost unknown", digits: int = 4) -> str:
-    """$0.0123, or what to say when a model has no price."""
-    if cost is None:
-        return unknown
-    return f"${cost:.{digits}f}"
-
-
 def session_summary(store) -> dict:
     """What a listing shows; cached in the session's .meta.json."""
+    from model import price_of
     state = store.state
     totals = state.usage
+    costs = [price_of(model, usage) for model, usage in totals.items()]
     tokens = sum(sum(usage.values()) for usage in totals.values())
     return {"id": store.session_id,
             "title": state.title,
             "created": state.created_ts,
             "updated": state.updated_ts,
             "tokens": tokens,
-            "cost": usage_cost(totals),
+            "cost": total_cost(costs),
             "model": state.model,
             "branch": state.branch,
             "n_messages": len(state.user_texts),
             "usage": totals}
+
+
+def session_cost(summary: dict, prices: dict) -> float | None:
+    """A session's cost by this run's price table: config `prices` override the defaults, so the
+    cost a cache recorded with the default table is not the one to show."""
+    from model import price_of
+    costs = []
+    for model, usage in summary["usage"].items():
+        costs.append(price_of(model, usage, prices))
+    return total_cost(costs)
 
 
 def config_prices(home: Path, project_root: Path) -> dict:
@@ -496,7 +497,8 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        cost = dollars(usage_cost(row["usage"], prices), "?")
+        dollars = session_cost(row, prices)
+        cost = "?" if dollars is None else f"${dollars:.4f}"
         branch = ""
         if row.get("branch"):
             branch = f"  [{row['branch']}]"
@@ -1506,7 +1508,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     import time
     state = store.state
     failed = step != "done"
-    cost = usage_cost(state.usage, prices)
+    cost = session_cost(session_summary(store), prices)
     totals = summed_usage(state.usage)
     # in Claude Code's key names
     usage = {"input_tokens": totals["input_tokens"],
@@ -1678,7 +1680,7 @@ class Session:
             self.baseline.cancel()
         # its processes end with it, ProcessExited in its own log
         await self.toolbox.close()
-        # the fsync off the loop; closing then finds nothing left to write
+        # the fsync off the loop: close's own then finds nothing left to write
         await self.store.sync_off_loop()
         close_session(self.store)
 
@@ -1907,9 +1909,14 @@ class Session:
 
     def fold_status(self) -> dict:
         import context
+        from model import price_of
         state = self.store.state
         totals = state.usage
         summed = summed_usage(totals)
+        prices = self.settings["prices"]
+        costs = []
+        for model, usage in totals.items():
+            costs.append(price_of(model, usage, prices))
         last = state.last_usage
         prompt = (summed["input_tokens"] + summed["cache_read_tokens"]
                   + summed["cache_write_tokens"])
@@ -1928,7 +1935,7 @@ class Session:
         return {"model": self.kernel.ctx.model,
                 "tokens": sum(summed.values()),
                 "thinking_tokens": sum(thought),
-                "cost": usage_cost(totals, self.settings["prices"]),
+                "cost": total_cost(costs),
                 "context_pct": context_pct,
                 "cache_share": cache_share,
                 "reasoning": reasoning_label(self.next_reasoning().fields),
@@ -2016,7 +2023,8 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            cost = dollars(usage_cost(row["usage"], self.settings["prices"]), "cost ?")
+            dollars = session_cost(row, self.settings["prices"])
+            cost = "cost ?" if dollars is None else f"${dollars:.4f}"
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
             lines.append(f"- `{row['id']}`{here} {title} · {updated}"
@@ -2049,10 +2057,14 @@ class Session:
         return ""
 
     async def cmd_cost(self, _):
+        from model import price_of
         lines = []
         for name, usage in self.store.state.usage.items():
-            cost = usage_cost({name: usage}, self.settings["prices"])
-            price = dollars(cost, "cost unknown (no price for this model)")
+            cost = price_of(name, usage, self.settings["prices"])
+            if cost is None:
+                price = "cost unknown (no price for this model)"
+            else:
+                price = f"${cost:.4f}"
             thought = ""
             if "thinking_tokens" in usage:
                 thought = f" (thinking {usage['thinking_tokens']})"
@@ -2203,8 +2215,8 @@ class Session:
         except KhaelorError as error:
             return str(error)
         report = rewind.finish()
-        # the fsync off the loop: on a slow disk it takes longer than a frame
-        await self.store.sync_off_loop()
+        # the fsync off the loop (`khaelor rewind` syncs as it closes the log)
+        await self.bus.store.sync_off_loop()
         return f"{rewind.describe()}\n\n{report}"
 
     async def cmd_processes(self, rest):
@@ -2234,8 +2246,10 @@ class Session:
     async def cmd_status(self, _):
         import sandbox
         store = self.store
-        cost = usage_cost(store.state.usage, self.settings["prices"])
-        spent = dollars(cost, "unknown (a model has no price)", digits=2)
+        cost = session_cost(session_summary(store), self.settings["prices"])
+        spent = "unknown (a model has no price)"
+        if cost is not None:
+            spent = f"${cost:.2f}"
         facts = [("version", VERSION), ("session", store.session_id),
                  ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
                  ("model", self.kernel.ctx.model),
@@ -2543,7 +2557,10 @@ def welcome_line(session) -> str:
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    spent = dollars(usage_cost(store.state.usage, prices), digits=2)
+    cost = session_cost(session_summary(store), prices)
+    spent = "cost unknown"
+    if cost is not None:
+        spent = f"${cost:.2f}"
     return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 
