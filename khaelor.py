@@ -1760,8 +1760,7 @@ class Session:
         self.submit("Go ahead with the plan.")
 
     def model_for_turn(self, name: str) -> None:
-        """A command file's `model:` holds for the turn it starts; then the session's model is
-        back."""
+        """A command file's `model:` holds for the turn it starts; then the session's model is back."""
         ctx = self.kernel.ctx
         previous = ctx.model
         ctx.model = name
@@ -2453,8 +2452,7 @@ SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})
 
 
 def walk_files(root: Path, limit: int) -> list:
-    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and
-    junk."""
+    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and junk."""
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if not is_skipped(d))
