@@ -978,11 +978,8 @@ def front_matter(text: str) -> tuple[dict, str]:
     lines = text.split("\n")
     if lines[0].rstrip() != "---":
         return {}, text
-    end = None
-    for index in range(1, len(lines)):
-        if lines[index].rstrip() in ("---", "..."):
-            end = index
-            break
+    closing = (i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "..."))
+    end = next(closing, None)
     if end is None:
         return {}, text
     fields = {}
