@@ -145,13 +145,12 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         for key, value in config.items():
             if key != "permissions":
                 merged[key] = value
-    # --model and --aux-model take a name /model takes
     for key in ("model", "aux_model", "max_turns"):
-        value = getattr(args, key, None)
-        if value is not None and key != "max_turns":
-            value = model_choice(value, merged["prices"])
-        if value is not None:
-            merged[key] = value
+        if getattr(args, key, None) is not None:
+            merged[key] = getattr(args, key)
+    for key in ("model", "aux_model"):
+        if getattr(args, key, None) is not None:
+            merged[key] = model_choice(merged[key], merged["prices"])
     # Environment names passed to commands: a grant, so only from the user's own config.
     merged["pass_env"] = user.get("pass_env", [])
     merged["model_flag"] = None
