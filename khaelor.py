@@ -2382,13 +2382,10 @@ def diff_report(state, dirty_now: list | None = None,
     if edits:
         files = plural(len(edits), "file")
         lines = [f"**khaelor changed {files} in this session**"]
-    for path, changes in edits.items():
-        was_dirty = path in who["dirty_before_edit"]
-        lines.append(edit_summary(path, changes, was_dirty))
-    if edits:
-        diffs = []
-        for changes in edits.values():
-            diffs += [change.get("diff", "") for change in changes]
+        for path, changes in edits.items():
+            was_dirty = path in who["dirty_before_edit"]
+            lines.append(edit_summary(path, changes, was_dirty))
+        diffs = [change.get("diff", "") for changes in edits.values() for change in changes]
         body = "".join(diffs)
         if len(body) > max_chars:
             more = len(body) - max_chars
