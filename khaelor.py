@@ -2,9 +2,11 @@
 
 Owns: argv, config files and their precedence, session lifecycle (new, --continue, --resume),
 the headless runner (-p) and its result object, `khaelor sessions`, `khaelor permissions`,
-`khaelor rewind` and /rewind (the work tree back to before a step, from its checkpoints), the
-slash-command table and the custom command files (Claude Code's `commands/*.md` prompt templates),
-exit codes, and the one catch-all that turns an unexpected error into one line plus the log path.
+`khaelor trust` and `khaelor sandbox`, `khaelor rewind` and /rewind (the work tree back to before
+a step, from its checkpoints), the slash-command table and the custom command files (Claude Code's
+`commands/*.md` prompt templates), exit codes, and the one catch-all that turns an unexpected
+error into one line plus the log path. It reads the permission files and trust.json and writes
+grants and trust records; what a file grants is permissions.py's to decide (the trust model).
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
 It is the only module that imports ui, and only when the interactive UI starts.
 
@@ -33,17 +35,17 @@ EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 # config.json's keys and the type each value must have
 CONFIG_KEYS = {
-    "model": str,
-    "aux_model": str,
+    "model": (str,),
+    "aux_model": (str,),
     "permissions": (list, dict),
-    "prices": dict,
-    "max_turns": int,
-    "pass_env": list,
-    "context": dict,
-    "thinking": str,
-    "effort": str,
-    "show_thinking": bool,
-    "max_output_tokens": int,
+    "prices": (dict,),
+    "max_turns": (int,),
+    "pass_env": (list,),
+    "context": (dict,),
+    "thinking": (str,),
+    "effort": (str,),
+    "show_thinking": (bool,),
+    "max_output_tokens": (int,),
 }
 # the keys of config.json's "context" object
 CONTEXT_KEYS = {"prune_at": int}
@@ -95,9 +97,9 @@ def parse_config(path: Path, text: str) -> dict:
             raise UsageError(f"{path}: unknown key {key!r};"
                              f" known keys: {known}")
         # a bool is an int to isinstance: only a bool key takes one
-        wrong_bool = isinstance(value, bool) and expected is not bool
+        wrong_bool = isinstance(value, bool) and bool not in expected
         if not isinstance(value, expected) or wrong_bool:
-            names = type_names(expected)
+            names = " or ".join(t.__name__ for t in expected)
             raise UsageError(f"{path}: {key!r} must be a {names}")
         choices = setting_choices().get(key)
         if choices and value not in choices:
@@ -129,13 +131,6 @@ def setting_choices() -> dict:
     return {"thinking": model.THINKING_MODES, "effort": model.EFFORTS}
 
 
-def type_names(expected) -> str:
-    """str → "str"; (list, dict) → "list or dict"."""
-    if isinstance(expected, tuple):
-        return " or ".join(t.__name__ for t in expected)
-    return expected.__name__
-
-
 def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
@@ -162,80 +157,54 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     if getattr(args, "model", None) is not None:
         merged["model_flag"] = merged["model"]
     # --thinking and --effort: recorded in the session, so a resume keeps them
-    merged["reasoning_flags"] = {}
-    for key in ("thinking", "effort"):
-        if getattr(args, key, None) is not None:
-            merged["reasoning_flags"][key] = getattr(args, key)
+    flags = {key: getattr(args, key, None) for key in ("thinking", "effort")}
+    merged["reasoning_flags"] = {k: v for k, v in flags.items() if v is not None}
     merged["extra_layers"] = flag_layers(args, project_root)
     merged["layers"] = permission_layers(home, project_root,
                                          merged["extra_layers"])
     return merged
 
 
-# ---------------------------------------------------------------- trust: where permission rules come from
+# ------------------------------------------------ trust: where permission rules come from
 
 def permission_layers(home: Path, project_root: Path,
                       extra: tuple = ()) -> list:
     """Rule layers in evaluation order (later wins): the user's own files (Claude Code's
     ~/.claude/settings.json, then KHAELOR's), the user's saved "always" answers for this project,
     then the project's own files, which may always tighten but grant only once the user trusted them
-    (`khaelor trust`); any change to one withdraws its trust. `extra`: this run's flags."""
+    (`khaelor trust`); any change to one withdraws its trust. `extra`: this run's flags. The files
+    are read here; permissions.py's trust model decides what they grant."""
     import permissions
     claude_user = Path.home() / ".claude" / "settings.json"
-    layers = [claude_settings_layer(claude_user, project_root, "user", True)]
+    try:
+        claude_data = claude_user.read_bytes()
+    except OSError:
+        # Claude Code's own file: one khaelor cannot read stops nothing
+        claude_data = b""
+    layers = [file_layer(claude_user, claude_data, project_root, "user", True)]
     for path in user_config_paths(home):
-        text = read_bytes(path).decode("utf-8", "replace")
-        layers.append(config_layer(path, text, project_root, "user", True))
+        layers.append(file_layer(path, read_bytes(path), project_root, "user", True))
     grants = grants_path(home, project_root)
     layers.append(permissions.Layer(str(grants), read_config(grants)))
-    for path in project_files(project_root):
+    records = trust_records(home)
+    for name in permissions.PROJECT_FILES:
+        path = project_root / name
         data = read_bytes(path)
-        trusted = is_trusted(home, path, data)
-        layers.append(project_layer(path, data, project_root, trusted))
+        trusted = permissions.is_trusted(records, path, data)
+        layers.append(file_layer(path, data, project_root, "project", trusted))
     return [*layers, *extra]
 
 
-def project_files(project_root: Path) -> list[Path]:
-    """The repository's own permission files, as `khaelor trust` reviews them."""
-    claude = project_root / ".claude"
-    return [project_root / ".khaelor" / "config.json",
-            claude / "settings.json", claude / "settings.local.json"]
-
-
-def project_layer(path: Path, data: bytes, project_root: Path, trusted: bool):
-    """A repository's permission file as `data` (its one read) says: what is hashed for trust
-    is what is parsed, so a file swapped in between cannot be trusted unseen."""
+def file_layer(path: Path, data: bytes, project_root: Path, kind: str, trusted: bool):
+    """A permission file's layer as `data` (its one read) says: what is hashed for trust is
+    what is parsed, so a file swapped in between cannot be trusted unseen. Claude Code's settings
+    are read in its syntax; a KHAELOR config is checked as config.json first."""
     import permissions
     text = data.decode("utf-8", "replace")
     if path.parent.name == ".claude":
-        return permissions.claude_layer(str(path), text, project_root,
-                                        "project", trusted)
-    return config_layer(path, text, project_root, "project", trusted)
-
-
-def config_layer(path: Path, text: str, project_root: Path, kind: str,
-                 trusted: bool):
-    """A KHAELOR config file's rules; a Claude-style permissions block pasted into it
-    ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
-    import permissions
+        return permissions.claude_layer(str(path), text, project_root, kind, trusted)
     config = parse_config(path, text)
-    if isinstance(config.get("permissions"), dict):
-        layer = permissions.Layer(str(path), {}, kind, trusted,
-                                  claude=True, text=text)
-        root = os.path.realpath(project_root)
-        return permissions.claude_rules(layer, config["permissions"], root)
-    return permissions.Layer(str(path), config, kind, trusted, text=text)
-
-
-def claude_settings_layer(path: Path, project_root: Path, kind: str,
-                          trusted: bool):
-    import permissions
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    return permissions.claude_layer(str(path), text, project_root, kind,
-                                    trusted)
+    return permissions.config_layer(str(path), config, text, project_root, kind, trusted)
 
 
 def user_config_paths(home: Path) -> list[Path]:
@@ -253,6 +222,7 @@ def grants_path(home: Path, project_root: Path) -> Path:
 
 
 def trust_records(home: Path) -> dict:
+    """$KHAELOR_HOME/trust.json: {a file's place: the hash of the bytes the user trusted}."""
     path = home / "trust.json"
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
@@ -261,53 +231,11 @@ def trust_records(home: Path) -> dict:
     return records if isinstance(records, dict) else {}
 
 
-def trust_key(path: Path) -> str | None:
-    """What a trust record is kept under: the file's own place in this project. A permission file
-    reached through a symlink (the file or a folder on its way) can never be trusted: it could be
-    another project's trusted file, or change without this project changing."""
-    folder = Path(os.path.realpath(path.parent.parent))
-    place = folder / path.parent.name / path.name
-    if os.path.realpath(path) != str(place):
-        return None
-    return str(place)
-
-
-def is_trusted(home: Path, path: Path, data: bytes) -> bool:
-    """Trusted: the user ran `khaelor trust` on exactly these bytes (the file's one read), in
-    this place."""
-    import permissions
-    key = trust_key(path)
-    if key is None or not data:
-        return False
-    trusted_hash = trust_records(home).get(key)
-    return trusted_hash == permissions.content_hash(data)
-
-
-def trust_notice(layers: list) -> str | None:
-    """One line when a repository's file grants something that is ignored until trusted."""
-    import permissions
-    ignored = permissions.untrusted_grants(layers)
-    if not ignored:
-        return None
-    # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
-    written = set()
-    files = set()
-    for rule in ignored:
-        command = rule.capability in ("process.execute", "git.modify", "network.access")
-        kind = "command" if command else rule.capability
-        written.add((rule.source, rule.pattern, rule.action, kind))
-        # "settings.json:4": the file, not each line
-        files.add(re.sub(r":\d+$", "", rule.source))
-    sources = ", ".join(sorted(files))
-    return (f"{sources} would grant {plural(len(written), 'permission')};"
-            " they are ignored until you review and trust them"
-            " with `khaelor trust`")
-
-
 def start_notices(settings: dict) -> list[str]:
     """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
     import sandbox
-    notices = [trust_notice(settings["layers"]), sandbox.notice()]
+    import permissions
+    notices = [permissions.trust_notice(settings["layers"]), sandbox.notice()]
     if settings.get("untrusted_prices"):
         notices.append("this project's .khaelor/config.json sets prices; they are"
                        " ignored until you trust it with `khaelor trust`")
@@ -329,14 +257,16 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     parser.add_argument("-y", "--yes", action="store_true",
                         help="trust what is shown without asking")
     args = parser.parse_args(argv)
-    files = [path for path in project_files(project_root) if path.is_file()]
+    import permissions
+    files = [project_root / name for name in permissions.PROJECT_FILES]
+    files = [path for path in files if path.is_file()]
     if not files:
         raise UsageError(f"nothing to trust: {project_root} has no"
                          " .khaelor/config.json or .claude/settings*.json")
     records = trust_records(home)
     reviewed = {}
     for path in files:
-        key = trust_key(path)
+        key = permissions.trust_key(path)
         if key is None:
             say(f"{path}: a symlink; a permission file reached"
                 " through a link is never trusted")
@@ -345,9 +275,15 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
             say(f"{path}: no longer trusted; its rules can only tighten")
         else:
             reviewed[key] = show_grants(path, read_bytes(path), project_root)
-    if reviewed and not trust_confirmed(args.yes):
-        print("nothing trusted")
-        return EXIT_FAILED
+    if reviewed and not args.yes:
+        if not sys.stdin.isatty():
+            # silence is not consent, here as at a permission question
+            raise UsageError("nothing trusted: there is no terminal to ask on;"
+                             " run `khaelor trust` in a terminal, or"
+                             " `khaelor trust --yes` to trust what is listed above")
+        if not confirm("Trust these?"):
+            print("nothing trusted")
+            return EXIT_FAILED
     write_json_atomic(home / "trust.json", {**records, **reviewed})
     if reviewed:
         print("trusted; any change to a file withdraws its trust"
@@ -360,7 +296,7 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
     trust recorded is for exactly what the user saw."""
     import permissions
     digest = permissions.content_hash(data)
-    layer = project_layer(path, data, project_root, False)
+    layer = file_layer(path, data, project_root, "project", False)
     grants = permissions.untrusted_grants([layer])
     say(f"{path} (sha256 {digest[:16]}…)")
     if grants:
@@ -378,17 +314,10 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
     return digest
 
 
-def trust_confirmed(yes: bool) -> bool:
-    """--yes, or `y` typed at the terminal. With nobody to ask, nothing is trusted: silence is
-    not consent, here as at a permission question."""
-    if yes:
-        return True
-    if not sys.stdin.isatty():
-        raise UsageError("nothing trusted: there is no terminal to ask on;"
-                         " run `khaelor trust` in a terminal, or"
-                         " `khaelor trust --yes` to trust what is listed above")
+def confirm(question: str) -> bool:
+    """`y` typed at the terminal; anything else, or the input's end, is no."""
     try:
-        answer = input("Trust these? [y/N] ")
+        answer = input(f"{question} [y/N] ")
     except EOFError:
         return False
     return answer.strip().lower() in ("y", "yes")
@@ -423,12 +352,9 @@ def open_session(args, home: Path, project_root: Path):
                              " sessions; give more of the id")
         return events.SessionStore.open(matches[0])
     if args.continue_:
-        # The newest session that holds a conversation: one opened and quit without a word is not it.
-        newest = None
-        for path in reversed(files):
-            if holds_conversation(path):
-                newest = path
-                break
+        # The newest session that holds a conversation: one opened and quit without a word
+        # is not it.
+        newest = next((path for path in reversed(files) if holds_conversation(path)), None)
         if newest is None:
             raise UsageError("no earlier session in this project to continue;"
                              " run without -c to start one")
@@ -477,15 +403,18 @@ def project_config(home: Path, project_root: Path) -> tuple[dict, bool]:
     path = project_root / ".khaelor" / "config.json"
     data = read_bytes(path)
     config = parse_config(path, data.decode("utf-8", "replace"))
-    untrusted = bool(config.get("prices")) and not is_trusted(home, path, data)
+    import permissions
+    trusted = permissions.is_trusted(trust_records(home), path, data)
+    untrusted = bool(config.get("prices")) and not trusted
     if untrusted:
         config = {k: v for k, v in config.items() if k != "prices"}
     return config, untrusted
 
 
 def summary_of(path: Path) -> dict | None:
-    """A session's summary from its .meta.json cache; a missing or stale cache (or one written before
-    summaries counted messages) is rebuilt from the log, read-only: another khaelor may be writing it.
+    """A session's summary from its .meta.json cache; a missing or stale cache (or one written
+    before summaries counted messages) is rebuilt from the log, read-only: another khaelor may be
+    writing it.
     None: the log vanished, is unreadable or is from a newer khaelor."""
     meta = events.read_meta(path)
     if meta is None or "usage" not in meta:
@@ -534,7 +463,12 @@ def for_terminal(text: str, stream) -> str:
     return events.plain_text(text)
 
 
-def cmd_sessions(home: Path, project_root: Path) -> int:
+def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
+    parser = argparse.ArgumentParser(
+        prog="khaelor sessions",
+        description="List this project's sessions, newest first"
+                    " (`khaelor -r ID` resumes one; a unique prefix is enough).")
+    parser.parse_args(argv)
     sessions = list_sessions(home, project_root)
     if not sessions:
         print("no sessions in this project yet")
@@ -565,9 +499,10 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         "check", help="what would happen to a call, without running it")
     check.add_argument("--json", action="store_true")
     target = check.add_mutually_exclusive_group(required=True)
-    target.add_argument("--bash", metavar="COMMAND")
-    target.add_argument("--read", metavar="PATH")
-    target.add_argument("--write", metavar="PATH")
+    for kind, metavar in (("bash", "COMMAND"), ("read", "PATH"), ("write", "PATH")):
+        # args.call: (kind, what), as permissions.check takes them
+        target.add_argument(f"--{kind}", dest="call", metavar=metavar,
+                            type=lambda value, kind=kind: (kind, value))
     parser.add_argument("--json", action="store_true", help="the policy as JSON")
     args = parser.parse_args(argv)
     import sandbox
@@ -578,14 +513,9 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
         return EXIT_OK
     if args.action != "check":
-        print_policy(layers, rules)
+        print("\n".join(policy_report(layers, rules)))
         return EXIT_OK
-    kind = "write"
-    if args.bash is not None:
-        kind = "bash"
-    elif args.read is not None:
-        kind = "read"
-    subject = args.bash or args.read or args.write
+    kind, subject = args.call
     result = permissions.check(kind, subject, project_root, rules,
                                sandboxed=sandboxed)
     if args.json:
@@ -594,17 +524,12 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     why = (f"{result['capability']}; decided by: {result['layer']};"
            f" {result['reason']}")
     say(f"{result['decision']}  ({why})")
-    if result["not_read_only"]:
-        say(f"not provably read-only: {result['not_read_only']}")
-    if result["destructive"]:
-        say(f"destroys work: {result['destructive']}")
-    if result["suggestion"]:
-        say(f"always-allow would save: {result['suggestion']}")
+    for key, label in (("not_read_only", "not provably read-only"),
+                       ("destructive", "destroys work"),
+                       ("suggestion", "always-allow would save")):
+        if result[key]:
+            say(f"{label}: {result[key]}")
     return EXIT_OK
-
-
-def print_boundary(out=sys.stdout) -> None:
-    print("\n".join(boundary_lines()), file=out)
 
 
 def boundary_lines() -> list[str]:
@@ -650,20 +575,19 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     print(f"khaelor sandbox: {shape}, project {project_root}"
           f"{', outside paths: ' + ', '.join(confine['paths']) if confine['paths'] else ''}",
           file=sys.stderr)
-    print_boundary(sys.stderr)
+    print("\n".join(boundary_lines()), file=sys.stderr)
     try:
         return workspace.run_attached(command, confine)
     except FileNotFoundError:
         raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
 
 
-def print_policy(layers: list, rules) -> None:
-    """`khaelor permissions`: the sandbox, the layers, the rules, and what is ignored."""
+def policy_report(layers: list, rules) -> list[str]:
+    """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
+    and what is ignored; every character shown as itself (events.visible_controls)."""
     import sandbox
-    print(f"sandbox: {sandbox.status()}")
-    print_boundary()
-    for line in policy_lines(layers, rules):
-        say(line)
+    lines = [f"sandbox: {sandbox.status()}", *boundary_lines(), *policy_lines(layers, rules)]
+    return [events.visible_controls(line, one_line=True) for line in lines]
 
 
 def layer_exists(layer) -> bool:
@@ -701,12 +625,17 @@ def policy_lines(layers: list, rules) -> list[str]:
     described = permissions.describe_rules(rules)
     for own in (True, False):
         lines += [line for line, rule in zip(described, rules) if (rule.layer == "user") == own]
-    for rule in permissions.untrusted_grants(layers):
-        lines.append(f"ignored  allow  {rule.capability}  {rule.pattern}"
-                     f"  {rule.source} (untrusted: run `khaelor trust`)")
+    # what is ignored, in the same columns: "-" has no place in the order
+    grants = permissions.untrusted_grants(layers)
+    width = max(len(rule.capability) for rule in [*rules, *grants])
+    for rule in grants:
+        lines.append(f"  -  allow  {rule.capability:<{width}}  {rule.pattern:<24}"
+                     f"  {rule.source}  (ignored: untrusted; run `khaelor trust`)")
     for layer in layers:
         for where, rule, why in layer.ignored:
-            lines.append(f"ignored  {rule}  {where} ({why})")
+            # as wide as the action, capability and pattern columns
+            columns = 5 + 2 + width + 2 + 24
+            lines.append(f"  -  {rule:<{columns}}  {where}  (ignored: {why})")
     return lines
 
 
@@ -912,18 +841,16 @@ def rewind_session(args, bus, toolbox) -> int:
     overwrite = False
     if not args.yes:
         if not sys.stdin.isatty():
-            print("khaelor: not rewound: run it on a terminal, or with --yes", file=sys.stderr)
-            return EXIT_USAGE
-        if input("Rewind? [y/N] ").strip().lower() != "y":
+            raise UsageError("not rewound: run it on a terminal, or with --yes")
+        if not confirm("Rewind?"):
             return EXIT_OK
         if rewind.user_changed:
-            answer = input("Overwrite the files you changed since? [y/N] ")
-            overwrite = answer.strip().lower() == "y"
+            overwrite = confirm("Overwrite the files you changed since?")
     print(rewind.run(overwrite))
     return EXIT_OK
 
 
-# ---------------------------------------------------------------- custom slash commands (Claude Code's command files)
+# ------------------------------------ custom slash commands (Claude Code's command files)
 
 # per directory: a huge tree must not slow start-up
 MAX_COMMAND_FILES = 500
@@ -1030,11 +957,8 @@ def front_matter(text: str) -> tuple[dict, str]:
     lines = text.split("\n")
     if lines[0].rstrip() != "---":
         return {}, text
-    end = None
-    for index in range(1, len(lines)):
-        if lines[index].rstrip() in ("---", "..."):
-            end = index
-            break
+    closing = (i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "..."))
+    end = next(closing, None)
     if end is None:
         return {}, text
     fields = {}
@@ -1048,7 +972,8 @@ def front_matter(text: str) -> tuple[dict, str]:
 
 
 def yaml_scalar(value: str) -> str:
-    """'it''s' → it's, "a \\"b\\"" → a "b", plain # comment → plain (a comment may follow quotes too)."""
+    """'it''s' → it's, "a \\"b\\"" → a "b", plain # comment → plain (a comment may follow
+    quotes too)."""
     single = re.match(r"'((?:[^']|'')*)'\s*(?:#.*)?$", value)
     if single:
         return single[1].replace("''", "'")
@@ -1087,19 +1012,17 @@ def match_command(text: str,
                   commands: dict) -> tuple[CustomCommand | None, str]:
     """("/fixissue 123", commands) → (the command, "123"); (None, "") for anything else."""
     # the arguments may start on the next line
-    words = text.strip().split(None, 1)
+    words = text.split(None, 1)
     command = commands.get(words[0]) if words else None
     if command is None:
         return None, ""
-    if len(words) < 2:
-        return command, ""
-    return command, words[1].strip()
+    return command, "".join(words[1:]).strip()
 
 
 def expand_headless(prompt: str, settings: dict, home: Path,
                     project_root: Path) -> str:
-    """`khaelor -p "/fixissue 123"`: the template, filled in, is what is sent. Its `model` applies to
-    the run unless --model was given."""
+    """`khaelor -p "/fixissue 123"`: the template, filled in, is what is sent. Its `model` applies
+    to the run unless --model was given."""
     if not prompt.lstrip().startswith("/"):
         return prompt
     commands = load_commands(home, project_root)
@@ -1126,12 +1049,10 @@ def help_epilog() -> str:
     import ui
     keys = "\n".join(f"  {key:<30} {what}" for key, what in ui.KEY_HELP)
     names = ", ".join(context.INSTRUCTION_FILES)
-    return ("subcommands:\n"
-            "  khaelor sessions               list this project's sessions\n"
-            "  khaelor permissions [check]    show or test the permission policy\n"
-            "  khaelor trust [--revoke]       review and trust this repository's permission files\n"
-            "  khaelor rewind [--list] [STEP] [-r SESSION] [--yes]\n"
-            "                                 the work tree back to before a step of a session\n"
+    commands = ""
+    for name, (_, usage, what) in SUBCOMMANDS.items():
+        commands += f"  {f'khaelor {name} {usage}'.strip()}\n      {what}\n"
+    return (f"subcommands:\n{commands}"
             "\n"
             f"interactive keys:\n{keys}\n"
             "\n"
@@ -1176,7 +1097,8 @@ def parse_args(argv: list):
     parser.add_argument("--effort", choices=choices["effort"],
                         help="how hard the model works, from this run on"
                              " (default: the model's own)")
-    # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case both work)
+    # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case
+    # both work)
     parser.add_argument("--append-system-prompt",
                         dest="append_system_prompt",
                         metavar="TEXT", default="",
@@ -1209,8 +1131,8 @@ def parse_args(argv: list):
 
 
 def split_tool_rules(values: list[str]) -> list[str]:
-    """`"Bash(git log:*)" "Read,Edit"` → ["Bash(git log:*)", "Read", "Edit"]: Claude Code's lists are
-    separated by spaces or commas, except inside a rule's parentheses."""
+    """`"Bash(git log:*)" "Read,Edit"` → ["Bash(git log:*)", "Read", "Edit"]: Claude Code's lists
+    are separated by spaces or commas, except inside a rule's parentheses."""
     rules = []
     for value in values:
         depth = 0
@@ -1232,9 +1154,9 @@ def split_tool_rules(values: list[str]) -> list[str]:
 
 
 def flag_layers(args, project_root: Path) -> tuple:
-    """--allowedTools and --disallowedTools as Claude Code rule layers, for this run only. They are the
-    user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks every
-    allow, and the hardline floor is beneath them all."""
+    """--allowedTools and --disallowedTools as Claude Code rule layers, for this run only. They are
+    the user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks
+    every allow, and the hardline floor is beneath them all."""
     import permissions
     allowed = getattr(args, "allowed_tools", [])
     disallowed = getattr(args, "disallowed_tools", [])
@@ -1288,7 +1210,8 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           thinking=settings["thinking"],
                           effort=settings["effort"],
                           show_thinking=shows_thinking(args, settings),
-                          **output_limit(settings))
+                          # config.json's max_output_tokens is at least 1 when set
+                          max_tokens=settings["max_output_tokens"] or context.MAX_OUTPUT_TOKENS)
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
     kernel_ = kernel.Kernel(bus=bus,
@@ -1314,21 +1237,11 @@ def shows_thinking(args, settings) -> bool:
     return args.prompt is None or args.output_format == "stream-json"
 
 
-def output_limit(settings) -> dict:
-    """Context's max_tokens, when config.json sets max_output_tokens."""
-    if settings["max_output_tokens"] is None:
-        return {}
-    return {"max_tokens": settings["max_output_tokens"]}
-
-
 def record_reasoning(bus, store, wanted: dict) -> None:
     """ThinkingChanged for what `wanted` sets differently from the log (flags, or a choice made
     before the log began), so the session keeps it."""
     recorded = store.state.reasoning
-    changed = {}
-    for key, value in wanted.items():
-        if recorded.get(key) != value:
-            changed[key] = value
+    changed = {key: value for key, value in wanted.items() if recorded.get(key) != value}
     if changed:
         bus.emit("ThinkingChanged", **changed)
 
@@ -1358,7 +1271,8 @@ def new_client(on_status):
 
 
 def env_seconds(name: str, default: float) -> float:
-    """A positive number of seconds from the environment (KHAELOR_READ_TIMEOUT=30), else `default`."""
+    """A positive number of seconds from the environment (KHAELOR_READ_TIMEOUT=30), else
+    `default`."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -1404,6 +1318,27 @@ class StreamJson:
 def print_status(event: dict) -> None:
     if event["type"] == "Status":
         print(f"khaelor: {event['text']}", file=sys.stderr)
+
+
+def run_print(args, home: Path, project_root: Path) -> int:
+    """-p: start-up around the SDK import, then one task headless."""
+    import asyncio
+    import time
+
+    import model
+    # duration_ms of the result counts from here
+    args.started = time.monotonic()
+    # these two are quick; an exit during the import must wait for it
+    require_api_key()
+    settings = load_settings(args, home, project_root)
+    # the SDK import (~2 s) overlaps with the rest of start-up
+    model.preload()
+    prune_in_background(home)
+    args.prompt = expand_headless(read_prompt(args), settings, home, project_root)
+    store = open_session(args, home, project_root)
+    for warning in store.warnings:
+        print(f"khaelor: warning: {warning}", file=sys.stderr)
+    return asyncio.run(run_headless(args, settings, store, home, project_root))
 
 
 async def run_headless(args, settings, store, home, project_root) -> int:
@@ -1647,15 +1582,13 @@ class Session:
         # command files, read once at start as Claude Code does
         self.custom = load_commands(home, project_root)
         self.command_names = sorted([*COMMANDS, *self.custom])
-        self.command_descriptions = {}
-        for name, (_, usage, text) in COMMANDS.items():
-            self.command_descriptions[name] = f"{usage} {text}".strip()
+        self.command_descriptions = {name: f"{usage} {text}".strip()
+                                     for name, (_, usage, text) in COMMANDS.items()}
         for name, command in self.custom.items():
             self.command_descriptions[name] = describe_command(command)
         # typing "/effort " offers its levels (the UI's menu is the picker)
-        self.command_choices = {}
-        for key, values in setting_choices().items():
-            self.command_choices[f"/{key}"] = list(values)
+        self.command_choices = {f"/{key}": list(values)
+                                for key, values in setting_choices().items()}
         import model
         known = known_model_ids(settings["prices"])
         self.command_choices["/model"] = [*model.MODEL_ALIASES, *known]
@@ -1749,7 +1682,8 @@ class Session:
         return lambda: self.subscribers.remove(fn)
 
     def begin(self) -> None:
-        """A new session's log is created by its first message, so opening and quitting leaves none."""
+        """A new session's log is created by its first message, so opening and quitting leaves
+        none."""
         import asyncio
         if self.store.events:
             return
@@ -1831,9 +1765,9 @@ class Session:
             future.set_result((choice, feedback))
 
     async def run_shell(self, command: str):
-        """`!cmd`: the user's own command, run now (no question: the user typed it) and shown as it runs;
-        Esc stops it. It and its output join the conversation (UserShellRan), so the next request
-        carries them as user-side context."""
+        """`!cmd`: the user's own command, run now (no question: the user typed it) and shown as it
+        runs; Esc stops it. It and its output join the conversation (UserShellRan), so the next
+        request carries them as user-side context."""
         import asyncio
         if self.working or self.shell is not None:
             return ("khaelor is working; `!` commands run between turns"
@@ -1980,7 +1914,8 @@ class Session:
         return taken
 
     async def quit(self) -> None:
-        """Idempotent: the UI calls it when the user leaves, and interactive_main again on any exit."""
+        """Idempotent: the UI calls it when the user leaves, and interactive_main again on any
+        exit."""
         if self.closed:
             return
         self.closed = True
@@ -2117,7 +2052,8 @@ class Session:
         return "\n".join(lines + [""] + pruning) + "\n\n" + self.instructions_report()
 
     def instructions_report(self) -> str:
-        """/context's account of the instruction files: what was read, and each import that was not."""
+        """/context's account of the instruction files: what was read, and each import that was
+        not."""
         ctx = self.kernel.ctx
         lines = ["**Instruction files**", ""]
         for item in ctx.instructions:
@@ -2166,13 +2102,7 @@ class Session:
         self.bus.emit("ModelChanged", model=name)
         return ""
 
-    async def cmd_thinking(self, mode):
-        return self.choose_reasoning("thinking", mode)
-
-    async def cmd_effort(self, level):
-        return self.choose_reasoning("effort", level)
-
-    def choose_reasoning(self, key: str, value: str) -> str:
+    async def choose_reasoning(self, key: str, value: str) -> str:
         """/thinking and /effort: shown, or chosen for the next turns (never the running one:
         on the 5.5 models a replayed thinking block holds only while the request is unchanged)."""
         import model
@@ -2267,14 +2197,10 @@ class Session:
 
     async def cmd_permissions(self, _):
         """`khaelor permissions` in the session: the boundary, the layers and the rules."""
-        import sandbox
         layers = permission_layers(self.home, self.project_root,
                                    self.settings["extra_layers"])
-        rules = self.kernel.rules
-        lines = [f"sandbox: {sandbox.status()}", *boundary_lines(),
-                 *policy_lines(layers, rules)]
-        shown = [events.visible_controls(line, one_line=True) for line in lines]
-        return "```\n" + "\n".join(shown) + "\n```"
+        report = policy_report(layers, self.kernel.rules)
+        return "```\n" + "\n".join(report) + "\n```"
 
     async def cmd_status(self, _):
         import sandbox
@@ -2419,13 +2345,10 @@ def diff_report(state, dirty_now: list | None = None,
     if edits:
         files = plural(len(edits), "file")
         lines = [f"**khaelor changed {files} in this session**"]
-    for path, changes in edits.items():
-        was_dirty = path in who["dirty_before_edit"]
-        lines.append(edit_summary(path, changes, was_dirty))
-    if edits:
-        diffs = []
-        for changes in edits.values():
-            diffs += [change.get("diff", "") for change in changes]
+        for path, changes in edits.items():
+            was_dirty = path in who["dirty_before_edit"]
+            lines.append(edit_summary(path, changes, was_dirty))
+        diffs = [change.get("diff", "") for changes in edits.values() for change in changes]
         body = "".join(diffs)
         if len(body) > max_chars:
             more = len(body) - max_chars
@@ -2512,10 +2435,10 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/context": (Session.cmd_context, "", "what the context holds, per section"),
     "/compact": (Session.cmd_compact, "[focus]", "summarise the conversation to free context"),
     "/model": (Session.cmd_model, "[opus|sonnet|haiku|id]", "show or change the model"),
-    "/thinking": (Session.cmd_thinking, "[off|adaptive|always]",
-                  "how the model thinks, from the next message"),
-    "/effort": (Session.cmd_effort, "[low|medium|high|xhigh|max]",
-                "how hard the model works, from the next message"),
+    "/thinking": (lambda session, mode: session.choose_reasoning("thinking", mode),
+                  "[off|adaptive|always]", "how the model thinks, from the next message"),
+    "/effort": (lambda session, level: session.choose_reasoning("effort", level),
+                "[low|medium|high|xhigh|max]", "how hard the model works, from the next message"),
     "/diff": (Session.cmd_diff, "", "changes khaelor made in this session"),
     "/undo": (Session.cmd_undo, "", "rewind the last step that changed the work tree"),
     "/rewind": (Session.cmd_rewind, "[step]",
@@ -2536,11 +2459,7 @@ def run_interactive(args, home: Path, project_root: Path) -> int:
                          " use -p PROMPT for scripts and pipes")
     require_api_key()
     settings = load_settings(args, home, project_root)
-    if args.resume or args.continue_:
-        store = open_session(args, home, project_root)
-    else:
-        directory = events.sessions_dir(home, project_root)
-        store = events.SessionStore.create(directory)
+    store = open_session(args, home, project_root)
     import asyncio
     app = interactive_main(args, settings, store, home, project_root)
     return asyncio.run(app)
@@ -2611,6 +2530,18 @@ def prune_in_background(home: Path) -> None:
 
 # ---------------------------------------------------------------- entry point
 
+SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
+    "sessions": (cmd_sessions, "", "list this project's sessions"),
+    "permissions": (cmd_permissions, "[check] [--json]", "show or test the permission policy"),
+    "trust": (cmd_trust, "[--revoke] [--yes]",
+              "review and trust this repository's permission files"),
+    "sandbox": (cmd_sandbox, "[--write|--network] [--path P] -- CMD",
+                "run a command in the sandbox a permission decision gives"),
+    "rewind": (cmd_rewind, "[--list] [STEP] [-r SESSION] [--yes]",
+               "the work tree back to before a step of a session"),
+}
+
+
 def main(argv: list | None = None) -> int:
     """The entry point. Whatever was being written, a reader that has gone (`khaelor -p … |
     head -1`) ends the program quietly with 141, as a shell expects of a closed pipe."""
@@ -2642,45 +2573,11 @@ def run_command_line(argv: list | None) -> int:
     home = events.khaelor_home()
     project_root = find_project_root(Path.cwd())
     try:
-        if argv[:1] == ["sessions"]:
-            parser = argparse.ArgumentParser(
-                prog="khaelor sessions",
-                description="List this project's sessions, newest first"
-                            " (`khaelor -r ID` resumes one;"
-                            " a unique prefix is enough).")
-            parser.parse_args(argv[1:])
-            return cmd_sessions(home, project_root)
-        if argv[:1] == ["permissions"]:
-            return cmd_permissions(argv[1:], home, project_root)
-        if argv[:1] == ["trust"]:
-            return cmd_trust(argv[1:], home, project_root)
-        if argv[:1] == ["sandbox"]:
-            return cmd_sandbox(argv[1:], home, project_root)
-        if argv[:1] == ["rewind"]:
-            return cmd_rewind(argv[1:], home, project_root)
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]][0](argv[1:], home, project_root)
         args = parse_args(argv)
         if args.prompt is not None:
-            import time
-
-            import model
-            # duration_ms of the result counts from here
-            args.started = time.monotonic()
-            # these two are quick; an exit during the import must wait for it
-            require_api_key()
-            settings = load_settings(args, home, project_root)
-            # the SDK import (~2 s) overlaps with the rest of start-up
-            model.preload()
-            prune_in_background(home)
-            prompt = read_prompt(args)
-            args.prompt = expand_headless(prompt, settings, home,
-                                          project_root)
-            store = open_session(args, home, project_root)
-            for warning in store.warnings:
-                print(f"khaelor: warning: {warning}", file=sys.stderr)
-            import asyncio
-            headless = run_headless(args, settings, store, home,
-                                    project_root)
-            return asyncio.run(headless)
+            return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -2715,8 +2612,8 @@ def report_crash(error: Exception, home: Path) -> int:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop processes
-    and sync the log. The interactive UI installs its own handlers while it runs."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop
+    processes and sync the log. The interactive UI installs its own handlers while it runs."""
     def handler(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)

@@ -3488,3 +3488,61 @@ def _is_number(text: str) -> bool:
     """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file
     name."""
     return text.isascii() and text.isdigit()
+
+
+# ------------------------------------------------ the trust model: which files' rules may grant
+# khaelor.py (the composition root) reads the files and the trust records; what follows decides
+# from the bytes it is given, and writes nothing.
+
+# a repository's own permission files, as `khaelor trust` reviews them
+PROJECT_FILES = (".khaelor/config.json", ".claude/settings.json", ".claude/settings.local.json")
+
+
+def trust_key(path: Path) -> str | None:
+    """What a trust record is kept under: the file's own place in this project. A permission file
+    reached through a symlink (the file or a folder on its way) can never be trusted: it could be
+    another project's trusted file, or change without this project changing."""
+    folder = Path(os.path.realpath(path.parent.parent))
+    place = folder / path.parent.name / path.name
+    if os.path.realpath(path) != str(place):
+        return None
+    return str(place)
+
+
+def is_trusted(records: dict, path: Path, data: bytes) -> bool:
+    """Trusted: `records` (trust.json) holds the hash of exactly these bytes (the file's one read)
+    for this place: the user ran `khaelor trust` on them."""
+    key = trust_key(path)
+    if key is None or not data:
+        return False
+    return records.get(key) == content_hash(data)
+
+
+def config_layer(source: str, config: dict, text: str, project_root: Path, kind: str,
+                 trusted: bool) -> Layer:
+    """A KHAELOR config file's rules (`config`: its checked content); a Claude-style permissions
+    block pasted into it ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
+    if isinstance(config.get("permissions"), dict):
+        layer = Layer(source, {}, kind, trusted, claude=True, text=text)
+        root = os.path.realpath(project_root)
+        return claude_rules(layer, config["permissions"], root)
+    return Layer(source, config, kind, trusted, text=text)
+
+
+def trust_notice(layers) -> str | None:
+    """One line when a repository's file grants something that is ignored until trusted."""
+    ignored = untrusted_grants(layers)
+    if not ignored:
+        return None
+    # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
+    written = set()
+    files = set()
+    for rule in ignored:
+        command = rule.capability in ("process.execute", "git.modify", "network.access")
+        kind = "command" if command else rule.capability
+        written.add((rule.source, rule.pattern, rule.action, kind))
+        # "settings.json:4": the file, not each line
+        files.add(re.sub(r":\d+$", "", rule.source))
+    count = f"{len(written)} permission" + "s" * (len(written) != 1)
+    return (f"{', '.join(sorted(files))} would grant {count};"
+            " they are ignored until you review and trust them with `khaelor trust`")

@@ -178,6 +178,39 @@ def test_permissions_lists_your_rules_first_marks_missing_files_and_speaks_json(
     assert any(rule["pattern"] == "make *" and rule["layer"] == "user" for rule in data["rules"])
 
 
+def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(project, env,
+                                                                              monkeypatch):
+    import khaelor as cli
+
+    async def lines(session):
+        session.begin()
+        session.bus.emit("ModelResponseCompleted", message_id="msg_1", stop_reason="end_turn",
+                         model="claude-sonnet-5-5",
+                         usage={"input_tokens": 1000, "output_tokens": 100, "cache_read_tokens": 0,
+                                "cache_write_tokens": 0})
+        farewell = cli.farewell_line(session.store, {})
+        return cli.welcome_line(session), farewell, session.store.session_id
+    welcome, farewell, session_id = in_session(project, env, monkeypatch, lines)
+    assert welcome.startswith(f"khaelor {cli.VERSION} · {project} · claude-sonnet-5-5 · ")
+    assert "sandbox" in welcome
+    assert farewell == f"session {session_id} · $0.00 · continue it with `khaelor -c`"
+
+
+def test_permissions_aligns_the_ignored_rules_with_the_rules(khaelor, project):
+    settings = project / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    rules = {"allow": ["Bash(npm test:*)", "WebFetch(domain:x.com)"], "deny": ["Read(.env)"]}
+    settings.write_text(json.dumps({"permissions": rules}))
+    listing = khaelor.run("permissions").stdout.splitlines()
+    denied = [line for line in listing if line[:3].strip().isdigit() and str(settings) in line]
+    ignored = [line for line in listing if line.startswith("  -  ")]
+    assert len(denied) == 1 and len(ignored) == 4, listing      # npm test: 3 command capabilities
+    column = denied[0].index(str(settings))
+    assert {line.index(str(settings)) for line in denied + ignored} == {column}
+    assert all("(ignored: " in line for line in ignored)
+    assert "no web tool" in ignored[-1] and "`khaelor trust`" in ignored[0]
+
+
 def test_a_connection_error_names_the_address():
     import anthropic
     import httpx2
@@ -192,9 +225,10 @@ def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch
     from pathlib import Path
 
     import khaelor as cli
+    import permissions
     monkeypatch.setenv("HOME", env["HOME"])
     settings = project / ".claude" / "settings.json"
     settings.parent.mkdir()
     settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "Edit(src/**)"]}}))
-    notice = cli.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
+    notice = permissions.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
     assert notice.startswith(f"{settings} would grant 2 permissions;"), notice

@@ -184,6 +184,25 @@ def test_baselines_and_attribution_keep_the_users_changes_apart(khaelor, fake, r
     assert git(repo, "stash", "list") == ""
 
 
+def test_slash_diff_never_blames_the_session_for_a_file_untracked_before_it(khaelor, fake, repo,
+                                                                           env, monkeypatch):
+    (repo / "notes.txt").write_text("mine, never added\n")           # untracked before the session
+    edit = {"file_path": "app.py", "old_string": "'hello'", "new_string": "'hi'"}
+    fake.enqueue(reply(tool_use("read", {"file_path": "app.py"})),
+                 reply(tool_use("edit", edit)),
+                 reply(tool_use("bash", {"command": "python3 -m py_compile app.py"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "change the greeting", "--yes").returncode == 0
+
+    async def diff(session):
+        return await session.run_command("/diff")
+    report = in_session(repo, env, monkeypatch, diff)
+    mine, theirs = report.split("**Already changed when the session started")
+    assert "`app.py`" in mine and "notes.txt" not in mine and "khaelor changed 1 file" in mine
+    before, during = theirs.split("**Changed during the session")      # py_compile's __pycache__
+    assert "`notes.txt`" in before and "notes.txt" not in during
+
+
 def test_a_file_already_dirty_before_khaelor_is_flagged_in_diff(tmp_path):
     log = [{"type": "BaselineRecorded", "reason": "session start", "git": True,
             "dirty": [{"path": "app.py", "status": ".M"}, {"path": "notes.md", "status": "??"}]},
