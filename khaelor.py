@@ -139,7 +139,7 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
               "prices": {}, "max_turns": None, "context": {},
               "thinking": "adaptive", "effort": None, "show_thinking": None,
               "max_output_tokens": None}
-    project, merged["untrusted_prices"] = project_config(home, project_root)
+    project, merged["untrusted_keys"] = project_config(home, project_root)
     # the project's file wins; permission rules are layers of their own
     for config in (user, project):
         for key, value in config.items():
@@ -236,9 +236,10 @@ def start_notices(settings: dict) -> list[str]:
     import sandbox
     import permissions
     notices = [permissions.trust_notice(settings["layers"]), sandbox.notice()]
-    if settings.get("untrusted_prices"):
-        notices.append("this project's .khaelor/config.json sets prices; they are"
-                       " ignored until you trust it with `khaelor trust`")
+    if settings.get("untrusted_keys"):
+        keys = ", ".join(settings["untrusted_keys"])
+        notices.append(f"this project's .khaelor/config.json sets {keys}; ignored until you"
+                       " trust it with `khaelor trust`")
     # a flag's rule that maps onto nothing
     for layer in settings.get("extra_layers", ()):
         for _, rule, why in layer.ignored:
@@ -306,11 +307,14 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
               " whether trusted or not)")
     for rule in grants:
         say(f"    allow {rule.capability} '{rule.pattern}'  ({rule.source})")
-    prices = None
+    config = {}
     if path.name == "config.json":
-        prices = parse_config(path, data.decode("utf-8", "replace")).get("prices")
-    if prices:
-        say(f"  its prices for {', '.join(sorted(prices))} apply (what /cost shows)")
+        config = parse_config(path, data.decode("utf-8", "replace"))
+    if config.get("prices"):
+        say(f"  its prices for {', '.join(sorted(config['prices']))} apply (what /cost shows)")
+    for key in SPENDING_KEYS[1:]:
+        if key in config:
+            say(f"  its {key} applies: {json.dumps(config[key])}")
     return digest
 
 
@@ -396,19 +400,25 @@ def config_prices(home: Path, project_root: Path) -> dict:
     return {**(user or {}), **(project.get("prices") or {})}
 
 
-def project_config(home: Path, project_root: Path) -> tuple[dict, bool]:
-    """The project's config.json, read once, and whether it sets prices that do not apply: a
-    repository's own prices could make a session look cheaper than it is, so like its grants
-    they apply only once the user trusted these bytes (`khaelor trust`); until then left out."""
+# What a repository's config.json may set only once the user trusted it: a cloned repository
+# could otherwise make sessions cost more (a pricier model, more effort, longer replies, more
+# turns) or look cheaper than they are (its own prices).
+SPENDING_KEYS = ("prices", "model", "aux_model", "effort", "thinking", "max_output_tokens",
+                 "max_turns")
+
+
+def project_config(home: Path, project_root: Path) -> tuple[dict, list]:
+    """The project's config.json, read once, and the spending keys it sets that do not apply:
+    like its grants, they apply only once the user trusted these bytes (`khaelor trust`)."""
     path = project_root / ".khaelor" / "config.json"
     data = read_bytes(path)
     config = parse_config(path, data.decode("utf-8", "replace"))
     import permissions
-    trusted = permissions.is_trusted(trust_records(home), path, data)
-    untrusted = bool(config.get("prices")) and not trusted
-    if untrusted:
-        config = {k: v for k, v in config.items() if k != "prices"}
-    return config, untrusted
+    if permissions.is_trusted(trust_records(home), path, data):
+        return config, []
+    left_out = [key for key in SPENDING_KEYS if key in config]
+    kept = {key: value for key, value in config.items() if key not in left_out}
+    return kept, left_out
 
 
 def summary_of(path: Path) -> dict | None:

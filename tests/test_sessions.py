@@ -575,12 +575,36 @@ def test_a_repositorys_own_prices_count_only_once_trusted(khaelor, fake, project
     untrusted = khaelor.run("-p", "hello", "--output-format", "json")
     assert untrusted.returncode == 0, untrusted.stderr
     assert json.loads(untrusted.stdout)["cost_usd"] > 0
-    assert "sets prices" in untrusted.stderr and "khaelor trust" in untrusted.stderr
+    assert "sets prices; ignored" in untrusted.stderr and "khaelor trust" in untrusted.stderr
     shown = khaelor.run("trust", "--yes")
     assert shown.returncode == 0 and "its prices for claude-sonnet-5-5 apply" in shown.stdout
     trusted = khaelor.run("-p", "hello", "--output-format", "json")
     assert json.loads(trusted.stdout)["cost_usd"] == 0
     assert "sets prices" not in trusted.stderr
+
+
+def test_a_repository_raises_no_spending_until_trusted(khaelor, fake, project):
+    """A cloned repository's config.json choosing a pricier model, more effort, longer replies
+    and more turns: left out (and said) until `khaelor trust`, then applied."""
+    (project / ".khaelor").mkdir()
+    costly = {"model": "claude-opus-5-5", "effort": "max", "max_output_tokens": 64000,
+              "max_turns": 500, "context": {"prune_at": 20000}}
+    (project / ".khaelor" / "config.json").write_text(json.dumps(costly))
+    fake.enqueue(reply(text("first")), reply(text("second")))
+    untrusted = khaelor.run("-p", "hello")
+    assert untrusted.returncode == 0, untrusted.stderr
+    assert "sets model, effort, max_output_tokens, max_turns; ignored" in untrusted.stderr
+    first = fake.requests[-1]["body"]
+    assert first["model"] == "claude-sonnet-5-5" and first["max_tokens"] != 64000
+    assert "max" not in json.dumps(first.get("output_config", {}))
+    shown = khaelor.run("trust", "--yes")
+    assert "its model applies" in shown.stdout and "its effort applies" in shown.stdout
+    trusted = khaelor.run("-p", "hello")
+    assert trusted.returncode == 0, trusted.stderr
+    assert fake.requests[-1]["body"]["model"] == "claude-opus-5-5"
+    assert fake.requests[-1]["body"]["max_tokens"] == 64000
+    assert fake.requests[-1]["body"]["output_config"] == {"effort": "max"}
+    assert "ignored" not in trusted.stderr
 
 
 def test_a_failed_continue_does_not_print_the_previous_answer(khaelor, fake):
