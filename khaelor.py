@@ -856,7 +856,6 @@ class Rewind:
         self.problems = checkpoints.apply(self.root, self.todo)
         if self.repo and self.target["git"]:
             checkpoints.restore_head(self.repo, self.target)
-        self.toolbox.stamps.clear()
         self.after = checkpoints.take(self.now["tree"])
 
     def finish(self) -> str:
@@ -910,7 +909,8 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
     store = open_session(args, home, project_root)
     try:
         bus = events.Bus(store)
-        toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+        toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
+                                lambda: bus.store.state)
         return rewind_session(args, bus, toolbox)
     finally:
         close_session(store)
@@ -1289,9 +1289,9 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                                    settings["extra_layers"])
         kernel_.rules = permissions.load_rules(layers)
 
-    toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+    toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
+                            lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
-    toolbox.resume(store.state)
     mode = getattr(args, "permission_mode", "default")
     append_system = getattr(args, "append_system_prompt", "")
     ctx = context.Context(project_root=project_root,

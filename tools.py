@@ -854,14 +854,21 @@ class Toolbox:
     """The seven tools behind one `run`, and the session's tool state: what the model has read, each
     file's edit history, the background processes."""
 
-    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict]):
+    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
+                 state: Callable[[], events.State] | None = None):
         self.workspace = workspace
         # home is KHAELOR_HOME.
         self.spill_dir = Path(home) / "spill"
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
-        # Real path -> (mtime_ns, size) as the model last saw it.
-        self.stamps: dict[Path, tuple[int, int]] = {}
+        # The log's fold: what the model has read (State.stamps) and the newest process number
+        # (State.n_processes) are read from it, never copied, so a resumed session and a live
+        # one agree. None (a toolbox used alone): a State of its own, folded by the same rules.
+        self.own_state = None
+        if state is None:
+            self.own_state = events.State()
+            state = lambda: self.own_state  # noqa: E731
+        self.state = state
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
@@ -875,7 +882,7 @@ class Toolbox:
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
         self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
-        self.processes = _Processes(workspace, emit, self.groups, self.mask)
+        self.processes = _Processes(workspace, self.emit_folded, self.groups, self.mask, state)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
         # "landlock ABI 7", or "unavailable: <why>".
@@ -910,8 +917,10 @@ class Toolbox:
                     "this is a khaelor bug. Try a different approach.")
             result = ToolResult(text, True, {"error": "internal"})
         if self.seen:
-            # In the log, so a resumed session knows what the model has read.
+            # In the log (ToolCompleted): the fold's stamps, what a resumed session knows too.
             result.meta["seen"] = self.seen
+            if self.own_state is not None:
+                events.note_seen(self.own_state, result.meta)
         result.text = self.mask(result.text)
         # bash budgets its own stream.
         over_budget = len(result.text) > OUTPUT_BUDGET_CHARS
@@ -981,19 +990,18 @@ class Toolbox:
         process = self.processes.items.get(process_id)
         return process.command if process else None
 
-    def resume(self, state: events.State) -> None:
-        """Take up a session's tool state from its log: what the model has seen, and the process
-        number to go on from."""
-        for real, stamp in state.stamps.items():
-            self.stamps[Path(real)] = stamp
-        self.processes.n_started = state.n_processes
+    def emit_folded(self, kind: str, **payload) -> dict:
+        """emit, and for a toolbox used alone, the fold of its own State (ProcessStarted)."""
+        event = self.emit(kind, **payload)
+        if self.own_state is not None and kind == "ProcessStarted":
+            events.note_process(self.own_state, payload["process_id"])
+        return event
 
     def remember(self, path: Path) -> None:
-        """Record that the model has seen this file as it is now (it read it, or wrote it)."""
-        real = Path(_realpath(path))
-        if stamp := _stamp(real):
-            self.stamps[real] = stamp
-            self.seen.append([str(real), *stamp])
+        """Record that the model has seen this file as it is now (it read it, or wrote it): the
+        call's result carries it to the log, whose fold the next check_fresh reads."""
+        if stamp := _stamp(Path(_realpath(path))):
+            self.seen.append([_realpath(path), *stamp])
 
     def keep_version(self, data: bytes) -> str:
         """Store a file's content under its sha256 in KHAELOR_HOME/versions (once); its name."""
@@ -1022,15 +1030,15 @@ class Toolbox:
     def check_fresh(self, path: Path) -> None:
         """Refuse to change a file the model has not read, or that changed on disk since it did: this
         protects the user's own concurrent edits."""
-        real = Path(_realpath(path))
+        real = _realpath(path)
         shown = self.workspace.display(path)
-        seen = self.stamps.get(real)
+        seen = self.state().stamps.get(real)
         if seen is None:
             raise ToolError(
                 f"{shown} exists and you have not read it in this session. "
                 "Read it first, then retry, so your change starts from its actual content.",
                 error="not_read")
-        if _stamp(real) != seen:
+        if _stamp(Path(real)) != seen:
             raise ToolError(
                 f"{shown} has changed on disk since you last read it "
                 "(someone may be editing it). "
@@ -3408,13 +3416,15 @@ class _Processes:
     leaves them running; close() stops them all."""
 
     def __init__(self, workspace: Workspace, emit: Callable[..., dict],
-                 groups: set[int], mask: Callable[[str], str]):
+                 groups: set[int], mask: Callable[[str], str],
+                 state: Callable[[], events.State]):
         self.workspace = workspace
         self.emit = emit
         self.groups = groups
         self.mask = mask
+        # the log's fold: the newest process number (ProcessStarted) is read from it
+        self.state = state
         self.items: dict[str, _Process] = {}
-        self.n_started = 0
         self.closed = False
         self.spill_dir = (workspace.home or events.khaelor_home()) / "spill"
 
@@ -3441,8 +3451,7 @@ class _Processes:
         child = await self.workspace.exec(
             command, stdin=True, confine=confine, ports=ports)
         self.groups.add(child.pid)
-        self.n_started += 1
-        process = _Process(f"p{self.n_started}", command, child)
+        process = _Process(f"p{self.state().n_processes + 1}", command, child)
         process.guarded = guarded
         process.confine = confine
         self.items[process.process_id] = process

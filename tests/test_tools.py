@@ -500,6 +500,38 @@ def test_write_and_edit_refuse_unread_or_changed_files(box):
     assert not again.is_error, "the model's own write counts as seen"
 
 
+def test_what_the_model_read_and_the_process_numbers_come_from_the_log(tmp_path):
+    """Issue 21 item 6: the toolbox keeps no copy of the log's facts. A read counts once its
+    result is in the log (a resumed session replays the same fold), and process numbers go on
+    from the newest ProcessStarted the log holds."""
+    import events
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "a.txt").write_text("one\n")
+    home = tmp_path / "home"
+    store = events.SessionStore.create(events.sessions_dir(home, root))
+    bus = events.Bus(store)
+    bus.emit("ProcessStarted", process_id="p7", pid=1, command="an older server")
+    box = tools.Toolbox(tools.Workspace(root), home, bus.emit, lambda: bus.store.state)
+    loop = asyncio.new_event_loop()
+    try:
+        read = loop.run_until_complete(box.run("read", {"file_path": "a.txt"}, "t1"))
+        edit = {"file_path": "a.txt", "old_string": "one", "new_string": "two"}
+        early = loop.run_until_complete(box.run("edit", edit, "t2"))
+        assert early.is_error and early.meta["error"] == "not_read", "no read in the log yet"
+        bus.emit("ToolCompleted", tool_use_id="t1", name="read", output=read.text, meta=read.meta)
+        resumed = events.replay(store.events)
+        assert resumed.stamps == bus.store.state.stamps, "a resumed session knows the same"
+        assert not loop.run_until_complete(box.run("edit", edit, "t3")).is_error
+        started = loop.run_until_complete(box.run("process", {"action": "start",
+                                                              "command": "sleep 5"}, "t4"))
+        assert started.meta["process_id"] == "p8"
+    finally:
+        loop.run_until_complete(box.close())
+        loop.close()
+        store.close()
+
+
 def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
     created = box.call("write", file_path="deep/er/new.txt", content="a\nb\n")
     assert "Created deep/er/new.txt (2 lines)" in created.text
