@@ -28,6 +28,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -392,8 +393,9 @@ class Workspace:
         self.abi = sandbox.probe()[0]
         # The project's secret files, left out of what a read-only command may read.
         self.secrets = sandbox.SecretScan()
-        # Landlock ruleset fds by what they were built from (see prepare).
+        # Landlock ruleset fds by what they were built from (see prepare), which runs in threads.
         self.rulesets: dict[tuple, int] = {}
+        self.rulesets_lock = threading.Lock()
         weakref.finalize(self, _close_all, self.rulesets)
         # Environment names the user's own config passes to commands (fnmatch patterns).
         self.pass_env: list[str] = []
@@ -533,7 +535,9 @@ class Workspace:
         else:
             argv = command
         confine = confine or DEFAULT_CONFINE
-        env, entry = self.prepare(argv, confine, cwd or self.cwd, ports)
+        # Off the event loop: the environment, git's driver scan (a git process) and the ruleset
+        # (a /proc port scan) take tens of milliseconds.
+        env, entry = await asyncio.to_thread(self.prepare, argv, confine, cwd or self.cwd, ports)
         out_read, out_write = os.pipe()
         if stdin:
             in_read, in_write = os.pipe()
@@ -680,11 +684,12 @@ class Workspace:
                    tuple(map(sandbox.approved_target, confine["paths"])), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), home, tuple(sorted(static_ports)))
-            ruleset = self.rulesets.get(key)
-            if ruleset is None:
-                ruleset = sandbox.build_ruleset(
-                    confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
-                self._keep_ruleset(key, ruleset)
+            with self.rulesets_lock:
+                ruleset = self.rulesets.get(key)
+                if ruleset is None:
+                    ruleset = sandbox.build_ruleset(
+                        confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
+                    self._keep_ruleset(key, ruleset)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
 
@@ -1945,9 +1950,10 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
         except TimeoutError:
             timed_out = True
         else:
-            if _group_alive(child.pid):
+            # _group_alive reads /proc: off the loop
+            if await asyncio.to_thread(_group_alive, child.pid):
                 await asyncio.wait({pump}, timeout=grace_s)
-            stray = _group_alive(child.pid)
+            stray = await asyncio.to_thread(_group_alive, child.pid)
         _kill_group(child.pid)
         await asyncio.wait({pump}, timeout=1.0)
         await child.proc.wait()
@@ -3276,10 +3282,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    ports = _reachable_ports(confine, box.groups)
-    guarded = guard_record(box.workspace.cwd) if confine["write"] else None
-    child = await box.workspace.exec(command, cwd=workdir, confine=confine, ports=ports)
-    box.groups.add(child.pid)
+    child, guarded = await _start(box.workspace, box.groups, command, confine, workdir)
     watchdog = None
     if not confine["write"]:
         watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
@@ -3291,7 +3294,8 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     elif watchdog:
         watchdog.cancel()
     if guarded is not None:
-        notes.append(guard_check(box.workspace.cwd, box.spill_dir, guarded, command, confine))
+        notes.append(await asyncio.to_thread(
+            guard_check, box.workspace.cwd, box.spill_dir, guarded, command, confine))
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
@@ -3342,6 +3346,19 @@ def _tree_bytes(root: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+async def _start(ws: Workspace, groups: set[int], command: str, confine: dict,
+                 cwd: Path | None = None, stdin: bool = False) -> tuple[Child, dict | None]:
+    """Start a command for bash or process: (the child, its group now in `groups`; the guarded
+    files as they were before an approved step, else None)."""
+    guarded = None
+    if confine["write"]:
+        guarded = await asyncio.to_thread(guard_record, ws.cwd)
+    ports = _reachable_ports(confine, groups)
+    child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
+    groups.add(child.pid)
+    return child, guarded
 
 
 def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
@@ -3446,11 +3463,7 @@ class _Processes:
         return await asyncio.shield(self._spawn(command, confine))
 
     async def _spawn(self, command: str, confine: dict) -> _Process:
-        ports = _reachable_ports(confine, self.groups)
-        guarded = guard_record(self.workspace.cwd) if confine["write"] else None
-        child = await self.workspace.exec(
-            command, stdin=True, confine=confine, ports=ports)
-        self.groups.add(child.pid)
+        child, guarded = await _start(self.workspace, self.groups, command, confine, stdin=True)
         process = _Process(f"p{self.state().n_processes + 1}", command, child)
         process.guarded = guarded
         process.confine = confine
