@@ -941,9 +941,7 @@ class Toolbox:
         fails such a call as the model's mistake before asking anyone to approve it. None: it may work
         (creating a file, a bad input and other failures are left to the tool itself)."""
         args, problem = _check_input(_schema_named("edit"), tool_input)
-        if problem:
-            return None
-        if not args["old_string"] or args["old_string"] == args["new_string"]:
+        if problem or not args["old_string"]:
             return None
         try:
             path = self.workspace.resolve(args["file_path"])
@@ -952,14 +950,14 @@ class Toolbox:
             self.check_fresh(path)
             # Only the file the model read (check_fresh): before any approval.
             data = self.workspace.read_file(path, [_realpath(path)])
-            text = _lf(data.decode("utf-8").removeprefix("\ufeff"))
-            old = _lf(args["old_string"])
-            new = _lf(args["new_string"])
-            replace_all = args.get("replace_all", False)
-            _replace(text, old, new, replace_all, self.workspace.display(path))
+            shown = self.workspace.display(path)
+            # As the edit tool prepares them: the same refusals, the same matches.
+            file = _EditText.of(data, shown)
+            old, new = _edit_strings(args, file.bom)
+            _replace(file.text, old, new, args.get("replace_all", False), shown)
         except ToolError as exc:
             return ToolResult(self.mask(str(exc)), True, exc.meta)
-        except (OSError, UnicodeDecodeError):
+        except OSError:
             return None
         return None
 
@@ -2380,16 +2378,16 @@ class _Haystack:
         size = len(_find_lines(old))
         if not words:
             return []
-        if size == 1:
-            pattern = re.compile(r"[ \t]+".join(map(re.escape, words)))
-            spans = []
-            for start, line in zip(self.starts, self.lines):
-                spans += [(start + m.start(), start + m.end()) for m in pattern.finditer(line)]
-            return spans
+        within = re.compile(r"[ \t]+".join(map(re.escape, words)))
         spans = []
         for i in range(len(self.lines) - size + 1):
             if " ".join(self.lines[i:i + size]).split() == words:
+                # the whole lines (but the first's indentation, which new_string keeps)
                 spans.append(self.text_span(i, i + size - 1))
+            elif size == 1:
+                start = self.starts[i]
+                found = within.finditer(self.lines[i])
+                spans += [(start + match.start(), start + match.end()) for match in found]
         return spans
 
     def indentation_flexible(self, old: str) -> list[Span]:
@@ -2711,20 +2709,58 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
     return ToolResult(text, meta=meta)
 
 
-async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    ws = box.workspace
-    path = ws.resolve(args["file_path"])
-    old = args["old_string"]
-    new = args["new_string"]
-    shown = ws.display(path)
-    if _lf(old) == _lf(new):
+@dataclass
+class _EditText:
+    """A file's text as edit matches it: LF line endings and no BOM; `back` puts both back."""
+    text: str
+    bom: bool
+    crlf: bool
+
+    @classmethod
+    def of(cls, data: bytes, shown: str) -> "_EditText":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(
+                f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
+                error="encoding") from None
+        crlf = _uses_crlf(text)
+        if crlf:
+            text = _lf(text)
+        return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf)
+
+    def back(self, text: str) -> bytes:
+        if self.crlf:
+            text = text.replace("\n", "\r\n")
+        if self.bom:
+            text = "\ufeff" + text
+        return text.encode("utf-8")
+
+
+def _edit_strings(args: dict, bom: bool) -> tuple[str, str]:
+    """old_string and new_string in LF, whatever the file uses (written back in its own line
+    ending), without the BOM a model copied from a file that has one."""
+    old = _lf(args["old_string"])
+    new = _lf(args["new_string"])
+    if old == new:
         raise ToolError(
             "old_string and new_string are identical, so the edit would change nothing. "
             "Put the replacement text in new_string.",
             error="no_change")
+    if bom:
+        old = old.removeprefix("\ufeff")
+        new = new.removeprefix("\ufeff")
+    return old, new
+
+
+async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+    ws = box.workspace
+    path = ws.resolve(args["file_path"])
+    shown = ws.display(path)
+    _edit_strings(args, False)
     if not path.exists():
-        if old == "":
-            write_args = {"file_path": args["file_path"], "content": new}
+        if args["old_string"] == "":
+            write_args = {"file_path": args["file_path"], "content": args["new_string"]}
             return await _tool_write(box, write_args, tool_use_id, confine)
         error = _missing(ws, path)
         raise ToolError(
@@ -2734,41 +2770,19 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
     box.check_fresh(path)
     before = ws.read_file(path, box.places)
-    _refuse_masks(new, before, shown)
-    try:
-        text = before.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ToolError(
-            f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
-            error="encoding") from None
-    bom = text.startswith("\ufeff")
-    crlf = _uses_crlf(text)
-    text = text.removeprefix("\ufeff")
-    if crlf:
-        text = _lf(text)
-    # Both strings in LF, whatever the file uses: written back in the file's own line ending.
-    old = _lf(old)
-    new = _lf(new)
-    if bom:
-        # The model copied the file's invisible first character.
-        old = old.removeprefix("\ufeff")
-        new = new.removeprefix("\ufeff")
+    _refuse_masks(args["new_string"], before, shown)
+    file = _EditText.of(before, shown)
+    old, new = _edit_strings(args, file.bom)
     if old == "":
-        if text.strip():
+        if file.text.strip():
             raise ToolError(
                 f"old_string is empty but {shown} has content. Quote the text to replace, "
                 "or use write to replace the whole file.",
                 error="empty_old_string")
         done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
     else:
-        replace_all = args.get("replace_all", False)
-        done = _replace(text, old, new, replace_all, shown)
-    out = done.text
-    if crlf:
-        out = out.replace("\n", "\r\n")
-    if bom:
-        out = "\ufeff" + out
-    added, removed = box.commit(path, before, out.encode("utf-8"), tool_use_id)
+        done = _replace(file.text, old, new, args.get("replace_all", False), shown)
+    added, removed = box.commit(path, before, file.back(done.text), tool_use_id)
     meta = {
         "path": shown, "added": added, "removed": removed,
         "strategy": done.strategy, "replacements": done.count,

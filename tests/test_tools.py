@@ -532,6 +532,41 @@ def test_what_the_model_read_and_the_process_numbers_come_from_the_log(tmp_path)
         store.close()
 
 
+SLIPS = [
+    # (file, old_string, new_string, file after): issue 22 item 17
+    ("msg = 'it\\'s done'\n", "msg = 'it's done'", "msg = 'all done'", "msg = 'all done'\n"),
+    ("def f():\n    total  =  a +   b   \n", "total = a + b", "total = a - b",
+     "def f():\n    total = a - b\n"),
+    ("\ufeffname = 1\r\nother = 2\r\n", "\ufeffname = 1", "name = 3",
+     "\ufeffname = 3\r\nother = 2\r\n"),
+]
+
+
+@pytest.mark.parametrize("before, old, new, after", SLIPS, ids=["escape", "spaces", "bom"])
+def test_a_models_small_slips_do_not_break_an_edit(box, before, old, new, after):
+    """The escape- and whitespace-normalised strategies match as OpenCode's replacers do (the
+    whole line is the span), and an old_string carrying the file's BOM matches: in the tool and
+    in the kernel's check before it asks (edit_problem)."""
+    (box.root / "f.py").write_bytes(before.encode())
+    box.call("read", file_path="f.py")
+    call = {"file_path": "f.py", "old_string": old, "new_string": new}
+    assert box.toolbox.edit_problem(call) is None
+    result = box.call("edit", **call)
+    assert not result.is_error, result.text
+    assert (box.root / "f.py").read_bytes() == after.encode()
+
+
+def test_an_edit_that_changes_only_line_endings_is_refused_as_no_change(box):
+    (box.root / "f.txt").write_bytes(b"a\r\nb\r\n")
+    box.call("read", file_path="f.txt")
+    call = {"file_path": "f.txt", "old_string": "a\r\nb", "new_string": "a\nb"}
+    doomed = box.toolbox.edit_problem(call)
+    assert doomed is not None and doomed.meta["error"] == "no_change"
+    result = box.call("edit", **call)
+    assert result.is_error and result.meta["error"] == "no_change"
+    assert (box.root / "f.txt").read_bytes() == b"a\r\nb\r\n"
+
+
 def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
     created = box.call("write", file_path="deep/er/new.txt", content="a\nb\n")
     assert "Created deep/er/new.txt (2 lines)" in created.text
