@@ -1940,14 +1940,9 @@ class Session:
         self.bus.emit("FilesListed", count=len(self._files))
 
     def list_mentionable(self) -> list:
-        ls_files = ["git", "ls-files", "--cached", "--others",
-                    "--exclude-standard"]
-        code, out = self.toolbox.workspace.capture(ls_files)
-        if code == 0:
-            files = out.splitlines()
-        else:
-            files = walk_files(self.project_root, MAX_MENTION_FILES)
-        files = files[:MAX_MENTION_FILES]
+        import tools
+        files = tools.project_files(self.toolbox.workspace, limit=MAX_MENTION_FILES,
+                                    skip=is_skipped)
         folders = set()
         # each file's folders, up to the first one already seen
         for path in files:
@@ -2517,20 +2512,8 @@ MAX_MENTION_FILES = 50_000
 SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})
 
 
-def walk_files(root: Path, limit: int) -> list:
-    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and junk."""
-    found = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if not is_skipped(d))
-        base = os.path.relpath(folder, root)
-        prefix = "" if base == "." else f"{base}/"
-        found += [prefix + name for name in sorted(names)]
-        if len(found) >= limit:
-            break
-    return found[:limit]
-
-
 def is_skipped(folder: str) -> bool:
+    """A folder @-completion does not walk into outside git: dot-folders and junk."""
     return folder.startswith(".") or folder in SKIPPED_FOLDERS
 
 

@@ -2899,24 +2899,34 @@ def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-def _candidates(ws: Workspace, root: Path, places: list[str]) -> list[str]:
-    """Files under `root` as relative POSIX paths, without ripgrep: git's view when it has one, else every file."""
+def project_files(ws: Workspace, root: Path | None = None, places: list[str] | None = None,
+                  limit: int | None = None,
+                  skip: Callable[[str], bool] = lambda name: name == ".git") -> list[str]:
+    """The files under `root` (default the project root) as relative POSIX paths: the one lister,
+    for grep and glob without ripgrep and for @-mention completion. git's view where there is one
+    (tracked files, and untracked ones not ignored), else a walk that enters no folder `skip`
+    names; only plain files, never a link; at most `limit`."""
+    root = root or ws.cwd
+    places = places or [str(ws.cwd)]
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     if code == 0 and out:
-        return [rel for rel in out.split("\0") if rel and _searched(root / rel)]
+        listed = [rel for rel in out.split("\0") if rel][:limit]
+        return [rel for rel in listed if _searched(root / rel)]
     found = []
     root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
     try:
         # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
         for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
-            dirs[:] = sorted(d for d in dirs if d != ".git")
-            for name in files:
+            dirs[:] = sorted(d for d in dirs if not skip(d))
+            for name in sorted(files):
                 if _plain_file(name, folder_fd):
                     found.append(os.path.normpath(f"{folder}/{name}"))
+            if limit is not None and len(found) >= limit:
+                break
     finally:
         os.close(root_fd)
-    return found
+    return found[:limit]
 
 
 def _plain_file(name: str, folder_fd: int) -> bool:
@@ -2936,7 +2946,7 @@ def _searched(path: Path) -> bool:
 async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
     if not box.ripgrep:
-        return await asyncio.to_thread(_candidates, box.workspace, root, box.places)
+        return await asyncio.to_thread(project_files, box.workspace, root, box.places)
     argv = ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"]
     records, _ = await _ripgrep(box, argv, root, 10**7, confine, end="\0")
     return [rel.removeprefix("./") for rel in records]
@@ -3151,7 +3161,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
         rels = [os.path.basename(real)] if keep(target.name) else []
     else:
         folder = real
-        rels = list(filter(keep, _candidates(ws, root, places)))
+        rels = list(filter(keep, project_files(ws, root, places)))
     try:
         folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:

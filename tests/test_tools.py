@@ -798,6 +798,20 @@ def test_ripgrep_and_python_fallback_agree(box):
             assert fast.text == slow.text, (git, name, tool_input)
 
 
+def test_one_lister_for_search_and_mentions_walks_plain_files_outside_git(tmp_path):
+    root = tmp_path / "project"
+    for rel in ("src/a.py", ".venv/lib/x.py", ".git/config", "node_modules/m.js"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x\n")
+    (root / "link.py").symlink_to(root / "src" / "a.py")
+    ws = tools.Workspace(root)
+    assert tools.project_files(ws) == [".venv/lib/x.py", "node_modules/m.js", "src/a.py"]
+    junk = {"node_modules"}
+    skipped = tools.project_files(ws, skip=lambda name: name.startswith(".") or name in junk)
+    assert skipped == ["src/a.py"]
+    assert len(tools.project_files(ws, limit=2)) == 2
+
+
 def test_neither_search_engine_follows_a_link_out_of_the_project(box, tmp_path):
     """ripgrep never follows a link it meets; the Python fallback must not either, or a
     committed link would carry grep and glob to any file the user can read."""
