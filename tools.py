@@ -266,6 +266,7 @@ SCHEMAS = [
         command=("string", "Shell command to start (for start)."),
         input=("string", "Text to send to the process's stdin (for write).")),
 ]
+SCHEMA_OF = {schema["name"]: schema for schema in SCHEMAS}
 
 # Beside the schemas, how a tool's calls are shown, so that adding a tool touches this file
 # (the kernel puts both on the events; the UI imports nothing of ours):
@@ -343,16 +344,6 @@ class ToolResult:
     is_error: bool = False
     # JSON-serialisable UI metadata, e.g. {"exit_code": 0}.
     meta: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FileVersion:
-    """One step of a file's edit history, as names of blobs in KHAELOR_HOME/versions (the
-    sha256 of the content), so the history outlives the process: FileModified records them."""
-    # Content before the write/edit; None: the write created the file.
-    before: str | None
-    # Content the write/edit left.
-    after: str
 
 
 @dataclass
@@ -504,21 +495,6 @@ class Workspace:
             raise _not_regular(self.display(path), found.st_mode)
         return found.st_mode & 0o7777
 
-    def remove_file(self, path: Path, places: list[str]) -> None:
-        """Unlink `path` in its folder, opened as open_judged does (for /undo of a created file)."""
-        folder, name = os.path.split(self.judged(path, places))
-        try:
-            folder_fd = sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise self.refusal(path, exc) from None
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=folder_fd)
-        finally:
-            os.close(folder_fd)
-
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
                    stdin: bool = False, confine: dict | None = None,
                    ports: Callable[[], set[int]] = set) -> Child:
@@ -555,18 +531,15 @@ class Workspace:
                 preexec_fn=entry and entry.hook)
             if entry:
                 entry.started()
-        except subprocess.SubprocessError as exc:
-            # The child could not enter the sandbox: it did not run.
+        except BaseException as exc:
             os.close(out_read)
             if stdin:
                 os.close(in_write)
-            raise ToolError(
-                f"The command was not run: the sandbox could not be applied ({exc}).",
-                error="sandbox") from None
-        except BaseException:
-            os.close(out_read)
-            if stdin:
-                os.close(in_write)
+            if isinstance(exc, subprocess.SubprocessError):
+                # The child could not enter the sandbox: it did not run.
+                raise ToolError(
+                    f"The command was not run: the sandbox could not be applied ({exc}).",
+                    error="sandbox") from None
             raise
         finally:
             os.close(out_write)
@@ -901,7 +874,7 @@ class Toolbox:
         DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = {**DEFAULT_CONFINE, **(confine or {})}
         self.dotenv.refresh()
-        schema = _schema_named(name)
+        schema = SCHEMA_OF.get(name)
         if schema is None:
             text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
             return ToolResult(text, True, {"error": "unknown_tool"})
@@ -940,21 +913,15 @@ class Toolbox:
         not read (or changed since), or old_string is not in it (or is in several places). The kernel
         fails such a call as the model's mistake before asking anyone to approve it. None: it may work
         (creating a file, a bad input and other failures are left to the tool itself)."""
-        args, problem = _check_input(_schema_named("edit"), tool_input)
+        args, problem = _check_input(SCHEMA_OF["edit"], tool_input)
         if problem or not args["old_string"]:
             return None
         try:
             path = self.workspace.resolve(args["file_path"])
             if not path.is_file():
                 return None
-            self.check_fresh(path)
-            # Only the file the model read (check_fresh): before any approval.
-            data = self.workspace.read_file(path, [_realpath(path)])
-            shown = self.workspace.display(path)
-            # As the edit tool prepares them: the same refusals, the same matches.
-            file = _EditText.of(data, shown)
-            old, new = _edit_strings(args, file.bom)
-            _replace(file.text, old, new, args.get("replace_all", False), shown)
+            # As the tool plans it, opening only the file the model read: before any approval.
+            _planned_edit(self, args, path, [_realpath(path)])
         except ToolError as exc:
             return ToolResult(self.mask(str(exc)), True, exc.meta)
         except OSError:
@@ -1052,17 +1019,14 @@ class Toolbox:
                tool_use_id: str) -> tuple[int, int]:
         """Write a file for write/edit: versions, stamp, FileModified. Returns (lines added,
         removed)."""
-        # Both versions are kept before the file changes: a rewind to between two edits needs them.
+        # Both versions (blobs named by their sha256, so the history outlives the process) are
+        # kept before the file changes: a rewind to between two edits needs them. None: created.
         before_version = None
         if before is not None:
             before_version = self.keep_version(before)
-        version = FileVersion(before_version, self.keep_version(after))
+        after_version = self.keep_version(after)
         self.workspace.write_file(path, after, self.places)
         self.remember(Path(_realpath(path)))
-        return self._report_change(path, before, after, version, tool_use_id)
-
-    def _report_change(self, path: Path, before: bytes | None, after: bytes,
-                       version: FileVersion, tool_use_id: str) -> tuple[int, int]:
         shown = self.workspace.display(path)
         before_text = _decode_text(before or b"")
         added, removed, diff = _diff(shown, before_text, _decode_text(after))
@@ -1070,15 +1034,8 @@ class Toolbox:
             "FileModified", tool_use_id=tool_use_id, path=shown,
             added=added, removed=removed, diff=self.mask(diff), created=before is None,
             real_path=_realpath(path),
-            before_version=version.before, after_version=version.after)
+            before_version=before_version, after_version=after_version)
         return added, removed
-
-
-def _schema_named(name: str) -> dict | None:
-    for schema in SCHEMAS:
-        if schema["name"] == name:
-            return schema
-    return None
 
 
 def _os_error_result(exc: OSError) -> ToolResult:
@@ -2553,6 +2510,8 @@ class _Replaced:
     first_line: int
     # Lines that replacement spans.
     n_lines: int
+    # The file's bytes to write (its BOM and line endings put back).
+    after: bytes = b""
 
 
 def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) -> _Replaced:
@@ -2753,6 +2712,29 @@ def _edit_strings(args: dict, bom: bool) -> tuple[str, str]:
     return old, new
 
 
+def _planned_edit(box: Toolbox, args: dict, path: Path,
+                  places: list[str]) -> tuple[bytes, "_Replaced"]:
+    """(the file's bytes, the edit made of them, whose `after` is what to write), or the ToolError
+    the call meets (unread or changed since, a secret's mask, not UTF-8, not found, ambiguous)."""
+    shown = box.workspace.display(path)
+    box.check_fresh(path)
+    before = box.workspace.read_file(path, places)
+    _refuse_masks(args["new_string"], before, shown)
+    file = _EditText.of(before, shown)
+    old, new = _edit_strings(args, file.bom)
+    if old == "":
+        if file.text.strip():
+            raise ToolError(
+                f"old_string is empty but {shown} has content. Quote the text to replace, "
+                "or use write to replace the whole file.",
+                error="empty_old_string")
+        done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
+    else:
+        done = _replace(file.text, old, new, args.get("replace_all", False), shown)
+    done.after = file.back(done.text)
+    return before, done
+
+
 async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
@@ -2768,21 +2750,8 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
             **error.meta)
     if path.is_dir():
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
-    box.check_fresh(path)
-    before = ws.read_file(path, box.places)
-    _refuse_masks(args["new_string"], before, shown)
-    file = _EditText.of(before, shown)
-    old, new = _edit_strings(args, file.bom)
-    if old == "":
-        if file.text.strip():
-            raise ToolError(
-                f"old_string is empty but {shown} has content. Quote the text to replace, "
-                "or use write to replace the whole file.",
-                error="empty_old_string")
-        done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
-    else:
-        done = _replace(file.text, old, new, args.get("replace_all", False), shown)
-    added, removed = box.commit(path, before, file.back(done.text), tool_use_id)
+    before, done = _planned_edit(box, args, path, box.places)
+    added, removed = box.commit(path, before, done.after, tool_use_id)
     meta = {
         "path": shown, "added": added, "removed": removed,
         "strategy": done.strategy, "replacements": done.count,
@@ -3000,12 +2969,8 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
     match = _glob_matcher(pattern)
-    hidden = _secret_filter(box, confine, root)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
-    reasons = {rel: hidden(rel) for rel in found}
-    # Links are left out silently, as ripgrep does.
-    skipped = [rel for rel in found if reasons[rel] == "secret"]
-    kept = [rel for rel in found if not reasons[rel]]
+    kept, skipped = _without_secrets(box, confine, root, found)
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta = {
         "files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
@@ -3023,25 +2988,27 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(shown + note, meta=meta)
 
 
-def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], str]:
-    """Why grep and glob leave a file out: "secret" when its name matches one of the call's `hide`
-    patterns, "link" when it is a link into a closed location (a committed notes.txt ->
-    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these); "" keeps
-    it. Nothing is left out when the user granted reading secrets for this call."""
+def _without_secrets(box: Toolbox, confine: dict, root: Path,
+                     rels) -> tuple[list[str], list[str]]:
+    """(the files grep and glob show, the secret ones they leave out and name): a file whose name
+    matches one of the call's `hide` patterns is secret; a link into a closed location (a
+    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
+    fallback meets these) is left out silently, as ripgrep does. Nothing is left out when the
+    user granted reading secrets for this call."""
     if confine["secrets"]:
-        return lambda rel: ""
+        return list(rels), []
     home = box.workspace.home or events.khaelor_home()
     closed = sandbox.closed_locations(Path.home(), home, confine["paths"])
-
-    def hidden(rel: str) -> str:
+    kept = []
+    secret = []
+    for rel in rels:
         name = rel.rsplit("/", 1)[-1]
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
-            return "secret"
         path = root / rel
-        if os.path.islink(path) and sandbox.within(_realpath(path), closed):
-            return "link"
-        return ""
-    return hidden
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
+            secret.append(rel)
+        elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
+            kept.append(rel)
+    return kept, secret
 
 
 def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
@@ -3070,13 +3037,9 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
-    hidden = _secret_filter(box, confine, root)
-    reasons = {rel: hidden(rel) for rel in hits}
-    # Links are left out silently, as ripgrep does.
-    skipped = [rel for rel in hits if reasons[rel] == "secret"]
     # Filtered here for both engines: the same result.
-    for rel in [rel for rel in hits if reasons[rel]]:
-        del hits[rel]
+    kept, skipped = _without_secrets(box, confine, root, hits)
+    hits = {rel: hits[rel] for rel in kept}
     total = sum(map(len, hits.values()))
     meta = {
         "matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
