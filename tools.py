@@ -1890,12 +1890,18 @@ def _whole_lines_end(text: str) -> int:
 
 async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None],
                      timeout_s: float | None, grace_s: float,
-                     mask: Callable[[str], str] = _mask_secrets) -> tuple[bool, bool]:
+                     mask: Callable[[str], str] = _mask_secrets,
+                     temp: Path | None = None) -> tuple[bool, bool]:
     """Pump a child's output to on_text until it exits, then clear out its process group (which the
     caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
     killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
-    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever."""
+    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever.
+    A read-only command (bash or process) gives its session `temp` dir: the group is stopped, and
+    on_text told why, once that passes its cap (RLIMIT_FSIZE bounds one file only)."""
     pump = asyncio.create_task(_pump(child.stdout, on_text, mask))
+    watchdog = None
+    if temp is not None:
+        watchdog = asyncio.create_task(_watch_temp(temp, child.pid))
     timed_out = False
     stray = False
     try:
@@ -1912,9 +1918,14 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
         _kill_group(child.pid)
         await asyncio.wait({pump}, timeout=1.0)
         await child.proc.wait()
+        if watchdog and watchdog.done():
+            on_text(f"\nStopped: the session temp dir passed {sandbox.TEMP_DIR_CAP >> 20} MiB, "
+                    "the most a command that runs without asking may write.\n")
         return timed_out, stray
     finally:
         pump.cancel()
+        if watchdog:
+            watchdog.cancel()
         _kill_group(child.pid)
         groups.discard(child.pid)
         child.close_pipes()
@@ -3270,16 +3281,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
 
     started = time.monotonic()
     child, guarded = await _start(box.workspace, box.groups, command, confine, workdir)
-    watchdog = None
-    if not confine["write"]:
-        watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
     timed_out, stray = await _supervise(
-        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
-    if watchdog and watchdog.done():
-        notes.append(f"Stopped: the session temp dir passed {sandbox.TEMP_DIR_CAP >> 20} MiB, "
-                     "the most a command that runs without asking may write.")
-    elif watchdog:
-        watchdog.cancel()
+        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask,
+        _read_only_temp(box.workspace, confine))
     if guarded is not None:
         notes.append(await asyncio.to_thread(
             guard_check, box.workspace.cwd, box.spill_dir, guarded, command, confine))
@@ -3313,6 +3317,11 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         parts.append(refused)
     return ToolResult("\n".join(parts + [note for note in notes if note]), is_error=timed_out,
                       meta=meta)
+
+
+def _read_only_temp(ws: Workspace, confine: dict) -> Path | None:
+    """The session temp dir a read-only command's watchdog watches; None for an approved one."""
+    return None if confine["write"] else ws.session_temp()
 
 
 async def _watch_temp(temp: Path, pid: int) -> None:
@@ -3477,7 +3486,8 @@ class _Processes:
         try:
             await _supervise(
                 process.child, self.groups, process.append, None,
-                PROCESS_STRAY_GRACE_S, self.mask)
+                PROCESS_STRAY_GRACE_S, self.mask,
+                _read_only_temp(self.workspace, process.confine))
         except asyncio.CancelledError:
             # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
