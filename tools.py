@@ -4,11 +4,14 @@ Owns: read write edit grep glob bash process — their schemas and descriptions 
 prompt-cached) and, beside them, how their calls are shown (card, panel preview); input checking,
 edit's replacer cascade, output budgets and spill files, the process manager, the file versions
 write/edit keep and the work-tree checkpoints (a shadow repository) a rewind writes back, pruning
-both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
-Landlock ruleset), with git settings that keep a repository from running code; masking secrets in
-every output.
-Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import anything
-of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool is a result the model reads).
+both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report;
+starting every subprocess confined as the decision's `confine` says (sandbox.py builds the Landlock
+ruleset), with git settings that keep a repository from running code; masking secrets in every
+output; the one lister of the project's files. What the model has read and the process numbers it
+reads from the log's fold (events.State), keeping no copy.
+Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import
+anything of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool is a result
+the model reads).
 """
 
 import asyncio
@@ -94,7 +97,7 @@ PROCESS_STRAY_GRACE_S = 1.0
 DIFF_CHAR_CAP = 20_000
 # Lines shown around an edit.
 SNIPPET_CONTEXT_LINES = 4
-# Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
+# Claude Code's cleanupPeriodDays (30) is the precedent: unused file versions go after this long.
 VERSIONS_KEEP_DAYS = 30
 # prune_versions runs at most once a day; the marker's mtime (in versions/) says when it last ran.
 VERSIONS_PRUNE_INTERVAL_S = 86_400
@@ -156,12 +159,12 @@ MAGIC = [
     (b"\x00asm", "WebAssembly module"),
     (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
 ]
-# What an over-escaped old_string means by \n, \t, \" and the like (edit's escape-normalized strategy).
+# What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
 ESCAPES = {
     "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
     "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
 }
-# A glob pattern's pieces, in ripgrep's --glob syntax, and the regex for those that stand for themselves.
+# A glob's pieces (ripgrep's --glob syntax), and the regex of those that stand for themselves.
 GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
 GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 
@@ -216,7 +219,7 @@ PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, 
 
 
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
-    """A tool schema; each property is (JSON type, description) or (JSON type, description, allowed values)."""
+    """A tool schema; a property is (JSON type, description) or (JSON type, description, enum)."""
     props = {}
     for key, (kind, text, *allowed) in properties.items():
         prop = {"type": kind, "description": text}
@@ -348,7 +351,7 @@ class ToolResult:
 
 @dataclass
 class Child:
-    """A started process: asyncio's handle plus stream ends of the pipes Workspace.exec made for it."""
+    """A started process: asyncio's handle and our ends of the pipes Workspace.exec made for it."""
     proc: asyncio.subprocess.Process
     stdout: asyncio.StreamReader
     stdin: asyncio.StreamWriter | None = None
@@ -499,13 +502,12 @@ class Workspace:
                    stdin: bool = False, confine: dict | None = None,
                    ports: Callable[[], set[int]] = set) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe,
-        confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it may
-        connect to without network (asked at each connect where seccomp supervises it).
+        confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it
+        may connect to without network (asked at each connect where seccomp supervises it).
 
-        A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The pipes
-        are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
-        backgrounded grandchild can put off for ever.
-        """
+        A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The
+        pipes are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close,
+        which a backgrounded grandchild can put off for ever."""
         if isinstance(command, str):
             argv = [shutil.which("bash") or "/bin/sh", "-c", command]
         else:
@@ -565,8 +567,8 @@ class Workspace:
     def capture(self, argv: list[str], *, cwd: Path | None = None,
                 timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
                 scan_git: bool = True) -> tuple[int, str]:
-        """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
-        Failing to start, or timing out, gives -1 and the reason."""
+        """Run a short read-only command synchronously (git for repository facts): (exit code,
+        stdout). Failing to start, or timing out, gives -1 and the reason."""
         code, out = self.capture_bytes(
             argv, cwd=cwd, timeout_s=timeout_s, confine=confine, scan_git=scan_git)
         return code, out.decode("utf-8", "replace")
@@ -620,7 +622,8 @@ class Workspace:
         command. The caller closes the entry once the child has started."""
         read_only = not confine["write"]
         temp = str(self.session_temp())
-        env = sandbox.child_environment(os.environ, self.pass_env, confine["network"], self.user_home)
+        env = sandbox.child_environment(
+            os.environ, self.pass_env, confine["network"], self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
         env["TMPDIR"] = temp
         env["TMP"] = temp
@@ -680,8 +683,9 @@ class Workspace:
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
-        """The code-running driver keys (diff.external, textconv, filters, …) that the repository's own
-        config defines: local or worktree scope; the user's own global and system config are trusted."""
+        """The code-running driver keys (diff.external, textconv, filters, …) that the repository's
+        own config defines: local or worktree scope; the user's own global and system config are
+        trusted."""
         argv = [
             "git", "config", "--show-scope", "--name-only", "-z",
             "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
@@ -719,7 +723,7 @@ def _runs_git(argv: list[str]) -> bool:
         return True
     return argv[1:2] == ["-c"] and "git" in argv[-1]
 
-# ---------------------------------------------------------------- the guard: no persistence inside the project
+# ---------------------------------------------------------------- the guard: nothing persists
 # Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
 # later, unconfined (git's hooks and drivers when the user runs git, khaelor's and Claude Code's
 # permission files), is recorded before an approved step and compared after it. A change the user
@@ -870,8 +874,8 @@ class Toolbox:
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
                   confine: dict | None = None) -> ToolResult:
-        """Run one tool call, confined as the permission decision's `confine` says (sandbox.py; None:
-        DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
+        """Run one tool call, confined as the permission decision's `confine` says (sandbox.py;
+        None: DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = {**DEFAULT_CONFINE, **(confine or {})}
         self.dotenv.refresh()
         schema = SCHEMA_OF.get(name)
@@ -909,10 +913,11 @@ class Toolbox:
         return result
 
     def edit_problem(self, tool_input: dict) -> ToolResult | None:
-        """The failure an edit call is certain to meet whatever the user answers: the file exists but was
-        not read (or changed since), or old_string is not in it (or is in several places). The kernel
-        fails such a call as the model's mistake before asking anyone to approve it. None: it may work
-        (creating a file, a bad input and other failures are left to the tool itself)."""
+        """The failure an edit call is certain to meet whatever the user answers: the file exists
+        but was not read (or changed since), or old_string is not in it (or is in several places).
+        The kernel fails such a call as the model's mistake before asking anyone to approve it.
+        None: it may work (creating a file, a bad input and other failures are left to the tool
+        itself)."""
         args, problem = _check_input(SCHEMA_OF["edit"], tool_input)
         if problem or not args["old_string"]:
             return None
@@ -929,7 +934,7 @@ class Toolbox:
         return None
 
     async def close(self) -> None:
-        """Stop every background process (ProcessExited cause "khaelor exit"); remove the session's TMPDIR."""
+        """Stop every background process (ProcessExited cause "khaelor exit"); remove the TMPDIR."""
         await self.processes.close()
         _kill_groups(self.groups)
         if self.workspace.temp_dir is not None:
@@ -938,7 +943,7 @@ class Toolbox:
         _close_all(self.workspace.rulesets)
 
     def mask(self, text: str) -> str:
-        """Secrets out of a tool's text: khaelor's API credential and the values in the project's .env files."""
+        """Secrets out of a tool's text: khaelor's API credential, the project's .env values, …"""
         return _mask_secrets(text, self.dotenv.values)
 
     def running_processes(self) -> list[dict]:
@@ -998,8 +1003,8 @@ class Toolbox:
         return (self.versions_dir / name).read_bytes()
 
     def check_fresh(self, path: Path) -> None:
-        """Refuse to change a file the model has not read, or that changed on disk since it did: this
-        protects the user's own concurrent edits."""
+        """Refuse to change a file the model has not read, or that changed on disk since it did:
+        this protects the user's own concurrent edits."""
         real = _realpath(path)
         shown = self.workspace.display(path)
         seen = self.state().stamps.get(real)
@@ -1095,7 +1100,7 @@ def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
 
 
 def _prune_due(versions: int) -> bool:
-    """True if the last prune was a day ago or more; then the marker is touched (now is the last)."""
+    """True if the last prune was a day ago or more; then the marker is touched (now the last)."""
     try:
         marker = os.stat(VERSIONS_PRUNE_MARKER, dir_fd=versions, follow_symlinks=False)
         if time.time() - marker.st_mtime < VERSIONS_PRUNE_INTERVAL_S:
@@ -1141,7 +1146,7 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
         removed += 1
     return removed
 
-# ---------------------------------------------------------------- checkpoints: the work tree, shadowed
+# ---------------------------------------------------------------- checkpoints: the shadowed tree
 
 
 # An untracked file larger than this is left out of a checkpoint (and named in it).
@@ -1621,12 +1626,12 @@ JSON_TYPE_NAMES = {
 def _type_name(value) -> str:
     return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
-# ---------------------------------------------------------------- output budgets, spill files, secrets
+# ---------------------------------------------------------------- output budgets, spills, secrets
 
 
 class _Spool:
-    """One result's text. Under the budget it is kept whole; past it, everything goes to a spill file
-    the model can read or grep, and only a head and a tail stay in memory."""
+    """One result's text. Under the budget it is kept whole; past it, everything goes to a spill
+    file the model can read or grep, and only a head and a tail stay in memory."""
 
     def __init__(self, spill_dir: Path, name: str):
         self.spill_dir = spill_dir
@@ -1704,7 +1709,7 @@ class _Spool:
 
 
 def _prune_spill(spill_dir: Path) -> None:
-    """Keep the spill folder under its cap (with room for one more file), deleting the oldest first."""
+    """Keep the spill folder under its cap (room left for one more file), the oldest going first."""
     files = []
     for entry in os.scandir(spill_dir):
         if entry.is_file():
@@ -1719,10 +1724,10 @@ def _prune_spill(spill_dir: Path) -> None:
 
 
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
-    """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
-    shows it (env, printenv, a .env file). Commands still get it in their environment. The values of the
-    project's .env files, the passwords in URLs and tokens of known formats are masked the same
-    way."""
+    """khaelor's own API credential never reaches the model, the session log or a spill file,
+    whatever shows it (env, printenv, a .env file). Commands still get it in their environment. The
+    values of the project's .env files, the passwords in URLs and tokens of known formats are masked
+    the same way."""
     for name in SECRET_ENV:
         secret = os.environ.get(name)
         if secret and len(secret) >= 8 and secret in text:
@@ -1751,9 +1756,9 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
 
 
 class _DotEnv:
-    """The values in the project's .env files (.env, .env.*, *.env at its root, but not the templates:
-    .env.example and the like), KEY=value lines with quotes stripped; read again only when one of those
-    files changed (name, mtime, size)."""
+    """The values in the project's .env files (.env, .env.*, *.env at its root, but not the
+    templates: .env.example and the like), KEY=value lines with quotes stripped; read again only
+    when one of those files changed (name, mtime, size)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -1779,7 +1784,7 @@ class _DotEnv:
         self.values = sorted(values, key=len, reverse=True)
 
     def dotenv_files(self) -> list[tuple[str, int, int]]:
-        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be listed."""
+        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read."""
         files = []
         try:
             for entry in os.scandir(self.root):
@@ -1812,12 +1817,12 @@ def _is_dotenv(name: str) -> bool:
 
 
 def _one_line(name: str) -> str:
-    """A path as one line of a listing: with a newline or another control character in it, JSON-quoted."""
+    """A path as one line of a listing: JSON-quoted when a control character (newline…) is in it."""
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
 
-# ---------------------------------------------------------------- process groups: running a command to its end
+# ---------------------------------------------------------------- process groups to their end
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -1856,9 +1861,9 @@ def _group_alive(pgid: int) -> bool:
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
                 mask: Callable[[str], str] = _mask_secrets) -> None:
-    """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped, carriage-return
-    redraws (progress bars) reduced to their last state. It works on whole lines, so nothing split across
-    two reads is cut in half; a line past 64K characters goes as it stands."""
+    """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped,
+    carriage-return redraws (progress bars) reduced to their last state. It works on whole lines, so
+    nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
     def clean(text: str) -> str:
         return mask(events.without_escapes(text))
 
@@ -2118,7 +2123,7 @@ def _numbered(lines: list[str], first: int) -> str:
 
 
 def _split_lines(text: str) -> list[str]:
-    """Lines without their endings ("\\r\\n" or "\\n"); a final newline does not start another line."""
+    """Lines without their endings ("\\r\\n" or "\\n"); a final newline starts no other line."""
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -2188,7 +2193,7 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
 
 
 def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
-    """The path a model gave (default the project root); it must exist, and be a directory if asked."""
+    """The path a model gave (default the project root): it must exist, and be a folder if asked."""
     path = ws.resolve(value) if value else ws.cwd
     if not path.exists():
         raise _missing(ws, path)
@@ -2213,11 +2218,8 @@ LinesCheck = Callable[[list[str], list[str]], bool]
 
 
 def _find_lines(old: str) -> list[str]:
-    lines = old.split("\n")
-    # A final newline does not start another line.
-    if len(lines) > 1 and lines[-1] == "":
-        return lines[:-1]
-    return lines
+    """old_string's lines, as _split_lines gives a file's; at least one."""
+    return _split_lines(old) or [""]
 
 
 def _unescape(text: str) -> str:
@@ -2298,7 +2300,8 @@ class _Haystack:
         return spans
 
     def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
-        """Blocks of whole lines, as many as old_string has, that `same` accepts; the first line pre-filters."""
+        """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
+        pre-filters)."""
         want = _find_lines(old)
         first = want[0].strip()
         size = len(want)
@@ -2316,8 +2319,8 @@ class _Haystack:
         return self.line_blocks(old, same)
 
     def block_anchor(self, old: str) -> list[Span]:
-        """First and last lines as anchors; the middle only needs to be similar: the mean Levenshtein
-        similarity of its lines, scaled down when the two middles differ in length."""
+        """First and last lines as anchors; the middle only needs to be similar: the mean
+        Levenshtein similarity of its lines, scaled down when the two middles differ in length."""
         want = _find_lines(old)
         first = want[0].strip()
         last = want[-1].strip()
@@ -2405,7 +2408,7 @@ class _Haystack:
         return self.line_blocks(old, same)
 
     def multi_occurrence(self, old: str) -> list[Span]:
-        """replace_all over fuzzy matches: every place a whitespace-tolerant strategy finds, without overlaps."""
+        """replace_all over fuzzy matches: what whitespace-tolerant strategies find, no overlaps."""
         finders = (self.line_trimmed, self.whitespace_normalized,
                    self.indentation_flexible, self.trimmed_boundary)
         found = set()
@@ -2798,8 +2801,8 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
 
 
 def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
-    """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle is
-    given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
+    """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle
+    is given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
     a = before.splitlines(keepends=True)
     b = after.splitlines(keepends=True)
     # commonprefix compares any sequences: here, lists of lines.
@@ -2855,7 +2858,11 @@ def _glob_regex(pattern: str) -> str:
         if token in GLOB_FIXED:
             out.append(GLOB_FIXED[token])
         elif token[0] == "[" and len(token) > 1:
-            out.append(_glob_class(token[1:-1]))
+            # [!a-z] is negated; a backslash stands for itself
+            body = token[1:-1].replace("\\", "\\\\")
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append(f"[{body}]")
         elif token[0] == "{" and len(token) > 1:
             alternatives = map(_glob_regex, token[1:-1].split(","))
             out.append("(?:" + "|".join(alternatives) + ")")
@@ -2864,15 +2871,8 @@ def _glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def _glob_class(body: str) -> str:
-    """A glob's [...] as a regex class: [!a-z] is negated, a backslash stands for itself."""
-    if body.startswith("!"):
-        body = "^" + body[1:]
-    return "[" + body.replace("\\", "\\\\") + "]"
-
-
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
-    """A pattern with a "/" matches the relative path, one without matches the base name (as ripgrep's --glob)."""
+    """A pattern with a "/" matches the relative path, else the base name (as ripgrep's --glob)."""
     regex = re.compile(_glob_regex(pattern) + r"\Z")
     if "/" in pattern.strip().removeprefix("./").rstrip("/"):
         return lambda rel: regex.match(rel) is not None
@@ -2924,7 +2924,7 @@ def _searched(path: Path) -> bool:
 
 
 async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
-    """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
+    """The files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or ours."""
     if not box.ripgrep:
         return await asyncio.to_thread(project_files, box.workspace, root, box.places)
     argv = ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"]
@@ -2934,8 +2934,9 @@ async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
 
 async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: dict,
                    end: str = "\n") -> tuple[list[str], int]:
-    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code.
-    It runs read-only, and reads outside the project only where the call's approved paths say."""
+    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit
+    code. It runs read-only, and reads outside the project only where the call's approved paths
+    say."""
     read_only = {**READ_ONLY_CONFINE, "paths": confine["paths"]}
     child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd, confine=read_only)
     chunks = []
@@ -2971,10 +2972,6 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-def _engine(box: Toolbox) -> str:
-    return "ripgrep" if box.ripgrep else "python"
-
-
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
@@ -2985,7 +2982,7 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta = {
         "files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
-        "engine": _engine(box), "hidden": len(skipped),
+        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
     }
     note = _hidden_note(ws, root, skipped)
     if not files:
@@ -3054,7 +3051,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     total = sum(map(len, hits.values()))
     meta = {
         "matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-        "engine": _engine(box), "hidden": len(skipped),
+        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
     }
     note = _hidden_note(ws, root, skipped)
     if not hits:
@@ -3115,7 +3112,8 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
         problem = " ".join(record.strip() for record in records)[:500]
         raise _bad_pattern(pattern, problem)
     hits: Hits = {}
-    # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's lines
+    # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's
+    # lines
     found = re.findall(r"([^\0]*)\0(\d+):(.*)\n?", "\n".join(records))
     for rel, number, text in found:
         rel = rel.removeprefix("./")
@@ -3371,8 +3369,8 @@ def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
 
 @dataclass
 class _Process:
-    """A background process and its output: the newest PROCESS_BUFFER_CHARS characters, and how far the
-    model has read them."""
+    """A background process and its output: the newest PROCESS_BUFFER_CHARS characters, and how far
+    the model has read them."""
     # "p1", "p2", … per session.
     process_id: str
     command: str
@@ -3425,8 +3423,8 @@ class _Process:
 
 
 class _Processes:
-    """The session's background processes. Their watchers are tasks of their own, so an interrupted turn
-    leaves them running; close() stops them all."""
+    """The session's background processes. Their watchers are tasks of their own, so an interrupted
+    turn leaves them running; close() stops them all."""
 
     def __init__(self, workspace: Workspace, emit: Callable[..., dict],
                  groups: set[int], mask: Callable[[str], str],
@@ -3455,7 +3453,8 @@ class _Processes:
                 f"the limit is {PROCESS_LIVE_CAP}. "
                 "Stop one you no longer need with process action \"stop\" first.",
                 error="too_many")
-        # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so stopped later).
+        # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so
+        # stopped later).
         return await asyncio.shield(self._spawn(command, confine))
 
     async def _spawn(self, command: str, confine: dict) -> _Process:
@@ -3482,7 +3481,8 @@ class _Processes:
             del self.items[key]
 
     async def _watch(self, process: _Process) -> None:
-        """Collect output until the process exits, clear out its group, report ProcessExited once."""
+        """Collect output until the process exits, clear out its group, report ProcessExited once.
+        """
         try:
             await _supervise(
                 process.child, self.groups, process.append, None,
