@@ -2299,24 +2299,29 @@ class _Haystack:
             at = self.text.find(old, at + len(old))
         return spans
 
+    def blocks(self, size: int, same: Callable[[list[str]], bool], whole: bool = True,
+               first: str | None = None) -> list[Span]:
+        """The line strategies' one loop: every block of `size` lines that `same` accepts (and
+        whose first line is `first` once trimmed, if given: a cheap pre-filter), as whole lines, or
+        (not `whole`) without the first's indentation, which new_string then keeps."""
+        span = self.span if whole else self.text_span
+        spans = []
+        for i in range(len(self.lines) - size + 1):
+            if (first is None or self.trimmed[i] == first) and same(self.lines[i:i + size]):
+                spans.append(span(i, i + size - 1))
+        return spans
+
     def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
         """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
         pre-filters)."""
         want = _find_lines(old)
         first = want[0].strip()
-        size = len(want)
         if not "".join(want).strip():
             return []
-        spans = []
-        for i in range(len(self.lines) - size + 1):
-            if self.trimmed[i] == first and same(self.lines[i:i + size], want):
-                spans.append(self.span(i, i + size - 1))
-        return spans
+        return self.blocks(len(want), lambda got: same(got, want), first=first)
 
     def line_trimmed(self, old: str) -> list[Span]:
-        def same(got: list[str], want: list[str]) -> bool:
-            return [g.strip() for g in got] == [w.strip() for w in want]
-        return self.line_blocks(old, same)
+        return self.line_blocks(old, lambda got, want: _stripped(got) == _stripped(want))
 
     def block_anchor(self, old: str) -> list[Span]:
         """First and last lines as anchors; the middle only needs to be similar: the mean
@@ -2349,16 +2354,17 @@ class _Haystack:
         size = len(_find_lines(old))
         if not words:
             return []
+        if size > 1:
+            return self.blocks(size, lambda got: " ".join(got).split() == words, whole=False)
         within = re.compile(r"[ \t]+".join(map(re.escape, words)))
         spans = []
-        for i in range(len(self.lines) - size + 1):
-            if " ".join(self.lines[i:i + size]).split() == words:
-                # the whole lines (but the first's indentation, which new_string keeps)
-                spans.append(self.text_span(i, i + size - 1))
-            elif size == 1:
-                start = self.starts[i]
-                found = within.finditer(self.lines[i])
-                spans += [(start + match.start(), start + match.end()) for match in found]
+        for i, line in enumerate(self.lines):
+            if line.split() == words:
+                # the whole line (but its indentation, which new_string keeps)
+                spans.append(self.text_span(i, i))
+            else:
+                found = within.finditer(line)
+                spans += [(self.starts[i] + m.start(), self.starts[i] + m.end()) for m in found]
         return spans
 
     def indentation_flexible(self, old: str) -> list[Span]:
@@ -2377,14 +2383,11 @@ class _Haystack:
     def escaped_lines(self, plain: str) -> list[Span]:
         """Whole lines that read as old_string once the file's own escapes are undone: the file
         has `'it\\'s'` where the model quoted `'it's'` (OpenCode's replacer looks both ways)."""
-        want = [line.strip() for line in _find_lines(plain)]
-        size = len(want)
-        spans = []
-        for i in range(len(self.lines) - size + 1):
-            block = self.lines[i:i + size]
-            if "\\" in "".join(block) and [_unescape(line).strip() for line in block] == want:
-                spans.append(self.text_span(i, i + size - 1))
-        return spans
+        want = _stripped(_find_lines(plain))
+
+        def same(got: list[str]) -> bool:
+            return "\\" in "".join(got) and _stripped(map(_unescape, got)) == want
+        return self.blocks(len(want), same, whole=False)
 
     def trimmed_boundary(self, old: str) -> list[Span]:
         """old_string with its leading and trailing whitespace dropped."""
@@ -2395,13 +2398,13 @@ class _Haystack:
 
     def context_aware(self, old: str) -> list[Span]:
         """Same line count, both anchors, and at least half the middle lines equal."""
-        want = [line.strip() for line in _find_lines(old)]
+        want = _stripped(_find_lines(old))
         if len(want) < 3 or not want[0] or not want[-1]:
             return []
         n_wanted = sum(1 for line in want[1:-1] if line)
 
         def same(got: list[str], _) -> bool:
-            got = [line.strip() for line in got]
+            got = _stripped(got)
             pairs = zip(got[1:-1], want[1:-1])
             equal = sum(1 for g, w in pairs if w and g == w)
             return got[-1] == want[-1] and equal * 2 >= n_wanted
@@ -2469,7 +2472,7 @@ def _adapt(old: str, matched: str, new: str) -> str:
     return new
 
 
-def _stripped(lines: list[str]) -> list[str]:
+def _stripped(lines) -> list[str]:
     return [line.strip() for line in lines]
 
 
