@@ -846,11 +846,8 @@ class Toolbox:
         # The log's fold: what the model has read (State.stamps) and the newest process number
         # (State.n_processes) are read from it, never copied, so a resumed session and a live
         # one agree. None (a toolbox used alone): a State of its own, folded by the same rules.
-        self.own_state = None
-        if state is None:
-            self.own_state = events.State()
-            state = lambda: self.own_state  # noqa: E731
-        self.state = state
+        self.own_state = events.State() if state is None else None
+        self.state = state or (lambda: self.own_state)
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
@@ -864,7 +861,8 @@ class Toolbox:
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
         self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
-        self.processes = _Processes(workspace, self.emit_folded, self.groups, self.mask, state)
+        self.processes = _Processes(
+            workspace, self.emit_folded, self.groups, self.mask, self.state)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
         # "landlock ABI 7", or "unavailable: <why>".
