@@ -770,7 +770,8 @@ class Kernel:
             return
         doomed = None
         if name == "edit":
-            doomed = self.toolbox.edit_problem(call["input"])
+            # off the loop: fuzzy matching in a big file takes up to 100 ms
+            doomed = await asyncio.to_thread(self.toolbox.edit_problem, call["input"])
         # no question for an edit that cannot succeed (issue 14 item 6)
         if doomed is not None:
             self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
