@@ -890,8 +890,9 @@ class Kernel:
         process_command = None
         tool_input = call["input"]
         if call["name"] == "process" and isinstance(tool_input, dict):
-            process_id = tool_input.get("id")
-            process_command = self.toolbox.process_command(process_id)
+            # what `process write` feeds: the command ProcessStarted recorded in the log
+            running = self.state.processes.get(str(tool_input.get("id")))
+            process_command = running and running["command"]
         return permissions.decide(call["name"], tool_input,
                                   self.project_root, self.rules,
                                   sandboxed=self.toolbox.sandboxed,

@@ -956,13 +956,6 @@ class Toolbox:
             })
         return running
 
-    def process_command(self, process_id) -> str | None:
-        """The command a background process runs (what `process write` is judged against)."""
-        if not isinstance(process_id, str):
-            return None
-        process = self.processes.items.get(process_id)
-        return process.command if process else None
-
     def emit_folded(self, kind: str, **payload) -> dict:
         """emit, and for a toolbox used alone, the fold of its own State (ProcessStarted)."""
         event = self.emit(kind, **payload)

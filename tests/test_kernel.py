@@ -205,3 +205,22 @@ def test_the_log_is_fsynced_off_the_event_loop(kernel_turn, fake, project, monke
     assert step == "done" and log[-1]["type"] == "TaskCompleted"
     assert len(threads) >= 3            # after the tool batch, after each response, at the end
     assert loop_thread not in threads
+
+
+def test_process_write_is_judged_against_the_command_the_log_recorded(kernel_turn, fake):
+    """Issue 21 item 6: the command a background process runs comes from the log's fold
+    (ProcessStarted), so text written to an interpreter asks, as code no one has read."""
+    from fake_api import reply, text, tool_use
+    fake.enqueue(reply(tool_use("process", {"action": "start", "command": "python3 -i"})),
+                 reply(tool_use("process", {"action": "write", "id": "p1",
+                                            "input": "print(6 * 7)\n"})),
+                 reply(text("done")))
+    asked = []
+
+    async def ask(request):
+        asked.append(request["descriptor"])
+        return "once", ""
+
+    step, log = kernel_turn("run python", ask)
+    assert step == "done"
+    assert any(descriptor.startswith("python3 ← print(6 * 7)") for descriptor in asked), asked
