@@ -861,8 +861,7 @@ class Toolbox:
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
         self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
-        self.processes = _Processes(
-            workspace, self.emit_folded, self.groups, self.mask, self.state)
+        self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
         # "landlock ABI 7", or "unavailable: <why>".
@@ -3422,18 +3421,12 @@ class _Processes:
     """The session's background processes. Their watchers are tasks of their own, so an interrupted
     turn leaves them running; close() stops them all."""
 
-    def __init__(self, workspace: Workspace, emit: Callable[..., dict],
-                 groups: set[int], mask: Callable[[str], str],
-                 state: Callable[[], events.State]):
-        self.workspace = workspace
-        self.emit = emit
-        self.groups = groups
-        self.mask = mask
-        # the log's fold: the newest process number (ProcessStarted) is read from it
-        self.state = state
+    def __init__(self, box: "Toolbox"):
+        # its workspace, process groups, masking, spill folder, events and the log's fold (the
+        # newest process number: ProcessStarted)
+        self.box = box
         self.items: dict[str, _Process] = {}
         self.closed = False
-        self.spill_dir = (workspace.home or events.khaelor_home()) / "spill"
 
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
@@ -3454,14 +3447,15 @@ class _Processes:
         return await asyncio.shield(self._spawn(command, confine))
 
     async def _spawn(self, command: str, confine: dict) -> _Process:
-        child, guarded = await _start(self.workspace, self.groups, command, confine, stdin=True)
-        process = _Process(f"p{self.state().n_processes + 1}", command, child)
+        box = self.box
+        child, guarded = await _start(box.workspace, box.groups, command, confine, stdin=True)
+        process = _Process(f"p{box.state().n_processes + 1}", command, child)
         process.guarded = guarded
         process.confine = confine
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        self.emit(
+        box.emit_folded(
             "ProcessStarted",
             process_id=process.process_id,
             pid=child.pid,
@@ -3479,24 +3473,25 @@ class _Processes:
     async def _watch(self, process: _Process) -> None:
         """Collect output until the process exits, clear out its group, report ProcessExited once.
         """
+        box = self.box
         try:
             await _supervise(
-                process.child, self.groups, process.append, None,
-                PROCESS_STRAY_GRACE_S, self.mask,
-                _read_only_temp(self.workspace, process.confine))
+                process.child, box.groups, process.append, None,
+                PROCESS_STRAY_GRACE_S, box.mask,
+                _read_only_temp(box.workspace, process.confine))
         except asyncio.CancelledError:
             # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
             if process.guarded is not None:
-                note = guard_check(self.workspace.cwd, self.spill_dir, process.guarded,
+                note = guard_check(box.workspace.cwd, box.spill_dir, process.guarded,
                                    process.command, process.confine)
                 if note:
                     process.append(f"\n{note}\n")
             process.ended = time.monotonic()
             process.arrived.set()
-            self.emit(
+            box.emit(
                 "ProcessExited",
                 process_id=process.process_id,
                 exit_code=process.child.proc.returncode,
