@@ -864,8 +864,6 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
-        # "landlock ABI 7", or "unavailable: <why>".
-        self.sandbox_status = sandbox.status()
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
