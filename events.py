@@ -1169,7 +1169,12 @@ def _on_tool_result(state: State, event: dict) -> None:
     if ran and tokens > 0 and tool_use_id not in state.pruned:
         state.prunable[tool_use_id] = (event["seq"], tokens)
     _add_since_measured(state, output)
-    for real, mtime_ns, size in (event.get("meta") or {}).get("seen") or []:
+    note_seen(state, event.get("meta") or {})
+
+
+def note_seen(state: State, meta: dict) -> None:
+    """What a tool call saw (its result's meta "seen"): the stamps write/edit are checked against."""
+    for real, mtime_ns, size in meta.get("seen") or []:
         state.stamps[real] = (mtime_ns, size)
 
 
@@ -1297,6 +1302,11 @@ def _on_process_started(state: State, event: dict) -> None:
     state.commands.append({"seq": event["seq"], "command": command, "exit_code": None,
                            "process_id": process_id})
     state.processes[process_id] = {"id": str(process_id), "command": command, "status": "running"}
+    note_process(state, process_id)
+
+
+def note_process(state: State, process_id) -> None:
+    """The newest process number, which the next `process start` goes on from."""
     number = str(process_id).removeprefix("p")
     if number.isdigit():
         state.n_processes = max(state.n_processes, int(number))

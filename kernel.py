@@ -763,7 +763,8 @@ class Kernel:
                       " with a complete JSON object as input.")
             doomed = tools.ToolResult(output, is_error=True)
         elif name == "edit":
-            doomed = self.toolbox.edit_problem(call["input"])
+            # off the loop: fuzzy matching in a big file takes up to 100 ms
+            doomed = await asyncio.to_thread(self.toolbox.edit_problem, call["input"])
         # no question for an edit that cannot succeed (issue 14 item 6)
         if doomed is not None:
             self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
@@ -885,8 +886,9 @@ class Kernel:
         process_command = None
         tool_input = call["input"]
         if call["name"] == "process" and isinstance(tool_input, dict):
-            process_id = tool_input.get("id")
-            process_command = self.toolbox.process_command(process_id)
+            # what `process write` feeds: the command ProcessStarted recorded in the log
+            running = self.state.processes.get(str(tool_input.get("id")))
+            process_command = running and running["command"]
         return permissions.decide(call["name"], tool_input,
                                   self.project_root, self.rules,
                                   sandboxed=self.toolbox.sandboxed,

@@ -775,7 +775,6 @@ class Rewind:
         self.problems = checkpoints.apply(self.root, self.todo)
         if self.repo and self.target["git"]:
             checkpoints.restore_head(self.repo, self.target)
-        self.toolbox.stamps.clear()
         self.after = checkpoints.take(self.now["tree"])
 
     def finish(self) -> str:
@@ -828,7 +827,8 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
     store = open_session(args, home, project_root)
     try:
         bus = events.Bus(store)
-        toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+        toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
+                                lambda: bus.store.state)
         return rewind_session(args, bus, toolbox)
     finally:
         close_session(store)
@@ -1200,9 +1200,9 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                                    settings["extra_layers"])
         kernel_.rules = permissions.load_rules(layers)
 
-    toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit)
+    toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
+                            lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
-    toolbox.resume(store.state)
     mode = getattr(args, "permission_mode", "default")
     append_system = getattr(args, "append_system_prompt", "")
     ctx = context.Context(project_root=project_root,
@@ -1853,14 +1853,9 @@ class Session:
         self.bus.emit("FilesListed", count=len(self._files))
 
     def list_mentionable(self) -> list:
-        ls_files = ["git", "ls-files", "--cached", "--others",
-                    "--exclude-standard"]
-        code, out = self.toolbox.workspace.capture(ls_files)
-        if code == 0:
-            files = out.splitlines()
-        else:
-            files = walk_files(self.project_root, MAX_MENTION_FILES)
-        files = files[:MAX_MENTION_FILES]
+        import tools
+        files = tools.project_files(self.toolbox.workspace, limit=MAX_MENTION_FILES,
+                                    skip=is_skipped)
         folders = set()
         # each file's folders, up to the first one already seen
         for path in files:
@@ -2417,20 +2412,8 @@ MAX_MENTION_FILES = 50_000
 SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "venv"})
 
 
-def walk_files(root: Path, limit: int) -> list:
-    """Project files outside git (relative paths, sorted by folder), skipping dot-folders and junk."""
-    found = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if not is_skipped(d))
-        base = os.path.relpath(folder, root)
-        prefix = "" if base == "." else f"{base}/"
-        found += [prefix + name for name in sorted(names)]
-        if len(found) >= limit:
-            break
-    return found[:limit]
-
-
 def is_skipped(folder: str) -> bool:
+    """A folder @-completion does not walk into outside git: dot-folders and junk."""
     return folder.startswith(".") or folder in SKIPPED_FOLDERS
 
 

@@ -4,11 +4,14 @@ Owns: read write edit grep glob bash process — their schemas and descriptions 
 prompt-cached) and, beside them, how their calls are shown (card, panel preview); input checking,
 edit's replacer cascade, output budgets and spill files, the process manager, the file versions
 write/edit keep and the work-tree checkpoints (a shadow repository) a rewind writes back, pruning
-both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report; starting every subprocess confined as the decision's `confine` says (sandbox.py builds the
-Landlock ruleset), with git settings that keep a repository from running code; masking secrets in
-every output.
-Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import anything
-of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool is a result the model reads).
+both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report;
+starting every subprocess confined as the decision's `confine` says (sandbox.py builds the Landlock
+ruleset), with git settings that keep a repository from running code; masking secrets in every
+output; the one lister of the project's files. What the model has read and the process numbers it
+reads from the log's fold (events.State), keeping no copy.
+Must not: judge whether a call is allowed (permissions.py does and computes `confine`), import
+anything of ours but `events` and `sandbox`, or raise out of Toolbox.run (a failed tool is a result
+the model reads).
 """
 
 import asyncio
@@ -28,6 +31,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -93,7 +97,7 @@ PROCESS_STRAY_GRACE_S = 1.0
 DIFF_CHAR_CAP = 20_000
 # Lines shown around an edit.
 SNIPPET_CONTEXT_LINES = 4
-# Claude Code's cleanupPeriodDays (30) is the precedent: an unused file version goes after this long.
+# Claude Code's cleanupPeriodDays (30) is the precedent: unused file versions go after this long.
 VERSIONS_KEEP_DAYS = 30
 # prune_versions runs at most once a day; the marker's mtime (in versions/) says when it last ran.
 VERSIONS_PRUNE_INTERVAL_S = 86_400
@@ -155,12 +159,12 @@ MAGIC = [
     (b"\x00asm", "WebAssembly module"),
     (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
 ]
-# What an over-escaped old_string means by \n, \t, \" and the like (edit's escape-normalized strategy).
+# What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
 ESCAPES = {
     "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
     "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
 }
-# A glob pattern's pieces, in ripgrep's --glob syntax, and the regex for those that stand for themselves.
+# A glob's pieces (ripgrep's --glob syntax), and the regex of those that stand for themselves.
 GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
 GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 
@@ -215,7 +219,7 @@ PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, 
 
 
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
-    """A tool schema; each property is (JSON type, description) or (JSON type, description, allowed values)."""
+    """A tool schema; a property is (JSON type, description) or (JSON type, description, enum)."""
     props = {}
     for key, (kind, text, *allowed) in properties.items():
         prop = {"type": kind, "description": text}
@@ -265,6 +269,7 @@ SCHEMAS = [
         command=("string", "Shell command to start (for start)."),
         input=("string", "Text to send to the process's stdin (for write).")),
 ]
+SCHEMA_OF = {schema["name"]: schema for schema in SCHEMAS}
 
 # Beside the schemas, how a tool's calls are shown, so that adding a tool touches this file
 # (the kernel puts both on the events; the UI imports nothing of ours):
@@ -344,19 +349,9 @@ class ToolResult:
     meta: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class FileVersion:
-    """One step of a file's edit history, as names of blobs in KHAELOR_HOME/versions (the
-    sha256 of the content), so the history outlives the process: FileModified records them."""
-    # Content before the write/edit; None: the write created the file.
-    before: str | None
-    # Content the write/edit left.
-    after: str
-
-
 @dataclass
 class Child:
-    """A started process: asyncio's handle plus stream ends of the pipes Workspace.exec made for it."""
+    """A started process: asyncio's handle and our ends of the pipes Workspace.exec made for it."""
     proc: asyncio.subprocess.Process
     stdout: asyncio.StreamReader
     stdin: asyncio.StreamWriter | None = None
@@ -392,8 +387,9 @@ class Workspace:
         self.abi = sandbox.probe()[0]
         # The project's secret files, left out of what a read-only command may read.
         self.secrets = sandbox.SecretScan()
-        # Landlock ruleset fds by what they were built from (see prepare).
+        # Landlock ruleset fds by what they were built from (see prepare), which runs in threads.
         self.rulesets: dict[tuple, int] = {}
+        self.rulesets_lock = threading.Lock()
         weakref.finalize(self, _close_all, self.rulesets)
         # Environment names the user's own config passes to commands (fnmatch patterns).
         self.pass_env: list[str] = []
@@ -502,38 +498,24 @@ class Workspace:
             raise _not_regular(self.display(path), found.st_mode)
         return found.st_mode & 0o7777
 
-    def remove_file(self, path: Path, places: list[str]) -> None:
-        """Unlink `path` in its folder, opened as open_judged does (for /undo of a created file)."""
-        folder, name = os.path.split(self.judged(path, places))
-        try:
-            folder_fd = sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise self.refusal(path, exc) from None
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=folder_fd)
-        finally:
-            os.close(folder_fd)
-
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
                    stdin: bool = False, confine: dict | None = None,
                    ports: Callable[[], set[int]] = set) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe,
-        confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it may
-        connect to without network (asked at each connect where seccomp supervises it).
+        confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it
+        may connect to without network (asked at each connect where seccomp supervises it).
 
-        A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The pipes
-        are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close, which a
-        backgrounded grandchild can put off for ever.
-        """
+        A string runs through bash -c, a list is an argv; stdin is closed unless asked for. The
+        pipes are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close,
+        which a backgrounded grandchild can put off for ever."""
         if isinstance(command, str):
             argv = [shutil.which("bash") or "/bin/sh", "-c", command]
         else:
             argv = command
         confine = confine or DEFAULT_CONFINE
-        env, entry = self.prepare(argv, confine, cwd or self.cwd, ports)
+        # Off the event loop: the environment, git's driver scan (a git process) and the ruleset
+        # (a /proc port scan) take tens of milliseconds.
+        env, entry = await asyncio.to_thread(self.prepare, argv, confine, cwd or self.cwd, ports)
         out_read, out_write = os.pipe()
         if stdin:
             in_read, in_write = os.pipe()
@@ -551,18 +533,15 @@ class Workspace:
                 preexec_fn=entry and entry.hook)
             if entry:
                 entry.started()
-        except subprocess.SubprocessError as exc:
-            # The child could not enter the sandbox: it did not run.
+        except BaseException as exc:
             os.close(out_read)
             if stdin:
                 os.close(in_write)
-            raise ToolError(
-                f"The command was not run: the sandbox could not be applied ({exc}).",
-                error="sandbox") from None
-        except BaseException:
-            os.close(out_read)
-            if stdin:
-                os.close(in_write)
+            if isinstance(exc, subprocess.SubprocessError):
+                # The child could not enter the sandbox: it did not run.
+                raise ToolError(
+                    f"The command was not run: the sandbox could not be applied ({exc}).",
+                    error="sandbox") from None
             raise
         finally:
             os.close(out_write)
@@ -588,8 +567,8 @@ class Workspace:
     def capture(self, argv: list[str], *, cwd: Path | None = None,
                 timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
                 scan_git: bool = True) -> tuple[int, str]:
-        """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
-        Failing to start, or timing out, gives -1 and the reason."""
+        """Run a short read-only command synchronously (git for repository facts): (exit code,
+        stdout). Failing to start, or timing out, gives -1 and the reason."""
         code, out = self.capture_bytes(
             argv, cwd=cwd, timeout_s=timeout_s, confine=confine, scan_git=scan_git)
         return code, out.decode("utf-8", "replace")
@@ -643,7 +622,8 @@ class Workspace:
         command. The caller closes the entry once the child has started."""
         read_only = not confine["write"]
         temp = str(self.session_temp())
-        env = sandbox.child_environment(os.environ, self.pass_env, confine["network"], self.user_home)
+        env = sandbox.child_environment(
+            os.environ, self.pass_env, confine["network"], self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
         env["TMPDIR"] = temp
         env["TMP"] = temp
@@ -680,11 +660,12 @@ class Workspace:
                    tuple(map(sandbox.approved_target, confine["paths"])), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), home, tuple(sorted(static_ports)))
-            ruleset = self.rulesets.get(key)
-            if ruleset is None:
-                ruleset = sandbox.build_ruleset(
-                    confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
-                self._keep_ruleset(key, ruleset)
+            with self.rulesets_lock:
+                ruleset = self.rulesets.get(key)
+                if ruleset is None:
+                    ruleset = sandbox.build_ruleset(
+                        confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
+                    self._keep_ruleset(key, ruleset)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
 
@@ -702,8 +683,9 @@ class Workspace:
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
-        """The code-running driver keys (diff.external, textconv, filters, …) that the repository's own
-        config defines: local or worktree scope; the user's own global and system config are trusted."""
+        """The code-running driver keys (diff.external, textconv, filters, …) that the repository's
+        own config defines: local or worktree scope; the user's own global and system config are
+        trusted."""
         argv = [
             "git", "config", "--show-scope", "--name-only", "-z",
             "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
@@ -741,7 +723,7 @@ def _runs_git(argv: list[str]) -> bool:
         return True
     return argv[1:2] == ["-c"] and "git" in argv[-1]
 
-# ---------------------------------------------------------------- the guard: no persistence inside the project
+# ---------------------------------------------------------------- the guard: nothing persists
 # Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
 # later, unconfined (git's hooks and drivers when the user runs git, khaelor's and Claude Code's
 # permission files), is recorded before an approved step and compared after it. A change the user
@@ -854,14 +836,18 @@ class Toolbox:
     """The seven tools behind one `run`, and the session's tool state: what the model has read, each
     file's edit history, the background processes."""
 
-    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict]):
+    def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
+                 state: Callable[[], events.State] | None = None):
         self.workspace = workspace
         # home is KHAELOR_HOME.
         self.spill_dir = Path(home) / "spill"
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
-        # Real path -> (mtime_ns, size) as the model last saw it.
-        self.stamps: dict[Path, tuple[int, int]] = {}
+        # The log's fold: what the model has read (State.stamps) and the newest process number
+        # (State.n_processes) are read from it, never copied, so a resumed session and a live
+        # one agree. None (a toolbox used alone): a State of its own, folded by the same rules.
+        self.own_state = events.State() if state is None else None
+        self.state = state or (lambda: self.own_state)
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
@@ -875,21 +861,19 @@ class Toolbox:
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
         self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
-        self.processes = _Processes(workspace, emit, self.groups, self.mask)
+        self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
-        # "landlock ABI 7", or "unavailable: <why>".
-        self.sandbox_status = sandbox.status()
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
                   confine: dict | None = None) -> ToolResult:
-        """Run one tool call, confined as the permission decision's `confine` says (sandbox.py; None:
-        DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
+        """Run one tool call, confined as the permission decision's `confine` says (sandbox.py;
+        None: DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = {**DEFAULT_CONFINE, **(confine or {})}
         self.dotenv.refresh()
-        schema = _schema_named(name)
+        schema = SCHEMA_OF.get(name)
         if schema is None:
             text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
             return ToolResult(text, True, {"error": "unknown_tool"})
@@ -910,8 +894,10 @@ class Toolbox:
                     "this is a khaelor bug. Try a different approach.")
             result = ToolResult(text, True, {"error": "internal"})
         if self.seen:
-            # In the log, so a resumed session knows what the model has read.
+            # In the log (ToolCompleted): the fold's stamps, what a resumed session knows too.
             result.meta["seen"] = self.seen
+            if self.own_state is not None:
+                events.note_seen(self.own_state, result.meta)
         result.text = self.mask(result.text)
         # bash budgets its own stream.
         over_budget = len(result.text) > OUTPUT_BUDGET_CHARS
@@ -922,35 +908,28 @@ class Toolbox:
         return result
 
     def edit_problem(self, tool_input: dict) -> ToolResult | None:
-        """The failure an edit call is certain to meet whatever the user answers: the file exists but was
-        not read (or changed since), or old_string is not in it (or is in several places). The kernel
-        fails such a call as the model's mistake before asking anyone to approve it. None: it may work
-        (creating a file, a bad input and other failures are left to the tool itself)."""
-        args, problem = _check_input(_schema_named("edit"), tool_input)
-        if problem:
-            return None
-        if not args["old_string"] or args["old_string"] == args["new_string"]:
+        """The failure an edit call is certain to meet whatever the user answers: the file exists
+        but was not read (or changed since), or old_string is not in it (or is in several places).
+        The kernel fails such a call as the model's mistake before asking anyone to approve it.
+        None: it may work (creating a file, a bad input and other failures are left to the tool
+        itself)."""
+        args, problem = _check_input(SCHEMA_OF["edit"], tool_input)
+        if problem or not args["old_string"]:
             return None
         try:
             path = self.workspace.resolve(args["file_path"])
             if not path.is_file():
                 return None
-            self.check_fresh(path)
-            # Only the file the model read (check_fresh): before any approval.
-            data = self.workspace.read_file(path, [_realpath(path)])
-            text = _lf(data.decode("utf-8").removeprefix("\ufeff"))
-            old = _lf(args["old_string"])
-            new = _lf(args["new_string"])
-            replace_all = args.get("replace_all", False)
-            _replace(text, old, new, replace_all, self.workspace.display(path))
+            # As the tool plans it, opening only the file the model read: before any approval.
+            _planned_edit(self, args, path, [_realpath(path)])
         except ToolError as exc:
             return ToolResult(self.mask(str(exc)), True, exc.meta)
-        except (OSError, UnicodeDecodeError):
+        except OSError:
             return None
         return None
 
     async def close(self) -> None:
-        """Stop every background process (ProcessExited cause "khaelor exit"); remove the session's TMPDIR."""
+        """Stop every background process (ProcessExited cause "khaelor exit"); remove the TMPDIR."""
         await self.processes.close()
         _kill_groups(self.groups)
         if self.workspace.temp_dir is not None:
@@ -959,7 +938,7 @@ class Toolbox:
         _close_all(self.workspace.rulesets)
 
     def mask(self, text: str) -> str:
-        """Secrets out of a tool's text: khaelor's API credential and the values in the project's .env files."""
+        """Secrets out of a tool's text: khaelor's API credential, the project's .env values, …"""
         return _mask_secrets(text, self.dotenv.values)
 
     def running_processes(self) -> list[dict]:
@@ -974,26 +953,18 @@ class Toolbox:
             })
         return running
 
-    def process_command(self, process_id) -> str | None:
-        """The command a background process runs (what `process write` is judged against)."""
-        if not isinstance(process_id, str):
-            return None
-        process = self.processes.items.get(process_id)
-        return process.command if process else None
-
-    def resume(self, state: events.State) -> None:
-        """Take up a session's tool state from its log: what the model has seen, and the process
-        number to go on from."""
-        for real, stamp in state.stamps.items():
-            self.stamps[Path(real)] = stamp
-        self.processes.n_started = state.n_processes
+    def emit_folded(self, kind: str, **payload) -> dict:
+        """emit, and for a toolbox used alone, the fold of its own State (ProcessStarted)."""
+        event = self.emit(kind, **payload)
+        if self.own_state is not None and kind == "ProcessStarted":
+            events.note_process(self.own_state, payload["process_id"])
+        return event
 
     def remember(self, path: Path) -> None:
-        """Record that the model has seen this file as it is now (it read it, or wrote it)."""
-        real = Path(_realpath(path))
-        if stamp := _stamp(real):
-            self.stamps[real] = stamp
-            self.seen.append([str(real), *stamp])
+        """Record that the model has seen this file as it is now (it read it, or wrote it): the
+        call's result carries it to the log, whose fold the next check_fresh reads."""
+        if stamp := _stamp(Path(_realpath(path))):
+            self.seen.append([_realpath(path), *stamp])
 
     def keep_version(self, data: bytes) -> str:
         """Store a file's content under its sha256 in KHAELOR_HOME/versions (once); its name."""
@@ -1020,17 +991,17 @@ class Toolbox:
         return (self.versions_dir / name).read_bytes()
 
     def check_fresh(self, path: Path) -> None:
-        """Refuse to change a file the model has not read, or that changed on disk since it did: this
-        protects the user's own concurrent edits."""
-        real = Path(_realpath(path))
+        """Refuse to change a file the model has not read, or that changed on disk since it did:
+        this protects the user's own concurrent edits."""
+        real = _realpath(path)
         shown = self.workspace.display(path)
-        seen = self.stamps.get(real)
+        seen = self.state().stamps.get(real)
         if seen is None:
             raise ToolError(
                 f"{shown} exists and you have not read it in this session. "
                 "Read it first, then retry, so your change starts from its actual content.",
                 error="not_read")
-        if _stamp(real) != seen:
+        if _stamp(Path(real)) != seen:
             raise ToolError(
                 f"{shown} has changed on disk since you last read it "
                 "(someone may be editing it). "
@@ -1041,17 +1012,14 @@ class Toolbox:
                tool_use_id: str) -> tuple[int, int]:
         """Write a file for write/edit: versions, stamp, FileModified. Returns (lines added,
         removed)."""
-        # Both versions are kept before the file changes: a rewind to between two edits needs them.
+        # Both versions (blobs named by their sha256, so the history outlives the process) are
+        # kept before the file changes: a rewind to between two edits needs them. None: created.
         before_version = None
         if before is not None:
             before_version = self.keep_version(before)
-        version = FileVersion(before_version, self.keep_version(after))
+        after_version = self.keep_version(after)
         self.workspace.write_file(path, after, self.places)
         self.remember(Path(_realpath(path)))
-        return self._report_change(path, before, after, version, tool_use_id)
-
-    def _report_change(self, path: Path, before: bytes | None, after: bytes,
-                       version: FileVersion, tool_use_id: str) -> tuple[int, int]:
         shown = self.workspace.display(path)
         before_text = _decode_text(before or b"")
         added, removed, diff = _diff(shown, before_text, _decode_text(after))
@@ -1059,15 +1027,8 @@ class Toolbox:
             "FileModified", tool_use_id=tool_use_id, path=shown,
             added=added, removed=removed, diff=self.mask(diff), created=before is None,
             real_path=_realpath(path),
-            before_version=version.before, after_version=version.after)
+            before_version=before_version, after_version=after_version)
         return added, removed
-
-
-def _schema_named(name: str) -> dict | None:
-    for schema in SCHEMAS:
-        if schema["name"] == name:
-            return schema
-    return None
 
 
 def _os_error_result(exc: OSError) -> ToolResult:
@@ -1127,7 +1088,7 @@ def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
 
 
 def _prune_due(versions: int) -> bool:
-    """True if the last prune was a day ago or more; then the marker is touched (now is the last)."""
+    """True if the last prune was a day ago or more; then the marker is touched (now the last)."""
     try:
         marker = os.stat(VERSIONS_PRUNE_MARKER, dir_fd=versions, follow_symlinks=False)
         if time.time() - marker.st_mtime < VERSIONS_PRUNE_INTERVAL_S:
@@ -1173,7 +1134,7 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
         removed += 1
     return removed
 
-# ---------------------------------------------------------------- checkpoints: the work tree, shadowed
+# ---------------------------------------------------------------- checkpoints: the shadowed tree
 
 
 # An untracked file larger than this is left out of a checkpoint (and named in it).
@@ -1653,12 +1614,12 @@ JSON_TYPE_NAMES = {
 def _type_name(value) -> str:
     return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
-# ---------------------------------------------------------------- output budgets, spill files, secrets
+# ---------------------------------------------------------------- output budgets, spills, secrets
 
 
 class _Spool:
-    """One result's text. Under the budget it is kept whole; past it, everything goes to a spill file
-    the model can read or grep, and only a head and a tail stay in memory."""
+    """One result's text. Under the budget it is kept whole; past it, everything goes to a spill
+    file the model can read or grep, and only a head and a tail stay in memory."""
 
     def __init__(self, spill_dir: Path, name: str):
         self.spill_dir = spill_dir
@@ -1736,7 +1697,7 @@ class _Spool:
 
 
 def _prune_spill(spill_dir: Path) -> None:
-    """Keep the spill folder under its cap (with room for one more file), deleting the oldest first."""
+    """Keep the spill folder under its cap (room left for one more file), the oldest going first."""
     files = []
     for entry in os.scandir(spill_dir):
         if entry.is_file():
@@ -1751,10 +1712,10 @@ def _prune_spill(spill_dir: Path) -> None:
 
 
 def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
-    """khaelor's own API credential never reaches the model, the session log or a spill file, whatever
-    shows it (env, printenv, a .env file). Commands still get it in their environment. The values of the
-    project's .env files, the passwords in URLs and tokens of known formats are masked the same
-    way."""
+    """khaelor's own API credential never reaches the model, the session log or a spill file,
+    whatever shows it (env, printenv, a .env file). Commands still get it in their environment. The
+    values of the project's .env files, the passwords in URLs and tokens of known formats are masked
+    the same way."""
     for name in SECRET_ENV:
         secret = os.environ.get(name)
         if secret and len(secret) >= 8 and secret in text:
@@ -1783,9 +1744,9 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
 
 
 class _DotEnv:
-    """The values in the project's .env files (.env, .env.*, *.env at its root, but not the templates:
-    .env.example and the like), KEY=value lines with quotes stripped; read again only when one of those
-    files changed (name, mtime, size)."""
+    """The values in the project's .env files (.env, .env.*, *.env at its root, but not the
+    templates: .env.example and the like), KEY=value lines with quotes stripped; read again only
+    when one of those files changed (name, mtime, size)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -1811,7 +1772,7 @@ class _DotEnv:
         self.values = sorted(values, key=len, reverse=True)
 
     def dotenv_files(self) -> list[tuple[str, int, int]]:
-        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be listed."""
+        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read."""
         files = []
         try:
             for entry in os.scandir(self.root):
@@ -1844,12 +1805,12 @@ def _is_dotenv(name: str) -> bool:
 
 
 def _one_line(name: str) -> str:
-    """A path as one line of a listing: with a newline or another control character in it, JSON-quoted."""
+    """A path as one line of a listing: JSON-quoted when a control character (newline…) is in it."""
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
 
-# ---------------------------------------------------------------- process groups: running a command to its end
+# ---------------------------------------------------------------- process groups to their end
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -1888,9 +1849,9 @@ def _group_alive(pgid: int) -> bool:
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
                 mask: Callable[[str], str] = _mask_secrets) -> None:
-    """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped, carriage-return
-    redraws (progress bars) reduced to their last state. It works on whole lines, so nothing split across
-    two reads is cut in half; a line past 64K characters goes as it stands."""
+    """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped,
+    carriage-return redraws (progress bars) reduced to their last state. It works on whole lines, so
+    nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
     def clean(text: str) -> str:
         return mask(events.without_escapes(text))
 
@@ -1922,12 +1883,18 @@ def _whole_lines_end(text: str) -> int:
 
 async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None],
                      timeout_s: float | None, grace_s: float,
-                     mask: Callable[[str], str] = _mask_secrets) -> tuple[bool, bool]:
+                     mask: Callable[[str], str] = _mask_secrets,
+                     temp: Path | None = None) -> tuple[bool, bool]:
     """Pump a child's output to on_text until it exits, then clear out its process group (which the
     caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
     killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
-    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever."""
+    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever.
+    A read-only command (bash or process) gives its session `temp` dir: the group is stopped, and
+    on_text told why, once that passes its cap (RLIMIT_FSIZE bounds one file only)."""
     pump = asyncio.create_task(_pump(child.stdout, on_text, mask))
+    watchdog = None
+    if temp is not None:
+        watchdog = asyncio.create_task(_watch_temp(temp, child.pid))
     timed_out = False
     stray = False
     try:
@@ -1937,15 +1904,21 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
         except TimeoutError:
             timed_out = True
         else:
-            if _group_alive(child.pid):
+            # _group_alive reads /proc: off the loop
+            if await asyncio.to_thread(_group_alive, child.pid):
                 await asyncio.wait({pump}, timeout=grace_s)
-            stray = _group_alive(child.pid)
+            stray = await asyncio.to_thread(_group_alive, child.pid)
         _kill_group(child.pid)
         await asyncio.wait({pump}, timeout=1.0)
         await child.proc.wait()
+        if watchdog and watchdog.done():
+            on_text(f"\nStopped: the session temp dir passed {sandbox.TEMP_DIR_CAP >> 20} MiB, "
+                    "the most a command that runs without asking may write.\n")
         return timed_out, stray
     finally:
         pump.cancel()
+        if watchdog:
+            watchdog.cancel()
         _kill_group(child.pid)
         groups.discard(child.pid)
         child.close_pipes()
@@ -1954,7 +1927,8 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
 
 
 async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    return read_now(box, args)
+    # Off the event loop: an 11 MB file takes 60 ms to read, decode and split.
+    return await asyncio.to_thread(read_now, box, args)
 
 
 def read_now(box: Toolbox, args: dict) -> ToolResult:
@@ -2138,7 +2112,7 @@ def _numbered(lines: list[str], first: int) -> str:
 
 
 def _split_lines(text: str) -> list[str]:
-    """Lines without their endings ("\\r\\n" or "\\n"); a final newline does not start another line."""
+    """Lines without their endings ("\\r\\n" or "\\n"); a final newline starts no other line."""
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -2208,7 +2182,7 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
 
 
 def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
-    """The path a model gave (default the project root); it must exist, and be a directory if asked."""
+    """The path a model gave (default the project root): it must exist, and be a folder if asked."""
     path = ws.resolve(value) if value else ws.cwd
     if not path.exists():
         raise _missing(ws, path)
@@ -2233,11 +2207,8 @@ LinesCheck = Callable[[list[str], list[str]], bool]
 
 
 def _find_lines(old: str) -> list[str]:
-    lines = old.split("\n")
-    # A final newline does not start another line.
-    if len(lines) > 1 and lines[-1] == "":
-        return lines[:-1]
-    return lines
+    """old_string's lines, as _split_lines gives a file's; at least one."""
+    return _split_lines(old) or [""]
 
 
 def _unescape(text: str) -> str:
@@ -2317,27 +2288,33 @@ class _Haystack:
             at = self.text.find(old, at + len(old))
         return spans
 
-    def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
-        """Blocks of whole lines, as many as old_string has, that `same` accepts; the first line pre-filters."""
-        want = _find_lines(old)
-        first = want[0].strip()
-        size = len(want)
-        if not "".join(want).strip():
-            return []
+    def blocks(self, size: int, same: Callable[[list[str]], bool], whole: bool = True,
+               first: str | None = None) -> list[Span]:
+        """The line strategies' one loop: every block of `size` lines that `same` accepts (and
+        whose first line is `first` once trimmed, if given: a cheap pre-filter), as whole lines, or
+        (not `whole`) without the first's indentation, which new_string then keeps."""
+        span = self.span if whole else self.text_span
         spans = []
         for i in range(len(self.lines) - size + 1):
-            if self.trimmed[i] == first and same(self.lines[i:i + size], want):
-                spans.append(self.span(i, i + size - 1))
+            if (first is None or self.trimmed[i] == first) and same(self.lines[i:i + size]):
+                spans.append(span(i, i + size - 1))
         return spans
 
+    def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
+        """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
+        pre-filters)."""
+        want = _find_lines(old)
+        first = want[0].strip()
+        if not "".join(want).strip():
+            return []
+        return self.blocks(len(want), lambda got: same(got, want), first=first)
+
     def line_trimmed(self, old: str) -> list[Span]:
-        def same(got: list[str], want: list[str]) -> bool:
-            return [g.strip() for g in got] == [w.strip() for w in want]
-        return self.line_blocks(old, same)
+        return self.line_blocks(old, lambda got, want: _stripped(got) == _stripped(want))
 
     def block_anchor(self, old: str) -> list[Span]:
-        """First and last lines as anchors; the middle only needs to be similar: the mean Levenshtein
-        similarity of its lines, scaled down when the two middles differ in length."""
+        """First and last lines as anchors; the middle only needs to be similar: the mean
+        Levenshtein similarity of its lines, scaled down when the two middles differ in length."""
         want = _find_lines(old)
         first = want[0].strip()
         last = want[-1].strip()
@@ -2366,16 +2343,17 @@ class _Haystack:
         size = len(_find_lines(old))
         if not words:
             return []
-        if size == 1:
-            pattern = re.compile(r"[ \t]+".join(map(re.escape, words)))
-            spans = []
-            for start, line in zip(self.starts, self.lines):
-                spans += [(start + m.start(), start + m.end()) for m in pattern.finditer(line)]
-            return spans
+        if size > 1:
+            return self.blocks(size, lambda got: " ".join(got).split() == words, whole=False)
+        within = re.compile(r"[ \t]+".join(map(re.escape, words)))
         spans = []
-        for i in range(len(self.lines) - size + 1):
-            if " ".join(self.lines[i:i + size]).split() == words:
-                spans.append(self.text_span(i, i + size - 1))
+        for i, line in enumerate(self.lines):
+            if line.split() == words:
+                # the whole line (but its indentation, which new_string keeps)
+                spans.append(self.text_span(i, i))
+            else:
+                found = within.finditer(line)
+                spans += [(self.starts[i] + m.start(), self.starts[i] + m.end()) for m in found]
         return spans
 
     def indentation_flexible(self, old: str) -> list[Span]:
@@ -2394,14 +2372,11 @@ class _Haystack:
     def escaped_lines(self, plain: str) -> list[Span]:
         """Whole lines that read as old_string once the file's own escapes are undone: the file
         has `'it\\'s'` where the model quoted `'it's'` (OpenCode's replacer looks both ways)."""
-        want = [line.strip() for line in _find_lines(plain)]
-        size = len(want)
-        spans = []
-        for i in range(len(self.lines) - size + 1):
-            block = self.lines[i:i + size]
-            if "\\" in "".join(block) and [_unescape(line).strip() for line in block] == want:
-                spans.append(self.text_span(i, i + size - 1))
-        return spans
+        want = _stripped(_find_lines(plain))
+
+        def same(got: list[str]) -> bool:
+            return "\\" in "".join(got) and _stripped(map(_unescape, got)) == want
+        return self.blocks(len(want), same, whole=False)
 
     def trimmed_boundary(self, old: str) -> list[Span]:
         """old_string with its leading and trailing whitespace dropped."""
@@ -2412,20 +2387,20 @@ class _Haystack:
 
     def context_aware(self, old: str) -> list[Span]:
         """Same line count, both anchors, and at least half the middle lines equal."""
-        want = [line.strip() for line in _find_lines(old)]
+        want = _stripped(_find_lines(old))
         if len(want) < 3 or not want[0] or not want[-1]:
             return []
         n_wanted = sum(1 for line in want[1:-1] if line)
 
         def same(got: list[str], _) -> bool:
-            got = [line.strip() for line in got]
+            got = _stripped(got)
             pairs = zip(got[1:-1], want[1:-1])
             equal = sum(1 for g, w in pairs if w and g == w)
             return got[-1] == want[-1] and equal * 2 >= n_wanted
         return self.line_blocks(old, same)
 
     def multi_occurrence(self, old: str) -> list[Span]:
-        """replace_all over fuzzy matches: every place a whitespace-tolerant strategy finds, without overlaps."""
+        """replace_all over fuzzy matches: what whitespace-tolerant strategies find, no overlaps."""
         finders = (self.line_trimmed, self.whitespace_normalized,
                    self.indentation_flexible, self.trimmed_boundary)
         found = set()
@@ -2486,7 +2461,7 @@ def _adapt(old: str, matched: str, new: str) -> str:
     return new
 
 
-def _stripped(lines: list[str]) -> list[str]:
+def _stripped(lines) -> list[str]:
     return [line.strip() for line in lines]
 
 
@@ -2541,6 +2516,8 @@ class _Replaced:
     first_line: int
     # Lines that replacement spans.
     n_lines: int
+    # The file's bytes to write (its BOM and line endings put back).
+    after: bytes = b""
 
 
 def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) -> _Replaced:
@@ -2697,20 +2674,81 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
     return ToolResult(text, meta=meta)
 
 
-async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
-    ws = box.workspace
-    path = ws.resolve(args["file_path"])
-    old = args["old_string"]
-    new = args["new_string"]
-    shown = ws.display(path)
-    if _lf(old) == _lf(new):
+@dataclass
+class _EditText:
+    """A file's text as edit matches it: LF line endings and no BOM; `back` puts both back."""
+    text: str
+    bom: bool
+    crlf: bool
+
+    @classmethod
+    def of(cls, data: bytes, shown: str) -> "_EditText":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(
+                f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
+                error="encoding") from None
+        crlf = _uses_crlf(text)
+        if crlf:
+            text = _lf(text)
+        return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf)
+
+    def back(self, text: str) -> bytes:
+        if self.crlf:
+            text = text.replace("\n", "\r\n")
+        if self.bom:
+            text = "\ufeff" + text
+        return text.encode("utf-8")
+
+
+def _edit_strings(args: dict, bom: bool) -> tuple[str, str]:
+    """old_string and new_string in LF, whatever the file uses (written back in its own line
+    ending), without the BOM a model copied from a file that has one."""
+    old = _lf(args["old_string"])
+    new = _lf(args["new_string"])
+    if old == new:
         raise ToolError(
             "old_string and new_string are identical, so the edit would change nothing. "
             "Put the replacement text in new_string.",
             error="no_change")
+    if bom:
+        old = old.removeprefix("\ufeff")
+        new = new.removeprefix("\ufeff")
+    return old, new
+
+
+def _planned_edit(box: Toolbox, args: dict, path: Path,
+                  places: list[str]) -> tuple[bytes, "_Replaced"]:
+    """(the file's bytes, the edit made of them, whose `after` is what to write), or the ToolError
+    the call meets (unread or changed since, a secret's mask, not UTF-8, not found, ambiguous)."""
+    shown = box.workspace.display(path)
+    box.check_fresh(path)
+    before = box.workspace.read_file(path, places)
+    _refuse_masks(args["new_string"], before, shown)
+    file = _EditText.of(before, shown)
+    old, new = _edit_strings(args, file.bom)
+    if old == "":
+        if file.text.strip():
+            raise ToolError(
+                f"old_string is empty but {shown} has content. Quote the text to replace, "
+                "or use write to replace the whole file.",
+                error="empty_old_string")
+        done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
+    else:
+        done = _replace(file.text, old, new, args.get("replace_all", False), shown)
+    done.after = file.back(done.text)
+    return before, done
+
+
+async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+    ws = box.workspace
+    path = ws.resolve(args["file_path"])
+    shown = ws.display(path)
+    _edit_strings(args, False)
     if not path.exists():
-        if old == "":
-            write_args = {"file_path": args["file_path"], "content": new}
+        if args["old_string"] == "":
+            write_args = {"file_path": args["file_path"], "content": args["new_string"]}
             return await _tool_write(box, write_args, tool_use_id, confine)
         error = _missing(ws, path)
         raise ToolError(
@@ -2718,43 +2756,9 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
             **error.meta)
     if path.is_dir():
         raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
-    box.check_fresh(path)
-    before = ws.read_file(path, box.places)
-    _refuse_masks(new, before, shown)
-    try:
-        text = before.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ToolError(
-            f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
-            error="encoding") from None
-    bom = text.startswith("\ufeff")
-    crlf = _uses_crlf(text)
-    text = text.removeprefix("\ufeff")
-    if crlf:
-        text = _lf(text)
-    # Both strings in LF, whatever the file uses: written back in the file's own line ending.
-    old = _lf(old)
-    new = _lf(new)
-    if bom:
-        # The model copied the file's invisible first character.
-        old = old.removeprefix("\ufeff")
-        new = new.removeprefix("\ufeff")
-    if old == "":
-        if text.strip():
-            raise ToolError(
-                f"old_string is empty but {shown} has content. Quote the text to replace, "
-                "or use write to replace the whole file.",
-                error="empty_old_string")
-        done = _Replaced(new, "exact", 1, 1, new.count("\n") + 1)
-    else:
-        replace_all = args.get("replace_all", False)
-        done = _replace(text, old, new, replace_all, shown)
-    out = done.text
-    if crlf:
-        out = out.replace("\n", "\r\n")
-    if bom:
-        out = "\ufeff" + out
-    added, removed = box.commit(path, before, out.encode("utf-8"), tool_use_id)
+    # Off the event loop (it only reads): fuzzy matching in a 10,000-line file takes up to 100 ms.
+    before, done = await asyncio.to_thread(_planned_edit, box, args, path, box.places)
+    added, removed = box.commit(path, before, done.after, tool_use_id)
     meta = {
         "path": shown, "added": added, "removed": removed,
         "strategy": done.strategy, "replacements": done.count,
@@ -2790,8 +2794,8 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
 
 
 def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
-    """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle is
-    given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
+    """(lines added, lines removed, unified diff capped at DIFF_CHAR_CAP). Only the changed middle
+    is given to difflib, so a one-line edit in a 10,000-line file stays cheap."""
     a = before.splitlines(keepends=True)
     b = after.splitlines(keepends=True)
     # commonprefix compares any sequences: here, lists of lines.
@@ -2847,7 +2851,11 @@ def _glob_regex(pattern: str) -> str:
         if token in GLOB_FIXED:
             out.append(GLOB_FIXED[token])
         elif token[0] == "[" and len(token) > 1:
-            out.append(_glob_class(token[1:-1]))
+            # [!a-z] is negated; a backslash stands for itself
+            body = token[1:-1].replace("\\", "\\\\")
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append(f"[{body}]")
         elif token[0] == "{" and len(token) > 1:
             alternatives = map(_glob_regex, token[1:-1].split(","))
             out.append("(?:" + "|".join(alternatives) + ")")
@@ -2856,39 +2864,42 @@ def _glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def _glob_class(body: str) -> str:
-    """A glob's [...] as a regex class: [!a-z] is negated, a backslash stands for itself."""
-    if body.startswith("!"):
-        body = "^" + body[1:]
-    return "[" + body.replace("\\", "\\\\") + "]"
-
-
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
-    """A pattern with a "/" matches the relative path, one without matches the base name (as ripgrep's --glob)."""
+    """A pattern with a "/" matches the relative path, else the base name (as ripgrep's --glob)."""
     regex = re.compile(_glob_regex(pattern) + r"\Z")
     if "/" in pattern.strip().removeprefix("./").rstrip("/"):
         return lambda rel: regex.match(rel) is not None
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-def _candidates(ws: Workspace, root: Path, places: list[str]) -> list[str]:
-    """Files under `root` as relative POSIX paths, without ripgrep: git's view when it has one, else every file."""
+def project_files(ws: Workspace, root: Path | None = None, places: list[str] | None = None,
+                  limit: int | None = None,
+                  skip: Callable[[str], bool] = lambda name: name == ".git") -> list[str]:
+    """The files under `root` (default the project root) as relative POSIX paths: the one lister,
+    for grep and glob without ripgrep and for @-mention completion. git's view where there is one
+    (tracked files, and untracked ones not ignored), else a walk that enters no folder `skip`
+    names; only plain files, never a link; at most `limit`."""
+    root = root or ws.cwd
+    places = places or [str(ws.cwd)]
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     if code == 0 and out:
-        return [rel for rel in out.split("\0") if rel and _searched(root / rel)]
+        listed = [rel for rel in out.split("\0") if rel][:limit]
+        return [rel for rel in listed if _searched(root / rel)]
     found = []
     root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
     try:
         # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
         for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
-            dirs[:] = sorted(d for d in dirs if d != ".git")
-            for name in files:
+            dirs[:] = sorted(d for d in dirs if not skip(d))
+            for name in sorted(files):
                 if _plain_file(name, folder_fd):
                     found.append(os.path.normpath(f"{folder}/{name}"))
+            if limit is not None and len(found) >= limit:
+                break
     finally:
         os.close(root_fd)
-    return found
+    return found[:limit]
 
 
 def _plain_file(name: str, folder_fd: int) -> bool:
@@ -2906,9 +2917,9 @@ def _searched(path: Path) -> bool:
 
 
 async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
-    """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
+    """The files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or ours."""
     if not box.ripgrep:
-        return await asyncio.to_thread(_candidates, box.workspace, root, box.places)
+        return await asyncio.to_thread(project_files, box.workspace, root, box.places)
     argv = ["--files", "--null", "--hidden", "--no-messages", "--glob", "!.git"]
     records, _ = await _ripgrep(box, argv, root, 10**7, confine, end="\0")
     return [rel.removeprefix("./") for rel in records]
@@ -2916,8 +2927,9 @@ async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
 
 async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: dict,
                    end: str = "\n") -> tuple[list[str], int]:
-    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code.
-    It runs read-only, and reads outside the project only where the call's approved paths say."""
+    """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit
+    code. It runs read-only, and reads outside the project only where the call's approved paths
+    say."""
     read_only = {**READ_ONLY_CONFINE, "paths": confine["paths"]}
     child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd, confine=read_only)
     chunks = []
@@ -2953,25 +2965,17 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-def _engine(box: Toolbox) -> str:
-    return "ripgrep" if box.ripgrep else "python"
-
-
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
     match = _glob_matcher(pattern)
-    hidden = _secret_filter(box, confine, root)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
-    reasons = {rel: hidden(rel) for rel in found}
-    # Links are left out silently, as ripgrep does.
-    skipped = [rel for rel in found if reasons[rel] == "secret"]
-    kept = [rel for rel in found if not reasons[rel]]
+    kept, skipped = _without_secrets(box, confine, root, found)
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta = {
         "files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
-        "engine": _engine(box), "hidden": len(skipped),
+        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
     }
     note = _hidden_note(ws, root, skipped)
     if not files:
@@ -2985,25 +2989,27 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(shown + note, meta=meta)
 
 
-def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], str]:
-    """Why grep and glob leave a file out: "secret" when its name matches one of the call's `hide`
-    patterns, "link" when it is a link into a closed location (a committed notes.txt ->
-    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these); "" keeps
-    it. Nothing is left out when the user granted reading secrets for this call."""
+def _without_secrets(box: Toolbox, confine: dict, root: Path,
+                     rels) -> tuple[list[str], list[str]]:
+    """(the files grep and glob show, the secret ones they leave out and name): a file whose name
+    matches one of the call's `hide` patterns is secret; a link into a closed location (a
+    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
+    fallback meets these) is left out silently, as ripgrep does. Nothing is left out when the
+    user granted reading secrets for this call."""
     if confine["secrets"]:
-        return lambda rel: ""
+        return list(rels), []
     home = box.workspace.home or events.khaelor_home()
     closed = sandbox.closed_locations(Path.home(), home, confine["paths"])
-
-    def hidden(rel: str) -> str:
+    kept = []
+    secret = []
+    for rel in rels:
         name = rel.rsplit("/", 1)[-1]
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
-            return "secret"
         path = root / rel
-        if os.path.islink(path) and sandbox.within(_realpath(path), closed):
-            return "link"
-        return ""
-    return hidden
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
+            secret.append(rel)
+        elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
+            kept.append(rel)
+    return kept, secret
 
 
 def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
@@ -3032,17 +3038,13 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
-    hidden = _secret_filter(box, confine, root)
-    reasons = {rel: hidden(rel) for rel in hits}
-    # Links are left out silently, as ripgrep does.
-    skipped = [rel for rel in hits if reasons[rel] == "secret"]
     # Filtered here for both engines: the same result.
-    for rel in [rel for rel in hits if reasons[rel]]:
-        del hits[rel]
+    kept, skipped = _without_secrets(box, confine, root, hits)
+    hits = {rel: hits[rel] for rel in kept}
     total = sum(map(len, hits.values()))
     meta = {
         "matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-        "engine": _engine(box), "hidden": len(skipped),
+        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
     }
     note = _hidden_note(ws, root, skipped)
     if not hits:
@@ -3103,7 +3105,8 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
         problem = " ".join(record.strip() for record in records)[:500]
         raise _bad_pattern(pattern, problem)
     hits: Hits = {}
-    # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's lines
+    # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's
+    # lines
     found = re.findall(r"([^\0]*)\0(\d+):(.*)\n?", "\n".join(records))
     for rel, number, text in found:
         rel = rel.removeprefix("./")
@@ -3123,7 +3126,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
         rels = [os.path.basename(real)] if keep(target.name) else []
     else:
         folder = real
-        rels = list(filter(keep, _candidates(ws, root, places)))
+        rels = list(filter(keep, project_files(ws, root, places)))
     try:
         folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
@@ -3268,22 +3271,13 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    ports = _reachable_ports(confine, box.groups)
-    guarded = guard_record(box.workspace.cwd) if confine["write"] else None
-    child = await box.workspace.exec(command, cwd=workdir, confine=confine, ports=ports)
-    box.groups.add(child.pid)
-    watchdog = None
-    if not confine["write"]:
-        watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
+    child, guarded = await _start(box.workspace, box.groups, command, confine, workdir)
     timed_out, stray = await _supervise(
-        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
-    if watchdog and watchdog.done():
-        notes.append(f"Stopped: the session temp dir passed {sandbox.TEMP_DIR_CAP >> 20} MiB, "
-                     "the most a command that runs without asking may write.")
-    elif watchdog:
-        watchdog.cancel()
+        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask,
+        _read_only_temp(box.workspace, confine))
     if guarded is not None:
-        notes.append(guard_check(box.workspace.cwd, box.spill_dir, guarded, command, confine))
+        notes.append(await asyncio.to_thread(
+            guard_check, box.workspace.cwd, box.spill_dir, guarded, command, confine))
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
@@ -3316,6 +3310,11 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
                       meta=meta)
 
 
+def _read_only_temp(ws: Workspace, confine: dict) -> Path | None:
+    """The session temp dir a read-only command's watchdog watches; None for an approved one."""
+    return None if confine["write"] else ws.session_temp()
+
+
 async def _watch_temp(temp: Path, pid: int) -> None:
     """Stop a read-only command's group once the session temp dir passes its cap (RLIMIT_FSIZE
     bounds one file only)."""
@@ -3336,6 +3335,19 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
+async def _start(ws: Workspace, groups: set[int], command: str, confine: dict,
+                 cwd: Path | None = None, stdin: bool = False) -> tuple[Child, dict | None]:
+    """Start a command for bash or process: (the child, its group now in `groups`; the guarded
+    files as they were before an approved step, else None)."""
+    guarded = None
+    if confine["write"]:
+        guarded = await asyncio.to_thread(guard_record, ws.cwd)
+    ports = _reachable_ports(confine, groups)
+    child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
+    groups.add(child.pid)
+    return child, guarded
+
+
 def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
     """Without network, a command may still connect to what khaelor's own processes listen on: the
     ports are looked up when it connects (the supervisor runs in a thread: it reads a copy)."""
@@ -3350,8 +3362,8 @@ def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
 
 @dataclass
 class _Process:
-    """A background process and its output: the newest PROCESS_BUFFER_CHARS characters, and how far the
-    model has read them."""
+    """A background process and its output: the newest PROCESS_BUFFER_CHARS characters, and how far
+    the model has read them."""
     # "p1", "p2", … per session.
     process_id: str
     command: str
@@ -3404,19 +3416,15 @@ class _Process:
 
 
 class _Processes:
-    """The session's background processes. Their watchers are tasks of their own, so an interrupted turn
-    leaves them running; close() stops them all."""
+    """The session's background processes. Their watchers are tasks of their own, so an interrupted
+    turn leaves them running; close() stops them all."""
 
-    def __init__(self, workspace: Workspace, emit: Callable[..., dict],
-                 groups: set[int], mask: Callable[[str], str]):
-        self.workspace = workspace
-        self.emit = emit
-        self.groups = groups
-        self.mask = mask
+    def __init__(self, box: "Toolbox"):
+        # its workspace, process groups, masking, spill folder, events and the log's fold (the
+        # newest process number: ProcessStarted)
+        self.box = box
         self.items: dict[str, _Process] = {}
-        self.n_started = 0
         self.closed = False
-        self.spill_dir = (workspace.home or events.khaelor_home()) / "spill"
 
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
@@ -3432,23 +3440,20 @@ class _Processes:
                 f"the limit is {PROCESS_LIVE_CAP}. "
                 "Stop one you no longer need with process action \"stop\" first.",
                 error="too_many")
-        # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so stopped later).
+        # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so
+        # stopped later).
         return await asyncio.shield(self._spawn(command, confine))
 
     async def _spawn(self, command: str, confine: dict) -> _Process:
-        ports = _reachable_ports(confine, self.groups)
-        guarded = guard_record(self.workspace.cwd) if confine["write"] else None
-        child = await self.workspace.exec(
-            command, stdin=True, confine=confine, ports=ports)
-        self.groups.add(child.pid)
-        self.n_started += 1
-        process = _Process(f"p{self.n_started}", command, child)
+        box = self.box
+        child, guarded = await _start(box.workspace, box.groups, command, confine, stdin=True)
+        process = _Process(f"p{box.state().n_processes + 1}", command, child)
         process.guarded = guarded
         process.confine = confine
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        self.emit(
+        box.emit_folded(
             "ProcessStarted",
             process_id=process.process_id,
             pid=child.pid,
@@ -3464,24 +3469,27 @@ class _Processes:
             del self.items[key]
 
     async def _watch(self, process: _Process) -> None:
-        """Collect output until the process exits, clear out its group, report ProcessExited once."""
+        """Collect output until the process exits, clear out its group, report ProcessExited once.
+        """
+        box = self.box
         try:
             await _supervise(
-                process.child, self.groups, process.append, None,
-                PROCESS_STRAY_GRACE_S, self.mask)
+                process.child, box.groups, process.append, None,
+                PROCESS_STRAY_GRACE_S, box.mask,
+                _read_only_temp(box.workspace, process.confine))
         except asyncio.CancelledError:
             # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
             if process.guarded is not None:
-                note = guard_check(self.workspace.cwd, self.spill_dir, process.guarded,
+                note = guard_check(box.workspace.cwd, box.spill_dir, process.guarded,
                                    process.command, process.confine)
                 if note:
                     process.append(f"\n{note}\n")
             process.ended = time.monotonic()
             process.arrived.set()
-            self.emit(
+            box.emit(
                 "ProcessExited",
                 process_id=process.process_id,
                 exit_code=process.child.proc.returncode,

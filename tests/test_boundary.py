@@ -348,3 +348,12 @@ def test_a_read_only_command_filling_the_temp_dir_is_stopped(project, tmp_path, 
                       {**APPROVED, "write": False})
     assert "SURVIVED" not in result.text and "session temp dir passed 1 MiB" in result.text
     assert time.monotonic() - started < 10
+
+
+def test_a_read_only_background_process_filling_the_temp_dir_is_stopped_too(project, tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setattr(sandbox, "TEMP_DIR_CAP", 1 << 20)
+    command = "for i in 1 2 3; do head -c 600000 /dev/urandom > $TMPDIR/f$i; done; sleep 20"
+    result = run_tool(project, tmp_path / "kh", "process", {"action": "start", "command": command},
+                      {**APPROVED, "write": False})
+    assert "session temp dir passed 1 MiB" in result.text

@@ -45,7 +45,8 @@ def prepare(box, case: dict) -> Path:
 
 def edit(box, target: Path, old: str, new: str, replace_all: bool):
     shown = str(target.relative_to(box.root))
-    return box.call("edit", file_path=shown, old_string=old, new_string=new, replace_all=replace_all)
+    return box.call("edit", file_path=shown, old_string=old, new_string=new,
+                    replace_all=replace_all)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
@@ -60,7 +61,8 @@ def test_opencode_edit_case(box, case):  # noqa: F811
         if case["before"] is None:
             assert case.get("directory") or not target.exists()
         else:
-            assert target.read_bytes() == case["before"].encode("utf-8"), "a refused edit changed the file"
+            unchanged = case["before"].encode("utf-8")
+            assert target.read_bytes() == unchanged, "a refused edit changed the file"
         return
     assert not result.is_error, result.text
     if "added" in case:

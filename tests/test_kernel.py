@@ -267,3 +267,22 @@ def test_repair_closes_the_processes_the_log_still_calls_running(tmp_path):
     assert len(store.events) == 4
     store.close()
     assert events.SessionStore.open(store.path, read_only=True).state.processes == {}
+
+
+def test_process_write_is_judged_against_the_command_the_log_recorded(kernel_turn, fake):
+    """Issue 21 item 6: the command a background process runs comes from the log's fold
+    (ProcessStarted), so text written to an interpreter asks, as code no one has read."""
+    from fake_api import reply, text, tool_use
+    fake.enqueue(reply(tool_use("process", {"action": "start", "command": "python3 -i"})),
+                 reply(tool_use("process", {"action": "write", "id": "p1",
+                                            "input": "print(6 * 7)\n"})),
+                 reply(text("done")))
+    asked = []
+
+    async def ask(request):
+        asked.append(request["descriptor"])
+        return "once", ""
+
+    step, log = kernel_turn("run python", ask)
+    assert step == "done"
+    assert any(descriptor.startswith("python3 ← print(6 * 7)") for descriptor in asked), asked
