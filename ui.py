@@ -94,6 +94,8 @@ class Controller(Protocol):
 
 # run_command's "end the app"
 QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()
+# run_command's "open the transcript view" (/transcript)
+TRANSCRIPT = type("Transcript", (), {"__repr__": lambda self: "ui.TRANSCRIPT"})()
 
 
 # ════ Escape sequences: the one table (nothing else in this file spells "\x1b[") ════
@@ -109,8 +111,14 @@ NEWLINE = "\r\n"
 # The live region's rows and all below. Not a plain CSI J: at the screen's top-left corner tmux
 # (scroll-on-clear) and others take that for a clear screen and keep a copy in the scrollback.
 ERASE_DOWN = CSI + "2K" + ESC + "7" + CSI + "B" + CSI + "J" + ESC + "8"
-CLEAR_SCREEN = CSI + "H" + CSI + "2J"
+CURSOR_HOME = CSI + "H"
+CLEAR_SCREEN = CURSOR_HOME + CSI + "2J"
+ERASE_LINE_END = CSI + "K"
 SHOW_CURSOR = CSI + "?25h"
+HIDE_CURSOR = CSI + "?25l"
+# the transcript view: the alternate screen, which leaves the scrollback untouched
+ALT_SCREEN_ON = CSI + "?1049h" + HIDE_CURSOR
+ALT_SCREEN_OFF = CSI + "?1049l" + SHOW_CURSOR
 BRACKETED_PASTE_ON = CSI + "?2004h"
 BRACKETED_PASTE_OFF = CSI + "?2004l"
 # synchronized output: terminals that know it paint a frame whole
@@ -208,6 +216,29 @@ def clip(line: str, width: int) -> str:
                 return "".join(out) + piece + "…" + reset
         out.append(piece)
     return line
+
+
+def fold(line: str, width: int) -> list[str]:
+    """A styled line cut into rows of `width` cells, each row's style closed and reopened on the
+    next (the transcript view draws whole rows; it cannot let the terminal wrap them)."""
+    rows = []
+    row, used, active = "", 0, ""
+    for piece in SGR_RE.split(line):
+        if piece.startswith(ESC):
+            row += piece
+            active = "" if piece == SGR_RESET else piece
+            continue
+        while piece:
+            head, piece = split_at_width(piece, width - used)
+            # narrower than one wide char: overflow by one
+            if not head and used == 0:
+                head, piece = piece[:1], piece[1:]
+            row += head
+            used += cell_width(head)
+            if piece:
+                rows.append(row + SGR_RESET * bool(active))
+                row, used = active, 0
+    return rows + [row]
 
 
 def sanitize(text: str) -> str:
@@ -646,9 +677,8 @@ def render_diff(diff: str, width: int, style: Style,
     in_hunk = False
     rows = sanitize(diff).split("\n")
     for n, raw in enumerate(rows):
-        if len(out) >= max_lines:
-            more = f"     … {len(rows) - n} more diff lines"
-            out.append(style.paint(more, "dim"))
+        if len(out) >= max_lines and len(rows) - n > 1:
+            out.append(style.paint("     " + more_lines(len(rows) - n), "dim"))
             break
         if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
             old = int(m.group(1))
@@ -868,8 +898,16 @@ ERROR_WORDS = {
 
 
 def more_lines(n: int) -> str:
-    """"… 1 more line", "… 12 more lines"."""
+    """"… 2 more lines"."""
     return f"… {n} more line" + "s" * (n != 1)
+
+
+def head_rows(rows: list, limit: int) -> tuple[list, int]:
+    """The first `limit` rows and how many are left out, never just one: "… 1 more line" would
+    take the row that the line itself fits in."""
+    if len(rows) <= limit + 1:
+        return rows, 0
+    return rows[:limit], len(rows) - limit
 
 
 def format_duration(ms: float) -> str:
@@ -1001,17 +1039,16 @@ class Timeline:
         # when it began (time.monotonic()), and whether Ctrl-O opened it
         self._thinking_since = 0.0
         self._thinking_open = False
-        # the newest settled thinking: (its collapsed line, its whole text), for Ctrl-O
-        self._last_thought: tuple[str, str] | None = None
         # PermissionRequested until Granted or Denied
         self._requests: dict[str, dict] = {}
         # the closed-response rule, from events.py
         self._attempt = events.Attempt()
         self._any = False
-        # the newest card, live until something follows
+        # the newest card, live until something follows; Ctrl-O toggles it expanded
         self._held: FinishedCard | None = None
-        # what Ctrl-O expands once it has settled
-        self._last_card: FinishedCard | None = None
+        self._held_expanded = False
+        # every card and thinking settles expanded (the transcript view)
+        self.expanded = False
         # steering notes waiting for the stream's block to end
         self._queued: list[list[str]] = []
         # TextCheckpoint text of the block in _text
@@ -1094,27 +1131,25 @@ class Timeline:
         self._release_card()
 
     def expand_last_card(self) -> None:
-        """Ctrl-O: thinking that streams opens (or closes) in place; else the newest card with
-        its whole output (still the newest thing on screen, it settles expanded where it stands;
-        otherwise the output is printed below), or the newest thinking, printed whole below."""
+        """Ctrl-O: thinking that streams, or else the newest card while it is still live, opens or
+        closes in place and settles as it is shown. Scrollback cannot be redrawn: what has settled
+        is read whole in the transcript view (Ctrl-R), never printed again."""
         if self._thinking is not None:
             self._thinking_open = not self._thinking_open
-        elif self._held is None and self._last_card is None and self._last_thought:
-            line, text = self._last_thought
-            self._settle([line] + self._thought_rows(text))
         elif self._held is not None:
-            held, self._held = self._held, None
-            self._settle(self._card_block(held, expanded=True))
-        elif self._last_card is not None:
-            card = self._last_card
-            title = [self.style.paint("Output of:", "dim")] + card.head[:1]
-            body = self._card_block(card._replace(head=[]), expanded=True)
-            self._settle(title + body, gap=True)
+            self._held_expanded = not self._held_expanded
+
+    def _hold(self, card: FinishedCard) -> None:
+        """A finished card stays live (Ctrl-O can open it) until something follows."""
+        self._release_card()
+        self._held = card
 
     def _release_card(self) -> None:
         held, self._held = self._held, None
         if held is not None:
-            self._settle(self._card_block(held))
+            expanded = self._held_expanded or self.expanded
+            self._held_expanded = False
+            self._settle(self._card_block(held, expanded))
 
     def _settle(self, lines: list[str], gap: bool = True) -> None:
         # the held card comes first: it happened first
@@ -1139,13 +1174,12 @@ class Timeline:
     # -- conversation --
 
     def _on_UserMessageCreated(self, e: dict) -> None:
-        rows = sanitize(e.get("text", "")).split("\n")
+        rows, more = head_rows(sanitize(e.get("text", "")).split("\n"), USER_MESSAGE_MAX_LINES)
         lines = self._marked("›", "prompt", rows[0], "user")
-        for row in rows[1:USER_MESSAGE_MAX_LINES]:
+        for row in rows[1:]:
             spans = [(row, ("user",))]
             lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
-        if len(rows) > USER_MESSAGE_MAX_LINES:
-            more = len(rows) - USER_MESSAGE_MAX_LINES
+        if more:
             lines.append(self.style.paint("  " + more_lines(more), "dim"))
         # the @mentions sent with it (kernel.attachments)
         names = []
@@ -1228,11 +1262,8 @@ class Timeline:
             head += " · " + words
         if redacted:
             head += " · (redacted)"
-        line = self._thinking_line(head)
-        self._settle([line])
-        self._last_thought = (line, text)
-        # Ctrl-O now means this thinking, not an older card
-        self._last_card = None
+        rows = self._thought_rows(text) if self.expanded else []
+        self._settle([self._thinking_line(head)] + rows)
         self._thinking = None
         self._thinking_open = False
 
@@ -1393,10 +1424,8 @@ class Timeline:
         output = []
         if failed or (card.output != "none" and not card.changes):
             output = card_output(e, meta)
-        self._release_card()
         head_only = card.output == "head" and not failed
-        self._held = self._last_card = FinishedCard(
-            lines, output[:EXPANDED_MAX_LINES], len(output), head_only)
+        self._hold(FinishedCard(lines, output[:EXPANDED_MAX_LINES], len(output), head_only))
 
     _on_ToolFailed = _on_ToolCompleted
 
@@ -1421,10 +1450,8 @@ class Timeline:
         else:
             symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
         output = card_output(e, meta)
-        self._release_card()
         head = [self._card_line(symbol, "!", summary, facts)]
-        self._held = self._last_card = FinishedCard(
-            head, output[:EXPANDED_MAX_LINES], len(output), False)
+        self._hold(FinishedCard(head, output[:EXPANDED_MAX_LINES], len(output), False))
 
     def _on_ToolCancelled(self, e: dict) -> None:
         # a question left open by an interrupted turn is no longer asked
@@ -1507,10 +1534,10 @@ class Timeline:
         hint = " · ctrl+o shows all" if live else ""
         if expanded:
             rows = self._preview(output, n)
-        elif card.head_only and n > PREVIEW_LINES:
-            rows = self._preview(output[:PREVIEW_LINES], n)
+        elif card.head_only and n > PREVIEW_LINES + 1:
+            rows = self._preview(output[:PREVIEW_LINES], PREVIEW_LINES)
             more = n - PREVIEW_LINES
-            rows[-1] = self.style.paint("    " + more_lines(more) + hint, "dim")
+            rows.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
         elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
             rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
             hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
@@ -1545,7 +1572,7 @@ class Timeline:
         if self._held is not None:
             # a blank line after what came before it, as once it settles
             lines = [""] * self._any
-            lines += self._card_block(self._held, live=True)
+            lines += self._card_block(self._held, self._held_expanded, live=True)
         if self._text is not None:
             lines += self._text.live_lines()
         if self._thinking is not None:
@@ -1586,17 +1613,18 @@ class Timeline:
 
 
 def render_transcript(events: Iterable[dict], width: int, color: bool = False,
-                      max_turns: int | None = None) -> list[str]:
+                      max_turns: int | None = None, expanded: bool = False) -> list[str]:
     """Earlier conversation (a resumed session) as settled lines. With `max_turns`, only the
     last that many user turns are drawn, so resuming a long session costs the same as a short
-    one (the log keeps everything)."""
+    one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R)."""
     events = list(events)
     timeline = Timeline(Style(color), width)
+    timeline.expanded = expanded
     starts = [k for k, e in enumerate(events)
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
         hidden = len(starts) - max_turns
-        timeline._dim_line(f"… {hidden} earlier turns not shown")
+        timeline._dim_line(f"… {hidden} earlier turn{'s' * (hidden != 1)} not shown")
         events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)
@@ -1741,12 +1769,11 @@ def panel_preview(request: dict, tool_input: dict | None) -> str:
 def preview_rows(text: str, width: int, style: Style,
                  lang: str = "sh") -> list[str]:
     """Lines of code or a command, as lines; after PANEL_PREVIEW_LINES, how many more there are."""
-    rows = text.split("\n")
+    rows, more = head_rows(text.split("\n"), PANEL_PREVIEW_LINES)
     out = []
-    for line in rows[:PANEL_PREVIEW_LINES]:
+    for line in rows:
         out += render_code_line(line, lang, width, style)
-    if len(rows) > PANEL_PREVIEW_LINES:
-        more = len(rows) - PANEL_PREVIEW_LINES
+    if more:
         out.append(style.paint(more_lines(more), "dim"))
     return out
 
@@ -1980,7 +2007,8 @@ KEY_HELP = (
     ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
     ("Ctrl-D", "quit (on an empty input)"),
     ("Ctrl-L", "clear the screen"),
-    ("Ctrl-O", "show the whole output of the newest tool card, or the model's thinking"),
+    ("Ctrl-O", "open or close the newest tool card, or the thinking that streams"),
+    ("Ctrl-R", "the transcript: everything, every card whole (q leaves)"),
     ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
     ("Up, Down", "input history; in a permission question, choose an answer"),
     ("y, a, n",
@@ -2562,6 +2590,12 @@ ESC_TIMEOUT = 0.05
 DOUBLE_ESC_S = 0.6
 # a resumed session shows its last turns (bounded resume time)
 REPLAY_TURNS = 30
+# The transcript view's keys (a text key by its character): rows or pages to move (Home and End
+# go all the way), and the keys that leave it.
+TRANSCRIPT_ROWS = {"up": -1, "k": -1, "down": 1, "j": 1}
+TRANSCRIPT_PAGES = {"pageup": -1, "b": -1, "pagedown": 1, " ": 1,
+                    "home": -sys.maxsize, "g": -sys.maxsize, "end": sys.maxsize, "G": sys.maxsize}
+TRANSCRIPT_LEAVE = frozenset({"q", "esc", "ctrl+r", "ctrl+c", "ctrl+o"})
 
 
 class App:
@@ -2595,6 +2629,14 @@ class App:
         self._spawn = spawn or asyncio.ensure_future
         # time.monotonic() of the last Esc that did nothing (Esc Esc opens /rewind)
         self._idle_esc = 0.0
+        # the durable events so far, a resumed session's included: what the transcript view reads
+        self.log: list[dict] = []
+        # the transcript view's first row shown; None: the view is closed
+        self.transcript_top: int | None = None
+        # the view's bytes as last drawn (b"": the alternate screen is off)
+        self._view = b""
+        # ((events, width), the view's rows)
+        self._view_rows: tuple = (None, [])
 
     # -- input --
 
@@ -2605,6 +2647,8 @@ class App:
             self.composer._refresh_menu()
         if kind == "UserMessageCreated":
             self.turn_mode = self._mode()
+        if kind in events.DURABLE:
+            self.log.append(event)
         try:
             self.timeline.apply(event)
         except Exception as exc:
@@ -2624,6 +2668,8 @@ class App:
                                               "descriptor": "Proceed with this plan?"})
 
     def on_key(self, key: Key) -> None:
+        if self.transcript_top is not None:
+            return self._transcript_key(key)
         if key.name != "ctrl+c":
             self.notice = ""
         permissions = self.timeline.permissions
@@ -2635,6 +2681,8 @@ class App:
             return self.quit(0)
         if key.name == "ctrl+o":
             return self.timeline.expand_last_card()
+        if key.name == "ctrl+r":
+            return self.open_transcript()
         if key.name == "shift+tab":
             return self.call(self.controller.cycle_mode)
         if key.name == "esc":
@@ -2694,6 +2742,8 @@ class App:
             self.timeline.error(f"{what}: {result}")
         elif result is QUIT:
             self.quit(0)
+        elif result is TRANSCRIPT:
+            self.open_transcript()
         elif isinstance(result, str) and result.strip():
             self.timeline.note(result)
 
@@ -2880,13 +2930,65 @@ class App:
     def render(self, now: float) -> bytes:
         self.timeline.width = self.width
         self._run_queued_shell()
+        if self.transcript_top is not None:
+            return self._draw_transcript()
+        leaving = self.leave_transcript()
         settled = self.timeline.take_settled()
         lines, cursor = self.frame(now)
-        return self.renderer.draw(settled, lines, cursor)
+        return leaving + self.renderer.draw(settled, lines, cursor)
 
     def close(self) -> bytes:
+        leaving = self.leave_transcript()
         self.timeline.finish()
-        return self.renderer.close(self.timeline.take_settled())
+        return leaving + self.renderer.close(self.timeline.take_settled())
+
+    # -- the transcript view (Ctrl-R, /transcript) --
+
+    def open_transcript(self) -> None:
+        """The conversation on the alternate screen, every card and thinking whole, at its end.
+        What settles meanwhile waits, and is printed into the scrollback once the view closes."""
+        self.transcript_top = sys.maxsize
+
+    def leave_transcript(self) -> bytes:
+        """Close the view; the bytes that give the terminal its main screen back, if it was off."""
+        self.transcript_top = None
+        leaving = ALT_SCREEN_OFF.encode() if self._view else b""
+        self._view = b""
+        return leaving
+
+    def _transcript_key(self, key: Key) -> None:
+        which = key.text if key.name == "text" else key.name
+        page = max(1, self.height - 2)
+        if which in TRANSCRIPT_LEAVE:
+            self.transcript_top = None
+        elif which in TRANSCRIPT_ROWS:
+            self.transcript_top += TRANSCRIPT_ROWS[which]
+        elif which in TRANSCRIPT_PAGES:
+            self.transcript_top += TRANSCRIPT_PAGES[which] * page
+
+    def _draw_transcript(self) -> bytes:
+        """The screen's rows but the last, then a footer: where the view is and its keys."""
+        key = (len(self.log), self.width)
+        if self._view_rows[0] != key:
+            lines = render_transcript(self.log, self.width, self.style.color, expanded=True)
+            rows = [row for line in lines for row in fold(line, self.width)]
+            self._view_rows = (key, rows)
+        rows = self._view_rows[1]
+        page = max(1, self.height - 1)
+        self.transcript_top = max(0, min(self.transcript_top, len(rows) - page))
+        shown = rows[self.transcript_top:self.transcript_top + page]
+        shown += [""] * (page - len(shown))
+        last = min(self.transcript_top + page, len(rows))
+        footer = (f"q leaves · transcript, rows {self.transcript_top + 1}-{last} of {len(rows)}"
+                  " · ↑↓ PgUp PgDn Home End scroll")
+        footer = self.style.paint(clip(footer, self.width), "dim")
+        body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in shown)
+        view = (SYNC_BEGIN + CURSOR_HOME + body + footer + ERASE_LINE_END + SYNC_END).encode()
+        opening = b"" if self._view else ALT_SCREEN_ON.encode()
+        if view == self._view:
+            return b""
+        self._view = view
+        return opening + view
 
     def resize(self, width: int, height: int) -> None:
         self.renderer.resize(self.width, width)
@@ -3021,7 +3123,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         for key in keys:
             if key.name == "ctrl+z":
                 suspend()
-            elif key.name == "ctrl+l":
+            elif key.name == "ctrl+l" and app.transcript_top is None:
                 # the live region first: the cleared screen a terminal keeps in its scrollback
                 # holds the conversation, no copy of the composer
                 write(app.renderer.draw([], [], (0, 0)) + CLEAR_SCREEN.encode())
@@ -3049,7 +3151,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
 
     def suspend() -> None:
         """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
-        write(app.renderer.close(app.timeline.take_settled()))
+        write(app.leave_transcript() + app.renderer.close(app.timeline.take_settled()))
         terminal.leave()
         # returns once the shell continues us
         os.kill(os.getpid(), signal.SIGTSTP)
@@ -3067,6 +3169,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
     installed, unsubscribe = [], None
     terminal.enter()
     try:
+        replay = list(replay)
+        app.log = [event for event in replay if event.get("type") in events.DURABLE]
         lines = render_transcript(replay, width, color, max_turns=REPLAY_TURNS)
         if lines:
             write((NEWLINE.join(lines) + NEWLINE).encode())

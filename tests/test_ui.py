@@ -456,9 +456,12 @@ def test_thinking_streams_collapsed_opens_with_ctrl_o_and_settles_collapsed(widt
     assert len(settled) == 1 and settled[0].startswith("✻ Thinking · 5s · First read the file.")
     assert "step59" not in text_of(screen), "kept collapsed in the scrollback"
     app.on_key(K("ctrl+o"))
-    stream.feed(app.render(started + 7))
-    whole = "\n".join(screen_rows(screen))
-    assert "step0" in whole and "step59" in whole, "Ctrl-O prints the settled thinking whole"
+    assert app.timeline.take_settled() == [], "the scrollback is never written twice"
+    app.on_key(K("ctrl+r"))
+    view = pyte.Screen(width, 30)
+    pyte.ByteStream(view).feed(app.render(started + 7))
+    whole = text_of(view)
+    assert "step0" in whole and "step59" in whole, "the transcript view shows the thinking whole"
 
 
 def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_time():
@@ -1316,7 +1319,7 @@ def test_ctrl_o_expands_the_newest_card_in_place(width):
     assert "› next question" in rows[card + 41]
 
 
-def test_ctrl_o_after_the_card_settled_prints_its_output_below():
+def test_ctrl_o_after_the_card_settled_prints_nothing_and_ctrl_r_shows_its_output():
     app = ui.App(FakeController(), style=MONO, width=80)
     for e in bash_card_events(12):
         app.on_event(e)
@@ -1325,8 +1328,11 @@ def test_ctrl_o_after_the_card_settled_prints_its_output_below():
     first = app.timeline.take_settled()
     assert "    … 7 lines …" in first and "output line 7" not in " ".join(first)
     app.on_key(K("ctrl+o"))
-    again = app.timeline.take_settled()
-    assert "Output of:" in again and any("output line 7" in row for row in again)
+    assert app.timeline.take_settled() == [], "no copy of the card is appended"
+    app.on_key(K("ctrl+r"))
+    view = pyte.Screen(80, 24)
+    pyte.ByteStream(view).feed(app.render(1.0))
+    assert "output line 7" in text_of(view) and "… 7 lines …" not in text_of(view)
 
 
 # ---- discoverable: the / menu (issue 14) ----
@@ -1663,3 +1669,103 @@ def test_plan_mode_shows_a_badge_shift_tab_cycles_and_a_finished_plan_asks_to_pr
     app.on_event(event("UserMessageCreated", text="just do it"))
     app.on_event(event("TaskCompleted"))                    # not a plan: nothing asked
     assert app.timeline.permissions == []
+
+
+# ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
+
+def all_rows(screen):
+    """The scrollback's rows and the screen's, blank ones kept."""
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    return history + [row.rstrip() for row in screen.display]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_o_toggles_the_newest_card_in_place_and_appends_no_copy(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=40)
+    screen = pyte.HistoryScreen(width, 40, history=500)
+    stream = pyte.ByteStream(screen)
+    for e in bash_card_events(20):
+        app.on_event(e)
+    stream.feed(app.render(1.0))
+    assert "… 15 lines …" in text_of(screen)
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(1.1))
+    assert "output line 10" in text_of(screen) and "… 15 lines …" not in text_of(screen)
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(1.2))
+    assert "output line 10" not in text_of(screen) and "… 15 lines …" in text_of(screen)
+    app.on_event(event("UserMessageCreated", text="next question"))
+    stream.feed(app.render(1.3))
+    rows = all_rows(screen)
+    assert sum("bash make test" in row for row in rows) == 1
+    assert sum("… 15 lines …" in row for row in rows) == 1, "settled as it was shown"
+    assert not any("output line 10" in row for row in rows)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_r_reads_the_transcript_on_the_alternate_screen_every_card_whole(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=20)
+    main = pyte.HistoryScreen(width, 20, history=500)
+    pyte.ByteStream(main).feed(app.render(0.5))
+    app.on_event(event("UserMessageCreated", text="run the tests"))
+    for e in bash_card_events(60):
+        app.on_event(e)
+    app.on_event(event("ModelTextBlockCompleted", text="all " + "green " * 30))
+    pyte.ByteStream(main).feed(app.render(1.0))
+    conversation = ("run the tests", "bash make test", "output line", "green", "lines …")
+
+    def said(rows):
+        return [row for row in rows if any(words in row for words in conversation)]
+    before = said(all_rows(main))
+    app.on_key(K("ctrl+r"))
+    data = app.render(1.1)
+    assert data.startswith(ui.ALT_SCREEN_ON.encode())
+    view = pyte.Screen(width, 20)
+    pyte.ByteStream(view).feed(data)
+    rows = [row.rstrip() for row in view.display]
+    assert "green" in "\n".join(rows) and "q leaves" in rows[-1]
+    assert all(ui.visible_width(row) <= width for row in rows)
+    app.on_key(K("home"))
+    pyte.ByteStream(view).feed(app.render(1.2))
+    assert "› run the tests" in text_of(view) and "bash make test" in text_of(view)
+    seen = set()
+    for _ in range(40):
+        seen.update(row.strip() for row in view.display)
+        app.on_key(K("pagedown"))
+        pyte.ByteStream(view).feed(app.render(1.3))
+    assert {f"output line {k}" for k in range(2, 61)} <= seen, "every line of the card"
+    app.on_key(K("up"))
+    app.on_key(K("text", "k"))
+    pyte.ByteStream(view).feed(app.render(1.4))
+    assert app.render(1.45) == b"", "an unchanged view is not redrawn"
+    app.on_event(event("UserMessageCreated", text="sent while reading"))
+    assert b"sent while reading" in app.render(1.5), "the view follows the conversation"
+    app.on_key(K("text", "q"))
+    data = app.render(1.6)
+    assert data.startswith(ui.ALT_SCREEN_OFF.encode())
+    pyte.ByteStream(main).feed(data[len(ui.ALT_SCREEN_OFF.encode()):])
+    rows = all_rows(main)
+    assert said(rows) == before, "the scrollback holds the conversation once, as before"
+    assert sum("sent while reading" in row for row in rows) == 1, "settled once it closed"
+    assert not any("q leaves" in row for row in rows)
+
+
+def test_slash_transcript_opens_the_view_and_escape_leaves_it():
+    class Transcript(FakeController):
+        def run_command(self, line):
+            return ui.TRANSCRIPT
+    app = ui.App(Transcript(), style=MONO, width=60, height=12)
+    app.on_event(event("UserMessageCreated", text="hello"))
+    app.render(0.1)
+    app._dispatch("/transcript")
+    data = app.render(0.2)
+    assert data.startswith(ui.ALT_SCREEN_ON.encode()) and b"hello" in data
+    app.on_key(K("esc"))
+    assert app.render(0.3).startswith(ui.ALT_SCREEN_OFF.encode())
+
+
+def test_closing_while_the_transcript_is_open_gives_the_main_screen_back():
+    app = ui.App(FakeController(), style=MONO, width=60, height=12)
+    app.on_key(K("ctrl+r"))
+    app.render(0.1)
+    assert app.close().startswith(ui.ALT_SCREEN_OFF.encode())
