@@ -596,7 +596,12 @@ def test_a_denied_check_is_not_asked_for_again(terminal, project):
     assert "⚠ 1 file changed" in term.screen() and len(term.requests()) == 5 and rejected(term) == []
 
 
-def test_ctrl_o_shows_the_whole_output_of_the_last_card(terminal):
+def scrollback(term) -> list:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-S", "-", "-t", term.name],
+                          capture_output=True, text=True).stdout.splitlines()
+
+
+def test_ctrl_r_shows_the_whole_output_of_a_settled_card_and_leaves_the_scrollback_as_it_was(terminal):
     term = terminal([reply(bash("seq 1 60 | sed 's/^/row-/'")), reply(text("sixty rows"))], height=40)
     term.type("count")
     term.keys("Enter")
@@ -604,9 +609,20 @@ def test_ctrl_o_shows_the_whole_output_of_the_last_card(terminal):
     term.type("y")
     screen = term.wait_for("sixty rows")
     assert "… 55 lines …" in screen and "row-30" not in screen
-    term.keys("C-o")
-    screen = term.wait_for("row-30")
-    assert "row-31" in screen and "row-60" in screen      # all of it, below the answer
+    term.keys("C-o")                                       # settled: nothing is printed again
+    time.sleep(0.3)
+    assert sum("… 55 lines …" in row for row in scrollback(term)) == 1
+    term.keys("C-r")
+    screen = term.wait_for("q leaves")
+    assert "row-30" in screen and "row-60" in screen and "❯" not in screen
+    term.keys("Home")
+    screen = term.wait_for("› count")
+    assert "row-1" in screen
+    term.type("q")
+    term.wait_for("❯")
+    rows = scrollback(term)
+    assert not any("q leaves" in row or "row-30" in row for row in rows), "\n".join(rows)
+    assert sum("… 55 lines …" in row for row in rows) == 1 and sum(row.startswith("❯ ") for row in rows) == 1
 
 
 def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command_to_trust_it(terminal, project):
