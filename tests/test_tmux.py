@@ -788,3 +788,29 @@ def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_
     # the status line once (the welcome line names the model too, with the sandbox state)
     assert sum("claude-sonnet-5-5" in row and "sandboxed" not in row for row in rows) == 1
     assert sum("an answer" in row for row in rows) == 1
+
+
+def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(terminal):
+    answer = "\n\n".join(f"paragraph {k}" for k in range(12))
+    term = terminal([reply(text(answer)), reply(bash("touch x.txt")), reply(text("done"))],
+                    width=90, height=20)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("paragraph 11")
+    for width in (60, 90, 45, 100):                             # idle
+        subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+        time.sleep(0.3)
+    term.type("make a file")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    for width in (70, 100, 40, 90):                             # a panel open
+        subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+        time.sleep(0.3)
+    term.wait_for("allow once")
+    rows = scrollback(term)
+    shown = "\n".join(rows)
+    assert sum(row.startswith("❯ ") for row in rows) == 1, shown
+    assert sum("allow once" in row for row in rows) == 1, shown
+    assert sum("Run `touch x.txt`" in row for row in rows) == 1, shown
+    assert sum("waiting for your answer" in row for row in rows) == 1, shown
+    assert sum("paragraph 11" in row for row in rows) == 1, shown
