@@ -481,13 +481,12 @@ def _comment_marker(lang: str) -> str:
     return ""
 
 
-def render_code_line(line: str, lang: str, width: int,
-                     style: Style) -> list[str]:
-    if style.color:
-        spans = highlight_code(line, lang)
-    else:
-        spans = [(line, ())]
-    return wrap_spans(spans, width, style, hard=True)
+def render_code_line(line: str, lang: str, style: Style) -> str:
+    """One line of a code block, never cut: the terminal wraps it, so copying it (or a URL in
+    it) from the scrollback gives the line as written."""
+    if not style.color:
+        return line
+    return join_runs(highlight_code(line, lang), style)
 
 
 def render_fence_line(line: str, width: int, style: Style) -> list[str]:
@@ -773,8 +772,7 @@ class MarkdownStream:
             block = self._block + ([partial] if partial.strip() else [])
             return render_block(block, self.width, self.style)
         if partial:
-            return render_code_line(partial, self._lang, self.width,
-                                    self.style)
+            return [render_code_line(partial, self._lang, self.style)]
         return []
 
     def _cut_long(self, line: str) -> str:
@@ -796,8 +794,7 @@ class MarkdownStream:
                 self._emit(render_fence_line(line, self.width, self.style))
                 self._fence = ""
             else:
-                self._emit(render_code_line(line, self._lang, self.width,
-                                            self.style))
+                self._emit([render_code_line(line, self._lang, self.style)])
         elif not line.strip():
             self._settle_block()
             self._blank_pending = self._emitted
@@ -1772,7 +1769,8 @@ def preview_rows(text: str, width: int, style: Style,
     rows, more = head_rows(text.split("\n"), PANEL_PREVIEW_LINES)
     out = []
     for line in rows:
-        out += render_code_line(line, lang, width, style)
+        spans = highlight_code(line, lang) if style.color else [(line, ())]
+        out += wrap_spans(spans, width, style, hard=True)
     if more:
         out.append(style.paint(more_lines(more), "dim"))
     return out
@@ -2029,8 +2027,9 @@ RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was
 
 
 def keys_help() -> str:
-    """KEY_HELP as /help and "?" show it."""
-    return "**Keys**\n\n" + "\n".join(f"- `{key}` {what}" for key, what in KEY_HELP)
+    """KEY_HELP as /help and "?" show it: a table, the keys in one column."""
+    rows = [f"| {key} | {what} |" for key, what in KEY_HELP]
+    return "**Keys**\n\n| key | what it does |\n|---|---|\n" + "\n".join(rows)
 
 
 # ════ Composer ════

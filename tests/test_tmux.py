@@ -814,3 +814,16 @@ def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(te
     assert sum("Run `touch x.txt`" in row for row in rows) == 1, shown
     assert sum("waiting for your answer" in row for row in rows) == 1, shown
     assert sum("paragraph 11" in row for row in rows) == 1, shown
+
+
+def test_a_pasted_200_lines_shows_as_200_lines_and_sends_them_all(terminal):
+    term = terminal([reply(text("got it"))])
+    pasted = "\n".join(f"pasted row {k}" for k in range(1, 201))
+    subprocess.run(["tmux", "set-buffer", "-b", term.name, pasted], check=True)
+    subprocess.run(["tmux", "paste-buffer", "-p", "-d", "-b", term.name, "-t", term.name], check=True)
+    term.wait_for("[Pasted 200 lines]")
+    term.keys("Enter")
+    term.wait_for("got it")
+    sent = term.requests()[-1]["body"]["messages"][-1]["content"]
+    sent = sent if isinstance(sent, str) else "".join(b.get("text", "") for b in sent)
+    assert "pasted row 1\n" in sent and sent.count("pasted row") == 200 and "pasted row 200" in sent

@@ -1770,3 +1770,74 @@ def test_closing_while_the_transcript_is_open_gives_the_main_screen_back():
     app.on_key(K("ctrl+r"))
     app.render(0.1)
     assert app.close().startswith(ui.ALT_SCREEN_OFF.encode())
+
+
+# ---- issue 22: code lines are not cut, /help in columns, counts ----
+
+LONG_CODE = ("result = fetch('https://example.com/api/v2/projects/khaelor/releases?page=2&per_page=100"
+             "&sort=created') + compute(alpha, beta, gamma, delta)")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_long_code_line_is_not_cut_so_copying_it_gives_the_line_as_written(width):
+    lines = ui.render_transcript([event("ModelTextBlockCompleted",
+                                        text=f"Run:\n\n```python\n{LONG_CODE}\n```\n\nDone.")],
+                                 width, True)
+    plain = [ui.SGR_RE.sub("", line) for line in lines]
+    assert LONG_CODE in plain, "one line, not broken into rows"
+    app = ui.App(FakeController(), style=COLOR, width=width, height=20)
+    screen = pyte.HistoryScreen(width, 20, history=200)
+    stream = pyte.ByteStream(screen)
+    text = f"Run:\n\n```python\n{LONG_CODE}\n```\n\nDone."
+    for k in range(0, len(text), 7):
+        app.on_event(event("TextDelta", text=text[k:k + 7]))
+        stream.feed(app.render(k / 100))
+    app.on_event(event("ModelTextBlockCompleted", text=text))
+    stream.feed(app.render(5.0))
+    rows = all_rows(screen)
+    first = next(k for k, row in enumerate(rows) if row.startswith("result = fetch"))
+    n_rows = -(-len(LONG_CODE) // width)
+    assert "".join(row.ljust(width) for row in rows[first:first + n_rows]).rstrip() == LONG_CODE
+    assert sum(row.startswith("❯") for row in rows) == 1 and sum("Done." in row for row in rows) == 1
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_help_keys_read_in_columns(width):
+    timeline = ui.Timeline(MONO, width)
+    timeline.note(ui.keys_help())
+    lines = timeline.take_settled()
+    assert all(ui.visible_width(line) <= width for line in lines)
+    row = next(line for line in lines if "Ctrl-R" in line)
+    column = row.index("│")
+    ctrl_l = next(line for line in lines if line.startswith("Ctrl-L"))
+    assert ctrl_l.index("│") == column, "the keys in one column, what they do in the next"
+    assert "clear the screen" in ctrl_l
+
+
+@pytest.mark.parametrize("n_lines", [2, 3, 4, 6, 30, 31, 32])
+def test_never_one_more_line(n_lines):
+    lines = ui.render_transcript([event("UserMessageCreated", text="\n".join(
+        f"line {k}" for k in range(1, n_lines + 1)))], 80)
+    text = "\n".join(lines)
+    assert "1 more line" not in text
+    if n_lines <= ui.USER_MESSAGE_MAX_LINES + 1:
+        assert f"line {n_lines}" in text
+    else:
+        assert f"… {n_lines - ui.USER_MESSAGE_MAX_LINES} more lines" in text
+    card = ui.render_transcript(bash_card_events(n_lines), 80)
+    assert "1 more line" not in "\n".join(card) and " 1 lines" not in "\n".join(card)
+    preview = ui.preview_rows("\n".join(f"row {k}" for k in range(n_lines)), 80, MONO)
+    assert "1 more line" not in "\n".join(preview)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("ending", ["\n", "\r\n", "\r"])
+def test_a_pasted_200_lines_counts_200(width, ending):
+    c = ui.Composer()
+    pasted = ending.join(f"row {k}" for k in range(200)) + ending
+    c.handle(ui.Key("paste", pasted))
+    assert c.text == "[Pasted 200 lines]"
+    rows, _, _ = c.render(width, MONO)
+    assert "".join(row[2:] for row in rows) == "[Pasted 200 lines]"
+    sent = c.handle(K("enter"))
+    assert sent.rstrip("\n").split("\n") == [f"row {k}" for k in range(200)]
