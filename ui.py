@@ -4,7 +4,8 @@ Owns: drawing (finished lines printed once into the terminal's scrollback above 
 region), streaming markdown with settled blocks, the fold from events to timeline lines, the
 composer and its key decoder, the permission panel, the status line, raw mode and restoring it.
 Must not: import anything of ours but `events` (the closed-response rule, USER_SHELL_ID), touch
-the network, write any file but the composer history file it is given, or do anything at import time.
+the network, write any file but the composer history file it is given, or do anything at import
+time.
 
 Public API (only khaelor.py imports this module):
 
@@ -19,13 +20,15 @@ Public API (only khaelor.py imports this module):
         SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
         every path, exceptions included.
     render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
-    Controller, QUIT                                               see below
+    Controller, QUIT, TRANSCRIPT                                   see below
 
 While a question is open, typing goes to the composer (Enter sends it as steering); y/a/n answer
-only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc stops
-it: interrupt()); its UserShellRan settles its card. Ctrl-O expands the newest card.
+only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc
+stops it: interrupt()); its UserShellRan settles its card. Ctrl-O opens or closes the newest card while
+it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
+TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
-error line. run_command may return a str (shown as markdown) or QUIT (ends the app).
+error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines, matches, files, exit_code,
 duration_ms, timed_out, truncated; FileModified adds +added −removed and the coloured diff.
 """
@@ -222,7 +225,9 @@ def fold(line: str, width: int) -> list[str]:
     """A styled line cut into rows of `width` cells, each row's style closed and reopened on the
     next (the transcript view draws whole rows; it cannot let the terminal wrap them)."""
     rows = []
-    row, used, active = "", 0, ""
+    # the row so far, its cells, the style open at its end
+    row, used = "", 0
+    active = ""
     for piece in SGR_RE.split(line):
         if piece.startswith(ESC):
             row += piece
@@ -241,21 +246,28 @@ def fold(line: str, width: int) -> list[str]:
     return rows + [row]
 
 
+def more_lines(n: int) -> str:
+    """"… 2 more lines"."""
+    return f"… {n} more line" + "s" * (n != 1)
+
+
+def head_rows(rows: list, limit: int) -> tuple[list, int]:
+    """The first `limit` rows and how many are left out, never just one: "… 1 more line" would
+    take the row that the line itself fits in."""
+    if len(rows) <= limit + 1:
+        return rows, 0
+    return rows[:limit], len(rows) - limit
+
+
 def sanitize(text: str) -> str:
     """Model and tool text is untrusted: drop escape sequences and control characters, let a
     carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
-    text = events.plain_text(text)
-    if "\t" in text:
-        text = text.expandtabs(4)
-    return text
+    return events.plain_text(text).expandtabs(4)
 
 
 def shown(text: str) -> str:
     """A command or a path the user judges: every character shown, none interpreted."""
-    text = events.visible_controls(text)
-    if "\t" in text:
-        text = text.expandtabs(4)
-    return text
+    return events.visible_controls(text).expandtabs(4)
 
 
 # ════ Styles ════
@@ -384,16 +396,15 @@ KEYWORDS = frozenset("""
     self static struct super switch this throw true try type
     typeof use var void while with yield True False None
     """.split())
-HASH_COMMENT_LANGS = frozenset("""
-    python py sh bash zsh shell console ruby rb yaml yml toml
-    perl r make makefile dockerfile ini conf cfg elixir ex nim
-    ps1 powershell
-    """.split())
-SLASH_COMMENT_LANGS = frozenset("""
-    c h cpp cc hpp cs java js jsx ts tsx javascript typescript
-    go rust rs swift kotlin kt scala dart php json jsonc zig
-    """.split())
-DASH_COMMENT_LANGS = frozenset("sql lua haskell hs elm".split())
+# A language's comment marker, by its fence tag (unknown: "", either marker).
+COMMENT_MARKERS = {lang: marker for marker, langs in (
+    ("#", """python py sh bash zsh shell console ruby rb yaml yml toml
+             perl r make makefile dockerfile ini conf cfg elixir ex nim
+             ps1 powershell"""),
+    ("//", """c h cpp cc hpp cs java js jsx ts tsx javascript typescript
+              go rust rs swift kotlin kt scala dart php json jsonc zig"""),
+    ("--", "sql lua haskell hs elm"),
+) for lang in langs.split()}
 
 
 def _code_token_re(comment: str) -> re.Pattern:
@@ -467,18 +478,8 @@ def highlight_code(line: str, lang: str) -> list[Span]:
     if lang in ("diff", "patch"):
         role = {"+": "added", "-": "removed", "@": "hunk"}.get(line[:1])
         return [(line, (role,) if role else ())]
-    pattern = CODE_TOKEN_RES[_comment_marker(lang)]
+    pattern = CODE_TOKEN_RES[COMMENT_MARKERS.get(lang, "")]
     return regex_spans(pattern, line, lambda m: [(m[0], (m.lastgroup,))])
-
-
-def _comment_marker(lang: str) -> str:
-    if lang in HASH_COMMENT_LANGS:
-        return "#"
-    if lang in SLASH_COMMENT_LANGS:
-        return "//"
-    if lang in DASH_COMMENT_LANGS:
-        return "--"
-    return ""
 
 
 def render_code_line(line: str, lang: str, style: Style) -> str:
@@ -894,19 +895,6 @@ ERROR_WORDS = {
 }
 
 
-def more_lines(n: int) -> str:
-    """"… 2 more lines"."""
-    return f"… {n} more line" + "s" * (n != 1)
-
-
-def head_rows(rows: list, limit: int) -> tuple[list, int]:
-    """The first `limit` rows and how many are left out, never just one: "… 1 more line" would
-    take the row that the line itself fits in."""
-    if len(rows) <= limit + 1:
-        return rows, 0
-    return rows[:limit], len(rows) - limit
-
-
 def format_duration(ms: float) -> str:
     seconds = ms / 1000
     if seconds < 1:
@@ -1136,10 +1124,10 @@ class Timeline:
         elif self._held is not None:
             self._held_expanded = not self._held_expanded
 
-    def _hold(self, card: FinishedCard) -> None:
+    def _hold(self, head: list[str], output: list[str], head_only: bool = False) -> None:
         """A finished card stays live (Ctrl-O can open it) until something follows."""
         self._release_card()
-        self._held = card
+        self._held = FinishedCard(head, output[:EXPANDED_MAX_LINES], len(output), head_only)
 
     def _release_card(self) -> None:
         held, self._held = self._held, None
@@ -1421,8 +1409,7 @@ class Timeline:
         output = []
         if failed or (card.output != "none" and not card.changes):
             output = card_output(e, meta)
-        head_only = card.output == "head" and not failed
-        self._hold(FinishedCard(lines, output[:EXPANDED_MAX_LINES], len(output), head_only))
+        self._hold(lines, output, card.output == "head" and not failed)
 
     _on_ToolFailed = _on_ToolCompleted
 
@@ -1446,9 +1433,7 @@ class Timeline:
             symbol, facts = self.style.paint("●", "ok"), meta_facts(meta)
         else:
             symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
-        output = card_output(e, meta)
-        head = [self._card_line(symbol, "!", summary, facts)]
-        self._hold(FinishedCard(head, output[:EXPANDED_MAX_LINES], len(output), False))
+        self._hold([self._card_line(symbol, "!", summary, facts)], card_output(e, meta))
 
     def _on_ToolCancelled(self, e: dict) -> None:
         # a question left open by an interrupted turn is no longer asked
@@ -1460,7 +1445,8 @@ class Timeline:
 
     def _on_TaskCompleted(self, e: dict) -> None:
         """The evidence in one line: `✓ 2 files changed · pytest -q exit 0`. The ✓ only when
-        every check passed and nothing is unresolved; a failed check shows as `✗ pytest -q exit 1`."""
+        every check passed and nothing is unresolved; a failed check shows as
+        `✗ pytest -q exit 1`."""
         e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
         facts = []
         if e.get("changed_files"):
@@ -1779,13 +1765,18 @@ def preview_rows(text: str, width: int, style: Style,
 def render_permission_panel(request: dict, width: int, style: Style,
                             feedback: str | None = None,
                             selected: int = 0, composing: bool = False,
-                            tool_input: dict | None = None) -> list[str]:
+                            tool_input: dict | None = None, room: int = 0) -> list[str]:
     """What the call will do and the choices (`selected` is marked); after `n`, the feedback
     line. `composing`: the composer holds text, so Enter sends it instead of answering.
-    `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing."""
+    `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing.
+    `room`: the rows there are, if any fewer than it needs (the answers are always kept)."""
     head = panel_head(request, width, style, tool_input)
     footer = panel_footer(request, width, style, feedback, selected,
                           composing)
+    if room and len(head) + len(footer) > room:
+        keep = max(1, room - len(footer) - 1)
+        hidden = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
+        head = head[:keep] + [clip(style.paint(hidden, "warning"), width)]
     return head + footer
 
 
@@ -2144,16 +2135,11 @@ class Composer:
                 # a torn line (a crash mid-write): load the rest
                 continue
             if isinstance(entry, str):
-                self.history.append(entry)
-                continue
-            if not isinstance(entry, dict):
-                continue
-            text = entry.get("text")
-            if isinstance(text, str):
-                # a message holding collapsed pastes
-                self.history.append(text)
-                pastes = dict(entry.get("pastes") or {})
-                self._history_pastes[text] = pastes
+                entry = {"text": entry}
+            # a message holding collapsed pastes: {"text": …, "pastes": {label: content}}
+            if isinstance(entry, dict) and isinstance(entry.get("text"), str):
+                self.history.append(entry["text"])
+                self._history_pastes[entry["text"]] = dict(entry.get("pastes") or {})
 
     # -- editing --
 
@@ -2908,23 +2894,11 @@ class App:
         """The open permission question, if any, in at most `room` rows when it can be."""
         if not self.timeline.permissions:
             return []
-        width, style = self.width, self.style
         request = self.timeline.permissions[0]
         card = self.timeline.cards.get(request.get("tool_use_id", ""))
-        tool_input = card.tool_input if card else None
-        head = panel_head(request, width, style, tool_input)
-        footer = panel_footer(request, width, style, self.feedback,
-                              self.panel_choice,
-                              composing=bool(self.composer.text))
-        panel = head + footer
-        # a small terminal: say what is left out, keep the answers
-        if len(panel) > room:
-            keep = max(1, room - len(footer) - 1)
-            hidden = (f"│ … {len(head) - keep} panel lines hidden "
-                      "(small terminal)")
-            hidden = style.paint(hidden, "warning")
-            panel = head[:keep] + [clip(hidden, width)] + footer
-        return panel
+        return render_permission_panel(request, self.width, self.style, self.feedback,
+                                       self.panel_choice, bool(self.composer.text),
+                                       card.tool_input if card else None, room)
 
     def render(self, now: float) -> bytes:
         self.timeline.width = self.width
