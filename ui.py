@@ -115,7 +115,6 @@ NEWLINE = "\r\n"
 # (scroll-on-clear) and others take that for a clear screen and keep a copy in the scrollback.
 ERASE_DOWN = CSI + "2K" + ESC + "7" + CSI + "B" + CSI + "J" + ESC + "8"
 CURSOR_HOME = CSI + "H"
-CLEAR_SCREEN = CURSOR_HOME + CSI + "2J"
 ERASE_LINE_END = CSI + "K"
 SHOW_CURSOR = CSI + "?25h"
 HIDE_CURSOR = CSI + "?25l"
@@ -2513,14 +2512,14 @@ class InlineRenderer:
             if not settled:
                 start = _first_difference(self._lines, lines)
                 start = min(start, len(self._lines) - 1, len(lines))
-            parts.append(self._move_rows(start - self._cursor[0]))
+            parts.append(move_rows(start - self._cursor[0]))
         parts.append(CARRIAGE_RETURN + ERASE_DOWN)
         if settled:
             parts.append(NEWLINE.join(settled) + NEWLINE)
         parts.append(NEWLINE.join(lines[start:]))
         end_row = len(lines) - 1 if start < len(lines) else start
         row, column = cursor
-        parts.append(self._move_rows(row - end_row) + CARRIAGE_RETURN)
+        parts.append(move_rows(row - end_row) + CARRIAGE_RETURN)
         if column:
             parts.append(CURSOR_FORWARD.format(column))
         parts.append(SYNC_END)
@@ -2546,13 +2545,14 @@ class InlineRenderer:
         self._cursor = (rows_above + column // new_width, 0)
         self._lines = [""] * (self._cursor[0] + 1)
 
-    @staticmethod
-    def _move_rows(delta: int) -> str:
-        if delta < 0:
-            return CURSOR_UP.format(-delta)
-        if delta > 0:
-            return CURSOR_DOWN.format(delta)
-        return ""
+
+def move_rows(delta: int) -> str:
+    """The cursor `delta` rows down (up if negative); nothing for 0 (CSI 0A would move one)."""
+    if delta < 0:
+        return CURSOR_UP.format(-delta)
+    if delta > 0:
+        return CURSOR_DOWN.format(delta)
+    return ""
 
 
 def _first_difference(old: list[str], new: list[str]) -> int:
@@ -2915,6 +2915,18 @@ class App:
         self.timeline.finish()
         return leaving + self.renderer.close(self.timeline.take_settled())
 
+    def clear_screen(self, now: float) -> bytes:
+        """Ctrl-L. The live region is erased (no copy of it is kept), then newlines from where it
+        was scroll every row above it into the scrollback: the conversation stays there in every
+        terminal (CSI 2J discards it in some), and the live region starts again at the bottom,
+        where a narrower window cannot push its rows into the scrollback (tmux keeps the blank
+        rows below the cursor when it reflows, and a region high on the screen is pushed up)."""
+        erase = self.renderer.draw([], [], (0, 0))
+        lines, _ = self.frame(now)
+        up = move_rows(1 - len(lines))
+        self.renderer = InlineRenderer()
+        return erase + (NEWLINE * (self.height - 1) + up).encode()
+
     # -- the transcript view (Ctrl-R, /transcript) --
 
     def open_transcript(self) -> None:
@@ -3097,11 +3109,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
             if key.name == "ctrl+z":
                 suspend()
             elif key.name == "ctrl+l" and app.transcript_top is None:
-                # the live region first: the cleared screen a terminal keeps in its scrollback
-                # holds the conversation, no copy of the composer
-                write(app.renderer.draw([], [], (0, 0)) + CLEAR_SCREEN.encode())
-                # the screen is blank: draw afresh
-                app.renderer = InlineRenderer()
+                write(app.clear_screen(time.monotonic()))
             else:
                 app.on_key(key)
         request_frame()

@@ -790,13 +790,17 @@ def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_
     assert sum("an answer" in row for row in rows) == 1
 
 
-def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(terminal):
+@pytest.mark.parametrize("clear_first", [False, True])
+def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(terminal, clear_first):
     answer = "\n\n".join(f"paragraph {k}" for k in range(12))
     term = terminal([reply(text(answer)), reply(bash("touch x.txt")), reply(text("done"))],
                     width=90, height=20)
     term.type("hello")
     term.keys("Enter")
     term.wait_for("paragraph 11")
+    if clear_first:                                             # the live region at the top
+        term.keys("C-l")
+        time.sleep(0.3)
     for width in (60, 90, 45, 100):                             # idle
         subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
         time.sleep(0.3)

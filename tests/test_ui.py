@@ -1841,3 +1841,23 @@ def test_a_pasted_200_lines_counts_200(width, ending):
     assert "".join(row[2:] for row in rows) == "[Pasted 200 lines]"
     sent = c.handle(K("enter"))
     assert sent.rstrip("\n").split("\n") == [f"row {k}" for k in range(200)]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_l_scrolls_the_conversation_into_the_scrollback_and_starts_at_the_bottom(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=15)
+    screen = pyte.HistoryScreen(width, 15, history=500)
+    stream = pyte.ByteStream(screen)
+    app.on_event(event("UserMessageCreated", text="hello"))
+    app.on_event(event("ModelTextBlockCompleted", text="an answer"))
+    stream.feed(app.render(1.0))
+    for k in range(3):
+        stream.feed(app.clear_screen(1.1 + k))
+        stream.feed(app.render(1.2 + k))
+    rows = all_rows(screen)
+    assert sum("an answer" in row for row in rows) == 1 and sum("› hello" in row for row in rows) == 1
+    assert sum(row.startswith("❯") for row in rows) == 1
+    display = [row.rstrip() for row in screen.display]
+    assert display[-1].startswith("❯") and "claude-sonnet-5-5" in display[-2]
+    assert not any(display[:-2]), "the rest of the screen is blank"
+    assert "an answer" in "\n".join(rows[:len(rows) - 15]), "in the scrollback"
