@@ -245,17 +245,14 @@ def fold(line: str, width: int) -> list[str]:
     return rows + [row]
 
 
-def more_lines(n: int) -> str:
-    """"… 2 more lines"."""
-    return f"… {n} more line" + "s" * (n != 1)
+def more_lines(n: int, what: str = "line") -> str:
+    """"… 1 more line", "… 12 more lines"."""
+    return f"… {n} more {what}" + "s" * (n != 1)
 
 
 def head_rows(rows: list, limit: int) -> tuple[list, int]:
-    """The first `limit` rows and how many are left out, never just one: "… 1 more line" would
-    take the row that the line itself fits in."""
-    if len(rows) <= limit + 1:
-        return rows, 0
-    return rows[:limit], len(rows) - limit
+    """The first `limit` rows and how many are left out."""
+    return rows[:limit], max(0, len(rows) - limit)
 
 
 def sanitize(text: str) -> str:
@@ -676,8 +673,8 @@ def render_diff(diff: str, width: int, style: Style,
     in_hunk = False
     rows = sanitize(diff).split("\n")
     for n, raw in enumerate(rows):
-        if len(out) >= max_lines and len(rows) - n > 1:
-            out.append(style.paint("     " + more_lines(len(rows) - n), "dim"))
+        if len(out) >= max_lines:
+            out.append(style.paint("     " + more_lines(len(rows) - n, "diff line"), "dim"))
             break
         if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
             old = int(m.group(1))
@@ -921,6 +918,10 @@ def card_view(e: dict, tool_input: dict) -> dict:
     return {"summary": strings[0] if strings else "", "output": "tail"}
 
 
+# a finished call's flags, in the card line's words
+META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
+
+
 def meta_facts(meta: dict) -> list[str]:
     facts = []
     for key in ("lines", "matches", "files"):
@@ -930,10 +931,7 @@ def meta_facts(meta: dict) -> list[str]:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
         facts.append(format_duration(meta["duration_ms"]))
-    if meta.get("timed_out"):
-        facts.append("timed out")
-    if meta.get("truncated"):
-        facts.append("truncated")
+    facts += [words for key, words in META_FLAGS if meta.get(key)]
     return facts
 
 
@@ -1421,10 +1419,7 @@ class Timeline:
     def _on_UserShellRan(self, e: dict) -> None:
         """The user's own command, drawn like a bash card: `● ! git status · exit 0 · 0.2s`."""
         self.cards.pop(events.USER_SHELL_ID, None)
-        meta = {}
-        for key in ("exit_code", "duration_ms"):
-            if e.get(key) is not None:
-                meta[key] = e[key]
+        meta = {key: e[key] for key in ("exit_code", "duration_ms") if e.get(key) is not None}
         summary = one_line(str(e.get("command", "")))
         if e.get("stopped"):
             symbol, facts = "○", ["stopped"]
@@ -1516,7 +1511,7 @@ class Timeline:
         hint = " · ctrl+o shows all" if live else ""
         if expanded:
             rows = self._preview(output, n)
-        elif card.head_only and n > PREVIEW_LINES + 1:
+        elif card.head_only and n > PREVIEW_LINES:
             rows = self._preview(output[:PREVIEW_LINES], PREVIEW_LINES)
             more = n - PREVIEW_LINES
             rows.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
@@ -1606,7 +1601,8 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
         hidden = len(starts) - max_turns
-        timeline._dim_line(f"… {hidden} earlier turn{'s' * (hidden != 1)} not shown")
+        turns = "turn" + "s" * (hidden != 1)
+        timeline._dim_line(f"… {hidden} earlier {turns} not shown")
         events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)

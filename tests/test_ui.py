@@ -1815,19 +1815,22 @@ def test_help_keys_read_in_columns(width):
 
 
 @pytest.mark.parametrize("n_lines", [2, 3, 4, 6, 30, 31, 32])
-def test_never_one_more_line(n_lines):
+def test_what_is_left_out_is_counted_exactly_and_one_line_is_one_line(n_lines):
     lines = ui.render_transcript([event("UserMessageCreated", text="\n".join(
         f"line {k}" for k in range(1, n_lines + 1)))], 80)
-    text = "\n".join(lines)
-    assert "1 more line" not in text
-    if n_lines <= ui.USER_MESSAGE_MAX_LINES + 1:
-        assert f"line {n_lines}" in text
-    else:
-        assert f"… {n_lines - ui.USER_MESSAGE_MAX_LINES} more lines" in text
     card = ui.render_transcript(bash_card_events(n_lines), 80)
-    assert "1 more line" not in "\n".join(card) and " 1 lines" not in "\n".join(card)
-    preview = ui.preview_rows("\n".join(f"row {k}" for k in range(n_lines)), 80, MONO)
-    assert "1 more line" not in "\n".join(preview)
+    preview = ui.preview_rows("\n".join(f"row {k}" for k in range(n_lines)), 80, MONO, "sh")
+    text = "\n".join(lines + card + preview)
+    assert "1 more lines" not in text and " 1 lines" not in text
+    hidden = n_lines - ui.USER_MESSAGE_MAX_LINES
+    if hidden > 0:
+        assert ui.more_lines(hidden) in "\n".join(lines)
+    hidden = n_lines - ui.PANEL_PREVIEW_LINES
+    if hidden > 0:
+        assert ui.more_lines(hidden) in "\n".join(preview)
+    diff = "@@ -1,40 +1,40 @@\n" + "\n".join(f"+added {k}" for k in range(n_lines))
+    shown = "\n".join(ui.render_diff(diff, 80, MONO, max_lines=n_lines))      # the @@ is one
+    assert "… 1 more diff line\n" in shown + "\n" and "1 more diff lines" not in shown
 
 
 @pytest.mark.parametrize("width", WIDTHS)
