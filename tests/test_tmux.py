@@ -601,7 +601,7 @@ def scrollback(term) -> list:
                           capture_output=True, text=True).stdout.splitlines()
 
 
-def test_ctrl_r_shows_the_whole_output_of_a_settled_card_and_leaves_the_scrollback_as_it_was(terminal):
+def test_ctrl_r_shows_a_settled_card_whole_and_leaves_the_scrollback_as_it_was(terminal):
     term = terminal([reply(bash("seq 1 60 | sed 's/^/row-/'")), reply(text("sixty rows"))], height=40)
     term.type("count")
     term.keys("Enter")
@@ -622,7 +622,8 @@ def test_ctrl_r_shows_the_whole_output_of_a_settled_card_and_leaves_the_scrollba
     term.wait_for("❯")
     rows = scrollback(term)
     assert not any("q leaves" in row or "row-30" in row for row in rows), "\n".join(rows)
-    assert sum("… 55 lines …" in row for row in rows) == 1 and sum(row.startswith("❯ ") for row in rows) == 1
+    assert sum("… 55 lines …" in row for row in rows) == 1
+    assert sum(row.startswith("❯ ") for row in rows) == 1
 
 
 def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command_to_trust_it(terminal, project):
@@ -791,7 +792,8 @@ def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_
 
 
 @pytest.mark.parametrize("clear_first", [False, True])
-def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(terminal, clear_first):
+def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(terminal,
+                                                                             clear_first):
     answer = "\n\n".join(f"paragraph {k}" for k in range(12))
     term = terminal([reply(text(answer)), reply(bash("touch x.txt")), reply(text("done"))],
                     width=90, height=20)
@@ -824,7 +826,8 @@ def test_a_pasted_200_lines_shows_as_200_lines_and_sends_them_all(terminal):
     term = terminal([reply(text("got it"))])
     pasted = "\n".join(f"pasted row {k}" for k in range(1, 201))
     subprocess.run(["tmux", "set-buffer", "-b", term.name, pasted], check=True)
-    subprocess.run(["tmux", "paste-buffer", "-p", "-d", "-b", term.name, "-t", term.name], check=True)
+    subprocess.run(["tmux", "paste-buffer", "-p", "-d", "-b", term.name, "-t", term.name],
+                   check=True)
     term.wait_for("[Pasted 200 lines]")
     term.keys("Enter")
     term.wait_for("got it")
