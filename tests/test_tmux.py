@@ -624,6 +624,12 @@ def test_ctrl_r_shows_a_settled_card_whole_and_leaves_the_scrollback_as_it_was(t
     assert not any("q leaves" in row or "row-30" in row for row in rows), "\n".join(rows)
     assert sum("… 55 lines …" in row for row in rows) == 1
     assert sum(row.startswith("❯ ") for row in rows) == 1
+    term.type("/transcript")
+    term.keys("Enter")
+    assert "row-60" in term.wait_for("q leaves")
+    term.keys("Escape")
+    term.wait_for("❯")
+    assert not any("q leaves" in row for row in scrollback(term))
 
 
 def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command_to_trust_it(terminal, project):
