@@ -245,9 +245,14 @@ def fold(line: str, width: int) -> list[str]:
     return rows + [row]
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 file", "12 files"."""
+    return f"{n} {noun}" + "s" * (n != 1)
+
+
 def more_lines(n: int, what: str = "line") -> str:
     """"… 1 more line", "… 12 more lines"."""
-    return f"… {n} more {what}" + "s" * (n != 1)
+    return "… " + counted(n, f"more {what}")
 
 
 def head_rows(rows: list, limit: int) -> tuple[list, int]:
@@ -1317,10 +1322,8 @@ class Timeline:
                 + self.style.paint(hint, "dim"))
         self._settle([line])
         if self._steering:
-            n = len(self._steering)
-            instructions = "instruction" + "s" * (n != 1)
-            self._dim_line(f"› {n} queued {instructions} "
-                           "will go first with your next message")
+            queued = counted(len(self._steering), "queued instruction")
+            self._dim_line(f"› {queued} will go first with your next message")
 
     def _on_SteeringInjected(self, e: dict) -> None:
         if e.get("text") in self._steering:
@@ -1444,8 +1447,7 @@ class Timeline:
         e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
         facts = []
         if e.get("changed_files"):
-            n = len(e["changed_files"])
-            facts.append(f"{n} file{'s' * (n != 1)} changed")
+            facts.append(counted(len(e["changed_files"]), "file") + " changed")
         checks = (e.get("checks") or [])[-3:]
         for check in checks:
             mark = "" if check.get("exit_code") == 0 else "✗ "
@@ -1600,9 +1602,8 @@ def render_transcript(events: Iterable[dict], width: int, color: bool = False,
     starts = [k for k, e in enumerate(events)
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
-        hidden = len(starts) - max_turns
-        turns = "turn" + "s" * (hidden != 1)
-        timeline._dim_line(f"… {hidden} earlier {turns} not shown")
+        hidden = counted(len(starts) - max_turns, "earlier turn")
+        timeline._dim_line(f"… {hidden} not shown")
         events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)
@@ -1687,8 +1688,7 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     else:
         n_processes = processes or 0
     if n_processes:
-        plural = "s" * (n_processes != 1)
-        segments.append((2, f"{n_processes} proc{plural}"))
+        segments.append((2, counted(n_processes, "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
     return [(priority, text) for priority, text in segments if text]
