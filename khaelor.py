@@ -2200,6 +2200,10 @@ class Session:
         import ui
         return ui.QUIT
 
+    async def cmd_transcript(self, _):
+        import ui
+        return ui.TRANSCRIPT
+
     async def cmd_permissions(self, _):
         """`khaelor permissions` in the session: the boundary, the layers and the rules."""
         layers = permission_layers(self.home, self.project_root,
@@ -2443,6 +2447,7 @@ COMMANDS = {   # name: (handler, usage, what it does)
     "/permissions": (Session.cmd_permissions, "", "the permission layers and rules"),
     "/status": (Session.cmd_status, "", "version, session, model, sandbox, cost"),
     "/export": (Session.cmd_export, "[FILE|clipboard]", "the transcript as Markdown"),
+    "/transcript": (Session.cmd_transcript, "", "read everything, every card whole (q leaves)"),
 }
 
 

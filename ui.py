@@ -4,7 +4,8 @@ Owns: drawing (finished lines printed once into the terminal's scrollback above 
 region), streaming markdown with settled blocks, the fold from events to timeline lines, the
 composer and its key decoder, the permission panel, the status line, raw mode and restoring it.
 Must not: import anything of ours but `events` (the closed-response rule, USER_SHELL_ID), touch
-the network, write any file but the composer history file it is given, or do anything at import time.
+the network, write any file but the composer history file it is given, or do anything at import
+time.
 
 Public API (only khaelor.py imports this module):
 
@@ -19,13 +20,15 @@ Public API (only khaelor.py imports this module):
         SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
         every path, exceptions included.
     render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
-    Controller, QUIT                                               see below
+    Controller, QUIT, TRANSCRIPT                                   see below
 
 While a question is open, typing goes to the composer (Enter sends it as steering); y/a/n answer
-only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc stops
-it: interrupt()); its UserShellRan settles its card. Ctrl-O expands the newest card.
+only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc
+stops it: interrupt()); its UserShellRan settles its card. Ctrl-O opens or closes the newest card while
+it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
+TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
-error line. run_command may return a str (shown as markdown) or QUIT (ends the app).
+error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines, matches, files, exit_code,
 duration_ms, timed_out, truncated; FileModified adds +added −removed and the coloured diff.
 """
@@ -94,6 +97,8 @@ class Controller(Protocol):
 
 # run_command's "end the app"
 QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()
+# run_command's "open the transcript view" (/transcript)
+TRANSCRIPT = type("Transcript", (), {"__repr__": lambda self: "ui.TRANSCRIPT"})()
 
 
 # ════ Escape sequences: the one table (nothing else in this file spells "\x1b[") ════
@@ -109,8 +114,13 @@ NEWLINE = "\r\n"
 # The live region's rows and all below. Not a plain CSI J: at the screen's top-left corner tmux
 # (scroll-on-clear) and others take that for a clear screen and keep a copy in the scrollback.
 ERASE_DOWN = CSI + "2K" + ESC + "7" + CSI + "B" + CSI + "J" + ESC + "8"
-CLEAR_SCREEN = CSI + "H" + CSI + "2J"
+CURSOR_HOME = CSI + "H"
+ERASE_LINE_END = CSI + "K"
 SHOW_CURSOR = CSI + "?25h"
+HIDE_CURSOR = CSI + "?25l"
+# the transcript view: the alternate screen, which leaves the scrollback untouched
+ALT_SCREEN_ON = CSI + "?1049h" + HIDE_CURSOR
+ALT_SCREEN_OFF = CSI + "?1049l" + SHOW_CURSOR
 BRACKETED_PASTE_ON = CSI + "?2004h"
 BRACKETED_PASTE_OFF = CSI + "?2004l"
 # synchronized output: terminals that know it paint a frame whole
@@ -210,21 +220,55 @@ def clip(line: str, width: int) -> str:
     return line
 
 
+def fold(line: str, width: int) -> list[str]:
+    """A styled line cut into rows of `width` cells, each row's style closed and reopened on the
+    next (the transcript view draws whole rows; it cannot let the terminal wrap them)."""
+    rows = []
+    # the row so far, its cells, the style open at its end
+    row, used = "", 0
+    active = ""
+    for piece in SGR_RE.split(line):
+        if piece.startswith(ESC):
+            row += piece
+            active = "" if piece == SGR_RESET else piece
+            continue
+        while piece:
+            head, piece = split_at_width(piece, width - used)
+            # narrower than one wide char: overflow by one
+            if not head and used == 0:
+                head, piece = piece[:1], piece[1:]
+            row += head
+            used += cell_width(head)
+            if piece:
+                rows.append(row + SGR_RESET * bool(active))
+                row, used = active, 0
+    return rows + [row]
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 file", "12 files"."""
+    return f"{n} {noun}" + "s" * (n != 1)
+
+
+def more_lines(n: int, what: str = "line") -> str:
+    """"… 1 more line", "… 12 more lines"."""
+    return "… " + counted(n, f"more {what}")
+
+
+def head_rows(rows: list, limit: int) -> tuple[list, int]:
+    """The first `limit` rows and how many are left out."""
+    return rows[:limit], max(0, len(rows) - limit)
+
+
 def sanitize(text: str) -> str:
     """Model and tool text is untrusted: drop escape sequences and control characters, let a
     carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
-    text = events.plain_text(text)
-    if "\t" in text:
-        text = text.expandtabs(4)
-    return text
+    return events.plain_text(text).expandtabs(4)
 
 
 def shown(text: str) -> str:
     """A command or a path the user judges: every character shown, none interpreted."""
-    text = events.visible_controls(text)
-    if "\t" in text:
-        text = text.expandtabs(4)
-    return text
+    return events.visible_controls(text).expandtabs(4)
 
 
 # ════ Styles ════
@@ -353,16 +397,15 @@ KEYWORDS = frozenset("""
     self static struct super switch this throw true try type
     typeof use var void while with yield True False None
     """.split())
-HASH_COMMENT_LANGS = frozenset("""
-    python py sh bash zsh shell console ruby rb yaml yml toml
-    perl r make makefile dockerfile ini conf cfg elixir ex nim
-    ps1 powershell
-    """.split())
-SLASH_COMMENT_LANGS = frozenset("""
-    c h cpp cc hpp cs java js jsx ts tsx javascript typescript
-    go rust rs swift kotlin kt scala dart php json jsonc zig
-    """.split())
-DASH_COMMENT_LANGS = frozenset("sql lua haskell hs elm".split())
+# A language's comment marker, by its fence tag (unknown: "", either marker).
+COMMENT_MARKERS = {lang: marker for marker, langs in (
+    ("#", """python py sh bash zsh shell console ruby rb yaml yml toml
+             perl r make makefile dockerfile ini conf cfg elixir ex nim
+             ps1 powershell"""),
+    ("//", """c h cpp cc hpp cs java js jsx ts tsx javascript typescript
+              go rust rs swift kotlin kt scala dart php json jsonc zig"""),
+    ("--", "sql lua haskell hs elm"),
+) for lang in langs.split()}
 
 
 def _code_token_re(comment: str) -> re.Pattern:
@@ -436,27 +479,16 @@ def highlight_code(line: str, lang: str) -> list[Span]:
     if lang in ("diff", "patch"):
         role = {"+": "added", "-": "removed", "@": "hunk"}.get(line[:1])
         return [(line, (role,) if role else ())]
-    pattern = CODE_TOKEN_RES[_comment_marker(lang)]
+    pattern = CODE_TOKEN_RES[COMMENT_MARKERS.get(lang, "")]
     return regex_spans(pattern, line, lambda m: [(m[0], (m.lastgroup,))])
 
 
-def _comment_marker(lang: str) -> str:
-    if lang in HASH_COMMENT_LANGS:
-        return "#"
-    if lang in SLASH_COMMENT_LANGS:
-        return "//"
-    if lang in DASH_COMMENT_LANGS:
-        return "--"
-    return ""
-
-
-def render_code_line(line: str, lang: str, width: int,
-                     style: Style) -> list[str]:
-    if style.color:
-        spans = highlight_code(line, lang)
-    else:
-        spans = [(line, ())]
-    return wrap_spans(spans, width, style, hard=True)
+def render_code_line(line: str, lang: str, style: Style) -> str:
+    """One line of a code block, never cut: the terminal wraps it, so copying it (or a URL in
+    it) from the scrollback gives the line as written."""
+    if not style.color:
+        return line
+    return join_runs(highlight_code(line, lang), style)
 
 
 def render_fence_line(line: str, width: int, style: Style) -> list[str]:
@@ -647,8 +679,7 @@ def render_diff(diff: str, width: int, style: Style,
     rows = sanitize(diff).split("\n")
     for n, raw in enumerate(rows):
         if len(out) >= max_lines:
-            more = f"     … {len(rows) - n} more diff lines"
-            out.append(style.paint(more, "dim"))
+            out.append(style.paint("     " + more_lines(len(rows) - n, "diff line"), "dim"))
             break
         if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
             old = int(m.group(1))
@@ -743,8 +774,7 @@ class MarkdownStream:
             block = self._block + ([partial] if partial.strip() else [])
             return render_block(block, self.width, self.style)
         if partial:
-            return render_code_line(partial, self._lang, self.width,
-                                    self.style)
+            return [render_code_line(partial, self._lang, self.style)]
         return []
 
     def _cut_long(self, line: str) -> str:
@@ -766,8 +796,7 @@ class MarkdownStream:
                 self._emit(render_fence_line(line, self.width, self.style))
                 self._fence = ""
             else:
-                self._emit(render_code_line(line, self._lang, self.width,
-                                            self.style))
+                self._emit([render_code_line(line, self._lang, self.style)])
         elif not line.strip():
             self._settle_block()
             self._blank_pending = self._emitted
@@ -867,11 +896,6 @@ ERROR_WORDS = {
 }
 
 
-def more_lines(n: int) -> str:
-    """"… 1 more line", "… 12 more lines"."""
-    return f"… {n} more line" + "s" * (n != 1)
-
-
 def one_line(text: str) -> str:
     """A card's summary as one line: `src/app.py`, `pytest -q`, `start npm run dev`."""
     lines = shown(text).strip().split("\n")
@@ -890,6 +914,10 @@ def card_view(e: dict, tool_input: dict) -> dict:
     return {"summary": strings[0] if strings else "", "output": "tail"}
 
 
+# a finished call's flags, in the card line's words
+META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
+
+
 def meta_facts(meta: dict) -> list[str]:
     facts = []
     for key in ("lines", "matches", "files"):
@@ -899,10 +927,7 @@ def meta_facts(meta: dict) -> list[str]:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
         facts.append(events.duration(meta["duration_ms"] / 1000))
-    if meta.get("timed_out"):
-        facts.append("timed out")
-    if meta.get("truncated"):
-        facts.append("truncated")
+    facts += [words for key, words in META_FLAGS if meta.get(key)]
     return facts
 
 
@@ -992,17 +1017,16 @@ class Timeline:
         # when it began (time.monotonic()), and whether Ctrl-O opened it
         self._thinking_since = 0.0
         self._thinking_open = False
-        # the newest settled thinking: (its collapsed line, its whole text), for Ctrl-O
-        self._last_thought: tuple[str, str] | None = None
         # PermissionRequested until Granted or Denied
         self._requests: dict[str, dict] = {}
         # the closed-response rule, from events.py
         self._attempt = events.Attempt()
         self._any = False
-        # the newest card, live until something follows
+        # the newest card, live until something follows; Ctrl-O toggles it expanded
         self._held: FinishedCard | None = None
-        # what Ctrl-O expands once it has settled
-        self._last_card: FinishedCard | None = None
+        self._held_expanded = False
+        # every card and thinking settles expanded (the transcript view)
+        self.expanded = False
         # steering notes waiting for the stream's block to end
         self._queued: list[list[str]] = []
         # TextCheckpoint text of the block in _text
@@ -1085,27 +1109,25 @@ class Timeline:
         self._release_card()
 
     def expand_last_card(self) -> None:
-        """Ctrl-O: thinking that streams opens (or closes) in place; else the newest card with
-        its whole output (still the newest thing on screen, it settles expanded where it stands;
-        otherwise the output is printed below), or the newest thinking, printed whole below."""
+        """Ctrl-O: thinking that streams, or else the newest card while it is still live, opens or
+        closes in place and settles as it is shown. Scrollback cannot be redrawn: what has settled
+        is read whole in the transcript view (Ctrl-R), never printed again."""
         if self._thinking is not None:
             self._thinking_open = not self._thinking_open
-        elif self._held is None and self._last_card is None and self._last_thought:
-            line, text = self._last_thought
-            self._settle([line] + self._thought_rows(text))
         elif self._held is not None:
-            held, self._held = self._held, None
-            self._settle(self._card_block(held, expanded=True))
-        elif self._last_card is not None:
-            card = self._last_card
-            title = [self.style.paint("Output of:", "dim")] + card.head[:1]
-            body = self._card_block(card._replace(head=[]), expanded=True)
-            self._settle(title + body, gap=True)
+            self._held_expanded = not self._held_expanded
+
+    def _hold(self, head: list[str], output: list[str], head_only: bool = False) -> None:
+        """A finished card stays live (Ctrl-O can open it) until something follows."""
+        self._release_card()
+        self._held = FinishedCard(head, output[:EXPANDED_MAX_LINES], len(output), head_only)
 
     def _release_card(self) -> None:
         held, self._held = self._held, None
         if held is not None:
-            self._settle(self._card_block(held))
+            expanded = self._held_expanded or self.expanded
+            self._held_expanded = False
+            self._settle(self._card_block(held, expanded))
 
     def _settle(self, lines: list[str], gap: bool = True) -> None:
         # the held card comes first: it happened first
@@ -1130,13 +1152,12 @@ class Timeline:
     # -- conversation --
 
     def _on_UserMessageCreated(self, e: dict) -> None:
-        rows = sanitize(e.get("text", "")).split("\n")
+        rows, more = head_rows(sanitize(e.get("text", "")).split("\n"), USER_MESSAGE_MAX_LINES)
         lines = self._marked("›", "prompt", rows[0], "user")
-        for row in rows[1:USER_MESSAGE_MAX_LINES]:
+        for row in rows[1:]:
             spans = [(row, ("user",))]
             lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
-        if len(rows) > USER_MESSAGE_MAX_LINES:
-            more = len(rows) - USER_MESSAGE_MAX_LINES
+        if more:
             lines.append(self.style.paint("  " + more_lines(more), "dim"))
         # the @mentions sent with it (kernel.attachments)
         names = []
@@ -1219,11 +1240,8 @@ class Timeline:
             head += " · " + words
         if redacted:
             head += " · (redacted)"
-        line = self._thinking_line(head)
-        self._settle([line])
-        self._last_thought = (line, text)
-        # Ctrl-O now means this thinking, not an older card
-        self._last_card = None
+        rows = self._thought_rows(text) if self.expanded else []
+        self._settle([self._thinking_line(head)] + rows)
         self._thinking = None
         self._thinking_open = False
 
@@ -1295,10 +1313,8 @@ class Timeline:
                 + self.style.paint(hint, "dim"))
         self._settle([line])
         if self._steering:
-            n = len(self._steering)
-            instructions = "instruction" + "s" * (n != 1)
-            self._dim_line(f"› {n} queued {instructions} "
-                           "will go first with your next message")
+            queued = counted(len(self._steering), "queued instruction")
+            self._dim_line(f"› {queued} will go first with your next message")
 
     def _on_SteeringInjected(self, e: dict) -> None:
         if e.get("text") in self._steering:
@@ -1384,10 +1400,7 @@ class Timeline:
         output = []
         if failed or (card.output != "none" and not card.changes):
             output = card_output(e, meta)
-        self._release_card()
-        head_only = card.output == "head" and not failed
-        self._held = self._last_card = FinishedCard(
-            lines, output[:EXPANDED_MAX_LINES], len(output), head_only)
+        self._hold(lines, output, card.output == "head" and not failed)
 
     _on_ToolFailed = _on_ToolCompleted
 
@@ -1400,10 +1413,7 @@ class Timeline:
     def _on_UserShellRan(self, e: dict) -> None:
         """The user's own command, drawn like a bash card: `● ! git status · exit 0 · 0.2s`."""
         self.cards.pop(events.USER_SHELL_ID, None)
-        meta = {}
-        for key in ("exit_code", "duration_ms"):
-            if e.get(key) is not None:
-                meta[key] = e[key]
+        meta = {key: e[key] for key in ("exit_code", "duration_ms") if e.get(key) is not None}
         summary = one_line(str(e.get("command", "")))
         if e.get("stopped"):
             symbol, facts = "○", ["stopped"]
@@ -1411,11 +1421,7 @@ class Timeline:
             symbol, facts = self.style.paint("●", "ok"), meta_facts(meta)
         else:
             symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
-        output = card_output(e, meta)
-        self._release_card()
-        head = [self._card_line(symbol, "!", summary, facts)]
-        self._held = self._last_card = FinishedCard(
-            head, output[:EXPANDED_MAX_LINES], len(output), False)
+        self._hold([self._card_line(symbol, "!", summary, facts)], card_output(e, meta))
 
     def _on_ToolCancelled(self, e: dict) -> None:
         # a question left open by an interrupted turn is no longer asked
@@ -1427,12 +1433,12 @@ class Timeline:
 
     def _on_TaskCompleted(self, e: dict) -> None:
         """The evidence in one line: `✓ 2 files changed · pytest -q exit 0`. The ✓ only when
-        every check passed and nothing is unresolved; a failed check shows as `✗ pytest -q exit 1`."""
+        every check passed and nothing is unresolved; a failed check shows as
+        `✗ pytest -q exit 1`."""
         e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
         facts = []
         if e.get("changed_files"):
-            n = len(e["changed_files"])
-            facts.append(f"{n} file{'s' * (n != 1)} changed")
+            facts.append(counted(len(e["changed_files"]), "file") + " changed")
         checks = (e.get("checks") or [])[-3:]
         for check in checks:
             mark = "" if check.get("exit_code") == 0 else "✗ "
@@ -1499,9 +1505,9 @@ class Timeline:
         if expanded:
             rows = self._preview(output, n)
         elif card.head_only and n > PREVIEW_LINES:
-            rows = self._preview(output[:PREVIEW_LINES], n)
+            rows = self._preview(output[:PREVIEW_LINES], PREVIEW_LINES)
             more = n - PREVIEW_LINES
-            rows[-1] = self.style.paint("    " + more_lines(more) + hint, "dim")
+            rows.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
         elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
             rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
             hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
@@ -1536,7 +1542,7 @@ class Timeline:
         if self._held is not None:
             # a blank line after what came before it, as once it settles
             lines = [""] * self._any
-            lines += self._card_block(self._held, live=True)
+            lines += self._card_block(self._held, self._held_expanded, live=True)
         if self._text is not None:
             lines += self._text.live_lines()
         if self._thinking is not None:
@@ -1577,17 +1583,18 @@ class Timeline:
 
 
 def render_transcript(events: Iterable[dict], width: int, color: bool = False,
-                      max_turns: int | None = None) -> list[str]:
+                      max_turns: int | None = None, expanded: bool = False) -> list[str]:
     """Earlier conversation (a resumed session) as settled lines. With `max_turns`, only the
     last that many user turns are drawn, so resuming a long session costs the same as a short
-    one (the log keeps everything)."""
+    one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R)."""
     events = list(events)
     timeline = Timeline(Style(color), width)
+    timeline.expanded = expanded
     starts = [k for k, e in enumerate(events)
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
-        hidden = len(starts) - max_turns
-        timeline._dim_line(f"… {hidden} earlier turns not shown")
+        hidden = counted(len(starts) - max_turns, "earlier turn")
+        timeline._dim_line(f"… {hidden} not shown")
         events = events[starts[-max_turns]:]
     for event in events:
         timeline.apply(event)
@@ -1672,8 +1679,7 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
     else:
         n_processes = processes or 0
     if n_processes:
-        plural = "s" * (n_processes != 1)
-        segments.append((2, f"{n_processes} proc{plural}"))
+        segments.append((2, counted(n_processes, "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
     return [(priority, text) for priority, text in segments if text]
@@ -1732,12 +1738,12 @@ def panel_preview(request: dict, tool_input: dict | None) -> str:
 def preview_rows(text: str, width: int, style: Style,
                  lang: str = "sh") -> list[str]:
     """Lines of code or a command, as lines; after PANEL_PREVIEW_LINES, how many more there are."""
-    rows = text.split("\n")
+    rows, more = head_rows(text.split("\n"), PANEL_PREVIEW_LINES)
     out = []
-    for line in rows[:PANEL_PREVIEW_LINES]:
-        out += render_code_line(line, lang, width, style)
-    if len(rows) > PANEL_PREVIEW_LINES:
-        more = len(rows) - PANEL_PREVIEW_LINES
+    for line in rows:
+        spans = highlight_code(line, lang) if style.color else [(line, ())]
+        out += wrap_spans(spans, width, style, hard=True)
+    if more:
         out.append(style.paint(more_lines(more), "dim"))
     return out
 
@@ -1745,13 +1751,18 @@ def preview_rows(text: str, width: int, style: Style,
 def render_permission_panel(request: dict, width: int, style: Style,
                             feedback: str | None = None,
                             selected: int = 0, composing: bool = False,
-                            tool_input: dict | None = None) -> list[str]:
+                            tool_input: dict | None = None, room: int = 0) -> list[str]:
     """What the call will do and the choices (`selected` is marked); after `n`, the feedback
     line. `composing`: the composer holds text, so Enter sends it instead of answering.
-    `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing."""
+    `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing.
+    `room`: the rows there are, if any fewer than it needs (the answers are always kept)."""
     head = panel_head(request, width, style, tool_input)
     footer = panel_footer(request, width, style, feedback, selected,
                           composing)
+    if room and len(head) + len(footer) > room:
+        keep = max(1, room - len(footer) - 1)
+        hidden = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
+        head = head[:keep] + [clip(style.paint(hidden, "warning"), width)]
     return head + footer
 
 
@@ -1971,7 +1982,8 @@ KEY_HELP = (
     ("Ctrl-C", "clear the input, else interrupt; twice in a row quits"),
     ("Ctrl-D", "quit (on an empty input)"),
     ("Ctrl-L", "clear the screen"),
-    ("Ctrl-O", "show the whole output of the newest tool card, or the model's thinking"),
+    ("Ctrl-O", "open or close the newest tool card, or the thinking that streams"),
+    ("Ctrl-R", "the transcript: everything, every card whole (q leaves)"),
     ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
     ("Up, Down", "input history; in a permission question, choose an answer"),
     ("y, a, n",
@@ -1992,8 +2004,9 @@ RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was
 
 
 def keys_help() -> str:
-    """KEY_HELP as /help and "?" show it."""
-    return "**Keys**\n\n" + "\n".join(f"- `{key}` {what}" for key, what in KEY_HELP)
+    """KEY_HELP as /help and "?" show it: a table, the keys in one column."""
+    rows = [f"| {key} | {what} |" for key, what in KEY_HELP]
+    return "**Keys**\n\n| key | what it does |\n|---|---|\n" + "\n".join(rows)
 
 
 # ════ Composer ════
@@ -2108,16 +2121,11 @@ class Composer:
                 # a torn line (a crash mid-write): load the rest
                 continue
             if isinstance(entry, str):
-                self.history.append(entry)
-                continue
-            if not isinstance(entry, dict):
-                continue
-            text = entry.get("text")
-            if isinstance(text, str):
-                # a message holding collapsed pastes
-                self.history.append(text)
-                pastes = dict(entry.get("pastes") or {})
-                self._history_pastes[text] = pastes
+                entry = {"text": entry}
+            # a message holding collapsed pastes: {"text": …, "pastes": {label: content}}
+            if isinstance(entry, dict) and isinstance(entry.get("text"), str):
+                self.history.append(entry["text"])
+                self._history_pastes[entry["text"]] = dict(entry.get("pastes") or {})
 
     # -- editing --
 
@@ -2491,14 +2499,14 @@ class InlineRenderer:
             if not settled:
                 start = _first_difference(self._lines, lines)
                 start = min(start, len(self._lines) - 1, len(lines))
-            parts.append(self._move_rows(start - self._cursor[0]))
+            parts.append(move_rows(start - self._cursor[0]))
         parts.append(CARRIAGE_RETURN + ERASE_DOWN)
         if settled:
             parts.append(NEWLINE.join(settled) + NEWLINE)
         parts.append(NEWLINE.join(lines[start:]))
         end_row = len(lines) - 1 if start < len(lines) else start
         row, column = cursor
-        parts.append(self._move_rows(row - end_row) + CARRIAGE_RETURN)
+        parts.append(move_rows(row - end_row) + CARRIAGE_RETURN)
         if column:
             parts.append(CURSOR_FORWARD.format(column))
         parts.append(SYNC_END)
@@ -2524,13 +2532,14 @@ class InlineRenderer:
         self._cursor = (rows_above + column // new_width, 0)
         self._lines = [""] * (self._cursor[0] + 1)
 
-    @staticmethod
-    def _move_rows(delta: int) -> str:
-        if delta < 0:
-            return CURSOR_UP.format(-delta)
-        if delta > 0:
-            return CURSOR_DOWN.format(delta)
-        return ""
+
+def move_rows(delta: int) -> str:
+    """The cursor `delta` rows down (up if negative); nothing for 0 (CSI 0A would move one)."""
+    if delta < 0:
+        return CURSOR_UP.format(-delta)
+    if delta > 0:
+        return CURSOR_DOWN.format(delta)
+    return ""
 
 
 def _first_difference(old: list[str], new: list[str]) -> int:
@@ -2553,6 +2562,12 @@ ESC_TIMEOUT = 0.05
 DOUBLE_ESC_S = 0.6
 # a resumed session shows its last turns (bounded resume time)
 REPLAY_TURNS = 30
+# The transcript view's keys (a text key by its character): rows or pages to move (Home and End
+# go all the way), and the keys that leave it.
+TRANSCRIPT_ROWS = {"up": -1, "k": -1, "down": 1, "j": 1}
+TRANSCRIPT_PAGES = {"pageup": -1, "b": -1, "pagedown": 1, " ": 1,
+                    "home": -sys.maxsize, "g": -sys.maxsize, "end": sys.maxsize, "G": sys.maxsize}
+TRANSCRIPT_LEAVE = frozenset({"q", "esc", "ctrl+r", "ctrl+c", "ctrl+o"})
 
 
 class App:
@@ -2586,6 +2601,14 @@ class App:
         self._spawn = spawn or asyncio.ensure_future
         # time.monotonic() of the last Esc that did nothing (Esc Esc opens /rewind)
         self._idle_esc = 0.0
+        # the durable events so far, a resumed session's included: what the transcript view reads
+        self.log: list[dict] = []
+        # the transcript view's first row shown; None: the view is closed
+        self.transcript_top: int | None = None
+        # the view's bytes as last drawn (b"": the alternate screen is off)
+        self._view = b""
+        # ((events, width), the view's rows)
+        self._view_rows: tuple = (None, [])
 
     # -- input --
 
@@ -2596,6 +2619,8 @@ class App:
             self.composer._refresh_menu()
         if kind == "UserMessageCreated":
             self.turn_mode = self._mode()
+        if kind in events.DURABLE:
+            self.log.append(event)
         try:
             self.timeline.apply(event)
         except Exception as exc:
@@ -2615,6 +2640,8 @@ class App:
                                               "descriptor": "Proceed with this plan?"})
 
     def on_key(self, key: Key) -> None:
+        if self.transcript_top is not None:
+            return self._transcript_key(key)
         if key.name != "ctrl+c":
             self.notice = ""
         permissions = self.timeline.permissions
@@ -2626,6 +2653,8 @@ class App:
             return self.quit(0)
         if key.name == "ctrl+o":
             return self.timeline.expand_last_card()
+        if key.name == "ctrl+r":
+            return self.open_transcript()
         if key.name == "shift+tab":
             return self.call(self.controller.cycle_mode)
         if key.name == "esc":
@@ -2685,6 +2714,8 @@ class App:
             self.timeline.error(f"{what}: {result}")
         elif result is QUIT:
             self.quit(0)
+        elif result is TRANSCRIPT:
+            self.open_transcript()
         elif isinstance(result, str) and result.strip():
             self.timeline.note(result)
 
@@ -2850,34 +2881,86 @@ class App:
         """The open permission question, if any, in at most `room` rows when it can be."""
         if not self.timeline.permissions:
             return []
-        width, style = self.width, self.style
         request = self.timeline.permissions[0]
         card = self.timeline.cards.get(request.get("tool_use_id", ""))
-        tool_input = card.tool_input if card else None
-        head = panel_head(request, width, style, tool_input)
-        footer = panel_footer(request, width, style, self.feedback,
-                              self.panel_choice,
-                              composing=bool(self.composer.text))
-        panel = head + footer
-        # a small terminal: say what is left out, keep the answers
-        if len(panel) > room:
-            keep = max(1, room - len(footer) - 1)
-            hidden = (f"│ … {len(head) - keep} panel lines hidden "
-                      "(small terminal)")
-            hidden = style.paint(hidden, "warning")
-            panel = head[:keep] + [clip(hidden, width)] + footer
-        return panel
+        return render_permission_panel(request, self.width, self.style, self.feedback,
+                                       self.panel_choice, bool(self.composer.text),
+                                       card.tool_input if card else None, room)
 
     def render(self, now: float) -> bytes:
         self.timeline.width = self.width
         self._run_queued_shell()
+        if self.transcript_top is not None:
+            return self._draw_transcript()
+        leaving = self.leave_transcript()
         settled = self.timeline.take_settled()
         lines, cursor = self.frame(now)
-        return self.renderer.draw(settled, lines, cursor)
+        return leaving + self.renderer.draw(settled, lines, cursor)
 
     def close(self) -> bytes:
+        leaving = self.leave_transcript()
         self.timeline.finish()
-        return self.renderer.close(self.timeline.take_settled())
+        return leaving + self.renderer.close(self.timeline.take_settled())
+
+    def clear_screen(self, now: float) -> bytes:
+        """Ctrl-L. The live region is erased (no copy of it is kept), then newlines from where it
+        was scroll every row above it into the scrollback: the conversation stays there in every
+        terminal (CSI 2J discards it in some), and the live region starts again at the bottom,
+        where a narrower window cannot push its rows into the scrollback (tmux keeps the blank
+        rows below the cursor when it reflows, and a region high on the screen is pushed up)."""
+        erase = self.renderer.draw([], [], (0, 0))
+        lines, _ = self.frame(now)
+        up = move_rows(1 - len(lines))
+        self.renderer = InlineRenderer()
+        return erase + (NEWLINE * (self.height - 1) + up).encode()
+
+    # -- the transcript view (Ctrl-R, /transcript) --
+
+    def open_transcript(self) -> None:
+        """The conversation on the alternate screen, every card and thinking whole, at its end.
+        What settles meanwhile waits, and is printed into the scrollback once the view closes."""
+        self.transcript_top = sys.maxsize
+
+    def leave_transcript(self) -> bytes:
+        """Close the view; the bytes that give the terminal its main screen back, if it was off."""
+        self.transcript_top = None
+        leaving = ALT_SCREEN_OFF.encode() if self._view else b""
+        self._view = b""
+        return leaving
+
+    def _transcript_key(self, key: Key) -> None:
+        which = key.text if key.name == "text" else key.name
+        page = max(1, self.height - 2)
+        if which in TRANSCRIPT_LEAVE:
+            self.transcript_top = None
+        elif which in TRANSCRIPT_ROWS:
+            self.transcript_top += TRANSCRIPT_ROWS[which]
+        elif which in TRANSCRIPT_PAGES:
+            self.transcript_top += TRANSCRIPT_PAGES[which] * page
+
+    def _draw_transcript(self) -> bytes:
+        """The screen's rows but the last, then a footer: where the view is and its keys."""
+        key = (len(self.log), self.width)
+        if self._view_rows[0] != key:
+            lines = render_transcript(self.log, self.width, self.style.color, expanded=True)
+            rows = [row for line in lines for row in fold(line, self.width)]
+            self._view_rows = (key, rows)
+        rows = self._view_rows[1]
+        page = max(1, self.height - 1)
+        self.transcript_top = max(0, min(self.transcript_top, len(rows) - page))
+        shown = rows[self.transcript_top:self.transcript_top + page]
+        shown += [""] * (page - len(shown))
+        last = min(self.transcript_top + page, len(rows))
+        footer = (f"q leaves · transcript, rows {self.transcript_top + 1}-{last} of {len(rows)}"
+                  " · ↑↓ PgUp PgDn Home End scroll")
+        footer = self.style.paint(clip(footer, self.width), "dim")
+        body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in shown)
+        view = (SYNC_BEGIN + CURSOR_HOME + body + footer + ERASE_LINE_END + SYNC_END).encode()
+        opening = b"" if self._view else ALT_SCREEN_ON.encode()
+        if view == self._view:
+            return b""
+        self._view = view
+        return opening + view
 
     def resize(self, width: int, height: int) -> None:
         self.renderer.resize(self.width, width)
@@ -3012,12 +3095,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         for key in keys:
             if key.name == "ctrl+z":
                 suspend()
-            elif key.name == "ctrl+l":
-                # the live region first: the cleared screen a terminal keeps in its scrollback
-                # holds the conversation, no copy of the composer
-                write(app.renderer.draw([], [], (0, 0)) + CLEAR_SCREEN.encode())
-                # the screen is blank: draw afresh
-                app.renderer = InlineRenderer()
+            elif key.name == "ctrl+l" and app.transcript_top is None:
+                write(app.clear_screen(time.monotonic()))
             else:
                 app.on_key(key)
         request_frame()
@@ -3040,7 +3119,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
 
     def suspend() -> None:
         """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
-        write(app.renderer.close(app.timeline.take_settled()))
+        write(app.leave_transcript() + app.renderer.close(app.timeline.take_settled()))
         terminal.leave()
         # returns once the shell continues us
         os.kill(os.getpid(), signal.SIGTSTP)
@@ -3058,6 +3137,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
     installed, unsubscribe = [], None
     terminal.enter()
     try:
+        replay = list(replay)
+        app.log = [event for event in replay if event.get("type") in events.DURABLE]
         lines = render_transcript(replay, width, color, max_turns=REPLAY_TURNS)
         if lines:
             write((NEWLINE.join(lines) + NEWLINE).encode())

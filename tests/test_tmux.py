@@ -596,7 +596,12 @@ def test_a_denied_check_is_not_asked_for_again(terminal, project):
     assert "⚠ 1 file changed" in term.screen() and len(term.requests()) == 5 and rejected(term) == []
 
 
-def test_ctrl_o_shows_the_whole_output_of_the_last_card(terminal):
+def scrollback(term) -> list:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-S", "-", "-t", term.name],
+                          capture_output=True, text=True).stdout.splitlines()
+
+
+def test_ctrl_r_shows_a_settled_card_whole_and_leaves_the_scrollback_as_it_was(terminal):
     term = terminal([reply(bash("seq 1 60 | sed 's/^/row-/'")), reply(text("sixty rows"))], height=40)
     term.type("count")
     term.keys("Enter")
@@ -604,9 +609,27 @@ def test_ctrl_o_shows_the_whole_output_of_the_last_card(terminal):
     term.type("y")
     screen = term.wait_for("sixty rows")
     assert "… 55 lines …" in screen and "row-30" not in screen
-    term.keys("C-o")
-    screen = term.wait_for("row-30")
-    assert "row-31" in screen and "row-60" in screen      # all of it, below the answer
+    term.keys("C-o")                                       # settled: nothing is printed again
+    time.sleep(0.3)
+    assert sum("… 55 lines …" in row for row in scrollback(term)) == 1
+    term.keys("C-r")
+    screen = term.wait_for("q leaves")
+    assert "row-30" in screen and "row-60" in screen and "❯" not in screen
+    term.keys("Home")
+    screen = term.wait_for("› count")
+    assert "row-1" in screen
+    term.type("q")
+    term.wait_for("❯")
+    rows = scrollback(term)
+    assert not any("q leaves" in row or "row-30" in row for row in rows), "\n".join(rows)
+    assert sum("… 55 lines …" in row for row in rows) == 1
+    assert sum(row.startswith("❯ ") for row in rows) == 1
+    term.type("/transcript")
+    term.keys("Enter")
+    assert "row-60" in term.wait_for("q leaves")
+    term.keys("Escape")
+    term.wait_for("❯")
+    assert not any("q leaves" in row for row in scrollback(term))
 
 
 def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command_to_trust_it(terminal, project):
@@ -772,3 +795,48 @@ def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_
     # the status line once (the welcome line names the model too, with the sandbox state)
     assert sum("claude-sonnet-5-5" in row and "sandboxed" not in row for row in rows) == 1
     assert sum("an answer" in row for row in rows) == 1
+
+
+@pytest.mark.parametrize("clear_first", [False, True])
+def test_resizes_idle_and_with_a_panel_open_leave_no_copies_in_the_scrollback(terminal,
+                                                                             clear_first):
+    answer = "\n\n".join(f"paragraph {k}" for k in range(12))
+    term = terminal([reply(text(answer)), reply(bash("touch x.txt")), reply(text("done"))],
+                    width=90, height=20)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("paragraph 11")
+    if clear_first:                                             # the live region at the top
+        term.keys("C-l")
+        time.sleep(0.3)
+    for width in (60, 90, 45, 100):                             # idle
+        subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+        time.sleep(0.3)
+    term.type("make a file")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    for width in (70, 100, 40, 90):                             # a panel open
+        subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+        time.sleep(0.3)
+    term.wait_for("allow once")
+    rows = scrollback(term)
+    shown = "\n".join(rows)
+    assert sum(row.startswith("❯ ") for row in rows) == 1, shown
+    assert sum("allow once" in row for row in rows) == 1, shown
+    assert sum("Run `touch x.txt`" in row for row in rows) == 1, shown
+    assert sum("waiting for your answer" in row for row in rows) == 1, shown
+    assert sum("paragraph 11" in row for row in rows) == 1, shown
+
+
+def test_a_pasted_200_lines_shows_as_200_lines_and_sends_them_all(terminal):
+    term = terminal([reply(text("got it"))])
+    pasted = "\n".join(f"pasted row {k}" for k in range(1, 201))
+    subprocess.run(["tmux", "set-buffer", "-b", term.name, pasted], check=True)
+    subprocess.run(["tmux", "paste-buffer", "-p", "-d", "-b", term.name, "-t", term.name],
+                   check=True)
+    term.wait_for("[Pasted 200 lines]")
+    term.keys("Enter")
+    term.wait_for("got it")
+    sent = term.requests()[-1]["body"]["messages"][-1]["content"]
+    sent = sent if isinstance(sent, str) else "".join(b.get("text", "") for b in sent)
+    assert "pasted row 1\n" in sent and sent.count("pasted row") == 200 and "pasted row 200" in sent

@@ -330,7 +330,8 @@ def test_a_card_shows_what_its_tool_declares_and_an_old_log_still_draws():
     text = timeline_text(
         finished_card("g", "grep", {"pattern": "TODO", "path": "src"}, lines)
         + finished_card("w", "write", {"file_path": "a.py", "content": "x"}, "Wrote a.py")
-        + finished_card("p", "process", {"action": "start", "command": "npm run dev"}, "p1 started"))
+        + finished_card("p", "process", {"action": "start", "command": "npm run dev"},
+                        "p1 started"))
     assert "● grep TODO in src" in text and "hit 1" in text and "hit 29" not in text    # the head
     assert "● write a.py" in text and "Wrote a.py" not in text                           # quiet
     assert "● process start npm run dev" in text and "p1 started" in text
@@ -456,15 +457,19 @@ def test_thinking_streams_collapsed_opens_with_ctrl_o_and_settles_collapsed(widt
     assert len(settled) == 1 and settled[0].startswith("✻ Thinking · 5s · First read the file.")
     assert "step59" not in text_of(screen), "kept collapsed in the scrollback"
     app.on_key(K("ctrl+o"))
-    stream.feed(app.render(started + 7))
-    whole = "\n".join(screen_rows(screen))
-    assert "step0" in whole and "step59" in whole, "Ctrl-O prints the settled thinking whole"
+    assert app.timeline.take_settled() == [], "the scrollback is never written twice"
+    app.on_key(K("ctrl+r"))
+    view = pyte.Screen(width, 30)
+    pyte.ByteStream(view).feed(app.render(started + 7))
+    whole = text_of(view)
+    assert "step0" in whole and "step59" in whole, "the transcript view shows the thinking whole"
 
 
 def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_time():
     lines = ui.render_transcript([
         event("UserMessageCreated", text="fix it"),
-        event("ModelThinkingBlockCompleted", thinking="Read it first.", signature="s", duration_ms=4200),
+        event("ModelThinkingBlockCompleted", thinking="Read it first.", signature="s",
+              duration_ms=4200),
         event("ModelThinkingBlockCompleted", thinking="", signature="s2", duration_ms=900),
         event("ThinkingChanged", effort="high"),
     ], 80, False)
@@ -483,7 +488,8 @@ def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
 def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
     lines = ui.render_transcript([event("UserMessageCreated", text="q"),
                                   event("TextCheckpoint", index=1, text="Answer r"),
-                                  event("TextCheckpoint", index=1, text="eady."), event("Interrupted")], 80)
+                                  event("TextCheckpoint", index=1, text="eady."),
+                                  event("Interrupted")], 80)
     assert "Answer ready." in lines
 
 
@@ -577,7 +583,8 @@ def test_the_panel_asks_in_plain_words(width):
 
 # A command that reads as harmless where its bytes are not: a CR that would draw `echo hello` over
 # the start of the line, a CSI that would erase it, an OSC retitling the window, an 8-bit CSI
-# (0x9B) that would clear the screen, a right-to-left override reversing `gnp.exe`, a zero-width space.
+# (0x9B) that would clear the screen, a right-to-left override reversing `gnp.exe`, a zero-width
+# space.
 HOSTILE_COMMAND = ("rm -rf ~/w \x1b[2K\r\x1b]0;pwned\x07echo hello\x9b2J"
                    " \u202egnp.exe\u202c\u200b #\x1b[8m")
 
@@ -599,7 +606,8 @@ def test_the_panel_shows_every_byte_of_a_hostile_command_and_flags_it(width):
     assert screen.title == ""
     rows = [row.replace("│", " ").strip() for row in screen.display]
     flat = "".join("".join(rows).split())
-    shown = "rm -rf ~/w ^[[2K␍^[]0;pwned^Gecho hello<U+009B>2J <U+202E>gnp.exe<U+202C><U+200B> #^[[8m"
+    shown = ("rm -rf ~/w ^[[2K␍^[]0;pwned^Gecho hello<U+009B>2J"
+             " <U+202E>gnp.exe<U+202C><U+200B> #^[[8m")
     assert "".join(shown.split()) in flat
     assert "alwaysallow`rm^[[8m*`inthisproject" in flat
     warning = " ".join(" ".join(rows).split())
@@ -1161,16 +1169,19 @@ def test_run_app_restores_the_terminal_when_the_controller_raises(tmp_path):
 def test_task_evidence_shows_as_one_summary_line():
     timeline = ui.Timeline(MONO, 80)
     timeline.apply(event("TaskCompleted", evidence={
-        "changed_files": ["a.py", "b.py"], "checks": [{"command": "pytest -q", "exit_code": 0}], "unresolved": []}))
+        "changed_files": ["a.py", "b.py"], "checks": [{"command": "pytest -q", "exit_code": 0}],
+        "unresolved": []}))
     assert "✓ 2 files changed · pytest -q exit 0" in "\n".join(timeline.take_settled())
     quiet = ui.Timeline(MONO, 80)
-    quiet.apply(event("TaskCompleted", evidence={"changed_files": [], "checks": [], "unresolved": []}))
+    quiet.apply(event("TaskCompleted",
+                      evidence={"changed_files": [], "checks": [], "unresolved": []}))
     assert not any("✓" in line for line in quiet.take_settled())
 
 
 def test_the_loop_question_offers_continue_or_stop():
     request = event("PermissionRequested", tool_use_id="t", capability="loop.continue",
-                    descriptor="The model made the same bash call 3 times in a row. Let it continue?",
+                    descriptor="The model made the same bash call 3 times in a row."
+                               " Let it continue?",
                     suggestion=None, preview="ls")
     text = "\n".join(ui.render_permission_panel(request, 80, MONO))
     assert "y) continue" in text and "n) stop" in text and "allow once" not in text
@@ -1179,10 +1190,12 @@ def test_the_loop_question_offers_continue_or_stop():
 def test_a_cancelled_or_denied_call_closes_its_question_and_its_card():
     timeline = ui.Timeline(MONO, 80)
     for tid in ("t1", "t2"):
-        timeline.apply(event("ToolRequested", tool_use_id=tid, name="bash", input={"command": "make"}))
+        timeline.apply(event("ToolRequested", tool_use_id=tid, name="bash",
+                             input={"command": "make"}))
         timeline.apply(event("PermissionRequested", tool_use_id=tid, capability="process.execute",
                              descriptor="make", suggestion=None, preview="make"))
-    timeline.apply(event("PermissionDenied", tool_use_id="t1", reason="the user declined", feedback=""))
+    timeline.apply(event("PermissionDenied", tool_use_id="t1", reason="the user declined",
+                         feedback=""))
     timeline.apply(event("ToolCancelled", tool_use_id="t2", reason="interrupted by the user"))
     assert timeline.permissions == [] and timeline.cards == {}
 
@@ -1199,8 +1212,8 @@ def test_a_card_of_a_retried_or_interrupted_response_does_not_stay_queued():
     assert timeline.cards == {}
     # A call of a response that completed keeps its card until its result.
     timeline.apply(event("ToolRequested", tool_use_id="t3", name="bash", input={"command": "make"}))
-    timeline.apply(event("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use",
-                         usage={}))
+    timeline.apply(event("ModelResponseCompleted", message_id="m", model="x",
+                         stop_reason="tool_use", usage={}))
     assert list(timeline.cards) == ["t3"]
 
 
@@ -1316,7 +1329,7 @@ def test_ctrl_o_expands_the_newest_card_in_place(width):
     assert "› next question" in rows[card + 41]
 
 
-def test_ctrl_o_after_the_card_settled_prints_its_output_below():
+def test_ctrl_o_after_the_card_settled_prints_nothing_and_ctrl_r_shows_its_output():
     app = ui.App(FakeController(), style=MONO, width=80)
     for e in bash_card_events(12):
         app.on_event(e)
@@ -1325,8 +1338,11 @@ def test_ctrl_o_after_the_card_settled_prints_its_output_below():
     first = app.timeline.take_settled()
     assert "    … 7 lines …" in first and "output line 7" not in " ".join(first)
     app.on_key(K("ctrl+o"))
-    again = app.timeline.take_settled()
-    assert "Output of:" in again and any("output line 7" in row for row in again)
+    assert app.timeline.take_settled() == [], "no copy of the card is appended"
+    app.on_key(K("ctrl+r"))
+    view = pyte.Screen(80, 24)
+    pyte.ByteStream(view).feed(app.render(1.0))
+    assert "output line 7" in text_of(view) and "… 7 lines …" not in text_of(view)
 
 
 # ---- discoverable: the / menu (issue 14) ----
@@ -1407,7 +1423,8 @@ def test_the_status_line_shows_elapsed_time_and_output_tokens_while_streaming():
 
 def test_a_newline_in_a_one_line_notice_is_escaped():
     text = timeline_text([event("SessionRenamed", title="two\nlines"),
-                          event("ProcessStarted", process_id="p1", command="npm run dev\nrm -rf x")])
+                          event("ProcessStarted", process_id="p1",
+                                command="npm run dev\nrm -rf x")])
     assert "◇ Session: two\\nlines" in text and "npm run dev\\nrm -rf x" in text
     assert all("\n" not in line for line in ui.render_transcript(
         [event("SessionRenamed", title="a\nb\nc")], 80))
@@ -1417,14 +1434,16 @@ def test_a_newline_in_a_one_line_notice_is_escaped():
 def test_the_composer_wraps_at_word_boundaries(width):
     app = ui.App(FakeController(), style=MONO, width=width, height=30)
     screen, stream = app_screen(app)
-    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima " * (width // 40 + 1)
+    words = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima "
+             * (width // 40 + 1))
     app.on_key(K("text", words.strip()))
     stream.feed(app.render(0.0))
     rows = [row.rstrip() for row in screen.display if row.strip()]
     first = next(k for k, row in enumerate(rows) if row.startswith("❯ "))
     composer = [row[2:] for row in rows[first:]]
     assert len(composer) > 1 and " ".join(" ".join(composer).split()) == words.strip()
-    assert all(row.split()[-1] in words.split() and row.split()[0] in words.split() for row in composer)
+    assert all(row.split()[-1] in words.split() and row.split()[0] in words.split()
+               for row in composer)
     assert screen.cursor.y == first + len(composer) - 1          # the cursor is still at the end
     assert screen.cursor.x == 2 + len(composer[-1])
 
@@ -1444,20 +1463,22 @@ def test_recalling_a_large_paste_keeps_it_collapsed_and_sends_it_whole(tmp_path)
 @pytest.mark.parametrize("width", WIDTHS)
 def test_markdown_escapes_alignment_and_fences_in_list_items(width):
     for style in (COLOR, MONO):
-        text = text_of(screen_of(render_markdown("Use \\*args\\* and \\_name\\_ here.\n", width, style),
-                                 width))
+        escaped = render_markdown("Use \\*args\\* and \\_name\\_ here.\n", width, style)
+        text = text_of(screen_of(escaped, width))
         assert "Use *args* and _name_ here." in text
-    table = render_markdown("| name | size |\n|------|-----:|\n| a | 1 |\n| bb | 1234 |\n", width, MONO)
+    table = render_markdown("| name | size |\n|------|-----:|\n| a | 1 |\n| bb | 1234 |\n", width,
+                            MONO)
     sizes = [row.split("│")[1] for row in table if "│" in row]
     assert sizes[1:] == ["    1", " 1234"]                # right-aligned, as the separator says
-    lines = render_markdown("- install it:\n    ```sh\n    pip install x  # a comment\n    ```\n- done\n",
-                            width, MONO)
+    lines = render_markdown("- install it:\n    ```sh\n    pip install x  # a comment\n"
+                            "    ```\n- done\n", width, MONO)
     assert "pip install x  # a comment" in "\n".join(lines)    # code, spacing kept, not a paragraph
     assert not any("```" in line and "pip" in line for line in lines)
 
 
 def test_a_blockquote_nested_a_thousand_deep_renders_and_replays():
-    deep = ">" * 1000 + " the bottom\n\n" + "\n".join(">" * k + f" level {k}" for k in range(1, 1001))
+    levels = "\n".join(">" * k + f" level {k}" for k in range(1, 1001))
+    deep = ">" * 1000 + " the bottom\n\n" + levels
     for width in WIDTHS:
         lines = render_markdown(deep, width)
         assert all(ui.visible_width(line) <= width for line in lines)
@@ -1471,8 +1492,8 @@ def test_a_blockquote_nested_a_thousand_deep_renders_and_replays():
 
 def panel_for(name, tool_input, width=80, style=MONO, **request):
     timeline_events = [event("ToolRequested", tool_use_id="p", name=name, input=tool_input),
-                       event("PermissionRequested", tool_use_id="p", capability="file.write.project",
-                             suggestion=None, **request)]
+                       event("PermissionRequested", tool_use_id="p",
+                             capability="file.write.project", suggestion=None, **request)]
     app = ui.App(FakeController(busy=True), style=style, width=width, height=40)
     for e in timeline_events:
         app.on_event(e)
@@ -1494,10 +1515,12 @@ def test_multi_line_commands_and_edits_show_as_lines():
     app = panel_for("bash", {"command": command}, descriptor=command, preview=command)
     rows = [row.strip() for row in "\n".join(app.frame(0.0)[0]).split("\n")]
     assert "│ cd build &&" in rows and "│ cmake .." in rows and "│ make -j4" in rows
-    edit = panel_for("edit", {"file_path": "a.py", "old_string": "x = 1\ny = 2", "new_string": "x = 3\ny = 4"},
+    edit = panel_for("edit", {"file_path": "a.py", "old_string": "x = 1\ny = 2",
+                              "new_string": "x = 3\ny = 4"},
                      descriptor="a.py", preview="- x = 1\ny = 2\n+ x = 3\ny = 4")
     rows = [row.strip() for row in "\n".join(edit.frame(0.0)[0]).split("\n")]
-    assert ["│ - x = 1", "│ - y = 2", "│ + x = 3", "│ + y = 4"] == [r for r in rows if r[2:3] in "-+" and r[2:3]]
+    marked = [r for r in rows if r[2:3] in "-+" and r[2:3]]
+    assert ["│ - x = 1", "│ - y = 2", "│ + x = 3", "│ + y = 4"] == marked
     process = panel_for("process", {"action": "start", "command": "npm run dev\n--port 3000"},
                         descriptor="npm run dev --port 3000", preview='{"action": "start"}')
     text = "\n".join(process.frame(0.0)[0])
@@ -1513,7 +1536,7 @@ def test_a_small_terminal_says_what_the_panel_left_out():
     text = "\n".join(lines)
     assert len(lines) <= 11 and "panel lines hidden (small terminal)" in text
     assert "y) allow once" in text and "n) deny" in text
-    app.on_key(K("text", "a sentence"))                       # the composing hint: answers still show
+    app.on_key(K("text", "a sentence"))           # the composing hint: answers still show
     text = "\n".join(app.frame(0.0)[0])
     assert "y) allow once" in text and "Enter sends your text" in text and "❯ a sentence" in text
 
@@ -1531,14 +1554,14 @@ def test_a_shell_command_runs_live_then_settles_as_a_card(width):
     live = "\n".join(app.timeline.live_lines(app.timeline.cards["user-shell"].started + 2.5))
     assert "! make test · 2.5s" in live and "linking" in live
     output = "\n".join(f"test {k} ok" for k in range(1, 21)) + "\n\nExit code: 0"
-    app.on_event(event("UserShellRan", command="make test", output=output, exit_code=0, duration_ms=2600,
-                       stopped=False))
+    app.on_event(event("UserShellRan", command="make test", output=output, exit_code=0,
+                       duration_ms=2600, stopped=False))
     app.timeline.finish()
     text = text_of(screen_of(app.timeline.take_settled(), width))
     assert "● ! make test · exit 0 · 2.6s" in text and "test 1 ok" in text and "test 20 ok" in text
     assert "… 15 lines …" in text and "Exit code" not in text and app.timeline.cards == {}
-    stopped = ui.render_transcript([event("UserShellRan", command="sleep 9", output="tick\n", exit_code=None,
-                                          stopped=True)], width)
+    stopped = ui.render_transcript([event("UserShellRan", command="sleep 9", output="tick\n",
+                                          exit_code=None, stopped=True)], width)
     assert "○ ! sleep 9 · stopped" in stopped[0] and "tick" in stopped[1]
 
 
@@ -1549,7 +1572,8 @@ def test_a_retried_reply_starts_a_new_block_and_the_broken_tail_leaves_the_scree
     app = ui.App(FakeController(busy=True), style=MONO, width=width, height=30)
     screen = pyte.HistoryScreen(width, 30, history=500)
     stream = pyte.ByteStream(screen)
-    app.on_event(event("TextDelta", text="First paragraph of the failed try.\n\nhalf a sentence that"))
+    app.on_event(event("TextDelta",
+                       text="First paragraph of the failed try.\n\nhalf a sentence that"))
     stream.feed(app.render(0.0))
     app.on_event(event("ModelRequestFailed", kind="retryable", status=None, message="stream broke",
                        retrying=True))
@@ -1571,9 +1595,11 @@ def test_the_evidence_line_marks_only_passing_checks_with_a_tick():
     failing = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [{"command": "pytest -q", "exit_code": 1}],
         "unresolved": ["`pytest -q` failed (exit 1)"]})])
-    assert "✓" not in failing and "⚠ 1 file changed · ✗ pytest -q exit 1 · tests still failing" in failing
+    assert "✓" not in failing
+    assert "⚠ 1 file changed · ✗ pytest -q exit 1 · tests still failing" in failing
     unchecked = timeline_text([event("TaskCompleted", evidence={
-        "changed_files": ["a.py"], "checks": [], "unresolved": ["no check ran after the last change to a.py"]})])
+        "changed_files": ["a.py"], "checks": [],
+        "unresolved": ["no check ran after the last change to a.py"]})])
     assert unchecked.startswith("⚠ 1 file changed · changes not verified")
     assert "unresolved" not in failing + unchecked
 
@@ -1583,7 +1609,8 @@ def test_a_command_that_exited_non_zero_is_not_a_green_dot(width):
     """Issue 22 item 12: the card of `pytest -q` exit 1 is an amber ✗; exit 0 stays a green ●."""
     cards = []
     for tid, code in (("t1", 1), ("t2", 0)):
-        cards += [event("ToolRequested", tool_use_id=tid, name="bash", input={"command": "pytest -q"}),
+        cards += [event("ToolRequested", tool_use_id=tid, name="bash",
+                        input={"command": "pytest -q"}),
                   event("ToolStarted", tool_use_id=tid, name="bash"),
                   event("ToolCompleted", tool_use_id=tid, name="bash", output="1 failed",
                         meta={"exit_code": code})]
@@ -1663,3 +1690,200 @@ def test_plan_mode_shows_a_badge_shift_tab_cycles_and_a_finished_plan_asks_to_pr
     app.on_event(event("UserMessageCreated", text="just do it"))
     app.on_event(event("TaskCompleted"))                    # not a plan: nothing asked
     assert app.timeline.permissions == []
+
+
+# ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
+
+def all_rows(screen):
+    """The scrollback's rows and the screen's, blank ones kept."""
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    return history + [row.rstrip() for row in screen.display]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_o_toggles_the_newest_card_in_place_and_appends_no_copy(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=40)
+    screen = pyte.HistoryScreen(width, 40, history=500)
+    stream = pyte.ByteStream(screen)
+    for e in bash_card_events(20):
+        app.on_event(e)
+    stream.feed(app.render(1.0))
+    assert "… 15 lines …" in text_of(screen)
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(1.1))
+    assert "output line 10" in text_of(screen) and "… 15 lines …" not in text_of(screen)
+    app.on_key(K("ctrl+o"))
+    stream.feed(app.render(1.2))
+    assert "output line 10" not in text_of(screen) and "… 15 lines …" in text_of(screen)
+    app.on_event(event("UserMessageCreated", text="next question"))
+    stream.feed(app.render(1.3))
+    rows = all_rows(screen)
+    assert sum("bash make test" in row for row in rows) == 1
+    assert sum("… 15 lines …" in row for row in rows) == 1, "settled as it was shown"
+    assert not any("output line 10" in row for row in rows)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_r_reads_the_transcript_on_the_alternate_screen_every_card_whole(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=20)
+    main = pyte.HistoryScreen(width, 20, history=500)
+    pyte.ByteStream(main).feed(app.render(0.5))
+    app.on_event(event("UserMessageCreated", text="run the tests"))
+    for e in bash_card_events(60):
+        app.on_event(e)
+    app.on_event(event("ModelTextBlockCompleted", text="all " + "green " * 30))
+    pyte.ByteStream(main).feed(app.render(1.0))
+    conversation = ("run the tests", "bash make test", "output line", "green", "lines …")
+
+    def said(rows):
+        return [row for row in rows if any(words in row for words in conversation)]
+    before = said(all_rows(main))
+    app.on_key(K("ctrl+r"))
+    data = app.render(1.1)
+    assert data.startswith(ui.ALT_SCREEN_ON.encode())
+    view = pyte.Screen(width, 20)
+    pyte.ByteStream(view).feed(data)
+    rows = [row.rstrip() for row in view.display]
+    assert "green" in "\n".join(rows) and "q leaves" in rows[-1]
+    assert all(ui.visible_width(row) <= width for row in rows)
+    app.on_key(K("home"))
+    pyte.ByteStream(view).feed(app.render(1.2))
+    assert "› run the tests" in text_of(view) and "bash make test" in text_of(view)
+    seen = set()
+    for _ in range(40):
+        seen.update(row.strip() for row in view.display)
+        app.on_key(K("pagedown"))
+        pyte.ByteStream(view).feed(app.render(1.3))
+    assert {f"output line {k}" for k in range(2, 61)} <= seen, "every line of the card"
+    app.on_key(K("up"))
+    app.on_key(K("text", "k"))
+    pyte.ByteStream(view).feed(app.render(1.4))
+    assert app.render(1.45) == b"", "an unchanged view is not redrawn"
+    app.on_event(event("UserMessageCreated", text="sent while reading"))
+    app.on_key(K("end"))
+    assert b"sent while reading" in app.render(1.5), "the view reads the conversation so far"
+    app.on_key(K("text", "q"))
+    data = app.render(1.6)
+    assert data.startswith(ui.ALT_SCREEN_OFF.encode())
+    pyte.ByteStream(main).feed(data[len(ui.ALT_SCREEN_OFF.encode()):])
+    rows = all_rows(main)
+    assert said(rows) == before, "the scrollback holds the conversation once, as before"
+    assert sum("sent while reading" in row for row in rows) == 1, "settled once it closed"
+    assert not any("q leaves" in row for row in rows)
+
+
+def test_slash_transcript_opens_the_view_and_escape_leaves_it():
+    class Transcript(FakeController):
+        def run_command(self, line):
+            return ui.TRANSCRIPT
+    app = ui.App(Transcript(), style=MONO, width=60, height=12)
+    app.on_event(event("UserMessageCreated", text="hello"))
+    app.render(0.1)
+    app._dispatch("/transcript")
+    data = app.render(0.2)
+    assert data.startswith(ui.ALT_SCREEN_ON.encode()) and b"hello" in data
+    app.on_key(K("esc"))
+    assert app.render(0.3).startswith(ui.ALT_SCREEN_OFF.encode())
+
+
+def test_closing_while_the_transcript_is_open_gives_the_main_screen_back():
+    app = ui.App(FakeController(), style=MONO, width=60, height=12)
+    app.on_key(K("ctrl+r"))
+    app.render(0.1)
+    assert app.close().startswith(ui.ALT_SCREEN_OFF.encode())
+
+
+# ---- issue 22: code lines are not cut, /help in columns, counts ----
+
+LONG_CODE = ("result = fetch('https://example.com/api/v2/projects/khaelor/releases?page=2"
+             "&per_page=100&sort=created') + compute(alpha, beta, gamma, delta)")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_long_code_line_is_not_cut_so_copying_it_gives_the_line_as_written(width):
+    lines = ui.render_transcript([event("ModelTextBlockCompleted",
+                                        text=f"Run:\n\n```python\n{LONG_CODE}\n```\n\nDone.")],
+                                 width, True)
+    plain = [ui.SGR_RE.sub("", line) for line in lines]
+    assert LONG_CODE in plain, "one line, not broken into rows"
+    app = ui.App(FakeController(), style=COLOR, width=width, height=20)
+    screen = pyte.HistoryScreen(width, 20, history=200)
+    stream = pyte.ByteStream(screen)
+    text = f"Run:\n\n```python\n{LONG_CODE}\n```\n\nDone."
+    for k in range(0, len(text), 7):
+        app.on_event(event("TextDelta", text=text[k:k + 7]))
+        stream.feed(app.render(k / 100))
+    app.on_event(event("ModelTextBlockCompleted", text=text))
+    stream.feed(app.render(5.0))
+    rows = all_rows(screen)
+    first = next(k for k, row in enumerate(rows) if row.startswith("result = fetch"))
+    n_rows = -(-len(LONG_CODE) // width)
+    assert "".join(row.ljust(width) for row in rows[first:first + n_rows]).rstrip() == LONG_CODE
+    assert sum(row.startswith("❯") for row in rows) == 1
+    assert sum("Done." in row for row in rows) == 1
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_help_keys_read_in_columns(width):
+    timeline = ui.Timeline(MONO, width)
+    timeline.note(ui.keys_help())
+    lines = timeline.take_settled()
+    assert all(ui.visible_width(line) <= width for line in lines)
+    row = next(line for line in lines if "Ctrl-R" in line)
+    column = row.index("│")
+    ctrl_l = next(line for line in lines if line.startswith("Ctrl-L"))
+    assert ctrl_l.index("│") == column, "the keys in one column, what they do in the next"
+    assert "clear the screen" in ctrl_l
+
+
+@pytest.mark.parametrize("n_lines", [2, 3, 4, 6, 30, 31, 32])
+def test_what_is_left_out_is_counted_exactly_and_one_line_is_one_line(n_lines):
+    lines = ui.render_transcript([event("UserMessageCreated", text="\n".join(
+        f"line {k}" for k in range(1, n_lines + 1)))], 80)
+    card = ui.render_transcript(bash_card_events(n_lines), 80)
+    preview = ui.preview_rows("\n".join(f"row {k}" for k in range(n_lines)), 80, MONO, "sh")
+    text = "\n".join(lines + card + preview)
+    assert "1 more lines" not in text and " 1 lines" not in text
+    hidden = n_lines - ui.USER_MESSAGE_MAX_LINES
+    if hidden > 0:
+        assert ui.more_lines(hidden) in "\n".join(lines)
+    hidden = n_lines - ui.PANEL_PREVIEW_LINES
+    if hidden > 0:
+        assert ui.more_lines(hidden) in "\n".join(preview)
+    diff = "@@ -1,40 +1,40 @@\n" + "\n".join(f"+added {k}" for k in range(n_lines))
+    shown = "\n".join(ui.render_diff(diff, 80, MONO, max_lines=n_lines))      # the @@ is one
+    assert "… 1 more diff line\n" in shown + "\n" and "1 more diff lines" not in shown
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("ending", ["\n", "\r\n", "\r"])
+def test_a_pasted_200_lines_counts_200(width, ending):
+    c = ui.Composer()
+    pasted = ending.join(f"row {k}" for k in range(200)) + ending
+    c.handle(ui.Key("paste", pasted))
+    assert c.text == "[Pasted 200 lines]"
+    rows, _, _ = c.render(width, MONO)
+    assert "".join(row[2:] for row in rows) == "[Pasted 200 lines]"
+    sent = c.handle(K("enter"))
+    assert sent.rstrip("\n").split("\n") == [f"row {k}" for k in range(200)]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ctrl_l_scrolls_the_conversation_into_the_scrollback_and_starts_at_the_bottom(width):
+    app = ui.App(FakeController(), style=COLOR, width=width, height=15)
+    screen = pyte.HistoryScreen(width, 15, history=500)
+    stream = pyte.ByteStream(screen)
+    app.on_event(event("UserMessageCreated", text="hello"))
+    app.on_event(event("ModelTextBlockCompleted", text="an answer"))
+    stream.feed(app.render(1.0))
+    for k in range(3):
+        stream.feed(app.clear_screen(1.1 + k))
+        stream.feed(app.render(1.2 + k))
+    rows = all_rows(screen)
+    assert sum("an answer" in row for row in rows) == 1
+    assert sum("› hello" in row for row in rows) == 1
+    assert sum(row.startswith("❯") for row in rows) == 1
+    display = [row.rstrip() for row in screen.display]
+    assert display[-1].startswith("❯") and "claude-sonnet-5-5" in display[-2]
+    assert not any(display[:-2]), "the rest of the screen is blank"
+    assert "an answer" in "\n".join(rows[:len(rows) - 15]), "in the scrollback"
