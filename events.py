@@ -1173,7 +1173,7 @@ def _on_tool_result(state: State, event: dict) -> None:
 
 
 def note_seen(state: State, meta: dict) -> None:
-    """What a tool call saw (its result's meta "seen"): the stamps write/edit are checked against."""
+    """What a tool call saw (its result's meta "seen"): the stamps write and edit check against."""
     for real, mtime_ns, size in meta.get("seen") or []:
         state.stamps[real] = (mtime_ns, size)
 

@@ -307,8 +307,8 @@ def _plain_event(event) -> dict | None:
     return event.to_dict()
 
 
-DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json",
-                "signature_delta": "signature"}
+DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking",
+                "input_json_delta": "partial_json", "signature_delta": "signature"}
 
 
 def classify(exc: BaseException) -> ModelError:
@@ -333,7 +333,8 @@ def classify(exc: BaseException) -> ModelError:
     cause = exc.__cause__
     if isinstance(exc, sdk.APIConnectionError) and not isinstance(cause, httpx2.ConnectError):
         # SDK 2.17 wraps a failure after the stream began too: say what it was, not "cannot reach"
-        if isinstance(cause, httpx2.TransportError) and not isinstance(cause, httpx2.ConnectTimeout):
+        failed_later = isinstance(cause, httpx2.TransportError)
+        if failed_later and not isinstance(cause, httpx2.ConnectTimeout):
             exc = cause
     if isinstance(exc, sdk.APIConnectionError):
         # which address: a wrong ANTHROPIC_BASE_URL is the usual cause

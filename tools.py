@@ -168,54 +168,82 @@ ESCAPES = {
 GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
 GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 
-# ---------------------------------------------------------------- schemas (prompt-cached: keep byte-stable)
+# ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
 READ_DESCRIPTION = """Read a text file (or list a directory) from the local filesystem.
 - file_path: relative to the project root, or absolute.
-- Output lines are numbered (line number, tab, content). The numbers are not part of the file: never copy them into edit's old_string.
-- By default up to 2000 lines from the start; pass offset (1-based line) and limit to page through larger files. The result says how to continue.
+- Output lines are numbered (line number, tab, content). The numbers are not part of the file: never
+  copy them into edit's old_string.
+- By default up to 2000 lines from the start; pass offset (1-based line) and limit to page through
+  larger files. The result says how to continue.
 - Very long lines are cut with a marker. Binary files are refused with a note saying what they are.
 - You must read a file before you edit or overwrite it, and read it again if it changed on disk.
 - Prefer reading several files in parallel calls when you need them all."""
 
-WRITE_DESCRIPTION = """Write a file, replacing its whole content, or create it (parent directories are created).
+WRITE_DESCRIPTION = """Write a file, replacing its whole content, or create it (parent directories
+are created).
 - file_path: relative to the project root, or absolute.
-- Overwriting an existing file requires that you read it first in this session and that it has not changed on disk since; otherwise the call is refused.
+- Overwriting an existing file requires that you read it first in this session and that it has not
+  changed on disk since; otherwise the call is refused.
 - An existing file keeps its line endings (CRLF) and byte-order mark.
-- Prefer edit for changing part of a file: it is cheaper and shows a precise diff. Use write for new files or complete rewrites."""
+- Prefer edit for changing part of a file: it is cheaper and shows a precise diff. Use write for new
+  files or complete rewrites."""
 
 EDIT_DESCRIPTION = """Replace text in a file: old_string becomes new_string.
-- Read the file first; edits to unread files, or to files changed on disk since you read them, are refused.
-- old_string must be copied from the file's content (without the line-number prefix read shows) and must match exactly one place; include a few surrounding lines to make it unique. Set replace_all to true to change every occurrence (e.g. renaming a variable).
-- Small differences in indentation, whitespace or escaping are tolerated, but exact text is safest. A fuzzy match much larger than old_string is refused.
-- old_string and new_string must differ. An empty old_string creates a new file containing new_string.
-- The result shows the changed region with line numbers, so there is no need to re-read the file to check the edit."""
+- Read the file first; edits to unread files, or to files changed on disk since you read them, are
+  refused.
+- old_string must be copied from the file's content (without the line-number prefix read shows) and
+  must match exactly one place; include a few surrounding lines to make it unique. Set replace_all
+  to true to change every occurrence (e.g. renaming a variable).
+- Small differences in indentation, whitespace or escaping are tolerated, but exact text is safest.
+  A fuzzy match much larger than old_string is refused.
+- old_string and new_string must differ. An empty old_string creates a new file containing
+  new_string.
+- The result shows the changed region with line numbers, so there is no need to re-read the file to
+  check the edit."""
 
-GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g. "def \\w+\\(", "TODO|FIXME").
-- path: file or directory to search, default the project root. include: a glob for file names, e.g. "*.py" or "*.{ts,tsx}".
-- Files ignored by .gitignore are skipped. Results are matching lines as path:line: text, files most recently modified first, at most 100 lines; narrow the pattern, path or include when the result says it was truncated.
+GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g. "def
+\\w+\\(", "TODO|FIXME").
+- path: file or directory to search, default the project root. include: a glob for file names, e.g.
+  "*.py" or "*.{ts,tsx}".
+- Files ignored by .gitignore are skipped. Results are matching lines as path:line: text, files most
+  recently modified first, at most 100 lines; narrow the pattern, path or include when the result
+  says it was truncated.
 - Use this instead of running grep or rg through bash."""
 
-GLOB_DESCRIPTION = """Find files by name pattern, e.g. "**/*.py", "src/**/test_*.ts", "*.md" (a pattern without "/" matches at any depth).
+GLOB_DESCRIPTION = """Find files by name pattern, e.g. "**/*.py", "src/**/test_*.ts", "*.md" (a
+pattern without "/" matches at any depth).
 - path: directory to search, default the project root.
-- Files ignored by .gitignore are skipped. At most 100 paths, most recently modified first; narrow the pattern when the result says it was truncated.
+- Files ignored by .gitignore are skipped. At most 100 paths, most recently modified first; narrow
+  the pattern when the result says it was truncated.
 - Use this instead of find or ls through bash."""
 
-BASH_DESCRIPTION = """Run a shell command (bash -c) and wait for it to finish; returns its combined stdout and stderr and exit code.
-- workdir: directory to run in, relative to the project root or absolute (default the project root). Use it instead of "cd dir && ...".
-- timeout: milliseconds, default 120000, at most 600000. On timeout the command and everything it started are killed.
-- stdin is closed: interactive programs will not get input. Commands run non-interactively (no pager, no git password prompt).
-- For servers, watchers, REPLs or anything long-running, use the process tool instead; a command that backgrounds work with & has those children stopped when it ends.
-- Long output keeps its start and end; the full text is saved to a file whose path the result gives (read or grep it).
+BASH_DESCRIPTION = """Run a shell command (bash -c) and wait for it to finish; returns its combined
+stdout and stderr and exit code.
+- workdir: directory to run in, relative to the project root or absolute (default the project root).
+  Use it instead of "cd dir && ...".
+- timeout: milliseconds, default 120000, at most 600000. On timeout the command and everything it
+  started are killed.
+- stdin is closed: interactive programs will not get input. Commands run non-interactively (no
+  pager, no git password prompt).
+- For servers, watchers, REPLs or anything long-running, use the process tool instead; a command
+  that backgrounds work with & has those children stopped when it ends.
+- Long output keeps its start and end; the full text is saved to a file whose path the result gives
+  (read or grep it).
 - Prefer read, edit, write, grep and glob over cat, sed, echo >, grep and find."""
 
-PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, watchers, REPLs, long builds).
-- action "start" with command: run it in the background (bash -c, project root); returns an id like "p1" at once, with any first output.
+PROCESS_DESCRIPTION = """Manage long-running background processes (dev servers, watchers, REPLs,
+long builds).
+- action "start" with command: run it in the background (bash -c, project root); returns an id like
+  "p1" at once, with any first output.
 - action "list": every process with its status, pid and runtime.
-- action "read" with id: the output produced since your last read (older output beyond about 200K characters is dropped with a marker).
-- action "write" with id and input: send input to its stdin as given (end it with a newline to submit a line); returns any output that follows.
+- action "read" with id: the output produced since your last read (older output beyond about 200K
+  characters is dropped with a marker).
+- action "write" with id and input: send input to its stdin as given (end it with a newline to
+  submit a line); returns any output that follows.
 - action "stop" with id: stop it and its children (SIGTERM, then SIGKILL).
-- Processes keep running across turns until stopped; all are stopped when the session ends. At most 8 run at once."""
+- Processes keep running across turns until stopped; all are stopped when the session ends. At most
+  8 run at once."""
 
 
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
@@ -683,9 +711,9 @@ class Workspace:
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
-        """The code-running driver keys (diff.external, textconv, filters, …) that the repository's
-        own config defines: local or worktree scope; the user's own global and system config are
-        trusted."""
+        """The code-running driver keys (diff.external, textconv, filters, …) that the
+        repository's own config defines: local or worktree scope; the user's own global and system
+        config are trusted."""
         argv = [
             "git", "config", "--show-scope", "--name-only", "-z",
             "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
@@ -1805,7 +1833,7 @@ def _is_dotenv(name: str) -> bool:
 
 
 def _one_line(name: str) -> str:
-    """A path as one line of a listing: JSON-quoted when a control character (newline…) is in it."""
+    """A path as one line of a listing: JSON-quoted when it holds a control character."""
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
