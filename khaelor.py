@@ -640,7 +640,7 @@ def boundary_lines() -> list[str]:
 def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     """`khaelor sandbox [--read-only|--write|--network] [--path P] -- CMD…`: run any command in the
     sandbox a permission decision would give it, so the boundary can be tested without the model."""
-    import permissions
+    import sandbox
     import tools
     parser = argparse.ArgumentParser(
         prog="khaelor sandbox",
@@ -663,7 +663,7 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     shape = args.shape or "read-only"
     confine = {"write": shape != "read-only", "network": shape == "network",
                "paths": [os.path.abspath(path) for path in args.path],
-               "secrets": args.secrets, "hide": list(permissions.SECRET_NAMES)}
+               "secrets": args.secrets, "hide": list(sandbox.SECRET_NAMES)}
     workspace = tools.Workspace(project_root)
     workspace.home = home
     workspace.pass_env = read_config(home / "config.json").get("pass_env", [])
@@ -1279,6 +1279,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     import context
     import kernel
     import permissions
+    import sandbox
     import tools
 
     def grant(rule: dict) -> None:
@@ -1302,7 +1303,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           tool_schemas=toolbox.schemas,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
-                          is_secret=permissions.is_secret_name,
+                          is_secret=sandbox.is_secret_name,
                           append_system=append_system,
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),

@@ -54,6 +54,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+import sandbox
+
 # --------------------------------------------------------------- policy tables
 
 CAPABILITIES = (
@@ -66,31 +68,6 @@ _STRICTNESS = {action: n for n, action in enumerate(ACTIONS)}
 _COMMAND_CAPABILITIES = ("process.execute", "git.modify", "network.access")
 _RULE_KEYS = ("capability", "pattern", "action")
 
-# Secret files, matched against a file's name (a pattern with "/" against
-# its project path). Reading one asks; grep and glob skip them; a command
-# searching a tree that holds one asks.
-SECRET_NAMES = (
-    # environment files
-    ".env", ".env.*", "*.env", ".envrc",
-    # credentials of git, package registries and hosts
-    ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
-    # SSH identities are named id_<algorithm> (id_*), spelled out so that
-    # id_utils.py stays code
-    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
-    # keys and certificates
-    "*.pem", "*.key", "*.p12", "*.pfx",
-    # files named for what they hold
-    "credentials", "credentials.*", "secrets.*", ".pgpass",
-)
-SECRET_TEMPLATES = (
-    ".env.example", ".env.sample", ".env.template", "*.env.example",
-)
-# Directories whose whole content is secret, relative to $HOME (the sandbox
-# closes them too).
-SECRET_HOME_DIRS = (
-    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube",
-    ".docker", ".config/gh", ".password-store",
-)
 # entries a recursive search's tree is scanned for secrets, at most
 _SECRET_WALK_CAP = 20_000
 
@@ -1109,23 +1086,6 @@ def add_grant(config: dict, rule: dict) -> dict:
     return {**config, "permissions": [*kept, entry]}
 
 
-def is_secret_name(name: str) -> bool:
-    """A file name (or project path) that holds credentials; templates like
-    .env.example do not."""
-    # .ENV is .env on a case-insensitive file system
-    base = posixpath.basename(name).lower()
-    if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
-        return False
-    return any(fnmatch.fnmatchcase(base, p) for p in SECRET_NAMES)
-
-
-def secret_home_paths(home: str | None = None) -> list[str]:
-    """The secret locations under $HOME that nothing reads without an explicit
-    grant."""
-    home = home or os.path.expanduser("~")
-    return [posixpath.join(home, d) for d in SECRET_HOME_DIRS]
-
-
 def khaelor_home() -> str:
     """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into
     it."""
@@ -1265,17 +1225,17 @@ def _as_layer(layer) -> Layer:
 
 
 def _secret_patterns() -> list[str]:
-    """SECRET_NAMES as rule patterns over project paths: at the root and in any
+    """sandbox.SECRET_NAMES as rule patterns over project paths: at the root and in any
     directory."""
     patterns = []
-    for name in SECRET_NAMES:
+    for name in sandbox.SECRET_NAMES:
         patterns += [name, "*/" + name]
     return patterns
 
 
 def _template_patterns() -> list[str]:
     patterns = []
-    for name in SECRET_TEMPLATES:
+    for name in sandbox.SECRET_TEMPLATES:
         patterns += [name, "*/" + name]
     return patterns
 
@@ -1393,7 +1353,11 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if outside and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            return re.fullmatch(_glob_to_regex(pattern), subject) is not None
+            try:
+                return re.fullmatch(sandbox.glob_regex(pattern), subject) is not None
+            except re.error:
+                # a class no regex takes ([z-a]): the pattern as written
+                return pattern == subject
         if fnmatch.fnmatchcase(subject, pattern):
             return True
         # "ls *" also matches "ls"
@@ -1404,29 +1368,6 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule):
             return rule
     return None
-
-
-def _glob_to_regex(pattern: str) -> str:
-    """A gitignore-style glob: `*` and `?` stay within one directory, `**`
-    crosses them."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return "".join(out)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
@@ -1494,7 +1435,7 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
         "unattended_paths": sorted(installs) if known else [],
         "paths": sorted(paths),
         "secrets": any(r.secret for r in requests),
-        "hide": list(SECRET_NAMES),
+        "hide": list(sandbox.SECRET_NAMES),
     }
 
 
@@ -1557,27 +1498,18 @@ def _path_request(path_text: str, base: str, root: str,
                         writes=writes)
     under_root = root.rstrip(os.sep) + os.sep
     if resolved != root and not resolved.startswith(under_root):
-        secret = _is_secret_location(resolved)
+        secret = sandbox.is_secret_path(resolved, os.path.expanduser("~"))
         return _Request("filesystem.outsideProject", resolved,
                         _escape(resolved), secret=secret, path=resolved,
                         writes=writes)
     subject = Path(resolved).relative_to(root).as_posix()
     directory = posixpath.dirname(subject)
-    secret = capability == "file.read" and is_secret_name(subject)
+    secret = capability == "file.read" and sandbox.is_secret_name(subject)
     if capability == "file.write.project" and directory:
         return _Request(capability, subject, _escape(directory) + "/*",
                         path=resolved)
     return _Request(capability, subject, _escape(subject), secret=secret,
                     path=resolved)
-
-
-def _is_secret_location(path: str) -> bool:
-    if is_secret_name(path):
-        return True
-    for location in secret_home_paths():
-        if path == location or path.startswith(location + os.sep):
-            return True
-    return False
 
 
 def _glob_base(pattern: str) -> str:
@@ -1619,7 +1551,7 @@ def _secrets_under(directory: str, include_hidden: bool,
             path = os.path.join(parent, name)
             if not include_hidden and name.startswith("."):
                 continue
-            if is_secret_name(name) and name not in dirs:
+            if sandbox.is_secret_name(name) and name not in dirs:
                 found.append(path)
             elif follows and os.path.islink(path):
                 if not _beneath(os.path.realpath(path), top):

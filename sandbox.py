@@ -21,6 +21,7 @@ of other processes; names stay listable along the way to a closed location (READ
 
 import ctypes
 import errno
+import fnmatch
 import os
 import re
 import stat
@@ -88,12 +89,73 @@ DEVICE = {"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"}
 
 # ---------------------------------------------------------------- what is always closed
 
+# The one secret vocabulary: what the kernel closes, what permissions.py asks before reading, what
+# grep and glob skip. Secret files by name (lower-cased: .ENV is .env on a case-insensitive file
+# system); a command searching a tree that holds one asks.
+SECRET_NAMES = (
+    # environment files
+    ".env", ".env.*", "*.env", ".envrc",
+    # credentials of git, package registries and hosts
+    ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
+    # SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
+    # keys and certificates
+    "*.pem", "*.key", "*.p12", "*.pfx",
+    # files named for what they hold
+    "credentials", "credentials.*", "secrets.*", ".pgpass",
+)
+# Templates that hold placeholders, not secrets (.env.dist is not one: projects commit real values
+# under that name too, so it asks and its values are masked).
+SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
 # Under the user's home: neither readable nor writable unless the user approved that very path.
 SECRET_HOME_PATHS = [
     ".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc",
     ".git-credentials", ".docker", ".kube", ".npmrc", ".pypirc",
     ".config/gh", ".azure", ".password-store",
 ]
+
+
+# A gitignore-style glob, token by token: `*` and `?` stay within one directory, `**` crosses them.
+GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
+GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
+def glob_regex(pattern: str) -> str:
+    """The regex source for a gitignore-style glob: [!a-z] classes and {a,b} alternatives too. The
+    one translator: Claude Code's path rules (permissions.py) and grep/glob's patterns (tools.py)."""
+    out = []
+    for token in GLOB_TOKEN.findall(pattern):
+        if token in GLOB_FIXED:
+            out.append(GLOB_FIXED[token])
+        elif token[0] == "[" and len(token) > 1:
+            body = token[1:-1]
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+        elif token[0] == "{" and len(token) > 1:
+            alternatives = map(glob_regex, token[1:-1].split(","))
+            out.append("(?:" + "|".join(alternatives) + ")")
+        else:
+            out.append(re.escape(token))
+    return "".join(out)
+
+
+def is_secret_name(name: str) -> bool:
+    """A file name (or path: its last component) that holds credentials; not a template."""
+    base = name.rpartition("/")[2].lower()
+    if any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_TEMPLATES):
+        return False
+    return any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_NAMES)
+
+
+def is_secret_path(path: str, home: str) -> bool:
+    """An absolute path that holds credentials: a secret name, or in a secret location of `home`."""
+    if is_secret_name(path):
+        return True
+    places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
+    return within(path, places)
+
+
 # /dev is closed too (raw disks would bypass every rule); these devices stay usable.
 # Writable even by read-only commands:
 NULL_DEVICES = ["/dev/null", "/dev/zero", "/dev/full"]
@@ -304,7 +366,6 @@ class SecretScan:
         if not patterns:
             return []
         if patterns != self.patterns:
-            import fnmatch
             self.patterns = list(patterns)
             self.matches = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
             self.listings = {}
@@ -1088,7 +1149,6 @@ def child_environment(environ: dict, passed: list[str], network: bool, home: str
     """The allow-listed part of `environ`, and what the user's config passes (fnmatch patterns).
     HOME is pinned (a repository cannot point git or the shell at its own start-up files);
     PATH keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
-    import fnmatch
     names = ENV_NAMES | NETWORK_ENV_NAMES if network else ENV_NAMES
     env = {}
     for name, value in environ.items():

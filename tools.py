@@ -117,8 +117,6 @@ URL_PASSWORD_MASK = "[redacted]@"
 TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{20,}"
                    r"|xox[abpr]-[A-Za-z0-9-]{10,}|sk-ant-[\w-]{20,}")
 TOKEN_MASK = "[redacted: a token]"
-# .env.example and the like hold placeholders, not secrets.
-DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(
@@ -1838,9 +1836,10 @@ def _dotenv_value(line: str) -> str:
 
 
 def _is_dotenv(name: str) -> bool:
-    if name.endswith(DOTENV_TEMPLATES):
-        return False
-    return name == ".env" or name.startswith(".env.") or name.endswith(".env")
+    """An environment file that sandbox.is_secret_name counts as a secret (not .env.example)."""
+    lowered = name.lower()
+    env_file = lowered == ".env" or lowered.startswith(".env.") or lowered.endswith(".env")
+    return env_file and sandbox.is_secret_name(name)
 
 
 def _one_line(name: str) -> str:
