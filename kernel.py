@@ -405,9 +405,9 @@ def _unattended(decision: permissions.Decision) -> permissions.Decision:
     confine = decision.confine
     if not confine:
         return decision
-    network = confine["network"] and confine.get("unattended_network", True)
-    paths = confine.get("unattended_paths", confine["paths"])
-    return replace(decision, confine={**confine, "network": network, "paths": paths})
+    network = confine.network and confine.unattended_network
+    paths = confine.unattended_paths
+    return replace(decision, confine=replace(confine, network=network, paths=paths))
 
 
 class Kernel:
@@ -846,7 +846,7 @@ class Kernel:
         self.emit("PermissionGranted", tool_use_id=tool_use_id, scope=choice)
         if decision.confine:
             # the user saw this very call: what it names, it may change (tools.guard_check)
-            return replace(decision, confine={**decision.confine, "attended": True})
+            return replace(decision, confine=replace(decision.confine, attended=True))
         return decision
 
     def needs_checkpoint(self, call: dict,

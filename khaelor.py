@@ -661,14 +661,14 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     if not command:
         raise UsageError("khaelor sandbox: name a command after --")
     shape = args.shape or "read-only"
-    confine = {"write": shape != "read-only", "network": shape == "network",
-               "paths": [os.path.abspath(path) for path in args.path],
-               "secrets": args.secrets, "hide": list(sandbox.SECRET_NAMES)}
+    paths = tuple(os.path.abspath(path) for path in args.path)
+    confine = sandbox.Confine(write=shape != "read-only", network=shape == "network", paths=paths,
+                              secrets=args.secrets, hide=sandbox.SECRET_NAMES)
     workspace = tools.Workspace(project_root)
     workspace.home = home
     workspace.pass_env = read_config(home / "config.json").get("pass_env", [])
     print(f"khaelor sandbox: {shape}, project {project_root}"
-          f"{', outside paths: ' + ', '.join(confine['paths']) if confine['paths'] else ''}",
+          f"{', outside paths: ' + ', '.join(confine.paths) if confine.paths else ''}",
           file=sys.stderr)
     print_boundary(sys.stderr)
     try:
@@ -1645,9 +1645,13 @@ def require_api_key() -> None:
 
 # ---------------------------------------------------------------- interactive
 
-# The user's own `!` commands run as the user would run them: the sandbox holds what the model runs.
-USER_SHELL = {"write": True, "network": True, "paths": [], "secrets": True,
-              "hide": [], "unconfined": True}
+
+
+def user_shell():
+    """The user's own `!` commands run as the user would run them: the sandbox holds what the
+    model runs (a sandbox.Confine, built here so that a cold start does not import sandbox)."""
+    import sandbox
+    return sandbox.Confine(network=True, secrets=True, unconfined=True)
 
 
 class Session:
@@ -1883,7 +1887,7 @@ class Session:
         try:
             result = await self.toolbox.run("bash", {"command": command},
                                             events.USER_SHELL_ID,
-                                            confine=USER_SHELL)
+                                            confine=user_shell())
         except asyncio.CancelledError:
             output = "".join(streamed)[-STOPPED_OUTPUT_CHARS:]
             self.bus.emit("UserShellRan", command=command, output=output,

@@ -50,7 +50,7 @@ import os
 import posixpath
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -711,8 +711,8 @@ class Decision:
     not_read_only: str = ""
     # why it destroys work in the repository: --yes alone never approves it
     destructive: str = ""
-    # the sandbox this call runs in (see _confine)
-    confine: dict = field(default_factory=dict)
+    # the sandbox this call runs in (see _confine); None for calls that start nothing
+    confine: sandbox.Confine | None = None
 
 
 class _Request(NamedTuple):
@@ -1050,8 +1050,16 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
         "read_only": decision.read_only,
         "not_read_only": decision.not_read_only,
         "destructive": decision.destructive,
-        "confine": decision.confine,
+        "confine": _as_json(decision.confine),
     }
+
+
+def _as_json(confine: sandbox.Confine | None) -> dict:
+    """A Confine as `khaelor permissions check --json` shows it: tuples as lists."""
+    if confine is None:
+        return {}
+    fields = asdict(confine)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
@@ -1409,7 +1417,7 @@ def _is_permission_file(path: str) -> bool:
     return tail in permission_files
 
 
-def _confine(requests: list[_Request], read_only: bool) -> dict:
+def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
     """The sandbox a decision grants (enforced by tools.py): writes only when
     the command is not read-only, network only when asked for, and the outside
     paths it named."""
@@ -1428,15 +1436,15 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
     # and of the outside paths only where an approved install puts packages: nothing outside the
     # project can be rewound, and what it reads (a shell history) could leave with the answer.
     known = not any(r.capability == "process.execute" for r in requests)
-    return {
-        "write": not read_only,
-        "network": bool(network),
-        "unattended_network": bool(network) and known,
-        "unattended_paths": sorted(installs) if known else [],
-        "paths": sorted(paths),
-        "secrets": any(r.secret for r in requests),
-        "hide": list(sandbox.SECRET_NAMES),
-    }
+    return sandbox.Confine(
+        write=not read_only,
+        network=bool(network),
+        paths=tuple(sorted(paths)),
+        secrets=any(r.secret for r in requests),
+        hide=sandbox.SECRET_NAMES,
+        unattended_network=bool(network) and known,
+        unattended_paths=tuple(sorted(installs)) if known else (),
+    )
 
 
 # Where package managers install and cache, under $HOME: an approved `pip

@@ -6,7 +6,7 @@ ctypes, no helper binary.
 
 Owns: probing Landlock and seccomp; the read allow-list and the secrets closed inside it (the
 home's, the system's, the project's own secret files and their hard links); building a ruleset in
-the parent from a `confine` dict; the seccomp programs; the preexec hook that enters all of it in
+the parent from a decision's `Confine`; the seccomp programs; the preexec hook that enters all of it in
 the child; the connect supervisor that lets an approved command reach only the session's own
 loopback servers; the child's environment; the git settings every command carries; the note that
 explains a refusal; and opening a path through no symbolic link (openat2), for khaelor's own file
@@ -25,6 +25,7 @@ import fnmatch
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 # ---------------------------------------------------------------- Landlock constants (linux/landlock.h)
@@ -164,6 +165,35 @@ READABLE_DEVICES = ["/dev/random", "/dev/urandom"]
 TERMINAL_DEVICES = ["/dev/tty", "/dev/ptmx", "/dev/pts"]
 # POSIX semaphores and shared memory (multiprocessing): approved commands.
 SHARED_MEMORY = "/dev/shm"
+
+# ---------------------------------------------------------------- the shape a decision grants
+
+
+@dataclass(frozen=True)
+class Confine:
+    """The sandbox one call runs in: permissions.py builds it for a decision, tools.py and this
+    module enforce it. The defaults are an approved command's (writes in the project, no network)."""
+    # writes in the project; False: read-only (only the session temp dir is writable)
+    write: bool = True
+    # any network; False: TCP only to the session's own loopback servers, and not even that read-only
+    network: bool = False
+    # real paths outside the project the call may open (read, or write with `write`)
+    paths: tuple[str, ...] = ()
+    # the approved paths are writable though the project is not (a checkpoint's shadow repository)
+    paths_write: bool = False
+    # reading the project's secret files was approved
+    secrets: bool = False
+    # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
+    hide: tuple[str, ...] = ()
+    # what --yes grants of `network`: only where every program of the line is known to need it
+    unattended_network: bool = False
+    # what --yes grants of `paths`: only where an approved install puts packages
+    unattended_paths: tuple[str, ...] = ()
+    # the user saw this very call: what it names, it may change (tools.guard_check)
+    attended: bool = False
+    # the user's own `!` commands: no sandbox at all
+    unconfined: bool = False
+
 
 # ---------------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file. Values tested on git 2.39.
@@ -362,10 +392,10 @@ class SecretScan:
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
 
-    def find(self, root: str, patterns: list[str]) -> list[str]:
+    def find(self, root: str, patterns: tuple[str, ...]) -> list[str]:
         if not patterns:
             return []
-        if patterns != self.patterns:
+        if list(patterns) != self.patterns:
             self.patterns = list(patterns)
             self.matches = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
             self.listings = {}
@@ -434,13 +464,13 @@ def _opened_by(path: str, grants: list[str]) -> bool:
     return path in grants
 
 
-def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Path,
+def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
                   khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
     """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads only from the allow-list (system
     directories, toolchains, the project but its `hidden` secret files, spill files, the temp dir);
     writes where `confine` says; TCP connect only with network or to `ports`."""
     abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine["paths"]) + list(hidden)
+    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
     grants = [(root, READ) for root in readable_roots(home)]
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
@@ -450,8 +480,8 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     grants += [("/dev", {"READ_DIR"})]
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
-    approved_rights = WRITE if confine["write"] or confine.get("paths_write") else READ
-    for path in confine["paths"]:
+    approved_rights = WRITE if confine.write or confine.paths_write else READ
+    for path in confine.paths:
         target = approved_target(path)
         if target:
             grants.append((target, approved_rights))
@@ -459,10 +489,10 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     # writes the blobs it hands to a textconv or an external diff there. Nothing else is.
     if temp_dir:
         grants.append((temp_dir, WRITE))
-    if confine["write"]:
+    if confine.write:
         grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
-    network = confine["network"] or abi < 4
+    network = confine.network or abi < 4
     connect = 0 if network else _mask(["CONNECT_TCP"], abi)
     scopes = _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi)
     attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
@@ -655,14 +685,14 @@ def _last_capability() -> int:
         return 63
 
 
-def limits_for(confine: dict) -> list[tuple[int, int]]:
+def limits_for(confine: Confine) -> list[tuple[int, int]]:
     """(resource, value) a command runs under: a read-only command cannot fill the disk (one file,
     and the session temp dir, see tools) or the memory; none dumps core. RLIMIT_AS would break V8, Go
     and the JVM, which reserve far more address space than they use: RLIMIT_DATA counts what is
     really allocated. A limit is only ever lowered."""
     import resource
     wanted = [(resource.RLIMIT_CORE, 0)]
-    if not confine["write"]:
+    if not confine.write:
         wanted += [(resource.RLIMIT_FSIZE, READ_ONLY_FILE_CAP),
                    (resource.RLIMIT_CPU, READ_ONLY_CPU_S),
                    (resource.RLIMIT_DATA, READ_ONLY_MEMORY)]
@@ -822,16 +852,16 @@ def seccomp_available() -> bool:
         return False
 
 
-def filter_for(confine: dict, supervised: bool) -> list | None:
+def filter_for(confine: Confine, supervised: bool) -> list | None:
     """The seccomp program for a command confined as `confine`: a read-only one opens no socket; an
     approved one serves TCP and reaches, through the supervisor, only the session's own servers on
     loopback (without one, no connect at all); one approved for the network opens any socket."""
     if not seccomp_available():
         return None
     machine = os.uname().machine
-    if confine["network"]:
+    if confine.network:
         return seccomp_program(machine, "any", "allow")
-    if not confine["write"]:
+    if not confine.write:
         return seccomp_program(machine, "none", "deny")
     return seccomp_program(machine, "tcp", "notify" if supervised else "deny")
 
@@ -1216,19 +1246,19 @@ CONNECTING = re.compile(
 CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
 
-def explain(output: str, confine: dict, cwd: Path, project: Path,
+def explain(output: str, confine: Confine, cwd: Path, project: Path,
             temp_dir: Path | None, home: Path,
             khaelor_home: Path) -> str | None:
     """A note for the model when a confined command's failure looks like the sandbox refusing it: what
     it would need (a path, write access outside the project, network) and that the user can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
-    closed = closed_locations(home, khaelor_home, confine["paths"])
-    targets = {os.path.realpath(path): approved_target(path) for path in confine["paths"]}
+    closed = closed_locations(home, khaelor_home, confine.paths)
+    targets = {os.path.realpath(path): approved_target(path) for path in confine.paths}
     writable = [target for target in targets.values() if target]
     unopened = [path for path, target in targets.items() if not target]
     if temp_dir:
         writable.append(str(temp_dir))
-    if confine["write"]:
+    if confine.write:
         writable.append(str(project))
     needs = []
     for line in lines:
@@ -1241,7 +1271,7 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
     # A refused connect names no path.
     local = ("; without it, only a server on this machine's loopback that khaelor's own "
              "processes listen on is reachable")
-    maybe_network = not needs and not confine["network"]
+    maybe_network = not needs and not confine.network
     if maybe_network and lines and CONNECTING.search(output):
         needs.append(f"network access{local}")
     elif maybe_network and CURL_REFUSED.search(output):

@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
@@ -125,12 +125,9 @@ DOTENV_LINE = re.compile(
 # Landlock rulesets a Workspace keeps for reuse.
 RULESETS_KEPT = 8
 # What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
-DEFAULT_CONFINE = {
-    "write": True, "network": False, "paths": [],
-    "secrets": False, "hide": [],
-}
+DEFAULT_CONFINE = sandbox.Confine()
 # khaelor's own git calls, ripgrep.
-READ_ONLY_CONFINE = {**DEFAULT_CONFINE, "write": False}
+READ_ONLY_CONFINE = sandbox.Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {
     "PAGER": "cat", "GIT_PAGER": "cat",
@@ -411,10 +408,10 @@ class Workspace:
 
     # ------------------------------------------------ files: opened as judged, through no link
 
-    def places(self, confine: dict) -> list[str]:
+    def places(self, confine: sandbox.Confine) -> list[str]:
         """Where one call's file tools may open: the project and the outside paths its decision
         named (real paths: permissions.py judged each call's realpath)."""
-        return [str(self.cwd), *confine["paths"]]
+        return [str(self.cwd), *confine.paths]
 
     def judged(self, path: Path, places: list[str]) -> str:
         """`path`'s real path, which must lie within `places`: what the permission judged, not
@@ -516,7 +513,7 @@ class Workspace:
             os.close(folder_fd)
 
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
-                   stdin: bool = False, confine: dict | None = None,
+                   stdin: bool = False, confine: sandbox.Confine | None = None,
                    ports: Callable[[], set[int]] = set) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe,
         confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it may
@@ -584,7 +581,7 @@ class Workspace:
         return child
 
     def capture(self, argv: list[str], *, cwd: Path | None = None,
-                timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                timeout_s: float = 10.0, confine: sandbox.Confine = READ_ONLY_CONFINE,
                 scan_git: bool = True) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code, stdout).
         Failing to start, or timing out, gives -1 and the reason."""
@@ -593,7 +590,7 @@ class Workspace:
         return code, out.decode("utf-8", "replace")
 
     def capture_bytes(self, argv: list[str], *, cwd: Path | None = None,
-                      timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                      timeout_s: float = 10.0, confine: sandbox.Confine = READ_ONLY_CONFINE,
                       scan_git: bool = True, env: dict | None = None,
                       stdin: bytes | None = None) -> tuple[int, bytes]:
         """capture's stdout as bytes (file contents), with `env` added and `stdin` fed to it."""
@@ -620,7 +617,7 @@ class Workspace:
                 entry.close()
         return done.returncode, done.stdout
 
-    def run_attached(self, argv: list[str], confine: dict) -> int:
+    def run_attached(self, argv: list[str], confine: sandbox.Confine) -> int:
         """Run a command confined as `confine`, on khaelor's own terminal (`khaelor sandbox`): its
         exit code."""
         env, entry = self.prepare(argv, confine, Path.cwd(), set)
@@ -635,13 +632,13 @@ class Workspace:
 
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 
-    def prepare(self, argv: list[str], confine: dict, cwd: Path, ports: Callable[[], set[int]],
+    def prepare(self, argv: list[str], confine: sandbox.Confine, cwd: Path, ports: Callable[[], set[int]],
                 scan_git: bool = True) -> tuple[dict, "sandbox.Entry | None"]:
         """(environment, what the child needs to enter its sandbox, or None: unconfined) for one
         command. The caller closes the entry once the child has started."""
-        read_only = not confine["write"]
+        read_only = not confine.write
         temp = str(self.session_temp())
-        env = sandbox.child_environment(os.environ, self.pass_env, confine["network"], self.user_home)
+        env = sandbox.child_environment(os.environ, self.pass_env, confine.network, self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
         env["TMPDIR"] = temp
         env["TMP"] = temp
@@ -656,26 +653,26 @@ class Workspace:
         settings = sandbox.git_settings(read_only, keys)
         env.update(sandbox.git_env(os.environ, settings))
         # the user's own `!` command
-        if confine.get("unconfined"):
+        if confine.unconfined:
             return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
         # An approved command reaches the session's servers through the connect supervisor where
         # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
         supervisor = None
-        if sandbox.seccomp_available() and confine["write"] and not confine["network"]:
+        if sandbox.seccomp_available() and confine.write and not confine.network:
             supervisor = sandbox.Supervisor(ports)
         ruleset = None
         if self.abi:
-            sandbox.make_parents(confine["paths"])
+            sandbox.make_parents(confine.paths)
             home = self.home or events.khaelor_home()
             hidden = []
-            if read_only and not confine["secrets"]:
-                hidden = self.secrets.find(str(self.cwd), confine["hide"])
+            if read_only and not confine.secrets:
+                hidden = self.secrets.find(str(self.cwd), confine.hide)
             static_ports = set() if supervisor or read_only else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
             # they sit in (rules hold inodes: a file made in such a folder needs a new rule).
-            key = (confine["write"], confine["network"], tuple(confine["paths"]),
-                   tuple(map(sandbox.approved_target, confine["paths"])), tuple(hidden),
+            key = (confine.write, confine.network, tuple(confine.paths),
+                   tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), home, tuple(sorted(static_ports)))
             ruleset = self.rulesets.get(key)
@@ -831,10 +828,10 @@ def _config_entries(data: bytes) -> set[str]:
     return entries
 
 
-def guard_check(project: Path, spill_dir: Path, before: dict, command: str, confine: dict) -> str:
+def guard_check(project: Path, spill_dir: Path, before: dict, command: str, confine: sandbox.Confine) -> str:
     """After an approved step: put back the guarded files it changed without the user having
     approved that command by name; the note says what, and where its version was kept."""
-    named = command if confine.get("attended") else ""
+    named = command if confine.attended else ""
     keep = spill_dir / "guarded"
     restored = guard_restore(project, before, named, keep)
     if not restored:
@@ -882,10 +879,10 @@ class Toolbox:
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
-                  confine: dict | None = None) -> ToolResult:
+                  confine: sandbox.Confine | None = None) -> ToolResult:
         """Run one tool call, confined as the permission decision's `confine` says (sandbox.py; None:
         DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
-        confine = {**DEFAULT_CONFINE, **(confine or {})}
+        confine = confine or DEFAULT_CONFINE
         self.dotenv.refresh()
         schema = _schema_named(name)
         if schema is None:
@@ -1293,7 +1290,7 @@ class Checkpoints:
             env["GIT_WORK_TREE"] = str(root)
         if index is not None:
             env["GIT_INDEX_FILE"] = str(index)
-        confine = {**READ_ONLY_CONFINE, "paths": [str(shadow)], "paths_write": True}
+        confine = replace(READ_ONLY_CONFINE, paths=(str(shadow),), paths_write=True)
         code, out = self.workspace.capture_bytes(
             ["git", *argv], cwd=root, confine=confine, scan_git=False,
             env=env, stdin=stdin, timeout_s=timeout_s)
@@ -1952,7 +1949,7 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
 # ---------------------------------------------------------------- read and file helpers
 
 
-async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     return read_now(box, args)
 
 
@@ -2663,7 +2660,7 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
 # ---------------------------------------------------------------- write and edit
 
 
-async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     ws = box.workspace
     text = args["content"]
     path = ws.resolve(args["file_path"])
@@ -2696,7 +2693,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict)
     return ToolResult(text, meta=meta)
 
 
-async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     old = args["old_string"]
@@ -2904,7 +2901,7 @@ def _searched(path: Path) -> bool:
     return os.path.isfile(path) and not os.path.islink(path)
 
 
-async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
+async def _list_files(box: Toolbox, root: Path, confine: sandbox.Confine) -> list[str]:
     """The candidate files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or Python's."""
     if not box.ripgrep:
         return await asyncio.to_thread(_candidates, box.workspace, root, box.places)
@@ -2913,11 +2910,11 @@ async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     return [rel.removeprefix("./") for rel in records]
 
 
-async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: dict,
+async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: sandbox.Confine,
                    end: str = "\n") -> tuple[list[str], int]:
     """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit code.
     It runs read-only, and reads outside the project only where the call's approved paths say."""
-    read_only = {**READ_ONLY_CONFINE, "paths": confine["paths"]}
+    read_only = replace(READ_ONLY_CONFINE, paths=confine.paths)
     child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd, confine=read_only)
     chunks = []
     n_records = 0
@@ -2956,7 +2953,7 @@ def _engine(box: Toolbox) -> str:
     return "ripgrep" if box.ripgrep else "python"
 
 
-async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
@@ -2984,19 +2981,19 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(shown + note, meta=meta)
 
 
-def _secret_filter(box: Toolbox, confine: dict, root: Path) -> Callable[[str], str]:
+def _secret_filter(box: Toolbox, confine: sandbox.Confine, root: Path) -> Callable[[str], str]:
     """Why grep and glob leave a file out: "secret" when its name matches one of the call's `hide`
     patterns, "link" when it is a link into a closed location (a committed notes.txt ->
     ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these); "" keeps
     it. Nothing is left out when the user granted reading secrets for this call."""
-    if confine["secrets"]:
+    if confine.secrets:
         return lambda rel: ""
     home = box.workspace.home or events.khaelor_home()
-    closed = sandbox.closed_locations(Path.home(), home, confine["paths"])
+    closed = sandbox.closed_locations(Path.home(), home, confine.paths)
 
     def hidden(rel: str) -> str:
         name = rel.rsplit("/", 1)[-1]
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine.hide):
             return "secret"
         path = root / rel
         if os.path.islink(path) and sandbox.within(_realpath(path), closed):
@@ -3015,7 +3012,7 @@ def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
             "or read one with the read tool so that the user is asked.)")
 
 
-async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
     include = args.get("include")
@@ -3091,7 +3088,7 @@ RG_GREP_ARGS = [
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
                    include: str | None, keep: Callable[[str], bool],
-                   confine: dict) -> Hits:
+                   confine: sandbox.Confine) -> Hits:
     argv = list(RG_GREP_ARGS)
     if include and "/" not in include.rstrip("/"):
         # A file type filters without overriding .gitignore.
@@ -3243,7 +3240,7 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
 # ---------------------------------------------------------------- bash
 
 
-async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     command = args["command"]
     if not command.strip():
         raise ToolError(
@@ -3268,11 +3265,11 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
 
     started = time.monotonic()
     ports = _reachable_ports(confine, box.groups)
-    guarded = guard_record(box.workspace.cwd) if confine["write"] else None
+    guarded = guard_record(box.workspace.cwd) if confine.write else None
     child = await box.workspace.exec(command, cwd=workdir, confine=confine, ports=ports)
     box.groups.add(child.pid)
     watchdog = None
-    if not confine["write"]:
+    if not confine.write:
         watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
     timed_out, stray = await _supervise(
         child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask)
@@ -3335,11 +3332,11 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
+def _reachable_ports(confine: sandbox.Confine, groups: set[int]) -> Callable[[], set[int]]:
     """Without network, a command may still connect to what khaelor's own processes listen on: the
     ports are looked up when it connects (the supervisor runs in a thread: it reads a copy)."""
     def ports() -> set[int]:
-        if confine["network"]:
+        if confine.network:
             return set()
         return sandbox.listening_ports(set(groups))
     return ports
@@ -3371,7 +3368,7 @@ class _Process:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     # The guarded files when it started (see guard_record), and its confine.
     guarded: dict | None = None
-    confine: dict | None = None
+    confine: sandbox.Confine | None = None
 
     def append(self, text: str) -> None:
         self.text += text
@@ -3420,7 +3417,7 @@ class _Processes:
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
 
-    async def start(self, command: str, confine: dict) -> _Process:
+    async def start(self, command: str, confine: sandbox.Confine) -> _Process:
         if self.closed:
             raise ToolError("khaelor is shutting down; no new processes.", error="closed")
         live = self.live()
@@ -3434,9 +3431,9 @@ class _Processes:
         # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so stopped later).
         return await asyncio.shield(self._spawn(command, confine))
 
-    async def _spawn(self, command: str, confine: dict) -> _Process:
+    async def _spawn(self, command: str, confine: sandbox.Confine) -> _Process:
         ports = _reachable_ports(confine, self.groups)
-        guarded = guard_record(self.workspace.cwd) if confine["write"] else None
+        guarded = guard_record(self.workspace.cwd) if confine.write else None
         child = await self.workspace.exec(
             command, stdin=True, confine=confine, ports=ports)
         self.groups.add(child.pid)
@@ -3530,7 +3527,7 @@ class _Processes:
             await asyncio.sleep(0.1)
 
 
-async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: sandbox.Confine) -> ToolResult:
     action = args["action"]
     procs = box.processes
 

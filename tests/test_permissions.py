@@ -513,7 +513,8 @@ def test_check_returns_the_cli_json_shape(project):
                       "destructive": "",
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "paths": [], "secrets": False,
-                                  "hide": list(sandbox.SECRET_NAMES)}}
+                                  "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
+                                  "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
 
