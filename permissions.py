@@ -702,8 +702,8 @@ def default_rules() -> list[Rule]:
     stretched to cover more."""
     table = [
         (FILE_READ, "*", "allow"),
-        *((FILE_READ, p, "ask") for p in _secret_patterns()),
-        *((FILE_READ, p, "allow") for p in _template_patterns()),
+        *((FILE_READ, p, "ask") for p in _anywhere(sandbox.SECRET_NAMES)),
+        *((FILE_READ, p, "allow") for p in _anywhere(sandbox.SECRET_TEMPLATES)),
         (FILE_WRITE, "*", "ask"),
         (OUTSIDE, "*", "ask"),
         (EXECUTE, "*", "ask"),
@@ -1174,18 +1174,10 @@ def _as_layer(layer) -> Layer:
     return Layer(source, config)
 
 
-def _secret_patterns() -> list[str]:
-    """sandbox.SECRET_NAMES as rule patterns over project paths: at the root and in any
-    directory."""
+def _anywhere(names: tuple[str, ...]) -> list[str]:
+    """File name patterns as rule patterns over project paths: at the root and in any directory."""
     patterns = []
-    for name in sandbox.SECRET_NAMES:
-        patterns += [name, "*/" + name]
-    return patterns
-
-
-def _template_patterns() -> list[str]:
-    patterns = []
-    for name in sandbox.SECRET_TEMPLATES:
+    for name in names:
         patterns += [name, "*/" + name]
     return patterns
 
@@ -1503,15 +1495,11 @@ def _secrets_under(directory: str, include_hidden: bool,
             if sandbox.is_secret_name(name) and name not in dirs:
                 found.append(path)
             elif follows and os.path.islink(path):
-                if not _beneath(os.path.realpath(path), top):
+                if not sandbox.within(os.path.realpath(path), [top]):
                     found.append(path)
         if seen > _SECRET_WALK_CAP or len(found) >= 5:
             break
     return found
-
-
-def _beneath(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 # -------------------------------------------------------- bash: judging a line
@@ -1801,10 +1789,8 @@ def _gives_pattern(option: str) -> bool:
     """Whether this option word may hold or name grep's pattern (sed's, awk's
     or jq's program): -e P, -ex, -fFILE, --reg=P, --file F. The first operand
     is then a file."""
-    if option.startswith("--"):
-        return _abbreviates(option, "regexp", "file", "expression",
-                            "from-file", "source")
-    return bool(_short_flags(option) & {"e", "f"})
+    return _has([option], "regexp", "file", "expression", "from-file", "source",
+                short="ef")
 
 
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
@@ -2112,7 +2098,7 @@ def _project_program(name: str, root: str) -> str | None:
         if not os.path.isabs(entry):
             continue
         if os.path.isfile(found) and os.access(found, os.X_OK):
-            return found if _beneath(os.path.realpath(found), root) else None
+            return found if sandbox.within(os.path.realpath(found), [root]) else None
     return None
 
 
@@ -2312,11 +2298,7 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     options, plain = _operands(("git", *rest))
 
     def has(*longs: str, short: str = "") -> bool:
-        """Any of these long options (--ha for --hard) or letters."""
-        for arg in options:
-            if _abbreviates(arg, *longs) or _short_flags(arg) & set(short):
-                return True
-        return False
+        return _has(options, *longs, short=short)
 
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
@@ -2384,11 +2366,8 @@ def checkpoint_undoes(destructive: str) -> bool:
 def _recursive(core: tuple[str, ...]) -> bool:
     """rm -r, -R or --recursive (--rec: GNU takes any prefix); for chmod,
     chown and chgrp only -R, since their -r is a mode."""
-    letters = {"r", "R"} if core[0] == "rm" else {"R"}
-    for option in _operands(core)[0]:
-        if _abbreviates(option, "recursive") or _short_flags(option) & letters:
-            return True
-    return False
+    letters = "rR" if core[0] == "rm" else "R"
+    return _has(_operands(core)[0], "--recursive", short=letters)
 
 
 def _state_write(writing: list[_Part]) -> str | None:
@@ -2488,6 +2467,15 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         if deletes and _catastrophic(targets[-1], home, cwd):
             return f"rsync --delete into {targets[-1]}"
     return None
+
+
+def _has(options: list[str], *longs: str, short: str = "") -> bool:
+    """Whether option words name any of these long options (--ha for --hard: GNU and git take any
+    unambiguous prefix) or short letters (in a cluster: -rf)."""
+    for option in options:
+        if _abbreviates(option, *longs) or _short_flags(option) & set(short):
+            return True
+    return False
 
 
 def _short_flags(word: str) -> set[str]:
