@@ -99,6 +99,8 @@ class Program(NamedTuple):
     arity: int = 0
     # wrapper: plain words before the command it runs (timeout 5 CMD, chroot DIR CMD)
     skip: int = 0
+    # a git form (kind forms): how many plain words it reads with at most
+    most: int = 0
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds.split()
@@ -299,9 +301,24 @@ POLICY: dict[str, Program] = {
         quiet threads= max-count= no-color color color= exclude-standard text""")),
     "git count-objects": Program("read", ("vH", "verbose human-readable")),
     "git version": Program("read", ("", "build-options")),
-    **_each("stash remote worktree config submodule", Program("known", arity=3), prefix="git "),
+    # Subcommands that read only in the shapes of their three-word rows, with no option but the log
+    # options given and at most `most` plain words (`git remote -v show origin` is not `git remote
+    # -v`: it contacts origin); in another shape they change the repository.
+    **_each("stash worktree config", Program("known forms", arity=3), prefix="git "),
+    "git remote": Program("known read forms", most=0, arity=3),
+    "git submodule": Program("known read forms", most=0, arity=3),
+    "git notes": Program("known read forms", most=0),
+    "git reflog": Program("known read forms", _GIT_LOG, most=1),
+    **_each("remote -v, remote --verbose, worktree list, config -l, config --list",
+            Program("read", most=0), prefix="git "),
+    **_each("remote get-url, notes list, notes show", Program("read", most=1), prefix="git "),
+    **_each("config --get, config --get-all, config --get-regexp", Program("read", most=2),
+            prefix="git "),
+    **_each("submodule status, submodule summary", Program("read", most=99), prefix="git "),
+    "git stash list": Program("read", _GIT_LOG, most=0),
+    **_each("stash show, reflog show", Program("read", _GIT_LOG, most=1), prefix="git "),
     **_each("""
-        reflog notes annotate bugreport bundle check-attr check-ignore check-mailmap
+        annotate bugreport bundle check-attr check-ignore check-mailmap
         check-ref-format checkout-index cherry column commit-graph credential
         credential-cache credential-store daemon diagnose diff-files diff-index diff-tree
         difftool fast-export fast-import fmt-merge-msg for-each-ref for-each-repo
@@ -459,36 +476,6 @@ _GIT_GLOBALS = {
     "-P": (False, True), "--no-optional-locks": (False, True), "--literal-pathspecs": (False, True),
     "--no-replace-objects": (False, True), "--version": (False, True),
 }
-# Subcommands that read only in these exact shapes: (first word, options
-# allowed after it, how many plain arguments at most). `git remote -v show
-# origin` is not `git remote -v`: it contacts origin.
-_CONFIG_SCOPES = "--global --local --system --show-origin --show-scope"
-GIT_READ_FORMS = {
-    "stash": {"list": ("log", 0), "show": ("log", 1)},
-    "remote": {
-        "": ("", 0),
-        "-v": ("", 0),
-        "--verbose": ("", 0),
-        "get-url": ("--push --all", 1),
-    },
-    "worktree": {"list": ("--porcelain -v --verbose -z", 0)},
-    "reflog": {"": ("log", 1), "show": ("log", 1)},
-    "config": {
-        "--get": (f"{_CONFIG_SCOPES} --null -z --type= --default=", 2),
-        "--get-all": (f"{_CONFIG_SCOPES} --null -z", 2),
-        "--get-regexp": (f"{_CONFIG_SCOPES} --name-only --null -z", 2),
-        "-l": (f"{_CONFIG_SCOPES} --name-only --null -z", 0),
-        "--list": (f"{_CONFIG_SCOPES} --name-only --null -z", 0),
-    },
-    "submodule": {
-        "": ("", 0),
-        "status": ("--recursive --cached", 99),
-        "summary": ("", 99),
-    },
-    "notes": {"": ("", 0), "list": ("", 1), "show": ("", 1)},
-}
-
-
 # config keys that define commands for later: aliases, included files
 _GIT_ALIASING = ("alias.", "include")
 _GIT_URL = re.compile(
@@ -1664,7 +1651,10 @@ def _listed_read_only(core: tuple[str, ...]) -> bool:
         words = _rule_core(core)
         sub = words[1] if len(words) > 1 else ""
         first = words[2] if len(words) > 2 else ""
-        return _row("git", sub).has("read") or first in GIT_READ_FORMS.get(sub, {})
+        row = _row("git", sub)
+        if row.has("forms") and first:
+            return _row("git", sub, first).has("read")
+        return row.has("read")
     return bool(core) and _row(core[0]).has("read")
 
 
@@ -1758,7 +1748,7 @@ def _classify_git(args: tuple[str, ...]) -> str:
         if modifying_flag or (names and not listing):
             return GIT_MODIFY
         return EXECUTE
-    if sub in GIT_READ_FORMS and _git_form_problem(sub, rest):
+    if _row("git", sub).has("forms") and _git_form_problem(sub, rest):
         contacting = {"show", "update", "prune", "set-head"}
         if sub == "remote" and set(rest) & contacting:
             # `git remote -v show origin` contacts origin
@@ -2194,7 +2184,7 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
             return f"git: the option {flag} is not on the read-only list"
     if sub is None:
         return None
-    if sub in GIT_READ_FORMS:
+    if _row("git", sub).has("forms"):
         return _git_form_problem(sub, rest)
     row = _row("git", sub)
     if not row.has("read"):
@@ -2206,24 +2196,19 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
 
 
 def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
-    """None when `git SUB REST` has one of GIT_READ_FORMS' shapes."""
+    """None when `git SUB REST` has one of the read-only shapes POLICY lists for it."""
     first = rest[0] if rest else ""
-    form = GIT_READ_FORMS[sub].get(first)
-    if form is None:
+    form = _row("git", sub, first) if first else _row("git", sub)
+    if not form.has("read"):
         return f"git {sub} {first} is not a read-only form".replace("  ", " ")
-    options, most = form
     after = rest[1:] if first else rest
     form_name = f"git {sub} {first}"
-    if options == "log":
-        problem, plain, _ = _options_problem(form_name, after, _GIT_LOG,
-                                             numeric=True)
-    else:
-        problem, plain, _ = _options_problem(form_name, after,
-                                             ("", options))
+    problem, plain, _ = _options_problem(form_name, after, form.options,
+                                         numeric=form.options is _GIT_LOG)
     if problem:
         return problem
-    if len(plain) > most:
-        return (f"git {sub} {first} takes at most {most} argument(s) "
+    if len(plain) > form.most:
+        return (f"git {sub} {first} takes at most {form.most} argument(s) "
                 "in its read-only form")
     return None
 
