@@ -2092,69 +2092,93 @@ def _project_program(name: str, root: str) -> str | None:
     return None
 
 
-def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
-                     numeric: bool = False):
-    """(why an option is not safe or None, the positional arguments, the
-    options' values), parsing like getopt_long. A long option counts only
-    spelled out: the program expands an abbreviation among all its options,
-    listed or not (sort --comp is --compress-program)."""
-    short, long_text = spec
-    short = short.replace(" ", "")
-    # "n:" takes a value: each letter right before a colon
-    takes_value = set()
-    for i in range(1, len(short)):
-        if short[i] == ":":
-            takes_value.add(short[i - 1])
-    letters = set(short.replace(":", ""))
-    longs = long_text.split()
-    positional = []
-    values = []
+class _Option(NamedTuple):
+    # "--name" as written before any "=", or "-x" for one letter of a cluster
+    name: str
+    # its value, or None for a flag
+    value: str | None = None
+    # the value is the next word (-n 5, --lines 5), not attached (-n5, --lines=5)
+    separate: bool = False
+
+
+def _parse(args, takes_value, stop: bool = False,
+           numeric: bool = False) -> tuple[list[_Option], list[str], int]:
+    """(options, operands, the index where parsing stopped): the one option parser, as getopt_long
+    reads argv. "--" ends the options; a cluster -abc is -a -b -c, and its first letter that takes a
+    value (takes_value("-n")) takes the rest of the word or the next word; --name=value, or
+    --name value when takes_value("--name"). stop: the first operand ends the options (a wrapper's
+    command, git's subcommand). numeric: -5 is a count (head -5) and is skipped."""
+    options = []
+    operands = []
     k = 0
     while k < len(args):
+        _on_time()
         arg = args[k]
         k += 1
         if arg == "--":
-            positional += args[k:]
-            break
+            operands += args[k:]
+            return options, operands, len(args)
         if arg.startswith("--"):
-            option, has_value, value = arg[2:].partition("=")
-            full = next((e for e in longs if e.rstrip("=") == option), None)
-            if full is None:
-                return _unlisted(name, "--" + option), positional, values
-            value_follows = (full.endswith("=") and not has_value
-                             and full[:-1] not in longs)
-            if value_follows and k < len(args) and args[k].startswith("-"):
-                problem = _option_like(name, "--" + option, args[k])
-                return problem, positional, values
-            if value_follows:
-                # --lines 5: the value is the next word
-                value = args[k] if k < len(args) else ""
+            name, attached, value = arg.partition("=")
+            if attached:
+                options.append(_Option(name, value))
+            elif takes_value(name):
+                following = args[k] if k < len(args) else ""
+                options.append(_Option(name, following, True))
                 k += 1
-            values += [value] if has_value or value_follows else []
-            continue
-        if arg.startswith("-") and len(arg) > 1:
+            else:
+                options.append(_Option(name))
+        elif arg.startswith("-") and len(arg) > 1:
             if numeric and _is_number(arg[1:]):
-                # head -5
                 continue
-            for i, letter in enumerate(arg[1:]):
-                if letter not in letters:
-                    return _unlisted(name, "-" + letter), positional, values
-                if letter not in takes_value:
-                    continue
-                if i < len(arg) - 2:
-                    # -n5: the rest is the value
-                    values.append(arg[i + 2:])
+            for i, letter in enumerate(arg[1:], 2):
+                _on_time()
+                if not takes_value("-" + letter):
+                    options.append(_Option("-" + letter))
+                elif arg[i:]:
+                    options.append(_Option("-" + letter, arg[i:]))
                     break
-                # -n 5: the value is the next word
-                value = args[k] if k < len(args) else ""
-                if value.startswith("-") and value != "-":
-                    problem = _option_like(name, "-" + letter, value)
-                    return problem, positional, values
-                values.append(value)
-                k += 1
-                break
-            continue
-        positional.append(arg)
+                else:
+                    following = args[k] if k < len(args) else ""
+                    options.append(_Option("-" + letter, following, True))
+                    k += 1
+        elif stop:
+            return options, operands, k - 1
+        else:
+            operands.append(arg)
+    return options, operands, k
+
+
+def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
+                     numeric: bool = False):
+    """(why an option is not safe or None, the positional arguments, the options' values). A long
+    option counts only spelled out: the program expands an abbreviation among all its options,
+    listed or not (sort --comp is --compress-program). A value given as the next word must not
+    look like an option."""
+    short, long_text = spec
+    # "n:" takes a value: each letter right before a colon
+    takes = {"-" + short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
+    letters = set(short.replace(":", ""))
+    longs = long_text.split()
+
+    def takes_value(option: str) -> bool:
+        if option.startswith("--"):
+            return option[2:] + "=" in longs and option[2:] not in longs
+        return option in takes
+
+    options, positional, _ = _parse(args, takes_value, numeric=numeric)
+    for option in options:
+        if option.name.startswith("--"):
+            listed = option.name[2:] in {e.rstrip("=") for e in longs}
+        else:
+            listed = option.name[1] in letters
+        if not listed:
+            return _unlisted(name, option.name), positional, []
+        # (a long option's value may not even be "-"; a short one's may: stdin)
+        dash = option.value == "-" and not option.name.startswith("--")
+        if option.separate and option.value.startswith("-") and not dash:
+            return _option_like(name, option.name, option.value), positional, []
+    values = [o.value for o in options if o.value is not None]
     return None, positional, values
 
 
@@ -2617,6 +2641,10 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         env_assignment = name == "env" and _ASSIGNMENT.match(arg)
         if not arg.startswith("-") and not env_assignment:
             break
+        if arg == "-" and name == "env":
+            # env - is env -i
+            k += 1
+            continue
         if arg in ("--", "-"):
             k += arg == "--"
             break

@@ -293,7 +293,8 @@ FLOORED = [
     "/bin/rm -rf /", "/usr/bin/rm -rf /", "./rm -rf /",
     # prefixes
     "sudo rm -rf /", "sudo -u root rm -rf /", "sudo -E -- rm -rf /", "doas rm -rf /", "env rm -rf /",
-    "env FOO=1 BAR=2 rm -rf /", "env -S 'rm -rf /'", "command rm -rf /", "exec rm -rf /",
+    "env FOO=1 BAR=2 rm -rf /", "env -S 'rm -rf /'", "env - rm -rf /", "command rm -rf /",
+    "exec rm -rf /",
     "nice -n 19 rm -rf /", "nohup rm -rf / &", "time rm -rf /", "timeout 5 rm -rf /",
     "xargs rm -rf /", "xargs -0 -I {} rm -rf /", "busybox rm -rf /", "! rm -rf /",
     # variables set then expanded, substitutions
@@ -589,6 +590,15 @@ def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
         assert bash(following, project)["decision"] == "ask", following
     for not_following in ("rg secret", "grep -rn secret src"):     # (grep -r . would read .env: asks)
         assert bash(not_following, project)["decision"] == "allow", not_following
+
+
+def test_a_quoted_program_name_with_a_space_names_no_policy_row(project):
+    """'git status' quoted is one word: a program no one has, not git's read-only status."""
+    for command in ("'git status'", "'git log' -1", "\"git diff\""):
+        result = bash(command, project)
+        unquoted = command.replace("'", "").replace('"', "")
+        assert result["decision"] == "ask", result
+        assert result["suggestion"] == permissions._escape(unquoted), result
 
 
 def test_test_v_with_an_array_subscript_is_not_read_only(project):

@@ -489,3 +489,10 @@ def test_the_users_own_shell_command_runs_unconfined(world):
         return await box.run("bash", {"command": f"echo mine > {target}"}, "user", confine=khaelor.user_shell())
     drive(world, scenario)
     assert target.read_text() == "mine\n"
+
+
+def test_every_env_file_that_asks_as_a_secret_has_its_values_masked():
+    """One secret vocabulary (sandbox.py): .env.dist asks before it is read, so its values are
+    masked in what the model sees as well; a template's are not."""
+    for name in (".env", ".env.dist", ".env.local", "prod.env", ".ENV", ".env.example", ".env.sample"):
+        assert tools._is_dotenv(name) == sandbox.is_secret_name(name), name
