@@ -2173,21 +2173,15 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
         else:
             listed = option.name[1] in letters
         if not listed:
-            return _unlisted(name, option.name), positional, []
+            problem = f"{name}: the option {option.name} is not on its read-only list"
+            return problem, positional, []
         # (a long option's value may not even be "-"; a short one's may: stdin)
         dash = option.value == "-" and not option.name.startswith("--")
         if option.separate and option.value.startswith("-") and not dash:
-            return _option_like(name, option.name, option.value), positional, []
+            problem = f"{name}: the value of {option.name} looks like an option ({option.value})"
+            return problem, positional, []
     values = [o.value for o in options if o.value is not None]
     return None, positional, values
-
-
-def _unlisted(name: str, option: str) -> str:
-    return f"{name}: the option {option} is not on its read-only list"
-
-
-def _option_like(name: str, option: str, value: str) -> str:
-    return f"{name}: the value of {option} looks like an option ({value})"
 
 
 def _abbreviates(word: str, *names: str) -> bool:
@@ -2459,7 +2453,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         if any(_is_device(t) for t in written):
             return f"{name} onto a device"
     if name == "find":
-        doomed_root = _find_roots_doomed(args, home, cwd)
+        roots = _find_roots(args)
+        doomed_root = next((r for r in roots if _catastrophic(r, home, cwd)), None)
         runs = {"-exec", "-execdir", "-ok", "-okdir"}
         if doomed_root and "-delete" in args:
             return f"find -delete from {doomed_root}"
@@ -2508,14 +2503,6 @@ def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
     while end < len(args) and args[end][:1] not in ("-", "(", "!"):
         end += 1
     return args[k:end] or (".",)
-
-
-def _find_roots_doomed(args: tuple[str, ...], home: str,
-                       cwd: str) -> str | None:
-    for root in _find_roots(args):
-        if _catastrophic(root, home, cwd):
-            return root
-    return None
 
 
 def _changes_power_state(name: str, targets: list[str]) -> bool:
@@ -2808,9 +2795,7 @@ class _ShellLine:
                            depth: int) -> None:
         """find -exec CMD {} ; runs CMD too; {} stands for what find found,
         which starts at its first starting point."""
-        start = "."
-        if len(core) > 1 and core[1][:1] not in ("-", "(", "!"):
-            start = core[1]
+        start = _find_roots(core[1:])[0]
         for k, word in enumerate(core):
             if word not in ("-exec", "-execdir", "-ok", "-okdir"):
                 continue
