@@ -1905,42 +1905,26 @@ def _recursive_secrets(part: _Part) -> list[str]:
 
 def _search_shape(name: str,
                   args: tuple[str, ...]) -> tuple[bool, bool, bool]:
-    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff,
-    reading options as the program does: abbreviations (--rec), -d recurse,
-    --directories=recurse, -uu."""
-    # rg recurses by default and skips hidden files; grep -r and diff -r
-    # read them
-    recursive = name == "rg"
-    follows = False
-    unrestricted = 0
-    hidden = name != "rg"
-    for k, arg in enumerate(args):
-        value = args[k + 1] if k + 1 < len(args) else ""
-        if arg.startswith("--"):
-            _, has_value, given = arg.partition("=")
-            directories = given if has_value else value
-            recursive |= _abbreviates(arg, "recursive",
-                                      "dereference-recursive")
-            recursive |= (_abbreviates(arg, "directories")
-                          and directories == "recurse")
-            follows |= _abbreviates(arg, "dereference-recursive", "follow")
-            hidden |= _abbreviates(arg, "hidden", "unrestricted")
-            unrestricted += _abbreviates(arg, "unrestricted")
-        elif arg.startswith("-") and len(arg) > 1:
-            letters = arg[1:]
-            if name != "rg":
-                recursive |= "r" in letters or "R" in letters
-                recursive |= letters in ("drecurse",)
-                # -d recurse
-                recursive |= letters.endswith("d") and value == "recurse"
-                follows |= "R" in letters
-            else:
-                follows |= "L" in letters
-                unrestricted += letters.count("u")
-                hidden |= "." in letters
-    if name == "rg" and unrestricted >= 2:
-        hidden = True
-    return recursive, follows, hidden
+    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff, reading options as
+    the program does: abbreviations (--rec), -d recurse, --directories=recurse, -uu. Every word
+    that looks like an option counts, even after -- or as another option's value."""
+    options = [arg for arg in args if arg.startswith("-")]
+    follows = _has(options, "dereference-recursive", "follow")
+    if name == "rg":
+        # rg recurses by default and skips hidden files
+        unrestricted = sum(_abbreviates(arg, "unrestricted") for arg in options)
+        unrestricted += sum(len(_short_flags(arg)) and arg.count("u") for arg in options)
+        hidden = _has(options, "hidden", "unrestricted", short=".") or unrestricted >= 2
+        return True, follows or _has(options, short="L"), hidden
+    recursive = _has(options, "recursive", "dereference-recursive", short="rR")
+    for arg, value in zip(args, (*args[1:], "")):
+        option, given, directories = arg.partition("=")
+        if _abbreviates(option, "directories"):
+            recursive |= (directories if given else value) == "recurse"
+        elif _short_flags(arg):
+            recursive |= arg == "-drecurse" or (arg.endswith("d") and value == "recurse")
+    # grep -r and diff -r read hidden files
+    return recursive, follows or _has(options, short="R"), True
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
