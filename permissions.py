@@ -3,11 +3,13 @@
 Owns: the capabilities a tool call needs (file.read, file.write.project, filesystem.outsideProject,
 process.execute, git.modify, network.access), rules {capability, pattern, action} evaluated
 last-match-wins, the layers rules come from and whether a layer may grant (the trust model), the
-hardline floor beneath the rules, the read-only allow-list that lets a command run without asking,
-shell-word parsing of bash commands, "always" suggestions (the arity table), Claude Code's rule
-syntax mapped onto all this, the modes (plan, acceptEdits), the sandbox shape a decision grants
-(`Decision.confine`) and the config-dict edit that persists a grant.
-Must not: import our other modules, write files or run anything. It only reads the world:
+POLICY table (one row per program: what it is, its read-only options, its "always" arity) and the
+one option parser that reads it, the hardline floor beneath the rules and the destroy-work tier,
+shell-word parsing of bash commands, "always" suggestions, Claude Code's rule syntax mapped onto
+all this, the modes (plan, acceptEdits), the sandbox shape a decision grants (`Decision.confine`,
+a sandbox.Confine) and the config-dict edit that persists a grant.
+Must not: import our other modules but sandbox (the one secret vocabulary, Confine and the glob
+translator are defined there), write files or run anything. It only reads the world:
 os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME, a bounded walk
 looks for secret files under a directory a command searches recursively, and PATH's entries are
 looked at to see whether a program would come from inside the project.
@@ -34,7 +36,7 @@ it, the call asks.
 Trust comes only from the user: rules from the user's own files grant; a repository's files may
 tighten (ask, deny) at once but grant nothing until `khaelor trust` recorded their hash.
 
-"Always" suggestions: a bash command gets its arity-table prefix plus " *" ("git push *");
+"Always" suggestions: a bash command gets its POLICY arity prefix plus " *" ("git push *");
 destructive programs (rm, dd, curl, sudo ...), options before the subcommand, and asks made by a
 specific rule get the exact command; a line with operators or redirections gets none, and so does
 a command that destroys work in the repository (it asks every time). A project write suggests the
