@@ -155,9 +155,6 @@ ESCAPES = {
     "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
     "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
 }
-# A glob pattern's pieces, in ripgrep's --glob syntax, and the regex for those that stand for themselves.
-GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
-GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 
 # ---------------------------------------------------------------- schemas (prompt-cached: keep byte-stable)
 
@@ -2835,34 +2832,11 @@ def _shift_hunk_header(line: str, low: int) -> str:
 # ripgrep's own --glob would override .gitignore.
 
 
-def _glob_regex(pattern: str) -> str:
-    """The regex source for a glob pattern ("{a,b}" alternatives converted in turn)."""
-    out = []
-    pattern = pattern.strip().removeprefix("./").lstrip("/")
-    for token in GLOB_TOKEN.findall(pattern):
-        if token in GLOB_FIXED:
-            out.append(GLOB_FIXED[token])
-        elif token[0] == "[" and len(token) > 1:
-            out.append(_glob_class(token[1:-1]))
-        elif token[0] == "{" and len(token) > 1:
-            alternatives = map(_glob_regex, token[1:-1].split(","))
-            out.append("(?:" + "|".join(alternatives) + ")")
-        else:
-            out.append(re.escape(token))
-    return "".join(out)
-
-
-def _glob_class(body: str) -> str:
-    """A glob's [...] as a regex class: [!a-z] is negated, a backslash stands for itself."""
-    if body.startswith("!"):
-        body = "^" + body[1:]
-    return "[" + body.replace("\\", "\\\\") + "]"
-
-
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     """A pattern with a "/" matches the relative path, one without matches the base name (as ripgrep's --glob)."""
-    regex = re.compile(_glob_regex(pattern) + r"\Z")
-    if "/" in pattern.strip().removeprefix("./").rstrip("/"):
+    pattern = pattern.strip().removeprefix("./")
+    regex = re.compile(sandbox.glob_regex(pattern.lstrip("/")) + r"\Z")
+    if "/" in pattern.rstrip("/"):
         return lambda rel: regex.match(rel) is not None
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
