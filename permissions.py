@@ -2081,6 +2081,8 @@ def _project_program(name: str, root: str) -> str | None:
 class _Option(NamedTuple):
     # "--name" as written before any "=", or "-x" for one letter of a cluster
     name: str
+    # which word of the arguments it is in
+    at: int
     # its value, or None for a flag
     value: str | None = None
     # the value is the next word (-n 5, --lines 5), not attached (-n5, --lines=5)
@@ -2093,40 +2095,42 @@ def _parse(args, takes_value, stop: bool = False,
     reads argv. "--" ends the options; a cluster -abc is -a -b -c, and its first letter that takes a
     value (takes_value("-n")) takes the rest of the word or the next word; --name=value, or
     --name value when takes_value("--name"). stop: the first operand ends the options (a wrapper's
-    command, git's subcommand). numeric: -5 is a count (head -5) and is skipped."""
+    command, git's subcommand): the index returned is that operand's, or the one after "--".
+    numeric: -5 is a count (head -5) and is skipped."""
     options = []
     operands = []
     k = 0
     while k < len(args):
         _on_time()
+        at = k
         arg = args[k]
         k += 1
         if arg == "--":
             operands += args[k:]
-            return options, operands, len(args)
+            return options, operands, k
         if arg.startswith("--"):
             name, attached, value = arg.partition("=")
             if attached:
-                options.append(_Option(name, value))
+                options.append(_Option(name, at, value))
             elif takes_value(name):
                 following = args[k] if k < len(args) else ""
-                options.append(_Option(name, following, True))
+                options.append(_Option(name, at, following, True))
                 k += 1
             else:
-                options.append(_Option(name))
+                options.append(_Option(name, at))
         elif arg.startswith("-") and len(arg) > 1:
             if numeric and _is_number(arg[1:]):
                 continue
             for i, letter in enumerate(arg[1:], 2):
                 _on_time()
                 if not takes_value("-" + letter):
-                    options.append(_Option("-" + letter))
+                    options.append(_Option("-" + letter, at))
                 elif arg[i:]:
-                    options.append(_Option("-" + letter, arg[i:]))
+                    options.append(_Option("-" + letter, at, arg[i:]))
                     break
                 else:
                     following = args[k] if k < len(args) else ""
-                    options.append(_Option("-" + letter, following, True))
+                    options.append(_Option("-" + letter, at, following, True))
                     k += 1
         elif stop:
             return options, operands, k - 1
@@ -2601,71 +2605,40 @@ def _core(words) -> list[str]:
 
 
 def _unwrap(name: str, args: list[str]) -> list[str]:
-    """The words after a wrapper's own options. Short options are parsed like
-    getopt, so `sudo -Eu root rm` skips root as the value of -u."""
-    takes_value = set(_row(name).options.split())
+    """The words after a wrapper's own options, read by _parse (`sudo -Eu root rm` skips root as
+    the value of -u); for env also its NAME=value words, `-` (-i), and -S: the string split into
+    the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`)."""
     for i, arg in enumerate(args[:-1]):
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
+    takes = set(_row(name).options.split())
+
+    def takes_value(option: str) -> bool:
+        split_string = name == "env" and _abbreviates(option, "split-string")
+        return option in takes or split_string
+
     k = 0
-    while k < len(args):
-        arg = args[k]
-        env_assignment = name == "env" and _ASSIGNMENT.match(arg)
-        if not arg.startswith("-") and not env_assignment:
-            break
-        if arg == "-" and name == "env":
-            # env - is env -i
+    while True:
+        options, _, end = _parse(args[k:], takes_value, stop=True)
+        for option in options:
+            if name == "command" and args[k + option.at] in ("-v", "-V"):
+                # only prints where the program is
+                return []
+            if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
+                after = k + option.at + 1 + option.separate
+                return option.value.split() + args[after:]
+        k += end
+        env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
+        if env_word and (args[k] == "-" or _ASSIGNMENT.match(args[k])):
             k += 1
             continue
-        if arg in ("--", "-"):
-            k += arg == "--"
-            break
-        if name == "command" and arg in ("-v", "-V"):
-            # only prints where the program is
-            return []
-        # env -S 'rm -rf x': the string is split into the command's words
-        split = _env_split_string(arg, args[k + 1:]) if name == "env" else None
-        if split is not None:
-            return split
-        k += 1 + _option_value_words(arg, takes_value)
+        break
     rest = args[k + _row(name).skip:]
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
     return rest
-
-
-def _env_split_string(arg: str, after: list[str]) -> list[str] | None:
-    """The command `env` runs when option word `arg` is -S/--split-string, in
-    any spelling env accepts (`-S'…'`, `-iS …`, `--split-string=…`, `--spl …`):
-    the string split into words, then the words after it. None otherwise."""
-    if arg.startswith("--"):
-        option, eq, value = arg.partition("=")
-        if not _abbreviates(option, "split-string"):
-            return None
-        if eq:
-            return value.split() + after
-        return after[0].split() + after[1:] if after else []
-    for i, letter in enumerate(arg[1:], 1):
-        if letter in "uC":
-            # -u NAME, -C DIR: the rest of the word (or the next) is their value
-            return None
-        if letter == "S":
-            if arg[i + 1:]:
-                return arg[i + 1:].split() + after
-            return after[0].split() + after[1:] if after else []
-    return None
-
-
-def _option_value_words(arg: str, takes_value: set) -> int:
-    """1 when option word arg takes the next word as its value, else 0."""
-    if arg.startswith("--"):
-        return int(arg in takes_value)
-    for i, letter in enumerate(arg[1:]):
-        if "-" + letter in takes_value:
-            return int(i == len(arg) - 2)
-    return 0
 
 
 # ------------------------------------------------------- bash: simple commands
