@@ -401,7 +401,9 @@ class SecretScan:
             return []
         if list(patterns) != self.patterns:
             self.patterns = list(patterns)
-            self.matches = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
+            # case-insensitive, as is_secret_name: .ENV holds what .env would
+            translated = "|".join(fnmatch.translate(p) for p in patterns)
+            self.matches = re.compile(translated, re.IGNORECASE).match
             self.listings = {}
         visited = {}
         stack = [root]

@@ -496,3 +496,13 @@ def test_every_env_file_that_asks_as_a_secret_has_its_values_masked():
     masked in what the model sees as well; a template's are not."""
     for name in (".env", ".env.dist", ".env.local", "prod.env", ".ENV", ".env.example", ".env.sample"):
         assert tools._is_dotenv(name) == sandbox.is_secret_name(name), name
+
+
+def test_a_read_only_command_cannot_read_a_secret_file_whatever_its_case(world):
+    """The sandbox closes the project's secret files by the vocabulary's patterns, matched as
+    is_secret_name matches them: without regard to case (SERVER.PEM is a key as server.pem is)."""
+    (world.project / "SERVER.PEM").write_text("upper-case-key-4242\n")
+    confine = replace(READ_ONLY, hide=sandbox.SECRET_NAMES)
+    read = f"{sys.executable} -c 'print(open(\"SERVER.PEM\").read())'"
+    result = drive(world, lambda box: bash(box, read, confine))
+    assert "upper-case-key-4242" not in result.text and "Permission denied" in result.text
