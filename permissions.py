@@ -335,6 +335,8 @@ POLICY: dict[str, Program] = {
     **_each("""
         archive clone fetch fetch-pack http-fetch ls-remote p4 pull push remote-ext
         request-pull send-email send-pack svn upload-pack""", Program("network"), prefix="git "),
+    **_each("remote update, remote prune, submodule update, submodule add, submodule sync, "
+            "submodule foreach", Program("network"), prefix="git "),
     **_each("""
         add am apply bisect checkout cherry-pick clean commit commit-tree filter-branch
         fsck gc hash-object init lfs maintenance merge mktag mktree mv pack-refs prune
@@ -1768,13 +1770,10 @@ def _git_builtin(sub: str) -> bool:
 
 
 def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
-    if _row("git", sub).has("network"):
+    if _row("git", sub).has("network") or _row("git", sub, first).has("network"):
         return True
-    if sub == "remote" and first in ("update", "prune"):
-        return True
-    if sub == "remote" and first == "show" and "-n" not in rest:
-        return True
-    return sub == "submodule" and first in ("update", "add", "sync", "foreach")
+    # (git remote show -n answers from the local config)
+    return sub == "remote" and first == "show" and "-n" not in rest
 
 
 def _gives_pattern(option: str) -> bool:
