@@ -82,26 +82,26 @@ _SECRET_WALK_CAP = 20_000
 
 class Program(NamedTuple):
     """One row of POLICY: what a program (or `git SUB`) is to the judge of a bash line."""
-    # what it is, any of: read (read-only by intent, with the options below), modify and network (a
-    # git subcommand that changes the repository or reaches a remote), known (a git built-in: not an
-    # alias), wrapper (runs the rest of its words), shell, interpreter, runner (runs what it reads),
-    # installer (a package manager), exact (an "always" names the whole command: rm *, curl * would
-    # grant far more than the user saw), pattern (its first operand is a pattern, not a file),
-    # recursive (may read a whole tree: grep -r), writes-second (uniq IN OUT), disk and power (the
-    # floor's)
+    # what it is, any of: read (read-only by intent, with the options below), modify (a git
+    # subcommand that changes the repository), known (a git built-in: not an alias), forms (a git
+    # subcommand read-only only in the shapes of its three-word rows), wrapper (runs the rest of its
+    # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
+    # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
+    # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
+    # -r), writes-second (uniq IN OUT), disk and power (the floor's)
     kinds: str = ""
     # read: the options that keep it read-only (see below) or "*" (it treats every word as data);
     # wrapper: its options that take a value
     options: tuple[str, str] | str = ("", "")
     # the subcommands that download or publish, comma-separated ("" among them: the bare command);
-    # "*": it always reaches the network
+    # "*": it always reaches the network (curl, `git push`)
     network: str = ""
     # how many leading words name the command for "always" (`git push origin` -> `git push *`); 0:
     # its leading plain words (see _arity)
     arity: int = 0
     # wrapper: plain words before the command it runs (timeout 5 CMD, chroot DIR CMD)
     skip: int = 0
-    # a git form (kind forms): how many plain words it reads with at most
+    # a read-only shape of a forms subcommand: how many plain words it reads with at most
     most: int = 0
 
     def has(self, kind: str) -> bool:
@@ -334,9 +334,9 @@ POLICY: dict[str, Program] = {
         verify-pack verify-tag whatchanged""", Program("known"), prefix="git "),
     **_each("""
         archive clone fetch fetch-pack http-fetch ls-remote p4 pull push remote-ext
-        request-pull send-email send-pack svn upload-pack""", Program("network"), prefix="git "),
+        request-pull send-email send-pack svn upload-pack""", Program(network="*"), prefix="git "),
     **_each("remote update, remote prune, submodule update, submodule add, submodule sync, "
-            "submodule foreach", Program("network"), prefix="git "),
+            "submodule foreach", Program(network="*"), prefix="git "),
     **_each("""
         add am apply bisect checkout cherry-pick clean commit commit-tree filter-branch
         fsck gc hash-object init lfs maintenance merge mktag mktree mv pack-refs prune
@@ -1770,7 +1770,7 @@ def _git_builtin(sub: str) -> bool:
 
 
 def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
-    if _row("git", sub).has("network") or _row("git", sub, first).has("network"):
+    if _row("git", sub).network or _row("git", sub, first).network:
         return True
     # (git remote show -n answers from the local config)
     return sub == "remote" and first == "show" and "-n" not in rest
