@@ -1738,18 +1738,13 @@ def _classify_git(args: tuple[str, ...]) -> str:
         return GIT_MODIFY
     if sub in ("branch", "tag"):
         listing = {"-l", "--list"} & set(rest)
-        names = [a for a in rest if not a.startswith("-")]
-        ref_changing = {
-            "-d", "-D", "--delete", "-m", "-M", "--move", "-c", "-C",
-            "--copy", "-f", "--force", "-u", "--set-upstream-to",
-            "--unset-upstream", "-a", "--annotate", "-s", "--sign",
-            "-e", "--edit",
-        }
-        modifying_flag = ref_changing & set(rest)
-        if sub == "branch":
-            # git branch -a lists all branches
-            modifying_flag -= {"-a"}
-        if modifying_flag or (names and not listing):
+        options, names = _operands(("git", *rest))
+        # (git branch -a lists all branches; git tag -a annotates a new tag)
+        letters = "dDmMcCfuse" if sub == "branch" else "dDmMcCfusea"
+        changes_refs = _has(options, "--delete", "--move", "--copy", "--force",
+                            "--set-upstream-to", "--unset-upstream", "--annotate", "--sign",
+                            "--edit", short=letters)
+        if changes_refs or (names and not listing):
             return GIT_MODIFY
         return EXECUTE
     if _row("git", sub).has("forms") and _git_form_problem(sub, rest):
@@ -1942,9 +1937,9 @@ def _suggest(words: tuple[str, ...]) -> str | None:
                    or program.startswith("mkfs."))
     if unusual_start or destructive:
         return exact
-    forced = {"--force", "-f", "--hard", "-D", "--force-with-lease"}
-    if program == "git" and set(words) & forced:
-        # granting the whole subcommand would grant its forced form
+    options = [word for word in words if word.startswith("-")]
+    if program == "git" and _has(options, "--force", "--hard", short="fD"):
+        # granting the whole subcommand would grant its forced form (-rf, --force-with-lease too)
         return exact
     shape = _arity(words)
     if shape is None:
