@@ -207,7 +207,7 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
                       is_secret=None) -> tuple[list[Instruction], list[str]]:
     """Every instruction file with its @path imports followed, depth first, and the notes /context
     shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal.
-    is_secret(name): a file name that holds credentials (permissions.is_secret_name); never
+    is_secret(name): a file name that holds credentials (sandbox.is_secret_name); never
     imported."""
     notes = []
     project = Path(project_root).resolve()

@@ -417,9 +417,9 @@ def _unattended(decision: permissions.Decision) -> permissions.Decision:
     confine = decision.confine
     if not confine:
         return decision
-    network = confine["network"] and confine.get("unattended_network", True)
-    paths = confine.get("unattended_paths", confine["paths"])
-    return replace(decision, confine={**confine, "network": network, "paths": paths})
+    network = confine.network and confine.unattended_network
+    paths = confine.unattended_paths
+    return replace(decision, confine=replace(confine, network=network, paths=paths))
 
 
 class Kernel:
@@ -834,7 +834,7 @@ class Kernel:
         self.emit("PermissionGranted", tool_use_id=tool_use_id, scope=choice)
         if decision.confine:
             # the user saw this very call: what it names, it may change (tools.guard_check)
-            return replace(decision, confine={**decision.confine, "attended": True})
+            return replace(decision, confine=replace(decision.confine, attended=True))
         return decision
 
     async def ask_user(self, call: dict, capability: str, descriptor: str,

@@ -555,7 +555,7 @@ def boundary_lines() -> list[str]:
 def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     """`khaelor sandbox [--read-only|--write|--network] [--path P] -- CMD…`: run any command in the
     sandbox a permission decision would give it, so the boundary can be tested without the model."""
-    import permissions
+    import sandbox
     import tools
     parser = argparse.ArgumentParser(
         prog="khaelor sandbox",
@@ -576,14 +576,14 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     if not command:
         raise UsageError("khaelor sandbox: name a command after --")
     shape = args.shape or "read-only"
-    confine = {"write": shape != "read-only", "network": shape == "network",
-               "paths": [os.path.abspath(path) for path in args.path],
-               "secrets": args.secrets, "hide": list(permissions.SECRET_NAMES)}
+    paths = tuple(os.path.abspath(path) for path in args.path)
+    confine = sandbox.Confine(write=shape != "read-only", network=shape == "network", paths=paths,
+                              secrets=args.secrets, hide=sandbox.SECRET_NAMES)
     workspace = tools.Workspace(project_root)
     workspace.home = home
     workspace.pass_env = read_config(home / "config.json").get("pass_env", [])
     print(f"khaelor sandbox: {shape}, project {project_root}"
-          f"{', outside paths: ' + ', '.join(confine['paths']) if confine['paths'] else ''}",
+          f"{', outside paths: ' + ', '.join(confine.paths) if confine.paths else ''}",
           file=sys.stderr)
     print("\n".join(boundary_lines()), file=sys.stderr)
     try:
@@ -1190,6 +1190,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     import context
     import kernel
     import permissions
+    import sandbox
     import tools
 
     def grant(rule: dict) -> None:
@@ -1213,7 +1214,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           tool_schemas=toolbox.schemas,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
-                          is_secret=permissions.is_secret_name,
+                          is_secret=sandbox.is_secret_name,
                           append_system=append_system,
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),
@@ -1568,9 +1569,13 @@ def require_api_key() -> None:
 
 # ---------------------------------------------------------------- interactive
 
-# The user's own `!` commands run as the user would run them: the sandbox holds what the model runs.
-USER_SHELL = {"write": True, "network": True, "paths": [], "secrets": True,
-              "hide": [], "unconfined": True}
+
+
+def user_shell():
+    """The user's own `!` commands run as the user would run them: the sandbox holds what the
+    model runs (a sandbox.Confine, built here so that a cold start does not import sandbox)."""
+    import sandbox
+    return sandbox.Confine(network=True, secrets=True, unconfined=True)
 
 
 class Session:
@@ -1795,7 +1800,7 @@ class Session:
         try:
             result = await self.toolbox.run("bash", {"command": command},
                                             events.USER_SHELL_ID,
-                                            confine=USER_SHELL)
+                                            confine=user_shell())
         except asyncio.CancelledError:
             output = "".join(streamed)[-STOPPED_OUTPUT_CHARS:]
             self.bus.emit("UserShellRan", command=command, output=output,

@@ -3,21 +3,25 @@
 Owns: the capabilities a tool call needs (file.read, file.write.project, filesystem.outsideProject,
 process.execute, git.modify, network.access), rules {capability, pattern, action} evaluated
 last-match-wins, the layers rules come from and whether a layer may grant (the trust model), the
-hardline floor beneath the rules, the read-only allow-list that lets a command run without asking,
-shell-word parsing of bash commands, "always" suggestions (the arity table), Claude Code's rule
-syntax mapped onto all this, the modes (plan, acceptEdits), the sandbox shape a decision grants
-(`Decision.confine`) and the config-dict edit that persists a grant.
-Must not: import our other modules, write files or run anything. It only reads the world:
+POLICY table (one row per program: what it is, its read-only options, its "always" arity) and the
+one option parser that reads it, the hardline floor beneath the rules and the destroy-work tier,
+shell-word parsing of bash commands, "always" suggestions, Claude Code's rule syntax mapped onto
+all this, the modes (plan, acceptEdits), the sandbox shape a decision grants (`Decision.confine`,
+a sandbox.Confine) and the config-dict edit that persists a grant.
+Must not: import our other modules but sandbox (the one secret vocabulary, Confine and the glob
+translator are defined there), write files or run anything. It only reads the world:
 os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME, a bounded walk
 looks for secret files under a directory a command searches recursively, and PATH's entries are
 looked at to see whether a program would come from inside the project.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
-  file.read, file.write.project  the project-relative POSIX path after resolving `..` and symlinks: "src/app.py"
-  filesystem.outsideProject      the absolute resolved path: "/etc/hosts" (a "~" starting a pattern is expanded)
-  process.execute, git.modify,   one simple command's words after quote removal, joined by single spaces:
-  network.access                 "git commit -m fix bug". A pattern ending in " *" also matches the bare
-                                 command ("ls *" matches "ls").
+  file.read, file.write.project  the project-relative POSIX path after resolving `..` and
+                                 symlinks: "src/app.py"
+  filesystem.outsideProject      the absolute resolved path: "/etc/hosts" (a "~" starting a
+                                 pattern is expanded)
+  process.execute, git.modify,   one simple command's words after quote removal, joined by single
+  network.access                 spaces: "git commit -m fix bug". A pattern ending in " *" also
+                                 matches the bare command ("ls *" matches "ls").
 A bash line is split into the simple commands it runs (&&, ||, ;, |, &, newlines, $( ), backticks,
 subshells, heredocs, bash -c, eval, find -exec); each needs one of process.execute / git.modify /
 network.access, plus file.read or filesystem.outsideProject for each argument that may name a file,
@@ -25,14 +29,14 @@ and file.write.project for each output redirection. Every request is judged; the
 wins (deny > ask > allow).
 
 Silence is earned, not assumed: by default a command runs without asking only when it is provably
-read-only (READ_ONLY below: literal words, listed commands and options spelled out, no writing
+read-only (POLICY below: literal words, listed commands and options spelled out, no writing
 redirection). Grammar the parser does not follow exactly ({fd}< redirections, $"...", brace
 expansion, cd -) is never silent, and judging stops after DECIDE_BUDGET_SECONDS of CPU time: past
 it, the call asks.
 Trust comes only from the user: rules from the user's own files grant; a repository's files may
 tighten (ask, deny) at once but grant nothing until `khaelor trust` recorded their hash.
 
-"Always" suggestions: a bash command gets its arity-table prefix plus " *" ("git push *");
+"Always" suggestions: a bash command gets its POLICY arity prefix plus " *" ("git push *");
 destructive programs (rm, dd, curl, sudo ...), options before the subcommand, and asks made by a
 specific rule get the exact command; a line with operators or redirections gets none, and so does
 a command that destroys work in the repository (it asks every time). A project write suggests the
@@ -50,59 +54,75 @@ import os
 import posixpath
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
+import sandbox
+
 # --------------------------------------------------------------- policy tables
 
-CAPABILITIES = (
-    "file.read", "file.write.project", "filesystem.outsideProject",
-    "process.execute", "git.modify", "network.access",
-)
+# The capabilities a tool call may need (see the module docstring for what each rule matches).
+FILE_READ = "file.read"
+FILE_WRITE = "file.write.project"
+OUTSIDE = "filesystem.outsideProject"
+EXECUTE = "process.execute"
+GIT_MODIFY = "git.modify"
+NETWORK = "network.access"
+CAPABILITIES = (FILE_READ, FILE_WRITE, OUTSIDE, EXECUTE, GIT_MODIFY, NETWORK)
 # in order of strictness
 ACTIONS = ("allow", "ask", "deny")
 _STRICTNESS = {action: n for n, action in enumerate(ACTIONS)}
-_COMMAND_CAPABILITIES = ("process.execute", "git.modify", "network.access")
+_COMMAND_CAPABILITIES = (EXECUTE, GIT_MODIFY, NETWORK)
 _RULE_KEYS = ("capability", "pattern", "action")
 
-# Secret files, matched against a file's name (a pattern with "/" against
-# its project path). Reading one asks; grep and glob skip them; a command
-# searching a tree that holds one asks.
-SECRET_NAMES = (
-    # environment files
-    ".env", ".env.*", "*.env", ".envrc",
-    # credentials of git, package registries and hosts
-    ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
-    # SSH identities are named id_<algorithm> (id_*), spelled out so that
-    # id_utils.py stays code
-    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
-    # keys and certificates
-    "*.pem", "*.key", "*.p12", "*.pfx",
-    # files named for what they hold
-    "credentials", "credentials.*", "secrets.*", ".pgpass",
-)
-SECRET_TEMPLATES = (
-    ".env.example", ".env.sample", ".env.template", "*.env.example",
-)
-# Directories whose whole content is secret, relative to $HOME (the sandbox
-# closes them too).
-SECRET_HOME_DIRS = (
-    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube",
-    ".docker", ".config/gh", ".password-store",
-)
 # entries a recursive search's tree is scanned for secrets, at most
 _SECRET_WALK_CAP = 20_000
 
-# Commands that run without asking, with the options that keep them
-# read-only. Short options in getopt form ("n:" takes a value, given
-# attached or as the next word; an option whose value is optional, like
-# date -I, is listed as a plain flag); long options, "=" when they take one.
-# A value given as the next word must not look like an option, so no option
-# can hide behind one. A long option may be abbreviated if the abbreviation
-# begins exactly one listed option: GNU then either picks that one or
-# refuses an ambiguous abbreviation, never another one. "*" accepts any
-# word (the program treats its arguments as data). Everything absent asks.
+
+class Program(NamedTuple):
+    """One row of POLICY: what a program (or `git SUB`) is to the judge of a bash line."""
+    # what it is, any of: read (read-only by intent, with the options below), modify (a git
+    # subcommand that changes the repository), known (a git built-in: not an alias), forms (a git
+    # subcommand read-only only in the shapes of its three-word rows), wrapper (runs the rest of its
+    # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
+    # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
+    # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
+    # -r), writes-second (uniq IN OUT), disk and power (the floor's)
+    kinds: str = ""
+    # read: the options that keep it read-only (see below) or "*" (it treats every word as data);
+    # wrapper: its options that take a value
+    options: tuple[str, str] | str = ("", "")
+    # the subcommands that download or publish, comma-separated ("" among them: the bare command);
+    # "*": it always reaches the network (curl, `git push`)
+    network: str = ""
+    # how many leading words name the command for "always" (`git push origin` -> `git push *`); 0:
+    # its leading plain words (see _arity)
+    arity: int = 0
+    # wrapper: plain words before the command it runs (timeout 5 CMD, chroot DIR CMD)
+    skip: int = 0
+    # a read-only shape of a forms subcommand: how many plain words it reads with at most
+    most: int = 0
+
+    def has(self, kind: str) -> bool:
+        return kind in self.kinds.split()
+
+
+def _each(names: str, row: Program, prefix: str = "") -> dict[str, Program]:
+    """The same row for each of names (comma-separated when a name holds a space)."""
+    separator = "," if "," in names else None
+    return {prefix + " ".join(name.split()): row for name in names.split(separator)}
+
+
+# The read-only options, in "read" rows. Short options in getopt form ("n:" takes a value, given
+# attached or as the next word; an option whose value is optional, like date -I, is listed as a
+# plain flag); long options, "=" when they take one. A value given as the next word must not look
+# like an option, so no option can hide behind one. A long option counts only spelled out (the
+# program expands an abbreviation among all its options, listed or not). Everything absent asks.
+# Repository configuration cannot run code in the read-only git subcommands either: tools.py's
+# environment for read-only commands turns off hooks, fsmonitor, external diff, pagers, textconv
+# and filters. (sed reads only with scripts that print lines by number (_SED_PRINT); xxd is not
+# listed: its options are single-dash words like -ps, which getopt-style parsing would misread.)
 _GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:", """
     extended-regexp fixed-strings basic-regexp perl-regexp regexp= file=
     ignore-case no-ignore-case word-regexp line-regexp count color colour
@@ -114,125 +134,318 @@ _GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:", """
     dereference-recursive line-buffered invert-match""")
 _SUMS = ("bctwz", """
     binary check text tag quiet status warn strict zero ignore-missing""")
-READ_ONLY = {
-    # files, directories and their metadata
-    "ls": ("aAbBcCdfFgGhHiklLmnNopqQrRsStuUvxXZ1T:w:I:", """
-        all almost-all escape ignore-backups classify file-type directory
-        dired full-time group-directories-first no-group human-readable si
-        dereference dereference-command-line inode kibibytes numeric-uid-gid
-        literal hide-control-chars show-control-chars quote-name recursive
-        reverse size sort= time= time-style= color color= width= tabsize=
-        ignore= hide= format= indicator-style= quoting-style= block-size=
-        context zero"""),
-    "cat": ("AbeEnstTuv", """
-        show-all number-nonblank show-ends number squeeze-blank show-tabs
-        show-nonprinting"""),
-    "head": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
-    "tail": ("c:n:qvz", "bytes= lines= quiet silent verbose zero-terminated"),
-    "wc": ("clmwL", "bytes chars lines words max-line-length total="),
-    # the shell's and the machine's state
-    "pwd": ("LP", ""), "whoami": ("", ""),
-    "true": "*", "false": "*", "test": "*", "[": "*", "echo": "*",
-    "which": ("as", "all"), "type": ("afptP", ""),
-    "id": ("gGnruzZ", "group groups name real user zero context"),
-    "uname": ("asnrvmpio", """
-        all kernel-name nodename kernel-release kernel-version machine
-        processor hardware-platform operating-system"""),
-    "date": ("uRId:r:", """
-        utc universal rfc-email iso-8601 iso-8601= rfc-3339= date=
-        reference= debug"""),
-    "stat": ("Lftc:", "dereference file-system terse format= printf="),
-    "du": ("0abchHklLmsSxd:t:B:", """
-        null all apparent-size bytes total human-readable si summarize
-        max-depth= one-file-system exclude= threshold= block-size= time
-        inodes dereference"""),
-    "df": ("ahHiklPTt:x:B:", """
-        all human-readable si inodes local portability print-type type=
-        exclude-type= total output output= block-size="""),
-    "tree": ("adfgilpsuDFhCnNqrtvxAJXL:P:I:", """
-        noreport dirsfirst charset= filelimit= gitignore prune matchdirs
-        ignore-case du si sort= version"""),
-    # searching
-    "grep": _GREP, "egrep": _GREP, "fgrep": _GREP,
-    "rg": ("iSsFwxvcnNHhlLoquUaje:g:t:T:m:A:B:C:d:M:r:E:", """
-        ignore-case smart-case case-sensitive fixed-strings word-regexp
-        line-regexp invert-match count count-matches files-with-matches
-        files-without-match files line-number no-line-number with-filename
-        no-filename only-matching regexp= glob= iglob= type= type-not=
-        max-count= max-depth= hidden no-ignore no-ignore-vcs follow context=
-        after-context= before-context= heading no-heading color= json
-        vimgrep sort= sortr= multiline multiline-dotall pcre2 trim column
-        no-column null stats max-filesize= threads= type-list unrestricted
-        passthru replace= quiet text binary max-columns= encoding="""),
-    # filters and comparisons
-    "sort": ("bdfgiMhnRrVcCmsuzk:t:S:", """
-        ignore-leading-blanks dictionary-order ignore-case
-        general-numeric-sort ignore-nonprinting month-sort
-        human-numeric-sort numeric-sort random-sort reverse version-sort
-        check check= merge key= field-separator= stable unique
-        zero-terminated buffer-size= parallel= debug"""),
-    "cut": ("nszb:c:d:f:", """
-        bytes= characters= delimiter= fields= complement only-delimited
-        output-delimiter= zero-terminated"""),
-    "tr": ("cCdst", "complement delete squeeze-repeats truncate-set1"),
-    # sed only with scripts that print lines by number (_SED_PRINT): no
-    # -i, -f, and no script that could write (w), read (r) or run (e)
-    "sed": ("ne:", "quiet silent"),
-    "diff": ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """
-        brief report-identical-files unified unified= context context=
-        side-by-side recursive new-file ignore-case ignore-all-space
-        ignore-space-change ignore-blank-lines ignore-matching-lines= text
-        strip-trailing-cr exclude= exclude-from= label= minimal color color=
-        no-dereference normal ignore-tab-expansion expand-tabs
-        show-c-function show-function-line= width= suppress-common-lines
-        from-file= to-file= unidirectional-new-file"""),
-    "cmp": ("bilns:", """
-        print-bytes ignore-initial= verbose bytes= quiet silent"""),
-    # names of files
-    "basename": ("asz", "multiple suffix= zero"),
-    "dirname": ("z", "zero"),
-    "realpath": ("eLmPqsz", """
-        canonicalize-existing canonicalize-missing logical physical quiet
-        strip no-symlinks zero relative-to= relative-base="""),
-    "readlink": ("efmnqsvz", """
-        canonicalize canonicalize-existing canonicalize-missing no-newline
-        quiet silent verbose zero"""),
-    "nl": ("pb:d:f:h:i:l:n:s:v:w:", ""),
-    # checksums
-    "md5sum": _SUMS, "sha1sum": _SUMS, "sha256sum": _SUMS,
-    "sha512sum": _SUMS, "b2sum": _SUMS, "cksum": ("", ""),
-    # more filters, and what a file holds
-    "file": ("bcEhiLNknprsvZ0F:e:m:P:", """
-        brief mime mime-type mime-encoding dereference no-dereference
-        keep-going raw special-files"""),
-    "uniq": ("cdDiuzf:s:w:", """
-        count repeated all-repeated unique ignore-case skip-fields=
-        skip-chars= check-chars= zero-terminated"""),
-    "comm": ("123z", """
-        check-order nocheck-order output-delimiter= total zero-terminated"""),
-    "paste": ("szd:", "delimiters= serial zero-terminated"),
-    "fold": ("bsw:", "bytes spaces width="),
-    "expand": ("it:", "initial tabs="),
-    "tac": ("brs:", "before regex separator="),
-    "rev": ("", ""), "sleep": ("", ""), "nproc": ("", "all"),
-    "seq": ("wf:s:", "equal-width format= separator="),
-    "numfmt": ("", ""),
-    "od": ("bcdfiloxsvwA:j:N:t:", """
-        address-radix= skip-bytes= read-bytes= format= output-duplicates
-        width="""),
-    "hexdump": ("bcCdovxn:s:e:f:", ""),
-    "strings": ("afwn:t:e:", "all print-file-name bytes= radix= encoding="),
-    # (GNU base64 writes only to stdout; BSD's -o FILE stays unlisted)
-    "base64": ("diw:", "decode ignore-garbage wrap="),
-    "jq": ("rjacnsSeCMt", """
-        raw-output join-output ascii-output compact-output null-input slurp
-        sort-keys exit-status color-output monochrome-output tab indent=
-        arg= argjson= raw-input"""),
+_GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """
+    oneline stat stat= shortstat numstat name-only name-status graph all
+    branches branches= tags tags= remotes remotes= decorate decorate=
+    no-decorate format= pretty pretty= abbrev-commit abbrev abbrev=
+    no-abbrev-commit no-abbrev author= committer= since= until= after=
+    before= grep= all-match invert-grep regexp-ignore-case extended-regexp
+    fixed-strings perl-regexp max-count= skip= reverse follow no-merges
+    merges min-parents= max-parents= first-parent date= relative-date patch
+    no-patch unified= color color= no-color word-diff word-diff=
+    ignore-space-change ignore-all-space ignore-blank-lines
+    ignore-space-at-eol left-right cherry-pick cherry-mark cherry topo-order
+    date-order author-date-order full-history simplify-by-decoration
+    ancestry-path boundary source parents children summary diff-filter=
+    find-renames find-renames= find-copies find-copies= minimal patience
+    histogram diff-algorithm= full-diff cc combined raw binary full-index
+    src-prefix= dst-prefix= no-prefix relative relative= exit-code quiet
+    cached staged merge-base submodule submodule= dirstat dirstat= text
+    function-context compact-summary no-renames no-textconv no-ext-diff
+    ignore-submodules ignore-submodules= check name-rev notes no-notes
+    show-notes expand-tabs no-expand-tabs log-size no-walk no-walk= do-walk
+    walk-reflogs grep-reflog= count in-reverse remerge-diff""")
+POLICY: dict[str, Program] = {
+    "ls": Program("read", ("aAbBcCdfFgGhHiklLmnNopqQrRsStuUvxXZ1T:w:I:", """
+        all almost-all escape ignore-backups classify file-type directory dired full-time
+        group-directories-first no-group human-readable si dereference
+        dereference-command-line inode kibibytes numeric-uid-gid literal hide-control-chars
+        show-control-chars quote-name recursive reverse size sort= time= time-style= color
+        color= width= tabsize= ignore= hide= format= indicator-style= quoting-style=
+        block-size= context zero""")),
+    "cat": Program("read", ("AbeEnstTuv", """
+        show-all number-nonblank show-ends number squeeze-blank show-tabs show-nonprinting""")),
+    **_each("""
+        head tail""", Program("read", ("c:n:qvz", """
+        bytes= lines= quiet silent verbose zero-terminated"""))),
+    "wc": Program("read", ("clmwL", """
+        bytes chars lines words max-line-length total=""")),
+    "pwd": Program("read", ("LP", "")),
+    **_each("whoami cksum rev sleep numfmt", Program("read", ("", ""))),
+    **_each("true false test [ echo", Program("read", "*")),
+    "which": Program("read", ("as", "all")),
+    "type": Program("read", ("afptP", "")),
+    "id": Program("read", ("gGnruzZ", """
+        group groups name real user zero context""")),
+    "uname": Program("read", ("asnrvmpio", """
+        all kernel-name nodename kernel-release kernel-version machine processor
+        hardware-platform operating-system""")),
+    "date": Program("read", ("uRId:r:", """
+        utc universal rfc-email iso-8601 iso-8601= rfc-3339= date= reference= debug""")),
+    "stat": Program("read", ("Lftc:", """
+        dereference file-system terse format= printf=""")),
+    "du": Program("read", ("0abchHklLmsSxd:t:B:", """
+        null all apparent-size bytes total human-readable si summarize max-depth=
+        one-file-system exclude= threshold= block-size= time inodes dereference""")),
+    "df": Program("read", ("ahHiklPTt:x:B:", """
+        all human-readable si inodes local portability print-type type= exclude-type= total
+        output output= block-size=""")),
+    "tree": Program("read", ("adfgilpsuDFhCnNqrtvxAJXL:P:I:", """
+        noreport dirsfirst charset= filelimit= gitignore prune matchdirs ignore-case du si
+        sort= version""")),
+    **_each("grep egrep fgrep", Program("read pattern recursive", _GREP)),
+    "rg": Program("read pattern recursive", ("iSsFwxvcnNHhlLoquUaje:g:t:T:m:A:B:C:d:M:r:E:", """
+        ignore-case smart-case case-sensitive fixed-strings word-regexp line-regexp
+        invert-match count count-matches files-with-matches files-without-match files
+        line-number no-line-number with-filename no-filename only-matching regexp= glob=
+        iglob= type= type-not= max-count= max-depth= hidden no-ignore no-ignore-vcs follow
+        context= after-context= before-context= heading no-heading color= json vimgrep
+        sort= sortr= multiline multiline-dotall pcre2 trim column no-column null stats
+        max-filesize= threads= type-list unrestricted passthru replace= quiet text binary
+        max-columns= encoding=""")),
+    "sort": Program("read", ("bdfgiMhnRrVcCmsuzk:t:S:", """
+        ignore-leading-blanks dictionary-order ignore-case general-numeric-sort
+        ignore-nonprinting month-sort human-numeric-sort numeric-sort random-sort reverse
+        version-sort check check= merge key= field-separator= stable unique zero-terminated
+        buffer-size= parallel= debug""")),
+    "cut": Program("read", ("nszb:c:d:f:", """
+        bytes= characters= delimiter= fields= complement only-delimited output-delimiter=
+        zero-terminated""")),
+    "tr": Program("read", ("cCdst", """
+        complement delete squeeze-repeats truncate-set1""")),
+    "sed": Program("read pattern exact", ("ne:", "quiet silent")),
+    "diff": Program("read recursive", ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """
+        brief report-identical-files unified unified= context context= side-by-side
+        recursive new-file ignore-case ignore-all-space ignore-space-change
+        ignore-blank-lines ignore-matching-lines= text strip-trailing-cr exclude=
+        exclude-from= label= minimal color color= no-dereference normal
+        ignore-tab-expansion expand-tabs show-c-function show-function-line= width=
+        suppress-common-lines from-file= to-file= unidirectional-new-file""")),
+    "cmp": Program("read", ("bilns:", """
+        print-bytes ignore-initial= verbose bytes= quiet silent""")),
+    "basename": Program("read", ("asz", "multiple suffix= zero")),
+    "dirname": Program("read", ("z", "zero")),
+    "realpath": Program("read", ("eLmPqsz", """
+        canonicalize-existing canonicalize-missing logical physical quiet strip no-symlinks
+        zero relative-to= relative-base=""")),
+    "readlink": Program("read", ("efmnqsvz", """
+        canonicalize canonicalize-existing canonicalize-missing no-newline quiet silent
+        verbose zero""")),
+    "nl": Program("read", ("pb:d:f:h:i:l:n:s:v:w:", "")),
+    **_each("md5sum sha1sum sha256sum sha512sum b2sum", Program("read", _SUMS)),
+    "file": Program("read", ("bcEhiLNknprsvZ0F:e:m:P:", """
+        brief mime mime-type mime-encoding dereference no-dereference keep-going raw
+        special-files""")),
+    "uniq": Program("read writes-second", ("cdDiuzf:s:w:", """
+        count repeated all-repeated unique ignore-case skip-fields= skip-chars=
+        check-chars= zero-terminated""")),
+    "comm": Program("read", ("123z", """
+        check-order nocheck-order output-delimiter= total zero-terminated""")),
+    "paste": Program("read", ("szd:", "delimiters= serial zero-terminated")),
+    "fold": Program("read", ("bsw:", "bytes spaces width=")),
+    "expand": Program("read", ("it:", "initial tabs=")),
+    "tac": Program("read", ("brs:", "before regex separator=")),
+    "nproc": Program("read", ("", "all")),
+    "seq": Program("read", ("wf:s:", "equal-width format= separator=")),
+    "od": Program("read", ("bcdfiloxsvwA:j:N:t:", """
+        address-radix= skip-bytes= read-bytes= format= output-duplicates width=""")),
+    "hexdump": Program("read", ("bcCdovxn:s:e:f:", "")),
+    "strings": Program("read", ("afwn:t:e:", """
+        all print-file-name bytes= radix= encoding=""")),
+    "base64": Program("read", ("diw:", "decode ignore-garbage wrap=")),
+    "jq": Program("read pattern", ("rjacnsSeCMt", """
+        raw-output join-output ascii-output compact-output null-input slurp sort-keys
+        exit-status color-output monochrome-output tab indent= arg= argjson= raw-input""")),
+    "git status": Program("read", ("sbuvz", """
+        short branch porcelain porcelain= long verbose untracked-files untracked-files=
+        ignored ignored= ignore-submodules ignore-submodules= show-stash ahead-behind
+        no-ahead-behind renames no-renames find-renames find-renames= column no-column null""")),
+    **_each("log show diff", Program("read", _GIT_LOG), prefix="git "),
+    "git shortlog": Program("read", ("nsec", """
+        numbered summary email committer format= group= all""")),
+    "git blame": Program("read", ("blstfnseMwcCL:S:", """
+        porcelain line-porcelain incremental show-name show-number show-email show-stats
+        date= root minimal score-debug abbrev= ignore-rev= ignore-revs-file= color-lines
+        color-by-age""")),
+    "git branch": Program("read", ("arvl", """
+        list all remotes verbose merged merged= no-merged no-merged= contains contains=
+        no-contains no-contains= show-current format= sort= points-at= color color=
+        no-color column no-column ignore-case""")),
+    "git tag": Program("read", ("ln:", """
+        list contains= no-contains= points-at= merged= no-merged= sort= format= column
+        no-column color ignore-case""")),
+    "git describe": Program("read", ("", """
+        tags all always long abbrev= match= exclude= dirty dirty= contains first-parent
+        candidates= exact-match""")),
+    "git rev-parse": Program("read", ("q", """
+        show-toplevel abbrev-ref abbrev-ref= short short= verify quiet git-dir
+        is-inside-work-tree is-inside-git-dir show-prefix show-cdup symbolic
+        symbolic-full-name all branches tags remotes git-common-dir absolute-git-dir
+        is-bare-repository is-shallow-repository show-superproject-working-tree sq-quote
+        default= since= until= local-env-vars show-object-format path-format= revs-only
+        no-revs flags no-flags""")),
+    "git ls-files": Program("read", ("cdmoiskutvzfx:X:", """
+        cached deleted modified others ignored stage unmerged killed exclude= exclude-from=
+        exclude-per-directory= exclude-standard error-unmatch full-name recurse-submodules
+        abbrev abbrev= eol directory no-empty-directory format= debug sparse""")),
+    "git ls-tree": Program("read", ("rdtlz", """
+        name-only name-status full-name full-tree abbrev abbrev= long object-only format=""")),
+    "git cat-file": Program("read", ("tpsev", "allow-unknown-type")),
+    "git merge-base": Program("read", ("a", """
+        all octopus independent is-ancestor fork-point""")),
+    "git show-ref": Program("read", ("dqs", """
+        heads tags head verify dereference hash hash= abbrev abbrev= quiet exists branches""")),
+    "git grep": Program("read", ("ivwlLnhHcEFGPozaIe:f:A:B:C:m:", """
+        ignore-case word-regexp line-number column files-with-matches files-without-match
+        count extended-regexp fixed-strings basic-regexp perl-regexp cached
+        recurse-submodules max-depth= after-context= before-context= context= show-function
+        function-context heading break all-match and or not full-name null only-matching
+        quiet threads= max-count= no-color color color= exclude-standard text""")),
+    "git count-objects": Program("read", ("vH", "verbose human-readable")),
+    "git version": Program("read", ("", "build-options")),
+    # Subcommands that read only in the shapes of their three-word rows, with no option but the log
+    # options given and at most `most` plain words (`git remote -v show origin` is not `git remote
+    # -v`: it contacts origin); in another shape they change the repository.
+    **_each("stash worktree config", Program("known forms", arity=3), prefix="git "),
+    "git remote": Program("known read forms", most=0, arity=3),
+    "git submodule": Program("known read forms", most=0, arity=3),
+    "git notes": Program("known read forms", most=0),
+    "git reflog": Program("known read forms", _GIT_LOG, most=1),
+    **_each("remote -v, remote --verbose, worktree list, config -l, config --list",
+            Program("read", most=0), prefix="git "),
+    **_each("remote get-url, notes list, notes show", Program("read", most=1), prefix="git "),
+    **_each("config --get, config --get-all, config --get-regexp", Program("read", most=2),
+            prefix="git "),
+    **_each("submodule status, submodule summary", Program("read", most=99), prefix="git "),
+    "git stash list": Program("read", _GIT_LOG, most=0),
+    **_each("stash show, reflog show", Program("read", _GIT_LOG, most=1), prefix="git "),
+    **_each("""
+        annotate bugreport bundle check-attr check-ignore check-mailmap
+        check-ref-format checkout-index cherry column commit-graph credential
+        credential-cache credential-store daemon diagnose diff-files diff-index diff-tree
+        difftool fast-export fast-import fmt-merge-msg for-each-ref for-each-repo
+        format-patch fsck-objects get-tar-commit-id help hook http-backend http-push
+        imap-send index-pack init-db instaweb interpret-trailers mailinfo mailsplit
+        merge-file merge-index merge-octopus merge-one-file merge-ours merge-recursive
+        merge-resolve merge-subtree merge-tree mergetool multi-pack-index name-rev
+        pack-objects pack-redundant patch-id pickaxe prune-packed quiltimport range-diff
+        receive-pack rerere rev-list shell show-branch show-index stage stripspace subtree
+        unpack-file unpack-objects update-server-info upload-archive var verify-commit
+        verify-pack verify-tag whatchanged""", Program("known"), prefix="git "),
+    **_each("""
+        archive clone fetch fetch-pack http-fetch ls-remote p4 pull push remote-ext
+        request-pull send-email send-pack svn upload-pack""", Program(network="*"), prefix="git "),
+    **_each("remote update, remote prune, submodule update, submodule add, submodule sync, "
+            "submodule foreach", Program(network="*"), prefix="git "),
+    **_each("""
+        add am apply bisect checkout cherry-pick clean commit commit-tree filter-branch
+        fsck gc hash-object init lfs maintenance merge mktag mktree mv pack-refs prune
+        read-tree rebase repack replace reset restore revert rm sparse-checkout switch
+        symbolic-ref update-index update-ref write-tree""", Program("modify"), prefix="git "),
+    **_each("aria2c dig ftp host http https netcat nslookup ping whois", Program(network="*")),
+    **_each("curl rsync scp sftp wget", Program("exact", network="*")),
+    "gh": Program(network="*", arity=3),
+    **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
+    "socat": Program("runner", network="*"),
+    "pip": Program("installer", network="download,install", arity=2),
+    "pip3": Program("installer", network="download,install", arity=2),
+    "pipx": Program("installer", network="install,run,upgrade", arity=2),
+    "uv": Program("installer", network="add,lock,pip,run,sync,tool", arity=2),
+    "npm": Program("installer", network="add,ci,exec,i,install,publish,update,x", arity=2),
+    "npx": Program("installer", network=",", arity=2),
+    "pnpm": Program("installer", network="add,dlx,i,install,update", arity=2),
+    "yarn": Program("installer", network=",add,dlx,install,upgrade", arity=2),
+    "bun": Program("installer interpreter", network="add,i,install,update,x", arity=2),
+    "cargo": Program("installer", network="add,build,fetch,install,publish,run,test,update",
+                     arity=2),
+    "go": Program("installer", network="build,get,install,mod,run,test", arity=2),
+    "gem": Program("installer", network="install,update", arity=2),
+    "bundle": Program("installer", network="install,update", arity=2),
+    "brew": Program("installer", network="install,tap,update,upgrade", arity=2),
+    **_each("apt apt-get", Program("installer", network="install,update,upgrade", arity=2)),
+    "docker": Program("installer runner", network="build,login,pull,push,run", arity=2),
+    "poetry": Program("installer", network="add,install,update", arity=2),
+    "composer": Program("installer", network="install,require,update", arity=2),
+    **_each("aws gcloud az", Program(network=",", arity=3)),
+    "sudo": Program("wrapper runner exact", """
+        --chdir --close-from --group --host --prompt --role --type --user -C -D -T -U -g -h
+        -p -r -t -u"""),
+    "doas": Program("wrapper runner exact", "-C -u"),
+    "pkexec": Program("wrapper", "--user"),
+    "run0": Program("wrapper", "--user -u"),
+    "runuser": Program("wrapper shell", "--group --supp-group --user -G -g -u"),
+    "setpriv": Program("wrapper", """
+        --ambient-caps --bounding-set --groups --inh-caps --regid --reuid --securebits
+        --selinux-label"""),
+    "chroot": Program("wrapper", "--groups --userspec", skip=1),
+    "unshare": Program("wrapper", "--setgid --setuid -G -S"),
+    **_each("""
+        firejail setsid nohup caffeinate unbuffer command builtin torsocks""",
+            Program("wrapper", "")),
+    "env": Program("wrapper exact", "--chdir --split-string --unset -C -S -u"),
+    "nice": Program("wrapper", "--adjustment -n"),
+    "ionice": Program("wrapper", "-c -n -p -t"),
+    "taskset": Program("wrapper", "", skip=1),
+    "chrt": Program("wrapper", "", skip=1),
+    "stdbuf": Program("wrapper", "-e -i -o"),
+    "timeout": Program("wrapper", "--kill-after --signal -k -s", skip=1),
+    "time": Program("wrapper", "--format --output -f -o"),
+    "watch": Program("wrapper", "--interval -d -n"),
+    "flock": Program("wrapper", "-E -w", skip=1),
+    "systemd-run": Program("wrapper", "--property --unit -p -u"),
+    "exec": Program("wrapper exact", "-a"),
+    "busybox": Program("wrapper runner", ""),
+    "strace": Program("wrapper", "-E -e -o -p -s -u"),
+    "ltrace": Program("wrapper", "-e -o -p -u"),
+    "proxychains": Program("wrapper", "-f"),
+    "xargs": Program("wrapper runner exact", """
+        --max-args --max-procs -E -I -L -P -a -d -i -n -s"""),
+    "parallel": Program("wrapper runner", "-j"),
+    **_each("mksh csh ksh ash tcsh script", Program("shell")),
+    "su": Program("shell runner exact"),
+    **_each("fish sh zsh dash bash", Program("shell exact")),
+    **_each("""
+        R Rscript erl ghci guile iex irb jshell julia lua luajit mongo nodejs php python2
+        racket scala sqlite3 tclsh wish""", Program("interpreter")),
+    **_each("""
+        deno mongosh mysql node psql python python3 redis-cli ruby""",
+            Program("interpreter", arity=2)),
+    "ipython": Program("interpreter runner"),
+    "perl": Program("interpreter exact"),
+    "awk": Program("runner pattern exact"),
+    **_each("""
+        bpython dbus-run-session ed emacs ex expect gawk gdb ipython3 lldb mawk nawk nvim
+        pdb vi vim""", Program("runner")),
+    "kubectl": Program("runner", arity=2),
+    "podman": Program("runner", arity=2),
+    **_each("""
+        badblocks blkdiscard cfdisk fdisk gdisk mkdosfs mke2fs mkntfs mkswap parted sfdisk
+        sgdisk wipefs""", Program("disk")),
+    **_each("halt poweroff reboot shutdown", Program("power")),
+    **_each("""
+        . chgrp chmod chown cp dd eval find install kill killall ln mv pkill rm rmdir shred
+        source tee truncate""", Program("exact")),
+    **_each("""
+        ./gradlew ansible artisan bazel buildah bunx cabal cdk cf cmake conda consul crictl
+        dart docker-compose dotnet dune eksctl firebase flutter flyctl git gradle hatch
+        helm heroku hugo ip istioctl just k3d kind kustomize lein lerna make mc minikube
+        mix mvn ng nix nvm nx opam openssl packer pdm pipenv pixi pod pre-commit pulumi
+        pyenv rails rake rbenv ruff rustup rye sbt serverless skaffold sls sst stack swift
+        systemctl terraform tmux turbo ufw vagrant vault vercel volta wp zig""", Program(arity=2)),
+    **_each("""
+        az group, az vm, bun run, bun x, bundle exec, cargo add, cargo run, conda env,
+        consul kv, deno task, docker builder, docker compose, docker container, docker
+        image, docker network, docker volume, doctl, eksctl create, gcloud auth, gcloud
+        config, gcloud projects, go mod, helm repo, ip addr, ip link, ip netns, ip route,
+        kind create, kubectl config, kubectl kustomize, kubectl rollout, mc admin, npm
+        exec, npm init, npm run, npm view, openssl req, openssl x509, pnpm dlx, pnpm exec,
+        pnpm run, podman container, podman image, poetry run, pulumi stack, python -m,
+        python manage.py, python3 -m, python3 manage.py, sfdx, terraform state, terraform
+        workspace, uv pip, uv run, uv tool, vault auth, vault kv, yarn dlx, yarn run""",
+            Program(arity=3)),
+    **_each("az storage, doctl kubernetes, gcloud compute, gcloud container", Program(arity=4)),
 }
-# Programs whose second positional argument is an output file (uniq IN
-# OUT). (xxd is not listed: its options are single-dash words like -ps,
-# which getopt-style parsing would misread.)
-_OUTPUT_SECOND_POSITIONAL = frozenset(("uniq",))
+NOBODY = Program()
 # jq programs can read the environment ($ENV, env), other files and modules.
 _JQ_UNSAFE = re.compile(
     r"\benv\b|\$\s*ENV|\$\s*__|\binput_filename\b|\bimport\b|\binclude\b"
@@ -259,320 +472,23 @@ _FIND_VALUE = frozenset("""
     -links -inum -samefile -lname -ilname -printf -fstype -used -newermt
     -newerct -newerat -newermm -neweraa -newercc
 """.split())
-# git: the global options and subcommands that only read, and each
-# subcommand's safe options. Repository configuration cannot run code in
-# them either: tools.py's environment for read-only commands turns off
-# hooks, fsmonitor, external diff, pagers, textconv and filters.
-# (True: the option takes the next word as its value.)
-_GIT_GLOBAL_SAFE = {
-    "--no-pager": False,
-    "-P": False,
-    "--no-optional-locks": False,
-    "--literal-pathspecs": False,
-    "--no-replace-objects": False,
-    "-C": True,
-    "--version": False,
+# git's global options: (takes the next word as its value, keeps a read-only command read-only).
+_GIT_GLOBALS = {
+    "-C": (True, True), "-c": (True, False), "--git-dir": (True, False),
+    "--work-tree": (True, False), "--namespace": (True, False), "--config-env": (True, False),
+    "--exec-path": (True, False), "--super-prefix": (True, False), "--no-pager": (False, True),
+    "-P": (False, True), "--no-optional-locks": (False, True), "--literal-pathspecs": (False, True),
+    "--no-replace-objects": (False, True), "--version": (False, True),
 }
-_GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """
-    oneline stat stat= shortstat numstat name-only name-status graph all
-    branches branches= tags tags= remotes remotes= decorate decorate=
-    no-decorate format= pretty pretty= abbrev-commit abbrev abbrev=
-    no-abbrev-commit no-abbrev author= committer= since= until= after=
-    before= grep= all-match invert-grep regexp-ignore-case extended-regexp
-    fixed-strings perl-regexp max-count= skip= reverse follow no-merges
-    merges min-parents= max-parents= first-parent date= relative-date patch
-    no-patch unified= color color= no-color word-diff word-diff=
-    ignore-space-change ignore-all-space ignore-blank-lines
-    ignore-space-at-eol left-right cherry-pick cherry-mark cherry topo-order
-    date-order author-date-order full-history simplify-by-decoration
-    ancestry-path boundary source parents children summary diff-filter=
-    find-renames find-renames= find-copies find-copies= minimal patience
-    histogram diff-algorithm= full-diff cc combined raw binary full-index
-    src-prefix= dst-prefix= no-prefix relative relative= exit-code quiet
-    cached staged merge-base submodule submodule= dirstat dirstat= text
-    function-context compact-summary no-renames no-textconv no-ext-diff
-    ignore-submodules ignore-submodules= check name-rev notes no-notes
-    show-notes expand-tabs no-expand-tabs log-size no-walk no-walk= do-walk
-    walk-reflogs grep-reflog= count in-reverse remerge-diff""")
-GIT_READ_ONLY = {
-    "status": ("sbuvz", """
-        short branch porcelain porcelain= long verbose untracked-files
-        untracked-files= ignored ignored= ignore-submodules
-        ignore-submodules= show-stash ahead-behind no-ahead-behind renames
-        no-renames find-renames find-renames= column no-column null"""),
-    "log": _GIT_LOG, "show": _GIT_LOG, "diff": _GIT_LOG,
-    "shortlog": ("nsec", """
-        numbered summary email committer format= group= all"""),
-    "blame": ("blstfnseMwcCL:S:", """
-        porcelain line-porcelain incremental show-name show-number
-        show-email show-stats date= root minimal score-debug abbrev=
-        ignore-rev= ignore-revs-file= color-lines color-by-age"""),
-    "branch": ("arvl", """
-        list all remotes verbose merged merged= no-merged no-merged=
-        contains contains= no-contains no-contains= show-current format=
-        sort= points-at= color color= no-color column no-column
-        ignore-case"""),
-    "tag": ("ln:", """
-        list contains= no-contains= points-at= merged= no-merged= sort=
-        format= column no-column color ignore-case"""),
-    "describe": ("", """
-        tags all always long abbrev= match= exclude= dirty dirty= contains
-        first-parent candidates= exact-match"""),
-    "rev-parse": ("q", """
-        show-toplevel abbrev-ref abbrev-ref= short short= verify quiet
-        git-dir is-inside-work-tree is-inside-git-dir show-prefix show-cdup
-        symbolic symbolic-full-name all branches tags remotes git-common-dir
-        absolute-git-dir is-bare-repository is-shallow-repository
-        show-superproject-working-tree sq-quote default= since= until=
-        local-env-vars show-object-format path-format= revs-only no-revs
-        flags no-flags"""),
-    "ls-files": ("cdmoiskutvzfx:X:", """
-        cached deleted modified others ignored stage unmerged killed
-        exclude= exclude-from= exclude-per-directory= exclude-standard
-        error-unmatch full-name recurse-submodules abbrev abbrev= eol
-        directory no-empty-directory format= debug sparse"""),
-    "ls-tree": ("rdtlz", """
-        name-only name-status full-name full-tree abbrev abbrev= long
-        object-only format="""),
-    "cat-file": ("tpsev", "allow-unknown-type"),
-    "merge-base": ("a", "all octopus independent is-ancestor fork-point"),
-    "show-ref": ("dqs", """
-        heads tags head verify dereference hash hash= abbrev abbrev= quiet
-        exists branches"""),
-    # (not --untracked or --no-index: they read files git does not track,
-    # such as .env)
-    "grep": ("ivwlLnhHcEFGPozaIe:f:A:B:C:m:", """
-        ignore-case word-regexp line-number column files-with-matches
-        files-without-match count extended-regexp fixed-strings basic-regexp
-        perl-regexp cached recurse-submodules max-depth= after-context=
-        before-context= context= show-function function-context heading
-        break all-match and or not full-name null only-matching quiet
-        threads= max-count= no-color color color= exclude-standard text"""),
-    "count-objects": ("vH", "verbose human-readable"),
-    "version": ("", "build-options"),
-}
-# Subcommands that read only in these exact shapes: (first word, options
-# allowed after it, how many plain arguments at most). `git remote -v show
-# origin` is not `git remote -v`: it contacts origin.
-_CONFIG_SCOPES = "--global --local --system --show-origin --show-scope"
-GIT_READ_FORMS = {
-    "stash": {"list": ("log", 0), "show": ("log", 1)},
-    "remote": {
-        "": ("", 0),
-        "-v": ("", 0),
-        "--verbose": ("", 0),
-        "get-url": ("--push --all", 1),
-    },
-    "worktree": {"list": ("--porcelain -v --verbose -z", 0)},
-    "reflog": {"": ("log", 1), "show": ("log", 1)},
-    "config": {
-        "--get": (f"{_CONFIG_SCOPES} --null -z --type= --default=", 2),
-        "--get-all": (f"{_CONFIG_SCOPES} --null -z", 2),
-        "--get-regexp": (f"{_CONFIG_SCOPES} --name-only --null -z", 2),
-        "-l": (f"{_CONFIG_SCOPES} --name-only --null -z", 0),
-        "--list": (f"{_CONFIG_SCOPES} --name-only --null -z", 0),
-    },
-    "submodule": {
-        "": ("", 0),
-        "status": ("--recursive --cached", 99),
-        "summary": ("", 99),
-    },
-    "notes": {"": ("", 0), "list": ("", 1), "show": ("", 1)},
-}
-
-
-# How many leading words name "the command" ("git push origin main" ->
-# "git push *"); the longest matching key wins. Covers OpenCode's arity
-# dictionary, deeper where a CLI nests further. A program not listed gets
-# its leading plain words (see _arity).
-_ARITY_TABLE = {
-    2: """
-    ./gradlew ansible apt apt-get artisan bazel brew buildah bun bundle bunx
-    cabal cargo cdk cf cmake composer conda consul crictl dart deno docker
-    docker-compose dotnet dune eksctl firebase flutter flyctl gem git go
-    gradle hatch helm heroku hugo ip istioctl just k3d kind kubectl
-    kustomize lein lerna make mc minikube mix mongosh mvn mysql ng nix node
-    npm npx nvm nx opam openssl packer pdm pip pip3 pipenv pipx pixi pnpm
-    pod podman poetry pre-commit psql pulumi pyenv python python3 rails rake
-    rbenv redis-cli ruby ruff rustup rye sbt serverless skaffold sls sst
-    stack swift systemctl terraform tmux turbo ufw uv vagrant vault vercel
-    volta wp yarn zig""",
-    3: """
-    aws, az, az group, az vm, bun run, bun x, bundle exec, cargo add,
-    cargo run, conda env, consul kv, deno task, docker builder,
-    docker compose, docker container, docker image, docker network,
-    docker volume, doctl, eksctl create, gcloud, gcloud auth, gcloud config,
-    gcloud projects, gh, git config, git remote, git stash, git submodule,
-    git worktree, go mod, helm repo, ip addr, ip link, ip netns, ip route,
-    kind create, kubectl config, kubectl kustomize, kubectl rollout,
-    mc admin, npm exec, npm init, npm run, npm view, openssl req,
-    openssl x509, pnpm dlx, pnpm exec, pnpm run, podman container,
-    podman image, poetry run, pulumi stack, python -m, python manage.py,
-    python3 -m, python3 manage.py, sfdx, terraform state,
-    terraform workspace, uv pip, uv run, uv tool, vault auth, vault kv,
-    yarn dlx, yarn run""",
-    4: """
-    az storage, doctl kubernetes, gcloud compute, gcloud container""",
-}
-
-
-def _by_key(table: dict[int, str]) -> dict[str, int]:
-    """{"git push": 3, ...} from the table above (multi-word keys are
-    comma-separated)."""
-    arity = {}
-    for n, keys in table.items():
-        if n > 2:
-            names = keys.split(",")
-        else:
-            names = keys.split()
-        for key in names:
-            arity[" ".join(key.split())] = n
-    return arity
-
-
-ARITY = _by_key(_ARITY_TABLE)
-# Programs whose "always" is the exact command: a wildcard over their
-# arguments would grant far more than the user just saw (rm *, curl *,
-# sudo *).
-_EXACT_ONLY = frozenset("""
-    rm rmdir dd chmod chown chgrp mv cp ln tee kill pkill killall shred
-    truncate sudo doas su eval exec source . env xargs bash sh zsh dash fish
-    ssh scp sftp rsync curl wget nc ncat telnet sed awk perl find install
-""".split())
-
-_GIT_NETWORK = frozenset((
-    "fetch", "clone", "ls-remote", "pull", "push", "archive",
-    "request-pull", "send-email", "svn", "p4", "http-fetch", "fetch-pack",
-    "send-pack", "upload-pack", "remote-ext",
-))
-_GIT_MODIFY = frozenset("""
-    add am apply checkout cherry-pick clean commit gc init merge mv rebase
-    reset restore revert rm switch update-ref update-index filter-branch
-    replace bisect sparse-checkout prune lfs symbolic-ref hash-object
-    write-tree commit-tree read-tree mktag mktree pack-refs repack fsck
-    maintenance
-""".split())
-# git's other commands in common use. An alias cannot take a built-in
-# command's name, so a name in none of these tables may be an alias.
-_GIT_BUILTINS = frozenset("""
-    help rev-list for-each-ref format-patch cherry range-diff whatchanged
-    check-ignore check-attr name-rev show-branch verify-commit verify-tag
-    difftool mergetool bundle rerere annotate diff-tree var
-    bugreport check-mailmap check-ref-format checkout-index column commit-graph credential
-    credential-cache credential-store daemon diagnose diff-files diff-index fast-export
-    fast-import fmt-merge-msg for-each-repo fsck-objects get-tar-commit-id hook http-backend
-    http-push imap-send index-pack init-db instaweb interpret-trailers mailinfo mailsplit
-    merge-file merge-index merge-octopus merge-one-file merge-ours merge-recursive
-    merge-resolve merge-subtree merge-tree multi-pack-index pack-objects pack-redundant
-    patch-id pickaxe prune-packed quiltimport receive-pack shell show-index stage stripspace
-    subtree unpack-file unpack-objects update-server-info upload-archive verify-pack
-""".split())
 # config keys that define commands for later: aliases, included files
 _GIT_ALIASING = ("alias.", "include")
-_GIT_GLOBAL_WITH_VALUE = frozenset((
-    "-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env",
-    "--exec-path", "--super-prefix",
-))
 _GIT_URL = re.compile(
     r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:|ext::|fd::)", re.I
 )
-_NETWORK_COMMANDS = frozenset("""
-    curl wget ssh scp sftp nc ncat netcat telnet ftp http https aria2c gh
-    socat ping dig nslookup host whois rsync
-""".split())
-# Package managers: the subcommands that download or publish ("" = the
-# bare command).
-_NETWORK_SUBCOMMANDS = {name: set(subs.split(",")) for name, subs in {
-    # Python
-    "pip": "install,download",
-    "pip3": "install,download",
-    "pipx": "install,run,upgrade",
-    "uv": "add,sync,pip,tool,lock,run",
-    # JavaScript
-    "npm": "install,i,ci,add,update,publish,exec,x",
-    "npx": ",",
-    "pnpm": "install,i,add,update,dlx",
-    "yarn": ",install,add,upgrade,dlx",
-    "bun": "install,i,add,update,x",
-    # Rust and Go fetch what a build needs
-    "cargo": "install,add,fetch,update,publish,build,run,test",
-    "go": "get,install,mod,build,run,test",
-    # systems and other languages
-    "gem": "install,update",
-    "brew": "install,update,upgrade,tap",
-    "apt": "install,update,upgrade",
-    "apt-get": "install,update,upgrade",
-    "docker": "pull,push,login,build,run",
-    "poetry": "add,install,update",
-    "bundle": "install,update",
-    "composer": "install,require,update",
-    # cloud CLIs
-    "aws": ",",
-    "gcloud": ",",
-    "az": ",",
-}.items()}
-
-# Programs that run the rest of their words as a command -> their options
-# taking a value.
-_WRAPPERS = {name: set(options.split()) for name, options in {
-    # another user, privilege or root directory
-    "sudo": """-u -g -C -D -h -p -r -t -T -U --user --group --chdir --prompt
-               --role --type --host --close-from""",
-    "doas": "-u -C", "pkexec": "--user", "run0": "--user -u",
-    "runuser": "-u -g -G --user --group --supp-group",
-    "setpriv": """--reuid --regid --groups --inh-caps --ambient-caps
-                  --bounding-set --securebits --selinux-label""",
-    "chroot": "--userspec --groups", "unshare": "-S -G --setuid --setgid",
-    "firejail": "",
-    # another environment, priority, session or time limit
-    "env": "-u -C -S --unset --chdir --split-string",
-    "nice": "-n --adjustment", "ionice": "-c -n -p -t",
-    "taskset": "", "chrt": "", "setsid": "", "nohup": "", "caffeinate": "",
-    "stdbuf": "-i -o -e", "unbuffer": "",
-    "timeout": "-s -k --signal --kill-after",
-    "time": "-f -o --format --output",
-    "watch": "-n -d --interval", "flock": "-w -E",
-    "systemd-run": "-p -u --unit --property",
-    # the shell's own, and busybox's applets
-    "command": "", "builtin": "", "exec": "-a", "busybox": "",
-    # tracers and proxies
-    "strace": "-e -o -p -s -u -E", "ltrace": "-e -o -p -u",
-    "proxychains": "-f", "torsocks": "",
-    # a command per input line or item
-    "xargs": "-I -n -P -L -d -s -E -a -i --max-args --max-procs",
-    "parallel": "-j",
-}.items()}
-# Shells, and the programs that hand a -c string to one (su, runuser,
-# script, flock FILE -c).
-_SHELLS = frozenset((
-    "sh", "bash", "zsh", "dash", "ksh", "ash", "su", "fish", "mksh", "csh",
-    "tcsh", "runuser", "script",
-))
-# Interpreters: what is written to one through `process write` is code we
-# cannot read.
-_INTERPRETERS = frozenset("""
-    python python2 python3 node nodejs deno bun ruby irb perl php lua luajit
-    R Rscript julia ghci scala sqlite3 psql mysql redis-cli mongo mongosh
-    tclsh wish guile racket erl iex ipython jshell
-""".split())
-# Programs that run what they read (debuggers, editors, awk, remote shells,
-# sudo -s): what is written to one through `process write` is judged like
-# code for an interpreter.
-_STDIN_RUNNERS = frozenset("""
-    gdb lldb pdb ed ex vi vim nvim emacs awk gawk mawk nawk ipython ipython3
-    bpython ssh telnet nc ncat socat expect sudo doas su docker podman
-    kubectl dbus-run-session xargs parallel busybox
-""".split())
 _KEYWORDS = frozenset(
     "if then else elif fi do done while until ! { } esac".split()
 )
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
-# their first argument is a pattern, not a file
-_PATTERN_FIRST = frozenset((
-    "grep", "egrep", "fgrep", "rg", "sed", "awk", "jq",
-))
-_RECURSIVE_READERS = frozenset(("grep", "egrep", "fgrep", "rg", "diff"))
-
 # The floor's targets: deleting or chmod-ing these recursively is never
 # what anyone wanted.
 _PROTECTED_DIRS = frozenset("""
@@ -586,12 +502,6 @@ _SAFE_DEVICES = frozenset("""
     /dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty
     /dev/random /dev/urandom /dev/full
 """.split())
-_POWER = frozenset("shutdown reboot halt poweroff".split())
-_DISK_TOOLS = frozenset("""
-    mke2fs mkswap wipefs blkdiscard sfdisk parted fdisk gdisk sgdisk cfdisk
-    mkdosfs mkntfs badblocks
-""".split())
-
 # longest first, so that ">>" is not read as ">" twice
 _OPERATORS = (
     *"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(),
@@ -734,8 +644,8 @@ class Decision:
     not_read_only: str = ""
     # why it destroys work in the repository: --yes alone never approves it
     destructive: str = ""
-    # the sandbox this call runs in (see _confine)
-    confine: dict = field(default_factory=dict)
+    # the sandbox this call runs in (see _confine); None for calls that start nothing
+    confine: sandbox.Confine | None = None
 
 
 class _Request(NamedTuple):
@@ -782,14 +692,14 @@ def default_rules() -> list[Rule]:
     commands are allowed by the evaluator, not by a rule, so no pattern can be
     stretched to cover more."""
     table = [
-        ("file.read", "*", "allow"),
-        *(("file.read", p, "ask") for p in _secret_patterns()),
-        *(("file.read", p, "allow") for p in _template_patterns()),
-        ("file.write.project", "*", "ask"),
-        ("filesystem.outsideProject", "*", "ask"),
-        ("process.execute", "*", "ask"),
-        ("git.modify", "*", "ask"),
-        ("network.access", "*", "ask"),
+        (FILE_READ, "*", "allow"),
+        *((FILE_READ, p, "ask") for p in _anywhere(sandbox.SECRET_NAMES)),
+        *((FILE_READ, p, "allow") for p in _anywhere(sandbox.SECRET_TEMPLATES)),
+        (FILE_WRITE, "*", "ask"),
+        (OUTSIDE, "*", "ask"),
+        (EXECUTE, "*", "ask"),
+        (GIT_MODIFY, "*", "ask"),
+        (NETWORK, "*", "ask"),
     ]
     return [Rule(c, p, a, "default") for c, p, a in table]
 
@@ -955,7 +865,7 @@ def _out_of_time(tool_name: str, tool_input: dict,
     """What a call gets when judging it took too long: a question (or a deny
     rule's answer), never a silent run."""
     text = str(tool_input.get("command") or tool_input.get("input") or "")
-    request = _Request("process.execute", text.strip(), None)
+    request = _Request(EXECUTE, text.strip(), None)
     why = (f"{tool_name}: not judged within "
            f"{DECIDE_BUDGET_SECONDS * 1000:.0f} ms")
     return _judge(text.strip(), [request], rules, at_least="ask",
@@ -982,7 +892,7 @@ def _accepts_edit(tool_name: str, decision: Decision) -> bool:
     not into .git/: .git/config can run code later."""
     if tool_name not in ("write", "edit") or decision.action != "ask":
         return False
-    if decision.capability != "file.write.project":
+    if decision.capability != FILE_WRITE:
         return False
     if decision.layer != "default":
         return False
@@ -1016,7 +926,7 @@ def _decide(tool_name: str, tool_input: dict, project_root: Path,
     if tool_name == "process" and arg("action") != "start":
         # list/read/stop only touch processes that were judged when they
         # started
-        return Decision("allow", "process.execute",
+        return Decision("allow", EXECUTE,
                         f"process {arg('action')}", None, False, None)
     if tool_name in ("bash", "process"):
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
@@ -1024,9 +934,9 @@ def _decide(tool_name: str, tool_input: dict, project_root: Path,
             return decision
         return _without_sandbox(decision)
     if tool_name in ("read", "write", "edit", "grep", "glob"):
-        capability = "file.read"
+        capability = FILE_READ
         if tool_name in ("write", "edit"):
-            capability = "file.write.project"
+            capability = FILE_WRITE
         where = arg("path") or "."
         if tool_name in ("read", "write", "edit"):
             where = arg("file_path")
@@ -1034,7 +944,7 @@ def _decide(tool_name: str, tool_input: dict, project_root: Path,
             where = _glob_base(posixpath.join(where, arg("pattern")))
         request = _path_request(where, root, root, capability)
         return _judge(request.subject, [request], rules,
-                      read_only=capability == "file.read")
+                      read_only=capability == FILE_READ)
     return Decision("deny", "unknown", tool_name, None, False, None,
                     f"unknown tool {tool_name!r}")
 
@@ -1073,8 +983,16 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
         "read_only": decision.read_only,
         "not_read_only": decision.not_read_only,
         "destructive": decision.destructive,
-        "confine": decision.confine,
+        "confine": _as_json(decision.confine),
     }
+
+
+def _as_json(confine: sandbox.Confine | None) -> dict:
+    """A Confine as `khaelor permissions check --json` shows it: tuples as lists."""
+    if confine is None:
+        return {}
+    fields = asdict(confine)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
@@ -1107,23 +1025,6 @@ def add_grant(config: dict, rule: dict) -> dict:
         raise PermissionConfigError(message)
     kept = [e for e in config.get("permissions", []) if e != entry]
     return {**config, "permissions": [*kept, entry]}
-
-
-def is_secret_name(name: str) -> bool:
-    """A file name (or project path) that holds credentials; templates like
-    .env.example do not."""
-    # .ENV is .env on a case-insensitive file system
-    base = posixpath.basename(name).lower()
-    if any(fnmatch.fnmatchcase(base, p) for p in SECRET_TEMPLATES):
-        return False
-    return any(fnmatch.fnmatchcase(base, p) for p in SECRET_NAMES)
-
-
-def secret_home_paths(home: str | None = None) -> list[str]:
-    """The secret locations under $HOME that nothing reads without an explicit
-    grant."""
-    home = home or os.path.expanduser("~")
-    return [posixpath.join(home, d) for d in SECRET_HOME_DIRS]
 
 
 def khaelor_home() -> str:
@@ -1201,7 +1102,7 @@ def _claude_rule(entry, action: str, where: str, kind: str,
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
         return rules, None
-    capability = "file.read" if what == "read" else "file.write.project"
+    capability = FILE_READ if what == "read" else FILE_WRITE
     if spec in ("", "*", "**"):
         return [Rule(capability, "*", action, where, kind)], None
     rules = _claude_path(spec, capability, what, action, where, kind, root)
@@ -1230,7 +1131,7 @@ def _claude_path(spec: str, capability: str, scope: str, action: str,
     elif spec.startswith("~/"):
         outside = spec
     if outside is not None:
-        rules = [Rule("filesystem.outsideProject", outside, action, where,
+        rules = [Rule(OUTSIDE, outside, action, where,
                       kind, glob=True, scope=scope)]
         absolute = os.path.expanduser(outside)
         if absolute == root or absolute.startswith(root + "/"):
@@ -1264,18 +1165,10 @@ def _as_layer(layer) -> Layer:
     return Layer(source, config)
 
 
-def _secret_patterns() -> list[str]:
-    """SECRET_NAMES as rule patterns over project paths: at the root and in any
-    directory."""
+def _anywhere(names: tuple[str, ...]) -> list[str]:
+    """File name patterns as rule patterns over project paths: at the root and in any directory."""
     patterns = []
-    for name in SECRET_NAMES:
-        patterns += [name, "*/" + name]
-    return patterns
-
-
-def _template_patterns() -> list[str]:
-    patterns = []
-    for name in SECRET_TEMPLATES:
+    for name in names:
         patterns += [name, "*/" + name]
     return patterns
 
@@ -1289,11 +1182,11 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     floor = floor or _protected_write(requests)
     confine = _confine(requests, read_only)
     if floor:
-        return Decision("deny", "process.execute", descriptor, None, True,
+        return Decision("deny", EXECUTE, descriptor, None, True,
                         None, f"hardline floor: {floor}", layer="floor",
                         not_read_only=not_read_only, confine=confine)
     if not requests:
-        return Decision(at_least, "process.execute", descriptor, None, False,
+        return Decision(at_least, EXECUTE, descriptor, None, False,
                         None, layer="default", read_only=read_only,
                         not_read_only=not_read_only, confine=confine)
     verdicts = []
@@ -1389,11 +1282,15 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if rule.scope and (rule.scope == "write") != request.writes:
             return False
         pattern = rule.pattern
-        outside = capability == "filesystem.outsideProject"
+        outside = capability == OUTSIDE
         if outside and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            return re.fullmatch(_glob_to_regex(pattern), subject) is not None
+            try:
+                return re.fullmatch(sandbox.glob_regex(pattern), subject) is not None
+            except re.error:
+                # a class no regex takes ([z-a]): the pattern as written
+                return pattern == subject
         if fnmatch.fnmatchcase(subject, pattern):
             return True
         # "ls *" also matches "ls"
@@ -1406,35 +1303,12 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
     return None
 
 
-def _glob_to_regex(pattern: str) -> str:
-    """A gitignore-style glob: `*` and `?` stay within one directory, `**`
-    crosses them."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return "".join(out)
-
-
 def _protected_write(requests: list[_Request]) -> str | None:
     """The agent must not be able to grant itself permissions, not even under
     --yes: no write into $KHAELOR_HOME, nor into a permission file the project
     keeps."""
     for request in requests:
-        if request.capability == "file.read" or not request.path:
+        if request.capability == FILE_READ or not request.path:
             continue
         why = _protected(request.path)
         if why:
@@ -1468,16 +1342,16 @@ def _is_permission_file(path: str) -> bool:
     return tail in permission_files
 
 
-def _confine(requests: list[_Request], read_only: bool) -> dict:
+def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
     """The sandbox a decision grants (enforced by tools.py): writes only when
     the command is not read-only, network only when asked for, and the outside
     paths it named."""
     paths = set()
     for request in requests:
-        outside = request.capability == "filesystem.outsideProject"
+        outside = request.capability == OUTSIDE
         if outside and request.path:
             paths.add(request.path)
-    network = [r for r in requests if r.capability == "network.access"]
+    network = [r for r in requests if r.capability == NETWORK]
     installs = []
     if any(_installer(r.core.split()) for r in network):
         installs = _package_locations()
@@ -1486,16 +1360,16 @@ def _confine(requests: list[_Request], read_only: bool) -> dict:
     # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`);
     # and of the outside paths only where an approved install puts packages: nothing outside the
     # project can be rewound, and what it reads (a shell history) could leave with the answer.
-    known = not any(r.capability == "process.execute" for r in requests)
-    return {
-        "write": not read_only,
-        "network": bool(network),
-        "unattended_network": bool(network) and known,
-        "unattended_paths": sorted(installs) if known else [],
-        "paths": sorted(paths),
-        "secrets": any(r.secret for r in requests),
-        "hide": list(SECRET_NAMES),
-    }
+    known = not any(r.capability == EXECUTE for r in requests)
+    return sandbox.Confine(
+        write=not read_only,
+        network=bool(network),
+        paths=tuple(sorted(paths)),
+        secrets=any(r.secret for r in requests),
+        hide=sandbox.SECRET_NAMES,
+        unattended_network=bool(network) and known,
+        unattended_paths=tuple(sorted(installs)) if known else (),
+    )
 
 
 # Where package managers install and cache, under $HOME: an approved `pip
@@ -1513,8 +1387,7 @@ def _installer(core: list[str]) -> bool:
         return False
     if core[0].startswith("python") and core[1:3] == ["-m", "pip"]:
         return True
-    cloud_clis = ("aws", "gcloud", "az")
-    return core[0] in _NETWORK_SUBCOMMANDS and core[0] not in cloud_clis
+    return _row(core[0]).has("installer")
 
 
 def _package_locations() -> list[str]:
@@ -1547,37 +1420,28 @@ def _path_request(path_text: str, base: str, root: str,
     """The request to touch path_text (relative to base). realpath resolves
     `..` and symlinks, so a link inside the project that points out of it is
     outside."""
-    writes = capability == "file.write.project"
+    writes = capability == FILE_WRITE
     try:
         expanded = os.path.expanduser(path_text)
         resolved = os.path.realpath(os.path.join(base, expanded))
     except (ValueError, OSError):
         # an embedded NUL and the like: nowhere we can vouch for
-        return _Request("filesystem.outsideProject", path_text, None,
+        return _Request(OUTSIDE, path_text, None,
                         writes=writes)
     under_root = root.rstrip(os.sep) + os.sep
     if resolved != root and not resolved.startswith(under_root):
-        secret = _is_secret_location(resolved)
-        return _Request("filesystem.outsideProject", resolved,
+        secret = sandbox.is_secret_path(resolved, os.path.expanduser("~"))
+        return _Request(OUTSIDE, resolved,
                         _escape(resolved), secret=secret, path=resolved,
                         writes=writes)
     subject = Path(resolved).relative_to(root).as_posix()
     directory = posixpath.dirname(subject)
-    secret = capability == "file.read" and is_secret_name(subject)
-    if capability == "file.write.project" and directory:
+    secret = capability == FILE_READ and sandbox.is_secret_name(subject)
+    if capability == FILE_WRITE and directory:
         return _Request(capability, subject, _escape(directory) + "/*",
                         path=resolved)
     return _Request(capability, subject, _escape(subject), secret=secret,
                     path=resolved)
-
-
-def _is_secret_location(path: str) -> bool:
-    if is_secret_name(path):
-        return True
-    for location in secret_home_paths():
-        if path == location or path.startswith(location + os.sep):
-            return True
-    return False
 
 
 def _glob_base(pattern: str) -> str:
@@ -1619,21 +1483,38 @@ def _secrets_under(directory: str, include_hidden: bool,
             path = os.path.join(parent, name)
             if not include_hidden and name.startswith("."):
                 continue
-            if is_secret_name(name) and name not in dirs:
+            if sandbox.is_secret_name(name) and name not in dirs:
                 found.append(path)
             elif follows and os.path.islink(path):
-                if not _beneath(os.path.realpath(path), top):
+                if not sandbox.within(os.path.realpath(path), [top]):
                     found.append(path)
         if seen > _SECRET_WALK_CAP or len(found) >= 5:
             break
     return found
 
 
-def _beneath(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
 # -------------------------------------------------------- bash: judging a line
+
+def _row(*words: str) -> Program:
+    """POLICY's row for a program, or for `git SUB` given as two words; NOBODY when it has none. A
+    word holding a space names no row: quoted, 'git status' is one word, a program no one has."""
+    if any(len(word.split()) != 1 for word in words):
+        return NOBODY
+    return POLICY.get(" ".join(words), NOBODY)
+
+
+def _git_split(args: tuple[str, ...]) -> tuple[list[str], str | None, tuple[str, ...]]:
+    """(git's global options, without their values; the subcommand or None; its words), the one
+    pass over `git -C dir -c k=v --no-pager SUB ...`."""
+    options = []
+    k = 0
+    while k < len(args) and args[k].startswith("-"):
+        options.append(args[k])
+        k += 2 if _GIT_GLOBALS.get(args[k], (False, False))[0] else 1
+    if k >= len(args):
+        return options, None, ()
+    return options, args[k], args[k + 1:]
+
 
 def _decide_bash(command: str, workdir: str, root: str,
                  rules: list[Rule]) -> Decision:
@@ -1641,8 +1522,8 @@ def _decide_bash(command: str, workdir: str, root: str,
     requests = []
     cwd = root
     if workdir:
-        request = _path_request(workdir, root, root, "file.read")
-        if request.capability == "filesystem.outsideProject":
+        request = _path_request(workdir, root, root, FILE_READ)
+        if request.capability == OUTSIDE:
             cwd = request.subject
         else:
             cwd = os.path.join(root, request.subject)
@@ -1701,7 +1582,7 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
         if not floor:
             part = _Part(tuple(words), tuple(_core(words)), (), cwd)
             floor = _floor_reason(part, home)
-    request = _Request("process.execute", command.strip(), None)
+    request = _Request(EXECUTE, command.strip(), None)
     return _judge(command.strip(), [request], rules, floor=floor,
                   at_least="ask",
                   not_read_only=f"the line cannot be parsed ({why})")
@@ -1715,7 +1596,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     capability = _classify(part.core)
     command = " ".join(part.words)
     suggestion = None if compound else _suggest(part.words)
-    if suggestion and not read_only and capability == "process.execute":
+    if suggestion and not read_only and capability == EXECUTE:
         if _listed_read_only(part.core):
             # it asks because of an option or a form (sort --co=…, git log
             # --output=…): a wildcard over its arguments would grant exactly
@@ -1723,30 +1604,30 @@ def _part_requests(part: _Part, root: str, compound: bool,
             suggestion = _escape(command)
     requests = [_Request(
         capability, command, suggestion,
-        read_only=read_only and capability == "process.execute",
+        read_only=read_only and capability == EXECUTE,
         core=" ".join(_rule_core(part.core)),
     )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
         if target.startswith(("/dev/tcp/", "/dev/udp/")):
             # bash opens a socket for these
-            socket = _Request("network.access", f"{op} {target}", None)
+            socket = _Request(NETWORK, f"{op} {target}", None)
             requests.append(socket)
             continue
         writes = _redirect_writes(op, target)
         if (writes or op == "<") and target not in _SAFE_DEVICES:
-            access = "file.write.project" if writes else "file.read"
+            access = FILE_WRITE if writes else FILE_READ
             for place in places:
                 requests += _word_requests(target, place, root, access)
     suggest_paths = not compound and len(places) == 1
     for word in _path_arguments(part.core):
         _on_time()
         for place in places:
-            requests += _word_requests(word, place, root, "file.read",
+            requests += _word_requests(word, place, root, FILE_READ,
                                        suggest=suggest_paths)
     for place in places:
         for secret in _recursive_secrets(part._replace(cwd=place)):
-            request = _path_request(secret, place, root, "file.read")
+            request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
     return list(dict.fromkeys(requests))
 
@@ -1763,10 +1644,8 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
     `git push`)."""
     if core[:1] != ("git",):
         return core
-    k = 1
-    while k < len(core) and core[k].startswith("-"):
-        k += 2 if core[k] in _GIT_GLOBAL_WITH_VALUE else 1
-    return ("git", *core[k:])
+    _, sub, rest = _git_split(core[1:])
+    return ("git",) if sub is None else ("git", sub, *rest)
 
 
 def _listed_read_only(core: tuple[str, ...]) -> bool:
@@ -1776,8 +1655,11 @@ def _listed_read_only(core: tuple[str, ...]) -> bool:
         words = _rule_core(core)
         sub = words[1] if len(words) > 1 else ""
         first = words[2] if len(words) > 2 else ""
-        return sub in GIT_READ_ONLY or first in GIT_READ_FORMS.get(sub, {})
-    return bool(core) and core[0] in READ_ONLY
+        row = _row("git", sub)
+        if row.has("forms") and first:
+            return _row("git", sub, first).has("read")
+        return row.has("read")
+    return bool(core) and _row(core[0]).has("read")
 
 
 def _decide_process_write(text: str, process_command: str, root: str,
@@ -1786,22 +1668,23 @@ def _decide_process_write(text: str, process_command: str, root: str,
     interpreter it is code no one can read in advance, so it asks; anything
     else (a prompt, a REPL of data) is allowed."""
     program = _stdin_reader(process_command, root)
-    if program in _SHELLS:
+    if _row(program).has("shell"):
         decision = _decide_bash(text, "", root, rules)
         return replace(decision, descriptor=f"{program} ← {text.strip()}")
     if _runs_code(program):
-        request = _Request("process.execute",
+        request = _Request(EXECUTE,
                            f"{program} -c {text.strip()}", None)
         return _judge(f"{program} ← {text.strip()}", [request], rules,
                       at_least="ask",
                       not_read_only=f"code written to {program} runs unread")
-    return Decision("allow", "process.execute", "process write", None,
+    return Decision("allow", EXECUTE, "process write", None,
                     False, None, layer="default")
 
 
 def _runs_code(program: str) -> bool:
     """An interpreter, or a program that runs what it reads."""
-    if program in _INTERPRETERS or program in _STDIN_RUNNERS:
+    row = _row(program)
+    if row.has("interpreter") or row.has("runner"):
         return True
     return program.startswith(("python", "node", "ruby", "perl", "php"))
 
@@ -1817,7 +1700,7 @@ def _stdin_reader(command: str, root: str) -> str:
     for part in parts:
         for word in part.words:
             name = posixpath.basename(word)
-            if name in _SHELLS or _runs_code(name):
+            if _row(name).has("shell") or _runs_code(name):
                 return name
     if parts and parts[0].core:
         return parts[0].core[0]
@@ -1827,90 +1710,73 @@ def _stdin_reader(command: str, root: str) -> str:
 def _classify(core: tuple[str, ...]) -> str:
     """The one command capability a simple command needs."""
     if not core:
-        return "process.execute"
+        return EXECUTE
     name, args = core[0], core[1:]
     if name == "git":
         return _classify_git(args)
     if name.startswith("python") and args[:2] == ("-m", "pip"):
         name, args = "pip", args[2:]
     subcommand = next((a for a in args if not a.startswith("-")), "")
-    if name in _NETWORK_COMMANDS:
-        return "network.access"
-    if subcommand in _NETWORK_SUBCOMMANDS.get(name, ()):
-        return "network.access"
-    return "process.execute"
+    network = _row(name).network
+    if network == "*" or (network and subcommand in network.split(",")):
+        return NETWORK
+    return EXECUTE
 
 
 def _classify_git(args: tuple[str, ...]) -> str:
     """git reaching another machine is network access; changing the repository
     is git.modify."""
     if any(_GIT_URL.match(a) or "::" in a for a in args):
-        return "network.access"
-    k = 0
-    # past the global options: git -C dir -c k=v --no-pager ...
-    while k < len(args) and args[k].startswith("-"):
-        k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
-    if k >= len(args):
-        return "process.execute"
-    sub, rest = args[k], args[k + 1:]
+        return NETWORK
+    _, sub, rest = _git_split(args)
+    if sub is None:
+        return EXECUTE
     first = rest[0] if rest else ""
     if _git_reaches_remote(sub, first, rest):
-        return "network.access"
-    if sub in _GIT_MODIFY:
-        return "git.modify"
+        return NETWORK
+    if _row("git", sub).has("modify"):
+        return GIT_MODIFY
     if sub in ("branch", "tag"):
         listing = {"-l", "--list"} & set(rest)
-        names = [a for a in rest if not a.startswith("-")]
-        ref_changing = {
-            "-d", "-D", "--delete", "-m", "-M", "--move", "-c", "-C",
-            "--copy", "-f", "--force", "-u", "--set-upstream-to",
-            "--unset-upstream", "-a", "--annotate", "-s", "--sign",
-            "-e", "--edit",
-        }
-        modifying_flag = ref_changing & set(rest)
-        if sub == "branch":
-            # git branch -a lists all branches
-            modifying_flag -= {"-a"}
-        if modifying_flag or (names and not listing):
-            return "git.modify"
-        return "process.execute"
-    if sub in GIT_READ_FORMS and _git_form_problem(sub, rest):
+        options, names = _operands(("git", *rest))
+        # (git branch -a lists all branches; git tag -a annotates a new tag)
+        letters = "dDmMcCfuse" if sub == "branch" else "dDmMcCfusea"
+        changes_refs = _has(options, "--delete", "--move", "--copy", "--force",
+                            "--set-upstream-to", "--unset-upstream", "--annotate", "--sign",
+                            "--edit", short=letters)
+        if changes_refs or (names and not listing):
+            return GIT_MODIFY
+        return EXECUTE
+    if _row("git", sub).has("forms") and _git_form_problem(sub, rest):
         contacting = {"show", "update", "prune", "set-head"}
         if sub == "remote" and set(rest) & contacting:
             # `git remote -v show origin` contacts origin
-            return "network.access"
-        return "git.modify"
-    return "process.execute"
+            return NETWORK
+        return GIT_MODIFY
+    return EXECUTE
 
 
 def _git_builtin(sub: str) -> bool:
     """A git command this policy knows by name: not an alias. (git lfs, svn
     and send-email are installed apart from git: where one is missing, an
     alias of its name runs.)"""
-    tables = (GIT_READ_ONLY, GIT_READ_FORMS, _GIT_MODIFY, _GIT_NETWORK,
-              _GIT_BUILTINS)
     apart = sub in ("lfs", "svn", "send-email")
-    return not apart and any(sub in table for table in tables)
+    return not apart and _row("git", sub) is not NOBODY
 
 
 def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
-    if sub in _GIT_NETWORK:
+    if _row("git", sub).network or _row("git", sub, first).network:
         return True
-    if sub == "remote" and first in ("update", "prune"):
-        return True
-    if sub == "remote" and first == "show" and "-n" not in rest:
-        return True
-    return sub == "submodule" and first in ("update", "add", "sync", "foreach")
+    # (git remote show -n answers from the local config)
+    return sub == "remote" and first == "show" and "-n" not in rest
 
 
 def _gives_pattern(option: str) -> bool:
     """Whether this option word may hold or name grep's pattern (sed's, awk's
     or jq's program): -e P, -ex, -fFILE, --reg=P, --file F. The first operand
     is then a file."""
-    if option.startswith("--"):
-        return _abbreviates(option, "regexp", "file", "expression",
-                            "from-file", "source")
-    return bool(_short_flags(option) & {"e", "f"})
+    return _has([option], "regexp", "file", "expression", "from-file", "source",
+                short="ef")
 
 
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
@@ -1939,7 +1805,7 @@ def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
     end = args.index("--") if "--" in args else len(args)
     options = [a for a in args[:end] if a[:1] == "-" and a != "-"]
     operands = [a for a in args[:end] if a[:1] != "-"] + [*args[end + 1:]]
-    pattern_first = core[:1] and core[0] in _PATTERN_FIRST
+    pattern_first = core[:1] and _row(core[0]).has("pattern")
     if pattern_first and not any(map(_gives_pattern, options)):
         operands = operands[1:]
     return options, operands
@@ -1973,14 +1839,14 @@ def _word_requests(word: str, cwd: str, root: str, capability: str,
     value we cannot know ($F, $(...)) might be anywhere, so it counts as
     outside the project."""
     if "$(" in word or "`" in word or _PARAMETER.search(word):
-        return [_Request("filesystem.outsideProject", word, None)]
+        return [_Request(OUTSIDE, word, None)]
     paths = [word]
     if any(ch in word for ch in "*?["):
         pattern = os.path.join(cwd, os.path.expanduser(_bash_glob(word)))
         matches = _glob(pattern)
         if matches is None:
             # too many to vouch for each
-            return [_Request("filesystem.outsideProject", word, None)]
+            return [_Request(OUTSIDE, word, None)]
         paths = matches or paths
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
@@ -2009,7 +1875,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     lead to."""
     core = part.core
     name = core[0] if core else ""
-    if name not in _RECURSIVE_READERS:
+    if not _row(name).has("recursive"):
         return []
     recursive, follows, hidden = _search_shape(name, core[1:])
     if not recursive:
@@ -2035,42 +1901,26 @@ def _recursive_secrets(part: _Part) -> list[str]:
 
 def _search_shape(name: str,
                   args: tuple[str, ...]) -> tuple[bool, bool, bool]:
-    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff,
-    reading options as the program does: abbreviations (--rec), -d recurse,
-    --directories=recurse, -uu."""
-    # rg recurses by default and skips hidden files; grep -r and diff -r
-    # read them
-    recursive = name == "rg"
-    follows = False
-    unrestricted = 0
-    hidden = name != "rg"
-    for k, arg in enumerate(args):
-        value = args[k + 1] if k + 1 < len(args) else ""
-        if arg.startswith("--"):
-            _, has_value, given = arg.partition("=")
-            directories = given if has_value else value
-            recursive |= _abbreviates(arg, "recursive",
-                                      "dereference-recursive")
-            recursive |= (_abbreviates(arg, "directories")
-                          and directories == "recurse")
-            follows |= _abbreviates(arg, "dereference-recursive", "follow")
-            hidden |= _abbreviates(arg, "hidden", "unrestricted")
-            unrestricted += _abbreviates(arg, "unrestricted")
-        elif arg.startswith("-") and len(arg) > 1:
-            letters = arg[1:]
-            if name != "rg":
-                recursive |= "r" in letters or "R" in letters
-                recursive |= letters in ("drecurse",)
-                # -d recurse
-                recursive |= letters.endswith("d") and value == "recurse"
-                follows |= "R" in letters
-            else:
-                follows |= "L" in letters
-                unrestricted += letters.count("u")
-                hidden |= "." in letters
-    if name == "rg" and unrestricted >= 2:
-        hidden = True
-    return recursive, follows, hidden
+    """(recurses, follows symlinks, reads hidden files) for grep, rg or diff, reading options as
+    the program does: abbreviations (--rec), -d recurse, --directories=recurse, -uu. Every word
+    that looks like an option counts, even after -- or as another option's value."""
+    options = [arg for arg in args if arg.startswith("-")]
+    follows = _has(options, "dereference-recursive", "follow")
+    if name == "rg":
+        # rg recurses by default and skips hidden files
+        unrestricted = sum(_abbreviates(arg, "unrestricted") for arg in options)
+        unrestricted += sum(len(_short_flags(arg)) and arg.count("u") for arg in options)
+        hidden = _has(options, "hidden", "unrestricted", short=".") or unrestricted >= 2
+        return True, follows or _has(options, short="L"), hidden
+    recursive = _has(options, "recursive", "dereference-recursive", short="rR")
+    for arg, value in zip(args, (*args[1:], "")):
+        option, given, directories = arg.partition("=")
+        if _abbreviates(option, "directories"):
+            recursive |= (directories if given else value) == "recurse"
+        elif _short_flags(arg):
+            recursive |= arg == "-drecurse" or (arg.endswith("d") and value == "recurse")
+    # grep -r and diff -r read hidden files
+    return recursive, follows or _has(options, short="R"), True
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
@@ -2080,16 +1930,16 @@ def _suggest(words: tuple[str, ...]) -> str | None:
         return None
     exact = _escape(" ".join(words))
     program = posixpath.basename(words[0])
-    # an assignment, a wrapper or a path first; a destructive program
-    unusual_start = (_ASSIGNMENT.match(words[0]) or program in _WRAPPERS
-                     or words[0].startswith("/"))
-    destructive = (program in _EXACT_ONLY or program == "mkfs"
+    # an assignment, a wrapper, a path or a name with a space first; a destructive program
+    unusual_start = (_ASSIGNMENT.match(words[0]) or _row(program).has("wrapper")
+                     or words[0].startswith("/") or len(words[0].split()) != 1)
+    destructive = (_row(program).has("exact") or program == "mkfs"
                    or program.startswith("mkfs."))
     if unusual_start or destructive:
         return exact
-    forced = {"--force", "-f", "--hard", "-D", "--force-with-lease"}
-    if program == "git" and set(words) & forced:
-        # granting the whole subcommand would grant its forced form
+    options = [word for word in words if word.startswith("-")]
+    if program == "git" and _has(options, "--force", "--hard", short="fD"):
+        # granting the whole subcommand would grant its forced form (-rf, --force-with-lease too)
         return exact
     shape = _arity(words)
     if shape is None:
@@ -2110,9 +1960,9 @@ def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:
     multi-level CLI we do not know gets the narrowest rule (`foo s3 ls b` ->
     `foo s3 ls b *`); None when a plain word follows an option."""
     for n in (3, 2, 1):
-        key = " ".join(words[:n])
-        if len(words) >= n and key in ARITY:
-            return n, ARITY[key]
+        arity = _row(*words[:n]).arity
+        if len(words) >= n and arity:
+            return n, arity
     plain_word = r"[a-z][a-z0-9_-]*"
     plain = 1
     while plain < len(words) and re.fullmatch(plain_word, words[plain]):
@@ -2157,21 +2007,21 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
         if args[:1] in (("-v",), ("-V",)):
             return None
         return "command runs another program"
-    spec = READ_ONLY.get(name)
-    if spec is None:
+    row = _row(name)
+    if not row.has("read"):
         return f"{name} is not on the read-only list"
     own = _project_program(name, root)
     if own:
         return (f"{name} would run the project's own {own} "
                 "(a directory of the project is on PATH)")
-    if spec == "*":
+    if row.options == "*":
         return None
     numeric = name in ("head", "tail")
-    problem, positional, values = _options_problem(name, args, spec,
+    problem, positional, values = _options_problem(name, args, row.options,
                                                    numeric=numeric)
     if problem:
         return problem
-    if name in _OUTPUT_SECOND_POSITIONAL and len(positional) > 1:
+    if row.has("writes-second") and len(positional) > 1:
         return f"{name} writes its second file argument"
     if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
         return "the jq program reads the environment or other files"
@@ -2218,82 +2068,104 @@ def _project_program(name: str, root: str) -> str | None:
         if not os.path.isabs(entry):
             continue
         if os.path.isfile(found) and os.access(found, os.X_OK):
-            return found if _beneath(os.path.realpath(found), root) else None
+            return found if sandbox.within(os.path.realpath(found), [root]) else None
     return None
+
+
+class _Option(NamedTuple):
+    # "--name" as written before any "=", or "-x" for one letter of a cluster
+    name: str
+    # which word of the arguments it is in
+    at: int
+    # its value, or None for a flag
+    value: str | None = None
+    # the value is the next word (-n 5, --lines 5), not attached (-n5, --lines=5)
+    separate: bool = False
+
+
+def _parse(args, takes_value, stop: bool = False,
+           numeric: bool = False) -> tuple[list[_Option], list[str], int]:
+    """(options, operands, the index where parsing stopped): the one option parser, as getopt_long
+    reads argv. "--" ends the options; a cluster -abc is -a -b -c, and its first letter that takes a
+    value (takes_value("-n")) takes the rest of the word or the next word; --name=value, or
+    --name value when takes_value("--name"). stop: the first operand ends the options (a wrapper's
+    command, git's subcommand): the index returned is that operand's, or the one after "--".
+    numeric: -5 is a count (head -5) and is skipped."""
+    options = []
+    operands = []
+    k = 0
+    while k < len(args):
+        _on_time()
+        at = k
+        arg = args[k]
+        k += 1
+        if arg == "--":
+            operands += args[k:]
+            return options, operands, k
+        if arg.startswith("--"):
+            name, attached, value = arg.partition("=")
+            if attached:
+                options.append(_Option(name, at, value))
+            elif takes_value(name):
+                following = args[k] if k < len(args) else ""
+                options.append(_Option(name, at, following, True))
+                k += 1
+            else:
+                options.append(_Option(name, at))
+        elif arg.startswith("-") and len(arg) > 1:
+            if numeric and _is_number(arg[1:]):
+                continue
+            for i, letter in enumerate(arg[1:], 2):
+                _on_time()
+                if not takes_value("-" + letter):
+                    options.append(_Option("-" + letter, at))
+                elif arg[i:]:
+                    options.append(_Option("-" + letter, at, arg[i:]))
+                    break
+                else:
+                    following = args[k] if k < len(args) else ""
+                    options.append(_Option("-" + letter, at, following, True))
+                    k += 1
+        elif stop:
+            return options, operands, k - 1
+        else:
+            operands.append(arg)
+    return options, operands, k
 
 
 def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
                      numeric: bool = False):
-    """(why an option is not safe or None, the positional arguments, the
-    options' values), parsing like getopt_long. A long option counts only
-    spelled out: the program expands an abbreviation among all its options,
-    listed or not (sort --comp is --compress-program)."""
+    """(why an option is not safe or None, the positional arguments, the options' values). A long
+    option counts only spelled out: the program expands an abbreviation among all its options,
+    listed or not (sort --comp is --compress-program). A value given as the next word must not
+    look like an option."""
     short, long_text = spec
-    short = short.replace(" ", "")
     # "n:" takes a value: each letter right before a colon
-    takes_value = set()
-    for i in range(1, len(short)):
-        if short[i] == ":":
-            takes_value.add(short[i - 1])
+    takes = {"-" + short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
     letters = set(short.replace(":", ""))
     longs = long_text.split()
-    positional = []
-    values = []
-    k = 0
-    while k < len(args):
-        arg = args[k]
-        k += 1
-        if arg == "--":
-            positional += args[k:]
-            break
-        if arg.startswith("--"):
-            option, has_value, value = arg[2:].partition("=")
-            full = next((e for e in longs if e.rstrip("=") == option), None)
-            if full is None:
-                return _unlisted(name, "--" + option), positional, values
-            value_follows = (full.endswith("=") and not has_value
-                             and full[:-1] not in longs)
-            if value_follows and k < len(args) and args[k].startswith("-"):
-                problem = _option_like(name, "--" + option, args[k])
-                return problem, positional, values
-            if value_follows:
-                # --lines 5: the value is the next word
-                value = args[k] if k < len(args) else ""
-                k += 1
-            values += [value] if has_value or value_follows else []
-            continue
-        if arg.startswith("-") and len(arg) > 1:
-            if numeric and _is_number(arg[1:]):
-                # head -5
-                continue
-            for i, letter in enumerate(arg[1:]):
-                if letter not in letters:
-                    return _unlisted(name, "-" + letter), positional, values
-                if letter not in takes_value:
-                    continue
-                if i < len(arg) - 2:
-                    # -n5: the rest is the value
-                    values.append(arg[i + 2:])
-                    break
-                # -n 5: the value is the next word
-                value = args[k] if k < len(args) else ""
-                if value.startswith("-") and value != "-":
-                    problem = _option_like(name, "-" + letter, value)
-                    return problem, positional, values
-                values.append(value)
-                k += 1
-                break
-            continue
-        positional.append(arg)
+
+    def takes_value(option: str) -> bool:
+        if option.startswith("--"):
+            return option[2:] + "=" in longs and option[2:] not in longs
+        return option in takes
+
+    options, positional, _ = _parse(args, takes_value, numeric=numeric)
+    for option in options:
+        if option.name.startswith("--"):
+            listed = option.name[2:] in {e.rstrip("=") for e in longs}
+        else:
+            listed = option.name[1] in letters
+        if not listed:
+            problem = f"{name}: the option {option.name} is not on its read-only list"
+            return problem, positional, []
+        # (a long option's value may not even be "-"; a short one's may: stdin)
+        dash = option.value == "-" and not option.name.startswith("--")
+        if option.separate and option.value.startswith("-") and not dash:
+            problem = f"{name}: the value of {option.name} looks like an option ({option.value})"
+            return problem, positional, []
+    values = [o.value for o in options if o.value is not None]
     return None, positional, values
-
-
-def _unlisted(name: str, option: str) -> str:
-    return f"{name}: the option {option} is not on its read-only list"
-
-
-def _option_like(name: str, option: str, value: str) -> str:
-    return f"{name}: the value of {option} looks like an option ({value})"
 
 
 def _abbreviates(word: str, *names: str) -> bool:
@@ -2307,46 +2179,38 @@ def _abbreviates(word: str, *names: str) -> bool:
 
 
 def _git_problem(args: tuple[str, ...]) -> str | None:
-    k = 0
-    while k < len(args) and args[k].startswith("-"):
-        flag, has_value, _ = args[k].partition("=")
-        if flag not in _GIT_GLOBAL_SAFE:
+    options, sub, rest = _git_split(args)
+    for option in options:
+        flag = option.partition("=")[0]
+        if not _GIT_GLOBALS.get(flag, (False, False))[1]:
             return f"git: the option {flag} is not on the read-only list"
-        value_follows = _GIT_GLOBAL_SAFE[flag] and not has_value
-        k += 2 if value_follows else 1
-    if k >= len(args):
+    if sub is None:
         return None
-    sub, rest = args[k], args[k + 1:]
-    if sub in GIT_READ_FORMS:
+    if _row("git", sub).has("forms"):
         return _git_form_problem(sub, rest)
-    spec = GIT_READ_ONLY.get(sub)
-    if spec is None:
+    row = _row("git", sub)
+    if not row.has("read"):
         return f"git {sub} is not on the read-only list"
     numeric = sub in ("log", "show", "shortlog")
-    problem, _, _ = _options_problem(f"git {sub}", rest, spec,
+    problem, _, _ = _options_problem(f"git {sub}", rest, row.options,
                                      numeric=numeric)
     return problem
 
 
 def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
-    """None when `git SUB REST` has one of GIT_READ_FORMS' shapes."""
+    """None when `git SUB REST` has one of the read-only shapes POLICY lists for it."""
     first = rest[0] if rest else ""
-    form = GIT_READ_FORMS[sub].get(first)
-    if form is None:
+    form = _row("git", sub, first) if first else _row("git", sub)
+    if not form.has("read"):
         return f"git {sub} {first} is not a read-only form".replace("  ", " ")
-    options, most = form
     after = rest[1:] if first else rest
     form_name = f"git {sub} {first}"
-    if options == "log":
-        problem, plain, _ = _options_problem(form_name, after, _GIT_LOG,
-                                             numeric=True)
-    else:
-        problem, plain, _ = _options_problem(form_name, after,
-                                             ("", options))
+    problem, plain, _ = _options_problem(form_name, after, form.options,
+                                         numeric=form.options is _GIT_LOG)
     if problem:
         return problem
-    if len(plain) > most:
-        return (f"git {sub} {first} takes at most {most} argument(s) "
+    if len(plain) > form.most:
+        return (f"git {sub} {first} takes at most {form.most} argument(s) "
                 "in its read-only form")
     return None
 
@@ -2411,24 +2275,17 @@ def _rm_destroys(target: str, cwd: str, root: str) -> str:
 
 
 def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
-    k = 0
-    while k < len(args) and args[k].startswith("-"):
-        if args[k] == "-c" or args[k].startswith("--config-env"):
-            return ("git -c can redefine what any git command does "
-                    "(an alias, clean.requireForce)")
-        k += 2 if args[k] in _GIT_GLOBAL_WITH_VALUE else 1
-    if k >= len(args):
+    global_options, sub, rest = _git_split(args)
+    if any(o == "-c" or o.startswith("--config-env") for o in global_options):
+        return ("git -c can redefine what any git command does "
+                "(an alias, clean.requireForce)")
+    if sub is None:
         return ""
-    sub, rest = args[k], args[k + 1:]
     # (after --, -n is a path: git clean -fdx -- -n . deletes)
     options, plain = _operands(("git", *rest))
 
     def has(*longs: str, short: str = "") -> bool:
-        """Any of these long options (--ha for --hard) or letters."""
-        for arg in options:
-            if _abbreviates(arg, *longs) or _short_flags(arg) & set(short):
-                return True
-        return False
+        return _has(options, *longs, short=short)
 
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
@@ -2496,11 +2353,8 @@ def checkpoint_undoes(destructive: str) -> bool:
 def _recursive(core: tuple[str, ...]) -> bool:
     """rm -r, -R or --recursive (--rec: GNU takes any prefix); for chmod,
     chown and chgrp only -R, since their -r is a mode."""
-    letters = {"r", "R"} if core[0] == "rm" else {"R"}
-    for option in _operands(core)[0]:
-        if _abbreviates(option, "recursive") or _short_flags(option) & letters:
-            return True
-    return False
+    letters = "rR" if core[0] == "rm" else "R"
+    return _has(_operands(core)[0], "--recursive", short=letters)
 
 
 def _state_write(writing: list[_Part]) -> str | None:
@@ -2571,7 +2425,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
-    if name in _DISK_TOOLS and not set(options) & only_shows:
+    if _row(name).has("disk") and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
     if name == "dd":
         outputs = [a[3:] for a in args if a.startswith("of=")]
@@ -2583,7 +2437,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         if any(_is_device(t) for t in written):
             return f"{name} onto a device"
     if name == "find":
-        doomed_root = _find_roots_doomed(args, home, cwd)
+        roots = _find_roots(args)
+        doomed_root = next((r for r in roots if _catastrophic(r, home, cwd)), None)
         runs = {"-exec", "-execdir", "-ok", "-okdir"}
         if doomed_root and "-delete" in args:
             return f"find -delete from {doomed_root}"
@@ -2600,6 +2455,15 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         if deletes and _catastrophic(targets[-1], home, cwd):
             return f"rsync --delete into {targets[-1]}"
     return None
+
+
+def _has(options: list[str], *longs: str, short: str = "") -> bool:
+    """Whether option words name any of these long options (--ha for --hard: GNU and git take any
+    unambiguous prefix) or short letters (in a cluster: -rf)."""
+    for option in options:
+        if _abbreviates(option, *longs) or _short_flags(option) & set(short):
+            return True
+    return False
 
 
 def _short_flags(word: str) -> set[str]:
@@ -2625,16 +2489,8 @@ def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
     return args[k:end] or (".",)
 
 
-def _find_roots_doomed(args: tuple[str, ...], home: str,
-                       cwd: str) -> str | None:
-    for root in _find_roots(args):
-        if _catastrophic(root, home, cwd):
-            return root
-    return None
-
-
 def _changes_power_state(name: str, targets: list[str]) -> bool:
-    if name in _POWER:
+    if _row(name).has("power"):
         return True
     if name in ("init", "telinit"):
         return targets[:1] in (["0"], ["6"])
@@ -2736,81 +2592,47 @@ def _core(words) -> list[str]:
             words = words[1:]
             continue
         name = posixpath.basename(words[0]) or words[0]
-        if name not in _WRAPPERS:
+        if not _row(name).has("wrapper"):
             return [name, *words[1:]]
         words = _unwrap(name, words[1:])
     return words
 
 
-# Wrappers whose first positional argument is not the command: timeout 5
-# CMD, chroot DIR CMD.
-_WRAPPER_POSITIONALS = {
-    "timeout": 1, "chroot": 1, "flock": 1, "taskset": 1, "chrt": 1,
-}
-
-
 def _unwrap(name: str, args: list[str]) -> list[str]:
-    """The words after a wrapper's own options. Short options are parsed like
-    getopt, so `sudo -Eu root rm` skips root as the value of -u."""
-    takes_value = _WRAPPERS[name]
+    """The words after a wrapper's own options, read by _parse (`sudo -Eu root rm` skips root as
+    the value of -u); for env also its NAME=value words, `-` (-i), and -S: the string split into
+    the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`)."""
     for i, arg in enumerate(args[:-1]):
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
+    takes = set(_row(name).options.split())
+
+    def takes_value(option: str) -> bool:
+        split_string = name == "env" and _abbreviates(option, "split-string")
+        return option in takes or split_string
+
     k = 0
-    while k < len(args):
-        arg = args[k]
-        env_assignment = name == "env" and _ASSIGNMENT.match(arg)
-        if not arg.startswith("-") and not env_assignment:
-            break
-        if arg in ("--", "-"):
-            k += arg == "--"
-            break
-        if name == "command" and arg in ("-v", "-V"):
-            # only prints where the program is
-            return []
-        # env -S 'rm -rf x': the string is split into the command's words
-        split = _env_split_string(arg, args[k + 1:]) if name == "env" else None
-        if split is not None:
-            return split
-        k += 1 + _option_value_words(arg, takes_value)
-    rest = args[k + _WRAPPER_POSITIONALS.get(name, 0):]
+    while True:
+        options, _, end = _parse(args[k:], takes_value, stop=True)
+        for option in options:
+            if name == "command" and args[k + option.at] in ("-v", "-V"):
+                # only prints where the program is
+                return []
+            if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
+                after = k + option.at + 1 + option.separate
+                return option.value.split() + args[after:]
+        k += end
+        env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
+        if env_word and (args[k] == "-" or _ASSIGNMENT.match(args[k])):
+            k += 1
+            continue
+        break
+    rest = args[k + _row(name).skip:]
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
     return rest
-
-
-def _env_split_string(arg: str, after: list[str]) -> list[str] | None:
-    """The command `env` runs when option word `arg` is -S/--split-string, in
-    any spelling env accepts (`-S'…'`, `-iS …`, `--split-string=…`, `--spl …`):
-    the string split into words, then the words after it. None otherwise."""
-    if arg.startswith("--"):
-        option, eq, value = arg.partition("=")
-        if not _abbreviates(option, "split-string"):
-            return None
-        if eq:
-            return value.split() + after
-        return after[0].split() + after[1:] if after else []
-    for i, letter in enumerate(arg[1:], 1):
-        if letter in "uC":
-            # -u NAME, -C DIR: the rest of the word (or the next) is their value
-            return None
-        if letter == "S":
-            if arg[i + 1:]:
-                return arg[i + 1:].split() + after
-            return after[0].split() + after[1:] if after else []
-    return None
-
-
-def _option_value_words(arg: str, takes_value: set) -> int:
-    """1 when option word arg takes the next word as its value, else 0."""
-    if arg.startswith("--"):
-        return int(arg in takes_value)
-    for i, letter in enumerate(arg[1:]):
-        if "-" + letter in takes_value:
-            return int(i == len(arg) - 2)
-    return 0
 
 
 # ------------------------------------------------------- bash: simple commands
@@ -2899,7 +2721,7 @@ class _ShellLine:
         self.floor = self.floor or _floor_reason(part, self.home)
         name = core[0] if core else ""
         scripts = []
-        if name in _SHELLS:
+        if _row(name).has("shell"):
             # bash -c SCRIPT, or a script fed by <<EOF, <<< or a pipe
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
@@ -2926,9 +2748,7 @@ class _ShellLine:
                            depth: int) -> None:
         """find -exec CMD {} ; runs CMD too; {} stands for what find found,
         which starts at its first starting point."""
-        start = "."
-        if len(core) > 1 and core[1][:1] not in ("-", "(", "!"):
-            start = core[1]
+        start = _find_roots(core[1:])[0]
         for k, word in enumerate(core):
             if word not in ("-exec", "-execdir", "-ok", "-okdir"):
                 continue

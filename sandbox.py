@@ -1,38 +1,42 @@
-"""sandbox.py: the boundary. Every command khaelor starts is held by the kernel to what its permission
-decision granted, whatever the judgement of its text got wrong: Landlock (files, TCP ports, signal
-and abstract-socket scopes), seccomp-BPF (socket families, other processes, the kernel's other
-doors, the terminal), capabilities dropped, rlimits, an allow-listed environment; all through
-ctypes, no helper binary.
+"""sandbox.py: the boundary. Every command khaelor starts is held by the kernel to what its
+permission decision granted, whatever the judgement of its text got wrong: Landlock (files, TCP
+ports, signal and abstract-socket scopes), seccomp-BPF (socket families, other processes, the
+kernel's other doors, the terminal), capabilities dropped, rlimits, an allow-listed environment;
+all through ctypes, no helper binary.
 
-Owns: probing Landlock and seccomp; the read allow-list and the secrets closed inside it (the
-home's, the system's, the project's own secret files and their hard links); building a ruleset in
-the parent from a `confine` dict; the seccomp programs; the preexec hook that enters all of it in
-the child; the connect supervisor that lets an approved command reach only the session's own
-loopback servers; the child's environment; the git settings every command carries; the note that
-explains a refusal; and opening a path through no symbolic link (openat2), for khaelor's own file
-tools.
+Owns: the one secret vocabulary (what the kernel closes, what permissions.py asks before reading);
+the sandbox shape a decision grants (`Confine`); probing Landlock and seccomp; the read allow-list
+and the secrets closed inside it (the home's, the system's, the project's own secret files and
+their hard links); building a ruleset in the parent from a `Confine`; the seccomp programs; the
+preexec hook that enters all of it in the child; the connect supervisor that lets an approved
+command reach only the session's own loopback servers; the child's environment; the git settings
+every command carries; the note that explains a refusal; opening a path through no symbolic link
+(openat2), for khaelor's own file tools; and the one gitignore-style glob translator.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to
 confine what it does not: `layers()` says which layer this kernel enforces, and a missing one makes
 every command ask (permissions.py).
 
-What stays open: the files a command was given open (its stdin, stdout, stderr); /proc/<pid>/cmdline
-of other processes; names stay listable along the way to a closed location (READ_DIR; see _grant).
+What stays open: the files a command was given open (its stdin, stdout, stderr);
+/proc/<pid>/cmdline of other processes; names stay listable along the way to a closed location
+(READ_DIR; see _grant).
 """
 
 import ctypes
 import errno
+import fnmatch
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
-# ---------------------------------------------------------------- Landlock constants (linux/landlock.h)
+# ------------------------------------------------------- Landlock constants (linux/landlock.h)
 
 SYS_CREATE_RULESET = 444
 SYS_ADD_RULE = 445
 SYS_RESTRICT_SELF = 446
-# The Landlock syscalls got one number on every architecture (asm-generic and x86 tables alike); mips and
-# alpha offset theirs, so only these machines are trusted with the numbers above.
+# The Landlock syscalls got one number on every architecture (asm-generic and x86 tables alike);
+# mips and alpha offset theirs, so only these machines are trusted with the numbers above.
 MACHINES = {
     "x86_64", "i686", "aarch64", "arm64", "armv7l", "armv8l",
     "riscv64", "ppc64le", "s390x", "loongarch64",
@@ -88,12 +92,74 @@ DEVICE = {"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"}
 
 # ---------------------------------------------------------------- what is always closed
 
+# The one secret vocabulary: what the kernel closes, what permissions.py asks before reading, what
+# grep and glob skip. Secret files by name (lower-cased: .ENV is .env on a case-insensitive file
+# system); a command searching a tree that holds one asks.
+SECRET_NAMES = (
+    # environment files
+    ".env", ".env.*", "*.env", ".envrc",
+    # credentials of git, package registries and hosts
+    ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
+    # SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "id_xmss*",
+    # keys and certificates
+    "*.pem", "*.key", "*.p12", "*.pfx",
+    # files named for what they hold
+    "credentials", "credentials.*", "secrets.*", ".pgpass",
+)
+# Templates that hold placeholders, not secrets (.env.dist is not one: projects commit real values
+# under that name too, so it asks and its values are masked).
+SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
 # Under the user's home: neither readable nor writable unless the user approved that very path.
 SECRET_HOME_PATHS = [
     ".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc",
     ".git-credentials", ".docker", ".kube", ".npmrc", ".pypirc",
     ".config/gh", ".azure", ".password-store",
 ]
+
+
+# A gitignore-style glob, token by token: `*` and `?` stay within one directory, `**` crosses them.
+GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
+GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
+def glob_regex(pattern: str) -> str:
+    """The regex source for a gitignore-style glob: [!a-z] classes and {a,b} alternatives too.
+    The one translator: Claude Code's path rules (permissions.py) and grep/glob's patterns
+    (tools.py)."""
+    out = []
+    for token in GLOB_TOKEN.findall(pattern):
+        if token in GLOB_FIXED:
+            out.append(GLOB_FIXED[token])
+        elif token[0] == "[" and len(token) > 1:
+            body = token[1:-1]
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+        elif token[0] == "{" and len(token) > 1:
+            alternatives = map(glob_regex, token[1:-1].split(","))
+            out.append("(?:" + "|".join(alternatives) + ")")
+        else:
+            out.append(re.escape(token))
+    return "".join(out)
+
+
+def is_secret_name(name: str) -> bool:
+    """A file name (or path: its last component) that holds credentials; not a template."""
+    base = name.rpartition("/")[2].lower()
+    if any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_TEMPLATES):
+        return False
+    return any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_NAMES)
+
+
+def is_secret_path(path: str, home: str) -> bool:
+    """An absolute path that holds credentials: a secret name, or in a secret location of `home`."""
+    if is_secret_name(path):
+        return True
+    places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
+    return within(path, places)
+
+
 # /dev is closed too (raw disks would bypass every rule); these devices stay usable.
 # Writable even by read-only commands:
 NULL_DEVICES = ["/dev/null", "/dev/zero", "/dev/full"]
@@ -103,8 +169,37 @@ TERMINAL_DEVICES = ["/dev/tty", "/dev/ptmx", "/dev/pts"]
 # POSIX semaphores and shared memory (multiprocessing): approved commands.
 SHARED_MEMORY = "/dev/shm"
 
-# ---------------------------------------------------------------- git: a repository must not run code
-# Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file. Values tested on git 2.39.
+# ---------------------------------------------------------------- the shape a decision grants
+
+
+@dataclass(frozen=True)
+class Confine:
+    """The sandbox one call runs in: permissions.py builds it for a decision, tools.py and this
+    module enforce it. The defaults: an approved command's (project writes, no network)."""
+    # writes in the project; False: read-only (only the session temp dir is writable)
+    write: bool = True
+    # any network; False: TCP only to the session's own loopback servers (none when read-only)
+    network: bool = False
+    # real paths outside the project the call may open (read, or write with `write`)
+    paths: tuple[str, ...] = ()
+    # the approved paths are writable though the project is not (a checkpoint's shadow repository)
+    paths_write: bool = False
+    # reading the project's secret files was approved
+    secrets: bool = False
+    # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
+    hide: tuple[str, ...] = ()
+    # what --yes grants of `network`: only where every program of the line is known to need it
+    unattended_network: bool = False
+    # what --yes grants of `paths`: only where an approved install puts packages
+    unattended_paths: tuple[str, ...] = ()
+    # the user saw this very call: what it names, it may change (tools.guard_check)
+    attended: bool = False
+    # the user's own `!` commands: no sandbox at all
+    unconfined: bool = False
+
+
+# ------------------------------------------------------- git: a repository must not run code
+# Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file (tested on git 2.39).
 GIT_ALWAYS = [
     ("core.fsmonitor", "false"),
     ("core.pager", "cat"),
@@ -114,12 +209,12 @@ GIT_ALWAYS = [
     ("core.sshCommand", "ssh"),
 ]
 GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
-# Drivers a repository's own config (local or worktree scope) may define; git_settings replaces external
-# diff commands for every command and the rest for read-only ones. No git setting turns textconv or
-# filters off wholesale (the .gitattributes naming them outrank core.attributesFile; GIT_ATTR_SOURCE
-# needs git 2.42 and still reads .git/info/attributes), so each name the repository defines is
-# overridden one by one. An empty diff.external, diff.<x>.command or textconv makes git fail ("cannot
-# run"): hence a note and `cat`. An empty filter is git's pass-through.
+# Drivers a repository's own config (local or worktree scope) may define; git_settings replaces
+# external diff commands for every command and the rest for read-only ones. No git setting turns
+# textconv or filters off wholesale (the .gitattributes naming them outrank core.attributesFile;
+# GIT_ATTR_SOURCE needs git 2.42 and still reads .git/info/attributes), so each name the repository
+# defines is overridden one by one. An empty diff.external, diff.<x>.command or textconv makes git
+# fail ("cannot run"): hence a note and `cat`. An empty filter is git's pass-through.
 GIT_DRIVER_KEYS = re.compile(
     r"^(diff\.external"
     r"|diff\..+\.(command|textconv)"
@@ -287,10 +382,11 @@ _system_secrets: list[str] | None = None
 
 
 class SecretScan:
-    """The project's secret files: names matching the `hide` patterns and every hard link to one (a
-    link elsewhere named notes.txt is the same inode). The walk follows no link (a symbolic link to a
-    secret is refused by Landlock where it leads) and skips .git; a directory is listed again only
-    when its mtime changed, so a .env made mid-session is left out of the next command."""
+    """The project's secret files: names matching the `hide` patterns and every hard link to one
+    (a link elsewhere named notes.txt is the same inode). The walk follows no link (a symbolic
+    link to a secret is refused by Landlock where it leads) and skips .git; a directory is
+    listed again only when its mtime changed, so a .env made mid-session is left out of the next
+    command."""
 
     def __init__(self):
         self.patterns: list[str] = []
@@ -300,13 +396,14 @@ class SecretScan:
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
 
-    def find(self, root: str, patterns: list[str]) -> list[str]:
+    def find(self, root: str, patterns: tuple[str, ...]) -> list[str]:
         if not patterns:
             return []
-        if patterns != self.patterns:
-            import fnmatch
+        if list(patterns) != self.patterns:
             self.patterns = list(patterns)
-            self.matches = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
+            # case-insensitive, as is_secret_name: .ENV holds what .env would
+            translated = "|".join(fnmatch.translate(p) for p in patterns)
+            self.matches = re.compile(translated, re.IGNORECASE).match
             self.listings = {}
         visited = {}
         stack = [root]
@@ -358,28 +455,23 @@ class SecretScan:
 
 def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> list[str]:
     """Real paths no command may read or write: the secret home locations, $KHAELOR_HOME, the
-    system's secrets and /dev (its usable devices are granted one by one). Only an approval that names one opens it:
-    approving `cp -r dotfiles/. ~` grants ~ around them, never ~/.ssh itself, and approving
-    `cat ~/.ssh/config` grants that file, never ~/.ssh/id_rsa beside it."""
+    system's secrets and /dev (its usable devices are granted one by one). Only an approval that
+    names one opens it: approving `cp -r dotfiles/. ~` grants ~ around them, never ~/.ssh
+    itself, and approving `cat ~/.ssh/config` grants that file, never ~/.ssh/id_rsa beside it."""
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
     paths += [os.path.realpath(khaelor_home), "/dev"] + system_secrets()
     opened = [os.path.realpath(path) for path in approved]
-    return [path for path in paths if not _opened_by(path, opened)]
+    # (a grant inside a location gets its own rule, and the rest of it stays closed)
+    return [path for path in paths if path not in opened]
 
 
-def _opened_by(path: str, grants: list[str]) -> bool:
-    """Whether one of `grants` is `path` itself. A grant inside it gets its own rule, and the
-    rest of the location stays closed."""
-    return path in grants
-
-
-def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Path,
+def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
                   khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
     """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads only from the allow-list (system
     directories, toolchains, the project but its `hidden` secret files, spill files, the temp dir);
     writes where `confine` says; TCP connect only with network or to `ports`."""
     abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine["paths"]) + list(hidden)
+    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
     grants = [(root, READ) for root in readable_roots(home)]
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
@@ -389,19 +481,19 @@ def build_ruleset(confine: dict, project: Path, temp_dir: Path | None, home: Pat
     grants += [("/dev", {"READ_DIR"})]
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
-    approved_rights = WRITE if confine["write"] or confine.get("paths_write") else READ
-    for path in confine["paths"]:
+    approved_rights = WRITE if confine.write or confine.paths_write else READ
+    for path in confine.paths:
         target = approved_target(path)
         if target:
             grants.append((target, approved_rights))
-    # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there, and git
-    # writes the blobs it hands to a textconv or an external diff there. Nothing else is.
+    # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
+    # and git writes the blobs it hands to a textconv or an external diff there. Nothing else is.
     if temp_dir:
         grants.append((temp_dir, WRITE))
-    if confine["write"]:
+    if confine.write:
         grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
-    network = confine["network"] or abi < 4
+    network = confine.network or abi < 4
     connect = 0 if network else _mask(["CONNECT_TCP"], abi)
     scopes = _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi)
     attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
@@ -447,9 +539,10 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, project: str) -> None:
-    """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only add and are
-    inherited, so a closed location inside `path` means: the directory itself gets READ_DIR (its names,
-    and those below it, stay listable), and every entry of it but the closed one is granted in turn."""
+    """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
+    add and are inherited, so a closed location inside `path` means: the directory itself gets
+    READ_DIR (its names, and those below it, stay listable), and every entry of it but the
+    closed one is granted in turn."""
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
     if not inside:
@@ -473,7 +566,8 @@ def within(path: str, places: list[str]) -> bool:
 
 
 def _beneath(path: str, parent: str) -> bool:
-    """Whether `path` lies strictly inside `parent` (plain strings: pathlib is too slow for this walk)."""
+    """Whether `path` lies strictly inside `parent` (plain strings: pathlib is too slow for this
+    walk)."""
     inside = path.startswith(parent.rstrip("/") + "/")
     return inside and path != parent
 
@@ -594,14 +688,14 @@ def _last_capability() -> int:
         return 63
 
 
-def limits_for(confine: dict) -> list[tuple[int, int]]:
-    """(resource, value) a command runs under: a read-only command cannot fill the disk (one file,
-    and the session temp dir, see tools) or the memory; none dumps core. RLIMIT_AS would break V8, Go
-    and the JVM, which reserve far more address space than they use: RLIMIT_DATA counts what is
-    really allocated. A limit is only ever lowered."""
+def limits_for(confine: Confine) -> list[tuple[int, int]]:
+    """(resource, value) a command runs under: a read-only command cannot fill the disk (one
+    file, and the session temp dir, see tools) or the memory; none dumps core. RLIMIT_AS would
+    break V8, Go and the JVM, which reserve far more address space than they use: RLIMIT_DATA
+    counts what is really allocated. A limit is only ever lowered."""
     import resource
     wanted = [(resource.RLIMIT_CORE, 0)]
-    if not confine["write"]:
+    if not confine.write:
         wanted += [(resource.RLIMIT_FSIZE, READ_ONLY_FILE_CAP),
                    (resource.RLIMIT_CPU, READ_ONLY_CPU_S),
                    (resource.RLIMIT_DATA, READ_ONLY_MEMORY)]
@@ -614,7 +708,7 @@ def limits_for(confine: dict) -> list[tuple[int, int]]:
     return limits
 
 
-# ---------------------------------------------------------------- seccomp: sockets, processes, terminal
+# ------------------------------------------------------- seccomp: sockets, processes, terminal
 # Landlock confines files, TCP ports and signals; seccomp-BPF covers what it cannot see: sockets of
 # every other family (UDP, raw, packet, netlink, unix pathname sockets), TCP fast open, ptrace and
 # process_vm_*, io_uring (which would run its own connect and open), namespaces, keyrings, bpf,
@@ -706,9 +800,10 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
 
 
 def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int, int, int, int]]:
-    """The filter for one kind of command. sockets: "none" (read-only: socketpair and pipes only),
-    "tcp" (TCP stream sockets, to serve and, through `connect`, to reach the session's own servers)
-    or "any" (network approved). connect: "allow", "deny" or "notify" (khaelor's supervisor decides)."""
+    """The filter for one kind of command. sockets: "none" (read-only: socketpair and pipes
+    only), "tcp" (TCP stream sockets, to serve and, through `connect`, to reach the session's
+    own servers) or "any" (network approved). connect: "allow", "deny" or "notify" (khaelor's
+    supervisor decides)."""
     nr = SYSCALLS[machine]
     deny = (RET, RET_ERRNO | errno.EPERM)
     refuse = (RET, RET_ERRNO | errno.EACCES)
@@ -761,16 +856,16 @@ def seccomp_available() -> bool:
         return False
 
 
-def filter_for(confine: dict, supervised: bool) -> list | None:
+def filter_for(confine: Confine, supervised: bool) -> list | None:
     """The seccomp program for a command confined as `confine`: a read-only one opens no socket; an
     approved one serves TCP and reaches, through the supervisor, only the session's own servers on
     loopback (without one, no connect at all); one approved for the network opens any socket."""
     if not seccomp_available():
         return None
     machine = os.uname().machine
-    if confine["network"]:
+    if confine.network:
         return seccomp_program(machine, "any", "allow")
-    if not confine["write"]:
+    if not confine.write:
         return seccomp_program(machine, "none", "deny")
     return seccomp_program(machine, "tcp", "notify" if supervised else "deny")
 
@@ -805,7 +900,8 @@ def layers() -> list[tuple[str, bool, str]]:
     abi = probe()[0]
     seccomp = seccomp_available()
     return [
-        ("landlock", abi > 0, f"files: reads from an allow-list, writes where approved ({status()})"),
+        ("landlock", abi > 0,
+         f"files: reads from an allow-list, writes where approved ({status()})"),
         ("landlock-net", abi >= 4, "TCP connect only with network approval"),
         ("landlock-scope", abi >= 6, "signals and abstract unix sockets stay inside the command"),
         ("seccomp", seccomp, "no UDP, raw, packet, netlink or unix socket without network; "
@@ -1012,7 +1108,7 @@ def _open_step(name: str, flags: int, mode: int, dir_fd: int) -> int:
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
         raise
 
-# ---------------------------------------------------------------- ports of the session's own servers
+# ------------------------------------------------------- ports of the session's own servers
 
 
 def listening_ports(pgids: set[int]) -> set[int]:
@@ -1086,9 +1182,8 @@ NETWORK_ENV_NAMES = {
 
 def child_environment(environ: dict, passed: list[str], network: bool, home: str) -> dict:
     """The allow-listed part of `environ`, and what the user's config passes (fnmatch patterns).
-    HOME is pinned (a repository cannot point git or the shell at its own start-up files);
-    PATH keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
-    import fnmatch
+    HOME is pinned (a repository cannot point git or the shell at its own start-up files); PATH
+    keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
     names = ENV_NAMES | NETWORK_ENV_NAMES if network else ENV_NAMES
     env = {}
     for name, value in environ.items():
@@ -1104,9 +1199,9 @@ def child_environment(environ: dict, passed: list[str], network: bool, home: str
 
 
 def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str, str]]:
-    """(key, value) pairs for GIT_CONFIG_*: the fixed ones; each external diff command the repository's
-    own config defines; and for read-only commands its other drivers too, each replaced by something
-    that runs nothing."""
+    """(key, value) pairs for GIT_CONFIG_*: the fixed ones; each external diff command the
+    repository's own config defines; and for read-only commands its other drivers too, each
+    replaced by something that runs nothing."""
     pairs = list(GIT_ALWAYS)
     if read_only:
         pairs += GIT_READ_ONLY
@@ -1128,7 +1223,8 @@ def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str,
 
 
 def git_env(environ: dict, pairs: list[tuple[str, str]]) -> dict:
-    """The GIT_CONFIG_* variables for `pairs`, after any the environment already carries (later wins)."""
+    """The GIT_CONFIG_* variables for `pairs`, after any the environment already carries (later
+    wins)."""
     try:
         first = int(environ.get("GIT_CONFIG_COUNT", "0"))
     except ValueError:
@@ -1156,19 +1252,20 @@ CONNECTING = re.compile(
 CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
 
-def explain(output: str, confine: dict, cwd: Path, project: Path,
+def explain(output: str, confine: Confine, cwd: Path, project: Path,
             temp_dir: Path | None, home: Path,
             khaelor_home: Path) -> str | None:
-    """A note for the model when a confined command's failure looks like the sandbox refusing it: what
-    it would need (a path, write access outside the project, network) and that the user can grant it."""
+    """A note for the model when a confined command's failure looks like the sandbox refusing
+    it: what it would need (a path, write access outside the project, network) and that the user
+    can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
-    closed = closed_locations(home, khaelor_home, confine["paths"])
-    targets = {os.path.realpath(path): approved_target(path) for path in confine["paths"]}
+    closed = closed_locations(home, khaelor_home, confine.paths)
+    targets = {os.path.realpath(path): approved_target(path) for path in confine.paths}
     writable = [target for target in targets.values() if target]
     unopened = [path for path, target in targets.items() if not target]
     if temp_dir:
         writable.append(str(temp_dir))
-    if confine["write"]:
+    if confine.write:
         writable.append(str(project))
     needs = []
     for line in lines:
@@ -1181,7 +1278,7 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
     # A refused connect names no path.
     local = ("; without it, only a server on this machine's loopback that khaelor's own "
              "processes listen on is reachable")
-    maybe_network = not needs and not confine["network"]
+    maybe_network = not needs and not confine.network
     if maybe_network and lines and CONNECTING.search(output):
         needs.append(f"network access{local}")
     elif maybe_network and CURL_REFUSED.search(output):
@@ -1201,7 +1298,8 @@ def explain(output: str, confine: dict, cwd: Path, project: Path,
 
 def _need(path: str, closed: list[str], writable: list[str], unopened: list[str],
           project: Path) -> str | None:
-    """What a refused path would have needed, or None when the sandbox allowed it (the failure is another)."""
+    """What a refused path would have needed, or None when the sandbox allowed it (the failure
+    is another)."""
     if within(path, closed):
         return f"access to {path} (a protected location)"
     if "/dev/" in path:

@@ -34,13 +34,14 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
 import events
 import sandbox
+from sandbox import Confine
 
 # ---------------------------------------------------------------- constants
 
@@ -121,8 +122,6 @@ URL_PASSWORD_MASK = "[redacted]@"
 TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{20,}"
                    r"|xox[abpr]-[A-Za-z0-9-]{10,}|sk-ant-[\w-]{20,}")
 TOKEN_MASK = "[redacted: a token]"
-# .env.example and the like hold placeholders, not secrets.
-DOTENV_TEMPLATES = (".example", ".sample", ".template", ".dist")
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(
@@ -131,12 +130,9 @@ DOTENV_LINE = re.compile(
 # Landlock rulesets a Workspace keeps for reuse.
 RULESETS_KEPT = 8
 # What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
-DEFAULT_CONFINE = {
-    "write": True, "network": False, "paths": [],
-    "secrets": False, "hide": [],
-}
+DEFAULT_CONFINE = Confine()
 # khaelor's own git calls, ripgrep.
-READ_ONLY_CONFINE = {**DEFAULT_CONFINE, "write": False}
+READ_ONLY_CONFINE = Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {
     "PAGER": "cat", "GIT_PAGER": "cat",
@@ -164,9 +160,6 @@ ESCAPES = {
     "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
     "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
 }
-# A glob's pieces (ripgrep's --glob syntax), and the regex of those that stand for themselves.
-GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
-GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
@@ -437,10 +430,10 @@ class Workspace:
 
     # ------------------------------------------------ files: opened as judged, through no link
 
-    def places(self, confine: dict) -> list[str]:
+    def places(self, confine: Confine) -> list[str]:
         """Where one call's file tools may open: the project and the outside paths its decision
         named (real paths: permissions.py judged each call's realpath)."""
-        return [str(self.cwd), *confine["paths"]]
+        return [str(self.cwd), *confine.paths]
 
     def judged(self, path: Path, places: list[str]) -> str:
         """`path`'s real path, which must lie within `places`: what the permission judged, not
@@ -527,7 +520,7 @@ class Workspace:
         return found.st_mode & 0o7777
 
     async def exec(self, command: str | list[str], *, cwd: Path | None = None,
-                   stdin: bool = False, confine: dict | None = None,
+                   stdin: bool = False, confine: Confine | None = None,
                    ports: Callable[[], set[int]] = set) -> Child:
         """Start a process in a new session (its own process group), stdout and stderr in one pipe,
         confined as `confine` says (None: DEFAULT_CONFINE); `ports()` names the loopback ports it
@@ -593,7 +586,7 @@ class Workspace:
         return child
 
     def capture(self, argv: list[str], *, cwd: Path | None = None,
-                timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                timeout_s: float = 10.0, confine: Confine = READ_ONLY_CONFINE,
                 scan_git: bool = True) -> tuple[int, str]:
         """Run a short read-only command synchronously (git for repository facts): (exit code,
         stdout). Failing to start, or timing out, gives -1 and the reason."""
@@ -602,7 +595,7 @@ class Workspace:
         return code, out.decode("utf-8", "replace")
 
     def capture_bytes(self, argv: list[str], *, cwd: Path | None = None,
-                      timeout_s: float = 10.0, confine: dict = READ_ONLY_CONFINE,
+                      timeout_s: float = 10.0, confine: Confine = READ_ONLY_CONFINE,
                       scan_git: bool = True, env: dict | None = None,
                       stdin: bytes | None = None) -> tuple[int, bytes]:
         """capture's stdout as bytes (file contents), with `env` added and `stdin` fed to it."""
@@ -629,7 +622,7 @@ class Workspace:
                 entry.close()
         return done.returncode, done.stdout
 
-    def run_attached(self, argv: list[str], confine: dict) -> int:
+    def run_attached(self, argv: list[str], confine: Confine) -> int:
         """Run a command confined as `confine`, on khaelor's own terminal (`khaelor sandbox`): its
         exit code."""
         env, entry = self.prepare(argv, confine, Path.cwd(), set)
@@ -644,14 +637,14 @@ class Workspace:
 
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 
-    def prepare(self, argv: list[str], confine: dict, cwd: Path, ports: Callable[[], set[int]],
+    def prepare(self, argv: list[str], confine: Confine, cwd: Path, ports: Callable[[], set[int]],
                 scan_git: bool = True) -> tuple[dict, "sandbox.Entry | None"]:
         """(environment, what the child needs to enter its sandbox, or None: unconfined) for one
         command. The caller closes the entry once the child has started."""
-        read_only = not confine["write"]
+        read_only = not confine.write
         temp = str(self.session_temp())
         env = sandbox.child_environment(
-            os.environ, self.pass_env, confine["network"], self.user_home)
+            os.environ, self.pass_env, confine.network, self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
         env["TMPDIR"] = temp
         env["TMP"] = temp
@@ -666,26 +659,26 @@ class Workspace:
         settings = sandbox.git_settings(read_only, keys)
         env.update(sandbox.git_env(os.environ, settings))
         # the user's own `!` command
-        if confine.get("unconfined"):
+        if confine.unconfined:
             return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
         # An approved command reaches the session's servers through the connect supervisor where
         # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
         supervisor = None
-        if sandbox.seccomp_available() and confine["write"] and not confine["network"]:
+        if sandbox.seccomp_available() and confine.write and not confine.network:
             supervisor = sandbox.Supervisor(ports)
         ruleset = None
         if self.abi:
-            sandbox.make_parents(confine["paths"])
+            sandbox.make_parents(confine.paths)
             home = self.home or events.khaelor_home()
             hidden = []
-            if read_only and not confine["secrets"]:
-                hidden = self.secrets.find(str(self.cwd), confine["hide"])
+            if read_only and not confine.secrets:
+                hidden = self.secrets.find(str(self.cwd), confine.hide)
             static_ports = set() if supervisor or read_only else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
             # they sit in (rules hold inodes: a file made in such a folder needs a new rule).
-            key = (confine["write"], confine["network"], tuple(confine["paths"]),
-                   tuple(map(sandbox.approved_target, confine["paths"])), tuple(hidden),
+            key = (confine.write, confine.network, tuple(confine.paths),
+                   tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), home, tuple(sorted(static_ports)))
             with self.rulesets_lock:
@@ -843,10 +836,11 @@ def _config_entries(data: bytes) -> set[str]:
     return entries
 
 
-def guard_check(project: Path, spill_dir: Path, before: dict, command: str, confine: dict) -> str:
+def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
+                confine: Confine) -> str:
     """After an approved step: put back the guarded files it changed without the user having
     approved that command by name; the note says what, and where its version was kept."""
-    named = command if confine.get("attended") else ""
+    named = command if confine.attended else ""
     keep = spill_dir / "guarded"
     restored = guard_restore(project, before, named, keep)
     if not restored:
@@ -896,10 +890,10 @@ class Toolbox:
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
-                  confine: dict | None = None) -> ToolResult:
+                  confine: Confine | None = None) -> ToolResult:
         """Run one tool call, confined as the permission decision's `confine` says (sandbox.py;
         None: DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
-        confine = {**DEFAULT_CONFINE, **(confine or {})}
+        confine = confine or DEFAULT_CONFINE
         self.dotenv.refresh()
         schema = SCHEMA_OF.get(name)
         if schema is None:
@@ -1284,7 +1278,7 @@ class Checkpoints:
             env["GIT_WORK_TREE"] = str(root)
         if index is not None:
             env["GIT_INDEX_FILE"] = str(index)
-        confine = {**READ_ONLY_CONFINE, "paths": [str(shadow)], "paths_write": True}
+        confine = replace(READ_ONLY_CONFINE, paths=(str(shadow),), paths_write=True)
         code, out = self.workspace.capture_bytes(
             ["git", *argv], cwd=root, confine=confine, scan_git=False,
             env=env, stdin=stdin, timeout_s=timeout_s)
@@ -1827,9 +1821,10 @@ def _dotenv_value(line: str) -> str:
 
 
 def _is_dotenv(name: str) -> bool:
-    if name.endswith(DOTENV_TEMPLATES):
-        return False
-    return name == ".env" or name.startswith(".env.") or name.endswith(".env")
+    """An environment file that sandbox.is_secret_name counts as a secret (not .env.example)."""
+    lowered = name.lower()
+    env_file = lowered == ".env" or lowered.startswith(".env.") or lowered.endswith(".env")
+    return env_file and sandbox.is_secret_name(name)
 
 
 def _one_line(name: str) -> str:
@@ -1954,7 +1949,7 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
 # ---------------------------------------------------------------- read and file helpers
 
 
-async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     # Off the event loop: an 11 MB file takes 60 ms to read, decode and split.
     return await asyncio.to_thread(read_now, box, args)
 
@@ -2669,7 +2664,7 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
 # ---------------------------------------------------------------- write and edit
 
 
-async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     text = args["content"]
     path = ws.resolve(args["file_path"])
@@ -2769,7 +2764,7 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
     return before, done
 
 
-async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
@@ -2871,31 +2866,11 @@ def _shift_hunk_header(line: str, low: int) -> str:
 # ripgrep's own --glob would override .gitignore.
 
 
-def _glob_regex(pattern: str) -> str:
-    """The regex source for a glob pattern ("{a,b}" alternatives converted in turn)."""
-    out = []
-    pattern = pattern.strip().removeprefix("./").lstrip("/")
-    for token in GLOB_TOKEN.findall(pattern):
-        if token in GLOB_FIXED:
-            out.append(GLOB_FIXED[token])
-        elif token[0] == "[" and len(token) > 1:
-            # [!a-z] is negated; a backslash stands for itself
-            body = token[1:-1].replace("\\", "\\\\")
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            out.append(f"[{body}]")
-        elif token[0] == "{" and len(token) > 1:
-            alternatives = map(_glob_regex, token[1:-1].split(","))
-            out.append("(?:" + "|".join(alternatives) + ")")
-        else:
-            out.append(re.escape(token))
-    return "".join(out)
-
-
 def _glob_matcher(pattern: str) -> Callable[[str], bool]:
     """A pattern with a "/" matches the relative path, else the base name (as ripgrep's --glob)."""
-    regex = re.compile(_glob_regex(pattern) + r"\Z")
-    if "/" in pattern.strip().removeprefix("./").rstrip("/"):
+    pattern = pattern.strip().removeprefix("./")
+    regex = re.compile(sandbox.glob_regex(pattern.lstrip("/")) + r"\Z")
+    if "/" in pattern.rstrip("/"):
         return lambda rel: regex.match(rel) is not None
     return lambda rel: regex.match(rel.rsplit("/", 1)[-1]) is not None
 
@@ -2944,7 +2919,7 @@ def _searched(path: Path) -> bool:
     return os.path.isfile(path) and not os.path.islink(path)
 
 
-async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
+async def _list_files(box: Toolbox, root: Path, confine: Confine) -> list[str]:
     """The files under `root`: ripgrep's list (NUL-separated: a name may hold a newline) or ours."""
     if not box.ripgrep:
         return await asyncio.to_thread(project_files, box.workspace, root, box.places)
@@ -2953,12 +2928,12 @@ async def _list_files(box: Toolbox, root: Path, confine: dict) -> list[str]:
     return [rel.removeprefix("./") for rel in records]
 
 
-async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: dict,
+async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: Confine,
                    end: str = "\n") -> tuple[list[str], int]:
     """ripgrep's output records, split at `end` (at most `cap`; then it is stopped), and its exit
     code. It runs read-only, and reads outside the project only where the call's approved paths
     say."""
-    read_only = {**READ_ONLY_CONFINE, "paths": confine["paths"]}
+    read_only = replace(READ_ONLY_CONFINE, paths=confine.paths)
     child = await box.workspace.exec([box.ripgrep, *argv], cwd=cwd, confine=read_only)
     chunks = []
     n_records = 0
@@ -2993,7 +2968,7 @@ def _newest_first(root: Path, rels) -> list[str]:
     return sorted(rels, key=lambda rel: (-mtime(rel), rel))
 
 
-async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
@@ -3017,23 +2992,23 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
     return ToolResult(shown + note, meta=meta)
 
 
-def _without_secrets(box: Toolbox, confine: dict, root: Path,
+def _without_secrets(box: Toolbox, confine: Confine, root: Path,
                      rels) -> tuple[list[str], list[str]]:
     """(the files grep and glob show, the secret ones they leave out and name): a file whose name
     matches one of the call's `hide` patterns is secret; a link into a closed location (a
     committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
     fallback meets these) is left out silently, as ripgrep does. Nothing is left out when the
     user granted reading secrets for this call."""
-    if confine["secrets"]:
+    if confine.secrets:
         return list(rels), []
     home = box.workspace.home or events.khaelor_home()
-    closed = sandbox.closed_locations(Path.home(), home, confine["paths"])
+    closed = sandbox.closed_locations(Path.home(), home, confine.paths)
     kept = []
     secret = []
     for rel in rels:
         name = rel.rsplit("/", 1)[-1]
         path = root / rel
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine["hide"]):
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine.hide):
             secret.append(rel)
         elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
             kept.append(rel)
@@ -3050,7 +3025,7 @@ def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
             "or read one with the read tool so that the user is asked.)")
 
 
-async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
     include = args.get("include")
@@ -3122,7 +3097,7 @@ RG_GREP_ARGS = [
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
                    include: str | None, keep: Callable[[str], bool],
-                   confine: dict) -> Hits:
+                   confine: Confine) -> Hits:
     argv = list(RG_GREP_ARGS)
     if include and "/" not in include.rstrip("/"):
         # A file type filters without overriding .gitignore.
@@ -3275,7 +3250,7 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
 # ---------------------------------------------------------------- bash
 
 
-async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     command = args["command"]
     if not command.strip():
         raise ToolError(
@@ -3338,9 +3313,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: dict) 
                       meta=meta)
 
 
-def _read_only_temp(ws: Workspace, confine: dict) -> Path | None:
+def _read_only_temp(ws: Workspace, confine: Confine) -> Path | None:
     """The session temp dir a read-only command's watchdog watches; None for an approved one."""
-    return None if confine["write"] else ws.session_temp()
+    return None if confine.write else ws.session_temp()
 
 
 async def _watch_temp(temp: Path, pid: int) -> None:
@@ -3363,12 +3338,12 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-async def _start(ws: Workspace, groups: set[int], command: str, confine: dict,
+async def _start(ws: Workspace, groups: set[int], command: str, confine: Confine,
                  cwd: Path | None = None, stdin: bool = False) -> tuple[Child, dict | None]:
     """Start a command for bash or process: (the child, its group now in `groups`; the guarded
     files as they were before an approved step, else None)."""
     guarded = None
-    if confine["write"]:
+    if confine.write:
         guarded = await asyncio.to_thread(guard_record, ws.cwd)
     ports = _reachable_ports(confine, groups)
     child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
@@ -3376,11 +3351,11 @@ async def _start(ws: Workspace, groups: set[int], command: str, confine: dict,
     return child, guarded
 
 
-def _reachable_ports(confine: dict, groups: set[int]) -> Callable[[], set[int]]:
+def _reachable_ports(confine: Confine, groups: set[int]) -> Callable[[], set[int]]:
     """Without network, a command may still connect to what khaelor's own processes listen on: the
     ports are looked up when it connects (the supervisor runs in a thread: it reads a copy)."""
     def ports() -> set[int]:
-        if confine["network"]:
+        if confine.network:
             return set()
         return sandbox.listening_ports(set(groups))
     return ports
@@ -3412,7 +3387,7 @@ class _Process:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     # The guarded files when it started (see guard_record), and its confine.
     guarded: dict | None = None
-    confine: dict | None = None
+    confine: Confine | None = None
 
     def append(self, text: str) -> None:
         self.text += text
@@ -3457,7 +3432,7 @@ class _Processes:
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
 
-    async def start(self, command: str, confine: dict) -> _Process:
+    async def start(self, command: str, confine: Confine) -> _Process:
         if self.closed:
             raise ToolError("khaelor is shutting down; no new processes.", error="closed")
         live = self.live()
@@ -3472,7 +3447,7 @@ class _Processes:
         # stopped later).
         return await asyncio.shield(self._spawn(command, confine))
 
-    async def _spawn(self, command: str, confine: dict) -> _Process:
+    async def _spawn(self, command: str, confine: Confine) -> _Process:
         box = self.box
         child, guarded = await _start(box.workspace, box.groups, command, confine, stdin=True)
         process = _Process(f"p{box.state().n_processes + 1}", command, child)
@@ -3567,7 +3542,7 @@ class _Processes:
             await asyncio.sleep(0.1)
 
 
-async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: dict) -> ToolResult:
+async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     action = args["action"]
     procs = box.processes
 

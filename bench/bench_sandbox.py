@@ -25,7 +25,7 @@ import sandbox  # noqa: E402
 import tools  # noqa: E402
 
 
-async def start_and_wait(workspace: tools.Workspace, confine: dict) -> float:
+async def start_and_wait(workspace: tools.Workspace, confine: sandbox.Confine) -> float:
     started = time.perf_counter()
     child = await workspace.exec("true", confine=confine)
     await child.proc.wait()
@@ -37,7 +37,7 @@ async def start_and_wait(workspace: tools.Workspace, confine: dict) -> float:
 async def measure(project: Path, runs: int) -> dict[str, list[float]]:
     sandboxed = unsandboxed = tools.Workspace(project)
     read_only = {**tools.READ_ONLY_CONFINE, "hide": [".env", ".env.*", "*.pem", "id_*"]}
-    cases = {"unsandboxed": (unsandboxed, {**tools.DEFAULT_CONFINE, "unconfined": True}),
+    cases = {"unsandboxed": (unsandboxed, sandbox.Confine(unconfined=True)),
              "sandboxed (approved)": (sandboxed, tools.DEFAULT_CONFINE),
              "sandboxed (read-only)": (sandboxed, read_only)}
     samples: dict[str, list[float]] = {name: [] for name in cases}

@@ -102,8 +102,8 @@ def test_always_is_never_broader_than_opencode(project):
     print(f"\n{figure}\nallowed: {allowed}\nby a path: {by_path}\nasked without a suggestion: {unsuggested}")
     assert not broader, f"{figure}:\n" + "\n".join(broader)
     skipped = allowed + by_path
-    assert len(skipped) <= MAX_SKIPPED, f"{figure}; skipped: {skipped}"
-    assert len(unsuggested) <= MAX_NO_SUGGESTION, f"{figure}; no suggestion: {unsuggested}"
+    assert len(skipped) == MAX_SKIPPED, f"{figure}; skipped: {skipped}"
+    assert len(unsuggested) == MAX_NO_SUGGESTION, f"{figure}; no suggestion: {unsuggested}"
 
 
 @pytest.mark.parametrize("command, narrowest", MULTI_LEVEL)

@@ -123,7 +123,9 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
     ran = [calls[e["tool_use_id"]] for e in khaelor.log() if e["type"] == "ToolStarted"]
     assert ran == ["git reset --hard", "git checkout -- ."]
     outputs = "\n".join(tool_outputs(khaelor))
-    assert outputs.count("hardline floor") >= 6 and "destroys work" in outputs
+    # the measured figures, pinned: the four writes into khaelor's state and the three deletions of
+    # the home refused by the floor; git clean -fdx and rm -rf .git asked (nobody to ask: denied)
+    assert outputs.count("hardline floor") == 7 and outputs.count("destroys work") == 2
     assert khaelor.run("rewind", "--yes").returncode == 0
     assert (project / "app.py").read_text() == "print('uncommitted work')\n"
 

@@ -227,7 +227,7 @@ def test_ordinary_work_keeps_working_in_an_approved_sandbox(project, env):
 
 # ---------------------------------------------------------------- the guard: no persistence in the project
 
-APPROVED = {"write": True, "network": False, "paths": [], "secrets": False, "hide": []}
+APPROVED = sandbox.Confine()
 
 
 def run_tool(project, home, name, tool_input, confine):
@@ -268,7 +268,7 @@ def repo(project):
 def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_path):
     config = (repo / ".git" / "config").read_bytes()
     result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} plant.py"},
-                      {**APPROVED, "attended": True})
+                      sandbox.Confine(attended=True))
     assert not (repo / ".git" / "hooks" / "pre-commit").exists()
     assert (repo / ".git" / "config").read_bytes() == config
     assert not (repo / ".claude" / "settings.json").exists()
@@ -286,7 +286,7 @@ def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(re
 
 def test_what_the_user_approved_by_name_stays_and_plain_git_config_changes_stay(repo, tmp_path):
     command = "mkdir -p .git/hooks && printf '#!/bin/sh\\n' > .git/hooks/pre-push && git remote add origin x"
-    run_tool(repo, tmp_path / "kh", "bash", {"command": command}, {**APPROVED, "attended": True})
+    run_tool(repo, tmp_path / "kh", "bash", {"command": command}, sandbox.Confine(attended=True))
     assert (repo / ".git" / "hooks" / "pre-push").exists()
     assert b'[remote "origin"]' in (repo / ".git" / "config").read_bytes()
     # the same command under --yes (nobody saw it): the hook goes, the remote stays
@@ -345,7 +345,7 @@ def test_a_read_only_command_filling_the_temp_dir_is_stopped(project, tmp_path, 
                "echo SURVIVED")
     started = time.monotonic()
     result = run_tool(project, tmp_path / "kh", "bash", {"command": command},
-                      {**APPROVED, "write": False})
+                      sandbox.Confine(write=False))
     assert "SURVIVED" not in result.text and "session temp dir passed 1 MiB" in result.text
     assert time.monotonic() - started < 10
 

@@ -14,6 +14,7 @@ import pytest
 import context
 import khaelor as cli
 import permissions
+import sandbox
 from fake_api import reply, text, tool_use
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +24,7 @@ def load(tmp_path, project, cwd=None):
     """(system prompt's project tier, /context notes) for a project, with HOME and KHAELOR_HOME in tmp."""
     ctx = context.Context(project_root=project, cwd=cwd or project, home=tmp_path / "khaelor-home",
                           model="claude-sonnet-5-5", tool_schemas=[], user_home=tmp_path / "user-home",
-                          is_secret=permissions.is_secret_name)
+                          is_secret=sandbox.is_secret_name)
     return ctx.system[2]["text"], ctx.instruction_notes, ctx
 
 

@@ -19,7 +19,8 @@ import pytest
 import permissions
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "hermes_approval.json").read_text())
-# The measured figures, pinned: raise HARDLINE_REFUSED when the floor refuses more.
+# The measured figures, pinned both ways: a lost refusal fails, and so does a new one (raise
+# HARDLINE_REFUSED then, after checking it is right).
 HARDLINE_REFUSED = 174          # of Hermes' 175 hardline commands (99.4 %; the target is 95 %)
 NOT_HARDLINE_FLOORED = 0        # of its 173 must-not-be-hardline commands (the limit is 1 %)
 
@@ -74,7 +75,7 @@ def test_floor_refuses_hermes_hardline_commands(world):
     refused = len(results) - len(misses)
     figure = f"hardline commands refused by the floor: {percent(refused, len(results))}"
     print("\n" + figure)
-    assert refused >= HARDLINE_REFUSED, \
+    assert refused == HARDLINE_REFUSED, \
         f"{figure}, measured {HARDLINE_REFUSED}; not refused:\n{listing(misses)}"
 
 

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OURS = {"khaelor", "events", "model", "kernel", "tools", "permissions", "context", "ui", "sandbox"}
 ALLOWED = {
     "events": set(),
-    "permissions": set(),
+    "permissions": {"sandbox"},
     "model": {"events"},
     "tools": {"events", "sandbox"},
     "sandbox": set(),

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import permissions
+import sandbox
 from permissions import Rule, add_grant, check, decide, default_rules, load_rules
 
 DEFAULTS = default_rules()
@@ -292,7 +293,8 @@ FLOORED = [
     "/bin/rm -rf /", "/usr/bin/rm -rf /", "./rm -rf /",
     # prefixes
     "sudo rm -rf /", "sudo -u root rm -rf /", "sudo -E -- rm -rf /", "doas rm -rf /", "env rm -rf /",
-    "env FOO=1 BAR=2 rm -rf /", "env -S 'rm -rf /'", "command rm -rf /", "exec rm -rf /",
+    "env FOO=1 BAR=2 rm -rf /", "env -S 'rm -rf /'", "env - rm -rf /", "command rm -rf /",
+    "exec rm -rf /",
     "nice -n 19 rm -rf /", "nohup rm -rf / &", "time rm -rf /", "timeout 5 rm -rf /",
     "xargs rm -rf /", "xargs -0 -I {} rm -rf /", "busybox rm -rf /", "! rm -rf /",
     # variables set then expanded, substitutions
@@ -512,7 +514,8 @@ def test_check_returns_the_cli_json_shape(project):
                       "destructive": "",
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "paths": [], "secrets": False,
-                                  "hide": list(permissions.SECRET_NAMES)}}
+                                  "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
+                                  "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
 
@@ -526,14 +529,14 @@ def test_describe_rules_lists_evaluation_order_with_sources():
     assert lines[-1].split()[1:] == ["allow", "git.modify", "git", "push", "*", "/p/.khaelor/config.json"]
 
 
-def test_module_imports_nothing_of_ours():
+def test_module_imports_only_sandbox_of_ours():
     ours = {p.stem for p in Path(permissions.__file__).parent.glob("*.py")}
     tree = ast.parse(Path(permissions.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & (ours - {"permissions"})
+    assert imported & (ours - {"permissions"}) <= {"sandbox"}
 
 
 def test_the_agent_cannot_edit_its_own_permission_config(tmp_path):
@@ -587,6 +590,15 @@ def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
         assert bash(following, project)["decision"] == "ask", following
     for not_following in ("rg secret", "grep -rn secret src"):     # (grep -r . would read .env: asks)
         assert bash(not_following, project)["decision"] == "allow", not_following
+
+
+def test_a_quoted_program_name_with_a_space_names_no_policy_row(project):
+    """'git status' quoted is one word: a program no one has, not git's read-only status."""
+    for command in ("'git status'", "'git log' -1", "\"git diff\""):
+        result = bash(command, project)
+        unquoted = command.replace("'", "").replace('"', "")
+        assert result["decision"] == "ask", result
+        assert result["suggestion"] == permissions._escape(unquoted), result
 
 
 def test_test_v_with_an_array_subscript_is_not_read_only(project):

@@ -104,11 +104,11 @@ def judge(case: dict, world: dict) -> tuple[str, str, list]:
     if "process_command" in case:
         decision = permissions.decide("process", {"action": "write", "id": "p1", "input": command}, project,
                                       permissions.load_rules([]), process_command=case["process_command"])
-        return decision.action, decision.destructive, decision.confine.get("paths", [])
+        return decision.action, decision.destructive, list(decision.confine.paths)
     if case.get("tool") == "write":
         decision = permissions.decide("write", {"file_path": command, "content": "[core]\n\tfsmonitor = true\n"},
                                       project, permissions.load_rules([]), mode=case.get("mode", "default"))
-        return decision.action, decision.destructive, decision.confine.get("paths", [])
+        return decision.action, decision.destructive, list(decision.confine.paths)
     rules = case_rules(case, world)
     if case.get("scenario") == "symlinked-trusted-config":
         project, rules = symlinked_trust_rules(world)

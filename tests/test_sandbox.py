@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,8 +27,8 @@ if not ABI:
     pytest.skip(f"no Landlock here ({sandbox.status()})", allow_module_level=True)
 
 FAKE_KEY = "-----BEGIN FAKE KEY-----\nnot-a-real-key-0123456789\n-----END FAKE KEY-----\n"
-APPROVED = {"write": True, "network": False, "paths": [], "secrets": False, "hide": []}
-READ_ONLY = {**APPROVED, "write": False}
+APPROVED = sandbox.Confine()
+READ_ONLY = sandbox.Confine(write=False)
 HIDE = [".env", ".env.*", "*.env", "id_*", "*.pem"]
 
 
@@ -59,7 +60,8 @@ def drive(world, scenario, abi=None):
 
 
 async def bash(box, command, confine=APPROVED, **more):
-    return await box.run("bash", {"command": command}, "t1", confine={**confine, **more})
+    more = {key: tuple(value) if isinstance(value, list) else value for key, value in more.items()}
+    return await box.run("bash", {"command": command}, "t1", confine=replace(confine, **more))
 
 
 def connect_command(port: int) -> str:
@@ -324,7 +326,7 @@ def test_grep_and_glob_leave_out_secret_files_alike_on_both_engines(world, tool,
     """Both engines where ripgrep is installed (CI insists on it); elsewhere the Python engine alone
     is checked and the test then says, as its skip reason, that the comparison did not run."""
     secret_project(world)
-    confine = {**APPROVED, "hide": HIDE}
+    confine = replace(APPROVED, hide=tuple(HIDE))
     compare = shutil.which("rg") is not None or bool(os.environ.get("KHAELOR_CI"))
 
     async def scenario(box):
@@ -332,7 +334,7 @@ def test_grep_and_glob_leave_out_secret_files_alike_on_both_engines(world, tool,
         if compare:
             assert box.ripgrep, "ripgrep (rg) is needed to compare the engines: install it"
             with_rg = await box.run(tool, args, "t1", confine=confine)
-        granted = await box.run(tool, args, "t2", confine={**confine, "secrets": True})
+        granted = await box.run(tool, args, "t2", confine=replace(confine, secrets=True))
         box.ripgrep = None
         python = await box.run(tool, args, "t3", confine=confine)
         return with_rg, granted, python
@@ -467,11 +469,11 @@ def test_an_approved_pip_install_can_install_where_pip_installs_and_an_unapprove
     command = ("python3 -m pip install -q --user --no-index --no-warn-script-location tinypkg-0.1-py3-none-any.whl"
                " && cd / && python3 -c 'import tinypkg; print(\"imported\", tinypkg.X)'")
     decision = permissions.decide("bash", {"command": command}, world.project, permissions.default_rules())
-    assert decision.capability == "network.access" and decision.confine["network"]
+    assert decision.capability == "network.access" and decision.confine.network
 
     async def scenario(box):
         refused = await bash(box, command)                   # write to the project only
-        installed = await bash(box, command, **decision.confine)
+        installed = await bash(box, command, decision.confine)
         return refused, installed
     refused, installed = drive(world, scenario)
     assert "imported 1" not in refused.text and "sandbox" in refused.text.lower()
@@ -484,6 +486,23 @@ def test_the_users_own_shell_command_runs_unconfined(world):
     target = world.home / "written-by-the-user.txt"
 
     async def scenario(box):
-        return await box.run("bash", {"command": f"echo mine > {target}"}, "user", confine=khaelor.USER_SHELL)
+        return await box.run("bash", {"command": f"echo mine > {target}"}, "user", confine=khaelor.user_shell())
     drive(world, scenario)
     assert target.read_text() == "mine\n"
+
+
+def test_every_env_file_that_asks_as_a_secret_has_its_values_masked():
+    """One secret vocabulary (sandbox.py): .env.dist asks before it is read, so its values are
+    masked in what the model sees as well; a template's are not."""
+    for name in (".env", ".env.dist", ".env.local", "prod.env", ".ENV", ".env.example", ".env.sample"):
+        assert tools._is_dotenv(name) == sandbox.is_secret_name(name), name
+
+
+def test_a_read_only_command_cannot_read_a_secret_file_whatever_its_case(world):
+    """The sandbox closes the project's secret files by the vocabulary's patterns, matched as
+    is_secret_name matches them: without regard to case (SERVER.PEM is a key as server.pem is)."""
+    (world.project / "SERVER.PEM").write_text("upper-case-key-4242\n")
+    confine = replace(READ_ONLY, hide=sandbox.SECRET_NAMES)
+    read = f"{sys.executable} -c 'print(open(\"SERVER.PEM\").read())'"
+    result = drive(world, lambda box: bash(box, read, confine))
+    assert "upper-case-key-4242" not in result.text and "Permission denied" in result.text

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sandbox  # noqa: E402
 import tools  # noqa: E402
 
 
@@ -1119,7 +1120,7 @@ def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_targe
     refused = box.call("read", file_path="notes.txt")
     assert refused.meta["error"] == "outside" and "outside notes" not in refused.text
     assert box.call("write", file_path="notes.txt", content="x\n").is_error
-    approved = {"paths": [str(outside)]}
+    approved = sandbox.Confine(paths=(str(outside),))
     read = box.loop.run_until_complete(
         box.toolbox.run("read", {"file_path": "notes.txt"}, "tu", approved))
     assert "outside notes" in read.text
@@ -1131,13 +1132,13 @@ def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_targe
 
 def test_an_approved_outside_file_gets_its_missing_folders_made(box, tmp_path):
     target = tmp_path / "newtool" / "conf" / "config.ini"
-    approved = {"paths": [str(target)]}
+    approved = sandbox.Confine(paths=(str(target),))
     result = box.loop.run_until_complete(
         box.toolbox.run("write", {"file_path": str(target), "content": "[x]\n"}, "tu", approved))
     assert not result.is_error and target.read_text() == "[x]\n"
 
 
-def call_within(box, seconds: float, name: str, tool_input: dict, confine: dict | None = None):
+def call_within(box, seconds: float, name: str, tool_input: dict, confine: sandbox.Confine | None = None):
     """The result of one call, or None if it did not finish in time (it blocked)."""
     done = []
     worker = threading.Thread(target=lambda: done.append(
@@ -1155,7 +1156,7 @@ def test_a_fifo_or_a_device_never_blocks_a_tool(box, engine):
         box.toolbox.ripgrep = None
     read = call_within(box, 5, "read", {"file_path": "pipe"})
     assert read.is_error and "FIFO" in read.text
-    zero = call_within(box, 5, "read", {"file_path": "/dev/zero"}, {"paths": ["/dev/zero"]})
+    zero = call_within(box, 5, "read", {"file_path": "/dev/zero"}, sandbox.Confine(paths=("/dev/zero",)))
     assert zero.is_error and "character device" in zero.text
     grep = call_within(box, 10, "grep", {"pattern": "needle"})
     assert grep.text == "a.txt:1: needle"
