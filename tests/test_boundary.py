@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -355,5 +356,5 @@ def test_a_read_only_background_process_filling_the_temp_dir_is_stopped_too(proj
     monkeypatch.setattr(sandbox, "TEMP_DIR_CAP", 1 << 20)
     command = "for i in 1 2 3; do head -c 600000 /dev/urandom > $TMPDIR/f$i; done; sleep 20"
     result = run_tool(project, tmp_path / "kh", "process", {"action": "start", "command": command},
-                      {**APPROVED, "write": False})
+                      replace(APPROVED, write=False))
     assert "session temp dir passed 1 MiB" in result.text
