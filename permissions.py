@@ -2191,6 +2191,9 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
     row = _row("git", sub)
     if not row.has("read"):
         return f"git {sub} is not on the read-only list"
+    if _classify_git(args) != EXECUTE:
+        # `git branch NAME`, `git tag NAME`: a listing command in a shape that changes refs
+        return f"git {sub} with these arguments changes the repository"
     numeric = sub in ("log", "show", "shortlog")
     problem, _, _ = _options_problem(f"git {sub}", rest, row.options,
                                      numeric=numeric)

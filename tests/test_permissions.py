@@ -696,3 +696,11 @@ def test_judging_grows_linearly_with_the_command(project, monkeypatch, shape):
     started = time.thread_time()
     decide("bash", {"command": command}, project, DEFAULTS)
     assert time.thread_time() - started < 1.5, shape
+
+
+@pytest.mark.parametrize("command", ["git branch feature", "git tag v1", "git branch -f main HEAD~1"])
+def test_a_git_command_that_changes_refs_asks_and_runs_with_write_access(project, command):
+    """Approved, it must be able to write .git: a read-only sandbox would make it fail."""
+    decision = decide("bash", {"command": command}, project, DEFAULTS)
+    assert decision.action == "ask" and decision.capability == "git.modify"
+    assert not decision.read_only and decision.confine.write
