@@ -402,8 +402,11 @@ class SecretScan:
         if list(patterns) != self.patterns:
             self.patterns = list(patterns)
             # case-insensitive, as is_secret_name: .ENV holds what .env would
-            translated = "|".join(fnmatch.translate(p) for p in patterns)
-            self.matches = re.compile(translated, re.IGNORECASE).match
+            secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
+            template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)),
+                                  re.IGNORECASE).match
+            # a template (.env.example) holds no credentials: readable, as is_secret_name says
+            self.matches = lambda name: secret(name) is not None and template(name) is None
             self.listings = {}
         visited = {}
         stack = [root]

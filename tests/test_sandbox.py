@@ -506,3 +506,14 @@ def test_a_read_only_command_cannot_read_a_secret_file_whatever_its_case(world):
     read = f"{sys.executable} -c 'print(open(\"SERVER.PEM\").read())'"
     result = drive(world, lambda box: bash(box, read, confine))
     assert "upper-case-key-4242" not in result.text and "Permission denied" in result.text
+
+
+def test_a_template_of_a_secret_file_stays_readable_as_permissions_says(world):
+    """.env.example holds no credentials: permissions lets it be read, so the sandbox does too."""
+    (world.project / ".env.example").write_text("API_KEY=put-yours-here\n")
+    (world.project / ".env").write_text("API_KEY=real-4242\n")
+    assert not sandbox.is_secret_name(".env.example") and sandbox.is_secret_name(".env")
+    confine = replace(READ_ONLY, hide=sandbox.SECRET_NAMES)
+    result = drive(world, lambda box: bash(box, "cat .env.example; cat .env", confine))
+    assert "put-yours-here" in result.text
+    assert "real-4242" not in result.text and "Permission denied" in result.text
