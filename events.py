@@ -110,7 +110,14 @@ DURABLE_KINDS = {
         "preview": str,
     },
     "PermissionGranted": {"tool_use_id": str, "scope": str},     # "once", "always", "yes"
-    "PermissionDenied": {"tool_use_id": str, "reason": str, "feedback": str},
+    "PermissionDenied": {
+        "tool_use_id": str,
+        "reason": str,
+        "feedback": str,
+        # who said no: "user" (at the panel), "nobody" (no one could be asked: -p), "policy"
+        # (a rule or the floor); absent in logs written before it was recorded
+        "by": NotRequired[str],
+    },
     "ToolStarted": {"tool_use_id": str, "name": str},
     # meta: UI facts; "seen": [[real path, mtime_ns, size]] the call read
     "ToolCompleted": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
@@ -1150,8 +1157,11 @@ def _on_tool_started(state: State, event: dict) -> None:
 def _on_tool_result(state: State, event: dict) -> None:
     tool_use_id = event["tool_use_id"]
     reason = str(event.get("reason", ""))
-    if event["type"] == "PermissionDenied" and reason.startswith((USER_DECLINED, NOT_ASKED)):
-        state.user_denied = True
+    if event["type"] == "PermissionDenied":
+        by = event.get("by")
+        if by is None:      # a log from before `by`: its reason said so
+            by = "user" if reason.startswith((USER_DECLINED, NOT_ASKED)) else "policy"
+        state.user_denied = state.user_denied or by != "policy"
     call = state.calls.pop(tool_use_id, None)
     name = event.get("name") or (call or {}).get("name")
     if name not in LOOKING_TOOLS:

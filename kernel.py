@@ -613,8 +613,9 @@ class Kernel:
             return
         reason = (f"stopped: the model repeated the same {what}"
                   f" {DOOM_LOOP_REPEATS} times in a row")
+        by = "user" if choice == "deny" else "nobody"
         self.emit("PermissionDenied", tool_use_id=call_id,
-                  reason=reason, feedback=feedback)
+                  reason=reason, feedback=feedback, by=by)
         for other in pending[:-1]:
             self.emit("ToolCancelled", tool_use_id=other["tool_use_id"],
                       reason="not run: " + reason)
@@ -806,7 +807,7 @@ class Kernel:
             else:
                 why = decision.reason or "denied by a rule"
             self.emit("PermissionDenied", tool_use_id=tool_use_id,
-                      reason=f"{decision.descriptor}: {why}", feedback="")
+                      reason=f"{decision.descriptor}: {why}", feedback="", by="policy")
             return None
         undoable = permissions.checkpoint_undoes(decision.destructive)
         if self.yes and decision.destructive and undoable:
@@ -821,13 +822,15 @@ class Kernel:
                                                decision.descriptor, decision.suggestion)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
+            by = "user"
             reason = events.USER_DECLINED
             if choice != "deny":
+                by = "nobody"
                 reason = events.NOT_ASKED
             if decision.destructive:
                 reason += f" ({decision.reason})"
             self.emit("PermissionDenied", tool_use_id=tool_use_id,
-                      reason=reason, feedback=feedback)
+                      reason=reason, feedback=feedback, by=by)
             return None
         if choice == "always" and decision.suggestion and self.grant:
             self.grant(decision.suggestion)

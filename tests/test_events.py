@@ -259,3 +259,19 @@ def test_one_duration_formatter_says_how_long_in_two_units_at_most():
     """events.duration: tool cards, the running processes the model is told of, session ages."""
     assert [events.duration(s) for s in (0.9, 3.21, 59.99, 125, 3 * 3600 + 307, 2 * 86400 + 3 * 3600)] == \
         ["900ms", "3.2s", "1m 0s", "2m 5s", "3h 5m", "2d 3h"]
+
+
+def test_who_said_no_is_a_field_of_the_denial_and_old_logs_still_read():
+    """PermissionDenied's `by`: a person ("user") or nobody to ask ("nobody") ends the gate's
+    nudging for the turn; a rule ("policy") does not. A log from before `by` is read by its
+    reason, as it was written."""
+    def denied(**fields):
+        log = [{"v": 1, "seq": 1, "id": "a", "ts": 0, "session": "s", "type": "UserMessageCreated",
+                "text": "go"},
+               {"v": 1, "seq": 2, "id": "b", "ts": 0, "session": "s", "type": "PermissionDenied",
+                "tool_use_id": "t1", "feedback": "", **fields}]
+        return events.replay(log).user_denied
+    assert denied(reason="x", by="user") and denied(reason="x", by="nobody")
+    assert not denied(reason="rm -rf /: refused by the floor", by="policy")
+    assert denied(reason=events.USER_DECLINED) and denied(reason=events.NOT_ASKED)
+    assert not denied(reason="git push: denied by a rule")
