@@ -1,8 +1,8 @@
-"""Shared fixtures: an isolated KHAELOR_HOME and project, the fake API, and the real CLI as a subprocess."""
+"""Shared fixtures: an isolated KHAELOR_HOME and project, the fake API, and the real CLI as a
+subprocess (forked from a fork server, or fresh), and the order tests start in."""
 import itertools
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -47,8 +47,6 @@ class ForkServer:
     files; it skips only the ~1.9 s SDK import that would otherwise be most of the suite's time."""
 
     def __init__(self, base: Path):
-        self.jobs = base / "jobs"
-        self.jobs.mkdir(parents=True)
         with FakeAnthropic([reply(text("Warming up."), tool_use("bash", {"command": "true"})),
                             reply(text("ok"))]) as fake:
             warm_up = {"cwd": str(base / "project"), "argv": ["-p", "warm up", "--yes"],
@@ -56,10 +54,12 @@ class ForkServer:
                                "ANTHROPIC_BASE_URL": fake.base_url}}
             (base / "project" / ".git").mkdir(parents=True)
             server = [sys.executable, str(ROOT / "tests" / "fork_server.py"), str(ROOT)]
-            self.proc = subprocess.Popen([*server, json.dumps(warm_up)], stdin=subprocess.PIPE,
+            self.jobs, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.proc = subprocess.Popen([*server, json.dumps(warm_up)], stdin=theirs,
                                          stdout=subprocess.PIPE, text=True, bufsize=1)
+            theirs.close()
             assert "ready" in json.loads(self.proc.stdout.readline())
-        self.pids, self.exits = {}, {}
+        self.pids, self.statuses = {}, {}
         self.changed = threading.Condition()
         self.write_lock = threading.Lock()
         self.numbers = itertools.count()
@@ -72,51 +72,56 @@ class ForkServer:
                 if "pid" in message:
                     self.pids[message["id"]] = message["pid"]
                 else:
-                    self.exits[message["id"]] = message["exit"]
+                    self.statuses[message["id"]] = message["status"]
                 self.changed.notify_all()
 
-    def spawn(self, job_id, argv, cwd, env, stdout, stderr, stdin=None) -> int:
-        """Start `khaelor *argv` (stdin: a file's path, or None for /dev/null); returns its pid."""
-        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "stdout": str(stdout),
-               "stderr": str(stderr), "stdin": stdin and str(stdin)}
+    def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None) -> tuple:
+        """Start `khaelor *argv` with `fds` as its stdin, stdout and stderr (or, with `tty`, as a
+        terminal's session leader); returns (the job's id, its pid)."""
+        job_id = f"job-{next(self.numbers)}"
+        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "tty": tty}
         with self.write_lock:
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
+            socket.send_fds(self.jobs, [json.dumps(job).encode()], [] if tty else list(fds))
         with self.changed:
             assert self.changed.wait_for(lambda: job_id in self.pids, timeout=20)
-            return self.pids[job_id]
+            return job_id, self.pids[job_id]
 
-    def wait(self, job_id, timeout):
-        """The exit code (as subprocess gives it), or None if the job still runs after `timeout`."""
+    def status(self, job_id, timeout=None):
+        """The job's raw wait status once it has ended, or None if it still runs after `timeout`."""
         with self.changed:
-            self.changed.wait_for(lambda: job_id in self.exits, timeout)
-            return self.exits.get(job_id)
-
-    def run(self, argv, cwd, env, stdin=None, timeout=60) -> subprocess.CompletedProcess:
-        """What subprocess.run(capture_output=True, text=True) gives for `python khaelor.py *argv`,
-        a timeout included: the child is killed and subprocess.TimeoutExpired raised."""
-        job_id = f"run-{next(self.numbers)}"
-        files = {name: self.jobs / f"{job_id}.{name}" for name in ("stdin", "stdout", "stderr")}
-        if stdin is not None:
-            files["stdin"].write_text(stdin)
-        pid = self.spawn(job_id, argv, cwd, env, files["stdout"], files["stderr"],
-                         files["stdin"] if stdin is not None else None)
-        code = self.wait(job_id, timeout)
-        if code is None:
-            os.kill(pid, signal.SIGKILL)
-            self.wait(job_id, 20)
-        # read as subprocess's text mode reads a pipe (universal newlines), then gone like a pipe's
-        stdout, stderr = files["stdout"].read_text(), files["stderr"].read_text()
-        for path in files.values():
-            path.unlink(missing_ok=True)
-        command = [sys.executable, str(ROOT / "khaelor.py"), *argv]
-        if code is None:
-            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
-        return subprocess.CompletedProcess(command, code, stdout, stderr)
+            self.changed.wait_for(lambda: job_id in self.statuses, timeout)
+            return self.statuses.get(job_id)
 
     def close(self):
-        self.proc.stdin.close()
+        self.jobs.close()
         self.proc.wait(timeout=20)
+
+
+class ForkedPopen(subprocess.Popen):
+    """subprocess.Popen([python, khaelor.py, *argv], ...) whose child the fork server forks: the
+    same pipes, files, terminals and contract (communicate, wait, poll, signals, returncode). It
+    replaces only the three steps of Popen that start and reap a child (CPython's POSIX ones)."""
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
+                       errread, errwrite, *rest):
+        assert preexec_fn is None and not pass_fds, "a forked run takes neither: pass fresh=True"
+        # -1: not redirected, so the child inherits this process's own fd, as a fresh one does
+        given = (p2cread, c2pwrite, errwrite)
+        fds = [fd if fd != -1 else inherited for inherited, fd in enumerate(given)]
+        self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds)
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _try_wait(self, wait_flags):
+        status = fork_server().status(self.job, 0 if wait_flags & os.WNOHANG else None)
+        return (0, 0) if status is None else (self.pid, status)
+
+    def _internal_poll(self, _deadstate=None, **_):
+        if self.returncode is None:
+            status = fork_server().status(self.job, 0)
+            if status is not None:
+                self._handle_exitstatus(status)
+        return self.returncode
 
 
 _fork_server = {}
@@ -132,16 +137,27 @@ def fork_server() -> ForkServer:
         return _fork_server["server"]
 
 
+def khaelor_popen(argv, cwd, env, fresh=False, **options) -> subprocess.Popen:
+    """subprocess.Popen of `python khaelor.py *argv`, forked from the fork server; fresh=True
+    starts a new interpreter instead, where only that proves the point (cold start, limits)."""
+    popen = subprocess.Popen if fresh else ForkedPopen
+    return popen([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=cwd, env=env, **options)
+
+
 def run_khaelor(argv, cwd, env, stdin=None, timeout=60, fresh=False,
-                preexec_fn=None) -> subprocess.CompletedProcess:
-    """`python khaelor.py *argv` run to its end, forked from the fork server; fresh=True starts a
-    new interpreter instead, where only that proves the point (cold start, signals, limits)."""
-    if fresh:
-        return subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=cwd, env=env,
-                              input=stdin, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=preexec_fn)
-    assert preexec_fn is None, "a forked run takes no preexec_fn: pass fresh=True"
-    return fork_server().run(argv, cwd, env, stdin, timeout)
+                **options) -> subprocess.CompletedProcess:
+    """What subprocess.run(input=stdin, capture_output=True, text=True, timeout=timeout, **options)
+    gives for `python khaelor.py *argv` (its own lines, since it cannot be given another Popen)."""
+    options = {"stdin": None if stdin is None else subprocess.PIPE, "stdout": subprocess.PIPE,
+               "stderr": subprocess.PIPE, "text": True, **options}
+    with khaelor_popen(argv, cwd, env, fresh, **options) as process:
+        try:
+            stdout, stderr = process.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        return subprocess.CompletedProcess(process.args, process.poll(), stdout, stderr)
 
 
 def base_env(base: Path) -> dict:
@@ -162,9 +178,9 @@ class Khaelor:
     def run(self, *args, stdin=None, timeout=60, env=None, fresh=False):
         return run_khaelor(args, self.project, {**self.env, **(env or {})}, stdin, timeout, fresh)
 
-    def popen(self, *args):
-        return subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), *args], cwd=self.project,
-                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def popen(self, *args, fresh=False, **options):
+        options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **options}
+        return khaelor_popen(args, self.project, self.env, fresh, **options)
 
     def session_files(self):
         return sorted(Path(self.env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))
@@ -204,7 +220,8 @@ def was_reached(server) -> bool:
 
 def pytest_configure(config):
     _fork_server["config"] = config
-    config.addinivalue_line("markers", "suite_end: runs after every other test (it checks what the run left behind)")
+    config.addinivalue_line("markers", "suite_end: runs after every other test "
+                                       "(it checks what the run left behind)")
 
 
 def pytest_collection_modifyitems(items):
@@ -228,8 +245,8 @@ def kernel_turn(project, env, fake, monkeypatch):
         home = Path(env["KHAELOR_HOME"])
         args = cli.parse_args(["-p", prompt])
         store = events.SessionStore.create(events.sessions_dir(home, project))
-        kernel = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store),
-                                  home, project, ask)
+        settings = cli.load_settings(args, home, project)
+        kernel = cli.build_kernel(args, settings, store, events.Bus(store), home, project, ask)
         kernel.submit(prompt)
         try:
             return await kernel.run(), store.events
@@ -254,7 +271,9 @@ def pytest_sessionfinish(session, exitstatus):
     base = config._tmp_path_factory.getbasetemp()
     key = b"sk-test-secret-key"
     for path in base.rglob("*"):
-        if not path.is_file() or path.is_symlink() or path.name == "secrets.env" or path.stat().st_size > 64 << 20:
+        if not path.is_file() or path.is_symlink() or path.name == "secrets.env":
+            continue
+        if path.stat().st_size > 64 << 20:
             continue
         if key in path.read_bytes():
             print(f"\nFAILED: the API key was written to {path}")
