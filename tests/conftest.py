@@ -224,8 +224,71 @@ def pytest_configure(config):
                                        "(it checks what the run left behind)")
 
 
+# The tests that take longest (seconds, under load, the parameters' longest): they start first,
+# so that no worker is left running one at the end while the others idle. A test missing here
+# only starts later; the figures need only keep their order.
+LONG_TESTS = {
+    "test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid": 32,
+    "test_a_project_that_works_with_claude_code_works_unchanged": 24,
+    "test_a_closed_pipe_ends_quietly_with_141_in_every_output_format": 22,
+    "test_bad_tool_calls_from_the_model_become_repairable_errors": 18,
+    "test_every_transient_api_fault_is_retried_visibly_and_the_task_completes": 16,
+    "test_rewind_brings_back_what_each_destructive_command_wiped": 14,
+    "test_rewinding_a_file_the_user_changed_since_asks": 14,
+    "test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole": 14,
+    "test_open_and_quit_leaves_no_session_and_continue_finds_the_conversation": 12,
+    "test_a_resumed_session_shows_what_the_live_one_showed": 12,
+    "test_sigterm_and_sighup_in_headless_mode_stop_tools_and_keep_the_log": 12,
+    "test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the_trust": 12,
+    "test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was": 11,
+    "test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends": 11,
+    "test_a_permission_question_left_by_a_crash_is_asked_again_on_resume": 10,
+    "test_permissions_check_reports_decisions_as_json": 10,
+    "test_text_mode_streams_the_answer_when_stdout_is_a_terminal": 10,
+    "test_control_sequences_from_the_model_never_reach_the_terminal": 10,
+    "test_text_streamed_a_second_before_a_kill_is_in_the_next_request": 10,
+    "test_sessions_are_listed_from_their_meta_caches_and_rebuilt_when_stale": 10,
+    "test_a_forked_run_does_what_a_fresh_process_does": 10,
+    "test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup": 9,
+    "test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback": 9,
+    "test_typing_while_a_tool_runs_steers_the_next_request": 9,
+    "test_after_a_kill_9_mid_step_the_rewind_works": 9,
+    "test_continue_shows_the_earlier_conversation_and_carries_its_history": 9,
+    "test_khaelor_home_deleted_mid_run_keeps_the_log": 8,
+    "test_undo_restores_the_exact_bytes_after_the_gate_gave_up": 8,
+    "test_esc_at_a_question_denies_the_call_and_ends_the_turn": 8,
+    "test_the_program_prunes_past_prune_at_and_context_explains": 8,
+    "test_the_project_secrets_and_their_hard_links_are_left_out_of_a_read_only_command": 7,
+    "test_ordinary_work_keeps_working_in_an_approved_sandbox": 7,
+    "test_under_yes_an_approved_network_command_connects": 7,
+    "test_typing_a_sentence_with_a_question_open_never_approves_it": 6,
+    "test_usage_errors_are_one_line_with_exit_2": 6,
+    "test_ctrl_c_still_answers_with_the_result_object": 6,
+    "test_reference_session_uses_every_tool_path_the_kill_points_hit": 6,
+    "test_model_rejects_an_unknown_id_and_compact_clears_its_status": 6,
+    "test_diff_separates_khaelors_edits_from_changes_already_there": 6,
+    "test_a_long_write_preview_says_how_many_lines_it_left_out": 6,
+    "test_a_reader_that_leaves_mid_run_stops_it_as_an_interruption": 6,
+    "test_hostile_files_and_commands_give_bounded_results_end_to_end": 6,
+    "test_slash_commands_help_cost_and_quit": 6,
+    "test_api_faults_that_do_not_clear_end_with_one_clear_line_and_exit_1": 6,
+    "test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded": 6,
+    "test_a_reply_that_breaks_off_is_retried_in_a_new_block": 5,
+    "test_kill_9_mid_stream_then_continue_gives_a_valid_request": 5,
+    "test_allowed_tools_lets_a_command_run_without_yes": 5,
+    "test_no_unix_socket_outside_is_reached": 5,
+    "test_resume_accepts_an_unambiguous_id_prefix": 5,
+    "test_the_api_key_never_reaches_the_log_spill_files_or_output": 5,
+    "test_a_permission_panel_allows_once_and_denies_with_a_message": 5,
+}
+
+
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.get_closest_marker("suite_end") is not None)   # stable: the rest keep order
+    """Longest first, then the rest in their order; the suite_end tests last of all."""
+    def order(item):
+        last = item.get_closest_marker("suite_end") is not None
+        return last, -LONG_TESTS.get(item.originalname, 0)
+    items.sort(key=order)
 
 
 @pytest.fixture
