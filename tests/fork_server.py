@@ -15,6 +15,7 @@ once reaped (the raw wait status). EOF on stdin ends the server. conftest.py's F
 other end.
 """
 import fcntl
+import gc
 import io
 import json
 import os
@@ -129,6 +130,11 @@ def stdio(fd: int, was: io.TextIOWrapper) -> io.TextIOWrapper:
 
 
 warm_up(json.loads(sys.argv[2]))
+# What the SDK and the warm-up made lives as long as any child: out of the collector's sight, a
+# child's collections no longer walk (and copy, page by page) it all: a headless run's CPU went
+# from 0.47 s to 0.15 s.
+gc.collect()
+gc.freeze()
 tell({"ready": os.getpid()})
 job_socket = socket.socket(fileno=0)
 job, job_fds = serve(job_socket)
