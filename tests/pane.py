@@ -1,4 +1,4 @@
-"""A tmux pane's program in the tmux tests: `exec python pane.py STATE`, as the pane's session leader.
+"""A tmux pane's program in the tmux tests: `exec python pane.py STATE`, the pane's session leader.
 
 It gives up the pane's terminal (TIOCNOTTY), so that a khaelor the fork server forks can take it
 as a user's shell would give it one: that child makes a session of its own with the terminal as
