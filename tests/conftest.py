@@ -104,11 +104,16 @@ class ForkedPopen(subprocess.Popen):
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
-                       errread, errwrite, *rest):
-        assert preexec_fn is None and not pass_fds, "a forked run takes neither: pass fresh=True"
+                       errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):
+        assert preexec_fn is None and not pass_fds and not start_new_session and umask == -1, \
+            "a forked run takes none of these: pass fresh=True"
         # -1: not redirected, so the child inherits this process's own fd, as a fresh one does
         given = (p2cread, c2pwrite, errwrite)
         fds = [fd if fd != -1 else inherited for inherited, fd in enumerate(given)]
+        # and this process's directory and environment, unless given
+        cwd = os.getcwd() if cwd is None else cwd
+        env = dict(os.environ) if env is None else env
         self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds)
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
