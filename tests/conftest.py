@@ -346,19 +346,31 @@ def pytest_unconfigure(config):
         _fork_server.pop("server").close()
 
 
+_suite_end = {}
+
+
+def pytest_runtest_logreport(report):
+    """In the controller: when the suite_end key scan that passed began (its report's start)."""
+    if report.when == "call" and report.passed and "suite_end" in report.keywords:
+        _suite_end["scan_began"] = report.start
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """In parallel runs the suite_end key scan runs while the other worker may still be writing, so
-    the controller scans every worker's folders again once all of them are done, and fails the run
-    if any file khaelor wrote holds the API key."""
+    """In parallel runs the suite_end key scan runs while the other workers may still be writing,
+    so the controller scans every worker's folders again once all of them are done, and fails the
+    run if any file khaelor wrote holds the API key. It reads again only the files made or changed
+    (written, renamed, linked: their ctime) since that scan began: it read the others."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
     base = config._tmp_path_factory.getbasetemp()
     key = b"sk-test-secret-key"
+    read_since = _suite_end.get("scan_began", 0) - 1        # a second for the clock's grain
     for path in base.rglob("*"):
         if not path.is_file() or path.is_symlink() or path.name == "secrets.env":
             continue
-        if path.stat().st_size > 64 << 20:
+        status = path.stat()
+        if status.st_size > 64 << 20 or max(status.st_mtime, status.st_ctime) < read_since:
             continue
         if key in path.read_bytes():
             print(f"\nFAILED: the API key was written to {path}")
