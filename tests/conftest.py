@@ -235,7 +235,8 @@ def pytest_configure(config):
 # here only starts later; the figures need only keep their order.
 LONG_TESTS = {
     "test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid": 30,
-    # the kill test's module fixture (reference_run) is built once if both go to one worker
+    # first with the kill test, so that both go to one worker, which builds their module fixture
+    # (reference_run) once
     "test_reference_session_uses_every_tool_path_the_kill_points_hit": 30,
     "test_a_log_cut_at_any_byte_keeps_every_whole_line_and_continues_validly": 10,
     "test_rewind_brings_back_what_each_destructive_command_wiped": 10,
