@@ -1,8 +1,8 @@
-"""Shared fixtures: an isolated KHAELOR_HOME and project, the fake API, and the real CLI as a subprocess."""
+"""Shared fixtures: an isolated KHAELOR_HOME and project, the fake API, and the real CLI as a
+subprocess (forked from a fork server, or fresh), and the order tests start in."""
 import itertools
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -47,8 +47,6 @@ class ForkServer:
     files; it skips only the ~1.9 s SDK import that would otherwise be most of the suite's time."""
 
     def __init__(self, base: Path):
-        self.jobs = base / "jobs"
-        self.jobs.mkdir(parents=True)
         with FakeAnthropic([reply(text("Warming up."), tool_use("bash", {"command": "true"})),
                             reply(text("ok"))]) as fake:
             warm_up = {"cwd": str(base / "project"), "argv": ["-p", "warm up", "--yes"],
@@ -56,10 +54,12 @@ class ForkServer:
                                "ANTHROPIC_BASE_URL": fake.base_url}}
             (base / "project" / ".git").mkdir(parents=True)
             server = [sys.executable, str(ROOT / "tests" / "fork_server.py"), str(ROOT)]
-            self.proc = subprocess.Popen([*server, json.dumps(warm_up)], stdin=subprocess.PIPE,
+            self.jobs, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.proc = subprocess.Popen([*server, json.dumps(warm_up)], stdin=theirs,
                                          stdout=subprocess.PIPE, text=True, bufsize=1)
+            theirs.close()
             assert "ready" in json.loads(self.proc.stdout.readline())
-        self.pids, self.exits = {}, {}
+        self.pids, self.statuses = {}, {}
         self.changed = threading.Condition()
         self.write_lock = threading.Lock()
         self.numbers = itertools.count()
@@ -72,51 +72,61 @@ class ForkServer:
                 if "pid" in message:
                     self.pids[message["id"]] = message["pid"]
                 else:
-                    self.exits[message["id"]] = message["exit"]
+                    self.statuses[message["id"]] = message["status"]
                 self.changed.notify_all()
 
-    def spawn(self, job_id, argv, cwd, env, stdout, stderr, stdin=None) -> int:
-        """Start `khaelor *argv` (stdin: a file's path, or None for /dev/null); returns its pid."""
-        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "stdout": str(stdout),
-               "stderr": str(stderr), "stdin": stdin and str(stdin)}
+    def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None) -> tuple:
+        """Start `khaelor *argv` with `fds` as its stdin, stdout and stderr (or, with `tty`, as a
+        terminal's session leader); returns (the job's id, its pid)."""
+        job_id = f"job-{next(self.numbers)}"
+        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "tty": tty}
         with self.write_lock:
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
+            socket.send_fds(self.jobs, [json.dumps(job).encode()], [] if tty else list(fds))
         with self.changed:
             assert self.changed.wait_for(lambda: job_id in self.pids, timeout=20)
-            return self.pids[job_id]
+            return job_id, self.pids[job_id]
 
-    def wait(self, job_id, timeout):
-        """The exit code (as subprocess gives it), or None if the job still runs after `timeout`."""
+    def status(self, job_id, timeout=None):
+        """The job's raw wait status once it has ended, or None if it still runs after `timeout`."""
         with self.changed:
-            self.changed.wait_for(lambda: job_id in self.exits, timeout)
-            return self.exits.get(job_id)
-
-    def run(self, argv, cwd, env, stdin=None, timeout=60) -> subprocess.CompletedProcess:
-        """What subprocess.run(capture_output=True, text=True) gives for `python khaelor.py *argv`,
-        a timeout included: the child is killed and subprocess.TimeoutExpired raised."""
-        job_id = f"run-{next(self.numbers)}"
-        files = {name: self.jobs / f"{job_id}.{name}" for name in ("stdin", "stdout", "stderr")}
-        if stdin is not None:
-            files["stdin"].write_text(stdin)
-        pid = self.spawn(job_id, argv, cwd, env, files["stdout"], files["stderr"],
-                         files["stdin"] if stdin is not None else None)
-        code = self.wait(job_id, timeout)
-        if code is None:
-            os.kill(pid, signal.SIGKILL)
-            self.wait(job_id, 20)
-        # read as subprocess's text mode reads a pipe (universal newlines), then gone like a pipe's
-        stdout, stderr = files["stdout"].read_text(), files["stderr"].read_text()
-        for path in files.values():
-            path.unlink(missing_ok=True)
-        command = [sys.executable, str(ROOT / "khaelor.py"), *argv]
-        if code is None:
-            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
-        return subprocess.CompletedProcess(command, code, stdout, stderr)
+            self.changed.wait_for(lambda: job_id in self.statuses, timeout)
+            return self.statuses.get(job_id)
 
     def close(self):
-        self.proc.stdin.close()
+        self.jobs.close()
         self.proc.wait(timeout=20)
+
+
+class ForkedPopen(subprocess.Popen):
+    """subprocess.Popen([python, khaelor.py, *argv], ...) whose child the fork server forks: the
+    same pipes, files, terminals and contract (communicate, wait, poll, signals, returncode). It
+    replaces only the three steps of Popen that start and reap a child (CPython's POSIX ones)."""
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
+                       errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):
+        assert preexec_fn is None and not pass_fds and not start_new_session and umask == -1, \
+            "a forked run takes none of these: pass fresh=True"
+        # -1: not redirected, so the child inherits this process's own fd, as a fresh one does
+        given = (p2cread, c2pwrite, errwrite)
+        fds = [fd if fd != -1 else inherited for inherited, fd in enumerate(given)]
+        # and this process's directory and environment, unless given
+        cwd = os.getcwd() if cwd is None else cwd
+        env = dict(os.environ) if env is None else env
+        self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds)
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _try_wait(self, wait_flags):
+        status = fork_server().status(self.job, 0 if wait_flags & os.WNOHANG else None)
+        return (0, 0) if status is None else (self.pid, status)
+
+    def _internal_poll(self, _deadstate=None, **_):
+        if self.returncode is None:
+            status = fork_server().status(self.job, 0)
+            if status is not None:
+                self._handle_exitstatus(status)
+        return self.returncode
 
 
 _fork_server = {}
@@ -132,16 +142,27 @@ def fork_server() -> ForkServer:
         return _fork_server["server"]
 
 
+def khaelor_popen(argv, cwd, env, fresh=False, **options) -> subprocess.Popen:
+    """subprocess.Popen of `python khaelor.py *argv`, forked from the fork server; fresh=True
+    starts a new interpreter instead, where only that proves the point (cold start, limits)."""
+    popen = subprocess.Popen if fresh else ForkedPopen
+    return popen([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=cwd, env=env, **options)
+
+
 def run_khaelor(argv, cwd, env, stdin=None, timeout=60, fresh=False,
-                preexec_fn=None) -> subprocess.CompletedProcess:
-    """`python khaelor.py *argv` run to its end, forked from the fork server; fresh=True starts a
-    new interpreter instead, where only that proves the point (cold start, signals, limits)."""
-    if fresh:
-        return subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=cwd, env=env,
-                              input=stdin, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=preexec_fn)
-    assert preexec_fn is None, "a forked run takes no preexec_fn: pass fresh=True"
-    return fork_server().run(argv, cwd, env, stdin, timeout)
+                **options) -> subprocess.CompletedProcess:
+    """What subprocess.run(input=stdin, capture_output=True, text=True, timeout=timeout, **options)
+    gives for `python khaelor.py *argv` (its own lines, since it cannot be given another Popen)."""
+    options = {"stdin": None if stdin is None else subprocess.PIPE, "stdout": subprocess.PIPE,
+               "stderr": subprocess.PIPE, "text": True, **options}
+    with khaelor_popen(argv, cwd, env, fresh, **options) as process:
+        try:
+            stdout, stderr = process.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        return subprocess.CompletedProcess(process.args, process.poll(), stdout, stderr)
 
 
 def base_env(base: Path) -> dict:
@@ -162,9 +183,9 @@ class Khaelor:
     def run(self, *args, stdin=None, timeout=60, env=None, fresh=False):
         return run_khaelor(args, self.project, {**self.env, **(env or {})}, stdin, timeout, fresh)
 
-    def popen(self, *args):
-        return subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), *args], cwd=self.project,
-                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def popen(self, *args, fresh=False, **options):
+        options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **options}
+        return khaelor_popen(args, self.project, self.env, fresh, **options)
 
     def session_files(self):
         return sorted(Path(self.env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))
@@ -204,11 +225,93 @@ def was_reached(server) -> bool:
 
 def pytest_configure(config):
     _fork_server["config"] = config
-    config.addinivalue_line("markers", "suite_end: runs after every other test (it checks what the run left behind)")
+    config.addinivalue_line("markers", "suite_end: runs after every other test "
+                                       "(it checks what the run left behind)")
+
+
+# The tests that take longest (seconds with three workers, setup included, the parameters'
+# longest): they start first, and pyproject's --maxschedchunk 1 hands the tests out one by one,
+# so that no worker is left running a long one at the end while the others idle. A test missing
+# here only starts later; the figures need only keep their order.
+LONG_TESTS = {
+    "test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid": 30,
+    # first with the kill test, so that both go to one worker, which builds their module fixture
+    # (reference_run) once
+    "test_reference_session_uses_every_tool_path_the_kill_points_hit": 30,
+    "test_a_log_cut_at_any_byte_keeps_every_whole_line_and_continues_validly": 10,
+    "test_rewind_brings_back_what_each_destructive_command_wiped": 10,
+    "test_a_closed_pipe_ends_quietly_with_141_in_every_output_format": 8,
+    "test_sessions_are_listed_from_their_meta_caches_and_rebuilt_when_stale": 8,
+    "test_a_resumed_session_shows_what_the_live_one_showed": 7,
+    "test_every_transient_api_fault_is_retried_visibly_and_the_task_completes": 7,
+    "test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole": 7,
+    "test_rewinding_a_file_the_user_changed_since_asks": 7,
+    "test_a_project_that_works_with_claude_code_works_unchanged": 7,
+    "test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends": 6,
+    "test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the_trust": 6,
+    "test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was": 6,
+    "test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded": 6,
+    "test_a_custom_command_runs_headless_with_its_template_and_model": 5,
+    "test_a_forked_run_does_what_a_fresh_process_does": 5,
+    "test_text_streamed_a_second_before_a_kill_is_in_the_next_request": 5,
+    "test_typing_while_a_tool_runs_steers_the_next_request": 5,
+    "test_open_and_quit_leaves_no_session_and_continue_finds_the_conversation": 5,
+    "test_continue_sends_the_same_history_into_the_next_request": 4,
+    "test_a_torn_last_line_is_recovered_on_continue": 4,
+    "test_listing_two_hundred_sessions_reads_only_the_caches": 4,
+    "test_text_mode_streams_the_answer_when_stdout_is_a_terminal": 4,
+    "test_trust_without_a_terminal_trusts_nothing_unless_told_yes": 4,
+    "test_under_yes_an_approved_network_command_connects": 4,
+    "test_flags_and_config_shape_the_request_and_a_resume_keeps_them": 3,
+    "test_an_approved_outside_path_is_opened_where_it_was_judged": 3,
+    "test_context_shows_the_cached_tokens_of_the_last_response": 3,
+    "test_a_repositorys_own_prices_count_only_once_trusted": 3,
+    "test_a_forked_run_that_outlives_its_timeout_is_killed_and_raises": 3,
+    "test_ordinary_work_keeps_working_in_an_approved_sandbox": 3,
+    "test_the_session_temp_dir_serves_mktemp_pytest_and_multiprocessing_and_goes_at_close": 3,
+    "test_bad_tool_calls_from_the_model_become_repairable_errors": 3,
+    "test_a_mid_stream_error_event_and_a_dropped_connection_are_retried": 3,
+    "test_a_hijacked_model_runs_hidden_commands_without_a_question": 3,
+    "test_khaelor_home_deleted_mid_run_keeps_the_log": 3,
+    "test_permissions_check_reports_decisions_as_json": 3,
+    "test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback": 3,
+    "test_headless_stops_a_doom_loop_with_a_clear_message": 3,
+    "test_a_failed_continue_does_not_print_the_previous_answer": 3,
+    "test_a_hostile_repository_runs_no_code_through_the_real_program": 3,
+    "test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup": 3,
+    "test_sigterm_and_sighup_in_headless_mode_stop_tools_and_keep_the_log": 3,
+    "test_undo_works_after_continue": 3,
+    "test_an_approved_pip_install_can_install_where_pip_installs_and_an_unapproved_one_cannot": 3,
+    "test_disallowed_tools_denies_even_under_yes": 3,
+    "test_append_system_prompt_is_its_own_cached_block_on_every_request": 3,
+    "test_a_scripted_session_uses_all_seven_tools": 2,
+    "test_accept_edits_writes_project_files_without_asking": 2,
+    "test_permissions_and_trust_show_every_byte_of_a_rule_none_interpreted": 2,
+    "test_json_output_has_claude_codes_result_fields_beside_khaelors": 2,
+    "test_mentions_list_folders_new_files_and_quote_spaces_outside_git": 2,
+    "test_a_denied_check_is_not_asked_for_again": 2,
+    "test_sessions_without_a_user_message_are_not_listed_or_continued": 2,
+    "test_trust_shows_the_grants_then_asks_and_only_yes_trusts": 2,
+    "test_hostile_files_and_commands_give_bounded_results_end_to_end": 2,
+    "test_the_gate_nudges_after_a_code_edit_until_a_check_runs": 2,
+    "test_a_link_swapped_in_never_carries_the_python_search_out_of_the_project": 2,
+    "test_price_overrides_reach_sessions_and_the_json_cost": 2,
+    "test_a_corrupted_line_anywhere_is_skipped_with_a_warning_and_the_rest_continues": 2,
+    "test_khaelor_prunes_file_versions_unused_for_thirty_days_at_start": 2,
+    "test_baselines_and_attribution_keep_the_users_changes_apart": 2,
+    "test_judging_grows_linearly_with_the_command": 2,
+    "test_sessions_lists_id_title_tokens_and_cost": 2,
+    "test_an_always_grant_is_persisted_and_honoured_by_a_new_process": 2,
+    "test_a_ci_script_reads_the_result_from_the_pipe": 2,
+}
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.get_closest_marker("suite_end") is not None)   # stable: the rest keep order
+    """Longest first, then the rest in their order; the suite_end tests last of all."""
+    def order(item):
+        last = item.get_closest_marker("suite_end") is not None
+        return last, -LONG_TESTS.get(item.originalname, 0)
+    items.sort(key=order)
 
 
 @pytest.fixture
@@ -228,8 +331,8 @@ def kernel_turn(project, env, fake, monkeypatch):
         home = Path(env["KHAELOR_HOME"])
         args = cli.parse_args(["-p", prompt])
         store = events.SessionStore.create(events.sessions_dir(home, project))
-        kernel = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store),
-                                  home, project, ask)
+        settings = cli.load_settings(args, home, project)
+        kernel = cli.build_kernel(args, settings, store, events.Bus(store), home, project, ask)
         kernel.submit(prompt)
         try:
             return await kernel.run(), store.events
@@ -244,17 +347,31 @@ def pytest_unconfigure(config):
         _fork_server.pop("server").close()
 
 
+_suite_end = {}
+
+
+def pytest_runtest_logreport(report):
+    """In the controller: when the suite_end key scan that passed began (its report's start)."""
+    if report.when == "call" and report.passed and "suite_end" in report.keywords:
+        _suite_end["scan_began"] = report.start
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """In parallel runs the suite_end key scan runs while the other worker may still be writing, so
-    the controller scans every worker's folders again once all of them are done, and fails the run
-    if any file khaelor wrote holds the API key."""
+    """In parallel runs the suite_end key scan runs while the other workers may still be writing,
+    so the controller scans every worker's folders again once all of them are done, and fails the
+    run if any file khaelor wrote holds the API key. It reads again only the files made or changed
+    (written, renamed, linked: their ctime) since that scan began: it read the others."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
     base = config._tmp_path_factory.getbasetemp()
     key = b"sk-test-secret-key"
+    read_since = _suite_end.get("scan_began", 0) - 1        # a second for the clock's grain
     for path in base.rglob("*"):
-        if not path.is_file() or path.is_symlink() or path.name == "secrets.env" or path.stat().st_size > 64 << 20:
+        if not path.is_file() or path.is_symlink() or path.name == "secrets.env":
+            continue
+        status = path.stat()
+        if status.st_size > 64 << 20 or max(status.st_mtime, status.st_ctime) < read_since:
             continue
         if key in path.read_bytes():
             print(f"\nFAILED: the API key was written to {path}")

@@ -20,6 +20,7 @@ import pytest
 import events
 import tools
 from fake_api import FakeAnthropic, reply, text, tool_use
+from conftest import khaelor_popen
 from test_faults import KEY, in_parallel, read_log, run_cli, session_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,9 +215,9 @@ def test_sigterm_and_sighup_in_headless_mode_stop_tools_and_keep_the_log(tmp_pat
         def go():
             with FakeAnthropic([reply(tool_use("process", {"action": "start", "command": f"sleep {marker}"}),
                                       tool_use("bash", {"command": f"echo started; sleep {marker}"}))]) as fake:
-                proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "work", "--yes",
-                                         "--output-format", "stream-json"], cwd=project, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env={**run_env, "ANTHROPIC_BASE_URL": fake.base_url})
+                proc = khaelor_popen(["-p", "work", "--yes", "--output-format", "stream-json"], project,
+                                     {**run_env, "ANTHROPIC_BASE_URL": fake.base_url},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 for line in proc.stdout:
                     event = json.loads(line)
                     if event["type"] == "ToolStarted" and event.get("name") == "bash":

@@ -13,7 +13,6 @@ import pty
 import select
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ import pytest
 from conftest import was_reached
 from fake_api import reply, text, tool_use
 
-ROOT = Path(__file__).resolve().parent.parent
 SECRET_VALUE = "hunter2-db-password-0451"
 
 
@@ -226,8 +224,7 @@ def test_control_sequences_from_the_model_never_reach_the_terminal(khaelor, fake
     """Headless text on a terminal: no OSC (title, clipboard), CSI or DCS from the model's answer."""
     fake.enqueue(reply(text("safe \x1b]0;pwned\x07 \x1b]52;c;ZXZpbA==\x07 \x1b[2J \x1bP+q\x1b\\ answer")))
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "hi"], cwd=project,
-                            env=khaelor.env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE)
+    proc = khaelor.popen("-p", "hi", stdin=subprocess.DEVNULL, stdout=terminal, text=False)
     os.close(terminal)
     output = b""
     while True:

@@ -5,6 +5,7 @@ and symlinks out reported, never fatal), ~/.claude/CLAUDE.md and CLAUDE.local.md
 The examples are Claude Code's own documentation examples (memory and slash-command pages)."""
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -376,10 +377,15 @@ def test_a_ci_script_reads_the_result_from_the_pipe(khaelor, fake, project):
     """`claude -p … --output-format json | jq -r .result`, with python's json standing in for jq."""
     fake.enqueue(reply(text("line one\nline two")))
     reader = "import json, sys; print(json.load(sys.stdin)['result'])"
-    script = f"{sys.executable} {ROOT / 'khaelor.py'} -p 'summarise' --output-format json | {sys.executable} -c \"{reader}\""
-    result = subprocess.run(["bash", "-o", "pipefail", "-c", script], cwd=project, capture_output=True, text=True,
-                            env=khaelor.env, timeout=60)
-    assert result.returncode == 0, result.stderr
+    # `khaelor … | python -c reader` under `set -o pipefail`: the pipeline's code is 0 if both's are
+    read_end, write_end = os.pipe()
+    with khaelor.popen("-p", "summarise", "--output-format", "json", stdout=write_end) as proc:
+        os.close(write_end)
+        result = subprocess.run([sys.executable, "-c", reader], cwd=project, stdin=read_end,
+                                capture_output=True, text=True, env=khaelor.env, timeout=60)
+        os.close(read_end)
+        errors = proc.stderr.read()
+    assert (proc.returncode, result.returncode) == (0, 0), (errors, result.stderr)
     assert result.stdout == "line one\nline two\n"
 
 

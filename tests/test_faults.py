@@ -7,11 +7,11 @@ in-process by the same functions `--continue` runs and checked with fake_api.val
 server's own rules.
 """
 import json
-import os
 import random
 import resource
 import shutil
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +22,7 @@ import context
 import events
 import kernel
 import tools
-from conftest import base_env, fork_server, run_khaelor
+from conftest import base_env, khaelor_popen, run_khaelor
 from fake_api import FakeAnthropic, error, reply, text, thinking, tool_use, validate
 
 KEY = "sk-test-secret-key"      # conftest's env fixture; test_abuse greps for it in all khaelor wrote
@@ -192,7 +192,7 @@ def new_workspace(base: Path, env: dict, fake) -> tuple[Path, dict]:
     return project, {**env, "KHAELOR_HOME": str(base / "home"), "ANTHROPIC_BASE_URL": fake.base_url}
 
 
-def kill_experiment(zygote, base: Path, env: dict, name: str, trigger: tuple) -> dict:
+def kill_experiment(base: Path, env: dict, name: str, trigger: tuple) -> dict:
     """Run the scripted session and SIGKILL it at `trigger`: ("time", seconds after the first request)
     or ("event", k: right after the k-th durable event was printed), or ("never",)."""
     base.mkdir(parents=True)
@@ -200,8 +200,9 @@ def kill_experiment(zygote, base: Path, env: dict, name: str, trigger: tuple) ->
         project, run_env = new_workspace(base, env, fake)
         out, err = base / "stdout.jsonl", base / "stderr.txt"
         started = time.monotonic()
-        pid = zygote.spawn(name, ["-p", "tidy the notes", "--yes", "--output-format", "stream-json"],
-                           project, run_env, out, err)
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            proc = khaelor_popen(["-p", "tidy the notes", "--yes", "--output-format", "stream-json"],
+                                 project, run_env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
         deadline = time.monotonic() + 20
         while not fake.requests and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -209,12 +210,12 @@ def kill_experiment(zygote, base: Path, env: dict, name: str, trigger: tuple) ->
         if trigger[0] == "time":
             time.sleep(trigger[1])
         elif trigger[0] == "event":
-            while out.read_bytes().count(b"\n") < trigger[1] and name not in zygote.exits \
+            while out.read_bytes().count(b"\n") < trigger[1] and proc.poll() is None \
                     and time.monotonic() < deadline:
                 time.sleep(0.001)
-        if trigger[0] != "never" and name not in zygote.exits:
-            os.kill(pid, signal.SIGKILL)
-        code = zygote.wait(name, 30)
+        if trigger[0] != "never" and proc.poll() is None:
+            proc.kill()
+        code = proc.wait(30)
         n_requests = len(fake.requests)
         rejections = list(fake.rejections)
     return {"name": name, "trigger": trigger, "code": code, "project": project, "env": run_env, "stdout": out,
@@ -237,16 +238,11 @@ def phase_of(log: list, torn: bool, n_requests: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def zygote():
-    return fork_server()
-
-
-@pytest.fixture(scope="module")
-def reference_run(zygote, tmp_path_factory):
+def reference_run(tmp_path_factory):
     """The whole scripted session, not killed: its log and timing calibrate the kill points."""
     base = tmp_path_factory.mktemp("reference")
     env = base_env(base)
-    run = kill_experiment(zygote, base / "run", env, "reference", ("never",))
+    run = kill_experiment(base / "run", env, "reference", ("never",))
     assert run["code"] == 0, run["stderr"].read_text()
     assert run["rejections"] == []
     run["log_path"] = session_files(run["env"])[-1]
@@ -261,7 +257,7 @@ def test_reference_session_uses_every_tool_path_the_kill_points_hit(reference_ru
     assert max(len(line) for line in reference_run["log_path"].read_bytes().splitlines()) > 60_000
 
 
-def test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid(zygote, reference_run, tmp_path):
+def test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid(reference_run, tmp_path):
     rng = random.Random(SEED)
     n_events = len(read_log(reference_run["log_path"]))
     window = reference_run["seconds"] * 0.95
@@ -269,7 +265,7 @@ def test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid(z
     triggers += [("event", rng.randint(1, n_events - 2)) for _ in range(N_EVENT_KILLS)]
     env = reference_run["base_env"]
     with ThreadPoolExecutor(max_workers=KILL_POOL) as pool:
-        runs = list(pool.map(lambda it: kill_experiment(zygote, tmp_path / f"kill{it[0]}", env, f"kill{it[0]}", it[1]),
+        runs = list(pool.map(lambda it: kill_experiment(tmp_path / f"kill{it[0]}", env, f"kill{it[0]}", it[1]),
                              enumerate(triggers)))
     phases, checked = {}, 0
     for run in runs:

@@ -47,6 +47,6 @@ def test_a_forked_run_that_outlives_its_timeout_is_killed_and_raises(khaelor, fa
     assert raised.value.timeout == 3
     server = fork_server()
     job = list(server.pids)[-1]          # this worker's last job: the run that timed out
-    assert server.exits[job] == -signal.SIGKILL
+    assert os.waitstatus_to_exitcode(server.statuses[job]) == -signal.SIGKILL
     with pytest.raises(ProcessLookupError):
         os.kill(server.pids[job], 0)     # killed and reaped, as subprocess.run leaves it

@@ -4,13 +4,9 @@ import hashlib
 import json
 import os
 import pty
-import subprocess
-import sys
 from pathlib import Path
 
 from fake_api import reply, text, tool_use
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def tool_results(fake, i=-1):
@@ -188,8 +184,7 @@ def project_config(project, rules):
 def trust_on_a_terminal(khaelor, answer):
     """`khaelor trust` in a pty, answered with `answer`: (exit code, what the terminal showed)."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "trust"], cwd=khaelor.project,
-                            env=khaelor.env, stdin=slave, stdout=slave, stderr=slave)
+    proc = khaelor.popen("trust", stdin=slave, stdout=slave, stderr=slave, text=False)
     os.close(slave)
     seen = b""
     while b"[y/N]" not in seen:

@@ -4,16 +4,14 @@ import os
 import pty
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import events
+from conftest import run_khaelor
 from fake_api import error, redacted_thinking, reply, text, thinking, tool_use
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def strip_request(messages):
@@ -306,8 +304,7 @@ def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
     fake.enqueue(reply(text("early words of the answer. " + "then the rest arrives."), chunk=12,
                        stall_after_events=5, stall_seconds=3))
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "say it slowly"], cwd=khaelor.project,
-                            env=khaelor.env, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+    proc = khaelor.popen("-p", "say it slowly", stdin=subprocess.DEVNULL, stdout=slave, text=False)
     os.close(slave)
     seen, deadline = b"", time.monotonic() + 20
     while b"early words" not in seen and time.monotonic() < deadline:
@@ -336,8 +333,7 @@ def test_a_closed_pipe_ends_quietly_with_141_in_every_output_format(khaelor, fak
         fake.enqueue(reply(text("answer two\nsecond line")))
         read_end, write_end = os.pipe()
         os.close(read_end)                 # `| head -1` that has already left
-        result = subprocess.run([sys.executable, str(ROOT / "khaelor.py"), *argv], cwd=khaelor.project,
-                                env=khaelor.env, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+        result = run_khaelor(argv, khaelor.project, khaelor.env, stdout=write_end)
         os.close(write_end)
         assert (result.returncode, result.stderr) == (141, ""), argv
 
@@ -347,9 +343,7 @@ def test_a_reader_that_leaves_mid_run_stops_it_as_an_interruption(khaelor, fake)
     the next line it would write, the log says it was interrupted, and the exit is a quiet 141."""
     fake.enqueue(reply(text("a reply that takes its time " * 20), chunk=8, stall_after_events=4,
                        stall_seconds=2))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "khaelor.py"), "-p", "go", "--output-format",
-                             "stream-json"], cwd=khaelor.project, env=khaelor.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = khaelor.popen("-p", "go", "--output-format", "stream-json")
     kinds = []
     while "UserMessageCreated" not in kinds:
         kinds.append(json.loads(proc.stdout.readline())["type"])

@@ -1,14 +1,18 @@
 """The real program in a real terminal (tmux), driven as a user would, against the fake API process."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from conftest import fork_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,10 +36,24 @@ class Terminal:
                                       "--log", str(self.request_log)], stdout=subprocess.DEVNULL)
         wait_until(port_file.exists, "the fake API to listen")
         env = {**env, "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port_file.read_text().strip()}", "TERM": "xterm-256color"}
-        exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH")))
-        command = f"cd {_quote(str(project))} && env {exports} {sys.executable} {ROOT / 'khaelor.py'} {args}; echo EXITED $?; sleep 60"
+        exports = {k: v for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH"))}
+        # what `cd PROJECT && env EXPORTS python khaelor.py ARGS; echo EXITED $?` in the pane was,
+        # with the program forked onto the pane's terminal by the fork server (tests/pane.py)
+        pane = files / "pane"
+        pane.mkdir()
+        command = f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} {_quote(str(pane))}"
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), command], check=True)
+        wait_until((pane / "pane.json").exists, "the pane to give up its terminal")
+        given = json.loads((pane / "pane.json").read_text())
+        env = {**given["env"], **exports, "PWD": str(project)}
+        self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"])
+        threading.Thread(target=self._tell_the_pane_the_exit, args=(pane,), daemon=True).start()
         self.wait_for("❯")
+
+    def _tell_the_pane_the_exit(self, pane: Path) -> None:
+        code = os.waitstatus_to_exitcode(fork_server().status(self.job))
+        (pane / "exit.tmp").write_text(str(code if code >= 0 else 128 - code))    # as $? says it
+        (pane / "exit.tmp").rename(pane / "exit")
 
     def screen(self) -> str:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
@@ -217,17 +235,8 @@ def tool(name, **tool_input):
 
 
 def khaelor_pid(term) -> int:
-    """The khaelor process inside the tmux pane (a child of the pane's shell)."""
-    shell = int(subprocess.run(["tmux", "display-message", "-p", "-t", term.name, "#{pane_pid}"],
-                               capture_output=True, text=True, check=True).stdout)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == shell and "khaelor.py" in (stat.parent / "cmdline").read_bytes().decode(errors="replace"):
-            return int(stat.parent.name)
-    raise AssertionError("khaelor is not running in the pane")
+    """The khaelor process on the tmux pane's terminal."""
+    return term.pid
 
 
 def git(project, *argv):
@@ -840,3 +849,16 @@ def test_a_pasted_200_lines_shows_as_200_lines_and_sends_them_all(terminal):
     sent = term.requests()[-1]["body"]["messages"][-1]["content"]
     sent = sent if isinstance(sent, str) else "".join(b.get("text", "") for b in sent)
     assert "pasted row 1\n" in sent and sent.count("pasted row") == 200 and "pasted row 200" in sent
+
+
+def test_the_program_owns_the_panes_terminal_as_a_shell_would_give_it(terminal):
+    """The plumbing (tests/pane.py): the khaelor forked onto the pane leads its own session, whose
+    controlling terminal is the pane's, and is the terminal's foreground process group."""
+    term = terminal([])
+    fields = Path(f"/proc/{term.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    session, tty_nr, foreground = int(fields[3]), int(fields[4]), int(fields[5])
+    pane_tty = subprocess.run(["tmux", "display-message", "-p", "-t", term.name, "#{pane_tty}"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert session == foreground == term.pid and tty_nr == os.stat(pane_tty).st_rdev
+    term.keys("C-d")
+    term.wait_for("EXITED 0")
