@@ -2988,7 +2988,8 @@ class Shell:
 
     def __init__(self, controller: Controller, stdin_fd: int, stdout, *, color: bool,
                  history_path: str | os.PathLike | None):
-        self.controller, self.fd, self.stdout = controller, stdin_fd, stdout
+        self.controller = controller
+        self.fd, self.stdout = stdin_fd, stdout
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         width, height = terminal_size(stdout)
