@@ -1749,8 +1749,7 @@ class Session:
         self.turn.add_done_callback(self.task_ended)
 
     def task_ended(self, task) -> None:
-        """The turn or the baseline task ended: a failure is said in one line, never lost (of a
-        turn's, only a log that can no longer be written gets past the kernel)."""
+        """The turn or the baseline task ended: a failure is said in one line, never lost."""
         if not task.cancelled() and task.exception() is not None:
             self.bus.emit("Status", text=f"error: {task.exception()}")
 

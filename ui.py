@@ -2982,9 +2982,8 @@ def terminal_size(stream) -> tuple[int, int]:
 
 class Shell:
     """run_app's state: the App, the terminal, and one asyncio.TaskGroup holding the input reader,
-    the frame ticker and every task the App spawns. A task that fails ends the group, and its
-    error reaches run_app, which restores the terminal and raises it: nothing is lost, and
-    nothing is caught twice."""
+    the frame ticker and every task the App spawns. A task that fails ends the group: run_app
+    restores the terminal and raises its error, once."""
 
     def __init__(self, controller: Controller, stdin_fd: int, stdout, *, color: bool,
                  history_path: str | os.PathLike | None):
@@ -3027,10 +3026,9 @@ class Shell:
             return
         saved, self.saved = self.saved, None
         try:
-            self.write(last + (BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
-        except OSError:
-            # the terminal is gone (SIGHUP); still restore the mode
-            pass
+            # the terminal may be gone (SIGHUP): its mode is restored all the same
+            with contextlib.suppress(OSError):
+                self.write(last + (BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
         finally:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
 
@@ -3082,8 +3080,7 @@ class Shell:
             self.on_keys(self.decoder.feed(data))
 
     async def readable(self) -> None:
-        """Until stdin_fd has bytes. Watched only meanwhile: a callback left over from an earlier
-        wakeup would say "readable" after the bytes were read, and the read would block."""
+        """Until stdin_fd has bytes; watched only meanwhile: a stale wakeup would block a read."""
         ready = self.loop.create_future()
         self.loop.add_reader(self.fd, ready.set_result, None)
         try:
@@ -3094,6 +3091,8 @@ class Shell:
     async def tick(self) -> None:
         """The frame ticker: a frame when one is wanted, at most one per FRAME_INTERVAL, and one
         per TICK_INTERVAL while something moves (the spinner, elapsed times)."""
+        # when the next tick is due; None: nothing moves
+        next_tick = None
         while True:
             self.wanted.clear()
             # SIGWINCH asks for a frame; the size is read here, so no change is missed
@@ -3103,12 +3102,15 @@ class Shell:
             data = self.app.render(time.monotonic())
             if data:
                 self.write(data)
+            if not (self.controller.busy or self.app.timeline.cards or self.app.queued_shell):
+                next_tick = None
+            elif next_tick is None or next_tick <= self.loop.time():
+                # ticks keep their own beat: a frame drawn between two does not push the next
+                # back (else it falls in step with what asks for frames, such as resizes)
+                next_tick = self.loop.time() + TICK_INTERVAL
             await asyncio.sleep(FRAME_INTERVAL)
-            moving = self.controller.busy or self.app.timeline.cards or self.app.queued_shell
-            # counted from the frame drawn, so that the next one falls on the next tick
-            wait = TICK_INTERVAL - FRAME_INTERVAL if moving else None
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout_at(next_tick):
                     await self.wanted.wait()
 
     def on_keys(self, keys: list[Key]) -> None:
@@ -3161,8 +3163,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         replay = list(replay)
         app.log = [event for event in replay if event.get("type") in events.DURABLE]
         lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS)
-        if lines:
-            shell.write((NEWLINE.join(lines) + NEWLINE).encode())
+        shell.write("".join(line + NEWLINE for line in lines).encode())
         for signum, handler in signals.items():
             try:
                 shell.loop.add_signal_handler(signum, handler)
