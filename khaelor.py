@@ -1632,7 +1632,6 @@ class Session:
         """Make `store` the current session (start, /new, /resume); UI subscribers carry over. A
         session that died with tool calls waiting (say, a permission question nobody answered)
         goes on at once, so the question is asked again."""
-        import asyncio
         resumed = bool(store.events)
         self.store = store
         self.bus = events.Bus(store)
@@ -1641,13 +1640,11 @@ class Session:
                                    self.home, self.project_root, self.ask,
                                    client=self.client)
         self.kernel.repair()
-        loop = asyncio.get_running_loop()
         self.baseline = None
         if resumed:
             record_reasoning(self.bus, store, self.reasoning)
             self.record_mode()
-            recording = self.kernel.record_baseline("resume")
-            self.baseline = loop.create_task(recording)
+            self.record_baseline("resume")
         state = store.state
         if state.turn_open and state.pending_tools:
             self.start_turn()
@@ -1699,7 +1696,6 @@ class Session:
     def begin(self) -> None:
         """A new session's log is created by its first message, so opening and quitting leaves
         none."""
-        import asyncio
         if self.store.events:
             return
         self.bus.emit("SessionCreated", cwd=str(Path.cwd()),
@@ -1712,9 +1708,13 @@ class Session:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
         record_reasoning(self.bus, self.store, self.reasoning)
         self.record_mode()
-        loop = asyncio.get_running_loop()
-        recording = self.kernel.record_baseline("session start")
-        self.baseline = loop.create_task(recording)
+        self.record_baseline("session start")
+
+    def record_baseline(self, reason: str) -> None:
+        """BaselineRecorded, from a task: its `git status` runs off the loop; detach cancels it."""
+        import asyncio
+        self.baseline = asyncio.get_running_loop().create_task(self.kernel.record_baseline(reason))
+        self.baseline.add_done_callback(self.task_ended)
 
     def submit(self, text: str):
         command, arguments = match_command(text, self.custom)
@@ -1751,12 +1751,12 @@ class Session:
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
         self.turn = self.kernel.start()
-        self.turn.add_done_callback(self.turn_ended)
+        self.turn.add_done_callback(self.task_ended)
 
-    def turn_ended(self, turn) -> None:
-        """Only a log that can no longer be written gets past the kernel: say so in one line."""
-        if not turn.cancelled() and turn.exception() is not None:
-            self.bus.emit("Status", text=f"error: {turn.exception()}")
+    def task_ended(self, task) -> None:
+        """The turn or the baseline task ended: a failure is said in one line, never lost."""
+        if not task.cancelled() and task.exception() is not None:
+            self.bus.emit("Status", text=f"error: {task.exception()}")
 
     def interrupt(self) -> None:
         if self.working:

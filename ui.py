@@ -10,7 +10,7 @@ time.
 Public API (only khaelor.py imports this module):
 
     code = await run_app(controller, *, stdin_fd=0, stdout=None, history_path=None,
-                         replay=(), color=None)
+                         replay=(), color=None, notices=(), welcome="")
         The interactive session. Raw mode + bracketed paste on `stdin_fd` (must be a terminal),
         frames written to `stdout` (a binary stream with a fileno; default sys.stdout.buffer).
         `replay`: earlier events of a resumed session; its last REPLAY_TURNS user turns are
@@ -18,14 +18,14 @@ Public API (only khaelor.py imports this module):
         unset). Calls controller.quit() once the user has left, then returns
         0 when the user quits (Ctrl-D, a second Ctrl-C, a command returning QUIT), 143 on
         SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
-        every path, exceptions included.
+        every path; an exception in the UI or a task it runs ends it and is raised, once.
     render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
     Controller, QUIT, TRANSCRIPT                                   see below
 
 While a question is open, typing goes to the composer (Enter sends it as steering); y/a/n answer
 only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc
-stops it: interrupt()); its UserShellRan settles its card. Ctrl-O opens or closes the newest card while
-it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
+stops it: interrupt()); its UserShellRan settles its card. Ctrl-O opens or closes the newest card
+while it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import collections
+import contextlib
 import functools
 import heapq
 import inspect
@@ -2979,34 +2980,163 @@ def terminal_size(stream) -> tuple[int, int]:
     return max(columns, 10), max(rows, 4)
 
 
-class TerminalMode:
-    """Raw mode with bracketed paste, as a setup/teardown pair; leave() is safe to repeat."""
+class Shell:
+    """run_app's state: the App, the terminal, and one asyncio.TaskGroup holding the input reader,
+    the frame ticker and every task the App spawns. A task that fails ends the group: run_app
+    restores the terminal and raises its error, once."""
 
-    def __init__(self, fd: int, write: Callable[[bytes], None]):
-        self.fd, self._write = fd, write
-        self._saved: list | None = None
+    def __init__(self, controller: Controller, stdin_fd: int, stdout, *, color: bool,
+                 history_path: str | os.PathLike | None):
+        self.controller = controller
+        self.fd, self.stdout = stdin_fd, stdout
+        self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
+        width, height = terminal_size(stdout)
+        self.app = App(controller, style=Style(color), width=width, height=height,
+                       history_path=history_path, spawn=self.spawn)
+        # the terminal's mode before raw mode; None: not in raw mode
+        self.saved: list | None = None
+        self.decoder = KeyDecoder()
+        # app.quit resolves it with the exit code (app.quit says it once)
+        self.done: asyncio.Future[int] = self.loop.create_future()
+        self.app.on_exit = self.done.set_result
+        # set when a frame is wanted; the ticker draws it
+        self.wanted = asyncio.Event()
+        self.tasks = asyncio.TaskGroup()
+        # the group's tasks still running: cancelled once the user has left
+        self.running: set[asyncio.Task] = set()
 
-    def enter(self) -> None:
+    def write(self, data: bytes) -> None:
+        self.stdout.write(data)
+        self.stdout.flush()
+
+    def enter_raw(self) -> None:
+        """Raw mode with bracketed paste."""
         try:
-            self._saved = termios.tcgetattr(self.fd)
+            self.saved = termios.tcgetattr(self.fd)
         except termios.error as exc:
             raise RuntimeError("ui.run_app needs a terminal on stdin; "
                                "use headless mode (-p) otherwise") from exc
         tty.setraw(self.fd, termios.TCSANOW)
-        self._write((BRACKETED_PASTE_ON + SHOW_CURSOR).encode())
+        self.write((BRACKETED_PASTE_ON + SHOW_CURSOR).encode())
 
-    def leave(self) -> None:
-        if self._saved is None:
+    def leave_raw(self, last: bytes = b"") -> None:
+        """`last` (a final frame), then the terminal as it was; safe to repeat."""
+        if self.saved is None:
             return
-        saved, self._saved = self._saved, None
+        saved, self.saved = self.saved, None
         try:
-            restore = BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR
-            self._write(restore.encode())
-        except OSError:
-            # the terminal is gone (SIGHUP); still restore the mode
-            pass
+            # the terminal may be gone (SIGHUP): its mode is restored all the same
+            with contextlib.suppress(OSError):
+                self.write(last + (BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
         finally:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+
+    def spawn(self, awaitable) -> None:
+        task = self.tasks.create_task(awaitable)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        # what it did (a command's answer, an error line) is drawn
+        task.add_done_callback(lambda _: self.wanted.set())
+
+    async def run(self) -> int:
+        """The tasks until the user leaves, then controller.quit()."""
+        try:
+            async with self.tasks:
+                self.spawn(self.read_keys())
+                self.spawn(self.tick())
+                code = await self.done
+                # the user has left: nothing more is read or drawn, no task outlives the UI
+                for task in self.running:
+                    task.cancel()
+        except BaseExceptionGroup as group:
+            # one failure surfaces as itself, not wrapped in the group's
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+        result = self.controller.quit()
+        if inspect.isawaitable(result):
+            await result
+        return code
+
+    async def read_keys(self) -> None:
+        """The input reader: keys to the App until the terminal goes away."""
+        while True:
+            # a lone ESC is Esc, unless more follows soon (an escape sequence)
+            wait = ESC_TIMEOUT if self.decoder.pending else None
+            try:
+                async with asyncio.timeout(wait):
+                    await self.readable()
+            except TimeoutError:
+                self.on_keys(self.decoder.flush())
+                continue
+            try:
+                data = os.read(self.fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not data:
+                # the terminal went away
+                return self.app.quit(129)
+            self.on_keys(self.decoder.feed(data))
+
+    async def readable(self) -> None:
+        """Until stdin_fd has bytes; watched only meanwhile: a stale wakeup would block a read."""
+        ready = self.loop.create_future()
+        self.loop.add_reader(self.fd, ready.set_result, None)
+        try:
+            await ready
+        finally:
+            self.loop.remove_reader(self.fd)
+
+    async def tick(self) -> None:
+        """The frame ticker: a frame when one is wanted, at most one per FRAME_INTERVAL, and one
+        per TICK_INTERVAL while something moves (the spinner, elapsed times)."""
+        # when the next tick is due; None: nothing moves
+        next_tick = None
+        while True:
+            self.wanted.clear()
+            # SIGWINCH asks for a frame; the size is read here, so no change is missed
+            size = terminal_size(self.stdout)
+            if size != (self.app.width, self.app.height):
+                self.app.resize(*size)
+            data = self.app.render(time.monotonic())
+            if data:
+                self.write(data)
+            if not (self.controller.busy or self.app.timeline.cards or self.app.queued_shell):
+                next_tick = None
+            elif next_tick is None or next_tick <= self.loop.time():
+                # ticks keep their own beat: a frame drawn between two does not push the next
+                # back (else it falls in step with what asks for frames, such as resizes)
+                next_tick = self.loop.time() + TICK_INTERVAL
+            await asyncio.sleep(FRAME_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(next_tick):
+                    await self.wanted.wait()
+
+    def on_keys(self, keys: list[Key]) -> None:
+        for key in keys:
+            if key.name == "ctrl+z":
+                self.suspend()
+            elif key.name == "ctrl+l" and self.app.transcript_top is None:
+                self.write(self.app.clear_screen(time.monotonic()))
+            else:
+                self.app.on_key(key)
+        self.wanted.set()
+
+    def on_event(self, event: dict) -> None:
+        """The controller's events, from any thread: the App takes them on the loop's."""
+        if threading.get_ident() != self.loop_thread:
+            return self.loop.call_soon_threadsafe(self.on_event, event)
+        self.app.on_event(event)
+        self.wanted.set()
+
+    def suspend(self) -> None:
+        """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
+        app = self.app
+        self.leave_raw(app.leave_transcript() + app.renderer.close(app.timeline.take_settled()))
+        # returns once the shell continues us
+        os.kill(os.getpid(), signal.SIGTSTP)
+        self.enter_raw()
 
 
 async def run_app(controller: Controller, *, stdin_fd: int = 0,
@@ -3018,163 +3148,32 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
     """Run the interactive UI until the user quits; see the module docstring. `notices` are said
     once, above the composer, when it opens (an untrusted project config, no OS sandbox)."""
     stdout = stdout or sys.stdout.buffer
-    loop = asyncio.get_running_loop()
-    loop_thread = threading.get_ident()
-    done: asyncio.Future[int] = loop.create_future()
-    tasks: set[asyncio.Task] = set()
-    # "frame", "tick", "esc"
-    timers: dict[str, asyncio.TimerHandle] = {}
-    last_frame = [0.0]
-
-    def write(data: bytes) -> None:
-        stdout.write(data)
-        stdout.flush()
-
-    def guarded(fn: Callable) -> Callable:
-        """A loop callback that fails ends the app; run_app re-raises it after restoring."""
-        def run(*args):
-            try:
-                fn(*args)
-            except Exception as exc:
-                if not done.done():
-                    done.set_exception(exc)
-        return run
-
-    def schedule(name: str, delay: float, fn: Callable[[], None]) -> None:
-        """Run `fn` after `delay`, unless a timer of that name is pending already."""
-        def fire() -> None:
-            timers.pop(name)
-            fn()
-
-        if name not in timers and not done.done():
-            timers[name] = loop.call_later(delay, fire)
-
-    def spawn(awaitable) -> None:
-        def finished(task: asyncio.Task) -> None:
-            tasks.discard(task)
-            request_frame()
-
-        task = loop.create_task(awaitable)
-        tasks.add(task)
-        task.add_done_callback(finished)
-
-    def exit_with(code: int) -> None:
-        if not done.done():
-            done.set_result(code)
-
-    width, height = terminal_size(stdout)
     color = detect_color(stdout) if color is None else color
-    app = App(controller, style=Style(color), width=width, height=height,
-              history_path=history_path, spawn=spawn)
-    app.on_exit = exit_with
-    terminal = TerminalMode(stdin_fd, write)
-    decoder = KeyDecoder()
-
-    def request_frame() -> None:
-        next_frame = last_frame[0] + FRAME_INTERVAL
-        schedule("frame", max(0.0, next_frame - time.monotonic()), draw)
-
-    @guarded
-    def draw() -> None:
-        last_frame[0] = time.monotonic()
-        data = app.render(last_frame[0])
-        if data:
-            write(data)
-        # spinner and elapsed times move
-        if controller.busy or app.timeline.cards or app.queued_shell:
-            schedule("tick", TICK_INTERVAL, request_frame)
-
-    def on_event(event: dict) -> None:
-        if threading.get_ident() != loop_thread:
-            return loop.call_soon_threadsafe(on_event, event)
-        app.on_event(event)
-        request_frame()
-
-    @guarded
-    def on_keys(keys: list[Key]) -> None:
-        for key in keys:
-            if key.name == "ctrl+z":
-                suspend()
-            elif key.name == "ctrl+l" and app.transcript_top is None:
-                write(app.clear_screen(time.monotonic()))
-            else:
-                app.on_key(key)
-        request_frame()
-
-    @guarded
-    def on_readable() -> None:
-        try:
-            data = os.read(stdin_fd, 65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        if not data:
-            # the terminal went away
-            return app.quit(129)
-        if "esc" in timers:
-            timers.pop("esc").cancel()
-        on_keys(decoder.feed(data))
-        # a lone ESC: Esc, unless more follows soon
-        if decoder.pending:
-            schedule("esc", ESC_TIMEOUT, lambda: on_keys(decoder.flush()))
-
-    def suspend() -> None:
-        """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
-        write(app.leave_transcript() + app.renderer.close(app.timeline.take_settled()))
-        terminal.leave()
-        # returns once the shell continues us
-        os.kill(os.getpid(), signal.SIGTSTP)
-        terminal.enter()
-
-    def on_resize() -> None:
-        app.resize(*terminal_size(stdout))
-        request_frame()
-
-    signals = {
-        signal.SIGWINCH: on_resize,
-        signal.SIGTERM: lambda: app.quit(143),
-        signal.SIGHUP: lambda: app.quit(129),
-    }
-    installed, unsubscribe = [], None
-    terminal.enter()
-    try:
+    shell = Shell(controller, stdin_fd, stdout, color=color, history_path=history_path)
+    app = shell.app
+    signals = {signal.SIGWINCH: shell.wanted.set,
+               signal.SIGTERM: lambda: app.quit(143),
+               signal.SIGHUP: lambda: app.quit(129)}
+    # undone in reverse order, on every path
+    with contextlib.ExitStack() as undo:
+        shell.enter_raw()
+        # the mode comes back even if the last frame fails
+        undo.callback(shell.leave_raw)
+        undo.callback(lambda: shell.leave_raw(app.close()))
         replay = list(replay)
         app.log = [event for event in replay if event.get("type") in events.DURABLE]
-        lines = render_transcript(replay, width, color, max_turns=REPLAY_TURNS)
-        if lines:
-            write((NEWLINE.join(lines) + NEWLINE).encode())
+        lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS)
+        shell.write("".join(line + NEWLINE for line in lines).encode())
         for signum, handler in signals.items():
             try:
-                loop.add_signal_handler(signum, handler)
-                installed.append(signum)
+                shell.loop.add_signal_handler(signum, handler)
             except (NotImplementedError, RuntimeError, ValueError):
                 # not the main thread: the caller handles signals
-                pass
-        loop.add_reader(stdin_fd, on_readable)
-        unsubscribe = controller.subscribe(on_event)
+                continue
+            undo.callback(shell.loop.remove_signal_handler, signum)
+        undo.callback(controller.subscribe(shell.on_event))
         if welcome:
             app.timeline.note(welcome)
         for notice in notices:
             app.timeline.note("⚠ " + notice)
-        request_frame()
-        code = await done
-        result = controller.quit()
-        if inspect.isawaitable(result):
-            await result
-        return code
-    finally:
-        loop.remove_reader(stdin_fd)
-        for signum in installed:
-            loop.remove_signal_handler(signum)
-        for handle in timers.values():
-            handle.cancel()
-        for task in tasks:
-            task.cancel()
-        if unsubscribe is not None:
-            unsubscribe()
-        try:
-            write(app.close())
-        except OSError:
-            # the terminal is gone; still restore the mode below
-            pass
-        finally:
-            terminal.leave()
+        return await shell.run()

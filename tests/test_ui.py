@@ -1164,6 +1164,8 @@ def test_run_app_restores_the_terminal_when_the_controller_raises(tmp_path):
     assert child.mode() == child.original
     code, calls, stderr = child.finish()
     assert code != 0 and "status broke" in stderr
+    # surfaced once, as itself: not wrapped in the TaskGroup's ExceptionGroup
+    assert stderr.count("ValueError: status broke") == 1 and "ExceptionGroup" not in stderr
 
 
 def test_task_evidence_shows_as_one_summary_line():
