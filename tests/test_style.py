@@ -1,14 +1,14 @@
-"""Issue 13 item 8, kept: the runtime reads like its anchors. No chained conditional expressions,
-no assignment of three or more unrelated values from one tuple, and a mean code line of at most
-48 characters (bench/line_lengths.py measures it; bottle 41.5, mini-swe-agent 45.5). model.py is
-the example the issue keeps as it is."""
+"""Issue 21 item 1: the runtime reads in a day. Its line counts only fall (toward 12,500 lines in
+the runtime modules and 3,000 in the security core, permissions.py + sandbox.py), no line is over
+100 columns, no chained conditional expressions and no assignment of three or more unrelated values
+from one tuple. model.py is the example the issue keeps as it is for the two compression checks."""
 import ast
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from line_lengths import RUNTIME, code_lines  # noqa: E402
+from line_lengths import RUNTIME  # noqa: E402
 
 KEPT_AS_IS = {"model.py"}
 
@@ -42,8 +42,26 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
                                     "sample.py:2: 3 values in one assignment"]
 
 
-def test_the_mean_code_line_is_within_the_budget():
-    lengths = []
+def line_count(name: str) -> int:
+    return len((ROOT / name).read_text().splitlines())
+
+
+# Issue 21 sets 12,500 lines for the runtime and 3,000 for the security core; this round ended at
+# the figures below (from 18,567 and 4,708). They may only fall: a change that adds lines removes as
+# many elsewhere, and whoever cuts lowers them here.
+RUNTIME_LINES = 18_352
+SECURITY_CORE_LINES = 4_690
+
+
+def test_the_runtime_and_its_security_core_never_grow():
+    assert sum(line_count(name) for name in RUNTIME) <= RUNTIME_LINES
+    assert line_count("permissions.py") + line_count("sandbox.py") <= SECURITY_CORE_LINES
+
+
+def test_no_line_is_wider_than_100_columns():
+    wide = []
     for name in RUNTIME:
-        lengths += code_lines(ROOT / name)
-    assert sum(lengths) / len(lengths) <= 48
+        for number, line in enumerate((ROOT / name).read_text().splitlines(), 1):
+            if len(line) > 100:
+                wide.append(f"{name}:{number}: {len(line)} columns")
+    assert wide == []
