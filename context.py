@@ -14,7 +14,6 @@ import collections
 import copy
 import datetime
 import time
-import hashlib
 import json
 import os
 import re
@@ -1324,6 +1323,7 @@ def git_baseline(workspace) -> dict:
     if code == 0:
         listing = "\0".join(f"{d['status']} {d['path']}" for d in dirty)
         data = (diff + listing).encode("utf-8", "surrogateescape")
+        import hashlib      # here: loading OpenSSL costs 3 ms of every start
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
     return {"git": True, "branch": branch, "head": head,
             "dirty": dirty[:MAX_BASELINE_DIRTY], "n_dirty": len(dirty),

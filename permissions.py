@@ -47,7 +47,6 @@ outside the project suggests the exact path.
 import contextvars
 import fnmatch
 import glob
-import hashlib
 import itertools
 import json
 import os
@@ -822,6 +821,7 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
 def content_hash(data: bytes) -> str:
     """What a trust record holds for a file: any change to the bytes withdraws
     the trust."""
+    import hashlib      # here: loading OpenSSL costs 3 ms of every start
     return hashlib.sha256(data).hexdigest()
 
 

@@ -17,12 +17,9 @@ the model reads).
 import asyncio
 import codecs
 import contextlib
-import difflib
 import errno
 import fnmatch
-import hashlib
 import json
-import mimetypes
 import os
 import re
 import select
@@ -38,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
+# (difflib, hashlib and mimetypes are imported where they are used: few calls need them, and at
+# the top every start would pay for them)
 
 import events
 import sandbox
@@ -1612,6 +1611,7 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
 
 
 def _unknown_parameter(key: str, props: dict) -> str:
+    import difflib
     near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
     if near:
         return f"unknown parameter '{key}' (did you mean '{near[0]}'?)"
@@ -2103,6 +2103,7 @@ def _binary_kind(head: bytes, name: str) -> str | None:
     looks_binary = b"\0" in head or n_control > len(head) // 10
     if kind is None and not looks_binary:
         return None
+    import mimetypes
     return kind or mimetypes.guess_type(name)[0] or "binary data"
 
 
@@ -2163,6 +2164,7 @@ def _signal_name(number: int) -> str:
 
 
 def _blob_name(data: bytes) -> str:
+    import hashlib
     return hashlib.sha256(data).hexdigest()
 
 
@@ -2194,6 +2196,7 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
         names = os.listdir(parent)
     except OSError:
         names = []
+    import difflib
     for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
         near.append(_one_line(ws.display(parent / name)))
     near = list(dict.fromkeys(near))[:3]
@@ -2653,6 +2656,7 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
     want = [line for line in _find_lines(old) if line.strip()]
     if not want:
         return message
+    import difflib
     close = difflib.get_close_matches(want[0].strip(), hay.trimmed, n=1, cutoff=0.6)
     if not close:
         return message
@@ -2827,6 +2831,7 @@ def _diff(shown_path: str, before: str, after: str) -> tuple[int, int, str]:
     # 3 lines of context stay on each side.
     low = max(0, prefix - 3)
     keep = max(0, suffix - 3)
+    import difflib
     lines = difflib.unified_diff(
         a[low:len(a) - keep], b[low:len(b) - keep],
         f"a/{shown_path}", f"b/{shown_path}", n=3)
