@@ -553,11 +553,12 @@ class Context:
         used = state.measured
         if used is None:
             return None
-        if used > self.usable_tokens:
-            return _prune_or_compact(state, used - self.usable_tokens)
+        usable = usable_tokens(self.model_of(state), self.max_tokens)
+        if used > usable:
+            return _prune_or_compact(state, used - usable)
         if not self.prune_at or used <= self.prune_at:
             return None
-        if may_prune_now(state, self.model) and worth_pruning(self.prune(state, now_s)):
+        if may_prune_now(state, self.model_of(state)) and worth_pruning(self.prune(state, now_s)):
             return "prune"
         if self.compact_early(state, used):
             return "compact"
@@ -568,15 +569,17 @@ class Context:
         keep the session in the window: a window whose usable end is less than twice the trigger
         away (the 200K ones). There, at a turn's first request (a clean cut) and when the same
         break-even rule says it pays back, aux call included, it comes now rather than mid-turn."""
-        small_window = self.usable_tokens < 2 * self.prune_at
+        model = self.model_of(state)
+        small_window = usable_tokens(model, self.max_tokens) < 2 * self.prune_at
         if not small_window or state.responses_in_turn or choose_cut(state) is None:
             return False
-        return compaction_pays(state, self.model, self.aux_model, used)
+        return compaction_pays(state, model, self.aux_model, used)
 
     def prune(self, state: events.State, now_s: float | None = None) -> dict:
         """The ContextPruned payload for this state (prune_payload)."""
-        return prune_payload(state, self.model, self.prune_at,
-                             self.usable_tokens, now_s)
+        model = self.model_of(state)     # a command file's turn prunes by its own model
+        return prune_payload(state, model, self.prune_at,
+                             usable_tokens(model, self.max_tokens), now_s)
 
     def overflow_plan(self, state: events.State, message: str = "") -> str:
         """After a context_overflow error: "prune" when it frees enough by the API's numbers, else
@@ -771,7 +774,7 @@ def _attached_reads(state: events.State) -> set:
 #
 # Past `prune_at` input tokens, every request re-reads old tool output the model no longer needs, at
 # the cache-read price. Clearing it breaks the cache once. With w the cache-write price and r the
-# cache-read price (the model's own, model.PRICES), C the tokens cleared and R the tokens rewritten
+# cache-read price (the model's own, events.PRICES), C the tokens cleared and R the tokens rewritten
 # (those after the first cleared block that stay):
 #   the clear costs R × (w − r) once: those tokens are written at w where they would be read at r;
 #   it saves C × r on every request after it;

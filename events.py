@@ -71,6 +71,7 @@ DURABLE_KINDS = {
     "UserMessageCreated": {
         "text": str,
         "attachments": NotRequired[list],   # the @mentioned files' text or listings, for the model
+        "seen": NotRequired[list],          # their stamps (as a read's meta): read by the model
         "model": NotRequired[str],  # the model of this turn's requests (a command file's `model:`)
     },
     "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,
@@ -1066,6 +1067,7 @@ def _set_answer(state: State, text: str) -> None:
 
 def _on_user_message(state: State, event: dict) -> None:
     text = event["text"]
+    note_seen(state, event)     # an @mention attached a file: the model has read it
     state.turn_open = True
     state.needs_model = True
     state.responses_in_turn = 0

@@ -477,14 +477,20 @@ class Kernel:
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
         show them (a file's first ATTACH_LINES lines, a folder's listing): no round trip."""
+        mentions = MENTION_RE.findall(text)[:ATTACH_MAX]
+        if not mentions:
+            return {}
         attached = []
-        for mention in MENTION_RE.findall(text)[:ATTACH_MAX]:
+        # what read_now saw: the log's fold then counts these files as read (an edit may follow)
+        self.toolbox.seen = []
+        for mention in mentions:
             # "see @calc.py, then": the sentence's punctuation is not the name's
             mention = mention.rstrip(".,;:!?)'\"")
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
             decision = self.decide({"name": "read", "input": tool_input})
             if decision.action != "allow" or decision.floor:
                 continue
+            self.toolbox.places = self.toolbox.workspace.places(decision.confine)
             try:
                 result = tools.read_now(self.toolbox, tool_input)
             except (tools.ToolError, OSError):
@@ -492,7 +498,7 @@ class Kernel:
             attached.append(f'<attached-file path="{mention}">\n{result.text}\n</attached-file>')
         if not attached:
             return {}
-        return {"attachments": attached}
+        return {"attachments": attached, "seen": self.toolbox.seen}
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is

@@ -1570,7 +1570,6 @@ def require_api_key() -> None:
 # ---------------------------------------------------------------- interactive
 
 
-
 def user_shell():
     """The user's own `!` commands run as the user would run them: the sandbox holds what the
     model runs (a sandbox.Confine, built here so that a cold start does not import sandbox)."""

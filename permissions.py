@@ -1286,11 +1286,15 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if outside and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
+            # the pattern as written matches too: a rule on `app/[slug]/page.tsx` (Next.js) means
+            # that file, not a character class
+            if pattern == subject:
+                return True
             try:
                 return re.fullmatch(sandbox.glob_regex(pattern), subject) is not None
             except re.error:
-                # a class no regex takes ([z-a]): the pattern as written
-                return pattern == subject
+                # a class no regex takes ([z-a])
+                return False
         if fnmatch.fnmatchcase(subject, pattern):
             return True
         # "ls *" also matches "ls"

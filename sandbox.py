@@ -152,6 +152,14 @@ def is_secret_name(name: str) -> bool:
     return any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_NAMES)
 
 
+def secret_matcher(patterns: tuple[str, ...]):
+    """Whether a file name matches one of `patterns` (a decision's `hide`) as is_secret_name
+    matches SECRET_NAMES: in any case (.ENV holds what .env would), and never a template."""
+    secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
+    template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
+    return lambda name: secret(name) is not None and template(name) is None
+
+
 def is_secret_path(path: str, home: str) -> bool:
     """An absolute path that holds credentials: a secret name, or in a secret location of `home`."""
     if is_secret_name(path):
@@ -401,12 +409,7 @@ class SecretScan:
             return []
         if list(patterns) != self.patterns:
             self.patterns = list(patterns)
-            # case-insensitive, as is_secret_name: .ENV holds what .env would
-            secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
-            template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)),
-                                  re.IGNORECASE).match
-            # a template (.env.example) holds no credentials: readable, as is_secret_name says
-            self.matches = lambda name: secret(name) is not None and template(name) is None
+            self.matches = secret_matcher(tuple(patterns))
             self.listings = {}
         visited = {}
         stack = [root]
@@ -875,7 +878,7 @@ def filter_for(confine: Confine, supervised: bool) -> list | None:
 
 class Entry:
     """What one child needs to enter its sandbox, built in the parent; close() once it has started.
-    The ruleset fd stays its owner's (the Workspace keeps rulesets for reuse)."""
+    The ruleset fd is the entry's own (a copy of the one the Workspace keeps for reuse)."""
 
     def __init__(self, ruleset: int | None, program: list | None, limits: list,
                  supervisor: "Supervisor | None" = None):
@@ -892,6 +895,9 @@ class Entry:
 
     def close(self) -> None:
         """Once the child started, or failed to: nothing of this is needed by the parent."""
+        if self.ruleset is not None:
+            os.close(self.ruleset)
+            self.ruleset = None
         if self.supervisor:
             # never started: the child did not run
             self.supervisor.theirs.close()

@@ -194,8 +194,8 @@ EDIT_DESCRIPTION = """Replace text in a file: old_string becomes new_string.
 - The result shows the changed region with line numbers, so there is no need to re-read the file to
   check the edit."""
 
-GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g. "def
-\\w+\\(", "TODO|FIXME").
+GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g.
+"def \\w+\\(", "TODO|FIXME").
 - path: file or directory to search, default the project root. include: a glob for file names, e.g.
   "*.py" or "*.{ts,tsx}".
 - Files ignored by .gitignore are skipped. Results are matching lines as path:line: text, files most
@@ -681,11 +681,14 @@ class Workspace:
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), home, tuple(sorted(static_ports)))
             with self.rulesets_lock:
-                ruleset = self.rulesets.get(key)
-                if ruleset is None:
-                    ruleset = sandbox.build_ruleset(
+                kept = self.rulesets.get(key)
+                if kept is None:
+                    kept = sandbox.build_ruleset(
                         confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
-                    self._keep_ruleset(key, ruleset)
+                    self._keep_ruleset(key, kept)
+                # the entry's own copy: another thread may evict (close) the kept one before
+                # this child starts, and its number could be reused meanwhile
+                ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
 
@@ -854,8 +857,8 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
 
 
 class Toolbox:
-    """The seven tools behind one `run`, and the session's tool state: what the model has read, each
-    file's edit history, the background processes."""
+    """The seven tools behind one `run`, and the session's tool state: each file's edit history and
+    the background processes (what the model has read it asks the log's fold)."""
 
     def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
                  state: Callable[[], events.State] | None = None):
@@ -3008,12 +3011,13 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path,
         return list(rels), []
     home = box.workspace.home or events.khaelor_home()
     closed = sandbox.closed_locations(Path.home(), home, confine.paths)
+    is_secret = sandbox.secret_matcher(confine.hide) if confine.hide else lambda name: False
     kept = []
     secret = []
     for rel in rels:
         name = rel.rsplit("/", 1)[-1]
         path = root / rel
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in confine.hide):
+        if is_secret(name):
             secret.append(rel)
         elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
             kept.append(rel)

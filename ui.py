@@ -1108,8 +1108,8 @@ class Timeline:
 
     def expand_last_card(self) -> None:
         """Ctrl-O: thinking that streams, or else the newest card while it is still live, opens or
-        closes in place and settles as it is shown. Scrollback cannot be redrawn: what has settled
-        is read whole in the transcript view (Ctrl-R), never printed again."""
+        closes in place (a card settles as it is shown, thinking settles collapsed). Scrollback
+        cannot be redrawn: what has settled is read whole in the transcript view (Ctrl-R)."""
         if self._thinking is not None:
             self._thinking_open = not self._thinking_open
         elif self._held is not None:
@@ -1224,7 +1224,7 @@ class Timeline:
     def _finish_thinking(self, full: str | None, duration_ms: int | None = None,
                          redacted: bool = False) -> None:
         """Thinking settles collapsed, as one dim line: how long it took and its opening words
-        (`full`: the whole block; None: what streamed of it). Ctrl-O prints it whole."""
+        (`full`: the whole block; None: what streamed of it). Ctrl-R shows it whole."""
         text = self._thinking if full is None else full
         if text is None:
             return
@@ -2996,12 +2996,17 @@ class Shell:
         self.decoder = KeyDecoder()
         # app.quit resolves it with the exit code (app.quit says it once)
         self.done: asyncio.Future[int] = self.loop.create_future()
-        self.app.on_exit = self.done.set_result
+        self.app.on_exit = self.exit_with
         # set when a frame is wanted; the ticker draws it
         self.wanted = asyncio.Event()
         self.tasks = asyncio.TaskGroup()
         # the group's tasks still running: cancelled once the user has left
         self.running: set[asyncio.Task] = set()
+
+    def exit_with(self, code: int) -> None:
+        """The app's exit code; a signal during the teardown finds it already settled."""
+        if not self.done.done():
+            self.done.set_result(code)
 
     def write(self, data: bytes) -> None:
         self.stdout.write(data)

@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,7 +37,7 @@ async def start_and_wait(workspace: tools.Workspace, confine: sandbox.Confine) -
 
 async def measure(project: Path, runs: int) -> dict[str, list[float]]:
     sandboxed = unsandboxed = tools.Workspace(project)
-    read_only = {**tools.READ_ONLY_CONFINE, "hide": [".env", ".env.*", "*.pem", "id_*"]}
+    read_only = replace(tools.READ_ONLY_CONFINE, hide=(".env", ".env.*", "*.pem", "id_*"))
     cases = {"unsandboxed": (unsandboxed, sandbox.Confine(unconfined=True)),
              "sandboxed (approved)": (sandboxed, tools.DEFAULT_CONFINE),
              "sandboxed (read-only)": (sandboxed, read_only)}

@@ -153,7 +153,9 @@ def run_khaelor(argv, cwd, env, stdin=None, timeout=60, fresh=False,
                 **options) -> subprocess.CompletedProcess:
     """What subprocess.run(input=stdin, capture_output=True, text=True, timeout=timeout, **options)
     gives for `python khaelor.py *argv` (its own lines, since it cannot be given another Popen)."""
-    options = {"stdin": None if stdin is None else subprocess.PIPE, "stdout": subprocess.PIPE,
+    # no input given: /dev/null, as a script's run has it (never the terminal pytest runs in)
+    options = {"stdin": subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+               "stdout": subprocess.PIPE,
                "stderr": subprocess.PIPE, "text": True, **options}
     with khaelor_popen(argv, cwd, env, fresh, **options) as process:
         try:

@@ -143,3 +143,12 @@ def test_a_project_that_works_with_claude_code_works_unchanged(khaelor, project,
     assert check("--write", "src/app.py")["decision"] == "allow"
     assert check("--read", "secrets/db.key")["decision"] == "deny"
     assert check("--bash", "make lint")["decision"] == "deny"     # the repository's deny outranks the user's allow
+
+
+def test_a_path_rule_with_brackets_also_means_the_file_as_written(root):
+    """Next.js routes: `Edit(app/[slug]/page.tsx)` denies that very file (the glob's character
+    class alone would match `app/s/page.tsx` and miss it)."""
+    _, rules = rules_from(root, "deny", "Edit(app/[slug]/page.tsx)")
+    assert decision(root, "edit", "app/[slug]/page.tsx", rules) == "deny"
+    assert decision(root, "edit", "app/s/page.tsx", rules) == "deny"
+    assert decision(root, "edit", "app/other/page.tsx", rules) != "deny"

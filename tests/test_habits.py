@@ -3,7 +3,7 @@ and, where only the real program proves it, the real program against the fake AP
 import json
 
 import ui
-from fake_api import reply, text
+from fake_api import reply, text, tool_use
 from test_claude_parity import in_session
 
 
@@ -130,6 +130,19 @@ def test_a_mentioned_file_and_folder_go_with_the_message_but_no_secret(khaelor, 
     created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
     # the screen shows what was typed
     assert created["text"] == "explain @calc.py, see @src/ and @.env"
+
+
+def test_a_mentioned_file_counts_as_read_so_the_model_can_edit_it_at_once(khaelor, fake, project):
+    """As Claude Code: the attachment is the read, no round trip to read it again before an edit."""
+    (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    fix = tool_use("edit", {"file_path": "calc.py", "old_string": "a - b", "new_string": "a + b"})
+    # (the verification gate may ask for a check once or twice: the model answers the same)
+    fake.enqueue(reply(fix), *[reply(text("fixed"))] * 3)
+    result = khaelor.run("-p", "fix @calc.py", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert (project / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
+    assert created["seen"] and created["seen"][0][0].endswith("calc.py")
 
 
 def test_the_message_says_what_was_attached_and_counts_one_more_line():

@@ -1241,3 +1241,21 @@ asyncio.run(main())
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=30, start_new_session=True)
     assert done.stdout.split() == ["1", "timeout"], done.stderr
+
+
+def test_grep_and_glob_leave_out_secret_files_by_the_one_vocabulary(box):
+    """As the sandbox closes them: in any case (.ENV, ID_RSA) and never a template (.env.example)."""
+    for name in ("src/.ENV", "deploy/ID_RSA", ".env.example", "notes.txt"):
+        (box.root / name).parent.mkdir(parents=True, exist_ok=True)
+        (box.root / name).write_text("MARKER here\n")
+    box.toolbox.ripgrep = None
+    reading = sandbox.Confine(write=False, hide=sandbox.SECRET_NAMES)    # what a read decision gives
+    found = box.loop.run_until_complete(
+        box.toolbox.run("grep", {"pattern": "MARKER"}, "tu-grep", confine=reading))
+    assert "notes.txt:" in found.text and ".env.example:" in found.text
+    assert "src/.ENV:" not in found.text and "deploy/ID_RSA:" not in found.text
+    listed = box.loop.run_until_complete(
+        box.toolbox.run("glob", {"pattern": "**/*"}, "tu-glob", confine=reading))
+    kept = [line for line in listed.text.splitlines() if not line.startswith(("(", "["))]
+    assert ".env.example" in listed.text and not any("ID_RSA" == line.rsplit("/", 1)[-1]
+                                                      for line in kept)
