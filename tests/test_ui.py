@@ -1126,7 +1126,11 @@ def test_run_app_raw_mode_is_restored_after_ctrl_d(tmp_path):
     child.wait_for(b"hello there")
     child.send(b"\x1b[200~pasted\ntext\x1b[201~\r")
     child.wait_for(b"pasted")
+    mark = len(child.output)
     child.send(b"\x1a")                    # Ctrl-Z: orphaned group ignores SIGTSTP; still works
+    # typed only once it took the terminal back: in the cooked mode between, Enter would become a
+    # newline in the composer (a person does not type in that instant; a test can)
+    child.wait_for(b"\x1b[?2004h", start=mark)
     child.send(b"crash\r")
     child.wait_for(b"The message was not sent: boom")
     assert is_raw(child.mode())                # taken back after the suspend
