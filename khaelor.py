@@ -312,8 +312,8 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
         config = parse_config(path, data.decode("utf-8", "replace"))
     if config.get("prices"):
         say(f"  its prices for {', '.join(sorted(config['prices']))} apply (what /cost shows)")
-    for key in SPENDING_KEYS[1:]:
-        if key in config:
+    for key in SPENDING_KEYS:
+        if key != "prices" and key in config:
             say(f"  its {key} applies: {json.dumps(config[key])}")
     return digest
 
