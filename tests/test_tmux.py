@@ -701,8 +701,8 @@ def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(t
     term.type("!echo queued-$((40+2))")
     term.keys("Enter")
     term.wait_for("runs when the turn ends")
-    screen = term.wait_for("queued-42")
-    assert "● ! echo queued-$((40+2))" in screen and "runs when the turn ends" not in screen
+    screen = term.wait_for("● ! echo queued-$((40+2))")     # its output shows live before this
+    assert "queued-42" in screen and "runs when the turn ends" not in screen
 
 
 def test_shift_tab_enters_plan_mode_and_an_approved_plan_proceeds_accepting_edits(terminal, project):
