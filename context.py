@@ -363,18 +363,13 @@ class _Importer:
 
 def imports_in(text: str) -> list[tuple[int, str]]:
     """(line number, path) of each `@path` in the text, outside code fences and inline code."""
-    # Code is blanked out, not removed, so the line numbers stay.
-    prose = CODE_RE.sub(_blank, text)
+    # Code is blanked out (every character but a newline made a space), so the line numbers stay.
+    prose = CODE_RE.sub(lambda code: re.sub(r"[^\n]", " ", code.group()), text)
     found = []
     for match in IMPORT_RE.finditer(prose):
         line = prose.count("\n", 0, match.start()) + 1
         found.append((line, match.group(1)))
     return found
-
-
-def _blank(match: re.Match) -> str:
-    """The matched text with every character but a newline made a space."""
-    return re.sub(r"[^\n]", " ", match.group())
 
 
 def _read_instruction(path: Path) -> str:
@@ -414,7 +409,6 @@ def build_system(project_root: Path, cwd: Path, home: Path,
     return [{"type": "text", "text": IDENTITY},
             {"type": "text", "text": TOOL_GUIDANCE},
             {"type": "text", "text": "\n".join(project)}]
-
 
 
 # ---------------------------------------------------------------- the engine
@@ -722,31 +716,18 @@ def prune_ids(state: events.State) -> list[str]:
     freed = 0           # tokens the chosen ones free
     chosen = []
     attached = _attached_reads(state)
-    for tool_use_id, (_, tokens) in reversed(state.prunable.items()):
+    for tool_use_id, prunable in reversed(state.prunable.items()):
         if tool_use_id in attached:
             continue
         if kept < PRUNE_PROTECT_TOKENS or n_kept < PRUNE_KEEP_RESULTS:
-            kept += tokens
+            kept += prunable.tokens
             n_kept += 1
         else:
             chosen.append(tool_use_id)
-            freed += tokens
+            freed += prunable.tokens
     if freed < PRUNE_MINIMUM_TOKENS:
         return []
     return list(reversed(chosen))
-
-
-def _calls_and_results(state: events.State) -> dict:
-    """tool_use_id -> (its ToolRequested, its result event), for results after the latest cut."""
-    calls = {}
-    found = {}
-    for event in state.uncut:
-        tool_use_id = event.get("tool_use_id")
-        if event["type"] == "ToolRequested":
-            calls[tool_use_id] = event
-        elif event["type"] in events.TOOL_RESULT_EVENTS:
-            found[tool_use_id] = (calls.get(tool_use_id), event)
-    return found
 
 
 def _attached_reads(state: events.State) -> set:
@@ -760,10 +741,11 @@ def _attached_reads(state: events.State) -> set:
     if not mentioned:
         return set()
     attached = set()
-    for tool_use_id, (call, result) in _calls_and_results(state).items():
+    for tool_use_id, prunable in state.prunable.items():
+        call = prunable.call
         if call is None or call["name"] != "read":
             continue
-        shown = (result.get("meta") or {}).get("path")
+        shown = (prunable.result.get("meta") or {}).get("path")
         paths = {str(call["input"].get("file_path", "")), str(shown or "")}
         if {os.path.normpath(path) for path in paths if path} & mentioned:
             attached.add(tool_use_id)
@@ -839,8 +821,7 @@ def prune_payload(state: events.State, model: str, prune_at: int,
     "cost" (past prune_at, and it pays back), "idle" (past prune_at, the cache expired anyway)
     or "window" (past the usable window, or the API said the prompt is too long)."""
     ids = prune_ids(state)
-    found = _calls_and_results(state)
-    freed = sum(state.prunable[tool_use_id][1] for tool_use_id in ids)
+    freed = sum(state.prunable[tool_use_id].tokens for tool_use_id in ids)
     rewritten = _rewritten_tokens(state, ids, freed)
     used = state.measured or 0
     reason = "window"
@@ -850,7 +831,8 @@ def prune_payload(state: events.State, model: str, prune_at: int,
             reason = "idle"
     placeholders = {}
     for tool_use_id in ids:
-        placeholders[tool_use_id] = placeholder(*found[tool_use_id])
+        prunable = state.prunable[tool_use_id]
+        placeholders[tool_use_id] = placeholder(prunable.call, prunable.result)
     payback = payback_requests(rewritten, freed, model)
     return {"tool_use_ids": ids, "placeholders": placeholders,
             "reason": reason, "model": model, "trigger": prune_at,
@@ -976,7 +958,7 @@ def placeholder(call: dict | None, result: dict) -> str:
 def _prune_or_compact(state: events.State, excess: int) -> str:
     """"prune" when pruning alone frees `excess` tokens, else "compact"."""
     ids = prune_ids(state)
-    freed = sum(state.prunable[tool_use_id][1] for tool_use_id in ids)
+    freed = sum(state.prunable[tool_use_id].tokens for tool_use_id in ids)
     return "prune" if ids and freed >= excess else "compact"
 
 
@@ -1091,11 +1073,7 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     checkpoint["running_processes"] = [dict(p) for p in processes]
     if not checkpoint["changes"]:
         checkpoint["changes"] = _changes_through(state, cut_seq)
-    latest = None
-    for seq, text in reversed(state.user_texts):
-        if seq <= cut_seq:
-            latest = text
-            break
+    latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
     if latest:
         evidence = {"label": "latest user message (verbatim)",
                     "content": clip(latest, 8_000)}
@@ -1222,7 +1200,7 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
             lines.append(inner + line if line else "")
         return lines
     else:
-        return [f"{head} {_yaml_inline(value)}"]
+        return [f"{head} {_yaml_scalar(value)}"]
     # A collection in a list starts on the dash's line ("- " is as wide as the indent).
     if head.endswith("-"):
         return [head + " " + nested[0][indent + 2:]] + nested[1:]
@@ -1239,16 +1217,12 @@ def _chomping(text: str) -> str:
     return ""
 
 
-def _yaml_inline(value) -> str:
+def _yaml_scalar(value) -> str:
     """A value on its key's line: an empty collection, or a scalar."""
     if isinstance(value, dict):
         return "{}"
     if isinstance(value, list):
         return "[]"
-    return _yaml_scalar(value)
-
-
-def _yaml_scalar(value) -> str:
     if value is None or isinstance(value, bool):
         return json.dumps(value)        # null, true, false
     if isinstance(value, (int, float)):
@@ -1337,7 +1311,6 @@ def _git(workspace, *args: str) -> tuple[int, str]:
     """(exit code, output) of a read-only git command; (1, "") without a workspace.
     --no-optional-locks: a plain `git status` may rewrite the index, and khaelor's own git use
     must stay read-only."""
-
     if workspace is None:
         return 1, ""
     argv = ["git", "--no-optional-locks", *args]
@@ -1567,6 +1540,5 @@ def _whole_project_checks(root: Path) -> list[str]:
         return _node_checks(root, [])
     python_markers = ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")
     if any((root / name).is_file() for name in python_markers):
-
         return [f"{_python()} -m pytest -q"]
     return []

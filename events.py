@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NotRequired
+from typing import NamedTuple, NotRequired
 
 SCHEMA_VERSION = 1
 
@@ -476,7 +476,7 @@ class SessionStore:
             warnings.append(f"{path}: the last line was cut off mid-write (a crash); dropped it "
                             f"({len(data) - keep} bytes)")
             if not read_only:
-                _truncate(path, keep)
+                os.truncate(path, keep)
             data = data[:keep]
         for number, line in enumerate(data.splitlines(), 1):
             event = _parse_line(line)
@@ -614,15 +614,11 @@ def private_file(path: Path) -> Path:
     return path
 
 
-def lock_path(log_path: Path) -> Path:
-    return Path(log_path).with_suffix(".lock")
-
-
 def _lock(log_path: Path) -> int:
     """An advisory lock (flock) on `<id>.lock` beside the log, holding our pid. The kernel drops
     it when the process ends, however it ends (kill -9 too), so a lock is never stale. The file
     stays: deleting it would let two processes lock two different files."""
-    path = lock_path(log_path)
+    path = Path(log_path).with_suffix(".lock")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as e:
@@ -666,11 +662,6 @@ def _write_all(fd: int, data: bytes, done: list) -> None:
     one reports why (ENOSPC, EFBIG)."""
     while done[0] < len(data):
         done[0] += os.write(fd, memoryview(data)[done[0]:])
-
-
-def _truncate(path: Path, size: int) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(size)
 
 
 # ---------------------------------------------------------------- the bus
@@ -907,6 +898,13 @@ def estimate_tokens(value) -> int:
 PLACEHOLDER_TOKENS = estimate_tokens(PRUNED_PLACEHOLDER)
 
 
+class Prunable(NamedTuple):
+    """A tool result a prune may replace with a placeholder."""
+    call: dict | None       # its ToolRequested
+    result: dict            # its ToolCompleted or ToolFailed
+    tokens: int             # what replacing it frees
+
+
 @dataclass
 class State:
     """Everything the kernel, context, CLI and UI read from a session, kept up to date by `apply`
@@ -918,7 +916,7 @@ class State:
     summary: str | None = None          # the latest compaction's summary: the first message
     cut_seq: int = 0                    # the latest compaction's cut
     pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder or None
-    prunable: dict = field(default_factory=dict)    # tool_use_id -> (seq, tokens a prune frees)
+    prunable: dict = field(default_factory=dict)    # tool_use_id -> Prunable
     measured: int | None = None         # next request's tokens: last usage + estimate since
     freed_since_usage: int = 0          # tokens prunes freed since the last response's usage
     safe_cut: int = 0                   # the newest seq at which the log may be cut
@@ -1179,7 +1177,7 @@ def _on_tool_result(state: State, event: dict) -> None:
     output = event.get("output") or ""
     tokens = estimate_tokens(output) - PLACEHOLDER_TOKENS
     if ran and tokens > 0 and tool_use_id not in state.pruned:
-        state.prunable[tool_use_id] = (event["seq"], tokens)
+        state.prunable[tool_use_id] = Prunable(call, event, tokens)
     _add_since_measured(state, output)
     note_seen(state, event.get("meta") or {})
 
@@ -1213,11 +1211,7 @@ def _on_compacted(state: State, event: dict) -> None:
     state.summary = event["summary"]
     state.cut_seq = cut_seq
     state.uncut = [e for e in state.uncut if e["seq"] > cut_seq]
-    kept = {}
-    for tool_use_id, (seq, tokens) in state.prunable.items():
-        if seq > cut_seq:
-            kept[tool_use_id] = (seq, tokens)
-    state.prunable = kept
+    state.prunable = {i: p for i, p in state.prunable.items() if p.result["seq"] > cut_seq}
     state.measured = None
     state.needs_model = state.turn_open
     _refold(state)
@@ -1287,15 +1281,12 @@ def rewind_target(state: State, number: int) -> tuple[dict | None, dict]:
         if event["seq"] <= seq:
             checkpoint = event
     after = checkpoint["seq"] if checkpoint else 0
-    written = []
-    for modified in state.edits.values():
-        for event in modified:
-            if after < event["seq"] < seq and event.get("tool_use_id") != UNDO_ID:
-                written.append(event)
+    written = [event for modified in state.edits.values() for event in modified]
     overlay = {}
     for event in sorted(written, key=lambda e: e["seq"]):
-        if event.get("real_path") and event.get("after_version"):
-            overlay[event["real_path"]] = event["after_version"]
+        if after < event["seq"] < seq and event.get("tool_use_id") != UNDO_ID:
+            if event.get("real_path") and event.get("after_version"):
+                overlay[event["real_path"]] = event["after_version"]
     return checkpoint, overlay
 
 
