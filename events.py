@@ -275,18 +275,17 @@ class SessionBusyError(KhaelorError):
 # (ESC [ or the 8-bit 0x9B), the strings (OSC, DCS, SOS, PM, APC) up to BEL or ST, and the other
 # ESC forms (ESC 7, ESC c, ESC ( B). A string never ended runs to the end of the text.
 _STRING_START = r"(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*"
-_SEQUENCE = (r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
-             rf"|{_STRING_START}(?:\x07|\x1b\\|\x9c)"
-             r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
 # Patterns, not compiled here: re compiles and caches each on its first use, off the start-up path.
 # complete sequences only: a stream holds back one that is not (yet)
-ESCAPE_SEQUENCE = _SEQUENCE
-_ESCAPES = rf"{_SEQUENCE}|{_STRING_START}|\x1b"
+ESCAPE_SEQUENCE = (r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+                   rf"|{_STRING_START}(?:\x07|\x1b\\|\x9c)"
+                   r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
+_ESCAPES = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b"
 # C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
 CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
 INVISIBLE_CHARS = "\u200b-\u200d\u2060-\u2064\ufeff\U000e0000-\U000e007f"
-_UNSAFE = rf"{_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]"
+_UNSAFE = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]"
 # every sequence starts with one of these: text without any (nearly all) is left as it is, fast
 _CONTROL = f"[{CONTROL_CHARS}]"
 _HIDDEN = f"[{CONTROL_CHARS}{INVISIBLE_CHARS}]"
