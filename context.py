@@ -205,38 +205,27 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
                       user_home: Path | None = None,
                       is_secret=None) -> tuple[list[Instruction], list[str]]:
     """Every instruction file with its @path imports followed, depth first, and the notes /context
-    shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal.
+    shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal. The files: the
+    user's (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the nearest
+    project-level file from cwd up to the project root (ancestors do not stack), then the nearest
+    CLAUDE.local.md.
     is_secret(name): a file name that holds credentials (sandbox.is_secret_name); never
     imported."""
     notes = []
-    project = Path(project_root).resolve()
-    users_home = Path(user_home or Path.home())
-    importer = _Importer(project, users_home, is_secret, notes)
-    roots = _instruction_roots(home, project_root, cwd, user_home, notes)
-    for path, tier in roots:
-        importer.load(path, tier)
-    return importer.loaded, notes
-
-
-def _instruction_roots(home, project_root, cwd, user_home,
-                       notes: list) -> list[tuple[Path, str]]:
-    """(path, tier) of the user's files (~/.claude/CLAUDE.md, then the first instruction file in
-    KHAELOR_HOME), the nearest project-level file from cwd up to the project root (ancestors do
-    not stack), then the nearest CLAUDE.local.md. Not their imports (load_instructions)."""
     cwd = Path(cwd).resolve()
     root = Path(project_root).resolve()
+    users_home = Path(user_home or Path.home())
+    importer = _Importer(root, users_home, is_secret, notes)
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
     if _inside(cwd, root):
         upwards = [cwd]
         upwards += [p for p in cwd.parents if _inside(p, root)]
     else:
         upwards = [cwd, root]
-    users_file = Path(user_home or Path.home()) / ".claude" / "CLAUDE.md"
-    found = [(users_file, "user"),
+    found = [(users_home / ".claude" / "CLAUDE.md", "user"),
              (_nearest([Path(home)], INSTRUCTION_FILES), "user"),
              (_nearest(upwards, INSTRUCTION_FILES), "project"),
              (_nearest(upwards, (LOCAL_INSTRUCTIONS,)), "local")]
-    roots = []
     seen = set()
     for path, tier in found:
         if path is None or not path.is_file():
@@ -252,8 +241,8 @@ def _instruction_roots(home, project_root, cwd, user_home,
                          " outside the project")
             continue
         seen.add(resolved)
-        roots.append((path, tier))
-    return roots
+        importer.load(path, tier)
+    return importer.loaded, notes
 
 
 def _nearest(directories: list[Path], names: tuple) -> Path | None:
