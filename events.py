@@ -645,7 +645,8 @@ def _encode(event: dict) -> bytes:
 
 def _parse_line(line: bytes) -> dict | None:
     try:
-        event = json.loads(line)
+        # decoded first: given bytes, json.loads guesses each line's encoding (ours is UTF-8)
+        event = json.loads(line.decode())
     except ValueError:
         return None
     if not isinstance(event, dict):
