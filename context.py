@@ -1384,17 +1384,12 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
     if "rust" in by_kind and (root / "Cargo.toml").is_file():
         commands.append("cargo test")
     if "go" in by_kind and (root / "go.mod").is_file():
-        folders = {_go_package(path) for path in by_kind["go"]}
-        packages = " ".join(sorted(folders))
+        folders = {str(Path(path).parent) for path in by_kind["go"]}
+        packages = " ".join(sorted(f if f == "." else "./" + f for f in folders))
         commands += [f"go vet {packages}", f"go test {packages}"]
     if not commands:
         commands = _whole_project_checks(root)
     return list(dict.fromkeys(commands))[:MAX_CHECK_COMMANDS]
-
-
-def _go_package(path: str) -> str:
-    folder = str(Path(path).parent)
-    return "." if folder == "." else "./" + folder
 
 
 def _read_text(path: Path) -> str:

@@ -458,7 +458,8 @@ class SessionStore:
         try:
             store = cls._read(path, read_only)
         except BaseException:
-            _unlock(lock_fd)
+            if lock_fd is not None:
+                os.close(lock_fd)
             raise
         store._lock_fd = lock_fd
         return store
@@ -545,7 +546,8 @@ class SessionStore:
             if self._fd is not None:
                 os.close(self._fd)
             self._fd = None
-            _unlock(self._lock_fd)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
             self._lock_fd = None
 
     def _restore(self) -> None:
@@ -632,11 +634,6 @@ def _lock(log_path: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
-
-
-def _unlock(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
 
 
 def _encode(event: dict) -> bytes:
