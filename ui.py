@@ -521,9 +521,7 @@ def render_table(rows: list[str], width: int, style: Style,
     grid = [table_cells(row) for row in rows]
     n_cols = max(len(r) for r in grid)
     grid = [r + [""] * (n_cols - len(r)) for r in grid]
-    widths = []
-    for c in range(n_cols):
-        widths.append(max(1, max(cell_width(r[c]) for r in grid)))
+    widths = [max(1, *(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
     # the cells and a " │ " between columns
     total = sum(widths) + 3 * (n_cols - 1)
     # shrink the widest column until it fits
@@ -875,12 +873,7 @@ STREAMED_FIELDS = {
     "ThinkingDelta": "text",
     "ToolInputDelta": "partial_json",
 }
-RESPONSE_ENDS = frozenset({
-    "ModelResponseCompleted", "ModelRequestFailed", "Interrupted",
-    "TaskCompleted", "TaskFailed",
-})
-# the status line's output estimate; the API's count arrives at the end
-CHARS_PER_TOKEN = 4
+RESPONSE_ENDS = events.TURN_END_EVENTS | {"ModelResponseCompleted", "ModelRequestFailed"}
 # Events that first settle whatever is still streaming (text, thinking).
 FLUSHING = frozenset({
     "UserMessageCreated", "ToolRequested", "PermissionRequested",
@@ -1500,24 +1493,18 @@ class Timeline:
         """The card's lines; its output collapsed to head and tail unless `expanded`."""
         output, n = card.output, card.n_lines
         hint = " · ctrl+o shows all" if live else ""
-        if expanded:
-            rows = self._preview(output, n)
-        elif card.head_only and n > PREVIEW_LINES:
-            rows = self._preview(output[:PREVIEW_LINES], PREVIEW_LINES)
-            more = n - PREVIEW_LINES
-            rows.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
-        elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
-            rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
-            hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
-            rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
-            for line in output[-PREVIEW_TAIL:]:
-                tail_line = clip("    " + line, self.width)
-                rows.append(self.style.paint(tail_line, "dim"))
-        else:
-            rows = self._preview(output, n)
+        if card.head_only and n > PREVIEW_LINES and not expanded:
+            return card.head + self._preview(output[:PREVIEW_LINES], n, hint)
+        if expanded or n <= PREVIEW_HEAD + PREVIEW_TAIL + 1:
+            return card.head + self._preview(output, n)
+        rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
+        hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
+        rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
+        for line in output[-PREVIEW_TAIL:]:
+            rows.append(self.style.paint(clip("    " + line, self.width), "dim"))
         return card.head + rows
 
-    def _preview(self, lines: list[str], n_total: int) -> list[str]:
+    def _preview(self, lines: list[str], n_total: int, hint: str = "") -> list[str]:
         out = []
         for k, line in enumerate(lines):
             # the first line hangs off the card line
@@ -1525,7 +1512,7 @@ class Timeline:
             out.append(self.style.paint(clip(indent + line, self.width), "dim"))
         if n_total > len(lines):
             more = n_total - len(lines)
-            out.append(self.style.paint("    " + more_lines(more), "dim"))
+            out.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
@@ -1575,7 +1562,8 @@ class Timeline:
             return self.phase
         facts = [f"{int(now - self._model_started)}s"]
         if self._n_streamed:
-            tokens = format_count(self._n_streamed / CHARS_PER_TOKEN)
+            # an estimate; the API's count arrives at the end
+            tokens = format_count(self._n_streamed / events.CHARS_PER_TOKEN)
             facts.append(f"↓ ~{tokens} tokens")
         return " · ".join([self.phase] + facts)
 
@@ -1671,13 +1659,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
     if get("reasoning"):
         segments.append((3, str(get("reasoning"))))
-    processes = get("processes")
-    if isinstance(processes, (list, tuple)):
-        n_processes = len(processes)
-    else:
-        n_processes = processes or 0
-    if n_processes:
-        segments.append((2, counted(n_processes, "proc")))
+    if get("processes"):
+        segments.append((2, counted(get("processes"), "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
     return [(priority, text) for priority, text in segments if text]
@@ -2027,6 +2010,10 @@ WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")
 WORD_AFTER_RE = re.compile(r"\W*\w*")
 # mentions in a sent message, for recency
 MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")
+# Keys that edit as another does (Emacs and arrow spellings of one move).
+KEY_ALIASES = {"paste": "text", "alt+enter": "ctrl+j", "ctrl+b": "left", "ctrl+f": "right",
+               "home": "ctrl+a", "end": "ctrl+e", "ctrl+h": "backspace", "alt+backspace": "ctrl+w",
+               "ctrl+left": "alt+b", "alt+left": "alt+b", "ctrl+right": "alt+f", "alt+right": "alt+f"}
 
 
 def fuzzy_score(query: str, candidate: str) -> float | None:
@@ -2145,6 +2132,7 @@ class Composer:
                 return None
         if name == "enter":
             return self._enter()
+        name = KEY_ALIASES.get(name, name)
         action = getattr(self, "_key_" + name.replace("+", "_"), None)
         if action is not None:
             action(key)
@@ -2186,7 +2174,6 @@ class Composer:
         text = text.replace("\t", "    ")
         self._insert(events.plain_text(text))
 
-    _key_paste = _key_text
 
     def _enter(self) -> str | None:
         before = self.text[:self.cursor]
@@ -2226,24 +2213,15 @@ class Composer:
             self.cursor = start
 
     def _key_ctrl_j(self, key): self._insert("\n")
-    _key_alt_enter = _key_ctrl_j
     def _key_left(self, key): self.cursor = max(0, self.cursor - 1)
-    _key_ctrl_b = _key_left
     def _key_right(self, key): self.cursor = min(len(self.text), self.cursor + 1)
-    _key_ctrl_f = _key_right
     def _key_ctrl_a(self, key): self.cursor = self._line_bounds()[0]
-    _key_home = _key_ctrl_a
     def _key_ctrl_e(self, key): self.cursor = self._line_bounds()[1]
-    _key_end = _key_ctrl_e
     def _key_alt_b(self, key): self.cursor = self._word_left()
-    _key_ctrl_left = _key_alt_left = _key_alt_b
     def _key_alt_f(self, key): self.cursor = self._word_right()
-    _key_ctrl_right = _key_alt_right = _key_alt_f
     def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor)
-    _key_ctrl_h = _key_backspace
     def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1)
     def _key_ctrl_w(self, key): self._cut(self._word_left(), self.cursor)
-    _key_alt_backspace = _key_ctrl_w
     def _key_alt_d(self, key): self._cut(self.cursor, self._word_right())
     def _key_ctrl_u(self, key): self._cut(self._line_bounds()[0], self.cursor)
     def _key_ctrl_y(self, key): self._insert(self._kill)
@@ -2357,9 +2335,11 @@ class Composer:
         if fresh or not lowered.startswith(done):
             done = ""
             matches = [(path, path.lower(), -1) for path in candidates]
-        # matches: (path, lowered path, where the last letter matched)
+        # matches: (path, lowered path, where the last letter matched); each new letter must
+        # come after that
         for ch in lowered[len(done):]:
-            matches = _narrow(matches, ch)
+            found = ((path, low, low.find(ch, at + 1)) for path, low, at in matches)
+            matches = [match for match in found if match[2] >= 0]
         self._mention_memo = (candidates, lowered, matches)
         pool = [path for path, _, _ in matches[:MENTION_SCAN]]
         if len(matches) > MENTION_SCAN and lowered:
@@ -2462,16 +2442,6 @@ class Composer:
         return rows
 
 
-def _narrow(matches: list[tuple], ch: str) -> list[tuple]:
-    """The (path, lowered, at) matches in which `ch` comes after where the last letter matched."""
-    narrowed = []
-    for path, low, pos in matches:
-        at = low.find(ch, pos + 1)
-        if at >= 0:
-            narrowed.append((path, low, at))
-    return narrowed
-
-
 # ════ Inline renderer: one write per frame ════
 
 class InlineRenderer:
@@ -2542,10 +2512,8 @@ def move_rows(delta: int) -> str:
 
 def _first_difference(old: list[str], new: list[str]) -> int:
     """The first row where two frames differ, or where the shorter one ends."""
-    for k, (a, b) in enumerate(zip(old, new)):
-        if a != b:
-            return k
-    return min(len(old), len(new))
+    differ = (k for k, (a, b) in enumerate(zip(old, new)) if a != b)
+    return next(differ, min(len(old), len(new)))
 
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
