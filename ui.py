@@ -958,10 +958,9 @@ class FinishedCard(NamedTuple):
     """A finished call as drawn: the card line and diffs, then its output (collapsed unless
     expanded with Ctrl-O)."""
     head: list[str]
-    # sanitized non-blank output lines (bash's exit-code footer removed),
-    # the first EXPANDED_MAX_LINES of n_lines
+    # sanitized non-blank output lines (bash's exit-code footer removed): all of them, so the
+    # collapsed card's tail is the output's (a tool's output is bounded: tools.OUTPUT_BUDGET_CHARS)
     output: list[str]
-    n_lines: int
     # grep, glob: the first lines say most, the rest is "… N more lines"
     head_only: bool
 
@@ -1056,17 +1055,14 @@ class Timeline:
                                              n_pruned=n_pruned)
             self._dim_line(NOTE_FORMATS[kind].format_map(fields))
         if kind in events.DURABLE:
-            self._drop_dead_cards(event)
+            # a response retried or interrupted mid-stream: its calls will never run
+            outcome, blocks = self._attempt.feed(event)
+            if outcome == events.DROPPED:
+                for block in blocks:
+                    self.cards.pop(block.get("tool_use_id"), None)
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(event)
-
-    def _drop_dead_cards(self, event: dict) -> None:
-        """A response retried or interrupted mid-stream: its calls will never run."""
-        outcome, blocks = self._attempt.feed(event)
-        if outcome == events.DROPPED:
-            for block in blocks:
-                self.cards.pop(block.get("tool_use_id"), None)
 
     def take_settled(self) -> list[str]:
         lines, self._settled = self._settled, []
@@ -1111,7 +1107,7 @@ class Timeline:
     def _hold(self, head: list[str], output: list[str], head_only: bool = False) -> None:
         """A finished card stays live (Ctrl-O can open it) until something follows."""
         self._release_card()
-        self._held = FinishedCard(head, output[:EXPANDED_MAX_LINES], len(output), head_only)
+        self._held = FinishedCard(head, output, head_only)
 
     def _release_card(self) -> None:
         held, self._held = self._held, None
@@ -1491,12 +1487,12 @@ class Timeline:
     def _card_block(self, card: FinishedCard, expanded: bool = False,
                     live: bool = False) -> list[str]:
         """The card's lines; its output collapsed to head and tail unless `expanded`."""
-        output, n = card.output, card.n_lines
+        output, n = card.output, len(card.output)
         hint = " · ctrl+o shows all" if live else ""
         if card.head_only and n > PREVIEW_LINES and not expanded:
             return card.head + self._preview(output[:PREVIEW_LINES], n, hint)
         if expanded or n <= PREVIEW_HEAD + PREVIEW_TAIL + 1:
-            return card.head + self._preview(output, n)
+            return card.head + self._preview(output[:EXPANDED_MAX_LINES], n)
         rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
         hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
         rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
@@ -1674,11 +1670,8 @@ UNRESOLVED_WORDS = (("failed (exit", "tests still failing"),
 
 def unresolved_words(problems: list) -> list[str]:
     """The turn's open problems, each kind once: "tests still failing", not "1 unresolved"."""
-    words = []
-    for phrase, said in UNRESOLVED_WORDS:
-        if any(phrase in str(problem) for problem in problems):
-            words.append(said)
-    return words
+    return [said for phrase, said in UNRESOLVED_WORDS
+            if any(phrase in str(problem) for problem in problems)]
 
 
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:
@@ -2300,29 +2293,24 @@ class Composer:
         if self._menu_closed:
             return
         before = self.text[:self.cursor]
+        # `/effort ` (and what follows, up to a space): its choices, as whole commands
+        name, space, partial = before.partition(" ")
         if before.startswith("/") and not any(c.isspace() for c in self.text):
-            names = ["/" + str(n).lstrip("/") for n in self._commands()]
-            matches = sorted(n for n in names if n.startswith(before))
-            if matches != [before]:
-                self.menu = sorted(matches, key=lambda n: n != before)
-            self._menu_kind, self._menu_start = "command", 0
-        elif self._argument_menu(before):
-            self._menu_kind, self._menu_start = "command", 0
+            offered = sorted("/" + str(n).lstrip("/") for n in self._commands())
+        elif space and " " not in partial and self._choices.get(name):
+            offered = [f"{name} {choice}" for choice in self._choices[name]]
         elif m := MENTION_RE.search(before):
             matches = self._mention_matches(m.group(1))
             self.menu = matches[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
-
-    def _argument_menu(self, before: str) -> bool:
-        """`/effort ` (and what follows, up to a space): its choices, as whole commands."""
-        name, space, partial = before.partition(" ")
-        choices = self._choices.get(name)
-        if not choices or not space or " " in partial:
-            return False
-        matches = [f"{name} {c}" for c in choices if c.startswith(partial)]
+            return
+        else:
+            return
+        matches = [n for n in offered if n.startswith(before)]
+        # what is typed exactly comes first (Enter runs it); alone, there is nothing to offer
         if matches != [before]:
-            self.menu = matches
-        return True
+            self.menu = sorted(matches, key=lambda n: n != before)
+        self._menu_kind, self._menu_start = "command", 0
 
     def _mention_matches(self, query: str) -> list[str]:
         """Typing narrows: while the caller returns the same list and the query only grows,
@@ -2424,9 +2412,7 @@ class Composer:
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
-            about = ""
-            if self._menu_kind == "command":
-                about = self._describe(item)
+            about = self._describe(item) if self._menu_kind == "command" else ""
             label = item
             if about:
                 label += " " * (column - cell_width(item))
@@ -2689,26 +2675,22 @@ class App:
         stripped = text.strip()
         shell_command = stripped[1:].strip()
         if stripped.startswith("!") and shell_command:
-            if self.controller.busy:
-                # nothing typed is lost: it runs when the turn ends
-                self.queued_shell.append(shell_command)
-            else:
-                self._run_shell(shell_command)
+            # nothing typed is lost: while a turn runs, it waits for the turn's end
+            self.queued_shell.append(shell_command)
+            self._run_queued_shell()
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
             self.call(self.controller.run_command, stripped)
         else:
             self.call(self.controller.submit, text)
 
-    def _run_shell(self, command: str) -> None:
-        # it will run: show it running at once
-        self.timeline.start_shell(command)
-        self.call(self.controller.run_shell, command)
-
     def _run_queued_shell(self) -> None:
-        """The turn has ended: the next queued `!` command runs (one at a time)."""
+        """The turn has ended: the next queued `!` command runs (one at a time), shown running
+        at once."""
         idle = events.USER_SHELL_ID not in self.timeline.cards
         if self.queued_shell and idle and not self.controller.busy:
-            self._run_shell(self.queued_shell.pop(0))
+            command = self.queued_shell.pop(0)
+            self.timeline.start_shell(command)
+            self.call(self.controller.run_shell, command)
 
     def _ctrl_c(self) -> None:
         if self.composer.text:
@@ -2823,10 +2805,7 @@ class App:
             line = f"› queued: !{one_line(command)} · runs when the turn ends"
             live.append(style.paint(clip(line, width), "dim"))
         # the newest live lines that fit above the panel
-        if room > len(panel):
-            live = live[max(0, len(live) - (room - len(panel))):]
-        else:
-            live = []
+        live = live[len(live) - max(0, room - len(panel)):]
         frame = live + panel + [status] + rows + menu
         lines = [clip(line, width) for line in frame]
         if self.feedback is not None and panel:
