@@ -1689,10 +1689,9 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     return choices + [("n", "feedback", "deny"), ("esc", "stop", "stop")]
 
 
-def panel_preview(request: dict, tool_input: dict | None) -> str:
+def panel_preview(request: dict, tool_input: dict) -> str:
     """What the panel shows under the descriptor. The call's own input when the UI saw it: all of
     a write's content (so the count of lines left out is exact), a process's command as lines."""
-    tool_input = tool_input if isinstance(tool_input, dict) else {}
     if isinstance(tool_input.get("content"), str):
         return tool_input["content"]
     command = tool_input.get("command")
@@ -1730,50 +1729,44 @@ def render_permission_panel(request: dict, width: int, style: Style,
     line. `composing`: the composer holds text, so Enter sends it instead of answering.
     `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing.
     `room`: the rows there are, if any fewer than it needs (the answers are always kept)."""
-    head = panel_head(request, width, style, tool_input)
-    footer = panel_footer(request, width, style, feedback, selected,
-                          composing)
+    bar = style.paint("│ ", "warning")
+    tool_input = tool_input if isinstance(tool_input, dict) else {}
+    head = panel_head(request, width, style, tool_input, bar)
+    footer = panel_footer(request, width, style, feedback, selected, composing, bar)
     if room and len(head) + len(footer) > room:
         keep = max(1, room - len(footer) - 1)
         hidden = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
-        head = head[:keep] + [clip(style.paint(hidden, "warning"), width)]
-    return head + footer
+        head = head[:keep] + [style.paint(hidden, "warning")]
+    return [clip(line, width) for line in head + footer]
 
 
-def panel_head(request: dict, width: int, style: Style,
-               tool_input: dict | None) -> list[str]:
+def panel_head(request: dict, width: int, style: Style, tool_input: dict,
+               bar: str) -> list[str]:
     """The question in plain words ("Edit calc.py?", "Run `make`?"), then a preview."""
-    bar = style.paint("│ ", "warning")
     raw = str(request.get("descriptor", ""))
     descriptor = shown(raw).strip("\n")
     lines = wrap_spans(panel_question(request, tool_input, descriptor), width, style, "", bar)
     raw_preview = panel_preview(request, tool_input)
     if events.has_hidden_characters(raw + raw_preview):
-        noun = "call"
-        if isinstance(tool_input, dict) and "command" in tool_input:
-            noun = "command"
+        noun = "command" if "command" in tool_input else "call"
         warning = (f"⚠ this {noun} contains hidden or control characters,"
                    " shown below as ^[, ␍ or <U+…>")
         lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
+    rows = []
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
-        for row in preview_rows(descriptor, width - 2, style):
-            lines.append(bar + row)
+        rows = preview_rows(descriptor, width - 2, style)
     preview = shown(raw_preview).rstrip("\n")
     if preview and preview.strip() not in descriptor:
-        is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
-        is_edit = isinstance((tool_input or {}).get("old_string"), str)
-        lang = "diff" if is_edit else "sh"
-        if is_diff:
-            rows = render_diff(preview, width - 2, style,
-                               max_lines=PANEL_PREVIEW_LINES)
+        is_edit = isinstance(tool_input.get("old_string"), str)
+        if preview.startswith(("---", "@@")) or "\n@@ " in preview:
+            rows += render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES)
         else:
-            rows = preview_rows(preview, width - 2, style, lang)
-        lines += [bar + row for row in rows]
-    return [clip(line, width) for line in lines]
+            rows += preview_rows(preview, width - 2, style, "diff" if is_edit else "sh")
+    return lines + [bar + row for row in rows]
 
 
-def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> list[Span]:
+def panel_question(request: dict, tool_input: dict, descriptor: str) -> list[Span]:
     """"Edit calc.py?", "Run `python3 -m pytest -q`?": the verb from what the call's input holds
     (else its capability), a multi-line command as "this command" (its lines follow)."""
     capability = str(request.get("capability", ""))
@@ -1782,8 +1775,7 @@ def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> l
         return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
     if capability == PLAN_CAPABILITY:
         return [("◆ The plan is ready", bold)]
-    keys = tool_input if isinstance(tool_input, dict) else {}
-    verbs = [verb for key, verb in PANEL_VERBS if key in keys]
+    verbs = [verb for key, verb in PANEL_VERBS if key in tool_input]
     verb = (verbs or [CAPABILITY_VERBS.get(capability, "Run")])[0]
     what = descriptor
     if verb == "Run":
@@ -1796,35 +1788,30 @@ def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> l
     return spans
 
 
-def panel_footer(request: dict, width: int, style: Style,
-                 feedback: str | None, selected: int,
-                 composing: bool) -> list[str]:
+def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
+                 selected: int, composing: bool, bar: str) -> list[str]:
     """The answers (kept whole on a small terminal), or the denial's message line."""
-    bar = style.paint("│ ", "warning")
-    lines = []
-    if feedback is None:
-        choices = panel_choices(request)
-        spans = []
-        for k, (letter, _, words) in enumerate(choices):
-            chosen = k == selected % len(choices)
-            if k:
-                spans.append((" · ", ("dim",)))
-            if chosen:
-                spans.append(("› ", ("prompt",)))
-            # "esc)" stays whole when a narrow terminal wraps the answers
-            spans.append((f"{letter})", ("bold",)))
-            spans.append((f" {words}", ("selected",) if chosen else ()))
-        lines += wrap_spans(spans, width, style, bar, bar)
-        if composing:
-            hint = ("Enter sends your text as a message; "
-                    "empty the composer to answer")
-            lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
-    else:
+    if feedback is not None:
         ask = ("Denied. Tell the model what to do instead "
                "(Enter sends, Esc stops):")
-        lines += wrap_spans([(ask, ("dim",))], width, style, bar, bar)
-        lines.append(bar + "  " + feedback)
-    return [clip(line, width) for line in lines]
+        return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + [bar + "  " + feedback]
+    choices = panel_choices(request)
+    spans = []
+    for k, (letter, _, words) in enumerate(choices):
+        chosen = k == selected % len(choices)
+        if k:
+            spans.append((" · ", ("dim",)))
+        if chosen:
+            spans.append(("› ", ("prompt",)))
+        # "esc)" stays whole when a narrow terminal wraps the answers
+        spans.append((f"{letter})", ("bold",)))
+        spans.append((f" {words}", ("selected",) if chosen else ()))
+    lines = wrap_spans(spans, width, style, bar, bar)
+    if composing:
+        hint = ("Enter sends your text as a message; "
+                "empty the composer to answer")
+        lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
+    return lines
 
 
 # ════ Keys: decoding raw terminal input ════
