@@ -528,9 +528,7 @@ def render_table(rows: list[str], width: int, style: Style,
     while total > width and max(widths) > 3:
         widths[widths.index(max(widths))] -= 1
         total -= 1
-    aligns = []
-    if separator:
-        aligns = [column_align(cell) for cell in table_cells(separator)]
+    aligns = [column_align(cell) for cell in table_cells(separator)]
     aligns += ["left"] * (n_cols - len(aligns))
     sep = style.paint(" │ ", "dim")
     out = []
@@ -1369,10 +1367,7 @@ class Timeline:
                 meta = dict(meta, duration_ms=e["ts"] - card.started_ts)
         facts = meta_facts(meta)
         for change in card.changes:
-            if change.get("created"):
-                facts.append("new file")
-            else:
-                facts.append(change_counts(change))
+            facts.append("new file" if change.get("created") else change_counts(change))
         symbol = self.style.paint("●", "ok")
         if meta.get("exit_code") not in (None, 0):
             # it ran, and the command says it did not succeed
@@ -1384,9 +1379,8 @@ class Timeline:
         lines = [self._card_line(symbol, card.name, card.summary, facts)]
         for change in card.changes:
             lines += self._diff_lines(change)
-        output = []
-        if failed or (card.output != "none" and not card.changes):
-            output = card_output(e, meta)
+        shows_output = failed or (card.output != "none" and not card.changes)
+        output = card_output(e, meta) if shows_output else []
         self._hold(lines, output, card.output == "head" and not failed)
 
     _on_ToolFailed = _on_ToolCompleted
