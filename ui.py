@@ -1987,7 +1987,8 @@ MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")
 # Keys that edit as another does (Emacs and arrow spellings of one move).
 KEY_ALIASES = {"paste": "text", "alt+enter": "ctrl+j", "ctrl+b": "left", "ctrl+f": "right",
                "home": "ctrl+a", "end": "ctrl+e", "ctrl+h": "backspace", "alt+backspace": "ctrl+w",
-               "ctrl+left": "alt+b", "alt+left": "alt+b", "ctrl+right": "alt+f", "alt+right": "alt+f"}
+               "ctrl+left": "alt+b", "alt+left": "alt+b",
+               "ctrl+right": "alt+f", "alt+right": "alt+f"}
 
 
 def fuzzy_score(query: str, candidate: str) -> float | None:
