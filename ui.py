@@ -459,9 +459,9 @@ def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
             return [(code, roles + ("code",))]
         if link := m["link"]:
             url = m["url"]
-            shown = url != link and not url.startswith("#")
             spans = inline_spans(link, style, roles + ("link",))
-            if shown:
+            # the address too, when it says more than the text (an anchor does not)
+            if url != link and not url.startswith("#"):
                 spans.append((f" ({url})", roles + ("dim",)))
             return spans
         emphasis = ("bold", "bold2", "strike", "italic", "italic2")
@@ -695,8 +695,8 @@ def render_diff(diff: str, width: int, style: Style,
             old += 1
         if sign != "-":
             new += 1
-        shown, roles = DIFF_SIGNS.get(sign, (" ", ()))
-        gutter = f"{number:>4} {shown} "
+        mark, roles = DIFF_SIGNS.get(sign, (" ", ()))
+        gutter = f"{number:>4} {mark} "
         out += wrap_spans([(gutter, roles), (body, roles)], width, style,
                           rest=" " * 7, hard=True)
     return out
@@ -2875,13 +2875,13 @@ class App:
         rows = self._view_rows[1]
         page = max(1, self.height - 1)
         self.transcript_top = max(0, min(self.transcript_top, len(rows) - page))
-        shown = rows[self.transcript_top:self.transcript_top + page]
-        shown += [""] * (page - len(shown))
+        visible = rows[self.transcript_top:self.transcript_top + page]
+        visible += [""] * (page - len(visible))
         last = min(self.transcript_top + page, len(rows))
         footer = (f"q leaves · transcript, rows {self.transcript_top + 1}-{last} of {len(rows)}"
                   " · ↑↓ PgUp PgDn Home End scroll")
         footer = self.style.paint(clip(footer, self.width), "dim")
-        body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in shown)
+        body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in visible)
         view = (SYNC_BEGIN + CURSOR_HOME + body + footer + ERASE_LINE_END + SYNC_END).encode()
         opening = b"" if self._view else ALT_SCREEN_ON.encode()
         if view == self._view:
