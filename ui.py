@@ -580,8 +580,7 @@ def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
             bars = min(run_depth, QUOTE_MAX_BARS)
             bar = style.paint("│ " * bars, "quote")
             inner_width = max(width - 2 * bars, 8)
-            for row in render_block(run, inner_width, style):
-                out.append(bar + row)
+            out += [bar + row for row in render_block(run, inner_width, style)]
             run = []
         if line is not None:
             run.append(line)
@@ -2160,10 +2159,7 @@ class Composer:
             return None
         text = self.text
         # the pastes whose labels are still in the text
-        pastes = {}
-        for label, content in self._pastes.items():
-            if label in text:
-                pastes[label] = content
+        pastes = {label: content for label, content in self._pastes.items() if label in text}
         for label, content in pastes.items():
             text = text.replace(label, content, 1)
         self._remember(self.text, pastes)
@@ -2318,9 +2314,7 @@ class Composer:
             pool = heapq.nsmallest(MENTION_SCAN, shortest_of, key=len)
         # more recently mentioned paths rank higher
         recent = self.recent_mentions
-        recency = {}
-        for k, path in enumerate(recent):
-            recency[path] = 10 * (1 - k / max(len(recent), 1))
+        recency = {path: 10 * (1 - k / len(recent)) for k, path in enumerate(recent)}
         scored = []
         for path in dict.fromkeys(pool + recent):
             score = fuzzy_score(query, path)
@@ -2737,14 +2731,12 @@ class App:
             self.feedback += " ".join(key.text.split())
         elif key.name == "backspace":
             self.feedback = self.feedback[:-1]
-        elif key.name == "ctrl+c" and not self.feedback:
+        elif key.name == "esc" or (key.name == "ctrl+c" and not self.feedback):
             self._stop(request)
         elif key.name in ("ctrl+u", "ctrl+c"):
             self.feedback = ""
         elif key.name == "enter":
             self._answer(request, "deny", self.feedback.strip())
-        elif key.name == "esc":
-            self._stop(request)
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
         self.feedback = None
