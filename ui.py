@@ -841,6 +841,8 @@ EXPANDED_MAX_LINES = 400
 # bash's own footer
 EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")
 USER_MESSAGE_MAX_LINES = 30
+# An attachment's path, as kernel.attachments wraps it.
+ATTACHED_RE = re.compile(r'\A<attached-file path="([^"\n]*)">')
 # Events shown as one dim line; fields are filled from the event ("?" when missing).
 NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned}; /context says why)",
@@ -1950,13 +1952,6 @@ KEY_HELP = (
 )
 
 
-# An attachment's path, as kernel.attachments wraps it.
-ATTACHED_RE = re.compile(r'\A<attached-file path="([^"\n]*)">')
-# What failed, by the controller call that raised.
-RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
-                 "run_shell": "The shell command did not run"}
-
-
 def keys_help() -> str:
     """KEY_HELP as /help and "?" show it: a table, the keys in one column."""
     rows = [f"| {key} | {what} |" for key, what in KEY_HELP]
@@ -2490,6 +2485,9 @@ ESC_TIMEOUT = 0.05
 DOUBLE_ESC_S = 0.6
 # a resumed session shows its last turns (bounded resume time)
 REPLAY_TURNS = 30
+# What failed, by the controller call that raised.
+RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
+                 "run_shell": "The shell command did not run"}
 # The transcript view's keys (a text key by its character): rows or pages to move (Home and End
 # go all the way), and the keys that leave it.
 TRANSCRIPT_ROWS = {"up": -1, "k": -1, "down": 1, "j": 1}
