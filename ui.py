@@ -459,9 +459,9 @@ def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
             return [(code, roles + ("code",))]
         if link := m["link"]:
             url = m["url"]
-            shown = url != link and not url.startswith("#")
             spans = inline_spans(link, style, roles + ("link",))
-            if shown:
+            # the address too, when it says more than the text (an anchor does not)
+            if url != link and not url.startswith("#"):
                 spans.append((f" ({url})", roles + ("dim",)))
             return spans
         emphasis = ("bold", "bold2", "strike", "italic", "italic2")
@@ -521,18 +521,14 @@ def render_table(rows: list[str], width: int, style: Style,
     grid = [table_cells(row) for row in rows]
     n_cols = max(len(r) for r in grid)
     grid = [r + [""] * (n_cols - len(r)) for r in grid]
-    widths = []
-    for c in range(n_cols):
-        widths.append(max(1, max(cell_width(r[c]) for r in grid)))
+    widths = [max(1, *(cell_width(r[c]) for r in grid)) for c in range(n_cols)]
     # the cells and a " │ " between columns
     total = sum(widths) + 3 * (n_cols - 1)
     # shrink the widest column until it fits
     while total > width and max(widths) > 3:
         widths[widths.index(max(widths))] -= 1
         total -= 1
-    aligns = []
-    if separator:
-        aligns = [column_align(cell) for cell in table_cells(separator)]
+    aligns = [column_align(cell) for cell in table_cells(separator)]
     aligns += ["left"] * (n_cols - len(aligns))
     sep = style.paint(" │ ", "dim")
     out = []
@@ -584,8 +580,7 @@ def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
             bars = min(run_depth, QUOTE_MAX_BARS)
             bar = style.paint("│ " * bars, "quote")
             inner_width = max(width - 2 * bars, 8)
-            for row in render_block(run, inner_width, style):
-                out.append(bar + row)
+            out += [bar + row for row in render_block(run, inner_width, style)]
             run = []
         if line is not None:
             run.append(line)
@@ -699,8 +694,8 @@ def render_diff(diff: str, width: int, style: Style,
             old += 1
         if sign != "-":
             new += 1
-        shown, roles = DIFF_SIGNS.get(sign, (" ", ()))
-        gutter = f"{number:>4} {shown} "
+        mark, roles = DIFF_SIGNS.get(sign, (" ", ()))
+        gutter = f"{number:>4} {mark} "
         out += wrap_spans([(gutter, roles), (body, roles)], width, style,
                           rest=" " * 7, hard=True)
     return out
@@ -846,6 +841,8 @@ EXPANDED_MAX_LINES = 400
 # bash's own footer
 EXIT_CODE_LINE_RE = re.compile(r"Exit code: -?\d+(?: \(killed by \w+\))?")
 USER_MESSAGE_MAX_LINES = 30
+# An attachment's path, as kernel.attachments wraps it.
+ATTACHED_RE = re.compile(r'\A<attached-file path="([^"\n]*)">')
 # Events shown as one dim line; fields are filled from the event ("?" when missing).
 NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned}; /context says why)",
@@ -875,12 +872,7 @@ STREAMED_FIELDS = {
     "ThinkingDelta": "text",
     "ToolInputDelta": "partial_json",
 }
-RESPONSE_ENDS = frozenset({
-    "ModelResponseCompleted", "ModelRequestFailed", "Interrupted",
-    "TaskCompleted", "TaskFailed",
-})
-# the status line's output estimate; the API's count arrives at the end
-CHARS_PER_TOKEN = 4
+RESPONSE_ENDS = events.TURN_END_EVENTS | {"ModelResponseCompleted", "ModelRequestFailed"}
 # Events that first settle whatever is still streaming (text, thinking).
 FLUSHING = frozenset({
     "UserMessageCreated", "ToolRequested", "PermissionRequested",
@@ -965,10 +957,9 @@ class FinishedCard(NamedTuple):
     """A finished call as drawn: the card line and diffs, then its output (collapsed unless
     expanded with Ctrl-O)."""
     head: list[str]
-    # sanitized non-blank output lines (bash's exit-code footer removed),
-    # the first EXPANDED_MAX_LINES of n_lines
+    # sanitized non-blank output lines (bash's exit-code footer removed): all of them, so the
+    # collapsed card's tail is the output's (a tool's output is bounded: tools.OUTPUT_BUDGET_CHARS)
     output: list[str]
-    n_lines: int
     # grep, glob: the first lines say most, the rest is "… N more lines"
     head_only: bool
 
@@ -1063,17 +1054,14 @@ class Timeline:
                                              n_pruned=n_pruned)
             self._dim_line(NOTE_FORMATS[kind].format_map(fields))
         if kind in events.DURABLE:
-            self._drop_dead_cards(event)
+            # a response retried or interrupted mid-stream: its calls will never run
+            outcome, blocks = self._attempt.feed(event)
+            if outcome == events.DROPPED:
+                for block in blocks:
+                    self.cards.pop(block.get("tool_use_id"), None)
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(event)
-
-    def _drop_dead_cards(self, event: dict) -> None:
-        """A response retried or interrupted mid-stream: its calls will never run."""
-        outcome, blocks = self._attempt.feed(event)
-        if outcome == events.DROPPED:
-            for block in blocks:
-                self.cards.pop(block.get("tool_use_id"), None)
 
     def take_settled(self) -> list[str]:
         lines, self._settled = self._settled, []
@@ -1118,7 +1106,7 @@ class Timeline:
     def _hold(self, head: list[str], output: list[str], head_only: bool = False) -> None:
         """A finished card stays live (Ctrl-O can open it) until something follows."""
         self._release_card()
-        self._held = FinishedCard(head, output[:EXPANDED_MAX_LINES], len(output), head_only)
+        self._held = FinishedCard(head, output, head_only)
 
     def _release_card(self) -> None:
         held, self._held = self._held, None
@@ -1380,10 +1368,7 @@ class Timeline:
                 meta = dict(meta, duration_ms=e["ts"] - card.started_ts)
         facts = meta_facts(meta)
         for change in card.changes:
-            if change.get("created"):
-                facts.append("new file")
-            else:
-                facts.append(change_counts(change))
+            facts.append("new file" if change.get("created") else change_counts(change))
         symbol = self.style.paint("●", "ok")
         if meta.get("exit_code") not in (None, 0):
             # it ran, and the command says it did not succeed
@@ -1395,9 +1380,8 @@ class Timeline:
         lines = [self._card_line(symbol, card.name, card.summary, facts)]
         for change in card.changes:
             lines += self._diff_lines(change)
-        output = []
-        if failed or (card.output != "none" and not card.changes):
-            output = card_output(e, meta)
+        shows_output = failed or (card.output != "none" and not card.changes)
+        output = card_output(e, meta) if shows_output else []
         self._hold(lines, output, card.output == "head" and not failed)
 
     _on_ToolFailed = _on_ToolCompleted
@@ -1498,26 +1482,20 @@ class Timeline:
     def _card_block(self, card: FinishedCard, expanded: bool = False,
                     live: bool = False) -> list[str]:
         """The card's lines; its output collapsed to head and tail unless `expanded`."""
-        output, n = card.output, card.n_lines
+        output, n = card.output, len(card.output)
         hint = " · ctrl+o shows all" if live else ""
-        if expanded:
-            rows = self._preview(output, n)
-        elif card.head_only and n > PREVIEW_LINES:
-            rows = self._preview(output[:PREVIEW_LINES], PREVIEW_LINES)
-            more = n - PREVIEW_LINES
-            rows.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
-        elif n > PREVIEW_HEAD + PREVIEW_TAIL + 1:
-            rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
-            hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
-            rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
-            for line in output[-PREVIEW_TAIL:]:
-                tail_line = clip("    " + line, self.width)
-                rows.append(self.style.paint(tail_line, "dim"))
-        else:
-            rows = self._preview(output, n)
+        if card.head_only and n > PREVIEW_LINES and not expanded:
+            return card.head + self._preview(output[:PREVIEW_LINES], n, hint)
+        if expanded or n <= PREVIEW_HEAD + PREVIEW_TAIL + 1:
+            return card.head + self._preview(output[:EXPANDED_MAX_LINES], n)
+        rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
+        hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
+        rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
+        for line in output[-PREVIEW_TAIL:]:
+            rows.append(self.style.paint(clip("    " + line, self.width), "dim"))
         return card.head + rows
 
-    def _preview(self, lines: list[str], n_total: int) -> list[str]:
+    def _preview(self, lines: list[str], n_total: int, hint: str = "") -> list[str]:
         out = []
         for k, line in enumerate(lines):
             # the first line hangs off the card line
@@ -1525,7 +1503,7 @@ class Timeline:
             out.append(self.style.paint(clip(indent + line, self.width), "dim"))
         if n_total > len(lines):
             more = n_total - len(lines)
-            out.append(self.style.paint("    " + more_lines(more), "dim"))
+            out.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
@@ -1575,7 +1553,8 @@ class Timeline:
             return self.phase
         facts = [f"{int(now - self._model_started)}s"]
         if self._n_streamed:
-            tokens = format_count(self._n_streamed / CHARS_PER_TOKEN)
+            # an estimate; the API's count arrives at the end
+            tokens = format_count(self._n_streamed / events.CHARS_PER_TOKEN)
             facts.append(f"↓ ~{tokens} tokens")
         return " · ".join([self.phase] + facts)
 
@@ -1671,13 +1650,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
     if get("reasoning"):
         segments.append((3, str(get("reasoning"))))
-    processes = get("processes")
-    if isinstance(processes, (list, tuple)):
-        n_processes = len(processes)
-    else:
-        n_processes = processes or 0
-    if n_processes:
-        segments.append((2, counted(n_processes, "proc")))
+    if get("processes"):
+        segments.append((2, counted(get("processes"), "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
     return [(priority, text) for priority, text in segments if text]
@@ -1691,11 +1665,8 @@ UNRESOLVED_WORDS = (("failed (exit", "tests still failing"),
 
 def unresolved_words(problems: list) -> list[str]:
     """The turn's open problems, each kind once: "tests still failing", not "1 unresolved"."""
-    words = []
-    for phrase, said in UNRESOLVED_WORDS:
-        if any(phrase in str(problem) for problem in problems):
-            words.append(said)
-    return words
+    return [said for phrase, said in UNRESOLVED_WORDS
+            if any(phrase in str(problem) for problem in problems)]
 
 
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:
@@ -1713,10 +1684,9 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     return choices + [("n", "feedback", "deny"), ("esc", "stop", "stop")]
 
 
-def panel_preview(request: dict, tool_input: dict | None) -> str:
+def panel_preview(request: dict, tool_input: dict) -> str:
     """What the panel shows under the descriptor. The call's own input when the UI saw it: all of
     a write's content (so the count of lines left out is exact), a process's command as lines."""
-    tool_input = tool_input if isinstance(tool_input, dict) else {}
     if isinstance(tool_input.get("content"), str):
         return tool_input["content"]
     command = tool_input.get("command")
@@ -1754,50 +1724,44 @@ def render_permission_panel(request: dict, width: int, style: Style,
     line. `composing`: the composer holds text, so Enter sends it instead of answering.
     `tool_input`: the call's input (from its ToolRequested), for a preview that hides nothing.
     `room`: the rows there are, if any fewer than it needs (the answers are always kept)."""
-    head = panel_head(request, width, style, tool_input)
-    footer = panel_footer(request, width, style, feedback, selected,
-                          composing)
+    bar = style.paint("│ ", "warning")
+    tool_input = tool_input if isinstance(tool_input, dict) else {}
+    head = panel_head(request, width, style, tool_input, bar)
+    footer = panel_footer(request, width, style, feedback, selected, composing, bar)
     if room and len(head) + len(footer) > room:
         keep = max(1, room - len(footer) - 1)
         hidden = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
-        head = head[:keep] + [clip(style.paint(hidden, "warning"), width)]
-    return head + footer
+        head = head[:keep] + [style.paint(hidden, "warning")]
+    return [clip(line, width) for line in head + footer]
 
 
-def panel_head(request: dict, width: int, style: Style,
-               tool_input: dict | None) -> list[str]:
+def panel_head(request: dict, width: int, style: Style, tool_input: dict,
+               bar: str) -> list[str]:
     """The question in plain words ("Edit calc.py?", "Run `make`?"), then a preview."""
-    bar = style.paint("│ ", "warning")
     raw = str(request.get("descriptor", ""))
     descriptor = shown(raw).strip("\n")
     lines = wrap_spans(panel_question(request, tool_input, descriptor), width, style, "", bar)
     raw_preview = panel_preview(request, tool_input)
     if events.has_hidden_characters(raw + raw_preview):
-        noun = "call"
-        if isinstance(tool_input, dict) and "command" in tool_input:
-            noun = "command"
+        noun = "command" if "command" in tool_input else "call"
         warning = (f"⚠ this {noun} contains hidden or control characters,"
                    " shown below as ^[, ␍ or <U+…>")
         lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
+    rows = []
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
-        for row in preview_rows(descriptor, width - 2, style):
-            lines.append(bar + row)
+        rows = preview_rows(descriptor, width - 2, style)
     preview = shown(raw_preview).rstrip("\n")
     if preview and preview.strip() not in descriptor:
-        is_diff = preview.startswith(("---", "@@")) or "\n@@ " in preview
-        is_edit = isinstance((tool_input or {}).get("old_string"), str)
-        lang = "diff" if is_edit else "sh"
-        if is_diff:
-            rows = render_diff(preview, width - 2, style,
-                               max_lines=PANEL_PREVIEW_LINES)
+        is_edit = isinstance(tool_input.get("old_string"), str)
+        if preview.startswith(("---", "@@")) or "\n@@ " in preview:
+            rows += render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES)
         else:
-            rows = preview_rows(preview, width - 2, style, lang)
-        lines += [bar + row for row in rows]
-    return [clip(line, width) for line in lines]
+            rows += preview_rows(preview, width - 2, style, "diff" if is_edit else "sh")
+    return lines + [bar + row for row in rows]
 
 
-def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> list[Span]:
+def panel_question(request: dict, tool_input: dict, descriptor: str) -> list[Span]:
     """"Edit calc.py?", "Run `python3 -m pytest -q`?": the verb from what the call's input holds
     (else its capability), a multi-line command as "this command" (its lines follow)."""
     capability = str(request.get("capability", ""))
@@ -1806,8 +1770,7 @@ def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> l
         return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
     if capability == PLAN_CAPABILITY:
         return [("◆ The plan is ready", bold)]
-    keys = tool_input if isinstance(tool_input, dict) else {}
-    verbs = [verb for key, verb in PANEL_VERBS if key in keys]
+    verbs = [verb for key, verb in PANEL_VERBS if key in tool_input]
     verb = (verbs or [CAPABILITY_VERBS.get(capability, "Run")])[0]
     what = descriptor
     if verb == "Run":
@@ -1820,35 +1783,30 @@ def panel_question(request: dict, tool_input: dict | None, descriptor: str) -> l
     return spans
 
 
-def panel_footer(request: dict, width: int, style: Style,
-                 feedback: str | None, selected: int,
-                 composing: bool) -> list[str]:
+def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
+                 selected: int, composing: bool, bar: str) -> list[str]:
     """The answers (kept whole on a small terminal), or the denial's message line."""
-    bar = style.paint("│ ", "warning")
-    lines = []
-    if feedback is None:
-        choices = panel_choices(request)
-        spans = []
-        for k, (letter, _, words) in enumerate(choices):
-            chosen = k == selected % len(choices)
-            if k:
-                spans.append((" · ", ("dim",)))
-            if chosen:
-                spans.append(("› ", ("prompt",)))
-            # "esc)" stays whole when a narrow terminal wraps the answers
-            spans.append((f"{letter})", ("bold",)))
-            spans.append((f" {words}", ("selected",) if chosen else ()))
-        lines += wrap_spans(spans, width, style, bar, bar)
-        if composing:
-            hint = ("Enter sends your text as a message; "
-                    "empty the composer to answer")
-            lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
-    else:
+    if feedback is not None:
         ask = ("Denied. Tell the model what to do instead "
                "(Enter sends, Esc stops):")
-        lines += wrap_spans([(ask, ("dim",))], width, style, bar, bar)
-        lines.append(bar + "  " + feedback)
-    return [clip(line, width) for line in lines]
+        return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + [bar + "  " + feedback]
+    choices = panel_choices(request)
+    spans = []
+    for k, (letter, _, words) in enumerate(choices):
+        chosen = k == selected % len(choices)
+        if k:
+            spans.append((" · ", ("dim",)))
+        if chosen:
+            spans.append(("› ", ("prompt",)))
+        # "esc)" stays whole when a narrow terminal wraps the answers
+        spans.append((f"{letter})", ("bold",)))
+        spans.append((f" {words}", ("selected",) if chosen else ()))
+    lines = wrap_spans(spans, width, style, bar, bar)
+    if composing:
+        hint = ("Enter sends your text as a message; "
+                "empty the composer to answer")
+        lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
+    return lines
 
 
 # ════ Keys: decoding raw terminal input ════
@@ -1994,13 +1952,6 @@ KEY_HELP = (
 )
 
 
-# An attachment's path, as kernel.attachments wraps it.
-ATTACHED_RE = re.compile(r'\A<attached-file path="([^"\n]*)">')
-# What failed, by the controller call that raised.
-RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
-                 "run_shell": "The shell command did not run"}
-
-
 def keys_help() -> str:
     """KEY_HELP as /help and "?" show it: a table, the keys in one column."""
     rows = [f"| {key} | {what} |" for key, what in KEY_HELP]
@@ -2027,6 +1978,11 @@ WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")
 WORD_AFTER_RE = re.compile(r"\W*\w*")
 # mentions in a sent message, for recency
 MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")
+# Keys that edit as another does (Emacs and arrow spellings of one move).
+KEY_ALIASES = {"paste": "text", "alt+enter": "ctrl+j", "ctrl+b": "left", "ctrl+f": "right",
+               "home": "ctrl+a", "end": "ctrl+e", "ctrl+h": "backspace", "alt+backspace": "ctrl+w",
+               "ctrl+left": "alt+b", "alt+left": "alt+b",
+               "ctrl+right": "alt+f", "alt+right": "alt+f"}
 
 
 def fuzzy_score(query: str, candidate: str) -> float | None:
@@ -2145,6 +2101,7 @@ class Composer:
                 return None
         if name == "enter":
             return self._enter()
+        name = KEY_ALIASES.get(name, name)
         action = getattr(self, "_key_" + name.replace("+", "_"), None)
         if action is not None:
             action(key)
@@ -2186,7 +2143,6 @@ class Composer:
         text = text.replace("\t", "    ")
         self._insert(events.plain_text(text))
 
-    _key_paste = _key_text
 
     def _enter(self) -> str | None:
         before = self.text[:self.cursor]
@@ -2198,10 +2154,7 @@ class Composer:
             return None
         text = self.text
         # the pastes whose labels are still in the text
-        pastes = {}
-        for label, content in self._pastes.items():
-            if label in text:
-                pastes[label] = content
+        pastes = {label: content for label, content in self._pastes.items() if label in text}
         for label, content in pastes.items():
             text = text.replace(label, content, 1)
         self._remember(self.text, pastes)
@@ -2226,24 +2179,15 @@ class Composer:
             self.cursor = start
 
     def _key_ctrl_j(self, key): self._insert("\n")
-    _key_alt_enter = _key_ctrl_j
     def _key_left(self, key): self.cursor = max(0, self.cursor - 1)
-    _key_ctrl_b = _key_left
     def _key_right(self, key): self.cursor = min(len(self.text), self.cursor + 1)
-    _key_ctrl_f = _key_right
     def _key_ctrl_a(self, key): self.cursor = self._line_bounds()[0]
-    _key_home = _key_ctrl_a
     def _key_ctrl_e(self, key): self.cursor = self._line_bounds()[1]
-    _key_end = _key_ctrl_e
     def _key_alt_b(self, key): self.cursor = self._word_left()
-    _key_ctrl_left = _key_alt_left = _key_alt_b
     def _key_alt_f(self, key): self.cursor = self._word_right()
-    _key_ctrl_right = _key_alt_right = _key_alt_f
     def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor)
-    _key_ctrl_h = _key_backspace
     def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1)
     def _key_ctrl_w(self, key): self._cut(self._word_left(), self.cursor)
-    _key_alt_backspace = _key_ctrl_w
     def _key_alt_d(self, key): self._cut(self.cursor, self._word_right())
     def _key_ctrl_u(self, key): self._cut(self._line_bounds()[0], self.cursor)
     def _key_ctrl_y(self, key): self._insert(self._kill)
@@ -2322,29 +2266,24 @@ class Composer:
         if self._menu_closed:
             return
         before = self.text[:self.cursor]
+        # `/effort ` (and what follows, up to a space): its choices, as whole commands
+        name, space, partial = before.partition(" ")
         if before.startswith("/") and not any(c.isspace() for c in self.text):
-            names = ["/" + str(n).lstrip("/") for n in self._commands()]
-            matches = sorted(n for n in names if n.startswith(before))
-            if matches != [before]:
-                self.menu = sorted(matches, key=lambda n: n != before)
-            self._menu_kind, self._menu_start = "command", 0
-        elif self._argument_menu(before):
-            self._menu_kind, self._menu_start = "command", 0
+            offered = sorted("/" + str(n).lstrip("/") for n in self._commands())
+        elif space and " " not in partial and self._choices.get(name):
+            offered = [f"{name} {choice}" for choice in self._choices[name]]
         elif m := MENTION_RE.search(before):
             matches = self._mention_matches(m.group(1))
             self.menu = matches[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
-
-    def _argument_menu(self, before: str) -> bool:
-        """`/effort ` (and what follows, up to a space): its choices, as whole commands."""
-        name, space, partial = before.partition(" ")
-        choices = self._choices.get(name)
-        if not choices or not space or " " in partial:
-            return False
-        matches = [f"{name} {c}" for c in choices if c.startswith(partial)]
+            return
+        else:
+            return
+        matches = [n for n in offered if n.startswith(before)]
+        # what is typed exactly comes first (Enter runs it); alone, there is nothing to offer
         if matches != [before]:
-            self.menu = matches
-        return True
+            self.menu = sorted(matches, key=lambda n: n != before)
+        self._menu_kind, self._menu_start = "command", 0
 
     def _mention_matches(self, query: str) -> list[str]:
         """Typing narrows: while the caller returns the same list and the query only grows,
@@ -2357,9 +2296,11 @@ class Composer:
         if fresh or not lowered.startswith(done):
             done = ""
             matches = [(path, path.lower(), -1) for path in candidates]
-        # matches: (path, lowered path, where the last letter matched)
+        # matches: (path, lowered path, where the last letter matched); each new letter must
+        # come after that
         for ch in lowered[len(done):]:
-            matches = _narrow(matches, ch)
+            found = ((path, low, low.find(ch, at + 1)) for path, low, at in matches)
+            matches = [match for match in found if match[2] >= 0]
         self._mention_memo = (candidates, lowered, matches)
         pool = [path for path, _, _ in matches[:MENTION_SCAN]]
         if len(matches) > MENTION_SCAN and lowered:
@@ -2368,9 +2309,7 @@ class Composer:
             pool = heapq.nsmallest(MENTION_SCAN, shortest_of, key=len)
         # more recently mentioned paths rank higher
         recent = self.recent_mentions
-        recency = {}
-        for k, path in enumerate(recent):
-            recency[path] = 10 * (1 - k / max(len(recent), 1))
+        recency = {path: 10 * (1 - k / len(recent)) for k, path in enumerate(recent)}
         scored = []
         for path in dict.fromkeys(pool + recent):
             score = fuzzy_score(query, path)
@@ -2444,9 +2383,7 @@ class Composer:
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
-            about = ""
-            if self._menu_kind == "command":
-                about = self._describe(item)
+            about = self._describe(item) if self._menu_kind == "command" else ""
             label = item
             if about:
                 label += " " * (column - cell_width(item))
@@ -2460,16 +2397,6 @@ class Composer:
             where = f"    ↑↓ {self.menu_index + 1} of {n}"
             rows.append(style.paint(clip(where, width), "dim"))
         return rows
-
-
-def _narrow(matches: list[tuple], ch: str) -> list[tuple]:
-    """The (path, lowered, at) matches in which `ch` comes after where the last letter matched."""
-    narrowed = []
-    for path, low, pos in matches:
-        at = low.find(ch, pos + 1)
-        if at >= 0:
-            narrowed.append((path, low, at))
-    return narrowed
 
 
 # ════ Inline renderer: one write per frame ════
@@ -2542,10 +2469,8 @@ def move_rows(delta: int) -> str:
 
 def _first_difference(old: list[str], new: list[str]) -> int:
     """The first row where two frames differ, or where the shorter one ends."""
-    for k, (a, b) in enumerate(zip(old, new)):
-        if a != b:
-            return k
-    return min(len(old), len(new))
+    differ = (k for k, (a, b) in enumerate(zip(old, new)) if a != b)
+    return next(differ, min(len(old), len(new)))
 
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
@@ -2560,6 +2485,9 @@ ESC_TIMEOUT = 0.05
 DOUBLE_ESC_S = 0.6
 # a resumed session shows its last turns (bounded resume time)
 REPLAY_TURNS = 30
+# What failed, by the controller call that raised.
+RESULT_ERRORS = {"run_command": "The command failed", "submit": "The message was not sent",
+                 "run_shell": "The shell command did not run"}
 # The transcript view's keys (a text key by its character): rows or pages to move (Home and End
 # go all the way), and the keys that leave it.
 TRANSCRIPT_ROWS = {"up": -1, "k": -1, "down": 1, "j": 1}
@@ -2721,26 +2649,22 @@ class App:
         stripped = text.strip()
         shell_command = stripped[1:].strip()
         if stripped.startswith("!") and shell_command:
-            if self.controller.busy:
-                # nothing typed is lost: it runs when the turn ends
-                self.queued_shell.append(shell_command)
-            else:
-                self._run_shell(shell_command)
+            # nothing typed is lost: while a turn runs, it waits for the turn's end
+            self.queued_shell.append(shell_command)
+            self._run_queued_shell()
         elif COMMAND_RE.match(stripped.split(None, 1)[0]):
             self.call(self.controller.run_command, stripped)
         else:
             self.call(self.controller.submit, text)
 
-    def _run_shell(self, command: str) -> None:
-        # it will run: show it running at once
-        self.timeline.start_shell(command)
-        self.call(self.controller.run_shell, command)
-
     def _run_queued_shell(self) -> None:
-        """The turn has ended: the next queued `!` command runs (one at a time)."""
+        """The turn has ended: the next queued `!` command runs (one at a time), shown running
+        at once."""
         idle = events.USER_SHELL_ID not in self.timeline.cards
         if self.queued_shell and idle and not self.controller.busy:
-            self._run_shell(self.queued_shell.pop(0))
+            command = self.queued_shell.pop(0)
+            self.timeline.start_shell(command)
+            self.call(self.controller.run_shell, command)
 
     def _ctrl_c(self) -> None:
         if self.composer.text:
@@ -2805,14 +2729,12 @@ class App:
             self.feedback += " ".join(key.text.split())
         elif key.name == "backspace":
             self.feedback = self.feedback[:-1]
-        elif key.name == "ctrl+c" and not self.feedback:
+        elif key.name == "esc" or (key.name == "ctrl+c" and not self.feedback):
             self._stop(request)
         elif key.name in ("ctrl+u", "ctrl+c"):
             self.feedback = ""
         elif key.name == "enter":
             self._answer(request, "deny", self.feedback.strip())
-        elif key.name == "esc":
-            self._stop(request)
 
     def _answer(self, request: dict, choice: str, feedback: str) -> None:
         self.feedback = None
@@ -2855,10 +2777,7 @@ class App:
             line = f"› queued: !{one_line(command)} · runs when the turn ends"
             live.append(style.paint(clip(line, width), "dim"))
         # the newest live lines that fit above the panel
-        if room > len(panel):
-            live = live[max(0, len(live) - (room - len(panel))):]
-        else:
-            live = []
+        live = live[len(live) - max(0, room - len(panel)):]
         frame = live + panel + [status] + rows + menu
         lines = [clip(line, width) for line in frame]
         if self.feedback is not None and panel:
@@ -2946,13 +2865,13 @@ class App:
         rows = self._view_rows[1]
         page = max(1, self.height - 1)
         self.transcript_top = max(0, min(self.transcript_top, len(rows) - page))
-        shown = rows[self.transcript_top:self.transcript_top + page]
-        shown += [""] * (page - len(shown))
+        visible = rows[self.transcript_top:self.transcript_top + page]
+        visible += [""] * (page - len(visible))
         last = min(self.transcript_top + page, len(rows))
         footer = (f"q leaves · transcript, rows {self.transcript_top + 1}-{last} of {len(rows)}"
                   " · ↑↓ PgUp PgDn Home End scroll")
         footer = self.style.paint(clip(footer, self.width), "dim")
-        body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in shown)
+        body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in visible)
         view = (SYNC_BEGIN + CURSOR_HOME + body + footer + ERASE_LINE_END + SYNC_END).encode()
         opening = b"" if self._view else ALT_SCREEN_ON.encode()
         if view == self._view:

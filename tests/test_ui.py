@@ -340,6 +340,13 @@ def test_a_card_shows_what_its_tool_declares_and_an_old_log_still_draws():
     assert "● grep TODO" in text and "hit 29" in text     # no card recorded: first input, the tail
 
 
+def test_a_long_output_collapses_to_its_real_last_lines():
+    output = "\n".join(f"row {k}" for k in range(1000))
+    text = timeline_text(finished_card("b", "bash", {"command": "seq 1000"}, output))
+    assert "row 0" in text and "… 995 lines …" in text
+    assert "row 999" in text and "row 399" not in text    # the tail of all 1,000, not of a cut
+
+
 def timeline_text(events, width=80, style=MONO):
     return "\n".join(ui.render_transcript(events, width, style.color))
 
