@@ -399,8 +399,8 @@ class Workspace:
     def __init__(self, cwd: Path):
         # The project root; relative paths start here.
         self.cwd = Path(cwd).resolve()
-        # KHAELOR_HOME (the Toolbox sets it); None: events.khaelor_home().
-        self.home: Path | None = None
+        # KHAELOR_HOME (the Toolbox sets it to the one it was given).
+        self.home = events.khaelor_home()
         # The session's TMPDIR, made on first use; Toolbox.close removes it.
         self.temp_dir: Path | None = None
         # Landlock ABI; 0: commands run unconfined.
@@ -584,20 +584,18 @@ class Workspace:
             child.transports.append(transport)
         return child
 
-    def capture(self, argv: list[str], *, cwd: Path | None = None,
-                timeout_s: float = 10.0, confine: Confine = READ_ONLY_CONFINE,
-                scan_git: bool = True) -> tuple[int, str]:
-        """Run a short read-only command synchronously (git for repository facts): (exit code,
-        stdout). Failing to start, or timing out, gives -1 and the reason."""
-        code, out = self.capture_bytes(
-            argv, cwd=cwd, timeout_s=timeout_s, confine=confine, scan_git=scan_git)
+    def capture(self, argv: list[str], **options) -> tuple[int, str]:
+        """capture_bytes with stdout decoded (git's repository facts)."""
+        code, out = self.capture_bytes(argv, **options)
         return code, out.decode("utf-8", "replace")
 
     def capture_bytes(self, argv: list[str], *, cwd: Path | None = None,
                       timeout_s: float = 10.0, confine: Confine = READ_ONLY_CONFINE,
                       scan_git: bool = True, env: dict | None = None,
                       stdin: bytes | None = None) -> tuple[int, bytes]:
-        """capture's stdout as bytes (file contents), with `env` added and `stdin` fed to it."""
+        """Run a short command synchronously, read-only unless `confine` says otherwise, with
+        `env` added and `stdin` fed to it: (exit code, stdout). Failing to start, or timing out,
+        gives -1 and the reason."""
         try:
             prepared, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
         except OSError as exc:
@@ -668,7 +666,6 @@ class Workspace:
         ruleset = None
         if self.abi:
             sandbox.make_parents(confine.paths)
-            home = self.home or events.khaelor_home()
             hidden = []
             if read_only and not confine.secrets:
                 hidden = self.secrets.find(str(self.cwd), confine.hide)
@@ -679,24 +676,22 @@ class Workspace:
             key = (confine.write, confine.network, tuple(confine.paths),
                    tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
-                   str(self.temp_dir), home, tuple(sorted(static_ports)))
+                   str(self.temp_dir), self.home, tuple(sorted(static_ports)))
             with self.rulesets_lock:
                 kept = self.rulesets.get(key)
                 if kept is None:
                     kept = sandbox.build_ruleset(
-                        confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
-                    self._keep_ruleset(key, kept)
+                        confine, self.cwd, self.temp_dir, Path.home(), self.home, static_ports,
+                        hidden)
+                    if len(self.rulesets) >= RULESETS_KEPT:
+                        # the oldest goes
+                        os.close(self.rulesets.pop(next(iter(self.rulesets))))
+                    self.rulesets[key] = kept
                 # the entry's own copy: another thread may evict (close) the kept one before
                 # this child starts, and its number could be reused meanwhile
                 ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
-
-    def _keep_ruleset(self, key: tuple, ruleset: int) -> None:
-        if len(self.rulesets) >= RULESETS_KEPT:
-            oldest = next(iter(self.rulesets))
-            os.close(self.rulesets.pop(oldest))
-        self.rulesets[key] = ruleset
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -782,9 +777,13 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
     return state
 
 
-def guard_restore(project: Path, before: dict, named: str, keep: Path) -> list[str]:
-    """Put back what changed since `before` unless `named` (the command the user approved, or
-    "") names it; the changed bytes go to `keep`. Returns the paths put back."""
+def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
+                confine: Confine) -> str:
+    """After an approved step: put back what it changed of the guarded files since `before`,
+    unless the user approved this very command and it names them; what the step wrote goes to
+    spill/guarded. The note says what was put back, and where its version was kept."""
+    named = command if confine.attended else ""
+    keep = spill_dir / "guarded"
     after = guard_record(project)
     restored = []
     for rel in sorted(set(before) | set(after)):
@@ -805,7 +804,12 @@ def guard_restore(project: Path, before: dict, named: str, keep: Path) -> list[s
             path.write_bytes(old[1])
             os.chmod(path, stat.S_IMODE(old[0]))
         restored.append(rel)
-    return restored
+    if not restored:
+        return ""
+    return (f"[khaelor: put back {', '.join(restored)}: this command changed "
+            "what git or khaelor would run or grant later, and nobody approved that by name; "
+            f"its version is kept in {keep}. To make such a change, run a command that names "
+            "the file, so that the user's question shows it.]")
 
 
 def _named(rel: str, command: str) -> bool:
@@ -836,21 +840,6 @@ def _config_entries(data: bytes) -> set[str]:
             key, _, value = line.partition("=")
             entries.add(f"{section}.{key.strip()}={value.strip()}")
     return entries
-
-
-def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
-                confine: Confine) -> str:
-    """After an approved step: put back the guarded files it changed without the user having
-    approved that command by name; the note says what, and where its version was kept."""
-    named = command if confine.attended else ""
-    keep = spill_dir / "guarded"
-    restored = guard_restore(project, before, named, keep)
-    if not restored:
-        return ""
-    return (f"[khaelor: put back {', '.join(restored)}: this command changed "
-            "what git or khaelor would run or grant later, and nobody approved that by name; "
-            f"its version is kept in {keep}. To make such a change, run a command that names "
-            "the file, so that the user's question shows it.]")
 
 
 # ---------------------------------------------------------------- Toolbox: the kernel's entry point
@@ -976,13 +965,6 @@ class Toolbox:
                 "runtime_s": process.runtime_s(),
             })
         return running
-
-    def emit_folded(self, kind: str, **payload) -> dict:
-        """emit, and for a toolbox used alone, the fold of its own State (ProcessStarted)."""
-        event = self.emit(kind, **payload)
-        if self.own_state is not None and kind == "ProcessStarted":
-            events.note_process(self.own_state, payload["process_id"])
-        return event
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
@@ -1267,9 +1249,8 @@ class Checkpoints:
         return Repository(root, git_dir, common_dir, head)
 
     def shadow(self, root: Path) -> Path:
-        home = self.workspace.home or events.khaelor_home()
-        name = events.sessions_dir(home, root).name
-        return home / "checkpoints" / name
+        home = self.workspace.home
+        return home / "checkpoints" / events.sessions_dir(home, root).name
 
     def git(self, root: Path, argv: list[str], index: Path | None = None,
             stdin: bytes | None = None, timeout_s: float = 60.0) -> bytes:
@@ -1874,7 +1855,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
-                mask: Callable[[str], str] = _mask_secrets) -> None:
+                mask: Callable[[str], str]) -> None:
     """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped,
     carriage-return redraws (progress bars) reduced to their last state. It works on whole lines, so
     nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
@@ -1907,19 +1888,19 @@ def _whole_lines_end(text: str) -> int:
     return 0
 
 
-async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None],
-                     timeout_s: float | None, grace_s: float,
-                     mask: Callable[[str], str] = _mask_secrets,
-                     temp: Path | None = None) -> tuple[bool, bool]:
-    """Pump a child's output to on_text until it exits, then clear out its process group (which the
-    caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
-    killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
-    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever.
-    A read-only command (bash or process) gives its session `temp` dir: the group is stopped, and
-    on_text told why, once that passes its cap (RLIMIT_FSIZE bounds one file only)."""
-    pump = asyncio.create_task(_pump(child.stdout, on_text, mask))
+async def _supervise(box: Toolbox, child: Child, confine: Confine,
+                     on_text: Callable[[str], None], timeout_s: float | None,
+                     grace_s: float) -> tuple[bool, bool]:
+    """Pump a child's output to on_text, masked, until it exits, then clear out its process group
+    (which _start put in box.groups): (timed out, left strays). On timeout or cancellation the whole
+    group is killed, grandchildren included; after a normal exit what it left running gets grace_s
+    to finish. A descendant that left our group may hold the pipe open, so the pump is not waited on
+    for ever. A read-only command's group is stopped, and on_text told why, once the session temp
+    dir passes its cap (RLIMIT_FSIZE bounds one file only)."""
+    pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
-    if temp is not None:
+    if not confine.write:
+        temp = box.workspace.session_temp()
         watchdog = asyncio.create_task(_watch_temp(temp, child.pid))
     timed_out = False
     stray = False
@@ -1946,7 +1927,7 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
         if watchdog:
             watchdog.cancel()
         _kill_group(child.pid)
-        groups.discard(child.pid)
+        box.groups.discard(child.pid)
         child.close_pipes()
 
 # ---------------------------------------------------------------- read and file helpers
@@ -2894,12 +2875,12 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
     places = places or [str(ws.cwd)]
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
-    if code == 0 and out:
-        listed = [rel for rel in out.split("\0") if rel][:limit]
-        return [rel for rel in listed if _searched(root / rel)]
     found = []
     root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        if code == 0 and out:
+            listed = [rel for rel in out.split("\0") if rel][:limit]
+            return [rel for rel in listed if _plain_file(rel, root_fd)]
         # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
         for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
             dirs[:] = sorted(d for d in dirs if not skip(d))
@@ -2914,17 +2895,13 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
 
 
 def _plain_file(name: str, folder_fd: int) -> bool:
+    """A file the search reads, as ripgrep chooses: never a link it meets at the end (a
+    committed notes.txt -> ~/.aws/credentials, or -> /etc/passwd), only plain files."""
     try:
         found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except OSError:
         return False
     return stat.S_ISREG(found.st_mode)
-
-
-def _searched(path: Path) -> bool:
-    """A file the search reads, as ripgrep chooses: never a link it meets on the way (a
-    committed notes.txt -> ~/.aws/credentials, or -> /etc/passwd), only plain files."""
-    return os.path.isfile(path) and not os.path.islink(path)
 
 
 async def _list_files(box: Toolbox, root: Path, confine: Confine) -> list[str]:
@@ -3009,8 +2986,7 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path,
     user granted reading secrets for this call."""
     if confine.secrets:
         return list(rels), []
-    home = box.workspace.home or events.khaelor_home()
-    closed = sandbox.closed_locations(Path.home(), home, confine.paths)
+    closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
     is_secret = sandbox.secret_matcher(confine.hide) if confine.hide else lambda name: False
     kept = []
     secret = []
@@ -3283,10 +3259,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    child, guarded = await _start(box.workspace, box.groups, command, confine, workdir)
+    child, guarded = await _start(box, command, confine, workdir)
     timed_out, stray = await _supervise(
-        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask,
-        _read_only_temp(box.workspace, confine))
+        box, child, confine, on_text, timeout_ms / 1000, STRAY_GRACE_S)
     if guarded is not None:
         notes.append(await asyncio.to_thread(
             guard_check, box.workspace.cwd, box.spill_dir, guarded, command, confine))
@@ -3322,11 +3297,6 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
                       meta=meta)
 
 
-def _read_only_temp(ws: Workspace, confine: Confine) -> Path | None:
-    """The session temp dir a read-only command's watchdog watches; None for an approved one."""
-    return None if confine.write else ws.session_temp()
-
-
 async def _watch_temp(temp: Path, pid: int) -> None:
     """Stop a read-only command's group once the session temp dir passes its cap (RLIMIT_FSIZE
     bounds one file only)."""
@@ -3347,27 +3317,24 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-async def _start(ws: Workspace, groups: set[int], command: str, confine: Confine,
-                 cwd: Path | None = None, stdin: bool = False) -> tuple[Child, dict | None]:
-    """Start a command for bash or process: (the child, its group now in `groups`; the guarded
+async def _start(box: Toolbox, command: str, confine: Confine, cwd: Path | None = None,
+                 stdin: bool = False) -> tuple[Child, dict | None]:
+    """Start a command for bash or process: (the child, its group now in box.groups; the guarded
     files as they were before an approved step, else None)."""
+    ws = box.workspace
     guarded = None
     if confine.write:
         guarded = await asyncio.to_thread(guard_record, ws.cwd)
-    ports = _reachable_ports(confine, groups)
-    child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
-    groups.add(child.pid)
-    return child, guarded
 
-
-def _reachable_ports(confine: Confine, groups: set[int]) -> Callable[[], set[int]]:
-    """Without network, a command may still connect to what khaelor's own processes listen on: the
-    ports are looked up when it connects (the supervisor runs in a thread: it reads a copy)."""
     def ports() -> set[int]:
+        """Without network, a command may still connect to what khaelor's own processes listen on:
+        the ports are looked up when it connects (the supervisor runs in a thread: a copy)."""
         if confine.network:
             return set()
-        return sandbox.listening_ports(set(groups))
-    return ports
+        return sandbox.listening_ports(set(box.groups))
+    child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
+    box.groups.add(child.pid)
+    return child, guarded
 
 # ---------------------------------------------------------------- process: background processes
 
@@ -3380,6 +3347,9 @@ class _Process:
     process_id: str
     command: str
     child: Child
+    # The guarded files when it started (see guard_record), and its confine.
+    guarded: dict | None
+    confine: Confine
     started: float = field(default_factory=time.monotonic)
     # time.monotonic() when it exited; None while running.
     ended: float | None = None
@@ -3394,9 +3364,6 @@ class _Process:
     read_pos: int = 0
     # Set by new output and by the exit.
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    # The guarded files when it started (see guard_record), and its confine.
-    guarded: dict | None = None
-    confine: Confine | None = None
 
     def append(self, text: str) -> None:
         self.text += text
@@ -3458,18 +3425,19 @@ class _Processes:
 
     async def _spawn(self, command: str, confine: Confine) -> _Process:
         box = self.box
-        child, guarded = await _start(box.workspace, box.groups, command, confine, stdin=True)
-        process = _Process(f"p{box.state().n_processes + 1}", command, child)
-        process.guarded = guarded
-        process.confine = confine
+        child, guarded = await _start(box, command, confine, stdin=True)
+        process = _Process(f"p{box.state().n_processes + 1}", command, child, guarded, confine)
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        box.emit_folded(
+        box.emit(
             "ProcessStarted",
             process_id=process.process_id,
             pid=child.pid,
             command=command)
+        if box.own_state is not None:
+            # a toolbox used alone folds its own State
+            events.note_process(box.own_state, process.process_id)
         self.forget_exited()
         return process
 
@@ -3486,9 +3454,7 @@ class _Processes:
         box = self.box
         try:
             await _supervise(
-                process.child, box.groups, process.append, None,
-                PROCESS_STRAY_GRACE_S, box.mask,
-                _read_only_temp(box.workspace, process.confine))
+                box, process.child, process.confine, process.append, None, PROCESS_STRAY_GRACE_S)
         except asyncio.CancelledError:
             # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
