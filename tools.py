@@ -376,6 +376,8 @@ class Child:
     stdout: asyncio.StreamReader
     stdin: asyncio.StreamWriter | None = None
     transports: list = field(default_factory=list)
+    # The guarded files before an approved step started it (see guard_record); None: read-only.
+    guarded: dict | None = None
 
     @property
     def pid(self) -> int:
@@ -1157,6 +1159,8 @@ SHADOW_CONFIG = "[gc]\n\tauto = 0\n"
 LINK_MODE = "120000"
 GITLINK_MODE = "160000"
 ABSENT_MODE = "000000"
+# A commit's name (sha1 or sha256).
+OID = re.compile(r"[0-9a-f]{40,64}")
 
 
 class CheckpointError(events.KhaelorError):
@@ -1171,8 +1175,10 @@ class Repository:
     # The worktree's own git directory (HEAD, index) and the shared one (objects, info/exclude).
     git_dir: Path
     common_dir: Path
-    # The commit HEAD names when it was looked at; "" before the first commit.
+    # The commit HEAD names when it was looked at ("" before the first commit), and its branch
+    # ("" when detached).
     head: str
+    branch: str
 
 
 @dataclass
@@ -1228,9 +1234,9 @@ class Checkpoints:
         files (one process less per checkpoint), else from git."""
         known = self.known
         if known and (known.git_dir / "HEAD").is_file():
-            head = _head_from_files(known)
+            head, branch = _read_head(known.git_dir, known.common_dir)
             if head:
-                return Repository(known.root, known.git_dir, known.common_dir, head)
+                return replace(known, head=head, branch=branch)
         self.known = self._discover()
         return self.known
 
@@ -1242,11 +1248,11 @@ class Checkpoints:
         lines = out.splitlines()
         if len(lines) != 4:
             return None
-        head = lines[3]
-        if not re.fullmatch(r"[0-9a-f]{40,64}", head):
-            head = ""
-        root, git_dir, common_dir = (Path(line) for line in lines[:3])
-        return Repository(root, git_dir, common_dir, head)
+        git_dir = Path(lines[1])
+        common_dir = Path(lines[2])
+        head = lines[3] if OID.fullmatch(lines[3]) else ""
+        branch = _read_head(git_dir, common_dir)[1]
+        return Repository(Path(lines[0]), git_dir, common_dir, head, branch)
 
     def shadow(self, root: Path) -> Path:
         home = self.workspace.home
@@ -1296,7 +1302,7 @@ class Checkpoints:
                 index: Path) -> dict:
         payload = {"git": repo is not None, "head": "", "branch": "", "index": ""}
         if repo:
-            payload.update(self._head(repo))
+            payload.update(head=repo.head, branch=repo.branch)
             if (repo.git_dir / "index").is_file():
                 data = (repo.git_dir / "index").read_bytes()
                 payload["index"] = self.keep(data)
@@ -1319,17 +1325,6 @@ class Checkpoints:
         payload["skipped"] = skipped
         os.replace(index, shadow / "index")
         return payload
-
-    def _head(self, repo: Repository) -> dict:
-        """HEAD's commit ("" before the first) and branch ("" when detached)."""
-        try:
-            ref = (repo.git_dir / "HEAD").read_text().strip()
-        except OSError:
-            ref = ""
-        branch = ""
-        if ref.startswith("ref: refs/heads/"):
-            branch = ref.removeprefix("ref: refs/heads/")
-        return {"head": repo.head, "branch": branch}
 
     def _changed(self, root: Path, index: Path) -> tuple[list[bytes], list[str]]:
         """(paths whose index entry is out of date: changed, deleted, untracked and not ignored;
@@ -1493,16 +1488,16 @@ class Checkpoints:
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
         """HEAD, its branch and the index as a checkpoint recorded them."""
-        now = self._head(self.repository() or repo)
+        now = self.repository() or repo
         branch = recorded["branch"]
         head = recorded["head"]
         git = ["git", "-C", str(repo.root)]
-        moved = (branch, head) != (now["branch"], now["head"])
+        moved = (branch, head) != (now.branch, now.head)
         if moved and branch and head:
             self._user_git(repo, git + ["update-ref", f"refs/heads/{branch}", head])
-        if branch and branch != now["branch"]:
+        if branch and branch != now.branch:
             self._user_git(repo, git + ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
-        elif not branch and head and head != now["head"]:
+        elif not branch and head and head != now.head:
             self._user_git(repo, git + ["update-ref", "--no-deref", "HEAD", head])
         if not recorded["index"]:
             return
@@ -1518,23 +1513,30 @@ class Checkpoints:
             raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
 
 
-def _head_from_files(repo: Repository) -> str:
-    """The commit HEAD names, read from the files refs live in (loose, else packed-refs); ""
-    when that does not tell (no commit yet, another ref store): git is asked then."""
+def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
+    """(the commit HEAD names, read from the files refs live in (loose, else packed-refs), ""
+    when that does not tell (no commit yet, another ref store: git is asked then); its branch,
+    "" when detached)."""
     try:
-        head = (repo.git_dir / "HEAD").read_text().strip()
-        ref = head.removeprefix("ref: ")
-        if ref.startswith("refs/heads/") and (repo.common_dir / ref).is_file():
-            head = (repo.common_dir / ref).read_text().strip()
-        elif ref.startswith("refs/heads/"):
-            packed = (repo.common_dir / "packed-refs").read_text()
-            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
-            head = found.group(1) if found else ""
-    except (OSError, ValueError):
-        return ""
-    if re.fullmatch(r"[0-9a-f]{40,64}", head):
-        return head
-    return ""
+        head = (git_dir / "HEAD").read_text().strip()
+    except OSError:
+        return "", ""
+    ref = head.removeprefix("ref: ")
+    branch = ""
+    if ref.startswith("refs/heads/"):
+        branch = ref.removeprefix("refs/heads/")
+        try:
+            if (common_dir / ref).is_file():
+                head = (common_dir / ref).read_text().strip()
+            else:
+                packed = (common_dir / "packed-refs").read_text()
+                found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
+                head = found.group(1) if found else ""
+        except (OSError, ValueError):
+            head = ""
+    if not OID.fullmatch(head):
+        head = ""
+    return head, branch
 
 
 def _over_cap(path: Path) -> bool:
@@ -1545,9 +1547,7 @@ def _over_cap(path: Path) -> bool:
 
 
 def _inside(path: Path, root: Path) -> bool:
-    real = os.path.realpath(path)
-    top = os.path.realpath(root)
-    return real == top or real.startswith(top.rstrip("/") + "/")
+    return sandbox.within(os.path.realpath(path), [os.path.realpath(root)])
 
 
 # ---------------------------------------------------------------- input checking
@@ -1888,7 +1888,7 @@ def _whole_lines_end(text: str) -> int:
     return 0
 
 
-async def _supervise(box: Toolbox, child: Child, confine: Confine,
+async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
                      on_text: Callable[[str], None], timeout_s: float | None,
                      grace_s: float) -> tuple[bool, bool]:
     """Pump a child's output to on_text, masked, until it exits, then clear out its process group
@@ -1896,7 +1896,8 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine,
     group is killed, grandchildren included; after a normal exit what it left running gets grace_s
     to finish. A descendant that left our group may hold the pipe open, so the pump is not waited on
     for ever. A read-only command's group is stopped, and on_text told why, once the session temp
-    dir passes its cap (RLIMIT_FSIZE bounds one file only)."""
+    dir passes its cap (RLIMIT_FSIZE bounds one file only); after an approved one, on_text gets
+    guard_check's note, also when it was cancelled."""
     pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
     if not confine.write:
@@ -1929,6 +1930,10 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine,
         _kill_group(child.pid)
         box.groups.discard(child.pid)
         child.close_pipes()
+        if child.guarded is not None:
+            note = guard_check(box.workspace.cwd, box.spill_dir, child.guarded, command, confine)
+            if note:
+                on_text(f"\n{note}\n")
 
 # ---------------------------------------------------------------- read and file helpers
 
@@ -3247,9 +3252,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             "timeout must be a positive number of milliseconds "
             f"(default {BASH_DEFAULT_TIMEOUT_MS}).",
             error="invalid_input")
-    notes = []
-    if timeout_ms > BASH_MAX_TIMEOUT_MS:
-        notes.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
+    capped = timeout_ms > BASH_MAX_TIMEOUT_MS
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
     workdir = _existing(box.workspace, args.get("workdir"))
     spool = _Spool(box.spill_dir, tool_use_id or "bash")
@@ -3259,12 +3262,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    child, guarded = await _start(box, command, confine, workdir)
+    child = await _start(box, command, confine, workdir)
     timed_out, stray = await _supervise(
-        box, child, confine, on_text, timeout_ms / 1000, STRAY_GRACE_S)
-    if guarded is not None:
-        notes.append(await asyncio.to_thread(
-            guard_check, box.workspace.cwd, box.spill_dir, guarded, command, confine))
+        box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
@@ -3293,8 +3293,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)
-    return ToolResult("\n".join(parts + [note for note in notes if note]), is_error=timed_out,
-                      meta=meta)
+    if capped:
+        parts.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
+    return ToolResult("\n".join(parts), is_error=timed_out, meta=meta)
 
 
 async def _watch_temp(temp: Path, pid: int) -> None:
@@ -3318,9 +3319,9 @@ def _tree_bytes(root: Path) -> int:
 
 
 async def _start(box: Toolbox, command: str, confine: Confine, cwd: Path | None = None,
-                 stdin: bool = False) -> tuple[Child, dict | None]:
-    """Start a command for bash or process: (the child, its group now in box.groups; the guarded
-    files as they were before an approved step, else None)."""
+                 stdin: bool = False) -> Child:
+    """Start a command for bash or process: its group is now in box.groups, and for an approved
+    step, the guarded files as they were before it in child.guarded."""
     ws = box.workspace
     guarded = None
     if confine.write:
@@ -3334,7 +3335,8 @@ async def _start(box: Toolbox, command: str, confine: Confine, cwd: Path | None 
         return sandbox.listening_ports(set(box.groups))
     child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
     box.groups.add(child.pid)
-    return child, guarded
+    child.guarded = guarded
+    return child
 
 # ---------------------------------------------------------------- process: background processes
 
@@ -3347,8 +3349,6 @@ class _Process:
     process_id: str
     command: str
     child: Child
-    # The guarded files when it started (see guard_record), and its confine.
-    guarded: dict | None
     confine: Confine
     started: float = field(default_factory=time.monotonic)
     # time.monotonic() when it exited; None while running.
@@ -3425,8 +3425,8 @@ class _Processes:
 
     async def _spawn(self, command: str, confine: Confine) -> _Process:
         box = self.box
-        child, guarded = await _start(box, command, confine, stdin=True)
-        process = _Process(f"p{box.state().n_processes + 1}", command, child, guarded, confine)
+        child = await _start(box, command, confine, stdin=True)
+        process = _Process(f"p{box.state().n_processes + 1}", command, child, confine)
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
@@ -3453,18 +3453,13 @@ class _Processes:
         """
         box = self.box
         try:
-            await _supervise(
-                box, process.child, process.confine, process.append, None, PROCESS_STRAY_GRACE_S)
+            await _supervise(box, process.child, process.confine, process.command,
+                             process.append, None, PROCESS_STRAY_GRACE_S)
         except asyncio.CancelledError:
             # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
-            if process.guarded is not None:
-                note = guard_check(box.workspace.cwd, box.spill_dir, process.guarded,
-                                   process.command, process.confine)
-                if note:
-                    process.append(f"\n{note}\n")
             process.ended = time.monotonic()
             process.arrived.set()
             box.emit(
