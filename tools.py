@@ -239,13 +239,11 @@ long builds).
 
 
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
-    """A tool schema; a property is (JSON type, description) or (JSON type, description, enum)."""
+    """A tool schema; a property is (JSON type, description) or (JSON type, description, more
+    of the JSON schema: an enum, a minimum), which _check_input enforces."""
     props = {}
-    for key, (kind, text, *allowed) in properties.items():
-        prop = {"type": kind, "description": text}
-        if allowed:
-            prop["enum"] = allowed[0]
-        props[key] = prop
+    for key, (kind, text, *more) in properties.items():
+        props[key] = {"type": kind, "description": text, **(more[0] if more else {})}
     input_schema = {"type": "object", "properties": props, "required": required}
     return {"name": name, "description": description, "input_schema": input_schema}
 
@@ -255,8 +253,8 @@ SCHEMAS = [
         "read", READ_DESCRIPTION, ["file_path"],
         file_path=("string",
                    "File or directory to read, relative to the project root or absolute."),
-        offset=("integer", "1-based line number to start from."),
-        limit=("integer", "Number of lines to read.")),
+        offset=("integer", "1-based line number to start from.", {"minimum": 1}),
+        limit=("integer", "Number of lines to read.", {"minimum": 1})),
     _schema(
         "write", WRITE_DESCRIPTION, ["file_path", "content"],
         file_path=("string", "File to write, relative to the project root or absolute."),
@@ -280,11 +278,12 @@ SCHEMAS = [
     _schema(
         "bash", BASH_DESCRIPTION, ["command"],
         command=("string", "The shell command to run."),
-        timeout=("integer", "Timeout in milliseconds (default 120000, max 600000)."),
+        timeout=("integer", "Timeout in milliseconds (default 120000, max 600000).",
+                 {"minimum": 1}),
         workdir=("string", "Directory to run the command in (default: project root).")),
     _schema(
         "process", PROCESS_DESCRIPTION, ["action"],
-        action=("string", "What to do.", ["start", "list", "read", "write", "stop"]),
+        action=("string", "What to do.", {"enum": ["start", "list", "read", "write", "stop"]}),
         id=("string", "Process id from start or list (for read, write, stop)."),
         command=("string", "Shell command to start (for start)."),
         input=("string", "Text to send to the process's stdin (for write).")),
@@ -976,7 +975,8 @@ class Toolbox:
 
     def keep_version(self, data: bytes) -> str:
         """Store a file's content under its sha256 in KHAELOR_HOME/versions (once); its name."""
-        name = _blob_name(data)
+        import hashlib
+        name = hashlib.sha256(data).hexdigest()
         path = self.versions_dir / name
         if path.exists():
             try:
@@ -1564,19 +1564,22 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
         problems.append(f"the input must be a JSON object, got {_type_name(tool_input)}")
         tool_input = {}
     for key, value in tool_input.items():
-        kind = props.get(key, {}).get("type")
-        allowed = props.get(key, {}).get("enum", [value])
+        prop = props.get(key, {})
+        kind = prop.get("type")
+        if kind == "integer" and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        allowed = prop.get("enum", [value])
         if kind is None:
             problems.append(_unknown_parameter(key, props))
         elif value is None:
             continue
-        elif kind == "integer" and isinstance(value, float) and value.is_integer():
-            args[key] = int(value)
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
         elif value not in allowed:
             choices = ", ".join(allowed)
             problems.append(f"'{key}' must be one of {choices}, got {value!r}")
+        elif "minimum" in prop and value < prop["minimum"]:
+            problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         else:
             args[key] = value
     missing = []
@@ -1761,7 +1764,16 @@ class _DotEnv:
         self.values: list[str] = []
 
     def refresh(self) -> None:
-        files = self.dotenv_files()
+        # (name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read
+        files = []
+        try:
+            for entry in os.scandir(self.root):
+                if _is_dotenv(entry.name) and entry.is_file():
+                    found = entry.stat()
+                    files.append((entry.name, found.st_mtime_ns, found.st_size))
+        except OSError:
+            files = []
+        files.sort()
         if files == self.stamp:
             return
         values = set()
@@ -1776,18 +1788,6 @@ class _DotEnv:
                     values.add(value)
         self.stamp = files
         self.values = sorted(values, key=len, reverse=True)
-
-    def dotenv_files(self) -> list[tuple[str, int, int]]:
-        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read."""
-        files = []
-        try:
-            for entry in os.scandir(self.root):
-                if _is_dotenv(entry.name) and entry.is_file():
-                    stat = entry.stat()
-                    files.append((entry.name, stat.st_mtime_ns, stat.st_size))
-        except OSError:
-            return []
-        return sorted(files)
 
 
 def _dotenv_value(line: str) -> str:
@@ -1867,7 +1867,9 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
     try:
         while chunk := await stream.read(65_536):
             text = carry + decoder.decode(chunk)
-            cut = _whole_lines_end(text)
+            cut = text.rfind("\n") + 1
+            if not cut and len(text) >= 65_536:
+                cut = len(text)
             carry = text[cut:]
             text = clean(text[:cut])
             if text:
@@ -1876,16 +1878,6 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
         text = clean(carry + decoder.decode(b"", final=True))
         if text:
             on_text(text)
-
-
-def _whole_lines_end(text: str) -> int:
-    """Where the text's whole lines end; a line past 64K characters goes as it stands."""
-    cut = text.rfind("\n") + 1
-    if cut:
-        return cut
-    if len(text) >= 65_536:
-        return len(text)
-    return 0
 
 
 async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
@@ -1966,10 +1958,6 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     offset = args.get("offset", 1)
     limit = args.get("limit")
     total = len(lines)
-    if offset < 1 or (limit is not None and limit < 1):
-        raise ToolError(
-            "offset and limit must be positive (offset is a 1-based line number).",
-            error="invalid_input")
     if total == 0:
         meta = {"path": shown, "lines": 0}
         return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
@@ -2152,17 +2140,12 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _blob_name(data: bytes) -> str:
-    import hashlib
-    return hashlib.sha256(data).hexdigest()
-
-
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
-        stat = path.stat()
+        found = path.stat()
     except OSError:
         return None
-    return stat.st_mtime_ns, stat.st_size
+    return found.st_mtime_ns, found.st_size
 
 
 def _missing(ws: Workspace, path: Path) -> ToolError:
@@ -3247,11 +3230,6 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             "command is empty; pass the shell command to run.",
             error="invalid_input")
     timeout_ms = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS)
-    if timeout_ms <= 0:
-        raise ToolError(
-            "timeout must be a positive number of milliseconds "
-            f"(default {BASH_DEFAULT_TIMEOUT_MS}).",
-            error="invalid_input")
     capped = timeout_ms > BASH_MAX_TIMEOUT_MS
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
     workdir = _existing(box.workspace, args.get("workdir"))
