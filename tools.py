@@ -2947,13 +2947,10 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     root = _existing(ws, args.get("path"))
     match = _glob_matcher(pattern)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
-    kept, skipped = _without_secrets(box, confine, root, found)
+    meta = {}
+    kept, note = _without_secrets(box, confine, root, found, meta)
     files = await asyncio.to_thread(_newest_first, root, kept)
-    meta = {
-        "files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
-        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
-    }
-    note = _hidden_note(ws, root, skipped)
+    meta.update(files=len(files), truncated=len(files) > SEARCH_RESULT_CAP)
     if not files:
         text = f"No files match {pattern!r} under {ws.display(root)}.{note}"
         return ToolResult(text, meta=meta)
@@ -2965,15 +2962,17 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     return ToolResult(shown + note, meta=meta)
 
 
-def _without_secrets(box: Toolbox, confine: Confine, root: Path,
-                     rels) -> tuple[list[str], list[str]]:
-    """(the files grep and glob show, the secret ones they leave out and name): a file whose name
-    matches one of the call's `hide` patterns is secret; a link into a closed location (a
-    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
-    fallback meets these) is left out silently, as ripgrep does. Nothing is left out when the
-    user granted reading secrets for this call."""
+def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
+                     meta: dict) -> tuple[list[str], str]:
+    """(the files grep and glob show, the note naming the secret ones they leave out; `meta`
+    gets the engine and their number): a file whose name matches one of the call's `hide`
+    patterns is secret; a link into a closed location (a committed notes.txt ->
+    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these) is
+    left out silently, as ripgrep does. Nothing is left out when the user granted reading secrets
+    for this call."""
+    meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
     if confine.secrets:
-        return list(rels), []
+        return list(rels), ""
     closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
     is_secret = sandbox.secret_matcher(confine.hide) if confine.hide else lambda name: False
     kept = []
@@ -2985,15 +2984,13 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path,
             secret.append(rel)
         elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
             kept.append(rel)
-    return kept, secret
-
-
-def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
-    if not skipped:
-        return ""
-    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(skipped)[:5])
-    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    return (f"\n\n({len(skipped)} secret file(s) left out: {names}{more}. "
+    meta["hidden"] = len(secret)
+    if not secret:
+        return kept, ""
+    ws = box.workspace
+    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
+    more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
+    return kept, (f"\n\n({len(secret)} secret file(s) left out: {names}{more}. "
             "Reading them needs the user's permission: ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
@@ -3015,14 +3012,11 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
     # Filtered here for both engines: the same result.
-    kept, skipped = _without_secrets(box, confine, root, hits)
+    meta = {}
+    kept, note = _without_secrets(box, confine, root, hits, meta)
     hits = {rel: hits[rel] for rel in kept}
     total = sum(map(len, hits.values()))
-    meta = {
-        "matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
-    }
-    note = _hidden_note(ws, root, skipped)
+    meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
         text = f"No matches for {pattern!r} in {ws.display(root)}.{note}"
         return ToolResult(text, meta=meta)
