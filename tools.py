@@ -163,7 +163,6 @@ ESCAPES = {
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
 READ_DESCRIPTION = """Read a text file (or list a directory) from the local filesystem.
-- file_path: relative to the project root, or absolute.
 - Output lines are numbered (line number, tab, content). The numbers are not part of the file: never
   copy them into edit's old_string.
 - By default up to 2000 lines from the start; pass offset (1-based line) and limit to page through
@@ -174,7 +173,6 @@ READ_DESCRIPTION = """Read a text file (or list a directory) from the local file
 
 WRITE_DESCRIPTION = """Write a file, replacing its whole content, or create it (parent directories
 are created).
-- file_path: relative to the project root, or absolute.
 - Overwriting an existing file requires that you read it first in this session and that it has not
   changed on disk since; otherwise the call is refused.
 - An existing file keeps its line endings (CRLF) and byte-order mark.
@@ -196,8 +194,6 @@ EDIT_DESCRIPTION = """Replace text in a file: old_string becomes new_string.
 
 GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g.
 "def \\w+\\(", "TODO|FIXME").
-- path: file or directory to search, default the project root. include: a glob for file names, e.g.
-  "*.py" or "*.{ts,tsx}".
 - Files ignored by .gitignore are skipped. Results are matching lines as path:line: text, files most
   recently modified first, at most 100 lines; narrow the pattern, path or include when the result
   says it was truncated.
@@ -205,7 +201,6 @@ GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep sy
 
 GLOB_DESCRIPTION = """Find files by name pattern, e.g. "**/*.py", "src/**/test_*.ts", "*.md" (a
 pattern without "/" matches at any depth).
-- path: directory to search, default the project root.
 - Files ignored by .gitignore are skipped. At most 100 paths, most recently modified first; narrow
   the pattern when the result says it was truncated.
 - Use this instead of find or ls through bash."""
@@ -270,7 +265,7 @@ SCHEMAS = [
         "grep", GREP_DESCRIPTION, ["pattern"],
         pattern=("string", "Regular expression to search for."),
         path=("string", "File or directory to search (default: project root)."),
-        include=("string", "Glob for the file names to search, e.g. \"*.py\".")),
+        include=("string", "Glob for the file names to search, e.g. \"*.py\" or \"*.{ts,tsx}\".")),
     _schema(
         "glob", GLOB_DESCRIPTION, ["pattern"],
         pattern=("string", "Glob pattern, e.g. \"**/*.py\"."),
@@ -1109,15 +1104,13 @@ def _prune_due(versions: int) -> bool:
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
     try:
         fd = os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
     except OSError:
         # E.g. the marker is a symlink: prune nothing rather than follow it.
         return False
-    try:
-        os.utime(fd)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
     return True
 
 
