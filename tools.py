@@ -705,14 +705,10 @@ class Workspace:
             "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
         ]
         _, out = self.capture(argv, cwd=cwd, scan_git=False)
+        # scope NUL key NUL …
         fields = out.split("\0")
-        scopes = fields[::2]
-        keys = fields[1::2]
-        drivers = []
-        for scope, key in zip(scopes, keys):
-            if scope in ("local", "worktree"):
-                drivers.append(key)
-        return drivers
+        pairs = zip(fields[::2], fields[1::2])
+        return [key for scope, key in pairs if scope in ("local", "worktree")]
 
 
 def _close_all(rulesets: dict[tuple, int]) -> None:
