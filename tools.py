@@ -163,7 +163,6 @@ ESCAPES = {
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
 READ_DESCRIPTION = """Read a text file (or list a directory) from the local filesystem.
-- file_path: relative to the project root, or absolute.
 - Output lines are numbered (line number, tab, content). The numbers are not part of the file: never
   copy them into edit's old_string.
 - By default up to 2000 lines from the start; pass offset (1-based line) and limit to page through
@@ -174,7 +173,6 @@ READ_DESCRIPTION = """Read a text file (or list a directory) from the local file
 
 WRITE_DESCRIPTION = """Write a file, replacing its whole content, or create it (parent directories
 are created).
-- file_path: relative to the project root, or absolute.
 - Overwriting an existing file requires that you read it first in this session and that it has not
   changed on disk since; otherwise the call is refused.
 - An existing file keeps its line endings (CRLF) and byte-order mark.
@@ -196,8 +194,6 @@ EDIT_DESCRIPTION = """Replace text in a file: old_string becomes new_string.
 
 GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep syntax, e.g.
 "def \\w+\\(", "TODO|FIXME").
-- path: file or directory to search, default the project root. include: a glob for file names, e.g.
-  "*.py" or "*.{ts,tsx}".
 - Files ignored by .gitignore are skipped. Results are matching lines as path:line: text, files most
   recently modified first, at most 100 lines; narrow the pattern, path or include when the result
   says it was truncated.
@@ -205,7 +201,6 @@ GREP_DESCRIPTION = """Search file contents with a regular expression (ripgrep sy
 
 GLOB_DESCRIPTION = """Find files by name pattern, e.g. "**/*.py", "src/**/test_*.ts", "*.md" (a
 pattern without "/" matches at any depth).
-- path: directory to search, default the project root.
 - Files ignored by .gitignore are skipped. At most 100 paths, most recently modified first; narrow
   the pattern when the result says it was truncated.
 - Use this instead of find or ls through bash."""
@@ -239,13 +234,11 @@ long builds).
 
 
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
-    """A tool schema; a property is (JSON type, description) or (JSON type, description, enum)."""
+    """A tool schema; a property is (JSON type, description) or (JSON type, description, more
+    of the JSON schema: an enum, a minimum), which _check_input enforces."""
     props = {}
-    for key, (kind, text, *allowed) in properties.items():
-        prop = {"type": kind, "description": text}
-        if allowed:
-            prop["enum"] = allowed[0]
-        props[key] = prop
+    for key, (kind, text, *more) in properties.items():
+        props[key] = {"type": kind, "description": text, **(more[0] if more else {})}
     input_schema = {"type": "object", "properties": props, "required": required}
     return {"name": name, "description": description, "input_schema": input_schema}
 
@@ -255,8 +248,8 @@ SCHEMAS = [
         "read", READ_DESCRIPTION, ["file_path"],
         file_path=("string",
                    "File or directory to read, relative to the project root or absolute."),
-        offset=("integer", "1-based line number to start from."),
-        limit=("integer", "Number of lines to read.")),
+        offset=("integer", "1-based line number to start from.", {"minimum": 1}),
+        limit=("integer", "Number of lines to read.", {"minimum": 1})),
     _schema(
         "write", WRITE_DESCRIPTION, ["file_path", "content"],
         file_path=("string", "File to write, relative to the project root or absolute."),
@@ -272,7 +265,7 @@ SCHEMAS = [
         "grep", GREP_DESCRIPTION, ["pattern"],
         pattern=("string", "Regular expression to search for."),
         path=("string", "File or directory to search (default: project root)."),
-        include=("string", "Glob for the file names to search, e.g. \"*.py\".")),
+        include=("string", "Glob for the file names to search, e.g. \"*.py\" or \"*.{ts,tsx}\".")),
     _schema(
         "glob", GLOB_DESCRIPTION, ["pattern"],
         pattern=("string", "Glob pattern, e.g. \"**/*.py\"."),
@@ -280,11 +273,12 @@ SCHEMAS = [
     _schema(
         "bash", BASH_DESCRIPTION, ["command"],
         command=("string", "The shell command to run."),
-        timeout=("integer", "Timeout in milliseconds (default 120000, max 600000)."),
+        timeout=("integer", "Timeout in milliseconds (default 120000, max 600000).",
+                 {"minimum": 1}),
         workdir=("string", "Directory to run the command in (default: project root).")),
     _schema(
         "process", PROCESS_DESCRIPTION, ["action"],
-        action=("string", "What to do.", ["start", "list", "read", "write", "stop"]),
+        action=("string", "What to do.", {"enum": ["start", "list", "read", "write", "stop"]}),
         id=("string", "Process id from start or list (for read, write, stop)."),
         command=("string", "Shell command to start (for start)."),
         input=("string", "Text to send to the process's stdin (for write).")),
@@ -376,6 +370,8 @@ class Child:
     stdout: asyncio.StreamReader
     stdin: asyncio.StreamWriter | None = None
     transports: list = field(default_factory=list)
+    # The guarded files before an approved step started it (see guard_record); None: read-only.
+    guarded: dict | None = None
 
     @property
     def pid(self) -> int:
@@ -399,8 +395,8 @@ class Workspace:
     def __init__(self, cwd: Path):
         # The project root; relative paths start here.
         self.cwd = Path(cwd).resolve()
-        # KHAELOR_HOME (the Toolbox sets it); None: events.khaelor_home().
-        self.home: Path | None = None
+        # KHAELOR_HOME (the Toolbox sets it to the one it was given).
+        self.home = events.khaelor_home()
         # The session's TMPDIR, made on first use; Toolbox.close removes it.
         self.temp_dir: Path | None = None
         # Landlock ABI; 0: commands run unconfined.
@@ -584,20 +580,18 @@ class Workspace:
             child.transports.append(transport)
         return child
 
-    def capture(self, argv: list[str], *, cwd: Path | None = None,
-                timeout_s: float = 10.0, confine: Confine = READ_ONLY_CONFINE,
-                scan_git: bool = True) -> tuple[int, str]:
-        """Run a short read-only command synchronously (git for repository facts): (exit code,
-        stdout). Failing to start, or timing out, gives -1 and the reason."""
-        code, out = self.capture_bytes(
-            argv, cwd=cwd, timeout_s=timeout_s, confine=confine, scan_git=scan_git)
+    def capture(self, argv: list[str], **options) -> tuple[int, str]:
+        """capture_bytes with stdout decoded (git's repository facts)."""
+        code, out = self.capture_bytes(argv, **options)
         return code, out.decode("utf-8", "replace")
 
     def capture_bytes(self, argv: list[str], *, cwd: Path | None = None,
                       timeout_s: float = 10.0, confine: Confine = READ_ONLY_CONFINE,
                       scan_git: bool = True, env: dict | None = None,
                       stdin: bytes | None = None) -> tuple[int, bytes]:
-        """capture's stdout as bytes (file contents), with `env` added and `stdin` fed to it."""
+        """Run a short command synchronously, read-only unless `confine` says otherwise, with
+        `env` added and `stdin` fed to it: (exit code, stdout). Failing to start, or timing out,
+        gives -1 and the reason."""
         try:
             prepared, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
         except OSError as exc:
@@ -668,7 +662,6 @@ class Workspace:
         ruleset = None
         if self.abi:
             sandbox.make_parents(confine.paths)
-            home = self.home or events.khaelor_home()
             hidden = []
             if read_only and not confine.secrets:
                 hidden = self.secrets.find(str(self.cwd), confine.hide)
@@ -679,24 +672,22 @@ class Workspace:
             key = (confine.write, confine.network, tuple(confine.paths),
                    tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
-                   str(self.temp_dir), home, tuple(sorted(static_ports)))
+                   str(self.temp_dir), self.home, tuple(sorted(static_ports)))
             with self.rulesets_lock:
                 kept = self.rulesets.get(key)
                 if kept is None:
                     kept = sandbox.build_ruleset(
-                        confine, self.cwd, self.temp_dir, Path.home(), home, static_ports, hidden)
-                    self._keep_ruleset(key, kept)
+                        confine, self.cwd, self.temp_dir, Path.home(), self.home, static_ports,
+                        hidden)
+                    if len(self.rulesets) >= RULESETS_KEPT:
+                        # the oldest goes
+                        os.close(self.rulesets.pop(next(iter(self.rulesets))))
+                    self.rulesets[key] = kept
                 # the entry's own copy: another thread may evict (close) the kept one before
                 # this child starts, and its number could be reused meanwhile
                 ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
-
-    def _keep_ruleset(self, key: tuple, ruleset: int) -> None:
-        if len(self.rulesets) >= RULESETS_KEPT:
-            oldest = next(iter(self.rulesets))
-            os.close(self.rulesets.pop(oldest))
-        self.rulesets[key] = ruleset
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -714,14 +705,10 @@ class Workspace:
             "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
         ]
         _, out = self.capture(argv, cwd=cwd, scan_git=False)
+        # scope NUL key NUL …
         fields = out.split("\0")
-        scopes = fields[::2]
-        keys = fields[1::2]
-        drivers = []
-        for scope, key in zip(scopes, keys):
-            if scope in ("local", "worktree"):
-                drivers.append(key)
-        return drivers
+        pairs = zip(fields[::2], fields[1::2])
+        return [key for scope, key in pairs if scope in ("local", "worktree")]
 
 
 def _close_all(rulesets: dict[tuple, int]) -> None:
@@ -782,9 +769,13 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
     return state
 
 
-def guard_restore(project: Path, before: dict, named: str, keep: Path) -> list[str]:
-    """Put back what changed since `before` unless `named` (the command the user approved, or
-    "") names it; the changed bytes go to `keep`. Returns the paths put back."""
+def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
+                confine: Confine) -> str:
+    """After an approved step: put back what it changed of the guarded files since `before`,
+    unless the user approved this very command and it names them; what the step wrote goes to
+    spill/guarded. The note says what was put back, and where its version was kept."""
+    named = command if confine.attended else ""
+    keep = spill_dir / "guarded"
     after = guard_record(project)
     restored = []
     for rel in sorted(set(before) | set(after)):
@@ -805,7 +796,12 @@ def guard_restore(project: Path, before: dict, named: str, keep: Path) -> list[s
             path.write_bytes(old[1])
             os.chmod(path, stat.S_IMODE(old[0]))
         restored.append(rel)
-    return restored
+    if not restored:
+        return ""
+    return (f"[khaelor: put back {', '.join(restored)}: this command changed "
+            "what git or khaelor would run or grant later, and nobody approved that by name; "
+            f"its version is kept in {keep}. To make such a change, run a command that names "
+            "the file, so that the user's question shows it.]")
 
 
 def _named(rel: str, command: str) -> bool:
@@ -836,21 +832,6 @@ def _config_entries(data: bytes) -> set[str]:
             key, _, value = line.partition("=")
             entries.add(f"{section}.{key.strip()}={value.strip()}")
     return entries
-
-
-def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
-                confine: Confine) -> str:
-    """After an approved step: put back the guarded files it changed without the user having
-    approved that command by name; the note says what, and where its version was kept."""
-    named = command if confine.attended else ""
-    keep = spill_dir / "guarded"
-    restored = guard_restore(project, before, named, keep)
-    if not restored:
-        return ""
-    return (f"[khaelor: put back {', '.join(restored)}: this command changed "
-            "what git or khaelor would run or grant later, and nobody approved that by name; "
-            f"its version is kept in {keep}. To make such a change, run a command that names "
-            "the file, so that the user's question shows it.]")
 
 
 # ---------------------------------------------------------------- Toolbox: the kernel's entry point
@@ -977,13 +958,6 @@ class Toolbox:
             })
         return running
 
-    def emit_folded(self, kind: str, **payload) -> dict:
-        """emit, and for a toolbox used alone, the fold of its own State (ProcessStarted)."""
-        event = self.emit(kind, **payload)
-        if self.own_state is not None and kind == "ProcessStarted":
-            events.note_process(self.own_state, payload["process_id"])
-        return event
-
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
         call's result carries it to the log, whose fold the next check_fresh reads."""
@@ -992,7 +966,8 @@ class Toolbox:
 
     def keep_version(self, data: bytes) -> str:
         """Store a file's content under its sha256 in KHAELOR_HOME/versions (once); its name."""
-        name = _blob_name(data)
+        import hashlib
+        name = hashlib.sha256(data).hexdigest()
         path = self.versions_dir / name
         if path.exists():
             try:
@@ -1125,15 +1100,13 @@ def _prune_due(versions: int) -> bool:
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
     try:
         fd = os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
     except OSError:
         # E.g. the marker is a symlink: prune nothing rather than follow it.
         return False
-    try:
-        os.utime(fd)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
     return True
 
 
@@ -1175,6 +1148,8 @@ SHADOW_CONFIG = "[gc]\n\tauto = 0\n"
 LINK_MODE = "120000"
 GITLINK_MODE = "160000"
 ABSENT_MODE = "000000"
+# A commit's name (sha1 or sha256).
+OID = re.compile(r"[0-9a-f]{40,64}")
 
 
 class CheckpointError(events.KhaelorError):
@@ -1189,8 +1164,10 @@ class Repository:
     # The worktree's own git directory (HEAD, index) and the shared one (objects, info/exclude).
     git_dir: Path
     common_dir: Path
-    # The commit HEAD names when it was looked at; "" before the first commit.
+    # The commit HEAD names when it was looked at ("" before the first commit), and its branch
+    # ("" when detached).
     head: str
+    branch: str
 
 
 @dataclass
@@ -1246,9 +1223,9 @@ class Checkpoints:
         files (one process less per checkpoint), else from git."""
         known = self.known
         if known and (known.git_dir / "HEAD").is_file():
-            head = _head_from_files(known)
+            head, branch = _read_head(known.git_dir, known.common_dir)
             if head:
-                return Repository(known.root, known.git_dir, known.common_dir, head)
+                return replace(known, head=head, branch=branch)
         self.known = self._discover()
         return self.known
 
@@ -1260,16 +1237,15 @@ class Checkpoints:
         lines = out.splitlines()
         if len(lines) != 4:
             return None
-        head = lines[3]
-        if not re.fullmatch(r"[0-9a-f]{40,64}", head):
-            head = ""
-        root, git_dir, common_dir = (Path(line) for line in lines[:3])
-        return Repository(root, git_dir, common_dir, head)
+        git_dir = Path(lines[1])
+        common_dir = Path(lines[2])
+        head = lines[3] if OID.fullmatch(lines[3]) else ""
+        branch = _read_head(git_dir, common_dir)[1]
+        return Repository(Path(lines[0]), git_dir, common_dir, head, branch)
 
     def shadow(self, root: Path) -> Path:
-        home = self.workspace.home or events.khaelor_home()
-        name = events.sessions_dir(home, root).name
-        return home / "checkpoints" / name
+        home = self.workspace.home
+        return home / "checkpoints" / events.sessions_dir(home, root).name
 
     def git(self, root: Path, argv: list[str], index: Path | None = None,
             stdin: bytes | None = None, timeout_s: float = 60.0) -> bytes:
@@ -1315,7 +1291,7 @@ class Checkpoints:
                 index: Path) -> dict:
         payload = {"git": repo is not None, "head": "", "branch": "", "index": ""}
         if repo:
-            payload.update(self._head(repo))
+            payload.update(head=repo.head, branch=repo.branch)
             if (repo.git_dir / "index").is_file():
                 data = (repo.git_dir / "index").read_bytes()
                 payload["index"] = self.keep(data)
@@ -1338,17 +1314,6 @@ class Checkpoints:
         payload["skipped"] = skipped
         os.replace(index, shadow / "index")
         return payload
-
-    def _head(self, repo: Repository) -> dict:
-        """HEAD's commit ("" before the first) and branch ("" when detached)."""
-        try:
-            ref = (repo.git_dir / "HEAD").read_text().strip()
-        except OSError:
-            ref = ""
-        branch = ""
-        if ref.startswith("ref: refs/heads/"):
-            branch = ref.removeprefix("ref: refs/heads/")
-        return {"head": repo.head, "branch": branch}
 
     def _changed(self, root: Path, index: Path) -> tuple[list[bytes], list[str]]:
         """(paths whose index entry is out of date: changed, deleted, untracked and not ignored;
@@ -1512,16 +1477,16 @@ class Checkpoints:
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
         """HEAD, its branch and the index as a checkpoint recorded them."""
-        now = self._head(self.repository() or repo)
+        now = self.repository() or repo
         branch = recorded["branch"]
         head = recorded["head"]
         git = ["git", "-C", str(repo.root)]
-        moved = (branch, head) != (now["branch"], now["head"])
+        moved = (branch, head) != (now.branch, now.head)
         if moved and branch and head:
             self._user_git(repo, git + ["update-ref", f"refs/heads/{branch}", head])
-        if branch and branch != now["branch"]:
+        if branch and branch != now.branch:
             self._user_git(repo, git + ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
-        elif not branch and head and head != now["head"]:
+        elif not branch and head and head != now.head:
             self._user_git(repo, git + ["update-ref", "--no-deref", "HEAD", head])
         if not recorded["index"]:
             return
@@ -1537,23 +1502,30 @@ class Checkpoints:
             raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
 
 
-def _head_from_files(repo: Repository) -> str:
-    """The commit HEAD names, read from the files refs live in (loose, else packed-refs); ""
-    when that does not tell (no commit yet, another ref store): git is asked then."""
+def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
+    """(the commit HEAD names, read from the files refs live in (loose, else packed-refs), ""
+    when that does not tell (no commit yet, another ref store: git is asked then); its branch,
+    "" when detached)."""
     try:
-        head = (repo.git_dir / "HEAD").read_text().strip()
-        ref = head.removeprefix("ref: ")
-        if ref.startswith("refs/heads/") and (repo.common_dir / ref).is_file():
-            head = (repo.common_dir / ref).read_text().strip()
-        elif ref.startswith("refs/heads/"):
-            packed = (repo.common_dir / "packed-refs").read_text()
-            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
-            head = found.group(1) if found else ""
-    except (OSError, ValueError):
-        return ""
-    if re.fullmatch(r"[0-9a-f]{40,64}", head):
-        return head
-    return ""
+        head = (git_dir / "HEAD").read_text().strip()
+    except OSError:
+        return "", ""
+    ref = head.removeprefix("ref: ")
+    branch = ""
+    if ref.startswith("refs/heads/"):
+        branch = ref.removeprefix("refs/heads/")
+        try:
+            if (common_dir / ref).is_file():
+                head = (common_dir / ref).read_text().strip()
+            else:
+                packed = (common_dir / "packed-refs").read_text()
+                found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
+                head = found.group(1) if found else ""
+        except (OSError, ValueError):
+            head = ""
+    if not OID.fullmatch(head):
+        head = ""
+    return head, branch
 
 
 def _over_cap(path: Path) -> bool:
@@ -1564,9 +1536,7 @@ def _over_cap(path: Path) -> bool:
 
 
 def _inside(path: Path, root: Path) -> bool:
-    real = os.path.realpath(path)
-    top = os.path.realpath(root)
-    return real == top or real.startswith(top.rstrip("/") + "/")
+    return sandbox.within(os.path.realpath(path), [os.path.realpath(root)])
 
 
 # ---------------------------------------------------------------- input checking
@@ -1583,19 +1553,22 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
         problems.append(f"the input must be a JSON object, got {_type_name(tool_input)}")
         tool_input = {}
     for key, value in tool_input.items():
-        kind = props.get(key, {}).get("type")
-        allowed = props.get(key, {}).get("enum", [value])
+        prop = props.get(key, {})
+        kind = prop.get("type")
+        if kind == "integer" and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        allowed = prop.get("enum", [value])
         if kind is None:
             problems.append(_unknown_parameter(key, props))
         elif value is None:
             continue
-        elif kind == "integer" and isinstance(value, float) and value.is_integer():
-            args[key] = int(value)
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
         elif value not in allowed:
             choices = ", ".join(allowed)
             problems.append(f"'{key}' must be one of {choices}, got {value!r}")
+        elif "minimum" in prop and value < prop["minimum"]:
+            problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         else:
             args[key] = value
     missing = []
@@ -1780,7 +1753,16 @@ class _DotEnv:
         self.values: list[str] = []
 
     def refresh(self) -> None:
-        files = self.dotenv_files()
+        # (name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read
+        files = []
+        try:
+            for entry in os.scandir(self.root):
+                if _is_dotenv(entry.name) and entry.is_file():
+                    found = entry.stat()
+                    files.append((entry.name, found.st_mtime_ns, found.st_size))
+        except OSError:
+            files = []
+        files.sort()
         if files == self.stamp:
             return
         values = set()
@@ -1795,18 +1777,6 @@ class _DotEnv:
                     values.add(value)
         self.stamp = files
         self.values = sorted(values, key=len, reverse=True)
-
-    def dotenv_files(self) -> list[tuple[str, int, int]]:
-        """(name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read."""
-        files = []
-        try:
-            for entry in os.scandir(self.root):
-                if _is_dotenv(entry.name) and entry.is_file():
-                    stat = entry.stat()
-                    files.append((entry.name, stat.st_mtime_ns, stat.st_size))
-        except OSError:
-            return []
-        return sorted(files)
 
 
 def _dotenv_value(line: str) -> str:
@@ -1874,7 +1844,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
-                mask: Callable[[str], str] = _mask_secrets) -> None:
+                mask: Callable[[str], str]) -> None:
     """Read a pipe to EOF, handing on plain text: secrets masked, terminal escapes dropped,
     carriage-return redraws (progress bars) reduced to their last state. It works on whole lines, so
     nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
@@ -1886,7 +1856,9 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
     try:
         while chunk := await stream.read(65_536):
             text = carry + decoder.decode(chunk)
-            cut = _whole_lines_end(text)
+            cut = text.rfind("\n") + 1
+            if not cut and len(text) >= 65_536:
+                cut = len(text)
             carry = text[cut:]
             text = clean(text[:cut])
             if text:
@@ -1897,29 +1869,20 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
             on_text(text)
 
 
-def _whole_lines_end(text: str) -> int:
-    """Where the text's whole lines end; a line past 64K characters goes as it stands."""
-    cut = text.rfind("\n") + 1
-    if cut:
-        return cut
-    if len(text) >= 65_536:
-        return len(text)
-    return 0
-
-
-async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], None],
-                     timeout_s: float | None, grace_s: float,
-                     mask: Callable[[str], str] = _mask_secrets,
-                     temp: Path | None = None) -> tuple[bool, bool]:
-    """Pump a child's output to on_text until it exits, then clear out its process group (which the
-    caller put in `groups`): (timed out, left strays). On timeout or cancellation the whole group is
-    killed, grandchildren included; after a normal exit what it left running gets grace_s to finish.
-    A descendant that left our group may hold the pipe open, so the pump is not waited on for ever.
-    A read-only command (bash or process) gives its session `temp` dir: the group is stopped, and
-    on_text told why, once that passes its cap (RLIMIT_FSIZE bounds one file only)."""
-    pump = asyncio.create_task(_pump(child.stdout, on_text, mask))
+async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
+                     on_text: Callable[[str], None], timeout_s: float | None,
+                     grace_s: float) -> tuple[bool, bool]:
+    """Pump a child's output to on_text, masked, until it exits, then clear out its process group
+    (which _start put in box.groups): (timed out, left strays). On timeout or cancellation the whole
+    group is killed, grandchildren included; after a normal exit what it left running gets grace_s
+    to finish. A descendant that left our group may hold the pipe open, so the pump is not waited on
+    for ever. A read-only command's group is stopped, and on_text told why, once the session temp
+    dir passes its cap (RLIMIT_FSIZE bounds one file only); after an approved one, on_text gets
+    guard_check's note, also when it was cancelled."""
+    pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
-    if temp is not None:
+    if not confine.write:
+        temp = box.workspace.session_temp()
         watchdog = asyncio.create_task(_watch_temp(temp, child.pid))
     timed_out = False
     stray = False
@@ -1946,8 +1909,12 @@ async def _supervise(child: Child, groups: set[int], on_text: Callable[[str], No
         if watchdog:
             watchdog.cancel()
         _kill_group(child.pid)
-        groups.discard(child.pid)
+        box.groups.discard(child.pid)
         child.close_pipes()
+        if child.guarded is not None:
+            note = guard_check(box.workspace.cwd, box.spill_dir, child.guarded, command, confine)
+            if note:
+                on_text(f"\n{note}\n")
 
 # ---------------------------------------------------------------- read and file helpers
 
@@ -1980,10 +1947,6 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     offset = args.get("offset", 1)
     limit = args.get("limit")
     total = len(lines)
-    if offset < 1 or (limit is not None and limit < 1):
-        raise ToolError(
-            "offset and limit must be positive (offset is a 1-based line number).",
-            error="invalid_input")
     if total == 0:
         meta = {"path": shown, "lines": 0}
         return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
@@ -2166,17 +2129,12 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _blob_name(data: bytes) -> str:
-    import hashlib
-    return hashlib.sha256(data).hexdigest()
-
-
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
-        stat = path.stat()
+        found = path.stat()
     except OSError:
         return None
-    return stat.st_mtime_ns, stat.st_size
+    return found.st_mtime_ns, found.st_size
 
 
 def _missing(ws: Workspace, path: Path) -> ToolError:
@@ -2894,12 +2852,12 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
     places = places or [str(ws.cwd)]
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
-    if code == 0 and out:
-        listed = [rel for rel in out.split("\0") if rel][:limit]
-        return [rel for rel in listed if _searched(root / rel)]
     found = []
     root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        if code == 0 and out:
+            listed = [rel for rel in out.split("\0") if rel][:limit]
+            return [rel for rel in listed if _plain_file(rel, root_fd)]
         # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
         for folder, dirs, files, folder_fd in os.fwalk(".", dir_fd=root_fd):
             dirs[:] = sorted(d for d in dirs if not skip(d))
@@ -2914,17 +2872,13 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
 
 
 def _plain_file(name: str, folder_fd: int) -> bool:
+    """A file the search reads, as ripgrep chooses: never a link it meets at the end (a
+    committed notes.txt -> ~/.aws/credentials, or -> /etc/passwd), only plain files."""
     try:
         found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except OSError:
         return False
     return stat.S_ISREG(found.st_mode)
-
-
-def _searched(path: Path) -> bool:
-    """A file the search reads, as ripgrep chooses: never a link it meets on the way (a
-    committed notes.txt -> ~/.aws/credentials, or -> /etc/passwd), only plain files."""
-    return os.path.isfile(path) and not os.path.islink(path)
 
 
 async def _list_files(box: Toolbox, root: Path, confine: Confine) -> list[str]:
@@ -2982,13 +2936,10 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     root = _existing(ws, args.get("path"))
     match = _glob_matcher(pattern)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
-    kept, skipped = _without_secrets(box, confine, root, found)
+    meta = {}
+    kept, note = _without_secrets(box, confine, root, found, meta)
     files = await asyncio.to_thread(_newest_first, root, kept)
-    meta = {
-        "files": len(files), "truncated": len(files) > SEARCH_RESULT_CAP,
-        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
-    }
-    note = _hidden_note(ws, root, skipped)
+    meta.update(files=len(files), truncated=len(files) > SEARCH_RESULT_CAP)
     if not files:
         text = f"No files match {pattern!r} under {ws.display(root)}.{note}"
         return ToolResult(text, meta=meta)
@@ -3000,17 +2951,18 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     return ToolResult(shown + note, meta=meta)
 
 
-def _without_secrets(box: Toolbox, confine: Confine, root: Path,
-                     rels) -> tuple[list[str], list[str]]:
-    """(the files grep and glob show, the secret ones they leave out and name): a file whose name
-    matches one of the call's `hide` patterns is secret; a link into a closed location (a
-    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
-    fallback meets these) is left out silently, as ripgrep does. Nothing is left out when the
-    user granted reading secrets for this call."""
+def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
+                     meta: dict) -> tuple[list[str], str]:
+    """(the files grep and glob show, the note naming the secret ones they leave out; `meta`
+    gets the engine and their number): a file whose name matches one of the call's `hide`
+    patterns is secret; a link into a closed location (a committed notes.txt ->
+    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these) is
+    left out silently, as ripgrep does. Nothing is left out when the user granted reading secrets
+    for this call."""
+    meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
     if confine.secrets:
-        return list(rels), []
-    home = box.workspace.home or events.khaelor_home()
-    closed = sandbox.closed_locations(Path.home(), home, confine.paths)
+        return list(rels), ""
+    closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
     is_secret = sandbox.secret_matcher(confine.hide) if confine.hide else lambda name: False
     kept = []
     secret = []
@@ -3021,15 +2973,13 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path,
             secret.append(rel)
         elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
             kept.append(rel)
-    return kept, secret
-
-
-def _hidden_note(ws: Workspace, root: Path, skipped: list[str]) -> str:
-    if not skipped:
-        return ""
-    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(skipped)[:5])
-    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    return (f"\n\n({len(skipped)} secret file(s) left out: {names}{more}. "
+    meta["hidden"] = len(secret)
+    if not secret:
+        return kept, ""
+    ws = box.workspace
+    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
+    more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
+    return kept, (f"\n\n({len(secret)} secret file(s) left out: {names}{more}. "
             "Reading them needs the user's permission: ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
@@ -3051,14 +3001,11 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
     # Filtered here for both engines: the same result.
-    kept, skipped = _without_secrets(box, confine, root, hits)
+    meta = {}
+    kept, note = _without_secrets(box, confine, root, hits, meta)
     hits = {rel: hits[rel] for rel in kept}
     total = sum(map(len, hits.values()))
-    meta = {
-        "matches": total, "files": len(hits), "truncated": total > SEARCH_RESULT_CAP,
-        "engine": "ripgrep" if box.ripgrep else "python", "hidden": len(skipped),
-    }
-    note = _hidden_note(ws, root, skipped)
+    meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
         text = f"No matches for {pattern!r} in {ws.display(root)}.{note}"
         return ToolResult(text, meta=meta)
@@ -3266,14 +3213,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             "command is empty; pass the shell command to run.",
             error="invalid_input")
     timeout_ms = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS)
-    if timeout_ms <= 0:
-        raise ToolError(
-            "timeout must be a positive number of milliseconds "
-            f"(default {BASH_DEFAULT_TIMEOUT_MS}).",
-            error="invalid_input")
-    notes = []
-    if timeout_ms > BASH_MAX_TIMEOUT_MS:
-        notes.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
+    capped = timeout_ms > BASH_MAX_TIMEOUT_MS
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
     workdir = _existing(box.workspace, args.get("workdir"))
     spool = _Spool(box.spill_dir, tool_use_id or "bash")
@@ -3283,13 +3223,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    child, guarded = await _start(box.workspace, box.groups, command, confine, workdir)
+    child = await _start(box, command, confine, workdir)
     timed_out, stray = await _supervise(
-        child, box.groups, on_text, timeout_ms / 1000, STRAY_GRACE_S, box.mask,
-        _read_only_temp(box.workspace, confine))
-    if guarded is not None:
-        notes.append(await asyncio.to_thread(
-            guard_check, box.workspace.cwd, box.spill_dir, guarded, command, confine))
+        box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
@@ -3318,13 +3254,9 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)
-    return ToolResult("\n".join(parts + [note for note in notes if note]), is_error=timed_out,
-                      meta=meta)
-
-
-def _read_only_temp(ws: Workspace, confine: Confine) -> Path | None:
-    """The session temp dir a read-only command's watchdog watches; None for an approved one."""
-    return None if confine.write else ws.session_temp()
+    if capped:
+        parts.append(f"(timeout capped at the {BASH_MAX_TIMEOUT_MS} ms ceiling)")
+    return ToolResult("\n".join(parts), is_error=timed_out, meta=meta)
 
 
 async def _watch_temp(temp: Path, pid: int) -> None:
@@ -3347,27 +3279,25 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-async def _start(ws: Workspace, groups: set[int], command: str, confine: Confine,
-                 cwd: Path | None = None, stdin: bool = False) -> tuple[Child, dict | None]:
-    """Start a command for bash or process: (the child, its group now in `groups`; the guarded
-    files as they were before an approved step, else None)."""
+async def _start(box: Toolbox, command: str, confine: Confine, cwd: Path | None = None,
+                 stdin: bool = False) -> Child:
+    """Start a command for bash or process: its group is now in box.groups, and for an approved
+    step, the guarded files as they were before it in child.guarded."""
+    ws = box.workspace
     guarded = None
     if confine.write:
         guarded = await asyncio.to_thread(guard_record, ws.cwd)
-    ports = _reachable_ports(confine, groups)
-    child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
-    groups.add(child.pid)
-    return child, guarded
 
-
-def _reachable_ports(confine: Confine, groups: set[int]) -> Callable[[], set[int]]:
-    """Without network, a command may still connect to what khaelor's own processes listen on: the
-    ports are looked up when it connects (the supervisor runs in a thread: it reads a copy)."""
     def ports() -> set[int]:
+        """Without network, a command may still connect to what khaelor's own processes listen on:
+        the ports are looked up when it connects (the supervisor runs in a thread: a copy)."""
         if confine.network:
             return set()
-        return sandbox.listening_ports(set(groups))
-    return ports
+        return sandbox.listening_ports(set(box.groups))
+    child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
+    box.groups.add(child.pid)
+    child.guarded = guarded
+    return child
 
 # ---------------------------------------------------------------- process: background processes
 
@@ -3380,6 +3310,7 @@ class _Process:
     process_id: str
     command: str
     child: Child
+    confine: Confine
     started: float = field(default_factory=time.monotonic)
     # time.monotonic() when it exited; None while running.
     ended: float | None = None
@@ -3394,9 +3325,6 @@ class _Process:
     read_pos: int = 0
     # Set by new output and by the exit.
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    # The guarded files when it started (see guard_record), and its confine.
-    guarded: dict | None = None
-    confine: Confine | None = None
 
     def append(self, text: str) -> None:
         self.text += text
@@ -3458,18 +3386,19 @@ class _Processes:
 
     async def _spawn(self, command: str, confine: Confine) -> _Process:
         box = self.box
-        child, guarded = await _start(box.workspace, box.groups, command, confine, stdin=True)
-        process = _Process(f"p{box.state().n_processes + 1}", command, child)
-        process.guarded = guarded
-        process.confine = confine
+        child = await _start(box, command, confine, stdin=True)
+        process = _Process(f"p{box.state().n_processes + 1}", command, child, confine)
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        box.emit_folded(
+        box.emit(
             "ProcessStarted",
             process_id=process.process_id,
             pid=child.pid,
             command=command)
+        if box.own_state is not None:
+            # a toolbox used alone folds its own State
+            events.note_process(box.own_state, process.process_id)
         self.forget_exited()
         return process
 
@@ -3485,20 +3414,13 @@ class _Processes:
         """
         box = self.box
         try:
-            await _supervise(
-                process.child, box.groups, process.append, None,
-                PROCESS_STRAY_GRACE_S, box.mask,
-                _read_only_temp(box.workspace, process.confine))
+            await _supervise(box, process.child, process.confine, process.command,
+                             process.append, None, PROCESS_STRAY_GRACE_S)
         except asyncio.CancelledError:
             # The event loop is closing without close(): still no orphans.
             process.cause = process.cause or "khaelor exit"
             raise
         finally:
-            if process.guarded is not None:
-                note = guard_check(box.workspace.cwd, box.spill_dir, process.guarded,
-                                   process.command, process.confine)
-                if note:
-                    process.append(f"\n{note}\n")
             process.ended = time.monotonic()
             process.arrived.set()
             box.emit(
