@@ -750,23 +750,41 @@ GUARD_FILE_CAP = 1 << 20
 
 
 def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
-    """The guarded files: relative path -> (mode, bytes)."""
+    """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
+    through a link is recorded as that link and never walked: what it points to is not ours."""
     state = {}
-    paths = [project / GIT_CONFIG]
-    for name in GUARDED_DIRS:
-        for directory, _, files in os.walk(project / name):
-            paths += [Path(directory) / file for file in files]
-    for path in paths:
-        try:
-            info = path.lstat()
-            if stat.S_ISREG(info.st_mode) and info.st_size <= GUARD_FILE_CAP:
-                state[path.relative_to(project).as_posix()] = (info.st_mode, path.read_bytes())
-            elif not stat.S_ISDIR(info.st_mode):
-                # a link or a fifo: recorded as present, so that its appearing is seen
-                state[path.relative_to(project).as_posix()] = (info.st_mode, b"")
-        except OSError:
-            continue
+    for top in (GIT_CONFIG, *GUARDED_DIRS):
+        paths = [project / top]
+        link = _first_link(project, top)
+        if link is not None:
+            paths = [project / link]
+        elif top != GIT_CONFIG:
+            for directory, _, files in os.walk(project / top):
+                paths += [Path(directory) / file for file in files]
+        for path in paths:
+            try:
+                info = path.lstat()
+                rel = path.relative_to(project).as_posix()
+                if stat.S_ISREG(info.st_mode) and info.st_size <= GUARD_FILE_CAP:
+                    state[rel] = (info.st_mode, path.read_bytes())
+                elif stat.S_ISLNK(info.st_mode):
+                    state[rel] = (info.st_mode, os.fsencode(os.readlink(path)))
+                elif not stat.S_ISDIR(info.st_mode):
+                    # a fifo or a device: recorded as present, so that its appearing is seen
+                    state[rel] = (info.st_mode, b"")
+            except OSError:
+                continue
     return state
+
+
+def _first_link(project: Path, rel: str) -> str | None:
+    """The first component of `rel` (under the project) that is a link, if one is."""
+    parts = rel.split("/")
+    for n in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:n])
+        if (project / prefix).is_symlink():
+            return prefix
+    return None
 
 
 def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
@@ -785,16 +803,15 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
-        path = project / rel
         if new is not None:
             keep.mkdir(parents=True, exist_ok=True)
             kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
             kept.write_bytes(new[1])
-            path.unlink(missing_ok=True)
-        if old is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(old[1])
-            os.chmod(path, stat.S_IMODE(old[0]))
+        try:
+            _put_back(project, rel, old)
+        except OSError as e:
+            restored.append(f"{rel} (could not: {e.strerror})")
+            continue
         restored.append(rel)
     if not restored:
         return ""
@@ -802,6 +819,42 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             "what git or khaelor would run or grant later, and nobody approved that by name; "
             f"its version is kept in {keep}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
+
+
+def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
+    """Make the project's `rel` what `old` recorded (None: absent). Every folder on the way is
+    opened without following a link, and a link found there is removed (it is the project's own
+    entry), so that nothing outside the project is read, deleted or written."""
+    parts = rel.split("/")
+    fd = os.open(project, sandbox.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(part, dir_fd=fd)
+                os.mkdir(part, dir_fd=fd)
+            step = sandbox.open_no_links(part, sandbox.O_PATH | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        name = parts[-1]
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(name, dir_fd=fd)
+        if old is None:
+            return
+        mode, data = old
+        if stat.S_ISLNK(mode):
+            os.symlink(os.fsdecode(data), name, dir_fd=fd)
+            return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(name, flags, stat.S_IMODE(mode), dir_fd=fd)
+        try:
+            os.write(out, data)
+            os.fchmod(out, stat.S_IMODE(mode))
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
 
 
 def _named(rel: str, command: str) -> bool:

@@ -285,6 +285,31 @@ def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(re
     assert "put back" in result.text
 
 
+def test_a_guarded_folder_swapped_for_a_link_is_put_back_without_touching_where_it_points(repo,
+                                                                                            tmp_path):
+    """The guard runs outside the sandbox: a step that makes .git/hooks (or .git) a link to a folder
+    elsewhere must not get it to read, delete or write there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the project's\n")
+    (repo / ".git" / "hooks").mkdir(exist_ok=True)
+    (repo / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    swap = f"rm -rf .git/hooks && ln -s {elsewhere} .git/hooks && ln -s {elsewhere} .khaelor"
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": swap}, APPROVED)
+    assert (elsewhere / "keep.txt").read_text() == "not the project's\n"
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["keep.txt"]
+    assert not (repo / ".git" / "hooks").is_symlink() and not (repo / ".khaelor").exists()
+    assert (repo / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\n"
+    assert "put back .git/hooks, .git/hooks/" in result.text and ".git/hooks/pre-commit" in result.text
+    assert ".khaelor: this command" in result.text
+    kept = b"".join(path.read_bytes() for path in (tmp_path / "kh" / "spill" / "guarded").iterdir())
+    assert b"not the project's" not in kept
+    run_tool(repo, tmp_path / "kh", "bash", {"command": f"mv .git moved && ln -s {elsewhere} .git"},
+             APPROVED)
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["keep.txt"]
+    assert (repo / ".git" / "config").read_bytes() == (repo / "moved" / "config").read_bytes()
+
+
 def test_what_the_user_approved_by_name_stays_and_plain_git_config_changes_stay(repo, tmp_path):
     command = "mkdir -p .git/hooks && printf '#!/bin/sh\\n' > .git/hooks/pre-push && git remote add origin x"
     run_tool(repo, tmp_path / "kh", "bash", {"command": command}, sandbox.Confine(attended=True))
