@@ -452,24 +452,15 @@ _JQ_UNSAFE = re.compile(
 )
 # sed scripts that only print: line N or lines M to N (1,5p).
 _SED_PRINT = re.compile(r"([0-9]+,)?[0-9]+p")
-# find: the predicates that only read and print, and those of them that
-# take a value.
+# find: the predicates that only read and print; a ":" marks those that take a value.
 _FIND_SAFE = frozenset("""
-    -name -iname -path -ipath -wholename -iwholename -regex -iregex
-    -regextype -type -xtype -maxdepth -mindepth -size -empty -newer -anewer
-    -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid
-    -gid -nouser -nogroup -links -inum -samefile -lname -ilname -readable
-    -writable -executable -print -print0 -printf -ls -prune -quit -true
-    -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf
-    -daystart -ignore_readdir_race -fstype -used -newermt -newerct -newerat
-    -newermm -neweraa -newercc -L -H -P ( ) ! ,
-""".split())
-_FIND_VALUE = frozenset("""
-    -name -iname -path -ipath -wholename -iwholename -regex -iregex
-    -regextype -type -xtype -maxdepth -mindepth -size -newer -anewer -cnewer
-    -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid -gid
-    -links -inum -samefile -lname -ilname -printf -fstype -used -newermt
-    -newerct -newerat -newermm -neweraa -newercc
+    -name: -iname: -path: -ipath: -wholename: -iwholename: -regex: -iregex: -regextype: -type:
+    -xtype: -maxdepth: -mindepth: -size: -empty -newer: -anewer: -cnewer: -mtime: -mmin: -atime:
+    -amin: -ctime: -cmin: -perm: -user: -group: -uid: -gid: -nouser -nogroup -links: -inum:
+    -samefile: -lname: -ilname: -readable -writable -executable -print -print0 -printf: -ls -prune
+    -quit -true -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf -daystart
+    -ignore_readdir_race -fstype: -used: -newermt: -newerct: -newerat: -newermm: -neweraa:
+    -newercc: -L -H -P ( ) ! ,
 """.split())
 # git's global options: (takes the next word as its value, keeps a read-only command read-only).
 _GIT_GLOBALS = {
@@ -1411,10 +1402,8 @@ def _without_sandbox(decision: Decision) -> Decision:
         return decision
     reason = ("no OS sandbox here (see khaelor permissions): every command "
               "asks")
-    return Decision("ask", decision.capability, decision.descriptor, None,
-                    False, decision.suggestion, reason, layer="sandbox",
-                    not_read_only=decision.not_read_only,
-                    confine=decision.confine)
+    return replace(decision, action="ask", rule=None, reason=reason, layer="sandbox",
+                   read_only=False)
 
 
 # ----------------------------------------------------------------------- paths
@@ -2227,11 +2216,11 @@ def _find_problem(args: tuple[str, ...]) -> str | None:
     while k < len(args):
         arg = args[k]
         k += 1
-        if arg.startswith("-") or arg in ("(", ")", "!", ","):
+        if arg + ":" in _FIND_SAFE:
+            k += 1
+        elif arg.startswith("-") or arg in ("(", ")", "!", ","):
             if arg not in _FIND_SAFE:
                 return f"find: {arg} is not on the read-only list"
-            if arg in _FIND_VALUE:
-                k += 1
     return None
 
 
@@ -2512,27 +2501,15 @@ def _changes_power_state(name: str, targets: list[str]) -> bool:
 
 def _kills_everything(args: tuple[str, ...]) -> bool:
     """kill -9 -1, kill -KILL -1, kill -s KILL -1, kill -- -1: -1 as the target
-    is every process."""
-    targets = []
-    signal_given = False
+    is every process (in kill -1 PID, -1 is the signal: SIGHUP)."""
     k = 0
-    while k < len(args):
-        arg = args[k]
+    if args[:1] in (("-s",), ("-n",), ("--signal",)):
+        k = 2
+    elif len(args) > 1 and args[0][:1] == "-" and args[0] != "--":
+        k = 1
+    if args[k:k + 1] == ("--",):
         k += 1
-        if arg == "--":
-            targets += args[k:]
-            break
-        if arg in ("-s", "-n", "--signal"):
-            k += 1
-            signal_given = True
-        elif arg.startswith("-") and not signal_given and arg != "-1":
-            signal_given = True
-        elif arg == "-1" and not signal_given and k < len(args):
-            # kill -1 PID: -1 is the signal (SIGHUP)
-            signal_given = True
-        else:
-            targets.append(arg)
-    return "-1" in targets
+    return "-1" in args[k:]
 
 
 def _catastrophic(target: str, home: str, cwd: str) -> bool:
