@@ -873,9 +873,12 @@ def _on_time() -> None:
 def _plan_refuses(tool_name: str, tool_input: dict,
                   decision: Decision) -> bool:
     """Plan mode denies what does not read; a floor or a deny stands."""
-    if decision.floor or decision.action == "deny":
+    if decision.floor or decision.action == "deny" or tool_name in ("read", "grep", "glob"):
         return False
-    return not _reads(tool_name, tool_input, decision)
+    action = tool_input.get("action")
+    if tool_name == "process" and action in ("list", "read"):
+        return False
+    return tool_name not in ("bash", "process") or not decision.read_only or action == "write"
 
 
 def _accepts_edit(tool_name: str, decision: Decision) -> bool:
@@ -888,16 +891,6 @@ def _accepts_edit(tool_name: str, decision: Decision) -> bool:
     if decision.layer != "default":
         return False
     return not (decision.descriptor + "/").startswith(".git/")
-
-
-def _reads(tool_name: str, tool_input: dict, decision: Decision) -> bool:
-    if tool_name in ("read", "grep", "glob"):
-        return True
-    if tool_name == "process" and tool_input.get("action") in ("list", "read"):
-        return True
-    if tool_name not in ("bash", "process") or not decision.read_only:
-        return False
-    return tool_input.get("action") != "write"
 
 
 def _decide(tool_name: str, tool_input: dict, project_root: Path,
@@ -1089,7 +1082,8 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        pattern = _claude_command(spec)
+        # Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is
+        pattern = re.sub(r":\*$", "*", spec) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
         return rules, None
@@ -1098,16 +1092,6 @@ def _claude_rule(entry, action: str, where: str, kind: str,
         return [Rule(capability, "*", action, where, kind)], None
     rules = _claude_path(spec, capability, what, action, where, kind, root)
     return rules, None
-
-
-def _claude_command(spec: str) -> str:
-    """Bash(npm run test:*) is a prefix; any other specifier is a wildcard
-    pattern as it is."""
-    if spec in ("", "*"):
-        return "*"
-    if spec.endswith(":*"):
-        return spec[:-2] + "*"
-    return spec
 
 
 def _claude_path(spec: str, capability: str, scope: str, action: str,
@@ -1324,17 +1308,9 @@ def _protected(path: str) -> str | None:
         if lowered == place or lowered.startswith(place + os.sep):
             return ("khaelor's own state and the user's permission files "
                     f"({place}) are changed only by the user")
-    if _is_permission_file(lowered):
+    if "/".join(lowered.split(os.sep)[-2:]) in PROJECT_FILES:
         return f"a permission file ({path}) is changed only by the user"
     return None
-
-
-def _is_permission_file(path: str) -> bool:
-    parts = path.split(os.sep)
-    tail = "/".join(parts[-2:]).lower()
-    permission_files = (".khaelor/config.json", ".claude/settings.json",
-                        ".claude/settings.local.json")
-    return tail in permission_files
 
 
 def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
@@ -1348,7 +1324,7 @@ def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
             paths.add(request.path)
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
-    if any(_installer(r.core.split()) for r in network):
+    if any(_row(*r.core.split()[:1]).has("installer") for r in network):
         installs = _package_locations()
         paths.update(installs)
     # --yes gives the network only to a line whose every program is known to need it: never to
@@ -1374,15 +1350,6 @@ _PACKAGE_HOME_DIRS = (
     ".cache", ".local", ".npm", ".cargo", ".rustup", "go", ".gem", ".m2",
     ".gradle", ".yarn", ".pnpm-store", ".bun", ".deno", ".nuget", ".pyenv",
 )
-
-
-def _installer(core: list[str]) -> bool:
-    """A package manager (python -m pip counts as pip)."""
-    if not core:
-        return False
-    if core[0].startswith("python") and core[1:3] == ["-m", "pip"]:
-        return True
-    return _row(core[0]).has("installer")
 
 
 def _package_locations() -> list[str]:
@@ -1642,17 +1609,9 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _listed_read_only(core: tuple[str, ...]) -> bool:
-    """The program (or git subcommand) is on the read-only lists, in some
-    form."""
-    if core[:1] == ("git",):
-        words = _rule_core(core)
-        sub = words[1] if len(words) > 1 else ""
-        first = words[2] if len(words) > 2 else ""
-        row = _row("git", sub)
-        if row.has("forms") and first:
-            return _row("git", sub, first).has("read")
-        return row.has("read")
-    return bool(core) and _row(core[0]).has("read")
+    """The program (or git subcommand, or a form of one) is on the read-only lists."""
+    words = _rule_core(core)
+    return any(_row(*words[:n]).has("read") for n in (1, 2, 3))
 
 
 def _decide_process_write(text: str, process_command: str, root: str,
@@ -1707,8 +1666,6 @@ def _classify(core: tuple[str, ...]) -> str:
     name, args = core[0], core[1:]
     if name == "git":
         return _classify_git(args)
-    if name.startswith("python") and args[:2] == ("-m", "pip"):
-        name, args = "pip", args[2:]
     subcommand = next((a for a in args if not a.startswith("-")), "")
     network = _row(name).network
     if network == "*" or (network and subcommand in network.split(",")):
@@ -1725,7 +1682,9 @@ def _classify_git(args: tuple[str, ...]) -> str:
     if sub is None:
         return EXECUTE
     first = rest[0] if rest else ""
-    if _git_reaches_remote(sub, first, rest):
+    # (git remote show -n answers from the local config)
+    shows_remote = sub == "remote" and first == "show" and "-n" not in rest
+    if _row("git", sub).network or _row("git", sub, first).network or shows_remote:
         return NETWORK
     if _row("git", sub).has("modify"):
         return GIT_MODIFY
@@ -1747,21 +1706,6 @@ def _classify_git(args: tuple[str, ...]) -> str:
             return NETWORK
         return GIT_MODIFY
     return EXECUTE
-
-
-def _git_builtin(sub: str) -> bool:
-    """A git command this policy knows by name: not an alias. (git lfs, svn
-    and send-email are installed apart from git: where one is missing, an
-    alias of its name runs.)"""
-    apart = sub in ("lfs", "svn", "send-email")
-    return not apart and _row("git", sub) is not NOBODY
-
-
-def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
-    if _row("git", sub).network or _row("git", sub, first).network:
-        return True
-    # (git remote show -n answers from the local config)
-    return sub == "remote" and first == "show" and "-n" not in rest
 
 
 def _gives_pattern(option: str) -> bool:
@@ -2020,7 +1964,10 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
         return "the jq program reads the environment or other files"
     if name == "sed":
         # its scripts: -e's values, else the first operand
-        return _sed_problem(values or positional[:1])
+        for script in values or positional[:1] or [""]:
+            if not _SED_PRINT.fullmatch(script):
+                return (f"sed: the script {script!r} is not a print of line N "
+                        "or lines M,N (Np, M,Np)")
     return None
 
 
@@ -2033,15 +1980,6 @@ def _cd_problem(args: tuple[str, ...]) -> str | None:
     own = args[0].startswith(("/", "./", "../")) or args[0] in (".", "..")
     if os.environ.get("CDPATH") and not own:
         return f"cd {args[0]} may be found through $CDPATH"
-    return None
-
-
-def _sed_problem(scripts: list[str]) -> str | None:
-    """None when every script sed runs prints lines by number."""
-    for script in scripts or [""]:
-        if not _SED_PRINT.fullmatch(script):
-            return (f"sed: the script {script!r} is not a print of line N "
-                    "or lines M,N (Np, M,Np)")
     return None
 
 
@@ -2326,7 +2264,9 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return f"git {sub} rewrites history"
     if sub == "switch" and has("--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
-    if not _git_builtin(sub):
+    # a git command this policy knows by name is not an alias (git lfs, svn and send-email are
+    # installed apart from git: where one is missing, an alias of its name runs)
+    if sub in ("lfs", "svn", "send-email") or _row("git", sub) is NOBODY:
         return (f"git {sub} may be an alias (or a program on PATH), which "
                 "can stand for any command: reset --hard, !sh -c ...")
     return ""
@@ -2576,6 +2516,9 @@ def _core(words) -> list[str]:
             words = words[1:]
             continue
         name = posixpath.basename(words[0]) or words[0]
+        if name.startswith("python") and words[1:3] == ["-m", "pip"]:
+            # python -m pip is pip
+            return ["pip", *words[3:]]
         if not _row(name).has("wrapper"):
             return [name, *words[1:]]
         words = _unwrap(name, words[1:])
