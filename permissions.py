@@ -3128,34 +3128,12 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
             raise _ParseError("unterminated backtick")
         return end + 1, None, [re.sub(r"\\([`$\\\"])", r"\1", text[i + 1:end])]
     if text.startswith("$((", i):
-        end = _balanced(text, i + 1)
+        # its end is found as a $( )'s is, at the ")" that closes it
+        _, end = _lex(text, i + 2, closing=True)
         return end, text[i:end], _nested_subs(text[i + 3:end - 2])
     start = i + 2
     _, end = _lex(text, start, closing=True)
     return end, None, [text[start:end - 1]]
-
-
-def _balanced(text: str, i: int) -> int:
-    """text[i] is the "(" of an arithmetic expansion; return the index just
-    after its matching ")", skipping quotes."""
-    depth = 0
-    while i < len(text):
-        _on_time()
-        c = text[i]
-        if c == "\\":
-            i += 1
-        elif c == "'":
-            i = text.find("'", i + 1)
-            if i < 0:
-                raise _ParseError("unterminated single quote")
-        elif c == '"':
-            i = _lex_double(text, i + 1, lambda kind, value: None) - 1
-        elif c in "()":
-            depth += 1 if c == "(" else -1
-            if depth == 0:
-                return i + 1
-        i += 1
-    raise _ParseError("unbalanced parenthesis")
 
 
 def _read_heredocs(text: str, i: int, heredocs: list) -> int:
