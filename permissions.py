@@ -783,7 +783,7 @@ def claude_layer(source: str, text: str, project_root: Path,
     if not isinstance(block, dict):
         why = "must be an object with allow, ask and deny lists"
         return replace(layer, ignored=((source, "permissions", why),))
-    return claude_rules(layer, block, os.path.realpath(project_root))
+    return config_layer(source, {"permissions": block}, text, project_root, kind, trusted)
 
 
 def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
@@ -1053,10 +1053,9 @@ _CLAUDE_TOOLS = {
     "NotebookEdit": "write",
 }
 _CLAUDE_ABSENT = {
-    "WebFetch": "khaelor has no web tool, so this rule matches nothing",
-    "WebSearch": "khaelor has no web tool, so this rule matches nothing",
-    "Task": "khaelor has no subagents",
-    "Agent": "khaelor has no subagents",
+    **dict.fromkeys(("WebFetch", "WebSearch"),
+                    "khaelor has no web tool, so this rule matches nothing"),
+    **dict.fromkeys(("Task", "Agent"), "khaelor has no subagents"),
     "TodoWrite": "khaelor has no todo tool",
     "NotebookRead": "khaelor reads notebooks with Read",
 }
@@ -3263,8 +3262,7 @@ def trust_notice(layers) -> str | None:
     written = set()
     files = set()
     for rule in ignored:
-        command = rule.capability in ("process.execute", "git.modify", "network.access")
-        kind = "command" if command else rule.capability
+        kind = "command" if rule.capability in _COMMAND_CAPABILITIES else rule.capability
         written.add((rule.source, rule.pattern, rule.action, kind))
         # "settings.json:4": the file, not each line
         files.add(re.sub(r":\d+$", "", rule.source))
