@@ -87,7 +87,8 @@ class Program(NamedTuple):
     # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
-    # -r), writes-second (uniq IN OUT), disk and power (the floor's)
+    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), disk and
+    # power (the floor's)
     kinds: str = ""
     # read: the options that keep it read-only (see below) or "*" (it treats every word as data);
     # wrapper: its options that take a value
@@ -101,7 +102,7 @@ class Program(NamedTuple):
     # wrapper: plain words before the command it runs (timeout 5 CMD, chroot DIR CMD)
     skip: int = 0
     # a read-only shape of a forms subcommand: how many plain words it reads with at most
-    most: int = 0
+    most: int | None = None
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds.split()
@@ -165,7 +166,7 @@ POLICY: dict[str, Program] = {
     "cat": Program("read", ("AbeEnstTuv", """
         show-all number-nonblank show-ends number squeeze-blank show-tabs show-nonprinting""")),
     **_each("""
-        head tail""", Program("read", ("c:n:qvz", """
+        head tail""", Program("read counts", ("c:n:qvz", """
         bytes= lines= quiet silent verbose zero-terminated"""))),
     "wc": Program("read", ("clmwL", """
         bytes chars lines words max-line-length total=""")),
@@ -259,8 +260,9 @@ POLICY: dict[str, Program] = {
         short branch porcelain porcelain= long verbose untracked-files untracked-files=
         ignored ignored= ignore-submodules ignore-submodules= show-stash ahead-behind
         no-ahead-behind renames no-renames find-renames find-renames= column no-column null""")),
-    **_each("log show diff", Program("read", _GIT_LOG), prefix="git "),
-    "git shortlog": Program("read", ("nsec", """
+    **_each("log show", Program("read counts", _GIT_LOG), prefix="git "),
+    "git diff": Program("read", _GIT_LOG),
+    "git shortlog": Program("read counts", ("nsec", """
         numbered summary email committer format= group= all""")),
     "git blame": Program("read", ("blstfnseMwcCL:S:", """
         porcelain line-porcelain incremental show-name show-number show-email show-stats
@@ -309,15 +311,15 @@ POLICY: dict[str, Program] = {
     "git remote": Program("known read forms", most=0, arity=3),
     "git submodule": Program("known read forms", most=0, arity=3),
     "git notes": Program("known read forms", most=0),
-    "git reflog": Program("known read forms", _GIT_LOG, most=1),
+    "git reflog": Program("known read forms counts", _GIT_LOG, most=1),
     **_each("remote -v, remote --verbose, worktree list, config -l, config --list",
             Program("read", most=0), prefix="git "),
     **_each("remote get-url, notes list, notes show", Program("read", most=1), prefix="git "),
     **_each("config --get, config --get-all, config --get-regexp", Program("read", most=2),
             prefix="git "),
     **_each("submodule status, submodule summary", Program("read", most=99), prefix="git "),
-    "git stash list": Program("read", _GIT_LOG, most=0),
-    **_each("stash show, reflog show", Program("read", _GIT_LOG, most=1), prefix="git "),
+    "git stash list": Program("read counts", _GIT_LOG, most=0),
+    **_each("stash show, reflog show", Program("read counts", _GIT_LOG, most=1), prefix="git "),
     **_each("""
         annotate bugreport bundle check-attr check-ignore check-mailmap
         check-ref-format checkout-index cherry column commit-graph credential
@@ -1952,9 +1954,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
                 "(a directory of the project is on PATH)")
     if row.options == "*":
         return None
-    numeric = name in ("head", "tail")
-    problem, positional, values = _options_problem(name, args, row.options,
-                                                   numeric=numeric)
+    problem, positional, values = _options_problem(name, args, row)
     if problem:
         return problem
     if row.has("writes-second") and len(positional) > 1:
@@ -2063,13 +2063,12 @@ def _parse(args, takes_value, stop: bool = False,
     return options, operands, k
 
 
-def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
-                     numeric: bool = False):
+def _options_problem(name: str, args: tuple[str, ...], row: Program):
     """(why an option is not safe or None, the positional arguments, the options' values). A long
     option counts only spelled out: the program expands an abbreviation among all its options,
     listed or not (sort --comp is --compress-program). A value given as the next word must not
     look like an option."""
-    short, long_text = spec
+    short, long_text = row.options
     # "n:" takes a value: each letter right before a colon
     takes = {"-" + short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
     letters = set(short.replace(":", ""))
@@ -2080,7 +2079,7 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
             return option[2:] + "=" in longs and option[2:] not in longs
         return option in takes
 
-    options, positional, _ = _parse(args, takes_value, numeric=numeric)
+    options, positional, _ = _parse(args, takes_value, numeric=row.has("counts"))
     for option in options:
         if option.name.startswith("--"):
             listed = option.name[2:] in {e.rstrip("=") for e in longs}
@@ -2116,35 +2115,29 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
             return f"git: the option {flag} is not on the read-only list"
     if sub is None:
         return None
-    if _row("git", sub).has("forms"):
-        return _git_form_problem(sub, rest)
     row = _row("git", sub)
-    if not row.has("read"):
-        return f"git {sub} is not on the read-only list"
-    if _classify_git(args) != EXECUTE:
+    if row.has("read") and not row.has("forms") and _classify_git(args) != EXECUTE:
         # `git branch NAME`, `git tag NAME`: a listing command in a shape that changes refs
         return f"git {sub} with these arguments changes the repository"
-    numeric = sub in ("log", "show", "shortlog")
-    problem, _, _ = _options_problem(f"git {sub}", rest, row.options,
-                                     numeric=numeric)
-    return problem
+    return _git_form_problem(sub, rest)
 
 
 def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
-    """None when `git SUB REST` has one of the read-only shapes POLICY lists for it."""
-    first = rest[0] if rest else ""
-    form = _row("git", sub, first) if first else _row("git", sub)
-    if not form.has("read"):
-        return f"git {sub} {first} is not a read-only form".replace("  ", " ")
-    after = rest[1:] if first else rest
-    form_name = f"git {sub} {first}"
-    problem, plain, _ = _options_problem(form_name, after, form.options,
-                                         numeric=form.options is _GIT_LOG)
+    """None when `git SUB REST` is listed with its options, or for a forms subcommand has one of
+    the read-only shapes of its three-word rows."""
+    row = _row("git", sub)
+    name = f"git {sub}"
+    if row.has("forms") and rest:
+        row = _row("git", sub, rest[0])
+        name = f"git {sub} {rest[0]}"
+        rest = rest[1:]
+    if not row.has("read"):
+        return f"{name} is not on the read-only list"
+    problem, plain, _ = _options_problem(name, rest, row)
     if problem:
         return problem
-    if len(plain) > form.most:
-        return (f"git {sub} {first} takes at most {form.most} argument(s) "
-                "in its read-only form")
+    if row.most is not None and len(plain) > row.most:
+        return f"{name} takes at most {row.most} argument(s) in its read-only form"
     return None
 
 
