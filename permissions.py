@@ -308,8 +308,7 @@ POLICY: dict[str, Program] = {
     # options given and at most `most` plain words (`git remote -v show origin` is not `git remote
     # -v`: it contacts origin); in another shape they change the repository.
     **_each("stash worktree config", Program("known forms", arity=3), prefix="git "),
-    "git remote": Program("known read forms", most=0, arity=3),
-    "git submodule": Program("known read forms", most=0, arity=3),
+    **_each("remote submodule", Program("known read forms", most=0, arity=3), prefix="git "),
     "git notes": Program("known read forms", most=0),
     "git reflog": Program("known read forms counts", _GIT_LOG, most=1),
     **_each("remote -v, remote --verbose, worktree list, config -l, config --list",
@@ -348,8 +347,7 @@ POLICY: dict[str, Program] = {
     "gh": Program(network="*", arity=3),
     **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
     "socat": Program("runner", network="*"),
-    "pip": Program("installer", network="download,install", arity=2),
-    "pip3": Program("installer", network="download,install", arity=2),
+    **_each("pip pip3", Program("installer", network="download,install", arity=2)),
     "pipx": Program("installer", network="install,run,upgrade", arity=2),
     "uv": Program("installer", network="add,lock,pip,run,sync,tool", arity=2),
     "npm": Program("installer", network="add,ci,exec,i,install,publish,update,x", arity=2),
@@ -417,8 +415,7 @@ POLICY: dict[str, Program] = {
     **_each("""
         bpython dbus-run-session ed emacs ex expect gawk gdb ipython3 lldb mawk nawk nvim
         pdb vi vim""", Program("runner")),
-    "kubectl": Program("runner", arity=2),
-    "podman": Program("runner", arity=2),
+    **_each("kubectl podman", Program("runner", arity=2)),
     **_each("""
         badblocks blkdiscard cfdisk fdisk gdisk mkdosfs mke2fs mkntfs mkswap parted sfdisk
         sgdisk wipefs""", Program("disk")),
@@ -1535,11 +1532,7 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
         _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
-        words = []
-        for word in unquoted.split():
-            if word == "~" or word.startswith("~/"):
-                word = home + word[1:]
-            words.append(word)
+        words = re.sub(r"(?<!\S)~(?=/|\s|$)", home, unquoted).split()
         if not floor:
             part = _Part(tuple(words), tuple(_core(words)), (), cwd)
             floor = _floor_reason(part, home)
