@@ -749,19 +749,13 @@ def load_rules(layers) -> list[Rule]:
 
 def untrusted_grants(layers) -> list[Rule]:
     """The allow rules of untrusted project layers: what `khaelor trust` would
-    grant."""
-    found = []
+    grant (nothing from a file whose rules are malformed: no session loads it)."""
+    grants = []
     for layer in map(_as_layer, layers):
-        if layer.trusted:
-            continue
-        if layer.claude:
-            found += [rule for rule in layer.rules if rule.action == "allow"]
-            continue
-        for entry in (layer.config or {}).get("permissions", []):
-            if isinstance(entry, dict) and entry.get("action") == "allow":
-                found.append(Rule(entry["capability"], entry["pattern"],
-                                  "allow", layer.source, layer.kind))
-    return found
+        if not layer.trusted and (layer.claude or not validate_config_rules(layer.config)):
+            rules = load_rules([replace(layer, trusted=True)])
+            grants += [r for r in rules if r.action == "allow" and r.layer != "default"]
+    return grants
 
 
 def claude_layer(source: str, text: str, project_root: Path,
