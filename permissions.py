@@ -725,24 +725,20 @@ def load_rules(layers) -> list[Rule]:
     claude = {"allow": [], "ask": [], "deny": []}
     ours = []
     for layer in map(_as_layer, layers):
-        if layer.claude:
-            for rule in layer.rules:
-                if not layer.trusted and rule.action == "allow":
-                    continue
+        # a Claude Code layer's rules are mapped already; a KHAELOR config's are its entries
+        rules = list(layer.rules)
+        if not layer.claude:
+            problem = validate_config_rules(layer.config)
+            if problem:
+                raise PermissionConfigError(f"{layer.source}: {problem}")
+            for entry in (layer.config or {}).get("permissions", []):
+                where = _where(layer, json.dumps(entry["pattern"]))
+                rules.append(Rule(entry["capability"], entry["pattern"], entry["action"], where,
+                                  layer.kind))
+        for rule in rules:
+            if layer.trusted or rule.action != "allow":
                 rule = replace(rule, tighten_only=not layer.trusted)
-                claude[rule.action].append(rule)
-            continue
-        problem = validate_config_rules(layer.config)
-        if problem:
-            raise PermissionConfigError(f"{layer.source}: {problem}")
-        for entry in (layer.config or {}).get("permissions", []):
-            if not layer.trusted and entry["action"] == "allow":
-                continue
-            where = _where(layer, json.dumps(entry["pattern"]))
-            ours.append(Rule(
-                entry["capability"], entry["pattern"], entry["action"],
-                where, layer.kind, tighten_only=not layer.trusted,
-            ))
+                (claude[rule.action] if layer.claude else ours).append(rule)
     return (default_rules() + claude["allow"] + claude["ask"] + ours
             + claude["deny"])
 
@@ -976,11 +972,8 @@ def describe_rules(rules: list[Rule]) -> list[str]:
     """One line per rule in evaluation order (the last matching line wins),
     with its source."""
     width = max((len(r.capability) for r in rules), default=0)
-    lines = []
-    for n, rule in enumerate(rules, 1):
-        lines.append(f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
-                     f"  {rule.pattern:<24}  {rule.source}")
-    return lines
+    return [f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
+            f"  {rule.pattern:<24}  {rule.source}" for n, rule in enumerate(rules, 1)]
 
 
 def rule_text(rule: Rule) -> str:
@@ -1134,10 +1127,7 @@ def _as_layer(layer) -> Layer:
 
 def _anywhere(names: tuple[str, ...]) -> list[str]:
     """File name patterns as rule patterns over project paths: at the root and in any directory."""
-    patterns = []
-    for name in names:
-        patterns += [name, "*/" + name]
-    return patterns
+    return [pattern for name in names for pattern in (name, "*/" + name)]
 
 
 # ------------------------------------------------------------------ evaluation
@@ -1309,11 +1299,7 @@ def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
     """The sandbox a decision grants (enforced by tools.py): writes only when
     the command is not read-only, network only when asked for, and the outside
     paths it named."""
-    paths = set()
-    for request in requests:
-        outside = request.capability == OUTSIDE
-        if outside and request.path:
-            paths.add(request.path)
+    paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
     if any(_row(*r.core.split()[:1]).has("installer") for r in network):
@@ -1818,10 +1804,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     lone = len(paths) == 1 and any(map(_gives_pattern, options))
     if name != "diff" and (not paths or lone):
         targets.append(part.cwd)
-    found = []
-    for target in targets:
-        found += _secrets_under(target, hidden, follows)
-    return found
+    return [secret for target in targets for secret in _secrets_under(target, hidden, follows)]
 
 
 def _search_shape(name: str,
