@@ -101,7 +101,8 @@ class Program(NamedTuple):
     arity: int = 0
     # wrapper: plain words before the command it runs (timeout 5 CMD, chroot DIR CMD)
     skip: int = 0
-    # a read-only shape of a forms subcommand: how many plain words it reads with at most
+    # a read-only shape of a forms subcommand: how many plain words it reads with at most (None:
+    # any number)
     most: int | None = None
 
     def has(self, kind: str) -> bool:
