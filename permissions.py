@@ -1387,12 +1387,8 @@ def _glob_base(pattern: str) -> str:
     """The directory a glob starts from: its components before the first
     wildcard."""
     parts = pattern.split("/")
-    static = len(parts)
-    for n, part in enumerate(parts):
-        if any(ch in part for ch in "*?[{"):
-            static = n
-            break
-    base = "/".join(parts[:static])
+    wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
+    base = "/".join(parts[:min(wild, default=len(parts))])
     if base:
         return base
     return "/" if pattern.startswith("/") else "."
@@ -2642,11 +2638,7 @@ class _ShellLine:
         for k, word in enumerate(core):
             if word not in ("-exec", "-execdir", "-ok", "-okdir"):
                 continue
-            end = len(core)
-            for j in range(k + 1, len(core)):
-                if core[j] in (";", "+"):
-                    end = j
-                    break
+            end = next((j for j in range(k + 1, len(core)) if core[j] in (";", "+")), len(core))
             command = core[k + 1:end]
             if command:
                 words = tuple(start if w == "{}" else w for w in command)
@@ -2802,11 +2794,8 @@ def _printed(words: list[str]) -> str | None:
     """What echo or printf with literal words prints, or None."""
     if words[:1] == ["echo"]:
         # from the first word that is not one of echo's options
-        start = len(words)
-        for k, word in enumerate(words):
-            if k and word not in ("-n", "-e", "-E"):
-                start = k
-                break
+        options = ("-n", "-e", "-E")
+        start = next((k for k, word in enumerate(words) if k and word not in options), len(words))
         return " ".join(words[start:])
     if words[:1] == ["printf"] and len(words) == 2 and "%" not in words[1]:
         return words[1].replace("\\n", "\n")
