@@ -767,9 +767,7 @@ def claude_layer(source: str, text: str, project_root: Path,
     except ValueError as e:
         why = f"not valid JSON ({e.msg} at line {e.lineno}); no rule read"
         return replace(layer, ignored=((source, "", why),))
-    block = None
-    if isinstance(settings, dict):
-        block = settings.get("permissions", {})
+    block = settings.get("permissions", {}) if isinstance(settings, dict) else None
     if not isinstance(block, dict):
         why = "must be an object with allow, ask and deny lists"
         return replace(layer, ignored=((source, "permissions", why),))
@@ -787,10 +785,7 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
             ignored.append((layer.source, f"permissions.{action}", why))
             continue
         for entry in entries:
-            if isinstance(entry, str):
-                needle = json.dumps(entry)
-            else:
-                needle = str(entry)
+            needle = json.dumps(entry) if isinstance(entry, str) else str(entry)
             where = _where(layer, needle)
             mapped, why = _claude_rule(entry, action, where, layer.kind, root)
             rules += mapped
@@ -908,9 +903,7 @@ def _decide(tool_name: str, tool_input: dict, project_root: Path,
             return decision
         return _without_sandbox(decision)
     if tool_name in ("read", "write", "edit", "grep", "glob"):
-        capability = FILE_READ
-        if tool_name in ("write", "edit"):
-            capability = FILE_WRITE
+        capability = FILE_WRITE if tool_name in ("write", "edit") else FILE_READ
         where = arg("path") or "."
         if tool_name in ("read", "write", "edit"):
             where = arg("file_path")
@@ -943,9 +936,7 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
         rule = rule_text(decision.rule)
     elif decision.floor:
         rule = decision.reason
-    suggestion = None
-    if decision.suggestion:
-        suggestion = decision.suggestion["pattern"]
+    suggestion = decision.suggestion["pattern"] if decision.suggestion else None
     return {
         "decision": decision.action,
         "capability": decision.capability,
@@ -1458,10 +1449,8 @@ def _decide_bash(command: str, workdir: str, root: str,
     cwd = root
     if workdir:
         request = _path_request(workdir, root, root, FILE_READ)
-        if request.capability == OUTSIDE:
-            cwd = request.subject
-        else:
-            cwd = os.path.join(root, request.subject)
+        outside = request.capability == OUTSIDE
+        cwd = request.subject if outside else os.path.join(root, request.subject)
         requests.append(request._replace(suggestion=None))
     try:
         line = _ShellLine(command, cwd, home)
@@ -3024,10 +3013,7 @@ def _lex_single(text: str, i: int, piece) -> int:
     the index after it."""
     ansi_c = text[i] == "$"
     start = i + 1 + ansi_c
-    if ansi_c:
-        end = _ANSI_C_BODY.match(text, start).end()
-    else:
-        end = text.find("'", start)
+    end = _ANSI_C_BODY.match(text, start).end() if ansi_c else text.find("'", start)
     if text[end:end + 1] != "'":
         raise _ParseError("unterminated quote")
     body = text[start:end]
