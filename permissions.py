@@ -2311,10 +2311,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
     if _row(name).has("disk") and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
-    if name == "dd":
-        outputs = [a[3:] for a in args if a.startswith("of=")]
-        if any(_is_device(output) for output in outputs):
-            return "dd onto a device"
+    if name == "dd" and any(_is_device(a[3:]) for a in args if a.startswith("of=")):
+        return "dd onto a device"
     if name in ("cp", "tee", "shred", "cat"):
         # cp's first argument is what it copies from
         written = targets[1:] if name == "cp" else targets
