@@ -1400,9 +1400,7 @@ def _secrets_under(directory: str, include_hidden: bool,
     top = os.path.realpath(directory)
     for parent, dirs, files in os.walk(directory):
         # pruned in place, so the walk does not descend into them
-        dirs[:] = [d for d in dirs if d != ".git"]
-        if not include_hidden:
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if d != ".git" and (include_hidden or d[:1] != ".")]
         _on_time()
         for name in files + (dirs if follows else []):
             seen += 1
