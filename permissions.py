@@ -87,7 +87,8 @@ class Program(NamedTuple):
     # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
-    # -r), writes-second (uniq IN OUT), disk and power (the floor's)
+    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), disk and
+    # power (the floor's)
     kinds: str = ""
     # read: the options that keep it read-only (see below) or "*" (it treats every word as data);
     # wrapper: its options that take a value
@@ -100,8 +101,9 @@ class Program(NamedTuple):
     arity: int = 0
     # wrapper: plain words before the command it runs (timeout 5 CMD, chroot DIR CMD)
     skip: int = 0
-    # a read-only shape of a forms subcommand: how many plain words it reads with at most
-    most: int = 0
+    # a read-only shape of a forms subcommand: how many plain words it reads with at most (None:
+    # any number)
+    most: int | None = None
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds.split()
@@ -165,7 +167,7 @@ POLICY: dict[str, Program] = {
     "cat": Program("read", ("AbeEnstTuv", """
         show-all number-nonblank show-ends number squeeze-blank show-tabs show-nonprinting""")),
     **_each("""
-        head tail""", Program("read", ("c:n:qvz", """
+        head tail""", Program("read counts", ("c:n:qvz", """
         bytes= lines= quiet silent verbose zero-terminated"""))),
     "wc": Program("read", ("clmwL", """
         bytes chars lines words max-line-length total=""")),
@@ -259,8 +261,9 @@ POLICY: dict[str, Program] = {
         short branch porcelain porcelain= long verbose untracked-files untracked-files=
         ignored ignored= ignore-submodules ignore-submodules= show-stash ahead-behind
         no-ahead-behind renames no-renames find-renames find-renames= column no-column null""")),
-    **_each("log show diff", Program("read", _GIT_LOG), prefix="git "),
-    "git shortlog": Program("read", ("nsec", """
+    **_each("log show", Program("read counts", _GIT_LOG), prefix="git "),
+    "git diff": Program("read", _GIT_LOG),
+    "git shortlog": Program("read counts", ("nsec", """
         numbered summary email committer format= group= all""")),
     "git blame": Program("read", ("blstfnseMwcCL:S:", """
         porcelain line-porcelain incremental show-name show-number show-email show-stats
@@ -306,18 +309,17 @@ POLICY: dict[str, Program] = {
     # options given and at most `most` plain words (`git remote -v show origin` is not `git remote
     # -v`: it contacts origin); in another shape they change the repository.
     **_each("stash worktree config", Program("known forms", arity=3), prefix="git "),
-    "git remote": Program("known read forms", most=0, arity=3),
-    "git submodule": Program("known read forms", most=0, arity=3),
+    **_each("remote submodule", Program("known read forms", most=0, arity=3), prefix="git "),
     "git notes": Program("known read forms", most=0),
-    "git reflog": Program("known read forms", _GIT_LOG, most=1),
+    "git reflog": Program("known read forms counts", _GIT_LOG, most=1),
     **_each("remote -v, remote --verbose, worktree list, config -l, config --list",
             Program("read", most=0), prefix="git "),
     **_each("remote get-url, notes list, notes show", Program("read", most=1), prefix="git "),
     **_each("config --get, config --get-all, config --get-regexp", Program("read", most=2),
             prefix="git "),
     **_each("submodule status, submodule summary", Program("read", most=99), prefix="git "),
-    "git stash list": Program("read", _GIT_LOG, most=0),
-    **_each("stash show, reflog show", Program("read", _GIT_LOG, most=1), prefix="git "),
+    "git stash list": Program("read counts", _GIT_LOG, most=0),
+    **_each("stash show, reflog show", Program("read counts", _GIT_LOG, most=1), prefix="git "),
     **_each("""
         annotate bugreport bundle check-attr check-ignore check-mailmap
         check-ref-format checkout-index cherry column commit-graph credential
@@ -346,8 +348,7 @@ POLICY: dict[str, Program] = {
     "gh": Program(network="*", arity=3),
     **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
     "socat": Program("runner", network="*"),
-    "pip": Program("installer", network="download,install", arity=2),
-    "pip3": Program("installer", network="download,install", arity=2),
+    **_each("pip pip3", Program("installer", network="download,install", arity=2)),
     "pipx": Program("installer", network="install,run,upgrade", arity=2),
     "uv": Program("installer", network="add,lock,pip,run,sync,tool", arity=2),
     "npm": Program("installer", network="add,ci,exec,i,install,publish,update,x", arity=2),
@@ -415,8 +416,7 @@ POLICY: dict[str, Program] = {
     **_each("""
         bpython dbus-run-session ed emacs ex expect gawk gdb ipython3 lldb mawk nawk nvim
         pdb vi vim""", Program("runner")),
-    "kubectl": Program("runner", arity=2),
-    "podman": Program("runner", arity=2),
+    **_each("kubectl podman", Program("runner", arity=2)),
     **_each("""
         badblocks blkdiscard cfdisk fdisk gdisk mkdosfs mke2fs mkntfs mkswap parted sfdisk
         sgdisk wipefs""", Program("disk")),
@@ -452,24 +452,15 @@ _JQ_UNSAFE = re.compile(
 )
 # sed scripts that only print: line N or lines M to N (1,5p).
 _SED_PRINT = re.compile(r"([0-9]+,)?[0-9]+p")
-# find: the predicates that only read and print, and those of them that
-# take a value.
+# find: the predicates that only read and print; a ":" marks those that take a value.
 _FIND_SAFE = frozenset("""
-    -name -iname -path -ipath -wholename -iwholename -regex -iregex
-    -regextype -type -xtype -maxdepth -mindepth -size -empty -newer -anewer
-    -cnewer -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid
-    -gid -nouser -nogroup -links -inum -samefile -lname -ilname -readable
-    -writable -executable -print -print0 -printf -ls -prune -quit -true
-    -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf
-    -daystart -ignore_readdir_race -fstype -used -newermt -newerct -newerat
-    -newermm -neweraa -newercc -L -H -P ( ) ! ,
-""".split())
-_FIND_VALUE = frozenset("""
-    -name -iname -path -ipath -wholename -iwholename -regex -iregex
-    -regextype -type -xtype -maxdepth -mindepth -size -newer -anewer -cnewer
-    -mtime -mmin -atime -amin -ctime -cmin -perm -user -group -uid -gid
-    -links -inum -samefile -lname -ilname -printf -fstype -used -newermt
-    -newerct -newerat -newermm -neweraa -newercc
+    -name: -iname: -path: -ipath: -wholename: -iwholename: -regex: -iregex: -regextype: -type:
+    -xtype: -maxdepth: -mindepth: -size: -empty -newer: -anewer: -cnewer: -mtime: -mmin: -atime:
+    -amin: -ctime: -cmin: -perm: -user: -group: -uid: -gid: -nouser -nogroup -links: -inum:
+    -samefile: -lname: -ilname: -readable -writable -executable -print -print0 -printf: -ls -prune
+    -quit -true -false -not -and -or -a -o -depth -d -xdev -mount -follow -noleaf -daystart
+    -ignore_readdir_race -fstype: -used: -newermt: -newerct: -newerat: -newermm: -neweraa:
+    -newercc: -L -H -P ( ) ! ,
 """.split())
 # git's global options: (takes the next word as its value, keeps a read-only command read-only).
 _GIT_GLOBALS = {
@@ -735,43 +726,33 @@ def load_rules(layers) -> list[Rule]:
     claude = {"allow": [], "ask": [], "deny": []}
     ours = []
     for layer in map(_as_layer, layers):
-        if layer.claude:
-            for rule in layer.rules:
-                if not layer.trusted and rule.action == "allow":
-                    continue
+        # a Claude Code layer's rules are mapped already; a KHAELOR config's are its entries
+        rules = list(layer.rules)
+        if not layer.claude:
+            problem = validate_config_rules(layer.config)
+            if problem:
+                raise PermissionConfigError(f"{layer.source}: {problem}")
+            for entry in (layer.config or {}).get("permissions", []):
+                where = _where(layer, json.dumps(entry["pattern"]))
+                rules.append(Rule(entry["capability"], entry["pattern"], entry["action"], where,
+                                  layer.kind))
+        for rule in rules:
+            if layer.trusted or rule.action != "allow":
                 rule = replace(rule, tighten_only=not layer.trusted)
-                claude[rule.action].append(rule)
-            continue
-        problem = validate_config_rules(layer.config)
-        if problem:
-            raise PermissionConfigError(f"{layer.source}: {problem}")
-        for entry in (layer.config or {}).get("permissions", []):
-            if not layer.trusted and entry["action"] == "allow":
-                continue
-            where = _where(layer, json.dumps(entry["pattern"]))
-            ours.append(Rule(
-                entry["capability"], entry["pattern"], entry["action"],
-                where, layer.kind, tighten_only=not layer.trusted,
-            ))
+                (claude[rule.action] if layer.claude else ours).append(rule)
     return (default_rules() + claude["allow"] + claude["ask"] + ours
             + claude["deny"])
 
 
 def untrusted_grants(layers) -> list[Rule]:
     """The allow rules of untrusted project layers: what `khaelor trust` would
-    grant."""
-    found = []
+    grant (nothing from a file whose rules are malformed: no session loads it)."""
+    grants = []
     for layer in map(_as_layer, layers):
-        if layer.trusted:
-            continue
-        if layer.claude:
-            found += [rule for rule in layer.rules if rule.action == "allow"]
-            continue
-        for entry in (layer.config or {}).get("permissions", []):
-            if isinstance(entry, dict) and entry.get("action") == "allow":
-                found.append(Rule(entry["capability"], entry["pattern"],
-                                  "allow", layer.source, layer.kind))
-    return found
+        if not layer.trusted and (layer.claude or not validate_config_rules(layer.config)):
+            rules = load_rules([replace(layer, trusted=True)])
+            grants += [r for r in rules if r.action == "allow" and r.layer != "default"]
+    return grants
 
 
 def claude_layer(source: str, text: str, project_root: Path,
@@ -786,13 +767,11 @@ def claude_layer(source: str, text: str, project_root: Path,
     except ValueError as e:
         why = f"not valid JSON ({e.msg} at line {e.lineno}); no rule read"
         return replace(layer, ignored=((source, "", why),))
-    block = None
-    if isinstance(settings, dict):
-        block = settings.get("permissions", {})
+    block = settings.get("permissions", {}) if isinstance(settings, dict) else None
     if not isinstance(block, dict):
         why = "must be an object with allow, ask and deny lists"
         return replace(layer, ignored=((source, "permissions", why),))
-    return claude_rules(layer, block, os.path.realpath(project_root))
+    return config_layer(source, {"permissions": block}, text, project_root, kind, trusted)
 
 
 def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
@@ -806,10 +785,7 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
             ignored.append((layer.source, f"permissions.{action}", why))
             continue
         for entry in entries:
-            if isinstance(entry, str):
-                needle = json.dumps(entry)
-            else:
-                needle = str(entry)
+            needle = json.dumps(entry) if isinstance(entry, str) else str(entry)
             where = _where(layer, needle)
             mapped, why = _claude_rule(entry, action, where, layer.kind, root)
             rules += mapped
@@ -882,9 +858,12 @@ def _on_time() -> None:
 def _plan_refuses(tool_name: str, tool_input: dict,
                   decision: Decision) -> bool:
     """Plan mode denies what does not read; a floor or a deny stands."""
-    if decision.floor or decision.action == "deny":
+    if decision.floor or decision.action == "deny" or tool_name in ("read", "grep", "glob"):
         return False
-    return not _reads(tool_name, tool_input, decision)
+    action = tool_input.get("action")
+    if tool_name == "process" and action in ("list", "read"):
+        return False
+    return tool_name not in ("bash", "process") or not decision.read_only or action == "write"
 
 
 def _accepts_edit(tool_name: str, decision: Decision) -> bool:
@@ -897,16 +876,6 @@ def _accepts_edit(tool_name: str, decision: Decision) -> bool:
     if decision.layer != "default":
         return False
     return not (decision.descriptor + "/").startswith(".git/")
-
-
-def _reads(tool_name: str, tool_input: dict, decision: Decision) -> bool:
-    if tool_name in ("read", "grep", "glob"):
-        return True
-    if tool_name == "process" and tool_input.get("action") in ("list", "read"):
-        return True
-    if tool_name not in ("bash", "process") or not decision.read_only:
-        return False
-    return tool_input.get("action") != "write"
 
 
 def _decide(tool_name: str, tool_input: dict, project_root: Path,
@@ -934,9 +903,7 @@ def _decide(tool_name: str, tool_input: dict, project_root: Path,
             return decision
         return _without_sandbox(decision)
     if tool_name in ("read", "write", "edit", "grep", "glob"):
-        capability = FILE_READ
-        if tool_name in ("write", "edit"):
-            capability = FILE_WRITE
+        capability = FILE_WRITE if tool_name in ("write", "edit") else FILE_READ
         where = arg("path") or "."
         if tool_name in ("read", "write", "edit"):
             where = arg("file_path")
@@ -969,9 +936,7 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
         rule = rule_text(decision.rule)
     elif decision.floor:
         rule = decision.reason
-    suggestion = None
-    if decision.suggestion:
-        suggestion = decision.suggestion["pattern"]
+    suggestion = decision.suggestion["pattern"] if decision.suggestion else None
     return {
         "decision": decision.action,
         "capability": decision.capability,
@@ -999,11 +964,8 @@ def describe_rules(rules: list[Rule]) -> list[str]:
     """One line per rule in evaluation order (the last matching line wins),
     with its source."""
     width = max((len(r.capability) for r in rules), default=0)
-    lines = []
-    for n, rule in enumerate(rules, 1):
-        lines.append(f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
-                     f"  {rule.pattern:<24}  {rule.source}")
-    return lines
+    return [f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
+            f"  {rule.pattern:<24}  {rule.source}" for n, rule in enumerate(rules, 1)]
 
 
 def rule_text(rule: Rule) -> str:
@@ -1069,10 +1031,9 @@ _CLAUDE_TOOLS = {
     "NotebookEdit": "write",
 }
 _CLAUDE_ABSENT = {
-    "WebFetch": "khaelor has no web tool, so this rule matches nothing",
-    "WebSearch": "khaelor has no web tool, so this rule matches nothing",
-    "Task": "khaelor has no subagents",
-    "Agent": "khaelor has no subagents",
+    **dict.fromkeys(("WebFetch", "WebSearch"),
+                    "khaelor has no web tool, so this rule matches nothing"),
+    **dict.fromkeys(("Task", "Agent"), "khaelor has no subagents"),
     "TodoWrite": "khaelor has no todo tool",
     "NotebookRead": "khaelor reads notebooks with Read",
 }
@@ -1098,7 +1059,8 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        pattern = _claude_command(spec)
+        # Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is
+        pattern = re.sub(r":\*$", "*", spec) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
         return rules, None
@@ -1107,16 +1069,6 @@ def _claude_rule(entry, action: str, where: str, kind: str,
         return [Rule(capability, "*", action, where, kind)], None
     rules = _claude_path(spec, capability, what, action, where, kind, root)
     return rules, None
-
-
-def _claude_command(spec: str) -> str:
-    """Bash(npm run test:*) is a prefix; any other specifier is a wildcard
-    pattern as it is."""
-    if spec in ("", "*"):
-        return "*"
-    if spec.endswith(":*"):
-        return spec[:-2] + "*"
-    return spec
 
 
 def _claude_path(spec: str, capability: str, scope: str, action: str,
@@ -1167,10 +1119,7 @@ def _as_layer(layer) -> Layer:
 
 def _anywhere(names: tuple[str, ...]) -> list[str]:
     """File name patterns as rule patterns over project paths: at the root and in any directory."""
-    patterns = []
-    for name in names:
-        patterns += [name, "*/" + name]
-    return patterns
+    return [pattern for name in names for pattern in (name, "*/" + name)]
 
 
 # ------------------------------------------------------------------ evaluation
@@ -1333,31 +1282,19 @@ def _protected(path: str) -> str | None:
         if lowered == place or lowered.startswith(place + os.sep):
             return ("khaelor's own state and the user's permission files "
                     f"({place}) are changed only by the user")
-    if _is_permission_file(lowered):
+    if "/".join(lowered.split(os.sep)[-2:]) in PROJECT_FILES:
         return f"a permission file ({path}) is changed only by the user"
     return None
-
-
-def _is_permission_file(path: str) -> bool:
-    parts = path.split(os.sep)
-    tail = "/".join(parts[-2:]).lower()
-    permission_files = (".khaelor/config.json", ".claude/settings.json",
-                        ".claude/settings.local.json")
-    return tail in permission_files
 
 
 def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
     """The sandbox a decision grants (enforced by tools.py): writes only when
     the command is not read-only, network only when asked for, and the outside
     paths it named."""
-    paths = set()
-    for request in requests:
-        outside = request.capability == OUTSIDE
-        if outside and request.path:
-            paths.add(request.path)
+    paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
-    if any(_installer(r.core.split()) for r in network):
+    if any(_row(*r.core.split()[:1]).has("installer") for r in network):
         installs = _package_locations()
         paths.update(installs)
     # --yes gives the network only to a line whose every program is known to need it: never to
@@ -1385,15 +1322,6 @@ _PACKAGE_HOME_DIRS = (
 )
 
 
-def _installer(core: list[str]) -> bool:
-    """A package manager (python -m pip counts as pip)."""
-    if not core:
-        return False
-    if core[0].startswith("python") and core[1:3] == ["-m", "pip"]:
-        return True
-    return _row(core[0]).has("installer")
-
-
 def _package_locations() -> list[str]:
     import sysconfig
     home = os.path.expanduser("~")
@@ -1411,10 +1339,8 @@ def _without_sandbox(decision: Decision) -> Decision:
         return decision
     reason = ("no OS sandbox here (see khaelor permissions): every command "
               "asks")
-    return Decision("ask", decision.capability, decision.descriptor, None,
-                    False, decision.suggestion, reason, layer="sandbox",
-                    not_read_only=decision.not_read_only,
-                    confine=decision.confine)
+    return replace(decision, action="ask", rule=None, reason=reason, layer="sandbox",
+                   read_only=False)
 
 
 # ----------------------------------------------------------------------- paths
@@ -1452,12 +1378,8 @@ def _glob_base(pattern: str) -> str:
     """The directory a glob starts from: its components before the first
     wildcard."""
     parts = pattern.split("/")
-    static = len(parts)
-    for n, part in enumerate(parts):
-        if any(ch in part for ch in "*?[{"):
-            static = n
-            break
-    base = "/".join(parts[:static])
+    wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
+    base = "/".join(parts[:min(wild, default=len(parts))])
     if base:
         return base
     return "/" if pattern.startswith("/") else "."
@@ -1478,9 +1400,7 @@ def _secrets_under(directory: str, include_hidden: bool,
     top = os.path.realpath(directory)
     for parent, dirs, files in os.walk(directory):
         # pruned in place, so the walk does not descend into them
-        dirs[:] = [d for d in dirs if d != ".git"]
-        if not include_hidden:
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if d != ".git" and (include_hidden or d[:1] != ".")]
         _on_time()
         for name in files + (dirs if follows else []):
             seen += 1
@@ -1527,10 +1447,8 @@ def _decide_bash(command: str, workdir: str, root: str,
     cwd = root
     if workdir:
         request = _path_request(workdir, root, root, FILE_READ)
-        if request.capability == OUTSIDE:
-            cwd = request.subject
-        else:
-            cwd = os.path.join(root, request.subject)
+        outside = request.capability == OUTSIDE
+        cwd = request.subject if outside else os.path.join(root, request.subject)
         requests.append(request._replace(suggestion=None))
     try:
         line = _ShellLine(command, cwd, home)
@@ -1578,11 +1496,7 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
         _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
-        words = []
-        for word in unquoted.split():
-            if word == "~" or word.startswith("~/"):
-                word = home + word[1:]
-            words.append(word)
+        words = re.sub(r"(?<!\S)~(?=/|\s|$)", home, unquoted).split()
         if not floor:
             part = _Part(tuple(words), tuple(_core(words)), (), cwd)
             floor = _floor_reason(part, home)
@@ -1653,17 +1567,9 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _listed_read_only(core: tuple[str, ...]) -> bool:
-    """The program (or git subcommand) is on the read-only lists, in some
-    form."""
-    if core[:1] == ("git",):
-        words = _rule_core(core)
-        sub = words[1] if len(words) > 1 else ""
-        first = words[2] if len(words) > 2 else ""
-        row = _row("git", sub)
-        if row.has("forms") and first:
-            return _row("git", sub, first).has("read")
-        return row.has("read")
-    return bool(core) and _row(core[0]).has("read")
+    """The program (or git subcommand, or a form of one) is on the read-only lists."""
+    words = _rule_core(core)
+    return any(_row(*words[:n]).has("read") for n in (1, 2, 3))
 
 
 def _decide_process_write(text: str, process_command: str, root: str,
@@ -1718,8 +1624,6 @@ def _classify(core: tuple[str, ...]) -> str:
     name, args = core[0], core[1:]
     if name == "git":
         return _classify_git(args)
-    if name.startswith("python") and args[:2] == ("-m", "pip"):
-        name, args = "pip", args[2:]
     subcommand = next((a for a in args if not a.startswith("-")), "")
     network = _row(name).network
     if network == "*" or (network and subcommand in network.split(",")):
@@ -1736,7 +1640,9 @@ def _classify_git(args: tuple[str, ...]) -> str:
     if sub is None:
         return EXECUTE
     first = rest[0] if rest else ""
-    if _git_reaches_remote(sub, first, rest):
+    # (git remote show -n answers from the local config)
+    shows_remote = sub == "remote" and first == "show" and "-n" not in rest
+    if _row("git", sub).network or _row("git", sub, first).network or shows_remote:
         return NETWORK
     if _row("git", sub).has("modify"):
         return GIT_MODIFY
@@ -1758,21 +1664,6 @@ def _classify_git(args: tuple[str, ...]) -> str:
             return NETWORK
         return GIT_MODIFY
     return EXECUTE
-
-
-def _git_builtin(sub: str) -> bool:
-    """A git command this policy knows by name: not an alias. (git lfs, svn
-    and send-email are installed apart from git: where one is missing, an
-    alias of its name runs.)"""
-    apart = sub in ("lfs", "svn", "send-email")
-    return not apart and _row("git", sub) is not NOBODY
-
-
-def _git_reaches_remote(sub: str, first: str, rest: tuple[str, ...]) -> bool:
-    if _row("git", sub).network or _row("git", sub, first).network:
-        return True
-    # (git remote show -n answers from the local config)
-    return sub == "remote" and first == "show" and "-n" not in rest
 
 
 def _gives_pattern(option: str) -> bool:
@@ -1897,10 +1788,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     lone = len(paths) == 1 and any(map(_gives_pattern, options))
     if name != "diff" and (not paths or lone):
         targets.append(part.cwd)
-    found = []
-    for target in targets:
-        found += _secrets_under(target, hidden, follows)
-    return found
+    return [secret for target in targets for secret in _secrets_under(target, hidden, follows)]
 
 
 def _search_shape(name: str,
@@ -2020,9 +1908,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
                 "(a directory of the project is on PATH)")
     if row.options == "*":
         return None
-    numeric = name in ("head", "tail")
-    problem, positional, values = _options_problem(name, args, row.options,
-                                                   numeric=numeric)
+    problem, positional, values = _options_problem(name, args, row)
     if problem:
         return problem
     if row.has("writes-second") and len(positional) > 1:
@@ -2031,7 +1917,10 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
         return "the jq program reads the environment or other files"
     if name == "sed":
         # its scripts: -e's values, else the first operand
-        return _sed_problem(values or positional[:1])
+        for script in values or positional[:1] or [""]:
+            if not _SED_PRINT.fullmatch(script):
+                return (f"sed: the script {script!r} is not a print of line N "
+                        "or lines M,N (Np, M,Np)")
     return None
 
 
@@ -2044,15 +1933,6 @@ def _cd_problem(args: tuple[str, ...]) -> str | None:
     own = args[0].startswith(("/", "./", "../")) or args[0] in (".", "..")
     if os.environ.get("CDPATH") and not own:
         return f"cd {args[0]} may be found through $CDPATH"
-    return None
-
-
-def _sed_problem(scripts: list[str]) -> str | None:
-    """None when every script sed runs prints lines by number."""
-    for script in scripts or [""]:
-        if not _SED_PRINT.fullmatch(script):
-            return (f"sed: the script {script!r} is not a print of line N "
-                    "or lines M,N (Np, M,Np)")
     return None
 
 
@@ -2137,13 +2017,12 @@ def _parse(args, takes_value, stop: bool = False,
     return options, operands, k
 
 
-def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
-                     numeric: bool = False):
+def _options_problem(name: str, args: tuple[str, ...], row: Program):
     """(why an option is not safe or None, the positional arguments, the options' values). A long
     option counts only spelled out: the program expands an abbreviation among all its options,
     listed or not (sort --comp is --compress-program). A value given as the next word must not
     look like an option."""
-    short, long_text = spec
+    short, long_text = row.options
     # "n:" takes a value: each letter right before a colon
     takes = {"-" + short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
     letters = set(short.replace(":", ""))
@@ -2154,7 +2033,7 @@ def _options_problem(name: str, args: tuple[str, ...], spec: tuple[str, str],
             return option[2:] + "=" in longs and option[2:] not in longs
         return option in takes
 
-    options, positional, _ = _parse(args, takes_value, numeric=numeric)
+    options, positional, _ = _parse(args, takes_value, numeric=row.has("counts"))
     for option in options:
         if option.name.startswith("--"):
             listed = option.name[2:] in {e.rstrip("=") for e in longs}
@@ -2190,35 +2069,29 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
             return f"git: the option {flag} is not on the read-only list"
     if sub is None:
         return None
-    if _row("git", sub).has("forms"):
-        return _git_form_problem(sub, rest)
     row = _row("git", sub)
-    if not row.has("read"):
-        return f"git {sub} is not on the read-only list"
-    if _classify_git(args) != EXECUTE:
+    if row.has("read") and not row.has("forms") and _classify_git(args) != EXECUTE:
         # `git branch NAME`, `git tag NAME`: a listing command in a shape that changes refs
         return f"git {sub} with these arguments changes the repository"
-    numeric = sub in ("log", "show", "shortlog")
-    problem, _, _ = _options_problem(f"git {sub}", rest, row.options,
-                                     numeric=numeric)
-    return problem
+    return _git_form_problem(sub, rest)
 
 
 def _git_form_problem(sub: str, rest: tuple[str, ...]) -> str | None:
-    """None when `git SUB REST` has one of the read-only shapes POLICY lists for it."""
-    first = rest[0] if rest else ""
-    form = _row("git", sub, first) if first else _row("git", sub)
-    if not form.has("read"):
-        return f"git {sub} {first} is not a read-only form".replace("  ", " ")
-    after = rest[1:] if first else rest
-    form_name = f"git {sub} {first}"
-    problem, plain, _ = _options_problem(form_name, after, form.options,
-                                         numeric=form.options is _GIT_LOG)
+    """None when `git SUB REST` is listed with its options, or for a forms subcommand has one of
+    the read-only shapes of its three-word rows."""
+    row = _row("git", sub)
+    name = f"git {sub}"
+    if row.has("forms") and rest:
+        row = _row("git", sub, rest[0])
+        name = f"git {sub} {rest[0]}"
+        rest = rest[1:]
+    if not row.has("read"):
+        return f"{name} is not on the read-only list"
+    problem, plain, _ = _options_problem(name, rest, row)
     if problem:
         return problem
-    if len(plain) > form.most:
-        return (f"git {sub} {first} takes at most {form.most} argument(s) "
-                "in its read-only form")
+    if row.most is not None and len(plain) > row.most:
+        return f"{name} takes at most {row.most} argument(s) in its read-only form"
     return None
 
 
@@ -2227,11 +2100,11 @@ def _find_problem(args: tuple[str, ...]) -> str | None:
     while k < len(args):
         arg = args[k]
         k += 1
-        if arg.startswith("-") or arg in ("(", ")", "!", ","):
+        if arg + ":" in _FIND_SAFE:
+            k += 1
+        elif arg.startswith("-") or arg in ("(", ")", "!", ","):
             if arg not in _FIND_SAFE:
                 return f"find: {arg} is not on the read-only list"
-            if arg in _FIND_VALUE:
-                k += 1
     return None
 
 
@@ -2337,7 +2210,9 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return f"git {sub} rewrites history"
     if sub == "switch" and has("--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
-    if not _git_builtin(sub):
+    # a git command this policy knows by name is not an alias (git lfs, svn and send-email are
+    # installed apart from git: where one is missing, an alias of its name runs)
+    if sub in ("lfs", "svn", "send-email") or _row("git", sub) is NOBODY:
         return (f"git {sub} may be an alias (or a program on PATH), which "
                 "can stand for any command: reset --hard, !sh -c ...")
     return ""
@@ -2434,10 +2309,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
     if _row(name).has("disk") and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
-    if name == "dd":
-        outputs = [a[3:] for a in args if a.startswith("of=")]
-        if any(_is_device(output) for output in outputs):
-            return "dd onto a device"
+    if name == "dd" and any(_is_device(a[3:]) for a in args if a.startswith("of=")):
+        return "dd onto a device"
     if name in ("cp", "tee", "shred", "cat"):
         # cp's first argument is what it copies from
         written = targets[1:] if name == "cp" else targets
@@ -2512,27 +2385,15 @@ def _changes_power_state(name: str, targets: list[str]) -> bool:
 
 def _kills_everything(args: tuple[str, ...]) -> bool:
     """kill -9 -1, kill -KILL -1, kill -s KILL -1, kill -- -1: -1 as the target
-    is every process."""
-    targets = []
-    signal_given = False
+    is every process (in kill -1 PID, -1 is the signal: SIGHUP)."""
     k = 0
-    while k < len(args):
-        arg = args[k]
+    if args[:1] in (("-s",), ("-n",), ("--signal",)):
+        k = 2
+    elif len(args) > 1 and args[0][:1] == "-" and args[0] != "--":
+        k = 1
+    if args[k:k + 1] == ("--",):
         k += 1
-        if arg == "--":
-            targets += args[k:]
-            break
-        if arg in ("-s", "-n", "--signal"):
-            k += 1
-            signal_given = True
-        elif arg.startswith("-") and not signal_given and arg != "-1":
-            signal_given = True
-        elif arg == "-1" and not signal_given and k < len(args):
-            # kill -1 PID: -1 is the signal (SIGHUP)
-            signal_given = True
-        else:
-            targets.append(arg)
-    return "-1" in targets
+    return "-1" in args[k:]
 
 
 def _catastrophic(target: str, home: str, cwd: str) -> bool:
@@ -2599,6 +2460,9 @@ def _core(words) -> list[str]:
             words = words[1:]
             continue
         name = posixpath.basename(words[0]) or words[0]
+        if name.startswith("python") and words[1:3] == ["-m", "pip"]:
+            # python -m pip is pip
+            return ["pip", *words[3:]]
         if not _row(name).has("wrapper"):
             return [name, *words[1:]]
         words = _unwrap(name, words[1:])
@@ -2759,11 +2623,7 @@ class _ShellLine:
         for k, word in enumerate(core):
             if word not in ("-exec", "-execdir", "-ok", "-okdir"):
                 continue
-            end = len(core)
-            for j in range(k + 1, len(core)):
-                if core[j] in (";", "+"):
-                    end = j
-                    break
+            end = next((j for j in range(k + 1, len(core)) if core[j] in (";", "+")), len(core))
             command = core[k + 1:end]
             if command:
                 words = tuple(start if w == "{}" else w for w in command)
@@ -2919,11 +2779,8 @@ def _printed(words: list[str]) -> str | None:
     """What echo or printf with literal words prints, or None."""
     if words[:1] == ["echo"]:
         # from the first word that is not one of echo's options
-        start = len(words)
-        for k, word in enumerate(words):
-            if k and word not in ("-n", "-e", "-E"):
-                start = k
-                break
+        options = ("-n", "-e", "-E")
+        start = next((k for k, word in enumerate(words) if k and word not in options), len(words))
         return " ".join(words[start:])
     if words[:1] == ["printf"] and len(words) == 2 and "%" not in words[1]:
         return words[1].replace("\\n", "\n")
@@ -3152,10 +3009,7 @@ def _lex_single(text: str, i: int, piece) -> int:
     the index after it."""
     ansi_c = text[i] == "$"
     start = i + 1 + ansi_c
-    if ansi_c:
-        end = _ANSI_C_BODY.match(text, start).end()
-    else:
-        end = text.find("'", start)
+    end = _ANSI_C_BODY.match(text, start).end() if ansi_c else text.find("'", start)
     if text[end:end + 1] != "'":
         raise _ParseError("unterminated quote")
     body = text[start:end]
@@ -3208,34 +3062,12 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
             raise _ParseError("unterminated backtick")
         return end + 1, None, [re.sub(r"\\([`$\\\"])", r"\1", text[i + 1:end])]
     if text.startswith("$((", i):
-        end = _balanced(text, i + 1)
+        # its end is found as a $( )'s is, at the ")" that closes it
+        _, end = _lex(text, i + 2, closing=True)
         return end, text[i:end], _nested_subs(text[i + 3:end - 2])
     start = i + 2
     _, end = _lex(text, start, closing=True)
     return end, None, [text[start:end - 1]]
-
-
-def _balanced(text: str, i: int) -> int:
-    """text[i] is the "(" of an arithmetic expansion; return the index just
-    after its matching ")", skipping quotes."""
-    depth = 0
-    while i < len(text):
-        _on_time()
-        c = text[i]
-        if c == "\\":
-            i += 1
-        elif c == "'":
-            i = text.find("'", i + 1)
-            if i < 0:
-                raise _ParseError("unterminated single quote")
-        elif c == '"':
-            i = _lex_double(text, i + 1, lambda kind, value: None) - 1
-        elif c in "()":
-            depth += 1 if c == "(" else -1
-            if depth == 0:
-                return i + 1
-        i += 1
-    raise _ParseError("unbalanced parenthesis")
 
 
 def _read_heredocs(text: str, i: int, heredocs: list) -> int:
@@ -3365,8 +3197,7 @@ def trust_notice(layers) -> str | None:
     written = set()
     files = set()
     for rule in ignored:
-        command = rule.capability in ("process.execute", "git.modify", "network.access")
-        kind = "command" if command else rule.capability
+        kind = "command" if rule.capability in _COMMAND_CAPABILITIES else rule.capability
         written.add((rule.source, rule.pattern, rule.action, kind))
         # "settings.json:4": the file, not each line
         files.add(re.sub(r":\d+$", "", rule.source))
