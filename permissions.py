@@ -156,6 +156,10 @@ _GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """
     ignore-submodules ignore-submodules= check name-rev notes no-notes
     show-notes expand-tabs no-expand-tabs log-size no-walk no-walk= do-walk
     walk-reflogs grep-reflog= count in-reverse remerge-diff""")
+# where `git config` reads from, and how it shows what it read
+_GIT_CONFIG_READ = ("z", "global system local worktree show-origin show-scope name-only null "
+                         "includes no-includes type= default=")
+
 POLICY: dict[str, Program] = {
     "ls": Program("read", ("aAbBcCdfFgGhHiklLmnNopqQrRsStuUvxXZ1T:w:I:", """
         all almost-all escape ignore-backups classify file-type directory dired full-time
@@ -312,11 +316,13 @@ POLICY: dict[str, Program] = {
     **_each("remote submodule", Program("known read forms", most=0, arity=3), prefix="git "),
     "git notes": Program("known read forms", most=0),
     "git reflog": Program("known read forms counts", _GIT_LOG, most=1),
-    **_each("remote -v, remote --verbose, worktree list, config -l, config --list",
-            Program("read", most=0), prefix="git "),
-    **_each("remote get-url, notes list, notes show", Program("read", most=1), prefix="git "),
-    **_each("config --get, config --get-all, config --get-regexp", Program("read", most=2),
-            prefix="git "),
+    **_each("remote -v, remote --verbose", Program("read", most=0), prefix="git "),
+    "git worktree list": Program("read", ("vz", "porcelain verbose"), most=0),
+    **_each("config -l, config --list", Program("read", _GIT_CONFIG_READ, most=0), prefix="git "),
+    "git remote get-url": Program("read", ("", "push all"), most=1),
+    **_each("notes list, notes show", Program("read", most=1), prefix="git "),
+    **_each("config --get, config --get-all, config --get-regexp",
+            Program("read", _GIT_CONFIG_READ, most=2), prefix="git "),
     **_each("submodule status, submodule summary", Program("read", most=99), prefix="git "),
     "git stash list": Program("read counts", _GIT_LOG, most=0),
     **_each("stash show, reflog show", Program("read counts", _GIT_LOG, most=1), prefix="git "),
