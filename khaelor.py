@@ -465,6 +465,13 @@ def age(ts_ms: int) -> str:
     return f"{events.duration(seconds)} ago"
 
 
+def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
+    """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
+    if cost is None:
+        return unknown
+    return f"${cost:.{digits}f}"
+
+
 def for_terminal(text: str, stream) -> str:
     """Model text and titles reach a terminal without the bytes that would drive it: a model or a
     hostile file must not set the window title, write the clipboard (OSC 52) or move the cursor."""
@@ -486,8 +493,7 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        dollars = events.cost(row["usage"], prices)
-        cost = "?" if dollars is None else f"${dollars:.4f}"
+        cost = dollars(events.cost(row["usage"], prices), "?")
         branch = ""
         if row.get("branch"):
             branch = f"  [{row['branch']}]"
@@ -592,14 +598,6 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
         raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
 
 
-def policy_report(layers: list, rules) -> list[str]:
-    """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
-    and what is ignored; every character shown as itself (events.visible_controls)."""
-    import sandbox
-    lines = [f"sandbox: {sandbox.status()}", *boundary_lines(), *policy_lines(layers, rules)]
-    return [events.visible_controls(line, one_line=True) for line in lines]
-
-
 def layer_exists(layer) -> bool:
     """A layer read from a file that is there (a flag's layer has no file)."""
     return not layer.source.startswith("/") or Path(layer.source).exists()
@@ -618,10 +616,12 @@ def policy_json(layers: list, rules) -> dict:
             "rules": [dataclasses.asdict(rule) for rule in rules], "ignored": ignored}
 
 
-def policy_lines(layers: list, rules) -> list[str]:
-    """The layers, the rules and what is ignored (`khaelor permissions`, /permissions)."""
+def policy_report(layers: list, rules) -> list[str]:
+    """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
+    and what is ignored; every character shown as itself (events.visible_controls)."""
     import permissions
-    lines = []
+    import sandbox
+    lines = [f"sandbox: {sandbox.status()}", *boundary_lines()]
     for layer in layers:
         trust = ""
         if layer.kind == "project":
@@ -646,7 +646,7 @@ def policy_lines(layers: list, rules) -> list[str]:
             # as wide as the action, capability and pattern columns
             columns = 5 + 2 + width + 2 + 24
             lines.append(f"  -  {rule:<{columns}}  {where}  (ignored: {why})")
-    return lines
+    return [events.visible_controls(line, one_line=True) for line in lines]
 
 
 # ---------------------------------------------------------------- rewind: back to before a step
@@ -687,7 +687,8 @@ def last_changing_step(state) -> int | None:
 
 class Rewind:
     """Going back to before step `number`: `plan` says what it writes and deletes, `run` does it
-    between two checkpoints (so a rewind can itself be rewound) as a durable Rewound event."""
+    between two checkpoints (`start`, `write`, `finish`: so a rewind can itself be rewound) as a
+    durable Rewound event."""
 
     def __init__(self, bus, toolbox, number: int):
         self.bus = bus
@@ -754,12 +755,6 @@ class Rewind:
         if len(lines) == 1:
             lines.append("  nothing differs: the work tree is as it was")
         return "\n".join(lines)
-
-    def run(self, overwrite: bool) -> str:
-        """All of it, in this thread (the CLI)."""
-        self.start(overwrite)
-        self.write()
-        return self.finish()
 
     def start(self, overwrite: bool) -> None:
         """Files the user changed after the agent's last step are kept unless `overwrite`. The
@@ -856,7 +851,9 @@ def rewind_session(args, bus, toolbox) -> int:
             return EXIT_OK
         if rewind.user_changed:
             overwrite = confirm("Overwrite the files you changed since?")
-    print(rewind.run(overwrite))
+    rewind.start(overwrite)
+    rewind.write()
+    print(rewind.finish())
     return EXIT_OK
 
 
@@ -1917,10 +1914,9 @@ class Session:
         ctx = self.kernel.ctx
         chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
                   **self.store.state.reasoning, **self.reasoning}
-        taken = model.reasoning(ctx.model, chosen["thinking"],
-                                chosen["effort"], ctx.show_thinking,
-                                ctx.max_tokens)
-        return taken
+        return model.reasoning(ctx.model, chosen["thinking"],
+                               chosen["effort"], ctx.show_thinking,
+                               ctx.max_tokens)
 
     async def quit(self) -> None:
         """Idempotent: the UI calls it when the user leaves, and interactive_main again on any
@@ -1992,8 +1988,7 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            dollars = events.cost(row["usage"], self.settings["prices"])
-            cost = "cost ?" if dollars is None else f"${dollars:.4f}"
+            cost = dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
             lines.append(f"- `{row['id']}`{here} {title} · {updated}"
@@ -2029,10 +2024,7 @@ class Session:
         lines = []
         for name, usage in self.store.state.usage.items():
             cost = events.cost({name: usage}, self.settings["prices"])
-            if cost is None:
-                price = "cost unknown (no price for this model)"
-            else:
-                price = f"${cost:.4f}"
+            price = dollars(cost, "cost unknown (no price for this model)")
             thought = ""
             if "thinking_tokens" in usage:
                 thought = f" (thinking {usage['thinking_tokens']})"
@@ -2219,9 +2211,7 @@ class Session:
         import sandbox
         store = self.store
         cost = events.cost(store.state.usage, self.settings["prices"])
-        spent = "unknown (a model has no price)"
-        if cost is not None:
-            spent = f"${cost:.2f}"
+        spent = dollars(cost, "unknown (a model has no price)", digits=2)
         facts = [("version", VERSION), ("session", store.session_id),
                  ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
                  ("model", self.kernel.ctx.model),
@@ -2308,14 +2298,6 @@ def import_note(item) -> str:
     return f" (imported by `{item.imported_by}`)"
 
 
-def is_known_model(name: str, known: list) -> bool:
-    """A model with a price, or a dated id of one: claude-x-20250929."""
-    for model in known:
-        if name == model or re.fullmatch(re.escape(model) + r"-\d{8}", name):
-            return True
-    return False
-
-
 def known_model_ids(prices: dict) -> list[str]:
     """events.py's priced models and those config.json `prices` adds."""
     return sorted({*events.PRICES, *prices})
@@ -2330,8 +2312,10 @@ def model_choice(name: str, prices: dict) -> str:
     must be known (priced) or a dated id of one, else a UsageError that lists them."""
     import model
     chosen = model.MODEL_ALIASES.get(name, name)
-    if is_known_model(chosen, known_model_ids(prices)):
-        return chosen
+    for known in known_model_ids(prices):
+        # a model with a price, or a dated id of one: claude-x-20250929
+        if chosen == known or re.fullmatch(re.escape(known) + r"-\d{8}", chosen):
+            return chosen
     aliases = ", ".join(model.MODEL_ALIASES)
     raise UsageError(f"unknown model `{name}`; use {aliases} or a known model:"
                      f" {known_models(prices)} (a model with a price in"
@@ -2513,10 +2497,7 @@ def welcome_line(session) -> str:
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    cost = events.cost(store.state.usage, prices)
-    spent = "cost unknown"
-    if cost is not None:
-        spent = f"${cost:.2f}"
+    spent = dollars(events.cost(store.state.usage, prices), "cost unknown", digits=2)
     return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 
