@@ -494,9 +494,7 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
         cost = dollars(events.cost(row["usage"], prices), "?")
-        branch = ""
-        if row.get("branch"):
-            branch = f"  [{row['branch']}]"
+        branch = f"  [{row['branch']}]" if row.get("branch") else ""
         title = row["title"] or "(untitled)"
         title = for_terminal(title, sys.stdout)
         updated = age(row["updated"]) if row["updated"] else "-"
@@ -524,16 +522,15 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     import sandbox
     layers = permission_layers(home, project_root)
     rules = permissions.load_rules(layers)
-    sandboxed = sandbox.enforced()
-    if args.action != "check" and args.json:
-        print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
-        return EXIT_OK
     if args.action != "check":
-        print("\n".join(policy_report(layers, rules)))
+        if args.json:
+            print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
+        else:
+            print("\n".join(policy_report(layers, rules)))
         return EXIT_OK
     kind, subject = args.call
     result = permissions.check(kind, subject, project_root, rules,
-                               sandboxed=sandboxed)
+                               sandboxed=sandbox.enforced())
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
@@ -569,9 +566,8 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
                     " read-only (default: a command that runs without asking),"
                     " --write (an approved command), --network (approved with network).")
     shape = parser.add_mutually_exclusive_group()
-    shape.add_argument("--read-only", dest="shape", action="store_const", const="read-only")
-    shape.add_argument("--write", dest="shape", action="store_const", const="write")
-    shape.add_argument("--network", dest="shape", action="store_const", const="network")
+    for name in ("read-only", "write", "network"):
+        shape.add_argument(f"--{name}", dest="shape", action="store_const", const=name)
     parser.add_argument("--path", action="append", default=[], metavar="P",
                         help="an approved path outside the project (repeatable)")
     parser.add_argument("--secrets", action="store_true",
@@ -733,21 +729,16 @@ class Rewind:
         return [r.path for r in self.restores if r.user_changed]
 
     def moves_head(self) -> bool:
-        target = self.target
-        now = self.now
-        return (target["head"], target["branch"]) != (now["head"], now["branch"])
+        where = ("head", "branch")
+        return [self.target[key] for key in where] != [self.now[key] for key in where]
 
     def describe(self) -> str:
         step = self.state.steps[self.number - 1]
         lines = [f"Rewinding to before step {self.number} ({step['kind']}"
                  f" {' '.join(step['what'].split())[:60]}):"]
         for restore in self.restores:
-            verb = "write back"
-            if restore.mode == "000000":
-                verb = "delete"
-            mark = ""
-            if restore.user_changed:
-                mark = "  (you changed it after the agent's last step)"
+            verb = "delete" if restore.mode == "000000" else "write back"
+            mark = "  (you changed it after the agent's last step)" if restore.user_changed else ""
             lines.append(f"  {verb} {restore.path}{mark}")
         if self.moves_head():
             branch = self.target["branch"] or "detached HEAD"
@@ -1506,10 +1497,9 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     thinking = (request.get("thinking") or {}).get("type")
     effort = (request.get("output_config") or {}).get("effort")
     # part of output_tokens (counted once, there), where the API said
-    thinking_tokens = None
-    for model_usage in state.usage.values():
-        if "thinking_tokens" in model_usage:
-            thinking_tokens = (thinking_tokens or 0) + model_usage["thinking_tokens"]
+    thought = [usage["thinking_tokens"] for usage in state.usage.values()
+               if "thinking_tokens" in usage]
+    thinking_tokens = sum(thought) if thought else None
     return {
         # Claude Code's
         "type": "result",
@@ -1590,6 +1580,9 @@ class Session:
         # tool_use_id -> the future the permission panel resolves
         self.answers = {}
         self.client = new_client(self.show_status)
+        # the current session's kernel (attach builds it) and log
+        self.kernel = None
+        self.store = None
         # command files, read once at start as Claude Code does
         self.custom = load_commands(home, project_root)
         self.command_names = sorted([*COMMANDS, *self.custom])
@@ -1645,6 +1638,20 @@ class Session:
         if state.turn_open and state.pending_tools:
             self.start_turn()
 
+    def attach_after_first_frame(self, store) -> None:
+        """A new session has nothing to replay or repair: the UI paints its first frame before the
+        kernel is built (its modules take ~10 ms to import). The UI's tasks are queued before this
+        timer comes due, so the frame comes first; a Status event then asks for the next frame,
+        whose status line has the session's facts (the first shows only the mode)."""
+        import asyncio
+        self.store = store
+
+        def attach() -> None:
+            if not self.closed:
+                self.attach(store)
+                self.show_status("")
+        asyncio.get_running_loop().call_later(0, attach)
+
     def show_status(self, text: str) -> None:
         """The model client's word on a retry or a wait, for the status line."""
         self.bus.emit("Status", text=text)
@@ -1683,7 +1690,7 @@ class Session:
     @property
     def working(self) -> bool:
         """A turn runs: the kernel alone knows (it answers submit with steering then)."""
-        return self.kernel.busy
+        return self.kernel is not None and self.kernel.busy
 
     def subscribe(self, fn):
         self.subscribers.append(fn)
@@ -1868,6 +1875,9 @@ class Session:
 
     def status(self) -> dict:
         """Read on every frame: recomputed only when the log has grown."""
+        if self.kernel is None:
+            # the first frame, before attach_after_first_frame
+            return {"mode": self.mode}
         key = (self.store.path, len(self.store.events), self.kernel.ctx.model,
                str(self.reasoning))
         if self._status_key != key:
@@ -1894,9 +1904,7 @@ class Session:
             used = sum(last.get(key) or 0 for key in events.USAGE_KEYS)
             used -= state.freed_since_usage
             context_pct = 100 * used / window
-        cache_share = None
-        if prompt:
-            cache_share = summed["cache_read_tokens"] / prompt
+        cache_share = summed["cache_read_tokens"] / prompt if prompt else None
         thought = [usage.get("thinking_tokens") or 0 for usage in totals.values()]
         return {"model": model_id,
                 "tokens": sum(summed.values()),
@@ -1924,7 +1932,11 @@ class Session:
         if self.closed:
             return
         self.closed = True
-        await self.detach()
+        if self.kernel is None:
+            # gone before the first frame
+            close_session(self.store)
+        else:
+            await self.detach()
         await self.client.close()
 
     # -- slash commands (one table drives dispatch, /help and completion)
@@ -1960,11 +1972,8 @@ class Session:
                  " grants no permission, so `allowed-tools` in its front"
                  " matter is shown but ignored)", ""]
         for name, command in sorted(self.custom.items()):
-            hint = ""
-            if command.argument_hint:
-                hint = f" {command.argument_hint}"
-            line = f"- `{name}{hint}` {command.description}"
-            line += f" · {command.source}"
+            usage = " ".join(part for part in (name, command.argument_hint) if part)
+            line = f"- `{usage}` {command.description} · {command.source}"
             if command.model:
                 line += f" · model {command.model}"
             if command.allowed_tools:
@@ -2245,9 +2254,7 @@ class Session:
         for name in context.INSTRUCTION_FILES:
             if (root / name).exists():
                 return f"`{name}` exists already; /init writes only a new file"
-        name = "KHAELOR.md"
-        if (root / ".claude").is_dir():
-            name = "CLAUDE.md"
+        name = "CLAUDE.md" if (root / ".claude").is_dir() else "KHAELOR.md"
         text = await asyncio.to_thread(starting_instructions, root)
         if arg != "write":
             return (f"`/init write` saves this as `{name}`:\n\n"
@@ -2458,7 +2465,10 @@ async def interactive_main(args, settings, store, home: Path,
     import model
     import ui
     session = Session(args, settings, home, project_root)
-    session.attach(store)
+    if store.events:
+        session.attach(store)
+    else:
+        session.attach_after_first_frame(store)
     # after attach: what repair() recorded (a reply cut off by a crash) shows too
     earlier = list(store.events)
     notices = [f"warning: {warning}" for warning in store.warnings]
@@ -2487,10 +2497,8 @@ async def interactive_main(args, settings, store, home: Path,
 def welcome_line(session) -> str:
     """The first line: what runs, where, with which model, and whether the sandbox holds."""
     import sandbox
-    boundary = "sandboxed"
-    if not sandbox.enforced():
-        boundary = "no OS sandbox"
-    model_id = session.kernel.ctx.model
+    boundary = "sandboxed" if sandbox.enforced() else "no OS sandbox"
+    model_id = current_model(session.store, session.settings)
     return (f"khaelor {VERSION} · {session.project_root} · {model_id}"
             f" · {boundary} · /help, ? for keys")
 
