@@ -682,9 +682,9 @@ def last_changing_step(state) -> int | None:
 
 
 class Rewind:
-    """Going back to before step `number`: `plan` says what it writes and deletes, `run` does it
-    between two checkpoints (`start`, `write`, `finish`: so a rewind can itself be rewound) as a
-    durable Rewound event."""
+    """Going back to before step `number`: `plan` says what it writes and deletes; `start`, `write`
+    and `finish` do it between two checkpoints (so a rewind can itself be rewound) as a durable
+    Rewound event."""
 
     def __init__(self, bus, toolbox, number: int):
         self.bus = bus
@@ -729,8 +729,8 @@ class Rewind:
         return [r.path for r in self.restores if r.user_changed]
 
     def moves_head(self) -> bool:
-        where = ("head", "branch")
-        return [self.target[key] for key in where] != [self.now[key] for key in where]
+        before = (self.target["head"], self.target["branch"])
+        return before != (self.now["head"], self.now["branch"])
 
     def describe(self) -> str:
         step = self.state.steps[self.number - 1]
@@ -1156,17 +1156,14 @@ def flag_layers(args, project_root: Path) -> tuple:
     the user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks
     every allow, and the hardline floor is beneath them all."""
     import permissions
-    allowed = getattr(args, "allowed_tools", [])
-    disallowed = getattr(args, "disallowed_tools", [])
     layers = []
-    for flag, action, values in (("--allowedTools", "allow", allowed),
-                                 ("--disallowedTools", "deny", disallowed)):
-        rules = split_tool_rules(values or [])
+    for flag, action, dest in (("--allowedTools", "allow", "allowed_tools"),
+                               ("--disallowedTools", "deny", "disallowed_tools")):
+        rules = split_tool_rules(getattr(args, dest, None) or [])
         if rules:
             empty = permissions.Layer(flag, {}, "user", True, claude=True)
             root = os.path.realpath(project_root)
-            layer = permissions.claude_rules(empty, {action: rules}, root)
-            layers.append(layer)
+            layers.append(permissions.claude_rules(empty, {action: rules}, root))
     return tuple(layers)
 
 
@@ -1192,8 +1189,6 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
-    mode = getattr(args, "permission_mode", "default")
-    append_system = getattr(args, "append_system_prompt", "")
     ctx = context.Context(project_root=project_root,
                           cwd=Path.cwd(),
                           home=home,
@@ -1203,7 +1198,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
                           is_secret=sandbox.is_secret_name,
-                          append_system=append_system,
+                          append_system=getattr(args, "append_system_prompt", ""),
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),
                           thinking=settings["thinking"],
@@ -1223,7 +1218,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                             grant=grant,
                             yes=args.yes,
                             max_turns=settings["max_turns"],
-                            permission_mode=mode)
+                            permission_mode=getattr(args, "permission_mode", "default"))
     return kernel_
 
 
@@ -1377,9 +1372,8 @@ async def run_headless(args, settings, store, home, project_root) -> int:
                  aux_model=settings["aux_model"], version=VERSION)
     record_reasoning(bus, store, settings["reasoning_flags"])
     kernel_.repair()
-    baseline_reason = "resume" if resumed else "session start"
     try:
-        await kernel_.record_baseline(baseline_reason)
+        await kernel_.record_baseline("resume" if resumed else "session start")
         kernel_.submit(args.prompt)
         step = await kernel_.run()
     except asyncio.CancelledError:
@@ -1482,7 +1476,6 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     A cost is null when a model has no known price: never guessed."""
     import time
     state = store.state
-    failed = step != "done"
     cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
     # in Claude Code's key names
@@ -1504,7 +1497,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         # Claude Code's
         "type": "result",
         "subtype": RESULT_SUBTYPES.get(step, "error_during_execution"),
-        "is_error": failed,
+        "is_error": step != "done",
         "result": state.answer or "",
         "session_id": store.session_id,
         "num_turns": state.responses_in_turn,
@@ -2466,10 +2459,10 @@ async def interactive_main(args, settings, store, home: Path,
     import ui
     session = Session(args, settings, home, project_root)
     if store.events:
+        # before the replay is read: what repair() records (a reply cut off by a crash) shows too
         session.attach(store)
     else:
         session.attach_after_first_frame(store)
-    # after attach: what repair() recorded (a reply cut off by a crash) shows too
     earlier = list(store.events)
     notices = [f"warning: {warning}" for warning in store.warnings]
     notices += start_notices(settings)
