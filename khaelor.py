@@ -1023,8 +1023,7 @@ def expand_headless(prompt: str, settings: dict, home: Path,
     to the run unless --model was given."""
     if not prompt.lstrip().startswith("/"):
         return prompt
-    commands = load_commands(home, project_root)
-    command, arguments = match_command(prompt, commands)
+    command, arguments = match_command(prompt, load_commands(home, project_root))
     if command is None:
         return prompt
     if command.model and settings.get("model_flag") is None:
@@ -1519,8 +1518,7 @@ def report(args, store, step: str, prices: dict) -> int:
     reason = failure(state, step)
     streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
-        result = result_object(args, store, step, prices)
-        print(json.dumps(result, ensure_ascii=False), flush=True)
+        print(json.dumps(result_object(args, store, step, prices), ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not streamed:
         print(for_terminal(state.answer, sys.stdout))
     if step == "done":
@@ -2011,8 +2009,7 @@ class Session:
         await self.detach()
         self.attach(store)
         title = store.state.title or "(untitled)"
-        resumed = f"resumed `{store.session_id}`: {title}"
-        return resumed + recap(store.state.turns)
+        return f"resumed `{store.session_id}`: {title}" + recap(store.state.turns)
 
     async def cmd_rename(self, title):
         if not title:
@@ -2137,8 +2134,7 @@ class Session:
 
         import context
         # git status, read-only, off the loop
-        workspace = self.toolbox.workspace
-        now = await asyncio.to_thread(context.git_baseline, workspace)
+        now = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
         dirty = [entry["path"] for entry in now.get("dirty") or []]
         return diff_report(self.store.state, dirty)
 
@@ -2447,8 +2443,7 @@ def run_interactive(args, home: Path, project_root: Path) -> int:
     settings = load_settings(args, home, project_root)
     store = open_session(args, home, project_root)
     import asyncio
-    app = interactive_main(args, settings, store, home, project_root)
-    return asyncio.run(app)
+    return asyncio.run(interactive_main(args, settings, store, home, project_root))
 
 
 async def interactive_main(args, settings, store, home: Path,
