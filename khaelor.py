@@ -465,6 +465,13 @@ def age(ts_ms: int) -> str:
     return f"{events.duration(seconds)} ago"
 
 
+def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
+    """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
+    if cost is None:
+        return unknown
+    return f"${cost:.{digits}f}"
+
+
 def for_terminal(text: str, stream) -> str:
     """Model text and titles reach a terminal without the bytes that would drive it: a model or a
     hostile file must not set the window title, write the clipboard (OSC 52) or move the cursor."""
@@ -486,11 +493,8 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        dollars = events.cost(row["usage"], prices)
-        cost = "?" if dollars is None else f"${dollars:.4f}"
-        branch = ""
-        if row.get("branch"):
-            branch = f"  [{row['branch']}]"
+        cost = dollars(events.cost(row["usage"], prices), "?")
+        branch = f"  [{row['branch']}]" if row.get("branch") else ""
         title = row["title"] or "(untitled)"
         title = for_terminal(title, sys.stdout)
         updated = age(row["updated"]) if row["updated"] else "-"
@@ -518,16 +522,15 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     import sandbox
     layers = permission_layers(home, project_root)
     rules = permissions.load_rules(layers)
-    sandboxed = sandbox.enforced()
-    if args.action != "check" and args.json:
-        print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
-        return EXIT_OK
     if args.action != "check":
-        print("\n".join(policy_report(layers, rules)))
+        if args.json:
+            print(json.dumps(policy_json(layers, rules), ensure_ascii=False))
+        else:
+            print("\n".join(policy_report(layers, rules)))
         return EXIT_OK
     kind, subject = args.call
     result = permissions.check(kind, subject, project_root, rules,
-                               sandboxed=sandboxed)
+                               sandboxed=sandbox.enforced())
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
@@ -563,9 +566,8 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
                     " read-only (default: a command that runs without asking),"
                     " --write (an approved command), --network (approved with network).")
     shape = parser.add_mutually_exclusive_group()
-    shape.add_argument("--read-only", dest="shape", action="store_const", const="read-only")
-    shape.add_argument("--write", dest="shape", action="store_const", const="write")
-    shape.add_argument("--network", dest="shape", action="store_const", const="network")
+    for name in ("read-only", "write", "network"):
+        shape.add_argument(f"--{name}", dest="shape", action="store_const", const=name)
     parser.add_argument("--path", action="append", default=[], metavar="P",
                         help="an approved path outside the project (repeatable)")
     parser.add_argument("--secrets", action="store_true",
@@ -592,14 +594,6 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
         raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
 
 
-def policy_report(layers: list, rules) -> list[str]:
-    """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
-    and what is ignored; every character shown as itself (events.visible_controls)."""
-    import sandbox
-    lines = [f"sandbox: {sandbox.status()}", *boundary_lines(), *policy_lines(layers, rules)]
-    return [events.visible_controls(line, one_line=True) for line in lines]
-
-
 def layer_exists(layer) -> bool:
     """A layer read from a file that is there (a flag's layer has no file)."""
     return not layer.source.startswith("/") or Path(layer.source).exists()
@@ -618,10 +612,12 @@ def policy_json(layers: list, rules) -> dict:
             "rules": [dataclasses.asdict(rule) for rule in rules], "ignored": ignored}
 
 
-def policy_lines(layers: list, rules) -> list[str]:
-    """The layers, the rules and what is ignored (`khaelor permissions`, /permissions)."""
+def policy_report(layers: list, rules) -> list[str]:
+    """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
+    and what is ignored; every character shown as itself (events.visible_controls)."""
     import permissions
-    lines = []
+    import sandbox
+    lines = [f"sandbox: {sandbox.status()}", *boundary_lines()]
     for layer in layers:
         trust = ""
         if layer.kind == "project":
@@ -646,7 +642,7 @@ def policy_lines(layers: list, rules) -> list[str]:
             # as wide as the action, capability and pattern columns
             columns = 5 + 2 + width + 2 + 24
             lines.append(f"  -  {rule:<{columns}}  {where}  (ignored: {why})")
-    return lines
+    return [events.visible_controls(line, one_line=True) for line in lines]
 
 
 # ---------------------------------------------------------------- rewind: back to before a step
@@ -686,8 +682,9 @@ def last_changing_step(state) -> int | None:
 
 
 class Rewind:
-    """Going back to before step `number`: `plan` says what it writes and deletes, `run` does it
-    between two checkpoints (so a rewind can itself be rewound) as a durable Rewound event."""
+    """Going back to before step `number`: `plan` says what it writes and deletes; `start`, `write`
+    and `finish` do it between two checkpoints (so a rewind can itself be rewound) as a durable
+    Rewound event."""
 
     def __init__(self, bus, toolbox, number: int):
         self.bus = bus
@@ -732,21 +729,16 @@ class Rewind:
         return [r.path for r in self.restores if r.user_changed]
 
     def moves_head(self) -> bool:
-        target = self.target
-        now = self.now
-        return (target["head"], target["branch"]) != (now["head"], now["branch"])
+        before = (self.target["head"], self.target["branch"])
+        return before != (self.now["head"], self.now["branch"])
 
     def describe(self) -> str:
         step = self.state.steps[self.number - 1]
         lines = [f"Rewinding to before step {self.number} ({step['kind']}"
                  f" {' '.join(step['what'].split())[:60]}):"]
         for restore in self.restores:
-            verb = "write back"
-            if restore.mode == "000000":
-                verb = "delete"
-            mark = ""
-            if restore.user_changed:
-                mark = "  (you changed it after the agent's last step)"
+            verb = "delete" if restore.mode == "000000" else "write back"
+            mark = "  (you changed it after the agent's last step)" if restore.user_changed else ""
             lines.append(f"  {verb} {restore.path}{mark}")
         if self.moves_head():
             branch = self.target["branch"] or "detached HEAD"
@@ -754,12 +746,6 @@ class Rewind:
         if len(lines) == 1:
             lines.append("  nothing differs: the work tree is as it was")
         return "\n".join(lines)
-
-    def run(self, overwrite: bool) -> str:
-        """All of it, in this thread (the CLI)."""
-        self.start(overwrite)
-        self.write()
-        return self.finish()
 
     def start(self, overwrite: bool) -> None:
         """Files the user changed after the agent's last step are kept unless `overwrite`. The
@@ -856,7 +842,9 @@ def rewind_session(args, bus, toolbox) -> int:
             return EXIT_OK
         if rewind.user_changed:
             overwrite = confirm("Overwrite the files you changed since?")
-    print(rewind.run(overwrite))
+    rewind.start(overwrite)
+    rewind.write()
+    print(rewind.finish())
     return EXIT_OK
 
 
@@ -1035,8 +1023,7 @@ def expand_headless(prompt: str, settings: dict, home: Path,
     to the run unless --model was given."""
     if not prompt.lstrip().startswith("/"):
         return prompt
-    commands = load_commands(home, project_root)
-    command, arguments = match_command(prompt, commands)
+    command, arguments = match_command(prompt, load_commands(home, project_root))
     if command is None:
         return prompt
     if command.model and settings.get("model_flag") is None:
@@ -1168,17 +1155,14 @@ def flag_layers(args, project_root: Path) -> tuple:
     the user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks
     every allow, and the hardline floor is beneath them all."""
     import permissions
-    allowed = getattr(args, "allowed_tools", [])
-    disallowed = getattr(args, "disallowed_tools", [])
     layers = []
-    for flag, action, values in (("--allowedTools", "allow", allowed),
-                                 ("--disallowedTools", "deny", disallowed)):
-        rules = split_tool_rules(values or [])
+    for flag, action, dest in (("--allowedTools", "allow", "allowed_tools"),
+                               ("--disallowedTools", "deny", "disallowed_tools")):
+        rules = split_tool_rules(getattr(args, dest, None) or [])
         if rules:
             empty = permissions.Layer(flag, {}, "user", True, claude=True)
             root = os.path.realpath(project_root)
-            layer = permissions.claude_rules(empty, {action: rules}, root)
-            layers.append(layer)
+            layers.append(permissions.claude_rules(empty, {action: rules}, root))
     return tuple(layers)
 
 
@@ -1204,8 +1188,6 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
-    mode = getattr(args, "permission_mode", "default")
-    append_system = getattr(args, "append_system_prompt", "")
     ctx = context.Context(project_root=project_root,
                           cwd=Path.cwd(),
                           home=home,
@@ -1215,7 +1197,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
                           is_secret=sandbox.is_secret_name,
-                          append_system=append_system,
+                          append_system=getattr(args, "append_system_prompt", ""),
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),
                           thinking=settings["thinking"],
@@ -1235,7 +1217,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                             grant=grant,
                             yes=args.yes,
                             max_turns=settings["max_turns"],
-                            permission_mode=mode)
+                            permission_mode=getattr(args, "permission_mode", "default"))
     return kernel_
 
 
@@ -1389,9 +1371,8 @@ async def run_headless(args, settings, store, home, project_root) -> int:
                  aux_model=settings["aux_model"], version=VERSION)
     record_reasoning(bus, store, settings["reasoning_flags"])
     kernel_.repair()
-    baseline_reason = "resume" if resumed else "session start"
     try:
-        await kernel_.record_baseline(baseline_reason)
+        await kernel_.record_baseline("resume" if resumed else "session start")
         kernel_.submit(args.prompt)
         step = await kernel_.run()
     except asyncio.CancelledError:
@@ -1494,7 +1475,6 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     A cost is null when a model has no known price: never guessed."""
     import time
     state = store.state
-    failed = step != "done"
     cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
     # in Claude Code's key names
@@ -1509,15 +1489,14 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     thinking = (request.get("thinking") or {}).get("type")
     effort = (request.get("output_config") or {}).get("effort")
     # part of output_tokens (counted once, there), where the API said
-    thinking_tokens = None
-    for model_usage in state.usage.values():
-        if "thinking_tokens" in model_usage:
-            thinking_tokens = (thinking_tokens or 0) + model_usage["thinking_tokens"]
+    thought = [usage["thinking_tokens"] for usage in state.usage.values()
+               if "thinking_tokens" in usage]
+    thinking_tokens = sum(thought) if thought else None
     return {
         # Claude Code's
         "type": "result",
         "subtype": RESULT_SUBTYPES.get(step, "error_during_execution"),
-        "is_error": failed,
+        "is_error": step != "done",
         "result": state.answer or "",
         "session_id": store.session_id,
         "num_turns": state.responses_in_turn,
@@ -1539,8 +1518,7 @@ def report(args, store, step: str, prices: dict) -> int:
     reason = failure(state, step)
     streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
-        result = result_object(args, store, step, prices)
-        print(json.dumps(result, ensure_ascii=False), flush=True)
+        print(json.dumps(result_object(args, store, step, prices), ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not streamed:
         print(for_terminal(state.answer, sys.stdout))
     if step == "done":
@@ -1593,6 +1571,9 @@ class Session:
         # tool_use_id -> the future the permission panel resolves
         self.answers = {}
         self.client = new_client(self.show_status)
+        # the current session's kernel (attach builds it) and log
+        self.kernel = None
+        self.store = None
         # command files, read once at start as Claude Code does
         self.custom = load_commands(home, project_root)
         self.command_names = sorted([*COMMANDS, *self.custom])
@@ -1648,6 +1629,20 @@ class Session:
         if state.turn_open and state.pending_tools:
             self.start_turn()
 
+    def attach_after_first_frame(self, store) -> None:
+        """A new session has nothing to replay or repair: the UI paints its first frame before the
+        kernel is built (its modules take ~10 ms to import). The UI's tasks are queued before this
+        timer comes due, so the frame comes first; a Status event then asks for the next frame,
+        whose status line has the session's facts (the first shows only the mode)."""
+        import asyncio
+        self.store = store
+
+        def attach() -> None:
+            if not self.closed:
+                self.attach(store)
+                self.show_status("")
+        asyncio.get_running_loop().call_later(0, attach)
+
     def show_status(self, text: str) -> None:
         """The model client's word on a retry or a wait, for the status line."""
         self.bus.emit("Status", text=text)
@@ -1686,7 +1681,7 @@ class Session:
     @property
     def working(self) -> bool:
         """A turn runs: the kernel alone knows (it answers submit with steering then)."""
-        return self.kernel.busy
+        return self.kernel is not None and self.kernel.busy
 
     def subscribe(self, fn):
         self.subscribers.append(fn)
@@ -1871,6 +1866,9 @@ class Session:
 
     def status(self) -> dict:
         """Read on every frame: recomputed only when the log has grown."""
+        if self.kernel is None:
+            # the first frame, before attach_after_first_frame
+            return {"mode": self.mode}
         key = (self.store.path, len(self.store.events), self.kernel.ctx.model,
                str(self.reasoning))
         if self._status_key != key:
@@ -1897,9 +1895,7 @@ class Session:
             used = sum(last.get(key) or 0 for key in events.USAGE_KEYS)
             used -= state.freed_since_usage
             context_pct = 100 * used / window
-        cache_share = None
-        if prompt:
-            cache_share = summed["cache_read_tokens"] / prompt
+        cache_share = summed["cache_read_tokens"] / prompt if prompt else None
         thought = [usage.get("thinking_tokens") or 0 for usage in totals.values()]
         return {"model": model_id,
                 "tokens": sum(summed.values()),
@@ -1917,10 +1913,9 @@ class Session:
         ctx = self.kernel.ctx
         chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
                   **self.store.state.reasoning, **self.reasoning}
-        taken = model.reasoning(ctx.model, chosen["thinking"],
-                                chosen["effort"], ctx.show_thinking,
-                                ctx.max_tokens)
-        return taken
+        return model.reasoning(ctx.model, chosen["thinking"],
+                               chosen["effort"], ctx.show_thinking,
+                               ctx.max_tokens)
 
     async def quit(self) -> None:
         """Idempotent: the UI calls it when the user leaves, and interactive_main again on any
@@ -1928,7 +1923,11 @@ class Session:
         if self.closed:
             return
         self.closed = True
-        await self.detach()
+        if self.kernel is None:
+            # gone before the first frame
+            close_session(self.store)
+        else:
+            await self.detach()
         await self.client.close()
 
     # -- slash commands (one table drives dispatch, /help and completion)
@@ -1964,11 +1963,8 @@ class Session:
                  " grants no permission, so `allowed-tools` in its front"
                  " matter is shown but ignored)", ""]
         for name, command in sorted(self.custom.items()):
-            hint = ""
-            if command.argument_hint:
-                hint = f" {command.argument_hint}"
-            line = f"- `{name}{hint}` {command.description}"
-            line += f" · {command.source}"
+            usage = " ".join(part for part in (name, command.argument_hint) if part)
+            line = f"- `{usage}` {command.description} · {command.source}"
             if command.model:
                 line += f" · model {command.model}"
             if command.allowed_tools:
@@ -1992,8 +1988,7 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            dollars = events.cost(row["usage"], self.settings["prices"])
-            cost = "cost ?" if dollars is None else f"${dollars:.4f}"
+            cost = dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
             lines.append(f"- `{row['id']}`{here} {title} · {updated}"
@@ -2014,8 +2009,7 @@ class Session:
         await self.detach()
         self.attach(store)
         title = store.state.title or "(untitled)"
-        resumed = f"resumed `{store.session_id}`: {title}"
-        return resumed + recap(store.state.turns)
+        return f"resumed `{store.session_id}`: {title}" + recap(store.state.turns)
 
     async def cmd_rename(self, title):
         if not title:
@@ -2029,10 +2023,7 @@ class Session:
         lines = []
         for name, usage in self.store.state.usage.items():
             cost = events.cost({name: usage}, self.settings["prices"])
-            if cost is None:
-                price = "cost unknown (no price for this model)"
-            else:
-                price = f"${cost:.4f}"
+            price = dollars(cost, "cost unknown (no price for this model)")
             thought = ""
             if "thinking_tokens" in usage:
                 thought = f" (thinking {usage['thinking_tokens']})"
@@ -2143,8 +2134,7 @@ class Session:
 
         import context
         # git status, read-only, off the loop
-        workspace = self.toolbox.workspace
-        now = await asyncio.to_thread(context.git_baseline, workspace)
+        now = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
         dirty = [entry["path"] for entry in now.get("dirty") or []]
         return diff_report(self.store.state, dirty)
 
@@ -2219,9 +2209,7 @@ class Session:
         import sandbox
         store = self.store
         cost = events.cost(store.state.usage, self.settings["prices"])
-        spent = "unknown (a model has no price)"
-        if cost is not None:
-            spent = f"${cost:.2f}"
+        spent = dollars(cost, "unknown (a model has no price)", digits=2)
         facts = [("version", VERSION), ("session", store.session_id),
                  ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
                  ("model", self.kernel.ctx.model),
@@ -2255,9 +2243,7 @@ class Session:
         for name in context.INSTRUCTION_FILES:
             if (root / name).exists():
                 return f"`{name}` exists already; /init writes only a new file"
-        name = "KHAELOR.md"
-        if (root / ".claude").is_dir():
-            name = "CLAUDE.md"
+        name = "CLAUDE.md" if (root / ".claude").is_dir() else "KHAELOR.md"
         text = await asyncio.to_thread(starting_instructions, root)
         if arg != "write":
             return (f"`/init write` saves this as `{name}`:\n\n"
@@ -2308,14 +2294,6 @@ def import_note(item) -> str:
     return f" (imported by `{item.imported_by}`)"
 
 
-def is_known_model(name: str, known: list) -> bool:
-    """A model with a price, or a dated id of one: claude-x-20250929."""
-    for model in known:
-        if name == model or re.fullmatch(re.escape(model) + r"-\d{8}", name):
-            return True
-    return False
-
-
 def known_model_ids(prices: dict) -> list[str]:
     """events.py's priced models and those config.json `prices` adds."""
     return sorted({*events.PRICES, *prices})
@@ -2330,8 +2308,10 @@ def model_choice(name: str, prices: dict) -> str:
     must be known (priced) or a dated id of one, else a UsageError that lists them."""
     import model
     chosen = model.MODEL_ALIASES.get(name, name)
-    if is_known_model(chosen, known_model_ids(prices)):
-        return chosen
+    for known in known_model_ids(prices):
+        # a model with a price, or a dated id of one: claude-x-20250929
+        if chosen == known or re.fullmatch(re.escape(known) + r"-\d{8}", chosen):
+            return chosen
     aliases = ", ".join(model.MODEL_ALIASES)
     raise UsageError(f"unknown model `{name}`; use {aliases} or a known model:"
                      f" {known_models(prices)} (a model with a price in"
@@ -2463,8 +2443,7 @@ def run_interactive(args, home: Path, project_root: Path) -> int:
     settings = load_settings(args, home, project_root)
     store = open_session(args, home, project_root)
     import asyncio
-    app = interactive_main(args, settings, store, home, project_root)
-    return asyncio.run(app)
+    return asyncio.run(interactive_main(args, settings, store, home, project_root))
 
 
 async def interactive_main(args, settings, store, home: Path,
@@ -2474,8 +2453,11 @@ async def interactive_main(args, settings, store, home: Path,
     import model
     import ui
     session = Session(args, settings, home, project_root)
-    session.attach(store)
-    # after attach: what repair() recorded (a reply cut off by a crash) shows too
+    if store.events:
+        # before the replay is read: what repair() records (a reply cut off by a crash) shows too
+        session.attach(store)
+    else:
+        session.attach_after_first_frame(store)
     earlier = list(store.events)
     notices = [f"warning: {warning}" for warning in store.warnings]
     notices += start_notices(settings)
@@ -2503,20 +2485,15 @@ async def interactive_main(args, settings, store, home: Path,
 def welcome_line(session) -> str:
     """The first line: what runs, where, with which model, and whether the sandbox holds."""
     import sandbox
-    boundary = "sandboxed"
-    if not sandbox.enforced():
-        boundary = "no OS sandbox"
-    model_id = session.kernel.ctx.model
+    boundary = "sandboxed" if sandbox.enforced() else "no OS sandbox"
+    model_id = current_model(session.store, session.settings)
     return (f"khaelor {VERSION} · {session.project_root} · {model_id}"
             f" · {boundary} · /help, ? for keys")
 
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    cost = events.cost(store.state.usage, prices)
-    spent = "cost unknown"
-    if cost is not None:
-        spent = f"${cost:.2f}"
+    spent = dollars(events.cost(store.state.usage, prices), "cost unknown", digits=2)
     return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 
