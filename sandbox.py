@@ -24,9 +24,16 @@ What stays open: the files a command was given open (its stdin, stdout, stderr);
 import ctypes
 import errno
 import fnmatch
+import functools
+import glob
 import os
 import re
+import resource
+import select
+import socket
 import stat
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,30 +62,21 @@ READ_ONLY_CPU_S = 600
 READ_ONLY_MEMORY = 8 << 30
 TEMP_DIR_CAP = 1 << 30
 
-# right -> (bit, first ABI that has it). Filesystem rights, then network, then scopes.
-LANDLOCK = {
-    "EXECUTE": (1 << 0, 1),
-    "WRITE_FILE": (1 << 1, 1),
-    "READ_FILE": (1 << 2, 1),
-    "READ_DIR": (1 << 3, 1),
-    "REMOVE_DIR": (1 << 4, 1),
-    "REMOVE_FILE": (1 << 5, 1),
-    "MAKE_CHAR": (1 << 6, 1),
-    "MAKE_DIR": (1 << 7, 1),
-    "MAKE_REG": (1 << 8, 1),
-    "MAKE_SOCK": (1 << 9, 1),
-    "MAKE_FIFO": (1 << 10, 1),
-    "MAKE_BLOCK": (1 << 11, 1),
-    "MAKE_SYM": (1 << 12, 1),
-    "REFER": (1 << 13, 2),
-    "TRUNCATE": (1 << 14, 3),
-    "IOCTL_DEV": (1 << 15, 5),
+# Landlock's filesystem rights, bit i being the i-th, each in ABI 1 unless FIRST_ABI says
+FS_NAMES = [
+    "EXECUTE", "WRITE_FILE", "READ_FILE", "READ_DIR", "REMOVE_DIR", "REMOVE_FILE", "MAKE_CHAR",
+    "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_BLOCK", "MAKE_SYM", "REFER", "TRUNCATE",
+    "IOCTL_DEV",
+]
+FIRST_ABI = {"REFER": 2, "TRUNCATE": 3, "IOCTL_DEV": 5}
+# right -> (bit, first ABI that has it): the filesystem's, then network, then scopes.
+LANDLOCK = {name: (1 << bit, FIRST_ABI.get(name, 1)) for bit, name in enumerate(FS_NAMES)}
+LANDLOCK.update({
     # BIND_TCP (1 << 0) is left unhandled: dev servers may bind
     "CONNECT_TCP": (1 << 1, 4),
     "SCOPE_ABSTRACT_UNIX_SOCKET": (1 << 0, 6),
     "SCOPE_SIGNAL": (1 << 1, 6),
-}
-FS_NAMES = [name for name in LANDLOCK if not name.startswith(("CONNECT", "SCOPE"))]
+})
 # Rights a rule on a file (not a directory) may carry; the kernel refuses the others there.
 FILE_ONLY = {"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"}
 READ = {"EXECUTE", "READ_FILE", "READ_DIR"}
@@ -144,20 +142,18 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def is_secret_name(name: str) -> bool:
-    """A file name (or path: its last component) that holds credentials; not a template."""
-    base = name.rpartition("/")[2].lower()
-    if any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_TEMPLATES):
-        return False
-    return any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_NAMES)
-
-
+@functools.cache
 def secret_matcher(patterns: tuple[str, ...]):
-    """Whether a file name matches one of `patterns` (a decision's `hide`) as is_secret_name
-    matches SECRET_NAMES: in any case (.ENV holds what .env would), and never a template."""
+    """Whether a file name matches one of `patterns` (SECRET_NAMES, or a decision's `hide`): in any
+    case (.ENV holds what .env would), and never a template."""
     secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
     template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
     return lambda name: secret(name) is not None and template(name) is None
+
+
+def is_secret_name(name: str) -> bool:
+    """A file name (or path: its last component) that holds credentials; not a template."""
+    return secret_matcher(SECRET_NAMES)(name.rpartition("/")[2])
 
 
 def is_secret_path(path: str, home: str) -> bool:
@@ -268,41 +264,41 @@ class _NetPort(ctypes.Structure):
     ]
 
 
-# (ABI, status line), once per process
-_probed: tuple[int, str] | None = None
 _libc = None
+UNAVAILABLE = {
+    errno.ENOSYS: "the kernel has no Landlock (Linux < 5.13)",
+    errno.EOPNOTSUPP: "Landlock is disabled at boot (add landlock to lsm=)",
+}
 
 
+@functools.cache
 def probe() -> tuple[int, str]:
-    """(Landlock ABI, status line): (7, "landlock ABI 7") or (0, "unavailable: <why>")."""
-    global _probed, _libc
-    if _probed is not None:
-        return _probed
+    """(Landlock ABI, status line): (7, "landlock ABI 7") or (0, "unavailable: <why>"), once per
+    process."""
+    global _libc
     machine = os.uname().machine
     if os.uname().sysname != "Linux":
-        _probed = (0, "unavailable: not Linux")
-    elif machine not in MACHINES:
-        why = f"Landlock syscall numbers unknown on {machine}"
-        _probed = (0, f"unavailable: {why}")
-    else:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-        abi = _libc.syscall(
-            ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-            ctypes.c_uint32(CREATE_RULESET_VERSION))
-        if abi > 0:
-            _probed = (abi, f"landlock ABI {abi}")
-        else:
-            _probed = (0, f"unavailable: {_why(ctypes.get_errno())}")
-    return _probed
+        return (0, "unavailable: not Linux")
+    if machine not in MACHINES:
+        return (0, f"unavailable: Landlock syscall numbers unknown on {machine}")
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.syscall.restype = ctypes.c_long
+    try:
+        abi = _syscall(SYS_CREATE_RULESET, None, 0, CREATE_RULESET_VERSION)
+    except OSError as error:
+        why = UNAVAILABLE.get(error.errno, error.strerror)
+        return (0, f"unavailable: {why}")
+    return (abi, f"landlock ABI {abi}")
 
 
-def _why(error: int) -> str:
-    if error == errno.ENOSYS:
-        return "the kernel has no Landlock (Linux < 5.13)"
-    if error == errno.EOPNOTSUPP:
-        return "Landlock is disabled at boot (add landlock to lsm=)"
-    return os.strerror(error)
+def _syscall(number: int, *args, what: str = "") -> int:
+    """syscall(2), its int arguments passed as C longs; OSError with its errno when it fails."""
+    longs = [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
+    result = _libc.syscall(ctypes.c_long(number), *longs)
+    if result < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}{os.strerror(error)}")
+    return result
 
 
 def status() -> str:
@@ -354,7 +350,6 @@ _roots: dict[tuple, list[str]] = {}
 def readable_roots(home: Path) -> list[str]:
     """What every command may read besides the project: system directories, the toolchains under
     $HOME, each PATH entry with the prefix its programs load from, and this interpreter's prefix."""
-    import sys
     key = (str(home), os.environ.get("PATH", ""))
     if key in _roots:
         return _roots[key]
@@ -378,15 +373,9 @@ def _toolchain(entry: str) -> list[str]:
     return [entry] + [os.path.join(prefix, name) for name in beside]
 
 
+@functools.cache
 def system_secrets() -> list[str]:
-    global _system_secrets
-    if _system_secrets is None:
-        import glob
-        _system_secrets = SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
-    return _system_secrets
-
-
-_system_secrets: list[str] | None = None
+    return SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
 
 
 class SecretScan:
@@ -503,19 +492,16 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     connect = 0 if network else _mask(["CONNECT_TCP"], abi)
     scopes = _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi)
     attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
-    fd = _libc.syscall(
-        ctypes.c_long(SYS_CREATE_RULESET), ctypes.byref(attr),
-        ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
-    if fd < 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"landlock_create_ruleset: {os.strerror(error)}")
+    fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
+                  what="landlock_create_ruleset: ")
     try:
         real_project = os.path.realpath(project)
         for path, rights in grants:
             _grant(fd, os.path.realpath(path), rights, closed, abi, real_project)
         for port in [] if network else sorted(ports):
             rule = _NetPort(_mask(["CONNECT_TCP"], abi), port)
-            _add_rule(fd, RULE_NET_PORT, ctypes.byref(rule), f"port {port}")
+            _syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), 0,
+                     what=f"landlock_add_rule(port {port}): ")
     except BaseException:
         os.close(fd)
         raise
@@ -567,15 +553,9 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, pr
 
 
 def within(path: str, places: list[str]) -> bool:
-    """Whether `path` is one of `places` or lies inside one."""
-    return any(path == place or _beneath(path, place) for place in places)
-
-
-def _beneath(path: str, parent: str) -> bool:
-    """Whether `path` lies strictly inside `parent` (plain strings: pathlib is too slow for this
-    walk)."""
-    inside = path.startswith(parent.rstrip("/") + "/")
-    return inside and path != parent
+    """Whether `path` is one of `places` or lies inside one (plain strings: pathlib is too slow for
+    the ruleset's walk)."""
+    return any(path == place or path.startswith(place.rstrip("/") + "/") for place in places)
 
 
 # path -> (O_PATH fd, is a directory), for the paths outside the project, which every command's
@@ -598,10 +578,11 @@ def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> N
             rights = rights & FILE_ONLY
         if rights:
             rule = _PathBeneath(_mask(rights, abi), opened[0])
-            _add_rule(fd, RULE_PATH_BENEATH, ctypes.byref(rule), path)
+            _syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
+                     what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if path == project or _beneath(path, project):
+        if within(path, [project]):
             os.close(opened[0])
         else:
             _hold(path, opened)
@@ -615,15 +596,6 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
             os.close(fd)
         _opened.clear()
     _opened[path] = opened
-
-
-def _add_rule(fd: int, kind: int, rule, what: str) -> None:
-    failed = _libc.syscall(
-        ctypes.c_long(SYS_ADD_RULE), ctypes.c_long(fd), ctypes.c_long(kind),
-        rule, ctypes.c_uint32(0))
-    if failed:
-        error = ctypes.get_errno()
-        raise OSError(error, f"landlock_add_rule({what}): {os.strerror(error)}")
 
 
 class _CapHeader(ctypes.Structure):
@@ -643,8 +615,6 @@ def child_hook(ruleset: int | None, program: list | None, limits: list, listener
     calls only ctypes and the resource module with arguments built here. CPython calls it before
     close_fds, so the fds it needs are still open; close_fds closes them before exec. If it fails,
     Popen raises in the parent and the command does not run."""
-    import resource
-    import socket
     syscall = _libc.syscall
     prctl = _libc.prctl
     long = ctypes.c_ulong
@@ -699,7 +669,6 @@ def limits_for(confine: Confine) -> list[tuple[int, int]]:
     file, and the session temp dir, see tools) or the memory; none dumps core. RLIMIT_AS would
     break V8, Go and the JVM, which reserve far more address space than they use: RLIMIT_DATA
     counts what is really allocated. A limit is only ever lowered."""
-    import resource
     wanted = [(resource.RLIMIT_CORE, 0)]
     if not confine.write:
         wanted += [(resource.RLIMIT_FSIZE, READ_ONLY_FILE_CAP),
@@ -965,14 +934,11 @@ class Supervisor:
     command cannot change the address after the check; anything else gets EACCES."""
 
     def __init__(self, ports):
-        import socket
         self.ports = ports
         self.ours, self.theirs = socket.socketpair()
 
     def start(self) -> None:
         """After the child started: take the listener it sent and answer it in a thread."""
-        import socket
-        import threading
         self.theirs.close()
         self.ours.settimeout(5)
         try:
@@ -984,7 +950,6 @@ class Supervisor:
                              name="khaelor connect supervisor").start()
 
     def _serve(self, listener: int) -> None:
-        import select
         poller = select.poll()
         poller.register(listener, select.POLLIN)
         try:
@@ -1023,18 +988,15 @@ class Supervisor:
     def _connect(self, pid: int, sockfd: int, address: bytes) -> int:
         try:
             pidfd = os.pidfd_open(pid)
+            try:
+                duplicate = _syscall(SYS_PIDFD_GETFD, pidfd, sockfd, 0)
+            finally:
+                os.close(pidfd)
         except OSError:
             return errno.EACCES
-        try:
-            duplicate = _libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_long(pidfd),
-                                      ctypes.c_long(sockfd), ctypes.c_long(0))
-            if duplicate < 0:
-                return errno.EACCES
-            failed = _libc.connect(duplicate, address, len(address))
-            os.close(duplicate)
-            return ctypes.get_errno() if failed else 0
-        finally:
-            os.close(pidfd)
+        failed = _libc.connect(duplicate, address, len(address))
+        os.close(duplicate)
+        return ctypes.get_errno() if failed else 0
 # ---------------------------------------------------------------- opening through no link
 # khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link
 # in it), then open that very path here, so a link swapped into it in between (by a background
@@ -1077,15 +1039,12 @@ def open_no_links(path: str, flags: int, mode: int = 0, dir_fd: int = AT_FDCWD) 
     if _openat2_works and _libc is not None:
         # openat2 refuses a mode without O_CREAT
         how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
-        fd = _libc.syscall(
-            ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd),
-            ctypes.c_char_p(os.fsencode(path)), ctypes.byref(how),
-            ctypes.c_size_t(ctypes.sizeof(how)))
-        if fd >= 0:
-            return fd
-        error = ctypes.get_errno()
-        if error != errno.ENOSYS:
-            raise OSError(error, os.strerror(error), path)
+        try:
+            return _syscall(SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how),
+                            ctypes.sizeof(how))
+        except OSError as error:
+            if error.errno != errno.ENOSYS:
+                raise OSError(error.errno, error.strerror, path) from None
         _openat2_works = False
     return walk_open(path, flags, mode, dir_fd)
 
@@ -1317,9 +1276,9 @@ def _need(path: str, closed: list[str], writable: list[str], unopened: list[str]
         return (f"{path} made by the user: it was approved, but it does not exist yet and its "
                 "folder holds other files, and the sandbox opens an approved path only, never "
                 "the folder around it")
-    if not any(within(path, [root]) for root in writable):
+    if not within(path, writable):
         where = ", outside the project"
-        if _beneath(path, str(project)):
+        if within(path, [str(project)]):
             where = ""
         return f"write access to {path}{where}"
     return None
