@@ -291,10 +291,14 @@ def probe() -> tuple[int, str]:
     return (abi, f"landlock ABI {abi}")
 
 
+def _longs(*args) -> tuple:
+    """Arguments for syscall(2) and prctl(2): ints as C longs, pointers as they are."""
+    return tuple(ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args)
+
+
 def _syscall(number: int, *args, what: str = "") -> int:
-    """syscall(2), its int arguments passed as C longs; OSError with its errno when it fails."""
-    longs = [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
-    result = _libc.syscall(ctypes.c_long(number), *longs)
+    """syscall(2); OSError with its errno when it fails."""
+    result = _libc.syscall(*_longs(number, *args))
     if result < 0:
         error = ctypes.get_errno()
         raise OSError(error, f"{what}{os.strerror(error)}")
@@ -617,22 +621,18 @@ def child_hook(ruleset: int | None, program: list | None, limits: list, listener
     Popen raises in the parent and the command does not run."""
     syscall = _libc.syscall
     prctl = _libc.prctl
-    long = ctypes.c_ulong
-    drops = [(long(PR_CAPBSET_DROP), long(cap), long(0), long(0), long(0))
-             for cap in range(_last_capability() + 1)]
-    clear_ambient = (long(PR_CAP_AMBIENT), long(PR_CAP_AMBIENT_CLEAR_ALL), long(0), long(0),
-                     long(0))
+    drops = [_longs(PR_CAPBSET_DROP, cap, 0, 0, 0) for cap in range(_last_capability() + 1)]
+    clear_ambient = _longs(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     no_capabilities = (_CapData * 2)()
-    no_new_privs = (ctypes.c_int(PR_SET_NO_NEW_PRIVS), long(1), long(0), long(0), long(0))
-    restrict = (ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_long(ruleset or 0), ctypes.c_uint32(0))
+    no_new_privs = _longs(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    restrict = _longs(SYS_RESTRICT_SELF, ruleset or 0, 0)
     if program:
         steps = (_SockFilter * len(program))(*[_SockFilter(*step) for step in program])
         fprog = _SockFprog(len(program), steps)
         flags = SECCOMP_FILTER_FLAG_NEW_LISTENER if listener_to else 0
-        install = (ctypes.c_long(SYSCALLS[os.uname().machine]["seccomp"]),
-                   ctypes.c_long(SECCOMP_SET_MODE_FILTER), ctypes.c_long(flags),
-                   ctypes.byref(fprog))
+        install = _longs(SYSCALLS[os.uname().machine]["seccomp"], SECCOMP_SET_MODE_FILTER, flags,
+                         ctypes.byref(fprog))
 
     def enter() -> None:
         for drop in drops:
