@@ -805,11 +805,8 @@ class Kernel:
                                                decision.descriptor, decision.suggestion)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
-            by = "user"
-            reason = events.USER_DECLINED
-            if choice != "deny":
-                by = "nobody"
-                reason = events.NOT_ASKED
+            by = "user" if choice == "deny" else "nobody"
+            reason = events.USER_DECLINED if choice == "deny" else events.NOT_ASKED
             if decision.destructive:
                 reason += f" ({decision.reason})"
             self.emit("PermissionDenied", tool_use_id=tool_use_id,

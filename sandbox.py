@@ -348,24 +348,21 @@ HOME_READABLE = [
     ".sdkman", ".bun", ".deno", ".local/bin", ".local/lib", ".local/pipx", ".m2", ".gradle",
     ".gitconfig", ".config/git",
 ]
-_roots: dict[tuple, list[str]] = {}
 
 
-def readable_roots(home: Path) -> list[str]:
+@functools.cache
+def readable_roots(home: str, path: str) -> list[str]:
     """What every command may read besides the project: system directories, the toolchains under
-    $HOME, each PATH entry with the prefix its programs load from, and this interpreter's prefix."""
-    key = (str(home), os.environ.get("PATH", ""))
-    if key in _roots:
-        return _roots[key]
+    `home`, each entry of `path` (PATH) with the prefix its programs load from, and this
+    interpreter's prefix."""
     roots = list(SYSTEM_READABLE)
-    roots += [str(home / name) for name in HOME_READABLE]
+    roots += [os.path.join(home, name) for name in HOME_READABLE]
     roots += [sys.prefix, sys.base_prefix]
-    for entry in key[1].split(os.pathsep):
+    for entry in path.split(os.pathsep):
         if os.path.isabs(entry):
             roots += _toolchain(entry)
     real = [os.path.realpath(root) for root in roots if os.path.exists(root)]
-    _roots[key] = list(dict.fromkeys(real))
-    return _roots[key]
+    return list(dict.fromkeys(real))
 
 
 def _toolchain(entry: str) -> list[str]:
@@ -471,7 +468,8 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     writes where `confine` says; TCP connect only with network or to `ports`."""
     abi = probe()[0]
     closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
-    grants = [(root, READ) for root in readable_roots(home)]
+    path = os.environ.get("PATH", "")
+    grants = [(root, READ) for root in readable_roots(str(home), path)]
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
