@@ -374,17 +374,15 @@ class StreamReducer:
         payload = {"tool_use_id": block["id"], "name": block["name"],
                    "input": {}}
         try:
-            parsed = {}
-            if streamed.strip():
-                parsed = json.loads(streamed)
+            parsed = json.loads(streamed) if streamed.strip() else {}
         except (ValueError, RecursionError) as e:
             # RecursionError: absurdly deep nesting
-            parsed = None
             problem = f"the input was not valid JSON ({str(e)[:200]})"
             payload["input_error"] = f"{problem}; it may have been cut off"
+            return payload
         if isinstance(parsed, dict):
             payload["input"] = parsed
-        elif parsed is not None:
+        else:
             payload["input_error"] = "the input must be a JSON object"
         return payload
 
