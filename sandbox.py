@@ -772,12 +772,27 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
     return code
 
 
-def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int, int, int, int]]:
-    """The filter for one kind of command. sockets: "none" (read-only: socketpair and pipes
-    only), "tcp" (TCP stream sockets, to serve and, through `connect`, to reach the session's
-    own servers) or "any" (network approved). connect: "allow", "deny" or "notify" (khaelor's
-    supervisor decides)."""
+def seccomp_available() -> bool:
+    """Whether this kernel filters system calls for a machine whose numbers are listed here."""
+    if os.uname().machine not in SYSCALLS:
+        return False
+    try:
+        return "Seccomp:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, int]] | None:
+    """The seccomp program for a command confined as `confine`: a read-only one opens no socket
+    (socketpair and pipes only); an approved one opens TCP stream sockets, to serve and to reach,
+    through the supervisor (`supervised`), only the session's own servers on loopback (without
+    one, no connect at all); one approved for the network opens any socket."""
+    if not seccomp_available():
+        return None
+    machine = os.uname().machine
     nr = SYSCALLS[machine]
+    # an approved command without the network: TCP stream sockets only
+    tcp = confine.write and not confine.network
     deny = (RET, RET_ERRNO | errno.EPERM)
     refuse = (RET, RET_ERRNO | errno.EACCES)
     allow = (RET, RET_ALLOW)
@@ -789,18 +804,17 @@ def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int,
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
-    if sockets != "any":
+    if not confine.network:
         program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
-                    (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2")]
-    if connect != "allow":
-        program += [(JEQ, nr["connect"], "connect")]
+                    (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2"),
+                    (JEQ, nr["connect"], "connect")]
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "socket")]
-    if sockets == "tcp":
+    if tcp:
         program += [(LD_ABS, _arg(0)), (JEQ, AF_INET, "inet"), (JEQ, AF_INET6, "inet"), refuse,
                     ("label", "inet"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "stream"),
                     refuse,
@@ -810,37 +824,12 @@ def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int,
                 ("label", "flags3"), (LD_ABS, _arg(3)), (JSET, MSG_FASTOPEN, "refuse"), allow,
                 ("label", "flags2"), (LD_ABS, _arg(2)), (JSET, MSG_FASTOPEN, "refuse"), allow,
                 ("label", "connect"),
-                (RET, RET_USER_NOTIF) if connect == "notify" else refuse,
+                (RET, RET_USER_NOTIF) if tcp and supervised else refuse,
                 ("label", "enosys"), (RET, RET_ERRNO | errno.ENOSYS),
                 ("label", "refuse"), refuse,
                 ("label", "allow"), allow,
                 ("label", "deny"), deny]
     return _assemble(program)
-
-
-
-def seccomp_available() -> bool:
-    """Whether this kernel filters system calls for a machine whose numbers are listed here."""
-    if os.uname().machine not in SYSCALLS:
-        return False
-    try:
-        return "Seccomp:" in Path("/proc/self/status").read_text()
-    except OSError:
-        return False
-
-
-def filter_for(confine: Confine, supervised: bool) -> list | None:
-    """The seccomp program for a command confined as `confine`: a read-only one opens no socket; an
-    approved one serves TCP and reaches, through the supervisor, only the session's own servers on
-    loopback (without one, no connect at all); one approved for the network opens any socket."""
-    if not seccomp_available():
-        return None
-    machine = os.uname().machine
-    if confine.network:
-        return seccomp_program(machine, "any", "allow")
-    if not confine.write:
-        return seccomp_program(machine, "none", "deny")
-    return seccomp_program(machine, "tcp", "notify" if supervised else "deny")
 
 
 class Entry:
