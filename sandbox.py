@@ -63,11 +63,11 @@ READ_ONLY_MEMORY = 8 << 30
 TEMP_DIR_CAP = 1 << 30
 
 # Landlock's filesystem rights, bit i being the i-th, each in ABI 1 unless FIRST_ABI says
-FS_NAMES = [
+FS_NAMES = (
     "EXECUTE", "WRITE_FILE", "READ_FILE", "READ_DIR", "REMOVE_DIR", "REMOVE_FILE", "MAKE_CHAR",
     "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_BLOCK", "MAKE_SYM", "REFER", "TRUNCATE",
     "IOCTL_DEV",
-]
+)
 FIRST_ABI = {"REFER": 2, "TRUNCATE": 3, "IOCTL_DEV": 5}
 # right -> (bit, first ABI that has it): the filesystem's, then network, then scopes.
 LANDLOCK = {name: (1 << bit, FIRST_ABI.get(name, 1)) for bit, name in enumerate(FS_NAMES)}
@@ -77,16 +77,19 @@ LANDLOCK.update({
     "SCOPE_ABSTRACT_UNIX_SOCKET": (1 << 0, 6),
     "SCOPE_SIGNAL": (1 << 1, 6),
 })
+# Sets of rights are frozen, so that _mask can remember them.
 # Rights a rule on a file (not a directory) may carry; the kernel refuses the others there.
-FILE_ONLY = {"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"}
-READ = {"EXECUTE", "READ_FILE", "READ_DIR"}
+FILE_ONLY = frozenset({"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"})
+READ = frozenset({"EXECUTE", "READ_FILE", "READ_DIR"})
 # Everything but MAKE_CHAR/MAKE_BLOCK: a device node made in the project would open the raw disk.
 WRITE = READ | {
     "WRITE_FILE", "TRUNCATE", "IOCTL_DEV", "REFER",
     "REMOVE_DIR", "REMOVE_FILE",
     "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_SYM",
 }
-DEVICE = {"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"}
+DEVICE = frozenset({"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"})
+READ_DEVICE = frozenset({"READ_FILE", "IOCTL_DEV"})
+LIST_ONLY = frozenset({"READ_DIR"})
 
 # ---------------------------------------------------------------- what is always closed
 
@@ -291,9 +294,9 @@ def probe() -> tuple[int, str]:
     return (abi, f"landlock ABI {abi}")
 
 
-def _longs(*args) -> tuple:
+def _longs(*args) -> list:
     """Arguments for syscall(2) and prctl(2): ints as C longs, pointers as they are."""
-    return tuple(ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args)
+    return [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
 
 
 def _syscall(number: int, *args, what: str = "") -> int:
@@ -325,7 +328,9 @@ def notice() -> str | None:
             "held to their decision, so every command asks first.")
 
 
-def _mask(names, abi: int) -> int:
+@functools.cache
+def _mask(names: tuple | frozenset, abi: int) -> int:
+    """The bits of the rights `names` that Landlock `abi` knows (asked for every rule: cached)."""
     return sum(LANDLOCK[name][0] for name in names if LANDLOCK[name][1] <= abi)
 
 # ---------------------------------------------------------------- reads: an allow-list
@@ -474,8 +479,8 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     for device in READABLE_DEVICES + TERMINAL_DEVICES:
-        grants.append((device, {"READ_FILE", "IOCTL_DEV"}))
-    grants += [("/dev", {"READ_DIR"})]
+        grants.append((device, READ_DEVICE))
+    grants += [("/dev", LIST_ONLY)]
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
     approved_rights = WRITE if confine.write or confine.paths_write else READ
@@ -491,17 +496,18 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
         grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
     network = confine.network or abi < 4
-    connect = 0 if network else _mask(["CONNECT_TCP"], abi)
-    scopes = _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi)
+    connect = 0 if network else _mask(("CONNECT_TCP",), abi)
+    scopes = _mask(("SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"), abi)
     attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
-        real_project = os.path.realpath(project)
+        # (the project and every path inside it start so)
+        inside_project = os.path.realpath(project).rstrip("/") + "/"
         for path, rights in grants:
-            _grant(fd, os.path.realpath(path), rights, closed, abi, real_project)
+            _grant(fd, os.path.realpath(path), rights, closed, abi, inside_project)
         for port in [] if network else sorted(ports):
-            rule = _NetPort(_mask(["CONNECT_TCP"], abi), port)
+            rule = _NetPort(_mask(("CONNECT_TCP",), abi), port)
             _syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), 0,
                      what=f"landlock_add_rule(port {port}): ")
     except BaseException:
@@ -532,7 +538,8 @@ def make_parents(paths: list[str]) -> None:
             os.makedirs(folder, mode=0o700)
 
 
-def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, project: str) -> None:
+def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
+           inside_project: str) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
     add and are inherited, so a closed location inside `path` means: the directory itself gets
     READ_DIR (its names, and those below it, stay listable), and every entry of it but the
@@ -540,9 +547,9 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, pr
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
     if not inside:
-        _add_path(fd, path, rights, abi, project)
+        _add_path(fd, path, rights, abi, inside_project)
         return
-    _add_path(fd, path, rights & {"READ_DIR"}, abi, project)
+    _add_path(fd, path, rights & LIST_ONLY, abi, inside_project)
     try:
         entries = list(os.scandir(path))
     except OSError:
@@ -551,7 +558,7 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, pr
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
         if entry.path not in inside and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, project)
+            _grant(fd, entry.path, rights, inside, abi, inside_project)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -566,7 +573,7 @@ _opened: dict[str, tuple[int, bool]] = {}
 OPENED_CAP = 512
 
 
-def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> None:
+def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_project: str) -> None:
     opened = _opened.get(path)
     if opened is None:
         try:
@@ -584,7 +591,7 @@ def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> N
                      what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if within(path, [project]):
+        if (path + "/").startswith(inside_project):
             os.close(opened[0])
         else:
             _hold(path, opened)
