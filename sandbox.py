@@ -696,25 +696,19 @@ def limits_for(confine: Confine) -> list[tuple[int, int]]:
 # command.
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-# syscall numbers (asm/unistd_64.h; asm-generic/unistd.h for aarch64)
-SYSCALLS = {
-    "x86_64": {
-        "socket": 41, "connect": 42, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
-        "ioctl": 16, "clone": 56, "unshare": 272, "clone3": 435, "capset": 126,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
-        "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "setns": 308,
-        "open_by_handle_at": 304, "userfaultfd": 323, "seccomp": 317,
-    },
-    "aarch64": {
-        "socket": 198, "connect": 203, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
-        "ioctl": 29, "clone": 220, "unshare": 97, "clone3": 435, "capset": 91,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
-        "bpf": 280, "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "setns": 268,
-        "open_by_handle_at": 265, "userfaultfd": 282, "seccomp": 277,
-    },
+# name -> its number on (x86_64, aarch64): asm/unistd_64.h; asm-generic/unistd.h
+SYSCALL_NUMBERS = {
+    "socket": (41, 198), "connect": (42, 203), "sendto": (44, 206), "sendmsg": (46, 211),
+    "sendmmsg": (307, 269), "ioctl": (16, 29), "clone": (56, 220), "unshare": (272, 97),
+    "clone3": (435, 435), "ptrace": (101, 117), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "pidfd_getfd": (438, 438), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
+    "userfaultfd": (323, 282), "seccomp": (317, 277),
 }
+SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()}
+            for column, machine in enumerate(["x86_64", "aarch64"])}
 # Refused for every confined command: each reaches another process, the kernel or the network
 # behind the other rules' backs.
 DENIED_SYSCALLS = [
@@ -887,7 +881,6 @@ def layers() -> list[tuple[str, bool, str]]:
 # open to the session's dev server would be open on every host. So an approved command's connect()
 # stops in the kernel (seccomp user notification) and khaelor decides it from outside the sandbox.
 
-SYS_PIDFD_GETFD = 438
 NOTIF_RECV = 0xC0502100
 NOTIF_SEND = 0xC0182101
 NOTIF_ID_VALID = 0x40082102
@@ -983,7 +976,7 @@ class Supervisor:
         try:
             pidfd = os.pidfd_open(pid)
             try:
-                duplicate = _syscall(SYS_PIDFD_GETFD, pidfd, sockfd, 0)
+                duplicate = _syscall(SYSCALLS[os.uname().machine]["pidfd_getfd"], pidfd, sockfd, 0)
             finally:
                 os.close(pidfd)
         except OSError:
