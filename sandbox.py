@@ -267,6 +267,7 @@ class _NetPort(ctypes.Structure):
     ]
 
 
+# the C library through ctypes, loaded by probe(): every system call here goes through it
 _libc = None
 UNAVAILABLE = {
     errno.ENOSYS: "the kernel has no Landlock (Linux < 5.13)",
@@ -502,7 +503,7 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
-        # (the project and every path inside it start so)
+        # `path + "/"` starts so for the project and every path inside it (see _add_path)
         inside_project = os.path.realpath(project).rstrip("/") + "/"
         for path, rights in grants:
             _grant(fd, os.path.realpath(path), rights, closed, abi, inside_project)
@@ -563,7 +564,7 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
 
 def within(path: str, places: list[str]) -> bool:
     """Whether `path` is one of `places` or lies inside one (plain strings: pathlib is too slow for
-    the ruleset's walk)."""
+    the walks that ask it)."""
     return any(path == place or path.startswith(place.rstrip("/") + "/") for place in places)
 
 
