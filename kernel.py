@@ -402,7 +402,8 @@ def _unattended(decision: permissions.Decision) -> permissions.Decision:
 
 class Kernel:
     """Runs turns of one session. `ask(request_event) -> (choice, feedback)` answers permission
-    questions: choice is "once", "always" or "deny"; `grant(rule)` persists an "always"."""
+    questions: choice is "once", "always", "deny" or "nobody" (no one to ask); `grant(rule)`
+    persists an "always"."""
 
     def __init__(self, *, bus, model, toolbox, ctx, rules, project_root,
                  ask, grant=None, yes=False, max_turns=None,
