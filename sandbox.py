@@ -330,8 +330,11 @@ def notice() -> str | None:
 
 
 @functools.cache
-def _mask(names: tuple | frozenset, abi: int) -> int:
-    """The bits of the rights `names` that Landlock `abi` knows (asked for every rule: cached)."""
+def _mask(names: tuple | frozenset, abi: int, directory: bool = True) -> int:
+    """The bits of the rights `names` that Landlock `abi` knows; for a file (not a `directory`),
+    only the FILE_ONLY ones (asked for every rule: cached)."""
+    if not directory:
+        names = names & FILE_ONLY
     return sum(LANDLOCK[name][0] for name in names if LANDLOCK[name][1] <= abi)
 
 # ---------------------------------------------------------------- reads: an allow-list
@@ -584,10 +587,9 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_proje
             return
         opened = (target, stat.S_ISDIR(os.fstat(target).st_mode))
     try:
-        if not opened[1]:
-            rights = rights & FILE_ONLY
-        if rights:
-            rule = _PathBeneath(_mask(rights, abi), opened[0])
+        mask = _mask(rights, abi, opened[1])
+        if mask:
+            rule = _PathBeneath(mask, opened[0])
             _syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
                      what=f"landlock_add_rule({path}): ")
     finally:
