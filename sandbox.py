@@ -667,6 +667,7 @@ def child_hook(ruleset: int | None, program: list | None, limits: list, listener
     return enter
 
 
+@functools.cache
 def _last_capability() -> int:
     try:
         return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
@@ -778,8 +779,10 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
     return code
 
 
+@functools.cache
 def seccomp_available() -> bool:
-    """Whether this kernel filters system calls for a machine whose numbers are listed here."""
+    """Whether this kernel filters system calls for a machine whose numbers are listed here (asked
+    for every command, read once)."""
     if os.uname().machine not in SYSCALLS:
         return False
     try:
