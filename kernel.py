@@ -70,9 +70,7 @@ def derive_next(state: events.State, max_turns: int | None = None,
 
 def out_of_turns(state: events.State, max_turns: int | None) -> bool:
     """The turn budget (--max-turns) is spent."""
-    if max_turns is None:
-        return False
-    return state.responses_in_turn >= max_turns
+    return max_turns is not None and state.responses_in_turn >= max_turns
 
 
 # ---------------------------------------------------------------- the verification gate (ADR-12)
@@ -145,31 +143,20 @@ def is_check(command: str, suggested: list[str] = ()) -> bool:
     text = " ".join(command.split())
     if CHECK_COMMAND.search(text) or TEST_SCRIPT.search(text):
         return True
-    for check in suggested:
-        if check and " ".join(check.split()) in text:
-            return True
-    return False
+    return any(check and " ".join(check.split()) in text for check in suggested)
 
 
 def unverified_changes(state: events.State) -> list[str]:
     """Code files changed in this turn after the last check that ran."""
-    last_check = 0
-    for command in checks_run(state):
-        last_check = max(last_check, command["seq"])
-    changed = []
-    for seq, path in state.changes:
-        if seq > last_check and is_code_path(path):
-            changed.append(path)
+    last_check = max((command["seq"] for command in checks_run(state)), default=0)
+    changed = [path for seq, path in state.changes if seq > last_check and is_code_path(path)]
     return list(dict.fromkeys(changed))
 
 
 def checks_run(state: events.State) -> list[dict]:
     """The commands of this turn that checked the work, oldest first."""
-    checks = []
-    for command in state.commands:
-        if is_check(command["command"], state.suggested_checks):
-            checks.append(command)
-    return checks
+    return [command for command in state.commands
+            if is_check(command["command"], state.suggested_checks)]
 
 
 def verification_nudge(changed: list[str], commands: list[str],
@@ -203,10 +190,8 @@ def completion(state: events.State) -> dict:
     checks = checks_run(state)
     unverified = unverified_changes(state)
     unresolved = open_problems(state, checks, unverified)
-    ran = []
-    for check in checks:
-        ran.append({"command": context.clip(check["command"], 500),
-                    "exit_code": check["exit_code"]})
+    ran = [{"command": context.clip(check["command"], 500), "exit_code": check["exit_code"]}
+           for check in checks]
     preexisting = context.attribute_changes(state)["preexisting"]
     changed_files = [path for _, path in state.changes]
     evidence = {
@@ -278,12 +263,6 @@ class StreamReducer:
             usage["thinking_tokens"] = self.usage["thinking_tokens"]
         return usage
 
-    def checkpoint_due(self, now: float, unsaved_chars: int) -> bool:
-        waited = now - self.saved_at
-        if waited >= CHECKPOINT_INTERVAL_S:
-            return True
-        return unsaved_chars >= CHECKPOINT_CHARS
-
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
         once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
@@ -295,7 +274,8 @@ class StreamReducer:
             if block["type"] != "text" or not block["unsaved_chars"]:
                 continue
             # asked after every delta: join the parts only when a checkpoint is due
-            if now is None or self.checkpoint_due(now, block["unsaved_chars"]):
+            due = now is None or now - self.saved_at >= CHECKPOINT_INTERVAL_S
+            if due or block["unsaved_chars"] >= CHECKPOINT_CHARS:
                 text = "".join(block["parts"][block["n_saved"]:])
                 block["n_saved"] = len(block["parts"])
                 block["unsaved_chars"] = 0
@@ -394,17 +374,15 @@ class StreamReducer:
         payload = {"tool_use_id": block["id"], "name": block["name"],
                    "input": {}}
         try:
-            parsed = {}
-            if streamed.strip():
-                parsed = json.loads(streamed)
+            parsed = json.loads(streamed) if streamed.strip() else {}
         except (ValueError, RecursionError) as e:
             # RecursionError: absurdly deep nesting
-            parsed = None
             problem = f"the input was not valid JSON ({str(e)[:200]})"
             payload["input_error"] = f"{problem}; it may have been cut off"
+            return payload
         if isinstance(parsed, dict):
             payload["input"] = parsed
-        elif parsed is not None:
+        else:
             payload["input_error"] = "the input must be a JSON object"
         return payload
 
@@ -424,7 +402,8 @@ def _unattended(decision: permissions.Decision) -> permissions.Decision:
 
 class Kernel:
     """Runs turns of one session. `ask(request_event) -> (choice, feedback)` answers permission
-    questions: choice is "once", "always" or "deny"; `grant(rule)` persists an "always"."""
+    questions: choice is "once", "always", "deny" or "nobody" (no one to ask); `grant(rule)`
+    persists an "always"."""
 
     def __init__(self, *, bus, model, toolbox, ctx, rules, project_root,
                  ask, grant=None, yes=False, max_turns=None,
@@ -539,7 +518,9 @@ class Kernel:
         try:
             return await self.steps()
         except asyncio.CancelledError:
-            self.interrupt_cleanup()
+            # Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted
+            self.cancel_pending("interrupted by the user")
+            self.emit("Interrupted")
             raise
         except Exception as error:
             self.fail(error)
@@ -646,11 +627,6 @@ class Kernel:
         workspace = self.toolbox.workspace
         payload = await asyncio.to_thread(context.git_baseline, workspace)
         self.emit("BaselineRecorded", reason=reason, **payload)
-
-    def interrupt_cleanup(self) -> None:
-        """Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted."""
-        self.cancel_pending("interrupted by the user")
-        self.emit("Interrupted")
 
     async def call_model(self) -> None:
         """One response. A context overflow is answered by pruning or compacting, then one retry;
@@ -828,11 +804,8 @@ class Kernel:
                                                decision.descriptor, decision.suggestion)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
-            by = "user"
-            reason = events.USER_DECLINED
-            if choice != "deny":
-                by = "nobody"
-                reason = events.NOT_ASKED
+            by = "user" if choice == "deny" else "nobody"
+            reason = events.USER_DECLINED if choice == "deny" else events.NOT_ASKED
             if decision.destructive:
                 reason += f" ({decision.reason})"
             self.emit("PermissionDenied", tool_use_id=tool_use_id,

@@ -240,13 +240,13 @@ class ModelClient:
             except Exception as exc:  # classified right here; nothing is swallowed
                 error = classify(exc)
                 last = attempt == self.max_attempts
-                if error.kind != "retryable" or last or not _server_allows_retry(exc):
+                delay = _retry_delay(exc, attempt)
+                if error.kind != "retryable" or last or delay is None:
                     if error.kind == "retryable" and attempt > 1:
                         error = ModelError("retryable",
                                            f"{error} (gave up after {attempt} attempts)",
                                            error.status)
                     raise error from None
-                delay = _retry_delay(exc, attempt)
                 self.on_status(f"{error} — retrying in {delay:.1f}s"
                                f" (attempt {attempt + 1} of {self.max_attempts})")
                 if yielded:
@@ -352,15 +352,12 @@ def classify(exc: BaseException) -> ModelError:
     return ModelError("invalid_request", f"unexpected client error {type(exc).__name__}: {exc}")
 
 
-def _server_allows_retry(exc: BaseException) -> bool:
-    """`x-should-retry: false` is the server saying a retry cannot help (ANTHROPIC_API.md §4.3)."""
+def _retry_delay(exc: BaseException, attempt: int) -> float | None:
+    """Honour retry-after-ms / retry-after (seconds) when the server sends them, else back off;
+    None: `x-should-retry: false`, the server saying a retry cannot help (ANTHROPIC_API.md §4.3)."""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-    return str(headers.get("x-should-retry", "")).lower() != "false"
-
-
-def _retry_delay(exc: BaseException, attempt: int) -> float:
-    """Honour retry-after-ms / retry-after (seconds) when the server sends them, else back off."""
-    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    if str(headers.get("x-should-retry", "")).lower() == "false":
+        return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         try:
             value = float(headers.get(name)) * scale

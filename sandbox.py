@@ -24,9 +24,16 @@ What stays open: the files a command was given open (its stdin, stdout, stderr);
 import ctypes
 import errno
 import fnmatch
+import functools
+import glob
 import os
 import re
+import resource
+import select
+import socket
 import stat
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,40 +62,34 @@ READ_ONLY_CPU_S = 600
 READ_ONLY_MEMORY = 8 << 30
 TEMP_DIR_CAP = 1 << 30
 
-# right -> (bit, first ABI that has it). Filesystem rights, then network, then scopes.
-LANDLOCK = {
-    "EXECUTE": (1 << 0, 1),
-    "WRITE_FILE": (1 << 1, 1),
-    "READ_FILE": (1 << 2, 1),
-    "READ_DIR": (1 << 3, 1),
-    "REMOVE_DIR": (1 << 4, 1),
-    "REMOVE_FILE": (1 << 5, 1),
-    "MAKE_CHAR": (1 << 6, 1),
-    "MAKE_DIR": (1 << 7, 1),
-    "MAKE_REG": (1 << 8, 1),
-    "MAKE_SOCK": (1 << 9, 1),
-    "MAKE_FIFO": (1 << 10, 1),
-    "MAKE_BLOCK": (1 << 11, 1),
-    "MAKE_SYM": (1 << 12, 1),
-    "REFER": (1 << 13, 2),
-    "TRUNCATE": (1 << 14, 3),
-    "IOCTL_DEV": (1 << 15, 5),
+# Landlock's filesystem rights, bit i being the i-th, each in ABI 1 unless FIRST_ABI says
+FS_NAMES = (
+    "EXECUTE", "WRITE_FILE", "READ_FILE", "READ_DIR", "REMOVE_DIR", "REMOVE_FILE", "MAKE_CHAR",
+    "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_BLOCK", "MAKE_SYM", "REFER", "TRUNCATE",
+    "IOCTL_DEV",
+)
+FIRST_ABI = {"REFER": 2, "TRUNCATE": 3, "IOCTL_DEV": 5}
+# right -> (bit, first ABI that has it): the filesystem's, then network, then scopes.
+LANDLOCK = {name: (1 << bit, FIRST_ABI.get(name, 1)) for bit, name in enumerate(FS_NAMES)}
+LANDLOCK.update({
     # BIND_TCP (1 << 0) is left unhandled: dev servers may bind
     "CONNECT_TCP": (1 << 1, 4),
     "SCOPE_ABSTRACT_UNIX_SOCKET": (1 << 0, 6),
     "SCOPE_SIGNAL": (1 << 1, 6),
-}
-FS_NAMES = [name for name in LANDLOCK if not name.startswith(("CONNECT", "SCOPE"))]
+})
+# Sets of rights are frozen, so that _mask can remember them.
 # Rights a rule on a file (not a directory) may carry; the kernel refuses the others there.
-FILE_ONLY = {"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"}
-READ = {"EXECUTE", "READ_FILE", "READ_DIR"}
+FILE_ONLY = frozenset({"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"})
+READ = frozenset({"EXECUTE", "READ_FILE", "READ_DIR"})
 # Everything but MAKE_CHAR/MAKE_BLOCK: a device node made in the project would open the raw disk.
 WRITE = READ | {
     "WRITE_FILE", "TRUNCATE", "IOCTL_DEV", "REFER",
     "REMOVE_DIR", "REMOVE_FILE",
     "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_SYM",
 }
-DEVICE = {"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"}
+DEVICE = frozenset({"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"})
+READ_DEVICE = frozenset({"READ_FILE", "IOCTL_DEV"})
+LIST_ONLY = frozenset({"READ_DIR"})
 
 # ---------------------------------------------------------------- what is always closed
 
@@ -144,20 +145,18 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def is_secret_name(name: str) -> bool:
-    """A file name (or path: its last component) that holds credentials; not a template."""
-    base = name.rpartition("/")[2].lower()
-    if any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_TEMPLATES):
-        return False
-    return any(fnmatch.fnmatchcase(base, pattern) for pattern in SECRET_NAMES)
-
-
+@functools.cache
 def secret_matcher(patterns: tuple[str, ...]):
-    """Whether a file name matches one of `patterns` (a decision's `hide`) as is_secret_name
-    matches SECRET_NAMES: in any case (.ENV holds what .env would), and never a template."""
+    """Whether a file name matches one of `patterns` (SECRET_NAMES, or a decision's `hide`): in any
+    case (.ENV holds what .env would), and never a template."""
     secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
     template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
     return lambda name: secret(name) is not None and template(name) is None
+
+
+def is_secret_name(name: str) -> bool:
+    """A file name (or path: its last component) that holds credentials; not a template."""
+    return secret_matcher(SECRET_NAMES)(name.rpartition("/")[2])
 
 
 def is_secret_path(path: str, home: str) -> bool:
@@ -268,41 +267,48 @@ class _NetPort(ctypes.Structure):
     ]
 
 
-# (ABI, status line), once per process
-_probed: tuple[int, str] | None = None
+# the C library through ctypes, loaded by probe(): every system call here goes through it
 _libc = None
+UNAVAILABLE = {
+    errno.ENOSYS: "the kernel has no Landlock (Linux < 5.13)",
+    errno.EOPNOTSUPP: "Landlock is disabled at boot (add landlock to lsm=)",
+}
 
 
+@functools.cache
 def probe() -> tuple[int, str]:
-    """(Landlock ABI, status line): (7, "landlock ABI 7") or (0, "unavailable: <why>")."""
-    global _probed, _libc
-    if _probed is not None:
-        return _probed
+    """(Landlock ABI, status line): (7, "landlock ABI 7") or (0, "unavailable: <why>"), once per
+    process."""
+    global _libc
     machine = os.uname().machine
     if os.uname().sysname != "Linux":
-        _probed = (0, "unavailable: not Linux")
-    elif machine not in MACHINES:
-        why = f"Landlock syscall numbers unknown on {machine}"
-        _probed = (0, f"unavailable: {why}")
-    else:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-        abi = _libc.syscall(
-            ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-            ctypes.c_uint32(CREATE_RULESET_VERSION))
-        if abi > 0:
-            _probed = (abi, f"landlock ABI {abi}")
-        else:
-            _probed = (0, f"unavailable: {_why(ctypes.get_errno())}")
-    return _probed
+        return (0, "unavailable: not Linux")
+    if machine not in MACHINES:
+        return (0, f"unavailable: Landlock syscall numbers unknown on {machine}")
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.syscall.restype = ctypes.c_long
+    try:
+        abi = _syscall(SYS_CREATE_RULESET, None, 0, CREATE_RULESET_VERSION)
+    except OSError as error:
+        why = UNAVAILABLE.get(error.errno, error.strerror)
+        return (0, f"unavailable: {why}")
+    return (abi, f"landlock ABI {abi}")
 
 
-def _why(error: int) -> str:
-    if error == errno.ENOSYS:
-        return "the kernel has no Landlock (Linux < 5.13)"
-    if error == errno.EOPNOTSUPP:
-        return "Landlock is disabled at boot (add landlock to lsm=)"
-    return os.strerror(error)
+def _longs(*args) -> list:
+    """Arguments for syscall(2) and prctl(2): ints as C longs, pointers as they are."""
+    return [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
+
+
+def _syscall(number: int, *args, what: str = "") -> int:
+    """syscall(2), its ints as C longs (as _longs, inline: a ruleset makes one call per rule);
+    OSError with its errno when it fails."""
+    longs = [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
+    result = _libc.syscall(ctypes.c_long(number), *longs)
+    if result < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}{os.strerror(error)}")
+    return result
 
 
 def status() -> str:
@@ -325,7 +331,12 @@ def notice() -> str | None:
             "held to their decision, so every command asks first.")
 
 
-def _mask(names, abi: int) -> int:
+@functools.cache
+def _mask(names: tuple | frozenset, abi: int, directory: bool = True) -> int:
+    """The bits of the rights `names` that Landlock `abi` knows; for a file (not a `directory`),
+    only the FILE_ONLY ones (asked for every rule: cached)."""
+    if not directory:
+        names = names & FILE_ONLY
     return sum(LANDLOCK[name][0] for name in names if LANDLOCK[name][1] <= abi)
 
 # ---------------------------------------------------------------- reads: an allow-list
@@ -348,25 +359,21 @@ HOME_READABLE = [
     ".sdkman", ".bun", ".deno", ".local/bin", ".local/lib", ".local/pipx", ".m2", ".gradle",
     ".gitconfig", ".config/git",
 ]
-_roots: dict[tuple, list[str]] = {}
 
 
-def readable_roots(home: Path) -> list[str]:
+@functools.cache
+def readable_roots(home: str, path: str) -> list[str]:
     """What every command may read besides the project: system directories, the toolchains under
-    $HOME, each PATH entry with the prefix its programs load from, and this interpreter's prefix."""
-    import sys
-    key = (str(home), os.environ.get("PATH", ""))
-    if key in _roots:
-        return _roots[key]
+    `home`, each entry of `path` (PATH) with the prefix its programs load from, and this
+    interpreter's prefix."""
     roots = list(SYSTEM_READABLE)
-    roots += [str(home / name) for name in HOME_READABLE]
+    roots += [os.path.join(home, name) for name in HOME_READABLE]
     roots += [sys.prefix, sys.base_prefix]
-    for entry in key[1].split(os.pathsep):
+    for entry in path.split(os.pathsep):
         if os.path.isabs(entry):
             roots += _toolchain(entry)
     real = [os.path.realpath(root) for root in roots if os.path.exists(root)]
-    _roots[key] = list(dict.fromkeys(real))
-    return _roots[key]
+    return list(dict.fromkeys(real))
 
 
 def _toolchain(entry: str) -> list[str]:
@@ -378,15 +385,9 @@ def _toolchain(entry: str) -> list[str]:
     return [entry] + [os.path.join(prefix, name) for name in beside]
 
 
+@functools.cache
 def system_secrets() -> list[str]:
-    global _system_secrets
-    if _system_secrets is None:
-        import glob
-        _system_secrets = SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
-    return _system_secrets
-
-
-_system_secrets: list[str] | None = None
+    return SYSTEM_SECRETS + glob.glob("/etc/ssh/ssh_host_*key")
 
 
 class SecretScan:
@@ -478,13 +479,14 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     writes where `confine` says; TCP connect only with network or to `ports`."""
     abi = probe()[0]
     closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
-    grants = [(root, READ) for root in readable_roots(home)]
+    path = os.environ.get("PATH", "")
+    grants = [(root, READ) for root in readable_roots(str(home), path)]
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     for device in READABLE_DEVICES + TERMINAL_DEVICES:
-        grants.append((device, {"READ_FILE", "IOCTL_DEV"}))
-    grants += [("/dev", {"READ_DIR"})]
+        grants.append((device, READ_DEVICE))
+    grants += [("/dev", LIST_ONLY)]
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
     approved_rights = WRITE if confine.write or confine.paths_write else READ
@@ -500,22 +502,20 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
         grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
     network = confine.network or abi < 4
-    connect = 0 if network else _mask(["CONNECT_TCP"], abi)
-    scopes = _mask(["SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"], abi)
+    connect = 0 if network else _mask(("CONNECT_TCP",), abi)
+    scopes = _mask(("SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"), abi)
     attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
-    fd = _libc.syscall(
-        ctypes.c_long(SYS_CREATE_RULESET), ctypes.byref(attr),
-        ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
-    if fd < 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"landlock_create_ruleset: {os.strerror(error)}")
+    fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
+                  what="landlock_create_ruleset: ")
     try:
-        real_project = os.path.realpath(project)
+        # `path + "/"` starts so for the project and every path inside it (see _add_path)
+        inside_project = os.path.realpath(project).rstrip("/") + "/"
         for path, rights in grants:
-            _grant(fd, os.path.realpath(path), rights, closed, abi, real_project)
+            _grant(fd, os.path.realpath(path), rights, closed, abi, inside_project)
         for port in [] if network else sorted(ports):
-            rule = _NetPort(_mask(["CONNECT_TCP"], abi), port)
-            _add_rule(fd, RULE_NET_PORT, ctypes.byref(rule), f"port {port}")
+            rule = _NetPort(_mask(("CONNECT_TCP",), abi), port)
+            _syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), 0,
+                     what=f"landlock_add_rule(port {port}): ")
     except BaseException:
         os.close(fd)
         raise
@@ -544,7 +544,8 @@ def make_parents(paths: list[str]) -> None:
             os.makedirs(folder, mode=0o700)
 
 
-def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, project: str) -> None:
+def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
+           inside_project: str) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
     add and are inherited, so a closed location inside `path` means: the directory itself gets
     READ_DIR (its names, and those below it, stay listable), and every entry of it but the
@@ -552,9 +553,9 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, pr
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
     if not inside:
-        _add_path(fd, path, rights, abi, project)
+        _add_path(fd, path, rights, abi, inside_project)
         return
-    _add_path(fd, path, rights & {"READ_DIR"}, abi, project)
+    _add_path(fd, path, rights & LIST_ONLY, abi, inside_project)
     try:
         entries = list(os.scandir(path))
     except OSError:
@@ -563,19 +564,13 @@ def _grant(fd: int, path: str, rights: set[str], closed: list[str], abi: int, pr
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
         if entry.path not in inside and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, project)
+            _grant(fd, entry.path, rights, inside, abi, inside_project)
 
 
 def within(path: str, places: list[str]) -> bool:
-    """Whether `path` is one of `places` or lies inside one."""
-    return any(path == place or _beneath(path, place) for place in places)
-
-
-def _beneath(path: str, parent: str) -> bool:
-    """Whether `path` lies strictly inside `parent` (plain strings: pathlib is too slow for this
-    walk)."""
-    inside = path.startswith(parent.rstrip("/") + "/")
-    return inside and path != parent
+    """Whether `path` is one of `places` or lies inside one (plain strings: pathlib is too slow for
+    the walks that ask it)."""
+    return any(path == place or path.startswith(place.rstrip("/") + "/") for place in places)
 
 
 # path -> (O_PATH fd, is a directory), for the paths outside the project, which every command's
@@ -584,7 +579,7 @@ _opened: dict[str, tuple[int, bool]] = {}
 OPENED_CAP = 512
 
 
-def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> None:
+def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_project: str) -> None:
     opened = _opened.get(path)
     if opened is None:
         try:
@@ -594,14 +589,14 @@ def _add_path(fd: int, path: str, rights: set[str], abi: int, project: str) -> N
             return
         opened = (target, stat.S_ISDIR(os.fstat(target).st_mode))
     try:
-        if not opened[1]:
-            rights = rights & FILE_ONLY
-        if rights:
-            rule = _PathBeneath(_mask(rights, abi), opened[0])
-            _add_rule(fd, RULE_PATH_BENEATH, ctypes.byref(rule), path)
+        mask = _mask(rights, abi, opened[1])
+        if mask:
+            rule = _PathBeneath(mask, opened[0])
+            _syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
+                     what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if path == project or _beneath(path, project):
+        if (path + "/").startswith(inside_project):
             os.close(opened[0])
         else:
             _hold(path, opened)
@@ -615,15 +610,6 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
             os.close(fd)
         _opened.clear()
     _opened[path] = opened
-
-
-def _add_rule(fd: int, kind: int, rule, what: str) -> None:
-    failed = _libc.syscall(
-        ctypes.c_long(SYS_ADD_RULE), ctypes.c_long(fd), ctypes.c_long(kind),
-        rule, ctypes.c_uint32(0))
-    if failed:
-        error = ctypes.get_errno()
-        raise OSError(error, f"landlock_add_rule({what}): {os.strerror(error)}")
 
 
 class _CapHeader(ctypes.Structure):
@@ -643,26 +629,20 @@ def child_hook(ruleset: int | None, program: list | None, limits: list, listener
     calls only ctypes and the resource module with arguments built here. CPython calls it before
     close_fds, so the fds it needs are still open; close_fds closes them before exec. If it fails,
     Popen raises in the parent and the command does not run."""
-    import resource
-    import socket
     syscall = _libc.syscall
     prctl = _libc.prctl
-    long = ctypes.c_ulong
-    drops = [(long(PR_CAPBSET_DROP), long(cap), long(0), long(0), long(0))
-             for cap in range(_last_capability() + 1)]
-    clear_ambient = (long(PR_CAP_AMBIENT), long(PR_CAP_AMBIENT_CLEAR_ALL), long(0), long(0),
-                     long(0))
+    drops = [_longs(PR_CAPBSET_DROP, cap, 0, 0, 0) for cap in range(_last_capability() + 1)]
+    clear_ambient = _longs(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     no_capabilities = (_CapData * 2)()
-    no_new_privs = (ctypes.c_int(PR_SET_NO_NEW_PRIVS), long(1), long(0), long(0), long(0))
-    restrict = (ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_long(ruleset or 0), ctypes.c_uint32(0))
+    no_new_privs = _longs(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    restrict = _longs(SYS_RESTRICT_SELF, ruleset or 0, 0)
     if program:
         steps = (_SockFilter * len(program))(*[_SockFilter(*step) for step in program])
         fprog = _SockFprog(len(program), steps)
         flags = SECCOMP_FILTER_FLAG_NEW_LISTENER if listener_to else 0
-        install = (ctypes.c_long(SYSCALLS[os.uname().machine]["seccomp"]),
-                   ctypes.c_long(SECCOMP_SET_MODE_FILTER), ctypes.c_long(flags),
-                   ctypes.byref(fprog))
+        install = _longs(SYSCALLS[os.uname().machine]["seccomp"], SECCOMP_SET_MODE_FILTER, flags,
+                         ctypes.byref(fprog))
 
     def enter() -> None:
         for drop in drops:
@@ -687,6 +667,7 @@ def child_hook(ruleset: int | None, program: list | None, limits: list, listener
     return enter
 
 
+@functools.cache
 def _last_capability() -> int:
     try:
         return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
@@ -699,7 +680,6 @@ def limits_for(confine: Confine) -> list[tuple[int, int]]:
     file, and the session temp dir, see tools) or the memory; none dumps core. RLIMIT_AS would
     break V8, Go and the JVM, which reserve far more address space than they use: RLIMIT_DATA
     counts what is really allocated. A limit is only ever lowered."""
-    import resource
     wanted = [(resource.RLIMIT_CORE, 0)]
     if not confine.write:
         wanted += [(resource.RLIMIT_FSIZE, READ_ONLY_FILE_CAP),
@@ -722,25 +702,19 @@ def limits_for(confine: Confine) -> list[tuple[int, int]]:
 # command.
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-# syscall numbers (asm/unistd_64.h; asm-generic/unistd.h for aarch64)
-SYSCALLS = {
-    "x86_64": {
-        "socket": 41, "connect": 42, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
-        "ioctl": 16, "clone": 56, "unshare": 272, "clone3": 435, "capset": 126,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
-        "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "setns": 308,
-        "open_by_handle_at": 304, "userfaultfd": 323, "seccomp": 317,
-    },
-    "aarch64": {
-        "socket": 198, "connect": 203, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
-        "ioctl": 29, "clone": 220, "unshare": 97, "clone3": 435, "capset": 91,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
-        "bpf": 280, "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "setns": 268,
-        "open_by_handle_at": 265, "userfaultfd": 282, "seccomp": 277,
-    },
+# name -> its number on (x86_64, aarch64): asm/unistd_64.h; asm-generic/unistd.h
+SYSCALL_NUMBERS = {
+    "socket": (41, 198), "connect": (42, 203), "sendto": (44, 206), "sendmsg": (46, 211),
+    "sendmmsg": (307, 269), "ioctl": (16, 29), "clone": (56, 220), "unshare": (272, 97),
+    "clone3": (435, 435), "ptrace": (101, 117), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "pidfd_getfd": (438, 438), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
+    "userfaultfd": (323, 282), "seccomp": (317, 277),
 }
+SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()}
+            for column, machine in enumerate(["x86_64", "aarch64"])}
 # Refused for every confined command: each reaches another process, the kernel or the network
 # behind the other rules' backs.
 DENIED_SYSCALLS = [
@@ -805,12 +779,29 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
     return code
 
 
-def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int, int, int, int]]:
-    """The filter for one kind of command. sockets: "none" (read-only: socketpair and pipes
-    only), "tcp" (TCP stream sockets, to serve and, through `connect`, to reach the session's
-    own servers) or "any" (network approved). connect: "allow", "deny" or "notify" (khaelor's
-    supervisor decides)."""
+@functools.cache
+def seccomp_available() -> bool:
+    """Whether this kernel filters system calls for a machine whose numbers are listed here (asked
+    for every command, read once)."""
+    if os.uname().machine not in SYSCALLS:
+        return False
+    try:
+        return "Seccomp:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, int]] | None:
+    """The seccomp program for a command confined as `confine`: a read-only one opens no socket
+    (socketpair and pipes only); an approved one opens TCP stream sockets, to serve and to reach,
+    through the supervisor (`supervised`), only the session's own servers on loopback (without
+    one, no connect at all); one approved for the network opens any socket."""
+    if not seccomp_available():
+        return None
+    machine = os.uname().machine
     nr = SYSCALLS[machine]
+    # an approved command without the network: TCP stream sockets only
+    tcp = confine.write and not confine.network
     deny = (RET, RET_ERRNO | errno.EPERM)
     refuse = (RET, RET_ERRNO | errno.EACCES)
     allow = (RET, RET_ALLOW)
@@ -822,18 +813,17 @@ def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int,
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
-    if sockets != "any":
+    if not confine.network:
         program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
-                    (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2")]
-    if connect != "allow":
-        program += [(JEQ, nr["connect"], "connect")]
+                    (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2"),
+                    (JEQ, nr["connect"], "connect")]
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "socket")]
-    if sockets == "tcp":
+    if tcp:
         program += [(LD_ABS, _arg(0)), (JEQ, AF_INET, "inet"), (JEQ, AF_INET6, "inet"), refuse,
                     ("label", "inet"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "stream"),
                     refuse,
@@ -843,37 +833,12 @@ def seccomp_program(machine: str, sockets: str, connect: str) -> list[tuple[int,
                 ("label", "flags3"), (LD_ABS, _arg(3)), (JSET, MSG_FASTOPEN, "refuse"), allow,
                 ("label", "flags2"), (LD_ABS, _arg(2)), (JSET, MSG_FASTOPEN, "refuse"), allow,
                 ("label", "connect"),
-                (RET, RET_USER_NOTIF) if connect == "notify" else refuse,
+                (RET, RET_USER_NOTIF) if tcp and supervised else refuse,
                 ("label", "enosys"), (RET, RET_ERRNO | errno.ENOSYS),
                 ("label", "refuse"), refuse,
                 ("label", "allow"), allow,
                 ("label", "deny"), deny]
     return _assemble(program)
-
-
-
-def seccomp_available() -> bool:
-    """Whether this kernel filters system calls for a machine whose numbers are listed here."""
-    if os.uname().machine not in SYSCALLS:
-        return False
-    try:
-        return "Seccomp:" in Path("/proc/self/status").read_text()
-    except OSError:
-        return False
-
-
-def filter_for(confine: Confine, supervised: bool) -> list | None:
-    """The seccomp program for a command confined as `confine`: a read-only one opens no socket; an
-    approved one serves TCP and reaches, through the supervisor, only the session's own servers on
-    loopback (without one, no connect at all); one approved for the network opens any socket."""
-    if not seccomp_available():
-        return None
-    machine = os.uname().machine
-    if confine.network:
-        return seccomp_program(machine, "any", "allow")
-    if not confine.write:
-        return seccomp_program(machine, "none", "deny")
-    return seccomp_program(machine, "tcp", "notify" if supervised else "deny")
 
 
 class Entry:
@@ -924,7 +889,6 @@ def layers() -> list[tuple[str, bool, str]]:
 # open to the session's dev server would be open on every host. So an approved command's connect()
 # stops in the kernel (seccomp user notification) and khaelor decides it from outside the sandbox.
 
-SYS_PIDFD_GETFD = 438
 NOTIF_RECV = 0xC0502100
 NOTIF_SEND = 0xC0182101
 NOTIF_ID_VALID = 0x40082102
@@ -965,14 +929,11 @@ class Supervisor:
     command cannot change the address after the check; anything else gets EACCES."""
 
     def __init__(self, ports):
-        import socket
         self.ports = ports
         self.ours, self.theirs = socket.socketpair()
 
     def start(self) -> None:
         """After the child started: take the listener it sent and answer it in a thread."""
-        import socket
-        import threading
         self.theirs.close()
         self.ours.settimeout(5)
         try:
@@ -984,7 +945,6 @@ class Supervisor:
                              name="khaelor connect supervisor").start()
 
     def _serve(self, listener: int) -> None:
-        import select
         poller = select.poll()
         poller.register(listener, select.POLLIN)
         try:
@@ -1023,18 +983,15 @@ class Supervisor:
     def _connect(self, pid: int, sockfd: int, address: bytes) -> int:
         try:
             pidfd = os.pidfd_open(pid)
+            try:
+                duplicate = _syscall(SYSCALLS[os.uname().machine]["pidfd_getfd"], pidfd, sockfd, 0)
+            finally:
+                os.close(pidfd)
         except OSError:
             return errno.EACCES
-        try:
-            duplicate = _libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_long(pidfd),
-                                      ctypes.c_long(sockfd), ctypes.c_long(0))
-            if duplicate < 0:
-                return errno.EACCES
-            failed = _libc.connect(duplicate, address, len(address))
-            os.close(duplicate)
-            return ctypes.get_errno() if failed else 0
-        finally:
-            os.close(pidfd)
+        failed = _libc.connect(duplicate, address, len(address))
+        os.close(duplicate)
+        return ctypes.get_errno() if failed else 0
 # ---------------------------------------------------------------- opening through no link
 # khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link
 # in it), then open that very path here, so a link swapped into it in between (by a background
@@ -1077,6 +1034,7 @@ def open_no_links(path: str, flags: int, mode: int = 0, dir_fd: int = AT_FDCWD) 
     if _openat2_works and _libc is not None:
         # openat2 refuses a mode without O_CREAT
         how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
+        # directly, not through _syscall: every file tool's open comes here (the helper adds 20%)
         fd = _libc.syscall(
             ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd),
             ctypes.c_char_p(os.fsencode(path)), ctypes.byref(how),
@@ -1317,9 +1275,9 @@ def _need(path: str, closed: list[str], writable: list[str], unopened: list[str]
         return (f"{path} made by the user: it was approved, but it does not exist yet and its "
                 "folder holds other files, and the sandbox opens an approved path only, never "
                 "the folder around it")
-    if not any(within(path, [root]) for root in writable):
+    if not within(path, writable):
         where = ", outside the project"
-        if _beneath(path, str(project)):
+        if within(path, [str(project)]):
             where = ""
         return f"write access to {path}{where}"
     return None
