@@ -1228,7 +1228,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
     targets = {os.path.realpath(path): approved_target(path) for path in confine.paths}
-    writable = [target for target in targets.values() if target]
+    writable = []
+    if confine.write or confine.paths_write:
+        writable = [target for target in targets.values() if target]
     unopened = [path for path, target in targets.items() if not target]
     if temp_dir:
         writable.append(str(temp_dir))

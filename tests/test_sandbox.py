@@ -86,6 +86,15 @@ def test_a_command_cannot_write_into_home_and_is_told_why(world):
     assert "ask the user" in result.text and result.meta["sandbox_refused"] is True
 
 
+def test_a_read_only_command_writing_an_approved_outside_file_is_told_it_needs_write_access(world):
+    target = world.home / "notes.txt"
+    target.write_text("kept\n")
+    write = f"{sys.executable} -c 'open(\"{target}\", \"a\").write(\"x\")'"
+    result = drive(world, lambda box: bash(box, write, write=False, paths=[str(target)]))
+    assert target.read_text() == "kept\n" and "PermissionError" in result.text
+    assert f"write access to {target}" in result.text and result.meta["sandbox_refused"] is True
+
+
 def test_a_command_cannot_read_the_ssh_key(world):
     key = world.home / ".ssh" / "id_rsa"
     result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'print(open(\"{key}\").read())'"))
