@@ -772,7 +772,7 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        report = f"Rewound to before step {self.number}: {len(restored)} files restored."
+        report = f"Rewound to before step {self.number}: {plural(len(restored), 'file')} restored."
         if self.kept:
             report += ("\nKept as you left them (changed after the agent's last step):"
                        f" {', '.join(self.kept)}")
@@ -2119,15 +2119,22 @@ class Session:
                     f" the next request asks for: {sent}")
         if value not in choices:
             return f"unknown {key} `{value}`; choices: {', '.join(choices)}"
+        unchanged = self.reasoning.get(key) == value
         self.reasoning[key] = value
-        # a session not begun yet records it in begin()
-        if self.store.events:
-            record_reasoning(self.bus, self.store, self.reasoning)
         taken = self.next_reasoning()
-        sent = reasoning_label(taken.fields) or "its defaults"
-        notes = "".join(f"\n\n{note}" for note in taken.notes)
-        return (f"{key} set to {value}, from your next message"
-                f" ({ctx.model}: {sent}){notes}")
+        notes = "\n\n".join(taken.notes)
+        if not self.store.events:
+            # a session not begun yet records it in begin(): this is the only confirmation
+            sent = reasoning_label(taken.fields) or "its defaults"
+            said = f"{key} set to {value}, from your next message ({ctx.model}: {sent})"
+            if notes:
+                said += "\n\n" + notes
+            return said
+        if unchanged:
+            return f"{key} is {value} already"
+        # its line ("◇ effort high from the next message") is the confirmation
+        record_reasoning(self.bus, self.store, self.reasoning)
+        return notes
 
     async def cmd_diff(self, _):
         import asyncio

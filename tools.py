@@ -626,7 +626,9 @@ class Workspace:
         finally:
             if entry:
                 entry.close()
-        return child.wait()
+        code = child.wait()
+        # killed by a signal: 128 + N, as a shell says (SIGPIPE under `| head -1` is 141)
+        return 128 - code if code < 0 else code
 
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 

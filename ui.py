@@ -2099,6 +2099,10 @@ class Composer:
             self._accept_menu()
             if name == "tab" or kind == "mention":
                 return None
+        if name == "enter" and self._choices.get(self.text.strip()):
+            # a command with choices, none given: Enter opens its picker (Enter again picks)
+            self.set_text(self.text.strip() + " ")
+            return None
         if name == "enter":
             return self._enter()
         name = KEY_ALIASES.get(name, name)
