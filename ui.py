@@ -1731,7 +1731,10 @@ def render_permission_panel(request: dict, width: int, style: Style,
     if room and len(head) + len(footer) > room:
         keep = max(1, room - len(footer) - 1)
         hidden = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
-        head = head[:keep] + [style.paint(hidden, "warning")]
+        # the question's first line stays before the count of what is hidden
+        head = head[:keep]
+        if keep + 1 + len(footer) <= room:
+            head.append(style.paint(hidden, "warning"))
     return [clip(line, width) for line in head + footer]
 
 
@@ -2704,10 +2707,10 @@ class App:
             self._stop(request)
         elif empty and key.name == "text" and len(key.text) == 1:
             letters = {letter: choice for letter, choice, _ in choices}
-            if key.text.lower() not in letters:
-                # the first letter of a sentence
+            if key.text not in letters:
+                # the first letter of a sentence ("Actually, …" never answers `a`)
                 return False
-            self._choose(request, letters[key.text.lower()])
+            self._choose(request, letters[key.text])
         else:
             return False
         return True
