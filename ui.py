@@ -2418,6 +2418,8 @@ class InlineRenderer:
         self._lines: list[str] = []
         # (row, column) within it
         self._cursor = (0, 0)
+        # the next frame starts at the bottom of the screen (after a widening)
+        self._to_bottom = False
 
     def draw(self, settled: list[str], lines: list[str],
              cursor: tuple[int, int]) -> bytes:
@@ -2428,11 +2430,15 @@ class InlineRenderer:
         # the first row to rewrite
         start = 0
         if self._lines:
-            if not settled:
+            if not (settled or self._to_bottom):
                 start = _first_difference(self._lines, lines)
                 start = min(start, len(self._lines) - 1, len(lines))
             parts.append(move_rows(start - self._cursor[0]))
         parts.append(CARRIAGE_RETURN + ERASE_DOWN)
+        if self._to_bottom:
+            # CSI 999 B stops at the last row, scrolling nothing
+            parts.append(CURSOR_DOWN.format(999) + move_rows(1 - len(settled) - len(lines)))
+            self._to_bottom = False
         if settled:
             parts.append(NEWLINE.join(settled) + NEWLINE)
         parts.append(NEWLINE.join(lines[start:]))
@@ -2453,8 +2459,12 @@ class InlineRenderer:
         """After a resize, terminals that reflow re-wrap the rows we drew: estimate where the
         region now starts so the next frame erases it (narrowing is what splits rows)."""
         if not self._lines or new_width >= old_width:
-            # force a full redraw, same geometry
+            # force a full redraw, same geometry; a wider terminal re-joins the rows above the
+            # region and moves it up (tmux keeps the cursor's row when it narrows, pushing what is
+            # above into the scrollback): the region goes back to the bottom, so that a later
+            # narrowing pushes only rows above it, never a copy of it
             self._lines = [""] * len(self._lines)
+            self._to_bottom = bool(self._lines) and new_width > old_width
             return
         row, column = self._cursor
         rows_above = 0
