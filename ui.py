@@ -3072,8 +3072,11 @@ class Shell:
         """Ctrl-Z: hand the terminal back as it was, stop, and take it again on `fg`."""
         app = self.app
         self.leave_raw(app.leave_transcript() + app.renderer.close(app.timeline.take_settled()))
-        # returns once the shell continues us
+        # returns once the shell continues us; our handler of an outside `kill -TSTP` is set
+        # aside meanwhile, so that the signal stops us
+        self.loop.remove_signal_handler(signal.SIGTSTP)
         os.kill(os.getpid(), signal.SIGTSTP)
+        self.loop.add_signal_handler(signal.SIGTSTP, self.suspend)
         self.enter_raw()
 
 
@@ -3089,7 +3092,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
     color = detect_color(stdout) if color is None else color
     shell = Shell(controller, stdin_fd, stdout, color=color, history_path=history_path)
     app = shell.app
-    signals = {signal.SIGWINCH: shell.wanted.set,
+    signals = {signal.SIGWINCH: shell.wanted.set, signal.SIGTSTP: shell.suspend,
                signal.SIGTERM: lambda: app.quit(143),
                signal.SIGHUP: lambda: app.quit(129)}
     # undone in reverse order, on every path

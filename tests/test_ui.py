@@ -1168,6 +1168,23 @@ def test_run_app_raw_mode_is_restored_after_ctrl_d(tmp_path):
     assert (tmp_path / "history").read_text().count("\n") == 3
 
 
+def test_an_outside_sigtstp_hands_the_terminal_back_before_stopping(tmp_path):
+    """kill -TSTP from another shell stops khaelor as Ctrl-Z does: raw mode and bracketed paste
+    are given back first (the child's group is orphaned, so the stop itself is discarded)."""
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    mark = len(child.output)
+    child.proc.send_signal(signal.SIGTSTP)
+    child.wait_for(b"\x1b[?2004l", start=mark)
+    child.wait_for(b"\x1b[?2004h", start=mark)
+    assert is_raw(child.mode())
+    child.send(b"\x04")
+    child.proc.wait(10)
+    assert child.mode() == child.original
+    code, _, stderr = child.finish()
+    assert code == 0, stderr
+
+
 def test_run_app_restores_the_terminal_on_sigterm(tmp_path):
     child = PtyChild(tmp_path)
     child.wait_for("❯ ".encode())
