@@ -5,6 +5,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -862,3 +863,36 @@ def test_the_program_owns_the_panes_terminal_as_a_shell_would_give_it(terminal):
     assert session == foreground == term.pid and tty_nr == os.stat(pane_tty).st_rdev
     term.keys("C-d")
     term.wait_for("EXITED 0")
+
+
+
+@pytest.mark.parametrize("panel", [False, True])
+def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies_in_the_scrollback(tmp_path, env, panel):
+    """QA (issue 22 item 15): 60 → 30 → 120 → 45 columns, idle or with a panel open, left a copy
+    of the status line (idle) or of the card line and the panel's question in the scrollback.
+    A short project path, as a user's is: the welcome line's wrapping is part of the sequence."""
+    short = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
+    (short / "project" / ".git").mkdir(parents=True)
+    term = Terminal(tmp_path, short / "project", env,
+                    [reply(text("I will make it.\n\n"), bash("touch e1.txt && echo made")),
+                     reply(text("done"))], width=60, height=30)
+    try:
+        if panel:
+            term.type("make e1")
+            term.keys("Enter")
+            term.wait_for("esc) stop")
+        for width in (30, 120, 45):
+            subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+            time.sleep(1)
+        term.wait_for("❯")
+        rows = scrollback(term)
+    finally:
+        term.close()
+        shutil.rmtree(short, ignore_errors=True)
+    shown = "\n".join(rows)
+    assert sum(row.startswith("❯ ") for row in rows) == 1, shown
+    if panel:
+        assert sum("Run `touch e1.txt" in row for row in rows) == 1, shown
+        assert sum("○ bash touch e1.txt" in row for row in rows) == 1, shown
+    else:
+        assert sum("$0.0" in row for row in rows) == 1, shown          # the status line once
