@@ -896,3 +896,21 @@ def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies_in_the_scrollb
         assert sum("○ bash touch e1.txt" in row for row in rows) == 1, shown
     else:
         assert sum("$0.0" in row for row in rows) == 1, shown          # the status line once
+
+
+@pytest.mark.parametrize("command", ["/effort high", "/thinking adaptive"])
+def test_effort_and_thinking_confirm_once_as_model_and_rename_do(terminal, command):
+    """QA (issue 22 item 14, one message per event): after the first message, `/effort high` said
+    "◇ effort high from the next message" and then "effort set to high, from your next message
+    (…)": two confirmations of one change (/model and /rename say theirs once)."""
+    term = terminal([reply(text("first answer"))], width=100)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("first answer")
+    term.wait_for("Ask anything")
+    term.type(command)
+    term.keys("Enter")
+    term.wait_for("next message")
+    time.sleep(1)
+    rows = [row for row in scrollback(term) if "next message" in row]
+    assert len(rows) == 1, "\n".join(rows)
