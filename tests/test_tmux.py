@@ -867,15 +867,15 @@ def test_the_program_owns_the_panes_terminal_as_a_shell_would_give_it(terminal):
 
 
 @pytest.mark.parametrize("panel", [False, True])
-def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies_in_the_scrollback(tmp_path, env, panel):
+def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies(tmp_path, env, panel):
     """QA (issue 22 item 15): 60 → 30 → 120 → 45 columns, idle or with a panel open, left a copy
     of the status line (idle) or of the card line and the panel's question in the scrollback.
     A short project path, as a user's is: the welcome line's wrapping is part of the sequence."""
     short = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
     (short / "project" / ".git").mkdir(parents=True)
-    term = Terminal(tmp_path, short / "project", env,
-                    [reply(text("I will make it.\n\n"), bash("touch e1.txt && echo made")),
-                     reply(text("done"))], width=60, height=30)
+    script = [reply(text("I will make it.\n\n"), bash("touch e1.txt && echo made")),
+              reply(text("done"))]
+    term = Terminal(tmp_path, short / "project", env, script, width=60, height=30)
     try:
         if panel:
             term.type("make e1")
@@ -914,3 +914,19 @@ def test_effort_and_thinking_confirm_once_as_model_and_rename_do(terminal, comma
     time.sleep(1)
     rows = [row for row in scrollback(term) if "next message" in row]
     assert len(rows) == 1, "\n".join(rows)
+
+
+def test_khaelor_sandbox_under_head_exits_141_for_a_command_killed_by_sigpipe(project, env):
+    """QA (issue 22 item 2: any exit code is in the README): `khaelor sandbox -- seq 1 1000000 |
+    head -1` exited 243 (its child's -13 given to sys.exit), not 141 (128 + SIGPIPE)."""
+    from conftest import khaelor_popen
+    import sandbox
+    if not sandbox.probe()[0]:
+        pytest.skip(f"no Landlock here: {sandbox.status()}")
+    with khaelor_popen(["sandbox", "--", "seq", "1", "1000000"], project, env,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL) as process:
+        assert process.stdout.readline() == b"1\n"
+        process.stdout.close()                              # what `| head -1` does
+        code = process.wait(timeout=30)
+    assert code == 141
