@@ -819,6 +819,18 @@ def test_a_command_with_choices_offers_them_as_a_picker_once_its_name_is_typed()
     assert c.menu == [] and c.handle(K("enter")) == "/effort high"
 
 
+
+def test_a_command_with_choices_and_no_argument_opens_its_picker_on_enter():
+    """QA (issue 22 item 8: "/model with no argument opens a picker"): `/model` then Enter ran the
+    command, which printed the names and "type `/model ` and pick"; as `/` then Enter opens the
+    command menu, `/model` then Enter should open its choices (Enter again picks one)."""
+    c = ui.Composer(commands=lambda: ["/model"], choices={"/model": ["opus", "sonnet", "haiku"]})
+    c.handle(K("text", "/model"))
+    assert c.handle(K("enter")) is None, "nothing sent yet: the picker is open"
+    assert c.menu == ["/model opus", "/model sonnet", "/model haiku"]
+    c.handle(K("down"))
+    assert c.handle(K("enter")) == "/model sonnet"
+
 def test_mentions_rank_fuzzy_matches_by_recency():
     files = ["src/app.py", "src/ui/app_view.py", "tests/test_app.py", "docs/apple.md"]
     c = ui.Composer(mentions=lambda prefix: files)
