@@ -930,3 +930,20 @@ def test_khaelor_sandbox_under_head_exits_141_for_a_command_killed_by_sigpipe(pr
         process.stdout.close()                              # what `| head -1` does
         code = process.wait(timeout=30)
     assert code == 141
+
+
+def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
+    """QA (issue 22 item 16, counts: '1 file', never '1 files'): /rewind said "Rewound to before
+    step 1: 1 files restored."."""
+    term = terminal([reply(bash("touch planned.txt")), reply(text("created"))], width=100)
+    term.type("make it")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")
+    term.wait_for("created")
+    term.wait_for("Ask anything")
+    term.type("/rewind 1")
+    term.keys("Enter")
+    screen = " ".join(term.wait_for("Rewound to before step 1").split())
+    assert not (project / "planned.txt").exists()
+    assert "1 file restored" in screen and "1 files" not in screen, screen
