@@ -1566,6 +1566,23 @@ def test_a_small_terminal_says_what_the_panel_left_out():
     assert "y) allow once" in text and "Enter sends your text" in text and "❯ a sentence" in text
 
 
+
+@pytest.mark.parametrize("width, height", [(30, 8), (60, 6)])
+def test_a_tiny_terminal_keeps_the_question_with_the_answers(width, height):
+    """QA: at 30x8 (or 60x6) the panel's cut kept the answers and "… N panel lines hidden" but the
+    frame's own cut then dropped its first line, the question "Write notes.txt?": the user was
+    asked to allow something the screen no longer named (tmux: a write of 40 lines, 30x8)."""
+    content = "\n".join(f"line {k}" for k in range(40))
+    app = ui.App(FakeController(busy=True), style=MONO, width=width, height=height)
+    app.on_event(event("ToolRequested", tool_use_id="p", name="write",
+                       input={"file_path": "notes.txt", "content": content}))
+    app.on_event(event("PermissionRequested", tool_use_id="p", capability="file.write.project",
+                       descriptor="notes.txt", preview=content,
+                       suggestion={"capability": "file.write.project", "pattern": "notes.txt"}))
+    lines, _ = app.frame(0.0)
+    text = "\n".join(lines)
+    assert "y) allow once" in text and "Write notes.txt?" in text, text
+
 # ---- ! shell commands (issue 14) ----
 
 @pytest.mark.parametrize("width", WIDTHS)
