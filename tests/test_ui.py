@@ -1583,6 +1583,23 @@ def test_a_tiny_terminal_keeps_the_question_with_the_answers(width, height):
     text = "\n".join(lines)
     assert "y) allow once" in text and "Write notes.txt?" in text, text
 
+
+@pytest.mark.parametrize("letter", ["A", "Y", "N"])
+def test_a_capital_letter_starts_a_sentence_and_never_answers_the_panel(letter):
+    """QA (DESIGN §9: "typing never answers a question"): the panel lowercased the key, so the
+    first letter of "Actually, use the other file" typed at a panel answered `a` and saved an
+    "always allow" rule for the project (tmux: `touch …` granted, the next touch ran unasked,
+    "ctually" left in the composer); "Yes, but…" allowed once, "No…" denied."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=80, height=30)
+    app.on_event(event("ToolRequested", tool_use_id="p", name="bash",
+                       input={"command": "touch marker1.txt"}))
+    app.on_event(event("PermissionRequested", tool_use_id="p", capability="process.execute",
+                       descriptor="touch marker1.txt",
+                       suggestion={"capability": "process.execute", "pattern": "touch *"}))
+    app.on_key(K("text", letter))
+    assert [c for c in app.controller.calls if c[0] == "permission"] == []
+    assert app.composer.text == letter and app.feedback is None
+
 # ---- ! shell commands (issue 14) ----
 
 @pytest.mark.parametrize("width", WIDTHS)
