@@ -947,3 +947,27 @@ def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
     screen = " ".join(term.wait_for("Rewound to before step 1").split())
     assert not (project / "planned.txt").exists()
     assert "1 file restored" in screen and "1 files" not in screen, screen
+
+
+def test_resizing_while_the_transcript_is_open_loses_nothing_from_the_scrollback(terminal):
+    """QA (issue 22 item 15): Ctrl-R, the pane narrowed to 40 and widened back to 80, then q: the
+    reply's last line ("final words here") was erased from the screen and the scrollback (the
+    same resizes without the transcript keep it)."""
+    term = terminal([reply(text("para one\n\nfinal words here"))], width=80, height=30)
+    term.type("hi")
+    term.keys("Enter")
+    term.wait_for("final words here")
+    term.wait_for("Ask anything")
+    term.keys("C-r")
+    term.wait_for("q leaves")
+    for width in (40, 80):
+        subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+        time.sleep(0.8)
+    term.type("q")
+    term.wait_for("Ask anything")
+    time.sleep(0.5)
+    rows = scrollback(term)
+    shown = "\n".join(rows)
+    assert sum("para one" in row for row in rows) == 1, shown
+    assert sum("final words here" in row for row in rows) == 1, shown
+    assert sum(row.startswith("❯ ") for row in rows) == 1, shown
