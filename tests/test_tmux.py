@@ -971,3 +971,24 @@ def test_resizing_while_the_transcript_is_open_loses_nothing_from_the_scrollback
     assert sum("para one" in row for row in rows) == 1, shown
     assert sum("final words here" in row for row in rows) == 1, shown
     assert sum(row.startswith("❯ ") for row in rows) == 1, shown
+
+
+def test_slash_resume_replays_the_session_as_it_was_shown(terminal, env):
+    """QA (issue 22 item 1: "after -c, -r or /resume … the replayed scrollback equals the live
+    one"): /resume printed "resumed `ID`: title" and a quoted recap of the text ("│ **you:** …
+    **khaelor:** …"), without the tool card or the reply as the live session showed them."""
+    term = terminal([reply(text("Let me look.\n\n"), bash("echo visible-output")),
+                     reply(text("All done here."))], width=100, height=40)
+    term.type("look around")
+    term.keys("Enter")
+    term.wait_for("All done here.")
+    first_id = sorted(Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))[0].stem
+    term.type("/new")
+    term.keys("Enter")
+    term.wait_for("new session")
+    term.type(f"/resume {first_id}")
+    term.keys("Enter")
+    term.wait_for("resumed")
+    time.sleep(1)
+    after = "\n".join(scrollback(term)).split("new session")[-1]
+    assert "● bash echo visible-output" in after and "› look around" in after, after
