@@ -867,15 +867,15 @@ def test_the_program_owns_the_panes_terminal_as_a_shell_would_give_it(terminal):
 
 
 @pytest.mark.parametrize("panel", [False, True])
-def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies_in_the_scrollback(tmp_path, env, panel):
+def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies(tmp_path, env, panel):
     """QA (issue 22 item 15): 60 → 30 → 120 → 45 columns, idle or with a panel open, left a copy
     of the status line (idle) or of the card line and the panel's question in the scrollback.
     A short project path, as a user's is: the welcome line's wrapping is part of the sequence."""
     short = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
     (short / "project" / ".git").mkdir(parents=True)
-    term = Terminal(tmp_path, short / "project", env,
-                    [reply(text("I will make it.\n\n"), bash("touch e1.txt && echo made")),
-                     reply(text("done"))], width=60, height=30)
+    script = [reply(text("I will make it.\n\n"), bash("touch e1.txt && echo made")),
+              reply(text("done"))]
+    term = Terminal(tmp_path, short / "project", env, script, width=60, height=30)
     try:
         if panel:
             term.type("make e1")
@@ -896,3 +896,99 @@ def test_a_narrow_then_wide_then_narrower_resize_leaves_no_copies_in_the_scrollb
         assert sum("○ bash touch e1.txt" in row for row in rows) == 1, shown
     else:
         assert sum("$0.0" in row for row in rows) == 1, shown          # the status line once
+
+
+@pytest.mark.parametrize("command", ["/effort high", "/thinking adaptive"])
+def test_effort_and_thinking_confirm_once_as_model_and_rename_do(terminal, command):
+    """QA (issue 22 item 14, one message per event): after the first message, `/effort high` said
+    "◇ effort high from the next message" and then "effort set to high, from your next message
+    (…)": two confirmations of one change (/model and /rename say theirs once)."""
+    term = terminal([reply(text("first answer"))], width=100)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("first answer")
+    term.wait_for("Ask anything")
+    term.type(command)
+    term.keys("Enter")
+    term.wait_for("next message")
+    time.sleep(1)
+    rows = [row for row in scrollback(term) if "next message" in row]
+    assert len(rows) == 1, "\n".join(rows)
+
+
+def test_khaelor_sandbox_under_head_exits_141_for_a_command_killed_by_sigpipe(project, env):
+    """QA (issue 22 item 2: any exit code is in the README): `khaelor sandbox -- seq 1 1000000 |
+    head -1` exited 243 (its child's -13 given to sys.exit), not 141 (128 + SIGPIPE)."""
+    from conftest import khaelor_popen
+    import sandbox
+    if not sandbox.probe()[0]:
+        pytest.skip(f"no Landlock here: {sandbox.status()}")
+    with khaelor_popen(["sandbox", "--", "seq", "1", "1000000"], project, env,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL) as process:
+        assert process.stdout.readline() == b"1\n"
+        process.stdout.close()                              # what `| head -1` does
+        code = process.wait(timeout=30)
+    assert code == 141
+
+
+def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
+    """QA (issue 22 item 16, counts: '1 file', never '1 files'): /rewind said "Rewound to before
+    step 1: 1 files restored."."""
+    term = terminal([reply(bash("touch planned.txt")), reply(text("created"))], width=100)
+    term.type("make it")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")
+    term.wait_for("created")
+    term.wait_for("Ask anything")
+    term.type("/rewind 1")
+    term.keys("Enter")
+    screen = " ".join(term.wait_for("Rewound to before step 1").split())
+    assert not (project / "planned.txt").exists()
+    assert "1 file restored" in screen and "1 files" not in screen, screen
+
+
+def test_resizing_while_the_transcript_is_open_loses_nothing_from_the_scrollback(terminal):
+    """QA (issue 22 item 15): Ctrl-R, the pane narrowed to 40 and widened back to 80, then q: the
+    reply's last line ("final words here") was erased from the screen and the scrollback (the
+    same resizes without the transcript keep it)."""
+    term = terminal([reply(text("para one\n\nfinal words here"))], width=80, height=30)
+    term.type("hi")
+    term.keys("Enter")
+    term.wait_for("final words here")
+    term.wait_for("Ask anything")
+    term.keys("C-r")
+    term.wait_for("q leaves")
+    for width in (40, 80):
+        subprocess.run(["tmux", "resize-window", "-t", term.name, "-x", str(width)], check=True)
+        time.sleep(0.8)
+    term.type("q")
+    term.wait_for("Ask anything")
+    time.sleep(0.5)
+    rows = scrollback(term)
+    shown = "\n".join(rows)
+    assert sum("para one" in row for row in rows) == 1, shown
+    assert sum("final words here" in row for row in rows) == 1, shown
+    assert sum(row.startswith("❯ ") for row in rows) == 1, shown
+
+
+def test_slash_resume_replays_the_session_as_it_was_shown(terminal, env):
+    """QA (issue 22 item 1: "after -c, -r or /resume … the replayed scrollback equals the live
+    one"): /resume printed "resumed `ID`: title" and a quoted recap of the text ("│ **you:** …
+    **khaelor:** …"), without the tool card or the reply as the live session showed them."""
+    term = terminal([reply(text("Let me look.\n\n"), bash("echo visible-output")),
+                     reply(text("All done here."))], width=100, height=40)
+    term.type("look around")
+    term.keys("Enter")
+    term.wait_for("All done here.")
+    first_id = sorted(Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))[0].stem
+    term.type("/new")
+    term.keys("Enter")
+    term.wait_for("new session")
+    term.type(f"/resume {first_id}")
+    term.keys("Enter")
+    term.wait_for("resumed")
+    time.sleep(1)
+    after = "\n".join(scrollback(term)).split("new session")[-1]
+    assert "● bash echo visible-output" in after and "› look around" in after, after

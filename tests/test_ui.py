@@ -1667,6 +1667,18 @@ def test_a_retried_reply_starts_a_new_block_and_the_broken_tail_leaves_the_scree
     assert "try. Retried" not in " ".join(text.split())          # never glued onto one paragraph
 
 
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_the_evidence_line_keeps_tests_still_failing_on_a_narrow_terminal(width):
+    """QA (issue 22 item 12): the turn's evidence line is clipped to one row, so at 60 columns
+    (tmux: `⚠ 1 file changed · ✗ python3 -m pytest -q exit 5 · tests st…`), or with a long check
+    command at any width, the words that say the tests still fail are cut off."""
+    command = "python3 -m pytest -q"
+    text = " ".join(timeline_text([event("TaskCompleted", evidence={
+        "changed_files": ["calc.py"], "checks": [{"command": command, "exit_code": 5}],
+        "unresolved": [f"`{command}` failed (exit 5)"]})], width).split())
+    assert "tests still failing" in text, text
+
 def test_the_evidence_line_marks_only_passing_checks_with_a_tick():
     failing = timeline_text([event("TaskCompleted", evidence={
         "changed_files": ["a.py"], "checks": [{"command": "pytest -q", "exit_code": 1}],
