@@ -1431,9 +1431,9 @@ class Timeline:
             return
         all_passed = all(c.get("exit_code") == 0 for c in checks)
         passed = not e.get("unresolved") and all_passed
-        line = ("✓ " if passed else "⚠ ") + " · ".join(facts)
         role = "dim" if passed else "warning"
-        self._settle([self.style.paint(clip(sanitize(line), self.width), role)])
+        # wrapped, not clipped: the verdict comes last and must show at any width
+        self._settle(self._marked("✓" if passed else "⚠", role, " · ".join(facts)))
 
     def _on_PermissionRequested(self, e: dict) -> None:
         self._requests[e.get("tool_use_id", "")] = e

@@ -920,9 +920,6 @@ def test_khaelor_sandbox_under_head_exits_141_for_a_command_killed_by_sigpipe(pr
     """QA (issue 22 item 2: any exit code is in the README): `khaelor sandbox -- seq 1 1000000 |
     head -1` exited 243 (its child's -13 given to sys.exit), not 141 (128 + SIGPIPE)."""
     from conftest import khaelor_popen
-    import sandbox
-    if not sandbox.probe()[0]:
-        pytest.skip(f"no Landlock here: {sandbox.status()}")
     with khaelor_popen(["sandbox", "--", "seq", "1", "1000000"], project, env,
                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                        stderr=subprocess.DEVNULL) as process:
