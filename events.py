@@ -207,6 +207,7 @@ EPHEMERAL_KINDS = {
     "ToolOutput": {"tool_use_id": str, "text": str},
     "Status": {"text": str},
     "FilesListed": {"count": int},          # the project's files were listed for @ completion
+    "SessionResumed": {"events": list},     # /resume: the UI replays the log as it was shown
 }
 EVENT_KINDS = {**DURABLE_KINDS, **EPHEMERAL_KINDS}
 DURABLE = frozenset(DURABLE_KINDS)
@@ -873,7 +874,6 @@ def _grow(conversation: Conversation, attempt: Attempt, event: dict,
 
 CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's usage fields
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
-RECENT_TURNS = 10               # (question, answer) pairs kept for a resume recap
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made
 REWIND_STEP = "rewind"          # the step of the CheckpointRecorded taken before a rewind
 # Events after which the conversation is longer: a compaction has something new to cut.
@@ -965,7 +965,6 @@ class State:
     processes: dict = field(default_factory=dict)   # running: process_id -> {id, command, status}
     n_processes: int = 0                # the highest process number started ("p7" -> 7)
     user_texts: list = field(default_factory=list)  # (seq, text) of every user message
-    turns: list = field(default_factory=list)       # [question, answer] of the newest turns
     calls: dict = field(default_factory=dict)       # tool_use_id -> ToolRequested, until its result
     loop_asks: set = field(default_factory=set)     # unanswered "continue the loop?" questions
     # -- work-tree checkpoints and the steps a rewind can go back before
@@ -1051,13 +1050,7 @@ def _on_closed_response(state: State, blocks: list) -> None:
     texts = [b["text"] for b in blocks if b["type"] == "ModelTextBlockCompleted" and b["text"]]
     state.last_text = "\n\n".join(texts)
     if state.last_text:
-        _set_answer(state, state.last_text)
-
-
-def _set_answer(state: State, text: str) -> None:
-    state.answer = text
-    if state.turns:
-        state.turns[-1][1] = text
+        state.answer = state.last_text
 
 
 def _on_user_message(state: State, event: dict) -> None:
@@ -1082,7 +1075,6 @@ def _on_user_message(state: State, event: dict) -> None:
     state.turn_mode = state.mode
     state.turn_model = event.get("model") or ""
     state.user_texts.append((event["seq"], text))
-    state.turns = (state.turns + [[text, ""]])[-RECENT_TURNS:]
     if not state.title:
         state.title = " ".join(text.split())[:60]
 
@@ -1094,7 +1086,7 @@ def _on_turn_end(state: State, event: dict) -> None:
     if event["type"] == "TaskFailed":
         state.failure_reason = event.get("reason")
     elif event["type"] == "TaskCompleted" and event.get("answer"):
-        _set_answer(state, event["answer"])
+        state.answer = event["answer"]
 
 
 def _on_steering_queued(state: State, event: dict) -> None:

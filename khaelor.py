@@ -2008,8 +2008,9 @@ class Session:
             return str(e)
         await self.detach()
         self.attach(store)
+        self.bus.emit("SessionResumed", events=list(store.events))
         title = store.state.title or "(untitled)"
-        return f"resumed `{store.session_id}`: {title}" + recap(store.state.turns)
+        return f"resumed `{store.session_id}`: {title}"
 
     async def cmd_rename(self, title):
         if not title:
@@ -2381,20 +2382,6 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
 
 def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def recap(turns: list, n_turns: int = 3) -> str:
-    """The last few exchanges of a resumed session (`State.turns`), as markdown quotes (the UI
-    shows the full conversation only for sessions opened at start-up)."""
-    lines = []
-    for asked, answered in turns[-n_turns:]:
-        lines.append("\n> **you:** " + " ".join(asked.split())[:300])
-        if answered:
-            said = " ".join(answered.split())[:500]
-            lines.append("> **khaelor:** " + said)
-    if not lines:
-        return ""
-    return "\n" + "\n".join(lines)
 
 
 # of a `!` command stopped with Esc, the output kept (its end)

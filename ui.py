@@ -1323,6 +1323,11 @@ class Timeline:
             return
         self.error("Task failed: " + reason)
 
+    def _on_SessionResumed(self, e: dict) -> None:
+        """/resume: the session's conversation as it was shown, as at start-up."""
+        self._settle(render_transcript(e["events"], self.width, self.style.color,
+                                       max_turns=REPLAY_TURNS))
+
     def _on_Status(self, e: dict) -> None:
         self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
 
@@ -2564,6 +2569,8 @@ class App:
             self.turn_mode = self._mode()
         if kind in events.DURABLE:
             self.log.append(event)
+        if kind == "SessionResumed":
+            self.log = [e for e in event["events"] if e.get("type") in events.DURABLE]
         try:
             self.timeline.apply(event)
         except Exception as exc:
