@@ -2904,7 +2904,11 @@ class App:
         return opening + view
 
     def resize(self, width: int, height: int) -> None:
-        self.renderer.resize(self.width, width)
+        if self.transcript_top is None:
+            self.renderer.resize(self.width, width)
+        else:
+            # the main screen is put away meanwhile: tmux resizes it without reflowing its rows
+            self.renderer.resize(width, width)
         self.width, self.height = width, height
 
 

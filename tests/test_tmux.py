@@ -337,7 +337,7 @@ def test_rename_new_sessions_and_resume_commands(terminal, env):
     term.type(f"/resume {first_id[:-2]}")
     term.keys("Enter")
     screen = term.wait_for("resumed")
-    assert "walruses are large" in screen.split("resumed")[-1]
+    assert "walruses are large" in screen.split("(this one)")[-1]     # replayed, then "resumed"
     assert rejected(term) == []
 
 
