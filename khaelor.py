@@ -14,6 +14,7 @@ It is the only module that imports ui, and only when the interactive UI starts.
     khaelor -p "fix the test"    headless one-shot (see --help)
 """
 import argparse
+import errno
 import json
 import os
 import re
@@ -2230,7 +2231,10 @@ class Session:
                     " (OSC 52: your terminal must allow it)")
         path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
         path = Path.cwd() / path
-        path.write_text(text, encoding="utf-8")
+        try:
+            write_own(path, text, os.O_TRUNC)
+        except OSError as e:
+            return f"`{path}` not written: {own_write_problem(e)}"
         return f"transcript written to `{path}`"
 
     async def cmd_init(self, arg):
@@ -2241,15 +2245,36 @@ class Session:
         import context
         root = self.project_root
         for name in context.INSTRUCTION_FILES:
-            if (root / name).exists():
+            # a link counts, even one to nothing: writing through it would create its target
+            if os.path.lexists(root / name):
                 return f"`{name}` exists already; /init writes only a new file"
         name = "CLAUDE.md" if (root / ".claude").is_dir() else "KHAELOR.md"
         text = await asyncio.to_thread(starting_instructions, root)
         if arg != "write":
             return (f"`/init write` saves this as `{name}`:\n\n"
                     f"````markdown\n{text}````")
-        (root / name).write_text(text, encoding="utf-8")
+        try:
+            write_own(root / name, text, os.O_EXCL)
+        except OSError as e:
+            return f"`{name}` not written: {own_write_problem(e)}"
         return f"wrote `{name}`: edit it to say what a newcomer must know"
+
+
+def write_own(path: Path, text: str, flags: int) -> None:
+    """khaelor's own write of a file (/init, /export), never through a link planted under its name
+    (it would create or overwrite the file it points to, outside the project) and never waiting
+    on a FIFO. flags: O_EXCL (a new file only) or O_TRUNC (a file replaced)."""
+    flags |= os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o666), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def own_write_problem(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "a symbolic link is in its place, and khaelor does not write through one"
+    if e.errno == errno.ENXIO:
+        return "a FIFO is in its place"
+    return e.strerror or str(e)
 
 
 def transcript_markdown(log: list[dict]) -> str:

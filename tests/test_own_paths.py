@@ -1,0 +1,110 @@
+"""khaelor's own file operations run outside the sandbox: a repository, or a step that ran with
+project writes, plants a link, a FIFO or a huge file where khaelor later reads or writes, and
+khaelor must neither go outside the project, nor copy a secret, nor hang. Payloads are harmless:
+marker files under tmp_path, a temp HOME."""
+import os
+import threading
+from pathlib import Path
+
+import tools
+from test_claude_parity import in_session
+from test_rewind import git, make_repository
+
+SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- marker\n"
+
+
+def finishes(call, fifo: Path, timeout_s: float = 10.0):
+    """call()'s result; fails when it is still waiting after timeout_s (and then feeds the FIFO an
+    end, so that the thread it blocked goes free)."""
+    done = {}
+    thread = threading.Thread(target=lambda: done.setdefault("result", call()), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout_s)
+        raise AssertionError(f"khaelor waited on the FIFO {fifo}")
+    return done.get("result")
+
+
+def toolbox(tmp_path: Path, root: Path) -> tools.Toolbox:
+    return tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {})
+
+
+def test_init_write_never_writes_through_a_link_the_repository_planted(project, env, monkeypatch,
+                                                                       tmp_path):
+    """KHAELOR.md -> a start-up file that does not exist yet: /init write would create it outside
+    the project, with the repository's file names (`$(…)` included) in it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (project / "KHAELOR.md").symlink_to(outside / ".bash_profile")
+    (project / "$(touch MARKER)").write_text("")
+
+    async def init(session):
+        return await session.run_command("/init write")
+    shown = in_session(project, env, monkeypatch, init)
+    assert list(outside.iterdir()) == []
+    assert "exists already" in shown
+
+
+def test_export_never_writes_through_a_link_planted_under_its_name(project, env, monkeypatch,
+                                                                    tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    async def export(session):
+        name = f"khaelor-{session.store.session_id}.md"
+        (project / name).symlink_to(outside / "planted")
+        return await session.run_command("/export")
+    shown = in_session(project, env, monkeypatch, export)
+    assert list(outside.iterdir()) == []
+    assert "not written" in shown
+
+
+def test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    box = toolbox(tmp_path, root)
+    first = box.checkpoints.take()
+    git(root, "pack-refs", "--all")
+    (root / ".git" / "packed-refs").unlink()
+    os.mkfifo(root / ".git" / "packed-refs")
+    payload = finishes(lambda: box.checkpoints.take(first["tree"]), root / ".git" / "packed-refs")
+    assert payload["head"] == ""
+
+
+def test_a_checkpoint_never_copies_a_secret_the_index_or_exclude_links_to(tmp_path):
+    """A step links .git/index (or .git/info/exclude) to a key: a rewind would write the key's
+    bytes back as .git/index, where the model can read them."""
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(SECRET)
+    (root / ".git" / "index").unlink()
+    (root / ".git" / "index").symlink_to(secret)
+    (root / ".git" / "info" / "exclude").unlink()
+    (root / ".git" / "info" / "exclude").symlink_to(secret)
+    payload = toolbox(tmp_path, root).checkpoints.take()
+    assert payload["index"] == ""
+    for path in (tmp_path / "home").rglob("*"):
+        assert not path.is_file() or SECRET not in path.read_bytes(), path
+
+
+def test_a_rewind_compares_without_reading_a_fifo_or_a_link_a_step_left(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "a.txt").write_text("v1\n")
+    (root / "b.txt").write_text("v1\n")
+    checkpoints = toolbox(tmp_path, root).checkpoints
+    tree = checkpoints.take()["tree"]
+    (root / "a.txt").unlink()
+    os.mkfifo(root / "a.txt")
+    (root / "b.txt").unlink()
+    (root / "b.txt").symlink_to("/dev/zero")
+    overlay = {"a.txt": b"written\n", "b.txt": b"written\n"}
+    restores = finishes(lambda: checkpoints.plan(root, tree, overlay, tree, tree), root / "a.txt")
+    assert sorted(r.path for r in restores) == ["a.txt", "b.txt"]
+    checkpoints.apply(root, restores)
+    assert (root / "b.txt").read_bytes() == b"written\n" and not (root / "b.txt").is_symlink()
