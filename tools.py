@@ -1189,6 +1189,10 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
 
 # An untracked file larger than this is left out of a checkpoint (and named in it).
 CHECKPOINT_FILE_CAP_BYTES = 20_000_000
+# The most of the user's .git/index a checkpoint keeps (a sparse file could claim terabytes), and of
+# HEAD or a loose ref.
+INDEX_CAP_BYTES = 1 << 30
+REF_CAP_BYTES = 4096
 # Changed paths one CheckpointRecorded names; it counts them all.
 CHECKPOINT_NAMES_CAP = 100
 # The shadow repository's info/attributes (they outrank the work tree's .gitattributes): every file
@@ -1333,9 +1337,8 @@ class Checkpoints:
         exclude = ""
         if repo:
             alternates.write_text(f"{repo.common_dir / 'objects'}\n")
-            user_exclude = repo.common_dir / "info" / "exclude"
-            if user_exclude.is_file():
-                exclude = user_exclude.read_text(errors="replace")
+            user_exclude = _read_plain(repo.common_dir / "info" / "exclude", READ_FILE_CAP_BYTES)
+            exclude = (user_exclude or b"").decode(errors="replace")
         else:
             alternates.unlink(missing_ok=True)
         (shadow / "info" / "exclude").write_text(exclude)
@@ -1345,8 +1348,8 @@ class Checkpoints:
         payload = {"git": repo is not None, "head": "", "branch": "", "index": ""}
         if repo:
             payload.update(head=repo.head, branch=repo.branch)
-            if (repo.git_dir / "index").is_file():
-                data = (repo.git_dir / "index").read_bytes()
+            data = _read_plain(repo.git_dir / "index", INDEX_CAP_BYTES)
+            if data is not None:
                 payload["index"] = self.keep(data)
                 if not (shadow / "index").is_file():
                     # the first checkpoint starts from the user's index (its stat cache)
@@ -1431,18 +1434,12 @@ class Checkpoints:
             if current != (mode, oid):
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
-            if self._read(root / path) != data:
+            if _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
                 mode = agent.get(path, ("100644",))[0]
                 if mode == ABSENT_MODE:
                     mode = "100644"
                 restores.append(Restore(path, mode, data=data, user_changed=path in user))
         return sorted(restores, key=lambda r: r.path)
-
-    def _read(self, path: Path) -> bytes | None:
-        try:
-            return path.read_bytes()
-        except OSError:
-            return None
 
     def apply(self, root: Path, restores: list[Restore]) -> list[str]:
         """Write back and delete as planned, byte for byte, the executable bit included. Returns
@@ -1466,6 +1463,9 @@ class Checkpoints:
                 problem = self._write(root, restore.path, restore.mode, data)
             except OSError as exc:
                 problem = exc.strerror or str(exc)
+            except ToolError as exc:
+                # write_file's refusal: a link or a FIFO swapped in meanwhile
+                problem = str(exc)
             if problem:
                 problems.append(f"{restore.path}: {problem}")
         return problems
@@ -1510,11 +1510,15 @@ class Checkpoints:
         if not _inside(target.parent, root):
             return "its folder now leads outside the project"
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink():
-            # written as a link or a file, never through one
-            target.unlink()
-        elif target.is_dir():
+        try:
+            kind = stat.S_IFMT(os.lstat(target).st_mode)
+        except FileNotFoundError:
+            kind = stat.S_IFREG
+        if kind == stat.S_IFDIR:
             return "a folder is in its place now"
+        if kind != stat.S_IFREG:
+            # a link, FIFO or socket: written as a link or a file, never through one
+            target.unlink()
         if mode == LINK_MODE:
             os.symlink(os.fsdecode(data), target)
             return ""
@@ -1544,7 +1548,7 @@ class Checkpoints:
         if not recorded["index"]:
             return
         data = self.load(recorded["index"])
-        if self._read(repo.git_dir / "index") != data:
+        if _read_plain(repo.git_dir / "index", INDEX_CAP_BYTES) != data:
             self.workspace.write_file(repo.git_dir / "index", data,
                                       [os.path.realpath(repo.git_dir)])
 
@@ -1559,26 +1563,43 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
     """(the commit HEAD names, read from the files refs live in (loose, else packed-refs), ""
     when that does not tell (no commit yet, another ref store: git is asked then); its branch,
     "" when detached)."""
-    try:
-        head = (git_dir / "HEAD").read_text().strip()
-    except OSError:
+    head = _read_plain(git_dir / "HEAD", REF_CAP_BYTES)
+    if head is None:
         return "", ""
-    ref = head.removeprefix("ref: ")
+    ref = head.decode(errors="replace").strip().removeprefix("ref: ")
+    head = ref
     branch = ""
     if ref.startswith("refs/heads/"):
         branch = ref.removeprefix("refs/heads/")
-        try:
-            if (common_dir / ref).is_file():
-                head = (common_dir / ref).read_text().strip()
-            else:
-                packed = (common_dir / "packed-refs").read_text()
-                found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
-                head = found.group(1) if found else ""
-        except (OSError, ValueError):
-            head = ""
+        loose = _read_plain(common_dir / ref, REF_CAP_BYTES)
+        if loose is not None:
+            head = loose.decode(errors="replace").strip()
+        else:
+            packed = _read_plain(common_dir / "packed-refs", READ_FILE_CAP_BYTES) or b""
+            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed.decode(errors="replace"),
+                              re.M)
+            head = found.group(1) if found else ""
     if not OID.fullmatch(head):
         head = ""
     return head, branch
+
+
+def _read_plain(path: Path, cap: int) -> bytes | None:
+    """The bytes of a file a step could have replaced (the repository's HEAD, refs, index and
+    info/exclude; a file a rewind compares), None unless it is a regular file of at most `cap`
+    bytes: khaelor reads it outside the sandbox, so a link there is not followed (to a key that
+    a checkpoint would copy and a rewind write back), a FIFO not waited on, /dev/zero not read."""
+    folder = os.path.realpath(path.parent)
+    try:
+        fd = sandbox.open_no_links(os.path.join(folder, path.name),
+                                   os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = _read_at_most(handle, cap + 1)
+    return data if len(data) <= cap else None
 
 
 def _over_cap(path: Path) -> bool:

@@ -2,6 +2,7 @@
 project writes, plants a link, a FIFO or a huge file where khaelor later reads or writes, and
 khaelor must neither go outside the project, nor copy a secret, nor hang. Payloads are harmless:
 marker files under tmp_path, a temp HOME."""
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -21,7 +22,8 @@ def finishes(call, fifo: Path, timeout_s: float = 10.0):
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         thread.join(timeout_s)
         raise AssertionError(f"khaelor waited on the FIFO {fifo}")
     return done.get("result")
@@ -70,7 +72,9 @@ def test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs(tmp_path):
     git(root, "pack-refs", "--all")
     (root / ".git" / "packed-refs").unlink()
     os.mkfifo(root / ".git" / "packed-refs")
-    payload = finishes(lambda: box.checkpoints.take(first["tree"]), root / ".git" / "packed-refs")
+    # git itself waits on it, until its time-out (10 s); khaelor's own read of it must not
+    payload = finishes(lambda: box.checkpoints.take(first["tree"]), root / ".git" / "packed-refs",
+                       timeout_s=40)
     assert payload["head"] == ""
 
 
@@ -106,5 +110,31 @@ def test_a_rewind_compares_without_reading_a_fifo_or_a_link_a_step_left(tmp_path
     overlay = {"a.txt": b"written\n", "b.txt": b"written\n"}
     restores = finishes(lambda: checkpoints.plan(root, tree, overlay, tree, tree), root / "a.txt")
     assert sorted(r.path for r in restores) == ["a.txt", "b.txt"]
-    checkpoints.apply(root, restores)
+    assert checkpoints.apply(root, restores) == []
+    assert (root / "a.txt").read_bytes() == b"written\n"
     assert (root / "b.txt").read_bytes() == b"written\n" and not (root / "b.txt").is_symlink()
+
+
+def test_check_detection_reads_neither_a_fifo_nor_dev_zero_a_step_left(tmp_path):
+    import context
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pyproject.toml").symlink_to("/dev/zero")
+    os.mkfifo(root / "package.json")
+    checks = finishes(lambda: context.detect_checks(root, ["a.py", "b.js"]), root / "package.json")
+    assert checks == ["python3 -m py_compile a.py"] or checks == ["python -m py_compile a.py"]
+
+
+def test_instruction_files_are_read_capped_and_never_wait_on_a_fifo(tmp_path):
+    import context
+    root = tmp_path / "project"
+    (root / ".git").mkdir(parents=True)
+    (root / "KHAELOR.md").write_text("@notes.md @big.md\n")
+    os.mkfifo(root / "notes.md")
+    with open(root / "big.md", "wb") as big:
+        big.truncate(1 << 40)          # a terabyte, sparse: reading it whole never ends
+    loaded, _ = finishes(lambda: context.load_instructions(tmp_path / "kh", root, root,
+                                                           user_home=tmp_path / "home"),
+                         root / "notes.md")
+    big = [item for item in loaded if item.path.name == "big.md"]
+    assert len(big) == 1 and "cut: the file has 1099511627776 bytes" in big[0].text
