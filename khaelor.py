@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -66,14 +67,27 @@ def find_project_root(cwd: Path) -> Path:
     return cwd
 
 
+# A config, permission or command file larger than this is refused (a sparse file could claim a
+# terabyte).
+MAX_CONFIG_BYTES = 10_000_000
+
+
 def read_bytes(path: Path) -> bytes:
-    """A config or permission file's bytes, read once; b"" when there is none."""
+    """A config or permission file's bytes, read once; b"" when there is none. One a repository
+    or a step made a FIFO (or a device, or a sparse giant) is an error, not a wait without end."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return b""
     except OSError as e:
         raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{path}: not a regular file")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes")
+    return data
 
 
 def read_config(path: Path) -> dict:
@@ -897,6 +911,7 @@ def command_dirs(home: Path,
 def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
     """Every command file by name. Built-in commands keep their names; a repository's command file
     that resolves outside the project (a symlink) is not read, as with instruction files."""
+    import context
     root = project_root.resolve()
     commands = {}
     for directory, source, in_repository in command_dirs(home, project_root):
@@ -910,7 +925,8 @@ def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
             if name in COMMANDS or not COMMAND_NAME.match(name[1:]):
                 continue
             try:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                # the path judged (a link swapped in since is not followed); a FIFO is skipped
+                text = context.read_capped(resolved, MAX_CONFIG_BYTES, os.O_NOFOLLOW)[0]
             except OSError:
                 continue
             commands[name] = parse_command(name, path, source, text)

@@ -411,6 +411,8 @@ class Workspace:
         self.pass_env: list[str] = []
         # HOME for commands: the user's, never a folder of the project.
         self.user_home = _user_home(self.cwd)
+        # PATH for khaelor's own programs (git, rg): never one a step could plant.
+        self.own_path = _own_path(os.environ.get("PATH", ""), self.cwd)
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root)."""
@@ -597,6 +599,7 @@ class Workspace:
         except OSError as exc:
             return -1, str(exc).encode()
         prepared.update(env or {})
+        prepared["PATH"] = self.own_path
         feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
         try:
             done = subprocess.run(
@@ -715,6 +718,14 @@ def _close_all(rulesets: dict[tuple, int]) -> None:
     for fd in rulesets.values():
         os.close(fd)
     rulesets.clear()
+
+
+def _own_path(path: str, project: Path) -> str:
+    """PATH without the folders a step could plant a program in: relative ones ("." or "bin", found
+    from the project) and the project's own (an activated .venv)."""
+    entries = [entry for entry in path.split(os.pathsep) if os.path.isabs(entry)]
+    outside = [e for e in entries if not sandbox.within(os.path.realpath(e), [str(project)])]
+    return os.pathsep.join(outside)
 
 
 def _user_home(project: Path) -> str:
@@ -915,7 +926,7 @@ class Toolbox:
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
         # None: grep/glob use the Python fallback.
-        self.ripgrep = shutil.which("rg")
+        self.ripgrep = shutil.which("rg", path=workspace.own_path)
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
         self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import tools
 from test_claude_parity import in_session
+from fake_api import reply, text
 from test_rewind import git, make_repository
 
 SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- marker\n"
@@ -138,3 +139,36 @@ def test_instruction_files_are_read_capped_and_never_wait_on_a_fifo(tmp_path):
                          root / "notes.md")
     big = [item for item in loaded if item.path.name == "big.md"]
     assert len(big) == 1 and "cut: the file has 1099511627776 bytes" in big[0].text
+
+
+def test_a_fifo_planted_as_a_config_or_command_file_does_not_hang_the_start(khaelor, fake, project):
+    (project / ".khaelor" / "commands").mkdir(parents=True)
+    os.mkfifo(project / ".khaelor" / "commands" / "deploy.md")
+    fake.enqueue(reply(text("hi")))
+    done = khaelor.run("-p", "hi", timeout=20)
+    assert done.returncode == 0, done.stderr
+    os.mkfifo(project / ".khaelor" / "config.json")
+    refused = khaelor.run("-p", "hi", timeout=20)
+    assert refused.returncode == 2 and "config.json: not a regular file" in refused.stderr
+
+
+def test_khaelor_never_runs_a_git_or_rg_planted_in_the_project_on_path(tmp_path, monkeypatch):
+    """An activated .venv puts a folder of the project on PATH, and "bin" or "." may be there too:
+    a step that plants git or rg there must not get khaelor's own git calls or searches to run it
+    (the model's commands may, inside their sandbox)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    for folder in (root / ".venv" / "bin", root / "bin"):
+        folder.mkdir(parents=True)
+        for name in ("git", "rg"):
+            (folder / name).write_text(f'#!/bin/sh\ntouch "$TMPDIR/PLANTED-{name}"\n'
+                                       f'exec /usr/bin/{name} "$@"\n')
+            (folder / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"bin:{root / '.venv' / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.chdir(root)
+    box = toolbox(tmp_path, root)
+    box.checkpoints.take()
+    tools.project_files(box.workspace)
+    assert box.ripgrep is None or not os.path.realpath(box.ripgrep).startswith(str(root))
+    assert list(box.workspace.session_temp().glob("PLANTED-*")) == []
