@@ -762,30 +762,55 @@ GUARD_FILE_CAP = 1 << 20
 
 def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
-    through a link is recorded as that link and never walked: what it points to is not ours."""
+    through a link is recorded as that link and never walked: what it points to is not ours. Every
+    folder is opened without following a link, and walked from its descriptor, so one swapped for a
+    link meanwhile (by a process a step left running) is not entered either."""
     state = {}
+    real = os.path.realpath(project)
     for top in (GIT_CONFIG, *GUARDED_DIRS):
-        paths = [project / top]
         link = _first_link(project, top)
-        if link is not None:
-            paths = [project / link]
-        elif top != GIT_CONFIG:
-            for directory, _, files in os.walk(project / top):
-                paths += [Path(directory) / file for file in files]
-        for path in paths:
+        folder, name = os.path.split(link or top)
+        with contextlib.suppress(OSError):
+            folder_fd = sandbox.open_no_links(os.path.join(real, folder), sandbox.O_PATH)
             try:
-                info = path.lstat()
-                rel = path.relative_to(project).as_posix()
-                if stat.S_ISREG(info.st_mode) and info.st_size <= GUARD_FILE_CAP:
-                    state[rel] = (info.st_mode, path.read_bytes())
-                elif stat.S_ISLNK(info.st_mode):
-                    state[rel] = (info.st_mode, os.fsencode(os.readlink(path)))
-                elif not stat.S_ISDIR(info.st_mode):
-                    # a fifo or a device: recorded as present, so that its appearing is seen
-                    state[rel] = (info.st_mode, b"")
-            except OSError:
-                continue
+                _record_entry(state, link or top, name, folder_fd)
+            finally:
+                os.close(folder_fd)
+        if link is not None or top == GIT_CONFIG:
+            continue
+        with contextlib.suppress(OSError):
+            top_fd = sandbox.open_no_links(os.path.join(real, top), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top_fd):
+                    for file in files:
+                        rel = os.path.normpath(f"{top}/{folder}/{file}")
+                        _record_entry(state, rel, file, folder_fd)
+            finally:
+                os.close(top_fd)
     return state
+
+
+def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
+    """Record `name` in the folder: a link as its target, a plain file of at most GUARD_FILE_CAP
+    bytes as its bytes (opened without following a link, never waiting on a FIFO), anything else
+    but a folder as present."""
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            state[rel] = (info.st_mode, os.fsencode(os.readlink(name, dir_fd=folder_fd)))
+        elif stat.S_ISREG(info.st_mode):
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            with os.fdopen(os.open(name, flags, dir_fd=folder_fd), "rb") as handle:
+                found = os.fstat(handle.fileno())
+                if stat.S_ISREG(found.st_mode):
+                    data = handle.read(GUARD_FILE_CAP + 1)
+                    if len(data) <= GUARD_FILE_CAP:
+                        state[rel] = (found.st_mode, data)
+        elif not stat.S_ISDIR(info.st_mode):
+            # a fifo or a device: recorded as present, so that its appearing is seen
+            state[rel] = (info.st_mode, b"")
+    except OSError:
+        return
 
 
 def _first_link(project: Path, rel: str) -> str | None:

@@ -172,3 +172,38 @@ def test_khaelor_never_runs_a_git_or_rg_planted_in_the_project_on_path(tmp_path,
     tools.project_files(box.workspace)
     assert box.ripgrep is None or not os.path.realpath(box.ripgrep).startswith(str(root))
     assert list(box.workspace.session_temp().glob("PLANTED-*")) == []
+
+
+FLIPPER = """
+import os, sys, time
+os.chdir(sys.argv[1])
+end = time.time() + float(sys.argv[3])
+while time.time() < end:
+    os.rename(".khaelor", ".khaelor-dir")
+    os.symlink(sys.argv[2], ".khaelor")
+    os.unlink(".khaelor")
+    os.rename(".khaelor-dir", ".khaelor")
+"""
+
+
+def test_the_guard_never_reads_where_a_folder_swapped_for_a_link_meanwhile_leads(tmp_path):
+    """A process a step left running swaps .khaelor for a link to ~/.ssh and back, over and over:
+    the guard must not record (and keep in spill/, which every command may read) a key."""
+    import subprocess
+    import sys
+    root = tmp_path / "project"
+    (root / ".khaelor").mkdir(parents=True)
+    (root / ".khaelor" / "settings.json").write_text("{}")
+    outside = tmp_path / "ssh"
+    outside.mkdir()
+    (outside / "id_rsa").write_bytes(SECRET)
+    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(root), str(outside), "2"])
+    try:
+        for _ in range(20_000):
+            recorded = tools.guard_record(root)
+            assert all(SECRET not in data for _, data in recorded.values())
+            if flipper.poll() is not None:
+                break
+    finally:
+        flipper.kill()
+        flipper.wait()
