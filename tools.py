@@ -1525,47 +1525,65 @@ class Checkpoints:
 
     def _delete(self, root: Path, path: str) -> None:
         """Remove a file a later step created, then the folders that leaves empty."""
-        target = root / path
-        if not _inside(target.parent, root):
+        folder, name = os.path.split(path)
+        fd = _judged_folder(root, folder)
+        if fd is None:
             return
-        if target.is_dir() and not target.is_symlink():
-            # a folder where the step made a file: left alone
-            return
-        target.unlink(missing_ok=True)
-        folder = target.parent
-        while folder != root and _inside(folder, root):
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                # a folder where the step made a file: left alone
+                return
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+        while folder:
+            folder, name = os.path.split(folder)
+            fd = _judged_folder(root, folder)
+            if fd is None:
+                return
             try:
-                folder.rmdir()
+                os.rmdir(name, dir_fd=fd)
             except OSError:
-                break
-            folder = folder.parent
+                return
+            finally:
+                os.close(fd)
 
     def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
-        target = root / path
-        # checked before making folders: a link planted in its place must not lead them outside
-        if not _inside(target.parent, root):
+        folder, name = os.path.split(path)
+        # made from descriptors: a link planted on the way must not lead the folders outside
+        fd = _judged_folder(root, folder, make=True)
+        if fd is None:
             return "its folder now leads outside the project"
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            kind = stat.S_IFMT(os.lstat(target).st_mode)
-        except FileNotFoundError:
-            kind = stat.S_IFREG
-        if kind == stat.S_IFDIR:
-            return "a folder is in its place now"
-        if kind != stat.S_IFREG:
-            # a link, FIFO or socket: written as a link or a file, never through one
-            target.unlink()
-        if mode == LINK_MODE:
-            os.symlink(os.fsdecode(data), target)
-            return ""
-        self.workspace.write_file(target, data, [os.path.realpath(root)])
-        permissions = target.stat().st_mode & 0o7777
-        if mode == "100755":
-            # x wherever r is, as git checks out an executable
-            permissions |= (permissions & 0o444) >> 2
-        else:
-            permissions &= ~0o111
-        os.chmod(target, permissions)
+            try:
+                kind = stat.S_IFMT(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                kind = stat.S_IFREG
+            if kind == stat.S_IFDIR:
+                return "a folder is in its place now"
+            if kind != stat.S_IFREG:
+                # a link, FIFO or socket: written as a link or a file, never through one
+                os.unlink(name, dir_fd=fd)
+            if mode == LINK_MODE:
+                os.symlink(os.fsdecode(data), name, dir_fd=fd)
+                return ""
+            self.workspace.write_file(root / path, data, [os.path.realpath(root)])
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            written = os.open(name, flags, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            permissions = os.fstat(written).st_mode & 0o7777
+            if mode == "100755":
+                # x wherever r is, as git checks out an executable
+                permissions |= (permissions & 0o444) >> 2
+            else:
+                permissions &= ~0o111
+            os.fchmod(written, permissions)
+        finally:
+            os.close(written)
         return ""
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
@@ -1645,8 +1663,19 @@ def _over_cap(path: Path) -> bool:
         return False
 
 
-def _inside(path: Path, root: Path) -> bool:
-    return sandbox.within(os.path.realpath(path), [os.path.realpath(root)])
+def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
+    """A descriptor for the project's `folder` (made, with its parents, if `make`), None when its
+    real path leads outside the project or it is gone: opened without following a link, so one a
+    running process swaps in after the check is not gone through (to delete or write elsewhere)."""
+    real = os.path.realpath(root / folder)
+    if not sandbox.within(real, [os.path.realpath(root)]):
+        return None
+    try:
+        if make:
+            return _open_folder(real)
+        return sandbox.open_no_links(real, sandbox.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------- input checking

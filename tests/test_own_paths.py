@@ -174,36 +174,61 @@ def test_khaelor_never_runs_a_git_or_rg_planted_in_the_project_on_path(tmp_path,
     assert list(box.workspace.session_temp().glob("PLANTED-*")) == []
 
 
+# A process a step left running: it swaps the folder argv[2] for a link to argv[3] and back.
 FLIPPER = """
 import os, sys, time
 os.chdir(sys.argv[1])
-end = time.time() + float(sys.argv[3])
+folder = sys.argv[2]
+end = time.time() + float(sys.argv[4])
 while time.time() < end:
-    os.rename(".khaelor", ".khaelor-dir")
-    os.symlink(sys.argv[2], ".khaelor")
-    os.unlink(".khaelor")
-    os.rename(".khaelor-dir", ".khaelor")
+    os.rename(folder, folder + "-dir")
+    os.symlink(sys.argv[3], folder)
+    os.unlink(folder)
+    os.rename(folder + "-dir", folder)
 """
+
+
+def flipper(root: Path, folder: str, outside: Path, seconds: float):
+    import subprocess
+    import sys
+    return subprocess.Popen([sys.executable, "-c", FLIPPER, str(root), folder, str(outside),
+                             str(seconds)])
 
 
 def test_the_guard_never_reads_where_a_folder_swapped_for_a_link_meanwhile_leads(tmp_path):
     """A process a step left running swaps .khaelor for a link to ~/.ssh and back, over and over:
     the guard must not record (and keep in spill/, which every command may read) a key."""
-    import subprocess
-    import sys
     root = tmp_path / "project"
     (root / ".khaelor").mkdir(parents=True)
     (root / ".khaelor" / "settings.json").write_text("{}")
     outside = tmp_path / "ssh"
     outside.mkdir()
     (outside / "id_rsa").write_bytes(SECRET)
-    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER, str(root), str(outside), "2"])
+    flipping = flipper(root, ".khaelor", outside, 2)
     try:
-        for _ in range(20_000):
+        while flipping.poll() is None:
             recorded = tools.guard_record(root)
             assert all(SECRET not in data for _, data in recorded.values())
-            if flipper.poll() is not None:
-                break
     finally:
-        flipper.kill()
-        flipper.wait()
+        flipping.kill()
+        flipping.wait()
+
+
+def test_a_rewind_never_deletes_where_a_folder_swapped_for_a_link_meanwhile_leads(tmp_path):
+    root = tmp_path / "project"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "keep").write_text("so that the folder stays\n")
+    outside = tmp_path / "ssh"
+    outside.mkdir()
+    (outside / "victim").write_bytes(SECRET)
+    (outside / "victim").chmod(0o600)
+    checkpoints = toolbox(tmp_path, root).checkpoints
+    restores = [tools.Restore("sub/victim", tools.ABSENT_MODE)]
+    flipping = flipper(root, "sub", outside, 2)
+    try:
+        while flipping.poll() is None:
+            checkpoints.apply(root, restores)
+            assert (outside / "victim").read_bytes() == SECRET
+    finally:
+        flipping.kill()
+        flipping.wait()
