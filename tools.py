@@ -1643,8 +1643,8 @@ def _read_plain(path: Path, cap: int) -> bytes | None:
     info/exclude; a file a rewind compares), None unless it is a regular file of at most `cap`
     bytes: khaelor reads it outside the sandbox, so a link there is not followed (to a key that
     a checkpoint would copy and a rewind write back), a FIFO not waited on, /dev/zero not read."""
-    folder = os.path.realpath(path.parent)
     try:
+        folder = os.path.realpath(path.parent)
         fd = sandbox.open_no_links(os.path.join(folder, path.name),
                                    os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (OSError, ValueError):
@@ -1880,6 +1880,10 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
                 error="masked_secret")
 
 
+# A .env file larger than this is not read for values to mask.
+DOTENV_CAP_BYTES = 10_000_000
+
+
 class _DotEnv:
     """The values in the project's .env files (.env, .env.*, *.env at its root, but not the
     templates: .env.example and the like), KEY=value lines with quotes stripped; read again only
@@ -1906,10 +1910,13 @@ class _DotEnv:
             return
         values = set()
         for name, _, _ in files:
+            # at every tool call, on the event loop: a FIFO or a sparse giant is not read
             try:
-                text = (self.root / name).read_text(encoding="utf-8", errors="replace")
+                real = Path(os.path.realpath(self.root / name))
             except OSError:
                 continue
+            data = _read_plain(real, DOTENV_CAP_BYTES)
+            text = (data or b"").decode(errors="replace")
             for line in text.splitlines():
                 value = _dotenv_value(line)
                 if len(value) >= DOTENV_VALUE_MIN_CHARS:

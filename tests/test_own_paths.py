@@ -232,3 +232,22 @@ def test_a_rewind_never_deletes_where_a_folder_swapped_for_a_link_meanwhile_lead
     finally:
         flipping.kill()
         flipping.wait()
+
+
+def test_a_sparse_giant_dotenv_does_not_stall_every_tool_call(tmp_path):
+    import asyncio
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "a.txt").write_text("hello\n")
+    with open(root / ".env", "wb") as env:
+        env.truncate(1 << 40)
+    os.mkfifo(root / ".env.local")
+
+    async def read():
+        box = toolbox(tmp_path, root)
+        try:
+            return await box.run("read", {"file_path": "a.txt"}, "t1")
+        finally:
+            await box.close()
+    result = finishes(lambda: asyncio.run(read()), root / ".env.local")
+    assert "hello" in result.text
