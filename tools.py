@@ -1591,14 +1591,13 @@ class Checkpoints:
         now = self.repository() or repo
         branch = recorded["branch"]
         head = recorded["head"]
-        git = ["git", "-C", str(repo.root)]
         moved = (branch, head) != (now.branch, now.head)
         if moved and branch and head:
-            self._user_git(repo, git + ["update-ref", f"refs/heads/{branch}", head])
+            self._user_git(repo, ["update-ref", f"refs/heads/{branch}", head])
         if branch and branch != now.branch:
-            self._user_git(repo, git + ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
+            self._user_git(repo, ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
         elif not branch and head and head != now.head:
-            self._user_git(repo, git + ["update-ref", "--no-deref", "HEAD", head])
+            self._user_git(repo, ["update-ref", "--no-deref", "HEAD", head])
         if not recorded["index"]:
             return
         data = self.load(recorded["index"])
@@ -1606,11 +1605,14 @@ class Checkpoints:
             self.workspace.write_file(repo.git_dir / "index", data,
                                       [os.path.realpath(repo.git_dir)])
 
-    def _user_git(self, repo: Repository, argv: list[str]) -> None:
+    def _user_git(self, repo: Repository, args: list[str]) -> None:
+        """git in the user's repository; no hook of theirs runs (reference-transaction would): the
+        call is khaelor's, not theirs."""
+        argv = ["git", "-C", str(repo.root), "-c", "core.hooksPath=/dev/null", *args]
         code, _ = self.workspace.capture(argv, cwd=repo.root, confine=DEFAULT_CONFINE,
                                          scan_git=False)
         if code != 0:
-            raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
+            raise CheckpointError(f"`git {' '.join(args[:2])}` failed (exit {code})")
 
 
 def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:

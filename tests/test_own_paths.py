@@ -251,3 +251,21 @@ def test_a_sparse_giant_dotenv_does_not_stall_every_tool_call(tmp_path):
             await box.close()
     result = finishes(lambda: asyncio.run(read()), root / ".env.local")
     assert "hello" in result.text
+
+
+def test_a_rewind_runs_no_hook_of_the_repository(tmp_path):
+    """A rewind moves HEAD back with khaelor's own git calls: a hook there (the user approved
+    the step that wrote it, by name) must not run with them."""
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    checkpoints = toolbox(tmp_path, root).checkpoints
+    before = checkpoints.take()
+    git(root, "commit", "-qm", "two")
+    hook = root / ".git" / "hooks" / "reference-transaction"
+    hook.parent.mkdir(exist_ok=True)
+    hook.write_text(f"#!/bin/sh\ntouch {root / 'HOOK-RAN'}\n")
+    hook.chmod(0o755)
+    checkpoints.restore_head(checkpoints.repository(), before)
+    assert git(root, "rev-parse", "HEAD").strip() == before["head"]
+    assert not (root / "HOOK-RAN").exists()
