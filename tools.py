@@ -1293,7 +1293,7 @@ class Checkpoints:
 
     def take(self, previous: str = "") -> dict:
         """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
-        version name), skipped (untracked files over the cap), changed since `previous` (a tree)."""
+        version name), skipped (untracked files over the cap, FIFOs and the like), changed since `previous` (a tree)."""
         repo = self.repository()
         root = repo.root if repo else self.workspace.cwd
         shadow = self.shadow(root)
@@ -1409,8 +1409,8 @@ class Checkpoints:
 
     def _changed(self, root: Path, index: Path) -> tuple[list[bytes], list[str]]:
         """(paths whose index entry is out of date: changed, deleted, untracked and not ignored;
-        untracked files over CHECKPOINT_FILE_CAP_BYTES, left out). One walk of the tree, as
-        `git status` makes; a nested repository ("sub/") is left out."""
+        untracked files over CHECKPOINT_FILE_CAP_BYTES and FIFOs, sockets or devices, left out).
+        One walk of the tree, as `git status` makes; a nested repository ("sub/") is left out."""
         argv = ["ls-files", "-z", "-t", "-m", "-d", "-o", "--exclude-standard"]
         listed = self.git(root, argv, index).split(b"\0")
         changed = {}
@@ -1420,7 +1420,8 @@ class Checkpoints:
             name = line[2:]
             if not name or name.endswith(b"/"):
                 continue
-            if tag == b"? " and _over_cap(root / os.fsdecode(name)):
+            path = root / os.fsdecode(name)
+            if _special(path) or (tag == b"? " and _over_cap(path)):
                 skipped.append(os.fsdecode(name))
                 continue
             changed[name] = True
@@ -1656,6 +1657,16 @@ def _read_plain(path: Path, cap: int) -> bytes | None:
             return None
         data = _read_at_most(handle, cap + 1)
     return data if len(data) <= cap else None
+
+
+def _special(path: Path) -> bool:
+    """A FIFO, socket or device: git cannot record one, and one would fail the whole checkpoint
+    (a step could plant one so that no later step has a checkpoint)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
 
 
 def _over_cap(path: Path) -> bool:

@@ -269,3 +269,18 @@ def test_a_rewind_runs_no_hook_of_the_repository(tmp_path):
     checkpoints.restore_head(checkpoints.repository(), before)
     assert git(root, "rev-parse", "HEAD").strip() == before["head"]
     assert not (root / "HOOK-RAN").exists()
+
+
+def test_a_fifo_in_the_work_tree_does_not_stop_checkpoints(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    checkpoints = toolbox(tmp_path, root).checkpoints
+    first = checkpoints.take()
+    os.mkfifo(root / "pipe")
+    (root / "a.txt").unlink()
+    os.mkfifo(root / "a.txt")
+    (root / "new.txt").write_text("kept\n")
+    second = checkpoints.take(first["tree"])
+    assert second["skipped"] == ["a.txt"]
+    assert ["A", "new.txt"] in second["changed"]
