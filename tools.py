@@ -1293,7 +1293,8 @@ class Checkpoints:
 
     def take(self, previous: str = "") -> dict:
         """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
-        version name), skipped (untracked files over the cap, FIFOs and the like), changed since `previous` (a tree)."""
+        version name), skipped (untracked files over the cap, FIFOs and the like), changed since
+        `previous` (a tree)."""
         repo = self.repository()
         root = repo.root if repo else self.workspace.cwd
         shadow = self.shadow(root)
