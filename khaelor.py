@@ -2316,7 +2316,10 @@ def starting_instructions(root: Path) -> str:
     import context
     entries = []
     for path in sorted(root.iterdir()):
-        if not path.name.startswith("."):
+        # A name with a newline would write a line of its own into the file (an instruction), one
+        # with a backtick an @import outside the inline code: such names are not listed.
+        plain = path.name.isprintable() and "`" not in path.name
+        if plain and not path.name.startswith("."):
             entries.append(f"- `{path.name}{'/' * path.is_dir()}`")
     checks = [f"- `{command}`" for command in context.detect_checks(root, [])]
     checks = checks or ["- (none found: say how to run the tests)"]
