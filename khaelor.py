@@ -680,7 +680,10 @@ def step_lines(state) -> list[str]:
         if step["undone"]:
             what += " (undone)"
         shown = " ".join(step["what"].split())[:60]
-        lines.append(f"{number:>3}. {step['kind']} {shown} · {what}")
+        # a step's command and the names it made are the model's: nothing in them acts on the
+        # terminal, and what a rewind will do is all shown
+        line = f"{number:>3}. {step['kind']} {shown} · {what}"
+        lines.append(events.visible_controls(line, one_line=True))
     return lines
 
 
@@ -760,7 +763,7 @@ class Rewind:
             lines.append(f"  HEAD back to {branch} at {self.target['head'][:12]}")
         if len(lines) == 1:
             lines.append("  nothing differs: the work tree is as it was")
-        return "\n".join(lines)
+        return "\n".join(events.visible_controls(line, one_line=True) for line in lines)
 
     def start(self, overwrite: bool) -> None:
         """Files the user changed after the agent's last step are kept unless `overwrite`. The
@@ -789,10 +792,10 @@ class Rewind:
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
         report = f"Rewound to before step {self.number}: {len(restored)} files restored."
         if self.kept:
-            report += ("\nKept as you left them (changed after the agent's last step):"
-                       f" {', '.join(self.kept)}")
+            kept = events.visible_controls(", ".join(self.kept), one_line=True)
+            report += f"\nKept as you left them (changed after the agent's last step): {kept}"
         if self.problems:
-            report += "\nNot restored: " + "; ".join(self.problems)
+            report += "\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
         return report + ("\nWhat a rewind cannot bring back: commits already pushed, files"
                          " outside the project, ignored files; commits reset away stay in"
                          " the reflog.")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tools
 from test_claude_parity import in_session
-from fake_api import reply, text
+from fake_api import reply, text, tool_use
 from test_rewind import git, make_repository
 
 SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- marker\n"
@@ -301,3 +301,20 @@ def test_init_write_keeps_file_names_from_becoming_instructions_or_imports(proje
     written = (project / "KHAELOR.md").read_text()
     assert "- `src/`" in written
     assert "\n- first run" not in written and context.imports_in(written) == []
+
+
+def test_khaelor_rewind_shows_the_control_characters_in_names_a_step_made(khaelor, fake, project):
+    """`khaelor rewind` prints what it will write back and delete before asking: a file named with
+    an escape sequence must neither reach the terminal (a clipboard write, a line wiped) nor hide
+    what the rewind does."""
+    make_repository(project)
+    command = "printf x > \"$(printf 'a\\033]52;c;ZXZpbA==\\007\\033[2Kb')\""
+    fake.enqueue(reply(tool_use("bash", {"command": command})), reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    assert any("\x1b" in path.name for path in project.iterdir())
+    listed = khaelor.run("rewind", "--list")
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    for shown in (listed.stdout, rewound.stdout):
+        assert "\x1b" not in shown and "\x07" not in shown
+        assert "a^[]52;c;ZXZpbA==" in shown
