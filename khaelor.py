@@ -509,7 +509,9 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
         cost = dollars(events.cost(row["usage"], prices), "?")
-        branch = f"  [{row['branch']}]" if row.get("branch") else ""
+        branch = ""
+        if row.get("branch"):
+            branch = f"  [{events.visible_controls(row['branch'], one_line=True)}]"
         title = row["title"] or "(untitled)"
         title = for_terminal(title, sys.stdout)
         updated = age(row["updated"]) if row["updated"] else "-"
@@ -2610,11 +2612,12 @@ def run_command_line(argv: list | None) -> int:
     except BrokenPipeError:
         # main's to answer: the reader has gone
         raise
+    # an error may name a path a step made: nothing in it acts on the terminal
     except UsageError as e:
-        print(f"khaelor: {e}", file=sys.stderr)
+        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except KhaelorError as e:
-        print(f"khaelor: {e}", file=sys.stderr)
+        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
         return EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:
