@@ -205,19 +205,20 @@ class Instruction(NamedTuple):
 
 def load_instructions(home: Path, project_root: Path, cwd: Path,
                       user_home: Path | None = None,
-                      is_secret=None) -> tuple[list[Instruction], list[str]]:
+                      is_secret=None, mask=None) -> tuple[list[Instruction], list[str]]:
     """Every instruction file with its @path imports followed, depth first, and the notes /context
     shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal. The files: the
     user's (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the nearest
     project-level file from cwd up to the project root (ancestors do not stack), then the nearest
     CLAUDE.local.md.
     is_secret(name): a file name that holds credentials (sandbox.is_secret_name); never
-    imported."""
+    imported. mask(text): the secrets in a file's text masked as in a tool's output (an import of
+    .git/config would bring the token in a remote's URL)."""
     notes = []
     cwd = Path(cwd).resolve()
     root = Path(project_root).resolve()
     users_home = Path(user_home or Path.home())
-    importer = _Importer(root, users_home, is_secret, notes)
+    importer = _Importer(root, users_home, is_secret, notes, mask or (lambda text: text))
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
     if _inside(cwd, root):
         upwards = [cwd]
@@ -267,10 +268,11 @@ class _Importer:
     the project (and Markdown under ~/.claude/, the user's own); the user's files from their home or
     the project. Symlinks are resolved first, so a link cannot carry an import out."""
 
-    def __init__(self, root: Path, user_home: Path, is_secret, notes: list):
+    def __init__(self, root: Path, user_home: Path, is_secret, notes: list, mask):
         self.root = root
         self.user_home = user_home
         self.is_secret = is_secret
+        self.mask = mask
         self.notes = notes
         self.loaded: list[Instruction] = []
         self.seen: set[Path] = set()
@@ -287,7 +289,7 @@ class _Importer:
             return
         self.seen.add(resolved)
         # the path judged, not one a link swapped in since leads to
-        text = _read_instruction(resolved)
+        text = self.mask(_read_instruction(resolved))
         self.loaded.append(Instruction(path, tier, text, imported_by))
         is_markdown = resolved.suffix.lower() in (".md", ".markdown")
         if imported_by is not None and not is_markdown:
@@ -427,7 +429,7 @@ class Context:
                  model: str, tool_schemas: list[dict], workspace=None,
                  aux_model: str = DEFAULT_AUX_MODEL,
                  max_tokens: int = MAX_OUTPUT_TOKENS,
-                 user_home: Path | None = None, is_secret=None,
+                 user_home: Path | None = None, is_secret=None, mask=None,
                  append_system: str = "",
                  prune_at: int = PRUNE_AT_TOKENS,
                  thinking: str = "adaptive", effort: str | None = None,
@@ -456,7 +458,7 @@ class Context:
         # Read once: the instructions (and what /context says about their imports) hold for the
         # session.
         self.instructions, self.instruction_notes = load_instructions(
-            self.home, self.project_root, self.cwd, user_home, is_secret)
+            self.home, self.project_root, self.cwd, user_home, is_secret, mask)
         self.system = build_system(self.project_root, self.cwd, self.home,
                                    self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]

@@ -1219,6 +1219,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
                           is_secret=sandbox.is_secret_name,
+                          mask=toolbox.mask,
                           append_system=getattr(args, "append_system_prompt", ""),
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),

@@ -3,6 +3,7 @@ project writes, plants a link, a FIFO or a huge file where khaelor later reads o
 khaelor must neither go outside the project, nor copy a secret, nor hang. Payloads are harmless:
 marker files under tmp_path, a temp HOME."""
 import contextlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -318,3 +319,16 @@ def test_khaelor_rewind_shows_the_control_characters_in_names_a_step_made(khaelo
     for shown in (listed.stdout, rewound.stdout):
         assert "\x1b" not in shown and "\x07" not in shown
         assert "a^[]52;c;ZXZpbA==" in shown
+
+
+def test_an_import_of_git_config_does_not_bring_its_token_unmasked(khaelor, fake, project):
+    """The repository's KHAELOR.md imports .git/config, where the user's clone keeps a token in
+    the remote's URL: the read tool masks it, and so must the instructions."""
+    token = "ghp_" + "a1B2" * 9
+    (project / ".git" / "config").write_text(
+        f'[remote "origin"]\n\turl = https://me:{token}@github.com/me/x.git\n')
+    (project / "KHAELOR.md").write_text("Read @.git/config first.\n")
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hi").returncode == 0
+    system = json.dumps(fake.requests[-1]["body"]["system"])
+    assert "github.com/me/x.git" in system and token not in system
