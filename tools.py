@@ -2122,7 +2122,8 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     elif offset > 1:
         text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
     meta = {"path": shown, "lines": total, "start": offset, "end": last}
-    return ToolResult(text, meta=meta)
+    # masked here too: an @mention's attachment does not pass through Toolbox.run
+    return ToolResult(box.mask(text), meta=meta)
 
 
 def _listing(folder_fd: int, shown: str) -> ToolResult:

@@ -332,3 +332,15 @@ def test_an_import_of_git_config_does_not_bring_its_token_unmasked(khaelor, fake
     assert khaelor.run("-p", "hi").returncode == 0
     system = json.dumps(fake.requests[-1]["body"]["system"])
     assert "github.com/me/x.git" in system and token not in system
+
+
+def test_a_mention_attaches_a_file_masked_as_the_read_tool_shows_it(khaelor, fake, project):
+    """A mention (typed, or in a repository's command file) is read by khaelor itself, outside the
+    tool loop: the token in .git/config must be masked all the same."""
+    token = "ghp_" + "a1B2" * 9
+    (project / ".git" / "config").write_text(
+        f'[remote "origin"]\n\turl = https://me:{token}@github.com/me/x.git\n')
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "what remote is in @.git/config").returncode == 0
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "github.com/me/x.git" in sent and token not in sent
