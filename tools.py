@@ -527,7 +527,7 @@ class Workspace:
         pipes are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close,
         which a backgrounded grandchild can put off for ever."""
         if isinstance(command, str):
-            argv = [shutil.which("bash") or "/bin/sh", "-c", command]
+            argv = [shutil.which("bash", path=self.own_path) or "/bin/sh", "-c", command]
         else:
             argv = command
         confine = confine or DEFAULT_CONFINE

@@ -344,3 +344,27 @@ def test_a_mention_attaches_a_file_masked_as_the_read_tool_shows_it(khaelor, fak
     assert khaelor.run("-p", "what remote is in @.git/config").returncode == 0
     sent = json.dumps(fake.requests[-1]["body"]["messages"])
     assert "github.com/me/x.git" in sent and token not in sent
+
+
+def test_the_shell_is_never_one_a_step_planted_on_path(tmp_path, monkeypatch):
+    """Every command runs through bash -c, the user's own `!` commands unconfined: a bash planted
+    in a folder of the project on PATH ("bin", an activated .venv) must not be that bash."""
+    import asyncio
+
+    import sandbox
+    root = tmp_path / "project"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "bash").write_text(f"#!/bin/sh\ntouch {tmp_path / 'PLANTED-bash'}\n")
+    (root / "bin" / "bash").chmod(0o755)
+    monkeypatch.setenv("PATH", f"bin:{os.environ['PATH']}")
+    monkeypatch.chdir(root)
+
+    async def run():
+        ws = tools.Workspace(root)
+        child = await ws.exec("echo ran", confine=sandbox.Confine(unconfined=True))
+        out = await child.stdout.read()
+        await child.proc.wait()
+        child.close_pipes()
+        return out
+    assert asyncio.run(run()) == b"ran\n"
+    assert not (tmp_path / "PLANTED-bash").exists()
