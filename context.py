@@ -13,9 +13,11 @@ beyond reading project files and running read-only `git` through the Workspace i
 import collections
 import copy
 import datetime
+import errno
 import time
 import json
 import os
+import stat
 import re
 import sys
 from pathlib import Path
@@ -203,19 +205,20 @@ class Instruction(NamedTuple):
 
 def load_instructions(home: Path, project_root: Path, cwd: Path,
                       user_home: Path | None = None,
-                      is_secret=None) -> tuple[list[Instruction], list[str]]:
+                      is_secret=None, mask=None) -> tuple[list[Instruction], list[str]]:
     """Every instruction file with its @path imports followed, depth first, and the notes /context
     shows: imports not found, cycles, too deep, refused. Nothing here is ever fatal. The files: the
     user's (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the nearest
     project-level file from cwd up to the project root (ancestors do not stack), then the nearest
     CLAUDE.local.md.
     is_secret(name): a file name that holds credentials (sandbox.is_secret_name); never
-    imported."""
+    imported. mask(text): the secrets in a file's text masked as in a tool's output (an import of
+    .git/config would bring the token in a remote's URL)."""
     notes = []
     cwd = Path(cwd).resolve()
     root = Path(project_root).resolve()
     users_home = Path(user_home or Path.home())
-    importer = _Importer(root, users_home, is_secret, notes)
+    importer = _Importer(root, users_home, is_secret, notes, mask or (lambda text: text))
     # cwd and its parents up to and including the root; just cwd, then the root, if cwd is outside
     if _inside(cwd, root):
         upwards = [cwd]
@@ -265,10 +268,11 @@ class _Importer:
     the project (and Markdown under ~/.claude/, the user's own); the user's files from their home or
     the project. Symlinks are resolved first, so a link cannot carry an import out."""
 
-    def __init__(self, root: Path, user_home: Path, is_secret, notes: list):
+    def __init__(self, root: Path, user_home: Path, is_secret, notes: list, mask):
         self.root = root
         self.user_home = user_home
         self.is_secret = is_secret
+        self.mask = mask
         self.notes = notes
         self.loaded: list[Instruction] = []
         self.seen: set[Path] = set()
@@ -284,7 +288,8 @@ class _Importer:
                               " instruction files are the most read")
             return
         self.seen.add(resolved)
-        text = _read_instruction(path)
+        # the path judged, not one a link swapped in since leads to
+        text = self.mask(_read_instruction(resolved))
         self.loaded.append(Instruction(path, tier, text, imported_by))
         is_markdown = resolved.suffix.lower() in (".md", ".markdown")
         if imported_by is not None and not is_markdown:
@@ -363,13 +368,27 @@ def imports_in(text: str) -> list[tuple[int, str]]:
 
 def _read_instruction(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        # 4 bytes to a character at most in UTF-8
+        text, size = read_capped(path, 4 * MAX_INSTRUCTION_CHARS, os.O_NOFOLLOW)
     except OSError as e:
         return f"[this file could not be read: {e.strerror}]"
     if len(text) > MAX_INSTRUCTION_CHARS:
-        note = f"\n[… cut: the file has {len(text)} characters]"
+        note = f"\n[… cut: the file has {size} bytes]"
         text = text[:MAX_INSTRUCTION_CHARS] + note
     return text
+
+
+def read_capped(path: Path, cap: int, flags: int = 0) -> tuple[str, int]:
+    """(the text of at most `cap` bytes of a regular file, its size in bytes); OSError for anything
+    else. khaelor reads the project's files outside the sandbox: a FIFO is not waited on, and a
+    file claiming more than it should (a sparse giant, /dev/zero through a link) is not read
+    whole. flags: O_NOFOLLOW for a path already resolved, so a link swapped in is not followed."""
+    flags |= os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags), "rb") as handle:
+        found = os.fstat(handle.fileno())
+        if not stat.S_ISREG(found.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return handle.read(cap).decode("utf-8", "replace"), found.st_size
 
 
 INSTRUCTION_WHOSE = {
@@ -410,7 +429,7 @@ class Context:
                  model: str, tool_schemas: list[dict], workspace=None,
                  aux_model: str = DEFAULT_AUX_MODEL,
                  max_tokens: int = MAX_OUTPUT_TOKENS,
-                 user_home: Path | None = None, is_secret=None,
+                 user_home: Path | None = None, is_secret=None, mask=None,
                  append_system: str = "",
                  prune_at: int = PRUNE_AT_TOKENS,
                  thinking: str = "adaptive", effort: str | None = None,
@@ -439,7 +458,7 @@ class Context:
         # Read once: the instructions (and what /context says about their imports) hold for the
         # session.
         self.instructions, self.instruction_notes = load_instructions(
-            self.home, self.project_root, self.cwd, user_home, is_secret)
+            self.home, self.project_root, self.cwd, user_home, is_secret, mask)
         self.system = build_system(self.project_root, self.cwd, self.home,
                                    self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
@@ -1394,10 +1413,9 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
 
 def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        return read_capped(path, 200_000)[0]
     except OSError:
         return ""
-    return text[:200_000]
 
 
 def _python() -> str:

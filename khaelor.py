@@ -14,10 +14,12 @@ It is the only module that imports ui, and only when the interactive UI starts.
     khaelor -p "fix the test"    headless one-shot (see --help)
 """
 import argparse
+import errno
 import json
 import os
 import re
 import signal
+import stat
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -65,14 +67,27 @@ def find_project_root(cwd: Path) -> Path:
     return cwd
 
 
+# A config, permission or command file larger than this is refused (a sparse file could claim a
+# terabyte).
+MAX_CONFIG_BYTES = 10_000_000
+
+
 def read_bytes(path: Path) -> bytes:
-    """A config or permission file's bytes, read once; b"" when there is none."""
+    """A config or permission file's bytes, read once; b"" when there is none. One a repository
+    or a step made a FIFO (or a device, or a sparse giant) is an error, not a wait without end."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return b""
     except OSError as e:
         raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{path}: not a regular file")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes")
+    return data
 
 
 def read_config(path: Path) -> dict:
@@ -494,7 +509,9 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
         cost = dollars(events.cost(row["usage"], prices), "?")
-        branch = f"  [{row['branch']}]" if row.get("branch") else ""
+        branch = ""
+        if row.get("branch"):
+            branch = f"  [{events.visible_controls(row['branch'], one_line=True)}]"
         title = row["title"] or "(untitled)"
         title = for_terminal(title, sys.stdout)
         updated = age(row["updated"]) if row["updated"] else "-"
@@ -665,7 +682,10 @@ def step_lines(state) -> list[str]:
         if step["undone"]:
             what += " (undone)"
         shown = " ".join(step["what"].split())[:60]
-        lines.append(f"{number:>3}. {step['kind']} {shown} · {what}")
+        # a step's command and the names it made are the model's: nothing in them acts on the
+        # terminal, and what a rewind will do is all shown
+        line = f"{number:>3}. {step['kind']} {shown} · {what}"
+        lines.append(events.visible_controls(line, one_line=True))
     return lines
 
 
@@ -745,7 +765,7 @@ class Rewind:
             lines.append(f"  HEAD back to {branch} at {self.target['head'][:12]}")
         if len(lines) == 1:
             lines.append("  nothing differs: the work tree is as it was")
-        return "\n".join(lines)
+        return "\n".join(events.visible_controls(line, one_line=True) for line in lines)
 
     def start(self, overwrite: bool) -> None:
         """Files the user changed after the agent's last step are kept unless `overwrite`. The
@@ -774,10 +794,10 @@ class Rewind:
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
         report = f"Rewound to before step {self.number}: {plural(len(restored), 'file')} restored."
         if self.kept:
-            report += ("\nKept as you left them (changed after the agent's last step):"
-                       f" {', '.join(self.kept)}")
+            kept = events.visible_controls(", ".join(self.kept), one_line=True)
+            report += f"\nKept as you left them (changed after the agent's last step): {kept}"
         if self.problems:
-            report += "\nNot restored: " + "; ".join(self.problems)
+            report += "\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
         return report + ("\nWhat a rewind cannot bring back: commits already pushed, files"
                          " outside the project, ignored files; commits reset away stay in"
                          " the reflog.")
@@ -896,6 +916,7 @@ def command_dirs(home: Path,
 def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
     """Every command file by name. Built-in commands keep their names; a repository's command file
     that resolves outside the project (a symlink) is not read, as with instruction files."""
+    import context
     root = project_root.resolve()
     commands = {}
     for directory, source, in_repository in command_dirs(home, project_root):
@@ -909,7 +930,8 @@ def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
             if name in COMMANDS or not COMMAND_NAME.match(name[1:]):
                 continue
             try:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                # the path judged (a link swapped in since is not followed); a FIFO is skipped
+                text = context.read_capped(resolved, MAX_CONFIG_BYTES, os.O_NOFOLLOW)[0]
             except OSError:
                 continue
             commands[name] = parse_command(name, path, source, text)
@@ -1197,6 +1219,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                           workspace=toolbox.workspace,
                           user_home=Path.home(),
                           is_secret=sandbox.is_secret_name,
+                          mask=toolbox.mask,
                           append_system=getattr(args, "append_system_prompt", ""),
                           prune_at=settings["context"].get(
                               "prune_at", context.PRUNE_AT_TOKENS),
@@ -2238,7 +2261,10 @@ class Session:
                     " (OSC 52: your terminal must allow it)")
         path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
         path = Path.cwd() / path
-        path.write_text(text, encoding="utf-8")
+        try:
+            write_own(path, text, os.O_TRUNC)
+        except OSError as e:
+            return f"`{path}` not written: {own_write_problem(e)}"
         return f"transcript written to `{path}`"
 
     async def cmd_init(self, arg):
@@ -2249,15 +2275,36 @@ class Session:
         import context
         root = self.project_root
         for name in context.INSTRUCTION_FILES:
-            if (root / name).exists():
+            # a link counts, even one to nothing: writing through it would create its target
+            if os.path.lexists(root / name):
                 return f"`{name}` exists already; /init writes only a new file"
         name = "CLAUDE.md" if (root / ".claude").is_dir() else "KHAELOR.md"
         text = await asyncio.to_thread(starting_instructions, root)
         if arg != "write":
             return (f"`/init write` saves this as `{name}`:\n\n"
                     f"````markdown\n{text}````")
-        (root / name).write_text(text, encoding="utf-8")
+        try:
+            write_own(root / name, text, os.O_EXCL)
+        except OSError as e:
+            return f"`{name}` not written: {own_write_problem(e)}"
         return f"wrote `{name}`: edit it to say what a newcomer must know"
+
+
+def write_own(path: Path, text: str, flags: int) -> None:
+    """khaelor's own write of a file (/init, /export), never through a link planted under its name
+    (it would create or overwrite the file it points to, outside the project) and never waiting
+    on a FIFO. flags: O_EXCL (a new file only) or O_TRUNC (a file replaced)."""
+    flags |= os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags, 0o666), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def own_write_problem(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "a symbolic link is in its place, and khaelor does not write through one"
+    if e.errno == errno.ENXIO:
+        return "a FIFO is in its place"
+    return e.strerror or str(e)
 
 
 def transcript_markdown(log: list[dict]) -> str:
@@ -2283,7 +2330,10 @@ def starting_instructions(root: Path) -> str:
     import context
     entries = []
     for path in sorted(root.iterdir()):
-        if not path.name.startswith("."):
+        # A name with a newline would write a line of its own into the file (an instruction), one
+        # with a backtick an @import outside the inline code: such names are not listed.
+        plain = path.name.isprintable() and "`" not in path.name
+        if plain and not path.name.startswith("."):
             entries.append(f"- `{path.name}{'/' * path.is_dir()}`")
     checks = [f"- `{command}`" for command in context.detect_checks(root, [])]
     checks = checks or ["- (none found: say how to run the tests)"]
@@ -2557,11 +2607,12 @@ def run_command_line(argv: list | None) -> int:
     except BrokenPipeError:
         # main's to answer: the reader has gone
         raise
+    # an error may name a path a step made: nothing in it acts on the terminal
     except UsageError as e:
-        print(f"khaelor: {e}", file=sys.stderr)
+        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except KhaelorError as e:
-        print(f"khaelor: {e}", file=sys.stderr)
+        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
         return EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:

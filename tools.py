@@ -411,6 +411,8 @@ class Workspace:
         self.pass_env: list[str] = []
         # HOME for commands: the user's, never a folder of the project.
         self.user_home = _user_home(self.cwd)
+        # PATH for khaelor's own programs (git, rg): never one a step could plant.
+        self.own_path = _own_path(os.environ.get("PATH", ""), self.cwd)
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root)."""
@@ -525,7 +527,7 @@ class Workspace:
         pipes are ours, not asyncio's: asyncio's Process.wait() also waits for its pipes to close,
         which a backgrounded grandchild can put off for ever."""
         if isinstance(command, str):
-            argv = [shutil.which("bash") or "/bin/sh", "-c", command]
+            argv = [shutil.which("bash", path=self.own_path) or "/bin/sh", "-c", command]
         else:
             argv = command
         confine = confine or DEFAULT_CONFINE
@@ -597,6 +599,7 @@ class Workspace:
         except OSError as exc:
             return -1, str(exc).encode()
         prepared.update(env or {})
+        prepared["PATH"] = self.own_path
         feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
         try:
             done = subprocess.run(
@@ -719,6 +722,14 @@ def _close_all(rulesets: dict[tuple, int]) -> None:
     rulesets.clear()
 
 
+def _own_path(path: str, project: Path) -> str:
+    """PATH without the folders a step could plant a program in: relative ones ("." or "bin", found
+    from the project) and the project's own (an activated .venv)."""
+    entries = [entry for entry in path.split(os.pathsep) if os.path.isabs(entry)]
+    outside = [e for e in entries if not sandbox.within(os.path.realpath(e), [str(project)])]
+    return os.pathsep.join(outside)
+
+
 def _user_home(project: Path) -> str:
     """$HOME, unless it points into the project: then the account's own home directory."""
     import pwd
@@ -753,30 +764,55 @@ GUARD_FILE_CAP = 1 << 20
 
 def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
-    through a link is recorded as that link and never walked: what it points to is not ours."""
+    through a link is recorded as that link and never walked: what it points to is not ours. Every
+    folder is opened without following a link, and walked from its descriptor, so one swapped for a
+    link meanwhile (by a process a step left running) is not entered either."""
     state = {}
+    real = os.path.realpath(project)
     for top in (GIT_CONFIG, *GUARDED_DIRS):
-        paths = [project / top]
         link = _first_link(project, top)
-        if link is not None:
-            paths = [project / link]
-        elif top != GIT_CONFIG:
-            for directory, _, files in os.walk(project / top):
-                paths += [Path(directory) / file for file in files]
-        for path in paths:
+        folder, name = os.path.split(link or top)
+        with contextlib.suppress(OSError):
+            folder_fd = sandbox.open_no_links(os.path.join(real, folder), sandbox.O_PATH)
             try:
-                info = path.lstat()
-                rel = path.relative_to(project).as_posix()
-                if stat.S_ISREG(info.st_mode) and info.st_size <= GUARD_FILE_CAP:
-                    state[rel] = (info.st_mode, path.read_bytes())
-                elif stat.S_ISLNK(info.st_mode):
-                    state[rel] = (info.st_mode, os.fsencode(os.readlink(path)))
-                elif not stat.S_ISDIR(info.st_mode):
-                    # a fifo or a device: recorded as present, so that its appearing is seen
-                    state[rel] = (info.st_mode, b"")
-            except OSError:
-                continue
+                _record_entry(state, link or top, name, folder_fd)
+            finally:
+                os.close(folder_fd)
+        if link is not None or top == GIT_CONFIG:
+            continue
+        with contextlib.suppress(OSError):
+            top_fd = sandbox.open_no_links(os.path.join(real, top), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top_fd):
+                    for file in files:
+                        rel = os.path.normpath(f"{top}/{folder}/{file}")
+                        _record_entry(state, rel, file, folder_fd)
+            finally:
+                os.close(top_fd)
     return state
+
+
+def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
+    """Record `name` in the folder: a link as its target, a plain file of at most GUARD_FILE_CAP
+    bytes as its bytes (opened without following a link, never waiting on a FIFO), anything else
+    but a folder as present."""
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            state[rel] = (info.st_mode, os.fsencode(os.readlink(name, dir_fd=folder_fd)))
+        elif stat.S_ISREG(info.st_mode):
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+            with os.fdopen(os.open(name, flags, dir_fd=folder_fd), "rb") as handle:
+                found = os.fstat(handle.fileno())
+                if stat.S_ISREG(found.st_mode):
+                    data = handle.read(GUARD_FILE_CAP + 1)
+                    if len(data) <= GUARD_FILE_CAP:
+                        state[rel] = (found.st_mode, data)
+        elif not stat.S_ISDIR(info.st_mode):
+            # a fifo or a device: recorded as present, so that its appearing is seen
+            state[rel] = (info.st_mode, b"")
+    except OSError:
+        return
 
 
 def _first_link(project: Path, rel: str) -> str | None:
@@ -917,7 +953,7 @@ class Toolbox:
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
         # None: grep/glob use the Python fallback.
-        self.ripgrep = shutil.which("rg")
+        self.ripgrep = shutil.which("rg", path=workspace.own_path)
         self.dotenv = _DotEnv(workspace.cwd)
         workspace.home = Path(home)
         self.checkpoints = Checkpoints(workspace, self.keep_version, self.load_version)
@@ -1191,6 +1227,10 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
 
 # An untracked file larger than this is left out of a checkpoint (and named in it).
 CHECKPOINT_FILE_CAP_BYTES = 20_000_000
+# The most of the user's .git/index a checkpoint keeps (a sparse file could claim terabytes), and of
+# HEAD or a loose ref.
+INDEX_CAP_BYTES = 1 << 30
+REF_CAP_BYTES = 4096
 # Changed paths one CheckpointRecorded names; it counts them all.
 CHECKPOINT_NAMES_CAP = 100
 # The shadow repository's info/attributes (they outrank the work tree's .gitattributes): every file
@@ -1255,7 +1295,8 @@ class Checkpoints:
 
     def take(self, previous: str = "") -> dict:
         """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
-        version name), skipped (untracked files over the cap), changed since `previous` (a tree)."""
+        version name), skipped (untracked files over the cap, FIFOs and the like), changed since
+        `previous` (a tree)."""
         repo = self.repository()
         root = repo.root if repo else self.workspace.cwd
         shadow = self.shadow(root)
@@ -1335,9 +1376,8 @@ class Checkpoints:
         exclude = ""
         if repo:
             alternates.write_text(f"{repo.common_dir / 'objects'}\n")
-            user_exclude = repo.common_dir / "info" / "exclude"
-            if user_exclude.is_file():
-                exclude = user_exclude.read_text(errors="replace")
+            user_exclude = _read_plain(repo.common_dir / "info" / "exclude", READ_FILE_CAP_BYTES)
+            exclude = (user_exclude or b"").decode(errors="replace")
         else:
             alternates.unlink(missing_ok=True)
         (shadow / "info" / "exclude").write_text(exclude)
@@ -1347,8 +1387,8 @@ class Checkpoints:
         payload = {"git": repo is not None, "head": "", "branch": "", "index": ""}
         if repo:
             payload.update(head=repo.head, branch=repo.branch)
-            if (repo.git_dir / "index").is_file():
-                data = (repo.git_dir / "index").read_bytes()
+            data = _read_plain(repo.git_dir / "index", INDEX_CAP_BYTES)
+            if data is not None:
                 payload["index"] = self.keep(data)
                 if not (shadow / "index").is_file():
                     # the first checkpoint starts from the user's index (its stat cache)
@@ -1372,8 +1412,8 @@ class Checkpoints:
 
     def _changed(self, root: Path, index: Path) -> tuple[list[bytes], list[str]]:
         """(paths whose index entry is out of date: changed, deleted, untracked and not ignored;
-        untracked files over CHECKPOINT_FILE_CAP_BYTES, left out). One walk of the tree, as
-        `git status` makes; a nested repository ("sub/") is left out."""
+        untracked files over CHECKPOINT_FILE_CAP_BYTES and FIFOs, sockets or devices, left out).
+        One walk of the tree, as `git status` makes; a nested repository ("sub/") is left out."""
         argv = ["ls-files", "-z", "-t", "-m", "-d", "-o", "--exclude-standard"]
         listed = self.git(root, argv, index).split(b"\0")
         changed = {}
@@ -1383,7 +1423,8 @@ class Checkpoints:
             name = line[2:]
             if not name or name.endswith(b"/"):
                 continue
-            if tag == b"? " and _over_cap(root / os.fsdecode(name)):
+            path = root / os.fsdecode(name)
+            if _special(path) or (tag == b"? " and _over_cap(path)):
                 skipped.append(os.fsdecode(name))
                 continue
             changed[name] = True
@@ -1433,18 +1474,12 @@ class Checkpoints:
             if current != (mode, oid):
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
-            if self._read(root / path) != data:
+            if _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
                 mode = agent.get(path, ("100644",))[0]
                 if mode == ABSENT_MODE:
                     mode = "100644"
                 restores.append(Restore(path, mode, data=data, user_changed=path in user))
         return sorted(restores, key=lambda r: r.path)
-
-    def _read(self, path: Path) -> bytes | None:
-        try:
-            return path.read_bytes()
-        except OSError:
-            return None
 
     def apply(self, root: Path, restores: list[Restore]) -> list[str]:
         """Write back and delete as planned, byte for byte, the executable bit included. Returns
@@ -1468,6 +1503,9 @@ class Checkpoints:
                 problem = self._write(root, restore.path, restore.mode, data)
             except OSError as exc:
                 problem = exc.strerror or str(exc)
+            except ToolError as exc:
+                # write_file's refusal: a link or a FIFO swapped in meanwhile
+                problem = str(exc)
             if problem:
                 problems.append(f"{restore.path}: {problem}")
         return problems
@@ -1491,43 +1529,65 @@ class Checkpoints:
 
     def _delete(self, root: Path, path: str) -> None:
         """Remove a file a later step created, then the folders that leaves empty."""
-        target = root / path
-        if not _inside(target.parent, root):
+        folder, name = os.path.split(path)
+        fd = _judged_folder(root, folder)
+        if fd is None:
             return
-        if target.is_dir() and not target.is_symlink():
-            # a folder where the step made a file: left alone
-            return
-        target.unlink(missing_ok=True)
-        folder = target.parent
-        while folder != root and _inside(folder, root):
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                # a folder where the step made a file: left alone
+                return
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+        while folder:
+            folder, name = os.path.split(folder)
+            fd = _judged_folder(root, folder)
+            if fd is None:
+                return
             try:
-                folder.rmdir()
+                os.rmdir(name, dir_fd=fd)
             except OSError:
-                break
-            folder = folder.parent
+                return
+            finally:
+                os.close(fd)
 
     def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
-        target = root / path
-        # checked before making folders: a link planted in its place must not lead them outside
-        if not _inside(target.parent, root):
+        folder, name = os.path.split(path)
+        # made from descriptors: a link planted on the way must not lead the folders outside
+        fd = _judged_folder(root, folder, make=True)
+        if fd is None:
             return "its folder now leads outside the project"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink():
-            # written as a link or a file, never through one
-            target.unlink()
-        elif target.is_dir():
-            return "a folder is in its place now"
-        if mode == LINK_MODE:
-            os.symlink(os.fsdecode(data), target)
-            return ""
-        self.workspace.write_file(target, data, [os.path.realpath(root)])
-        permissions = target.stat().st_mode & 0o7777
-        if mode == "100755":
-            # x wherever r is, as git checks out an executable
-            permissions |= (permissions & 0o444) >> 2
-        else:
-            permissions &= ~0o111
-        os.chmod(target, permissions)
+        try:
+            try:
+                kind = stat.S_IFMT(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                kind = stat.S_IFREG
+            if kind == stat.S_IFDIR:
+                return "a folder is in its place now"
+            if kind != stat.S_IFREG:
+                # a link, FIFO or socket: written as a link or a file, never through one
+                os.unlink(name, dir_fd=fd)
+            if mode == LINK_MODE:
+                os.symlink(os.fsdecode(data), name, dir_fd=fd)
+                return ""
+            self.workspace.write_file(root / path, data, [os.path.realpath(root)])
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            written = os.open(name, flags, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            permissions = os.fstat(written).st_mode & 0o7777
+            if mode == "100755":
+                # x wherever r is, as git checks out an executable
+                permissions |= (permissions & 0o444) >> 2
+            else:
+                permissions &= ~0o111
+            os.fchmod(written, permissions)
+        finally:
+            os.close(written)
         return ""
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
@@ -1535,52 +1595,81 @@ class Checkpoints:
         now = self.repository() or repo
         branch = recorded["branch"]
         head = recorded["head"]
-        git = ["git", "-C", str(repo.root)]
         moved = (branch, head) != (now.branch, now.head)
         if moved and branch and head:
-            self._user_git(repo, git + ["update-ref", f"refs/heads/{branch}", head])
+            self._user_git(repo, ["update-ref", f"refs/heads/{branch}", head])
         if branch and branch != now.branch:
-            self._user_git(repo, git + ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
+            self._user_git(repo, ["symbolic-ref", "HEAD", f"refs/heads/{branch}"])
         elif not branch and head and head != now.head:
-            self._user_git(repo, git + ["update-ref", "--no-deref", "HEAD", head])
+            self._user_git(repo, ["update-ref", "--no-deref", "HEAD", head])
         if not recorded["index"]:
             return
         data = self.load(recorded["index"])
-        if self._read(repo.git_dir / "index") != data:
+        if _read_plain(repo.git_dir / "index", INDEX_CAP_BYTES) != data:
             self.workspace.write_file(repo.git_dir / "index", data,
                                       [os.path.realpath(repo.git_dir)])
 
-    def _user_git(self, repo: Repository, argv: list[str]) -> None:
+    def _user_git(self, repo: Repository, args: list[str]) -> None:
+        """git in the user's repository; no hook of theirs runs (reference-transaction would): the
+        call is khaelor's, not theirs."""
+        argv = ["git", "-C", str(repo.root), "-c", "core.hooksPath=/dev/null", *args]
         code, _ = self.workspace.capture(argv, cwd=repo.root, confine=DEFAULT_CONFINE,
                                          scan_git=False)
         if code != 0:
-            raise CheckpointError(f"`{' '.join(argv[3:5])}` failed (exit {code})")
+            raise CheckpointError(f"`git {' '.join(args[:2])}` failed (exit {code})")
 
 
 def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
     """(the commit HEAD names, read from the files refs live in (loose, else packed-refs), ""
     when that does not tell (no commit yet, another ref store: git is asked then); its branch,
     "" when detached)."""
-    try:
-        head = (git_dir / "HEAD").read_text().strip()
-    except OSError:
+    head = _read_plain(git_dir / "HEAD", REF_CAP_BYTES)
+    if head is None:
         return "", ""
-    ref = head.removeprefix("ref: ")
+    ref = head.decode(errors="replace").strip().removeprefix("ref: ")
+    head = ref
     branch = ""
     if ref.startswith("refs/heads/"):
         branch = ref.removeprefix("refs/heads/")
-        try:
-            if (common_dir / ref).is_file():
-                head = (common_dir / ref).read_text().strip()
-            else:
-                packed = (common_dir / "packed-refs").read_text()
-                found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
-                head = found.group(1) if found else ""
-        except (OSError, ValueError):
-            head = ""
+        loose = _read_plain(common_dir / ref, REF_CAP_BYTES)
+        if loose is not None:
+            head = loose.decode(errors="replace").strip()
+        else:
+            packed = _read_plain(common_dir / "packed-refs", READ_FILE_CAP_BYTES) or b""
+            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed.decode(errors="replace"),
+                              re.M)
+            head = found.group(1) if found else ""
     if not OID.fullmatch(head):
         head = ""
     return head, branch
+
+
+def _read_plain(path: Path, cap: int) -> bytes | None:
+    """The bytes of a file a step could have replaced (the repository's HEAD, refs, index and
+    info/exclude; a file a rewind compares), None unless it is a regular file of at most `cap`
+    bytes: khaelor reads it outside the sandbox, so a link there is not followed (to a key that
+    a checkpoint would copy and a rewind write back), a FIFO not waited on, /dev/zero not read."""
+    try:
+        folder = os.path.realpath(path.parent)
+        fd = sandbox.open_no_links(os.path.join(folder, path.name),
+                                   os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = _read_at_most(handle, cap + 1)
+    return data if len(data) <= cap else None
+
+
+def _special(path: Path) -> bool:
+    """A FIFO, socket or device: git cannot record one, and one would fail the whole checkpoint
+    (a step could plant one so that no later step has a checkpoint)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
 
 
 def _over_cap(path: Path) -> bool:
@@ -1590,8 +1679,19 @@ def _over_cap(path: Path) -> bool:
         return False
 
 
-def _inside(path: Path, root: Path) -> bool:
-    return sandbox.within(os.path.realpath(path), [os.path.realpath(root)])
+def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
+    """A descriptor for the project's `folder` (made, with its parents, if `make`), None when its
+    real path leads outside the project or it is gone: opened without following a link, so one a
+    running process swaps in after the check is not gone through (to delete or write elsewhere)."""
+    real = os.path.realpath(root / folder)
+    if not sandbox.within(real, [os.path.realpath(root)]):
+        return None
+    try:
+        if make:
+            return _open_folder(real)
+        return sandbox.open_no_links(real, sandbox.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------- input checking
@@ -1796,6 +1896,10 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
                 error="masked_secret")
 
 
+# A .env file larger than this is not read for values to mask.
+DOTENV_CAP_BYTES = 10_000_000
+
+
 class _DotEnv:
     """The values in the project's .env files (.env, .env.*, *.env at its root, but not the
     templates: .env.example and the like), KEY=value lines with quotes stripped; read again only
@@ -1822,10 +1926,13 @@ class _DotEnv:
             return
         values = set()
         for name, _, _ in files:
+            # at every tool call, on the event loop: a FIFO or a sparse giant is not read
             try:
-                text = (self.root / name).read_text(encoding="utf-8", errors="replace")
+                real = Path(os.path.realpath(self.root / name))
             except OSError:
                 continue
+            data = _read_plain(real, DOTENV_CAP_BYTES)
+            text = (data or b"").decode(errors="replace")
             for line in text.splitlines():
                 value = _dotenv_value(line)
                 if len(value) >= DOTENV_VALUE_MIN_CHARS:
@@ -2017,7 +2124,8 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     elif offset > 1:
         text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
     meta = {"path": shown, "lines": total, "start": offset, "end": last}
-    return ToolResult(text, meta=meta)
+    # masked here too: an @mention's attachment does not pass through Toolbox.run
+    return ToolResult(box.mask(text), meta=meta)
 
 
 def _listing(folder_fd: int, shown: str) -> ToolResult:

@@ -242,16 +242,18 @@ def test_a_headless_denial_shows_the_command_with_its_controls_visible(khaelor, 
 
 
 def swap_after_first_read(monkeypatch, path, replacement):
-    """A process racing khaelor: `path` changes right after khaelor's first read of it."""
-    real = Path.read_bytes
+    """A process racing khaelor: `path` changes right after khaelor's first read of it (its one
+    reader of config and permission files, khaelor.read_bytes)."""
+    import khaelor as cli
+    real = cli.read_bytes
 
-    def read_bytes(self):
-        data = real(self)
-        if self == path:
-            monkeypatch.setattr(Path, "read_bytes", real)
+    def read_bytes(read):
+        data = real(read)
+        if read == path:
+            monkeypatch.setattr(cli, "read_bytes", real)
             path.write_text(replacement)
         return data
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(cli, "read_bytes", read_bytes)
 
 
 def test_a_file_swapped_after_it_was_hashed_is_never_what_is_trusted(project, tmp_path, monkeypatch, capsys):
