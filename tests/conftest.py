@@ -241,6 +241,7 @@ LONG_TESTS = {
     # (reference_run) once
     "test_reference_session_uses_every_tool_path_the_kill_points_hit": 30,
     "test_a_log_cut_at_any_byte_keeps_every_whole_line_and_continues_validly": 10,
+    "test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs": 10,
     "test_rewind_brings_back_what_each_destructive_command_wiped": 10,
     "test_a_closed_pipe_ends_quietly_with_141_in_every_output_format": 8,
     "test_sessions_are_listed_from_their_meta_caches_and_rebuilt_when_stale": 8,
