@@ -196,8 +196,10 @@ DURABLE_KINDS = {
         "effort": NotRequired[str],         # low, medium, high, xhigh, max
     },
     # Shift-Tab, --permission-mode, a plan approved: from the next turn
-    "ModeChanged": {"mode": str},           # default, acceptEdits, plan
+    "ModeChanged": {"mode": str},           # one of MODES
 }
+# the permission modes, in the order Shift-Tab cycles them (as in Claude Code)
+MODES = ("default", "acceptEdits", "plan")
 # Published, never stored.
 EPHEMERAL_KINDS = {
     "ModelStarted": {"model": str},
@@ -208,6 +210,7 @@ EPHEMERAL_KINDS = {
     "Status": {"text": str},
     "FilesListed": {"count": int},          # the project's files were listed for @ completion
     "SessionResumed": {"events": list},     # /resume: the UI replays the log as it was shown
+    "Notice": {"text": str},                # said once at the start (grants waiting for trust)
 }
 EVENT_KINDS = {**DURABLE_KINDS, **EPHEMERAL_KINDS}
 DURABLE = frozenset(DURABLE_KINDS)

@@ -418,7 +418,7 @@ class Kernel:
         self.grant = grant
         self.yes = yes
         self.max_turns = max_turns
-        # "default", "acceptEdits" or "plan" (permissions.MODES)
+        # "default", "acceptEdits" or "plan" (events.MODES)
         self.permission_mode = permission_mode
         self.busy = False
         # the log's last seq when Context.plan was last asked

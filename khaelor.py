@@ -174,9 +174,8 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     # --thinking and --effort: recorded in the session, so a resume keeps them
     flags = {key: getattr(args, key, None) for key in ("thinking", "effort")}
     merged["reasoning_flags"] = {k: v for k, v in flags.items() if v is not None}
+    # the permission layers are read by build_kernel: the trust model is not on the start path
     merged["extra_layers"] = flag_layers(args, project_root)
-    merged["layers"] = permission_layers(home, project_root,
-                                         merged["extra_layers"])
     return merged
 
 
@@ -246,11 +245,12 @@ def trust_records(home: Path) -> dict:
     return records if isinstance(records, dict) else {}
 
 
-def start_notices(settings: dict) -> list[str]:
+def start_notices(settings: dict, home: Path, project_root: Path) -> list[str]:
     """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
     import sandbox
     import permissions
-    notices = [permissions.trust_notice(settings["layers"]), sandbox.notice()]
+    layers = permission_layers(home, project_root, settings["extra_layers"])
+    notices = [permissions.trust_notice(layers), sandbox.notice()]
     if settings.get("untrusted_keys"):
         keys = ", ".join(settings["untrusted_keys"])
         notices.append(f"this project's .khaelor/config.json sets {keys}; ignored until you"
@@ -428,6 +428,9 @@ def project_config(home: Path, project_root: Path) -> tuple[dict, list]:
     path = project_root / ".khaelor" / "config.json"
     data = read_bytes(path)
     config = parse_config(path, data.decode("utf-8", "replace"))
+    if not config:
+        # most projects have none: the trust model (permissions.py) is not imported at start-up
+        return config, []
     import permissions
     if permissions.is_trusted(trust_records(home), path, data):
         return config, []
@@ -1137,10 +1140,8 @@ def parse_args(argv: list):
                         metavar="RULE",
                         help="deny these Claude Code rules for this run,"
                              " even under --yes")
-    # every run reads its rules anyway
-    import permissions
     parser.add_argument("--permission-mode", dest="permission_mode",
-                        choices=permissions.MODES, default="default",
+                        choices=events.MODES, default="default",
                         help="plan: only tools that read run;"
                              " acceptEdits: project files are written"
                              " without asking")
@@ -1176,12 +1177,12 @@ def flag_layers(args, project_root: Path) -> tuple:
     """--allowedTools and --disallowedTools as Claude Code rule layers, for this run only. They are
     the user's own (typed by the user), so they grant; as with Claude Code's files a deny outranks
     every allow, and the hardline floor is beneath them all."""
-    import permissions
     layers = []
     for flag, action, dest in (("--allowedTools", "allow", "allowed_tools"),
                                ("--disallowedTools", "deny", "disallowed_tools")):
         rules = split_tool_rules(getattr(args, dest, None) or [])
         if rules:
+            import permissions
             empty = permissions.Layer(flag, {}, "user", True, claude=True)
             root = os.path.realpath(project_root)
             layers.append(permissions.claude_rules(empty, {action: rules}, root))
@@ -1234,7 +1235,8 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                             model=client,
                             toolbox=toolbox,
                             ctx=ctx,
-                            rules=permissions.load_rules(settings["layers"]),
+                            rules=permissions.load_rules(permission_layers(
+                                home, project_root, settings["extra_layers"])),
                             project_root=project_root,
                             ask=ask,
                             grant=grant,
@@ -1367,7 +1369,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     args.streamed = args.output_format == "text" and sys.stdout.isatty()
     if args.streamed:
         bus.subscribe(StreamedAnswer())
-    for notice in start_notices(settings):
+    for notice in start_notices(settings, home, project_root):
         print(f"khaelor: {notice}", file=sys.stderr)
 
     async def ask(request: dict):
@@ -1666,6 +1668,10 @@ class Session:
                 self.show_status("")
         asyncio.get_running_loop().call_later(0, attach)
 
+    def say_start_notices(self) -> None:
+        for notice in start_notices(self.settings, self.home, self.project_root):
+            self.bus.emit("Notice", text=notice)
+
     def show_status(self, text: str) -> None:
         """The model client's word on a retry or a wait, for the status line."""
         self.bus.emit("Status", text=text)
@@ -1751,8 +1757,7 @@ class Session:
 
     def cycle_mode(self) -> None:
         """Shift-Tab: default → acceptEdits → plan → default, as in Claude Code."""
-        import permissions
-        modes = permissions.MODES
+        modes = events.MODES
         self.mode = modes[(modes.index(self.mode) + 1) % len(modes)]
         if self.store.events:
             self.record_mode()
@@ -2504,7 +2509,8 @@ async def interactive_main(args, settings, store, home: Path,
         session.attach_after_first_frame(store)
     earlier = list(store.events)
     notices = [f"warning: {warning}" for warning in store.warnings]
-    notices += start_notices(settings)
+    # after the first frame: they import the trust model (permissions.py, ~8 ms)
+    asyncio.get_running_loop().call_later(0, session.say_start_notices)
     # The SDK import (~2 s) starts just after the first paint, so typing never waits for it.
     asyncio.get_running_loop().call_later(0.05, model.preload)
     asyncio.get_running_loop().call_later(0.1, prune_in_background, home)

@@ -807,9 +807,6 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-MODES = ("default", "acceptEdits", "plan")
-
-
 def decide(tool_name: str, tool_input: dict, project_root: Path,
            rules: list[Rule], *, sandboxed: bool = True,
            process_command: str | None = None,

@@ -1323,6 +1323,9 @@ class Timeline:
             return
         self.error("Task failed: " + reason)
 
+    def _on_Notice(self, e: dict) -> None:
+        self.note("⚠ " + str(e.get("text", "")))
+
     def _on_SessionResumed(self, e: dict) -> None:
         """/resume: the session's conversation as it was shown, as at start-up."""
         self._settle(render_transcript(e["events"], self.width, self.style.color,

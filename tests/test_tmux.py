@@ -989,3 +989,14 @@ def test_slash_resume_replays_the_session_as_it_was_shown(terminal, env):
     time.sleep(1)
     after = "\n".join(scrollback(term)).split("new session")[-1]
     assert "● bash echo visible-output" in after and "› look around" in after, after
+
+
+def test_start_notices_show_once_the_first_frame_is_up(terminal, project):
+    """The trust notice is read after the first paint (it imports the trust model), and shown."""
+    (project / ".khaelor").mkdir(exist_ok=True)
+    rule = {"capability": "process.execute", "pattern": "make *", "action": "allow"}
+    (project / ".khaelor" / "config.json").write_text(json.dumps({"permissions": [rule]}))
+    term = terminal([reply(text("x"))], width=100)
+    words = lambda: " ".join(term.screen().split())
+    wait_until(lambda: "would grant 1 permission" in words(), "the trust notice", show=term.screen)
+    assert "trust them with khaelor trust" in words() and words().count("would grant") == 1
