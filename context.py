@@ -13,11 +13,9 @@ beyond reading project files and running read-only `git` through the Workspace i
 import collections
 import copy
 import datetime
-import errno
 import time
 import json
 import os
-import stat
 import re
 import sys
 from pathlib import Path
@@ -369,26 +367,14 @@ def imports_in(text: str) -> list[tuple[int, str]]:
 def _read_instruction(path: Path) -> str:
     try:
         # 4 bytes to a character at most in UTF-8
-        text, size = read_capped(path, 4 * MAX_INSTRUCTION_CHARS, os.O_NOFOLLOW)
+        data, size = events.read_regular(path, 4 * MAX_INSTRUCTION_CHARS, os.O_NOFOLLOW)
     except OSError as e:
         return f"[this file could not be read: {e.strerror}]"
+    text = data.decode("utf-8", "replace")
     if len(text) > MAX_INSTRUCTION_CHARS:
         note = f"\n[… cut: the file has {size} bytes]"
         text = text[:MAX_INSTRUCTION_CHARS] + note
     return text
-
-
-def read_capped(path: Path, cap: int, flags: int = 0) -> tuple[str, int]:
-    """(the text of at most `cap` bytes of a regular file, its size in bytes); OSError for anything
-    else. khaelor reads the project's files outside the sandbox: a FIFO is not waited on, and a
-    file claiming more than it should (a sparse giant, /dev/zero through a link) is not read
-    whole. flags: O_NOFOLLOW for a path already resolved, so a link swapped in is not followed."""
-    flags |= os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    with os.fdopen(os.open(path, flags), "rb") as handle:
-        found = os.fstat(handle.fileno())
-        if not stat.S_ISREG(found.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return handle.read(cap).decode("utf-8", "replace"), found.st_size
 
 
 INSTRUCTION_WHOSE = {
@@ -1413,7 +1399,7 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
 
 def _read_text(path: Path) -> str:
     try:
-        return read_capped(path, 200_000)[0]
+        return events.read_regular(path, 200_000)[0].decode("utf-8", "replace")
     except OSError:
         return ""
 

@@ -7,10 +7,12 @@ cost function, and the one duration formatter, which every module may use.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
+import errno
 import fcntl
 import json
 import os
 import re
+import stat
 import time
 import types
 import typing
@@ -608,6 +610,19 @@ def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -
         os.replace(tmp, target)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def read_regular(path: Path | str, cap: int, flags: int = 0) -> tuple[bytes, int]:
+    """(at most `cap` bytes of a regular file, its size); OSError for anything else. khaelor reads
+    files a repository or a step may have made outside the sandbox: a FIFO is not waited on, and
+    a file claiming more than it should (a sparse giant, /dev/zero through a link) is not read
+    whole. flags: O_NOFOLLOW for a path already resolved, so a link swapped in is not followed."""
+    flags |= os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    with os.fdopen(os.open(path, flags), "rb") as handle:
+        found = os.fstat(handle.fileno())
+        if not stat.S_ISREG(found.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return handle.read(cap), found.st_size
 
 
 def private_file(path: Path) -> Path:

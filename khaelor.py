@@ -76,15 +76,11 @@ def read_bytes(path: Path) -> bytes:
     """A config or permission file's bytes, read once; b"" when there is none. One a repository
     or a step made a FIFO (or a device, or a sparse giant) is an error, not a wait without end."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        data = events.read_regular(path, MAX_CONFIG_BYTES + 1)[0]
     except FileNotFoundError:
         return b""
     except OSError as e:
         raise UsageError(f"{path}: cannot be read ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"{path}: not a regular file")
-        data = f.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise UsageError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes")
     return data
@@ -919,7 +915,6 @@ def command_dirs(home: Path,
 def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
     """Every command file by name. Built-in commands keep their names; a repository's command file
     that resolves outside the project (a symlink) is not read, as with instruction files."""
-    import context
     root = project_root.resolve()
     commands = {}
     for directory, source, in_repository in command_dirs(home, project_root):
@@ -934,7 +929,8 @@ def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
                 continue
             try:
                 # the path judged (a link swapped in since is not followed); a FIFO is skipped
-                text = context.read_capped(resolved, MAX_CONFIG_BYTES, os.O_NOFOLLOW)[0]
+                data = events.read_regular(resolved, MAX_CONFIG_BYTES, os.O_NOFOLLOW)[0]
+                text = data.decode("utf-8", "replace")
             except OSError:
                 continue
             commands[name] = parse_command(name, path, source, text)

@@ -150,7 +150,7 @@ def test_a_fifo_planted_as_a_config_or_command_file_does_not_hang_the_start(khae
     assert done.returncode == 0, done.stderr
     os.mkfifo(project / ".khaelor" / "config.json")
     refused = khaelor.run("-p", "hi", timeout=20)
-    assert refused.returncode == 2 and "config.json: not a regular file" in refused.stderr
+    assert refused.returncode == 2 and "config.json: cannot be read (not a regular file)" in refused.stderr
 
 
 def test_khaelor_never_runs_a_git_or_rg_planted_in_the_project_on_path(tmp_path, monkeypatch):
