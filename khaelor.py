@@ -1665,6 +1665,9 @@ class Session:
         asyncio.get_running_loop().call_later(0, attach)
 
     def say_start_notices(self) -> None:
+        """Right after the first frame (they import the trust model); quitting first skips them."""
+        if self.closed:
+            return
         for notice in start_notices(self.settings, self.home, self.project_root):
             self.bus.emit("Notice", text=notice)
 
