@@ -1269,9 +1269,11 @@ class Timeline:
             return
         message = sanitize(str(e.get("message") or "")).strip()
         text = ERROR_WORDS.get(e.get("kind"), "The model request failed")
-        # 200: the stream broke after the API said OK, so the code tells nothing
-        if (e.get("status") or 0) >= 400:
-            text += f" ({e['status']})"
+        # 200: the stream broke after the API said OK, so the code tells nothing; the message
+        # may name it already ("API error 400 (invalid_request_error): …")
+        status = e.get("status") or 0
+        if status >= 400 and not message.startswith(f"API error {status}"):
+            text += f" ({status})"
         if message:
             text += f": {message}"
         if e.get("retrying"):

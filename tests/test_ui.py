@@ -517,6 +517,9 @@ def test_conversation_errors_and_steering_read_as_plain_words():
     assert "✗ The API did not accept the credentials (401): invalid x-api-key" in text
     assert "Task failed: the model stopped answering" in text
     assert "■ Interrupted" in text
+    rejected = timeline_text([event("ModelRequestFailed", kind="invalid_request", status=400,
+                                    message="API error 400 (invalid_request_error): bad block")])
+    assert "The API rejected the request: API error 400 (invalid_request_error): bad block" in rejected
 
 
 def test_replayed_text_blocks_render_like_streamed_ones():
