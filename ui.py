@@ -1740,11 +1740,11 @@ def render_permission_panel(request: dict, width: int, style: Style,
     footer = panel_footer(request, width, style, feedback, selected, composing, bar)
     if room and len(head) + len(footer) > room:
         keep = max(1, room - len(footer) - 1)
-        hidden = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
-        # the question's first line stays before the count of what is hidden
-        head = head[:keep]
-        if keep + 1 + len(footer) <= room:
-            head.append(style.paint(hidden, "warning"))
+        note = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
+        # the question's first line and the count of what is hidden always show; then as many
+        # lines of the answers as fit (their keys work whether shown or not)
+        head = head[:keep] + [style.paint(note, "warning")]
+        footer = footer[:max(1, room - len(head))]
     return [clip(line, width) for line in head + footer]
 
 

@@ -1602,6 +1602,7 @@ def test_a_tiny_terminal_keeps_the_question_with_the_answers(width, height):
     lines, _ = app.frame(0.0)
     text = "\n".join(lines)
     assert "y) allow once" in text and "Write notes.txt?" in text, text
+    assert "panel lines hidden" in text, "what is hidden is said, never silently dropped"
 
 
 @pytest.mark.parametrize("letter", ["A", "Y", "N"])
