@@ -1609,6 +1609,8 @@ class Session:
         known = known_model_ids(settings["prices"])
         self.command_choices["/model"] = [*model.MODEL_ALIASES, *known]
         self.closed = False
+        # what stopped the kernel being built after the first frame (raised once the UI is gone)
+        self.start_error = None
         # the task recording the git baseline, if one runs
         self.baseline = None
         # the task of a running `!` command
@@ -1634,12 +1636,14 @@ class Session:
         session that died with tool calls waiting (say, a permission question nobody answered)
         goes on at once, so the question is asked again."""
         resumed = bool(store.events)
+        bus = events.Bus(store)
+        bus.subscribe(self.publish)
+        # built first: if it fails (a permission file that cannot be read), nothing has switched
+        kernel = build_kernel(self.args, self.settings, store, bus, self.home, self.project_root,
+                              self.ask, client=self.client)
         self.store = store
-        self.bus = events.Bus(store)
-        self.bus.subscribe(self.publish)
-        self.kernel = build_kernel(self.args, self.settings, store, self.bus,
-                                   self.home, self.project_root, self.ask,
-                                   client=self.client)
+        self.bus = bus
+        self.kernel = kernel
         self.kernel.repair()
         self.baseline = None
         if resumed:
@@ -1659,14 +1663,26 @@ class Session:
         self.store = store
 
         def attach() -> None:
-            if not self.closed:
+            if self.closed:
+                return
+            try:
                 self.attach(store)
-                self.show_status("")
+            except KhaelorError as error:
+                # said as at any start (exit 2), once the UI has given the terminal back
+                self.start_error = error
+                self.publish({"type": "StartFailed", "text": str(error)})
+                return
+            self.show_status("")
         asyncio.get_running_loop().call_later(0, attach)
+
+    def check_permission_files(self) -> None:
+        """Read before /new or /resume leaves this session: one that cannot be read (a FIFO
+        planted in its place) is the command's error, and this session goes on."""
+        permission_layers(self.home, self.project_root, self.settings["extra_layers"])
 
     def say_start_notices(self) -> None:
         """Right after the first frame (they import the trust model); quitting first skips them."""
-        if self.closed:
+        if self.closed or self.kernel is None:
             return
         for notice in start_notices(self.settings, self.home, self.project_root):
             self.bus.emit("Notice", text=notice)
@@ -2000,6 +2016,7 @@ class Session:
         return "\n".join(lines)
 
     async def cmd_new(self, _):
+        self.check_permission_files()
         await self.detach()
         directory = events.sessions_dir(self.home, self.project_root)
         self.attach(events.SessionStore.create(directory))
@@ -2033,6 +2050,11 @@ class Session:
             if e.pid == os.getpid():
                 return f"`{e.session_id}` is the session you are in"
             return str(e)
+        try:
+            self.check_permission_files()
+        except KhaelorError:
+            store.close()
+            raise
         await self.detach()
         self.attach(store)
         self.bus.emit("SessionResumed", events=list(store.events))
@@ -2526,6 +2548,8 @@ async def interactive_main(args, settings, store, home: Path,
         await session.quit()
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
+    if session.start_error is not None:
+        raise session.start_error
     if session.store.events:
         print(farewell_line(session.store, settings["prices"]))
     return code

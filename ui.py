@@ -2576,6 +2576,9 @@ class App:
             self.log.append(event)
         if kind == "SessionResumed":
             self.log = [e for e in event["events"] if e.get("type") in events.DURABLE]
+        if kind == "StartFailed":
+            # khaelor says why once the terminal is given back
+            self.quit(2)
         try:
             self.timeline.apply(event)
         except Exception as exc:

@@ -368,3 +368,54 @@ def test_the_shell_is_never_one_a_step_planted_on_path(tmp_path, monkeypatch):
         return out
     assert asyncio.run(run()) == b"ran\n"
     assert not (tmp_path / "PLANTED-bash").exists()
+
+
+def test_a_fifo_planted_as_claude_settings_ends_a_fresh_start_with_its_error(khaelor, project):
+    """The permission files are read just after the first frame (the trust model waits until
+    then): one that cannot be read still ends the start with its error and exit 2, never a UI
+    whose every message fails."""
+    (project / ".claude").mkdir(exist_ok=True)
+    os.mkfifo(project / ".claude" / "settings.json")
+    master, slave = os.openpty()
+    try:
+        with khaelor.popen(stdin=slave, stdout=slave) as process:
+            _, stderr = process.communicate(timeout=20)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert process.returncode == 2, stderr
+    assert "settings.json: cannot be read (not a regular file)" in stderr
+
+
+def test_new_and_resume_that_cannot_read_a_permission_file_leave_the_session_as_it_was(
+        project, env, monkeypatch):
+    import asyncio
+
+    import events
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.chdir(project)
+    home = Path(env["KHAELOR_HOME"])
+
+    async def go():
+        args = cli.parse_args([])
+        session = cli.Session(args, cli.load_settings(args, home, project), home, project)
+        earlier = events.SessionStore.create(events.sessions_dir(home, project))
+        events.Bus(earlier).emit("SessionRenamed", title="earlier")
+        earlier.close()
+        session.attach(events.SessionStore.create(events.sessions_dir(home, project)))
+        session.begin()
+        current = session.store.path
+        (project / ".claude").mkdir(exist_ok=True)
+        os.mkfifo(project / ".claude" / "settings.json")
+        try:
+            for command in ("/new", f"/resume {earlier.session_id}"):
+                with contextlib.suppress(cli.KhaelorError):
+                    await session.run_command(command)
+                session.bus.emit("SessionRenamed", title=f"after {command}")
+                assert session.store.path == current, command
+                assert f"after {command}" in current.read_text(), command
+        finally:
+            await session.quit()
+    asyncio.run(go())
