@@ -241,11 +241,10 @@ def trust_records(home: Path) -> dict:
     return records if isinstance(records, dict) else {}
 
 
-def start_notices(settings: dict, home: Path, project_root: Path) -> list[str]:
-    """Said once when a session starts: grants waiting for trust, and a missing OS sandbox."""
+def start_notices(settings: dict, layers: list) -> list[str]:
+    """Said once when a session starts: grants in `layers` waiting for trust, no OS sandbox."""
     import sandbox
     import permissions
-    layers = permission_layers(home, project_root, settings["extra_layers"])
     notices = [permissions.trust_notice(layers), sandbox.notice()]
     if settings.get("untrusted_keys"):
         keys = ", ".join(settings["untrusted_keys"])
@@ -1186,7 +1185,7 @@ def flag_layers(args, project_root: Path) -> tuple:
 
 
 def build_kernel(args, settings, store, bus, home, project_root, ask,
-                 client=None):
+                 client=None, layers=None):
     """Wire the subsystems for one session (the modules are imported here, off the cold path).
     The toolbox is the session's own (what the model read, its edits, its processes), taken up
     from the log on resume; an interactive run keeps one client across /new and /resume."""
@@ -1195,6 +1194,8 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     import permissions
     import sandbox
     import tools
+    if layers is None:
+        layers = permission_layers(home, project_root, settings["extra_layers"])
 
     def grant(rule: dict) -> None:
         path = grants_path(home, project_root)
@@ -1231,8 +1232,7 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
                             model=client,
                             toolbox=toolbox,
                             ctx=ctx,
-                            rules=permissions.load_rules(permission_layers(
-                                home, project_root, settings["extra_layers"])),
+                            rules=permissions.load_rules(layers),
                             project_root=project_root,
                             ask=ask,
                             grant=grant,
@@ -1365,7 +1365,8 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     args.streamed = args.output_format == "text" and sys.stdout.isatty()
     if args.streamed:
         bus.subscribe(StreamedAnswer())
-    for notice in start_notices(settings, home, project_root):
+    layers = permission_layers(home, project_root, settings["extra_layers"])
+    for notice in start_notices(settings, layers):
         print(f"khaelor: {notice}", file=sys.stderr)
 
     async def ask(request: dict):
@@ -1384,7 +1385,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         return "nobody", ""
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root,
-                           ask)
+                           ask, layers=layers)
     resumed = bool(store.events)
     if not resumed:
         bus.emit("SessionCreated", cwd=str(Path.cwd()),
@@ -1631,16 +1632,19 @@ class Session:
         # attached or begun records them, so /new and /resume keep them too
         self.reasoning = dict(settings["reasoning_flags"])
 
-    def attach(self, store) -> None:
+    def attach(self, store, layers: list | None = None) -> None:
         """Make `store` the current session (start, /new, /resume); UI subscribers carry over. A
         session that died with tool calls waiting (say, a permission question nobody answered)
-        goes on at once, so the question is asked again."""
+        goes on at once, so the question is asked again. `layers`: read_layers(), if read."""
         resumed = bool(store.events)
         bus = events.Bus(store)
         bus.subscribe(self.publish)
         # built first: if it fails (a permission file that cannot be read), nothing has switched
+        if layers is None:
+            layers = self.read_layers()
         kernel = build_kernel(self.args, self.settings, store, bus, self.home, self.project_root,
-                              self.ask, client=self.client)
+                              self.ask, client=self.client, layers=layers)
+        self.layers = layers
         self.store = store
         self.bus = bus
         self.kernel = kernel
@@ -1675,16 +1679,16 @@ class Session:
             self.show_status("")
         asyncio.get_running_loop().call_later(0, attach)
 
-    def check_permission_files(self) -> None:
-        """Read before /new or /resume leaves this session: one that cannot be read (a FIFO
+    def read_layers(self) -> list:
+        """Read before /new or /resume leaves this session: a file that cannot be read (a FIFO
         planted in its place) is the command's error, and this session goes on."""
-        permission_layers(self.home, self.project_root, self.settings["extra_layers"])
+        return permission_layers(self.home, self.project_root, self.settings["extra_layers"])
 
     def say_start_notices(self) -> None:
         """Right after the first frame (they import the trust model); quitting first skips them."""
         if self.closed or self.kernel is None:
             return
-        for notice in start_notices(self.settings, self.home, self.project_root):
+        for notice in start_notices(self.settings, self.layers):
             self.bus.emit("Notice", text=notice)
 
     def show_status(self, text: str) -> None:
@@ -2016,10 +2020,10 @@ class Session:
         return "\n".join(lines)
 
     async def cmd_new(self, _):
-        self.check_permission_files()
+        layers = self.read_layers()
         await self.detach()
         directory = events.sessions_dir(self.home, self.project_root)
-        self.attach(events.SessionStore.create(directory))
+        self.attach(events.SessionStore.create(directory), layers)
         return f"new session {self.store.session_id}"
 
     async def cmd_sessions(self, _):
@@ -2051,12 +2055,12 @@ class Session:
                 return f"`{e.session_id}` is the session you are in"
             return str(e)
         try:
-            self.check_permission_files()
+            layers = self.read_layers()
         except KhaelorError:
             store.close()
             raise
         await self.detach()
-        self.attach(store)
+        self.attach(store, layers)
         self.bus.emit("SessionResumed", events=list(store.events))
         title = store.state.title or "(untitled)"
         return f"resumed `{store.session_id}`: {title}"
@@ -2257,9 +2261,7 @@ class Session:
 
     async def cmd_permissions(self, _):
         """`khaelor permissions` in the session: the boundary, the layers and the rules."""
-        layers = permission_layers(self.home, self.project_root,
-                                   self.settings["extra_layers"])
-        report = policy_report(layers, self.kernel.rules)
+        report = policy_report(self.read_layers(), self.kernel.rules)
         return "```\n" + "\n".join(report) + "\n```"
 
     async def cmd_status(self, _):
