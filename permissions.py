@@ -46,6 +46,7 @@ outside the project suggests the exact path.
 
 import contextvars
 import fnmatch
+import gc
 import glob
 import itertools
 import json
@@ -818,6 +819,10 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
     process_command: for `process write`, the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""
+    # A garbage collection falling inside the judgement would count against its CPU budget (a
+    # full one takes 100+ ms in a large heap) and turn a floor refusal into a question.
+    collecting = gc.isenabled()
+    gc.disable()
     deadline = _DEADLINE.set(time.thread_time() + DECIDE_BUDGET_SECONDS)
     try:
         decision = _decide(tool_name, tool_input, project_root, rules,
@@ -826,6 +831,8 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
         decision = None
     finally:
         _DEADLINE.reset(deadline)
+        if collecting:
+            gc.enable()
     if decision is None:
         decision = _out_of_time(tool_name, tool_input, rules)
     if mode == "plan" and _plan_refuses(tool_name, tool_input, decision):

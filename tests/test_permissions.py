@@ -1,7 +1,9 @@
 """Tests for permissions.py: the evaluator, bash parsing, the floor, suggestions, config."""
 
 import ast
+import gc
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -343,6 +345,25 @@ def test_floor_beats_allow_rules(project, command):
     rules = [*DEFAULTS, Rule("*", "*", "allow", "yolo"), Rule("process.execute", command, "allow", "exact")]
     decision = decide("bash", {"command": command}, project, rules)
     assert (decision.action, decision.floor, decision.rule) == ("deny", True, None)
+
+
+def test_a_garbage_collection_never_counts_against_the_judgement(project):
+    """The judgement's budget is CPU time: a collection falling inside it (100+ ms in a large
+    heap) must not turn a floor refusal into a question."""
+    def slow_collection(phase, info):
+        if phase == "start":
+            end = time.thread_time() + 0.06
+            while time.thread_time() < end:
+                pass
+    threshold = gc.get_threshold()
+    gc.callbacks.append(slow_collection)
+    gc.set_threshold(1)
+    try:
+        decision = decide("bash", {"command": 'D="/"; rm -rf "$D"'}, project, DEFAULTS)
+    finally:
+        gc.callbacks.remove(slow_collection)
+        gc.set_threshold(*threshold)
+    assert decision.floor and decision.action == "deny", decision.reason
 
 
 def test_floor_refuses_the_literal_home_directory(project):
