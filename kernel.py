@@ -691,6 +691,9 @@ class Kernel:
             self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
+        # checkpoints reach the disk (fsync) at most once per CHECKPOINT_INTERVAL_S: a fast stream
+        # writes one per CHECKPOINT_CHARS, and an fsync each cost more CPU than the whole reply
+        synced_at = time.monotonic()
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
@@ -699,12 +702,15 @@ class Kernel:
                               message=raw["error"], retrying=True)
                     reducer = StreamReducer()
                     continue
-                for kind, payload in reducer.feed(raw, time.monotonic()):
+                now = time.monotonic()
+                for kind, payload in reducer.feed(raw, now):
                     if kind == "ToolRequested":
                         payload["card"] = tools.card_of(
                             payload["name"], payload["input"])
                     self.emit(kind, **payload)
-                if self.save_checkpoint(reducer, time.monotonic()):
+                saved = self.save_checkpoint(reducer, now)
+                if saved and now - synced_at >= CHECKPOINT_INTERVAL_S:
+                    synced_at = now
                     await self.bus.store.sync_off_loop()
         except asyncio.CancelledError:
             # Esc: the text streamed so far is kept (run() syncs it as the turn ends).
