@@ -16,7 +16,6 @@ import stat
 import time
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, NotRequired
 
@@ -921,75 +920,76 @@ class Prunable(NamedTuple):
     tokens: int             # what replacing it frees
 
 
-@dataclass
 class State:
     """Everything the kernel, context, CLI and UI read from a session, kept up to date by `apply`
     as each event is appended. Fields marked (turn) start afresh with each user message."""
-    # -- the conversation
-    conversation: Conversation = field(default_factory=Conversation)
-    attempt: Attempt = field(default_factory=Attempt)
-    uncut: list = field(default_factory=list)   # events after the latest cut (to refold)
-    summary: str | None = None          # the latest compaction's summary: the first message
-    cut_seq: int = 0                    # the latest compaction's cut
-    pruned: dict = field(default_factory=dict)      # tool_use_id -> its placeholder or None
-    prunable: dict = field(default_factory=dict)    # tool_use_id -> Prunable
-    measured: int | None = None         # next request's tokens: last usage + estimate since
-    freed_since_usage: int = 0          # tokens prunes freed since the last response's usage
-    safe_cut: int = 0                   # the newest seq at which the log may be cut
-    grew_seq: int = 0                   # the newest seq at which the conversation grew
-    world_seq: int = 0                  # the newest seq after which the working tree may differ
-    # -- what derive_next reads
-    turn_open: bool = False             # a user message arrived after the last turn end
-    needs_model: bool = False           # the conversation ends on the user side
-    pending_tools: list = field(default_factory=list)   # calls of closed responses without a result
-    started_tools: set = field(default_factory=set)     # ToolStarted, no result yet
-    queued_steering: list = field(default_factory=list)  # SteeringQueued texts not injected yet
-    responses_in_turn: int = 0          # (turn) ModelResponseCompleted count
-    last_stop_reason: str | None = None
-    recent_calls: list = field(default_factory=list)    # (turn) newest calls' (name, input json)
-    last_failure: dict | None = None    # (turn) the newest ModelRequestFailed not retried
-    # -- the turn's evidence (the verification gate and TaskCompleted)
-    objective: str = ""                 # (turn) the user message that opened it
-    changes: list = field(default_factory=list)     # (turn) (seq, path) of FileModified
-    # (turn) bash runs and process starts: {seq, command, exit_code}
-    commands: list = field(default_factory=list)
-    nudges: int = 0                     # (turn) VerificationRequested count
-    user_denied: bool = False           # (turn) the user said no to a call: the gate asks no more
-    suggested_checks: list = field(default_factory=list)    # (turn) the commands those nudges named
-    withheld: list = field(default_factory=list)    # (turn) answers the nudges held back
-    last_text: str = ""                 # (turn) text of the newest completed response
-    answer: str = ""                    # (turn) newest response text, or TaskCompleted's answer
-    failure_reason: str | None = None   # (turn) TaskFailed's reason
-    # -- the session
-    last_seq: int = 0
-    created_ts: int = 0                 # unix ms of the first event
-    updated_ts: int = 0                 # unix ms of the newest event
-    model: str = ""                     # SessionCreated's model, then the newest ModelChanged
-    chosen_model: str | None = None     # the newest /model choice (ModelChanged)
-    reasoning: dict = field(default_factory=dict)       # thinking, effort (ThinkingChanged)
-    turn_reasoning: dict = field(default_factory=dict)  # (turn) `reasoning` as the turn began
-    mode: str = ""                      # the newest ModeChanged's permission mode ("": none)
-    turn_mode: str = ""                 # (turn) `mode` as the turn began
-    turn_model: str = ""                # (turn) the model its message named ("": the session's)
-    title: str = ""                     # SessionRenamed, else the first user message
-    branch: str = ""                    # the newest git baseline's branch
-    usage: dict = field(default_factory=dict)       # model -> summed USAGE_KEYS
-    last_usage: dict | None = None      # the newest response's usage
-    edits: dict = field(default_factory=dict)       # path -> its FileModified events, in edit order
-    baselines: list = field(default_factory=list)   # dirty paths of each BaselineRecorded
-    dirty_seen: set = field(default_factory=set)    # every path a baseline found dirty
-    dirty_before_edit: list = field(default_factory=list)   # edited paths already dirty before
-    edit_baseline: bool = False         # a baseline before the first edit was taken (or an edit)
-    stamps: dict = field(default_factory=dict)      # real path -> (mtime_ns, size) last seen
-    processes: dict = field(default_factory=dict)   # running: process_id -> {id, command, status}
-    n_processes: int = 0                # the highest process number started ("p7" -> 7)
-    user_texts: list = field(default_factory=list)  # (seq, text) of every user message
-    calls: dict = field(default_factory=dict)       # tool_use_id -> ToolRequested, until its result
-    loop_asks: set = field(default_factory=set)     # unanswered "continue the loop?" questions
-    # -- work-tree checkpoints and the steps a rewind can go back before
-    checkpoints: list = field(default_factory=list)     # CheckpointRecorded events, oldest first
-    steps: list = field(default_factory=list)       # {seq, kind, what, tool_use_id, changed}
-    unrecorded: bool = False            # the tree may have changed since the newest checkpoint
+
+    def __init__(self):
+        # -- the conversation
+        self.conversation = Conversation()
+        self.attempt = Attempt()
+        self.uncut = []                 # events after the latest cut (to refold)
+        self.summary: str | None = None  # the latest compaction's summary: the first message
+        self.cut_seq = 0                # the latest compaction's cut
+        self.pruned = {}                # tool_use_id -> its placeholder or None
+        self.prunable = {}              # tool_use_id -> Prunable
+        self.measured: int | None = None  # next request's tokens: last usage + estimate since
+        self.freed_since_usage = 0      # tokens prunes freed since the last response's usage
+        self.safe_cut = 0               # the newest seq at which the log may be cut
+        self.grew_seq = 0               # the newest seq at which the conversation grew
+        self.world_seq = 0              # the newest seq after which the working tree may differ
+        # -- what derive_next reads
+        self.turn_open = False          # a user message arrived after the last turn end
+        self.needs_model = False        # the conversation ends on the user side
+        self.pending_tools = []         # calls of closed responses without a result
+        self.started_tools = set()      # ToolStarted, no result yet
+        self.queued_steering = []       # SteeringQueued texts not injected yet
+        self.responses_in_turn = 0      # (turn) ModelResponseCompleted count
+        self.last_stop_reason: str | None = None
+        self.recent_calls = []          # (turn) newest calls' (name, input json)
+        self.last_failure: dict | None = None  # (turn) the newest ModelRequestFailed not retried
+        # -- the turn's evidence (the verification gate and TaskCompleted)
+        self.objective = ""             # (turn) the user message that opened it
+        self.changes = []               # (turn) (seq, path) of FileModified
+        # (turn) bash runs and process starts: {seq, command, exit_code}
+        self.commands = []
+        self.nudges = 0                 # (turn) VerificationRequested count
+        self.user_denied = False        # (turn) the user said no to a call: the gate asks no more
+        self.suggested_checks = []      # (turn) the commands those nudges named
+        self.withheld = []              # (turn) answers the nudges held back
+        self.last_text = ""             # (turn) text of the newest completed response
+        self.answer = ""                # (turn) newest response text, or TaskCompleted's answer
+        self.failure_reason: str | None = None  # (turn) TaskFailed's reason
+        # -- the session
+        self.last_seq = 0
+        self.created_ts = 0             # unix ms of the first event
+        self.updated_ts = 0             # unix ms of the newest event
+        self.model = ""                 # SessionCreated's model, then the newest ModelChanged
+        self.chosen_model: str | None = None  # the newest /model choice (ModelChanged)
+        self.reasoning = {}             # thinking, effort (ThinkingChanged)
+        self.turn_reasoning = {}        # (turn) `reasoning` as the turn began
+        self.mode = ""                  # the newest ModeChanged's permission mode ("": none)
+        self.turn_mode = ""             # (turn) `mode` as the turn began
+        self.turn_model = ""            # (turn) the model its message named ("": the session's)
+        self.title = ""                 # SessionRenamed, else the first user message
+        self.branch = ""                # the newest git baseline's branch
+        self.usage = {}                 # model -> summed USAGE_KEYS
+        self.last_usage: dict | None = None  # the newest response's usage
+        self.edits = {}                 # path -> its FileModified events, in edit order
+        self.baselines = []             # dirty paths of each BaselineRecorded
+        self.dirty_seen = set()         # every path a baseline found dirty
+        self.dirty_before_edit = []     # edited paths already dirty before
+        self.edit_baseline = False      # a baseline before the first edit was taken (or an edit)
+        self.stamps = {}                # real path -> (mtime_ns, size) last seen
+        self.processes = {}             # running: process_id -> {id, command, status}
+        self.n_processes = 0            # the highest process number started ("p7" -> 7)
+        self.user_texts = []            # (seq, text) of every user message
+        self.calls = {}                 # tool_use_id -> ToolRequested, until its result
+        self.loop_asks = set()          # unanswered "continue the loop?" questions
+        # -- work-tree checkpoints and the steps a rewind can go back before
+        self.checkpoints = []           # CheckpointRecorded events, oldest first
+        self.steps = []                 # {seq, kind, what, tool_use_id, changed}
+        self.unrecorded = False         # the tree may have changed since the newest checkpoint
 
     @property
     def messages(self) -> list:

@@ -691,8 +691,7 @@ class Kernel:
             self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        # checkpoints reach the disk (fsync) at most once per CHECKPOINT_INTERVAL_S: a fast stream
-        # writes one per CHECKPOINT_CHARS, and an fsync each cost more CPU than the whole reply
+        # checkpoints are fsynced at most once per CHECKPOINT_INTERVAL_S (a fast stream writes many)
         synced_at = time.monotonic()
         try:
             async for raw in self.model.stream(request):
@@ -708,8 +707,7 @@ class Kernel:
                         payload["card"] = tools.card_of(
                             payload["name"], payload["input"])
                     self.emit(kind, **payload)
-                saved = self.save_checkpoint(reducer, now)
-                if saved and now - synced_at >= CHECKPOINT_INTERVAL_S:
+                if self.save_checkpoint(reducer, now) and now - synced_at >= CHECKPOINT_INTERVAL_S:
                     synced_at = now
                     await self.bus.store.sync_off_loop()
         except asyncio.CancelledError:
