@@ -7,6 +7,7 @@ plain dicts with only the fields the API defined.
 Must not: import kernel/tools/ui/context, touch files, or estimate usage (usage is the API's).
 """
 import asyncio
+import json
 import random
 import re
 import threading
@@ -225,9 +226,11 @@ class ModelClient:
                     # the import (≈2 s) off the loop: keys, the spinner and Esc stay live meanwhile
                     await asyncio.to_thread(_sdk)
                 client = self._get_client()
-                stream = await client.messages.create(stream=True, **request)
-                async with stream:
-                    async for event in stream:
+                # the raw stream, read by _server_events: the SDK's typed events (a pydantic model
+                # per delta) cost more CPU than everything else a streamed reply does
+                raw = client.messages.with_streaming_response.create(stream=True, **request)
+                async with raw as response:
+                    async for event in _server_events(response):
                         plain = _plain_event(event)
                         if plain is not None:
                             yielded, finished = True, plain["type"] == "message_stop"
@@ -291,24 +294,40 @@ def merge_usage(usage: dict, event: dict) -> dict:
     return merged
 
 
-def _plain_event(event) -> dict | None:
-    """SDK event object → a dict of the wire fields; unknown event types are ignored."""
-    kind = getattr(event, "type", None)
-    if kind not in ("message_start", "content_block_start", "content_block_delta",
-                    "content_block_stop", "message_delta", "message_stop"):
+async def _server_events(response):
+    """The stream's events as the API sent them, from its server-sent events ("event:" and
+    "data:" lines; a blank line ends one). An `error` event raises the SDK's APIStatusError, as
+    the SDK's own stream does; `ping` and nameless events are skipped, as it skips them."""
+    name, data = None, []
+    async for line in response.iter_lines():
+        if line:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
+            continue
+        text = "\n".join(data)
+        if name == "error":
+            try:
+                body = json.loads(text)
+                message = f"{body}"
+            except ValueError:
+                body = text
+                message = text or f"Error code: {response.status_code}"
+            raise _sdk().APIStatusError(message, response=response.http_response, body=body)
+        if name not in (None, "ping") and text:
+            yield json.loads(text)
+        name, data = None, []
+
+
+def _plain_event(event: dict) -> dict | None:
+    """A stream event of a type we know, else None (ignored)."""
+    if event.get("type") not in ("message_start", "content_block_start", "content_block_delta",
+                                 "content_block_stop", "message_delta", "message_stop"):
         return None
-    if kind == "content_block_delta":
-        # most events of a stream are deltas of one field: copy it rather than serialize the model
-        delta = event.delta
-        field = DELTA_FIELDS.get(delta.type)
-        if field is not None:
-            plain = {"type": delta.type, field: getattr(delta, field)}
-            return {"type": kind, "index": event.index, "delta": plain}
-    return event.to_dict()
-
-
-DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking",
-                "input_json_delta": "partial_json", "signature_delta": "signature"}
+    return event
 
 
 def classify(exc: BaseException) -> ModelError:
