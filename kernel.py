@@ -691,8 +691,7 @@ class Kernel:
             self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        # checkpoints are fsynced at most once per CHECKPOINT_INTERVAL_S (a fast stream writes many)
-        synced_at = time.monotonic()
+        synced_at = time.monotonic()  # fsync checkpoints at most once a CHECKPOINT_INTERVAL_S
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":

@@ -226,21 +226,16 @@ class ModelClient:
                     # the import (≈2 s) off the loop: keys, the spinner and Esc stay live meanwhile
                     await asyncio.to_thread(_sdk)
                 client = self._get_client()
-                # the raw stream, read by _server_events: the SDK's typed events (a pydantic model
-                # per delta) cost more CPU than everything else a streamed reply does
+                # read raw: the SDK's typed events (a pydantic model a delta) cost half the CPU
                 raw = client.messages.with_streaming_response.create(stream=True, **request)
                 async with raw as response:
                     async for event in _server_events(response):
-                        plain = _plain_event(event)
-                        if plain is not None:
-                            yielded, finished = True, plain["type"] == "message_stop"
-                            yield plain
+                        yielded, finished = True, event["type"] == "message_stop"
+                        yield event
                 if not finished:    # a proxy may close a chunked body cleanly mid-message
                     raise ModelError("retryable", "the stream ended before message_stop")
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # classified right here; nothing is swallowed
+            except Exception as exc:  # classified right here; nothing is swallowed (not a cancel)
                 error = classify(exc)
                 last = attempt == self.max_attempts
                 delay = _retry_delay(exc, attempt)
@@ -294,40 +289,23 @@ def merge_usage(usage: dict, event: dict) -> dict:
     return merged
 
 
+# the events a reply is made of; any other (ping, a kind added later) is skipped
+STREAM_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta",
+                           "content_block_stop", "message_delta", "message_stop"})
+
+
 async def _server_events(response):
-    """The stream's events as the API sent them, from its server-sent events ("event:" and
-    "data:" lines; a blank line ends one). An `error` event raises the SDK's APIStatusError, as
-    the SDK's own stream does; `ping` and nameless events are skipped, as it skips them."""
-    name, data = None, []
+    """The STREAM_EVENTS of a response as the API sent them: the JSON of each server-sent event's
+    `data:` line, which names its kind in "type". An `error` event raises the SDK's
+    APIStatusError, as the SDK's own stream does."""
     async for line in response.iter_lines():
-        if line:
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
+        if not line.startswith("data:"):
             continue
-        text = "\n".join(data)
-        if name == "error":
-            try:
-                body = json.loads(text)
-                message = f"{body}"
-            except ValueError:
-                body = text
-                message = text or f"Error code: {response.status_code}"
-            raise _sdk().APIStatusError(message, response=response.http_response, body=body)
-        if name not in (None, "ping") and text:
-            yield json.loads(text)
-        name, data = None, []
-
-
-def _plain_event(event: dict) -> dict | None:
-    """A stream event of a type we know, else None (ignored)."""
-    if event.get("type") not in ("message_start", "content_block_start", "content_block_delta",
-                                 "content_block_stop", "message_delta", "message_stop"):
-        return None
-    return event
+        event = json.loads(line[5:])
+        if event.get("type") == "error":
+            raise _sdk().APIStatusError(f"{event}", response=response.http_response, body=event)
+        if event.get("type") in STREAM_EVENTS:
+            yield event
 
 
 def classify(exc: BaseException) -> ModelError:
