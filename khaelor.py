@@ -18,7 +18,6 @@ import errno
 import json
 import os
 import re
-import signal
 import stat
 import sys
 from pathlib import Path
@@ -2669,6 +2668,7 @@ def report_crash(error: Exception, home: Path) -> int:
 def _exit_on_sigterm() -> None:
     """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop
     processes and sync the log. The interactive UI installs its own handlers while it runs."""
+    import signal   # here, not at the top: `khaelor --version` never needs it
     def handler(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
