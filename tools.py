@@ -289,16 +289,10 @@ SCHEMAS = [
 SCHEMA_OF = {schema["name"]: schema for schema in SCHEMAS}
 
 
-def _field(args: dict, key: str) -> str:
-    """An input field as text, "" when absent (a subject's fields are judged as text)."""
-    value = args.get(key)
-    return "" if value is None else str(value)
-
-
 def _glob_base(args: dict) -> str:
     """The directory a glob call starts from: its path joined with the pattern's components
     before the first wildcard."""
-    pattern = posixpath.join(_field(args, "path") or ".", _field(args, "pattern"))
+    pattern = posixpath.join(str(args.get("path") or "."), str(args.get("pattern") or ""))
     parts = pattern.split("/")
     wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
     base = "/".join(parts[:min(wild, default=len(parts))])
@@ -310,7 +304,7 @@ def _glob_base(args: dict) -> str:
 def _process_subject(args: dict) -> tuple[str, dict]:
     """start runs a command line; write feeds the running one; list, read and stop act on
     processes judged when they started."""
-    action = _field(args, "action")
+    action = args.get("action") or ""
     if action == "start":
         return "bash", args
     if action == "write":
@@ -333,7 +327,7 @@ TOOL_VIEWS = {
     "edit": {"card": [("", "file_path")], "output": "none", "preview": "edit",
              "judged": lambda args: ("write", args)},
     "grep": {"card": [("", "pattern"), ("in ", "path")], "output": "head", "preview": None,
-             "judged": lambda args: ("read", {"file_path": _field(args, "path") or "."})},
+             "judged": lambda args: ("read", {"file_path": args.get("path") or "."})},
     "glob": {"card": [("", "pattern")], "output": "head", "preview": None,
              "judged": lambda args: ("read", {"file_path": _glob_base(args)})},
     "bash": {"card": [("", "command")], "output": "tail", "preview": "command",
