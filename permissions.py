@@ -869,11 +869,11 @@ def _on_time() -> None:
 
 
 def _plan_refuses(kind: str, decision: Decision) -> bool:
-    """Plan mode denies what does not read: a read, an act on a process already
-    judged and a command proven read-only run; a floor or a deny stands."""
-    if decision.floor or decision.action == "deny" or kind in ("read", "held"):
+    """Plan mode denies what does not read: a path read runs, a command or an
+    act on a process only when it is read-only; a floor or a deny stands."""
+    if decision.floor or decision.action == "deny" or kind == "read":
         return False
-    return kind != "bash" or not decision.read_only
+    return kind not in ("bash", "held") or not decision.read_only
 
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
@@ -905,7 +905,8 @@ def _decide(kind: str, fields: dict, project_root: Path,
     if kind == "held":
         # list/read/stop only touch processes that were judged when they
         # started
-        return Decision("allow", EXECUTE, arg("action"), None, False, None)
+        return Decision("allow", EXECUTE, arg("action"), None, False, None,
+                        read_only=fields.get("read_only") is True)
     if kind == "bash":
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
         if sandboxed:

@@ -303,13 +303,13 @@ def _glob_base(args: dict) -> str:
 
 def _process_subject(args: dict) -> tuple[str, dict]:
     """start runs a command line; write feeds the running one; list, read and stop act on
-    processes judged when they started."""
+    processes judged when they started (list and read only look)."""
     action = args.get("action") or ""
     if action == "start":
         return "bash", args
     if action == "write":
         return "feed", args
-    return "held", {"action": f"process {action}"}
+    return "held", {"action": f"process {action}", "read_only": action in ("list", "read")}
 
 
 # Beside the schemas, how a tool's calls are shown, so that adding a tool touches this file
@@ -368,7 +368,8 @@ def permission_subject(name: str, tool_input: dict) -> tuple[str, dict]:
     """What permissions.decide judges a call on: (kind, fields). The kinds, agreed with
     permissions.py: "bash" a shell command line (command, workdir), "read" a path read and "write"
     a path written (file_path), "feed" text fed to a running process (input; the kernel adds the
-    command the process `id` runs), "held" an act on a process judged when it started (action).
+    command the process `id` runs), "held" an act on a process judged when it started (action,
+    read_only: it only looks).
     A tool this file does not declare is kind "unknown", which permissions.py denies."""
     if not isinstance(tool_input, dict):
         # a streamed input that was not a JSON object

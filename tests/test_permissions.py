@@ -111,6 +111,28 @@ def test_unknown_tool_is_denied(project):
     assert decision.action == "deny" and decision.reason == "unknown tool 'teleport'"
 
 
+@pytest.mark.parametrize("tool, tool_input, action", [
+    ("read", {"file_path": "src/app.py"}, "allow"),
+    ("grep", {"pattern": "x"}, "allow"),
+    ("glob", {"pattern": "*"}, "allow"),
+    ("bash", {"command": "ls"}, "allow"),
+    ("bash", {"command": "pytest"}, "deny"),
+    ("write", {"file_path": "src/a.py", "content": ""}, "deny"),
+    ("edit", {"file_path": "src/app.py", "old_string": "1", "new_string": "2"}, "deny"),
+    ("process", {"action": "start", "command": "ls"}, "allow"),
+    ("process", {"action": "start", "command": "npm run dev"}, "deny"),
+    ("process", {"action": "list"}, "allow"),
+    ("process", {"action": "read", "id": "p1"}, "allow"),
+    ("process", {"action": "stop", "id": "p1"}, "deny"),
+    ("process", {"action": "write", "id": "p1", "input": "ls\n"}, "deny"),
+])
+def test_plan_mode_runs_only_what_reads_judged_by_each_tools_subject(project, tool, tool_input,
+                                                                     action):
+    subject = tools.permission_subject(tool, tool_input)
+    decision = decide(*subject, project, DEFAULTS, process_command="bash", mode="plan")
+    assert decision.action == action, decision
+
+
 def test_last_matching_rule_wins(project):
     rules = [*DEFAULTS, Rule("process.execute", "npm *", "allow", "u"),
              Rule("process.execute", "npm run release *", "deny", "u")]
