@@ -1056,8 +1056,7 @@ class Toolbox:
 
     def problem(self, name: str, tool_input: dict) -> ToolResult | None:
         """The failure a call is certain to meet whatever the user answers, asked before the gate
-        (the kernel fails such a call as the model's mistake); only edit can tell (edit_problem).
-        None: it may work."""
+        (the kernel fails it as the model's mistake); only edit can tell. None: it may work."""
         if name == "edit":
             return self.edit_problem(tool_input)
         return None

@@ -294,7 +294,7 @@ def test_a_tool_declared_in_tools_py_alone_is_judged_by_its_declared_subject(ker
     through Kernel.decide on the subject it declares, with no change to permissions or kernel."""
     import tools
     from fake_api import reply, text, tool_use
-    schema = tools._schema("peek", "Show a file's size.", ["file_path"], file_path=("string", "File."))
+    schema = tools._schema("peek", "Show a file.", ["file_path"], file_path=("string", "File."))
 
     async def peek(box, args, tool_use_id, confine):
         return tools.ToolResult(f"peeked {args['file_path']}")
