@@ -466,7 +466,7 @@ class Kernel:
             # "see @calc.py, then": the sentence's punctuation is not the name's
             mention = mention.rstrip(".,;:!?)'\"")
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
-            decision = self.decide({"name": "read", "input": tool_input})
+            decision = self.decide_subject("read", tool_input)
             if decision.action != "allow" or decision.floor:
                 continue
             self.toolbox.places = self.toolbox.workspace.places(decision.confine)
@@ -748,10 +748,10 @@ class Kernel:
                       f" {call['input_error']}. Send the call again"
                       " with a complete JSON object as input.")
             doomed = tools.ToolResult(output, is_error=True)
-        elif name == "edit":
-            # off the loop: fuzzy matching in a big file takes up to 100 ms
-            doomed = await asyncio.to_thread(self.toolbox.edit_problem, call["input"])
-        # no question for an edit that cannot succeed (issue 14 item 6)
+        else:
+            # off the loop: an edit's fuzzy matching in a big file takes up to 100 ms
+            doomed = await asyncio.to_thread(self.toolbox.problem, name, call["input"])
+        # no question for a call that cannot succeed (issue 14 item 6)
         if doomed is not None:
             self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
                       output=doomed.text, meta=doomed.meta)
@@ -759,8 +759,8 @@ class Kernel:
         decision = await self.permitted(call)
         if decision is None:
             return
-        edits = name in ("write", "edit")
-        if edits and not self.state.edit_baseline:
+        kind, _ = tools.permission_subject(name, call["input"])
+        if kind == "write" and not self.state.edit_baseline:
             # what was already dirty is not ours
             await self.record_baseline("before first edit")
         if self.needs_checkpoint(call, decision):
@@ -833,21 +833,18 @@ class Kernel:
 
     def needs_checkpoint(self, call: dict,
                          decision: permissions.Decision) -> bool:
-        """Before a step that may change the work tree: a bash command, a process start or write
-        not proven read-only; a write or edit when this turn has none yet (its own file's
+        """Before a step that may change the work tree: a command run or text fed to a process,
+        not proven read-only; a file write when this turn has none yet (its own file's
         versions are kept, but a rewind to before it needs the tree it started from)."""
         state = self.state
         newest = state.checkpoints[-1] if state.checkpoints else {}
         if newest.get("step") == call["tool_use_id"]:
             return False
-        if call["name"] in ("write", "edit"):
+        kind, _ = tools.permission_subject(call["name"], call["input"])
+        if kind == "write":
             turn_seq = state.user_texts[-1][0] if state.user_texts else 0
             return newest.get("seq", 0) < turn_seq
-        action = (call["input"] or {}).get("action")
-        process_changes = action in ("start", "write")
-        if call["name"] == "process" and not process_changes:
-            return False
-        return call["name"] in ("bash", "process") and not decision.read_only
+        return kind in ("bash", "feed") and not decision.read_only
 
     async def checkpoint(self, step: str, reason: str) -> bool:
         """CheckpointRecorded: the work tree in the shadow repository, off the event loop. A
@@ -866,16 +863,18 @@ class Kernel:
         return True
 
     def decide(self, call: dict) -> permissions.Decision:
+        """permissions.decide on the subject tools.py declares for the call."""
+        return self.decide_subject(*tools.permission_subject(call["name"], call["input"]))
+
+    def decide_subject(self, kind: str, fields: dict) -> permissions.Decision:
         """permissions.decide with what only the session knows: whether commands are sandboxed,
-        and for `process write` the command the process runs."""
+        and for text fed to a process the command the process runs."""
         process_command = None
-        tool_input = call["input"]
-        if call["name"] == "process" and isinstance(tool_input, dict):
-            # what `process write` feeds: the command ProcessStarted recorded in the log
-            running = self.state.processes.get(str(tool_input.get("id")))
+        if kind == "feed":
+            # the command ProcessStarted recorded in the log
+            running = self.state.processes.get(str(fields.get("id")))
             process_command = running and running["command"]
-        return permissions.decide(call["name"], tool_input,
-                                  self.project_root, self.rules,
+        return permissions.decide(kind, fields, self.project_root, self.rules,
                                   sandboxed=self.toolbox.sandboxed,
                                   process_command=process_command,
                                   mode=self.turn_mode())

@@ -1,6 +1,9 @@
 """permissions.py: what a tool call may do, decided before it runs.
 
-Owns: the capabilities a tool call needs (file.read, file.write.project, filesystem.outsideProject,
+Owns: judging subjects, never tools (tools.permission_subject says what a call is judged on):
+"bash" a shell command line, "read" a path read, "write" a path written, "feed" text fed to a
+running process, "held" an act on a process judged when it started; any other kind is denied.
+The capabilities a subject needs (file.read, file.write.project, filesystem.outsideProject,
 process.execute, git.modify, network.access), rules {capability, pattern, action} evaluated
 last-match-wins, the layers rules come from and whether a layer may grant (the trust model), the
 POLICY table (one row per program: what it is, its read-only options, its "always" arity) and the
@@ -808,15 +811,15 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def decide(tool_name: str, tool_input: dict, project_root: Path,
+def decide(kind: str, fields: dict, project_root: Path,
            rules: list[Rule], *, sandboxed: bool = True,
            process_command: str | None = None,
            mode: str = "default") -> Decision:
-    """The floor first, then every capability the call needs; the strictest
-    answer wins.
+    """The floor first, then every capability the subject (kind, fields) needs;
+    the strictest answer wins.
     sandboxed: whether commands run under the OS sandbox; without it only
     provably read-only commands run without asking.
-    process_command: for `process write`, the command the process runs.
+    process_command: for "feed", the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""
     # A garbage collection falling inside the judgement would count against its CPU budget (a
@@ -825,7 +828,7 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
     gc.disable()
     deadline = _DEADLINE.set(time.thread_time() + DECIDE_BUDGET_SECONDS)
     try:
-        decision = _decide(tool_name, tool_input, project_root, rules,
+        decision = _decide(kind, fields, project_root, rules,
                            sandboxed, process_command)
     except _OutOfTime:
         decision = None
@@ -834,25 +837,25 @@ def decide(tool_name: str, tool_input: dict, project_root: Path,
         if collecting:
             gc.enable()
     if decision is None:
-        decision = _out_of_time(tool_name, tool_input, rules)
-    if mode == "plan" and _plan_refuses(tool_name, tool_input, decision):
+        decision = _out_of_time(kind, fields, rules)
+    if mode == "plan" and _plan_refuses(kind, decision):
         reason = ("plan mode: only tools that read run; "
                   "describe the change instead of making it")
         return replace(decision, action="deny", rule=None, suggestion=None,
                        reason=reason, layer="mode")
-    if mode == "acceptEdits" and _accepts_edit(tool_name, decision):
+    if mode == "acceptEdits" and _accepts_edit(kind, decision):
         reason = "acceptEdits mode: project files are written without asking"
         return replace(decision, action="allow", reason=reason, layer="mode")
     return decision
 
 
-def _out_of_time(tool_name: str, tool_input: dict,
+def _out_of_time(kind: str, fields: dict,
                  rules: list[Rule]) -> Decision:
     """What a call gets when judging it took too long: a question (or a deny
     rule's answer), never a silent run."""
-    text = str(tool_input.get("command") or tool_input.get("input") or "")
+    text = str(fields.get("command") or fields.get("input") or "")
     request = _Request(EXECUTE, text.strip(), None)
-    why = (f"{tool_name}: not judged within "
+    why = (f"{kind}: not judged within "
            f"{DECIDE_BUDGET_SECONDS * 1000:.0f} ms")
     return _judge(text.strip(), [request], rules, at_least="ask",
                   not_read_only=why)
@@ -865,21 +868,18 @@ def _on_time() -> None:
         raise _OutOfTime
 
 
-def _plan_refuses(tool_name: str, tool_input: dict,
-                  decision: Decision) -> bool:
-    """Plan mode denies what does not read; a floor or a deny stands."""
-    if decision.floor or decision.action == "deny" or tool_name in ("read", "grep", "glob"):
+def _plan_refuses(kind: str, decision: Decision) -> bool:
+    """Plan mode denies what does not read: a path read runs, a command or an
+    act on a process only when it is read-only; a floor or a deny stands."""
+    if decision.floor or decision.action == "deny" or kind == "read":
         return False
-    action = tool_input.get("action")
-    if tool_name == "process" and action in ("list", "read"):
-        return False
-    return tool_name not in ("bash", "process") or not decision.read_only or action == "write"
+    return kind not in ("bash", "held") or not decision.read_only
 
 
-def _accepts_edit(tool_name: str, decision: Decision) -> bool:
+def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
     not into .git/: .git/config can run code later."""
-    if tool_name not in ("write", "edit") or decision.action != "ask":
+    if kind != "write" or decision.action != "ask":
         return False
     if decision.capability != FILE_WRITE:
         return False
@@ -888,58 +888,50 @@ def _accepts_edit(tool_name: str, decision: Decision) -> bool:
     return not (decision.descriptor + "/").startswith(".git/")
 
 
-def _decide(tool_name: str, tool_input: dict, project_root: Path,
+def _decide(kind: str, fields: dict, project_root: Path,
             rules: list[Rule], sandboxed: bool,
             process_command: str | None) -> Decision:
     root = os.path.realpath(project_root)
-    if not isinstance(tool_input, dict):
-        tool_input = {}
+    if not isinstance(fields, dict):
+        fields = {}
 
     def arg(key: str) -> str:
-        value = tool_input.get(key)
+        value = fields.get(key)
         return "" if value is None else str(value)
 
-    if tool_name == "process" and arg("action") == "write":
+    if kind == "feed":
         return _decide_process_write(arg("input"), process_command or "",
                                      root, rules)
-    if tool_name == "process" and arg("action") != "start":
+    if kind == "held":
         # list/read/stop only touch processes that were judged when they
         # started
-        return Decision("allow", EXECUTE,
-                        f"process {arg('action')}", None, False, None)
-    if tool_name in ("bash", "process"):
+        return Decision("allow", EXECUTE, arg("action"), None, False, None,
+                        read_only=fields.get("read_only") is True)
+    if kind == "bash":
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
         if sandboxed:
             return decision
         return _without_sandbox(decision)
-    if tool_name in ("read", "write", "edit", "grep", "glob"):
-        capability = FILE_WRITE if tool_name in ("write", "edit") else FILE_READ
-        where = arg("path") or "."
-        if tool_name in ("read", "write", "edit"):
-            where = arg("file_path")
-        if tool_name == "glob":
-            where = _glob_base(posixpath.join(where, arg("pattern")))
-        request = _path_request(where, root, root, capability)
+    if kind in ("read", "write"):
+        capability = FILE_WRITE if kind == "write" else FILE_READ
+        request = _path_request(arg("file_path"), root, root, capability)
         return _judge(request.subject, [request], rules,
                       read_only=capability == FILE_READ)
-    return Decision("deny", "unknown", tool_name, None, False, None,
-                    f"unknown tool {tool_name!r}")
+    # a tool tools.py declares no subject for ("unknown", {"tool": name})
+    what = arg("tool") or kind
+    return Decision("deny", "unknown", what, None, False, None,
+                    f"unknown tool {what!r}")
 
 
 def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
           sandboxed: bool = True) -> dict:
     """What would happen, without doing anything:
     `khaelor permissions check --json`."""
-    calls = {
-        "bash": ("bash", {"command": value}),
-        "read": ("read", {"file_path": value}),
-        "write": ("write", {"file_path": value, "content": ""}),
-    }
-    if kind not in calls:
+    if kind not in ("bash", "read", "write"):
         raise ValueError("check kind must be bash, read or write, "
                          f"not {kind!r}")
-    tool_name, tool_input = calls[kind]
-    decision = decide(tool_name, tool_input, project_root, rules,
+    field = "command" if kind == "bash" else "file_path"
+    decision = decide(kind, {field: value}, project_root, rules,
                       sandboxed=sandboxed)
     rule = None
     if decision.rule:
@@ -1382,17 +1374,6 @@ def _path_request(path_text: str, base: str, root: str,
                         path=resolved)
     return _Request(capability, subject, _escape(subject), secret=secret,
                     path=resolved)
-
-
-def _glob_base(pattern: str) -> str:
-    """The directory a glob starts from: its components before the first
-    wildcard."""
-    parts = pattern.split("/")
-    wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
-    base = "/".join(parts[:min(wild, default=len(parts))])
-    if base:
-        return base
-    return "/" if pattern.startswith("/") else "."
 
 
 def _escape(text: str) -> str:

@@ -1,7 +1,9 @@
 """tools.py: the world seam (Workspace) and the seven model-facing tools.
 
 Owns: read write edit grep glob bash process — their schemas and descriptions (byte-stable, they are
-prompt-cached) and, beside them, how their calls are shown (card, panel preview); input checking,
+prompt-cached) and, beside them, how their calls are shown (card, panel preview), the subject each
+call's permission is judged on (permission_subject: a kind, never a tool name, reaches
+permissions.py) and the failure a call is certain to meet (Toolbox.problem); input checking,
 edit's replacer cascade, output budgets and spill files, the process manager, the file versions
 write/edit keep and the work-tree checkpoints (a shadow repository) a rewind writes back, pruning
 both, and the FileModified / ProcessStarted / ProcessExited / ToolOutput events they report;
@@ -21,6 +23,7 @@ import errno
 import fnmatch
 import json
 import os
+import posixpath
 import re
 import select
 import shutil
@@ -285,23 +288,55 @@ SCHEMAS = [
 ]
 SCHEMA_OF = {schema["name"]: schema for schema in SCHEMAS}
 
+
+def _glob_base(args: dict) -> str:
+    """The directory a glob call starts from: its path joined with the pattern's components
+    before the first wildcard."""
+    pattern = posixpath.join(str(args.get("path") or "."), str(args.get("pattern") or ""))
+    parts = pattern.split("/")
+    wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
+    base = "/".join(parts[:min(wild, default=len(parts))])
+    if base:
+        return base
+    return "/" if pattern.startswith("/") else "."
+
+
+def _process_subject(args: dict) -> tuple[str, dict]:
+    """start runs a command line; write feeds the running one; list, read and stop act on
+    processes judged when they started (list and read only look)."""
+    action = args.get("action") or ""
+    if action == "start":
+        return "bash", args
+    if action == "write":
+        return "feed", args
+    return "held", {"action": f"process {action}", "read_only": action in ("list", "read")}
+
+
 # Beside the schemas, how a tool's calls are shown, so that adding a tool touches this file
 # (the kernel puts both on the events; the UI imports nothing of ours):
 # `card`: the input fields its card line names, each after its prefix, absent ones left out;
 # `output`: what a finished card shows of the output: "none" (the card or its diff says it
 # all), "head" (the first lines say most) or "tail" (the first and last lines);
-# `preview`: the input field the permission panel shows, or "edit" for the old and new text.
+# `preview`: the input field the permission panel shows, or "edit" for the old and new text;
+# `judged`: what its permission is judged on, (kind, fields) from the input (permission_subject).
 TOOL_VIEWS = {
-    "read": {"card": [("", "file_path")], "output": "none", "preview": None},
-    "write": {"card": [("", "file_path")], "output": "none", "preview": "content"},
-    "edit": {"card": [("", "file_path")], "output": "none", "preview": "edit"},
-    "grep": {"card": [("", "pattern"), ("in ", "path")], "output": "head", "preview": None},
-    "glob": {"card": [("", "pattern")], "output": "head", "preview": None},
-    "bash": {"card": [("", "command")], "output": "tail", "preview": "command"},
+    "read": {"card": [("", "file_path")], "output": "none", "preview": None,
+             "judged": lambda args: ("read", args)},
+    "write": {"card": [("", "file_path")], "output": "none", "preview": "content",
+              "judged": lambda args: ("write", args)},
+    "edit": {"card": [("", "file_path")], "output": "none", "preview": "edit",
+             "judged": lambda args: ("write", args)},
+    "grep": {"card": [("", "pattern"), ("in ", "path")], "output": "head", "preview": None,
+             "judged": lambda args: ("read", {"file_path": args.get("path") or "."})},
+    "glob": {"card": [("", "pattern")], "output": "head", "preview": None,
+             "judged": lambda args: ("read", {"file_path": _glob_base(args)})},
+    "bash": {"card": [("", "command")], "output": "tail", "preview": "command",
+             "judged": lambda args: ("bash", args)},
     "process": {
         "card": [("", "action"), ("", "id"), ("", "command")],
         "output": "tail",
         "preview": None,
+        "judged": _process_subject,
     },
 }
 PREVIEW_CHARS = 2000
@@ -327,6 +362,22 @@ def card_of(name: str, tool_input: dict) -> dict:
             parts.append(f"{prefix}{value}")
     summary = " ".join(parts)[:CARD_SUMMARY_CHARS]
     return {"summary": summary, "output": view["output"]}
+
+
+def permission_subject(name: str, tool_input: dict) -> tuple[str, dict]:
+    """What permissions.decide judges a call on: (kind, fields). The kinds, agreed with
+    permissions.py: "bash" a shell command line (command, workdir), "read" a path read and "write"
+    a path written (file_path), "feed" text fed to a running process (input; the kernel adds the
+    command the process `id` runs), "held" an act on a process judged when it started (action,
+    read_only: it only looks).
+    A tool this file does not declare is kind "unknown", which permissions.py denies."""
+    if not isinstance(tool_input, dict):
+        # a streamed input that was not a JSON object
+        tool_input = {}
+    view = TOOL_VIEWS.get(name)
+    if view is None:
+        return "unknown", {"tool": name}
+    return view["judged"](tool_input)
 
 
 def permission_preview(name: str, tool_input: dict) -> str:
@@ -1002,6 +1053,13 @@ class Toolbox:
             spool.add(result.text)
             result.text = spool.finish(result.meta)
         return result
+
+    def problem(self, name: str, tool_input: dict) -> ToolResult | None:
+        """The failure a call is certain to meet whatever the user answers, asked before the gate
+        (the kernel fails it as the model's mistake); only edit can tell. None: it may work."""
+        if name == "edit":
+            return self.edit_problem(tool_input)
+        return None
 
     def edit_problem(self, tool_input: dict) -> ToolResult | None:
         """The failure an edit call is certain to meet whatever the user answers: the file exists

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import permissions
+import tools
 
 DATA = json.loads((Path(__file__).parent / "data" / "claude_rules.json").read_text())["rules"]
 OPERATORS = re.compile(r"&&|\|\||;|\||\$")
@@ -31,7 +32,7 @@ def rules_from(root, action, *rules):
 def decision(root, tool, subject, rules):
     tool_input = {"command": subject} if tool == "bash" else {"file_path": subject, "content": "", "old_string": "a",
                                                                "new_string": "b"}
-    return permissions.decide(tool, tool_input, root, rules).action
+    return permissions.decide(*tools.permission_subject(tool, tool_input), root, rules).action
 
 
 def tool_of(rule: str) -> str:

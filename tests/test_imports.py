@@ -71,3 +71,22 @@ def test_cold_import_does_not_load_the_sdk():
     assert "anthropic" not in loaded and "kernel" not in loaded
     # `khaelor --version` imports only khaelor and events: asyncio alone takes tens of ms
     assert "asyncio" not in loaded
+
+
+
+def test_permissions_and_kernel_name_no_tool():
+    """Issue 21 item 5: a tool is added in tools.py alone. permissions.py judges subject kinds and
+    kernel.py asks tools.py what a call is judged on (tools.permission_subject), so neither holds
+    the name of a tool that is not also a kind, nor compares a call's name with any string.
+    ("bash", "read" and "write" are tools and kinds too: a comparison with them must not read
+    a `name`.)"""
+    import tools
+    kinds = {"bash", "read", "write", "feed", "held", "unknown"}
+    for module in ("permissions", "kernel"):
+        tree = ast.parse((ROOT / f"{module}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value in kinds or node.value not in tools.TOOLS, (module, node.lineno)
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(n, ast.Constant) and n.value in tools.TOOLS for n in ast.walk(node)):
+                assert "name" not in ast.unparse(node), (module, ast.unparse(node))

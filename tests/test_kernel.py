@@ -286,3 +286,37 @@ def test_process_write_is_judged_against_the_command_the_log_recorded(kernel_tur
     step, log = kernel_turn("run python", ask)
     assert step == "done"
     assert any(descriptor.startswith("python3 ← print(6 * 7)") for descriptor in asked), asked
+
+
+def test_a_tool_declared_in_tools_py_alone_is_judged_by_its_declared_subject(kernel_turn, fake,
+                                                                              project, monkeypatch):
+    """Issue 21 item 5: a tool added to tools.py's tables alone (schema, view, runner) is judged
+    through Kernel.decide on the subject it declares, with no change to permissions or kernel."""
+    import tools
+    from fake_api import reply, text, tool_use
+    schema = tools._schema("peek", "Show a file.", ["file_path"], file_path=("string", "File."))
+
+    async def peek(box, args, tool_use_id, confine):
+        return tools.ToolResult(f"peeked {args['file_path']}")
+
+    monkeypatch.setitem(tools.SCHEMA_OF, "peek", schema)
+    monkeypatch.setitem(tools.TOOLS, "peek", peek)
+    monkeypatch.setitem(tools.TOOL_VIEWS, "peek", {
+        "card": [("", "file_path")], "output": "head", "preview": None,
+        "judged": lambda args: ("read", {"file_path": args.get("file_path")})})
+    (project / "notes.txt").write_text("hi\n")
+    (project / ".env").write_text("KEY=1\n")
+    fake.enqueue(reply(tool_use("peek", {"file_path": "notes.txt"})),
+                 reply(tool_use("peek", {"file_path": ".env"})),
+                 reply(text("done")))
+    asked = []
+
+    async def ask(request):
+        asked.append((request["capability"], request["descriptor"]))
+        return "deny", ""
+
+    step, log = kernel_turn("peek", ask)
+    assert step == "done"
+    assert asked == [("file.read", ".env")]         # a secret read asks; a plain one does not
+    outputs = [e.get("output") for e in log if e["type"] == "ToolCompleted"]
+    assert outputs == ["peeked notes.txt"]

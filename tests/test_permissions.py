@@ -10,6 +10,7 @@ import pytest
 
 import permissions
 import sandbox
+import tools
 from permissions import Rule, add_grant, check, decide, default_rules, load_rules
 
 DEFAULTS = default_rules()
@@ -100,12 +101,36 @@ def bash(command, root, rules=DEFAULTS):
     ("process", {"action": "start", "command": "ls"}, "allow", "process.execute"),
 ])
 def test_default_policy_table(project, tool, tool_input, action, capability):
-    decision = decide(tool, tool_input, project, DEFAULTS)
+    decision = decide(*tools.permission_subject(tool, tool_input), project, DEFAULTS)
     assert (decision.action, decision.capability) == (action, capability), decision
 
 
 def test_unknown_tool_is_denied(project):
     assert decide("teleport", {}, project, DEFAULTS).action == "deny"
+    decision = decide(*tools.permission_subject("teleport", {"command": "ls"}), project, DEFAULTS)
+    assert decision.action == "deny" and decision.reason == "unknown tool 'teleport'"
+
+
+@pytest.mark.parametrize("tool, tool_input, action", [
+    ("read", {"file_path": "src/app.py"}, "allow"),
+    ("grep", {"pattern": "x"}, "allow"),
+    ("glob", {"pattern": "*"}, "allow"),
+    ("bash", {"command": "ls"}, "allow"),
+    ("bash", {"command": "pytest"}, "deny"),
+    ("write", {"file_path": "src/a.py", "content": ""}, "deny"),
+    ("edit", {"file_path": "src/app.py", "old_string": "1", "new_string": "2"}, "deny"),
+    ("process", {"action": "start", "command": "ls"}, "allow"),
+    ("process", {"action": "start", "command": "npm run dev"}, "deny"),
+    ("process", {"action": "list"}, "allow"),
+    ("process", {"action": "read", "id": "p1"}, "allow"),
+    ("process", {"action": "stop", "id": "p1"}, "deny"),
+    ("process", {"action": "write", "id": "p1", "input": "ls\n"}, "deny"),
+])
+def test_plan_mode_runs_only_what_reads_judged_by_each_tools_subject(project, tool, tool_input,
+                                                                     action):
+    subject = tools.permission_subject(tool, tool_input)
+    decision = decide(*subject, project, DEFAULTS, process_command="bash", mode="plan")
+    assert decision.action == action, decision
 
 
 def test_last_matching_rule_wins(project):
@@ -574,7 +599,7 @@ def test_the_agent_cannot_edit_its_own_permission_config(tmp_path):
                              ("edit", {"file_path": "./.khaelor/../.khaelor/config.json", "old_string": "a", "new_string": "b"}),
                              ("bash", {"command": "echo '{}' > .khaelor/config.json"}),
                              ("write", {"file_path": str(tmp_path / "home" / ".khaelor" / "config.json"), "content": "{}"})]:
-        decision = permissions.decide(tool, tool_input, tmp_path, rules)
+        decision = permissions.decide(*tools.permission_subject(tool, tool_input), tmp_path, rules)
         assert decision.action == "deny" and decision.floor, (tool, tool_input)
     assert permissions.decide("read", {"file_path": ".khaelor/config.json"}, tmp_path, rules).action == "allow"
 

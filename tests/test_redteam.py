@@ -102,7 +102,7 @@ def judge(case: dict, world: dict) -> tuple[str, str, list]:
     command = fill(case["command"], world)
     project = world["project"]
     if "process_command" in case:
-        decision = permissions.decide("process", {"action": "write", "id": "p1", "input": command}, project,
+        decision = permissions.decide("feed", {"action": "write", "id": "p1", "input": command}, project,
                                       permissions.load_rules([]), process_command=case["process_command"])
         return decision.action, decision.destructive, list(decision.confine.paths)
     if case.get("tool") == "write":
