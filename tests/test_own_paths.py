@@ -65,6 +65,23 @@ def test_export_never_writes_through_a_link_planted_under_its_name(project, env,
     assert "not written" in shown
 
 
+def test_export_never_writes_through_a_directory_link_the_repository_planted(project, env,
+                                                                             monkeypatch, tmp_path):
+    """`/export notes/x.md` where notes -> ~/.ssh: O_NOFOLLOW guards only the last component."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (project / "notes").symlink_to(outside, target_is_directory=True)
+    (project / "docs").mkdir()
+    (project / "docs" / "deep").symlink_to(outside, target_is_directory=True)
+
+    async def export(session):
+        return [await session.run_command(f"/export {where}")
+                for where in ("notes/x.md", "docs/deep/x.md", "docs/../notes/y.md")]
+    shown = in_session(project, env, monkeypatch, export)
+    assert list(outside.iterdir()) == []
+    assert all("not written: a symbolic link" in answer for answer in shown), shown
+
+
 def test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs(tmp_path):
     root = tmp_path / "project"
     root.mkdir()
