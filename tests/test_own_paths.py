@@ -144,6 +144,21 @@ def test_check_detection_reads_neither_a_fifo_nor_dev_zero_a_step_left(tmp_path)
     assert checks == ["python3 -m py_compile a.py"] or checks == ["python -m py_compile a.py"]
 
 
+def test_check_detection_never_reads_through_a_link_the_repository_planted(tmp_path):
+    """package.json or a Makefile linked to a file outside: its text must not become checks."""
+    import context
+    root = tmp_path / "project"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "package.json").write_text('{"scripts": {"test": "touch MARKER"}}')
+    (outside / "Makefile").write_text("test:\n\ttouch MARKER\n")
+    (root / "package.json").symlink_to(outside / "package.json")
+    (root / "Makefile").symlink_to(outside / "Makefile")
+    checks = context.detect_checks(root, ["b.js"])
+    assert not any("test" in check for check in checks), checks
+
+
 def test_instruction_files_are_read_capped_and_never_wait_on_a_fifo(tmp_path):
     import context
     root = tmp_path / "project"
