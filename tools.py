@@ -594,6 +594,11 @@ class Workspace:
         """Run a short command synchronously, read-only unless `confine` says otherwise, with
         `env` added and `stdin` fed to it: (exit code, stdout). Failing to start, or timing out,
         gives -1 and the reason."""
+        if _runs_git(argv):
+            # a git run on khaelor's own shadow repository (GIT_DIR) opens only the work tree's
+            stall = _git_stall(cwd or self.cwd, own_repository="GIT_DIR" in (env or {}))
+            if stall:
+                return -1, f"git not run: {stall} is a FIFO or a device, git would wait".encode()
         try:
             prepared, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
         except OSError as exc:
@@ -1660,6 +1665,46 @@ def _read_plain(path: Path, cap: int) -> bytes | None:
             return None
         data = _read_at_most(handle, cap + 1)
     return data if len(data) <= cap else None
+
+
+# What git opens (blocking) before anything else: in the work tree, in the git directory, and in
+# the directory a linked worktree shares. A FIFO or a device planted as one of them would hold
+# every git run khaelor starts (status, checkpoints, the start-up baseline) until its time-out.
+GIT_TREE_OPENS = (".gitignore", ".gitattributes", ".git")
+GIT_DIR_OPENS = ("HEAD", "commondir", "config.worktree", "index")
+GIT_COMMON_OPENS = ("config", "packed-refs", "shallow", "info/exclude", "info/attributes",
+                    "info/grafts", "objects/info/alternates")
+
+
+def _git_stall(cwd: Path, own_repository: bool = False) -> str:
+    """The file among those git opens first that would make it wait (a FIFO or a device, or a
+    link to one), else "". own_repository: git runs on khaelor's shadow, not the one in cwd."""
+    top = next((d for d in (cwd, *cwd.parents) if os.path.lexists(d / ".git")), cwd)
+    suspects = [top / name for name in GIT_TREE_OPENS]
+    if not own_repository:
+        git_dir = top / ".git"
+        if git_dir.is_file():
+            # a linked worktree or a submodule: "gitdir: <path>"
+            pointer = _read_plain(git_dir, REF_CAP_BYTES) or b""
+            git_dir = top / pointer.decode(errors="replace").strip().removeprefix("gitdir: ")
+        common = git_dir / (_read_plain(git_dir / "commondir", REF_CAP_BYTES) or b".").decode(
+            errors="replace").strip()
+        head = (_read_plain(git_dir / "HEAD", REF_CAP_BYTES) or b"").decode(errors="replace")
+        ref = head.strip().removeprefix("ref: ")
+        suspects += [git_dir / name for name in GIT_DIR_OPENS]
+        suspects += [common / name for name in GIT_COMMON_OPENS]
+        if ref.startswith("refs/") and ".." not in ref:
+            suspects.append(common / ref)
+    return next((str(path) for path in suspects if _waits(path)), "")
+
+
+def _waits(path: Path) -> bool:
+    """Opening it blocks or never ends: a FIFO or a device (through links)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
 def _special(path: Path) -> bool:

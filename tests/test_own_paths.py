@@ -97,6 +97,40 @@ def test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs(tmp_path):
     assert payload["head"] == ""
 
 
+def test_no_git_run_of_khaelor_waits_on_a_fifo_or_device_the_repository_planted(tmp_path):
+    """git opens HEAD, its branch's ref, config, .gitignore … blocking: one planted FIFO held
+    every git run khaelor starts (the baseline, the file lister, a checkpoint) for its time-out."""
+    import time
+
+    import context
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    box = toolbox(tmp_path, root)
+    first = box.checkpoints.take()
+
+    def checkpoint(tree):
+        # a FIFO .gitignore fails the checkpoint (git cannot list the tree), at once
+        with contextlib.suppress(tools.CheckpointError):
+            return box.checkpoints.take(tree)
+    for planted in (".git/HEAD", ".git/refs/heads/master", ".git/config", ".gitignore",
+                    ".git/index"):
+        path = root / planted
+        kept = path.read_bytes()
+        path.unlink()
+        os.mkfifo(path)
+        started = time.monotonic()
+        baseline = finishes(lambda: context.git_baseline(box.workspace), path)
+        files = finishes(lambda: tools.project_files(box.workspace), path)
+        finishes(lambda: checkpoint(first["tree"]), path)
+        assert time.monotonic() - started < 2.5, planted
+        assert baseline == {"git": False} and files, planted
+        path.unlink()
+        path.write_bytes(kept)
+    (root / ".git" / "packed-refs").symlink_to("/dev/zero")
+    assert finishes(lambda: context.git_baseline(box.workspace), root / "x") == {"git": False}
+
+
 def test_a_checkpoint_never_copies_a_secret_the_index_or_exclude_links_to(tmp_path):
     """A step links .git/index (or .git/info/exclude) to a key: a rewind would write the key's
     bytes back as .git/index, where the model can read them."""
