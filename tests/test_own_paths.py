@@ -131,6 +131,19 @@ def test_no_git_run_of_khaelor_waits_on_a_fifo_or_device_the_repository_planted(
     assert finishes(lambda: context.git_baseline(box.workspace), root / "x") == {"git": False}
 
 
+def test_a_session_starts_and_works_beside_a_fifo_planted_as_git_head(khaelor, fake, project):
+    import time
+    make_repository(project)
+    (project / ".git" / "HEAD").unlink()
+    os.mkfifo(project / ".git" / "HEAD")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo fresh > a.txt"})), reply(text("done")))
+    started = time.monotonic()
+    result = khaelor.run("-p", "go", "--yes")
+    assert (result.returncode, result.stdout.strip()) == (0, "done"), result.stderr
+    assert (project / "a.txt").read_text() == "fresh\n"
+    assert time.monotonic() - started < 8
+
+
 def test_a_checkpoint_never_copies_a_secret_the_index_or_exclude_links_to(tmp_path):
     """A step links .git/index (or .git/info/exclude) to a key: a rewind would write the key's
     bytes back as .git/index, where the model can read them."""
