@@ -778,7 +778,10 @@ class Rewind:
         checkpoints = self.toolbox.checkpoints
         self.problems = checkpoints.apply(self.root, self.todo)
         if self.repo and self.target["git"]:
-            checkpoints.restore_head(self.repo, self.target)
+            try:
+                checkpoints.restore_head(self.repo, self.target)
+            except tools.CheckpointError as error:
+                self.problems.append(str(error))
         self.after = checkpoints.take(self.now["tree"])
 
     def finish(self) -> str:

@@ -1295,8 +1295,9 @@ class Checkpoints:
         # store and fetch bytes by name (the toolbox's file versions): the user's index
         self.keep = keep
         self.load = load
-        # the repository as last found
+        # the repository as last found, and as first found: where a rewind may put HEAD back
         self.known: Repository | None = None
+        self.first: Repository | None = None
 
     def take(self, previous: str = "") -> dict:
         """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
@@ -1328,6 +1329,7 @@ class Checkpoints:
             if head:
                 return replace(known, head=head, branch=branch)
         self.known = self._discover()
+        self.first = self.first or self.known
         return self.known
 
     def _discover(self) -> Repository | None:
@@ -1596,8 +1598,15 @@ class Checkpoints:
         return ""
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
-        """HEAD, its branch and the index as a checkpoint recorded them."""
+        """HEAD, its branch and the index as a checkpoint recorded them, only in the repository
+        the session found first: a step that made .git a "gitdir: elsewhere" file would have the
+        ref updates and the index written into another repository, or outside the project."""
         now = self.repository() or repo
+        first = self.first or now
+        for found in (repo, now):
+            if (found.git_dir, found.common_dir) != (first.git_dir, first.common_dir):
+                raise CheckpointError(f"HEAD and the index not put back: the repository is now "
+                                      f"{found.git_dir}, not {first.git_dir}")
         branch = recorded["branch"]
         head = recorded["head"]
         moved = (branch, head) != (now.branch, now.head)
