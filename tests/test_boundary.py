@@ -115,6 +115,26 @@ def test_the_environment_holds_no_secret_unless_the_user_passes_it(project, env,
     assert "GITHUB_TOKEN=gh-marker" in out and "aws-marker" not in out
 
 
+def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project, env, tmp_path):
+    """Landlock covers no metadata: a read-only command could chmod ~/.ssh 777 or a file it reads.
+    (An approved --write command still can, outside its paths too: not covered yet.)"""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    (outside / "key").write_text("x")
+    (outside / "key").chmod(0o600)
+    (project / "mine").write_text("x")
+    (project / "mine").chmod(0o644)
+    before = [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")]
+    for call in ("os.chmod(K, 0o644)", "os.chmod(D, 0o777)", "os.utime(K, (0, 0))",
+                 "os.setxattr(K, 'user.x', b'1')", "os.chown(K, -1, os.getgid())",
+                 "fd = os.open('mine', os.O_RDONLY); os.fchmod(fd, 0o777)"):
+        code, out = sandboxed(project, env, "--read-only", *python(
+            f"import os; K = {str(outside / 'key')!r}; D = {str(outside)!r}; {call}"))
+        assert code != 0 and "Operation not permitted" in out, (call, out)
+    assert [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")] == before
+    assert (project / "mine").stat().st_mode & 0o777 == 0o644
+
+
 def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env, listener):
     port = listener.getsockname()[1]
     code, out = sandboxed(project, env, "--write", *python(
