@@ -758,6 +758,9 @@ def _runs_git(argv: list[str]) -> bool:
 # did not approve by name is put back, and what it had written is kept in the spill folder.
 GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude")
 GIT_CONFIG = ".git/config"
+# and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
+# set, a plain entry) and the pointer to a common git directory (whose config git reads)
+GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
     r"^(remote\.[^\n]*\.(url|pushurl|fetch|push|tagopt|prune)|branch\.[^\n]*"
@@ -774,7 +777,7 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (GIT_CONFIG, *GUARDED_DIRS):
+    for top in (*GUARDED_FILES, *GUARDED_DIRS):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
@@ -783,7 +786,7 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
                 _record_entry(state, link or top, name, folder_fd)
             finally:
                 os.close(folder_fd)
-        if link is not None or top == GIT_CONFIG:
+        if link is not None or top in GUARDED_FILES:
             continue
         with contextlib.suppress(OSError):
             top_fd = sandbox.open_no_links(os.path.join(real, top), os.O_RDONLY | os.O_DIRECTORY)
@@ -903,8 +906,8 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
 def _named(rel: str, command: str) -> bool:
     if not command:
         return False
-    if rel == GIT_CONFIG:
-        return "git config" in command or GIT_CONFIG in command
+    if rel in GUARDED_FILES:
+        return "git config" in command or rel in command
     return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
 
 

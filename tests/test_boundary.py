@@ -298,6 +298,28 @@ def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_
     assert any(b"touch MARKER" in path.read_bytes() for path in kept)     # nothing is lost
 
 
+@pytest.mark.parametrize("plant", [
+    # extensions.worktreeConfig is a plain entry; config.worktree then holds the hook
+    "import subprocess\n"
+    "subprocess.run(['git', 'config', 'extensions.worktreeConfig', 'true'], check=True)\n"
+    "open('.git/config.worktree', 'w').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n",
+    # .git/commondir sends git to a copy whose config holds it
+    "import shutil\n"
+    "shutil.copytree('.git', 'evil')\n"
+    "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+    "open('.git/commondir', 'w').write('../evil\\n')\n",
+])
+def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir(repo, tmp_path,
+                                                                                  plant):
+    """The user's own next `git status`, unconfined, would run core.fsmonitor."""
+    (repo / "plant2.py").write_text(plant)
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} plant2.py"},
+                      sandbox.Confine(attended=True))
+    assert "put back" in result.text
+    subprocess.run(["git", "status"], cwd=repo, capture_output=True)
+    assert not (repo / "MARKER").exists()
+
+
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):
     result = run_tool(repo, tmp_path / "kh", "process",
                       {"action": "start", "command": f"{sys.executable} plant.py"}, APPROVED)
