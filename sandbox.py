@@ -711,7 +711,7 @@ SYSCALL_NUMBERS = {
     "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217),
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
-    "userfaultfd": (323, 282), "seccomp": (317, 277),
+    "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
     # a file's metadata (None: aarch64 has only the *at forms)
     "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
     "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
@@ -830,6 +830,10 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
+    # a new session or process group would outlive the kill of the command's group at its end
+    # (and, writing the project after the guard looked, plant a hook): both answer success and
+    # change nothing, so that a daemon starts as it expects and still ends with the command
+    program += [(JEQ, nr["setsid"], "pretend"), (JEQ, nr["setpgid"], "pretend")]
     if not confine.network:
         program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
                     (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2"),
@@ -852,6 +856,7 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
                 ("label", "connect"),
                 (RET, RET_USER_NOTIF) if tcp and supervised else refuse,
                 ("label", "enosys"), (RET, RET_ERRNO | errno.ENOSYS),
+                ("label", "pretend"), (RET, RET_ERRNO | 0),
                 ("label", "refuse"), refuse,
                 ("label", "allow"), allow,
                 ("label", "deny"), deny]

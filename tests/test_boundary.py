@@ -320,6 +320,26 @@ def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir
     assert not (repo / "MARKER").exists()
 
 
+def test_no_process_outlives_its_step_by_a_new_session_or_group(repo, tmp_path):
+    """setsid (a double fork) or setpgid took a process out of the group killed at the step's end:
+    it wrote the project, a hook say, after the guard had looked."""
+    import time
+    (repo / "leave.py").write_text(
+        "import os, subprocess\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.system('sleep 2; touch MARKER')\n"
+        "    os._exit(0)\n"
+        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER2'], start_new_session=True)\n"
+        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER3'], process_group=0)\n")
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} leave.py"},
+                      sandbox.Confine(attended=True))
+    assert "Exit code: 0" in result.text, result.text
+    time.sleep(3)
+    assert [p.name for p in repo.glob("MARKER*")] == []
+
+
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):
     result = run_tool(repo, tmp_path / "kh", "process",
                       {"action": "start", "command": f"{sys.executable} plant.py"}, APPROVED)
