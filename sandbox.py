@@ -712,7 +712,11 @@ SYSCALL_NUMBERS = {
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
-    # a file's metadata (None: aarch64 has only the *at forms)
+}
+# Refused where nothing but the temp dir is writable: Landlock does not cover a file's mode, owner,
+# times or extended attributes, so a read-only command could chmod ~/.ssh or any file it reads.
+# (None: aarch64 has only the *at forms.)
+METADATA_SYSCALLS = {
     "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
     "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
     "utime": (132, None), "utimes": (235, None), "futimesat": (261, None),
@@ -720,6 +724,7 @@ SYSCALL_NUMBERS = {
     "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
     "setxattrat": (463, 463), "removexattrat": (466, 466),
 }
+SYSCALL_NUMBERS.update(METADATA_SYSCALLS)
 SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()
                       if pair[column] is not None}
             for column, machine in enumerate(["x86_64", "aarch64"])}
@@ -729,13 +734,6 @@ DENIED_SYSCALLS = [
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "bpf", "perf_event_open",
     "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "setns", "open_by_handle_at", "userfaultfd",
-]
-# Refused where nothing but the temp dir is writable: Landlock does not cover a file's mode, owner,
-# times or extended attributes, so a read-only command could chmod ~/.ssh or any file it reads.
-METADATA_SYSCALLS = [
-    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime",
-    "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
-    "lremovexattr", "fremovexattr", "setxattrat", "removexattrat",
 ]
 # clone and unshare flags that make a namespace (CLONE_NEWNS … CLONE_NEWNET)
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
