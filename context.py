@@ -1398,8 +1398,10 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
 
 
 def _read_text(path: Path) -> str:
+    """A project's own file (package.json, a Makefile) as text; "" for a link the repository
+    planted there (to a secret outside), a FIFO or a device."""
     try:
-        return events.read_regular(path, 200_000)[0].decode("utf-8", "replace")
+        return events.read_regular(path, 200_000, os.O_NOFOLLOW)[0].decode("utf-8", "replace")
     except OSError:
         return ""
 

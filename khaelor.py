@@ -777,7 +777,10 @@ class Rewind:
         checkpoints = self.toolbox.checkpoints
         self.problems = checkpoints.apply(self.root, self.todo)
         if self.repo and self.target["git"]:
-            checkpoints.restore_head(self.repo, self.target)
+            try:
+                checkpoints.restore_head(self.repo, self.target)
+            except tools.CheckpointError as error:
+                self.problems.append(str(error))
         self.after = checkpoints.take(self.now["tree"])
 
     def finish(self) -> str:
@@ -2289,7 +2292,7 @@ class Session:
         path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
         path = Path.cwd() / path
         try:
-            write_own(path, text, os.O_TRUNC)
+            write_own(path, text, os.O_TRUNC, self.project_root)
         except OSError as e:
             return f"`{path}` not written: {own_write_problem(e)}"
         return f"transcript written to `{path}`"
@@ -2311,24 +2314,32 @@ class Session:
             return (f"`/init write` saves this as `{name}`:\n\n"
                     f"````markdown\n{text}````")
         try:
-            write_own(root / name, text, os.O_EXCL)
+            write_own(root / name, text, os.O_EXCL, root)
         except OSError as e:
             return f"`{name}` not written: {own_write_problem(e)}"
         return f"wrote `{name}`: edit it to say what a newcomer must know"
 
 
-def write_own(path: Path, text: str, flags: int) -> None:
+def write_own(path: Path, text: str, flags: int, root: Path) -> None:
     """khaelor's own write of a file (/init, /export), never through a link planted under its name
-    (it would create or overwrite the file it points to, outside the project) and never waiting
-    on a FIFO. flags: O_EXCL (a new file only) or O_TRUNC (a file replaced)."""
+    or, in the project `root`, under any directory's on the way (it would create or overwrite the
+    file it points to, outside the project) and never waiting on a FIFO. flags: O_EXCL (a new
+    file only) or O_TRUNC (a file replaced)."""
+    import sandbox
     flags |= os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    with os.fdopen(os.open(path, flags, 0o666), "w", encoding="utf-8") as f:
+    path = Path(os.path.normpath(path))
+    if path.is_relative_to(root):
+        fd = sandbox.open_no_links(str(path), flags, 0o666)
+    else:
+        # out of the project the user named the path: the links on its way are theirs
+        fd = os.open(path, flags, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
 
 
 def own_write_problem(e: OSError) -> str:
     if e.errno == errno.ELOOP:
-        return "a symbolic link is in its place, and khaelor does not write through one"
+        return "a symbolic link is in its way, and khaelor does not write through one"
     if e.errno == errno.ENXIO:
         return "a FIFO is in its place"
     return e.strerror or str(e)

@@ -1376,6 +1376,14 @@ def _path_request(path_text: str, base: str, root: str,
                     path=resolved)
 
 
+def _wildcard_base(target: str, cwd: str) -> str | None:
+    """The directory a wildcard in target lists, resolved: the one rule for
+    what a glob may delete (None: no wildcard)."""
+    if not any(ch in target for ch in "*?[{"):
+        return None
+    return _resolve(sandbox.glob_base(target), cwd)
+
+
 def _escape(text: str) -> str:
     """fnmatch-quote text so a suggested pattern matches itself literally."""
     return text.translate({ord(c): f"[{c}]" for c in "*?["})
@@ -2129,12 +2137,10 @@ def _rm_destroys(target: str, cwd: str, root: str) -> str:
     """rm -r of .git (or inside it), of the project, of a directory holding it,
     or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
     target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
-    wildcard = [target.find(c) for c in "*?[" if c in target]
     path = _resolve(target, cwd)
-    if wildcard:
-        directory = target[:min(wildcard)].rpartition("/")[0]
-        base = _resolve(directory or ".", cwd)
-        if base == root and "/" not in target[min(wildcard):]:
+    base = _wildcard_base(target, cwd)
+    if base is not None:
+        if base == root == _resolve(posixpath.dirname(target) or ".", cwd):
             return f"rm -r of everything at the project's root ({target})"
         path = base
     git_dir = posixpath.join(root, ".git")
@@ -2395,19 +2401,10 @@ def _catastrophic(target: str, home: str, cwd: str) -> bool:
     target = _PARAMETER.sub("", target)
     if not target:
         return False
-    wildcard = [target.find(c) for c in "*?[" if c in target]
-    if not wildcard:
-        return _precious(_resolve(target, cwd), home)
-    head = target[:min(wildcard)]
-    directory, _, stem = head.rpartition("/")
-    if head.startswith("/") and not directory:
-        directory = "/"
-    base = _resolve(directory or ".", cwd)
-    if stem == "":
-        # "/*", "~/*", "*" in $HOME, "/etc/*"
-        return _precious(base, home)
-    # "/u*" names top-level system directories
-    return base == "/"
+    # "/*", "~/*", "/u*", "/home/al*": a wildcard in a protected directory may
+    # name any of its entries, the home directory among them
+    base = _wildcard_base(target, cwd)
+    return _precious(_resolve(target, cwd) if base is None else base, home)
 
 
 def _resolve(target: str, cwd: str) -> str:

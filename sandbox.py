@@ -145,6 +145,17 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
+def glob_base(pattern: str) -> str:
+    """The directory a glob starts from: its components before the first wildcard. The one rule:
+    what a glob call reads (tools.py) and what a wildcard may delete (permissions.py)."""
+    parts = pattern.split("/")
+    wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
+    base = "/".join(parts[:min(wild, default=len(parts))])
+    if base:
+        return base
+    return "/" if pattern.startswith("/") else "."
+
+
 @functools.cache
 def secret_matcher(patterns: tuple[str, ...]):
     """Whether a file name matches one of `patterns` (SECRET_NAMES, or a decision's `hide`): in any
@@ -711,9 +722,22 @@ SYSCALL_NUMBERS = {
     "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217),
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
-    "userfaultfd": (323, 282), "seccomp": (317, 277),
+    "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
 }
-SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()}
+# Refused where nothing but the temp dir is writable: Landlock does not cover a file's mode, owner,
+# times or extended attributes, so a read-only command could chmod ~/.ssh or any file it reads.
+# (None: aarch64 has only the *at forms.)
+METADATA_SYSCALLS = {
+    "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
+    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
+    "utime": (132, None), "utimes": (235, None), "futimesat": (261, None),
+    "utimensat": (280, 88), "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7),
+    "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
+    "setxattrat": (463, 463), "removexattrat": (466, 466),
+}
+SYSCALL_NUMBERS.update(METADATA_SYSCALLS)
+SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()
+                      if pair[column] is not None}
             for column, machine in enumerate(["x86_64", "aarch64"])}
 # Refused for every confined command: each reaches another process, the kernel or the network
 # behind the other rules' backs.
@@ -810,9 +834,15 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
     if machine == "x86_64":
         program += [(JGE, X32_SYSCALL_BIT, "deny")]
     program += [(JEQ, nr[name], "deny") for name in DENIED_SYSCALLS]
+    if not confine.write and not confine.paths_write:
+        program += [(JEQ, nr[name], "deny") for name in METADATA_SYSCALLS if name in nr]
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
+    # a new session or process group would outlive the kill of the command's group at its end
+    # (and, writing the project after the guard looked, plant a hook): both answer success and
+    # change nothing, so that a daemon starts as it expects and still ends with the command
+    program += [(JEQ, nr["setsid"], "pretend"), (JEQ, nr["setpgid"], "pretend")]
     if not confine.network:
         program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
                     (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2"),
@@ -835,6 +865,7 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
                 ("label", "connect"),
                 (RET, RET_USER_NOTIF) if tcp and supervised else refuse,
                 ("label", "enosys"), (RET, RET_ERRNO | errno.ENOSYS),
+                ("label", "pretend"), (RET, RET_ERRNO | 0),
                 ("label", "refuse"), refuse,
                 ("label", "allow"), allow,
                 ("label", "deny"), deny]

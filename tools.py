@@ -290,15 +290,9 @@ SCHEMA_OF = {schema["name"]: schema for schema in SCHEMAS}
 
 
 def _glob_base(args: dict) -> str:
-    """The directory a glob call starts from: its path joined with the pattern's components
-    before the first wildcard."""
+    """The directory a glob call starts from: its path joined with the pattern's fixed part."""
     pattern = posixpath.join(str(args.get("path") or "."), str(args.get("pattern") or ""))
-    parts = pattern.split("/")
-    wild = [n for n, part in enumerate(parts) if any(ch in part for ch in "*?[{")]
-    base = "/".join(parts[:min(wild, default=len(parts))])
-    if base:
-        return base
-    return "/" if pattern.startswith("/") else "."
+    return sandbox.glob_base(pattern)
 
 
 def _process_subject(args: dict) -> tuple[str, dict]:
@@ -645,6 +639,11 @@ class Workspace:
         """Run a short command synchronously, read-only unless `confine` says otherwise, with
         `env` added and `stdin` fed to it: (exit code, stdout). Failing to start, or timing out,
         gives -1 and the reason."""
+        if _runs_git(argv):
+            # a git run on khaelor's own shadow repository (GIT_DIR) opens only the work tree's
+            stall = _git_stall(cwd or self.cwd, own_repository="GIT_DIR" in (env or {}))
+            if stall:
+                return -1, f"git not run: {stall} is a FIFO or a device, git would wait".encode()
         try:
             prepared, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
         except OSError as exc:
@@ -804,6 +803,9 @@ def _runs_git(argv: list[str]) -> bool:
 # did not approve by name is put back, and what it had written is kept in the spill folder.
 GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude")
 GIT_CONFIG = ".git/config"
+# and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
+# set, a plain entry) and the pointer to a common git directory (whose config git reads)
+GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
     r"^(remote\.[^\n]*\.(url|pushurl|fetch|push|tagopt|prune)|branch\.[^\n]*"
@@ -820,7 +822,7 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (GIT_CONFIG, *GUARDED_DIRS):
+    for top in (*GUARDED_FILES, *GUARDED_DIRS):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
@@ -829,7 +831,7 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
                 _record_entry(state, link or top, name, folder_fd)
             finally:
                 os.close(folder_fd)
-        if link is not None or top == GIT_CONFIG:
+        if link is not None or top in GUARDED_FILES:
             continue
         with contextlib.suppress(OSError):
             top_fd = sandbox.open_no_links(os.path.join(real, top), os.O_RDONLY | os.O_DIRECTORY)
@@ -949,8 +951,8 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
 def _named(rel: str, command: str) -> bool:
     if not command:
         return False
-    if rel == GIT_CONFIG:
-        return "git config" in command or GIT_CONFIG in command
+    if rel in GUARDED_FILES:
+        return "git config" in command or rel in command
     return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
 
 
@@ -1348,8 +1350,9 @@ class Checkpoints:
         # store and fetch bytes by name (the toolbox's file versions): the user's index
         self.keep = keep
         self.load = load
-        # the repository as last found
+        # the repository as last found, and as first found: where a rewind may put HEAD back
         self.known: Repository | None = None
+        self.first: Repository | None = None
 
     def take(self, previous: str = "") -> dict:
         """A CheckpointRecorded payload (without its step): tree, git, head, branch, index (a
@@ -1381,6 +1384,7 @@ class Checkpoints:
             if head:
                 return replace(known, head=head, branch=branch)
         self.known = self._discover()
+        self.first = self.first or self.known
         return self.known
 
     def _discover(self) -> Repository | None:
@@ -1649,8 +1653,15 @@ class Checkpoints:
         return ""
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
-        """HEAD, its branch and the index as a checkpoint recorded them."""
+        """HEAD, its branch and the index as a checkpoint recorded them, only in the repository
+        the session found first: a step that made .git a "gitdir: elsewhere" file would have the
+        ref updates and the index written into another repository, or outside the project."""
         now = self.repository() or repo
+        first = self.first or now
+        for found in (repo, now):
+            if (found.git_dir, found.common_dir) != (first.git_dir, first.common_dir):
+                raise CheckpointError(f"HEAD and the index not put back: the repository is now "
+                                      f"{found.git_dir}, not {first.git_dir}")
         branch = recorded["branch"]
         head = recorded["head"]
         moved = (branch, head) != (now.branch, now.head)
@@ -1718,6 +1729,46 @@ def _read_plain(path: Path, cap: int) -> bytes | None:
             return None
         data = _read_at_most(handle, cap + 1)
     return data if len(data) <= cap else None
+
+
+# What git opens (blocking) before anything else: in the work tree, in the git directory, and in
+# the directory a linked worktree shares. A FIFO or a device planted as one of them would hold
+# every git run khaelor starts (status, checkpoints, the start-up baseline) until its time-out.
+GIT_TREE_OPENS = (".gitignore", ".gitattributes", ".git")
+GIT_DIR_OPENS = ("HEAD", "commondir", "config.worktree", "index")
+GIT_COMMON_OPENS = ("config", "packed-refs", "shallow", "info/exclude", "info/attributes",
+                    "info/grafts", "objects/info/alternates")
+
+
+def _git_stall(cwd: Path, own_repository: bool = False) -> str:
+    """The file among those git opens first that would make it wait (a FIFO or a device, or a
+    link to one), else "". own_repository: git runs on khaelor's shadow, not the one in cwd."""
+    top = next((d for d in (cwd, *cwd.parents) if os.path.lexists(d / ".git")), cwd)
+    suspects = [top / name for name in GIT_TREE_OPENS]
+    if not own_repository:
+        git_dir = top / ".git"
+        if git_dir.is_file():
+            # a linked worktree or a submodule: "gitdir: <path>"
+            pointer = _read_plain(git_dir, REF_CAP_BYTES) or b""
+            git_dir = top / pointer.decode(errors="replace").strip().removeprefix("gitdir: ")
+        common = git_dir / (_read_plain(git_dir / "commondir", REF_CAP_BYTES) or b".").decode(
+            errors="replace").strip()
+        head = (_read_plain(git_dir / "HEAD", REF_CAP_BYTES) or b"").decode(errors="replace")
+        ref = head.strip().removeprefix("ref: ")
+        suspects += [git_dir / name for name in GIT_DIR_OPENS]
+        suspects += [common / name for name in GIT_COMMON_OPENS]
+        if ref.startswith("refs/") and ".." not in ref:
+            suspects.append(common / ref)
+    return next((str(path) for path in suspects if _waits(path)), "")
+
+
+def _waits(path: Path) -> bool:
+    """Opening it blocks or never ends: a FIFO or a device (through links)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
 def _special(path: Path) -> bool:

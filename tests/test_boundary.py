@@ -115,6 +115,26 @@ def test_the_environment_holds_no_secret_unless_the_user_passes_it(project, env,
     assert "GITHUB_TOKEN=gh-marker" in out and "aws-marker" not in out
 
 
+def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project, env, tmp_path):
+    """Landlock covers no metadata: a read-only command could chmod ~/.ssh 777 or a file it reads.
+    (An approved --write command still can, outside its paths too: not covered yet.)"""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    (outside / "key").write_text("x")
+    (outside / "key").chmod(0o600)
+    (project / "mine").write_text("x")
+    (project / "mine").chmod(0o644)
+    before = [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")]
+    for call in ("os.chmod(K, 0o644)", "os.chmod(D, 0o777)", "os.utime(K, (0, 0))",
+                 "os.setxattr(K, 'user.x', b'1')", "os.chown(K, -1, os.getgid())",
+                 "fd = os.open('mine', os.O_RDONLY); os.fchmod(fd, 0o777)"):
+        code, out = sandboxed(project, env, "--read-only", *python(
+            f"import os; K = {str(outside / 'key')!r}; D = {str(outside)!r}; {call}"))
+        assert code != 0 and "Operation not permitted" in out, (call, out)
+    assert [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")] == before
+    assert (project / "mine").stat().st_mode & 0o777 == 0o644
+
+
 def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env, listener):
     port = listener.getsockname()[1]
     code, out = sandboxed(project, env, "--write", *python(
@@ -276,6 +296,48 @@ def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_
     assert "put back .claude/settings.json, .git/config, .git/hooks/pre-commit" in result.text
     kept = list((tmp_path / "kh" / "spill" / "guarded").iterdir())
     assert any(b"touch MARKER" in path.read_bytes() for path in kept)     # nothing is lost
+
+
+@pytest.mark.parametrize("plant", [
+    # extensions.worktreeConfig is a plain entry; config.worktree then holds the hook
+    "import subprocess\n"
+    "subprocess.run(['git', 'config', 'extensions.worktreeConfig', 'true'], check=True)\n"
+    "open('.git/config.worktree', 'w').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n",
+    # .git/commondir sends git to a copy whose config holds it
+    "import shutil\n"
+    "shutil.copytree('.git', 'evil')\n"
+    "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+    "open('.git/commondir', 'w').write('../evil\\n')\n",
+])
+def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir(repo, tmp_path,
+                                                                                  plant):
+    """The user's own next `git status`, unconfined, would run core.fsmonitor."""
+    (repo / "plant2.py").write_text(plant)
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} plant2.py"},
+                      sandbox.Confine(attended=True))
+    assert "put back" in result.text
+    subprocess.run(["git", "status"], cwd=repo, capture_output=True)
+    assert not (repo / "MARKER").exists()
+
+
+def test_no_process_outlives_its_step_by_a_new_session_or_group(repo, tmp_path):
+    """setsid (a double fork) or setpgid took a process out of the group killed at the step's end:
+    it wrote the project, a hook say, after the guard had looked."""
+    import time
+    (repo / "leave.py").write_text(
+        "import os, subprocess\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.system('sleep 2; touch MARKER')\n"
+        "    os._exit(0)\n"
+        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER2'], start_new_session=True)\n"
+        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER3'], process_group=0)\n")
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} leave.py"},
+                      sandbox.Confine(attended=True))
+    assert "Exit code: 0" in result.text, result.text
+    time.sleep(3)
+    assert [p.name for p in repo.glob("MARKER*")] == []
 
 
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):

@@ -65,6 +65,23 @@ def test_export_never_writes_through_a_link_planted_under_its_name(project, env,
     assert "not written" in shown
 
 
+def test_export_never_writes_through_a_directory_link_the_repository_planted(project, env,
+                                                                             monkeypatch, tmp_path):
+    """`/export notes/x.md` where notes -> ~/.ssh: O_NOFOLLOW guards only the last component."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (project / "notes").symlink_to(outside, target_is_directory=True)
+    (project / "docs").mkdir()
+    (project / "docs" / "deep").symlink_to(outside, target_is_directory=True)
+
+    async def export(session):
+        return [await session.run_command(f"/export {where}")
+                for where in ("notes/x.md", "docs/deep/x.md", "docs/../notes/y.md")]
+    shown = in_session(project, env, monkeypatch, export)
+    assert list(outside.iterdir()) == []
+    assert all("not written: a symbolic link" in answer for answer in shown), shown
+
+
 def test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs(tmp_path):
     root = tmp_path / "project"
     root.mkdir()
@@ -78,6 +95,53 @@ def test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs(tmp_path):
     payload = finishes(lambda: box.checkpoints.take(first["tree"]), root / ".git" / "packed-refs",
                        timeout_s=40)
     assert payload["head"] == ""
+
+
+def test_no_git_run_of_khaelor_waits_on_a_fifo_or_device_the_repository_planted(tmp_path):
+    """git opens HEAD, its branch's ref, config, .gitignore … blocking: one planted FIFO held
+    every git run khaelor starts (the baseline, the file lister, a checkpoint) for its time-out."""
+    import time
+
+    import context
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    box = toolbox(tmp_path, root)
+    first = box.checkpoints.take()
+
+    def checkpoint(tree):
+        # a FIFO .gitignore fails the checkpoint (git cannot list the tree), at once
+        with contextlib.suppress(tools.CheckpointError):
+            return box.checkpoints.take(tree)
+    for planted in (".git/HEAD", ".git/refs/heads/master", ".git/config", ".gitignore",
+                    ".git/index"):
+        path = root / planted
+        kept = path.read_bytes()
+        path.unlink()
+        os.mkfifo(path)
+        started = time.monotonic()
+        baseline = finishes(lambda: context.git_baseline(box.workspace), path)
+        files = finishes(lambda: tools.project_files(box.workspace), path)
+        finishes(lambda: checkpoint(first["tree"]), path)
+        assert time.monotonic() - started < 2.5, planted
+        assert baseline == {"git": False} and files, planted
+        path.unlink()
+        path.write_bytes(kept)
+    (root / ".git" / "packed-refs").symlink_to("/dev/zero")
+    assert finishes(lambda: context.git_baseline(box.workspace), root / "x") == {"git": False}
+
+
+def test_a_session_starts_and_works_beside_a_fifo_planted_as_git_head(khaelor, fake, project):
+    import time
+    make_repository(project)
+    (project / ".git" / "HEAD").unlink()
+    os.mkfifo(project / ".git" / "HEAD")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo fresh > a.txt"})), reply(text("done")))
+    started = time.monotonic()
+    result = khaelor.run("-p", "go", "--yes")
+    assert (result.returncode, result.stdout.strip()) == (0, "done"), result.stderr
+    assert (project / "a.txt").read_text() == "fresh\n"
+    assert time.monotonic() - started < 8
 
 
 def test_a_checkpoint_never_copies_a_secret_the_index_or_exclude_links_to(tmp_path):
@@ -125,6 +189,21 @@ def test_check_detection_reads_neither_a_fifo_nor_dev_zero_a_step_left(tmp_path)
     os.mkfifo(root / "package.json")
     checks = finishes(lambda: context.detect_checks(root, ["a.py", "b.js"]), root / "package.json")
     assert checks == ["python3 -m py_compile a.py"] or checks == ["python -m py_compile a.py"]
+
+
+def test_check_detection_never_reads_through_a_link_the_repository_planted(tmp_path):
+    """package.json or a Makefile linked to a file outside: its text must not become checks."""
+    import context
+    root = tmp_path / "project"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "package.json").write_text('{"scripts": {"test": "touch MARKER"}}')
+    (outside / "Makefile").write_text("test:\n\ttouch MARKER\n")
+    (root / "package.json").symlink_to(outside / "package.json")
+    (root / "Makefile").symlink_to(outside / "Makefile")
+    checks = context.detect_checks(root, ["b.js"])
+    assert not any("test" in check for check in checks), checks
 
 
 def test_instruction_files_are_read_capped_and_never_wait_on_a_fifo(tmp_path):

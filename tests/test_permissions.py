@@ -416,6 +416,23 @@ def test_near_misses_are_not_floored(project, command):
     assert bash(command, project)["floor"] is False
 
 
+def test_a_wildcard_lists_one_directory_for_the_floor_and_the_repository_guard(project):
+    """_catastrophic and _rm_destroys once computed a glob's base apart: `rm -rf /home/al*`
+    (the user's home among its matches) only asked, and `../*` from a subdirectory was not
+    "everything at the root"."""
+    home = Path(os.environ["HOME"])
+    (project / "src" / "sub").mkdir()
+    for command in (f"rm -rf {home.parent}/{home.name[:2]}*", "rm -rf ~/.ss?", "rm -rf /etc/ss*",
+                    "rm -rf /us?/lib*", "cd src && rm -rf /pr*", "rm -rf ~/{a,b}*"):
+        assert bash(command, project)["floor"] is True, command
+    rules = [*DEFAULTS, Rule("*", "*", "allow", "u", "user")]
+    for command in ("cd src && rm -rf ../*", "cd src/sub && rm -rf ../../.[!.]*", "rm -rf *.pyc"):
+        decision = decide("bash", {"command": command}, project, rules)
+        assert "everything at the project's root" in decision.destructive, (command, decision)
+    for command in ("rm -rf .gi?/objects", "cd src && rm -rf ../.g*/", "rm -rf src/../.*"):
+        assert decide("bash", {"command": command}, project, rules).action == "ask", command
+
+
 def test_floor_resolves_relative_targets_against_the_cwd(project, monkeypatch):
     home = project.parent
     monkeypatch.setenv("HOME", str(home))

@@ -236,3 +236,28 @@ def test_a_folder_a_step_replaced_by_a_link_outside_is_restored_inside(tmp_path)
     assert checkpoints.apply(root, restores) == []
     assert not (root / "src").is_symlink() and (root / "src" / "main.py").read_text() == "mine\n"
     assert list(outside.iterdir()) == []
+
+
+def test_a_rewind_puts_head_back_only_in_the_repository_the_session_found(tmp_path):
+    """A step makes .git a "gitdir: <another repository>" file: the rewind's update-ref and its
+    index write would land in that repository (here one nested in the project, which the read-only
+    sandbox lets git read; or anywhere outside it)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    make_repository(root)
+    other = root / "vendor"
+    git(tmp_path, "clone", "-q", str(root), str(other))
+    box = tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {})
+    recorded = box.checkpoints.take()
+    (root / ".git").rename(tmp_path / "moved.git")
+    (root / ".git").write_text(f"gitdir: {other / '.git'}\n")
+    repo = box.checkpoints.repository()
+    assert repo.git_dir == other / ".git"
+    before = repository_facts(other)
+    try:
+        box.checkpoints.restore_head(repo, recorded)
+    except tools.CheckpointError as error:
+        assert "not put back" in str(error)
+    else:
+        raise AssertionError("restore_head wrote into another repository")
+    assert repository_facts(other) == before
