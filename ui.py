@@ -848,7 +848,6 @@ NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned}; /context says why)",
     "ContextCompacted": "◇ Context compacted: earlier turns are now a summary",
     "VerificationRequested": "◇ Checking the work before answering",
-    "ProcessStarted": "◆ process {process_id} started: {command}",
     "ProcessExited": "◆ process {process_id} exited {exit_code} ({cause})",
     "SessionRenamed": "◇ Session: {title}",
     "ModelChanged": "◇ Model: {model}",

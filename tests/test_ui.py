@@ -1466,11 +1466,24 @@ def test_the_status_line_shows_elapsed_time_and_output_tokens_while_streaming():
 
 # ---- the smaller fixes (issue 14 item 12) ----
 
+def test_a_started_process_is_one_card_not_a_card_and_a_notice():
+    start = {"action": "start", "command": "npm run dev"}
+    text = timeline_text([
+        requested("t1", "process", start),
+        event("ToolStarted", tool_use_id="t1", name="process"),
+        event("ProcessStarted", process_id="p1", pid=5, command="npm run dev"),
+        event("ToolCompleted", tool_use_id="t1", name="process",
+              output="started p1 (pid 5): npm run dev", meta={}),
+    ])
+    assert text.count("npm run dev") == 2, text         # the card's title and its output
+    assert "◆" not in text and "started p1 (pid 5)" in text
+
+
 def test_a_newline_in_a_one_line_notice_is_escaped():
     text = timeline_text([event("SessionRenamed", title="two\nlines"),
-                          event("ProcessStarted", process_id="p1",
-                                command="npm run dev\nrm -rf x")])
-    assert "◇ Session: two\\nlines" in text and "npm run dev\\nrm -rf x" in text
+                          event("ProcessExited", process_id="p1", exit_code=1,
+                                cause="killed\nrm -rf x")])
+    assert "◇ Session: two\\nlines" in text and "(killed\\nrm -rf x)" in text
     assert all("\n" not in line for line in ui.render_transcript(
         [event("SessionRenamed", title="a\nb\nc")], 80))
 
