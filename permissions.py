@@ -1398,8 +1398,7 @@ def _glob_base(pattern: str) -> str:
 
 
 def _shell_text(words) -> str:
-    """A command as a rule matches it: quoted words stay quoted, so `npm run 'my script'` is not
-    `npm run my script`, and the "always" rule shown is the rule stored and matched."""
+    """A command as rules match it, quoted as typed: `npm run 'a b'` is not `npm run a b`."""
     return " ".join(shlex.quote(word) for word in words)
 
 

@@ -803,8 +803,7 @@ def filter_for(confine: Confine, supervised: bool) -> tuple[tuple[int, int, int,
 
 @functools.cache
 def _filter(write: bool, network: bool, supervised: bool) -> tuple[tuple[int, int, int, int], ...]:
-    """filter_for's program, a pure function of these three facts: each of the 8 shapes is built
-    once (building one took ~80 µs, for every command)."""
+    """filter_for's program, a pure function of three facts: each of 8 shapes is built once."""
     machine = os.uname().machine
     nr = SYSCALLS[machine]
     # an approved command without the network: TCP stream sockets only

@@ -22,9 +22,10 @@ Public API (only khaelor.py imports this module):
     render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
     Controller, QUIT, TRANSCRIPT                                   see below
 
-While a question is open, typing goes to the composer (Enter sends it as steering); y/a/n answer
-only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc
-stops it: interrupt()); its UserShellRan settles its card. Ctrl-O opens or closes the newest card
+While a question is open, typing goes to the composer (Enter sends it as steering); the letters
+it lists (y/a/n, y/e/n for a plan) answer only on an empty composer and never as capitals, Up/Down
++ Enter always. `busy` covers a running `!` command too (Esc stops it: interrupt()); its
+UserShellRan settles its card. Ctrl-O opens or closes the newest card
 while it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an

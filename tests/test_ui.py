@@ -1797,6 +1797,28 @@ def test_plan_mode_shows_a_badge_shift_tab_cycles_and_a_finished_plan_asks_to_pr
     assert app.timeline.permissions == []
 
 
+def test_the_plan_question_takes_letters_by_the_rule_of_every_panel():
+    """One rule for every panel: a letter it lists (`e` here) answers on an empty composer, as
+    y/a/n do; a capital starts a sentence and any letter after text is text."""
+    ctrl = PlanController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+
+    def plan_ready():
+        app.on_event(event("UserMessageCreated", text="plan the fix"))
+        app.on_event(event("TaskCompleted"))
+        assert app.timeline.permissions
+
+    plan_ready()
+    app.on_key(K("text", "E"))
+    app.on_key(K("text", "e"))
+    assert app.composer.text == "Ee" and app.timeline.permissions
+    assert not [c for c in ctrl.calls if c[0] == "plan"]
+    app.composer.clear()
+    app.on_key(K("text", "e"))
+    assert ctrl.calls[-1] == ("plan", "default") and app.timeline.permissions == []
+    assert app.composer.text == ""
+
+
 # ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
 
 def all_rows(screen):
