@@ -2987,7 +2987,9 @@ class Shell:
             with contextlib.suppress(OSError):
                 self.write(last + (BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
         finally:
-            termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+            # a terminal that is gone (EIO after a hangup) has no mode left to restore
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
 
     def spawn(self, awaitable) -> None:
         task = self.tasks.create_task(awaitable)

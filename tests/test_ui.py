@@ -1199,6 +1199,25 @@ def test_run_app_restores_the_terminal_on_sigterm(tmp_path):
     assert code == 143 and calls == [["quit"]]
 
 
+def test_a_hangup_with_the_terminal_gone_exits_129_without_a_crash(tmp_path):
+    """QA (tmux kill-session): the terminal closed, then SIGHUP; restoring the mode of a terminal
+    that is gone raised termios.error (EIO), so the exit was a crash report instead of 129."""
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    # the reader thread's read() holds the terminal: a key's redraw wakes it onto a null device
+    terminal = os.dup(child.master)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, child.master)
+    os.close(null)
+    os.write(terminal, b"x")
+    child._reader.join(5)
+    os.close(terminal)
+    child.proc.send_signal(signal.SIGHUP)
+    code, calls, stderr = child.finish()
+    assert (code, calls) == (129, [["quit"]]), stderr
+    assert "termios.error" not in stderr, stderr
+
+
 def test_run_app_restores_the_terminal_when_the_controller_raises(tmp_path):
     child = PtyChild(tmp_path)
     child.wait_for("❯ ".encode())
