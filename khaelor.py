@@ -34,6 +34,8 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # 128 + SIGPIPE: the reader of the output has gone (`khaelor -p … | head -1`)
 EXIT_PIPE = 141
+# 128 + SIGHUP: the terminal was closed, so no farewell line is written to it
+EXIT_HANGUP = 129
 # config.json's keys and the type each value must have
 CONFIG_KEYS = {
     "model": (str,),
@@ -2562,7 +2564,7 @@ async def interactive_main(args, settings, store, home: Path,
         os.close(saved_stderr)
     if session.start_error is not None:
         raise session.start_error
-    if session.store.events:
+    if session.store.events and code != EXIT_HANGUP:
         print(farewell_line(session.store, settings["prices"]))
     return code
 

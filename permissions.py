@@ -22,9 +22,10 @@ What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also cros
                                  symlinks: "src/app.py"
   filesystem.outsideProject      the absolute resolved path: "/etc/hosts" (a "~" starting a
                                  pattern is expanded)
-  process.execute, git.modify,   one simple command's words after quote removal, joined by single
-  network.access                 spaces: "git commit -m fix bug". A pattern ending in " *" also
-                                 matches the bare command ("ls *" matches "ls").
+  process.execute, git.modify,   one simple command's words, each quoted as a user would type it
+  network.access                 (shlex.quote), joined by single spaces: "git commit -m 'fix bug'".
+                                 A pattern ending in " *" also matches the bare command ("ls *"
+                                 matches "ls").
 A bash line is split into the simple commands it runs (&&, ||, ;, |, &, newlines, $( ), backticks,
 subshells, heredocs, bash -c, eval, find -exec); each needs one of process.execute / git.modify /
 network.access, plus file.read or filesystem.outsideProject for each argument that may name a file,
@@ -56,6 +57,7 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -1384,6 +1386,11 @@ def _wildcard_base(target: str, cwd: str) -> str | None:
     return _resolve(sandbox.glob_base(target), cwd)
 
 
+def _shell_text(words) -> str:
+    """A command as rules match it, quoted as typed: `npm run 'a b'` is not `npm run a b`."""
+    return " ".join(shlex.quote(word) for word in words)
+
+
 def _escape(text: str) -> str:
     """fnmatch-quote text so a suggested pattern matches itself literally."""
     return text.translate({ord(c): f"[{c}]" for c in "*?["})
@@ -1511,7 +1518,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     the files its arguments may name, and the secrets a recursive search of a
     directory would read."""
     capability = _classify(part.core)
-    command = " ".join(part.words)
+    command = _shell_text(part.words)
     suggestion = None if compound else _suggest(part.words)
     if suggestion and not read_only and capability == EXECUTE:
         if _listed_read_only(part.core):
@@ -1522,7 +1529,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     requests = [_Request(
         capability, command, suggestion,
         read_only=read_only and capability == EXECUTE,
-        core=" ".join(_rule_core(part.core)),
+        core=_shell_text(_rule_core(part.core)),
     )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
@@ -1815,11 +1822,10 @@ def _search_shape(name: str,
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
-    """The narrowest useful pattern for an "always" grant, matched against "
-    ".join(words)."""
+    """The narrowest useful pattern for an "always" grant, matched against _shell_text(words)."""
     if not words:
         return None
-    exact = _escape(" ".join(words))
+    exact = _escape(_shell_text(words))
     program = posixpath.basename(words[0])
     # an assignment, a wrapper, a path or a name with a space first; a destructive program
     unusual_start = (_ASSIGNMENT.match(words[0]) or _row(program).has("wrapper")
@@ -1842,7 +1848,7 @@ def _suggest(words: tuple[str, ...]) -> str | None:
     if len(words) < arity or any(w.startswith("-") for w in naming):
         # "make" alone, "git -C dir push", "python -c code"
         return exact
-    return " ".join(_escape(w) for w in words[:arity]) + " *"
+    return _escape(_shell_text(words[:arity])) + " *"
 
 
 def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:

@@ -632,7 +632,7 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
-def child_hook(ruleset: int | None, program: list | None, limits: list, listener_to=None):
+def child_hook(ruleset: int | None, program: tuple | None, limits: list, listener_to=None):
     """The preexec_fn that confines a child: no capabilities (a root child could otherwise read
     khaelor's /proc/PID/environ through Landlock), lower rlimits, no new privileges, the Landlock
     ruleset, then the seccomp filter; with `listener_to` (a socket) the filter's notification fd is
@@ -815,17 +815,26 @@ def seccomp_available() -> bool:
         return False
 
 
-def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, int]] | None:
+def filter_for(confine: Confine, supervised: bool) -> tuple[tuple[int, int, int, int], ...] | None:
     """The seccomp program for a command confined as `confine`: a read-only one opens no socket
     (socketpair and pipes only); an approved one opens TCP stream sockets, to serve and to reach,
     through the supervisor (`supervised`), only the session's own servers on loopback (without
     one, no connect at all); one approved for the network opens any socket."""
     if not seccomp_available():
         return None
+    metadata = confine.write or confine.paths_write
+    return _filter(confine.write, confine.network, supervised, metadata)
+
+
+@functools.cache
+def _filter(write: bool, network: bool, supervised: bool,
+            metadata: bool) -> tuple[tuple[int, int, int, int], ...]:
+    """filter_for's program, a pure function of four facts (metadata: whether the command may
+    change modes, owners, times and attributes): each shape is built once."""
     machine = os.uname().machine
     nr = SYSCALLS[machine]
     # an approved command without the network: TCP stream sockets only
-    tcp = confine.write and not confine.network
+    tcp = write and not network
     deny = (RET, RET_ERRNO | errno.EPERM)
     refuse = (RET, RET_ERRNO | errno.EACCES)
     allow = (RET, RET_ALLOW)
@@ -834,7 +843,7 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
     if machine == "x86_64":
         program += [(JGE, X32_SYSCALL_BIT, "deny")]
     program += [(JEQ, nr[name], "deny") for name in DENIED_SYSCALLS]
-    if not confine.write and not confine.paths_write:
+    if not metadata:
         program += [(JEQ, nr[name], "deny") for name in METADATA_SYSCALLS if name in nr]
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
@@ -843,7 +852,7 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
     # (and, writing the project after the guard looked, plant a hook): both answer success and
     # change nothing, so that a daemon starts as it expects and still ends with the command
     program += [(JEQ, nr["setsid"], "pretend"), (JEQ, nr["setpgid"], "pretend")]
-    if not confine.network:
+    if not network:
         program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
                     (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2"),
                     (JEQ, nr["connect"], "connect")]
@@ -869,14 +878,14 @@ def filter_for(confine: Confine, supervised: bool) -> list[tuple[int, int, int, 
                 ("label", "refuse"), refuse,
                 ("label", "allow"), allow,
                 ("label", "deny"), deny]
-    return _assemble(program)
+    return tuple(_assemble(program))
 
 
 class Entry:
     """What one child needs to enter its sandbox, built in the parent; close() once it has started.
     The ruleset fd is the entry's own (a copy of the one the Workspace keeps for reuse)."""
 
-    def __init__(self, ruleset: int | None, program: list | None, limits: list,
+    def __init__(self, ruleset: int | None, program: tuple | None, limits: list,
                  supervisor: "Supervisor | None" = None):
         self.ruleset = ruleset
         self.supervisor = supervisor

@@ -22,9 +22,10 @@ Public API (only khaelor.py imports this module):
     render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
     Controller, QUIT, TRANSCRIPT                                   see below
 
-While a question is open, typing goes to the composer (Enter sends it as steering); y/a/n answer
-only on an empty composer, Up/Down + Enter always. `busy` covers a running `!` command too (Esc
-stops it: interrupt()); its UserShellRan settles its card. Ctrl-O opens or closes the newest card
+While a question is open, typing goes to the composer (Enter sends it as steering); the letters
+it lists (y/a/n, y/e/n for a plan) answer only on an empty composer and never as capitals, Up/Down
++ Enter always. `busy` covers a running `!` command too (Esc stops it: interrupt()); its
+UserShellRan settles its card. Ctrl-O opens or closes the newest card
 while it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
@@ -848,7 +849,6 @@ NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned}; /context says why)",
     "ContextCompacted": "◇ Context compacted: earlier turns are now a summary",
     "VerificationRequested": "◇ Checking the work before answering",
-    "ProcessStarted": "◆ process {process_id} started: {command}",
     "ProcessExited": "◆ process {process_id} exited {exit_code} ({cause})",
     "SessionRenamed": "◇ Session: {title}",
     "ModelChanged": "◇ Model: {model}",
@@ -2987,7 +2987,9 @@ class Shell:
             with contextlib.suppress(OSError):
                 self.write(last + (BRACKETED_PASTE_OFF + SGR_RESET + SHOW_CURSOR).encode())
         finally:
-            termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+            # a terminal that is gone (EIO after a hangup) has no mode left to restore
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
 
     def spawn(self, awaitable) -> None:
         task = self.tasks.create_task(awaitable)

@@ -254,13 +254,13 @@ def test_unparsable_line_asks_even_when_a_rule_allows(project):
     # exact: fewer words than the arity, options before the subcommand, destructive programs
     ("make", "make"),
     ("git -C sub push", "git -C sub push"),
-    ("python -c 'print([1])'", "python -c print([[]1])"),
+    ("python -c 'print([1])'", "python -c 'print([[]1])'"),
     ("rm -rf build", "rm -rf build"),
     ("curl -sSf https://example.com", "curl -sSf https://example.com"),
     ("sudo apt install jq", "sudo apt install jq"),
     ("FOO=1 pytest", "FOO=1 pytest"),
     ("git push --force origin main", None),   # destroys work: asks every time
-    ("find . -name '*.pyc' -delete", "find . -name [*].pyc -delete"),
+    ("find . -name '*.pyc' -delete", "find . -name '[*].pyc' -delete"),
 ])
 def test_arity_suggestions(project, command, pattern):
     result = bash(command, project)
@@ -664,9 +664,22 @@ def test_a_quoted_program_name_with_a_space_names_no_policy_row(project):
     """'git status' quoted is one word: a program no one has, not git's read-only status."""
     for command in ("'git status'", "'git log' -1", "\"git diff\""):
         result = bash(command, project)
-        unquoted = command.replace("'", "").replace('"', "")
+        # the rule keeps the quotes, so granting it never grants git's own subcommand
+        quoted = command.replace('"', "'")
         assert result["decision"] == "ask", result
-        assert result["suggestion"] == permissions._escape(unquoted), result
+        assert result["suggestion"] == permissions._escape(quoted), result
+
+
+def test_an_always_rule_keeps_the_quotes_it_is_shown_with(project):
+    """The rule shown is the rule stored and matched: `python3 -c 'print(1)'`, and granting
+    `npm run 'my script'` does not grant `npm run my script` (two words)."""
+    assert bash("python3 -c 'print(1)'", project)["suggestion"] == "python3 -c 'print(1)'"
+    granted = bash("npm run 'my script'", project)["suggestion"]
+    assert granted == "npm run 'my script' *"
+    rules = [*DEFAULTS, Rule("process.execute", granted, "allow", "u")]
+    assert bash("npm run 'my script' --watch", project, rules)["decision"] == "allow"
+    assert bash('npm run "my script"', project, rules)["decision"] == "allow"
+    assert bash("npm run my script", project, rules)["decision"] == "ask"
 
 
 def test_test_v_with_an_array_subscript_is_not_read_only(project):

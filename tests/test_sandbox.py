@@ -528,3 +528,25 @@ def test_a_template_of_a_secret_file_stays_readable_as_permissions_says(world):
     result = drive(world, lambda box: bash(box, "cat .env.example; cat .env", confine))
     assert "put-yours-here" in result.text
     assert "real-4242" not in result.text and "Permission denied" in result.text
+
+
+def test_each_seccomp_shape_is_built_once_and_its_bytes_do_not_change():
+    """filter_for is a pure function of (write, network, supervised, may change metadata): the
+    programs are cached, and a cached one is the very program a fresh build gives."""
+    if not sandbox.seccomp_available():
+        pytest.skip("no seccomp here")
+    for write in (False, True):
+        for network in (False, True):
+            for supervised in (False, True):
+                for paths_write in (False, True):
+                    confine = sandbox.Confine(write=write, network=network,
+                                              paths=("/tmp/x",), paths_write=paths_write)
+                    program = sandbox.filter_for(confine, supervised)
+                    metadata = write or paths_write
+                    fresh = sandbox._filter.__wrapped__(write, network, supervised, metadata)
+                    assert program == fresh
+                    assert sandbox.filter_for(confine, supervised) is program
+    read_only = sandbox.filter_for(sandbox.Confine(), False)
+    assert read_only != sandbox.filter_for(sandbox.Confine(paths_write=True, paths=("/x",)), False)
+    tcp_only = sandbox.filter_for(sandbox.Confine(write=True), True)
+    assert tcp_only != sandbox.filter_for(sandbox.Confine(write=True), False)

@@ -1000,3 +1000,18 @@ def test_start_notices_show_once_the_first_frame_is_up(terminal, project):
     words = lambda: " ".join(term.screen().split())
     wait_until(lambda: "would grant 1 permission" in words(), "the trust notice", show=term.screen)
     assert "trust them with khaelor trust" in words() and words().count("would grant") == 1
+
+
+def test_closing_the_terminal_ends_with_129_and_no_crash_report(terminal, tmp_path, env):
+    """QA: tmux kill-session (the terminal gone, then SIGHUP) left crash.log behind: restoring the
+    terminal's mode, then the farewell line, failed with EIO on a terminal that no longer exists."""
+    term = terminal([reply(text("Hello there."))])
+    term.type("hi")
+    term.keys("Enter")
+    term.wait_for("Hello there.")
+    subprocess.run(["tmux", "kill-session", "-t", term.name], check=True)
+    exit_file = tmp_path / term.name / "pane" / "exit"
+    wait_until(exit_file.exists, "khaelor to exit")
+    crash_log = Path(env["KHAELOR_HOME"]) / "crash.log"
+    assert not crash_log.exists(), crash_log.read_text()
+    assert exit_file.read_text() == "129"

@@ -1199,6 +1199,25 @@ def test_run_app_restores_the_terminal_on_sigterm(tmp_path):
     assert code == 143 and calls == [["quit"]]
 
 
+def test_a_hangup_with_the_terminal_gone_exits_129_without_a_crash(tmp_path):
+    """QA (tmux kill-session): the terminal closed, then SIGHUP; restoring the mode of a terminal
+    that is gone raised termios.error (EIO), so the exit was a crash report instead of 129."""
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    # the reader thread's read() holds the terminal: a key's redraw wakes it onto a null device
+    terminal = os.dup(child.master)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, child.master)
+    os.close(null)
+    os.write(terminal, b"x")
+    child._reader.join(5)
+    os.close(terminal)
+    child.proc.send_signal(signal.SIGHUP)
+    code, calls, stderr = child.finish()
+    assert (code, calls) == (129, [["quit"]]), stderr
+    assert "termios.error" not in stderr, stderr
+
+
 def test_run_app_restores_the_terminal_when_the_controller_raises(tmp_path):
     child = PtyChild(tmp_path)
     child.wait_for("❯ ".encode())
@@ -1466,11 +1485,24 @@ def test_the_status_line_shows_elapsed_time_and_output_tokens_while_streaming():
 
 # ---- the smaller fixes (issue 14 item 12) ----
 
+def test_a_started_process_is_one_card_not_a_card_and_a_notice():
+    start = {"action": "start", "command": "npm run dev"}
+    text = timeline_text([
+        requested("t1", "process", start),
+        event("ToolStarted", tool_use_id="t1", name="process"),
+        event("ProcessStarted", process_id="p1", pid=5, command="npm run dev"),
+        event("ToolCompleted", tool_use_id="t1", name="process",
+              output="started p1 (pid 5): npm run dev", meta={}),
+    ])
+    assert text.count("npm run dev") == 2, text         # the card's title and its output
+    assert "◆" not in text and "started p1 (pid 5)" in text
+
+
 def test_a_newline_in_a_one_line_notice_is_escaped():
     text = timeline_text([event("SessionRenamed", title="two\nlines"),
-                          event("ProcessStarted", process_id="p1",
-                                command="npm run dev\nrm -rf x")])
-    assert "◇ Session: two\\nlines" in text and "npm run dev\\nrm -rf x" in text
+                          event("ProcessExited", process_id="p1", exit_code=1,
+                                cause="killed\nrm -rf x")])
+    assert "◇ Session: two\\nlines" in text and "(killed\\nrm -rf x)" in text
     assert all("\n" not in line for line in ui.render_transcript(
         [event("SessionRenamed", title="a\nb\nc")], 80))
 
@@ -1782,6 +1814,28 @@ def test_plan_mode_shows_a_badge_shift_tab_cycles_and_a_finished_plan_asks_to_pr
     app.on_event(event("UserMessageCreated", text="just do it"))
     app.on_event(event("TaskCompleted"))                    # not a plan: nothing asked
     assert app.timeline.permissions == []
+
+
+def test_the_plan_question_takes_letters_by_the_rule_of_every_panel():
+    """One rule for every panel: a letter it lists (`e` here) answers on an empty composer, as
+    y/a/n do; a capital starts a sentence and any letter after text is text."""
+    ctrl = PlanController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+
+    def plan_ready():
+        app.on_event(event("UserMessageCreated", text="plan the fix"))
+        app.on_event(event("TaskCompleted"))
+        assert app.timeline.permissions
+
+    plan_ready()
+    app.on_key(K("text", "E"))
+    app.on_key(K("text", "e"))
+    assert app.composer.text == "Ee" and app.timeline.permissions
+    assert not [c for c in ctrl.calls if c[0] == "plan"]
+    app.composer.clear()
+    app.on_key(K("text", "e"))
+    assert ctrl.calls[-1] == ("plan", "default") and app.timeline.permissions == []
+    assert app.composer.text == ""
 
 
 # ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
