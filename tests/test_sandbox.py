@@ -546,7 +546,8 @@ def test_each_seccomp_shape_is_built_once_and_its_bytes_do_not_change():
                     fresh = sandbox._filter.__wrapped__(write, network, supervised, metadata)
                     assert program == fresh
                     assert sandbox.filter_for(confine, supervised) is program
-    read_only = sandbox.filter_for(sandbox.Confine(), False)
-    assert read_only != sandbox.filter_for(sandbox.Confine(paths_write=True, paths=("/x",)), False)
+    read_only = sandbox.filter_for(sandbox.Confine(write=False), False)
+    shadow = sandbox.Confine(write=False, paths=("/x",), paths_write=True)
+    assert read_only != sandbox.filter_for(shadow, False)
     tcp_only = sandbox.filter_for(sandbox.Confine(write=True), True)
     assert tcp_only != sandbox.filter_for(sandbox.Confine(write=True), False)
