@@ -1064,7 +1064,7 @@ def _claude_rule(entry, action: str, where: str, kind: str,
         return [], f"unknown tool {tool!r}"
     if what == "command":
         # Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is
-        pattern = re.sub(r":\*$", "*", spec) or "*"
+        pattern = _quoted_as_matched(re.sub(r":\*$", "*", spec)) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
         return rules, None
@@ -1389,6 +1389,24 @@ def _wildcard_base(target: str, cwd: str) -> str | None:
 def _shell_text(words) -> str:
     """A command as rules match it, quoted as typed: `npm run 'a b'` is not `npm run a b`."""
     return " ".join(shlex.quote(word) for word in words)
+
+
+# a shell word: unquoted characters, backslash escapes, '…' and "…" strings
+_SHELL_WORD = re.compile(r"""(?:[^\s'"\\]|\\.|'[^']*'|"(?:[^"\\]|\\.)*")+""", re.S)
+
+
+def _quoted_as_matched(pattern: str) -> str:
+    """A rule's command with each quoted word quoted as _shell_text quotes a command's words, so
+    Bash(git commit -m "fix bug") matches the command it names. Unquoted words keep their
+    wildcards as written; one with an unmatched quote is left as it is."""
+    if _SHELL_WORD.sub("", pattern).strip():
+        return pattern
+    words = []
+    for word in _SHELL_WORD.findall(pattern):
+        if any(mark in word for mark in "'\"\\"):
+            word = _shell_text(shlex.split(word))
+        words.append(word)
+    return " ".join(words)
 
 
 def _escape(text: str) -> str:

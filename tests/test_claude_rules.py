@@ -30,9 +30,23 @@ def rules_from(root, action, *rules):
 
 
 def decision(root, tool, subject, rules):
-    tool_input = {"command": subject} if tool == "bash" else {"file_path": subject, "content": "", "old_string": "a",
-                                                               "new_string": "b"}
+    tool_input = {"command": subject}
+    if tool != "bash":
+        tool_input = {"file_path": subject, "content": "", "old_string": "a", "new_string": "b"}
     return permissions.decide(*tools.permission_subject(tool, tool_input), root, rules).action
+
+
+@pytest.mark.parametrize("action", ["allow", "deny"])
+def test_a_rule_with_quoted_words_matches_the_command_it_names(root, action):
+    """Bash(git commit -m "fix bug") names that command in either quoting; the words without
+    their quotes are another command, and an unmatched quote is kept as written."""
+    _, rules = rules_from(root, action, 'Bash(git commit -m "fix bug")',
+                          "Bash(python3 -c 'print(1)')", 'Bash(touch "open)')
+    for command in ('git commit -m "fix bug"', "git commit -m 'fix bug'",
+                    "python3 -c 'print(1)'", 'python3 -c "print(1)"'):
+        assert decision(root, "bash", command, rules) == action, command
+    for command in ("git commit -m fix bug", "python3 -c print(1)", "touch open"):
+        assert decision(root, "bash", command, rules) == "ask", command
 
 
 def tool_of(rule: str) -> str:
