@@ -781,7 +781,7 @@ class Rewind:
         if self.repo and self.target["git"]:
             try:
                 checkpoints.restore_head(self.repo, self.target)
-            except tools.CheckpointError as error:
+            except KhaelorError as error:
                 self.problems.append(str(error))
         self.after = checkpoints.take(self.now["tree"])
 

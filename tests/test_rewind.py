@@ -261,3 +261,20 @@ def test_a_rewind_puts_head_back_only_in_the_repository_the_session_found(tmp_pa
     else:
         raise AssertionError("restore_head wrote into another repository")
     assert repository_facts(other) == before
+
+
+def test_a_rewind_whose_head_cannot_move_back_still_restores_the_files(khaelor, fake, project):
+    """git refuses the update-ref (another git holds the branch's lock): the files come back and
+    the report says what was not put back, instead of the rewind failing half done."""
+    git(project, "init", "-q", "-b", "master")
+    (project / "a.txt").write_text("v1\n")
+    git(project, "add", "a.txt")
+    git(project, "commit", "-qm", "one")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo agent > a.txt"})), reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    git(project, "commit", "-qam", "the user's commit")
+    (project / ".git" / "refs" / "heads" / "master.lock").write_text("")
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert (project / "a.txt").read_text() == "v1\n"
+    assert "Not restored:" in rewound.stdout and "update-ref" in rewound.stdout
