@@ -18,7 +18,6 @@ import errno
 import json
 import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import NamedTuple

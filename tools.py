@@ -20,7 +20,6 @@ import asyncio
 import codecs
 import contextlib
 import errno
-import fnmatch
 import json
 import os
 import posixpath
