@@ -49,6 +49,9 @@ CONFIG_KEYS = {
     "show_thinking": (bool,),
     "max_output_tokens": (int,),
 }
+# how a config error names what a key takes
+JSON_NAMES = {str: "a string", int: "a whole number", bool: "true or false", list: "a list",
+              dict: "an object"}
 # the keys of config.json's "context" object
 CONTEXT_KEYS = {"prune_at": int}
 
@@ -110,8 +113,10 @@ def parse_config(path: Path, text: str) -> dict:
         # a bool is an int to isinstance: only a bool key takes one
         wrong_bool = isinstance(value, bool) and bool not in expected
         if not isinstance(value, expected) or wrong_bool:
-            names = " or ".join(t.__name__ for t in expected)
-            raise UsageError(f"{path}: {key!r} must be a {names}")
+            names = " or ".join(JSON_NAMES[t] for t in expected)
+            found = json.dumps(value)
+            found = found if len(found) <= 40 else found[:40] + "…"
+            raise UsageError(f"{path}: {key!r} must be {names}, not {found}")
         choices = setting_choices().get(key)
         if choices and value not in choices:
             raise UsageError(f"{path}: {key!r} must be one of"

@@ -238,8 +238,9 @@ def test_config_takes_the_settings_and_says_what_is_wrong_with_a_bad_one(tmp_pat
     for bad, says in (({"thinking": "sometimes"}, "one of off, adaptive, always"),
                       ({"effort": "extreme"}, "one of low, medium, high, xhigh, max"),
                       ({"max_output_tokens": 0}, "positive number"),
-                      ({"max_output_tokens": True}, "must be a int"),
-                      ({"show_thinking": "yes"}, "must be a bool")):
+                      ({"max_output_tokens": True}, "must be a whole number, not true"),
+                      ({"show_thinking": "yes"}, "'show_thinking' must be true or false, not \"yes\""),
+                      ({"model": 5}, "'model' must be a string, not 5")):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps(bad))
         with pytest.raises(cli.UsageError, match=says):
