@@ -922,7 +922,7 @@ class Prunable(NamedTuple):
 
 class State:
     """Everything the kernel, context, CLI and UI read from a session, kept up to date by `apply`
-    as each event is appended. Fields marked (turn) start afresh with each user message."""
+    as each event is appended. The fields `start_turn` sets start afresh with each user message."""
 
     def __init__(self):
         # -- the conversation
@@ -944,22 +944,7 @@ class State:
         self.pending_tools = []         # calls of closed responses without a result
         self.started_tools = set()      # ToolStarted, no result yet
         self.queued_steering = []       # SteeringQueued texts not injected yet
-        self.responses_in_turn = 0      # (turn) ModelResponseCompleted count
         self.last_stop_reason: str | None = None
-        self.recent_calls = []          # (turn) newest calls' (name, input json)
-        self.last_failure: dict | None = None  # (turn) the newest ModelRequestFailed not retried
-        # -- the turn's evidence (the verification gate and TaskCompleted)
-        self.objective = ""             # (turn) the user message that opened it
-        self.changes = []               # (turn) (seq, path) of FileModified
-        # (turn) bash runs and process starts: {seq, command, exit_code}
-        self.commands = []
-        self.nudges = 0                 # (turn) VerificationRequested count
-        self.user_denied = False        # (turn) the user said no to a call: the gate asks no more
-        self.suggested_checks = []      # (turn) the commands those nudges named
-        self.withheld = []              # (turn) answers the nudges held back
-        self.last_text = ""             # (turn) text of the newest completed response
-        self.answer = ""                # (turn) newest response text, or TaskCompleted's answer
-        self.failure_reason: str | None = None  # (turn) TaskFailed's reason
         # -- the session
         self.last_seq = 0
         self.created_ts = 0             # unix ms of the first event
@@ -967,10 +952,7 @@ class State:
         self.model = ""                 # SessionCreated's model, then the newest ModelChanged
         self.chosen_model: str | None = None  # the newest /model choice (ModelChanged)
         self.reasoning = {}             # thinking, effort (ThinkingChanged)
-        self.turn_reasoning = {}        # (turn) `reasoning` as the turn began
         self.mode = ""                  # the newest ModeChanged's permission mode ("": none)
-        self.turn_mode = ""             # (turn) `mode` as the turn began
-        self.turn_model = ""            # (turn) the model its message named ("": the session's)
         self.title = ""                 # SessionRenamed, else the first user message
         self.branch = ""                # the newest git baseline's branch
         self.usage = {}                 # model -> summed USAGE_KEYS
@@ -990,6 +972,27 @@ class State:
         self.checkpoints = []           # CheckpointRecorded events, oldest first
         self.steps = []                 # {seq, kind, what, tool_use_id, changed}
         self.unrecorded = False         # the tree may have changed since the newest checkpoint
+        self.start_turn()
+
+    def start_turn(self, objective: str = "", model: str = "") -> None:
+        """The (turn) fields, afresh: what a user message opens."""
+        self.responses_in_turn = 0      # ModelResponseCompleted count
+        self.recent_calls = []          # newest calls' (name, input json)
+        self.last_failure: dict | None = None  # the newest ModelRequestFailed not retried
+        # -- the turn's evidence (the verification gate and TaskCompleted)
+        self.objective = objective      # the user message that opened it
+        self.changes = []               # (seq, path) of FileModified
+        self.commands = []              # bash runs and process starts: {seq, command, exit_code}
+        self.nudges = 0                 # VerificationRequested count
+        self.user_denied = False        # the user said no to a call: the gate asks no more
+        self.suggested_checks = []      # the commands those nudges named
+        self.withheld = []              # answers the nudges held back
+        self.last_text = ""             # text of the newest completed response
+        self.answer = ""                # newest response text, or TaskCompleted's answer
+        self.failure_reason: str | None = None  # TaskFailed's reason
+        self.turn_reasoning = dict(self.reasoning)  # `reasoning` as the turn began
+        self.turn_mode = self.mode      # `mode` as the turn began
+        self.turn_model = model         # the model its message named ("": the session's)
 
     @property
     def messages(self) -> list:
@@ -1077,22 +1080,7 @@ def _on_user_message(state: State, event: dict) -> None:
     note_seen(state, event)     # an @mention attached a file: the model has read it
     state.turn_open = True
     state.needs_model = True
-    state.responses_in_turn = 0
-    state.recent_calls = []
-    state.last_failure = None
-    state.objective = text
-    state.changes = []
-    state.commands = []
-    state.nudges = 0
-    state.user_denied = False
-    state.suggested_checks = []
-    state.withheld = []
-    state.last_text = ""
-    state.answer = ""
-    state.failure_reason = None
-    state.turn_reasoning = dict(state.reasoning)
-    state.turn_mode = state.mode
-    state.turn_model = event.get("model") or ""
+    state.start_turn(text, event.get("model") or "")
     state.user_texts.append((event["seq"], text))
     if not state.title:
         state.title = " ".join(text.split())[:60]
