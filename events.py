@@ -388,6 +388,11 @@ def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
     return total
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 file", "12 files"."""
+    return f"{n} {noun}" + "s" * (n != 1)
+
+
 def duration(seconds: float) -> str:
     """How long, for people, in two units at most: 900ms, 3.2s, 2m 5s, 3h 5m, 2d 3h."""
     if seconds < 1:

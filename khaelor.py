@@ -793,7 +793,8 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        report = f"Rewound to before step {self.number}: {plural(len(restored), 'file')} restored."
+        files = events.counted(len(restored), "file")
+        report = f"Rewound to before step {self.number}: {files} restored."
         if self.kept:
             kept = events.visible_controls(", ".join(self.kept), one_line=True)
             report += f"\nKept as you left them (changed after the agent's last step): {kept}"
@@ -2433,7 +2434,7 @@ def diff_report(state, dirty_now: list | None = None,
     edits = state.edits
     lines = ["khaelor has not changed any file in this session."]
     if edits:
-        files = plural(len(edits), "file")
+        files = events.counted(len(edits), "file")
         lines = [f"**khaelor changed {files} in this session**"]
         for path, changes in edits.items():
             was_dirty = path in who["dirty_before_edit"]
@@ -2461,16 +2462,12 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
     added = sum(c.get("added", 0) for c in changes)
     removed = sum(c.get("removed", 0) for c in changes)
     created = " (created)" if changes[0].get("created") else ""
-    edits = plural(len(changes), "edit")
+    edits = events.counted(len(changes), "edit")
     line = f"- `{path}`{created} +{added} −{removed} in {edits}"
     if was_dirty:
         line += (" · it had uncommitted changes before khaelor's first edit:"
                  " only khaelor's edits are shown")
     return line
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # of a `!` command stopped with Esc, the output kept (its end)
