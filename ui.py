@@ -1260,8 +1260,6 @@ class Timeline:
         self._dim_line("◇ " + ", ".join(chosen) + " from the next message")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
-        if e.get("kind") == "cancelled":
-            return
         message = sanitize(str(e.get("message") or "")).strip()
         text = ERROR_WORDS.get(e.get("kind"), "The model request failed")
         # 200: the stream broke after the API said OK, so the code tells nothing; the message
