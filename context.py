@@ -657,11 +657,8 @@ def assemble_messages(messages: list[dict]) -> list[dict]:
     if not out:
         return out
     newest = len(out) - 1
-    previous = None     # the user message before the newest
-    for index in range(newest - 1, -1, -1):
-        if out[index]["role"] == "user":
-            previous = index
-            break
+    # the user message before the newest
+    previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
     for index in (previous, newest):
         if index is None:
             continue
@@ -688,10 +685,9 @@ def _with_breakpoint(content) -> list[dict]:
 # ---------------------------------------------------------------- budget
 
 def window_of(model: str) -> int:
-    for prefix, size in WINDOWS.items():
-        if model == prefix or model.startswith(prefix + "-"):
-            return size
-    return DEFAULT_WINDOW
+    sizes = (size for prefix, size in WINDOWS.items()
+             if model == prefix or model.startswith(prefix + "-"))
+    return next(sizes, DEFAULT_WINDOW)
 
 
 def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
@@ -1346,14 +1342,9 @@ def attribute_changes(state: events.State,
     dirty_before_edit: khaelor's files that already had changes before khaelor first edited them."""
     baselines = state.baselines
     preexisting = dict.fromkeys(baselines[0] if baselines else [])
-    later = []
-    for paths in baselines[1:]:
-        later += paths
-    later += dirty_now or []
-    outside = []
-    for path in dict.fromkeys(later):
-        if path not in preexisting and path not in state.edits:
-            outside.append(path)
+    later = [path for paths in baselines[1:] for path in paths] + (dirty_now or [])
+    outside = [path for path in dict.fromkeys(later)
+               if path not in preexisting and path not in state.edits]
     return {"khaelor": list(state.edits),
             "preexisting": list(preexisting),
             "outside": outside,
@@ -1471,13 +1462,9 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         scripts = json.loads(package_json).get("scripts") or {}
     except (ValueError, AttributeError):
         return []
-    manager = "npm"
     lock_files = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"),
                   ("bun.lockb", "bun"))
-    for lock, name in lock_files:
-        if (root / lock).is_file():
-            manager = name
-            break
+    manager = next((name for lock, name in lock_files if (root / lock).is_file()), "npm")
     commands = []
     test_script = str(scripts.get("test") or "")
     if test_script and "no test specified" not in test_script:

@@ -1991,9 +1991,7 @@ class Session:
             # a "|" would end the cell
             shown = f"{name} {usage.replace('|', ', ')}".strip()
             commands.append(f"| {shown} | {text} |")
-        files = []
-        for item in self.kernel.ctx.instructions:
-            files.append(f"- `{item.path}`{import_note(item)}")
+        files = [f"- `{item.path}`{import_note(item)}" for item in self.kernel.ctx.instructions]
         if not files:
             looked_for = ", ".join(context.INSTRUCTION_FILES)
             files.append(f"- none found ({looked_for} are looked for)")

@@ -904,10 +904,8 @@ META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 
 
 def meta_facts(meta: dict) -> list[str]:
-    facts = []
-    for key in ("lines", "matches", "files"):
-        if isinstance(meta.get(key), int):
-            facts.append(f"{meta[key]} {key}")
+    facts = [f"{meta[key]} {key}" for key in ("lines", "matches", "files")
+             if isinstance(meta.get(key), int)]
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
