@@ -248,11 +248,8 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
 
 def _nearest(directories: list[Path], names: tuple) -> Path | None:
     """The first of `names` that is a file in the first of the directories that has one."""
-    for directory in directories:
-        for name in names:
-            if (directory / name).is_file():
-                return directory / name
-    return None
+    files = (directory / name for directory in directories for name in names)
+    return next((path for path in files if path.is_file()), None)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -357,11 +354,8 @@ def imports_in(text: str) -> list[tuple[int, str]]:
     """(line number, path) of each `@path` in the text, outside code fences and inline code."""
     # Code is blanked out (every character but a newline made a space), so the line numbers stay.
     prose = CODE_RE.sub(lambda code: re.sub(r"[^\n]", " ", code.group()), text)
-    found = []
-    for match in IMPORT_RE.finditer(prose):
-        line = prose.count("\n", 0, match.start()) + 1
-        found.append((line, match.group(1)))
-    return found
+    return [(prose.count("\n", 0, match.start()) + 1, match.group(1))
+            for match in IMPORT_RE.finditer(prose)]
 
 
 def _read_instruction(path: Path) -> str:
@@ -819,10 +813,7 @@ def prune_payload(state: events.State, model: str, prune_at: int,
         reason = "cost"
         if cache_expired(state, now_s):
             reason = "idle"
-    placeholders = {}
-    for tool_use_id in ids:
-        prunable = state.prunable[tool_use_id]
-        placeholders[tool_use_id] = placeholder(prunable.call, prunable.result)
+    placeholders = {i: placeholder(state.prunable[i].call, state.prunable[i].result) for i in ids}
     payback = payback_requests(rewritten, freed, model)
     return {"tool_use_ids": ids, "placeholders": placeholders,
             "reason": reason, "model": model, "trigger": prune_at,
@@ -986,13 +977,10 @@ def render_transcript(messages: list[dict],
                       max_chars: int = TRANSCRIPT_MAX_CHARS) -> str:
     """The history as plain text (a tool-free request cannot carry tool_use blocks). Long tool
     inputs and results keep their head and tail; past max_chars the middle of the session goes."""
-    parts = []
     # State.messages: content is a list, a tool_result's content a string
-    for message in messages:
-        for block in message["content"]:
-            part = _transcript_part(message["role"], block)
-            if part is not None:
-                parts.append(part)
+    parts = [_transcript_part(message["role"], block)
+             for message in messages for block in message["content"]]
+    parts = [part for part in parts if part is not None]
     text = "\n\n".join(parts)
     if len(text) > max_chars:
         head = max_chars // 4
@@ -1411,9 +1399,7 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     markers = ("pytest.ini", "conftest.py", "tests/conftest.py")
     has_marker = any((root / marker).is_file() for marker in markers)
     uses_pytest = "pytest" in config or has_marker
-    tests = []
-    for path in changed:
-        tests += related_python_tests(root, path)
+    tests = [test for path in changed for test in related_python_tests(root, path)]
     tests = list(dict.fromkeys(tests))[:6]
     python = _python()
     commands = []
@@ -1468,9 +1454,7 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
     commands = []
     test_script = str(scripts.get("test") or "")
     if test_script and "no test specified" not in test_script:
-        tests = []
-        for path in changed:
-            tests += _related_node_tests(root, path)
+        tests = [test for path in changed for test in _related_node_tests(root, path)]
         command = f"{manager} test"
         if tests:
             command += " -- " + " ".join(tests[:4])

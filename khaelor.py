@@ -1488,10 +1488,8 @@ def failure(state, step: str) -> str | None:
 
 def summed_usage(usage_by_model: dict) -> dict:
     """Every model's usage added up, key by key (events.USAGE_KEYS)."""
-    totals = {}
-    for key in events.USAGE_KEYS:
-        totals[key] = sum(usage[key] for usage in usage_by_model.values())
-    return totals
+    return {key: sum(usage[key] for usage in usage_by_model.values())
+            for key in events.USAGE_KEYS}
 
 
 def result_object(args, store, step: str, prices: dict) -> dict:
