@@ -793,10 +793,9 @@ def cache_expired(state: events.State, now_s: float | None = None) -> bool:
     gone, so the next request writes all of it anyway."""
     if now_s is None:
         now_s = time.time()
-    for event in reversed(state.uncut):
-        if event["type"] == "ModelResponseCompleted":
-            return now_s - event.get("ts", 0) / 1000 > CACHE_TTL_S
-    return True
+    responses = (e for e in reversed(state.uncut) if e["type"] == "ModelResponseCompleted")
+    last = next(responses, None)
+    return last is None or now_s - last.get("ts", 0) / 1000 > CACHE_TTL_S
 
 
 def prune_payload(state: events.State, model: str, prune_at: int,

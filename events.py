@@ -899,11 +899,11 @@ CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made
 REWIND_STEP = "rewind"          # the step of the CheckpointRecorded taken before a rewind
-# Events after which the conversation is longer: a compaction has something new to cut.
 # Tools that only look; every other tool's result may come with a changed working tree.
 LOOKING_TOOLS = frozenset({"read", "grep", "glob"})
 WORLD_EVENTS = frozenset({"FileModified", "ProcessStarted", "ProcessExited", "UserShellRan",
                           "Rewound"})
+# Events after which the conversation is longer: a compaction has something new to cut.
 GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "UserShellRan",
                             "ModelResponseCompleted", *TOOL_RESULT_EVENTS})
 
@@ -1277,10 +1277,8 @@ def rewind_target(state: State, number: int) -> tuple[dict | None, dict]:
     """Before step `number` (1-based): (the newest checkpoint at or before it, {real path: version
     name} of what write/edit steps left between that checkpoint and the step)."""
     seq = state.steps[number - 1]["seq"]
-    checkpoint = None
-    for event in state.checkpoints:
-        if event["seq"] <= seq:
-            checkpoint = event
+    # oldest first: the last one at or before the step
+    checkpoint = next((e for e in reversed(state.checkpoints) if e["seq"] <= seq), None)
     after = checkpoint["seq"] if checkpoint else 0
     written = [event for modified in state.edits.values() for event in modified]
     overlay = {}

@@ -965,10 +965,8 @@ def parse_command(name: str, path: Path, source: str,
 
 def first_line(text: str) -> str:
     """The first line that is not blank, without a Markdown heading's #."""
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip().lstrip("#").strip()
-    return ""
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    return line.strip().lstrip("#").strip()
 
 
 def front_matter(text: str) -> tuple[dict, str]:

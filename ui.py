@@ -2318,11 +2318,9 @@ class Composer:
         # more recently mentioned paths rank higher
         recent = self.recent_mentions
         recency = {path: 10 * (1 - k / len(recent)) for k, path in enumerate(recent)}
-        scored = []
-        for path in dict.fromkeys(pool + recent):
-            score = fuzzy_score(query, path)
-            if score is not None:
-                scored.append((score + recency.get(path, 0), path))
+        scores = {path: fuzzy_score(query, path) for path in dict.fromkeys(pool + recent)}
+        scored = [(score + recency.get(path, 0), path)
+                  for path, score in scores.items() if score is not None]
         # best score first, then by name
         scored.sort(key=lambda pair: (-pair[0], pair[1]))
         return [path for _, path in scored]
