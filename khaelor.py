@@ -389,7 +389,8 @@ def session_summary(store) -> dict:
     """What a listing shows; cached in the session's .meta.json."""
     state = store.state
     totals = state.usage
-    tokens = sum(sum(usage.values()) for usage in totals.values())
+    # thinking_tokens is part of output_tokens: summed_usage counts it once
+    tokens = sum(summed_usage(totals).values())
     return {"id": store.session_id,
             "title": state.title,
             "created": state.created_ts,
