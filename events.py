@@ -3,7 +3,7 @@
 Owns: the event kinds (one table), the envelope and line format, appending (one write per line,
 fsync at loop boundaries), recovery of torn/bad lines, replay, and the pure folds from events to the
 Anthropic `messages` history, the kernel's state and usage totals; the price table with the one
-cost function, and the one duration formatter, which every module may use.
+cost function, and the one cost, count and duration formatters, which every module may use.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
@@ -386,6 +386,13 @@ def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
         for key, dollars in zip(PRICED_KEYS, price):
             total += (usage.get(key) or 0) * dollars / 1e6
     return total
+
+
+def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
+    """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
+    if cost is None:
+        return unknown
+    return f"${cost:.{digits}f}"
 
 
 def counted(n: int, noun: str) -> str:

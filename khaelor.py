@@ -479,13 +479,6 @@ def age(ts_ms: int) -> str:
     return f"{events.duration(seconds)} ago"
 
 
-def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
-    """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
-    if cost is None:
-        return unknown
-    return f"${cost:.{digits}f}"
-
-
 def for_terminal(text: str, stream) -> str:
     """Model text and titles reach a terminal without the bytes that would drive it: a model or a
     hostile file must not set the window title, write the clipboard (OSC 52) or move the cursor."""
@@ -507,7 +500,7 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        cost = dollars(events.cost(row["usage"], prices), "?")
+        cost = events.dollars(events.cost(row["usage"], prices), "?")
         branch = ""
         if row.get("branch"):
             branch = f"  [{events.visible_controls(row['branch'], one_line=True)}]"
@@ -2035,7 +2028,7 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            cost = dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
+            cost = events.dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
             lines.append(f"- `{row['id']}`{here} {title} · {updated}"
@@ -2076,7 +2069,7 @@ class Session:
         lines = []
         for name, usage in self.store.state.usage.items():
             cost = events.cost({name: usage}, self.settings["prices"])
-            price = dollars(cost, "cost unknown (no price for this model)")
+            price = events.dollars(cost, "cost unknown (no price for this model)")
             thought = ""
             if "thinking_tokens" in usage:
                 thought = f" (thinking {usage['thinking_tokens']})"
@@ -2267,7 +2260,7 @@ class Session:
         import sandbox
         store = self.store
         cost = events.cost(store.state.usage, self.settings["prices"])
-        spent = dollars(cost, "unknown (a model has no price)", digits=2)
+        spent = events.dollars(cost, "unknown (a model has no price)", digits=2)
         facts = [("version", VERSION), ("session", store.session_id),
                  ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
                  ("model", self.kernel.ctx.model),
@@ -2571,7 +2564,7 @@ def welcome_line(session) -> str:
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    spent = dollars(events.cost(store.state.usage, prices), "cost unknown", digits=2)
+    spent = events.dollars(events.cost(store.state.usage, prices), "cost unknown", digits=2)
     return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 

@@ -1645,8 +1645,7 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
             tokens += f" ({format_count(get('thinking_tokens'))} thinking)"
         segments.append((3, tokens))
     if "cost" in status:
-        cost = get("cost")
-        segments.append((4, "$?" if cost is None else f"${cost:.2f}"))
+        segments.append((4, events.dollars(get("cost"), "$?", digits=2)))
     if get("cache_share") is not None:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
     if get("reasoning"):
