@@ -781,11 +781,8 @@ def may_prune_now(state: events.State, model: str) -> bool:
     if not model.startswith(BINDING_MODELS):
         return True
     turn_seq = state.user_texts[-1][0] if state.user_texts else 0
-    for event in state.uncut:
-        thinking = event["type"] == "ModelThinkingBlockCompleted"
-        if thinking and event["seq"] > turn_seq:
-            return False
-    return True
+    return not any(event["type"] == "ModelThinkingBlockCompleted" and event["seq"] > turn_seq
+                   for event in state.uncut)
 
 
 def cache_expired(state: events.State, now_s: float | None = None) -> bool:
@@ -1088,9 +1085,7 @@ def _find_json_object(text: str) -> dict | None:
             value, _ = decoder.raw_decode(text, match.start())
         except ValueError:
             continue
-        if not isinstance(value, dict):
-            continue
-        if any(key in value for key in CHECKPOINT_KEYS):
+        if isinstance(value, dict) and any(key in value for key in CHECKPOINT_KEYS):
             return value
     return None
 
