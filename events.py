@@ -287,6 +287,8 @@ ESCAPE_SEQUENCE = (r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
                    rf"|{_STRING_START}(?:\x07|\x1b\\|\x9c)"
                    r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
 _ESCAPES = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b"
+# where a sequence can start: ESC, and the 8-bit CSI, DCS, SOS, OSC, PM and APC
+ESCAPE_STARTS = "\x1b\x9b\x90\x98\x9d\x9e\x9f"
 # C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
 CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters

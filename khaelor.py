@@ -1450,7 +1450,7 @@ class StreamedAnswer:
     def clean(self, text: str) -> str:
         text = self.pending + text
         self.pending = ""
-        start = text.rfind("\x1b")
+        start = max(map(text.rfind, events.ESCAPE_STARTS))
         unfinished = start >= 0 and not re.compile(events.ESCAPE_SEQUENCE).match(text, start)
         # held back for the next delta, unless it is past any real sequence's length
         if unfinished and len(text) - start < 4096:
