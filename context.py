@@ -248,11 +248,8 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
 
 def _nearest(directories: list[Path], names: tuple) -> Path | None:
     """The first of `names` that is a file in the first of the directories that has one."""
-    for directory in directories:
-        for name in names:
-            if (directory / name).is_file():
-                return directory / name
-    return None
+    files = (directory / name for directory in directories for name in names)
+    return next((path for path in files if path.is_file()), None)
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -357,11 +354,8 @@ def imports_in(text: str) -> list[tuple[int, str]]:
     """(line number, path) of each `@path` in the text, outside code fences and inline code."""
     # Code is blanked out (every character but a newline made a space), so the line numbers stay.
     prose = CODE_RE.sub(lambda code: re.sub(r"[^\n]", " ", code.group()), text)
-    found = []
-    for match in IMPORT_RE.finditer(prose):
-        line = prose.count("\n", 0, match.start()) + 1
-        found.append((line, match.group(1)))
-    return found
+    return [(prose.count("\n", 0, match.start()) + 1, match.group(1))
+            for match in IMPORT_RE.finditer(prose)]
 
 
 def _read_instruction(path: Path) -> str:
@@ -657,11 +651,8 @@ def assemble_messages(messages: list[dict]) -> list[dict]:
     if not out:
         return out
     newest = len(out) - 1
-    previous = None     # the user message before the newest
-    for index in range(newest - 1, -1, -1):
-        if out[index]["role"] == "user":
-            previous = index
-            break
+    # the user message before the newest
+    previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
     for index in (previous, newest):
         if index is None:
             continue
@@ -688,10 +679,9 @@ def _with_breakpoint(content) -> list[dict]:
 # ---------------------------------------------------------------- budget
 
 def window_of(model: str) -> int:
-    for prefix, size in WINDOWS.items():
-        if model == prefix or model.startswith(prefix + "-"):
-            return size
-    return DEFAULT_WINDOW
+    sizes = (size for prefix, size in WINDOWS.items()
+             if model == prefix or model.startswith(prefix + "-"))
+    return next(sizes, DEFAULT_WINDOW)
 
 
 def usable_tokens(model: str, max_tokens: int = MAX_OUTPUT_TOKENS) -> int:
@@ -791,11 +781,8 @@ def may_prune_now(state: events.State, model: str) -> bool:
     if not model.startswith(BINDING_MODELS):
         return True
     turn_seq = state.user_texts[-1][0] if state.user_texts else 0
-    for event in state.uncut:
-        thinking = event["type"] == "ModelThinkingBlockCompleted"
-        if thinking and event["seq"] > turn_seq:
-            return False
-    return True
+    return not any(event["type"] == "ModelThinkingBlockCompleted" and event["seq"] > turn_seq
+                   for event in state.uncut)
 
 
 def cache_expired(state: events.State, now_s: float | None = None) -> bool:
@@ -803,10 +790,9 @@ def cache_expired(state: events.State, now_s: float | None = None) -> bool:
     gone, so the next request writes all of it anyway."""
     if now_s is None:
         now_s = time.time()
-    for event in reversed(state.uncut):
-        if event["type"] == "ModelResponseCompleted":
-            return now_s - event.get("ts", 0) / 1000 > CACHE_TTL_S
-    return True
+    responses = (e for e in reversed(state.uncut) if e["type"] == "ModelResponseCompleted")
+    last = next(responses, None)
+    return last is None or now_s - last.get("ts", 0) / 1000 > CACHE_TTL_S
 
 
 def prune_payload(state: events.State, model: str, prune_at: int,
@@ -823,10 +809,7 @@ def prune_payload(state: events.State, model: str, prune_at: int,
         reason = "cost"
         if cache_expired(state, now_s):
             reason = "idle"
-    placeholders = {}
-    for tool_use_id in ids:
-        prunable = state.prunable[tool_use_id]
-        placeholders[tool_use_id] = placeholder(prunable.call, prunable.result)
+    placeholders = {i: placeholder(state.prunable[i].call, state.prunable[i].result) for i in ids}
     payback = payback_requests(rewritten, freed, model)
     return {"tool_use_ids": ids, "placeholders": placeholders,
             "reason": reason, "model": model, "trigger": prune_at,
@@ -990,13 +973,10 @@ def render_transcript(messages: list[dict],
                       max_chars: int = TRANSCRIPT_MAX_CHARS) -> str:
     """The history as plain text (a tool-free request cannot carry tool_use blocks). Long tool
     inputs and results keep their head and tail; past max_chars the middle of the session goes."""
-    parts = []
     # State.messages: content is a list, a tool_result's content a string
-    for message in messages:
-        for block in message["content"]:
-            part = _transcript_part(message["role"], block)
-            if part is not None:
-                parts.append(part)
+    parts = [_transcript_part(message["role"], block)
+             for message in messages for block in message["content"]]
+    parts = [part for part in parts if part is not None]
     text = "\n\n".join(parts)
     if len(text) > max_chars:
         head = max_chars // 4
@@ -1105,9 +1085,7 @@ def _find_json_object(text: str) -> dict | None:
             value, _ = decoder.raw_decode(text, match.start())
         except ValueError:
             continue
-        if not isinstance(value, dict):
-            continue
-        if any(key in value for key in CHECKPOINT_KEYS):
+        if isinstance(value, dict) and any(key in value for key in CHECKPOINT_KEYS):
             return value
     return None
 
@@ -1346,14 +1324,9 @@ def attribute_changes(state: events.State,
     dirty_before_edit: khaelor's files that already had changes before khaelor first edited them."""
     baselines = state.baselines
     preexisting = dict.fromkeys(baselines[0] if baselines else [])
-    later = []
-    for paths in baselines[1:]:
-        later += paths
-    later += dirty_now or []
-    outside = []
-    for path in dict.fromkeys(later):
-        if path not in preexisting and path not in state.edits:
-            outside.append(path)
+    later = [path for paths in baselines[1:] for path in paths] + (dirty_now or [])
+    outside = [path for path in dict.fromkeys(later)
+               if path not in preexisting and path not in state.edits]
     return {"khaelor": list(state.edits),
             "preexisting": list(preexisting),
             "outside": outside,
@@ -1420,9 +1393,7 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     markers = ("pytest.ini", "conftest.py", "tests/conftest.py")
     has_marker = any((root / marker).is_file() for marker in markers)
     uses_pytest = "pytest" in config or has_marker
-    tests = []
-    for path in changed:
-        tests += related_python_tests(root, path)
+    tests = [test for path in changed for test in related_python_tests(root, path)]
     tests = list(dict.fromkeys(tests))[:6]
     python = _python()
     commands = []
@@ -1471,19 +1442,13 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         scripts = json.loads(package_json).get("scripts") or {}
     except (ValueError, AttributeError):
         return []
-    manager = "npm"
     lock_files = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"),
                   ("bun.lockb", "bun"))
-    for lock, name in lock_files:
-        if (root / lock).is_file():
-            manager = name
-            break
+    manager = next((name for lock, name in lock_files if (root / lock).is_file()), "npm")
     commands = []
     test_script = str(scripts.get("test") or "")
     if test_script and "no test specified" not in test_script:
-        tests = []
-        for path in changed:
-            tests += _related_node_tests(root, path)
+        tests = [test for path in changed for test in _related_node_tests(root, path)]
         command = f"{manager} test"
         if tests:
             command += " -- " + " ".join(tests[:4])

@@ -3,7 +3,7 @@
 Owns: the event kinds (one table), the envelope and line format, appending (one write per line,
 fsync at loop boundaries), recovery of torn/bad lines, replay, and the pure folds from events to the
 Anthropic `messages` history, the kernel's state and usage totals; the price table with the one
-cost function, and the one duration formatter, which every module may use.
+cost function, and the one cost, count and duration formatters, which every module may use.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
 (the one exception: a torn final line, which was never a complete event, is cut off on open).
 """
@@ -287,6 +287,8 @@ ESCAPE_SEQUENCE = (r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
                    rf"|{_STRING_START}(?:\x07|\x1b\\|\x9c)"
                    r"|\x1b[ -/]*(?![\[\]PX^_])[0-~]")
 _ESCAPES = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b"
+# where a sequence can start: ESC, and the 8-bit CSI, DCS, SOS, OSC, PM and APC
+ESCAPE_STARTS = "\x1b\x9b\x90\x98\x9d\x9e\x9f"
 # C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
 CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
@@ -386,6 +388,18 @@ def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
         for key, dollars in zip(PRICED_KEYS, price):
             total += (usage.get(key) or 0) * dollars / 1e6
     return total
+
+
+def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
+    """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
+    if cost is None:
+        return unknown
+    return f"${cost:.{digits}f}"
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 file", "12 files"."""
+    return f"{n} {noun}" + "s" * (n != 1)
 
 
 def duration(seconds: float) -> str:
@@ -894,11 +908,11 @@ CHARS_PER_TOKEN = 4             # estimate only; real counts come from the API's
 RECENT_CALLS = 3                # tool calls remembered for the doom-loop check
 UNDO_ID = "undo"                # the tool_use_id of the FileModified an older khaelor's /undo made
 REWIND_STEP = "rewind"          # the step of the CheckpointRecorded taken before a rewind
-# Events after which the conversation is longer: a compaction has something new to cut.
 # Tools that only look; every other tool's result may come with a changed working tree.
 LOOKING_TOOLS = frozenset({"read", "grep", "glob"})
 WORLD_EVENTS = frozenset({"FileModified", "ProcessStarted", "ProcessExited", "UserShellRan",
                           "Rewound"})
+# Events after which the conversation is longer: a compaction has something new to cut.
 GROWING_EVENTS = frozenset({"UserMessageCreated", "SteeringInjected", "UserShellRan",
                             "ModelResponseCompleted", *TOOL_RESULT_EVENTS})
 
@@ -922,7 +936,7 @@ class Prunable(NamedTuple):
 
 class State:
     """Everything the kernel, context, CLI and UI read from a session, kept up to date by `apply`
-    as each event is appended. Fields marked (turn) start afresh with each user message."""
+    as each event is appended. The fields `start_turn` sets start afresh with each user message."""
 
     def __init__(self):
         # -- the conversation
@@ -944,22 +958,7 @@ class State:
         self.pending_tools = []         # calls of closed responses without a result
         self.started_tools = set()      # ToolStarted, no result yet
         self.queued_steering = []       # SteeringQueued texts not injected yet
-        self.responses_in_turn = 0      # (turn) ModelResponseCompleted count
         self.last_stop_reason: str | None = None
-        self.recent_calls = []          # (turn) newest calls' (name, input json)
-        self.last_failure: dict | None = None  # (turn) the newest ModelRequestFailed not retried
-        # -- the turn's evidence (the verification gate and TaskCompleted)
-        self.objective = ""             # (turn) the user message that opened it
-        self.changes = []               # (turn) (seq, path) of FileModified
-        # (turn) bash runs and process starts: {seq, command, exit_code}
-        self.commands = []
-        self.nudges = 0                 # (turn) VerificationRequested count
-        self.user_denied = False        # (turn) the user said no to a call: the gate asks no more
-        self.suggested_checks = []      # (turn) the commands those nudges named
-        self.withheld = []              # (turn) answers the nudges held back
-        self.last_text = ""             # (turn) text of the newest completed response
-        self.answer = ""                # (turn) newest response text, or TaskCompleted's answer
-        self.failure_reason: str | None = None  # (turn) TaskFailed's reason
         # -- the session
         self.last_seq = 0
         self.created_ts = 0             # unix ms of the first event
@@ -967,10 +966,7 @@ class State:
         self.model = ""                 # SessionCreated's model, then the newest ModelChanged
         self.chosen_model: str | None = None  # the newest /model choice (ModelChanged)
         self.reasoning = {}             # thinking, effort (ThinkingChanged)
-        self.turn_reasoning = {}        # (turn) `reasoning` as the turn began
         self.mode = ""                  # the newest ModeChanged's permission mode ("": none)
-        self.turn_mode = ""             # (turn) `mode` as the turn began
-        self.turn_model = ""            # (turn) the model its message named ("": the session's)
         self.title = ""                 # SessionRenamed, else the first user message
         self.branch = ""                # the newest git baseline's branch
         self.usage = {}                 # model -> summed USAGE_KEYS
@@ -990,6 +986,27 @@ class State:
         self.checkpoints = []           # CheckpointRecorded events, oldest first
         self.steps = []                 # {seq, kind, what, tool_use_id, changed}
         self.unrecorded = False         # the tree may have changed since the newest checkpoint
+        self.start_turn()
+
+    def start_turn(self, objective: str = "", model: str = "") -> None:
+        """The (turn) fields, afresh: what a user message opens."""
+        self.responses_in_turn = 0      # ModelResponseCompleted count
+        self.recent_calls = []          # newest calls' (name, input json)
+        self.last_failure: dict | None = None  # the newest ModelRequestFailed not retried
+        # -- the turn's evidence (the verification gate and TaskCompleted)
+        self.objective = objective      # the user message that opened it
+        self.changes = []               # (seq, path) of FileModified
+        self.commands = []              # bash runs and process starts: {seq, command, exit_code}
+        self.nudges = 0                 # VerificationRequested count
+        self.user_denied = False        # the user said no to a call: the gate asks no more
+        self.suggested_checks = []      # the commands those nudges named
+        self.withheld = []              # answers the nudges held back
+        self.last_text = ""             # text of the newest completed response
+        self.answer = ""                # newest response text, or TaskCompleted's answer
+        self.failure_reason: str | None = None  # TaskFailed's reason
+        self.turn_reasoning = dict(self.reasoning)  # `reasoning` as the turn began
+        self.turn_mode = self.mode      # `mode` as the turn began
+        self.turn_model = model         # the model its message named ("": the session's)
 
     @property
     def messages(self) -> list:
@@ -1077,22 +1094,7 @@ def _on_user_message(state: State, event: dict) -> None:
     note_seen(state, event)     # an @mention attached a file: the model has read it
     state.turn_open = True
     state.needs_model = True
-    state.responses_in_turn = 0
-    state.recent_calls = []
-    state.last_failure = None
-    state.objective = text
-    state.changes = []
-    state.commands = []
-    state.nudges = 0
-    state.user_denied = False
-    state.suggested_checks = []
-    state.withheld = []
-    state.last_text = ""
-    state.answer = ""
-    state.failure_reason = None
-    state.turn_reasoning = dict(state.reasoning)
-    state.turn_mode = state.mode
-    state.turn_model = event.get("model") or ""
+    state.start_turn(text, event.get("model") or "")
     state.user_texts.append((event["seq"], text))
     if not state.title:
         state.title = " ".join(text.split())[:60]
@@ -1284,10 +1286,8 @@ def rewind_target(state: State, number: int) -> tuple[dict | None, dict]:
     """Before step `number` (1-based): (the newest checkpoint at or before it, {real path: version
     name} of what write/edit steps left between that checkpoint and the step)."""
     seq = state.steps[number - 1]["seq"]
-    checkpoint = None
-    for event in state.checkpoints:
-        if event["seq"] <= seq:
-            checkpoint = event
+    # oldest first: the last one at or before the step
+    checkpoint = next((e for e in reversed(state.checkpoints) if e["seq"] <= seq), None)
     after = checkpoint["seq"] if checkpoint else 0
     written = [event for modified in state.edits.values() for event in modified]
     overlay = {}

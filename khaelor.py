@@ -394,7 +394,8 @@ def session_summary(store) -> dict:
     """What a listing shows; cached in the session's .meta.json."""
     state = store.state
     totals = state.usage
-    tokens = sum(sum(usage.values()) for usage in totals.values())
+    # thinking_tokens is part of output_tokens: summed_usage counts it once
+    tokens = sum(summed_usage(totals).values())
     return {"id": store.session_id,
             "title": state.title,
             "created": state.created_ts,
@@ -483,13 +484,6 @@ def age(ts_ms: int) -> str:
     return f"{events.duration(seconds)} ago"
 
 
-def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
-    """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
-    if cost is None:
-        return unknown
-    return f"${cost:.{digits}f}"
-
-
 def for_terminal(text: str, stream) -> str:
     """Model text and titles reach a terminal without the bytes that would drive it: a model or a
     hostile file must not set the window title, write the clipboard (OSC 52) or move the cursor."""
@@ -511,7 +505,7 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     prices = config_prices(home, project_root)
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
-        cost = dollars(events.cost(row["usage"], prices), "?")
+        cost = events.dollars(events.cost(row["usage"], prices), "?")
         branch = ""
         if row.get("branch"):
             branch = f"  [{events.visible_controls(row['branch'], one_line=True)}]"
@@ -695,13 +689,9 @@ def step_lines(state) -> list[str]:
 def last_changing_step(state) -> int | None:
     """The newest step not undone yet that changed something (or whose changes are not recorded
     yet); a rewind is not one: /undo again goes further back."""
-    for number in range(len(state.steps), 0, -1):
-        step = state.steps[number - 1]
-        if step["kind"] == "rewind" or step["undone"]:
-            continue
-        if step["changed"] != []:
-            return number
-    return None
+    changing = (number for number, step in reversed(list(enumerate(state.steps, 1)))
+                if step["kind"] != "rewind" and not step["undone"] and step["changed"] != [])
+    return next(changing, None)
 
 
 class Rewind:
@@ -798,7 +788,8 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        report = f"Rewound to before step {self.number}: {plural(len(restored), 'file')} restored."
+        files = events.counted(len(restored), "file")
+        report = f"Rewound to before step {self.number}: {files} restored."
         if self.kept:
             kept = events.visible_controls(", ".join(self.kept), one_line=True)
             report += f"\nKept as you left them (changed after the agent's last step): {kept}"
@@ -969,10 +960,8 @@ def parse_command(name: str, path: Path, source: str,
 
 def first_line(text: str) -> str:
     """The first line that is not blank, without a Markdown heading's #."""
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip().lstrip("#").strip()
-    return ""
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    return line.strip().lstrip("#").strip()
 
 
 def front_matter(text: str) -> tuple[dict, str]:
@@ -1466,7 +1455,7 @@ class StreamedAnswer:
     def clean(self, text: str) -> str:
         text = self.pending + text
         self.pending = ""
-        start = text.rfind("\x1b")
+        start = max(map(text.rfind, events.ESCAPE_STARTS))
         unfinished = start >= 0 and not re.compile(events.ESCAPE_SEQUENCE).match(text, start)
         # held back for the next delta, unless it is past any real sequence's length
         if unfinished and len(text) - start < 4096:
@@ -1492,10 +1481,8 @@ def failure(state, step: str) -> str | None:
 
 def summed_usage(usage_by_model: dict) -> dict:
     """Every model's usage added up, key by key (events.USAGE_KEYS)."""
-    totals = {}
-    for key in events.USAGE_KEYS:
-        totals[key] = sum(usage[key] for usage in usage_by_model.values())
-    return totals
+    return {key: sum(usage[key] for usage in usage_by_model.values())
+            for key in events.USAGE_KEYS}
 
 
 def result_object(args, store, step: str, prices: dict) -> dict:
@@ -1995,9 +1982,7 @@ class Session:
             # a "|" would end the cell
             shown = f"{name} {usage.replace('|', ', ')}".strip()
             commands.append(f"| {shown} | {text} |")
-        files = []
-        for item in self.kernel.ctx.instructions:
-            files.append(f"- `{item.path}`{import_note(item)}")
+        files = [f"- `{item.path}`{import_note(item)}" for item in self.kernel.ctx.instructions]
         if not files:
             looked_for = ", ".join(context.INSTRUCTION_FILES)
             files.append(f"- none found ({looked_for} are looked for)")
@@ -2044,7 +2029,7 @@ class Session:
         lines = []
         for row in rows[:20]:
             here = " (this one)" if row["id"] == self.store.session_id else ""
-            cost = dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
+            cost = events.dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
             title = row["title"] or "(untitled)"
             updated = age(row["updated"])
             lines.append(f"- `{row['id']}`{here} {title} · {updated}"
@@ -2085,7 +2070,7 @@ class Session:
         lines = []
         for name, usage in self.store.state.usage.items():
             cost = events.cost({name: usage}, self.settings["prices"])
-            price = dollars(cost, "cost unknown (no price for this model)")
+            price = events.dollars(cost, "cost unknown (no price for this model)")
             thought = ""
             if "thinking_tokens" in usage:
                 thought = f" (thinking {usage['thinking_tokens']})"
@@ -2276,7 +2261,7 @@ class Session:
         import sandbox
         store = self.store
         cost = events.cost(store.state.usage, self.settings["prices"])
-        spent = dollars(cost, "unknown (a model has no price)", digits=2)
+        spent = events.dollars(cost, "unknown (a model has no price)", digits=2)
         facts = [("version", VERSION), ("session", store.session_id),
                  ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
                  ("model", self.kernel.ctx.model),
@@ -2438,7 +2423,7 @@ def diff_report(state, dirty_now: list | None = None,
     edits = state.edits
     lines = ["khaelor has not changed any file in this session."]
     if edits:
-        files = plural(len(edits), "file")
+        files = events.counted(len(edits), "file")
         lines = [f"**khaelor changed {files} in this session**"]
         for path, changes in edits.items():
             was_dirty = path in who["dirty_before_edit"]
@@ -2466,16 +2451,12 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
     added = sum(c.get("added", 0) for c in changes)
     removed = sum(c.get("removed", 0) for c in changes)
     created = " (created)" if changes[0].get("created") else ""
-    edits = plural(len(changes), "edit")
+    edits = events.counted(len(changes), "edit")
     line = f"- `{path}`{created} +{added} −{removed} in {edits}"
     if was_dirty:
         line += (" · it had uncommitted changes before khaelor's first edit:"
                  " only khaelor's edits are shown")
     return line
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # of a `!` command stopped with Esc, the output kept (its end)
@@ -2584,7 +2565,7 @@ def welcome_line(session) -> str:
 
 def farewell_line(store, prices: dict) -> str:
     """On quit: what the session cost and how to come back to it."""
-    spent = dollars(events.cost(store.state.usage, prices), "cost unknown", digits=2)
+    spent = events.dollars(events.cost(store.state.usage, prices), "cost unknown", digits=2)
     return f"session {store.session_id} · {spent} · continue it with `khaelor -c`"
 
 

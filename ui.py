@@ -19,7 +19,7 @@ Public API (only khaelor.py imports this module):
         0 when the user quits (Ctrl-D, a second Ctrl-C, a command returning QUIT), 143 on
         SIGTERM, 129 on SIGHUP. Cancelling the task also ends it. The terminal is restored on
         every path; an exception in the UI or a task it runs ends it and is raised, once.
-    render_transcript(events, width, color=False, max_turns=None) -> list[str]   as lines
+    render_transcript(log, width, color=False, max_turns=None) -> list[str]   as lines
     Controller, QUIT, TRANSCRIPT                                   see below
 
 While a question is open, typing goes to the composer (Enter sends it as steering); the letters
@@ -247,14 +247,9 @@ def fold(line: str, width: int) -> list[str]:
     return rows + [row]
 
 
-def counted(n: int, noun: str) -> str:
-    """"1 file", "12 files"."""
-    return f"{n} {noun}" + "s" * (n != 1)
-
-
 def more_lines(n: int, what: str = "line") -> str:
     """"… 1 more line", "… 12 more lines"."""
-    return "… " + counted(n, f"more {what}")
+    return "… " + events.counted(n, f"more {what}")
 
 
 def head_rows(rows: list, limit: int) -> tuple[list, int]:
@@ -909,10 +904,8 @@ META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 
 
 def meta_facts(meta: dict) -> list[str]:
-    facts = []
-    for key in ("lines", "matches", "files"):
-        if isinstance(meta.get(key), int):
-            facts.append(f"{meta[key]} {key}")
+    facts = [f"{meta[key]} {key}" for key in ("lines", "matches", "files")
+             if isinstance(meta.get(key), int)]
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):
@@ -1265,8 +1258,6 @@ class Timeline:
         self._dim_line("◇ " + ", ".join(chosen) + " from the next message")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
-        if e.get("kind") == "cancelled":
-            return
         message = sanitize(str(e.get("message") or "")).strip()
         text = ERROR_WORDS.get(e.get("kind"), "The model request failed")
         # 200: the stream broke after the API said OK, so the code tells nothing; the message
@@ -1301,7 +1292,7 @@ class Timeline:
                 + self.style.paint(hint, "dim"))
         self._settle([line])
         if self._steering:
-            queued = counted(len(self._steering), "queued instruction")
+            queued = events.counted(len(self._steering), "queued instruction")
             self._dim_line(f"› {queued} will go first with your next message")
 
     def _on_SteeringInjected(self, e: dict) -> None:
@@ -1430,7 +1421,7 @@ class Timeline:
         e = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
         facts = []
         if e.get("changed_files"):
-            facts.append(counted(len(e["changed_files"]), "file") + " changed")
+            facts.append(events.counted(len(e["changed_files"]), "file") + " changed")
         checks = (e.get("checks") or [])[-3:]
         for check in checks:
             mark = "" if check.get("exit_code") == 0 else "✗ "
@@ -1569,21 +1560,21 @@ class Timeline:
         return " · ".join([self.phase] + facts)
 
 
-def render_transcript(events: Iterable[dict], width: int, color: bool = False,
+def render_transcript(log: Iterable[dict], width: int, color: bool = False,
                       max_turns: int | None = None, expanded: bool = False) -> list[str]:
     """Earlier conversation (a resumed session) as settled lines. With `max_turns`, only the
     last that many user turns are drawn, so resuming a long session costs the same as a short
     one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R)."""
-    events = list(events)
+    log = list(log)
     timeline = Timeline(Style(color), width)
     timeline.expanded = expanded
-    starts = [k for k, e in enumerate(events)
+    starts = [k for k, e in enumerate(log)
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
-        hidden = counted(len(starts) - max_turns, "earlier turn")
+        hidden = events.counted(len(starts) - max_turns, "earlier turn")
         timeline._dim_line(f"… {hidden} not shown")
-        events = events[starts[-max_turns]:]
-    for event in events:
+        log = log[starts[-max_turns]:]
+    for event in log:
         timeline.apply(event)
     timeline.finish()
     return timeline.take_settled()
@@ -1654,14 +1645,13 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
             tokens += f" ({format_count(get('thinking_tokens'))} thinking)"
         segments.append((3, tokens))
     if "cost" in status:
-        cost = get("cost")
-        segments.append((4, "$?" if cost is None else f"${cost:.2f}"))
+        segments.append((4, events.dollars(get("cost"), "$?", digits=2)))
     if get("cache_share") is not None:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
     if get("reasoning"):
         segments.append((3, str(get("reasoning"))))
     if get("processes"):
-        segments.append((2, counted(get("processes"), "proc")))
+        segments.append((2, events.counted(get("processes"), "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
     return [(priority, text) for priority, text in segments if text]
@@ -2327,11 +2317,9 @@ class Composer:
         # more recently mentioned paths rank higher
         recent = self.recent_mentions
         recency = {path: 10 * (1 - k / len(recent)) for k, path in enumerate(recent)}
-        scored = []
-        for path in dict.fromkeys(pool + recent):
-            score = fuzzy_score(query, path)
-            if score is not None:
-                scored.append((score + recency.get(path, 0), path))
+        scores = {path: fuzzy_score(query, path) for path in dict.fromkeys(pool + recent)}
+        scored = [(score + recency.get(path, 0), path)
+                  for path, score in scores.items() if score is not None]
         # best score first, then by name
         scored.sort(key=lambda pair: (-pair[0], pair[1]))
         return [path for _, path in scored]

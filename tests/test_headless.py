@@ -411,3 +411,23 @@ def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_forma
     assert result["type"] == "result" and result["is_error"] is True
     assert result["subtype"] == "error_interrupted" and "interrupted" in result["error"]
     assert "Traceback" not in stderr and "interrupted" in stderr
+
+
+def test_an_escape_split_between_deltas_is_stripped_whole_whatever_its_introducer(monkeypatch):
+    """-p on a terminal holds back a sequence a delta ends inside, ESC or 8-bit (an OSC opened
+    by 0x9D), so what is shown does not depend on where the stream was cut."""
+    import io
+    import sys
+
+    import khaelor
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    answer = khaelor.StreamedAnswer()
+    for delta in ("red \x1b[3", "1mtext, title \x9d0;x", "y\x07 end"):
+        answer({"type": "TextDelta", "text": delta})
+    assert out.getvalue() == "red text, title  end"

@@ -287,6 +287,19 @@ def test_sessions_are_listed_from_their_meta_caches_and_rebuilt_when_stale(khael
     assert "otters" in khaelor.run("sessions").stdout and events.meta_path(second).exists()
 
 
+def test_a_sessions_token_count_holds_its_thinking_once(tmp_path):
+    """thinking_tokens is part of output_tokens: the listing's count must not add it again, as
+    the status line does not."""
+    store = events.SessionStore.create(tmp_path)
+    bus = events.Bus(store)
+    usage = {"input_tokens": 100, "output_tokens": 50, "cache_read_tokens": 0,
+             "cache_write_tokens": 0, "thinking_tokens": 40}
+    bus.emit("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5",
+             stop_reason="end_turn", usage=usage)
+    assert cli.session_summary(store)["tokens"] == 150
+    store.close()
+
+
 def test_listing_two_hundred_sessions_reads_only_the_caches(khaelor, project, env):
     directory = events.sessions_dir(Path(env["KHAELOR_HOME"]), project)
     for i in range(200):
