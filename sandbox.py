@@ -1122,7 +1122,7 @@ def listening_ports(pgids: set[int]) -> set[int]:
     """TCP ports on which processes of these process groups listen: their socket inodes from
     /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
     inodes = set()
-    for pid in _pids_in_groups(pgids):
+    for pid in pids_in_groups(pgids):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
@@ -1149,7 +1149,8 @@ def listening_ports(pgids: set[int]) -> set[int]:
     return ports
 
 
-def _pids_in_groups(pgids: set[int]) -> list[int]:
+def pids_in_groups(pgids: set[int]) -> list[int]:
+    """Live processes (zombies left out: they hold nothing) of these process groups, from /proc."""
     if not pgids:
         return []
     pids = []
@@ -1161,7 +1162,7 @@ def _pids_in_groups(pgids: set[int]) -> list[int]:
                 fields = handle.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) in pgids:
+        if int(fields[2]) in pgids and fields[0] != b"Z":
             pids.append(int(entry.name))
     return pids
 

@@ -2100,17 +2100,7 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    if not os.path.isdir("/proc"):
-        return True
-    for entry in os.scandir("/proc"):
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+    return not os.path.isdir("/proc") or bool(sandbox.pids_in_groups({pgid}))
 
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
