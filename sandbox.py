@@ -495,8 +495,7 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
-    for device in READABLE_DEVICES + TERMINAL_DEVICES:
-        grants.append((device, READ_DEVICE))
+    grants += [(device, READ_DEVICE) for device in READABLE_DEVICES + TERMINAL_DEVICES]
     grants += [("/dev", LIST_ONLY)]
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).

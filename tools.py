@@ -348,11 +348,7 @@ def card_of(name: str, tool_input: dict) -> dict:
         strings = [v for v in tool_input.values() if isinstance(v, str)]
         summary = strings[0] if strings else ""
         return {"summary": summary[:CARD_SUMMARY_CHARS], "output": "tail"}
-    parts = []
-    for prefix, key in view["card"]:
-        value = tool_input.get(key)
-        if value:
-            parts.append(f"{prefix}{value}")
+    parts = [f"{prefix}{tool_input[key]}" for prefix, key in view["card"] if tool_input.get(key)]
     summary = " ".join(parts)[:CARD_SUMMARY_CHARS]
     return {"summary": summary, "output": view["output"]}
 
@@ -870,11 +866,8 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
 def _first_link(project: Path, rel: str) -> str | None:
     """The first component of `rel` (under the project) that is a link, if one is."""
     parts = rel.split("/")
-    for n in range(1, len(parts) + 1):
-        prefix = "/".join(parts[:n])
-        if (project / prefix).is_symlink():
-            return prefix
-    return None
+    prefixes = ("/".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return next((prefix for prefix in prefixes if (project / prefix).is_symlink()), None)
 
 
 def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
@@ -1098,15 +1091,12 @@ class Toolbox:
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
-        running = []
-        for process in self.processes.live():
-            running.append({
-                "process_id": process.process_id,
-                "pid": process.child.pid,
-                "command": process.command,
-                "runtime_s": process.runtime_s(),
-            })
-        return running
+        return [{
+            "process_id": process.process_id,
+            "pid": process.child.pid,
+            "command": process.command,
+            "runtime_s": process.runtime_s(),
+        } for process in self.processes.live()]
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
@@ -1834,13 +1824,9 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         else:
             args[key] = value
-    missing = []
-    for key in required:
-        # A required key already reported (wrong type, bad value) is not also "missing".
-        reported = any(f"'{key}'" in problem for problem in problems)
-        if key not in args and not reported:
-            missing.append(f"missing required parameter '{key}'")
-    problems += missing
+    # A required key already reported (wrong type, bad value) is not also "missing".
+    problems += [f"missing required parameter '{key}'" for key in required
+                 if key not in args and not any(f"'{key}'" in problem for problem in problems)]
     if not problems:
         return args, None
     name = schema["name"]
@@ -1859,11 +1845,8 @@ def _unknown_parameter(key: str, props: dict) -> str:
 
 def _signature(props: dict, required: list[str]) -> str:
     """A tool's parameters as `name: type`, with `?` after the optional ones."""
-    parts = []
-    for key, prop in props.items():
-        optional = "" if key in required else "?"
-        parts.append(f"{key}{optional}: {prop['type']}")
-    return ", ".join(parts)
+    return ", ".join(f"{key}{'' if key in required else '?'}: {prop['type']}"
+                     for key, prop in props.items())
 
 
 JSON_TYPE_NAMES = {
@@ -1959,11 +1942,8 @@ class _Spool:
 
 def _prune_spill(spill_dir: Path) -> None:
     """Keep the spill folder under its cap (room left for one more file), the oldest going first."""
-    files = []
-    for entry in os.scandir(spill_dir):
-        if entry.is_file():
-            files.append((entry.stat().st_mtime, entry.stat().st_size, entry.path))
-    files.sort()
+    files = sorted((entry.stat().st_mtime, entry.stat().st_size, entry.path)
+                   for entry in os.scandir(spill_dir) if entry.is_file())
     total = sum(size for _, size, _ in files)
     for _, size, path in files:
         if total <= SPILL_DIR_CAP_BYTES - SPILL_FILE_CAP_BYTES:
@@ -2232,10 +2212,8 @@ def _listing(folder_fd: int, shown: str) -> ToolResult:
         entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
     finally:
         os.close(folder_fd)
-    names = []
-    for entry in entries[:LISTING_CAP]:
-        suffix = "/" if entry.is_dir() else ""
-        names.append(_one_line(entry.name + suffix))
+    names = [_one_line(entry.name + ("/" if entry.is_dir() else ""))
+             for entry in entries[:LISTING_CAP]]
     text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
     if len(entries) > LISTING_CAP:
         text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
@@ -2321,11 +2299,7 @@ def _open_folder(folder: str) -> int:
 def _binary_kind(head: bytes, name: str) -> str | None:
     """What a file is if its head says binary: a magic number, a NUL, or many control bytes (8-bit
     text passes). None: text."""
-    kind = None
-    for magic, what in MAGIC:
-        if head.startswith(magic):
-            kind = what
-            break
+    kind = next((what for magic, what in MAGIC if head.startswith(magic)), None)
     n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
     looks_binary = b"\0" in head or n_control > len(head) // 10
     if kind is None and not looks_binary:
@@ -2523,10 +2497,8 @@ class _Haystack:
 
     def find_trimmed(self, wanted: str, start: int) -> int | None:
         """The index of the first line from `start` on that is `wanted` once trimmed."""
-        for index in range(start, len(self.lines)):
-            if self.trimmed[index] == wanted:
-                return index
-        return None
+        lines = range(start, len(self.lines))
+        return next((index for index in lines if self.trimmed[index] == wanted), None)
 
     def exact(self, old: str) -> list[Span]:
         spans = []
@@ -2542,11 +2514,8 @@ class _Haystack:
         whose first line is `first` once trimmed, if given: a cheap pre-filter), as whole lines, or
         (not `whole`) without the first's indentation, which new_string then keeps."""
         span = self.span if whole else self.text_span
-        spans = []
-        for i in range(len(self.lines) - size + 1):
-            if (first is None or self.trimmed[i] == first) and same(self.lines[i:i + size]):
-                spans.append(span(i, i + size - 1))
-        return spans
+        return [span(i, i + size - 1) for i in range(len(self.lines) - size + 1)
+                if (first is None or self.trimmed[i] == first) and same(self.lines[i:i + size])]
 
     def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
         """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
@@ -2651,9 +2620,7 @@ class _Haystack:
         """replace_all over fuzzy matches: what whitespace-tolerant strategies find, no overlaps."""
         finders = (self.line_trimmed, self.whitespace_normalized,
                    self.indentation_flexible, self.trimmed_boundary)
-        found = set()
-        for finder in finders:
-            found.update(finder(old))
+        found = set().union(*(finder(old) for finder in finders))
         # Left to right; of two that start together, the longer first.
         ordered = sorted(found, key=lambda span: (span[0], -span[1]))
         spans: list[Span] = []
@@ -2840,11 +2807,8 @@ def _line_list(numbers: list[int]) -> str:
 
 def _overlapping(spans: list[Span], others: list[Span]) -> list[Span]:
     """The spans that overlap one of the others."""
-    kept = []
-    for start, end in spans:
-        if any(start < other_end and other_start < end for other_start, other_end in others):
-            kept.append((start, end))
-    return kept
+    return [(start, end) for start, end in spans
+            if any(start < other_end and other_start < end for other_start, other_end in others)]
 
 
 def _disproportionate(hay: _Haystack, span: Span, old: str) -> bool:
@@ -3791,10 +3755,8 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
 
 
 def _process_list(procs: _Processes) -> ToolResult:
-    rows = []
-    for p in procs.items.values():
-        rows.append(f"{p.process_id}  {p.status()}  pid {p.child.pid}  "
-                    f"{p.runtime_s():g} s  {p.command}")
+    rows = [f"{p.process_id}  {p.status()}  pid {p.child.pid}  {p.runtime_s():g} s  {p.command}"
+            for p in procs.items.values()]
     if not rows:
         text = "No background processes. Start one with process action \"start\"."
         return ToolResult(text, meta={"count": 0})
