@@ -1359,7 +1359,8 @@ class Checkpoints:
         if previous:
             changed = []
             if previous != payload["tree"]:
-                changed = self.changes(root, previous, payload["tree"])
+                entries = self.entries(root, previous, payload["tree"]).items()
+                changed = [[entry[4], path] for path, entry in entries]
             payload["n_changed"] = len(changed)
             payload["changed"] = changed[:CHECKPOINT_NAMES_CAP]
         return payload
@@ -1489,22 +1490,17 @@ class Checkpoints:
             # e.g. a file it cannot read: add takes what it can
             self.git(root, ["add", "-A", "--ignore-errors", "--", "."], index)
 
-    def changes(self, root: Path, old: str, new: str) -> list[list[str]]:
-        """[[status, path]] between two trees: A added, D deleted, M changed, T type changed."""
-        argv = ["diff-tree", "-r", "-z", "--no-renames", "--name-status", old, new]
-        fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
-        return [[status, path] for status, path in zip(fields[::2], fields[1::2]) if path]
-
     def entries(self, root: Path, old: str, new: str) -> dict[str, tuple]:
-        """path -> (mode in old, oid in old, mode in new, oid in new) for the paths that differ."""
+        """path -> (mode in old, oid in old, mode in new, oid in new, status: A added, D deleted,
+        M changed, T type changed) for the paths that differ between two trees."""
         argv = ["diff-tree", "-r", "-z", "--no-renames", old, new]
         fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
         found = {}
         for head, path in zip(fields[::2], fields[1::2]):
             if not path:
                 continue
-            old_mode, new_mode, old_oid, new_oid, _ = head.lstrip(":").split(" ")
-            found[path] = (old_mode, old_oid, new_mode, new_oid)
+            old_mode, new_mode, old_oid, new_oid, status = head.lstrip(":").split(" ")
+            found[path] = (old_mode, old_oid, new_mode, new_oid, status)
         return found
 
     def plan(self, root: Path, target: str, overlay: dict[str, bytes], last: str,
@@ -1516,12 +1512,12 @@ class Checkpoints:
         agent = self.entries(root, target, last)
         user = self.entries(root, last, now)
         restores = []
-        for path, (mode, oid, last_mode, last_oid) in agent.items():
+        for path, (mode, oid, last_mode, last_oid, _) in agent.items():
             if path in overlay:
                 continue
             current = (last_mode, last_oid)
             if path in user:
-                current = user[path][2:]
+                current = user[path][2:4]
             if current != (mode, oid):
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
