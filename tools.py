@@ -1677,18 +1677,13 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
     """(the commit HEAD names, read from the files refs live in (loose, else packed-refs), ""
     when that does not tell (no commit yet, another ref store: git is asked then); its branch,
     "" when detached)."""
-    head = _read_plain(git_dir / "HEAD", REF_CAP_BYTES)
-    if head is None:
-        return "", ""
-    ref = head.decode(errors="replace").strip().removeprefix("ref: ")
+    ref = _read_ref(git_dir / "HEAD").removeprefix("ref: ")
     head = ref
     branch = ""
     if ref.startswith("refs/heads/"):
         branch = ref.removeprefix("refs/heads/")
-        loose = _read_plain(common_dir / ref, REF_CAP_BYTES)
-        if loose is not None:
-            head = loose.decode(errors="replace").strip()
-        else:
+        head = _read_ref(common_dir / ref)
+        if not head:
             packed = _read_plain(common_dir / "packed-refs", READ_FILE_CAP_BYTES) or b""
             found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed.decode(errors="replace"),
                               re.M)
@@ -1696,6 +1691,12 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
     if not OID.fullmatch(head):
         head = ""
     return head, branch
+
+
+def _read_ref(path: Path) -> str:
+    """A small file of git's (HEAD, a loose ref, a gitdir or commondir pointer) as stripped text;
+    "" unless it is a regular file of at most REF_CAP_BYTES."""
+    return (_read_plain(path, REF_CAP_BYTES) or b"").decode(errors="replace").strip()
 
 
 def _read_plain(path: Path, cap: int) -> bytes | None:
@@ -1734,12 +1735,9 @@ def _git_stall(cwd: Path, own_repository: bool = False) -> str:
         git_dir = top / ".git"
         if git_dir.is_file():
             # a linked worktree or a submodule: "gitdir: <path>"
-            pointer = _read_plain(git_dir, REF_CAP_BYTES) or b""
-            git_dir = top / pointer.decode(errors="replace").strip().removeprefix("gitdir: ")
-        common = git_dir / (_read_plain(git_dir / "commondir", REF_CAP_BYTES) or b".").decode(
-            errors="replace").strip()
-        head = (_read_plain(git_dir / "HEAD", REF_CAP_BYTES) or b"").decode(errors="replace")
-        ref = head.strip().removeprefix("ref: ")
+            git_dir = top / _read_ref(git_dir).removeprefix("gitdir: ")
+        common = git_dir / (_read_ref(git_dir / "commondir") or ".")
+        ref = _read_ref(git_dir / "HEAD").removeprefix("ref: ")
         suspects += [git_dir / name for name in GIT_DIR_OPENS]
         suspects += [common / name for name in GIT_COMMON_OPENS]
         if ref.startswith("refs/") and ".." not in ref:
