@@ -520,7 +520,7 @@ class Workspace:
             folder_fd = _open_folder(folder)
         except OSError as exc:
             raise self.refusal(path, exc) from None
-        try:
+        with _closing(folder_fd):
             mode = self.file_mode(path, name, folder_fd)
             # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
             # would mean setting it, process-wide, while other threads may be creating files.
@@ -540,8 +540,6 @@ class Workspace:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=folder_fd)
                 raise
-        finally:
-            os.close(folder_fd)
 
     def file_mode(self, path: Path, name: str, folder_fd: int) -> int | None:
         """The permission bits of the regular file `name` in the folder, None when there is none."""
@@ -761,6 +759,15 @@ class Workspace:
         return [key for scope, key in pairs if scope in ("local", "worktree")]
 
 
+@contextlib.contextmanager
+def _closing(fd: int):
+    """A descriptor closed when the block ends, however it ends."""
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _close_all(rulesets: dict[tuple, int]) -> None:
     for fd in rulesets.values():
         os.close(fd)
@@ -821,22 +828,18 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
-            folder_fd = sandbox.open_no_links(os.path.join(real, folder), sandbox.O_PATH)
-            try:
+            path = os.path.join(real, folder)
+            with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-            finally:
-                os.close(folder_fd)
         if link is not None or top in GUARDED_FILES:
             continue
         with contextlib.suppress(OSError):
-            top_fd = sandbox.open_no_links(os.path.join(real, top), os.O_RDONLY | os.O_DIRECTORY)
-            try:
+            flags = os.O_RDONLY | os.O_DIRECTORY
+            with _closing(sandbox.open_no_links(os.path.join(real, top), flags)) as top_fd:
                 for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top_fd):
                     for file in files:
                         rel = os.path.normpath(f"{top}/{folder}/{file}")
                         _record_entry(state, rel, file, folder_fd)
-            finally:
-                os.close(top_fd)
     return state
 
 
@@ -930,12 +933,9 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
             os.symlink(os.fsdecode(data), name, dir_fd=fd)
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        out = os.open(name, flags, stat.S_IMODE(mode), dir_fd=fd)
-        try:
+        with _closing(os.open(name, flags, stat.S_IMODE(mode), dir_fd=fd)) as out:
             os.write(out, data)
             os.fchmod(out, stat.S_IMODE(mode))
-        finally:
-            os.close(out)
     finally:
         os.close(fd)
 
@@ -1198,14 +1198,12 @@ def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
     except OSError:
         # No versions yet, or versions/ is not a plain directory.
         return 0
-    try:
+    with _closing(versions):
         if not _prune_due(versions):
             return 0
         cutoff = time.time() - keep_days * 86_400
         _remove_old_shadows(Path(home) / "checkpoints", cutoff)
         return _remove_old_blobs(versions, cutoff)
-    finally:
-        os.close(versions)
 
 
 def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
@@ -1239,11 +1237,8 @@ def _prune_due(versions: int) -> bool:
         return False
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
     try:
-        fd = os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)
-        try:
+        with _closing(os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)) as fd:
             os.utime(fd)
-        finally:
-            os.close(fd)
     except OSError:
         # E.g. the marker is a symlink: prune nothing rather than follow it.
         return False
@@ -1580,26 +1575,21 @@ class Checkpoints:
         fd = _judged_folder(root, folder)
         if fd is None:
             return
-        try:
+        with _closing(fd), contextlib.suppress(FileNotFoundError):
             if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 # a folder where the step made a file: left alone
                 return
             os.unlink(name, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(fd)
         while folder:
             folder, name = os.path.split(folder)
             fd = _judged_folder(root, folder)
             if fd is None:
                 return
-            try:
-                os.rmdir(name, dir_fd=fd)
-            except OSError:
-                return
-            finally:
-                os.close(fd)
+            with _closing(fd):
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError:
+                    return
 
     def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
         folder, name = os.path.split(path)
@@ -1607,7 +1597,7 @@ class Checkpoints:
         fd = _judged_folder(root, folder, make=True)
         if fd is None:
             return "its folder now leads outside the project"
-        try:
+        with _closing(fd):
             try:
                 kind = stat.S_IFMT(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
             except FileNotFoundError:
@@ -1623,9 +1613,7 @@ class Checkpoints:
             self.workspace.write_file(root / path, data, [os.path.realpath(root)])
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             written = os.open(name, flags, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
+        with _closing(written):
             permissions = os.fstat(written).st_mode & 0o7777
             if mode == "100755":
                 # x wherever r is, as git checks out an executable
@@ -1633,8 +1621,6 @@ class Checkpoints:
             else:
                 permissions &= ~0o111
             os.fchmod(written, permissions)
-        finally:
-            os.close(written)
         return ""
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
@@ -2202,10 +2188,8 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
 
 def _listing(folder_fd: int, shown: str) -> ToolResult:
     """A directory for read (its descriptor, closed here): subdirectories first, then files."""
-    try:
+    with _closing(folder_fd):
         entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
-    finally:
-        os.close(folder_fd)
     names = [_one_line(entry.name + ("/" if entry.is_dir() else ""))
              for entry in entries[:LISTING_CAP]]
     text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
@@ -2281,13 +2265,11 @@ def _open_folder(folder: str) -> int:
         return sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
     except FileNotFoundError:
         parent_fd = _open_folder(os.path.dirname(folder))
-    try:
+    with _closing(parent_fd):
         with contextlib.suppress(FileExistsError):
             os.mkdir(os.path.basename(folder), dir_fd=parent_fd)
         flags = sandbox.O_PATH | os.O_DIRECTORY
         return sandbox.open_no_links(os.path.basename(folder), flags, dir_fd=parent_fd)
-    finally:
-        os.close(parent_fd)
 
 
 def _binary_kind(head: bytes, name: str) -> str | None:
@@ -3072,8 +3054,7 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     found = []
-    root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+    with _closing(ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)) as root_fd:
         if code == 0 and out:
             listed = [rel for rel in out.split("\0") if rel][:limit]
             return [rel for rel in listed if _plain_file(rel, root_fd)]
@@ -3085,8 +3066,6 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
                     found.append(os.path.normpath(f"{folder}/{name}"))
             if limit is not None and len(found) >= limit:
                 break
-    finally:
-        os.close(root_fd)
     return found[:limit]
 
 
@@ -3309,14 +3288,12 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
         folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise ws.refusal(target, exc) from None
-    try:
+    with _closing(folder_fd):
         if PLAIN_PATTERN.fullmatch(regex.pattern):
             # A literal cannot backtrack: no child (a fork costs milliseconds).
             hits = _grep_files(regex, folder_fd, rels)
         else:
             hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
-    finally:
-        os.close(folder_fd)
     if single:
         # Shown under the name it was asked by (a link's own name).
         hits = {target.name: lines for lines in hits.values()}
