@@ -852,13 +852,9 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
         if stat.S_ISLNK(info.st_mode):
             state[rel] = (info.st_mode, os.fsencode(os.readlink(name, dir_fd=folder_fd)))
         elif stat.S_ISREG(info.st_mode):
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-            with os.fdopen(os.open(name, flags, dir_fd=folder_fd), "rb") as handle:
-                found = os.fstat(handle.fileno())
-                if stat.S_ISREG(found.st_mode):
-                    data = handle.read(GUARD_FILE_CAP + 1)
-                    if len(data) <= GUARD_FILE_CAP:
-                        state[rel] = (found.st_mode, data)
+            data = _read_plain(name, GUARD_FILE_CAP, folder_fd)
+            if data is not None:
+                state[rel] = (info.st_mode, data)
         elif not stat.S_ISDIR(info.st_mode):
             # a fifo or a device: recorded as present, so that its appearing is seen
             state[rel] = (info.st_mode, b"")
@@ -1685,15 +1681,17 @@ def _read_ref(path: Path) -> str:
     return (_read_plain(path, REF_CAP_BYTES) or b"").decode(errors="replace").strip()
 
 
-def _read_plain(path: Path, cap: int) -> bytes | None:
+def _read_plain(path: Path | str, cap: int, folder_fd: int = sandbox.AT_FDCWD) -> bytes | None:
     """The bytes of a file a step could have replaced (the repository's HEAD, refs, index and
-    info/exclude; a file a rewind compares), None unless it is a regular file of at most `cap`
-    bytes: khaelor reads it outside the sandbox, so a link there is not followed (to a key that
-    a checkpoint would copy and a rewind write back), a FIFO not waited on, /dev/zero not read."""
+    info/exclude; a file a rewind compares; a guarded file, `path` then a name in `folder_fd`),
+    None unless it is a regular file of at most `cap` bytes: khaelor reads it outside the
+    sandbox, so a link there is not followed (to a key that a checkpoint would copy and a rewind
+    write back), a FIFO not waited on, /dev/zero not read."""
     try:
-        folder = os.path.realpath(path.parent)
-        fd = sandbox.open_no_links(os.path.join(folder, path.name),
-                                   os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        if folder_fd == sandbox.AT_FDCWD:
+            path = os.path.join(os.path.realpath(path.parent), path.name)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+        fd = sandbox.open_no_links(path, flags, dir_fd=folder_fd)
     except (OSError, ValueError):
         return None
     with os.fdopen(fd, "rb") as handle:
