@@ -1341,7 +1341,7 @@ class Checkpoints:
         repo = self.repository()
         root = repo.root if repo else self.workspace.cwd
         shadow = self.shadow(root)
-        self._prepare(shadow, repo)
+        self._prepare(shadow, root, repo)
         index = shadow / f"index.{os.getpid()}.{os.urandom(4).hex()}"
         try:
             payload = self._record(shadow, root, repo, index)
@@ -1403,12 +1403,11 @@ class Checkpoints:
             raise CheckpointError(f"`git {argv[0]}` failed in {shadow} (exit {code})")
         return out
 
-    def _prepare(self, shadow: Path, repo: Repository | None) -> None:
+    def _prepare(self, shadow: Path, root: Path, repo: Repository | None) -> None:
         """The shadow repository, made on first use (0700), borrowing the user's objects and taking
         their info/exclude, so what the user ignores stays out."""
         if not (shadow / "HEAD").exists():
             shadow.mkdir(mode=0o700, parents=True, exist_ok=True)
-            root = repo.root if repo else self.workspace.cwd
             # no template: no sample hooks, nothing that could run
             self.git(root, ["init", "--bare", "-q", "--template="])
             with open(shadow / "config", "a") as config:
@@ -2413,7 +2412,7 @@ def _unescape(text: str) -> str:
 
 def _indent(lines: list[str]) -> str:
     """The leading whitespace every non-blank line shares."""
-    heads = [line[:len(line) - len(line.lstrip())] for line in lines if line.strip()]
+    heads = [_leading_space(line) for line in lines if line.strip()]
     return os.path.commonprefix(heads) if heads else ""
 
 
