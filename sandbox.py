@@ -795,11 +795,8 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
             where[item[1]] = len(steps)
         else:
             steps.append(item)
-    code = []
-    for index, (op, k, *target) in enumerate(steps):
-        jump = where[target[0]] - index - 1 if target else 0
-        code.append((op, jump, 0, k))
-    return code
+    return [(op, where[target[0]] - index - 1 if target else 0, 0, k)
+            for index, (op, k, *target) in enumerate(steps)]
 
 
 @functools.cache

@@ -2037,10 +2037,8 @@ def _one_line(name: str) -> str:
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _kill_groups(pgids: set[int]) -> None:
