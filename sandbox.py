@@ -495,8 +495,7 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
-    for device in READABLE_DEVICES + TERMINAL_DEVICES:
-        grants.append((device, READ_DEVICE))
+    grants += [(device, READ_DEVICE) for device in READABLE_DEVICES + TERMINAL_DEVICES]
     grants += [("/dev", LIST_ONLY)]
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
@@ -796,11 +795,8 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
             where[item[1]] = len(steps)
         else:
             steps.append(item)
-    code = []
-    for index, (op, k, *target) in enumerate(steps):
-        jump = where[target[0]] - index - 1 if target else 0
-        code.append((op, jump, 0, k))
-    return code
+    return [(op, where[target[0]] - index - 1 if target else 0, 0, k)
+            for index, (op, k, *target) in enumerate(steps)]
 
 
 @functools.cache
@@ -1122,7 +1118,7 @@ def listening_ports(pgids: set[int]) -> set[int]:
     """TCP ports on which processes of these process groups listen: their socket inodes from
     /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
     inodes = set()
-    for pid in _pids_in_groups(pgids):
+    for pid in pids_in_groups(pgids):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
@@ -1149,7 +1145,8 @@ def listening_ports(pgids: set[int]) -> set[int]:
     return ports
 
 
-def _pids_in_groups(pgids: set[int]) -> list[int]:
+def pids_in_groups(pgids: set[int]) -> list[int]:
+    """Live processes (zombies left out: they hold nothing) of these process groups, from /proc."""
     if not pgids:
         return []
     pids = []
@@ -1161,7 +1158,7 @@ def _pids_in_groups(pgids: set[int]) -> list[int]:
                 fields = handle.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) in pgids:
+        if int(fields[2]) in pgids and fields[0] != b"Z":
             pids.append(int(entry.name))
     return pids
 

@@ -348,11 +348,7 @@ def card_of(name: str, tool_input: dict) -> dict:
         strings = [v for v in tool_input.values() if isinstance(v, str)]
         summary = strings[0] if strings else ""
         return {"summary": summary[:CARD_SUMMARY_CHARS], "output": "tail"}
-    parts = []
-    for prefix, key in view["card"]:
-        value = tool_input.get(key)
-        if value:
-            parts.append(f"{prefix}{value}")
+    parts = [f"{prefix}{tool_input[key]}" for prefix, key in view["card"] if tool_input.get(key)]
     summary = " ".join(parts)[:CARD_SUMMARY_CHARS]
     return {"summary": summary, "output": view["output"]}
 
@@ -524,7 +520,7 @@ class Workspace:
             folder_fd = _open_folder(folder)
         except OSError as exc:
             raise self.refusal(path, exc) from None
-        try:
+        with _closing(folder_fd):
             mode = self.file_mode(path, name, folder_fd)
             # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
             # would mean setting it, process-wide, while other threads may be creating files.
@@ -544,8 +540,6 @@ class Workspace:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=folder_fd)
                 raise
-        finally:
-            os.close(folder_fd)
 
     def file_mode(self, path: Path, name: str, folder_fd: int) -> int | None:
         """The permission bits of the regular file `name` in the folder, None when there is none."""
@@ -765,6 +759,15 @@ class Workspace:
         return [key for scope, key in pairs if scope in ("local", "worktree")]
 
 
+@contextlib.contextmanager
+def _closing(fd: int):
+    """A descriptor closed when the block ends, however it ends."""
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _close_all(rulesets: dict[tuple, int]) -> None:
     for fd in rulesets.values():
         os.close(fd)
@@ -825,22 +828,18 @@ def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
-            folder_fd = sandbox.open_no_links(os.path.join(real, folder), sandbox.O_PATH)
-            try:
+            path = os.path.join(real, folder)
+            with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-            finally:
-                os.close(folder_fd)
         if link is not None or top in GUARDED_FILES:
             continue
         with contextlib.suppress(OSError):
-            top_fd = sandbox.open_no_links(os.path.join(real, top), os.O_RDONLY | os.O_DIRECTORY)
-            try:
+            flags = os.O_RDONLY | os.O_DIRECTORY
+            with _closing(sandbox.open_no_links(os.path.join(real, top), flags)) as top_fd:
                 for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top_fd):
                     for file in files:
                         rel = os.path.normpath(f"{top}/{folder}/{file}")
                         _record_entry(state, rel, file, folder_fd)
-            finally:
-                os.close(top_fd)
     return state
 
 
@@ -853,13 +852,9 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
         if stat.S_ISLNK(info.st_mode):
             state[rel] = (info.st_mode, os.fsencode(os.readlink(name, dir_fd=folder_fd)))
         elif stat.S_ISREG(info.st_mode):
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-            with os.fdopen(os.open(name, flags, dir_fd=folder_fd), "rb") as handle:
-                found = os.fstat(handle.fileno())
-                if stat.S_ISREG(found.st_mode):
-                    data = handle.read(GUARD_FILE_CAP + 1)
-                    if len(data) <= GUARD_FILE_CAP:
-                        state[rel] = (found.st_mode, data)
+            data = _read_plain(name, GUARD_FILE_CAP, folder_fd)
+            if data is not None:
+                state[rel] = (info.st_mode, data)
         elif not stat.S_ISDIR(info.st_mode):
             # a fifo or a device: recorded as present, so that its appearing is seen
             state[rel] = (info.st_mode, b"")
@@ -870,11 +865,8 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
 def _first_link(project: Path, rel: str) -> str | None:
     """The first component of `rel` (under the project) that is a link, if one is."""
     parts = rel.split("/")
-    for n in range(1, len(parts) + 1):
-        prefix = "/".join(parts[:n])
-        if (project / prefix).is_symlink():
-            return prefix
-    return None
+    prefixes = ("/".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return next((prefix for prefix in prefixes if (project / prefix).is_symlink()), None)
 
 
 def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
@@ -937,12 +929,9 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
             os.symlink(os.fsdecode(data), name, dir_fd=fd)
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        out = os.open(name, flags, stat.S_IMODE(mode), dir_fd=fd)
-        try:
+        with _closing(os.open(name, flags, stat.S_IMODE(mode), dir_fd=fd)) as out:
             os.write(out, data)
             os.fchmod(out, stat.S_IMODE(mode))
-        finally:
-            os.close(out)
     finally:
         os.close(fd)
 
@@ -1098,15 +1087,12 @@ class Toolbox:
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
-        running = []
-        for process in self.processes.live():
-            running.append({
-                "process_id": process.process_id,
-                "pid": process.child.pid,
-                "command": process.command,
-                "runtime_s": process.runtime_s(),
-            })
-        return running
+        return [{
+            "process_id": process.process_id,
+            "pid": process.child.pid,
+            "command": process.command,
+            "runtime_s": process.runtime_s(),
+        } for process in self.processes.live()]
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
@@ -1208,14 +1194,12 @@ def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
     except OSError:
         # No versions yet, or versions/ is not a plain directory.
         return 0
-    try:
+    with _closing(versions):
         if not _prune_due(versions):
             return 0
         cutoff = time.time() - keep_days * 86_400
         _remove_old_shadows(Path(home) / "checkpoints", cutoff)
         return _remove_old_blobs(versions, cutoff)
-    finally:
-        os.close(versions)
 
 
 def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
@@ -1249,11 +1233,8 @@ def _prune_due(versions: int) -> bool:
         return False
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
     try:
-        fd = os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)
-        try:
+        with _closing(os.open(VERSIONS_PRUNE_MARKER, flags, 0o600, dir_fd=versions)) as fd:
             os.utime(fd)
-        finally:
-            os.close(fd)
     except OSError:
         # E.g. the marker is a symlink: prune nothing rather than follow it.
         return False
@@ -1360,7 +1341,7 @@ class Checkpoints:
         repo = self.repository()
         root = repo.root if repo else self.workspace.cwd
         shadow = self.shadow(root)
-        self._prepare(shadow, repo)
+        self._prepare(shadow, root, repo)
         index = shadow / f"index.{os.getpid()}.{os.urandom(4).hex()}"
         try:
             payload = self._record(shadow, root, repo, index)
@@ -1369,7 +1350,8 @@ class Checkpoints:
         if previous:
             changed = []
             if previous != payload["tree"]:
-                changed = self.changes(root, previous, payload["tree"])
+                entries = self.entries(root, previous, payload["tree"]).items()
+                changed = [[entry[4], path] for path, entry in entries]
             payload["n_changed"] = len(changed)
             payload["changed"] = changed[:CHECKPOINT_NAMES_CAP]
         return payload
@@ -1421,12 +1403,11 @@ class Checkpoints:
             raise CheckpointError(f"`git {argv[0]}` failed in {shadow} (exit {code})")
         return out
 
-    def _prepare(self, shadow: Path, repo: Repository | None) -> None:
+    def _prepare(self, shadow: Path, root: Path, repo: Repository | None) -> None:
         """The shadow repository, made on first use (0700), borrowing the user's objects and taking
         their info/exclude, so what the user ignores stays out."""
         if not (shadow / "HEAD").exists():
             shadow.mkdir(mode=0o700, parents=True, exist_ok=True)
-            root = repo.root if repo else self.workspace.cwd
             # no template: no sample hooks, nothing that could run
             self.git(root, ["init", "--bare", "-q", "--template="])
             with open(shadow / "config", "a") as config:
@@ -1499,22 +1480,17 @@ class Checkpoints:
             # e.g. a file it cannot read: add takes what it can
             self.git(root, ["add", "-A", "--ignore-errors", "--", "."], index)
 
-    def changes(self, root: Path, old: str, new: str) -> list[list[str]]:
-        """[[status, path]] between two trees: A added, D deleted, M changed, T type changed."""
-        argv = ["diff-tree", "-r", "-z", "--no-renames", "--name-status", old, new]
-        fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
-        return [[status, path] for status, path in zip(fields[::2], fields[1::2]) if path]
-
     def entries(self, root: Path, old: str, new: str) -> dict[str, tuple]:
-        """path -> (mode in old, oid in old, mode in new, oid in new) for the paths that differ."""
+        """path -> (mode in old, oid in old, mode in new, oid in new, status: A added, D deleted,
+        M changed, T type changed) for the paths that differ between two trees."""
         argv = ["diff-tree", "-r", "-z", "--no-renames", old, new]
         fields = self.git(root, argv).decode(errors="surrogateescape").split("\0")
         found = {}
         for head, path in zip(fields[::2], fields[1::2]):
             if not path:
                 continue
-            old_mode, new_mode, old_oid, new_oid, _ = head.lstrip(":").split(" ")
-            found[path] = (old_mode, old_oid, new_mode, new_oid)
+            old_mode, new_mode, old_oid, new_oid, status = head.lstrip(":").split(" ")
+            found[path] = (old_mode, old_oid, new_mode, new_oid, status)
         return found
 
     def plan(self, root: Path, target: str, overlay: dict[str, bytes], last: str,
@@ -1526,12 +1502,12 @@ class Checkpoints:
         agent = self.entries(root, target, last)
         user = self.entries(root, last, now)
         restores = []
-        for path, (mode, oid, last_mode, last_oid) in agent.items():
+        for path, (mode, oid, last_mode, last_oid, _) in agent.items():
             if path in overlay:
                 continue
             current = (last_mode, last_oid)
             if path in user:
-                current = user[path][2:]
+                current = user[path][2:4]
             if current != (mode, oid):
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
@@ -1594,26 +1570,21 @@ class Checkpoints:
         fd = _judged_folder(root, folder)
         if fd is None:
             return
-        try:
+        with _closing(fd), contextlib.suppress(FileNotFoundError):
             if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 # a folder where the step made a file: left alone
                 return
             os.unlink(name, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(fd)
         while folder:
             folder, name = os.path.split(folder)
             fd = _judged_folder(root, folder)
             if fd is None:
                 return
-            try:
-                os.rmdir(name, dir_fd=fd)
-            except OSError:
-                return
-            finally:
-                os.close(fd)
+            with _closing(fd):
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError:
+                    return
 
     def _write(self, root: Path, path: str, mode: str, data: bytes) -> str:
         folder, name = os.path.split(path)
@@ -1621,7 +1592,7 @@ class Checkpoints:
         fd = _judged_folder(root, folder, make=True)
         if fd is None:
             return "its folder now leads outside the project"
-        try:
+        with _closing(fd):
             try:
                 kind = stat.S_IFMT(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
             except FileNotFoundError:
@@ -1637,9 +1608,7 @@ class Checkpoints:
             self.workspace.write_file(root / path, data, [os.path.realpath(root)])
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             written = os.open(name, flags, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
+        with _closing(written):
             permissions = os.fstat(written).st_mode & 0o7777
             if mode == "100755":
                 # x wherever r is, as git checks out an executable
@@ -1647,8 +1616,6 @@ class Checkpoints:
             else:
                 permissions &= ~0o111
             os.fchmod(written, permissions)
-        finally:
-            os.close(written)
         return ""
 
     def restore_head(self, repo: Repository, recorded: dict) -> None:
@@ -1691,18 +1658,13 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
     """(the commit HEAD names, read from the files refs live in (loose, else packed-refs), ""
     when that does not tell (no commit yet, another ref store: git is asked then); its branch,
     "" when detached)."""
-    head = _read_plain(git_dir / "HEAD", REF_CAP_BYTES)
-    if head is None:
-        return "", ""
-    ref = head.decode(errors="replace").strip().removeprefix("ref: ")
+    ref = _read_ref(git_dir / "HEAD").removeprefix("ref: ")
     head = ref
     branch = ""
     if ref.startswith("refs/heads/"):
         branch = ref.removeprefix("refs/heads/")
-        loose = _read_plain(common_dir / ref, REF_CAP_BYTES)
-        if loose is not None:
-            head = loose.decode(errors="replace").strip()
-        else:
+        head = _read_ref(common_dir / ref)
+        if not head:
             packed = _read_plain(common_dir / "packed-refs", READ_FILE_CAP_BYTES) or b""
             found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed.decode(errors="replace"),
                               re.M)
@@ -1712,15 +1674,23 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
     return head, branch
 
 
-def _read_plain(path: Path, cap: int) -> bytes | None:
+def _read_ref(path: Path) -> str:
+    """A small file of git's (HEAD, a loose ref, a gitdir or commondir pointer) as stripped text;
+    "" unless it is a regular file of at most REF_CAP_BYTES."""
+    return (_read_plain(path, REF_CAP_BYTES) or b"").decode(errors="replace").strip()
+
+
+def _read_plain(path: Path | str, cap: int, folder_fd: int = sandbox.AT_FDCWD) -> bytes | None:
     """The bytes of a file a step could have replaced (the repository's HEAD, refs, index and
-    info/exclude; a file a rewind compares), None unless it is a regular file of at most `cap`
-    bytes: khaelor reads it outside the sandbox, so a link there is not followed (to a key that
-    a checkpoint would copy and a rewind write back), a FIFO not waited on, /dev/zero not read."""
+    info/exclude; a file a rewind compares; a guarded file, `path` then a name in `folder_fd`),
+    None unless it is a regular file of at most `cap` bytes: khaelor reads it outside the
+    sandbox, so a link there is not followed (to a key that a checkpoint would copy and a rewind
+    write back), a FIFO not waited on, /dev/zero not read."""
     try:
-        folder = os.path.realpath(path.parent)
-        fd = sandbox.open_no_links(os.path.join(folder, path.name),
-                                   os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        if folder_fd == sandbox.AT_FDCWD:
+            path = os.path.join(os.path.realpath(path.parent), path.name)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+        fd = sandbox.open_no_links(path, flags, dir_fd=folder_fd)
     except (OSError, ValueError):
         return None
     with os.fdopen(fd, "rb") as handle:
@@ -1748,12 +1718,9 @@ def _git_stall(cwd: Path, own_repository: bool = False) -> str:
         git_dir = top / ".git"
         if git_dir.is_file():
             # a linked worktree or a submodule: "gitdir: <path>"
-            pointer = _read_plain(git_dir, REF_CAP_BYTES) or b""
-            git_dir = top / pointer.decode(errors="replace").strip().removeprefix("gitdir: ")
-        common = git_dir / (_read_plain(git_dir / "commondir", REF_CAP_BYTES) or b".").decode(
-            errors="replace").strip()
-        head = (_read_plain(git_dir / "HEAD", REF_CAP_BYTES) or b"").decode(errors="replace")
-        ref = head.strip().removeprefix("ref: ")
+            git_dir = top / _read_ref(git_dir).removeprefix("gitdir: ")
+        common = git_dir / (_read_ref(git_dir / "commondir") or ".")
+        ref = _read_ref(git_dir / "HEAD").removeprefix("ref: ")
         suspects += [git_dir / name for name in GIT_DIR_OPENS]
         suspects += [common / name for name in GIT_COMMON_OPENS]
         if ref.startswith("refs/") and ".." not in ref:
@@ -1834,13 +1801,9 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         else:
             args[key] = value
-    missing = []
-    for key in required:
-        # A required key already reported (wrong type, bad value) is not also "missing".
-        reported = any(f"'{key}'" in problem for problem in problems)
-        if key not in args and not reported:
-            missing.append(f"missing required parameter '{key}'")
-    problems += missing
+    # A required key already reported (wrong type, bad value) is not also "missing".
+    problems += [f"missing required parameter '{key}'" for key in required
+                 if key not in args and not any(f"'{key}'" in problem for problem in problems)]
     if not problems:
         return args, None
     name = schema["name"]
@@ -1859,11 +1822,8 @@ def _unknown_parameter(key: str, props: dict) -> str:
 
 def _signature(props: dict, required: list[str]) -> str:
     """A tool's parameters as `name: type`, with `?` after the optional ones."""
-    parts = []
-    for key, prop in props.items():
-        optional = "" if key in required else "?"
-        parts.append(f"{key}{optional}: {prop['type']}")
-    return ", ".join(parts)
+    return ", ".join(f"{key}{'' if key in required else '?'}: {prop['type']}"
+                     for key, prop in props.items())
 
 
 JSON_TYPE_NAMES = {
@@ -1959,11 +1919,8 @@ class _Spool:
 
 def _prune_spill(spill_dir: Path) -> None:
     """Keep the spill folder under its cap (room left for one more file), the oldest going first."""
-    files = []
-    for entry in os.scandir(spill_dir):
-        if entry.is_file():
-            files.append((entry.stat().st_mtime, entry.stat().st_size, entry.path))
-    files.sort()
+    files = sorted((entry.stat().st_mtime, entry.stat().st_size, entry.path)
+                   for entry in os.scandir(spill_dir) if entry.is_file())
     total = sum(size for _, size, _ in files)
     for _, size, path in files:
         if total <= SPILL_DIR_CAP_BYTES - SPILL_FILE_CAP_BYTES:
@@ -2080,10 +2037,8 @@ def _one_line(name: str) -> str:
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _kill_groups(pgids: set[int]) -> None:
@@ -2100,17 +2055,7 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    if not os.path.isdir("/proc"):
-        return True
-    for entry in os.scandir("/proc"):
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+    return not os.path.isdir("/proc") or bool(sandbox.pids_in_groups({pgid}))
 
 
 async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
@@ -2238,14 +2183,10 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
 
 def _listing(folder_fd: int, shown: str) -> ToolResult:
     """A directory for read (its descriptor, closed here): subdirectories first, then files."""
-    try:
+    with _closing(folder_fd):
         entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
-    finally:
-        os.close(folder_fd)
-    names = []
-    for entry in entries[:LISTING_CAP]:
-        suffix = "/" if entry.is_dir() else ""
-        names.append(_one_line(entry.name + suffix))
+    names = [_one_line(entry.name + ("/" if entry.is_dir() else ""))
+             for entry in entries[:LISTING_CAP]]
     text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
     if len(entries) > LISTING_CAP:
         text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
@@ -2319,23 +2260,17 @@ def _open_folder(folder: str) -> int:
         return sandbox.open_no_links(folder, sandbox.O_PATH | os.O_DIRECTORY)
     except FileNotFoundError:
         parent_fd = _open_folder(os.path.dirname(folder))
-    try:
+    with _closing(parent_fd):
         with contextlib.suppress(FileExistsError):
             os.mkdir(os.path.basename(folder), dir_fd=parent_fd)
         flags = sandbox.O_PATH | os.O_DIRECTORY
         return sandbox.open_no_links(os.path.basename(folder), flags, dir_fd=parent_fd)
-    finally:
-        os.close(parent_fd)
 
 
 def _binary_kind(head: bytes, name: str) -> str | None:
     """What a file is if its head says binary: a magic number, a NUL, or many control bytes (8-bit
     text passes). None: text."""
-    kind = None
-    for magic, what in MAGIC:
-        if head.startswith(magic):
-            kind = what
-            break
+    kind = next((what for magic, what in MAGIC if head.startswith(magic)), None)
     n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
     looks_binary = b"\0" in head or n_control > len(head) // 10
     if kind is None and not looks_binary:
@@ -2475,7 +2410,7 @@ def _unescape(text: str) -> str:
 
 def _indent(lines: list[str]) -> str:
     """The leading whitespace every non-blank line shares."""
-    heads = [line[:len(line) - len(line.lstrip())] for line in lines if line.strip()]
+    heads = [_leading_space(line) for line in lines if line.strip()]
     return os.path.commonprefix(heads) if heads else ""
 
 
@@ -2533,10 +2468,8 @@ class _Haystack:
 
     def find_trimmed(self, wanted: str, start: int) -> int | None:
         """The index of the first line from `start` on that is `wanted` once trimmed."""
-        for index in range(start, len(self.lines)):
-            if self.trimmed[index] == wanted:
-                return index
-        return None
+        lines = range(start, len(self.lines))
+        return next((index for index in lines if self.trimmed[index] == wanted), None)
 
     def exact(self, old: str) -> list[Span]:
         spans = []
@@ -2552,11 +2485,8 @@ class _Haystack:
         whose first line is `first` once trimmed, if given: a cheap pre-filter), as whole lines, or
         (not `whole`) without the first's indentation, which new_string then keeps."""
         span = self.span if whole else self.text_span
-        spans = []
-        for i in range(len(self.lines) - size + 1):
-            if (first is None or self.trimmed[i] == first) and same(self.lines[i:i + size]):
-                spans.append(span(i, i + size - 1))
-        return spans
+        return [span(i, i + size - 1) for i in range(len(self.lines) - size + 1)
+                if (first is None or self.trimmed[i] == first) and same(self.lines[i:i + size])]
 
     def line_blocks(self, old: str, same: LinesCheck) -> list[Span]:
         """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
@@ -2661,9 +2591,7 @@ class _Haystack:
         """replace_all over fuzzy matches: what whitespace-tolerant strategies find, no overlaps."""
         finders = (self.line_trimmed, self.whitespace_normalized,
                    self.indentation_flexible, self.trimmed_boundary)
-        found = set()
-        for finder in finders:
-            found.update(finder(old))
+        found = set().union(*(finder(old) for finder in finders))
         # Left to right; of two that start together, the longer first.
         ordered = sorted(found, key=lambda span: (span[0], -span[1]))
         spans: list[Span] = []
@@ -2850,11 +2778,8 @@ def _line_list(numbers: list[int]) -> str:
 
 def _overlapping(spans: list[Span], others: list[Span]) -> list[Span]:
     """The spans that overlap one of the others."""
-    kept = []
-    for start, end in spans:
-        if any(start < other_end and other_start < end for other_start, other_end in others):
-            kept.append((start, end))
-    return kept
+    return [(start, end) for start, end in spans
+            if any(start < other_end and other_start < end for other_start, other_end in others)]
 
 
 def _disproportionate(hay: _Haystack, span: Span, old: str) -> bool:
@@ -3124,8 +3049,7 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
     argv = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
     code, out = ws.capture(argv, cwd=root)
     found = []
-    root_fd = ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+    with _closing(ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)) as root_fd:
         if code == 0 and out:
             listed = [rel for rel in out.split("\0") if rel][:limit]
             return [rel for rel in listed if _plain_file(rel, root_fd)]
@@ -3137,8 +3061,6 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
                     found.append(os.path.normpath(f"{folder}/{name}"))
             if limit is not None and len(found) >= limit:
                 break
-    finally:
-        os.close(root_fd)
     return found[:limit]
 
 
@@ -3361,14 +3283,12 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
         folder_fd = sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise ws.refusal(target, exc) from None
-    try:
+    with _closing(folder_fd):
         if PLAIN_PATTERN.fullmatch(regex.pattern):
             # A literal cannot backtrack: no child (a fork costs milliseconds).
             hits = _grep_files(regex, folder_fd, rels)
         else:
             hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
-    finally:
-        os.close(folder_fd)
     if single:
         # Shown under the name it was asked by (a link's own name).
         hits = {target.name: lines for lines in hits.values()}
@@ -3801,10 +3721,8 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
 
 
 def _process_list(procs: _Processes) -> ToolResult:
-    rows = []
-    for p in procs.items.values():
-        rows.append(f"{p.process_id}  {p.status()}  pid {p.child.pid}  "
-                    f"{p.runtime_s():g} s  {p.command}")
+    rows = [f"{p.process_id}  {p.status()}  pid {p.child.pid}  {p.runtime_s():g} s  {p.command}"
+            for p in procs.items.values()]
     if not rows:
         text = "No background processes. Start one with process action \"start\"."
         return ToolResult(text, meta={"count": 0})
