@@ -93,12 +93,12 @@ class Program(NamedTuple):
     # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
-    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), disk and
-    # power (the floor's)
+    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), data (every
+    # word is data: echo, test), disk and power (the floor's)
     kinds: str = ""
-    # read: the options that keep it read-only (see below) or "*" (it treats every word as data);
-    # wrapper: its options that take a value
-    options: tuple[str, str] | str = ("", "")
+    # read: the options that keep it read-only; wrapper: its options that take a value (both
+    # written as below: "n:" and "lines=" take a value)
+    options: tuple[str, str] = ("", "")
     # the subcommands that download or publish, comma-separated ("" among them: the bare command);
     # "*": it always reaches the network (curl, `git push`)
     network: str = ""
@@ -113,6 +113,20 @@ class Program(NamedTuple):
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds.split()
+
+    def takes_value(self, option: str) -> bool:
+        """Whether option ("-n", "--lines", as _parse names it) takes a value."""
+        short, longs = self.options
+        if option.startswith("--"):
+            return option[2:] + "=" in longs.split() and option[2:] not in longs.split()
+        return option[1:] + ":" in short
+
+    def lists(self, option: str) -> bool:
+        """Whether option is among the row's options."""
+        short, longs = self.options
+        if option.startswith("--"):
+            return option[2:] in {e.rstrip("=") for e in longs.split()}
+        return option[1] in short.replace(":", "")
 
 
 def _each(names: str, row: Program, prefix: str = "") -> dict[str, Program]:
@@ -183,7 +197,7 @@ POLICY: dict[str, Program] = {
         bytes chars lines words max-line-length total=""")),
     "pwd": Program("read", ("LP", "")),
     **_each("whoami cksum rev sleep numfmt", Program("read", ("", ""))),
-    **_each("true false test [ echo", Program("read", "*")),
+    **_each("true false test [ echo", Program("read data")),
     "which": Program("read", ("as", "all")),
     "type": Program("read", ("afptP", "")),
     "id": Program("read", ("gGnruzZ", """
@@ -379,40 +393,37 @@ POLICY: dict[str, Program] = {
     "poetry": Program("installer", network="add,install,update", arity=2),
     "composer": Program("installer", network="install,require,update", arity=2),
     **_each("aws gcloud az", Program(network=",", arity=3)),
-    "sudo": Program("wrapper runner exact", """
-        --chdir --close-from --group --host --prompt --role --type --user -C -D -T -U -g -h
-        -p -r -t -u"""),
-    "doas": Program("wrapper runner exact", "-C -u"),
-    "pkexec": Program("wrapper", "--user"),
-    "run0": Program("wrapper", "--user -u"),
-    "runuser": Program("wrapper shell", "--group --supp-group --user -G -g -u"),
-    "setpriv": Program("wrapper", """
-        --ambient-caps --bounding-set --groups --inh-caps --regid --reuid --securebits
-        --selinux-label"""),
-    "chroot": Program("wrapper", "--groups --userspec", skip=1),
-    "unshare": Program("wrapper", "--setgid --setuid -G -S"),
+    "sudo": Program("wrapper runner exact", ("C:D:T:U:g:h:p:r:t:u:", """
+        chdir= close-from= group= host= prompt= role= type= user=""")),
+    "doas": Program("wrapper runner exact", ("C:u:", "")),
+    "pkexec": Program("wrapper", ("", "user=")),
+    "run0": Program("wrapper", ("u:", "user=")),
+    "runuser": Program("wrapper shell", ("G:g:u:", "group= supp-group= user=")),
+    "setpriv": Program("wrapper", ("", """
+        ambient-caps= bounding-set= groups= inh-caps= regid= reuid= securebits= selinux-label=""")),
+    "chroot": Program("wrapper", ("", "groups= userspec="), skip=1),
+    "unshare": Program("wrapper", ("G:S:", "setgid= setuid=")),
     **_each("""
         firejail setsid nohup caffeinate unbuffer command builtin torsocks""",
-            Program("wrapper", "")),
-    "env": Program("wrapper exact", "--chdir --split-string --unset -C -S -u"),
-    "nice": Program("wrapper", "--adjustment -n"),
-    "ionice": Program("wrapper", "-c -n -p -t"),
-    "taskset": Program("wrapper", "", skip=1),
-    "chrt": Program("wrapper", "", skip=1),
-    "stdbuf": Program("wrapper", "-e -i -o"),
-    "timeout": Program("wrapper", "--kill-after --signal -k -s", skip=1),
-    "time": Program("wrapper", "--format --output -f -o"),
-    "watch": Program("wrapper", "--interval -d -n"),
-    "flock": Program("wrapper", "-E -w", skip=1),
-    "systemd-run": Program("wrapper", "--property --unit -p -u"),
-    "exec": Program("wrapper exact", "-a"),
-    "busybox": Program("wrapper runner", ""),
-    "strace": Program("wrapper", "-E -e -o -p -s -u"),
-    "ltrace": Program("wrapper", "-e -o -p -u"),
-    "proxychains": Program("wrapper", "-f"),
-    "xargs": Program("wrapper runner exact", """
-        --max-args --max-procs -E -I -L -P -a -d -i -n -s"""),
-    "parallel": Program("wrapper runner", "-j"),
+            Program("wrapper")),
+    "env": Program("wrapper exact", ("C:S:u:", "chdir= split-string= unset=")),
+    "nice": Program("wrapper", ("n:", "adjustment=")),
+    "ionice": Program("wrapper", ("c:n:p:t:", "")),
+    "taskset": Program("wrapper", skip=1),
+    "chrt": Program("wrapper", skip=1),
+    "stdbuf": Program("wrapper", ("e:i:o:", "")),
+    "timeout": Program("wrapper", ("k:s:", "kill-after= signal="), skip=1),
+    "time": Program("wrapper", ("f:o:", "format= output=")),
+    "watch": Program("wrapper", ("d:n:", "interval=")),
+    "flock": Program("wrapper", ("E:w:", ""), skip=1),
+    "systemd-run": Program("wrapper", ("p:u:", "property= unit=")),
+    "exec": Program("wrapper exact", ("a:", "")),
+    "busybox": Program("wrapper runner"),
+    "strace": Program("wrapper", ("E:e:o:p:s:u:", "")),
+    "ltrace": Program("wrapper", ("e:o:p:u:", "")),
+    "proxychains": Program("wrapper", ("f:", "")),
+    "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:i:n:s:", "max-args= max-procs=")),
+    "parallel": Program("wrapper runner", ("j:", "")),
     **_each("mksh csh ksh ash tcsh script", Program("shell")),
     "su": Program("shell runner exact"),
     **_each("fish sh zsh dash bash", Program("shell exact")),
@@ -1929,7 +1940,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if own:
         return (f"{name} would run the project's own {own} "
                 "(a directory of the project is on PATH)")
-    if row.options == "*":
+    if row.has("data"):
         return None
     problem, positional, values = _options_problem(name, args, row)
     if problem:
@@ -2045,24 +2056,9 @@ def _options_problem(name: str, args: tuple[str, ...], row: Program):
     option counts only spelled out: the program expands an abbreviation among all its options,
     listed or not (sort --comp is --compress-program). A value given as the next word must not
     look like an option."""
-    short, long_text = row.options
-    # "n:" takes a value: each letter right before a colon
-    takes = {"-" + short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
-    letters = set(short.replace(":", ""))
-    longs = long_text.split()
-
-    def takes_value(option: str) -> bool:
-        if option.startswith("--"):
-            return option[2:] + "=" in longs and option[2:] not in longs
-        return option in takes
-
-    options, positional, _ = _parse(args, takes_value, numeric=row.has("counts"))
+    options, positional, _ = _parse(args, row.takes_value, numeric=row.has("counts"))
     for option in options:
-        if option.name.startswith("--"):
-            listed = option.name[2:] in {e.rstrip("=") for e in longs}
-        else:
-            listed = option.name[1] in letters
-        if not listed:
+        if not row.lists(option.name):
             problem = f"{name}: the option {option.name} is not on its read-only list"
             return problem, positional, []
         # (a long option's value may not even be "-"; a short one's may: stdin)
@@ -2489,11 +2485,9 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
-    takes = set(_row(name).options.split())
-
     def takes_value(option: str) -> bool:
         split_string = name == "env" and _abbreviates(option, "split-string")
-        return option in takes or split_string
+        return _row(name).takes_value(option) or split_string
 
     k = 0
     while True:
