@@ -1366,13 +1366,9 @@ def _path_request(path_text: str, base: str, root: str,
     `..` and symlinks, so a link inside the project that points out of it is
     outside."""
     writes = capability == FILE_WRITE
-    try:
-        expanded = os.path.expanduser(path_text)
-        resolved = os.path.realpath(os.path.join(base, expanded))
-    except (ValueError, OSError):
-        # an embedded NUL and the like: nowhere we can vouch for
-        return _Request(OUTSIDE, path_text, None,
-                        writes=writes)
+    resolved = _word_path(path_text, base)
+    if not resolved:
+        return _Request(OUTSIDE, path_text, None, writes=writes)
     under_root = root.rstrip(os.sep) + os.sep
     if resolved != root and not resolved.startswith(under_root):
         secret = sandbox.is_secret_path(resolved, os.path.expanduser("~"))
@@ -1387,6 +1383,15 @@ def _path_request(path_text: str, base: str, root: str,
                         path=resolved)
     return _Request(capability, subject, _escape(subject), secret=secret,
                     path=resolved)
+
+
+def _word_path(word: str, cwd: str) -> str:
+    """word (relative to cwd) resolved, or "" for an embedded NUL and the like: nowhere we can
+    vouch for."""
+    try:
+        return os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
+    except (ValueError, OSError):
+        return ""
 
 
 def _wildcard_base(target: str, cwd: str) -> str | None:
@@ -2268,13 +2273,6 @@ def _state_write(writing: list[_Part]) -> str | None:
             if why:
                 return why
     return None
-
-
-def _word_path(word: str, cwd: str) -> str:
-    try:
-        return os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
-    except (ValueError, OSError):
-        return ""
 
 
 # ---------------------------------------------------- bash: the hardline floor
