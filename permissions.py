@@ -2186,51 +2186,48 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     # (after --, -n is a path: git clean -fdx -- -n . deletes)
     options, plain = _operands(("git", *rest))
 
-    def has(*longs: str, short: str = "") -> bool:
-        return _has(options, *longs, short=short)
-
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
         return (f"git config {aliasing[0]} defines what a later git "
                 "command runs")
-    if sub == "reset" and has("--hard", "--merge", "--keep"):
+    if sub == "reset" and _has(options, "--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
-    if sub == "clean" and not has("--dry-run", short="n"):
-        if has(short="xX"):
+    if sub == "clean" and not _has(options, "--dry-run", short="n"):
+        if _has(options, short="xX"):
             return "git clean -x deletes ignored files, which no checkpoint holds"
         return "git clean deletes untracked files"
     if sub == "push":
-        forced = has("--force", "--force-with-lease", "--mirror", "--delete",
-                     "--prune", short="fd")
+        forced = _has(options, "--force", "--force-with-lease", "--mirror", "--delete",
+                      "--prune", short="fd")
         # a refspec +main forces, :main deletes
         forced_refspec = any(a.startswith(("+", ":")) for a in plain)
         if forced or forced_refspec:
             return ("a forced push (or a deletion) rewrites "
                     "the remote's history")
     if sub == "checkout":
-        forced = "--" in rest or has("--force", short="f")
+        forced = "--" in rest or _has(options, "--force", short="f")
         paths = [a for a in plain if a == "." or a.startswith(":")
                  or os.path.exists(os.path.join(cwd, a))]
         if forced or len(plain) >= 2 or paths:
             return "git checkout over paths discards uncommitted changes"
     if sub == "restore":
-        worktree = has("--worktree", short="W")
-        if worktree or not has("--staged", short="S"):
+        worktree = _has(options, "--worktree", short="W")
+        if worktree or not _has(options, "--staged", short="S"):
             return "git restore discards uncommitted changes"
-    if sub == "rm" and not has("--cached"):
-        if has("--force", short="f") or "." in plain:
+    if sub == "rm" and not _has(options, "--cached"):
+        if _has(options, "--force", short="f") or "." in plain:
             return "git rm -f deletes files with their uncommitted changes"
     if sub == "stash" and {"drop", "clear"} & set(plain):
         return "git stash drop/clear deletes stashed work"
     if sub == "branch":
-        deletes = has("--delete", short="d")
-        if has(short="D") or (deletes and has("--force", short="f")):
+        deletes = _has(options, "--delete", short="d")
+        if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
             return "git branch -D deletes an unmerged branch"
     if sub in ("filter-branch", "filter-repo"):
         return f"git {sub} rewrites history"
     if sub == "reflog" and {"expire", "delete"} & set(plain):
         return f"git {sub} rewrites history"
-    if sub == "switch" and has("--discard-changes", "--force", short="f"):
+    if sub == "switch" and _has(options, "--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
     # a git command this policy knows by name is not an alias (git lfs, svn and send-email are
     # installed apart from git: where one is missing, an alias of its name runs)
