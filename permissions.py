@@ -2764,16 +2764,36 @@ def _brace_expand(word: str) -> list[str]:
 def _shell_scripts(core: tuple[str, ...], redirects,
                    stdin_text: str | None) -> list[str]:
     """What a shell runs: its -c argument, else a heredoc, here-string or piped
-    text we know."""
+    text we know. Both readings of -c count: the word after it (fish's -c CMD) and bash's
+    command, the first word after all the options (bash -c -e CMD, -oc errexit CMD, -c -- CMD)."""
     for i, word in enumerate(core[1:], 1):
         # -c, or a cluster of short options holding it (-lc)
         short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
         if short_c and i < len(core) - 1:
+            operand = _shell_operand(core)
+            if operand > i + 1 and operand < len(core):
+                return [core[i + 1], core[operand]]
             return [core[i + 1]]
     fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
     if fed:
         return fed
     return [stdin_text] if stdin_text else []
+
+
+def _shell_operand(core: tuple[str, ...]) -> int:
+    """Where a shell's first word after its options is, as bash reads them: -o and -O (+o, +O)
+    take the next word, as do --rcfile and --init-file; - and -- end the options."""
+    k = 1
+    while k < len(core) and core[k][:1] in ("-", "+"):
+        word = core[k]
+        k += 1
+        if word in ("-", "--"):
+            break
+        if word[1:2] == "-":
+            k += word in ("--rcfile", "--init-file")
+        else:
+            k += word.count("o") + word.count("O")
+    return k
 
 
 def _printed(words: list[str]) -> str | None:
