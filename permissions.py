@@ -93,12 +93,12 @@ class Program(NamedTuple):
     # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
-    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), disk and
-    # power (the floor's)
+    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), data (every
+    # word is data: echo, test), disk and power (the floor's)
     kinds: str = ""
-    # read: the options that keep it read-only (see below) or "*" (it treats every word as data);
-    # wrapper: its options that take a value
-    options: tuple[str, str] | str = ("", "")
+    # read: the options that keep it read-only; wrapper: its options that take a value (both
+    # written as below: "n:" and "lines=" take a value)
+    options: tuple[str, str] = ("", "")
     # the subcommands that download or publish, comma-separated ("" among them: the bare command);
     # "*": it always reaches the network (curl, `git push`)
     network: str = ""
@@ -113,6 +113,20 @@ class Program(NamedTuple):
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds.split()
+
+    def takes_value(self, option: str) -> bool:
+        """Whether option ("-n", "--lines", as _parse names it) takes a value."""
+        short, longs = self.options
+        if option.startswith("--"):
+            return option[2:] + "=" in longs.split() and option[2:] not in longs.split()
+        return option[1:] + ":" in short
+
+    def lists(self, option: str) -> bool:
+        """Whether option is among the row's options."""
+        short, longs = self.options
+        if option.startswith("--"):
+            return option[2:] in {e.rstrip("=") for e in longs.split()}
+        return option[1] in short.replace(":", "")
 
 
 def _each(names: str, row: Program, prefix: str = "") -> dict[str, Program]:
@@ -183,7 +197,7 @@ POLICY: dict[str, Program] = {
         bytes chars lines words max-line-length total=""")),
     "pwd": Program("read", ("LP", "")),
     **_each("whoami cksum rev sleep numfmt", Program("read", ("", ""))),
-    **_each("true false test [ echo", Program("read", "*")),
+    **_each("true false test [ echo", Program("read data")),
     "which": Program("read", ("as", "all")),
     "type": Program("read", ("afptP", "")),
     "id": Program("read", ("gGnruzZ", """
@@ -379,40 +393,37 @@ POLICY: dict[str, Program] = {
     "poetry": Program("installer", network="add,install,update", arity=2),
     "composer": Program("installer", network="install,require,update", arity=2),
     **_each("aws gcloud az", Program(network=",", arity=3)),
-    "sudo": Program("wrapper runner exact", """
-        --chdir --close-from --group --host --prompt --role --type --user -C -D -T -U -g -h
-        -p -r -t -u"""),
-    "doas": Program("wrapper runner exact", "-C -u"),
-    "pkexec": Program("wrapper", "--user"),
-    "run0": Program("wrapper", "--user -u"),
-    "runuser": Program("wrapper shell", "--group --supp-group --user -G -g -u"),
-    "setpriv": Program("wrapper", """
-        --ambient-caps --bounding-set --groups --inh-caps --regid --reuid --securebits
-        --selinux-label"""),
-    "chroot": Program("wrapper", "--groups --userspec", skip=1),
-    "unshare": Program("wrapper", "--setgid --setuid -G -S"),
+    "sudo": Program("wrapper runner exact", ("C:D:T:U:g:h:p:r:t:u:", """
+        chdir= close-from= group= host= prompt= role= type= user=""")),
+    "doas": Program("wrapper runner exact", ("C:u:", "")),
+    "pkexec": Program("wrapper", ("", "user=")),
+    "run0": Program("wrapper", ("u:", "user=")),
+    "runuser": Program("wrapper shell", ("G:g:u:", "group= supp-group= user=")),
+    "setpriv": Program("wrapper", ("", """
+        ambient-caps= bounding-set= groups= inh-caps= regid= reuid= securebits= selinux-label=""")),
+    "chroot": Program("wrapper", ("", "groups= userspec="), skip=1),
+    "unshare": Program("wrapper", ("G:S:", "setgid= setuid=")),
     **_each("""
         firejail setsid nohup caffeinate unbuffer command builtin torsocks""",
-            Program("wrapper", "")),
-    "env": Program("wrapper exact", "--chdir --split-string --unset -C -S -u"),
-    "nice": Program("wrapper", "--adjustment -n"),
-    "ionice": Program("wrapper", "-c -n -p -t"),
-    "taskset": Program("wrapper", "", skip=1),
-    "chrt": Program("wrapper", "", skip=1),
-    "stdbuf": Program("wrapper", "-e -i -o"),
-    "timeout": Program("wrapper", "--kill-after --signal -k -s", skip=1),
-    "time": Program("wrapper", "--format --output -f -o"),
-    "watch": Program("wrapper", "--interval -d -n"),
-    "flock": Program("wrapper", "-E -w", skip=1),
-    "systemd-run": Program("wrapper", "--property --unit -p -u"),
-    "exec": Program("wrapper exact", "-a"),
-    "busybox": Program("wrapper runner", ""),
-    "strace": Program("wrapper", "-E -e -o -p -s -u"),
-    "ltrace": Program("wrapper", "-e -o -p -u"),
-    "proxychains": Program("wrapper", "-f"),
-    "xargs": Program("wrapper runner exact", """
-        --max-args --max-procs -E -I -L -P -a -d -i -n -s"""),
-    "parallel": Program("wrapper runner", "-j"),
+            Program("wrapper")),
+    "env": Program("wrapper exact", ("C:S:u:", "chdir= split-string= unset=")),
+    "nice": Program("wrapper", ("n:", "adjustment=")),
+    "ionice": Program("wrapper", ("c:n:p:t:", "")),
+    "taskset": Program("wrapper", skip=1),
+    "chrt": Program("wrapper", skip=1),
+    "stdbuf": Program("wrapper", ("e:i:o:", "")),
+    "timeout": Program("wrapper", ("k:s:", "kill-after= signal="), skip=1),
+    "time": Program("wrapper", ("f:o:", "format= output=")),
+    "watch": Program("wrapper", ("d:n:", "interval=")),
+    "flock": Program("wrapper", ("E:w:", ""), skip=1),
+    "systemd-run": Program("wrapper", ("p:u:", "property= unit=")),
+    "exec": Program("wrapper exact", ("a:", "")),
+    "busybox": Program("wrapper runner"),
+    "strace": Program("wrapper", ("E:e:o:p:s:u:", "")),
+    "ltrace": Program("wrapper", ("e:o:p:u:", "")),
+    "proxychains": Program("wrapper", ("f:", "")),
+    "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:i:n:s:", "max-args= max-procs=")),
+    "parallel": Program("wrapper runner", ("j:", "")),
     **_each("mksh csh ksh ash tcsh script", Program("shell")),
     "su": Program("shell runner exact"),
     **_each("fish sh zsh dash bash", Program("shell exact")),
@@ -1355,13 +1366,9 @@ def _path_request(path_text: str, base: str, root: str,
     `..` and symlinks, so a link inside the project that points out of it is
     outside."""
     writes = capability == FILE_WRITE
-    try:
-        expanded = os.path.expanduser(path_text)
-        resolved = os.path.realpath(os.path.join(base, expanded))
-    except (ValueError, OSError):
-        # an embedded NUL and the like: nowhere we can vouch for
-        return _Request(OUTSIDE, path_text, None,
-                        writes=writes)
+    resolved = _word_path(path_text, base)
+    if not resolved:
+        return _Request(OUTSIDE, path_text, None, writes=writes)
     under_root = root.rstrip(os.sep) + os.sep
     if resolved != root and not resolved.startswith(under_root):
         secret = sandbox.is_secret_path(resolved, os.path.expanduser("~"))
@@ -1376,6 +1383,15 @@ def _path_request(path_text: str, base: str, root: str,
                         path=resolved)
     return _Request(capability, subject, _escape(subject), secret=secret,
                     path=resolved)
+
+
+def _word_path(word: str, cwd: str) -> str:
+    """word (relative to cwd) resolved, or "" for an embedded NUL and the like: nowhere we can
+    vouch for."""
+    try:
+        return os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
+    except (ValueError, OSError):
+        return ""
 
 
 def _wildcard_base(target: str, cwd: str) -> str | None:
@@ -1929,7 +1945,7 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     if own:
         return (f"{name} would run the project's own {own} "
                 "(a directory of the project is on PATH)")
-    if row.options == "*":
+    if row.has("data"):
         return None
     problem, positional, values = _options_problem(name, args, row)
     if problem:
@@ -2045,24 +2061,9 @@ def _options_problem(name: str, args: tuple[str, ...], row: Program):
     option counts only spelled out: the program expands an abbreviation among all its options,
     listed or not (sort --comp is --compress-program). A value given as the next word must not
     look like an option."""
-    short, long_text = row.options
-    # "n:" takes a value: each letter right before a colon
-    takes = {"-" + short[i - 1] for i in range(1, len(short)) if short[i] == ":"}
-    letters = set(short.replace(":", ""))
-    longs = long_text.split()
-
-    def takes_value(option: str) -> bool:
-        if option.startswith("--"):
-            return option[2:] + "=" in longs and option[2:] not in longs
-        return option in takes
-
-    options, positional, _ = _parse(args, takes_value, numeric=row.has("counts"))
+    options, positional, _ = _parse(args, row.takes_value, numeric=row.has("counts"))
     for option in options:
-        if option.name.startswith("--"):
-            listed = option.name[2:] in {e.rstrip("=") for e in longs}
-        else:
-            listed = option.name[1] in letters
-        if not listed:
+        if not row.lists(option.name):
             problem = f"{name}: the option {option.name} is not on its read-only list"
             return problem, positional, []
         # (a long option's value may not even be "-"; a short one's may: stdin)
@@ -2185,51 +2186,48 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     # (after --, -n is a path: git clean -fdx -- -n . deletes)
     options, plain = _operands(("git", *rest))
 
-    def has(*longs: str, short: str = "") -> bool:
-        return _has(options, *longs, short=short)
-
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
         return (f"git config {aliasing[0]} defines what a later git "
                 "command runs")
-    if sub == "reset" and has("--hard", "--merge", "--keep"):
+    if sub == "reset" and _has(options, "--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
-    if sub == "clean" and not has("--dry-run", short="n"):
-        if has(short="xX"):
+    if sub == "clean" and not _has(options, "--dry-run", short="n"):
+        if _has(options, short="xX"):
             return "git clean -x deletes ignored files, which no checkpoint holds"
         return "git clean deletes untracked files"
     if sub == "push":
-        forced = has("--force", "--force-with-lease", "--mirror", "--delete",
-                     "--prune", short="fd")
+        forced = _has(options, "--force", "--force-with-lease", "--mirror", "--delete",
+                      "--prune", short="fd")
         # a refspec +main forces, :main deletes
         forced_refspec = any(a.startswith(("+", ":")) for a in plain)
         if forced or forced_refspec:
             return ("a forced push (or a deletion) rewrites "
                     "the remote's history")
     if sub == "checkout":
-        forced = "--" in rest or has("--force", short="f")
+        forced = "--" in rest or _has(options, "--force", short="f")
         paths = [a for a in plain if a == "." or a.startswith(":")
                  or os.path.exists(os.path.join(cwd, a))]
         if forced or len(plain) >= 2 or paths:
             return "git checkout over paths discards uncommitted changes"
     if sub == "restore":
-        worktree = has("--worktree", short="W")
-        if worktree or not has("--staged", short="S"):
+        worktree = _has(options, "--worktree", short="W")
+        if worktree or not _has(options, "--staged", short="S"):
             return "git restore discards uncommitted changes"
-    if sub == "rm" and not has("--cached"):
-        if has("--force", short="f") or "." in plain:
+    if sub == "rm" and not _has(options, "--cached"):
+        if _has(options, "--force", short="f") or "." in plain:
             return "git rm -f deletes files with their uncommitted changes"
     if sub == "stash" and {"drop", "clear"} & set(plain):
         return "git stash drop/clear deletes stashed work"
     if sub == "branch":
-        deletes = has("--delete", short="d")
-        if has(short="D") or (deletes and has("--force", short="f")):
+        deletes = _has(options, "--delete", short="d")
+        if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
             return "git branch -D deletes an unmerged branch"
     if sub in ("filter-branch", "filter-repo"):
         return f"git {sub} rewrites history"
     if sub == "reflog" and {"expire", "delete"} & set(plain):
         return f"git {sub} rewrites history"
-    if sub == "switch" and has("--discard-changes", "--force", short="f"):
+    if sub == "switch" and _has(options, "--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
     # a git command this policy knows by name is not an alias (git lfs, svn and send-email are
     # installed apart from git: where one is missing, an alias of its name runs)
@@ -2272,13 +2270,6 @@ def _state_write(writing: list[_Part]) -> str | None:
             if why:
                 return why
     return None
-
-
-def _word_path(word: str, cwd: str) -> str:
-    try:
-        return os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
-    except (ValueError, OSError):
-        return ""
 
 
 # ---------------------------------------------------- bash: the hardline floor
@@ -2489,11 +2480,9 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
-    takes = set(_row(name).options.split())
-
     def takes_value(option: str) -> bool:
         split_string = name == "env" and _abbreviates(option, "split-string")
-        return option in takes or split_string
+        return _row(name).takes_value(option) or split_string
 
     k = 0
     while True:
@@ -2775,16 +2764,36 @@ def _brace_expand(word: str) -> list[str]:
 def _shell_scripts(core: tuple[str, ...], redirects,
                    stdin_text: str | None) -> list[str]:
     """What a shell runs: its -c argument, else a heredoc, here-string or piped
-    text we know."""
+    text we know. Both readings of -c count: the word after it (fish's -c CMD) and bash's
+    command, the first word after all the options (bash -c -e CMD, -oc errexit CMD, -c -- CMD)."""
     for i, word in enumerate(core[1:], 1):
         # -c, or a cluster of short options holding it (-lc)
         short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
         if short_c and i < len(core) - 1:
+            operand = _shell_operand(core)
+            if operand > i + 1 and operand < len(core):
+                return [core[i + 1], core[operand]]
             return [core[i + 1]]
     fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
     if fed:
         return fed
     return [stdin_text] if stdin_text else []
+
+
+def _shell_operand(core: tuple[str, ...]) -> int:
+    """Where a shell's first word after its options is, as bash reads them: -o and -O (+o, +O)
+    take the next word, as do --rcfile and --init-file; - and -- end the options."""
+    k = 1
+    while k < len(core) and core[k][:1] in ("-", "+"):
+        word = core[k]
+        k += 1
+        if word in ("-", "--"):
+            break
+        if word[1:2] == "-":
+            k += word in ("--rcfile", "--init-file")
+        else:
+            k += word.count("o") + word.count("O")
+    return k
 
 
 def _printed(words: list[str]) -> str | None:

@@ -354,6 +354,9 @@ FLOORED = [
     "bash <<< 'rm -rf /'", "bash <<EOF\nrm -rf ~\nEOF", "cat <(rm -rf /)",
     # an unset variable expands to nothing; find's {} is what it found
     "rm -rf $UNSET_DIR/", 'rm -rf "${OUT}"/*', "rm -rf /home/$USER", "find / -exec rm -rf {} +",
+    # bash's -c command is the first word after all its options, not the word after -c
+    "bash -c -- 'rm -rf /'", "bash -c -e 'rm -rf /'", "sh -c -x -- 'rm -rf ~'",
+    "bash -oc errexit 'rm -rf /'", "bash -c -O extglob 'rm -rf /'", "bash -c - 'rm -rf /'",
 ]
 
 
