@@ -70,7 +70,7 @@ OVERFLOW_PHRASES = ("prompt is too long", "exceed context limit", "context windo
 
 
 class ModelError(KhaelorError):
-    """kind: retryable | context_overflow | auth | invalid_request | cancelled."""
+    """kind: retryable | context_overflow | auth | invalid_request."""
 
     def __init__(self, kind: str, message: str, status: int | None = None):
         self.kind, self.status = kind, status
@@ -296,12 +296,18 @@ STREAM_EVENTS = frozenset({"message_start", "content_block_start", "content_bloc
 
 async def _server_events(response):
     """The STREAM_EVENTS of a response as the API sent them: the JSON of each server-sent event's
-    `data:` line, which names its kind in "type". An `error` event raises the SDK's
-    APIStatusError, as the SDK's own stream does."""
+    data, which names its kind in "type". An event's data may span several `data:` lines (joined
+    by newlines, as the SSE format has it); a blank line ends the event. An `error` event raises
+    the SDK's APIStatusError, as the SDK's own stream does."""
+    data = []
     async for line in response.iter_lines():
-        if not line.startswith("data:"):
+        if line.startswith("data:"):
+            data.append(line[5:])
             continue
-        event = json.loads(line[5:])
+        if line or not data:    # `event:`, `id:`, a `:` comment, or a blank line after them
+            continue
+        event = json.loads("\n".join(data))
+        data = []
         if event.get("type") == "error":
             raise _sdk().APIStatusError(f"{event}", response=response.http_response, body=event)
         if event.get("type") in STREAM_EVENTS:

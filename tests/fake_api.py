@@ -23,6 +23,8 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
     {"stall_after_events": N, "stall_seconds": S, "content": [...]}
     {"end_after_events": N, "content": [...]}                   a clean end of the body after N events
+    {"split_data": True, "content": [...]}    each event's JSON over several `data:` lines (one per
+                                              key), after an `id:` and a `:` comment line, as SSE allows
 Events count from 1: message_start, ping, each block's start/deltas/stop, message_delta, message_stop.
 An exhausted script answers 500 api_error "fake script exhausted" with x-should-retry: false.
 """
@@ -105,7 +107,8 @@ AUTO_SIGNATURE_PREFIX = "fakesig_"
 DEFAULT_CHUNK = 8
 SCRIPT_BLOCKS = {"text", "thinking", "redacted_thinking", "tool_use"}
 SCRIPT_KEYS = {"content", "stop_reason", "stop_sequence", "usage", "chunk", "delay", "match", "error",
-               "stream_error", "drop_after_events", "stall_after_events", "stall_seconds", "end_after_events"}
+               "stream_error", "drop_after_events", "stall_after_events", "stall_seconds", "end_after_events",
+               "split_data"}
 
 
 # ---------------------------------------------------------------- script helpers
@@ -631,6 +634,16 @@ def sse_events(message, chunk=DEFAULT_CHUNK):
     return events + [("message_stop", {"type": "message_stop"})]
 
 
+def sse_frame(name, data, split, number):
+    """One server-sent event; `split`: the JSON over one `data:` line per key, which a client must
+    join with newlines, with an `id:` and a comment line among them (both to be ignored)."""
+    if not split:
+        return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    lines = json.dumps(data, indent=0).split("\n")
+    framed = [f"event: {name}", f"id: {number}", ": a comment"] + [f"data:{line}" for line in lines]
+    return ("\n".join(framed) + "\n\n").encode()
+
+
 # ---------------------------------------------------------------- the server
 class Failure(NamedTuple):
     """An error answer. rejection=False: the script asked for it, so it is not in .rejections."""
@@ -854,7 +867,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._drop()
             if n == item.get("end_after_events"):
                 break
-            self._chunk(f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode())
+            self._chunk(sse_frame(name, data, item.get("split_data", False), n))
         self._chunk(b"")   # the terminating zero-length chunk
 
     def _chunk(self, data):

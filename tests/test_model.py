@@ -47,6 +47,16 @@ def test_stream_yields_plain_wire_dicts_and_usage_comes_from_the_api():
     assert 0 < usage["thinking_tokens"] <= usage["output_tokens"], "part of the output, never on top"
 
 
+def test_an_event_whose_data_spans_several_lines_is_joined_as_sse_has_it():
+    content = (thinking("hmm", "sig-9"), text("hello\nworld"))
+    with FakeAnthropic([reply(*content), reply(*content, split_data=True)]) as fake:
+        one_line = collect(client_for(fake))
+        split = collect(client_for(fake))
+    one_line[0]["message"]["id"] = split[0]["message"]["id"]    # each reply has its own id
+    assert split == one_line
+    assert [e["type"] for e in split][-1] == "message_stop"
+
+
 def test_retry_after_is_honoured_and_each_retry_is_reported():
     statuses = []
     script = [error("rate_limit_error", "slow", status=429, **{"retry-after": "0.3"}), reply(text("ok"))]
