@@ -746,18 +746,20 @@ class Rewind:
         return before != (self.now["head"], self.now["branch"])
 
     def describe(self) -> str:
+        """What the rewind does, as markdown (/rewind settles it so): one list item per change,
+        names in code spans, so that neither a line break nor an `__init__.py` is lost."""
         step = self.state.steps[self.number - 1]
         lines = [f"Rewinding to before step {self.number} ({step['kind']}"
-                 f" {' '.join(step['what'].split())[:60]}):"]
+                 f" `{' '.join(step['what'].split())[:60]}`):"]
         for restore in self.restores:
             verb = "delete" if restore.mode == "000000" else "write back"
             mark = "  (you changed it after the agent's last step)" if restore.user_changed else ""
-            lines.append(f"  {verb} {restore.path}{mark}")
+            lines.append(f"- {verb} `{restore.path}`{mark}")
         if self.moves_head():
             branch = self.target["branch"] or "detached HEAD"
-            lines.append(f"  HEAD back to {branch} at {self.target['head'][:12]}")
+            lines.append(f"- HEAD back to {branch} at {self.target['head'][:12]}")
         if len(lines) == 1:
-            lines.append("  nothing differs: the work tree is as it was")
+            lines.append("- nothing differs: the work tree is as it was")
         return "\n".join(events.visible_controls(line, one_line=True) for line in lines)
 
     def start(self, overwrite: bool) -> None:

@@ -946,6 +946,25 @@ def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
     assert "1 file restored" in screen and "1 files" not in screen, screen
 
 
+def test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written(terminal, project):
+    """QA: /rewind's plan ran together as markdown ("write back app.py delete out.txt") and lost
+    the underscores of __init__.py to emphasis."""
+    command = "touch __init__.py planned_*_x.txt"
+    term = terminal([reply(bash(command)), reply(text("created"))], width=100)
+    term.type("make it")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("y")
+    term.wait_for("created")
+    term.wait_for("Ask anything")
+    term.type("/rewind 1")
+    term.keys("Enter")
+    screen = term.wait_for("Rewound to before step 1")
+    rows = [row.strip() for row in screen.splitlines()]
+    assert f"Rewinding to before step 1 (bash {command}):" in rows, screen
+    assert "• delete __init__.py" in rows and "• delete planned_*_x.txt" in rows, screen
+
+
 def test_resizing_while_the_transcript_is_open_loses_nothing_from_the_scrollback(terminal):
     """QA (issue 22 item 15): Ctrl-R, the pane narrowed to 40 and widened back to 80, then q: the
     reply's last line ("final words here") was erased from the screen and the scrollback (the
