@@ -2243,7 +2243,7 @@ class Session:
         for process in self.toolbox.running_processes():
             runtime_s = int(process["runtime_s"])
             lines.append(f"- `{process['process_id']}` pid {process['pid']}"
-                         f" · {process['command']} · {runtime_s}s")
+                         f" · `{process['command']}` · {runtime_s}s")
         return "\n".join(lines) or "no running processes"
 
     async def cmd_quit(self, _):
@@ -2264,8 +2264,9 @@ class Session:
         store = self.store
         cost = events.cost(store.state.usage, self.settings["prices"])
         spent = events.dollars(cost, "unknown (a model has no price)", digits=2)
+        # paths in code spans: markdown would make __x__ in a folder's name bold
         facts = [("version", VERSION), ("session", store.session_id),
-                 ("project", str(self.project_root)), ("cwd", str(Path.cwd())),
+                 ("project", f"`{self.project_root}`"), ("cwd", f"`{Path.cwd()}`"),
                  ("model", self.kernel.ctx.model),
                  ("permission mode", self.kernel.permission_mode),
                  ("sandbox", sandbox.status()), ("cost so far", spent)]

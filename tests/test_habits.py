@@ -49,8 +49,10 @@ def test_exit_init_permissions_status_and_export(project, env, monkeypatch, tmp_
     async def habits(session):
         session.begin()
         session.bus.emit("UserMessageCreated", text="fix the parser")
+        await session.toolbox.run("process", {"action": "start", "command": "sleep 5 # *a* __b__"},
+                                  "p1")
         shown = {name: await session.run_command(name) for name in
-                 ("/exit", "/init", "/permissions", "/status")}
+                 ("/exit", "/init", "/permissions", "/status", "/processes")}
         shown["/init write"] = await session.run_command("/init write")
         shown["/init again"] = await session.run_command("/init")
         shown["/export"] = await session.run_command(f"/export {tmp_path / 'out.md'}")
@@ -64,6 +66,9 @@ def test_exit_init_permissions_status_and_export(project, env, monkeypatch, tmp_
     assert "exists already" in shown["/init again"]
     assert "layer: user" in shown["/permissions"] and "boundary:" in shown["/permissions"]
     assert "- model: claude-sonnet-5-5" in shown["/status"] and "- version: " in shown["/status"]
+    # as code: markdown would take the stars and underscores for emphasis
+    assert f"- project: `{project}`" in shown["/status"]
+    assert "· `sleep 5 # *a* __b__` ·" in shown["/processes"]
     assert "## You\n\nfix the parser" in (tmp_path / "out.md").read_text()
 
 
