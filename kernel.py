@@ -825,7 +825,8 @@ class Kernel:
     async def ask_user(self, call: dict, capability: str, descriptor: str,
                        suggestion: dict | None) -> tuple[str, str]:
         """PermissionRequested for the call, then the user's (choice, feedback)."""
-        preview = tools.permission_preview(call["name"], call["input"])
+        # off the loop: an edit's diff is planned on the file (a fuzzy match may take 100 ms)
+        preview = await asyncio.to_thread(self.toolbox.preview, call["name"], call["input"])
         request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"],
                             capability=capability, descriptor=descriptor,
                             suggestion=suggestion, preview=preview)

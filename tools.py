@@ -1057,6 +1057,30 @@ class Toolbox:
         The kernel fails such a call as the model's mistake before asking anyone to approve it.
         None: it may work (creating a file, a bad input and other failures are left to the tool
         itself)."""
+        try:
+            self._plan_edit(tool_input)
+        except ToolError as exc:
+            return ToolResult(self.mask(str(exc)), True, exc.meta)
+        return None
+
+    def preview(self, name: str, tool_input: dict) -> str:
+        """What the permission panel shows: for an edit of a file, the diff it will make as the
+        tool plans it now (every place replace_all changes, a fuzzy match as it matched), else
+        permission_preview's."""
+        if name == "edit":
+            with contextlib.suppress(ToolError):
+                planned = self._plan_edit(tool_input)
+                if planned is not None:
+                    path, before, done = planned
+                    shown = self.workspace.display(path)
+                    _, _, diff = _diff(shown, _decode_text(before), _decode_text(done.after))
+                    return self.mask(diff)
+        return permission_preview(name, tool_input)
+
+    def _plan_edit(self, tool_input: dict) -> tuple[Path, bytes, "_Replaced"] | None:
+        """(the file, its bytes, the edit made of them) as the tool would plan the call now, or the
+        ToolError it is certain to meet; None where that cannot be told yet (creating a file, a
+        bad input and other failures are left to the tool itself)."""
         args, problem = _check_input(SCHEMA_OF["edit"], tool_input)
         if problem or not args["old_string"]:
             return None
@@ -1065,12 +1089,10 @@ class Toolbox:
             if not path.is_file():
                 return None
             # As the tool plans it, opening only the file the model read: before any approval.
-            _planned_edit(self, args, path, [_realpath(path)])
-        except ToolError as exc:
-            return ToolResult(self.mask(str(exc)), True, exc.meta)
+            before, done = _planned_edit(self, args, path, [_realpath(path)])
         except OSError:
             return None
-        return None
+        return path, before, done
 
     async def close(self) -> None:
         """Stop every background process (ProcessExited cause "khaelor exit"); remove the TMPDIR."""

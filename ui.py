@@ -1693,9 +1693,12 @@ def panel_preview(request: dict, tool_input: dict) -> str:
     continuing = request.get("capability") == "loop.continue"
     if not continuing and isinstance(command, str):
         return command
+    if str(request.get("preview")).startswith("---"):
+        # an edit's diff, as the tool planned it on the file
+        return request["preview"]
     old = tool_input.get("old_string")
     new = tool_input.get("new_string")
-    # an edit: every line marked − or +
+    # an edit the tool could not plan yet: every line marked − or +
     if isinstance(old, str) and isinstance(new, str):
         removed = ["- " + line for line in old.split("\n")] if old else []
         added = ["+ " + line for line in new.split("\n")]

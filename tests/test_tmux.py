@@ -314,6 +314,23 @@ def test_diff_separates_khaelors_edits_from_changes_already_there(terminal, proj
     assert rejected(term) == []
 
 
+def test_an_edits_question_shows_the_lines_it_will_change(terminal, project):
+    """The panel showed "- alpha / + beta" alone: a replace_all's second place was not shown."""
+    (project / "notes.txt").write_text("alpha one\nkeep\nalpha two\n")
+    edit = tool("edit", file_path="notes.txt", old_string="alpha", new_string="beta",
+                replace_all=True)
+    term = terminal([reply(tool("read", file_path="notes.txt")), reply(edit),
+                     reply(text("notes updated"))], height=40)
+    term.type("update the notes")
+    term.keys("Enter")
+    rows = [" ".join(row.split()) for row in term.wait_for("allow once").splitlines()]
+    assert "│ 1 − alpha one" in rows and "│ 3 − alpha two" in rows, rows
+    assert "│ 1 + beta one" in rows and "│ 3 + beta two" in rows and "│ 2 keep" in rows, rows
+    term.type("y")
+    term.wait_for("notes updated")
+    assert (project / "notes.txt").read_text() == "beta one\nkeep\nbeta two\n"
+
+
 def test_rename_new_sessions_and_resume_commands(terminal, env):
     term = terminal([reply(text("walruses are large")), reply(text("otters are small"))], height=40)
     term.type("tell me about walruses")

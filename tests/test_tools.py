@@ -594,6 +594,28 @@ def test_a_models_small_slips_do_not_break_an_edit(box, before, old, new, after)
     assert (box.root / "f.py").read_bytes() == after.encode()
 
 
+def test_an_edits_preview_is_the_diff_it_will_make_in_every_place(box):
+    """The permission panel showed old_string and new_string alone: a replace_all's other places,
+    a fuzzy match's real lines and the surrounding code were not what the user approved."""
+    (box.root / "f.py").write_text("def f():\n    x = 1\n    return x\n\nx = 1\n")
+    box.call("read", file_path="f.py")
+    call = {"file_path": "f.py", "old_string": "x = 1", "new_string": "x = 2", "replace_all": True}
+    diff = box.toolbox.preview("edit", call).splitlines()
+    assert diff[:2] == ["--- a/f.py", "+++ b/f.py"]
+    assert diff.count("-    x = 1") == 1 and diff.count("-x = 1") == 1
+    assert diff.count("+    x = 2") == 1 and diff.count("+x = 2") == 1
+    assert " def f():" in diff and "     return x" in diff
+    spaced = {"file_path": "f.py", "old_string": "return  x", "new_string": "return -x"}
+    assert "-    return x" in box.toolbox.preview("edit", spaced).splitlines()
+    # what cannot be planned yet (a new file, a file never read) shows the strings themselves
+    new_file = {"file_path": "new.py", "old_string": "", "new_string": "y = 1"}
+    assert box.toolbox.preview("edit", new_file) == "- \n+ y = 1"
+    (box.root / "unread.py").write_text("z = 1\n")
+    unread = {"file_path": "unread.py", "old_string": "z", "new_string": "w"}
+    assert box.toolbox.preview("edit", unread) == "- z\n+ w"
+    assert (box.root / "f.py").read_text().count("x = 1") == 2, "a preview changes nothing"
+
+
 def test_an_edit_that_changes_only_line_endings_is_refused_as_no_change(box):
     (box.root / "f.txt").write_bytes(b"a\r\nb\r\n")
     box.call("read", file_path="f.txt")
