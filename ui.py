@@ -847,6 +847,7 @@ NOTE_FORMATS = {
     "ProcessExited": "◆ process {process_id} exited {exit_code} ({cause})",
     "SessionRenamed": "◇ Session: {title}",
     "ModelChanged": "◇ Model: {model}",
+    "Rewound": "◇ Rewound the work tree to before step {step}",
 }
 # Events that only change what the spinner says (None: leaves it) and clear the Status text.
 PHASES = {

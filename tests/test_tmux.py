@@ -965,7 +965,7 @@ def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
 
 def test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written(terminal, project):
     """QA: /rewind's plan ran together as markdown ("write back app.py delete out.txt") and lost
-    the underscores of __init__.py to emphasis."""
+    the underscores of __init__.py to emphasis; a resumed session did not show the rewind."""
     command = "touch __init__.py planned_*_x.txt"
     term = terminal([reply(bash(command)), reply(text("created"))], width=100)
     term.type("make it")
@@ -980,6 +980,12 @@ def test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written(termin
     rows = [row.strip() for row in screen.splitlines()]
     assert f"Rewinding to before step 1 (bash {command}):" in rows, screen
     assert "• delete __init__.py" in rows and "• delete planned_*_x.txt" in rows, screen
+    assert rows.count("◇ Rewound the work tree to before step 1") == 1, screen
+    term.keys("C-d")
+    term.wait_for("EXITED 0")
+    again = terminal([], args="-c", width=100)
+    replayed = again.wait_for("◇ Rewound the work tree to before step 1")
+    assert "created" in replayed, "the replay shows that the step was undone after it"
 
 
 def test_resizing_while_the_transcript_is_open_loses_nothing_from_the_scrollback(terminal):
