@@ -689,9 +689,11 @@ def step_lines(state) -> list[str]:
 def last_changing_step(state) -> int | None:
     """The newest step not undone yet that changed something (or whose changes are not recorded
     yet); a rewind is not one: /undo again goes further back."""
-    changing = (number for number, step in reversed(list(enumerate(state.steps, 1)))
-                if step["kind"] != "rewind" and not step["undone"] and step["changed"] != [])
-    return next(changing, None)
+    for number in range(len(state.steps), 0, -1):
+        step = state.steps[number - 1]
+        if step["kind"] != "rewind" and not step["undone"] and step["changed"] != []:
+            return number
+    return None
 
 
 class Rewind:
