@@ -35,6 +35,8 @@ EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 # 128 + SIGHUP: the terminal was closed, so no farewell line is written to it
 EXIT_HANGUP = 129
+# how long `-p PROMPT` waits for the first byte of a pipe on stdin before it goes on without it
+STDIN_WAIT_S = 3.0
 # config.json's keys and the type each value must have
 CONFIG_KEYS = {
     "model": (str,),
@@ -1090,9 +1092,9 @@ def parse_args(argv: list):
         description="A terminal coding agent for Claude models.",
         epilog=help_epilog() if wants_help else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT",
-                        help="run one task headless and exit"
-                             " ('-' reads the prompt from stdin)")
+    parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT", nargs="?", const="-",
+                        help="run one task headless and exit (no PROMPT or '-': the prompt is"
+                             " stdin; text piped in with a PROMPT follows it)")
     parser.add_argument("--output-format", default="text",
                         choices=("text", "json", "stream-json"))
     parser.add_argument("--yes", action="store_true",
@@ -1551,11 +1553,42 @@ def report(args, store, step: str, prices: dict) -> int:
 
 
 def read_prompt(args) -> str:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    """-p's prompt: stdin for `-p` alone or `-p -`; with a PROMPT, the text piped in (as in
+    `git diff | khaelor -p "write the commit message"`) follows it, as Claude Code has it."""
+    if args.prompt != "-":
+        prompt = args.prompt
+        piped = piped_input()
+        if piped.strip():
+            prompt = f"{prompt}\n\n{piped}"
+    elif sys.stdin.isatty():
+        raise UsageError('-p without a PROMPT reads it from a pipe; pass -p "what to do"')
+    else:
+        prompt = sys.stdin.read()
     if not prompt.strip():
         raise UsageError('the prompt is empty; pass -p "what to do"'
                          " or pipe it with -p -")
     return prompt
+
+
+def piped_input() -> str:
+    """What a pipe or a file on stdin holds; nothing from a terminal, /dev/null or a socket. A pipe
+    silent for STDIN_WAIT_S (a CI runner's, which never closes) is left as it is."""
+    import select
+    import stat
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISREG(mode):
+        return sys.stdin.read()
+    if not stat.S_ISFIFO(mode):
+        return ""
+    ready, _, _ = select.select([0], [], [], STDIN_WAIT_S)
+    if not ready:
+        print(f"khaelor: nothing came on stdin in {STDIN_WAIT_S:.0f} s; going on without it"
+              " (< /dev/null skips the wait)", file=sys.stderr)
+        return ""
+    return sys.stdin.read()
 
 
 def require_api_key() -> None:

@@ -4,6 +4,7 @@ import os
 import pty
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -173,6 +174,38 @@ def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
     bad_flag = khaelor.run("--frobnicate")
     assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
     assert fake.requests == []
+
+
+def test_text_piped_in_follows_the_prompt_and_a_bare_p_reads_the_prompt_from_the_pipe(
+        khaelor, fake, project):
+    """`git diff | khaelor -p "write the commit message"` sent the prompt alone, and `echo task |
+    khaelor -p` was a usage error: Claude Code takes both."""
+    fake.enqueue(reply(text("one")), reply(text("two")), reply(text("three")))
+    assert khaelor.run("-p", "explain this log", stdin="E1 disk full\n").returncode == 0
+    assert khaelor.run("-p", stdin="say two\n").returncode == 0
+    assert khaelor.run("-p", "nothing piped").returncode == 0         # stdin is /dev/null
+    asked = [said(request["body"]["messages"][0]) for request in fake.requests]
+    assert asked == [["explain this log\n\nE1 disk full\n"], ["say two\n"], ["nothing piped"]]
+
+
+def test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait(khaelor, fake, project):
+    """A CI runner's stdin may be a pipe that never closes: -p PROMPT must not wait for it."""
+    from conftest import khaelor_popen
+    fake.enqueue(reply(text("went on")))
+    with khaelor_popen(["-p", "hi"], project, khaelor.env, stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        # a khaelor that waits for EOF fails the test instead of hanging it
+        closing = threading.Timer(20, process.stdin.close)
+        closing.start()
+        start = time.monotonic()
+        out = process.stdout.read()
+        waited = time.monotonic() - start
+        err = process.stderr.read()
+        closing.cancel()
+        process.stdin.close()
+    assert process.returncode == 0 and out == "went on\n", err
+    assert "nothing came on stdin in 3 s" in err and 2.5 < waited < 20
+    assert said(fake.requests[0]["body"]["messages"][0]) == ["hi"]
 
 
 def test_a_bad_config_file_names_the_file_and_the_problem(khaelor, project):
