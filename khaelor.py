@@ -1563,7 +1563,7 @@ def read_prompt(args) -> str:
     elif sys.stdin.isatty():
         raise UsageError('-p without a PROMPT reads it from a pipe; pass -p "what to do"')
     else:
-        prompt = sys.stdin.read()
+        prompt = stdin_text()
     if not prompt.strip():
         raise UsageError('the prompt is empty; pass -p "what to do"'
                          " or pipe it with -p -")
@@ -1580,7 +1580,7 @@ def piped_input() -> str:
     except OSError:
         return ""
     if stat.S_ISREG(mode):
-        return sys.stdin.read()
+        return stdin_text()
     if not stat.S_ISFIFO(mode):
         return ""
     ready, _, _ = select.select([0], [], [], STDIN_WAIT_S)
@@ -1588,7 +1588,12 @@ def piped_input() -> str:
         print(f"khaelor: nothing came on stdin in {STDIN_WAIT_S:.0f} s; going on without it"
               " (< /dev/null skips the wait)", file=sys.stderr)
         return ""
-    return sys.stdin.read()
+    return stdin_text()
+
+
+def stdin_text() -> str:
+    """All of stdin, bytes that are not UTF-8 shown as U+FFFD (they cannot go to the API)."""
+    return sys.stdin.buffer.read().decode("utf-8", "replace")
 
 
 def require_api_key() -> None:

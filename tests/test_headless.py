@@ -179,13 +179,17 @@ def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
 def test_text_piped_in_follows_the_prompt_and_a_bare_p_reads_the_prompt_from_the_pipe(
         khaelor, fake, project):
     """`git diff | khaelor -p "write the commit message"` sent the prompt alone, and `echo task |
-    khaelor -p` was a usage error: Claude Code takes both."""
-    fake.enqueue(reply(text("one")), reply(text("two")), reply(text("three")))
+    khaelor -p` was a usage error: Claude Code takes both; a byte that is not UTF-8 crashed."""
+    fake.enqueue(reply(text("one")), reply(text("two")), reply(text("three")), reply(text("4")))
     assert khaelor.run("-p", "explain this log", stdin="E1 disk full\n").returncode == 0
     assert khaelor.run("-p", stdin="say two\n").returncode == 0
     assert khaelor.run("-p", "nothing piped").returncode == 0         # stdin is /dev/null
+    # bytes that are not UTF-8 (a binary file, a latin-1 log) crashed the run
+    latin = run_khaelor(["-p", "-"], project, khaelor.env, "caf\udce9\n", errors="surrogateescape")
+    assert latin.returncode == 0, latin.stderr
     asked = [said(request["body"]["messages"][0]) for request in fake.requests]
-    assert asked == [["explain this log\n\nE1 disk full\n"], ["say two\n"], ["nothing piped"]]
+    assert asked == [["explain this log\n\nE1 disk full\n"], ["say two\n"], ["nothing piped"],
+                     ["caf\ufffd\n"]]
 
 
 def test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait(khaelor, fake, project):
