@@ -1145,7 +1145,9 @@ def parse_args(argv: list):
                              " without asking")
     parser.add_argument("--version", action="version",
                         version=f"khaelor {VERSION}")
-    return parser.parse_args(argv)
+    # every value here is text for the model or a name (no path): bytes that are not UTF-8, which
+    # Python keeps as surrogates, become U+FFFD rather than a crash when the request is encoded
+    return parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
 
 
 def split_tool_rules(values: list[str]) -> list[str]:

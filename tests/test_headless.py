@@ -180,16 +180,18 @@ def test_text_piped_in_follows_the_prompt_and_a_bare_p_reads_the_prompt_from_the
         khaelor, fake, project):
     """`git diff | khaelor -p "write the commit message"` sent the prompt alone, and `echo task |
     khaelor -p` was a usage error: Claude Code takes both; a byte that is not UTF-8 crashed."""
-    fake.enqueue(reply(text("one")), reply(text("two")), reply(text("three")), reply(text("4")))
+    fake.enqueue(*[reply(text(str(n))) for n in range(5)])
     assert khaelor.run("-p", "explain this log", stdin="E1 disk full\n").returncode == 0
     assert khaelor.run("-p", stdin="say two\n").returncode == 0
     assert khaelor.run("-p", "nothing piped").returncode == 0         # stdin is /dev/null
     # bytes that are not UTF-8 (a binary file, a latin-1 log) crashed the run
     latin = run_khaelor(["-p", "-"], project, khaelor.env, "caf\udce9\n", errors="surrogateescape")
     assert latin.returncode == 0, latin.stderr
+    argv = khaelor.run("-p", "caf\udce9 (an argument)")
+    assert argv.returncode == 0, argv.stderr
     asked = [said(request["body"]["messages"][0]) for request in fake.requests]
     assert asked == [["explain this log\n\nE1 disk full\n"], ["say two\n"], ["nothing piped"],
-                     ["caf\ufffd\n"]]
+                     ["caf\ufffd\n"], ["caf\ufffd (an argument)"]]
 
 
 def test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait(khaelor, fake, project):
