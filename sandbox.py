@@ -36,6 +36,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from socket import AF_INET, AF_INET6, IPPROTO_TCP, SOCK_STREAM
 
 # ------------------------------------------------------- Landlock constants (linux/landlock.h)
 
@@ -749,10 +750,6 @@ DENIED_SYSCALLS = [
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
-AF_INET = 2
-AF_INET6 = 10
-SOCK_STREAM = 1
-IPPROTO_TCP = 6
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
