@@ -484,15 +484,12 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
     return [path for path in paths if path not in opened]
 
 
-def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
-                  khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
-    """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads only from the allow-list (system
-    directories, toolchains, the project but its `hidden` secret files, spill files, the temp dir);
-    writes where `confine` says; TCP connect only with network or to `ports`."""
-    abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
-    path = os.environ.get("PATH", "")
-    grants = [(root, READ) for root in readable_roots(str(home), path)]
+def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
+            khaelor_home: Path) -> list[tuple[str, frozenset[str]]]:
+    """(real path, rights beneath it) for one command, what its ruleset grants and what explain
+    reads: reads from the allow-list (system directories, toolchains, the project, spill files,
+    the temp dir), writes where `confine` says."""
+    grants = [(root, READ) for root in readable_roots(str(home), os.environ.get("PATH", ""))]
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
@@ -501,10 +498,8 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
     approved_rights = WRITE if confine.write or confine.paths_write else READ
-    for path in confine.paths:
-        target = approved_target(path)
-        if target:
-            grants.append((target, approved_rights))
+    targets = filter(None, map(approved_target, confine.paths))
+    grants += [(target, approved_rights) for target in targets]
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
     # and git writes the blobs it hands to a textconv or an external diff there. Nothing else is.
     if temp_dir:
@@ -512,6 +507,16 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     if confine.write:
         grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
+    return [(os.path.realpath(path), rights) for path, rights in grants]
+
+
+def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
+                  khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
+    """A Landlock ruleset fd (O_CLOEXEC) for one command: its _grants, except beneath the closed
+    locations and `hidden` (secret files); TCP connect only with network or to `ports`."""
+    abi = probe()[0]
+    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
+    grants = _grants(confine, project, temp_dir, home, khaelor_home)
     network = confine.network or abi < 4
     connect = 0 if network else _mask(("CONNECT_TCP",), abi)
     scopes = _mask(("SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"), abi)
@@ -522,7 +527,7 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
         # `path + "/"` starts so for the project and every path inside it (see _add_path)
         inside_project = os.path.realpath(project).rstrip("/") + "/"
         for path, rights in grants:
-            _grant(fd, os.path.realpath(path), rights, closed, abi, inside_project)
+            _grant(fd, path, rights, closed, abi, inside_project)
         for port in [] if network else sorted(ports):
             rule = _NetPort(_mask(("CONNECT_TCP",), abi), port)
             _syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), 0,
@@ -1261,15 +1266,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
-    targets = {os.path.realpath(path): approved_target(path) for path in confine.paths}
-    writable = []
-    if confine.write or confine.paths_write:
-        writable = [target for target in targets.values() if target]
-    unopened = [path for path, target in targets.items() if not target]
-    if temp_dir:
-        writable.append(str(temp_dir))
-    if confine.write:
-        writable.append(str(project))
+    granted = _grants(confine, project, temp_dir, home, khaelor_home)
+    writable = [path for path, rights in granted if "WRITE_FILE" in rights]
+    unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]
     needs = []
     for line in lines:
         for match in DENIED_PATH.finditer(line):
