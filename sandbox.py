@@ -234,23 +234,21 @@ GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
 # GIT_ATTR_SOURCE needs git 2.42 and still reads .git/info/attributes), so each name the repository
 # defines is overridden one by one. An empty diff.external, diff.<x>.command or textconv makes git
 # fail ("cannot run"): hence a note and `cat`. An empty filter is git's pass-through.
-GIT_DRIVER_KEYS = re.compile(
-    r"^(diff\.external"
-    r"|diff\..+\.(command|textconv)"
-    r"|filter\..+\.(clean|smudge|process)"
-    r"|gpg\.program"
-    r"|gpg\.(openpgp|x509|ssh)\.program)$",
-    re.I)
 # The closing "#": git appends "$@", which it comments out.
 EXTERNAL_DIFF_NOTE = (
     'echo "[khaelor: not running the diff command this repository '
     'configures, for $1; git diff --no-ext-diff shows the diff]" #')
-GPG_PROGRAMS = {
-    "gpg.program": "gpg",
-    "gpg.openpgp.program": "gpg",
-    "gpg.x509.program": "gpgsm",
-    "gpg.ssh.program": "ssh-keygen",
-}
+# (key, what replaces it, for every command: else for read-only ones only); a textconv gets the
+# file's path, which cat shows unconverted.
+GIT_DRIVERS = [
+    (r"diff\.external|diff\..+\.command", EXTERNAL_DIFF_NOTE, True),
+    (r"diff\..+\.textconv", "cat", False),
+    (r"filter\..+\.(clean|smudge|process)", "", False),
+    (r"gpg\.program|gpg\.openpgp\.program", "gpg", False),
+    (r"gpg\.x509\.program", "gpgsm", False),
+    (r"gpg\.ssh\.program", "ssh-keygen", False),
+]
+GIT_DRIVER_KEYS = re.compile("^(" + "|".join(key for key, _, _ in GIT_DRIVERS) + ")$", re.I)
 
 # ---------------------------------------------------------------- probing
 
@@ -1212,19 +1210,9 @@ def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str,
     if read_only:
         pairs += GIT_READ_ONLY
     for key in repository_keys:
-        lowered = key.lower()
-        if lowered.endswith((".command", "diff.external")):
-            pairs.append((key, EXTERNAL_DIFF_NOTE))
-        elif not read_only:
-            continue
-        elif lowered.endswith(".textconv"):
-            # textconv gets the file's path: cat shows it unconverted
-            pairs.append((key, "cat"))
-        elif lowered.startswith("filter."):
-            # an empty filter is a pass-through
-            pairs.append((key, ""))
-        else:
-            pairs.append((key, GPG_PROGRAMS.get(lowered, "gpg")))
+        for pattern, value, always in GIT_DRIVERS:
+            if (always or read_only) and re.fullmatch(pattern, key, re.I):
+                pairs.append((key, value))
     return pairs
 
 
