@@ -311,10 +311,8 @@ def _longs(*args) -> list:
 
 
 def _syscall(number: int, *args, what: str = "") -> int:
-    """syscall(2), its ints as C longs (as _longs, inline: a ruleset makes one call per rule);
-    OSError with its errno when it fails."""
-    longs = [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
-    result = _libc.syscall(ctypes.c_long(number), *longs)
+    """syscall(2); OSError with its errno when it fails."""
+    result = _libc.syscall(*_longs(number, *args))
     if result < 0:
         error = ctypes.get_errno()
         raise OSError(error, f"{what}{os.strerror(error)}")
