@@ -112,12 +112,13 @@ SECRET_NAMES = (
 # Templates that hold placeholders, not secrets (.env.dist is not one: projects commit real values
 # under that name too, so it asks and its values are masked).
 SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
-# Under the user's home: neither readable nor writable unless the user approved that very path.
+# Under the user's home: neither readable nor writable unless the user approved that very path:
+# these folders, and each secret file SECRET_NAMES spells out (~/.netrc, ~/.pgpass, …).
 SECRET_HOME_PATHS = [
-    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc",
-    ".git-credentials", ".docker", ".kube", ".npmrc", ".pypirc",
+    ".ssh", ".aws", ".gnupg", ".config/gcloud",
+    ".docker", ".kube",
     ".config/gh", ".azure", ".password-store",
-]
+] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
 # A gitignore-style glob, token by token: `*` and `?` stay within one directory, `**` crosses them.

@@ -121,6 +121,17 @@ def test_approving_a_file_in_a_closed_location_opens_that_file_and_not_the_locat
     assert "not-a-real-key" in whole.text         # naming the location itself opens it
 
 
+def test_approving_the_home_leaves_its_secret_files_closed_as_the_vocabulary_names_them(world):
+    """The home's closed locations derive from SECRET_NAMES: ~/.pgpass is closed as ~/.netrc is."""
+    (world.home / "notes.txt").write_text("plain notes\n")
+    (world.home / ".pgpass").write_text("db:5432:*:me:pg-secret-4242\n")
+    (world.home / ".netrc").write_text("machine example login me password netrc-4242\n")
+    read = f"cat {world.home}/notes.txt {world.home}/.pgpass {world.home}/.netrc"
+    result = drive(world, lambda box: bash(box, read, READ_ONLY, paths=[str(world.home)]))
+    assert "plain notes" in result.text and "Permission denied" in result.text
+    assert "pg-secret-4242" not in result.text and "netrc-4242" not in result.text
+
+
 def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_spill_files(world):
     config = world.khaelor_home / "config.json"
     (world.khaelor_home / "spill" / "out.txt").write_text("spilled output\n")
