@@ -407,9 +407,8 @@ class SecretScan:
     command."""
 
     def __init__(self):
-        self.patterns: list[str] = []
         self.matches = None
-        # directory -> (mtime_ns, [(secret name, inode)], [subdirectory names], {inode: [names]})
+        # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [file names]})
         self.listings: dict[str, tuple] = {}
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
@@ -417,9 +416,9 @@ class SecretScan:
     def find(self, root: str, patterns: tuple[str, ...]) -> list[str]:
         if not patterns:
             return []
-        if list(patterns) != self.patterns:
-            self.patterns = list(patterns)
-            self.matches = secret_matcher(tuple(patterns))
+        matches = secret_matcher(tuple(patterns))
+        if matches is not self.matches:
+            self.matches = matches
             self.listings = {}
         visited = {}
         stack = [root]
@@ -429,41 +428,38 @@ class SecretScan:
             visited[directory] = listing
             stack += [os.path.join(directory, name) for name in listing[2]]
         self.listings = visited
+        inodes = set().union(*(listing[1] for listing in visited.values()))
         secrets = []
-        inodes = set()
-        for directory, (_, found, _, _) in visited.items():
-            secrets += [os.path.join(directory, name) for name, _ in found]
-            inodes.update(inode for _, inode in found)
-        for directory, (_, _, _, others) in visited.items():
-            for inode in inodes & others.keys():
-                secrets += [os.path.join(directory, name) for name in others[inode]]
+        for directory, (_, _, _, names) in visited.items():
+            for inode in inodes & names.keys():
+                secrets += [os.path.join(directory, name) for name in names[inode]]
         return secrets
 
     def _listing(self, directory: str) -> tuple:
         try:
             mtime = os.stat(directory, follow_symlinks=False).st_mtime_ns
         except OSError:
-            return (0, [], [], {})
+            return (0, set(), [], {})
         cached = self.listings.get(directory)
         if cached and cached[0] == mtime:
             return cached
         self.version += 1
-        found = []
+        found = set()
         subdirectories = []
-        others = {}
+        names = {}
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
                     if self.matches(entry.name):
-                        found.append((entry.name, entry.inode()))
+                        found.add(entry.inode())
                     elif entry.is_dir(follow_symlinks=False):
                         if entry.name != ".git":
                             subdirectories.append(entry.name)
-                    else:
-                        others.setdefault(entry.inode(), []).append(entry.name)
+                        continue
+                    names.setdefault(entry.inode(), []).append(entry.name)
         except OSError:
             pass
-        return (mtime, found, subdirectories, others)
+        return (mtime, found, subdirectories, names)
 
 
 # ---------------------------------------------------------------- the ruleset
