@@ -1119,10 +1119,8 @@ def listening_ports(pgids: set[int]) -> set[int]:
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
         except OSError:
             continue
-        for link in links:
-            # "socket:[<inode>]"
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
+        # "socket:[<inode>]"
+        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
