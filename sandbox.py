@@ -254,27 +254,14 @@ GIT_DRIVER_KEYS = re.compile("^(" + "|".join(key for key, _, _ in GIT_DRIVERS) +
 # ---------------------------------------------------------------- probing
 
 
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
+# struct landlock_path_beneath_attr. Landlock's other structs, open_how and the capabilities' hold
+# one integer type each: they are ctypes arrays, their fields named where each is filled in.
 class _PathBeneath(ctypes.Structure):
     # __attribute__((packed)) in the header
     _pack_ = 1
     _fields_ = [
         ("allowed_access", ctypes.c_uint64),
         ("parent_fd", ctypes.c_int32),
-    ]
-
-
-class _NetPort(ctypes.Structure):
-    _fields_ = [
-        ("allowed_access", ctypes.c_uint64),
-        ("port", ctypes.c_uint64),
     ]
 
 
@@ -513,7 +500,8 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     network = confine.network or abi < 4
     connect = 0 if network else _mask(("CONNECT_TCP",), abi)
     scopes = _mask(("SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"), abi)
-    attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
+    # handled_access_fs, handled_access_net, scoped
+    attr = (ctypes.c_uint64 * 3)(_mask(FS_NAMES, abi), connect, scopes)
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
@@ -522,7 +510,8 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
         for path, rights in grants:
             _grant(fd, path, rights, closed, abi, inside_project)
         for port in [] if network else sorted(ports):
-            rule = _NetPort(_mask(("CONNECT_TCP",), abi), port)
+            # allowed_access, port
+            rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
             _syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), 0,
                      what=f"landlock_add_rule(port {port}): ")
     except BaseException:
@@ -621,15 +610,6 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
     _opened[path] = opened
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
 def child_hook(ruleset: int | None, program: tuple | None, limits: list, listener_to=None):
     """The preexec_fn that confines a child: no capabilities (a root child could otherwise read
     khaelor's /proc/PID/environ through Landlock), lower rlimits, no new privileges, the Landlock
@@ -643,8 +623,9 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
     # every capability a 64-bit set can name (past the kernel's last one, the drop fails: EINVAL)
     drops = [_longs(PR_CAPBSET_DROP, cap, 0, 0, 0) for cap in range(64)]
     clear_ambient = _longs(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    no_capabilities = (_CapData * 2)()
+    # version, pid (0: this process); then twice effective, permitted, inheritable: all 0
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    no_capabilities = (ctypes.c_uint32 * 6)()
     no_new_privs = _longs(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     restrict = _longs(SYS_RESTRICT_SELF, ruleset or 0, 0)
     if program:
@@ -1033,14 +1014,6 @@ AT_FDCWD = -100
 O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [
-        ("flags", ctypes.c_uint64),
-        ("mode", ctypes.c_uint64),
-        ("resolve", ctypes.c_uint64),
-    ]
-
-
 # False once the kernel answered ENOSYS (before 5.6, or a seccomp filter that hides openat2).
 _openat2_works = True
 
@@ -1056,8 +1029,8 @@ def open_no_links(path: str, flags: int, mode: int = 0, dir_fd: int = AT_FDCWD) 
         resolve |= RESOLVE_BENEATH
     probe()
     if _openat2_works and _libc is not None:
-        # openat2 refuses a mode without O_CREAT
-        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
+        # flags, mode (openat2 refuses one without O_CREAT), resolve
+        how = (ctypes.c_uint64 * 3)(flags, mode if flags & os.O_CREAT else 0, resolve)
         # directly, not through _syscall: every file tool's open comes here (the helper adds 20%)
         fd = _libc.syscall(
             ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd),
