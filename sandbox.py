@@ -32,6 +32,7 @@ import resource
 import select
 import socket
 import stat
+import struct
 import sys
 import threading
 from dataclasses import dataclass
@@ -252,18 +253,6 @@ GIT_DRIVERS = [
 GIT_DRIVER_KEYS = re.compile("^(" + "|".join(key for key, _, _ in GIT_DRIVERS) + ")$", re.I)
 
 # ---------------------------------------------------------------- probing
-
-
-# struct landlock_path_beneath_attr. Landlock's other structs, open_how and the capabilities' hold
-# one integer type each: they are ctypes arrays, their fields named where each is filled in.
-class _PathBeneath(ctypes.Structure):
-    # __attribute__((packed)) in the header
-    _pack_ = 1
-    _fields_ = [
-        ("allowed_access", ctypes.c_uint64),
-        ("parent_fd", ctypes.c_int32),
-    ]
-
 
 # the C library through ctypes, loaded by probe(): every system call here goes through it
 _libc = None
@@ -589,7 +578,8 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_proje
     try:
         mask = _mask(rights, abi, opened[1])
         if mask:
-            rule = _PathBeneath(mask, opened[0])
+            # struct landlock_path_beneath_attr, packed: allowed_access, parent_fd
+            rule = ctypes.create_string_buffer(struct.pack("=Qi", mask, opened[0]))
             _syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
                      what=f"landlock_add_rule({path}): ")
     finally:
