@@ -897,11 +897,6 @@ class _Notif(ctypes.Structure):
                 ("args", ctypes.c_uint64 * 6)]
 
 
-class _NotifResp(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32),
-                ("flags", ctypes.c_uint32)]
-
-
 def loopback_port(address: bytes) -> int | None:
     """The port of a sockaddr naming a loopback address (127/8, ::1, ::ffff:127.x), else None."""
     if len(address) < 8:
@@ -951,7 +946,8 @@ class Supervisor:
                 if _libc.ioctl(listener, ctypes.c_ulong(NOTIF_RECV), ctypes.byref(notif)):
                     continue
                 error = self._decide(listener, notif)
-                answer = _NotifResp(notif.id, 0, -error, 0)
+                # struct seccomp_notif_resp: id, val, error, flags
+                answer = ctypes.create_string_buffer(struct.pack("=QqiI", notif.id, 0, -error, 0))
                 _libc.ioctl(listener, ctypes.c_ulong(NOTIF_SEND), ctypes.byref(answer))
         finally:
             os.close(listener)
