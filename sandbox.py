@@ -570,9 +570,11 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_proje
     opened = _opened.get(path)
     if opened is None:
         try:
-            target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            # `path` is real (no link in it): a link there now was swapped in since, by a process
+            # of the session's (the rule would grant where it leads, ~/.ssh as well)
+            target = open_no_links(path, O_PATH)
         except OSError:
-            # missing (a device this machine lacks): nothing to grant
+            # missing (a device this machine lacks), or that link: nothing to grant
             return
         opened = (target, stat.S_ISDIR(os.fstat(target).st_mode))
     try:

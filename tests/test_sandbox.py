@@ -132,6 +132,33 @@ def test_approving_the_home_leaves_its_secret_files_closed_as_the_vocabulary_nam
     assert "pg-secret-4242" not in result.text and "netrc-4242" not in result.text
 
 
+def test_a_folder_swapped_for_a_link_while_the_ruleset_is_built_grants_nothing_beyond_it(world, monkeypatch):
+    """A background process may turn a project folder into a link to ~/.ssh between the ruleset's
+    listing of the project (it walks it when a secret file there is left out) and its rule for that
+    folder: the rule then grants nothing, rather than the folder the link leads to."""
+    (world.project / "src").mkdir()
+    (world.project / ".env").write_text("API_KEY=real-4242\n")
+    listing = os.scandir
+
+    def swapping(path="."):
+        if path != str(world.project):
+            return listing(path)
+        entries = list(listing(path))
+        (world.project / "src").rmdir()
+        (world.project / "src").symlink_to(world.home / ".ssh")
+        return entries
+    monkeypatch.setattr(os, "scandir", swapping)
+    ruleset = sandbox.build_ruleset(READ_ONLY, world.project, None, world.home, world.khaelor_home,
+                                    set(), [str(world.project / ".env")])
+    monkeypatch.undo()
+    try:
+        read = subprocess.run(["cat", str(world.home / ".ssh" / "id_rsa")], capture_output=True,
+                              text=True, preexec_fn=sandbox.child_hook(ruleset, None, []))
+    finally:
+        os.close(ruleset)
+    assert "not-a-real-key" not in read.stdout and "Permission denied" in read.stderr
+
+
 def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_spill_files(world):
     config = world.khaelor_home / "config.json"
     (world.khaelor_home / "spill" / "out.txt").write_text("spilled output\n")
