@@ -84,11 +84,7 @@ LANDLOCK.update({
 FILE_ONLY = frozenset({"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"})
 READ = frozenset({"EXECUTE", "READ_FILE", "READ_DIR"})
 # Everything but MAKE_CHAR/MAKE_BLOCK: a device node made in the project would open the raw disk.
-WRITE = READ | {
-    "WRITE_FILE", "TRUNCATE", "IOCTL_DEV", "REFER",
-    "REMOVE_DIR", "REMOVE_FILE",
-    "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_SYM",
-}
+WRITE = frozenset(FS_NAMES) - {"MAKE_CHAR", "MAKE_BLOCK"}
 DEVICE = frozenset({"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"})
 READ_DEVICE = frozenset({"READ_FILE", "IOCTL_DEV"})
 LIST_ONLY = frozenset({"READ_DIR"})
