@@ -1197,6 +1197,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
+    if lines and confine.hide and not (confine.write or confine.secrets):
+        # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
+        closed += SecretScan().find(str(project), confine.hide)
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]

@@ -557,6 +557,17 @@ def test_a_read_only_command_cannot_read_a_secret_file_whatever_its_case(world):
     assert "upper-case-key-4242" not in result.text and "Permission denied" in result.text
 
 
+def test_a_read_only_command_refused_a_secret_file_is_told_it_is_protected(world):
+    secret = world.project / "config" / "prod.env"
+    secret.parent.mkdir()
+    secret.write_text("API_KEY=real-4242\n")
+    confine = replace(READ_ONLY, hide=sandbox.SECRET_NAMES)
+    result = drive(world, lambda box: bash(box, f"cat {secret}", confine))
+    assert "real-4242" not in result.text and "Permission denied" in result.text
+    assert f"access to {secret} (a protected location)" in result.text
+    assert "write access" not in result.text
+
+
 def test_a_template_of_a_secret_file_stays_readable_as_permissions_says(world):
     """.env.example holds no credentials: permissions lets it be read, so the sandbox does too."""
     (world.project / ".env.example").write_text("API_KEY=put-yours-here\n")
