@@ -32,10 +32,12 @@ import resource
 import select
 import socket
 import stat
+import struct
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from socket import AF_INET, AF_INET6, IPPROTO_TCP, SOCK_STREAM
 
 # ------------------------------------------------------- Landlock constants (linux/landlock.h)
 
@@ -82,11 +84,7 @@ LANDLOCK.update({
 FILE_ONLY = frozenset({"EXECUTE", "WRITE_FILE", "READ_FILE", "TRUNCATE", "IOCTL_DEV"})
 READ = frozenset({"EXECUTE", "READ_FILE", "READ_DIR"})
 # Everything but MAKE_CHAR/MAKE_BLOCK: a device node made in the project would open the raw disk.
-WRITE = READ | {
-    "WRITE_FILE", "TRUNCATE", "IOCTL_DEV", "REFER",
-    "REMOVE_DIR", "REMOVE_FILE",
-    "MAKE_DIR", "MAKE_REG", "MAKE_SOCK", "MAKE_FIFO", "MAKE_SYM",
-}
+WRITE = frozenset(FS_NAMES) - {"MAKE_CHAR", "MAKE_BLOCK"}
 DEVICE = frozenset({"READ_FILE", "WRITE_FILE", "TRUNCATE", "IOCTL_DEV"})
 READ_DEVICE = frozenset({"READ_FILE", "IOCTL_DEV"})
 LIST_ONLY = frozenset({"READ_DIR"})
@@ -111,12 +109,13 @@ SECRET_NAMES = (
 # Templates that hold placeholders, not secrets (.env.dist is not one: projects commit real values
 # under that name too, so it asks and its values are masked).
 SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", "*.env.example")
-# Under the user's home: neither readable nor writable unless the user approved that very path.
+# Under the user's home: neither readable nor writable unless the user approved that very path:
+# these folders, and each secret file SECRET_NAMES spells out (~/.netrc, ~/.pgpass, …).
 SECRET_HOME_PATHS = [
-    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".netrc",
-    ".git-credentials", ".docker", ".kube", ".npmrc", ".pypirc",
+    ".ssh", ".aws", ".gnupg", ".config/gcloud",
+    ".docker", ".kube",
     ".config/gh", ".azure", ".password-store",
-]
+] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
 # A gitignore-style glob, token by token: `*` and `?` stay within one directory, `**` crosses them.
@@ -233,50 +232,23 @@ GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
 # GIT_ATTR_SOURCE needs git 2.42 and still reads .git/info/attributes), so each name the repository
 # defines is overridden one by one. An empty diff.external, diff.<x>.command or textconv makes git
 # fail ("cannot run"): hence a note and `cat`. An empty filter is git's pass-through.
-GIT_DRIVER_KEYS = re.compile(
-    r"^(diff\.external"
-    r"|diff\..+\.(command|textconv)"
-    r"|filter\..+\.(clean|smudge|process)"
-    r"|gpg\.program"
-    r"|gpg\.(openpgp|x509|ssh)\.program)$",
-    re.I)
 # The closing "#": git appends "$@", which it comments out.
 EXTERNAL_DIFF_NOTE = (
     'echo "[khaelor: not running the diff command this repository '
     'configures, for $1; git diff --no-ext-diff shows the diff]" #')
-GPG_PROGRAMS = {
-    "gpg.program": "gpg",
-    "gpg.openpgp.program": "gpg",
-    "gpg.x509.program": "gpgsm",
-    "gpg.ssh.program": "ssh-keygen",
-}
+# (key, what replaces it, for every command: else for read-only ones only); a textconv gets the
+# file's path, which cat shows unconverted.
+GIT_DRIVERS = [
+    (r"diff\.external|diff\..+\.command", EXTERNAL_DIFF_NOTE, True),
+    (r"diff\..+\.textconv", "cat", False),
+    (r"filter\..+\.(clean|smudge|process)", "", False),
+    (r"gpg\.program|gpg\.openpgp\.program", "gpg", False),
+    (r"gpg\.x509\.program", "gpgsm", False),
+    (r"gpg\.ssh\.program", "ssh-keygen", False),
+]
+GIT_DRIVER_KEYS = re.compile("^(" + "|".join(key for key, _, _ in GIT_DRIVERS) + ")$", re.I)
 
 # ---------------------------------------------------------------- probing
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
-class _PathBeneath(ctypes.Structure):
-    # __attribute__((packed)) in the header
-    _pack_ = 1
-    _fields_ = [
-        ("allowed_access", ctypes.c_uint64),
-        ("parent_fd", ctypes.c_int32),
-    ]
-
-
-class _NetPort(ctypes.Structure):
-    _fields_ = [
-        ("allowed_access", ctypes.c_uint64),
-        ("port", ctypes.c_uint64),
-    ]
-
 
 # the C library through ctypes, loaded by probe(): every system call here goes through it
 _libc = None
@@ -312,10 +284,8 @@ def _longs(*args) -> list:
 
 
 def _syscall(number: int, *args, what: str = "") -> int:
-    """syscall(2), its ints as C longs (as _longs, inline: a ruleset makes one call per rule);
-    OSError with its errno when it fails."""
-    longs = [ctypes.c_long(arg) if isinstance(arg, int) else arg for arg in args]
-    result = _libc.syscall(ctypes.c_long(number), *longs)
+    """syscall(2); OSError with its errno when it fails."""
+    result = _libc.syscall(*_longs(number, *args))
     if result < 0:
         error = ctypes.get_errno()
         raise OSError(error, f"{what}{os.strerror(error)}")
@@ -409,9 +379,8 @@ class SecretScan:
     command."""
 
     def __init__(self):
-        self.patterns: list[str] = []
         self.matches = None
-        # directory -> (mtime_ns, [(secret name, inode)], [subdirectory names], {inode: [names]})
+        # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [file names]})
         self.listings: dict[str, tuple] = {}
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
@@ -419,9 +388,9 @@ class SecretScan:
     def find(self, root: str, patterns: tuple[str, ...]) -> list[str]:
         if not patterns:
             return []
-        if list(patterns) != self.patterns:
-            self.patterns = list(patterns)
-            self.matches = secret_matcher(tuple(patterns))
+        matches = secret_matcher(tuple(patterns))
+        if matches is not self.matches:
+            self.matches = matches
             self.listings = {}
         visited = {}
         stack = [root]
@@ -431,41 +400,38 @@ class SecretScan:
             visited[directory] = listing
             stack += [os.path.join(directory, name) for name in listing[2]]
         self.listings = visited
+        inodes = set().union(*(listing[1] for listing in visited.values()))
         secrets = []
-        inodes = set()
-        for directory, (_, found, _, _) in visited.items():
-            secrets += [os.path.join(directory, name) for name, _ in found]
-            inodes.update(inode for _, inode in found)
-        for directory, (_, _, _, others) in visited.items():
-            for inode in inodes & others.keys():
-                secrets += [os.path.join(directory, name) for name in others[inode]]
+        for directory, (_, _, _, names) in visited.items():
+            for inode in inodes & names.keys():
+                secrets += [os.path.join(directory, name) for name in names[inode]]
         return secrets
 
     def _listing(self, directory: str) -> tuple:
         try:
             mtime = os.stat(directory, follow_symlinks=False).st_mtime_ns
         except OSError:
-            return (0, [], [], {})
+            return (0, set(), [], {})
         cached = self.listings.get(directory)
         if cached and cached[0] == mtime:
             return cached
         self.version += 1
-        found = []
+        found = set()
         subdirectories = []
-        others = {}
+        names = {}
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
                     if self.matches(entry.name):
-                        found.append((entry.name, entry.inode()))
+                        found.add(entry.inode())
                     elif entry.is_dir(follow_symlinks=False):
                         if entry.name != ".git":
                             subdirectories.append(entry.name)
-                    else:
-                        others.setdefault(entry.inode(), []).append(entry.name)
+                        continue
+                    names.setdefault(entry.inode(), []).append(entry.name)
         except OSError:
             pass
-        return (mtime, found, subdirectories, others)
+        return (mtime, found, subdirectories, names)
 
 
 # ---------------------------------------------------------------- the ruleset
@@ -483,15 +449,12 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
     return [path for path in paths if path not in opened]
 
 
-def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
-                  khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
-    """A Landlock ruleset fd (O_CLOEXEC) for one command. Reads only from the allow-list (system
-    directories, toolchains, the project but its `hidden` secret files, spill files, the temp dir);
-    writes where `confine` says; TCP connect only with network or to `ports`."""
-    abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
-    path = os.environ.get("PATH", "")
-    grants = [(root, READ) for root in readable_roots(str(home), path)]
+def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
+            khaelor_home: Path) -> list[tuple[str, frozenset[str]]]:
+    """(real path, rights beneath it) for one command, what its ruleset grants and what explain
+    reads: reads from the allow-list (system directories, toolchains, the project, spill files,
+    the temp dir), writes where `confine` says."""
+    grants = [(root, READ) for root in readable_roots(str(home), os.environ.get("PATH", ""))]
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
@@ -500,10 +463,8 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
     # its shadow repository under $KHAELOR_HOME and nothing else).
     approved_rights = WRITE if confine.write or confine.paths_write else READ
-    for path in confine.paths:
-        target = approved_target(path)
-        if target:
-            grants.append((target, approved_rights))
+    targets = filter(None, map(approved_target, confine.paths))
+    grants += [(target, approved_rights) for target in targets]
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
     # and git writes the blobs it hands to a textconv or an external diff there. Nothing else is.
     if temp_dir:
@@ -511,19 +472,31 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     if confine.write:
         grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
+    return [(os.path.realpath(path), rights) for path, rights in grants]
+
+
+def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
+                  khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
+    """A Landlock ruleset fd (O_CLOEXEC) for one command: its _grants, except beneath the closed
+    locations and `hidden` (secret files); TCP connect only with network or to `ports`."""
+    abi = probe()[0]
+    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
+    grants = _grants(confine, project, temp_dir, home, khaelor_home)
     network = confine.network or abi < 4
     connect = 0 if network else _mask(("CONNECT_TCP",), abi)
     scopes = _mask(("SCOPE_ABSTRACT_UNIX_SOCKET", "SCOPE_SIGNAL"), abi)
-    attr = _RulesetAttr(_mask(FS_NAMES, abi), connect, scopes)
+    # handled_access_fs, handled_access_net, scoped
+    attr = (ctypes.c_uint64 * 3)(_mask(FS_NAMES, abi), connect, scopes)
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
         # `path + "/"` starts so for the project and every path inside it (see _add_path)
         inside_project = os.path.realpath(project).rstrip("/") + "/"
         for path, rights in grants:
-            _grant(fd, os.path.realpath(path), rights, closed, abi, inside_project)
+            _grant(fd, path, rights, closed, abi, inside_project)
         for port in [] if network else sorted(ports):
-            rule = _NetPort(_mask(("CONNECT_TCP",), abi), port)
+            # allowed_access, port
+            rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
             _syscall(SYS_ADD_RULE, fd, RULE_NET_PORT, ctypes.byref(rule), 0,
                      what=f"landlock_add_rule(port {port}): ")
     except BaseException:
@@ -593,15 +566,18 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_proje
     opened = _opened.get(path)
     if opened is None:
         try:
-            target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            # `path` is real (no link in it): a link there now was swapped in since, by a process
+            # of the session's (the rule would grant where it leads, ~/.ssh as well)
+            target = open_no_links(path, O_PATH)
         except OSError:
-            # missing (a device this machine lacks): nothing to grant
+            # missing (a device this machine lacks), or that link: nothing to grant
             return
         opened = (target, stat.S_ISDIR(os.fstat(target).st_mode))
     try:
         mask = _mask(rights, abi, opened[1])
         if mask:
-            rule = _PathBeneath(mask, opened[0])
+            # struct landlock_path_beneath_attr, packed: allowed_access, parent_fd
+            rule = ctypes.create_string_buffer(struct.pack("=Qi", mask, opened[0]))
             _syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
                      what=f"landlock_add_rule({path}): ")
     finally:
@@ -622,15 +598,6 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
     _opened[path] = opened
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
 def child_hook(ruleset: int | None, program: tuple | None, limits: list, listener_to=None):
     """The preexec_fn that confines a child: no capabilities (a root child could otherwise read
     khaelor's /proc/PID/environ through Landlock), lower rlimits, no new privileges, the Landlock
@@ -641,10 +608,12 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
     Popen raises in the parent and the command does not run."""
     syscall = _libc.syscall
     prctl = _libc.prctl
-    drops = [_longs(PR_CAPBSET_DROP, cap, 0, 0, 0) for cap in range(_last_capability() + 1)]
+    # every capability a 64-bit set can name (past the kernel's last one, the drop fails: EINVAL)
+    drops = [_longs(PR_CAPBSET_DROP, cap, 0, 0, 0) for cap in range(64)]
     clear_ambient = _longs(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    no_capabilities = (_CapData * 2)()
+    # version, pid (0: this process); then twice effective, permitted, inheritable: all 0
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    no_capabilities = (ctypes.c_uint32 * 6)()
     no_new_privs = _longs(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     restrict = _longs(SYS_RESTRICT_SELF, ruleset or 0, 0)
     if program:
@@ -675,14 +644,6 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
                 socket.send_fds(listener_to, [b"L"], [listener])
                 os.close(listener)
     return enter
-
-
-@functools.cache
-def _last_capability() -> int:
-    try:
-        return int(Path("/proc/sys/kernel/cap_last_cap").read_text())
-    except (OSError, ValueError):
-        return 63
 
 
 def limits_for(confine: Confine) -> list[tuple[int, int]]:
@@ -749,10 +710,6 @@ DENIED_SYSCALLS = [
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
-AF_INET = 2
-AF_INET6 = 10
-SOCK_STREAM = 1
-IPPROTO_TCP = 6
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
@@ -938,11 +895,6 @@ class _Notif(ctypes.Structure):
                 ("args", ctypes.c_uint64 * 6)]
 
 
-class _NotifResp(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32),
-                ("flags", ctypes.c_uint32)]
-
-
 def loopback_port(address: bytes) -> int | None:
     """The port of a sockaddr naming a loopback address (127/8, ::1, ::ffff:127.x), else None."""
     if len(address) < 8:
@@ -992,7 +944,8 @@ class Supervisor:
                 if _libc.ioctl(listener, ctypes.c_ulong(NOTIF_RECV), ctypes.byref(notif)):
                     continue
                 error = self._decide(listener, notif)
-                answer = _NotifResp(notif.id, 0, -error, 0)
+                # struct seccomp_notif_resp: id, val, error, flags
+                answer = ctypes.create_string_buffer(struct.pack("=QqiI", notif.id, 0, -error, 0))
                 _libc.ioctl(listener, ctypes.c_ulong(NOTIF_SEND), ctypes.byref(answer))
         finally:
             os.close(listener)
@@ -1045,14 +998,6 @@ AT_FDCWD = -100
 O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [
-        ("flags", ctypes.c_uint64),
-        ("mode", ctypes.c_uint64),
-        ("resolve", ctypes.c_uint64),
-    ]
-
-
 # False once the kernel answered ENOSYS (before 5.6, or a seccomp filter that hides openat2).
 _openat2_works = True
 
@@ -1068,8 +1013,8 @@ def open_no_links(path: str, flags: int, mode: int = 0, dir_fd: int = AT_FDCWD) 
         resolve |= RESOLVE_BENEATH
     probe()
     if _openat2_works and _libc is not None:
-        # openat2 refuses a mode without O_CREAT
-        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
+        # flags, mode (openat2 refuses one without O_CREAT), resolve
+        how = (ctypes.c_uint64 * 3)(flags, mode if flags & os.O_CREAT else 0, resolve)
         # directly, not through _syscall: every file tool's open comes here (the helper adds 20%)
         fd = _libc.syscall(
             ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd),
@@ -1124,10 +1069,8 @@ def listening_ports(pgids: set[int]) -> set[int]:
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
         except OSError:
             continue
-        for link in links:
-            # "socket:[<inode>]"
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
+        # "socket:[<inode>]"
+        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -1210,19 +1153,9 @@ def git_settings(read_only: bool, repository_keys: list[str]) -> list[tuple[str,
     if read_only:
         pairs += GIT_READ_ONLY
     for key in repository_keys:
-        lowered = key.lower()
-        if lowered.endswith((".command", "diff.external")):
-            pairs.append((key, EXTERNAL_DIFF_NOTE))
-        elif not read_only:
-            continue
-        elif lowered.endswith(".textconv"):
-            # textconv gets the file's path: cat shows it unconverted
-            pairs.append((key, "cat"))
-        elif lowered.startswith("filter."):
-            # an empty filter is a pass-through
-            pairs.append((key, ""))
-        else:
-            pairs.append((key, GPG_PROGRAMS.get(lowered, "gpg")))
+        for pattern, value, always in GIT_DRIVERS:
+            if (always or read_only) and re.fullmatch(pattern, key, re.I):
+                pairs.append((key, value))
     return pairs
 
 
@@ -1264,15 +1197,12 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
-    targets = {os.path.realpath(path): approved_target(path) for path in confine.paths}
-    writable = []
-    if confine.write or confine.paths_write:
-        writable = [target for target in targets.values() if target]
-    unopened = [path for path, target in targets.items() if not target]
-    if temp_dir:
-        writable.append(str(temp_dir))
-    if confine.write:
-        writable.append(str(project))
+    if lines and confine.hide and not (confine.write or confine.secrets):
+        # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
+        closed += SecretScan().find(str(project), confine.hide)
+    granted = _grants(confine, project, temp_dir, home, khaelor_home)
+    writable = [path for path, rights in granted if "WRITE_FILE" in rights]
+    unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]
     needs = []
     for line in lines:
         for match in DENIED_PATH.finditer(line):

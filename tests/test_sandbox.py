@@ -121,6 +121,44 @@ def test_approving_a_file_in_a_closed_location_opens_that_file_and_not_the_locat
     assert "not-a-real-key" in whole.text         # naming the location itself opens it
 
 
+def test_approving_the_home_leaves_its_secret_files_closed_as_the_vocabulary_names_them(world):
+    """The home's closed locations derive from SECRET_NAMES: ~/.pgpass is closed as ~/.netrc is."""
+    (world.home / "notes.txt").write_text("plain notes\n")
+    (world.home / ".pgpass").write_text("db:5432:*:me:pg-secret-4242\n")
+    (world.home / ".netrc").write_text("machine example login me password netrc-4242\n")
+    read = f"cat {world.home}/notes.txt {world.home}/.pgpass {world.home}/.netrc"
+    result = drive(world, lambda box: bash(box, read, READ_ONLY, paths=[str(world.home)]))
+    assert "plain notes" in result.text and "Permission denied" in result.text
+    assert "pg-secret-4242" not in result.text and "netrc-4242" not in result.text
+
+
+def test_a_folder_swapped_for_a_link_while_the_ruleset_is_built_grants_nothing_beyond_it(world, monkeypatch):
+    """A background process may turn a project folder into a link to ~/.ssh between the ruleset's
+    listing of the project (it walks it when a secret file there is left out) and its rule for that
+    folder: the rule then grants nothing, rather than the folder the link leads to."""
+    (world.project / "src").mkdir()
+    (world.project / ".env").write_text("API_KEY=real-4242\n")
+    listing = os.scandir
+
+    def swapping(path="."):
+        if path != str(world.project):
+            return listing(path)
+        entries = list(listing(path))
+        (world.project / "src").rmdir()
+        (world.project / "src").symlink_to(world.home / ".ssh")
+        return entries
+    monkeypatch.setattr(os, "scandir", swapping)
+    ruleset = sandbox.build_ruleset(READ_ONLY, world.project, None, world.home, world.khaelor_home,
+                                    set(), [str(world.project / ".env")])
+    monkeypatch.undo()
+    try:
+        read = subprocess.run(["cat", str(world.home / ".ssh" / "id_rsa")], capture_output=True,
+                              text=True, preexec_fn=sandbox.child_hook(ruleset, None, []))
+    finally:
+        os.close(ruleset)
+    assert "not-a-real-key" not in read.stdout and "Permission denied" in read.stderr
+
+
 def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_spill_files(world):
     config = world.khaelor_home / "config.json"
     (world.khaelor_home / "spill" / "out.txt").write_text("spilled output\n")
@@ -517,6 +555,17 @@ def test_a_read_only_command_cannot_read_a_secret_file_whatever_its_case(world):
     read = f"{sys.executable} -c 'print(open(\"SERVER.PEM\").read())'"
     result = drive(world, lambda box: bash(box, read, confine))
     assert "upper-case-key-4242" not in result.text and "Permission denied" in result.text
+
+
+def test_a_read_only_command_refused_a_secret_file_is_told_it_is_protected(world):
+    secret = world.project / "config" / "prod.env"
+    secret.parent.mkdir()
+    secret.write_text("API_KEY=real-4242\n")
+    confine = replace(READ_ONLY, hide=sandbox.SECRET_NAMES)
+    result = drive(world, lambda box: bash(box, f"cat {secret}", confine))
+    assert "real-4242" not in result.text and "Permission denied" in result.text
+    assert f"access to {secret} (a protected location)" in result.text
+    assert "write access" not in result.text
 
 
 def test_a_template_of_a_secret_file_stays_readable_as_permissions_says(world):
