@@ -638,7 +638,7 @@ class Workspace:
             if stall:
                 return -1, f"git not run: {stall} is a FIFO or a device, git would wait".encode()
         try:
-            prepared, entry = self.prepare(argv, confine, cwd or self.cwd, set, scan_git)
+            prepared, entry = self.prepare(argv, confine, cwd or self.cwd, None, scan_git)
         except OSError as exc:
             return -1, str(exc).encode()
         prepared.update(env or {})
@@ -678,10 +678,13 @@ class Workspace:
 
     # ------------------------------------------------ confinement: environment and Landlock ruleset
 
-    def prepare(self, argv: list[str], confine: Confine, cwd: Path, ports: Callable[[], set[int]],
+    def prepare(self, argv: list[str], confine: Confine, cwd: Path,
+                ports: Callable[[], set[int]] | None,
                 scan_git: bool = True) -> tuple[dict, "sandbox.Entry | None"]:
         """(environment, what the child needs to enter its sandbox, or None: unconfined) for one
-        command. The caller closes the entry once the child has started."""
+        command. The caller closes the entry once the child has started, after entry.started()
+        where it has a connect supervisor; `ports` None: no session server to reach, and no
+        supervisor (subprocess.run gives no moment to start one)."""
         read_only = not confine.write
         temp = str(self.session_temp())
         env = sandbox.child_environment(
@@ -705,7 +708,7 @@ class Workspace:
         # An approved command reaches the session's servers through the connect supervisor where
         # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
         supervisor = None
-        if sandbox.seccomp_available() and confine.write and not confine.network:
+        if ports and sandbox.seccomp_available() and confine.write and not confine.network:
             supervisor = sandbox.Supervisor(ports)
         ruleset = None
         if self.abi:
@@ -713,7 +716,7 @@ class Workspace:
             hidden = []
             if read_only and not confine.secrets:
                 hidden = self.secrets.find(str(self.cwd), confine.hide)
-            static_ports = set() if supervisor or read_only else ports()
+            static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
             # they sit in (rules hold inodes: a file made in such a folder needs a new rule).

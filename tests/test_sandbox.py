@@ -268,6 +268,17 @@ def test_a_command_cannot_connect_to_a_local_listener_without_network(world, lis
     assert "CONNECTED" not in result.text and "network access" in result.text
 
 
+def test_a_short_command_khaelor_runs_for_itself_is_refused_a_connect_at_once(world, listener):
+    """Workspace.capture (git for a checkpoint, a check's probe) with a write confine built a
+    connect supervisor that nothing started: a connect() hung until the capture timed out."""
+    workspace = tools.Workspace(world.project)
+    start = time.monotonic()
+    code, out = workspace.capture(["sh", "-c", connect_command(listener.getsockname()[1])],
+                                  confine=APPROVED, timeout_s=20)
+    assert time.monotonic() - start < 10 and code == 1 and "CONNECTED" not in out, (code, out)
+    assert not was_reached(listener)
+
+
 def test_an_approved_network_command_connects(world, listener):
     result = drive(world, lambda box: bash(box, connect_command(listener.getsockname()[1]), network=True))
     assert was_reached(listener) and "CONNECTED" in result.text
