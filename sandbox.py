@@ -170,11 +170,12 @@ def is_secret_name(name: str) -> bool:
 
 
 def is_secret_path(path: str, home: str) -> bool:
-    """An absolute path that holds credentials: a secret name, or in a secret location of `home`."""
+    """An absolute path that holds credentials: a secret name, or in a secret location of `home`
+    (as named, or as resolved: a dotfile manager links ~/.kube to where it keeps it)."""
     if is_secret_name(path):
         return True
     places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
-    return within(path, places)
+    return within(path, places + [os.path.realpath(place) for place in places])
 
 
 # /dev is closed too (raw disks would bypass every rule); these devices stay usable.

@@ -132,6 +132,16 @@ def test_approving_the_home_leaves_its_secret_files_closed_as_the_vocabulary_nam
     assert "pg-secret-4242" not in result.text and "netrc-4242" not in result.text
 
 
+def test_a_secret_home_location_that_is_a_link_is_secret_where_it_leads(tmp_path):
+    """The permission layer compares resolved paths: a ~/.kube linked into a dotfiles folder
+    was not secret there (the kernel's closed locations resolve theirs)."""
+    (tmp_path / "dotfiles" / "kube").mkdir(parents=True)
+    (tmp_path / ".kube").symlink_to("dotfiles/kube")
+    kept = os.path.realpath(tmp_path / "dotfiles" / "kube" / "config")
+    assert sandbox.is_secret_path(kept, str(tmp_path))
+    assert not sandbox.is_secret_path(os.path.realpath(tmp_path / "dotfiles" / "vimrc"), str(tmp_path))
+
+
 def test_a_folder_swapped_for_a_link_while_the_ruleset_is_built_grants_nothing_beyond_it(world, monkeypatch):
     """A background process may turn a project folder into a link to ~/.ssh between the ruleset's
     listing of the project (it walks it when a secret file there is left out) and its rule for that
