@@ -873,7 +873,9 @@ def layers() -> list[tuple[str, bool, str]]:
         ("landlock-net", abi >= 4, "TCP connect only with network approval"),
         ("landlock-scope", abi >= 6, "signals and abstract unix sockets stay inside the command"),
         ("seccomp", seccomp, "no UDP, raw, packet, netlink or unix socket without network; "
-                             "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI"),
+                             "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI; "
+                             "no chmod, chown, utime or xattr from a read-only command; "
+                             "setsid and setpgid leave a command in its group"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

@@ -132,6 +132,14 @@ def test_approving_the_home_leaves_its_secret_files_closed_as_the_vocabulary_nam
     assert "pg-secret-4242" not in result.text and "netrc-4242" not in result.text
 
 
+def test_the_seccomp_line_of_khaelor_permissions_names_what_the_filter_refuses():
+    """It listed the refusals of an older filter: not the metadata calls nor setsid/setpgid."""
+    line = {name: text for name, _, text in sandbox.layers()}["seccomp"]
+    for family in ("chmod", "chown", "utime", "xattr"):
+        assert any(family in call for call in sandbox.METADATA_SYSCALLS) and family in line
+    assert "setsid" in line and "setpgid" in line
+
+
 def test_a_secret_home_location_that_is_a_link_is_secret_where_it_leads(tmp_path):
     """The permission layer compares resolved paths: a ~/.kube linked into a dotfiles folder
     was not secret there (the kernel's closed locations resolve theirs)."""
