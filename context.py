@@ -1113,11 +1113,10 @@ def _as_text(value) -> str:
 
 
 def _as_record(item, keys: tuple) -> dict:
-    if not isinstance(item, dict):
-        return {keys[0]: _as_text(item)}
+    fields = item if isinstance(item, dict) else {}
     record = {}
     for key in keys:
-        value = item.get(key)
+        value = fields.get(key)
         if value in (None, ""):
             continue
         if key == "content" and isinstance(value, str):
