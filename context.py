@@ -49,13 +49,10 @@ CODE_RE = re.compile(
     re.M | re.S)
 # Tokens, for a model not in WINDOWS (the 4.5 family and older).
 DEFAULT_WINDOW = 200_000
-# Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families.
-WINDOWS = dict.fromkeys(
-    ("claude-opus-5", "claude-sonnet-5", "claude-haiku-5",
-     "claude-fable-5", "claude-mythos-5",
-     "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6",
-     "claude-sonnet-4-6"),
-    1_000_000)
+# Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families,
+# so every priced model but the 4.5 family, and the 5.x Haiku, Fable and Mythos ids, priced or not.
+WINDOWS = dict.fromkeys([*(m for m in events.PRICES if not m.endswith("-4-5")),
+                         "claude-haiku-5", "claude-fable-5", "claude-mythos-5"], 1_000_000)
 # max_tokens of a main request; also the output reserved in the budget.
 MAX_OUTPUT_TOKENS = 32_000
 # Headroom so a turn's tool results fit before the next measurement.
