@@ -224,12 +224,12 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
              (_nearest([Path(home)], INSTRUCTION_FILES), "user"),
              (_nearest(upwards, INSTRUCTION_FILES), "project"),
              (_nearest(upwards, (LOCAL_INSTRUCTIONS,)), "local")]
-    seen = set()
     for path, tier in found:
         if path is None or not path.is_file():
             continue
         resolved = path.resolve()
-        if resolved in seen:
+        # read already (the user's file and the project's can be one, through a link)
+        if resolved in importer.seen:
             continue
         # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project
         # into every request: a project's instruction file counts only when it resolves inside
@@ -238,7 +238,6 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
             notes.append(f"{path}: not loaded: it resolves to {resolved},"
                          " outside the project")
             continue
-        seen.add(resolved)
         importer.load(path, tier)
     return importer.loaded, notes
 
