@@ -1119,7 +1119,10 @@ class Timeline:
     def _dim_line(self, text: str) -> None:
         """One line, always: a newline in it (a title, a command) is shown escaped, as \\n."""
         text = sanitize(text).replace("\n", "\\n")
-        self._settle([self.style.paint(clip(text, self.width), "dim")])
+        self._settle([self._dim(text)])
+
+    def _dim(self, text: str, *roles: str) -> str:
+        return self.style.paint(clip(text, self.width), "dim", *roles)
 
     def _marked(self, symbol: str, role: str, text: str,
                 text_role: str = "") -> list[str]:
@@ -1144,7 +1147,7 @@ class Timeline:
             names += ATTACHED_RE.findall(str(attached))[:1]
         if names:
             note = "  ⎿ attached " + sanitize(", ".join(names))
-            lines.append(self.style.paint(clip(note, self.width), "dim"))
+            lines.append(self._dim(note))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1220,7 +1223,7 @@ class Timeline:
         if redacted:
             head += " · (redacted)"
         rows = self._thought_rows(text) if self.expanded else []
-        self._settle([self._thinking_line(head)] + rows)
+        self._settle([self._dim(head, "italic")] + rows)
         self._thinking = None
         self._thinking_open = False
 
@@ -1239,7 +1242,7 @@ class Timeline:
         if self._thinking_open:
             rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
             hint = self.style.paint(" · ctrl+o closes", "dim")
-            return [self._thinking_line(head) + hint] + rows
+            return [self._dim(head, "italic") + hint] + rows
         tail = self._thinking[-THINKING_TAIL_CHARS:]
         words = " ".join(sanitize(tail).split())
         # nothing to open while the API sends none of the text (display omitted)
@@ -1248,10 +1251,7 @@ class Timeline:
         room = self.width - cell_width(head + hint) - 5
         if words and room > 8:
             head += " · …" + words[-room:]
-        return [self._thinking_line(head + hint)]
-
-    def _thinking_line(self, text: str) -> str:
-        return self.style.paint(clip(text, self.width), "dim", "italic")
+        return [self._dim(head + hint, "italic")]
 
     def _on_ThinkingChanged(self, e: dict) -> None:
         chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
@@ -1492,16 +1492,13 @@ class Timeline:
         rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
         hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
         rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
-        for line in output[-PREVIEW_TAIL:]:
-            rows.append(self.style.paint(clip("    " + line, self.width), "dim"))
+        rows += [self._dim("    " + line) for line in output[-PREVIEW_TAIL:]]
         return card.head + rows
 
     def _preview(self, lines: list[str], n_total: int, hint: str = "") -> list[str]:
-        out = []
-        for k, line in enumerate(lines):
-            # the first line hangs off the card line
-            indent = "  ⎿ " if k == 0 else "    "
-            out.append(self.style.paint(clip(indent + line, self.width), "dim"))
+        # the first line hangs off the card line
+        out = [self._dim("  ⎿ " + line) for line in lines[:1]]
+        out += [self._dim("    " + line) for line in lines[1:]]
         if n_total > len(lines):
             more = n_total - len(lines)
             out.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
