@@ -311,14 +311,13 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
     """Wrap styled spans to `width` cells behind the styled prefixes `first` (first line) and
     `rest`. Word wrap collapses whitespace to single spaces and breaks only a word longer than a
     line; `hard` keeps every space and breaks anywhere (code, diffs)."""
-    lines: list[str] = []
     rest_width = visible_width(rest)
-    # the current line: its prefix, where its text starts, the cells used
-    prefix = first
+    # the current line: where its text starts, the cells used, its runs (`rows`: every line's)
     start = visible_width(first)
     width = max(width, start + 1, rest_width + 1)
     used = start
     runs = []
+    rows = [runs]
     space = False
     for text, roles in spans:
         space = not hard and (space or text[:1].isspace())
@@ -328,10 +327,8 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
             gap = 1 if space and used > start else 0
             too_long = used + gap + w > width
             if not hard and too_long and used > start:
-                lines.append(prefix + join_runs(runs, style))
-                prefix = rest
+                rows.append(runs := [])
                 start = used = rest_width
-                runs = []
                 gap = 0
             if gap:
                 # between two runs of one style the space shares it (an underline goes on)
@@ -348,18 +345,15 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
                 used += gap + cell_width(head)
                 gap, w = 0, cell_width(word)
                 if word:
-                    lines.append(prefix + join_runs(runs, style))
-                    prefix = rest
+                    rows.append(runs := [])
                     start = used = rest_width
-                    runs = []
             if word:
                 _add_run(runs, word, roles)
                 used += gap + w
             space = not hard
         if not hard and text:
             space = text[-1:].isspace()
-    lines.append(prefix + join_runs(runs, style))
-    return lines
+    return [first + join_runs(rows[0], style)] + [rest + join_runs(r, style) for r in rows[1:]]
 
 
 # ════ Markdown: inline styles, blocks, code, tables, diffs ════
