@@ -486,12 +486,9 @@ def render_fence_line(line: str, width: int, style: Style) -> list[str]:
 def render_list_item(indent: str, marker: str, text: str, width: int,
                      style: Style) -> list[str]:
     level = min(len(indent.expandtabs(4)) // 2, 6)
+    bullet = "•◦"[level % 2]
     if marker[0].isdigit():
         bullet = marker
-    elif level % 2 == 0:
-        bullet = "•"
-    else:
-        bullet = "◦"
     if box := {"[ ] ": "☐", "[x] ": "☑", "[X] ": "☑"}.get(text[:4]):
         bullet = box
         text = text[4:]
