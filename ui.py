@@ -2581,24 +2581,13 @@ class App:
         permissions = self.timeline.permissions
         if permissions and self._panel_key(permissions[0], key):
             return
-        if key.name == "ctrl+c":
-            return self._ctrl_c()
         if key.name == "ctrl+d" and not self.composer.text:
             return self.quit(0)
-        if key.name == "ctrl+o":
-            return self.timeline.expand_last_card()
-        if key.name == "ctrl+r":
-            return self.open_transcript()
-        if key.name == "shift+tab":
-            return self.call(self.controller.cycle_mode)
-        if key.name == "esc":
-            if self.composer.menu:
-                self.composer.close_menu()
-            elif self.controller.busy:
-                self.call(self.controller.interrupt)
-            elif not self.composer.text:
-                self._esc_idle()
-            return
+        actions = {"ctrl+c": self._ctrl_c, "esc": self._esc,
+                   "ctrl+o": self.timeline.expand_last_card, "ctrl+r": self.open_transcript,
+                   "shift+tab": lambda: self.call(self.controller.cycle_mode)}
+        if key.name in actions:
+            return actions[key.name]()
         if key == Key("text", "?") and not self.composer.text:
             # as in Claude Code: "?" on an empty input shows the keys
             return self.timeline.note(keys_help())
@@ -2609,12 +2598,18 @@ class App:
         if sent is not None:
             self._dispatch(sent)
 
-    def _esc_idle(self) -> None:
-        now = time.monotonic()
-        if now - self._idle_esc < DOUBLE_ESC_S:
-            now = 0.0
-            self.call(self.controller.run_command, "/rewind")
-        self._idle_esc = now
+    def _esc(self) -> None:
+        """Close the menu, else interrupt, else (twice, on an empty composer) open /rewind."""
+        if self.composer.menu:
+            self.composer.close_menu()
+        elif self.controller.busy:
+            self.call(self.controller.interrupt)
+        elif not self.composer.text:
+            now = time.monotonic()
+            if now - self._idle_esc < DOUBLE_ESC_S:
+                now = 0.0
+                self.call(self.controller.run_command, "/rewind")
+            self._idle_esc = now
 
     def quit(self, code: int) -> None:
         if self.exit_code is None:
