@@ -581,9 +581,8 @@ class Context:
         if state.messages:
             history = max(0, estimate_tokens(state.messages) - checkpoint)
         sizes = [("tools", estimate_tokens(self.tools))]
-        for name, block in zip(self.system_names, self.system):
-            tokens = estimate_tokens(block["text"])
-            sizes.append((f"system: {name}", tokens))
+        sizes += [(f"system: {name}", estimate_tokens(block["text"]))
+                  for name, block in zip(self.system_names, self.system)]
         sizes += [("checkpoint", checkpoint), ("history", history),
                   ("volatile tail", estimate_tokens(volatile))]
         usage = last_usage or state.last_usage or {}
