@@ -43,6 +43,7 @@ import contextlib
 import functools
 import heapq
 import inspect
+import itertools
 import json
 import os
 import re
@@ -555,23 +556,18 @@ def _align(text: str, width: int, align: str) -> str:
 def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
     """Quoted lines (each starts with `>`). Each line's depth is counted, and runs of one depth
     are rendered once behind that many bars: no recursion, so 1,000 levels render."""
-    out: list[str] = []
-    run: list[str] = []
-    run_depth = 0
-    for line in lines + [None]:
+    def unquoted(line: str) -> tuple[int, str]:
         depth = 0
-        while line is not None and (m := QUOTE_RE.match(line)):
-            line = m.group(1)
-            depth += 1
-        if run and (line is None or depth != run_depth):
-            bars = min(run_depth, QUOTE_MAX_BARS)
-            bar = style.paint("│ " * bars, "quote")
-            inner_width = max(width - 2 * bars, 8)
-            out += [bar + row for row in render_block(run, inner_width, style)]
-            run = []
-        if line is not None:
-            run.append(line)
-            run_depth = depth
+        while m := QUOTE_RE.match(line):
+            line, depth = m.group(1), depth + 1
+        return depth, line
+
+    out: list[str] = []
+    for depth, run in itertools.groupby(map(unquoted, lines), key=lambda pair: pair[0]):
+        bars = min(depth, QUOTE_MAX_BARS)
+        bar = style.paint("│ " * bars, "quote")
+        rows = render_block([line for _, line in run], max(width - 2 * bars, 8), style)
+        out += [bar + row for row in rows]
     return [clip(row, width) for row in out]
 
 
