@@ -2242,11 +2242,9 @@ class Composer:
         self._history_pos, self._draft = len(self.history), ""
 
     def _remember_mentions(self, paths: list[str]) -> None:
-        for path in paths:
-            if path in self.recent_mentions:
-                self.recent_mentions.remove(path)
-            self.recent_mentions.insert(0, path)
-        del self.recent_mentions[50:]
+        """The newest first, each once, at most 50."""
+        newest_first = dict.fromkeys([*reversed(paths), *self.recent_mentions])
+        self.recent_mentions = list(newest_first)[:50]
 
     # -- completion: "/" commands and "@" mentions --
 
