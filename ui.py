@@ -1376,9 +1376,8 @@ class Timeline:
 
     def start_shell(self, command: str) -> None:
         """A `!` command the user just started: a live card until its UserShellRan."""
-        card = ToolCard("!", one_line(command))
-        card.started = time.monotonic()
-        self.cards[events.USER_SHELL_ID] = card
+        started = time.monotonic()
+        self.cards[events.USER_SHELL_ID] = ToolCard("!", one_line(command), started=started)
 
     def _on_UserShellRan(self, e: dict) -> None:
         """The user's own command, drawn like a bash card: `● ! git status · exit 0 · 0.2s`."""
