@@ -525,10 +525,8 @@ def render_table(rows: list[str], width: int, style: Style,
         cells = [wrap_spans(inline_spans(text, style, roles), w, style)
                  for text, w in zip(row, widths)]
         # a row is as tall as its tallest cell
-        for k in range(max(len(c) for c in cells)):
-            parts = [(c[k] if k < len(c) else "") for c in cells]
-            columns = zip(parts, widths, aligns)
-            aligned = [_align(part, w, a) for part, w, a in columns]
+        for parts in itertools.zip_longest(*cells, fillvalue=""):
+            aligned = [_align(part, w, a) for part, w, a in zip(parts, widths, aligns)]
             out.append(sep.join(aligned).rstrip())
         if r == 0:
             rule = "─┼─".join("─" * w for w in widths)
