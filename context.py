@@ -291,27 +291,12 @@ class _Importer:
 
     def follow(self, importer: Path, line: int, spec: str, tier: str,
                chain: tuple) -> None:
-        where = f"{importer}:{line}: @{spec}"
         target = self.target(importer, spec)
-        if target is None:
-            self.notes.append(f"{where}: not found; not imported")
-            return
-        resolved = target.resolve()
-        if resolved in chain:
-            cycle = (*chain[chain.index(resolved):], resolved)
-            loop = " → ".join(p.name for p in cycle)
-            self.notes.append(f"{where}: an import cycle ({loop});"
-                              " not imported again")
-            return
-        if len(chain) > MAX_IMPORT_DEPTH:
-            self.notes.append(f"{where}: more than {MAX_IMPORT_DEPTH}"
-                              " imports deep; not imported")
-            return
-        refused = self.refusal(resolved, tier)
+        refused = self.refusal(target, tier, chain)
         if refused:
-            self.notes.append(f"{where}: not imported: {refused}")
-            return
-        self.load(resolved, tier, importer, chain)
+            self.notes.append(f"{importer}:{line}: @{spec}: {refused}")
+        else:
+            self.load(target, tier, importer, chain)
 
     def target(self, importer: Path, spec: str) -> Path | None:
         """The file an @path names, or None. Trailing punctuation is part of the sentence, not the
@@ -325,25 +310,32 @@ class _Importer:
             else:
                 path = importer.parent / name
             if name and path.is_file():
-                return path
+                return path.resolve()
         return None
 
-    def refusal(self, resolved: Path, tier: str) -> str | None:
-        """Why this import may not be read, or None."""
+    def refusal(self, resolved: Path | None, tier: str, chain: tuple) -> str | None:
+        """Why this import is not read, or None."""
+        if resolved is None:
+            return "not found; not imported"
+        if resolved in chain:
+            cycle = (*chain[chain.index(resolved):], resolved)
+            loop = " → ".join(p.name for p in cycle)
+            return f"an import cycle ({loop}); not imported again"
+        if len(chain) > MAX_IMPORT_DEPTH:
+            return f"more than {MAX_IMPORT_DEPTH} imports deep; not imported"
         if self.is_secret is not None and self.is_secret(resolved.name):
-            return "it is a secret file"
+            return "not imported: it is a secret file"
         if _inside(resolved, self.root):
             return None
         if tier == "user":
             if _inside(resolved, self.user_home.resolve()):
                 return None
-            return f"{resolved} is outside your home directory and the project"
+            return f"not imported: {resolved} is outside your home directory and the project"
         claude_dir = (self.user_home / ".claude").resolve()
         if _inside(resolved, claude_dir) and resolved.suffix.lower() == ".md":
             return None
-        return (f"{resolved} is outside the project (a project's files"
-                " import only project files and Markdown files under"
-                " ~/.claude/)")
+        return (f"not imported: {resolved} is outside the project (a project's files import"
+                " only project files and Markdown files under ~/.claude/)")
 
 
 def imports_in(text: str) -> list[tuple[int, str]]:
