@@ -286,17 +286,14 @@ class _Importer:
         if imported_by is not None and not is_markdown:
             # an imported package.json or README is read, its @s are not followed
             return
+        chain = (*chain, resolved)
         for line, spec in imports_in(text):
-            self.follow(path, line, spec, tier, (*chain, resolved))
-
-    def follow(self, importer: Path, line: int, spec: str, tier: str,
-               chain: tuple) -> None:
-        target = self.target(importer, spec)
-        refused = self.refusal(target, tier, chain)
-        if refused:
-            self.notes.append(f"{importer}:{line}: @{spec}: {refused}")
-        else:
-            self.load(target, tier, importer, chain)
+            target = self.target(path, spec)
+            refused = self.refusal(target, tier, chain)
+            if refused:
+                self.notes.append(f"{path}:{line}: @{spec}: {refused}")
+            else:
+                self.load(target, tier, path, chain)
 
     def target(self, importer: Path, spec: str) -> Path | None:
         """The file an @path names, or None. Trailing punctuation is part of the sentence, not the
