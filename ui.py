@@ -1127,9 +1127,8 @@ class Timeline:
         if more:
             lines.append(self.style.paint("  " + more_lines(more), "dim"))
         # the @mentions sent with it (kernel.attachments)
-        names = []
-        for attached in e.get("attachments") or []:
-            names += ATTACHED_RE.findall(str(attached))[:1]
+        found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
+        names = [m[1] for m in found if m]
         if names:
             note = "  ⎿ attached " + sanitize(", ".join(names))
             lines.append(self._dim(note))
@@ -1214,11 +1213,9 @@ class Timeline:
 
     def _thought_rows(self, text: str) -> list[str]:
         """Thinking text wrapped under its line, dim."""
-        rows = []
-        for paragraph in sanitize(text).split("\n"):
-            spans = [(paragraph, ("dim", "italic"))]
-            rows += wrap_spans(spans, self.width, self.style, "  ", "  ")
-        return rows
+        paragraphs = [[(line, ("dim", "italic"))] for line in sanitize(text).split("\n")]
+        return [row for spans in paragraphs
+                for row in wrap_spans(spans, self.width, self.style, "  ", "  ")]
 
     def _live_thinking(self, now: float) -> list[str]:
         """`✻ Thinking · 4s` and its newest words; opened (Ctrl-O), its newest rows below."""
@@ -1353,8 +1350,8 @@ class Timeline:
             if e["ts"] - card.started_ts >= 1000:
                 meta = dict(meta, duration_ms=e["ts"] - card.started_ts)
         facts = meta_facts(meta)
-        for change in card.changes:
-            facts.append("new file" if change.get("created") else change_counts(change))
+        facts += ["new file" if change.get("created") else change_counts(change)
+                  for change in card.changes]
         symbol = self.style.paint("●", "ok")
         if meta.get("exit_code") not in (None, 0):
             # it ran, and the command says it did not succeed
@@ -1364,8 +1361,7 @@ class Timeline:
         if failed and not facts:
             facts = ["failed"]
         lines = [self._card_line(symbol, card.name, card.summary, facts)]
-        for change in card.changes:
-            lines += self._diff_lines(change)
+        lines += [row for change in card.changes for row in self._diff_lines(change)]
         shows_output = failed or (card.output != "none" and not card.changes)
         output = card_output(e, meta) if shows_output else []
         self._hold(lines, output, card.output == "head" and not failed)
@@ -2444,10 +2440,8 @@ class InlineRenderer:
             self._to_bottom = bool(self._lines) and new_width > old_width
             return
         row, column = self._cursor
-        rows_above = 0
-        for line in self._lines[:row]:
-            # rows it takes now: its width divided by new_width, rounded up
-            rows_above += max(1, -(-visible_width(line) // new_width))
+        # the rows each takes now: its width divided by new_width, rounded up
+        rows_above = sum(max(1, -(-visible_width(line) // new_width)) for line in self._lines[:row])
         self._cursor = (rows_above + column // new_width, 0)
         self._lines = [""] * (self._cursor[0] + 1)
 
