@@ -701,11 +701,8 @@ def prune_ids(state: events.State) -> list[str]:
 def _attached_reads(state: events.State) -> set:
     """tool_use_ids of reads of a file the user attached with @path: the user put it in the
     conversation, so it stays whole."""
-    mentioned = set()
-    for _, text in state.user_texts:
-        for _, spec in imports_in(text):
-            bare = spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\"")
-            mentioned.add(os.path.normpath(bare))
+    mentioned = {os.path.normpath(spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\""))
+                 for _, text in state.user_texts for _, spec in imports_in(text)}
     if not mentioned:
         return set()
     attached = set()
@@ -1149,11 +1146,9 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
         for item in value:
             nested += _yaml_lines(inner + "-", item, indent + 2)
     elif isinstance(value, str) and _block_literal_ok(value):
-        lines = [f"{head} |{_chomping(value)}"]
-        for line in value.removesuffix("\n").split("\n"):
-            # an empty line gets no indentation
-            lines.append(inner + line if line else "")
-        return lines
+        # an empty line gets no indentation
+        body = [inner + line if line else "" for line in value.removesuffix("\n").split("\n")]
+        return [f"{head} |{_chomping(value)}"] + body
     else:
         return [f"{head} {_yaml_scalar(value)}"]
     # A collection in a list starts on the dash's line ("- " is as wide as the indent).
@@ -1436,9 +1431,8 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         if tests:
             command += " -- " + " ".join(tests[:4])
         commands.append(command)
-    for name in ("typecheck", "type-check", "lint"):
-        if name in scripts:
-            commands.append(f"{manager} run {name}")
+    commands += [f"{manager} run {name}" for name in ("typecheck", "type-check", "lint")
+                 if name in scripts]
     return commands
 
 
@@ -1447,12 +1441,10 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
     if ".test." in p.name or ".spec." in p.name:
         return [path]
     stem = p.name.split(".")[0]
-    found = []
-    for folder in (root / p.parent, root / p.parent / "__tests__"):
-        if not folder.is_dir():
-            continue
-        for pattern in (f"{stem}.test.*", f"{stem}.spec.*"):
-            found += sorted(folder.glob(pattern))
+    folders = (root / p.parent, root / p.parent / "__tests__")
+    found = [test for folder in folders if folder.is_dir()
+             for pattern in (f"{stem}.test.*", f"{stem}.spec.*")
+             for test in sorted(folder.glob(pattern))]
     return [str(f.relative_to(root)) for f in found[:2]]
 
 
