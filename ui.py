@@ -2040,8 +2040,7 @@ class Composer:
         self.recent_mentions: list[str] = []
         # (candidates, query, matches) last time
         self._mention_memo: tuple = (None, "", [])
-        for entry in self.history:
-            self._remember_mentions(MENTIONED_RE.findall(entry))
+        self._remember_mentions([p for entry in self.history for p in MENTIONED_RE.findall(entry)])
 
     def _load_history(self) -> None:
         path = self._history_path
