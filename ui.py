@@ -379,6 +379,9 @@ INLINE_RE = re.compile(
 ESCAPED_RE = re.compile(r"\\([!-/:-@\[-`{-~])")
 # deeper quotes draw no more bars (1,000 levels must still render)
 QUOTE_MAX_BARS = 6
+# A table column's alignment, by the colons that start and end its separator cell (GitHub tables:
+# `---:` right, `:---:` center, else left), as the share of a cell's spare room put before it.
+ALIGN_SHARES = {(False, True): 1, (True, True): 0.5}
 
 KEYWORDS = frozenset("""
     and as assert async await break case catch class const
@@ -512,8 +515,8 @@ def render_table(rows: list[str], width: int, style: Style,
     while total > width and max(widths) > 3:
         widths[widths.index(max(widths))] -= 1
         total -= 1
-    aligns = [column_align(cell) for cell in table_cells(separator)]
-    aligns += ["left"] * (n_cols - len(aligns))
+    ends = [(cell.startswith(":"), cell.endswith(":")) for cell in table_cells(separator)]
+    shares = [ALIGN_SHARES.get(colons, 0) for colons in ends] + [0] * (n_cols - len(ends))
     sep = style.paint(" │ ", "dim")
     out = []
     for r, row in enumerate(grid):
@@ -522,7 +525,7 @@ def render_table(rows: list[str], width: int, style: Style,
                  for text, w in zip(row, widths)]
         # a row is as tall as its tallest cell
         for parts in itertools.zip_longest(*cells, fillvalue=""):
-            aligned = [_align(part, w, a) for part, w, a in zip(parts, widths, aligns)]
+            aligned = [_align(part, w, a) for part, w, a in zip(parts, widths, shares)]
             out.append(sep.join(aligned).rstrip())
         if r == 0:
             rule = "─┼─".join("─" * w for w in widths)
@@ -530,21 +533,11 @@ def render_table(rows: list[str], width: int, style: Style,
     return [clip(line, width) for line in out]
 
 
-def column_align(separator_cell: str) -> str:
-    """`---:` right, `:---:` center, else left (GitHub tables)."""
-    right = separator_cell.endswith(":")
-    if right and separator_cell.startswith(":"):
-        return "center"
-    return "right" if right else "left"
-
-
-def _align(text: str, width: int, align: str) -> str:
+def _align(text: str, width: int, share: float) -> str:
+    """`text` padded to `width` cells, `share` of the padding before it."""
     room = max(0, width - visible_width(text))
-    if align == "right":
-        return " " * room + text
-    if align == "center":
-        return " " * (room // 2) + text + " " * (room - room // 2)
-    return text + " " * room
+    before = int(room * share)
+    return " " * before + text + " " * (room - before)
 
 
 def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
