@@ -1449,14 +1449,11 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
 def _whole_project_checks(root: Path) -> list[str]:
     """Nothing narrower was found: the Makefile's check targets, else the project's own suite by its
     marker files."""
+    makefile = _nearest([root], ("Makefile", "makefile", "GNUmakefile"))
     targets = set()
-    for name in ("Makefile", "makefile", "GNUmakefile"):
-        if (root / name).is_file():
-            makefile = _read_text(root / name)
-            # "name:" at the start of a line, but not "name := value"
-            rule = r"^([A-Za-z][\w-]*)\s*:(?!=)"
-            targets = set(re.findall(rule, makefile, re.M))
-            break
+    if makefile:
+        # "name:" at the start of a line, but not "name := value"
+        targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", _read_text(makefile), re.M))
     check_targets = ("test", "check", "lint")
     if targets & set(check_targets):
         return [f"make {t}" for t in check_targets if t in targets]
