@@ -2749,9 +2749,8 @@ class App:
         room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
         panel = self._panel(room)
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
-        for command in self.queued_shell:
-            line = f"› queued: !{one_line(command)} · runs when the turn ends"
-            live.append(style.paint(clip(line, width), "dim"))
+        live += [style.paint(f"› queued: !{one_line(command)} · runs when the turn ends", "dim")
+                 for command in self.queued_shell]
         # the newest live lines that fit above the panel
         live = live[len(live) - max(0, room - len(panel)):]
         frame = live + panel + [status] + rows + menu
