@@ -2755,13 +2755,11 @@ class App:
         live = live[len(live) - max(0, room - len(panel)):]
         frame = live + panel + [status] + rows + menu
         lines = [clip(line, width) for line in frame]
+        # the cursor in the composer, or at the end of the denial's message
+        row, column = len(live) + len(panel) + 1 + crow, ccol
         if self.feedback is not None and panel:
-            # the cursor at the end of the denial's message
-            row = len(live) + len(panel) - 1
-            cursor = (row, min(visible_width(panel[-1]), width - 1))
-        else:
-            row = len(live) + len(panel) + 1 + crow
-            cursor = (row, min(ccol, width - 1))
+            row, column = len(live) + len(panel) - 1, visible_width(panel[-1])
+        cursor = (row, min(column, width - 1))
         # a tiny terminal: the composer wins
         excess = len(lines) - (self.height - 1)
         if excess > 0:
