@@ -1367,12 +1367,11 @@ class Timeline:
         self.cards.pop(events.USER_SHELL_ID, None)
         meta = {key: e[key] for key in ("exit_code", "duration_ms") if e.get(key) is not None}
         summary = one_line(str(e.get("command", "")))
+        symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
+        if meta.get("exit_code") == 0:
+            symbol = self.style.paint("●", "ok")
         if e.get("stopped"):
             symbol, facts = "○", ["stopped"]
-        elif meta.get("exit_code") == 0:
-            symbol, facts = self.style.paint("●", "ok"), meta_facts(meta)
-        else:
-            symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
         self._hold([self._card_line(symbol, "!", summary, facts)], card_output(e, meta))
 
     def _on_ToolCancelled(self, e: dict) -> None:
