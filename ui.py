@@ -610,8 +610,7 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
             rest = [row.strip() for row in lines[i + 1:j]]
             text = " ".join([first] + rest)
             if m:
-                indent, marker = m.group(1), m.group(2)
-                out += render_list_item(indent, marker, text, width, style)
+                out += render_list_item(m.group(1), m.group(2), text, width, style)
             else:
                 out += wrap_spans(inline_spans(text, style), width, style)
         i = j
