@@ -644,8 +644,7 @@ def render_diff(diff: str, width: int, style: Style,
             out.append(style.paint("     " + more_lines(len(rows) - n, "diff line"), "dim"))
             break
         if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
-            old = int(m.group(1))
-            new = int(m.group(2))
+            old, new = map(int, m.groups())
             in_hunk = True
             out.append(style.paint(clip(raw, width), "hunk"))
             continue
