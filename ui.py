@@ -1996,7 +1996,7 @@ class Composer:
     def __init__(self, *, history_path: str | os.PathLike | None = None,
                  commands: Callable[[], list[str]] = list,
                  mentions: Callable[[str], list[str]] = lambda prefix: [],
-                 describe: Callable[[str], str] = lambda name: "",
+                 about: dict[str, str] | None = None,
                  choices: dict[str, list[str]] | None = None):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
@@ -2009,7 +2009,7 @@ class Composer:
         self._menu_closed = False
         self._commands, self._mentions = commands, mentions
         # a command's one-line description, for the menu
-        self._describe = describe
+        self._about = about or {}
         # a command's arguments, offered once its name and a space are typed
         self._choices = choices or {}
         self._pastes: dict[str, str] = {}
@@ -2348,7 +2348,7 @@ class Composer:
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
-            about = self._describe(item) if self._menu_kind == "command" else ""
+            about = self._about.get(item, "") if self._menu_kind == "command" else ""
             label = item
             if about:
                 label += " " * (column - cell_width(item))
@@ -2477,13 +2477,11 @@ class App:
         self.controller, self.style = controller, style
         self.width, self.height = width, height
         self.timeline = Timeline(style, width)
-        about = getattr(controller, "command_descriptions", None) or {}
-        choices = getattr(controller, "command_choices", None) or {}
         self.composer = Composer(history_path=history_path,
                                  commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates,
-                                 describe=lambda name: about.get(name, ""),
-                                 choices=choices)
+                                 about=getattr(controller, "command_descriptions", None),
+                                 choices=getattr(controller, "command_choices", None))
         self.renderer = InlineRenderer()
         # deny message being typed in the permission panel
         self.feedback: str | None = None
