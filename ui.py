@@ -2389,8 +2389,9 @@ class InlineRenderer:
         start = 0
         if self._lines:
             if not (settled or self._to_bottom):
-                start = _first_difference(self._lines, lines)
-                start = min(start, len(self._lines) - 1, len(lines))
+                # where the two frames first differ (the shorter one's end at the latest)
+                differ = (k for k, (a, b) in enumerate(zip(self._lines, lines)) if a != b)
+                start = min(next(differ, len(lines)), len(self._lines) - 1, len(lines))
             parts.append(move_rows(start - self._cursor[0]))
         parts.append(CARRIAGE_RETURN + ERASE_DOWN)
         if self._to_bottom:
@@ -2438,12 +2439,6 @@ def move_rows(delta: int) -> str:
     if delta > 0:
         return CURSOR_DOWN.format(delta)
     return ""
-
-
-def _first_difference(old: list[str], new: list[str]) -> int:
-    """The first row where two frames differ, or where the shorter one ends."""
-    differ = (k for k, (a, b) in enumerate(zip(old, new)) if a != b)
-    return next(differ, min(len(old), len(new)))
 
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
