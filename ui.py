@@ -1490,17 +1490,13 @@ class Timeline:
         for queued in self._queued:
             lines += [""] + queued
         for tid, card in self.cards.items():
+            symbol, fact = "○", "queued"
+            if card.started is not None:
+                symbol, fact = spinner, events.duration(now - card.started)
             if tid in self._requests:
-                facts = ["waiting for approval"]
-            elif card.started is not None:
-                facts = [events.duration(now - card.started)]
-            else:
-                facts = ["queued"]
-            symbol = spinner if card.started is not None else "○"
-            lines.append(self._card_line(symbol, card.name, card.summary,
-                                         facts))
-            tail = list(card.output_tail)
-            lines += self._preview(tail, len(tail))
+                fact = "waiting for approval"
+            lines.append(self._card_line(symbol, card.name, card.summary, [fact]))
+            lines += self._preview(list(card.output_tail), len(card.output_tail))
         return lines
 
     def activity(self, now: float) -> str:
