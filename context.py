@@ -1135,20 +1135,17 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
     """`head` (an indented "key:" or "-") and its value: on the same line for a scalar or an empty
     collection, else a block literal or the collection's lines indented by two more."""
     inner = " " * (indent + 2)
-    nested = []
     if isinstance(value, dict) and value:
-        for key, item in value.items():
-            key_head = inner + _yaml_scalar(str(key)) + ":"
-            nested += _yaml_lines(key_head, item, indent + 2)
+        items = [(inner + _yaml_scalar(str(key)) + ":", item) for key, item in value.items()]
     elif isinstance(value, list) and value:
-        for item in value:
-            nested += _yaml_lines(inner + "-", item, indent + 2)
+        items = [(inner + "-", item) for item in value]
     elif isinstance(value, str) and _block_literal_ok(value):
         # an empty line gets no indentation
         body = [inner + line if line else "" for line in value.removesuffix("\n").split("\n")]
         return [f"{head} |{_chomping(value)}"] + body
     else:
         return [f"{head} {_yaml_scalar(value)}"]
+    nested = [line for item_head, item in items for line in _yaml_lines(item_head, item, indent + 2)]
     # A collection in a list starts on the dash's line ("- " is as wide as the indent).
     if head.endswith("-"):
         return [head + " " + nested[0][indent + 2:]] + nested[1:]
