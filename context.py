@@ -1145,7 +1145,8 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
         return [f"{head} |{_chomping(value)}"] + body
     else:
         return [f"{head} {_yaml_scalar(value)}"]
-    nested = [line for item_head, item in items for line in _yaml_lines(item_head, item, indent + 2)]
+    nested = [line for item_head, item in items
+              for line in _yaml_lines(item_head, item, indent + 2)]
     # A collection in a list starts on the dash's line ("- " is as wide as the indent).
     if head.endswith("-"):
         return [head + " " + nested[0][indent + 2:]] + nested[1:]
