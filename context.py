@@ -554,8 +554,7 @@ class Context:
         numbers = re.search(r"(\d+)\s*tokens?\s*>\s*(\d+)", message)
         if not numbers:
             return "compact"
-        asked = int(numbers[1])
-        maximum = int(numbers[2])
+        asked, maximum = map(int, numbers.groups())
         return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS)
 
     # -- inspection
