@@ -2137,9 +2137,13 @@ class Composer:
     def _word_right(self) -> int:
         return WORD_AFTER_RE.match(self.text, self.cursor).end()
 
-    def _cut(self, start: int, end: int) -> None:
+    def _cut(self, start: int, end: int, kill: bool = True) -> None:
+        """Remove text[start:end]; a kill (not Backspace or Delete, as in readline) keeps it for
+        Ctrl-Y."""
+        end = min(end, len(self.text))
         if end > start:
-            self._kill = self.text[start:end]
+            if kill:
+                self._kill = self.text[start:end]
             self.text = self.text[:start] + self.text[end:]
             self.cursor = start
 
@@ -2150,8 +2154,8 @@ class Composer:
     def _key_ctrl_e(self, key): self.cursor = self._line_bounds()[1]
     def _key_alt_b(self, key): self.cursor = self._word_left()
     def _key_alt_f(self, key): self.cursor = self._word_right()
-    def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor)
-    def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1)
+    def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor, kill=False)
+    def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1, kill=False)
     def _key_ctrl_w(self, key): self._cut(self._word_left(), self.cursor)
     def _key_alt_d(self, key): self._cut(self.cursor, self._word_right())
     def _key_ctrl_u(self, key): self._cut(self._line_bounds()[0], self.cursor)
