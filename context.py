@@ -17,6 +17,7 @@ import time
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -1336,11 +1337,16 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
         commands.append("cargo test")
     if "go" in by_kind and (root / "go.mod").is_file():
         folders = {str(Path(path).parent) for path in by_kind["go"]}
-        packages = " ".join(sorted(f if f == "." else "./" + f for f in folders))
+        packages = _words(sorted(f if f == "." else "./" + f for f in folders))
         commands += [f"go vet {packages}", f"go test {packages}"]
     if not commands:
         commands = _whole_project_checks(root)
     return list(dict.fromkeys(commands))[:MAX_CHECK_COMMANDS]
+
+
+def _words(paths: list[str]) -> str:
+    """Paths as a command's arguments: a name with a space or a `$(…)` stays one word."""
+    return " ".join(map(shlex.quote, paths))
 
 
 def _read_text(path: Path) -> str:
@@ -1370,12 +1376,12 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     tests = list(dict.fromkeys(tests))[:6]
     python = _python()
     commands = []
-    files = " ".join(changed[:10])
+    files = _words(changed[:10])
     if tests:
         runner = f"{python} -m unittest"
         if uses_pytest or not config:
             runner = f"{python} -m pytest -q"
-        commands.append(f"{runner} {' '.join(tests)}")
+        commands.append(f"{runner} {_words(tests)}")
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
     ruff_files = ("ruff.toml", ".ruff.toml")
@@ -1424,7 +1430,7 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         tests = [test for path in changed for test in _related_node_tests(root, path)]
         command = f"{manager} test"
         if tests:
-            command += " -- " + " ".join(tests[:4])
+            command += " -- " + _words(tests[:4])
         commands.append(command)
     commands += [f"{manager} run {name}" for name in ("typecheck", "type-check", "lint")
                  if name in scripts]
