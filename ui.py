@@ -861,16 +861,6 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-def card_view(e: dict, tool_input: dict) -> dict:
-    """The card a ToolRequested declares (the tool says, beside its schema, what its card
-    shows); a log written before cards were declared: the first string input, output tail."""
-    card = e.get("card")
-    if isinstance(card, dict) and isinstance(card.get("summary"), str):
-        return card
-    strings = [v for v in tool_input.values() if isinstance(v, str)]
-    return {"summary": strings[0] if strings else "", "output": "tail"}
-
-
 # a finished call's flags, in the card line's words
 META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 
@@ -1299,12 +1289,17 @@ class Timeline:
     # -- tools and permissions --
 
     def _on_ToolRequested(self, e: dict) -> None:
+        """The card the call declares (the tool says, beside its schema, what its card shows); a
+        log written before cards were declared: the first string input, output tail."""
         tool_input = e.get("input")
         if not isinstance(tool_input, dict):
             tool_input = {}
-        view = card_view(e, tool_input)
-        card = ToolCard(e.get("name", "?"), one_line(view["summary"]), tool_input)
-        card.output = view.get("output", "tail")
+        view = e.get("card")
+        if not (isinstance(view, dict) and isinstance(view.get("summary"), str)):
+            strings = [v for v in tool_input.values() if isinstance(v, str)]
+            view = {"summary": strings[0] if strings else ""}
+        card = ToolCard(e.get("name", "?"), one_line(view["summary"]), tool_input,
+                        output=view.get("output", "tail"))
         self.cards[e.get("tool_use_id", "")] = card
 
     def _on_ToolStarted(self, e: dict) -> None:
