@@ -991,15 +991,12 @@ def parse_checkpoint(text: str) -> dict:
     checkpoint = {}
     for key in CHECKPOINT_KEYS:
         value = data.get(key)
-        items = _as_list(value)
         if key in TEXT_KEYS:
             checkpoint[key] = _as_text(value)
         elif key in RECORD_KEYS:
-            fields = RECORD_KEYS[key]
-            checkpoint[key] = [_as_record(item, fields) for item in items]
+            checkpoint[key] = [_as_record(item, RECORD_KEYS[key]) for item in _as_list(value)]
         else:
-            texts = [_as_text(item) for item in items]
-            checkpoint[key] = [entry for entry in texts if entry]
+            checkpoint[key] = [text for text in map(_as_text, _as_list(value)) if text]
     return checkpoint
 
 
@@ -1022,8 +1019,7 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     else:
         answer_text = str(answer)
     checkpoint = parse_checkpoint(answer_text)
-    processes = state.processes.values()
-    checkpoint["running_processes"] = [dict(p) for p in processes]
+    checkpoint["running_processes"] = [dict(p) for p in state.processes.values()]
     if not checkpoint["changes"]:
         checkpoint["changes"] = _changes_through(state, cut_seq)
     latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
