@@ -1160,9 +1160,7 @@ class Timeline:
         self._thinking += e.get("text", "")
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
-        redacted = "redacted" in e
-        self._finish_thinking(e.get("thinking") or "", e.get("duration_ms"),
-                              redacted)
+        self._finish_thinking(e.get("thinking") or "", e.get("duration_ms"), "redacted" in e)
         if self._text is None:
             self._settle_queued()
 
@@ -2235,8 +2233,7 @@ class Composer:
         elif space and " " not in partial and self._choices.get(name):
             offered = [f"{name} {choice}" for choice in self._choices[name]]
         elif m := MENTION_RE.search(before):
-            matches = self._mention_matches(m.group(1))
-            self.menu = matches[:MAX_MENU_MENTIONS]
+            self.menu = self._mention_matches(m.group(1))[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
             return
         else:
@@ -2646,8 +2643,7 @@ class App:
             return True
         choices = panel_choices(request)
         empty = not self.composer.text
-        menu_keys = ("up", "down", "tab", "enter", "esc")
-        if self.composer.menu and key.name in menu_keys:
+        if self.composer.menu and key.name in ("up", "down", "tab", "enter", "esc"):
             # the composer's completion menu has them
             return False
         arrows = key.name in ("up", "down")
