@@ -17,6 +17,7 @@ import time
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -49,13 +50,10 @@ CODE_RE = re.compile(
     re.M | re.S)
 # Tokens, for a model not in WINDOWS (the 4.5 family and older).
 DEFAULT_WINDOW = 200_000
-# Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families.
-WINDOWS = dict.fromkeys(
-    ("claude-opus-5", "claude-sonnet-5", "claude-haiku-5",
-     "claude-fable-5", "claude-mythos-5",
-     "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6",
-     "claude-sonnet-4-6"),
-    1_000_000)
+# Context windows by model-id prefix (ANTHROPIC_API.md §5.3): 1M for the 4.6+ and 5.x families,
+# so every priced model but the 4.5 family, and the 5.x Haiku, Fable and Mythos ids, priced or not.
+WINDOWS = dict.fromkeys([*(m for m in events.PRICES if not m.endswith("-4-5")),
+                         "claude-haiku-5", "claude-fable-5", "claude-mythos-5"], 1_000_000)
 # max_tokens of a main request; also the output reserved in the budget.
 MAX_OUTPUT_TOKENS = 32_000
 # Headroom so a turn's tool results fit before the next measurement.
@@ -227,12 +225,12 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
              (_nearest([Path(home)], INSTRUCTION_FILES), "user"),
              (_nearest(upwards, INSTRUCTION_FILES), "project"),
              (_nearest(upwards, (LOCAL_INSTRUCTIONS,)), "local")]
-    seen = set()
     for path, tier in found:
         if path is None or not path.is_file():
             continue
         resolved = path.resolve()
-        if resolved in seen:
+        # read already (the user's file and the project's can be one, through a link)
+        if resolved in importer.seen:
             continue
         # A committed CLAUDE.md -> ~/notes/secret.md would read a file from outside the project
         # into every request: a project's instruction file counts only when it resolves inside
@@ -241,7 +239,6 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
             notes.append(f"{path}: not loaded: it resolves to {resolved},"
                          " outside the project")
             continue
-        seen.add(resolved)
         importer.load(path, tier)
     return importer.loaded, notes
 
@@ -290,32 +287,14 @@ class _Importer:
         if imported_by is not None and not is_markdown:
             # an imported package.json or README is read, its @s are not followed
             return
+        chain = (*chain, resolved)
         for line, spec in imports_in(text):
-            self.follow(path, line, spec, tier, (*chain, resolved))
-
-    def follow(self, importer: Path, line: int, spec: str, tier: str,
-               chain: tuple) -> None:
-        where = f"{importer}:{line}: @{spec}"
-        target = self.target(importer, spec)
-        if target is None:
-            self.notes.append(f"{where}: not found; not imported")
-            return
-        resolved = target.resolve()
-        if resolved in chain:
-            cycle = (*chain[chain.index(resolved):], resolved)
-            loop = " → ".join(p.name for p in cycle)
-            self.notes.append(f"{where}: an import cycle ({loop});"
-                              " not imported again")
-            return
-        if len(chain) > MAX_IMPORT_DEPTH:
-            self.notes.append(f"{where}: more than {MAX_IMPORT_DEPTH}"
-                              " imports deep; not imported")
-            return
-        refused = self.refusal(resolved, tier)
-        if refused:
-            self.notes.append(f"{where}: not imported: {refused}")
-            return
-        self.load(resolved, tier, importer, chain)
+            target = self.target(path, spec)
+            refused = self.refusal(target, tier, chain)
+            if refused:
+                self.notes.append(f"{path}:{line}: @{spec}: {refused}")
+            else:
+                self.load(target, tier, path, chain)
 
     def target(self, importer: Path, spec: str) -> Path | None:
         """The file an @path names, or None. Trailing punctuation is part of the sentence, not the
@@ -329,25 +308,32 @@ class _Importer:
             else:
                 path = importer.parent / name
             if name and path.is_file():
-                return path
+                return path.resolve()
         return None
 
-    def refusal(self, resolved: Path, tier: str) -> str | None:
-        """Why this import may not be read, or None."""
+    def refusal(self, resolved: Path | None, tier: str, chain: tuple) -> str | None:
+        """Why this import is not read, or None."""
+        if resolved is None:
+            return "not found; not imported"
+        if resolved in chain:
+            cycle = (*chain[chain.index(resolved):], resolved)
+            loop = " → ".join(p.name for p in cycle)
+            return f"an import cycle ({loop}); not imported again"
+        if len(chain) > MAX_IMPORT_DEPTH:
+            return f"more than {MAX_IMPORT_DEPTH} imports deep; not imported"
         if self.is_secret is not None and self.is_secret(resolved.name):
-            return "it is a secret file"
+            return "not imported: it is a secret file"
         if _inside(resolved, self.root):
             return None
         if tier == "user":
             if _inside(resolved, self.user_home.resolve()):
                 return None
-            return f"{resolved} is outside your home directory and the project"
+            return f"not imported: {resolved} is outside your home directory and the project"
         claude_dir = (self.user_home / ".claude").resolve()
         if _inside(resolved, claude_dir) and resolved.suffix.lower() == ".md":
             return None
-        return (f"{resolved} is outside the project (a project's files"
-                " import only project files and Markdown files under"
-                " ~/.claude/)")
+        return (f"not imported: {resolved} is outside the project (a project's files import"
+                " only project files and Markdown files under ~/.claude/)")
 
 
 def imports_in(text: str) -> list[tuple[int, str]]:
@@ -569,8 +555,7 @@ class Context:
         numbers = re.search(r"(\d+)\s*tokens?\s*>\s*(\d+)", message)
         if not numbers:
             return "compact"
-        asked = int(numbers[1])
-        maximum = int(numbers[2])
+        asked, maximum = map(int, numbers.groups())
         return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS)
 
     # -- inspection
@@ -585,9 +570,8 @@ class Context:
         if state.messages:
             history = max(0, estimate_tokens(state.messages) - checkpoint)
         sizes = [("tools", estimate_tokens(self.tools))]
-        for name, block in zip(self.system_names, self.system):
-            tokens = estimate_tokens(block["text"])
-            sizes.append((f"system: {name}", tokens))
+        sizes += [(f"system: {name}", estimate_tokens(block["text"]))
+                  for name, block in zip(self.system_names, self.system)]
         sizes += [("checkpoint", checkpoint), ("history", history),
                   ("volatile tail", estimate_tokens(volatile))]
         usage = last_usage or state.last_usage or {}
@@ -653,9 +637,7 @@ def assemble_messages(messages: list[dict]) -> list[dict]:
     newest = len(out) - 1
     # the user message before the newest
     previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
-    for index in (previous, newest):
-        if index is None:
-            continue
+    for index in {previous, newest} - {None}:
         content = _with_breakpoint(out[index]["content"])
         out[index] = {**out[index], "content": content}
     return out
@@ -717,11 +699,8 @@ def prune_ids(state: events.State) -> list[str]:
 def _attached_reads(state: events.State) -> set:
     """tool_use_ids of reads of a file the user attached with @path: the user put it in the
     conversation, so it stays whole."""
-    mentioned = set()
-    for _, text in state.user_texts:
-        for _, spec in imports_in(text):
-            bare = spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\"")
-            mentioned.add(os.path.normpath(bare))
+    mentioned = {os.path.normpath(spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\""))
+                 for _, text in state.user_texts for _, spec in imports_in(text)}
     if not mentioned:
         return set()
     attached = set()
@@ -1012,15 +991,12 @@ def parse_checkpoint(text: str) -> dict:
     checkpoint = {}
     for key in CHECKPOINT_KEYS:
         value = data.get(key)
-        items = _as_list(value)
         if key in TEXT_KEYS:
             checkpoint[key] = _as_text(value)
         elif key in RECORD_KEYS:
-            fields = RECORD_KEYS[key]
-            checkpoint[key] = [_as_record(item, fields) for item in items]
+            checkpoint[key] = [_as_record(item, RECORD_KEYS[key]) for item in _as_list(value)]
         else:
-            texts = [_as_text(item) for item in items]
-            checkpoint[key] = [entry for entry in texts if entry]
+            checkpoint[key] = [text for text in map(_as_text, _as_list(value)) if text]
     return checkpoint
 
 
@@ -1043,8 +1019,7 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     else:
         answer_text = str(answer)
     checkpoint = parse_checkpoint(answer_text)
-    processes = state.processes.values()
-    checkpoint["running_processes"] = [dict(p) for p in processes]
+    checkpoint["running_processes"] = [dict(p) for p in state.processes.values()]
     if not checkpoint["changes"]:
         checkpoint["changes"] = _changes_through(state, cut_seq)
     latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
@@ -1113,11 +1088,10 @@ def _as_text(value) -> str:
 
 
 def _as_record(item, keys: tuple) -> dict:
-    if not isinstance(item, dict):
-        return {keys[0]: _as_text(item)}
+    fields = item if isinstance(item, dict) else {}
     record = {}
     for key in keys:
-        value = item.get(key)
+        value = fields.get(key)
         if value in (None, ""):
             continue
         if key == "content" and isinstance(value, str):
@@ -1157,22 +1131,18 @@ def _yaml_lines(head: str, value, indent: int) -> list[str]:
     """`head` (an indented "key:" or "-") and its value: on the same line for a scalar or an empty
     collection, else a block literal or the collection's lines indented by two more."""
     inner = " " * (indent + 2)
-    nested = []
     if isinstance(value, dict) and value:
-        for key, item in value.items():
-            key_head = inner + _yaml_scalar(str(key)) + ":"
-            nested += _yaml_lines(key_head, item, indent + 2)
+        items = [(inner + _yaml_scalar(str(key)) + ":", item) for key, item in value.items()]
     elif isinstance(value, list) and value:
-        for item in value:
-            nested += _yaml_lines(inner + "-", item, indent + 2)
+        items = [(inner + "-", item) for item in value]
     elif isinstance(value, str) and _block_literal_ok(value):
-        lines = [f"{head} |{_chomping(value)}"]
-        for line in value.removesuffix("\n").split("\n"):
-            # an empty line gets no indentation
-            lines.append(inner + line if line else "")
-        return lines
+        # an empty line gets no indentation
+        body = [inner + line if line else "" for line in value.removesuffix("\n").split("\n")]
+        return [f"{head} |{_chomping(value)}"] + body
     else:
         return [f"{head} {_yaml_scalar(value)}"]
+    nested = [line for item_head, item in items
+              for line in _yaml_lines(item_head, item, indent + 2)]
     # A collection in a list starts on the dash's line ("- " is as wide as the indent).
     if head.endswith("-"):
         return [head + " " + nested[0][indent + 2:]] + nested[1:]
@@ -1363,11 +1333,16 @@ def detect_checks(root: Path, changed: list[str]) -> list[str]:
         commands.append("cargo test")
     if "go" in by_kind and (root / "go.mod").is_file():
         folders = {str(Path(path).parent) for path in by_kind["go"]}
-        packages = " ".join(sorted(f if f == "." else "./" + f for f in folders))
+        packages = _words(sorted(f if f == "." else "./" + f for f in folders))
         commands += [f"go vet {packages}", f"go test {packages}"]
     if not commands:
         commands = _whole_project_checks(root)
     return list(dict.fromkeys(commands))[:MAX_CHECK_COMMANDS]
+
+
+def _words(paths: list[str]) -> str:
+    """Paths as a command's arguments: a name with a space or a `$(…)` stays one word."""
+    return " ".join(map(shlex.quote, paths))
 
 
 def _read_text(path: Path) -> str:
@@ -1397,12 +1372,12 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
     tests = list(dict.fromkeys(tests))[:6]
     python = _python()
     commands = []
-    files = " ".join(changed[:10])
+    files = _words(changed[:10])
     if tests:
         runner = f"{python} -m unittest"
         if uses_pytest or not config:
             runner = f"{python} -m pytest -q"
-        commands.append(f"{runner} {' '.join(tests)}")
+        commands.append(f"{runner} {_words(tests)}")
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
     ruff_files = ("ruff.toml", ".ruff.toml")
@@ -1451,11 +1426,10 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         tests = [test for path in changed for test in _related_node_tests(root, path)]
         command = f"{manager} test"
         if tests:
-            command += " -- " + " ".join(tests[:4])
+            command += " -- " + _words(tests[:4])
         commands.append(command)
-    for name in ("typecheck", "type-check", "lint"):
-        if name in scripts:
-            commands.append(f"{manager} run {name}")
+    commands += [f"{manager} run {name}" for name in ("typecheck", "type-check", "lint")
+                 if name in scripts]
     return commands
 
 
@@ -1464,26 +1438,21 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
     if ".test." in p.name or ".spec." in p.name:
         return [path]
     stem = p.name.split(".")[0]
-    found = []
-    for folder in (root / p.parent, root / p.parent / "__tests__"):
-        if not folder.is_dir():
-            continue
-        for pattern in (f"{stem}.test.*", f"{stem}.spec.*"):
-            found += sorted(folder.glob(pattern))
+    folders = (root / p.parent, root / p.parent / "__tests__")
+    found = [test for folder in folders if folder.is_dir()
+             for pattern in (f"{stem}.test.*", f"{stem}.spec.*")
+             for test in sorted(folder.glob(pattern))]
     return [str(f.relative_to(root)) for f in found[:2]]
 
 
 def _whole_project_checks(root: Path) -> list[str]:
     """Nothing narrower was found: the Makefile's check targets, else the project's own suite by its
     marker files."""
+    makefile = _nearest([root], ("Makefile", "makefile", "GNUmakefile"))
     targets = set()
-    for name in ("Makefile", "makefile", "GNUmakefile"):
-        if (root / name).is_file():
-            makefile = _read_text(root / name)
-            # "name:" at the start of a line, but not "name := value"
-            rule = r"^([A-Za-z][\w-]*)\s*:(?!=)"
-            targets = set(re.findall(rule, makefile, re.M))
-            break
+    if makefile:
+        # "name:" at the start of a line, but not "name := value"
+        targets = set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", _read_text(makefile), re.M))
     check_targets = ("test", "check", "lint")
     if targets & set(check_targets):
         return [f"make {t}" for t in check_targets if t in targets]

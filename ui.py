@@ -43,6 +43,7 @@ import contextlib
 import functools
 import heapq
 import inspect
+import itertools
 import json
 import os
 import re
@@ -311,14 +312,13 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
     """Wrap styled spans to `width` cells behind the styled prefixes `first` (first line) and
     `rest`. Word wrap collapses whitespace to single spaces and breaks only a word longer than a
     line; `hard` keeps every space and breaks anywhere (code, diffs)."""
-    lines: list[str] = []
     rest_width = visible_width(rest)
-    # the current line: its prefix, where its text starts, the cells used
-    prefix = first
+    # the current line: where its text starts, the cells used, its runs (`rows`: every line's)
     start = visible_width(first)
     width = max(width, start + 1, rest_width + 1)
     used = start
     runs = []
+    rows = [runs]
     space = False
     for text, roles in spans:
         space = not hard and (space or text[:1].isspace())
@@ -328,10 +328,8 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
             gap = 1 if space and used > start else 0
             too_long = used + gap + w > width
             if not hard and too_long and used > start:
-                lines.append(prefix + join_runs(runs, style))
-                prefix = rest
+                rows.append(runs := [])
                 start = used = rest_width
-                runs = []
                 gap = 0
             if gap:
                 # between two runs of one style the space shares it (an underline goes on)
@@ -348,18 +346,15 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
                 used += gap + cell_width(head)
                 gap, w = 0, cell_width(word)
                 if word:
-                    lines.append(prefix + join_runs(runs, style))
-                    prefix = rest
+                    rows.append(runs := [])
                     start = used = rest_width
-                    runs = []
             if word:
                 _add_run(runs, word, roles)
                 used += gap + w
             space = not hard
         if not hard and text:
             space = text[-1:].isspace()
-    lines.append(prefix + join_runs(runs, style))
-    return lines
+    return [first + join_runs(rows[0], style)] + [rest + join_runs(r, style) for r in rows[1:]]
 
 
 # ════ Markdown: inline styles, blocks, code, tables, diffs ════
@@ -384,6 +379,9 @@ INLINE_RE = re.compile(
 ESCAPED_RE = re.compile(r"\\([!-/:-@\[-`{-~])")
 # deeper quotes draw no more bars (1,000 levels must still render)
 QUOTE_MAX_BARS = 6
+# A table column's alignment, by the colons that start and end its separator cell (GitHub tables:
+# `---:` right, `:---:` center, else left), as the share of a cell's spare room put before it.
+ALIGN_SHARES = {(False, True): 1, (True, True): 0.5}
 
 KEYWORDS = frozenset("""
     and as assert async await break case catch class const
@@ -394,28 +392,24 @@ KEYWORDS = frozenset("""
     self static struct super switch this throw true try type
     typeof use var void while with yield True False None
     """.split())
-# A language's comment marker, by its fence tag (unknown: "", either marker).
-COMMENT_MARKERS = {lang: marker for marker, langs in (
+# The regex of a language's line comments, by its fence tag (unknown: either # or //).
+COMMENT_RES = {lang: comment for comment, langs in (
     ("#", """python py sh bash zsh shell console ruby rb yaml yml toml
              perl r make makefile dockerfile ini conf cfg elixir ex nim
              ps1 powershell"""),
     ("//", """c h cpp cc hpp cs java js jsx ts tsx javascript typescript
               go rust rs swift kotlin kt scala dart php json jsonc zig"""),
-    ("--", "sql lua haskell hs elm"),
+    (r"--\s", "sql lua haskell hs elm"),
 ) for lang in langs.split()}
 
 
-# A language's comment marker -> the regex of its line comments ("": unknown, either marker).
-COMMENT_RES = {"#": "#", "//": "//", "--": r"--\s", "": "#|//"}
-
-
 @functools.cache
-def code_token_re(marker: str) -> re.Pattern:
+def code_token_re(comment: str) -> re.Pattern:
     """One token per match, its group named for its style role. Compiled on first use: the four
     patterns take 8 ms, which every start would pay before its first paint."""
     keywords = "|".join(sorted(KEYWORDS, key=len, reverse=True))
     return re.compile(
-        rf"(?P<comment>(?:{COMMENT_RES[marker]}).*$)"
+        rf"(?P<comment>(?:{comment}).*$)"
         r"|(?P<string>\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|`[^`]*`)"
         r"|(?P<number>\b\d[\w.]*)"
         rf"|\b(?P<keyword>{keywords})\b")
@@ -473,7 +467,7 @@ def highlight_code(line: str, lang: str) -> list[Span]:
     if lang in ("diff", "patch"):
         role = {"+": "added", "-": "removed", "@": "hunk"}.get(line[:1])
         return [(line, (role,) if role else ())]
-    pattern = code_token_re(COMMENT_MARKERS.get(lang, ""))
+    pattern = code_token_re(COMMENT_RES.get(lang, "#|//"))
     return regex_spans(pattern, line, lambda m: [(m[0], (m.lastgroup,))])
 
 
@@ -492,12 +486,9 @@ def render_fence_line(line: str, width: int, style: Style) -> list[str]:
 def render_list_item(indent: str, marker: str, text: str, width: int,
                      style: Style) -> list[str]:
     level = min(len(indent.expandtabs(4)) // 2, 6)
+    bullet = "•◦"[level % 2]
     if marker[0].isdigit():
         bullet = marker
-    elif level % 2 == 0:
-        bullet = "•"
-    else:
-        bullet = "◦"
     if box := {"[ ] ": "☐", "[x] ": "☑", "[X] ": "☑"}.get(text[:4]):
         bullet = box
         text = text[4:]
@@ -524,8 +515,8 @@ def render_table(rows: list[str], width: int, style: Style,
     while total > width and max(widths) > 3:
         widths[widths.index(max(widths))] -= 1
         total -= 1
-    aligns = [column_align(cell) for cell in table_cells(separator)]
-    aligns += ["left"] * (n_cols - len(aligns))
+    ends = [(cell.startswith(":"), cell.endswith(":")) for cell in table_cells(separator)]
+    shares = [ALIGN_SHARES.get(colons, 0) for colons in ends] + [0] * (n_cols - len(ends))
     sep = style.paint(" │ ", "dim")
     out = []
     for r, row in enumerate(grid):
@@ -533,10 +524,8 @@ def render_table(rows: list[str], width: int, style: Style,
         cells = [wrap_spans(inline_spans(text, style, roles), w, style)
                  for text, w in zip(row, widths)]
         # a row is as tall as its tallest cell
-        for k in range(max(len(c) for c in cells)):
-            parts = [(c[k] if k < len(c) else "") for c in cells]
-            columns = zip(parts, widths, aligns)
-            aligned = [_align(part, w, a) for part, w, a in columns]
+        for parts in itertools.zip_longest(*cells, fillvalue=""):
+            aligned = [_align(part, w, a) for part, w, a in zip(parts, widths, shares)]
             out.append(sep.join(aligned).rstrip())
         if r == 0:
             rule = "─┼─".join("─" * w for w in widths)
@@ -544,43 +533,28 @@ def render_table(rows: list[str], width: int, style: Style,
     return [clip(line, width) for line in out]
 
 
-def column_align(separator_cell: str) -> str:
-    """`---:` right, `:---:` center, else left (GitHub tables)."""
-    right = separator_cell.endswith(":")
-    if right and separator_cell.startswith(":"):
-        return "center"
-    return "right" if right else "left"
-
-
-def _align(text: str, width: int, align: str) -> str:
+def _align(text: str, width: int, share: float) -> str:
+    """`text` padded to `width` cells, `share` of the padding before it."""
     room = max(0, width - visible_width(text))
-    if align == "right":
-        return " " * room + text
-    if align == "center":
-        return " " * (room // 2) + text + " " * (room - room // 2)
-    return text + " " * room
+    before = int(room * share)
+    return " " * before + text + " " * (room - before)
 
 
 def render_quote(lines: list[str], width: int, style: Style) -> list[str]:
     """Quoted lines (each starts with `>`). Each line's depth is counted, and runs of one depth
     are rendered once behind that many bars: no recursion, so 1,000 levels render."""
-    out: list[str] = []
-    run: list[str] = []
-    run_depth = 0
-    for line in lines + [None]:
+    def unquoted(line: str) -> tuple[int, str]:
         depth = 0
-        while line is not None and (m := QUOTE_RE.match(line)):
-            line = m.group(1)
-            depth += 1
-        if run and (line is None or depth != run_depth):
-            bars = min(run_depth, QUOTE_MAX_BARS)
-            bar = style.paint("│ " * bars, "quote")
-            inner_width = max(width - 2 * bars, 8)
-            out += [bar + row for row in render_block(run, inner_width, style)]
-            run = []
-        if line is not None:
-            run.append(line)
-            run_depth = depth
+        while m := QUOTE_RE.match(line):
+            line, depth = m.group(1), depth + 1
+        return depth, line
+
+    out: list[str] = []
+    for depth, run in itertools.groupby(map(unquoted, lines), key=lambda pair: pair[0]):
+        bars = min(depth, QUOTE_MAX_BARS)
+        bar = style.paint("│ " * bars, "quote")
+        rows = render_block([line for _, line in run], max(width - 2 * bars, 8), style)
+        out += [bar + row for row in rows]
     return [clip(row, width) for row in out]
 
 
@@ -636,8 +610,7 @@ def render_block(lines: list[str], width: int, style: Style) -> list[str]:
             rest = [row.strip() for row in lines[i + 1:j]]
             text = " ".join([first] + rest)
             if m:
-                indent, marker = m.group(1), m.group(2)
-                out += render_list_item(indent, marker, text, width, style)
+                out += render_list_item(m.group(1), m.group(2), text, width, style)
             else:
                 out += wrap_spans(inline_spans(text, style), width, style)
         i = j
@@ -671,8 +644,7 @@ def render_diff(diff: str, width: int, style: Style,
             out.append(style.paint("     " + more_lines(len(rows) - n, "diff line"), "dim"))
             break
         if m := re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", raw):
-            old = int(m.group(1))
-            new = int(m.group(2))
+            old, new = map(int, m.groups())
             in_hunk = True
             out.append(style.paint(clip(raw, width), "hunk"))
             continue
@@ -888,16 +860,6 @@ def one_line(text: str) -> str:
     if len(lines) > 1:
         return lines[0] + " …"
     return lines[0]
-
-
-def card_view(e: dict, tool_input: dict) -> dict:
-    """The card a ToolRequested declares (the tool says, beside its schema, what its card
-    shows); a log written before cards were declared: the first string input, output tail."""
-    card = e.get("card")
-    if isinstance(card, dict) and isinstance(card.get("summary"), str):
-        return card
-    strings = [v for v in tool_input.values() if isinstance(v, str)]
-    return {"summary": strings[0] if strings else "", "output": "tail"}
 
 
 # a finished call's flags, in the card line's words
@@ -1120,7 +1082,10 @@ class Timeline:
     def _dim_line(self, text: str) -> None:
         """One line, always: a newline in it (a title, a command) is shown escaped, as \\n."""
         text = sanitize(text).replace("\n", "\\n")
-        self._settle([self.style.paint(clip(text, self.width), "dim")])
+        self._settle([self._dim(text)])
+
+    def _dim(self, text: str, *roles: str) -> str:
+        return self.style.paint(clip(text, self.width), "dim", *roles)
 
     def _marked(self, symbol: str, role: str, text: str,
                 text_role: str = "") -> list[str]:
@@ -1140,12 +1105,11 @@ class Timeline:
         if more:
             lines.append(self.style.paint("  " + more_lines(more), "dim"))
         # the @mentions sent with it (kernel.attachments)
-        names = []
-        for attached in e.get("attachments") or []:
-            names += ATTACHED_RE.findall(str(attached))[:1]
+        found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
+        names = [m[1] for m in found if m]
         if names:
             note = "  ⎿ attached " + sanitize(", ".join(names))
-            lines.append(self.style.paint(clip(note, self.width), "dim"))
+            lines.append(self._dim(note))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1197,9 +1161,7 @@ class Timeline:
         self._thinking += e.get("text", "")
 
     def _on_ModelThinkingBlockCompleted(self, e: dict) -> None:
-        redacted = "redacted" in e
-        self._finish_thinking(e.get("thinking") or "", e.get("duration_ms"),
-                              redacted)
+        self._finish_thinking(e.get("thinking") or "", e.get("duration_ms"), "redacted" in e)
         if self._text is None:
             self._settle_queued()
 
@@ -1221,17 +1183,15 @@ class Timeline:
         if redacted:
             head += " · (redacted)"
         rows = self._thought_rows(text) if self.expanded else []
-        self._settle([self._thinking_line(head)] + rows)
+        self._settle([self._dim(head, "italic")] + rows)
         self._thinking = None
         self._thinking_open = False
 
     def _thought_rows(self, text: str) -> list[str]:
         """Thinking text wrapped under its line, dim."""
-        rows = []
-        for paragraph in sanitize(text).split("\n"):
-            spans = [(paragraph, ("dim", "italic"))]
-            rows += wrap_spans(spans, self.width, self.style, "  ", "  ")
-        return rows
+        paragraphs = [[(line, ("dim", "italic"))] for line in sanitize(text).split("\n")]
+        return [row for spans in paragraphs
+                for row in wrap_spans(spans, self.width, self.style, "  ", "  ")]
 
     def _live_thinking(self, now: float) -> list[str]:
         """`✻ Thinking · 4s` and its newest words; opened (Ctrl-O), its newest rows below."""
@@ -1240,7 +1200,7 @@ class Timeline:
         if self._thinking_open:
             rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
             hint = self.style.paint(" · ctrl+o closes", "dim")
-            return [self._thinking_line(head) + hint] + rows
+            return [self._dim(head, "italic") + hint] + rows
         tail = self._thinking[-THINKING_TAIL_CHARS:]
         words = " ".join(sanitize(tail).split())
         # nothing to open while the API sends none of the text (display omitted)
@@ -1249,10 +1209,7 @@ class Timeline:
         room = self.width - cell_width(head + hint) - 5
         if words and room > 8:
             head += " · …" + words[-room:]
-        return [self._thinking_line(head + hint)]
-
-    def _thinking_line(self, text: str) -> str:
-        return self.style.paint(clip(text, self.width), "dim", "italic")
+        return [self._dim(head + hint, "italic")]
 
     def _on_ThinkingChanged(self, e: dict) -> None:
         chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
@@ -1331,12 +1288,17 @@ class Timeline:
     # -- tools and permissions --
 
     def _on_ToolRequested(self, e: dict) -> None:
+        """The card the call declares (the tool says, beside its schema, what its card shows); a
+        log written before cards were declared: the first string input, output tail."""
         tool_input = e.get("input")
         if not isinstance(tool_input, dict):
             tool_input = {}
-        view = card_view(e, tool_input)
-        card = ToolCard(e.get("name", "?"), one_line(view["summary"]), tool_input)
-        card.output = view.get("output", "tail")
+        view = e.get("card")
+        if not (isinstance(view, dict) and isinstance(view.get("summary"), str)):
+            strings = [v for v in tool_input.values() if isinstance(v, str)]
+            view = {"summary": strings[0] if strings else ""}
+        card = ToolCard(e.get("name", "?"), one_line(view["summary"]), tool_input,
+                        output=view.get("output", "tail"))
         self.cards[e.get("tool_use_id", "")] = card
 
     def _on_ToolStarted(self, e: dict) -> None:
@@ -1369,8 +1331,8 @@ class Timeline:
             if e["ts"] - card.started_ts >= 1000:
                 meta = dict(meta, duration_ms=e["ts"] - card.started_ts)
         facts = meta_facts(meta)
-        for change in card.changes:
-            facts.append("new file" if change.get("created") else change_counts(change))
+        facts += ["new file" if change.get("created") else change_counts(change)
+                  for change in card.changes]
         symbol = self.style.paint("●", "ok")
         if meta.get("exit_code") not in (None, 0):
             # it ran, and the command says it did not succeed
@@ -1380,8 +1342,7 @@ class Timeline:
         if failed and not facts:
             facts = ["failed"]
         lines = [self._card_line(symbol, card.name, card.summary, facts)]
-        for change in card.changes:
-            lines += self._diff_lines(change)
+        lines += [row for change in card.changes for row in self._diff_lines(change)]
         shows_output = failed or (card.output != "none" and not card.changes)
         output = card_output(e, meta) if shows_output else []
         self._hold(lines, output, card.output == "head" and not failed)
@@ -1390,21 +1351,19 @@ class Timeline:
 
     def start_shell(self, command: str) -> None:
         """A `!` command the user just started: a live card until its UserShellRan."""
-        card = ToolCard("!", one_line(command))
-        card.started = time.monotonic()
-        self.cards[events.USER_SHELL_ID] = card
+        started = time.monotonic()
+        self.cards[events.USER_SHELL_ID] = ToolCard("!", one_line(command), started=started)
 
     def _on_UserShellRan(self, e: dict) -> None:
         """The user's own command, drawn like a bash card: `● ! git status · exit 0 · 0.2s`."""
         self.cards.pop(events.USER_SHELL_ID, None)
         meta = {key: e[key] for key in ("exit_code", "duration_ms") if e.get(key) is not None}
         summary = one_line(str(e.get("command", "")))
+        symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
+        if meta.get("exit_code") == 0:
+            symbol = self.style.paint("●", "ok")
         if e.get("stopped"):
             symbol, facts = "○", ["stopped"]
-        elif meta.get("exit_code") == 0:
-            symbol, facts = self.style.paint("●", "ok"), meta_facts(meta)
-        else:
-            symbol, facts = self.style.paint("✗", "error"), meta_facts(meta)
         self._hold([self._card_line(symbol, "!", summary, facts)], card_output(e, meta))
 
     def _on_ToolCancelled(self, e: dict) -> None:
@@ -1493,16 +1452,13 @@ class Timeline:
         rows = self._preview(output[:PREVIEW_HEAD], PREVIEW_HEAD)
         hidden = n - PREVIEW_HEAD - PREVIEW_TAIL
         rows.append(self.style.paint(f"    … {hidden} lines …{hint}", "dim"))
-        for line in output[-PREVIEW_TAIL:]:
-            rows.append(self.style.paint(clip("    " + line, self.width), "dim"))
+        rows += [self._dim("    " + line) for line in output[-PREVIEW_TAIL:]]
         return card.head + rows
 
     def _preview(self, lines: list[str], n_total: int, hint: str = "") -> list[str]:
-        out = []
-        for k, line in enumerate(lines):
-            # the first line hangs off the card line
-            indent = "  ⎿ " if k == 0 else "    "
-            out.append(self.style.paint(clip(indent + line, self.width), "dim"))
+        # the first line hangs off the card line
+        out = [self._dim("  ⎿ " + line) for line in lines[:1]]
+        out += [self._dim("    " + line) for line in lines[1:]]
         if n_total > len(lines):
             more = n_total - len(lines)
             out.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
@@ -1528,17 +1484,13 @@ class Timeline:
         for queued in self._queued:
             lines += [""] + queued
         for tid, card in self.cards.items():
+            symbol, fact = "○", "queued"
+            if card.started is not None:
+                symbol, fact = spinner, events.duration(now - card.started)
             if tid in self._requests:
-                facts = ["waiting for approval"]
-            elif card.started is not None:
-                facts = [events.duration(now - card.started)]
-            else:
-                facts = ["queued"]
-            symbol = spinner if card.started is not None else "○"
-            lines.append(self._card_line(symbol, card.name, card.summary,
-                                         facts))
-            tail = list(card.output_tail)
-            lines += self._preview(tail, len(tail))
+                fact = "waiting for approval"
+            lines.append(self._card_line(symbol, card.name, card.summary, [fact]))
+            lines += self._preview(list(card.output_tail), len(card.output_tail))
         return lines
 
     def activity(self, now: float) -> str:
@@ -2037,7 +1989,7 @@ class Composer:
     def __init__(self, *, history_path: str | os.PathLike | None = None,
                  commands: Callable[[], list[str]] = list,
                  mentions: Callable[[str], list[str]] = lambda prefix: [],
-                 describe: Callable[[str], str] = lambda name: "",
+                 about: dict[str, str] | None = None,
                  choices: dict[str, list[str]] | None = None):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
@@ -2050,7 +2002,7 @@ class Composer:
         self._menu_closed = False
         self._commands, self._mentions = commands, mentions
         # a command's one-line description, for the menu
-        self._describe = describe
+        self._about = about or {}
         # a command's arguments, offered once its name and a space are typed
         self._choices = choices or {}
         self._pastes: dict[str, str] = {}
@@ -2067,8 +2019,7 @@ class Composer:
         self.recent_mentions: list[str] = []
         # (candidates, query, matches) last time
         self._mention_memo: tuple = (None, "", [])
-        for entry in self.history:
-            self._remember_mentions(MENTIONED_RE.findall(entry))
+        self._remember_mentions([p for entry in self.history for p in MENTIONED_RE.findall(entry)])
 
     def _load_history(self) -> None:
         path = self._history_path
@@ -2183,9 +2134,13 @@ class Composer:
     def _word_right(self) -> int:
         return WORD_AFTER_RE.match(self.text, self.cursor).end()
 
-    def _cut(self, start: int, end: int) -> None:
+    def _cut(self, start: int, end: int, kill: bool = True) -> None:
+        """Remove text[start:end]; a kill (not Backspace or Delete, as in readline) keeps it for
+        Ctrl-Y."""
+        end = min(end, len(self.text))
         if end > start:
-            self._kill = self.text[start:end]
+            if kill:
+                self._kill = self.text[start:end]
             self.text = self.text[:start] + self.text[end:]
             self.cursor = start
 
@@ -2196,8 +2151,8 @@ class Composer:
     def _key_ctrl_e(self, key): self.cursor = self._line_bounds()[1]
     def _key_alt_b(self, key): self.cursor = self._word_left()
     def _key_alt_f(self, key): self.cursor = self._word_right()
-    def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor)
-    def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1)
+    def _key_backspace(self, key): self._cut(max(0, self.cursor - 1), self.cursor, kill=False)
+    def _key_delete(self, key): self._cut(self.cursor, self.cursor + 1, kill=False)
     def _key_ctrl_w(self, key): self._cut(self._word_left(), self.cursor)
     def _key_alt_d(self, key): self._cut(self.cursor, self._word_right())
     def _key_ctrl_u(self, key): self._cut(self._line_bounds()[0], self.cursor)
@@ -2262,11 +2217,9 @@ class Composer:
         self._history_pos, self._draft = len(self.history), ""
 
     def _remember_mentions(self, paths: list[str]) -> None:
-        for path in paths:
-            if path in self.recent_mentions:
-                self.recent_mentions.remove(path)
-            self.recent_mentions.insert(0, path)
-        del self.recent_mentions[50:]
+        """The newest first, each once, at most 50."""
+        newest_first = dict.fromkeys([*reversed(paths), *self.recent_mentions])
+        self.recent_mentions = list(newest_first)[:50]
 
     # -- completion: "/" commands and "@" mentions --
 
@@ -2284,8 +2237,7 @@ class Composer:
         elif space and " " not in partial and self._choices.get(name):
             offered = [f"{name} {choice}" for choice in self._choices[name]]
         elif m := MENTION_RE.search(before):
-            matches = self._mention_matches(m.group(1))
-            self.menu = matches[:MAX_MENU_MENTIONS]
+            self.menu = self._mention_matches(m.group(1))[:MAX_MENU_MENTIONS]
             self._menu_kind, self._menu_start = "mention", m.start(1) - 1
             return
         else:
@@ -2392,7 +2344,7 @@ class Composer:
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
-            about = self._describe(item) if self._menu_kind == "command" else ""
+            about = self._about.get(item, "") if self._menu_kind == "command" else ""
             label = item
             if about:
                 label += " " * (column - cell_width(item))
@@ -2433,8 +2385,9 @@ class InlineRenderer:
         start = 0
         if self._lines:
             if not (settled or self._to_bottom):
-                start = _first_difference(self._lines, lines)
-                start = min(start, len(self._lines) - 1, len(lines))
+                # where the two frames first differ (the shorter one's end at the latest)
+                differ = (k for k, (a, b) in enumerate(zip(self._lines, lines)) if a != b)
+                start = min(next(differ, len(lines)), len(self._lines) - 1, len(lines))
             parts.append(move_rows(start - self._cursor[0]))
         parts.append(CARRIAGE_RETURN + ERASE_DOWN)
         if self._to_bottom:
@@ -2469,10 +2422,8 @@ class InlineRenderer:
             self._to_bottom = bool(self._lines) and new_width > old_width
             return
         row, column = self._cursor
-        rows_above = 0
-        for line in self._lines[:row]:
-            # rows it takes now: its width divided by new_width, rounded up
-            rows_above += max(1, -(-visible_width(line) // new_width))
+        # the rows each takes now: its width divided by new_width, rounded up
+        rows_above = sum(max(1, -(-visible_width(line) // new_width)) for line in self._lines[:row])
         self._cursor = (rows_above + column // new_width, 0)
         self._lines = [""] * (self._cursor[0] + 1)
 
@@ -2484,12 +2435,6 @@ def move_rows(delta: int) -> str:
     if delta > 0:
         return CURSOR_DOWN.format(delta)
     return ""
-
-
-def _first_difference(old: list[str], new: list[str]) -> int:
-    """The first row where two frames differ, or where the shorter one ends."""
-    differ = (k for k, (a, b) in enumerate(zip(old, new)) if a != b)
-    return next(differ, min(len(old), len(new)))
 
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════
@@ -2523,13 +2468,11 @@ class App:
         self.controller, self.style = controller, style
         self.width, self.height = width, height
         self.timeline = Timeline(style, width)
-        about = getattr(controller, "command_descriptions", None) or {}
-        choices = getattr(controller, "command_choices", None) or {}
         self.composer = Composer(history_path=history_path,
                                  commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates,
-                                 describe=lambda name: about.get(name, ""),
-                                 choices=choices)
+                                 about=getattr(controller, "command_descriptions", None),
+                                 choices=getattr(controller, "command_choices", None))
         self.renderer = InlineRenderer()
         # deny message being typed in the permission panel
         self.feedback: str | None = None
@@ -2597,24 +2540,13 @@ class App:
         permissions = self.timeline.permissions
         if permissions and self._panel_key(permissions[0], key):
             return
-        if key.name == "ctrl+c":
-            return self._ctrl_c()
         if key.name == "ctrl+d" and not self.composer.text:
             return self.quit(0)
-        if key.name == "ctrl+o":
-            return self.timeline.expand_last_card()
-        if key.name == "ctrl+r":
-            return self.open_transcript()
-        if key.name == "shift+tab":
-            return self.call(self.controller.cycle_mode)
-        if key.name == "esc":
-            if self.composer.menu:
-                self.composer.close_menu()
-            elif self.controller.busy:
-                self.call(self.controller.interrupt)
-            elif not self.composer.text:
-                self._esc_idle()
-            return
+        actions = {"ctrl+c": self._ctrl_c, "esc": self._esc,
+                   "ctrl+o": self.timeline.expand_last_card, "ctrl+r": self.open_transcript,
+                   "shift+tab": lambda: self.call(self.controller.cycle_mode)}
+        if key.name in actions:
+            return actions[key.name]()
         if key == Key("text", "?") and not self.composer.text:
             # as in Claude Code: "?" on an empty input shows the keys
             return self.timeline.note(keys_help())
@@ -2625,12 +2557,18 @@ class App:
         if sent is not None:
             self._dispatch(sent)
 
-    def _esc_idle(self) -> None:
-        now = time.monotonic()
-        if now - self._idle_esc < DOUBLE_ESC_S:
-            now = 0.0
-            self.call(self.controller.run_command, "/rewind")
-        self._idle_esc = now
+    def _esc(self) -> None:
+        """Close the menu, else interrupt, else (twice, on an empty composer) open /rewind."""
+        if self.composer.menu:
+            self.composer.close_menu()
+        elif self.controller.busy:
+            self.call(self.controller.interrupt)
+        elif not self.composer.text:
+            now = time.monotonic()
+            if now - self._idle_esc < DOUBLE_ESC_S:
+                now = 0.0
+                self.call(self.controller.run_command, "/rewind")
+            self._idle_esc = now
 
     def quit(self, code: int) -> None:
         if self.exit_code is None:
@@ -2709,8 +2647,7 @@ class App:
             return True
         choices = panel_choices(request)
         empty = not self.composer.text
-        menu_keys = ("up", "down", "tab", "enter", "esc")
-        if self.composer.menu and key.name in menu_keys:
+        if self.composer.menu and key.name in ("up", "down", "tab", "enter", "esc"):
             # the composer's completion menu has them
             return False
         arrows = key.name in ("up", "down")
@@ -2797,20 +2734,17 @@ class App:
         room = max(1, self.height - 1 - len(rows) - len(menu) - 1)
         panel = self._panel(room)
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
-        for command in self.queued_shell:
-            line = f"› queued: !{one_line(command)} · runs when the turn ends"
-            live.append(style.paint(clip(line, width), "dim"))
+        live += [style.paint(f"› queued: !{one_line(command)} · runs when the turn ends", "dim")
+                 for command in self.queued_shell]
         # the newest live lines that fit above the panel
         live = live[len(live) - max(0, room - len(panel)):]
         frame = live + panel + [status] + rows + menu
         lines = [clip(line, width) for line in frame]
+        # the cursor in the composer, or at the end of the denial's message
+        row, column = len(live) + len(panel) + 1 + crow, ccol
         if self.feedback is not None and panel:
-            # the cursor at the end of the denial's message
-            row = len(live) + len(panel) - 1
-            cursor = (row, min(visible_width(panel[-1]), width - 1))
-        else:
-            row = len(live) + len(panel) + 1 + crow
-            cursor = (row, min(ccol, width - 1))
+            row, column = len(live) + len(panel) - 1, visible_width(panel[-1])
+        cursor = (row, min(column, width - 1))
         # a tiny terminal: the composer wins
         excess = len(lines) - (self.height - 1)
         if excess > 0:

@@ -143,6 +143,20 @@ def test_check_detection_per_ecosystem(tmp_path):
     assert context.detect_checks(root, ["x.c"]) == ["make test", "make lint"]
 
 
+def test_check_commands_keep_each_path_one_shell_word(tmp_path):
+    root = tmp_path
+    (root / "package.json").write_text(json.dumps({"scripts": {"test": "vitest run"}}))
+    (root / "src").mkdir()
+    (root / "src" / "my util.ts").write_text("")
+    (root / "src" / "my util.test.ts").write_text("")
+    assert context.detect_checks(root, ["src/my util.ts"]) == ["npm test -- 'src/my util.test.ts'"]
+    (root / "go.mod").write_text("module x\n")
+    assert context.detect_checks(root, ["pkg/$(id)/a.go"]) == ["go vet './pkg/$(id)'",
+                                                               "go test './pkg/$(id)'"]
+    (root / "pyproject.toml").write_text("[tool.ruff]\n")
+    assert context.detect_checks(root, ["a b.py"]) == ["ruff check 'a b.py'"]
+
+
 def test_what_counts_as_a_check_and_as_code():
     for command in ("pytest -q", "python3 -m pytest tests/x.py", "npm test", "npm run lint", "make test",
                     "cargo clippy", "go test ./...", "cd src && python test_app.py", "./run_tests.sh", "tox -e py"):

@@ -729,6 +729,18 @@ def test_composer_readline_editing():
     assert c.text == "e"
 
 
+def test_ctrl_y_brings_back_the_last_kill_not_a_deleted_character():
+    c = ui.Composer()
+    c.handle(K("text", "keep this"))
+    c.handle(K("ctrl+w"))
+    # as in readline: Backspace and Delete do not kill, and Ctrl-K at the end kills nothing
+    for key in (K("text", "xy"), K("backspace"), K("left"), K("delete"), K("ctrl+k")):
+        c.handle(key)
+    assert c.text == "keep "
+    c.handle(K("ctrl+y"))
+    assert c.text == "keep this"
+
+
 def test_composer_multiline_enter_sends_and_alt_enter_breaks_lines():
     c = ui.Composer()
     c.handle(K("text", "one"))
