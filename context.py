@@ -637,9 +637,10 @@ def assemble_messages(messages: list[dict]) -> list[dict]:
     newest = len(out) - 1
     # the user message before the newest
     previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
-    for index in {previous, newest} - {None}:
-        content = _with_breakpoint(out[index]["content"])
-        out[index] = {**out[index], "content": content}
+    for index in (previous, newest):
+        if index is not None:
+            content = _with_breakpoint(out[index]["content"])
+            out[index] = {**out[index], "content": content}
     return out
 
 

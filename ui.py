@@ -328,7 +328,8 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
             gap = 1 if space and used > start else 0
             too_long = used + gap + w > width
             if not hard and too_long and used > start:
-                rows.append(runs := [])
+                runs = []
+                rows.append(runs)
                 start = used = rest_width
                 gap = 0
             if gap:
@@ -346,7 +347,8 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
                 used += gap + cell_width(head)
                 gap, w = 0, cell_width(word)
                 if word:
-                    rows.append(runs := [])
+                    runs = []
+                    rows.append(runs)
                     start = used = rest_width
             if word:
                 _add_run(runs, word, roles)
