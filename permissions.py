@@ -833,6 +833,8 @@ def decide(kind: str, fields: dict, project_root: Path,
     process_command: for "feed", the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""
+    if not isinstance(fields, dict):
+        fields = {}
     # A garbage collection falling inside the judgement would count against its CPU budget (a
     # full one takes 100+ ms in a large heap) and turn a floor refusal into a question.
     collecting = gc.isenabled()
@@ -903,8 +905,6 @@ def _decide(kind: str, fields: dict, project_root: Path,
             rules: list[Rule], sandboxed: bool,
             process_command: str | None) -> Decision:
     root = os.path.realpath(project_root)
-    if not isinstance(fields, dict):
-        fields = {}
 
     def arg(key: str) -> str:
         value = fields.get(key)
