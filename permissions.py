@@ -1502,14 +1502,12 @@ def _decide_bash(command: str, workdir: str, root: str,
         problem = _not_read_only(part, root)
         if problem and not not_read_only:
             not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
+        if problem:
+            writing.append(part)
         # a write redirection asks as a file write; the command itself may
         # still only read
-        if problem is None:
-            only_redirected = True
-        else:
-            writing.append(part)
-            unredirected = part._replace(redirects=())
-            only_redirected = _not_read_only(unredirected, root) is None
+        unredirected = part._replace(redirects=())
+        only_redirected = not problem or _not_read_only(unredirected, root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
     if _FUNCTION_DEFINITION.search(command):
