@@ -1151,10 +1151,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         return Decision(at_least, EXECUTE, descriptor, None, False,
                         None, layer="default", read_only=read_only,
                         not_read_only=not_read_only, confine=confine)
-    verdicts = []
-    for request in requests:
-        _on_time()
-        verdicts.append(_verdict(request, rules))
+    verdicts = [_verdict(request, rules) for request in requests]
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
     if destructive and action == "allow":
@@ -1185,6 +1182,7 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     otherwise. Deny and ask rules also match the command without its wrappers
     (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm` is not
     `rm *`)."""
+    _on_time()
     rule = _last_match(rules, request)
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
@@ -2348,10 +2346,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
 def _has(options: list[str], *longs: str, short: str = "") -> bool:
     """Whether option words name any of these long options (--ha for --hard: GNU and git take any
     unambiguous prefix) or short letters (in a cluster: -rf)."""
-    for option in options:
-        if _abbreviates(option, *longs) or _short_flags(option) & set(short):
-            return True
-    return False
+    return any(_abbreviates(o, *longs) or _short_flags(o) & set(short) for o in options)
 
 
 def _short_flags(word: str) -> set[str]:
