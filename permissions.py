@@ -1080,8 +1080,7 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     capability = FILE_READ if what == "read" else FILE_WRITE
     if spec in ("", "*", "**"):
         return [Rule(capability, "*", action, where, kind)], None
-    rules = _claude_path(spec, capability, what, action, where, kind, root)
-    return rules, None
+    return _claude_path(spec, capability, what, action, where, kind, root), None
 
 
 def _claude_path(spec: str, capability: str, scope: str, action: str,
