@@ -2216,9 +2216,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         deletes = _has(options, "--delete", short="d")
         if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
             return "git branch -D deletes an unmerged branch"
-    if sub in ("filter-branch", "filter-repo"):
-        return f"git {sub} rewrites history"
-    if sub == "reflog" and {"expire", "delete"} & set(plain):
+    reflog_edit = sub == "reflog" and {"expire", "delete"} & set(plain)
+    if sub in ("filter-branch", "filter-repo") or reflog_edit:
         return f"git {sub} rewrites history"
     if sub == "switch" and _has(options, "--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
