@@ -2301,9 +2301,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     args = part.core[1:]
     cwd = part.cwd
     options, targets = _operands(part.core)
-    recursive = bool(part.core) and _recursive(part.core)
     doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
-    if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
+    if name in ("rm", "chmod", "chown", "chgrp") and _recursive(part.core) and doomed:
         verb = "delete" if name == "rm" else name
         return f"recursive {verb} of {doomed}"
     if name == "mv" and doomed:
