@@ -2590,8 +2590,7 @@ class _ShellLine:
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
             # arguments
-            fed = _Part(words, (*core, *stdin_text.split()), redirects, cwd,
-                        unliteral, part.cwds)
+            fed = part._replace(core=(*core, *stdin_text.split()))
             self.floor = self.floor or _floor_reason(fed, self.home)
         for script in scripts:
             self.compound = True
