@@ -1914,12 +1914,10 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     name, args = words[0], words[1:]
     if "/" in name:
         return f"it runs {name} by path"
-    if name == "git":
-        return _git_problem(args)
-    if name == "find":
-        return _find_problem(args)
-    if name == "cd":
-        return _cd_problem(args)
+    # the programs read by a parser of their own
+    own_parser = {"git": _git_problem, "find": _find_problem, "cd": _cd_problem}.get(name)
+    if own_parser:
+        return own_parser(args)
     if name == "printf":
         if args and args[0].startswith("-v"):
             return "printf -v assigns a variable"
