@@ -950,17 +950,14 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
     elif decision.floor:
         rule = decision.reason
     suggestion = decision.suggestion["pattern"] if decision.suggestion else None
+    as_is = ("layer", "reason", "read_only", "not_read_only", "destructive")
     return {
         "decision": decision.action,
         "capability": decision.capability,
         "rule": rule,
         "floor": decision.floor,
         "suggestion": suggestion,
-        "layer": decision.layer,
-        "reason": decision.reason,
-        "read_only": decision.read_only,
-        "not_read_only": decision.not_read_only,
-        "destructive": decision.destructive,
+        **{field: getattr(decision, field) for field in as_is},
         "confine": _as_json(decision.confine),
     }
 
