@@ -892,11 +892,8 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
     not into .git/: .git/config can run code later."""
-    if kind != "write" or decision.action != "ask":
-        return False
-    if decision.capability != FILE_WRITE:
-        return False
-    if decision.layer != "default":
+    shape = (kind, decision.action, decision.capability, decision.layer)
+    if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
     return not (decision.descriptor + "/").startswith(".git/")
 
