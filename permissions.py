@@ -2920,11 +2920,7 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
         if pieces:
             tokens.append(("word", list(pieces)))
             if delimiter_op:
-                delimiter = "".join(t for _, t in pieces)
-                strip_tabs = delimiter_op == "<<-"
-                quoted = any(kind != "raw" for kind, _ in pieces)
-                target = tokens[-1][1]
-                heredocs.append((delimiter, strip_tabs, quoted, target))
+                heredocs.append((delimiter_op, tokens[-1][1]))
                 delimiter_op = None
             pieces.clear()
 
@@ -3072,8 +3068,10 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
 
 def _read_heredocs(text: str, i: int, heredocs: list) -> int:
     """Consume the bodies after a line; each becomes its `<<` word's only
-    content, and an unquoted body's substitutions run."""
-    for delimiter, strip_tabs, quoted, target in heredocs:
+    content, and an unquoted body's substitutions run. heredocs: (<< or <<-, the word)."""
+    for op, target in heredocs:
+        delimiter = "".join(value for _, value in target)
+        quoted = any(kind != "raw" for kind, _ in target)
         if not re.fullmatch(r"[\w.-]+", delimiter):
             raise _ParseError(f"heredoc delimiter {delimiter!r} "
                               "is not a plain word")
@@ -3084,7 +3082,7 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
                 line, i = text[i:], len(text)
             else:
                 line, i = text[i:end], end + 1
-            closing = line.lstrip("\t") if strip_tabs else line
+            closing = line.lstrip("\t") if op == "<<-" else line
             if closing == delimiter:
                 break
             lines.append(line)
