@@ -639,11 +639,11 @@ class Decision:
     # what the user is asked about: the command or the path
     descriptor: str
     # the deciding rule; None for the floor or when nothing matched
-    rule: Rule | None
+    rule: Rule | None = None
     # True when the hardline floor refused (no rule can override)
-    floor: bool
+    floor: bool = False
     # {"capability", "pattern"} an "always" would persist, or None
-    suggestion: dict | None
+    suggestion: dict | None = None
     # one line for the model and the user: the rule or the floor item
     reason: str = ""
     # what decided: floor, read-only, default, user, project, sandbox,
@@ -913,8 +913,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
     if kind == "held":
         # list/read/stop only touch processes that were judged when they
         # started
-        return Decision("allow", EXECUTE, arg("action"), None, False, None,
-                        read_only=fields.get("read_only") is True)
+        return Decision("allow", EXECUTE, arg("action"), read_only=fields.get("read_only") is True)
     if kind == "bash":
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
         if sandboxed:
@@ -927,8 +926,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
                       read_only=capability == FILE_READ)
     # a tool tools.py declares no subject for ("unknown", {"tool": name})
     what = arg("tool") or kind
-    return Decision("deny", "unknown", what, None, False, None,
-                    f"unknown tool {what!r}")
+    return Decision("deny", "unknown", what, reason=f"unknown tool {what!r}")
 
 
 def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
@@ -1137,12 +1135,10 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     floor = floor or _protected_write(requests)
     confine = _confine(requests, read_only)
     if floor:
-        return Decision("deny", EXECUTE, descriptor, None, True,
-                        None, f"hardline floor: {floor}", layer="floor",
-                        not_read_only=not_read_only, confine=confine)
+        return Decision("deny", EXECUTE, descriptor, floor=True, reason=f"hardline floor: {floor}",
+                        layer="floor", not_read_only=not_read_only, confine=confine)
     if not requests:
-        return Decision(at_least, EXECUTE, descriptor, None, False,
-                        None, layer="default", read_only=read_only,
+        return Decision(at_least, EXECUTE, descriptor, read_only=read_only,
                         not_read_only=not_read_only, confine=confine)
     verdicts = [_verdict(request, rules) for request in requests]
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
@@ -1614,8 +1610,7 @@ def _decide_process_write(text: str, process_command: str, root: str,
         return _judge(f"{program} ← {text.strip()}", [request], rules,
                       at_least="ask",
                       not_read_only=f"code written to {program} runs unread")
-    return Decision("allow", EXECUTE, "process write", None,
-                    False, None, layer="default")
+    return Decision("allow", EXECUTE, "process write")
 
 
 def _runs_code(program: str) -> bool:
