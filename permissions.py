@@ -2037,10 +2037,8 @@ def _parse(args, takes_value, stop: bool = False,
 
 
 def _options_problem(name: str, args: tuple[str, ...], row: Program):
-    """(why an option is not safe or None, the positional arguments, the options' values). A long
-    option counts only spelled out: the program expands an abbreviation among all its options,
-    listed or not (sort --comp is --compress-program). A value given as the next word must not
-    look like an option."""
+    """(why an option is not safe or None, the positional arguments, the options' values), by
+    the rules above POLICY (sort --comp, an abbreviation of --compress-program, is not listed)."""
     options, positional, _ = _parse(args, row.takes_value, numeric=row.has("counts"))
     for option in options:
         if not row.lists(option.name):
