@@ -2483,9 +2483,8 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
 # ------------------------------------------------------- bash: simple commands
 
 class _ShellLine:
-    """Every simple command one bash line runs, in order, including those
-    nested in $( ), backticks, heredocs fed to a shell, bash -c, eval and find
-    -exec."""
+    """Every simple command one bash line runs, in order, nested ones included (the list is in
+    the module docstring)."""
 
     def __init__(self, command: str, cwd: str, home: str):
         self.home = home
