@@ -483,14 +483,13 @@ _FIND_SAFE = frozenset("""
     -ignore_readdir_race -fstype: -used: -newermt: -newerct: -newerat: -newermm: -neweraa:
     -newercc: -L -H -P ( ) ! ,
 """.split())
-# git's global options: (takes the next word as its value, keeps a read-only command read-only).
-_GIT_GLOBALS = {
-    "-C": (True, True), "-c": (True, False), "--git-dir": (True, False),
-    "--work-tree": (True, False), "--namespace": (True, False), "--config-env": (True, False),
-    "--exec-path": (True, False), "--super-prefix": (True, False), "--no-pager": (False, True),
-    "-P": (False, True), "--no-optional-locks": (False, True), "--literal-pathspecs": (False, True),
-    "--no-replace-objects": (False, True), "--version": (False, True),
-}
+# git's global options that take the next word as their value; those that keep a read-only
+# command read-only
+_GIT_VALUED = frozenset("""
+    -C -c --git-dir --work-tree --namespace --config-env --exec-path --super-prefix""".split())
+_GIT_READ_ONLY = frozenset("""
+    -C --no-pager -P --no-optional-locks --literal-pathspecs --no-replace-objects
+    --version""".split())
 # config keys that define commands for later: aliases, included files
 _GIT_ALIASING = ("alias.", "include")
 _GIT_URL = re.compile(
@@ -1459,7 +1458,7 @@ def _git_split(args: tuple[str, ...]) -> tuple[list[str], str | None, tuple[str,
     k = 0
     while k < len(args) and args[k].startswith("-"):
         options.append(args[k])
-        k += 2 if _GIT_GLOBALS.get(args[k], (False, False))[0] else 1
+        k += 2 if args[k] in _GIT_VALUED else 1
     if k >= len(args):
         return options, None, ()
     return options, args[k], args[k + 1:]
@@ -2067,7 +2066,7 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
     options, sub, rest = _git_split(args)
     for option in options:
         flag = option.partition("=")[0]
-        if not _GIT_GLOBALS.get(flag, (False, False))[1]:
+        if flag not in _GIT_READ_ONLY:
             return f"git: the option {flag} is not on the read-only list"
     if sub is None:
         return None
