@@ -2857,26 +2857,20 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
 def _segments(tokens: list) -> list[tuple[list, list, bool]]:
     """Split tokens at separators into (words, [(redirection, target)], after a
     pipe) per simple command."""
-    segments = []
-    words = []
-    redirects = []
-    after_pipe = False
+    segments = [([], [], False)]
     stream = iter(tokens)
     for kind, value in stream:
         if kind == "word":
-            words.append(value)
+            segments[-1][0].append(value)
         elif value in _SEPARATORS:
-            segments.append((words, redirects, after_pipe))
-            words = []
-            redirects = []
-            after_pipe = value in ("|", "|&")
+            # the next simple command
+            segments.append(([], [], value in ("|", "|&")))
         else:
             # a redirection: its target is the next token
             target = next(stream, ("op", None))
             if target[0] != "word":
                 raise _ParseError(f"redirection {value} has no target")
-            redirects.append((value, target[1]))
-    segments.append((words, redirects, after_pipe))
+            segments[-1][1].append((value, target[1]))
     return [s for s in segments if s[0] or s[1]]
 
 
