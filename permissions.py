@@ -1486,10 +1486,9 @@ def _decide_bash(command: str, workdir: str, root: str,
     for part in dict.fromkeys(line.parts):
         _on_time()
         problem = _not_read_only(part, root)
-        if problem and not not_read_only:
-            not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
         if problem:
             writing.append(part)
+            not_read_only = not_read_only or f"{' '.join(part.words)[:80]}: {problem}"
         # a write redirection asks as a file write; the command itself may
         # still only read
         unredirected = part._replace(redirects=())
