@@ -894,7 +894,7 @@ def _accepts_edit(kind: str, decision: Decision) -> bool:
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not (decision.descriptor + "/").startswith(".git/")
+    return not sandbox.within(decision.descriptor, [".git"])
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
@@ -1353,8 +1353,7 @@ def _path_request(path_text: str, base: str, root: str,
     resolved = _word_path(path_text, base)
     if not resolved:
         return _Request(OUTSIDE, path_text, None, writes=writes)
-    under_root = root.rstrip(os.sep) + os.sep
-    if resolved != root and not resolved.startswith(under_root):
+    if not sandbox.within(resolved, [root]):
         secret = sandbox.is_secret_path(resolved, os.path.expanduser("~"))
         return _Request(OUTSIDE, resolved,
                         _escape(resolved), secret=secret, path=resolved,
@@ -2145,9 +2144,9 @@ def _rm_destroys(target: str, cwd: str, root: str) -> str:
             return f"rm -r of everything at the project's root ({target})"
         path = base
     git_dir = posixpath.join(root, ".git")
-    if path == git_dir or path.startswith(git_dir + "/"):
+    if sandbox.within(path, [git_dir]):
         return f"rm -r of the repository's history ({target})"
-    if path == root or root.startswith(path.rstrip("/") + "/"):
+    if sandbox.within(root, [path]):
         return f"rm -r of the project or a directory holding it ({target})"
     return ""
 
@@ -2402,9 +2401,7 @@ def _resolve(target: str, cwd: str) -> str:
 
 def _precious(path: str, home: str) -> bool:
     """A system directory, the home directory, or a directory holding it."""
-    if path in _PROTECTED_DIRS or path == home:
-        return True
-    return home.startswith(path.rstrip("/") + "/")
+    return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
 def _is_device(target: str) -> bool:
