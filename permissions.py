@@ -1230,8 +1230,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if rule.scope and (rule.scope == "write") != request.writes:
             return False
         pattern = rule.pattern
-        outside = capability == OUTSIDE
-        if outside and pattern.startswith("~"):
+        if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
             # the pattern as written matches too: a rule on `app/[slug]/page.tsx` (Next.js) means
