@@ -1548,8 +1548,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     for op, target in part.redirects:
         if target.startswith(("/dev/tcp/", "/dev/udp/")):
             # bash opens a socket for these
-            socket = _Request(NETWORK, f"{op} {target}", None)
-            requests.append(socket)
+            requests.append(_Request(NETWORK, f"{op} {target}", None))
             continue
         writes = _redirect_writes(op, target)
         if (writes or op == "<") and target not in _SAFE_DEVICES:
