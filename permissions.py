@@ -2610,13 +2610,12 @@ class _ShellLine:
         """Quote removal and the expansions a word can hide behind: braces, ~,
         $HOME, $IFS, variables assigned earlier in the line, $(echo ...).
         Returns the resulting words."""
-        if len(pieces) == 1 and pieces[0][0] == "raw":
-            if _BRACES.search(pieces[0][1]):
-                words = []
-                for word in _brace_expand(pieces[0][1]):
-                    self._spend(len(word))
-                    words += self._expand([("raw", word)], env)
-                return words
+        if len(pieces) == 1 and pieces[0][0] == "raw" and _BRACES.search(pieces[0][1]):
+            words = []
+            for word in _brace_expand(pieces[0][1]):
+                self._spend(len(word))
+                words += self._expand([("raw", word)], env)
+            return words
         # A="x y" and A=$B are not word-split
         assignment = (pieces and pieces[0][0] == "raw"
                       and _ASSIGNMENT.match(pieces[0][1]))
