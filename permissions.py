@@ -1489,8 +1489,7 @@ def _decide_bash(command: str, workdir: str, root: str,
             not_read_only = not_read_only or f"{' '.join(part.words)[:80]}: {problem}"
         # a write redirection asks as a file write; the command itself may
         # still only read
-        unredirected = part._replace(redirects=())
-        only_redirected = not problem or _not_read_only(unredirected, root) is None
+        only_redirected = not problem or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
     if _FUNCTION_DEFINITION.search(command):
