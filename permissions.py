@@ -1796,9 +1796,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     for word in paths:
         pattern = os.path.join(part.cwd, _bash_glob(word))
         matches = _glob(pattern) or [os.path.join(part.cwd, word)]
-        for match in matches:
-            if os.path.isdir(match):
-                targets.append(match)
+        targets += [match for match in matches if os.path.isdir(match)]
     # grep -r PATTERN and rg PATTERN search the working directory; so may
     # rg -g*.ref WORD, where WORD may be the pattern or a file
     lone = len(paths) == 1 and any(map(_gives_pattern, options))
