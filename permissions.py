@@ -3156,8 +3156,7 @@ def config_layer(source: str, config: dict, text: str, project_root: Path, kind:
     block pasted into it ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
     if isinstance(config.get("permissions"), dict):
         layer = Layer(source, {}, kind, trusted, claude=True, text=text)
-        root = os.path.realpath(project_root)
-        return claude_rules(layer, config["permissions"], root)
+        return claude_rules(layer, config["permissions"], os.path.realpath(project_root))
     return Layer(source, config, kind, trusted, text=text)
 
 
