@@ -705,11 +705,7 @@ def default_rules() -> list[Rule]:
         (FILE_READ, "*", "allow"),
         *((FILE_READ, p, "ask") for p in _anywhere(sandbox.SECRET_NAMES)),
         *((FILE_READ, p, "allow") for p in _anywhere(sandbox.SECRET_TEMPLATES)),
-        (FILE_WRITE, "*", "ask"),
-        (OUTSIDE, "*", "ask"),
-        (EXECUTE, "*", "ask"),
-        (GIT_MODIFY, "*", "ask"),
-        (NETWORK, "*", "ask"),
+        *((capability, "*", "ask") for capability in CAPABILITIES if capability != FILE_READ),
     ]
     return [Rule(c, p, a, "default") for c, p, a in table]
 
