@@ -385,8 +385,7 @@ POLICY: dict[str, Program] = {
     "cargo": Program("installer", network="add,build,fetch,install,publish,run,test,update",
                      arity=2),
     "go": Program("installer", network="build,get,install,mod,run,test", arity=2),
-    "gem": Program("installer", network="install,update", arity=2),
-    "bundle": Program("installer", network="install,update", arity=2),
+    **_each("gem bundle", Program("installer", network="install,update", arity=2)),
     "brew": Program("installer", network="install,tap,update,upgrade", arity=2),
     **_each("apt apt-get", Program("installer", network="install,update,upgrade", arity=2)),
     "docker": Program("installer runner", network="build,login,pull,push,run", arity=2),
@@ -409,8 +408,7 @@ POLICY: dict[str, Program] = {
     "env": Program("wrapper exact", ("C:S:u:", "chdir= split-string= unset=")),
     "nice": Program("wrapper", ("n:", "adjustment=")),
     "ionice": Program("wrapper", ("c:n:p:t:", "")),
-    "taskset": Program("wrapper", skip=1),
-    "chrt": Program("wrapper", skip=1),
+    **_each("taskset chrt", Program("wrapper", skip=1)),
     "stdbuf": Program("wrapper", ("e:i:o:", "")),
     "timeout": Program("wrapper", ("k:s:", "kill-after= signal="), skip=1),
     "time": Program("wrapper", ("f:o:", "format= output=")),
@@ -485,14 +483,13 @@ _FIND_SAFE = frozenset("""
     -ignore_readdir_race -fstype: -used: -newermt: -newerct: -newerat: -newermm: -neweraa:
     -newercc: -L -H -P ( ) ! ,
 """.split())
-# git's global options: (takes the next word as its value, keeps a read-only command read-only).
-_GIT_GLOBALS = {
-    "-C": (True, True), "-c": (True, False), "--git-dir": (True, False),
-    "--work-tree": (True, False), "--namespace": (True, False), "--config-env": (True, False),
-    "--exec-path": (True, False), "--super-prefix": (True, False), "--no-pager": (False, True),
-    "-P": (False, True), "--no-optional-locks": (False, True), "--literal-pathspecs": (False, True),
-    "--no-replace-objects": (False, True), "--version": (False, True),
-}
+# git's global options that take the next word as their value; those that keep a read-only
+# command read-only
+_GIT_VALUED = frozenset("""
+    -C -c --git-dir --work-tree --namespace --config-env --exec-path --super-prefix""".split())
+_GIT_READ_ONLY = frozenset("""
+    -C --no-pager -P --no-optional-locks --literal-pathspecs --no-replace-objects
+    --version""".split())
 # config keys that define commands for later: aliases, included files
 _GIT_ALIASING = ("alias.", "include")
 _GIT_URL = re.compile(
@@ -641,11 +638,11 @@ class Decision:
     # what the user is asked about: the command or the path
     descriptor: str
     # the deciding rule; None for the floor or when nothing matched
-    rule: Rule | None
+    rule: Rule | None = None
     # True when the hardline floor refused (no rule can override)
-    floor: bool
+    floor: bool = False
     # {"capability", "pattern"} an "always" would persist, or None
-    suggestion: dict | None
+    suggestion: dict | None = None
     # one line for the model and the user: the rule or the floor item
     reason: str = ""
     # what decided: floor, read-only, default, user, project, sandbox,
@@ -708,11 +705,7 @@ def default_rules() -> list[Rule]:
         (FILE_READ, "*", "allow"),
         *((FILE_READ, p, "ask") for p in _anywhere(sandbox.SECRET_NAMES)),
         *((FILE_READ, p, "allow") for p in _anywhere(sandbox.SECRET_TEMPLATES)),
-        (FILE_WRITE, "*", "ask"),
-        (OUTSIDE, "*", "ask"),
-        (EXECUTE, "*", "ask"),
-        (GIT_MODIFY, "*", "ask"),
-        (NETWORK, "*", "ask"),
+        *((capability, "*", "ask") for capability in CAPABILITIES if capability != FILE_READ),
     ]
     return [Rule(c, p, a, "default") for c, p, a in table]
 
@@ -835,6 +828,8 @@ def decide(kind: str, fields: dict, project_root: Path,
     process_command: for "feed", the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""
+    if not isinstance(fields, dict):
+        fields = {}
     # A garbage collection falling inside the judgement would count against its CPU budget (a
     # full one takes 100+ ms in a large heap) and turn a floor refusal into a question.
     collecting = gc.isenabled()
@@ -892,21 +887,16 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
     not into .git/: .git/config can run code later."""
-    if kind != "write" or decision.action != "ask":
+    shape = (kind, decision.action, decision.capability, decision.layer)
+    if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    if decision.capability != FILE_WRITE:
-        return False
-    if decision.layer != "default":
-        return False
-    return not (decision.descriptor + "/").startswith(".git/")
+    return not sandbox.within(decision.descriptor, [".git"])
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
             rules: list[Rule], sandboxed: bool,
             process_command: str | None) -> Decision:
     root = os.path.realpath(project_root)
-    if not isinstance(fields, dict):
-        fields = {}
 
     def arg(key: str) -> str:
         value = fields.get(key)
@@ -918,8 +908,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
     if kind == "held":
         # list/read/stop only touch processes that were judged when they
         # started
-        return Decision("allow", EXECUTE, arg("action"), None, False, None,
-                        read_only=fields.get("read_only") is True)
+        return Decision("allow", EXECUTE, arg("action"), read_only=fields.get("read_only") is True)
     if kind == "bash":
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
         if sandboxed:
@@ -932,8 +921,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
                       read_only=capability == FILE_READ)
     # a tool tools.py declares no subject for ("unknown", {"tool": name})
     what = arg("tool") or kind
-    return Decision("deny", "unknown", what, None, False, None,
-                    f"unknown tool {what!r}")
+    return Decision("deny", "unknown", what, reason=f"unknown tool {what!r}")
 
 
 def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
@@ -952,17 +940,14 @@ def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
     elif decision.floor:
         rule = decision.reason
     suggestion = decision.suggestion["pattern"] if decision.suggestion else None
+    as_is = ("layer", "reason", "read_only", "not_read_only", "destructive")
     return {
         "decision": decision.action,
         "capability": decision.capability,
         "rule": rule,
         "floor": decision.floor,
         "suggestion": suggestion,
-        "layer": decision.layer,
-        "reason": decision.reason,
-        "read_only": decision.read_only,
-        "not_read_only": decision.not_read_only,
-        "destructive": decision.destructive,
+        **{field: getattr(decision, field) for field in as_is},
         "confine": _as_json(decision.confine),
     }
 
@@ -1082,8 +1067,7 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     capability = FILE_READ if what == "read" else FILE_WRITE
     if spec in ("", "*", "**"):
         return [Rule(capability, "*", action, where, kind)], None
-    rules = _claude_path(spec, capability, what, action, where, kind, root)
-    return rules, None
+    return _claude_path(spec, capability, what, action, where, kind, root), None
 
 
 def _claude_path(spec: str, capability: str, scope: str, action: str,
@@ -1146,17 +1130,12 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     floor = floor or _protected_write(requests)
     confine = _confine(requests, read_only)
     if floor:
-        return Decision("deny", EXECUTE, descriptor, None, True,
-                        None, f"hardline floor: {floor}", layer="floor",
-                        not_read_only=not_read_only, confine=confine)
+        return Decision("deny", EXECUTE, descriptor, floor=True, reason=f"hardline floor: {floor}",
+                        layer="floor", not_read_only=not_read_only, confine=confine)
     if not requests:
-        return Decision(at_least, EXECUTE, descriptor, None, False,
-                        None, layer="default", read_only=read_only,
+        return Decision(at_least, EXECUTE, descriptor, read_only=read_only,
                         not_read_only=not_read_only, confine=confine)
-    verdicts = []
-    for request in requests:
-        _on_time()
-        verdicts.append(_verdict(request, rules))
+    verdicts = [_verdict(request, rules) for request in requests]
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
     if destructive and action == "allow":
@@ -1187,6 +1166,7 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     otherwise. Deny and ask rules also match the command without its wrappers
     (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm` is not
     `rm *`)."""
+    _on_time()
     rule = _last_match(rules, request)
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
@@ -1246,8 +1226,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if rule.scope and (rule.scope == "write") != request.writes:
             return False
         pattern = rule.pattern
-        outside = capability == OUTSIDE
-        if outside and pattern.startswith("~"):
+        if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
             # the pattern as written matches too: a rule on `app/[slug]/page.tsx` (Next.js) means
@@ -1369,8 +1348,7 @@ def _path_request(path_text: str, base: str, root: str,
     resolved = _word_path(path_text, base)
     if not resolved:
         return _Request(OUTSIDE, path_text, None, writes=writes)
-    under_root = root.rstrip(os.sep) + os.sep
-    if resolved != root and not resolved.startswith(under_root):
+    if not sandbox.within(resolved, [root]):
         secret = sandbox.is_secret_path(resolved, os.path.expanduser("~"))
         return _Request(OUTSIDE, resolved,
                         _escape(resolved), secret=secret, path=resolved,
@@ -1474,7 +1452,7 @@ def _git_split(args: tuple[str, ...]) -> tuple[list[str], str | None, tuple[str,
     k = 0
     while k < len(args) and args[k].startswith("-"):
         options.append(args[k])
-        k += 2 if _GIT_GLOBALS.get(args[k], (False, False))[0] else 1
+        k += 2 if args[k] in _GIT_VALUED else 1
     if k >= len(args):
         return options, None, ()
     return options, args[k], args[k + 1:]
@@ -1502,16 +1480,12 @@ def _decide_bash(command: str, workdir: str, root: str,
     for part in dict.fromkeys(line.parts):
         _on_time()
         problem = _not_read_only(part, root)
-        if problem and not not_read_only:
-            not_read_only = f"{' '.join(part.words)[:80]}: {problem}"
+        if problem:
+            writing.append(part)
+            not_read_only = not_read_only or f"{' '.join(part.words)[:80]}: {problem}"
         # a write redirection asks as a file write; the command itself may
         # still only read
-        if problem is None:
-            only_redirected = True
-        else:
-            writing.append(part)
-            unredirected = part._replace(redirects=())
-            only_redirected = _not_read_only(unredirected, root) is None
+        only_redirected = not problem or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
     if _FUNCTION_DEFINITION.search(command):
@@ -1569,8 +1543,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     for op, target in part.redirects:
         if target.startswith(("/dev/tcp/", "/dev/udp/")):
             # bash opens a socket for these
-            socket = _Request(NETWORK, f"{op} {target}", None)
-            requests.append(socket)
+            requests.append(_Request(NETWORK, f"{op} {target}", None))
             continue
         writes = _redirect_writes(op, target)
         if (writes or op == "<") and target not in _SAFE_DEVICES:
@@ -1627,8 +1600,7 @@ def _decide_process_write(text: str, process_command: str, root: str,
         return _judge(f"{program} ← {text.strip()}", [request], rules,
                       at_least="ask",
                       not_read_only=f"code written to {program} runs unread")
-    return Decision("allow", EXECUTE, "process write", None,
-                    False, None, layer="default")
+    return Decision("allow", EXECUTE, "process write")
 
 
 def _runs_code(program: str) -> bool:
@@ -1820,9 +1792,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     for word in paths:
         pattern = os.path.join(part.cwd, _bash_glob(word))
         matches = _glob(pattern) or [os.path.join(part.cwd, word)]
-        for match in matches:
-            if os.path.isdir(match):
-                targets.append(match)
+        targets += [match for match in matches if os.path.isdir(match)]
     # grep -r PATTERN and rg PATTERN search the working directory; so may
     # rg -g*.ref WORD, where WORD may be the pattern or a file
     lone = len(paths) == 1 and any(map(_gives_pattern, options))
@@ -1921,12 +1891,10 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
     name, args = words[0], words[1:]
     if "/" in name:
         return f"it runs {name} by path"
-    if name == "git":
-        return _git_problem(args)
-    if name == "find":
-        return _find_problem(args)
-    if name == "cd":
-        return _cd_problem(args)
+    # the programs read by a parser of their own
+    own_parser = {"git": _git_problem, "find": _find_problem, "cd": _cd_problem}.get(name)
+    if own_parser:
+        return own_parser(args)
     if name == "printf":
         if args and args[0].startswith("-v"):
             return "printf -v assigns a variable"
@@ -2057,10 +2025,8 @@ def _parse(args, takes_value, stop: bool = False,
 
 
 def _options_problem(name: str, args: tuple[str, ...], row: Program):
-    """(why an option is not safe or None, the positional arguments, the options' values). A long
-    option counts only spelled out: the program expands an abbreviation among all its options,
-    listed or not (sort --comp is --compress-program). A value given as the next word must not
-    look like an option."""
+    """(why an option is not safe or None, the positional arguments, the options' values), by
+    the rules above POLICY (sort --comp, an abbreviation of --compress-program, is not listed)."""
     options, positional, _ = _parse(args, row.takes_value, numeric=row.has("counts"))
     for option in options:
         if not row.lists(option.name):
@@ -2089,7 +2055,7 @@ def _git_problem(args: tuple[str, ...]) -> str | None:
     options, sub, rest = _git_split(args)
     for option in options:
         flag = option.partition("=")[0]
-        if not _GIT_GLOBALS.get(flag, (False, False))[1]:
+        if flag not in _GIT_READ_ONLY:
             return f"git: the option {flag} is not on the read-only list"
     if sub is None:
         return None
@@ -2169,9 +2135,9 @@ def _rm_destroys(target: str, cwd: str, root: str) -> str:
             return f"rm -r of everything at the project's root ({target})"
         path = base
     git_dir = posixpath.join(root, ".git")
-    if path == git_dir or path.startswith(git_dir + "/"):
+    if sandbox.within(path, [git_dir]):
         return f"rm -r of the repository's history ({target})"
-    if path == root or root.startswith(path.rstrip("/") + "/"):
+    if sandbox.within(root, [path]):
         return f"rm -r of the project or a directory holding it ({target})"
     return ""
 
@@ -2223,9 +2189,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         deletes = _has(options, "--delete", short="d")
         if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
             return "git branch -D deletes an unmerged branch"
-    if sub in ("filter-branch", "filter-repo"):
-        return f"git {sub} rewrites history"
-    if sub == "reflog" and {"expire", "delete"} & set(plain):
+    reflog_edit = sub == "reflog" and {"expire", "delete"} & set(plain)
+    if sub in ("filter-branch", "filter-repo") or reflog_edit:
         return f"git {sub} rewrites history"
     if sub == "switch" and _has(options, "--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
@@ -2309,9 +2274,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     args = part.core[1:]
     cwd = part.cwd
     options, targets = _operands(part.core)
-    recursive = bool(part.core) and _recursive(part.core)
     doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
-    if name in ("rm", "chmod", "chown", "chgrp") and recursive and doomed:
+    if name in ("rm", "chmod", "chown", "chgrp") and _recursive(part.core) and doomed:
         verb = "delete" if name == "rm" else name
         return f"recursive {verb} of {doomed}"
     if name == "mv" and doomed:
@@ -2352,10 +2316,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
 def _has(options: list[str], *longs: str, short: str = "") -> bool:
     """Whether option words name any of these long options (--ha for --hard: GNU and git take any
     unambiguous prefix) or short letters (in a cluster: -rf)."""
-    for option in options:
-        if _abbreviates(option, *longs) or _short_flags(option) & set(short):
-            return True
-    return False
+    return any(_abbreviates(o, *longs) or _short_flags(o) & set(short) for o in options)
 
 
 def _short_flags(word: str) -> set[str]:
@@ -2431,9 +2392,7 @@ def _resolve(target: str, cwd: str) -> str:
 
 def _precious(path: str, home: str) -> bool:
     """A system directory, the home directory, or a directory holding it."""
-    if path in _PROTECTED_DIRS or path == home:
-        return True
-    return home.startswith(path.rstrip("/") + "/")
+    return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
 def _is_device(target: str) -> bool:
@@ -2510,9 +2469,8 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
 # ------------------------------------------------------- bash: simple commands
 
 class _ShellLine:
-    """Every simple command one bash line runs, in order, including those
-    nested in $( ), backticks, heredocs fed to a shell, bash -c, eval and find
-    -exec."""
+    """Every simple command one bash line runs, in order, nested ones included (the list is in
+    the module docstring)."""
 
     def __init__(self, command: str, cwd: str, home: str):
         self.home = home
@@ -2602,8 +2560,7 @@ class _ShellLine:
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
             # arguments
-            fed = _Part(words, (*core, *stdin_text.split()), redirects, cwd,
-                        unliteral, part.cwds)
+            fed = part._replace(core=(*core, *stdin_text.split()))
             self.floor = self.floor or _floor_reason(fed, self.home)
         for script in scripts:
             self.compound = True
@@ -2646,13 +2603,12 @@ class _ShellLine:
         """Quote removal and the expansions a word can hide behind: braces, ~,
         $HOME, $IFS, variables assigned earlier in the line, $(echo ...).
         Returns the resulting words."""
-        if len(pieces) == 1 and pieces[0][0] == "raw":
-            if _BRACES.search(pieces[0][1]):
-                words = []
-                for word in _brace_expand(pieces[0][1]):
-                    self._spend(len(word))
-                    words += self._expand([("raw", word)], env)
-                return words
+        if len(pieces) == 1 and pieces[0][0] == "raw" and _BRACES.search(pieces[0][1]):
+            words = []
+            for word in _brace_expand(pieces[0][1]):
+                self._spend(len(word))
+                words += self._expand([("raw", word)], env)
+            return words
         # A="x y" and A=$B are not word-split
         assignment = (pieces and pieces[0][0] == "raw"
                       and _ASSIGNMENT.match(pieces[0][1]))
@@ -2887,26 +2843,20 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
 def _segments(tokens: list) -> list[tuple[list, list, bool]]:
     """Split tokens at separators into (words, [(redirection, target)], after a
     pipe) per simple command."""
-    segments = []
-    words = []
-    redirects = []
-    after_pipe = False
+    segments = [([], [], False)]
     stream = iter(tokens)
     for kind, value in stream:
         if kind == "word":
-            words.append(value)
+            segments[-1][0].append(value)
         elif value in _SEPARATORS:
-            segments.append((words, redirects, after_pipe))
-            words = []
-            redirects = []
-            after_pipe = value in ("|", "|&")
+            # the next simple command
+            segments.append(([], [], value in ("|", "|&")))
         else:
             # a redirection: its target is the next token
             target = next(stream, ("op", None))
             if target[0] != "word":
                 raise _ParseError(f"redirection {value} has no target")
-            redirects.append((value, target[1]))
-    segments.append((words, redirects, after_pipe))
+            segments[-1][1].append((value, target[1]))
     return [s for s in segments if s[0] or s[1]]
 
 
@@ -2941,11 +2891,7 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
         if pieces:
             tokens.append(("word", list(pieces)))
             if delimiter_op:
-                delimiter = "".join(t for _, t in pieces)
-                strip_tabs = delimiter_op == "<<-"
-                quoted = any(kind != "raw" for kind, _ in pieces)
-                target = tokens[-1][1]
-                heredocs.append((delimiter, strip_tabs, quoted, target))
+                heredocs.append((delimiter_op, tokens[-1][1]))
                 delimiter_op = None
             pieces.clear()
 
@@ -3093,8 +3039,10 @@ def _substitution(text: str, i: int) -> tuple[int, str | None, list[str]]:
 
 def _read_heredocs(text: str, i: int, heredocs: list) -> int:
     """Consume the bodies after a line; each becomes its `<<` word's only
-    content, and an unquoted body's substitutions run."""
-    for delimiter, strip_tabs, quoted, target in heredocs:
+    content, and an unquoted body's substitutions run. heredocs: (<< or <<-, the word)."""
+    for op, target in heredocs:
+        delimiter = "".join(value for _, value in target)
+        quoted = any(kind != "raw" for kind, _ in target)
         if not re.fullmatch(r"[\w.-]+", delimiter):
             raise _ParseError(f"heredoc delimiter {delimiter!r} "
                               "is not a plain word")
@@ -3105,7 +3053,7 @@ def _read_heredocs(text: str, i: int, heredocs: list) -> int:
                 line, i = text[i:], len(text)
             else:
                 line, i = text[i:end], end + 1
-            closing = line.lstrip("\t") if strip_tabs else line
+            closing = line.lstrip("\t") if op == "<<-" else line
             if closing == delimiter:
                 break
             lines.append(line)
@@ -3204,8 +3152,7 @@ def config_layer(source: str, config: dict, text: str, project_root: Path, kind:
     block pasted into it ({"allow": [...], "deny": [...]}) is read in Claude Code's syntax."""
     if isinstance(config.get("permissions"), dict):
         layer = Layer(source, {}, kind, trusted, claude=True, text=text)
-        root = os.path.realpath(project_root)
-        return claude_rules(layer, config["permissions"], root)
+        return claude_rules(layer, config["permissions"], os.path.realpath(project_root))
     return Layer(source, config, kind, trusted, text=text)
 
 

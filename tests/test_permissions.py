@@ -769,6 +769,15 @@ def test_a_300_kb_pathological_command_asks_within_its_budget(project, shape):
     assert spent < 5 * permissions.DECIDE_BUDGET_SECONDS, f"{shape}: {spent:.3f} s"
 
 
+def test_fields_that_are_not_an_object_ask_when_out_of_time(project, monkeypatch):
+    """A malformed tool call's fields (a list) are judged as empty, on the out-of-time path too:
+    it asks instead of raising."""
+    monkeypatch.setattr(permissions, "DECIDE_BUDGET_SECONDS", -1)
+    # the clock is read every 64th check
+    decisions = [decide("read", ["x"], project, DEFAULTS) for _ in range(130)]
+    assert any(d.not_read_only.startswith("read: not judged") for d in decisions)
+
+
 @pytest.mark.parametrize("shape", ["unclosed brackets", "an unclosed brace list", "unclosed parameters",
                                    "escaped quotes", "function definitions", "brace lists"])
 def test_judging_grows_linearly_with_the_command(project, monkeypatch, shape):
