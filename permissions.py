@@ -807,6 +807,12 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
             rules += mapped
             if why:
                 ignored.append((where, str(entry), why))
+    # a misspelt "alow" granted nothing without a word (nor do Claude Code's defaultMode and
+    # additionalDirectories do anything here)
+    for key in block:
+        if key not in ACTIONS:
+            ignored.append((layer.source, f"permissions.{key}",
+                            "not read: khaelor takes allow, ask and deny from here"))
     return replace(layer, rules=tuple(rules), ignored=tuple(ignored))
 
 
@@ -2189,11 +2195,19 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         deletes = _has(options, "--delete", short="d")
         if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
             return "git branch -D deletes an unmerged branch"
+        if _has(options, short="MC"):
+            return "git branch -M/-C overwrites a branch of that name"
+    if sub == "update-ref" and _has(options, "--delete", short="d"):
+        return "git update-ref -d deletes a ref with its reflog"
+    if sub == "worktree" and "remove" in plain and _has(options, "--force", short="f"):
+        return "git worktree remove --force discards that work tree's uncommitted changes"
     reflog_edit = sub == "reflog" and {"expire", "delete"} & set(plain)
     if sub in ("filter-branch", "filter-repo") or reflog_edit:
         return f"git {sub} rewrites history"
     if sub == "switch" and _has(options, "--discard-changes", "--force", short="f"):
         return "git switch --discard-changes discards uncommitted changes"
+    if sub == "switch" and _has(options, "--force-create", short="C"):
+        return "git switch -C resets a branch of that name"
     # a git command this policy knows by name is not an alias (git lfs, svn and send-email are
     # installed apart from git: where one is missing, an alias of its name runs)
     if sub in ("lfs", "svn", "send-email") or _row("git", sub) is NOBODY:

@@ -128,6 +128,17 @@ def test_bad_settings_never_stop_khaelor(root):
         assert permissions.load_rules([layer]) == permissions.default_rules()
 
 
+def test_a_permissions_key_khaelor_does_not_read_is_listed_as_ignored(root):
+    """A misspelt "alow" granted nothing without a word."""
+    text = json.dumps({"permissions": {"alow": ["Bash(make *)"], "deny": ["Bash(rm *)"],
+                                       "defaultMode": "acceptEdits"}})
+    layer = permissions.claude_layer("s.json", text, root)
+    assert {(rule.pattern, rule.action) for rule in layer.rules} == {("rm *", "deny")}
+    ignored = {rule: why for _, rule, why in layer.ignored}
+    assert set(ignored) == {"permissions.alow", "permissions.defaultMode"}
+    assert "allow, ask and deny" in ignored["permissions.alow"]
+
+
 def test_a_project_that_works_with_claude_code_works_unchanged(khaelor, project, env):
     """The repository's .claude/settings.json and a Claude-style block pasted into
     .khaelor/config.json; `khaelor permissions` names the file and line of every rule; the

@@ -642,6 +642,11 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("rm -rf .git", True), ("rm -rf ..", True), ("rm -rf *", True), ("rm -rf build", False),
     ("cd build && rm -rf *", False), ("git stash drop", True), ("git branch -D old", True),
     ("find . -delete", True), ("find . -name '*.pyc' -delete", False),
+    # a ref deleted with its reflog, another work tree's changes, a branch overwritten or reset
+    ("git update-ref -d refs/heads/old", True), ("git update-ref --delete HEAD", True),
+    ("git worktree remove --force ../wt", True), ("git worktree remove ../wt", False),
+    ("git branch -M old main", True), ("git switch -C main HEAD~3", True),
+    ("git switch -c feature", False), ("git branch -m old new", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
