@@ -254,6 +254,8 @@ LONG_TESTS = {
     "test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the_trust": 6,
     "test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was": 6,
     "test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded": 6,
+    "test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait": 5,
+    "test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written": 5,
     "test_a_custom_command_runs_headless_with_its_template_and_model": 5,
     "test_a_forked_run_does_what_a_fresh_process_does": 5,
     "test_text_streamed_a_second_before_a_kill_is_in_the_next_request": 5,
