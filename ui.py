@@ -40,6 +40,7 @@ import asyncio
 import codecs
 import collections
 import contextlib
+import errno
 import functools
 import heapq
 import inspect
@@ -2892,8 +2893,14 @@ class Shell:
             self.done.set_result(code)
 
     def write(self, data: bytes) -> None:
-        self.stdout.write(data)
-        self.stdout.flush()
+        try:
+            self.stdout.write(data)
+            self.stdout.flush()
+        except OSError as error:
+            # EIO: the terminal is gone, and this frame came before the SIGHUP that says so
+            if error.errno != errno.EIO:
+                raise
+            self.app.quit(129)
 
     def enter_raw(self) -> None:
         """Raw mode with bracketed paste."""
@@ -2961,6 +2968,11 @@ class Shell:
                 data = os.read(self.fd, 65536)
             except (BlockingIOError, InterruptedError):
                 continue
+            except OSError as error:
+                # EIO: as in write
+                if error.errno != errno.EIO:
+                    raise
+                data = b""
             if not data:
                 # the terminal went away
                 return self.app.quit(129)
