@@ -1247,6 +1247,12 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     return kernel_
 
 
+def emit_created(bus, settings, project_root: Path) -> None:
+    """SessionCreated, the first event of a log (-p's start, the UI's first message)."""
+    bus.emit("SessionCreated", cwd=str(Path.cwd()), project_root=str(project_root),
+             model=settings["model"], aux_model=settings["aux_model"], version=VERSION)
+
+
 def shows_thinking(args, settings) -> bool:
     """show_thinking from config, else on where someone watches: the UI, and stream-json (which
     carries the thinking blocks); off for text and json, which never show it (a faster first
@@ -1393,9 +1399,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
                            ask, layers=layers)
     resumed = bool(store.events)
     if not resumed:
-        bus.emit("SessionCreated", cwd=str(Path.cwd()),
-                 project_root=str(project_root), model=settings["model"],
-                 aux_model=settings["aux_model"], version=VERSION)
+        emit_created(bus, settings, project_root)
     record_reasoning(bus, store, settings["reasoning_flags"])
     kernel_.repair()
     try:
@@ -1779,11 +1783,7 @@ class Session:
         none."""
         if self.store.events:
             return
-        self.bus.emit("SessionCreated", cwd=str(Path.cwd()),
-                      project_root=str(self.project_root),
-                      model=self.settings["model"],
-                      aux_model=self.settings["aux_model"],
-                      version=VERSION)
+        emit_created(self.bus, self.settings, self.project_root)
         # a /model before the first message
         if self.kernel.ctx.model != self.settings["model"]:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
@@ -2681,12 +2681,9 @@ def run_command_line(argv: list | None) -> int:
         # main's to answer: the reader has gone
         raise
     # an error may name a path a step made: nothing in it acts on the terminal
-    except UsageError as e:
-        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
-        return EXIT_USAGE
     except KhaelorError as e:
         print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(e, UsageError) else EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:
         return report_crash(e, home)
