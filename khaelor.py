@@ -166,9 +166,8 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
-    for key in ("model", "aux_model"):
-        if getattr(args, key, None) is not None:
-            merged[key] = model_choice(merged[key], merged["prices"])
+            if key != "max_turns":
+                merged[key] = model_choice(merged[key], merged["prices"])
     # Environment names passed to commands: a grant, so only from the user's own config.
     merged["pass_env"] = user.get("pass_env", [])
     merged["model_flag"] = None
