@@ -409,6 +409,7 @@ class Kernel:
                  ask, grant=None, yes=False, max_turns=None,
                  permission_mode="default"):
         self.bus = bus
+        self.emit = bus.emit
         self.model = model
         self.toolbox = toolbox
         self.ctx = ctx
@@ -430,9 +431,6 @@ class Kernel:
     def state(self) -> events.State:
         """The session's one projection, kept current by the store as events are appended."""
         return self.bus.store.state
-
-    def emit(self, type, **payload):
-        return self.bus.emit(type, **payload)
 
     def cancel_pending(self, reason: str) -> None:
         """Every call still waiting for its result gets a cancelled one, saying why."""
@@ -742,7 +740,6 @@ class Kernel:
     async def run_tool(self, call: dict) -> None:
         tool_use_id = call["tool_use_id"]
         name = call["name"]
-        doomed = None
         if call.get("input_error"):
             output = (f"Your {name} call could not be run:"
                       f" {call['input_error']}. Send the call again"
