@@ -1022,11 +1022,6 @@ def replay(events: list[dict]) -> State:
     return state
 
 
-def history(events: list[dict]) -> list[dict]:
-    """The Anthropic `messages` of a log. Deterministic: the same events give the same bytes."""
-    return replay(events).messages
-
-
 def apply(state: State, event: dict) -> None:
     """Fold one durable event into the state."""
     state.last_seq = event["seq"]

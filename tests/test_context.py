@@ -448,7 +448,7 @@ def test_a_cut_never_separates_a_tool_use_from_its_result():
                 assert not (seq <= cut < answered.get(tool_use_id, 0)), (tool_use_id, cut)
             compacted = Log(log)
             compacted.add("ContextCompacted", checkpoint={}, summary="checkpoint", cut_seq=cut)
-            messages = events.history(compacted)
+            messages = events.replay(compacted).messages
             assert messages[0]["content"][0]["text"] == "checkpoint"
             check_api_valid(messages)
     assert n_cuts > 1_000

@@ -42,17 +42,17 @@ def test_events_are_on_disk_before_subscribers_see_them(tmp_path):
 def test_replay_gives_byte_identical_history(tmp_path):
     bus = new_bus(tmp_path)
     tool_loop(bus)
-    live = json.dumps(events.history(bus.store.events))
+    live = json.dumps(events.replay(bus.store.events).messages)
     bus.store.close()
     replayed = SessionStore.open(bus.store.path)
-    assert json.dumps(events.history(replayed.events)) == live
+    assert json.dumps(events.replay(replayed.events).messages) == live
     assert replayed.next_seq == bus.store.next_seq
 
 
 def test_history_shapes_a_tool_loop(tmp_path):
     bus = new_bus(tmp_path)
     tool_loop(bus)
-    messages = events.history(bus.store.events)
+    messages = events.replay(bus.store.events).messages
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[1]["content"][0] == {"type": "thinking", "thinking": "", "signature": "sig-1"}
     assert messages[1]["content"][2] == {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}
@@ -68,7 +68,7 @@ def test_an_aborted_response_is_not_part_of_the_conversation(tmp_path):
     bus.emit("ModelTextBlockCompleted", text="whole")
     bus.emit("ModelResponseCompleted", message_id="m", model="x", stop_reason="end_turn", usage={})
     bus.emit("ToolCancelled", tool_use_id="toolu_x", reason="stray")   # ignored: its tool_use never counted
-    messages = events.history(bus.store.events)
+    messages = events.replay(bus.store.events).messages
     assert messages[1] == {"role": "assistant", "content": [{"type": "text", "text": "whole"}]}
     assert len(messages) == 2
 
@@ -80,7 +80,7 @@ def test_steering_and_denials_join_the_tool_results_message(tmp_path):
     bus.emit("ModelResponseCompleted", message_id="m", model="x", stop_reason="tool_use", usage={})
     bus.emit("PermissionDenied", tool_use_id="t1", reason="the user declined", feedback="use b instead")
     bus.emit("SteeringInjected", text="also be brief")
-    last = events.history(bus.store.events)[-1]
+    last = events.replay(bus.store.events).messages[-1]
     assert last["role"] == "user"
     assert last["content"][0]["is_error"] is True
     assert "use b instead" in last["content"][0]["content"]
@@ -91,11 +91,12 @@ def test_pruning_and_compaction_apply_on_every_rebuild(tmp_path):
     bus = new_bus(tmp_path)
     tool_loop(bus)
     bus.emit("ContextPruned", tool_use_ids=["toolu_1"])
-    assert events.history(bus.store.events)[2]["content"][0]["content"] == events.PRUNED_PLACEHOLDER
+    messages = events.replay(bus.store.events).messages
+    assert messages[2]["content"][0]["content"] == events.PRUNED_PLACEHOLDER
     cut = bus.store.events[-1]["seq"]
     bus.emit("ContextCompacted", checkpoint={"objective": "x"}, summary="objective: x", cut_seq=cut)
     bus.emit("UserMessageCreated", text="next")
-    messages = events.history(bus.store.events)
+    messages = events.replay(bus.store.events).messages
     assert messages == [{"role": "user", "content": [{"type": "text", "text": "objective: x"},
                                                      {"type": "text", "text": "next"}]}]
 
@@ -183,13 +184,13 @@ def test_an_interrupted_reply_keeps_its_text_and_drops_its_half_blocks(tmp_path)
              usage={"input_tokens": 100, "output_tokens": 40, "cache_read_tokens": 0, "cache_write_tokens": 0})
     bus.emit("Interrupted")
     bus.emit("UserMessageCreated", text="continue")
-    messages = events.history(bus.store.events)
+    messages = events.replay(bus.store.events).messages
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert messages[1]["content"] == [{"type": "text", "text": "First block.\n\nSecond block, cut off here"}]
     assert [b["text"] for b in messages[2]["content"]] == [events.INTERRUPTED_NOTE, "continue"]
     assert bus.store.state.usage["m"]["output_tokens"] == 40          # paid for, so counted
     bus.store.close()
-    assert events.history(SessionStore.open(bus.store.path).events) == messages   # replayed the same
+    assert events.replay(SessionStore.open(bus.store.path).events).messages == messages   # replayed the same
 
 
 def test_a_retried_or_failed_attempt_leaves_no_text_in_the_conversation(tmp_path):
@@ -200,7 +201,7 @@ def test_a_retried_or_failed_attempt_leaves_no_text_in_the_conversation(tmp_path
     bus.emit("ModelRequestFailed", kind="retryable", status=529, message="overloaded", retrying=True)
     bus.emit("ModelTextBlockCompleted", text="the retried answer")
     bus.emit("ModelResponseCompleted", message_id="m2", stop_reason="end_turn", model="m", usage={})
-    assert events.history(bus.store.events)[1]["content"] == [{"type": "text", "text": "the retried answer"}]
+    assert events.replay(bus.store.events).messages[1]["content"] == [{"type": "text", "text": "the retried answer"}]
 
 
 def test_every_event_kind_has_a_typed_dict_and_events_are_checked_against_it(tmp_path):

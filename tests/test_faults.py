@@ -113,7 +113,7 @@ def test_every_transient_api_fault_is_retried_visibly_and_the_task_completes(pro
     log = read_log(session_files(env)[-1])
     assert [e["type"] for e in log if e["type"] in ("ToolCompleted", "TaskCompleted")] == \
         ["ToolCompleted", "ToolCompleted", "TaskCompleted"]
-    assert "half" not in json.dumps(events.history(log)) and "lost" not in json.dumps(events.history(log))
+    assert "half" not in json.dumps(events.replay(log).messages) and "lost" not in json.dumps(events.replay(log).messages)
     assert_valid_history(session_files(env)[-1], project, env_home(env), tmp_path)
 
 
@@ -150,7 +150,8 @@ def test_api_faults_that_do_not_clear_end_with_one_clear_line_and_exit_1(tmp_pat
         log = read_log(session_files(scenario_env)[-1])
         assert log[-1]["type"] == "TaskFailed"
         assert not any(e["type"] == "ModelResponseCompleted" for e in log)
-        [prompt] = events.history(log)        # the prompt and the environment facts told with it
+        # the prompt and the environment facts told with it
+        [prompt] = events.replay(log).messages
         assert prompt["content"][0] == {"type": "text", "text": "hello there"}
         assert [b["text"][:13] for b in prompt["content"][1:]] == ["<environment>"]
 

@@ -58,7 +58,7 @@ def test_replaying_the_log_gives_the_messages_that_were_sent(khaelor, fake, proj
     fake.enqueue(reply(tool_use("bash", {"command": "echo one"})), reply(tool_use("bash", {"command": "echo two"})),
                  reply(text("done")))
     assert khaelor.run("-p", "go", "--yes").returncode == 0
-    replayed = events.history(events.SessionStore.open(khaelor.session_files()[-1]).events)
+    replayed = events.replay(events.SessionStore.open(khaelor.session_files()[-1]).events).messages
     for request in fake.requests:
         sent = strip_request(request["body"]["messages"])
         assert json.dumps(sent) == json.dumps(replayed[:len(sent)])
@@ -128,7 +128,7 @@ def test_a_mid_stream_error_event_and_a_dropped_connection_are_retried(khaelor, 
     result = khaelor.run("-p", "hello", "--output-format", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["result"] == "complete answer"
-    history = events.history(khaelor.log())
+    history = events.replay(khaelor.log()).messages
     assert history[-1] == {"role": "assistant", "content": [{"type": "text", "text": "complete answer"}]}
     assert_no_rejections(fake)
 

@@ -175,7 +175,8 @@ def test_a_placeholder_says_how_to_get_the_result_back(tmp_path):
     assert [r["content"] for r in results[:3]] == [said["c0"], said["c1"], said["c2"]]
     # A prune recorded before placeholders were: the fixed text.
     log.add("ContextPruned", tool_use_ids=["r0"])
-    results = [b for m in events.history(log) for b in m["content"] if b["type"] == "tool_result"]
+    messages = events.replay(log).messages
+    results = [b for m in messages for b in m["content"] if b["type"] == "tool_result"]
     assert results[3]["content"] == events.PRUNED_PLACEHOLDER
 
 
