@@ -643,7 +643,9 @@ class Kernel:
                 message = str(e)
                 if refused:
                     setting = REFUSED_SETTINGS[refused]
-                    message = f"the API refused the {setting} ({e}); sent again without it"
+                    message = f"the API refused the {setting} ({e})"
+                    if retrying:
+                        message += "; sent again without it"
                     self.ctx.refused.add((self.request["model"], refused))
                 self.emit("ModelRequestFailed", kind=e.kind, status=e.status,
                           message=message, retrying=retrying)

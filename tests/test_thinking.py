@@ -245,3 +245,16 @@ def test_config_takes_the_settings_and_says_what_is_wrong_with_a_bad_one(tmp_pat
         path.write_text(json.dumps(bad))
         with pytest.raises(cli.UsageError, match=says):
             cli.read_config(path)
+
+
+def test_a_setting_refused_on_the_retry_is_not_said_to_be_sent_again(kernel_turn, fake, env):
+    refusal = '"thinking.type.adaptive" is not supported for this model.'
+    too_long = "prompt is too long: 1000100 tokens > 1000000 maximum"
+    # the overflow, the compaction's summary, then the refusal on the one retry
+    fake.enqueue(error("invalid_request_error", too_long), reply(text("objective: go")),
+                 error("invalid_request_error", refusal))
+    step, log = kernel_turn("go", lambda request: ("deny", ""))
+    failures = [e for e in log if e["type"] == "ModelRequestFailed"]
+    assert step == "failed" and failures[-1]["retrying"] is False
+    assert "refused the thinking setting" in failures[-1]["message"]
+    assert "sent again" not in failures[-1]["message"], "there is no third try"
