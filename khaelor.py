@@ -847,7 +847,10 @@ def rewind_session(args, bus, toolbox) -> int:
     if args.list or not state.steps:
         print("\n".join(step_lines(state)) or "no steps that changed the work tree")
         return EXIT_OK
-    number = args.step or last_changing_step(state)
+    # no STEP: the last that changed something (0 is no step: Rewind.plan says so)
+    number = args.step
+    if number is None:
+        number = last_changing_step(state)
     if number is None:
         print("nothing to rewind: no step changed the work tree")
         return EXIT_OK

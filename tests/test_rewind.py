@@ -157,6 +157,10 @@ def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
     refused = khaelor.run("rewind")
     assert refused.returncode == 2 and "you changed it" in refused.stdout
     assert (project / "b.txt").exists()
+    # step 0 is no step: not the default, the last changing one
+    nothing = khaelor.run("rewind", "0", "--yes")
+    assert nothing.returncode == 2 and "no step 0" in nothing.stderr
+    assert (project / "b.txt").exists()
     kept = khaelor.run("rewind", "--yes")
     assert kept.returncode == 0, kept.stderr
     assert (project / "a.txt").read_text() == "the user's own\n"
