@@ -586,8 +586,7 @@ class Kernel:
         """Doom loop: the same call three times in a row. The user decides through the permission
         panel; "continue" lets it run, a denial with a message goes to the model as the call's
         result, a bare denial (or nobody to ask, headless) ends the turn."""
-        pending = list(self.state.pending_tools)
-        call = pending[-1]
+        call = self.state.pending_tools[-1]
         call_id = call["tool_use_id"]
         what = f"{call['name']} call"
         repeats = f"{DOOM_LOOP_REPEATS} identical {what}s in a row"
@@ -601,9 +600,8 @@ class Kernel:
         by = "user" if choice == "deny" else "nobody"
         self.emit("PermissionDenied", tool_use_id=call_id,
                   reason=reason, feedback=feedback, by=by)
-        for other in pending[:-1]:
-            self.emit("ToolCancelled", tool_use_id=other["tool_use_id"],
-                      reason="not run: " + reason)
+        # the calls before it in the response (the denial answered it)
+        self.cancel_pending("not run: " + reason)
         if not feedback:
             self.emit("TaskFailed", reason=f"{reason}; say how to continue")
 

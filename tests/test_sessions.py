@@ -356,6 +356,19 @@ def test_resume_after_a_crash_mid_tool_continues_with_a_valid_request(khaelor, f
         sent[2]["content"][0]["content"]
 
 
+def test_a_doom_loop_in_one_response_cancels_the_calls_before_the_one_asked_about(khaelor, fake):
+    call = tool_use("bash", {"command": "echo again >> count.txt"})
+    fake.enqueue(reply(call, call, call))
+    assert khaelor.run("-p", "loop", "--yes").returncode == 1
+    log = khaelor.log()
+    [denied] = types(log, "PermissionDenied")
+    cancelled = types(log, "ToolCancelled")
+    requested = [e["tool_use_id"] for e in types(log, "ToolRequested")]
+    assert denied["tool_use_id"] == requested[-1]
+    assert [e["tool_use_id"] for e in cancelled] == requested[:-1]
+    assert all(e["reason"].startswith("not run: stopped: the model repeated") for e in cancelled)
+
+
 def test_a_doom_loop_denied_with_a_message_tells_the_model_and_the_turn_goes_on(fake, kernel_turn):
     """In-process kernel with a user who answers the loop question "n" plus a message."""
     call = tool_use("bash", {"command": "echo same"})
