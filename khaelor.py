@@ -163,6 +163,8 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
         for key, value in config.items():
             if key != "permissions":
                 merged[key] = value
+    # prices merge per model: the project's win for the models they name
+    merged["prices"] = {**user.get("prices", {}), **project.get("prices", {})}
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
@@ -409,14 +411,6 @@ def session_summary(store) -> dict:
             "usage": totals}
 
 
-def config_prices(home: Path, project_root: Path) -> dict:
-    """The `prices` of the user's and the project's config.json (the project's win, once
-    trusted)."""
-    user = read_config(home / "config.json").get("prices")
-    project, _ = project_config(home, project_root)
-    return {**(user or {}), **(project.get("prices") or {})}
-
-
 # What a repository's config.json may set only once the user trusted it: a cloned repository
 # could otherwise make sessions cost more (a pricier model, more effort, longer replies, more
 # turns) or look cheaper than they are (its own prices).
@@ -503,7 +497,7 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
     if not sessions:
         print("no sessions in this project yet")
         return EXIT_OK
-    prices = config_prices(home, project_root)
+    prices = load_settings(argparse.Namespace(), home, project_root)["prices"]
     print(f"{'id':<30} {'updated':>9} {'tokens':>9} {'cost':>8}  title")
     for row in sessions:
         cost = events.dollars(events.cost(row["usage"], prices), "?")

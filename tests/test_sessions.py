@@ -606,6 +606,24 @@ def test_price_overrides_reach_sessions_and_the_json_cost(khaelor, fake, project
     assert f"${expected:.4f}" in in_session(project, env, monkeypatch, sessions_command)
 
 
+def test_user_and_trusted_project_prices_merge_per_model_everywhere(khaelor, fake, project, env):
+    """The run's cost and `khaelor sessions` agree: a trusted project's prices win for the models
+    they name, the user's still price the others."""
+    home = Path(env["KHAELOR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.json").write_text(json.dumps({"prices": {"claude-sonnet-5-5": [1000] * 4}}))
+    (project / ".khaelor").mkdir()
+    haiku = {"prices": {"claude-haiku-5-5": [0, 0, 0, 0]}}
+    (project / ".khaelor" / "config.json").write_text(json.dumps(haiku))
+    assert khaelor.run("trust", "--yes").returncode == 0
+    fake.enqueue(reply(text("priced")))
+    result = khaelor.run("-p", "hello", "--output-format", "json")
+    usage = json.loads(result.stdout)["usage_by_model"]["claude-sonnet-5-5"]
+    expected = sum(usage.values()) * 1000 / 1e6
+    assert json.loads(result.stdout)["cost_usd"] == pytest.approx(expected)
+    assert f"${expected:.4f}" in khaelor.run("sessions").stdout
+
+
 def test_a_repositorys_own_prices_count_only_once_trusted(khaelor, fake, project, env):
     """A cloned repository must not make a session look cheaper than it is."""
     (project / ".khaelor").mkdir()
