@@ -734,10 +734,6 @@ class Rewind:
         self.restores = checkpoints.plan(self.root, self.target["tree"], written,
                                          last, self.now["tree"])
 
-    @property
-    def user_changed(self) -> list[str]:
-        return [r.path for r in self.restores if r.user_changed]
-
     def moves_head(self) -> bool:
         before = (self.target["head"], self.target["branch"])
         return before != (self.now["head"], self.now["branch"])
@@ -859,7 +855,7 @@ def rewind_session(args, bus, toolbox) -> int:
             raise UsageError("not rewound: run it on a terminal, or with --yes")
         if not confirm("Rewind?"):
             return EXIT_OK
-        if rewind.user_changed:
+        if any(restore.user_changed for restore in rewind.restores):
             overwrite = confirm("Overwrite the files you changed since?")
     rewind.start(overwrite)
     rewind.write()
