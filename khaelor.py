@@ -360,10 +360,17 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 # ---------------------------------------------------------------- sessions
 
-def open_session(args, home: Path, project_root: Path):
-    """A new session, the newest one (--continue) or one named by an id prefix (--resume)."""
+def open_session(args, home: Path, project_root: Path,
+                 none_yet: str = "no earlier session in this project to continue;"
+                                 " run without -c to start one"):
+    """A new session, the newest one (--continue: `none_yet` says there is none) or one named by
+    an id prefix (--resume)."""
     directory = events.sessions_dir(home, project_root)
     files = events.list_session_files(directory)
+    if args.resume is not None and not args.resume.strip():
+        # "" is a prefix of every id: it would pick one at random, or start a new session
+        raise UsageError("-r needs a session id (or a unique prefix of one);"
+                         " `khaelor sessions` lists them")
     if args.resume:
         matches = [f for f in files if f.stem.startswith(args.resume)]
         if not matches:
@@ -378,8 +385,7 @@ def open_session(args, home: Path, project_root: Path):
         # is not it.
         newest = next((path for path in reversed(files) if holds_conversation(path)), None)
         if newest is None:
-            raise UsageError("no earlier session in this project to continue;"
-                             " run without -c to start one")
+            raise UsageError(none_yet)
         return events.SessionStore.open(newest)
     return events.SessionStore.create(directory)
 
@@ -822,7 +828,7 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
     args = parser.parse_args(argv)
     import tools
     args.continue_ = not args.resume
-    store = open_session(args, home, project_root)
+    store = open_session(args, home, project_root, "no session in this project has steps to rewind")
     try:
         bus = events.Bus(store)
         toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,

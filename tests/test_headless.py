@@ -171,6 +171,12 @@ def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
     assert unknown.returncode == 2 and "khaelor sessions" in unknown.stderr
     nothing = khaelor.run("-c", "-p", "hi")
     assert nothing.returncode == 2 and "no earlier session" in nothing.stderr
+    # "" is a prefix of every id: it started a new session without a word
+    empty = khaelor.run("-r", "", "-p", "hi")
+    assert empty.returncode == 2 and "-r needs a session id" in empty.stderr
+    # (it said "run without -c", which rewind has not)
+    no_steps = khaelor.run("rewind")
+    assert no_steps.returncode == 2 and "no session in this project has steps" in no_steps.stderr
     bad_flag = khaelor.run("--frobnicate")
     assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
     assert fake.requests == []
