@@ -1049,17 +1049,11 @@ class Toolbox:
 
     def problem(self, name: str, tool_input: dict) -> ToolResult | None:
         """The failure a call is certain to meet whatever the user answers, asked before the gate
-        (the kernel fails it as the model's mistake); only edit can tell. None: it may work."""
-        if name == "edit":
-            return self.edit_problem(tool_input)
-        return None
-
-    def edit_problem(self, tool_input: dict) -> ToolResult | None:
-        """The failure an edit call is certain to meet whatever the user answers: the file exists
-        but was not read (or changed since), or old_string is not in it (or is in several places).
-        The kernel fails such a call as the model's mistake before asking anyone to approve it.
-        None: it may work (creating a file, a bad input and other failures are left to the tool
-        itself)."""
+        (the kernel fails it as the model's mistake); only edit can tell: the file exists but was
+        not read (or changed since), or old_string is not in it (or is in several places). None:
+        it may work (creating a file, a bad input and other failures are left to the tool)."""
+        if name != "edit":
+            return None
         try:
             self._plan_edit(tool_input)
         except ToolError as exc:

@@ -584,11 +584,11 @@ SLIPS = [
 def test_a_models_small_slips_do_not_break_an_edit(box, before, old, new, after):
     """The escape- and whitespace-normalised strategies match as OpenCode's replacers do (the
     whole line is the span), and an old_string carrying the file's BOM matches: in the tool and
-    in the kernel's check before it asks (edit_problem)."""
+    in the kernel's check before it asks (problem)."""
     (box.root / "f.py").write_bytes(before.encode())
     box.call("read", file_path="f.py")
     call = {"file_path": "f.py", "old_string": old, "new_string": new}
-    assert box.toolbox.edit_problem(call) is None
+    assert box.toolbox.problem("edit", call) is None
     result = box.call("edit", **call)
     assert not result.is_error, result.text
     assert (box.root / "f.py").read_bytes() == after.encode()
@@ -620,7 +620,7 @@ def test_an_edit_that_changes_only_line_endings_is_refused_as_no_change(box):
     (box.root / "f.txt").write_bytes(b"a\r\nb\r\n")
     box.call("read", file_path="f.txt")
     call = {"file_path": "f.txt", "old_string": "a\r\nb", "new_string": "a\nb"}
-    doomed = box.toolbox.edit_problem(call)
+    doomed = box.toolbox.problem("edit", call)
     assert doomed is not None and doomed.meta["error"] == "no_change"
     result = box.call("edit", **call)
     assert result.is_error and result.meta["error"] == "no_change"
