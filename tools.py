@@ -1484,8 +1484,7 @@ class Checkpoints:
             name = line[2:]
             if not name or name.endswith(b"/"):
                 continue
-            path = root / os.fsdecode(name)
-            if _special(path) or (tag == b"? " and _over_cap(path)):
+            if _left_out(root / os.fsdecode(name), untracked=tag == b"? "):
                 skipped.append(os.fsdecode(name))
                 continue
             changed[name] = True
@@ -1756,21 +1755,17 @@ def _waits(path: Path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
-def _special(path: Path) -> bool:
-    """A FIFO, socket or device: git cannot record one, and one would fail the whole checkpoint
-    (a step could plant one so that no later step has a checkpoint)."""
+def _left_out(path: Path, untracked: bool) -> bool:
+    """A FIFO, socket or device (git cannot record one, and one would fail the whole checkpoint: a
+    step could plant one so that no later step has a checkpoint), or an untracked file over
+    CHECKPOINT_FILE_CAP_BYTES."""
     try:
-        mode = os.lstat(path).st_mode
+        found = os.lstat(path)
     except OSError:
         return False
-    return not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
-
-
-def _over_cap(path: Path) -> bool:
-    try:
-        return os.lstat(path).st_size > CHECKPOINT_FILE_CAP_BYTES
-    except OSError:
-        return False
+    mode = found.st_mode
+    special = not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
+    return special or (untracked and found.st_size > CHECKPOINT_FILE_CAP_BYTES)
 
 
 def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
