@@ -3129,12 +3129,9 @@ async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: 
 
 
 def _newest_first(root: Path, rels) -> list[str]:
-    def mtime(rel: str) -> int:
-        try:
-            return os.stat(root / rel).st_mtime_ns
-        except OSError:
-            return 0
-    return sorted(rels, key=lambda rel: (-mtime(rel), rel))
+    # a file that cannot be stat'ed sorts as the oldest
+    stamps = {rel: _stamp(root / rel) or (0, 0) for rel in rels}
+    return sorted(rels, key=lambda rel: (-stamps[rel][0], rel))
 
 
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
