@@ -690,9 +690,7 @@ class Workspace:
         env = sandbox.child_environment(
             os.environ, self.pass_env, confine.network, self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
-        env["TMPDIR"] = temp
-        env["TMP"] = temp
-        env["TEMP"] = temp
+        env.update(dict.fromkeys(("TMPDIR", "TMP", "TEMP"), temp))
         if read_only:
             # git status would otherwise refresh .git/index.
             env["GIT_OPTIONAL_LOCKS"] = "0"
