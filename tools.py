@@ -1123,12 +1123,10 @@ class Toolbox:
         name = hashlib.sha256(data).hexdigest()
         path = self.versions_dir / name
         if path.exists():
-            try:
-                # Still in use: a fresh mtime keeps prune_versions off it.
+            # Still in use: a fresh mtime keeps prune_versions off it (failing, the version is
+            # there; an old mtime only risks its pruning).
+            with contextlib.suppress(OSError):
                 os.utime(path)
-            except OSError:
-                # The version is there; an old mtime only risks its pruning.
-                pass
         else:
             self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
