@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -2771,9 +2772,7 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
 def _line_list(numbers: list[int]) -> str:
     """The matches' lines, as "lines 1, 3", or "line 1 ×2" where several share a line
     ("lines 1, 1" reads as a typo)."""
-    counts: dict[int, int] = {}
-    for number in numbers:
-        counts[number] = counts.get(number, 0) + 1
+    counts = Counter(numbers)
     parts = []
     for number, count in list(counts.items())[:20]:
         if count > 1:
