@@ -36,6 +36,7 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
 from typing import Callable
 # (difflib, hashlib and mimetypes are imported where they are used: few calls need them, and at
@@ -2455,11 +2456,8 @@ class _Haystack:
     def __init__(self, text: str):
         self.text = text
         self.lines = text.split("\n")
-        self.starts = []
-        offset = 0
-        for line in self.lines:
-            self.starts.append(offset)
-            offset += len(line) + 1
+        # each line's offset: the lengths before it, each with its newline
+        self.starts = [0, *accumulate(len(line) + 1 for line in self.lines[:-1])]
 
     @cached_property
     def trimmed(self) -> list[str]:
