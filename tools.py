@@ -240,9 +240,8 @@ long builds).
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
     """A tool schema; a property is (JSON type, description) or (JSON type, description, more
     of the JSON schema: an enum, a minimum), which _check_input enforces."""
-    props = {}
-    for key, (kind, text, *more) in properties.items():
-        props[key] = {"type": kind, "description": text, **(more[0] if more else {})}
+    props = {key: {"type": kind, "description": text, **(more[0] if more else {})}
+             for key, (kind, text, *more) in properties.items()}
     input_schema = {"type": "object", "properties": props, "required": required}
     return {"name": name, "description": description, "input_schema": input_schema}
 
