@@ -849,7 +849,7 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
     """Record `name` in the folder: a link as its target, a plain file of at most GUARD_FILE_CAP
     bytes as its bytes (opened without following a link, never waiting on a FIFO), anything else
     but a folder as present."""
-    try:
+    with contextlib.suppress(OSError):
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
         if stat.S_ISLNK(info.st_mode):
             state[rel] = (info.st_mode, os.fsencode(os.readlink(name, dir_fd=folder_fd)))
@@ -860,8 +860,6 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
         elif not stat.S_ISDIR(info.st_mode):
             # a fifo or a device: recorded as present, so that its appearing is seen
             state[rel] = (info.st_mode, b"")
-    except OSError:
-        return
 
 
 def _first_link(project: Path, rel: str) -> str | None:
@@ -1226,14 +1224,12 @@ def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
     except OSError:
         return
     for entry in entries:
-        try:
+        with contextlib.suppress(OSError):
             if not entry.is_dir(follow_symlinks=False):
                 continue
             stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
             if stamp.st_mtime < cutoff:
                 shutil.rmtree(entry.path)
-        except OSError:
-            continue
 
 
 def _prune_due(versions: int) -> bool:
@@ -3466,10 +3462,8 @@ def _tree_bytes(root: Path) -> int:
     total = 0
     for directory, _, files in os.walk(root):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(directory, name)).st_blocks * 512
-            except OSError:
-                continue
     return total
 
 
