@@ -2291,7 +2291,6 @@ def _numbered_page(lines: list[str], offset: int, n_wanted: int) -> tuple[list[s
     (at least one line): (the numbered lines, the last line number shown)."""
     body = []
     n_chars = 0
-    last = offset - 1
     end = min(len(lines), offset - 1 + n_wanted)
     for index in range(offset - 1, end):
         numbered = _numbered([lines[index]], index + 1)
@@ -2299,8 +2298,7 @@ def _numbered_page(lines: list[str], offset: int, n_wanted: int) -> tuple[list[s
             break
         body.append(numbered)
         n_chars += len(numbered) + 1
-        last = index + 1
-    return body, last
+    return body, offset - 1 + len(body)
 
 
 def _numbered(lines: list[str], first: int) -> str:
