@@ -886,9 +886,11 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
         if new is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
-            kept.write_bytes(new[1])
+            # a copy that cannot be kept (a step filled the disk) must not keep the change in place
+            with contextlib.suppress(OSError):
+                keep.mkdir(parents=True, exist_ok=True)
+                kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
+                kept.write_bytes(new[1])
         try:
             _put_back(project, rel, old)
         except OSError as e:

@@ -1281,3 +1281,18 @@ def test_grep_and_glob_leave_out_secret_files_by_the_one_vocabulary(box):
     kept = [line for line in listed.text.splitlines() if not line.startswith(("(", "["))]
     assert ".env.example" in listed.text and not any("ID_RSA" == line.rsplit("/", 1)[-1]
                                                       for line in kept)
+
+
+def test_the_guard_puts_a_planted_hook_back_even_when_its_copy_cannot_be_kept(tmp_path):
+    """A step that fills the disk (or a spill folder that cannot be written) must not keep the
+    hook it planted: keeping the step's version failed, and the put-back was never reached."""
+    project = tmp_path / "project"
+    (project / ".git" / "hooks").mkdir(parents=True)
+    before = tools.guard_record(project)
+    hook = project / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\ntouch MARKER\n")
+    spill = tmp_path / "spill"
+    spill.write_text("a file where the spill folder should be")
+    note = tools.guard_check(project, spill, before, "echo hi", tools.Confine(write=True))
+    assert not hook.exists()
+    assert "put back .git/hooks/pre-commit" in note
