@@ -346,8 +346,7 @@ def card_of(name: str, tool_input: dict) -> dict:
         tool_input = {}
     view = TOOL_VIEWS.get(name)
     if view is None:
-        strings = [v for v in tool_input.values() if isinstance(v, str)]
-        summary = strings[0] if strings else ""
+        summary = next((v for v in tool_input.values() if isinstance(v, str)), "")
         return {"summary": summary[:CARD_SUMMARY_CHARS], "output": "tail"}
     parts = [f"{prefix}{tool_input[key]}" for prefix, key in view["card"] if tool_input.get(key)]
     summary = " ".join(parts)[:CARD_SUMMARY_CHARS]
