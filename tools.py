@@ -2017,7 +2017,7 @@ class _DotEnv:
 def _dotenv_value(line: str) -> str:
     """The value of a KEY=value line, quotes stripped; "" for a comment or another line."""
     match = DOTENV_LINE.match(line)
-    if not match or line.lstrip().startswith("#"):
+    if not match:
         return ""
     value = match.group(1)
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
