@@ -1677,19 +1677,18 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
         branch = ref.removeprefix("refs/heads/")
         head = _read_ref(common_dir / ref)
         if not head:
-            packed = _read_plain(common_dir / "packed-refs", READ_FILE_CAP_BYTES) or b""
-            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed.decode(errors="replace"),
-                              re.M)
+            packed = _read_ref(common_dir / "packed-refs", READ_FILE_CAP_BYTES)
+            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
             head = found.group(1) if found else ""
     if not OID.fullmatch(head):
         head = ""
     return head, branch
 
 
-def _read_ref(path: Path) -> str:
-    """A small file of git's (HEAD, a loose ref, a gitdir or commondir pointer) as stripped text;
-    "" unless it is a regular file of at most REF_CAP_BYTES."""
-    return (_read_plain(path, REF_CAP_BYTES) or b"").decode(errors="replace").strip()
+def _read_ref(path: Path, cap: int = REF_CAP_BYTES) -> str:
+    """A file of git's (HEAD, a loose ref, a gitdir or commondir pointer, packed-refs) as stripped
+    text; "" unless it is a regular file of at most `cap` bytes."""
+    return (_read_plain(path, cap) or b"").decode(errors="replace").strip()
 
 
 def _read_plain(path: Path | str, cap: int, folder_fd: int = sandbox.AT_FDCWD) -> bytes | None:
