@@ -1099,8 +1099,20 @@ class Toolbox:
         _close_all(self.workspace.rulesets)
 
     def mask(self, text: str) -> str:
-        """Secrets out of a tool's text: khaelor's API credential, the project's .env values, …"""
-        return _mask_secrets(text, self.dotenv.values)
+        """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
+        session log or a spill file, whatever shows it (env, printenv, a .env file). Commands still
+        get it in their environment. The values of the project's .env files, the passwords in URLs
+        and tokens of known formats are masked the same way."""
+        for name in SECRET_ENV:
+            secret = os.environ.get(name)
+            if secret and len(secret) >= 8 and secret in text:
+                text = text.replace(secret, SECRET_MASK)
+        for value in self.dotenv.values:
+            if value in text:
+                text = text.replace(value, DOTENV_MASK)
+        if "@" in text:
+            text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+        return TOKEN.sub(TOKEN_MASK, text)
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
@@ -1934,23 +1946,6 @@ def _prune_spill(spill_dir: Path) -> None:
             break
         Path(path).unlink(missing_ok=True)
         total -= size
-
-
-def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
-    """khaelor's own API credential never reaches the model, the session log or a spill file,
-    whatever shows it (env, printenv, a .env file). Commands still get it in their environment. The
-    values of the project's .env files, the passwords in URLs and tokens of known formats are masked
-    the same way."""
-    for name in SECRET_ENV:
-        secret = os.environ.get(name)
-        if secret and len(secret) >= 8 and secret in text:
-            text = text.replace(secret, SECRET_MASK)
-    for value in dotenv_values:
-        if value in text:
-            text = text.replace(value, DOTENV_MASK)
-    if "@" in text:
-        text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
-    return TOKEN.sub(TOKEN_MASK, text)
 
 
 def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
