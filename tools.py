@@ -2736,13 +2736,13 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
                 new = _unescape(new)
             return _replace_spans(hay.text, spans, old, new, name)
     if ambiguous:
-        where = _line_list([hay.line_of(start) for start, _ in ambiguous])
+        lines = [hay.line_of(start) for start, _ in ambiguous]
         raise ToolError(
-            f"old_string matches {len(ambiguous)} places in {shown_path} ({where}). "
+            f"old_string matches {len(ambiguous)} places in {shown_path} ({_line_list(lines)}). "
             "Include more surrounding lines so it matches exactly one, "
             "or set replace_all to true to change every occurrence.",
             error="ambiguous",
-            lines=[hay.line_of(start) for start, _ in ambiguous])
+            lines=lines)
     if oversized:
         first = hay.line_of(oversized[0])
         last = hay.line_of(oversized[1])
