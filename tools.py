@@ -2489,10 +2489,9 @@ class _Haystack:
         """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
         pre-filters)."""
         want = _find_lines(old)
-        first = want[0].strip()
         if not "".join(want).strip():
             return []
-        return self.blocks(len(want), lambda got: same(got, want), first=first)
+        return self.blocks(len(want), lambda got: same(got, want), first=want[0].strip())
 
     def line_trimmed(self, old: str) -> list[Span]:
         return self.line_blocks(old, lambda got, want: _stripped(got) == _stripped(want))
