@@ -1471,8 +1471,7 @@ class Checkpoints:
         changed, skipped = self._changed(root, index)
         if changed:
             self._stage(root, index, changed)
-        argv = ["write-tree", "--missing-ok"]
-        payload["tree"] = self.git(root, argv, index).decode().strip()
+        payload["tree"] = self.git(root, ["write-tree", "--missing-ok"], index).decode().strip()
         payload["skipped"] = skipped
         os.replace(index, shadow / "index")
         return payload
