@@ -2098,8 +2098,7 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
     pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
     if not confine.write:
-        temp = box.workspace.session_temp()
-        watchdog = asyncio.create_task(_watch_temp(temp, child.pid))
+        watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
     timed_out = False
     stray = False
     try:
