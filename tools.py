@@ -1038,8 +1038,7 @@ class Toolbox:
                 events.note_seen(self.own_state, result.meta)
         result.text = self.mask(result.text)
         # bash budgets its own stream.
-        over_budget = len(result.text) > OUTPUT_BUDGET_CHARS
-        if over_budget and "spill" not in result.meta:
+        if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:
             spool = _Spool(self.spill_dir, tool_use_id or name)
             spool.add(result.text)
             result.text = spool.finish(result.meta)
