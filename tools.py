@@ -1182,8 +1182,7 @@ class Toolbox:
         self.workspace.write_file(path, after, self.places)
         self.remember(Path(_realpath(path)))
         shown = self.workspace.display(path)
-        before_text = _decode_text(before or b"")
-        added, removed, diff = _diff(shown, before_text, _decode_text(after))
+        added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
         self.emit(
             "FileModified", tool_use_id=tool_use_id, path=shown,
             added=added, removed=removed, diff=self.mask(diff), created=before is None,
