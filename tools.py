@@ -33,8 +33,10 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
 from typing import Callable
 # (difflib, hashlib and mimetypes are imported where they are used: few calls need them, and at
@@ -238,9 +240,8 @@ long builds).
 def _schema(name: str, description: str, required: list[str], **properties: tuple) -> dict:
     """A tool schema; a property is (JSON type, description) or (JSON type, description, more
     of the JSON schema: an enum, a minimum), which _check_input enforces."""
-    props = {}
-    for key, (kind, text, *more) in properties.items():
-        props[key] = {"type": kind, "description": text, **(more[0] if more else {})}
+    props = {key: {"type": kind, "description": text, **(more[0] if more else {})}
+             for key, (kind, text, *more) in properties.items()}
     input_schema = {"type": "object", "properties": props, "required": required}
     return {"name": name, "description": description, "input_schema": input_schema}
 
@@ -345,8 +346,7 @@ def card_of(name: str, tool_input: dict) -> dict:
         tool_input = {}
     view = TOOL_VIEWS.get(name)
     if view is None:
-        strings = [v for v in tool_input.values() if isinstance(v, str)]
-        summary = strings[0] if strings else ""
+        summary = next((v for v in tool_input.values() if isinstance(v, str)), "")
         return {"summary": summary[:CARD_SUMMARY_CHARS], "output": "tail"}
     parts = [f"{prefix}{tool_input[key]}" for prefix, key in view["card"] if tool_input.get(key)]
     summary = " ".join(parts)[:CARD_SUMMARY_CHARS]
@@ -690,9 +690,7 @@ class Workspace:
         env = sandbox.child_environment(
             os.environ, self.pass_env, confine.network, self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
-        env["TMPDIR"] = temp
-        env["TMP"] = temp
-        env["TEMP"] = temp
+        env.update(dict.fromkeys(("TMPDIR", "TMP", "TEMP"), temp))
         if read_only:
             # git status would otherwise refresh .git/index.
             env["GIT_OPTIONAL_LOCKS"] = "0"
@@ -850,7 +848,7 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
     """Record `name` in the folder: a link as its target, a plain file of at most GUARD_FILE_CAP
     bytes as its bytes (opened without following a link, never waiting on a FIFO), anything else
     but a folder as present."""
-    try:
+    with contextlib.suppress(OSError):
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
         if stat.S_ISLNK(info.st_mode):
             state[rel] = (info.st_mode, os.fsencode(os.readlink(name, dir_fd=folder_fd)))
@@ -861,8 +859,6 @@ def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
         elif not stat.S_ISDIR(info.st_mode):
             # a fifo or a device: recorded as present, so that its appearing is seen
             state[rel] = (info.st_mode, b"")
-    except OSError:
-        return
 
 
 def _first_link(project: Path, rel: str) -> str | None:
@@ -889,9 +885,11 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
         if new is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
-            kept.write_bytes(new[1])
+            # a copy that cannot be kept (a step filled the disk) must not keep the change in place
+            with contextlib.suppress(OSError):
+                keep.mkdir(parents=True, exist_ok=True)
+                kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
+                kept.write_bytes(new[1])
         try:
             _put_back(project, rel, old)
         except OSError as e:
@@ -1040,8 +1038,7 @@ class Toolbox:
                 events.note_seen(self.own_state, result.meta)
         result.text = self.mask(result.text)
         # bash budgets its own stream.
-        over_budget = len(result.text) > OUTPUT_BUDGET_CHARS
-        if over_budget and "spill" not in result.meta:
+        if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:
             spool = _Spool(self.spill_dir, tool_use_id or name)
             spool.add(result.text)
             result.text = spool.finish(result.meta)
@@ -1049,17 +1046,11 @@ class Toolbox:
 
     def problem(self, name: str, tool_input: dict) -> ToolResult | None:
         """The failure a call is certain to meet whatever the user answers, asked before the gate
-        (the kernel fails it as the model's mistake); only edit can tell. None: it may work."""
-        if name == "edit":
-            return self.edit_problem(tool_input)
-        return None
-
-    def edit_problem(self, tool_input: dict) -> ToolResult | None:
-        """The failure an edit call is certain to meet whatever the user answers: the file exists
-        but was not read (or changed since), or old_string is not in it (or is in several places).
-        The kernel fails such a call as the model's mistake before asking anyone to approve it.
-        None: it may work (creating a file, a bad input and other failures are left to the tool
-        itself)."""
+        (the kernel fails it as the model's mistake); only edit can tell: the file exists but was
+        not read (or changed since), or old_string is not in it (or is in several places). None:
+        it may work (creating a file, a bad input and other failures are left to the tool)."""
+        if name != "edit":
+            return None
         try:
             self._plan_edit(tool_input)
         except ToolError as exc:
@@ -1107,8 +1098,20 @@ class Toolbox:
         _close_all(self.workspace.rulesets)
 
     def mask(self, text: str) -> str:
-        """Secrets out of a tool's text: khaelor's API credential, the project's .env values, …"""
-        return _mask_secrets(text, self.dotenv.values)
+        """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
+        session log or a spill file, whatever shows it (env, printenv, a .env file). Commands still
+        get it in their environment. The values of the project's .env files, the passwords in URLs
+        and tokens of known formats are masked the same way."""
+        for name in SECRET_ENV:
+            secret = os.environ.get(name)
+            if secret and len(secret) >= 8 and secret in text:
+                text = text.replace(secret, SECRET_MASK)
+        for value in self.dotenv.values:
+            if value in text:
+                text = text.replace(value, DOTENV_MASK)
+        if "@" in text:
+            text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+        return TOKEN.sub(TOKEN_MASK, text)
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
@@ -1131,12 +1134,10 @@ class Toolbox:
         name = hashlib.sha256(data).hexdigest()
         path = self.versions_dir / name
         if path.exists():
-            try:
-                # Still in use: a fresh mtime keeps prune_versions off it.
+            # Still in use: a fresh mtime keeps prune_versions off it (failing, the version is
+            # there; an old mtime only risks its pruning).
+            with contextlib.suppress(OSError):
                 os.utime(path)
-            except OSError:
-                # The version is there; an old mtime only risks its pruning.
-                pass
         else:
             self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
@@ -1181,8 +1182,7 @@ class Toolbox:
         self.workspace.write_file(path, after, self.places)
         self.remember(Path(_realpath(path)))
         shown = self.workspace.display(path)
-        before_text = _decode_text(before or b"")
-        added, removed, diff = _diff(shown, before_text, _decode_text(after))
+        added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
         self.emit(
             "FileModified", tool_use_id=tool_use_id, path=shown,
             added=added, removed=removed, diff=self.mask(diff), created=before is None,
@@ -1235,14 +1235,12 @@ def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
     except OSError:
         return
     for entry in entries:
-        try:
+        with contextlib.suppress(OSError):
             if not entry.is_dir(follow_symlinks=False):
                 continue
             stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
             if stamp.st_mtime < cutoff:
                 shutil.rmtree(entry.path)
-        except OSError:
-            continue
 
 
 def _prune_due(versions: int) -> bool:
@@ -1471,8 +1469,7 @@ class Checkpoints:
         changed, skipped = self._changed(root, index)
         if changed:
             self._stage(root, index, changed)
-        argv = ["write-tree", "--missing-ok"]
-        payload["tree"] = self.git(root, argv, index).decode().strip()
+        payload["tree"] = self.git(root, ["write-tree", "--missing-ok"], index).decode().strip()
         payload["skipped"] = skipped
         os.replace(index, shadow / "index")
         return payload
@@ -1490,8 +1487,7 @@ class Checkpoints:
             name = line[2:]
             if not name or name.endswith(b"/"):
                 continue
-            path = root / os.fsdecode(name)
-            if _special(path) or (tag == b"? " and _over_cap(path)):
+            if _left_out(root / os.fsdecode(name), untracked=tag == b"? "):
                 skipped.append(os.fsdecode(name))
                 continue
             changed[name] = True
@@ -1690,19 +1686,18 @@ def _read_head(git_dir: Path, common_dir: Path) -> tuple[str, str]:
         branch = ref.removeprefix("refs/heads/")
         head = _read_ref(common_dir / ref)
         if not head:
-            packed = _read_plain(common_dir / "packed-refs", READ_FILE_CAP_BYTES) or b""
-            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed.decode(errors="replace"),
-                              re.M)
+            packed = _read_ref(common_dir / "packed-refs", READ_FILE_CAP_BYTES)
+            found = re.search(rf"^([0-9a-f]+) {re.escape(ref)}$", packed, re.M)
             head = found.group(1) if found else ""
     if not OID.fullmatch(head):
         head = ""
     return head, branch
 
 
-def _read_ref(path: Path) -> str:
-    """A small file of git's (HEAD, a loose ref, a gitdir or commondir pointer) as stripped text;
-    "" unless it is a regular file of at most REF_CAP_BYTES."""
-    return (_read_plain(path, REF_CAP_BYTES) or b"").decode(errors="replace").strip()
+def _read_ref(path: Path, cap: int = REF_CAP_BYTES) -> str:
+    """A file of git's (HEAD, a loose ref, a gitdir or commondir pointer, packed-refs) as stripped
+    text; "" unless it is a regular file of at most `cap` bytes."""
+    return (_read_plain(path, cap) or b"").decode(errors="replace").strip()
 
 
 def _read_plain(path: Path | str, cap: int, folder_fd: int = sandbox.AT_FDCWD) -> bytes | None:
@@ -1762,21 +1757,17 @@ def _waits(path: Path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
-def _special(path: Path) -> bool:
-    """A FIFO, socket or device: git cannot record one, and one would fail the whole checkpoint
-    (a step could plant one so that no later step has a checkpoint)."""
+def _left_out(path: Path, untracked: bool) -> bool:
+    """A FIFO, socket or device (git cannot record one, and one would fail the whole checkpoint: a
+    step could plant one so that no later step has a checkpoint), or an untracked file over
+    CHECKPOINT_FILE_CAP_BYTES."""
     try:
-        mode = os.lstat(path).st_mode
+        found = os.lstat(path)
     except OSError:
         return False
-    return not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
-
-
-def _over_cap(path: Path) -> bool:
-    try:
-        return os.lstat(path).st_size > CHECKPOINT_FILE_CAP_BYTES
-    except OSError:
-        return False
+    mode = found.st_mode
+    special = not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
+    return special or (untracked and found.st_size > CHECKPOINT_FILE_CAP_BYTES)
 
 
 def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
@@ -1954,23 +1945,6 @@ def _prune_spill(spill_dir: Path) -> None:
         total -= size
 
 
-def _mask_secrets(text: str, dotenv_values: list[str] = ()) -> str:
-    """khaelor's own API credential never reaches the model, the session log or a spill file,
-    whatever shows it (env, printenv, a .env file). Commands still get it in their environment. The
-    values of the project's .env files, the passwords in URLs and tokens of known formats are masked
-    the same way."""
-    for name in SECRET_ENV:
-        secret = os.environ.get(name)
-        if secret and len(secret) >= 8 and secret in text:
-            text = text.replace(secret, SECRET_MASK)
-    for value in dotenv_values:
-        if value in text:
-            text = text.replace(value, DOTENV_MASK)
-    if "@" in text:
-        text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
-    return TOKEN.sub(TOKEN_MASK, text)
-
-
 def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
     """A write or edit must not put a mask where the secret it hid was: a model that read a
     masked .env and wrote it back would replace every value with the mask. A file that holds
@@ -2034,7 +2008,7 @@ class _DotEnv:
 def _dotenv_value(line: str) -> str:
     """The value of a KEY=value line, quotes stripped; "" for a comment or another line."""
     match = DOTENV_LINE.match(line)
-    if not match or line.lstrip().startswith("#"):
+    if not match:
         return ""
     value = match.group(1)
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -2122,8 +2096,7 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
     pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
     if not confine.write:
-        temp = box.workspace.session_temp()
-        watchdog = asyncio.create_task(_watch_temp(temp, child.pid))
+        watchdog = asyncio.create_task(_watch_temp(box.workspace.session_temp(), child.pid))
     timed_out = False
     stray = False
     try:
@@ -2309,7 +2282,6 @@ def _numbered_page(lines: list[str], offset: int, n_wanted: int) -> tuple[list[s
     (at least one line): (the numbered lines, the last line number shown)."""
     body = []
     n_chars = 0
-    last = offset - 1
     end = min(len(lines), offset - 1 + n_wanted)
     for index in range(offset - 1, end):
         numbered = _numbered([lines[index]], index + 1)
@@ -2317,8 +2289,7 @@ def _numbered_page(lines: list[str], offset: int, n_wanted: int) -> tuple[list[s
             break
         body.append(numbered)
         n_chars += len(numbered) + 1
-        last = index + 1
-    return body, last
+    return body, offset - 1 + len(body)
 
 
 def _numbered(lines: list[str], first: int) -> str:
@@ -2469,11 +2440,8 @@ class _Haystack:
     def __init__(self, text: str):
         self.text = text
         self.lines = text.split("\n")
-        self.starts = []
-        offset = 0
-        for line in self.lines:
-            self.starts.append(offset)
-            offset += len(line) + 1
+        # each line's offset: the lengths before it, each with its newline
+        self.starts = [0, *accumulate(len(line) + 1 for line in self.lines[:-1])]
 
     @cached_property
     def trimmed(self) -> list[str]:
@@ -2517,10 +2485,9 @@ class _Haystack:
         """Blocks of whole lines, as many as old_string has, that `same` accepts (the first line
         pre-filters)."""
         want = _find_lines(old)
-        first = want[0].strip()
         if not "".join(want).strip():
             return []
-        return self.blocks(len(want), lambda got: same(got, want), first=first)
+        return self.blocks(len(want), lambda got: same(got, want), first=want[0].strip())
 
     def line_trimmed(self, old: str) -> list[Span]:
         return self.line_blocks(old, lambda got, want: _stripped(got) == _stripped(want))
@@ -2764,13 +2731,13 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
                 new = _unescape(new)
             return _replace_spans(hay.text, spans, old, new, name)
     if ambiguous:
-        where = _line_list([hay.line_of(start) for start, _ in ambiguous])
+        lines = [hay.line_of(start) for start, _ in ambiguous]
         raise ToolError(
-            f"old_string matches {len(ambiguous)} places in {shown_path} ({where}). "
+            f"old_string matches {len(ambiguous)} places in {shown_path} ({_line_list(lines)}). "
             "Include more surrounding lines so it matches exactly one, "
             "or set replace_all to true to change every occurrence.",
             error="ambiguous",
-            lines=[hay.line_of(start) for start, _ in ambiguous])
+            lines=lines)
     if oversized:
         first = hay.line_of(oversized[0])
         last = hay.line_of(oversized[1])
@@ -2786,9 +2753,7 @@ def _replace(text: str, old: str, new: str, replace_all: bool, shown_path: str) 
 def _line_list(numbers: list[int]) -> str:
     """The matches' lines, as "lines 1, 3", or "line 1 ×2" where several share a line
     ("lines 1, 1" reads as a typo)."""
-    counts: dict[int, int] = {}
-    for number in numbers:
-        counts[number] = counts.get(number, 0) + 1
+    counts = Counter(numbers)
     parts = []
     for number, count in list(counts.items())[:20]:
         if count > 1:
@@ -3140,12 +3105,9 @@ async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: 
 
 
 def _newest_first(root: Path, rels) -> list[str]:
-    def mtime(rel: str) -> int:
-        try:
-            return os.stat(root / rel).st_mtime_ns
-        except OSError:
-            return 0
-    return sorted(rels, key=lambda rel: (-mtime(rel), rel))
+    # a file that cannot be stat'ed sorts as the oldest
+    stamps = {rel: _stamp(root / rel) or (0, 0) for rel in rels}
+    return sorted(rels, key=lambda rel: (-stamps[rel][0], rel))
 
 
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
@@ -3488,10 +3450,8 @@ def _tree_bytes(root: Path) -> int:
     total = 0
     for directory, _, files in os.walk(root):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(directory, name)).st_blocks * 512
-            except OSError:
-                continue
     return total
 
 

@@ -584,11 +584,11 @@ SLIPS = [
 def test_a_models_small_slips_do_not_break_an_edit(box, before, old, new, after):
     """The escape- and whitespace-normalised strategies match as OpenCode's replacers do (the
     whole line is the span), and an old_string carrying the file's BOM matches: in the tool and
-    in the kernel's check before it asks (edit_problem)."""
+    in the kernel's check before it asks (problem)."""
     (box.root / "f.py").write_bytes(before.encode())
     box.call("read", file_path="f.py")
     call = {"file_path": "f.py", "old_string": old, "new_string": new}
-    assert box.toolbox.edit_problem(call) is None
+    assert box.toolbox.problem("edit", call) is None
     result = box.call("edit", **call)
     assert not result.is_error, result.text
     assert (box.root / "f.py").read_bytes() == after.encode()
@@ -620,7 +620,7 @@ def test_an_edit_that_changes_only_line_endings_is_refused_as_no_change(box):
     (box.root / "f.txt").write_bytes(b"a\r\nb\r\n")
     box.call("read", file_path="f.txt")
     call = {"file_path": "f.txt", "old_string": "a\r\nb", "new_string": "a\nb"}
-    doomed = box.toolbox.edit_problem(call)
+    doomed = box.toolbox.problem("edit", call)
     assert doomed is not None and doomed.meta["error"] == "no_change"
     result = box.call("edit", **call)
     assert result.is_error and result.meta["error"] == "no_change"
@@ -1281,3 +1281,18 @@ def test_grep_and_glob_leave_out_secret_files_by_the_one_vocabulary(box):
     kept = [line for line in listed.text.splitlines() if not line.startswith(("(", "["))]
     assert ".env.example" in listed.text and not any("ID_RSA" == line.rsplit("/", 1)[-1]
                                                       for line in kept)
+
+
+def test_the_guard_puts_a_planted_hook_back_even_when_its_copy_cannot_be_kept(tmp_path):
+    """A step that fills the disk (or a spill folder that cannot be written) must not keep the
+    hook it planted: keeping the step's version failed, and the put-back was never reached."""
+    project = tmp_path / "project"
+    (project / ".git" / "hooks").mkdir(parents=True)
+    before = tools.guard_record(project)
+    hook = project / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\ntouch MARKER\n")
+    spill = tmp_path / "spill"
+    spill.write_text("a file where the spill folder should be")
+    note = tools.guard_check(project, spill, before, "echo hi", tools.Confine(write=True))
+    assert not hook.exists()
+    assert "put back .git/hooks/pre-commit" in note
