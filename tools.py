@@ -1976,7 +1976,7 @@ class _DotEnv:
         self.values: list[str] = []
 
     def refresh(self) -> None:
-        # (name, mtime_ns, size) of the .env files at the root, sorted; [] if it cannot be read
+        # (name, mtime_ns, size) of the .env files at the root, sorted
         files = []
         try:
             for entry in os.scandir(self.root):
@@ -1984,7 +1984,8 @@ class _DotEnv:
                     found = entry.stat()
                     files.append((entry.name, found.st_mtime_ns, found.st_size))
         except OSError:
-            files = []
+            # unreadable for a while (a step's `chmod 000 .`): what is known stays masked
+            return
         files.sort()
         if files == self.stamp:
             return

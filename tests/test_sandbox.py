@@ -459,6 +459,24 @@ def test_values_from_the_projects_env_files_are_masked_and_refreshed(world):
     assert "tok-rotated-99999999" not in second.text and "redacted" in second.text
     assert "tok-rotated-99999999" not in background.text and "redacted" in background.text
 
+def test_env_values_stay_masked_while_the_project_cannot_be_listed(world, monkeypatch):
+    """A step's `chmod 000 .` made the listing fail, and the known values were dropped: the next
+    output showed them. (As root the chmod changes nothing, so the listing's failure is made.)"""
+    secret_project(world)
+
+    async def scenario(box):
+        await bash(box, "true")
+        real_scandir = os.scandir
+
+        def unreadable(path="."):
+            if isinstance(path, (str, Path)) and Path(path) == world.project:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_scandir(path)
+        monkeypatch.setattr(os, "scandir", unreadable)
+        return await bash(box, "cat .env")
+    shown = drive(world, scenario)
+    assert "tok-0123456789abcdef" not in shown.text and "redacted" in shown.text
+
 # ---------------------------------------------------------------- the real program
 
 
