@@ -374,9 +374,7 @@ def permission_preview(name: str, tool_input: dict) -> str:
     edit's old and new text, or else the input itself."""
     field = TOOL_VIEWS.get(name, {}).get("preview")
     if field == "edit":
-        old = tool_input.get("old_string", "")
-        new = tool_input.get("new_string", "")
-        return f"- {old}\n+ {new}"
+        return f"- {tool_input.get('old_string', '')}\n+ {tool_input.get('new_string', '')}"
     if field == "command":
         return str(tool_input.get("command", ""))
     if field is not None:

@@ -49,7 +49,7 @@ def line_count(name: str) -> int:
 # Issue 21 sets 12,500 lines for the runtime and 3,000 for the security core; this round ended at
 # the figures below (from 18,567 and 4,708). They may only fall: a change that adds lines removes as
 # many elsewhere, and whoever cuts lowers them here.
-RUNTIME_LINES = 18_077
+RUNTIME_LINES = 18_076
 SECURITY_CORE_LINES = 4_443
 
 
