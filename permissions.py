@@ -829,8 +829,8 @@ def decide(kind: str, fields: dict, project_root: Path,
            mode: str = "default") -> Decision:
     """The floor first, then every capability the subject (kind, fields) needs;
     the strictest answer wins.
-    sandboxed: whether commands run under the OS sandbox; without it only
-    provably read-only commands run without asking.
+    sandboxed: whether commands run under the OS sandbox; without it every
+    command asks (the floor still refuses).
     process_command: for "feed", the command the process runs.
     mode: "plan" runs only what reads; "acceptEdits" writes project files
     without asking."""

@@ -875,6 +875,7 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     keep = spill_dir / "guarded"
     after = guard_record(project)
     restored = []
+    lost = []
     for rel in sorted(set(before) | set(after)):
         old = before.get(rel)
         new = after.get(rel)
@@ -882,12 +883,9 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
-        if new is not None:
-            # a copy that cannot be kept (a step filled the disk) must not keep the change in place
-            with contextlib.suppress(OSError):
-                keep.mkdir(parents=True, exist_ok=True)
-                kept = keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}"
-                kept.write_bytes(new[1])
+        # a copy that cannot be kept (a step filled the disk) must not keep the change in place
+        if new is not None and not _keep_copy(keep, rel, new[1]):
+            lost.append(rel)
         try:
             _put_back(project, rel, old)
         except OSError as e:
@@ -896,10 +894,22 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         restored.append(rel)
     if not restored:
         return ""
+    kept = f"its version is kept in {keep}"
+    if lost:
+        kept = f"its version of {', '.join(lost)} could not be kept in {keep}"
     return (f"[khaelor: put back {', '.join(restored)}: this command changed "
             "what git or khaelor would run or grant later, and nobody approved that by name; "
-            f"its version is kept in {keep}. To make such a change, run a command that names "
+            f"{kept}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
+
+
+def _keep_copy(keep: Path, rel: str, data: bytes) -> bool:
+    try:
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}").write_bytes(data)
+    except OSError:
+        return False
+    return True
 
 
 def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
@@ -929,7 +939,9 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
             return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         with _closing(os.open(name, flags, stat.S_IMODE(mode), dir_fd=fd)) as out:
-            os.write(out, data)
+            written = 0
+            while written < len(data):
+                written += os.write(out, data[written:])
             os.fchmod(out, stat.S_IMODE(mode))
     finally:
         os.close(fd)

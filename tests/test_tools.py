@@ -1296,3 +1296,10 @@ def test_the_guard_puts_a_planted_hook_back_even_when_its_copy_cannot_be_kept(tm
     note = tools.guard_check(project, spill, before, "echo hi", tools.Confine(write=True))
     assert not hook.exists()
     assert "put back .git/hooks/pre-commit" in note
+    assert "its version of .git/hooks/pre-commit could not be kept" in note
+    spill.unlink()
+    hook.write_text("#!/bin/sh\ntouch MARKER\n")
+    note = tools.guard_check(project, spill, before, "echo hi", tools.Confine(write=True))
+    assert f"its version is kept in {spill / 'guarded'}" in note
+    [copy] = (spill / "guarded").iterdir()
+    assert copy.read_text() == "#!/bin/sh\ntouch MARKER\n"
