@@ -1048,8 +1048,19 @@ def expand_headless(prompt: str, settings: dict, home: Path,
     if command is None:
         return prompt
     if command.model and settings.get("model_flag") is None:
-        settings["model"] = command.model
+        settings["model"] = command_model(command, settings["prices"])
     return expand_command(command, arguments)
+
+
+def command_model(command: CustomCommand, prices: dict) -> str | None:
+    """A command file's `model:` as the API names it (`haiku` → its id), None when it names none;
+    a model khaelor does not know is a UsageError that names the file, before anything is sent."""
+    if not command.model:
+        return None
+    try:
+        return model_choice(command.model, prices)
+    except UsageError as error:
+        raise UsageError(f"{command.path}: {error}") from None
 
 
 def describe_command(command: CustomCommand) -> str:
@@ -1801,7 +1812,8 @@ class Session:
         if command is not None:
             text = expand_command(command, arguments)
         self.begin()
-        self.kernel.submit(text, command.model if command is not None else None)
+        model = command_model(command, self.settings["prices"]) if command is not None else None
+        self.kernel.submit(text, model)
         if not self.working:
             self.start_turn()
 
@@ -1896,6 +1908,10 @@ class Session:
         name, _, rest = line.strip().partition(" ")
         entry = COMMANDS.get(name)
         if entry is None and name in self.custom:
+            try:
+                command_model(self.custom[name], self.settings["prices"])
+            except UsageError as error:
+                return str(error)
             self.submit(line)
             return ""
         if entry is None:

@@ -884,8 +884,12 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
         # a copy that cannot be kept (a step filled the disk) must not keep the change in place
-        if new is not None and not _keep_copy(keep, rel, new[1]):
-            lost.append(rel)
+        if new is not None:
+            try:
+                keep.mkdir(parents=True, exist_ok=True)
+                (keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}").write_bytes(new[1])
+            except OSError:
+                lost.append(rel)
         try:
             _put_back(project, rel, old)
         except OSError as e:
@@ -901,15 +905,6 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             "what git or khaelor would run or grant later, and nobody approved that by name; "
             f"{kept}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
-
-
-def _keep_copy(keep: Path, rel: str, data: bytes) -> bool:
-    try:
-        keep.mkdir(parents=True, exist_ok=True)
-        (keep / f"{rel.replace('/', '_')}.{os.urandom(3).hex()}").write_bytes(data)
-    except OSError:
-        return False
-    return True
 
 
 def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:

@@ -219,7 +219,7 @@ def last_user_text(request) -> str:
 
 def test_a_custom_command_runs_headless_with_its_template_and_model(khaelor, fake, project):
     write(project / ".claude" / "commands" / "fixissue.md",
-          "---\ndescription: Fix an issue\nmodel: claude-haiku-5-5\nallowed-tools: Bash(touch:*)\n---\n"
+          "---\ndescription: Fix an issue\nmodel: haiku\nallowed-tools: Bash(touch:*)\n---\n"
           "Fix issue #$ARGUMENTS following our coding standards.\n")
     fake.enqueue(reply(tool_use("bash", {"command": "touch granted.txt"})), reply(text("Fixed.")))
     result = khaelor.run("-p", "/fixissue 123")
@@ -229,6 +229,22 @@ def test_a_custom_command_runs_headless_with_its_template_and_model(khaelor, fak
     assert not (project / "granted.txt").exists()      # allowed-tools grants nothing: it was asked, so denied
     assert [e["type"] for e in khaelor.log() if e["type"] == "PermissionDenied"] == ["PermissionDenied"]
     assert fake.rejections == []
+
+
+def test_a_command_file_naming_an_unknown_model_says_so_before_anything_is_sent(project, env,
+                                                                               monkeypatch):
+    """`model: gpt-5` would reach the API as a 404 in the middle of the task: the file and the
+    known models are named at once, in the terminal and headless, and no message is sent."""
+    path = write(project / ".claude" / "commands" / "fix.md", "---\nmodel: gpt-5\n---\nFix it.\n")
+
+    async def run(session):
+        return await session.run_command("/fix now"), list(session.store.events)
+    said, logged = in_session(project, env, monkeypatch, run)
+    assert said.startswith(f"{path}: unknown model `gpt-5`; use opus, sonnet, haiku")
+    assert not [event for event in logged if event["type"] == "UserMessageCreated"]
+    settings = {"prices": {}, "model_flag": None}
+    with pytest.raises(cli.UsageError, match="fix.md: unknown model `gpt-5`"):
+        cli.expand_headless("/fix now", settings, Path(env["KHAELOR_HOME"]), project)
 
 
 def test_an_unknown_slash_prompt_is_sent_as_typed(khaelor, fake):
