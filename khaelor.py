@@ -2629,13 +2629,17 @@ def farewell_line(store, prices: dict) -> str:
 
 
 def prune_in_background(home: Path) -> None:
-    """File versions and checkpoints unused for 30 days go, in a thread: start-up never
-    waits for it. A daemon: quitting mid-prune leaves only files that a later prune removes."""
+    """File versions and checkpoints unused for 30 days go, and the session folders of khaelors
+    killed with kill -9, in a thread: start-up never waits for it. A daemon: quitting mid-prune
+    leaves only files that a later prune removes."""
     import threading
 
     import tools
-    threading.Thread(target=tools.prune_versions, args=(home,),
-                     name="khaelor-prune", daemon=True).start()
+
+    def prune():
+        tools.prune_versions(home)
+        tools.remove_dead_session_temps()
+    threading.Thread(target=prune, name="khaelor-prune", daemon=True).start()
 
 
 # ---------------------------------------------------------------- entry point

@@ -738,7 +738,8 @@ class Workspace:
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
-            self.temp_dir = Path(tempfile.mkdtemp(prefix="khaelor-session-"))
+            # the pid names its owner: a later khaelor removes it once that process is gone
+            self.temp_dir = Path(tempfile.mkdtemp(prefix=f"khaelor-session-{os.getpid()}-"))
             # Also when no Toolbox.close comes.
             weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
         return self.temp_dir
@@ -1230,6 +1231,32 @@ def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
         cutoff = time.time() - keep_days * 86_400
         _remove_old_shadows(Path(home) / "checkpoints", cutoff)
         return _remove_old_blobs(versions, cutoff)
+
+
+def remove_dead_session_temps() -> None:
+    """The session folders (Workspace.session_temp) of khaelors killed before they could remove
+    them: this user's, not a link, and only once the process that made it is gone."""
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            owner = re.fullmatch(r"khaelor-session-(\d+)-\w+", entry.name)
+            with contextlib.suppress(OSError):
+                if not owner or not entry.is_dir(follow_symlinks=False):
+                    continue
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                if not _process_gone(int(owner[1])):
+                    continue
+                shutil.rmtree(entry.path)
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:

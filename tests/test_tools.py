@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -735,6 +736,31 @@ def test_prune_versions_runs_at_most_once_a_day(tmp_path):
     age_days(marker, 1.1)
     assert tools.prune_versions(home) == 1 and not second.exists()
     assert time.time() - marker.stat().st_mtime < 60            # the marker records this run
+
+
+def test_the_session_folders_of_killed_khaelors_are_removed_and_no_other(tmp_path, monkeypatch):
+    """A kill -9 leaves the session's temp folder: the next khaelor removes it once its process
+    is gone, never a live khaelor's, never through a link, never another name."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead, alive = ended.pid, os.getpid()
+    workspace = tools.Workspace(tmp_path)   # its folder lives as long as it does
+    mine = workspace.session_temp()
+    assert mine.name.startswith(f"khaelor-session-{alive}-")
+    left = tmp_path / f"khaelor-session-{dead}-x1y2"
+    (left / "sub").mkdir(parents=True)
+    (left / "sub" / "out.txt").write_text("left by a killed khaelor")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("not ours")
+    (tmp_path / f"khaelor-session-{dead}-link").symlink_to(elsewhere)
+    other = tmp_path / f"khaelor-sessions-{dead}-x"
+    other.mkdir()
+    tools.remove_dead_session_temps()
+    assert not left.exists()
+    assert mine.is_dir() and other.is_dir() and (elsewhere / "keep").exists()
+    assert (tmp_path / f"khaelor-session-{dead}-link").is_symlink()
 
 
 def test_prune_versions_keep_days_and_what_it_never_raises_on(tmp_path):
