@@ -1244,19 +1244,12 @@ def remove_dead_session_temps() -> None:
                     continue
                 if entry.stat(follow_symlinks=False).st_uid != os.getuid():
                     continue
-                if not _process_gone(int(owner[1])):
+                try:
+                    os.kill(int(owner[1]), 0)
+                    # its khaelor still runs (PermissionError: another user's process does)
                     continue
-                shutil.rmtree(entry.path)
-
-
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+                except ProcessLookupError:
+                    shutil.rmtree(entry.path)
 
 
 def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
