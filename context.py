@@ -13,6 +13,7 @@ beyond reading project files and running read-only `git` through the Workspace i
 import collections
 import copy
 import datetime
+import glob
 import time
 import json
 import os
@@ -1438,7 +1439,8 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
     p = Path(path)
     if ".test." in p.name or ".spec." in p.name:
         return [path]
-    stem = p.name.split(".")[0]
+    # a route's [id] or [...slug] is a name, not a glob character class
+    stem = glob.escape(p.name.split(".")[0])
     folders = (root / p.parent, root / p.parent / "__tests__")
     found = [test for folder in folders if folder.is_dir()
              for pattern in (f"{stem}.test.*", f"{stem}.spec.*")
