@@ -2686,11 +2686,12 @@ class App:
         self.call(self.controller.interrupt)
 
     def _feedback_key(self, request: dict, key: Key) -> None:
-        """After `n`: the line is a message to the model that goes with the denial."""
+        """After `n`: the line is a message to the model that goes with the denial. What is typed
+        or pasted is drawn as it comes: cleaned as the composer cleans it."""
         if key.name == "text":
-            self.feedback += key.text
+            self.feedback += events.plain_text(key.text)
         elif key.name == "paste":
-            self.feedback += " ".join(key.text.split())
+            self.feedback += " ".join(events.plain_text(key.text).split())
         elif key.name == "backspace":
             self.feedback = self.feedback[:-1]
         elif key.name == "esc" or (key.name == "ctrl+c" and not self.feedback):

@@ -2045,3 +2045,19 @@ def test_ctrl_l_scrolls_the_conversation_into_the_scrollback_and_starts_at_the_b
     assert display[-1].startswith("❯") and "claude-sonnet-5-5" in display[-2]
     assert not any(display[:-2]), "the rest of the screen is blank"
     assert "an answer" in "\n".join(rows[:len(rows) - 15]), "in the scrollback"
+
+
+def test_a_denial_message_shows_no_pasted_escape_sequence():
+    """The line typed after `n` is drawn in the panel as it is typed: a paste (or an 8-bit CSI)
+    in it reached the terminal raw, so copied text could retitle the window or move the cursor.
+    It is cleaned as the composer cleans what it takes."""
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+    app.on_event(PERMISSION)
+    app.on_key(K("text", "n"))
+    app.on_key(K("paste", "use\x1b]0;pwned\x07 git\x1b[2J status"))
+    app.on_key(K("text", "\x9b31m!"))
+    frame = app.render(1.0)
+    assert b"pwned" not in frame and b"\x1b[2J" not in frame and "\x9b".encode() not in frame
+    app.on_key(K("enter"))
+    assert ctrl.calls[-1] == ("permission", "t9", "deny", "use git status!")
