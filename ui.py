@@ -1437,6 +1437,8 @@ class Timeline:
                    facts: list[str]) -> str:
         """`● bash pytest -q · exit 0 · 3.2s`: the summary shrinks so the facts always show."""
         tail = "".join(" · " + f for f in facts)
+        # the model names the call: its name is shown, never acted on, like its input
+        name = one_line(name)
         room = self.width - cell_width(name) - cell_width(tail) - 3
         summary = clip(summary, max(room, 8)) if summary else ""
         name = self.style.paint(name, "bold")
@@ -1503,7 +1505,7 @@ class Timeline:
         if running:
             card = running[-1]
             # the card above shows its time: one timer
-            return f"running {card.name} {card.summary}"
+            return f"running {one_line(card.name)} {card.summary}"
         if self.status_text or not self.phase:
             return self.status_text or self.phase
         if self._model_started is None:

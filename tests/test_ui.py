@@ -2061,3 +2061,20 @@ def test_a_denial_message_shows_no_pasted_escape_sequence():
     assert b"pwned" not in frame and b"\x1b[2J" not in frame and "\x9b".encode() not in frame
     app.on_key(K("enter"))
     assert ctrl.calls[-1] == ("permission", "t9", "deny", "use git status!")
+
+
+def test_a_tool_name_from_the_model_is_shown_not_acted_on():
+    """The name of a call is the model's text like its input: a name holding an escape sequence
+    (OSC 52 writes the clipboard) is drawn with its controls visible, on the live card, in the
+    status line's activity and on the finished card."""
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=COLOR, width=80, height=30)
+    name = "bash\x1b]52;c;cm0gLXJmIH4=\x07"
+    app.on_event(event("ToolRequested", tool_use_id="t1", name=name, input={"command": "ls"}))
+    app.on_event(event("ToolStarted", tool_use_id="t1", name=name))
+    frame = app.render(1.0)
+    app.on_event(event("ToolCompleted", tool_use_id="t1", name=name, output="ok", meta={}))
+    app.on_event(event("TaskCompleted", evidence={}))
+    frame += app.render(2.0) + app.close()
+    assert b"\x1b]52" not in frame and b"\x07" not in frame
+    assert b"bash^[]52;c;cm0gLXJmIH4=^G" in frame
