@@ -1612,7 +1612,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((2, events.counted(get("processes"), "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
-    return [(priority, text) for priority, text in segments if text]
+    # a branch name is the repository's: every character shown, none acted on
+    return [(priority, shown(text)) for priority, text in segments if text]
 
 
 # What kernel.open_problems says, by a phrase it uses, in the turn summary's words.

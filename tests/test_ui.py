@@ -2078,3 +2078,12 @@ def test_a_tool_name_from_the_model_is_shown_not_acted_on():
     frame += app.render(2.0) + app.close()
     assert b"\x1b]52" not in frame and b"\x07" not in frame
     assert b"bash^[]52;c;cm0gLXJmIH4=^G" in frame
+
+
+def test_the_status_line_shows_a_repository_branch_name_without_acting_on_it():
+    """git refuses control bytes in a ref name but not a C1 control or a bidirectional one in
+    UTF-8; a cloned repository's branch (its HEAD names it) is shown with them visible."""
+    status = {"model": "claude-sonnet-5-5", "branch": "main\u009b2J\u202egnp.exe"}
+    line = ui.render_status_line(status, "", "", 120, MONO)
+    assert "\u009b" not in line and "\u202e" not in line
+    assert "⎇ main<U+009B>2J<U+202E>gnp.exe" in line
