@@ -2287,7 +2287,8 @@ class Composer:
         return [path for _, path in scored]
 
     def _accept_menu(self) -> None:
-        item = self.menu[self.menu_index]
+        # cleaned as typed text is
+        item = events.plain_text(self.menu[self.menu_index])
         if self._menu_kind == "mention":
             self._remember_mentions([item])
             # a path with spaces, quoted
@@ -2345,16 +2346,17 @@ class Composer:
         n = len(self.menu)
         top = min(self.menu_index - MAX_MENU_ITEMS + 1, n - MAX_MENU_ITEMS)
         top = max(0, top)
-        widest = max((cell_width(item) for item in self.menu), default=0)
+        # the project names its files and command files: shown, never acted on
+        widest = max((cell_width(shown(item)) for item in self.menu), default=0)
         column = widest + 2
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
             about = self._about.get(item, "") if self._menu_kind == "command" else ""
-            label = item
+            label = shown(item)
             if about:
-                label += " " * (column - cell_width(item))
-            about = style.paint(about, "dim")
+                label += " " * (column - cell_width(label))
+            about = style.paint(shown(about), "dim")
             if k == self.menu_index:
                 row = style.paint("› " + label, "selected") + about
             else:

@@ -2087,3 +2087,17 @@ def test_the_status_line_shows_a_repository_branch_name_without_acting_on_it():
     line = ui.render_status_line(status, "", "", 120, MONO)
     assert "\u009b" not in line and "\u202e" not in line
     assert "⎇ main<U+009B>2J<U+202E>gnp.exe" in line
+
+
+def test_a_file_or_command_name_from_the_project_is_shown_not_acted_on():
+    """A cloned repository names its files and its command files (and their descriptions): the
+    menus show their controls, and a chosen path enters the composer cleaned, as typed text does."""
+    c = ui.Composer(mentions=lambda prefix: ["evil\x1b]0;pwned\x07.txt"],
+                    commands=lambda: ["/x\x1b[2J"], about={"/x\x1b[2J": "does\x9b2J it"})
+    for ch in "@evil":
+        c.handle(K("text", ch))
+    assert c.menu_lines(80, MONO) == ["  › evil^[]0;pwned^G.txt"]
+    c.handle(K("tab"))
+    assert c.text == "@evil.txt " and "\x1b" not in "".join(c.render(80, MONO)[0])
+    c.set_text("/")
+    assert c.menu_lines(80, MONO) == ["  › /x^[[2J  does<U+009B>2J it"]
