@@ -1419,6 +1419,8 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
         scripts = json.loads(package_json).get("scripts") or {}
     except (ValueError, AttributeError):
         return []
+    if not isinstance(scripts, dict):
+        return []
     lock_files = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"),
                   ("bun.lockb", "bun"))
     manager = next((name for lock, name in lock_files if (root / lock).is_file()), "npm")

@@ -168,6 +168,16 @@ def test_check_commands_find_the_tests_of_a_bracketed_route_file(tmp_path):
     assert context.detect_checks(root, ["pages/[id].tsx"]) == ["npm test -- 'pages/[id].test.tsx'"]
 
 
+def test_a_package_json_whose_scripts_are_not_an_object_names_no_check(tmp_path):
+    """JSON, but "scripts" a list or a string: the gate and /init read no script from it (it
+    raised AttributeError, which ended the turn at the gate)."""
+    (tmp_path / "a.js").write_text("")
+    for scripts in (["test"], "vitest run"):
+        (tmp_path / "package.json").write_text(json.dumps({"scripts": scripts}))
+        assert context.detect_checks(tmp_path, ["a.js"]) == []
+        assert context.detect_checks(tmp_path, []) == []
+
+
 def test_what_counts_as_a_check_and_as_code():
     for command in ("pytest -q", "python3 -m pytest tests/x.py", "npm test", "npm run lint", "make test",
                     "cargo clippy", "go test ./...", "cd src && python test_app.py", "./run_tests.sh", "tox -e py"):
