@@ -1272,7 +1272,8 @@ class Timeline:
 
     def _on_TaskFailed(self, e: dict) -> None:
         reason = str(e.get("reason", ""))
-        if reason and reason == self._failure_shown:
+        # the shown message was cleaned and stripped: compared as shown
+        if reason and sanitize(reason).strip() == self._failure_shown:
             # the API error just shown is why: once is enough
             return
         self.error("Task failed: " + reason)

@@ -2101,3 +2101,14 @@ def test_a_file_or_command_name_from_the_project_is_shown_not_acted_on():
     assert c.text == "@evil.txt " and "\x1b" not in "".join(c.render(80, MONO)[0])
     c.set_text("/")
     assert c.menu_lines(80, MONO) == ["  › /x^[[2J  does<U+009B>2J it"]
+
+
+def test_a_model_failure_is_said_once_when_its_message_ends_in_a_newline():
+    """The turn's TaskFailed repeats the failure's message as the API gave it; the line shown was
+    cleaned and stripped, so a message ending in a newline (an HTML error page) was said twice."""
+    timeline = ui.Timeline(MONO, 80)
+    timeline.apply(event("ModelRequestFailed", kind="retryable", status=502, retrying=False,
+                         message="Bad gateway\x1b[0m\n"))
+    timeline.apply(event("TaskFailed", reason="Bad gateway\x1b[0m\n"))
+    shown = "\n".join(timeline.take_settled())
+    assert shown.count("Bad gateway") == 1 and "Task failed" not in shown
