@@ -831,11 +831,7 @@ PHASES = {
     "TextDelta": "writing",
     "ThinkingDelta": "thinking",
     "ToolStarted": None,
-    "ToolRequested": "",
-    "ModelResponseCompleted": "",
-    "TaskCompleted": "",
-    "TaskFailed": "",
-    "Interrupted": "",
+    **dict.fromkeys(["ToolRequested", "ModelResponseCompleted", *events.TURN_END_EVENTS], ""),
 }
 # Deltas whose characters count toward "↓ ~N tokens" in the status line (text field of each).
 STREAMED_FIELDS = {
@@ -845,10 +841,8 @@ STREAMED_FIELDS = {
 }
 RESPONSE_ENDS = events.TURN_END_EVENTS | {"ModelResponseCompleted", "ModelRequestFailed"}
 # Events that first settle whatever is still streaming (text, thinking).
-FLUSHING = frozenset({
-    "UserMessageCreated", "ToolRequested", "PermissionRequested",
-    "ModelResponseCompleted", "TaskCompleted", "TaskFailed", "Interrupted",
-})
+FLUSHING = frozenset({"UserMessageCreated", "ToolRequested", "PermissionRequested",
+                      "ModelResponseCompleted", *events.TURN_END_EVENTS})
 ERROR_WORDS = {
     "retryable": "The API is unavailable right now",
     "context_overflow": "The conversation no longer fits in the model's context",
