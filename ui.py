@@ -1625,7 +1625,7 @@ def unresolved_words(problems: list) -> list[str]:
 
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     """(key, choice, words) the panel offers; choice "feedback" is a denial with a message."""
-    if request.get("capability") == "loop.continue":
+    if request.get("capability") == events.LOOP_CAPABILITY:
         return [("y", "once", "continue"), ("n", "feedback", "stop")]
     if request.get("capability") == PLAN_CAPABILITY:
         return [("y", "acceptEdits", "yes, and accept edits"),
@@ -1644,7 +1644,7 @@ def panel_preview(request: dict, tool_input: dict) -> str:
     if isinstance(tool_input.get("content"), str):
         return tool_input["content"]
     command = tool_input.get("command")
-    continuing = request.get("capability") == "loop.continue"
+    continuing = request.get("capability") == events.LOOP_CAPABILITY
     if not continuing and isinstance(command, str):
         return command
     if str(request.get("preview")).startswith("---"):
