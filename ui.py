@@ -926,8 +926,7 @@ def card_output(event: dict, meta: dict) -> list[str]:
         lines = [line for line in lines if not line.startswith(told)]
     # the card line says `exit N` already: drop the footer, one of the last three lines
     if meta.get("exit_code") is not None:
-        last_three = max(len(lines) - 3, 0)
-        for k in reversed(range(last_three, len(lines))):
+        for k in reversed(range(max(len(lines) - 3, 0), len(lines))):
             if EXIT_CODE_LINE_RE.fullmatch(lines[k].strip()):
                 del lines[k]
                 break
@@ -1105,8 +1104,7 @@ class Timeline:
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
         names = [m[1] for m in found if m]
         if names:
-            note = "  ⎿ attached " + sanitize(", ".join(names))
-            lines.append(self._dim(note))
+            lines.append(self._dim("  ⎿ attached " + sanitize(", ".join(names))))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1192,8 +1190,7 @@ class Timeline:
 
     def _live_thinking(self, now: float) -> list[str]:
         """`✻ Thinking · 4s` and its newest words; opened (Ctrl-O), its newest rows below."""
-        seconds = int(now - self._thinking_since)
-        head = f"✻ Thinking · {seconds}s"
+        head = f"✻ Thinking · {int(now - self._thinking_since)}s"
         if self._thinking_open:
             rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
             hint = self.style.paint(" · ctrl+o closes", "dim")
@@ -1388,8 +1385,7 @@ class Timeline:
         facts += unresolved_words(e.get("unresolved") or [])
         if not facts:
             return
-        all_passed = all(c.get("exit_code") == 0 for c in checks)
-        passed = not e.get("unresolved") and all_passed
+        passed = not e.get("unresolved") and all(c.get("exit_code") == 0 for c in checks)
         role = "dim" if passed else "warning"
         # wrapped, not clipped: the verdict comes last and must show at any width
         self._settle(self._marked("✓" if passed else "⚠", role, " · ".join(facts)))
@@ -1460,8 +1456,7 @@ class Timeline:
         out = [self._dim("  ⎿ " + line) for line in lines[:1]]
         out += [self._dim("    " + line) for line in lines[1:]]
         if n_total > len(lines):
-            more = n_total - len(lines)
-            out.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
+            out.append(self.style.paint("    " + more_lines(n_total - len(lines)) + hint, "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
@@ -2094,8 +2089,7 @@ class Composer:
         if key.name == "paste":
             # a final newline ends the last line, it starts none
             n_lines = text.rstrip("\n").count("\n") + 1
-            too_long = len(text) > PASTE_COLLAPSE_CHARS
-            if n_lines > PASTE_COLLAPSE_LINES or too_long:
+            if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
                 label = f"[Pasted {n_lines} lines]"
                 k = 2
                 while label in self._pastes:
@@ -2316,8 +2310,7 @@ class Composer:
                 inside = offset <= self.cursor < end
                 if inside or self.cursor == end and last:
                     cursor_row = len(rows)
-                    before_cursor = piece[:self.cursor - offset]
-                    cursor_col = 2 + cell_width(before_cursor)
+                    cursor_col = 2 + cell_width(piece[:self.cursor - offset])
                 rows.append("  " + piece)
                 offset = end
             # the newline
@@ -2342,8 +2335,7 @@ class Composer:
         top = min(self.menu_index - MAX_MENU_ITEMS + 1, n - MAX_MENU_ITEMS)
         top = max(0, top)
         # the project names its files and command files: shown, never acted on
-        widest = max((cell_width(shown(item)) for item in self.menu), default=0)
-        column = widest + 2
+        column = max((cell_width(shown(item)) for item in self.menu), default=0) + 2
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
@@ -2717,8 +2709,7 @@ class App:
         """The live region: timeline tail, permission panel, status line, composer, menu."""
         width, style = self.width, self.style
         busy = bool(self.controller.busy)
-        n_ticks = int(now / TICK_INTERVAL)
-        spinner = SPINNER_FRAMES[n_ticks % len(SPINNER_FRAMES)]
+        spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
         if self.timeline.permissions:
             hint = "a key or ↑↓ Enter answers · typing writes a message"
         elif busy:
@@ -2789,9 +2780,8 @@ class App:
         rows below the cursor when it reflows, and a region high on the screen is pushed up)."""
         erase = self.renderer.draw([], [], (0, 0))
         lines, _ = self.frame(now)
-        up = move_rows(1 - len(lines))
         self.renderer = InlineRenderer()
-        return erase + (NEWLINE * (self.height - 1) + up).encode()
+        return erase + (NEWLINE * (self.height - 1) + move_rows(1 - len(lines))).encode()
 
     # -- the transcript view (Ctrl-R, /transcript) --
 
