@@ -353,8 +353,7 @@ def _read_instruction(path: Path) -> str:
         return f"[this file could not be read: {e.strerror}]"
     text = data.decode("utf-8", "replace")
     if len(text) > MAX_INSTRUCTION_CHARS:
-        note = f"\n[… cut: the file has {size} bytes]"
-        text = text[:MAX_INSTRUCTION_CHARS] + note
+        text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {size} bytes]"
     return text
 
 
@@ -489,8 +488,7 @@ class Context:
             if len(command) > 120:
                 command = command[:117] + "..."
             ran = events.duration(proc.get("runtime_s") or 0)
-            process_id = proc.get("process_id")
-            lines.append(f"- {process_id}: {command} (running {ran})")
+            lines.append(f"- {proc.get('process_id')}: {command} (running {ran})")
         if len(processes) > 10:
             lines.append(f"- … and {len(processes) - 10} more")
         return ENVIRONMENT_OPEN + "\n" + "\n".join(lines) + "\n</environment>"
@@ -940,14 +938,11 @@ def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
     ask = "Write the checkpoint JSON for the session above."
     if focus:
         ask += f" The user asks you to focus on: {focus}"
-    transcript = render_transcript(head, budget)
-    text = f"<session>\n{transcript}\n</session>\n\n{ask}"
-    message = {"role": "user",
-               "content": [{"type": "text", "text": text}]}
+    text = f"<session>\n{render_transcript(head, budget)}\n</session>\n\n{ask}"
     return {"model": aux_model,
             "max_tokens": SUMMARY_MAX_TOKENS,
             "system": [{"type": "text", "text": SUMMARY_SYSTEM}],
-            "messages": [message]}
+            "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
 
 
 def render_transcript(messages: list[dict],
@@ -973,8 +968,7 @@ def _transcript_part(role: str, block: dict) -> str | None:
     if block["type"] == "text":
         return f"[{role}]\n{block['text']}"
     if block["type"] == "tool_use":
-        tool_input = json.dumps(block["input"], ensure_ascii=False)
-        shown = clip(tool_input, TRANSCRIPT_BLOCK_CHARS)
+        shown = clip(json.dumps(block["input"], ensure_ascii=False), TRANSCRIPT_BLOCK_CHARS)
         return f"[tool call {block['name']} {block['id']}]\n{shown}"
     if block["type"] == "tool_result":
         error = " (error)" if block.get("is_error") else ""
@@ -1026,9 +1020,8 @@ async def compact(state: events.State, summarize, *, focus: str = "",
         checkpoint["changes"] = _changes_through(state, cut_seq)
     latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
     if latest:
-        evidence = {"label": "latest user message (verbatim)",
-                    "content": clip(latest, 8_000)}
-        checkpoint["raw_evidence"].insert(0, evidence)
+        checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
+                                              "content": clip(latest, 8_000)})
     # The summary the model reads: a comment header and the checkpoint (every key, in order) as
     # YAML.
     return {"checkpoint": checkpoint,
@@ -1078,8 +1071,7 @@ def _as_list(value) -> list:
 
 def _as_text(value) -> str:
     if isinstance(value, dict):
-        pairs = [f"{key}: {_as_text(item)}" for key, item in value.items()]
-        return "; ".join(pairs)
+        return "; ".join(f"{key}: {_as_text(item)}" for key, item in value.items())
     if isinstance(value, list):
         return "; ".join(map(_as_text, value))
     if value is None:
@@ -1257,8 +1249,7 @@ def _git(workspace, *args: str) -> tuple[int, str]:
     must stay read-only."""
     if workspace is None:
         return 1, ""
-    argv = ["git", "--no-optional-locks", *args]
-    return workspace.capture(argv, timeout_s=GIT_TIMEOUT_S)
+    return workspace.capture(["git", "--no-optional-locks", *args], timeout_s=GIT_TIMEOUT_S)
 
 
 def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
