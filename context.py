@@ -1356,11 +1356,9 @@ def _python() -> str:
 
 
 def _python_checks(root: Path, changed: list[str]) -> list[str]:
-    config_files = ("pyproject.toml", "setup.cfg", "tox.ini")
-    config = "".join(_read_text(root / name) for name in config_files)
+    config = "".join(_read_text(root / name) for name in ("pyproject.toml", "setup.cfg", "tox.ini"))
     markers = ("pytest.ini", "conftest.py", "tests/conftest.py")
-    has_marker = any((root / marker).is_file() for marker in markers)
-    uses_pytest = "pytest" in config or has_marker
+    uses_pytest = "pytest" in config or _nearest([root], markers) is not None
     tests = [test for path in changed for test in related_python_tests(root, path)]
     tests = list(dict.fromkeys(tests))[:6]
     python = _python()
@@ -1373,9 +1371,7 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
         commands.append(f"{runner} {_words(tests)}")
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
-    ruff_files = ("ruff.toml", ".ruff.toml")
-    has_ruff_file = any((root / name).is_file() for name in ruff_files)
-    if "[tool.ruff" in config or has_ruff_file:
+    if "[tool.ruff" in config or _nearest([root], ("ruff.toml", ".ruff.toml")):
         commands.append(f"ruff check {files}")
     mypy_section = "[tool.mypy" in config or "[mypy" in config
     if mypy_section or (root / "mypy.ini").is_file():
@@ -1458,7 +1454,6 @@ def _whole_project_checks(root: Path) -> list[str]:
         return ["go test ./..."]
     if (root / "package.json").is_file():
         return _node_checks(root, [])
-    python_markers = ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")
-    if any((root / name).is_file() for name in python_markers):
+    if _nearest([root], ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")):
         return [f"{_python()} -m pytest -q"]
     return []
