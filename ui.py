@@ -531,8 +531,7 @@ def render_table(rows: list[str], width: int, style: Style,
             aligned = [_align(part, w, a) for part, w, a in zip(parts, widths, shares)]
             out.append(sep.join(aligned).rstrip())
         if r == 0:
-            rule = "─┼─".join("─" * w for w in widths)
-            out.append(style.paint(rule, "dim"))
+            out.append(style.paint("─┼─".join("─" * w for w in widths), "dim"))
     return [clip(line, width) for line in out]
 
 
@@ -565,8 +564,7 @@ def _starts_block(lines: list[str], i: int) -> bool:
     line = lines[i]
     if not line.strip():
         return True
-    starts = (HEADING_RE, HR_RE, FENCE_RE, QUOTE_RE, LIST_RE)
-    if any(pattern.match(line) for pattern in starts):
+    if any(pattern.match(line) for pattern in (HEADING_RE, HR_RE, FENCE_RE, QUOTE_RE, LIST_RE)):
         return True
     return _starts_table(lines, i)
 
@@ -1096,8 +1094,7 @@ class Timeline:
         rows, more = head_rows(sanitize(e.get("text", "")).split("\n"), USER_MESSAGE_MAX_LINES)
         lines = self._marked("›", "prompt", rows[0], "user")
         for row in rows[1:]:
-            spans = [(row, ("user",))]
-            lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
+            lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")
         if more:
             lines.append(self.style.paint("  " + more_lines(more), "dim"))
         # the @mentions sent with it (kernel.attachments)
@@ -1195,8 +1192,7 @@ class Timeline:
             rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
             hint = self.style.paint(" · ctrl+o closes", "dim")
             return [self._dim(head, "italic") + hint] + rows
-        tail = self._thinking[-THINKING_TAIL_CHARS:]
-        words = " ".join(sanitize(tail).split())
+        words = " ".join(sanitize(self._thinking[-THINKING_TAIL_CHARS:]).split())
         # nothing to open while the API sends none of the text (display omitted)
         hint = " · ctrl+o opens" if words else ""
         # what the words leave: " · …" before them, a spare cell after
@@ -1298,8 +1294,7 @@ class Timeline:
 
     def _on_ToolStarted(self, e: dict) -> None:
         # without its ToolRequested the card has no summary, but it is drawn
-        unrequested = ToolCard(e.get("name", "tool"), "")
-        card = self.cards.setdefault(e.get("tool_use_id", ""), unrequested)
+        card = self.cards.setdefault(e.get("tool_use_id", ""), ToolCard(e.get("name", "tool"), ""))
         card.started = time.monotonic()
         card.started_ts = e.get("ts")
 
@@ -1421,8 +1416,7 @@ class Timeline:
         return self._requests.pop(tid, None) or {}
 
     def _pop_card(self, e: dict) -> ToolCard:
-        card = self.cards.pop(e.get("tool_use_id", ""), None)
-        return card or ToolCard(e.get("name", "tool"), "")
+        return self.cards.pop(e.get("tool_use_id", ""), None) or ToolCard(e.get("name", "tool"), "")
 
     def _card_line(self, symbol: str, name: str, summary: str,
                    facts: list[str]) -> str:
@@ -1460,8 +1454,7 @@ class Timeline:
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
-        diff = change.get("diff") or ""
-        rows = render_diff(diff, self.width - 2, self.style)
+        rows = render_diff(change.get("diff") or "", self.width - 2, self.style)
         return ["  " + row for row in rows]
 
     # -- the live part --
@@ -2282,9 +2275,7 @@ class Composer:
             self._remember_mentions([item])
             # a path with spaces, quoted
             item = f'@"{item}" ' if " " in item else "@" + item + " "
-        before = self.text[:self._menu_start]
-        after = self.text[self.cursor:]
-        self.text = before + item + after
+        self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
         self.menu = []
 
