@@ -606,8 +606,7 @@ def summarize_git_status(out: str) -> str:
     if tracking:
         ahead_behind = zip(("ahead", "behind"), tracking.groups())
         said = ", ".join(f"{word} {n}" for word, n in ahead_behind if n != "0")
-    labels = ("staged", "modified", "untracked", "conflicted")
-    counts = dict.fromkeys(labels, 0)
+    counts = dict.fromkeys(("staged", "modified", "untracked", "conflicted"), 0)
     for entry in dirty:
         xy = entry["status"]
         if xy == "??":
@@ -638,8 +637,7 @@ def assemble_messages(messages: list[dict]) -> list[dict]:
     previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
     for index in (previous, newest):
         if index is not None:
-            content = _with_breakpoint(out[index]["content"])
-            out[index] = {**out[index], "content": content}
+            out[index] = {**out[index], "content": _with_breakpoint(out[index]["content"])}
     return out
 
 
@@ -886,8 +884,7 @@ def _rewritten_tokens(state: events.State, ids: list, freed: int) -> int:
         return 0
     messages = state.messages
     for index, message in enumerate(messages):
-        ids_here = {block.get("tool_use_id") for block in message["content"]}
-        if ids[0] in ids_here:
+        if ids[0] in {block.get("tool_use_id") for block in message["content"]}:
             return max(0, estimate_tokens(messages[index:]) - freed)
     return 0
 
@@ -1373,8 +1370,7 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
         commands.append(f"{python} -m pytest -q")
     if "[tool.ruff" in config or _nearest([root], ("ruff.toml", ".ruff.toml")):
         commands.append(f"ruff check {files}")
-    mypy_section = "[tool.mypy" in config or "[mypy" in config
-    if mypy_section or (root / "mypy.ini").is_file():
+    if "[tool.mypy" in config or "[mypy" in config or (root / "mypy.ini").is_file():
         commands.append(f"mypy {files}")
     if not commands and changed:
         commands.append(f"{python} -m py_compile {files}")
@@ -1396,8 +1392,7 @@ def related_python_tests(root: Path, path: str) -> list[str]:
         if (root / directory).is_dir():
             for name in names:
                 found += sorted((root / directory).rglob(name))[:5]
-    relative = [str(f.relative_to(root)) for f in found if f.is_file()]
-    return list(dict.fromkeys(relative))
+    return list(dict.fromkeys(str(f.relative_to(root)) for f in found if f.is_file()))
 
 
 def _node_checks(root: Path, changed: list[str]) -> list[str]:
