@@ -228,8 +228,7 @@ def check_event(event: dict) -> list[str]:
     problems = []
     fields = {**ENVELOPE, "type": str, **EVENT_KINDS[name]}
     for key, hint in fields.items():
-        optional = typing.get_origin(hint) is NotRequired
-        if key not in event and not optional:
+        if key not in event and typing.get_origin(hint) is not NotRequired:
             problems.append(f"{name}: {key!r} is missing")
     for key, value in event.items():
         hint = fields.get(key)
