@@ -624,8 +624,7 @@ def render_heading(hashes: str, text: str, width: int,
     monochrome keeps the hashes."""
     if not style.color:
         return wrap_spans([(f"{hashes} {text}", ())], width, style)
-    levels = {1: ("heading", "underline"), 2: ("heading",)}
-    roles = levels.get(len(hashes), ("bold",))
+    roles = {1: ("heading", "underline"), 2: ("heading",)}.get(len(hashes), ("bold",))
     return wrap_spans(inline_spans(text, style, roles), width, style)
 
 
