@@ -378,8 +378,7 @@ def build_system(project_root: Path, cwd: Path, home: Path,
         whose = INSTRUCTION_WHOSE[item.tier]
         if item.imported_by is not None:
             whose = f"imported by {item.imported_by}; {whose}"
-        heading = f"Instructions from {item.path} ({whose}):"
-        project.append(f"\n{heading}\n{item.text.strip()}")
+        project.append(f"\nInstructions from {item.path} ({whose}):\n{item.text.strip()}")
     return [{"type": "text", "text": IDENTITY},
             {"type": "text", "text": TOOL_GUIDANCE},
             {"type": "text", "text": "\n".join(project)}]
