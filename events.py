@@ -520,7 +520,9 @@ class SessionStore:
         done = [0]
         try:
             if self._fd is None:
-                self._lock_fd = self._lock_fd or _lock(self.path)
+                # fd 0 is a lock too (stdin closed): `is None`, not `or`
+                if self._lock_fd is None:
+                    self._lock_fd = _lock(self.path)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             _write_all(self._fd, _encode(event), done)
         except OSError as e:
