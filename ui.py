@@ -2788,14 +2788,16 @@ class App:
         return leaving
 
     def _transcript_key(self, key: Key) -> None:
-        which = key.text if key.name == "text" else key.name
         page = max(1, self.height - 2)
-        if which in TRANSCRIPT_LEAVE:
-            self.transcript_top = None
-        elif which in TRANSCRIPT_ROWS:
-            self.transcript_top += TRANSCRIPT_ROWS[which]
-        elif which in TRANSCRIPT_PAGES:
-            self.transcript_top += TRANSCRIPT_PAGES[which] * page
+        # keys typed while a frame is drawn arrive as one run of text: each is a key
+        for which in key.text if key.name == "text" else [key.name]:
+            if which in TRANSCRIPT_LEAVE:
+                self.transcript_top = None
+                return
+            if which in TRANSCRIPT_ROWS:
+                self.transcript_top += TRANSCRIPT_ROWS[which]
+            elif which in TRANSCRIPT_PAGES:
+                self.transcript_top += TRANSCRIPT_PAGES[which] * page
 
     def _draw_transcript(self) -> bytes:
         """The screen's rows but the last, then a footer: where the view is and its keys."""

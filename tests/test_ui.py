@@ -2112,3 +2112,19 @@ def test_a_model_failure_is_said_once_when_its_message_ends_in_a_newline():
     timeline.apply(event("TaskFailed", reason="Bad gateway\x1b[0m\n"))
     shown = "\n".join(timeline.take_settled())
     assert shown.count("Bad gateway") == 1 and "Task failed" not in shown
+
+
+def test_transcript_keys_read_faster_than_drawn_each_count():
+    """Keys typed while a frame is drawn arrive as one run of text ("kkk"): each moves the view,
+    and a q among them leaves it (the run was ignored, so a held key stopped scrolling)."""
+    app = ui.App(FakeController(), style=MONO, width=60, height=12)
+    for k in range(30):
+        app.on_event(event("UserMessageCreated", text=f"message {k}"))
+    app.on_key(K("ctrl+r"))
+    app.render(0.1)
+    bottom = app.transcript_top
+    app.on_key(K("text", "kkk"))
+    app.render(0.2)
+    assert app.transcript_top == bottom - 3
+    app.on_key(K("text", "jqj"))
+    assert app.transcript_top is None
