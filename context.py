@@ -13,6 +13,7 @@ beyond reading project files and running read-only `git` through the Workspace i
 import collections
 import copy
 import datetime
+import glob
 import time
 import json
 import os
@@ -352,8 +353,7 @@ def _read_instruction(path: Path) -> str:
         return f"[this file could not be read: {e.strerror}]"
     text = data.decode("utf-8", "replace")
     if len(text) > MAX_INSTRUCTION_CHARS:
-        note = f"\n[… cut: the file has {size} bytes]"
-        text = text[:MAX_INSTRUCTION_CHARS] + note
+        text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {size} bytes]"
     return text
 
 
@@ -378,8 +378,7 @@ def build_system(project_root: Path, cwd: Path, home: Path,
         whose = INSTRUCTION_WHOSE[item.tier]
         if item.imported_by is not None:
             whose = f"imported by {item.imported_by}; {whose}"
-        heading = f"Instructions from {item.path} ({whose}):"
-        project.append(f"\n{heading}\n{item.text.strip()}")
+        project.append(f"\nInstructions from {item.path} ({whose}):\n{item.text.strip()}")
     return [{"type": "text", "text": IDENTITY},
             {"type": "text", "text": TOOL_GUIDANCE},
             {"type": "text", "text": "\n".join(project)}]
@@ -488,8 +487,7 @@ class Context:
             if len(command) > 120:
                 command = command[:117] + "..."
             ran = events.duration(proc.get("runtime_s") or 0)
-            process_id = proc.get("process_id")
-            lines.append(f"- {process_id}: {command} (running {ran})")
+            lines.append(f"- {proc.get('process_id')}: {command} (running {ran})")
         if len(processes) > 10:
             lines.append(f"- … and {len(processes) - 10} more")
         return ENVIRONMENT_OPEN + "\n" + "\n".join(lines) + "\n</environment>"
@@ -607,8 +605,7 @@ def summarize_git_status(out: str) -> str:
     if tracking:
         ahead_behind = zip(("ahead", "behind"), tracking.groups())
         said = ", ".join(f"{word} {n}" for word, n in ahead_behind if n != "0")
-    labels = ("staged", "modified", "untracked", "conflicted")
-    counts = dict.fromkeys(labels, 0)
+    counts = dict.fromkeys(("staged", "modified", "untracked", "conflicted"), 0)
     for entry in dirty:
         xy = entry["status"]
         if xy == "??":
@@ -639,8 +636,7 @@ def assemble_messages(messages: list[dict]) -> list[dict]:
     previous = next((i for i in range(newest - 1, -1, -1) if out[i]["role"] == "user"), None)
     for index in (previous, newest):
         if index is not None:
-            content = _with_breakpoint(out[index]["content"])
-            out[index] = {**out[index], "content": content}
+            out[index] = {**out[index], "content": _with_breakpoint(out[index]["content"])}
     return out
 
 
@@ -887,8 +883,7 @@ def _rewritten_tokens(state: events.State, ids: list, freed: int) -> int:
         return 0
     messages = state.messages
     for index, message in enumerate(messages):
-        ids_here = {block.get("tool_use_id") for block in message["content"]}
-        if ids[0] in ids_here:
+        if ids[0] in {block.get("tool_use_id") for block in message["content"]}:
             return max(0, estimate_tokens(messages[index:]) - freed)
     return 0
 
@@ -939,14 +934,11 @@ def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
     ask = "Write the checkpoint JSON for the session above."
     if focus:
         ask += f" The user asks you to focus on: {focus}"
-    transcript = render_transcript(head, budget)
-    text = f"<session>\n{transcript}\n</session>\n\n{ask}"
-    message = {"role": "user",
-               "content": [{"type": "text", "text": text}]}
+    text = f"<session>\n{render_transcript(head, budget)}\n</session>\n\n{ask}"
     return {"model": aux_model,
             "max_tokens": SUMMARY_MAX_TOKENS,
             "system": [{"type": "text", "text": SUMMARY_SYSTEM}],
-            "messages": [message]}
+            "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
 
 
 def render_transcript(messages: list[dict],
@@ -972,8 +964,7 @@ def _transcript_part(role: str, block: dict) -> str | None:
     if block["type"] == "text":
         return f"[{role}]\n{block['text']}"
     if block["type"] == "tool_use":
-        tool_input = json.dumps(block["input"], ensure_ascii=False)
-        shown = clip(tool_input, TRANSCRIPT_BLOCK_CHARS)
+        shown = clip(json.dumps(block["input"], ensure_ascii=False), TRANSCRIPT_BLOCK_CHARS)
         return f"[tool call {block['name']} {block['id']}]\n{shown}"
     if block["type"] == "tool_result":
         error = " (error)" if block.get("is_error") else ""
@@ -1025,9 +1016,8 @@ async def compact(state: events.State, summarize, *, focus: str = "",
         checkpoint["changes"] = _changes_through(state, cut_seq)
     latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)
     if latest:
-        evidence = {"label": "latest user message (verbatim)",
-                    "content": clip(latest, 8_000)}
-        checkpoint["raw_evidence"].insert(0, evidence)
+        checkpoint["raw_evidence"].insert(0, {"label": "latest user message (verbatim)",
+                                              "content": clip(latest, 8_000)})
     # The summary the model reads: a comment header and the checkpoint (every key, in order) as
     # YAML.
     return {"checkpoint": checkpoint,
@@ -1077,8 +1067,7 @@ def _as_list(value) -> list:
 
 def _as_text(value) -> str:
     if isinstance(value, dict):
-        pairs = [f"{key}: {_as_text(item)}" for key, item in value.items()]
-        return "; ".join(pairs)
+        return "; ".join(f"{key}: {_as_text(item)}" for key, item in value.items())
     if isinstance(value, list):
         return "; ".join(map(_as_text, value))
     if value is None:
@@ -1256,8 +1245,7 @@ def _git(workspace, *args: str) -> tuple[int, str]:
     must stay read-only."""
     if workspace is None:
         return 1, ""
-    argv = ["git", "--no-optional-locks", *args]
-    return workspace.capture(argv, timeout_s=GIT_TIMEOUT_S)
+    return workspace.capture(["git", "--no-optional-locks", *args], timeout_s=GIT_TIMEOUT_S)
 
 
 def parse_status_v2(out: str) -> tuple[str, str, list[dict]]:
@@ -1364,11 +1352,9 @@ def _python() -> str:
 
 
 def _python_checks(root: Path, changed: list[str]) -> list[str]:
-    config_files = ("pyproject.toml", "setup.cfg", "tox.ini")
-    config = "".join(_read_text(root / name) for name in config_files)
+    config = "".join(_read_text(root / name) for name in ("pyproject.toml", "setup.cfg", "tox.ini"))
     markers = ("pytest.ini", "conftest.py", "tests/conftest.py")
-    has_marker = any((root / marker).is_file() for marker in markers)
-    uses_pytest = "pytest" in config or has_marker
+    uses_pytest = "pytest" in config or _nearest([root], markers) is not None
     tests = [test for path in changed for test in related_python_tests(root, path)]
     tests = list(dict.fromkeys(tests))[:6]
     python = _python()
@@ -1381,12 +1367,9 @@ def _python_checks(root: Path, changed: list[str]) -> list[str]:
         commands.append(f"{runner} {_words(tests)}")
     elif uses_pytest:
         commands.append(f"{python} -m pytest -q")
-    ruff_files = ("ruff.toml", ".ruff.toml")
-    has_ruff_file = any((root / name).is_file() for name in ruff_files)
-    if "[tool.ruff" in config or has_ruff_file:
+    if "[tool.ruff" in config or _nearest([root], ("ruff.toml", ".ruff.toml")):
         commands.append(f"ruff check {files}")
-    mypy_section = "[tool.mypy" in config or "[mypy" in config
-    if mypy_section or (root / "mypy.ini").is_file():
+    if "[tool.mypy" in config or "[mypy" in config or (root / "mypy.ini").is_file():
         commands.append(f"mypy {files}")
     if not commands and changed:
         commands.append(f"{python} -m py_compile {files}")
@@ -1408,8 +1391,7 @@ def related_python_tests(root: Path, path: str) -> list[str]:
         if (root / directory).is_dir():
             for name in names:
                 found += sorted((root / directory).rglob(name))[:5]
-    relative = [str(f.relative_to(root)) for f in found if f.is_file()]
-    return list(dict.fromkeys(relative))
+    return list(dict.fromkeys(str(f.relative_to(root)) for f in found if f.is_file()))
 
 
 def _node_checks(root: Path, changed: list[str]) -> list[str]:
@@ -1417,6 +1399,8 @@ def _node_checks(root: Path, changed: list[str]) -> list[str]:
     try:
         scripts = json.loads(package_json).get("scripts") or {}
     except (ValueError, AttributeError):
+        return []
+    if not isinstance(scripts, dict):
         return []
     lock_files = (("pnpm-lock.yaml", "pnpm"), ("yarn.lock", "yarn"),
                   ("bun.lockb", "bun"))
@@ -1438,7 +1422,8 @@ def _related_node_tests(root: Path, path: str) -> list[str]:
     p = Path(path)
     if ".test." in p.name or ".spec." in p.name:
         return [path]
-    stem = p.name.split(".")[0]
+    # a route's [id] or [...slug] is a name, not a glob character class
+    stem = glob.escape(p.name.split(".")[0])
     folders = (root / p.parent, root / p.parent / "__tests__")
     found = [test for folder in folders if folder.is_dir()
              for pattern in (f"{stem}.test.*", f"{stem}.spec.*")
@@ -1463,7 +1448,6 @@ def _whole_project_checks(root: Path) -> list[str]:
         return ["go test ./..."]
     if (root / "package.json").is_file():
         return _node_checks(root, [])
-    python_markers = ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")
-    if any((root / name).is_file() for name in python_markers):
+    if _nearest([root], ("pyproject.toml", "setup.py", "pytest.ini", "tox.ini")):
         return [f"{_python()} -m pytest -q"]
     return []

@@ -228,8 +228,7 @@ def check_event(event: dict) -> list[str]:
     problems = []
     fields = {**ENVELOPE, "type": str, **EVENT_KINDS[name]}
     for key, hint in fields.items():
-        optional = typing.get_origin(hint) is NotRequired
-        if key not in event and not optional:
+        if key not in event and typing.get_origin(hint) is not NotRequired:
             problems.append(f"{name}: {key!r} is missing")
     for key, value in event.items():
         hint = fields.get(key)
@@ -521,7 +520,9 @@ class SessionStore:
         done = [0]
         try:
             if self._fd is None:
-                self._lock_fd = self._lock_fd or _lock(self.path)
+                # fd 0 is a lock too (stdin closed): `is None`, not `or`
+                if self._lock_fd is None:
+                    self._lock_fd = _lock(self.path)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             _write_all(self._fd, _encode(event), done)
         except OSError as e:

@@ -531,8 +531,7 @@ def render_table(rows: list[str], width: int, style: Style,
             aligned = [_align(part, w, a) for part, w, a in zip(parts, widths, shares)]
             out.append(sep.join(aligned).rstrip())
         if r == 0:
-            rule = "─┼─".join("─" * w for w in widths)
-            out.append(style.paint(rule, "dim"))
+            out.append(style.paint("─┼─".join("─" * w for w in widths), "dim"))
     return [clip(line, width) for line in out]
 
 
@@ -565,8 +564,7 @@ def _starts_block(lines: list[str], i: int) -> bool:
     line = lines[i]
     if not line.strip():
         return True
-    starts = (HEADING_RE, HR_RE, FENCE_RE, QUOTE_RE, LIST_RE)
-    if any(pattern.match(line) for pattern in starts):
+    if any(pattern.match(line) for pattern in (HEADING_RE, HR_RE, FENCE_RE, QUOTE_RE, LIST_RE)):
         return True
     return _starts_table(lines, i)
 
@@ -626,8 +624,7 @@ def render_heading(hashes: str, text: str, width: int,
     monochrome keeps the hashes."""
     if not style.color:
         return wrap_spans([(f"{hashes} {text}", ())], width, style)
-    levels = {1: ("heading", "underline"), 2: ("heading",)}
-    roles = levels.get(len(hashes), ("bold",))
+    roles = {1: ("heading", "underline"), 2: ("heading",)}.get(len(hashes), ("bold",))
     return wrap_spans(inline_spans(text, style, roles), width, style)
 
 
@@ -831,11 +828,7 @@ PHASES = {
     "TextDelta": "writing",
     "ThinkingDelta": "thinking",
     "ToolStarted": None,
-    "ToolRequested": "",
-    "ModelResponseCompleted": "",
-    "TaskCompleted": "",
-    "TaskFailed": "",
-    "Interrupted": "",
+    **dict.fromkeys(["ToolRequested", "ModelResponseCompleted", *events.TURN_END_EVENTS], ""),
 }
 # Deltas whose characters count toward "↓ ~N tokens" in the status line (text field of each).
 STREAMED_FIELDS = {
@@ -845,10 +838,8 @@ STREAMED_FIELDS = {
 }
 RESPONSE_ENDS = events.TURN_END_EVENTS | {"ModelResponseCompleted", "ModelRequestFailed"}
 # Events that first settle whatever is still streaming (text, thinking).
-FLUSHING = frozenset({
-    "UserMessageCreated", "ToolRequested", "PermissionRequested",
-    "ModelResponseCompleted", "TaskCompleted", "TaskFailed", "Interrupted",
-})
+FLUSHING = frozenset({"UserMessageCreated", "ToolRequested", "PermissionRequested",
+                      "ModelResponseCompleted", *events.TURN_END_EVENTS})
 ERROR_WORDS = {
     "retryable": "The API is unavailable right now",
     "context_overflow": "The conversation no longer fits in the model's context",
@@ -932,8 +923,7 @@ def card_output(event: dict, meta: dict) -> list[str]:
         lines = [line for line in lines if not line.startswith(told)]
     # the card line says `exit N` already: drop the footer, one of the last three lines
     if meta.get("exit_code") is not None:
-        last_three = max(len(lines) - 3, 0)
-        for k in reversed(range(last_three, len(lines))):
+        for k in reversed(range(max(len(lines) - 3, 0), len(lines))):
             if EXIT_CODE_LINE_RE.fullmatch(lines[k].strip()):
                 del lines[k]
                 break
@@ -1103,16 +1093,14 @@ class Timeline:
         rows, more = head_rows(sanitize(e.get("text", "")).split("\n"), USER_MESSAGE_MAX_LINES)
         lines = self._marked("›", "prompt", rows[0], "user")
         for row in rows[1:]:
-            spans = [(row, ("user",))]
-            lines += wrap_spans(spans, self.width, self.style, "  ", "  ")
+            lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")
         if more:
             lines.append(self.style.paint("  " + more_lines(more), "dim"))
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
         names = [m[1] for m in found if m]
         if names:
-            note = "  ⎿ attached " + sanitize(", ".join(names))
-            lines.append(self._dim(note))
+            lines.append(self._dim("  ⎿ attached " + sanitize(", ".join(names))))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1198,14 +1186,12 @@ class Timeline:
 
     def _live_thinking(self, now: float) -> list[str]:
         """`✻ Thinking · 4s` and its newest words; opened (Ctrl-O), its newest rows below."""
-        seconds = int(now - self._thinking_since)
-        head = f"✻ Thinking · {seconds}s"
+        head = f"✻ Thinking · {int(now - self._thinking_since)}s"
         if self._thinking_open:
             rows = self._thought_rows(self._thinking)[-THINKING_OPEN_ROWS:]
             hint = self.style.paint(" · ctrl+o closes", "dim")
             return [self._dim(head, "italic") + hint] + rows
-        tail = self._thinking[-THINKING_TAIL_CHARS:]
-        words = " ".join(sanitize(tail).split())
+        words = " ".join(sanitize(self._thinking[-THINKING_TAIL_CHARS:]).split())
         # nothing to open while the API sends none of the text (display omitted)
         hint = " · ctrl+o opens" if words else ""
         # what the words leave: " · …" before them, a spare cell after
@@ -1272,7 +1258,8 @@ class Timeline:
 
     def _on_TaskFailed(self, e: dict) -> None:
         reason = str(e.get("reason", ""))
-        if reason and reason == self._failure_shown:
+        # the shown message was cleaned and stripped: compared as shown
+        if reason and sanitize(reason).strip() == self._failure_shown:
             # the API error just shown is why: once is enough
             return
         self.error("Task failed: " + reason)
@@ -1306,8 +1293,7 @@ class Timeline:
 
     def _on_ToolStarted(self, e: dict) -> None:
         # without its ToolRequested the card has no summary, but it is drawn
-        unrequested = ToolCard(e.get("name", "tool"), "")
-        card = self.cards.setdefault(e.get("tool_use_id", ""), unrequested)
+        card = self.cards.setdefault(e.get("tool_use_id", ""), ToolCard(e.get("name", "tool"), ""))
         card.started = time.monotonic()
         card.started_ts = e.get("ts")
 
@@ -1393,8 +1379,7 @@ class Timeline:
         facts += unresolved_words(e.get("unresolved") or [])
         if not facts:
             return
-        all_passed = all(c.get("exit_code") == 0 for c in checks)
-        passed = not e.get("unresolved") and all_passed
+        passed = not e.get("unresolved") and all(c.get("exit_code") == 0 for c in checks)
         role = "dim" if passed else "warning"
         # wrapped, not clipped: the verdict comes last and must show at any width
         self._settle(self._marked("✓" if passed else "⚠", role, " · ".join(facts)))
@@ -1430,13 +1415,14 @@ class Timeline:
         return self._requests.pop(tid, None) or {}
 
     def _pop_card(self, e: dict) -> ToolCard:
-        card = self.cards.pop(e.get("tool_use_id", ""), None)
-        return card or ToolCard(e.get("name", "tool"), "")
+        return self.cards.pop(e.get("tool_use_id", ""), None) or ToolCard(e.get("name", "tool"), "")
 
     def _card_line(self, symbol: str, name: str, summary: str,
                    facts: list[str]) -> str:
         """`● bash pytest -q · exit 0 · 3.2s`: the summary shrinks so the facts always show."""
         tail = "".join(" · " + f for f in facts)
+        # the model names the call: its name is shown, never acted on, like its input
+        name = one_line(name)
         room = self.width - cell_width(name) - cell_width(tail) - 3
         summary = clip(summary, max(room, 8)) if summary else ""
         name = self.style.paint(name, "bold")
@@ -1463,13 +1449,11 @@ class Timeline:
         out = [self._dim("  ⎿ " + line) for line in lines[:1]]
         out += [self._dim("    " + line) for line in lines[1:]]
         if n_total > len(lines):
-            more = n_total - len(lines)
-            out.append(self.style.paint("    " + more_lines(more) + hint, "dim"))
+            out.append(self.style.paint("    " + more_lines(n_total - len(lines)) + hint, "dim"))
         return out
 
     def _diff_lines(self, change: dict) -> list[str]:
-        diff = change.get("diff") or ""
-        rows = render_diff(diff, self.width - 2, self.style)
+        rows = render_diff(change.get("diff") or "", self.width - 2, self.style)
         return ["  " + row for row in rows]
 
     # -- the live part --
@@ -1503,7 +1487,7 @@ class Timeline:
         if running:
             card = running[-1]
             # the card above shows its time: one timer
-            return f"running {card.name} {card.summary}"
+            return f"running {one_line(card.name)} {card.summary}"
         if self.status_text or not self.phase:
             return self.status_text or self.phase
         if self._model_started is None:
@@ -1610,7 +1594,8 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((2, events.counted(get("processes"), "proc")))
     if get("branch"):
         segments.append((2, f"⎇ {get('branch')}"))
-    return [(priority, text) for priority, text in segments if text]
+    # a branch name is the repository's: every character shown, none acted on
+    return [(priority, shown(text)) for priority, text in segments if text]
 
 
 # What kernel.open_problems says, by a phrase it uses, in the turn summary's words.
@@ -1627,7 +1612,7 @@ def unresolved_words(problems: list) -> list[str]:
 
 def panel_choices(request: dict) -> list[tuple[str, str, str]]:
     """(key, choice, words) the panel offers; choice "feedback" is a denial with a message."""
-    if request.get("capability") == "loop.continue":
+    if request.get("capability") == events.LOOP_CAPABILITY:
         return [("y", "once", "continue"), ("n", "feedback", "stop")]
     if request.get("capability") == PLAN_CAPABILITY:
         return [("y", "acceptEdits", "yes, and accept edits"),
@@ -1646,7 +1631,7 @@ def panel_preview(request: dict, tool_input: dict) -> str:
     if isinstance(tool_input.get("content"), str):
         return tool_input["content"]
     command = tool_input.get("command")
-    continuing = request.get("capability") == "loop.continue"
+    continuing = request.get("capability") == events.LOOP_CAPABILITY
     if not continuing and isinstance(command, str):
         return command
     if str(request.get("preview")).startswith("---"):
@@ -2096,8 +2081,7 @@ class Composer:
         if key.name == "paste":
             # a final newline ends the last line, it starts none
             n_lines = text.rstrip("\n").count("\n") + 1
-            too_long = len(text) > PASTE_COLLAPSE_CHARS
-            if n_lines > PASTE_COLLAPSE_LINES or too_long:
+            if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
                 label = f"[Pasted {n_lines} lines]"
                 k = 2
                 while label in self._pastes:
@@ -2284,14 +2268,13 @@ class Composer:
         return [path for _, path in scored]
 
     def _accept_menu(self) -> None:
-        item = self.menu[self.menu_index]
+        # cleaned as typed text is
+        item = events.plain_text(self.menu[self.menu_index])
         if self._menu_kind == "mention":
             self._remember_mentions([item])
             # a path with spaces, quoted
             item = f'@"{item}" ' if " " in item else "@" + item + " "
-        before = self.text[:self._menu_start]
-        after = self.text[self.cursor:]
-        self.text = before + item + after
+        self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
         self.menu = []
 
@@ -2317,8 +2300,7 @@ class Composer:
                 inside = offset <= self.cursor < end
                 if inside or self.cursor == end and last:
                     cursor_row = len(rows)
-                    before_cursor = piece[:self.cursor - offset]
-                    cursor_col = 2 + cell_width(before_cursor)
+                    cursor_col = 2 + cell_width(piece[:self.cursor - offset])
                 rows.append("  " + piece)
                 offset = end
             # the newline
@@ -2342,16 +2324,16 @@ class Composer:
         n = len(self.menu)
         top = min(self.menu_index - MAX_MENU_ITEMS + 1, n - MAX_MENU_ITEMS)
         top = max(0, top)
-        widest = max((cell_width(item) for item in self.menu), default=0)
-        column = widest + 2
+        # the project names its files and command files: shown, never acted on
+        column = max((cell_width(shown(item)) for item in self.menu), default=0) + 2
         rows = []
         for k in range(top, min(n, top + MAX_MENU_ITEMS)):
             item = self.menu[k]
             about = self._about.get(item, "") if self._menu_kind == "command" else ""
-            label = item
+            label = shown(item)
             if about:
-                label += " " * (column - cell_width(item))
-            about = style.paint(about, "dim")
+                label += " " * (column - cell_width(label))
+            about = style.paint(shown(about), "dim")
             if k == self.menu_index:
                 row = style.paint("› " + label, "selected") + about
             else:
@@ -2686,11 +2668,12 @@ class App:
         self.call(self.controller.interrupt)
 
     def _feedback_key(self, request: dict, key: Key) -> None:
-        """After `n`: the line is a message to the model that goes with the denial."""
+        """After `n`: the line is a message to the model that goes with the denial. What is typed
+        or pasted is drawn as it comes: cleaned as the composer cleans it."""
         if key.name == "text":
-            self.feedback += key.text
+            self.feedback += events.plain_text(key.text)
         elif key.name == "paste":
-            self.feedback += " ".join(key.text.split())
+            self.feedback += " ".join(events.plain_text(key.text).split())
         elif key.name == "backspace":
             self.feedback = self.feedback[:-1]
         elif key.name == "esc" or (key.name == "ctrl+c" and not self.feedback):
@@ -2716,8 +2699,7 @@ class App:
         """The live region: timeline tail, permission panel, status line, composer, menu."""
         width, style = self.width, self.style
         busy = bool(self.controller.busy)
-        n_ticks = int(now / TICK_INTERVAL)
-        spinner = SPINNER_FRAMES[n_ticks % len(SPINNER_FRAMES)]
+        spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
         if self.timeline.permissions:
             hint = "a key or ↑↓ Enter answers · typing writes a message"
         elif busy:
@@ -2788,9 +2770,8 @@ class App:
         rows below the cursor when it reflows, and a region high on the screen is pushed up)."""
         erase = self.renderer.draw([], [], (0, 0))
         lines, _ = self.frame(now)
-        up = move_rows(1 - len(lines))
         self.renderer = InlineRenderer()
-        return erase + (NEWLINE * (self.height - 1) + up).encode()
+        return erase + (NEWLINE * (self.height - 1) + move_rows(1 - len(lines))).encode()
 
     # -- the transcript view (Ctrl-R, /transcript) --
 
@@ -2807,14 +2788,16 @@ class App:
         return leaving
 
     def _transcript_key(self, key: Key) -> None:
-        which = key.text if key.name == "text" else key.name
         page = max(1, self.height - 2)
-        if which in TRANSCRIPT_LEAVE:
-            self.transcript_top = None
-        elif which in TRANSCRIPT_ROWS:
-            self.transcript_top += TRANSCRIPT_ROWS[which]
-        elif which in TRANSCRIPT_PAGES:
-            self.transcript_top += TRANSCRIPT_PAGES[which] * page
+        # keys typed while a frame is drawn arrive as one run of text: each is a key
+        for which in key.text if key.name == "text" else [key.name]:
+            if which in TRANSCRIPT_LEAVE:
+                self.transcript_top = None
+                return
+            if which in TRANSCRIPT_ROWS:
+                self.transcript_top += TRANSCRIPT_ROWS[which]
+            elif which in TRANSCRIPT_PAGES:
+                self.transcript_top += TRANSCRIPT_PAGES[which] * page
 
     def _draw_transcript(self) -> bytes:
         """The screen's rows but the last, then a footer: where the view is and its keys."""

@@ -276,3 +276,25 @@ def test_who_said_no_is_a_field_of_the_denial_and_old_logs_still_read():
     assert not denied(reason="rm -rf /: refused by the floor", by="policy")
     assert denied(reason=events.USER_DECLINED) and denied(reason=events.NOT_ASKED)
     assert not denied(reason="git push: denied by a rule")
+
+
+def test_a_session_taken_with_stdin_closed_appends(tmp_path):
+    """Started with stdin closed (`khaelor -c -p … <&-`, a job runner), the session's lock is
+    fd 0, which the first append took for no lock: it locked again and found the session busy,
+    held by itself."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(Path(events.__file__).parent)!r})\n"
+        "import events\n"
+        "os.close(0)\n"
+        f"store = events.SessionStore.open({str(tmp_path / 's.jsonl')!r})\n"
+        "assert store._lock_fd == 0\n"
+        "events.Bus(store).emit('SessionRenamed', title='still mine')\n"
+        "store.close()\n")
+    (tmp_path / "s.jsonl").write_bytes(b"")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "still mine" in (tmp_path / "s.jsonl").read_text()

@@ -157,6 +157,27 @@ def test_check_commands_keep_each_path_one_shell_word(tmp_path):
     assert context.detect_checks(root, ["a b.py"]) == ["ruff check 'a b.py'"]
 
 
+def test_check_commands_find_the_tests_of_a_bracketed_route_file(tmp_path):
+    """Next.js names routes pages/[id].tsx: the brackets are the name, not a glob class (which
+    missed [id].test.tsx and offered i.test.ts, another file's test, instead)."""
+    root = tmp_path
+    (root / "package.json").write_text(json.dumps({"scripts": {"test": "vitest run"}}))
+    (root / "pages").mkdir()
+    for name in ("[id].tsx", "[id].test.tsx", "i.test.ts"):
+        (root / "pages" / name).write_text("")
+    assert context.detect_checks(root, ["pages/[id].tsx"]) == ["npm test -- 'pages/[id].test.tsx'"]
+
+
+def test_a_package_json_whose_scripts_are_not_an_object_names_no_check(tmp_path):
+    """JSON, but "scripts" a list or a string: the gate and /init read no script from it (it
+    raised AttributeError, which ended the turn at the gate)."""
+    (tmp_path / "a.js").write_text("")
+    for scripts in (["test"], "vitest run"):
+        (tmp_path / "package.json").write_text(json.dumps({"scripts": scripts}))
+        assert context.detect_checks(tmp_path, ["a.js"]) == []
+        assert context.detect_checks(tmp_path, []) == []
+
+
 def test_what_counts_as_a_check_and_as_code():
     for command in ("pytest -q", "python3 -m pytest tests/x.py", "npm test", "npm run lint", "make test",
                     "cargo clippy", "go test ./...", "cd src && python test_app.py", "./run_tests.sh", "tox -e py"):

@@ -2045,3 +2045,86 @@ def test_ctrl_l_scrolls_the_conversation_into_the_scrollback_and_starts_at_the_b
     assert display[-1].startswith("❯") and "claude-sonnet-5-5" in display[-2]
     assert not any(display[:-2]), "the rest of the screen is blank"
     assert "an answer" in "\n".join(rows[:len(rows) - 15]), "in the scrollback"
+
+
+def test_a_denial_message_shows_no_pasted_escape_sequence():
+    """The line typed after `n` is drawn in the panel as it is typed: a paste (or an 8-bit CSI)
+    in it reached the terminal raw, so copied text could retitle the window or move the cursor.
+    It is cleaned as the composer cleans what it takes."""
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+    app.on_event(PERMISSION)
+    app.on_key(K("text", "n"))
+    app.on_key(K("paste", "use\x1b]0;pwned\x07 git\x1b[2J status"))
+    app.on_key(K("text", "\x9b31m!"))
+    frame = app.render(1.0)
+    assert b"pwned" not in frame and b"\x1b[2J" not in frame and "\x9b".encode() not in frame
+    app.on_key(K("enter"))
+    assert ctrl.calls[-1] == ("permission", "t9", "deny", "use git status!")
+
+
+def test_a_tool_name_from_the_model_is_shown_not_acted_on():
+    """The name of a call is the model's text like its input: a name holding an escape sequence
+    (OSC 52 writes the clipboard) is drawn with its controls visible, on the live card, in the
+    status line's activity and on the finished card."""
+    ctrl = FakeController(busy=True)
+    app = ui.App(ctrl, style=COLOR, width=80, height=30)
+    name = "bash\x1b]52;c;cm0gLXJmIH4=\x07"
+    app.on_event(event("ToolRequested", tool_use_id="t1", name=name, input={"command": "ls"}))
+    app.on_event(event("ToolStarted", tool_use_id="t1", name=name))
+    frame = app.render(1.0)
+    app.on_event(event("ToolCompleted", tool_use_id="t1", name=name, output="ok", meta={}))
+    app.on_event(event("TaskCompleted", evidence={}))
+    frame += app.render(2.0) + app.close()
+    assert b"\x1b]52" not in frame and b"\x07" not in frame
+    assert b"bash^[]52;c;cm0gLXJmIH4=^G" in frame
+
+
+def test_the_status_line_shows_a_repository_branch_name_without_acting_on_it():
+    """git refuses control bytes in a ref name but not a C1 control or a bidirectional one in
+    UTF-8; a cloned repository's branch (its HEAD names it) is shown with them visible."""
+    status = {"model": "claude-sonnet-5-5", "branch": "main\u009b2J\u202egnp.exe"}
+    line = ui.render_status_line(status, "", "", 120, MONO)
+    assert "\u009b" not in line and "\u202e" not in line
+    assert "⎇ main<U+009B>2J<U+202E>gnp.exe" in line
+
+
+def test_a_file_or_command_name_from_the_project_is_shown_not_acted_on():
+    """A cloned repository names its files and its command files (and their descriptions): the
+    menus show their controls, and a chosen path enters the composer cleaned, as typed text does."""
+    c = ui.Composer(mentions=lambda prefix: ["evil\x1b]0;pwned\x07.txt"],
+                    commands=lambda: ["/x\x1b[2J"], about={"/x\x1b[2J": "does\x9b2J it"})
+    for ch in "@evil":
+        c.handle(K("text", ch))
+    assert c.menu_lines(80, MONO) == ["  › evil^[]0;pwned^G.txt"]
+    c.handle(K("tab"))
+    assert c.text == "@evil.txt " and "\x1b" not in "".join(c.render(80, MONO)[0])
+    c.set_text("/")
+    assert c.menu_lines(80, MONO) == ["  › /x^[[2J  does<U+009B>2J it"]
+
+
+def test_a_model_failure_is_said_once_when_its_message_ends_in_a_newline():
+    """The turn's TaskFailed repeats the failure's message as the API gave it; the line shown was
+    cleaned and stripped, so a message ending in a newline (an HTML error page) was said twice."""
+    timeline = ui.Timeline(MONO, 80)
+    timeline.apply(event("ModelRequestFailed", kind="retryable", status=502, retrying=False,
+                         message="Bad gateway\x1b[0m\n"))
+    timeline.apply(event("TaskFailed", reason="Bad gateway\x1b[0m\n"))
+    shown = "\n".join(timeline.take_settled())
+    assert shown.count("Bad gateway") == 1 and "Task failed" not in shown
+
+
+def test_transcript_keys_read_faster_than_drawn_each_count():
+    """Keys typed while a frame is drawn arrive as one run of text ("kkk"): each moves the view,
+    and a q among them leaves it (the run was ignored, so a held key stopped scrolling)."""
+    app = ui.App(FakeController(), style=MONO, width=60, height=12)
+    for k in range(30):
+        app.on_event(event("UserMessageCreated", text=f"message {k}"))
+    app.on_key(K("ctrl+r"))
+    app.render(0.1)
+    bottom = app.transcript_top
+    app.on_key(K("text", "kkk"))
+    app.render(0.2)
+    assert app.transcript_top == bottom - 3
+    app.on_key(K("text", "jqj"))
+    assert app.transcript_top is None
