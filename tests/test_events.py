@@ -129,6 +129,25 @@ def test_a_bad_line_in_the_middle_is_skipped_and_the_rest_kept(tmp_path):
     assert ":4 is not a valid event" in store.warnings[0]
 
 
+def test_a_line_edited_by_hand_that_the_folds_cannot_read_is_skipped(tmp_path):
+    """Valid JSON, but a field gone or of another type: the session opens without it, with the same
+    warning as a garbled line (before, `khaelor sessions` and resuming ended in a traceback)."""
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    lines = bus.store.path.read_text().splitlines()
+    bus.store.close()
+    at = [json.loads(line)["type"] for line in lines].index("UserMessageCreated")
+    typed = json.loads(lines[at])
+    for damage in ({"text": 5}, {"text": None}, {"text": ["a"]}):
+        lines[at] = json.dumps({key: value for key, value in {**typed, **damage}.items()
+                                if value is not None})
+        bus.store.path.write_text("\n".join(lines) + "\n")
+        store = SessionStore.open(bus.store.path, read_only=True)
+        assert f":{at + 1} is not a valid event" in store.warnings[0], damage
+        assert [event["seq"] for event in store.events] == [
+            json.loads(line)["seq"] for number, line in enumerate(lines) if number != at]
+
+
 def test_a_log_from_a_newer_schema_is_refused(tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_text(json.dumps({"v": 2, "seq": 1, "type": "SessionCreated"}) + "\n")
