@@ -139,13 +139,14 @@ SGR_RE = re.compile(r"(\x1b\[[0-9;]*m)")
 # Terminal input, one key per match: a CSI sequence, an SS3 key (ESC O), Esc before Esc, Alt+char,
 # a control character, a run of text. KEY_PARTIAL_RE: the buffer ends inside a sequence.
 KEY_RE = re.compile(
-    r"\x1b\[(?P<params>[0-?]*)[ -/]*(?P<final>[@-~])"
+    # ESC before a sequence is Alt (ESC ESC [ A: Alt+Up where the terminal sends Meta as ESC)
+    r"\x1b(?P<meta>\x1b)?\[(?P<params>[0-?]*)[ -/]*(?P<final>[@-~])"
     r"|\x1bO(?P<ss3>[\s\S])"
     r"|(?P<esc>\x1b)(?=\x1b)"
     r"|\x1b(?P<alt>[\s\S])"
     r"|(?P<control>[\x00-\x1a\x1c-\x1f\x7f])"
     r"|(?P<text>[^\x00-\x1f\x7f]+)")
-KEY_PARTIAL_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|O)?\Z")
+KEY_PARTIAL_RE = re.compile(r"\x1b(?:\x1b?\[[0-?]*[ -/]*|O)?\Z")
 # Semantic style roles -> SGR parameters. Monochrome draws none of them, so every role that
 # carries meaning also has a symbol (● ✗ ○ + − ⚠ ›) that survives without colour.
 ROLE_SGR = {
@@ -1836,7 +1837,7 @@ class KeyDecoder:
             kind = m.lastgroup
             value = m[kind]
             if kind == "final":
-                key = self._csi(m["params"], value)
+                key = self._csi(m["params"], value, bool(m["meta"]))
             elif kind == "text":
                 key = Key("text", value)
             else:
@@ -1846,15 +1847,15 @@ class KeyDecoder:
         self._buffer = buf[i:]
         return keys
 
-    def _csi(self, params: str, final: str) -> Key | None:
+    def _csi(self, params: str, final: str, meta: bool = False) -> Key | None:
         fields = params.split(";")
         if final == "~" and fields[0] == "200":
             self._paste = ""
             return None
         # xterm modifiers: ESC [ 1 ; <1 + bits> <final>
-        bits = 0
+        bits = 2 if meta else 0
         if len(fields) > 1 and fields[1].isdigit():
-            bits = max(int(fields[1]) - 1, 0)
+            bits |= max(int(fields[1]) - 1, 0)
         prefix = ("ctrl+" * bool(bits & 4)
                   + "alt+" * bool(bits & 2)
                   + "shift+" * bool(bits & 1))

@@ -684,6 +684,14 @@ def test_key_decoder_names_keys_and_sequences():
         ["alt+b", "alt+f", "alt+enter", "alt+backspace"]
 
 
+def test_meta_sent_as_esc_before_a_sequence_is_alt_and_never_an_esc():
+    """Terminals that send Meta as ESC send Alt+Up as ESC ESC [ A: read as Esc then Up, it
+    interrupted the turn. Esc Esc stays two Escs (/rewind)."""
+    assert decode(b"\x1b\x1b[A") == [ui.Key("alt+up")]
+    assert decode(b"\x1b\x1b[", b"1;5D") == [ui.Key("ctrl+alt+left")]
+    assert decode(b"\x1b\x1b") == [ui.Key("esc"), ui.Key("esc")]
+
+
 def test_key_decoder_waits_for_split_sequences_and_utf8():
     assert decode(b"\x1b[", b"A") == [ui.Key("up")]
     assert decode("é中".encode()[:3], "é中".encode()[3:]) == [ui.Key("text", "é"),
