@@ -596,6 +596,11 @@ class SessionStore:
         """The log was deleted while we held it open (KHAELOR_HOME removed mid-run): writes would
         go on into a file nobody can open, so write it again, whole, from memory."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the lock file went too: a new one, or another khaelor could take the session meanwhile
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._lock_fd = _lock(self.path)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         _write_all(fd, b"".join(map(_encode, self.events)), [0])

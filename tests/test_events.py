@@ -1,4 +1,5 @@
 """The session log and its projections: real files, replayed through the same folds."""
+import asyncio
 import json
 import os
 import re
@@ -146,6 +147,27 @@ def test_a_line_edited_by_hand_that_the_folds_cannot_read_is_skipped(tmp_path):
         assert f":{at + 1} is not a valid event" in store.warnings[0], damage
         assert [event["seq"] for event in store.events] == [
             json.loads(line)["seq"] for number, line in enumerate(lines) if number != at]
+
+
+def test_a_log_written_again_after_its_folder_was_deleted_is_still_held(tmp_path):
+    """KHAELOR_HOME removed mid-run: the log is written again from memory, and so is its lock,
+    or a second khaelor could take the same session and both would append to it."""
+    import shutil
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    shutil.rmtree(bus.store.path.parent)
+    bus.store.close()       # syncs, finds the log unlinked, writes it again
+    assert "was deleted while khaelor ran" in bus.store.warnings[-1]
+    reopened = SessionStore.open(bus.store.path)
+    assert len(reopened.events) == len(bus.store.events)
+    reopened.close()
+    bus = new_bus(tmp_path / "again")
+    tool_loop(bus)
+    shutil.rmtree(bus.store.path.parent)
+    asyncio.run(bus.store.sync_off_loop())      # the same check, at a loop boundary mid-run
+    with pytest.raises(events.SessionBusyError):
+        SessionStore.open(bus.store.path)
+    bus.store.close()
 
 
 def test_a_log_from_a_newer_schema_is_refused(tmp_path):
