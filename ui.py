@@ -2015,6 +2015,15 @@ class Composer:
         lines = []
         if path and path.exists():
             lines = path.read_text("utf-8", "replace").splitlines()
+        if len(lines) > 2 * MAX_HISTORY:
+            # the newest are kept: a history that only grew would slow every start
+            lines = lines[-MAX_HISTORY:]
+            tmp = path.with_name(f".{path.name}.tmp")
+            with contextlib.suppress(OSError):
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                          encoding="utf-8") as out:
+                    out.write("\n".join(lines) + "\n")
+                os.replace(tmp, path)
         for line in lines[-MAX_HISTORY:]:
             try:
                 entry = json.loads(line)

@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import events  # noqa: E402
 import ui  # noqa: E402
 
 COLOR = ui.Style(True)
@@ -775,6 +776,21 @@ def test_composer_renders_with_the_prompt_marker_and_the_cursor_in_place(width):
     assert ui.SGR_RE.sub("", rows[0]).startswith("❯ ")
     assert all(ui.visible_width(r) <= width for r in rows)
     assert rows[row].endswith("end") and col == ui.visible_width(rows[row])
+
+
+def test_a_history_that_only_grew_is_cut_to_its_newest_entries_at_start(tmp_path):
+    """Every message of every session was kept and read at each start (a collapsed paste whole):
+    past twice MAX_HISTORY lines the file is rewritten with the newest, still private."""
+    path = events.private_file(tmp_path / "history")
+    path.write_text("".join(json.dumps(f"prompt {n}") + "\n" for n in range(2 * ui.MAX_HISTORY + 1)))
+    composer = ui.Composer(history_path=path)
+    kept = path.read_text().splitlines()
+    assert len(kept) == ui.MAX_HISTORY and json.loads(kept[-1]) == f"prompt {2 * ui.MAX_HISTORY}"
+    assert composer.history == [json.loads(line) for line in kept]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    path.write_text("".join(json.dumps(f"prompt {n}") + "\n" for n in range(ui.MAX_HISTORY + 5)))
+    ui.Composer(history_path=path)
+    assert len(path.read_text().splitlines()) == ui.MAX_HISTORY + 5      # not yet
 
 
 def test_composer_history_persists_across_sessions(tmp_path):
