@@ -845,7 +845,7 @@ def prune_report(log: list[dict], prune_at: int) -> list[str]:
         what = ", ".join(f"{n} {name}" for name, n in tools.most_common())
         freed = event.get("freed_tokens") or 0
         why = PRUNE_REASONS.get(event.get("reason"), PRUNE_REASONS["window"])
-        line = (f"- {len(ids)} tool results cleared ({what}), ~{freed:,} tokens:"
+        line = (f"- {events.counted(len(ids), 'tool result')} cleared ({what}), ~{freed:,} tokens:"
                 f" {why.format_map(event)}")
         saved = _prune_saved(event, log[index + 1:])
         if saved is not None:

@@ -228,6 +228,9 @@ def test_prune_report_says_what_why_and_what_it_saved(tmp_path):
     assert lines[2].startswith("- trigger: past 100,000 input tokens (config `context.prune_at`)")
     assert lines[3].startswith("- 7 tool results cleared (7 read), ~55,")
     assert "past the trigger at 110,0" in lines[3] and "pays its cache rewrite back in" in lines[3]
+    one = [{"type": "ToolRequested", "tool_use_id": "t1", "name": "read"},
+           {"type": "ContextPruned", "tool_use_ids": ["t1"], "freed_tokens": 900}]
+    assert context.prune_report(one, 100_000)[3].startswith("- 1 tool result cleared (1 read), ~900")
     # 30 requests x ~56K tokens x $0.20/M = $0.34, less the rewrite of ~24K x $2.30/M = $0.06
     assert "saved ~$0.28 so far" in lines[3]
     assert lines[4].startswith("- in all: ~55,")
