@@ -463,6 +463,8 @@ class Kernel:
         for mention in mentions:
             # "see @calc.py, then": the sentence's punctuation is not the name's
             mention = mention.rstrip(".,;:!?)'\"")
+            if not mention:
+                continue
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
             decision = self.decide_subject("read", tool_input)
             if decision.action != "allow" or decision.floor:

@@ -137,6 +137,18 @@ def test_a_mentioned_file_and_folder_go_with_the_message_but_no_secret(khaelor, 
     assert created["text"] == "explain @calc.py, see @src/ and @.env"
 
 
+def test_an_at_sign_before_punctuation_alone_attaches_nothing(project, env, monkeypatch):
+    """"wait @..." names no file: the punctuation stripped, nothing is left (it attached the
+    project's listing as path="")."""
+    (project / "calc.py").write_text("x = 1\n")
+
+    async def attach(session):
+        return [session.kernel.attachments(text) for text in ("wait @...", "hm @?", "@calc.py)")]
+    dots, question, named = in_session(project, env, monkeypatch, attach)
+    assert dots == {} and question == {}
+    assert named["attachments"][0].startswith('<attached-file path="calc.py">')
+
+
 def test_a_mentioned_file_counts_as_read_so_the_model_can_edit_it_at_once(khaelor, fake, project):
     """As Claude Code: the attachment is the read, no round trip to read it again before an edit."""
     (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
