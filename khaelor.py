@@ -2268,7 +2268,7 @@ class Session:
         if self.working:
             return ("khaelor is working; wait for the turn to end"
                     " (or press Esc) before /rewind")
-        if not argument.strip().isdigit():
+        if not argument.strip().isdecimal():
             lines = step_lines(state)
             if not lines:
                 return "no steps that changed the work tree yet"

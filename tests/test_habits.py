@@ -262,3 +262,11 @@ def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch
     settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "Edit(src/**)"]}}))
     notice = permissions.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
     assert notice.startswith(f"{settings} would grant 2 permissions;"), notice
+
+
+def test_rewind_with_a_digit_that_is_no_number_lists_the_steps(project, env, monkeypatch):
+    """"/rewind ²": str.isdigit() took the superscript for a step number and int() then raised
+    (the UI said "The command failed: invalid literal for int()")."""
+    async def rewind(session):
+        return await session.run_command("/rewind ²")
+    assert in_session(project, env, monkeypatch, rewind) == "no steps that changed the work tree yet"
