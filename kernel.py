@@ -466,7 +466,7 @@ class Kernel:
             if not mention:
                 continue
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
-            decision = self.decide_subject("read", tool_input)
+            decision = self.decide("read", tool_input)
             if decision.action != "allow" or decision.floor:
                 continue
             self.toolbox.places = self.toolbox.workspace.places(decision.confine)
@@ -782,7 +782,8 @@ class Kernel:
         sandbox), or None when it must not run."""
         tool_use_id = call["tool_use_id"]
         # off the loop: a pathological command may take decide() its whole 50 ms budget
-        decision = await asyncio.to_thread(self.decide, call)
+        subject = tools.permission_subject(call["name"], call["input"])
+        decision = await asyncio.to_thread(self.decide, *subject)
         if decision.action == "allow" and not decision.floor:
             return decision
         if decision.floor or decision.action == "deny":
@@ -862,13 +863,10 @@ class Kernel:
                   **payload)
         return True
 
-    def decide(self, call: dict) -> permissions.Decision:
-        """permissions.decide on the subject tools.py declares for the call."""
-        return self.decide_subject(*tools.permission_subject(call["name"], call["input"]))
-
-    def decide_subject(self, kind: str, fields: dict) -> permissions.Decision:
-        """permissions.decide with what only the session knows: whether commands are sandboxed,
-        and for text fed to a process the command the process runs."""
+    def decide(self, kind: str, fields: dict) -> permissions.Decision:
+        """permissions.decide on a call's subject (tools.permission_subject), with what only the
+        session knows: whether commands are sandboxed, and for text fed to a process the command
+        the process runs."""
         process_command = None
         if kind == "feed":
             # the command ProcessStarted recorded in the log
