@@ -207,14 +207,12 @@ def completion(state: events.State) -> dict:
     if not state.nudges:
         return {"evidence": evidence}
     # oldest first
-    answers = [text for text in state.withheld + [state.last_text] if text]
-    if unverified and answers:
+    answers = [text for text in state.withheld + [state.last_text] if text] or [""]
+    delivered = answers[-1:]
+    if unverified:
         # gave up: the withheld answer, then the model's last word
-        first_and_last = dict.fromkeys((answers[0], answers[-1]))
-        answer = "\n\n".join(first_and_last)
-        return {"evidence": evidence, "answer": answer}
-    last_answer = answers[-1] if answers else ""
-    return {"evidence": evidence, "answer": last_answer}
+        delivered = dict.fromkeys((answers[0], answers[-1]))
+    return {"evidence": evidence, "answer": "\n\n".join(delivered)}
 
 
 def open_problems(state: events.State, checks: list[dict],
