@@ -452,17 +452,15 @@ class Kernel:
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
         show them (a file's first ATTACH_LINES lines, a folder's listing): no round trip."""
-        mentions = MENTION_RE.findall(text)[:ATTACH_MAX]
+        # "see @calc.py, then": the sentence's punctuation is not the name's; each name once
+        names = dict.fromkeys(name.rstrip(".,;:!?)'\"") for name in MENTION_RE.findall(text))
+        mentions = [name for name in names if name][:ATTACH_MAX]
         if not mentions:
             return {}
         attached = []
         # what read_now saw: the log's fold then counts these files as read (an edit may follow)
         self.toolbox.seen = []
         for mention in mentions:
-            # "see @calc.py, then": the sentence's punctuation is not the name's
-            mention = mention.rstrip(".,;:!?)'\"")
-            if not mention:
-                continue
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
             decision = self.decide("read", tool_input)
             if decision.action != "allow" or decision.floor:

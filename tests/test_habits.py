@@ -149,6 +149,18 @@ def test_an_at_sign_before_punctuation_alone_attaches_nothing(project, env, monk
     assert named["attachments"][0].startswith('<attached-file path="calc.py">')
 
 
+def test_a_file_mentioned_twice_is_attached_once_and_takes_one_place(project, env, monkeypatch):
+    """"@calc.py … @calc.py." attached the file twice, and five mentions of one file left no place
+    for a sixth, different one."""
+    (project / "calc.py").write_text("x = 1\n")
+    (project / "notes.md").write_text("y\n")
+
+    async def attach(session):
+        return session.kernel.attachments("@calc.py vs @calc.py. " * 3 + "and @notes.md")
+    attached = in_session(project, env, monkeypatch, attach)["attachments"]
+    assert [item.split('"')[1] for item in attached] == ["calc.py", "notes.md"]
+
+
 def test_a_mentioned_file_counts_as_read_so_the_model_can_edit_it_at_once(khaelor, fake, project):
     """As Claude Code: the attachment is the read, no round trip to read it again before an edit."""
     (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
