@@ -195,9 +195,9 @@ def permission_layers(home: Path, project_root: Path,
     import permissions
     claude_user = Path.home() / ".claude" / "settings.json"
     try:
-        claude_data = claude_user.read_bytes()
+        claude_data = events.read_regular(claude_user, MAX_CONFIG_BYTES)[0]
     except OSError:
-        # Claude Code's own file: one khaelor cannot read stops nothing
+        # Claude Code's own file: one khaelor cannot read (a FIFO in its place) stops nothing
         claude_data = b""
     layers = [file_layer(claude_user, claude_data, project_root, "user", True)]
     for path in user_config_paths(home):

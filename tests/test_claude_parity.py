@@ -455,3 +455,27 @@ def test_the_readme_installs_with_pipx_first_and_keeps_the_test_command():
     assert commands[0] == "pipx install . && khaelor"
     assert any(c.endswith("/bin/pip install . && ~/.venvs/khaelor/bin/khaelor") for c in commands[1:3])
     assert test_command in commands and test_command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_a_fifo_in_place_of_claude_codes_user_settings_is_not_waited_on(tmp_path, monkeypatch):
+    """~/.claude/settings.json is read like every other permission file: a FIFO there (or any
+    file that is not regular) is skipped, never a start-up that waits for a writer for good."""
+    import threading
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    fifo = home / ".claude" / "settings.json"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("HOME", str(home))
+    project = tmp_path / "project"
+    project.mkdir()
+    layers = []
+    reader = threading.Thread(target=lambda: layers.extend(
+        cli.permission_layers(tmp_path / "khaelor-home", project)), daemon=True)
+    reader.start()
+    reader.join(5)
+    waited = reader.is_alive()
+    if waited:
+        # let the stuck open return (a writer came, and went)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not waited and layers[0].source == str(fifo)
