@@ -243,7 +243,7 @@ def trust_records(home: Path) -> dict:
     """$KHAELOR_HOME/trust.json: {a file's place: the hash of the bytes the user trusted}."""
     path = home / "trust.json"
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = json.loads(events.read_regular(path, MAX_CONFIG_BYTES)[0])
     except (OSError, ValueError):
         return {}
     return records if isinstance(records, dict) else {}

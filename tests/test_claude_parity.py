@@ -457,15 +457,16 @@ def test_the_readme_installs_with_pipx_first_and_keeps_the_test_command():
     assert test_command in commands and test_command in (ROOT / ".ci" / "run").read_text()
 
 
-def test_a_fifo_in_place_of_claude_codes_user_settings_is_not_waited_on(tmp_path, monkeypatch):
-    """~/.claude/settings.json is read like every other permission file: a FIFO there (or any
-    file that is not regular) is skipped, never a start-up that waits for a writer for good."""
+@pytest.mark.parametrize("planted", ["home/.claude/settings.json", "khaelor-home/trust.json"])
+def test_a_fifo_in_place_of_a_users_own_file_is_not_waited_on(tmp_path, monkeypatch, planted):
+    """~/.claude/settings.json and trust.json are read like every other permission file: a FIFO
+    there (or any file that is not regular) is skipped, never a start-up that waits for a writer
+    for good."""
     import threading
-    home = tmp_path / "home"
-    (home / ".claude").mkdir(parents=True)
-    fifo = home / ".claude" / "settings.json"
+    fifo = tmp_path / planted
+    fifo.parent.mkdir(parents=True)
     os.mkfifo(fifo)
-    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     project = tmp_path / "project"
     project.mkdir()
     layers = []
@@ -478,4 +479,4 @@ def test_a_fifo_in_place_of_claude_codes_user_settings_is_not_waited_on(tmp_path
         # let the stuck open return (a writer came, and went)
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         reader.join(5)
-    assert not waited and layers[0].source == str(fifo)
+    assert not waited and layers[0].source == str(tmp_path / "home/.claude/settings.json")
