@@ -151,7 +151,7 @@ def setting_choices() -> dict:
 
 def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
-    from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
+    from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL, MODEL_ALIASES
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
               "prices": {}, "max_turns": None, "context": {},
@@ -165,6 +165,9 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
                 merged[key] = value
     # prices merge per model: the project's win for the models they name
     merged["prices"] = {**user.get("prices", {}), **project.get("prices", {})}
+    # a config names a model as --model does: "opus" is sent as its id
+    for key in ("model", "aux_model"):
+        merged[key] = MODEL_ALIASES.get(merged[key], merged[key])
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)

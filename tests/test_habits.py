@@ -30,6 +30,18 @@ async def _model_of(session):
     return session.kernel.ctx.model
 
 
+def test_config_names_models_as_the_flag_does(project, env, monkeypatch):
+    """config.json's "model": "opus" reached the API as the model "opus" (a 404 mid-task)."""
+    from pathlib import Path
+    home = Path(env["KHAELOR_HOME"])
+    home.mkdir(exist_ok=True)
+    (home / "config.json").write_text('{"model": "opus", "aux_model": "haiku"}')
+
+    async def models(session):
+        return session.kernel.ctx.model, session.kernel.ctx.aux_model
+    assert in_session(project, env, monkeypatch, models) == ("claude-opus-5-5", "claude-haiku-5-5")
+
+
 def test_the_model_flag_takes_a_name_and_refuses_what_slash_model_refuses(khaelor, fake):
     fake.enqueue(reply(text("hi")))
     result = khaelor.run("-p", "hi", "--model", "sonnet", "--output-format", "json")
