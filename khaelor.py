@@ -133,6 +133,10 @@ def parse_config(path: Path, text: str) -> dict:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{path}: 'context.{key}' must be a whole"
                              " number of tokens (0: off)")
+    for model_id, row in (config.get("prices") or {}).items():
+        if not is_price_row(row):
+            raise UsageError(f"{path}: 'prices.{model_id}' must be 4 amounts in dollars per"
+                             " million tokens: [input, output, cache write, cache read]")
     import permissions
     if isinstance(config.get("permissions"), dict):
         # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
@@ -141,6 +145,13 @@ def parse_config(path: Path, text: str) -> dict:
     if problem:
         raise UsageError(f"{path}: {problem}")
     return config
+
+
+def is_price_row(row) -> bool:
+    """[input, output, cache write, cache read] (events.PRICED_KEYS): finite amounts, none below 0."""
+    if not isinstance(row, list) or len(row) != len(events.PRICED_KEYS):
+        return False
+    return all(type(amount) in (int, float) and 0 <= amount < float("inf") for amount in row)
 
 
 def setting_choices() -> dict:
