@@ -133,6 +133,9 @@ def parse_config(path: Path, text: str) -> dict:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{path}: 'context.{key}' must be a whole"
                              " number of tokens (0: off)")
+    if not all(isinstance(name, str) for name in config.get("pass_env", [])):
+        raise UsageError(f"{path}: 'pass_env' must list names or patterns of environment"
+                         ' variables, as strings: ["GITHUB_*"]')
     for model_id, row in (config.get("prices") or {}).items():
         if not is_price_row(row):
             raise UsageError(f"{path}: 'prices.{model_id}' must be 4 amounts in dollars per"

@@ -616,6 +616,15 @@ def test_a_price_that_is_not_four_amounts_is_a_config_error_before_anything_is_s
     assert events.cost({"claude-x": {"input_tokens": 10**6}}, priced["prices"]) == 1
 
 
+def test_pass_env_must_name_variables(tmp_path):
+    """"pass_env": [5] passed the check, and every command then failed with an internal
+    TypeError (fnmatch of a number)."""
+    for names in ([5], ["GITHUB_*", None], [["A"]]):
+        with pytest.raises(cli.UsageError, match="'pass_env' must list names or patterns"):
+            cli.parse_config(tmp_path / "config.json", json.dumps({"pass_env": names}))
+    assert cli.parse_config(tmp_path / "config.json", '{"pass_env": ["GITHUB_*"]}')
+
+
 def test_user_and_trusted_project_prices_merge_per_model_everywhere(khaelor, fake, project, env):
     """The run's cost and `khaelor sessions` agree: a trusted project's prices win for the models
     they name, the user's still price the others."""
