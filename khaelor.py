@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -495,7 +496,6 @@ def close_session(store) -> None:
 
 
 def age(ts_ms: int) -> str:
-    import time
     seconds = time.time() - ts_ms / 1000
     if seconds < 60:
         return "just now"
@@ -1374,7 +1374,6 @@ def print_status(event: dict) -> None:
 def run_print(args, home: Path, project_root: Path) -> int:
     """-p: start-up around the SDK import, then one task headless."""
     import asyncio
-    import time
 
     import model
     # duration_ms of the result counts from here
@@ -1528,7 +1527,6 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     (type, subtype, result, session_id, is_error, num_turns, duration_ms, total_cost_usd, usage in
     its key names) alongside KHAELOR's own (error, cost_usd, usage_by_model in KHAELOR's key names).
     A cost is null when a model has no known price: never guessed."""
-    import time
     state = store.state
     cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
@@ -1942,7 +1940,6 @@ class Session:
         MENTION_REFRESH_S, since files come and go while khaelor works. When a listing lands,
         FilesListed makes the UI ask again. The same list while a mention is typed, so
         narrowing stays cheap."""
-        import time
         # Not the same mention typed on:
         new_mention = not prefix.startswith(self._mention_prefix)
         self._mention_prefix = prefix
@@ -1953,7 +1950,6 @@ class Session:
 
     def start_listing(self) -> None:
         import asyncio
-        import time
         if self._listing is not None:
             return
         self._files_at = time.monotonic()
