@@ -1476,18 +1476,25 @@ class StreamedAnswer:
     def __init__(self):
         # the start of a control sequence the next delta may finish
         self.pending = ""
+        # the reply being written has shown text: sent again, it is shown again
+        self.shown = False
 
     def __call__(self, event: dict) -> None:
         if event["type"] == "TextDelta":
+            self.shown = True
             sys.stdout.write(self.clean(event["text"]))
             sys.stdout.flush()
         elif event["type"] == "ModelTextBlockCompleted" and event["text"]:
             sys.stdout.write(for_terminal(self.pending, sys.stdout) + "\n\n")
             self.pending = ""
+        elif event["type"] == "ModelResponseCompleted":
+            self.shown = False
         elif event["type"] == "ModelRequestFailed" and event.get("retrying"):
             self.pending = ""
-            sys.stdout.write("\n[the reply broke off;"
-                             " it is being written again]\n\n")
+            if self.shown:
+                sys.stdout.write("\n[the reply broke off;"
+                                 " it is being written again]\n\n")
+            self.shown = False
 
     def clean(self, text: str) -> str:
         text = self.pending + text
