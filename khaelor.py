@@ -1450,14 +1450,14 @@ CLAUDE_FILE_TOOLS = {"file.read": "Read", "file.write.project": "Edit"}
 
 def allowed_tools_flag(request: dict) -> str:
     """The --allowedTools value that would allow this asked call, shell-quoted:
-    "Bash(touch:*)", "Edit(calc.py)"; "" for a path outside the project."""
+    "Bash(touch:*)", "Edit(calc.py)"; "" for a path outside the project, and for a call no rule
+    is suggested for (a pipe into sh: a rule of its descriptor would allow nothing)."""
     import shlex
     capability = request["capability"]
-    pattern = (request.get("suggestion") or {}).get("pattern")
-    pattern = pattern or request["descriptor"]
+    pattern = (request.get("suggestion") or {}).get("pattern") or ""
     tool = CLAUDE_FILE_TOOLS.get(capability, "Bash")
     hidden = events.has_hidden_characters(pattern) or "\n" in pattern
-    if capability == "filesystem.outsideProject" or hidden:
+    if capability == "filesystem.outsideProject" or hidden or not pattern:
         # a flag to paste must show every character it grants
         return ""
     if tool == "Bash" and pattern.endswith(" *"):
