@@ -2137,6 +2137,8 @@ class Session:
         return f"resumed `{store.session_id}`: {title}"
 
     async def cmd_rename(self, title):
+        # one line, as a title taken from the first message is
+        title = " ".join(title.split())
         if not title:
             return "usage: /rename TITLE"
         self.begin()

@@ -294,3 +294,15 @@ def test_rewind_with_a_digit_that_is_no_number_lists_the_steps(project, env, mon
     async def rewind(session):
         return await session.run_command("/rewind ²")
     assert in_session(project, env, monkeypatch, rewind) == "no steps that changed the work tree yet"
+
+
+def test_a_title_typed_over_two_lines_is_one_line_in_every_listing(project, env, monkeypatch):
+    """"/rename first\\nsecond" kept the line break: `khaelor sessions` printed the row in two,
+    and /sessions' list item broke. The title is one line, as a title taken from the first
+    message is."""
+    async def rename(session):
+        await session.run_command("/rename  parser\n  work\tlog ")
+        session.bus.emit("UserMessageCreated", text="fix the parser")
+        return session.store.state.title, await session.cmd_sessions("")
+    title, listed = in_session(project, env, monkeypatch, rename)
+    assert title == "parser work log" and "parser work log ·" in listed
