@@ -152,7 +152,7 @@ def parse_config(path: Path, text: str) -> dict:
 
 
 def is_price_row(row) -> bool:
-    """[input, output, cache write, cache read] (events.PRICED_KEYS): finite amounts, none below 0."""
+    """[input, output, cache write, cache read] (events.PRICED_KEYS), finite and none below 0."""
     if not isinstance(row, list) or len(row) != len(events.PRICED_KEYS):
         return False
     return all(type(amount) in (int, float) and 0 <= amount < float("inf") for amount in row)
