@@ -138,7 +138,10 @@ def parse_config(path: Path, text: str) -> dict:
         raise UsageError(f"{path}: 'pass_env' must list names or patterns of environment"
                          ' variables, as strings: ["GITHUB_*"]')
     for model_id, row in (config.get("prices") or {}).items():
-        if not is_price_row(row):
+        # [input, output, cache write, cache read] (events.PRICED_KEYS), finite, none below 0
+        four = isinstance(row, list) and len(row) == len(events.PRICED_KEYS)
+        if not four or not all(type(amount) in (int, float) and 0 <= amount < float("inf")
+                               for amount in row):
             raise UsageError(f"{path}: 'prices.{model_id}' must be 4 amounts in dollars per"
                              " million tokens: [input, output, cache write, cache read]")
     import permissions
@@ -149,13 +152,6 @@ def parse_config(path: Path, text: str) -> dict:
     if problem:
         raise UsageError(f"{path}: {problem}")
     return config
-
-
-def is_price_row(row) -> bool:
-    """[input, output, cache write, cache read] (events.PRICED_KEYS), finite and none below 0."""
-    if not isinstance(row, list) or len(row) != len(events.PRICED_KEYS):
-        return False
-    return all(type(amount) in (int, float) and 0 <= amount < float("inf") for amount in row)
 
 
 def setting_choices() -> dict:
