@@ -720,8 +720,6 @@ class Rewind:
         self.toolbox = toolbox
         self.number = number
         self.state = bus.store.state
-        self.restores = []
-        self.now = {}
 
     def plan(self) -> None:
         import tools
