@@ -207,14 +207,12 @@ def completion(state: events.State) -> dict:
     if not state.nudges:
         return {"evidence": evidence}
     # oldest first
-    answers = [text for text in state.withheld + [state.last_text] if text]
-    if unverified and answers:
+    answers = [text for text in state.withheld + [state.last_text] if text] or [""]
+    delivered = answers[-1:]
+    if unverified:
         # gave up: the withheld answer, then the model's last word
-        first_and_last = dict.fromkeys((answers[0], answers[-1]))
-        answer = "\n\n".join(first_and_last)
-        return {"evidence": evidence, "answer": answer}
-    last_answer = answers[-1] if answers else ""
-    return {"evidence": evidence, "answer": last_answer}
+        delivered = dict.fromkeys((answers[0], answers[-1]))
+    return {"evidence": evidence, "answer": "\n\n".join(delivered)}
 
 
 def open_problems(state: events.State, checks: list[dict],
@@ -454,17 +452,17 @@ class Kernel:
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
         show them (a file's first ATTACH_LINES lines, a folder's listing): no round trip."""
-        mentions = MENTION_RE.findall(text)[:ATTACH_MAX]
+        # "see @calc.py, then": the sentence's punctuation is not the name's; each name once
+        names = dict.fromkeys(name.rstrip(".,;:!?)'\"") for name in MENTION_RE.findall(text))
+        mentions = [name for name in names if name][:ATTACH_MAX]
         if not mentions:
             return {}
         attached = []
         # what read_now saw: the log's fold then counts these files as read (an edit may follow)
         self.toolbox.seen = []
         for mention in mentions:
-            # "see @calc.py, then": the sentence's punctuation is not the name's
-            mention = mention.rstrip(".,;:!?)'\"")
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
-            decision = self.decide_subject("read", tool_input)
+            decision = self.decide("read", tool_input)
             if decision.action != "allow" or decision.floor:
                 continue
             self.toolbox.places = self.toolbox.workspace.places(decision.confine)
@@ -780,7 +778,8 @@ class Kernel:
         sandbox), or None when it must not run."""
         tool_use_id = call["tool_use_id"]
         # off the loop: a pathological command may take decide() its whole 50 ms budget
-        decision = await asyncio.to_thread(self.decide, call)
+        subject = tools.permission_subject(call["name"], call["input"])
+        decision = await asyncio.to_thread(self.decide, *subject)
         if decision.action == "allow" and not decision.floor:
             return decision
         if decision.floor or decision.action == "deny":
@@ -860,13 +859,10 @@ class Kernel:
                   **payload)
         return True
 
-    def decide(self, call: dict) -> permissions.Decision:
-        """permissions.decide on the subject tools.py declares for the call."""
-        return self.decide_subject(*tools.permission_subject(call["name"], call["input"]))
-
-    def decide_subject(self, kind: str, fields: dict) -> permissions.Decision:
-        """permissions.decide with what only the session knows: whether commands are sandboxed,
-        and for text fed to a process the command the process runs."""
+    def decide(self, kind: str, fields: dict) -> permissions.Decision:
+        """permissions.decide on a call's subject (tools.permission_subject), with what only the
+        session knows: whether commands are sandboxed, and for text fed to a process the command
+        the process runs."""
         process_command = None
         if kind == "feed":
             # the command ProcessStarted recorded in the log

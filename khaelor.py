@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -133,6 +134,16 @@ def parse_config(path: Path, text: str) -> dict:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{path}: 'context.{key}' must be a whole"
                              " number of tokens (0: off)")
+    if not all(isinstance(name, str) for name in config.get("pass_env", [])):
+        raise UsageError(f"{path}: 'pass_env' must list names or patterns of environment"
+                         ' variables, as strings: ["GITHUB_*"]')
+    for model_id, row in (config.get("prices") or {}).items():
+        # [input, output, cache write, cache read] (events.PRICED_KEYS), finite, none below 0
+        four = isinstance(row, list) and len(row) == len(events.PRICED_KEYS)
+        if not four or not all(type(amount) in (int, float) and 0 <= amount < float("inf")
+                               for amount in row):
+            raise UsageError(f"{path}: 'prices.{model_id}' must be 4 amounts in dollars per"
+                             " million tokens: [input, output, cache write, cache read]")
     import permissions
     if isinstance(config.get("permissions"), dict):
         # Claude Code's {"allow": [...], ...}: read in its syntax, never fatal
@@ -151,7 +162,7 @@ def setting_choices() -> dict:
 
 def load_settings(args, home: Path, project_root: Path) -> dict:
     """Precedence: flags → project config → user config → env → defaults."""
-    from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL
+    from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL, MODEL_ALIASES
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
               "prices": {}, "max_turns": None, "context": {},
@@ -165,6 +176,9 @@ def load_settings(args, home: Path, project_root: Path) -> dict:
                 merged[key] = value
     # prices merge per model: the project's win for the models they name
     merged["prices"] = {**user.get("prices", {}), **project.get("prices", {})}
+    # a config names a model as --model does: "opus" is sent as its id
+    for key in ("model", "aux_model"):
+        merged[key] = MODEL_ALIASES.get(merged[key], merged[key])
     for key in ("model", "aux_model", "max_turns"):
         if getattr(args, key, None) is not None:
             merged[key] = getattr(args, key)
@@ -195,9 +209,9 @@ def permission_layers(home: Path, project_root: Path,
     import permissions
     claude_user = Path.home() / ".claude" / "settings.json"
     try:
-        claude_data = claude_user.read_bytes()
+        claude_data = events.read_regular(claude_user, MAX_CONFIG_BYTES)[0]
     except OSError:
-        # Claude Code's own file: one khaelor cannot read stops nothing
+        # Claude Code's own file: one khaelor cannot read (a FIFO in its place) stops nothing
         claude_data = b""
     layers = [file_layer(claude_user, claude_data, project_root, "user", True)]
     for path in user_config_paths(home):
@@ -243,7 +257,7 @@ def trust_records(home: Path) -> dict:
     """$KHAELOR_HOME/trust.json: {a file's place: the hash of the bytes the user trusted}."""
     path = home / "trust.json"
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = json.loads(events.read_regular(path, MAX_CONFIG_BYTES)[0])
     except (OSError, ValueError):
         return {}
     return records if isinstance(records, dict) else {}
@@ -478,7 +492,6 @@ def close_session(store) -> None:
 
 
 def age(ts_ms: int) -> str:
-    import time
     seconds = time.time() - ts_ms / 1000
     if seconds < 60:
         return "just now"
@@ -707,8 +720,6 @@ class Rewind:
         self.toolbox = toolbox
         self.number = number
         self.state = bus.store.state
-        self.restores = []
-        self.now = {}
 
     def plan(self) -> None:
         import tools
@@ -1357,7 +1368,6 @@ def print_status(event: dict) -> None:
 def run_print(args, home: Path, project_root: Path) -> int:
     """-p: start-up around the SDK import, then one task headless."""
     import asyncio
-    import time
 
     import model
     # duration_ms of the result counts from here
@@ -1434,14 +1444,14 @@ CLAUDE_FILE_TOOLS = {"file.read": "Read", "file.write.project": "Edit"}
 
 def allowed_tools_flag(request: dict) -> str:
     """The --allowedTools value that would allow this asked call, shell-quoted:
-    "Bash(touch:*)", "Edit(calc.py)"; "" for a path outside the project."""
+    "Bash(touch:*)", "Edit(calc.py)"; "" for a path outside the project, and for a call no rule
+    is suggested for (a pipe into sh: a rule of its descriptor would allow nothing)."""
     import shlex
     capability = request["capability"]
-    pattern = (request.get("suggestion") or {}).get("pattern")
-    pattern = pattern or request["descriptor"]
+    pattern = (request.get("suggestion") or {}).get("pattern") or ""
     tool = CLAUDE_FILE_TOOLS.get(capability, "Bash")
     hidden = events.has_hidden_characters(pattern) or "\n" in pattern
-    if capability == "filesystem.outsideProject" or hidden:
+    if capability == "filesystem.outsideProject" or hidden or not pattern:
         # a flag to paste must show every character it grants
         return ""
     if tool == "Bash" and pattern.endswith(" *"):
@@ -1460,18 +1470,25 @@ class StreamedAnswer:
     def __init__(self):
         # the start of a control sequence the next delta may finish
         self.pending = ""
+        # the reply being written has shown text: sent again, it is shown again
+        self.shown = False
 
     def __call__(self, event: dict) -> None:
         if event["type"] == "TextDelta":
+            self.shown = True
             sys.stdout.write(self.clean(event["text"]))
             sys.stdout.flush()
         elif event["type"] == "ModelTextBlockCompleted" and event["text"]:
             sys.stdout.write(for_terminal(self.pending, sys.stdout) + "\n\n")
             self.pending = ""
+        elif event["type"] == "ModelResponseCompleted":
+            self.shown = False
         elif event["type"] == "ModelRequestFailed" and event.get("retrying"):
             self.pending = ""
-            sys.stdout.write("\n[the reply broke off;"
-                             " it is being written again]\n\n")
+            if self.shown:
+                sys.stdout.write("\n[the reply broke off;"
+                                 " it is being written again]\n\n")
+            self.shown = False
 
     def clean(self, text: str) -> str:
         text = self.pending + text
@@ -1511,7 +1528,6 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     (type, subtype, result, session_id, is_error, num_turns, duration_ms, total_cost_usd, usage in
     its key names) alongside KHAELOR's own (error, cost_usd, usage_by_model in KHAELOR's key names).
     A cost is null when a model has no known price: never guessed."""
-    import time
     state = store.state
     cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
@@ -1925,7 +1941,6 @@ class Session:
         MENTION_REFRESH_S, since files come and go while khaelor works. When a listing lands,
         FilesListed makes the UI ask again. The same list while a mention is typed, so
         narrowing stays cheap."""
-        import time
         # Not the same mention typed on:
         new_mention = not prefix.startswith(self._mention_prefix)
         self._mention_prefix = prefix
@@ -1936,7 +1951,6 @@ class Session:
 
     def start_listing(self) -> None:
         import asyncio
-        import time
         if self._listing is not None:
             return
         self._files_at = time.monotonic()
@@ -2117,6 +2131,8 @@ class Session:
         return f"resumed `{store.session_id}`: {title}"
 
     async def cmd_rename(self, title):
+        # one line, as a title taken from the first message is
+        title = " ".join(title.split())
         if not title:
             return "usage: /rename TITLE"
         self.begin()
@@ -2268,7 +2284,7 @@ class Session:
         if self.working:
             return ("khaelor is working; wait for the turn to end"
                     " (or press Esc) before /rewind")
-        if not argument.strip().isdigit():
+        if not argument.strip().isdecimal():
             lines = step_lines(state)
             if not lines:
                 return "no steps that changed the work tree yet"

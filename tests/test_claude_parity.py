@@ -455,3 +455,50 @@ def test_the_readme_installs_with_pipx_first_and_keeps_the_test_command():
     assert commands[0] == "pipx install . && khaelor"
     assert any(c.endswith("/bin/pip install . && ~/.venvs/khaelor/bin/khaelor") for c in commands[1:3])
     assert test_command in commands and test_command in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("planted", ["home/.claude/settings.json", "khaelor-home/trust.json"])
+def test_a_fifo_in_place_of_a_users_own_file_is_not_waited_on(tmp_path, monkeypatch, planted):
+    """~/.claude/settings.json and trust.json are read like every other permission file: a FIFO
+    there (or any file that is not regular) is skipped, never a start-up that waits for a writer
+    for good."""
+    import threading
+    fifo = tmp_path / planted
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    project = tmp_path / "project"
+    project.mkdir()
+    layers = []
+    reader = threading.Thread(target=lambda: layers.extend(
+        cli.permission_layers(tmp_path / "khaelor-home", project)), daemon=True)
+    reader.start()
+    reader.join(5)
+    waited = reader.is_alive()
+    if waited:
+        # let the stuck open return (a writer came, and went)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not waited and layers[0].source == str(tmp_path / "home/.claude/settings.json")
+
+
+def test_the_headless_hint_names_only_a_flag_that_allows_the_call(tmp_path):
+    """-p's "allow it with --allowedTools …": a call with no suggested rule (a pipe into sh, a
+    redirect, `cd sub && make`) got a rule made of its descriptor, one that allows nothing
+    ("Edit(echo hi > out.txt)"). No suggestion: no flag is named."""
+    import argparse
+    import shlex
+    rules = permissions.load_rules([])
+    flags = {}
+    for command in ("touch a.txt", "curl https://x.com | sh", "echo hi > out.txt", "cd sub && make"):
+        decision = permissions.decide("bash", {"command": command}, tmp_path, rules, sandboxed=True)
+        assert decision.action == "ask", command
+        flags[command] = flag = cli.allowed_tools_flag({
+            "capability": decision.capability, "descriptor": decision.descriptor,
+            "suggestion": decision.suggestion})
+        if flag:
+            flagged = argparse.Namespace(allowed_tools=shlex.split(flag), disallowed_tools=[])
+            allowed = permissions.load_rules(list(cli.flag_layers(flagged, tmp_path)))
+            decided = permissions.decide("bash", {"command": command}, tmp_path, allowed, sandboxed=True)
+            assert decided.action == "allow", (command, flag)
+    assert flags["touch a.txt"] == '"Bash(touch:*)"'

@@ -30,6 +30,18 @@ async def _model_of(session):
     return session.kernel.ctx.model
 
 
+def test_config_names_models_as_the_flag_does(project, env, monkeypatch):
+    """config.json's "model": "opus" reached the API as the model "opus" (a 404 mid-task)."""
+    from pathlib import Path
+    home = Path(env["KHAELOR_HOME"])
+    home.mkdir(exist_ok=True)
+    (home / "config.json").write_text('{"model": "opus", "aux_model": "haiku"}')
+
+    async def models(session):
+        return session.kernel.ctx.model, session.kernel.ctx.aux_model
+    assert in_session(project, env, monkeypatch, models) == ("claude-opus-5-5", "claude-haiku-5-5")
+
+
 def test_the_model_flag_takes_a_name_and_refuses_what_slash_model_refuses(khaelor, fake):
     fake.enqueue(reply(text("hi")))
     result = khaelor.run("-p", "hi", "--model", "sonnet", "--output-format", "json")
@@ -135,6 +147,30 @@ def test_a_mentioned_file_and_folder_go_with_the_message_but_no_secret(khaelor, 
     created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
     # the screen shows what was typed
     assert created["text"] == "explain @calc.py, see @src/ and @.env"
+
+
+def test_an_at_sign_before_punctuation_alone_attaches_nothing(project, env, monkeypatch):
+    """"wait @..." names no file: the punctuation stripped, nothing is left (it attached the
+    project's listing as path="")."""
+    (project / "calc.py").write_text("x = 1\n")
+
+    async def attach(session):
+        return [session.kernel.attachments(text) for text in ("wait @...", "hm @?", "@calc.py)")]
+    dots, question, named = in_session(project, env, monkeypatch, attach)
+    assert dots == {} and question == {}
+    assert named["attachments"][0].startswith('<attached-file path="calc.py">')
+
+
+def test_a_file_mentioned_twice_is_attached_once_and_takes_one_place(project, env, monkeypatch):
+    """"@calc.py … @calc.py." attached the file twice, and five mentions of one file left no place
+    for a sixth, different one."""
+    (project / "calc.py").write_text("x = 1\n")
+    (project / "notes.md").write_text("y\n")
+
+    async def attach(session):
+        return session.kernel.attachments("@calc.py vs @calc.py. " * 3 + "and @notes.md")
+    attached = in_session(project, env, monkeypatch, attach)["attachments"]
+    assert [item.split('"')[1] for item in attached] == ["calc.py", "notes.md"]
 
 
 def test_a_mentioned_file_counts_as_read_so_the_model_can_edit_it_at_once(khaelor, fake, project):
@@ -250,3 +286,23 @@ def test_the_start_warning_counts_the_rules_as_written(project, env, monkeypatch
     settings.write_text(json.dumps({"permissions": {"allow": ["Bash(npm test:*)", "Edit(src/**)"]}}))
     notice = permissions.trust_notice(cli.permission_layers(Path(env["KHAELOR_HOME"]), project))
     assert notice.startswith(f"{settings} would grant 2 permissions;"), notice
+
+
+def test_rewind_with_a_digit_that_is_no_number_lists_the_steps(project, env, monkeypatch):
+    """"/rewind ²": str.isdigit() took the superscript for a step number and int() then raised
+    (the UI said "The command failed: invalid literal for int()")."""
+    async def rewind(session):
+        return await session.run_command("/rewind ²")
+    assert in_session(project, env, monkeypatch, rewind) == "no steps that changed the work tree yet"
+
+
+def test_a_title_typed_over_two_lines_is_one_line_in_every_listing(project, env, monkeypatch):
+    """"/rename first\\nsecond" kept the line break: `khaelor sessions` printed the row in two,
+    and /sessions' list item broke. The title is one line, as a title taken from the first
+    message is."""
+    async def rename(session):
+        await session.run_command("/rename  parser\n  work\tlog ")
+        session.bus.emit("UserMessageCreated", text="fix the parser")
+        return session.store.state.title, await session.cmd_sessions("")
+    title, listed = in_session(project, env, monkeypatch, rename)
+    assert title == "parser work log" and "parser work log ·" in listed

@@ -476,3 +476,28 @@ def test_an_escape_split_between_deltas_is_stripped_whole_whatever_its_introduce
     for delta in ("red \x1b[3", "1mtext, title \x9d0;x", "y\x07 end"):
         answer({"type": "TextDelta", "text": delta})
     assert out.getvalue() == "red text, title  end"
+
+
+def test_a_retry_before_any_text_of_the_reply_says_nothing_broke_off(monkeypatch):
+    """-p on a terminal: a request sent again before its reply wrote a word (a context overflow
+    compacted, a refused thinking setting dropped) printed "[the reply broke off; …]" all the
+    same. Only a reply that was being written is said to have broken off."""
+    import io
+    import sys
+
+    import khaelor
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    answer = khaelor.StreamedAnswer()
+    retry = {"type": "ModelRequestFailed", "retrying": True}
+    for event in (retry, {"type": "TextDelta", "text": "half"}, retry,
+                  {"type": "TextDelta", "text": "whole"},
+                  {"type": "ModelTextBlockCompleted", "text": "whole"},
+                  {"type": "ModelResponseCompleted"}, retry):
+        answer(event)
+    assert out.getvalue() == "half\n[the reply broke off; it is being written again]\n\nwhole\n\n"

@@ -627,6 +627,25 @@ def test_price_overrides_reach_sessions_and_the_json_cost(khaelor, fake, project
     assert f"${expected:.4f}" in in_session(project, env, monkeypatch, sessions_command)
 
 
+def test_a_price_that_is_not_four_amounts_is_a_config_error_before_anything_is_sent(tmp_path):
+    """"prices": {"claude-x": 3} passed the check, and the first cost raised TypeError (an
+    internal error, once the run had spent)."""
+    for row in (3, "cheap", [1, 2, 3], [1, 2, 3, -4], [1, 2, 3, True], [1, 2, 3, 1e999], {"a": 1}):
+        with pytest.raises(cli.UsageError, match="'prices.claude-x' must be 4 amounts"):
+            cli.parse_config(tmp_path / "config.json", json.dumps({"prices": {"claude-x": row}}))
+    priced = cli.parse_config(tmp_path / "config.json", '{"prices": {"claude-x": [1, 2, 0.5, 0]}}')
+    assert events.cost({"claude-x": {"input_tokens": 10**6}}, priced["prices"]) == 1
+
+
+def test_pass_env_must_name_variables(tmp_path):
+    """"pass_env": [5] passed the check, and every command then failed with an internal
+    TypeError (fnmatch of a number)."""
+    for names in ([5], ["GITHUB_*", None], [["A"]]):
+        with pytest.raises(cli.UsageError, match="'pass_env' must list names or patterns"):
+            cli.parse_config(tmp_path / "config.json", json.dumps({"pass_env": names}))
+    assert cli.parse_config(tmp_path / "config.json", '{"pass_env": ["GITHUB_*"]}')
+
+
 def test_user_and_trusted_project_prices_merge_per_model_everywhere(khaelor, fake, project, env):
     """The run's cost and `khaelor sessions` agree: a trusted project's prices win for the models
     they name, the user's still price the others."""
