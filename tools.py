@@ -809,10 +809,19 @@ GIT_CONFIG = ".git/config"
 GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
-    r"^(remote\.[^\n]*\.(url|pushurl|fetch|push|tagopt|prune)|branch\.[^\n]*"
+    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*"
     r"|user\.\w+|init\.\w+|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
     r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
-    r"|precomposeunicode|autocrlf|eol|symlinks))=", re.I)
+    r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
+# A git config file as git's config.c reads it, token by token: blanks (only these: a form feed
+# is not one), comments, [section "sub"] headers and `key = value` entries, any of them on one
+# line; a value runs on past a backslash-newline and through quotes, and ends at its comment.
+GIT_CONFIG_TOKEN = re.compile(r"""
+    [ \t\r\n]+ | [#;][^\n]*
+  | \[ (?P<section>[A-Za-z0-9.-]+) (?: [ \t\r\n]+ "(?P<sub>(?:[^"\\\n]|\\[^\n])*)" )? \]
+  | (?P<key>[A-Za-z][A-Za-z0-9-]*) [ \t]*
+    (?: = (?P<value>(?:\\.|"(?:[^"\\\n]|\\.)*"|[^"\\\n#;])*) (?:[#;][^\n]*)? )? (?=\n|\Z)
+""", re.X | re.S)
 GUARD_FILE_CAP = 1 << 20
 
 
@@ -951,24 +960,34 @@ def _named(rel: str, command: str) -> bool:
 
 
 def _git_config_plain(old: bytes, new: bytes) -> bool:
-    """Whether two versions of .git/config differ only in entries that run nothing."""
-    changed = _config_entries(old) ^ _config_entries(new)
-    return all(GIT_CONFIG_PLAIN.match(entry) for entry in changed)
+    """Whether two versions of .git/config differ only in entries that run nothing; one git would
+    not read (it then stops) is not taken for plain."""
+    before = _config_entries(old)
+    after = _config_entries(new)
+    if before is None or after is None:
+        return False
+    return all(GIT_CONFIG_PLAIN.fullmatch(name) for name, _ in before ^ after)
 
 
-def _config_entries(data: bytes) -> set[str]:
-    """`section.sub.key=value` for each entry of a git config file."""
+def _config_entries(data: bytes) -> set[tuple[str, str | None]] | None:
+    """(`section.sub.key`, its value as written) for each entry of a git config file, read as git
+    reads it (GIT_CONFIG_TOKEN, past a BOM, CRLF as LF); None where git would stop at a line it
+    cannot read."""
+    text = _lf(_decode_text(data))
     entries = set()
     section = ""
-    for line in data.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            head = line[1:].split("]", 1)[0]
-            name, _, sub = head.partition(" ")
-            section = f"{name}.{sub.strip().strip(chr(34))}" if sub else name
-        elif line and line[0] not in "#;":
-            key, _, value = line.partition("=")
-            entries.add(f"{section}.{key.strip()}={value.strip()}")
+    at = 0
+    while at < len(text):
+        token = GIT_CONFIG_TOKEN.match(text, at)
+        if token is None:
+            return None
+        at = token.end()
+        if token["section"]:
+            section = token["section"]
+            if token["sub"] is not None:
+                section += "." + re.sub(r"\\(.)", r"\1", token["sub"])
+        elif token["key"]:
+            entries.add((f"{section}.{token['key']}", token["value"]))
     return entries
 
 
