@@ -96,6 +96,23 @@ def test_a_read_only_command_writing_an_approved_outside_file_is_told_it_needs_w
     assert f"write access to {target}" in result.text and result.meta["sandbox_refused"] is True
 
 
+def test_a_ruleset_kept_for_a_checkpoint_does_not_let_a_read_only_command_write_its_paths(world):
+    """A Workspace reuses a ruleset built from the same facts; whether the approved paths are
+    writable (a checkpoint's shadow repository) was not among them, so a read-only command approved
+    to read the same folder got the checkpoint's write access to it (and the other way round)."""
+    shadow = world.tmp / "shadow"
+    shadow.mkdir()
+    writer = replace(READ_ONLY, paths=(str(shadow),), paths_write=True)
+
+    async def scenario(box):
+        wrote = await bash(box, f"touch {shadow}/by-checkpoint", writer)
+        await bash(box, f"touch {shadow}/by-reader", READ_ONLY, paths=[str(shadow)])
+        return wrote
+    wrote = drive(world, scenario)
+    assert "Exit code: 0" in wrote.text and (shadow / "by-checkpoint").exists()
+    assert not (shadow / "by-reader").exists()
+
+
 def test_a_command_cannot_read_the_ssh_key(world):
     key = world.home / ".ssh" / "id_rsa"
     result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'print(open(\"{key}\").read())'"))
