@@ -1241,7 +1241,7 @@ def _need(path: str, closed: list[str], writable: list[str], unopened: list[str]
     is another)."""
     if within(path, closed):
         return f"access to {path} (a protected location)"
-    if "/dev/" in path:
+    if within(path, ["/dev"]):
         return None
     if path in unopened:
         return (f"{path} made by the user: it was approved, but it does not exist yet and its "

@@ -113,6 +113,19 @@ def test_a_ruleset_kept_for_a_checkpoint_does_not_let_a_read_only_command_write_
     assert not (shadow / "by-reader").exists()
 
 
+def test_a_refusal_in_a_project_kept_under_a_folder_named_dev_is_explained(world):
+    """explain took every path with "/dev/" in it for a device and said nothing of it: in a project
+    kept in ~/dev, no refusal was explained."""
+    project = world.home / "dev" / "app"
+    project.mkdir(parents=True)
+    target = project / "out.txt"
+    write = f"{sys.executable} -c 'open(\"{target}\", \"w\").write(\"x\")'"
+    in_dev = SimpleNamespace(**{**vars(world), "project": project})
+    result = drive(in_dev, lambda box: bash(box, write, READ_ONLY))
+    assert not target.exists() and "PermissionError" in result.text
+    assert f"write access to {target}" in result.text and result.meta["sandbox_refused"] is True
+
+
 def test_a_command_cannot_read_the_ssh_key(world):
     key = world.home / ".ssh" / "id_rsa"
     result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'print(open(\"{key}\").read())'"))
