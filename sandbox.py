@@ -491,10 +491,9 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
-        # `path + "/"` starts so for the project and every path inside it (see _add_path)
-        inside_project = os.path.realpath(project).rstrip("/") + "/"
+        real_project = os.path.realpath(project)
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, inside_project)
+            _grant(fd, path, rights, closed, abi, real_project)
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
@@ -529,7 +528,7 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
-           inside_project: str) -> None:
+           real_project: str) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
     add and are inherited, so a closed location inside `path` means: the directory itself gets
     READ_DIR (its names, and those below it, stay listable), and every entry of it but the
@@ -537,9 +536,9 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
     if not inside:
-        _add_path(fd, path, rights, abi, inside_project)
+        _add_path(fd, path, rights, abi, real_project)
         return
-    _add_path(fd, path, rights & LIST_ONLY, abi, inside_project)
+    _add_path(fd, path, rights & LIST_ONLY, abi, real_project)
     try:
         entries = list(os.scandir(path))
     except OSError:
@@ -548,7 +547,7 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
         if entry.path not in inside and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, inside_project)
+            _grant(fd, entry.path, rights, inside, abi, real_project)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -563,7 +562,7 @@ _opened: dict[str, tuple[int, bool]] = {}
 OPENED_CAP = 512
 
 
-def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_project: str) -> None:
+def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, real_project: str) -> None:
     opened = _opened.get(path)
     if opened is None:
         try:
@@ -583,7 +582,7 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_proje
                      what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if (path + "/").startswith(inside_project):
+        if within(path, [real_project]):
             os.close(opened[0])
         else:
             _hold(path, opened)
