@@ -785,8 +785,7 @@ def _user_home(project: Path) -> str:
     """$HOME, unless it points into the project: then the account's own home directory."""
     import pwd
     home = os.path.expanduser("~")
-    real = os.path.realpath(home)
-    if real == str(project) or real.startswith(str(project) + "/"):
+    if sandbox.within(os.path.realpath(home), [str(project)]):
         return pwd.getpwuid(os.getuid()).pw_dir
     return home
 
