@@ -94,9 +94,10 @@ LIST_ONLY = frozenset({"READ_DIR"})
 # The one secret vocabulary: what the kernel closes, what permissions.py asks before reading, what
 # grep and glob skip. Secret files by name (lower-cased: .ENV is .env on a case-insensitive file
 # system); a command searching a tree that holds one asks.
+# Environment files, KEY=value lines: tools.py also masks their values in every output.
+ENV_FILES = (".env", ".env.*", "*.env")
 SECRET_NAMES = (
-    # environment files
-    ".env", ".env.*", "*.env", ".envrc",
+    *ENV_FILES, ".envrc",
     # credentials of git, package registries and hosts
     ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
     # SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code

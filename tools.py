@@ -2044,10 +2044,8 @@ def _dotenv_value(line: str) -> str:
 
 
 def _is_dotenv(name: str) -> bool:
-    """An environment file that sandbox.is_secret_name counts as a secret (not .env.example)."""
-    lowered = name.lower()
-    env_file = lowered == ".env" or lowered.startswith(".env.") or lowered.endswith(".env")
-    return env_file and sandbox.is_secret_name(name)
+    """An environment file (sandbox.ENV_FILES, in any case), not a template (.env.example)."""
+    return sandbox.secret_matcher(sandbox.ENV_FILES)(name)
 
 
 def _one_line(name: str) -> str:
