@@ -2163,10 +2163,8 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
     ToolError as the tool does."""
     ws = box.workspace
-    path = ws.resolve(args["file_path"])
+    path = _existing(ws, args["file_path"], directory=False)
     shown = ws.display(path)
-    if not path.exists():
-        raise _missing(ws, path)
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         return _listing(fd, shown)
