@@ -820,6 +820,7 @@ GIT_CONFIG_TOKEN = re.compile(r"""
   | \[ (?P<section>[A-Za-z0-9.-]+) (?: [ \t\r\n]+ "(?P<sub>(?:[^"\\\n]|\\[^\n])*)" )? \]
   | (?P<key>[A-Za-z][A-Za-z0-9-]*) [ \t]*
     (?: = (?P<value>(?:\\.|"(?:[^"\\\n]|\\.)*"|[^"\\\n#;])*) (?:[#;][^\n]*)? )? (?=\n|\Z)
+  | (?P<rest>.+)
 """, re.X | re.S)
 GUARD_FILE_CAP = 1 << 20
 
@@ -959,34 +960,26 @@ def _named(rel: str, command: str) -> bool:
 
 
 def _git_config_plain(old: bytes, new: bytes) -> bool:
-    """Whether two versions of .git/config differ only in entries that run nothing; one git would
-    not read (it then stops) is not taken for plain."""
-    before = _config_entries(old)
-    after = _config_entries(new)
-    if before is None or after is None:
-        return False
-    return all(GIT_CONFIG_PLAIN.fullmatch(name) for name, _ in before ^ after)
+    """Whether two versions of .git/config differ only in entries that run nothing."""
+    changed = _config_entries(old) ^ _config_entries(new)
+    return all(GIT_CONFIG_PLAIN.fullmatch(name) for name, _ in changed)
 
 
-def _config_entries(data: bytes) -> set[tuple[str, str | None]] | None:
+def _config_entries(data: bytes) -> set[tuple[str, str | None]]:
     """(`section.sub.key`, its value as written) for each entry of a git config file, read as git
-    reads it (GIT_CONFIG_TOKEN, past a BOM, CRLF as LF); None where git would stop at a line it
-    cannot read."""
-    text = _lf(_decode_text(data))
+    reads it (GIT_CONFIG_TOKEN, past a BOM, CRLF as LF); from a line git cannot read (it stops
+    there), the rest of the file as one entry named "", which is never plain."""
     entries = set()
     section = ""
-    at = 0
-    while at < len(text):
-        token = GIT_CONFIG_TOKEN.match(text, at)
-        if token is None:
-            return None
-        at = token.end()
+    for token in GIT_CONFIG_TOKEN.finditer(_lf(_decode_text(data))):
         if token["section"]:
             section = token["section"]
             if token["sub"] is not None:
                 section += "." + re.sub(r"\\(.)", r"\1", token["sub"])
         elif token["key"]:
             entries.add((f"{section}.{token['key']}", token["value"]))
+        elif token["rest"]:
+            entries.add(("", token["rest"]))
     return entries
 
 
