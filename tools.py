@@ -1996,7 +1996,7 @@ class _DotEnv:
         files = []
         try:
             for entry in os.scandir(self.root):
-                if _is_dotenv(entry.name) and entry.is_file():
+                if sandbox.secret_matcher(sandbox.ENV_FILES)(entry.name) and entry.is_file():
                     found = entry.stat()
                     files.append((entry.name, found.st_mtime_ns, found.st_size))
         except OSError:
@@ -2034,11 +2034,6 @@ def _dotenv_value(line: str) -> str:
         # An unquoted value ends where a comment starts.
         return value.split(" #", 1)[0].rstrip()
     return value
-
-
-def _is_dotenv(name: str) -> bool:
-    """An environment file (sandbox.ENV_FILES, in any case), not a template (.env.example)."""
-    return sandbox.secret_matcher(sandbox.ENV_FILES)(name)
 
 
 def _one_line(name: str) -> str:
