@@ -1246,17 +1246,14 @@ def prune_versions(home: Path, keep_days: float = VERSIONS_KEEP_DAYS) -> int:
 def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
     """A project's shadow repository goes when its last checkpoint is older than the cutoff (each
     checkpoint rewrites info/exclude): the index copies its checkpoints need are gone by then."""
-    try:
-        entries = list(os.scandir(checkpoints))
-    except OSError:
-        return
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
-            if stamp.st_mtime < cutoff:
-                shutil.rmtree(entry.path)
+    with contextlib.suppress(OSError):
+        for entry in list(os.scandir(checkpoints)):
+            with contextlib.suppress(OSError):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
+                if stamp.st_mtime < cutoff:
+                    shutil.rmtree(entry.path)
 
 
 def _prune_due(versions: int) -> bool:
@@ -1282,23 +1279,20 @@ def _prune_due(versions: int) -> bool:
 
 def _remove_old_blobs(versions: int, cutoff: float) -> int:
     removed = 0
-    try:
-        entries = list(os.scandir(versions))
-    except OSError:
-        return 0
-    for entry in entries:
-        if not BLOB_NAME.fullmatch(entry.name):
-            continue
-        try:
-            if not entry.is_file(follow_symlinks=False):
+    with contextlib.suppress(OSError):
+        for entry in list(os.scandir(versions)):
+            if not BLOB_NAME.fullmatch(entry.name):
                 continue
-            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                    continue
+                # unlink never follows a symlink.
+                os.unlink(entry.name, dir_fd=versions)
+            except OSError:
                 continue
-            # unlink never follows a symlink.
-            os.unlink(entry.name, dir_fd=versions)
-        except OSError:
-            continue
-        removed += 1
+            removed += 1
     return removed
 
 # ---------------------------------------------------------------- checkpoints: the shadowed tree
