@@ -1283,16 +1283,14 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
         for entry in list(os.scandir(versions)):
             if not BLOB_NAME.fullmatch(entry.name):
                 continue
-            try:
+            with contextlib.suppress(OSError):
                 if not entry.is_file(follow_symlinks=False):
                     continue
                 if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
                     continue
                 # unlink never follows a symlink.
                 os.unlink(entry.name, dir_fd=versions)
-            except OSError:
-                continue
-            removed += 1
+                removed += 1
     return removed
 
 # ---------------------------------------------------------------- checkpoints: the shadowed tree
@@ -2357,10 +2355,9 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     parent = path.parent
     while not parent.is_dir() and parent != parent.parent:
         parent = parent.parent
-    try:
+    names = []
+    with contextlib.suppress(OSError):
         names = os.listdir(parent)
-    except OSError:
-        names = []
     import difflib
     for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
         near.append(_one_line(ws.display(parent / name)))
