@@ -21,6 +21,7 @@ What stays open: the files a command was given open (its stdin, stdout, stderr);
 (READ_DIR; see _grant).
 """
 
+import contextlib
 import ctypes
 import errno
 import fnmatch
@@ -421,18 +422,15 @@ class SecretScan:
         found = set()
         subdirectories = []
         names = {}
-        try:
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    if self.matches(entry.name):
-                        found.add(entry.inode())
-                    elif entry.is_dir(follow_symlinks=False):
-                        if entry.name != ".git":
-                            subdirectories.append(entry.name)
-                        continue
-                    names.setdefault(entry.inode(), []).append(entry.name)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if self.matches(entry.name):
+                    found.add(entry.inode())
+                elif entry.is_dir(follow_symlinks=False):
+                    if entry.name != ".git":
+                        subdirectories.append(entry.name)
+                    continue
+                names.setdefault(entry.inode(), []).append(entry.name)
         return (mtime, found, subdirectories, names)
 
 
@@ -1067,27 +1065,22 @@ def listening_ports(pgids: set[int]) -> set[int]:
     /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
     inodes = set()
     for pid in pids_in_groups(pgids):
-        try:
+        with contextlib.suppress(OSError):
             fds = os.listdir(f"/proc/{pid}/fd")
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
-        except OSError:
-            continue
-        # "socket:[<inode>]"
-        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
+            # "socket:[<inode>]"
+            inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            fields = row.split()
-            listening = len(fields) > 9 and fields[3] == "0A"
-            if listening and fields[9] in inodes:
-                # local_address is <address>:<port>, in hex
-                port = fields[1].rsplit(":", 1)[1]
-                ports.add(int(port, 16))
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                fields = row.split()
+                listening = len(fields) > 9 and fields[3] == "0A"
+                if listening and fields[9] in inodes:
+                    # local_address is <address>:<port>, in hex
+                    port = fields[1].rsplit(":", 1)[1]
+                    ports.add(int(port, 16))
     return ports
 
 
