@@ -1758,24 +1758,22 @@ def _git_stall(cwd: Path, own_repository: bool = False) -> str:
 
 def _waits(path: Path) -> bool:
     """Opening it blocks or never ends: a FIFO or a device (through links)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    return False
 
 
 def _left_out(path: Path, untracked: bool) -> bool:
     """A FIFO, socket or device (git cannot record one, and one would fail the whole checkpoint: a
     step could plant one so that no later step has a checkpoint), or an untracked file over
     CHECKPOINT_FILE_CAP_BYTES."""
-    try:
+    with contextlib.suppress(OSError):
         found = os.lstat(path)
-    except OSError:
-        return False
-    mode = found.st_mode
-    special = not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
-    return special or (untracked and found.st_size > CHECKPOINT_FILE_CAP_BYTES)
+        mode = found.st_mode
+        special = not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
+        return special or (untracked and found.st_size > CHECKPOINT_FILE_CAP_BYTES)
+    return False
 
 
 def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
@@ -2332,11 +2330,10 @@ def _signal_name(number: int) -> str:
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
+    with contextlib.suppress(OSError):
         found = path.stat()
-    except OSError:
-        return None
-    return found.st_mtime_ns, found.st_size
+        return found.st_mtime_ns, found.st_size
+    return None
 
 
 def _missing(ws: Workspace, path: Path) -> ToolError:
