@@ -538,10 +538,9 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
         _add_path(fd, path, rights, abi, real_project)
         return
     _add_path(fd, path, rights & LIST_ONLY, abi, real_project)
-    try:
+    entries = []
+    with contextlib.suppress(OSError):
         entries = list(os.scandir(path))
-    except OSError:
-        return
     for entry in entries:
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
@@ -761,10 +760,9 @@ def seccomp_available() -> bool:
     for every command, read once)."""
     if os.uname().machine not in SYSCALLS:
         return False
-    try:
+    with contextlib.suppress(OSError):
         return "Seccomp:" in Path("/proc/self/status").read_text()
-    except OSError:
-        return False
+    return False
 
 
 def filter_for(confine: Confine, supervised: bool) -> tuple[tuple[int, int, int, int], ...] | None:
