@@ -1998,16 +1998,14 @@ class _DotEnv:
         values = set()
         for name, _, _ in files:
             # at every tool call, on the event loop: a FIFO or a sparse giant is not read
-            try:
+            with contextlib.suppress(OSError):
                 real = Path(os.path.realpath(self.root / name))
-            except OSError:
-                continue
-            data = _read_plain(real, DOTENV_CAP_BYTES)
-            text = (data or b"").decode(errors="replace")
-            for line in text.splitlines():
-                value = _dotenv_value(line)
-                if len(value) >= DOTENV_VALUE_MIN_CHARS:
-                    values.add(value)
+                data = _read_plain(real, DOTENV_CAP_BYTES)
+                text = (data or b"").decode(errors="replace")
+                for line in text.splitlines():
+                    value = _dotenv_value(line)
+                    if len(value) >= DOTENV_VALUE_MIN_CHARS:
+                        values.add(value)
         self.stamp = files
         self.values = sorted(values, key=len, reverse=True)
 
