@@ -129,6 +129,8 @@ TOKEN_MASK = "[redacted: a token]"
 DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(
     r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+# A quoted value, and the comment that may follow it: KEY="value" # note
+DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
 
 # Landlock rulesets a Workspace keeps for reuse.
 RULESETS_KEPT = 8
@@ -2016,8 +2018,9 @@ def _dotenv_value(line: str) -> str:
     if not match:
         return ""
     value = match.group(1)
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
+    quoted = DOTENV_QUOTED.fullmatch(value)
+    if quoted:
+        return quoted.group(2)
     if " #" in value:
         # An unquoted value ends where a comment starts.
         return value.split(" #", 1)[0].rstrip()
