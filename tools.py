@@ -2462,12 +2462,9 @@ class _Haystack:
         return next((index for index in lines if self.trimmed[index] == wanted), None)
 
     def exact(self, old: str) -> list[Span]:
-        spans = []
-        at = self.text.find(old)
-        while at >= 0 and old:
-            spans.append((at, at + len(old)))
-            at = self.text.find(old, at + len(old))
-        return spans
+        if not old:
+            return []
+        return [match.span() for match in re.finditer(re.escape(old), self.text)]
 
     def blocks(self, size: int, same: Callable[[list[str]], bool], whole: bool = True,
                first: str | None = None) -> list[Span]:
