@@ -1785,12 +1785,11 @@ def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
     real = os.path.realpath(root / folder)
     if not sandbox.within(real, [os.path.realpath(root)]):
         return None
-    try:
+    with contextlib.suppress(OSError):
         if make:
             return _open_folder(real)
         return sandbox.open_no_links(real, sandbox.O_PATH | os.O_DIRECTORY)
-    except OSError:
-        return None
+    return None
 
 
 # ---------------------------------------------------------------- input checking
