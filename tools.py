@@ -460,10 +460,9 @@ class Workspace:
 
     def display(self, path: Path) -> str:
         """Project-relative when inside the project, absolute otherwise."""
-        try:
+        with contextlib.suppress(ValueError):
             return path.relative_to(self.cwd).as_posix() or "."
-        except ValueError:
-            return str(path)
+        return str(path)
 
     # ------------------------------------------------ files: opened as judged, through no link
 
