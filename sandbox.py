@@ -21,6 +21,7 @@ What stays open: the files a command was given open (its stdin, stdout, stderr);
 (READ_DIR; see _grant).
 """
 
+import contextlib
 import ctypes
 import errno
 import fnmatch
@@ -94,9 +95,10 @@ LIST_ONLY = frozenset({"READ_DIR"})
 # The one secret vocabulary: what the kernel closes, what permissions.py asks before reading, what
 # grep and glob skip. Secret files by name (lower-cased: .ENV is .env on a case-insensitive file
 # system); a command searching a tree that holds one asks.
+# Environment files, KEY=value lines: tools.py also masks their values in every output.
+ENV_FILES = (".env", ".env.*", "*.env")
 SECRET_NAMES = (
-    # environment files
-    ".env", ".env.*", "*.env", ".envrc",
+    *ENV_FILES, ".envrc",
     # credentials of git, package registries and hosts
     ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
     # SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code
@@ -420,18 +422,15 @@ class SecretScan:
         found = set()
         subdirectories = []
         names = {}
-        try:
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    if self.matches(entry.name):
-                        found.add(entry.inode())
-                    elif entry.is_dir(follow_symlinks=False):
-                        if entry.name != ".git":
-                            subdirectories.append(entry.name)
-                        continue
-                    names.setdefault(entry.inode(), []).append(entry.name)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if self.matches(entry.name):
+                    found.add(entry.inode())
+                elif entry.is_dir(follow_symlinks=False):
+                    if entry.name != ".git":
+                        subdirectories.append(entry.name)
+                    continue
+                names.setdefault(entry.inode(), []).append(entry.name)
         return (mtime, found, subdirectories, names)
 
 
@@ -491,10 +490,9 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
-        # `path + "/"` starts so for the project and every path inside it (see _add_path)
-        inside_project = os.path.realpath(project).rstrip("/") + "/"
+        real_project = os.path.realpath(project)
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, inside_project)
+            _grant(fd, path, rights, closed, abi, real_project)
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
@@ -529,7 +527,7 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
-           inside_project: str) -> None:
+           real_project: str) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
     add and are inherited, so a closed location inside `path` means: the directory itself gets
     READ_DIR (its names, and those below it, stay listable), and every entry of it but the
@@ -537,18 +535,17 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
     if not inside:
-        _add_path(fd, path, rights, abi, inside_project)
+        _add_path(fd, path, rights, abi, real_project)
         return
-    _add_path(fd, path, rights & LIST_ONLY, abi, inside_project)
-    try:
+    _add_path(fd, path, rights & LIST_ONLY, abi, real_project)
+    entries = []
+    with contextlib.suppress(OSError):
         entries = list(os.scandir(path))
-    except OSError:
-        return
     for entry in entries:
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
         if entry.path not in inside and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, inside_project)
+            _grant(fd, entry.path, rights, inside, abi, real_project)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -563,7 +560,7 @@ _opened: dict[str, tuple[int, bool]] = {}
 OPENED_CAP = 512
 
 
-def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_project: str) -> None:
+def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, real_project: str) -> None:
     opened = _opened.get(path)
     if opened is None:
         try:
@@ -583,7 +580,7 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, inside_proje
                      what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if (path + "/").startswith(inside_project):
+        if within(path, [real_project]):
             os.close(opened[0])
         else:
             _hold(path, opened)
@@ -763,10 +760,9 @@ def seccomp_available() -> bool:
     for every command, read once)."""
     if os.uname().machine not in SYSCALLS:
         return False
-    try:
+    with contextlib.suppress(OSError):
         return "Seccomp:" in Path("/proc/self/status").read_text()
-    except OSError:
-        return False
+    return False
 
 
 def filter_for(confine: Confine, supervised: bool) -> tuple[tuple[int, int, int, int], ...] | None:
@@ -1067,27 +1063,22 @@ def listening_ports(pgids: set[int]) -> set[int]:
     /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
     inodes = set()
     for pid in pids_in_groups(pgids):
-        try:
+        with contextlib.suppress(OSError):
             fds = os.listdir(f"/proc/{pid}/fd")
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
-        except OSError:
-            continue
-        # "socket:[<inode>]"
-        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
+            # "socket:[<inode>]"
+            inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            fields = row.split()
-            listening = len(fields) > 9 and fields[3] == "0A"
-            if listening and fields[9] in inodes:
-                # local_address is <address>:<port>, in hex
-                port = fields[1].rsplit(":", 1)[1]
-                ports.add(int(port, 16))
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                fields = row.split()
+                listening = len(fields) > 9 and fields[3] == "0A"
+                if listening and fields[9] in inodes:
+                    # local_address is <address>:<port>, in hex
+                    port = fields[1].rsplit(":", 1)[1]
+                    ports.add(int(port, 16))
     return ports
 
 
@@ -1241,7 +1232,7 @@ def _need(path: str, closed: list[str], writable: list[str], unopened: list[str]
     is another)."""
     if within(path, closed):
         return f"access to {path} (a protected location)"
-    if "/dev/" in path:
+    if within(path, ["/dev"]):
         return None
     if path in unopened:
         return (f"{path} made by the user: it was approved, but it does not exist yet and its "

@@ -129,6 +129,8 @@ TOKEN_MASK = "[redacted: a token]"
 DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(
     r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+# A quoted value, and the comment that may follow it: KEY="value" # note
+DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
 
 # Landlock rulesets a Workspace keeps for reuse.
 RULESETS_KEPT = 8
@@ -458,10 +460,9 @@ class Workspace:
 
     def display(self, path: Path) -> str:
         """Project-relative when inside the project, absolute otherwise."""
-        try:
+        with contextlib.suppress(ValueError):
             return path.relative_to(self.cwd).as_posix() or "."
-        except ValueError:
-            return str(path)
+        return str(path)
 
     # ------------------------------------------------ files: opened as judged, through no link
 
@@ -716,7 +717,7 @@ class Workspace:
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
             # they sit in (rules hold inodes: a file made in such a folder needs a new rule).
-            key = (confine.write, confine.network, tuple(confine.paths),
+            key = (confine.write, confine.network, confine.paths_write, tuple(confine.paths),
                    tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), self.home, tuple(sorted(static_ports)))
@@ -786,8 +787,7 @@ def _user_home(project: Path) -> str:
     """$HOME, unless it points into the project: then the account's own home directory."""
     import pwd
     home = os.path.expanduser("~")
-    real = os.path.realpath(home)
-    if real == str(project) or real.startswith(str(project) + "/"):
+    if sandbox.within(os.path.realpath(home), [str(project)]):
         return pwd.getpwuid(os.getuid()).pw_dir
     return home
 
@@ -810,10 +810,20 @@ GIT_CONFIG = ".git/config"
 GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
-    r"^(remote\.[^\n]*\.(url|pushurl|fetch|push|tagopt|prune)|branch\.[^\n]*"
+    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*"
     r"|user\.\w+|init\.\w+|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
     r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
-    r"|precomposeunicode|autocrlf|eol|symlinks))=", re.I)
+    r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
+# A git config file as git's config.c reads it, token by token: blanks (only these: a form feed
+# is not one), comments, [section "sub"] headers and `key = value` entries, any of them on one
+# line; a value runs on past a backslash-newline and through quotes, and ends at its comment.
+GIT_CONFIG_TOKEN = re.compile(r"""
+    [ \t\r\n]+ | [#;][^\n]*
+  | \[ (?P<section>[A-Za-z0-9.-]+) (?: [ \t\r\n]+ "(?P<sub>(?:[^"\\\n]|\\[^\n])*)" )? \]
+  | (?P<key>[A-Za-z][A-Za-z0-9-]*) [ \t]*
+    (?: = (?P<value>(?:\\.|"(?:[^"\\\n]|\\.)*"|[^"\\\n#;])*) (?:[#;][^\n]*)? )? (?=\n|\Z)
+  | (?P<rest>.+)
+""", re.X | re.S)
 GUARD_FILE_CAP = 1 << 20
 
 
@@ -954,22 +964,24 @@ def _named(rel: str, command: str) -> bool:
 def _git_config_plain(old: bytes, new: bytes) -> bool:
     """Whether two versions of .git/config differ only in entries that run nothing."""
     changed = _config_entries(old) ^ _config_entries(new)
-    return all(GIT_CONFIG_PLAIN.match(entry) for entry in changed)
+    return all(GIT_CONFIG_PLAIN.fullmatch(name) for name, _ in changed)
 
 
-def _config_entries(data: bytes) -> set[str]:
-    """`section.sub.key=value` for each entry of a git config file."""
+def _config_entries(data: bytes) -> set[tuple[str, str | None]]:
+    """(`section.sub.key`, its value as written) for each entry of a git config file, read as git
+    reads it (GIT_CONFIG_TOKEN, past a BOM, CRLF as LF); from a line git cannot read (it stops
+    there), the rest of the file as one entry named "", which is never plain."""
     entries = set()
     section = ""
-    for line in data.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            head = line[1:].split("]", 1)[0]
-            name, _, sub = head.partition(" ")
-            section = f"{name}.{sub.strip().strip(chr(34))}" if sub else name
-        elif line and line[0] not in "#;":
-            key, _, value = line.partition("=")
-            entries.add(f"{section}.{key.strip()}={value.strip()}")
+    for token in GIT_CONFIG_TOKEN.finditer(_lf(_decode_text(data))):
+        if token["section"]:
+            section = token["section"]
+            if token["sub"] is not None:
+                section += "." + re.sub(r"\\(.)", r"\1", token["sub"])
+        elif token["key"]:
+            entries.add((f"{section}.{token['key']}", token["value"]))
+        elif token["rest"]:
+            entries.add(("", token["rest"]))
     return entries
 
 
@@ -1255,17 +1267,14 @@ def remove_dead_session_temps() -> None:
 def _remove_old_shadows(checkpoints: Path, cutoff: float) -> None:
     """A project's shadow repository goes when its last checkpoint is older than the cutoff (each
     checkpoint rewrites info/exclude): the index copies its checkpoints need are gone by then."""
-    try:
-        entries = list(os.scandir(checkpoints))
-    except OSError:
-        return
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
-            if stamp.st_mtime < cutoff:
-                shutil.rmtree(entry.path)
+    with contextlib.suppress(OSError):
+        for entry in list(os.scandir(checkpoints)):
+            with contextlib.suppress(OSError):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                stamp = os.stat(Path(entry.path) / "info" / "exclude", follow_symlinks=False)
+                if stamp.st_mtime < cutoff:
+                    shutil.rmtree(entry.path)
 
 
 def _prune_due(versions: int) -> bool:
@@ -1291,23 +1300,18 @@ def _prune_due(versions: int) -> bool:
 
 def _remove_old_blobs(versions: int, cutoff: float) -> int:
     removed = 0
-    try:
-        entries = list(os.scandir(versions))
-    except OSError:
-        return 0
-    for entry in entries:
-        if not BLOB_NAME.fullmatch(entry.name):
-            continue
-        try:
-            if not entry.is_file(follow_symlinks=False):
+    with contextlib.suppress(OSError):
+        for entry in list(os.scandir(versions)):
+            if not BLOB_NAME.fullmatch(entry.name):
                 continue
-            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
-                continue
-            # unlink never follows a symlink.
-            os.unlink(entry.name, dir_fd=versions)
-        except OSError:
-            continue
-        removed += 1
+            with contextlib.suppress(OSError):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
+                    continue
+                # unlink never follows a symlink.
+                os.unlink(entry.name, dir_fd=versions)
+                removed += 1
     return removed
 
 # ---------------------------------------------------------------- checkpoints: the shadowed tree
@@ -1775,24 +1779,22 @@ def _git_stall(cwd: Path, own_repository: bool = False) -> str:
 
 def _waits(path: Path) -> bool:
     """Opening it blocks or never ends: a FIFO or a device (through links)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    return False
 
 
 def _left_out(path: Path, untracked: bool) -> bool:
     """A FIFO, socket or device (git cannot record one, and one would fail the whole checkpoint: a
     step could plant one so that no later step has a checkpoint), or an untracked file over
     CHECKPOINT_FILE_CAP_BYTES."""
-    try:
+    with contextlib.suppress(OSError):
         found = os.lstat(path)
-    except OSError:
-        return False
-    mode = found.st_mode
-    special = not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
-    return special or (untracked and found.st_size > CHECKPOINT_FILE_CAP_BYTES)
+        mode = found.st_mode
+        special = not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode))
+        return special or (untracked and found.st_size > CHECKPOINT_FILE_CAP_BYTES)
+    return False
 
 
 def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
@@ -1802,12 +1804,11 @@ def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
     real = os.path.realpath(root / folder)
     if not sandbox.within(real, [os.path.realpath(root)]):
         return None
-    try:
+    with contextlib.suppress(OSError):
         if make:
             return _open_folder(real)
         return sandbox.open_no_links(real, sandbox.O_PATH | os.O_DIRECTORY)
-    except OSError:
-        return None
+    return None
 
 
 # ---------------------------------------------------------------- input checking
@@ -2005,7 +2006,7 @@ class _DotEnv:
         files = []
         try:
             for entry in os.scandir(self.root):
-                if _is_dotenv(entry.name) and entry.is_file():
+                if sandbox.secret_matcher(sandbox.ENV_FILES)(entry.name) and entry.is_file():
                     found = entry.stat()
                     files.append((entry.name, found.st_mtime_ns, found.st_size))
         except OSError:
@@ -2017,16 +2018,14 @@ class _DotEnv:
         values = set()
         for name, _, _ in files:
             # at every tool call, on the event loop: a FIFO or a sparse giant is not read
-            try:
+            with contextlib.suppress(OSError):
                 real = Path(os.path.realpath(self.root / name))
-            except OSError:
-                continue
-            data = _read_plain(real, DOTENV_CAP_BYTES)
-            text = (data or b"").decode(errors="replace")
-            for line in text.splitlines():
-                value = _dotenv_value(line)
-                if len(value) >= DOTENV_VALUE_MIN_CHARS:
-                    values.add(value)
+                data = _read_plain(real, DOTENV_CAP_BYTES)
+                text = (data or b"").decode(errors="replace")
+                for line in text.splitlines():
+                    value = _dotenv_value(line)
+                    if len(value) >= DOTENV_VALUE_MIN_CHARS:
+                        values.add(value)
         self.stamp = files
         self.values = sorted(values, key=len, reverse=True)
 
@@ -2037,19 +2036,13 @@ def _dotenv_value(line: str) -> str:
     if not match:
         return ""
     value = match.group(1)
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
+    quoted = DOTENV_QUOTED.fullmatch(value)
+    if quoted:
+        return quoted.group(2)
     if " #" in value:
         # An unquoted value ends where a comment starts.
         return value.split(" #", 1)[0].rstrip()
     return value
-
-
-def _is_dotenv(name: str) -> bool:
-    """An environment file that sandbox.is_secret_name counts as a secret (not .env.example)."""
-    lowered = name.lower()
-    env_file = lowered == ".env" or lowered.startswith(".env.") or lowered.endswith(".env")
-    return env_file and sandbox.is_secret_name(name)
 
 
 def _one_line(name: str) -> str:
@@ -2167,10 +2160,8 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
     ToolError as the tool does."""
     ws = box.workspace
-    path = ws.resolve(args["file_path"])
+    path = _existing(ws, args["file_path"], directory=False)
     shown = ws.display(path)
-    if not path.exists():
-        raise _missing(ws, path)
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         return _listing(fd, shown)
@@ -2358,11 +2349,10 @@ def _signal_name(number: int) -> str:
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
+    with contextlib.suppress(OSError):
         found = path.stat()
-    except OSError:
-        return None
-    return found.st_mtime_ns, found.st_size
+        return found.st_mtime_ns, found.st_size
+    return None
 
 
 def _missing(ws: Workspace, path: Path) -> ToolError:
@@ -2381,10 +2371,9 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     parent = path.parent
     while not parent.is_dir() and parent != parent.parent:
         parent = parent.parent
-    try:
+    names = []
+    with contextlib.suppress(OSError):
         names = os.listdir(parent)
-    except OSError:
-        names = []
     import difflib
     for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
         near.append(_one_line(ws.display(parent / name)))
@@ -2491,12 +2480,9 @@ class _Haystack:
         return next((index for index in lines if self.trimmed[index] == wanted), None)
 
     def exact(self, old: str) -> list[Span]:
-        spans = []
-        at = self.text.find(old)
-        while at >= 0 and old:
-            spans.append((at, at + len(old)))
-            at = self.text.find(old, at + len(old))
-        return spans
+        if not old:
+            return []
+        return [match.span() for match in re.finditer(re.escape(old), self.text)]
 
     def blocks(self, size: int, same: Callable[[list[str]], bool], whole: bool = True,
                first: str | None = None) -> list[Span]:

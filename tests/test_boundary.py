@@ -320,6 +320,27 @@ def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir
     assert not (repo / "MARKER").exists()
 
 
+@pytest.mark.parametrize("entries", [
+    # a key on its section's header line
+    "[core] fsmonitor = touch MARKER\n",
+    # a line break git does not take for one (form feed), and a value continued past its line
+    "[core]\n\teol = lf\x0c[user]\n\tfsmonitor = touch MARKER\n",
+    "[core]\n\teol = lf\\\n[user]\n\tfsmonitor = touch MARKER\n",
+    # a plain key's name in a comment after a value
+    "[remote \"o\"]\n\turl = .\n\tuploadpack = touch MARKER; git-upload-pack #.url=\n",
+])
+def test_a_git_config_entry_that_runs_code_is_put_back_however_it_is_spelled(repo, tmp_path,
+                                                                              entries):
+    """The guard reads .git/config as git does: each of these is an entry git runs, which the
+    guard took for a plain one (a user name, a remote's url) and left in place."""
+    config = (repo / ".git" / "config").read_bytes()
+    (repo / "plant3.py").write_text(f"open('.git/config', 'a').write({entries!r})\n")
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} plant3.py"},
+                      APPROVED)
+    assert "put back .git/config" in result.text
+    assert (repo / ".git" / "config").read_bytes() == config
+
+
 def test_no_process_outlives_its_step_by_a_new_session_or_group(repo, tmp_path):
     """setsid (a double fork) or setpgid took a process out of the group killed at the step's end:
     it wrote the project, a hook say, after the guard had looked."""

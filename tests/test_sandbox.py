@@ -96,6 +96,36 @@ def test_a_read_only_command_writing_an_approved_outside_file_is_told_it_needs_w
     assert f"write access to {target}" in result.text and result.meta["sandbox_refused"] is True
 
 
+def test_a_ruleset_kept_for_a_checkpoint_does_not_let_a_read_only_command_write_its_paths(world):
+    """A Workspace reuses a ruleset built from the same facts; whether the approved paths are
+    writable (a checkpoint's shadow repository) was not among them, so a read-only command approved
+    to read the same folder got the checkpoint's write access to it (and the other way round)."""
+    shadow = world.tmp / "shadow"
+    shadow.mkdir()
+    writer = replace(READ_ONLY, paths=(str(shadow),), paths_write=True)
+
+    async def scenario(box):
+        wrote = await bash(box, f"touch {shadow}/by-checkpoint", writer)
+        await bash(box, f"touch {shadow}/by-reader", READ_ONLY, paths=[str(shadow)])
+        return wrote
+    wrote = drive(world, scenario)
+    assert "Exit code: 0" in wrote.text and (shadow / "by-checkpoint").exists()
+    assert not (shadow / "by-reader").exists()
+
+
+def test_a_refusal_in_a_project_kept_under_a_folder_named_dev_is_explained(world):
+    """explain took every path with "/dev/" in it for a device and said nothing of it: in a project
+    kept in ~/dev, no refusal was explained."""
+    project = world.home / "dev" / "app"
+    project.mkdir(parents=True)
+    target = project / "out.txt"
+    write = f"{sys.executable} -c 'open(\"{target}\", \"w\").write(\"x\")'"
+    in_dev = SimpleNamespace(**{**vars(world), "project": project})
+    result = drive(in_dev, lambda box: bash(box, write, READ_ONLY))
+    assert not target.exists() and "PermissionError" in result.text
+    assert f"write access to {target}" in result.text and result.meta["sandbox_refused"] is True
+
+
 def test_a_command_cannot_read_the_ssh_key(world):
     key = world.home / ".ssh" / "id_rsa"
     result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'print(open(\"{key}\").read())'"))
@@ -587,11 +617,16 @@ def test_the_users_own_shell_command_runs_unconfined(world):
     assert target.read_text() == "mine\n"
 
 
-def test_every_env_file_that_asks_as_a_secret_has_its_values_masked():
+def test_every_env_file_that_asks_as_a_secret_has_its_values_masked(tmp_path):
     """One secret vocabulary (sandbox.py): .env.dist asks before it is read, so its values are
     masked in what the model sees as well; a template's are not."""
     for name in (".env", ".env.dist", ".env.local", "prod.env", ".ENV", ".env.example", ".env.sample"):
-        assert tools._is_dotenv(name) == sandbox.is_secret_name(name), name
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_text("TOKEN=value-of-the-file\n")
+        dotenv = tools._DotEnv(folder)
+        dotenv.refresh()
+        assert (dotenv.values == ["value-of-the-file"]) == sandbox.is_secret_name(name), name
 
 
 def test_a_read_only_command_cannot_read_a_secret_file_whatever_its_case(world):

@@ -937,6 +937,16 @@ def test_neither_search_engine_follows_a_link_out_of_the_project(box, tmp_path):
             assert "outside-secret-value" not in slow.text
 
 
+
+def test_a_quoted_env_value_with_a_comment_after_it_is_masked(box):
+    """KEY="value" # note: the value was taken with its quotes, so the value itself, as a program
+    reads and prints it, was shown unmasked."""
+    (box.root / ".env").write_text('API_KEY="quoted-s3cret-77" # prod\nOLD=\'single-s3cret-88\'  # x\n')
+    shown = box.call("bash", command="echo quoted-s3cret-77 single-s3cret-88")
+    assert "quoted-s3cret-77" not in shown.text and "single-s3cret-88" not in shown.text
+    assert shown.text.count(tools.DOTENV_MASK) == 2
+
+
 def test_a_password_in_a_url_is_masked_and_a_masked_secret_is_never_written_back(box):
     """The model sees neither a remote's password nor a .env value, and writing back what it saw
     (a whole .env with its values masked) is refused, so no secret is lost."""
