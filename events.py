@@ -491,7 +491,9 @@ class SessionStore:
             data = path.read_bytes()
         except OSError as e:
             raise SessionFileError(path, f"cannot be read ({e.strerror})") from None
-        events, numbers, warnings = [], [], []
+        events = []
+        numbers = []
+        warnings = []
         if data and not data.endswith(b"\n"):
             keep = data.rfind(b"\n") + 1
             warnings.append(f"{path}: the last line was cut off mid-write (a crash); dropped it "
