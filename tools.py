@@ -811,7 +811,7 @@ GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
     r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*"
-    r"|user\.\w+|init\.\w+|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
+    r"|user\.\w+|init\.defaultbranch|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
     r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
     r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
 # A git config file as git's config.c reads it, token by token: blanks (only these: a form feed

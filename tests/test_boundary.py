@@ -328,6 +328,8 @@ def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir
     "[core]\n\teol = lf\\\n[user]\n\tfsmonitor = touch MARKER\n",
     # a plain key's name in a comment after a value
     "[remote \"o\"]\n\turl = .\n\tuploadpack = touch MARKER; git-upload-pack #.url=\n",
+    # the hooks a later `git init` (run again in the repository) copies in
+    "[init]\n\ttemplateDir = planted-templates\n",
 ])
 def test_a_git_config_entry_that_runs_code_is_put_back_however_it_is_spelled(repo, tmp_path,
                                                                               entries):
