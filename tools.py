@@ -412,6 +412,8 @@ class Child:
     transports: list = field(default_factory=list)
     # The guarded files before an approved step started it (see guard_record); None: read-only.
     guarded: dict | None = None
+    # the index's gitlinks then (see gitlinks)
+    gitlinks: tuple = ()
 
     @property
     def pid(self) -> int:
@@ -443,6 +445,8 @@ class Workspace:
         self.abi = sandbox.probe()[0]
         # The project's secret files, left out of what a read-only command may read.
         self.secrets = sandbox.SecretScan()
+        # .git/index's stamp and the gitlinks it held (see gitlinks)
+        self.gitlinks: tuple = (None, ())
         # Landlock ruleset fds by what they were built from (see prepare), which runs in threads.
         self.rulesets: dict[tuple, int] = {}
         self.rulesets_lock = threading.Lock()
@@ -808,9 +812,15 @@ GIT_CONFIG = ".git/config"
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
 GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
+# and, for each gitlink (a submodule) in the index, the config of the repository it names: `git
+# status` runs git there, which reads that config (gitlinks; a nested one may also set its
+# work tree, as `git submodule add` does). Its .git may be a file that points to that repository:
+# only into .git/modules/<its path>, as `git submodule add` writes it.
+NESTED_CONFIGS = ("{}/.git/config", ".git/modules/{}/config", "{}/.git")
+NESTED_PLAIN = re.compile(r"core\.worktree", re.I)
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
-    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*"
+    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
     r"|user\.\w+|init\.defaultbranch|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
     r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
     r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
@@ -827,21 +837,41 @@ GIT_CONFIG_TOKEN = re.compile(r"""
 GUARD_FILE_CAP = 1 << 20
 
 
-def guard_record(project: Path) -> dict[str, tuple[int, bytes] | None]:
+def gitlinks(ws: Workspace) -> tuple[str, ...]:
+    """The paths .git/index holds a gitlink at, listed again only when the index changed."""
+    try:
+        info = os.stat(ws.cwd / ".git" / "index")
+    except OSError:
+        return ()
+    stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
+    if ws.gitlinks[0] != stamp:
+        code, out = ws.capture(["git", "ls-files", "--stage", "-z"], cwd=ws.cwd)
+        # "160000 <hash> <stage>\t<path>"
+        links = [entry.split("\t", 1)[1] for entry in out.split("\0")
+                 if code == 0 and entry.startswith("160000 ")]
+        ws.gitlinks = (stamp, tuple(links))
+    return ws.gitlinks[1]
+
+
+def nested_configs(links: tuple[str, ...]) -> list[str]:
+    return [form.format(link) for link in links for form in NESTED_CONFIGS]
+
+
+def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
     through a link is recorded as that link and never walked: what it points to is not ours. Every
     folder is opened without following a link, and walked from its descriptor, so one swapped for a
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (*GUARDED_FILES, *GUARDED_DIRS):
+    for top in (*GUARDED_FILES, *nested_configs(links), *GUARDED_DIRS):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or top in GUARDED_FILES:
+        if link is not None or top not in GUARDED_DIRS:
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -878,13 +908,15 @@ def _first_link(project: Path, rel: str) -> str | None:
 
 
 def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
-                confine: Confine) -> str:
+                confine: Confine, links: tuple[str, ...] = ()) -> str:
     """After an approved step: put back what it changed of the guarded files since `before`,
     unless the user approved this very command and it names them; what the step wrote goes to
-    spill/guarded. The note says what was put back, and where its version was kept."""
+    spill/guarded. `links`: the gitlinks before and after it. The note says what was put back,
+    and where its version was kept."""
     named = command if confine.attended else ""
     keep = spill_dir / "guarded"
-    after = guard_record(project)
+    nested = nested_configs(links)
+    after = guard_record(project, links)
     restored = []
     lost = []
     for rel in sorted(set(before) | set(after)):
@@ -893,6 +925,9 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         if old == new or _named(rel, named):
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
+            continue
+        # a repository a gitlink names may be made, changed plainly or removed (nothing then runs)
+        if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new)):
             continue
         # a copy that cannot be kept (a step filled the disk) must not keep the change in place
         if new is not None:
@@ -961,10 +996,25 @@ def _named(rel: str, command: str) -> bool:
     return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
 
 
-def _git_config_plain(old: bytes, new: bytes) -> bool:
-    """Whether two versions of .git/config differ only in entries that run nothing."""
+def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes]) -> bool:
+    if not rel.endswith("/.git"):
+        return _git_config_plain(old, new[1], nested=True)
+    link = rel[:-len("/.git")]
+    pointer = new[1].decode("utf-8", "replace")
+    if not stat.S_ISREG(new[0]) or not pointer.startswith("gitdir:"):
+        return False
+    target = os.path.normpath(os.path.join(link, pointer[len("gitdir:"):].strip()))
+    return target == f".git/modules/{link}"
+
+
+def _git_config_plain(old: bytes, new: bytes, nested: bool = False) -> bool:
+    """Whether two versions of .git/config differ only in entries that run nothing (`nested`: the
+    config of a repository a gitlink names, which may also set its work tree)."""
     changed = _config_entries(old) ^ _config_entries(new)
-    return all(GIT_CONFIG_PLAIN.fullmatch(name) for name, _ in changed)
+    for name, _ in changed:
+        if not GIT_CONFIG_PLAIN.fullmatch(name) and not (nested and NESTED_PLAIN.fullmatch(name)):
+            return False
+    return True
 
 
 def _config_entries(data: bytes) -> set[tuple[str, str | None]]:
@@ -2144,7 +2194,9 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
         box.groups.discard(child.pid)
         child.close_pipes()
         if child.guarded is not None:
-            note = guard_check(box.workspace.cwd, box.spill_dir, child.guarded, command, confine)
+            links = (*child.gitlinks, *gitlinks(box.workspace))
+            note = guard_check(box.workspace.cwd, box.spill_dir, child.guarded, command, confine,
+                               tuple(dict.fromkeys(links)))
             if note:
                 on_text(f"\n{note}\n")
 
@@ -3473,8 +3525,10 @@ async def _start(box: Toolbox, command: str, confine: Confine, cwd: Path | None 
     step, the guarded files as they were before it in child.guarded."""
     ws = box.workspace
     guarded = None
+    links = ()
     if confine.write:
-        guarded = await asyncio.to_thread(guard_record, ws.cwd)
+        links = await asyncio.to_thread(gitlinks, ws)
+        guarded = await asyncio.to_thread(guard_record, ws.cwd, links)
 
     def ports() -> set[int]:
         """Without network, a command may still connect to what khaelor's own processes listen on:
@@ -3485,6 +3539,7 @@ async def _start(box: Toolbox, command: str, confine: Confine, cwd: Path | None 
     child = await ws.exec(command, cwd=cwd, stdin=stdin, confine=confine, ports=ports)
     box.groups.add(child.pid)
     child.guarded = guarded
+    child.gitlinks = links
     return child
 
 # ---------------------------------------------------------------- process: background processes

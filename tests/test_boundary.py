@@ -343,6 +343,58 @@ def test_a_git_config_entry_that_runs_code_is_put_back_however_it_is_spelled(rep
     assert (repo / ".git" / "config").read_bytes() == config
 
 
+NESTED = """
+import os, subprocess, sys
+def git(*args, cwd="."):
+    return subprocess.run(["git", "-c", "user.name=a", "-c", "user.email=a@b", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout.strip()
+how = sys.argv[1]
+os.makedirs("sub")
+git("init", "-q", cwd="sub")
+git("commit", "-q", "--allow-empty", "-m", "s", cwd="sub")
+head = git("rev-parse", "HEAD", cwd="sub")
+payload = "touch MARKER; false"
+if how == "config":
+    git("config", "core.fsmonitor", payload, cwd="sub")
+else:
+    # the repository git will read is elsewhere, named by a .git file
+    os.rename("sub/.git", "elsewhere" if how == "pointer" else ".git/modules/sub")
+    target = "../elsewhere" if how == "pointer" else "../.git/modules/sub"
+    open("sub/.git", "w").write("gitdir: " + target + chr(10))
+    git("config", "core.fsmonitor", payload, cwd="sub")
+git("update-index", "--add", "--cacheinfo", "160000," + head + ",sub")
+"""
+
+
+@pytest.mark.parametrize("how", ["config", "pointer", "modules"])
+def test_a_planted_submodule_whose_repository_runs_code_is_put_back(repo, tmp_path, how):
+    """A gitlink in the index makes `git status` run git in that folder, with its repository's
+    config: a step that made one with core.fsmonitor got the user's next `git status` to run it,
+    unconfined, whichever way .git named that repository."""
+    os.makedirs(repo / ".git" / "modules")
+    (repo / "nested.py").write_text(NESTED)
+    result = run_tool(repo, tmp_path / "kh", "bash",
+                      {"command": f"{sys.executable} nested.py {how}"}, APPROVED)
+    assert "put back" in result.text, result.text
+    subprocess.run(["git", "status"], cwd=repo, capture_output=True)
+    assert not (repo / "MARKER").exists()
+
+
+def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
+    """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
+    nothing in that runs code, and nothing is put back."""
+    origin = tmp_path / "origin"
+    subprocess.run(["git", "init", "-q", str(origin)], check=True)
+    subprocess.run(["git", "-C", str(origin), "-c", "user.name=a", "-c", "user.email=a@b", "commit",
+                    "-q", "--allow-empty", "-m", "o"], check=True)
+    command = f"git -c protocol.file.allow=always submodule add -q {origin} lib"
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": command},
+                      sandbox.Confine(paths=(str(origin),)))
+    assert "put back" not in result.text, result.text
+    status = subprocess.run(["git", "status", "--short"], cwd=repo, capture_output=True, text=True)
+    assert "lib" in status.stdout and status.returncode == 0
+
+
 def test_no_process_outlives_its_step_by_a_new_session_or_group(repo, tmp_path):
     """setsid (a double fork) or setpgid took a process out of the group killed at the step's end:
     it wrote the project, a hook say, after the guard had looked."""
