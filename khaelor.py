@@ -539,7 +539,8 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     sub = parser.add_subparsers(dest="action")
     check = sub.add_parser(
         "check", help="what would happen to a call, without running it")
-    check.add_argument("--json", action="store_true")
+    # before or after `check` alike (a default here would undo the one given before it)
+    check.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     target = check.add_mutually_exclusive_group(required=True)
     for kind, metavar in (("bash", "COMMAND"), ("read", "PATH"), ("write", "PATH")):
         # args.call: (kind, what), as permissions.check takes them

@@ -111,7 +111,8 @@ def test_permissions_check_reports_decisions_as_json(khaelor):
     assert ls["decision"] == "allow" and ls["floor"] is False
     push = json.loads(khaelor.run("permissions", "check", "--json", "--bash", "git push origin main").stdout)
     assert push["decision"] == "ask" and push["suggestion"] == "git push *"
-    outside = json.loads(khaelor.run("permissions", "check", "--json", "--write", "../elsewhere.txt").stdout)
+    # --json before `check` too
+    outside = json.loads(khaelor.run("permissions", "--json", "check", "--write", "../elsewhere.txt").stdout)
     assert outside["capability"] == "filesystem.outsideProject" and outside["decision"] == "ask"
     listing = khaelor.run("permissions")
     assert listing.returncode == 0 and "default" in listing.stdout
