@@ -95,10 +95,11 @@ LIST_ONLY = frozenset({"READ_DIR"})
 # The one secret vocabulary: what the kernel closes, what permissions.py asks before reading, what
 # grep and glob skip. Secret files by name (lower-cased: .ENV is .env on a case-insensitive file
 # system); a command searching a tree that holds one asks.
-# Environment files, KEY=value lines: tools.py also masks their values in every output.
-ENV_FILES = (".env", ".env.*", "*.env")
+# Environment files, KEY=value lines (direnv's: export KEY=value): tools.py also masks their
+# values in every output.
+ENV_FILES = (".env", ".env.*", "*.env", ".envrc")
 SECRET_NAMES = (
-    *ENV_FILES, ".envrc",
+    *ENV_FILES,
     # credentials of git, package registries and hosts
     ".git-credentials", ".npmrc", ".pypirc", ".netrc", "_netrc",
     # SSH identities are named id_<algorithm> (id_*), spelled out so that id_utils.py stays code

@@ -620,10 +620,13 @@ def test_the_users_own_shell_command_runs_unconfined(world):
 def test_every_env_file_that_asks_as_a_secret_has_its_values_masked(tmp_path):
     """One secret vocabulary (sandbox.py): .env.dist asks before it is read, so its values are
     masked in what the model sees as well; a template's are not."""
-    for name in (".env", ".env.dist", ".env.local", "prod.env", ".ENV", ".env.example", ".env.sample"):
+    names = (".env", ".env.dist", ".env.local", "prod.env", ".ENV", ".env.example", ".env.sample",
+             ".envrc")
+    for name in names:
         folder = tmp_path / name.replace(".", "_")
         folder.mkdir()
-        (folder / name).write_text("TOKEN=value-of-the-file\n")
+        # direnv's .envrc is a shell script: export KEY=value
+        (folder / name).write_text("export " * (name == ".envrc") + "TOKEN=value-of-the-file\n")
         dotenv = tools._DotEnv(folder)
         dotenv.refresh()
         assert (dotenv.values == ["value-of-the-file"]) == sandbox.is_secret_name(name), name
