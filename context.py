@@ -696,8 +696,8 @@ def prune_ids(state: events.State) -> list[str]:
 def _attached_reads(state: events.State) -> set:
     """tool_use_ids of reads of a file the user attached with @path: the user put it in the
     conversation, so it stays whole."""
-    mentioned = {os.path.normpath(spec.replace("\\ ", " ").rstrip(".,;:!?)]}'\""))
-                 for _, text in state.user_texts for _, spec in imports_in(text)}
+    mentioned = {os.path.normpath(name)
+                 for _, text in state.user_texts for name in events.mentions(text)}
     if not mentioned:
         return set()
     attached = set()

@@ -398,6 +398,21 @@ def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
     return f"${cost:.{digits}f}"
 
 
+# An @-mention in a user's message: @path, or @"a path with spaces" as the composer completes it.
+MENTION_RE = re.compile(r'(?:^|(?<=\s))@(?:"([^"\n]+)"|([^\s@"]+))')
+
+
+def mentions(text: str) -> list[str]:
+    """The paths a message @-mentions, each once, in order. "see @calc.py," names calc.py: the
+    sentence's punctuation is not the name's."""
+    names = []
+    for quoted, plain in MENTION_RE.findall(text):
+        name = quoted or plain.rstrip(".,;:!?)'\"")
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
 def counted(n: int, noun: str) -> str:
     """"1 file", "12 files"."""
     return f"{n} {noun}" + "s" * (n != 1)

@@ -28,9 +28,8 @@ CHECKPOINT_INTERVAL_S = 1.0
 CHECKPOINT_CHARS = 4096
 # reminders to run a check before an answer is delivered as it is (ADR-12)
 VERIFY_NUDGES = 2
-# @path in a message (as the composer completes it): attached, up to ATTACH_MAX of them, a file
-# by its first ATTACH_LINES lines (the model pages on with read).
-MENTION_RE = re.compile(r"(?:^|(?<=\s))@([^\s@]+)")
+# @path in a message (events.mentions): attached, up to ATTACH_MAX of them, a file by its first
+# ATTACH_LINES lines (the model pages on with read).
 ATTACH_MAX = 5
 ATTACH_LINES = 500
 # the request fields a 400 may refuse (model.refused_field), as the user knows them
@@ -452,9 +451,7 @@ class Kernel:
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
         show them (a file's first ATTACH_LINES lines, a folder's listing): no round trip."""
-        # "see @calc.py, then": the sentence's punctuation is not the name's; each name once
-        names = dict.fromkeys(name.rstrip(".,;:!?)'\"") for name in MENTION_RE.findall(text))
-        mentions = [name for name in names if name][:ATTACH_MAX]
+        mentions = events.mentions(text)[:ATTACH_MAX]
         if not mentions:
             return {}
         attached = []

@@ -173,6 +173,20 @@ def test_a_file_mentioned_twice_is_attached_once_and_takes_one_place(project, en
     assert [item.split('"')[1] for item in attached] == ["calc.py", "notes.md"]
 
 
+def test_a_path_with_spaces_is_attached_as_the_composer_completes_it(project, env, monkeypatch):
+    """The @ menu completes a name with a space as @"my notes.md"; the kernel read `"my` and
+    attached nothing, and /context's pruning did not know it was attached."""
+    import context
+    import events
+    (project / "my notes.md").write_text("the notes\n")
+
+    async def attach(session):
+        return session.kernel.attachments('compare @"my notes.md", please')
+    attached = in_session(project, env, monkeypatch, attach)["attachments"]
+    assert [item.split('"')[1] for item in attached] == ["my notes.md"]
+    assert events.mentions('@"my notes.md" and @a.py, @""') == ["my notes.md", "a.py"]
+
+
 def test_a_mentioned_file_counts_as_read_so_the_model_can_edit_it_at_once(khaelor, fake, project):
     """As Claude Code: the attachment is the read, no round trip to read it again before an edit."""
     (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
