@@ -834,10 +834,11 @@ def tool_result_text(event: dict) -> str:
 
 
 def api_block(event: dict) -> dict | None:
-    """The assistant content block of a block event; None for an empty text (the API refuses it)."""
+    """The assistant content block of a block event; None for a text of only whitespace (the API
+    streams "\n\n" blocks but refuses them sent back)."""
     kind = event["type"]
     if kind == "ModelTextBlockCompleted":
-        if not event["text"]:
+        if not event["text"].strip():
             return None
         return {"type": "text", "text": event["text"]}
     if kind == "ModelThinkingBlockCompleted":

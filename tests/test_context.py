@@ -247,6 +247,22 @@ def test_breakpoint_skips_thinking_and_empty_text_and_never_mutates_history():
     assert "cache_control" not in out[1]["content"][1] and out[1]["content"][0]["cache_control"] == context.CACHE
 
 
+def test_a_whitespace_only_text_block_from_the_model_is_not_sent_back(tmp_path):
+    """The API streams "\n\n" text blocks before a tool_use and refuses them when replayed
+    ("text content blocks must contain non-whitespace text")."""
+    from fake_api import validate
+    log = Log()
+    log.add("UserMessageCreated", text="hi")
+    log.add("ModelTextBlockCompleted", text="\n\n")
+    log.add("ToolRequested", tool_use_id="toolu_1", name="read", input={"file_path": "x"})
+    log.add("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5", stop_reason="tool_use",
+            usage=usage())
+    log.add("ToolCompleted", tool_use_id="toolu_1", output="ok")
+    request = make_context(tmp_path).build_request(log.state)
+    assert validate(request) is None
+    assert [b["type"] for b in request["messages"][1]["content"]] == ["tool_use"]
+
+
 def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     ctx, requests = make_context(tmp_path), []
     store = events.SessionStore.create(tmp_path / "s")
