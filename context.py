@@ -521,7 +521,7 @@ class Context:
             return None
         usable = usable_tokens(self.model_of(state), self.max_tokens)
         if used > usable:
-            return _prune_or_compact(state, used - usable)
+            return _prune_or_compact(state, used - usable, self.model_of(state))
         if not self.prune_at or used <= self.prune_at:
             return None
         if may_prune_now(state, self.model_of(state)) and worth_pruning(self.prune(state, now_s)):
@@ -554,7 +554,7 @@ class Context:
         if not numbers:
             return "compact"
         asked, maximum = map(int, numbers.groups())
-        return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS)
+        return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS, self.model_of(state))
 
     # -- inspection
     def inspect(self, state: events.State, last_usage: dict | None = None,
@@ -907,8 +907,11 @@ def placeholder(call: dict | None, result: dict) -> str:
     return f"[old tool result removed to save context; {how}]"
 
 
-def _prune_or_compact(state: events.State, excess: int) -> str:
-    """"prune" when pruning alone frees `excess` tokens, else "compact"."""
+def _prune_or_compact(state: events.State, excess: int, model: str) -> str:
+    """"prune" when pruning alone frees `excess` tokens, else "compact" (also where a prune would
+    unbind the turn's replayed thinking: a compaction replays none of it)."""
+    if not may_prune_now(state, model):
+        return "compact"
     ids = prune_ids(state)
     freed = sum(state.prunable[tool_use_id].tokens for tool_use_id in ids)
     return "prune" if ids and freed >= excess else "compact"

@@ -117,6 +117,19 @@ def test_a_binding_model_prunes_at_a_turn_boundary_only(tmp_path):
     assert binding.plan(mid_turn.state, NOW_S) == "prune"
 
 
+def test_at_the_window_end_mid_turn_a_binding_model_compacts_instead_of_pruning(tmp_path):
+    """A prune rewrites the history the turn's replayed thinking is bound to: the next request
+    would be a 400 (bound to a different conversation). A compaction replays none of it."""
+    binding = make_context(tmp_path, model="claude-sonnet-5-5")
+    mid_turn = read_turn(Log(), 10, 32_000, thinking=True)
+    respond(mid_turn, "tool_use", binding.usable_tokens + 1)
+    assert context.prune_ids(mid_turn.state), "pruning alone would free enough"
+    assert binding.plan(mid_turn.state, NOW_S) == "compact"
+    too_long = "prompt is too long: 1000500 tokens > 1000000 maximum"
+    assert binding.overflow_plan(mid_turn.state, too_long) == "compact"
+    assert make_context(tmp_path, model="claude-opus-4-8").plan(mid_turn.state, NOW_S) == "prune"
+
+
 def test_where_pruning_cannot_keep_a_small_window_the_same_rule_compacts_at_a_turn_start(tmp_path):
     log = Log()
     log.add("UserMessageCreated", text="design notes:\n" + "words " * 70_000)    # ~105K tokens of talk
