@@ -121,6 +121,21 @@ def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
     assert kind == "ToolRequested" and payload["input"] == {} and "not valid JSON" in payload["input_error"]
 
 
+def test_a_tool_input_with_nan_or_infinity_is_an_input_error_not_a_session_that_cannot_send():
+    """Python reads NaN and Infinity, which are not JSON: kept in the tool_use, every later request
+    of the session failed to serialize ("Out of range float values are not JSON compliant")."""
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        out = wire(
+            {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "tool_use", "id": "tu", "name": "read", "input": {}}},
+            {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "input_json_delta", "partial_json": '{"file_path": "a.py", "limit": ' + literal + "}"}},
+            {"type": "content_block_stop", "index": 0},
+        )
+        kind, payload = out[-1]
+        assert kind == "ToolRequested" and payload["input"] == {} and "not valid JSON" in payload["input_error"]
+
+
 # ---------------------------------------------------------------- the supervised turn (real wiring, fake API)
 
 def test_a_turn_that_raises_ends_in_task_failed_and_the_session_goes_on(project, env, fake, monkeypatch):
