@@ -699,7 +699,15 @@ def _lock(log_path: Path) -> int:
 
 
 def _encode(event: dict) -> bytes:
-    return (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    line = json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n"
+    try:
+        return line.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a file name that is not UTF-8, as Python reads it) can be neither
+        # written nor sent to the API: U+FFFD, in the event too, so the session and the log agree.
+        line = re.sub("[\ud800-\udfff]", "\ufffd", line)
+        event.update(json.loads(line))
+        return line.encode()
 
 
 def _parse_line(line: bytes) -> dict | None:
