@@ -751,14 +751,17 @@ def cache_prices(model: str) -> tuple[float, float]:
 
 
 def may_prune_now(state: events.State, model: str) -> bool:
-    """At a user turn's first request; mid-turn only where no replayed thinking binds history."""
-    if state.responses_in_turn == 0:
-        return True
+    """Where no replayed thinking binds the history before it: on a binding model, none in the
+    API's turn, from the newest user message without a tool_result (a message sent after an Esc
+    cut a tool loop off joins its results: that loop goes on)."""
     if not model.startswith(BINDING_MODELS):
         return True
-    turn_seq = state.user_texts[-1][0] if state.user_texts else 0
-    return not any(event["type"] == "ModelThinkingBlockCompleted" and event["seq"] > turn_seq
-                   for event in state.uncut)
+    messages = state.messages
+    opening = max((i for i, message in enumerate(messages) if message["role"] == "user"
+                   and all(block["type"] != "tool_result" for block in message["content"])),
+                  default=0)
+    return not any(block["type"] in ("thinking", "redacted_thinking")
+                   for message in messages[opening:] for block in message["content"])
 
 
 def cache_expired(state: events.State, now_s: float | None = None) -> bool:
