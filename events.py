@@ -933,7 +933,8 @@ def _grow(conversation: Conversation, attempt: Attempt, event: dict,
         conversation.add_response([{"type": "ModelTextBlockCompleted", "text": attempt.cut_text}])
         conversation.add_user_text(INTERRUPTED_NOTE)
     kind = event["type"]
-    if kind in USER_TEXT_EVENTS and user_text(event):
+    # text of only whitespace: the API refuses it (a message of blank lines, from an older khaelor)
+    if kind in USER_TEXT_EVENTS and user_text(event).strip():
         conversation.add_user_text(user_text(event))
     elif kind in TOOL_RESULT_EVENTS:
         conversation.add_result(event, pruned)

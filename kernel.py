@@ -443,7 +443,10 @@ class Kernel:
 
     def submit(self, text: str, model: str | None = None) -> None:
         """A user message; while a turn runs it is queued as steering instead. `model`: the one
-        this turn's requests use (a command file's), recorded with the message."""
+        this turn's requests use (a command file's), recorded with the message. Only whitespace (a
+        paste of blank lines) is no message: nothing to ask, and the API refuses it."""
+        if not text.strip():
+            return
         if self.busy:
             self.emit("SteeringQueued", text=text)
             return

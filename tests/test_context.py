@@ -263,6 +263,24 @@ def test_a_whitespace_only_text_block_from_the_model_is_not_sent_back(tmp_path):
     assert [b["type"] for b in request["messages"][1]["content"]] == ["tool_use"]
 
 
+def test_a_whitespace_only_user_message_does_not_stay_in_every_later_request(tmp_path):
+    """A paste of blank lines sent as a message: its text block would be refused by the API in
+    this request and in every later one, since each later message joins the same user message."""
+    from fake_api import validate
+    log = Log()
+    log.add("UserMessageCreated", text="hi")
+    log.add("ModelTextBlockCompleted", text="hello")
+    log.add("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5", stop_reason="end_turn",
+            usage=usage())
+    log.add("TaskCompleted", evidence={})
+    log.add("UserMessageCreated", text=" \n\n  \n")
+    log.add("TaskFailed", reason="x")
+    log.add("UserMessageCreated", text="go on")
+    request = make_context(tmp_path).build_request(log.state)
+    assert validate(request) is None
+    assert [b["text"] for b in request["messages"][-1]["content"]] == ["go on"]
+
+
 def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     ctx, requests = make_context(tmp_path), []
     store = events.SessionStore.create(tmp_path / "s")

@@ -276,6 +276,19 @@ def test_the_log_is_fsynced_off_the_event_loop(kernel_turn, fake, project, monke
 
 # ---------------------------------------------------------------- one truth: the log and memory agree
 
+def test_a_message_of_only_whitespace_opens_no_turn(tmp_path):
+    """A paste of blank lines sent as a message: nothing to ask, and a request would be refused."""
+    import context
+    import kernel
+    store = events.SessionStore.create(tmp_path / "sessions")
+    ctx = context.Context(project_root=tmp_path, cwd=tmp_path, home=tmp_path / "home",
+                          model="claude-sonnet-5-5", tool_schemas=[])
+    agent = kernel.Kernel(bus=events.Bus(store), model=None, toolbox=None, ctx=ctx, rules=[],
+                          project_root=tmp_path, ask=None)
+    agent.submit(" \n\n\t\n")
+    assert store.events == [] and not store.state.turn_open
+
+
 def test_a_command_files_model_holds_for_its_turn_and_a_model_chosen_meanwhile_is_kept(tmp_path):
     """The model of a request is recorded with its turn's message: a `/model` given while a command
     file's turn runs is not reverted in memory when the turn ends (the log keeps it too)."""
