@@ -122,9 +122,10 @@ def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
 
 
 def test_a_tool_input_with_nan_or_infinity_is_an_input_error_not_a_session_that_cannot_send():
-    """Python reads NaN and Infinity, which are not JSON: kept in the tool_use, every later request
-    of the session failed to serialize ("Out of range float values are not JSON compliant")."""
-    for literal in ("NaN", "Infinity", "-Infinity"):
+    """Python reads NaN and Infinity, which are not JSON, and 1e999 as infinity: kept in the
+    tool_use, every later request of the session failed to serialize ("Out of range float values
+    are not JSON compliant")."""
+    for literal in ("NaN", "Infinity", "-Infinity", "1e999"):
         out = wire(
             {"type": "content_block_start", "index": 0,
              "content_block": {"type": "tool_use", "id": "tu", "name": "read", "input": {}}},
