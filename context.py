@@ -521,7 +521,7 @@ class Context:
             return None
         usable = usable_tokens(self.model_of(state), self.max_tokens)
         if used > usable:
-            return _prune_or_compact(state, used - usable)
+            return _prune_or_compact(state, used - usable, self.model_of(state))
         if not self.prune_at or used <= self.prune_at:
             return None
         if may_prune_now(state, self.model_of(state)) and worth_pruning(self.prune(state, now_s)):
@@ -554,7 +554,7 @@ class Context:
         if not numbers:
             return "compact"
         asked, maximum = map(int, numbers.groups())
-        return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS)
+        return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS, self.model_of(state))
 
     # -- inspection
     def inspect(self, state: events.State, last_usage: dict | None = None,
@@ -751,14 +751,17 @@ def cache_prices(model: str) -> tuple[float, float]:
 
 
 def may_prune_now(state: events.State, model: str) -> bool:
-    """At a user turn's first request; mid-turn only where no replayed thinking binds history."""
-    if state.responses_in_turn == 0:
-        return True
+    """Where no replayed thinking binds the history before it: on a binding model, none in the
+    API's turn, from the newest user message without a tool_result (a message sent after an Esc
+    cut a tool loop off joins its results: that loop goes on)."""
     if not model.startswith(BINDING_MODELS):
         return True
-    turn_seq = state.user_texts[-1][0] if state.user_texts else 0
-    return not any(event["type"] == "ModelThinkingBlockCompleted" and event["seq"] > turn_seq
-                   for event in state.uncut)
+    messages = state.messages
+    opening = max((i for i, message in enumerate(messages) if message["role"] == "user"
+                   and all(block["type"] != "tool_result" for block in message["content"])),
+                  default=0)
+    return not any(block["type"] in ("thinking", "redacted_thinking")
+                   for message in messages[opening:] for block in message["content"])
 
 
 def cache_expired(state: events.State, now_s: float | None = None) -> bool:
@@ -907,8 +910,11 @@ def placeholder(call: dict | None, result: dict) -> str:
     return f"[old tool result removed to save context; {how}]"
 
 
-def _prune_or_compact(state: events.State, excess: int) -> str:
-    """"prune" when pruning alone frees `excess` tokens, else "compact"."""
+def _prune_or_compact(state: events.State, excess: int, model: str) -> str:
+    """"prune" when pruning alone frees `excess` tokens, else "compact" (also where a prune would
+    unbind the turn's replayed thinking: a compaction replays none of it)."""
+    if not may_prune_now(state, model):
+        return "compact"
     ids = prune_ids(state)
     freed = sum(state.prunable[tool_use_id].tokens for tool_use_id in ids)
     return "prune" if ids and freed >= excess else "compact"

@@ -714,7 +714,15 @@ def _lock(log_path: Path) -> int:
 
 
 def _encode(event: dict) -> bytes:
-    return (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    line = json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n"
+    try:
+        return line.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a file name that is not UTF-8, as Python reads it) can be neither
+        # written nor sent to the API: U+FFFD, in the event too, so the session and the log agree.
+        line = re.sub("[\ud800-\udfff]", "\ufffd", line)
+        event.update(json.loads(line))
+        return line.encode()
 
 
 def _parse_line(line: bytes) -> dict | None:
@@ -849,10 +857,11 @@ def tool_result_text(event: dict) -> str:
 
 
 def api_block(event: dict) -> dict | None:
-    """The assistant content block of a block event; None for an empty text (the API refuses it)."""
+    """The assistant content block of a block event; None for a text of only whitespace (the API
+    streams "\n\n" blocks but refuses them sent back)."""
     kind = event["type"]
     if kind == "ModelTextBlockCompleted":
-        if not event["text"]:
+        if not event["text"].strip():
             return None
         return {"type": "text", "text": event["text"]}
     if kind == "ModelThinkingBlockCompleted":
@@ -939,7 +948,8 @@ def _grow(conversation: Conversation, attempt: Attempt, event: dict,
         conversation.add_response([{"type": "ModelTextBlockCompleted", "text": attempt.cut_text}])
         conversation.add_user_text(INTERRUPTED_NOTE)
     kind = event["type"]
-    if kind in USER_TEXT_EVENTS and user_text(event):
+    # text of only whitespace: the API refuses it (a message of blank lines, from an older khaelor)
+    if kind in USER_TEXT_EVENTS and user_text(event).strip():
         conversation.add_user_text(user_text(event))
     elif kind in TOOL_RESULT_EVENTS:
         conversation.add_result(event, pruned)

@@ -372,6 +372,8 @@ class StreamReducer:
                    "input": {}}
         try:
             parsed = json.loads(streamed) if streamed.strip() else {}
+            # NaN, Infinity, 1e999: Python reads them, but no request carrying them can be sent
+            json.dumps(parsed, allow_nan=False)
         except (ValueError, RecursionError) as e:
             # RecursionError: absurdly deep nesting
             problem = f"the input was not valid JSON ({str(e)[:200]})"
@@ -437,7 +439,10 @@ class Kernel:
 
     def submit(self, text: str, model: str | None = None) -> None:
         """A user message; while a turn runs it is queued as steering instead. `model`: the one
-        this turn's requests use (a command file's), recorded with the message."""
+        this turn's requests use (a command file's), recorded with the message. Only whitespace (a
+        paste of blank lines) is no message: nothing to ask, and the API refuses it."""
+        if not text.strip():
+            return
         if self.busy:
             self.emit("SteeringQueued", text=text)
             return
@@ -520,8 +525,8 @@ class Kernel:
             return "failed"
         finally:
             if self.state.unrecorded:
-                # after the last step: what a rewind compares the tree with (still busy: a
-                # /rewind waits for it)
+                # after the last step of a turn cut short (steps takes it before a turn ends): what
+                # a rewind compares the tree with (still busy: a /rewind waits for it)
                 await self.checkpoint("", "after the turn")
             self.busy = False
             await self.bus.store.sync_off_loop()
@@ -542,6 +547,10 @@ class Kernel:
                 await self.request_verification()
             elif step in ("prune", "compact"):
                 await self.keep_in_budget(step)
+            elif self.state.unrecorded and await self.checkpoint("", "after the turn"):
+                # before the turn ends: a message sent meanwhile is its steering (it is busy), and
+                # is answered, not left queued after it
+                continue
             else:
                 return self.finish(step)
 

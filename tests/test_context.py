@@ -247,6 +247,40 @@ def test_breakpoint_skips_thinking_and_empty_text_and_never_mutates_history():
     assert "cache_control" not in out[1]["content"][1] and out[1]["content"][0]["cache_control"] == context.CACHE
 
 
+def test_a_whitespace_only_text_block_from_the_model_is_not_sent_back(tmp_path):
+    """The API streams "\n\n" text blocks before a tool_use and refuses them when replayed
+    ("text content blocks must contain non-whitespace text")."""
+    from fake_api import validate
+    log = Log()
+    log.add("UserMessageCreated", text="hi")
+    log.add("ModelTextBlockCompleted", text="\n\n")
+    log.add("ToolRequested", tool_use_id="toolu_1", name="read", input={"file_path": "x"})
+    log.add("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5", stop_reason="tool_use",
+            usage=usage())
+    log.add("ToolCompleted", tool_use_id="toolu_1", output="ok")
+    request = make_context(tmp_path).build_request(log.state)
+    assert validate(request) is None
+    assert [b["type"] for b in request["messages"][1]["content"]] == ["tool_use"]
+
+
+def test_a_whitespace_only_user_message_does_not_stay_in_every_later_request(tmp_path):
+    """A paste of blank lines sent as a message: its text block would be refused by the API in
+    this request and in every later one, since each later message joins the same user message."""
+    from fake_api import validate
+    log = Log()
+    log.add("UserMessageCreated", text="hi")
+    log.add("ModelTextBlockCompleted", text="hello")
+    log.add("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5", stop_reason="end_turn",
+            usage=usage())
+    log.add("TaskCompleted", evidence={})
+    log.add("UserMessageCreated", text=" \n\n  \n")
+    log.add("TaskFailed", reason="x")
+    log.add("UserMessageCreated", text="go on")
+    request = make_context(tmp_path).build_request(log.state)
+    assert validate(request) is None
+    assert [b["text"] for b in request["messages"][-1]["content"]] == ["go on"]
+
+
 def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     ctx, requests = make_context(tmp_path), []
     store = events.SessionStore.create(tmp_path / "s")
@@ -270,6 +304,104 @@ def test_replay_from_jsonl_after_compaction_gives_identical_requests(tmp_path):
     assert json.dumps(live) == json.dumps(replayed)
     assert live["messages"][0]["content"][0]["text"] == payload["summary"]
     check_api_valid(live["messages"])
+
+
+def random_session(rng: random.Random, log: Log, ctx: context.Context, send) -> None:
+    """Turns as the kernel records them, at random: thinking, text (some of it empty or blank),
+    parallel calls with big or small results, denials, retried and interrupted replies, Esc during
+    a tool, steering, and the prunes and compactions the context engine plans before each call.
+    `send(thinking_blocks)` builds and checks each request and binds the reply's thinking to it."""
+    async def summarize(request):
+        return {"text": '{"objective": "x"}', "usage": {}, "model": "claude-haiku-5-5"}
+    for turn in range(rng.randint(1, 5)):
+        log.add("UserMessageCreated", text=rng.choice(["go", "next", " \n "]))
+        log.add("EnvironmentNoted", text="<environment>x</environment>")
+        for step in range(rng.randint(1, 10)):
+            plan = ctx.plan(log.state, 1e9)
+            if plan == "prune":
+                log.add("ContextPruned", **ctx.prune(log.state, 1e9))
+            elif plan == "compact" and (payload := asyncio.run(context.compact(log.state, summarize))):
+                log.add("ContextCompacted", **payload)
+            thought = []
+            if rng.random() < 0.7:
+                thought.append({"thinking": f"t{len(log)}", "signature": f"sig{len(log)}"})
+                log.add("ModelThinkingBlockCompleted", thinking=f"t{len(log)}", signature=f"sig{len(log)}")
+            if rng.random() < 0.5:
+                log.add("ModelTextBlockCompleted", text=rng.choice(["ok", "", "\n\n"]))
+            calls = [f"toolu_{len(log)}_{k}" for k in range(rng.choice([0, 1, 1, 2]))]
+            for call in calls:
+                log.add("ToolRequested", tool_use_id=call, name="read", input={"file_path": call})
+            fate = rng.random()
+            if fate < 0.1:
+                log.add("TextCheckpoint", index=0, text="partial")
+                log.add("Interrupted")
+                break
+            if fate < 0.15:
+                log.add("ModelRequestFailed", kind="retryable", status=529, message="x", retrying=True)
+                continue
+            send(thought)
+            log.add("ModelResponseCompleted", message_id="m", model="claude-sonnet-5-5",
+                    stop_reason="tool_use" if calls else "end_turn",
+                    usage=usage(read=rng.choice([1_000, 200_000, 990_000])))
+            if not calls:
+                log.add("TaskCompleted", evidence={})
+                break
+            esc = rng.random() < 0.15
+            for call in calls[:-1] if esc else calls:
+                kind = rng.choice(["ToolCompleted", "ToolFailed", "PermissionDenied"])
+                log.add(kind, tool_use_id=call, name="read", output="x" * rng.choice([10, 40_000, 100_000]),
+                        reason="no", by="user")
+            if esc:
+                log.add("ToolCancelled", tool_use_id=calls[-1], reason="interrupted by the user")
+                log.add("Interrupted")
+                break
+            if rng.random() < 0.1:
+                log.add("SteeringQueued", text="also this")
+                log.add("SteeringInjected", text="also this")
+        else:
+            log.add("TaskFailed", reason="stopped after --max-turns")
+
+
+def carry_on(log: Log) -> None:
+    """What a resumed khaelor records before its next request: Kernel.repair, then Kernel.submit."""
+    for tool_use_id in sorted(log.state.started_tools):
+        log.add("ToolCancelled", tool_use_id=tool_use_id, reason="khaelor exited while the tool was running")
+    if log.state.turn_open and (log.state.attempt.blocks or log.state.attempt.partial):
+        log.add("Interrupted", reason="khaelor exited while the reply was streaming")
+    for call in log.state.pending_tools:
+        log.add("ToolCancelled", tool_use_id=call["tool_use_id"], reason="not run: the user sent a new message")
+    for text in log.state.queued_steering:
+        log.add("SteeringInjected", text=text)
+    log.add("UserMessageCreated", text="carry on")
+    log.add("EnvironmentNoted", text="<environment>y</environment>")
+
+
+def test_random_sessions_and_their_logs_cut_anywhere_give_valid_requests(tmp_path):
+    """Every request of a random session, and the next one after its log is cut anywhere and
+    resumed, passes the API's checks, replayed thinking bound to what it was made for included
+    (Sonnet 5.5 binds it)."""
+    import fake_api
+    ctx = make_context(tmp_path)
+    for seed in range(150):
+        rng = random.Random(seed)
+        ctx.prune_at = rng.choice([0, 2_000, 100_000])
+        log, memory = Log(), fake_api.Memory()
+
+        def send(thought):
+            body = ctx.build_request(log.state)
+            problem = fake_api.validate(body, memory=memory) or fake_api.check_binding(body, memory)
+            assert problem is None, (seed, problem, [e["type"] for e in log][-12:])
+            for block in thought:
+                memory.thinking[block["signature"]] = block["thinking"]
+                memory.bound[block["signature"]] = fake_api._binding_key(body, len(body["messages"]))
+        random_session(rng, log, ctx, send)
+        whole = list(log)
+        for cut in sorted(rng.sample(range(1, len(whole) + 1), min(20, len(whole)))):
+            log[:] = whole[:cut]
+            carry_on(log)
+            if ctx.plan(log.state, 1e9) == "prune":
+                log.add("ContextPruned", **ctx.prune(log.state, 1e9))
+            send([])
 
 
 # ---------------------------------------------------------------- volatile facts

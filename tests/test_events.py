@@ -50,6 +50,25 @@ def test_replay_gives_byte_identical_history(tmp_path):
     assert replayed.next_seq == bus.store.next_seq
 
 
+def test_a_lone_surrogate_in_an_event_is_recorded_as_u_fffd_and_the_request_can_be_sent(tmp_path):
+    """A file name that is not UTF-8 reaches a tool's output as a lone surrogate (read's listing of
+    a folder): it could be neither written to the log (the turn failed: UnicodeEncodeError) nor
+    sent. The log, the live event and the conversation all hold U+FFFD."""
+    bus = new_bus(tmp_path)
+    tool_loop(bus)
+    bus.emit("UserMessageCreated", text="and d?")
+    bus.emit("ToolRequested", tool_use_id="toolu_2", name="read", input={"file_path": "d"})
+    bus.emit("ModelResponseCompleted", message_id="m3", model="claude-sonnet-5-5", stop_reason="tool_use",
+             usage={})
+    event = bus.emit("ToolCompleted", tool_use_id="toolu_2", name="read", output="d/ is a directory:\nbad\udcff.py",
+                     meta={"path": "d/bad\udcff"})
+    assert event["output"].endswith("bad\ufffd.py") and event["meta"] == {"path": "d/bad\ufffd"}
+    messages = bus.store.state.messages
+    json.dumps(messages, ensure_ascii=False).encode()
+    bus.store.close()
+    assert SessionStore.open(bus.store.path).events == bus.store.events
+
+
 def test_history_shapes_a_tool_loop(tmp_path):
     bus = new_bus(tmp_path)
     tool_loop(bus)

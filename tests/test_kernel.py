@@ -121,6 +121,22 @@ def test_a_tool_input_cut_off_by_max_tokens_is_recorded_with_an_input_error():
     assert kind == "ToolRequested" and payload["input"] == {} and "not valid JSON" in payload["input_error"]
 
 
+def test_a_tool_input_with_nan_or_infinity_is_an_input_error_not_a_session_that_cannot_send():
+    """Python reads NaN and Infinity, which are not JSON, and 1e999 as infinity: kept in the
+    tool_use, every later request of the session failed to serialize ("Out of range float values
+    are not JSON compliant")."""
+    for literal in ("NaN", "Infinity", "-Infinity", "1e999"):
+        out = wire(
+            {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "tool_use", "id": "tu", "name": "read", "input": {}}},
+            {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "input_json_delta", "partial_json": '{"file_path": "a.py", "limit": ' + literal + "}"}},
+            {"type": "content_block_stop", "index": 0},
+        )
+        kind, payload = out[-1]
+        assert kind == "ToolRequested" and payload["input"] == {} and "not valid JSON" in payload["input_error"]
+
+
 # ---------------------------------------------------------------- the supervised turn (real wiring, fake API)
 
 def test_a_turn_that_raises_ends_in_task_failed_and_the_session_goes_on(project, env, fake, monkeypatch):
@@ -165,6 +181,49 @@ def test_a_turn_that_raises_ends_in_task_failed_and_the_session_goes_on(project,
     # The second request carried the first turn's call with its result: the history stayed valid.
     assert fake.rejections == []
     assert fake.requests[-1]["body"]["messages"][2]["content"][0]["tool_use_id"] == cancelled[0]["tool_use_id"]
+
+
+def test_a_message_sent_while_the_turn_takes_its_last_checkpoint_is_answered(project, env, fake, monkeypatch):
+    """The turn stays busy while it checkpoints the work tree after its last step (git, a while in a
+    big repository): a message sent then is queued as steering. It was left queued after the turn
+    ended, shown as sent and never answered; it is this turn's steering and gets its answer."""
+    import asyncio
+    from pathlib import Path
+
+    import khaelor as cli
+    from fake_api import reply, text, tool_use
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.chdir(project)
+    fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("made it")),
+                 reply(text("the docs too")))
+
+    async def turn():
+        home = Path(env["KHAELOR_HOME"])
+        args = cli.parse_args(["-p", "x", "--yes"])
+        store = events.SessionStore.create(events.sessions_dir(home, project))
+        agent = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store),
+                                 home, project, None)
+        checkpoint = agent.checkpoint
+
+        async def typed_meanwhile(step, reason):
+            if reason == "after the turn" and not store.state.queued_steering:
+                agent.submit("and the docs?")
+            return await checkpoint(step, reason)
+        agent.checkpoint = typed_meanwhile
+        try:
+            agent.submit("make a file")
+            return await agent.run(), store
+        finally:
+            await agent.toolbox.close()
+            await agent.model.close()
+
+    step, store = asyncio.run(turn())
+    assert step == "done" and store.state.queued_steering == [] and store.state.answer == "the docs too"
+    assert fake.pending == [] and fake.rejections == []
+    assert [e["type"] for e in store.events if e["type"].startswith("Steering")] == ["SteeringQueued",
+                                                                                   "SteeringInjected"]
 
 
 def test_derive_next_decides_pruning_and_compaction_before_a_call():
@@ -217,6 +276,19 @@ def test_the_log_is_fsynced_off_the_event_loop(kernel_turn, fake, project, monke
 
 
 # ---------------------------------------------------------------- one truth: the log and memory agree
+
+def test_a_message_of_only_whitespace_opens_no_turn(tmp_path):
+    """A paste of blank lines sent as a message: nothing to ask, and a request would be refused."""
+    import context
+    import kernel
+    store = events.SessionStore.create(tmp_path / "sessions")
+    ctx = context.Context(project_root=tmp_path, cwd=tmp_path, home=tmp_path / "home",
+                          model="claude-sonnet-5-5", tool_schemas=[])
+    agent = kernel.Kernel(bus=events.Bus(store), model=None, toolbox=None, ctx=ctx, rules=[],
+                          project_root=tmp_path, ask=None)
+    agent.submit(" \n\n\t\n")
+    assert store.events == [] and not store.state.turn_open
+
 
 def test_a_command_files_model_holds_for_its_turn_and_a_model_chosen_meanwhile_is_kept(tmp_path):
     """The model of a request is recorded with its turn's message: a `/model` given while a command

@@ -117,6 +117,45 @@ def test_a_binding_model_prunes_at_a_turn_boundary_only(tmp_path):
     assert binding.plan(mid_turn.state, NOW_S) == "prune"
 
 
+def test_a_tool_loop_cut_off_by_esc_still_binds_its_thinking_at_the_next_message(tmp_path):
+    """Esc while a tool ran: the next message joins the cancelled result, so to the API the tool
+    loop goes on and its thinking is replayed bound to what came before. A prune at that turn's
+    start rewrote it: a 400 (bound to a different conversation), and the same on every message
+    after, since each joined the same results."""
+    import fake_api
+    log = read_turn(Log(), 10, 32_000, thinking=True)
+    log.add("ModelThinkingBlockCompleted", thinking="t10", signature="sig10")
+    log.add("ToolRequested", tool_use_id="r10", name="read", input={"file_path": "src/f10.py"})
+    respond(log, "tool_use", 110_000)
+    log.add("ToolCancelled", tool_use_id="r10", reason="interrupted by the user")
+    log.add("Interrupted")
+    log.add("UserMessageCreated", text="go on")
+    binding = make_context(tmp_path, model="claude-sonnet-5-5")
+    before = binding.build_request(log.state)
+    memory = fake_api.Memory()      # each thinking block bound to the messages before it
+    for i, message in enumerate(before["messages"]):
+        for block in message["content"]:
+            if block["type"] == "thinking":
+                memory.bound[block["signature"]] = fake_api._binding_key(before, i)
+    assert fake_api.check_binding(before, memory) is None
+    assert binding.plan(log.state, NOW_S) is None
+    log.add("ContextPruned", **binding.prune(log.state, NOW_S))
+    assert "bound to a different conversation" in fake_api.check_binding(binding.build_request(log.state), memory)
+
+
+def test_at_the_window_end_mid_turn_a_binding_model_compacts_instead_of_pruning(tmp_path):
+    """A prune rewrites the history the turn's replayed thinking is bound to: the next request
+    would be a 400 (bound to a different conversation). A compaction replays none of it."""
+    binding = make_context(tmp_path, model="claude-sonnet-5-5")
+    mid_turn = read_turn(Log(), 10, 32_000, thinking=True)
+    respond(mid_turn, "tool_use", binding.usable_tokens + 1)
+    assert context.prune_ids(mid_turn.state), "pruning alone would free enough"
+    assert binding.plan(mid_turn.state, NOW_S) == "compact"
+    too_long = "prompt is too long: 1000500 tokens > 1000000 maximum"
+    assert binding.overflow_plan(mid_turn.state, too_long) == "compact"
+    assert make_context(tmp_path, model="claude-opus-4-8").plan(mid_turn.state, NOW_S) == "prune"
+
+
 def test_where_pruning_cannot_keep_a_small_window_the_same_rule_compacts_at_a_turn_start(tmp_path):
     log = Log()
     log.add("UserMessageCreated", text="design notes:\n" + "words " * 70_000)    # ~105K tokens of talk
