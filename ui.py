@@ -1091,7 +1091,9 @@ class Timeline:
     # -- conversation --
 
     def _on_UserMessageCreated(self, e: dict) -> None:
-        rows, more = head_rows(sanitize(e.get("text", "")).split("\n"), USER_MESSAGE_MAX_LINES)
+        # a final newline ends the last line, it starts none (as the composer counts a paste)
+        rows = sanitize(e.get("text", "")).rstrip("\n").split("\n")
+        rows, more = head_rows(rows, USER_MESSAGE_MAX_LINES)
         lines = self._marked("›", "prompt", rows[0], "user")
         for row in rows[1:]:
             lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")

@@ -523,6 +523,15 @@ def test_conversation_errors_and_steering_read_as_plain_words():
     assert "The API rejected the request: API error 400 (invalid_request_error): bad block" in rejected
 
 
+def test_a_pasted_messages_final_newline_is_no_extra_line():
+    # as the composer counts a paste: a final newline ends the last line, it starts none
+    pasted = "".join(f"line {k}\n" for k in range(40))
+    lines = ui.render_transcript([event("UserMessageCreated", text=pasted)], 80)
+    assert lines[-1] == "  … 10 more lines"
+    short = ui.render_transcript([event("UserMessageCreated", text="one\ntwo\n")], 80)
+    assert short == ["› one", "  two"]
+
+
 def test_replayed_text_blocks_render_like_streamed_ones():
     streamed = [event("TextDelta", text=DOCUMENT[:50]), event("TextDelta", text=DOCUMENT[50:]),
                 event("ModelTextBlockCompleted", text=DOCUMENT)]
