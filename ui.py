@@ -1394,7 +1394,8 @@ class Timeline:
     def _on_PermissionGranted(self, e: dict) -> None:
         rule = self._resolve(e).get("suggestion")
         if e.get("scope") == "always" and rule:
-            self._dim_line(f"✓ Always allowed in this project from now on: {rule_text(rule)}")
+            saved = f"Always allowed in this project from now on: {rule_text(rule)}"
+            self._settle(self._marked("✓", "dim", saved))
 
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep

@@ -583,6 +583,19 @@ def test_permission_panel_shows_the_call_and_the_exact_rule(width):
 
 
 @pytest.mark.parametrize("width", [40, 100])
+def test_an_always_answer_settles_the_whole_rule_it_saved(width):
+    """The rule saved for good is read in full afterwards, wrapped, never clipped at the width."""
+    request = dict(PERMISSION, suggestion={"capability": "process.execute",
+                                           "pattern": "python3 -m pytest tests/test_ui.py -q *"})
+    lines = ui.render_transcript([request, event("PermissionGranted", tool_use_id="t9",
+                                                 scope="always")], width)
+    assert all(ui.visible_width(line) <= width for line in lines)
+    joined = " ".join(text_of(screen_of(lines, width)).split())
+    assert ("✓ Always allowed in this project from now on: "
+            "`python3 -m pytest tests/test_ui.py -q …`") in joined
+
+
+@pytest.mark.parametrize("width", [40, 100])
 def test_the_panel_asks_in_plain_words(width):
     """Issue 22 item 11: the question names the action and its object, never a capability."""
     edit = dict(PERMISSION, capability="file.write.project", descriptor="calc.py",
