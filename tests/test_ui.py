@@ -910,6 +910,21 @@ def test_mentions_rank_fuzzy_matches_by_recency():
     assert c.menu == []
 
 
+def test_a_sent_mention_is_remembered_as_its_path_never_with_quotes_or_punctuation(tmp_path):
+    """The menu writes a name with spaces quoted; a sentence's comma is not the name's. What is
+    remembered is offered again: only real paths, in this session and the next."""
+    files = ["my file.txt", "a.py", "notes.txt"]
+    history = tmp_path / "history.jsonl"
+    c = ui.Composer(mentions=lambda prefix: files, history_path=history)
+    c.handle(K("text", 'see @a.py, and @"my file.txt" then'))
+    c.close_menu()
+    c.handle(K("enter"))
+    assert c.recent_mentions == ["my file.txt", "a.py"]
+    later = ui.Composer(mentions=lambda prefix: files, history_path=history)
+    later.handle(K("text", "@"))
+    assert later.menu[:2] == ["my file.txt", "a.py"] and sorted(later.menu) == sorted(files)
+
+
 def test_mention_narrowing_while_typing_matches_a_fresh_search():
     files = [f"pkg{k % 37}/mod_{k}.py" for k in range(5000)] + ["src/app.py", "Mod1.md"]
     typed = ui.Composer(mentions=lambda prefix: files)          # same list: narrowing applies
