@@ -1090,15 +1090,32 @@ class Timeline:
 
     # -- conversation --
 
+    def _written(self, text: str, role: str, head: str = "") -> list[str]:
+        """What the user wrote, under a `›`: line by line, each indented as written (pasted
+        code), in USER_MESSAGE_MAX_LINES rows at most (a one-line log is cut, marked `…`), then
+        how many lines are left out. A final newline ends the last line, it starts none (as the
+        composer counts a paste)."""
+        rows = sanitize(text).rstrip("\n").split("\n")
+        # the first line follows the `›` and the head
+        rows[0] = head + rows[0].lstrip(" ")
+        lines = []
+        shown = 0
+        while shown < len(rows) and len(lines) < USER_MESSAGE_MAX_LINES:
+            body = rows[shown].lstrip(" ")
+            indent = " " * min(len(rows[shown]) - len(body), self.width // 2)
+            first = self.style.paint("› ", "prompt") if not shown else "  "
+            lines += wrap_spans([(body, (role,))], self.width, self.style, first + indent,
+                                "  " + indent)
+            shown += 1
+        if len(lines) > USER_MESSAGE_MAX_LINES:
+            last = clip(lines[USER_MESSAGE_MAX_LINES - 1] + "…", self.width)
+            lines = lines[:USER_MESSAGE_MAX_LINES - 1] + [last]
+        if shown < len(rows):
+            lines.append(self.style.paint("  " + more_lines(len(rows) - shown), "dim"))
+        return lines
+
     def _on_UserMessageCreated(self, e: dict) -> None:
-        # a final newline ends the last line, it starts none (as the composer counts a paste)
-        rows = sanitize(e.get("text", "")).rstrip("\n").split("\n")
-        rows, more = head_rows(rows, USER_MESSAGE_MAX_LINES)
-        lines = self._marked("›", "prompt", rows[0], "user")
-        for row in rows[1:]:
-            lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")
-        if more:
-            lines.append(self.style.paint("  " + more_lines(more), "dim"))
+        lines = self._written(e.get("text", ""), "user")
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
         names = [m[1] for m in found if m]
@@ -1108,9 +1125,8 @@ class Timeline:
 
     def _on_SteeringQueued(self, e: dict) -> None:
         """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
-        text = "Queued instruction: " + sanitize(e.get("text", ""))
         self._steering.append(e.get("text"))
-        self._after_block(self._marked("›", "prompt", text, "dim"))
+        self._after_block(self._written(e.get("text", ""), "dim", "Queued instruction: "))
 
     def _settle_queued(self) -> None:
         queued, self._queued = self._queued, []

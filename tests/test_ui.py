@@ -532,6 +532,20 @@ def test_a_pasted_messages_final_newline_is_no_extra_line():
     assert short == ["› one", "  two"]
 
 
+@pytest.mark.parametrize("kind", ["UserMessageCreated", "SteeringQueued"])
+def test_what_the_user_wrote_keeps_its_lines_and_indentation_and_stays_bounded(kind):
+    """A message or a steering note with pasted code reads as it was written, line by line and
+    indented; a huge one (a log, minified JSON on one line) fills no more than a screenful."""
+    code = "fix this:\ndef f(x):\n    if x:\n        return 1\n"
+    lines = timeline_text([event(kind, text=code)]).splitlines()
+    assert lines[-3:] == ["  def f(x):", "      if x:", "          return 1"]
+    pasted = "".join(f"row {k}\n" for k in range(200))
+    lines = timeline_text([event(kind, text=pasted)]).splitlines()
+    assert len(lines) == ui.USER_MESSAGE_MAX_LINES + 1 and lines[-1] == "  … 170 more lines"
+    one_line = timeline_text([event(kind, text="x" * 12_000)], width=40).splitlines()
+    assert len(one_line) == ui.USER_MESSAGE_MAX_LINES and one_line[-1].endswith("…")
+
+
 def test_replayed_text_blocks_render_like_streamed_ones():
     streamed = [event("TextDelta", text=DOCUMENT[:50]), event("TextDelta", text=DOCUMENT[50:]),
                 event("ModelTextBlockCompleted", text=DOCUMENT)]
