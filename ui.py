@@ -2118,10 +2118,10 @@ class Composer:
             # a final newline ends the last line, it starts none
             n_lines = text.rstrip("\n").count("\n") + 1
             if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
-                label = f"[Pasted {n_lines} lines]"
+                label = f"[Pasted {events.counted(n_lines, 'line')}]"
                 k = 2
                 while label in self._pastes:
-                    label = f"[Pasted {n_lines} lines #{k}]"
+                    label = f"[Pasted {events.counted(n_lines, 'line')} #{k}]"
                     k += 1
                 self._pastes[label] = text
                 return self._insert(label)

@@ -863,6 +863,9 @@ def test_large_pastes_collapse_and_expand_on_send():
     c.handle(K("paste", "small\r\npaste"))
     assert c.text.endswith("small\npaste")
     assert c.handle(K("enter")) == "look: " + pasted + pasted + "small\npaste"
+    c.handle(K("paste", "x" * 2000))              # one long line: one line, never "1 lines"
+    c.handle(K("paste", "x" * 2000))
+    assert c.text == "[Pasted 1 line][Pasted 1 line #2]"
 
 
 def test_slash_commands_complete_from_the_callers_list():
