@@ -2518,6 +2518,8 @@ class App:
         self._view = b""
         # ((events, width), the view's rows)
         self._view_rows: tuple = (None, [])
+        # the main screen's width when a resize found the view open (0: none did)
+        self._main_width = 0
 
     # -- input --
 
@@ -2821,6 +2823,10 @@ class App:
         self.transcript_top = None
         leaving = ALT_SCREEN_OFF.encode() if self._view else b""
         self._view = b""
+        if self._main_width:
+            # tmux reflows the main screen to the width it finds as the view closes
+            self.renderer.resize(self._main_width, self.width)
+            self._main_width = 0
         return leaving
 
     def _transcript_key(self, key: Key) -> None:
@@ -2860,11 +2866,11 @@ class App:
         return opening + view
 
     def resize(self, width: int, height: int) -> None:
-        if self.transcript_top is None:
-            self.renderer.resize(self.width, width)
+        if self._view:
+            # the main screen is put away meanwhile: it is reflowed once the view closes
+            self._main_width = self._main_width or self.width
         else:
-            # the main screen is put away meanwhile: tmux resizes it without reflowing its rows
-            self.renderer.resize(width, width)
+            self.renderer.resize(self.width, width)
         self.width, self.height = width, height
 
 
