@@ -1289,7 +1289,7 @@ class Timeline:
     def _on_SessionResumed(self, e: dict) -> None:
         """/resume: the session's conversation as it was shown, as at start-up."""
         self._settle(render_transcript(e["events"], self.width, self.style.color,
-                                       max_turns=REPLAY_TURNS))
+                                       max_turns=REPLAY_TURNS, open_cards=self.cards))
 
     def _on_Status(self, e: dict) -> None:
         self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
@@ -1521,10 +1521,13 @@ class Timeline:
 
 
 def render_transcript(log: Iterable[dict], width: int, color: bool = False,
-                      max_turns: int | None = None, expanded: bool = False) -> list[str]:
+                      max_turns: int | None = None, expanded: bool = False,
+                      open_cards: dict | None = None) -> list[str]:
     """Earlier conversation (a resumed session) as settled lines. With `max_turns`, only the
     last that many user turns are drawn, so resuming a long session costs the same as a short
-    one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R)."""
+    one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R).
+    `open_cards` gets the cards of the calls the log leaves open, which its resumed turn asks
+    about again (they are live, never settled)."""
     log = list(log)
     timeline = Timeline(Style(color), width)
     timeline.expanded = expanded
@@ -1536,6 +1539,8 @@ def render_transcript(log: Iterable[dict], width: int, color: bool = False,
         log = log[starts[-max_turns]:]
     for event in log:
         timeline.apply(event)
+    if open_cards is not None:
+        open_cards.update(timeline.cards)
     timeline.finish()
     return timeline.take_settled()
 
@@ -3089,7 +3094,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         undo.callback(lambda: shell.leave_raw(app.close()))
         replay = list(replay)
         app.log = [event for event in replay if event.get("type") in events.DURABLE]
-        lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS)
+        lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS,
+                                  open_cards=app.timeline.cards)
         shell.write("".join(line + NEWLINE for line in lines).encode())
         for signum, handler in signals.items():
             try:

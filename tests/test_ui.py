@@ -563,6 +563,27 @@ def test_resumed_transcripts_can_show_only_the_last_turns():
     assert "› question 47" in lines and "answer 49" in lines and "› question 46" not in lines
 
 
+def test_a_call_asked_about_again_after_a_resume_keeps_its_card():
+    """QA: khaelor killed with a question open, then `-c` (or /resume): the question was asked
+    again without its card's line, and the finished card read `✗ bash  · exit 6`, no command."""
+    command = "curl http://example.com"
+    requested = event("ToolRequested", tool_use_id="t1", name="bash", input={"command": command},
+                      card={"summary": command, "output": "tail"})
+    asked = event("PermissionRequested", tool_use_id="t1", capability="network.access",
+                  descriptor=command)
+    timeline = ui.Timeline(MONO, 80)
+    timeline.apply(event("SessionResumed", events=[event("UserMessageCreated", text="one"),
+                                                   requested, asked]))
+    timeline.apply(asked)
+    assert f"○ bash {command} · waiting for approval" in timeline.live_lines(0.0)
+    timeline.apply(event("PermissionGranted", tool_use_id="t1", scope="once"))
+    timeline.apply(event("ToolStarted", tool_use_id="t1", name="bash"))
+    timeline.apply(event("ToolCompleted", tool_use_id="t1", name="bash", output="",
+                         meta={"exit_code": 6}))
+    timeline.finish()
+    assert f"✗ bash {command} · exit 6" in timeline.take_settled()
+
+
 def test_running_tools_show_live_with_output_tail():
     timeline = ui.Timeline(MONO, 60)
     timeline.apply(event("ToolRequested", tool_use_id="t", name="bash",
