@@ -1034,9 +1034,11 @@ class Timeline:
             self._settle_queued()
 
     def flush_live(self) -> None:
-        """Settle whatever is still streaming (on exit or interruption)."""
+        """Settle whatever is still streaming (on exit or interruption). What streamed of a
+        thinking block goes: it is never kept (nor sent), so a replay has none of it."""
         self._finish_text()
-        self._finish_thinking(None)
+        self._thinking = None
+        self._thinking_open = False
         self._settle_queued()
 
     def finish(self) -> None:

@@ -493,6 +493,20 @@ def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
     assert "12.3k tok (4.1k thinking)" in line and "effort high" in line
 
 
+@pytest.mark.parametrize("end", [event("Interrupted"), event("TaskFailed", reason="stream")])
+def test_thinking_cut_off_leaves_the_screen_as_the_replay_has_it(end):
+    """QA: Esc while the model thought settled `✻ Thinking · 2s · …` on the screen, but what
+    streamed of a thinking block is never kept (nor sent), so `khaelor -c` showed no such line."""
+    streamed = [event("UserMessageCreated", text="go"),
+                event("ThinkingDelta", text="Considering options. " * 20), end]
+    live = ui.Timeline(MONO, 80)
+    for e in streamed:
+        live.apply(e)
+    live.finish()
+    durable = [e for e in streamed if e["type"] in events.DURABLE]
+    assert live.take_settled() == ui.render_transcript(durable, 80)
+
+
 def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
     lines = ui.render_transcript([event("UserMessageCreated", text="q"),
                                   event("TextCheckpoint", index=1, text="Answer r"),
