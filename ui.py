@@ -1763,7 +1763,9 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
     if feedback is not None:
         ask = ("Denied. Tell the model what to do instead "
                "(Enter sends, Esc stops):")
-        return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + [bar + "  " + feedback]
+        # the message as typed, every space kept: the cursor ends where it ends
+        typed = wrap_spans([(feedback, ())], width, style, bar + "  ", bar + "  ", hard=True)
+        return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + typed
     choices = panel_choices(request)
     spans = []
     for k, (letter, _, words) in enumerate(choices):

@@ -1070,6 +1070,22 @@ def test_permission_keys_answer_once_always_and_deny_with_feedback():
     assert app.timeline.permissions == []
 
 
+def test_a_long_denial_message_wraps_and_the_cursor_follows_it():
+    """QA: after `n`, a message longer than the terminal was cut at its edge (`…`), the cursor
+    stuck there: what was typed next could not be seen."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=40, height=30)
+    screen, stream = app_screen(app)
+    app.on_event(PERMISSION)
+    app.on_key(K("text", "n"))
+    message = "no, fetch it with wget and retry three times, then stop"
+    app.on_key(K("text", message))
+    stream.feed(app.render(0.0))
+    typed = [k for k, row in enumerate(screen.display) if row.startswith("│   ")]
+    assert "".join(screen.display[k][4:] for k in typed).rstrip() == message
+    last = screen.display[typed[-1]].rstrip()
+    assert (screen.cursor.y, screen.cursor.x) == (typed[-1], len(last))
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_full_frame_shows_panel_status_and_composer(width):
     ctrl = FakeController(busy=True)
