@@ -2853,12 +2853,15 @@ class App:
     def _draw_transcript(self) -> bytes:
         """The screen's rows but the last, then a footer: where the view is and its keys."""
         key = (len(self.log), self.width)
+        page = max(1, self.height - 1)
         if self._view_rows[0] != key:
+            # at its end (where it opens) the view follows what is added
+            if self.transcript_top >= len(self._view_rows[1]) - page:
+                self.transcript_top = sys.maxsize
             lines = render_transcript(self.log, self.width, self.style.color, expanded=True)
             rows = [row for line in lines for row in fold(line, self.width)]
             self._view_rows = (key, rows)
         rows = self._view_rows[1]
-        page = max(1, self.height - 1)
         self.transcript_top = max(0, min(self.transcript_top, len(rows) - page))
         visible = rows[self.transcript_top:self.transcript_top + page]
         visible += [""] * (page - len(visible))

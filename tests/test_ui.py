@@ -2243,6 +2243,24 @@ def test_a_model_failure_is_said_once_when_its_message_ends_in_a_newline():
     assert shown.count("Bad gateway") == 1 and "Task failed" not in shown
 
 
+def test_the_transcript_opened_at_its_end_follows_what_is_added():
+    """QA: Ctrl-R while the model worked showed what had been said so far and stayed there: the
+    replies that followed went below the screen. At its end the view follows; scrolled up, not."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=60, height=12)
+    screen, stream = app_screen(app, height=12)
+    app.on_event(event("UserMessageCreated", text="message 0"))
+    app.on_key(K("ctrl+r"))
+    stream.feed(app.render(0.1))
+    for k in range(1, 30):
+        app.on_event(event("UserMessageCreated", text=f"message {k}"))
+    stream.feed(app.render(0.2))
+    assert "message 29" in text_of(screen)
+    app.on_key(K("text", "k"))
+    app.on_event(event("UserMessageCreated", text="message 30"))
+    stream.feed(app.render(0.3))
+    assert "message 28" in text_of(screen) and "message 30" not in text_of(screen)
+
+
 def test_transcript_keys_read_faster_than_drawn_each_count():
     """Keys typed while a frame is drawn arrive as one run of text ("kkk"): each moves the view,
     and a q among them leaves it (the run was ignored, so a held key stopped scrolling)."""
