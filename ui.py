@@ -1417,10 +1417,8 @@ class Timeline:
 
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep
-        card = self.cards.pop(e.get("tool_use_id", ""), None)
-        what = self._resolve(e).get("descriptor")
-        if not what:
-            what = getattr(card, "summary", "the tool call")
+        card = self._pop_card(e)
+        what = self._resolve(e).get("descriptor") or card.summary or "the tool call"
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         text = f"Denied: {shown(str(what))}"
         if "plan mode: " in str(e.get("reason") or ""):
