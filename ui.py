@@ -2168,6 +2168,11 @@ class Composer:
         """Remove text[start:end]; a kill (not Backspace or Delete, as in readline) keeps it for
         Ctrl-Y."""
         end = min(end, len(self.text))
+        # a paste's label goes whole: cut into, its words would be sent instead of the paste
+        for label in self._pastes:
+            at = self.text.find(label)
+            if at >= 0 and at < end and start < at + len(label):
+                start, end = min(start, at), max(end, at + len(label))
         if end > start:
             if kill:
                 self._kill = self.text[start:end]

@@ -903,6 +903,26 @@ def test_large_pastes_collapse_and_expand_on_send():
     assert c.text == "[Pasted 1 line][Pasted 1 line #2]"
 
 
+def test_backspace_into_a_paste_label_takes_the_whole_paste():
+    """QA: one Backspace after a collapsed paste left "[Pasted 10 lines": Enter then sent those
+    words, the paste itself silently gone. The label is the paste: it goes whole, or not at all."""
+    pasted = "\n".join(f"line {k}" for k in range(10))
+    c = ui.Composer()
+    c.handle(K("text", "see "))
+    c.handle(K("paste", pasted))
+    c.handle(K("backspace"))
+    assert c.text == "see "
+    c.handle(K("paste", pasted))
+    c.handle(K("text", " ok"))
+    for _ in range(len(" ok") + len("[Pasted 10 lines]")):
+        c.handle(K("left"))
+    c.handle(K("delete"))
+    assert c.text == "see  ok"
+    c.handle(K("paste", pasted))
+    c.handle(K("ctrl+w"))
+    assert c.handle(K("enter")) == "see  ok"
+
+
 def test_slash_commands_complete_from_the_callers_list():
     c = ui.Composer(commands=lambda: ["/help", "/model", "mode"])
     c.handle(K("text", "/mo"))
