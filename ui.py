@@ -255,11 +255,6 @@ def more_lines(n: int, what: str = "line") -> str:
     return "… " + events.counted(n, f"more {what}")
 
 
-def head_rows(rows: list, limit: int) -> tuple[list, int]:
-    """The first `limit` rows and how many are left out."""
-    return rows[:limit], max(0, len(rows) - limit)
-
-
 def sanitize(text: str) -> str:
     """Model and tool text is untrusted: drop escape sequences and control characters, let a
     carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
@@ -1675,9 +1670,10 @@ def panel_preview(request: dict, tool_input: dict) -> str:
 def preview_rows(text: str, width: int, style: Style,
                  lang: str = "sh") -> list[str]:
     """Lines of code or a command, as lines; after PANEL_PREVIEW_LINES, how many more there are."""
-    rows, more = head_rows(text.split("\n"), PANEL_PREVIEW_LINES)
+    lines = text.split("\n")
+    more = max(0, len(lines) - PANEL_PREVIEW_LINES)
     out = []
-    for line in rows:
+    for line in lines[:PANEL_PREVIEW_LINES]:
         spans = highlight_code(line, lang) if style.color else [(line, ())]
         out += wrap_spans(spans, width, style, hard=True)
     if more:
