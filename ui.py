@@ -2110,7 +2110,15 @@ class Composer:
     def close_menu(self) -> None:
         self.menu, self._menu_closed = [], True
 
+    def _labels(self) -> list[tuple[int, int]]:
+        """Where the paste labels are: each is one unit (its words would be sent, not the paste)."""
+        found = [(self.text.find(label), len(label)) for label in self._pastes]
+        return [(at, at + n) for at, n in found if at >= 0]
+
     def _insert(self, text: str) -> None:
+        for at, end in self._labels():
+            if at < self.cursor < end:
+                self.cursor = end
         self.text = self.text[:self.cursor] + text + self.text[self.cursor:]
         self.cursor += len(text)
         self._menu_closed = False
@@ -2164,11 +2172,9 @@ class Composer:
         """Remove text[start:end]; a kill (not Backspace or Delete, as in readline) keeps it for
         Ctrl-Y."""
         end = min(end, len(self.text))
-        # a paste's label goes whole: cut into, its words would be sent instead of the paste
-        for label in self._pastes:
-            at = self.text.find(label)
-            if at >= 0 and at < end and start < at + len(label):
-                start, end = min(start, at), max(end, at + len(label))
+        for at, label_end in self._labels():
+            if at < end and start < label_end:
+                start, end = min(start, at), max(end, label_end)
         if end > start:
             if kill:
                 self._kill = self.text[start:end]

@@ -921,6 +921,10 @@ def test_backspace_into_a_paste_label_takes_the_whole_paste():
     c.handle(K("paste", pasted))
     c.handle(K("ctrl+w"))
     assert c.handle(K("enter")) == "see  ok"
+    c.handle(K("paste", pasted))                  # typed inside the label: it goes after it
+    c.handle(K("left"))
+    c.handle(K("text", "!"))
+    assert c.handle(K("enter")) == pasted + "!"
 
 
 def test_slash_commands_complete_from_the_callers_list():
