@@ -2873,6 +2873,9 @@ class App:
         last = min(self.transcript_top + page, len(rows))
         footer = (f"q leaves · transcript, rows {self.transcript_top + 1}-{last} of {len(rows)}"
                   " · ↑↓ PgUp PgDn Home End scroll")
+        if self.timeline.permissions:
+            # the view takes every key: say why nothing moves on
+            footer = "⚠ khaelor waits for your answer · " + footer
         footer = self.style.paint(clip(footer, self.width), "dim")
         body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in visible)
         view = (SYNC_BEGIN + CURSOR_HOME + body + footer + ERASE_LINE_END + SYNC_END).encode()

@@ -2285,6 +2285,20 @@ def test_the_transcript_opened_at_its_end_follows_what_is_added():
     assert "message 28" in text_of(screen) and "message 30" not in text_of(screen)
 
 
+def test_the_transcript_says_when_a_question_waits_behind_it():
+    """QA: a permission question asked while the transcript view was open went unseen: the
+    view took every key, and nothing said that khaelor was waiting."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=60, height=12)
+    screen, stream = app_screen(app, height=12)
+    app.on_event(event("UserMessageCreated", text="push it"))
+    app.on_key(K("ctrl+r"))
+    stream.feed(app.render(0.1))
+    assert "waits for your answer" not in text_of(screen)
+    app.on_event(PERMISSION)
+    stream.feed(app.render(0.2))
+    assert screen.display[-1].startswith("⚠ khaelor waits for your answer · q leaves")
+
+
 def test_transcript_keys_read_faster_than_drawn_each_count():
     """Keys typed while a frame is drawn arrive as one run of text ("kkk"): each moves the view,
     and a q among them leaves it (the run was ignored, so a held key stopped scrolling)."""
