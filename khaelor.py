@@ -2496,6 +2496,9 @@ def diff_report(state, dirty_now: list | None = None,
     survives resume), then the changes that were not khaelor's."""
     import context
     who = context.attribute_changes(state, dirty_now)
+    if not state.baselines:
+        # no message yet, so no baseline: what is dirty now was dirty when the session started
+        who["preexisting"], who["outside"] = who["outside"], []
     edits = state.edits
     lines = ["khaelor has not changed any file in this session."]
     if edits:

@@ -255,11 +255,6 @@ def more_lines(n: int, what: str = "line") -> str:
     return "… " + events.counted(n, f"more {what}")
 
 
-def head_rows(rows: list, limit: int) -> tuple[list, int]:
-    """The first `limit` rows and how many are left out."""
-    return rows[:limit], max(0, len(rows) - limit)
-
-
 def sanitize(text: str) -> str:
     """Model and tool text is untrusted: drop escape sequences and control characters, let a
     carriage return overwrite its line as a terminal would (progress bars), expand tabs."""
@@ -1034,9 +1029,11 @@ class Timeline:
             self._settle_queued()
 
     def flush_live(self) -> None:
-        """Settle whatever is still streaming (on exit or interruption)."""
+        """Settle whatever is still streaming (on exit or interruption). What streamed of a
+        thinking block goes: it is never kept (nor sent), so a replay has none of it."""
         self._finish_text()
-        self._finish_thinking(None)
+        self._thinking = None
+        self._thinking_open = False
         self._settle_queued()
 
     def finish(self) -> None:
@@ -1090,13 +1087,32 @@ class Timeline:
 
     # -- conversation --
 
+    def _written(self, text: str, role: str, head: str = "") -> list[str]:
+        """What the user wrote, under a `›`: line by line, each indented as written (pasted
+        code), in USER_MESSAGE_MAX_LINES rows at most (a one-line log is cut, marked `…`), then
+        how many lines are left out. A final newline ends the last line, it starts none (as the
+        composer counts a paste)."""
+        rows = sanitize(text).rstrip("\n").split("\n")
+        # the first line follows the `›` and the head
+        rows[0] = head + rows[0].lstrip(" ")
+        lines = []
+        shown = 0
+        while shown < len(rows) and len(lines) < USER_MESSAGE_MAX_LINES:
+            body = rows[shown].lstrip(" ")
+            indent = " " * min(len(rows[shown]) - len(body), self.width // 2)
+            first = self.style.paint("› ", "prompt") if not shown else "  "
+            lines += wrap_spans([(body, (role,))], self.width, self.style, first + indent,
+                                "  " + indent)
+            shown += 1
+        if len(lines) > USER_MESSAGE_MAX_LINES:
+            last = clip(lines[USER_MESSAGE_MAX_LINES - 1] + "…", self.width)
+            lines = lines[:USER_MESSAGE_MAX_LINES - 1] + [last]
+        if shown < len(rows):
+            lines.append(self.style.paint("  " + more_lines(len(rows) - shown), "dim"))
+        return lines
+
     def _on_UserMessageCreated(self, e: dict) -> None:
-        rows, more = head_rows(sanitize(e.get("text", "")).split("\n"), USER_MESSAGE_MAX_LINES)
-        lines = self._marked("›", "prompt", rows[0], "user")
-        for row in rows[1:]:
-            lines += wrap_spans([(row, ("user",))], self.width, self.style, "  ", "  ")
-        if more:
-            lines.append(self.style.paint("  " + more_lines(more), "dim"))
+        lines = self._written(e.get("text", ""), "user")
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
         names = [m[1] for m in found if m]
@@ -1106,9 +1122,8 @@ class Timeline:
 
     def _on_SteeringQueued(self, e: dict) -> None:
         """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
-        text = "Queued instruction: " + sanitize(e.get("text", ""))
         self._steering.append(e.get("text"))
-        self._after_block(self._marked("›", "prompt", text, "dim"))
+        self._after_block(self._written(e.get("text", ""), "dim", "Queued instruction: "))
 
     def _settle_queued(self) -> None:
         queued, self._queued = self._queued, []
@@ -1271,7 +1286,7 @@ class Timeline:
     def _on_SessionResumed(self, e: dict) -> None:
         """/resume: the session's conversation as it was shown, as at start-up."""
         self._settle(render_transcript(e["events"], self.width, self.style.color,
-                                       max_turns=REPLAY_TURNS))
+                                       max_turns=REPLAY_TURNS, open_cards=self.cards))
 
     def _on_Status(self, e: dict) -> None:
         self.status_text = " ".join(sanitize(str(e.get("text", ""))).split())
@@ -1392,14 +1407,13 @@ class Timeline:
     def _on_PermissionGranted(self, e: dict) -> None:
         rule = self._resolve(e).get("suggestion")
         if e.get("scope") == "always" and rule:
-            self._dim_line(f"✓ Always allowed in this project from now on: {rule_text(rule)}")
+            saved = f"Always allowed in this project from now on: {rule_text(rule)}"
+            self._settle(self._marked("✓", "dim", saved))
 
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep
-        card = self.cards.pop(e.get("tool_use_id", ""), None)
-        what = self._resolve(e).get("descriptor")
-        if not what:
-            what = getattr(card, "summary", "the tool call")
+        card = self._pop_card(e)
+        what = self._resolve(e).get("descriptor") or card.summary or "the tool call"
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         text = f"Denied: {shown(str(what))}"
         if "plan mode: " in str(e.get("reason") or ""):
@@ -1502,10 +1516,13 @@ class Timeline:
 
 
 def render_transcript(log: Iterable[dict], width: int, color: bool = False,
-                      max_turns: int | None = None, expanded: bool = False) -> list[str]:
+                      max_turns: int | None = None, expanded: bool = False,
+                      open_cards: dict | None = None) -> list[str]:
     """Earlier conversation (a resumed session) as settled lines. With `max_turns`, only the
     last that many user turns are drawn, so resuming a long session costs the same as a short
-    one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R)."""
+    one (the log keeps everything). `expanded`: every card and thinking whole (Ctrl-R).
+    `open_cards` gets the cards of the calls the log leaves open, which its resumed turn asks
+    about again (they are live, never settled)."""
     log = list(log)
     timeline = Timeline(Style(color), width)
     timeline.expanded = expanded
@@ -1517,6 +1534,8 @@ def render_transcript(log: Iterable[dict], width: int, color: bool = False,
         log = log[starts[-max_turns]:]
     for event in log:
         timeline.apply(event)
+    if open_cards is not None:
+        open_cards.update(timeline.cards)
     timeline.finish()
     return timeline.take_settled()
 
@@ -1651,9 +1670,10 @@ def panel_preview(request: dict, tool_input: dict) -> str:
 def preview_rows(text: str, width: int, style: Style,
                  lang: str = "sh") -> list[str]:
     """Lines of code or a command, as lines; after PANEL_PREVIEW_LINES, how many more there are."""
-    rows, more = head_rows(text.split("\n"), PANEL_PREVIEW_LINES)
+    lines = text.split("\n")
+    more = max(0, len(lines) - PANEL_PREVIEW_LINES)
     out = []
-    for line in rows:
+    for line in lines[:PANEL_PREVIEW_LINES]:
         spans = highlight_code(line, lang) if style.color else [(line, ())]
         out += wrap_spans(spans, width, style, hard=True)
     if more:
@@ -1737,7 +1757,9 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
     if feedback is not None:
         ask = ("Denied. Tell the model what to do instead "
                "(Enter sends, Esc stops):")
-        return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + [bar + "  " + feedback]
+        # the message as typed, every space kept: the cursor ends where it ends
+        typed = wrap_spans([(feedback, ())], width, style, bar + "  ", bar + "  ", hard=True)
+        return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + typed
     choices = panel_choices(request)
     spans = []
     for k, (letter, _, words) in enumerate(choices):
@@ -1924,8 +1946,8 @@ COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
 # Alt-B / Ctrl-W: back over spaces, then a word
 WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")
 WORD_AFTER_RE = re.compile(r"\W*\w*")
-# mentions in a sent message, for recency
-MENTIONED_RE = re.compile(r"(?:^|\s)@(\S+)")
+# mentions in a sent message, for recency: @path, or @"a path with spaces" as the menu writes it
+MENTIONED_RE = re.compile(r'(?:^|\s)@(?:"([^"\n]+)"|(\S+))')
 # Keys that edit as another does (Emacs and arrow spellings of one move).
 KEY_ALIASES = {"paste": "text", "alt+enter": "ctrl+j", "ctrl+b": "left", "ctrl+f": "right",
                "home": "ctrl+a", "end": "ctrl+e", "ctrl+h": "backspace", "alt+backspace": "ctrl+w",
@@ -1952,6 +1974,13 @@ def fuzzy_score(query: str, candidate: str) -> float | None:
     if q and q in c.rsplit("/", 1)[-1]:
         score += 5
     return score - len(c) * 0.01
+
+
+def mentioned(text: str) -> list[str]:
+    """The paths a sent message mentions, as the menu wrote them: unquoted, and without the
+    sentence's punctuation ("see @calc.py, then")."""
+    names = [quoted or bare.rstrip(".,;:!?)'\"") for quoted, bare in MENTIONED_RE.findall(text)]
+    return [name for name in names if name]
 
 
 def soft_wrap(line: str, cells: int) -> list[str]:
@@ -2008,7 +2037,7 @@ class Composer:
         self.recent_mentions: list[str] = []
         # (candidates, query, matches) last time
         self._mention_memo: tuple = (None, "", [])
-        self._remember_mentions([p for entry in self.history for p in MENTIONED_RE.findall(entry)])
+        self._remember_mentions([p for entry in self.history for p in mentioned(entry)])
 
     def _load_history(self) -> None:
         path = self._history_path
@@ -2081,7 +2110,15 @@ class Composer:
     def close_menu(self) -> None:
         self.menu, self._menu_closed = [], True
 
+    def _labels(self) -> list[tuple[int, int]]:
+        """Where the paste labels are: each is one unit (its words would be sent, not the paste)."""
+        found = [(self.text.find(label), len(label)) for label in self._pastes]
+        return [(at, at + n) for at, n in found if at >= 0]
+
     def _insert(self, text: str) -> None:
+        for at, end in self._labels():
+            if at < self.cursor < end:
+                self.cursor = end
         self.text = self.text[:self.cursor] + text + self.text[self.cursor:]
         self.cursor += len(text)
         self._menu_closed = False
@@ -2092,10 +2129,10 @@ class Composer:
             # a final newline ends the last line, it starts none
             n_lines = text.rstrip("\n").count("\n") + 1
             if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
-                label = f"[Pasted {n_lines} lines]"
+                label = f"[Pasted {events.counted(n_lines, 'line')}]"
                 k = 2
                 while label in self._pastes:
-                    label = f"[Pasted {n_lines} lines #{k}]"
+                    label = f"[Pasted {events.counted(n_lines, 'line')} #{k}]"
                     k += 1
                 self._pastes[label] = text
                 return self._insert(label)
@@ -2135,6 +2172,9 @@ class Composer:
         """Remove text[start:end]; a kill (not Backspace or Delete, as in readline) keeps it for
         Ctrl-Y."""
         end = min(end, len(self.text))
+        for at, label_end in self._labels():
+            if at < end and start < label_end:
+                start, end = min(start, at), max(end, label_end)
         if end > start:
             if kill:
                 self._kill = self.text[start:end]
@@ -2201,7 +2241,7 @@ class Composer:
     def _remember(self, text: str,
                   pastes: dict[str, str] | None = None) -> None:
         """`text` as shown (paste labels in it) and what the labels stand for."""
-        self._remember_mentions(MENTIONED_RE.findall(text))
+        self._remember_mentions(mentioned(text))
         if pastes:
             self._history_pastes[text] = pastes
         if not self.history or self.history[-1] != text:
@@ -2492,6 +2532,8 @@ class App:
         self._view = b""
         # ((events, width), the view's rows)
         self._view_rows: tuple = (None, [])
+        # the main screen's width when a resize found the view open (0: none did)
+        self._main_width = 0
 
     # -- input --
 
@@ -2795,6 +2837,10 @@ class App:
         self.transcript_top = None
         leaving = ALT_SCREEN_OFF.encode() if self._view else b""
         self._view = b""
+        if self._main_width:
+            # tmux reflows the main screen to the width it finds as the view closes
+            self.renderer.resize(self._main_width, self.width)
+            self._main_width = 0
         return leaving
 
     def _transcript_key(self, key: Key) -> None:
@@ -2812,18 +2858,24 @@ class App:
     def _draw_transcript(self) -> bytes:
         """The screen's rows but the last, then a footer: where the view is and its keys."""
         key = (len(self.log), self.width)
+        page = max(1, self.height - 1)
         if self._view_rows[0] != key:
+            # at its end (where it opens) the view follows what is added
+            if self.transcript_top >= len(self._view_rows[1]) - page:
+                self.transcript_top = sys.maxsize
             lines = render_transcript(self.log, self.width, self.style.color, expanded=True)
             rows = [row for line in lines for row in fold(line, self.width)]
             self._view_rows = (key, rows)
         rows = self._view_rows[1]
-        page = max(1, self.height - 1)
         self.transcript_top = max(0, min(self.transcript_top, len(rows) - page))
         visible = rows[self.transcript_top:self.transcript_top + page]
         visible += [""] * (page - len(visible))
         last = min(self.transcript_top + page, len(rows))
         footer = (f"q leaves · transcript, rows {self.transcript_top + 1}-{last} of {len(rows)}"
                   " · ↑↓ PgUp PgDn Home End scroll")
+        if self.timeline.permissions:
+            # the view takes every key: say why nothing moves on
+            footer = "⚠ khaelor waits for your answer · " + footer
         footer = self.style.paint(clip(footer, self.width), "dim")
         body = "".join(row + SGR_RESET + ERASE_LINE_END + NEWLINE for row in visible)
         view = (SYNC_BEGIN + CURSOR_HOME + body + footer + ERASE_LINE_END + SYNC_END).encode()
@@ -2834,11 +2886,11 @@ class App:
         return opening + view
 
     def resize(self, width: int, height: int) -> None:
-        if self.transcript_top is None:
-            self.renderer.resize(self.width, width)
+        if self._view:
+            # the main screen is put away meanwhile: it is reflowed once the view closes
+            self._main_width = self._main_width or self.width
         else:
-            # the main screen is put away meanwhile: tmux resizes it without reflowing its rows
-            self.renderer.resize(width, width)
+            self.renderer.resize(self.width, width)
         self.width, self.height = width, height
 
 
@@ -3057,7 +3109,8 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         undo.callback(lambda: shell.leave_raw(app.close()))
         replay = list(replay)
         app.log = [event for event in replay if event.get("type") in events.DURABLE]
-        lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS)
+        lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS,
+                                  open_cards=app.timeline.cards)
         shell.write("".join(line + NEWLINE for line in lines).encode())
         for signum, handler in signals.items():
             try:

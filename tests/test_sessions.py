@@ -238,6 +238,19 @@ def test_slash_diff_never_blames_the_session_for_a_file_untracked_before_it(khae
     assert "`notes.txt`" in before and "notes.txt" not in during
 
 
+def test_slash_diff_before_the_first_message_calls_what_is_dirty_the_users(repo, env, monkeypatch):
+    """No message yet, so no baseline: the files dirty now were so when the session started."""
+    from test_claude_parity import in_session as in_new_session
+    (repo / "README.md").write_text("# demo\nmy own edit\n")
+    (repo / "notes.txt").write_text("mine, never added\n")
+
+    async def diff(session):
+        return await session.run_command("/diff")
+    report = in_new_session(repo, env, monkeypatch, diff)
+    assert "**Changed during the session" not in report
+    assert "`README.md`, `notes.txt`" in report.split("**Already changed when the session started")[1]
+
+
 def test_a_file_already_dirty_before_khaelor_is_flagged_in_diff(tmp_path):
     log = [{"type": "BaselineRecorded", "reason": "session start", "git": True,
             "dirty": [{"path": "app.py", "status": ".M"}, {"path": "notes.md", "status": "??"}]},

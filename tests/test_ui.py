@@ -493,6 +493,20 @@ def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
     assert "12.3k tok (4.1k thinking)" in line and "effort high" in line
 
 
+@pytest.mark.parametrize("end", [event("Interrupted"), event("TaskFailed", reason="stream")])
+def test_thinking_cut_off_leaves_the_screen_as_the_replay_has_it(end):
+    """QA: Esc while the model thought settled `✻ Thinking · 2s · …` on the screen, but what
+    streamed of a thinking block is never kept (nor sent), so `khaelor -c` showed no such line."""
+    streamed = [event("UserMessageCreated", text="go"),
+                event("ThinkingDelta", text="Considering options. " * 20), end]
+    live = ui.Timeline(MONO, 80)
+    for e in streamed:
+        live.apply(e)
+    live.finish()
+    durable = [e for e in streamed if e["type"] in events.DURABLE]
+    assert live.take_settled() == ui.render_transcript(durable, 80)
+
+
 def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
     lines = ui.render_transcript([event("UserMessageCreated", text="q"),
                                   event("TextCheckpoint", index=1, text="Answer r"),
@@ -523,6 +537,29 @@ def test_conversation_errors_and_steering_read_as_plain_words():
     assert "The API rejected the request: API error 400 (invalid_request_error): bad block" in rejected
 
 
+def test_a_pasted_messages_final_newline_is_no_extra_line():
+    # as the composer counts a paste: a final newline ends the last line, it starts none
+    pasted = "".join(f"line {k}\n" for k in range(40))
+    lines = ui.render_transcript([event("UserMessageCreated", text=pasted)], 80)
+    assert lines[-1] == "  … 10 more lines"
+    short = ui.render_transcript([event("UserMessageCreated", text="one\ntwo\n")], 80)
+    assert short == ["› one", "  two"]
+
+
+@pytest.mark.parametrize("kind", ["UserMessageCreated", "SteeringQueued"])
+def test_what_the_user_wrote_keeps_its_lines_and_indentation_and_stays_bounded(kind):
+    """A message or a steering note with pasted code reads as it was written, line by line and
+    indented; a huge one (a log, minified JSON on one line) fills no more than a screenful."""
+    code = "fix this:\ndef f(x):\n    if x:\n        return 1\n"
+    lines = timeline_text([event(kind, text=code)]).splitlines()
+    assert lines[-3:] == ["  def f(x):", "      if x:", "          return 1"]
+    pasted = "".join(f"row {k}\n" for k in range(200))
+    lines = timeline_text([event(kind, text=pasted)]).splitlines()
+    assert len(lines) == ui.USER_MESSAGE_MAX_LINES + 1 and lines[-1] == "  … 170 more lines"
+    one_line = timeline_text([event(kind, text="x" * 12_000)], width=40).splitlines()
+    assert len(one_line) == ui.USER_MESSAGE_MAX_LINES and one_line[-1].endswith("…")
+
+
 def test_replayed_text_blocks_render_like_streamed_ones():
     streamed = [event("TextDelta", text=DOCUMENT[:50]), event("TextDelta", text=DOCUMENT[50:]),
                 event("ModelTextBlockCompleted", text=DOCUMENT)]
@@ -538,6 +575,27 @@ def test_resumed_transcripts_can_show_only_the_last_turns():
     lines = ui.render_transcript(log, 80, max_turns=3)
     assert lines[0] == "… 47 earlier turns not shown"
     assert "› question 47" in lines and "answer 49" in lines and "› question 46" not in lines
+
+
+def test_a_call_asked_about_again_after_a_resume_keeps_its_card():
+    """QA: khaelor killed with a question open, then `-c` (or /resume): the question was asked
+    again without its card's line, and the finished card read `✗ bash  · exit 6`, no command."""
+    command = "curl http://example.com"
+    requested = event("ToolRequested", tool_use_id="t1", name="bash", input={"command": command},
+                      card={"summary": command, "output": "tail"})
+    asked = event("PermissionRequested", tool_use_id="t1", capability="network.access",
+                  descriptor=command)
+    timeline = ui.Timeline(MONO, 80)
+    timeline.apply(event("SessionResumed", events=[event("UserMessageCreated", text="one"),
+                                                   requested, asked]))
+    timeline.apply(asked)
+    assert f"○ bash {command} · waiting for approval" in timeline.live_lines(0.0)
+    timeline.apply(event("PermissionGranted", tool_use_id="t1", scope="once"))
+    timeline.apply(event("ToolStarted", tool_use_id="t1", name="bash"))
+    timeline.apply(event("ToolCompleted", tool_use_id="t1", name="bash", output="",
+                         meta={"exit_code": 6}))
+    timeline.finish()
+    assert f"✗ bash {command} · exit 6" in timeline.take_settled()
 
 
 def test_running_tools_show_live_with_output_tail():
@@ -571,6 +629,19 @@ def test_permission_panel_shows_the_call_and_the_exact_rule(width):
     assert "y) allow once" in joined
     assert "a) always allow `git push …` in this project" in joined
     assert "n) deny" in joined
+
+
+@pytest.mark.parametrize("width", [40, 100])
+def test_an_always_answer_settles_the_whole_rule_it_saved(width):
+    """The rule saved for good is read in full afterwards, wrapped, never clipped at the width."""
+    request = dict(PERMISSION, suggestion={"capability": "process.execute",
+                                           "pattern": "python3 -m pytest tests/test_ui.py -q *"})
+    lines = ui.render_transcript([request, event("PermissionGranted", tool_use_id="t9",
+                                                 scope="always")], width)
+    assert all(ui.visible_width(line) <= width for line in lines)
+    joined = " ".join(text_of(screen_of(lines, width)).split())
+    assert ("✓ Always allowed in this project from now on: "
+            "`python3 -m pytest tests/test_ui.py -q …`") in joined
 
 
 @pytest.mark.parametrize("width", [40, 100])
@@ -827,6 +898,33 @@ def test_large_pastes_collapse_and_expand_on_send():
     c.handle(K("paste", "small\r\npaste"))
     assert c.text.endswith("small\npaste")
     assert c.handle(K("enter")) == "look: " + pasted + pasted + "small\npaste"
+    c.handle(K("paste", "x" * 2000))              # one long line: one line, never "1 lines"
+    c.handle(K("paste", "x" * 2000))
+    assert c.text == "[Pasted 1 line][Pasted 1 line #2]"
+
+
+def test_backspace_into_a_paste_label_takes_the_whole_paste():
+    """QA: one Backspace after a collapsed paste left "[Pasted 10 lines": Enter then sent those
+    words, the paste itself silently gone. The label is the paste: it goes whole, or not at all."""
+    pasted = "\n".join(f"line {k}" for k in range(10))
+    c = ui.Composer()
+    c.handle(K("text", "see "))
+    c.handle(K("paste", pasted))
+    c.handle(K("backspace"))
+    assert c.text == "see "
+    c.handle(K("paste", pasted))
+    c.handle(K("text", " ok"))
+    for _ in range(len(" ok") + len("[Pasted 10 lines]")):
+        c.handle(K("left"))
+    c.handle(K("delete"))
+    assert c.text == "see  ok"
+    c.handle(K("paste", pasted))
+    c.handle(K("ctrl+w"))
+    assert c.handle(K("enter")) == "see  ok"
+    c.handle(K("paste", pasted))                  # typed inside the label: it goes after it
+    c.handle(K("left"))
+    c.handle(K("text", "!"))
+    assert c.handle(K("enter")) == pasted + "!"
 
 
 def test_slash_commands_complete_from_the_callers_list():
@@ -886,6 +984,21 @@ def test_mentions_rank_fuzzy_matches_by_recency():
     c.handle(K("esc"))                                     # Esc is the app's; close via API
     c.close_menu()
     assert c.menu == []
+
+
+def test_a_sent_mention_is_remembered_as_its_path_never_with_quotes_or_punctuation(tmp_path):
+    """The menu writes a name with spaces quoted; a sentence's comma is not the name's. What is
+    remembered is offered again: only real paths, in this session and the next."""
+    files = ["my file.txt", "a.py", "notes.txt"]
+    history = tmp_path / "history.jsonl"
+    c = ui.Composer(mentions=lambda prefix: files, history_path=history)
+    c.handle(K("text", 'see @a.py, and @"my file.txt" then'))
+    c.close_menu()
+    c.handle(K("enter"))
+    assert c.recent_mentions == ["my file.txt", "a.py"]
+    later = ui.Composer(mentions=lambda prefix: files, history_path=history)
+    later.handle(K("text", "@"))
+    assert later.menu[:2] == ["my file.txt", "a.py"] and sorted(later.menu) == sorted(files)
 
 
 def test_mention_narrowing_while_typing_matches_a_fresh_search():
@@ -979,6 +1092,22 @@ def test_permission_keys_answer_once_always_and_deny_with_feedback():
     assert ctrl.calls == [("permission", "t9", "always", ""), ("permission", "t10", "once", ""),
                           ("permission", "t11", "deny", "use git statu")]
     assert app.timeline.permissions == []
+
+
+def test_a_long_denial_message_wraps_and_the_cursor_follows_it():
+    """QA: after `n`, a message longer than the terminal was cut at its edge (`…`), the cursor
+    stuck there: what was typed next could not be seen."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=40, height=30)
+    screen, stream = app_screen(app)
+    app.on_event(PERMISSION)
+    app.on_key(K("text", "n"))
+    message = "no, fetch it with wget and retry three times, then stop"
+    app.on_key(K("text", message))
+    stream.feed(app.render(0.0))
+    typed = [k for k, row in enumerate(screen.display) if row.startswith("│   ")]
+    assert "".join(screen.display[k][4:] for k in typed).rstrip() == message
+    last = screen.display[typed[-1]].rstrip()
+    assert (screen.cursor.y, screen.cursor.x) == (typed[-1], len(last))
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -2136,6 +2265,38 @@ def test_a_model_failure_is_said_once_when_its_message_ends_in_a_newline():
     timeline.apply(event("TaskFailed", reason="Bad gateway\x1b[0m\n"))
     shown = "\n".join(timeline.take_settled())
     assert shown.count("Bad gateway") == 1 and "Task failed" not in shown
+
+
+def test_the_transcript_opened_at_its_end_follows_what_is_added():
+    """QA: Ctrl-R while the model worked showed what had been said so far and stayed there: the
+    replies that followed went below the screen. At its end the view follows; scrolled up, not."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=60, height=12)
+    screen, stream = app_screen(app, height=12)
+    app.on_event(event("UserMessageCreated", text="message 0"))
+    app.on_key(K("ctrl+r"))
+    stream.feed(app.render(0.1))
+    for k in range(1, 30):
+        app.on_event(event("UserMessageCreated", text=f"message {k}"))
+    stream.feed(app.render(0.2))
+    assert "message 29" in text_of(screen)
+    app.on_key(K("text", "k"))
+    app.on_event(event("UserMessageCreated", text="message 30"))
+    stream.feed(app.render(0.3))
+    assert "message 28" in text_of(screen) and "message 30" not in text_of(screen)
+
+
+def test_the_transcript_says_when_a_question_waits_behind_it():
+    """QA: a permission question asked while the transcript view was open went unseen: the
+    view took every key, and nothing said that khaelor was waiting."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=60, height=12)
+    screen, stream = app_screen(app, height=12)
+    app.on_event(event("UserMessageCreated", text="push it"))
+    app.on_key(K("ctrl+r"))
+    stream.feed(app.render(0.1))
+    assert "waits for your answer" not in text_of(screen)
+    app.on_event(PERMISSION)
+    stream.feed(app.render(0.2))
+    assert screen.display[-1].startswith("⚠ khaelor waits for your answer · q leaves")
 
 
 def test_transcript_keys_read_faster_than_drawn_each_count():
