@@ -1946,8 +1946,6 @@ COMMAND_RE = re.compile(r"^/[A-Za-z][\w-]*$")
 # Alt-B / Ctrl-W: back over spaces, then a word
 WORD_BEFORE_RE = re.compile(r"\w*\W*\Z")
 WORD_AFTER_RE = re.compile(r"\W*\w*")
-# mentions in a sent message, for recency: @path, or @"a path with spaces" as the menu writes it
-MENTIONED_RE = re.compile(r'(?:^|\s)@(?:"([^"\n]+)"|(\S+))')
 # Keys that edit as another does (Emacs and arrow spellings of one move).
 KEY_ALIASES = {"paste": "text", "alt+enter": "ctrl+j", "ctrl+b": "left", "ctrl+f": "right",
                "home": "ctrl+a", "end": "ctrl+e", "ctrl+h": "backspace", "alt+backspace": "ctrl+w",
@@ -1974,13 +1972,6 @@ def fuzzy_score(query: str, candidate: str) -> float | None:
     if q and q in c.rsplit("/", 1)[-1]:
         score += 5
     return score - len(c) * 0.01
-
-
-def mentioned(text: str) -> list[str]:
-    """The paths a sent message mentions, as the menu wrote them: unquoted, and without the
-    sentence's punctuation ("see @calc.py, then")."""
-    names = [quoted or bare.rstrip(".,;:!?)'\"") for quoted, bare in MENTIONED_RE.findall(text)]
-    return [name for name in names if name]
 
 
 def soft_wrap(line: str, cells: int) -> list[str]:
@@ -2037,7 +2028,7 @@ class Composer:
         self.recent_mentions: list[str] = []
         # (candidates, query, matches) last time
         self._mention_memo: tuple = (None, "", [])
-        self._remember_mentions([p for entry in self.history for p in mentioned(entry)])
+        self._remember_mentions([p for entry in self.history for p in events.mentions(entry)])
 
     def _load_history(self) -> None:
         path = self._history_path
@@ -2241,7 +2232,7 @@ class Composer:
     def _remember(self, text: str,
                   pastes: dict[str, str] | None = None) -> None:
         """`text` as shown (paste labels in it) and what the labels stand for."""
-        self._remember_mentions(mentioned(text))
+        self._remember_mentions(events.mentions(text))
         if pastes:
             self._history_pastes[text] = pastes
         if not self.history or self.history[-1] != text:
