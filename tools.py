@@ -812,11 +812,13 @@ GIT_CONFIG = ".git/config"
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
 GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
-# and, for each gitlink (a submodule) in the index, the config of the repository it names: `git
-# status` runs git there, which reads that config (gitlinks; a nested one may also set its
-# work tree, as `git submodule add` does). Its .git may be a file that points to that repository:
-# only into .git/modules/<its path>, as `git submodule add` writes it.
-NESTED_CONFIGS = ("{}/.git/config", ".git/modules/{}/config", "{}/.git")
+# and, for each gitlink (a submodule) in the index, the config and hooks of the repository it
+# names: `git status` runs git there, which reads that config (gitlinks; a nested one may also set
+# its work tree, as `git submodule add` does), and `git submodule update` runs its hooks. Its .git
+# may be a file that points to that repository: only into .git/modules/<its path>, as `git
+# submodule add` writes it.
+NESTED_GUARDED = ("{}/.git/config", ".git/modules/{}/config", "{}/.git", "{}/.git/hooks",
+                  ".git/modules/{}/hooks")
 NESTED_PLAIN = re.compile(r"core\.worktree", re.I)
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
@@ -853,8 +855,8 @@ def gitlinks(ws: Workspace) -> tuple[str, ...]:
     return ws.gitlinks[1]
 
 
-def nested_configs(links: tuple[str, ...]) -> list[str]:
-    return [form.format(link) for link in links for form in NESTED_CONFIGS]
+def nested_guarded(links: tuple[str, ...]) -> list[str]:
+    return [form.format(link) for link in links for form in NESTED_GUARDED]
 
 
 def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
@@ -864,14 +866,14 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (*GUARDED_FILES, *nested_configs(links), *GUARDED_DIRS):
+    for top in (*GUARDED_FILES, *GUARDED_DIRS, *nested_guarded(links)):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or top not in GUARDED_DIRS:
+        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks")):
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -915,14 +917,15 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     and where its version was kept."""
     named = command if confine.attended else ""
     keep = spill_dir / "guarded"
-    nested = nested_configs(links)
+    nested = nested_guarded(links)
     after = guard_record(project, links)
     restored = []
     lost = []
     for rel in sorted(set(before) | set(after)):
         old = before.get(rel)
         new = after.get(rel)
-        if old == new or _named(rel, named):
+        # git runs no hook named *.sample (git init and submodule add write them)
+        if old == new or _named(rel, named) or (rel.endswith(".sample") and "/hooks/" in rel):
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue

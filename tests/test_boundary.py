@@ -356,6 +356,10 @@ head = git("rev-parse", "HEAD", cwd="sub")
 payload = "touch MARKER; false"
 if how == "config":
     git("config", "core.fsmonitor", payload, cwd="sub")
+elif how == "hook":
+    # run by the user's next `git submodule update` (its checkout)
+    open("sub/.git/hooks/post-checkout", "w").write("#!/bin/sh" + chr(10) + payload + chr(10))
+    os.chmod("sub/.git/hooks/post-checkout", 0o755)
 else:
     # the repository git will read is elsewhere, named by a .git file
     os.rename("sub/.git", "elsewhere" if how == "pointer" else ".git/modules/sub")
@@ -366,7 +370,7 @@ git("update-index", "--add", "--cacheinfo", "160000," + head + ",sub")
 """
 
 
-@pytest.mark.parametrize("how", ["config", "pointer", "modules"])
+@pytest.mark.parametrize("how", ["config", "pointer", "modules", "hook"])
 def test_a_planted_submodule_whose_repository_runs_code_is_put_back(repo, tmp_path, how):
     """A gitlink in the index makes `git status` run git in that folder, with its repository's
     config: a step that made one with core.fsmonitor got the user's next `git status` to run it,
@@ -376,6 +380,7 @@ def test_a_planted_submodule_whose_repository_runs_code_is_put_back(repo, tmp_pa
     result = run_tool(repo, tmp_path / "kh", "bash",
                       {"command": f"{sys.executable} nested.py {how}"}, APPROVED)
     assert "put back" in result.text, result.text
+    assert not (repo / "sub" / ".git" / "hooks" / "post-checkout").exists()
     subprocess.run(["git", "status"], cwd=repo, capture_output=True)
     assert not (repo / "MARKER").exists()
 
