@@ -525,8 +525,8 @@ class Kernel:
             return "failed"
         finally:
             if self.state.unrecorded:
-                # after the last step of a turn cut short (steps takes it before a turn ends): what
-                # a rewind compares the tree with (still busy: a /rewind waits for it)
+                # after the last step: what a rewind compares the tree with (still busy: a
+                # /rewind waits for it)
                 await self.checkpoint("", "after the turn")
             self.busy = False
             await self.bus.store.sync_off_loop()
