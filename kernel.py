@@ -547,10 +547,6 @@ class Kernel:
                 await self.request_verification()
             elif step in ("prune", "compact"):
                 await self.keep_in_budget(step)
-            elif self.state.unrecorded and await self.checkpoint("", "after the turn"):
-                # before the turn ends: a message sent meanwhile is its steering (it is busy), and
-                # is answered, not left queued after it
-                continue
             else:
                 return self.finish(step)
 

@@ -183,49 +183,6 @@ def test_a_turn_that_raises_ends_in_task_failed_and_the_session_goes_on(project,
     assert fake.requests[-1]["body"]["messages"][2]["content"][0]["tool_use_id"] == cancelled[0]["tool_use_id"]
 
 
-def test_a_message_sent_while_the_turn_takes_its_last_checkpoint_is_answered(project, env, fake, monkeypatch):
-    """The turn stays busy while it checkpoints the work tree after its last step (git, a while in a
-    big repository): a message sent then is queued as steering. It was left queued after the turn
-    ended, shown as sent and never answered; it is this turn's steering and gets its answer."""
-    import asyncio
-    from pathlib import Path
-
-    import khaelor as cli
-    from fake_api import reply, text, tool_use
-    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
-    monkeypatch.chdir(project)
-    fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("made it")),
-                 reply(text("the docs too")))
-
-    async def turn():
-        home = Path(env["KHAELOR_HOME"])
-        args = cli.parse_args(["-p", "x", "--yes"])
-        store = events.SessionStore.create(events.sessions_dir(home, project))
-        agent = cli.build_kernel(args, cli.load_settings(args, home, project), store, events.Bus(store),
-                                 home, project, None)
-        checkpoint = agent.checkpoint
-
-        async def typed_meanwhile(step, reason):
-            if reason == "after the turn" and not store.state.queued_steering:
-                agent.submit("and the docs?")
-            return await checkpoint(step, reason)
-        agent.checkpoint = typed_meanwhile
-        try:
-            agent.submit("make a file")
-            return await agent.run(), store
-        finally:
-            await agent.toolbox.close()
-            await agent.model.close()
-
-    step, store = asyncio.run(turn())
-    assert step == "done" and store.state.queued_steering == [] and store.state.answer == "the docs too"
-    assert fake.pending == [] and fake.rejections == []
-    assert [e["type"] for e in store.events if e["type"].startswith("Steering")] == ["SteeringQueued",
-                                                                                   "SteeringInjected"]
-
-
 def test_derive_next_decides_pruning_and_compaction_before_a_call():
     user = ("UserMessageCreated", {"text": "go"})
     state = events.replay(log_of(user))
