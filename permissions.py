@@ -2513,8 +2513,8 @@ class _ShellLine:
         segments = _segments(tokens)
         has_operator = any(k == "op" and v != "\n" for k, v in tokens)
         self.compound |= len(segments) > 1 or has_operator
-        # variables assigned earlier in this line
-        env: dict[str, str] = {}
+        # variables assigned earlier in this line; $PWD (and ~+) is where it runs
+        env: dict[str, str] = {"PWD": cwd}
         # what the previous command printed, when known, if it is piped here
         piped: str | None = None
         for words, redirects, after_pipe in segments:
@@ -2544,14 +2544,14 @@ class _ShellLine:
             if (expanded or targets) and not skipped:
                 self._remember_assignments(expanded, env)
                 stdin_text = piped if after_pipe else None
-                cwd = self._add(tuple(expanded), targets, cwd, depth,
+                cwd = self._add(tuple(expanded), targets, cwd, depth, env,
                                 unliteral, stdin_text)
             piped = _printed(expanded)
             if expanded[:1] == ["find"]:
                 # find / | xargs rm -rf: what it prints starts at its roots
                 piped = " ".join(_find_roots(tuple(expanded[1:])))
 
-    def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int,
+    def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int, env: dict,
              unliteral: str | None = None,
              stdin_text: str | None = None) -> str:
         """Record one simple command and what it runs in turn; return the cwd
@@ -2581,10 +2581,15 @@ class _ShellLine:
             self._parse(script, cwd, depth + 1)
         if name == "find":
             self._add_find_commands(core, cwd, depth)
-        if name == "cd":
-            target = core[-1] if len(core) > 1 else self.home
-            if target[:1] != "-" and "$" not in target:
+        if name in ("cd", "pushd", "popd"):
+            # where cd -, cd $X, pushd +N or popd went ($PWD, ~+) is unknown
+            env.pop("PWD", None)
+            # (pushd alone swaps the top two directories)
+            default = self.home if name == "cd" else "-"
+            target = core[-1] if len(core) > 1 else default
+            if target[:1] not in ("-", "+") and "$" not in target:
                 cwd = posixpath.normpath(posixpath.join(cwd, target))
+                env["PWD"] = cwd
         return cwd
 
     def _add_find_commands(self, core: tuple[str, ...], cwd: str,
@@ -2599,7 +2604,7 @@ class _ShellLine:
             command = core[k + 1:end]
             if command:
                 words = tuple(start if w == "{}" else w for w in command)
-                self._add(words, (), cwd, depth + 1)
+                self._add(words, (), cwd, depth + 1, {})
 
     def _remember_assignments(self, words: list[str], env: dict) -> None:
         declarations = ("export", "declare", "local", "readonly", "typeset")
@@ -2632,9 +2637,9 @@ class _ShellLine:
         for index, (kind, text) in enumerate(pieces):
             if kind == "raw":
                 if index == 0:
-                    # ~ starting a word or an assignment's value
-                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)",
-                                  lambda m: (m[1] or "") + self.home, text)
+                    # ~ starting a word or an assignment's value; ~+ is $PWD
+                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(\+?)(?=/|$)",
+                                  lambda m: self._tilde(m, env), text)
                 chunks.append(self._substitute(text, env, split))
             elif kind in ("dq", "lit", "arith", "locale"):
                 quoted = True
@@ -2657,6 +2662,12 @@ class _ShellLine:
         if fields:
             return fields
         return [""] if quoted else []
+
+    def _tilde(self, match: re.Match, env: dict) -> str:
+        directory = env.get("PWD") if match[2] else self.home
+        if directory is None:
+            return match[0]
+        return (match[1] or "") + directory
 
     def _substitute(self, text: str, env: dict, split: bool) -> str:
         """Parameter expansion; "\\0" marks where an unquoted value splits into

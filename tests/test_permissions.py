@@ -444,6 +444,22 @@ def test_floor_resolves_relative_targets_against_the_cwd(project, monkeypatch):
     assert bash("rm -rf ../outside", project)["floor"] is False
 
 
+def test_the_floor_knows_where_pwd_and_pushd_lead(project):
+    """$PWD and ~+ are the working directory, and pushd moves it as cd does: `cd / && rm -rf
+    "$PWD"`, `cd && rm -rf ~+` and `pushd / && rm -rf .` only asked (the first even under --yes
+    as "the project"), since the variable was taken for an unset one and pushd for a no-op."""
+    for command in ('cd / && rm -rf "$PWD"', "cd ~ && rm -rf ${PWD}", "cd && rm -rf ~+",
+                    "cd / && rm -rf ~+/", "pushd / && rm -rf .", "pushd ~ >/dev/null; rm -rf *",
+                    "cd src; pushd /; rm -rf ."):
+        assert bash(command, project)["floor"] is True, command
+    rules = [*DEFAULTS, Rule("*", "*", "allow", "u", "user")]
+    for command in ("rm -rf ~+", "rm -rf ~+/.git", "cd src && rm -rf ~+/..", "rm -rf $PWD"):
+        assert decide("bash", {"command": command}, project, rules).destructive, command
+    for command in ("PWD=/tmp/x; rm -rf $PWD", "cd src && rm -rf ~+/build", "pushd src; rm -rf ."):
+        decision = bash(command, project)
+        assert not decision["floor"] and not decision["destructive"], command
+
+
 def test_pathological_commands_stay_fast(project):
     import time
     for command in ["echo " + "x" * 100_000, "f(){ " * 2000, "{a,b}" * 20, "$(" * 1000, '"$(' * 300]:
