@@ -2321,7 +2321,8 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     if name == "killall5":
         return "killall5 signals every process"
     if name == "rsync" and targets:
-        deletes = any(o.startswith("--delete") for o in options)
+        # (--del is --delete-during)
+        deletes = any(o == "--del" or o.startswith("--delete") for o in options)
         if deletes and _catastrophic(targets[-1], home, cwd):
             return f"rsync --delete into {targets[-1]}"
     return None

@@ -357,6 +357,8 @@ FLOORED = [
     # bash's -c command is the first word after all its options, not the word after -c
     "bash -c -- 'rm -rf /'", "bash -c -e 'rm -rf /'", "sh -c -x -- 'rm -rf ~'",
     "bash -oc errexit 'rm -rf /'", "bash -c -O extglob 'rm -rf /'", "bash -c - 'rm -rf /'",
+    # rsync's --del is --delete-during
+    "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
 
 
@@ -411,6 +413,7 @@ NOT_FLOORED = [
     "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
+    "rsync -a --delay-updates src/ ~/",
 ]
 
 
