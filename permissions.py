@@ -2122,29 +2122,32 @@ def _destroys_work(part: _Part, root: str) -> str:
     if name == "find" and "-delete" in core:
         unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
                       "-xdev", "-L", "-H", "-P"}
-        roots = _find_roots(core[1:])
-        whole = [r for r in roots if _resolve(r, part.cwd) == root]
         options = [w for w in core[1:] if w.startswith("-")]
-        if whole and all(w in unfiltered for w in options):
-            return "find -delete over the whole project"
+        if all(w in unfiltered for w in options):
+            for start in _find_roots(core[1:]):
+                if _resolve(start, part.cwd) == root:
+                    return "find -delete over the whole project"
+                why = _rm_destroys(start, part.cwd, root, "find -delete")
+                if why:
+                    return why
     return ""
 
 
-def _rm_destroys(target: str, cwd: str, root: str) -> str:
-    """rm -r of .git (or inside it), of the project, of a directory holding it,
+def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:
+    """rm -r (or verb) of .git (or inside it), of the project, of a directory holding it,
     or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
     target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
     path = _resolve(target, cwd)
     base = _wildcard_base(target, cwd)
     if base is not None:
         if base == root == _resolve(posixpath.dirname(target) or ".", cwd):
-            return f"rm -r of everything at the project's root ({target})"
+            return f"{verb} of everything at the project's root ({target})"
         path = base
     git_dir = posixpath.join(root, ".git")
     if sandbox.within(path, [git_dir]):
-        return f"rm -r of the repository's history ({target})"
+        return f"{verb} of the repository's history ({target})"
     if sandbox.within(root, [path]):
-        return f"rm -r of the project or a directory holding it ({target})"
+        return f"{verb} of the project or a directory holding it ({target})"
     return ""
 
 
