@@ -2130,6 +2130,9 @@ def _destroys_work(part: _Part, root: str) -> str:
                 why = _rm_destroys(start, part.cwd, root, "find -delete")
                 if why:
                     return why
+    copy = _rsync_deletes(core)
+    if copy:
+        return _rm_destroys(copy, part.cwd, root, "rsync --delete")
     return ""
 
 
@@ -2323,11 +2326,18 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         return "kill -1 signals every process"
     if name == "killall5":
         return "killall5 signals every process"
-    if name == "rsync" and targets:
-        # (--del is --delete-during)
-        deletes = any(o == "--del" or o.startswith("--delete") for o in options)
-        if deletes and _catastrophic(targets[-1], home, cwd):
-            return f"rsync --delete into {targets[-1]}"
+    copy = _rsync_deletes(part.core)
+    if copy and _catastrophic(copy, home, cwd):
+        return f"rsync --delete into {copy}"
+    return None
+
+
+def _rsync_deletes(core: tuple[str, ...]) -> str | None:
+    """Where rsync --delete (--del is --delete-during) deletes what its source lacks, or None."""
+    options, operands = _operands(core)
+    deletes = any(o == "--del" or o.startswith("--delete") for o in options)
+    if core[:1] == ("rsync",) and operands and deletes:
+        return operands[-1]
     return None
 
 

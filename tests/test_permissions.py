@@ -670,6 +670,9 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("find .git -delete", True), ("find .git/ -mindepth 1 -delete", True),
     ("find ./.git/ -delete", True), ("find .git -name '*.lock' -delete", False),
     ("find build -delete", False),
+    # rsync --delete into the project deletes what its source lacks
+    ("rsync -a --delete /tmp/empty/ ./", True), ("rsync -a --del /tmp/empty/ .git", True),
+    ("rsync -a --delete-after src/ build/", False), ("rsync -a /tmp/empty/ ./", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
