@@ -2199,9 +2199,11 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return "git stash drop/clear deletes stashed work"
     if sub == "branch":
         deletes = _has(options, "--delete", short="d")
-        if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
+        forced = _has(options, "--force", short="f")
+        if _has(options, short="D") or (deletes and forced):
             return "git branch -D deletes an unmerged branch"
-        if _has(options, short="MC"):
+        # (-M is --move --force, -C --copy --force; -f NAME resets NAME)
+        if _has(options, short="MC") or (forced and plain):
             return "git branch -M/-C overwrites a branch of that name"
     if sub == "update-ref" and _has(options, "--delete", short="d"):
         return "git update-ref -d deletes a ref with its reflog"

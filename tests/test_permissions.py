@@ -666,6 +666,10 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("git worktree remove --force ../wt", True), ("git worktree remove ../wt", False),
     ("git branch -M old main", True), ("git switch -C main HEAD~3", True),
     ("git switch -c feature", False), ("git branch -m old new", False),
+    # -M is --move --force, -C --copy --force; -f NAME resets NAME
+    ("git branch -mf old main", True), ("git branch --move --force old main", True),
+    ("git branch -c -f old main", True), ("git branch -f main HEAD~3", True),
+    ("git branch --force main", True), ("git branch -f --list", False),
     # find -delete of the repository's history or of a directory holding the project, as rm -r
     ("find .git -delete", True), ("find .git/ -mindepth 1 -delete", True),
     ("find ./.git/ -delete", True), ("find .git -name '*.lock' -delete", False),
