@@ -2182,12 +2182,18 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         if forced or forced_refspec:
             return ("a forced push (or a deletion) rewrites "
                     "the remote's history")
+    if sub == "checkout" and _has(options, short="B"):
+        return "git checkout -B resets a branch of that name"
     if sub == "checkout":
-        forced = "--" in rest or _has(options, "--force", short="f")
+        forced = "--" in rest or _has(options, "--force", "--pathspec-from-file", short="f")
         paths = [a for a in plain if a == "." or a.startswith(":")
                  or os.path.exists(os.path.join(cwd, a))]
         if forced or len(plain) >= 2 or paths:
             return "git checkout over paths discards uncommitted changes"
+    # the index copied over the work tree
+    index_over = sub == "checkout-index" and _has(options, "--force", short="f")
+    if index_over or (sub == "read-tree" and _has(options, "--reset") and _has(options, short="u")):
+        return f"git {sub} overwrites uncommitted changes"
     if sub == "restore":
         worktree = _has(options, "--worktree", short="W")
         if worktree or not _has(options, "--staged", short="S"):
@@ -2229,7 +2235,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
 # the objects a checkpoint borrows: those keep asking under --yes.
 _UNDONE_BY_CHECKPOINT = (
     "git reset --hard", "git clean deletes untracked", "git checkout over paths",
-    "git restore", "git rm -f", "git switch --discard-changes",
+    "git restore", "git rm -f", "git switch --discard-changes", "git checkout-index",
+    "git read-tree",
 )
 
 

@@ -670,6 +670,13 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("git branch -mf old main", True), ("git branch --move --force old main", True),
     ("git branch -c -f old main", True), ("git branch -f main HEAD~3", True),
     ("git branch --force main", True), ("git branch -f --list", False),
+    # paths read from a file; -B resets a branch as switch -C does
+    ("git checkout --pathspec-from-file=list.txt", True), ("git checkout -B main", True),
+    ("git checkout HEAD --pathspec-from-file list.txt", True), ("git checkout -b new", False),
+    # the index copied over the work tree
+    ("git checkout-index -a -f", True), ("git checkout-index --force --all", True),
+    ("git checkout-index -a", False), ("git read-tree -u --reset HEAD", True),
+    ("git read-tree --reset HEAD", False), ("git read-tree -m -u HEAD", False),
     # find -delete of the repository's history or of a directory holding the project, as rm -r
     ("find .git -delete", True), ("find .git/ -mindepth 1 -delete", True),
     ("find ./.git/ -delete", True), ("find .git -name '*.lock' -delete", False),
