@@ -2477,8 +2477,11 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
     def takes_value(option: str) -> bool:
-        split_string = name == "env" and _abbreviates(option, "split-string")
-        return _row(name).takes_value(option) or split_string
+        if not option.startswith("--"):
+            return _row(name).takes_value(option)
+        # any prefix of a long option that takes one (getopt_long: `sudo --us root`)
+        longs = _row(name).options[1].split()
+        return _abbreviates(option, *[e[:-1] for e in longs if e.endswith("=")])
 
     k = 0
     while True:

@@ -357,6 +357,8 @@ FLOORED = [
     # bash's -c command is the first word after all its options, not the word after -c
     "bash -c -- 'rm -rf /'", "bash -c -e 'rm -rf /'", "sh -c -x -- 'rm -rf ~'",
     "bash -oc errexit 'rm -rf /'", "bash -c -O extglob 'rm -rf /'", "bash -c - 'rm -rf /'",
+    # a wrapper's long option that takes a value, abbreviated as getopt_long allows
+    "sudo --us root rm -rf ~", "timeout --sig KILL 5 rm -rf ~", "nice --adj 5 rm -rf /",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
