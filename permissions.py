@@ -392,35 +392,52 @@ POLICY: dict[str, Program] = {
     "poetry": Program("installer", network="add,install,update", arity=2),
     "composer": Program("installer", network="install,require,update", arity=2),
     **_each("aws gcloud az", Program(network=",", arity=3)),
-    "sudo": Program("wrapper runner exact", ("C:D:T:U:g:h:p:r:t:u:", """
-        chdir= close-from= group= host= prompt= role= type= user=""")),
-    "doas": Program("wrapper runner exact", ("C:u:", "")),
+    "sudo": Program("wrapper runner exact", ("C:D:R:T:U:a:c:g:h:p:r:t:u:", """
+        chdir= chroot= close-from= command-timeout= group= host= login-class= other-user= prompt=
+        role= type= user=""")),
+    "doas": Program("wrapper runner exact", ("C:a:u:", "")),
     "pkexec": Program("wrapper", ("", "user=")),
-    "run0": Program("wrapper", ("u:", "user=")),
-    "runuser": Program("wrapper shell", ("G:g:u:", "group= supp-group= user=")),
+    "run0": Program("wrapper", ("D:g:u:", """
+        background= chdir= description= group= machine= nice= property= setenv= slice= unit=
+        user=""")),
+    "runuser": Program("wrapper shell", ("G:g:s:u:w:", """
+        group= shell= supp-group= user= whitelist-environment=""")),
     "setpriv": Program("wrapper", ("", """
         ambient-caps= bounding-set= groups= inh-caps= regid= reuid= securebits= selinux-label=""")),
     "chroot": Program("wrapper", ("", "groups= userspec="), skip=1),
-    "unshare": Program("wrapper", ("G:S:", "setgid= setuid=")),
-    **_each("""
-        firejail setsid nohup caffeinate unbuffer command builtin torsocks""",
-            Program("wrapper")),
-    "env": Program("wrapper exact", ("C:S:u:", "chdir= split-string= unset=")),
+    "unshare": Program("wrapper", ("G:R:S:w:", """
+        boottime= map-group= map-groups= map-user= map-users= monotonic= propagation= root=
+        setgid= setgroups= setuid= wd=""")),
+    **_each("firejail setsid nohup unbuffer command builtin", Program("wrapper")),
+    "caffeinate": Program("wrapper", ("t:w:", "")),
+    "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
+    "env": Program("wrapper exact", ("C:S:a:u:", "argv0= chdir= split-string= unset=")),
     "nice": Program("wrapper", ("n:", "adjustment=")),
-    "ionice": Program("wrapper", ("c:n:p:t:", "")),
-    **_each("taskset chrt", Program("wrapper", skip=1)),
-    "stdbuf": Program("wrapper", ("e:i:o:", "")),
+    "ionice": Program("wrapper", ("c:n:p:P:u:", "")),
+    "taskset": Program("wrapper", skip=1),
+    "chrt": Program("wrapper", ("D:P:T:", "sched-deadline= sched-period= sched-runtime="),
+                    skip=1),
+    "stdbuf": Program("wrapper", ("e:i:o:", "error= input= output=")),
     "timeout": Program("wrapper", ("k:s:", "kill-after= signal="), skip=1),
     "time": Program("wrapper", ("f:o:", "format= output=")),
-    "watch": Program("wrapper", ("d:n:", "interval=")),
-    "flock": Program("wrapper", ("E:w:", ""), skip=1),
-    "systemd-run": Program("wrapper", ("p:u:", "property= unit=")),
+    # (-d takes its value only attached: -d=permanent)
+    "watch": Program("wrapper", ("n:q:", "equexit= interval=")),
+    "flock": Program("wrapper", ("E:w:", "conflict-exit-code= timeout="), skip=1),
+    "systemd-run": Program("wrapper", ("E:H:M:p:u:", """
+        description= gid= host= machine= nice= on-active= on-boot= on-calendar= on-startup=
+        on-unit-active= on-unit-inactive= path-property= property= service-type= setenv= slice=
+        socket-property= timer-property= uid= unit= working-directory=""")),
     "exec": Program("wrapper exact", ("a:", "")),
     "busybox": Program("wrapper runner"),
-    "strace": Program("wrapper", ("E:e:o:p:s:u:", "")),
-    "ltrace": Program("wrapper", ("e:o:p:u:", "")),
+    "strace": Program("wrapper", ("E:I:O:P:S:U:X:a:b:e:o:p:s:u:", """
+        attach= columns= env= output= signal= status= string-limit= summary-sort-by= trace=
+        trace-path= user=""")),
+    "ltrace": Program("wrapper", ("A:D:F:a:e:l:n:o:p:s:u:w:x:", """
+        align= config= indent= library= output=""")),
     "proxychains": Program("wrapper", ("f:", "")),
-    "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:i:n:s:", "max-args= max-procs=")),
+    # (-i, -e and -l take their value only attached: -i{})
+    "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:n:s:", """
+        arg-file= delimiter= max-args= max-chars= max-procs= process-slot-var=""")),
     "parallel": Program("wrapper runner", ("j:", "")),
     **_each("mksh csh ksh ash tcsh script", Program("shell")),
     "su": Program("shell runner exact"),

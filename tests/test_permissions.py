@@ -359,6 +359,16 @@ FLOORED = [
     "bash -oc errexit 'rm -rf /'", "bash -c -O extglob 'rm -rf /'", "bash -c - 'rm -rf /'",
     # a wrapper's long option that takes a value, abbreviated as getopt_long allows
     "sudo --us root rm -rf ~", "timeout --sig KILL 5 rm -rf ~", "nice --adj 5 rm -rf /",
+    # a wrapper's option that takes a value, missing from its row (the value was read as the
+    # command), or listed as taking one when it does not (watch -d, xargs -i: optional, attached)
+    "sudo -R / rm -rf ~", "sudo --chroot / rm -rf ~", "sudo --command-timeout 5 rm -rf ~",
+    "sudo --other-user x rm -rf ~", "doas -a style rm -rf ~", "env -a name rm -rf ~",
+    "env --argv0 name rm -rf ~", "ionice -t rm -rf ~", "watch -d rm -rf ~", "watch -q 3 rm -rf ~",
+    "stdbuf --output L rm -rf ~", "flock --timeout 5 /tmp/l rm -rf ~", "caffeinate -t 5 rm -rf ~",
+    "torsocks -P 9050 rm -rf ~", "unshare -R / rm -rf ~", "unshare --propagation private rm -rf ~",
+    "systemd-run --uid 0 rm -rf ~", "run0 --nice 5 rm -rf ~", "strace -P /x rm -rf ~",
+    "ltrace -n 2 rm -rf ~", "xargs -i rm -rf ~", "xargs --arg-file list rm -rf ~",
+    "runuser -s /bin/sh -u x rm -rf ~", "chrt -T 5 1 rm -rf ~",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
