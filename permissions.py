@@ -2520,6 +2520,11 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
+    if name == "watch" and not _has(args[:k], "--exec", short="x"):
+        # watch runs its words through sh -c, joined by spaces (with -x, as they are); plain
+        # words read the same either way
+        if any(shlex.quote(word) != word for word in rest):
+            return ["sh", "-c", " ".join(rest)]
     return rest
 
 
@@ -2613,6 +2618,12 @@ class _ShellLine:
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
+        elif name == "trap":
+            # trap CMD SIGNAL... runs CMD when the signal (or EXIT) comes
+            args = core[2:] if core[1:2] == ("--",) else core[1:]
+            scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
+        elif name == "git":
+            scripts = _git_scripts(core[1:])
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
@@ -2802,6 +2813,25 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     if fed:
         return fed
     return [stdin_text] if stdin_text else []
+
+
+def _git_scripts(args: tuple[str, ...]) -> list[str]:
+    """The command lines a git subcommand runs: rebase --exec CMD, difftool --extcmd CMD, bisect
+    run CMD..., submodule foreach CMD...."""
+    _, sub, rest = _git_split(args)
+    runs = {"rebase": "exec", "difftool": "extcmd"}.get(sub)
+    if runs:
+        def takes(option: str) -> bool:
+            return option == "-x" or _abbreviates(option, runs)
+        return [o.value for o in _parse(rest, takes)[0] if takes(o.name) and o.value]
+    if sub == "bisect" and rest[:1] == ("run",):
+        return [shlex.join(rest[1:])]
+    if sub == "submodule" and "foreach" in rest:
+        command = rest[rest.index("foreach") + 1:]
+        while command and command[0].startswith("-"):
+            command = command[1:]
+        return [" ".join(command)] if command else []
+    return []
 
 
 def _shell_operand(core: tuple[str, ...]) -> int:

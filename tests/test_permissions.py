@@ -369,6 +369,11 @@ FLOORED = [
     "systemd-run --uid 0 rm -rf ~", "run0 --nice 5 rm -rf ~", "strace -P /x rm -rf ~",
     "ltrace -n 2 rm -rf ~", "xargs -i rm -rf ~", "xargs --arg-file list rm -rf ~",
     "runuser -s /bin/sh -u x rm -rf ~", "chrt -T 5 1 rm -rf ~",
+    # command lines a program runs later: git's --exec, bisect run and submodule foreach, watch's
+    # words (through sh -c), trap's action
+    "git rebase -x 'rm -rf ~' HEAD~1", "git rebase --exec='rm -rf /' main", "git difftool -x 'rm -rf ~'",
+    "git rebase -ix 'rm -rf ~' main", "git bisect run rm -rf ~", "git submodule foreach 'rm -rf ~'",
+    "watch 'rm -rf ~'", "watch -n 5 'rm -rf /'", "trap 'rm -rf ~' EXIT", "trap -- 'rm -rf /' INT",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
@@ -696,6 +701,7 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     # rsync --delete into the project deletes what its source lacks
     ("rsync -a --delete /tmp/empty/ ./", True), ("rsync -a --del /tmp/empty/ .git", True),
     ("rsync -a --delete-after src/ build/", False), ("rsync -a /tmp/empty/ ./", False),
+    ("git rebase -x 'git reset --hard' main", True), ("git rebase -x 'npm test' main", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
