@@ -2485,10 +2485,15 @@ def _core(words) -> list[str]:
     return words
 
 
+# the options by which a wrapper runs its command in another directory
+_CHDIR = {"env": ("-C", "--chdir"), "sudo": ("-D", "--chdir"), "run0": ("-D", "--chdir"),
+          "unshare": ("-w", "--wd"), "systemd-run": ("", "--working-directory")}
+
+
 def _unwrap(name: str, args: list[str]) -> list[str]:
     """The words after a wrapper's own options, read by _parse (`sudo -Eu root rm` skips root as
     the value of -u); for env also its NAME=value words, `-` (-i), and -S: the string split into
-    the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`)."""
+    the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`); see _in_directory for -C."""
     for i, arg in enumerate(args[:-1]):
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
@@ -2500,16 +2505,20 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         longs = _row(name).options[1].split()
         return _abbreviates(option, *[e[:-1] for e in longs if e.endswith("=")])
 
+    short_chdir, long_chdir = _CHDIR.get(name, ("", ""))
+    directory = None
     k = 0
     while True:
         options, _, end = _parse(args[k:], takes_value, stop=True)
         for option in options:
+            if option.name == short_chdir or (long_chdir and _abbreviates(option.name, long_chdir)):
+                directory = option.value
             if name == "command" and args[k + option.at] in ("-v", "-V"):
                 # only prints where the program is
                 return []
             if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
                 after = k + option.at + 1 + option.separate
-                return option.value.split() + args[after:]
+                return _in_directory(directory, option.value.split() + args[after:])
         k += end
         env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
         if env_word and (args[k] == "-" or _ASSIGNMENT.match(args[k])):
@@ -2525,7 +2534,14 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         # words read the same either way
         if any(shlex.quote(word) != word for word in rest):
             return ["sh", "-c", " ".join(rest)]
-    return rest
+    return _in_directory(directory, rest)
+
+
+def _in_directory(directory: str | None, words: list[str]) -> list[str]:
+    """A command run in another directory (env -C DIR CMD) is `sh -c 'cd DIR && CMD'`."""
+    if directory is None or not words:
+        return words
+    return ["sh", "-c", f"cd {shlex.quote(directory)} && {shlex.join(words)}"]
 
 
 # ------------------------------------------------------- bash: simple commands

@@ -374,6 +374,10 @@ FLOORED = [
     "git rebase -x 'rm -rf ~' HEAD~1", "git rebase --exec='rm -rf /' main", "git difftool -x 'rm -rf ~'",
     "git rebase -ix 'rm -rf ~' main", "git bisect run rm -rf ~", "git submodule foreach 'rm -rf ~'",
     "watch 'rm -rf ~'", "watch -n 5 'rm -rf /'", "trap 'rm -rf ~' EXIT", "trap -- 'rm -rf /' INT",
+    # a wrapper that runs its command in another directory
+    "env -C / rm -rf usr", "env --chdir=/ rm -rf *", "env -C / -S 'rm -rf usr'",
+    "sudo -D / rm -rf usr", "sudo --chdir ~ rm -rf .", "unshare -w / rm -rf usr",
+    "systemd-run --working-directory=/ rm -rf usr",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
@@ -430,7 +434,7 @@ NOT_FLOORED = [
     "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
-    "rsync -a --delay-updates src/ ~/",
+    "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist",
 ]
 
 
@@ -702,6 +706,7 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("rsync -a --delete /tmp/empty/ ./", True), ("rsync -a --del /tmp/empty/ .git", True),
     ("rsync -a --delete-after src/ build/", False), ("rsync -a /tmp/empty/ ./", False),
     ("git rebase -x 'git reset --hard' main", True), ("git rebase -x 'npm test' main", False),
+    ("env -C src rm -rf ../.git", True), ("sudo -D build rm -rf dist", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
