@@ -2757,7 +2757,7 @@ class _ShellLine:
     def _parameter(self, name: str, op: str, env: dict) -> str | None:
         """The value of ${name<op>...} when it is knowable: $HOME, variables
         set earlier in the line, defaults of unset variables (${X:-/}), $IFS (a
-        word break, also ${IFS:0:1})."""
+        word break, also ${IFS:0:1}), a known value trimmed (${HOME%/*}, ${HOME:0:1})."""
         if name == "IFS":
             return "\0"
         if name == "KHAELOR_HOME" and name not in env:
@@ -2775,6 +2775,17 @@ class _ShellLine:
             return found if found is not None else op[1:]
         if op.startswith((":+", "+")) and found is not None:
             return op.lstrip(":+") if found or op[0] == "+" else ""
+        if found is None or len(found) > _PATH_MAX:
+            return None
+        substring = re.fullmatch(r":\s*(-?[0-9]*)(?::\s*(-?[0-9]*))?", op)
+        if substring:
+            start = int(substring[1] or 0)
+            if substring[2] is None:
+                return found[start:]
+            length = int(substring[2] or 0)
+            return found[start:][:length] if length >= 0 else found[start:length]
+        if op[0] in "%#" and not re.search(r"[$`'\"\\]", op):
+            return _trimmed(found, op)
         return None
 
     def _static_output(self, inner: str, env: dict) -> str | None:
@@ -2788,6 +2799,21 @@ class _ShellLine:
         for pieces in segments[0][0]:
             words += self._expand(pieces, env)
         return _printed(words)
+
+
+def _trimmed(value: str, op: str) -> str:
+    """${X%pattern} (the shortest suffix matching it removed), %%, # and ## (prefixes)."""
+    longest = op[:2] in ("%%", "##")
+    pattern = op[1 + longest:]
+    # what is left, from the longest cut to the shortest
+    cuts = range(len(value) + 1)
+    if op[0] == "%":
+        kept = [value[:i] for i in cuts if fnmatch.fnmatchcase(value[i:], pattern)]
+    else:
+        kept = [value[i:] for i in reversed(cuts) if fnmatch.fnmatchcase(value[:i], pattern)]
+    if not kept:
+        return value
+    return kept[0] if longest else kept[-1]
 
 
 def _brace_expand(word: str) -> list[str]:

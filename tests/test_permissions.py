@@ -378,6 +378,9 @@ FLOORED = [
     "env -C / rm -rf usr", "env --chdir=/ rm -rf *", "env -C / -S 'rm -rf usr'",
     "sudo -D / rm -rf usr", "sudo --chdir ~ rm -rf .", "unshare -w / rm -rf usr",
     "systemd-run --working-directory=/ rm -rf usr",
+    # a known value trimmed: ${HOME%/*} is the directory holding the home directory
+    "rm -rf ${HOME%/*}", 'rm -rf "${HOME%/*}"', "rm -rf ${HOME:0:1}", "rm -rf ${HOME::1}",
+    "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
@@ -434,7 +437,7 @@ NOT_FLOORED = [
     "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
-    "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist",
+    "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist", "rm -rf ${HOME%/*}/x",
 ]
 
 
