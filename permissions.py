@@ -13,9 +13,10 @@ all this, the modes (plan, acceptEdits), the sandbox shape a decision grants (`D
 a sandbox.Confine) and the config-dict edit that persists a grant.
 Must not: import our other modules but sandbox (the one secret vocabulary, Confine and the glob
 translator are defined there), write files or run anything. It only reads the world:
-os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME, a bounded walk
-looks for secret files under a directory a command searches recursively, and PATH's entries are
-looked at to see whether a program would come from inside the project.
+os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME (and the user
+database for ~user), a bounded walk looks for secret files under a directory a command searches
+recursively, and PATH's entries are looked at to see whether a program would come from inside the
+project.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
   file.read, file.write.project  the project-relative POSIX path after resolving `..` and
@@ -2707,8 +2708,9 @@ class _ShellLine:
         for index, (kind, text) in enumerate(pieces):
             if kind == "raw":
                 if index == 0:
-                    # ~ starting a word or an assignment's value; ~+ is $PWD
-                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(\+?)(?=/|$)",
+                    # ~ starting a word or an assignment's value; ~+ is $PWD, ~user
+                    # that user's home
+                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(\+|[A-Za-z_][\w.-]*)?(?=/|$)",
                                   lambda m: self._tilde(m, env), text)
                 chunks.append(self._substitute(text, env, split))
             elif kind in ("dq", "lit", "arith", "locale"):
@@ -2734,8 +2736,12 @@ class _ShellLine:
         return [""] if quoted else []
 
     def _tilde(self, match: re.Match, env: dict) -> str:
-        directory = env.get("PWD") if match[2] else self.home
-        if directory is None:
+        directory = self.home
+        if match[2] == "+":
+            directory = env.get("PWD")
+        elif match[2]:
+            directory = os.path.expanduser("~" + match[2])
+        if directory is None or directory.startswith("~"):
             return match[0]
         return (match[1] or "") + directory
 

@@ -381,6 +381,8 @@ FLOORED = [
     # a known value trimmed: ${HOME%/*} is the directory holding the home directory
     "rm -rf ${HOME%/*}", 'rm -rf "${HOME%/*}"', "rm -rf ${HOME:0:1}", "rm -rf ${HOME::1}",
     "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
+    # ~user is that user's home (root's is /root)
+    "rm -rf ~root", "rm -rf ~root/", "X=~root; rm -rf $X",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
