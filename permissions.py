@@ -2776,11 +2776,11 @@ class _ShellLine:
         if op == "" or op.startswith((":?", "?")):
             return found
         if op.startswith((":-", ":=")):
-            return found if found else op[2:]
+            return found if found else self._word(op[2:], env)
         if op[:1] in "-=":
-            return found if found is not None else op[1:]
+            return found if found is not None else self._word(op[1:], env)
         if op.startswith((":+", "+")) and found is not None:
-            return op.lstrip(":+") if found or op[0] == "+" else ""
+            return self._word(op.removeprefix(":")[1:], env) if found or op[0] == "+" else ""
         if found is None or len(found) > _PATH_MAX:
             return None
         substring = re.fullmatch(r":\s*(-?[0-9]*)(?::\s*(-?[0-9]*))?", op)
@@ -2793,6 +2793,13 @@ class _ShellLine:
         if op[0] in "%#" and not re.search(r"[$`'\"\\]", op):
             return _trimmed(found, op)
         return None
+
+    def _word(self, word: str, env: dict) -> str:
+        """The word of ${X:-word}, expanded: ${X:-$HOME}, ${X:-~}."""
+        word = self._substitute(word, env, False)
+        if word[:1] == "~" and word[1:2] in ("", "/"):
+            return self.home + word[1:]
+        return word
 
     def _static_output(self, inner: str, env: dict) -> str | None:
         try:

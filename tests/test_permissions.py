@@ -381,6 +381,8 @@ FLOORED = [
     # a known value trimmed: ${HOME%/*} is the directory holding the home directory
     "rm -rf ${HOME%/*}", 'rm -rf "${HOME%/*}"', "rm -rf ${HOME:0:1}", "rm -rf ${HOME::1}",
     "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
+    # the word of ${X:-word} is expanded too
+    'rm -rf "${UNSET:-$HOME}"', "rm -rf ${UNSET:-~}", "rm -rf ${UNSET=~/}", "rm -rf ${HOME:+$HOME}",
     # ~user is that user's home (root's is /root)
     "rm -rf ~root", "rm -rf ~root/", "X=~root; rm -rf $X",
     # rsync's --del is --delete-during
