@@ -2315,7 +2315,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
             continue
         if _is_device(target):
             return f"write to device {target}"
-        if (_absolute(target) or "").startswith(("/proc/sys", "/sys/")):
+        if _kernel_control(target):
             return f"write to the kernel's controls ({target})"
     name = part.core[0] if part.core else ""
     args = part.core[1:]
@@ -2332,13 +2332,14 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
     if _row(name).has("disk") and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
-    if name == "dd" and any(_is_device(a[3:]) for a in args if a.startswith("of=")):
-        return "dd onto a device"
-    if name in ("cp", "tee", "shred", "cat"):
-        # cp's first argument is what it copies from
-        written = targets[1:] if name == "cp" else targets
-        if any(_is_device(t) for t in written):
-            return f"{name} onto a device"
+    # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
+    written = {"cp": targets[1:], "tee": targets, "shred": targets, "cat": targets,
+               "dd": [a[3:] for a in args if a.startswith("of=")]}.get(name, [])
+    if any(_is_device(t) for t in written):
+        return f"{name} onto a device"
+    control = next((t for t in written if _kernel_control(t)), None)
+    if control and name != "cat":
+        return f"write to the kernel's controls ({control})"
     if name == "find":
         roots = _find_roots(args)
         doomed_root = next((r for r in roots if _catastrophic(r, home, cwd)), None)
@@ -2448,6 +2449,10 @@ def _resolve(target: str, cwd: str) -> str:
 def _precious(path: str, home: str) -> bool:
     """A system directory, the home directory, or a directory holding it."""
     return path in _PROTECTED_DIRS or sandbox.within(home, [path])
+
+
+def _kernel_control(target: str) -> bool:
+    return (_absolute(target) or "").startswith(("/proc/sys", "/sys/"))
 
 
 def _is_device(target: str) -> bool:

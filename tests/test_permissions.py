@@ -381,6 +381,9 @@ FLOORED = [
     # a known value trimmed: ${HOME%/*} is the directory holding the home directory
     "rm -rf ${HOME%/*}", 'rm -rf "${HOME%/*}"', "rm -rf ${HOME:0:1}", "rm -rf ${HOME::1}",
     "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
+    # the kernel's controls written by a program, not only by a redirection
+    "echo c | sudo tee /proc/sysrq-trigger", "echo 1 | tee /proc/sys/kernel/panic",
+    "dd if=x of=/proc/sysrq-trigger", "cp x /sys/power/state",
     # the word of ${X:-word} is expanded too
     'rm -rf "${UNSET:-$HOME}"', "rm -rf ${UNSET:-~}", "rm -rf ${UNSET=~/}", "rm -rf ${HOME:+$HOME}",
     # ~user is that user's home (root's is /root)
@@ -442,6 +445,7 @@ NOT_FLOORED = [
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
     "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist", "rm -rf ${HOME%/*}/x",
+    "cat /proc/sys/kernel/hostname",
 ]
 
 
