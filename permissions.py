@@ -2131,6 +2131,11 @@ def _destroys_work(part: _Part, root: str) -> str:
     core = part.core
     name = core[0] if core else ""
     if name == "git":
+        # GIT_CONFIG_PARAMETERS=..., GIT_CONFIG_COUNT=... set what git -c sets
+        before = part.words[:len(part.words) - len(core)]
+        if any(_ASSIGNMENT.match(w) and w.startswith("GIT_CONFIG") for w in before):
+            return ("git configuration in the environment (GIT_CONFIG_*) can redefine what "
+                    "any git command does")
         return _git_destroys(core[1:], part.cwd)
     if name == "rm" and _recursive(core):
         for target in _operands(core)[1]:

@@ -718,6 +718,10 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("rsync -a --delete-after src/ build/", False), ("rsync -a /tmp/empty/ ./", False),
     ("git rebase -x 'git reset --hard' main", True), ("git rebase -x 'npm test' main", False),
     ("env -C src rm -rf ../.git", True), ("sudo -D build rm -rf dist", False),
+    # git -c given in the environment
+    ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0=sh git log", True),
+    ("env GIT_CONFIG_PARAMETERS=\"'core.fsmonitor=x'\" git status", True),
+    ("GIT_PAGER=cat git log", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
