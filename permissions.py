@@ -2812,6 +2812,7 @@ class _ShellLine:
         return word
 
     def _static_output(self, inner: str, env: dict) -> str | None:
+        """What $(inner) prints, when it is plain echo, printf or pwd."""
         try:
             segments = _segments(_lex(inner)[0])
         except _ParseError:
@@ -2821,6 +2822,8 @@ class _ShellLine:
         words = []
         for pieces in segments[0][0]:
             words += self._expand(pieces, env)
+        if words[:1] == ["pwd"] and set(words[1:]) <= {"-L", "-P"}:
+            return env.get("PWD")
         return _printed(words)
 
 

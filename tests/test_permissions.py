@@ -381,6 +381,8 @@ FLOORED = [
     # a known value trimmed: ${HOME%/*} is the directory holding the home directory
     "rm -rf ${HOME%/*}", 'rm -rf "${HOME%/*}"', "rm -rf ${HOME:0:1}", "rm -rf ${HOME::1}",
     "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
+    # $(pwd) prints the working directory
+    'cd / && rm -rf "$(pwd)"', "cd ~ && rm -rf $(pwd -P)", "cd / && rm -rf `pwd`",
     # the kernel's controls written by a program, not only by a redirection
     "echo c | sudo tee /proc/sysrq-trigger", "echo 1 | tee /proc/sys/kernel/panic",
     "dd if=x of=/proc/sysrq-trigger", "cp x /sys/power/state",
@@ -718,6 +720,7 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("rsync -a --delete-after src/ build/", False), ("rsync -a /tmp/empty/ ./", False),
     ("git rebase -x 'git reset --hard' main", True), ("git rebase -x 'npm test' main", False),
     ("env -C src rm -rf ../.git", True), ("sudo -D build rm -rf dist", False),
+    ('rm -rf "$(pwd)/.git"', True), ("rm -rf $(pwd)", True), ('rm -rf "$(pwd)/build"', False),
     # git -c given in the environment
     ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0=sh git log", True),
     ("env GIT_CONFIG_PARAMETERS=\"'core.fsmonitor=x'\" git status", True),
