@@ -2137,9 +2137,10 @@ def _destroys_work(part: _Part, root: str) -> str:
             return ("git configuration in the environment (GIT_CONFIG_*) can redefine what "
                     "any git command does")
         return _git_destroys(core[1:], part.cwd)
-    if name == "rm" and _recursive(core):
+    if name == "rm":
+        recursive = _recursive(core)
         for target in _operands(core)[1]:
-            why = _rm_destroys(target, part.cwd, root)
+            why = _rm_destroys(target, part.cwd, root, "rm -r" if recursive else "rm")
             if why:
                 return why
     if name == "find" and "-delete" in core:
@@ -2161,18 +2162,20 @@ def _destroys_work(part: _Part, root: str) -> str:
 
 def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:
     """rm -r (or verb) of .git (or inside it), of the project, of a directory holding it,
-    or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
+    or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory); plain rm, which
+    deletes files only, of a file in .git (a pack, a ref; a stale lock aside)."""
     target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
+    recursive = verb != "rm"
     path = _resolve(target, cwd)
     base = _wildcard_base(target, cwd)
     if base is not None:
-        if base == root == _resolve(posixpath.dirname(target) or ".", cwd):
+        if recursive and base == root == _resolve(posixpath.dirname(target) or ".", cwd):
             return f"{verb} of everything at the project's root ({target})"
         path = base
     git_dir = posixpath.join(root, ".git")
-    if sandbox.within(path, [git_dir]):
+    if sandbox.within(path, [git_dir]) and (recursive or not target.endswith(".lock")):
         return f"{verb} of the repository's history ({target})"
-    if sandbox.within(root, [path]):
+    if recursive and sandbox.within(root, [path]):
         return f"{verb} of the project or a directory holding it ({target})"
     return ""
 
