@@ -122,6 +122,15 @@ class Program(NamedTuple):
             return option[2:] + "=" in longs.split() and option[2:] not in longs.split()
         return option[1:] + ":" in short
 
+    def reads_value(self, option: str) -> bool:
+        """takes_value, as the program reads its words: a long option also by a prefix of one
+        that takes a value (getopt_long reads `--max 1` as --max-count 1, `sudo --us root`)."""
+        if not option.startswith("--") or self.lists(option):
+            return self.takes_value(option)
+        longs = self.options[1].split()
+        valued = [e[:-1] for e in longs if e.endswith("=") and e[:-1] not in longs]
+        return _abbreviates(option, *valued)
+
     def lists(self, option: str) -> bool:
         """Whether option is among the row's options."""
         short, longs = self.options
@@ -1820,7 +1829,10 @@ def _recursive_secrets(part: _Part) -> list[str]:
     # grep -r PATTERN and rg PATTERN search the working directory; so may
     # rg -g*.ref WORD, where WORD may be the pattern or a file
     lone = len(paths) == 1 and any(map(_gives_pattern, options))
-    if name != "diff" and (not paths or lone):
+    # and rg -A 2 PATTERN: the operands as the program reads them, option values aside
+    operands = _parse(core[1:], _row(name).reads_value)[1]
+    searched = operands if any(map(_gives_pattern, options)) else operands[1:]
+    if name != "diff" and (not paths or lone or not searched):
         targets.append(part.cwd)
     return [secret for target in targets for secret in _secrets_under(target, hidden, follows)]
 
@@ -2512,18 +2524,11 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
-    def takes_value(option: str) -> bool:
-        if not option.startswith("--"):
-            return _row(name).takes_value(option)
-        # any prefix of a long option that takes one (getopt_long: `sudo --us root`)
-        longs = _row(name).options[1].split()
-        return _abbreviates(option, *[e[:-1] for e in longs if e.endswith("=")])
-
     short_chdir, long_chdir = _CHDIR.get(name, ("", ""))
     directory = None
     k = 0
     while True:
-        options, _, end = _parse(args[k:], takes_value, stop=True)
+        options, _, end = _parse(args[k:], _row(name).reads_value, stop=True)
         for option in options:
             if option.name == short_chdir or (long_chdir and _abbreviates(option.name, long_chdir)):
                 directory = option.value

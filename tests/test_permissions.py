@@ -749,6 +749,19 @@ def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
         assert bash(not_following, project)["decision"] == "allow", not_following
 
 
+def test_a_search_of_the_working_directory_with_option_values_reads_its_secrets(project):
+    """grep -r and rg with no path search the working directory; an option's value given as
+    the next word (-A 2, -g '*.pem', -t json) was taken for a path, so the secrets under the
+    directory went unasked: `rg -A 2 KEY` read deploy/server.pem silently."""
+    (project / "deploy").mkdir()
+    (project / "deploy" / "server.pem").write_text("x\n")
+    for command in ("rg -A 2 KEY", "rg -g '*.pem' KEY", "rg -t json KEY", "rg --max-count 1 KEY",
+                    "grep -r -A 2 KEY", "grep -rC 3 KEY", "grep -r --include '*.pem' KEY"):
+        assert bash(command, project)["decision"] == "ask", command
+    for command in ("rg -A 2 KEY src", "grep -r -m 1 KEY src"):
+        assert bash(command, project)["decision"] == "allow", command
+
+
 def test_a_quoted_program_name_with_a_space_names_no_policy_row(project):
     """'git status' quoted is one word: a program no one has, not git's read-only status."""
     for command in ("'git status'", "'git log' -1", "\"git diff\""):
