@@ -919,11 +919,11 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
-    not into .git/: .git/config can run code later."""
+    not into .git/: .git/config can run code later (.GIT on a file system that ignores case)."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not sandbox.within(decision.descriptor, [".git"])
+    return not sandbox.within(decision.descriptor.lower(), [".git"])
 
 
 def _decide(kind: str, fields: dict, project_root: Path,

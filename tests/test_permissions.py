@@ -133,6 +133,16 @@ def test_plan_mode_runs_only_what_reads_judged_by_each_tools_subject(project, to
     assert decision.action == action, decision
 
 
+def test_accept_edits_never_writes_into_git_in_any_case(project):
+    """.git/config and hooks run code later; on a case-insensitive file system (macOS, Windows)
+    .GIT/hooks/pre-commit is that same file, and acceptEdits wrote it without asking."""
+    for path in (".git/hooks/pre-commit", ".GIT/hooks/pre-commit", ".Git/config"):
+        decision = decide("write", {"file_path": path}, project, DEFAULTS, mode="acceptEdits")
+        assert decision.action == "ask", path
+    assert decide("write", {"file_path": "src/new.py"}, project, DEFAULTS,
+                  mode="acceptEdits").action == "allow"
+
+
 def test_last_matching_rule_wins(project):
     rules = [*DEFAULTS, Rule("process.execute", "npm *", "allow", "u"),
              Rule("process.execute", "npm run release *", "deny", "u")]
