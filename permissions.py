@@ -2178,12 +2178,15 @@ def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:
     deletes files only, of a file in .git (a pack, a ref; a stale lock aside)."""
     target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
     recursive = verb != "rm"
-    path = _resolve(target, cwd)
+    # (compared lowered: on macOS and Windows, .GIT is .git)
+    root = root.lower()
+    path = _resolve(target, cwd).lower()
     base = _wildcard_base(target, cwd)
     if base is not None:
-        if recursive and base == root == _resolve(posixpath.dirname(target) or ".", cwd):
+        parent = _resolve(posixpath.dirname(target) or ".", cwd).lower()
+        if recursive and base.lower() == root == parent:
             return f"{verb} of everything at the project's root ({target})"
-        path = base
+        path = base.lower()
     git_dir = posixpath.join(root, ".git")
     if sandbox.within(path, [git_dir]) and (recursive or not target.endswith(".lock")):
         return f"{verb} of the repository's history ({target})"

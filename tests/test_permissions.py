@@ -734,6 +734,8 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     # plain rm of a file in .git: a pack, a ref (a stale lock aside)
     ("rm -f .git/objects/pack/*.pack", True), ("rm .git/HEAD", True), ("cd .git && rm index", True),
     ("rm -f .git/index.lock", False), ("rm *.pyc", False),
+    # on macOS and Windows .GIT is .git
+    ("rm -rf .GIT", True), ("rm -f .Git/objects/pack/x.pack", True),
     # git -c given in the environment
     ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0=sh git log", True),
     ("env GIT_CONFIG_PARAMETERS=\"'core.fsmonitor=x'\" git status", True),
