@@ -445,6 +445,7 @@ POLICY: dict[str, Program] = {
     "ltrace": Program("wrapper", ("A:D:F:a:e:l:n:o:p:s:u:w:x:", """
         align= config= indent= library= output=""")),
     "proxychains": Program("wrapper", ("f:", "")),
+    "nsenter": Program("wrapper", ("G:S:t:", "setgid= setuid= target=")),
     # (-i, -e and -l take their value only attached: -i{})
     "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:n:s:", """
         arg-file= delimiter= max-args= max-chars= max-procs= process-slot-var=""")),
@@ -2881,6 +2882,10 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     text we know. Both readings of -c count: the word after it (fish's -c CMD) and bash's
     command, the first word after all the options (bash -c -e CMD, -oc errexit CMD, -c -- CMD)."""
     for i, word in enumerate(core[1:], 1):
+        # --command CMD or --command=CMD (su, runuser, script, fish; by any prefix)
+        option, given, value = word.partition("=")
+        if _abbreviates(option, "command") and (given or i < len(core) - 1):
+            return [value if given else core[i + 1]]
         # -c, or a cluster of short options holding it (-lc)
         short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
         if short_c and i < len(core) - 1:

@@ -393,6 +393,9 @@ FLOORED = [
     "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
     # $(pwd) prints the working directory
     'cd / && rm -rf "$(pwd)"', "cd ~ && rm -rf $(pwd -P)", "cd / && rm -rf `pwd`",
+    # a shell's --command, nsenter's command
+    "su --command='rm -rf ~'", "su root --comm 'rm -rf /'", "script --command 'rm -rf ~'",
+    "fish --command='rm -rf ~'", "nsenter -t 1 -m rm -rf ~",
     # the kernel's controls written by a program, not only by a redirection
     "echo c | sudo tee /proc/sysrq-trigger", "echo 1 | tee /proc/sys/kernel/panic",
     "dd if=x of=/proc/sysrq-trigger", "cp x /sys/power/state",
