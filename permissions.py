@@ -1522,6 +1522,8 @@ def _decide_bash(command: str, workdir: str, root: str,
         only_redirected = not problem or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
+    for fed in line.fed:
+        destructive = destructive or _destroys_work(fed, root)
     if _FUNCTION_DEFINITION.search(command):
         line.unfollowed = ("it defines a shell function, "
                            "which can stand in for any command")
@@ -2583,6 +2585,8 @@ class _ShellLine:
         self.unfollowed: str | None = None
         # the working directories the line may run in
         self.visited: list[str] = [cwd]
+        # xargs commands with what is piped into them (for the destroy-work tier)
+        self.fed: list[_Part] = []
         # characters expansions may still add: A=xx; A+=$A; A+=$A ... doubles
         self.room = 2 * len(command) + _EXPANSION_ROOM
         self._parse(command, cwd, 0)
@@ -2602,8 +2606,10 @@ class _ShellLine:
         self.compound |= len(segments) > 1 or has_operator
         # variables assigned earlier in this line; $PWD (and ~+) is where it runs
         env: dict[str, str] = {"PWD": cwd}
-        # what the previous command printed, when known, if it is piped here
+        # what the previous command printed, when known, if it is piped here; whether that is
+        # only where find started
         piped: str | None = None
+        found = False
         for words, redirects, after_pipe in segments:
             _on_time()
             redirect_targets = [target for _, target in redirects]
@@ -2632,17 +2638,19 @@ class _ShellLine:
                 self._remember_assignments(expanded, env)
                 stdin_text = piped if after_pipe else None
                 cwd = self._add(tuple(expanded), targets, cwd, depth, env,
-                                unliteral, stdin_text)
+                                unliteral, stdin_text, found and after_pipe)
             piped = _printed(expanded)
-            if expanded[:1] == ["find"]:
+            found = expanded[:1] == ["find"]
+            if found:
                 # find / | xargs rm -rf: what it prints starts at its roots
                 piped = " ".join(_find_roots(tuple(expanded[1:])))
 
     def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int, env: dict,
              unliteral: str | None = None,
-             stdin_text: str | None = None) -> str:
+             stdin_text: str | None = None, found: bool = False) -> str:
         """Record one simple command and what it runs in turn; return the cwd
-        after it."""
+        after it. found: stdin_text is where a find started (the floor reads it so; the
+        destroy-work tier does not: find . -name '*.tmp' need not print .)."""
         core = tuple(_core(words))
         if cwd not in self.visited:
             self.visited.append(cwd)
@@ -2669,6 +2677,8 @@ class _ShellLine:
             # arguments
             fed = part._replace(core=(*core, *stdin_text.split()))
             self.floor = self.floor or _floor_reason(fed, self.home)
+            if not found:
+                self.fed.append(fed)
         for script in scripts:
             self.compound = True
             self._parse(script, cwd, depth + 1)

@@ -739,6 +739,10 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("rm -f .git/index.lock", False), ("rm *.pyc", False),
     # on macOS and Windows .GIT is .git
     ("rm -rf .GIT", True), ("rm -f .Git/objects/pack/x.pack", True),
+    # what is piped into xargs becomes the command's arguments
+    ("echo --hard | xargs git reset", True), ("echo . | xargs rm -rf", True),
+    ("echo .git | xargs rm -rf", True), ("echo build | xargs rm -rf", False),
+    ("find . -name '*.tmp' | xargs rm -rf", False),
     # git -c given in the environment
     ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0=sh git log", True),
     ("env GIT_CONFIG_PARAMETERS=\"'core.fsmonitor=x'\" git status", True),
