@@ -1541,19 +1541,29 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
     """Bash runs the lines before a syntax error, so the floor still reads
     every line, split at its operators; what cannot be parsed is never allowed
     without asking."""
-    floor = _fork_bomb(command)
+    floor = _fork_bomb(command) or _unparsed_floor(command, cwd, home)
+    request = _Request(EXECUTE, command.strip(), None)
+    return _judge(command.strip(), [request], rules, floor=floor,
+                  at_least="ask",
+                  not_read_only=f"the line cannot be parsed ({why})")
+
+
+def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
+    """The floor over a line split at its operators, quotes dropped; into the command a wrapper
+    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`)."""
     for text in re.split(r"[\n;&|()]+", command):
         _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
         words = re.sub(r"(?<!\S)~(?=/|\s|$)", home, unquoted).split()
-        if not floor:
-            part = _Part(tuple(words), tuple(_core(words)), (), cwd)
-            floor = _floor_reason(part, home)
-    request = _Request(EXECUTE, command.strip(), None)
-    return _judge(command.strip(), [request], rules, floor=floor,
-                  at_least="ask",
-                  not_read_only=f"the line cannot be parsed ({why})")
+        core = _core(words)
+        if core[:2] == ["sh", "-c"] and len(core) == 3:
+            floor = _unparsed_floor(core[2], cwd, home)
+        else:
+            floor = _floor_reason(_Part(tuple(words), tuple(core), (), cwd), home)
+        if floor:
+            return floor
+    return None
 
 
 def _part_requests(part: _Part, root: str, compound: bool,

@@ -358,7 +358,7 @@ FLOORED = [
     ":(){ :|:& };:", ":(){ :|: & };:", "bomb(){ bomb|bomb& };bomb", "f() { f | f & }; f",
     "function f { f|f& }; f", "bash -c ':(){ :|:& };:'", "echo \\' ; :(){ :|:& };:", "rm --rec -f ~",
     # a line the parser gives up on still cannot hide the floor
-    "rm -rf /\necho 'unterminated",
+    "rm -rf /\necho 'unterminated", "env -C /tmp rm -rf ~; echo 'unterminated",
     # places a substitution runs that a naive parser skips
     "echo ${x:-$(rm -rf /)}", "cat <<EOF\n$(rm -rf /)\nEOF", "echo $(( $(rm -rf /) ))", "time -p rm -rf /",
     "bash <<< 'rm -rf /'", "bash <<EOF\nrm -rf ~\nEOF", "cat <(rm -rf /)",
