@@ -13,9 +13,10 @@ all this, the modes (plan, acceptEdits), the sandbox shape a decision grants (`D
 a sandbox.Confine) and the config-dict edit that persists a grant.
 Must not: import our other modules but sandbox (the one secret vocabulary, Confine and the glob
 translator are defined there), write files or run anything. It only reads the world:
-os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME, a bounded walk
-looks for secret files under a directory a command searches recursively, and PATH's entries are
-looked at to see whether a program would come from inside the project.
+os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME (and the user
+database for ~user), a bounded walk looks for secret files under a directory a command searches
+recursively, and PATH's entries are looked at to see whether a program would come from inside the
+project.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
   file.read, file.write.project  the project-relative POSIX path after resolving `..` and
@@ -120,6 +121,15 @@ class Program(NamedTuple):
         if option.startswith("--"):
             return option[2:] + "=" in longs.split() and option[2:] not in longs.split()
         return option[1:] + ":" in short
+
+    def reads_value(self, option: str) -> bool:
+        """takes_value, as the program reads its words: a long option also by a prefix of one
+        that takes a value (getopt_long reads `--max 1` as --max-count 1, `sudo --us root`)."""
+        if not option.startswith("--") or self.lists(option):
+            return self.takes_value(option)
+        longs = self.options[1].split()
+        valued = [e[:-1] for e in longs if e.endswith("=") and e[:-1] not in longs]
+        return _abbreviates(option, *valued)
 
     def lists(self, option: str) -> bool:
         """Whether option is among the row's options."""
@@ -392,35 +402,53 @@ POLICY: dict[str, Program] = {
     "poetry": Program("installer", network="add,install,update", arity=2),
     "composer": Program("installer", network="install,require,update", arity=2),
     **_each("aws gcloud az", Program(network=",", arity=3)),
-    "sudo": Program("wrapper runner exact", ("C:D:T:U:g:h:p:r:t:u:", """
-        chdir= close-from= group= host= prompt= role= type= user=""")),
-    "doas": Program("wrapper runner exact", ("C:u:", "")),
+    "sudo": Program("wrapper runner exact", ("C:D:R:T:U:a:c:g:h:p:r:t:u:", """
+        chdir= chroot= close-from= command-timeout= group= host= login-class= other-user= prompt=
+        role= type= user=""")),
+    "doas": Program("wrapper runner exact", ("C:a:u:", "")),
     "pkexec": Program("wrapper", ("", "user=")),
-    "run0": Program("wrapper", ("u:", "user=")),
-    "runuser": Program("wrapper shell", ("G:g:u:", "group= supp-group= user=")),
+    "run0": Program("wrapper", ("D:g:u:", """
+        background= chdir= description= group= machine= nice= property= setenv= slice= unit=
+        user=""")),
+    "runuser": Program("wrapper shell", ("G:g:s:u:w:", """
+        group= shell= supp-group= user= whitelist-environment=""")),
     "setpriv": Program("wrapper", ("", """
         ambient-caps= bounding-set= groups= inh-caps= regid= reuid= securebits= selinux-label=""")),
     "chroot": Program("wrapper", ("", "groups= userspec="), skip=1),
-    "unshare": Program("wrapper", ("G:S:", "setgid= setuid=")),
-    **_each("""
-        firejail setsid nohup caffeinate unbuffer command builtin torsocks""",
-            Program("wrapper")),
-    "env": Program("wrapper exact", ("C:S:u:", "chdir= split-string= unset=")),
+    "unshare": Program("wrapper", ("G:R:S:w:", """
+        boottime= map-group= map-groups= map-user= map-users= monotonic= propagation= root=
+        setgid= setgroups= setuid= wd=""")),
+    **_each("firejail setsid nohup unbuffer command builtin", Program("wrapper")),
+    "caffeinate": Program("wrapper", ("t:w:", "")),
+    "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
+    "env": Program("wrapper exact", ("C:S:a:u:", "argv0= chdir= split-string= unset=")),
     "nice": Program("wrapper", ("n:", "adjustment=")),
-    "ionice": Program("wrapper", ("c:n:p:t:", "")),
-    **_each("taskset chrt", Program("wrapper", skip=1)),
-    "stdbuf": Program("wrapper", ("e:i:o:", "")),
+    "ionice": Program("wrapper", ("c:n:p:P:u:", "")),
+    "taskset": Program("wrapper", skip=1),
+    "chrt": Program("wrapper", ("D:P:T:", "sched-deadline= sched-period= sched-runtime="),
+                    skip=1),
+    "stdbuf": Program("wrapper", ("e:i:o:", "error= input= output=")),
     "timeout": Program("wrapper", ("k:s:", "kill-after= signal="), skip=1),
     "time": Program("wrapper", ("f:o:", "format= output=")),
-    "watch": Program("wrapper", ("d:n:", "interval=")),
-    "flock": Program("wrapper", ("E:w:", ""), skip=1),
-    "systemd-run": Program("wrapper", ("p:u:", "property= unit=")),
+    # (-d takes its value only attached: -d=permanent)
+    "watch": Program("wrapper", ("n:q:", "equexit= interval=")),
+    "flock": Program("wrapper", ("E:w:", "conflict-exit-code= timeout="), skip=1),
+    "systemd-run": Program("wrapper", ("E:H:M:p:u:", """
+        description= gid= host= machine= nice= on-active= on-boot= on-calendar= on-startup=
+        on-unit-active= on-unit-inactive= path-property= property= service-type= setenv= slice=
+        socket-property= timer-property= uid= unit= working-directory=""")),
     "exec": Program("wrapper exact", ("a:", "")),
     "busybox": Program("wrapper runner"),
-    "strace": Program("wrapper", ("E:e:o:p:s:u:", "")),
-    "ltrace": Program("wrapper", ("e:o:p:u:", "")),
+    "strace": Program("wrapper", ("E:I:O:P:S:U:X:a:b:e:o:p:s:u:", """
+        attach= columns= env= output= signal= status= string-limit= summary-sort-by= trace=
+        trace-path= user=""")),
+    "ltrace": Program("wrapper", ("A:D:F:a:e:l:n:o:p:s:u:w:x:", """
+        align= config= indent= library= output=""")),
     "proxychains": Program("wrapper", ("f:", "")),
-    "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:i:n:s:", "max-args= max-procs=")),
+    "nsenter": Program("wrapper", ("G:S:t:", "setgid= setuid= target=")),
+    # (-i, -e and -l take their value only attached: -i{})
+    "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:n:s:", """
+        arg-file= delimiter= max-args= max-chars= max-procs= process-slot-var=""")),
     "parallel": Program("wrapper runner", ("j:", "")),
     **_each("mksh csh ksh ash tcsh script", Program("shell")),
     "su": Program("shell runner exact"),
@@ -892,11 +920,11 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
-    not into .git/: .git/config can run code later."""
+    not into .git/: .git/config can run code later (.GIT on a file system that ignores case)."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not sandbox.within(decision.descriptor, [".git"])
+    return not sandbox.within(decision.descriptor.lower(), [".git"])
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
@@ -1494,6 +1522,8 @@ def _decide_bash(command: str, workdir: str, root: str,
         only_redirected = not problem or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
+    for fed in line.fed:
+        destructive = destructive or _destroys_work(fed, root)
     if _FUNCTION_DEFINITION.search(command):
         line.unfollowed = ("it defines a shell function, "
                            "which can stand in for any command")
@@ -1511,19 +1541,29 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
     """Bash runs the lines before a syntax error, so the floor still reads
     every line, split at its operators; what cannot be parsed is never allowed
     without asking."""
-    floor = _fork_bomb(command)
+    floor = _fork_bomb(command) or _unparsed_floor(command, cwd, home)
+    request = _Request(EXECUTE, command.strip(), None)
+    return _judge(command.strip(), [request], rules, floor=floor,
+                  at_least="ask",
+                  not_read_only=f"the line cannot be parsed ({why})")
+
+
+def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
+    """The floor over a line split at its operators, quotes dropped; into the command a wrapper
+    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`)."""
     for text in re.split(r"[\n;&|()]+", command):
         _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
         words = re.sub(r"(?<!\S)~(?=/|\s|$)", home, unquoted).split()
-        if not floor:
-            part = _Part(tuple(words), tuple(_core(words)), (), cwd)
-            floor = _floor_reason(part, home)
-    request = _Request(EXECUTE, command.strip(), None)
-    return _judge(command.strip(), [request], rules, floor=floor,
-                  at_least="ask",
-                  not_read_only=f"the line cannot be parsed ({why})")
+        core = _core(words)
+        if core[:2] == ["sh", "-c"] and len(core) == 3:
+            floor = _unparsed_floor(core[2], cwd, home)
+        else:
+            floor = _floor_reason(_Part(tuple(words), tuple(core), (), cwd), home)
+        if floor:
+            return floor
+    return None
 
 
 def _part_requests(part: _Part, root: str, compound: bool,
@@ -1802,7 +1842,10 @@ def _recursive_secrets(part: _Part) -> list[str]:
     # grep -r PATTERN and rg PATTERN search the working directory; so may
     # rg -g*.ref WORD, where WORD may be the pattern or a file
     lone = len(paths) == 1 and any(map(_gives_pattern, options))
-    if name != "diff" and (not paths or lone):
+    # and rg -A 2 PATTERN: the operands as the program reads them, option values aside
+    operands = _parse(core[1:], _row(name).reads_value)[1]
+    searched = operands if any(map(_gives_pattern, options)) else operands[1:]
+    if name != "diff" and (not paths or lone or not searched):
         targets.append(part.cwd)
     return [secret for target in targets for secret in _secrets_under(target, hidden, follows)]
 
@@ -2113,38 +2156,55 @@ def _destroys_work(part: _Part, root: str) -> str:
     core = part.core
     name = core[0] if core else ""
     if name == "git":
+        # GIT_CONFIG_PARAMETERS=..., GIT_CONFIG_COUNT=... set what git -c sets
+        before = part.words[:len(part.words) - len(core)]
+        if any(_ASSIGNMENT.match(w) and w.startswith("GIT_CONFIG") for w in before):
+            return ("git configuration in the environment (GIT_CONFIG_*) can redefine what "
+                    "any git command does")
         return _git_destroys(core[1:], part.cwd)
-    if name == "rm" and _recursive(core):
+    if name == "rm":
+        recursive = _recursive(core)
         for target in _operands(core)[1]:
-            why = _rm_destroys(target, part.cwd, root)
+            why = _rm_destroys(target, part.cwd, root, "rm -r" if recursive else "rm")
             if why:
                 return why
     if name == "find" and "-delete" in core:
         unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
                       "-xdev", "-L", "-H", "-P"}
-        roots = _find_roots(core[1:])
-        whole = [r for r in roots if _resolve(r, part.cwd) == root]
         options = [w for w in core[1:] if w.startswith("-")]
-        if whole and all(w in unfiltered for w in options):
-            return "find -delete over the whole project"
+        if all(w in unfiltered for w in options):
+            for start in _find_roots(core[1:]):
+                if _resolve(start, part.cwd) == root:
+                    return "find -delete over the whole project"
+                why = _rm_destroys(start, part.cwd, root, "find -delete")
+                if why:
+                    return why
+    copy = _rsync_deletes(core)
+    if copy:
+        return _rm_destroys(copy, part.cwd, root, "rsync --delete")
     return ""
 
 
-def _rm_destroys(target: str, cwd: str, root: str) -> str:
-    """rm -r of .git (or inside it), of the project, of a directory holding it,
-    or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory)."""
+def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:
+    """rm -r (or verb) of .git (or inside it), of the project, of a directory holding it,
+    or of everything at its root (*, ?*, .[!.]*, ../* from a subdirectory); plain rm, which
+    deletes files only, of a file in .git (a pack, a ref; a stale lock aside)."""
     target = target.replace("$PWD", cwd).replace("${PWD}", cwd)
-    path = _resolve(target, cwd)
+    recursive = verb != "rm"
+    # (compared lowered: on macOS and Windows, .GIT is .git)
+    root = root.lower()
+    path = _resolve(target, cwd).lower()
     base = _wildcard_base(target, cwd)
     if base is not None:
-        if base == root == _resolve(posixpath.dirname(target) or ".", cwd):
-            return f"rm -r of everything at the project's root ({target})"
-        path = base
+        parent = _resolve(posixpath.dirname(target) or ".", cwd).lower()
+        if recursive and base.lower() == root == parent:
+            return f"{verb} of everything at the project's root ({target})"
+        path = base.lower()
     git_dir = posixpath.join(root, ".git")
-    if sandbox.within(path, [git_dir]):
-        return f"rm -r of the repository's history ({target})"
-    if sandbox.within(root, [path]):
-        return f"rm -r of the project or a directory holding it ({target})"
+    if sandbox.within(path, [git_dir]) and (recursive or not target.endswith(".lock")):
+        return f"{verb} of the repository's history ({target})"
+    if recursive and sandbox.within(root, [path]):
+        return f"{verb} of the project or a directory holding it ({target})"
     return ""
 
 
@@ -2176,12 +2236,18 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         if forced or forced_refspec:
             return ("a forced push (or a deletion) rewrites "
                     "the remote's history")
+    if sub == "checkout" and _has(options, short="B"):
+        return "git checkout -B resets a branch of that name"
     if sub == "checkout":
-        forced = "--" in rest or _has(options, "--force", short="f")
+        forced = "--" in rest or _has(options, "--force", "--pathspec-from-file", short="f")
         paths = [a for a in plain if a == "." or a.startswith(":")
                  or os.path.exists(os.path.join(cwd, a))]
         if forced or len(plain) >= 2 or paths:
             return "git checkout over paths discards uncommitted changes"
+    # the index copied over the work tree
+    index_over = sub == "checkout-index" and _has(options, "--force", short="f")
+    if index_over or (sub == "read-tree" and _has(options, "--reset") and _has(options, short="u")):
+        return f"git {sub} overwrites uncommitted changes"
     if sub == "restore":
         worktree = _has(options, "--worktree", short="W")
         if worktree or not _has(options, "--staged", short="S"):
@@ -2193,9 +2259,11 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
         return "git stash drop/clear deletes stashed work"
     if sub == "branch":
         deletes = _has(options, "--delete", short="d")
-        if _has(options, short="D") or (deletes and _has(options, "--force", short="f")):
+        forced = _has(options, "--force", short="f")
+        if _has(options, short="D") or (deletes and forced):
             return "git branch -D deletes an unmerged branch"
-        if _has(options, short="MC"):
+        # (-M is --move --force, -C --copy --force; -f NAME resets NAME)
+        if _has(options, short="MC") or (forced and plain):
             return "git branch -M/-C overwrites a branch of that name"
     if sub == "update-ref" and _has(options, "--delete", short="d"):
         return "git update-ref -d deletes a ref with its reflog"
@@ -2221,7 +2289,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
 # the objects a checkpoint borrows: those keep asking under --yes.
 _UNDONE_BY_CHECKPOINT = (
     "git reset --hard", "git clean deletes untracked", "git checkout over paths",
-    "git restore", "git rm -f", "git switch --discard-changes",
+    "git restore", "git rm -f", "git switch --discard-changes", "git checkout-index",
+    "git read-tree",
 )
 
 
@@ -2282,7 +2351,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
             continue
         if _is_device(target):
             return f"write to device {target}"
-        if (_absolute(target) or "").startswith(("/proc/sys", "/sys/")):
+        if _kernel_control(target):
             return f"write to the kernel's controls ({target})"
     name = part.core[0] if part.core else ""
     args = part.core[1:]
@@ -2299,13 +2368,14 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
     if _row(name).has("disk") and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
-    if name == "dd" and any(_is_device(a[3:]) for a in args if a.startswith("of=")):
-        return "dd onto a device"
-    if name in ("cp", "tee", "shred", "cat"):
-        # cp's first argument is what it copies from
-        written = targets[1:] if name == "cp" else targets
-        if any(_is_device(t) for t in written):
-            return f"{name} onto a device"
+    # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
+    written = {"cp": targets[1:], "tee": targets, "shred": targets, "cat": targets,
+               "dd": [a[3:] for a in args if a.startswith("of=")]}.get(name, [])
+    if any(_is_device(t) for t in written):
+        return f"{name} onto a device"
+    control = next((t for t in written if _kernel_control(t)), None)
+    if control and name != "cat":
+        return f"write to the kernel's controls ({control})"
     if name == "find":
         roots = _find_roots(args)
         doomed_root = next((r for r in roots if _catastrophic(r, home, cwd)), None)
@@ -2320,10 +2390,18 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         return "kill -1 signals every process"
     if name == "killall5":
         return "killall5 signals every process"
-    if name == "rsync" and targets:
-        deletes = any(o.startswith("--delete") for o in options)
-        if deletes and _catastrophic(targets[-1], home, cwd):
-            return f"rsync --delete into {targets[-1]}"
+    copy = _rsync_deletes(part.core)
+    if copy and _catastrophic(copy, home, cwd):
+        return f"rsync --delete into {copy}"
+    return None
+
+
+def _rsync_deletes(core: tuple[str, ...]) -> str | None:
+    """Where rsync --delete (--del is --delete-during) deletes what its source lacks, or None."""
+    options, operands = _operands(core)
+    deletes = any(o == "--del" or o.startswith("--delete") for o in options)
+    if core[:1] == ("rsync",) and operands and deletes:
+        return operands[-1]
     return None
 
 
@@ -2409,6 +2487,10 @@ def _precious(path: str, home: str) -> bool:
     return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
+def _kernel_control(target: str) -> bool:
+    return (_absolute(target) or "").startswith(("/proc/sys", "/sys/"))
+
+
 def _is_device(target: str) -> bool:
     path = _absolute(target) or ""
     if not path.startswith("/dev/") or path in _SAFE_DEVICES:
@@ -2445,28 +2527,33 @@ def _core(words) -> list[str]:
     return words
 
 
+# the options by which a wrapper runs its command in another directory
+_CHDIR = {"env": ("-C", "--chdir"), "sudo": ("-D", "--chdir"), "run0": ("-D", "--chdir"),
+          "unshare": ("-w", "--wd"), "systemd-run": ("", "--working-directory")}
+
+
 def _unwrap(name: str, args: list[str]) -> list[str]:
     """The words after a wrapper's own options, read by _parse (`sudo -Eu root rm` skips root as
     the value of -u); for env also its NAME=value words, `-` (-i), and -S: the string split into
-    the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`)."""
+    the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`); see _in_directory for -C."""
     for i, arg in enumerate(args[:-1]):
         if name == "runuser" and arg in ("-c", "--command"):
             # runuser -l root -c CMD runs CMD through a shell
             return ["sh", "-c", args[i + 1]]
-    def takes_value(option: str) -> bool:
-        split_string = name == "env" and _abbreviates(option, "split-string")
-        return _row(name).takes_value(option) or split_string
-
+    short_chdir, long_chdir = _CHDIR.get(name, ("", ""))
+    directory = None
     k = 0
     while True:
-        options, _, end = _parse(args[k:], takes_value, stop=True)
+        options, _, end = _parse(args[k:], _row(name).reads_value, stop=True)
         for option in options:
+            if option.name == short_chdir or (long_chdir and _abbreviates(option.name, long_chdir)):
+                directory = option.value
             if name == "command" and args[k + option.at] in ("-v", "-V"):
                 # only prints where the program is
                 return []
             if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
                 after = k + option.at + 1 + option.separate
-                return option.value.split() + args[after:]
+                return _in_directory(directory, option.value.split() + args[after:])
         k += end
         env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
         if env_word and (args[k] == "-" or _ASSIGNMENT.match(args[k])):
@@ -2477,7 +2564,19 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
-    return rest
+    if name == "watch" and not _has(args[:k], "--exec", short="x"):
+        # watch runs its words through sh -c, joined by spaces (with -x, as they are); plain
+        # words read the same either way
+        if any(shlex.quote(word) != word for word in rest):
+            return ["sh", "-c", " ".join(rest)]
+    return _in_directory(directory, rest)
+
+
+def _in_directory(directory: str | None, words: list[str]) -> list[str]:
+    """A command run in another directory (env -C DIR CMD) is `sh -c 'cd DIR && CMD'`."""
+    if directory is None or not words:
+        return words
+    return ["sh", "-c", f"cd {shlex.quote(directory)} && {shlex.join(words)}"]
 
 
 # ------------------------------------------------------- bash: simple commands
@@ -2496,6 +2595,8 @@ class _ShellLine:
         self.unfollowed: str | None = None
         # the working directories the line may run in
         self.visited: list[str] = [cwd]
+        # xargs commands with what is piped into them (for the destroy-work tier)
+        self.fed: list[_Part] = []
         # characters expansions may still add: A=xx; A+=$A; A+=$A ... doubles
         self.room = 2 * len(command) + _EXPANSION_ROOM
         self._parse(command, cwd, 0)
@@ -2513,10 +2614,12 @@ class _ShellLine:
         segments = _segments(tokens)
         has_operator = any(k == "op" and v != "\n" for k, v in tokens)
         self.compound |= len(segments) > 1 or has_operator
-        # variables assigned earlier in this line
-        env: dict[str, str] = {}
-        # what the previous command printed, when known, if it is piped here
+        # variables assigned earlier in this line; $PWD (and ~+) is where it runs
+        env: dict[str, str] = {"PWD": cwd}
+        # what the previous command printed, when known, if it is piped here; whether that is
+        # only where find started
         piped: str | None = None
+        found = False
         for words, redirects, after_pipe in segments:
             _on_time()
             redirect_targets = [target for _, target in redirects]
@@ -2544,18 +2647,20 @@ class _ShellLine:
             if (expanded or targets) and not skipped:
                 self._remember_assignments(expanded, env)
                 stdin_text = piped if after_pipe else None
-                cwd = self._add(tuple(expanded), targets, cwd, depth,
-                                unliteral, stdin_text)
+                cwd = self._add(tuple(expanded), targets, cwd, depth, env,
+                                unliteral, stdin_text, found and after_pipe)
             piped = _printed(expanded)
-            if expanded[:1] == ["find"]:
+            found = expanded[:1] == ["find"]
+            if found:
                 # find / | xargs rm -rf: what it prints starts at its roots
                 piped = " ".join(_find_roots(tuple(expanded[1:])))
 
-    def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int,
+    def _add(self, words: tuple[str, ...], redirects, cwd: str, depth: int, env: dict,
              unliteral: str | None = None,
-             stdin_text: str | None = None) -> str:
+             stdin_text: str | None = None, found: bool = False) -> str:
         """Record one simple command and what it runs in turn; return the cwd
-        after it."""
+        after it. found: stdin_text is where a find started (the floor reads it so; the
+        destroy-work tier does not: find . -name '*.tmp' need not print .)."""
         core = tuple(_core(words))
         if cwd not in self.visited:
             self.visited.append(cwd)
@@ -2570,21 +2675,34 @@ class _ShellLine:
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
+        elif name == "trap":
+            # trap CMD SIGNAL... runs CMD when the signal (or EXIT) comes
+            args = core[2:] if core[1:2] == ("--",) else core[1:]
+            scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
+        elif name == "git":
+            scripts = _git_scripts(core[1:])
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
             # arguments
             fed = part._replace(core=(*core, *stdin_text.split()))
             self.floor = self.floor or _floor_reason(fed, self.home)
+            if not found:
+                self.fed.append(fed)
         for script in scripts:
             self.compound = True
             self._parse(script, cwd, depth + 1)
         if name == "find":
             self._add_find_commands(core, cwd, depth)
-        if name == "cd":
-            target = core[-1] if len(core) > 1 else self.home
-            if target[:1] != "-" and "$" not in target:
+        if name in ("cd", "pushd", "popd"):
+            # where cd -, cd $X, pushd +N or popd went ($PWD, ~+) is unknown
+            env.pop("PWD", None)
+            # (pushd alone swaps the top two directories)
+            default = self.home if name == "cd" else "-"
+            target = core[-1] if len(core) > 1 else default
+            if target[:1] not in ("-", "+") and "$" not in target:
                 cwd = posixpath.normpath(posixpath.join(cwd, target))
+                env["PWD"] = cwd
         return cwd
 
     def _add_find_commands(self, core: tuple[str, ...], cwd: str,
@@ -2599,7 +2717,7 @@ class _ShellLine:
             command = core[k + 1:end]
             if command:
                 words = tuple(start if w == "{}" else w for w in command)
-                self._add(words, (), cwd, depth + 1)
+                self._add(words, (), cwd, depth + 1, {})
 
     def _remember_assignments(self, words: list[str], env: dict) -> None:
         declarations = ("export", "declare", "local", "readonly", "typeset")
@@ -2632,9 +2750,10 @@ class _ShellLine:
         for index, (kind, text) in enumerate(pieces):
             if kind == "raw":
                 if index == 0:
-                    # ~ starting a word or an assignment's value
-                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(?=/|$)",
-                                  lambda m: (m[1] or "") + self.home, text)
+                    # ~ starting a word or an assignment's value; ~+ is $PWD, ~user
+                    # that user's home
+                    text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(\+|[A-Za-z_][\w.-]*)?(?=/|$)",
+                                  lambda m: self._tilde(m, env), text)
                 chunks.append(self._substitute(text, env, split))
             elif kind in ("dq", "lit", "arith", "locale"):
                 quoted = True
@@ -2658,6 +2777,16 @@ class _ShellLine:
             return fields
         return [""] if quoted else []
 
+    def _tilde(self, match: re.Match, env: dict) -> str:
+        directory = self.home
+        if match[2] == "+":
+            directory = env.get("PWD")
+        elif match[2]:
+            directory = os.path.expanduser("~" + match[2])
+        if directory is None or directory.startswith("~"):
+            return match[0]
+        return (match[1] or "") + directory
+
     def _substitute(self, text: str, env: dict, split: bool) -> str:
         """Parameter expansion; "\\0" marks where an unquoted value splits into
         words. What we cannot know stays as written (and counts as unknown to
@@ -2676,7 +2805,7 @@ class _ShellLine:
     def _parameter(self, name: str, op: str, env: dict) -> str | None:
         """The value of ${name<op>...} when it is knowable: $HOME, variables
         set earlier in the line, defaults of unset variables (${X:-/}), $IFS (a
-        word break, also ${IFS:0:1})."""
+        word break, also ${IFS:0:1}), a known value trimmed (${HOME%/*}, ${HOME:0:1})."""
         if name == "IFS":
             return "\0"
         if name == "KHAELOR_HOME" and name not in env:
@@ -2689,14 +2818,33 @@ class _ShellLine:
         if op == "" or op.startswith((":?", "?")):
             return found
         if op.startswith((":-", ":=")):
-            return found if found else op[2:]
+            return found if found else self._word(op[2:], env)
         if op[:1] in "-=":
-            return found if found is not None else op[1:]
+            return found if found is not None else self._word(op[1:], env)
         if op.startswith((":+", "+")) and found is not None:
-            return op.lstrip(":+") if found or op[0] == "+" else ""
+            return self._word(op.removeprefix(":")[1:], env) if found or op[0] == "+" else ""
+        if found is None or len(found) > _PATH_MAX:
+            return None
+        substring = re.fullmatch(r":\s*(-?[0-9]*)(?::\s*(-?[0-9]*))?", op)
+        if substring:
+            start = int(substring[1] or 0)
+            if substring[2] is None:
+                return found[start:]
+            length = int(substring[2] or 0)
+            return found[start:][:length] if length >= 0 else found[start:length]
+        if op[0] in "%#" and not re.search(r"[$`'\"\\]", op):
+            return _trimmed(found, op)
         return None
 
+    def _word(self, word: str, env: dict) -> str:
+        """The word of ${X:-word}, expanded: ${X:-$HOME}, ${X:-~}."""
+        word = self._substitute(word, env, False)
+        if word[:1] == "~" and word[1:2] in ("", "/"):
+            return self.home + word[1:]
+        return word
+
     def _static_output(self, inner: str, env: dict) -> str | None:
+        """What $(inner) prints, when it is plain echo, printf or pwd."""
         try:
             segments = _segments(_lex(inner)[0])
         except _ParseError:
@@ -2706,7 +2854,24 @@ class _ShellLine:
         words = []
         for pieces in segments[0][0]:
             words += self._expand(pieces, env)
+        if words[:1] == ["pwd"] and set(words[1:]) <= {"-L", "-P"}:
+            return env.get("PWD")
         return _printed(words)
+
+
+def _trimmed(value: str, op: str) -> str:
+    """${X%pattern} (the shortest suffix matching it removed), %%, # and ## (prefixes)."""
+    longest = op[:2] in ("%%", "##")
+    pattern = op[1 + longest:]
+    # what is left, from the longest cut to the shortest
+    cuts = range(len(value) + 1)
+    if op[0] == "%":
+        kept = [value[:i] for i in cuts if fnmatch.fnmatchcase(value[i:], pattern)]
+    else:
+        kept = [value[i:] for i in reversed(cuts) if fnmatch.fnmatchcase(value[:i], pattern)]
+    if not kept:
+        return value
+    return kept[0] if longest else kept[-1]
 
 
 def _brace_expand(word: str) -> list[str]:
@@ -2737,6 +2902,10 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     text we know. Both readings of -c count: the word after it (fish's -c CMD) and bash's
     command, the first word after all the options (bash -c -e CMD, -oc errexit CMD, -c -- CMD)."""
     for i, word in enumerate(core[1:], 1):
+        # --command CMD or --command=CMD (su, runuser, script, fish; by any prefix)
+        option, given, value = word.partition("=")
+        if _abbreviates(option, "command") and (given or i < len(core) - 1):
+            return [value if given else core[i + 1]]
         # -c, or a cluster of short options holding it (-lc)
         short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
         if short_c and i < len(core) - 1:
@@ -2748,6 +2917,25 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     if fed:
         return fed
     return [stdin_text] if stdin_text else []
+
+
+def _git_scripts(args: tuple[str, ...]) -> list[str]:
+    """The command lines a git subcommand runs: rebase --exec CMD, difftool --extcmd CMD, bisect
+    run CMD..., submodule foreach CMD...."""
+    _, sub, rest = _git_split(args)
+    runs = {"rebase": "exec", "difftool": "extcmd"}.get(sub)
+    if runs:
+        def takes(option: str) -> bool:
+            return option == "-x" or _abbreviates(option, runs)
+        return [o.value for o in _parse(rest, takes)[0] if takes(o.name) and o.value]
+    if sub == "bisect" and rest[:1] == ("run",):
+        return [shlex.join(rest[1:])]
+    if sub == "submodule" and "foreach" in rest:
+        command = rest[rest.index("foreach") + 1:]
+        while command and command[0].startswith("-"):
+            command = command[1:]
+        return [" ".join(command)] if command else []
+    return []
 
 
 def _shell_operand(core: tuple[str, ...]) -> int:

@@ -133,6 +133,16 @@ def test_plan_mode_runs_only_what_reads_judged_by_each_tools_subject(project, to
     assert decision.action == action, decision
 
 
+def test_accept_edits_never_writes_into_git_in_any_case(project):
+    """.git/config and hooks run code later; on a case-insensitive file system (macOS, Windows)
+    .GIT/hooks/pre-commit is that same file, and acceptEdits wrote it without asking."""
+    for path in (".git/hooks/pre-commit", ".GIT/hooks/pre-commit", ".Git/config"):
+        decision = decide("write", {"file_path": path}, project, DEFAULTS, mode="acceptEdits")
+        assert decision.action == "ask", path
+    assert decide("write", {"file_path": "src/new.py"}, project, DEFAULTS,
+                  mode="acceptEdits").action == "allow"
+
+
 def test_last_matching_rule_wins(project):
     rules = [*DEFAULTS, Rule("process.execute", "npm *", "allow", "u"),
              Rule("process.execute", "npm run release *", "deny", "u")]
@@ -348,7 +358,7 @@ FLOORED = [
     ":(){ :|:& };:", ":(){ :|: & };:", "bomb(){ bomb|bomb& };bomb", "f() { f | f & }; f",
     "function f { f|f& }; f", "bash -c ':(){ :|:& };:'", "echo \\' ; :(){ :|:& };:", "rm --rec -f ~",
     # a line the parser gives up on still cannot hide the floor
-    "rm -rf /\necho 'unterminated",
+    "rm -rf /\necho 'unterminated", "env -C /tmp rm -rf ~; echo 'unterminated",
     # places a substitution runs that a naive parser skips
     "echo ${x:-$(rm -rf /)}", "cat <<EOF\n$(rm -rf /)\nEOF", "echo $(( $(rm -rf /) ))", "time -p rm -rf /",
     "bash <<< 'rm -rf /'", "bash <<EOF\nrm -rf ~\nEOF", "cat <(rm -rf /)",
@@ -357,6 +367,44 @@ FLOORED = [
     # bash's -c command is the first word after all its options, not the word after -c
     "bash -c -- 'rm -rf /'", "bash -c -e 'rm -rf /'", "sh -c -x -- 'rm -rf ~'",
     "bash -oc errexit 'rm -rf /'", "bash -c -O extglob 'rm -rf /'", "bash -c - 'rm -rf /'",
+    # a wrapper's long option that takes a value, abbreviated as getopt_long allows
+    "sudo --us root rm -rf ~", "timeout --sig KILL 5 rm -rf ~", "nice --adj 5 rm -rf /",
+    # a wrapper's option that takes a value, missing from its row (the value was read as the
+    # command), or listed as taking one when it does not (watch -d, xargs -i: optional, attached)
+    "sudo -R / rm -rf ~", "sudo --chroot / rm -rf ~", "sudo --command-timeout 5 rm -rf ~",
+    "sudo --other-user x rm -rf ~", "doas -a style rm -rf ~", "env -a name rm -rf ~",
+    "env --argv0 name rm -rf ~", "ionice -t rm -rf ~", "watch -d rm -rf ~", "watch -q 3 rm -rf ~",
+    "stdbuf --output L rm -rf ~", "flock --timeout 5 /tmp/l rm -rf ~", "caffeinate -t 5 rm -rf ~",
+    "torsocks -P 9050 rm -rf ~", "unshare -R / rm -rf ~", "unshare --propagation private rm -rf ~",
+    "systemd-run --uid 0 rm -rf ~", "run0 --nice 5 rm -rf ~", "strace -P /x rm -rf ~",
+    "ltrace -n 2 rm -rf ~", "xargs -i rm -rf ~", "xargs --arg-file list rm -rf ~",
+    "runuser -s /bin/sh -u x rm -rf ~", "chrt -T 5 1 rm -rf ~",
+    # command lines a program runs later: git's --exec, bisect run and submodule foreach, watch's
+    # words (through sh -c), trap's action
+    "git rebase -x 'rm -rf ~' HEAD~1", "git rebase --exec='rm -rf /' main", "git difftool -x 'rm -rf ~'",
+    "git rebase -ix 'rm -rf ~' main", "git bisect run rm -rf ~", "git submodule foreach 'rm -rf ~'",
+    "watch 'rm -rf ~'", "watch -n 5 'rm -rf /'", "trap 'rm -rf ~' EXIT", "trap -- 'rm -rf /' INT",
+    # a wrapper that runs its command in another directory
+    "env -C / rm -rf usr", "env --chdir=/ rm -rf *", "env -C / -S 'rm -rf usr'",
+    "sudo -D / rm -rf usr", "sudo --chdir ~ rm -rf .", "unshare -w / rm -rf usr",
+    "systemd-run --working-directory=/ rm -rf usr",
+    # a known value trimmed: ${HOME%/*} is the directory holding the home directory
+    "rm -rf ${HOME%/*}", 'rm -rf "${HOME%/*}"', "rm -rf ${HOME:0:1}", "rm -rf ${HOME::1}",
+    "X=~/x; rm -rf ${X%/x}", "X=/tmp; rm -rf ${X%%t*}",
+    # $(pwd) prints the working directory
+    'cd / && rm -rf "$(pwd)"', "cd ~ && rm -rf $(pwd -P)", "cd / && rm -rf `pwd`",
+    # a shell's --command, nsenter's command
+    "su --command='rm -rf ~'", "su root --comm 'rm -rf /'", "script --command 'rm -rf ~'",
+    "fish --command='rm -rf ~'", "nsenter -t 1 -m rm -rf ~",
+    # the kernel's controls written by a program, not only by a redirection
+    "echo c | sudo tee /proc/sysrq-trigger", "echo 1 | tee /proc/sys/kernel/panic",
+    "dd if=x of=/proc/sysrq-trigger", "cp x /sys/power/state",
+    # the word of ${X:-word} is expanded too
+    'rm -rf "${UNSET:-$HOME}"', "rm -rf ${UNSET:-~}", "rm -rf ${UNSET=~/}", "rm -rf ${HOME:+$HOME}",
+    # ~user is that user's home (root's is /root)
+    "rm -rf ~root", "rm -rf ~root/", "X=~root; rm -rf $X",
+    # rsync's --del is --delete-during
+    "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
 ]
 
 
@@ -411,6 +459,8 @@ NOT_FLOORED = [
     "echo ':(){ :|:& };:'", "printf '%s' 'mkfs /dev/sda'", "find . -name '*.tmp' -delete",
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
+    "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist", "rm -rf ${HOME%/*}/x",
+    "cat /proc/sys/kernel/hostname",
 ]
 
 
@@ -442,6 +492,22 @@ def test_floor_resolves_relative_targets_against_the_cwd(project, monkeypatch):
     assert bash("rm -rf ..", project)["rule"] == "hardline floor: recursive delete of .."
     assert bash("cd src && rm -rf ../..", project)["floor"] is True
     assert bash("rm -rf ../outside", project)["floor"] is False
+
+
+def test_the_floor_knows_where_pwd_and_pushd_lead(project):
+    """$PWD and ~+ are the working directory, and pushd moves it as cd does: `cd / && rm -rf
+    "$PWD"`, `cd && rm -rf ~+` and `pushd / && rm -rf .` only asked (the first even under --yes
+    as "the project"), since the variable was taken for an unset one and pushd for a no-op."""
+    for command in ('cd / && rm -rf "$PWD"', "cd ~ && rm -rf ${PWD}", "cd && rm -rf ~+",
+                    "cd / && rm -rf ~+/", "pushd / && rm -rf .", "pushd ~ >/dev/null; rm -rf *",
+                    "cd src; pushd /; rm -rf ."):
+        assert bash(command, project)["floor"] is True, command
+    rules = [*DEFAULTS, Rule("*", "*", "allow", "u", "user")]
+    for command in ("rm -rf ~+", "rm -rf ~+/.git", "cd src && rm -rf ~+/..", "rm -rf $PWD"):
+        assert decide("bash", {"command": command}, project, rules).destructive, command
+    for command in ("PWD=/tmp/x; rm -rf $PWD", "cd src && rm -rf ~+/build", "pushd src; rm -rf ."):
+        decision = bash(command, project)
+        assert not decision["floor"] and not decision["destructive"], command
 
 
 def test_pathological_commands_stay_fast(project):
@@ -647,6 +713,40 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("git worktree remove --force ../wt", True), ("git worktree remove ../wt", False),
     ("git branch -M old main", True), ("git switch -C main HEAD~3", True),
     ("git switch -c feature", False), ("git branch -m old new", False),
+    # -M is --move --force, -C --copy --force; -f NAME resets NAME
+    ("git branch -mf old main", True), ("git branch --move --force old main", True),
+    ("git branch -c -f old main", True), ("git branch -f main HEAD~3", True),
+    ("git branch --force main", True), ("git branch -f --list", False),
+    # paths read from a file; -B resets a branch as switch -C does
+    ("git checkout --pathspec-from-file=list.txt", True), ("git checkout -B main", True),
+    ("git checkout HEAD --pathspec-from-file list.txt", True), ("git checkout -b new", False),
+    # the index copied over the work tree
+    ("git checkout-index -a -f", True), ("git checkout-index --force --all", True),
+    ("git checkout-index -a", False), ("git read-tree -u --reset HEAD", True),
+    ("git read-tree --reset HEAD", False), ("git read-tree -m -u HEAD", False),
+    # find -delete of the repository's history or of a directory holding the project, as rm -r
+    ("find .git -delete", True), ("find .git/ -mindepth 1 -delete", True),
+    ("find ./.git/ -delete", True), ("find .git -name '*.lock' -delete", False),
+    ("find build -delete", False),
+    # rsync --delete into the project deletes what its source lacks
+    ("rsync -a --delete /tmp/empty/ ./", True), ("rsync -a --del /tmp/empty/ .git", True),
+    ("rsync -a --delete-after src/ build/", False), ("rsync -a /tmp/empty/ ./", False),
+    ("git rebase -x 'git reset --hard' main", True), ("git rebase -x 'npm test' main", False),
+    ("env -C src rm -rf ../.git", True), ("sudo -D build rm -rf dist", False),
+    ('rm -rf "$(pwd)/.git"', True), ("rm -rf $(pwd)", True), ('rm -rf "$(pwd)/build"', False),
+    # plain rm of a file in .git: a pack, a ref (a stale lock aside)
+    ("rm -f .git/objects/pack/*.pack", True), ("rm .git/HEAD", True), ("cd .git && rm index", True),
+    ("rm -f .git/index.lock", False), ("rm *.pyc", False),
+    # on macOS and Windows .GIT is .git
+    ("rm -rf .GIT", True), ("rm -f .Git/objects/pack/x.pack", True),
+    # what is piped into xargs becomes the command's arguments
+    ("echo --hard | xargs git reset", True), ("echo . | xargs rm -rf", True),
+    ("echo .git | xargs rm -rf", True), ("echo build | xargs rm -rf", False),
+    ("find . -name '*.tmp' | xargs rm -rf", False),
+    # git -c given in the environment
+    ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0=sh git log", True),
+    ("env GIT_CONFIG_PARAMETERS=\"'core.fsmonitor=x'\" git status", True),
+    ("GIT_PAGER=cat git log", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
@@ -666,6 +766,19 @@ def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
         assert bash(following, project)["decision"] == "ask", following
     for not_following in ("rg secret", "grep -rn secret src"):     # (grep -r . would read .env: asks)
         assert bash(not_following, project)["decision"] == "allow", not_following
+
+
+def test_a_search_of_the_working_directory_with_option_values_reads_its_secrets(project):
+    """grep -r and rg with no path search the working directory; an option's value given as
+    the next word (-A 2, -g '*.pem', -t json) was taken for a path, so the secrets under the
+    directory went unasked: `rg -A 2 KEY` read deploy/server.pem silently."""
+    (project / "deploy").mkdir()
+    (project / "deploy" / "server.pem").write_text("x\n")
+    for command in ("rg -A 2 KEY", "rg -g '*.pem' KEY", "rg -t json KEY", "rg --max-count 1 KEY",
+                    "grep -r -A 2 KEY", "grep -rC 3 KEY", "grep -r --include '*.pem' KEY"):
+        assert bash(command, project)["decision"] == "ask", command
+    for command in ("rg -A 2 KEY src", "grep -r -m 1 KEY src"):
+        assert bash(command, project)["decision"] == "allow", command
 
 
 def test_a_quoted_program_name_with_a_space_names_no_policy_row(project):
