@@ -3077,6 +3077,15 @@ class Shell:
         self.enter_raw()
 
 
+def _stop_handling(loop: asyncio.AbstractEventLoop, signum: int) -> None:
+    """The app has closed: a hangup now (the terminal going away sends it after the read that
+    ended the app) would kill khaelor mid-teardown, its log unsynced and its processes left
+    running. It is quitting already: a hangup is ignored from here on."""
+    loop.remove_signal_handler(signum)
+    if signum == signal.SIGHUP:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 async def run_app(controller: Controller, *, stdin_fd: int = 0,
                   stdout=None,
                   history_path: str | os.PathLike | None = None,
@@ -3109,7 +3118,7 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
             except (NotImplementedError, RuntimeError, ValueError):
                 # not the main thread: the caller handles signals
                 continue
-            undo.callback(shell.loop.remove_signal_handler, signum)
+            undo.callback(_stop_handling, shell.loop, signum)
         undo.callback(controller.subscribe(shell.on_event))
         if welcome:
             app.timeline.note(welcome)
