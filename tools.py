@@ -3181,6 +3181,14 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     ws = box.workspace
     pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
+    if pattern.startswith("/"):
+        # An absolute pattern names its own folder, as permission_subject judged it: search there,
+        # not under path, where the matcher would drop its "/" and match a look-alike.
+        base = sandbox.glob_base(pattern)
+        if base == pattern.rstrip("/"):
+            base = posixpath.dirname(base)
+        root = _existing(ws, base)
+        pattern = pattern[len(base):].lstrip("/")
     match = _glob_matcher(pattern)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
     meta = {}

@@ -853,6 +853,20 @@ def test_glob_respects_gitignore_and_sorts_newest_first(search_box):
     assert search_box.call("glob", pattern="*", path="nowhere").is_error
 
 
+def test_glob_with_an_absolute_pattern_searches_the_folder_it_names(search_box):
+    # A model often globs with the absolute path it was shown: the pattern names its own folder
+    # (as the permission check judged it), never the project's look-alike relative path.
+    root = search_box.root
+    found = search_box.call("glob", pattern=f"{root}/src/**/*.py").text.split()
+    assert found == ["src/pkg/b.py", "src/a.py"]
+    assert search_box.call("glob", pattern=f"{root}/src/a.py").text == "src/a.py"
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere" / "src").mkdir()
+    (root / "elsewhere" / "src" / "e.py").write_text("")
+    found = search_box.call("glob", pattern="/src/*.py", path="elsewhere")
+    assert found.is_error and "e.py" not in found.text
+
+
 def test_grep_finds_lines_newest_files_first(search_box):
     result = search_box.call("grep", pattern="TODO")
     assert result.text.split("\n") == ["src/d.tsx:1: tsx TODO", "src/c.ts:1: TODO ts",
