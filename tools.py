@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import unicodedata
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -2659,6 +2660,30 @@ class _Haystack:
                 spans.append((start, end))
         return spans
 
+    def unicode_normalized(self, old: str) -> list[Span]:
+        """old_string in another Unicode normalization than the file (é typed as one character,
+        stored as e + U+0301): both compared as NFC, a character with its combining marks at a
+        time, so a match maps back to whole characters of the file."""
+        if all(unicodedata.is_normalized("NFC", both) for both in (self.text, old)):
+            return []
+        starts = [at for at, ch in enumerate(self.text) if not unicodedata.combining(ch)]
+        if starts[:1] != [0]:
+            starts.insert(0, 0)
+        normal_at = {}
+        pieces = []
+        length = 0
+        for start, end in zip(starts, [*starts[1:], len(self.text)]):
+            normal_at[length] = start
+            pieces.append(unicodedata.normalize("NFC", self.text[start:end]))
+            length += len(pieces[-1])
+        normal_at[length] = len(self.text)
+        want = unicodedata.normalize("NFC", old)
+        if not want:
+            return []
+        found = re.finditer(re.escape(want), "".join(pieces))
+        return [(normal_at[m.start()], normal_at[m.end()]) for m in found
+                if m.start() in normal_at and m.end() in normal_at]
+
 
 # When a strategy runs: without / with replace_all.
 SINGLE = "single"
@@ -2673,6 +2698,7 @@ CASCADE = [
     ("trimmed_boundary", _Haystack.trimmed_boundary, {SINGLE}),
     ("context_aware", _Haystack.context_aware, {SINGLE}),
     ("multi_occurrence", _Haystack.multi_occurrence, {BULK}),
+    ("unicode_normalized", _Haystack.unicode_normalized, {SINGLE, BULK}),
 ]
 # Stricter than what precedes them in one respect.
 NARROWING = {"indentation_flexible", "trimmed_boundary"}
