@@ -3485,12 +3485,17 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
 # ---------------------------------------------------------------- bash
 
 
-async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
-    command = args["command"]
-    if not command.strip():
+def _command(args: dict) -> str:
+    """bash's and process start's command, refused when blank (it would run nothing, and succeed)."""
+    if not args["command"].strip():
         raise ToolError(
             "command is empty; pass the shell command to run.",
             error="invalid_input")
+    return args["command"]
+
+
+async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
+    command = _command(args)
     timeout_ms = args.get("timeout", BASH_DEFAULT_TIMEOUT_MS)
     capped = timeout_ms > BASH_MAX_TIMEOUT_MS
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
@@ -3769,8 +3774,8 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
         return _process_list(procs)
     lines = []
     if action == "start":
-        command = needs("command", "the shell command to start")
-        process = await procs.start(command, confine)
+        needs("command", "the shell command to start")
+        process = await procs.start(_command(args), confine)
         lines.append(f"Started {process.process_id}. Poll it with process action \"read\", "
                      f"id \"{process.process_id}\".")
     else:

@@ -301,6 +301,8 @@ def test_process_write_talks_to_a_repl_and_reports_natural_exit(box):
 
 def test_process_failure_modes(box):
     assert "needs 'command'" in box.call("process", action="start").text
+    blank = box.call("process", action="start", command="  ")
+    assert blank.is_error and "command is empty" in blank.text
     assert "No process with id 'p9'" in box.call("process", action="read", id="p9").text
     assert "needs 'id'" in box.call("process", action="stop").text
     assert "No background processes" in box.call("process", action="list").text
