@@ -2903,7 +2903,17 @@ def _not_found(hay: _Haystack, old: str, shown_path: str) -> str:
     index = hay.trimmed.index(close[0])
     shown = hay.lines[index:index + min(len(_find_lines(old)), 12)]
     similar = _numbered(shown, index + 1)
+    # A zero-width space or a no-break space looks the same as what the model quoted.
+    hidden = sorted({ch for ch in "".join(shown) if _invisible(ch)} - set(old))
+    if hidden:
+        names = ", ".join(f"U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip() for ch in hidden)
+        similar += f"\nThese lines hold characters that look like nothing or a space: {names}."
     return f"{message}\nThe most similar text starts at line {index + 1}:\n{similar}"
+
+
+def _invisible(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category == "Cf" or category == "Zs" and ch != " "
 
 # ---------------------------------------------------------------- write and edit
 
