@@ -3496,7 +3496,7 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
 
 
 def _command(args: dict) -> str:
-    """bash's and process start's command, refused when blank (it would run nothing, and succeed)."""
+    """bash's and process start's command, refused when blank: it would run nothing, and pass."""
     if not args["command"].strip():
         raise ToolError(
             "command is empty; pass the shell command to run.",
