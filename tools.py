@@ -3326,7 +3326,7 @@ def _grep_line(text: str) -> str:
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
     return ToolError(
-        f"Invalid regular expression {pattern!r}: {problem}. "
+        f"Invalid regular expression {pattern!r}: {problem.rstrip('.')}. "
         "Escape special characters such as ( [ { . * + ? | "
         "with a backslash to match them literally.",
         error="bad_pattern")
@@ -3352,8 +3352,10 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
     records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP, confine)
     if code == 2 and records and "\0" not in records[0]:
-        problem = " ".join(record.strip() for record in records)[:500]
-        raise _bad_pattern(pattern, problem)
+        problem = " ".join(record.strip() for record in records)
+        # Its advice to pass --pcre2 names a flag the model cannot give.
+        problem = problem.split("Consider enabling PCRE2")[0].strip()
+        raise _bad_pattern(pattern, problem[:500])
     hits: Hits = {}
     # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's
     # lines

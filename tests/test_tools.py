@@ -892,6 +892,15 @@ def test_grep_finds_lines_newest_files_first(search_box):
     assert bad.is_error and "Escape special characters" in bad.text
 
 
+def test_grep_look_around_is_matched_or_refused_with_advice_the_model_can_follow(search_box):
+    result = search_box.call("grep", pattern=r"import (?=os)|(o)\1")
+    if result.is_error:
+        assert "not supported" in result.text and "--pcre2" not in result.text
+        assert ".." not in result.text
+    else:
+        assert "src/pkg/b.py:1: import os" in result.text
+
+
 def test_search_results_are_capped_with_a_notice(search_box):
     for n in range(130):
         (search_box.root / f"gen/f{n:03}.txt").parent.mkdir(exist_ok=True)
