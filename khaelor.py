@@ -2691,6 +2691,7 @@ SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
 def main(argv: list | None = None) -> int:
     """The entry point. Whatever was being written, a reader that has gone (`khaelor -p … |
     head -1`) ends the program quietly with 141, as a shell expects of a closed pipe."""
+    open_closed_std_streams()
     try:
         try:
             return run_command_line(argv)
@@ -2700,6 +2701,20 @@ def main(argv: list | None = None) -> int:
     except BrokenPipeError:
         stdout_to_devnull()
         return EXIT_PIPE
+
+
+def open_closed_std_streams() -> None:
+    """A standard stream closed before start (`<&-`, `>&-`) is /dev/null: Python left it None
+    (AttributeError on first use), and a file opened later would take its number."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        # the lowest free number: the stream's own when it is closed, as those below are open
+        devnull = os.open(os.devnull, os.O_RDWR)
+        if devnull != fd:
+            os.close(devnull)
+            continue
+        setattr(sys, name, open(fd, "w" if fd else "r", encoding="utf-8", errors="backslashreplace"))
 
 
 def stdout_to_devnull() -> None:
