@@ -57,6 +57,8 @@ JSON_NAMES = {str: "a string", int: "a whole number", bool: "true or false", lis
               dict: "an object"}
 # the keys of config.json's "context" object
 CONTEXT_KEYS = {"prune_at": int}
+# settings that count something and make no sense below 1
+POSITIVE_KEYS = {"max_output_tokens": "tokens", "max_turns": "model responses"}
 
 
 class UsageError(KhaelorError):
@@ -124,9 +126,8 @@ def parse_config(path: Path, text: str) -> dict:
         if choices and value not in choices:
             raise UsageError(f"{path}: {key!r} must be one of"
                              f" {', '.join(choices)}")
-        if key == "max_output_tokens" and value < 1:
-            raise UsageError(f"{path}: 'max_output_tokens' must be"
-                             " a positive number of tokens")
+        if key in POSITIVE_KEYS and value < 1:
+            raise UsageError(f"{path}: {key!r} must be a positive number of {POSITIVE_KEYS[key]}")
     for key, value in (config.get("context") or {}).items():
         if key not in CONTEXT_KEYS:
             raise UsageError(f"{path}: unknown key 'context.{key}';"
@@ -1129,7 +1130,7 @@ def parse_args(argv: list):
                              " (a unique prefix is enough)")
     parser.add_argument("--model", metavar="ID")
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
-    parser.add_argument("--max-turns", dest="max_turns", type=int,
+    parser.add_argument("--max-turns", dest="max_turns", type=positive_int,
                         metavar="N")
     choices = setting_choices()
     parser.add_argument("--thinking", choices=choices["thinking"],
@@ -1169,6 +1170,17 @@ def parse_args(argv: list):
     # every value here is text for the model or a name (no path): bytes that are not UTF-8, which
     # Python keeps as surrogates, become U+FFFD rather than a crash when the request is encoded
     return parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
+
+
+def positive_int(text: str) -> int:
+    """--max-turns N: 0 or less would stop the run before its first request."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return number
 
 
 def split_tool_rules(values: list[str]) -> list[str]:
@@ -2679,6 +2691,7 @@ SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
 def main(argv: list | None = None) -> int:
     """The entry point. Whatever was being written, a reader that has gone (`khaelor -p … |
     head -1`) ends the program quietly with 141, as a shell expects of a closed pipe."""
+    open_closed_std_streams()
     try:
         try:
             return run_command_line(argv)
@@ -2688,6 +2701,20 @@ def main(argv: list | None = None) -> int:
     except BrokenPipeError:
         stdout_to_devnull()
         return EXIT_PIPE
+
+
+def open_closed_std_streams() -> None:
+    """A standard stream closed before start (`<&-`, `>&-`) is /dev/null: Python left it None
+    (AttributeError on first use), and a file opened later would take its number."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        # the lowest free number: the stream's own when it is closed, as those below are open
+        devnull = os.open(os.devnull, os.O_RDWR)
+        if devnull != fd:
+            os.close(devnull)
+            continue
+        setattr(sys, name, open(fd, "w" if fd else "r", encoding="utf-8", errors="backslashreplace"))
 
 
 def stdout_to_devnull() -> None:

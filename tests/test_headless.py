@@ -501,3 +501,25 @@ def test_a_retry_before_any_text_of_the_reply_says_nothing_broke_off(monkeypatch
                   {"type": "ModelResponseCompleted"}, retry):
         answer(event)
     assert out.getvalue() == "half\n[the reply broke off; it is being written again]\n\nwhole\n\n"
+
+
+def test_a_closed_stdin_or_stdout_is_read_and_written_as_dev_null(khaelor, fake):
+    """`khaelor -p - <&-` crashed ("internal error: AttributeError: 'NoneType' object has no attribute
+    'isatty'"), and `khaelor sessions >&-` ended in a traceback: a closed standard stream is
+    /dev/null, so -p - has an empty prompt (exit 2) and output goes nowhere."""
+    import sys
+    argv = [sys.executable, str(Path(__file__).resolve().parent.parent / "khaelor.py")]
+
+    def run(*args, close):
+        return subprocess.run([*argv, *args], cwd=khaelor.project, env=khaelor.env, text=True,
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+                              preexec_fn=lambda: os.close(close))
+
+    closed_stdin = run("-p", "-", close=0)
+    assert closed_stdin.returncode == 2, closed_stdin.stderr
+    assert "the prompt is empty" in closed_stdin.stderr
+    closed_stdout = run("sessions", close=1)
+    assert (closed_stdout.returncode, closed_stdout.stderr) == (0, "")
+    fake.enqueue(reply(text("hi")))
+    closed_stdout = run("-p", "hi", close=1)
+    assert (closed_stdout.returncode, closed_stdout.stderr) == (0, "")

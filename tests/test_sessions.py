@@ -763,3 +763,15 @@ def test_meta_caches_are_private_like_the_logs(khaelor, fake):
     loose.write_text("")
     loose.chmod(0o644)
     assert events.private_file(loose).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("turns", [0, -1])
+def test_max_turns_below_one_is_a_usage_error_in_config_and_flag(turns, tmp_path):
+    """--max-turns 0 (or -1, or the same in a config) ran nothing and failed as "stopped after
+    --max-turns 0 model responses", exit 1, a session left behind: a usage error, as
+    max_output_tokens below 1 is."""
+    with pytest.raises(cli.UsageError, match="'max_turns' must be a positive number"):
+        cli.parse_config(tmp_path / "config.json", json.dumps({"max_turns": turns}))
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_args(["-p", "hi", "--max-turns", str(turns)])
+    assert exited.value.code == 2
