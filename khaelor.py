@@ -2714,7 +2714,8 @@ def open_closed_std_streams() -> None:
         if devnull != fd:
             os.close(devnull)
             continue
-        setattr(sys, name, open(fd, "w" if fd else "r", encoding="utf-8", errors="backslashreplace"))
+        stream = open(fd, "w" if fd else "r", encoding="utf-8", errors="backslashreplace")
+        setattr(sys, name, stream)
 
 
 def stdout_to_devnull() -> None:
