@@ -606,7 +606,7 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise UsageError("khaelor sandbox: name a command after --")
+        raise UsageError("sandbox: name a command after --")
     shape = args.shape or "read-only"
     paths = tuple(os.path.abspath(path) for path in args.path)
     confine = sandbox.Confine(write=shape != "read-only", network=shape == "network", paths=paths,

@@ -775,3 +775,11 @@ def test_max_turns_below_one_is_a_usage_error_in_config_and_flag(turns, tmp_path
     with pytest.raises(SystemExit) as exited:
         cli.parse_args(["-p", "hi", "--max-turns", str(turns)])
     assert exited.value.code == 2
+
+
+def test_khaelor_sandbox_without_a_command_says_so_once(tmp_path):
+    """main prints "khaelor: " before a usage error: the message itself does not say it again."""
+    for argv in ([], ["--"], ["--write", "--"]):
+        with pytest.raises(cli.UsageError) as raised:
+            cli.cmd_sandbox(argv, tmp_path / "home", tmp_path)
+        assert str(raised.value) == "sandbox: name a command after --"
