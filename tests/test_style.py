@@ -49,7 +49,7 @@ def line_count(name: str) -> int:
 # Issue 21 sets 12,500 lines for the runtime and 3,000 for the security core; this round ended at
 # the figures below (from 18,567 and 4,708). They may only fall: a change that adds lines removes as
 # many elsewhere, and whoever cuts lowers them here. They rose once, from 18,076 and 4,443, for
-# the 93 bugs session 10 fixed, each with its test (the closing note of issue 21 lists them).
+# the 94 bugs session 10 fixed, each with its test (the closing note of issue 21 lists them).
 RUNTIME_LINES = 18_534
 SECURITY_CORE_LINES = 4_623
 
