@@ -458,13 +458,10 @@ def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_forma
     assert "Traceback" not in stderr and "interrupted" in stderr
 
 
-def test_an_escape_split_between_deltas_is_stripped_whole_whatever_its_introducer(monkeypatch):
-    """-p on a terminal holds back a sequence a delta ends inside, ESC or 8-bit (an OSC opened
-    by 0x9D), so what is shown does not depend on where the stream was cut."""
+def terminal_stdout(monkeypatch):
+    """sys.stdout replaced by a terminal that keeps what is written."""
     import io
     import sys
-
-    import khaelor
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -472,6 +469,15 @@ def test_an_escape_split_between_deltas_is_stripped_whole_whatever_its_introduce
 
     out = Terminal()
     monkeypatch.setattr(sys, "stdout", out)
+    return out
+
+
+def test_an_escape_split_between_deltas_is_stripped_whole_whatever_its_introducer(monkeypatch):
+    """-p on a terminal holds back a sequence a delta ends inside, ESC or 8-bit (an OSC opened
+    by 0x9D), so what is shown does not depend on where the stream was cut."""
+    import khaelor
+
+    out = terminal_stdout(monkeypatch)
     answer = khaelor.StreamedAnswer()
     for delta in ("red \x1b[3", "1mtext, title \x9d0;x", "y\x07 end"):
         answer({"type": "TextDelta", "text": delta})
@@ -482,17 +488,9 @@ def test_a_retry_before_any_text_of_the_reply_says_nothing_broke_off(monkeypatch
     """-p on a terminal: a request sent again before its reply wrote a word (a context overflow
     compacted, a refused thinking setting dropped) printed "[the reply broke off; …]" all the
     same. Only a reply that was being written is said to have broken off."""
-    import io
-    import sys
-
     import khaelor
 
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    out = Terminal()
-    monkeypatch.setattr(sys, "stdout", out)
+    out = terminal_stdout(monkeypatch)
     answer = khaelor.StreamedAnswer()
     retry = {"type": "ModelRequestFailed", "retrying": True}
     for event in (retry, {"type": "TextDelta", "text": "half"}, retry,
