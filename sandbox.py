@@ -38,7 +38,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from socket import AF_INET, AF_INET6, IPPROTO_TCP, SOCK_STREAM
+from socket import AF_INET, AF_INET6, AF_UNIX, IPPROTO_TCP, SOCK_SEQPACKET, SOCK_STREAM
 
 # ------------------------------------------------------- Landlock constants (linux/landlock.h)
 
@@ -666,10 +666,10 @@ def limits_for(confine: Confine) -> list[tuple[int, int]]:
 
 # ------------------------------------------------------- seccomp: sockets, processes, terminal
 # Landlock confines files, TCP ports and signals; seccomp-BPF covers what it cannot see: sockets of
-# every other family (UDP, raw, packet, netlink, unix pathname sockets), TCP fast open, ptrace and
-# process_vm_*, io_uring (which would run its own connect and open), namespaces, keyrings, bpf,
-# perf, and the ioctls that type into a terminal. One filter, built in the parent, per kind of
-# command.
+# every other family (UDP, raw, packet, netlink), unix sockets (none, network or not: docker.sock
+# or the session bus would start a process outside), TCP fast open, ptrace and process_vm_*,
+# io_uring (which would run its own connect and open), namespaces, keyrings, bpf, perf, and the
+# ioctls that type into a terminal. One filter, built in the parent, per kind of command.
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # name -> its number on (x86_64, aarch64): asm/unistd_64.h; asm-generic/unistd.h
@@ -682,6 +682,7 @@ SYSCALL_NUMBERS = {
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
+    "socketpair": (53, 199),
 }
 # Refused where nothing but the temp dir is writable: Landlock does not cover a file's mode, owner,
 # times or extended attributes, so a read-only command could chmod ~/.ssh or any file it reads.
@@ -770,7 +771,8 @@ def filter_for(confine: Confine, supervised: bool) -> tuple[tuple[int, int, int,
     """The seccomp program for a command confined as `confine`: a read-only one opens no socket
     (socketpair and pipes only); an approved one opens TCP stream sockets, to serve and to reach,
     through the supervisor (`supervised`), only the session's own servers on loopback (without
-    one, no connect at all); one approved for the network opens any socket."""
+    one, no connect at all); one approved for the network opens any socket but a unix one. None of
+    them makes a datagram socket pair: its ends can still send to any unix socket by name."""
     if not seccomp_available():
         return None
     metadata = confine.write or confine.paths_write
@@ -803,17 +805,22 @@ def _filter(write: bool, network: bool, supervised: bool,
     # (and, writing the project after the guard looked, plant a hook): both answer success and
     # change nothing, so that a daemon starts as it expects and still ends with the command
     program += [(JEQ, nr["setsid"], "pretend"), (JEQ, nr["setpgid"], "pretend")]
+    program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["socketpair"], "pair")]
     if not network:
-        program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["sendto"], "flags3"),
-                    (JEQ, nr["sendmmsg"], "flags3"), (JEQ, nr["sendmsg"], "flags2"),
-                    (JEQ, nr["connect"], "connect")]
+        program += [(JEQ, nr["sendto"], "flags3"), (JEQ, nr["sendmmsg"], "flags3"),
+                    (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect")]
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
+                ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
+                ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
+                (JEQ, SOCK_SEQPACKET, "allow"), refuse,
                 ("label", "socket")]
-    if tcp:
+    if network:
+        program += [(LD_ABS, _arg(0)), (JEQ, AF_UNIX, "refuse"), allow]
+    elif tcp:
         program += [(LD_ABS, _arg(0)), (JEQ, AF_INET, "inet"), (JEQ, AF_INET6, "inet"), refuse,
                     ("label", "inet"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "stream"),
                     refuse,
@@ -869,7 +876,8 @@ def layers() -> list[tuple[str, bool, str]]:
          f"files: reads from an allow-list, writes where approved ({status()})"),
         ("landlock-net", abi >= 4, "TCP connect only with network approval"),
         ("landlock-scope", abi >= 6, "signals and abstract unix sockets stay inside the command"),
-        ("seccomp", seccomp, "no UDP, raw, packet, netlink or unix socket without network; "
+        ("seccomp", seccomp, "no unix socket but a stream socket pair; "
+                             "no UDP, raw, packet or netlink socket without network; "
                              "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI; "
                              "no chmod, chown, utime or xattr from a read-only command; "
                              "setsid and setpgid leave a command in its group"),
@@ -1115,10 +1123,11 @@ ENV_NAMES = {
     "MAKEFLAGS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
 }
 ENV_PREFIXES = ("LC_",)
-# Only a command approved for the network needs its proxies and ssh agent.
+# Only a command approved for the network needs its proxies. (Not SSH_AUTH_SOCK: no command opens a
+# unix socket, and ~/.ssh is closed.)
 NETWORK_ENV_NAMES = {
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
-    "http_proxy", "https_proxy", "no_proxy", "all_proxy", "SSH_AUTH_SOCK",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
 }
 
 
@@ -1180,6 +1189,8 @@ DENIED_PATH = re.compile(
     re.I)
 CONNECTING = re.compile(
     r"connect|socket|urlopen|https?://|network|port \d+", re.I)
+# docker's "dial unix /var/run/docker.sock", a socket path
+UNIX_SOCKET = re.compile(r"\bunix\b|\.sock\b", re.I)
 # curl does not say why; Landlock makes it fail at once
 CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
@@ -1209,6 +1220,10 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     # A refused connect names no path.
     local = ("; without it, only a server on this machine's loopback that khaelor's own "
              "processes listen on is reachable")
+    if lines and not needs and UNIX_SOCKET.search(output):
+        needs.append("a unix socket, which no confined command opens, approved or not (docker.sock "
+                     "or the session bus would start processes outside); the user can run it "
+                     "as their own `!` command")
     maybe_network = not needs and not confine.network
     if maybe_network and lines and CONNECTING.search(output):
         needs.append(f"network access{local}")

@@ -126,6 +126,21 @@ def test_a_refusal_in_a_project_kept_under_a_folder_named_dev_is_explained(world
     assert f"write access to {target}" in result.text and result.meta["sandbox_refused"] is True
 
 
+def test_a_refused_unix_socket_is_explained_as_one_even_with_the_network(world):
+    """docker's "dial unix /var/run/docker.sock: connect: permission denied" was explained as
+    needing the network, which would not help: no confined command opens a unix socket."""
+    path = world.tmp / "daemon.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    dial = (f"{sys.executable} -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"{path}\")'"
+            f" || {{ echo dial unix {path}: connect: permission denied; exit 1; }}")
+    result = drive(world, lambda box: bash(box, dial, replace(APPROVED, network=True)))
+    server.close()
+    assert "a unix socket, which no confined command opens" in result.text
+    assert "network access" not in result.text and result.meta["sandbox_refused"] is True
+
+
 def test_a_command_cannot_read_the_ssh_key(world):
     key = world.home / ".ssh" / "id_rsa"
     result = drive(world, lambda box: bash(box, f"{sys.executable} -c 'print(open(\"{key}\").read())'"))
@@ -685,3 +700,12 @@ def test_each_seccomp_shape_is_built_once_and_its_bytes_do_not_change():
     assert read_only != sandbox.filter_for(shadow, False)
     tcp_only = sandbox.filter_for(sandbox.Confine(write=True), True)
     assert tcp_only != sandbox.filter_for(sandbox.Confine(write=True), False)
+
+
+def test_only_a_network_command_gets_the_proxies_and_none_the_ssh_agent():
+    """The agent signs as the user for any host; no confined command could reach its socket."""
+    environ = {"PATH": "/usr/bin", "HTTPS_PROXY": "http://proxy:3128", "SSH_AUTH_SOCK": "/tmp/agent"}
+    online = sandbox.child_environment(environ, [], True, "/home/u")
+    offline = sandbox.child_environment(environ, [], False, "/home/u")
+    assert online["HTTPS_PROXY"] == "http://proxy:3128" and "HTTPS_PROXY" not in offline
+    assert "SSH_AUTH_SOCK" not in online and "SSH_AUTH_SOCK" not in offline
