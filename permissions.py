@@ -418,7 +418,8 @@ POLICY: dict[str, Program] = {
     "unshare": Program("wrapper", ("G:R:S:w:", """
         boottime= map-group= map-groups= map-user= map-users= monotonic= propagation= root=
         setgid= setgroups= setuid= wd=""")),
-    **_each("firejail setsid nohup unbuffer command builtin", Program("wrapper")),
+    **_each("firejail setsid nohup unbuffer chronic command builtin", Program("wrapper")),
+    "sg": Program("wrapper", skip=1),
     "caffeinate": Program("wrapper", ("t:w:", "")),
     "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
     "env": Program("wrapper exact", ("C:S:a:u:", "argv0= chdir= split-string= unset=")),
@@ -469,6 +470,9 @@ POLICY: dict[str, Program] = {
     **_each("""
         badblocks blkdiscard cfdisk fdisk gdisk mkdosfs mke2fs mkntfs mkswap parted sfdisk
         sgdisk wipefs""", Program("disk")),
+    **_each("cryptsetup luksFormat, cryptsetup erase, nvme format, nvme sanitize, hdparm "
+            "--security-erase, hdparm --security-erase-enhanced, hdparm --trim-sector-ranges",
+            Program("disk")),
     **_each("halt poweroff reboot shutdown", Program("power")),
     **_each("""
         . chgrp chmod chown cp dd eval find install kill killall ln mv pkill rm rmdir shred
@@ -1093,7 +1097,9 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        # Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is
+        # Bash(npm run test:*) is a prefix ending at a word's end (kill:* is not killall), as
+        # "kill *"; after a separator (http://x/:*) it goes on. Any other specifier is a pattern.
+        spec = re.sub(r"(?<=\w):\*$", " *", spec)
         pattern = _quoted_as_matched(re.sub(r":\*$", "*", spec)) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
@@ -1288,13 +1294,8 @@ def _protected_write(requests: list[_Request]) -> str | None:
     """The agent must not be able to grant itself permissions, not even under
     --yes: no write into $KHAELOR_HOME, nor into a permission file the project
     keeps."""
-    for request in requests:
-        if request.capability == FILE_READ or not request.path:
-            continue
-        why = _protected(request.path)
-        if why:
-            return why
-    return None
+    written = (r.path for r in requests if r.capability != FILE_READ and r.path)
+    return next(filter(None, map(_protected, written)), None)
 
 
 def _protected(path: str) -> str | None:
@@ -1575,7 +1576,8 @@ def _part_requests(part: _Part, root: str, compound: bool,
     command = _shell_text(part.words)
     suggestion = None if compound else _suggest(part.words)
     if suggestion and not read_only and capability == EXECUTE:
-        if _listed_read_only(part.core):
+        words = _rule_core(part.core)
+        if any(_row(*words[:n]).has("read") for n in (1, 2, 3)):
             # it asks because of an option or a form (sort --co=…, git log
             # --output=…): a wildcard over its arguments would grant exactly
             # that form from then on
@@ -1623,12 +1625,6 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
         return core
     _, sub, rest = _git_split(core[1:])
     return ("git",) if sub is None else ("git", sub, *rest)
-
-
-def _listed_read_only(core: tuple[str, ...]) -> bool:
-    """The program (or git subcommand, or a form of one) is on the read-only lists."""
-    words = _rule_core(core)
-    return any(_row(*words[:n]).has("read") for n in (1, 2, 3))
 
 
 def _decide_process_write(text: str, process_command: str, root: str,
@@ -2366,7 +2362,9 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
-    if _row(name).has("disk") and not set(options) & only_shows:
+    # (a disk row may be the program, or the program and one of its words: nvme format)
+    disk = any(_row(name, *args[k:k + 1]).has("disk") for k in range(-1, len(args)))
+    if disk and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
     written = {"cp": targets[1:], "tee": targets, "shred": targets, "cat": targets,
@@ -2472,7 +2470,9 @@ def _catastrophic(target: str, home: str, cwd: str) -> bool:
     # "/*", "~/*", "/u*", "/home/al*": a wildcard in a protected directory may
     # name any of its entries, the home directory among them
     base = _wildcard_base(target, cwd)
-    return _precious(_resolve(target, cwd) if base is None else base, home)
+    path = _resolve(target, cwd) if base is None else base
+    # a system directory, the home directory, or a directory holding it
+    return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
 def _resolve(target: str, cwd: str) -> str:
@@ -2480,11 +2480,6 @@ def _resolve(target: str, cwd: str) -> str:
     if absolute:
         return absolute
     return posixpath.normpath(posixpath.join(cwd, target))
-
-
-def _precious(path: str, home: str) -> bool:
-    """A system directory, the home directory, or a directory holding it."""
-    return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
 def _kernel_control(target: str) -> bool:
@@ -2564,6 +2559,9 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
+    if name == "sg" and rest:
+        # sg GROUP [-c] COMMAND runs it through sh
+        return ["sh", "-c", " ".join(rest[rest[:1] == ["-c"]:])]
     if name == "watch" and not _has(args[:k], "--exec", short="x"):
         # watch runs its words through sh -c, joined by spaces (with -x, as they are); plain
         # words read the same either way
