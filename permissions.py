@@ -584,6 +584,12 @@ _PARAMETER = re.compile(
     r"|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))"
 )
 _BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
+# the tmux commands that run a command line (a window's command, keys typed into a shell)
+_TMUX_RUNS = frozenset("""
+    new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
+    respawn-window respawnw run-shell run""".split())
+_TMUX_VALUED = frozenset("cefFlnpstTxy")
+_BRACED_BLANKS = re.compile(r"\$\{[^{}\s'\"`$\\;&|<>()]*+[ \t][^{}\n'\"`$\\;&|<>()]*+\}")
 # A fork bomb defines a function and pipes it into itself in the
 # background. Two linear scans (names are matched possessively, ++): names
 # defined as functions, NAME | NAME & uses.
@@ -2559,6 +2565,13 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
+    if name == "parallel" and ":::" in rest:
+        # parallel CMD ::: ARG... runs CMD for each ARG (at {}, else at the end); no CMD: each ARG
+        at = rest.index(":::")
+        template = " ".join(rest[:at])
+        runs = [template.replace("{}", arg) if "{}" in template else f"{template} {arg}"
+                for arg in rest[at + 1:]]
+        return ["sh", "-c", "\n".join(runs)]
     if name == "sg" and rest:
         # sg GROUP [-c] COMMAND runs it through sh
         return ["sh", "-c", " ".join(rest[rest[:1] == ["-c"]:])]
@@ -2679,6 +2692,11 @@ class _ShellLine:
             scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
         elif name == "git":
             scripts = _git_scripts(core[1:])
+        elif name == "tmux" and core[1:2] and core[1] in _TMUX_RUNS:
+            # tmux new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter: the words after its options
+            end = _parse(core[2:], lambda o: o[1:] in _TMUX_VALUED, stop=True)[2]
+            command = core[2 + end:]
+            scripts = [*command, " ".join(command)] if command else []
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
@@ -3149,8 +3167,9 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
                 i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
         else:
-            # a run of characters that mean nothing special here
-            end = _ORDINARY.match(text, i + 1).end()
+            # a run of characters that mean nothing special here; ${X:-a b} is one, blanks and all
+            braced = _BRACED_BLANKS.match(text, i)
+            end = braced.end() if braced else _ORDINARY.match(text, i + 1).end()
             raw.append(text[i:end])
             i = end
     if closing:

@@ -411,6 +411,13 @@ FLOORED = [
     "hdparm --trim-sector-ranges 0:8 /dev/sda", "sudo sgdisk --zap-all /dev/sda",
     # wrappers that run the command they are given: sg's through sh
     "sg wheel 'rm -rf /'", "sg wheel -c 'rm -rf ~'", "chronic rm -rf /",
+    # command lines run by parallel (its template, or each argument) and by tmux (a window's
+    # command, keys typed into a shell)
+    "parallel ::: 'rm -rf /'", "parallel 'rm -rf {}' ::: /", "parallel rm -rf ::: build ~",
+    "tmux new-session 'rm -rf /'", "tmux new 'rm -rf ~'", "tmux new -d -s x rm -rf /",
+    "tmux send-keys -t x 'rm -rf /' Enter", "tmux split-window -h 'rm -rf ~'",
+    # a default with a blank is one word, split only after it is expanded
+    "rm -rf ${UNSET:-/ x}", "rm -rf ${UNSET:-build /}",
 ]
 
 
@@ -467,7 +474,8 @@ NOT_FLOORED = [
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
     "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist", "rm -rf ${HOME%/*}/x",
     "cat /proc/sys/kernel/hostname", "cryptsetup status root", "nvme list", "hdparm -I /dev/sda",
-    "sg wheel ls", "cryptsetup luksFormat --help",
+    "sg wheel ls", "cryptsetup luksFormat --help", "tmux new -s dev", "parallel echo ::: / ~",
+    "rm -rf ${UNSET:-build dist}",
 ]
 
 
