@@ -588,7 +588,6 @@ _BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
 _TMUX_RUNS = frozenset("""
     new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
     respawn-window respawnw run-shell run""".split())
-_TMUX_VALUED = frozenset("cefFlnpstTxy")
 _BRACED_BLANKS = re.compile(r"\$\{[^{}\s'\"`$\\;&|<>()]*+[ \t][^{}\n'\"`$\\;&|<>()]*+\}")
 # A fork bomb defines a function and pipes it into itself in the
 # background. Two linear scans (names are matched possessively, ++): names
@@ -1103,8 +1102,7 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        # Bash(npm run test:*) is a prefix ending at a word's end (kill:* is not killall), as
-        # "kill *"; after a separator (http://x/:*) it goes on. Any other specifier is a pattern.
+        # Bash(kill:*) is "kill *", not killall; after a separator (http://x/:*), a plain prefix
         spec = re.sub(r"(?<=\w):\*$", " *", spec)
         pattern = _quoted_as_matched(re.sub(r":\*$", "*", spec)) or "*"
         rules = [Rule(c, pattern, action, where, kind)
@@ -1361,8 +1359,7 @@ def _package_locations() -> list[str]:
     import sysconfig
     home = os.path.expanduser("~")
     places = [os.path.join(home, name) for name in _PACKAGE_HOME_DIRS]
-    for key in ("purelib", "platlib", "scripts", "data"):
-        places.append(sysconfig.get_paths()[key])
+    places += [sysconfig.get_paths()[key] for key in ("purelib", "platlib", "scripts", "data")]
     return [os.path.realpath(p) for p in places]
 
 
@@ -2165,11 +2162,9 @@ def _destroys_work(part: _Part, root: str) -> str:
                     "any git command does")
         return _git_destroys(core[1:], part.cwd)
     if name == "rm":
-        recursive = _recursive(core)
-        for target in _operands(core)[1]:
-            why = _rm_destroys(target, part.cwd, root, "rm -r" if recursive else "rm")
-            if why:
-                return why
+        verb = "rm -r" if _recursive(core) else "rm"
+        targets = _operands(core)[1]
+        return next(filter(None, (_rm_destroys(t, part.cwd, root, verb) for t in targets)), "")
     if name == "find" and "-delete" in core:
         unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
                       "-xdev", "-L", "-H", "-P"}
@@ -2569,9 +2564,8 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
         # parallel CMD ::: ARG... runs CMD for each ARG (at {}, else at the end); no CMD: each ARG
         at = rest.index(":::")
         template = " ".join(rest[:at])
-        runs = [template.replace("{}", arg) if "{}" in template else f"{template} {arg}"
-                for arg in rest[at + 1:]]
-        return ["sh", "-c", "\n".join(runs)]
+        template += "" if "{}" in template else " {}"
+        return ["sh", "-c", "\n".join(template.replace("{}", arg) for arg in rest[at + 1:])]
     if name == "sg" and rest:
         # sg GROUP [-c] COMMAND runs it through sh
         return ["sh", "-c", " ".join(rest[rest[:1] == ["-c"]:])]
@@ -2694,7 +2688,7 @@ class _ShellLine:
             scripts = _git_scripts(core[1:])
         elif name == "tmux" and core[1:2] and core[1] in _TMUX_RUNS:
             # tmux new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter: the words after its options
-            end = _parse(core[2:], lambda o: o[1:] in _TMUX_VALUED, stop=True)[2]
+            end = _parse(core[2:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
             command = core[2 + end:]
             scripts = [*command, " ".join(command)] if command else []
         program = posixpath.basename(words[0] if words else "")
@@ -2905,10 +2899,8 @@ def _brace_expand(word: str) -> list[str]:
         if not match:
             done.append(word)
             continue
-        before = word[:match.start()]
-        after = word[match.end():]
         alternatives = match[1].split(",")[:_MAX_GLOB]
-        todo[:0] = [before + alt + after for alt in alternatives]
+        todo[:0] = [word[:match.start()] + alt + word[match.end():] for alt in alternatives]
     return done
 
 
@@ -3038,22 +3030,15 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
     if not wildcard:
         return None
     # only the unquoted pieces are a pattern
-    parts = []
-    for kind, text in pieces:
-        if kind == "raw":
-            parts.append(_bash_glob(text))
-        else:
-            parts.append(glob.escape(text))
+    parts = [_bash_glob(text) if kind == "raw" else glob.escape(text) for kind, text in pieces]
     try:
         matches = _glob("".join(parts), root_dir=cwd)
     except (OSError, ValueError):
         return "a glob could not be expanded"
     if matches is None:
         return f"a glob matches more than {_MAX_GLOB} paths"
-    for match in matches:
-        if match.startswith("-"):
-            return f"a glob expands to an option ({match})"
-    return None
+    option = next((match for match in matches if match.startswith("-")), None)
+    return f"a glob expands to an option ({option})" if option else None
 
 
 # ---------------------------------------------------------------- bash: tokens
@@ -3381,13 +3366,11 @@ def trust_notice(layers) -> str | None:
     if not ignored:
         return None
     # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
-    written = set()
-    files = set()
-    for rule in ignored:
-        kind = "command" if rule.capability in _COMMAND_CAPABILITIES else rule.capability
-        written.add((rule.source, rule.pattern, rule.action, kind))
-        # "settings.json:4": the file, not each line
-        files.add(re.sub(r":\d+$", "", rule.source))
+    kinds = dict.fromkeys(_COMMAND_CAPABILITIES, "command")
+    written = {(r.source, r.pattern, r.action, kinds.get(r.capability, r.capability))
+               for r in ignored}
+    # "settings.json:4": the file, not each line
+    files = {re.sub(r":\d+$", "", rule.source) for rule in ignored}
     count = f"{len(written)} permission" + "s" * (len(written) != 1)
     return (f"{', '.join(sorted(files))} would grant {count};"
             " they are ignored until you review and trust them with `khaelor trust`")
