@@ -1288,10 +1288,8 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")
         return bare and fnmatch.fnmatchcase(subject, pattern[:-2])
 
-    for rule in reversed(rules):
-        if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule):
-            return rule
-    return None
+    for_capability = (r for r in reversed(rules) if fnmatch.fnmatchcase(capability, r.capability))
+    return next(filter(matches, for_capability), None)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
