@@ -418,7 +418,8 @@ POLICY: dict[str, Program] = {
     "unshare": Program("wrapper", ("G:R:S:w:", """
         boottime= map-group= map-groups= map-user= map-users= monotonic= propagation= root=
         setgid= setgroups= setuid= wd=""")),
-    **_each("firejail setsid nohup unbuffer command builtin", Program("wrapper")),
+    **_each("firejail setsid nohup unbuffer chronic command builtin", Program("wrapper")),
+    "sg": Program("wrapper", skip=1),
     "caffeinate": Program("wrapper", ("t:w:", "")),
     "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
     "env": Program("wrapper exact", ("C:S:a:u:", "argv0= chdir= split-string= unset=")),
@@ -469,6 +470,9 @@ POLICY: dict[str, Program] = {
     **_each("""
         badblocks blkdiscard cfdisk fdisk gdisk mkdosfs mke2fs mkntfs mkswap parted sfdisk
         sgdisk wipefs""", Program("disk")),
+    **_each("cryptsetup luksFormat, cryptsetup erase, nvme format, nvme sanitize, hdparm "
+            "--security-erase, hdparm --security-erase-enhanced, hdparm --trim-sector-ranges",
+            Program("disk")),
     **_each("halt poweroff reboot shutdown", Program("power")),
     **_each("""
         . chgrp chmod chown cp dd eval find install kill killall ln mv pkill rm rmdir shred
@@ -580,6 +584,11 @@ _PARAMETER = re.compile(
     r"|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))"
 )
 _BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
+# the tmux commands that run a command line (a window's command, keys typed into a shell)
+_TMUX_RUNS = frozenset("""
+    new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
+    respawn-window respawnw run-shell run""".split())
+_BRACED_BLANKS = re.compile(r"\$\{[^{}\s'\"`$\\;&|<>()]*+[ \t][^{}\n'\"`$\\;&|<>()]*+\}")
 # A fork bomb defines a function and pipes it into itself in the
 # background. Two linear scans (names are matched possessively, ++): names
 # defined as functions, NAME | NAME & uses.
@@ -1093,7 +1102,8 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        # Bash(npm run test:*) is a prefix; any other specifier is a wildcard pattern as it is
+        # Bash(kill:*) is "kill *", not killall; after a separator (http://x/:*), a plain prefix
+        spec = re.sub(r"(?<=\w):\*$", " *", spec)
         pattern = _quoted_as_matched(re.sub(r":\*$", "*", spec)) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
@@ -1278,23 +1288,16 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         bare = capability in _COMMAND_CAPABILITIES and pattern.endswith(" *")
         return bare and fnmatch.fnmatchcase(subject, pattern[:-2])
 
-    for rule in reversed(rules):
-        if fnmatch.fnmatchcase(capability, rule.capability) and matches(rule):
-            return rule
-    return None
+    for_capability = (r for r in reversed(rules) if fnmatch.fnmatchcase(capability, r.capability))
+    return next(filter(matches, for_capability), None)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
     """The agent must not be able to grant itself permissions, not even under
     --yes: no write into $KHAELOR_HOME, nor into a permission file the project
     keeps."""
-    for request in requests:
-        if request.capability == FILE_READ or not request.path:
-            continue
-        why = _protected(request.path)
-        if why:
-            return why
-    return None
+    written = (r.path for r in requests if r.capability != FILE_READ and r.path)
+    return next(filter(None, map(_protected, written)), None)
 
 
 def _protected(path: str) -> str | None:
@@ -1354,8 +1357,7 @@ def _package_locations() -> list[str]:
     import sysconfig
     home = os.path.expanduser("~")
     places = [os.path.join(home, name) for name in _PACKAGE_HOME_DIRS]
-    for key in ("purelib", "platlib", "scripts", "data"):
-        places.append(sysconfig.get_paths()[key])
+    places += [sysconfig.get_paths()[key] for key in ("purelib", "platlib", "scripts", "data")]
     return [os.path.realpath(p) for p in places]
 
 
@@ -1575,7 +1577,8 @@ def _part_requests(part: _Part, root: str, compound: bool,
     command = _shell_text(part.words)
     suggestion = None if compound else _suggest(part.words)
     if suggestion and not read_only and capability == EXECUTE:
-        if _listed_read_only(part.core):
+        words = _rule_core(part.core)
+        if any(_row(*words[:n]).has("read") for n in (1, 2, 3)):
             # it asks because of an option or a form (sort --co=…, git log
             # --output=…): a wildcard over its arguments would grant exactly
             # that form from then on
@@ -1623,12 +1626,6 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
         return core
     _, sub, rest = _git_split(core[1:])
     return ("git",) if sub is None else ("git", sub, *rest)
-
-
-def _listed_read_only(core: tuple[str, ...]) -> bool:
-    """The program (or git subcommand, or a form of one) is on the read-only lists."""
-    words = _rule_core(core)
-    return any(_row(*words[:n]).has("read") for n in (1, 2, 3))
 
 
 def _decide_process_write(text: str, process_command: str, root: str,
@@ -2163,11 +2160,9 @@ def _destroys_work(part: _Part, root: str) -> str:
                     "any git command does")
         return _git_destroys(core[1:], part.cwd)
     if name == "rm":
-        recursive = _recursive(core)
-        for target in _operands(core)[1]:
-            why = _rm_destroys(target, part.cwd, root, "rm -r" if recursive else "rm")
-            if why:
-                return why
+        verb = "rm -r" if _recursive(core) else "rm"
+        targets = _operands(core)[1]
+        return next(filter(None, (_rm_destroys(t, part.cwd, root, verb) for t in targets)), "")
     if name == "find" and "-delete" in core:
         unfiltered = {"-delete", "-mindepth", "-maxdepth", "-depth", "-print",
                       "-xdev", "-L", "-H", "-P"}
@@ -2366,7 +2361,9 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
-    if _row(name).has("disk") and not set(options) & only_shows:
+    # (a disk row may be the program, or the program and one of its words: nvme format)
+    disk = any(_row(name, *args[k:k + 1]).has("disk") for k in range(-1, len(args)))
+    if disk and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
     written = {"cp": targets[1:], "tee": targets, "shred": targets, "cat": targets,
@@ -2472,7 +2469,9 @@ def _catastrophic(target: str, home: str, cwd: str) -> bool:
     # "/*", "~/*", "/u*", "/home/al*": a wildcard in a protected directory may
     # name any of its entries, the home directory among them
     base = _wildcard_base(target, cwd)
-    return _precious(_resolve(target, cwd) if base is None else base, home)
+    path = _resolve(target, cwd) if base is None else base
+    # a system directory, the home directory, or a directory holding it
+    return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
 def _resolve(target: str, cwd: str) -> str:
@@ -2480,11 +2479,6 @@ def _resolve(target: str, cwd: str) -> str:
     if absolute:
         return absolute
     return posixpath.normpath(posixpath.join(cwd, target))
-
-
-def _precious(path: str, home: str) -> bool:
-    """A system directory, the home directory, or a directory holding it."""
-    return path in _PROTECTED_DIRS or sandbox.within(home, [path])
 
 
 def _kernel_control(target: str) -> bool:
@@ -2564,6 +2558,15 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     if name == "flock" and rest[:1] in (["-c"], ["--command"]):
         # flock FILE -c COMMAND runs it through sh
         return ["sh", "-c", *rest[1:]]
+    if name == "parallel" and ":::" in rest:
+        # parallel CMD ::: ARG... runs CMD for each ARG (at {}, else at the end); no CMD: each ARG
+        at = rest.index(":::")
+        template = " ".join(rest[:at])
+        template += "" if "{}" in template else " {}"
+        return ["sh", "-c", "\n".join(template.replace("{}", arg) for arg in rest[at + 1:])]
+    if name == "sg" and rest:
+        # sg GROUP [-c] COMMAND runs it through sh
+        return ["sh", "-c", " ".join(rest[rest[:1] == ["-c"]:])]
     if name == "watch" and not _has(args[:k], "--exec", short="x"):
         # watch runs its words through sh -c, joined by spaces (with -x, as they are); plain
         # words read the same either way
@@ -2681,6 +2684,11 @@ class _ShellLine:
             scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
         elif name == "git":
             scripts = _git_scripts(core[1:])
+        elif name == "tmux" and core[1:2] and core[1] in _TMUX_RUNS:
+            # tmux new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter: the words after its options
+            end = _parse(core[2:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
+            command = core[2 + end:]
+            scripts = [*command, " ".join(command)] if command else []
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
@@ -2889,10 +2897,8 @@ def _brace_expand(word: str) -> list[str]:
         if not match:
             done.append(word)
             continue
-        before = word[:match.start()]
-        after = word[match.end():]
         alternatives = match[1].split(",")[:_MAX_GLOB]
-        todo[:0] = [before + alt + after for alt in alternatives]
+        todo[:0] = [word[:match.start()] + alt + word[match.end():] for alt in alternatives]
     return done
 
 
@@ -3022,22 +3028,15 @@ def _glob_into_option(pieces: list, cwd: str) -> str | None:
     if not wildcard:
         return None
     # only the unquoted pieces are a pattern
-    parts = []
-    for kind, text in pieces:
-        if kind == "raw":
-            parts.append(_bash_glob(text))
-        else:
-            parts.append(glob.escape(text))
+    parts = [_bash_glob(text) if kind == "raw" else glob.escape(text) for kind, text in pieces]
     try:
         matches = _glob("".join(parts), root_dir=cwd)
     except (OSError, ValueError):
         return "a glob could not be expanded"
     if matches is None:
         return f"a glob matches more than {_MAX_GLOB} paths"
-    for match in matches:
-        if match.startswith("-"):
-            return f"a glob expands to an option ({match})"
-    return None
+    option = next((match for match in matches if match.startswith("-")), None)
+    return f"a glob expands to an option ({option})" if option else None
 
 
 # ---------------------------------------------------------------- bash: tokens
@@ -3151,8 +3150,9 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
                 i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
         else:
-            # a run of characters that mean nothing special here
-            end = _ORDINARY.match(text, i + 1).end()
+            # a run of characters that mean nothing special here; ${X:-a b} is one, blanks and all
+            braced = _BRACED_BLANKS.match(text, i)
+            end = braced.end() if braced else _ORDINARY.match(text, i + 1).end()
             raw.append(text[i:end])
             i = end
     if closing:
@@ -3364,13 +3364,11 @@ def trust_notice(layers) -> str | None:
     if not ignored:
         return None
     # one rule as written: a Claude Code "Bash(…)" line stands for a rule per command capability
-    written = set()
-    files = set()
-    for rule in ignored:
-        kind = "command" if rule.capability in _COMMAND_CAPABILITIES else rule.capability
-        written.add((rule.source, rule.pattern, rule.action, kind))
-        # "settings.json:4": the file, not each line
-        files.add(re.sub(r":\d+$", "", rule.source))
+    kinds = dict.fromkeys(_COMMAND_CAPABILITIES, "command")
+    written = {(r.source, r.pattern, r.action, kinds.get(r.capability, r.capability))
+               for r in ignored}
+    # "settings.json:4": the file, not each line
+    files = {re.sub(r":\d+$", "", rule.source) for rule in ignored}
     count = f"{len(written)} permission" + "s" * (len(written) != 1)
     return (f"{', '.join(sorted(files))} would grant {count};"
             " they are ignored until you review and trust them with `khaelor trust`")

@@ -178,3 +178,14 @@ def test_a_path_rule_with_brackets_also_means_the_file_as_written(root):
     assert decision(root, "edit", "app/[slug]/page.tsx", rules) == "deny"
     assert decision(root, "edit", "app/s/page.tsx", rules) == "deny"
     assert decision(root, "edit", "app/other/page.tsx", rules) != "deny"
+
+
+def test_a_legacy_prefix_rule_ends_at_a_word_not_inside_one(root):
+    """Bash(kill:*) is `kill` and `kill -9 1`, as Claude Code reads it (like Bash(kill *)), never
+    killall; Bash(kill*) without the colon stays a plain prefix; a prefix ending at a separator
+    (curl http://x/:*) goes on."""
+    _, rules = rules_from(root, "allow", "Bash(kill:*)", "Bash(ls*)", "Bash(curl http://x.test/:*)")
+    for command in ("kill", "kill -9 1", "lsof", "ls -la", "curl http://x.test/a"):
+        assert decision(root, "bash", command, rules) == "allow", command
+    for command in ("killall python", "killx"):
+        assert decision(root, "bash", command, rules) == "ask", command

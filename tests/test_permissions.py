@@ -405,6 +405,19 @@ FLOORED = [
     "rm -rf ~root", "rm -rf ~root/", "X=~root; rm -rf $X",
     # rsync's --del is --delete-during
     "rsync -a --delete /tmp/empty/ ~/", "rsync -a --del /tmp/empty/ ~/",
+    # a disk erased or encrypted over by a subcommand or an option
+    "cryptsetup luksFormat /dev/sda", "cryptsetup -q erase /dev/sda", "nvme format /dev/nvme0n1",
+    "nvme sanitize -a 2 /dev/nvme0", "hdparm --security-erase p /dev/sda",
+    "hdparm --trim-sector-ranges 0:8 /dev/sda", "sudo sgdisk --zap-all /dev/sda",
+    # wrappers that run the command they are given: sg's through sh
+    "sg wheel 'rm -rf /'", "sg wheel -c 'rm -rf ~'", "chronic rm -rf /",
+    # command lines run by parallel (its template, or each argument) and by tmux (a window's
+    # command, keys typed into a shell)
+    "parallel ::: 'rm -rf /'", "parallel 'rm -rf {}' ::: /", "parallel rm -rf ::: build ~",
+    "tmux new-session 'rm -rf /'", "tmux new 'rm -rf ~'", "tmux new -d -s x rm -rf /",
+    "tmux send-keys -t x 'rm -rf /' Enter", "tmux split-window -h 'rm -rf ~'",
+    # a default with a blank is one word, split only after it is expanded
+    "rm -rf ${UNSET:-/ x}", "rm -rf ${UNSET:-build /}",
 ]
 
 
@@ -460,7 +473,9 @@ NOT_FLOORED = [
     "find . -name '*.tmp' | xargs rm -rf", "mkdir -p ~/x", "cp a.txt b.txt",
     "cat <<'EOF'\n$(rm -rf /)\nEOF", "echo $((1 + 2))", "python -c 'import os'",
     "rsync -a --delay-updates src/ ~/", "env -C build rm -rf dist", "rm -rf ${HOME%/*}/x",
-    "cat /proc/sys/kernel/hostname",
+    "cat /proc/sys/kernel/hostname", "cryptsetup status root", "nvme list", "hdparm -I /dev/sda",
+    "sg wheel ls", "cryptsetup luksFormat --help", "tmux new -s dev", "parallel echo ::: / ~",
+    "rm -rf ${UNSET:-build dist}",
 ]
 
 
