@@ -460,8 +460,13 @@ class Workspace:
         self.own_path = _own_path(os.environ.get("PATH", ""), self.cwd)
 
     def resolve(self, path: str) -> Path:
-        """An absolute, normalised path for a model-given path (relative to the project root)."""
-        return Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
+        """An absolute, normalised path for a model-given path (relative to the project root). A
+        file named with a trailing "/" is refused, as open() would (normpath drops the "/")."""
+        resolved = Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
+        if path.endswith("/") and resolved.exists() and not resolved.is_dir():
+            raise ToolError(f"{_one_line(path)} is a file, not a directory.",
+                            error="not_a_directory")
+        return resolved
 
     def display(self, path: Path) -> str:
         """Project-relative when inside the project, absolute otherwise."""
@@ -2009,7 +2014,7 @@ class _Spool:
                      "read it with offset/limit or grep it")
         else:
             where = "full output could not be saved"
-        marker = f"[… {n_omitted:,} characters ({n_lines:,} lines) omitted; {where} …]"
+        marker = f"[… {n_omitted:,} characters ({_count(n_lines, 'line')}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
 
 
@@ -2238,7 +2243,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
         return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
     if offset > total:
         raise ToolError(
-            f"offset {offset} is past the end of {shown}, which has {total} lines.",
+            f"offset {offset} is past the end of {shown}, which has {_count(total, 'line')}.",
             error="offset")
     body, last = _numbered_page(lines, offset, limit or READ_LINE_CAP)
     text = "\n".join(body)
@@ -2392,6 +2397,11 @@ def _decode_text(data: bytes) -> str:
 def _uses_crlf(text: str) -> bool:
     crlf = text.count("\r\n")
     return crlf > 0 and crlf >= text.count("\n") - crlf
+
+
+def _count(n: int, noun: str) -> str:
+    """ "1 line", "2 lines": a count the model and the user read."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _signal_name(number: int) -> str:
@@ -2923,8 +2933,8 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     text = args["content"]
     path = ws.resolve(args["file_path"])
     shown = ws.display(path)
-    if path.is_dir():
-        raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
+    if path.is_dir() or args["file_path"].endswith("/"):
+        raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
     if path.exists():
         # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
@@ -2944,9 +2954,9 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     n_lines = len(_split_lines(args["content"]))
     created = before is None
     if created:
-        text = f"Created {shown} ({n_lines} lines)."
+        text = f"Created {shown} ({_count(n_lines, 'line')})."
     else:
-        text = f"Wrote {shown} ({n_lines} lines; +{added} −{removed})."
+        text = f"Wrote {shown} ({_count(n_lines, 'line')}; +{added} −{removed})."
     meta = {"path": shown, "added": added, "removed": removed, "created": created}
     return ToolResult(text, meta=meta)
 
@@ -3217,14 +3227,17 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     ws = box.workspace
     pattern = args["pattern"]
     root = _existing(ws, args.get("path"))
-    if pattern.startswith("/"):
-        # An absolute pattern names its own folder, as permission_subject judged it: search there,
-        # not under path, where the matcher would drop its "/" and match a look-alike.
+    if pattern.startswith("/") or ".." in pattern.split("/"):
+        # An absolute pattern, or one going up ("../*"), names its own folder, as permission_subject
+        # judged it (_glob_base): search there, not under path, where the matcher would drop its
+        # "/" and match a look-alike, or match nothing (no listed file starts with "../").
+        pattern = posixpath.join(args.get("path") or ".", pattern)
         base = sandbox.glob_base(pattern)
         if base == pattern.rstrip("/"):
             base = posixpath.dirname(base)
         root = _existing(ws, base)
-        pattern = pattern[len(base):].lstrip("/")
+        # anchored ("/*.py" matches the folder's own files, not the same name anywhere below)
+        pattern = "/" + pattern[len(base):].lstrip("/")
     match = _glob_matcher(pattern)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
     meta = {}
@@ -3270,7 +3283,7 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     ws = box.workspace
     names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
     more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
-    return kept, (f"\n\n({len(secret)} secret file(s) left out: {names}{more}. "
+    return kept, (f"\n\n({_count(len(secret), 'secret file')} left out: {names}{more}. "
             "Reading them needs the user's permission: ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
@@ -3311,7 +3324,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         else:
             counted = f"more than {GREP_SCAN_CAP:,}"
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines "
-                   f"in {len(hits):,} files, most recently modified files first. "
+                   f"in {_count(len(hits), 'file')}, most recently modified files first. "
                    "Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
     return ToolResult("\n".join(out) + note, meta=meta)
@@ -3756,7 +3769,7 @@ class _Processes:
             raise ToolError(
                 f"{name} is not reading its stdin (write timed out after 5 s).",
                 error="stdin_blocked") from None
-        return f"Wrote {len(text)} characters to {name}."
+        return f"Wrote {_count(len(text), 'character')} to {name}."
 
     async def settle(self, process: _Process, timeout_s: float) -> None:
         """Wait briefly for output (or exit), then a moment more so a burst arrives whole."""

@@ -146,6 +146,30 @@ def test_read_failure_modes(box):
     assert box.call("read", file_path="config.yaml", offset=0).is_error
 
 
+def test_a_trailing_slash_on_a_file_is_not_a_directory_as_the_os_says(box):
+    # open("f.txt/") fails with ENOTDIR; khaelor's path normalising must not drop the "/".
+    (box.root / "f.txt").write_text("secret-ish\n")
+    for name, tool_input in [("read", {"file_path": "f.txt/"}),
+                             ("read", {"file_path": f"{box.root}/f.txt/"}),
+                             ("write", {"file_path": "f.txt/", "content": "x\n"}),
+                             ("grep", {"pattern": "secret", "path": "f.txt/"})]:
+        result = box.call(name, **tool_input)
+        assert result.is_error and "not a directory" in result.text, (name, result.text)
+        assert "secret-ish" not in result.text
+    assert (box.root / "f.txt").read_text() == "secret-ish\n"
+    assert box.call("write", file_path="new.txt/", content="x\n").is_error
+    assert not (box.root / "new.txt").exists()
+
+
+def test_count_messages_say_one_in_the_singular(box):
+    created = box.call("write", file_path="one.txt", content="a\n")
+    assert "Created one.txt (1 line)." in created.text
+    assert "Wrote one.txt (1 line;" in box.call("write", file_path="one.txt", content="b\n").text
+    assert "which has 1 line." in box.call("read", file_path="one.txt", offset=5).text
+    (box.root / "many.txt").write_text("hit\n" * 150)
+    assert "lines in 1 file," in box.call("grep", pattern="hit").text
+
+
 def test_read_cuts_long_lines_and_caps_bytes(box):
     (box.root / "wide.txt").write_text("x" * 5000 + "\nshort\n")
     assert "line cut: 5,000 characters" in box.call("read", file_path="wide.txt").text
@@ -862,6 +886,21 @@ def test_glob_respects_gitignore_and_sorts_newest_first(search_box):
     assert search_box.call("glob", pattern="*.py", path="src/pkg").text == "src/pkg/b.py"
     assert "No files match" in search_box.call("glob", pattern="*.rs").text
     assert search_box.call("glob", pattern="*", path="nowhere").is_error
+
+
+def test_glob_up_out_of_the_project_searches_the_folder_it_was_approved_for(search_box):
+    # permission_subject judges "../*" on the parent folder: once that is approved, the glob must
+    # search there, not match "../*" against the project's own paths and find nothing.
+    root = search_box.root
+    (root.parent / "sibling.txt").write_text("x")
+    approved = sandbox.Confine(paths=(str(root.parent),))
+    for tool_input in [{"pattern": "../*.txt"}, {"pattern": "../*"},
+                       {"pattern": "../../*.txt", "path": "src"}]:
+        found = search_box.loop.run_until_complete(
+            search_box.toolbox.run("glob", tool_input, "tu", approved))
+        assert str(root.parent / "sibling.txt") in found.text.split(), (tool_input, found.text)
+    assert search_box.call("glob", pattern="../*.py", path="src/pkg").text.split() == ["src/a.py"]
+    assert search_box.call("glob", pattern=f"{root}/src/*.py").text.split() == ["src/a.py"]
 
 
 def test_glob_with_an_absolute_pattern_searches_the_folder_it_names(search_box):
