@@ -2222,7 +2222,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     ToolError as the tool does."""
     ws = box.workspace
     path = _existing(ws, args["file_path"], directory=False)
-    shown = ws.display(path)
+    shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         return _listing(fd, shown)
@@ -2932,7 +2932,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     ws = box.workspace
     text = args["content"]
     path = ws.resolve(args["file_path"])
-    shown = ws.display(path)
+    shown = _one_line(ws.display(path))
     if path.is_dir() or args["file_path"].endswith("/"):
         raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
@@ -3009,7 +3009,7 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
                   places: list[str]) -> tuple[bytes, "_Replaced"]:
     """(the file's bytes, the edit made of them, whose `after` is what to write), or the ToolError
     the call meets (unread or changed since, a secret's mask, not UTF-8, not found, ambiguous)."""
-    shown = box.workspace.display(path)
+    shown = _one_line(box.workspace.display(path))
     box.check_fresh(path)
     before = box.workspace.read_file(path, places)
     _refuse_masks(args["new_string"], before, shown)
@@ -3031,7 +3031,7 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
 async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
-    shown = ws.display(path)
+    shown = _one_line(ws.display(path))
     _edit_strings(args, False)
     if not path.exists():
         if args["old_string"] == "":

@@ -161,6 +161,22 @@ def test_a_trailing_slash_on_a_file_is_not_a_directory_as_the_os_says(box):
     assert not (box.root / "new.txt").exists()
 
 
+def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
+    # A name holding ESC or a newline (a hostile repository's, or the model's own) is quoted in
+    # every result, as read's errors and listings already quote it: never a raw escape sequence,
+    # never a newline that splits "Created a" from "b.txt".
+    for name in ["e\x1b[31mred.txt", "a\nb.txt"]:
+        results = [box.call("write", file_path=name, content="a\n"),
+                   box.call("read", file_path=name, offset=9),
+                   box.call("edit", file_path=name, old_string="a", new_string="b"),
+                   box.call("edit", file_path=name, old_string="zzz", new_string="c"),
+                   box.call("write", file_path=name, content="d\n")]
+        for result in results:
+            assert "\x1b" not in result.text and name not in result.text, result.text
+            assert repr(name)[1:-1] in result.text.replace("\\u001b", "\\x1b"), result.text
+        assert (box.root / name).read_text() == "d\n"
+
+
 def test_count_messages_say_one_in_the_singular(box):
     created = box.call("write", file_path="one.txt", content="a\n")
     assert "Created one.txt (1 line)." in created.text
