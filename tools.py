@@ -2670,6 +2670,14 @@ class _Haystack:
                 spans.append((start, end))
         return spans
 
+    def quote_normalized(self, old: str) -> list[Span]:
+        """old_string typed with straight quotes where the file has curly ones (Claude Code's edit
+        matches so): one character for one, so a match's offsets are the file's."""
+        text = self.text.translate(STRAIGHT_QUOTES)
+        if text == self.text:
+            return []
+        return [m.span() for m in re.finditer(re.escape(old.translate(STRAIGHT_QUOTES)), text)]
+
     def unicode_normalized(self, old: str) -> list[Span]:
         """old_string in another Unicode normalization than the file (é typed as one character,
         stored as e + U+0301): both compared as NFC, a character with its combining marks at a
@@ -2695,11 +2703,15 @@ class _Haystack:
                 if m.start() in normal_at and m.end() in normal_at]
 
 
+# Curly quotes as the straight ones a model types, and back (opening, closing).
+STRAIGHT_QUOTES = str.maketrans("‘’“”", "''\"\"")
+CURLY_QUOTES = {"'": "‘’", '"': "“”"}
 # When a strategy runs: without / with replace_all.
 SINGLE = "single"
 BULK = "bulk"
 CASCADE = [
     ("exact", _Haystack.exact, {SINGLE, BULK}),
+    ("quote_normalized", _Haystack.quote_normalized, {SINGLE, BULK}),
     ("line_trimmed", _Haystack.line_trimmed, {SINGLE}),
     ("block_anchor", _Haystack.block_anchor, {SINGLE}),
     ("whitespace_normalized", _Haystack.whitespace_normalized, {SINGLE}),
@@ -2740,6 +2752,19 @@ def _adapt(old: str, matched: str, new: str) -> str:
     if was and was != got and now == was and new.strip():
         new = new.rstrip() + got
     return new
+
+
+def _curled(new: str, matched: str) -> str:
+    """new_string in the quotes of the text it replaces, for each kind (' or ") that text has only
+    curly: an opening one at the start or after a space or bracket, else a closing one (it's)."""
+    kinds = [ch for ch, pair in CURLY_QUOTES.items()
+             if ch not in matched and any(curly in matched for curly in pair)]
+    out = list(new)
+    for at, ch in enumerate(new):
+        if ch in kinds:
+            opening = at == 0 or new[at - 1].isspace() or new[at - 1] in "([{"
+            out[at] = CURLY_QUOTES[ch][0 if opening else 1]
+    return "".join(out)
 
 
 def _stripped(lines) -> list[str]:
@@ -2889,7 +2914,10 @@ def _replace_spans(text: str, spans: list[Span], old: str, new: str, strategy: s
     at = 0
     for start, end in spans:
         pieces.append(text[at:start])
-        pieces.append(_adapt(old, text[start:end], new))
+        if strategy == "quote_normalized":
+            pieces.append(_curled(new, text[start:end]))
+        else:
+            pieces.append(_adapt(old, text[start:end], new))
         at = end
     new_text = "".join(pieces) + text[at:]
     first_line = pieces[0].count("\n") + 1
