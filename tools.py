@@ -140,32 +140,19 @@ DEFAULT_CONFINE = Confine()
 # khaelor's own git calls, ripgrep.
 READ_ONLY_CONFINE = Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
-EXEC_ENV_OVERRIDES = {
-    "PAGER": "cat", "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb",
-}
+EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0",
+                      "TERM": "dumb"}
 # Magic numbers, to tell the model what a binary file is.
 MAGIC = [
-    # images and documents
-    (b"\x89PNG", "PNG image"),
-    (b"\xff\xd8\xff", "JPEG image"),
-    (b"GIF8", "GIF image"),
-    (b"%PDF", "PDF document"),
-    # archives
-    (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
-    (b"\x1f\x8b", "gzip archive"),
-    (b"\xfd7zXZ", "xz archive"),
-    # programs, databases, media
-    (b"\x7fELF", "ELF executable"),
-    (b"SQLite format 3", "SQLite database"),
-    (b"\x00asm", "WebAssembly module"),
+    (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
+    (b"\x1f\x8b", "gzip archive"), (b"\xfd7zXZ", "xz archive"), (b"\x7fELF", "ELF executable"),
+    (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
     (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
 ]
 # What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
-ESCAPES = {
-    "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
-    "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
-}
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",
+           "$": "$"}
 
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
@@ -329,12 +316,8 @@ TOOL_VIEWS = {
              "judged": lambda args: ("read", {"file_path": _glob_base(args)})},
     "bash": {"card": [("", "command")], "output": "tail", "preview": "command",
              "judged": lambda args: ("bash", args)},
-    "process": {
-        "card": [("", "action"), ("", "id"), ("", "command")],
-        "output": "tail",
-        "preview": None,
-        "judged": _process_subject,
-    },
+    "process": {"card": [("", "action"), ("", "id"), ("", "command")], "output": "tail",
+                "preview": None, "judged": _process_subject},
 }
 PREVIEW_CHARS = 2000
 # A card shows one line: a 300 KB command is not copied into the log a second time.
@@ -588,14 +571,8 @@ class Workspace:
             in_read, in_write = subprocess.DEVNULL, None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=cwd or self.cwd,
-                env=env,
-                stdin=in_read,
-                stdout=out_write,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=entry and entry.hook)
+                *argv, cwd=cwd or self.cwd, env=env, stdin=in_read, stdout=out_write,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=entry and entry.hook)
             if entry:
                 entry.started()
         except BaseException as exc:
@@ -655,14 +632,8 @@ class Workspace:
         feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
         try:
             done = subprocess.run(
-                argv,
-                cwd=cwd or self.cwd,
-                capture_output=True,
-                timeout=timeout_s,
-                env=prepared,
-                start_new_session=True,
-                preexec_fn=entry and entry.hook,
-                **feed)
+                argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s, env=prepared,
+                start_new_session=True, preexec_fn=entry and entry.hook, **feed)
         except (OSError, subprocess.SubprocessError) as exc:
             return -1, str(exc).encode()
         finally:
@@ -1192,12 +1163,9 @@ class Toolbox:
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
-        return [{
-            "process_id": process.process_id,
-            "pid": process.child.pid,
-            "command": process.command,
-            "runtime_s": process.runtime_s(),
-        } for process in self.processes.live()]
+        return [{"process_id": process.process_id, "pid": process.child.pid,
+                 "command": process.command, "runtime_s": process.runtime_s()}
+                for process in self.processes.live()]
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
@@ -1927,10 +1895,8 @@ def _signature(props: dict, required: list[str]) -> str:
                      for key, prop in props.items())
 
 
-JSON_TYPE_NAMES = {
-    bool: "boolean", int: "integer", float: "number", str: "string",
-    list: "array", dict: "object", type(None): "null",
-}
+JSON_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string",
+                   list: "array", dict: "object", type(None): "null"}
 
 
 def _type_name(value) -> str:
@@ -2757,14 +2723,10 @@ def _adapt(old: str, matched: str, new: str) -> str:
 def _curled(new: str, matched: str) -> str:
     """new_string in the quotes of the text it replaces, for each kind (' or ") that text has only
     curly: an opening one at the start or after a space or bracket, else a closing one (it's)."""
-    kinds = [ch for ch, pair in CURLY_QUOTES.items()
-             if ch not in matched and any(curly in matched for curly in pair)]
-    out = list(new)
-    for at, ch in enumerate(new):
-        if ch in kinds:
-            opening = at == 0 or new[at - 1].isspace() or new[at - 1] in "([{"
-            out[at] = CURLY_QUOTES[ch][0 if opening else 1]
-    return "".join(out)
+    for ch, (opening, closing) in CURLY_QUOTES.items():
+        if ch not in matched and (opening in matched or closing in matched):
+            new = re.sub(rf"(?:^|(?<=[\s(\[{{])){ch}", opening, new).replace(ch, closing)
+    return new
 
 
 def _stripped(lines) -> list[str]:
@@ -3375,12 +3337,9 @@ def _bad_pattern(pattern: str, problem: str) -> ToolError:
 
 # A file's matching lines: (line number, text).
 Hits = dict[str, list[tuple[int, str]]]
-RG_GREP_ARGS = [
-    "--line-number", "--no-heading", "--with-filename", "--null",
-    "--color", "never", "--hidden", "--no-messages",
-    "--max-columns", "1000", "--max-columns-preview",
-    "--glob", "!.git",
-]
+RG_GREP_ARGS = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never",
+                "--hidden", "--no-messages", "--max-columns", "1000", "--max-columns-preview",
+                "--glob", "!.git"]
 
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
@@ -3729,11 +3688,7 @@ class _Processes:
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        box.emit(
-            "ProcessStarted",
-            process_id=process.process_id,
-            pid=child.pid,
-            command=command)
+        box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
         if box.own_state is not None:
             # a toolbox used alone folds its own State
             events.note_process(box.own_state, process.process_id)
@@ -3761,11 +3716,8 @@ class _Processes:
         finally:
             process.ended = time.monotonic()
             process.arrived.set()
-            box.emit(
-                "ProcessExited",
-                process_id=process.process_id,
-                exit_code=process.child.proc.returncode,
-                cause=process.cause or "exited")
+            box.emit("ProcessExited", process_id=process.process_id,
+                     exit_code=process.child.proc.returncode, cause=process.cause or "exited")
 
     async def stop(self, process: _Process, cause: str) -> None:
         """SIGTERM to the whole group, SIGKILL after a grace period."""
@@ -3858,12 +3810,8 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
         lines.append(new.rstrip("\n"))
     else:
         lines.append("(no new output)")
-    meta = {
-        "process_id": process.process_id,
-        "pid": process.child.pid,
-        "status": process.status(),
-        "exit_code": process.child.proc.returncode,
-    }
+    meta = {"process_id": process.process_id, "pid": process.child.pid,
+            "status": process.status(), "exit_code": process.child.proc.returncode}
     return ToolResult("\n".join(lines), meta=meta)
 
 
@@ -3877,8 +3825,5 @@ def _process_list(procs: _Processes) -> ToolResult:
     return ToolResult("\n".join(rows), meta=meta)
 
 
-TOOLS = {
-    "read": _tool_read, "write": _tool_write, "edit": _tool_edit,
-    "grep": _tool_grep, "glob": _tool_glob,
-    "bash": _tool_bash, "process": _tool_process,
-}
+TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _tool_grep,
+         "glob": _tool_glob, "bash": _tool_bash, "process": _tool_process}
