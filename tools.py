@@ -3301,7 +3301,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     total = sum(map(len, hits.values()))
     meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
-        text = f"No matches for {pattern!r} in {ws.display(root)}.{note}"
+        text = f"No matches for {pattern!r} in {_one_line(ws.display(target))}.{note}"
         return ToolResult(text, meta=meta)
     out = []
     for rel in _newest_first(root, hits):

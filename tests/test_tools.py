@@ -157,6 +157,8 @@ def test_a_trailing_slash_on_a_file_is_not_a_directory_as_the_os_says(box):
         assert result.is_error and "not a directory" in result.text, (name, result.text)
         assert "secret-ish" not in result.text
     assert (box.root / "f.txt").read_text() == "secret-ish\n"
+    # and grep on a file that lacks the pattern names that file, not its folder
+    assert box.call("grep", pattern="absent", path="f.txt").text == "No matches for 'absent' in f.txt."
     assert box.call("write", file_path="new.txt/", content="x\n").is_error
     assert not (box.root / "new.txt").exists()
 
