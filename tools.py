@@ -1868,6 +1868,8 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
             problems.append(f"'{key}' must be one of {choices}, got {value!r}")
         elif "minimum" in prop and value < prop["minimum"]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
+        elif isinstance(value, str) and _unwritable(key, value):
+            problems.append(_unwritable(key, value))
         else:
             args[key] = value
     # A required key already reported (wrong type, bad value) is not also "missing".
@@ -1879,6 +1881,14 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
     return None, (f"Invalid input for {name}: {'; '.join(problems)}.\n"
                   f"Expected {name}({_signature(props, required)}). "
                   f"Call {name} again with corrected input.")
+
+
+def _unwritable(key: str, value: str) -> str | None:
+    """A NUL that JSON carried where no path, pattern or command can hold one (a file's content
+    or a process's input may), or None."""
+    if "\0" in value and key not in ("content", "input"):
+        return f"'{key}' holds a NUL character (\\u0000), which no path or command can hold"
+    return None
 
 
 def _unknown_parameter(key: str, props: dict) -> str:

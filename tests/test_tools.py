@@ -106,6 +106,12 @@ def test_unknown_tool_is_an_error_result_naming_the_tools(box):
     ("edit", {"file_path": "x", "old_string": "a"}, "missing required parameter 'new_string'"),
     ("bash", {"command": ["ls"]}, "'command' must be string, got array"),
     ("process", {"action": "restart"}, "must be one of start, list, read, write, stop"),
+    # JSON can carry what no path, command or file can: the model hears what, not "a khaelor bug"
+    ("write", {"file_path": "a\0b", "content": "x"}, "'file_path' holds a NUL character"),
+    ("bash", {"command": "echo a\0b"}, "'command' holds a NUL character"),
+    ("grep", {"pattern": "h\0"}, "'pattern' holds a NUL character"),
+    ("grep", {"pattern": "h", "include": "\0"}, "'include' holds a NUL character"),
+    ("process", {"action": "start", "command": "echo\0"}, "'command' holds a NUL character"),
 ])
 def test_malformed_input_explains_how_to_repair_the_call(box, name, tool_input, expected):
     result = box.call(name, **tool_input)
