@@ -142,13 +142,14 @@ READ_ONLY_CONFINE = Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0",
                       "TERM": "dumb"}
-# Magic numbers, to tell the model what a binary file is.
+# Magic numbers, to tell the model what a binary file is (UTF-16 by its byte-order mark).
+UTF16 = "UTF-16 text: iconv -f UTF-16 -t UTF-8 converts it"
 MAGIC = [
     (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
     (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
     (b"\x1f\x8b", "gzip archive"), (b"\xfd7zXZ", "xz archive"), (b"\x7fELF", "ELF executable"),
     (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
-    (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
+    (b"RIFF", "RIFF media (WAV/AVI/WebP)"), (b"\xff\xfe", UTF16), (b"\xfe\xff", UTF16),
 ]
 # What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",

@@ -147,6 +147,9 @@ def test_read_failure_modes(box):
     assert "Did you mean: config.yaml" in box.call("read", file_path="/config.yaml").text
     binary = box.call("read", file_path="logo.png")
     assert binary.is_error and "PNG image" in binary.text
+    (box.root / "notes.txt").write_bytes("hello\n".encode("utf-16"))   # Windows' "Unicode"
+    wide = box.call("read", file_path="notes.txt")
+    assert wide.is_error and "UTF-16 text: iconv -f UTF-16 -t UTF-8" in wide.text
     assert "past the end" in box.call("read", file_path="config.yaml", offset=9).text
     assert "empty" in box.call("read", file_path="empty.txt").text
     assert box.call("read", file_path="config.yaml", offset=0).is_error
