@@ -1201,7 +1201,7 @@ class Toolbox:
         """Refuse to change a file the model has not read, or that changed on disk since it did:
         this protects the user's own concurrent edits."""
         real = _realpath(path)
-        shown = self.workspace.display(path)
+        shown = _one_line(self.workspace.display(path))
         seen = self.state().stamps.get(real)
         if seen is None:
             raise ToolError(
@@ -3227,6 +3227,8 @@ def _newest_first(root: Path, rels) -> list[str]:
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
+    if not pattern.strip():
+        raise ToolError("pattern is empty; pass a glob such as **/*.py.", error="empty_pattern")
     root = _existing(ws, args.get("path"))
     if pattern.startswith("/") or ".." in pattern.split("/"):
         # An absolute pattern, or one going up ("../*"), names its own folder, as permission_subject

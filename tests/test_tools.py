@@ -177,7 +177,10 @@ def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
     # every result, as read's errors and listings already quote it: never a raw escape sequence,
     # never a newline that splits "Created a" from "b.txt".
     for name in ["e\x1b[31mred.txt", "a\nb.txt"]:
-        results = [box.call("write", file_path=name, content="a\n"),
+        (box.root / name).write_text("unread\n")
+        results = [box.call("write", file_path=name, content="x\n")]
+        (box.root / name).unlink()
+        results += [box.call("write", file_path=name, content="a\n"),
                    box.call("read", file_path=name, offset=9),
                    box.call("edit", file_path=name, old_string="a", new_string="b"),
                    box.call("edit", file_path=name, old_string="zzz", new_string="c"),
@@ -920,6 +923,8 @@ def test_glob_respects_gitignore_and_sorts_newest_first(search_box):
     assert "node_modules" not in everything and "app.log" not in everything
     assert search_box.call("glob", pattern="*.py", path="src/pkg").text == "src/pkg/b.py"
     assert "No files match" in search_box.call("glob", pattern="*.rs").text
+    empty = search_box.call("glob", pattern=" ")
+    assert empty.is_error and "pattern is empty" in empty.text
     assert search_box.call("glob", pattern="*", path="nowhere").is_error
 
 
