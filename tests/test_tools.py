@@ -1302,6 +1302,20 @@ def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_targe
     assert (box.root / "notes.txt").is_symlink()
 
 
+def test_a_hard_link_in_the_project_is_never_written_through_to_the_outside_file(box, tmp_path):
+    # A hard link has no "real path" to judge: the project's name for ~/.ssh/authorized_keys
+    # reads as a project file. write and edit replace the name (a renamed temp file), never the
+    # shared inode, so the outside file keeps its bytes.
+    outside = tmp_path / "authorized_keys"
+    outside.write_text("ssh-ed25519 user\n")
+    os.link(outside, box.root / "keys.txt")
+    box.call("read", file_path="keys.txt")
+    edited = box.call("edit", file_path="keys.txt", old_string="user", new_string="attacker")
+    assert not edited.is_error and (box.root / "keys.txt").read_text() == "ssh-ed25519 attacker\n"
+    box.call("write", file_path="keys.txt", content="ssh-ed25519 attacker2\n")
+    assert outside.read_text() == "ssh-ed25519 user\n"
+
+
 def test_an_approved_outside_file_gets_its_missing_folders_made(box, tmp_path):
     target = tmp_path / "newtool" / "conf" / "config.ini"
     approved = sandbox.Confine(paths=(str(target),))
