@@ -731,10 +731,8 @@ class Workspace:
         """The code-running driver keys (diff.external, textconv, filters, …) that the
         repository's own config defines: local or worktree scope; the user's own global and system
         config are trusted."""
-        argv = [
-            "git", "config", "--show-scope", "--name-only", "-z",
-            "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
-        ]
+        argv = ["git", "config", "--show-scope", "--name-only", "-z",
+                "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern]
         _, out = self.capture(argv, cwd=cwd, scan_git=False)
         # scope NUL key NUL …
         fields = out.split("\0")
@@ -1230,9 +1228,8 @@ class Toolbox:
         shown = self.workspace.display(path)
         added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
         self.emit(
-            "FileModified", tool_use_id=tool_use_id, path=shown,
-            added=added, removed=removed, diff=self.mask(diff), created=before is None,
-            real_path=_realpath(path),
+            "FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed,
+            diff=self.mask(diff), created=before is None, real_path=_realpath(path),
             before_version=before_version, after_version=after_version)
         return added, removed
 
@@ -2295,10 +2292,8 @@ def _read_at_most(handle, n_bytes: int) -> bytes:
 
 
 def _not_regular(shown: str, mode: int) -> ToolError:
-    kinds = {
-        stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-        stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
-    }
+    kinds = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+             stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
     kind = kinds.get(stat.S_IFMT(mode), "a special file")
     return ToolError(
         f"{shown} is {kind}, not a regular file, so it was not read "
@@ -2886,6 +2881,12 @@ def _replace_spans(text: str, spans: list[Span], old: str, new: str, strategy: s
     pieces = []
     at = 0
     for start, end in spans:
+        line_start = text.rfind("\n", 0, start) + 1
+        whole_lines = text[end:end + 1] == "\n" and not text[line_start:start].strip()
+        if not new and whole_lines and line_start >= at and not old.endswith("\n"):
+            # Deleting whole lines deletes them, indentation and line break too (as Claude Code's
+            # edit does), not leaving a blank line.
+            start, end = line_start, end + 1
         pieces.append(text[at:start])
         if strategy == "quote_normalized":
             pieces.append(_curled(new, text[start:end]))
@@ -3047,10 +3048,8 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     # Off the event loop (it only reads): fuzzy matching in a 10,000-line file takes up to 100 ms.
     before, done = await asyncio.to_thread(_planned_edit, box, args, path, box.places)
     added, removed = box.commit(path, before, done.after, tool_use_id)
-    meta = {
-        "path": shown, "added": added, "removed": removed,
-        "strategy": done.strategy, "replacements": done.count,
-    }
+    meta = {"path": shown, "added": added, "removed": removed, "strategy": done.strategy,
+            "replacements": done.count}
     return ToolResult(_edit_report(shown, done, added, removed), meta=meta)
 
 

@@ -427,6 +427,10 @@ EDIT_CASES = [
     ("exact ambiguous cites lines", b"x\ny\nx\n", "x", "z", False,
      "ERROR: matches 2 places in f.py (lines 1, 3)", None),
     ("replace_all exact", b"x = 1\nx = 1\n", "x = 1", "x = 2", True, b"x = 2\nx = 2\n", "exact"),
+    ("deleting a whole line takes its line break", b"import os\n    import sys\nx = 1\n",
+     "import sys", "", False, b"import os\nx = 1\n", "exact"),
+    ("deleting the end of a line keeps the line", b"x = 1  # note\ny = 2\n", "  # note", "",
+     False, b"x = 1\ny = 2\n", "exact"),
     # Claude Code's edit: straight quotes typed for the file's curly ones, which new_string gets,
     # but only for a kind the replaced text has only curly (code's own ' stays straight).
     ("straight quotes for curly ones", "“Hi,” she said. It’s late.\n".encode(),
