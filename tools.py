@@ -1862,8 +1862,7 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
         elif value not in allowed:
-            choices = ", ".join(allowed)
-            problems.append(f"'{key}' must be one of {choices}, got {value!r}")
+            problems.append(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}")
         elif "minimum" in prop and value < prop["minimum"]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         elif isinstance(value, str) and _unwritable(key, value):
@@ -3240,6 +3239,8 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         root = _existing(ws, base)
         # anchored ("/*.py" matches the folder's own files, not the same name anywhere below)
         pattern = "/" + pattern[len(base):].lstrip("/")
+    # As judged (the real path; "link/../.." is not where normpath puts it), not Landlock alone.
+    ws.judged(root, box.places)
     match = _glob_matcher(pattern)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
     meta = {}
@@ -3295,6 +3296,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     pattern = args["pattern"]
     include = args.get("include")
     target = _existing(ws, args.get("path"), directory=False)
+    ws.judged(target, box.places)
     root = target if target.is_dir() else target.parent
     keep = _glob_matcher(include) if include else (lambda rel: True)
     if box.ripgrep:
@@ -3403,7 +3405,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
             hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
     if single:
         # Shown under the name it was asked by (a link's own name).
-        hits = {target.name: lines for lines in hits.values()}
+        return {target.name: lines for lines in hits.values()}
     return hits
 
 

@@ -947,6 +947,21 @@ def test_glob_up_out_of_the_project_searches_the_folder_it_was_approved_for(sear
     assert search_box.call("glob", pattern=f"{root}/src/*.py").text.split() == ["src/a.py"]
 
 
+def test_grep_and_glob_up_through_a_link_are_refused_as_read_is(search_box, tmp_path):
+    # "sub/../.." with sub -> a/b: permissions judge its real path (the project, no question
+    # asked), normpath puts it in the project's parent. Both engines refuse it, as read does;
+    # ripgrep found nothing there only because Landlock stopped it, where Landlock is.
+    root = search_box.root
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "sub").symlink_to(root / "a" / "b")
+    (root.parent / "outside.txt").write_text("OUTSIDE\n")
+    for name, tool_input in [("glob", {"pattern": "sub/../../*"}),
+                             ("glob", {"pattern": "*", "path": "sub/../.."}),
+                             ("grep", {"pattern": "OUTSIDE", "path": "sub/../.."})]:
+        result = search_box.call(name, **tool_input)
+        assert result.is_error and result.meta["error"] == "outside", (name, result.text)
+
+
 def test_glob_with_an_absolute_pattern_searches_the_folder_it_names(search_box):
     # A model often globs with the absolute path it was shown: the pattern names its own folder
     # (as the permission check judged it), never the project's look-alike relative path.
