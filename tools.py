@@ -140,32 +140,20 @@ DEFAULT_CONFINE = Confine()
 # khaelor's own git calls, ripgrep.
 READ_ONLY_CONFINE = Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
-EXEC_ENV_OVERRIDES = {
-    "PAGER": "cat", "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0", "TERM": "dumb",
-}
-# Magic numbers, to tell the model what a binary file is.
+EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0",
+                      "TERM": "dumb"}
+# Magic numbers, to tell the model what a binary file is (UTF-16 by its byte-order mark).
+UTF16 = "UTF-16 text: iconv -f UTF-16 -t UTF-8 converts it"
 MAGIC = [
-    # images and documents
-    (b"\x89PNG", "PNG image"),
-    (b"\xff\xd8\xff", "JPEG image"),
-    (b"GIF8", "GIF image"),
-    (b"%PDF", "PDF document"),
-    # archives
-    (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
-    (b"\x1f\x8b", "gzip archive"),
-    (b"\xfd7zXZ", "xz archive"),
-    # programs, databases, media
-    (b"\x7fELF", "ELF executable"),
-    (b"SQLite format 3", "SQLite database"),
-    (b"\x00asm", "WebAssembly module"),
-    (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
+    (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
+    (b"\x1f\x8b", "gzip archive"), (b"\xfd7zXZ", "xz archive"), (b"\x7fELF", "ELF executable"),
+    (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
+    (b"RIFF", "RIFF media (WAV/AVI/WebP)"), (b"\xff\xfe", UTF16), (b"\xfe\xff", UTF16),
 ]
 # What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
-ESCAPES = {
-    "n": "\n", "t": "\t", "r": "\r", "\n": "\n",
-    "'": "'", '"': '"', "`": "`", "\\": "\\", "$": "$",
-}
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",
+           "$": "$"}
 
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
@@ -329,12 +317,8 @@ TOOL_VIEWS = {
              "judged": lambda args: ("read", {"file_path": _glob_base(args)})},
     "bash": {"card": [("", "command")], "output": "tail", "preview": "command",
              "judged": lambda args: ("bash", args)},
-    "process": {
-        "card": [("", "action"), ("", "id"), ("", "command")],
-        "output": "tail",
-        "preview": None,
-        "judged": _process_subject,
-    },
+    "process": {"card": [("", "action"), ("", "id"), ("", "command")], "output": "tail",
+                "preview": None, "judged": _process_subject},
 }
 PREVIEW_CHARS = 2000
 # A card shows one line: a 300 KB command is not copied into the log a second time.
@@ -460,8 +444,13 @@ class Workspace:
         self.own_path = _own_path(os.environ.get("PATH", ""), self.cwd)
 
     def resolve(self, path: str) -> Path:
-        """An absolute, normalised path for a model-given path (relative to the project root)."""
-        return Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
+        """An absolute, normalised path for a model-given path (relative to the project root). A
+        file named with a trailing "/" is refused, as open() would (normpath drops the "/")."""
+        resolved = Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
+        if path.endswith("/") and resolved.exists() and not resolved.is_dir():
+            raise ToolError(f"{_one_line(path)} is a file, not a directory.",
+                            error="not_a_directory")
+        return resolved
 
     def display(self, path: Path) -> str:
         """Project-relative when inside the project, absolute otherwise."""
@@ -583,14 +572,8 @@ class Workspace:
             in_read, in_write = subprocess.DEVNULL, None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=cwd or self.cwd,
-                env=env,
-                stdin=in_read,
-                stdout=out_write,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=entry and entry.hook)
+                *argv, cwd=cwd or self.cwd, env=env, stdin=in_read, stdout=out_write,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=entry and entry.hook)
             if entry:
                 entry.started()
         except BaseException as exc:
@@ -650,14 +633,8 @@ class Workspace:
         feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
         try:
             done = subprocess.run(
-                argv,
-                cwd=cwd or self.cwd,
-                capture_output=True,
-                timeout=timeout_s,
-                env=prepared,
-                start_new_session=True,
-                preexec_fn=entry and entry.hook,
-                **feed)
+                argv, cwd=cwd or self.cwd, capture_output=True, timeout=timeout_s, env=prepared,
+                start_new_session=True, preexec_fn=entry and entry.hook, **feed)
         except (OSError, subprocess.SubprocessError) as exc:
             return -1, str(exc).encode()
         finally:
@@ -754,10 +731,8 @@ class Workspace:
         """The code-running driver keys (diff.external, textconv, filters, …) that the
         repository's own config defines: local or worktree scope; the user's own global and system
         config are trusted."""
-        argv = [
-            "git", "config", "--show-scope", "--name-only", "-z",
-            "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern,
-        ]
+        argv = ["git", "config", "--show-scope", "--name-only", "-z",
+                "--get-regexp", sandbox.GIT_DRIVER_KEYS.pattern]
         _, out = self.capture(argv, cwd=cwd, scan_git=False)
         # scope NUL key NUL …
         fields = out.split("\0")
@@ -1187,12 +1162,9 @@ class Toolbox:
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
-        return [{
-            "process_id": process.process_id,
-            "pid": process.child.pid,
-            "command": process.command,
-            "runtime_s": process.runtime_s(),
-        } for process in self.processes.live()]
+        return [{"process_id": process.process_id, "pid": process.child.pid,
+                 "command": process.command, "runtime_s": process.runtime_s()}
+                for process in self.processes.live()]
 
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
@@ -1227,7 +1199,7 @@ class Toolbox:
         """Refuse to change a file the model has not read, or that changed on disk since it did:
         this protects the user's own concurrent edits."""
         real = _realpath(path)
-        shown = self.workspace.display(path)
+        shown = _one_line(self.workspace.display(path))
         seen = self.state().stamps.get(real)
         if seen is None:
             raise ToolError(
@@ -1256,9 +1228,8 @@ class Toolbox:
         shown = self.workspace.display(path)
         added, removed, diff = _diff(shown, _decode_text(before or b""), _decode_text(after))
         self.emit(
-            "FileModified", tool_use_id=tool_use_id, path=shown,
-            added=added, removed=removed, diff=self.mask(diff), created=before is None,
-            real_path=_realpath(path),
+            "FileModified", tool_use_id=tool_use_id, path=shown, added=added, removed=removed,
+            diff=self.mask(diff), created=before is None, real_path=_realpath(path),
             before_version=before_version, after_version=after_version)
         return added, removed
 
@@ -1891,10 +1862,11 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
         elif value not in allowed:
-            choices = ", ".join(allowed)
-            problems.append(f"'{key}' must be one of {choices}, got {value!r}")
+            problems.append(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}")
         elif "minimum" in prop and value < prop["minimum"]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
+        elif isinstance(value, str) and _unwritable(key, value):
+            problems.append(_unwritable(key, value))
         else:
             args[key] = value
     # A required key already reported (wrong type, bad value) is not also "missing".
@@ -1906,6 +1878,14 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
     return None, (f"Invalid input for {name}: {'; '.join(problems)}.\n"
                   f"Expected {name}({_signature(props, required)}). "
                   f"Call {name} again with corrected input.")
+
+
+def _unwritable(key: str, value: str) -> str | None:
+    """A NUL that JSON carried where no path, pattern or command can hold one (a file's content
+    or a process's input may), or None."""
+    if "\0" in value and key not in ("content", "input"):
+        return f"'{key}' holds a NUL character (\\u0000), which no path or command can hold"
+    return None
 
 
 def _unknown_parameter(key: str, props: dict) -> str:
@@ -1922,10 +1902,8 @@ def _signature(props: dict, required: list[str]) -> str:
                      for key, prop in props.items())
 
 
-JSON_TYPE_NAMES = {
-    bool: "boolean", int: "integer", float: "number", str: "string",
-    list: "array", dict: "object", type(None): "null",
-}
+JSON_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string",
+                   list: "array", dict: "object", type(None): "null"}
 
 
 def _type_name(value) -> str:
@@ -2009,7 +1987,7 @@ class _Spool:
                      "read it with offset/limit or grep it")
         else:
             where = "full output could not be saved"
-        marker = f"[… {n_omitted:,} characters ({n_lines:,} lines) omitted; {where} …]"
+        marker = f"[… {n_omitted:,} characters ({_count(n_lines, 'line')}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
 
 
@@ -2217,7 +2195,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     ToolError as the tool does."""
     ws = box.workspace
     path = _existing(ws, args["file_path"], directory=False)
-    shown = ws.display(path)
+    shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         return _listing(fd, shown)
@@ -2238,7 +2216,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
         return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
     if offset > total:
         raise ToolError(
-            f"offset {offset} is past the end of {shown}, which has {total} lines.",
+            f"offset {offset} is past the end of {shown}, which has {_count(total, 'line')}.",
             error="offset")
     body, last = _numbered_page(lines, offset, limit or READ_LINE_CAP)
     text = "\n".join(body)
@@ -2313,10 +2291,8 @@ def _read_at_most(handle, n_bytes: int) -> bytes:
 
 
 def _not_regular(shown: str, mode: int) -> ToolError:
-    kinds = {
-        stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-        stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
-    }
+    kinds = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+             stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
     kind = kinds.get(stat.S_IFMT(mode), "a special file")
     return ToolError(
         f"{shown} is {kind}, not a regular file, so it was not read "
@@ -2392,6 +2368,11 @@ def _decode_text(data: bytes) -> str:
 def _uses_crlf(text: str) -> bool:
     crlf = text.count("\r\n")
     return crlf > 0 and crlf >= text.count("\n") - crlf
+
+
+def _count(n: int, noun: str) -> str:
+    """ "1 line", "2 lines": a count the model and the user read."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _signal_name(number: int) -> str:
@@ -2660,6 +2641,14 @@ class _Haystack:
                 spans.append((start, end))
         return spans
 
+    def quote_normalized(self, old: str) -> list[Span]:
+        """old_string typed with straight quotes where the file has curly ones (Claude Code's edit
+        matches so): one character for one, so a match's offsets are the file's."""
+        text = self.text.translate(STRAIGHT_QUOTES)
+        if text == self.text:
+            return []
+        return [m.span() for m in re.finditer(re.escape(old.translate(STRAIGHT_QUOTES)), text)]
+
     def unicode_normalized(self, old: str) -> list[Span]:
         """old_string in another Unicode normalization than the file (é typed as one character,
         stored as e + U+0301): both compared as NFC, a character with its combining marks at a
@@ -2685,11 +2674,15 @@ class _Haystack:
                 if m.start() in normal_at and m.end() in normal_at]
 
 
+# Curly quotes as the straight ones a model types, and back (opening, closing).
+STRAIGHT_QUOTES = str.maketrans("‘’“”", "''\"\"")
+CURLY_QUOTES = {"'": "‘’", '"': "“”"}
 # When a strategy runs: without / with replace_all.
 SINGLE = "single"
 BULK = "bulk"
 CASCADE = [
     ("exact", _Haystack.exact, {SINGLE, BULK}),
+    ("quote_normalized", _Haystack.quote_normalized, {SINGLE, BULK}),
     ("line_trimmed", _Haystack.line_trimmed, {SINGLE}),
     ("block_anchor", _Haystack.block_anchor, {SINGLE}),
     ("whitespace_normalized", _Haystack.whitespace_normalized, {SINGLE}),
@@ -2729,6 +2722,15 @@ def _adapt(old: str, matched: str, new: str) -> str:
     was, got, now = map(_trailing_space, (old, matched, new))
     if was and was != got and now == was and new.strip():
         new = new.rstrip() + got
+    return new
+
+
+def _curled(new: str, matched: str) -> str:
+    """new_string in the quotes of the text it replaces, for each kind (' or ") that text has only
+    curly: an opening one at the start or after a space or bracket, else a closing one (it's)."""
+    for ch, (opening, closing) in CURLY_QUOTES.items():
+        if ch not in matched and (opening in matched or closing in matched):
+            new = re.sub(rf"(?:^|(?<=[\s(\[{{])){ch}", opening, new).replace(ch, closing)
     return new
 
 
@@ -2878,8 +2880,17 @@ def _replace_spans(text: str, spans: list[Span], old: str, new: str, strategy: s
     pieces = []
     at = 0
     for start, end in spans:
+        line_start = text.rfind("\n", 0, start) + 1
+        whole_lines = text[end:end + 1] == "\n" and not text[line_start:start].strip()
+        if not new and whole_lines and line_start >= at and not old.endswith("\n"):
+            # Deleting whole lines deletes them, indentation and line break too (as Claude Code's
+            # edit does), not leaving a blank line.
+            start, end = line_start, end + 1
         pieces.append(text[at:start])
-        pieces.append(_adapt(old, text[start:end], new))
+        if strategy == "quote_normalized":
+            pieces.append(_curled(new, text[start:end]))
+        else:
+            pieces.append(_adapt(old, text[start:end], new))
         at = end
     new_text = "".join(pieces) + text[at:]
     first_line = pieces[0].count("\n") + 1
@@ -2922,9 +2933,9 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     ws = box.workspace
     text = args["content"]
     path = ws.resolve(args["file_path"])
-    shown = ws.display(path)
-    if path.is_dir():
-        raise ToolError(f"{shown} is a directory; give a file path.", error="is_directory")
+    shown = _one_line(ws.display(path))
+    if path.is_dir() or args["file_path"].endswith("/"):
+        raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
     if path.exists():
         # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
@@ -2944,9 +2955,9 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     n_lines = len(_split_lines(args["content"]))
     created = before is None
     if created:
-        text = f"Created {shown} ({n_lines} lines)."
+        text = f"Created {shown} ({_count(n_lines, 'line')})."
     else:
-        text = f"Wrote {shown} ({n_lines} lines; +{added} −{removed})."
+        text = f"Wrote {shown} ({_count(n_lines, 'line')}; +{added} −{removed})."
     meta = {"path": shown, "added": added, "removed": removed, "created": created}
     return ToolResult(text, meta=meta)
 
@@ -2999,7 +3010,7 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
                   places: list[str]) -> tuple[bytes, "_Replaced"]:
     """(the file's bytes, the edit made of them, whose `after` is what to write), or the ToolError
     the call meets (unread or changed since, a secret's mask, not UTF-8, not found, ambiguous)."""
-    shown = box.workspace.display(path)
+    shown = _one_line(box.workspace.display(path))
     box.check_fresh(path)
     before = box.workspace.read_file(path, places)
     _refuse_masks(args["new_string"], before, shown)
@@ -3021,7 +3032,7 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
 async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     path = ws.resolve(args["file_path"])
-    shown = ws.display(path)
+    shown = _one_line(ws.display(path))
     _edit_strings(args, False)
     if not path.exists():
         if args["old_string"] == "":
@@ -3036,10 +3047,8 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     # Off the event loop (it only reads): fuzzy matching in a 10,000-line file takes up to 100 ms.
     before, done = await asyncio.to_thread(_planned_edit, box, args, path, box.places)
     added, removed = box.commit(path, before, done.after, tool_use_id)
-    meta = {
-        "path": shown, "added": added, "removed": removed,
-        "strategy": done.strategy, "replacements": done.count,
-    }
+    meta = {"path": shown, "added": added, "removed": removed, "strategy": done.strategy,
+            "replacements": done.count}
     return ToolResult(_edit_report(shown, done, added, removed), meta=meta)
 
 
@@ -3216,15 +3225,22 @@ def _newest_first(root: Path, rels) -> list[str]:
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
     pattern = args["pattern"]
+    if not pattern.strip():
+        raise ToolError("pattern is empty; pass a glob such as **/*.py.", error="empty_pattern")
     root = _existing(ws, args.get("path"))
-    if pattern.startswith("/"):
-        # An absolute pattern names its own folder, as permission_subject judged it: search there,
-        # not under path, where the matcher would drop its "/" and match a look-alike.
+    if pattern.startswith("/") or ".." in pattern.split("/"):
+        # An absolute pattern, or one going up ("../*"), names its own folder, as permission_subject
+        # judged it (_glob_base): search there, not under path, where the matcher would drop its
+        # "/" and match a look-alike, or match nothing (no listed file starts with "../").
+        pattern = posixpath.join(args.get("path") or ".", pattern)
         base = sandbox.glob_base(pattern)
         if base == pattern.rstrip("/"):
             base = posixpath.dirname(base)
         root = _existing(ws, base)
-        pattern = pattern[len(base):].lstrip("/")
+        # anchored ("/*.py" matches the folder's own files, not the same name anywhere below)
+        pattern = "/" + pattern[len(base):].lstrip("/")
+    # As judged (the real path; "link/../.." is not where normpath puts it), not Landlock alone.
+    ws.judged(root, box.places)
     match = _glob_matcher(pattern)
     found = [rel for rel in await _list_files(box, root, confine) if match(rel)]
     meta = {}
@@ -3270,7 +3286,7 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     ws = box.workspace
     names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
     more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
-    return kept, (f"\n\n({len(secret)} secret file(s) left out: {names}{more}. "
+    return kept, (f"\n\n({_count(len(secret), 'secret file')} left out: {names}{more}. "
             "Reading them needs the user's permission: ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
@@ -3280,6 +3296,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     pattern = args["pattern"]
     include = args.get("include")
     target = _existing(ws, args.get("path"), directory=False)
+    ws.judged(target, box.places)
     root = target if target.is_dir() else target.parent
     keep = _glob_matcher(include) if include else (lambda rel: True)
     if box.ripgrep:
@@ -3298,7 +3315,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     total = sum(map(len, hits.values()))
     meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
-        text = f"No matches for {pattern!r} in {ws.display(root)}.{note}"
+        text = f"No matches for {pattern!r} in {_one_line(ws.display(target))}.{note}"
         return ToolResult(text, meta=meta)
     out = []
     for rel in _newest_first(root, hits):
@@ -3311,7 +3328,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         else:
             counted = f"more than {GREP_SCAN_CAP:,}"
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines "
-                   f"in {len(hits):,} files, most recently modified files first. "
+                   f"in {_count(len(hits), 'file')}, most recently modified files first. "
                    "Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
     return ToolResult("\n".join(out) + note, meta=meta)
@@ -3334,12 +3351,9 @@ def _bad_pattern(pattern: str, problem: str) -> ToolError:
 
 # A file's matching lines: (line number, text).
 Hits = dict[str, list[tuple[int, str]]]
-RG_GREP_ARGS = [
-    "--line-number", "--no-heading", "--with-filename", "--null",
-    "--color", "never", "--hidden", "--no-messages",
-    "--max-columns", "1000", "--max-columns-preview",
-    "--glob", "!.git",
-]
+RG_GREP_ARGS = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never",
+                "--hidden", "--no-messages", "--max-columns", "1000", "--max-columns-preview",
+                "--glob", "!.git"]
 
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
@@ -3391,7 +3405,7 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
             hits = _in_child(lambda: _grep_files(regex, folder_fd, rels))
     if single:
         # Shown under the name it was asked by (a link's own name).
-        hits = {target.name: lines for lines in hits.values()}
+        return {target.name: lines for lines in hits.values()}
     return hits
 
 
@@ -3688,11 +3702,7 @@ class _Processes:
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        box.emit(
-            "ProcessStarted",
-            process_id=process.process_id,
-            pid=child.pid,
-            command=command)
+        box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
         if box.own_state is not None:
             # a toolbox used alone folds its own State
             events.note_process(box.own_state, process.process_id)
@@ -3720,11 +3730,8 @@ class _Processes:
         finally:
             process.ended = time.monotonic()
             process.arrived.set()
-            box.emit(
-                "ProcessExited",
-                process_id=process.process_id,
-                exit_code=process.child.proc.returncode,
-                cause=process.cause or "exited")
+            box.emit("ProcessExited", process_id=process.process_id,
+                     exit_code=process.child.proc.returncode, cause=process.cause or "exited")
 
     async def stop(self, process: _Process, cause: str) -> None:
         """SIGTERM to the whole group, SIGKILL after a grace period."""
@@ -3756,7 +3763,7 @@ class _Processes:
             raise ToolError(
                 f"{name} is not reading its stdin (write timed out after 5 s).",
                 error="stdin_blocked") from None
-        return f"Wrote {len(text)} characters to {name}."
+        return f"Wrote {_count(len(text), 'character')} to {name}."
 
     async def settle(self, process: _Process, timeout_s: float) -> None:
         """Wait briefly for output (or exit), then a moment more so a burst arrives whole."""
@@ -3817,12 +3824,8 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
         lines.append(new.rstrip("\n"))
     else:
         lines.append("(no new output)")
-    meta = {
-        "process_id": process.process_id,
-        "pid": process.child.pid,
-        "status": process.status(),
-        "exit_code": process.child.proc.returncode,
-    }
+    meta = {"process_id": process.process_id, "pid": process.child.pid,
+            "status": process.status(), "exit_code": process.child.proc.returncode}
     return ToolResult("\n".join(lines), meta=meta)
 
 
@@ -3836,8 +3839,5 @@ def _process_list(procs: _Processes) -> ToolResult:
     return ToolResult("\n".join(rows), meta=meta)
 
 
-TOOLS = {
-    "read": _tool_read, "write": _tool_write, "edit": _tool_edit,
-    "grep": _tool_grep, "glob": _tool_glob,
-    "bash": _tool_bash, "process": _tool_process,
-}
+TOOLS = {"read": _tool_read, "write": _tool_write, "edit": _tool_edit, "grep": _tool_grep,
+         "glob": _tool_glob, "bash": _tool_bash, "process": _tool_process}

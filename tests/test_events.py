@@ -131,7 +131,12 @@ def test_torn_last_line_is_dropped_and_appending_continues(tmp_path):
         f.write(b'{"v":1,"seq":99,"type":"ModelTextBl')
     store = SessionStore.open(path)
     assert len(store.events) == n_events
-    assert "cut off mid-write" in store.warnings[0]
+    assert "cut off mid-write" in store.warnings[0] and "(35 bytes)" in store.warnings[0]
+    store.close()
+    with open(path, "ab") as f:
+        f.write(b"{")
+    store = SessionStore.open(path)
+    assert store.warnings[0].endswith("(1 byte)"), store.warnings[0]
     Bus(store).emit("UserMessageCreated", text="after the crash")
     store.close()
     assert [e["text"] for e in SessionStore.open(path).events if e["type"] == "UserMessageCreated"][-1] == "after the crash"

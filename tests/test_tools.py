@@ -106,6 +106,12 @@ def test_unknown_tool_is_an_error_result_naming_the_tools(box):
     ("edit", {"file_path": "x", "old_string": "a"}, "missing required parameter 'new_string'"),
     ("bash", {"command": ["ls"]}, "'command' must be string, got array"),
     ("process", {"action": "restart"}, "must be one of start, list, read, write, stop"),
+    # JSON can carry what no path, command or file can: the model hears what, not "a khaelor bug"
+    ("write", {"file_path": "a\0b", "content": "x"}, "'file_path' holds a NUL character"),
+    ("bash", {"command": "echo a\0b"}, "'command' holds a NUL character"),
+    ("grep", {"pattern": "h\0"}, "'pattern' holds a NUL character"),
+    ("grep", {"pattern": "h", "include": "\0"}, "'include' holds a NUL character"),
+    ("process", {"action": "start", "command": "echo\0"}, "'command' holds a NUL character"),
 ])
 def test_malformed_input_explains_how_to_repair_the_call(box, name, tool_input, expected):
     result = box.call(name, **tool_input)
@@ -141,9 +147,57 @@ def test_read_failure_modes(box):
     assert "Did you mean: config.yaml" in box.call("read", file_path="/config.yaml").text
     binary = box.call("read", file_path="logo.png")
     assert binary.is_error and "PNG image" in binary.text
+    (box.root / "notes.txt").write_bytes("hello\n".encode("utf-16"))   # Windows' "Unicode"
+    wide = box.call("read", file_path="notes.txt")
+    assert wide.is_error and "UTF-16 text: iconv -f UTF-16 -t UTF-8" in wide.text
     assert "past the end" in box.call("read", file_path="config.yaml", offset=9).text
     assert "empty" in box.call("read", file_path="empty.txt").text
     assert box.call("read", file_path="config.yaml", offset=0).is_error
+
+
+def test_a_trailing_slash_on_a_file_is_not_a_directory_as_the_os_says(box):
+    # open("f.txt/") fails with ENOTDIR; khaelor's path normalising must not drop the "/".
+    (box.root / "f.txt").write_text("secret-ish\n")
+    for name, tool_input in [("read", {"file_path": "f.txt/"}),
+                             ("read", {"file_path": f"{box.root}/f.txt/"}),
+                             ("write", {"file_path": "f.txt/", "content": "x\n"}),
+                             ("grep", {"pattern": "secret", "path": "f.txt/"})]:
+        result = box.call(name, **tool_input)
+        assert result.is_error and "not a directory" in result.text, (name, result.text)
+        assert "secret-ish" not in result.text
+    assert (box.root / "f.txt").read_text() == "secret-ish\n"
+    # and grep on a file that lacks the pattern names that file, not its folder
+    assert box.call("grep", pattern="absent", path="f.txt").text == "No matches for 'absent' in f.txt."
+    assert box.call("write", file_path="new.txt/", content="x\n").is_error
+    assert not (box.root / "new.txt").exists()
+
+
+def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
+    # A name holding ESC or a newline (a hostile repository's, or the model's own) is quoted in
+    # every result, as read's errors and listings already quote it: never a raw escape sequence,
+    # never a newline that splits "Created a" from "b.txt".
+    for name in ["e\x1b[31mred.txt", "a\nb.txt"]:
+        (box.root / name).write_text("unread\n")
+        results = [box.call("write", file_path=name, content="x\n")]
+        (box.root / name).unlink()
+        results += [box.call("write", file_path=name, content="a\n"),
+                   box.call("read", file_path=name, offset=9),
+                   box.call("edit", file_path=name, old_string="a", new_string="b"),
+                   box.call("edit", file_path=name, old_string="zzz", new_string="c"),
+                   box.call("write", file_path=name, content="d\n")]
+        for result in results:
+            assert "\x1b" not in result.text and name not in result.text, result.text
+            assert repr(name)[1:-1] in result.text.replace("\\u001b", "\\x1b"), result.text
+        assert (box.root / name).read_text() == "d\n"
+
+
+def test_count_messages_say_one_in_the_singular(box):
+    created = box.call("write", file_path="one.txt", content="a\n")
+    assert "Created one.txt (1 line)." in created.text
+    assert "Wrote one.txt (1 line;" in box.call("write", file_path="one.txt", content="b\n").text
+    assert "which has 1 line." in box.call("read", file_path="one.txt", offset=5).text
+    (box.root / "many.txt").write_text("hit\n" * 150)
+    assert "lines in 1 file," in box.call("grep", pattern="hit").text
 
 
 def test_read_cuts_long_lines_and_caps_bytes(box):
@@ -373,6 +427,18 @@ EDIT_CASES = [
     ("exact ambiguous cites lines", b"x\ny\nx\n", "x", "z", False,
      "ERROR: matches 2 places in f.py (lines 1, 3)", None),
     ("replace_all exact", b"x = 1\nx = 1\n", "x = 1", "x = 2", True, b"x = 2\nx = 2\n", "exact"),
+    ("deleting a whole line takes its line break", b"import os\n    import sys\nx = 1\n",
+     "import sys", "", False, b"import os\nx = 1\n", "exact"),
+    ("deleting the end of a line keeps the line", b"x = 1  # note\ny = 2\n", "  # note", "",
+     False, b"x = 1\ny = 2\n", "exact"),
+    # Claude Code's edit: straight quotes typed for the file's curly ones, which new_string gets,
+    # but only for a kind the replaced text has only curly (code's own ' stays straight).
+    ("straight quotes for curly ones", "“Hi,” she said. It’s late.\n".encode(),
+     "\"Hi,\" she said. It's late.", "\"Bye,\" she said. It's 'late'.", False,
+     "“Bye,” she said. It’s ‘late’.\n".encode(), "quote_normalized"),
+    ("curly quotes only where the file had them", "x = 'a'  # it’s\nx = 'a'  # it’s\n".encode(),
+     "x = 'a'  # it's", "x = 'b'  # it's", True,
+     "x = 'b'  # it's\nx = 'b'  # it's\n".encode(), "quote_normalized"),
     ("identical strings refused", b"a\n", "a", "a", False, "ERROR: identical", None),
     ("not found shows closest text", b"import os\ndef compute(a):\n    return a\n",
      "def compte(a, b):\n    return a",
@@ -861,7 +927,39 @@ def test_glob_respects_gitignore_and_sorts_newest_first(search_box):
     assert "node_modules" not in everything and "app.log" not in everything
     assert search_box.call("glob", pattern="*.py", path="src/pkg").text == "src/pkg/b.py"
     assert "No files match" in search_box.call("glob", pattern="*.rs").text
+    empty = search_box.call("glob", pattern=" ")
+    assert empty.is_error and "pattern is empty" in empty.text
     assert search_box.call("glob", pattern="*", path="nowhere").is_error
+
+
+def test_glob_up_out_of_the_project_searches_the_folder_it_was_approved_for(search_box):
+    # permission_subject judges "../*" on the parent folder: once that is approved, the glob must
+    # search there, not match "../*" against the project's own paths and find nothing.
+    root = search_box.root
+    (root.parent / "sibling.txt").write_text("x")
+    approved = sandbox.Confine(paths=(str(root.parent),))
+    for tool_input in [{"pattern": "../*.txt"}, {"pattern": "../*"},
+                       {"pattern": "../../*.txt", "path": "src"}]:
+        found = search_box.loop.run_until_complete(
+            search_box.toolbox.run("glob", tool_input, "tu", approved))
+        assert str(root.parent / "sibling.txt") in found.text.split(), (tool_input, found.text)
+    assert search_box.call("glob", pattern="../*.py", path="src/pkg").text.split() == ["src/a.py"]
+    assert search_box.call("glob", pattern=f"{root}/src/*.py").text.split() == ["src/a.py"]
+
+
+def test_grep_and_glob_up_through_a_link_are_refused_as_read_is(search_box, tmp_path):
+    # "sub/../.." with sub -> a/b: permissions judge its real path (the project, no question
+    # asked), normpath puts it in the project's parent. Both engines refuse it, as read does;
+    # ripgrep found nothing there only because Landlock stopped it, where Landlock is.
+    root = search_box.root
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "sub").symlink_to(root / "a" / "b")
+    (root.parent / "outside.txt").write_text("OUTSIDE\n")
+    for name, tool_input in [("glob", {"pattern": "sub/../../*"}),
+                             ("glob", {"pattern": "*", "path": "sub/../.."}),
+                             ("grep", {"pattern": "OUTSIDE", "path": "sub/../.."})]:
+        result = search_box.call(name, **tool_input)
+        assert result.is_error and result.meta["error"] == "outside", (name, result.text)
 
 
 def test_glob_with_an_absolute_pattern_searches_the_folder_it_names(search_box):
@@ -1221,6 +1319,20 @@ def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_targe
         box.toolbox.run("write", {"file_path": "notes.txt", "content": "new\n"}, "tu", approved))
     assert not written.is_error and outside.read_text() == "new\n"
     assert (box.root / "notes.txt").is_symlink()
+
+
+def test_a_hard_link_in_the_project_is_never_written_through_to_the_outside_file(box, tmp_path):
+    # A hard link has no "real path" to judge: the project's name for ~/.ssh/authorized_keys
+    # reads as a project file. write and edit replace the name (a renamed temp file), never the
+    # shared inode, so the outside file keeps its bytes.
+    outside = tmp_path / "authorized_keys"
+    outside.write_text("ssh-ed25519 user\n")
+    os.link(outside, box.root / "keys.txt")
+    box.call("read", file_path="keys.txt")
+    edited = box.call("edit", file_path="keys.txt", old_string="user", new_string="attacker")
+    assert not edited.is_error and (box.root / "keys.txt").read_text() == "ssh-ed25519 attacker\n"
+    box.call("write", file_path="keys.txt", content="ssh-ed25519 attacker2\n")
+    assert outside.read_text() == "ssh-ed25519 user\n"
 
 
 def test_an_approved_outside_file_gets_its_missing_folders_made(box, tmp_path):
