@@ -386,6 +386,8 @@ def open_session(args, home: Path, project_root: Path,
         # "" is a prefix of every id: it would pick one at random, or start a new session
         raise UsageError("-r needs a session id (or a unique prefix of one);"
                          " `khaelor sessions` lists them")
+    if args.resume and args.continue_:
+        raise UsageError("-c and -r both name a session to go on with; give one of them")
     if args.resume:
         matches = [f for f in files if f.stem.startswith(args.resume)]
         if not matches:
@@ -546,7 +548,7 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     for kind, metavar in (("bash", "COMMAND"), ("read", "PATH"), ("write", "PATH")):
         # args.call: (kind, what), as permissions.check takes them
         target.add_argument(f"--{kind}", dest="call", metavar=metavar,
-                            type=lambda value, kind=kind: (kind, value))
+                            type=lambda value, kind=kind: (kind, not_blank(value, kind)))
     parser.add_argument("--json", action="store_true", help="the policy as JSON")
     args = parser.parse_args(argv)
     import sandbox
@@ -573,6 +575,13 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         if result[key]:
             say(f"{label}: {result[key]}")
     return EXIT_OK
+
+
+def not_blank(value: str, kind: str) -> str:
+    """`check --bash ''` is no call to judge (it answered "allow (…; )")."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"--{kind} is blank; give the call to check")
+    return value
 
 
 def boundary_lines() -> list[str]:
@@ -853,21 +862,21 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
 
 def rewind_session(args, bus, toolbox) -> int:
     state = bus.store.state
-    if args.list or not state.steps:
+    if args.list:
         print("\n".join(step_lines(state)) or "no steps that changed the work tree")
         return EXIT_OK
     # no STEP: the last that changed something (0 is no step: Rewind.plan says so)
     number = args.step
     if number is None:
         number = last_changing_step(state)
-    if number is None:
-        print("nothing to rewind: no step changed the work tree")
-        return EXIT_OK
+    # nothing to do is exit 1, as git commit's "nothing to commit": `rewind && …` stops there
+    if number is None or not state.steps:
+        raise KhaelorError("nothing to rewind: no step of this session changed the work tree")
     rewind = Rewind(bus, toolbox, number)
     rewind.plan()
     print(rewind.describe())
     if not rewind.restores and not rewind.moves_head():
-        return EXIT_OK
+        return EXIT_FAILED
     overwrite = False
     if not args.yes:
         if not sys.stdin.isatty():
