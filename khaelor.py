@@ -1530,8 +1530,19 @@ RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns",
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
 
 
+# the signal (SIGTERM, SIGHUP) ending this run, once one came: it is named and exits 128 + N
+SIGNALLED = []
+
+
+def interrupted_exit() -> int:
+    return 128 + SIGNALLED[-1] if SIGNALLED else EXIT_INTERRUPTED
+
+
 def failure(state, step: str) -> str | None:
     """Why the run did not finish, or None when it did."""
+    if step == "interrupted" and SIGNALLED:
+        import signal
+        return f"terminated by {signal.Signals(SIGNALLED[-1]).name}"
     if step == "interrupted":
         return INTERRUPTED
     if step == "done":
@@ -1601,7 +1612,7 @@ def report(args, store, step: str, prices: dict) -> int:
         return EXIT_OK
     print(f"khaelor: {reason}", file=sys.stderr)
     if step == "interrupted":
-        return EXIT_INTERRUPTED
+        return interrupted_exit()
     return EXIT_FAILED
 
 
@@ -2751,7 +2762,7 @@ def run_command_line(argv: list | None) -> int:
             return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return interrupted_exit()
     except BrokenPipeError:
         # main's to answer: the reader has gone
         raise
@@ -2785,6 +2796,7 @@ def _exit_on_sigterm() -> None:
     processes and sync the log. The interactive UI installs its own handlers while it runs."""
     import signal   # here, not at the top: `khaelor --version` never needs it
     def handler(signum, frame):
+        SIGNALLED.append(signum)
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
