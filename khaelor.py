@@ -1526,7 +1526,7 @@ class StreamedAnswer:
 
 # any other end: error_during_execution
 RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns",
-                   "interrupted": "error_interrupted"}
+                   "interrupted": "error_interrupted", "unstarted": "error"}
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
 
 
@@ -1598,6 +1598,15 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "effort": effort,
         "thinking_tokens": thinking_tokens,
     }
+
+
+def unstarted_result(args, message: str) -> dict:
+    """A -p run that could not start (no API key, a bad config, model or --resume id) as the
+    result object --output-format json prints: is_error, the message as its result, nothing
+    spent."""
+    nothing = argparse.Namespace(state=events.replay([]), session_id=None)
+    nothing.state.answer = nothing.state.failure_reason = message
+    return result_object(args, nothing, "unstarted", {})
 
 
 def report(args, store, step: str, prices: dict) -> int:
@@ -2754,6 +2763,7 @@ def run_command_line(argv: list | None) -> int:
     _exit_on_sigterm()
     home = events.khaelor_home()
     project_root = find_project_root(Path.cwd())
+    args = None
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]][0](argv[1:], home, project_root)
@@ -2768,7 +2778,10 @@ def run_command_line(argv: list | None) -> int:
         raise
     # an error may name a path a step made: nothing in it acts on the terminal
     except KhaelorError as e:
-        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
+        message = events.visible_controls(str(e))
+        print(f"khaelor: {message}", file=sys.stderr)
+        if args is not None and args.prompt is not None and args.output_format != "text":
+            print(json.dumps(unstarted_result(args, message), ensure_ascii=False))
         return EXIT_USAGE if isinstance(e, UsageError) else EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:

@@ -521,3 +521,27 @@ def test_a_closed_stdin_or_stdout_is_read_and_written_as_dev_null(khaelor, fake)
     fake.enqueue(reply(text("hi")))
     closed_stdout = run("-p", "hi", close=1)
     assert (closed_stdout.returncode, closed_stdout.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("output_format", ["json", "stream-json"])
+def test_a_start_up_error_still_answers_with_the_result_object(khaelor, fake, project,
+                                                                  output_format):
+    """A script reading `--output-format json` got nothing on stdout when the run could not start
+    (no API key, a config that does not parse, an unknown model, a --resume id that is no session):
+    it gets the result object, is_error and the message, and the exit code is kept."""
+    (project / ".khaelor").mkdir()
+    cases = [({"ANTHROPIC_API_KEY": ""}, [], "ANTHROPIC_API_KEY"),
+             ({}, ["--model", "gpt-9000"], "gpt-9000"),
+             ({}, ["-r", "nosuchsession"], "nosuchsession")]
+    for env, argv, said in cases:
+        result = khaelor.run("-p", "hi", "--output-format", output_format, *argv, env=env)
+        assert result.returncode == 2, result.stderr
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        assert answer["type"] == "result" and answer["subtype"] == "error", answer
+        assert answer["is_error"] is True and said in answer["result"], answer
+        assert set(answer) >= {"session_id", "num_turns", "usage", "total_cost_usd", "error"}
+    (project / ".khaelor" / "config.json").write_text("{not json")
+    result = khaelor.run("-p", "hi", "--output-format", output_format)
+    answer = json.loads(result.stdout)
+    assert result.returncode == 2 and answer["is_error"] and "config.json" in answer["result"]
+    assert fake.requests == []
