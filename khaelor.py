@@ -1103,8 +1103,8 @@ def help_epilog() -> str:
     commands = ""
     for name, (_, usage, what) in SUBCOMMANDS.items():
         commands += f"  {f'khaelor {name} {usage}'.strip()}\n      {what}\n"
-    return (f"subcommands:\n{commands}"
-            "\n"
+    return (f"subcommands (a first word that names a subcommand is that subcommand, as with"
+            f" claude; `khaelor -- sessions` sends the word as a prompt):\n{commands}\n"
             f"interactive keys:\n{keys}\n"
             "\n"
             "instruction files: ~/.claude/CLAUDE.md, the first of"
@@ -1126,6 +1126,9 @@ def parse_args(argv: list):
     parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT", nargs="?", const="-",
                         help="run one task headless and exit (no PROMPT or '-': the prompt is"
                              " stdin; text piped in with a PROMPT follows it)")
+    parser.add_argument("query", metavar="PROMPT", nargs="?",
+                        help="the first message: the interactive UI starts with it sent"
+                             " (with -c or -r: that session goes on with it); with -p, the task")
     parser.add_argument("--output-format", default="text",
                         choices=("text", "json", "stream-json"))
     parser.add_argument("--yes", action="store_true",
@@ -1178,7 +1181,13 @@ def parse_args(argv: list):
                         version=f"khaelor {VERSION}")
     # every value here is text for the model or a name (no path): bytes that are not UTF-8, which
     # Python keeps as surrogates, become U+FFFD rather than a crash when the request is encoded
-    return parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
+    args = parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
+    # `khaelor "query" -p` and `khaelor -p "query"` alike: -p alone took no PROMPT of its own
+    if args.query is not None and args.prompt not in (None, "-"):
+        parser.error("two prompts: give one, after -p or on its own")
+    if args.query is not None and args.prompt == "-":
+        args.prompt, args.query = args.query, None
+    return args
 
 
 def positive_int(text: str) -> int:
@@ -1787,7 +1796,15 @@ class Session:
                 self.publish({"type": "StartFailed", "text": str(error)})
                 return
             self.show_status("")
+            self.send_first()
         asyncio.get_running_loop().call_later(0, attach)
+
+    def send_first(self) -> None:
+        """`khaelor "query"`: the message given on the command line, sent once the session is
+        attached and the UI listens, as if typed."""
+        text, self.args.query = getattr(self.args, "query", None), None
+        if text and text.strip() and not self.closed:
+            self.submit(text)
 
     def read_layers(self) -> list:
         """Read before /new or /resume leaves this session: a file that cannot be read (a FIFO
@@ -2645,6 +2662,8 @@ async def interactive_main(args, settings, store, home: Path,
     if store.events:
         # before the replay is read: what repair() records (a reply cut off by a crash) shows too
         session.attach(store)
+        # after run_app subscribes the UI (it awaits nothing before)
+        asyncio.get_running_loop().call_later(0, session.send_first)
     else:
         session.attach_after_first_frame(store)
     earlier = list(store.events)

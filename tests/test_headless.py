@@ -545,3 +545,18 @@ def test_a_start_up_error_still_answers_with_the_result_object(khaelor, fake, pr
     answer = json.loads(result.stdout)
     assert result.returncode == 2 and answer["is_error"] and "config.json" in answer["result"]
     assert fake.requests == []
+
+
+def test_a_positional_prompt_is_the_p_prompt_and_subcommands_stay_subcommands(khaelor, fake):
+    """`khaelor "query" -p` was refused as unrecognized arguments: the positional prompt is -p's,
+    as `claude -p "query"` has it; two prompts are a usage error; a first word that names a
+    subcommand is that subcommand, and --help says so."""
+    fake.enqueue(reply(text("answered")))
+    result = khaelor.run("say hi", "-p")
+    assert result.returncode == 0 and result.stdout.strip() == "answered", result.stderr
+    assert said(fake.requests[-1]["body"]["messages"][0]) == ["say hi"]
+    both = khaelor.run("-p", "one", "two")
+    assert both.returncode == 2 and "two prompts" in both.stderr, both.stderr
+    assert khaelor.run("sessions").returncode == 0
+    assert "a first word that names a subcommand" in khaelor.run("--help").stdout
+    assert len(fake.requests) == 1
