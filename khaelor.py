@@ -548,7 +548,7 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     for kind, metavar in (("bash", "COMMAND"), ("read", "PATH"), ("write", "PATH")):
         # args.call: (kind, what), as permissions.check takes them
         target.add_argument(f"--{kind}", dest="call", metavar=metavar,
-                            type=lambda value, kind=kind: (kind, not_blank(value, kind)))
+                            type=lambda value, kind=kind: (kind, value))
     parser.add_argument("--json", action="store_true", help="the policy as JSON")
     args = parser.parse_args(argv)
     import sandbox
@@ -561,6 +561,8 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
             print("\n".join(policy_report(layers, rules)))
         return EXIT_OK
     kind, subject = args.call
+    if not subject.strip():     # no call to judge (it answered "allow (…; )")
+        raise UsageError(f"permissions check: --{kind} is blank; give the call to check")
     result = permissions.check(kind, subject, project_root, rules,
                                sandboxed=sandbox.enforced())
     if args.json:
@@ -575,13 +577,6 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
         if result[key]:
             say(f"{label}: {result[key]}")
     return EXIT_OK
-
-
-def not_blank(value: str, kind: str) -> str:
-    """`check --bash ''` is no call to judge (it answered "allow (…; )")."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError(f"--{kind} is blank; give the call to check")
-    return value
 
 
 def boundary_lines() -> list[str]:
@@ -920,20 +915,13 @@ class CustomCommand(NamedTuple):
     allowed_tools: str
 
 
-def command_dirs(home: Path,
-                 project_root: Path) -> list[tuple[Path, str, bool]]:
+def command_dirs(home: Path, project_root: Path) -> list[tuple[Path, str, bool]]:
     """(directory, source label, in the repository) in precedence order: a later one wins a name,
     so the project's commands override the user's, as in Claude Code."""
-    return [
-        (Path.home() / ".claude" / "commands",
-         "user ~/.claude/commands", False),
-        (home / "commands",
-         "user $KHAELOR_HOME/commands", False),
-        (project_root / ".claude" / "commands",
-         "project .claude/commands", True),
-        (project_root / ".khaelor" / "commands",
-         "project .khaelor/commands", True),
-    ]
+    return [(Path.home() / ".claude/commands", "user ~/.claude/commands", False),
+            (home / "commands", "user $KHAELOR_HOME/commands", False),
+            (project_root / ".claude/commands", "project .claude/commands", True),
+            (project_root / ".khaelor/commands", "project .khaelor/commands", True)]
 
 
 def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
@@ -1255,11 +1243,9 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
 
     def grant(rule: dict) -> None:
         path = grants_path(home, project_root)
-        grants = permissions.add_grant(read_config(path), rule)
-        write_json_atomic(path, grants)
-        layers = permission_layers(home, project_root,
-                                   settings["extra_layers"])
-        kernel_.rules = permissions.load_rules(layers)
+        write_json_atomic(path, permissions.add_grant(read_config(path), rule))
+        fresh = permission_layers(home, project_root, settings["extra_layers"])
+        kernel_.rules = permissions.load_rules(fresh)
 
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
@@ -1549,11 +1535,8 @@ def interrupted_exit() -> int:
 
 def failure(state, step: str) -> str | None:
     """Why the run did not finish, or None when it did."""
-    if step == "interrupted" and SIGNALLED:
-        import signal
-        return f"terminated by {signal.Signals(SIGNALLED[-1]).name}"
     if step == "interrupted":
-        return INTERRUPTED
+        return f"terminated by {SIGNALLED[-1].name}" if SIGNALLED else INTERRUPTED
     if step == "done":
         return None
     return state.failure_reason
@@ -2540,12 +2523,8 @@ def model_choice(name: str, prices: dict) -> str:
 
 
 DIFF_SECTIONS = (
-    ("preexisting",
-     "Already changed when the session started (yours, left as they were)"),
-    ("outside",
-     "Changed during the session outside khaelor's edit tools"
-     " (by you or by commands)"),
-)
+    ("preexisting", "Already changed when the session started (yours, left as they were)"),
+    ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)"))
 
 
 def diff_report(state, dirty_now: list | None = None,
@@ -2828,7 +2807,7 @@ def _exit_on_sigterm() -> None:
     processes and sync the log. The interactive UI installs its own handlers while it runs."""
     import signal   # here, not at the top: `khaelor --version` never needs it
     def handler(signum, frame):
-        SIGNALLED.append(signum)
+        SIGNALLED.append(signal.Signals(signum))
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)

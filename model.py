@@ -67,8 +67,9 @@ MIN_BUDGET_TOKENS = 1024    # `enabled` thinking: budget_tokens >= 1024 and < ma
 # Transient failures the API itself tells clients to retry (ANTHROPIC_API.md §4.2).
 RETRYABLE_STATUS = {408, 409, 429}
 RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
-# The overflow messages (§3.2), at the start of a 400's message: one merely naming the window is not
-OVERFLOW_MESSAGE = re.compile(r"prompt is too long|input length and `max_tokens` exceed context limit")
+# §3.2's overflow messages, where a 400's message starts (one naming the window is no overflow)
+OVERFLOW_MESSAGE = re.compile(r"prompt is too long"
+                              r"|input length and `max_tokens` exceed context limit")
 
 
 class ModelError(KhaelorError):
@@ -359,28 +360,27 @@ def classify(exc: BaseException) -> ModelError:
 
 def _retry_delay(exc: BaseException, attempt: int) -> float | None:
     """As the SDK has it (ANTHROPIC_API.md §4.3): retry-after-ms, else retry-after in seconds or
-    as an HTTP date; a value that is not > 0 (retry-after: 0) backs off like no header. None:
+    as an HTTP date; a value not > 0 (retry-after: 0) backs off as no header does. None:
     `x-should-retry: false`, the server saying a retry cannot help."""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     if str(headers.get("x-should-retry", "")).lower() == "false":
         return None
-    value = _number(headers.get("retry-after-ms"), 0.001)
-    if value is None:
-        value = _number(headers.get("retry-after"), 1.0)
-    if value is None and headers.get("retry-after"):
-        import email.utils
-        try:
-            value = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp() \
-                - time.time()
-        except (TypeError, ValueError):
-            value = None
+    try:
+        value = float(headers.get("retry-after-ms")) / 1000
+    except (TypeError, ValueError):
+        value = _seconds_until(headers.get("retry-after"))
     if value is not None and value > 0:
         return min(value, MAX_DELAY_S)
     return min(BASE_DELAY_S * 2 ** (attempt - 1), MAX_DELAY_S) * random.uniform(0.75, 1.0)
 
 
-def _number(text, scale: float) -> float | None:
+def _seconds_until(retry_after: str | None) -> float | None:
+    import email.utils
     try:
-        return float(text) * scale
+        return float(retry_after)
+    except (TypeError, ValueError):
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(retry_after).timestamp() - time.time()
     except (TypeError, ValueError):
         return None
