@@ -2803,8 +2803,8 @@ def report_crash(error: Exception, home: Path) -> int:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop
-    processes and sync the log. The interactive UI installs its own handlers while it runs."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C (`finally` blocks stop
+    processes, sync the log) but exit 128 + N, named; the UI has its own handlers meanwhile."""
     import signal   # here, not at the top: `khaelor --version` never needs it
     def handler(signum, frame):
         SIGNALLED.append(signal.Signals(signum))
