@@ -100,8 +100,8 @@ def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
 
 
 def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, fake):
-    fake.enqueue(error("rate_limit_error", "slow down", status=429, **{"retry-after": "0"}),
-                 error("overloaded_error", "Overloaded", status=529, **{"retry-after": "0"}),
+    fake.enqueue(error("rate_limit_error", "slow down", status=429, **{"retry-after": "0.01"}),
+                 error("overloaded_error", "Overloaded", status=529, **{"retry-after": "0.01"}),
                  reply(text("made it")))
     result = khaelor.run("-p", "hello")
     assert result.returncode == 0, result.stderr
@@ -111,7 +111,7 @@ def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, 
 
 
 def test_a_persistent_500_ends_with_exit_1_naming_the_status(khaelor, fake):
-    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0"})] * 5)
+    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0.01"})] * 5)
     result = khaelor.run("-p", "hello")
     assert result.returncode == 1
     assert "500" in result.stderr.splitlines()[-1]

@@ -79,7 +79,7 @@ def test_backoff_without_retry_after_is_jittered_exponential():
 
 
 def test_attempts_are_bounded():
-    with FakeAnthropic([error("api_error", "boom", status=500, **{"retry-after": "0"})] * 3) as fake:
+    with FakeAnthropic([error("api_error", "boom", status=500, **{"retry-after": "0.01"})] * 3) as fake:
         with pytest.raises(model.ModelError, match="gave up after 3 attempts") as caught:
             collect(client_for(fake, max_attempts=3))
         assert len(fake.requests) == 3

@@ -722,7 +722,7 @@ def test_a_failed_continue_does_not_print_the_previous_answer(khaelor, fake):
     from fake_api import error
     fake.enqueue(reply(text("the first answer")))
     assert khaelor.run("-p", "first").returncode == 0
-    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0"})] * 5)
+    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0.01"})] * 5)
     result = khaelor.run("-c", "-p", "second")
     assert result.returncode == 1
     assert "the first answer" not in result.stdout and result.stdout == ""
