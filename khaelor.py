@@ -281,13 +281,11 @@ def start_notices(settings: dict, layers: list) -> list[str]:
 
 
 def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
-    parser = argparse.ArgumentParser(
-        prog="khaelor trust",
-        description="Review the permissions this project's own files"
-                    " (.khaelor/config.json, .claude/settings*.json) grant,"
-                    " and trust exactly these versions of them.")
-    parser.add_argument("--revoke", action="store_true",
-                        help="withdraw the trust")
+    parser = argparse.ArgumentParser(prog="khaelor trust", description="Review the permissions"
+                                     " this project's own files (.khaelor/config.json,"
+                                     " .claude/settings*.json) grant, and trust exactly these"
+                                     " versions of them.")
+    parser.add_argument("--revoke", action="store_true", help="withdraw the trust")
     parser.add_argument("-y", "--yes", action="store_true",
                         help="trust what is shown without asking")
     args = parser.parse_args(argv)
@@ -536,12 +534,10 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
 
 def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     import permissions
-    parser = argparse.ArgumentParser(
-        prog="khaelor permissions",
-        description="Show or test the permission policy.")
+    parser = argparse.ArgumentParser(prog="khaelor permissions",
+                                     description="Show or test the permission policy.")
     sub = parser.add_subparsers(dest="action")
-    check = sub.add_parser(
-        "check", help="what would happen to a call, without running it")
+    check = sub.add_parser("check", help="what would happen to a call, without running it")
     # before or after `check` alike (a default here would undo the one given before it)
     check.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     target = check.add_mutually_exclusive_group(required=True)
@@ -1117,56 +1113,36 @@ def parse_args(argv: list):
     parser.add_argument("query", metavar="PROMPT", nargs="?",
                         help="the first message: the interactive UI starts with it sent"
                              " (with -c or -r: that session goes on with it); with -p, the task")
-    parser.add_argument("--output-format", default="text",
-                        choices=("text", "json", "stream-json"))
+    parser.add_argument("--output-format", default="text", choices=("text", "json", "stream-json"))
     parser.add_argument("--yes", action="store_true",
-                        help="approve every ask"
-                             " (the hardline floor still refuses)")
-    parser.add_argument("-c", "--continue", dest="continue_",
-                        action="store_true",
+                        help="approve every ask (the hardline floor still refuses)")
+    parser.add_argument("-c", "--continue", dest="continue_", action="store_true",
                         help="continue the newest session")
     parser.add_argument("-r", "--resume", metavar="ID",
-                        help="resume a session by id"
-                             " (a unique prefix is enough)")
+                        help="resume a session by id (a unique prefix is enough)")
     parser.add_argument("--model", metavar="ID")
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
-    parser.add_argument("--max-turns", dest="max_turns", type=positive_int,
-                        metavar="N")
+    parser.add_argument("--max-turns", dest="max_turns", type=positive_int, metavar="N")
     choices = setting_choices()
-    parser.add_argument("--thinking", choices=choices["thinking"],
-                        help="how the model thinks, from this run on"
-                             " (adaptive: as the model sees fit)")
-    parser.add_argument("--effort", choices=choices["effort"],
-                        help="how hard the model works, from this run on"
-                             " (default: the model's own)")
+    parser.add_argument("--thinking", choices=choices["thinking"], help="how the model thinks,"
+                        " from this run on (adaptive: as the model sees fit)")
+    parser.add_argument("--effort", choices=choices["effort"], help="how hard the model works,"
+                        " from this run on (default: the model's own)")
     # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case
-    # both work)
-    parser.add_argument("--append-system-prompt",
-                        dest="append_system_prompt",
-                        metavar="TEXT", default="",
-                        help="add TEXT to the system prompt,"
-                             " as its own tier, for this run")
-    parser.add_argument("--allowedTools", "--allowed-tools",
-                        dest="allowed_tools",
-                        nargs="+", action="extend", default=[],
-                        metavar="RULE",
-                        help="allow these Claude Code rules for this run,"
-                             ' e.g. "Bash(git log:*)" Read'
-                             " (space- or comma-separated;"
-                             " the hardline floor still refuses)")
-    parser.add_argument("--disallowedTools", "--disallowed-tools",
-                        dest="disallowed_tools",
-                        nargs="+", action="extend", default=[],
-                        metavar="RULE",
-                        help="deny these Claude Code rules for this run,"
-                             " even under --yes")
-    parser.add_argument("--permission-mode", dest="permission_mode",
-                        choices=events.MODES, default="default",
-                        help="plan: only tools that read run;"
-                             " acceptEdits: project files are written"
-                             " without asking")
-    parser.add_argument("--version", action="version",
-                        version=f"khaelor {VERSION}")
+    # both work); the two rule lists take their rules alike
+    parser.add_argument("--append-system-prompt", dest="append_system_prompt", metavar="TEXT",
+                        default="", help="add TEXT to the system prompt, as its own tier,"
+                        " for this run")
+    rules = {"nargs": "+", "action": "extend", "default": [], "metavar": "RULE"}
+    parser.add_argument("--allowedTools", "--allowed-tools", dest="allowed_tools", **rules,
+                        help='allow these Claude Code rules for this run, e.g. "Bash(git log:*)"'
+                             " Read (space- or comma-separated; the hardline floor still refuses)")
+    parser.add_argument("--disallowedTools", "--disallowed-tools", dest="disallowed_tools",
+                        **rules, help="deny these Claude Code rules for this run, even under --yes")
+    parser.add_argument("--permission-mode", dest="permission_mode", choices=events.MODES,
+                        default="default", help="plan: only tools that read run; acceptEdits:"
+                        " project files are written without asking")
+    parser.add_argument("--version", action="version", version=f"khaelor {VERSION}")
     # every value here is text for the model or a name (no path): bytes that are not UTF-8, which
     # Python keeps as surrogates, become U+FFFD rather than a crash when the request is encoded
     args = parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
