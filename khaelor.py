@@ -113,8 +113,7 @@ def parse_config(path: Path, text: str) -> dict:
         expected = CONFIG_KEYS.get(key)
         if expected is None:
             known = ", ".join(CONFIG_KEYS)
-            raise UsageError(f"{path}: unknown key {key!r};"
-                             f" known keys: {known}")
+            raise UsageError(f"{path}: unknown key {key!r}; known keys: {known}")
         # a bool is an int to isinstance: only a bool key takes one
         wrong_bool = isinstance(value, bool) and bool not in expected
         if not isinstance(value, expected) or wrong_bool:
@@ -124,8 +123,7 @@ def parse_config(path: Path, text: str) -> dict:
             raise UsageError(f"{path}: {key!r} must be {names}, not {found}")
         choices = setting_choices().get(key)
         if choices and value not in choices:
-            raise UsageError(f"{path}: {key!r} must be one of"
-                             f" {', '.join(choices)}")
+            raise UsageError(f"{path}: {key!r} must be one of {', '.join(choices)}")
         if key in POSITIVE_KEYS and value < 1:
             raise UsageError(f"{path}: {key!r} must be a positive number of {POSITIVE_KEYS[key]}")
     for key, value in (config.get("context") or {}).items():
@@ -133,8 +131,7 @@ def parse_config(path: Path, text: str) -> dict:
             raise UsageError(f"{path}: unknown key 'context.{key}';"
                              f" known: {', '.join(CONTEXT_KEYS)}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UsageError(f"{path}: 'context.{key}' must be a whole"
-                             " number of tokens (0: off)")
+            raise UsageError(f"{path}: 'context.{key}' must be a whole number of tokens (0: off)")
     if not all(isinstance(name, str) for name in config.get("pass_env", [])):
         raise UsageError(f"{path}: 'pass_env' must list names or patterns of environment"
                          ' variables, as strings: ["GITHUB_*"]')
@@ -300,8 +297,7 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     for path in files:
         key = permissions.trust_key(path)
         if key is None:
-            say(f"{path}: a symlink; a permission file reached"
-                " through a link is never trusted")
+            say(f"{path}: a symlink; a permission file reached through a link is never trusted")
         elif args.revoke:
             records.pop(key, None)
             say(f"{path}: no longer trusted; its rules can only tighten")
@@ -334,8 +330,7 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
     if grants:
         print("  trusting it grants:")
     else:
-        print("  it grants nothing (its ask and deny rules apply"
-              " whether trusted or not)")
+        print("  it grants nothing (its ask and deny rules apply whether trusted or not)")
     for rule in grants:
         say(f"    allow {rule.capability} '{rule.pattern}'  ({rule.source})")
     config = {}
@@ -564,8 +559,7 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
-    why = (f"{result['capability']}; decided by: {result['layer']};"
-           f" {result['reason']}")
+    why = (f"{result['capability']}; decided by: {result['layer']}; {result['reason']}")
     say(f"{result['decision']}  ({why})")
     for key, label in (("not_read_only", "not provably read-only"),
                        ("destructive", "destroys work"),
@@ -1226,36 +1220,22 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
-    ctx = context.Context(project_root=project_root,
-                          cwd=Path.cwd(),
-                          home=home,
-                          model=current_model(store, settings),
-                          aux_model=settings["aux_model"],
-                          tool_schemas=toolbox.schemas,
-                          workspace=toolbox.workspace,
-                          user_home=Path.home(),
-                          is_secret=sandbox.is_secret_name,
+    ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home,
+                          model=current_model(store, settings), aux_model=settings["aux_model"],
+                          tool_schemas=toolbox.schemas, workspace=toolbox.workspace,
+                          user_home=Path.home(), is_secret=sandbox.is_secret_name,
                           mask=toolbox.mask,
                           append_system=getattr(args, "append_system_prompt", ""),
-                          prune_at=settings["context"].get(
-                              "prune_at", context.PRUNE_AT_TOKENS),
-                          thinking=settings["thinking"],
-                          effort=settings["effort"],
+                          prune_at=settings["context"].get("prune_at", context.PRUNE_AT_TOKENS),
+                          thinking=settings["thinking"], effort=settings["effort"],
                           show_thinking=shows_thinking(args, settings),
                           # config.json's max_output_tokens is at least 1 when set
                           max_tokens=settings["max_output_tokens"] or context.MAX_OUTPUT_TOKENS)
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
-    kernel_ = kernel.Kernel(bus=bus,
-                            model=client,
-                            toolbox=toolbox,
-                            ctx=ctx,
-                            rules=permissions.load_rules(layers),
-                            project_root=project_root,
-                            ask=ask,
-                            grant=grant,
-                            yes=args.yes,
-                            max_turns=settings["max_turns"],
+    kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
+                            rules=permissions.load_rules(layers), project_root=project_root,
+                            ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"],
                             permission_mode=getattr(args, "permission_mode", "default"))
     return kernel_
 
@@ -1319,8 +1299,7 @@ def env_seconds(name: str, default: float) -> float:
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < float("inf"):
-        raise UsageError(f"{name}={value!r} is not a positive number"
-                         " of seconds")
+        raise UsageError(f"{name}={value!r} is not a positive number of seconds")
     return seconds
 
 
@@ -1479,8 +1458,7 @@ class StreamedAnswer:
         elif event["type"] == "ModelRequestFailed" and event.get("retrying"):
             self.pending = ""
             if self.shown:
-                sys.stdout.write("\n[the reply broke off;"
-                                 " it is being written again]\n\n")
+                sys.stdout.write("\n[the reply broke off; it is being written again]\n\n")
             self.shown = False
 
     def clean(self, text: str) -> str:
@@ -2207,8 +2185,7 @@ class Session:
     async def cmd_compact(self, focus):
         # a cut mid-turn could fall between a tool call and its result
         if self.busy:
-            return ("khaelor is working; /compact once the turn ends"
-                    " (or press Esc first)")
+            return ("khaelor is working; /compact once the turn ends (or press Esc first)")
         cut_before = self.store.state.cut_seq
         try:
             await self.kernel.keep_in_budget("compact", focus)
@@ -2218,8 +2195,7 @@ class Session:
         if self.store.state.cut_seq != cut_before:
             # ContextCompacted's line says so
             return ""
-        return ("nothing to compact yet: the conversation is too short"
-                " to summarise")
+        return ("nothing to compact yet: the conversation is too short to summarise")
 
     async def cmd_model(self, name):
         import model
