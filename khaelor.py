@@ -113,8 +113,7 @@ def parse_config(path: Path, text: str) -> dict:
         expected = CONFIG_KEYS.get(key)
         if expected is None:
             known = ", ".join(CONFIG_KEYS)
-            raise UsageError(f"{path}: unknown key {key!r};"
-                             f" known keys: {known}")
+            raise UsageError(f"{path}: unknown key {key!r}; known keys: {known}")
         # a bool is an int to isinstance: only a bool key takes one
         wrong_bool = isinstance(value, bool) and bool not in expected
         if not isinstance(value, expected) or wrong_bool:
@@ -124,8 +123,7 @@ def parse_config(path: Path, text: str) -> dict:
             raise UsageError(f"{path}: {key!r} must be {names}, not {found}")
         choices = setting_choices().get(key)
         if choices and value not in choices:
-            raise UsageError(f"{path}: {key!r} must be one of"
-                             f" {', '.join(choices)}")
+            raise UsageError(f"{path}: {key!r} must be one of {', '.join(choices)}")
         if key in POSITIVE_KEYS and value < 1:
             raise UsageError(f"{path}: {key!r} must be a positive number of {POSITIVE_KEYS[key]}")
     for key, value in (config.get("context") or {}).items():
@@ -133,8 +131,7 @@ def parse_config(path: Path, text: str) -> dict:
             raise UsageError(f"{path}: unknown key 'context.{key}';"
                              f" known: {', '.join(CONTEXT_KEYS)}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UsageError(f"{path}: 'context.{key}' must be a whole"
-                             " number of tokens (0: off)")
+            raise UsageError(f"{path}: 'context.{key}' must be a whole number of tokens (0: off)")
     if not all(isinstance(name, str) for name in config.get("pass_env", [])):
         raise UsageError(f"{path}: 'pass_env' must list names or patterns of environment"
                          ' variables, as strings: ["GITHUB_*"]')
@@ -281,13 +278,11 @@ def start_notices(settings: dict, layers: list) -> list[str]:
 
 
 def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
-    parser = argparse.ArgumentParser(
-        prog="khaelor trust",
-        description="Review the permissions this project's own files"
-                    " (.khaelor/config.json, .claude/settings*.json) grant,"
-                    " and trust exactly these versions of them.")
-    parser.add_argument("--revoke", action="store_true",
-                        help="withdraw the trust")
+    parser = argparse.ArgumentParser(prog="khaelor trust", description="Review the permissions"
+                                     " this project's own files (.khaelor/config.json,"
+                                     " .claude/settings*.json) grant, and trust exactly these"
+                                     " versions of them.")
+    parser.add_argument("--revoke", action="store_true", help="withdraw the trust")
     parser.add_argument("-y", "--yes", action="store_true",
                         help="trust what is shown without asking")
     args = parser.parse_args(argv)
@@ -302,8 +297,7 @@ def cmd_trust(argv: list, home: Path, project_root: Path) -> int:
     for path in files:
         key = permissions.trust_key(path)
         if key is None:
-            say(f"{path}: a symlink; a permission file reached"
-                " through a link is never trusted")
+            say(f"{path}: a symlink; a permission file reached through a link is never trusted")
         elif args.revoke:
             records.pop(key, None)
             say(f"{path}: no longer trusted; its rules can only tighten")
@@ -336,8 +330,7 @@ def show_grants(path: Path, data: bytes, project_root: Path) -> str:
     if grants:
         print("  trusting it grants:")
     else:
-        print("  it grants nothing (its ask and deny rules apply"
-              " whether trusted or not)")
+        print("  it grants nothing (its ask and deny rules apply whether trusted or not)")
     for rule in grants:
         say(f"    allow {rule.capability} '{rule.pattern}'  ({rule.source})")
     config = {}
@@ -386,6 +379,8 @@ def open_session(args, home: Path, project_root: Path,
         # "" is a prefix of every id: it would pick one at random, or start a new session
         raise UsageError("-r needs a session id (or a unique prefix of one);"
                          " `khaelor sessions` lists them")
+    if args.resume and args.continue_:
+        raise UsageError("-c and -r both name a session to go on with; give one of them")
     if args.resume:
         matches = [f for f in files if f.stem.startswith(args.resume)]
         if not matches:
@@ -534,12 +529,10 @@ def cmd_sessions(argv: list, home: Path, project_root: Path) -> int:
 
 def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
     import permissions
-    parser = argparse.ArgumentParser(
-        prog="khaelor permissions",
-        description="Show or test the permission policy.")
+    parser = argparse.ArgumentParser(prog="khaelor permissions",
+                                     description="Show or test the permission policy.")
     sub = parser.add_subparsers(dest="action")
-    check = sub.add_parser(
-        "check", help="what would happen to a call, without running it")
+    check = sub.add_parser("check", help="what would happen to a call, without running it")
     # before or after `check` alike (a default here would undo the one given before it)
     check.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     target = check.add_mutually_exclusive_group(required=True)
@@ -559,13 +552,14 @@ def cmd_permissions(argv: list, home: Path, project_root: Path) -> int:
             print("\n".join(policy_report(layers, rules)))
         return EXIT_OK
     kind, subject = args.call
+    if not subject.strip():     # no call to judge (it answered "allow (…; )")
+        raise UsageError(f"permissions check: --{kind} is blank; give the call to check")
     result = permissions.check(kind, subject, project_root, rules,
                                sandboxed=sandbox.enforced())
     if args.json:
         print(json.dumps(result))
         return EXIT_OK
-    why = (f"{result['capability']}; decided by: {result['layer']};"
-           f" {result['reason']}")
+    why = (f"{result['capability']}; decided by: {result['layer']}; {result['reason']}")
     say(f"{result['decision']}  ({why})")
     for key, label in (("not_read_only", "not provably read-only"),
                        ("destructive", "destroys work"),
@@ -853,21 +847,21 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
 
 def rewind_session(args, bus, toolbox) -> int:
     state = bus.store.state
-    if args.list or not state.steps:
+    if args.list:
         print("\n".join(step_lines(state)) or "no steps that changed the work tree")
         return EXIT_OK
     # no STEP: the last that changed something (0 is no step: Rewind.plan says so)
     number = args.step
     if number is None:
         number = last_changing_step(state)
-    if number is None:
-        print("nothing to rewind: no step changed the work tree")
-        return EXIT_OK
+    # nothing to do is exit 1, as git commit's "nothing to commit": `rewind && …` stops there
+    if number is None or not state.steps:
+        raise KhaelorError("nothing to rewind: no step of this session changed the work tree")
     rewind = Rewind(bus, toolbox, number)
     rewind.plan()
     print(rewind.describe())
     if not rewind.restores and not rewind.moves_head():
-        return EXIT_OK
+        return EXIT_FAILED
     overwrite = False
     if not args.yes:
         if not sys.stdin.isatty():
@@ -911,20 +905,13 @@ class CustomCommand(NamedTuple):
     allowed_tools: str
 
 
-def command_dirs(home: Path,
-                 project_root: Path) -> list[tuple[Path, str, bool]]:
+def command_dirs(home: Path, project_root: Path) -> list[tuple[Path, str, bool]]:
     """(directory, source label, in the repository) in precedence order: a later one wins a name,
     so the project's commands override the user's, as in Claude Code."""
-    return [
-        (Path.home() / ".claude" / "commands",
-         "user ~/.claude/commands", False),
-        (home / "commands",
-         "user $KHAELOR_HOME/commands", False),
-        (project_root / ".claude" / "commands",
-         "project .claude/commands", True),
-        (project_root / ".khaelor" / "commands",
-         "project .khaelor/commands", True),
-    ]
+    return [(Path.home() / ".claude/commands", "user ~/.claude/commands", False),
+            (home / "commands", "user $KHAELOR_HOME/commands", False),
+            (project_root / ".claude/commands", "project .claude/commands", True),
+            (project_root / ".khaelor/commands", "project .khaelor/commands", True)]
 
 
 def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
@@ -1094,8 +1081,8 @@ def help_epilog() -> str:
     commands = ""
     for name, (_, usage, what) in SUBCOMMANDS.items():
         commands += f"  {f'khaelor {name} {usage}'.strip()}\n      {what}\n"
-    return (f"subcommands:\n{commands}"
-            "\n"
+    return (f"subcommands (a first word that names a subcommand is that subcommand, as with"
+            f" claude; `khaelor -- sessions` sends the word as a prompt):\n{commands}\n"
             f"interactive keys:\n{keys}\n"
             "\n"
             "instruction files: ~/.claude/CLAUDE.md, the first of"
@@ -1117,59 +1104,48 @@ def parse_args(argv: list):
     parser.add_argument("-p", "--print", dest="prompt", metavar="PROMPT", nargs="?", const="-",
                         help="run one task headless and exit (no PROMPT or '-': the prompt is"
                              " stdin; text piped in with a PROMPT follows it)")
-    parser.add_argument("--output-format", default="text",
-                        choices=("text", "json", "stream-json"))
+    parser.add_argument("query", metavar="PROMPT", nargs="?",
+                        help="the first message: the interactive UI starts with it sent"
+                             " (with -c or -r: that session goes on with it); with -p, the task")
+    parser.add_argument("--output-format", default="text", choices=("text", "json", "stream-json"))
     parser.add_argument("--yes", action="store_true",
-                        help="approve every ask"
-                             " (the hardline floor still refuses)")
-    parser.add_argument("-c", "--continue", dest="continue_",
-                        action="store_true",
+                        help="approve every ask (the hardline floor still refuses)")
+    parser.add_argument("-c", "--continue", dest="continue_", action="store_true",
                         help="continue the newest session")
     parser.add_argument("-r", "--resume", metavar="ID",
-                        help="resume a session by id"
-                             " (a unique prefix is enough)")
+                        help="resume a session by id (a unique prefix is enough)")
     parser.add_argument("--model", metavar="ID")
     parser.add_argument("--aux-model", dest="aux_model", metavar="ID")
-    parser.add_argument("--max-turns", dest="max_turns", type=positive_int,
-                        metavar="N")
+    parser.add_argument("--max-turns", dest="max_turns", type=positive_int, metavar="N")
     choices = setting_choices()
-    parser.add_argument("--thinking", choices=choices["thinking"],
-                        help="how the model thinks, from this run on"
-                             " (adaptive: as the model sees fit)")
-    parser.add_argument("--effort", choices=choices["effort"],
-                        help="how hard the model works, from this run on"
-                             " (default: the model's own)")
+    parser.add_argument("--thinking", choices=choices["thinking"], help="how the model thinks,"
+                        " from this run on (adaptive: as the model sees fit)")
+    parser.add_argument("--effort", choices=choices["effort"], help="how hard the model works,"
+                        " from this run on (default: the model's own)")
     # Claude Code's flags for scripts, spelled as it spells them (camelCase and kebab-case
-    # both work)
-    parser.add_argument("--append-system-prompt",
-                        dest="append_system_prompt",
-                        metavar="TEXT", default="",
-                        help="add TEXT to the system prompt,"
-                             " as its own tier, for this run")
-    parser.add_argument("--allowedTools", "--allowed-tools",
-                        dest="allowed_tools",
-                        nargs="+", action="extend", default=[],
-                        metavar="RULE",
-                        help="allow these Claude Code rules for this run,"
-                             ' e.g. "Bash(git log:*)" Read'
-                             " (space- or comma-separated;"
-                             " the hardline floor still refuses)")
-    parser.add_argument("--disallowedTools", "--disallowed-tools",
-                        dest="disallowed_tools",
-                        nargs="+", action="extend", default=[],
-                        metavar="RULE",
-                        help="deny these Claude Code rules for this run,"
-                             " even under --yes")
-    parser.add_argument("--permission-mode", dest="permission_mode",
-                        choices=events.MODES, default="default",
-                        help="plan: only tools that read run;"
-                             " acceptEdits: project files are written"
-                             " without asking")
-    parser.add_argument("--version", action="version",
-                        version=f"khaelor {VERSION}")
+    # both work); the two rule lists take their rules alike
+    parser.add_argument("--append-system-prompt", dest="append_system_prompt", metavar="TEXT",
+                        default="", help="add TEXT to the system prompt, as its own tier,"
+                        " for this run")
+    rules = {"nargs": "+", "action": "extend", "default": [], "metavar": "RULE"}
+    parser.add_argument("--allowedTools", "--allowed-tools", dest="allowed_tools", **rules,
+                        help='allow these Claude Code rules for this run, e.g. "Bash(git log:*)"'
+                             " Read (space- or comma-separated; the hardline floor still refuses)")
+    parser.add_argument("--disallowedTools", "--disallowed-tools", dest="disallowed_tools",
+                        **rules, help="deny these Claude Code rules for this run, even under --yes")
+    parser.add_argument("--permission-mode", dest="permission_mode", choices=events.MODES,
+                        default="default", help="plan: only tools that read run; acceptEdits:"
+                        " project files are written without asking")
+    parser.add_argument("--version", action="version", version=f"khaelor {VERSION}")
     # every value here is text for the model or a name (no path): bytes that are not UTF-8, which
     # Python keeps as surrogates, become U+FFFD rather than a crash when the request is encoded
-    return parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
+    args = parser.parse_args([os.fsencode(arg).decode("utf-8", "replace") for arg in argv])
+    # `khaelor "query" -p` and `khaelor -p "query"` alike: -p alone took no PROMPT of its own
+    if args.query is not None and args.prompt not in (None, "-"):
+        parser.error("two prompts: give one, after -p or on its own")
+    if args.query is not None and args.prompt == "-":
+        args.prompt, args.query = args.query, None
+    return args
 
 
 def positive_int(text: str) -> int:
@@ -1237,45 +1213,29 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
 
     def grant(rule: dict) -> None:
         path = grants_path(home, project_root)
-        grants = permissions.add_grant(read_config(path), rule)
-        write_json_atomic(path, grants)
-        layers = permission_layers(home, project_root,
-                                   settings["extra_layers"])
-        kernel_.rules = permissions.load_rules(layers)
+        write_json_atomic(path, permissions.add_grant(read_config(path), rule))
+        fresh = permission_layers(home, project_root, settings["extra_layers"])
+        kernel_.rules = permissions.load_rules(fresh)
 
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
-    ctx = context.Context(project_root=project_root,
-                          cwd=Path.cwd(),
-                          home=home,
-                          model=current_model(store, settings),
-                          aux_model=settings["aux_model"],
-                          tool_schemas=toolbox.schemas,
-                          workspace=toolbox.workspace,
-                          user_home=Path.home(),
-                          is_secret=sandbox.is_secret_name,
+    ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home,
+                          model=current_model(store, settings), aux_model=settings["aux_model"],
+                          tool_schemas=toolbox.schemas, workspace=toolbox.workspace,
+                          user_home=Path.home(), is_secret=sandbox.is_secret_name,
                           mask=toolbox.mask,
                           append_system=getattr(args, "append_system_prompt", ""),
-                          prune_at=settings["context"].get(
-                              "prune_at", context.PRUNE_AT_TOKENS),
-                          thinking=settings["thinking"],
-                          effort=settings["effort"],
+                          prune_at=settings["context"].get("prune_at", context.PRUNE_AT_TOKENS),
+                          thinking=settings["thinking"], effort=settings["effort"],
                           show_thinking=shows_thinking(args, settings),
                           # config.json's max_output_tokens is at least 1 when set
                           max_tokens=settings["max_output_tokens"] or context.MAX_OUTPUT_TOKENS)
     if not client:
         client = new_client(lambda text: bus.emit("Status", text=text))
-    kernel_ = kernel.Kernel(bus=bus,
-                            model=client,
-                            toolbox=toolbox,
-                            ctx=ctx,
-                            rules=permissions.load_rules(layers),
-                            project_root=project_root,
-                            ask=ask,
-                            grant=grant,
-                            yes=args.yes,
-                            max_turns=settings["max_turns"],
+    kernel_ = kernel.Kernel(bus=bus, model=client, toolbox=toolbox, ctx=ctx,
+                            rules=permissions.load_rules(layers), project_root=project_root,
+                            ask=ask, grant=grant, yes=args.yes, max_turns=settings["max_turns"],
                             permission_mode=getattr(args, "permission_mode", "default"))
     return kernel_
 
@@ -1339,8 +1299,7 @@ def env_seconds(name: str, default: float) -> float:
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < float("inf"):
-        raise UsageError(f"{name}={value!r} is not a positive number"
-                         " of seconds")
+        raise UsageError(f"{name}={value!r} is not a positive number of seconds")
     return seconds
 
 
@@ -1499,8 +1458,7 @@ class StreamedAnswer:
         elif event["type"] == "ModelRequestFailed" and event.get("retrying"):
             self.pending = ""
             if self.shown:
-                sys.stdout.write("\n[the reply broke off;"
-                                 " it is being written again]\n\n")
+                sys.stdout.write("\n[the reply broke off; it is being written again]\n\n")
             self.shown = False
 
     def clean(self, text: str) -> str:
@@ -1517,14 +1475,22 @@ class StreamedAnswer:
 
 # any other end: error_during_execution
 RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns",
-                   "interrupted": "error_interrupted"}
+                   "interrupted": "error_interrupted", "unstarted": "error"}
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
+
+
+# the signal (SIGTERM, SIGHUP) ending this run, once one came: it is named and exits 128 + N
+SIGNALLED = []
+
+
+def interrupted_exit() -> int:
+    return 128 + SIGNALLED[-1] if SIGNALLED else EXIT_INTERRUPTED
 
 
 def failure(state, step: str) -> str | None:
     """Why the run did not finish, or None when it did."""
     if step == "interrupted":
-        return INTERRUPTED
+        return f"terminated by {SIGNALLED[-1].name}" if SIGNALLED else INTERRUPTED
     if step == "done":
         return None
     return state.failure_reason
@@ -1580,6 +1546,15 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     }
 
 
+def unstarted_result(args, message: str) -> dict:
+    """A -p run that could not start (no API key, a bad config, model or --resume id) as the
+    result object --output-format json prints: is_error, the message as its result, nothing
+    spent."""
+    nothing = argparse.Namespace(state=events.replay([]), session_id=None)
+    nothing.state.answer = nothing.state.failure_reason = message
+    return result_object(args, nothing, "unstarted", {})
+
+
 def report(args, store, step: str, prices: dict) -> int:
     state = store.state
     reason = failure(state, step)
@@ -1592,7 +1567,7 @@ def report(args, store, step: str, prices: dict) -> int:
         return EXIT_OK
     print(f"khaelor: {reason}", file=sys.stderr)
     if step == "interrupted":
-        return EXIT_INTERRUPTED
+        return interrupted_exit()
     return EXIT_FAILED
 
 
@@ -1758,7 +1733,15 @@ class Session:
                 self.publish({"type": "StartFailed", "text": str(error)})
                 return
             self.show_status("")
+            self.send_first()
         asyncio.get_running_loop().call_later(0, attach)
+
+    def send_first(self) -> None:
+        """`khaelor "query"`: the message given on the command line, sent once the session is
+        attached and the UI listens, as if typed."""
+        text, self.args.query = getattr(self.args, "query", None), None
+        if text and text.strip() and not self.closed:
+            self.submit(text)
 
     def read_layers(self) -> list:
         """Read before /new or /resume leaves this session: a file that cannot be read (a FIFO
@@ -2202,8 +2185,7 @@ class Session:
     async def cmd_compact(self, focus):
         # a cut mid-turn could fall between a tool call and its result
         if self.busy:
-            return ("khaelor is working; /compact once the turn ends"
-                    " (or press Esc first)")
+            return ("khaelor is working; /compact once the turn ends (or press Esc first)")
         cut_before = self.store.state.cut_seq
         try:
             await self.kernel.keep_in_budget("compact", focus)
@@ -2213,8 +2195,7 @@ class Session:
         if self.store.state.cut_seq != cut_before:
             # ContextCompacted's line says so
             return ""
-        return ("nothing to compact yet: the conversation is too short"
-                " to summarise")
+        return ("nothing to compact yet: the conversation is too short to summarise")
 
     async def cmd_model(self, name):
         import model
@@ -2494,12 +2475,8 @@ def model_choice(name: str, prices: dict) -> str:
 
 
 DIFF_SECTIONS = (
-    ("preexisting",
-     "Already changed when the session started (yours, left as they were)"),
-    ("outside",
-     "Changed during the session outside khaelor's edit tools"
-     " (by you or by commands)"),
-)
+    ("preexisting", "Already changed when the session started (yours, left as they were)"),
+    ("outside", "Changed during the session outside khaelor's edit tools (by you or by commands)"))
 
 
 def diff_report(state, dirty_now: list | None = None,
@@ -2616,6 +2593,8 @@ async def interactive_main(args, settings, store, home: Path,
     if store.events:
         # before the replay is read: what repair() records (a reply cut off by a crash) shows too
         session.attach(store)
+        # after run_app subscribes the UI (it awaits nothing before)
+        asyncio.get_running_loop().call_later(0, session.send_first)
     else:
         session.attach_after_first_frame(store)
     earlier = list(store.events)
@@ -2734,6 +2713,7 @@ def run_command_line(argv: list | None) -> int:
     _exit_on_sigterm()
     home = events.khaelor_home()
     project_root = find_project_root(Path.cwd())
+    args = None
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]][0](argv[1:], home, project_root)
@@ -2742,13 +2722,16 @@ def run_command_line(argv: list | None) -> int:
             return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return interrupted_exit()
     except BrokenPipeError:
         # main's to answer: the reader has gone
         raise
     # an error may name a path a step made: nothing in it acts on the terminal
     except KhaelorError as e:
-        print(f"khaelor: {events.visible_controls(str(e))}", file=sys.stderr)
+        message = events.visible_controls(str(e))
+        print(f"khaelor: {message}", file=sys.stderr)
+        if args is not None and args.prompt is not None and args.output_format != "text":
+            print(json.dumps(unstarted_result(args, message), ensure_ascii=False))
         return EXIT_USAGE if isinstance(e, UsageError) else EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:
@@ -2772,10 +2755,11 @@ def report_crash(error: Exception, home: Path) -> int:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C, so `finally` blocks stop
-    processes and sync the log. The interactive UI installs its own handlers while it runs."""
+    """SIGTERM and SIGHUP (the terminal closed) unwind like Ctrl-C (`finally` blocks stop
+    processes, sync the log) but exit 128 + N, named; the UI has its own handlers meanwhile."""
     import signal   # here, not at the top: `khaelor --version` never needs it
     def handler(signum, frame):
+        SIGNALLED.append(signal.Signals(signum))
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)

@@ -11,6 +11,7 @@ import json
 import random
 import re
 import threading
+import time
 from typing import NamedTuple
 
 from events import KhaelorError
@@ -66,7 +67,9 @@ MIN_BUDGET_TOKENS = 1024    # `enabled` thinking: budget_tokens >= 1024 and < ma
 # Transient failures the API itself tells clients to retry (ANTHROPIC_API.md §4.2).
 RETRYABLE_STATUS = {408, 409, 429}
 RETRYABLE_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
-OVERFLOW_PHRASES = ("prompt is too long", "exceed context limit", "context window")
+# §3.2's overflow messages, where a 400's message starts (one naming the window is no overflow)
+OVERFLOW_MESSAGE = re.compile(r"prompt is too long"
+                              r"|input length and `max_tokens` exceed context limit")
 
 
 class ModelError(KhaelorError):
@@ -327,7 +330,7 @@ def classify(exc: BaseException) -> ModelError:
         if status in (401, 403):
             return ModelError("auth", f"the API refused the credentials ({status} {err_type}); "
                               "check ANTHROPIC_API_KEY", status)
-        if status == 413 or (status == 400 and any(p in message.lower() for p in OVERFLOW_PHRASES)):
+        if status == 413 or (status == 400 and OVERFLOW_MESSAGE.match(message.strip().lower())):
             return ModelError("context_overflow", label, status)
         if status in RETRYABLE_STATUS or status >= 500 or err_type in RETRYABLE_TYPES:
             return ModelError("retryable", label, status)
@@ -356,16 +359,28 @@ def classify(exc: BaseException) -> ModelError:
 
 
 def _retry_delay(exc: BaseException, attempt: int) -> float | None:
-    """Honour retry-after-ms / retry-after (seconds) when the server sends them, else back off;
-    None: `x-should-retry: false`, the server saying a retry cannot help (ANTHROPIC_API.md §4.3)."""
+    """As the SDK has it (ANTHROPIC_API.md §4.3): retry-after-ms, else retry-after in seconds or
+    as an HTTP date; a value not > 0 (retry-after: 0) backs off as no header does. None:
+    `x-should-retry: false`, the server saying a retry cannot help."""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     if str(headers.get("x-should-retry", "")).lower() == "false":
         return None
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            value = float(headers.get(name)) * scale
-        except (TypeError, ValueError):
-            continue
-        if value >= 0 and not (name == "retry-after-ms" and value == 0):
-            return min(value, MAX_DELAY_S)
+    try:
+        value = float(headers.get("retry-after-ms")) / 1000
+    except (TypeError, ValueError):
+        value = _seconds_until(headers.get("retry-after"))
+    if value is not None and value > 0:
+        return min(value, MAX_DELAY_S)
     return min(BASE_DELAY_S * 2 ** (attempt - 1), MAX_DELAY_S) * random.uniform(0.75, 1.0)
+
+
+def _seconds_until(retry_after: str | None) -> float | None:
+    import email.utils
+    try:
+        return float(retry_after)
+    except (TypeError, ValueError):
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(retry_after).timestamp() - time.time()
+    except (TypeError, ValueError):
+        return None

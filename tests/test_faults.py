@@ -90,10 +90,10 @@ def test_every_transient_api_fault_is_retried_visibly_and_the_task_completes(pro
     (project / "a.txt").write_text("alpha\n")
     call = tool_use("bash", {"command": "cat a.txt"})
     with FakeAnthropic() as fake:
-        fake.enqueue(error("rate_limit_error", "slow down", status=429, retry_after="0"),
+        fake.enqueue(error("rate_limit_error", "slow down", status=429, retry_after="0.01"),
                      {"content": [text("lost " * 30), call], "drop_after_events": 9},
                      error("overloaded_error", "Overloaded", status=529, retry_after_ms="10"),
-                     error("api_error", "Internal server error", status=500, retry_after="0"),
+                     error("api_error", "Internal server error", status=500, retry_after="0.01"),
                      reply(text("Reading."), call),
                      {"content": [call], "stream_error": {"type": "overloaded_error", "message": "Overloaded"}},
                      {"content": [call], "stall_after_events": 8, "stall_seconds": 30},
@@ -129,7 +129,7 @@ def test_api_faults_that_do_not_clear_end_with_one_clear_line_and_exit_1(tmp_pat
                 return result, list(fake.requests), list(fake.rejections), scenario_env
         return go
 
-    overloaded = [error("overloaded_error", "Overloaded", status=529, retry_after="0")] * 5
+    overloaded = [error("overloaded_error", "Overloaded", status=529, retry_after="0.01")] * 5
     outcomes = in_parallel(
         scenario("burst", overloaded + [reply(text("too late"))]),
         scenario("badkey", [reply(text("never"))], extra_env={"ANTHROPIC_API_KEY": "bad-key"}),

@@ -278,3 +278,11 @@ def test_a_file_swapped_after_it_was_hashed_is_never_what_is_trusted(project, tm
     assert "allow process.execute '*'" in shown
     assert cli.trust_records(home)[str((project / ".khaelor" / "config.json").resolve())] == \
         hashlib.sha256(hostile.encode()).hexdigest()
+
+
+def test_permissions_check_of_a_blank_command_is_a_usage_error(khaelor):
+    """`permissions check --bash ''` answered "allow (…; )": a blank command is no call to judge."""
+    for what in (["--bash", ""], ["--bash", "  "], ["--read", ""]):
+        result = khaelor.run("permissions", "check", *what)
+        assert result.returncode == 2, (what, result.stdout)
+        assert "allow" not in result.stdout and "blank" in result.stderr, result.stderr

@@ -100,8 +100,8 @@ def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
 
 
 def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, fake):
-    fake.enqueue(error("rate_limit_error", "slow down", status=429, **{"retry-after": "0"}),
-                 error("overloaded_error", "Overloaded", status=529, **{"retry-after": "0"}),
+    fake.enqueue(error("rate_limit_error", "slow down", status=429, **{"retry-after": "0.01"}),
+                 error("overloaded_error", "Overloaded", status=529, **{"retry-after": "0.01"}),
                  reply(text("made it")))
     result = khaelor.run("-p", "hello")
     assert result.returncode == 0, result.stderr
@@ -111,7 +111,7 @@ def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, 
 
 
 def test_a_persistent_500_ends_with_exit_1_naming_the_status(khaelor, fake):
-    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0"})] * 5)
+    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0.01"})] * 5)
     result = khaelor.run("-p", "hello")
     assert result.returncode == 1
     assert "500" in result.stderr.splitlines()[-1]
@@ -521,3 +521,42 @@ def test_a_closed_stdin_or_stdout_is_read_and_written_as_dev_null(khaelor, fake)
     fake.enqueue(reply(text("hi")))
     closed_stdout = run("-p", "hi", close=1)
     assert (closed_stdout.returncode, closed_stdout.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("output_format", ["json", "stream-json"])
+def test_a_start_up_error_still_answers_with_the_result_object(khaelor, fake, project,
+                                                                  output_format):
+    """A script reading `--output-format json` got nothing on stdout when the run could not start
+    (no API key, a config that does not parse, an unknown model, a --resume id that is no session):
+    it gets the result object, is_error and the message, and the exit code is kept."""
+    (project / ".khaelor").mkdir()
+    cases = [({"ANTHROPIC_API_KEY": ""}, [], "ANTHROPIC_API_KEY"),
+             ({}, ["--model", "gpt-9000"], "gpt-9000"),
+             ({}, ["-r", "nosuchsession"], "nosuchsession")]
+    for env, argv, said in cases:
+        result = khaelor.run("-p", "hi", "--output-format", output_format, *argv, env=env)
+        assert result.returncode == 2, result.stderr
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        assert answer["type"] == "result" and answer["subtype"] == "error", answer
+        assert answer["is_error"] is True and said in answer["result"], answer
+        assert set(answer) >= {"session_id", "num_turns", "usage", "total_cost_usd", "error"}
+    (project / ".khaelor" / "config.json").write_text("{not json")
+    result = khaelor.run("-p", "hi", "--output-format", output_format)
+    answer = json.loads(result.stdout)
+    assert result.returncode == 2 and answer["is_error"] and "config.json" in answer["result"]
+    assert fake.requests == []
+
+
+def test_a_positional_prompt_is_the_p_prompt_and_subcommands_stay_subcommands(khaelor, fake):
+    """`khaelor "query" -p` was refused as unrecognized arguments: the positional prompt is -p's,
+    as `claude -p "query"` has it; two prompts are a usage error; a first word that names a
+    subcommand is that subcommand, and --help says so."""
+    fake.enqueue(reply(text("answered")))
+    result = khaelor.run("say hi", "-p")
+    assert result.returncode == 0 and result.stdout.strip() == "answered", result.stderr
+    assert said(fake.requests[-1]["body"]["messages"][0]) == ["say hi"]
+    both = khaelor.run("-p", "one", "two")
+    assert both.returncode == 2 and "two prompts" in both.stderr, both.stderr
+    assert khaelor.run("sessions").returncode == 0
+    assert "a first word that names a subcommand" in khaelor.run("--help").stdout
+    assert len(fake.requests) == 1

@@ -79,7 +79,7 @@ def test_backoff_without_retry_after_is_jittered_exponential():
 
 
 def test_attempts_are_bounded():
-    with FakeAnthropic([error("api_error", "boom", status=500, **{"retry-after": "0"})] * 3) as fake:
+    with FakeAnthropic([error("api_error", "boom", status=500, **{"retry-after": "0.01"})] * 3) as fake:
         with pytest.raises(model.ModelError, match="gave up after 3 attempts") as caught:
             collect(client_for(fake, max_attempts=3))
         assert len(fake.requests) == 3
@@ -185,3 +185,35 @@ def test_the_loop_stays_live_while_the_sdk_import_is_still_running():
         events, longest = asyncio.run(run(fake))
     assert events[-1]["type"] == "message_stop"
     assert longest < 0.3, f"the loop stalled {longest:.2f} s"
+
+
+def test_retry_after_zero_backs_off_and_an_http_date_is_waited_for():
+    """retry-after: 0 retried at once (a hot loop against an overloaded API) and an HTTP-date
+    retry-after was ignored; as the SDK has it (ANTHROPIC_API.md §4.3), a value that is not > 0
+    falls back to the jittered backoff, and a date is waited for until it comes (capped)."""
+    import email.utils
+    when = email.utils.formatdate(time.time() + 3.5, usegmt=True)
+    script = [error("overloaded_error", "busy", status=529, retry_after="0"),
+              error("overloaded_error", "busy", status=529, retry_after=when), reply(text("ok"))]
+    statuses = []
+    with FakeAnthropic(script) as fake:
+        collect(client_for(fake, on_status=statuses.append))
+        assert len(fake.requests) == 3
+    delays = [float(status.split("retrying in ")[1].split("s")[0]) for status in statuses]
+    assert 0.375 <= delays[0] <= 0.5, statuses
+    assert 1.5 <= delays[1] <= 3.6, statuses
+
+
+def test_a_400_that_only_mentions_the_context_window_is_not_an_overflow():
+    """An invalid request whose message names the context window (not "prompt is too long", the
+    API's overflow message) was taken for an overflow and compacted instead of said."""
+    message = "max_tokens: 300000 > 128000, the maximum for this model's context window"
+    with FakeAnthropic([error("invalid_request_error", message, status=400)]) as fake:
+        with pytest.raises(model.ModelError) as caught:
+            collect(client_for(fake))
+    assert caught.value.kind == "invalid_request", caught.value
+    overflow = "input length and `max_tokens` exceed context limit: 190000 + 32000 > 200000"
+    with FakeAnthropic([error("invalid_request_error", overflow, status=400)]) as fake:
+        with pytest.raises(model.ModelError) as caught:
+            collect(client_for(fake))
+    assert caught.value.kind == "context_overflow", caught.value

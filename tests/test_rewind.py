@@ -282,3 +282,16 @@ def test_a_rewind_whose_head_cannot_move_back_still_restores_the_files(khaelor, 
     assert rewound.returncode == 0, rewound.stderr
     assert (project / "a.txt").read_text() == "v1\n"
     assert "Not restored:" in rewound.stdout and "update-ref" in rewound.stdout
+
+
+def test_a_rewind_with_nothing_to_rewind_exits_1_as_git_commit_does(khaelor, fake, project):
+    """`khaelor rewind 5 --yes && git commit …` went on as if files were put back: with no step
+    that changed anything it said "no steps…" and exited 0. Nothing to do is exit 1 (git commit
+    with nothing to commit); listing nothing is still a listing (0)."""
+    fake.enqueue(reply(text("nothing changed")))
+    assert khaelor.run("-p", "hello").returncode == 0
+    for argv in (["rewind", "5", "--yes"], ["rewind", "--yes"]):
+        result = khaelor.run(*argv)
+        assert result.returncode == 1, (argv, result.stdout, result.stderr)
+        assert "nothing to rewind" in result.stderr, result.stderr
+    assert khaelor.run("rewind", "--list").returncode == 0

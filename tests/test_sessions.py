@@ -722,7 +722,7 @@ def test_a_failed_continue_does_not_print_the_previous_answer(khaelor, fake):
     from fake_api import error
     fake.enqueue(reply(text("the first answer")))
     assert khaelor.run("-p", "first").returncode == 0
-    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0"})] * 5)
+    fake.enqueue(*[error("api_error", "Internal server error", status=500, **{"retry-after": "0.01"})] * 5)
     result = khaelor.run("-c", "-p", "second")
     assert result.returncode == 1
     assert "the first answer" not in result.stdout and result.stdout == ""
@@ -783,3 +783,13 @@ def test_khaelor_sandbox_without_a_command_says_so_once(tmp_path):
         with pytest.raises(cli.UsageError) as raised:
             cli.cmd_sandbox(argv, tmp_path / "home", tmp_path)
         assert str(raised.value) == "sandbox: name a command after --"
+
+
+def test_continue_and_resume_together_is_a_usage_error(khaelor, fake):
+    """`-c -r ID` was taken (the id won, silently): they name two sessions; say so, exit 2."""
+    fake.enqueue(reply(text("one")))
+    assert khaelor.run("-p", "first").returncode == 0
+    session_id = khaelor.session_files()[-1].stem
+    result = khaelor.run("-c", "-r", session_id, "-p", "second")
+    assert result.returncode == 2 and "-c" in result.stderr and "-r" in result.stderr, result.stderr
+    assert len(fake.requests) == 1

@@ -229,6 +229,30 @@ def test_continue_shows_the_earlier_conversation_and_carries_its_history(termina
     assert sent[1]["content"] == [{"type": "text", "text": "remember the walrus"}]
 
 
+def test_a_prompt_on_the_command_line_is_the_first_message_and_c_continues_with_one(terminal):
+    """`khaelor "fix the bug"` (Claude Code's `claude "query"`) was refused as unrecognized
+    arguments: the UI starts with that message sent, and `-c "…"` continues with it."""
+    first = terminal([reply(text("the bug is in calc.py"))], args="'find the bug'")
+    screen = first.wait_for("the bug is in calc.py")
+    assert "find the bug" in screen
+    assert said_last(first) == "find the bug"
+    first.keys("C-d")
+    first.wait_for("EXITED 0")
+    first.close()
+    second = terminal([reply(text("fixed it"))], args="-c 'now fix it'")
+    second.wait_for("fixed it")
+    sent = second.requests()[-1]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert said_last(second) == "now fix it"
+    assert rejected(second) == []
+
+
+def said_last(term) -> str:
+    """The user's text in the last request's last message (the environment facts left out)."""
+    content = term.requests()[-1]["body"]["messages"][-1]["content"]
+    return [b["text"] for b in content if not b["text"].startswith("<environment>")][0]
+
+
 # ---------------------------------------------------------------- sessions, commands, crash resume (issue 7)
 
 def tool(name, **tool_input):
