@@ -377,9 +377,9 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 def open_session(args, home: Path, project_root: Path,
                  none_yet: str = "no earlier session in this project to continue;"
-                                 " run without -c to start one"):
+                                 " run without -c to start one", lister="`khaelor sessions`"):
     """A new session, the newest one (--continue: `none_yet` says there is none) or one named by
-    an id prefix (--resume)."""
+    an id prefix (--resume; `lister` is what lists them, /sessions in the app)."""
     directory = events.sessions_dir(home, project_root)
     files = events.list_session_files(directory)
     if args.resume is not None and not args.resume.strip():
@@ -389,8 +389,7 @@ def open_session(args, home: Path, project_root: Path,
     if args.resume:
         matches = [f for f in files if f.stem.startswith(args.resume)]
         if not matches:
-            raise UsageError(f"no session {args.resume!r} in this project;"
-                             " `khaelor sessions` lists them")
+            raise UsageError(f"no session {args.resume!r} in this project; {lister} lists them")
         if len(matches) > 1:
             raise UsageError(f"{args.resume!r} matches {len(matches)}"
                              " sessions; give more of the id")
@@ -494,9 +493,7 @@ def close_session(store) -> None:
 
 def age(ts_ms: int) -> str:
     seconds = time.time() - ts_ms / 1000
-    if seconds < 60:
-        return "just now"
-    return f"{events.duration(seconds)} ago"
+    return "just now" if seconds < 60 else f"{events.duration(seconds)} ago"
 
 
 def for_terminal(text: str, stream) -> str:
@@ -1591,9 +1588,7 @@ def report(args, store, step: str, prices: dict) -> int:
     if step == "done":
         return EXIT_OK
     print(f"khaelor: {reason}", file=sys.stderr)
-    if step == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED
+    return EXIT_INTERRUPTED if step == "interrupted" else EXIT_FAILED
 
 
 def read_prompt(args) -> str:
@@ -2127,7 +2122,7 @@ class Session:
             return await self.cmd_sessions("")
         args = argparse.Namespace(resume=prefix, continue_=False)
         try:
-            store = open_session(args, self.home, self.project_root)
+            store = open_session(args, self.home, self.project_root, lister="`/sessions`")
         except events.SessionBusyError as e:
             if e.pid == os.getpid():
                 return f"`{e.session_id}` is the session you are in"
@@ -2257,10 +2252,14 @@ class Session:
         self.reasoning[key] = value
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)
+        sent = (taken.fields.get("output_config") or {}).get("effort")
+        if key == "effort" and sent not in (None, value):
+            # thinking off where the model cannot: "effort max" alone would be untrue
+            notes = f"effort {value} is kept, but the next request sends effort {sent}: {notes}"
         if not self.store.events:
             # a session not begun yet records it in begin(): this is the only confirmation
-            sent = reasoning_label(taken.fields) or "its defaults"
-            said = f"{key} set to {value}, from your next message ({ctx.model}: {sent})"
+            said = f"{key} set to {value}, from your next message"
+            said += f" ({ctx.model}: {reasoning_label(taken.fields) or 'its defaults'})"
             if notes:
                 said += "\n\n" + notes
             return said

@@ -2313,3 +2313,28 @@ def test_transcript_keys_read_faster_than_drawn_each_count():
     assert app.transcript_top == bottom - 3
     app.on_key(K("text", "jqj"))
     assert app.transcript_top is None
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_a_denial_by_policy_shows_its_reason_on_one_line_live_and_on_replay(width):
+    """QA: the floor refusing `rm -rf /` or an unknown tool showed `✗ Denied: rm -rf /` (`✗ Denied:
+    the tool call`) and never why, though the model was told."""
+    log = [event("UserMessageCreated", text="go"),
+           event("ToolRequested", tool_use_id="t1", name="bash", input={"command": "rm -rf /"}),
+           event("PermissionDenied", tool_use_id="t1", feedback="", by="policy",
+                 reason="rm -rf /: refused by the hardline floor: recursive delete of / " * 3),
+           event("ToolRequested", tool_use_id="t2", name="frobnicate", input={"x": 1}),
+           event("PermissionDenied", tool_use_id="t2", feedback="", by="policy",
+                 reason="frobnicate: unknown tool 'frobnicate'")]
+    live = ui.Timeline(MONO, width)
+    for e in log:
+        live.apply(e)
+    live.finish()
+    lines = live.take_settled()
+    assert lines == ui.render_transcript(log, width)
+    at = lines.index("✗ Denied: rm -rf /")
+    assert lines[at + 1].startswith("  refused by the hardline floor:")
+    assert lines[at + 1].endswith("…") and ui.visible_width(lines[at + 1]) == width
+    assert lines[at + 2] == ""
+    at = lines.index("✗ Denied: frobnicate")
+    assert lines[at + 1] == "  unknown tool 'frobnicate'"
