@@ -1711,7 +1711,7 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     if events.has_hidden_characters(raw + raw_preview):
         noun = "command" if "command" in tool_input else "call"
         warning = (f"⚠ this {noun} contains hidden or control characters,"
-                   " shown below as ^[, ␍ or <U+…>")
+                   " shown as ^[, ␍ or <U+…>")
         lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
     rows = []
     # a multi-line command: its lines, not one run-on line

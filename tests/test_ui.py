@@ -693,7 +693,8 @@ def test_the_panel_shows_every_byte_of_a_hostile_command_and_flags_it(width):
     assert "".join(shown.split()) in flat
     assert "alwaysallow`rm^[[8m*`inthisproject" in flat
     warning = " ".join(" ".join(rows).split())
-    assert "⚠ this command contains hidden or control characters" in warning
+    # a one-line command's bytes are in the question above the warning, not "below"
+    assert "⚠ this command contains hidden or control characters, shown as ^[" in warning
     assert all(ui.visible_width(line) <= width for line in app.frame(1.0)[0])
     # the card it leaves once run says the same
     app.on_key(K("text", "y"))
