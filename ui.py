@@ -1065,9 +1065,10 @@ class Timeline:
         self._any = True
 
     def _dim_line(self, text: str) -> None:
-        """One line, always: a newline in it (a title, a command) is shown escaped, as \\n."""
+        """A note, wrapped (never cut: at width 40 its end is its news); a newline in it (a title,
+        a command) is shown escaped, as \\n."""
         text = sanitize(text).replace("\n", "\\n")
-        self._settle([self._dim(text)])
+        self._settle(wrap_spans([(text, ("dim",))], self.width, self.style, "", "  "))
 
     def _dim(self, text: str, *roles: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", *roles)

@@ -2339,3 +2339,16 @@ def test_a_denial_by_policy_shows_its_reason_on_one_line_live_and_on_replay(widt
     assert lines[at + 2] == ""
     at = lines.index("✗ Denied: frobnicate")
     assert lines[at + 1] == "  unknown tool 'frobnicate'"
+
+
+def test_a_note_wraps_at_width_40_instead_of_losing_its_end():
+    """QA: /compact at width 40 left `◇ Context compacted: earlier turns are …`, and a process's
+    note lost its exit code: a note is wrapped under its symbol, a newline in it still escaped."""
+    lines = timeline_text([event("ContextCompacted", summary="s"),
+                           event("ProcessExited", process_id="dev-server-frontend", exit_code=137,
+                                 cause="killed by a signal"),
+                           event("SessionRenamed", title="two\nlines")], width=40)
+    words = " ".join(lines.replace("\n", " ").split())
+    assert "earlier turns are now a summary" in words and "exited 137 (killed by a signal)" in words
+    assert "◇ Session: two\\nlines" in words
+    assert all(ui.visible_width(line) <= 40 for line in lines.split("\n"))
