@@ -2123,6 +2123,9 @@ class Session:
         args = argparse.Namespace(resume=prefix, continue_=False)
         try:
             store = open_session(args, self.home, self.project_root, lister="`/sessions`")
+        except UsageError as e:
+            # an answer, not a failure: "✗ The command failed: no session …" read as a fault
+            return str(e)
         except events.SessionBusyError as e:
             if e.pid == os.getpid():
                 return f"`{e.session_id}` is the session you are in"
@@ -2463,9 +2466,7 @@ def starting_instructions(root: Path) -> str:
 
 def import_note(item) -> str:
     """What follows an instruction file's path when another one imported it."""
-    if not item.imported_by:
-        return ""
-    return f" (imported by `{item.imported_by}`)"
+    return f" (imported by `{item.imported_by}`)" if item.imported_by else ""
 
 
 def known_model_ids(prices: dict) -> list[str]:
