@@ -370,9 +370,9 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 def open_session(args, home: Path, project_root: Path,
                  none_yet: str = "no earlier session in this project to continue;"
-                                 " run without -c to start one"):
+                                 " run without -c to start one", lister="`khaelor sessions`"):
     """A new session, the newest one (--continue: `none_yet` says there is none) or one named by
-    an id prefix (--resume)."""
+    an id prefix (--resume; `lister` is what lists them, /sessions in the app)."""
     directory = events.sessions_dir(home, project_root)
     files = events.list_session_files(directory)
     if args.resume is not None and not args.resume.strip():
@@ -384,8 +384,7 @@ def open_session(args, home: Path, project_root: Path,
     if args.resume:
         matches = [f for f in files if f.stem.startswith(args.resume)]
         if not matches:
-            raise UsageError(f"no session {args.resume!r} in this project;"
-                             " `khaelor sessions` lists them")
+            raise UsageError(f"no session {args.resume!r} in this project; {lister} lists them")
         if len(matches) > 1:
             raise UsageError(f"{args.resume!r} matches {len(matches)}"
                              " sessions; give more of the id")
@@ -489,9 +488,7 @@ def close_session(store) -> None:
 
 def age(ts_ms: int) -> str:
     seconds = time.time() - ts_ms / 1000
-    if seconds < 60:
-        return "just now"
-    return f"{events.duration(seconds)} ago"
+    return "just now" if seconds < 60 else f"{events.duration(seconds)} ago"
 
 
 def for_terminal(text: str, stream) -> str:
@@ -2110,7 +2107,10 @@ class Session:
             return await self.cmd_sessions("")
         args = argparse.Namespace(resume=prefix, continue_=False)
         try:
-            store = open_session(args, self.home, self.project_root)
+            store = open_session(args, self.home, self.project_root, lister="`/sessions`")
+        except UsageError as e:
+            # an answer, not a failure: "✗ The command failed: no session …" read as a fault
+            return str(e)
         except events.SessionBusyError as e:
             if e.pid == os.getpid():
                 return f"`{e.session_id}` is the session you are in"
@@ -2238,10 +2238,14 @@ class Session:
         self.reasoning[key] = value
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)
+        sent = (taken.fields.get("output_config") or {}).get("effort")
+        if key == "effort" and sent not in (None, value):
+            # thinking off where the model cannot: "effort max" alone would be untrue
+            notes = f"effort {value} is kept, but the next request sends effort {sent}: {notes}"
         if not self.store.events:
             # a session not begun yet records it in begin(): this is the only confirmation
-            sent = reasoning_label(taken.fields) or "its defaults"
-            said = f"{key} set to {value}, from your next message ({ctx.model}: {sent})"
+            said = f"{key} set to {value}, from your next message"
+            said += f" ({ctx.model}: {reasoning_label(taken.fields) or 'its defaults'})"
             if notes:
                 said += "\n\n" + notes
             return said
@@ -2445,9 +2449,7 @@ def starting_instructions(root: Path) -> str:
 
 def import_note(item) -> str:
     """What follows an instruction file's path when another one imported it."""
-    if not item.imported_by:
-        return ""
-    return f" (imported by `{item.imported_by}`)"
+    return f" (imported by `{item.imported_by}`)" if item.imported_by else ""
 
 
 def known_model_ids(prices: dict) -> list[str]:

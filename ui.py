@@ -176,15 +176,11 @@ def char_width(ch: str) -> int:
         return 0
     if unicodedata.category(ch) in ("Mn", "Me", "Cf"):
         return 0
-    if unicodedata.east_asian_width(ch) in ("W", "F"):
-        return 2
-    return 1
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
 
 
 def cell_width(text: str) -> int:
-    if text.isascii():
-        return len(text)
-    return sum(map(char_width, text))
+    return len(text) if text.isascii() else sum(map(char_width, text))
 
 
 def visible_width(line: str) -> int:
@@ -847,9 +843,7 @@ ERROR_WORDS = {
 def one_line(text: str) -> str:
     """A card's summary as one line: `src/app.py`, `pytest -q`, `start npm run dev`."""
     lines = shown(text).strip().split("\n")
-    if len(lines) > 1:
-        return lines[0] + " …"
-    return lines[0]
+    return lines[0] + " …" if len(lines) > 1 else lines[0]
 
 
 # a finished call's flags, in the card line's words
@@ -1071,9 +1065,10 @@ class Timeline:
         self._any = True
 
     def _dim_line(self, text: str) -> None:
-        """One line, always: a newline in it (a title, a command) is shown escaped, as \\n."""
+        """A note, wrapped (never cut: at width 40 its end is its news); a newline in it (a title,
+        a command) is shown escaped, as \\n."""
         text = sanitize(text).replace("\n", "\\n")
-        self._settle([self._dim(text)])
+        self._settle(wrap_spans([(text, ("dim",))], self.width, self.style, "", "  "))
 
     def _dim(self, text: str, *roles: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", *roles)
@@ -1413,14 +1408,20 @@ class Timeline:
     def _on_PermissionDenied(self, e: dict) -> None:
         # it will not run: no card to keep
         card = self._pop_card(e)
-        what = self._resolve(e).get("descriptor") or card.summary or "the tool call"
+        what = str(self._resolve(e).get("descriptor") or card.summary or card.name)
         feedback = sanitize(str(e.get("feedback") or "")).strip()
-        text = f"Denied: {shown(str(what))}"
-        if "plan mode: " in str(e.get("reason") or ""):
+        reason = str(e.get("reason") or "")
+        text = f"Denied: {shown(what)}"
+        if "plan mode: " in reason:
             text += " · plan mode: only what reads runs (Shift-Tab leaves it)"
         if feedback:
             text += f" · told the model: {feedback}"
-        self._settle(self._marked("✗", "warning", text))
+        lines = self._marked("✗", "warning", text)
+        if e.get("by") == "policy" and "plan mode: " not in reason:
+            # the floor's or a rule's why, as the model reads it ("<descriptor>: why")
+            why = one_line(reason.removeprefix(what + ": "))
+            lines.append(self._dim("  " + why))
+        self._settle(lines)
 
     def _resolve(self, e: dict) -> dict:
         """The answered request ({} if unknown), no longer awaited."""
@@ -1567,9 +1568,7 @@ RULE_WORDS = {"file.write.project": "editing ", "file.read": "reading ",
 def format_count(n: float) -> str:
     if n >= 1e6:
         return f"{n / 1e6:.1f}M"
-    if n >= 1e3:
-        return f"{n / 1e3:.1f}k"
-    return str(int(n))
+    return f"{n / 1e3:.1f}k" if n >= 1e3 else str(int(n))
 
 
 def render_status_line(status: dict, activity: str, spinner: str,
@@ -1713,7 +1712,7 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     if events.has_hidden_characters(raw + raw_preview):
         noun = "command" if "command" in tool_input else "call"
         warning = (f"⚠ this {noun} contains hidden or control characters,"
-                   " shown below as ^[, ␍ or <U+…>")
+                   " shown as ^[, ␍ or <U+…>")
         lines += wrap_spans([(warning, ("warning",))], width, style, bar, bar)
     rows = []
     # a multi-line command: its lines, not one run-on line
@@ -2458,9 +2457,7 @@ def move_rows(delta: int) -> str:
     """The cursor `delta` rows down (up if negative); nothing for 0 (CSI 0A would move one)."""
     if delta < 0:
         return CURSOR_UP.format(-delta)
-    if delta > 0:
-        return CURSOR_DOWN.format(delta)
-    return ""
+    return CURSOR_DOWN.format(delta) if delta > 0 else ""
 
 
 # ════ App: keys and events in, frames out (no terminal, no loop: testable) ════

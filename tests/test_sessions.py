@@ -793,3 +793,14 @@ def test_continue_and_resume_together_is_a_usage_error(khaelor, fake):
     result = khaelor.run("-c", "-r", session_id, "-p", "second")
     assert result.returncode == 2 and "-c" in result.stderr and "-r" in result.stderr, result.stderr
     assert len(fake.requests) == 1
+
+
+def test_resume_of_no_such_session_in_the_app_points_at_slash_sessions(project, env, monkeypatch):
+    """QA: `/resume zzz` in the app said "✗ The command failed:" and gave the CLI's hint
+    (`khaelor sessions`): it answers, naming /sessions."""
+    from test_claude_parity import in_session as in_new_session
+
+    async def resume(session):
+        return await session.run_command("/resume zzz")
+    said = in_new_session(project, env, monkeypatch, resume)
+    assert said == "no session 'zzz' in this project; `/sessions` lists them"

@@ -258,3 +258,28 @@ def test_a_setting_refused_on_the_retry_is_not_said_to_be_sent_again(kernel_turn
     assert step == "failed" and failures[-1]["retrying"] is False
     assert "refused the thinking setting" in failures[-1]["message"]
     assert "sent again" not in failures[-1]["message"], "there is no third try"
+
+
+def test_effort_max_with_thinking_off_says_which_effort_is_sent(project, env, monkeypatch):
+    """QA: /thinking off then /effort max on a model that cannot turn thinking off answered
+    "effort set to max" (begun: "◇ effort max"), and the next request asked for effort low."""
+    import asyncio
+
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.chdir(project)
+    home = Path(env["KHAELOR_HOME"])
+
+    async def go():
+        args = cli.parse_args([])
+        session = cli.Session(args, cli.load_settings(args, home, project), home, project)
+        session.attach(events.SessionStore.create(events.sessions_dir(home, project)))
+        try:
+            await session.run_command("/thinking off")
+            return await session.run_command("/effort max"), session.status()["reasoning"]
+        finally:
+            await session.quit()
+    said, status = asyncio.run(go())
+    assert "effort max is kept, but the next request sends effort low" in said
+    assert status == "effort low"

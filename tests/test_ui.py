@@ -693,7 +693,8 @@ def test_the_panel_shows_every_byte_of_a_hostile_command_and_flags_it(width):
     assert "".join(shown.split()) in flat
     assert "alwaysallow`rm^[[8m*`inthisproject" in flat
     warning = " ".join(" ".join(rows).split())
-    assert "⚠ this command contains hidden or control characters" in warning
+    # a one-line command's bytes are in the question above the warning, not "below"
+    assert "⚠ this command contains hidden or control characters, shown as ^[" in warning
     assert all(ui.visible_width(line) <= width for line in app.frame(1.0)[0])
     # the card it leaves once run says the same
     app.on_key(K("text", "y"))
@@ -2313,3 +2314,41 @@ def test_transcript_keys_read_faster_than_drawn_each_count():
     assert app.transcript_top == bottom - 3
     app.on_key(K("text", "jqj"))
     assert app.transcript_top is None
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_a_denial_by_policy_shows_its_reason_on_one_line_live_and_on_replay(width):
+    """QA: the floor refusing `rm -rf /` or an unknown tool showed `✗ Denied: rm -rf /` (`✗ Denied:
+    the tool call`) and never why, though the model was told."""
+    log = [event("UserMessageCreated", text="go"),
+           event("ToolRequested", tool_use_id="t1", name="bash", input={"command": "rm -rf /"}),
+           event("PermissionDenied", tool_use_id="t1", feedback="", by="policy",
+                 reason="rm -rf /: refused by the hardline floor: recursive delete of / " * 3),
+           event("ToolRequested", tool_use_id="t2", name="frobnicate", input={"x": 1}),
+           event("PermissionDenied", tool_use_id="t2", feedback="", by="policy",
+                 reason="frobnicate: unknown tool 'frobnicate'")]
+    live = ui.Timeline(MONO, width)
+    for e in log:
+        live.apply(e)
+    live.finish()
+    lines = live.take_settled()
+    assert lines == ui.render_transcript(log, width)
+    at = lines.index("✗ Denied: rm -rf /")
+    assert lines[at + 1].startswith("  refused by the hardline floor:")
+    assert lines[at + 1].endswith("…") and ui.visible_width(lines[at + 1]) == width
+    assert lines[at + 2] == ""
+    at = lines.index("✗ Denied: frobnicate")
+    assert lines[at + 1] == "  unknown tool 'frobnicate'"
+
+
+def test_a_note_wraps_at_width_40_instead_of_losing_its_end():
+    """QA: /compact at width 40 left `◇ Context compacted: earlier turns are …`, and a process's
+    note lost its exit code: a note is wrapped under its symbol, a newline in it still escaped."""
+    lines = timeline_text([event("ContextCompacted", summary="s"),
+                           event("ProcessExited", process_id="dev-server-frontend", exit_code=137,
+                                 cause="killed by a signal"),
+                           event("SessionRenamed", title="two\nlines")], width=40)
+    words = " ".join(lines.replace("\n", " ").split())
+    assert "earlier turns are now a summary" in words and "exited 137 (killed by a signal)" in words
+    assert "◇ Session: two\\nlines" in words
+    assert all(ui.visible_width(line) <= 40 for line in lines.split("\n"))
