@@ -307,7 +307,7 @@ def enforced() -> bool:
 
 def notice() -> str | None:
     """The one line to show at interactive start and on stderr headless when a layer is missing."""
-    missing = [name for name, held, _ in layers()[:4] if not held]
+    missing = [name for name, held, _ in layers()[:5] if not held]
     if not missing:
         return None
     if enforced():
@@ -461,19 +461,26 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, READ_DEVICE) for device in READABLE_DEVICES + TERMINAL_DEVICES]
     grants += [("/dev", LIST_ONLY)]
-    # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
-    # its shadow repository under $KHAELOR_HOME and nothing else).
-    approved_rights = WRITE if confine.write or confine.paths_write else READ
-    targets = filter(None, map(approved_target, confine.paths))
-    grants += [(target, approved_rights) for target in targets]
-    # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
-    # and git writes the blobs it hands to a textconv or an external diff there. Nothing else is.
-    if temp_dir:
-        grants.append((temp_dir, WRITE))
+    if not (confine.write or confine.paths_write):
+        grants += [(target, READ) for target in filter(None, map(approved_target, confine.paths))]
+    grants += [(place, WRITE) for place in _writes(confine, project, temp_dir)]
     if confine.write:
-        grants += [(project, WRITE), (SHARED_MEMORY, WRITE)]
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
     return [(os.path.realpath(path), rights) for path, rights in grants]
+
+
+def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]:
+    """The real paths a command may write beneath (devices aside)."""
+    # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
+    # and git writes the blobs it hands to a textconv or an external diff there.
+    places = [temp_dir] if temp_dir else []
+    # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
+    # its shadow repository under $KHAELOR_HOME and nothing else).
+    if confine.write or confine.paths_write:
+        places += filter(None, map(approved_target, confine.paths))
+    if confine.write:
+        places += [project, SHARED_MEMORY]
+    return [os.path.realpath(place) for place in places]
 
 
 def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
@@ -597,14 +604,90 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
     _opened[path] = opened
 
 
-def child_hook(ruleset: int | None, program: tuple | None, limits: list, listener_to=None):
-    """The preexec_fn that confines a child: no capabilities (a root child could otherwise read
-    khaelor's /proc/PID/environ through Landlock), lower rlimits, no new privileges, the Landlock
-    ruleset, then the seccomp filter; with `listener_to` (a socket) the filter's notification fd is
-    sent there for the supervisor (see Supervisor). It runs after fork in a threaded process, so it
-    calls only ctypes and the resource module with arguments built here. CPython calls it before
-    close_fds, so the fds it needs are still open; close_fds closes them before exec. If it fails,
-    Popen raises in the parent and the command does not run."""
+# ------------------------------------------------------- mounts: the rest of the machine read-only
+# Landlock has no right for a file's mode, owner, times or extended attributes. A read-only command
+# has those system calls refused (METADATA_SYSCALLS); an approved one needs them in the project
+# (chmod +x, tar, cp -p), so it gets a mount namespace of its own in which every mount is read-only
+# but the places it may write, each bound over itself: `chmod 777 ~/.ssh` fails there with EROFS.
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+SYS_MOUNT_SETATTR = 442    # one number on every machine (the unified table)
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 1
+
+
+def writable_places(confine: Confine, project: Path, temp_dir: Path | None) -> list[str] | None:
+    """What an approved command's mount namespace leaves writable (what its ruleset lets it write
+    beneath), or None: a read-only command needs no namespace, or this kernel gives none."""
+    if not (confine.write or confine.paths_write) or not mount_namespace_available():
+        return None
+    return _writes(confine, project, temp_dir)
+
+
+def enter_read_only_mounts(writable: list[str]) -> None:
+    """In the child, while it still has its capabilities: a mount namespace (and, for a user
+    other than root, the user namespace that lets it make one, mapping only itself) where every
+    mount is read-only but `writable`. Nothing propagates out (MS_PRIVATE); Landlock, entered next,
+    forbids the command any mount or unmount of its own."""
+    uid = os.getuid()
+    gid = os.getgid()
+    flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
+    _syscall(SYSCALLS[os.uname().machine]["unshare"], flags, what="unshare: ")
+    if uid != 0:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    _mount_attributes(b"/", set_=MOUNT_ATTR_RDONLY)
+    for path in writable:
+        place = path.encode()
+        if _libc.mount(place, place, None, MS_BIND | MS_REC, None) == 0:
+            _mount_attributes(place, clear=MOUNT_ATTR_RDONLY)
+    # the working directory was entered on the read-only mount beneath (a deleted one stays)
+    with contextlib.suppress(OSError):
+        os.chdir(os.getcwd())
+
+
+def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0) -> None:
+    # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
+    attr = (ctypes.c_uint64 * 4)(set_, clear, 0, 0)
+    # AT_FDCWD: `path` is absolute
+    _syscall(SYS_MOUNT_SETATTR, -100, path, AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr),
+             what="mount_setattr: ")
+
+
+@functools.cache
+def mount_namespace_available() -> bool:
+    """Whether an approved command can get its read-only mounts here (not in a container that
+    forbids namespaces, nor where AppArmor gives a new user namespace no capabilities): tried
+    once, in a child that does nothing else."""
+    if probe()[0] == 0:
+        return False
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        with contextlib.suppress(BaseException):
+            enter_read_only_mounts([])
+            code = 0
+        os._exit(code)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def child_hook(ruleset: int | None, program: tuple | None, limits: list, listener_to=None,
+               writable: list[str] | None = None):
+    """The preexec_fn that confines a child: with `writable`, its read-only mounts; no
+    capabilities (a root child could otherwise read khaelor's /proc/PID/environ through Landlock),
+    lower rlimits, no new privileges, the Landlock ruleset, then the seccomp filter; with
+    `listener_to` (a socket) the filter's notification fd is sent there for the supervisor (see
+    Supervisor). It runs after fork in a threaded process, so it calls only ctypes, the resource
+    module and os with arguments built here. CPython calls it before close_fds, so the fds it
+    needs are still open; close_fds closes them before exec. If it fails, Popen raises in the
+    parent and the command does not run."""
     syscall = _libc.syscall
     prctl = _libc.prctl
     # every capability a 64-bit set can name (past the kernel's last one, the drop fails: EINVAL)
@@ -623,6 +706,8 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
                          ctypes.byref(fprog))
 
     def enter() -> None:
+        if writable is not None:
+            enter_read_only_mounts(writable)
         for drop in drops:
             # EPERM without CAP_SETPCAP (not root): there is nothing to drop then
             prctl(*drop)
@@ -844,11 +929,11 @@ class Entry:
     The ruleset fd is the entry's own (a copy of the one the Workspace keeps for reuse)."""
 
     def __init__(self, ruleset: int | None, program: tuple | None, limits: list,
-                 supervisor: "Supervisor | None" = None):
+                 supervisor: "Supervisor | None" = None, writable: list[str] | None = None):
         self.ruleset = ruleset
         self.supervisor = supervisor
         listener_to = supervisor.theirs if supervisor else None
-        self.hook = child_hook(ruleset, program, limits, listener_to)
+        self.hook = child_hook(ruleset, program, limits, listener_to, writable)
 
     def started(self) -> None:
         """The child has exec'd: its supervisor starts."""
@@ -881,6 +966,8 @@ def layers() -> list[tuple[str, bool, str]]:
                              "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI; "
                              "no chmod, chown, utime or xattr from a read-only command; "
                              "setsid and setpgid leave a command in its group"),
+        ("mounts", mount_namespace_available(), "an approved command sees every other place "
+                                                "read-only: no chmod, chown or utime outside"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

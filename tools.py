@@ -717,7 +717,9 @@ class Workspace:
                 # this child starts, and its number could be reused meanwhile
                 ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
-        return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor)
+        writable = sandbox.writable_places(confine, self.cwd, self.temp_dir)
+        return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor,
+                                  writable)
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
