@@ -1143,6 +1143,9 @@ def _on_user_message(state: State, event: dict) -> None:
     note_seen(state, event)     # an @mention attached a file: the model has read it
     state.turn_open = True
     state.needs_model = True
+    # a message queued as the last turn ended is this one (Kernel.send_queued)
+    if text in state.queued_steering:
+        state.queued_steering = [queued for queued in state.queued_steering if queued != text]
     state.start_turn(text, event.get("model") or "")
     state.user_texts.append((event["seq"], text))
     if not state.title:

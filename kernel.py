@@ -453,6 +453,18 @@ class Kernel:
         chosen = {"model": model} if model else {}
         self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen)
 
+    def send_queued(self) -> bool:
+        """Messages typed after the turn's last request (while it wrote its last checkpoint) were
+        queued as steering that no step took: they start the next turn, the last as its message.
+        False: none waits, or a turn runs."""
+        *earlier, last = self.state.queued_steering or [None]
+        if last is None or self.busy:
+            return False
+        for text in earlier:
+            self.emit("SteeringInjected", text=text)
+        self.emit("UserMessageCreated", text=last, **self.attachments(last))
+        return True
+
     def attachments(self, text: str) -> dict:
         """@path mentions the rules let the model read without asking, attached as read would
         show them (a file's first ATTACH_LINES lines, a folder's listing): no round trip."""

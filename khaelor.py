@@ -1850,7 +1850,14 @@ class Session:
     def start_turn(self) -> None:
         """The turn as a task; Kernel.run supervises it (any error becomes TaskFailed)."""
         self.turn = self.kernel.start()
-        self.turn.add_done_callback(self.task_ended)
+        self.turn.add_done_callback(self.turn_ended)
+
+    def turn_ended(self, turn) -> None:
+        """A message typed as the turn ended starts the next one; after an Esc, queued ones wait
+        to go first with the next message."""
+        self.task_ended(turn)
+        if not turn.cancelled() and turn is self.turn and self.kernel.send_queued():
+            self.start_turn()
 
     def task_ended(self, task) -> None:
         """The turn or the baseline task ended: a failure is said in one line, never lost."""

@@ -1107,6 +1107,8 @@ class Timeline:
         return lines
 
     def _on_UserMessageCreated(self, e: dict) -> None:
+        # a message queued as the last turn ended is this one (Kernel.send_queued)
+        self._on_SteeringInjected(e)
         lines = self._written(e.get("text", ""), "user")
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]

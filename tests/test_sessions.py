@@ -574,6 +574,35 @@ def test_a_message_sent_before_the_turn_task_first_runs_is_steering(khaelor, fak
                          ("SteeringInjected", "second")]
 
 
+def test_a_message_typed_as_the_turn_ends_starts_the_next_turn(khaelor, fake, project, env, monkeypatch):
+    """QA: a message typed after the last request, while the turn wrote its last checkpoint, was
+    queued as steering that no step could take: it waited, unsent, for the user's next message."""
+    fake.enqueue(reply(text("hello")))
+    assert khaelor.run("-p", "hi", "--yes").returncode == 0
+    fake.enqueue(reply(text("first answer")), reply(text("second answer")))
+
+    async def script(session):
+        typed = []
+
+        def type_as_it_ends(event):
+            # the turn has ended in the log, not yet for the session: the window of the race
+            if event["type"] == "TaskCompleted" and not typed:
+                typed.append(session.submit("late"))
+        session.subscribe(type_as_it_ends)
+        session.submit("first")
+        first = session.turn
+        await first
+        assert session.turn is not first
+        await session.turn
+        return [(e["type"], e.get("text")) for e in session.store.events
+                if e["type"] in ("UserMessageCreated", "SteeringQueued", "TaskCompleted")]
+    said = in_session(project, env, monkeypatch, script)
+    assert said[-5:] == [("UserMessageCreated", "first"), ("TaskCompleted", None),
+                         ("SteeringQueued", "late"), ("UserMessageCreated", "late"),
+                         ("TaskCompleted", None)]
+    assert "late" in json.dumps(fake.requests[-1]["body"]["messages"][-1])
+
+
 def test_mention_files_are_listed_off_the_event_loop_and_announced(khaelor, fake, project, env, monkeypatch):
     fake.enqueue(reply(text("hello")))
     assert khaelor.run("-p", "hi", "--yes").returncode == 0
