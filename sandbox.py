@@ -966,8 +966,8 @@ def layers() -> list[tuple[str, bool, str]]:
                              "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI; "
                              "no chmod, chown, utime or xattr from a read-only command; "
                              "setsid and setpgid leave a command in its group"),
-        ("mounts", mount_namespace_available(), "an approved command sees every other place "
-                                                "read-only: no chmod, chown or utime outside"),
+        ("mount-namespace", mount_namespace_available(),
+         "an approved command sees the rest read-only: no chmod, chown or utime outside"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

@@ -172,7 +172,7 @@ def test_an_approved_command_changes_metadata_only_where_it_may_write(project, e
     path and the temp dir aside."""
     if not sandbox.mount_namespace_available() and not os.environ.get("KHAELOR_CI"):
         # no namespaces here (some containers, Ubuntu's AppArmor): said at start, not held
-        assert "mounts" in sandbox.notice()
+        assert "mount-namespace" in sandbox.notice()
         return
     # readable to every command (git's config), so an fchmod gets a descriptor to try
     outside = Path(env["HOME"]) / ".config" / "git"
