@@ -185,7 +185,7 @@ def is_secret_path(path: str, home: str) -> bool:
 # Writable even by read-only commands:
 NULL_DEVICES = ["/dev/null", "/dev/zero", "/dev/full"]
 READABLE_DEVICES = ["/dev/random", "/dev/urandom"]
-# Writable for approved commands:
+# Approved commands' only, for ptys of their own (a read-only one would read the user's keys):
 TERMINAL_DEVICES = ["/dev/tty", "/dev/ptmx", "/dev/pts"]
 # POSIX semaphores and shared memory (multiprocessing): approved commands.
 SHARED_MEMORY = "/dev/shm"
@@ -459,7 +459,7 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     # Results point at spill files, so those stay readable.
     grants += [(project, READ), (khaelor_home / "spill", READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
-    grants += [(device, READ_DEVICE) for device in READABLE_DEVICES + TERMINAL_DEVICES]
+    grants += [(device, READ_DEVICE) for device in READABLE_DEVICES]
     grants += [("/dev", LIST_ONLY)]
     if not (confine.write or confine.paths_write):
         grants += [(target, READ) for target in filter(None, map(approved_target, confine.paths))]
@@ -648,6 +648,11 @@ def enter_read_only_mounts(writable: list[str]) -> None:
         place = path.encode()
         if _libc.mount(place, place, None, MS_BIND | MS_REC, None) == 0:
             _mount_attributes(place, clear=MOUNT_ATTR_RDONLY)
+    # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
+    # terminal only through khaelor, which cleans what it shows. Ptys it makes itself still work.
+    for name in os.listdir("/dev/pts"):
+        if name.isdigit():
+            _libc.mount(b"/dev/null", f"/dev/pts/{name}".encode(), None, MS_BIND, None)
     # the working directory was entered on the read-only mount beneath (a deleted one stays)
     with contextlib.suppress(OSError):
         os.chdir(os.getcwd())
@@ -967,7 +972,8 @@ def layers() -> list[tuple[str, bool, str]]:
                              "no chmod, chown, utime or xattr from a read-only command; "
                              "setsid and setpgid leave a command in its group"),
         ("mount-namespace", mount_namespace_available(),
-         "an approved command sees the rest read-only: no chmod, chown or utime outside"),
+         "an approved command sees the rest read-only (no chmod, chown or utime outside) and "
+         "the terminals open as it starts as /dev/null"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

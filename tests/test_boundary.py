@@ -231,6 +231,29 @@ def test_a_user_other_than_root_gets_the_read_only_mounts_through_a_user_namespa
         shutil.rmtree(base)
 
 
+def test_no_command_reaches_a_terminal_but_the_ptys_it_makes(project, env):
+    """Output reaches the terminal only through khaelor, which cleans it. A read-only command
+    could read the keys typed into the user's terminal (/dev/pts/N), an approved one write escape
+    sequences there (a clipboard write, a fake question); ptys of its own it still makes."""
+    master, slave = os.openpty()
+    terminal = os.ttyname(slave)
+    os.set_blocking(master, False)
+    try:
+        code, out = sandboxed(project, env, "--read-only", *python(
+            f"import os; os.open({terminal!r}, os.O_RDONLY | os.O_NONBLOCK)"))
+        assert code != 0 and "Permission denied" in out, out
+        own_pty = "import os; m, s = os.openpty(); os.write(s, b'own-pty'); print(os.read(m, 9))"
+        code, out = sandboxed(project, env, "--write", "sh", "-c",
+                              f"printf INJECTED > {terminal}; {sys.executable} -c \"{own_pty}\"")
+        assert "own-pty" in out, out
+        if sandbox.mount_namespace_available() or os.environ.get("KHAELOR_CI"):
+            with pytest.raises(BlockingIOError):
+                os.read(master, 100)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env, listener):
     port = listener.getsockname()[1]
     code, out = sandboxed(project, env, "--write", *python(
