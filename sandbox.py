@@ -480,6 +480,10 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
         places += filter(None, map(approved_target, confine.paths))
     if confine.write:
         places += [project, SHARED_MEMORY]
+    if confine.write and temp_dir:
+        # what its mount namespace shows as /dev/shm (Mounts): Landlock checks no rule on the way
+        # up from a mount through the place it is mounted on, so this folder needs its own
+        places.append(os.path.join(temp_dir, "shm"))
     return [os.path.realpath(place) for place in places]
 
 
@@ -619,19 +623,29 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 1
 
 
-def writable_places(confine: Confine, project: Path, temp_dir: Path | None) -> list[str] | None:
-    """What an approved command's mount namespace leaves writable (what its ruleset lets it write
-    beneath), or None: a read-only command needs no namespace, or this kernel gives none."""
+@dataclass(frozen=True)
+class Mounts:
+    """An approved command's mount namespace: where it may write (what its ruleset lets it write
+    beneath), and the folder it sees as /dev/shm (one of the session temp dir's)."""
+    writable: tuple[str, ...]
+    shared_memory: str = ""
+
+
+def mounts_for(confine: Confine, project: Path, temp_dir: Path | None) -> Mounts | None:
+    """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
-    return _writes(confine, project, temp_dir)
+    shared_memory = ""
+    if confine.write and temp_dir:
+        shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
+    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory)
 
 
-def enter_read_only_mounts(writable: list[str]) -> None:
+def enter_read_only_mounts(mounts: Mounts) -> None:
     """In the child, while it still has its capabilities: a mount namespace (and, for a user
     other than root, the user namespace that lets it make one, mapping only itself) where every
-    mount is read-only but `writable`. Nothing propagates out (MS_PRIVATE); Landlock, entered next,
-    forbids the command any mount or unmount of its own."""
+    mount is read-only but `mounts.writable`. Nothing propagates out (MS_PRIVATE); Landlock,
+    entered next, forbids the command any mount or unmount of its own."""
     uid = os.getuid()
     gid = os.getgid()
     flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
@@ -644,13 +658,17 @@ def enter_read_only_mounts(writable: list[str]) -> None:
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
         raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
     _mount_attributes(b"/", set_=MOUNT_ATTR_RDONLY)
-    for path in writable:
+    for path in mounts.writable:
         place = path.encode()
         if _libc.mount(place, place, None, MS_BIND | MS_REC, None) == 0:
             _mount_attributes(place, clear=MOUNT_ATTR_RDONLY)
+    # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
+    if mounts.shared_memory:
+        _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
     # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
     # terminal only through khaelor, which cleans what it shows. Ptys it makes itself still work.
-    for name in os.listdir("/dev/pts"):
+    terminals = os.listdir("/dev/pts") if os.path.isdir("/dev/pts") else []
+    for name in terminals:
         if name.isdigit():
             _libc.mount(b"/dev/null", f"/dev/pts/{name}".encode(), None, MS_BIND, None)
     # the working directory was entered on the read-only mount beneath (a deleted one stays)
@@ -677,15 +695,15 @@ def mount_namespace_available() -> bool:
     if pid == 0:
         code = 1
         with contextlib.suppress(BaseException):
-            enter_read_only_mounts([])
+            enter_read_only_mounts(Mounts(()))
             code = 0
         os._exit(code)
     return os.waitpid(pid, 0)[1] == 0
 
 
 def child_hook(ruleset: int | None, program: tuple | None, limits: list, listener_to=None,
-               writable: list[str] | None = None):
-    """The preexec_fn that confines a child: with `writable`, its read-only mounts; no
+               mounts: Mounts | None = None):
+    """The preexec_fn that confines a child: its `mounts` (an approved command's); no
     capabilities (a root child could otherwise read khaelor's /proc/PID/environ through Landlock),
     lower rlimits, no new privileges, the Landlock ruleset, then the seccomp filter; with
     `listener_to` (a socket) the filter's notification fd is sent there for the supervisor (see
@@ -711,8 +729,8 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
                          ctypes.byref(fprog))
 
     def enter() -> None:
-        if writable is not None:
-            enter_read_only_mounts(writable)
+        if mounts:
+            enter_read_only_mounts(mounts)
         for drop in drops:
             # EPERM without CAP_SETPCAP (not root): there is nothing to drop then
             prctl(*drop)
@@ -934,11 +952,11 @@ class Entry:
     The ruleset fd is the entry's own (a copy of the one the Workspace keeps for reuse)."""
 
     def __init__(self, ruleset: int | None, program: tuple | None, limits: list,
-                 supervisor: "Supervisor | None" = None, writable: list[str] | None = None):
+                 supervisor: "Supervisor | None" = None, mounts: Mounts | None = None):
         self.ruleset = ruleset
         self.supervisor = supervisor
         listener_to = supervisor.theirs if supervisor else None
-        self.hook = child_hook(ruleset, program, limits, listener_to, writable)
+        self.hook = child_hook(ruleset, program, limits, listener_to, mounts)
 
     def started(self) -> None:
         """The child has exec'd: its supervisor starts."""
@@ -972,8 +990,8 @@ def layers() -> list[tuple[str, bool, str]]:
                              "no chmod, chown, utime or xattr from a read-only command; "
                              "setsid and setpgid leave a command in its group"),
         ("mount-namespace", mount_namespace_available(),
-         "an approved command sees the rest read-only (no chmod, chown or utime outside) and "
-         "the terminals open as it starts as /dev/null"),
+         "an approved command sees the rest read-only (no chmod, chown or utime outside), "
+         "the terminals open as it starts as /dev/null, a /dev/shm of the session's"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

@@ -717,9 +717,9 @@ class Workspace:
                 # this child starts, and its number could be reused meanwhile
                 ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
-        writable = sandbox.writable_places(confine, self.cwd, self.temp_dir)
+        mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir)
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor,
-                                  writable)
+                                  mounts)
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -727,6 +727,8 @@ class Workspace:
             self.temp_dir = Path(tempfile.mkdtemp(prefix=f"khaelor-session-{os.getpid()}-"))
             # Also when no Toolbox.close comes.
             weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
+        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it
+        (self.temp_dir / "shm").mkdir(exist_ok=True)
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:

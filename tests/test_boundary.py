@@ -254,6 +254,24 @@ def test_no_command_reaches_a_terminal_but_the_ptys_it_makes(project, env):
         os.close(slave)
 
 
+def test_an_approved_command_has_shared_memory_of_its_own_not_other_programs(project, env):
+    """/dev/shm holds other programs' shared memory (a browser's): an approved command sees the
+    session's own folder there, and multiprocessing still works."""
+    theirs = Path("/dev/shm") / f"khaelor-test-{os.getpid()}-{os.urandom(4).hex()}"
+    theirs.write_text("another program's memory")
+    try:
+        code, out = sandboxed(project, env, "--write", *python(
+            "import os; from multiprocessing import shared_memory\n"
+            "block = shared_memory.SharedMemory(create=True, size=8); block.buf[:2] = b'ok'\n"
+            "print(bytes(block.buf[:2]), sorted(os.listdir('/dev/shm'))); block.unlink()\n"
+            f"print(open({str(theirs)!r}).read())"))
+        assert "b'ok'" in out, out
+        if sandbox.mount_namespace_available() or os.environ.get("KHAELOR_CI"):
+            assert "another program's memory" not in out and "FileNotFoundError" in out, out
+    finally:
+        theirs.unlink()
+
+
 def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env, listener):
     port = listener.getsockname()[1]
     code, out = sandboxed(project, env, "--write", *python(
