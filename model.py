@@ -332,7 +332,9 @@ def classify(exc: BaseException) -> ModelError:
                               "check ANTHROPIC_API_KEY", status)
         if status == 413 or (status == 400 and OVERFLOW_MESSAGE.match(message.strip().lower())):
             return ModelError("context_overflow", label, status)
-        if status in RETRYABLE_STATUS or status >= 500 or err_type in RETRYABLE_TYPES:
+        transient = status in RETRYABLE_STATUS or status >= 500 or err_type in RETRYABLE_TYPES
+        # the server's own word decides, as for the SDK (ANTHROPIC_API.md §4.3)
+        if transient or exc.response.headers.get("x-should-retry") == "true":
             return ModelError("retryable", label, status)
         return ModelError("invalid_request", label, status)
     import httpx2  # the SDK's transport

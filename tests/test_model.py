@@ -204,6 +204,16 @@ def test_retry_after_zero_backs_off_and_an_http_date_is_waited_for():
     assert 1.5 <= delays[1] <= 3.6, statuses
 
 
+def test_x_should_retry_true_is_retried_whatever_the_status():
+    """As the SDK has it (ANTHROPIC_API.md §4.3), `x-should-retry` alone decides: a 400 the
+    server marks as worth retrying was said as a failure at once."""
+    script = [error("invalid_request_error", "try again", status=400, retry_after_ms="10",
+                    x_should_retry="true"), reply(text("ok"))]
+    with FakeAnthropic(script) as fake:
+        collect(client_for(fake))
+        assert len(fake.requests) == 2
+
+
 def test_a_400_that_only_mentions_the_context_window_is_not_an_overflow():
     """An invalid request whose message names the context window (not "prompt is too long", the
     API's overflow message) was taken for an overflow and compacted instead of said."""
