@@ -645,7 +645,14 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     """In the child, while it still has its capabilities: a mount namespace (and, for a user
     other than root, the user namespace that lets it make one, mapping only itself) where every
     mount is read-only but `mounts.writable`. Nothing propagates out (MS_PRIVATE); Landlock,
-    entered next, forbids the command any mount or unmount of its own."""
+    entered next, forbids the command any mount or unmount of its own. What was read-only stays
+    so (a project mounted read-only, a read-only volume in it): the namespace only takes away."""
+    writable_mounts = [point for point, read_only in _mount_points() if not read_only]
+    writable = []
+    for path in mounts.writable:
+        with contextlib.suppress(OSError):
+            if not os.statvfs(path).f_flag & os.ST_RDONLY:
+                writable.append(path)
     uid = os.getuid()
     gid = os.getgid()
     flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
@@ -657,11 +664,13 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
                 file.write(text)
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None):
         raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-    _mount_attributes(b"/", set_=MOUNT_ATTR_RDONLY)
-    for path in mounts.writable:
-        place = path.encode()
-        if _libc.mount(place, place, None, MS_BIND | MS_REC, None) == 0:
-            _mount_attributes(place, clear=MOUNT_ATTR_RDONLY)
+    _mount_attributes(b"/", set_=MOUNT_ATTR_RDONLY, flags=AT_RECURSIVE)
+    for path in writable:
+        if _libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) != 0:
+            continue
+        # its mounts that were writable, one by one (a user namespace may not clear the others)
+        for point in [path] + [point for point in writable_mounts if within(point, [path])]:
+            _mount_attributes(point.encode(), clear=MOUNT_ATTR_RDONLY)
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
         _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
@@ -676,12 +685,23 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
         os.chdir(os.getcwd())
 
 
-def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0) -> None:
+def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0) -> None:
     # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
     attr = (ctypes.c_uint64 * 4)(set_, clear, 0, 0)
     # AT_FDCWD: `path` is absolute
-    _syscall(SYS_MOUNT_SETATTR, -100, path, AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr),
+    _syscall(SYS_MOUNT_SETATTR, -100, path, flags, ctypes.byref(attr), ctypes.sizeof(attr),
              what="mount_setattr: ")
+
+
+def _mount_points() -> list[tuple[str, bool]]:
+    """(mount point, read-only) of each mount, from /proc/self/mountinfo (a space is \\040)."""
+    points = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields[4])
+            points.append((point, "ro" in fields[5].split(",")))
+    return points
 
 
 @functools.cache

@@ -231,6 +231,23 @@ def test_a_user_other_than_root_gets_the_read_only_mounts_through_a_user_namespa
         shutil.rmtree(base)
 
 
+def test_a_project_mounted_read_only_stays_read_only_to_an_approved_command(project, env):
+    """The mount namespace only takes writing away: a project the user mounted read-only (a
+    container's `-v src:/src:ro`) was made writable by the bind that keeps the project writable.
+    The user's mount is made in a namespace of the test's own (`unshare`)."""
+    if not sandbox.mount_namespace_available() and not os.environ.get("KHAELOR_CI"):
+        return      # no namespaces here: nothing is bound, and unshare cannot run
+    (project / "f").write_text("x")
+    (project / "f").chmod(0o644)
+    command = [sys.executable, str(ROOT / "khaelor.py"), "sandbox", "--write", "--",
+               "sh", "-c", "touch new; chmod 600 f"]
+    mount = f"mount --bind {project} {project} && mount -o remount,bind,ro {project}"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", f'{mount} && exec "$@"', "-", *command],
+                          cwd=project, env=env, capture_output=True, text=True)
+    assert done.stderr.count("Read-only file system") == 2, done.stdout + done.stderr
+    assert not (project / "new").exists() and (project / "f").stat().st_mode & 0o777 == 0o644
+
+
 def test_no_command_reaches_a_terminal_but_the_ptys_it_makes(project, env):
     """Output reaches the terminal only through khaelor, which cleans it. A read-only command
     could read the keys typed into the user's terminal (/dev/pts/N), an approved one write escape
