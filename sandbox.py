@@ -668,9 +668,11 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     for path in writable:
         if _libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None) != 0:
             continue
-        # its mounts that were writable, one by one (a user namespace may not clear the others)
+        # its mounts that were writable, one by one (a user namespace may not clear the others);
+        # one that cannot be cleared stays read-only: the command meets EROFS, explain() says why
         for point in [path] + [point for point in writable_mounts if within(point, [path])]:
-            _mount_attributes(point.encode(), clear=MOUNT_ATTR_RDONLY)
+            with contextlib.suppress(OSError):
+                _mount_attributes(point.encode(), clear=MOUNT_ATTR_RDONLY)
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
         _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
