@@ -1,20 +1,21 @@
 """sandbox.py: the boundary. Every command khaelor starts is held by the kernel to what its
 permission decision granted, whatever the judgement of its text got wrong: Landlock (files, TCP
 ports, signal and abstract-socket scopes), seccomp-BPF (socket families, other processes, the
-kernel's other doors, the terminal), capabilities dropped, rlimits, an allow-listed environment;
-all through ctypes, no helper binary.
+kernel's other doors, the terminal), an approved command's mount namespace (the rest read-only,
+the terminals and other programs' shared memory out of reach), capabilities dropped, rlimits, an
+allow-listed environment; all through ctypes, no helper binary.
 
 Owns: the one secret vocabulary (what the kernel closes, what permissions.py asks before reading);
 the sandbox shape a decision grants (`Confine`); probing Landlock and seccomp; the read allow-list
 and the secrets closed inside it (the home's, the system's, the project's own secret files and
-their hard links); building a ruleset in the parent from a `Confine`; the seccomp programs; the
-preexec hook that enters all of it in the child; the connect supervisor that lets an approved
-command reach only the session's own loopback servers; the child's environment; the git settings
+their hard links); building a ruleset in the parent from a `Confine`; the seccomp programs; an
+approved command's mounts; the preexec hook that enters all of it in the child; the connect
+supervisor that lets an approved command reach only the session's own loopback servers; the child's environment; the git settings
 every command carries; the note that explains a refusal; opening a path through no symbolic link
 (openat2), for khaelor's own file tools; and the one gitignore-style glob translator.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to
-confine what it does not: `layers()` says which layer this kernel enforces, and a missing one makes
-every command ask (permissions.py).
+confine what it does not: `layers()` says which layer this kernel enforces, and without Landlock or
+seccomp every command asks (permissions.py).
 
 What stays open: the files a command was given open (its stdin, stdout, stderr);
 /proc/<pid>/cmdline of other processes; names stay listable along the way to a closed location
