@@ -10,9 +10,10 @@ the sandbox shape a decision grants (`Confine`); probing Landlock and seccomp; t
 and the secrets closed inside it (the home's, the system's, the project's own secret files and
 their hard links); building a ruleset in the parent from a `Confine`; the seccomp programs; an
 approved command's mounts; the preexec hook that enters all of it in the child; the connect
-supervisor that lets an approved command reach only the session's own loopback servers; the child's environment; the git settings
-every command carries; the note that explains a refusal; opening a path through no symbolic link
-(openat2), for khaelor's own file tools; and the one gitignore-style glob translator.
+supervisor that lets an approved command reach only the session's own loopback servers; the
+child's environment; the git settings every command carries; the note that explains a refusal;
+opening a path through no symbolic link (openat2), for khaelor's own file tools; and the one
+gitignore-style glob translator.
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to
 confine what it does not: `layers()` says which layer this kernel enforces, and without Landlock or
 seccomp every command asks (permissions.py).
