@@ -741,7 +741,7 @@ class Rewind:
             except OSError:
                 raise KhaelorError(f"cannot rewind: the version of {relative}"
                                    " kept for it is gone (pruned after 30 days)") from None
-        self.restores = checkpoints.plan(self.root, self.target["tree"], written,
+        self.restores = checkpoints.plan(self.root, self.target, written,
                                          last, self.now["tree"])
 
     def moves_head(self) -> bool:

@@ -1568,17 +1568,17 @@ class Checkpoints:
             found[path] = (old_mode, old_oid, new_mode, new_oid, status)
         return found
 
-    def plan(self, root: Path, target: str, overlay: dict[str, bytes], last: str,
+    def plan(self, root: Path, target: dict, overlay: dict[str, bytes], last: str,
              now: str) -> list[Restore]:
-        """What going back to the tree `target` (with `overlay`, files written by write/edit after
-        it) writes and deletes: the paths the agent changed between `target` and `last` (the
+        """What going back to the checkpoint `target` (with `overlay`, files written by write/edit
+        after it) writes and deletes: the paths the agent changed between `target` and `last` (the
         checkpoint after its last step) that differ now; a path that also changed between `last`
-        and `now` was changed by someone else since, and is marked."""
-        agent = self.entries(root, target, last)
+        and `now` was changed by someone else since, and is marked; one `target` skipped is kept."""
+        agent = self.entries(root, target["tree"], last)
         user = self.entries(root, last, now)
         restores = []
         for path, (mode, oid, last_mode, last_oid, _) in agent.items():
-            if path in overlay:
+            if path in overlay or path in target["skipped"]:
                 continue
             current = (last_mode, last_oid)
             if path in user:
@@ -1587,7 +1587,8 @@ class Checkpoints:
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
             if _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
-                mode = agent.get(path, ("100644",))[0]
+                # not changed between the checkpoints: "" keeps the file's mode as it is now
+                mode = agent.get(path, ("",))[0]
                 if mode == ABSENT_MODE:
                     mode = "100644"
                 restores.append(Restore(path, mode, data=data, user_changed=path in user))
@@ -1600,9 +1601,12 @@ class Checkpoints:
         blobs = self._blobs(root, wanted)
         problems = []
         deletes = [r for r in restores if r.mode == ABSENT_MODE]
+        # a folder a write goes into is never removed and made anew: it keeps its mode (0700)
+        used = {str(folder) for r in restores if r.mode != ABSENT_MODE
+                for folder in Path(r.path).parents}
         for restore in sorted(deletes, key=lambda r: r.path, reverse=True):
             try:
-                self._delete(root, restore.path)
+                self._delete(root, restore.path, used)
             except OSError as exc:
                 problems.append(f"{restore.path}: {exc.strerror or exc}")
         for restore in restores:
@@ -1639,8 +1643,8 @@ class Checkpoints:
             at = end + 1 + size + 1
         return blobs
 
-    def _delete(self, root: Path, path: str) -> None:
-        """Remove a file a later step created, then the folders that leaves empty."""
+    def _delete(self, root: Path, path: str, used: set[str]) -> None:
+        """Remove a file a later step created, then the folders that leaves empty but `used`."""
         folder, name = os.path.split(path)
         fd = _judged_folder(root, folder)
         if fd is None:
@@ -1650,7 +1654,7 @@ class Checkpoints:
                 # a folder where the step made a file: left alone
                 return
             os.unlink(name, dir_fd=fd)
-        while folder:
+        while folder and folder not in used:
             folder, name = os.path.split(folder)
             fd = _judged_folder(root, folder)
             if fd is None:
@@ -1671,11 +1675,11 @@ class Checkpoints:
             try:
                 kind = stat.S_IFMT(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
             except FileNotFoundError:
-                kind = stat.S_IFREG
+                kind = None
             if kind == stat.S_IFDIR:
                 return "a folder is in its place now"
-            if kind != stat.S_IFREG:
-                # a link, FIFO or socket: written as a link or a file, never through one
+            if kind and (kind != stat.S_IFREG or mode == LINK_MODE):
+                # a link, FIFO or socket (or a file where a link goes back): never written through
                 os.unlink(name, dir_fd=fd)
             if mode == LINK_MODE:
                 os.symlink(os.fsdecode(data), name, dir_fd=fd)
@@ -1688,7 +1692,7 @@ class Checkpoints:
             if mode == "100755":
                 # x wherever r is, as git checks out an executable
                 permissions |= (permissions & 0o444) >> 2
-            else:
+            elif mode:
                 permissions &= ~0o111
             os.fchmod(written, permissions)
         return ""
@@ -2855,9 +2859,7 @@ def _line_list(numbers: list[int]) -> str:
             parts.append(f"{number} ×{count}")
         else:
             parts.append(str(number))
-    label = "lines"
-    if len(counts) == 1:
-        label = "line"
+    label = "line" if len(counts) == 1 else "lines"
     return f"{label} {', '.join(parts)}"
 
 
@@ -3064,12 +3066,8 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
         snippet = f"{start}\n   …\n{end}"
     else:
         snippet = _numbered(lines[first - 1:last], first)
-    if done.count > 1:
-        count = f"{done.count} replacements"
-        where = "first replacement, "
-    else:
-        count = "1 replacement"
-        where = ""
+    count = _count(done.count, "replacement")
+    where = "first replacement, " if done.count > 1 else ""
     if done.strategy == "exact":
         fuzzy = ""
     else:

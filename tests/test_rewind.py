@@ -236,7 +236,7 @@ def test_a_folder_a_step_replaced_by_a_link_outside_is_restored_inside(tmp_path)
     (root / "src").rmdir()
     (root / "src").symlink_to(outside)
     after = checkpoints.take(before["tree"])
-    restores = checkpoints.plan(root, before["tree"], {}, after["tree"], after["tree"])
+    restores = checkpoints.plan(root, before, {}, after["tree"], after["tree"])
     assert checkpoints.apply(root, restores) == []
     assert not (root / "src").is_symlink() and (root / "src" / "main.py").read_text() == "mine\n"
     assert list(outside.iterdir()) == []
@@ -295,3 +295,67 @@ def test_a_rewind_with_nothing_to_rewind_exits_1_as_git_commit_does(khaelor, fak
         assert result.returncode == 1, (argv, result.stdout, result.stderr)
         assert "nothing to rewind" in result.stderr, result.stderr
     assert khaelor.run("rewind", "--list").returncode == 0
+
+
+def rewind_one_step(tmp_path, before_step, step, overlay=None) -> tuple[Path, list[str]]:
+    """A project set up by `before_step(root)`, a checkpoint, `step(root)`, a checkpoint, and the
+    rewind to before the step (in-process): (the project, what apply could not restore)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    git(root, "init", "-q")
+    before_step(root)
+    checkpoints = tools.Toolbox(tools.Workspace(root), tmp_path / "home",
+                                lambda *a, **k: {}).checkpoints
+    before = checkpoints.take()
+    step(root)
+    after = checkpoints.take(before["tree"])
+    restores = checkpoints.plan(root, before, overlay or {}, after["tree"], after["tree"])
+    return root, checkpoints.apply(root, restores)
+
+
+def test_a_link_a_step_replaced_by_a_file_comes_back_as_the_link(tmp_path):
+    """OpenCode's snapshot tests track links; `rm link && echo x > link` was rewound to
+    "link.txt: File exists": the file stayed, the link was lost."""
+    def step(root):
+        (root / "link.txt").unlink()
+        (root / "link.txt").write_text("a file now\n")
+    root, problems = rewind_one_step(
+        tmp_path, lambda root: (root / "link.txt").symlink_to("target.txt"), step)
+    assert problems == []
+    assert (root / "link.txt").is_symlink() and os.readlink(root / "link.txt") == "target.txt"
+
+
+def test_an_untracked_file_over_the_cap_that_a_step_overwrote_is_not_deleted(tmp_path):
+    """A checkpoint leaves out an untracked file over 20 MB: absent from its tree, it read as
+    "created by the step", and the rewind deleted the user's file (now 6 bytes, but theirs)."""
+    def big(root):
+        with open(root / "data.bin", "wb") as handle:
+            handle.truncate(tools.CHECKPOINT_FILE_CAP_BYTES + 1)
+    root, problems = rewind_one_step(
+        tmp_path, big, lambda root: (root / "data.bin").write_text("small\n"))
+    assert problems == [] and (root / "data.bin").read_text() == "small\n"
+
+
+def test_a_folder_a_rewind_empties_and_fills_again_keeps_its_mode(tmp_path):
+    """A step renamed private/key.txt to private/new.txt: the rewind deleted new.txt, removed the
+    emptied private/ (0700) and made it anew for key.txt with the umask's 0755."""
+    def before_step(root):
+        (root / "private").mkdir(mode=0o700)
+        (root / "private" / "key.txt").write_text("k\n")
+    root, problems = rewind_one_step(
+        tmp_path, before_step,
+        lambda root: (root / "private" / "key.txt").rename(root / "private" / "new.txt"))
+    assert problems == [] and os.listdir(root / "private") == ["key.txt"]
+    assert (root / "private").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_file_written_back_from_its_version_keeps_its_exec_bit(tmp_path):
+    """Two edits in one turn took run.sh from v1 to v2 and back: rewinding to between them wrote
+    v2 back as 100644 (the checkpoints saw no change to take a mode from) and dropped the x."""
+    def before_step(root):
+        (root / "run.sh").write_text("v1\n")
+        (root / "run.sh").chmod(0o755)
+    root, problems = rewind_one_step(tmp_path, before_step, lambda root: None,
+                                     overlay={"run.sh": b"v2\n"})
+    assert problems == [] and (root / "run.sh").read_text() == "v2\n"
+    assert os.access(root / "run.sh", os.X_OK)
