@@ -128,8 +128,7 @@ TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{2
 TOKEN_MASK = "[redacted: a token]"
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
-DOTENV_LINE = re.compile(
-    r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
 # A quoted value, and the comment that may follow it: KEY="value" # note
 DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
 
@@ -668,8 +667,7 @@ class Workspace:
         supervisor (subprocess.run gives no moment to start one)."""
         read_only = not confine.write
         temp = str(self.session_temp())
-        env = sandbox.child_environment(
-            os.environ, self.pass_env, confine.network, self.user_home)
+        env = sandbox.child_environment(os.environ, self.pass_env, confine.network, self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
         env.update(dict.fromkeys(("TMPDIR", "TMP", "TEMP"), temp))
         if read_only:
@@ -1237,11 +1235,10 @@ class Toolbox:
 def _os_error_result(exc: OSError) -> ToolResult:
     """A tool's OSError as a result the model can act on: what failed, where, and what to try."""
     where = f" ({exc.filename})" if exc.filename else ""
+    hint = "Check the path and permissions, then retry or try another approach."
     if exc.errno == errno.E2BIG:
         hint = ("The command is too long for the system to start; "
                 "write it to a script file and run that.")
-    else:
-        hint = "Check the path and permissions, then retry or try another approach."
     text = f"{exc.strerror or exc}{where}. {hint}"
     return ToolResult(text, True, {"error": type(exc).__name__})
 
@@ -1569,11 +1566,13 @@ class Checkpoints:
         return found
 
     def plan(self, root: Path, target: dict, overlay: dict[str, bytes], last: str,
-             now: str) -> list[Restore]:
+             now: str, since: dict[str, tuple] | None = None) -> list[Restore]:
         """What going back to the checkpoint `target` (with `overlay`, files written by write/edit
         after it) writes and deletes: the paths the agent changed between `target` and `last` (the
         checkpoint after its last step) that differ now; a path that also changed between `last`
-        and `now` was changed by someone else since, and is marked; one `target` skipped is kept."""
+        and `now` was changed by someone else since, and is marked; one `target` skipped is kept.
+        `since`: {path: (content before, after)} of write/edit from the step on, for the files no
+        tree has (ignored by git): marked when they are no longer as write/edit left them."""
         agent = self.entries(root, target["tree"], last)
         user = self.entries(root, last, now)
         restores = []
@@ -1592,6 +1591,17 @@ class Checkpoints:
                 if mode == ABSENT_MODE:
                     mode = "100644"
                 restores.append(Restore(path, mode, data=data, user_changed=path in user))
+        known = {*agent, *overlay}
+        if since:
+            argv = ["ls-tree", "-r", "-z", "--name-only", target["tree"]]
+            known.update(self.git(root, argv).decode(errors="surrogateescape").split("\0"))
+        for path, (before, after) in (since or {}).items():
+            if path in known or path.startswith("../"):
+                continue
+            data = _read_plain(root / path, READ_FILE_CAP_BYTES)
+            if data != before:
+                mode = ABSENT_MODE if before is None else ""
+                restores.append(Restore(path, mode, data=before, user_changed=data != after))
         return sorted(restores, key=lambda r: r.path)
 
     def apply(self, root: Path, restores: list[Restore]) -> list[str]:
@@ -2216,8 +2226,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     limit = args.get("limit")
     total = len(lines)
     if total == 0:
-        meta = {"path": shown, "lines": 0}
-        return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
+        return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
     if offset > total:
         raise ToolError(
             f"offset {offset} is past the end of {shown}, which has {_count(total, 'line')}.",
@@ -2419,10 +2428,9 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
         near.append(_one_line(ws.display(parent / name)))
     near = list(dict.fromkeys(near))[:3]
+    hint = " Use glob to find files by name."
     if near:
         hint = f" Did you mean: {', '.join(near)}?"
-    else:
-        hint = " Use glob to find files by name."
     return ToolError(f"{shown} does not exist.{hint}", error="not_found")
 
 
@@ -2432,9 +2440,7 @@ def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
     if not path.exists():
         raise _missing(ws, path)
     if directory and not path.is_dir():
-        raise ToolError(
-            f"{ws.display(path)} is a file, not a directory.",
-            error="not_a_directory")
+        raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
     return path
 
 # ---------------------------------------------------------------- edit: the replacer cascade
@@ -2950,9 +2956,8 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     _refuse_masks(args["content"], before, shown)
     data = text.encode("utf-8")
     if data == before:
-        text = f"{shown} already has exactly this content; nothing changed."
         meta = {"path": shown, "added": 0, "removed": 0}
-        return ToolResult(text, meta=meta)
+        return ToolResult(f"{shown} already has exactly this content; nothing changed.", meta=meta)
     added, removed = box.commit(path, before, data, tool_use_id)
     n_lines = len(_split_lines(args["content"]))
     created = before is None
@@ -3068,9 +3073,8 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
         snippet = _numbered(lines[first - 1:last], first)
     count = _count(done.count, "replacement")
     where = "first replacement, " if done.count > 1 else ""
-    if done.strategy == "exact":
-        fuzzy = ""
-    else:
+    fuzzy = ""
+    if done.strategy != "exact":
         strategy = done.strategy.replace("_", "-")
         fuzzy = f" old_string did not match exactly; matched by the {strategy} strategy."
     return (f"Edited {shown_path}: {count} (+{added} −{removed}).{fuzzy}\n"
@@ -3512,9 +3516,7 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
 def _command(args: dict) -> str:
     """bash's and process start's command, refused when blank: it would run nothing, and pass."""
     if not args["command"].strip():
-        raise ToolError(
-            "command is empty; pass the shell command to run.",
-            error="invalid_input")
+        raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
     return args["command"]
 
 

@@ -359,3 +359,28 @@ def test_a_file_written_back_from_its_version_keeps_its_exec_bit(tmp_path):
                                      overlay={"run.sh": b"v2\n"})
     assert problems == [] and (root / "run.sh").read_text() == "v2\n"
     assert os.access(root / "run.sh", os.X_OK)
+
+
+def test_an_ignored_file_that_write_or_edit_changed_is_rewound(khaelor, fake, project):
+    """No checkpoint records a file git ignores, so undoing an edit of local.cfg (a .env.local, a
+    config kept out of git) said "nothing differs" and changed nothing, where Claude Code's rewind
+    puts back what its edit tools changed. Its kept versions are written back now; a file the user
+    changed since is kept under --yes."""
+    git(project, "init", "-q")
+    (project / ".gitignore").write_text("*.cfg\n")
+    (project / "local.cfg").write_text("mine\n")
+    (project / "user.cfg").write_text("mine\n")
+    edits = [tool_use("edit", {"file_path": name, "old_string": "mine", "new_string": "agent"})
+             for name in ("local.cfg", "user.cfg")]
+    fake.enqueue(reply(tool_use("read", {"file_path": "local.cfg"})),
+                 reply(tool_use("read", {"file_path": "user.cfg"})), *map(reply, edits),
+                 reply(tool_use("write", {"file_path": "new.cfg", "content": "made\n"})),
+                 *[reply(text("done"))] * 3)
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    assert (project / "local.cfg").read_text() == "agent\n"
+    (project / "user.cfg").write_text("the user's own\n")
+    rewound = khaelor.run("rewind", "1", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert "write back `local.cfg`" in rewound.stdout and "delete `new.cfg`" in rewound.stdout
+    assert (project / "local.cfg").read_text() == "mine\n" and not (project / "new.cfg").exists()
+    assert (project / "user.cfg").read_text() == "the user's own\n"
