@@ -2984,7 +2984,7 @@ class _EditText:
             raise ToolError(
                 f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
                 error="encoding") from None
-        crlf = _uses_crlf(text)
+        crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")    # mixed: LF stays LF
         if crlf:
             text = _lf(text)
         return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf)

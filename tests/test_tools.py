@@ -1157,6 +1157,16 @@ def test_a_crlf_edit_of_an_lf_file_leaves_no_crlf_inside_it(box):
     assert (box.root / "lf.py").read_bytes() == b"def f():\n    return 10\n\nx = 2\n"
 
 
+def test_an_edit_of_a_mostly_crlf_file_leaves_its_lf_lines_alone(box):
+    """A CRLF file with a few LF lines (one a tool appended) was written back all CRLF: a one-line
+    edit silently changed the ending of every LF line elsewhere in the file."""
+    (box.root / "mixed.txt").write_bytes(b"a\r\nb\nc\r\nd\n")
+    box.call("read", file_path="mixed.txt")
+    result = box.call("edit", file_path="mixed.txt", old_string="c", new_string="C")
+    assert not result.is_error, result.text
+    assert (box.root / "mixed.txt").read_bytes() == b"a\r\nb\nC\r\nd\n"
+
+
 def test_a_fuzzy_match_does_not_indent_an_already_indented_new_string_twice(box):
     (box.root / "ind.py").write_text("class A:\n    def f(self):\n        return 1\n")
     box.call("read", file_path="ind.py")
