@@ -2618,11 +2618,11 @@ class _Haystack:
         return self.blocks(len(want), same, whole=False)
 
     def trimmed_boundary(self, old: str) -> list[Span]:
-        """old_string with its leading and trailing whitespace dropped."""
+        """old_string without its leading and trailing whitespace (a blank line the file lacks)."""
         core = old.strip()
         if not core or core == old:
             return []
-        return self.exact(core)
+        return self.exact(core) or self.line_trimmed(core)
 
     def context_aware(self, old: str) -> list[Span]:
         """Same line count, both anchors, and at least half the middle lines equal."""
