@@ -501,12 +501,12 @@ class Workspace:
         with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
             return _read_regular(handle, self.display(path))
 
-    def write_file(self, path: Path, data: bytes, places: list[str]) -> None:
+    def write_file(self, path: Path, data: bytes, places: list[str], force: bool = False) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
         A link is followed when it leads within `places`, so the link survives. The folder is
         opened as open_judged does (missing ones made from their parent's descriptor) and the
         temp file made and renamed in it, so a link swapped in meanwhile is never written
-        through. New files get the umask's mode."""
+        through. New files get the umask's mode; a read-only file is left alone but by `force`."""
         folder, name = os.path.split(self.judged(path, places))
         try:
             folder_fd = _open_folder(folder)
@@ -514,6 +514,12 @@ class Workspace:
             raise self.refusal(path, exc) from None
         with _closing(folder_fd):
             mode = self.file_mode(path, name, folder_fd)
+            writable = mode is None or mode & 0o222 and os.access(name, os.W_OK, dir_fd=folder_fd)
+            if not writable and not force:
+                # rename() would replace a file the user made read-only (chmod a-w); open() refuses
+                raise ToolError(f"{_one_line(self.display(path))} is read-only (mode {mode:o}), so "
+                                "it was not changed; if it should change, ask the user.",
+                                error="read_only")
             # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
             # would mean setting it, process-wide, while other threads may be creating files.
             create_mode = 0o666 if mode is None else 0o600
@@ -673,10 +679,7 @@ class Workspace:
         if read_only:
             # git status would otherwise refresh .git/index.
             env["GIT_OPTIONAL_LOCKS"] = "0"
-        if _runs_git(argv) and scan_git:
-            keys = self.repository_git_drivers(cwd)
-        else:
-            keys = []
+        keys = self.repository_git_drivers(cwd) if _runs_git(argv) and scan_git else []
         settings = sandbox.git_settings(read_only, keys)
         env.update(sandbox.git_env(os.environ, settings))
         # the user's own `!` command
@@ -1694,7 +1697,7 @@ class Checkpoints:
             if mode == LINK_MODE:
                 os.symlink(os.fsdecode(data), name, dir_fd=fd)
                 return ""
-            self.workspace.write_file(root / path, data, [os.path.realpath(root)])
+            self.workspace.write_file(root / path, data, [os.path.realpath(root)], force=True)
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             written = os.open(name, flags, dir_fd=fd)
         with _closing(written):
@@ -2861,10 +2864,7 @@ def _line_list(numbers: list[int]) -> str:
     counts = Counter(numbers)
     parts = []
     for number, count in list(counts.items())[:20]:
-        if count > 1:
-            parts.append(f"{number} ×{count}")
-        else:
-            parts.append(str(number))
+        parts.append(f"{number} ×{count}" if count > 1 else str(number))
     label = "line" if len(counts) == 1 else "lines"
     return f"{label} {', '.join(parts)}"
 
@@ -2949,6 +2949,9 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
         # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
         box.check_fresh(path)
         before = ws.read_file(path, box.places)
+        if "\ufffd" in text:
+            # a file not UTF-8: refused, or its bytes read showed as U+FFFD would be lost
+            _EditText.of(before, shown)
         if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
             text = text.replace("\n", "\r\n")
         if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
@@ -3325,10 +3328,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         for number, text in hits[rel][:SEARCH_RESULT_CAP - len(out)]:
             out.append(f"{shown}:{number}: {_grep_line(text)}")
     if total > SEARCH_RESULT_CAP:
-        if total < GREP_SCAN_CAP:
-            counted = f"{total:,}"
-        else:
-            counted = f"more than {GREP_SCAN_CAP:,}"
+        counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines "
                    f"in {_count(len(hits), 'file')}, most recently modified files first. "
                    "Narrow it with a more specific pattern, a path, or include "
@@ -3820,10 +3820,7 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
     if dropped:
         lines.append(f"[… {dropped:,} earlier characters were dropped "
                      "from the buffer before you read them …]")
-    if new.strip():
-        lines.append(new.rstrip("\n"))
-    else:
-        lines.append("(no new output)")
+    lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
     meta = {"process_id": process.process_id, "pid": process.child.pid,
             "status": process.status(), "exit_code": process.child.proc.returncode}
     return ToolResult("\n".join(lines), meta=meta)

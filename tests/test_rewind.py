@@ -384,3 +384,17 @@ def test_an_ignored_file_that_write_or_edit_changed_is_rewound(khaelor, fake, pr
     assert "write back `local.cfg`" in rewound.stdout and "delete `new.cfg`" in rewound.stdout
     assert (project / "local.cfg").read_text() == "mine\n" and not (project / "new.cfg").exists()
     assert (project / "user.cfg").read_text() == "the user's own\n"
+
+
+def test_a_read_only_file_a_step_rewrote_is_rewound(tmp_path):
+    """write and edit leave a read-only file alone; a rewind still puts back what a step (sed -i,
+    which renames over the file as write did) changed in one."""
+    def before_step(root):
+        (root / "locked.txt").write_text("v1\n")
+        (root / "locked.txt").chmod(0o444)
+
+    def step(root):
+        subprocess.run(["sed", "-i", "s/v1/v2/", "locked.txt"], cwd=root, check=True)
+    root, problems = rewind_one_step(tmp_path, before_step, step)
+    assert problems == [] and (root / "locked.txt").read_text() == "v1\n"
+    assert (root / "locked.txt").stat().st_mode & 0o777 == 0o444

@@ -738,6 +738,34 @@ def test_edit_failure_modes(box):
     assert not created.is_error and (box.root / "brand_new.py").read_text() == "x = 1\n"
 
 
+def test_write_and_edit_leave_a_read_only_file_alone(box):
+    """A file the user made read-only (chmod a-w) was overwritten: the temp file renamed over it
+    needs only the folder's permission, where Claude Code's open() fails with EACCES."""
+    locked = box.root / "locked.txt"
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    box.call("read", file_path="locked.txt")
+    for call in ({"name": "write", "content": "changed\n"},
+                 {"name": "edit", "old_string": "keep", "new_string": "changed"}):
+        result = box.call(call.pop("name"), file_path="locked.txt", **call)
+        assert result.is_error and result.meta["error"] == "read_only", result.text
+        assert "is read-only (mode 444)" in result.text
+    assert locked.read_text() == "keep\n" and locked.stat().st_mode & 0o777 == 0o444
+
+
+def test_writing_back_a_file_that_is_not_utf8_with_its_replacement_characters_is_refused(box):
+    """read shows a Latin-1 file's é as U+FFFD; a write of that text back replaced every such
+    byte with EF BF BD, for good. (edit already refused a file that is not UTF-8.)"""
+    latin = box.root / "latin.txt"
+    latin.write_bytes(b"caf\xe9\nline 2\n")
+    shown = box.call("read", file_path="latin.txt").text
+    assert "caf\ufffd" in shown
+    result = box.call("write", file_path="latin.txt", content="caf\ufffd\nline 2 changed\n")
+    assert result.is_error and result.meta["error"] == "encoding", result.text
+    assert latin.read_bytes() == b"caf\xe9\nline 2\n"
+    assert not box.call("write", file_path="latin.txt", content="café\n").is_error
+
+
 def test_edit_through_a_symlink_keeps_the_link(box):
     (box.root / "real.txt").write_text("a\n")
     (box.root / "link.txt").symlink_to("real.txt")
