@@ -141,14 +141,15 @@ READ_ONLY_CONFINE = Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0",
                       "TERM": "dumb"}
-# Magic numbers, to tell the model what a binary file is (UTF-16 by its byte-order mark).
-UTF16 = "UTF-16 text: iconv -f UTF-16 -t UTF-8 converts it"
+# UTF-16 by its byte-order mark: read, edit and write keep such a file UTF-16 (as Claude Code).
+UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
+# Magic numbers, to tell the model what a binary file is.
 MAGIC = [
     (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
     (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
     (b"\x1f\x8b", "gzip archive"), (b"\xfd7zXZ", "xz archive"), (b"\x7fELF", "ELF executable"),
     (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
-    (b"RIFF", "RIFF media (WAV/AVI/WebP)"), (b"\xff\xfe", UTF16), (b"\xfe\xff", UTF16),
+    (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
 ]
 # What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",
@@ -1999,11 +2000,10 @@ class _Spool:
             tail = tail[cut + 1:]
         n_omitted = self.total - len(head) - len(tail)
         n_lines = max(0, self.newlines - head.count("\n") - tail.count("\n"))
+        where = "full output could not be saved"
         if self.spill_path:
             where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; "
                      "read it with offset/limit or grep it")
-        else:
-            where = "full output could not be saved"
         marker = f"[… {n_omitted:,} characters ({_count(n_lines, 'line')}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
 
@@ -2336,7 +2336,7 @@ def _binary_kind(head: bytes, name: str) -> str | None:
     kind = next((what for magic, what in MAGIC if head.startswith(magic)), None)
     n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
     looks_binary = b"\0" in head or n_control > len(head) // 10
-    if kind is None and not looks_binary:
+    if head[:2] in UTF16 or (kind is None and not looks_binary):
         return None
     import mimetypes
     return kind or mimetypes.guess_type(name)[0] or "binary data"
@@ -2377,8 +2377,8 @@ def _split_lines(text: str) -> list[str]:
 
 
 def _decode_text(data: bytes) -> str:
-    """A file's text without its UTF-8 BOM."""
-    return data.removeprefix(codecs.BOM_UTF8).decode("utf-8", "replace")
+    """A file's text without its byte-order mark (UTF-8, or UTF-16 with one)."""
+    return data.decode(UTF16.get(data[:2], "utf-8"), "replace").removeprefix("\ufeff")
 
 
 def _uses_crlf(text: str) -> bool:
@@ -2945,8 +2945,9 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     if path.is_dir() or args["file_path"].endswith("/"):
         raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
+    encoding = "utf-8"
     if path.exists():
-        # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
+        # An overwrite keeps the old file's CRLF line endings, byte-order mark and UTF-16.
         box.check_fresh(path)
         before = ws.read_file(path, box.places)
         if "\ufffd" in text:
@@ -2954,21 +2955,20 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
             _EditText.of(before, shown)
         if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
             text = text.replace("\n", "\r\n")
-        if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
+        encoding = UTF16.get(before[:2], "utf-8")
+        if before.startswith((codecs.BOM_UTF8, *UTF16)) and not text.startswith("\ufeff"):
             text = "\ufeff" + text
     _refuse_masks(args["content"], before, shown)
-    data = text.encode("utf-8")
+    data = text.encode(encoding)
     if data == before:
         meta = {"path": shown, "added": 0, "removed": 0}
         return ToolResult(f"{shown} already has exactly this content; nothing changed.", meta=meta)
     added, removed = box.commit(path, before, data, tool_use_id)
-    n_lines = len(_split_lines(args["content"]))
-    created = before is None
-    if created:
-        text = f"Created {shown} ({_count(n_lines, 'line')})."
-    else:
-        text = f"Wrote {shown} ({_count(n_lines, 'line')}; +{added} −{removed})."
-    meta = {"path": shown, "added": added, "removed": removed, "created": created}
+    lines = _count(len(_split_lines(args["content"])), "line")
+    text = f"Wrote {shown} ({lines}; +{added} −{removed})."
+    if before is None:
+        text = f"Created {shown} ({lines})."
+    meta = {"path": shown, "added": added, "removed": removed, "created": before is None}
     return ToolResult(text, meta=meta)
 
 
@@ -2978,11 +2978,13 @@ class _EditText:
     text: str
     bom: bool
     crlf: bool
+    encoding: str = "utf-8"
 
     @classmethod
     def of(cls, data: bytes, shown: str) -> "_EditText":
+        encoding = UTF16.get(data[:2], "utf-8")
         try:
-            text = data.decode("utf-8")
+            text = data.decode(encoding)
         except UnicodeDecodeError:
             raise ToolError(
                 f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
@@ -2990,14 +2992,14 @@ class _EditText:
         crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")    # mixed: LF stays LF
         if crlf:
             text = _lf(text)
-        return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf)
+        return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf, encoding)
 
     def back(self, text: str) -> bytes:
         if self.crlf:
             text = text.replace("\n", "\r\n")
         if self.bom:
             text = "\ufeff" + text
-        return text.encode("utf-8")
+        return text.encode(self.encoding)
 
 
 def _edit_strings(args: dict, bom: bool) -> tuple[str, str]:

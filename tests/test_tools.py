@@ -147,9 +147,6 @@ def test_read_failure_modes(box):
     assert "Did you mean: config.yaml" in box.call("read", file_path="/config.yaml").text
     binary = box.call("read", file_path="logo.png")
     assert binary.is_error and "PNG image" in binary.text
-    (box.root / "notes.txt").write_bytes("hello\n".encode("utf-16"))   # Windows' "Unicode"
-    wide = box.call("read", file_path="notes.txt")
-    assert wide.is_error and "UTF-16 text: iconv -f UTF-16 -t UTF-8" in wide.text
     assert "past the end" in box.call("read", file_path="config.yaml", offset=9).text
     assert "empty" in box.call("read", file_path="empty.txt").text
     assert box.call("read", file_path="config.yaml", offset=0).is_error
@@ -764,6 +761,24 @@ def test_writing_back_a_file_that_is_not_utf8_with_its_replacement_characters_is
     assert result.is_error and result.meta["error"] == "encoding", result.text
     assert latin.read_bytes() == b"caf\xe9\nline 2\n"
     assert not box.call("write", file_path="latin.txt", content="café\n").is_error
+
+
+@pytest.mark.parametrize("bom, codec", [(b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be")],
+                         ids=["le", "be"])
+def test_a_utf16_file_is_read_edited_and_written_as_utf16(box, bom, codec):
+    """OpenCode's encoding tests ("edits a utf-16le/be file with BOM in place"), and Claude Code
+    reads and writes UTF-16 too: read refused Windows' "Unicode" files as binary and edit said
+    "not UTF-8". Now each keeps the file's byte-order mark, UTF-16 and CRLF."""
+    wide = box.root / "notes.txt"
+    wide.write_bytes(bom + "你好世界\r\nline 2\r\n".encode(codec))
+    read = box.call("read", file_path="notes.txt")
+    assert not read.is_error and read.text == "     1\t你好世界\n     2\tline 2"
+    edited = box.call("edit", file_path="notes.txt", old_string="你好世界", new_string="再见世界")
+    assert not edited.is_error, edited.text
+    assert wide.read_bytes() == bom + "再见世界\r\nline 2\r\n".encode(codec)
+    assert "-你好世界\r\n+再见世界\r\n" in box.of_type("FileModified")[-1]["diff"]
+    assert not box.call("write", file_path="notes.txt", content="new\n").is_error
+    assert wide.read_bytes() == bom + "new\r\n".encode(codec)
 
 
 def test_edit_through_a_symlink_keeps_the_link(box):
