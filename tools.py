@@ -1589,7 +1589,8 @@ class Checkpoints:
             if current != (mode, oid):
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
-            if _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
+            # a file outside the project write/edit changed (approved) is not rewound, as none is
+            if not path.startswith("../") and _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
                 # not changed between the checkpoints: "" keeps the file's mode as it is now
                 mode = agent.get(path, ("",))[0]
                 if mode == ABSENT_MODE:

@@ -398,3 +398,12 @@ def test_a_read_only_file_a_step_rewrote_is_rewound(tmp_path):
     root, problems = rewind_one_step(tmp_path, before_step, step)
     assert problems == [] and (root / "locked.txt").read_text() == "v1\n"
     assert (root / "locked.txt").stat().st_mode & 0o777 == 0o444
+
+
+def test_a_file_outside_the_project_that_an_approved_edit_changed_is_left_unmentioned(tmp_path):
+    """A rewind never writes outside the project; an approved edit of ../notes.txt was listed as
+    "write back `../notes.txt`", then reported as "its folder now leads outside the project"."""
+    (tmp_path / "notes.txt").write_text("the agent's\n")
+    root, problems = rewind_one_step(tmp_path, lambda root: None, lambda root: None,
+                                     overlay={"../notes.txt": b"mine\n"})
+    assert problems == [] and (tmp_path / "notes.txt").read_text() == "the agent's\n"
