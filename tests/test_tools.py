@@ -716,6 +716,33 @@ def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
     assert not list(box.root.glob(".run.sh.*")), "no temp file left behind"
 
 
+# OpenCode's write tests (packages/opencode/test/tool/write.test.ts): path, content; the bytes
+# written must be the content's, a new file 0644 under umask 022. Its overwrite cases are
+# test_write_creates_parents_and_keeps_mode_crlf_and_bom and the read-only test below (ours, as
+# Claude Code's, overwrites only a file read first).
+OPENCODE_WRITES = [
+    ("writes content to new file", "newfile.txt", "Hello, World!"),
+    ("creates parent directories if needed", "nested/deep/file.txt", "nested content"),
+    ("writes binary-safe content", "binary.bin", "Hello\x00World\x01\x02\x03"),
+    ("writes empty content", "empty.txt", ""),
+    ("writes multi-line content", "multiline.txt", "Line 1\nLine 2\nLine 3\n"),
+    ("handles different line endings", "crlf.txt", "Line 1\r\nLine 2\r\nLine 3"),
+]
+
+
+@pytest.mark.parametrize("path, content", [case[1:] for case in OPENCODE_WRITES],
+                         ids=[case[0] for case in OPENCODE_WRITES])
+def test_opencode_write_case(box, path, content):
+    old_umask = os.umask(0o022)
+    try:
+        result = box.call("write", file_path=path, content=content)
+    finally:
+        os.umask(old_umask)
+    assert not result.is_error and result.text.startswith(f"Created {path} ("), result.text
+    assert (box.root / path).read_bytes() == content.encode()
+    assert (box.root / path).stat().st_mode & 0o777 == 0o644
+
+
 def test_write_failure_modes(box):
     (box.root / "d").mkdir()
     assert "is a directory" in box.call("write", file_path="d", content="x").text
@@ -737,7 +764,8 @@ def test_edit_failure_modes(box):
 
 def test_write_and_edit_leave_a_read_only_file_alone(box):
     """A file the user made read-only (chmod a-w) was overwritten: the temp file renamed over it
-    needs only the folder's permission, where Claude Code's open() fails with EACCES."""
+    needs only the folder's permission, where Claude Code's open() fails with EACCES (and
+    OpenCode's write test "throws error when OS denies write access")."""
     locked = box.root / "locked.txt"
     locked.write_text("keep\n")
     locked.chmod(0o444)
