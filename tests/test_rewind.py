@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 import tools
 from fake_api import reply, text, tool_use
 
@@ -407,3 +409,85 @@ def test_a_file_outside_the_project_that_an_approved_edit_changed_is_left_unment
     root, problems = rewind_one_step(tmp_path, lambda root: None, lambda root: None,
                                      overlay={"../notes.txt": b"mine\n"})
     assert problems == [] and (tmp_path / "notes.txt").read_text() == "the agent's\n"
+
+
+def tree_of(root: Path) -> dict:
+    """Everything outside .git: links (their target), files (bytes, mode), folders."""
+    found = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if rel == ".git" or rel.startswith(".git/"):
+            continue
+        if path.is_symlink():
+            found[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            found[rel] = ("folder",)
+        else:
+            found[rel] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    return found
+
+
+def sh(command: str):
+    return lambda root: subprocess.run(command, shell=True, cwd=root, check=True)
+
+
+# OpenCode's snapshot tests (packages/opencode/test/snapshot/snapshot.test.ts) as steps a rewind
+# must undo (OpenCode's revert leaves the folders a step made; ours removes those it empties):
+# (test, the project before, the step).
+SNAPSHOT_CASES = [
+    ("tracks deleted files correctly", "", "rm a.txt"),
+    ("revert should remove new files", "", "echo NEW > new.txt"),
+    ("revert in subdirectory", "", "mkdir -p sub && echo SUB > sub/file.txt"),
+    ("multiple file operations", "",
+     "rm a.txt; echo C > c.txt; mkdir -p dir; echo D > dir/d.txt; echo MODIFIED > b.txt"),
+    ("binary file handling", "printf '\\211PNG\\0' > old.png", "printf '\\211PNG\\1\\377' > image.png;"
+     " printf '\\0\\2' > old.png"),
+    ("symlink handling", "ln -s a.txt old-link", "ln -s a.txt link.txt; ln -sfn b.txt old-link"),
+    ("large file handling", "", "head -c 1048576 /dev/zero | tr '\\0' x > large.txt"),
+    ("nested directory revert", "", "mkdir -p l1/l2/l3 && echo DEEP > l1/l2/l3/deep.txt"),
+    ("special characters in filenames", "",
+     "echo S > 'file with spaces.txt'; echo D > file-with-dashes.txt; echo N > \"$(printf 'a\\nb')\""),
+    ("unicode filenames (and their modification)", "echo orig > 文件.txt",
+     "echo mod > 文件.txt; echo e > 🚀rocket.txt; mkdir -p 目录/подкаталог; echo d > 目录/подкаталог/f"),
+    ("very long filenames", "", "echo long > " + "a" * 200 + ".txt"),
+    ("hidden files", "", "echo h > .hidden; echo '*.log' > .gitignore; echo c > .config"),
+    ("nested symlinks", "", "mkdir -p sub/dir && echo t > sub/dir/target.txt &&"
+     " ln -s target.txt sub/dir/link.txt && ln -s sub sub-link"),
+    ("file permissions (the exec bit)", "", "chmod 755 a.txt"),
+    ("circular symlinks", "", "ln -s circular circular"),
+    ("revert should not delete files that existed but were deleted in snapshot", "rm a.txt",
+     "echo recreated > a.txt"),
+    ("revert preserves file that existed in snapshot when deleted then recreated",
+     "echo original > existing.txt", "rm existing.txt; echo recreated > existing.txt; echo n > newf"),
+    ("a file that becomes a folder, a folder that becomes a file", "mkdir d && echo in > d/in",
+     "rm a.txt && mkdir a.txt && echo x > a.txt/in && rm -r d && echo f > d"),
+]
+
+
+@pytest.mark.parametrize("before, step", [case[1:] for case in SNAPSHOT_CASES],
+                         ids=[case[0] for case in SNAPSHOT_CASES])
+def test_opencode_snapshot_case_is_rewound(tmp_path, before, step):
+    def prepare(root):
+        (root / "a.txt").write_text("A\n")
+        (root / "b.txt").write_text("B\n")
+        git(root, "add", ".")
+        git(root, "commit", "-qm", "init")
+        if before:
+            sh(before)(root)
+    start = {}
+
+    def step_after_looking(root):
+        start.update(tree_of(root))
+        sh(step)(root)
+    root, problems = rewind_one_step(tmp_path, prepare, step_after_looking)
+    assert problems == [] and tree_of(root) == start
+
+
+def test_what_git_ignores_a_command_made_is_not_rewound(tmp_path):
+    """OpenCode's "gitignore changes": the ignored file is not in a snapshot, so no rewind touches
+    it (write and edit keep versions of their own changes, see above)."""
+    root, problems = rewind_one_step(
+        tmp_path, lambda root: (root / ".gitignore").write_text("*.ignored\n"),
+        sh("echo mine > test.ignored; echo normal > normal.txt"))
+    assert problems == [] and (root / "test.ignored").read_text() == "mine\n"
+    assert not (root / "normal.txt").exists()
