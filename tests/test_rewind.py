@@ -440,13 +440,14 @@ SNAPSHOT_CASES = [
     ("revert in subdirectory", "", "mkdir -p sub && echo SUB > sub/file.txt"),
     ("multiple file operations", "",
      "rm a.txt; echo C > c.txt; mkdir -p dir; echo D > dir/d.txt; echo MODIFIED > b.txt"),
-    ("binary file handling", "printf '\\211PNG\\0' > old.png", "printf '\\211PNG\\1\\377' > image.png;"
-     " printf '\\0\\2' > old.png"),
+    ("binary file handling", "printf '\\211PNG\\0' > old.png",
+     "printf '\\211PNG\\1\\377' > image.png; printf '\\0\\2' > old.png"),
     ("symlink handling", "ln -s a.txt old-link", "ln -s a.txt link.txt; ln -sfn b.txt old-link"),
     ("large file handling", "", "head -c 1048576 /dev/zero | tr '\\0' x > large.txt"),
     ("nested directory revert", "", "mkdir -p l1/l2/l3 && echo DEEP > l1/l2/l3/deep.txt"),
     ("special characters in filenames", "",
-     "echo S > 'file with spaces.txt'; echo D > file-with-dashes.txt; echo N > \"$(printf 'a\\nb')\""),
+     "echo S > 'file with spaces.txt'; echo D > file-with-dashes.txt;"
+     " echo N > \"$(printf 'a\\nb')\""),
     ("unicode filenames (and their modification)", "echo orig > 文件.txt",
      "echo mod > 文件.txt; echo e > 🚀rocket.txt; mkdir -p 目录/подкаталог; echo d > 目录/подкаталог/f"),
     ("very long filenames", "", "echo long > " + "a" * 200 + ".txt"),
@@ -458,7 +459,8 @@ SNAPSHOT_CASES = [
     ("revert should not delete files that existed but were deleted in snapshot", "rm a.txt",
      "echo recreated > a.txt"),
     ("revert preserves file that existed in snapshot when deleted then recreated",
-     "echo original > existing.txt", "rm existing.txt; echo recreated > existing.txt; echo n > newf"),
+     "echo original > existing.txt",
+     "rm existing.txt; echo recreated > existing.txt; echo n > newf"),
     ("a file that becomes a folder, a folder that becomes a file", "mkdir d && echo in > d/in",
      "rm a.txt && mkdir a.txt && echo x > a.txt/in && rm -r d && echo f > d"),
 ]
