@@ -339,9 +339,7 @@ def visible_controls(text: str, one_line: bool = False) -> str:
     control, bidirectional or invisible one shown as itself (ESC as ^[, CR as ␍, 0x9B as <U+009B>),
     none left for the terminal to act on. `one_line`: a newline shown as ␤."""
     shown = re.sub(_HIDDEN, _picture, text)
-    if one_line:
-        return shown.replace("\n", "␤")
-    return shown
+    return shown.replace("\n", "␤") if one_line else shown
 
 
 def has_hidden_characters(text: str) -> bool:
@@ -393,9 +391,7 @@ def cost(usage_by_model: dict, prices: dict | None = None) -> float | None:
 
 def dollars(cost: float | None, unknown: str, digits: int = 4) -> str:
     """A cost as shown ("$0.0123"), else `unknown`: a model with no price is never guessed."""
-    if cost is None:
-        return unknown
-    return f"${cost:.{digits}f}"
+    return unknown if cost is None else f"${cost:.{digits}f}"
 
 
 # An @-mention in a user's message: @path, or @"a path with spaces" as the composer completes it.
@@ -646,11 +642,8 @@ def read_meta(log_path: Path) -> dict | None:
         meta = json.loads(meta_path(log_path).read_bytes())
     except (OSError, ValueError):
         return None
-    if not isinstance(meta, dict):
-        return None
-    if meta.get("log_size") != stat.st_size or meta.get("log_mtime_ns") != stat.st_mtime_ns:
-        return None
-    return meta
+    fresh = isinstance(meta, dict) and meta.get("log_size") == stat.st_size
+    return meta if fresh and meta.get("log_mtime_ns") == stat.st_mtime_ns else None
 
 
 def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -> None:
@@ -1341,13 +1334,20 @@ def rewind_target(state: State, number: int) -> tuple[dict | None, dict]:
     # oldest first: the last one at or before the step
     checkpoint = next((e for e in reversed(state.checkpoints) if e["seq"] <= seq), None)
     after = checkpoint["seq"] if checkpoint else 0
-    written = [event for modified in state.edits.values() for event in modified]
-    overlay = {}
-    for event in sorted(written, key=lambda e: e["seq"]):
-        if after < event["seq"] < seq and event.get("tool_use_id") != UNDO_ID:
-            if event.get("real_path") and event.get("after_version"):
-                overlay[event["real_path"]] = event["after_version"]
-    return checkpoint, overlay
+    return checkpoint, {real: last for real, (_, last) in written(state, after, seq).items()}
+
+
+def written(state: State, after: int, before: float) -> dict[str, tuple]:
+    """{real path: (the version write/edit found there, None where it made the file; the version
+    it left last)} for the files they changed between two seqs (an older khaelor's /undo aside)."""
+    found = {}
+    for event in sorted((e for modified in state.edits.values() for e in modified
+                         if e.get("tool_use_id") != UNDO_ID), key=lambda e: e["seq"]):
+        real = event.get("real_path")
+        if after < event["seq"] < before and real and event.get("after_version"):
+            first = found.get(real, (event.get("before_version"),))[0]
+            found[real] = (first, event["after_version"])
+    return found
 
 
 def _on_baseline(state: State, event: dict) -> None:

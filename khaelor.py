@@ -733,16 +733,18 @@ class Rewind:
         self.repo = checkpoints.repository()
         self.root = self.repo.root if self.repo else self.toolbox.workspace.cwd
         last = newest if after_last_step else self.now["tree"]
-        written = {}
-        for real, version in overlay.items():
-            relative = os.path.relpath(real, self.root)
-            try:
-                written[relative] = self.toolbox.load_version(version)
-            except OSError:
-                raise KhaelorError(f"cannot rewind: the version of {relative}"
-                                   " kept for it is gone (pruned after 30 days)") from None
-        self.restores = checkpoints.plan(self.root, self.target["tree"], written,
-                                         last, self.now["tree"])
+        load = self.toolbox.load_version
+        since = events.written(state, state.steps[self.number - 1]["seq"] - 1, float("inf"))
+        try:
+            written = {os.path.relpath(real, self.root): load(version)
+                       for real, version in overlay.items()}
+            since = {os.path.relpath(real, self.root): (first and load(first), load(latest))
+                     for real, (first, latest) in since.items()}
+        except OSError:
+            raise KhaelorError("cannot rewind: a file's version that write or edit kept is gone"
+                               " (pruned after 30 days)") from None
+        self.restores = checkpoints.plan(self.root, self.target, written,
+                                         last, self.now["tree"], since)
 
     def moves_head(self) -> bool:
         before = (self.target["head"], self.target["branch"])
@@ -801,8 +803,8 @@ class Rewind:
         if self.problems:
             report += "\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
         return report + ("\nWhat a rewind cannot bring back: commits already pushed, files"
-                         " outside the project, ignored files; commits reset away stay in"
-                         " the reflog.")
+                         " outside the project, what commands did to ignored files or to"
+                         " untracked files over 20 MB; commits reset away stay in the reflog.")
 
 
 def rewound_note(number: int, undone: list, restored: list, kept: list) -> str:
@@ -848,9 +850,7 @@ def rewind_session(args, bus, toolbox) -> int:
         print("\n".join(step_lines(state)) or "no steps that changed the work tree")
         return EXIT_OK
     # no STEP: the last that changed something (0 is no step: Rewind.plan says so)
-    number = args.step
-    if number is None:
-        number = last_changing_step(state)
+    number = last_changing_step(state) if args.step is None else args.step
     # nothing to do is exit 1, as git commit's "nothing to commit": `rewind && …` stops there
     if number is None or not state.steps:
         raise KhaelorError("nothing to rewind: no step of this session changed the work tree")
@@ -2287,8 +2287,7 @@ class Session:
             # the turn has ended and is writing its last checkpoint: a moment
             await asyncio.gather(self.turn, return_exceptions=True)
         if self.working:
-            return ("khaelor is working; wait for the turn to end"
-                    " (or press Esc) before /rewind")
+            return "khaelor is working; wait for the turn to end (or press Esc) before /rewind"
         if not argument.strip().isdecimal():
             lines = step_lines(state)
             if not lines:

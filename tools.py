@@ -128,8 +128,7 @@ TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{2
 TOKEN_MASK = "[redacted: a token]"
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
-DOTENV_LINE = re.compile(
-    r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
+DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
 # A quoted value, and the comment that may follow it: KEY="value" # note
 DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
 
@@ -142,14 +141,15 @@ READ_ONLY_CONFINE = Confine(write=False)
 # Subprocess environment: nothing may wait on a pager or a password prompt (stdin is closed anyway).
 EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0",
                       "TERM": "dumb"}
-# Magic numbers, to tell the model what a binary file is (UTF-16 by its byte-order mark).
-UTF16 = "UTF-16 text: iconv -f UTF-16 -t UTF-8 converts it"
+# UTF-16 by its byte-order mark: read, edit and write keep such a file UTF-16 (as Claude Code).
+UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
+# Magic numbers, to tell the model what a binary file is.
 MAGIC = [
     (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
     (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
     (b"\x1f\x8b", "gzip archive"), (b"\xfd7zXZ", "xz archive"), (b"\x7fELF", "ELF executable"),
     (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
-    (b"RIFF", "RIFF media (WAV/AVI/WebP)"), (b"\xff\xfe", UTF16), (b"\xfe\xff", UTF16),
+    (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
 ]
 # What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",
@@ -502,12 +502,12 @@ class Workspace:
         with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
             return _read_regular(handle, self.display(path))
 
-    def write_file(self, path: Path, data: bytes, places: list[str]) -> None:
+    def write_file(self, path: Path, data: bytes, places: list[str], force: bool = False) -> None:
         """Atomic: a temp file in the same directory, fsynced, renamed over the target; mode kept.
         A link is followed when it leads within `places`, so the link survives. The folder is
         opened as open_judged does (missing ones made from their parent's descriptor) and the
         temp file made and renamed in it, so a link swapped in meanwhile is never written
-        through. New files get the umask's mode."""
+        through. New files get the umask's mode; a read-only file is left alone but by `force`."""
         folder, name = os.path.split(self.judged(path, places))
         try:
             folder_fd = _open_folder(folder)
@@ -515,6 +515,12 @@ class Workspace:
             raise self.refusal(path, exc) from None
         with _closing(folder_fd):
             mode = self.file_mode(path, name, folder_fd)
+            writable = mode is None or mode & 0o222 and os.access(name, os.W_OK, dir_fd=folder_fd)
+            if not writable and not force:
+                # rename() would replace a file the user made read-only (chmod a-w); open() refuses
+                raise ToolError(f"{_one_line(self.display(path))} is read-only (mode {mode:o}), so "
+                                "it was not changed; if it should change, ask the user.",
+                                error="read_only")
             # A new file's temp is created 0o666 and the kernel applies the umask: reading the umask
             # would mean setting it, process-wide, while other threads may be creating files.
             create_mode = 0o666 if mode is None else 0o600
@@ -668,17 +674,13 @@ class Workspace:
         supervisor (subprocess.run gives no moment to start one)."""
         read_only = not confine.write
         temp = str(self.session_temp())
-        env = sandbox.child_environment(
-            os.environ, self.pass_env, confine.network, self.user_home)
+        env = sandbox.child_environment(os.environ, self.pass_env, confine.network, self.user_home)
         env.update(EXEC_ENV_OVERRIDES)
         env.update(dict.fromkeys(("TMPDIR", "TMP", "TEMP"), temp))
         if read_only:
             # git status would otherwise refresh .git/index.
             env["GIT_OPTIONAL_LOCKS"] = "0"
-        if _runs_git(argv) and scan_git:
-            keys = self.repository_git_drivers(cwd)
-        else:
-            keys = []
+        keys = self.repository_git_drivers(cwd) if _runs_git(argv) and scan_git else []
         settings = sandbox.git_settings(read_only, keys)
         env.update(sandbox.git_env(os.environ, settings))
         # the user's own `!` command
@@ -1241,11 +1243,10 @@ class Toolbox:
 def _os_error_result(exc: OSError) -> ToolResult:
     """A tool's OSError as a result the model can act on: what failed, where, and what to try."""
     where = f" ({exc.filename})" if exc.filename else ""
+    hint = "Check the path and permissions, then retry or try another approach."
     if exc.errno == errno.E2BIG:
         hint = ("The command is too long for the system to start; "
                 "write it to a script file and run that.")
-    else:
-        hint = "Check the path and permissions, then retry or try another approach."
     text = f"{exc.strerror or exc}{where}. {hint}"
     return ToolResult(text, True, {"error": type(exc).__name__})
 
@@ -1572,17 +1573,19 @@ class Checkpoints:
             found[path] = (old_mode, old_oid, new_mode, new_oid, status)
         return found
 
-    def plan(self, root: Path, target: str, overlay: dict[str, bytes], last: str,
-             now: str) -> list[Restore]:
-        """What going back to the tree `target` (with `overlay`, files written by write/edit after
-        it) writes and deletes: the paths the agent changed between `target` and `last` (the
+    def plan(self, root: Path, target: dict, overlay: dict[str, bytes], last: str,
+             now: str, since: dict[str, tuple] | None = None) -> list[Restore]:
+        """What going back to the checkpoint `target` (with `overlay`, files written by write/edit
+        after it) writes and deletes: the paths the agent changed between `target` and `last` (the
         checkpoint after its last step) that differ now; a path that also changed between `last`
-        and `now` was changed by someone else since, and is marked."""
-        agent = self.entries(root, target, last)
+        and `now` was changed by someone else since, and is marked; one `target` skipped is kept.
+        `since`: {path: (content before, after)} of write/edit from the step on, for the files no
+        tree has (ignored by git): marked when they are no longer as write/edit left them."""
+        agent = self.entries(root, target["tree"], last)
         user = self.entries(root, last, now)
         restores = []
         for path, (mode, oid, last_mode, last_oid, _) in agent.items():
-            if path in overlay:
+            if path in overlay or path in target["skipped"]:
                 continue
             current = (last_mode, last_oid)
             if path in user:
@@ -1590,11 +1593,24 @@ class Checkpoints:
             if current != (mode, oid):
                 restores.append(Restore(path, mode, oid, user_changed=path in user))
         for path, data in overlay.items():
-            if _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
-                mode = agent.get(path, ("100644",))[0]
+            # a file outside the project write/edit changed (approved) is not rewound, as none is
+            if not path.startswith("../") and _read_plain(root / path, READ_FILE_CAP_BYTES) != data:
+                # not changed between the checkpoints: "" keeps the file's mode as it is now
+                mode = agent.get(path, ("",))[0]
                 if mode == ABSENT_MODE:
                     mode = "100644"
                 restores.append(Restore(path, mode, data=data, user_changed=path in user))
+        known = {*agent, *overlay}
+        if since:
+            argv = ["ls-tree", "-r", "-z", "--name-only", target["tree"]]
+            known.update(self.git(root, argv).decode(errors="surrogateescape").split("\0"))
+        for path, (before, after) in (since or {}).items():
+            if path in known or path.startswith("../"):
+                continue
+            data = _read_plain(root / path, READ_FILE_CAP_BYTES)
+            if data != before:
+                mode = ABSENT_MODE if before is None else ""
+                restores.append(Restore(path, mode, data=before, user_changed=data != after))
         return sorted(restores, key=lambda r: r.path)
 
     def apply(self, root: Path, restores: list[Restore]) -> list[str]:
@@ -1604,9 +1620,12 @@ class Checkpoints:
         blobs = self._blobs(root, wanted)
         problems = []
         deletes = [r for r in restores if r.mode == ABSENT_MODE]
+        # a folder a write goes into is never removed and made anew: it keeps its mode (0700)
+        used = {str(folder) for r in restores if r.mode != ABSENT_MODE
+                for folder in Path(r.path).parents}
         for restore in sorted(deletes, key=lambda r: r.path, reverse=True):
             try:
-                self._delete(root, restore.path)
+                self._delete(root, restore.path, used)
             except OSError as exc:
                 problems.append(f"{restore.path}: {exc.strerror or exc}")
         for restore in restores:
@@ -1643,8 +1662,8 @@ class Checkpoints:
             at = end + 1 + size + 1
         return blobs
 
-    def _delete(self, root: Path, path: str) -> None:
-        """Remove a file a later step created, then the folders that leaves empty."""
+    def _delete(self, root: Path, path: str, used: set[str]) -> None:
+        """Remove a file a later step created, then the folders that leaves empty but `used`."""
         folder, name = os.path.split(path)
         fd = _judged_folder(root, folder)
         if fd is None:
@@ -1654,7 +1673,7 @@ class Checkpoints:
                 # a folder where the step made a file: left alone
                 return
             os.unlink(name, dir_fd=fd)
-        while folder:
+        while folder and folder not in used:
             folder, name = os.path.split(folder)
             fd = _judged_folder(root, folder)
             if fd is None:
@@ -1675,16 +1694,16 @@ class Checkpoints:
             try:
                 kind = stat.S_IFMT(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
             except FileNotFoundError:
-                kind = stat.S_IFREG
+                kind = None
             if kind == stat.S_IFDIR:
                 return "a folder is in its place now"
-            if kind != stat.S_IFREG:
-                # a link, FIFO or socket: written as a link or a file, never through one
+            if kind and (kind != stat.S_IFREG or mode == LINK_MODE):
+                # a link, FIFO or socket (or a file where a link goes back): never written through
                 os.unlink(name, dir_fd=fd)
             if mode == LINK_MODE:
                 os.symlink(os.fsdecode(data), name, dir_fd=fd)
                 return ""
-            self.workspace.write_file(root / path, data, [os.path.realpath(root)])
+            self.workspace.write_file(root / path, data, [os.path.realpath(root)], force=True)
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             written = os.open(name, flags, dir_fd=fd)
         with _closing(written):
@@ -1692,7 +1711,7 @@ class Checkpoints:
             if mode == "100755":
                 # x wherever r is, as git checks out an executable
                 permissions |= (permissions & 0o444) >> 2
-            else:
+            elif mode:
                 permissions &= ~0o111
             os.fchmod(written, permissions)
         return ""
@@ -1986,11 +2005,10 @@ class _Spool:
             tail = tail[cut + 1:]
         n_omitted = self.total - len(head) - len(tail)
         n_lines = max(0, self.newlines - head.count("\n") - tail.count("\n"))
+        where = "full output could not be saved"
         if self.spill_path:
             where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; "
                      "read it with offset/limit or grep it")
-        else:
-            where = "full output could not be saved"
         marker = f"[… {n_omitted:,} characters ({_count(n_lines, 'line')}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
 
@@ -2216,8 +2234,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     limit = args.get("limit")
     total = len(lines)
     if total == 0:
-        meta = {"path": shown, "lines": 0}
-        return ToolResult(f"{shown} is empty (0 lines).", meta=meta)
+        return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
     if offset > total:
         raise ToolError(
             f"offset {offset} is past the end of {shown}, which has {_count(total, 'line')}.",
@@ -2324,7 +2341,7 @@ def _binary_kind(head: bytes, name: str) -> str | None:
     kind = next((what for magic, what in MAGIC if head.startswith(magic)), None)
     n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
     looks_binary = b"\0" in head or n_control > len(head) // 10
-    if kind is None and not looks_binary:
+    if head[:2] in UTF16 or (kind is None and not looks_binary):
         return None
     import mimetypes
     return kind or mimetypes.guess_type(name)[0] or "binary data"
@@ -2365,8 +2382,8 @@ def _split_lines(text: str) -> list[str]:
 
 
 def _decode_text(data: bytes) -> str:
-    """A file's text without its UTF-8 BOM."""
-    return data.removeprefix(codecs.BOM_UTF8).decode("utf-8", "replace")
+    """A file's text without its byte-order mark (UTF-8, or UTF-16 with one)."""
+    return data.decode(UTF16.get(data[:2], "utf-8"), "replace").removeprefix("\ufeff")
 
 
 def _uses_crlf(text: str) -> bool:
@@ -2419,10 +2436,9 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
         near.append(_one_line(ws.display(parent / name)))
     near = list(dict.fromkeys(near))[:3]
+    hint = " Use glob to find files by name."
     if near:
         hint = f" Did you mean: {', '.join(near)}?"
-    else:
-        hint = " Use glob to find files by name."
     return ToolError(f"{shown} does not exist.{hint}", error="not_found")
 
 
@@ -2432,9 +2448,7 @@ def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
     if not path.exists():
         raise _missing(ws, path)
     if directory and not path.is_dir():
-        raise ToolError(
-            f"{ws.display(path)} is a file, not a directory.",
-            error="not_a_directory")
+        raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
     return path
 
 # ---------------------------------------------------------------- edit: the replacer cascade
@@ -2612,11 +2626,11 @@ class _Haystack:
         return self.blocks(len(want), same, whole=False)
 
     def trimmed_boundary(self, old: str) -> list[Span]:
-        """old_string with its leading and trailing whitespace dropped."""
+        """old_string without its leading and trailing whitespace (a blank line the file lacks)."""
         core = old.strip()
         if not core or core == old:
             return []
-        return self.exact(core)
+        return self.exact(core) or self.line_trimmed(core)
 
     def context_aware(self, old: str) -> list[Span]:
         """Same line count, both anchors, and at least half the middle lines equal."""
@@ -2855,13 +2869,8 @@ def _line_list(numbers: list[int]) -> str:
     counts = Counter(numbers)
     parts = []
     for number, count in list(counts.items())[:20]:
-        if count > 1:
-            parts.append(f"{number} ×{count}")
-        else:
-            parts.append(str(number))
-    label = "lines"
-    if len(counts) == 1:
-        label = "line"
+        parts.append(f"{number} ×{count}" if count > 1 else str(number))
+    label = "line" if len(counts) == 1 else "lines"
     return f"{label} {', '.join(parts)}"
 
 
@@ -2941,28 +2950,30 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     if path.is_dir() or args["file_path"].endswith("/"):
         raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
+    encoding = "utf-8"
     if path.exists():
-        # An overwrite keeps the old file's CRLF line endings and UTF-8 BOM.
+        # An overwrite keeps the old file's CRLF line endings, byte-order mark and UTF-16.
         box.check_fresh(path)
         before = ws.read_file(path, box.places)
+        if "\ufffd" in text:
+            # a file not UTF-8: refused, or its bytes read showed as U+FFFD would be lost
+            _EditText.of(before, shown)
         if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
             text = text.replace("\n", "\r\n")
-        if before.startswith(codecs.BOM_UTF8) and not text.startswith("\ufeff"):
+        encoding = UTF16.get(before[:2], "utf-8")
+        if before.startswith((codecs.BOM_UTF8, *UTF16)) and not text.startswith("\ufeff"):
             text = "\ufeff" + text
     _refuse_masks(args["content"], before, shown)
-    data = text.encode("utf-8")
+    data = text.encode(encoding)
     if data == before:
-        text = f"{shown} already has exactly this content; nothing changed."
         meta = {"path": shown, "added": 0, "removed": 0}
-        return ToolResult(text, meta=meta)
+        return ToolResult(f"{shown} already has exactly this content; nothing changed.", meta=meta)
     added, removed = box.commit(path, before, data, tool_use_id)
-    n_lines = len(_split_lines(args["content"]))
-    created = before is None
-    if created:
-        text = f"Created {shown} ({_count(n_lines, 'line')})."
-    else:
-        text = f"Wrote {shown} ({_count(n_lines, 'line')}; +{added} −{removed})."
-    meta = {"path": shown, "added": added, "removed": removed, "created": created}
+    lines = _count(len(_split_lines(args["content"])), "line")
+    text = f"Wrote {shown} ({lines}; +{added} −{removed})."
+    if before is None:
+        text = f"Created {shown} ({lines})."
+    meta = {"path": shown, "added": added, "removed": removed, "created": before is None}
     return ToolResult(text, meta=meta)
 
 
@@ -2972,26 +2983,28 @@ class _EditText:
     text: str
     bom: bool
     crlf: bool
+    encoding: str = "utf-8"
 
     @classmethod
     def of(cls, data: bytes, shown: str) -> "_EditText":
+        encoding = UTF16.get(data[:2], "utf-8")
         try:
-            text = data.decode("utf-8")
+            text = data.decode(encoding)
         except UnicodeDecodeError:
             raise ToolError(
                 f"{shown} is not UTF-8 text; edit it with bash (e.g. sed) instead.",
                 error="encoding") from None
-        crlf = _uses_crlf(text)
+        crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")    # mixed: LF stays LF
         if crlf:
             text = _lf(text)
-        return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf)
+        return cls(text.removeprefix("\ufeff"), text.startswith("\ufeff"), crlf, encoding)
 
     def back(self, text: str) -> bytes:
         if self.crlf:
             text = text.replace("\n", "\r\n")
         if self.bom:
             text = "\ufeff" + text
-        return text.encode("utf-8")
+        return text.encode(self.encoding)
 
 
 def _edit_strings(args: dict, bom: bool) -> tuple[str, str]:
@@ -3068,15 +3081,10 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
         snippet = f"{start}\n   …\n{end}"
     else:
         snippet = _numbered(lines[first - 1:last], first)
-    if done.count > 1:
-        count = f"{done.count} replacements"
-        where = "first replacement, "
-    else:
-        count = "1 replacement"
-        where = ""
-    if done.strategy == "exact":
-        fuzzy = ""
-    else:
+    count = _count(done.count, "replacement")
+    where = "first replacement, " if done.count > 1 else ""
+    fuzzy = ""
+    if done.strategy != "exact":
         strategy = done.strategy.replace("_", "-")
         fuzzy = f" old_string did not match exactly; matched by the {strategy} strategy."
     return (f"Edited {shown_path}: {count} (+{added} −{removed}).{fuzzy}\n"
@@ -3327,10 +3335,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         for number, text in hits[rel][:SEARCH_RESULT_CAP - len(out)]:
             out.append(f"{shown}:{number}: {_grep_line(text)}")
     if total > SEARCH_RESULT_CAP:
-        if total < GREP_SCAN_CAP:
-            counted = f"{total:,}"
-        else:
-            counted = f"more than {GREP_SCAN_CAP:,}"
+        counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines "
                    f"in {_count(len(hits), 'file')}, most recently modified files first. "
                    "Narrow it with a more specific pattern, a path, or include "
@@ -3518,9 +3523,7 @@ def _read_text_file(folder_fd: int, rel: str) -> str | None:
 def _command(args: dict) -> str:
     """bash's and process start's command, refused when blank: it would run nothing, and pass."""
     if not args["command"].strip():
-        raise ToolError(
-            "command is empty; pass the shell command to run.",
-            error="invalid_input")
+        raise ToolError("command is empty; pass the shell command to run.", error="invalid_input")
     return args["command"]
 
 
@@ -3824,10 +3827,7 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
     if dropped:
         lines.append(f"[… {dropped:,} earlier characters were dropped "
                      "from the buffer before you read them …]")
-    if new.strip():
-        lines.append(new.rstrip("\n"))
-    else:
-        lines.append("(no new output)")
+    lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
     meta = {"process_id": process.process_id, "pid": process.child.pid,
             "status": process.status(), "exit_code": process.child.proc.returncode}
     return ToolResult("\n".join(lines), meta=meta)

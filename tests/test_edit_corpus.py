@@ -100,3 +100,42 @@ def test_a_block_quoted_without_its_indentation_keeps_the_files(box):  # noqa: F
     assert not result.is_error, result.text
     assert result.meta["strategy"] == "line_trimmed"
     assert target.read_text() == "def f(x):\n    if x:\n        return 2\n    return 0\n"
+
+
+# aider's search/replace tests (Aider-AI/aider tests/basic/test_editblock.py, the
+# replace_most_similar_chunk cases): (test, file, old_string, new_string, file after). aider
+# replaces the first of several matches; our edit, as Claude Code's, refuses an ambiguous one.
+AIDER_CASES = [
+    ("test_replace_part_with_missing_varied_leading_whitespace",
+     "\n    line1\n    line2\n        line3\n    line4\n", "line2\n    line3\n",
+     "new_line2\n    new_line3\n", "\n    line1\n    new_line2\n        new_line3\n    line4\n"),
+    ("test_replace_part_with_missing_leading_whitespace", "    line1\n    line2\n    line3\n",
+     "line1\nline2\n", "new_line1\nnew_line2\n", "    new_line1\n    new_line2\n    line3\n"),
+    ("test_replace_part_with_just_some_missing_leading_whitespace",
+     "    line1\n    line2\n    line3\n", " line1\n line2\n", " new_line1\n     new_line2\n",
+     "    new_line1\n        new_line2\n    line3\n"),
+    # a blank first line the file does not have: not found, before trimmed_boundary trimmed lines
+    ("test_replace_part_with_missing_leading_whitespace_including_blank_line",
+     "    line1\n    line2\n    line3\n", "\n  line1\n  line2\n", "  new_line1\n  new_line2\n",
+     "    new_line1\n    new_line2\n    line3\n"),
+    ("test_full_edit", "one\ntwo\nthree\n", "two\n", "new\n", "one\nnew\nthree\n"),
+    ("test_replace_multiple_matches (ours: ambiguous)", "line1\nline2\nline1\nline3\n",
+     "line1\n", "new_line\n", None),
+    ("test_replace_multiple_matches_missing_whitespace (ours: ambiguous)",
+     "    line1\n    line2\n    line1\n    line3\n", "line1\n", "new_line\n", None),
+]
+
+
+@pytest.mark.parametrize("test, before, old, new, after", AIDER_CASES,
+                         ids=[case[0] for case in AIDER_CASES])
+def test_aider_edit_block_case(box, test, before, old, new, after):  # noqa: F811
+    target = box.root / "f.txt"
+    target.write_text(before)
+    box.call("read", file_path="f.txt")
+    result = edit(box, target, old, new, False)
+    if after is None:
+        assert result.is_error and result.meta["error"] == "ambiguous", result.text
+        assert target.read_text() == before
+    else:
+        assert not result.is_error, result.text
+        assert target.read_text() == after

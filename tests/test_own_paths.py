@@ -168,13 +168,14 @@ def test_a_rewind_compares_without_reading_a_fifo_or_a_link_a_step_left(tmp_path
     (root / "a.txt").write_text("v1\n")
     (root / "b.txt").write_text("v1\n")
     checkpoints = toolbox(tmp_path, root).checkpoints
-    tree = checkpoints.take()["tree"]
+    taken = checkpoints.take()
+    tree = taken["tree"]
     (root / "a.txt").unlink()
     os.mkfifo(root / "a.txt")
     (root / "b.txt").unlink()
     (root / "b.txt").symlink_to("/dev/zero")
     overlay = {"a.txt": b"written\n", "b.txt": b"written\n"}
-    restores = finishes(lambda: checkpoints.plan(root, tree, overlay, tree, tree), root / "a.txt")
+    restores = finishes(lambda: checkpoints.plan(root, taken, overlay, tree, tree), root / "a.txt")
     assert sorted(r.path for r in restores) == ["a.txt", "b.txt"]
     assert checkpoints.apply(root, restores) == []
     assert (root / "a.txt").read_bytes() == b"written\n"

@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 import tools
 from fake_api import reply, text, tool_use
 
@@ -236,7 +238,7 @@ def test_a_folder_a_step_replaced_by_a_link_outside_is_restored_inside(tmp_path)
     (root / "src").rmdir()
     (root / "src").symlink_to(outside)
     after = checkpoints.take(before["tree"])
-    restores = checkpoints.plan(root, before["tree"], {}, after["tree"], after["tree"])
+    restores = checkpoints.plan(root, before, {}, after["tree"], after["tree"])
     assert checkpoints.apply(root, restores) == []
     assert not (root / "src").is_symlink() and (root / "src" / "main.py").read_text() == "mine\n"
     assert list(outside.iterdir()) == []
@@ -295,3 +297,199 @@ def test_a_rewind_with_nothing_to_rewind_exits_1_as_git_commit_does(khaelor, fak
         assert result.returncode == 1, (argv, result.stdout, result.stderr)
         assert "nothing to rewind" in result.stderr, result.stderr
     assert khaelor.run("rewind", "--list").returncode == 0
+
+
+def rewind_one_step(tmp_path, before_step, step, overlay=None) -> tuple[Path, list[str]]:
+    """A project set up by `before_step(root)`, a checkpoint, `step(root)`, a checkpoint, and the
+    rewind to before the step (in-process): (the project, what apply could not restore)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    git(root, "init", "-q")
+    before_step(root)
+    checkpoints = tools.Toolbox(tools.Workspace(root), tmp_path / "home",
+                                lambda *a, **k: {}).checkpoints
+    before = checkpoints.take()
+    step(root)
+    after = checkpoints.take(before["tree"])
+    restores = checkpoints.plan(root, before, overlay or {}, after["tree"], after["tree"])
+    return root, checkpoints.apply(root, restores)
+
+
+def test_a_link_a_step_replaced_by_a_file_comes_back_as_the_link(tmp_path):
+    """OpenCode's snapshot tests track links; `rm link && echo x > link` was rewound to
+    "link.txt: File exists": the file stayed, the link was lost."""
+    def step(root):
+        (root / "link.txt").unlink()
+        (root / "link.txt").write_text("a file now\n")
+    root, problems = rewind_one_step(
+        tmp_path, lambda root: (root / "link.txt").symlink_to("target.txt"), step)
+    assert problems == []
+    assert (root / "link.txt").is_symlink() and os.readlink(root / "link.txt") == "target.txt"
+
+
+def test_an_untracked_file_over_the_cap_that_a_step_overwrote_is_not_deleted(tmp_path):
+    """A checkpoint leaves out an untracked file over 20 MB: absent from its tree, it read as
+    "created by the step", and the rewind deleted the user's file (now 6 bytes, but theirs)."""
+    def big(root):
+        with open(root / "data.bin", "wb") as handle:
+            handle.truncate(tools.CHECKPOINT_FILE_CAP_BYTES + 1)
+    root, problems = rewind_one_step(
+        tmp_path, big, lambda root: (root / "data.bin").write_text("small\n"))
+    assert problems == [] and (root / "data.bin").read_text() == "small\n"
+
+
+def test_a_folder_a_rewind_empties_and_fills_again_keeps_its_mode(tmp_path):
+    """A step renamed private/key.txt to private/new.txt: the rewind deleted new.txt, removed the
+    emptied private/ (0700) and made it anew for key.txt with the umask's 0755."""
+    def before_step(root):
+        (root / "private").mkdir(mode=0o700)
+        (root / "private" / "key.txt").write_text("k\n")
+    root, problems = rewind_one_step(
+        tmp_path, before_step,
+        lambda root: (root / "private" / "key.txt").rename(root / "private" / "new.txt"))
+    assert problems == [] and os.listdir(root / "private") == ["key.txt"]
+    assert (root / "private").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_file_written_back_from_its_version_keeps_its_exec_bit(tmp_path):
+    """Two edits in one turn took run.sh from v1 to v2 and back: rewinding to between them wrote
+    v2 back as 100644 (the checkpoints saw no change to take a mode from) and dropped the x."""
+    def before_step(root):
+        (root / "run.sh").write_text("v1\n")
+        (root / "run.sh").chmod(0o755)
+    root, problems = rewind_one_step(tmp_path, before_step, lambda root: None,
+                                     overlay={"run.sh": b"v2\n"})
+    assert problems == [] and (root / "run.sh").read_text() == "v2\n"
+    assert os.access(root / "run.sh", os.X_OK)
+
+
+def test_an_ignored_file_that_write_or_edit_changed_is_rewound(khaelor, fake, project):
+    """No checkpoint records a file git ignores, so undoing an edit of local.cfg (a .env.local, a
+    config kept out of git) said "nothing differs" and changed nothing, where Claude Code's rewind
+    puts back what its edit tools changed. Its kept versions are written back now; a file the user
+    changed since is kept under --yes."""
+    git(project, "init", "-q")
+    (project / ".gitignore").write_text("*.cfg\n")
+    (project / "local.cfg").write_text("mine\n")
+    (project / "user.cfg").write_text("mine\n")
+    edits = [tool_use("edit", {"file_path": name, "old_string": "mine", "new_string": "agent"})
+             for name in ("local.cfg", "user.cfg")]
+    fake.enqueue(reply(tool_use("read", {"file_path": "local.cfg"})),
+                 reply(tool_use("read", {"file_path": "user.cfg"})), *map(reply, edits),
+                 reply(tool_use("write", {"file_path": "new.cfg", "content": "made\n"})),
+                 *[reply(text("done"))] * 3)
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    assert (project / "local.cfg").read_text() == "agent\n"
+    (project / "user.cfg").write_text("the user's own\n")
+    rewound = khaelor.run("rewind", "1", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert "write back `local.cfg`" in rewound.stdout and "delete `new.cfg`" in rewound.stdout
+    assert (project / "local.cfg").read_text() == "mine\n" and not (project / "new.cfg").exists()
+    assert (project / "user.cfg").read_text() == "the user's own\n"
+
+
+def test_a_read_only_file_a_step_rewrote_is_rewound(tmp_path):
+    """write and edit leave a read-only file alone; a rewind still puts back what a step (sed -i,
+    which renames over the file as write did) changed in one."""
+    def before_step(root):
+        (root / "locked.txt").write_text("v1\n")
+        (root / "locked.txt").chmod(0o444)
+
+    def step(root):
+        subprocess.run(["sed", "-i", "s/v1/v2/", "locked.txt"], cwd=root, check=True)
+    root, problems = rewind_one_step(tmp_path, before_step, step)
+    assert problems == [] and (root / "locked.txt").read_text() == "v1\n"
+    assert (root / "locked.txt").stat().st_mode & 0o777 == 0o444
+
+
+def test_a_file_outside_the_project_that_an_approved_edit_changed_is_left_unmentioned(tmp_path):
+    """A rewind never writes outside the project; an approved edit of ../notes.txt was listed as
+    "write back `../notes.txt`", then reported as "its folder now leads outside the project"."""
+    (tmp_path / "notes.txt").write_text("the agent's\n")
+    root, problems = rewind_one_step(tmp_path, lambda root: None, lambda root: None,
+                                     overlay={"../notes.txt": b"mine\n"})
+    assert problems == [] and (tmp_path / "notes.txt").read_text() == "the agent's\n"
+
+
+def tree_of(root: Path) -> dict:
+    """Everything outside .git: links (their target), files (bytes, mode), folders."""
+    found = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if rel == ".git" or rel.startswith(".git/"):
+            continue
+        if path.is_symlink():
+            found[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            found[rel] = ("folder",)
+        else:
+            found[rel] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    return found
+
+
+def sh(command: str):
+    return lambda root: subprocess.run(command, shell=True, cwd=root, check=True)
+
+
+# OpenCode's snapshot tests (packages/opencode/test/snapshot/snapshot.test.ts) as steps a rewind
+# must undo (OpenCode's revert leaves the folders a step made; ours removes those it empties):
+# (test, the project before, the step).
+SNAPSHOT_CASES = [
+    ("tracks deleted files correctly", "", "rm a.txt"),
+    ("revert should remove new files", "", "echo NEW > new.txt"),
+    ("revert in subdirectory", "", "mkdir -p sub && echo SUB > sub/file.txt"),
+    ("multiple file operations", "",
+     "rm a.txt; echo C > c.txt; mkdir -p dir; echo D > dir/d.txt; echo MODIFIED > b.txt"),
+    ("binary file handling", "printf '\\211PNG\\0' > old.png",
+     "printf '\\211PNG\\1\\377' > image.png; printf '\\0\\2' > old.png"),
+    ("symlink handling", "ln -s a.txt old-link", "ln -s a.txt link.txt; ln -sfn b.txt old-link"),
+    ("large file handling", "", "head -c 1048576 /dev/zero | tr '\\0' x > large.txt"),
+    ("nested directory revert", "", "mkdir -p l1/l2/l3 && echo DEEP > l1/l2/l3/deep.txt"),
+    ("special characters in filenames", "",
+     "echo S > 'file with spaces.txt'; echo D > file-with-dashes.txt;"
+     " echo N > \"$(printf 'a\\nb')\""),
+    ("unicode filenames (and their modification)", "echo orig > 文件.txt",
+     "echo mod > 文件.txt; echo e > 🚀rocket.txt; mkdir -p 目录/подкаталог; echo d > 目录/подкаталог/f"),
+    ("very long filenames", "", "echo long > " + "a" * 200 + ".txt"),
+    ("hidden files", "", "echo h > .hidden; echo '*.log' > .gitignore; echo c > .config"),
+    ("nested symlinks", "", "mkdir -p sub/dir && echo t > sub/dir/target.txt &&"
+     " ln -s target.txt sub/dir/link.txt && ln -s sub sub-link"),
+    ("file permissions (the exec bit)", "", "chmod 755 a.txt"),
+    ("circular symlinks", "", "ln -s circular circular"),
+    ("revert should not delete files that existed but were deleted in snapshot", "rm a.txt",
+     "echo recreated > a.txt"),
+    ("revert preserves file that existed in snapshot when deleted then recreated",
+     "echo original > existing.txt",
+     "rm existing.txt; echo recreated > existing.txt; echo n > newf"),
+    ("a file that becomes a folder, a folder that becomes a file", "mkdir d && echo in > d/in",
+     "rm a.txt && mkdir a.txt && echo x > a.txt/in && rm -r d && echo f > d"),
+]
+
+
+@pytest.mark.parametrize("before, step", [case[1:] for case in SNAPSHOT_CASES],
+                         ids=[case[0] for case in SNAPSHOT_CASES])
+def test_opencode_snapshot_case_is_rewound(tmp_path, before, step):
+    def prepare(root):
+        (root / "a.txt").write_text("A\n")
+        (root / "b.txt").write_text("B\n")
+        git(root, "add", ".")
+        git(root, "commit", "-qm", "init")
+        if before:
+            sh(before)(root)
+    start = {}
+
+    def step_after_looking(root):
+        start.update(tree_of(root))
+        sh(step)(root)
+    root, problems = rewind_one_step(tmp_path, prepare, step_after_looking)
+    assert problems == [] and tree_of(root) == start
+
+
+def test_what_git_ignores_a_command_made_is_not_rewound(tmp_path):
+    """OpenCode's "gitignore changes": the ignored file is not in a snapshot, so no rewind touches
+    it (write and edit keep versions of their own changes, see above)."""
+    root, problems = rewind_one_step(
+        tmp_path, lambda root: (root / ".gitignore").write_text("*.ignored\n"),
+        sh("echo mine > test.ignored; echo normal > normal.txt"))
+    assert problems == [] and (root / "test.ignored").read_text() == "mine\n"
+    assert not (root / "normal.txt").exists()

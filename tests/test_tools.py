@@ -147,9 +147,6 @@ def test_read_failure_modes(box):
     assert "Did you mean: config.yaml" in box.call("read", file_path="/config.yaml").text
     binary = box.call("read", file_path="logo.png")
     assert binary.is_error and "PNG image" in binary.text
-    (box.root / "notes.txt").write_bytes("hello\n".encode("utf-16"))   # Windows' "Unicode"
-    wide = box.call("read", file_path="notes.txt")
-    assert wide.is_error and "UTF-16 text: iconv -f UTF-16 -t UTF-8" in wide.text
     assert "past the end" in box.call("read", file_path="config.yaml", offset=9).text
     assert "empty" in box.call("read", file_path="empty.txt").text
     assert box.call("read", file_path="config.yaml", offset=0).is_error
@@ -719,6 +716,33 @@ def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
     assert not list(box.root.glob(".run.sh.*")), "no temp file left behind"
 
 
+# OpenCode's write tests (packages/opencode/test/tool/write.test.ts): path, content; the bytes
+# written must be the content's, a new file 0644 under umask 022. Its overwrite cases are
+# test_write_creates_parents_and_keeps_mode_crlf_and_bom and the read-only test below (ours, as
+# Claude Code's, overwrites only a file read first).
+OPENCODE_WRITES = [
+    ("writes content to new file", "newfile.txt", "Hello, World!"),
+    ("creates parent directories if needed", "nested/deep/file.txt", "nested content"),
+    ("writes binary-safe content", "binary.bin", "Hello\x00World\x01\x02\x03"),
+    ("writes empty content", "empty.txt", ""),
+    ("writes multi-line content", "multiline.txt", "Line 1\nLine 2\nLine 3\n"),
+    ("handles different line endings", "crlf.txt", "Line 1\r\nLine 2\r\nLine 3"),
+]
+
+
+@pytest.mark.parametrize("path, content", [case[1:] for case in OPENCODE_WRITES],
+                         ids=[case[0] for case in OPENCODE_WRITES])
+def test_opencode_write_case(box, path, content):
+    old_umask = os.umask(0o022)
+    try:
+        result = box.call("write", file_path=path, content=content)
+    finally:
+        os.umask(old_umask)
+    assert not result.is_error and result.text.startswith(f"Created {path} ("), result.text
+    assert (box.root / path).read_bytes() == content.encode()
+    assert (box.root / path).stat().st_mode & 0o777 == 0o644
+
+
 def test_write_failure_modes(box):
     (box.root / "d").mkdir()
     assert "is a directory" in box.call("write", file_path="d", content="x").text
@@ -736,6 +760,53 @@ def test_edit_failure_modes(box):
                                    new_string="bar").text
     created = box.call("edit", file_path="brand_new.py", old_string="", new_string="x = 1\n")
     assert not created.is_error and (box.root / "brand_new.py").read_text() == "x = 1\n"
+
+
+def test_write_and_edit_leave_a_read_only_file_alone(box):
+    """A file the user made read-only (chmod a-w) was overwritten: the temp file renamed over it
+    needs only the folder's permission, where Claude Code's open() fails with EACCES (and
+    OpenCode's write test "throws error when OS denies write access")."""
+    locked = box.root / "locked.txt"
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    box.call("read", file_path="locked.txt")
+    for call in ({"name": "write", "content": "changed\n"},
+                 {"name": "edit", "old_string": "keep", "new_string": "changed"}):
+        result = box.call(call.pop("name"), file_path="locked.txt", **call)
+        assert result.is_error and result.meta["error"] == "read_only", result.text
+        assert "is read-only (mode 444)" in result.text
+    assert locked.read_text() == "keep\n" and locked.stat().st_mode & 0o777 == 0o444
+
+
+def test_writing_back_a_file_that_is_not_utf8_with_its_replacement_characters_is_refused(box):
+    """read shows a Latin-1 file's é as U+FFFD; a write of that text back replaced every such
+    byte with EF BF BD, for good. (edit already refused a file that is not UTF-8.)"""
+    latin = box.root / "latin.txt"
+    latin.write_bytes(b"caf\xe9\nline 2\n")
+    shown = box.call("read", file_path="latin.txt").text
+    assert "caf\ufffd" in shown
+    result = box.call("write", file_path="latin.txt", content="caf\ufffd\nline 2 changed\n")
+    assert result.is_error and result.meta["error"] == "encoding", result.text
+    assert latin.read_bytes() == b"caf\xe9\nline 2\n"
+    assert not box.call("write", file_path="latin.txt", content="café\n").is_error
+
+
+@pytest.mark.parametrize("bom, codec", [(b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be")],
+                         ids=["le", "be"])
+def test_a_utf16_file_is_read_edited_and_written_as_utf16(box, bom, codec):
+    """OpenCode's encoding tests ("edits a utf-16le/be file with BOM in place"), and Claude Code
+    reads and writes UTF-16 too: read refused Windows' "Unicode" files as binary and edit said
+    "not UTF-8". Now each keeps the file's byte-order mark, UTF-16 and CRLF."""
+    wide = box.root / "notes.txt"
+    wide.write_bytes(bom + "你好世界\r\nline 2\r\n".encode(codec))
+    read = box.call("read", file_path="notes.txt")
+    assert not read.is_error and read.text == "     1\t你好世界\n     2\tline 2"
+    edited = box.call("edit", file_path="notes.txt", old_string="你好世界", new_string="再见世界")
+    assert not edited.is_error, edited.text
+    assert wide.read_bytes() == bom + "再见世界\r\nline 2\r\n".encode(codec)
+    assert "-你好世界\r\n+再见世界\r\n" in box.of_type("FileModified")[-1]["diff"]
+    assert not box.call("write", file_path="notes.txt", content="new\n").is_error
+    assert wide.read_bytes() == bom + "new\r\n".encode(codec)
 
 
 def test_edit_through_a_symlink_keeps_the_link(box):
@@ -1155,6 +1226,16 @@ def test_a_crlf_edit_of_an_lf_file_leaves_no_crlf_inside_it(box):
                       new_string="def f():\r\n    return 10\r\n")
     assert not result.is_error, result.text
     assert (box.root / "lf.py").read_bytes() == b"def f():\n    return 10\n\nx = 2\n"
+
+
+def test_an_edit_of_a_mostly_crlf_file_leaves_its_lf_lines_alone(box):
+    """A CRLF file with a few LF lines (one a tool appended) was written back all CRLF: a one-line
+    edit silently changed the ending of every LF line elsewhere in the file."""
+    (box.root / "mixed.txt").write_bytes(b"a\r\nb\nc\r\nd\n")
+    box.call("read", file_path="mixed.txt")
+    result = box.call("edit", file_path="mixed.txt", old_string="c", new_string="C")
+    assert not result.is_error, result.text
+    assert (box.root / "mixed.txt").read_bytes() == b"a\r\nb\nC\r\nd\n"
 
 
 def test_a_fuzzy_match_does_not_indent_an_already_indented_new_string_twice(box):
