@@ -733,18 +733,21 @@ class Rewind:
         self.repo = checkpoints.repository()
         self.root = self.repo.root if self.repo else self.toolbox.workspace.cwd
         last = newest if after_last_step else self.now["tree"]
-        load = self.toolbox.load_version
+        load = self.load_version
         since = events.written(state, state.steps[self.number - 1]["seq"] - 1, float("inf"))
-        try:
-            written = {os.path.relpath(real, self.root): load(version)
-                       for real, version in overlay.items()}
-            since = {os.path.relpath(real, self.root): (first and load(first), load(latest))
-                     for real, (first, latest) in since.items()}
-        except OSError:
-            raise KhaelorError("cannot rewind: a file's version that write or edit kept is gone"
-                               " (pruned after 30 days)") from None
+        written = {os.path.relpath(real, self.root): load(real, version)
+                   for real, version in overlay.items()}
+        since = {os.path.relpath(real, self.root): (first and load(real, first), load(real, latest))
+                 for real, (first, latest) in since.items()}
         self.restores = checkpoints.plan(self.root, self.target, written,
                                          last, self.now["tree"], since)
+
+    def load_version(self, real: str, version: str) -> bytes:
+        try:
+            return self.toolbox.load_version(version)
+        except OSError:
+            raise KhaelorError(f"cannot rewind: the version of {os.path.relpath(real, self.root)}"
+                               " that write or edit kept is gone (pruned after 30 days)") from None
 
     def moves_head(self) -> bool:
         before = (self.target["head"], self.target["branch"])

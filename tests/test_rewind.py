@@ -381,6 +381,13 @@ def test_an_ignored_file_that_write_or_edit_changed_is_rewound(khaelor, fake, pr
     assert khaelor.run("-p", "go", "--yes").returncode == 0
     assert (project / "local.cfg").read_text() == "agent\n"
     (project / "user.cfg").write_text("the user's own\n")
+    # a kept version pruned meanwhile: the rewind stops, naming the file
+    versions = Path(khaelor.env["KHAELOR_HOME"]) / "versions"
+    versions.rename(versions.with_name("away"))
+    refused = khaelor.run("rewind", "1", "--yes")
+    named = ("the version of local.cfg", "the version of user.cfg")
+    assert refused.returncode == 1 and any(n in refused.stderr for n in named), refused.stderr
+    versions.with_name("away").rename(versions)
     rewound = khaelor.run("rewind", "1", "--yes")
     assert rewound.returncode == 0, rewound.stderr
     assert "write back `local.cfg`" in rewound.stdout and "delete `new.cfg`" in rewound.stdout
