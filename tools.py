@@ -145,10 +145,19 @@ EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT":
 UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
 # Magic numbers, to tell the model what a binary file is.
 MAGIC = [
-    (b"\x89PNG", "PNG image"), (b"\xff\xd8\xff", "JPEG image"), (b"GIF8", "GIF image"),
-    (b"%PDF", "PDF document"), (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
-    (b"\x1f\x8b", "gzip archive"), (b"\xfd7zXZ", "xz archive"), (b"\x7fELF", "ELF executable"),
-    (b"SQLite format 3", "SQLite database"), (b"\x00asm", "WebAssembly module"),
+    # images and documents
+    (b"\x89PNG", "PNG image"),
+    (b"\xff\xd8\xff", "JPEG image"),
+    (b"GIF8", "GIF image"),
+    (b"%PDF", "PDF document"),
+    # archives
+    (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
+    (b"\x1f\x8b", "gzip archive"),
+    (b"\xfd7zXZ", "xz archive"),
+    # programs, databases, media
+    (b"\x7fELF", "ELF executable"),
+    (b"SQLite format 3", "SQLite database"),
+    (b"\x00asm", "WebAssembly module"),
     (b"RIFF", "RIFF media (WAV/AVI/WebP)"),
 ]
 # What an over-escaped old_string means by \n, \t, \" and the like (escape-normalized matching).
