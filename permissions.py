@@ -2530,10 +2530,10 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     """The words after a wrapper's own options, read by _parse (`sudo -Eu root rm` skips root as
     the value of -u); for env also its NAME=value words, `-` (-i), and -S: the string split into
     the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`); see _in_directory for -C."""
-    for i, arg in enumerate(args[:-1]):
-        if name == "runuser" and arg in ("-c", "--command"):
-            # runuser -l root -c CMD runs CMD through a shell
-            return ["sh", "-c", args[i + 1]]
+    scripts = _shell_scripts((name, *args), (), None) if name == "runuser" else []
+    if scripts:
+        # runuser -l root -c CMD (--command=CMD, --session-command CMD) runs CMD through a shell
+        return ["sh", "-c", "\n".join(scripts)]
     short_chdir, long_chdir = _CHDIR.get(name, ("", ""))
     directory = None
     k = 0
@@ -2546,11 +2546,13 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
                 # only prints where the program is
                 return []
             if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
-                after = k + option.at + 1 + option.separate
-                return _in_directory(directory, option.value.split() + args[after:])
+                # its string is env's own words again, quotes and all (\_ is a blank): -S '-i sh'
+                split = option.value.replace("\\_", " ")
+                after = shlex.join(args[k + option.at + 1 + option.separate:])
+                return _in_directory(directory, ["sh", "-c", f"env {split} {after}"])
         k += end
         env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
-        if env_word and (args[k] == "-" or _ASSIGNMENT.match(args[k])):
+        if env_word and (args[k] == "-" or "=" in args[k]):
             k += 1
             continue
         break
@@ -2612,6 +2614,9 @@ class _ShellLine:
     def _parse(self, command: str, cwd: str, depth: int) -> None:
         if depth > _MAX_NESTING:
             raise _ParseError("nested too deeply")
+        if "$\\\n" in command:
+            # bash joins the lines first: $\<newline>'…' is $'…', "$\<newline>(…)" runs (…)
+            raise _ParseError("a line continuation right after $ is not followed")
         self.floor = self.floor or _fork_bomb(command)
         tokens, _ = _lex(command)
         segments = _segments(tokens)
@@ -2684,11 +2689,15 @@ class _ShellLine:
             scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
         elif name == "git":
             scripts = _git_scripts(core[1:])
-        elif name == "tmux" and core[1:2] and core[1] in _TMUX_RUNS:
-            # tmux new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter: the words after its options
-            end = _parse(core[2:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
-            command = core[2 + end:]
-            scripts = [*command, " ".join(command)] if command else []
+        elif name == "tmux":
+            # tmux -c CMD; tmux [-L SOCKET] new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter:
+            # the words after its options
+            options, _, at = _parse(core[1:], lambda o: o[1:] in "cfLST", stop=True)
+            scripts = [o.value for o in options if o.name == "-c"]
+            if core[1 + at:2 + at] and core[1 + at] in _TMUX_RUNS:
+                end = _parse(core[2 + at:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
+                command = core[2 + at + end:]
+                scripts += [*command, " ".join(command)] if command else []
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's
@@ -2907,22 +2916,19 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     """What a shell runs: its -c argument, else a heredoc, here-string or piped
     text we know. Both readings of -c count: the word after it (fish's -c CMD) and bash's
     command, the first word after all the options (bash -c -e CMD, -oc errexit CMD, -c -- CMD)."""
+    scripts = []
     for i, word in enumerate(core[1:], 1):
-        # --command CMD or --command=CMD (su, runuser, script, fish; by any prefix)
+        following = list(core[i + 1:i + 2])
+        # --command CMD, --session-command=CMD (su, runuser, script, fish; by any prefix), each
         option, given, value = word.partition("=")
-        if _abbreviates(option, "command") and (given or i < len(core) - 1):
-            return [value if given else core[i + 1]]
+        if _abbreviates(option, "command", "session-command"):
+            scripts += [value] if given else following
         # -c, or a cluster of short options holding it (-lc)
-        short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
-        if short_c and i < len(core) - 1:
+        elif word[:1] == "-" and word[1:2] != "-" and "c" in word and following:
             operand = _shell_operand(core)
-            if operand > i + 1 and operand < len(core):
-                return [core[i + 1], core[operand]]
-            return [core[i + 1]]
+            scripts += following + list(core[operand:operand + 1]) * (operand > i + 1)
     fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
-    if fed:
-        return fed
-    return [stdin_text] if stdin_text else []
+    return scripts or fed or ([stdin_text] if stdin_text else [])
 
 
 def _git_scripts(args: tuple[str, ...]) -> list[str]:
@@ -3311,7 +3317,8 @@ def _ansi_c(body: str) -> str:
 
     escape = (r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}"
               r"|[0-7]{1,3}|c.?|.)")
-    return re.sub(escape, decode, body, flags=re.S)
+    # a NUL ends the string: $'re\0x'boot is "reboot"
+    return re.sub(escape, decode, body, flags=re.S).partition("\0")[0]
 
 
 def _is_number(text: str) -> bool:
