@@ -588,7 +588,8 @@ _BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
 _TMUX_RUNS = frozenset("""
     new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
     respawn-window respawnw run-shell run""".split())
-_BRACED_BLANKS = re.compile(r"\$\{[^{}\s'\"`$\\;&|<>()]*+[ \t][^{}\n'\"`$\\;&|<>()]*+\}")
+# ${X:-a b} and ${X:-"a b" /} are one run of a word, blanks and quotes and all
+_BRACED = re.compile(r"""\$\{(?:[^{}\n'"`$\\;&|<>()]|(['"])[^'"\n`$\\()]*\1)*+\}""")
 # A fork bomb defines a function and pipes it into itself in the
 # background. Two linear scans (names are matched possessively, ++): names
 # defined as functions, NAME | NAME & uses.
@@ -3148,6 +3149,9 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
             i += len(op)
             depth += (op == "(") - (op == ")")
             if closing and depth < 0:
+                if ("word", [("raw", "case")]) in tokens:
+                    # bash ends $( ) at its own `)`, not at a case pattern's: `$(case x in x) …)`
+                    raise _ParseError("a case statement inside $( ) is not followed")
                 return tokens, i
             tokens.append(("op", op))
             if op in ("<<", "<<-"):
@@ -3156,10 +3160,11 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
                 i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
         else:
-            # a run of characters that mean nothing special here; ${X:-a b} is one, blanks and all
-            braced = _BRACED_BLANKS.match(text, i)
+            # a run of characters that mean nothing special here (in a ${…}, its quotes dropped:
+            # ${U:-"x" /} reads as x and /, and "a b" as a and b, which is only ever stricter)
+            braced = _BRACED.match(text, i)
             end = braced.end() if braced else _ORDINARY.match(text, i + 1).end()
-            raw.append(text[i:end])
+            raw.append(re.sub("['\"]", "", text[i:end]))
             i = end
     if closing:
         raise _ParseError("unbalanced parenthesis")
