@@ -2547,10 +2547,11 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
                 # only prints where the program is
                 return []
             if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
-                # its string is env's own words again, quotes and all (\_ is a blank): -S '-i sh'
-                split = option.value.replace("\\_", " ")
-                after = shlex.join(args[k + option.at + 1 + option.separate:])
-                return _in_directory(directory, ["sh", "-c", f"env {split} {after}"])
+                # its string is env's own words again (quotes dropped, \_ a blank): -S '-i sh -c x'
+                after = k + option.at + 1 + option.separate
+                split = _SHELL_WORD.findall(option.value.replace("\\_", " "))
+                words = [re.sub(r"['\"\\]", "", word) for word in split] + args[after:]
+                return _in_directory(directory, _unwrap(name, words))
         k += end
         env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
         if env_word and (args[k] == "-" or "=" in args[k]):
@@ -2650,8 +2651,10 @@ class _ShellLine:
                             for op, t in redirects)
             skipped = bool(expanded) and expanded[0] in _SKIPPED_STATEMENTS
             if skipped:
-                self.unfollowed = (f"its {expanded[0]} statement sets "
-                                   "variables this check does not follow")
+                self.unfollowed = f"its {expanded[0]} statement sets variables not followed here"
+            for word in expanded[3:] if expanded[:1] == ["for"] else []:
+                # for c in echo "rm -rf ~"; do $c; done: a word may be run as a command line
+                self.floor = self.floor or _unparsed_floor(word, cwd, self.home)
             unliteral = _unliteral([*words, *redirect_targets], cwd)
             if (expanded or targets) and not skipped:
                 self._remember_assignments(expanded, env)
@@ -3096,6 +3099,9 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
     def end_word():
         nonlocal delimiter_op
         piece(None, None)
+        if pieces == [("raw", "=~")]:
+            # [[ a =~ (a)# ]]; reboot: the regex's ( ) | # are not what they are elsewhere
+            raise _ParseError("a [[ =~ ]] regular expression is not followed")
         if pieces:
             tokens.append(("word", list(pieces)))
             if delimiter_op:
@@ -3143,6 +3149,9 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
             i += 1
         elif c in _OPERATOR_START:
             op = next(o for o in _OPERATORS if text.startswith(o, i))
+            if op == "(" and (pieces or raw) and not text.startswith("()", i):
+                # a=(x)#y; reboot: after an array's ")" bash reads on, no comment
+                raise _ParseError("an array assignment or a pattern's ( is not followed")
             if op not in _SEPARATORS:
                 _redirection_word(pieces, raw, op)
             end_word()
