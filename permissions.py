@@ -291,7 +291,7 @@ POLICY: dict[str, Program] = {
     "jq": Program("read pattern", ("rjacnsSeCMt", """
         raw-output join-output ascii-output compact-output null-input slurp sort-keys
         exit-status color-output monochrome-output tab indent= arg= argjson= raw-input""")),
-    "git status": Program("read", ("sbuvz", """
+    "git status": Program("read", ("sbvzu:", """
         short branch porcelain porcelain= long verbose untracked-files untracked-files=
         ignored ignored= ignore-submodules ignore-submodules= show-stash ahead-behind
         no-ahead-behind renames no-renames find-renames find-renames= column no-column null""")),
