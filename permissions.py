@@ -1598,9 +1598,9 @@ def _part_requests(part: _Part, root: str, compound: bool,
 
 
 def _redirect_writes(op: str, target: str) -> bool:
-    """A redirection that writes a file: not a descriptor copy (2>&1) or
-    close (>&-)."""
-    return op in _WRITE_REDIRECTS and not _is_number(target) and target != "-"
+    """A redirection that writes a file: not a descriptor copy (2>&1) or close (>&-); `> 2`,
+    `&> -` and `>> 1` write files named 2, - and 1."""
+    return op in _WRITE_REDIRECTS and not (op == ">&" and (_is_number(target) or target == "-"))
 
 
 def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
@@ -2637,7 +2637,8 @@ class _ShellLine:
                 # for c in echo "rm -rf ~"; do $c; done: a word may be run as a command line
                 self.floor = self.floor or _unparsed_floor(word, cwd, self.home)
             unliteral = _unliteral([*words, *redirect_targets], cwd)
-            if (expanded or targets) and not skipped:
+            # (> x for y: a word after a redirection is no keyword; bash runs `for` and writes x)
+            if (expanded or targets) and (targets or not skipped):
                 self._remember_assignments(expanded, env)
                 stdin_text = piped if after_pipe else None
                 cwd = self._add(tuple(expanded), targets, cwd, depth, env,
@@ -3295,7 +3296,7 @@ def _ansi_c(body: str) -> str:
     def decode(match):
         _on_time()
         code = match[1]
-        if code[0] in "xuU":
+        if code[0] in "xuU" and code[1:]:
             value = int(code[1:], 16)
             if value > 0x10FFFF:
                 raise _ParseError("an escape beyond Unicode")
