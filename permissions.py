@@ -603,13 +603,11 @@ _QUOTED = re.compile(
 
 
 class PermissionConfigError(ValueError):
-    """A config file's "permissions" list is malformed; the message names
-    the file and entry."""
+    """A config file's "permissions" list is malformed; the message names the file and entry."""
 
 
 class _ParseError(ValueError):
-    """A bash line this parser cannot follow: it is then never allowed
-    without asking."""
+    """A bash line this parser cannot follow: it is then never allowed without asking."""
 
 
 class _OutOfTime(Exception):
@@ -818,8 +816,7 @@ def claude_layer(source: str, text: str, project_root: Path,
 
 
 def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
-    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]}
-    mapped in."""
+    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]} mapped in."""
     rules, ignored = [], []
     for action in ACTIONS:
         entries = block.get(action, [])
@@ -844,8 +841,7 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
 
 
 def content_hash(data: bytes) -> str:
-    """What a trust record holds for a file: any change to the bytes withdraws
-    the trust."""
+    """What a trust record holds for a file: any change to the bytes withdraws the trust."""
     import hashlib      # here: loading OpenSSL costs 3 ms of every start
     return hashlib.sha256(data).hexdigest()
 
@@ -958,8 +954,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
 
 def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
           sandboxed: bool = True) -> dict:
-    """What would happen, without doing anything:
-    `khaelor permissions check --json`."""
+    """What would happen, without doing anything: `khaelor permissions check --json`."""
     if kind not in ("bash", "read", "write"):
         raise ValueError("check kind must be bash, read or write, "
                          f"not {kind!r}")
@@ -993,8 +988,7 @@ def _as_json(confine: sandbox.Confine | None) -> dict:
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
-    """One line per rule in evaluation order (the last matching line wins),
-    with its source."""
+    """One line per rule in evaluation order (the last matching line wins), with its source."""
     width = max((len(r.capability) for r in rules), default=0)
     return [f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
             f"  {rule.pattern:<24}  {rule.source}" for n, rule in enumerate(rules, 1)]
@@ -1022,8 +1016,7 @@ def add_grant(config: dict, rule: dict) -> dict:
 
 
 def khaelor_home() -> str:
-    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into
-    it."""
+    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into it."""
     home = os.environ.get("KHAELOR_HOME") or os.path.expanduser("~/.khaelor")
     return os.path.realpath(home)
 
@@ -1538,8 +1531,10 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
 
 def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
     """The floor over a line split at its operators, quotes dropped; into the command a wrapper
-    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`)."""
-    for text in re.split(r"[\n;&|()]+", command):
+    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`); read again without redirections
+    and their targets, which may come first (>>x rm -rf ~), and variables, which may be empty."""
+    again = re.sub(r"[<>]+&?\s*\S*|\$\{?\w+\}?\s", "\n", command)
+    for text in re.split(r"[\n;&|()<>]+", command + "\n" + again):
         _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
@@ -1672,8 +1667,7 @@ def _classify(core: tuple[str, ...]) -> str:
 
 
 def _classify_git(args: tuple[str, ...]) -> str:
-    """git reaching another machine is network access; changing the repository
-    is git.modify."""
+    """git reaching another machine is network access; changing the repository is git.modify."""
     if any(_GIT_URL.match(a) or "::" in a for a in args):
         return NETWORK
     _, sub, rest = _git_split(args)
@@ -2399,8 +2393,7 @@ def _short_flags(word: str) -> set[str]:
 
 
 def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
-    """find's starting points: after its -L/-H/-P/-D/-O options, before the
-    first expression."""
+    """find's starting points: after its -L/-H/-P/-D/-O options, before the first expression."""
     k = 0
     while k < len(args):
         arg = args[k]
@@ -2662,6 +2655,9 @@ class _ShellLine:
                      tuple(self.visited))
         self.parts.append(part)
         self.floor = self.floor or _floor_reason(part, self.home)
+        if re.fullmatch(r"\$\{?[A-Za-z_]\w*\}?", words[0] if words else ""):
+            # $x rm -rf ~: a variable not set here may be empty, and then what follows it runs
+            self._add(words[1:], redirects, cwd, depth, env, unliteral)
         name = core[0] if core else ""
         scripts = []
         if _row(name).has("shell"):
@@ -3172,8 +3168,7 @@ def _redirection_word(pieces: list, raw: list, op: str) -> None:
 
 
 def _lex_single(text: str, i: int, piece) -> int:
-    """Lex '...' (literal) or $'...' (backslash escapes decoded) at i; return
-    the index after it."""
+    """Lex '...' (literal) or $'...' (backslash escapes decoded) at i; return the index after it."""
     ansi_c = text[i] == "$"
     start = i + 1 + ansi_c
     end = _ANSI_C_BODY.match(text, start).end() if ansi_c else text.find("'", start)
@@ -3185,8 +3180,7 @@ def _lex_single(text: str, i: int, piece) -> int:
 
 
 def _lex_double(text: str, i: int, piece) -> int:
-    """Lex a double-quoted string from just after its quote; return the index
-    after it."""
+    """Lex a double-quoted string from just after its quote; return the index after it."""
     buf = []
 
     def flush(kind=None, value=None):
@@ -3314,8 +3308,7 @@ def _ansi_c(body: str) -> str:
 
 
 def _is_number(text: str) -> bool:
-    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file
-    name."""
+    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file name."""
     return text.isascii() and text.isdigit()
 
 
