@@ -291,7 +291,7 @@ POLICY: dict[str, Program] = {
     "jq": Program("read pattern", ("rjacnsSeCMt", """
         raw-output join-output ascii-output compact-output null-input slurp sort-keys
         exit-status color-output monochrome-output tab indent= arg= argjson= raw-input""")),
-    "git status": Program("read", ("sbuvz", """
+    "git status": Program("read", ("sbvzu:", """
         short branch porcelain porcelain= long verbose untracked-files untracked-files=
         ignored ignored= ignore-submodules ignore-submodules= show-stash ahead-behind
         no-ahead-behind renames no-renames find-renames find-renames= column no-column null""")),
@@ -531,8 +531,7 @@ _KEYWORDS = frozenset(
     "if then else elif fi do done while until ! { } esac".split()
 )
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
-# The floor's targets: deleting or chmod-ing these recursively is never
-# what anyone wanted.
+# The floor's targets: deleting or chmod-ing these recursively is never what anyone wanted.
 _PROTECTED_DIRS = frozenset("""
     / /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin
     /srv /sys /usr /var /Users /System /Library /Applications /private /mnt
@@ -567,11 +566,10 @@ _PATH_MAX = 4096
 _MAX_NESTING = 8
 # characters a line's expansions may add beyond twice its length
 _EXPANSION_ROOM = 65_536
-# A judgement that takes longer than this asks: a pathological line (300 KB
-# of nesting or quotes) must not stall the session, nor pass unjudged. It is
-# the judging thread's CPU time: on a loaded machine a 0.5 ms judgement was
-# measured taking 17 ms of wall time, and ordinary commands must not ask at
-# random.
+# A judgement that takes longer than this asks: a pathological line (300 KB of nesting or quotes)
+# must not stall the session, nor pass unjudged. It is the judging thread's CPU time: on a loaded
+# machine a 0.5 ms judgement was measured taking 17 ms of wall time, and ordinary commands must not
+# ask at random.
 DECIDE_BUDGET_SECONDS = 0.05
 # when (in time.thread_time) the judgement running in this thread must end
 _DEADLINE = contextvars.ContextVar("deadline", default=float("inf"))
@@ -588,10 +586,10 @@ _BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
 _TMUX_RUNS = frozenset("""
     new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
     respawn-window respawnw run-shell run""".split())
-_BRACED_BLANKS = re.compile(r"\$\{[^{}\s'\"`$\\;&|<>()]*+[ \t][^{}\n'\"`$\\;&|<>()]*+\}")
-# A fork bomb defines a function and pipes it into itself in the
-# background. Two linear scans (names are matched possessively, ++): names
-# defined as functions, NAME | NAME & uses.
+# ${X:-a b} and ${X:-"a b" /} are one run of a word, blanks and quotes and all
+_BRACED = re.compile(r"""\$\{(?:[^{}\n'"`$\\;&|<>()]|(['"])[^'"\n`$\\()]*\1)*+\}""")
+# A fork bomb defines a function and pipes it into itself in the background. Two linear scans (names
+# are matched possessively, ++): names defined as functions, NAME | NAME & uses.
 _NAME = r"(?<![^\s;&|(){}])(?P<n>[^\s(){}|&;<>]++)"
 _FUNCTION_DEFINITION = re.compile(
     rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
@@ -599,20 +597,17 @@ _FUNCTION_DEFINITION = re.compile(
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 # (a bomb's body is short: bounded, so nested definitions stay linear)
 _FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
-# an escaped character, and quoted strings (an unterminated one to the
-# end, so no scan restarts)
+# an escaped character, and quoted strings (an unterminated one to the end, so no scan restarts)
 _QUOTED = re.compile(
     r"\\(.)|'[^']*+(?:'|\Z)|\"(?:\\.|[^\"\\])*+(?:\"|\\?\Z)", re.S)
 
 
 class PermissionConfigError(ValueError):
-    """A config file's "permissions" list is malformed; the message names
-    the file and entry."""
+    """A config file's "permissions" list is malformed; the message names the file and entry."""
 
 
 class _ParseError(ValueError):
-    """A bash line this parser cannot follow: it is then never allowed
-    without asking."""
+    """A bash line this parser cannot follow: it is then never allowed without asking."""
 
 
 class _OutOfTime(Exception):
@@ -629,14 +624,11 @@ class Rule:
     pattern: str
     # "allow" | "ask" | "deny"
     action: str
-    # "default" or the file the rule came from (with its line, for Claude
-    # Code's)
+    # "default" or the file the rule came from (with its line, for Claude Code's)
     source: str = "default"
-    # "default", "user" (the user's own files) or "project" (a repository's
-    # file)
+    # "default", "user" (the user's own files) or "project" (a repository's file)
     layer: str = "default"
-    # the pattern is a gitignore-style path glob (Claude Code's Read/Edit
-    # rules)
+    # the pattern is a gitignore-style path glob (Claude Code's Read/Edit rules)
     glob: bool = False
     # "read" or "write": applies only to requests that read (or write) a path
     scope: str = ""
@@ -655,8 +647,7 @@ class Layer:
     kind: str = "user"
     # a project file grants only once `khaelor trust` recorded its hash
     trusted: bool = True
-    # Claude Code's settings: its rules keep its precedence, deny > ask >
-    # allow
+    # Claude Code's settings: its rules keep its precedence, deny > ask > allow
     claude: bool = False
     # for a Claude Code layer: its rules, already mapped (claude_layer)
     rules: tuple = ()
@@ -682,8 +673,7 @@ class Decision:
     suggestion: dict | None = None
     # one line for the model and the user: the rule or the floor item
     reason: str = ""
-    # what decided: floor, read-only, default, user, project, sandbox,
-    # destructive
+    # what decided: floor, read-only, default, user, project, sandbox, destructive
     layer: str = "default"
     # every command in it is provably read-only
     read_only: bool = False
@@ -707,8 +697,7 @@ class _Request(NamedTuple):
     secret: bool = False
     # the resolved absolute path, for path requests
     path: str = ""
-    # a path request that writes (an outside path is one capability for
-    # both)
+    # a path request that writes (an outside path is one capability for both)
     writes: bool = False
     # a command's words without wrappers: deny and ask rules also match these
     core: str = ""
@@ -724,8 +713,7 @@ class _Part(NamedTuple):
     redirects: tuple[tuple[str, str], ...]
     # where it runs (follows `cd` earlier in the line)
     cwd: str
-    # why its words are not all literal (an expansion, a glob into an
-    # option)
+    # why its words are not all literal (an expansion, a glob into an option)
     unliteral: str | None = None
     # every directory the line has been in by then: `(cd x)`, `cd -` and a
     # failing cd leave bash elsewhere than the last cd says
@@ -828,8 +816,7 @@ def claude_layer(source: str, text: str, project_root: Path,
 
 
 def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
-    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]}
-    mapped in."""
+    """The layer with block's {"allow": [...], "ask": [...], "deny": [...]} mapped in."""
     rules, ignored = [], []
     for action in ACTIONS:
         entries = block.get(action, [])
@@ -854,8 +841,7 @@ def claude_rules(layer: Layer, block: dict, root: str) -> Layer:
 
 
 def content_hash(data: bytes) -> str:
-    """What a trust record holds for a file: any change to the bytes withdraws
-    the trust."""
+    """What a trust record holds for a file: any change to the bytes withdraws the trust."""
     import hashlib      # here: loading OpenSSL costs 3 ms of every start
     return hashlib.sha256(data).hexdigest()
 
@@ -949,8 +935,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
         return _decide_process_write(arg("input"), process_command or "",
                                      root, rules)
     if kind == "held":
-        # list/read/stop only touch processes that were judged when they
-        # started
+        # list/read/stop only touch processes that were judged when they started
         return Decision("allow", EXECUTE, arg("action"), read_only=fields.get("read_only") is True)
     if kind == "bash":
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
@@ -969,8 +954,7 @@ def _decide(kind: str, fields: dict, project_root: Path,
 
 def check(kind: str, value: str, project_root: Path, rules: list[Rule], *,
           sandboxed: bool = True) -> dict:
-    """What would happen, without doing anything:
-    `khaelor permissions check --json`."""
+    """What would happen, without doing anything: `khaelor permissions check --json`."""
     if kind not in ("bash", "read", "write"):
         raise ValueError("check kind must be bash, read or write, "
                          f"not {kind!r}")
@@ -1004,8 +988,7 @@ def _as_json(confine: sandbox.Confine | None) -> dict:
 
 
 def describe_rules(rules: list[Rule]) -> list[str]:
-    """One line per rule in evaluation order (the last matching line wins),
-    with its source."""
+    """One line per rule in evaluation order (the last matching line wins), with its source."""
     width = max((len(r.capability) for r in rules), default=0)
     return [f"{n:>3}  {rule.action:<5}  {rule.capability:<{width}}"
             f"  {rule.pattern:<24}  {rule.source}" for n, rule in enumerate(rules, 1)]
@@ -1033,8 +1016,7 @@ def add_grant(config: dict, rule: dict) -> dict:
 
 
 def khaelor_home() -> str:
-    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into
-    it."""
+    """khaelor's own state ($KHAELOR_HOME): the floor refuses every write into it."""
     home = os.environ.get("KHAELOR_HOME") or os.path.expanduser("~/.khaelor")
     return os.path.realpath(home)
 
@@ -1065,8 +1047,7 @@ def _entry_problem(entry, example: str) -> str | None:
     return None
 
 
-# Claude Code's tools, by what their rules govern here; the tools khaelor
-# does not have.
+# Claude Code's tools, by what their rules govern here; the tools khaelor does not have.
 _CLAUDE_TOOLS = {
     "Bash": "command",
     "Read": "read", "Grep": "read", "Glob": "read", "LS": "read",
@@ -1344,9 +1325,8 @@ def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
     )
 
 
-# Where package managers install and cache, under $HOME: an approved `pip
-# install` or `npm install` may write there (and into this interpreter's
-# site-packages), or it could not do what was approved.
+# Where package managers install and cache, under $HOME: an approved `pip install` or `npm install`
+# may write there (and into this interpreter's site-packages), or it could not do what was approved.
 _PACKAGE_HOME_DIRS = (
     ".cache", ".local", ".npm", ".cargo", ".rustup", "go", ".gem", ".m2",
     ".gradle", ".yarn", ".pnpm-store", ".bun", ".deno", ".nuget", ".pyenv",
@@ -1519,8 +1499,7 @@ def _decide_bash(command: str, workdir: str, root: str,
         if problem:
             writing.append(part)
             not_read_only = not_read_only or f"{' '.join(part.words)[:80]}: {problem}"
-        # a write redirection asks as a file write; the command itself may
-        # still only read
+        # a write redirection asks as a file write; the command itself may still only read
         only_redirected = not problem or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
@@ -1552,8 +1531,10 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
 
 def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
     """The floor over a line split at its operators, quotes dropped; into the command a wrapper
-    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`)."""
-    for text in re.split(r"[\n;&|()]+", command):
+    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`); read again without redirections
+    and their targets, which may come first (>>x rm -rf ~), and variables, which may be empty."""
+    again = re.sub(r"[<>]+&?\s*\S*|\$\{?\w+\}?\s", "\n", command)
+    for text in re.split(r"[\n;&|()<>]+", command + "\n" + again):
         _on_time()
         unquoted = re.sub(r"[\"'\\]", "", text)
         unquoted = unquoted.replace("${HOME}", home).replace("$HOME", home)
@@ -1579,9 +1560,8 @@ def _part_requests(part: _Part, root: str, compound: bool,
     if suggestion and not read_only and capability == EXECUTE:
         words = _rule_core(part.core)
         if any(_row(*words[:n]).has("read") for n in (1, 2, 3)):
-            # it asks because of an option or a form (sort --co=…, git log
-            # --output=…): a wildcard over its arguments would grant exactly
-            # that form from then on
+            # it asks because of an option or a form (sort --co=…, git log --output=…): a wildcard
+            # over its arguments would grant exactly that form from then on
             suggestion = _escape(command)
     requests = [_Request(
         capability, command, suggestion,
@@ -1613,9 +1593,9 @@ def _part_requests(part: _Part, root: str, compound: bool,
 
 
 def _redirect_writes(op: str, target: str) -> bool:
-    """A redirection that writes a file: not a descriptor copy (2>&1) or
-    close (>&-)."""
-    return op in _WRITE_REDIRECTS and not _is_number(target) and target != "-"
+    """A redirection that writes a file: not a descriptor copy (2>&1) or close (>&-); `> 2`,
+    `&> -` and `>> 1` write files named 2, - and 1."""
+    return op in _WRITE_REDIRECTS and not (op == ">&" and (_is_number(target) or target == "-"))
 
 
 def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
@@ -1687,8 +1667,7 @@ def _classify(core: tuple[str, ...]) -> str:
 
 
 def _classify_git(args: tuple[str, ...]) -> str:
-    """git reaching another machine is network access; changing the repository
-    is git.modify."""
+    """git reaching another machine is network access; changing the repository is git.modify."""
     if any(_GIT_URL.match(a) or "::" in a for a in args):
         return NETWORK
     _, sub, rest = _git_split(args)
@@ -1736,9 +1715,8 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
     options, operands = _operands(core)
     # --output=/x, of=/dev/x
     values = [a.partition("=")[2] for a in core[1:] if "=" in a]
-    # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a
-    # short option can name a file too, after any of the cluster's letters
-    # (a longer one than PATH_MAX could not be opened)
+    # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a short option can name a
+    # file too, after any of the cluster's letters (a longer one than PATH_MAX could not be opened)
     attached = []
     for arg in options:
         if arg[1:2] != "-":
@@ -1890,8 +1868,7 @@ def _suggest(words: tuple[str, ...]) -> str | None:
         return exact
     shape = _arity(words)
     if shape is None:
-        # an unknown CLI with a plain word after an option: its shape is
-        # unknown
+        # an unknown CLI with a plain word after an option: its shape is unknown
         return exact
     key_length, arity = shape
     naming = words[key_length:arity]
@@ -2416,8 +2393,7 @@ def _short_flags(word: str) -> set[str]:
 
 
 def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
-    """find's starting points: after its -L/-H/-P/-D/-O options, before the
-    first expression."""
+    """find's starting points: after its -L/-H/-P/-D/-O options, before the first expression."""
     k = 0
     while k < len(args):
         arg = args[k]
@@ -2496,8 +2472,7 @@ def _is_device(target: str) -> bool:
 
 
 def _absolute(target: str) -> str | None:
-    # "//", "/./" and "/home/.." all mean "/"; normpath keeps a leading "//",
-    # so strip it first
+    # "//", "/./" and "/home/.." all mean "/"; normpath keeps a leading "//", so strip it first
     if not target.startswith("/"):
         return None
     return posixpath.normpath("/" + target.lstrip("/"))
@@ -2530,10 +2505,10 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
     """The words after a wrapper's own options, read by _parse (`sudo -Eu root rm` skips root as
     the value of -u); for env also its NAME=value words, `-` (-i), and -S: the string split into
     the command's words (`env -S 'rm -rf x'`, `-iS…`, `--spl …`); see _in_directory for -C."""
-    for i, arg in enumerate(args[:-1]):
-        if name == "runuser" and arg in ("-c", "--command"):
-            # runuser -l root -c CMD runs CMD through a shell
-            return ["sh", "-c", args[i + 1]]
+    scripts = _shell_scripts((name, *args), (), None) if name == "runuser" else []
+    if scripts:
+        # runuser -l root -c CMD (--command=CMD, --session-command CMD) runs CMD through a shell
+        return ["sh", "-c", "\n".join(scripts)]
     short_chdir, long_chdir = _CHDIR.get(name, ("", ""))
     directory = None
     k = 0
@@ -2546,11 +2521,14 @@ def _unwrap(name: str, args: list[str]) -> list[str]:
                 # only prints where the program is
                 return []
             if name == "env" and (option.name == "-S" or _abbreviates(option.name, "split-string")):
+                # its string is env's own words again (quotes dropped, \_ a blank): -S '-i sh -c x'
                 after = k + option.at + 1 + option.separate
-                return _in_directory(directory, option.value.split() + args[after:])
+                split = _SHELL_WORD.findall(option.value.replace("\\_", " "))
+                words = [re.sub(r"['\"\\]", "", word) for word in split] + args[after:]
+                return _in_directory(directory, _unwrap(name, words))
         k += end
         env_word = name == "env" and k < len(args) and args[k - 1:k] != ["--"]
-        if env_word and (args[k] == "-" or _ASSIGNMENT.match(args[k])):
+        if env_word and (args[k] == "-" or "=" in args[k]):
             k += 1
             continue
         break
@@ -2612,6 +2590,9 @@ class _ShellLine:
     def _parse(self, command: str, cwd: str, depth: int) -> None:
         if depth > _MAX_NESTING:
             raise _ParseError("nested too deeply")
+        if "$\\\n" in command:
+            # bash joins the lines first: $\<newline>'…' is $'…', "$\<newline>(…)" runs (…)
+            raise _ParseError("a line continuation right after $ is not followed")
         self.floor = self.floor or _fork_bomb(command)
         tokens, _ = _lex(command)
         segments = _segments(tokens)
@@ -2644,10 +2625,13 @@ class _ShellLine:
                             for op, t in redirects)
             skipped = bool(expanded) and expanded[0] in _SKIPPED_STATEMENTS
             if skipped:
-                self.unfollowed = (f"its {expanded[0]} statement sets "
-                                   "variables this check does not follow")
+                self.unfollowed = f"its {expanded[0]} statement sets variables not followed here"
+            for word in expanded[3:] if expanded[:1] == ["for"] else []:
+                # for c in echo "rm -rf ~"; do $c; done: a word may be run as a command line
+                self.floor = self.floor or _unparsed_floor(word, cwd, self.home)
             unliteral = _unliteral([*words, *redirect_targets], cwd)
-            if (expanded or targets) and not skipped:
+            # (> x for y: a word after a redirection is no keyword; bash runs `for` and writes x)
+            if (expanded or targets) and (targets or not skipped):
                 self._remember_assignments(expanded, env)
                 stdin_text = piped if after_pipe else None
                 cwd = self._add(tuple(expanded), targets, cwd, depth, env,
@@ -2671,6 +2655,9 @@ class _ShellLine:
                      tuple(self.visited))
         self.parts.append(part)
         self.floor = self.floor or _floor_reason(part, self.home)
+        if re.fullmatch(r"\$\{?[A-Za-z_]\w*\}?", words[0] if words else ""):
+            # $x rm -rf ~: a variable not set here may be empty, and then what follows it runs
+            self._add(words[1:], redirects, cwd, depth, env, unliteral)
         name = core[0] if core else ""
         scripts = []
         if _row(name).has("shell"):
@@ -2684,15 +2671,18 @@ class _ShellLine:
             scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
         elif name == "git":
             scripts = _git_scripts(core[1:])
-        elif name == "tmux" and core[1:2] and core[1] in _TMUX_RUNS:
-            # tmux new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter: the words after its options
-            end = _parse(core[2:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
-            command = core[2 + end:]
-            scripts = [*command, " ".join(command)] if command else []
+        elif name == "tmux":
+            # tmux -c CMD; tmux [-L SOCKET] new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter:
+            # the words after its options
+            options, _, at = _parse(core[1:], lambda o: o[1:] in "cfLST", stop=True)
+            scripts = [o.value for o in options if o.name == "-c"]
+            if core[1 + at:2 + at] and core[1 + at] in _TMUX_RUNS:
+                end = _parse(core[2 + at:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
+                command = core[2 + at + end:]
+                scripts += [*command, " ".join(command)] if command else []
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
-            # echo / | xargs rm -rf: what is piped in becomes the command's
-            # arguments
+            # echo / | xargs rm -rf: what is piped in becomes the command's arguments
             fed = part._replace(core=(*core, *stdin_text.split()))
             self.floor = self.floor or _floor_reason(fed, self.home)
             if not found:
@@ -2758,8 +2748,7 @@ class _ShellLine:
         for index, (kind, text) in enumerate(pieces):
             if kind == "raw":
                 if index == 0:
-                    # ~ starting a word or an assignment's value; ~+ is $PWD, ~user
-                    # that user's home
+                    # ~ starting a word or an assignment's value; ~+ is $PWD, ~user that user's home
                     text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(\+|[A-Za-z_][\w.-]*)?(?=/|$)",
                                   lambda m: self._tilde(m, env), text)
                 chunks.append(self._substitute(text, env, split))
@@ -2769,8 +2758,7 @@ class _ShellLine:
                     text = self._substitute(text, env, False)
                 chunks.append(text)
             else:
-                # a command substitution: its output is known only for plain
-                # echo/printf
+                # a command substitution: its output is known only for plain echo/printf
                 output = self._static_output(text, env)
                 quoted |= kind == "dqsub"
                 self._spend(len(output or ""))
@@ -2907,22 +2895,19 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     """What a shell runs: its -c argument, else a heredoc, here-string or piped
     text we know. Both readings of -c count: the word after it (fish's -c CMD) and bash's
     command, the first word after all the options (bash -c -e CMD, -oc errexit CMD, -c -- CMD)."""
+    scripts = []
     for i, word in enumerate(core[1:], 1):
-        # --command CMD or --command=CMD (su, runuser, script, fish; by any prefix)
+        following = list(core[i + 1:i + 2])
+        # --command CMD, --session-command=CMD (su, runuser, script, fish; by any prefix), each
         option, given, value = word.partition("=")
-        if _abbreviates(option, "command") and (given or i < len(core) - 1):
-            return [value if given else core[i + 1]]
+        if _abbreviates(option, "command", "session-command"):
+            scripts += [value] if given else following
         # -c, or a cluster of short options holding it (-lc)
-        short_c = word[:1] == "-" and word[1:2] != "-" and "c" in word
-        if short_c and i < len(core) - 1:
+        elif word[:1] == "-" and word[1:2] != "-" and "c" in word and following:
             operand = _shell_operand(core)
-            if operand > i + 1 and operand < len(core):
-                return [core[i + 1], core[operand]]
-            return [core[i + 1]]
+            scripts += following + list(core[operand:operand + 1]) * (operand > i + 1)
     fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
-    if fed:
-        return fed
-    return [stdin_text] if stdin_text else []
+    return scripts or fed or ([stdin_text] if stdin_text else [])
 
 
 def _git_scripts(args: tuple[str, ...]) -> list[str]:
@@ -3089,6 +3074,9 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
     def end_word():
         nonlocal delimiter_op
         piece(None, None)
+        if pieces == [("raw", "=~")]:
+            # [[ a =~ (a)# ]]; reboot: the regex's ( ) | # are not what they are elsewhere
+            raise _ParseError("a [[ =~ ]] regular expression is not followed")
         if pieces:
             tokens.append(("word", list(pieces)))
             if delimiter_op:
@@ -3123,8 +3111,7 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
             for command in commands:
                 piece("sub", command)
         elif text.startswith("$[", i) or arithmetic_command:
-            # bash reads these as arithmetic, where `<<`, `#` and `,` mean
-            # other things than here
+            # bash reads these as arithmetic, where `<<`, `#` and `,` mean other things than here
             raise _ParseError("arithmetic as (( )) or $[ ] is not followed")
         elif c == "#" and at_word_start:
             # a comment, to the end of the line
@@ -3136,12 +3123,18 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
             i += 1
         elif c in _OPERATOR_START:
             op = next(o for o in _OPERATORS if text.startswith(o, i))
+            if op == "(" and (pieces or raw) and not text.startswith("()", i):
+                # a=(x)#y; reboot: after an array's ")" bash reads on, no comment
+                raise _ParseError("an array assignment or a pattern's ( is not followed")
             if op not in _SEPARATORS:
                 _redirection_word(pieces, raw, op)
             end_word()
             i += len(op)
             depth += (op == "(") - (op == ")")
             if closing and depth < 0:
+                if ("word", [("raw", "case")]) in tokens:
+                    # bash ends $( ) at its own `)`, not at a case pattern's: `$(case x in x) …)`
+                    raise _ParseError("a case statement inside $( ) is not followed")
                 return tokens, i
             tokens.append(("op", op))
             if op in ("<<", "<<-"):
@@ -3150,10 +3143,11 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
                 i = _read_heredocs(text, i, heredocs)
                 heredocs.clear()
         else:
-            # a run of characters that mean nothing special here; ${X:-a b} is one, blanks and all
-            braced = _BRACED_BLANKS.match(text, i)
+            # a run of characters that mean nothing special here (in a ${…}, its quotes dropped:
+            # ${U:-"x" /} reads as x and /, and "a b" as a and b, which is only ever stricter)
+            braced = _BRACED.match(text, i)
             end = braced.end() if braced else _ORDINARY.match(text, i + 1).end()
-            raw.append(text[i:end])
+            raw.append(re.sub("['\"]", "", text[i:end]))
             i = end
     if closing:
         raise _ParseError("unbalanced parenthesis")
@@ -3174,8 +3168,7 @@ def _redirection_word(pieces: list, raw: list, op: str) -> None:
 
 
 def _lex_single(text: str, i: int, piece) -> int:
-    """Lex '...' (literal) or $'...' (backslash escapes decoded) at i; return
-    the index after it."""
+    """Lex '...' (literal) or $'...' (backslash escapes decoded) at i; return the index after it."""
     ansi_c = text[i] == "$"
     start = i + 1 + ansi_c
     end = _ANSI_C_BODY.match(text, start).end() if ansi_c else text.find("'", start)
@@ -3187,8 +3180,7 @@ def _lex_single(text: str, i: int, piece) -> int:
 
 
 def _lex_double(text: str, i: int, piece) -> int:
-    """Lex a double-quoted string from just after its quote; return the index
-    after it."""
+    """Lex a double-quoted string from just after its quote; return the index after it."""
     buf = []
 
     def flush(kind=None, value=None):
@@ -3298,7 +3290,7 @@ def _ansi_c(body: str) -> str:
     def decode(match):
         _on_time()
         code = match[1]
-        if code[0] in "xuU":
+        if code[0] in "xuU" and code[1:]:
             value = int(code[1:], 16)
             if value > 0x10FFFF:
                 raise _ParseError("an escape beyond Unicode")
@@ -3311,12 +3303,12 @@ def _ansi_c(body: str) -> str:
 
     escape = (r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}"
               r"|[0-7]{1,3}|c.?|.)")
-    return re.sub(escape, decode, body, flags=re.S)
+    # a NUL ends the string: $'re\0x'boot is "reboot"
+    return re.sub(escape, decode, body, flags=re.S).partition("\0")[0]
 
 
 def _is_number(text: str) -> bool:
-    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file
-    name."""
+    """ASCII digits only: "٣".isdigit() is True, but bash takes it as a file name."""
     return text.isascii() and text.isdigit()
 
 

@@ -4,7 +4,7 @@ tests/data/hermes_approval.json holds the command strings Hermes' tests expect t
 --yolo ("hardline"), to stay off that floor ("not_hardline"), and to need approval
 ("needs_approval"); its "source" names the files and lists. Targets: >= 95 % of the hardline
 commands refused by the floor, <= 1 % of the not_hardline commands; the checks hold the floor at
-the figures measured (174 of 175, no false floor), so no refusal is lost silently. Every command
+the figures measured (all 332, no false floor), so no refusal is lost silently. Every command
 is only passed to permissions.check as a string: nothing here runs it. Run with -s to see the
 measured figures.
 """
@@ -21,7 +21,7 @@ import permissions
 CORPUS = json.loads((Path(__file__).parent / "data" / "hermes_approval.json").read_text())
 # The measured figures, pinned both ways: a lost refusal fails, and so does a new one (raise
 # HARDLINE_REFUSED then, after checking it is right).
-HARDLINE_REFUSED = 174          # of Hermes' 175 hardline commands (99.4 %; the target is 95 %)
+HARDLINE_REFUSED = 332          # of Hermes' 332 hardline commands (100 %; the target is 95 %)
 NOT_HARDLINE_FLOORED = 0        # of its 173 must-not-be-hardline commands (the limit is 1 %)
 
 

@@ -201,6 +201,14 @@ def test_outside_pattern_expands_tilde(project):
     ("ls && pwd | wc -l; echo done", "allow"),
     ("if [ -f x ]; then cat x; fi", "allow"),
     ("cat <<'EOF'\nrm -rf / ; don't\nEOF", "allow"),
+    # writes found by fuzzing the judge against bash (the allowed lines were run; a file appeared):
+    # `> 2`, `&> -` write files named 2 and - (only >&2 and >&- copy or close); after a
+    # redirection `for` is no keyword, so `> README.md for x` truncates README.md
+    ("cat README.md > 1", "ask"), ("ls >> 2", "ask"), ("ls &> -", "ask"), ("echo hi > -", "ask"),
+    ("ls >&2", "allow"), ("ls 2>&1 >&-", "allow"), ("> README.md for x", "ask"),
+    ("> x case a in", "ask"), ("> x function f", "ask"),
+    # $'\x' with no digit is a backslash and an x, not a crash
+    ("echo $'\\x' $'\\u'", "allow"),
 ])
 def test_every_part_is_judged_and_strictest_wins(project, command, action):
     assert bash(command, project)["decision"] == action
