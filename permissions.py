@@ -531,7 +531,8 @@ _KEYWORDS = frozenset(
     "if then else elif fi do done while until ! { } esac".split()
 )
 _SKIPPED_STATEMENTS = frozenset(("for", "select", "case", "function"))
-# The floor's targets: deleting or chmod-ing these recursively is never what anyone wanted.
+# The floor's targets: deleting or chmod-ing these recursively is never
+# what anyone wanted.
 _PROTECTED_DIRS = frozenset("""
     / /bin /boot /dev /etc /home /lib /lib32 /lib64 /opt /proc /root /sbin
     /srv /sys /usr /var /Users /System /Library /Applications /private /mnt
@@ -566,10 +567,11 @@ _PATH_MAX = 4096
 _MAX_NESTING = 8
 # characters a line's expansions may add beyond twice its length
 _EXPANSION_ROOM = 65_536
-# A judgement that takes longer than this asks: a pathological line (300 KB of nesting or quotes)
-# must not stall the session, nor pass unjudged. It is the judging thread's CPU time: on a loaded
-# machine a 0.5 ms judgement was measured taking 17 ms of wall time, and ordinary commands must not
-# ask at random.
+# A judgement that takes longer than this asks: a pathological line (300 KB
+# of nesting or quotes) must not stall the session, nor pass unjudged. It is
+# the judging thread's CPU time: on a loaded machine a 0.5 ms judgement was
+# measured taking 17 ms of wall time, and ordinary commands must not ask at
+# random.
 DECIDE_BUDGET_SECONDS = 0.05
 # when (in time.thread_time) the judgement running in this thread must end
 _DEADLINE = contextvars.ContextVar("deadline", default=float("inf"))
@@ -588,8 +590,9 @@ _TMUX_RUNS = frozenset("""
     respawn-window respawnw run-shell run""".split())
 # ${X:-a b} and ${X:-"a b" /} are one run of a word, blanks and quotes and all
 _BRACED = re.compile(r"""\$\{(?:[^{}\n'"`$\\;&|<>()]|(['"])[^'"\n`$\\()]*\1)*+\}""")
-# A fork bomb defines a function and pipes it into itself in the background. Two linear scans (names
-# are matched possessively, ++): names defined as functions, NAME | NAME & uses.
+# A fork bomb defines a function and pipes it into itself in the
+# background. Two linear scans (names are matched possessively, ++): names
+# defined as functions, NAME | NAME & uses.
 _NAME = r"(?<![^\s;&|(){}])(?P<n>[^\s(){}|&;<>]++)"
 _FUNCTION_DEFINITION = re.compile(
     rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
@@ -597,7 +600,8 @@ _FUNCTION_DEFINITION = re.compile(
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 # (a bomb's body is short: bounded, so nested definitions stay linear)
 _FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
-# an escaped character, and quoted strings (an unterminated one to the end, so no scan restarts)
+# an escaped character, and quoted strings (an unterminated one to the
+# end, so no scan restarts)
 _QUOTED = re.compile(
     r"\\(.)|'[^']*+(?:'|\Z)|\"(?:\\.|[^\"\\])*+(?:\"|\\?\Z)", re.S)
 
@@ -624,11 +628,14 @@ class Rule:
     pattern: str
     # "allow" | "ask" | "deny"
     action: str
-    # "default" or the file the rule came from (with its line, for Claude Code's)
+    # "default" or the file the rule came from (with its line, for Claude
+    # Code's)
     source: str = "default"
-    # "default", "user" (the user's own files) or "project" (a repository's file)
+    # "default", "user" (the user's own files) or "project" (a repository's
+    # file)
     layer: str = "default"
-    # the pattern is a gitignore-style path glob (Claude Code's Read/Edit rules)
+    # the pattern is a gitignore-style path glob (Claude Code's Read/Edit
+    # rules)
     glob: bool = False
     # "read" or "write": applies only to requests that read (or write) a path
     scope: str = ""
@@ -647,7 +654,8 @@ class Layer:
     kind: str = "user"
     # a project file grants only once `khaelor trust` recorded its hash
     trusted: bool = True
-    # Claude Code's settings: its rules keep its precedence, deny > ask > allow
+    # Claude Code's settings: its rules keep its precedence, deny > ask >
+    # allow
     claude: bool = False
     # for a Claude Code layer: its rules, already mapped (claude_layer)
     rules: tuple = ()
@@ -673,7 +681,8 @@ class Decision:
     suggestion: dict | None = None
     # one line for the model and the user: the rule or the floor item
     reason: str = ""
-    # what decided: floor, read-only, default, user, project, sandbox, destructive
+    # what decided: floor, read-only, default, user, project, sandbox,
+    # destructive
     layer: str = "default"
     # every command in it is provably read-only
     read_only: bool = False
@@ -697,7 +706,8 @@ class _Request(NamedTuple):
     secret: bool = False
     # the resolved absolute path, for path requests
     path: str = ""
-    # a path request that writes (an outside path is one capability for both)
+    # a path request that writes (an outside path is one capability for
+    # both)
     writes: bool = False
     # a command's words without wrappers: deny and ask rules also match these
     core: str = ""
@@ -713,7 +723,8 @@ class _Part(NamedTuple):
     redirects: tuple[tuple[str, str], ...]
     # where it runs (follows `cd` earlier in the line)
     cwd: str
-    # why its words are not all literal (an expansion, a glob into an option)
+    # why its words are not all literal (an expansion, a glob into an
+    # option)
     unliteral: str | None = None
     # every directory the line has been in by then: `(cd x)`, `cd -` and a
     # failing cd leave bash elsewhere than the last cd says
@@ -935,7 +946,8 @@ def _decide(kind: str, fields: dict, project_root: Path,
         return _decide_process_write(arg("input"), process_command or "",
                                      root, rules)
     if kind == "held":
-        # list/read/stop only touch processes that were judged when they started
+        # list/read/stop only touch processes that were judged when they
+        # started
         return Decision("allow", EXECUTE, arg("action"), read_only=fields.get("read_only") is True)
     if kind == "bash":
         decision = _decide_bash(arg("command"), arg("workdir"), root, rules)
@@ -1047,7 +1059,8 @@ def _entry_problem(entry, example: str) -> str | None:
     return None
 
 
-# Claude Code's tools, by what their rules govern here; the tools khaelor does not have.
+# Claude Code's tools, by what their rules govern here; the tools khaelor
+# does not have.
 _CLAUDE_TOOLS = {
     "Bash": "command",
     "Read": "read", "Grep": "read", "Glob": "read", "LS": "read",
@@ -1325,8 +1338,9 @@ def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
     )
 
 
-# Where package managers install and cache, under $HOME: an approved `pip install` or `npm install`
-# may write there (and into this interpreter's site-packages), or it could not do what was approved.
+# Where package managers install and cache, under $HOME: an approved `pip
+# install` or `npm install` may write there (and into this interpreter's
+# site-packages), or it could not do what was approved.
 _PACKAGE_HOME_DIRS = (
     ".cache", ".local", ".npm", ".cargo", ".rustup", "go", ".gem", ".m2",
     ".gradle", ".yarn", ".pnpm-store", ".bun", ".deno", ".nuget", ".pyenv",
@@ -1499,7 +1513,8 @@ def _decide_bash(command: str, workdir: str, root: str,
         if problem:
             writing.append(part)
             not_read_only = not_read_only or f"{' '.join(part.words)[:80]}: {problem}"
-        # a write redirection asks as a file write; the command itself may still only read
+        # a write redirection asks as a file write; the command itself may
+        # still only read
         only_redirected = not problem or _not_read_only(part._replace(redirects=()), root) is None
         requests += _part_requests(part, root, line.compound, only_redirected)
         destructive = destructive or _destroys_work(part, root)
@@ -1560,8 +1575,9 @@ def _part_requests(part: _Part, root: str, compound: bool,
     if suggestion and not read_only and capability == EXECUTE:
         words = _rule_core(part.core)
         if any(_row(*words[:n]).has("read") for n in (1, 2, 3)):
-            # it asks because of an option or a form (sort --co=…, git log --output=…): a wildcard
-            # over its arguments would grant exactly that form from then on
+            # it asks because of an option or a form (sort --co=…, git log
+            # --output=…): a wildcard over its arguments would grant exactly
+            # that form from then on
             suggestion = _escape(command)
     requests = [_Request(
         capability, command, suggestion,
@@ -1715,8 +1731,9 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
     options, operands = _operands(core)
     # --output=/x, of=/dev/x
     values = [a.partition("=")[2] for a in core[1:] if "=" in a]
-    # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a short option can name a
-    # file too, after any of the cluster's letters (a longer one than PATH_MAX could not be opened)
+    # -m.env, -f~/.cargo/credentials, -ifsecrets.json: a value attached to a
+    # short option can name a file too, after any of the cluster's letters
+    # (a longer one than PATH_MAX could not be opened)
     attached = []
     for arg in options:
         if arg[1:2] != "-":
@@ -1868,7 +1885,8 @@ def _suggest(words: tuple[str, ...]) -> str | None:
         return exact
     shape = _arity(words)
     if shape is None:
-        # an unknown CLI with a plain word after an option: its shape is unknown
+        # an unknown CLI with a plain word after an option: its shape is
+        # unknown
         return exact
     key_length, arity = shape
     naming = words[key_length:arity]
@@ -2472,7 +2490,8 @@ def _is_device(target: str) -> bool:
 
 
 def _absolute(target: str) -> str | None:
-    # "//", "/./" and "/home/.." all mean "/"; normpath keeps a leading "//", so strip it first
+    # "//", "/./" and "/home/.." all mean "/"; normpath keeps a leading "//",
+    # so strip it first
     if not target.startswith("/"):
         return None
     return posixpath.normpath("/" + target.lstrip("/"))
@@ -2682,7 +2701,8 @@ class _ShellLine:
                 scripts += [*command, " ".join(command)] if command else []
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
-            # echo / | xargs rm -rf: what is piped in becomes the command's arguments
+            # echo / | xargs rm -rf: what is piped in becomes the command's
+            # arguments
             fed = part._replace(core=(*core, *stdin_text.split()))
             self.floor = self.floor or _floor_reason(fed, self.home)
             if not found:
@@ -2748,7 +2768,8 @@ class _ShellLine:
         for index, (kind, text) in enumerate(pieces):
             if kind == "raw":
                 if index == 0:
-                    # ~ starting a word or an assignment's value; ~+ is $PWD, ~user that user's home
+                    # ~ starting a word or an assignment's value; ~+ is $PWD, ~user
+                    # that user's home
                     text = re.sub(r"^([A-Za-z_]\w*\+?=)?~(\+|[A-Za-z_][\w.-]*)?(?=/|$)",
                                   lambda m: self._tilde(m, env), text)
                 chunks.append(self._substitute(text, env, split))
@@ -2758,7 +2779,8 @@ class _ShellLine:
                     text = self._substitute(text, env, False)
                 chunks.append(text)
             else:
-                # a command substitution: its output is known only for plain echo/printf
+                # a command substitution: its output is known only for plain
+                # echo/printf
                 output = self._static_output(text, env)
                 quoted |= kind == "dqsub"
                 self._spend(len(output or ""))
@@ -3111,7 +3133,8 @@ def _lex(text: str, i: int = 0, closing: bool = False) -> tuple[list, int]:
             for command in commands:
                 piece("sub", command)
         elif text.startswith("$[", i) or arithmetic_command:
-            # bash reads these as arithmetic, where `<<`, `#` and `,` mean other things than here
+            # bash reads these as arithmetic, where `<<`, `#` and `,` mean
+            # other things than here
             raise _ParseError("arithmetic as (( )) or $[ ] is not followed")
         elif c == "#" and at_word_start:
             # a comment, to the end of the line
