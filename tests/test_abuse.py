@@ -181,15 +181,17 @@ def test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded(tmp_path)
 
     async def stubborn():
         command = f"trap '' TERM; sleep {marker} & sleep {marker} & wait"
-        await box.run("process", {"action": "start", "command": command}, "s1")
+        # the ids as given: the two starts run at once, either may be p1
+        process = (await box.run("process", {"action": "start", "command": command}, "s1")).meta
         started = time.monotonic()
-        stopped = await box.run("process", {"action": "stop", "id": "p1"}, "s2")
+        stopped = await box.run("process", {"action": "stop", "id": process["process_id"]}, "s2")
         return stopped, time.monotonic() - started
 
     async def deaf():
-        await box.run("process", {"action": "start", "command": f"sleep {marker}"}, "d1")
+        process = (await box.run("process", {"action": "start", "command": f"sleep {marker}"}, "d1")).meta
         started = time.monotonic()
-        written = await box.run("process", {"action": "write", "id": "p2", "input": "x" * 2_000_000}, "d2")
+        written = await box.run("process", {"action": "write", "id": process["process_id"],
+                                            "input": "x" * 2_000_000}, "d2")
         return written, time.monotonic() - started
 
     async def scenario():
