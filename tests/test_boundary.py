@@ -429,22 +429,35 @@ def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
 
 def test_no_process_outlives_its_step_by_a_new_session_or_group(repo, tmp_path):
     """setsid (a double fork) or setpgid took a process out of the group killed at the step's end:
-    it wrote the project, a hook say, after the guard had looked."""
-    import time
+    it wrote the project, a hook say, after the guard had looked. Each would-be survivor notes its
+    pid: once all of those are gone, none can write a marker (not a fixed 3 s wait)."""
     (repo / "leave.py").write_text(
         "import os, subprocess\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
-        "        os.system('sleep 2; touch MARKER')\n"
+        "        os.system(f'echo {os.getpid()} >> pids; echo $$ >> pids; sleep 2; touch MARKER')\n"
         "    os._exit(0)\n"
-        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER2'], start_new_session=True)\n"
-        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER3'], process_group=0)\n")
+        "subprocess.Popen(['sh', '-c', 'echo $$ >> pids; sleep 2; touch MARKER2'],\n"
+        "                 start_new_session=True)\n"
+        "subprocess.Popen(['sh', '-c', 'echo $$ >> pids; sleep 2; touch MARKER3'], process_group=0)\n")
     result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} leave.py"},
                       sandbox.Confine(attended=True))
     assert "Exit code: 0" in result.text, result.text
-    time.sleep(3)
+    deadline = time.monotonic() + 5          # past the survivors' `sleep 2`: none of them waits
+    while any(alive(int(pid)) for pid in (repo / "pids").read_text().split()):
+        assert time.monotonic() < deadline, "a process outlived its step"
+        time.sleep(0.02)
     assert [p.name for p in repo.glob("MARKER*")] == []
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):
