@@ -21,7 +21,7 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
     {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
     {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
-    {"stall_after_events": N, "stall_seconds": S, "content": [...]}
+    {"stall_after_events": N, "stall_seconds": S, "content": [...]}   (fake.release() ends it sooner)
     {"end_after_events": N, "content": [...]}                   a clean end of the body after N events
     {"split_data": True, "content": [...]}    each event's JSON over several `data:` lines (one per
                                               key), after an `id:` and a `:` comment line, as SSE allows
@@ -667,6 +667,7 @@ class FakeAnthropic:
         self._script, self._counter = [], 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._released = threading.Event()     # set: stalls end (release(), stop())
         self.enqueue(*(script or []))
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self._httpd.fake = self
@@ -694,8 +695,19 @@ class FakeAnthropic:
         with self._lock:
             return list(self._script)
 
+    def release(self):
+        """End the stall in progress, and skip any later one: a test that waits for what a stall
+        shows lets the stream go on once it has seen it (stall_seconds is then only a bound)."""
+        self._released.set()
+
+    def stalled(self, item) -> bool:
+        """Stall as `item` says; whether the server is closing meanwhile (the stream then drops)."""
+        self._released.wait(item.get("stall_seconds", 0))
+        return self._stopping.is_set()
+
     def stop(self):
         self._stopping.set()   # wakes stalled and delayed streams
+        self._released.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -840,7 +852,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, item, message):
         """Non-streaming: the whole Message as JSON (a stream_error becomes its HTTP status)."""
-        stalled = "stall_after_events" in item and self.server.fake._stopping.wait(item.get("stall_seconds", 0))
+        stalled = "stall_after_events" in item and self.server.fake.stalled(item)
         if "drop_after_events" in item or stalled:
             return self._drop()
         if "stream_error" in item:
@@ -861,7 +873,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         for n, (name, data) in enumerate(events):
-            stalled = n == item.get("stall_after_events") and stopping.wait(item.get("stall_seconds", 0))
+            stalled = n == item.get("stall_after_events") and self.server.fake.stalled(item)
             delayed = n and item.get("delay") and stopping.wait(item["delay"])
             if n == item.get("drop_after_events") or stalled or delayed:   # (stopping: the server is closing)
                 return self._drop()

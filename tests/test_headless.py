@@ -347,7 +347,7 @@ def test_khaelor_home_deleted_mid_run_keeps_the_log(khaelor, fake):
 
 def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
     fake.enqueue(reply(text("early words of the answer. " + "then the rest arrives."), chunk=12,
-                       stall_after_events=5, stall_seconds=3))
+                       stall_after_events=5, stall_seconds=20))
     master, slave = pty.openpty()
     proc = khaelor.popen("-p", "say it slowly", stdin=subprocess.DEVNULL, stdout=slave, text=False)
     os.close(slave)
@@ -355,6 +355,7 @@ def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
     while b"early words" not in seen and time.monotonic() < deadline:
         seen += os.read(master, 4096)
     assert b"early words" in seen and proc.poll() is None      # shown while the reply is still coming
+    fake.release()                                             # the rest may come now
     while True:
         try:
             chunk = os.read(master, 4096)
