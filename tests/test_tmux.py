@@ -176,13 +176,17 @@ def test_a_permission_panel_allows_once_and_denies_with_a_message(terminal, proj
 
 
 def test_typing_while_a_tool_runs_steers_the_next_request(terminal, project):
-    term = terminal([reply(bash("sleep 4")), reply(text("steered answer"))])
+    # a command that runs until the test lets it end, not a fixed `sleep 4` (the tmux session's
+    # end stops it if the test fails first)
+    waits = "until [ -e go ]; do sleep 0.05; done"
+    term = terminal([reply(bash(waits)), reply(text("steered answer"))])
     term.type("wait a bit")
     term.keys("Enter")
-    term.wait_for("bash sleep 4")
+    term.wait_for("bash until [ -e go ]")
     term.type("and then say hi")
     term.keys("Enter")
     term.wait_for("Queued instruction")
+    (project / "go").touch()
     term.wait_for("steered answer")
     last = term.requests()[-1]["body"]["messages"][-1]["content"]
     assert last[0]["type"] == "tool_result"
