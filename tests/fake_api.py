@@ -21,7 +21,8 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
     {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
     {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
-    {"stall_after_events": N, "stall_seconds": S, "content": [...]}   (fake.release() ends it sooner)
+    {"stall_after_events": N, "stall_seconds": S, "content": [...]}   (fake.release() ends it sooner,
+     as "release_file": PATH does once that file exists: how a test runs the server as a process)
     {"end_after_events": N, "content": [...]}                   a clean end of the body after N events
     {"split_data": True, "content": [...]}    each event's JSON over several `data:` lines (one per
                                               key), after an `id:` and a `:` comment line, as SSE allows
@@ -108,7 +109,7 @@ DEFAULT_CHUNK = 8
 SCRIPT_BLOCKS = {"text", "thinking", "redacted_thinking", "tool_use"}
 SCRIPT_KEYS = {"content", "stop_reason", "stop_sequence", "usage", "chunk", "delay", "match", "error",
                "stream_error", "drop_after_events", "stall_after_events", "stall_seconds", "end_after_events",
-               "split_data"}
+               "split_data", "release_file"}
 
 
 # ---------------------------------------------------------------- script helpers
@@ -702,7 +703,12 @@ class FakeAnthropic:
 
     def stalled(self, item) -> bool:
         """Stall as `item` says; whether the server is closing meanwhile (the stream then drops)."""
-        self._released.wait(item.get("stall_seconds", 0))
+        deadline = time.monotonic() + item.get("stall_seconds", 0)
+        release_file = item.get("release_file")
+        while not self._released.is_set() and time.monotonic() < deadline:
+            if release_file and Path(release_file).exists():
+                break
+            self._released.wait(0.02 if release_file else deadline - time.monotonic())
         return self._stopping.is_set()
 
     def stop(self):

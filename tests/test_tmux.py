@@ -739,14 +739,18 @@ def test_esc_at_a_question_denies_the_call_and_ends_the_turn(terminal, project):
     assert results and results[0]["is_error"] and rejected(term) == []
 
 
-def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(terminal):
-    term = terminal([reply(text("streaming " * 100), chunk=4, delay=0.02)], width=70)
+def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(terminal, tmp_path):
+    # the stream stalls until the command is queued (20 s at most), where a fixed 5 s stream was
+    go = tmp_path / "go"
+    term = terminal([reply(text("streaming " * 100), chunk=4, stall_after_events=12, stall_seconds=20,
+                           release_file=str(go))], width=70)
     term.type("write a lot")
     term.keys("Enter")
     term.wait_for("streaming streaming")
     term.type("!echo queued-$((40+2))")
     term.keys("Enter")
     term.wait_for("runs when the turn ends")
+    go.touch()
     screen = term.wait_for("● ! echo queued-$((40+2))")     # its output shows live before this
     assert "queued-42" in screen and "runs when the turn ends" not in screen
 
