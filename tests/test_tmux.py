@@ -792,7 +792,7 @@ def conversation(term) -> list[str]:
 
 
 @pytest.mark.parametrize("width", [60, 100])
-def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, width):
+def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, env, width):
     table = "".join(f"## Part {k}\n\n| key | value |\n|---|---:|\n| k{k} | {k * 7} |\n\nText {k}.\n\n"
                     for k in range(8))
     write = {"type": "tool_use", "name": "write", "input": {"file_path": "b.txt", "content": "b\n"}}
@@ -818,10 +818,11 @@ def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, wid
     live.type("!echo shell-ran")
     live.keys("Enter")
     live.wait_for("shell-ran")
+    before = text_checkpoints(env)
     live.type("second")
     live.keys("Enter")
     live.wait_for("streaming streaming streaming")
-    time.sleep(1.5)                                         # past a text checkpoint
+    wait_until(lambda: text_checkpoints(env) > before, "a text checkpoint")   # the Esc comes past one
     live.keys("Escape")
     live.wait_for("Interrupted")
     shown_live = conversation(live)
@@ -834,6 +835,12 @@ def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, wid
     again = terminal([], args="-c", width=width, height=20)
     again.wait_for("Interrupted")
     assert conversation(again) == shown_live
+
+
+def text_checkpoints(env) -> int:
+    """The session logs' TextCheckpoints (streamed text saved before its block ends)."""
+    return sum(path.read_text().count('"type":"TextCheckpoint"')
+               for path in Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))
 
 
 def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback(terminal):
