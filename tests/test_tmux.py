@@ -696,9 +696,13 @@ def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command
     assert "would grant 1 permission" in screen and screen.count("khaelor trust") == 1
 
 
-def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was(terminal):
+def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was(terminal,
+                                                                                      tmp_path):
     thought = "First read the file. " + " ".join(f"step{k}" for k in range(40))
-    term = terminal([reply({"type": "thinking", "thinking": thought}, text("Answer ready."), chunk=8, delay=0.06)],
+    # the thinking stalls a dozen deltas in (past step3) until the test has opened it (20 s at most)
+    go = tmp_path / "go"
+    term = terminal([reply({"type": "thinking", "thinking": thought}, text("Answer ready."), chunk=8,
+                           stall_after_events=15, stall_seconds=20, release_file=str(go))],
                     width=80)
     term.type("think first")
     term.keys("Enter")
@@ -708,6 +712,7 @@ def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_i
     term.wait_for("ctrl+o closes")
     screen = term.wait_for("step3 ")
     assert "First read the file." in screen, "opened: the thinking so far, wrapped"
+    go.touch()
     screen = term.wait_for("Answer ready.")
     rows = [row for row in screen.splitlines() if "Thinking" in row]
     assert len(rows) == 1 and rows[0].startswith("✻ Thinking · ") and "First read the file." in rows[0]
