@@ -1076,9 +1076,11 @@ def test_slash_resume_replays_the_session_as_it_was_shown(terminal, env):
     term.type(f"/resume {first_id}")
     term.keys("Enter")
     term.wait_for("resumed")
-    time.sleep(1)
-    after = "\n".join(scrollback(term)).split("new session")[-1]
-    assert "● bash echo visible-output" in after and "› look around" in after, after
+
+    def replayed():
+        after = "\n".join(scrollback(term)).split("new session")[-1]
+        return "● bash echo visible-output" in after and "› look around" in after
+    wait_until(replayed, "the replay", show=lambda: "\n".join(scrollback(term)))
 
 
 def test_start_notices_show_once_the_first_frame_is_up(terminal, project):
