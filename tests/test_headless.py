@@ -328,13 +328,16 @@ def test_a_scripted_session_uses_all_seven_tools(khaelor, fake, project):
 def test_khaelor_home_deleted_mid_run_keeps_the_log(khaelor, fake):
     import shutil
     from pathlib import Path
-    fake.enqueue(reply(text("word " * 200), chunk=5, delay=0.01))
+    # the reply stalls a few events in until the folder is gone (20 s at most), where a 2 s stream
+    # was paced to outlast the deletion
+    fake.enqueue(reply(text("word " * 200), chunk=5, stall_after_events=8, stall_seconds=20))
     proc = khaelor.popen("-p", "write a lot")
     deadline = time.time() + 30
     while not fake.requests and time.time() < deadline:
         time.sleep(0.05)
     home = Path(khaelor.env["KHAELOR_HOME"])
     shutil.rmtree(home)        # mid-stream, while the log is open for appending
+    fake.release()
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     log = khaelor.log()
