@@ -211,7 +211,9 @@ def listener():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    server.settimeout(0.5)
+    # a connection a command made is queued before the command ends, so was_reached, asked after,
+    # finds it at once: the timeout only bounds the look when none came
+    server.settimeout(0.1)
     yield server
     server.close()
 
