@@ -35,7 +35,7 @@ class Terminal:
         self.fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_api.py"), "--script",
                                       str(files / "script.json"), "--port-file", str(port_file),
                                       "--log", str(self.request_log)], stdout=subprocess.DEVNULL)
-        wait_until(port_file.exists, "the fake API to listen")
+        wait_until(port_file.exists, "the fake API to listen", every=0.005)
         env = {**env, "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port_file.read_text().strip()}", "TERM": "xterm-256color"}
         exports = {k: v for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH"))}
         # what `cd PROJECT && env EXPORTS python khaelor.py ARGS; echo EXITED $?` in the pane was,
@@ -44,7 +44,7 @@ class Terminal:
         pane.mkdir()
         command = f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} {_quote(str(pane))}"
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), command], check=True)
-        wait_until((pane / "pane.json").exists, "the pane to give up its terminal")
+        wait_until((pane / "pane.json").exists, "the pane to give up its terminal", every=0.005)
         given = json.loads((pane / "pane.json").read_text())
         env = {**given["env"], **exports, "PWD": str(project)}
         self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"])
@@ -84,12 +84,14 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
-def wait_until(predicate, what, timeout=20.0, show=lambda: ""):
+def wait_until(predicate, what, timeout=20.0, show=lambda: "", every=0.05):
+    """Poll `predicate` every `every` s (a file's existence costs nothing to ask: poll it often;
+    the screen costs a tmux process per look)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}\n{show()}")
 
 
