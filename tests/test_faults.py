@@ -101,8 +101,11 @@ def test_every_transient_api_fault_is_retried_visibly_and_the_task_completes(pro
                      error("rate_limit_error", "spend cap", status=429),          # no retry-after: backoff
                      {"content": [text("half an answer"), call], "end_after_events": 6},
                      reply(text("The file says alpha."), chunk=200))
+        # the backoff a tenth of its 0.5 s base: the five faults without a retry-after wait
+        # 0.05-0.1 s each, not 0.5-1 s (test_model checks the backoff's own figures)
         result = run_cli(project, env, "-p", "what does a.txt say", "--yes", fake=fake,
-                         extra_env={"KHAELOR_READ_TIMEOUT": "1"})
+                         extra_env={"KHAELOR_READ_TIMEOUT": "1",
+                                    "KHAELOR_TEST_CONSTANTS": json.dumps({"model.BASE_DELAY_S": 0.05})})
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "The file says alpha."
         assert fake.rejections == [] and fake.pending == []
