@@ -125,7 +125,9 @@ def test_a_mid_stream_error_event_and_a_dropped_connection_are_retried(khaelor, 
                   {"type": "overloaded_error", "message": "Overloaded"}},
                  {"content": [text("also lost " * 20)], "drop_after_events": 4},
                  reply(text("complete answer")))
-    result = khaelor.run("-p", "hello", "--output-format", "json")
+    # the backoff a tenth of its figures (test_model checks them): 0.1 s in all, not 1.3 s
+    quick = {"KHAELOR_TEST_CONSTANTS": json.dumps({"model.BASE_DELAY_S": 0.05})}
+    result = khaelor.run("-p", "hello", "--output-format", "json", env=quick)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["result"] == "complete answer"
     history = events.replay(khaelor.log()).messages
