@@ -287,10 +287,14 @@ def run_tool(project, home, name, tool_input, confine):
         box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {})
         try:
             result = await box.run(name, tool_input, "t1", confine=confine)
-            if name == "process":
-                await asyncio.sleep(1.0)
+            # a background process: what it says until it has ended (its guard note included),
+            # read as it comes (a read waits for output or the exit), not after a fixed second
+            deadline = time.monotonic() + 20
+            while name == "process" and time.monotonic() < deadline:
                 later = await box.run("process", {"action": "read", "id": "p1"}, "t2", confine=confine)
                 result.text += later.text
+                if later.meta["status"] != "running":
+                    break
             return result
         finally:
             await box.close()
