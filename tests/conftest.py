@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# PYTHONDONTWRITEBYTECODE (set in some shells and images) also stops pytest from caching the test
+# modules it rewrites for its asserts: every worker rewrote and compiled all of them (~2.5 s of CPU
+# each), and every fresh interpreter compiled the program. Caches go in the gitignored __pycache__.
+sys.dont_write_bytecode = False
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
