@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+# PYTHONDONTWRITEBYTECODE (set in some shells and images) also stops pytest from caching the test
+# modules it rewrites for its asserts: every worker rewrote and compiled all of them (~2.5 s of CPU
+# each), and every fresh interpreter compiled the program. Caches go in the gitignored __pycache__.
+sys.dont_write_bytecode = False
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -211,7 +216,9 @@ def listener():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    server.settimeout(0.5)
+    # a connection a command made is queued before the command ends, so was_reached, asked after,
+    # finds it at once: the timeout only bounds the look when none came
+    server.settimeout(0.1)
     yield server
     server.close()
 
@@ -246,44 +253,37 @@ LONG_TESTS = {
     "test_a_closed_pipe_ends_quietly_with_141_in_every_output_format": 8,
     "test_sessions_are_listed_from_their_meta_caches_and_rebuilt_when_stale": 8,
     "test_a_resumed_session_shows_what_the_live_one_showed": 7,
-    "test_every_transient_api_fault_is_retried_visibly_and_the_task_completes": 7,
+    "test_every_transient_api_fault_is_retried_visibly_and_the_task_completes": 4,
     "test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole": 7,
     "test_rewinding_a_file_the_user_changed_since_asks": 7,
     "test_a_project_that_works_with_claude_code_works_unchanged": 7,
-    "test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends": 6,
     "test_a_cloned_config_grants_nothing_until_trusted_and_a_change_withdraws_the_trust": 6,
-    "test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was": 6,
+    "test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was": 3,
     "test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded": 6,
-    "test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait": 5,
+    "test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait": 2,
     "test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written": 5,
     "test_a_custom_command_runs_headless_with_its_template_and_model": 5,
     "test_a_forked_run_does_what_a_fresh_process_does": 5,
     "test_text_streamed_a_second_before_a_kill_is_in_the_next_request": 5,
-    "test_typing_while_a_tool_runs_steers_the_next_request": 5,
     "test_open_and_quit_leaves_no_session_and_continue_finds_the_conversation": 5,
     "test_continue_sends_the_same_history_into_the_next_request": 4,
     "test_a_torn_last_line_is_recovered_on_continue": 4,
     "test_listing_two_hundred_sessions_reads_only_the_caches": 4,
-    "test_text_mode_streams_the_answer_when_stdout_is_a_terminal": 4,
     "test_trust_without_a_terminal_trusts_nothing_unless_told_yes": 4,
-    "test_under_yes_an_approved_network_command_connects": 4,
     "test_flags_and_config_shape_the_request_and_a_resume_keeps_them": 3,
     "test_an_approved_outside_path_is_opened_where_it_was_judged": 3,
     "test_context_shows_the_cached_tokens_of_the_last_response": 3,
     "test_a_repositorys_own_prices_count_only_once_trusted": 3,
-    "test_a_forked_run_that_outlives_its_timeout_is_killed_and_raises": 3,
     "test_ordinary_work_keeps_working_in_an_approved_sandbox": 3,
     "test_the_session_temp_dir_serves_mktemp_pytest_and_multiprocessing_and_goes_at_close": 3,
     "test_bad_tool_calls_from_the_model_become_repairable_errors": 3,
-    "test_a_mid_stream_error_event_and_a_dropped_connection_are_retried": 3,
     "test_a_hijacked_model_runs_hidden_commands_without_a_question": 3,
-    "test_khaelor_home_deleted_mid_run_keeps_the_log": 3,
     "test_permissions_check_reports_decisions_as_json": 3,
     "test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback": 3,
     "test_headless_stops_a_doom_loop_with_a_clear_message": 3,
     "test_a_failed_continue_does_not_print_the_previous_answer": 3,
     "test_a_hostile_repository_runs_no_code_through_the_real_program": 3,
-    "test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup": 3,
+    "test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup": 2,
     "test_sigterm_and_sighup_in_headless_mode_stop_tools_and_keep_the_log": 3,
     "test_undo_works_after_continue": 3,
     "test_an_approved_pip_install_can_install_where_pip_installs_and_an_unapproved_one_cannot": 3,

@@ -21,7 +21,8 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
     {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
     {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
-    {"stall_after_events": N, "stall_seconds": S, "content": [...]}
+    {"stall_after_events": N, "stall_seconds": S, "content": [...]}   (fake.release() ends it sooner,
+     as "release_file": PATH does once that file exists: how a test runs the server as a process)
     {"end_after_events": N, "content": [...]}                   a clean end of the body after N events
     {"split_data": True, "content": [...]}    each event's JSON over several `data:` lines (one per
                                               key), after an `id:` and a `:` comment line, as SSE allows
@@ -108,7 +109,7 @@ DEFAULT_CHUNK = 8
 SCRIPT_BLOCKS = {"text", "thinking", "redacted_thinking", "tool_use"}
 SCRIPT_KEYS = {"content", "stop_reason", "stop_sequence", "usage", "chunk", "delay", "match", "error",
                "stream_error", "drop_after_events", "stall_after_events", "stall_seconds", "end_after_events",
-               "split_data"}
+               "split_data", "release_file"}
 
 
 # ---------------------------------------------------------------- script helpers
@@ -667,12 +668,15 @@ class FakeAnthropic:
         self._script, self._counter = [], 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._released = threading.Event()     # set: stalls end (release(), stop())
         self.enqueue(*(script or []))
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self._httpd.fake = self
         self.port = self._httpd.server_address[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        # stop() waits for the serving loop's next poll: a server a test starts and stops costs
+        # that wait once (~250 of them in the suite), and an idle poll costs microseconds
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.005}, daemon=True).start()
 
     def __enter__(self):
         return self
@@ -694,8 +698,24 @@ class FakeAnthropic:
         with self._lock:
             return list(self._script)
 
+    def release(self):
+        """End the stall in progress, and skip any later one: a test that waits for what a stall
+        shows lets the stream go on once it has seen it (stall_seconds is then only a bound)."""
+        self._released.set()
+
+    def stalled(self, item) -> bool:
+        """Stall as `item` says; whether the server is closing meanwhile (the stream then drops)."""
+        deadline = time.monotonic() + item.get("stall_seconds", 0)
+        release_file = item.get("release_file")
+        while not self._released.is_set() and time.monotonic() < deadline:
+            if release_file and Path(release_file).exists():
+                break
+            self._released.wait(0.02 if release_file else deadline - time.monotonic())
+        return self._stopping.is_set()
+
     def stop(self):
         self._stopping.set()   # wakes stalled and delayed streams
+        self._released.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -840,7 +860,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, item, message):
         """Non-streaming: the whole Message as JSON (a stream_error becomes its HTTP status)."""
-        stalled = "stall_after_events" in item and self.server.fake._stopping.wait(item.get("stall_seconds", 0))
+        stalled = "stall_after_events" in item and self.server.fake.stalled(item)
         if "drop_after_events" in item or stalled:
             return self._drop()
         if "stream_error" in item:
@@ -861,7 +881,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         for n, (name, data) in enumerate(events):
-            stalled = n == item.get("stall_after_events") and stopping.wait(item.get("stall_seconds", 0))
+            stalled = n == item.get("stall_after_events") and self.server.fake.stalled(item)
             delayed = n and item.get("delay") and stopping.wait(item["delay"])
             if n == item.get("drop_after_events") or stalled or delayed:   # (stopping: the server is closing)
                 return self._drop()

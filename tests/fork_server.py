@@ -10,7 +10,8 @@ with the job's cwd, environment, argv and files as fds 0, 1 and 2; it runs
 `sys.exit(khaelor.main(argv))` as khaelor.py's last line does, so it ends like any run (atexit, the
 wait for non-daemon threads, the flush). With "tty", the child is what a terminal's shell starts:
 a session leader whose controlling terminal is that one (the terminal must have no session: see
-tests/pane.py). For each job the server prints {"id", "pid"} once forked and {"id", "status"}
+tests/pane.py). The job's env may set KHAELOR_TEST_CONSTANTS (see become). For each job the
+server prints {"id", "pid"} once forked and {"id", "status"}
 once reaped (the raw wait status). EOF on stdin ends the server. conftest.py's ForkServer is the
 other end.
 """
@@ -110,6 +111,12 @@ def become(job: dict, fds: list) -> None:
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
+    # a test's own figures for the program's waits, as monkeypatch.setattr gives them in-process:
+    # KHAELOR_TEST_CONSTANTS='{"model.BASE_DELAY_S": 0.05}' (a fresh run has no such thing)
+    for name, value in json.loads(os.environ.pop("KHAELOR_TEST_CONSTANTS", "{}")).items():
+        module, attribute = name.split(".")
+        assert hasattr(sys.modules[module], attribute), name
+        setattr(sys.modules[module], attribute, value)
     sys.argv = [os.path.join(sys.argv[1], "khaelor.py"), *job["argv"]]
 
 

@@ -181,15 +181,17 @@ def test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded(tmp_path)
 
     async def stubborn():
         command = f"trap '' TERM; sleep {marker} & sleep {marker} & wait"
-        await box.run("process", {"action": "start", "command": command}, "s1")
+        # the ids as given: the two starts run at once, either may be p1
+        process = (await box.run("process", {"action": "start", "command": command}, "s1")).meta
         started = time.monotonic()
-        stopped = await box.run("process", {"action": "stop", "id": "p1"}, "s2")
+        stopped = await box.run("process", {"action": "stop", "id": process["process_id"]}, "s2")
         return stopped, time.monotonic() - started
 
     async def deaf():
-        await box.run("process", {"action": "start", "command": f"sleep {marker}"}, "d1")
+        process = (await box.run("process", {"action": "start", "command": f"sleep {marker}"}, "d1")).meta
         started = time.monotonic()
-        written = await box.run("process", {"action": "write", "id": "p2", "input": "x" * 2_000_000}, "d2")
+        written = await box.run("process", {"action": "write", "id": process["process_id"],
+                                            "input": "x" * 2_000_000}, "d2")
         return written, time.monotonic() - started
 
     async def scenario():
@@ -250,34 +252,36 @@ def stty_settings(path) -> list[str]:
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
 def test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup(tmp_path, project, env):
-    """The real program in tmux: `stty -a` after it ends equals `stty -a` before it started. The UI
+    """The real program in tmux: `stty -a` of the pane's terminal after it ends equals `stty -a`
+    before it started. It is forked onto the pane's terminal by the fork server, as test_tmux's
+    programs are (tests/pane.py), where three fresh interpreters cost three SDK imports. The UI
     exception is real, not injected: the composer's history file turns into a folder under it, and
     writing it on Enter raises (if that write ever becomes best-effort, pick another real trigger)."""
-    def quote(value):
-        return "'" + str(value).replace("'", "'\\''") + "'"
+    from conftest import fork_server
+
+    def stty(terminal, path):
+        with open(path, "w") as out:
+            subprocess.run(["stty", "-a", "-F", terminal], stdout=out, check=True)
 
     def start(name):
         files = tmp_path / name
-        files.mkdir()
+        (files / "pane").mkdir(parents=True)
         home = files / "home"
-        run_env = {**env, "KHAELOR_HOME": str(home), "ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "TERM": "xterm"}
-        exports = " ".join(f"{k}={quote(v)}" for k, v in run_env.items()
-                           if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH", "NO_COLOR", "TERM")))
-        command = (f"cd {quote(project)} && stty -a > {quote(files / 'before')}; env {exports} {sys.executable} "
-                   f"{ROOT / 'khaelor.py'}; echo $? > {quote(files / 'code')}; stty -a > {quote(files / 'after')}; "
-                   "sleep 60")
         session = f"kh{uuid.uuid4().hex[:8]}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True)
-        return session, files, home
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30",
+                        f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} '{files / 'pane'}'"], check=True)
+        wait_for(lambda: (files / "pane" / "pane.json").exists(), "the pane to give up its terminal")
+        given = json.loads((files / "pane" / "pane.json").read_text())
+        stty(given["tty"], files / "before")
+        run_env = {**given["env"], **{k: v for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME",
+                                                                                       "PYTHONPATH", "NO_COLOR"))},
+                   "KHAELOR_HOME": str(home), "ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "TERM": "xterm",
+                   "PWD": str(project)}
+        job, pid = fork_server().spawn([], project, run_env, tty=given["tty"])
+        return session, files, home, given["tty"], job, pid
 
     def screen(session):
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
-
-    def khaelor_pid(session):
-        shell = subprocess.run(["tmux", "list-panes", "-t", session, "-F", "#{pane_pid}"], capture_output=True,
-                               text=True).stdout.split()[0]
-        children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
-        return int(children[0])
 
     def wait_for(predicate, what, timeout=20):
         deadline = time.monotonic() + timeout
@@ -287,26 +291,32 @@ def test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup(tmp_pa
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}")
 
-    runs = {how: start(how) for how in ("exception", "sigterm", "sighup")}
+    runs = {}
     try:
-        for session, files, home in runs.values():
+        for how in ("exception", "sigterm", "sighup"):
+            runs[how] = start(how)
+        for session, *_ in runs.values():
             wait_for(lambda: "❯" in screen(session), "the prompt")
-        session, files, home = runs["exception"]
+        session, files, home, *_ = runs["exception"]
         (home / "history").unlink(missing_ok=True)
         (home / "history").mkdir()                         # the composer's history file can no longer be written
         subprocess.run(["tmux", "send-keys", "-t", session, "-l", "hello"], check=True)
         subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
-        os.kill(khaelor_pid(runs["sigterm"][0]), signal.SIGTERM)
-        os.kill(khaelor_pid(runs["sighup"][0]), signal.SIGHUP)
-        for how, (session, files, home) in runs.items():
-            wait_for(lambda: (files / "after").exists() and (files / "after").stat().st_size, f"{how} to end")
+        os.kill(runs["sigterm"][5], signal.SIGTERM)
+        os.kill(runs["sighup"][5], signal.SIGHUP)
+        codes = {}
+        for how, (session, files, home, terminal, job, pid) in runs.items():
+            status = fork_server().status(job, timeout=20)
+            assert status is not None, f"{how} did not end"
+            code = os.waitstatus_to_exitcode(status)
+            codes[how] = code if code >= 0 else 128 - code              # as a shell's $? says it
+            stty(terminal, files / "after")
             assert stty_settings(files / "after") == stty_settings(files / "before"), how
-        codes = {how: int((files / "code").read_text()) for how, (_, files, _) in runs.items()}
         shown = screen(runs["exception"][0])
         assert codes == {"exception": 1, "sigterm": 143, "sighup": 129}, shown
         assert "khaelor: internal error: IsADirectoryError" in shown and "Traceback" not in shown
     finally:
-        for session, _, _ in runs.values():
+        for session, *_ in runs.values():
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 

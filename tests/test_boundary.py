@@ -64,7 +64,7 @@ def try_each(calls: list[str], outside: Path) -> str:
 def test_no_udp_datagram_leaves(project, env, shape):
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
-    receiver.settimeout(0.5)
+    receiver.settimeout(0.1)          # what was sent is queued by the command's end
     port = receiver.getsockname()[1]
     code, out = sandboxed(project, env, shape, *python(
         f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'key', ('127.0.0.1', {port}))"))
@@ -82,7 +82,7 @@ def test_no_unix_socket_outside_is_reached(project, env, tmp_path, shape):
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
     server.listen()
-    server.settimeout(0.5)
+    server.settimeout(0.1)
     payload = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({path!r}); s.send(b'key')"
     code, out = sandboxed(project, env, shape, *python(payload))
     assert not was_reached(server) and code != 0
@@ -101,7 +101,7 @@ def test_no_datagram_reaches_a_unix_socket_outside(project, env, tmp_path, shape
     path = str(tmp_path / "log.sock")
     receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     receiver.bind(path)
-    receiver.settimeout(0.3)
+    receiver.settimeout(0.1)
     code, out = sandboxed(project, env, shape, *python(
         "import socket\n"
         "for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW | socket.SOCK_CLOEXEC):\n"
@@ -422,10 +422,14 @@ def run_tool(project, home, name, tool_input, confine):
         box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {})
         try:
             result = await box.run(name, tool_input, "t1", confine=confine)
-            if name == "process":
-                await asyncio.sleep(1.0)
+            # a background process: what it says until it has ended (its guard note included),
+            # read as it comes (a read waits for output or the exit), not after a fixed second
+            deadline = time.monotonic() + 20
+            while name == "process" and time.monotonic() < deadline:
                 later = await box.run("process", {"action": "read", "id": "p1"}, "t2", confine=confine)
                 result.text += later.text
+                if later.meta["status"] != "running":
+                    break
             return result
         finally:
             await box.close()
@@ -564,22 +568,35 @@ def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
 
 def test_no_process_outlives_its_step_by_a_new_session_or_group(repo, tmp_path):
     """setsid (a double fork) or setpgid took a process out of the group killed at the step's end:
-    it wrote the project, a hook say, after the guard had looked."""
-    import time
+    it wrote the project, a hook say, after the guard had looked. Each would-be survivor notes its
+    pid: once all of those are gone, none can write a marker (not a fixed 3 s wait)."""
     (repo / "leave.py").write_text(
         "import os, subprocess\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
-        "        os.system('sleep 2; touch MARKER')\n"
+        "        os.system(f'echo {os.getpid()} >> pids; echo $$ >> pids; sleep 2; touch MARKER')\n"
         "    os._exit(0)\n"
-        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER2'], start_new_session=True)\n"
-        "subprocess.Popen(['sh', '-c', 'sleep 2; touch MARKER3'], process_group=0)\n")
+        "subprocess.Popen(['sh', '-c', 'echo $$ >> pids; sleep 2; touch MARKER2'],\n"
+        "                 start_new_session=True)\n"
+        "subprocess.Popen(['sh', '-c', 'echo $$ >> pids; sleep 2; touch MARKER3'], process_group=0)\n")
     result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} leave.py"},
                       sandbox.Confine(attended=True))
     assert "Exit code: 0" in result.text, result.text
-    time.sleep(3)
+    deadline = time.monotonic() + 5          # past the survivors' `sleep 2`: none of them waits
+    while any(alive(int(pid)) for pid in (repo / "pids").read_text().split()):
+        assert time.monotonic() < deadline, "a process outlived its step"
+        time.sleep(0.02)
     assert [p.name for p in repo.glob("MARKER*")] == []
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):
@@ -631,12 +648,12 @@ def test_under_yes_a_hostile_payload_gets_nothing_out(khaelor, fake, project, en
     (`curl …; python3 payload.py` asks for the network, and --yes does not give it to python3)."""
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
-    receiver.settimeout(0.3)
+    receiver.settimeout(0.1)
     unix_path = str(tmp_path / "agent.sock")
     unix_server = socket.socket(socket.AF_UNIX)
     unix_server.bind(unix_path)
     unix_server.listen()
-    unix_server.settimeout(0.3)
+    unix_server.settimeout(0.1)
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     payload = (
         "import os, socket\n"

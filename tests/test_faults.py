@@ -101,8 +101,11 @@ def test_every_transient_api_fault_is_retried_visibly_and_the_task_completes(pro
                      error("rate_limit_error", "spend cap", status=429),          # no retry-after: backoff
                      {"content": [text("half an answer"), call], "end_after_events": 6},
                      reply(text("The file says alpha."), chunk=200))
+        # the backoff a tenth of its 0.5 s base: the five faults without a retry-after wait
+        # 0.05-0.1 s each, not 0.5-1 s (test_model checks the backoff's own figures)
         result = run_cli(project, env, "-p", "what does a.txt say", "--yes", fake=fake,
-                         extra_env={"KHAELOR_READ_TIMEOUT": "1"})
+                         extra_env={"KHAELOR_READ_TIMEOUT": "1",
+                                    "KHAELOR_TEST_CONSTANTS": json.dumps({"model.BASE_DELAY_S": 0.05})})
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "The file says alpha."
         assert fake.rejections == [] and fake.pending == []
@@ -163,8 +166,8 @@ def test_a_bad_read_timeout_setting_is_a_usage_error(project, env):
 
 # ---------------------------------------------------------------- kill -9
 
-N_TIMED_KILLS = 27          # kill points chosen at random times (fixed seed)
-N_EVENT_KILLS = 27          # kill points chosen right after the k-th recorded event, k at random
+N_TIMED_KILLS = 16          # kill points chosen at random times (fixed seed)
+N_EVENT_KILLS = 16          # kill points chosen right after the k-th recorded event, k at random
 N_REAL_CONTINUES = 3        # kill points also checked with a real `khaelor -c`, one per main phase
 KILL_POOL = 8               # experiments at once; each is mostly waiting on streams and sleeps
 N_TORN_APPENDS = 200        # byte offsets the reference log is cut at
@@ -173,17 +176,17 @@ SEED = 20261130
 
 
 def session_script():
-    """A multi-tool session of ~2 s: streamed text and thinking, a read, two bash calls in one response
+    """A multi-tool session of ~1.5 s: streamed text and thinking, a read, two bash calls in one response
     (one sleeps, one prints 40 KB so its result line is large), a 60 KB write, an edit that fails."""
     return [reply(text("Let me look at the notes first. " * 3), tool_use("read", {"file_path": "notes.txt"}),
-                  chunk=6, delay=0.01),
+                  chunk=6, delay=0.005),
             reply(text("Two things at once."), tool_use("bash", {"command": "sleep 0.3; echo one >> notes.txt"}),
-                  tool_use("bash", {"command": "python3 -c \"print('x' * 40000)\""}), chunk=6, delay=0.01),
-            reply(tool_use("write", {"file_path": "big.txt", "content": "y" * 60000 + "\n"}), chunk=2000, delay=0.01),
+                  tool_use("bash", {"command": "python3 -c \"print('x' * 40000)\""}), chunk=6, delay=0.005),
+            reply(tool_use("write", {"file_path": "big.txt", "content": "y" * 60000 + "\n"}), chunk=2000, delay=0.005),
             reply(thinking("The notes changed under me; try the edit anyway."),
                   tool_use("edit", {"file_path": "notes.txt", "old_string": "one", "new_string": "two"}),
-                  chunk=6, delay=0.01),
-            reply(text("All done. " * 20), chunk=5, delay=0.01)]
+                  chunk=6, delay=0.005),
+            reply(text("All done. " * 20), chunk=5, delay=0.005)]
 
 
 def new_workspace(base: Path, env: dict, fake) -> tuple[Path, dict]:
@@ -263,7 +266,8 @@ def test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid(r
     n_events = len(read_log(reference_run["log_path"]))
     window = reference_run["seconds"] * 0.95
     triggers = [("time", round(rng.uniform(0, window), 3)) for _ in range(N_TIMED_KILLS)]
-    triggers += [("event", rng.randint(1, n_events - 2)) for _ in range(N_EVENT_KILLS)]
+    # distinct events: a second kill after the same event adds little
+    triggers += [("event", k) for k in sorted(rng.sample(range(1, n_events - 1), N_EVENT_KILLS))]
     env = reference_run["base_env"]
     with ThreadPoolExecutor(max_workers=KILL_POOL) as pool:
         runs = list(pool.map(lambda it: kill_experiment(tmp_path / f"kill{it[0]}", env, f"kill{it[0]}", it[1]),
@@ -293,7 +297,7 @@ def test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid(r
         checked += 1
     summary = {phase: len(found) for phase, found in phases.items()}
     print(f"kill -9 points: {checked} of {len(runs)}; by phase: {summary}")
-    assert checked >= 50, summary
+    assert checked >= len(runs) - 4, summary      # at most a few finished before their point
     assert {"streaming", "tool", "between result and request"} <= set(phases), summary
 
     # A real `khaelor -c` for the first kill of each phase: the fake API validates as the real one would.

@@ -125,7 +125,9 @@ def test_a_mid_stream_error_event_and_a_dropped_connection_are_retried(khaelor, 
                   {"type": "overloaded_error", "message": "Overloaded"}},
                  {"content": [text("also lost " * 20)], "drop_after_events": 4},
                  reply(text("complete answer")))
-    result = khaelor.run("-p", "hello", "--output-format", "json")
+    # the backoff a tenth of its figures (test_model checks them): 0.1 s in all, not 1.3 s
+    quick = {"KHAELOR_TEST_CONSTANTS": json.dumps({"model.BASE_DELAY_S": 0.05})}
+    result = khaelor.run("-p", "hello", "--output-format", "json", env=quick)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["result"] == "complete answer"
     history = events.replay(khaelor.log()).messages
@@ -204,7 +206,9 @@ def test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait(khaelor, fake, p
     """A CI runner's stdin may be a pipe that never closes: -p PROMPT must not wait for it."""
     from conftest import khaelor_popen
     fake.enqueue(reply(text("went on")))
-    with khaelor_popen(["-p", "hi"], project, khaelor.env, stdin=subprocess.PIPE,
+    # the wait at 1 s, not its 3 s, in this run (what is checked is that it ends)
+    run_env = {**khaelor.env, "KHAELOR_TEST_CONSTANTS": json.dumps({"khaelor.STDIN_WAIT_S": 1.0})}
+    with khaelor_popen(["-p", "hi"], project, run_env, stdin=subprocess.PIPE,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         # a khaelor that waits for EOF fails the test instead of hanging it
         closing = threading.Timer(20, process.stdin.close)
@@ -216,7 +220,7 @@ def test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait(khaelor, fake, p
         closing.cancel()
         process.stdin.close()
     assert process.returncode == 0 and out == "went on\n", err
-    assert "nothing came on stdin in 3 s" in err and 2.5 < waited < 20
+    assert "nothing came on stdin in 1 s" in err and 0.8 < waited < 20
     assert said(fake.requests[0]["body"]["messages"][0]) == ["hi"]
 
 
@@ -328,13 +332,16 @@ def test_a_scripted_session_uses_all_seven_tools(khaelor, fake, project):
 def test_khaelor_home_deleted_mid_run_keeps_the_log(khaelor, fake):
     import shutil
     from pathlib import Path
-    fake.enqueue(reply(text("word " * 200), chunk=5, delay=0.01))
+    # the reply stalls a few events in until the folder is gone (20 s at most), where a 2 s stream
+    # was paced to outlast the deletion
+    fake.enqueue(reply(text("word " * 200), chunk=5, stall_after_events=8, stall_seconds=20))
     proc = khaelor.popen("-p", "write a lot")
     deadline = time.time() + 30
     while not fake.requests and time.time() < deadline:
         time.sleep(0.05)
     home = Path(khaelor.env["KHAELOR_HOME"])
     shutil.rmtree(home)        # mid-stream, while the log is open for appending
+    fake.release()
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     log = khaelor.log()
@@ -347,7 +354,7 @@ def test_khaelor_home_deleted_mid_run_keeps_the_log(khaelor, fake):
 
 def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
     fake.enqueue(reply(text("early words of the answer. " + "then the rest arrives."), chunk=12,
-                       stall_after_events=5, stall_seconds=3))
+                       stall_after_events=5, stall_seconds=20))
     master, slave = pty.openpty()
     proc = khaelor.popen("-p", "say it slowly", stdin=subprocess.DEVNULL, stdout=slave, text=False)
     os.close(slave)
@@ -355,6 +362,7 @@ def test_text_mode_streams_the_answer_when_stdout_is_a_terminal(khaelor, fake):
     while b"early words" not in seen and time.monotonic() < deadline:
         seen += os.read(master, 4096)
     assert b"early words" in seen and proc.poll() is None      # shown while the reply is still coming
+    fake.release()                                             # the rest may come now
     while True:
         try:
             chunk = os.read(master, 4096)

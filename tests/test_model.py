@@ -187,21 +187,27 @@ def test_the_loop_stays_live_while_the_sdk_import_is_still_running():
     assert longest < 0.3, f"the loop stalled {longest:.2f} s"
 
 
-def test_retry_after_zero_backs_off_and_an_http_date_is_waited_for():
+def test_retry_after_zero_backs_off_and_an_http_date_is_waited_for(monkeypatch):
     """retry-after: 0 retried at once (a hot loop against an overloaded API) and an HTTP-date
     retry-after was ignored; as the SDK has it (ANTHROPIC_API.md §4.3), a value that is not > 0
     falls back to the jittered backoff, and a date is waited for until it comes (capped)."""
     import email.utils
-    when = email.utils.formatdate(time.time() + 3.5, usegmt=True)
+    # the backoff at 0.2 s (its own figures: the test above), so that a date stands out sooner
+    monkeypatch.setattr(model, "BASE_DELAY_S", 0.2)
+    model._sdk()        # imported first (≈2 s, once per process): the date is counted from now
+    # dates have whole seconds: the first whole one at least 1.5 s away
+    when = int(time.time() + 2.5)
     script = [error("overloaded_error", "busy", status=529, retry_after="0"),
-              error("overloaded_error", "busy", status=529, retry_after=when), reply(text("ok"))]
+              error("overloaded_error", "busy", status=529,
+                    retry_after=email.utils.formatdate(when, usegmt=True)), reply(text("ok"))]
     statuses = []
     with FakeAnthropic(script) as fake:
-        collect(client_for(fake, on_status=statuses.append))
+        collect(client_for(fake, on_status=lambda status: statuses.append((time.time(), status))))
         assert len(fake.requests) == 3
-    delays = [float(status.split("retrying in ")[1].split("s")[0]) for status in statuses]
-    assert 0.375 <= delays[0] <= 0.5, statuses
-    assert 1.5 <= delays[1] <= 3.6, statuses
+    delays = [float(status.split("retrying in ")[1].split("s")[0]) for _, status in statuses]
+    assert 0.1 <= delays[0] <= 0.2, statuses                  # 0.15 to 0.2, printed to 0.1 s
+    # the time left until the date, where the backoff would be 0.4 s at most
+    assert abs(delays[1] - (when - statuses[1][0])) <= 0.15 and delays[1] > 0.5, statuses
 
 
 def test_x_should_retry_true_is_retried_whatever_the_status():

@@ -2,6 +2,7 @@
 are confined to what their decision granted. Each test proves what a command could not do (a file left
 unwritten, a key left unread, a listener never reached), not how the sandbox was configured."""
 import asyncio
+import concurrent.futures
 import gc
 import os
 import shutil
@@ -581,9 +582,20 @@ def test_under_yes_an_approved_network_command_connects(khaelor, fake, listener)
     """Needs the kernel to pass the decision's confine (network: True for curl to a URL)."""
     port = listener.getsockname()[1]
     fake.enqueue(reply(tool_use("bash", {"command": f"curl -s -m 3 http://127.0.0.1:{port}/"})), reply(text("done")))
+    # the listener hangs up on the first connection, so that curl ends then, not after its -m 3
+    reached = concurrent.futures.ThreadPoolExecutor(1).submit(hang_up_once, listener)
     result = khaelor.run("-p", "fetch it", "--yes")
     assert result.returncode == 0, result.stderr
-    assert was_reached(listener)
+    assert reached.result()
+
+
+def hang_up_once(listener, timeout=30) -> bool:
+    """Accept one connection and close it; whether one came within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if was_reached(listener):
+            return True
+    return False
 
 
 def make_wheel(directory: Path) -> Path:

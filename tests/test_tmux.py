@@ -35,7 +35,7 @@ class Terminal:
         self.fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_api.py"), "--script",
                                       str(files / "script.json"), "--port-file", str(port_file),
                                       "--log", str(self.request_log)], stdout=subprocess.DEVNULL)
-        wait_until(port_file.exists, "the fake API to listen")
+        wait_until(port_file.exists, "the fake API to listen", every=0.005)
         env = {**env, "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port_file.read_text().strip()}", "TERM": "xterm-256color"}
         exports = {k: v for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH"))}
         # what `cd PROJECT && env EXPORTS python khaelor.py ARGS; echo EXITED $?` in the pane was,
@@ -44,7 +44,7 @@ class Terminal:
         pane.mkdir()
         command = f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} {_quote(str(pane))}"
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), command], check=True)
-        wait_until((pane / "pane.json").exists, "the pane to give up its terminal")
+        wait_until((pane / "pane.json").exists, "the pane to give up its terminal", every=0.005)
         given = json.loads((pane / "pane.json").read_text())
         env = {**given["env"], **exports, "PWD": str(project)}
         self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"])
@@ -84,12 +84,14 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
-def wait_until(predicate, what, timeout=20.0, show=lambda: ""):
+def wait_until(predicate, what, timeout=20.0, show=lambda: "", every=0.05):
+    """Poll `predicate` every `every` s (a file's existence costs nothing to ask: poll it often;
+    the screen costs a tmux process per look)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}\n{show()}")
 
 
@@ -176,13 +178,17 @@ def test_a_permission_panel_allows_once_and_denies_with_a_message(terminal, proj
 
 
 def test_typing_while_a_tool_runs_steers_the_next_request(terminal, project):
-    term = terminal([reply(bash("sleep 4")), reply(text("steered answer"))])
+    # a command that runs until the test lets it end, not a fixed `sleep 4` (the tmux session's
+    # end stops it if the test fails first)
+    waits = "until [ -e go ]; do sleep 0.05; done"
+    term = terminal([reply(bash(waits)), reply(text("steered answer"))])
     term.type("wait a bit")
     term.keys("Enter")
-    term.wait_for("bash sleep 4")
+    term.wait_for("bash until [ -e go ]")
     term.type("and then say hi")
     term.keys("Enter")
     term.wait_for("Queued instruction")
+    (project / "go").touch()
     term.wait_for("steered answer")
     last = term.requests()[-1]["body"]["messages"][-1]["content"]
     assert last[0]["type"] == "tool_result"
@@ -692,9 +698,13 @@ def test_an_untrusted_project_config_is_mentioned_once_at_start_with_the_command
     assert "would grant 1 permission" in screen and screen.count("khaelor trust") == 1
 
 
-def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was(terminal):
+def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_it_was(terminal,
+                                                                                      tmp_path):
     thought = "First read the file. " + " ".join(f"step{k}" for k in range(40))
-    term = terminal([reply({"type": "thinking", "thinking": thought}, text("Answer ready."), chunk=8, delay=0.06)],
+    # the thinking stalls a dozen deltas in (past step3) until the test has opened it (20 s at most)
+    go = tmp_path / "go"
+    term = terminal([reply({"type": "thinking", "thinking": thought}, text("Answer ready."), chunk=8,
+                           stall_after_events=15, stall_seconds=20, release_file=str(go))],
                     width=80)
     term.type("think first")
     term.keys("Enter")
@@ -704,6 +714,7 @@ def test_thinking_streams_as_one_line_ctrl_o_opens_it_and_a_resume_shows_it_as_i
     term.wait_for("ctrl+o closes")
     screen = term.wait_for("step3 ")
     assert "First read the file." in screen, "opened: the thinking so far, wrapped"
+    go.touch()
     screen = term.wait_for("Answer ready.")
     rows = [row for row in screen.splitlines() if "Thinking" in row]
     assert len(rows) == 1 and rows[0].startswith("✻ Thinking · ") and "First read the file." in rows[0]
@@ -735,14 +746,18 @@ def test_esc_at_a_question_denies_the_call_and_ends_the_turn(terminal, project):
     assert results and results[0]["is_error"] and rejected(term) == []
 
 
-def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(terminal):
-    term = terminal([reply(text("streaming " * 100), chunk=4, delay=0.02)], width=70)
+def test_a_shell_command_typed_while_the_model_streams_runs_when_the_turn_ends(terminal, tmp_path):
+    # the stream stalls until the command is queued (20 s at most), where a fixed 5 s stream was
+    go = tmp_path / "go"
+    term = terminal([reply(text("streaming " * 100), chunk=4, stall_after_events=12, stall_seconds=20,
+                           release_file=str(go))], width=70)
     term.type("write a lot")
     term.keys("Enter")
     term.wait_for("streaming streaming")
     term.type("!echo queued-$((40+2))")
     term.keys("Enter")
     term.wait_for("runs when the turn ends")
+    go.touch()
     screen = term.wait_for("● ! echo queued-$((40+2))")     # its output shows live before this
     assert "queued-42" in screen and "runs when the turn ends" not in screen
 
@@ -784,7 +799,7 @@ def conversation(term) -> list[str]:
 
 
 @pytest.mark.parametrize("width", [60, 100])
-def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, width):
+def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, env, width):
     table = "".join(f"## Part {k}\n\n| key | value |\n|---|---:|\n| k{k} | {k * 7} |\n\nText {k}.\n\n"
                     for k in range(8))
     write = {"type": "tool_use", "name": "write", "input": {"file_path": "b.txt", "content": "b\n"}}
@@ -810,10 +825,11 @@ def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, wid
     live.type("!echo shell-ran")
     live.keys("Enter")
     live.wait_for("shell-ran")
+    before = text_checkpoints(env)
     live.type("second")
     live.keys("Enter")
     live.wait_for("streaming streaming streaming")
-    time.sleep(1.5)                                         # past a text checkpoint
+    wait_until(lambda: text_checkpoints(env) > before, "a text checkpoint")   # the Esc comes past one
     live.keys("Escape")
     live.wait_for("Interrupted")
     shown_live = conversation(live)
@@ -826,6 +842,12 @@ def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, wid
     again = terminal([], args="-c", width=width, height=20)
     again.wait_for("Interrupted")
     assert conversation(again) == shown_live
+
+
+def text_checkpoints(env) -> int:
+    """The session logs' TextCheckpoints (streamed text saved before its block ends)."""
+    return sum(path.read_text().count('"type":"TextCheckpoint"')
+               for path in Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))
 
 
 def test_ctrl_l_and_redraws_leave_no_copy_of_the_status_line_or_composer_in_the_scrollback(terminal):
@@ -1056,9 +1078,11 @@ def test_slash_resume_replays_the_session_as_it_was_shown(terminal, env):
     term.type(f"/resume {first_id}")
     term.keys("Enter")
     term.wait_for("resumed")
-    time.sleep(1)
-    after = "\n".join(scrollback(term)).split("new session")[-1]
-    assert "● bash echo visible-output" in after and "› look around" in after, after
+
+    def replayed():
+        after = "\n".join(scrollback(term)).split("new session")[-1]
+        return "● bash echo visible-output" in after and "› look around" in after
+    wait_until(replayed, "the replay", show=lambda: "\n".join(scrollback(term)))
 
 
 def test_start_notices_show_once_the_first_frame_is_up(terminal, project):
