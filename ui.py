@@ -1931,7 +1931,7 @@ def keys_help() -> str:
 
 # ════ Composer ════
 
-# longer pastes show as one [Pasted N lines] placeholder
+# longer pastes show as one placeholder: [Pasted N lines], [Pasted N characters]
 PASTE_COLLAPSE_LINES = 5
 PASTE_COLLAPSE_CHARS = 1500
 MAX_COMPOSER_ROWS = 10
@@ -2121,11 +2121,12 @@ class Composer:
             # a final newline ends the last line, it starts none
             n_lines = text.rstrip("\n").count("\n") + 1
             if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
-                label = f"[Pasted {events.counted(n_lines, 'line')}]"
-                k = 2
+                size = events.counted(n_lines, "line")
+                if n_lines <= PASTE_COLLAPSE_LINES:     # "1 line" says nothing of 3,000 chars
+                    size = f"{len(text):,} characters"
+                label, k = f"[Pasted {size}]", 2
                 while label in self._pastes:
-                    label = f"[Pasted {events.counted(n_lines, 'line')} #{k}]"
-                    k += 1
+                    label, k = f"[Pasted {size} #{k}]", k + 1
                 self._pastes[label] = text
                 return self._insert(label)
         text = text.replace("\t", "    ")

@@ -899,9 +899,9 @@ def test_large_pastes_collapse_and_expand_on_send():
     c.handle(K("paste", "small\r\npaste"))
     assert c.text.endswith("small\npaste")
     assert c.handle(K("enter")) == "look: " + pasted + pasted + "small\npaste"
-    c.handle(K("paste", "x" * 2000))              # one long line: one line, never "1 lines"
-    c.handle(K("paste", "x" * 2000))
-    assert c.text == "[Pasted 1 line][Pasted 1 line #2]"
+    c.handle(K("paste", "x" * 3000))              # one long line: its size, never "1 line"
+    c.handle(K("paste", "x" * 3000))
+    assert c.text == "[Pasted 3,000 characters][Pasted 3,000 characters #2]"
 
 
 def test_backspace_into_a_paste_label_takes_the_whole_paste():
