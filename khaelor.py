@@ -2241,7 +2241,8 @@ class Session:
                     f" the next request asks for: {sent}")
         if value not in choices:
             return f"unknown {key} `{value}`; choices: {', '.join(choices)}"
-        unchanged = self.reasoning.get(key) == value
+        # the log has what a resumed session chose before this process began
+        unchanged = self.store.state.reasoning.get(key) == value
         self.reasoning[key] = value
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)
