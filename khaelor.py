@@ -1734,11 +1734,11 @@ class Session:
         asyncio.get_running_loop().call_later(0, attach)
 
     def send_first(self) -> None:
-        """`khaelor "query"`: the message given on the command line, sent once the session is
-        attached and the UI listens, as if typed."""
+        """`khaelor "query"`: the message given on the command line, once the session is
+        attached and the UI listens, as if typed: the UI runs `khaelor /help` as a command."""
         text, self.args.query = getattr(self.args, "query", None), None
         if text and text.strip() and not self.closed:
-            self.submit(text)
+            self.publish({"type": "Typed", "text": text})
 
     def read_layers(self) -> list:
         """Read before /new or /resume leaves this session: a file that cannot be read (a FIFO

@@ -74,7 +74,7 @@ class Controller(Protocol):
     # optional: "/effort" -> ["low", "medium", …]: typing "/effort " picks one from a menu
     command_choices: dict[str, list[str]]
 
-    # every event
+    # every event; {"type": "Typed", "text": …} is handled as if typed and sent (`khaelor "/help"`)
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...
     # a user message (steering when busy)
     def submit(self, text: str) -> object: ...
@@ -2542,6 +2542,8 @@ class App:
         if kind == "StartFailed":
             # khaelor says why once the terminal is given back
             self.quit(2)
+        if kind == "Typed":
+            self._dispatch(event["text"])
         try:
             self.timeline.apply(event)
         except Exception as exc:
