@@ -2896,7 +2896,7 @@ def terminal_size(stream) -> tuple[int, int]:
         return 80, 24
     if columns <= 0 or rows <= 0:
         return 80, 24
-    return max(columns, 10), max(rows, 4)
+    return columns, max(rows, 4)
 
 
 class Shell:

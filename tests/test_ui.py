@@ -1300,6 +1300,21 @@ class PtyChild:
         return code, calls, stderr
 
 
+def test_a_terminal_under_ten_columns_is_drawn_at_its_own_width():
+    """QA: at 8 columns every frame was drawn 10 wide, so the terminal wrapped the status line and
+    the composer and each redraw left broken copies ("y…" under "❯ Ask an") on the screen."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 12, 8, 0, 0))
+    with open(slave, "wb") as terminal:
+        assert ui.terminal_size(terminal) == (8, 12)
+    os.close(master)
+    for width in range(1, 10):
+        app = ui.App(FakeController(busy=True), style=COLOR, width=width, height=12)
+        app.on_key(K("text", "hello there friend"))
+        lines, _ = app.frame(1.0)
+        assert max(ui.visible_width(line) for line in lines) <= width
+
+
 def is_raw(mode):
     lflag = mode[3]
     return not lflag & termios.ICANON and not lflag & termios.ECHO and not lflag & termios.ISIG
