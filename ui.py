@@ -2767,7 +2767,7 @@ class App:
         live += [style.paint(f"› queued: !{one_line(command)} · runs when the turn ends", "dim")
                  for command in self.queued_shell]
         # the newest live lines that fit above the panel
-        live = live[len(live) - max(0, room - len(panel)):]
+        live = live[max(0, len(live) - room + len(panel)):]
         frame = live + panel + [status] + rows + menu
         lines = [clip(line, width) for line in frame]
         # the cursor in the composer, or at the end of the denial's message

@@ -473,6 +473,17 @@ def test_thinking_streams_collapsed_opens_with_ctrl_o_and_settles_collapsed(widt
     assert "step0" in whole and "step59" in whole, "the transcript view shows the thinking whole"
 
 
+@pytest.mark.parametrize("height", [18, 24])
+def test_opened_thinking_shows_whole_when_the_screen_has_room(height):
+    """QA: at 20 rows Ctrl-O on streaming thinking showed 4 of its 13 rows and no header (the
+    frame kept room - len(live) of the newest live lines, not room); at 24 rows, 10 of them."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=60, height=height)
+    app.on_event(event("ThinkingDelta", text=THOUGHT * 3))
+    app.on_key(K("ctrl+o"))
+    lines, _ = app.frame(time.monotonic())
+    assert "ctrl+o closes" in lines[0] and len(lines) == ui.THINKING_OPEN_ROWS + 3
+
+
 def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_time():
     lines = ui.render_transcript([
         event("UserMessageCreated", text="fix it"),
