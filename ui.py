@@ -2315,11 +2315,12 @@ class Composer:
         item = events.plain_text(self.menu[self.menu_index])
         if self._menu_kind == "mention":
             self._remember_mentions([item])
-            # a path with spaces, quoted
-            item = f'@"{item}" ' if " " in item else "@" + item + " "
+            # a path with spaces, quoted; a folder stays open: its files are offered next
+            item = f'@"{item}" ' if " " in item else "@" + item + " " * (item[-1:] != "/")
         self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
         self.menu = []
+        self._refresh_menu()
 
     # -- drawing --
 

@@ -998,6 +998,18 @@ def test_mentions_rank_fuzzy_matches_by_recency():
     assert c.menu == []
 
 
+def test_a_folder_chosen_from_the_mention_menu_stays_open_for_its_files():
+    """QA: Tab on `src/` wrote "@src/ " (a space, the menu gone), so typing on gave "@src/ de"
+    and Enter sent that. A folder is a step: no space, and its files are offered at once."""
+    c = ui.Composer(mentions=lambda prefix: ["src/", "src/deep/", "src/deep/x.py", "README.md"])
+    c.handle(K("text", "see @sr"))
+    c.handle(K("tab"))
+    assert c.text == "see @src/" and "src/deep/x.py" in c.menu
+    c.handle(K("text", "x"))
+    c.handle(K("enter"))
+    assert c.text == "see @src/deep/x.py "
+
+
 def test_a_sent_mention_is_remembered_as_its_path_never_with_quotes_or_punctuation(tmp_path):
     """The menu writes a name with spaces quoted; a sentence's comma is not the name's. What is
     remembered is offered again: only real paths, in this session and the next."""
