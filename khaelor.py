@@ -2232,8 +2232,7 @@ class Session:
         choices = setting_choices()[key]
         row = model.REASONING.get(model.family_of(ctx.model) or "")
         accepted = model.describe_efforts(row[1] if row else None)
-        sent = reasoning_label(self.next_reasoning().fields)
-        sent = sent or "the model's defaults"
+        sent = reasoning_label(self.next_reasoning().fields) or "the model's defaults"
         if not value:
             return (f"{key} choices: {', '.join(choices)}"
                     f" (`/{key} CHOICE`, or type `/{key} ` and pick)"

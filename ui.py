@@ -1027,7 +1027,6 @@ class Timeline:
         thinking block goes: it is never kept (nor sent), so a replay has none of it."""
         self._finish_text()
         self._thinking = None
-        self._thinking_open = False
         self._settle_queued()
 
     def finish(self) -> None:
@@ -1160,7 +1159,7 @@ class Timeline:
 
     def _on_ThinkingDelta(self, e: dict) -> None:
         if self._thinking is None:
-            self._thinking = ""
+            self._thinking, self._thinking_open = "", False
             self._thinking_since = time.monotonic()
         self._thinking += e.get("text", "")
 
@@ -1189,7 +1188,6 @@ class Timeline:
         rows = self._thought_rows(text) if self.expanded else []
         self._settle([self._dim(head, "italic")] + rows)
         self._thinking = None
-        self._thinking_open = False
 
     def _thought_rows(self, text: str) -> list[str]:
         """Thinking text wrapped under its line, dim."""
@@ -1242,15 +1240,12 @@ class Timeline:
             self._dim_line("↑ that reply broke off here; it is written again below")
         self._text = None
         self._thinking = None
-        self._thinking_open = False
 
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
         title = "■ Interrupted" + (f" ({why})" if why else "")
         hint = " · what it wrote is kept; say what to do next, or “continue”"
-        line = (self.style.paint(title, "warning")
-                + self.style.paint(hint, "dim"))
-        self._settle([line])
+        self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
             self._dim_line(f"› {queued} will go first with your next message")
