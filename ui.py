@@ -988,9 +988,8 @@ class Timeline:
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
-            n_pruned = len(event.get("tool_use_ids") or [])
             fields = collections.defaultdict(lambda: "?", event,
-                                             n_pruned=n_pruned)
+                                             n_pruned=len(event.get("tool_use_ids") or []))
             self._dim_line(NOTE_FORMATS[kind].format_map(fields))
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
@@ -2059,8 +2058,7 @@ class Composer:
         name = key.name
         if name == "enter" and self.text == "/":
             # a bare "/" asks for the menu: Enter shows it, never runs its first entry
-            self._menu_closed = False
-            self._refresh_menu()
+            self.set_text("/")
             return None
         if self.menu and name in ("up", "down", "tab", "enter"):
             if name in ("up", "down"):
@@ -2314,7 +2312,6 @@ class Composer:
             item = f'@"{item}" ' if " " in item else "@" + item + " " * (item[-1:] != "/")
         self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
-        self.menu = []
         self._refresh_menu()
 
     # -- drawing --
@@ -2683,8 +2680,12 @@ class App:
         elif key.name == "enter" and empty:
             _, choice, _ = choices[self.panel_choice % len(choices)]
             self._choose(request, choice)
-        elif key.name == "esc" or (key.name == "ctrl+c" and empty):
+        elif key.name == "esc":
             self._stop(request)
+        elif key.name == "ctrl+c" and empty:
+            # denied, then Ctrl-C as anywhere: the turn stops, and a second one quits
+            self._answer(request, "deny", "")
+            return False
         elif empty and key.name == "text" and len(key.text) == 1:
             letters = {letter: choice for letter, choice, _ in choices}
             if key.text not in letters:

@@ -1061,6 +1061,12 @@ def test_ctrl_c_clears_then_quits_and_ctrl_d_quits_when_empty():
     assert app.notice and app.exit_code is None
     app.on_key(K("ctrl+c"))
     assert app.exit_code == 0
+    asked = ui.App(FakeController(busy=True), style=MONO)    # QA: it took three at a question
+    asked.on_event(PERMISSION)
+    asked.on_key(K("ctrl+c"))
+    assert asked.controller.calls == [("permission", "t9", "deny", ""), ("interrupt",)]
+    asked.on_key(K("ctrl+c"))
+    assert asked.exit_code == 0
     other = ui.App(FakeController(), style=MONO)
     other.on_key(K("text", "ab"))
     other.on_key(K("left"))
