@@ -1690,11 +1690,14 @@ def render_permission_panel(request: dict, width: int, style: Style,
     footer = panel_footer(request, width, style, feedback, selected, composing, bar)
     if room and len(head) + len(footer) > room:
         keep = max(1, room - len(footer) - 1)
-        note = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
         # the question's first line and the count of what is hidden always show; then as many
-        # lines of the answers as fit (their keys work whether shown or not)
-        head = head[:keep] + [style.paint(note, "warning")]
-        footer = footer[:max(1, room - len(head))]
+        # lines of the answers as fit (their keys work whether shown or not), or the newest
+        # lines of a denial's message, where it is typed
+        if keep < len(head):
+            note = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
+            head = head[:keep] + [style.paint(note, "warning")]
+        fit = max(1, room - len(head))
+        footer = footer[-fit:] if feedback is not None else footer[:fit]
     return [clip(line, width) for line in head + footer]
 
 
@@ -1750,8 +1753,7 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
                  selected: int, composing: bool, bar: str) -> list[str]:
     """The answers (kept whole on a small terminal), or the denial's message line."""
     if feedback is not None:
-        ask = ("Denied. Tell the model what to do instead "
-               "(Enter sends, Esc stops):")
+        ask = "Denied. Tell the model what to do instead (Enter sends, Esc stops):"
         # the message as typed, every space kept: the cursor ends where it ends
         typed = wrap_spans([(feedback, ())], width, style, bar + "  ", bar + "  ", hard=True)
         return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + typed
@@ -1768,8 +1770,7 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
         spans.append((f" {words}", ("selected",) if chosen else ()))
     lines = wrap_spans(spans, width, style, bar, bar)
     if composing:
-        hint = ("Enter sends your text as a message; "
-                "empty the composer to answer")
+        hint = "Enter sends your text as a message; empty the composer to answer"
         lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
     return lines
 
@@ -2122,8 +2123,7 @@ class Composer:
                     label, k = f"[Pasted {size} #{k}]", k + 1
                 self._pastes[label] = text
                 return self._insert(label)
-        text = text.replace("\t", "    ")
-        self._insert(events.plain_text(text))
+        self._insert(events.plain_text(text.replace("\t", "    ")))
 
 
     def _enter(self) -> str | None:

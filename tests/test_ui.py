@@ -1138,6 +1138,11 @@ def test_a_long_denial_message_wraps_and_the_cursor_follows_it():
     assert "".join(screen.display[k][4:] for k in typed).rstrip() == message
     last = screen.display[typed[-1]].rstrip()
     assert (screen.cursor.y, screen.cursor.x) == (typed[-1], len(last))
+    # QA: a pasted 3,000 characters showed its first rows under "… 0 panel lines hidden", the
+    # cursor on a row that did not hold its end: the newest rows show, where typing goes on
+    app.on_key(K("paste", " ".join(f"w{k}" for k in range(600)) + " THE-END"))
+    stream.feed(app.render(0.1))
+    assert "THE-END" in screen.display[screen.cursor.y] and "hidden" not in text_of(screen)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
