@@ -1737,11 +1737,11 @@ class Session:
         asyncio.get_running_loop().call_later(0, attach)
 
     def send_first(self) -> None:
-        """`khaelor "query"`: the message given on the command line, sent once the session is
-        attached and the UI listens, as if typed."""
+        """`khaelor "query"`: the message given on the command line, once the session is
+        attached and the UI listens, as if typed: the UI runs `khaelor /help` as a command."""
         text, self.args.query = getattr(self.args, "query", None), None
         if text and text.strip() and not self.closed:
-            self.submit(text)
+            self.publish({"type": "Typed", "text": text})
 
     def read_layers(self) -> list:
         """Read before /new or /resume leaves this session: a file that cannot be read (a FIFO
@@ -2235,8 +2235,7 @@ class Session:
         choices = setting_choices()[key]
         row = model.REASONING.get(model.family_of(ctx.model) or "")
         accepted = model.describe_efforts(row[1] if row else None)
-        sent = reasoning_label(self.next_reasoning().fields)
-        sent = sent or "the model's defaults"
+        sent = reasoning_label(self.next_reasoning().fields) or "the model's defaults"
         if not value:
             return (f"{key} choices: {', '.join(choices)}"
                     f" (`/{key} CHOICE`, or type `/{key} ` and pick)"
@@ -2244,7 +2243,8 @@ class Session:
                     f" the next request asks for: {sent}")
         if value not in choices:
             return f"unknown {key} `{value}`; choices: {', '.join(choices)}"
-        unchanged = self.reasoning.get(key) == value
+        # the log has what a resumed session chose before this process began
+        unchanged = self.store.state.reasoning.get(key) == value
         self.reasoning[key] = value
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)

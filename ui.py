@@ -74,7 +74,7 @@ class Controller(Protocol):
     # optional: "/effort" -> ["low", "medium", …]: typing "/effort " picks one from a menu
     command_choices: dict[str, list[str]]
 
-    # every event
+    # every event; {"type": "Typed", "text": …} is handled as if typed and sent (`khaelor "/help"`)
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[], None]: ...
     # a user message (steering when busy)
     def submit(self, text: str) -> object: ...
@@ -988,9 +988,8 @@ class Timeline:
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
-            n_pruned = len(event.get("tool_use_ids") or [])
             fields = collections.defaultdict(lambda: "?", event,
-                                             n_pruned=n_pruned)
+                                             n_pruned=len(event.get("tool_use_ids") or []))
             self._dim_line(NOTE_FORMATS[kind].format_map(fields))
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
@@ -1027,7 +1026,6 @@ class Timeline:
         thinking block goes: it is never kept (nor sent), so a replay has none of it."""
         self._finish_text()
         self._thinking = None
-        self._thinking_open = False
         self._settle_queued()
 
     def finish(self) -> None:
@@ -1160,7 +1158,7 @@ class Timeline:
 
     def _on_ThinkingDelta(self, e: dict) -> None:
         if self._thinking is None:
-            self._thinking = ""
+            self._thinking, self._thinking_open = "", False
             self._thinking_since = time.monotonic()
         self._thinking += e.get("text", "")
 
@@ -1189,7 +1187,6 @@ class Timeline:
         rows = self._thought_rows(text) if self.expanded else []
         self._settle([self._dim(head, "italic")] + rows)
         self._thinking = None
-        self._thinking_open = False
 
     def _thought_rows(self, text: str) -> list[str]:
         """Thinking text wrapped under its line, dim."""
@@ -1242,15 +1239,12 @@ class Timeline:
             self._dim_line("↑ that reply broke off here; it is written again below")
         self._text = None
         self._thinking = None
-        self._thinking_open = False
 
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
         title = "■ Interrupted" + (f" ({why})" if why else "")
         hint = " · what it wrote is kept; say what to do next, or “continue”"
-        line = (self.style.paint(title, "warning")
-                + self.style.paint(hint, "dim"))
-        self._settle([line])
+        self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
             self._dim_line(f"› {queued} will go first with your next message")
@@ -1696,11 +1690,14 @@ def render_permission_panel(request: dict, width: int, style: Style,
     footer = panel_footer(request, width, style, feedback, selected, composing, bar)
     if room and len(head) + len(footer) > room:
         keep = max(1, room - len(footer) - 1)
-        note = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
         # the question's first line and the count of what is hidden always show; then as many
-        # lines of the answers as fit (their keys work whether shown or not)
-        head = head[:keep] + [style.paint(note, "warning")]
-        footer = footer[:max(1, room - len(head))]
+        # lines of the answers as fit (their keys work whether shown or not), or the newest
+        # lines of a denial's message, where it is typed
+        if keep < len(head):
+            note = f"│ … {len(head) - keep} panel lines hidden (small terminal)"
+            head = head[:keep] + [style.paint(note, "warning")]
+        fit = max(1, room - len(head))
+        footer = footer[-fit:] if feedback is not None else footer[:fit]
     return [clip(line, width) for line in head + footer]
 
 
@@ -1756,8 +1753,7 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
                  selected: int, composing: bool, bar: str) -> list[str]:
     """The answers (kept whole on a small terminal), or the denial's message line."""
     if feedback is not None:
-        ask = ("Denied. Tell the model what to do instead "
-               "(Enter sends, Esc stops):")
+        ask = "Denied. Tell the model what to do instead (Enter sends, Esc stops):"
         # the message as typed, every space kept: the cursor ends where it ends
         typed = wrap_spans([(feedback, ())], width, style, bar + "  ", bar + "  ", hard=True)
         return wrap_spans([(ask, ("dim",))], width, style, bar, bar) + typed
@@ -1774,8 +1770,7 @@ def panel_footer(request: dict, width: int, style: Style, feedback: str | None,
         spans.append((f" {words}", ("selected",) if chosen else ()))
     lines = wrap_spans(spans, width, style, bar, bar)
     if composing:
-        hint = ("Enter sends your text as a message; "
-                "empty the composer to answer")
+        hint = "Enter sends your text as a message; empty the composer to answer"
         lines += wrap_spans([(hint, ("dim",))], width, style, bar, bar)
     return lines
 
@@ -1931,7 +1926,7 @@ def keys_help() -> str:
 
 # ════ Composer ════
 
-# longer pastes show as one [Pasted N lines] placeholder
+# longer pastes show as one placeholder: [Pasted N lines], [Pasted N characters]
 PASTE_COLLAPSE_LINES = 5
 PASTE_COLLAPSE_CHARS = 1500
 MAX_COMPOSER_ROWS = 10
@@ -2064,8 +2059,7 @@ class Composer:
         name = key.name
         if name == "enter" and self.text == "/":
             # a bare "/" asks for the menu: Enter shows it, never runs its first entry
-            self._menu_closed = False
-            self._refresh_menu()
+            self.set_text("/")
             return None
         if self.menu and name in ("up", "down", "tab", "enter"):
             if name in ("up", "down"):
@@ -2121,15 +2115,15 @@ class Composer:
             # a final newline ends the last line, it starts none
             n_lines = text.rstrip("\n").count("\n") + 1
             if n_lines > PASTE_COLLAPSE_LINES or len(text) > PASTE_COLLAPSE_CHARS:
-                label = f"[Pasted {events.counted(n_lines, 'line')}]"
-                k = 2
+                size = events.counted(n_lines, "line")
+                if n_lines <= PASTE_COLLAPSE_LINES:     # "1 line" says nothing of 3,000 chars
+                    size = f"{len(text):,} characters"
+                label, k = f"[Pasted {size}]", 2
                 while label in self._pastes:
-                    label = f"[Pasted {events.counted(n_lines, 'line')} #{k}]"
-                    k += 1
+                    label, k = f"[Pasted {size} #{k}]", k + 1
                 self._pastes[label] = text
                 return self._insert(label)
-        text = text.replace("\t", "    ")
-        self._insert(events.plain_text(text))
+        self._insert(events.plain_text(text.replace("\t", "    ")))
 
 
     def _enter(self) -> str | None:
@@ -2314,11 +2308,11 @@ class Composer:
         item = events.plain_text(self.menu[self.menu_index])
         if self._menu_kind == "mention":
             self._remember_mentions([item])
-            # a path with spaces, quoted
-            item = f'@"{item}" ' if " " in item else "@" + item + " "
+            # a path with spaces, quoted; a folder stays open: its files are offered next
+            item = f'@"{item}" ' if " " in item else "@" + item + " " * (item[-1:] != "/")
         self.text = self.text[:self._menu_start] + item + self.text[self.cursor:]
         self.cursor = self._menu_start + len(item)
-        self.menu = []
+        self._refresh_menu()
 
     # -- drawing --
 
@@ -2541,6 +2535,8 @@ class App:
         if kind == "StartFailed":
             # khaelor says why once the terminal is given back
             self.quit(2)
+        if kind == "Typed":
+            self._dispatch(event["text"])
         try:
             self.timeline.apply(event)
         except Exception as exc:
@@ -2684,8 +2680,12 @@ class App:
         elif key.name == "enter" and empty:
             _, choice, _ = choices[self.panel_choice % len(choices)]
             self._choose(request, choice)
-        elif key.name == "esc" or (key.name == "ctrl+c" and empty):
+        elif key.name == "esc":
             self._stop(request)
+        elif key.name == "ctrl+c" and empty:
+            # denied, then Ctrl-C as anywhere: the turn stops, and a second one quits
+            self._answer(request, "deny", "")
+            return False
         elif empty and key.name == "text" and len(key.text) == 1:
             letters = {letter: choice for letter, choice, _ in choices}
             if key.text not in letters:
@@ -2764,7 +2764,7 @@ class App:
         live += [style.paint(f"› queued: !{one_line(command)} · runs when the turn ends", "dim")
                  for command in self.queued_shell]
         # the newest live lines that fit above the panel
-        live = live[len(live) - max(0, room - len(panel)):]
+        live = live[max(0, len(live) - room + len(panel)):]
         frame = live + panel + [status] + rows + menu
         lines = [clip(line, width) for line in frame]
         # the cursor in the composer, or at the end of the denial's message
@@ -2893,7 +2893,7 @@ def terminal_size(stream) -> tuple[int, int]:
         return 80, 24
     if columns <= 0 or rows <= 0:
         return 80, 24
-    return max(columns, 10), max(rows, 4)
+    return columns, max(rows, 4)
 
 
 class Shell:

@@ -283,3 +283,31 @@ def test_effort_max_with_thinking_off_says_which_effort_is_sent(project, env, mo
     said, status = asyncio.run(go())
     assert "effort max is kept, but the next request sends effort low" in said
     assert status == "effort low"
+
+
+def test_a_resumed_session_says_the_effort_it_already_has(fake, project, env, monkeypatch):
+    """QA: effort high chosen, khaelor -c, then /effort high: nothing at all was shown (the log
+    had it, so no ◇ line came, and no word either). It says the effort is high already."""
+    import asyncio
+
+    import khaelor as cli
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "HOME", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.chdir(project)
+    home = Path(env["KHAELOR_HOME"])
+    fake.enqueue(reply(text("first")))
+
+    async def go(argv, *commands):
+        args = cli.parse_args(argv)
+        session = cli.Session(args, cli.load_settings(args, home, project), home, project)
+        session.attach(cli.open_session(args, home, project))
+        try:
+            if not argv:
+                session.submit("one")
+                await session.turn
+            return [await session.run_command(command) for command in commands]
+        finally:
+            await session.quit()
+    asyncio.run(go([], "/effort high"))
+    assert asyncio.run(go(["-c"], "/effort high", "/effort low")) == ["effort is high already", ""]

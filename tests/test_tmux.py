@@ -251,6 +251,11 @@ def test_a_prompt_on_the_command_line_is_the_first_message_and_c_continues_with_
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
     assert said_last(second) == "now fix it"
     assert rejected(second) == []
+    second.close()
+    # as in Claude Code, `khaelor "/help"` runs the command: it was sent to the model as text
+    third = terminal([], args="-c /help")
+    third.wait_for("Instruction files read")
+    assert third.requests() == []
 
 
 def said_last(term) -> str:

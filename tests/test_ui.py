@@ -473,6 +473,17 @@ def test_thinking_streams_collapsed_opens_with_ctrl_o_and_settles_collapsed(widt
     assert "step0" in whole and "step59" in whole, "the transcript view shows the thinking whole"
 
 
+@pytest.mark.parametrize("height", [18, 24])
+def test_opened_thinking_shows_whole_when_the_screen_has_room(height):
+    """QA: at 20 rows Ctrl-O on streaming thinking showed 4 of its 13 rows and no header (the
+    frame kept room - len(live) of the newest live lines, not room); at 24 rows, 10 of them."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=60, height=height)
+    app.on_event(event("ThinkingDelta", text=THOUGHT * 3))
+    app.on_key(K("ctrl+o"))
+    lines, _ = app.frame(time.monotonic())
+    assert "ctrl+o closes" in lines[0] and len(lines) == ui.THINKING_OPEN_ROWS + 3
+
+
 def test_replayed_thinking_reads_as_it_did_live_and_an_omitted_one_shows_its_time():
     lines = ui.render_transcript([
         event("UserMessageCreated", text="fix it"),
@@ -899,9 +910,9 @@ def test_large_pastes_collapse_and_expand_on_send():
     c.handle(K("paste", "small\r\npaste"))
     assert c.text.endswith("small\npaste")
     assert c.handle(K("enter")) == "look: " + pasted + pasted + "small\npaste"
-    c.handle(K("paste", "x" * 2000))              # one long line: one line, never "1 lines"
-    c.handle(K("paste", "x" * 2000))
-    assert c.text == "[Pasted 1 line][Pasted 1 line #2]"
+    c.handle(K("paste", "x" * 3000))              # one long line: its size, never "1 line"
+    c.handle(K("paste", "x" * 3000))
+    assert c.text == "[Pasted 3,000 characters][Pasted 3,000 characters #2]"
 
 
 def test_backspace_into_a_paste_label_takes_the_whole_paste():
@@ -987,6 +998,18 @@ def test_mentions_rank_fuzzy_matches_by_recency():
     assert c.menu == []
 
 
+def test_a_folder_chosen_from_the_mention_menu_stays_open_for_its_files():
+    """QA: Tab on `src/` wrote "@src/ " (a space, the menu gone), so typing on gave "@src/ de"
+    and Enter sent that. A folder is a step: no space, and its files are offered at once."""
+    c = ui.Composer(mentions=lambda prefix: ["src/", "src/deep/", "src/deep/x.py", "README.md"])
+    c.handle(K("text", "see @sr"))
+    c.handle(K("tab"))
+    assert c.text == "see @src/" and "src/deep/x.py" in c.menu
+    c.handle(K("text", "x"))
+    c.handle(K("enter"))
+    assert c.text == "see @src/deep/x.py "
+
+
 def test_a_sent_mention_is_remembered_as_its_path_never_with_quotes_or_punctuation(tmp_path):
     """The menu writes a name with spaces quoted; a sentence's comma is not the name's. What is
     remembered is offered again: only real paths, in this session and the next."""
@@ -1038,6 +1061,12 @@ def test_ctrl_c_clears_then_quits_and_ctrl_d_quits_when_empty():
     assert app.notice and app.exit_code is None
     app.on_key(K("ctrl+c"))
     assert app.exit_code == 0
+    asked = ui.App(FakeController(busy=True), style=MONO)    # QA: it took three at a question
+    asked.on_event(PERMISSION)
+    asked.on_key(K("ctrl+c"))
+    assert asked.controller.calls == [("permission", "t9", "deny", ""), ("interrupt",)]
+    asked.on_key(K("ctrl+c"))
+    assert asked.exit_code == 0
     other = ui.App(FakeController(), style=MONO)
     other.on_key(K("text", "ab"))
     other.on_key(K("left"))
@@ -1109,6 +1138,11 @@ def test_a_long_denial_message_wraps_and_the_cursor_follows_it():
     assert "".join(screen.display[k][4:] for k in typed).rstrip() == message
     last = screen.display[typed[-1]].rstrip()
     assert (screen.cursor.y, screen.cursor.x) == (typed[-1], len(last))
+    # QA: a pasted 3,000 characters showed its first rows under "… 0 panel lines hidden", the
+    # cursor on a row that did not hold its end: the newest rows show, where typing goes on
+    app.on_key(K("paste", " ".join(f"w{k}" for k in range(600)) + " THE-END"))
+    stream.feed(app.render(0.1))
+    assert "THE-END" in screen.display[screen.cursor.y] and "hidden" not in text_of(screen)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -1298,6 +1332,21 @@ class PtyChild:
         os.close(self.slave)
         os.close(self.master)
         return code, calls, stderr
+
+
+def test_a_terminal_under_ten_columns_is_drawn_at_its_own_width():
+    """QA: at 8 columns every frame was drawn 10 wide, so the terminal wrapped the status line and
+    the composer and each redraw left broken copies ("y…" under "❯ Ask an") on the screen."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 12, 8, 0, 0))
+    with open(slave, "wb") as terminal:
+        assert ui.terminal_size(terminal) == (8, 12)
+    os.close(master)
+    for width in range(1, 10):
+        app = ui.App(FakeController(busy=True), style=COLOR, width=width, height=12)
+        app.on_key(K("text", "hello there friend"))
+        lines, _ = app.frame(1.0)
+        assert max(ui.visible_width(line) for line in lines) <= width
 
 
 def is_raw(mode):
