@@ -51,6 +51,11 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+# what Landlock does not cover, on K (a file outside) and D (its folder)
+METADATA_CALLS = ["os.chmod(K, 0o644)", "os.chmod(D, 0o777)", "os.utime(K, (0, 0))",
+                  "os.setxattr(K, 'user.x', b'1')", "os.chown(K, -1, os.getgid())"]
+
+
 def try_each(calls: list[str], outside: Path) -> str:
     """A script that tries each os call on K (outside/key) or D (outside) and prints its errno:
     one process for all of them."""
@@ -164,9 +169,7 @@ def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project
     (project / "mine").write_text("x")
     (project / "mine").chmod(0o644)
     before = [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")]
-    calls = ["os.chmod(K, 0o644)", "os.chmod(D, 0o777)", "os.utime(K, (0, 0))",
-             "os.setxattr(K, 'user.x', b'1')", "os.chown(K, -1, os.getgid())",
-             "os.fchmod(os.open('mine', os.O_RDONLY), 0o777)"]
+    calls = METADATA_CALLS + ["os.fchmod(os.open('mine', os.O_RDONLY), 0o777)"]
     code, out = sandboxed(project, env, "--read-only", *python(try_each(calls, outside)))
     for call in calls:
         assert f"{call} REFUSED 1" in out, (call, out)      # EPERM
@@ -191,9 +194,7 @@ def test_an_approved_command_changes_metadata_only_where_it_may_write(project, e
         (folder / "key").write_text("x")
         (folder / "key").chmod(0o600)
     before = [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")]
-    calls = ["os.chmod(K, 0o644)", "os.chmod(D, 0o777)", "os.utime(K, (0, 0))",
-             "os.setxattr(K, 'user.x', b'1')", "os.chown(K, -1, os.getgid())",
-             "os.fchmod(os.open(K, os.O_RDONLY), 0o777)"]
+    calls = METADATA_CALLS + ["os.fchmod(os.open(K, os.O_RDONLY), 0o777)"]
     code, out = sandboxed(project, env, shape, *python(try_each(calls, outside)), paths=[approved])
     for call in calls:
         assert f"{call} REFUSED 30" in out, (call, out)     # EROFS
