@@ -452,14 +452,23 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
     return [path for path in paths if path not in opened]
 
 
+def spill_folder(khaelor_home: Path, project: Path) -> Path:
+    """Where the outputs too long for a result are kept for one project: results point at them, so
+    its commands read them, and never another project's (one may hold what a command printed of
+    that project's secrets)."""
+    # here, not at the top: hashlib costs `khaelor --version` ~4 ms
+    from hashlib import sha256
+    digest = sha256(os.path.realpath(project).encode()).hexdigest()[:12]
+    return Path(khaelor_home) / "spill" / digest
+
+
 def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
             khaelor_home: Path) -> list[tuple[str, frozenset[str]]]:
     """(real path, rights beneath it) for one command, what its ruleset grants and what explain
-    reads: reads from the allow-list (system directories, toolchains, the project, spill files,
-    the temp dir), writes where `confine` says."""
+    reads: reads from the allow-list (system directories, toolchains, the project, its spill
+    files, the temp dir), writes where `confine` says."""
     grants = [(root, READ) for root in readable_roots(str(home), os.environ.get("PATH", ""))]
-    # Results point at spill files, so those stay readable.
-    grants += [(project, READ), (khaelor_home / "spill", READ)]
+    grants += [(project, READ), (spill_folder(khaelor_home, project), READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, READ_DEVICE) for device in READABLE_DEVICES]
     grants += [("/dev", LIST_ONLY)]

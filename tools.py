@@ -717,6 +717,8 @@ class Workspace:
             with self.rulesets_lock:
                 kept = self.rulesets.get(key)
                 if kept is None:
+                    # its rule holds the folder, so it must exist before the first spill
+                    os.makedirs(sandbox.spill_folder(self.home, self.cwd), 0o700, exist_ok=True)
                     kept = sandbox.build_ruleset(
                         confine, self.cwd, self.temp_dir, Path.home(), self.home, static_ports,
                         hidden)
@@ -1040,7 +1042,7 @@ class Toolbox:
                  state: Callable[[], events.State] | None = None):
         self.workspace = workspace
         # home is KHAELOR_HOME.
-        self.spill_dir = Path(home) / "spill"
+        self.spill_dir = sandbox.spill_folder(home, workspace.cwd)
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
         # The log's fold: what the model has read (State.stamps) and the newest process number
@@ -2023,9 +2025,14 @@ class _Spool:
 
 
 def _prune_spill(spill_dir: Path) -> None:
-    """Keep the spill folder under its cap (room left for one more file), the oldest going first."""
-    files = sorted((entry.stat().st_mtime, entry.stat().st_size, entry.path)
-                   for entry in os.scandir(spill_dir) if entry.is_file())
+    """Keep the spill folders of all projects under their cap (room left for one more file), the
+    oldest going first."""
+    files = []
+    for folder in os.scandir(spill_dir.parent):
+        if folder.is_dir(follow_symlinks=False):
+            files += [(entry.stat().st_mtime, entry.stat().st_size, entry.path)
+                      for entry in os.scandir(folder) if entry.is_file()]
+    files.sort()
     total = sum(size for _, size, _ in files)
     for _, size, path in files:
         if total <= SPILL_DIR_CAP_BYTES - SPILL_FILE_CAP_BYTES:

@@ -461,7 +461,7 @@ def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_
     assert (repo / ".git" / "config").read_bytes() == config
     assert not (repo / ".claude" / "settings.json").exists()
     assert "put back .claude/settings.json, .git/config, .git/hooks/pre-commit" in result.text
-    kept = list((tmp_path / "kh" / "spill" / "guarded").iterdir())
+    kept = list((sandbox.spill_folder(tmp_path / "kh", repo) / "guarded").iterdir())
     assert any(b"touch MARKER" in path.read_bytes() for path in kept)     # nothing is lost
 
 
@@ -624,7 +624,8 @@ def test_a_guarded_folder_swapped_for_a_link_is_put_back_without_touching_where_
     assert (repo / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\n"
     assert "put back .git/hooks, .git/hooks/" in result.text and ".git/hooks/pre-commit" in result.text
     assert ".khaelor: this command" in result.text
-    kept = b"".join(path.read_bytes() for path in (tmp_path / "kh" / "spill" / "guarded").iterdir())
+    guarded = sandbox.spill_folder(tmp_path / "kh", repo) / "guarded"
+    kept = b"".join(path.read_bytes() for path in guarded.iterdir())
     assert b"not the project's" not in kept
     run_tool(repo, tmp_path / "kh", "bash", {"command": f"mv .git moved && ln -s {elsewhere} .git"},
              APPROVED)

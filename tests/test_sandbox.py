@@ -226,20 +226,30 @@ def test_a_folder_swapped_for_a_link_while_the_ruleset_is_built_grants_nothing_b
     assert "not-a-real-key" not in read.stdout and "Permission denied" in read.stderr
 
 
-def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_spill_files(world):
+def test_a_command_cannot_rewrite_the_khaelor_config_but_reads_its_own_spill_files(world):
+    """A spill file holds whatever a command printed (another project's .env, its tokens): a
+    read-only command, run with no question, reads its own project's spill files, which its
+    results point at, and never another project's."""
     config = world.khaelor_home / "config.json"
-    (world.khaelor_home / "spill" / "out.txt").write_text("spilled output\n")
+    other = sandbox.spill_folder(world.khaelor_home, world.tmp / "other-project")
+    other.mkdir(parents=True)
+    (other / "out.txt").write_text("OTHER_PROJECT_TOKEN\n")
 
     async def scenario(box):
+        # a ruleset built before this project's first spill is kept, and must still read it
+        await bash(box, "true", READ_ONLY)
         rewrite = await bash(box, f"{sys.executable} -c 'open(\"{config}\", \"w\").write(\"{{}}\")'")
         peek = await bash(box, f"cat {config}")
-        spill = await bash(box, f"cat {world.khaelor_home}/spill/out.txt")
-        return rewrite, peek, spill
-    rewrite, peek, spill = drive(world, scenario)
+        long = await bash(box, "seq 1 100000", READ_ONLY)
+        own = await bash(box, f"tail -n 1 {long.meta['spill']}", READ_ONLY)
+        stolen = await bash(box, f"cat {other}/out.txt; ls {other.parent}", READ_ONLY)
+        return rewrite, peek, own, stolen
+    rewrite, peek, own, stolen = drive(world, scenario)
     assert config.read_text() == '{"permissions": []}\n'
     assert any(word in rewrite.text for word in WRITE_REFUSED)
     assert "permissions" not in peek.text.split("Exit code")[0]
-    assert "spilled output" in spill.text
+    assert own.text.startswith("100000")
+    assert "OTHER_PROJECT_TOKEN" not in stolen.text and "Permission denied" in stolen.text
 
 
 def test_an_approved_command_writes_inside_the_project_and_nowhere_else(world):
