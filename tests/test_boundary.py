@@ -65,6 +65,25 @@ def try_each(calls: list[str], outside: Path) -> str:
             "    except OSError as error:\n        print(call, 'REFUSED', error.errno)\n")
 
 
+# socket(AF_INET, SOCK_DGRAM) through the 32-bit entry (`int 0x80`, i386 number 359), which a
+# filter keyed on x86_64's numbers alone would let through; prints the fd or the -errno
+I386_SOCKET = """import ctypes, mmap
+code = bytes.fromhex("53B867010000BB02000000B90200000031D2CD805BC3")
+page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(code)
+print("socket", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))())
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 machine code")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_socket_through_the_32_bit_system_call_entry(project, env, shape):
+    outside = subprocess.run(python(I386_SOCKET), capture_output=True, text=True)
+    assert int(outside.stdout.split()[1]) >= 0      # the payload works where nothing confines it
+    code, out = sandboxed(project, env, shape, *python(I386_SOCKET))
+    assert "socket -1" in out           # -EPERM
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_no_udp_datagram_leaves(project, env, shape):
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
