@@ -1073,13 +1073,9 @@ class Toolbox:
         None: DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = confine or DEFAULT_CONFINE
         self.dotenv.refresh()
-        schema = SCHEMA_OF.get(name)
-        if schema is None:
-            text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
-            return ToolResult(text, True, {"error": "unknown_tool"})
-        args, problem = _check_input(schema, tool_input)
-        if problem:
-            return ToolResult(problem, True, {"error": "invalid_input"})
+        args, invalid = _checked(name, tool_input)
+        if invalid:
+            return invalid
         self.seen = []
         self.places = self.workspace.places(confine)
         try:
@@ -1108,11 +1104,13 @@ class Toolbox:
 
     def problem(self, name: str, tool_input: dict) -> ToolResult | None:
         """The failure a call is certain to meet whatever the user answers, asked before the gate
-        (the kernel fails it as the model's mistake); only edit can tell: the file exists but was
-        not read (or changed since), or old_string is not in it (or is in several places). None:
-        it may work (creating a file, a bad input and other failures are left to the tool)."""
-        if name != "edit":
-            return None
+        (the kernel fails it as the model's mistake): an unknown tool or an input that breaks its
+        schema (a write with `path` and `text` must not ask "Write ."), or an edit of a file that
+        was not read (or changed since) or that old_string is not in (or is in several places).
+        None: it may work (creating a file and other failures are left to the tool)."""
+        _, invalid = _checked(name, tool_input)
+        if invalid or name != "edit":
+            return invalid
         try:
             self._plan_edit(tool_input)
         except ToolError as exc:
@@ -1869,6 +1867,19 @@ def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
 
 
 # ---------------------------------------------------------------- input checking
+
+
+def _checked(name: str, tool_input) -> tuple[dict | None, ToolResult | None]:
+    """(clean arguments, None), or (None, the result that fails the call: no such tool, or an
+    input that breaks the tool's schema)."""
+    schema = SCHEMA_OF.get(name)
+    if schema is None:
+        text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
+        return None, ToolResult(text, True, {"error": "unknown_tool"})
+    args, problem = _check_input(schema, tool_input)
+    if problem:
+        return None, ToolResult(problem, True, {"error": "invalid_input"})
+    return args, None
 
 
 def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
