@@ -164,6 +164,9 @@ MAGIC = [
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",
            "$": "$"}
 
+# A byte that is not UTF-8, as a listing shows it in a file name (_one_line, _fs_path).
+ESCAPED_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
 READ_DESCRIPTION = """Read a text file (or list a directory) from the local filesystem.
@@ -362,7 +365,10 @@ def permission_subject(name: str, tool_input: dict) -> tuple[str, dict]:
     view = TOOL_VIEWS.get(name)
     if view is None:
         return "unknown", {"tool": name}
-    return view["judged"](tool_input)
+    kind, fields = view["judged"](tool_input)
+    # a path judged as the tools open it (Workspace.resolve)
+    return kind, {key: _fs_path(value) if key in ("file_path", "workdir") and
+                  isinstance(value, str) else value for key, value in fields.items()}
 
 
 def permission_preview(name: str, tool_input: dict) -> str:
@@ -455,6 +461,7 @@ class Workspace:
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root). A
         file named with a trailing "/" is refused, as open() would (normpath drops the "/")."""
+        path = _fs_path(path)
         resolved = Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
         if path.endswith("/") and resolved.exists() and not resolved.is_dir():
             raise ToolError(f"{_one_line(path)} is a file, not a directory.",
@@ -2120,7 +2127,9 @@ def _dotenv_value(line: str) -> str:
 
 
 def _one_line(name: str) -> str:
-    """A path as one line of a listing: JSON-quoted when it holds a control character."""
+    """A path as one line of a listing: a byte that is not UTF-8 (os's surrogate for it) as \\xHH,
+    which the tools take back (_fs_path); JSON-quoted when it holds a control character."""
+    name = re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found[0]) - 0xDC00:x}", name)
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
@@ -2460,6 +2469,13 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     if near:
         hint = f" Did you mean: {', '.join(near)}?"
     return ToolError(f"{shown} does not exist.{hint}", error="not_found")
+
+
+def _fs_path(path: str) -> str:
+    """A path as the model gives it, each \\xHH of a byte that is not UTF-8 (as _one_line shows
+    one) back as that byte: the log keeps no lone surrogate, so a name shown raw came back as
+    U+FFFD, which no file has. A name that truly holds such a backslash is for bash."""
+    return ESCAPED_BYTE.sub(lambda found: chr(0xDC00 + int(found[1], 16)), path)
 
 
 def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
@@ -3241,7 +3257,8 @@ async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: 
     finally:
         _kill_group(child.pid)
         child.close_pipes()
-    records = b"".join(chunks).decode("utf-8", "replace").split(end)
+    # a name that is not UTF-8 kept as os keeps it (its text line: grep's _rg_grep)
+    records = b"".join(chunks).decode("utf-8", "surrogateescape").split(end)
     if records[-1] == "":
         # The output ended with `end`; a last record without it still counts.
         records.pop()
@@ -3256,7 +3273,7 @@ def _newest_first(root: Path, rels) -> list[str]:
 
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
-    pattern = args["pattern"]
+    pattern = _fs_path(args["pattern"])
     if not pattern.strip():
         raise ToolError("pattern is empty; pass a glob such as **/*.py.", error="empty_pattern")
     root = _existing(ws, args.get("path"))
@@ -3406,6 +3423,8 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
     for rel, number, text in found:
         rel = rel.removeprefix("./")
         if keep(rel):
+            # the text as the Python grep decodes it
+            text = text.encode(errors="surrogateescape").decode(errors="replace")
             hits.setdefault(rel, []).append((int(number), text))
     return hits
 

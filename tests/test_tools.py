@@ -188,6 +188,32 @@ def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
         assert (box.root / name).read_text() == "d\n"
 
 
+def test_a_file_name_that_is_not_utf8_is_shown_as_a_name_the_tools_take_back(box):
+    # b"caf\xe9.txt" was listed with U+FFFD (the log's stand-in for a lone surrogate), a name no
+    # file has: read, glob and grep show \xe9, and read, edit, write, grep and glob take it back.
+    raw = os.fsdecode(b"caf\xe9.txt")
+    (box.root / raw).write_text("hello\n")
+    (box.root / os.fsdecode(b"d\xff")).mkdir()
+    (box.root / os.fsdecode(b"d\xff/in.txt")).write_text("inner\n")
+    listing = box.call("read", file_path=".").text
+    assert "caf\\xe9.txt" in listing and "d\\xff/" in listing, listing
+    for engine in ENGINES:
+        box.toolbox.ripgrep = tools.shutil.which("rg") if engine == "ripgrep" else None
+        assert "caf\\xe9.txt" in box.call("glob", pattern="caf*").text
+        assert box.call("glob", pattern="caf\\xe9*").text == "caf\\xe9.txt"
+        assert box.call("grep", pattern="hello").text == "caf\\xe9.txt:1: hello"
+        assert box.call("glob", pattern="*", path="d\\xff").text == "d\\xff/in.txt"
+        assert box.call("grep", pattern="inner", path="d\\xff").text == "d\\xff/in.txt:1: inner"
+    assert box.call("read", file_path="caf\\xe9.txt").text == "     1\thello"
+    edited = box.call("edit", file_path="caf\\xe9.txt", old_string="hello", new_string="bye")
+    assert not edited.is_error and "caf\\xe9.txt" in edited.text, edited.text
+    assert box.call("write", file_path="caf\\xe9.txt", content="new\n").text.startswith(
+        "Wrote caf\\xe9.txt")
+    assert (box.root / raw).read_text() == "new\n"
+    assert sorted(os.listdir(box.root)) == sorted([raw, os.fsdecode(b"d\xff")])
+    assert tools.permission_subject("read", {"file_path": "caf\\xe9.txt"})[1]["file_path"] == raw
+
+
 def test_count_messages_say_one_in_the_singular(box):
     created = box.call("write", file_path="one.txt", content="a\n")
     assert "Created one.txt (1 line)." in created.text
