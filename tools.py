@@ -460,12 +460,20 @@ class Workspace:
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root). A
-        file named with a trailing "/" is refused, as open() would (normpath drops the "/")."""
+        file named as a folder ("f.txt/", "f.txt/.", "f.txt/../g") is refused, as open() would
+        (ENOTDIR): normpath drops what follows the file's name."""
         path = _fs_path(path)
-        resolved = Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
-        if path.endswith("/") and resolved.exists() and not resolved.is_dir():
-            raise ToolError(f"{_one_line(path)} is a file, not a directory.",
-                            error="not_a_directory")
+        joined = os.path.join(self.cwd, os.path.expanduser(path))
+        resolved = Path(os.path.normpath(joined))
+        try:
+            if joined != str(resolved):
+                os.stat(joined)
+        except NotADirectoryError:
+            raise ToolError(f"{_one_line(path)}: not a directory (a file's name is followed by "
+                            "\"/\").", error="not_a_directory") from None
+        except OSError:
+            # missing, or not to be looked at: the tool's own open says so
+            pass
         return resolved
 
     def display(self, path: Path) -> str:

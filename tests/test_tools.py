@@ -157,6 +157,9 @@ def test_a_trailing_slash_on_a_file_is_not_a_directory_as_the_os_says(box):
     (box.root / "f.txt").write_text("secret-ish\n")
     for name, tool_input in [("read", {"file_path": "f.txt/"}),
                              ("read", {"file_path": f"{box.root}/f.txt/"}),
+                             ("read", {"file_path": "f.txt/."}),
+                             ("read", {"file_path": f"{box.root}/f.txt/../f.txt"}),
+                             ("edit", {"file_path": "f.txt/.", "old_string": "s", "new_string": "t"}),
                              ("write", {"file_path": "f.txt/", "content": "x\n"}),
                              ("grep", {"pattern": "secret", "path": "f.txt/"})]:
         result = box.call(name, **tool_input)
