@@ -3356,10 +3356,12 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     ws.judged(target, box.places)
     root = target if target.is_dir() else target.parent
     keep = _glob_matcher(include) if include else (lambda rel: True)
+    hits = None
     if box.ripgrep:
-        # ripgrep judges its own syntax (it knows \p{L}, Python's re does not).
+        # ripgrep judges its own syntax (it knows \p{L}, Python's re does not); what it refuses
+        # (look-around, backreferences) Python's re may take, as it would where rg is missing
         hits = await _rg_grep(box, pattern, target, root, include, keep, confine)
-    else:
+    if hits is None:
         try:
             regex = re.compile(pattern)
         except re.error as exc:
@@ -3412,7 +3414,7 @@ RG_GREP_ARGS = ["--line-number", "--no-heading", "--with-filename", "--null", "-
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
                    include: str | None, keep: Callable[[str], bool],
-                   confine: Confine) -> Hits:
+                   confine: Confine) -> Hits | None:
     argv = list(RG_GREP_ARGS)
     if include and "/" not in include.rstrip("/"):
         # A file type filters without overriding .gitignore.
@@ -3420,10 +3422,8 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
     records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP, confine)
     if code == 2 and records and "\0" not in records[0]:
-        problem = " ".join(record.strip() for record in records)
-        # Its advice to pass --pcre2 names a flag the model cannot give.
-        problem = problem.split("Consider enabling PCRE2")[0].strip()
-        raise _bad_pattern(pattern, problem[:500])
+        # a pattern it refuses: the Python engine's to take or refuse (None)
+        return None
     hits: Hits = {}
     # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's
     # lines
@@ -3468,11 +3468,17 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
 def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
     hits = {}
     n_hits = 0
+    # A whole file is checked first, as lines (^ and $ at each line's ends); \A, \Z and
+    # look-around see across a line's end there, so such a pattern is tried line by line only.
+    whole = re.compile(regex.pattern, regex.flags | re.MULTILINE)
+    if re.search(r"\\[AZ]|\(\?<?[=!]", regex.pattern):
+        whole = re.compile("")
     for rel in rels:
         text = _read_text_file(folder_fd, rel)
-        if text is None or not regex.search(text):
+        if not text or not whole.search(text):
             continue
-        for number, line in enumerate(text.split("\n"), 1):
+        # ripgrep's lines: none after a last newline
+        for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
             if regex.search(line):
                 # _grep_line shows no more: a minified file's line stays small.
                 hits.setdefault(rel, []).append((number, line[:GREP_LINE_CHARS + 2]))

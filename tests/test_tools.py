@@ -1090,13 +1090,16 @@ def test_grep_finds_lines_newest_files_first(search_box):
     assert bad.is_error and "Escape special characters" in bad.text
 
 
-def test_grep_look_around_is_matched_or_refused_with_advice_the_model_can_follow(search_box):
+def test_grep_look_around_backreferences_and_line_anchors_match_in_both_engines(search_box):
+    # ripgrep refused look-around and backreferences that the Python engine matched; the Python
+    # engine missed "^foo" past a file's first line (its whole-file pre-check had no MULTILINE).
     result = search_box.call("grep", pattern=r"import (?=os)|(o)\1")
-    if result.is_error:
-        assert "not supported" in result.text and "--pcre2" not in result.text
-        assert ".." not in result.text
-    else:
-        assert "src/pkg/b.py:1: import os" in result.text
+    assert result.text.split("\n") == ["src/pkg/b.py:1: import os", "src/pkg/b.py:2: foo()",
+                                       "src/a.py:1: def foo():"], result.text
+    assert search_box.call("grep", pattern="^foo").text == "src/pkg/b.py:2: foo()"
+    assert search_box.call("grep", pattern="1$").text == "src/a.py:2:     return 1"
+    bad = search_box.call("grep", pattern="(?<=a+)b")
+    assert bad.is_error and "look-behind requires fixed-width" in bad.text
 
 
 def test_search_results_are_capped_with_a_notice(search_box):
@@ -1121,7 +1124,9 @@ def test_ripgrep_and_python_fallback_agree(box):
         for name, tool_input in [("glob", {"pattern": "*"}), ("glob", {"pattern": "src/**"}),
                                  ("grep", {"pattern": "TODO"}),
                                  ("grep", {"pattern": "o", "include": "*.py"}),
-                                 ("grep", {"pattern": r"\w+\(\)"})]:
+                                 ("grep", {"pattern": r"\w+\(\)"}),
+                                 ("grep", {"pattern": r"(?<=def )\w+|(o)\1"}),
+                                 ("grep", {"pattern": "^", "path": "src"})]:
             tool_input = {**tool_input, "path": root.name}
             box.toolbox.ripgrep = tools.shutil.which("rg")
             fast = box.call(name, **tool_input)
