@@ -2704,12 +2704,14 @@ class _Haystack:
         return spans
 
     def quote_normalized(self, old: str) -> list[Span]:
-        """old_string typed with straight quotes where the file has curly ones (Claude Code's edit
-        matches so): one character for one, so a match's offsets are the file's."""
-        text = self.text.translate(STRAIGHT_QUOTES)
-        if text == self.text:
+        """old_string typed with straight quotes and plain dashes where the file has typographic
+        ones, or the other way round (Claude Code's edit, Codex's apply-patch match so): one
+        character for one, so a match's offsets are the file's."""
+        text = self.text.translate(PLAIN_PUNCTUATION)
+        plain = old.translate(PLAIN_PUNCTUATION)
+        if text == self.text and plain == old:
             return []
-        return [m.span() for m in re.finditer(re.escape(old.translate(STRAIGHT_QUOTES)), text)]
+        return [m.span() for m in re.finditer(re.escape(plain), text)]
 
     def unicode_normalized(self, old: str) -> list[Span]:
         """old_string in another Unicode normalization than the file (é typed as one character,
@@ -2736,8 +2738,9 @@ class _Haystack:
                 if m.start() in normal_at and m.end() in normal_at]
 
 
-# Curly quotes as the straight ones a model types, and back (opening, closing).
-STRAIGHT_QUOTES = str.maketrans("‘’“”", "''\"\"")
+# Typographic quotes and dashes as the ASCII a model types (Codex's seek_sequence), and the curly
+# quotes back (opening, closing).
+PLAIN_PUNCTUATION = str.maketrans("‘’‚‛“”„‟‐‑‒–—―−", "''''\"\"\"\"-------")
 CURLY_QUOTES = {"'": "‘’", '"': "“”"}
 # When a strategy runs: without / with replace_all.
 SINGLE = "single"
@@ -2787,12 +2790,16 @@ def _adapt(old: str, matched: str, new: str) -> str:
     return new
 
 
-def _curled(new: str, matched: str) -> str:
-    """new_string in the quotes of the text it replaces, for each kind (' or ") that text has only
-    curly: an opening one at the start or after a space or bracket, else a closing one (it's)."""
+def _curled(old: str, new: str, matched: str) -> str:
+    """new_string in the quotes of the text it replaces, for each kind (' or "): curly where that
+    text has only curly ones (an opening one at the start or after a space or bracket, else a
+    closing one: it's), straight where old_string had curly ones and the text has none."""
     for ch, (opening, closing) in CURLY_QUOTES.items():
-        if ch not in matched and (opening in matched or closing in matched):
+        curly = opening in matched or closing in matched
+        if ch not in matched and curly:
             new = re.sub(rf"(?:^|(?<=[\s(\[{{])){ch}", opening, new).replace(ch, closing)
+        elif not curly and (opening in old or closing in old):
+            new = new.replace(opening, ch).replace(closing, ch)
     return new
 
 
@@ -2945,7 +2952,7 @@ def _replace_spans(text: str, spans: list[Span], old: str, new: str, strategy: s
             start, end = line_start, end + 1
         pieces.append(text[at:start])
         if strategy == "quote_normalized":
-            pieces.append(_curled(new, text[start:end]))
+            pieces.append(_curled(old, new, text[start:end]))
         else:
             pieces.append(_adapt(old, text[start:end], new))
         at = end
