@@ -164,9 +164,6 @@ MAGIC = [
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n", "'": "'", '"': '"', "`": "`", "\\": "\\",
            "$": "$"}
 
-# A byte that is not UTF-8, as a listing shows it in a file name (_one_line, _fs_path).
-ESCAPED_BYTE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
-
 # ------------------------------------------------ schemas (prompt-cached: keep byte-stable)
 
 READ_DESCRIPTION = """Read a text file (or list a directory) from the local filesystem.
@@ -465,15 +462,9 @@ class Workspace:
         path = _fs_path(path)
         joined = os.path.join(self.cwd, os.path.expanduser(path))
         resolved = Path(os.path.normpath(joined))
-        try:
-            if joined != str(resolved):
-                os.stat(joined)
-        except NotADirectoryError:
+        if joined != str(resolved) and resolved.exists() and not os.path.exists(joined):
             raise ToolError(f"{_one_line(path)}: not a directory (a file's name is followed by "
-                            "\"/\").", error="not_a_directory") from None
-        except OSError:
-            # missing, or not to be looked at: the tool's own open says so
-            pass
+                            "\"/\").", error="not_a_directory")
         return resolved
 
     def display(self, path: Path) -> str:
@@ -1119,10 +1110,9 @@ class Toolbox:
 
     def problem(self, name: str, tool_input: dict) -> ToolResult | None:
         """The failure a call is certain to meet whatever the user answers, asked before the gate
-        (the kernel fails it as the model's mistake): an unknown tool or an input that breaks its
-        schema (a write with `path` and `text` must not ask "Write ."), or an edit of a file that
-        was not read (or changed since) or that old_string is not in (or is in several places).
-        None: it may work (creating a file and other failures are left to the tool)."""
+        (the kernel fails it as the model's mistake): an unknown tool, a bad input (a write with
+        `path` and `text` must not ask "Write ."), an edit of a file not read (or changed since)
+        or that old_string is not in (or is in several places). None: it may work."""
         _, invalid = _checked(name, tool_input)
         if invalid or name != "edit":
             return invalid
@@ -1885,16 +1875,13 @@ def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
 
 
 def _checked(name: str, tool_input) -> tuple[dict | None, ToolResult | None]:
-    """(clean arguments, None), or (None, the result that fails the call: no such tool, or an
-    input that breaks the tool's schema)."""
+    """(clean arguments, None), or (None, the failure: no such tool, or a bad input)."""
     schema = SCHEMA_OF.get(name)
     if schema is None:
         text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
         return None, ToolResult(text, True, {"error": "unknown_tool"})
     args, problem = _check_input(schema, tool_input)
-    if problem:
-        return None, ToolResult(problem, True, {"error": "invalid_input"})
-    return args, None
+    return args, problem and ToolResult(problem, True, {"error": "invalid_input"})
 
 
 def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
@@ -2480,10 +2467,9 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
 
 
 def _fs_path(path: str) -> str:
-    """A path as the model gives it, each \\xHH of a byte that is not UTF-8 (as _one_line shows
-    one) back as that byte: the log keeps no lone surrogate, so a name shown raw came back as
-    U+FFFD, which no file has. A name that truly holds such a backslash is for bash."""
-    return ESCAPED_BYTE.sub(lambda found: chr(0xDC00 + int(found[1], 16)), path)
+    """A model's path, each \\xHH of a byte that is not UTF-8 (as _one_line shows it; the log keeps
+    no lone surrogate) back as that byte. A name that truly holds such a backslash is for bash."""
+    return re.sub(r"\\x([89a-f][0-9a-f])", lambda hh: chr(0xDC00 + int(hh[1], 16)), path)
 
 
 def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
@@ -3484,7 +3470,7 @@ def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
         text = _read_text_file(folder_fd, rel)
         if not text or not whole.search(text):
             continue
-        # ripgrep's lines: none after a last newline
+        # ripgrep's lines: none after a last newline, a CR kept (its $ is before \n only)
         for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
             if regex.search(line):
                 # _grep_line shows no more: a minified file's line stays small.

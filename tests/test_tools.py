@@ -1126,7 +1126,8 @@ def test_ripgrep_and_python_fallback_agree(box):
                                  ("grep", {"pattern": "o", "include": "*.py"}),
                                  ("grep", {"pattern": r"\w+\(\)"}),
                                  ("grep", {"pattern": r"(?<=def )\w+|(o)\1"}),
-                                 ("grep", {"pattern": "^", "path": "src"})]:
+                                 ("grep", {"pattern": "^", "path": "src"}),
+                                 ("grep", {"pattern": "TODO$"})]:
             tool_input = {**tool_input, "path": root.name}
             box.toolbox.ripgrep = tools.shutil.which("rg")
             fast = box.call(name, **tool_input)
