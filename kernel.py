@@ -863,7 +863,7 @@ class Kernel:
         except asyncio.CancelledError:
             # Esc while git runs: its thread cannot be stopped, and the turn's last checkpoint
             # (run's finally) must not race it in the shadow repository
-            await asyncio.wait([taking])
+            await asyncio.gather(taking, return_exceptions=True)
             raise
         except (tools.CheckpointError, OSError) as error:
             self.emit("Status", text=f"no checkpoint: {error}")
