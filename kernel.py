@@ -513,11 +513,8 @@ class Kernel:
         self.busy = True
         turn = asyncio.get_running_loop().create_task(self.run())
         # A task cancelled before its first step never runs run()'s finally.
-        turn.add_done_callback(self._turn_done)
+        turn.add_done_callback(lambda _: setattr(self, "busy", False))
         return turn
-
-    def _turn_done(self, turn) -> None:
-        self.busy = False
 
     async def run(self) -> str:
         """Run until the turn ends; returns the final step ("done", "failed", "max-turns", …).
@@ -632,8 +629,7 @@ class Kernel:
 
     async def record_baseline(self, reason: str) -> None:
         """BaselineRecorded (ADR-15): git state, read-only, off the event loop."""
-        workspace = self.toolbox.workspace
-        payload = await asyncio.to_thread(context.git_baseline, workspace)
+        payload = await asyncio.to_thread(context.git_baseline, self.toolbox.workspace)
         self.emit("BaselineRecorded", reason=reason, **payload)
 
     async def call_model(self) -> None:
@@ -765,14 +761,14 @@ class Kernel:
             self.emit("ToolFailed", tool_use_id=tool_use_id, name=name,
                       output=doomed.text, meta=doomed.meta)
             return
-        decision = await self.permitted(call)
+        kind, fields = tools.permission_subject(name, call["input"])
+        decision = await self.permitted(call, kind, fields)
         if decision is None:
             return
-        kind, _ = tools.permission_subject(name, call["input"])
         if kind == "write" and not self.state.edit_baseline:
             # what was already dirty is not ours
             await self.record_baseline("before first edit")
-        if self.needs_checkpoint(call, decision):
+        if self.needs_checkpoint(call, kind, decision):
             await self.checkpoint(tool_use_id, f"before {name}")
         self.emit("ToolStarted", tool_use_id=tool_use_id, name=name)
         try:
@@ -786,14 +782,13 @@ class Kernel:
         self.emit(kind, tool_use_id=tool_use_id, name=name,
                   output=result.text, meta=result.meta)
 
-    async def permitted(self, call: dict) -> permissions.Decision | None:
+    async def permitted(self, call: dict, kind: str, fields: dict) -> permissions.Decision | None:
         """The gate: the hardline floor always refuses; an ask goes to the user (or --yes, except
         for what destroys work in the repository). Returns the decision the call runs under (its
         sandbox), or None when it must not run."""
         tool_use_id = call["tool_use_id"]
         # off the loop: a pathological command may take decide() its whole 50 ms budget
-        subject = tools.permission_subject(call["name"], call["input"])
-        decision = await asyncio.to_thread(self.decide, *subject)
+        decision = await asyncio.to_thread(self.decide, kind, fields)
         if decision.action == "allow" and not decision.floor:
             return decision
         if decision.floor or decision.action == "deny":
@@ -842,7 +837,7 @@ class Kernel:
                             suggestion=suggestion, preview=preview)
         return await self.ask(request)
 
-    def needs_checkpoint(self, call: dict,
+    def needs_checkpoint(self, call: dict, kind: str,
                          decision: permissions.Decision) -> bool:
         """Before a step that may change the work tree: a command run or text fed to a process,
         not proven read-only; a file write when this turn has none yet (its own file's
@@ -851,7 +846,6 @@ class Kernel:
         newest = state.checkpoints[-1] if state.checkpoints else {}
         if newest.get("step") == call["tool_use_id"]:
             return False
-        kind, _ = tools.permission_subject(call["name"], call["input"])
         if kind == "write":
             turn_seq = state.user_texts[-1][0] if state.user_texts else 0
             return newest.get("seq", 0) < turn_seq
@@ -863,9 +857,14 @@ class Kernel:
         previous = ""
         if self.state.checkpoints:
             previous = self.state.checkpoints[-1]["tree"]
-        take = self.toolbox.checkpoints.take
+        taking = asyncio.ensure_future(asyncio.to_thread(self.toolbox.checkpoints.take, previous))
         try:
-            payload = await asyncio.to_thread(take, previous)
+            payload = await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            # Esc while git runs: its thread cannot be stopped, and the turn's last checkpoint
+            # (run's finally) must not race it in the shadow repository
+            await asyncio.gather(taking, return_exceptions=True)
+            raise
         except (tools.CheckpointError, OSError) as error:
             self.emit("Status", text=f"no checkpoint: {error}")
             return False

@@ -362,7 +362,10 @@ def permission_subject(name: str, tool_input: dict) -> tuple[str, dict]:
     view = TOOL_VIEWS.get(name)
     if view is None:
         return "unknown", {"tool": name}
-    return view["judged"](tool_input)
+    kind, fields = view["judged"](tool_input)
+    # a path judged as the tools open it (Workspace.resolve)
+    return kind, {key: _fs_path(value) if key in ("file_path", "workdir") and
+                  isinstance(value, str) else value for key, value in fields.items()}
 
 
 def permission_preview(name: str, tool_input: dict) -> str:
@@ -454,11 +457,14 @@ class Workspace:
 
     def resolve(self, path: str) -> Path:
         """An absolute, normalised path for a model-given path (relative to the project root). A
-        file named with a trailing "/" is refused, as open() would (normpath drops the "/")."""
-        resolved = Path(os.path.normpath(self.cwd / os.path.expanduser(path)))
-        if path.endswith("/") and resolved.exists() and not resolved.is_dir():
-            raise ToolError(f"{_one_line(path)} is a file, not a directory.",
-                            error="not_a_directory")
+        file named as a folder ("f.txt/", "f.txt/.", "f.txt/../g") is refused, as open() would
+        (ENOTDIR): normpath drops what follows the file's name."""
+        path = _fs_path(path)
+        joined = os.path.join(self.cwd, os.path.expanduser(path))
+        resolved = Path(os.path.normpath(joined))
+        if joined != str(resolved) and resolved.exists() and not os.path.exists(joined):
+            raise ToolError(f"{_one_line(path)}: not a directory (a file's name is followed by "
+                            "\"/\").", error="not_a_directory")
         return resolved
 
     def display(self, path: Path) -> str:
@@ -1075,13 +1081,9 @@ class Toolbox:
         None: DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = confine or DEFAULT_CONFINE
         self.dotenv.refresh()
-        schema = SCHEMA_OF.get(name)
-        if schema is None:
-            text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
-            return ToolResult(text, True, {"error": "unknown_tool"})
-        args, problem = _check_input(schema, tool_input)
-        if problem:
-            return ToolResult(problem, True, {"error": "invalid_input"})
+        args, invalid = _checked(name, tool_input)
+        if invalid:
+            return invalid
         self.seen = []
         self.places = self.workspace.places(confine)
         try:
@@ -1110,11 +1112,12 @@ class Toolbox:
 
     def problem(self, name: str, tool_input: dict) -> ToolResult | None:
         """The failure a call is certain to meet whatever the user answers, asked before the gate
-        (the kernel fails it as the model's mistake); only edit can tell: the file exists but was
-        not read (or changed since), or old_string is not in it (or is in several places). None:
-        it may work (creating a file, a bad input and other failures are left to the tool)."""
-        if name != "edit":
-            return None
+        (the kernel fails it as the model's mistake): an unknown tool, a bad input (a write with
+        `path` and `text` must not ask "Write ."), an edit of a file not read (or changed since)
+        or that old_string is not in (or is in several places). None: it may work."""
+        _, invalid = _checked(name, tool_input)
+        if invalid or name != "edit":
+            return invalid
         try:
             self._plan_edit(tool_input)
         except ToolError as exc:
@@ -1873,6 +1876,16 @@ def _judged_folder(root: Path, folder: str, make: bool = False) -> int | None:
 # ---------------------------------------------------------------- input checking
 
 
+def _checked(name: str, tool_input) -> tuple[dict | None, ToolResult | None]:
+    """(clean arguments, None), or (None, the failure: no such tool, or a bad input)."""
+    schema = SCHEMA_OF.get(name)
+    if schema is None:
+        text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
+        return None, ToolResult(text, True, {"error": "unknown_tool"})
+    args, problem = _check_input(schema, tool_input)
+    return args, problem and ToolResult(problem, True, {"error": "invalid_input"})
+
+
 def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
     """(clean arguments, None), or (None, a message telling the model how to repair the call).
     A null optional counts as absent; JSON 5.0 is a fine integer, true is not."""
@@ -2116,7 +2129,9 @@ def _dotenv_value(line: str) -> str:
 
 
 def _one_line(name: str) -> str:
-    """A path as one line of a listing: JSON-quoted when it holds a control character."""
+    """A path as one line of a listing: a byte that is not UTF-8 (os's surrogate for it) as \\xHH,
+    which the tools take back (_fs_path); JSON-quoted when it holds a control character."""
+    name = re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found[0]) - 0xDC00:x}", name)
     if any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
@@ -2458,6 +2473,12 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     return ToolError(f"{shown} does not exist.{hint}", error="not_found")
 
 
+def _fs_path(path: str) -> str:
+    """A model's path, each \\xHH of a byte that is not UTF-8 (as _one_line shows it; the log keeps
+    no lone surrogate) back as that byte. A name that truly holds such a backslash is for bash."""
+    return re.sub(r"\\x([89a-f][0-9a-f])", lambda hh: chr(0xDC00 + int(hh[1], 16)), path)
+
+
 def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
     """The path a model gave (default the project root): it must exist, and be a folder if asked."""
     path = ws.resolve(value) if value else ws.cwd
@@ -2676,12 +2697,14 @@ class _Haystack:
         return spans
 
     def quote_normalized(self, old: str) -> list[Span]:
-        """old_string typed with straight quotes where the file has curly ones (Claude Code's edit
-        matches so): one character for one, so a match's offsets are the file's."""
-        text = self.text.translate(STRAIGHT_QUOTES)
-        if text == self.text:
+        """old_string typed with straight quotes and plain dashes where the file has typographic
+        ones, or the other way round (Claude Code's edit, Codex's apply-patch match so): one
+        character for one, so a match's offsets are the file's."""
+        text = self.text.translate(PLAIN_PUNCTUATION)
+        plain = old.translate(PLAIN_PUNCTUATION)
+        if text == self.text and plain == old:
             return []
-        return [m.span() for m in re.finditer(re.escape(old.translate(STRAIGHT_QUOTES)), text)]
+        return [m.span() for m in re.finditer(re.escape(plain), text)]
 
     def unicode_normalized(self, old: str) -> list[Span]:
         """old_string in another Unicode normalization than the file (é typed as one character,
@@ -2708,8 +2731,9 @@ class _Haystack:
                 if m.start() in normal_at and m.end() in normal_at]
 
 
-# Curly quotes as the straight ones a model types, and back (opening, closing).
-STRAIGHT_QUOTES = str.maketrans("‘’“”", "''\"\"")
+# Typographic quotes and dashes as the ASCII a model types (Codex's seek_sequence), and the curly
+# quotes back (opening, closing).
+PLAIN_PUNCTUATION = str.maketrans("‘’‚‛“”„‟‐‑‒–—―−", "''''\"\"\"\"-------")
 CURLY_QUOTES = {"'": "‘’", '"': "“”"}
 # When a strategy runs: without / with replace_all.
 SINGLE = "single"
@@ -2759,12 +2783,16 @@ def _adapt(old: str, matched: str, new: str) -> str:
     return new
 
 
-def _curled(new: str, matched: str) -> str:
-    """new_string in the quotes of the text it replaces, for each kind (' or ") that text has only
-    curly: an opening one at the start or after a space or bracket, else a closing one (it's)."""
+def _curled(old: str, new: str, matched: str) -> str:
+    """new_string in the quotes of the text it replaces, for each kind (' or "): curly where that
+    text has only curly ones (an opening one at the start or after a space or bracket, else a
+    closing one: it's), straight where old_string had curly ones and the text has none."""
     for ch, (opening, closing) in CURLY_QUOTES.items():
-        if ch not in matched and (opening in matched or closing in matched):
+        curly = opening in matched or closing in matched
+        if ch not in matched and curly:
             new = re.sub(rf"(?:^|(?<=[\s(\[{{])){ch}", opening, new).replace(ch, closing)
+        elif not curly and (opening in old or closing in old):
+            new = new.replace(opening, ch).replace(closing, ch)
     return new
 
 
@@ -2917,7 +2945,7 @@ def _replace_spans(text: str, spans: list[Span], old: str, new: str, strategy: s
             start, end = line_start, end + 1
         pieces.append(text[at:start])
         if strategy == "quote_normalized":
-            pieces.append(_curled(new, text[start:end]))
+            pieces.append(_curled(old, new, text[start:end]))
         else:
             pieces.append(_adapt(old, text[start:end], new))
         at = end
@@ -3237,7 +3265,8 @@ async def _ripgrep(box: Toolbox, argv: list[str], cwd: Path, cap: int, confine: 
     finally:
         _kill_group(child.pid)
         child.close_pipes()
-    records = b"".join(chunks).decode("utf-8", "replace").split(end)
+    # a name that is not UTF-8 kept as os keeps it (its text line: grep's _rg_grep)
+    records = b"".join(chunks).decode("utf-8", "surrogateescape").split(end)
     if records[-1] == "":
         # The output ended with `end`; a last record without it still counts.
         records.pop()
@@ -3252,7 +3281,7 @@ def _newest_first(root: Path, rels) -> list[str]:
 
 async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     ws = box.workspace
-    pattern = args["pattern"]
+    pattern = _fs_path(args["pattern"])
     if not pattern.strip():
         raise ToolError("pattern is empty; pass a glob such as **/*.py.", error="empty_pattern")
     root = _existing(ws, args.get("path"))
@@ -3327,10 +3356,12 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     ws.judged(target, box.places)
     root = target if target.is_dir() else target.parent
     keep = _glob_matcher(include) if include else (lambda rel: True)
+    hits = None
     if box.ripgrep:
-        # ripgrep judges its own syntax (it knows \p{L}, Python's re does not).
+        # ripgrep judges its own syntax (it knows \p{L}, Python's re does not); what it refuses
+        # (look-around, backreferences) Python's re may take, as it would where rg is missing
         hits = await _rg_grep(box, pattern, target, root, include, keep, confine)
-    else:
+    if hits is None:
         try:
             regex = re.compile(pattern)
         except re.error as exc:
@@ -3383,7 +3414,7 @@ RG_GREP_ARGS = ["--line-number", "--no-heading", "--with-filename", "--null", "-
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
                    include: str | None, keep: Callable[[str], bool],
-                   confine: Confine) -> Hits:
+                   confine: Confine) -> Hits | None:
     argv = list(RG_GREP_ARGS)
     if include and "/" not in include.rstrip("/"):
         # A file type filters without overriding .gitignore.
@@ -3391,10 +3422,8 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
     argv += ["-e", pattern, "--", "." if target.is_dir() else target.name]
     records, code = await _ripgrep(box, argv, root, GREP_SCAN_CAP, confine)
     if code == 2 and records and "\0" not in records[0]:
-        problem = " ".join(record.strip() for record in records)
-        # Its advice to pass --pcre2 names a flag the model cannot give.
-        problem = problem.split("Consider enabling PCRE2")[0].strip()
-        raise _bad_pattern(pattern, problem[:500])
+        # a pattern it refuses: the Python engine's to take or refuse (None)
+        return None
     hits: Hits = {}
     # path NUL number ":" text; a path may hold a newline, so a record can span two of ripgrep's
     # lines
@@ -3402,6 +3431,8 @@ async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
     for rel, number, text in found:
         rel = rel.removeprefix("./")
         if keep(rel):
+            # the text as the Python grep decodes it
+            text = text.encode(errors="surrogateescape").decode(errors="replace")
             hits.setdefault(rel, []).append((int(number), text))
     return hits
 
@@ -3437,11 +3468,17 @@ def _py_grep(ws: Workspace, regex: re.Pattern, target: Path, root: Path,
 def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
     hits = {}
     n_hits = 0
+    # A whole file is checked first, as lines (^ and $ at each line's ends); \A, \Z and
+    # look-around see across a line's end there, so such a pattern is tried line by line only.
+    whole = re.compile(regex.pattern, regex.flags | re.MULTILINE)
+    if re.search(r"\\[AZ]|\(\?<?[=!]", regex.pattern):
+        whole = re.compile("")
     for rel in rels:
         text = _read_text_file(folder_fd, rel)
-        if text is None or not regex.search(text):
+        if not text or not whole.search(text):
             continue
-        for number, line in enumerate(text.split("\n"), 1):
+        # ripgrep's lines: none after a last newline, a CR kept (its $ is before \n only)
+        for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
             if regex.search(line):
                 # _grep_line shows no more: a minified file's line stays small.
                 hits.setdefault(rel, []).append((number, line[:GREP_LINE_CHARS + 2]))

@@ -139,3 +139,44 @@ def test_aider_edit_block_case(box, test, before, old, new, after):  # noqa: F81
     else:
         assert not result.is_error, result.text
         assert target.read_text() == after
+
+
+# Codex's apply-patch context matching (openai/codex codex-rs/apply-patch/src/seek_sequence.rs:
+# its tests, and the typographic punctuation its last pass reads as ASCII): (test, file,
+# old_string, new_string, file after; None: not found).
+CODEX_CASES = [
+    ("test_exact_match_finds_sequence", "foo\nbar\nbaz\n", "bar\nbaz", "BAR\nBAZ",
+     "foo\nBAR\nBAZ\n"),
+    ("test_rstrip_match_ignores_trailing_whitespace", "foo   \nbar\t\t\n", "foo\nbar",
+     "FOO\nBAR", "FOO\nBAR\n"),
+    ("test_trim_match_ignores_leading_and_trailing_whitespace", "    foo   \n   bar\t\n",
+     "foo\nbar", "FOO\nBAR", "    FOO\n   BAR\n"),
+    ("test_pattern_longer_than_input_returns_none", "just one line\n", "too\nmany\nlines", "x",
+     None),
+    ("normalise: an em dash typed as a hyphen", "x = a \u2014 b\n", "x = a - b", "x = a + b",
+     "x = a + b\n"),
+    ("normalise: an en dash and curly double quotes typed plain",
+     "x = a \u2013 b  # \u201cnote\u201d\n", 'x = a - b  # "note"', 'x = a + b  # "note"',
+     "x = a + b  # \u201cnote\u201d\n"),
+    ("normalise: a non-breaking space typed as a space", "s = 'a\u00a0b'\n", "s = 'a b'",
+     "s = 'a c'", "s = 'a c'\n"),
+    ("normalise: curly quotes typed where the file has straight ones", "s = 'it'\n",
+     "s = \u2018it\u2019", "s = \u2018ok\u2019", "s = 'ok'\n"),
+    ("normalise: a minus sign typed as a hyphen", "y = 2 \u2212 1\n", "y = 2 - 1", "y = 3 - 1",
+     "y = 3 - 1\n"),
+]
+
+
+@pytest.mark.parametrize("test, before, old, new, after", CODEX_CASES,
+                         ids=[case[0] for case in CODEX_CASES])
+def test_codex_seek_sequence_case(box, test, before, old, new, after):  # noqa: F811
+    target = box.root / "f.txt"
+    target.write_text(before)
+    box.call("read", file_path="f.txt")
+    result = edit(box, target, old, new, False)
+    if after is None:
+        assert result.is_error and result.meta["error"] == "not_found", result.text
+        assert target.read_text() == before
+    else:
+        assert not result.is_error, result.text
+        assert target.read_text() == after

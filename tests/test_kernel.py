@@ -349,3 +349,27 @@ def test_a_tool_declared_in_tools_py_alone_is_judged_by_its_declared_subject(ker
     assert asked == [("file.read", ".env")]         # a secret read asks; a plain one does not
     outputs = [e.get("output") for e in log if e["type"] == "ToolCompleted"]
     assert outputs == ["peeked notes.txt"]
+
+
+def test_a_call_with_a_wrong_field_name_is_refused_before_any_question(kernel_turn, fake, project):
+    """A write with `path` and `text` (not the schema's names) asked the user "Write ." before its
+    input was checked: every tool's input is checked first, then judged, then asked about."""
+    from fake_api import reply, text, tool_use
+    calls = [("write", {"path": "a.txt", "text": "x\n"}), ("edit", {"file": "a.txt"}),
+             ("bash", {"cmd": "touch made.txt"}), ("process", {"action": "start", "cmd": "ls"}),
+             ("read", {"path": "/etc/hostname"}), ("grep", {"regex": "x", "path": "/"}),
+             ("process", {"action": "start"}), ("process", {"action": "write", "input": "x"}),
+             ("process", {"action": "write", "id": "p1"}), ("bash", {"command": " "})]
+    fake.enqueue(*[reply(tool_use(name, tool_input)) for name, tool_input in calls],
+                 reply(text("done")))
+    asked = []
+
+    async def ask(request):
+        asked.append(request["descriptor"])
+        return "once", ""
+
+    step, log = kernel_turn("write a file", ask)
+    assert step == "done" and asked == []
+    failed = [e["output"] for e in log if e["type"] == "ToolFailed"]
+    assert len(failed) == len(calls) and all("Invalid input for" in out for out in failed[:6])
+    assert "did you mean 'file_path'" in failed[0] and not (project / "made.txt").exists()

@@ -500,3 +500,57 @@ def test_what_git_ignores_a_command_made_is_not_rewound(tmp_path):
         sh("echo mine > test.ignored; echo normal > normal.txt"))
     assert problems == [] and (root / "test.ignored").read_text() == "mine\n"
     assert not (root / "normal.txt").exists()
+
+
+def test_esc_during_a_checkpoint_waits_for_its_git(project, env, fake, monkeypatch, tmp_path):
+    """Esc while a checkpoint's git ran in its thread ended the turn at once: the thread went on
+    writing the shadow repository, where the next turn's checkpoint (or a /rewind) would meet it."""
+    import asyncio
+
+    import events
+    import khaelor as cli
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    real_git = tools.shutil.which("git")
+    # the first git run on the shadow repository (all it may write) takes a second
+    (slow / "git").write_text(
+        '#!/bin/sh\ncase "$GIT_DIR" in *checkpoints*) [ -e "$GIT_DIR/started" ] ||\n'
+        '  { touch "$GIT_DIR/started"; sleep 1; echo slow-done >> "$GIT_DIR/runs"; };; esac\n'
+        f'exec {real_git} "$@"\n')
+    (slow / "git").chmod(0o755)
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.setenv("PATH", f"{slow}:{os.environ['PATH']}")
+    monkeypatch.chdir(project)
+    fake.enqueue(reply(tool_use("bash", {"command": "touch made.txt"})), reply(text("done")))
+    home = Path(env["KHAELOR_HOME"])
+
+    async def answer(request):
+        return "once", ""
+
+    async def cancelled_turn():
+        args = cli.parse_args(["-p", "x"])
+        store = events.SessionStore.create(events.sessions_dir(home, project))
+        agent = cli.build_kernel(args, cli.load_settings(args, home, project), store,
+                                 events.Bus(store), home, project, answer)
+        agent.submit("make a file")
+        turn = asyncio.ensure_future(agent.run())
+        try:
+            while not list(home.glob("checkpoints/*/started")):
+                assert not turn.done()
+                await asyncio.sleep(0.02)
+            turn.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await turn
+            # the slow git had finished when the cancel returned
+            assert list(home.glob("checkpoints/*/runs")), "the cancel left git running"
+            return store.events
+        finally:
+            await agent.toolbox.close()
+            await agent.model.close()
+
+    log = asyncio.run(cancelled_turn())
+    kinds = [event.get("reason") or event["type"] for event in log]
+    assert kinds[-3:] == ["PermissionGranted", "interrupted by the user", "Interrupted"], kinds
+    assert not (project / "made.txt").exists()

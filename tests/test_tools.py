@@ -157,6 +157,9 @@ def test_a_trailing_slash_on_a_file_is_not_a_directory_as_the_os_says(box):
     (box.root / "f.txt").write_text("secret-ish\n")
     for name, tool_input in [("read", {"file_path": "f.txt/"}),
                              ("read", {"file_path": f"{box.root}/f.txt/"}),
+                             ("read", {"file_path": "f.txt/."}),
+                             ("read", {"file_path": f"{box.root}/f.txt/../f.txt"}),
+                             ("edit", {"file_path": "f.txt/.", "old_string": "s", "new_string": "t"}),
                              ("write", {"file_path": "f.txt/", "content": "x\n"}),
                              ("grep", {"pattern": "secret", "path": "f.txt/"})]:
         result = box.call(name, **tool_input)
@@ -186,6 +189,32 @@ def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
             assert "\x1b" not in result.text and name not in result.text, result.text
             assert repr(name)[1:-1] in result.text.replace("\\u001b", "\\x1b"), result.text
         assert (box.root / name).read_text() == "d\n"
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_as_a_name_the_tools_take_back(box):
+    # b"caf\xe9.txt" was listed with U+FFFD (the log's stand-in for a lone surrogate), a name no
+    # file has: read, glob and grep show \xe9, and read, edit, write, grep and glob take it back.
+    raw = os.fsdecode(b"caf\xe9.txt")
+    (box.root / raw).write_text("hello\n")
+    (box.root / os.fsdecode(b"d\xff")).mkdir()
+    (box.root / os.fsdecode(b"d\xff/in.txt")).write_text("inner\n")
+    listing = box.call("read", file_path=".").text
+    assert "caf\\xe9.txt" in listing and "d\\xff/" in listing, listing
+    for engine in ENGINES:
+        box.toolbox.ripgrep = tools.shutil.which("rg") if engine == "ripgrep" else None
+        assert "caf\\xe9.txt" in box.call("glob", pattern="caf*").text
+        assert box.call("glob", pattern="caf\\xe9*").text == "caf\\xe9.txt"
+        assert box.call("grep", pattern="hello").text == "caf\\xe9.txt:1: hello"
+        assert box.call("glob", pattern="*", path="d\\xff").text == "d\\xff/in.txt"
+        assert box.call("grep", pattern="inner", path="d\\xff").text == "d\\xff/in.txt:1: inner"
+    assert box.call("read", file_path="caf\\xe9.txt").text == "     1\thello"
+    edited = box.call("edit", file_path="caf\\xe9.txt", old_string="hello", new_string="bye")
+    assert not edited.is_error and "caf\\xe9.txt" in edited.text, edited.text
+    assert box.call("write", file_path="caf\\xe9.txt", content="new\n").text.startswith(
+        "Wrote caf\\xe9.txt")
+    assert (box.root / raw).read_text() == "new\n"
+    assert sorted(os.listdir(box.root)) == sorted([raw, os.fsdecode(b"d\xff")])
+    assert tools.permission_subject("read", {"file_path": "caf\\xe9.txt"})[1]["file_path"] == raw
 
 
 def test_count_messages_say_one_in_the_singular(box):
@@ -1061,13 +1090,16 @@ def test_grep_finds_lines_newest_files_first(search_box):
     assert bad.is_error and "Escape special characters" in bad.text
 
 
-def test_grep_look_around_is_matched_or_refused_with_advice_the_model_can_follow(search_box):
+def test_grep_look_around_backreferences_and_line_anchors_match_in_both_engines(search_box):
+    # ripgrep refused look-around and backreferences that the Python engine matched; the Python
+    # engine missed "^foo" past a file's first line (its whole-file pre-check had no MULTILINE).
     result = search_box.call("grep", pattern=r"import (?=os)|(o)\1")
-    if result.is_error:
-        assert "not supported" in result.text and "--pcre2" not in result.text
-        assert ".." not in result.text
-    else:
-        assert "src/pkg/b.py:1: import os" in result.text
+    assert result.text.split("\n") == ["src/pkg/b.py:1: import os", "src/pkg/b.py:2: foo()",
+                                       "src/a.py:1: def foo():"], result.text
+    assert search_box.call("grep", pattern="^foo").text == "src/pkg/b.py:2: foo()"
+    assert search_box.call("grep", pattern="1$").text == "src/a.py:2:     return 1"
+    bad = search_box.call("grep", pattern="(?<=a+)b")
+    assert bad.is_error and "look-behind requires fixed-width" in bad.text
 
 
 def test_search_results_are_capped_with_a_notice(search_box):
@@ -1092,7 +1124,10 @@ def test_ripgrep_and_python_fallback_agree(box):
         for name, tool_input in [("glob", {"pattern": "*"}), ("glob", {"pattern": "src/**"}),
                                  ("grep", {"pattern": "TODO"}),
                                  ("grep", {"pattern": "o", "include": "*.py"}),
-                                 ("grep", {"pattern": r"\w+\(\)"})]:
+                                 ("grep", {"pattern": r"\w+\(\)"}),
+                                 ("grep", {"pattern": r"(?<=def )\w+|(o)\1"}),
+                                 ("grep", {"pattern": "^", "path": "src"}),
+                                 ("grep", {"pattern": "TODO$"})]:
             tool_input = {**tool_input, "path": root.name}
             box.toolbox.ripgrep = tools.shutil.which("rg")
             fast = box.call(name, **tool_input)
