@@ -3363,7 +3363,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         hits = await _rg_grep(box, pattern, target, root, include, keep, confine)
     if hits is None:
         try:
-            regex = re.compile(pattern)
+            regex = re.compile(POSIX_SET.sub(_posix_classes, pattern))
         except re.error as exc:
             raise _bad_pattern(pattern, str(exc)) from None
         hits = await asyncio.to_thread(_py_grep, ws, regex, target, root, keep, box.places)
@@ -3395,6 +3395,21 @@ def _grep_line(text: str) -> str:
     if len(text) <= GREP_LINE_CHARS:
         return text
     return text[:GREP_LINE_CHARS] + "… [line cut]"
+
+
+# ripgrep's POSIX classes, which Python's re reads as nested sets (matching wrongly, and printing
+# a FutureWarning on the terminal): a bracket set holding one, and each class's ASCII meaning.
+POSIX_SET = re.compile(r"\[\^?(?:[^][]|\[:[a-z]+:\])*\[:[a-z]+:\](?:[^][]|\[:[a-z]+:\])*\]")
+POSIX_CLASSES = {
+    "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
+    "space": r"\t\n\v\f\r ", "blank": r"\t ", "punct": r"!-/:-@\[-`{-~", "xdigit": "0-9A-Fa-f",
+    "word": r"\w", "cntrl": r"\x00-\x1f\x7f", "print": " -~", "graph": "!-~",
+}
+
+
+def _posix_classes(bracket_set: re.Match) -> str:
+    return re.sub(r"\[:([a-z]+):\]", lambda named: POSIX_CLASSES.get(named[1], named[0]),
+                  bracket_set[0])
 
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
