@@ -851,8 +851,10 @@ META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 
 
 def meta_facts(meta: dict) -> list[str]:
-    facts = [f"{meta[key]} {key}" for key in ("lines", "matches", "files")
-             if isinstance(meta.get(key), int)]
+    facts = []
+    for key, one in (("lines", "line"), ("matches", "match"), ("files", "file")):
+        if isinstance(meta.get(key), int):
+            facts.append(f"{meta[key]} {one if meta[key] == 1 else key}")
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
     if isinstance(meta.get("duration_ms"), (int, float)):

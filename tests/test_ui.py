@@ -374,6 +374,12 @@ def test_tool_cards_are_one_line_with_facts(width):
     assert "⎿" not in text.split("● bash")[0]             # reads show no preview
 
 
+def test_a_card_counts_one_in_the_singular():
+    facts = ui.meta_facts({"lines": 1, "matches": 1, "files": 1})
+    assert facts == ["1 line", "1 match", "1 file"]
+    assert ui.meta_facts({"matches": 2, "files": 0}) == ["2 matches", "0 files"]
+
+
 def test_a_long_command_is_shortened_so_the_facts_still_show():
     events = [event("ToolRequested", tool_use_id="t", name="bash",
                     input={"command": "python -m pytest " + "tests/test_x.py " * 20}),
