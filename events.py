@@ -410,8 +410,8 @@ def mentions(text: str) -> list[str]:
 
 
 def counted(n: int, noun: str) -> str:
-    """"1 file", "12 files"."""
-    return f"{n} {noun}" + "s" * (n != 1)
+    """"1 file", "1,200 files": a count the model and the user read."""
+    return f"{n:,} {noun}" + "s" * (n != 1)
 
 
 def duration(seconds: float) -> str:

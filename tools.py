@@ -2033,7 +2033,8 @@ class _Spool:
         if self.spill_path:
             where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; "
                      "read it with offset/limit or grep it")
-        marker = f"[… {n_omitted:,} characters ({_count(n_lines, 'line')}) omitted; {where} …]"
+        lines = events.counted(n_lines, "line")
+        marker = f"[… {n_omitted:,} characters ({lines}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
 
 
@@ -2268,7 +2269,8 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
         return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
     if offset > total:
         raise ToolError(
-            f"offset {offset} is past the end of {shown}, which has {_count(total, 'line')}.",
+            f"offset {offset} is past the end of {shown}, which has "
+            f"{events.counted(total, 'line')}.",
             error="offset")
     body, last = _numbered_page(lines, offset, limit or READ_LINE_CAP)
     text = "\n".join(body)
@@ -2420,11 +2422,6 @@ def _decode_text(data: bytes) -> str:
 def _uses_crlf(text: str) -> bool:
     crlf = text.count("\r\n")
     return crlf > 0 and crlf >= text.count("\n") - crlf
-
-
-def _count(n: int, noun: str) -> str:
-    """ "1 line", "2 lines": a count the model and the user read."""
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _signal_name(number: int) -> str:
@@ -3013,7 +3010,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
         meta = {"path": shown, "added": 0, "removed": 0}
         return ToolResult(f"{shown} already has exactly this content; nothing changed.", meta=meta)
     added, removed = box.commit(path, before, data, tool_use_id)
-    lines = _count(len(_split_lines(args["content"])), "line")
+    lines = events.counted(len(_split_lines(args["content"])), "line")
     text = f"Wrote {shown} ({lines}; +{added} −{removed})."
     if before is None:
         text = f"Created {shown} ({lines})."
@@ -3125,7 +3122,7 @@ def _edit_report(shown_path: str, done: _Replaced, added: int, removed: int) -> 
         snippet = f"{start}\n   …\n{end}"
     else:
         snippet = _numbered(lines[first - 1:last], first)
-    count = _count(done.count, "replacement")
+    count = events.counted(done.count, "replacement")
     where = "first replacement, " if done.count > 1 else ""
     fuzzy = ""
     if done.strategy != "exact":
@@ -3343,7 +3340,7 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     ws = box.workspace
     names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
     more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
-    return kept, (f"\n\n({_count(len(secret), 'secret file')} left out: {names}{more}. "
+    return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}{more}. "
             "Reading them needs the user's permission: ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
@@ -3384,7 +3381,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if total > SEARCH_RESULT_CAP:
         counted = f"{total:,}" if total < GREP_SCAN_CAP else f"more than {GREP_SCAN_CAP:,}"
         out.append(f"\n(Showing {SEARCH_RESULT_CAP} of {counted} matching lines "
-                   f"in {_count(len(hits), 'file')}, most recently modified files first. "
+                   f"in {events.counted(len(hits), 'file')}, most recently modified files first. "
                    "Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
     return ToolResult("\n".join(out) + note, meta=meta)
@@ -3838,7 +3835,7 @@ class _Processes:
             raise ToolError(
                 f"{name} is not reading its stdin (write timed out after 5 s).",
                 error="stdin_blocked") from None
-        return f"Wrote {_count(len(text), 'character')} to {name}."
+        return f"Wrote {events.counted(len(text), 'character')} to {name}."
 
     async def settle(self, process: _Process, timeout_s: float) -> None:
         """Wait briefly for output (or exit), then a moment more so a burst arrives whole."""
