@@ -270,10 +270,14 @@ def start_notices(settings: dict, layers: list) -> list[str]:
         keys = ", ".join(settings["untrusted_keys"])
         notices.append(f"this project's .khaelor/config.json sets {keys}; ignored until you"
                        " trust it with `khaelor trust`")
-    # a flag's rule that maps onto nothing
-    for layer in settings.get("extra_layers", ()):
-        for _, rule, why in layer.ignored:
-            notices.append(f"{layer.source} {rule!r} is ignored: {why}")
+    # a rule that maps onto nothing, as `khaelor permissions` lists it; in a file, one for a tool
+    # khaelor lacks ("khaelor has no web tool") is no mistake: a Claude Code user's file has many
+    for layer in layers:
+        for where, rule, why in layer.ignored:
+            if layer.source.startswith("/") and why.startswith("khaelor "):
+                continue
+            # a file that is not JSON at all names no rule
+            notices.append(f"{where} {rule!r} is ignored: {why}" if rule else f"{where}: {why}")
     return [notice for notice in notices if notice]
 
 
