@@ -1561,6 +1561,7 @@ def unstarted_result(args, message: str) -> dict:
 
 def report(args, store, step: str, prices: dict) -> int:
     state = store.state
+    args.reported = True
     reason = failure(state, step)
     streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
@@ -2737,20 +2738,29 @@ def run_command_line(argv: list | None) -> int:
             return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
+        # before a run began (the wait for stdin, the SDK import); asyncio.run raises it again
+        # once a run has reported its end
+        if not getattr(args, "reported", False):
+            say_unstarted(args, failure(None, "interrupted"))
         return interrupted_exit()
     except BrokenPipeError:
         # main's to answer: the reader has gone
         raise
     # an error may name a path a step made: nothing in it acts on the terminal
     except KhaelorError as e:
-        message = events.visible_controls(str(e))
-        print(f"khaelor: {message}", file=sys.stderr)
-        if args is not None and args.prompt is not None and args.output_format != "text":
-            print(json.dumps(unstarted_result(args, message), ensure_ascii=False))
+        say_unstarted(args, events.visible_controls(str(e)))
         return EXIT_USAGE if isinstance(e, UsageError) else EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:
         return report_crash(e, home)
+
+
+def say_unstarted(args, message: str) -> None:
+    """Why the program ends before a run could: on stderr, and for -p under --output-format
+    json or stream-json as the result object on stdout, so a script has its answer."""
+    print(f"khaelor: {message}", file=sys.stderr)
+    if args is not None and args.prompt is not None and args.output_format != "text":
+        print(json.dumps(unstarted_result(args, message), ensure_ascii=False))
 
 
 def report_crash(error: Exception, home: Path) -> int:
