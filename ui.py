@@ -1063,10 +1063,14 @@ class Timeline:
         self._any = True
 
     def _dim_line(self, text: str) -> None:
+        """A note, after the block that streams (a choice made mid-reply: `/model`)."""
+        self._after_block(self._dim_lines(text))
+
+    def _dim_lines(self, text: str) -> list[str]:
         """A note, wrapped (never cut: at width 40 its end is its news); a newline in it (a title,
         a command) is shown escaped, as \\n."""
         text = sanitize(text).replace("\n", "\\n")
-        self._settle(wrap_spans([(text, ("dim",))], self.width, self.style, "", "  "))
+        return wrap_spans([(text, ("dim",))], self.width, self.style, "", "  ")
 
     def _dim(self, text: str, *roles: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", *roles)
@@ -1236,7 +1240,7 @@ class Timeline:
         """A reply that broke off and is written again: its unsettled tail leaves the screen, what
         had settled is marked as the failed attempt's, and the retry starts a new block."""
         if self._text is not None and self._text_started:
-            self._dim_line("↑ that reply broke off here; it is written again below")
+            self._settle(self._dim_lines("↑ that reply broke off here; it is written again below"))
         self._text = None
         self._thinking = None
 
