@@ -2098,7 +2098,11 @@ class Composer:
         self.set_text("")
 
     def close_menu(self) -> None:
+        """Esc: a command's picker goes with its command ("/model ", nothing picked yet)."""
+        picker = self.text.endswith(" ") and self._choices.get(self.text[:-1])
         self.menu, self._menu_closed = [], True
+        if picker:
+            self.set_text("")
 
     def _labels(self) -> list[tuple[int, int]]:
         """Where the paste labels are: each is one unit (its words would be sent, not the paste)."""

@@ -1089,6 +1089,32 @@ def test_esc_interrupts_only_while_busy():
     assert ctrl.calls[-1] == ("interrupt",) and app.exit_code is None
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_esc_on_a_commands_picker_leaves_the_composer_as_it_was_before_the_command(width):
+    """QA: `/model`, Enter (its picker opens), Esc: the picker closed and "/model " stayed in the
+    composer, to be deleted by hand. Esc takes the command with its picker; a menu of what is
+    being typed ("/mo") closes and leaves the typing."""
+    ctrl = FakeController(busy=False)
+    ctrl.command_choices = {"/model": ["opus", "sonnet"]}
+    app = ui.App(ctrl, style=MONO, width=width, height=20)
+    screen, stream = app_screen(app, height=20)
+    for typed, enter, menu, left in (("/model", True, "/model sonnet", ""),
+                                     ("/model ", False, "/model sonnet", ""),
+                                     ("/mo", False, "› /model", "/mo")):
+        app.on_key(K("text", typed))
+        if enter:
+            app.on_key(K("enter"))
+        stream.feed(app.render(0.0))
+        assert menu in text_of(screen)
+        app.on_key(K("esc"))
+        stream.feed(app.render(0.1))
+        assert app.composer.text == left and menu not in text_of(screen)
+        prompt = next(row for row in screen.display if row.startswith("❯"))
+        assert prompt.rstrip() == f"❯ {left}".rstrip() or not left and "Ask anything" in prompt
+        app.composer.clear()
+    assert ctrl.calls == []
+
+
 def test_esc_esc_on_an_empty_composer_opens_rewind():
     ctrl = FakeController(busy=False)
     app = ui.App(ctrl, style=MONO)
