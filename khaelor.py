@@ -1268,6 +1268,10 @@ def record_reasoning(bus, store, wanted: dict) -> None:
         bus.emit("ThinkingChanged", **changed)
 
 
+def sent_effort(reasoning) -> str | None:
+    return (reasoning.fields.get("output_config") or {}).get("effort")
+
+
 def reasoning_label(request: dict) -> str:
     """How a request asks the model to think: "effort high", "thinking off", "" (its defaults)."""
     parts = []
@@ -2028,13 +2032,13 @@ class Session:
                 "reasoning": reasoning_label(self.next_reasoning().fields),
                 "branch": state.branch}
 
-    def next_reasoning(self):
+    def next_reasoning(self, **trying):
         """The thinking fields the next turn's requests carry (model.Reasoning), with this
-        process's choices."""
+        process's choices (and what `trying` sets)."""
         import model
         ctx = self.kernel.ctx
         chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
-                  **self.store.state.reasoning, **self.reasoning}
+                  **self.store.state.reasoning, **self.reasoning, **trying}
         return model.reasoning(ctx.model, chosen["thinking"],
                                chosen["effort"], ctx.show_thinking,
                                ctx.max_tokens)
@@ -2253,10 +2257,12 @@ class Session:
         self.reasoning[key] = value
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)
-        sent = (taken.fields.get("output_config") or {}).get("effort")
-        if key == "effort" and sent not in (None, value):
-            # thinking off where the model cannot: "effort max" alone would be untrue
-            notes = f"effort {value} is kept, but the next request sends effort {sent}: {notes}"
+        adaptive = self.next_reasoning(thinking="adaptive")
+        if key == "effort" and sent_effort(taken) != value == sent_effort(adaptive):
+            # thinking off (or always) that the model has only at another effort: the newer
+            # choice wins, as thinking chosen after an effort does
+            notes = f"thinking is adaptive again, for effort {value}" + ": " * bool(notes) + notes
+            self.reasoning["thinking"], taken = "adaptive", adaptive
         if not self.store.events:
             # a session not begun yet records it in begin(): this is the only confirmation
             said = f"{key} set to {value}, from your next message"
