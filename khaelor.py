@@ -276,7 +276,6 @@ def start_notices(settings: dict, layers: list) -> list[str]:
         for where, rule, why in layer.ignored:
             if layer.source.startswith("/") and why.startswith("khaelor "):
                 continue
-            # a file that is not JSON at all names no rule
             notices.append(f"{where} {rule!r} is ignored: {why}" if rule else f"{where}: {why}")
     return [notice for notice in notices if notice]
 
@@ -1268,10 +1267,6 @@ def record_reasoning(bus, store, wanted: dict) -> None:
         bus.emit("ThinkingChanged", **changed)
 
 
-def sent_effort(reasoning) -> str | None:
-    return (reasoning.fields.get("output_config") or {}).get("effort")
-
-
 def reasoning_label(request: dict) -> str:
     """How a request asks the model to think: "effort high", "thinking off", "" (its defaults)."""
     parts = []
@@ -1512,9 +1507,8 @@ def summed_usage(usage_by_model: dict) -> dict:
 
 def result_object(args, store, step: str, prices: dict) -> dict:
     """What `--output-format json` prints, and `stream-json` ends with: Claude Code's result fields
-    (type, subtype, result, session_id, is_error, num_turns, duration_ms, total_cost_usd, usage in
-    its key names) alongside KHAELOR's own (error, cost_usd, usage_by_model in KHAELOR's key names).
-    A cost is null when a model has no known price: never guessed."""
+    and KHAELOR's own, as listed below. A cost is null when a model has no known price: never
+    guessed."""
     state = store.state
     cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
@@ -1554,13 +1548,16 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     }
 
 
-def unstarted_result(args, message: str) -> dict:
-    """A -p run that could not start (no API key, a bad config, model or --resume id) as the
-    result object --output-format json prints: is_error, the message as its result, nothing
-    spent."""
+def say_unstarted(args, message: str) -> None:
+    """Why the program ends before a run could (no API key, a bad config, model or --resume id, a
+    signal): on stderr, and for -p under --output-format json or stream-json as the result object,
+    so a script has its answer: is_error, the message as its result, nothing spent."""
+    print(f"khaelor: {message}", file=sys.stderr)
+    if args is None or args.prompt is None or args.output_format == "text":
+        return
     nothing = argparse.Namespace(state=events.replay([]), session_id=None)
     nothing.state.answer = nothing.state.failure_reason = message
-    return result_object(args, nothing, "unstarted", {})
+    print(json.dumps(result_object(args, nothing, "unstarted", {}), ensure_ascii=False))
 
 
 def report(args, store, step: str, prices: dict) -> int:
@@ -1953,7 +1950,6 @@ class Session:
         MENTION_REFRESH_S, since files come and go while khaelor works. When a listing lands,
         FilesListed makes the UI ask again. The same list while a mention is typed, so
         narrowing stays cheap."""
-        # Not the same mention typed on:
         new_mention = not prefix.startswith(self._mention_prefix)
         self._mention_prefix = prefix
         stale = time.monotonic() - self._files_at > MENTION_REFRESH_S
@@ -2258,7 +2254,8 @@ class Session:
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)
         adaptive = self.next_reasoning(thinking="adaptive")
-        if key == "effort" and sent_effort(taken) != value == sent_effort(adaptive):
+        sent = [reasoning.fields.get("output_config") for reasoning in (taken, adaptive)]
+        if key == "effort" and sent[0] != {"effort": value} == sent[1]:
             # thinking off (or always) that the model has only at another effort: the newer
             # choice wins, as thinking chosen after an effort does
             notes = f"thinking is adaptive again, for effort {value}" + ": " * bool(notes) + notes
@@ -2744,8 +2741,7 @@ def run_command_line(argv: list | None) -> int:
             return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
-        # before a run began (the wait for stdin, the SDK import); asyncio.run raises it again
-        # once a run has reported its end
+        # before a run began (the stdin wait, the SDK import); asyncio.run re-raises it after one
         if not getattr(args, "reported", False):
             say_unstarted(args, failure(None, "interrupted"))
         return interrupted_exit()
@@ -2759,14 +2755,6 @@ def run_command_line(argv: list | None) -> int:
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:
         return report_crash(e, home)
-
-
-def say_unstarted(args, message: str) -> None:
-    """Why the program ends before a run could: on stderr, and for -p under --output-format
-    json or stream-json as the result object on stdout, so a script has its answer."""
-    print(f"khaelor: {message}", file=sys.stderr)
-    if args is not None and args.prompt is not None and args.output_format != "text":
-        print(json.dumps(unstarted_result(args, message), ensure_ascii=False))
 
 
 def report_crash(error: Exception, home: Path) -> int:

@@ -990,7 +990,8 @@ class Timeline:
         if kind in NOTE_FORMATS:
             fields = collections.defaultdict(lambda: "?", event,
                                              n_pruned=len(event.get("tool_use_ids") or []))
-            self._dim_line(NOTE_FORMATS[kind].format_map(fields))
+            # after the block that streams (a choice made mid-reply: `/model`)
+            self._after_block(self._dim_lines(NOTE_FORMATS[kind].format_map(fields)))
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
             outcome, blocks = self._attempt.feed(event)
@@ -1061,10 +1062,6 @@ class Timeline:
             self._settled.append("")
         self._settled.extend(lines)
         self._any = True
-
-    def _dim_line(self, text: str) -> None:
-        """A note, after the block that streams (a choice made mid-reply: `/model`)."""
-        self._after_block(self._dim_lines(text))
 
     def _dim_lines(self, text: str) -> list[str]:
         """A note, wrapped (never cut: at width 40 its end is its news); a newline in it (a title,
@@ -1216,7 +1213,7 @@ class Timeline:
 
     def _on_ThinkingChanged(self, e: dict) -> None:
         chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
-        self._dim_line("◇ " + ", ".join(chosen) + " from the next message")
+        self._after_block(self._dim_lines("◇ " + ", ".join(chosen) + " from the next message"))
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         message = sanitize(str(e.get("message") or "")).strip()
@@ -1251,7 +1248,7 @@ class Timeline:
         self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
-            self._dim_line(f"› {queued} will go first with your next message")
+            self._settle(self._dim_lines(f"› {queued} will go first with your next message"))
 
     def _on_SteeringInjected(self, e: dict) -> None:
         if e.get("text") in self._steering:
@@ -1531,7 +1528,7 @@ def render_transcript(log: Iterable[dict], width: int, color: bool = False,
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
         hidden = events.counted(len(starts) - max_turns, "earlier turn")
-        timeline._dim_line(f"… {hidden} not shown")
+        timeline._settle(timeline._dim_lines(f"… {hidden} not shown"))
         log = log[starts[-max_turns]:]
     for event in log:
         timeline.apply(event)
@@ -2099,10 +2096,9 @@ class Composer:
 
     def close_menu(self) -> None:
         """Esc: a command's picker goes with its command ("/model ", nothing picked yet)."""
-        picker = self.text.endswith(" ") and self._choices.get(self.text[:-1])
-        self.menu, self._menu_closed = [], True
-        if picker:
+        if self.text.endswith(" ") and self._choices.get(self.text[:-1]):
             self.set_text("")
+        self.menu, self._menu_closed = [], True
 
     def _labels(self) -> list[tuple[int, int]]:
         """Where the paste labels are: each is one unit (its words would be sent, not the paste)."""
