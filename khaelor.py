@@ -270,10 +270,13 @@ def start_notices(settings: dict, layers: list) -> list[str]:
         keys = ", ".join(settings["untrusted_keys"])
         notices.append(f"this project's .khaelor/config.json sets {keys}; ignored until you"
                        " trust it with `khaelor trust`")
-    # a flag's rule that maps onto nothing
-    for layer in settings.get("extra_layers", ()):
-        for _, rule, why in layer.ignored:
-            notices.append(f"{layer.source} {rule!r} is ignored: {why}")
+    # a rule that maps onto nothing, as `khaelor permissions` lists it; in a file, one for a tool
+    # khaelor lacks ("khaelor has no web tool") is no mistake: a Claude Code user's file has many
+    for layer in layers:
+        for where, rule, why in layer.ignored:
+            if layer.source.startswith("/") and why.startswith("khaelor "):
+                continue
+            notices.append(f"{where} {rule!r} is ignored: {why}" if rule else f"{where}: {why}")
     return [notice for notice in notices if notice]
 
 
@@ -1504,9 +1507,8 @@ def summed_usage(usage_by_model: dict) -> dict:
 
 def result_object(args, store, step: str, prices: dict) -> dict:
     """What `--output-format json` prints, and `stream-json` ends with: Claude Code's result fields
-    (type, subtype, result, session_id, is_error, num_turns, duration_ms, total_cost_usd, usage in
-    its key names) alongside KHAELOR's own (error, cost_usd, usage_by_model in KHAELOR's key names).
-    A cost is null when a model has no known price: never guessed."""
+    and KHAELOR's own, as listed below. A cost is null when a model has no known price: never
+    guessed."""
     state = store.state
     cost = events.cost(store.state.usage, prices)
     totals = summed_usage(state.usage)
@@ -1546,17 +1548,21 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     }
 
 
-def unstarted_result(args, message: str) -> dict:
-    """A -p run that could not start (no API key, a bad config, model or --resume id) as the
-    result object --output-format json prints: is_error, the message as its result, nothing
-    spent."""
+def say_unstarted(args, message: str) -> None:
+    """Why the program ends before a run could (no API key, a bad config, model or --resume id, a
+    signal): on stderr, and for -p under --output-format json or stream-json as the result object,
+    so a script has its answer: is_error, the message as its result, nothing spent."""
+    print(f"khaelor: {message}", file=sys.stderr)
+    if args is None or args.prompt is None or args.output_format == "text":
+        return
     nothing = argparse.Namespace(state=events.replay([]), session_id=None)
     nothing.state.answer = nothing.state.failure_reason = message
-    return result_object(args, nothing, "unstarted", {})
+    print(json.dumps(result_object(args, nothing, "unstarted", {}), ensure_ascii=False))
 
 
 def report(args, store, step: str, prices: dict) -> int:
     state = store.state
+    args.reported = True
     reason = failure(state, step)
     streamed = getattr(args, "streamed", False)
     if args.output_format in ("json", "stream-json"):
@@ -1944,7 +1950,6 @@ class Session:
         MENTION_REFRESH_S, since files come and go while khaelor works. When a listing lands,
         FilesListed makes the UI ask again. The same list while a mention is typed, so
         narrowing stays cheap."""
-        # Not the same mention typed on:
         new_mention = not prefix.startswith(self._mention_prefix)
         self._mention_prefix = prefix
         stale = time.monotonic() - self._files_at > MENTION_REFRESH_S
@@ -2023,13 +2028,13 @@ class Session:
                 "reasoning": reasoning_label(self.next_reasoning().fields),
                 "branch": state.branch}
 
-    def next_reasoning(self):
+    def next_reasoning(self, **trying):
         """The thinking fields the next turn's requests carry (model.Reasoning), with this
-        process's choices."""
+        process's choices (and what `trying` sets)."""
         import model
         ctx = self.kernel.ctx
         chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
-                  **self.store.state.reasoning, **self.reasoning}
+                  **self.store.state.reasoning, **self.reasoning, **trying}
         return model.reasoning(ctx.model, chosen["thinking"],
                                chosen["effort"], ctx.show_thinking,
                                ctx.max_tokens)
@@ -2248,10 +2253,13 @@ class Session:
         self.reasoning[key] = value
         taken = self.next_reasoning()
         notes = "\n\n".join(taken.notes)
-        sent = (taken.fields.get("output_config") or {}).get("effort")
-        if key == "effort" and sent not in (None, value):
-            # thinking off where the model cannot: "effort max" alone would be untrue
-            notes = f"effort {value} is kept, but the next request sends effort {sent}: {notes}"
+        adaptive = self.next_reasoning(thinking="adaptive")
+        sent = [reasoning.fields.get("output_config") for reasoning in (taken, adaptive)]
+        if key == "effort" and sent[0] != {"effort": value} == sent[1]:
+            # thinking off (or always) that the model has only at another effort: the newer
+            # choice wins, as thinking chosen after an effort does
+            notes = f"thinking is adaptive again, for effort {value}" + ": " * bool(notes) + notes
+            self.reasoning["thinking"], taken = "adaptive", adaptive
         if not self.store.events:
             # a session not begun yet records it in begin(): this is the only confirmation
             said = f"{key} set to {value}, from your next message"
@@ -2733,16 +2741,16 @@ def run_command_line(argv: list | None) -> int:
             return run_print(args, home, project_root)
         return run_interactive(args, home, project_root)
     except KeyboardInterrupt:
+        # before a run began (the stdin wait, the SDK import); asyncio.run re-raises it after one
+        if not getattr(args, "reported", False):
+            say_unstarted(args, failure(None, "interrupted"))
         return interrupted_exit()
     except BrokenPipeError:
         # main's to answer: the reader has gone
         raise
     # an error may name a path a step made: nothing in it acts on the terminal
     except KhaelorError as e:
-        message = events.visible_controls(str(e))
-        print(f"khaelor: {message}", file=sys.stderr)
-        if args is not None and args.prompt is not None and args.output_format != "text":
-            print(json.dumps(unstarted_result(args, message), ensure_ascii=False))
+        say_unstarted(args, events.visible_controls(str(e)))
         return EXIT_USAGE if isinstance(e, UsageError) else EXIT_FAILED
     # the one catch-all: one line for the user, the traceback in a file
     except Exception as e:

@@ -992,7 +992,8 @@ class Timeline:
         if kind in NOTE_FORMATS:
             fields = collections.defaultdict(lambda: "?", event,
                                              n_pruned=len(event.get("tool_use_ids") or []))
-            self._dim_line(NOTE_FORMATS[kind].format_map(fields))
+            # after the block that streams (a choice made mid-reply: `/model`)
+            self._after_block(self._dim_lines(NOTE_FORMATS[kind].format_map(fields)))
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
             outcome, blocks = self._attempt.feed(event)
@@ -1064,11 +1065,11 @@ class Timeline:
         self._settled.extend(lines)
         self._any = True
 
-    def _dim_line(self, text: str) -> None:
+    def _dim_lines(self, text: str) -> list[str]:
         """A note, wrapped (never cut: at width 40 its end is its news); a newline in it (a title,
         a command) is shown escaped, as \\n."""
         text = sanitize(text).replace("\n", "\\n")
-        self._settle(wrap_spans([(text, ("dim",))], self.width, self.style, "", "  "))
+        return wrap_spans([(text, ("dim",))], self.width, self.style, "", "  ")
 
     def _dim(self, text: str, *roles: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", *roles)
@@ -1214,7 +1215,7 @@ class Timeline:
 
     def _on_ThinkingChanged(self, e: dict) -> None:
         chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
-        self._dim_line("◇ " + ", ".join(chosen) + " from the next message")
+        self._after_block(self._dim_lines("◇ " + ", ".join(chosen) + " from the next message"))
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         message = sanitize(str(e.get("message") or "")).strip()
@@ -1238,7 +1239,7 @@ class Timeline:
         """A reply that broke off and is written again: its unsettled tail leaves the screen, what
         had settled is marked as the failed attempt's, and the retry starts a new block."""
         if self._text is not None and self._text_started:
-            self._dim_line("↑ that reply broke off here; it is written again below")
+            self._settle(self._dim_lines("↑ that reply broke off here; it is written again below"))
         self._text = None
         self._thinking = None
 
@@ -1249,7 +1250,7 @@ class Timeline:
         self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
-            self._dim_line(f"› {queued} will go first with your next message")
+            self._settle(self._dim_lines(f"› {queued} will go first with your next message"))
 
     def _on_SteeringInjected(self, e: dict) -> None:
         if e.get("text") in self._steering:
@@ -1529,7 +1530,7 @@ def render_transcript(log: Iterable[dict], width: int, color: bool = False,
               if e.get("type") == "UserMessageCreated"]
     if max_turns is not None and len(starts) > max_turns:
         hidden = events.counted(len(starts) - max_turns, "earlier turn")
-        timeline._dim_line(f"… {hidden} not shown")
+        timeline._settle(timeline._dim_lines(f"… {hidden} not shown"))
         log = log[starts[-max_turns]:]
     for event in log:
         timeline.apply(event)
@@ -2096,6 +2097,9 @@ class Composer:
         self.set_text("")
 
     def close_menu(self) -> None:
+        """Esc: a command's picker goes with its command ("/model ", nothing picked yet)."""
+        if self.text.endswith(" ") and self._choices.get(self.text[:-1]):
+            self.set_text("")
         self.menu, self._menu_closed = [], True
 
     def _labels(self) -> list[tuple[int, int]]:

@@ -366,6 +366,26 @@ def test_an_unmappable_flag_rule_is_named_on_stderr(khaelor, fake):
     assert "--allowedTools 'WebFetch(domain:example.com)' is ignored" in result.stderr
 
 
+def test_a_broken_rule_in_a_settings_file_is_named_on_stderr_as_khaelor_permissions_does(
+        khaelor, fake, project):
+    """QA: a deny rule missing its ")" in .claude/settings.json was listed as ignored by `khaelor
+    permissions` and by nothing else: a -p run went on without a word, its author believing the
+    rule denied. The run says it once, in the listing's words; a rule for a tool khaelor lacks
+    (WebFetch, mcp__…: a Claude Code user's own file has many) is no mistake, and is not said."""
+    rules = {"deny": ["Bash(git push:*", "Frobnicate(x)", "WebFetch", "mcp__github"]}
+    write(project / ".claude" / "settings.json", json.dumps({"permissions": rules}, indent=1))
+    listing = khaelor.run("permissions").stdout
+    fake.enqueue(reply(text("ok")))
+    result = khaelor.run("-p", "go")
+    assert result.returncode == 0, result.stderr
+    settings = project / ".claude" / "settings.json"
+    for line, rule, why in ((4, "Bash(git push:*", "not in Claude Code's rule syntax"),
+                            (5, "Frobnicate(x)", "unknown tool 'Frobnicate'")):
+        assert f"{settings}:{line}  (ignored: {why}" in listing
+        assert f"khaelor: {settings}:{line} {rule!r} is ignored: {why}" in result.stderr
+    assert "WebFetch" not in result.stderr and "mcp__" not in result.stderr
+
+
 # ---------------------------------------------------------------- the result JSON
 
 RESULT_FIELDS = {"type", "subtype", "result", "session_id", "is_error", "num_turns", "duration_ms",

@@ -224,6 +224,27 @@ def test_a_pipe_on_stdin_that_stays_silent_is_left_after_a_wait(khaelor, fake, p
     assert said(fake.requests[0]["body"]["messages"][0]) == ["hi"]
 
 
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 143, "terminated by SIGTERM"),
+                                                (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_before_the_run_begins_is_said_and_answers_with_the_result_object(
+        khaelor, fake, project, signum, code, said):
+    """QA: `khaelor -p hi --output-format json` killed while it waited for a pipe on stdin (or
+    imported the SDK) exited 143 without a word on stderr, and a script reading stdout got
+    nothing: it says why it ended, and prints the result object a run that cannot start prints."""
+    from conftest import khaelor_popen
+    run_env = {**khaelor.env, "KHAELOR_TEST_CONSTANTS": json.dumps({"khaelor.STDIN_WAIT_S": 30})}
+    with khaelor_popen(["-p", "hi", "--output-format", "json"], project, run_env,
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True) as process:
+        time.sleep(1.5)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=20)
+    assert process.returncode == code and said in err and "Traceback" not in err, err
+    answer = json.loads(out)
+    assert answer["type"] == "result" and answer["is_error"] is True and said in answer["result"]
+    assert fake.requests == []
+
+
 def test_a_bad_config_file_names_the_file_and_the_problem(khaelor, project):
     (project / ".khaelor").mkdir()
     (project / ".khaelor" / "config.json").write_text('{"model": "x",\n "permissions": 3}')
@@ -448,22 +469,28 @@ def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, p
     assert config.read_text() == "[x]\n", results
 
 
-@pytest.mark.parametrize("output_format", ["json", "stream-json"])
-def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_format):
-    """Issue 22 item 7: SIGINT mid-stream ends the run with the result object a script reads."""
+@pytest.mark.parametrize("output_format, signum, code, said", [
+    ("json", signal.SIGINT, 130, "interrupted by the user (Ctrl-C)"),
+    ("stream-json", signal.SIGINT, 130, "interrupted by the user (Ctrl-C)"),
+    ("json", signal.SIGTERM, 143, "terminated by SIGTERM")])
+def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_format, signum, code,
+                                                     said):
+    """Issue 22 item 7: SIGINT mid-stream ends the run with the result object a script reads;
+    SIGTERM too, named, with 143. Once: the end of the run is not said again as it unwinds."""
     fake.enqueue(reply(text("word " * 400), chunk=5, delay=0.01))
     proc = khaelor.popen("-p", "write a lot", "--output-format", output_format)
     deadline = time.time() + 30
     while not fake.requests and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 130, stderr
-    result = json.loads(stdout.strip().splitlines()[-1])
-    assert result["type"] == "result" and result["is_error"] is True
-    assert result["subtype"] == "error_interrupted" and "interrupted" in result["error"]
-    assert "Traceback" not in stderr and "interrupted" in stderr
+    assert proc.returncode == code, stderr
+    results = [line for line in stdout.splitlines() if '"type": "result"' in line]
+    result = json.loads(results[-1])
+    assert len(results) == 1 and result["type"] == "result" and result["is_error"] is True
+    assert result["subtype"] == "error_interrupted" and result["error"] == said
+    assert "Traceback" not in stderr and stderr.count(said) == 1, stderr
 
 
 def terminal_stdout(monkeypatch):

@@ -260,9 +260,18 @@ def test_a_setting_refused_on_the_retry_is_not_said_to_be_sent_again(kernel_turn
     assert "sent again" not in failures[-1]["message"], "there is no third try"
 
 
-def test_effort_max_with_thinking_off_says_which_effort_is_sent(project, env, monkeypatch):
+@pytest.mark.parametrize("model_id, thinking, effort, sent_thinking", [
+    ("claude-opus-5-5", "off", "max", "adaptive"),
+    ("claude-opus-5", "off", "max", "adaptive"),
+    ("claude-opus-5", "always", "low", "adaptive"),
+    ("claude-sonnet-5", "off", "max", "disabled")])
+def test_an_effort_chosen_after_thinking_is_the_effort_sent(project, env, monkeypatch, model_id,
+                                                              thinking, effort, sent_thinking):
     """QA: /thinking off then /effort max on a model that cannot turn thinking off answered
-    "effort set to max" (begun: "◇ effort max"), and the next request asked for effort low."""
+    "effort max is kept, but the next request sends effort low": what was typed last was not
+    done. The newer choice wins: thinking is adaptive again where the model has the effort only
+    so, and it is said; where the model takes both (Sonnet 5 thinks off at effort max) both stand.
+    Chosen the other way round (effort, then thinking), thinking wins, as before."""
     import asyncio
 
     import khaelor as cli
@@ -271,18 +280,23 @@ def test_effort_max_with_thinking_off_says_which_effort_is_sent(project, env, mo
     monkeypatch.chdir(project)
     home = Path(env["KHAELOR_HOME"])
 
-    async def go():
-        args = cli.parse_args([])
+    async def go(*commands):
+        args = cli.parse_args(["--model", model_id])
         session = cli.Session(args, cli.load_settings(args, home, project), home, project)
         session.attach(events.SessionStore.create(events.sessions_dir(home, project)))
         try:
-            await session.run_command("/thinking off")
-            return await session.run_command("/effort max"), session.status()["reasoning"]
+            said = [await session.run_command(command) for command in commands]
+            return said[-1], session.next_reasoning().fields, dict(session.reasoning)
         finally:
             await session.quit()
-    said, status = asyncio.run(go())
-    assert "effort max is kept, but the next request sends effort low" in said
-    assert status == "effort low"
+    said, fields, chosen = asyncio.run(go(f"/thinking {thinking}", f"/effort {effort}"))
+    assert fields["output_config"]["effort"] == effort, said
+    assert fields["thinking"]["type"] == sent_thinking, said
+    assert ("thinking is adaptive again" in said) == (sent_thinking == "adaptive"), said
+    assert chosen == {"thinking": "adaptive" if sent_thinking == "adaptive" else thinking,
+                      "effort": effort}
+    assert asyncio.run(go(f"/effort {effort}", f"/thinking {thinking}"))[2] == {
+        "thinking": thinking, "effort": effort}
 
 
 def test_a_resumed_session_says_the_effort_it_already_has(fake, project, env, monkeypatch):

@@ -1095,6 +1095,32 @@ def test_esc_interrupts_only_while_busy():
     assert ctrl.calls[-1] == ("interrupt",) and app.exit_code is None
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_esc_on_a_commands_picker_leaves_the_composer_as_it_was_before_the_command(width):
+    """QA: `/model`, Enter (its picker opens), Esc: the picker closed and "/model " stayed in the
+    composer, to be deleted by hand. Esc takes the command with its picker; a menu of what is
+    being typed ("/mo") closes and leaves the typing."""
+    ctrl = FakeController(busy=False)
+    ctrl.command_choices = {"/model": ["opus", "sonnet"]}
+    app = ui.App(ctrl, style=MONO, width=width, height=20)
+    screen, stream = app_screen(app, height=20)
+    for typed, enter, menu, left in (("/model", True, "/model sonnet", ""),
+                                     ("/model ", False, "/model sonnet", ""),
+                                     ("/mo", False, "› /model", "/mo")):
+        app.on_key(K("text", typed))
+        if enter:
+            app.on_key(K("enter"))
+        stream.feed(app.render(0.0))
+        assert menu in text_of(screen)
+        app.on_key(K("esc"))
+        stream.feed(app.render(0.1))
+        assert app.composer.text == left and menu not in text_of(screen)
+        prompt = next(row for row in screen.display if row.startswith("❯"))
+        assert prompt.rstrip() == f"❯ {left}".rstrip() or not left and "Ask anything" in prompt
+        app.composer.clear()
+    assert ctrl.calls == []
+
+
 def test_esc_esc_on_an_empty_composer_opens_rewind():
     ctrl = FakeController(busy=False)
     app = ui.App(ctrl, style=MONO)
@@ -1684,6 +1710,35 @@ def test_steering_queued_mid_code_block_shows_after_the_block(width):
              for needle in ("first = 1", "third = 3", "Done.", "Queued instruction")]
     assert order == sorted(order)
     assert sum("Queued instruction" in r for r in rows) == 1
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("change, line", [
+    (event("ModelChanged", model="claude-opus-5-5"), "◇ Model: claude-opus-5-5"),
+    (event("ThinkingChanged", effort="max"), "◇ effort max from the next message"),
+    (event("ProcessExited", process_id="p1", exit_code=0, cause="exit"), "◆ process p1 exited")])
+def test_a_choice_or_a_note_made_mid_reply_shows_after_the_streamed_block(width, change, line):
+    """QA: `/model opus` typed while the reply streamed showed "◇ Model: claude-opus-5-5" above
+    the reply (the note settled at once, the reply's paragraph after it). A note lands where
+    steering does: after the block that streams, never above it or inside a code block."""
+    app = ui.App(FakeController(busy=True), style=MONO, width=width, height=30)
+    screen = pyte.HistoryScreen(width, 30, history=500)
+    stream = pyte.ByteStream(screen)
+    reply_text = "The first words of the reply, streaming.\n\n```python\nfirst = 1\n"
+    app.on_event(event("TextDelta", text=reply_text))
+    stream.feed(app.render(0.0))
+    app.on_event(change)
+    stream.feed(app.render(0.1))
+    rest = "second = 2\n```\n\nDone."
+    app.on_event(event("TextDelta", text=rest))
+    app.on_event(event("ModelTextBlockCompleted", text=reply_text + rest))
+    stream.feed(app.render(0.3))
+    history = ["".join(ch.data for ch in row.values()).rstrip() for row in screen.history.top]
+    rows = [r for r in history + [r.rstrip() for r in screen.display] if r.strip()]
+    words = " ".join(" ".join(rows).split())
+    assert words.count(line) == 1, rows
+    order = [words.index(needle) for needle in ("The first words", "second = 2", "Done.", line)]
+    assert order == sorted(order), rows
 
 
 # ---- honest status while streaming (issue 14) ----
