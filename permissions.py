@@ -1106,9 +1106,11 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        # Bash(kill:*) is "kill *", not killall; after a separator (http://x/:*), a plain prefix
-        spec = re.sub(r"(?<=\w):\*$", " *", spec)
-        pattern = _quoted_as_matched(re.sub(r":\*$", "*", spec)) or "*"
+        # Bash(kill:*) is "kill *", not killall: Claude Code's matcher ends a prefix at a word. Its
+        # docs read curl http://x/:* as a plain prefix: a deny or ask so (it catches more), an allow
+        # as the matcher does
+        word = action == "allow" or re.search(r"\w:\*$", spec)
+        pattern = _quoted_as_matched(re.sub(r":\*$", " *" if word else "*", spec)) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
         return rules, None
