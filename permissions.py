@@ -477,7 +477,12 @@ POLICY: dict[str, Program] = {
             "--trim-sector-ranges, hdparm --write-sector, hdparm --make-bad-sector, hdparm "
             "--fwdownload, hdparm --fwdownload-mode3, hdparm --fwdownload-mode3-max, hdparm "
             "--fwdownload-mode7", Program("disk")),
-    **_each("halt poweroff reboot shutdown", Program("power")),
+    **_each("halt, poweroff, reboot, shutdown, init 0, init 6, telinit 0, telinit 6",
+            Program("power")),
+    # systemctl reboot, loginctl suspend, systemctl isolate rescue.target: any word naming one
+    **{f"{ctl} {verb}{unit}": Program("power") for ctl in ("systemctl", "loginctl")
+       for unit in ("", ".target") for verb in """emergency halt hibernate hybrid-sleep kexec
+       poweroff reboot rescue soft-reboot suspend""".split()},
     **_each("""
         alias declare enable export getopts hash local mapfile read readarray readonly typeset
         unset""", Program("sets", arity=1)),
@@ -2370,9 +2375,9 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
-    # (a disk row may be the program, or the program and one of its words: nvme format)
-    disk = any(_row(name, *args[k:k + 1]).has("disk") for k in range(-1, len(args)))
-    if disk and not set(options) & only_shows:
+    # (a disk or power row may be the program, or the program and one of its words: nvme format)
+    kinds = " ".join(_row(name, *args[k:k + 1]).kinds for k in range(-1, len(args))).split()
+    if "disk" in kinds and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
     written = {"cp": targets[1:], "ddrescue": targets[1:], "tee": targets, "shred": targets,
@@ -2391,7 +2396,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
             return f"find -delete from {doomed_root}"
         if doomed_root and set(args) & runs:
             return f"find -exec over {doomed_root}"
-    if _changes_power_state(name, targets):
+    if "power" in kinds:
         return f"changing the machine's power state ({' '.join(part.core)})"
     if name == "kill" and _kills_everything(args):
         return "kill -1 signals every process"
@@ -2438,20 +2443,6 @@ def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
     while end < len(args) and args[end][:1] not in ("-", "(", "!"):
         end += 1
     return args[k:end] or (".",)
-
-
-def _changes_power_state(name: str, targets: list[str]) -> bool:
-    if _row(name).has("power"):
-        return True
-    if name in ("init", "telinit"):
-        return targets[:1] in (["0"], ["6"])
-    if name in ("systemctl", "loginctl"):
-        verbs = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate",
-                 "hybrid-sleep", "soft-reboot"}
-        units = {f"{verb}.target" for verb in verbs}
-        units |= {"rescue.target", "emergency.target"}
-        return bool(set(targets) & (verbs | units))
-    return False
 
 
 def _kills_everything(args: tuple[str, ...]) -> bool:
