@@ -1540,13 +1540,12 @@ def _decide_bash(command: str, workdir: str, root: str,
     if _FUNCTION_DEFINITION.search(command):
         line.unfollowed = ("it defines a shell function, "
                            "which can stand in for any command")
-    line.unfollowed = line.asks or line.unfollowed
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
     floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
-                  at_least="ask" if line.asks else "allow",
+                  at_least="ask" if line.unfollowed else "allow",
                   read_only=not not_read_only, not_read_only=not_read_only,
                   destructive=destructive)
 
@@ -2597,10 +2596,9 @@ class _ShellLine:
         # operators, redirections or nesting: no "always" suggestion
         self.compound = False
         self.floor: str | None = None
-        # a construct that makes no command provably read-only
+        # a construct that makes no command provably read-only, and no rule may allow unasked
         self.unfollowed: str | None = None
-        # a construct no rule may allow unasked; the statement that changed what later commands run
-        self.asks: str | None = None
+        # the statement that changed what later commands run (export GIT_PAGER=…)
         self.setter: str | None = None
         # the working directories the line may run in
         self.visited: list[str] = [cwd]
@@ -2654,7 +2652,7 @@ class _ShellLine:
                     self.unfollowed = "it starts a coprocess"
             if len(expanded) - len(_core(expanded)) in made:
                 # ${X:-ls} runs $X when it is set, $c what the loop gave it
-                self.asks = "its command word is made by an expansion"
+                self.unfollowed = "its command word is made by an expansion"
             while expanded and expanded[-1] == "}":
                 expanded.pop()
             targets = tuple((op, " ".join(self._expand(t, env)))
@@ -2686,7 +2684,7 @@ class _ShellLine:
         destroy-work tier does not: find . -name '*.tmp' need not print .)."""
         core = tuple(_core(words))
         if self.setter:
-            self.asks = f"it runs after {self.setter}, which changes what it does"
+            self.unfollowed = f"it runs after {self.setter}, which changes what it does"
         if cwd not in self.visited:
             self.visited.append(cwd)
         part = _Part(words, core, redirects, cwd, unliteral,
@@ -2764,9 +2762,6 @@ class _ShellLine:
                 self._add(words, (), cwd, depth + 1, {})
 
     def _remember_assignments(self, words: list[str], env: dict) -> None:
-        if words[:1] == ["set"] and any(w == "--" or w[:1] not in "-+" for w in words[1:]):
-            # set -- ls: $1 is no longer empty ("--" names no variable)
-            env["--"] = ""
         declarations = ("export", "declare", "local", "readonly", "typeset")
         if words[:1] and words[0] in declarations:
             # declare -x C=...
@@ -2859,9 +2854,6 @@ class _ShellLine:
             return khaelor_home()
         known = name in env or name == "HOME"
         found = env.get(name, self.home) if known else None
-        if name in "123456789@*#" and not known and "--" not in env:
-            # positional parameters are empty in `bash -c`
-            found = ""
         if op == "" or op.startswith((":?", "?")):
             return found
         if op.startswith((":-", ":=")):
