@@ -95,7 +95,8 @@ class Program(NamedTuple):
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
     # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), data (every
-    # word is data: echo, test), disk and power (the floor's)
+    # word is data: echo, test), sets (changes what later commands run: export, read, alias, hash
+    # -p), disk and power (the floor's)
     kinds: str = ""
     # read: the options that keep it read-only; wrapper: its options that take a value (both
     # written as below: "n:" and "lines=" take a value)
@@ -418,7 +419,8 @@ POLICY: dict[str, Program] = {
     "unshare": Program("wrapper", ("G:R:S:w:", """
         boottime= map-group= map-groups= map-user= map-users= monotonic= propagation= root=
         setgid= setgroups= setuid= wd=""")),
-    **_each("firejail setsid nohup unbuffer chronic command builtin", Program("wrapper")),
+    **_each("firejail setsid nohup unbuffer chronic command builtin dbus-run-session",
+            Program("wrapper")),
     "sg": Program("wrapper", skip=1),
     "caffeinate": Program("wrapper", ("t:w:", "")),
     "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
@@ -464,16 +466,27 @@ POLICY: dict[str, Program] = {
     "perl": Program("interpreter exact"),
     "awk": Program("runner pattern exact"),
     **_each("""
-        bpython dbus-run-session ed emacs ex expect gawk gdb ipython3 lldb mawk nawk nvim
+        bpython ed emacs ex expect gawk gdb ipython3 lldb mawk nawk nvim
         pdb vi vim""", Program("runner")),
     **_each("kubectl podman", Program("runner", arity=2)),
     **_each("""
         badblocks blkdiscard cfdisk fdisk gdisk mkdosfs mke2fs mkntfs mkswap parted sfdisk
-        sgdisk wipefs""", Program("disk")),
-    **_each("cryptsetup luksFormat, cryptsetup erase, nvme format, nvme sanitize, hdparm "
-            "--security-erase, hdparm --security-erase-enhanced, hdparm --trim-sector-ranges",
-            Program("disk")),
-    **_each("halt poweroff reboot shutdown", Program("power")),
+        sg_format sg_sanitize sgdisk wipefs""", Program("disk")),
+    **_each("cryptsetup luksFormat, cryptsetup erase, cryptsetup luksErase, nvme format, nvme "
+            "sanitize, hdparm --security-erase, hdparm --security-erase-enhanced, hdparm "
+            "--trim-sector-ranges, hdparm --write-sector, hdparm --make-bad-sector, hdparm "
+            "--fwdownload, hdparm --fwdownload-mode3, hdparm --fwdownload-mode3-max, hdparm "
+            "--fwdownload-mode7", Program("disk")),
+    **_each("halt, poweroff, reboot, shutdown, init 0, init 6, telinit 0, telinit 6",
+            Program("power")),
+    # systemctl reboot, loginctl suspend, systemctl isolate rescue.target: any word naming one
+    **{f"{ctl} {verb}{unit}": Program("power") for ctl in ("systemctl", "loginctl")
+       for unit in ("", ".target") for verb in """emergency halt hibernate hybrid-sleep kexec
+       poweroff reboot rescue soft-reboot suspend""".split()},
+    **_each("""
+        alias declare enable export getopts hash local mapfile read readarray readonly typeset
+        unset""", Program("sets", arity=1)),
+    **_each("mkdir ps touch", Program(arity=1)),
     **_each("""
         . chgrp chmod chown cp dd eval find install kill killall ln mv pkill rm rmdir shred
         source tee truncate""", Program("exact")),
@@ -584,10 +597,12 @@ _PARAMETER = re.compile(
     r"|(?P<n>[A-Za-z_]\w*|[0-9@*#?$!-]))"
 )
 _BRACES = re.compile(r"\{([^{},]*+,[^{}]*+)\}")
-# the tmux commands that run a command line (a window's command, keys typed into a shell)
+# the tmux commands that run a command line (a window's or a popup's command, keys typed into a
+# shell, a pipe's reader, if-shell's test)
 _TMUX_RUNS = frozenset("""
     new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
-    respawn-window respawnw run-shell run""".split())
+    respawn-window respawnw run-shell run display-popup popup pipe-pane pipep if-shell
+    if""".split())
 # ${X:-a b} and ${X:-"a b" /} are one run of a word, blanks and quotes and all
 _BRACED = re.compile(r"""\$\{(?:[^{}\n'"`$\\;&|<>()]|(['"])[^'"\n`$\\()]*\1)*+\}""")
 # A fork bomb defines a function and pipes it into itself in the
@@ -1096,9 +1111,11 @@ def _claude_rule(entry, action: str, where: str, kind: str,
     if what is None:
         return [], f"unknown tool {tool!r}"
     if what == "command":
-        # Bash(kill:*) is "kill *", not killall; after a separator (http://x/:*), a plain prefix
-        spec = re.sub(r"(?<=\w):\*$", " *", spec)
-        pattern = _quoted_as_matched(re.sub(r":\*$", "*", spec)) or "*"
+        # Bash(kill:*) is "kill *", not killall: Claude Code's matcher ends a prefix at a word. Its
+        # docs read curl http://x/:* as a plain prefix: a deny or ask so (it catches more), an allow
+        # as the matcher does
+        word = action == "allow" or re.search(r"\w:\*$", spec)
+        pattern = _quoted_as_matched(re.sub(r":\*$", " *" if word else "*", spec)) or "*"
         rules = [Rule(c, pattern, action, where, kind)
                  for c in _COMMAND_CAPABILITIES]
         return rules, None
@@ -1528,6 +1545,7 @@ def _decide_bash(command: str, workdir: str, root: str,
         requests = [r._replace(read_only=False) for r in requests]
     floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
+                  at_least="ask" if line.unfollowed else "allow",
                   read_only=not not_read_only, not_read_only=not_read_only,
                   destructive=destructive)
 
@@ -2356,12 +2374,13 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     if name == "mkfs" or name.startswith("mkfs.") or name == "mke2fs":
         return f"formatting a filesystem ({name})"
     only_shows = {"-l", "--list", "-s", "--show", "--help", "--version"}
-    # (a disk row may be the program, or the program and one of its words: nvme format)
-    disk = any(_row(name, *args[k:k + 1]).has("disk") for k in range(-1, len(args)))
-    if disk and not set(options) & only_shows:
+    # (a disk or power row may be the program, or the program and one of its words: nvme format)
+    kinds = " ".join(_row(name, *args[k:k + 1]).kinds for k in range(-1, len(args))).split()
+    if "disk" in kinds and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
-    written = {"cp": targets[1:], "tee": targets, "shred": targets, "cat": targets,
+    written = {"cp": targets[1:], "ddrescue": targets[1:], "tee": targets, "shred": targets,
+               "cat": targets,
                "dd": [a[3:] for a in args if a.startswith("of=")]}.get(name, [])
     if any(_is_device(t) for t in written):
         return f"{name} onto a device"
@@ -2376,7 +2395,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
             return f"find -delete from {doomed_root}"
         if doomed_root and set(args) & runs:
             return f"find -exec over {doomed_root}"
-    if _changes_power_state(name, targets):
+    if "power" in kinds:
         return f"changing the machine's power state ({' '.join(part.core)})"
     if name == "kill" and _kills_everything(args):
         return "kill -1 signals every process"
@@ -2423,20 +2442,6 @@ def _find_roots(args: tuple[str, ...]) -> tuple[str, ...]:
     while end < len(args) and args[end][:1] not in ("-", "(", "!"):
         end += 1
     return args[k:end] or (".",)
-
-
-def _changes_power_state(name: str, targets: list[str]) -> bool:
-    if _row(name).has("power"):
-        return True
-    if name in ("init", "telinit"):
-        return targets[:1] in (["0"], ["6"])
-    if name in ("systemctl", "loginctl"):
-        verbs = {"poweroff", "reboot", "halt", "kexec", "suspend", "hibernate",
-                 "hybrid-sleep", "soft-reboot"}
-        units = {f"{verb}.target" for verb in verbs}
-        units |= {"rescue.target", "emergency.target"}
-        return bool(set(targets) & (verbs | units))
-    return False
 
 
 def _kills_everything(args: tuple[str, ...]) -> bool:
@@ -2591,8 +2596,10 @@ class _ShellLine:
         # operators, redirections or nesting: no "always" suggestion
         self.compound = False
         self.floor: str | None = None
-        # a construct that makes no command provably read-only
+        # a construct that makes no command provably read-only, and no rule may allow unasked
         self.unfollowed: str | None = None
+        # the statement that changed what later commands run (export GIT_PAGER=…)
+        self.setter: str | None = None
         # the working directories the line may run in
         self.visited: list[str] = [cwd]
         # xargs commands with what is piped into them (for the destroy-work tier)
@@ -2632,12 +2639,20 @@ class _ShellLine:
                     if kind in ("sub", "dqsub"):
                         self.compound = True
                         self._parse(value, cwd, depth + 1)
-            expanded = []
+            # (the positions of the words an expansion made)
+            expanded, made = [], set()
             for pieces in words:
-                expanded += self._expand(pieces, env)
+                fields = self._expand(pieces, env)
+                if _unliteral([pieces], cwd):
+                    made.update(range(len(expanded), len(expanded) + len(fields)))
+                expanded += fields
             while expanded and expanded[0] in (*_KEYWORDS, "coproc"):
+                made = {k - 1 for k in made}
                 if expanded.pop(0) == "coproc":
                     self.unfollowed = "it starts a coprocess"
+            if len(expanded) - len(_core(expanded)) in made:
+                # ${X:-ls} runs $X when it is set, $c what the loop gave it
+                self.unfollowed = "its command word is made by an expansion"
             while expanded and expanded[-1] == "}":
                 expanded.pop()
             targets = tuple((op, " ".join(self._expand(t, env)))
@@ -2668,6 +2683,8 @@ class _ShellLine:
         after it. found: stdin_text is where a find started (the floor reads it so; the
         destroy-work tier does not: find . -name '*.tmp' need not print .)."""
         core = tuple(_core(words))
+        if self.setter:
+            self.unfollowed = f"it runs after {self.setter}, which changes what it does"
         if cwd not in self.visited:
             self.visited.append(cwd)
         part = _Part(words, core, redirects, cwd, unliteral,
@@ -2684,6 +2701,9 @@ class _ShellLine:
             scripts = _shell_scripts(core, redirects, stdin_text)
         elif name == "eval":
             scripts = [" ".join(core[1:])]
+        elif name == "alias":
+            # alias ll='CMD …': ll runs CMD on a later line
+            scripts = [word.partition("=")[2] for word in core[1:]]
         elif name == "trap":
             # trap CMD SIGNAL... runs CMD when the signal (or EXIT) comes
             args = core[2:] if core[1:2] == ("--",) else core[1:]
@@ -2712,6 +2732,10 @@ class _ShellLine:
             self._parse(script, cwd, depth + 1)
         if name == "find":
             self._add_find_commands(core, cwd, depth)
+        printf_v = name == "printf" and core[1:2] and core[1].startswith("-v")
+        if (words and not core) or _row(name).has("sets") or printf_v:
+            # export GIT_PAGER=…, unset GIT_CONFIG_COUNT, read X, hash -p ./x ls
+            self.setter = self.setter or " ".join(words)[:40]
         if name in ("cd", "pushd", "popd"):
             # where cd -, cd $X, pushd +N or popd went ($PWD, ~+) is unknown
             env.pop("PWD", None)
@@ -2830,9 +2854,6 @@ class _ShellLine:
             return khaelor_home()
         known = name in env or name == "HOME"
         found = env.get(name, self.home) if known else None
-        if name in "123456789@*#" and not known:
-            # positional parameters are empty in `bash -c`
-            found = ""
         if op == "" or op.startswith((":?", "?")):
             return found
         if op.startswith((":-", ":=")):

@@ -182,10 +182,13 @@ def test_a_path_rule_with_brackets_also_means_the_file_as_written(root):
 
 def test_a_legacy_prefix_rule_ends_at_a_word_not_inside_one(root):
     """Bash(kill:*) is `kill` and `kill -9 1`, as Claude Code reads it (like Bash(kill *)), never
-    killall; Bash(kill*) without the colon stays a plain prefix; a prefix ending at a separator
-    (curl http://x/:*) goes on."""
+    killall; Bash(kill*) without the colon stays a plain prefix. Claude Code's matcher ends every
+    `:*` prefix at a word, so an allow of curl http://x/:* grants no other URL; its docs read it
+    as a plain prefix, which a deny keeps (it catches more)."""
     _, rules = rules_from(root, "allow", "Bash(kill:*)", "Bash(ls*)", "Bash(curl http://x.test/:*)")
-    for command in ("kill", "kill -9 1", "lsof", "ls -la", "curl http://x.test/a"):
+    for command in ("kill", "kill -9 1", "lsof", "ls -la", "curl http://x.test/", "curl http://x.test/ -v"):
         assert decision(root, "bash", command, rules) == "allow", command
-    for command in ("killall python", "killx"):
+    for command in ("killall python", "killx", "curl http://x.test/a", "curl http://x.test/.evil.example"):
         assert decision(root, "bash", command, rules) == "ask", command
+    _, rules = rules_from(root, "deny", "Bash(curl http://x.test/:*)")
+    assert decision(root, "bash", "curl http://x.test/a", rules) == "deny"

@@ -3,6 +3,7 @@
 import ast
 import gc
 import os
+import re
 import time
 from pathlib import Path
 
@@ -261,6 +262,8 @@ def test_unparsable_line_asks_even_when_a_rule_allows(project):
     ("make test", "make test *"),
     ("ruff check .", "ruff check *"),
     ("mypy src", "mypy src *"),   # an unknown CLI: its plain words, never broader
+    # a program whose operands are files or process lists: its name (OpenCode's arity 1)
+    ("touch a2", "touch *"), ("mkdir build", "mkdir *"), ("ps aux", "ps *"),
     ("uv run pytest", "uv run pytest *"),
     ("poetry run pytest -x", "poetry run pytest *"),
     ("pip install -r requirements.txt", "pip install *"),
@@ -426,6 +429,13 @@ FLOORED = [
     "tmux send-keys -t x 'rm -rf /' Enter", "tmux split-window -h 'rm -rf ~'",
     # a default with a blank is one word, split only after it is expanded
     "rm -rf ${UNSET:-/ x}", "rm -rf ${UNSET:-build /}",
+    # more wrappers and tmux commands that run a command line (a popup's, a pipe's, if-shell's)
+    "dbus-run-session rm -rf ~", "dbus-run-session -- rm -rf /", "tmux display-popup 'rm -rf ~'",
+    "tmux popup -w 80 'rm -rf /'", "tmux pipe-pane -o 'rm -rf ~'", "tmux if-shell 'rm -rf /' ''",
+    # more disks erased, overwritten or flashed: by a subcommand, an option, a program, a copy
+    "cryptsetup luksErase /dev/sda", "hdparm --write-sector 1 --yes-i-know-what-i-am-doing /dev/sda",
+    "hdparm --make-bad-sector 1 /dev/sda", "hdparm --fwdownload fw.bin /dev/sda",
+    "sg_format --format /dev/sg0", "sg_sanitize --crypto /dev/sg0", "ddrescue /dev/zero /dev/sda",
 ]
 
 
@@ -944,3 +954,52 @@ def test_a_git_command_that_changes_refs_asks_and_runs_with_write_access(project
     decision = decide("bash", {"command": command}, project, DEFAULTS)
     assert decision.action == "ask" and decision.capability == "git.modify"
     assert not decision.read_only and decision.confine.write
+
+
+# ------------------------------------------------- hostile lines under the user's own rules
+
+def ruled(*rules):
+    return [*DEFAULTS, *(Rule("process.execute", pattern, action, "u", "user") for pattern, action in rules)]
+
+
+@pytest.mark.parametrize("command", [
+    "dbus-run-session touch m", "dbus-run-session -- touch m", "tmux display-popup 'touch m'",
+    "tmux popup -E 'touch m'", "tmux pipe-pane -o 'touch m'", "tmux if-shell 'touch m' ''",
+    "tmux if -F 1 'touch m'"])
+def test_a_command_a_wrapper_or_tmux_runs_meets_the_users_deny(project, command):
+    """A deny on `touch *` holds for the command a wrapper or a tmux command runs."""
+    rules = ruled(("touch *", "deny"), ("dbus-run-session *", "allow"), ("tmux *", "allow"))
+    assert bash(command, project, rules)["decision"] == "deny", command
+
+
+@pytest.mark.parametrize("command", [
+    "export GIT_PAGER='touch m'; git log", "export GIT_CONFIG_COUNT=0; git status",
+    "declare -x GIT_EXTERNAL_DIFF=./x; git diff", "typeset -x LESSOPEN='|touch m'; ls",
+    "readonly PAGER='touch m'; git log", "GIT_PAGER='touch m'; git log", "unset GIT_CONFIG_COUNT; git status",
+    "read GIT_PAGER <<< 'touch m'; git log", "printf -v GIT_PAGER 'touch m'; git log",
+    "export LD_PRELOAD=./x.so\nls", "export BASH_ENV=./x; bash -c ls", "mapfile -t X < f; git log",
+    "shopt -s expand_aliases\nalias ls='touch m'\nls", "hash -p ./x ls; ls", "enable -f ./x.so ls; ls",
+    "export NODE_OPTIONS='-r ./x' && npm test"])
+def test_a_command_after_a_statement_that_changes_what_it_runs_asks(project, command):
+    """An export (or declare, read, unset, alias, hash ...) the user allowed changes what a later
+    command does (GIT_PAGER, LD_PRELOAD, hash -p): that command no longer runs unasked."""
+    allowed = "export declare typeset readonly 'GIT_PAGER=* unset read printf mapfile shopt alias hash enable"
+    rules = ruled(*((f"{name} *", "allow") for name in allowed.split()), ("npm test *", "allow"))
+    first = re.split(r";|\n|&&", command)[0]
+    assert bash(first, project, rules)["decision"] == "allow", first
+    assert bash(command, project, rules)["decision"] == "ask", command
+
+
+def test_an_alias_runs_what_it_stands_for(project):
+    rules = ruled(("touch *", "deny"), ("alias *", "allow"))
+    assert bash("alias ll='touch m'", project, rules)["decision"] == "deny"
+
+
+@pytest.mark.parametrize("command", [
+    "${X:-ls}", '"${X:-ls}"', "${X:-touch} m", "$(echo touch) m", '"$(echo touch)" m', "`echo ls`",
+    "a=ls; $a", "for c in ls; do $c; done", "set -- ls; $1"])
+def test_a_command_word_made_by_an_expansion_never_runs_unasked(project, command):
+    """${X:-ls} runs $X when it is set; whatever the word expands to, no rule allows it unasked."""
+    rules = ruled(("ls *", "allow"), ("touch *", "allow"), ("a=ls", "allow"), ("set *", "allow"))
+    result = bash(command, project, rules)
+    assert result["decision"] == "ask", (command, result)
