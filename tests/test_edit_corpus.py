@@ -129,12 +129,17 @@ AIDER_CASES = [
 @pytest.mark.parametrize("test, before, old, new, after", AIDER_CASES,
                          ids=[case[0] for case in AIDER_CASES])
 def test_aider_edit_block_case(box, test, before, old, new, after):  # noqa: F811
+    check_edit_case(box, before, old, new, after, "ambiguous")
+
+
+def check_edit_case(box, before, old, new, after, error):
+    """Edit a read f.txt holding `before`: it then holds `after`, or (None) is refused as `error`."""
     target = box.root / "f.txt"
     target.write_text(before)
     box.call("read", file_path="f.txt")
     result = edit(box, target, old, new, False)
     if after is None:
-        assert result.is_error and result.meta["error"] == "ambiguous", result.text
+        assert result.is_error and result.meta["error"] == error, result.text
         assert target.read_text() == before
     else:
         assert not result.is_error, result.text
@@ -170,13 +175,4 @@ CODEX_CASES = [
 @pytest.mark.parametrize("test, before, old, new, after", CODEX_CASES,
                          ids=[case[0] for case in CODEX_CASES])
 def test_codex_seek_sequence_case(box, test, before, old, new, after):  # noqa: F811
-    target = box.root / "f.txt"
-    target.write_text(before)
-    box.call("read", file_path="f.txt")
-    result = edit(box, target, old, new, False)
-    if after is None:
-        assert result.is_error and result.meta["error"] == "not_found", result.text
-        assert target.read_text() == before
-    else:
-        assert not result.is_error, result.text
-        assert target.read_text() == after
+    check_edit_case(box, before, old, new, after, "not_found")
