@@ -25,6 +25,9 @@ from fake_api import FakeAnthropic, reply, text, tool_use  # noqa: E402
 # Every event any test emits (in-process, and in the CLI subprocesses that inherit it) is checked
 # against its kind's row in events.EVENT_KINDS: a mismatch raises where the event is made.
 os.environ["KHAELOR_CHECK_EVENTS"] = "1"
+# The SDK's client loads the whole trust store when it is made (~50 ms of CPU in each of the
+# suite's hundreds of runs), though the fake API speaks plain HTTP: one root certificate will do.
+os.environ["SSL_CERT_FILE"] = str(ROOT / "tests" / "data" / "one-root-ca.pem")
 
 
 @pytest.fixture

@@ -214,9 +214,13 @@ def kill_experiment(base: Path, env: dict, name: str, trigger: tuple) -> dict:
         if trigger[0] == "time":
             time.sleep(trigger[1])
         elif trigger[0] == "event":
-            while out.read_bytes().count(b"\n") < trigger[1] and proc.poll() is None \
-                    and time.monotonic() < deadline:
-                time.sleep(0.001)
+            with open(out, "rb") as printed:
+                lines = 0
+                while proc.poll() is None and time.monotonic() < deadline:
+                    lines += printed.read().count(b"\n")       # what was printed since the last look
+                    if lines >= trigger[1]:
+                        break
+                    time.sleep(0.001)
         if trigger[0] != "never" and proc.poll() is None:
             proc.kill()
         code = proc.wait(30)

@@ -1,4 +1,4 @@
-"""The real program in a real terminal (tmux), driven as a user would, against the fake API process."""
+"""The real program in a real terminal (tmux), driven as a user would, against the fake API."""
 import json
 import os
 import shlex
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import fork_server
+from fake_api import FakeAnthropic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,20 +25,16 @@ if not shutil.which("tmux"):
 
 
 class Terminal:
-    """khaelor under tmux plus the fake API as its own process, with the requests it received."""
+    """khaelor under tmux, against a fake API of its own, with the requests it received."""
 
     def __init__(self, tmp_path, project, env, script, args="", width=100, height=30):
         self.name = f"k{uuid.uuid4().hex[:8]}"
         files = tmp_path / self.name
         files.mkdir()
-        (files / "script.json").write_text(json.dumps(script))
-        port_file, self.request_log = files / "port", files / "requests.jsonl"
-        self.fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_api.py"), "--script",
-                                      str(files / "script.json"), "--port-file", str(port_file),
-                                      "--log", str(self.request_log)], stdout=subprocess.DEVNULL)
-        wait_until(port_file.exists, "the fake API to listen", every=0.005)
-        env = {**env, "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port_file.read_text().strip()}", "TERM": "xterm-256color"}
-        exports = {k: v for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH"))}
+        self.request_log = files / "requests.jsonl"
+        self.fake = FakeAnthropic(script, log_path=self.request_log)
+        env = {**env, "ANTHROPIC_BASE_URL": self.fake.base_url, "TERM": "xterm-256color"}
+        exports = {k: v for k, v in env.items() if k.startswith(("KHAELOR", "ANTHROPIC", "HOME", "PYTHONPATH", "SSL_CERT_FILE"))}
         # what `cd PROJECT && env EXPORTS python khaelor.py ARGS; echo EXITED $?` in the pane was,
         # with the program forked onto the pane's terminal by the fork server (tests/pane.py)
         pane = files / "pane"
@@ -76,8 +73,7 @@ class Terminal:
 
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
-        self.fake.terminate()
-        self.fake.wait()
+        self.fake.stop()
 
 
 def _quote(value: str) -> str:
