@@ -7,14 +7,16 @@ schemas are built, then reads jobs from its stdin, a Unix SOCK_SEQPACKET socket:
 carrying three file descriptors, the job's stdin, stdout and stderr (the pipes, files or terminal
 a subprocess.Popen child would get). It forks a child per job. The child is an ordinary process
 with the job's cwd, environment, argv and files as fds 0, 1 and 2; it runs
-`sys.exit(khaelor.main(argv))` as khaelor.py's last line does, so it ends like any run (atexit, the
-wait for non-daemon threads, the flush). With "tty", the child is what a terminal's shell starts:
+`khaelor.main(argv)` as khaelor.py's last line does, and ends like any run (the wait for non-daemon
+threads, atexit, the flush, the exit status), without the interpreter's teardown (see
+end_as_the_interpreter_would). With "tty", the child is what a terminal's shell starts:
 a session leader whose controlling terminal is that one (the terminal must have no session: see
 tests/pane.py). The job's env may set KHAELOR_TEST_CONSTANTS (see become). For each job the
 server prints {"id", "pid"} once forked and {"id", "status"}
 once reaped (the raw wait status). EOF on stdin ends the server. conftest.py's ForkServer is the
 other end.
 """
+import atexit
 import fcntl
 import gc
 import io
@@ -136,6 +138,24 @@ def stdio(fd: int, was: io.TextIOWrapper) -> io.TextIOWrapper:
     return stream
 
 
+def end_as_the_interpreter_would(code) -> None:
+    """What Py_FinalizeEx does before it tears the interpreter down (wait for the non-daemon threads,
+    run the atexit functions, flush stdout and stderr), then exit. The teardown itself, freeing
+    every module and object, would touch (and so copy from the server) every page the SDK's import
+    made: ~70 ms of CPU per run, a run's largest cost. A code that is not a number, or a flush that
+    fails, takes the interpreter's own way out, which reports it."""
+    if code is not None and not isinstance(code, int):
+        sys.exit(code)
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        sys.exit(code)
+    os._exit((code or 0) & 0xFF)
+
+
 warm_up(json.loads(sys.argv[2]))
 # What the SDK and the warm-up made lives as long as any child: out of the collector's sight, a
 # child's collections no longer walk (and copy, page by page) it all: a headless run's CPU went
@@ -148,4 +168,9 @@ job, job_fds = serve(job_socket)
 if job:
     job_socket.detach()          # fd 0 becomes the job's stdin: the socket object must not close it
     become(job, job_fds)
-    sys.exit(khaelor.main(job["argv"]))
+    try:
+        code = khaelor.main(job["argv"])
+    except SystemExit as stop:
+        code = stop.code
+    end_as_the_interpreter_would(code)
+
