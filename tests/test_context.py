@@ -30,7 +30,17 @@ class Log(list):
 
     @property
     def state(self) -> events.State:
-        return events.replay(self)
+        """The fold of the log, as a store keeps it: only the events added since the last fold are
+        applied to it; a log cut or changed since is folded again from the start."""
+        folded = getattr(self, "_folded", [])
+        if len(folded) > len(self) or any(a is not b for a, b in zip(folded, self)):
+            folded = []
+        if not folded:
+            self._state = events.State()
+        for event in self[len(folded):]:
+            events.apply(self._state, event)
+        self._folded = list(self)
+        return self._state
 
 
 def make_context(tmp_path, model="claude-sonnet-5-5", workspace=None) -> context.Context:
