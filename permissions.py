@@ -726,6 +726,10 @@ class _Request(NamedTuple):
     writes: bool = False
     # a command's words without wrappers: deny and ask rules also match these
     core: str = ""
+    # how many words come before the command a wrapper runs (`timeout 5 make`: 2)
+    wrapped_at: int = 0
+    # that command, standing alone, provably only reads (`timeout 5 ls`)
+    wrapped_reads: bool = False
 
 
 class _Part(NamedTuple):
@@ -1220,9 +1224,15 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     command is allowed unless a rule the user or the project wrote says
     otherwise. Deny and ask rules also match the command without its wrappers
     (`timeout 5 rm -rf x` is still `rm *`); allows do not (`sudo rm` is not
-    `rm *`)."""
+    `rm *`), and an allow that names only the wrapper does not reach what it
+    runs (`timeout *` allows `timeout 5 make`, not `timeout 5 rm -rf src`):
+    that command is judged alone."""
     _on_time()
     rule = _last_match(rules, request)
+    if rule is not None and rule.action == "allow" and request.core \
+            and request.core != request.subject and not _names_the_wrapped(rule.pattern, request):
+        alone = request._replace(subject=request.core, read_only=request.wrapped_reads)
+        return _verdict(alone, rules)
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
         trusted = [r for r in rules if not r.tighten_only]
@@ -1590,6 +1600,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     capability = _classify(part.core)
     command = _shell_text(part.words)
     suggestion = None if compound else _suggest(part.words)
+    wrapped_at = _wrapped_at(part.words, part.core)
     if suggestion and not read_only and capability == EXECUTE:
         words = _rule_core(part.core)
         if any(_row(*words[:n]).has("read") for n in (1, 2, 3)):
@@ -1600,7 +1611,8 @@ def _part_requests(part: _Part, root: str, compound: bool,
     requests = [_Request(
         capability, command, suggestion,
         read_only=read_only and capability == EXECUTE,
-        core=_shell_text(_rule_core(part.core)),
+        core=_shell_text(_rule_core(part.core)), wrapped_at=wrapped_at,
+        wrapped_reads=_wrapped_reads(part, wrapped_at, root),
     )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
@@ -1630,6 +1642,36 @@ def _redirect_writes(op: str, target: str) -> bool:
     """A redirection that writes a file: not a descriptor copy (2>&1) or close (>&-); `> 2`,
     `&> -` and `>> 1` write files named 2, - and 1."""
     return op in _WRITE_REDIRECTS and not (op == ">&" and (_is_number(target) or target == "-"))
+
+
+def _wrapped_at(words: tuple[str, ...], core: tuple[str, ...]) -> int:
+    """How many words come before the command the wrappers run: `sudo -u root rm x` 3, `rm x` and
+    `/bin/rm x` 0; all of them where the command is not the words' tail (`env -S 'rm x'`)."""
+    before = len(words) - len(core)
+    if before >= 0 and words[before + 1:] == tuple(core[1:]):
+        return before
+    return len(words)
+
+
+def _wrapped_reads(part: _Part, wrapped_at: int, root: str) -> bool:
+    """Whether the command the wrappers run provably only reads, alone; never after a runner,
+    which adds words of its own (`xargs git` may run `git push`)."""
+    before, command = part.words[:wrapped_at], part.words[wrapped_at:]
+    if not before or not command or any(_row(posixpath.basename(w)).has("runner") for w in before):
+        return False
+    return _not_read_only(part._replace(words=command, redirects=()), root) is None
+
+
+def _names_the_wrapped(pattern: str, request: _Request) -> bool:
+    """Whether an allow rule names the command a wrapper runs, not only the wrapper: `timeout 5
+    make *` and `timeout 5 make` do, `timeout *` and `env *` do not."""
+    literal = re.split(r"[*?[]", pattern, maxsplit=1)
+    if len(literal) == 1:
+        return True                     # no wildcard: the exact command the user allowed
+    words = _SHELL_WORD.findall(literal[0])
+    if literal[0] and not literal[0][-1].isspace():
+        words = words[:-1]              # `timeout 5 ma*`: the last word is not named whole
+    return len(words) > request.wrapped_at
 
 
 def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:

@@ -973,6 +973,27 @@ def test_a_command_a_wrapper_or_tmux_runs_meets_the_users_deny(project, command)
 
 
 @pytest.mark.parametrize("command", [
+    "timeout 5 touch m", "env touch m", "env -S 'touch m'", "env -i PATH=/bin touch m",
+    "nice -n 5 touch m", "stdbuf -oL touch m", "time touch m", "nohup touch m", "xargs touch < f",
+    "timeout 5 python3 -c 'open(\"m\", \"w\")'", "timeout -k 1 5 env touch m"])
+def test_an_allow_that_names_only_a_wrapper_does_not_reach_what_it_runs(project, command):
+    """`timeout *` or `env *` allowed, to stop asking about timeouts, let `timeout 5 touch m` run
+    unasked: the wrapped command is judged as if it stood alone."""
+    wrappers = ("timeout *", "env *", "nice *", "stdbuf *", "time *", "nohup *", "xargs *")
+    rules = ruled(*[(pattern, "allow") for pattern in wrappers])
+    assert bash(command, project, rules)["decision"] == "ask", command
+
+
+def test_an_allow_that_names_the_wrapped_command_still_allows_it(project):
+    rules = ruled(("timeout *", "allow"), ("timeout 5 touch *", "allow"), ("make *", "allow"),
+                  ("env -S 'touch m'", "allow"), ("/usr/bin/touch *", "allow"))
+    for command in ["timeout 5 touch m", "timeout 9 make test", "timeout 5 ls -la", "env -S 'touch m'",
+                    "/usr/bin/touch m"]:
+        assert bash(command, project, rules)["decision"] == "allow", command
+    assert bash("timeout 5 tou*", project, rules)["decision"] == "ask"
+
+
+@pytest.mark.parametrize("command", [
     "export GIT_PAGER='touch m'; git log", "export GIT_CONFIG_COUNT=0; git status",
     "declare -x GIT_EXTERNAL_DIFF=./x; git diff", "typeset -x LESSOPEN='|touch m'; ls",
     "readonly PAGER='touch m'; git log", "GIT_PAGER='touch m'; git log", "unset GIT_CONFIG_COUNT; git status",
