@@ -603,6 +603,11 @@ _TMUX_RUNS = frozenset("""
     new new-session new-window neww split-window splitw send-keys send respawn-pane respawnp
     respawn-window respawnw run-shell run display-popup popup pipe-pane pipep if-shell
     if""".split())
+# the tmux commands that keep or read tmux commands (run-shell among them) to run later: a hook, a
+# key binding, a file, a prompt's template, a menu, an option (default-command, a hook as option)
+_TMUX_STORES = frozenset("""
+    set-hook bind-key bind source-file source command-prompt confirm-before confirm display-menu
+    menu set-option set set-window-option setw""".split())
 # ${X:-a b} and ${X:-"a b" /} are one run of a word, blanks and quotes and all
 _BRACED = re.compile(r"""\$\{(?:[^{}\n'"`$\\;&|<>()]|(['"])[^'"\n`$\\()]*\1)*+\}""")
 # A fork bomb defines a function and pipes it into itself in the
@@ -1642,6 +1647,30 @@ def _redirect_writes(op: str, target: str) -> bool:
     """A redirection that writes a file: not a descriptor copy (2>&1) or close (>&-); `> 2`,
     `&> -` and `>> 1` write files named 2, - and 1."""
     return op in _WRITE_REDIRECTS and not (op == ">&" and (_is_number(target) or target == "-"))
+
+
+def _tmux_scripts(args: tuple[str, ...]) -> tuple[list[str], str]:
+    """The command lines `tmux ARGS` runs (tmux -c CMD; new -s x 'CMD' or CMD ARG...; send-keys
+    'CMD' Enter: the words after a command's options), in each of its commands (`tmux ls \\;
+    run 'CMD'`), and the first command that keeps tmux commands for later, or ""."""
+    options, _, at = _parse(args, lambda o: o[1:] in "cfLST", stop=True)
+    scripts = [o.value for o in options if o.name == "-c"]
+    stored = ""
+    command = []
+    for word in (*args[at:], ";"):
+        if word != ";" and not word.endswith(";"):
+            command.append(word)
+            continue
+        if word != ";":
+            command.append(word[:-1])           # tmux ends a command at a word's last `;` too
+        if command and command[0] in _TMUX_RUNS:
+            end = _parse(command[1:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
+            runs = command[1 + end:]
+            scripts += [*runs, " ".join(runs)] if runs else []
+        elif command and command[0] in _TMUX_STORES:
+            stored = stored or command[0]
+        command = []
+    return scripts, stored
 
 
 def _wrapped_at(words: tuple[str, ...], core: tuple[str, ...]) -> int:
@@ -2753,14 +2782,9 @@ class _ShellLine:
         elif name == "git":
             scripts = _git_scripts(core[1:])
         elif name == "tmux":
-            # tmux -c CMD; tmux [-L SOCKET] new -s x 'CMD' or CMD ARG..., send-keys 'CMD' Enter:
-            # the words after its options
-            options, _, at = _parse(core[1:], lambda o: o[1:] in "cfLST", stop=True)
-            scripts = [o.value for o in options if o.name == "-c"]
-            if core[1 + at:2 + at] and core[1 + at] in _TMUX_RUNS:
-                end = _parse(core[2 + at:], lambda o: o[1:] in "cefFlnpstTxy", stop=True)[2]
-                command = core[2 + at + end:]
-                scripts += [*command, " ".join(command)] if command else []
+            scripts, stored = _tmux_scripts(core[1:])
+            if stored:
+                self.unfollowed = f"tmux {stored} keeps commands to run later, not read here"
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's

@@ -965,11 +965,24 @@ def ruled(*rules):
 @pytest.mark.parametrize("command", [
     "dbus-run-session touch m", "dbus-run-session -- touch m", "tmux display-popup 'touch m'",
     "tmux popup -E 'touch m'", "tmux pipe-pane -o 'touch m'", "tmux if-shell 'touch m' ''",
-    "tmux if -F 1 'touch m'"])
+    "tmux if -F 1 'touch m'", "tmux ls \\; run-shell 'touch m'", "tmux ls ';' run 'touch m'",
+    "tmux ls\\; neww 'touch m'", "tmux -L s kill-server \\; new -d 'touch m'"])
 def test_a_command_a_wrapper_or_tmux_runs_meets_the_users_deny(project, command):
     """A deny on `touch *` holds for the command a wrapper or a tmux command runs."""
     rules = ruled(("touch *", "deny"), ("dbus-run-session *", "allow"), ("tmux *", "allow"))
     assert bash(command, project, rules)["decision"] == "deny", command
+
+
+@pytest.mark.parametrize("command", [
+    "tmux set-hook -g session-created 'run-shell \"touch m\"'", "tmux bind-key x run-shell 'touch m'",
+    "tmux source-file x.conf", "tmux command-prompt 'run-shell %%'", "tmux ls \\; confirm 'run touch'",
+    "tmux set -g default-command 'touch m'", "tmux display-menu T x 'run-shell \"touch m\"'"])
+def test_tmux_commands_kept_to_run_later_ask_even_where_tmux_is_allowed(project, command):
+    """A hook, a key binding, a sourced file or a prompt holds tmux commands (run-shell among them)
+    the judge does not read: under `tmux *` they asked nothing, while `touch *` was denied."""
+    rules = ruled(("touch *", "deny"), ("tmux *", "allow"))
+    assert bash(command, project, rules)["decision"] == "ask", command
+    assert bash("tmux ls \\; kill-server", project, rules)["decision"] == "allow"
 
 
 @pytest.mark.parametrize("command", [
