@@ -1478,7 +1478,7 @@ class StreamedAnswer:
 
 # any other end: error_during_execution
 RESULT_SUBTYPES = {"done": "success", "max-turns": "error_max_turns",
-                   "interrupted": "error_interrupted", "unstarted": "error"}
+                   "interrupted": "error_interrupted"}
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
 
 

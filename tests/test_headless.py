@@ -572,7 +572,7 @@ def test_a_start_up_error_still_answers_with_the_result_object(khaelor, fake, pr
         result = khaelor.run("-p", "hi", "--output-format", output_format, *argv, env=env)
         assert result.returncode == 2, result.stderr
         answer = json.loads(result.stdout.strip().splitlines()[-1])
-        assert answer["type"] == "result" and answer["subtype"] == "error", answer
+        assert answer["type"] == "result" and answer["subtype"] == "error_during_execution", answer
         assert answer["is_error"] is True and said in answer["result"], answer
         assert set(answer) >= {"session_id", "num_turns", "usage", "total_cost_usd", "error"}
     (project / ".khaelor" / "config.json").write_text("{not json")
