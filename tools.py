@@ -2040,12 +2040,12 @@ class _Spool:
 
 def _prune_spill(spill_dir: Path) -> None:
     """Keep the spill folders of all projects under their cap (room left for one more file), the
-    oldest going first."""
+    oldest going first, with the files left beside them by versions before per-project folders."""
     files = []
-    for folder in os.scandir(spill_dir.parent):
-        if folder.is_dir(follow_symlinks=False):
-            files += [(entry.stat().st_mtime, entry.stat().st_size, entry.path)
-                      for entry in os.scandir(folder) if entry.is_file()]
+    for entry in os.scandir(spill_dir.parent):
+        inside = os.scandir(entry) if entry.is_dir(follow_symlinks=False) else [entry]
+        files += [(found.stat().st_mtime, found.stat().st_size, found.path)
+                  for found in inside if found.is_file(follow_symlinks=False)]
     files.sort()
     total = sum(size for _, size, _ in files)
     for _, size, path in files:

@@ -328,6 +328,20 @@ def test_spill_folder_is_pruned_oldest_first(tmp_path, monkeypatch):
     assert sorted(p.name for p in spill.iterdir()) == ["old3.txt", "old4.txt"]
 
 
+def test_spill_files_of_the_flat_folder_before_projects_had_their_own_are_pruned_too(tmp_path, monkeypatch):
+    spill = tmp_path / "spill"
+    project_folder = spill / "0123456789ab"
+    project_folder.mkdir(parents=True)
+    for n, path in enumerate([spill / "flat0.txt", spill / "flat1.txt", project_folder / "new.txt"]):
+        path.write_text("x" * 1000)
+        os.utime(path, (n, n))
+    monkeypatch.setattr(tools, "SPILL_DIR_CAP_BYTES", 3000)
+    monkeypatch.setattr(tools, "SPILL_FILE_CAP_BYTES", 1000)
+    tools._prune_spill(project_folder)
+    assert sorted(p.name for p in spill.iterdir()) == ["0123456789ab", "flat1.txt"]
+    assert (project_folder / "new.txt").exists()
+
+
 # ---------------------------------------------------------------- process
 
 
