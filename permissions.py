@@ -272,6 +272,12 @@ POLICY: dict[str, Program] = {
     "file": Program("read", ("bcEhiLNknprsvZ0F:e:m:P:", """
         brief mime mime-type mime-encoding dereference no-dereference keep-going raw
         special-files""")),
+    # not -P/--pager, -H/--html (a browser), -p (preprocessors), -C (a config), -M (pages from
+    # elsewhere): those ask
+    "man": Program("read", ("acdDfhiIkKlwWuL:m:S:s:e:E:R:", """
+        all apropos whatis where path location where-cat location-cat local-file ignore-case
+        match-case regex wildcard names-only sections= locale= systems= extensions= encoding=
+        recode= no-hyphenation no-justification help version usage debug default""")),
     "uniq": Program("read writes-second", ("cdDiuzf:s:w:", """
         count repeated all-repeated unique ignore-case skip-fields= skip-chars=
         check-chars= zero-terminated""")),

@@ -4,6 +4,7 @@ import ast
 import gc
 import os
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -839,6 +840,17 @@ def test_an_always_rule_keeps_the_quotes_it_is_shown_with(project):
 def test_test_v_with_an_array_subscript_is_not_read_only(project):
     assert bash("test -v name", project)["decision"] == "ask"
     assert bash("[ -f README.md ]", project)["decision"] == "allow"
+
+
+def test_man_reads_and_its_options_that_run_a_program_ask_with_an_exact_always(project):
+    """`man ls` asked, and "always" saved `man ls *`, which then ran `man ls -P 'touch m'` unasked."""
+    for command in ("man ls", "man 5 crontab", "man -k printf", "man -aw ls"):
+        assert bash(command, project)["decision"] == "allow", command
+    for command in ("man ls -P 'touch m'", "man --pager='touch m' ls", "man -Hfirefox ls",
+                    "man -C ./man.conf ls", "man -M ./pages ls", "man -p t ls", "man --pa=x ls"):
+        result = bash(command, project)
+        assert result["decision"] == "ask", command
+        assert result["suggestion"] == permissions._escape(permissions._shell_text(shlex.split(command)))
 
 
 def test_always_on_a_listed_command_asked_for_its_option_is_exact(project):
