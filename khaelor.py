@@ -706,6 +706,14 @@ def last_changing_step(state) -> int | None:
     return None
 
 
+def why_nothing_to_rewind(state) -> str:
+    """Said when last_changing_step finds none: none changed anything, or all are undone."""
+    if any(step["kind"] == "rewind" for step in state.steps):
+        return "the steps that changed the work tree are rewound already (a rewind is a step too:" \
+               " rewinding it brings them back)"
+    return "no step of this session changed the work tree"
+
+
 class Rewind:
     """Going back to before step `number`: `plan` says what it writes and deletes; `start`, `write`
     and `finish` do it between two checkpoints (so a rewind can itself be rewound) as a durable
@@ -859,7 +867,7 @@ def rewind_session(args, bus, toolbox) -> int:
     number = last_changing_step(state) if args.step is None else args.step
     # nothing to do is exit 1, as git commit's "nothing to commit": `rewind && …` stops there
     if number is None or not state.steps:
-        raise KhaelorError("nothing to rewind: no step of this session changed the work tree")
+        raise KhaelorError(f"nothing to rewind: {why_nothing_to_rewind(state)}")
     rewind = Rewind(bus, toolbox, number)
     rewind.plan()
     print(rewind.describe())
@@ -2286,7 +2294,7 @@ class Session:
         """Rewind the last step that changed something."""
         number = last_changing_step(self.store.state)
         if number is None:
-            return "nothing to undo"
+            return f"nothing to undo: {why_nothing_to_rewind(self.store.state)}"
         return await self.cmd_rewind(str(number))
 
     async def cmd_rewind(self, argument):

@@ -189,6 +189,9 @@ def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
     rewound = khaelor.run("rewind", "--yes")
     assert rewound.returncode == 0, rewound.stderr
     assert work_tree(project) == start
+    again = khaelor.run("rewind", "--yes")           # said "no step … changed the work tree"
+    assert again.returncode == 1 and "rewound already" in again.stderr, again.stderr
+    assert work_tree(project) == start
 
 
 def test_after_a_kill_9_mid_step_the_rewind_works(khaelor, fake, project):
