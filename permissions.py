@@ -454,6 +454,13 @@ POLICY: dict[str, Program] = {
     "ltrace": Program("wrapper", ("A:D:F:a:e:l:n:o:p:s:u:w:x:", """
         align= config= indent= library= output=""")),
     "proxychains": Program("wrapper", ("f:", "")),
+    "fakeroot": Program("wrapper", ("b:i:l:s:", "faked= lib=")),
+    "faketime": Program("wrapper", ("", "date-prog="), skip=1),
+    "numactl": Program("wrapper", ("C:N:P:i:m:p:", """
+        cpunodebind= interleave= membind= physcpubind= preferred= preferred-many=""")),
+    "valgrind": Program("wrapper"),         # (its options take their values only attached)
+    "proot": Program("wrapper", ("0b:k:m:p:q:r:w:", """
+        bind= cwd= kernel-release= mount= qemu= rootfs=""")),
     "nsenter": Program("wrapper", ("G:S:t:", "setgid= setuid= target=")),
     # (-i, -e and -l take their value only attached: -i{})
     "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:n:s:", """

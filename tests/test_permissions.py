@@ -1000,11 +1000,14 @@ def test_tmux_commands_kept_to_run_later_ask_even_where_tmux_is_allowed(project,
 @pytest.mark.parametrize("command", [
     "timeout 5 touch m", "env touch m", "env -S 'touch m'", "env -i PATH=/bin touch m",
     "nice -n 5 touch m", "stdbuf -oL touch m", "time touch m", "nohup touch m", "xargs touch < f",
-    "timeout 5 python3 -c 'open(\"m\", \"w\")'", "timeout -k 1 5 env touch m"])
+    "timeout 5 python3 -c 'open(\"m\", \"w\")'", "timeout -k 1 5 env touch m", "numactl -C 0 touch m",
+    "valgrind --tool=memcheck touch m", "faketime 2020-01-01 touch m", "proot -r / touch m",
+    "fakeroot touch m"])
 def test_an_allow_that_names_only_a_wrapper_does_not_reach_what_it_runs(project, command):
     """`timeout *` or `env *` allowed, to stop asking about timeouts, let `timeout 5 touch m` run
     unasked: the wrapped command is judged as if it stood alone."""
-    wrappers = ("timeout *", "env *", "nice *", "stdbuf *", "time *", "nohup *", "xargs *")
+    wrappers = ("timeout *", "env *", "nice *", "stdbuf *", "time *", "nohup *", "xargs *", "numactl *",
+                "valgrind *", "faketime *", "proot *", "fakeroot *")
     rules = ruled(*[(pattern, "allow") for pattern in wrappers])
     assert bash(command, project, rules)["decision"] == "ask", command
 
