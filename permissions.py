@@ -1630,7 +1630,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
         capability, command, suggestion,
         read_only=read_only and capability == EXECUTE,
         core=_shell_text(_rule_core(part.core)), wrapped_at=wrapped_at,
-        wrapped_reads=_wrapped_reads(part, wrapped_at, root),
+        wrapped_reads=capability == EXECUTE and _wrapped_reads(part, wrapped_at, root),
     )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
