@@ -173,4 +173,3 @@ if job:
     except SystemExit as stop:
         code = stop.code
     end_as_the_interpreter_would(code)
-
