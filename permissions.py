@@ -2794,6 +2794,9 @@ class _ShellLine:
             scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
         elif name == "git":
             scripts = _git_scripts(core[1:])
+        elif name in _SSH_VALUED:
+            scripts, unread = _ssh_scripts(name, core[1:])
+            self.unfollowed = self.unfollowed or unread
         elif name == "tmux":
             scripts, stored = _tmux_scripts(core[1:])
             if stored:
@@ -3049,6 +3052,45 @@ def _git_scripts(args: tuple[str, ...]) -> list[str]:
             command = command[1:]
         return [" ".join(command)] if command else []
     return []
+
+
+# the short options that take a value, of the programs that run ssh (or a command in its place)
+_SSH_VALUED = {"ssh": "BbcDEeFIiJLlmOopQRSWw", "scp": "cDFiJloPSX", "sftp": "BbcDFiJloPRSsX",
+               "rsync": "BMTef"}
+# ssh's options (-o NAME=VALUE) whose value is a command it runs on this machine
+_SSH_LOCAL_COMMANDS = ("proxycommand", "localcommand", "knownhostscommand")
+
+
+def _ssh_scripts(name: str, args: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """The command lines ssh, scp, sftp or rsync runs here: `-o ProxyCommand=CMD` (LocalCommand,
+    KnownHostsCommand), scp's and sftp's -S PROGRAM, rsync's -e/--rsh CMD; and why not all can be
+    read: -F names an ssh config, which may hold such a command."""
+    def takes(option: str) -> bool:
+        if option.startswith("--"):
+            return name == "rsync" and _abbreviates(option, "rsh")
+        return option[1:] in _SSH_VALUED[name]
+    runs = {"scp": "-S", "sftp": "-S", "rsync": "-e"}.get(name)
+    scripts, unread = [], None
+    for option in _parse(args, takes)[0]:
+        # -o NAME=VALUE, -o "NAME VALUE"
+        key, _, command = re.sub(r"\s*=\s*|\s+", "=", option.value or "", count=1).partition("=")
+        if option.name == "-o" and key.lower() in _SSH_LOCAL_COMMANDS:
+            scripts.append(command)
+        elif option.name == runs or (option.name.startswith("--") and takes(option.name)):
+            try:
+                words = shlex.split(option.value or "")
+            except ValueError:
+                words = []
+            if posixpath.basename(words[0] if words else "") != "ssh":
+                scripts.append(option.value)
+                continue
+            # `rsync -e 'ssh -p 2222'`: ssh itself is what rsync is for; what ssh runs is read
+            more, unread_too = _ssh_scripts("ssh", tuple(words[1:]))
+            scripts += more
+            unread = unread or unread_too
+        elif option.name == "-F" and option.value != "/dev/null":
+            unread = f"{name} -F {option.value} reads an ssh config, which may run commands"
+    return scripts, unread
 
 
 def _shell_operand(core: tuple[str, ...]) -> int:

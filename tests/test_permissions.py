@@ -985,6 +985,33 @@ def test_a_command_a_wrapper_or_tmux_runs_meets_the_users_deny(project, command)
     assert bash(command, project, rules)["decision"] == "deny", command
 
 
+SSH_RULES = [Rule("network.access", f"{program} *", "allow", "u", "user")
+             for program in ("ssh", "scp", "sftp", "rsync")]
+
+
+@pytest.mark.parametrize("command", [
+    "ssh -o ProxyCommand='touch m' h", "ssh -oProxyCommand='touch m' h", "ssh -o 'ProxyCommand touch m' h",
+    "ssh -o proxycommand=touch h", "ssh -o LocalCommand='touch m' -o PermitLocalCommand=yes h",
+    "ssh -o KnownHostsCommand='touch m' h", "scp -o ProxyCommand='touch m' a h:b", "scp -S touch a h:b",
+    "sftp -S touch h", "rsync -e 'touch m' a h:b", "rsync -avze 'touch m' a h:b",
+    "rsync --rsh='touch m' a h:b", "rsync --rs 'touch m' a h:b",
+    "rsync -e \"ssh -o ProxyCommand='touch m'\" a h:b"])
+def test_a_command_ssh_or_rsync_runs_here_meets_the_users_deny(project, command):
+    """With ssh, scp, sftp and rsync allowed to reach the network, a ProxyCommand, scp's -S program
+    or rsync's -e command ran here unread: `touch *` was denied, and they ran it."""
+    rules = [*DEFAULTS, *SSH_RULES, Rule("process.execute", "touch *", "deny", "u", "user")]
+    assert bash(command, project, rules)["decision"] == "deny", command
+
+
+def test_ssh_and_rsync_as_allowed_still_run_and_a_config_of_unknown_commands_asks(project):
+    rules = [*DEFAULTS, *SSH_RULES]
+    for command in ("ssh h ls", "ssh -p 22 -i key -F /dev/null h", "rsync -av -e 'ssh -p 2222' a h:b",
+                    "rsync --rsh='ssh -i key' a h:b", "scp -P 22 a h:b"):
+        assert bash(command, project, rules)["decision"] == "allow", command
+    for command in ("ssh -F ./ssh_config h", "rsync -e 'ssh -F ./c' a h:b", "scp -S ./myssh a h:b"):
+        assert bash(command, project, rules)["decision"] == "ask", command
+
+
 @pytest.mark.parametrize("command", [
     "tmux set-hook -g session-created 'run-shell \"touch m\"'", "tmux bind-key x run-shell 'touch m'",
     "tmux source-file x.conf", "tmux command-prompt 'run-shell %%'", "tmux ls \\; confirm 'run touch'",
