@@ -3037,12 +3037,16 @@ def _shell_scripts(core: tuple[str, ...], redirects,
 
 def _git_scripts(args: tuple[str, ...]) -> list[str]:
     """The command lines a git subcommand runs: rebase --exec CMD, difftool --extcmd CMD, bisect
-    run CMD..., submodule foreach CMD...."""
+    run CMD..., submodule foreach CMD..., and for a remote on this machine (a path, file://) the
+    program it starts there: fetch --upload-pack CMD, push --receive-pack CMD."""
     _, sub, rest = _git_split(args)
-    runs = {"rebase": "exec", "difftool": "extcmd"}.get(sub)
+    runs = {"rebase": ("-x", "exec"), "difftool": ("-x", "extcmd"), "fetch": ("upload-pack",),
+            "pull": ("upload-pack",), "ls-remote": ("upload-pack",), "clone": ("-u", "upload-pack"),
+            "fetch-pack": ("upload-pack", "exec"), "push": ("receive-pack", "exec"),
+            "send-pack": ("receive-pack", "exec"), "archive": ("exec",)}.get(sub)
     if runs:
         def takes(option: str) -> bool:
-            return option == "-x" or _abbreviates(option, runs)
+            return option in runs or _abbreviates(option, *runs)
         return [o.value for o in _parse(rest, takes)[0] if takes(o.name) and o.value]
     if sub == "bisect" and rest[:1] == ("run",):
         return [shlex.join(rest[1:])]

@@ -985,6 +985,22 @@ def test_a_command_a_wrapper_or_tmux_runs_meets_the_users_deny(project, command)
     assert bash(command, project, rules)["decision"] == "deny", command
 
 
+@pytest.mark.parametrize("command", [
+    "git fetch --upload-pack='touch m' ../other", "git fetch --upload-pack 'touch m' origin",
+    "git pull --upload-pack 'touch m' ../other", "git ls-remote --upload-pack='touch m' ../other",
+    "git clone -u 'touch m' ../other copy", "git clone --upl='touch m' ../other copy",
+    "git push --receive-pack='touch m' ../other", "git push --exec='touch m' ../other main",
+    "git archive --remote=../other --exec='touch m' HEAD"])
+def test_the_program_git_starts_for_a_remote_on_this_machine_meets_the_users_deny(project, command):
+    """For a remote that is a path, git runs --upload-pack or --receive-pack here, through a shell:
+    with git allowed, `touch *` denied, `git fetch --upload-pack='touch m' ../other` ran it."""
+    rules = [*DEFAULTS, *[Rule(capability, "git *", "allow", "u", "user")
+                          for capability in ("process.execute", "network.access", "git.modify")],
+             Rule("process.execute", "touch *", "deny", "u", "user")]
+    assert bash(command, project, rules)["decision"] == "deny", command
+    assert bash("git fetch -u origin", project, rules)["decision"] == "allow"
+
+
 SSH_RULES = [Rule("network.access", f"{program} *", "allow", "u", "user")
              for program in ("ssh", "scp", "sftp", "rsync")]
 
