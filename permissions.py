@@ -2794,6 +2794,8 @@ class _ShellLine:
             scripts = args[:1] if len(args) > 1 and args[0][:1] != "-" else []
         elif name == "git":
             scripts = _git_scripts(core[1:])
+        elif name in _COMMAND_OPTIONS:
+            scripts = _option_scripts(name, core[1:])
         elif name in _SSH_VALUED:
             scripts, unread = _ssh_scripts(name, core[1:])
             self.unfollowed = self.unfollowed or unread
@@ -3056,6 +3058,34 @@ def _git_scripts(args: tuple[str, ...]) -> list[str]:
             command = command[1:]
         return [" ".join(command)] if command else []
     return []
+
+
+# options whose value is a command line the program runs (tar --to-command=CMD, -I CMD;
+# sort --compress-program=CMD), and the short options of the program that take a value
+_COMMAND_OPTIONS = {
+    "tar": (("-I", "-F", "to-command", "use-compress-program", "info-script", "new-volume-script",
+             "rsh-command", "checkpoint-action"), "bCfFgHIKLNTVX"),
+    "sort": (("compress-program",), "kTtS"),
+}
+
+
+def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:
+    """The command lines named by the options of _COMMAND_OPTIONS (`--checkpoint-action=exec=CMD`
+    too)."""
+    runs, valued = _COMMAND_OPTIONS[name]
+
+    def named(option: str) -> bool:
+        # (tar's --checkpoint is an option of its own, not short for --checkpoint-action)
+        return option in runs or (_abbreviates(option, *runs) and option != "--checkpoint")
+    scripts = []
+    for option in _parse(args, lambda o: named(o) or o[1:] in valued)[0]:
+        value = option.value or ""
+        if named(option.name) and _abbreviates(option.name, "checkpoint-action"):
+            if value.startswith("exec="):
+                scripts.append(value[len("exec="):])
+        elif named(option.name):
+            scripts.append(value)
+    return scripts
 
 
 # the short options that take a value, of the programs that run ssh (or a command in its place)
