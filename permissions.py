@@ -2796,6 +2796,11 @@ class _ShellLine:
             scripts = _git_scripts(core[1:])
         elif name in _COMMAND_OPTIONS:
             scripts = _option_scripts(name, core[1:])
+        elif name in ("fd", "fdfind"):
+            # fd -x CMD ARG...: the words after -x (--exec, -X, --exec-batch) are a command
+            runs = ("-x", "--exec", "-X", "--exec-batch")
+            at = next((k for k, word in enumerate(core) if word in runs), 0)
+            scripts = [shlex.join(core[at + 1:])] if at else []
         elif name in _SSH_VALUED:
             scripts, unread = _ssh_scripts(name, core[1:])
             self.unfollowed = self.unfollowed or unread
@@ -3039,13 +3044,14 @@ def _shell_scripts(core: tuple[str, ...], redirects,
 
 def _git_scripts(args: tuple[str, ...]) -> list[str]:
     """The command lines a git subcommand runs: rebase --exec CMD, difftool --extcmd CMD, bisect
-    run CMD..., submodule foreach CMD..., and for a remote on this machine (a path, file://) the
-    program it starts there: fetch --upload-pack CMD, push --receive-pack CMD."""
+    run CMD..., submodule foreach CMD..., grep -OCMD, and for a remote on this machine (a path,
+    file://) the program it starts there: fetch --upload-pack CMD, push --receive-pack CMD."""
     _, sub, rest = _git_split(args)
     runs = {"rebase": ("-x", "exec"), "difftool": ("-x", "extcmd"), "fetch": ("upload-pack",),
             "pull": ("upload-pack",), "ls-remote": ("upload-pack",), "clone": ("-u", "upload-pack"),
             "fetch-pack": ("upload-pack", "exec"), "push": ("receive-pack", "exec"),
-            "send-pack": ("receive-pack", "exec"), "archive": ("exec",)}.get(sub)
+            "send-pack": ("receive-pack", "exec"), "archive": ("exec",),
+            "grep": ("-O", "open-files-in-pager")}.get(sub)
     if runs:
         def takes(option: str) -> bool:
             return option in runs or _abbreviates(option, *runs)
@@ -3061,11 +3067,12 @@ def _git_scripts(args: tuple[str, ...]) -> list[str]:
 
 
 # options whose value is a command line the program runs (tar --to-command=CMD, -I CMD;
-# sort --compress-program=CMD), and the short options of the program that take a value
+# sort --compress-program=CMD; rg --pre CMD), and the short options of the program that take a value
 _COMMAND_OPTIONS = {
     "tar": (("-I", "-F", "to-command", "use-compress-program", "info-script", "new-volume-script",
              "rsh-command", "checkpoint-action"), "bCfFgHIKLNTVX"),
     "sort": (("compress-program",), "kTtS"),
+    "rg": (("pre",), "egtTmABCdMrE"),
 }
 
 

@@ -855,10 +855,11 @@ def test_man_reads_and_its_options_that_run_a_program_ask_with_an_exact_always(p
 
 def test_always_on_a_listed_command_asked_for_its_option_is_exact(project):
     """sort asked because of --co=: "always" must not save sort *, which would grant that form."""
-    for command in ("git log --output=x", "rg --pre ./x TODO"):
-        assert bash(command, project)["suggestion"] == permissions._escape(command), command
-    # --co(mpress-program) is read as the command it runs: a line of two commands has no "always"
-    assert bash("sort --co=bash names.txt", project)["suggestion"] is None
+    assert bash("git log --output=x", project)["suggestion"] == "git log --output=x"
+    # --co(mpress-program) and --pre are read as the commands they run: a line of two commands has
+    # no "always"
+    for command in ("sort --co=bash names.txt", "rg --pre ./x TODO"):
+        assert bash(command, project)["suggestion"] is None, command
     assert bash("git push origin main", project)["suggestion"] == "git push *"
 
 
@@ -1007,9 +1008,12 @@ def test_the_program_git_starts_for_a_remote_on_this_machine_meets_the_users_den
     "tar -xf a.tar --to-command='touch m'", "tar xf a.tar --to-command 'touch m'", "tar -xI 'touch m' -f a.tgz",
     "tar -cf a.tar --use-compress-program='touch m' src", "tar -cf a.tar -F 'touch m' src",
     "tar --checkpoint=1 --checkpoint-action=exec='touch m' -cf a.tar src",
-    "tar --checkpoint --to-command='touch m' -xf a.tar", "sort --compress-program='touch m' f"])
-def test_a_command_an_option_of_tar_or_sort_names_meets_the_users_deny(project, command):
-    rules = ruled(("tar *", "allow"), ("sort *", "allow"), ("touch *", "deny"))
+    "tar --checkpoint --to-command='touch m' -xf a.tar", "sort --compress-program='touch m' f",
+    "rg --pre touch x", "rg --pre=touch x", "fd -x touch m", "fd -e py --exec-batch sh -c 'touch m'",
+    "git grep -O'touch m' x"])
+def test_a_command_an_option_of_tar_sort_rg_fd_or_git_grep_names_meets_the_users_deny(project, command):
+    rules = ruled(("tar *", "allow"), ("sort *", "allow"), ("rg *", "allow"), ("fd *", "allow"),
+                  ("git *", "allow"), ("touch *", "deny"))
     assert bash(command, project, rules)["decision"] == "deny", command
     for allowed in ("tar -czf a.tgz src", "tar -C out -xf a.tar", "tar --checkpoint -cf a.tar src"):
         assert bash(allowed, project, rules)["decision"] == "allow", allowed
