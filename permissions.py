@@ -3042,16 +3042,19 @@ def _shell_scripts(core: tuple[str, ...], redirects,
     return scripts or fed or ([stdin_text] if stdin_text else [])
 
 
+# git subcommands: their options whose value is a command line git runs here
+_GIT_RUNS = {entry.split()[0]: tuple(entry.split()[1:]) for entry in """
+    rebase -x exec, difftool -x extcmd, grep -O open-files-in-pager, fetch upload-pack,
+    pull upload-pack, ls-remote upload-pack, clone -u upload-pack, fetch-pack upload-pack exec,
+    push receive-pack exec, send-pack receive-pack exec, archive exec""".split(",")}
+
+
 def _git_scripts(args: tuple[str, ...]) -> list[str]:
     """The command lines a git subcommand runs: rebase --exec CMD, difftool --extcmd CMD, bisect
     run CMD..., submodule foreach CMD..., grep -OCMD, and for a remote on this machine (a path,
     file://) the program it starts there: fetch --upload-pack CMD, push --receive-pack CMD."""
     _, sub, rest = _git_split(args)
-    runs = {"rebase": ("-x", "exec"), "difftool": ("-x", "extcmd"), "fetch": ("upload-pack",),
-            "pull": ("upload-pack",), "ls-remote": ("upload-pack",), "clone": ("-u", "upload-pack"),
-            "fetch-pack": ("upload-pack", "exec"), "push": ("receive-pack", "exec"),
-            "send-pack": ("receive-pack", "exec"), "archive": ("exec",),
-            "grep": ("-O", "open-files-in-pager")}.get(sub)
+    runs = _GIT_RUNS.get(sub)
     if runs:
         def takes(option: str) -> bool:
             return option in runs or _abbreviates(option, *runs)
