@@ -2305,6 +2305,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     if any(o == "-c" or o.startswith("--config-env") for o in global_options):
         return ("git -c can redefine what any git command does "
                 "(an alias, clean.requireForce)")
+    if any(o.startswith("--exec-path=") for o in global_options):
+        return "git --exec-path=DIR runs git's own programs (git-SUB) from DIR"
     if sub is None:
         return ""
     # (after --, -n is a path: git clean -fdx -- -n . deletes)

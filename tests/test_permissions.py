@@ -1004,6 +1004,17 @@ def test_the_program_git_starts_for_a_remote_on_this_machine_meets_the_users_den
     assert bash("git fetch -u origin", project, rules)["decision"] == "allow"
 
 
+def test_git_with_another_exec_path_asks_even_where_git_is_allowed(project):
+    """`git --exec-path=. lfs pull` runs ./git-lfs, the repository's own program: with git * allowed
+    it ran unasked."""
+    rules = [*DEFAULTS, *[Rule(capability, "git *", "allow", "u", "user")
+                          for capability in ("process.execute", "network.access", "git.modify")]]
+    for command in ("git --exec-path=. lfs pull", "git --exec-path=./bin status"):
+        result = bash(command, project, rules)
+        assert result["decision"] == "ask" and "exec-path" in result["destructive"], command
+    assert bash("git status", project, rules)["decision"] == "allow"
+
+
 @pytest.mark.parametrize("command", [
     "tar -xf a.tar --to-command='touch m'", "tar xf a.tar --to-command 'touch m'", "tar -xI 'touch m' -f a.tgz",
     "tar -cf a.tar --use-compress-program='touch m' src", "tar -cf a.tar -F 'touch m' src",
