@@ -3072,25 +3072,27 @@ def _git_scripts(args: tuple[str, ...]) -> list[str]:
 
 
 # options whose value is a command line the program runs (tar --to-command=CMD, -I CMD;
-# sort --compress-program=CMD; rg --pre CMD), and the short options of the program that take a value
+# sort --compress-program=CMD; rg --pre CMD)
 _COMMAND_OPTIONS = {
-    "tar": (("-I", "-F", "to-command", "use-compress-program", "info-script", "new-volume-script",
-             "rsh-command", "checkpoint-action"), "bCfFgHIKLNTVX"),
-    "sort": (("compress-program",), "kTtS"),
-    "rg": (("pre",), "egtTmABCdMrE"),
+    "tar": ("-I", "-F", "to-command", "use-compress-program", "info-script", "new-volume-script",
+            "rsh-command", "checkpoint-action"),
+    "sort": ("compress-program",),
+    "rg": ("pre",),
 }
 
 
 def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:
     """The command lines named by the options of _COMMAND_OPTIONS (`--checkpoint-action=exec=CMD`
     too)."""
-    runs, valued = _COMMAND_OPTIONS[name]
+    runs = _COMMAND_OPTIONS[name]
+    # (tar has no row of its own to say which of its short options take a value)
+    row = Program(options=("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")) if name == "tar" else _row(name)
 
     def named(option: str) -> bool:
         # (tar's --checkpoint is an option of its own, not short for --checkpoint-action)
         return option in runs or (_abbreviates(option, *runs) and option != "--checkpoint")
     scripts = []
-    for option in _parse(args, lambda o: named(o) or o[1:] in valued)[0]:
+    for option in _parse(args, lambda o: named(o) or row.takes_value(o))[0]:
         value = option.value or ""
         if named(option.name) and _abbreviates(option.name, "checkpoint-action"):
             if value.startswith("exec="):
