@@ -270,7 +270,8 @@ def test_an_effort_chosen_after_thinking_is_the_effort_sent(project, env, monkey
     """QA: /thinking off then /effort max on a model that cannot turn thinking off answered
     "effort max is kept, but the next request sends effort low": what was typed last was not
     done. The newer choice wins: thinking is adaptive again where the model has the effort only
-    so, and it is said; where the model takes both (Sonnet 5 thinks off at effort max) both stand.
+    so, and it is said (not with the old setting's note, which named effort low as the effort
+    sent: "…for effort max: … it thinks adaptively at effort low"); where the model takes both (Sonnet 5 thinks off at effort max) both stand.
     Chosen the other way round (effort, then thinking), thinking wins, as before."""
     import asyncio
 
@@ -293,6 +294,8 @@ def test_an_effort_chosen_after_thinking_is_the_effort_sent(project, env, monkey
     assert fields["output_config"]["effort"] == effort, said
     assert fields["thinking"]["type"] == sent_thinking, said
     assert ("thinking is adaptive again" in said) == (sent_thinking == "adaptive"), said
+    stale = {"low", "medium", "high", "xhigh", "max"} - {effort}
+    assert not any(f"effort {level}" in said for level in stale), said
     assert chosen == {"thinking": "adaptive" if sent_thinking == "adaptive" else thinking,
                       "effort": effort}
     assert asyncio.run(go(f"/effort {effort}", f"/thinking {thinking}"))[2] == {
