@@ -274,9 +274,9 @@ POLICY: dict[str, Program] = {
         brief mime mime-type mime-encoding dereference no-dereference keep-going raw
         special-files""")),
     # not -P/--pager, -H/--html (a browser), -p (preprocessors), -C (a config), -M (pages from
-    # elsewhere), -c and -u (they write man's caches): those ask
-    "man": Program("read", ("adDfhiIkKlwWL:m:S:s:e:E:R:", """
-        all apropos whatis where path location where-cat location-cat local-file ignore-case
+    # elsewhere), -c and -u (they write man's caches), -l (a page's .so reads any file): those ask
+    "man": Program("read", ("adDfhiIkKwWL:m:S:s:e:E:R:", """
+        all apropos whatis where path location where-cat location-cat ignore-case
         match-case regex wildcard names-only sections= locale= systems= extensions= encoding=
         recode= no-hyphenation no-justification help version usage debug default""")),
     "uniq": Program("read writes-second", ("cdDiuzf:s:w:", """
