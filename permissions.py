@@ -98,8 +98,8 @@ class Program(NamedTuple):
     # word is data: echo, test), sets (changes what later commands run: export, read, alias, hash
     # -p), disk and power (the floor's)
     kinds: str = ""
-    # read: the options that keep it read-only; wrapper: its options that take a value (both
-    # written as below: "n:" and "lines=" take a value)
+    # read: the options that keep it read-only; otherwise (a wrapper, tar) its options that take a
+    # value (both written as below: "n:" and "lines=" take a value)
     options: tuple[str, str] = ("", "")
     # the subcommands that download or publish, comma-separated ("" among them: the bare command);
     # "*": it always reaches the network (curl, `git push`)
@@ -226,7 +226,8 @@ POLICY: dict[str, Program] = {
     "df": Program("read", ("ahHiklPTt:x:B:", """
         all human-readable si inodes local portability print-type type= exclude-type= total
         output output= block-size=""")),
-    "tree": Program("read", ("adfgilpsuDFhCnNqrtvxAJXL:P:I:", """
+    # (tree takes -L's, -P's and -I's value from the next word, the rest as options: -Lo 2 out)
+    "tree": Program("read", ("adfgilpsuDFhCnNqrtvxAJXLPI", """
         noreport dirsfirst charset= filelimit= gitignore prune matchdirs ignore-case du si
         sort= version""")),
     **_each("grep egrep fgrep", Program("read pattern recursive", _GREP)),
@@ -257,7 +258,7 @@ POLICY: dict[str, Program] = {
         exclude-from= label= minimal color color= no-dereference normal
         ignore-tab-expansion expand-tabs show-c-function show-function-line= width=
         suppress-common-lines from-file= to-file= unidirectional-new-file""")),
-    "cmp": Program("read", ("bilns:", """
+    "cmp": Program("read", ("blsi:n:", """
         print-bytes ignore-initial= verbose bytes= quiet silent""")),
     "basename": Program("read", ("asz", "multiple suffix= zero")),
     "dirname": Program("read", ("z", "zero")),
@@ -269,13 +270,13 @@ POLICY: dict[str, Program] = {
         verbose zero""")),
     "nl": Program("read", ("pb:d:f:h:i:l:n:s:v:w:", "")),
     **_each("md5sum sha1sum sha256sum sha512sum b2sum", Program("read", _SUMS)),
-    "file": Program("read", ("bcEhiLNknprsvZ0F:e:m:P:", """
+    "file": Program("read", ("bcEhiLNknprsv0F:e:m:P:", """
         brief mime mime-type mime-encoding dereference no-dereference keep-going raw
         special-files""")),
     # not -P/--pager, -H/--html (a browser), -p (preprocessors), -C (a config), -M (pages from
-    # elsewhere): those ask
-    "man": Program("read", ("acdDfhiIkKlwWuL:m:S:s:e:E:R:", """
-        all apropos whatis where path location where-cat location-cat local-file ignore-case
+    # elsewhere), -c and -u (they write man's caches), -l (a page's .so reads any file): those ask
+    "man": Program("read", ("adDfhiIkKwWL:m:S:s:e:E:R:", """
+        all apropos whatis where path location where-cat location-cat ignore-case
         match-case regex wildcard names-only sections= locale= systems= extensions= encoding=
         recode= no-hyphenation no-justification help version usage debug default""")),
     "uniq": Program("read writes-second", ("cdDiuzf:s:w:", """
@@ -388,6 +389,7 @@ POLICY: dict[str, Program] = {
         symbolic-ref update-index update-ref write-tree""", Program("modify"), prefix="git "),
     **_each("aria2c dig ftp host http https netcat nslookup ping whois", Program(network="*")),
     **_each("curl rsync scp sftp wget", Program("exact", network="*")),
+    "tar": Program(options=("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")),
     "gh": Program(network="*", arity=3),
     **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
     "socat": Program("runner", network="*"),
@@ -1827,7 +1829,7 @@ def _gives_pattern(option: str) -> bool:
 
 
 def _path_arguments(core: tuple[str, ...]) -> list[str]:
-    """Arguments that may name files: operands, and option values."""
+    """Words that may name files: operands (and F of @F, which strings reads), option values."""
     if not core or core[0] in ("echo", "printf"):
         return []
     options, operands = _operands(core)
@@ -1841,7 +1843,7 @@ def _path_arguments(core: tuple[str, ...]) -> list[str]:
         if arg[1:2] != "-":
             first = max(2, len(arg) - _PATH_MAX)
             attached += [arg[k:] for k in range(first, len(arg))]
-    words = operands + values + attached
+    words = operands + values + attached + [w[1:] for w in operands if w[:1] == "@"]
     return [w for w in words if w and w not in _SAFE_DEVICES]
 
 
@@ -3085,14 +3087,12 @@ def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:
     """The command lines named by the options of _COMMAND_OPTIONS (`--checkpoint-action=exec=CMD`
     too)."""
     runs = _COMMAND_OPTIONS[name]
-    # (tar has no row of its own to say which of its short options take a value)
-    row = Program(options=("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")) if name == "tar" else _row(name)
 
     def named(option: str) -> bool:
         # (tar's --checkpoint is an option of its own, not short for --checkpoint-action)
         return option in runs or (_abbreviates(option, *runs) and option != "--checkpoint")
     scripts = []
-    for option in _parse(args, lambda o: named(o) or row.takes_value(o))[0]:
+    for option in _parse(args, lambda o: named(o) or _row(name).takes_value(o))[0]:
         value = option.value or ""
         if named(option.name) and _abbreviates(option.name, "checkpoint-action"):
             if value.startswith("exec="):

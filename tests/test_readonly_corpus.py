@@ -4,6 +4,8 @@ tests/data/readonly_bypass.json lists forms of "read-only" commands that execute
 a file, touch the network or read a secret (GTFOBins, the programs' manuals, issue 11's examples):
 none may be allowed without a question, and the writes to khaelor's own permission state must be
 refused by the floor. Its "must_stay_silent" list is ordinary read-only work that must stay allowed.
+tests/data/gtfobins.json holds GTFOBins' examples (every program's; for the programs POLICY lets run
+unasked also the same options spelled otherwise): none may be allowed; its "stay_allowed" list must.
 Every command is only passed to permissions.check as a string, never run.
 """
 
@@ -76,3 +78,27 @@ def test_ordinary_read_only_work_stays_silent(world):
     figure = f"ordinary read-only commands allowed: {total - len(asked)}/{total}"
     print("\n" + figure)
     assert not asked, figure + "; these now ask:\n" + "\n".join(asked)
+
+
+GTFOBINS = json.loads((Path(__file__).parent / "data" / "gtfobins.json").read_text())
+
+
+def test_gtfobins_options_of_read_only_programs_ask(world):
+    """GTFOBins' ways to run a command, write or read a file with the programs POLICY lets run
+    unasked, the same options spelled otherwise (tree -Lo 2 out: tree reads -L's value from the
+    next word and the rest of the cluster as options; strings @FILE reads its arguments from
+    FILE), and every other GTFOBins example."""
+    project, placeholders = world
+    allowed = [f"  {case['command']!r} ({case['program']}: {case['function']}, {case['from']})"
+               for case in GTFOBINS["cases"] + GTFOBINS["every_program"]
+               if judge(case["command"], project, placeholders)["decision"] == "allow"]
+    assert not allowed, "allowed without a question:\n" + "\n".join(allowed)
+
+
+def test_gtfobins_programs_still_read_unasked(world):
+    project, placeholders = world
+    asked = [f"  {command!r} -> {result['decision']} ({result['rule']})"
+             for command in GTFOBINS["stay_allowed"]
+             for result in [judge(command, project, placeholders)]
+             if result["decision"] != "allow"]
+    assert not asked, "these now ask:\n" + "\n".join(asked)
