@@ -2266,8 +2266,8 @@ class Session:
         if key == "effort" and sent[0] != {"effort": value} == sent[1]:
             # thinking off (or always) that the model has only at another effort: the newer
             # choice wins, as thinking chosen after an effort does
-            notes = (f"thinking is adaptive again, for effort {value}"
-                     f" ({ctx.model} has thinking {self.reasoning['thinking']} only at another effort)")
+            notes = (f"thinking is adaptive again, for effort {value} ({ctx.model} has"
+                     f" thinking {self.reasoning['thinking']} only at another effort)")
             self.reasoning["thinking"], taken = "adaptive", adaptive
         if not self.store.events:
             # a session not begun yet records it in begin(): this is the only confirmation
