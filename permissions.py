@@ -1152,7 +1152,8 @@ def _claude_rule(entry, action: str, where: str, kind: str,
 def _claude_path(spec: str, capability: str, scope: str, action: str,
                  where: str, kind: str, root: str) -> list[Rule]:
     """gitignore-style paths: //abs is absolute, ~/ the home, /p and ./p from
-    the project root, a bare name (no slash) at any depth."""
+    the project root, a bare name (no slash but a last one: a directory) at any depth."""
+    anywhere = "/" not in spec.rstrip("/")
     if spec.endswith("/"):
         spec += "**"
     outside = None
@@ -1173,7 +1174,7 @@ def _claude_path(spec: str, capability: str, scope: str, action: str,
         relative = spec.lstrip("/")
     elif spec.startswith("./"):
         relative = spec[2:]
-    elif "/" in spec:
+    elif not anywhere:
         relative = spec
     else:
         relative = "**/" + spec
@@ -1314,15 +1315,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            # the pattern as written matches too: a rule on `app/[slug]/page.tsx` (Next.js) means
-            # that file, not a character class
-            if pattern == subject:
-                return True
-            try:
-                return re.fullmatch(sandbox.glob_regex(pattern), subject) is not None
-            except re.error:
-                # a class no regex takes ([z-a])
-                return False
+            return _glob_covers(pattern, subject, os.path.isdir(request.path))
         if fnmatch.fnmatchcase(subject, pattern):
             return True
         # "ls *" also matches "ls"
@@ -1331,6 +1324,20 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
 
     for_capability = (r for r in reversed(rules) if fnmatch.fnmatchcase(capability, r.capability))
     return next(filter(matches, for_capability), None)
+
+
+def _glob_covers(pattern: str, subject: str, directory: bool) -> bool:
+    """A path rule, as gitignore reads it, covers each path it matches and all beneath it
+    (`Read(./secrets)` denies secrets/api.key), and a directory all of whose entries it matches
+    (`Read(./secrets/**)` denies a grep of secrets: NUL is an entry only a wildcard matches). The
+    pattern as written matches too: `app/[slug]/page.tsx` (Next.js) names that file."""
+    parts = subject.split("/")
+    paths = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)] + [subject + "/\0"] * directory
+    try:
+        regex = re.compile(sandbox.glob_regex(pattern))
+    except re.error:
+        return pattern in paths     # a class no regex takes ([z-a])
+    return any(path == pattern or regex.fullmatch(path) for path in paths)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:

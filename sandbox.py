@@ -123,9 +123,19 @@ SECRET_HOME_PATHS = [
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
-# A gitignore-style glob, token by token: `*` and `?` stay within one directory, `**` crosses them.
-GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[.[^\]]*\]|\{[^}]*\}|.", re.S)
+# A gitignore-style glob, token by token, as git's wildmatch reads it: `*`, `?` and a [class] stay
+# within one directory, `**` crosses them only as a whole component, `\` makes the next literal.
+GLOB_TOKEN = re.compile(r"(?<![^/])(\*\*/|\*\*\Z)|(\*+|\?|\[[!^]?\]?+(?:\[:[a-z]+:\]|\\.|[^]\\])*\]"
+                        r"|\{[^}]*\}|\\?.)", re.S)
 GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+# POSIX classes, in a glob's [class] and a grep pattern's bracket set, by their ASCII meaning
+POSIX_CLASSES = {
+    "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
+    "space": r"\t\n\v\f\r ", "blank": r"\t ", "punct": r"!-/:-@\[-`{-~", "xdigit": "0-9A-Fa-f",
+    "word": r"\w", "cntrl": r"\x00-\x1f\x7f", "print": " -~", "graph": "!-~",
+}
+# a member of a [class]: a [:name:], a character or a range (a character may be escaped)
+GLOB_MEMBER = re.compile(r"\[:(" + "|".join(POSIX_CLASSES) + r"):\]|\\?(.)(?:-\\?([^]]))?", re.S)
 
 
 def glob_regex(pattern: str) -> str:
@@ -133,20 +143,25 @@ def glob_regex(pattern: str) -> str:
     The one translator: Claude Code's path rules (permissions.py) and grep/glob's patterns
     (tools.py)."""
     out = []
-    for token in GLOB_TOKEN.findall(pattern):
-        if token in GLOB_FIXED:
-            out.append(GLOB_FIXED[token])
+    for deep, token in GLOB_TOKEN.findall(pattern):
+        if deep or token[0] in "*?":
+            out.append(GLOB_FIXED[deep or token[0]])
         elif token[0] == "[" and len(token) > 1:
-            body = token[1:-1]
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            out.append("[" + body.replace("\\", "\\\\") + "]")
+            negated = token[1] in "!^"
+            members = GLOB_MEMBER.sub(_glob_member, token[1 + negated:-1])
+            out.append("(?!/)[" + "^" * negated + members + "]")
         elif token[0] == "{" and len(token) > 1:
             alternatives = map(glob_regex, token[1:-1].split(","))
             out.append("(?:" + "|".join(alternatives) + ")")
         else:
-            out.append(re.escape(token))
+            out.append(re.escape(token[-1]))
     return "".join(out)
+
+
+def _glob_member(member: re.Match) -> str:
+    if member[1]:
+        return POSIX_CLASSES[member[1]]
+    return re.escape(member[2]) + ("-" + re.escape(member[3]) if member[3] else "")
 
 
 def glob_base(pattern: str) -> str:

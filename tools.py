@@ -3395,17 +3395,13 @@ def _grep_line(text: str) -> str:
 
 
 # ripgrep's POSIX classes, which Python's re reads as nested sets (matching wrongly, and printing
-# a FutureWarning on the terminal): a bracket set holding one, and each class's ASCII meaning.
+# a FutureWarning on the terminal): a bracket set holding one (sandbox.POSIX_CLASSES: each one's
+# ASCII meaning).
 POSIX_SET = re.compile(r"\[\^?(?:[^][]|\[:[a-z]+:\])*\[:[a-z]+:\](?:[^][]|\[:[a-z]+:\])*\]")
-POSIX_CLASSES = {
-    "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
-    "space": r"\t\n\v\f\r ", "blank": r"\t ", "punct": r"!-/:-@\[-`{-~", "xdigit": "0-9A-Fa-f",
-    "word": r"\w", "cntrl": r"\x00-\x1f\x7f", "print": " -~", "graph": "!-~",
-}
 
 
 def _posix_classes(bracket_set: re.Match) -> str:
-    return re.sub(r"\[:([a-z]+):\]", lambda named: POSIX_CLASSES.get(named[1], named[0]),
+    return re.sub(r"\[:([a-z]+):\]", lambda named: sandbox.POSIX_CLASSES.get(named[1], named[0]),
                   bracket_set[0])
 
 

@@ -180,6 +180,31 @@ def test_a_path_rule_with_brackets_also_means_the_file_as_written(root):
     assert decision(root, "edit", "app/other/page.tsx", rules) != "deny"
 
 
+def test_a_path_rule_covers_a_directory_as_gitignore_does_and_a_search_of_it(root):
+    """`Read(./secrets)` names the directory and all in it; `Read(config/)` a directory at any
+    depth; `Read(./secrets/**)` every entry of secrets, so a grep, a glob or a listing of the
+    directory itself reads only what the rule denies (the documented example: a grep of secrets
+    once printed its keys)."""
+    (root / "secrets" / "prod").mkdir(parents=True)
+    (root / "app" / "config").mkdir(parents=True)
+    (root / "src").mkdir()
+    for rule in ("Read(./secrets)", "Read(./secrets/**)", "Read(secrets/)", "Read(./secrets/*)"):
+        _, rules = rules_from(root, "deny", rule, "Read(config/)")
+        for tool, tool_input in [("read", {"file_path": "secrets/prod/db.key"}),
+                                 ("read", {"file_path": "app/config/x.yml"}),
+                                 ("grep", {"pattern": "KEY", "path": "secrets"}),
+                                 ("grep", {"pattern": "KEY", "path": "secrets/prod"}),
+                                 ("glob", {"pattern": "secrets/*"}),
+                                 ("bash", {"command": "grep -r KEY secrets"}),
+                                 ("bash", {"command": "ls app/config"})]:
+            subject = tools.permission_subject(tool, tool_input)
+            assert permissions.decide(*subject, root, rules).action == "deny", (rule, tool_input)
+        for tool, tool_input in [("grep", {"pattern": "KEY", "path": "src"}),
+                                 ("read", {"file_path": "secrets.md"})]:
+            subject = tools.permission_subject(tool, tool_input)
+            assert permissions.decide(*subject, root, rules).action != "deny", (rule, tool_input)
+
+
 def test_a_legacy_prefix_rule_ends_at_a_word_not_inside_one(root):
     """Bash(kill:*) is `kill` and `kill -9 1`, as Claude Code reads it (like Bash(kill *)), never
     killall; Bash(kill*) without the colon stays a plain prefix. Claude Code's matcher ends every

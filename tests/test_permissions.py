@@ -2,6 +2,7 @@
 
 import ast
 import gc
+import json
 import os
 import re
 import shlex
@@ -16,6 +17,7 @@ import tools
 from permissions import Rule, add_grant, check, decide, default_rules, load_rules
 
 DEFAULTS = default_rules()
+GLOBS = json.loads((Path(__file__).parent / "data" / "globs.json").read_text())["cases"]
 
 
 @pytest.fixture
@@ -672,6 +674,31 @@ def test_add_grant_moves_an_overridden_duplicate_to_the_end():
 def test_add_grant_rejects_a_bad_rule():
     with pytest.raises(ValueError, match="action"):
         add_grant({}, {"capability": "file.read", "pattern": "*", "action": "sure"})
+
+
+def test_a_path_rule_covers_what_git_reads_the_same_line_to_cover(project):
+    """tests/data/globs.json: git's wildmatch cases, ripgrep's glob and gitignore cases and Claude
+    Code's examples, each a deny rule on a path, against what git check-ignore says of the same
+    line in a .gitignore: the path, or a directory above it, matches (a deny of `Read(./secrets)`
+    that missed secrets/api.key would let it be read). Where ours differs on purpose the case says
+    why; the agreements are counted, so a lost one shows."""
+    agreed = 0
+    for case in [case for case in GLOBS if case["covered"] is not None]:
+        settings = json.dumps({"permissions": {"deny": [case["rule"]]}})
+        rules = load_rules([permissions.claude_layer("settings.json", settings, project)])
+        tool = "edit" if case["rule"].startswith("Edit(") else "read"
+        subject = {"file_path": case["path"], "old_string": "a", "new_string": "b"}
+        folder = project / case["path"]
+        if case.get("dir"):
+            folder.mkdir(parents=True)
+        covered = decide(*tools.permission_subject(tool, subject), project, rules).action == "deny"
+        if case.get("dir"):
+            os.removedirs(folder)
+        if covered == case["covered"]:
+            agreed += 1
+        else:
+            assert "covered" in case.get("disputed", {}), case
+    assert agreed == 352
 
 
 # ---------------------------------------------------------------- inspection and module rules

@@ -4,7 +4,9 @@ unwritten, a key left unread, a listener never reached), not how the sandbox was
 import asyncio
 import concurrent.futures
 import gc
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -447,6 +449,25 @@ def test_an_approved_command_under_landlock_cannot_plant_a_marker_outside_the_pr
     result = drive(world, lambda box: bash(box, "git diff; git status --short"))
     assert sorted(os.listdir(markers)) == []
     assert "not running the diff command this repository configures" in result.text
+
+# ---------------------------------------------------------------- the glob translator
+
+
+def test_glob_regex_matches_as_gits_wildmatch():
+    """git's own wildmatch cases (tests/data/globs.json, t3070's first column: WM_PATHNAME, case
+    kept), whole path against whole pattern: `*`, `?` and a [class] never cross "/", `**` only as
+    a whole component, a backslash escapes, [!x] []] [a-] [[:digit:]]. The agreements are
+    counted; each difference the corpus marks disputed, with the reason."""
+    cases = json.loads((Path(__file__).parent / "data" / "globs.json").read_text())["cases"]
+    agreed = 0
+    for case in [case for case in cases if "wildmatch" in case["stated"]]:
+        matched = re.fullmatch(sandbox.glob_regex(case["pattern"]), case["path"]) is not None
+        if matched == case["stated"]["wildmatch"]:
+            agreed += 1
+        else:
+            assert "wildmatch" in case.get("disputed", {}), case
+    assert agreed == 183
+
 
 # ---------------------------------------------------------------- secrets in grep, glob and every output
 

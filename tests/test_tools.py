@@ -3,6 +3,7 @@
 import asyncio
 import collections
 import errno
+import json
 import os
 import re
 import socket
@@ -1044,6 +1045,26 @@ def test_glob_respects_gitignore_and_sorts_newest_first(search_box):
     empty = search_box.call("glob", pattern=" ")
     assert empty.is_error and "pattern is empty" in empty.text
     assert search_box.call("glob", pattern="*", path="nowhere").is_error
+
+
+def test_glob_patterns_list_what_ripgreps_glob_lists():
+    """tests/data/globs.json: git's wildmatch cases and ripgrep's own glob and gitignore cases,
+    against what `rg --files --glob PATTERN` lists (a pattern without "/" names a base name at any
+    depth; an invalid one lists nothing), as both engines filter by the one matcher. Where ours
+    differs on purpose (git's reading of a [class], which the path rules share) the case says why;
+    the agreements are counted, so a lost one shows."""
+    cases = json.loads((Path(__file__).parent / "data" / "globs.json").read_text())["cases"]
+    agreed = 0
+    for case in [case for case in cases if case["rg"] is not None]:
+        try:
+            listed = tools._glob_matcher(case["pattern"])(case["path"].removeprefix("./"))
+        except re.error:
+            listed = False
+        if listed == case["rg"]:
+            agreed += 1
+        else:
+            assert "rg" in case.get("disputed", {}), case
+    assert agreed == 303
 
 
 def test_glob_up_out_of_the_project_searches_the_folder_it_was_approved_for(search_box):
