@@ -568,10 +568,8 @@ _PROTECTED_DIRS = frozenset("""
     /usr/libexec /usr/include /usr/share /usr/local /usr/src /var/lib
     /boot/efi /etc/ssh /etc/systemd
 """.split())
-_SAFE_DEVICES = frozenset("""
-    /dev/null /dev/zero /dev/stdout /dev/stderr /dev/stdin /dev/tty
-    /dev/random /dev/urandom /dev/full
-""".split())
+_SAFE_DEVICES = frozenset(sandbox.NULL_DEVICES + sandbox.READABLE_DEVICES
+                          + "/dev/stdout /dev/stderr /dev/stdin /dev/tty".split())
 # longest first, so that ">>" is not read as ">" twice
 _OPERATORS = (
     *"&& || ;; |& &>> &> >> >| >& <<< <<- << <& <> > < | & ; ( )".split(),
@@ -669,8 +667,8 @@ class Rule:
     # "default", "user" (the user's own files) or "project" (a repository's
     # file)
     layer: str = "default"
-    # the pattern is a gitignore-style path glob (Claude Code's Read/Edit
-    # rules)
+    # a gitignore-style path glob (Claude Code's Read/Edit rules): a path is covered when it, a
+    # directory above it, or (a directory) its every entry matches, or it is the pattern as written
     glob: bool = False
     # "read" or "write": applies only to requests that read (or write) a path
     scope: str = ""
@@ -1315,7 +1313,9 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            return _glob_covers(pattern, subject, os.path.isdir(request.path))
+            regex = f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
+            probes = [subject] + [subject + "/\0"] * os.path.isdir(request.path)  # NUL: any entry
+            return any(re.fullmatch(regex, probe) for probe in probes)
         if fnmatch.fnmatchcase(subject, pattern):
             return True
         # "ls *" also matches "ls"
@@ -1324,20 +1324,6 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
 
     for_capability = (r for r in reversed(rules) if fnmatch.fnmatchcase(capability, r.capability))
     return next(filter(matches, for_capability), None)
-
-
-def _glob_covers(pattern: str, subject: str, directory: bool) -> bool:
-    """A path rule, as gitignore reads it, covers each path it matches and all beneath it
-    (`Read(./secrets)` denies secrets/api.key), and a directory all of whose entries it matches
-    (`Read(./secrets/**)` denies a grep of secrets: NUL is an entry only a wildcard matches). The
-    pattern as written matches too: `app/[slug]/page.tsx` (Next.js) names that file."""
-    parts = subject.split("/")
-    paths = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)] + [subject + "/\0"] * directory
-    try:
-        regex = re.compile(sandbox.glob_regex(pattern))
-    except re.error:
-        return pattern in paths     # a class no regex takes ([z-a])
-    return any(path == pattern or regex.fullmatch(path) for path in paths)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
@@ -1867,20 +1853,13 @@ def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return options, operands
 
 
-_POSIX_CLASSES = {
-    "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9",
-    "upper": "A-Z", "lower": "a-z", "space": " \t\n", "xdigit": "0-9a-fA-F",
-    "punct": "!-/:-@[-`{-~", "print": " -~", "graph": "!-~",
-}
-
-
 def _bash_glob(word: str) -> str:
     """A bash glob as Python's glob reads them: [^x] is [!x], POSIX classes
     become ranges, and a [ that no ] follows in its path component is literal
     (fnmatch would look for its ] from every one of them)."""
     word = word.replace("[^", "[!")
     word = re.sub(r"\[:(\w+):\]",
-                  lambda m: _POSIX_CLASSES.get(m[1], m[0]), word)
+                  lambda m: sandbox.POSIX_CLASSES.get(m[1], m[0]), word)
     components = []
     for component in word.split("/"):
         closed = component.rfind("]") + 1

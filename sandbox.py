@@ -123,25 +123,24 @@ SECRET_HOME_PATHS = [
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
-# A gitignore-style glob, token by token, as git's wildmatch reads it: `*`, `?` and a [class] stay
-# within one directory, `**` crosses them only as a whole component, `\` makes the next literal.
+# A gitignore-style glob, token by token, as git's wildmatch reads it ({a,b} as ripgrep's): `*`, `?`
+# and a [class] stay within one directory, `**` crosses them only as a whole component, `\` escapes.
 GLOB_TOKEN = re.compile(r"(?<![^/])(\*\*/|\*\*\Z)|(\*+|\?|\[[!^]?\]?+(?:\[:[a-z]+:\]|\\.|[^]\\])*\]"
                         r"|\{[^}]*\}|\\?.)", re.S)
-GLOB_FIXED = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
-# POSIX classes, in a glob's [class] and a grep pattern's bracket set, by their ASCII meaning
+GLOB_FIXED = {"**/": "(?s:.*/)?", "**": "(?s:.*)", "*": "[^/]*", "?": "[^/]"}
+# POSIX classes as ASCII, alike in a regex and in fnmatch ("!" never first): globs', grep's
 POSIX_CLASSES = {
     "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
-    "space": r"\t\n\v\f\r ", "blank": r"\t ", "punct": r"!-/:-@\[-`{-~", "xdigit": "0-9A-Fa-f",
-    "word": r"\w", "cntrl": r"\x00-\x1f\x7f", "print": " -~", "graph": "!-~",
+    "space": " \t\n\v\f\r", "blank": " \t", "punct": ":-@!-/[-`{-~", "xdigit": "0-9A-Fa-f",
+    "word": "a-zA-Z0-9_", "cntrl": "\0-\x1f\x7f", "print": " -~", "graph": "!-~",
 }
-# a member of a [class]: a [:name:], a character or a range (a character may be escaped)
+# a [class]'s member: a [:name:], a character or a range (a character may be escaped)
 GLOB_MEMBER = re.compile(r"\[:(" + "|".join(POSIX_CLASSES) + r"):\]|\\?(.)(?:-\\?([^]]))?", re.S)
 
 
 def glob_regex(pattern: str) -> str:
-    """The regex source for a gitignore-style glob: [!a-z] classes and {a,b} alternatives too.
-    The one translator: Claude Code's path rules (permissions.py) and grep/glob's patterns
-    (tools.py)."""
+    """The regex source for a gitignore-style glob. The one translator: Claude Code's path rules
+    (permissions.py) and grep/glob's patterns (tools.py)."""
     out = []
     for deep, token in GLOB_TOKEN.findall(pattern):
         if deep or token[0] in "*?":
@@ -159,9 +158,10 @@ def glob_regex(pattern: str) -> str:
 
 
 def _glob_member(member: re.Match) -> str:
-    if member[1]:
-        return POSIX_CLASSES[member[1]]
-    return re.escape(member[2]) + ("-" + re.escape(member[3]) if member[3] else "")
+    if member[3] and member[3] < member[2]:
+        return "\0"    # a reversed range ([z-a]) matches nothing, as in git: no path holds a NUL
+    low = POSIX_CLASSES.get(member[1]) or re.escape(member[2])
+    return low + ("-" + re.escape(member[3]) if member[3] else "")
 
 
 def glob_base(pattern: str) -> str:
@@ -716,8 +716,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
 def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0) -> None:
     # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
     attr = (ctypes.c_uint64 * 4)(set_, clear, 0, 0)
-    # AT_FDCWD: `path` is absolute
-    _syscall(SYS_MOUNT_SETATTR, -100, path, flags, ctypes.byref(attr), ctypes.sizeof(attr),
+    _syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, flags, ctypes.byref(attr), ctypes.sizeof(attr),
              what="mount_setattr: ")
 
 

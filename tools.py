@@ -3395,8 +3395,7 @@ def _grep_line(text: str) -> str:
 
 
 # ripgrep's POSIX classes, which Python's re reads as nested sets (matching wrongly, and printing
-# a FutureWarning on the terminal): a bracket set holding one (sandbox.POSIX_CLASSES: each one's
-# ASCII meaning).
+# a FutureWarning on the terminal): a bracket set holding one (sandbox.POSIX_CLASSES: what each is).
 POSIX_SET = re.compile(r"\[\^?(?:[^][]|\[:[a-z]+:\])*\[:[a-z]+:\](?:[^][]|\[:[a-z]+:\])*\]")
 
 

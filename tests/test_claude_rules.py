@@ -184,13 +184,14 @@ def test_a_path_rule_covers_a_directory_as_gitignore_does_and_a_search_of_it(roo
     """`Read(./secrets)` names the directory and all in it; `Read(config/)` a directory at any
     depth; `Read(./secrets/**)` every entry of secrets, so a grep, a glob or a listing of the
     directory itself reads only what the rule denies (the documented example: a grep of secrets
-    once printed its keys)."""
+    once printed its keys), and a name with a newline in it is still in it."""
     (root / "secrets" / "prod").mkdir(parents=True)
     (root / "app" / "config").mkdir(parents=True)
     (root / "src").mkdir()
     for rule in ("Read(./secrets)", "Read(./secrets/**)", "Read(secrets/)", "Read(./secrets/*)"):
         _, rules = rules_from(root, "deny", rule, "Read(config/)")
         for tool, tool_input in [("read", {"file_path": "secrets/prod/db.key"}),
+                                 ("read", {"file_path": "secrets/db\n.key"}),
                                  ("read", {"file_path": "app/config/x.yml"}),
                                  ("grep", {"pattern": "KEY", "path": "secrets"}),
                                  ("grep", {"pattern": "KEY", "path": "secrets/prod"}),
