@@ -448,7 +448,6 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
     paths += [os.path.realpath(khaelor_home), "/dev"] + system_secrets()
     opened = [os.path.realpath(path) for path in approved]
-    # (a grant inside a location gets its own rule, and the rest of it stays closed)
     return [path for path in paths if path not in opened]
 
 
@@ -485,8 +484,6 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
     # and git writes the blobs it hands to a textconv or an external diff there.
     places = [temp_dir] if temp_dir else []
-    # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
-    # its shadow repository under $KHAELOR_HOME and nothing else).
     if confine.write or confine.paths_write:
         places += filter(None, map(approved_target, confine.paths))
     if confine.write:
@@ -626,6 +623,7 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
 # but the places it may write, each bound over itself: `chmod 777 ~/.ssh` fails there with EROFS.
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWIPC = 0x08000000
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
@@ -666,7 +664,8 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
                 writable.append(path)
     uid = os.getuid()
     gid = os.getgid()
-    flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
+    # and an IPC namespace: other programs' System V shared memory, semaphores, queues stay theirs
+    flags = CLONE_NEWNS | CLONE_NEWIPC if uid == 0 else CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUSER
     _syscall(SYSCALLS[os.uname().machine]["unshare"], flags, what="unshare: ")
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
@@ -701,8 +700,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
 def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0) -> None:
     # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
     attr = (ctypes.c_uint64 * 4)(set_, clear, 0, 0)
-    # AT_FDCWD: `path` is absolute
-    _syscall(SYS_MOUNT_SETATTR, -100, path, flags, ctypes.byref(attr), ctypes.sizeof(attr),
+    _syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, flags, ctypes.byref(attr), ctypes.sizeof(attr),
              what="mount_setattr: ")
 
 
@@ -823,11 +821,11 @@ SYSCALL_NUMBERS = {
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
-    "socketpair": (53, 199),
+    "socketpair": (53, 199), "prlimit64": (302, 261),
 }
-# Refused where nothing but the temp dir is writable: Landlock does not cover a file's mode, owner,
-# times or extended attributes, so a read-only command could chmod ~/.ssh or any file it reads.
-# (None: aarch64 has only the *at forms.)
+# Refused where nothing but the temp dir is writable (why: the mounts above; None: aarch64 has only
+# the *at forms), and System V IPC, whose objects no path names (Landlock and mounts miss them): a
+# read-only command would read and write another program's shared memory, semaphores and queues.
 METADATA_SYSCALLS = {
     "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
     "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
@@ -836,7 +834,12 @@ METADATA_SYSCALLS = {
     "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
     "setxattrat": (463, 463), "removexattrat": (466, 466),
 }
-SYSCALL_NUMBERS.update(METADATA_SYSCALLS)
+IPC_SYSCALLS = {
+    "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "semget": (64, 190),
+    "semop": (65, 193), "semtimedop": (220, 192), "semctl": (66, 191), "msgget": (68, 186),
+    "msgsnd": (69, 189), "msgrcv": (70, 188), "msgctl": (71, 187),
+}
+SYSCALL_NUMBERS.update(METADATA_SYSCALLS, **IPC_SYSCALLS)
 SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()
                       if pair[column] is not None}
             for column, machine in enumerate(["x86_64", "aarch64"])}
@@ -938,7 +941,8 @@ def _filter(write: bool, network: bool, supervised: bool,
         program += [(JGE, X32_SYSCALL_BIT, "deny")]
     program += [(JEQ, nr[name], "deny") for name in DENIED_SYSCALLS]
     if not metadata:
-        program += [(JEQ, nr[name], "deny") for name in METADATA_SYSCALLS if name in nr]
+        program += [(JEQ, nr[name], "deny") for name in [*METADATA_SYSCALLS, *IPC_SYSCALLS]
+                    if name in nr]
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
@@ -947,6 +951,8 @@ def _filter(write: bool, network: bool, supervised: bool,
     # change nothing, so that a daemon starts as it expects and still ends with the command
     program += [(JEQ, nr["setsid"], "pretend"), (JEQ, nr["setpgid"], "pretend")]
     program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["socketpair"], "pair")]
+    # prlimit also sets another process's limits (khaelor's own RLIMIT_FSIZE at 0 would stop it)
+    program += [(JEQ, nr["prlimit64"], "prlimit")]
     if not network:
         program += [(JEQ, nr["sendto"], "flags3"), (JEQ, nr["sendmmsg"], "flags3"),
                     (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect")]
@@ -955,6 +961,7 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
+                ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,
                 ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
                 ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
                 (JEQ, SOCK_SEQPACKET, "allow"), refuse,

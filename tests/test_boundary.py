@@ -1,9 +1,11 @@
 """The boundary, proved by running hostile payloads inside each decision's sandbox directly
 (`khaelor sandbox`), whatever the parser would have said of them. Every payload is harmless if it
 ran: a marker file, a listener the test holds, a temp HOME."""
+import ctypes
 import json
 import os
 import pty
+import resource
 import shutil
 import socket
 import subprocess
@@ -358,6 +360,35 @@ def test_no_other_process_and_no_namespace(project, env, shape):
         outsider.kill()
         outsider.wait()
 
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_other_process_has_its_limits_or_its_system_v_memory_touched(project, env, shape):
+    """prlimit sets another process's limits (khaelor's own RLIMIT_FSIZE at 0 would stop it), and
+    System V shared memory has no path for Landlock to see: neither reaches outside the command."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    # IPC_PRIVATE, IPC_CREAT | 0600: another program's segment, its id listed in /proc/sysvipc/shm
+    shmid = libc.shmget(0, 4096, 0o1000 | 0o600)
+    memory = libc.shmat(shmid, None, 0)
+    ctypes.memmove(memory, b"theirs", 6)
+    outsider = subprocess.Popen(["sleep", "30"])
+    try:
+        code, out = sandboxed(project, env, shape, *python(
+            "import ctypes, resource\n"
+            "libc = ctypes.CDLL(None, use_errno=True); libc.shmat.restype = ctypes.c_void_p\n"
+            f"memory = libc.shmat({shmid}, None, 0)\n"
+            "if memory not in (None, 2**64 - 1): ctypes.memmove(memory, b'PLANTED', 7)\n"
+            f"resource.prlimit({outsider.pid}, resource.RLIMIT_NOFILE, (3, 3))\n"))
+        assert resource.prlimit(outsider.pid, resource.RLIMIT_NOFILE)[0] != 3, out
+        assert "Operation not permitted" in out, out
+        if shape == "--read-only" or sandbox.mount_namespace_available():
+            assert ctypes.string_at(memory, 6) == b"theirs", out
+    finally:
+        outsider.kill()
+        outsider.wait()
+        libc.shmdt(ctypes.c_void_p(memory))
+        # IPC_RMID
+        libc.shmctl(shmid, 0, None)
 
 def test_nothing_is_typed_into_the_terminal(project, env):
     master, slave = pty.openpty()
