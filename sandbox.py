@@ -821,7 +821,7 @@ SYSCALL_NUMBERS = {
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
-    "socketpair": (53, 199), "prlimit64": (302, 261),
+    "socketpair": (53, 199), "prlimit64": (302, 261), "bind": (49, 200), "listen": (50, 201),
 }
 # Refused where nothing but the temp dir is writable (why: the mounts above; None: aarch64 has only
 # the *at forms), and System V IPC, whose objects no path names (Landlock and mounts miss them): a
@@ -955,7 +955,9 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [(JEQ, nr["prlimit64"], "prlimit")]
     if not network:
         program += [(JEQ, nr["sendto"], "flags3"), (JEQ, nr["sendmmsg"], "flags3"),
-                    (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect")]
+                    (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect"),
+                    # a server bound to any address but loopback would serve other hosts
+                    (JEQ, nr["bind"], "connect"), (JEQ, nr["listen"], "connect")]
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
@@ -1045,6 +1047,7 @@ NOTIF_RECV = 0xC0502100
 NOTIF_SEND = 0xC0182101
 NOTIF_ID_VALID = 0x40082102
 LOOPBACK_V6 = bytes(15) + b"\x01"
+LOOPBACK = {AF_INET: "127.0.0.1", AF_INET6: "::1"}
 V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
@@ -1070,10 +1073,10 @@ def loopback_port(address: bytes) -> int | None:
 
 
 class Supervisor:
-    """Answers the connect() calls of one command's processes: a loopback address on a port that
-    `ports()` names (the session's own servers, asked at the moment of the call) is connected by
-    khaelor itself, on a duplicate of the command's socket and with the bytes it checked, so the
-    command cannot change the address after the check; anything else gets EACCES."""
+    """Answers the connect(), bind() and listen() calls of one command's processes: a connect to a
+    loopback port that `ports()` names (the session's own servers, asked at the moment of the call)
+    or a bind is done by khaelor itself, on a duplicate of the command's socket and with the bytes
+    it checked, so the command cannot change the address after the check; the rest gets EACCES."""
 
     def __init__(self, ports):
         self.ports = ports
@@ -1110,13 +1113,15 @@ class Supervisor:
             os.close(listener)
 
     def _decide(self, listener: int, notif: _Notif) -> int:
-        """0 once connected, or the errno the command's connect() returns."""
-        # connect(sockfd, address pointer, length)
-        sockfd = notif.args[0]
+        """0 once connected, bound or listening, or the errno the command's call returns."""
+        # connect(sockfd, address pointer, length), bind alike; listen(sockfd, backlog)
+        calls = SYSCALLS[os.uname().machine]
+        address = b""
         try:
-            with open(f"/proc/{notif.pid}/mem", "rb", buffering=0) as memory:
-                memory.seek(notif.args[1])
-                address = memory.read(min(notif.args[2], 128))
+            if notif.nr != calls["listen"]:
+                with open(f"/proc/{notif.pid}/mem", "rb", buffering=0) as memory:
+                    memory.seek(notif.args[1])
+                    address = memory.read(min(notif.args[2], 128))
         except (OSError, ValueError, OverflowError):
             return errno.EACCES
         # the pid may have died and been reused while we read
@@ -1124,22 +1129,38 @@ class Supervisor:
         if _libc.ioctl(listener, ctypes.c_ulong(NOTIF_ID_VALID), ctypes.byref(valid)):
             return errno.EACCES
         port = loopback_port(address)
-        if port is None or port not in self.ports():
+        if notif.nr == calls["connect"] and (port is None or port not in self.ports()):
             return errno.EACCES
-        return self._connect(notif.pid, sockfd, address)
-
-    def _connect(self, pid: int, sockfd: int, address: bytes) -> int:
+        # khaelor may be root: a port below 1024 is not the command's to bind
+        if notif.nr == calls["bind"] and 0 < int.from_bytes(address[2:4], "big") < 1024:
+            return errno.EACCES
         try:
-            pidfd = os.pidfd_open(pid)
-            try:
-                duplicate = _syscall(SYSCALLS[os.uname().machine]["pidfd_getfd"], pidfd, sockfd, 0)
-            finally:
-                os.close(pidfd)
+            with self._duplicate(notif.pid, notif.args[0]) as ours:
+                if port is not None:
+                    call = _libc.connect if notif.nr == calls["connect"] else _libc.bind
+                    if call(ours.fileno(), address, len(address)):
+                        raise OSError(ctypes.get_errno(), "")
+                # a server listens on loopback only (0.0.0.0:3000 is 127.0.0.1:3000), never for
+                # other hosts; listen() binds a socket not bound yet to every address: not here
+                elif notif.nr == calls["bind"] or ours.getsockname()[1] == 0:
+                    ours.bind((LOOPBACK[ours.family], int.from_bytes(address[2:4], "big")))
+                if notif.nr == calls["listen"]:
+                    ours.listen(min(notif.args[1], 4096))
+        except (OSError, LookupError) as error:
+            return getattr(error, "errno", None) or errno.EACCES
+        return 0
+
+    def _duplicate(self, pid: int, sockfd: int) -> socket.socket:
+        pidfd = os.pidfd_open(pid)
+        try:
+            duplicate = _syscall(SYSCALLS[os.uname().machine]["pidfd_getfd"], pidfd, sockfd, 0)
+        finally:
+            os.close(pidfd)
+        try:
+            return socket.socket(fileno=duplicate)
         except OSError:
-            return errno.EACCES
-        failed = _libc.connect(duplicate, address, len(address))
-        os.close(duplicate)
-        return ctypes.get_errno() if failed else 0
+            os.close(duplicate)
+            raise
 # ---------------------------------------------------------------- opening through no link
 # khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link
 # in it), then open that very path here, so a link swapped into it in between (by a background

@@ -326,6 +326,22 @@ def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env
     assert code != 0 and not was_reached(listener)
 
 
+def test_an_approved_commands_server_listens_for_this_machine_only(project, env):
+    """An approved command without the network may serve (a dev server), but not other hosts:
+    a bind to 0.0.0.0, ::, or a listen() before any bind (which binds every address) is made on
+    loopback, or an attacker's machine could fetch the project from it; no port below 1024."""
+    code, out = sandboxed(project, env, "--write", *python(
+        "import socket\n"
+        "for family, host in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::'),"
+        " (socket.AF_INET, None)):\n"
+        "    server = socket.socket(family)\n"
+        "    if host: server.bind((host, 0))\n"
+        "    server.listen()\n"
+        "    print('listening on', server.getsockname()[0])\n"
+        "socket.socket().bind(('127.0.0.1', 80))\n"))
+    assert out.count("listening on 127.0.0.1") == 2 and "listening on ::1" in out, out
+    assert "Permission denied" in out, out
+
 def test_nothing_is_planted_in_start_up_files(project, env, home):
     for shape in SHAPES:
         sandboxed(project, env, shape, "sh", "-c",
