@@ -145,6 +145,43 @@ def test_no_datagram_reaches_a_unix_socket_outside(project, env, tmp_path, shape
     receiver.close()
 
 
+# Cases from Codex's Linux sandbox tests (codex-rs/linux-sandbox/tests/suite/landlock.rs, exec's
+# sandbox.rs) and Anthropic's sandbox-runtime (test/sandbox/integration.test.ts), in one shell per
+# shape: each line prints OPEN only if the sandbox let it through.
+HARVESTED = """cd "$TMPDIR"
+grep NoNewPrivs /proc/self/status
+echo blah > /dev/null && echo devnull-ok
+python3 -c 'import os, pwd; print("user", pwd.getpwuid(os.getuid()).pw_name)'
+(echo hi > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null && echo dev-tcp-OPEN
+curl -s -m 2 http://127.0.0.1:$PORT/ && echo curl-OPEN
+wget -q -t 1 -T 2 -O- http://127.0.0.1:$PORT/ && echo wget-OPEN
+getent ahosts example.com && echo getent-OPEN
+ssh -o BatchMode=yes -o ConnectTimeout=1 -p $PORT 127.0.0.1 true && echo ssh-OPEN
+ln -s "$OUT/planted" link && echo x > link && echo symlink-OPEN
+ln "$OUT/file" hardlink && echo hardlink-OPEN
+mkfifo "$OUT/fifo" && echo fifo-OPEN
+python3 -c 'import socket
+for family, kind in ((16, 3), (40, 1), (2, 3), (17, 3)):
+    try: socket.socket(family, kind); print(family, "OPEN")
+    except OSError: pass'
+true
+"""
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_codex_and_sandbox_runtime_escapes_fail_closed(project, env, tmp_path, listener, shape):
+    """No new privileges, /dev/null and the user database work; curl, wget, getent, ssh, bash's
+    /dev/tcp, a symlink or hard link out of a writable place, a FIFO outside, netlink, vsock, raw
+    and packet sockets get nothing through."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_text("theirs")
+    code, out = sandboxed(project, env, shape, "bash", "-c", HARVESTED, extra_env={
+        "PORT": str(listener.getsockname()[1]), "OUT": str(outside)})
+    assert "NoNewPrivs:\t1" in out and "devnull-ok" in out and "user " in out, out
+    assert "OPEN" not in out and not was_reached(listener), out
+    assert sorted(os.listdir(outside)) == ["file"] and (outside / "file").read_text() == "theirs"
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
     code, out = sandboxed(project, env, shape, "sh", "-c",
