@@ -10,7 +10,7 @@ the sandbox shape a decision grants (`Confine`); probing Landlock and seccomp; t
 and the secrets closed inside it (the home's, the system's, the project's own secret files and
 their hard links); building a ruleset in the parent from a `Confine`; the seccomp programs; an
 approved command's mounts; the preexec hook that enters all of it in the child; the connect
-supervisor that lets an approved command reach only the session's own loopback servers; the
+supervisor that keeps an approved command's TCP on loopback (connects: the session's servers); the
 child's environment; the git settings every command carries; the note that explains a refusal;
 opening a path through no symbolic link (openat2), for khaelor's own file tools; and the one
 gitignore-style glob translator.
@@ -1047,7 +1047,6 @@ NOTIF_RECV = 0xC0502100
 NOTIF_SEND = 0xC0182101
 NOTIF_ID_VALID = 0x40082102
 LOOPBACK_V6 = bytes(15) + b"\x01"
-LOOPBACK = {AF_INET: "127.0.0.1", AF_INET6: "::1"}
 V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
@@ -1136,18 +1135,21 @@ class Supervisor:
             return errno.EACCES
         try:
             with self._duplicate(notif.pid, notif.args[0]) as ours:
-                if port is not None:
-                    call = _libc.connect if notif.nr == calls["connect"] else _libc.bind
-                    if call(ours.fileno(), address, len(address)):
-                        raise OSError(ctypes.get_errno(), "")
-                # a server listens on loopback only (0.0.0.0:3000 is 127.0.0.1:3000), never for
-                # other hosts; listen() binds a socket not bound yet to every address: not here
-                elif notif.nr == calls["bind"] or ours.getsockname()[1] == 0:
-                    ours.bind((LOOPBACK[ours.family], int.from_bytes(address[2:4], "big")))
+                if ours.family not in (AF_INET, AF_INET6):
+                    return errno.EACCES
+                # a server takes connections from this machine only, however it binds (0.0.0.0,
+                # ::, a listen() before any bind): its socket is bound to the loopback device,
+                # which the command cannot undo (that takes CAP_NET_RAW)
+                device = ours.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16)
+                if notif.nr != calls["connect"] and device.rstrip(b"\0") != b"lo":
+                    ours.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+                call = {calls["connect"]: _libc.connect, calls["bind"]: _libc.bind}.get(notif.nr)
+                if call and call(ours.fileno(), address, len(address)):
+                    raise OSError(ctypes.get_errno(), "")
                 if notif.nr == calls["listen"]:
                     ours.listen(min(notif.args[1], 4096))
-        except (OSError, LookupError) as error:
-            return getattr(error, "errno", None) or errno.EACCES
+        except OSError as error:
+            return error.errno or errno.EACCES
         return 0
 
     def _duplicate(self, pid: int, sockfd: int) -> socket.socket:

@@ -182,6 +182,7 @@ def test_codex_and_sandbox_runtime_escapes_fail_closed(project, env, tmp_path, l
     assert "OPEN" not in out and not was_reached(listener), out
     assert sorted(os.listdir(outside)) == ["file"] and (outside / "file").read_text() == "theirs"
 
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
     code, out = sandboxed(project, env, shape, "sh", "-c",
@@ -364,9 +365,9 @@ def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env
 
 
 def test_an_approved_commands_server_listens_for_this_machine_only(project, env):
-    """An approved command without the network may serve (a dev server), but not other hosts:
-    a bind to 0.0.0.0, ::, or a listen() before any bind (which binds every address) is made on
-    loopback, or an attacker's machine could fetch the project from it; no port below 1024."""
+    """An approved command without the network may serve (a dev server), but not other hosts: a
+    bind to 0.0.0.0 or ::, or a listen() before any bind (which binds every address), leaves its
+    socket bound to the loopback device, which it cannot undo; no port below 1024."""
     code, out = sandboxed(project, env, "--write", *python(
         "import socket\n"
         "for family, host in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::'),"
@@ -374,10 +375,15 @@ def test_an_approved_commands_server_listens_for_this_machine_only(project, env)
         "    server = socket.socket(family)\n"
         "    if host: server.bind((host, 0))\n"
         "    server.listen()\n"
-        "    print('listening on', server.getsockname()[0])\n"
+        "    print('device', server.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16))\n"
+        "try:\n"
+        "    server.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'')\n"
+        "except PermissionError:\n"
+        "    print('kept')\n"
         "socket.socket().bind(('127.0.0.1', 80))\n"))
-    assert out.count("listening on 127.0.0.1") == 2 and "listening on ::1" in out, out
+    assert out.count("device b'lo") == 3 and "kept" in out, out
     assert "Permission denied" in out, out
+
 
 def test_nothing_is_planted_in_start_up_files(project, env, home):
     for shape in SHAPES:
@@ -442,6 +448,7 @@ def test_no_other_process_has_its_limits_or_its_system_v_memory_touched(project,
         libc.shmdt(ctypes.c_void_p(memory))
         # IPC_RMID
         libc.shmctl(shmid, 0, None)
+
 
 def test_nothing_is_typed_into_the_terminal(project, env):
     master, slave = pty.openpty()
