@@ -956,7 +956,7 @@ def _filter(write: bool, network: bool, supervised: bool,
     if not network:
         program += [(JEQ, nr["sendto"], "flags3"), (JEQ, nr["sendmmsg"], "flags3"),
                     (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect"),
-                    # a server bound to any address but loopback would serve other hosts
+                    # a server's too: the supervisor keeps it to the loopback device
                     (JEQ, nr["bind"], "connect"), (JEQ, nr["listen"], "connect")]
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
