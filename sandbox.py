@@ -1242,8 +1242,8 @@ def _open_step(name: str, flags: int, mode: int, dir_fd: int) -> int:
 
 
 def listening_ports(pgids: set[int]) -> set[int]:
-    """TCP ports on which processes of these process groups listen: their socket inodes from
-    /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
+    """TCP ports on which processes of these process groups listen, and no other: their socket
+    inodes from /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
     inodes = set()
     for pid in pids_in_groups(pgids):
         with contextlib.suppress(OSError):
@@ -1252,17 +1252,18 @@ def listening_ports(pgids: set[int]) -> set[int]:
             # "socket:[<inode>]"
             inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
     ports = set()
+    foreign = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for row in Path(table).read_text().splitlines()[1:]:
                 # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
                 fields = row.split()
-                listening = len(fields) > 9 and fields[3] == "0A"
-                if listening and fields[9] in inodes:
+                if len(fields) > 9 and fields[3] == "0A":
                     # local_address is <address>:<port>, in hex
-                    port = fields[1].rsplit(":", 1)[1]
-                    ports.add(int(port, 16))
-    return ports
+                    port = int(fields[1].rsplit(":", 1)[1], 16)
+                    (ports if fields[9] in inodes else foreign).add(port)
+    # a session server on 127.0.0.2:P (or [::1]:P) must not open 127.0.0.1:P, another program's
+    return ports - foreign
 
 
 def pids_in_groups(pgids: set[int]) -> list[int]:
