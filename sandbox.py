@@ -10,7 +10,7 @@ the sandbox shape a decision grants (`Confine`); probing Landlock and seccomp; t
 and the secrets closed inside it (the home's, the system's, the project's own secret files and
 their hard links); building a ruleset in the parent from a `Confine`; the seccomp programs; an
 approved command's mounts; the preexec hook that enters all of it in the child; the connect
-supervisor that lets an approved command reach only the session's own loopback servers; the
+supervisor that keeps an approved command's TCP on loopback (connects: the session's servers); the
 child's environment; the git settings every command carries; the note that explains a refusal;
 opening a path through no symbolic link (openat2), for khaelor's own file tools; and the one
 gitignore-style glob translator.
@@ -463,7 +463,6 @@ def closed_locations(home: Path, khaelor_home: Path, approved: list[str]) -> lis
     paths = [os.path.realpath(home / name) for name in SECRET_HOME_PATHS]
     paths += [os.path.realpath(khaelor_home), "/dev"] + system_secrets()
     opened = [os.path.realpath(path) for path in approved]
-    # (a grant inside a location gets its own rule, and the rest of it stays closed)
     return [path for path in paths if path not in opened]
 
 
@@ -500,8 +499,6 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
     # and git writes the blobs it hands to a textconv or an external diff there.
     places = [temp_dir] if temp_dir else []
-    # "paths_write": the approved paths are writable though the project is not (a checkpoint writes
-    # its shadow repository under $KHAELOR_HOME and nothing else).
     if confine.write or confine.paths_write:
         places += filter(None, map(approved_target, confine.paths))
     if confine.write:
@@ -641,6 +638,7 @@ def _hold(path: str, opened: tuple[int, bool]) -> None:
 # but the places it may write, each bound over itself: `chmod 777 ~/.ssh` fails there with EROFS.
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWIPC = 0x08000000
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
@@ -681,7 +679,8 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
                 writable.append(path)
     uid = os.getuid()
     gid = os.getgid()
-    flags = CLONE_NEWNS if uid == 0 else CLONE_NEWNS | CLONE_NEWUSER
+    # and an IPC namespace: other programs' System V shared memory, semaphores, queues stay theirs
+    flags = CLONE_NEWNS | CLONE_NEWIPC if uid == 0 else CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUSER
     _syscall(SYSCALLS[os.uname().machine]["unshare"], flags, what="unshare: ")
     if uid != 0:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
@@ -837,11 +836,11 @@ SYSCALL_NUMBERS = {
     "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
-    "socketpair": (53, 199),
+    "socketpair": (53, 199), "prlimit64": (302, 261), "bind": (49, 200), "listen": (50, 201),
 }
-# Refused where nothing but the temp dir is writable: Landlock does not cover a file's mode, owner,
-# times or extended attributes, so a read-only command could chmod ~/.ssh or any file it reads.
-# (None: aarch64 has only the *at forms.)
+# Refused where nothing but the temp dir is writable (why: the mounts above; None: aarch64 has only
+# the *at forms), and System V IPC, whose objects no path names (Landlock and mounts miss them): a
+# read-only command would read and write another program's shared memory, semaphores and queues.
 METADATA_SYSCALLS = {
     "chmod": (90, None), "fchmod": (91, 52), "fchmodat": (268, 53), "fchmodat2": (452, 452),
     "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "fchownat": (260, 54),
@@ -850,7 +849,12 @@ METADATA_SYSCALLS = {
     "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
     "setxattrat": (463, 463), "removexattrat": (466, 466),
 }
-SYSCALL_NUMBERS.update(METADATA_SYSCALLS)
+IPC_SYSCALLS = {
+    "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "semget": (64, 190),
+    "semop": (65, 193), "semtimedop": (220, 192), "semctl": (66, 191), "msgget": (68, 186),
+    "msgsnd": (69, 189), "msgrcv": (70, 188), "msgctl": (71, 187),
+}
+SYSCALL_NUMBERS.update(METADATA_SYSCALLS, **IPC_SYSCALLS)
 SYSCALLS = {machine: {name: pair[column] for name, pair in SYSCALL_NUMBERS.items()
                       if pair[column] is not None}
             for column, machine in enumerate(["x86_64", "aarch64"])}
@@ -952,7 +956,8 @@ def _filter(write: bool, network: bool, supervised: bool,
         program += [(JGE, X32_SYSCALL_BIT, "deny")]
     program += [(JEQ, nr[name], "deny") for name in DENIED_SYSCALLS]
     if not metadata:
-        program += [(JEQ, nr[name], "deny") for name in METADATA_SYSCALLS if name in nr]
+        program += [(JEQ, nr[name], "deny") for name in [*METADATA_SYSCALLS, *IPC_SYSCALLS]
+                    if name in nr]
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
@@ -961,14 +966,19 @@ def _filter(write: bool, network: bool, supervised: bool,
     # change nothing, so that a daemon starts as it expects and still ends with the command
     program += [(JEQ, nr["setsid"], "pretend"), (JEQ, nr["setpgid"], "pretend")]
     program += [(JEQ, nr["socket"], "socket"), (JEQ, nr["socketpair"], "pair")]
+    # prlimit also sets another process's limits (khaelor's own RLIMIT_FSIZE at 0 would stop it)
+    program += [(JEQ, nr["prlimit64"], "prlimit")]
     if not network:
         program += [(JEQ, nr["sendto"], "flags3"), (JEQ, nr["sendmmsg"], "flags3"),
-                    (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect")]
+                    (JEQ, nr["sendmsg"], "flags2"), (JEQ, nr["connect"], "connect"),
+                    # a server's too: the supervisor keeps it to the loopback device
+                    (JEQ, nr["bind"], "connect"), (JEQ, nr["listen"], "connect")]
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
+                ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,
                 ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
                 ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
                 (JEQ, SOCK_SEQPACKET, "allow"), refuse,
@@ -1077,10 +1087,10 @@ def loopback_port(address: bytes) -> int | None:
 
 
 class Supervisor:
-    """Answers the connect() calls of one command's processes: a loopback address on a port that
-    `ports()` names (the session's own servers, asked at the moment of the call) is connected by
-    khaelor itself, on a duplicate of the command's socket and with the bytes it checked, so the
-    command cannot change the address after the check; anything else gets EACCES."""
+    """Answers the connect(), bind() and listen() calls of one command's processes: a connect to a
+    loopback port that `ports()` names (the session's own servers, asked at the moment of the call)
+    or a bind is done by khaelor itself, on a duplicate of the command's socket and with the bytes
+    it checked, so the command cannot change the address after the check; the rest gets EACCES."""
 
     def __init__(self, ports):
         self.ports = ports
@@ -1117,13 +1127,15 @@ class Supervisor:
             os.close(listener)
 
     def _decide(self, listener: int, notif: _Notif) -> int:
-        """0 once connected, or the errno the command's connect() returns."""
-        # connect(sockfd, address pointer, length)
-        sockfd = notif.args[0]
+        """0 once connected, bound or listening, or the errno the command's call returns."""
+        # connect(sockfd, address pointer, length), bind alike; listen(sockfd, backlog)
+        calls = SYSCALLS[os.uname().machine]
+        address = b""
         try:
-            with open(f"/proc/{notif.pid}/mem", "rb", buffering=0) as memory:
-                memory.seek(notif.args[1])
-                address = memory.read(min(notif.args[2], 128))
+            if notif.nr != calls["listen"]:
+                with open(f"/proc/{notif.pid}/mem", "rb", buffering=0) as memory:
+                    memory.seek(notif.args[1])
+                    address = memory.read(min(notif.args[2], 128))
         except (OSError, ValueError, OverflowError):
             return errno.EACCES
         # the pid may have died and been reused while we read
@@ -1131,22 +1143,41 @@ class Supervisor:
         if _libc.ioctl(listener, ctypes.c_ulong(NOTIF_ID_VALID), ctypes.byref(valid)):
             return errno.EACCES
         port = loopback_port(address)
-        if port is None or port not in self.ports():
+        if notif.nr == calls["connect"] and (port is None or port not in self.ports()):
             return errno.EACCES
-        return self._connect(notif.pid, sockfd, address)
-
-    def _connect(self, pid: int, sockfd: int, address: bytes) -> int:
+        # khaelor may be root: a port below 1024 is not the command's to bind
+        if notif.nr == calls["bind"] and 0 < int.from_bytes(address[2:4], "big") < 1024:
+            return errno.EACCES
         try:
-            pidfd = os.pidfd_open(pid)
-            try:
-                duplicate = _syscall(SYSCALLS[os.uname().machine]["pidfd_getfd"], pidfd, sockfd, 0)
-            finally:
-                os.close(pidfd)
+            with self._duplicate(notif.pid, notif.args[0]) as ours:
+                if ours.family not in (AF_INET, AF_INET6):
+                    return errno.EACCES
+                # a server takes connections from this machine only, however it binds (0.0.0.0,
+                # ::, a listen() before any bind): its socket is bound to the loopback device,
+                # which the command cannot undo (that takes CAP_NET_RAW)
+                device = ours.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16)
+                if notif.nr != calls["connect"] and device.rstrip(b"\0") != b"lo":
+                    ours.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+                call = {calls["connect"]: _libc.connect, calls["bind"]: _libc.bind}.get(notif.nr)
+                if call and call(ours.fileno(), address, len(address)):
+                    raise OSError(ctypes.get_errno(), "")
+                if notif.nr == calls["listen"]:
+                    ours.listen(min(notif.args[1], 4096))
+        except OSError as error:
+            return error.errno or errno.EACCES
+        return 0
+
+    def _duplicate(self, pid: int, sockfd: int) -> socket.socket:
+        pidfd = os.pidfd_open(pid)
+        try:
+            duplicate = _syscall(SYSCALLS[os.uname().machine]["pidfd_getfd"], pidfd, sockfd, 0)
+        finally:
+            os.close(pidfd)
+        try:
+            return socket.socket(fileno=duplicate)
         except OSError:
-            return errno.EACCES
-        failed = _libc.connect(duplicate, address, len(address))
-        os.close(duplicate)
-        return ctypes.get_errno() if failed else 0
+            os.close(duplicate)
+            raise
 # ---------------------------------------------------------------- opening through no link
 # khaelor's own file tools run outside the sandbox: they judge a real path (realpath leaves no link
 # in it), then open that very path here, so a link swapped into it in between (by a background
@@ -1226,8 +1257,8 @@ def _open_step(name: str, flags: int, mode: int, dir_fd: int) -> int:
 
 
 def listening_ports(pgids: set[int]) -> set[int]:
-    """TCP ports on which processes of these process groups listen: their socket inodes from
-    /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
+    """TCP ports on which processes of these process groups listen, and no other: their socket
+    inodes from /proc/<pid>/fd, matched with the LISTEN (0A) rows of /proc/net/tcp and tcp6."""
     inodes = set()
     for pid in pids_in_groups(pgids):
         with contextlib.suppress(OSError):
@@ -1236,17 +1267,18 @@ def listening_ports(pgids: set[int]) -> set[int]:
             # "socket:[<inode>]"
             inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
     ports = set()
+    foreign = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for row in Path(table).read_text().splitlines()[1:]:
                 # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
                 fields = row.split()
-                listening = len(fields) > 9 and fields[3] == "0A"
-                if listening and fields[9] in inodes:
+                if len(fields) > 9 and fields[3] == "0A":
                     # local_address is <address>:<port>, in hex
-                    port = fields[1].rsplit(":", 1)[1]
-                    ports.add(int(port, 16))
-    return ports
+                    port = int(fields[1].rsplit(":", 1)[1], 16)
+                    (ports if fields[9] in inodes else foreign).add(port)
+    # a session server on 127.0.0.2:P (or [::1]:P) must not open 127.0.0.1:P, another program's
+    return ports - foreign
 
 
 def pids_in_groups(pgids: set[int]) -> list[int]:

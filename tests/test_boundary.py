@@ -1,9 +1,11 @@
 """The boundary, proved by running hostile payloads inside each decision's sandbox directly
 (`khaelor sandbox`), whatever the parser would have said of them. Every payload is harmless if it
 ran: a marker file, a listener the test holds, a temp HOME."""
+import ctypes
 import json
 import os
 import pty
+import resource
 import shutil
 import socket
 import subprocess
@@ -141,6 +143,44 @@ def test_no_datagram_reaches_a_unix_socket_outside(project, env, tmp_path, shape
     with pytest.raises(socket.timeout):
         receiver.recv(10)
     receiver.close()
+
+
+# Cases from Codex's Linux sandbox tests (codex-rs/linux-sandbox/tests/suite/landlock.rs, exec's
+# sandbox.rs) and Anthropic's sandbox-runtime (test/sandbox/integration.test.ts), in one shell per
+# shape: each line prints OPEN only if the sandbox let it through.
+HARVESTED = """cd "$TMPDIR"
+grep NoNewPrivs /proc/self/status
+echo blah > /dev/null && echo devnull-ok
+python3 -c 'import os, pwd; print("user", pwd.getpwuid(os.getuid()).pw_name)'
+(echo hi > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null && echo dev-tcp-OPEN
+curl -s -m 2 http://127.0.0.1:$PORT/ && echo curl-OPEN
+wget -q -t 1 -T 2 -O- http://127.0.0.1:$PORT/ && echo wget-OPEN
+getent ahosts example.com && echo getent-OPEN
+ssh -o BatchMode=yes -o ConnectTimeout=1 -p $PORT 127.0.0.1 true && echo ssh-OPEN
+ln -s "$OUT/planted" link && echo x > link && echo symlink-OPEN
+ln "$OUT/file" hardlink && echo hardlink-OPEN
+mkfifo "$OUT/fifo" && echo fifo-OPEN
+python3 -c 'import socket
+for family, kind in ((16, 3), (40, 1), (2, 3), (17, 3)):
+    try: socket.socket(family, kind); print(family, "OPEN")
+    except OSError: pass'
+true
+"""
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_codex_and_sandbox_runtime_escapes_fail_closed(project, env, tmp_path, listener, shape):
+    """No new privileges, /dev/null and the user database work; curl, wget, getent, ssh, bash's
+    /dev/tcp, a symlink or hard link out of a writable place, a FIFO outside, netlink, vsock, raw
+    and packet sockets get nothing through."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_text("theirs")
+    code, out = sandboxed(project, env, shape, "bash", "-c", HARVESTED, extra_env={
+        "PORT": str(listener.getsockname()[1]), "OUT": str(outside)})
+    assert "NoNewPrivs:\t1" in out and "devnull-ok" in out and "user " in out, out
+    assert "OPEN" not in out and not was_reached(listener), out
+    assert sorted(os.listdir(outside)) == ["file"] and (outside / "file").read_text() == "theirs"
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -324,6 +364,27 @@ def test_a_tcp_listener_that_is_not_the_sessions_own_is_not_reached(project, env
     assert code != 0 and not was_reached(listener)
 
 
+def test_an_approved_commands_server_listens_for_this_machine_only(project, env):
+    """An approved command without the network may serve (a dev server), but not other hosts: a
+    bind to 0.0.0.0 or ::, or a listen() before any bind (which binds every address), leaves its
+    socket bound to the loopback device, which it cannot undo; no port below 1024."""
+    code, out = sandboxed(project, env, "--write", *python(
+        "import socket\n"
+        "for family, host in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::'),"
+        " (socket.AF_INET, None)):\n"
+        "    server = socket.socket(family)\n"
+        "    if host: server.bind((host, 0))\n"
+        "    server.listen()\n"
+        "    print('device', server.getsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, 16))\n"
+        "try:\n"
+        "    server.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'')\n"
+        "except PermissionError:\n"
+        "    print('kept')\n"
+        "socket.socket().bind(('127.0.0.1', 80))\n"))
+    assert out.count("device b'lo") == 3 and "kept" in out, out
+    assert "Permission denied" in out, out
+
+
 def test_nothing_is_planted_in_start_up_files(project, env, home):
     for shape in SHAPES:
         sandboxed(project, env, shape, "sh", "-c",
@@ -357,6 +418,36 @@ def test_no_other_process_and_no_namespace(project, env, shape):
     finally:
         outsider.kill()
         outsider.wait()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_other_process_has_its_limits_or_its_system_v_memory_touched(project, env, shape):
+    """prlimit sets another process's limits (khaelor's own RLIMIT_FSIZE at 0 would stop it), and
+    System V shared memory has no path for Landlock to see: neither reaches outside the command."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    # IPC_PRIVATE, IPC_CREAT | 0600: another program's segment, its id listed in /proc/sysvipc/shm
+    shmid = libc.shmget(0, 4096, 0o1000 | 0o600)
+    memory = libc.shmat(shmid, None, 0)
+    ctypes.memmove(memory, b"theirs", 6)
+    outsider = subprocess.Popen(["sleep", "30"])
+    try:
+        code, out = sandboxed(project, env, shape, *python(
+            "import ctypes, resource\n"
+            "libc = ctypes.CDLL(None, use_errno=True); libc.shmat.restype = ctypes.c_void_p\n"
+            f"memory = libc.shmat({shmid}, None, 0)\n"
+            "if memory not in (None, 2**64 - 1): ctypes.memmove(memory, b'PLANTED', 7)\n"
+            f"resource.prlimit({outsider.pid}, resource.RLIMIT_NOFILE, (3, 3))\n"))
+        assert resource.prlimit(outsider.pid, resource.RLIMIT_NOFILE)[0] != 3, out
+        assert "Operation not permitted" in out, out
+        if shape == "--read-only" or sandbox.mount_namespace_available():
+            assert ctypes.string_at(memory, 6) == b"theirs", out
+    finally:
+        outsider.kill()
+        outsider.wait()
+        libc.shmdt(ctypes.c_void_p(memory))
+        # IPC_RMID
+        libc.shmctl(shmid, 0, None)
 
 
 def test_nothing_is_typed_into_the_terminal(project, env):

@@ -387,6 +387,27 @@ def test_a_dev_server_started_with_process_is_reachable_from_later_commands(worl
     assert "CONNECTED" not in foreign.text and not was_reached(listener)   # only the session's own ports
 
 
+def test_a_session_server_lends_its_port_to_no_other_program_listening_on_it(world):
+    """The supervisor let a connect through by its port alone: a session server on 127.0.0.2:P
+    opened 127.0.0.1:P, where another program listens (a Redis, a database without a password)."""
+    theirs = socket.socket()
+    theirs.bind(("127.0.0.1", 0))
+    theirs.listen()
+    theirs.settimeout(0.1)
+    port = theirs.getsockname()[1]
+
+    async def scenario(box):
+        await box.run("process", {"action": "start", "command": f"{sys.executable} -m http.server "
+                                  f"{port} --bind 127.0.0.2"}, "t1", confine=APPROVED)
+        deadline = time.monotonic() + 15
+        while f"0200007F:{port:04X} 00000000:0000 0A" not in Path("/proc/net/tcp").read_text() \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return await bash(box, connect_command(port))
+    result = drive(world, scenario)
+    assert "CONNECTED" not in result.text and not was_reached(theirs), result.text
+    theirs.close()
+
 @pytest.mark.skipif(ABI < 6, reason="signal scoping needs Landlock ABI 6")
 def test_a_command_cannot_signal_a_process_outside_its_sandbox(world):
     outsider = subprocess.Popen(["sleep", "60"])
