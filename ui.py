@@ -852,6 +852,10 @@ META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 
 def meta_facts(meta: dict) -> list[str]:
     facts = []
+    if meta.get("start", 1) != 1 or meta.get("end", meta.get("lines")) != meta.get("lines"):
+        # a read of part of a file: which part, not the whole file's length
+        facts.append(f"lines {meta.get('start')}–{meta.get('end')} of {meta.get('lines')}")
+        meta = dict(meta, lines=None)
     for key, one in (("lines", "line"), ("matches", "match"), ("files", "file")):
         if isinstance(meta.get(key), int):
             facts.append(f"{meta[key]} {one if meta[key] == 1 else key}")
@@ -2071,6 +2075,9 @@ class Composer:
                 return None
             kind = self._menu_kind
             self._accept_menu()
+            if name == "tab" and kind == "command":
+                # its arguments are typed next ("/fixissue 42", never "/fixissue42")
+                self.set_text(self.text + " ")
             if name == "tab" or kind == "mention":
                 return None
         if name == "enter" and self._choices.get(self.text.strip()):

@@ -374,6 +374,14 @@ def test_tool_cards_are_one_line_with_facts(width):
     assert "⎿" not in text.split("● bash")[0]             # reads show no preview
 
 
+def test_a_read_of_part_of_a_file_says_which_lines_not_the_files_length():
+    """QA: reading a 200,000-line file showed "● read big.txt · 200000 lines" although the model
+    was given lines 1–897 (the cap), and so did a read of its last 11 lines."""
+    assert ui.meta_facts({"lines": 200000, "start": 1, "end": 897}) == ["lines 1–897 of 200000"]
+    assert ui.meta_facts({"lines": 20, "start": 10, "end": 20}) == ["lines 10–20 of 20"]
+    assert ui.meta_facts({"lines": 20, "start": 1, "end": 20}) == ["20 lines"]
+
+
 def test_a_card_counts_one_in_the_singular():
     facts = ui.meta_facts({"lines": 1, "matches": 1, "files": 1})
     assert facts == ["1 line", "1 match", "1 file"]
@@ -951,13 +959,26 @@ def test_slash_commands_complete_from_the_callers_list():
     assert c.menu == ["/mode", "/model"]
     c.handle(K("down"))
     c.handle(K("tab"))
-    assert c.text == "/model"
+    assert c.text == "/model "
     c.set_text("/he")
     assert c.handle(K("enter")) == "/help"
     exact = ui.Composer(commands=lambda: ["/help", "/helpful"])
     exact.set_text("/help")
     assert exact.menu == ["/help", "/helpful"]
     assert exact.handle(K("enter")) == "/help"               # an exact command stays itself
+
+
+def test_tab_on_a_command_leaves_a_space_for_its_arguments():
+    """QA: `/fix`, Tab, `42`, Enter sent "/fixissue42" ("unknown command"): Tab wrote the name
+    with no space after it. Now the arguments follow a space, and a picker opens at once."""
+    c = ui.Composer(commands=lambda: ["/fixissue", "/effort"], choices={"/effort": ["low"]})
+    c.handle(K("text", "/fix"))
+    c.handle(K("tab"))
+    c.handle(K("text", "42"))
+    assert c.handle(K("enter")) == "/fixissue 42"
+    c.handle(K("text", "/eff"))
+    c.handle(K("tab"))
+    assert c.text == "/effort " and c.menu == ["/effort low"]
 
 
 def test_a_command_with_choices_offers_them_as_a_picker_once_its_name_is_typed():
@@ -1681,7 +1702,7 @@ def test_the_command_menu_lists_every_command_with_what_it_does_and_scrolls(widt
     assert "› /cmd15" in text and "does thing 15" in text and "16 of 20" in text
     assert "/cmd00" not in text
     app.on_key(K("tab"))
-    assert app.composer.text == "/cmd15"
+    assert app.composer.text == "/cmd15 "
 
 
 # ---- steering lands after the streamed block (issue 14) ----
