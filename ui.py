@@ -3123,6 +3123,10 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         app.log = [event for event in replay if event.get("type") in events.DURABLE]
         lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS,
                                   open_cards=app.timeline.cards)
+        if welcome:
+            # above the replay, as it was above the conversation when it was live
+            app.timeline.note(welcome)
+            lines = app.timeline.take_settled() + [""] * bool(lines) + lines
         shell.write("".join(line + NEWLINE for line in lines).encode())
         for signum, handler in signals.items():
             try:
@@ -3132,8 +3136,6 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
                 continue
             undo.callback(_stop_handling, shell.loop, signum)
         undo.callback(controller.subscribe(shell.on_event))
-        if welcome:
-            app.timeline.note(welcome)
         for notice in notices:
             app.timeline.note("⚠ " + notice)
         return await shell.run()

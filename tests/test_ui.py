@@ -1331,7 +1331,7 @@ CHILD = textwrap.dedent("""
     try:
         replay = [{{"type": "UserMessageCreated", "text": "an earlier question"}}]
         code = asyncio.run(ui.run_app(controller, history_path={history!r}, color=True,
-                                      replay=replay))
+                                      replay=replay, welcome="khaelor welcome line"))
     finally:
         with open({result!r}, "w") as f:
             json.dump(controller.calls, f)
@@ -1437,6 +1437,19 @@ def test_run_app_raw_mode_is_restored_after_ctrl_d(tmp_path):
                      ["quit"]]
     assert b"\x1b[?2004l" in child.output
     assert (tmp_path / "history").read_text().count("\n") == 3
+
+
+def test_a_resumed_session_shows_the_welcome_line_above_its_replay_as_it_was_live(tmp_path):
+    """QA: `khaelor -c` printed the replayed conversation, then the welcome line under its last
+    reply, so the resumed screen was not the one the user had left (header above, a gap)."""
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    screen = pyte.Screen(80, 24)
+    pyte.ByteStream(screen).feed(bytes(child.output))
+    rows = [row.rstrip() for row in screen.display]
+    assert rows[:3] == ["khaelor welcome line", "", "› an earlier question"], rows[:4]
+    child.send(b"\x04")
+    assert child.finish()[0] == 0
 
 
 def test_an_outside_sigtstp_hands_the_terminal_back_before_stopping(tmp_path):
