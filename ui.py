@@ -1443,10 +1443,10 @@ class Timeline:
         # the model names the call: its name is shown, never acted on, like its input
         name = one_line(name)
         room = self.width - cell_width(name) - cell_width(tail) - 3
-        summary = clip(summary, max(room, 8)) if summary else ""
+        summary = " " + clip(summary, max(room, 8)) if summary else ""
         name = self.style.paint(name, "bold")
         tail = self.style.paint(tail, "dim")
-        return clip(f"{symbol} {name} {summary}{tail}", self.width)
+        return clip(f"{symbol} {name}{summary}{tail}", self.width)
 
     def _card_block(self, card: FinishedCard, expanded: bool = False,
                     live: bool = False) -> list[str]:

@@ -382,6 +382,13 @@ def test_a_read_of_part_of_a_file_says_which_lines_not_the_files_length():
     assert ui.meta_facts({"lines": 20, "start": 1, "end": 20}) == ["20 lines"]
 
 
+def test_a_call_with_no_summary_has_one_space_before_its_facts():
+    """QA: a bash call whose input was not valid JSON showed `✗ bash  · failed` (two spaces)."""
+    events = [requested("t1", "bash", {}),
+              event("ToolFailed", tool_use_id="t1", name="bash", output="not valid JSON")]
+    assert "✗ bash · failed" in timeline_text(events)
+
+
 def test_a_card_counts_one_in_the_singular():
     facts = ui.meta_facts({"lines": 1, "matches": 1, "files": 1})
     assert facts == ["1 line", "1 match", "1 file"]
