@@ -724,6 +724,8 @@ class Rewind:
         self.toolbox = toolbox
         self.number = number
         self.state = bus.store.state
+        # what the user changed after the agent's last step and the rewind leaves alone (start)
+        self.kept: list = []
 
     def plan(self) -> None:
         import tools
@@ -772,6 +774,8 @@ class Rewind:
                  f" `{' '.join(step['what'].split())[:60]}`):"]
         for restore in self.restores:
             verb = "delete" if restore.mode == "000000" else "write back"
+            if restore.path in self.kept:
+                verb = "keep"
             mark = "  (you changed it after the agent's last step)" if restore.user_changed else ""
             lines.append(f"- {verb} `{restore.path}`{mark}")
         if self.moves_head():
@@ -2326,7 +2330,8 @@ class Session:
         report = rewind.finish()
         # the fsync off the loop (`khaelor rewind` syncs as it closes the log)
         await self.bus.store.sync_off_loop()
-        return f"{rewind.describe()}\n\n{report}"
+        # markdown: each line of the report its own paragraph, never run into the next
+        return f"{rewind.describe()}\n\n" + report.replace("\n", "\n\n")
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
