@@ -731,7 +731,8 @@ class Rewind:
         import tools
         state = self.state
         if not 1 <= self.number <= len(state.steps):
-            raise UsageError(f"no step {self.number}: the steps are 1 to {len(state.steps)}")
+            steps = f"the steps are 1 to {len(state.steps)}" if state.steps else "there are none yet"
+            raise UsageError(f"no step {self.number}: {steps}")
         self.target, overlay = events.rewind_target(state, self.number)
         if self.target is None:
             raise UsageError(f"no checkpoint before step {self.number}")
