@@ -724,15 +724,12 @@ class Rewind:
         self.toolbox = toolbox
         self.number = number
         self.state = bus.store.state
-        # what the user changed after the agent's last step and the rewind leaves alone (start)
-        self.kept: list = []
 
     def plan(self) -> None:
         import tools
         state = self.state
         if not 1 <= self.number <= len(state.steps):
-            steps = f"the steps are 1 to {len(state.steps)}" if state.steps else "there are none yet"
-            raise UsageError(f"no step {self.number}: {steps}")
+            raise UsageError(f"no step {self.number} (this session has {len(state.steps)})")
         self.target, overlay = events.rewind_target(state, self.number)
         if self.target is None:
             raise UsageError(f"no checkpoint before step {self.number}")
@@ -767,18 +764,16 @@ class Rewind:
         before = (self.target["head"], self.target["branch"])
         return before != (self.now["head"], self.now["branch"])
 
-    def describe(self) -> str:
-        """What the rewind does, as markdown (/rewind settles it so): one list item per change,
-        names in code spans, so that neither a line break nor an `__init__.py` is lost."""
+    def describe(self, kept=()) -> str:
+        """What the rewind does (`kept`: left as is), as markdown (/rewind settles it so): one item
+        per change, names in code spans, so neither a line break nor an `__init__.py` is lost."""
         step = self.state.steps[self.number - 1]
         lines = [f"Rewinding to before step {self.number} ({step['kind']}"
                  f" `{' '.join(step['what'].split())[:60]}`):"]
         for restore in self.restores:
             verb = "delete" if restore.mode == "000000" else "write back"
-            if restore.path in self.kept:
-                verb = "keep"
             mark = "  (you changed it after the agent's last step)" if restore.user_changed else ""
-            lines.append(f"- {verb} `{restore.path}`{mark}")
+            lines.append(f"- {'keep' if restore.path in kept else verb} `{restore.path}`{mark}")
         if self.moves_head():
             branch = self.target["branch"] or "detached HEAD"
             lines.append(f"- HEAD back to {branch} at {self.target['head'][:12]}")
@@ -818,10 +813,10 @@ class Rewind:
         report = f"Rewound to before step {self.number}: {files} restored."
         if self.kept:
             kept = events.visible_controls(", ".join(self.kept), one_line=True)
-            report += f"\nKept as you left them (changed after the agent's last step): {kept}"
+            report += f"\n\nKept as you left them (changed after the agent's last step): {kept}"
         if self.problems:
-            report += "\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
-        return report + ("\nWhat a rewind cannot bring back: commits already pushed, files"
+            report += "\n\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
+        return report + ("\n\nWhat a rewind cannot bring back: commits already pushed, files"
                          " outside the project, what commands did to ignored files or to"
                          " untracked files over 20 MB; commits reset away stay in the reflog.")
 
@@ -2331,8 +2326,7 @@ class Session:
         report = rewind.finish()
         # the fsync off the loop (`khaelor rewind` syncs as it closes the log)
         await self.bus.store.sync_off_loop()
-        # markdown: each line of the report its own paragraph, never run into the next
-        return f"{rewind.describe()}\n\n" + report.replace("\n", "\n\n")
+        return f"{rewind.describe(rewind.kept)}\n\n{report}"
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")

@@ -30,8 +30,8 @@ while it is live; what has settled is read in the transcript view (Ctrl-R, or a 
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
-Tool metadata read from ToolCompleted/ToolFailed `meta`: lines, matches, files, exit_code,
-duration_ms, timed_out, truncated; FileModified adds +added −removed and the coloured diff.
+Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
+matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
 
 from __future__ import annotations
@@ -99,9 +99,7 @@ class Controller(Protocol):
     def quit(self) -> object: ...
 
 
-# run_command's "end the app"
 QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()
-# run_command's "open the transcript view" (/transcript)
 TRANSCRIPT = type("Transcript", (), {"__repr__": lambda self: "ui.TRANSCRIPT"})()
 
 
@@ -853,11 +851,10 @@ META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 def meta_facts(meta: dict) -> list[str]:
     facts = []
     if meta.get("start", 1) != 1 or meta.get("end", meta.get("lines")) != meta.get("lines"):
-        # a read of part of a file: which part, not the whole file's length
-        facts.append(f"lines {meta.get('start')}–{meta.get('end')} of {meta.get('lines')}")
-        meta = dict(meta, lines=None)
+        # a read of part of a file: which part ("1–897 of 200000 lines"), not the file's length
+        meta = dict(meta, lines=f"{meta.get('start')}–{meta.get('end')} of {meta.get('lines')}")
     for key, one in (("lines", "line"), ("matches", "match"), ("files", "file")):
-        if isinstance(meta.get(key), int):
+        if isinstance(meta.get(key), (int, str)):
             facts.append(f"{meta[key]} {one if meta[key] == 1 else key}")
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
@@ -1593,11 +1590,8 @@ def render_status_line(status: dict, activity: str, spinner: str,
 def status_segments(status: dict) -> list[tuple[int, str]]:
     """The facts in the order shown, each with its priority (higher stays longer)."""
     get = status.get
-    segments = []
-    if get("mode") in MODE_BADGES:
-        segments.append((7, MODE_BADGES[get("mode")]))
-    if get("model"):
-        segments.append((5, str(get("model"))))
+    # an empty text is left out (below)
+    segments = [(7, MODE_BADGES.get(get("mode"), "")), (5, str(get("model") or ""))]
     if get("context_pct") is not None:
         segments.append((6, f"ctx {get('context_pct'):.0f}%"))
     if get("tokens"):
@@ -1610,8 +1604,7 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((4, events.dollars(get("cost"), "$?", digits=2)))
     if get("cache_share") is not None:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
-    if get("reasoning"):
-        segments.append((3, str(get("reasoning"))))
+    segments.append((3, str(get("reasoning") or "")))
     if get("processes"):
         segments.append((2, events.counted(get("processes"), "proc")))
     if get("branch"):
@@ -2138,7 +2131,6 @@ class Composer:
                 return self._insert(label)
         self._insert(events.plain_text(text.replace("\t", "    ")))
 
-
     def _enter(self) -> str | None:
         before = self.text[:self.cursor]
         # "\" then Enter: a newline, as in a shell
@@ -2205,7 +2197,6 @@ class Composer:
         """Up/Down: to the same column of the line above/below; past the first/last line,
         through the history."""
         start, end = self._line_bounds()
-        # up from the first line or down from the last: the history
         if step < 0:
             at_edge = start == 0
         else:

@@ -310,11 +310,11 @@ def test_rewind_with_a_digit_that_is_no_number_lists_the_steps(project, env, mon
     assert in_session(project, env, monkeypatch, rewind) == "no steps that changed the work tree yet"
 
 
-def test_rewind_to_a_step_in_a_session_with_none_says_there_are_none(project, env, monkeypatch):
+def test_rewind_to_a_step_in_a_session_with_none_says_it_has_none(project, env, monkeypatch):
     """QA: "/rewind 5" in a session with no steps said "no step 5: the steps are 1 to 0"."""
     async def rewind(session):
         return await session.run_command("/rewind 5")
-    assert in_session(project, env, monkeypatch, rewind) == "no step 5: there are none yet"
+    assert in_session(project, env, monkeypatch, rewind) == "no step 5 (this session has 0)"
 
 
 def test_a_title_typed_over_two_lines_is_one_line_in_every_listing(project, env, monkeypatch):

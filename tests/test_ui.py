@@ -377,8 +377,8 @@ def test_tool_cards_are_one_line_with_facts(width):
 def test_a_read_of_part_of_a_file_says_which_lines_not_the_files_length():
     """QA: reading a 200,000-line file showed "● read big.txt · 200000 lines" although the model
     was given lines 1–897 (the cap), and so did a read of its last 11 lines."""
-    assert ui.meta_facts({"lines": 200000, "start": 1, "end": 897}) == ["lines 1–897 of 200000"]
-    assert ui.meta_facts({"lines": 20, "start": 10, "end": 20}) == ["lines 10–20 of 20"]
+    assert ui.meta_facts({"lines": 200000, "start": 1, "end": 897}) == ["1–897 of 200000 lines"]
+    assert ui.meta_facts({"lines": 20, "start": 10, "end": 20}) == ["10–20 of 20 lines"]
     assert ui.meta_facts({"lines": 20, "start": 1, "end": 20}) == ["20 lines"]
 
 
