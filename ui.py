@@ -1718,7 +1718,7 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     if "\n" in descriptor:
         rows = preview_rows(descriptor, width - 2, style)
     preview = shown(raw_preview).rstrip("\n")
-    if preview and preview.strip() not in descriptor:
+    if preview and (preview.strip() not in descriptor or "content" in tool_input):
         is_edit = isinstance(tool_input.get("old_string"), str)
         if preview.startswith(("---", "@@")) or "\n@@ " in preview:
             rows += render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES)

@@ -1921,6 +1921,15 @@ def test_multi_line_commands_and_edits_show_as_lines():
     assert "│ npm run dev" in text and "│ --port 3000" in text and '"action"' not in text
 
 
+def test_a_write_whose_content_is_in_its_path_still_shows_the_content():
+    """QA: writing "x" to /tmp/qa/outside.txt asked "Write /tmp/qa/outside.txt?" with no preview:
+    the content was taken for a repeat of the path, since "x" is in "outside.txt"."""
+    app = panel_for("write", {"file_path": "/tmp/qa/outside.txt", "content": "x\n"},
+                    descriptor="/tmp/qa/outside.txt", preview="x\n")
+    rows = [row.strip() for row in app.frame(0.0)[0]]
+    assert "│ x" in rows, rows
+
+
 def test_a_small_terminal_says_what_the_panel_left_out():
     content = "\n".join(f"line {k}" for k in range(1, 40))
     app = panel_for("write", {"file_path": "big.txt", "content": content}, 80, descriptor="big.txt",
