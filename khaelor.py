@@ -2376,8 +2376,8 @@ class Session:
             data = base64.b64encode(text.encode("utf-8")).decode("ascii")
             sys.stdout.write(f"\x1b]52;c;{data}\x07")
             sys.stdout.flush()
-            return (f"sent the transcript ({len(text)} characters) to the clipboard"
-                    " (OSC 52: your terminal must allow it)")
+            return (f"sent the transcript ({events.counted(len(text), 'character')}) to the"
+                    " clipboard (OSC 52: your terminal must allow it)")
         path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
         path = Path.cwd() / path
         try:
