@@ -729,7 +729,7 @@ class Rewind:
         import tools
         state = self.state
         if not 1 <= self.number <= len(state.steps):
-            raise UsageError(f"no step {self.number}: the steps are 1 to {len(state.steps)}")
+            raise UsageError(f"no step {self.number} (this session has {len(state.steps)})")
         self.target, overlay = events.rewind_target(state, self.number)
         if self.target is None:
             raise UsageError(f"no checkpoint before step {self.number}")
@@ -764,16 +764,16 @@ class Rewind:
         before = (self.target["head"], self.target["branch"])
         return before != (self.now["head"], self.now["branch"])
 
-    def describe(self) -> str:
-        """What the rewind does, as markdown (/rewind settles it so): one list item per change,
-        names in code spans, so that neither a line break nor an `__init__.py` is lost."""
+    def describe(self, kept=()) -> str:
+        """What the rewind does (`kept`: left as is), as markdown (/rewind settles it so): one item
+        per change, names in code spans, so neither a line break nor an `__init__.py` is lost."""
         step = self.state.steps[self.number - 1]
         lines = [f"Rewinding to before step {self.number} ({step['kind']}"
                  f" `{' '.join(step['what'].split())[:60]}`):"]
         for restore in self.restores:
             verb = "delete" if restore.mode == "000000" else "write back"
             mark = "  (you changed it after the agent's last step)" if restore.user_changed else ""
-            lines.append(f"- {verb} `{restore.path}`{mark}")
+            lines.append(f"- {'keep' if restore.path in kept else verb} `{restore.path}`{mark}")
         if self.moves_head():
             branch = self.target["branch"] or "detached HEAD"
             lines.append(f"- HEAD back to {branch} at {self.target['head'][:12]}")
@@ -813,10 +813,10 @@ class Rewind:
         report = f"Rewound to before step {self.number}: {files} restored."
         if self.kept:
             kept = events.visible_controls(", ".join(self.kept), one_line=True)
-            report += f"\nKept as you left them (changed after the agent's last step): {kept}"
+            report += f"\n\nKept as you left them (changed after the agent's last step): {kept}"
         if self.problems:
-            report += "\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
-        return report + ("\nWhat a rewind cannot bring back: commits already pushed, files"
+            report += "\n\nNot restored: " + events.visible_controls("; ".join(self.problems), True)
+        return report + ("\n\nWhat a rewind cannot bring back: commits already pushed, files"
                          " outside the project, what commands did to ignored files or to"
                          " untracked files over 20 MB; commits reset away stay in the reflog.")
 
@@ -2327,7 +2327,7 @@ class Session:
         report = rewind.finish()
         # the fsync off the loop (`khaelor rewind` syncs as it closes the log)
         await self.bus.store.sync_off_loop()
-        return f"{rewind.describe()}\n\n{report}"
+        return f"{rewind.describe(rewind.kept)}\n\n{report}"
 
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
@@ -2377,8 +2377,8 @@ class Session:
             data = base64.b64encode(text.encode("utf-8")).decode("ascii")
             sys.stdout.write(f"\x1b]52;c;{data}\x07")
             sys.stdout.flush()
-            return (f"sent the transcript ({len(text)} characters) to the clipboard"
-                    " (OSC 52: your terminal must allow it)")
+            return (f"sent the transcript ({events.counted(len(text), 'character')}) to the"
+                    " clipboard (OSC 52: your terminal must allow it)")
         path = Path(target or f"khaelor-{self.store.session_id}.md").expanduser()
         path = Path.cwd() / path
         try:

@@ -486,9 +486,9 @@ class Workspace:
         real = _realpath(path)
         if not sandbox.within(real, places):
             raise ToolError(
-                f"{_one_line(self.display(path))} now leads to {_one_line(real)}, outside the "
-                "project and the paths approved for this call, so it was not opened. "
-                "Name that path itself, so that the user is asked.",
+                f"{_one_line(self.display(path))} resolves to {_one_line(real)}, outside the "
+                "project and the paths approved for this call: not opened. Name that path itself "
+                "to be asked (--yes approves nothing outside: then ask the user in your reply).",
                 error="outside")
         return real
 

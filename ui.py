@@ -30,8 +30,8 @@ while it is live; what has settled is read in the transcript view (Ctrl-R, or a 
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
-Tool metadata read from ToolCompleted/ToolFailed `meta`: lines, matches, files, exit_code,
-duration_ms, timed_out, truncated; FileModified adds +added −removed and the coloured diff.
+Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
+matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
 
 from __future__ import annotations
@@ -99,9 +99,7 @@ class Controller(Protocol):
     def quit(self) -> object: ...
 
 
-# run_command's "end the app"
 QUIT = type("Quit", (), {"__repr__": lambda self: "ui.QUIT"})()
-# run_command's "open the transcript view" (/transcript)
 TRANSCRIPT = type("Transcript", (), {"__repr__": lambda self: "ui.TRANSCRIPT"})()
 
 
@@ -852,8 +850,11 @@ META_FLAGS = (("timed_out", "timed out"), ("truncated", "truncated"))
 
 def meta_facts(meta: dict) -> list[str]:
     facts = []
+    if meta.get("start", 1) != 1 or meta.get("end", meta.get("lines")) != meta.get("lines"):
+        # a read of part of a file: which part ("1–897 of 200000 lines"), not the file's length
+        meta = dict(meta, lines=f"{meta.get('start')}–{meta.get('end')} of {meta.get('lines')}")
     for key, one in (("lines", "line"), ("matches", "match"), ("files", "file")):
-        if isinstance(meta.get(key), int):
+        if isinstance(meta.get(key), (int, str)):
             facts.append(f"{meta[key]} {one if meta[key] == 1 else key}")
     if meta.get("exit_code") is not None:
         facts.append(f"exit {meta['exit_code']}")
@@ -1439,10 +1440,10 @@ class Timeline:
         # the model names the call: its name is shown, never acted on, like its input
         name = one_line(name)
         room = self.width - cell_width(name) - cell_width(tail) - 3
-        summary = clip(summary, max(room, 8)) if summary else ""
+        summary = " " + clip(summary, max(room, 8)) if summary else ""
         name = self.style.paint(name, "bold")
         tail = self.style.paint(tail, "dim")
-        return clip(f"{symbol} {name} {summary}{tail}", self.width)
+        return clip(f"{symbol} {name}{summary}{tail}", self.width)
 
     def _card_block(self, card: FinishedCard, expanded: bool = False,
                     live: bool = False) -> list[str]:
@@ -1589,11 +1590,8 @@ def render_status_line(status: dict, activity: str, spinner: str,
 def status_segments(status: dict) -> list[tuple[int, str]]:
     """The facts in the order shown, each with its priority (higher stays longer)."""
     get = status.get
-    segments = []
-    if get("mode") in MODE_BADGES:
-        segments.append((7, MODE_BADGES[get("mode")]))
-    if get("model"):
-        segments.append((5, str(get("model"))))
+    # an empty text is left out (below)
+    segments = [(7, MODE_BADGES.get(get("mode"), "")), (5, str(get("model") or ""))]
     if get("context_pct") is not None:
         segments.append((6, f"ctx {get('context_pct'):.0f}%"))
     if get("tokens"):
@@ -1606,8 +1604,7 @@ def status_segments(status: dict) -> list[tuple[int, str]]:
         segments.append((4, events.dollars(get("cost"), "$?", digits=2)))
     if get("cache_share") is not None:
         segments.append((1, f"cache {get('cache_share') * 100:.0f}%"))
-    if get("reasoning"):
-        segments.append((3, str(get("reasoning"))))
+    segments.append((3, str(get("reasoning") or "")))
     if get("processes"):
         segments.append((2, events.counted(get("processes"), "proc")))
     if get("branch"):
@@ -1721,7 +1718,7 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     if "\n" in descriptor:
         rows = preview_rows(descriptor, width - 2, style)
     preview = shown(raw_preview).rstrip("\n")
-    if preview and preview.strip() not in descriptor:
+    if preview and (preview.strip() not in descriptor or "content" in tool_input):
         is_edit = isinstance(tool_input.get("old_string"), str)
         if preview.startswith(("---", "@@")) or "\n@@ " in preview:
             rows += render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES)
@@ -2071,6 +2068,9 @@ class Composer:
                 return None
             kind = self._menu_kind
             self._accept_menu()
+            if name == "tab" and kind == "command":
+                # its arguments are typed next ("/fixissue 42", never "/fixissue42")
+                self.set_text(self.text + " ")
             if name == "tab" or kind == "mention":
                 return None
         if name == "enter" and self._choices.get(self.text.strip()):
@@ -2130,7 +2130,6 @@ class Composer:
                 self._pastes[label] = text
                 return self._insert(label)
         self._insert(events.plain_text(text.replace("\t", "    ")))
-
 
     def _enter(self) -> str | None:
         before = self.text[:self.cursor]
@@ -2198,7 +2197,6 @@ class Composer:
         """Up/Down: to the same column of the line above/below; past the first/last line,
         through the history."""
         start, end = self._line_bounds()
-        # up from the first line or down from the last: the history
         if step < 0:
             at_edge = start == 0
         else:
@@ -3116,6 +3114,10 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
         app.log = [event for event in replay if event.get("type") in events.DURABLE]
         lines = render_transcript(replay, app.width, color, max_turns=REPLAY_TURNS,
                                   open_cards=app.timeline.cards)
+        if welcome:
+            # above the replay, as it was above the conversation when it was live
+            app.timeline.note(welcome)
+            lines = app.timeline.take_settled() + [""] * bool(lines) + lines
         shell.write("".join(line + NEWLINE for line in lines).encode())
         for signum, handler in signals.items():
             try:
@@ -3125,8 +3127,6 @@ async def run_app(controller: Controller, *, stdin_fd: int = 0,
                 continue
             undo.callback(_stop_handling, shell.loop, signum)
         undo.callback(controller.subscribe(shell.on_event))
-        if welcome:
-            app.timeline.note(welcome)
         for notice in notices:
             app.timeline.note("⚠ " + notice)
         return await shell.run()

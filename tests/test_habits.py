@@ -310,6 +310,21 @@ def test_rewind_with_a_digit_that_is_no_number_lists_the_steps(project, env, mon
     assert in_session(project, env, monkeypatch, rewind) == "no steps that changed the work tree yet"
 
 
+def test_rewind_to_a_step_in_a_session_with_none_says_it_has_none(project, env, monkeypatch):
+    """QA: "/rewind 5" in a session with no steps said "no step 5: the steps are 1 to 0"."""
+    async def rewind(session):
+        return await session.run_command("/rewind 5")
+    assert in_session(project, env, monkeypatch, rewind) == "no step 5 (this session has 0)"
+
+
+def test_export_to_the_clipboard_counts_in_the_singular(project, env, monkeypatch, capsys):
+    """QA: /export clipboard in a new session said "sent the transcript (1 characters)"."""
+    async def export(session):
+        return await session.run_command("/export clipboard")
+    assert "(1 character) to the clipboard" in in_session(project, env, monkeypatch, export)
+    assert "\x1b]52;c;" in capsys.readouterr().out
+
+
 def test_a_title_typed_over_two_lines_is_one_line_in_every_listing(project, env, monkeypatch):
     """"/rename first\\nsecond" kept the line break: `khaelor sessions` printed the row in two,
     and /sessions' list item broke. The title is one line, as a title taken from the first

@@ -447,7 +447,8 @@ def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, p
     """Issue 19 item 4, end to end: the decision's confine carries the approved real path to the
     file tools, which open exactly it (a link in the project to it included, its folders made).
     --yes alone approves nothing outside the project (it cannot be rewound), so the same calls
-    are refused there."""
+    are refused there. QA: the refusal of the write, which named its path, said that path "now
+    leads to" itself and told the model to name it (it had): it says to ask the user instead."""
     outside = tmp_path / "elsewhere" / "notes.txt"
     outside.parent.mkdir()
     outside.write_text("outside notes\n")
@@ -465,6 +466,8 @@ def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, p
                    if isinstance(b, dict) and b["type"] == "tool_result"]
         if approval == ["--yes"]:
             assert "outside notes" not in str(results[0]["content"]) and not config.exists()
+            refused = str(results[1]["content"])
+            assert "now leads to" not in refused and "--yes approves nothing outside" in refused
     assert "outside notes" in str(results[0]["content"]), results
     assert config.read_text() == "[x]\n", results
 

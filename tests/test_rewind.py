@@ -557,3 +557,23 @@ def test_esc_during_a_checkpoint_waits_for_its_git(project, env, fake, monkeypat
     kinds = [event.get("reason") or event["type"] for event in log]
     assert kinds[-3:] == ["PermissionGranted", "interrupted by the user", "Interrupted"], kinds
     assert not (project / "made.txt").exists()
+
+
+def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: /rewind listed "• delete a.txt (you changed it …)" and then kept a.txt, and the report's
+    lines ran together as markdown ("Kept as you left them (…): a.txt What a rewind cannot …")."""
+    from test_sessions import in_session
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(tool_use("write", {"file_path": "b.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+
+    async def rewind(session):
+        return await session.run_command("/rewind 1")
+    answer = in_session(project, env, monkeypatch, rewind)
+    assert (project / "a.txt").read_text() == "the user's own\n" and not (project / "b.txt").exists()
+    assert "- keep `a.txt`  (you changed it" in answer and "- delete `b.txt`" in answer, answer
+    assert "step): a.txt\n\nWhat a rewind" in answer, answer

@@ -374,6 +374,21 @@ def test_tool_cards_are_one_line_with_facts(width):
     assert "⎿" not in text.split("● bash")[0]             # reads show no preview
 
 
+def test_a_read_of_part_of_a_file_says_which_lines_not_the_files_length():
+    """QA: reading a 200,000-line file showed "● read big.txt · 200000 lines" although the model
+    was given lines 1–897 (the cap), and so did a read of its last 11 lines."""
+    assert ui.meta_facts({"lines": 200000, "start": 1, "end": 897}) == ["1–897 of 200000 lines"]
+    assert ui.meta_facts({"lines": 20, "start": 10, "end": 20}) == ["10–20 of 20 lines"]
+    assert ui.meta_facts({"lines": 20, "start": 1, "end": 20}) == ["20 lines"]
+
+
+def test_a_call_with_no_summary_has_one_space_before_its_facts():
+    """QA: a bash call whose input was not valid JSON showed `✗ bash  · failed` (two spaces)."""
+    events = [requested("t1", "bash", {}),
+              event("ToolFailed", tool_use_id="t1", name="bash", output="not valid JSON")]
+    assert "✗ bash · failed" in timeline_text(events)
+
+
 def test_a_card_counts_one_in_the_singular():
     facts = ui.meta_facts({"lines": 1, "matches": 1, "files": 1})
     assert facts == ["1 line", "1 match", "1 file"]
@@ -951,13 +966,26 @@ def test_slash_commands_complete_from_the_callers_list():
     assert c.menu == ["/mode", "/model"]
     c.handle(K("down"))
     c.handle(K("tab"))
-    assert c.text == "/model"
+    assert c.text == "/model "
     c.set_text("/he")
     assert c.handle(K("enter")) == "/help"
     exact = ui.Composer(commands=lambda: ["/help", "/helpful"])
     exact.set_text("/help")
     assert exact.menu == ["/help", "/helpful"]
     assert exact.handle(K("enter")) == "/help"               # an exact command stays itself
+
+
+def test_tab_on_a_command_leaves_a_space_for_its_arguments():
+    """QA: `/fix`, Tab, `42`, Enter sent "/fixissue42" ("unknown command"): Tab wrote the name
+    with no space after it. Now the arguments follow a space, and a picker opens at once."""
+    c = ui.Composer(commands=lambda: ["/fixissue", "/effort"], choices={"/effort": ["low"]})
+    c.handle(K("text", "/fix"))
+    c.handle(K("tab"))
+    c.handle(K("text", "42"))
+    assert c.handle(K("enter")) == "/fixissue 42"
+    c.handle(K("text", "/eff"))
+    c.handle(K("tab"))
+    assert c.text == "/effort " and c.menu == ["/effort low"]
 
 
 def test_a_command_with_choices_offers_them_as_a_picker_once_its_name_is_typed():
@@ -1310,7 +1338,7 @@ CHILD = textwrap.dedent("""
     try:
         replay = [{{"type": "UserMessageCreated", "text": "an earlier question"}}]
         code = asyncio.run(ui.run_app(controller, history_path={history!r}, color=True,
-                                      replay=replay))
+                                      replay=replay, welcome="khaelor welcome line"))
     finally:
         with open({result!r}, "w") as f:
             json.dump(controller.calls, f)
@@ -1416,6 +1444,19 @@ def test_run_app_raw_mode_is_restored_after_ctrl_d(tmp_path):
                      ["quit"]]
     assert b"\x1b[?2004l" in child.output
     assert (tmp_path / "history").read_text().count("\n") == 3
+
+
+def test_a_resumed_session_shows_the_welcome_line_above_its_replay_as_it_was_live(tmp_path):
+    """QA: `khaelor -c` printed the replayed conversation, then the welcome line under its last
+    reply, so the resumed screen was not the one the user had left (header above, a gap)."""
+    child = PtyChild(tmp_path)
+    child.wait_for("❯ ".encode())
+    screen = pyte.Screen(80, 24)
+    pyte.ByteStream(screen).feed(bytes(child.output))
+    rows = [row.rstrip() for row in screen.display]
+    assert rows[:3] == ["khaelor welcome line", "", "› an earlier question"], rows[:4]
+    child.send(b"\x04")
+    assert child.finish()[0] == 0
 
 
 def test_an_outside_sigtstp_hands_the_terminal_back_before_stopping(tmp_path):
@@ -1681,7 +1722,7 @@ def test_the_command_menu_lists_every_command_with_what_it_does_and_scrolls(widt
     assert "› /cmd15" in text and "does thing 15" in text and "16 of 20" in text
     assert "/cmd00" not in text
     app.on_key(K("tab"))
-    assert app.composer.text == "/cmd15"
+    assert app.composer.text == "/cmd15 "
 
 
 # ---- steering lands after the streamed block (issue 14) ----
@@ -1878,6 +1919,15 @@ def test_multi_line_commands_and_edits_show_as_lines():
                         descriptor="npm run dev --port 3000", preview='{"action": "start"}')
     text = "\n".join(process.frame(0.0)[0])
     assert "│ npm run dev" in text and "│ --port 3000" in text and '"action"' not in text
+
+
+def test_a_write_whose_content_is_in_its_path_still_shows_the_content():
+    """QA: writing "x" to /tmp/qa/outside.txt asked "Write /tmp/qa/outside.txt?" with no preview:
+    the content was taken for a repeat of the path, since "x" is in "outside.txt"."""
+    app = panel_for("write", {"file_path": "/tmp/qa/outside.txt", "content": "x\n"},
+                    descriptor="/tmp/qa/outside.txt", preview="x\n")
+    rows = [row.strip() for row in app.frame(0.0)[0]]
+    assert "│ x" in rows, rows
 
 
 def test_a_small_terminal_says_what_the_panel_left_out():
