@@ -1686,6 +1686,8 @@ class Session:
         self.baseline = None
         # the task of a running `!` command
         self.shell = None
+        # CommandAnswered payloads waiting for a log: none is written before the first message
+        self.unlogged = []
         # @ completion: the files as last listed, and when (time.monotonic())
         self._files = None
         self._files_at = 0.0
@@ -1819,6 +1821,7 @@ class Session:
         if self.store.events:
             return
         emit_created(self.bus, self.settings, self.project_root)
+        self.log_answers()
         # a /model before the first message
         if self.kernel.ctx.model != self.settings["model"]:
             self.bus.emit("ModelChanged", model=self.kernel.ctx.model)
@@ -1944,12 +1947,29 @@ class Session:
             try:
                 command_model(self.custom[name], self.settings["prices"])
             except UsageError as error:
-                return str(error)
+                return self.record_answer(line, str(error))
             self.submit(line)
             return ""
         if entry is None:
-            return f"unknown command {name}; /help lists them"
-        return await entry[0](self, rest.strip())
+            return self.record_answer(line, f"unknown command {name}; /help lists them")
+        return self.record_answer(line, await entry[0](self, rest.strip()))
+
+    def record_answer(self, line: str, answer):
+        """What a command showed joins the log (CommandAnswered), so a resumed session replays it
+        where it was. Not kept: /help (a view, the same each time), QUIT, TRANSCRIPT, and an
+        answer's end past MAX_KEPT_ANSWER characters (a long /diff or /init draft: said so)."""
+        if line.split()[0] != "/help" and isinstance(answer, str) and answer.strip():
+            left = events.counted(len(answer) - MAX_KEPT_ANSWER, "more character")
+            cut = f"\n\n… {left} shown then, not kept in the session log"
+            text = answer if len(answer) <= MAX_KEPT_ANSWER else answer[:MAX_KEPT_ANSWER] + cut
+            self.unlogged.append({"command": line.strip(), "text": text})
+            self.log_answers()
+        return answer
+
+    def log_answers(self) -> None:
+        """Once the session has begun: before its first message there is no log to write to."""
+        while self.unlogged and self.store.events:
+            self.bus.emit("CommandAnswered", **self.unlogged.pop(0))
 
     def mention_candidates(self, prefix: str) -> list:
         """Files and their folders (`src/`) for @ completion, as last listed. Listing runs in a
@@ -2557,6 +2577,8 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
 
 # of a `!` command stopped with Esc, the output kept (its end)
 STOPPED_OUTPUT_CHARS = 20_000
+# a command's answer the log keeps (CommandAnswered), in characters: the replay says what is not
+MAX_KEPT_ANSWER = 20_000
 # a new @ mention lists the files again when the list is older than this
 MENTION_REFRESH_S = 1.0
 # files offered for @ completion, at most

@@ -1275,6 +1275,10 @@ class Timeline:
             return
         self.error("Task failed: " + reason)
 
+    def _on_CommandAnswered(self, e: dict) -> None:
+        """Replayed: a command's answer, drawn as App drew what run_command returned."""
+        self.note(str(e.get("text", "")))
+
     def _on_Notice(self, e: dict) -> None:
         self.note("⚠ " + str(e.get("text", "")))
 
@@ -2542,7 +2546,8 @@ class App:
         if kind == "Typed":
             self._dispatch(event["text"])
         try:
-            self.timeline.apply(event)
+            if kind != "CommandAnswered":   # shown already: run_command returned it
+                self.timeline.apply(event)
         except Exception as exc:
             # an odd event must never break the session: show it instead
             self.timeline.error(f"ui could not show a {kind} event: {exc!r}")

@@ -833,3 +833,87 @@ def test_resume_of_no_such_session_in_the_app_points_at_slash_sessions(project, 
         return await session.run_command("/resume zzz")
     said = in_new_session(project, env, monkeypatch, resume)
     assert said == "no session 'zzz' in this project; `/sessions` lists them"
+
+
+# ---------------------------------------------------------------- what a command answered, replayed
+
+def live_and_replayed(session, typed, width):
+    """Type each line into a real ui.App over `session`, each run to its end; then the screen as
+    it was left (above the status line) and the replay of the log on disk, as pyte shows them."""
+    import asyncio
+
+    import pyte
+    import ui
+
+    async def run():
+        tasks = []
+        app = ui.App(session, style=ui.Style(False), width=width, height=500,
+                     spawn=lambda awaitable: tasks.append(asyncio.ensure_future(awaitable)))
+        session.subscribe(app.on_event)
+        live = pyte.Screen(width, 500)
+        screen = pyte.ByteStream(live)
+        for line in typed:
+            app.on_event({"type": "Typed", "text": line})
+            while tasks or session.busy:
+                await asyncio.gather(*tasks)
+                tasks.clear()
+                await asyncio.sleep(0.01)
+            screen.feed(app.render(time.monotonic()))
+        rows = [row.rstrip() for row in live.display]
+        composer = next(k for k, row in enumerate(rows) if row.startswith("❯"))
+        log = [json.loads(line) for line in session.store.path.read_text().splitlines()]
+        replayed = pyte.Screen(width, 500)
+        lines = ui.render_transcript(log, width, max_turns=ui.REPLAY_TURNS)
+        pyte.ByteStream(replayed).feed("\r\n".join(lines).encode())
+        shown = "\n".join(rows[:composer - 1]).rstrip()
+        return shown, "\n".join(row.rstrip() for row in replayed.display).rstrip(), log
+    return run()
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_a_resumed_session_replays_what_each_command_answered_where_it_was(fake, project, env,
+                                                                          monkeypatch, width):
+    """QA: after quitting and `khaelor -c`, the replay showed the conversation and the ◇ lines but
+    not what /status, /cost, /diff, /undo, /rewind, /model or an unknown command had answered: the
+    screen was not the one the user left. Each answer is logged (CommandAnswered, /help's but not)
+    and drawn again where it was, at any width; no request carries one."""
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("First **reply**, in a paragraph long enough to wrap at 44 columns.")),
+                 reply(text("Second reply.")))
+    typed = ["/status", "/model haiku", "hello", "/cost", "/nonsense", "/effort low", "/diff",
+             "/undo", "!echo from-the-shell", "/rewind", "again", "/model", "/help"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed(session, typed, width))
+    assert "unknown command /nonsense" in shown and "Second reply." in shown
+    # /help is a view, the same each time: shown, not kept
+    help_rows = shown.index("\n**Commands")
+    assert replayed == shown[:help_rows].rstrip()
+    answers = [e for e in log if e["type"] == "CommandAnswered"]
+    assert [e["command"] for e in answers] == ["/status", "/model haiku", "/cost", "/nonsense",
+                                               "/diff", "/undo", "/rewind", "/model"]
+    # what came before the first message is logged with it, ahead of what it chose
+    assert [e["type"] for e in log[:4]] == ["SessionCreated", "CommandAnswered",
+                                            "CommandAnswered", "ModelChanged"]
+    sent = [json.dumps(request["body"], ensure_ascii=False) for request in fake.requests]
+    assert len(sent) == 2
+    for answer in answers:
+        for line in answer["text"].splitlines():
+            quoted = json.dumps(line, ensure_ascii=False)[1:-1]
+            assert len(line) < 12 or not any(quoted in body for body in sent), line
+
+
+def test_a_huge_answer_is_shown_whole_and_logged_up_to_its_cap_saying_so(khaelor, fake, project, env,
+                                                                         monkeypatch):
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hello").returncode == 0
+    huge = "\n".join(f"line {k} of a long /diff" for k in range(3000))
+
+    async def answer(session):
+        return session.record_answer("/diff", huge)
+    assert in_session(project, env, monkeypatch, answer) == huge     # what the screen shows
+    logged = types(khaelor.log(), "CommandAnswered")[-1]["text"]
+    kept, note = logged.rsplit("\n\n", 1)
+    assert kept == huge[:cli.MAX_KEPT_ANSWER] and len(huge) > cli.MAX_KEPT_ANSWER
+    assert note == (f"… {len(huge) - cli.MAX_KEPT_ANSWER:,} more characters shown then,"
+                    " not kept in the session log")
