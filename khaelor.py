@@ -1956,13 +1956,12 @@ class Session:
 
     def record_answer(self, line: str, answer):
         """What a command showed joins the log (CommandAnswered), so a resumed session replays it
-        where it was. Not kept: /help (a view, the same each time), QUIT, TRANSCRIPT, and an
-        answer's end past MAX_KEPT_ANSWER characters (a long /diff or /init draft: said so)."""
+        where it was. Not kept: /help (a view, the same each time), QUIT, TRANSCRIPT, and the
+        middle of an answer over MAX_KEPT_ANSWER characters (a long /diff: the replay says so)."""
         if line.split()[0] != "/help" and isinstance(answer, str) and answer.strip():
-            left = events.counted(len(answer) - MAX_KEPT_ANSWER, "more character")
-            cut = f"\n\n… {left} shown then, not kept in the session log"
-            text = answer if len(answer) <= MAX_KEPT_ANSWER else answer[:MAX_KEPT_ANSWER] + cut
-            self.unlogged.append({"command": line.strip(), "text": text})
+            import context
+            kept = context.clip(answer, MAX_KEPT_ANSWER)
+            self.unlogged.append({"command": line.strip(), "text": kept})
             self.log_answers()
         return answer
 
