@@ -441,8 +441,7 @@ def sessions_dir(home: Path, project_root: Path) -> Path:
     from hashlib import sha256
     root = str(Path(project_root).resolve())
     name = Path(root).name or "root"
-    digest = sha256(root.encode()).hexdigest()[:12]
-    return home / "sessions" / f"{name}-{digest}"
+    return home / "sessions" / f"{name}-{sha256(root.encode()).hexdigest()[:12]}"
 
 
 def new_session_id() -> str:
@@ -827,8 +826,7 @@ class Attempt:
     def _answers_a_call(self, event: dict) -> bool:
         if event["type"] not in TOOL_RESULT_EVENTS:
             return False
-        tool_use_id = event["tool_use_id"]
-        return any(b.get("tool_use_id") == tool_use_id for b in self.blocks)
+        return any(b.get("tool_use_id") == event["tool_use_id"] for b in self.blocks)
 
     def _take(self) -> list:
         blocks = self.blocks

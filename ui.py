@@ -270,8 +270,7 @@ class Style:
     def paint(self, text: str, *roles: str) -> str:
         if not self.color or not roles or not text:
             return text
-        params = ";".join(ROLE_SGR[role] for role in roles)
-        return SGR.format(params) + text + SGR_RESET
+        return SGR.format(";".join(ROLE_SGR[role] for role in roles)) + text + SGR_RESET
 
 
 def detect_color(stream, env=None) -> bool:
@@ -491,8 +490,7 @@ def render_list_item(indent: str, marker: str, text: str, width: int,
 
 
 def table_cells(row: str) -> list[str]:
-    inner = row.strip().removeprefix("|").removesuffix("|")
-    return [cell.strip() for cell in inner.split("|")]
+    return [cell.strip() for cell in row.strip().removeprefix("|").removesuffix("|").split("|")]
 
 
 def render_table(rows: list[str], width: int, style: Style,
@@ -978,8 +976,7 @@ class Timeline:
             if PHASES[kind] is not None:
                 self.phase = PHASES[kind]
         if kind in STREAMED_FIELDS:
-            streamed = event.get(STREAMED_FIELDS[kind]) or ""
-            self._n_streamed += len(streamed)
+            self._n_streamed += len(event.get(STREAMED_FIELDS[kind]) or "")
         elif kind == "ModelStarted":
             self._model_started = time.monotonic()
             self._n_streamed = 0
@@ -1423,8 +1420,7 @@ class Timeline:
         lines = self._marked("✗", "warning", text)
         if e.get("by") == "policy" and "plan mode: " not in reason:
             # the floor's or a rule's why, as the model reads it ("<descriptor>: why")
-            why = one_line(reason.removeprefix(what + ": "))
-            lines.append(self._dim("  " + why))
+            lines.append(self._dim("  " + one_line(reason.removeprefix(what + ": "))))
         self._settle(lines)
 
     def _resolve(self, e: dict) -> dict:
@@ -2384,8 +2380,7 @@ class Composer:
                 row = "  " + label + about
             rows.append(clip("  " + row, width))
         if n > MAX_MENU_ITEMS:
-            where = f"    ↑↓ {self.menu_index + 1} of {n}"
-            rows.append(style.paint(clip(where, width), "dim"))
+            rows.append(style.paint(clip(f"    ↑↓ {self.menu_index + 1} of {n}", width), "dim"))
         return rows
 
 
