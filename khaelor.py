@@ -1516,8 +1516,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
              "cache_creation_input_tokens": totals["cache_write_tokens"],
              "cache_read_input_tokens": totals["cache_read_tokens"],
              "output_tokens": totals["output_tokens"]}
-    started = getattr(args, "started", None) or time.monotonic()
-    elapsed_s = time.monotonic() - started
+    elapsed_s = time.monotonic() - (getattr(args, "started", None) or time.monotonic())
     # the last request's: the setting as the model took it (null: the model's default)
     request = getattr(args, "request", None) or {}
     thinking = (request.get("thinking") or {}).get("type")
