@@ -441,7 +441,8 @@ def sessions_dir(home: Path, project_root: Path) -> Path:
     from hashlib import sha256
     root = str(Path(project_root).resolve())
     name = Path(root).name or "root"
-    return home / "sessions" / f"{name}-{sha256(root.encode()).hexdigest()[:12]}"
+    digest = sha256(root.encode()).hexdigest()[:12]
+    return home / "sessions" / f"{name}-{digest}"
 
 
 def new_session_id() -> str:
@@ -826,7 +827,8 @@ class Attempt:
     def _answers_a_call(self, event: dict) -> bool:
         if event["type"] not in TOOL_RESULT_EVENTS:
             return False
-        return any(b.get("tool_use_id") == event["tool_use_id"] for b in self.blocks)
+        tool_use_id = event["tool_use_id"]
+        return any(b.get("tool_use_id") == tool_use_id for b in self.blocks)
 
     def _take(self) -> list:
         blocks = self.blocks

@@ -112,7 +112,8 @@ def parse_config(path: Path, text: str) -> dict:
     for key, value in config.items():
         expected = CONFIG_KEYS.get(key)
         if expected is None:
-            raise UsageError(f"{path}: unknown key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+            known = ", ".join(CONFIG_KEYS)
+            raise UsageError(f"{path}: unknown key {key!r}; known keys: {known}")
         # a bool is an int to isinstance: only a bool key takes one
         wrong_bool = isinstance(value, bool) and bool not in expected
         if not isinstance(value, expected) or wrong_bool:
@@ -246,7 +247,8 @@ def user_config_paths(home: Path) -> list[Path]:
 
 def grants_path(home: Path, project_root: Path) -> Path:
     """Where "always" answers for this project are kept: the user's state, never the repository."""
-    return home / "grants" / f"{events.sessions_dir(home, project_root).name}.json"
+    name = events.sessions_dir(home, project_root).name
+    return home / "grants" / f"{name}.json"
 
 
 def trust_records(home: Path) -> dict:
@@ -447,7 +449,8 @@ def project_config(home: Path, project_root: Path) -> tuple[dict, list]:
     if permissions.is_trusted(trust_records(home), path, data):
         return config, []
     left_out = [key for key in SPENDING_KEYS if key in config]
-    return {key: value for key, value in config.items() if key not in left_out}, left_out
+    kept = {key: value for key, value in config.items() if key not in left_out}
+    return kept, left_out
 
 
 def summary_of(path: Path) -> dict | None:
@@ -459,7 +462,8 @@ def summary_of(path: Path) -> dict | None:
     if meta is None or "usage" not in meta:
         try:
             stat = os.stat(path)
-            meta = session_summary(events.SessionStore.open(path, read_only=True))
+            store = events.SessionStore.open(path, read_only=True)
+            meta = session_summary(store)
         except (OSError, KhaelorError):
             return None
         events.write_meta(path, meta, stat)
@@ -470,7 +474,8 @@ def list_sessions(home: Path, project_root: Path) -> list[dict]:
     """Summaries of this project's sessions that hold a conversation, newest first. Sessions with no
     user message (opened and quit, by older versions too) are left out."""
     summaries = []
-    for path in reversed(events.list_session_files(events.sessions_dir(home, project_root))):
+    directory = events.sessions_dir(home, project_root)
+    for path in reversed(events.list_session_files(directory)):
         meta = summary_of(path)
         if meta is not None and meta["n_messages"]:
             summaries.append(meta)
@@ -931,7 +936,8 @@ def load_commands(home: Path, project_root: Path) -> dict[str, CustomCommand]:
             inside = resolved == root or root in resolved.parents
             if in_repository and not inside:
                 continue
-            name = "/" + ":".join(path.relative_to(directory).with_suffix("").parts)
+            parts = path.relative_to(directory).with_suffix("").parts
+            name = "/" + ":".join(parts)
             if name in COMMANDS or not COMMAND_NAME.match(name[1:]):
                 continue
             try:
@@ -981,7 +987,8 @@ def front_matter(text: str) -> tuple[dict, str]:
     lines = text.split("\n")
     if lines[0].rstrip() != "---":
         return {}, text
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
+    closing = (i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "..."))
+    end = next(closing, None)
     if end is None:
         return {}, text
     fields = {}
@@ -1069,7 +1076,8 @@ def command_model(command: CustomCommand, prices: dict) -> str | None:
 
 def describe_command(command: CustomCommand) -> str:
     """One line for /help and the / menu: hint, description, and where it came from."""
-    text = " ".join(part for part in (command.argument_hint, command.description) if part)
+    parts = [command.argument_hint, command.description]
+    text = " ".join(part for part in parts if part)
     return f"{text} ({command.source})".strip()
 
 
@@ -1274,7 +1282,8 @@ def reasoning_label(request: dict) -> str:
     if thinking == "disabled":
         parts.append("thinking off")
     if thinking == "enabled":
-        parts.append(f"thinking budget {request['thinking']['budget_tokens']}")
+        budget = request["thinking"]["budget_tokens"]
+        parts.append(f"thinking budget {budget}")
     effort = (request.get("output_config") or {}).get("effort")
     if effort:
         parts.append(f"effort {effort}")
@@ -1516,7 +1525,8 @@ def result_object(args, store, step: str, prices: dict) -> dict:
              "cache_creation_input_tokens": totals["cache_write_tokens"],
              "cache_read_input_tokens": totals["cache_read_tokens"],
              "output_tokens": totals["output_tokens"]}
-    elapsed_s = time.monotonic() - (getattr(args, "started", None) or time.monotonic())
+    started = getattr(args, "started", None) or time.monotonic()
+    elapsed_s = time.monotonic() - started
     # the last request's: the setting as the model took it (null: the model's default)
     request = getattr(args, "request", None) or {}
     thinking = (request.get("thinking") or {}).get("type")
@@ -1620,7 +1630,9 @@ def stdin_text() -> str:
 
 
 def require_api_key() -> None:
-    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+    has_key = os.environ.get("ANTHROPIC_API_KEY")
+    has_token = os.environ.get("ANTHROPIC_AUTH_TOKEN")
+    if not (has_key or has_token):
         raise UsageError("ANTHROPIC_API_KEY is not set; export it"
                          " (console.anthropic.com → API keys) and run again")
 
@@ -1977,7 +1989,8 @@ class Session:
         if self._listing is not None:
             return
         self._files_at = time.monotonic()
-        self._listing = asyncio.get_running_loop().run_in_executor(None, self.list_mentionable)
+        loop = asyncio.get_running_loop()
+        self._listing = loop.run_in_executor(None, self.list_mentionable)
         self._listing.add_done_callback(self.files_listed)
 
     def files_listed(self, listing) -> None:
@@ -2125,7 +2138,8 @@ class Session:
             here = " (this one)" if row["id"] == self.store.session_id else ""
             cost = events.dollars(events.cost(row["usage"], self.settings["prices"]), "cost ?")
             title = row["title"] or "(untitled)"
-            lines.append(f"- `{row['id']}`{here} {title} · {age(row['updated'])}"
+            updated = age(row["updated"])
+            lines.append(f"- `{row['id']}`{here} {title} · {updated}"
                          f" · {row['tokens']} tokens · {cost}")
         return ("\n".join(lines) + "\n\n`/resume ID` continues one"
                 " (a unique prefix of the id is enough).")
@@ -2151,7 +2165,8 @@ class Session:
         await self.detach()
         self.attach(store, layers)
         self.bus.emit("SessionResumed", events=list(store.events))
-        return f"resumed `{store.session_id}`: {store.state.title or '(untitled)'}"
+        title = store.state.title or "(untitled)"
+        return f"resumed `{store.session_id}`: {title}"
 
     async def cmd_rename(self, title):
         # one line, as a title taken from the first message is
@@ -2201,8 +2216,9 @@ class Session:
         ctx = self.kernel.ctx
         lines = ["**Instruction files**", ""]
         for item in ctx.instructions:
+            via = import_note(item)
             tokens = events.estimate_tokens(item.text)
-            lines.append(f"- `{item.path}`{import_note(item)}: ~{tokens} tokens")
+            lines.append(f"- `{item.path}`{via}: ~{tokens} tokens")
         if not ctx.instructions:
             lines.append("- none")
         lines += [f"- {note}" for note in ctx.instruction_notes]
@@ -2522,13 +2538,17 @@ def diff_report(state, dirty_now: list | None = None,
     edits = state.edits
     lines = ["khaelor has not changed any file in this session."]
     if edits:
-        lines = [f"**khaelor changed {events.counted(len(edits), 'file')} in this session**"]
+        files = events.counted(len(edits), "file")
+        lines = [f"**khaelor changed {files} in this session**"]
         for path, changes in edits.items():
-            lines.append(edit_summary(path, changes, path in who["dirty_before_edit"]))
+            was_dirty = path in who["dirty_before_edit"]
+            lines.append(edit_summary(path, changes, was_dirty))
         diffs = [change.get("diff", "") for changes in edits.values() for change in changes]
         body = "".join(diffs)
         if len(body) > max_chars:
-            body = body[:max_chars] + f"\n[… {len(body) - max_chars} more characters of diff …]\n"
+            more = len(body) - max_chars
+            cut = f"\n[… {more} more characters of diff …]\n"
+            body = body[:max_chars] + cut
         lines += ["", "```diff", body.rstrip("\n"), "```"]
     for key, title in DIFF_SECTIONS:
         paths = who[key]
@@ -2546,7 +2566,8 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
     added = sum(c.get("added", 0) for c in changes)
     removed = sum(c.get("removed", 0) for c in changes)
     created = " (created)" if changes[0].get("created") else ""
-    line = f"- `{path}`{created} +{added} −{removed} in {events.counted(len(changes), 'edit')}"
+    edits = events.counted(len(changes), "edit")
+    line = f"- `{path}`{created} +{added} −{removed} in {edits}"
     if was_dirty:
         line += (" · it had uncommitted changes before khaelor's first edit:"
                  " only khaelor's edits are shown")
@@ -2776,7 +2797,8 @@ def report_crash(error: Exception, home: Path) -> int:
     except OSError:
         path = None
     details = f" (details in {path})" if path else ""
-    print(f"khaelor: internal error: {type(error).__name__}: {error}{details}",
+    kind = type(error).__name__
+    print(f"khaelor: internal error: {kind}: {error}{details}",
           file=sys.stderr)
     return EXIT_FAILED
 

@@ -270,7 +270,8 @@ class Style:
     def paint(self, text: str, *roles: str) -> str:
         if not self.color or not roles or not text:
             return text
-        return SGR.format(";".join(ROLE_SGR[role] for role in roles)) + text + SGR_RESET
+        params = ";".join(ROLE_SGR[role] for role in roles)
+        return SGR.format(params) + text + SGR_RESET
 
 
 def detect_color(stream, env=None) -> bool:
@@ -490,7 +491,8 @@ def render_list_item(indent: str, marker: str, text: str, width: int,
 
 
 def table_cells(row: str) -> list[str]:
-    return [cell.strip() for cell in row.strip().removeprefix("|").removesuffix("|").split("|")]
+    inner = row.strip().removeprefix("|").removesuffix("|")
+    return [cell.strip() for cell in inner.split("|")]
 
 
 def render_table(rows: list[str], width: int, style: Style,
@@ -976,7 +978,8 @@ class Timeline:
             if PHASES[kind] is not None:
                 self.phase = PHASES[kind]
         if kind in STREAMED_FIELDS:
-            self._n_streamed += len(event.get(STREAMED_FIELDS[kind]) or "")
+            streamed = event.get(STREAMED_FIELDS[kind]) or ""
+            self._n_streamed += len(streamed)
         elif kind == "ModelStarted":
             self._model_started = time.monotonic()
             self._n_streamed = 0
@@ -1420,7 +1423,8 @@ class Timeline:
         lines = self._marked("✗", "warning", text)
         if e.get("by") == "policy" and "plan mode: " not in reason:
             # the floor's or a rule's why, as the model reads it ("<descriptor>: why")
-            lines.append(self._dim("  " + one_line(reason.removeprefix(what + ": "))))
+            why = one_line(reason.removeprefix(what + ": "))
+            lines.append(self._dim("  " + why))
         self._settle(lines)
 
     def _resolve(self, e: dict) -> dict:
@@ -2380,7 +2384,8 @@ class Composer:
                 row = "  " + label + about
             rows.append(clip("  " + row, width))
         if n > MAX_MENU_ITEMS:
-            rows.append(style.paint(clip(f"    ↑↓ {self.menu_index + 1} of {n}", width), "dim"))
+            where = f"    ↑↓ {self.menu_index + 1} of {n}"
+            rows.append(style.paint(clip(where, width), "dim"))
         return rows
 
 
