@@ -260,6 +260,12 @@ class StreamReducer:
             usage["thinking_tokens"] = self.usage["thinking_tokens"]
         return usage
 
+    def with_usage(self, payload: dict | None = None) -> dict:
+        """A TextCheckpoint payload that also carries the usage the API has reported so far (the
+        fold counts a response's newest report once)."""
+        return dict(payload or {"index": -1, "text": ""}, model=self.model,
+                    message_id=self.message_id, usage=self.reported_usage())
+
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
         once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
@@ -279,9 +285,7 @@ class StreamReducer:
                 payload = {"index": index, "text": text}
         if now is None and any(self.usage.values()):
             # cut off: the usage goes with the text, or alone
-            payload = dict(payload or {"index": -1, "text": ""})
-            payload["model"] = self.model
-            payload["usage"] = self.reported_usage()
+            payload = self.with_usage(payload)
         if payload is not None:
             self.saved_at = now
         return payload
@@ -295,6 +299,10 @@ class StreamReducer:
             self.message_id = message.get("id")
             self.model = message.get("model")
             self.usage = merge_usage({}, event)
+            if any(self.usage.values()):
+                # the input is paid for once the request is read: recorded before any text, so
+                # a kill -9 mid-reply does not lose it
+                return [("TextCheckpoint", self.with_usage())]
         elif kind == "content_block_start":
             # the parts are joined once, at the stop
             block = dict(event["content_block"], parts=[], n_saved=0, unsaved_chars=0)

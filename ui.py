@@ -1260,6 +1260,8 @@ class Timeline:
     def _on_TextCheckpoint(self, e: dict) -> None:
         """The saved part of a streaming text block. Live, the deltas showed it already; replayed
         (a resumed session that was cut off mid-reply) it is the only record of that text."""
+        if not e.get("text"):
+            return                      # only the usage the API reported: nothing to show
         # (a new stream starts with nothing checkpointed: make it before adding this text)
         stream = self._stream()
         self._checkpointed += e.get("text") or ""
