@@ -73,6 +73,7 @@ DURABLE_KINDS = {
         "text": str,
         "attachments": NotRequired[list],   # the @mentioned files' text or listings, for the model
         "seen": NotRequired[list],          # their stamps (as a read's meta): read by the model
+        "skipped": NotRequired[list],       # [[mention, why]] the ones not attached, as told
         "model": NotRequired[str],  # the model of this turn's requests (a command file's `model:`)
     },
     "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,

@@ -32,6 +32,10 @@ VERIFY_NUDGES = 2
 # ATTACH_LINES lines (the model pages on with read).
 ATTACH_MAX = 5
 ATTACH_LINES = 500
+# why an @mention was not attached, as the user is told: by the rules' answer or read's error kind
+NOT_ATTACHED = {"ask": "reading it asks; the model can read it with its tools, after asking",
+                "deny": "reading it is denied", "not_found": "no such file or folder",
+                "binary": "a binary file (only text is attached)"}
 # the request fields a 400 may refuse (model.refused_field), as the user knows them
 REFUSED_SETTINGS = {"thinking": "thinking setting", "output_config": "effort setting"}
 
@@ -479,23 +483,29 @@ class Kernel:
         mentions = events.mentions(text)[:ATTACH_MAX]
         if not mentions:
             return {}
-        attached = []
+        attached, skipped = [], []
         # what read_now saw: the log's fold then counts these files as read (an edit may follow)
         self.toolbox.seen = []
         for mention in mentions:
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
             decision = self.decide("read", tool_input)
             if decision.action != "allow" or decision.floor:
+                skipped.append([mention, NOT_ATTACHED["deny" if decision.floor else decision.action]])
                 continue
             self.toolbox.places = self.toolbox.workspace.places(decision.confine)
             try:
                 result = tools.read_now(self.toolbox, tool_input)
-            except (tools.ToolError, OSError):
+            except tools.ToolError as e:
+                skipped.append([mention, NOT_ATTACHED.get(e.meta.get("error"), str(e))])
+                continue
+            except OSError as e:
+                skipped.append([mention, e.strerror or str(e)])
                 continue
             attached.append(f'<attached-file path="{mention}">\n{result.text}\n</attached-file>')
+        told = {"skipped": skipped} if skipped else {}
         if not attached:
-            return {}
-        return {"attachments": attached, "seen": self.toolbox.seen}
+            return told
+        return {"attachments": attached, "seen": self.toolbox.seen, **told}
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is

@@ -1344,8 +1344,11 @@ class StreamJson:
 
 
 def print_status(event: dict) -> None:
+    """Status lines, and the @mentions a message went without (kernel.attachments)."""
     if event["type"] == "Status":
         print(f"khaelor: {event['text']}", file=sys.stderr)
+    for mention, why in event.get("skipped") or []:
+        print(f"khaelor: @{mention} not attached: {why}", file=sys.stderr)
 
 
 def run_print(args, home: Path, project_root: Path) -> int:

@@ -1117,6 +1117,8 @@ class Timeline:
         names = [m[1] for m in found if m]
         if names:
             lines.append(self._dim("  ⎿ attached " + sanitize(", ".join(names))))
+        for mention, why in e.get("skipped") or []:
+            lines.append(self._dim(f"  ⎿ not attached {sanitize(f'@{mention}: {why}')}"))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
