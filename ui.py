@@ -968,6 +968,8 @@ class Timeline:
         self._model_started: float | None = None
         # characters it has streamed (the token estimate)
         self._n_streamed = 0
+        # the model wrote text since the user's message (what an interruption keeps)
+        self._wrote = False
 
     # -- folding --
 
@@ -1027,9 +1029,10 @@ class Timeline:
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption). What streamed of a
-        thinking block goes: it is never kept (nor sent), so a replay has none of it."""
+        thinking block stays on screen as its line, though it is never kept (nor sent): a replay
+        has none of it."""
         self._finish_text()
-        self._thinking = None
+        self._finish_thinking(None)
         self._settle_queued()
 
     def finish(self) -> None:
@@ -1111,6 +1114,7 @@ class Timeline:
     def _on_UserMessageCreated(self, e: dict) -> None:
         # a message queued as the last turn ended is this one (Kernel.send_queued)
         self._on_SteeringInjected(e)
+        self._wrote = False
         lines = self._written(e.get("text", ""), "user")
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
@@ -1144,6 +1148,7 @@ class Timeline:
         self._settle_queued()
 
     def _stream(self) -> MarkdownStream:
+        self._wrote = True
         if self._text is None:
             self._text = MarkdownStream(self.style, self.width)
             self._text_started = False
@@ -1249,7 +1254,8 @@ class Timeline:
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
         title = "■ Interrupted" + (f" ({why})" if why else "")
-        hint = " · what it wrote is kept; say what to do next, or “continue”"
+        kept = "what it wrote is kept" if self._wrote else "it had written nothing yet"
+        hint = f" · {kept}; say what to do next, or “continue”"
         self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")

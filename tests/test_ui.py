@@ -526,17 +526,24 @@ def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
 
 
 @pytest.mark.parametrize("end", [event("Interrupted"), event("TaskFailed", reason="stream")])
-def test_thinking_cut_off_leaves_the_screen_as_the_replay_has_it(end):
-    """QA: Esc while the model thought settled `✻ Thinking · 2s · …` on the screen, but what
-    streamed of a thinking block is never kept (nor sent), so `khaelor -c` showed no such line."""
+def test_thinking_cut_off_stays_on_screen_and_nothing_written_is_said(end):
+    """QA: Esc when only thinking had streamed said "what it wrote is kept" though nothing was
+    written, and the `✻ Thinking` line shown vanished. It stays (it is never kept nor sent, so a
+    replay has none of it), and the interruption says nothing was written."""
     streamed = [event("UserMessageCreated", text="go"),
                 event("ThinkingDelta", text="Considering options. " * 20), end]
     live = ui.Timeline(MONO, 80)
     for e in streamed:
         live.apply(e)
     live.finish()
-    durable = [e for e in streamed if e["type"] in events.DURABLE]
-    assert live.take_settled() == ui.render_transcript(durable, 80)
+    shown = "\n".join(live.take_settled())
+    assert "✻ Thinking" in shown and "Considering options." in shown
+    assert "what it wrote is kept" not in shown
+    if end["type"] == "Interrupted":
+        assert "■ Interrupted · it had written nothing yet; say what to do next" in shown
+    wrote = timeline_text([event("UserMessageCreated", text="go"),
+                           event("TextCheckpoint", index=0, text="Half an answer"), end])
+    assert end["type"] != "Interrupted" or "what it wrote is kept" in wrote
 
 
 def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
