@@ -1084,6 +1084,8 @@ def apply(state: State, event: dict) -> None:
     if outcome == DROPPED:
         for block in blocks:        # calls that will never run
             state.calls.pop(block.get("tool_use_id"), None)
+        # cut off (Esc, Ctrl-C, a crash): what it had said is the answer so far
+        state.answer = state.attempt.cut_text or state.answer
     handler = _HANDLERS.get(event["type"])
     if handler is not None:
         handler(state, event)

@@ -503,7 +503,8 @@ def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, p
 def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_format, signum, code,
                                                      said):
     """Issue 22 item 7: SIGINT mid-stream ends the run with the result object a script reads;
-    SIGTERM too, named, with 143. Once: the end of the run is not said again as it unwinds."""
+    SIGTERM too, named, with 143. Once: the end of the run is not said again as it unwinds. Its
+    "result" is what the model had said (it was "", the partial text only in the log)."""
     fake.enqueue(reply(text("word " * 400), chunk=5, delay=0.01))
     proc = khaelor.popen("-p", "write a lot", "--output-format", output_format)
     deadline = time.time() + 30
@@ -517,6 +518,7 @@ def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_forma
     result = json.loads(results[-1])
     assert len(results) == 1 and result["type"] == "result" and result["is_error"] is True
     assert result["subtype"] == "error_interrupted" and result["error"] == said
+    assert result["result"].startswith("word word") and set(result["result"].split()) == {"word"}
     assert "Traceback" not in stderr and stderr.count(said) == 1, stderr
 
 
