@@ -577,3 +577,5 @@ def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands
     assert (project / "a.txt").read_text() == "the user's own\n" and not (project / "b.txt").exists()
     assert "- keep `a.txt`  (you changed it" in answer and "- delete `b.txt`" in answer, answer
     assert "step): a.txt\n\nWhat a rewind" in answer, answer
+    # b.txt was deleted, a.txt kept: said so, not "2 files restored" (QA)
+    assert "Rewound to before step 1: 1 file deleted, 1 kept." in answer, answer
