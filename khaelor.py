@@ -2272,7 +2272,10 @@ class Session:
         unchanged = self.store.state.reasoning.get(key) == value
         self.reasoning[key] = value
         taken = self.next_reasoning()
-        notes = "\n\n".join(taken.notes)
+        # each note once a session, as the requests tell theirs (ContextBuilder.reasoning)
+        fresh = [note for note in taken.notes if note not in ctx.said]
+        ctx.said.update(fresh)
+        notes = "\n\n".join(fresh)
         adaptive = self.next_reasoning(thinking="adaptive")
         sent = [reasoning.fields.get("output_config") for reasoning in (taken, adaptive)]
         if key == "effort" and sent[0] != {"effort": value} == sent[1]:
