@@ -29,7 +29,8 @@ UserShellRan settles its card. Ctrl-O opens or closes the newest card
 while it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
-error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
+error line. run_command may return a str (shown as markdown), QUIT (ends the app), TRANSCRIPT
+or a question (a dict as PermissionRequested's, REWIND_CAPABILITY's: its panel opens).
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
 matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
@@ -93,6 +94,8 @@ class Controller(Protocol):
     def cycle_mode(self) -> object: ...
     # a plan is ready: "acceptEdits" or "default" proceed in that mode; "deny" keeps planning
     def proceed_with_plan(self, choice: str) -> object: ...
+    # /rewind's question: "overwrite" or "keep" the files the user changed since; "deny": none
+    def finish_rewind(self, choice: str) -> object: ...
     # paths for "@" completion, as last listed; a FilesListed event says a new list is ready
     def mention_candidates(self, prefix: str) -> list[str]: ...
     # the user is leaving
@@ -1558,6 +1561,8 @@ SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 MODE_BADGES = {"plan": "⏸ plan mode", "acceptEdits": "⏵⏵ accept edits"}
 # the question asked when a turn in plan mode has answered with its plan
 PLAN_CAPABILITY = "plan.proceed"
+# ... and when a /rewind would write over files the user changed since (Controller.finish_rewind)
+REWIND_CAPABILITY = "rewind.overwrite"
 PANEL_PREVIEW_LINES = 14
 # The panel's verb: by what the call's input holds (first match), else by the capability asked.
 PANEL_VERBS = (("command", "Run"), ("old_string", "Edit"), ("content", "Write"),
@@ -1643,6 +1648,9 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
         return [("y", "acceptEdits", "yes, and accept edits"),
                 ("e", "default", "yes, and ask for each edit"),
                 ("n", "deny", "no, keep planning")]
+    if request.get("capability") == REWIND_CAPABILITY:
+        return [("y", "overwrite", "overwrite them"), ("n", "keep", "keep them as you left them"),
+                ("esc", "stop", "do not rewind")]
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
         choices.append(("a", "always", f"always allow {rule_text(rule)} in this project"))
@@ -1742,7 +1750,7 @@ def panel_question(request: dict, tool_input: dict, descriptor: str) -> list[Spa
     (else its capability), a multi-line command as "this command" (its lines follow)."""
     capability = str(request.get("capability", ""))
     bold = ("warning", "bold")
-    if capability == events.LOOP_CAPABILITY:
+    if capability in (events.LOOP_CAPABILITY, REWIND_CAPABILITY):
         return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
     if capability == PLAN_CAPABILITY:
         return [("◆ The plan is ready", bold)]
@@ -2643,6 +2651,8 @@ class App:
             self.open_transcript()
         elif isinstance(result, str) and result.strip():
             self.timeline.note(result)
+        elif isinstance(result, dict):
+            self.timeline.permissions.append(result)
 
     def _dispatch(self, text: str) -> None:
         stripped = text.strip()
@@ -2746,6 +2756,8 @@ class App:
         self.timeline.permissions.remove(request)
         if request.get("capability") == PLAN_CAPABILITY:
             return self.call(self.controller.proceed_with_plan, choice)
+        if request.get("capability") == REWIND_CAPABILITY:
+            return self.call(self.controller.finish_rewind, choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 

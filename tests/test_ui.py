@@ -2171,6 +2171,34 @@ def test_the_plan_question_takes_letters_by_the_rule_of_every_panel():
     assert app.composer.text == ""
 
 
+class RewindController(FakeController):
+    """/rewind 1 would write over a file the user changed since the agent's last step."""
+    def run_command(self, line):
+        self.calls.append(("command", line))
+        return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
+                "descriptor": "overwrite the files you changed since the agent's last step",
+                "preview": "Rewinding to before step 1 (write `a.txt`):\n- write back `a.txt`"}
+
+    def finish_rewind(self, choice): self.calls.append(("rewind", choice))
+
+
+@pytest.mark.parametrize("key, choice", [("y", "overwrite"), ("n", "keep"), ("esc", "deny")])
+def test_slash_rewind_asks_in_a_panel_before_writing_over_the_users_changes(key, choice):
+    """QA: README says such a file is asked about; /rewind kept it without a word of asking. The
+    question opens as a panel (as `khaelor rewind` asks on its terminal); a key answers it."""
+    ctrl = RewindController(busy=False)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+    screen, stream = app_screen(app)
+    app.call(ctrl.run_command, "/rewind 1")
+    stream.feed(app.render(1.0))
+    words = " ".join(text_of(screen).replace("│", "").split())
+    assert "⚠ Overwrite the files you changed since the agent's last step?" in words, words
+    assert "write back `a.txt`" in words and "y) overwrite them" in words, words
+    assert "n) keep them as you left them" in words and "do not rewind" in words, words
+    app.on_key(K("esc") if key == "esc" else K("text", key))
+    assert ("rewind", choice) in ctrl.calls and app.timeline.permissions == []
+
+
 # ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
 
 def all_rows(screen):
