@@ -490,22 +490,19 @@ class Kernel:
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
             decision = self.decide("read", tool_input)
             if decision.action != "allow" or decision.floor:
-                skipped.append([mention, NOT_ATTACHED["deny" if decision.floor else decision.action]])
+                answer = "deny" if decision.floor else decision.action
+                skipped.append([mention, NOT_ATTACHED[answer]])
                 continue
             self.toolbox.places = self.toolbox.workspace.places(decision.confine)
             try:
                 result = tools.read_now(self.toolbox, tool_input)
-            except tools.ToolError as e:
-                skipped.append([mention, NOT_ATTACHED.get(e.meta.get("error"), str(e))])
-                continue
-            except OSError as e:
-                skipped.append([mention, e.strerror or str(e)])
+            except (tools.ToolError, OSError) as e:
+                why = NOT_ATTACHED.get(getattr(e, "meta", {}).get("error"))
+                skipped.append([mention, why or getattr(e, "strerror", None) or str(e)])
                 continue
             attached.append(f'<attached-file path="{mention}">\n{result.text}\n</attached-file>')
-        told = {"skipped": skipped} if skipped else {}
-        if not attached:
-            return told
-        return {"attachments": attached, "seen": self.toolbox.seen, **told}
+        made = {"attachments": attached, "seen": self.toolbox.seen} if attached else {}
+        return {**made, "skipped": skipped} if skipped else made
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is

@@ -809,7 +809,12 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        report = f"Rewound to before step {self.number}: {files_done(self.todo, self.kept)}."
+        # what was done to each file (a file it deleted is not "restored")
+        deleted = sum(restore.mode == "000000" for restore in self.todo)
+        done = {"restored": len(restored) - deleted, "deleted": deleted, "kept": len(self.kept)}
+        said = ", ".join(f"{n} {verb}" for verb, n in done.items() if n) or "no file changed"
+        files = events.counted(len(restored) + len(self.kept), "file")
+        report = f"Rewound to before step {self.number} ({files}): {said}."
         if self.kept:
             kept = events.visible_controls(", ".join(self.kept), one_line=True)
             report += f"\n\nKept as you left them (changed after the agent's last step): {kept}"
@@ -818,16 +823,6 @@ class Rewind:
         return report + ("\n\nWhat a rewind cannot bring back: commits already pushed, files"
                          " outside the project, what commands did to ignored files or to"
                          " untracked files over 20 MB; commits reset away stay in the reflog.")
-
-
-def files_done(todo: list, kept: list) -> str:
-    """"2 files restored, 1 deleted, 1 kept": what a rewind did to each file it planned for."""
-    deleted = sum(restore.mode == "000000" for restore in todo)
-    said = []
-    for n, verb in ((len(todo) - deleted, "restored"), (deleted, "deleted"), (len(kept), "kept")):
-        if n:
-            said.append(f"{n if said else events.counted(n, 'file')} {verb}")
-    return ", ".join(said) or "no file changed"
 
 
 def rewound_note(number: int, undone: list, restored: list, kept: list) -> str:
@@ -1353,7 +1348,6 @@ class StreamJson:
 
 
 def print_status(event: dict) -> None:
-    """Status lines, and the @mentions a message went without (kernel.attachments)."""
     if event["type"] == "Status":
         print(f"khaelor: {event['text']}", file=sys.stderr)
     for mention, why in event.get("skipped") or []:

@@ -577,7 +577,7 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
     said = in_session(project, env, monkeypatch, lambda session: answer(session, "deny"))
     assert said == "Not rewound." and (project / "a.txt").read_text() == "the user's own\n"
     said = in_session(project, env, monkeypatch, lambda session: answer(session, "overwrite"))
-    assert not (project / "a.txt").exists() and "1 file deleted." in said, said
+    assert not (project / "a.txt").exists() and "(1 file): 1 deleted." in said, said
 
 
 def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(
@@ -602,4 +602,4 @@ def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands
     assert "- keep `a.txt`  (you changed it" in answer and "- delete `b.txt`" in answer, answer
     assert "step): a.txt\n\nWhat a rewind" in answer, answer
     # b.txt was deleted, a.txt kept: said so, not "2 files restored" (QA)
-    assert "Rewound to before step 1: 1 file deleted, 1 kept." in answer, answer
+    assert "Rewound to before step 1 (2 files): 1 deleted, 1 kept." in answer, answer

@@ -1007,7 +1007,7 @@ def test_a_rewind_of_one_file_says_1_file_deleted(terminal, project):
     term.keys("Enter")
     screen = " ".join(term.wait_for("Rewound to before step 1").split())
     assert not (project / "planned.txt").exists()
-    assert "1 file deleted" in screen and "1 files" not in screen, screen
+    assert "(1 file): 1 deleted" in screen and "1 files" not in screen, screen
 
 
 def test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written(terminal, project):
