@@ -1350,8 +1350,9 @@ class StreamJson:
 def print_status(event: dict) -> None:
     if event["type"] == "Status":
         print(f"khaelor: {event['text']}", file=sys.stderr)
-    for mention, why in event.get("skipped") or []:
-        print(f"khaelor: @{mention} not attached: {why}", file=sys.stderr)
+    elif event["type"] == "UserMessageCreated":
+        for mention, why in event.get("skipped") or []:
+            print(f"khaelor: @{mention} not attached: {why}", file=sys.stderr)
 
 
 def run_print(args, home: Path, project_root: Path) -> int:
