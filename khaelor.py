@@ -1693,8 +1693,6 @@ class Session:
         self.baseline = None
         # the task of a running `!` command
         self.shell = None
-        # the /rewind planned while its question is open (finish_rewind)
-        self.rewind = None
         # @ completion: the files as last listed, and when (time.monotonic())
         self._files = None
         self._files_at = 0.0
@@ -2313,7 +2311,7 @@ class Session:
     async def cmd_rewind(self, argument):
         """No argument: the steps, newest first. A number: the work tree back to before that step;
         files the user changed after the agent's last step are asked about, as `khaelor rewind`
-        asks (the UI's panel answers through finish_rewind)."""
+        asks (the UI's panel calls the question's `answer`)."""
         import asyncio
         state = self.store.state
         if self.working and not state.turn_open and self.turn is not None:
@@ -2335,20 +2333,19 @@ class Session:
             return str(error)
         if not rewind.restores and not rewind.moves_head():
             return rewind.describe()
-        self.rewind = rewind
         if not any(restore.user_changed for restore in rewind.restores):
-            return await self.finish_rewind("keep")
+            return await self.finish_rewind(rewind, "keep")
         import ui
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
-                "preview": rewind.describe()}
+                "preview": rewind.describe(),
+                "answer": lambda choice: self.finish_rewind(rewind, choice)}
 
-    async def finish_rewind(self, choice: str):
+    async def finish_rewind(self, rewind: Rewind, choice: str):
         """The planned /rewind: "overwrite" writes over the files the user changed since the
         agent's last step, "keep" keeps them; any other answer (Esc) rewinds nothing."""
         import asyncio
-        rewind, self.rewind = self.rewind, None
-        if rewind is None or choice not in ("overwrite", "keep"):
+        if choice not in ("overwrite", "keep"):
             return "Not rewound."
         if self.working:
             return "khaelor is working; not rewound (/rewind again once the turn ends)"

@@ -30,7 +30,7 @@ while it is live; what has settled is read in the transcript view (Ctrl-R, or a 
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown), QUIT (ends the app), TRANSCRIPT
-or a question (a dict as PermissionRequested's, REWIND_CAPABILITY's: its panel opens).
+or a question (a dict as PermissionRequested's): its panel opens; the choice goes to its `answer`.
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
 matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
@@ -94,8 +94,6 @@ class Controller(Protocol):
     def cycle_mode(self) -> object: ...
     # a plan is ready: "acceptEdits" or "default" proceed in that mode; "deny" keeps planning
     def proceed_with_plan(self, choice: str) -> object: ...
-    # /rewind's question: "overwrite" or "keep" the files the user changed since; "deny": none
-    def finish_rewind(self, choice: str) -> object: ...
     # paths for "@" completion, as last listed; a FilesListed event says a new list is ready
     def mention_candidates(self, prefix: str) -> list[str]: ...
     # the user is leaving
@@ -1561,7 +1559,7 @@ SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 MODE_BADGES = {"plan": "⏸ plan mode", "acceptEdits": "⏵⏵ accept edits"}
 # the question asked when a turn in plan mode has answered with its plan
 PLAN_CAPABILITY = "plan.proceed"
-# ... and when a /rewind would write over files the user changed since (Controller.finish_rewind)
+# ... and when a /rewind would write over files the user changed since
 REWIND_CAPABILITY = "rewind.overwrite"
 PANEL_PREVIEW_LINES = 14
 # The panel's verb: by what the call's input holds (first match), else by the capability asked.
@@ -2756,8 +2754,8 @@ class App:
         self.timeline.permissions.remove(request)
         if request.get("capability") == PLAN_CAPABILITY:
             return self.call(self.controller.proceed_with_plan, choice)
-        if request.get("capability") == REWIND_CAPABILITY:
-            return self.call(self.controller.finish_rewind, choice)
+        if "answer" in request:         # a command's question (/rewind's)
+            return self.call(request["answer"], choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 

@@ -573,7 +573,7 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
     async def answer(session, choice):
         question = await session.run_command("/rewind 1")
         assert question["descriptor"].startswith("overwrite the files you changed"), question
-        return await session.finish_rewind(choice)
+        return await question["answer"](choice)
     said = in_session(project, env, monkeypatch, lambda session: answer(session, "deny"))
     assert said == "Not rewound." and (project / "a.txt").read_text() == "the user's own\n"
     said = in_session(project, env, monkeypatch, lambda session: answer(session, "overwrite"))
@@ -596,7 +596,7 @@ def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands
         question = await session.run_command("/rewind 1")
         assert question["capability"] == "rewind.overwrite", question
         assert "- delete `a.txt`  (you changed it after" in question["preview"], question
-        return await session.finish_rewind("keep")
+        return await question["answer"]("keep")
     answer = in_session(project, env, monkeypatch, rewind)
     assert (project / "a.txt").read_text() == "the user's own\n" and not (project / "b.txt").exists()
     assert "- keep `a.txt`  (you changed it" in answer and "- delete `b.txt`" in answer, answer

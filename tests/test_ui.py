@@ -2177,9 +2177,8 @@ class RewindController(FakeController):
         self.calls.append(("command", line))
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
-                "preview": "Rewinding to before step 1 (write `a.txt`):\n- write back `a.txt`"}
-
-    def finish_rewind(self, choice): self.calls.append(("rewind", choice))
+                "preview": "Rewinding to before step 1 (write `a.txt`):\n- write back `a.txt`",
+                "answer": lambda choice: self.calls.append(("rewind", choice))}
 
 
 @pytest.mark.parametrize("key, choice", [("y", "overwrite"), ("n", "keep"), ("esc", "deny")])
