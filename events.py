@@ -73,6 +73,7 @@ DURABLE_KINDS = {
         "text": str,
         "attachments": NotRequired[list],   # the @mentioned files' text or listings, for the model
         "seen": NotRequired[list],          # their stamps (as a read's meta): read by the model
+        "skipped": NotRequired[list],       # [[mention, why]] the ones not attached, as told
         "model": NotRequired[str],  # the model of this turn's requests (a command file's `model:`)
     },
     "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,
@@ -80,7 +81,7 @@ DURABLE_KINDS = {
     "SteeringQueued": {"text": str},
     "SteeringInjected": {"text": str},
     "TextCheckpoint": {"index": int, "text": str, "model": NotRequired[str | None],
-                       "usage": NotRequired[dict]},
+                       "usage": NotRequired[dict], "message_id": NotRequired[str | None]},
     "ModelTextBlockCompleted": {"text": str},
     "ModelThinkingBlockCompleted": {
         "thinking": NotRequired[str],
@@ -1019,6 +1020,7 @@ class State:
         self.title = ""                 # SessionRenamed, else the first user message
         self.branch = ""                # the newest git baseline's branch
         self.usage = {}                 # model -> summed USAGE_KEYS
+        self.counted = {}               # message id -> the usage a TextCheckpoint added for it
         self.last_usage: dict | None = None  # the newest response's usage
         self.edits = {}                 # path -> its FileModified events, in edit order
         self.baselines = []             # dirty paths of each BaselineRecorded
@@ -1084,6 +1086,8 @@ def apply(state: State, event: dict) -> None:
     if outcome == DROPPED:
         for block in blocks:        # calls that will never run
             state.calls.pop(block.get("tool_use_id"), None)
+        # cut off (Esc, Ctrl-C, a crash): what it had said is the answer so far
+        state.answer = state.attempt.cut_text or state.answer
     handler = _HANDLERS.get(event["type"])
     if handler is not None:
         handler(state, event)
@@ -1185,25 +1189,31 @@ def _on_response_completed(state: State, event: dict) -> None:
     state.last_usage = usage
     state.measured = sum(usage.get(key) or 0 for key in USAGE_KEYS)
     state.freed_since_usage = 0
-    _add_usage(state, event)
+    _add_usage(state, event, state.counted.pop(event.get("message_id"), {}))
 
 
 def _on_checkpoint(state: State, event: dict) -> None:
-    """A cut-off response's last checkpoint carries the usage the API had reported: paid for."""
+    """A response's usage as the API reported it so far (at its start, and when it is cut off):
+    paid for even when no ModelResponseCompleted follows (kill -9), replaced by a later one."""
     _add_since_measured(state, event.get("text") or "")
-    _add_usage(state, event)
+    message_id = event.get("message_id")
+    _add_usage(state, event, state.counted.pop(message_id, {}))
+    if message_id and event.get("usage"):
+        state.counted[message_id] = event["usage"]
 
 
-def _add_usage(state: State, event: dict) -> None:
-    """Usage the API reported, summed per model: a response, a cut-off one, a compaction summary."""
+def _add_usage(state: State, event: dict, counted: dict | None = None) -> None:
+    """Usage the API reported, summed per model: a response, a cut-off one, a compaction summary.
+    `counted`: what an earlier report of the same response added, which this one replaces."""
     usage = event.get("usage")
     if usage:
         model = event.get("model") or "unknown"
         per_model = state.usage.setdefault(model, dict.fromkeys(USAGE_KEYS, 0))
+        counted = counted or {}
         for key in USAGE_KEYS:
-            per_model[key] += usage.get(key) or 0
+            per_model[key] += (usage.get(key) or 0) - (counted.get(key) or 0)
         if "thinking_tokens" in usage:     # part of output_tokens: shown, never added to it
-            thought = per_model.get("thinking_tokens", 0)
+            thought = per_model.get("thinking_tokens", 0) - counted.get("thinking_tokens", 0)
             per_model["thinking_tokens"] = thought + usage["thinking_tokens"]
 
 

@@ -32,6 +32,10 @@ VERIFY_NUDGES = 2
 # ATTACH_LINES lines (the model pages on with read).
 ATTACH_MAX = 5
 ATTACH_LINES = 500
+# why an @mention was not attached, as the user is told: by the rules' answer or read's error kind
+NOT_ATTACHED = {"ask": "reading it asks; the model can read it with its tools, after asking",
+                "deny": "reading it is denied", "not_found": "no such file or folder",
+                "binary": "a binary file (only text is attached)"}
 # the request fields a 400 may refuse (model.refused_field), as the user knows them
 REFUSED_SETTINGS = {"thinking": "thinking setting", "output_config": "effort setting"}
 
@@ -260,6 +264,12 @@ class StreamReducer:
             usage["thinking_tokens"] = self.usage["thinking_tokens"]
         return usage
 
+    def with_usage(self, payload: dict | None = None) -> dict:
+        """A TextCheckpoint payload that also carries the usage the API has reported so far (the
+        fold counts a response's newest report once)."""
+        return dict(payload or {"index": -1, "text": ""}, model=self.model,
+                    message_id=self.message_id, usage=self.reported_usage())
+
     def checkpoint(self, now: float | None) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
         once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
@@ -279,9 +289,7 @@ class StreamReducer:
                 payload = {"index": index, "text": text}
         if now is None and any(self.usage.values()):
             # cut off: the usage goes with the text, or alone
-            payload = dict(payload or {"index": -1, "text": ""})
-            payload["model"] = self.model
-            payload["usage"] = self.reported_usage()
+            payload = self.with_usage(payload)
         if payload is not None:
             self.saved_at = now
         return payload
@@ -295,6 +303,10 @@ class StreamReducer:
             self.message_id = message.get("id")
             self.model = message.get("model")
             self.usage = merge_usage({}, event)
+            if any(self.usage.values()):
+                # the input is paid for once the request is read: recorded before any text, so
+                # a kill -9 mid-reply does not lose it
+                return [("TextCheckpoint", self.with_usage())]
         elif kind == "content_block_start":
             # the parts are joined once, at the stop
             block = dict(event["content_block"], parts=[], n_saved=0, unsaved_chars=0)
@@ -471,23 +483,26 @@ class Kernel:
         mentions = events.mentions(text)[:ATTACH_MAX]
         if not mentions:
             return {}
-        attached = []
+        attached, skipped = [], []
         # what read_now saw: the log's fold then counts these files as read (an edit may follow)
         self.toolbox.seen = []
         for mention in mentions:
             tool_input = {"file_path": mention, "limit": ATTACH_LINES}
             decision = self.decide("read", tool_input)
             if decision.action != "allow" or decision.floor:
+                answer = "deny" if decision.floor else decision.action
+                skipped.append([mention, NOT_ATTACHED[answer]])
                 continue
             self.toolbox.places = self.toolbox.workspace.places(decision.confine)
             try:
                 result = tools.read_now(self.toolbox, tool_input)
-            except (tools.ToolError, OSError):
+            except (tools.ToolError, OSError) as e:
+                why = NOT_ATTACHED.get(getattr(e, "meta", {}).get("error"))
+                skipped.append([mention, why or getattr(e, "strerror", None) or str(e)])
                 continue
             attached.append(f'<attached-file path="{mention}">\n{result.text}\n</attached-file>')
-        if not attached:
-            return {}
-        return {"attachments": attached, "seen": self.toolbox.seen}
+        made = {"attachments": attached, "seen": self.toolbox.seen} if attached else {}
+        return {**made, "skipped": skipped} if skipped else made
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is

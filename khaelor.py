@@ -809,8 +809,12 @@ class Rewind:
         self.bus.emit("Rewound", step=self.number, undone=undone,
                       restored=restored, kept=self.kept, text=note)
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
-        files = events.counted(len(restored), "file")
-        report = f"Rewound to before step {self.number}: {files} restored."
+        # what was done to each file (a file it deleted is not "restored")
+        deleted = sum(restore.mode == "000000" for restore in self.todo)
+        done = {"restored": len(restored) - deleted, "deleted": deleted, "kept": len(self.kept)}
+        said = ", ".join(f"{n} {verb}" for verb, n in done.items() if n) or "no file changed"
+        files = events.counted(len(restored) + len(self.kept), "file")
+        report = f"Rewound to before step {self.number} ({files}): {said}."
         if self.kept:
             kept = events.visible_controls(", ".join(self.kept), one_line=True)
             report += f"\n\nKept as you left them (changed after the agent's last step): {kept}"
@@ -1346,6 +1350,9 @@ class StreamJson:
 def print_status(event: dict) -> None:
     if event["type"] == "Status":
         print(f"khaelor: {event['text']}", file=sys.stderr)
+    elif event["type"] == "UserMessageCreated":
+        for mention, why in event.get("skipped") or []:
+            print(f"khaelor: @{mention} not attached: {why}", file=sys.stderr)
 
 
 def run_print(args, home: Path, project_root: Path) -> int:
@@ -2279,7 +2286,10 @@ class Session:
         unchanged = self.store.state.reasoning.get(key) == value
         self.reasoning[key] = value
         taken = self.next_reasoning()
-        notes = "\n\n".join(taken.notes)
+        # each note once a session, as the requests tell theirs (ContextBuilder.reasoning)
+        fresh = [note for note in taken.notes if note not in ctx.said]
+        ctx.said.update(fresh)
+        notes = "\n\n".join(fresh)
         adaptive = self.next_reasoning(thinking="adaptive")
         sent = [reasoning.fields.get("output_config") for reasoning in (taken, adaptive)]
         if key == "effort" and sent[0] != {"effort": value} == sent[1]:
@@ -2319,7 +2329,8 @@ class Session:
 
     async def cmd_rewind(self, argument):
         """No argument: the steps, newest first. A number: the work tree back to before that step;
-        files the user changed after the agent's last step are kept (`khaelor rewind` asks)."""
+        files the user changed after the agent's last step are asked about, as `khaelor rewind`
+        asks (the UI's panel calls the question's `answer`)."""
         import asyncio
         state = self.store.state
         if self.working and not state.turn_open and self.turn is not None:
@@ -2335,11 +2346,31 @@ class Session:
                     + "\n\n`/rewind N` puts the work tree back as it was before step N.")
         rewind = Rewind(self.bus, self.toolbox, int(argument))
         try:
-            # off the loop: two checkpoints and the writes
+            # off the loop: a checkpoint, the plan
             await asyncio.to_thread(rewind.plan)
-            if not rewind.restores and not rewind.moves_head():
-                return rewind.describe()
-            rewind.start(overwrite=False)
+        except KhaelorError as error:
+            return str(error)
+        if not rewind.restores and not rewind.moves_head():
+            return rewind.describe()
+        if not any(restore.user_changed for restore in rewind.restores):
+            return await self.finish_rewind(rewind, "keep")
+        import ui
+        return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
+                "descriptor": "overwrite the files you changed since the agent's last step",
+                "preview": rewind.describe(),
+                "answer": lambda choice: self.finish_rewind(rewind, choice)}
+
+    async def finish_rewind(self, rewind: Rewind, choice: str):
+        """The planned /rewind: "overwrite" writes over the files the user changed since the
+        agent's last step, "keep" keeps them; any other answer (Esc) rewinds nothing."""
+        import asyncio
+        if choice not in ("overwrite", "keep"):
+            return "Not rewound."
+        if self.working:
+            return "khaelor is working; not rewound (/rewind again once the turn ends)"
+        try:
+            rewind.start(overwrite=choice == "overwrite")
+            # off the loop: the writes and a checkpoint
             await asyncio.to_thread(rewind.write)
         except KhaelorError as error:
             return str(error)

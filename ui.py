@@ -29,7 +29,8 @@ UserShellRan settles its card. Ctrl-O opens or closes the newest card
 while it is live; what has settled is read in the transcript view (Ctrl-R, or a command returning
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
-error line. run_command may return a str (shown as markdown), QUIT (ends the app) or TRANSCRIPT.
+error line. run_command may return a str (shown as markdown), QUIT (ends the app), TRANSCRIPT
+or a question (a dict as PermissionRequested's): its panel opens; the choice goes to its `answer`.
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
 matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
@@ -968,6 +969,8 @@ class Timeline:
         self._model_started: float | None = None
         # characters it has streamed (the token estimate)
         self._n_streamed = 0
+        # the model wrote text since the user's message (what an interruption keeps)
+        self._wrote = False
 
     # -- folding --
 
@@ -1027,9 +1030,10 @@ class Timeline:
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption). What streamed of a
-        thinking block goes: it is never kept (nor sent), so a replay has none of it."""
+        thinking block stays on screen as its line, though it is never kept (nor sent): a replay
+        has none of it."""
         self._finish_text()
-        self._thinking = None
+        self._finish_thinking(None)
         self._settle_queued()
 
     def finish(self) -> None:
@@ -1111,12 +1115,15 @@ class Timeline:
     def _on_UserMessageCreated(self, e: dict) -> None:
         # a message queued as the last turn ended is this one (Kernel.send_queued)
         self._on_SteeringInjected(e)
+        self._wrote = False
         lines = self._written(e.get("text", ""), "user")
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
         names = [m[1] for m in found if m]
         if names:
             lines.append(self._dim("  ⎿ attached " + sanitize(", ".join(names))))
+        for mention, why in e.get("skipped") or []:
+            lines.append(self._dim(f"  ⎿ not attached {sanitize(f'@{mention}: {why}')}"))
         self._settle(lines)
 
     def _on_SteeringQueued(self, e: dict) -> None:
@@ -1142,6 +1149,7 @@ class Timeline:
         self._settle_queued()
 
     def _stream(self) -> MarkdownStream:
+        self._wrote = True
         if self._text is None:
             self._text = MarkdownStream(self.style, self.width)
             self._text_started = False
@@ -1247,7 +1255,8 @@ class Timeline:
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
         title = "■ Interrupted" + (f" ({why})" if why else "")
-        hint = " · what it wrote is kept; say what to do next, or “continue”"
+        kept = "what it wrote is kept" if self._wrote else "it had written nothing yet"
+        hint = f" · {kept}; say what to do next, or “continue”"
         self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
@@ -1260,6 +1269,8 @@ class Timeline:
     def _on_TextCheckpoint(self, e: dict) -> None:
         """The saved part of a streaming text block. Live, the deltas showed it already; replayed
         (a resumed session that was cut off mid-reply) it is the only record of that text."""
+        if not e.get("text"):
+            return                      # only the usage the API reported: nothing to show
         # (a new stream starts with nothing checkpointed: make it before adding this text)
         stream = self._stream()
         self._checkpointed += e.get("text") or ""
@@ -1552,6 +1563,8 @@ SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 MODE_BADGES = {"plan": "⏸ plan mode", "acceptEdits": "⏵⏵ accept edits"}
 # the question asked when a turn in plan mode has answered with its plan
 PLAN_CAPABILITY = "plan.proceed"
+# ... and when a /rewind would write over files the user changed since
+REWIND_CAPABILITY = "rewind.overwrite"
 PANEL_PREVIEW_LINES = 14
 # The panel's verb: by what the call's input holds (first match), else by the capability asked.
 PANEL_VERBS = (("command", "Run"), ("old_string", "Edit"), ("content", "Write"),
@@ -1637,6 +1650,9 @@ def panel_choices(request: dict) -> list[tuple[str, str, str]]:
         return [("y", "acceptEdits", "yes, and accept edits"),
                 ("e", "default", "yes, and ask for each edit"),
                 ("n", "deny", "no, keep planning")]
+    if request.get("capability") == REWIND_CAPABILITY:
+        return [("y", "overwrite", "overwrite them"), ("n", "keep", "keep them as you left them"),
+                ("esc", "stop", "do not rewind")]
     choices = [("y", "once", "allow once")]
     if rule := request.get("suggestion"):
         choices.append(("a", "always", f"always allow {rule_text(rule)} in this project"))
@@ -1736,7 +1752,7 @@ def panel_question(request: dict, tool_input: dict, descriptor: str) -> list[Spa
     (else its capability), a multi-line command as "this command" (its lines follow)."""
     capability = str(request.get("capability", ""))
     bold = ("warning", "bold")
-    if capability == events.LOOP_CAPABILITY:
+    if capability in (events.LOOP_CAPABILITY, REWIND_CAPABILITY):
         return [("⚠ " + descriptor[:1].upper() + descriptor[1:] + "?", bold)]
     if capability == PLAN_CAPABILITY:
         return [("◆ The plan is ready", bold)]
@@ -2638,6 +2654,8 @@ class App:
             self.open_transcript()
         elif isinstance(result, str) and result.strip():
             self.timeline.note(result)
+        elif isinstance(result, dict):
+            self.timeline.permissions.append(result)
 
     def _dispatch(self, text: str) -> None:
         stripped = text.strip()
@@ -2741,6 +2759,8 @@ class App:
         self.timeline.permissions.remove(request)
         if request.get("capability") == PLAN_CAPABILITY:
             return self.call(self.controller.proceed_with_plan, choice)
+        if "answer" in request:         # a command's question (/rewind's)
+            return self.call(request["answer"], choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 

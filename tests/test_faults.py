@@ -418,7 +418,9 @@ def test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole(pr
         assert log_path.read_bytes().endswith(b"\n")
         recorded = read_log(log_path)
         kinds = [e["type"] for e in recorded]
-        assert kinds[0] == "SessionCreated" and kinds[-2:] == ["UserMessageCreated", "EnvironmentNoted"]
+        # the request's usage (message_start) fits, the answer does not
+        assert kinds[0] == "SessionCreated" and kinds[-3:] == ["UserMessageCreated", "EnvironmentNoted",
+                                                               "TextCheckpoint"]
 
         fake.enqueue(reply(text("two")))
         again = run_cli(project, env, "-c", "-p", "second", fake=fake)

@@ -119,7 +119,7 @@ def test_an_api_error_shows_once_and_internal_words_never_reach_the_user():
 
 
 def test_model_rename_and_compact_confirm_once(project, env, monkeypatch):
-    from test_ui import timeline_text
+    from test_ui import event, timeline_text
 
     async def confirm(session):
         session.begin()
@@ -147,6 +147,32 @@ def test_a_mentioned_file_and_folder_go_with_the_message_but_no_secret(khaelor, 
     created = [e for e in khaelor.log() if e["type"] == "UserMessageCreated"][0]
     # the screen shows what was typed
     assert created["text"] == "explain @calc.py, see @src/ and @.env"
+
+
+def test_a_mention_not_attached_is_said_with_why_on_screen_and_headless(khaelor, fake, project,
+                                                                       env, monkeypatch):
+    """@.env (reading it asks) and @nosuch.txt were dropped silently; "⎿ attached" named only the
+    others. Each one left out is now named, with why, in the UI and on -p's stderr."""
+    from test_ui import event, timeline_text
+    (project / "calc.py").write_text("x = 1\n")
+    (project / ".env").write_text("TOKEN=attach-me-never\n")
+    (project / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    typed = "see @calc.py @.env @nosuch.txt @logo.png"
+    fake.enqueue(reply(text("seen")))
+    result = khaelor.run("-p", typed)
+    assert result.returncode == 0, result.stderr
+    assert "@.env not attached: reading it asks; the model can read it with its tools" in result.stderr
+    assert "@nosuch.txt not attached: no such file or folder" in result.stderr
+    assert "@logo.png not attached: a binary file" in result.stderr
+
+    async def attach(session):
+        return session.kernel.attachments(typed)
+    made = in_session(project, env, monkeypatch, attach)
+    assert [name for name, _ in made["skipped"]] == [".env", "nosuch.txt", "logo.png"]
+    shown = timeline_text([event("UserMessageCreated", text=typed, **made)])
+    assert "⎿ attached calc.py" in shown
+    assert "⎿ not attached @.env: reading it asks" in shown
+    assert "⎿ not attached @nosuch.txt: no such file or folder" in shown
 
 
 def test_an_at_sign_before_punctuation_alone_attaches_nothing(project, env, monkeypatch):

@@ -99,6 +99,30 @@ def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
     assert said(strip_request(sent)[0]) == ["write a lot", "try again"]
 
 
+def test_kill_9_mid_reply_still_counts_the_request_that_reached_the_api(khaelor, fake):
+    """message_start says what the request's input cost before any text streams: it is in the log
+    at once, so after a kill -9 the resumed session counts it (once), never $0 for a paid request."""
+    paid = {"input_tokens": 50_000, "cache_read_input_tokens": 7_000}
+    fake.enqueue(reply(text("word " * 200), chunk=5, stall_after_events=4, stall_seconds=30,
+                       usage=paid))
+    proc = khaelor.popen("-p", "write a lot")
+    deadline = time.time() + 10
+    while time.time() < deadline and not (
+            khaelor.session_files() and any(e.get("usage") for e in khaelor.log())):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.release()
+    fake.enqueue(reply(text("recovered"),
+                       usage={"input_tokens": 10, "cache_read_input_tokens": 0, "output_tokens": 33}))
+    result = khaelor.run("-c", "-p", "again", "--output-format", "json")
+    assert result.returncode == 0, result.stderr
+    usage = json.loads(result.stdout)["usage"]
+    assert usage["input_tokens"] == 50_010 and usage["cache_read_input_tokens"] == 7_000
+    # a response that completes is counted once: its start's report is replaced, not added to
+    assert usage["output_tokens"] == 1 + 33      # the cut-off one's start said 1
+
+
 def test_rate_limits_and_overload_are_retried_until_the_task_completes(khaelor, fake):
     fake.enqueue(error("rate_limit_error", "slow down", status=429, **{"retry-after": "0.01"}),
                  error("overloaded_error", "Overloaded", status=529, **{"retry-after": "0.01"}),
@@ -479,7 +503,8 @@ def test_an_approved_outside_path_is_opened_where_it_was_judged(khaelor, fake, p
 def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_format, signum, code,
                                                      said):
     """Issue 22 item 7: SIGINT mid-stream ends the run with the result object a script reads;
-    SIGTERM too, named, with 143. Once: the end of the run is not said again as it unwinds."""
+    SIGTERM too, named, with 143. Once: the end of the run is not said again as it unwinds. Its
+    "result" is what the model had said (it was "", the partial text only in the log)."""
     fake.enqueue(reply(text("word " * 400), chunk=5, delay=0.01))
     proc = khaelor.popen("-p", "write a lot", "--output-format", output_format)
     deadline = time.time() + 30
@@ -493,6 +518,7 @@ def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_forma
     result = json.loads(results[-1])
     assert len(results) == 1 and result["type"] == "result" and result["is_error"] is True
     assert result["subtype"] == "error_interrupted" and result["error"] == said
+    assert result["result"].startswith("word word") and set(result["result"].split()) == {"word"}
     assert "Traceback" not in stderr and stderr.count(said) == 1, stderr
 
 

@@ -93,6 +93,9 @@ def test_the_reducer_turns_wire_events_into_deltas_and_completed_blocks():
     )
     durable = [(k, p) for k, p in out if k in events.DURABLE]
     assert durable == [
+        # what the request cost so far, before any block: a kill -9 keeps it (counted once)
+        ("TextCheckpoint", {"index": -1, "text": "", "model": "m", "message_id": "msg_1", "usage": {
+            "input_tokens": 10, "output_tokens": 1, "cache_read_tokens": 7, "cache_write_tokens": 3}}),
         ("ModelThinkingBlockCompleted", {"thinking": "hm", "signature": "s1"}),
         ("ModelTextBlockCompleted", {"text": "Hello"}),
         ("ToolRequested", {"tool_use_id": "tu", "name": "read", "input": {"file_path": "a.py"}}),

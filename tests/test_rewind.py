@@ -559,6 +559,27 @@ def test_esc_during_a_checkpoint_waits_for_its_git(project, env, fake, monkeypat
     assert not (project / "made.txt").exists()
 
 
+def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, fake, project,
+                                                                      env, monkeypatch):
+    """QA: README says a file edited after the agent's last step is asked about, but /rewind kept
+    it without asking (only `khaelor rewind` asked). It asks: overwrite, keep, or (Esc) nothing."""
+    from test_sessions import in_session
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+
+    async def answer(session, choice):
+        question = await session.run_command("/rewind 1")
+        assert question["descriptor"].startswith("overwrite the files you changed"), question
+        return await question["answer"](choice)
+    said = in_session(project, env, monkeypatch, lambda session: answer(session, "deny"))
+    assert said == "Not rewound." and (project / "a.txt").read_text() == "the user's own\n"
+    said = in_session(project, env, monkeypatch, lambda session: answer(session, "overwrite"))
+    assert not (project / "a.txt").exists() and "(1 file): 1 deleted." in said, said
+
+
 def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(
         khaelor, fake, project, env, monkeypatch):
     """QA: /rewind listed "• delete a.txt (you changed it …)" and then kept a.txt, and the report's
@@ -572,8 +593,13 @@ def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands
     (project / "a.txt").write_text("the user's own\n")
 
     async def rewind(session):
-        return await session.run_command("/rewind 1")
+        question = await session.run_command("/rewind 1")
+        assert question["capability"] == "rewind.overwrite", question
+        assert "- delete `a.txt`  (you changed it after" in question["preview"], question
+        return await question["answer"]("keep")
     answer = in_session(project, env, monkeypatch, rewind)
     assert (project / "a.txt").read_text() == "the user's own\n" and not (project / "b.txt").exists()
     assert "- keep `a.txt`  (you changed it" in answer and "- delete `b.txt`" in answer, answer
     assert "step): a.txt\n\nWhat a rewind" in answer, answer
+    # b.txt was deleted, a.txt kept: said so, not "2 files restored" (QA)
+    assert "Rewound to before step 1 (2 files): 1 deleted, 1 kept." in answer, answer

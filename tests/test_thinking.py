@@ -302,6 +302,19 @@ def test_an_effort_chosen_after_thinking_is_the_effort_sent(project, env, monkey
         "thinking": thinking, "effort": effort}
 
 
+def test_a_note_on_an_undocumented_thinking_setting_is_said_once(project, env, monkeypatch):
+    """QA: on haiku-5-5 (thinking settings not documented) with thinking off, every /effort said
+    "…thinking settings are not documented; its default thinking stands" again."""
+    from test_claude_parity import in_session
+
+    async def choose(session):
+        return [await session.run_command(f"/effort {level}") for level in ("low", "high", "low")]
+    said = in_session(project, env, monkeypatch, choose,
+                      argv=["--model", "haiku", "--thinking", "off"])
+    assert "\n".join(said).count("not documented") == 1, said
+    assert "not documented" in said[0], said
+
+
 def test_a_resumed_session_says_the_effort_it_already_has(fake, project, env, monkeypatch):
     """QA: effort high chosen, khaelor -c, then /effort high: nothing at all was shown (the log
     had it, so no ◇ line came, and no word either). It says the effort is high already."""

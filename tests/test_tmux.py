@@ -993,9 +993,9 @@ def test_khaelor_sandbox_under_head_exits_141_for_a_command_killed_by_sigpipe(pr
     assert code == 141
 
 
-def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
+def test_a_rewind_of_one_file_says_1_file_deleted(terminal, project):
     """QA (issue 22 item 16, counts: '1 file', never '1 files'): /rewind said "Rewound to before
-    step 1: 1 files restored."."""
+    step 1: 1 files restored."; then "1 file restored" of a file it deleted."""
     term = terminal([reply(bash("touch planned.txt")), reply(text("created"))], width=100)
     term.type("make it")
     term.keys("Enter")
@@ -1007,7 +1007,7 @@ def test_a_rewind_of_one_file_says_1_file_restored(terminal, project):
     term.keys("Enter")
     screen = " ".join(term.wait_for("Rewound to before step 1").split())
     assert not (project / "planned.txt").exists()
-    assert "1 file restored" in screen and "1 files" not in screen, screen
+    assert "(1 file): 1 deleted" in screen and "1 files" not in screen, screen
 
 
 def test_a_rewind_lists_each_change_on_its_own_line_with_names_as_written(terminal, project):

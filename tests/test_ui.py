@@ -526,17 +526,24 @@ def test_the_status_line_shows_the_effort_and_how_much_output_was_thinking():
 
 
 @pytest.mark.parametrize("end", [event("Interrupted"), event("TaskFailed", reason="stream")])
-def test_thinking_cut_off_leaves_the_screen_as_the_replay_has_it(end):
-    """QA: Esc while the model thought settled `✻ Thinking · 2s · …` on the screen, but what
-    streamed of a thinking block is never kept (nor sent), so `khaelor -c` showed no such line."""
+def test_thinking_cut_off_stays_on_screen_and_nothing_written_is_said(end):
+    """QA: Esc when only thinking had streamed said "what it wrote is kept" though nothing was
+    written, and the `✻ Thinking` line shown vanished. It stays (it is never kept nor sent, so a
+    replay has none of it), and the interruption says nothing was written."""
     streamed = [event("UserMessageCreated", text="go"),
                 event("ThinkingDelta", text="Considering options. " * 20), end]
     live = ui.Timeline(MONO, 80)
     for e in streamed:
         live.apply(e)
     live.finish()
-    durable = [e for e in streamed if e["type"] in events.DURABLE]
-    assert live.take_settled() == ui.render_transcript(durable, 80)
+    shown = "\n".join(live.take_settled())
+    assert "✻ Thinking" in shown and "Considering options." in shown
+    assert "what it wrote is kept" not in shown
+    if end["type"] == "Interrupted":
+        assert "■ Interrupted · it had written nothing yet; say what to do next" in shown
+    wrote = timeline_text([event("UserMessageCreated", text="go"),
+                           event("TextCheckpoint", index=0, text="Half an answer"), end])
+    assert end["type"] != "Interrupted" or "what it wrote is kept" in wrote
 
 
 def test_a_replayed_reply_cut_off_after_two_checkpoints_shows_both():
@@ -2162,6 +2169,33 @@ def test_the_plan_question_takes_letters_by_the_rule_of_every_panel():
     app.on_key(K("text", "e"))
     assert ctrl.calls[-1] == ("plan", "default") and app.timeline.permissions == []
     assert app.composer.text == ""
+
+
+class RewindController(FakeController):
+    """/rewind 1 would write over a file the user changed since the agent's last step."""
+    def run_command(self, line):
+        self.calls.append(("command", line))
+        return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
+                "descriptor": "overwrite the files you changed since the agent's last step",
+                "preview": "Rewinding to before step 1 (write `a.txt`):\n- write back `a.txt`",
+                "answer": lambda choice: self.calls.append(("rewind", choice))}
+
+
+@pytest.mark.parametrize("key, choice", [("y", "overwrite"), ("n", "keep"), ("esc", "deny")])
+def test_slash_rewind_asks_in_a_panel_before_writing_over_the_users_changes(key, choice):
+    """QA: README says such a file is asked about; /rewind kept it without a word of asking. The
+    question opens as a panel (as `khaelor rewind` asks on its terminal); a key answers it."""
+    ctrl = RewindController(busy=False)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+    screen, stream = app_screen(app)
+    app.call(ctrl.run_command, "/rewind 1")
+    stream.feed(app.render(1.0))
+    words = " ".join(text_of(screen).replace("│", "").split())
+    assert "⚠ Overwrite the files you changed since the agent's last step?" in words, words
+    assert "write back `a.txt`" in words and "y) overwrite them" in words, words
+    assert "n) keep them as you left them" in words and "do not rewind" in words, words
+    app.on_key(K("esc") if key == "esc" else K("text", key))
+    assert ("rewind", choice) in ctrl.calls and app.timeline.permissions == []
 
 
 # ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
