@@ -2358,7 +2358,11 @@ class Session:
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
                 "preview": rewind.describe(),
-                "answer": lambda choice: self.finish_rewind(rewind, choice)}
+                "answer": lambda choice: self.answer_rewind(rewind, choice, f"/rewind {argument}")}
+
+    async def answer_rewind(self, rewind: Rewind, choice: str, line: str):
+        """The panel /rewind opened, answered: what it shows joins the log, as a command's does."""
+        return self.record_answer(line, await self.finish_rewind(rewind, choice))
 
     async def finish_rewind(self, rewind: Rewind, choice: str):
         """The planned /rewind: "overwrite" writes over the files the user changed since the

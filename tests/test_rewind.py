@@ -1,6 +1,7 @@
 """Issue 20: a checkpoint before every step that may change the work tree, and `khaelor rewind`.
 Real git in tmp dirs; the real program under --yes with the scripted fake API where only it proves
 the point (each costs ~2 s of SDK import), in-process elsewhere."""
+import asyncio
 import hashlib
 import os
 import signal
@@ -578,6 +579,10 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
     assert said == "Not rewound." and (project / "a.txt").read_text() == "the user's own\n"
     said = in_session(project, env, monkeypatch, lambda session: answer(session, "overwrite"))
     assert not (project / "a.txt").exists() and "(1 file): 1 deleted." in said, said
+    # what the panel's answer showed is replayed on resume, as a command's answer is
+    answers = in_session(project, env, monkeypatch, lambda session: asyncio.sleep(
+        0, [e["text"] for e in session.store.events if e["type"] == "CommandAnswered"]))
+    assert answers and "(1 file): 1 deleted." in answers[-1], answers
 
 
 def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(
