@@ -1582,19 +1582,32 @@ def _decide_bash(command: str, workdir: str, root: str,
 def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
                 why: str) -> Decision:
     """Bash runs the lines before a syntax error, so the floor still reads
-    every line, split at its operators; what cannot be parsed is never allowed
-    without asking."""
+    every line, split at its operators, and so does a deny or ask of one of its
+    commands; what cannot be parsed is never allowed without asking."""
     floor = _fork_bomb(command) or _unparsed_floor(command, cwd, home)
-    request = _Request(EXECUTE, command.strip(), None)
-    return _judge(command.strip(), [request], rules, floor=floor,
+    requests = [_Request(EXECUTE, command.strip(), None)]
+    for words, core in _unparsed_commands(command, home):
+        requests.append(_Request(EXECUTE, _shell_text(words), None,
+                                 core=_shell_text(_rule_core(core))))
+    return _judge(command.strip(), list(dict.fromkeys(requests)), rules, floor=floor,
                   at_least="ask",
                   not_read_only=f"the line cannot be parsed ({why})")
 
 
 def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
-    """The floor over a line split at its operators, quotes dropped; into the command a wrapper
-    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`); read again without redirections
-    and their targets, which may come first (>>x rm -rf ~), and variables, which may be empty."""
+    """The floor over each command _unparsed_commands finds."""
+    for words, core in _unparsed_commands(command, home):
+        floor = _floor_reason(_Part(words, core, (), cwd), home)
+        if floor:
+            return floor
+    return None
+
+
+def _unparsed_commands(command: str, home: str):
+    """(words, core) of each command of a line split at its operators, quotes dropped; into the
+    command a wrapper runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`); read again
+    without redirections and their targets, which may come first (>>x rm -rf ~), and variables,
+    which may be empty."""
     again = re.sub(r"[<>]+&?\s*\S*|\$\{?\w+\}?\s", "\n", command)
     for text in re.split(r"[\n;&|()<>]+", command + "\n" + again):
         _on_time()
@@ -1603,12 +1616,9 @@ def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
         words = re.sub(r"(?<!\S)~(?=/|\s|$)", home, unquoted).split()
         core = _core(words)
         if core[:2] == ["sh", "-c"] and len(core) == 3:
-            floor = _unparsed_floor(core[2], cwd, home)
-        else:
-            floor = _floor_reason(_Part(tuple(words), tuple(core), (), cwd), home)
-        if floor:
-            return floor
-    return None
+            yield from _unparsed_commands(core[2], home)
+        elif words:
+            yield tuple(words), tuple(core)
 
 
 def _part_requests(part: _Part, root: str, compound: bool,
@@ -3085,6 +3095,7 @@ _COMMAND_OPTIONS = {
             "rsh-command", "checkpoint-action"),
     "sort": ("compress-program",),
     "rg": ("pre",),
+    "man": ("-P", "pager", "-H", "html"),
 }
 
 
