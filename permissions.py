@@ -429,19 +429,18 @@ POLICY: dict[str, Program] = {
         setgid= setgroups= setuid= wd=""")),
     **_each("""firejail setsid nohup unbuffer chronic command builtin dbus-run-session dbus-launch
             catchsegv linux32 linux64""", Program("wrapper")),
-    "setarch": Program("wrapper", skip=1),
+    "screen": Program("wrapper", ("S:T:c:e:h:p:s:t:", "")),
     "prlimit": Program("wrapper", ("o:p:", "output= pid=")),
     "ssh-agent": Program("wrapper", ("E:O:P:a:t:", "")),
     "sshpass": Program("wrapper", ("P:d:f:p:", "")),
     "xvfb-run": Program("wrapper", ("e:f:n:p:s:w:", """
         auth-file= error-file= server-args= server-num= wait= xauth-protocol=""")),
-    "sg": Program("wrapper", skip=1),
     "caffeinate": Program("wrapper", ("t:w:", "")),
     "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
     "env": Program("wrapper exact", ("C:S:a:u:", "argv0= chdir= split-string= unset=")),
     "nice": Program("wrapper", ("n:", "adjustment=")),
     "ionice": Program("wrapper", ("c:n:p:P:u:", "")),
-    "taskset": Program("wrapper", skip=1),
+    **_each("setarch sg taskset", Program("wrapper", skip=1)),
     "chrt": Program("wrapper", ("D:P:T:", "sched-deadline= sched-period= sched-runtime="),
                     skip=1),
     "stdbuf": Program("wrapper", ("e:i:o:", "error= input= output=")),
@@ -474,7 +473,7 @@ POLICY: dict[str, Program] = {
     "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:n:s:", """
         arg-file= delimiter= max-args= max-chars= max-procs= process-slot-var=""")),
     "parallel": Program("wrapper runner", ("j:", "")),
-    **_each("mksh csh ksh ash tcsh script", Program("shell")),
+    **_each("mksh csh ksh ash tcsh script at batch", Program("shell")),
     "su": Program("shell runner exact"),
     **_each("fish sh zsh dash bash", Program("shell exact")),
     **_each("""
