@@ -149,6 +149,9 @@ def test_a_bypass_reported_against_a_peer_agent_is_not_let_through(case, world):
     layers = [permissions.claude_layer("~/.claude/settings.json", settings, world["project"])]
     rules = permissions.load_rules(layers if case["rules"] else [])
     decision = permissions.check("bash", case["command"], world["project"], rules)["decision"]
+    if case.get("tool") == "write":
+        decision = permissions.decide("write", {"file_path": case["command"], "content": "{}"}, world["project"],
+                                      rules, mode=case["mode"]).action
     where = f"{case['command']!r} under {case['rules']} -> {decision} ({case['why']}; {case['source']})"
     assert decision == "deny" if case["expected"] == "deny" else decision != "allow", where
 
