@@ -427,15 +427,20 @@ POLICY: dict[str, Program] = {
     "unshare": Program("wrapper", ("G:R:S:w:", """
         boottime= map-group= map-groups= map-user= map-users= monotonic= propagation= root=
         setgid= setgroups= setuid= wd=""")),
-    **_each("firejail setsid nohup unbuffer chronic command builtin dbus-run-session",
-            Program("wrapper")),
-    "sg": Program("wrapper", skip=1),
+    **_each("""firejail setsid nohup unbuffer chronic command builtin dbus-run-session dbus-launch
+            catchsegv linux32 linux64""", Program("wrapper")),
+    "screen": Program("wrapper", ("S:T:c:e:h:p:s:t:", "")),
+    "prlimit": Program("wrapper", ("o:p:", "output= pid=")),
+    "ssh-agent": Program("wrapper", ("E:O:P:a:t:", "")),
+    "sshpass": Program("wrapper", ("P:d:f:p:", "")),
+    "xvfb-run": Program("wrapper", ("e:f:n:p:s:w:", """
+        auth-file= error-file= server-args= server-num= wait= xauth-protocol=""")),
     "caffeinate": Program("wrapper", ("t:w:", "")),
     "torsocks": Program("wrapper", ("a:P:p:u:", "address= pass= port= user=")),
     "env": Program("wrapper exact", ("C:S:a:u:", "argv0= chdir= split-string= unset=")),
     "nice": Program("wrapper", ("n:", "adjustment=")),
     "ionice": Program("wrapper", ("c:n:p:P:u:", "")),
-    "taskset": Program("wrapper", skip=1),
+    **_each("setarch sg taskset", Program("wrapper", skip=1)),
     "chrt": Program("wrapper", ("D:P:T:", "sched-deadline= sched-period= sched-runtime="),
                     skip=1),
     "stdbuf": Program("wrapper", ("e:i:o:", "error= input= output=")),
@@ -468,7 +473,7 @@ POLICY: dict[str, Program] = {
     "xargs": Program("wrapper runner exact", ("E:I:L:P:a:d:n:s:", """
         arg-file= delimiter= max-args= max-chars= max-procs= process-slot-var=""")),
     "parallel": Program("wrapper runner", ("j:", "")),
-    **_each("mksh csh ksh ash tcsh script", Program("shell")),
+    **_each("mksh csh ksh ash tcsh script at batch", Program("shell")),
     "su": Program("shell runner exact"),
     **_each("fish sh zsh dash bash", Program("shell exact")),
     **_each("""
@@ -963,11 +968,12 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
-    not into .git/: .git/config can run code later (.GIT on a file system that ignores case)."""
+    not into .git/: .git/config can run code later (.GIT on a file system that ignores case), and
+    so can .vscode/ (a task run when the folder opens, an editor agent's auto-approve setting)."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not sandbox.within(decision.descriptor.lower(), [".git"])
+    return not sandbox.within(decision.descriptor.lower(), [".git", ".vscode"])
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
@@ -1576,19 +1582,32 @@ def _decide_bash(command: str, workdir: str, root: str,
 def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
                 why: str) -> Decision:
     """Bash runs the lines before a syntax error, so the floor still reads
-    every line, split at its operators; what cannot be parsed is never allowed
-    without asking."""
+    every line, split at its operators, and so does a deny or ask of one of its
+    commands; what cannot be parsed is never allowed without asking."""
     floor = _fork_bomb(command) or _unparsed_floor(command, cwd, home)
-    request = _Request(EXECUTE, command.strip(), None)
-    return _judge(command.strip(), [request], rules, floor=floor,
+    requests = [_Request(EXECUTE, command.strip(), None)]
+    for words, core in _unparsed_commands(command, home):
+        requests.append(_Request(EXECUTE, _shell_text(words), None,
+                                 core=_shell_text(_rule_core(core))))
+    return _judge(command.strip(), list(dict.fromkeys(requests)), rules, floor=floor,
                   at_least="ask",
                   not_read_only=f"the line cannot be parsed ({why})")
 
 
 def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
-    """The floor over a line split at its operators, quotes dropped; into the command a wrapper
-    runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`); read again without redirections
-    and their targets, which may come first (>>x rm -rf ~), and variables, which may be empty."""
+    """The floor over each command _unparsed_commands finds."""
+    for words, core in _unparsed_commands(command, home):
+        floor = _floor_reason(_Part(words, core, (), cwd), home)
+        if floor:
+            return floor
+    return None
+
+
+def _unparsed_commands(command: str, home: str):
+    """(words, core) of each command of a line split at its operators, quotes dropped; into the
+    command a wrapper runs elsewhere (env -C DIR CMD is `sh -c 'cd DIR && CMD'`); read again
+    without redirections and their targets, which may come first (>>x rm -rf ~), and variables,
+    which may be empty."""
     again = re.sub(r"[<>]+&?\s*\S*|\$\{?\w+\}?\s", "\n", command)
     for text in re.split(r"[\n;&|()<>]+", command + "\n" + again):
         _on_time()
@@ -1597,12 +1616,9 @@ def _unparsed_floor(command: str, cwd: str, home: str) -> str | None:
         words = re.sub(r"(?<!\S)~(?=/|\s|$)", home, unquoted).split()
         core = _core(words)
         if core[:2] == ["sh", "-c"] and len(core) == 3:
-            floor = _unparsed_floor(core[2], cwd, home)
-        else:
-            floor = _floor_reason(_Part(tuple(words), tuple(core), (), cwd), home)
-        if floor:
-            return floor
-    return None
+            yield from _unparsed_commands(core[2], home)
+        elif words:
+            yield tuple(words), tuple(core)
 
 
 def _part_requests(part: _Part, root: str, compound: bool,
@@ -1613,7 +1629,9 @@ def _part_requests(part: _Part, root: str, compound: bool,
     capability = _classify(part.core)
     command = _shell_text(part.words)
     suggestion = None if compound else _suggest(part.words)
-    wrapped_at = _wrapped_at(part.words, part.core)
+    # (find -delete: the rm it stands for is none of its words)
+    deletes = part.core[:1] == ("find",) and "-delete" in part.core
+    wrapped_at = _wrapped_at(part.words, _rule_core(part.core) if deletes else part.core)
     if suggestion and not read_only and capability == EXECUTE:
         words = _rule_core(part.core)
         if any(_row(*words[:n]).has("read") for n in (1, 2, 3)):
@@ -1702,7 +1720,8 @@ def _wrapped_reads(part: _Part, wrapped_at: int, root: str) -> bool:
 def _names_the_wrapped(pattern: str, request: _Request) -> bool:
     """Whether an allow rule names the command a wrapper runs, not only the wrapper: `timeout 5
     make *` and `timeout 5 make` do, `timeout *` and `env *` do not."""
-    literal = re.split(r"[*?[]", pattern, maxsplit=1)
+    # ([*] is the escape of a literal *)
+    literal = re.split(r"[*?[]", re.sub(r"\[.\]", "x", pattern), maxsplit=1)
     if len(literal) == 1:
         return True                     # no wildcard: the exact command the user allowed
     words = _SHELL_WORD.findall(literal[0])
@@ -1715,6 +1734,10 @@ def _rule_core(core: tuple[str, ...]) -> tuple[str, ...]:
     """What deny and ask rules also match: the command without wrappers, and
     for git without its global options (`git --no-pager -C . push` is
     `git push`)."""
+    if core[:1] == ("find",) and "-delete" in core:
+        # find -delete is an rm of what it finds: `rm *` denied or asked holds for it, and an allow
+        # of find alone does not reach it
+        return ("rm", _find_roots(core[1:])[0])
     if core[:1] != ("git",):
         return core
     _, sub, rest = _git_split(core[1:])
@@ -2720,10 +2743,16 @@ class _ShellLine:
                 if _unliteral([pieces], cwd):
                     made.update(range(len(expanded), len(expanded) + len(fields)))
                 expanded += fields
-            while expanded and expanded[0] in (*_KEYWORDS, "coproc"):
-                made = {k - 1 for k in made}
-                if expanded.pop(0) == "coproc":
+            while expanded and expanded[0] in (*_KEYWORDS, "coproc", "function"):
+                # coproc NAME { …; }, function NAME { …; }: the body runs
+                named = expanded[0] in ("coproc", "function") and expanded[2:3] == ["{"]
+                if expanded[0] == "function" and not named:
+                    break
+                if expanded[0] == "coproc":
                     self.unfollowed = "it starts a coprocess"
+                drop = 2 if named else 1
+                del expanded[:drop]
+                made = {k - drop for k in made}
             if len(expanded) - len(_core(expanded)) in made:
                 # ${X:-ls} runs $X when it is set, $c what the loop gave it
                 self.unfollowed = "its command word is made by an expansion"
@@ -2791,8 +2820,8 @@ class _ShellLine:
             runs = ("-x", "--exec", "-X", "--exec-batch")
             at = next((k for k, word in enumerate(core) if word in runs), 0)
             scripts = [shlex.join(core[at + 1:])] if at else []
-        elif name in _SSH_VALUED:
-            scripts, unread = _ssh_scripts(name, core[1:])
+        elif name in _SSH_VALUED or name == "sed":
+            scripts, unread = (_sed_scripts if name == "sed" else _ssh_scripts)(name, core[1:])
             self.unfollowed = self.unfollowed or unread
         elif name == "tmux":
             scripts, stored = _tmux_scripts(core[1:])
@@ -3066,6 +3095,7 @@ _COMMAND_OPTIONS = {
             "rsh-command", "checkpoint-action"),
     "sort": ("compress-program",),
     "rg": ("pre",),
+    "man": ("-P", "pager", "-H", "html"),
 }
 
 
@@ -3086,6 +3116,31 @@ def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:
         elif named(option.name):
             scripts.append(value)
     return scripts
+
+
+# GNU sed's e command at a command's place (after its address, !): `1e CMD` runs CMD, a bare e
+# the pattern space; and s///e, whose e flag runs what the substitution made
+_SED_E = re.compile(r"(?:^|[;\n{}])(?:/(?:[^/\\\n]|\\.)*/[IM]*|\\(.).*?\1|[\d$,~+!\s])*e"
+                    r"(?:[ \t]+([^\n]*)|(?=[;\n}]|$))")
+_SED_S_E = re.compile(r"s(.)(?:(?!\1)[^\\\n]|\\.)*\1(?:(?!\1)[^\\\n]|\\.)*\1[0-9gpiImM]*e")
+
+
+def _sed_scripts(_: str, args: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """The command lines GNU sed's e commands run, and why not all can be read: s///e and a bare e
+    run text sed makes, -f a script file."""
+    def takes(option: str) -> bool:
+        long_names = ("expression", "file", "line-length")
+        return option in ("-e", "-f", "-l") or _abbreviates(option, *long_names)
+    options, operands, _ = _parse(args, takes)
+    if any(o.name == "-f" or _abbreviates(o.name, "file") for o in options):
+        return [], "sed -f reads its script from a file not read here"
+    given = [o.value or "" for o in options if o.name == "-e" or _abbreviates(o.name, "expression")]
+    # (-e's values are one script, joined by newlines)
+    script = "\n".join(given or operands[:1])
+    lines = [m.group(2) for m in _SED_E.finditer(script) if (m.group(2) or "").strip()]
+    if _SED_S_E.search(script) or len(lines) < len(_SED_E.findall(script)):
+        return lines, "sed's e runs text sed makes as a command"
+    return lines, None
 
 
 # the short options that take a value, of the programs that run ssh (or a command in its place)

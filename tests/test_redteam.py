@@ -139,6 +139,23 @@ def test_redteam_case_is_not_let_through(case, world):
             assert location in closed, f"an approval would open {location} to the sandbox: " + where
 
 
+REPORTED = json.loads((Path(__file__).parent / "data" / "reported_bypasses.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", REPORTED["cases"], ids=[c["command"][:40] for c in REPORTED["cases"]])
+def test_a_bypass_reported_against_a_peer_agent_is_not_let_through(case, world):
+    """The user's own Claude Code settings hold the rules the bypass was reported under."""
+    settings = json.dumps({"permissions": case["rules"]})
+    layers = [permissions.claude_layer("~/.claude/settings.json", settings, world["project"])]
+    rules = permissions.load_rules(layers if case["rules"] else [])
+    decision = permissions.check("bash", case["command"], world["project"], rules)["decision"]
+    if case.get("tool") == "write":
+        decision = permissions.decide("write", {"file_path": case["command"], "content": "{}"}, world["project"],
+                                      rules, mode=case["mode"]).action
+    where = f"{case['command']!r} under {case['rules']} -> {decision} ({case['why']}; {case['source']})"
+    assert decision == "deny" if case["expected"] == "deny" else decision != "allow", where
+
+
 def test_the_corpus_is_well_formed():
     classes = set()
     for case in CASES:
