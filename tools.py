@@ -3416,7 +3416,7 @@ def _bad_pattern(pattern: str, problem: str) -> ToolError:
 Hits = dict[str, list[tuple[int, str]]]
 RG_GREP_ARGS = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never",
                 "--hidden", "--no-messages", "--max-columns", "1000", "--max-columns-preview",
-                "--glob", "!.git"]
+                "--crlf", "--glob", "!.git"]
 
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
@@ -3482,11 +3482,11 @@ def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
         whole = re.compile("")
     for rel in rels:
         text = _read_text_file(folder_fd, rel)
-        if not text or not whole.search(text):
+        if not text or not (whole.search(text) or "\r" in text and whole.search(_lf(text))):
             continue
-        # ripgrep's lines: none after a last newline, a CR kept (its $ is before \n only)
+        # ripgrep's lines: none after a last newline, a CR kept; its $ is before "\r\n" too (--crlf)
         for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
-            if regex.search(line):
+            if regex.search(line) or (line[-1:] == "\r" and regex.search(line[:-1])):
                 # _grep_line shows no more: a minified file's line stays small.
                 hits.setdefault(rel, []).append((number, line[:GREP_LINE_CHARS + 2]))
                 n_hits += 1

@@ -1137,6 +1137,14 @@ def test_grep_look_around_backreferences_and_line_anchors_match_in_both_engines(
     assert bad.is_error and "look-behind requires fixed-width" in bad.text
 
 
+def test_grep_dollar_ends_a_crlf_line_too_in_both_engines(search_box):
+    # OpenCode's "handles CRLF line endings": "TODO$" missed a Windows file's line (its "\r")
+    found = search_box.call("grep", pattern="TODO$").text.split("\n")
+    assert found == ["src/d.tsx:1: tsx TODO", ".github/ci.yml:1: name: ci TODO"]
+    # a search for the files that end their lines with "\r" still finds them
+    assert search_box.call("grep", pattern=r"\r$").text == "src/d.tsx:1: tsx TODO"
+
+
 def test_grep_takes_posix_classes_in_both_engines(search_box):
     # Python's re read [[:alpha:]] as a nested set: no match, and a FutureWarning on the terminal
     found = search_box.call("grep", pattern=r"^[[:lower:]]+ [[:lower:]_]|[^[:space:]]+\(\)$")
