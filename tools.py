@@ -3371,8 +3371,11 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     total = sum(map(len, hits.values()))
     meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
-        text = f"No matches for {pattern!r} in {_one_line(ws.display(target))}.{note}"
-        return ToolResult(text, meta=meta)
+        text = f"No matches for {pattern!r} in {_one_line(ws.display(target))}."
+        if ACROSS_LINES.search(pattern):
+            text += (" Each line is searched on its own, so a line break (\\n) in a pattern, or a $ "
+                     "with text after it, never matches: search for one line, or escape $ as \\$.")
+        return ToolResult(text + note, meta=meta)
     out = []
     for rel in _newest_first(root, hits):
         shown = _one_line(ws.display(root / rel))
@@ -3385,6 +3388,10 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
                    "Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
     return ToolResult("\n".join(out) + note, meta=meta)
+
+
+# What never matches a single line: a line break, or an unescaped "$" with more after it.
+ACROSS_LINES = re.compile(r"\n|(?<!\\)\\n|(?<!\\)\$(?![|)]|$)")
 
 
 def _grep_line(text: str) -> str:

@@ -1145,6 +1145,17 @@ def test_grep_dollar_ends_a_crlf_line_too_in_both_engines(search_box):
     assert search_box.call("grep", pattern=r"\r$").text == "src/d.tsx:1: tsx TODO"
 
 
+def test_a_pattern_that_cannot_match_one_line_says_why_it_found_nothing(search_box):
+    # "$5" (a literal dollar meant) and "foo():\n" (two lines meant) found nothing, silently
+    (search_box.root / "price.txt").write_text("cost: $5 each\n")
+    for pattern in ["$5", r"def foo\(\):\n    return", "def foo():\n", "cost: $5"]:
+        found = search_box.call("grep", pattern=pattern)
+        assert found.text.startswith("No matches") and "escape $ as \\$" in found.text, pattern
+    assert search_box.call("grep", pattern=r"\$5").text == "price.txt:1: cost: $5 each"
+    for pattern in ["nothing$", "(a$|b$)", r"\$5 each$"]:
+        assert "escape $" not in search_box.call("grep", pattern=pattern).text, pattern
+
+
 def test_grep_takes_posix_classes_in_both_engines(search_box):
     # Python's re read [[:alpha:]] as a nested set: no match, and a FutureWarning on the terminal
     found = search_box.call("grep", pattern=r"^[[:lower:]]+ [[:lower:]_]|[^[:space:]]+\(\)$")
