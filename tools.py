@@ -2252,7 +2252,7 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
-        return _listing(fd, shown)
+        return _listing(fd, shown, args.get("offset", 1), args.get("limit") or LISTING_CAP)
     with os.fdopen(fd, "rb") as handle:
         data = _read_regular(handle, shown)
     kind = _binary_kind(data[:8192], path.name)
@@ -2284,15 +2284,21 @@ def read_now(box: Toolbox, args: dict) -> ToolResult:
     return ToolResult(box.mask(text), meta=meta)
 
 
-def _listing(folder_fd: int, shown: str) -> ToolResult:
-    """A directory for read (its descriptor, closed here): subdirectories first, then files."""
+def _listing(folder_fd: int, shown: str, offset: int, limit: int) -> ToolResult:
+    """A directory for read (its descriptor, closed here): subdirectories first, then files, paged
+    by offset and limit as a file's lines are."""
     with _closing(folder_fd):
         entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
-    names = [_one_line(entry.name + ("/" if entry.is_dir() else ""))
-             for entry in entries[:LISTING_CAP]]
+    page = entries[offset - 1:offset - 1 + min(limit, LISTING_CAP)]
+    names = [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in page]
     text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
-    if len(entries) > LISTING_CAP:
-        text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
+    if entries and not page:
+        raise ToolError(f"offset {offset} is past the end of {shown}/, which has "
+                        f"{len(entries)} entries.", error="offset")
+    last = offset - 1 + len(page)
+    if page and last < len(entries):
+        text += (f"\n(Showing entries {offset}–{last} of {len(entries)}. "
+                 f"Use offset={last + 1} to continue.)")
     return ToolResult(text, meta={"entries": len(entries)})
 
 

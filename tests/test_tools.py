@@ -242,6 +242,23 @@ def test_read_directory_lists_entries(box):
     assert "src/" in result.text and "README.md" in result.text and not result.is_error
 
 
+def test_read_pages_a_directory_as_it_pages_a_file(box, monkeypatch):
+    # OpenCode's "does not mark final directory page as truncated": offset and limit were ignored,
+    # and past LISTING_CAP entries the rest could not be listed by read at all
+    monkeypatch.setattr(tools, "LISTING_CAP", 6)
+    for n in range(10):
+        (box.root / "dir" / f"file-{n}.txt").parent.mkdir(exist_ok=True)
+        (box.root / "dir" / f"file-{n}.txt").write_text("x")
+    pages = {(1, None): "0 1 2 3 4 5", (7, None): "6 7 8 9", (6, 5): "5 6 7 8 9", (2, 2): "1 2"}
+    for (offset, limit), numbers in pages.items():
+        shown = box.call("read", file_path="dir", offset=offset, limit=limit).text
+        assert re.findall(r"file-(\d)", shown) == numbers.split(), (offset, limit, shown)
+        last = offset + len(numbers.split()) - 1
+        assert (f"Use offset={last + 1} to continue" in shown) == (last < 10), shown
+    past = box.call("read", file_path="dir", offset=11)
+    assert past.is_error and "offset 11 is past the end of dir/, which has 10 entries" in past.text
+
+
 # ---------------------------------------------------------------- bash
 
 
