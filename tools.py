@@ -68,6 +68,8 @@ READ_FILE_CAP_BYTES = 50_000_000
 LINE_CHAR_CAP = 2000
 # Directory entries shown by read.
 LISTING_CAP = 500
+# A model's string quoted back in a message is cut here.
+QUOTE_CHARS = 200
 
 # Files (glob) or matching lines (grep) shown.
 SEARCH_RESULT_CAP = 100
@@ -1880,7 +1882,7 @@ def _checked(name: str, tool_input) -> tuple[dict | None, ToolResult | None]:
     """(clean arguments, None), or (None, the failure: no such tool, or a bad input)."""
     schema = SCHEMA_OF.get(name)
     if schema is None:
-        text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
+        text = f"Unknown tool {_quoted(name)}. The tools are: {', '.join(TOOLS)}."
         return None, ToolResult(text, True, {"error": "unknown_tool"})
     args, problem = _check_input(schema, tool_input)
     return args, problem and ToolResult(problem, True, {"error": "invalid_input"})
@@ -1909,7 +1911,7 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
         elif value not in allowed:
-            problems.append(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}")
+            problems.append(f"'{key}' must be one of {', '.join(allowed)}, got {_quoted(value)}")
         elif "minimum" in prop and value < prop["minimum"]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         elif isinstance(value, str) and _unwritable(key, value):
@@ -1939,8 +1941,15 @@ def _unknown_parameter(key: str, props: dict) -> str:
     import difflib
     near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
     if near:
-        return f"unknown parameter '{key}' (did you mean '{near[0]}'?)"
-    return f"unknown parameter '{key}'"
+        return f"unknown parameter {_quoted(key)} (did you mean '{near[0]}'?)"
+    return f"unknown parameter {_quoted(key)}"
+
+
+def _quoted(text: str) -> str:
+    """A model's string quoted in a message, cut short: a huge one echoed would fill the result."""
+    if len(text) > QUOTE_CHARS:
+        return f"{text[:QUOTE_CHARS]!r}… ({len(text):,} characters)"
+    return repr(text)
 
 
 def _signature(props: dict, required: list[str]) -> str:
@@ -3308,7 +3317,7 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta.update(files=len(files), truncated=len(files) > SEARCH_RESULT_CAP)
     if not files:
-        text = f"No files match {pattern!r} under {ws.display(root)}.{note}"
+        text = f"No files match {_quoted(pattern)} under {ws.display(root)}.{note}"
         return ToolResult(text, meta=meta)
     shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:
@@ -3377,7 +3386,7 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     total = sum(map(len, hits.values()))
     meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
-        text = f"No matches for {pattern!r} in {_one_line(ws.display(target))}."
+        text = f"No matches for {_quoted(pattern)} in {_one_line(ws.display(target))}."
         if ACROSS_LINES.search(pattern):
             text += (" Each line is searched on its own, so a line break (\\n) in a pattern, or a $ "
                      "with text after it, never matches: search for one line, or escape $ as \\$.")
@@ -3419,7 +3428,7 @@ def _posix_classes(bracket_set: re.Match) -> str:
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
     return ToolError(
-        f"Invalid regular expression {pattern!r}: {problem.rstrip('.')}. "
+        f"Invalid regular expression {_quoted(pattern)}: {problem.rstrip('.')}. "
         "Escape special characters such as ( [ { . * + ? | "
         "with a backslash to match them literally.",
         error="bad_pattern")
@@ -3883,7 +3892,7 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
         if process is None:
             known = ", ".join(procs.items) or "none yet"
             raise ToolError(
-                f"No process with id {args['id']!r} (known: {known}). "
+                f"No process with id {_quoted(args['id'])} (known: {known}). "
                 "Use process action \"list\".",
                 error="unknown_process")
     if action == "write":

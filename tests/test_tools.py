@@ -120,6 +120,17 @@ def test_malformed_input_explains_how_to_repair_the_call(box, name, tool_input, 
     assert f"Call {name} again" in result.text and f"{name}(" in result.text
 
 
+def test_a_huge_string_a_message_quotes_back_is_cut_short(box):
+    # a 100,000-character pattern that matched nothing came back whole: a result spilled to a file
+    huge = "q" * 100_000
+    calls = [(huge, {}), ("read", {huge: 1}), ("process", {"action": huge}),
+             ("process", {"action": "read", "id": huge}), ("grep", {"pattern": huge}),
+             ("grep", {"pattern": huge[1:] + "("}), ("glob", {"pattern": huge})]
+    for name, tool_input in calls:
+        result = box.call(name, **tool_input)
+        assert len(result.text) < 1000 and "qqq'… (100,000 characters)" in result.text, (name, result.text[:300])
+
+
 def test_non_dict_input_and_null_optionals(box):
     result = box.loop.run_until_complete(box.toolbox.run("read", "a.txt", "tu"))
     assert result.is_error and "JSON object" in result.text
