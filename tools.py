@@ -58,7 +58,7 @@ SPILL_FILE_CAP_BYTES = 50_000_000
 # The spill folder is pruned, oldest first, to stay under this.
 SPILL_DIR_CAP_BYTES = 200_000_000
 
-# Lines shown by one read without a limit.
+# Lines (or a directory's entries) shown by one read without a limit.
 READ_LINE_CAP = 2000
 # Characters of numbered text one read returns.
 READ_BYTE_CAP = 60_000
@@ -66,8 +66,6 @@ READ_BYTE_CAP = 60_000
 READ_FILE_CAP_BYTES = 50_000_000
 # A longer line is cut with a marker.
 LINE_CHAR_CAP = 2000
-# Directory entries shown by read.
-LISTING_CAP = 500
 # A model's string quoted back in a message is cut here.
 QUOTE_CHARS = 200
 
@@ -77,6 +75,8 @@ SEARCH_RESULT_CAP = 100
 GREP_SCAN_CAP = 10_000
 # A matching line is cut to this many characters.
 GREP_LINE_CHARS = 300
+# What never matches a single line: a line break, or an unescaped "$" with more after it.
+ACROSS_LINES = re.compile(r"\n|(?<!\\)\\n|(?<!\\)\$(?![|)]|$)")
 # A ripgrep run is stopped after this.
 SEARCH_TIMEOUT_S = 60
 # The Python grep's matching of a pattern that is not a plain literal is stopped after this.
@@ -2255,60 +2255,55 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
 
 def read_now(box: Toolbox, args: dict) -> ToolResult:
     """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
-    ToolError as the tool does."""
+    ToolError as the tool does. A directory's entries are numbered and paged as a file's lines."""
     ws = box.workspace
     path = _existing(ws, args["file_path"], directory=False)
     shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
+    heading = ""
+    noun = "line"
     if stat.S_ISDIR(os.fstat(fd).st_mode):
-        return _listing(fd, shown, args.get("offset", 1), args.get("limit") or LISTING_CAP)
-    with os.fdopen(fd, "rb") as handle:
-        data = _read_regular(handle, shown)
-    kind = _binary_kind(data[:8192], path.name)
-    if kind:
-        raise ToolError(
-            f"{shown} is a binary file ({kind}, {len(data):,} bytes); read shows text files only.",
-            error="binary")
-    box.remember(path)
-    lines = _split_lines(_decode_text(data))
+        lines = _listing(fd)
+        shown += "/"
+        heading = f"{shown} is a directory:\n"
+        noun = "item"
+    else:
+        with os.fdopen(fd, "rb") as handle:
+            data = _read_regular(handle, shown)
+        kind = _binary_kind(data[:8192], path.name)
+        if kind:
+            raise ToolError(
+                f"{shown} is a binary file ({kind}, {len(data):,} bytes); read shows text files "
+                "only.", error="binary")
+        box.remember(path)
+        lines = _split_lines(_decode_text(data))
     offset = args.get("offset", 1)
     limit = args.get("limit")
     total = len(lines)
     if total == 0:
-        return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
+        return ToolResult(f"{shown} is empty (0 {noun}s).", meta={"path": shown, "lines": 0})
     if offset > total:
         raise ToolError(
             f"offset {offset} is past the end of {shown}, which has "
-            f"{events.counted(total, 'line')}.",
+            f"{events.counted(total, noun)}.",
             error="offset")
     body, last = _numbered_page(lines, offset, limit or READ_LINE_CAP)
-    text = "\n".join(body)
+    text = heading + "\n".join(body)
     if last < total:
-        text += (f"\n\n(Showing lines {offset}–{last} of {total}. "
+        text += (f"\n\n(Showing {noun}s {offset}–{last} of {total}. "
                  f"Use offset={last + 1} to continue.)")
     elif offset > 1:
-        text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
+        text += f"\n\n(Showing {noun}s {offset}–{last} of {total}; end of file.)"
     meta = {"path": shown, "lines": total, "start": offset, "end": last}
     # masked here too: an @mention's attachment does not pass through Toolbox.run
     return ToolResult(box.mask(text), meta=meta)
 
 
-def _listing(folder_fd: int, shown: str, offset: int, limit: int) -> ToolResult:
-    """A directory for read (its descriptor, closed here): subdirectories first, then files, paged
-    by offset and limit as a file's lines are."""
+def _listing(folder_fd: int) -> list[str]:
+    """A directory's entries for read (its descriptor, closed here): subdirectories first."""
     with _closing(folder_fd):
         entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
-    page = entries[offset - 1:offset - 1 + min(limit, LISTING_CAP)]
-    names = [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in page]
-    text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
-    if entries and not page:
-        raise ToolError(f"offset {offset} is past the end of {shown}/, which has "
-                        f"{len(entries)} entries.", error="offset")
-    last = offset - 1 + len(page)
-    if page and last < len(entries):
-        text += (f"\n(Showing entries {offset}–{last} of {len(entries)}. "
-                 f"Use offset={last + 1} to continue.)")
-    return ToolResult(text, meta={"entries": len(entries)})
+    return [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in entries]
 
 
 def _read_regular(handle, shown: str) -> bytes:
@@ -3388,8 +3383,8 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if not hits:
         text = f"No matches for {_quoted(pattern)} in {_one_line(ws.display(target))}."
         if ACROSS_LINES.search(pattern):
-            text += (" Each line is searched on its own, so a line break (\\n) in a pattern, or a $ "
-                     "with text after it, never matches: search for one line, or escape $ as \\$.")
+            text += (" Lines are searched one at a time: a line break (\\n) or a $ with text after "
+                     "it never matches. Search for one line, or escape $ as \\$.")
         return ToolResult(text + note, meta=meta)
     out = []
     for rel in _newest_first(root, hits):
@@ -3403,10 +3398,6 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
                    "Narrow it with a more specific pattern, a path, or include "
                    "(e.g. \"*.py\").)")
     return ToolResult("\n".join(out) + note, meta=meta)
-
-
-# What never matches a single line: a line break, or an unescaped "$" with more after it.
-ACROSS_LINES = re.compile(r"\n|(?<!\\)\\n|(?<!\\)\$(?![|)]|$)")
 
 
 def _grep_line(text: str) -> str:

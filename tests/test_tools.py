@@ -255,8 +255,8 @@ def test_read_directory_lists_entries(box):
 
 def test_read_pages_a_directory_as_it_pages_a_file(box, monkeypatch):
     # OpenCode's "does not mark final directory page as truncated": offset and limit were ignored,
-    # and past LISTING_CAP entries the rest could not be listed by read at all
-    monkeypatch.setattr(tools, "LISTING_CAP", 6)
+    # and past its first 500 entries the rest could not be listed by read at all
+    monkeypatch.setattr(tools, "READ_LINE_CAP", 6)
     for n in range(10):
         (box.root / "dir" / f"file-{n}.txt").parent.mkdir(exist_ok=True)
         (box.root / "dir" / f"file-{n}.txt").write_text("x")
@@ -267,7 +267,7 @@ def test_read_pages_a_directory_as_it_pages_a_file(box, monkeypatch):
         last = offset + len(numbers.split()) - 1
         assert (f"Use offset={last + 1} to continue" in shown) == (last < 10), shown
     past = box.call("read", file_path="dir", offset=11)
-    assert past.is_error and "offset 11 is past the end of dir/, which has 10 entries" in past.text
+    assert past.is_error and "offset 11 is past the end of dir/, which has 10 items" in past.text
 
 
 # ---------------------------------------------------------------- bash
