@@ -147,16 +147,13 @@ EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT":
 UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
 # Magic numbers, to tell the model what a binary file is.
 MAGIC = [
-    # images and documents
     (b"\x89PNG", "PNG image"),
     (b"\xff\xd8\xff", "JPEG image"),
     (b"GIF8", "GIF image"),
     (b"%PDF", "PDF document"),
-    # archives
     (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
     (b"\x1f\x8b", "gzip archive"),
     (b"\xfd7zXZ", "xz archive"),
-    # programs, databases, media
     (b"\x7fELF", "ELF executable"),
     (b"SQLite format 3", "SQLite database"),
     (b"\x00asm", "WebAssembly module"),
@@ -1947,9 +1944,8 @@ def _unknown_parameter(key: str, props: dict) -> str:
 
 def _quoted(text: str) -> str:
     """A model's string quoted in a message, cut short: a huge one echoed would fill the result."""
-    if len(text) > QUOTE_CHARS:
-        return f"{text[:QUOTE_CHARS]!r}… ({len(text):,} characters)"
-    return repr(text)
+    cut = f"… ({len(text):,} characters)" if len(text) > QUOTE_CHARS else ""
+    return repr(text[:QUOTE_CHARS]) + cut
 
 
 def _signature(props: dict, required: list[str]) -> str:
@@ -3001,7 +2997,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     if path.is_dir() or args["file_path"].endswith("/"):
         raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
-    encoding = "utf-8"
+    written = _EditText(text, False, False)
     if path.exists():
         # An overwrite keeps the old file's CRLF line endings, byte-order mark and UTF-16.
         box.check_fresh(path)
@@ -3009,13 +3005,11 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
         if "\ufffd" in text:
             # a file not UTF-8: refused, or its bytes read showed as U+FFFD would be lost
             _EditText.of(before, shown)
-        if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
-            text = text.replace("\n", "\r\n")
-        encoding = UTF16.get(before[:2], "utf-8")
-        if before.startswith((codecs.BOM_UTF8, *UTF16)) and not text.startswith("\ufeff"):
-            text = "\ufeff" + text
+        crlf = _uses_crlf(_decode_text(before)) and "\r\n" not in text
+        bom = before.startswith((codecs.BOM_UTF8, *UTF16)) and not text.startswith("\ufeff")
+        written = _EditText(text, bom, crlf, UTF16.get(before[:2], "utf-8"))
     _refuse_masks(args["content"], before, shown)
-    data = text.encode(encoding)
+    data = written.back(text)
     if data == before:
         meta = {"path": shown, "added": 0, "removed": 0}
         return ToolResult(f"{shown} already has exactly this content; nothing changed.", meta=meta)
