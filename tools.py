@@ -295,8 +295,7 @@ def _glob_base(args: dict) -> str:
 
 
 def _process_subject(args: dict) -> tuple[str, dict]:
-    """start runs a command line; write feeds the running one; list, read and stop act on
-    processes judged when they started (list and read only look)."""
+    """process's kind by action: start "bash", write "feed", others "held" (permission_subject)."""
     action = args.get("action") or ""
     if action == "start":
         return "bash", args
@@ -511,8 +510,7 @@ class Workspace:
         return _raced(shown)
 
     def read_file(self, path: Path, places: list[str]) -> bytes:
-        """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
-        past READ_FILE_CAP_BYTES (or growing past it while it is read) is too large."""
+        """The bytes of the regular file at `path`: opened by open_judged, read by _read_regular."""
         with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
             return _read_regular(handle, self.display(path))
 
@@ -1046,7 +1044,6 @@ class Toolbox:
     def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
                  state: Callable[[], events.State] | None = None):
         self.workspace = workspace
-        # home is KHAELOR_HOME.
         self.spill_dir = sandbox.spill_folder(home, workspace.cwd)
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
@@ -1071,7 +1068,6 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
-        # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
@@ -1974,7 +1970,6 @@ class _Spool:
         self.head_cap = int(OUTPUT_BUDGET_CHARS * OUTPUT_HEAD_SHARE)
         # Room for the omission marker.
         self.tail_cap = OUTPUT_BUDGET_CHARS - self.head_cap - 500
-        # Everything, while under budget.
         self.parts: list[str] = []
         self.head = ""
         self.tail = ""
@@ -2200,9 +2195,8 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
     (which _start put in box.groups): (timed out, left strays). On timeout or cancellation the whole
     group is killed, grandchildren included; after a normal exit what it left running gets grace_s
     to finish. A descendant that left our group may hold the pipe open, so the pump is not waited on
-    for ever. A read-only command's group is stopped, and on_text told why, once the session temp
-    dir passes its cap (RLIMIT_FSIZE bounds one file only); after an approved one, on_text gets
-    guard_check's note, also when it was cancelled."""
+    for ever. _watch_temp stops a read-only command (on_text is told why); after an approved one,
+    on_text gets guard_check's note, also when it was cancelled."""
     pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
     if not confine.write:
@@ -3702,7 +3696,6 @@ class _Process:
     # Why we stopped it ("stopped", "khaelor exit"); None: it exited by itself.
     cause: str | None = None
     watcher: asyncio.Task | None = None
-    # The rolling output buffer.
     text: str = ""
     # Absolute position of text[0] in everything it ever wrote.
     base: int = 0
