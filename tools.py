@@ -3615,7 +3615,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             "the command and every process it started were killed. "
             "For servers, watchers or long builds use process (action \"start\") "
             "and poll it with process (action \"read\"); "
-            f"for a slow command pass a larger timeout (max {BASH_MAX_TIMEOUT_MS}).")
+            f"for a slow command pass a larger timeout, in ms (max {BASH_MAX_TIMEOUT_MS}).")
     elif exit_code < 0:
         parts.append(f"Exit code: {exit_code} (killed by {_signal_name(-exit_code)})")
     else:

@@ -292,6 +292,8 @@ def test_bash_timeout_kills_the_whole_group_including_grandchildren(box):
     result = box.call("bash", command="(sleep 30 & echo child $!; wait) & wait", timeout=500)
     assert result.is_error and result.meta["timed_out"] and "Timed out after 0.5 s" in result.text
     assert "process" in result.text
+    # a model that meant timeout=60 as seconds (OpenCode's and Claude Code's are ms too) is told
+    assert "pass a larger timeout, in ms (max 600000)" in result.text
     pid = int(re.search(r"child (\d+)", result.text).group(1))
     assert wait_gone(pid), f"grandchild {pid} survived the timeout"
 
