@@ -1056,7 +1056,6 @@ class Toolbox:
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
         self.places = [str(workspace.cwd)]
-        # Content-addressed file versions: a rewind to between two edits writes them back.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
@@ -2168,7 +2167,8 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
     carriage-return redraws (progress bars) reduced to their last state. It works on whole lines, so
     nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
     def clean(text: str) -> str:
-        return mask(events.without_escapes(text))
+        # a NUL (binary output) is no text: shown as U+FFFD, as bytes that are not UTF-8 are
+        return mask(events.without_escapes(text)).replace("\0", "\ufffd")
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     carry = ""

@@ -1,6 +1,7 @@
 """Tests for tools.py: real files in tmp_path, real subprocesses, no mocks of our own code."""
 
 import asyncio
+import base64
 import collections
 import errno
 import json
@@ -268,6 +269,36 @@ def test_read_pages_a_directory_as_it_pages_a_file(box, monkeypatch):
         assert (f"Use offset={last + 1} to continue" in shown) == (last < 10), shown
     past = box.call("read", file_path="dir", offset=11)
     assert past.is_error and "offset 11 is past the end of dir/, which has 10 items" in past.text
+
+
+PEER_CASES = json.loads((Path(__file__).parent / "data" / "peer_tools.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", PEER_CASES, ids=[case["name"] for case in PEER_CASES])
+def test_peer_tool_case(box, case):
+    """A case from a peer's tool tests (tests/data/peer_tools.json), called on our toolbox: the
+    message and the files after it are what a demanding user expects ("disputed": ours on purpose)."""
+    made = {**case.get("files", {}), **case.get("binary", {})}
+    for rel, content in made.items():
+        (box.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        data = base64.b64decode(content) if rel in case.get("binary", {}) else content.encode()
+        (box.root / rel).write_bytes(data)
+    for rel in case.get("read_first", []):
+        assert not box.call("read", file_path=rel).is_error
+    name, tool_input = case["call"]
+    tool_input = json.loads(json.dumps(tool_input).replace("{root}", str(box.root)))
+    started = time.monotonic()
+    result = box.call(name, **tool_input)
+    expect = case["expect"]
+    assert result.is_error == expect.get("is_error", False), result.text
+    for part in expect.get("contains", []):
+        assert part in result.text, (part, result.text[:2000])
+    for part in expect.get("absent", []):
+        assert part not in result.text, (part, result.text[:2000])
+    assert len(result.text) <= expect.get("max_chars", len(result.text))
+    assert time.monotonic() - started < expect.get("seconds", 60)
+    for rel, content in expect.get("files", {}).items():
+        assert (box.root / rel).read_bytes() == content.encode(), rel
 
 
 # ---------------------------------------------------------------- bash
