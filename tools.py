@@ -2130,9 +2130,9 @@ def _dotenv_value(line: str) -> str:
 
 def _one_line(name: str) -> str:
     """A path as one line of a listing: a byte that is not UTF-8 (os's surrogate for it) as \\xHH,
-    which the tools take back (_fs_path); JSON-quoted when it holds a control character."""
+    which the tools take back (_fs_path); JSON-quoted with a control character or an end space."""
     name = re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found[0]) - 0xDC00:x}", name)
-    if any(ord(c) < 32 or c == "\x7f" for c in name):
+    if name != name.strip() or any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
 

@@ -204,6 +204,15 @@ def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
         assert (box.root / name).read_text() == "d\n"
 
 
+def test_a_space_at_either_end_of_a_name_is_shown_quoted(box):
+    # "a.txt  does not exist. Did you mean: a.txt?": the model could not see what was wrong
+    (box.root / "a.txt").write_text("x\n")
+    (box.root / " lead.txt").write_text("x\n")
+    missing = box.call("read", file_path="a.txt ")
+    assert missing.is_error and missing.text.startswith('"a.txt " does not exist. Did you mean: a.txt')
+    assert '" lead.txt"' in box.call("glob", pattern="*lead*").text
+
+
 def test_a_file_name_that_is_not_utf8_is_shown_as_a_name_the_tools_take_back(box):
     # b"caf\xe9.txt" was listed with U+FFFD (the log's stand-in for a lone surrogate), a name no
     # file has: read, glob and grep show \xe9, and read, edit, write, grep and glob take it back.
