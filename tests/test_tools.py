@@ -129,7 +129,8 @@ def test_a_huge_string_a_message_quotes_back_is_cut_short(box):
              ("grep", {"pattern": huge[1:] + "("}), ("glob", {"pattern": huge})]
     for name, tool_input in calls:
         result = box.call(name, **tool_input)
-        assert len(result.text) < 1000 and "qqq'… (100,000 characters)" in result.text, (name, result.text[:300])
+        cut = "qqq'… (100,000 characters)"
+        assert len(result.text) < 1000 and cut in result.text, (name, result.text[:300])
 
 
 def test_non_dict_input_and_null_optionals(box):
@@ -209,7 +210,8 @@ def test_a_space_at_either_end_of_a_name_is_shown_quoted(box):
     (box.root / "a.txt").write_text("x\n")
     (box.root / " lead.txt").write_text("x\n")
     missing = box.call("read", file_path="a.txt ")
-    assert missing.is_error and missing.text.startswith('"a.txt " does not exist. Did you mean: a.txt')
+    assert missing.is_error
+    assert missing.text.startswith('"a.txt " does not exist. Did you mean: a.txt')
     assert '" lead.txt"' in box.call("glob", pattern="*lead*").text
 
 
@@ -286,7 +288,7 @@ PEER_CASES = json.loads((Path(__file__).parent / "data" / "peer_tools.json").rea
 @pytest.mark.parametrize("case", PEER_CASES, ids=[case["name"] for case in PEER_CASES])
 def test_peer_tool_case(box, case):
     """A case from a peer's tool tests (tests/data/peer_tools.json), called on our toolbox: the
-    message and the files after it are what a demanding user expects ("disputed": ours on purpose)."""
+    message and the files after it are what a demanding user expects ("disputed": ours kept)."""
     made = {**case.get("files", {}), **case.get("binary", {})}
     for rel, content in made.items():
         (box.root / rel).parent.mkdir(parents=True, exist_ok=True)
