@@ -75,7 +75,6 @@ SEARCH_RESULT_CAP = 100
 GREP_SCAN_CAP = 10_000
 # A matching line is cut to this many characters.
 GREP_LINE_CHARS = 300
-# What never matches a single line: a line break, or an unescaped "$" with more after it.
 ACROSS_LINES = re.compile(r"\n|(?<!\\)\\n|(?<!\\)\$(?![|)]|$)")
 # A ripgrep run is stopped after this.
 SEARCH_TIMEOUT_S = 60
@@ -1347,7 +1346,6 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
                     continue
                 if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
                     continue
-                # unlink never follows a symlink.
                 os.unlink(entry.name, dir_fd=versions)
                 removed += 1
     return removed
@@ -3082,6 +3080,8 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
     else:
         done = _replace(file.text, old, new, args.get("replace_all", False), shown)
     done.after = file.back(done.text)
+    if done.after == before:
+        raise ToolError(f"{shown} already reads as this edit would leave it.", error="no_change")
     return before, done
 
 

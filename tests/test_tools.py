@@ -818,6 +818,18 @@ def test_an_edit_that_changes_only_line_endings_is_refused_as_no_change(box):
     assert (box.root / "f.txt").read_bytes() == b"a\r\nb\r\n"
 
 
+def test_a_fuzzy_match_that_already_reads_as_new_string_is_no_change(box):
+    # "x = 1 " matched "x = 1" (trimmed) and new_string was "x = 1": "Edited a.py: 1 replacement
+    # (+0 −0)", a version kept and the file rewritten for nothing
+    (box.root / "a.py").write_text("x = 1\ny = 2\n")
+    box.call("read", file_path="a.py")
+    call = {"file_path": "a.py", "old_string": "x = 1 ", "new_string": "x = 1"}
+    assert box.toolbox.problem("edit", call).meta["error"] == "no_change"
+    result = box.call("edit", **call)
+    assert result.is_error and "a.py already reads as this edit would leave it" in result.text
+    assert not box.of_type("FileModified")
+
+
 def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
     created = box.call("write", file_path="deep/er/new.txt", content="a\nb\n")
     assert "Created deep/er/new.txt (2 lines)" in created.text
