@@ -2368,9 +2368,9 @@ def _open_folder(folder: str) -> int:
 
 def _binary_kind(head: bytes, name: str) -> str | None:
     """What a file is if its head says binary: a magic number, a NUL, or many control bytes (8-bit
-    text passes). None: text."""
+    text and a colored log's escapes pass). None: text."""
     kind = next((what for magic, what in MAGIC if head.startswith(magic)), None)
-    n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
+    n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32 and byte != 0x1B)
     looks_binary = b"\0" in head or n_control > len(head) // 10
     if head[:2] in UTF16 or (kind is None and not looks_binary):
         return None
