@@ -58,7 +58,7 @@ SPILL_FILE_CAP_BYTES = 50_000_000
 # The spill folder is pruned, oldest first, to stay under this.
 SPILL_DIR_CAP_BYTES = 200_000_000
 
-# Lines shown by one read without a limit.
+# Lines (or a directory's entries) shown by one read without a limit.
 READ_LINE_CAP = 2000
 # Characters of numbered text one read returns.
 READ_BYTE_CAP = 60_000
@@ -66,8 +66,8 @@ READ_BYTE_CAP = 60_000
 READ_FILE_CAP_BYTES = 50_000_000
 # A longer line is cut with a marker.
 LINE_CHAR_CAP = 2000
-# Directory entries shown by read.
-LISTING_CAP = 500
+# A model's string quoted back in a message is cut here.
+QUOTE_CHARS = 200
 
 # Files (glob) or matching lines (grep) shown.
 SEARCH_RESULT_CAP = 100
@@ -75,6 +75,7 @@ SEARCH_RESULT_CAP = 100
 GREP_SCAN_CAP = 10_000
 # A matching line is cut to this many characters.
 GREP_LINE_CHARS = 300
+ACROSS_LINES = re.compile(r"\n|(?<!\\)\\n|(?<!\\)\$(?![|)]|$)")
 # A ripgrep run is stopped after this.
 SEARCH_TIMEOUT_S = 60
 # The Python grep's matching of a pattern that is not a plain literal is stopped after this.
@@ -145,16 +146,13 @@ EXEC_ENV_OVERRIDES = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT":
 UTF16 = {codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
 # Magic numbers, to tell the model what a binary file is.
 MAGIC = [
-    # images and documents
     (b"\x89PNG", "PNG image"),
     (b"\xff\xd8\xff", "JPEG image"),
     (b"GIF8", "GIF image"),
     (b"%PDF", "PDF document"),
-    # archives
     (b"PK\x03\x04", "ZIP archive (or docx/xlsx/jar/wheel)"),
     (b"\x1f\x8b", "gzip archive"),
     (b"\xfd7zXZ", "xz archive"),
-    # programs, databases, media
     (b"\x7fELF", "ELF executable"),
     (b"SQLite format 3", "SQLite database"),
     (b"\x00asm", "WebAssembly module"),
@@ -296,8 +294,7 @@ def _glob_base(args: dict) -> str:
 
 
 def _process_subject(args: dict) -> tuple[str, dict]:
-    """start runs a command line; write feeds the running one; list, read and stop act on
-    processes judged when they started (list and read only look)."""
+    """process's kind by action: start "bash", write "feed", others "held" (permission_subject)."""
     action = args.get("action") or ""
     if action == "start":
         return "bash", args
@@ -512,8 +509,7 @@ class Workspace:
         return _raced(shown)
 
     def read_file(self, path: Path, places: list[str]) -> bytes:
-        """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
-        past READ_FILE_CAP_BYTES (or growing past it while it is read) is too large."""
+        """The bytes of the regular file at `path`: opened by open_judged, read by _read_regular."""
         with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
             return _read_regular(handle, self.display(path))
 
@@ -1047,7 +1043,6 @@ class Toolbox:
     def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
                  state: Callable[[], events.State] | None = None):
         self.workspace = workspace
-        # home is KHAELOR_HOME.
         self.spill_dir = sandbox.spill_folder(home, workspace.cwd)
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
@@ -1060,7 +1055,6 @@ class Toolbox:
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
         self.places = [str(workspace.cwd)]
-        # Content-addressed file versions: a rewind to between two edits writes them back.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
@@ -1072,7 +1066,6 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
-        # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
@@ -1353,7 +1346,6 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
                     continue
                 if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
                     continue
-                # unlink never follows a symlink.
                 os.unlink(entry.name, dir_fd=versions)
                 removed += 1
     return removed
@@ -1880,7 +1872,7 @@ def _checked(name: str, tool_input) -> tuple[dict | None, ToolResult | None]:
     """(clean arguments, None), or (None, the failure: no such tool, or a bad input)."""
     schema = SCHEMA_OF.get(name)
     if schema is None:
-        text = f"Unknown tool {name!r}. The tools are: {', '.join(TOOLS)}."
+        text = f"Unknown tool {_quoted(name)}. The tools are: {', '.join(TOOLS)}."
         return None, ToolResult(text, True, {"error": "unknown_tool"})
     args, problem = _check_input(schema, tool_input)
     return args, problem and ToolResult(problem, True, {"error": "invalid_input"})
@@ -1909,7 +1901,7 @@ def _check_input(schema: dict, tool_input) -> tuple[dict | None, str | None]:
         elif _type_name(value) != kind:
             problems.append(f"'{key}' must be {kind}, got {_type_name(value)}")
         elif value not in allowed:
-            problems.append(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}")
+            problems.append(f"'{key}' must be one of {', '.join(allowed)}, got {_quoted(value)}")
         elif "minimum" in prop and value < prop["minimum"]:
             problems.append(f"'{key}' must be at least {prop['minimum']}, got {value}")
         elif isinstance(value, str) and _unwritable(key, value):
@@ -1939,8 +1931,14 @@ def _unknown_parameter(key: str, props: dict) -> str:
     import difflib
     near = difflib.get_close_matches(key, list(props), n=1, cutoff=0.4)
     if near:
-        return f"unknown parameter '{key}' (did you mean '{near[0]}'?)"
-    return f"unknown parameter '{key}'"
+        return f"unknown parameter {_quoted(key)} (did you mean '{near[0]}'?)"
+    return f"unknown parameter {_quoted(key)}"
+
+
+def _quoted(text: str) -> str:
+    """A model's string quoted in a message, cut short: a huge one echoed would fill the result."""
+    cut = f"… ({len(text):,} characters)" if len(text) > QUOTE_CHARS else ""
+    return repr(text[:QUOTE_CHARS]) + cut
 
 
 def _signature(props: dict, required: list[str]) -> str:
@@ -1969,7 +1967,6 @@ class _Spool:
         self.head_cap = int(OUTPUT_BUDGET_CHARS * OUTPUT_HEAD_SHARE)
         # Room for the omission marker.
         self.tail_cap = OUTPUT_BUDGET_CHARS - self.head_cap - 500
-        # Everything, while under budget.
         self.parts: list[str] = []
         self.head = ""
         self.tail = ""
@@ -2131,9 +2128,9 @@ def _dotenv_value(line: str) -> str:
 
 def _one_line(name: str) -> str:
     """A path as one line of a listing: a byte that is not UTF-8 (os's surrogate for it) as \\xHH,
-    which the tools take back (_fs_path); JSON-quoted when it holds a control character."""
+    which the tools take back (_fs_path); JSON-quoted with a control character or an end space."""
     name = re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found[0]) - 0xDC00:x}", name)
-    if any(ord(c) < 32 or c == "\x7f" for c in name):
+    if name != name.strip() or any(ord(c) < 32 or c == "\x7f" for c in name):
         return json.dumps(name, ensure_ascii=False)
     return name
 
@@ -2168,7 +2165,8 @@ async def _pump(stream: asyncio.StreamReader, on_text: Callable[[str], None],
     carriage-return redraws (progress bars) reduced to their last state. It works on whole lines, so
     nothing split across two reads is cut in half; a line past 64K characters goes as it stands."""
     def clean(text: str) -> str:
-        return mask(events.without_escapes(text))
+        # a NUL (binary output) is no text: shown as U+FFFD, as bytes that are not UTF-8 are
+        return mask(events.without_escapes(text)).replace("\0", "\ufffd")
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     carry = ""
@@ -2195,9 +2193,8 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
     (which _start put in box.groups): (timed out, left strays). On timeout or cancellation the whole
     group is killed, grandchildren included; after a normal exit what it left running gets grace_s
     to finish. A descendant that left our group may hold the pipe open, so the pump is not waited on
-    for ever. A read-only command's group is stopped, and on_text told why, once the session temp
-    dir passes its cap (RLIMIT_FSIZE bounds one file only); after an approved one, on_text gets
-    guard_check's note, also when it was cancelled."""
+    for ever. _watch_temp stops a read-only command (on_text is told why); after an approved one,
+    on_text gets guard_check's note, also when it was cancelled."""
     pump = asyncio.create_task(_pump(child.stdout, on_text, box.mask))
     watchdog = None
     if not confine.write:
@@ -2246,54 +2243,55 @@ async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
 
 def read_now(box: Toolbox, args: dict) -> ToolResult:
     """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
-    ToolError as the tool does."""
+    ToolError as the tool does. A directory's entries are numbered and paged as a file's lines."""
     ws = box.workspace
     path = _existing(ws, args["file_path"], directory=False)
     shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
+    heading = ""
+    noun = "line"
     if stat.S_ISDIR(os.fstat(fd).st_mode):
-        return _listing(fd, shown)
-    with os.fdopen(fd, "rb") as handle:
-        data = _read_regular(handle, shown)
-    kind = _binary_kind(data[:8192], path.name)
-    if kind:
-        raise ToolError(
-            f"{shown} is a binary file ({kind}, {len(data):,} bytes); read shows text files only.",
-            error="binary")
-    box.remember(path)
-    lines = _split_lines(_decode_text(data))
+        lines = _listing(fd)
+        shown += "/"
+        heading = f"{shown} is a directory:\n"
+        noun = "item"
+    else:
+        with os.fdopen(fd, "rb") as handle:
+            data = _read_regular(handle, shown)
+        kind = _binary_kind(data[:8192], path.name)
+        if kind:
+            raise ToolError(
+                f"{shown} is a binary file ({kind}, {len(data):,} bytes); read shows text files "
+                "only.", error="binary")
+        box.remember(path)
+        lines = _split_lines(_decode_text(data))
     offset = args.get("offset", 1)
     limit = args.get("limit")
     total = len(lines)
     if total == 0:
-        return ToolResult(f"{shown} is empty (0 lines).", meta={"path": shown, "lines": 0})
+        return ToolResult(f"{shown} is empty (0 {noun}s).", meta={"path": shown, "lines": 0})
     if offset > total:
         raise ToolError(
             f"offset {offset} is past the end of {shown}, which has "
-            f"{events.counted(total, 'line')}.",
+            f"{events.counted(total, noun)}.",
             error="offset")
     body, last = _numbered_page(lines, offset, limit or READ_LINE_CAP)
-    text = "\n".join(body)
+    text = heading + "\n".join(body)
     if last < total:
-        text += (f"\n\n(Showing lines {offset}–{last} of {total}. "
+        text += (f"\n\n(Showing {noun}s {offset}–{last} of {total}. "
                  f"Use offset={last + 1} to continue.)")
     elif offset > 1:
-        text += f"\n\n(Showing lines {offset}–{last} of {total}; end of file.)"
+        text += f"\n\n(Showing {noun}s {offset}–{last} of {total}; end of file.)"
     meta = {"path": shown, "lines": total, "start": offset, "end": last}
     # masked here too: an @mention's attachment does not pass through Toolbox.run
     return ToolResult(box.mask(text), meta=meta)
 
 
-def _listing(folder_fd: int, shown: str) -> ToolResult:
-    """A directory for read (its descriptor, closed here): subdirectories first, then files."""
+def _listing(folder_fd: int) -> list[str]:
+    """A directory's entries for read (its descriptor, closed here): subdirectories first."""
     with _closing(folder_fd):
         entries = sorted(os.scandir(folder_fd), key=lambda entry: (not entry.is_dir(), entry.name))
-    names = [_one_line(entry.name + ("/" if entry.is_dir() else ""))
-             for entry in entries[:LISTING_CAP]]
-    text = f"{shown}/ is a directory:\n" + ("\n".join(names) or "(empty directory)")
-    if len(entries) > LISTING_CAP:
-        text += f"\n(Showing {LISTING_CAP} of {len(entries)} entries; use glob to search.)"
-    return ToolResult(text, meta={"entries": len(entries)})
+    return [_one_line(entry.name + ("/" if entry.is_dir() else "")) for entry in entries]
 
 
 def _read_regular(handle, shown: str) -> bytes:
@@ -2370,9 +2368,9 @@ def _open_folder(folder: str) -> int:
 
 def _binary_kind(head: bytes, name: str) -> str | None:
     """What a file is if its head says binary: a magic number, a NUL, or many control bytes (8-bit
-    text passes). None: text."""
+    text and a colored log's escapes pass). None: text."""
     kind = next((what for magic, what in MAGIC if head.startswith(magic)), None)
-    n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
+    n_control = sum(1 for byte in head if byte < 9 or 13 < byte < 32 and byte != 0x1B)
     looks_binary = b"\0" in head or n_control > len(head) // 10
     if head[:2] in UTF16 or (kind is None and not looks_binary):
         return None
@@ -2991,7 +2989,7 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
     if path.is_dir() or args["file_path"].endswith("/"):
         raise ToolError(f"{shown}/ is a directory path; give a file path.", error="is_directory")
     before = None
-    encoding = "utf-8"
+    written = _EditText(text, False, False)
     if path.exists():
         # An overwrite keeps the old file's CRLF line endings, byte-order mark and UTF-16.
         box.check_fresh(path)
@@ -2999,13 +2997,11 @@ async def _tool_write(box: Toolbox, args: dict, tool_use_id: str, confine: Confi
         if "\ufffd" in text:
             # a file not UTF-8: refused, or its bytes read showed as U+FFFD would be lost
             _EditText.of(before, shown)
-        if _uses_crlf(_decode_text(before)) and "\r\n" not in text:
-            text = text.replace("\n", "\r\n")
-        encoding = UTF16.get(before[:2], "utf-8")
-        if before.startswith((codecs.BOM_UTF8, *UTF16)) and not text.startswith("\ufeff"):
-            text = "\ufeff" + text
+        crlf = _uses_crlf(_decode_text(before)) and "\r\n" not in text
+        bom = before.startswith((codecs.BOM_UTF8, *UTF16)) and not text.startswith("\ufeff")
+        written = _EditText(text, bom, crlf, UTF16.get(before[:2], "utf-8"))
     _refuse_masks(args["content"], before, shown)
-    data = text.encode(encoding)
+    data = written.back(text)
     if data == before:
         meta = {"path": shown, "added": 0, "removed": 0}
         return ToolResult(f"{shown} already has exactly this content; nothing changed.", meta=meta)
@@ -3084,6 +3080,8 @@ def _planned_edit(box: Toolbox, args: dict, path: Path,
     else:
         done = _replace(file.text, old, new, args.get("replace_all", False), shown)
     done.after = file.back(done.text)
+    if done.after == before:
+        raise ToolError(f"{shown} already reads as this edit would leave it.", error="no_change")
     return before, done
 
 
@@ -3302,7 +3300,7 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta.update(files=len(files), truncated=len(files) > SEARCH_RESULT_CAP)
     if not files:
-        text = f"No files match {pattern!r} under {ws.display(root)}.{note}"
+        text = f"No files match {_quoted(pattern)} under {ws.display(root)}.{note}"
         return ToolResult(text, meta=meta)
     shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:
@@ -3371,8 +3369,11 @@ async def _tool_grep(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     total = sum(map(len, hits.values()))
     meta.update(matches=total, files=len(hits), truncated=total > SEARCH_RESULT_CAP)
     if not hits:
-        text = f"No matches for {pattern!r} in {_one_line(ws.display(target))}.{note}"
-        return ToolResult(text, meta=meta)
+        text = f"No matches for {_quoted(pattern)} in {_one_line(ws.display(target))}."
+        if ACROSS_LINES.search(pattern):
+            text += (" Lines are searched one at a time: a line break (\\n) or a $ with text after "
+                     "it never matches. Search for one line, or escape $ as \\$.")
+        return ToolResult(text + note, meta=meta)
     out = []
     for rel in _newest_first(root, hits):
         shown = _one_line(ws.display(root / rel))
@@ -3406,7 +3407,7 @@ def _posix_classes(bracket_set: re.Match) -> str:
 
 def _bad_pattern(pattern: str, problem: str) -> ToolError:
     return ToolError(
-        f"Invalid regular expression {pattern!r}: {problem.rstrip('.')}. "
+        f"Invalid regular expression {_quoted(pattern)}: {problem.rstrip('.')}. "
         "Escape special characters such as ( [ { . * + ? | "
         "with a backslash to match them literally.",
         error="bad_pattern")
@@ -3416,7 +3417,7 @@ def _bad_pattern(pattern: str, problem: str) -> ToolError:
 Hits = dict[str, list[tuple[int, str]]]
 RG_GREP_ARGS = ["--line-number", "--no-heading", "--with-filename", "--null", "--color", "never",
                 "--hidden", "--no-messages", "--max-columns", "1000", "--max-columns-preview",
-                "--glob", "!.git"]
+                "--crlf", "--glob", "!.git"]
 
 
 async def _rg_grep(box: Toolbox, pattern: str, target: Path, root: Path,
@@ -3482,11 +3483,11 @@ def _grep_files(regex: re.Pattern, folder_fd: int, rels: list[str]) -> Hits:
         whole = re.compile("")
     for rel in rels:
         text = _read_text_file(folder_fd, rel)
-        if not text or not whole.search(text):
+        if not text or not (whole.search(text) or "\r" in text and whole.search(_lf(text))):
             continue
-        # ripgrep's lines: none after a last newline, a CR kept (its $ is before \n only)
+        # ripgrep's lines: none after a last newline, a CR kept; its $ is before "\r\n" too (--crlf)
         for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
-            if regex.search(line):
+            if regex.search(line) or (line[-1:] == "\r" and regex.search(line[:-1])):
                 # _grep_line shows no more: a minified file's line stays small.
                 hits.setdefault(rel, []).append((number, line[:GREP_LINE_CHARS + 2]))
                 n_hits += 1
@@ -3614,7 +3615,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
             "the command and every process it started were killed. "
             "For servers, watchers or long builds use process (action \"start\") "
             "and poll it with process (action \"read\"); "
-            f"for a slow command pass a larger timeout (max {BASH_MAX_TIMEOUT_MS}).")
+            f"for a slow command pass a larger timeout, in ms (max {BASH_MAX_TIMEOUT_MS}).")
     elif exit_code < 0:
         parts.append(f"Exit code: {exit_code} (killed by {_signal_name(-exit_code)})")
     else:
@@ -3695,7 +3696,6 @@ class _Process:
     # Why we stopped it ("stopped", "khaelor exit"); None: it exited by itself.
     cause: str | None = None
     watcher: asyncio.Task | None = None
-    # The rolling output buffer.
     text: str = ""
     # Absolute position of text[0] in everything it ever wrote.
     base: int = 0
@@ -3870,7 +3870,7 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
         if process is None:
             known = ", ".join(procs.items) or "none yet"
             raise ToolError(
-                f"No process with id {args['id']!r} (known: {known}). "
+                f"No process with id {_quoted(args['id'])} (known: {known}). "
                 "Use process action \"list\".",
                 error="unknown_process")
     if action == "write":

@@ -1,6 +1,7 @@
 """Tests for tools.py: real files in tmp_path, real subprocesses, no mocks of our own code."""
 
 import asyncio
+import base64
 import collections
 import errno
 import json
@@ -120,6 +121,18 @@ def test_malformed_input_explains_how_to_repair_the_call(box, name, tool_input, 
     assert f"Call {name} again" in result.text and f"{name}(" in result.text
 
 
+def test_a_huge_string_a_message_quotes_back_is_cut_short(box):
+    # a 100,000-character pattern that matched nothing came back whole: a result spilled to a file
+    huge = "q" * 100_000
+    calls = [(huge, {}), ("read", {huge: 1}), ("process", {"action": huge}),
+             ("process", {"action": "read", "id": huge}), ("grep", {"pattern": huge}),
+             ("grep", {"pattern": huge[1:] + "("}), ("glob", {"pattern": huge})]
+    for name, tool_input in calls:
+        result = box.call(name, **tool_input)
+        cut = "qqq'… (100,000 characters)"
+        assert len(result.text) < 1000 and cut in result.text, (name, result.text[:300])
+
+
 def test_non_dict_input_and_null_optionals(box):
     result = box.loop.run_until_complete(box.toolbox.run("read", "a.txt", "tu"))
     assert result.is_error and "JSON object" in result.text
@@ -192,6 +205,16 @@ def test_a_control_character_in_a_file_name_reaches_no_result_raw(box):
         assert (box.root / name).read_text() == "d\n"
 
 
+def test_a_space_at_either_end_of_a_name_is_shown_quoted(box):
+    # "a.txt  does not exist. Did you mean: a.txt?": the model could not see what was wrong
+    (box.root / "a.txt").write_text("x\n")
+    (box.root / " lead.txt").write_text("x\n")
+    missing = box.call("read", file_path="a.txt ")
+    assert missing.is_error
+    assert missing.text.startswith('"a.txt " does not exist. Did you mean: a.txt')
+    assert '" lead.txt"' in box.call("glob", pattern="*lead*").text
+
+
 def test_a_file_name_that_is_not_utf8_is_shown_as_a_name_the_tools_take_back(box):
     # b"caf\xe9.txt" was listed with U+FFFD (the log's stand-in for a lone surrogate), a name no
     # file has: read, glob and grep show \xe9, and read, edit, write, grep and glob take it back.
@@ -242,6 +265,53 @@ def test_read_directory_lists_entries(box):
     assert "src/" in result.text and "README.md" in result.text and not result.is_error
 
 
+def test_read_pages_a_directory_as_it_pages_a_file(box, monkeypatch):
+    # OpenCode's "does not mark final directory page as truncated": offset and limit were ignored,
+    # and past its first 500 entries the rest could not be listed by read at all
+    monkeypatch.setattr(tools, "READ_LINE_CAP", 6)
+    for n in range(10):
+        (box.root / "dir" / f"file-{n}.txt").parent.mkdir(exist_ok=True)
+        (box.root / "dir" / f"file-{n}.txt").write_text("x")
+    pages = {(1, None): "0 1 2 3 4 5", (7, None): "6 7 8 9", (6, 5): "5 6 7 8 9", (2, 2): "1 2"}
+    for (offset, limit), numbers in pages.items():
+        shown = box.call("read", file_path="dir", offset=offset, limit=limit).text
+        assert re.findall(r"file-(\d)", shown) == numbers.split(), (offset, limit, shown)
+        last = offset + len(numbers.split()) - 1
+        assert (f"Use offset={last + 1} to continue" in shown) == (last < 10), shown
+    past = box.call("read", file_path="dir", offset=11)
+    assert past.is_error and "offset 11 is past the end of dir/, which has 10 items" in past.text
+
+
+PEER_CASES = json.loads((Path(__file__).parent / "data" / "peer_tools.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", PEER_CASES, ids=[case["name"] for case in PEER_CASES])
+def test_peer_tool_case(box, case):
+    """A case from a peer's tool tests (tests/data/peer_tools.json), called on our toolbox: the
+    message and the files after it are what a demanding user expects ("disputed": ours kept)."""
+    made = {**case.get("files", {}), **case.get("binary", {})}
+    for rel, content in made.items():
+        (box.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        data = base64.b64decode(content) if rel in case.get("binary", {}) else content.encode()
+        (box.root / rel).write_bytes(data)
+    for rel in case.get("read_first", []):
+        assert not box.call("read", file_path=rel).is_error
+    name, tool_input = case["call"]
+    tool_input = json.loads(json.dumps(tool_input).replace("{root}", str(box.root)))
+    started = time.monotonic()
+    result = box.call(name, **tool_input)
+    expect = case["expect"]
+    assert result.is_error == expect.get("is_error", False), result.text
+    for part in expect.get("contains", []):
+        assert part in result.text, (part, result.text[:2000])
+    for part in expect.get("absent", []):
+        assert part not in result.text, (part, result.text[:2000])
+    assert len(result.text) <= expect.get("max_chars", len(result.text))
+    assert time.monotonic() - started < expect.get("seconds", 60)
+    for rel, content in expect.get("files", {}).items():
+        assert (box.root / rel).read_bytes() == content.encode(), rel
+
+
 # ---------------------------------------------------------------- bash
 
 
@@ -264,6 +334,8 @@ def test_bash_timeout_kills_the_whole_group_including_grandchildren(box):
     result = box.call("bash", command="(sleep 30 & echo child $!; wait) & wait", timeout=500)
     assert result.is_error and result.meta["timed_out"] and "Timed out after 0.5 s" in result.text
     assert "process" in result.text
+    # a model that meant timeout=60 as seconds (OpenCode's and Claude Code's are ms too) is told
+    assert "pass a larger timeout, in ms (max 600000)" in result.text
     pid = int(re.search(r"child (\d+)", result.text).group(1))
     assert wait_gone(pid), f"grandchild {pid} survived the timeout"
 
@@ -746,6 +818,18 @@ def test_an_edit_that_changes_only_line_endings_is_refused_as_no_change(box):
     assert (box.root / "f.txt").read_bytes() == b"a\r\nb\r\n"
 
 
+def test_a_fuzzy_match_that_already_reads_as_new_string_is_no_change(box):
+    # "x = 1 " matched "x = 1" (trimmed) and new_string was "x = 1": "Edited a.py: 1 replacement
+    # (+0 −0)", a version kept and the file rewritten for nothing
+    (box.root / "a.py").write_text("x = 1\ny = 2\n")
+    box.call("read", file_path="a.py")
+    call = {"file_path": "a.py", "old_string": "x = 1 ", "new_string": "x = 1"}
+    assert box.toolbox.problem("edit", call).meta["error"] == "no_change"
+    result = box.call("edit", **call)
+    assert result.is_error and "a.py already reads as this edit would leave it" in result.text
+    assert not box.of_type("FileModified")
+
+
 def test_write_creates_parents_and_keeps_mode_crlf_and_bom(box):
     created = box.call("write", file_path="deep/er/new.txt", content="a\nb\n")
     assert "Created deep/er/new.txt (2 lines)" in created.text
@@ -1135,6 +1219,25 @@ def test_grep_look_around_backreferences_and_line_anchors_match_in_both_engines(
     assert search_box.call("grep", pattern="1$").text == "src/a.py:2:     return 1"
     bad = search_box.call("grep", pattern="(?<=a+)b")
     assert bad.is_error and "look-behind requires fixed-width" in bad.text
+
+
+def test_grep_dollar_ends_a_crlf_line_too_in_both_engines(search_box):
+    # OpenCode's "handles CRLF line endings": "TODO$" missed a Windows file's line (its "\r")
+    found = search_box.call("grep", pattern="TODO$").text.split("\n")
+    assert found == ["src/d.tsx:1: tsx TODO", ".github/ci.yml:1: name: ci TODO"]
+    # a search for the files that end their lines with "\r" still finds them
+    assert search_box.call("grep", pattern=r"\r$").text == "src/d.tsx:1: tsx TODO"
+
+
+def test_a_pattern_that_cannot_match_one_line_says_why_it_found_nothing(search_box):
+    # "$5" (a literal dollar meant) and "foo():\n" (two lines meant) found nothing, silently
+    (search_box.root / "price.txt").write_text("cost: $5 each\n")
+    for pattern in ["$5", r"def foo\(\):\n    return", "def foo():\n", "cost: $5"]:
+        found = search_box.call("grep", pattern=pattern)
+        assert found.text.startswith("No matches") and "escape $ as \\$" in found.text, pattern
+    assert search_box.call("grep", pattern=r"\$5").text == "price.txt:1: cost: $5 each"
+    for pattern in ["nothing$", "(a$|b$)", r"\$5 each$"]:
+        assert "escape $" not in search_box.call("grep", pattern=pattern).text, pattern
 
 
 def test_grep_takes_posix_classes_in_both_engines(search_box):
