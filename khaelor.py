@@ -1411,6 +1411,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         emit_created(bus, settings, project_root)
     record_reasoning(bus, store, settings["reasoning_flags"])
     kernel_.repair()
+    cancel_on_sigterm(asyncio.current_task())
     try:
         await kernel_.record_baseline("resume" if resumed else "session start")
         kernel_.submit(args.prompt)
@@ -1418,7 +1419,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     except asyncio.CancelledError:
         if stream.reader_gone:
             return EXIT_PIPE
-        # Ctrl-C (asyncio.run cancels the run): a script still gets the result object
+        # Ctrl-C or SIGTERM (the run is cancelled): a script still gets the result object
         step = "interrupted"
     finally:
         await kernel_.toolbox.close()
@@ -2845,6 +2846,22 @@ def _exit_on_sigterm() -> None:
     def handler(signum, frame):
         SIGNALLED.append(signal.Signals(signum))
         raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+def cancel_on_sigterm(run) -> None:
+    """While a run's task is on the loop, SIGTERM and SIGHUP cancel it, as asyncio does for
+    SIGINT: a KeyboardInterrupt raised in whatever frame was running could leave the task before
+    its `except CancelledError` (the result object then said the run never started)."""
+    import signal
+    def handler(signum, frame):
+        SIGNALLED.append(signal.Signals(signum))
+        if run.cancelling() or run.done():
+            raise KeyboardInterrupt     # a second signal: unwind at once, as before
+        run.cancel()
+        # wake the loop, which may be waiting in select()
+        run.get_loop().call_soon_threadsafe(lambda: None)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
 

@@ -522,6 +522,41 @@ def test_ctrl_c_still_answers_with_the_result_object(khaelor, fake, output_forma
     assert "Traceback" not in stderr and stderr.count(said) == 1, stderr
 
 
+def test_a_sigterm_handled_inside_the_runs_own_code_still_ends_with_the_interrupted_result(
+        project, env, fake, monkeypatch):
+    """The test above flaked under load: a SIGTERM handled while the run's own code ran (not while
+    the loop waited) raised KeyboardInterrupt in that frame, past the run's `except
+    CancelledError`, and the result object said error_during_execution, as if the run had never
+    started. Here the signal lands at a known place: stream-json printing the reply's first event.
+    In-process, for that place: a process signalled from outside cannot be aimed."""
+    import io
+    import sys
+
+    import khaelor as cli
+    fake.enqueue(reply(text("word " * 400), chunk=5, delay=0.01))
+    for key, value in {**env, "ANTHROPIC_BASE_URL": fake.base_url}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(project)
+
+    class Stdout(io.StringIO):
+        def write(self, text):
+            if '"TextCheckpoint"' in text and not cli.SIGNALLED:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().write(text)
+    out = Stdout()
+    monkeypatch.setattr(sys, "stdout", out)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = cli.main(["-p", "write a lot", "--output-format", "stream-json"])
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        cli.SIGNALLED.clear()
+    result = json.loads(out.getvalue().splitlines()[-1])
+    assert (code, result["subtype"], result["error"]) == (
+        143, "error_interrupted", "terminated by SIGTERM"), result
+
+
 def terminal_stdout(monkeypatch):
     """sys.stdout replaced by a terminal that keeps what is written."""
     import io
