@@ -1206,7 +1206,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
            read_only: bool = False, not_read_only: str = "",
            destructive: str = "") -> Decision:
     floor = floor or _protected_write(requests)
-    confine = _confine(requests, read_only)
+    confine = _confine(requests, read_only, rules)
     if floor:
         return Decision("deny", EXECUTE, descriptor, floor=True, reason=f"hardline floor: {floor}",
                         layer="floor", not_read_only=not_read_only, confine=confine)
@@ -1216,6 +1216,9 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     verdicts = [_verdict(request, rules) for request in requests]
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
+    if any(v[0] == "ask" and v[1] and v[2].capability == FILE_READ for v in verdicts):
+        # the user is asked about a read a rule asks for: approving it opens what such rules hide
+        confine = replace(confine, secrets=True)
     if destructive and action == "allow":
         action = "ask"
         rule = None
@@ -1313,7 +1316,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            regex = f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
+            regex = _path_regex(pattern, glob=True)
             probes = [subject] + [subject + "/\0"] * os.path.isdir(request.path)  # NUL: any entry
             return any(re.fullmatch(regex, probe) for probe in probes)
         if fnmatch.fnmatchcase(subject, pattern):
@@ -1324,6 +1327,14 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
 
     for_capability = (r for r in reversed(rules) if fnmatch.fnmatchcase(capability, r.capability))
     return next(filter(matches, for_capability), None)
+
+
+def _path_regex(pattern: str, glob: bool) -> str:
+    """The regex a path's subject must match whole: a glob (Claude Code's) also covers what lies
+    beneath what it names, and means the pattern as written too; else fnmatch's."""
+    if glob:
+        return f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
+    return fnmatch.translate(pattern)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
@@ -1352,10 +1363,13 @@ def _protected(path: str) -> str | None:
     return None
 
 
-def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
+def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sandbox.Confine:
     """The sandbox a decision grants (enforced by tools.py): writes only when
-    the command is not read-only, network only when asked for, and the outside
-    paths it named."""
+    the command is not read-only, network only when asked for, the outside
+    paths it named, and the project paths read rules ask about or deny, which no
+    command reads unnamed (a later allow is not weighed: a read naming one is)."""
+    reads = [r for r in rules if r.layer != "default" and r.scope != "write"
+             and fnmatch.fnmatchcase(FILE_READ, r.capability)]
     paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
@@ -1373,6 +1387,8 @@ def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
         paths=tuple(sorted(paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
+        ask_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action == "ask"),
+        deny_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action == "deny"),
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
