@@ -1051,11 +1051,7 @@ def add_grant(config: dict, rule: dict) -> dict:
     """A copy of config whose last permission is rule ({capability, pattern,
     action="allow"}), so it wins; an identical earlier entry is moved there,
     never duplicated."""
-    entry = {
-        "capability": rule.get("capability"),
-        "pattern": rule.get("pattern"),
-        "action": rule.get("action", "allow"),
-    }
+    entry = {key: rule.get(key, "allow" if key == "action" else None) for key in _RULE_KEYS}
     problem = validate_config_rules([entry]) or validate_config_rules(config)
     if problem:
         message = problem.replace("permissions[0]", "grant", 1)

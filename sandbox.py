@@ -183,11 +183,8 @@ def secret_matcher(patterns: tuple[str, ...], paths: tuple[str, ...] = ()):
     secret = re.compile("|".join(map(fnmatch.translate, patterns)) or "(?!)", re.IGNORECASE).match
     template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
     whole = re.compile("|".join(paths) or "(?!)").fullmatch
-
-    def matches(path: str) -> bool:
-        name = path.rpartition("/")[2]
-        return bool(secret(name) and not template(name) or whole(path))
-    return matches
+    named = lambda name: secret(name) is not None and template(name) is None
+    return lambda path: named(path.rpartition("/")[2]) or whole(path) is not None
 
 
 def is_secret_name(name: str) -> bool:

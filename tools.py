@@ -3324,9 +3324,8 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     only what the user's rules deny reading is left out."""
     meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
     closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
-    is_secret = sandbox.secret_matcher((), confine.deny_paths)
-    if not confine.secrets:
-        is_secret = sandbox.secret_matcher(confine.hide, confine.ask_paths + confine.deny_paths)
+    hidden = confine.deny_paths if confine.secrets else confine.ask_paths + confine.deny_paths
+    is_secret = sandbox.secret_matcher(() if confine.secrets else confine.hide, hidden)
     kept = []
     secret = []
     for rel in rels:

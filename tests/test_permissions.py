@@ -713,6 +713,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "paths": [], "secrets": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
+                                  "ask_paths": [], "deny_paths": [],
                                   "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)

@@ -792,17 +792,20 @@ def test_a_path_the_user_denies_reading_is_read_by_no_search_and_no_command(worl
                 "cat copy.txt; echo written > new.txt"]
 
     async def scenario(box):
-        grep = await box.run("grep", {"pattern": "MARKER"}, "t1",
-                             confine=judged(world, rules, "grep", {"pattern": "MARKER"}))
-        results = [grep]
+        results = []
+        for tool, args in (("grep", {"pattern": "MARKER"}), ("glob", {"pattern": "**/*"})):
+            results.append(await box.run(tool, args, "t1", confine=judged(world, rules, tool, args)))
         for command in commands:
             results.append(await bash(box, command, judged(world, rules, "bash", {"command": command})))
         return results
     results = drive(world, scenario)
-    assert "app.py" in results[0].text and "secrets/prod.cfg" in results[0].text     # named as left out
+    for found in results[:2]:       # the file is named as left out, and only so
+        assert "app.py" in found.text and "1 secret file left out: secrets/prod.cfg." in found.text
+        assert "secrets/prod.cfg" not in found.text.split("\n\n(")[0]
+    assert "access to" in results[2].text and "(a protected location)" in results[2].text
     for result in results:
         assert "MARKER-4242" not in result.text
-    assert "visible" in results[1].text
+    assert "visible" in results[2].text
     assert (world.project / "new.txt").read_text() == "written\n"      # an approved command still writes beside it
 
 
