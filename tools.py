@@ -3318,10 +3318,10 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
                      meta: dict) -> tuple[list[str], str]:
     """(the files grep and glob show, the note naming the secret ones they leave out; `meta`
     gets the engine and their number): a file whose name matches one of the call's `hide`
-    patterns is secret; a link into a closed location (a committed notes.txt ->
-    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these) is
-    left out silently, as ripgrep does. When the user granted reading secrets for this call,
-    only what the user's rules deny reading is left out."""
+    patterns, or path its ask_paths or deny_paths, is secret; a link into a closed location (a
+    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
+    fallback meets these) is left out silently, as ripgrep does. When the user granted reading
+    secrets for this call, only what the user's rules deny reading is left out."""
     meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
     closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
     hidden = confine.deny_paths if confine.secrets else confine.ask_paths + confine.deny_paths
