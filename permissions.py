@@ -1383,7 +1383,7 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         paths=tuple(sorted(paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
-        ask_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action == "ask"),
+        hide_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action != "allow"),
         deny_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action == "deny"),
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
@@ -1462,17 +1462,12 @@ def _wildcard_base(target: str, cwd: str) -> str | None:
     return _resolve(sandbox.glob_base(target), cwd)
 
 
-def _shell_text(words) -> str:
-    """A command as rules match it, quoted as typed: `npm run 'a b'` is not `npm run a b`."""
-    return " ".join(shlex.quote(word) for word in words)
-
-
 # a shell word: unquoted characters, backslash escapes, '…' and "…" strings
 _SHELL_WORD = re.compile(r"""(?:[^\s'"\\]|\\.|'[^']*'|"(?:[^"\\]|\\.)*")+""", re.S)
 
 
 def _quoted_as_matched(pattern: str) -> str:
-    """A rule's command with each quoted word quoted as _shell_text quotes a command's words, so
+    """A rule's command with each quoted word quoted as shlex.join quotes a command's words, so
     Bash(git commit -m "fix bug") matches the command it names. Unquoted words keep their
     wildcards as written; one with an unmatched quote is left as it is."""
     if _SHELL_WORD.sub("", pattern).strip():
@@ -1480,7 +1475,7 @@ def _quoted_as_matched(pattern: str) -> str:
     words = []
     for word in _SHELL_WORD.findall(pattern):
         if any(mark in word for mark in "'\"\\"):
-            word = _shell_text(shlex.split(word))
+            word = shlex.join(shlex.split(word))
         words.append(word)
     return " ".join(words)
 
@@ -1623,7 +1618,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     the files its arguments may name, and the secrets a recursive search of a
     directory would read."""
     capability = _classify(part.core)
-    command = _shell_text(part.words)
+    command = shlex.join(part.words)
     suggestion = None if compound else _suggest(part.words)
     wrapped_at = _wrapped_at(part.words, part.core)
     if suggestion and not read_only and capability == EXECUTE:
@@ -1636,7 +1631,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     requests = [_Request(
         capability, command, suggestion,
         read_only=read_only and capability == EXECUTE,
-        core=_shell_text(_rule_core(part.core)), wrapped_at=wrapped_at,
+        core=shlex.join(_rule_core(part.core)), wrapped_at=wrapped_at,
         wrapped_reads=capability == EXECUTE and _wrapped_reads(part, wrapped_at, root),
     )]
     places = part.cwds or (part.cwd,)
@@ -1969,10 +1964,10 @@ def _search_shape(name: str,
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
-    """The narrowest useful pattern for an "always" grant, matched against _shell_text(words)."""
+    """The narrowest useful pattern for an "always" grant, matched against shlex.join(words)."""
     if not words:
         return None
-    exact = _escape(_shell_text(words))
+    exact = _escape(shlex.join(words))
     program = posixpath.basename(words[0])
     # an assignment, a wrapper, a path or a name with a space first; a destructive program
     unusual_start = (_ASSIGNMENT.match(words[0]) or _row(program).has("wrapper")
@@ -1995,7 +1990,7 @@ def _suggest(words: tuple[str, ...]) -> str | None:
     if len(words) < arity or any(w.startswith("-") for w in naming):
         # "make" alone, "git -C dir push", "python -c code"
         return exact
-    return _escape(_shell_text(words[:arity])) + " *"
+    return _escape(shlex.join(words[:arity])) + " *"
 
 
 def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:

@@ -179,7 +179,7 @@ def glob_base(pattern: str) -> str:
 def secret_matcher(patterns: tuple[str, ...], paths: tuple[str, ...] = ()):
     """Whether a path is secret: its name matches one of `patterns` (SECRET_NAMES, or a decision's
     `hide`) in any case (.ENV holds what .env would), and is never a template; or all of it one of
-    the `paths` regexes (a decision's ask_paths and deny_paths: project-relative)."""
+    the `paths` regexes (a decision's hide_paths, deny_paths: project-relative)."""
     secret = re.compile("|".join(map(fnmatch.translate, patterns)) or "(?!)", re.IGNORECASE).match
     template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
     whole = re.compile("|".join(paths) or "(?!)").fullmatch
@@ -229,9 +229,9 @@ class Confine:
     secrets: bool = False
     # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
     hide: tuple[str, ...] = ()
-    # regexes over project paths the user's rules ask before reading (closed as `hide` is) and
-    # deny reading (closed to every command, approved or not)
-    ask_paths: tuple[str, ...] = ()
+    # regexes over project paths the user's rules ask about or deny reading (closed as `hide` is)
+    hide_paths: tuple[str, ...] = ()
+    # those of them denied: closed to every command, approved or not
     deny_paths: tuple[str, ...] = ()
     # what --yes grants of `network`: only where every program of the line is known to need it
     unattended_network: bool = False
@@ -1373,8 +1373,7 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     closed = closed_locations(home, khaelor_home, confine.paths)
     if lines and not (confine.write or confine.secrets):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
-        closed += SecretScan().find(str(project), confine.hide,
-                                    confine.ask_paths + confine.deny_paths)
+        closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]

@@ -712,7 +712,7 @@ class Workspace:
             # what the user's rules deny reading stays closed to every command
             names, paths = (), confine.deny_paths
             if read_only and not confine.secrets:
-                names, paths = confine.hide, confine.ask_paths + confine.deny_paths
+                names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
@@ -3318,13 +3318,13 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
                      meta: dict) -> tuple[list[str], str]:
     """(the files grep and glob show, the note naming the secret ones they leave out; `meta`
     gets the engine and their number): a file whose name matches one of the call's `hide`
-    patterns, or path its ask_paths or deny_paths, is secret; a link into a closed location (a
+    patterns, or path its hide_paths or deny_paths, is secret; a link into a closed location (a
     committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
     fallback meets these) is left out silently, as ripgrep does. When the user granted reading
     secrets for this call, only what the user's rules deny reading is left out."""
     meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
     closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
-    hidden = confine.deny_paths if confine.secrets else confine.ask_paths + confine.deny_paths
+    hidden = confine.deny_paths if confine.secrets else confine.hide_paths
     is_secret = sandbox.secret_matcher(() if confine.secrets else confine.hide, hidden)
     kept = []
     secret = []
