@@ -1326,8 +1326,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
 
 
 def _path_regex(pattern: str, glob: bool) -> str:
-    """The regex a path's subject must match whole: a glob (Claude Code's) also covers what lies
-    beneath what it names, and means the pattern as written too; else fnmatch's."""
+    """The regex a path rule's subject matches whole: a glob as Rule.glob says, else fnmatch's."""
     if glob:
         return f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
     return fnmatch.translate(pattern)
