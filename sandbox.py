@@ -176,17 +176,20 @@ def glob_base(pattern: str) -> str:
 
 
 @functools.cache
-def secret_matcher(patterns: tuple[str, ...]):
-    """Whether a file name matches one of `patterns` (SECRET_NAMES, or a decision's `hide`): in any
-    case (.ENV holds what .env would), and never a template."""
-    secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
+def secret_matcher(patterns: tuple[str, ...], paths: tuple[str, ...] = ()):
+    """Whether a path is secret: its name matches one of `patterns` (SECRET_NAMES, or a decision's
+    `hide`) in any case (.ENV holds what .env would), and is never a template; or all of it one of
+    the `paths` regexes (a decision's hide_paths, deny_paths: project-relative)."""
+    secret = re.compile("|".join(map(fnmatch.translate, patterns)) or "(?!)", re.IGNORECASE).match
     template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
-    return lambda name: secret(name) is not None and template(name) is None
+    whole = re.compile("|".join(paths) or "(?!)").fullmatch
+    named = lambda name: secret(name) is not None and template(name) is None
+    return lambda path: named(path.rpartition("/")[2]) or whole(path) is not None
 
 
 def is_secret_name(name: str) -> bool:
     """A file name (or path: its last component) that holds credentials; not a template."""
-    return secret_matcher(SECRET_NAMES)(name.rpartition("/")[2])
+    return secret_matcher(SECRET_NAMES)(name)
 
 
 def is_secret_path(path: str, home: str) -> bool:
@@ -226,6 +229,10 @@ class Confine:
     secrets: bool = False
     # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
     hide: tuple[str, ...] = ()
+    # regexes over project paths the user's rules ask about or deny reading (closed as `hide` is)
+    hide_paths: tuple[str, ...] = ()
+    # those of them denied: closed to every command, approved or not
+    deny_paths: tuple[str, ...] = ()
     # what --yes grants of `network`: only where every program of the line is known to need it
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
@@ -400,18 +407,18 @@ class SecretScan:
     command."""
 
     def __init__(self):
-        self.matches = None
+        self.matches = self.root = None
         # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [file names]})
         self.listings: dict[str, tuple] = {}
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
 
-    def find(self, root: str, patterns: tuple[str, ...]) -> list[str]:
-        if not patterns:
+    def find(self, root: str, names: tuple[str, ...], paths: tuple[str, ...] = ()) -> list[str]:
+        if not (names or paths):
             return []
-        matches = secret_matcher(tuple(patterns))
-        if matches is not self.matches:
-            self.matches = matches
+        matches = secret_matcher(tuple(names), tuple(paths))
+        if (matches, root) != (self.matches, self.root):
+            self.matches, self.root = matches, root
             self.listings = {}
         visited = {}
         stack = [root]
@@ -442,7 +449,7 @@ class SecretScan:
         names = {}
         with contextlib.suppress(OSError), os.scandir(directory) as entries:
             for entry in entries:
-                if self.matches(entry.name):
+                if self.matches(entry.path[len(self.root) + 1:]):
                     found.add(entry.inode())
                 elif entry.is_dir(follow_symlinks=False):
                     if entry.name != ".git":
@@ -513,9 +520,9 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
 def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
                   khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
     """A Landlock ruleset fd (O_CLOEXEC) for one command: its _grants, except beneath the closed
-    locations and `hidden` (secret files); TCP connect only with network or to `ports`."""
+    locations and reading `hidden` (secret files); TCP connect only with network or to `ports`."""
     abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
+    closed = closed_locations(home, khaelor_home, confine.paths)
     grants = _grants(confine, project, temp_dir, home, khaelor_home)
     network = confine.network or abi < 4
     connect = 0 if network else _mask(("CONNECT_TCP",), abi)
@@ -527,7 +534,7 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     try:
         real_project = os.path.realpath(project)
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, real_project)
+            _grant(fd, path, rights, closed, abi, real_project, list(hidden))
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
@@ -562,25 +569,28 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
-           real_project: str) -> None:
-    """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
-    add and are inherited, so a closed location inside `path` means: the directory itself gets
-    READ_DIR (its names, and those below it, stay listable), and every entry of it but the
-    closed one is granted in turn."""
+           real_project: str, hidden: list[str]) -> None:
+    """Grant `rights` beneath `path`, except beneath the closed locations and reading the `hidden`
+    ones. Landlock rules only add and are inherited, so a closed location inside `path` means: the
+    directory itself gets READ_DIR (its names, and those below it, stay listable), and every entry
+    of it but the closed one is granted in turn; a hidden one, the rights but reading (an approved
+    command still writes beside a file it may not read)."""
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
-    if not inside:
+    unread = [place for place in hidden if place.startswith(prefix)]
+    if not (inside or unread):
         _add_path(fd, path, rights, abi, real_project)
         return
-    _add_path(fd, path, rights & LIST_ONLY, abi, real_project)
+    kept = rights & LIST_ONLY if inside else rights - {"READ_FILE", "EXECUTE"}
+    _add_path(fd, path, kept, abi, real_project)
     entries = []
     with contextlib.suppress(OSError):
         entries = list(os.scandir(path))
     for entry in entries:
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
-        if entry.path not in inside and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, real_project)
+        if entry.path not in inside + unread and not entry.is_symlink():
+            _grant(fd, entry.path, rights, inside, abi, real_project, unread)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -1393,9 +1403,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
-    if lines and confine.hide and not (confine.write or confine.secrets):
+    if lines and not (confine.write or confine.secrets):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
-        closed += SecretScan().find(str(project), confine.hide)
+        closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]

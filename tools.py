@@ -709,9 +709,11 @@ class Workspace:
         ruleset = None
         if self.abi:
             sandbox.make_parents(confine.paths)
-            hidden = []
+            # what the user's rules deny reading stays closed to every command
+            names, paths = (), confine.deny_paths
             if read_only and not confine.secrets:
-                hidden = self.secrets.find(str(self.cwd), confine.hide)
+                names, paths = confine.hide, confine.hide_paths
+            hidden = self.secrets.find(str(self.cwd), names, paths)
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
@@ -3316,21 +3318,19 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
                      meta: dict) -> tuple[list[str], str]:
     """(the files grep and glob show, the note naming the secret ones they leave out; `meta`
     gets the engine and their number): a file whose name matches one of the call's `hide`
-    patterns is secret; a link into a closed location (a committed notes.txt ->
-    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these) is
-    left out silently, as ripgrep does. Nothing is left out when the user granted reading secrets
-    for this call."""
+    patterns, or path its hide_paths or deny_paths, is secret; a link into a closed location (a
+    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
+    fallback meets these) is left out silently, as ripgrep does. When the user granted reading
+    secrets for this call, only what the user's rules deny reading is left out."""
     meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
-    if confine.secrets:
-        return list(rels), ""
     closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
-    is_secret = sandbox.secret_matcher(confine.hide) if confine.hide else lambda name: False
+    hidden = confine.deny_paths if confine.secrets else confine.hide_paths
+    is_secret = sandbox.secret_matcher(() if confine.secrets else confine.hide, hidden)
     kept = []
     secret = []
     for rel in rels:
-        name = rel.rsplit("/", 1)[-1]
         path = root / rel
-        if is_secret(name):
+        if is_secret(box.workspace.display(path)):
             secret.append(rel)
         elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
             kept.append(rel)
@@ -3341,7 +3341,7 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
     more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
     return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}{more}. "
-            "Reading them needs the user's permission: ask for it, "
+            "Reading them needs the user's permission (or their rules deny it): ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
 

@@ -713,6 +713,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "paths": [], "secrets": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
+                                  "hide_paths": [], "deny_paths": [],
                                   "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
@@ -877,7 +878,7 @@ def test_man_reads_and_its_options_that_run_a_program_ask_with_an_exact_always(p
                     "man -C ./man.conf ls", "man -M ./pages ls", "man -p t ls", "man --pa=x ls"):
         result = bash(command, project)
         assert result["decision"] == "ask", command
-        assert result["suggestion"] == permissions._escape(permissions._shell_text(shlex.split(command)))
+        assert result["suggestion"] == permissions._escape(shlex.join(shlex.split(command)))
 
 
 def test_always_on_a_listed_command_asked_for_its_option_is_exact(project):

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 import context
+import permissions
 import sandbox
 import tools
 from conftest import was_reached
@@ -779,3 +780,73 @@ def test_only_a_network_command_gets_the_proxies_and_none_the_ssh_agent():
     offline = sandbox.child_environment(environ, [], False, "/home/u")
     assert online["HTTPS_PROXY"] == "http://proxy:3128" and "HTTPS_PROXY" not in offline
     assert "SSH_AUTH_SOCK" not in online and "SSH_AUTH_SOCK" not in offline
+
+
+# ---------------------------------------------------------------- the user's rules on reading paths
+
+
+def judged(world, rules, tool, tool_input):
+    """What `tool_input` gets from permissions: the decision's sandbox (an ask as the user approved)."""
+    decision = permissions.decide(*tools.permission_subject(tool, tool_input), world.project, rules)
+    assert decision.action != "deny", (tool_input, decision.reason)
+    return decision.confine
+
+
+@pytest.mark.parametrize("rule", [{"capability": "file.read", "pattern": "secrets/*", "action": "deny"},
+                                  "Read(./secrets/**)", "Read(./secrets)"])
+def test_a_path_the_user_denies_reading_is_read_by_no_search_and_no_command(world, rule):
+    """A deny of reading secrets/ was kept when a call named it, but a search of the whole project
+    (the grep tool without a path, a silent `grep -r`) printed its keys, and so did a command that
+    names it where the parser cannot see (a script) once approved: the sandbox now
+    closes what the user's read rules deny to every command, as it closes secret files."""
+    (world.project / "secrets").mkdir()
+    (world.project / "secrets" / "prod.cfg").write_text("MARKER-4242\n")
+    (world.project / "app.py").write_text("MARKER = 'visible'\n")
+    if isinstance(rule, dict):
+        rules = permissions.load_rules([("config.json", {"permissions": [rule]})])
+    else:
+        text = json.dumps({"permissions": {"deny": [rule]}})
+        rules = permissions.load_rules([permissions.claude_layer("settings.json", text, world.project)])
+    python = f"{sys.executable} -c"
+    commands = ["grep -r MARKER .", f"{python} \"print(open('secrets/prod.cfg').read())\"",
+                f"{python} \"import shutil; shutil.copy('secrets/prod.cfg', 'copy.txt')\"; "
+                "cat copy.txt; echo written > new.txt"]
+
+    async def scenario(box):
+        results = []
+        for tool, args in (("grep", {"pattern": "MARKER"}), ("glob", {"pattern": "**/*"})):
+            results.append(await box.run(tool, args, "t1", confine=judged(world, rules, tool, args)))
+        for command in commands:
+            results.append(await bash(box, command, judged(world, rules, "bash", {"command": command})))
+        return results
+    results = drive(world, scenario)
+    for found in results[:2]:       # the file is named as left out, and only so
+        assert "app.py" in found.text and "1 secret file left out: secrets/prod.cfg." in found.text
+        assert "secrets/prod.cfg" not in found.text.split("\n\n(")[0]
+    assert "access to" in results[2].text and "(a protected location)" in results[2].text
+    for result in results:
+        assert "MARKER-4242" not in result.text
+    assert "visible" in results[2].text
+    assert (world.project / "new.txt").read_text() == "written\n"      # an approved command still writes beside it
+
+
+def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(world):
+    """An ask rule on reading: no silent search reads it; a command that names it asks, and
+    once approved reads it."""
+    (world.project / "secrets").mkdir()
+    (world.project / "secrets" / "prod.cfg").write_text("MARKER-4242\n")
+    text = json.dumps({"permissions": {"ask": ["Read(./secrets/**)"]}})
+    rules = permissions.load_rules([permissions.claude_layer("settings.json", text, world.project)])
+    search = {"command": "grep -r MARKER ."}
+    named = {"command": "cat secrets/prod.cfg"}
+    assert permissions.decide(*tools.permission_subject("bash", search), world.project, rules).action == "allow"
+    assert permissions.decide(*tools.permission_subject("bash", named), world.project, rules).action == "ask"
+
+    async def scenario(box):
+        grep = await box.run("grep", {"pattern": "MARKER"}, "t1",
+                             confine=judged(world, rules, "grep", {"pattern": "MARKER"}))
+        return grep, await bash(box, search["command"], judged(world, rules, "bash", search)), \
+            await bash(box, named["command"], judged(world, rules, "bash", named))
+    grep, searched, approved = drive(world, scenario)
+    assert "MARKER-4242" not in grep.text and "MARKER-4242" not in searched.text
+    assert "MARKER-4242" in approved.text
