@@ -408,7 +408,7 @@ class SecretScan:
 
     def __init__(self):
         self.matches = self.root = None
-        # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [file names]})
+        # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [entry names]})
         self.listings: dict[str, tuple] = {}
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
@@ -451,10 +451,9 @@ class SecretScan:
             for entry in entries:
                 if self.matches(entry.path[len(self.root) + 1:]):
                     found.add(entry.inode())
-                elif entry.is_dir(follow_symlinks=False):
-                    if entry.name != ".git":
-                        subdirectories.append(entry.name)
-                    continue
+                # a secret folder is walked too: a hard link elsewhere to a file in it is secret
+                if entry.is_dir(follow_symlinks=False) and entry.name != ".git":
+                    subdirectories.append(entry.name)
                 names.setdefault(entry.inode(), []).append(entry.name)
         return (mtime, found, subdirectories, names)
 
@@ -655,24 +654,43 @@ MS_PRIVATE = 1 << 18
 SYS_MOUNT_SETATTR = 442    # one number on every machine (the unified table)
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 1
+# a cover's mount: read-only, no set-uid, no device, no program (as MS_* flags and MOUNT_ATTR_*)
+SEALED = 0xF
 
 
 @dataclass(frozen=True)
 class Mounts:
     """An approved command's mount namespace: where it may write (what its ruleset lets it write
-    beneath), and the folder it sees as /dev/shm (one of the session temp dir's)."""
+    beneath), the folder it sees as /dev/shm (one of the session temp dir's), and the real paths
+    it cannot open (_cover): what the user's rules deny reading, its folders keeping every right."""
     writable: tuple[str, ...]
     shared_memory: str = ""
+    covered: tuple[str, ...] = ()
 
 
-def mounts_for(confine: Confine, project: Path, temp_dir: Path | None) -> Mounts | None:
+def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
+               denied: list[str] = ()) -> Mounts | None:
     """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
     shared_memory = ""
     if confine.write and temp_dir:
         shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
-    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory)
+    mounts = _mount_points() if confine.write and denied else []
+    # a link is judged where it leads
+    covered = [_shown_at(path, mounts) for path in denied if mounts and not os.path.islink(path)]
+    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory,
+                  tuple(sorted(set().union(*covered))))
+
+
+def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
+    """Where the file at `path` (real) shows: there, and at its place in every other mount of its
+    file system that holds it (the project bound at a second place, a btrfs pool's top mounted)."""
+    # the mount it is reached through: the last one on the longest mount point above it
+    mount = max(reversed([m for m in mounts if within(path, [m[0]])]), key=lambda m: len(m[0]))
+    inner = os.path.join(mount[3], os.path.relpath(path, mount[0]))
+    return [os.path.normpath(os.path.join(other[0], os.path.relpath(inner, other[3])))
+            for other in mounts if other[2] == mount[2] and within(inner, [other[3]])]
 
 
 def enter_read_only_mounts(mounts: Mounts) -> None:
@@ -681,7 +699,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     mount is read-only but `mounts.writable`. Nothing propagates out (MS_PRIVATE); Landlock,
     entered next, forbids the command any mount or unmount of its own. What was read-only stays
     so (a project mounted read-only, a read-only volume in it): the namespace only takes away."""
-    writable_mounts = [point for point, read_only in _mount_points() if not read_only]
+    writable_mounts = [mount[0] for mount in _mount_points() if not mount[1]]
     writable = []
     for path in mounts.writable:
         with contextlib.suppress(OSError):
@@ -711,6 +729,8 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
         _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
+    for path in mounts.covered:
+        _cover(path)
     # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
     # terminal only through khaelor, which cleans what it shows. Ptys it makes itself still work.
     terminals = os.listdir("/dev/pts") if os.path.isdir("/dev/pts") else []
@@ -722,6 +742,28 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
         os.chdir(os.getcwd())
 
 
+def _cover(path: str) -> None:
+    """Cover `path` in this namespace: a file with /dev/null on a mount where no device opens, a
+    folder with an empty tmpfs no one enters (mode 0, and the command has no capability), a mount
+    point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through no link: a
+    link swapped in since the scan moves no cover (a file gone since is not there to read)."""
+    try:
+        fd = open_no_links(path, O_PATH)
+    except FileNotFoundError:
+        return
+    # the mount lands on the very file opened, whatever its path is now
+    target = f"/proc/self/fd/{fd}".encode()
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
+    else:
+        # a bind takes no flags: sealed once made
+        failed = (_libc.mount(b"/dev/null", target, None, MS_BIND, None)
+                  or _mount_attributes(path.encode(), set_=SEALED))
+    os.close(fd)
+    if failed:
+        raise OSError(ctypes.get_errno(), f"mount over {path}")
+
+
 def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0) -> None:
     # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
     attr = (ctypes.c_uint64 * 4)(set_, clear, 0, 0)
@@ -729,14 +771,16 @@ def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0
              what="mount_setattr: ")
 
 
-def _mount_points() -> list[tuple[str, bool]]:
-    """(mount point, read-only) of each mount, from /proc/self/mountinfo (a space is \\040)."""
+def _mount_points() -> list[tuple[str, bool, str, str]]:
+    """(mount point, read-only, device, the folder of it mounted there) of each mount, from
+    /proc/self/mountinfo (a space is \\040)."""
     points = []
     with open("/proc/self/mountinfo") as mountinfo:
         for line in mountinfo:
             fields = line.split()
-            point = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields[4])
-            points.append((point, "ro" in fields[5].split(",")))
+            point, root = (re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), field)
+                           for field in (fields[4], fields[3]))
+            points.append((point, "ro" in fields[5].split(","), fields[2], root))
     return points
 
 

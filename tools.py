@@ -706,7 +706,7 @@ class Workspace:
         supervisor = None
         if ports and sandbox.seccomp_available() and confine.write and not confine.network:
             supervisor = sandbox.Supervisor(ports)
-        ruleset = None
+        ruleset = mounts = None
         if self.abi:
             sandbox.make_parents(confine.paths)
             # what the user's rules deny reading stays closed to every command
@@ -714,6 +714,9 @@ class Workspace:
             if read_only and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
+            # an approved command's namespace covers them: its ruleset leaves their folders whole
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden)
+            hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
@@ -738,7 +741,6 @@ class Workspace:
                 # this child starts, and its number could be reused meanwhile
                 ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
-        mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir)
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor,
                                   mounts)
 

@@ -850,3 +850,44 @@ def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(worl
     grep, searched, approved = drive(world, scenario)
     assert "MARKER-4242" not in grep.text and "MARKER-4242" not in searched.text
     assert "MARKER-4242" in approved.text
+
+
+@pytest.mark.parametrize("rule, denied", [("Read(./.env)", ".env"), ("Read(./secrets)", "secrets/prod.cfg"),
+                                          ("Read(./secrets/**)", "secrets/prod.cfg")])
+def test_an_approved_command_reads_and_runs_what_it_makes_beside_a_denied_file_and_never_that_file(world, rule,
+                                                                                                  denied):
+    """Landlock only adds rights, so the folder above a denied file lost reading for all it held:
+    with `Read(./.env)` denied, a first `npm install`, `make` or `mkdir d && echo x > d/f && cat d/f`
+    failed at the project root. An approved command's namespace now covers the denied file instead,
+    and no other way reaches it: not /proc/self/root, a hard link made before, umount or mount --move."""
+    target = world.project / denied
+    target.parent.mkdir(exist_ok=True)
+    target.write_text("TOKEN=MARKER-7319\n")
+    os.link(target, world.project / "notes.txt")
+    text = json.dumps({"permissions": {"deny": [rule]}})
+    rules = permissions.load_rules([permissions.claude_layer("settings.json", text, world.project)])
+    made = "mkdir d && echo x > d/f && cat d/f && printf '#!/bin/sh\\necho ran' > s && chmod +x s && ./s"
+    folder = os.path.dirname(denied) or "."
+    python = f"{sys.executable} -c"
+    ways = {"cat": f"cat {denied}", "python": f"{python} \"print(open('{denied}').read())\"",
+            "root": f"cat /proc/self/root{world.project}/{denied}", "link": "cat notes.txt",
+            "init": f"cat /proc/1/root{world.project}/{denied}",
+            "umount": f"umount {denied}; umount -l {denied}; umount -l {folder}; cat {denied}",
+            "move": f"mkdir m; touch e; mount --move {denied} e; mount --move {folder} m; "
+                    f"cat e m/{target.name} {denied}",
+            "umount2": f"{python} \"import ctypes; ctypes.CDLL(None).umount2(b'{denied}', 2); "
+                       f"print(open('{denied}').read())\"",
+            "rename": f"mv {denied} moved; cat moved",
+            "folder": f"mv {folder} gone; cat gone/{target.name}",
+            "unshare": f"unshare -rm sh -c 'umount -l {denied}; cat {denied}'"}
+    # what each way read is kept in a file: a tool's output masks the values of .env files
+    commands = [made] + [f"({way}) > out-{name} 2>&1" for name, way in ways.items()]
+    confine = judged(world, rules, "bash", {"command": made})   # as a script doing each is approved
+
+    async def scenario(box):
+        return [await bash(box, command, confine) for command in commands]
+    results = drive(world, scenario)
+    assert "x\nran" in results[0].text and "Exit code: 0" in results[0].text
+    for name in ways:
+        assert "MARKER" not in (world.project / f"out-{name}").read_text(), name
+    assert not (world.project / "moved").exists()      # a cover is no file one renames
