@@ -891,3 +891,33 @@ def test_an_approved_command_reads_and_runs_what_it_makes_beside_a_denied_file_a
     for name in ways:
         assert "MARKER" not in (world.project / f"out-{name}").read_text(), name
     assert not (world.project / "moved").exists()      # a cover is no file one renames
+
+
+SECOND_MOUNT = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+sys.path[:0] = {path!r}
+import permissions, test_sandbox
+world = SimpleNamespace(project=Path({project!r}), khaelor_home=Path({khaelor_home!r}))
+rules = permissions.load_rules([permissions.claude_layer("settings.json", {text!r}, world.project)])
+confine = test_sandbox.judged(world, rules, "bash", {{"command": "make"}})
+test_sandbox.drive(world, lambda box: test_sandbox.bash(box, {command!r}, confine))
+"""
+
+
+@pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+                    reason="no user namespace to bind the project a second time in")
+def test_a_denied_file_is_covered_too_where_a_second_mount_shows_the_project(world):
+    """Covering a denied file is a mount at its path: where the same folder shows at a second place (the
+    project bound there too, a btrfs pool's top mounted as well) an approved command read it there."""
+    (world.project / ".env").write_text("TOKEN=MARKER-7319\n")
+    second = world.tmp / "second"
+    second.mkdir()
+    text = json.dumps({"permissions": {"deny": ["Read(./.env)"]}})
+    command = f"cat {second}/.env > out 2>&1"
+    script = SECOND_MOUNT.format(path=sys.path, project=str(world.project), text=text, command=command,
+                                 khaelor_home=str(world.khaelor_home))
+    subprocess.run(["unshare", "-rm", "sh", "-c", 'mount --bind "$1" "$2" && exec "$3" -c "$4"', "sh",
+                    world.project, second, sys.executable, script], check=True, cwd=world.project)
+    assert "Permission denied" in (world.project / "out").read_text()
