@@ -449,10 +449,13 @@ class SecretScan:
         names = {}
         with contextlib.suppress(OSError), os.scandir(directory) as entries:
             for entry in entries:
-                if self.matches(entry.path[len(self.root) + 1:]):
+                path = entry.path[len(self.root) + 1:]
+                folder = entry.is_dir(follow_symlinks=False)
+                # a secret path, or a folder whose every entry is one (secrets/**; NUL: any name)
+                if self.matches(path) or folder and self.matches(path + "/\0"):
                     found.add(entry.inode())
                 # a secret folder is walked too: a hard link elsewhere to a file in it is secret
-                if entry.is_dir(follow_symlinks=False) and entry.name != ".git":
+                if folder and entry.name != ".git":
                     subdirectories.append(entry.name)
                 names.setdefault(entry.inode(), []).append(entry.name)
         return (mtime, found, subdirectories, names)
@@ -677,10 +680,10 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
     if confine.write and temp_dir:
         shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
     mounts = _mount_points() if confine.write and denied else []
-    # a link is judged where it leads
-    covered = [_shown_at(path, mounts) for path in denied if mounts and not os.path.islink(path)]
-    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory,
-                  tuple(sorted(set().union(*covered))))
+    # a link is judged where it leads; a folder before what it holds (covered with it: skipped)
+    covered = sorted(place for path in denied if mounts and not os.path.islink(path)
+                     for place in _shown_at(path, mounts))
+    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory, tuple(covered))
 
 
 def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
