@@ -859,7 +859,8 @@ def test_an_approved_command_reads_and_runs_what_it_makes_beside_a_denied_file_a
     """Landlock only adds rights, so the folder above a denied file lost reading for all it held:
     with `Read(./.env)` denied, a first `npm install`, `make` or `mkdir d && echo x > d/f && cat d/f`
     failed at the project root. An approved command's namespace now covers the denied file instead,
-    and no other way reaches it: not /proc/self/root, a hard link made before, umount or mount --move."""
+    and no other way reaches it: not /proc/self/root (nor khaelor's, outside the namespace), a hard link
+    made before, umount, mount --move, a rename."""
     target = world.project / denied
     target.parent.mkdir(exist_ok=True)
     target.write_text("TOKEN=MARKER-7319\n")
@@ -871,12 +872,14 @@ def test_an_approved_command_reads_and_runs_what_it_makes_beside_a_denied_file_a
     python = f"{sys.executable} -c"
     ways = {"cat": f"cat {denied}", "python": f"{python} \"print(open('{denied}').read())\"",
             "root": f"cat /proc/self/root{world.project}/{denied}", "link": "cat notes.txt",
-            "init": f"cat /proc/1/root{world.project}/{denied}",
+            "other": f"cat /proc/1/root{world.project}/{denied} "
+                     f"/proc/$PPID/root{world.project}/{denied}",
             "umount": f"umount {denied}; umount -l {denied}; umount -l {folder}; cat {denied}",
             "move": f"mkdir m; touch e; mount --move {denied} e; mount --move {folder} m; "
                     f"cat e m/{target.name} {denied}",
-            "umount2": f"{python} \"import ctypes; ctypes.CDLL(None).umount2(b'{denied}', 2); "
-                       f"print(open('{denied}').read())\"",
+            "syscalls": f"{python} \"import ctypes; c = ctypes.CDLL(None); c.umount2(b'{denied}', 2); "
+                        f"open('e2', 'w').close(); c.mount(b'{denied}', b'e2', None, 0x2000, None); "
+                        f"print(open('{denied}').read())\"",      # umount2(MNT_DETACH), MS_MOVE
             "rename": f"mv {denied} moved; cat moved",
             "folder": f"mv {folder} gone; cat gone/{target.name}",
             "unshare": f"unshare -rm sh -c 'umount -l {denied}; cat {denied}'"}
