@@ -680,20 +680,30 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
     if confine.write and temp_dir:
         shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
     mounts = _mount_points() if confine.write and denied else []
-    # a link is judged where it leads; a folder before what it holds (covered with it: skipped)
-    covered = sorted(place for path in denied if mounts and not os.path.islink(path)
-                     for place in _shown_at(path, mounts))
+    tops = []
+    # a link is judged where it leads; what a folder holds is covered with it
+    for path in sorted(denied) if mounts else ():
+        if not (within(path, tops) or os.path.islink(path)):
+            tops.append(path)
+    covered = [place for path in tops for place in _shown_at(path, mounts)]
     return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory, tuple(covered))
 
 
 def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
-    """Where the file at `path` (real) shows: there, and at its place in every other mount of its
-    file system that holds it (the project bound at a second place, a btrfs pool's top mounted)."""
+    """Where the file at `path` (real) shows: there, at its place in every other mount of its file
+    system that holds it (the project bound at a second place, a btrfs pool's top mounted), and
+    for a folder, wherever a folder inside it is mounted too."""
     # the mount it is reached through: the last one on the longest mount point above it
     mount = max(reversed([m for m in mounts if within(path, [m[0]])]), key=lambda m: len(m[0]))
     inner = os.path.join(mount[3], os.path.relpath(path, mount[0]))
-    return [os.path.normpath(os.path.join(other[0], os.path.relpath(inner, other[3])))
-            for other in mounts if other[2] == mount[2] and within(inner, [other[3]])]
+    places = []
+    for other in [other for other in mounts if other[2] == mount[2]]:
+        if within(inner, [other[3]]):
+            place = os.path.join(other[0], os.path.relpath(inner, other[3]))
+            places.append(os.path.normpath(place))
+        elif within(other[3], [inner]):
+            places.append(other[0])
+    return places
 
 
 def enter_read_only_mounts(mounts: Mounts) -> None:

@@ -440,7 +440,7 @@ class Workspace:
         self.temp_dir: Path | None = None
         # Landlock ABI; 0: commands run unconfined.
         self.abi = sandbox.probe()[0]
-        # The project's secret files, left out of what a read-only command may read.
+        # The project's secret files and what the user's rules deny reading (see prepare).
         self.secrets = sandbox.SecretScan()
         # .git/index's stamp and the gitlinks it held (see gitlinks)
         self.gitlinks: tuple = (None, ())
