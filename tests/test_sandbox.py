@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -911,16 +912,23 @@ test_sandbox.drive(world, lambda box: test_sandbox.bash(box, {command!r}, confin
 
 @pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
                     reason="no user namespace to bind the project a second time in")
-def test_a_denied_file_is_covered_too_where_a_second_mount_shows_the_project(world):
+@pytest.mark.parametrize("rule, denied, bound", [("Read(./.env)", ".env", "."),
+                                                 ("Read(./secrets)", "secrets/sub/key", "secrets/sub")])
+def test_a_denied_file_is_covered_too_where_a_second_mount_shows_it(world, rule, denied, bound):
     """Covering a denied file is a mount at its path: where the same folder shows at a second place (the
-    project bound there too, a btrfs pool's top mounted as well) an approved command read it there."""
-    (world.project / ".env").write_text("TOKEN=MARKER-7319\n")
-    second = world.tmp / "second"
-    second.mkdir()
-    text = json.dumps({"permissions": {"deny": ["Read(./.env)"]}})
-    command = f"cat {second}/.env > out 2>&1"
+    project bound there too, a btrfs pool's top mounted as well, a folder of it bound elsewhere) an
+    approved command read it there."""
+    (world.project / denied).parent.mkdir(parents=True, exist_ok=True)
+    (world.project / denied).write_text("TOKEN=MARKER-7319\n")
+    # a system folder every command reads (/var), where Landlock's walk up meets no rule otherwise
+    second = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    text = json.dumps({"permissions": {"deny": [rule]}})
+    command = f"cat {second}/{os.path.relpath(denied, bound)} > out 2>&1"
     script = SECOND_MOUNT.format(path=sys.path, project=str(world.project), text=text, command=command,
                                  khaelor_home=str(world.khaelor_home))
-    subprocess.run(["unshare", "-rm", "sh", "-c", 'mount --bind "$1" "$2" && exec "$3" -c "$4"', "sh",
-                    world.project, second, sys.executable, script], check=True, cwd=world.project)
+    try:
+        subprocess.run(["unshare", "-rm", "sh", "-c", 'mount --bind "$1" "$2" && exec "$3" -c "$4"', "sh",
+                        world.project / bound, second, sys.executable, script], check=True, cwd=world.project)
+    finally:
+        second.rmdir()
     assert "Permission denied" in (world.project / "out").read_text()
