@@ -758,8 +758,8 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
 def _cover(path: str) -> None:
     """Cover `path` in this namespace: a file with /dev/null on a mount where no device opens, a
     folder with an empty tmpfs no one enters (mode 0, and the command has no capability), a mount
-    point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through no link: a
-    link swapped in since the scan moves no cover (a file gone since is not there to read)."""
+    point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one
+    swapped in since the scan fails the command, never moves the cover; a file gone is not read."""
     try:
         fd = open_no_links(path, O_PATH)
     except FileNotFoundError:
