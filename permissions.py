@@ -1057,11 +1057,7 @@ def add_grant(config: dict, rule: dict) -> dict:
     """A copy of config whose last permission is rule ({capability, pattern,
     action="allow"}), so it wins; an identical earlier entry is moved there,
     never duplicated."""
-    entry = {
-        "capability": rule.get("capability"),
-        "pattern": rule.get("pattern"),
-        "action": rule.get("action", "allow"),
-    }
+    entry = {key: rule.get(key, "allow" if key == "action" else None) for key in _RULE_KEYS}
     problem = validate_config_rules([entry]) or validate_config_rules(config)
     if problem:
         message = problem.replace("permissions[0]", "grant", 1)
@@ -1212,7 +1208,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
            read_only: bool = False, not_read_only: str = "",
            destructive: str = "") -> Decision:
     floor = floor or _protected_write(requests)
-    confine = _confine(requests, read_only)
+    confine = _confine(requests, read_only, rules)
     if floor:
         return Decision("deny", EXECUTE, descriptor, floor=True, reason=f"hardline floor: {floor}",
                         layer="floor", not_read_only=not_read_only, confine=confine)
@@ -1222,6 +1218,9 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     verdicts = [_verdict(request, rules) for request in requests]
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
+    if any(v[0] == "ask" and v[1] and v[2].capability == FILE_READ for v in verdicts):
+        # the user is asked about a read a rule asks for: approving it opens what such rules hide
+        confine = replace(confine, secrets=True)
     if destructive and action == "allow":
         action = "ask"
         rule = None
@@ -1319,7 +1318,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            regex = f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
+            regex = _path_regex(pattern, glob=True)
             probes = [subject] + [subject + "/\0"] * os.path.isdir(request.path)  # NUL: any entry
             return any(re.fullmatch(regex, probe) for probe in probes)
         if fnmatch.fnmatchcase(subject, pattern):
@@ -1330,6 +1329,13 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
 
     for_capability = (r for r in reversed(rules) if fnmatch.fnmatchcase(capability, r.capability))
     return next(filter(matches, for_capability), None)
+
+
+def _path_regex(pattern: str, glob: bool) -> str:
+    """The regex a path rule's subject matches whole: a glob as Rule.glob says, else fnmatch's."""
+    if glob:
+        return f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
+    return fnmatch.translate(pattern)
 
 
 def _protected_write(requests: list[_Request]) -> str | None:
@@ -1358,10 +1364,13 @@ def _protected(path: str) -> str | None:
     return None
 
 
-def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
+def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sandbox.Confine:
     """The sandbox a decision grants (enforced by tools.py): writes only when
-    the command is not read-only, network only when asked for, and the outside
-    paths it named."""
+    the command is not read-only, network only when asked for, the outside
+    paths it named, and the project paths read rules ask about or deny, which no
+    command reads unnamed (a later allow is not weighed: a read naming one is)."""
+    reads = [r for r in rules if r.layer != "default" and r.scope != "write"
+             and fnmatch.fnmatchcase(FILE_READ, r.capability)]
     paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
@@ -1379,6 +1388,8 @@ def _confine(requests: list[_Request], read_only: bool) -> sandbox.Confine:
         paths=tuple(sorted(paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
+        hide_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action != "allow"),
+        deny_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action == "deny"),
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
@@ -1456,17 +1467,12 @@ def _wildcard_base(target: str, cwd: str) -> str | None:
     return _resolve(sandbox.glob_base(target), cwd)
 
 
-def _shell_text(words) -> str:
-    """A command as rules match it, quoted as typed: `npm run 'a b'` is not `npm run a b`."""
-    return " ".join(shlex.quote(word) for word in words)
-
-
 # a shell word: unquoted characters, backslash escapes, '…' and "…" strings
 _SHELL_WORD = re.compile(r"""(?:[^\s'"\\]|\\.|'[^']*'|"(?:[^"\\]|\\.)*")+""", re.S)
 
 
 def _quoted_as_matched(pattern: str) -> str:
-    """A rule's command with each quoted word quoted as _shell_text quotes a command's words, so
+    """A rule's command with each quoted word quoted as shlex.join quotes a command's words, so
     Bash(git commit -m "fix bug") matches the command it names. Unquoted words keep their
     wildcards as written; one with an unmatched quote is left as it is."""
     if _SHELL_WORD.sub("", pattern).strip():
@@ -1474,7 +1480,7 @@ def _quoted_as_matched(pattern: str) -> str:
     words = []
     for word in _SHELL_WORD.findall(pattern):
         if any(mark in word for mark in "'\"\\"):
-            word = _shell_text(shlex.split(word))
+            word = shlex.join(shlex.split(word))
         words.append(word)
     return " ".join(words)
 
@@ -1587,8 +1593,8 @@ def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
     floor = _fork_bomb(command) or _unparsed_floor(command, cwd, home)
     requests = [_Request(EXECUTE, command.strip(), None)]
     for words, core in _unparsed_commands(command, home):
-        requests.append(_Request(EXECUTE, _shell_text(words), None,
-                                 core=_shell_text(_rule_core(core))))
+        requests.append(_Request(EXECUTE, shlex.join(words), None,
+                                 core=shlex.join(_rule_core(core))))
     return _judge(command.strip(), list(dict.fromkeys(requests)), rules, floor=floor,
                   at_least="ask",
                   not_read_only=f"the line cannot be parsed ({why})")
@@ -1627,7 +1633,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     the files its arguments may name, and the secrets a recursive search of a
     directory would read."""
     capability = _classify(part.core)
-    command = _shell_text(part.words)
+    command = shlex.join(part.words)
     suggestion = None if compound else _suggest(part.words)
     # (find -delete: the rm it stands for is none of its words)
     deletes = part.core[:1] == ("find",) and "-delete" in part.core
@@ -1642,7 +1648,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     requests = [_Request(
         capability, command, suggestion,
         read_only=read_only and capability == EXECUTE,
-        core=_shell_text(_rule_core(part.core)), wrapped_at=wrapped_at,
+        core=shlex.join(_rule_core(part.core)), wrapped_at=wrapped_at,
         wrapped_reads=capability == EXECUTE and _wrapped_reads(part, wrapped_at, root),
     )]
     places = part.cwds or (part.cwd,)
@@ -1980,10 +1986,10 @@ def _search_shape(name: str,
 
 
 def _suggest(words: tuple[str, ...]) -> str | None:
-    """The narrowest useful pattern for an "always" grant, matched against _shell_text(words)."""
+    """The narrowest useful pattern for an "always" grant, matched against shlex.join(words)."""
     if not words:
         return None
-    exact = _escape(_shell_text(words))
+    exact = _escape(shlex.join(words))
     program = posixpath.basename(words[0])
     # an assignment, a wrapper, a path or a name with a space first; a destructive program
     unusual_start = (_ASSIGNMENT.match(words[0]) or _row(program).has("wrapper")
@@ -2006,7 +2012,7 @@ def _suggest(words: tuple[str, ...]) -> str | None:
     if len(words) < arity or any(w.startswith("-") for w in naming):
         # "make" alone, "git -C dir push", "python -c code"
         return exact
-    return _escape(_shell_text(words[:arity])) + " *"
+    return _escape(shlex.join(words[:arity])) + " *"
 
 
 def _arity(words: tuple[str, ...]) -> tuple[int, int] | None:

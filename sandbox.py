@@ -176,17 +176,20 @@ def glob_base(pattern: str) -> str:
 
 
 @functools.cache
-def secret_matcher(patterns: tuple[str, ...]):
-    """Whether a file name matches one of `patterns` (SECRET_NAMES, or a decision's `hide`): in any
-    case (.ENV holds what .env would), and never a template."""
-    secret = re.compile("|".join(map(fnmatch.translate, patterns)), re.IGNORECASE).match
+def secret_matcher(patterns: tuple[str, ...], paths: tuple[str, ...] = ()):
+    """Whether a path is secret: its name matches one of `patterns` (SECRET_NAMES, or a decision's
+    `hide`) in any case (.ENV holds what .env would), and is never a template; or all of it one of
+    the `paths` regexes (a decision's hide_paths, deny_paths: project-relative)."""
+    secret = re.compile("|".join(map(fnmatch.translate, patterns)) or "(?!)", re.IGNORECASE).match
     template = re.compile("|".join(map(fnmatch.translate, SECRET_TEMPLATES)), re.IGNORECASE).match
-    return lambda name: secret(name) is not None and template(name) is None
+    whole = re.compile("|".join(paths) or "(?!)").fullmatch
+    named = lambda name: secret(name) is not None and template(name) is None
+    return lambda path: named(path.rpartition("/")[2]) or whole(path) is not None
 
 
 def is_secret_name(name: str) -> bool:
     """A file name (or path: its last component) that holds credentials; not a template."""
-    return secret_matcher(SECRET_NAMES)(name.rpartition("/")[2])
+    return secret_matcher(SECRET_NAMES)(name)
 
 
 def is_secret_path(path: str, home: str) -> bool:
@@ -226,6 +229,10 @@ class Confine:
     secrets: bool = False
     # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
     hide: tuple[str, ...] = ()
+    # regexes over project paths the user's rules ask about or deny reading (closed as `hide` is)
+    hide_paths: tuple[str, ...] = ()
+    # those of them denied: closed to every command, approved or not
+    deny_paths: tuple[str, ...] = ()
     # what --yes grants of `network`: only where every program of the line is known to need it
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
@@ -400,18 +407,18 @@ class SecretScan:
     command."""
 
     def __init__(self):
-        self.matches = None
-        # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [file names]})
+        self.matches = self.root = None
+        # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [entry names]})
         self.listings: dict[str, tuple] = {}
         # counts the folders listed anew: unchanged, no folder of the project changed
         self.version = 0
 
-    def find(self, root: str, patterns: tuple[str, ...]) -> list[str]:
-        if not patterns:
+    def find(self, root: str, names: tuple[str, ...], paths: tuple[str, ...] = ()) -> list[str]:
+        if not (names or paths):
             return []
-        matches = secret_matcher(tuple(patterns))
-        if matches is not self.matches:
-            self.matches = matches
+        matches = secret_matcher(tuple(names), tuple(paths))
+        if (matches, root) != (self.matches, self.root):
+            self.matches, self.root = matches, root
             self.listings = {}
         visited = {}
         stack = [root]
@@ -442,12 +449,14 @@ class SecretScan:
         names = {}
         with contextlib.suppress(OSError), os.scandir(directory) as entries:
             for entry in entries:
-                if self.matches(entry.name):
+                path = entry.path[len(self.root) + 1:]
+                folder = entry.is_dir(follow_symlinks=False)
+                # a secret path, or a folder whose every entry is one (secrets/**; NUL: any name)
+                if self.matches(path) or folder and self.matches(path + "/\0"):
                     found.add(entry.inode())
-                elif entry.is_dir(follow_symlinks=False):
-                    if entry.name != ".git":
-                        subdirectories.append(entry.name)
-                    continue
+                # a secret folder is walked too: a hard link elsewhere to a file in it is secret
+                if folder and entry.name != ".git":
+                    subdirectories.append(entry.name)
                 names.setdefault(entry.inode(), []).append(entry.name)
         return (mtime, found, subdirectories, names)
 
@@ -513,9 +522,9 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
 def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
                   khaelor_home: Path, ports: set[int], hidden: list[str] = ()) -> int:
     """A Landlock ruleset fd (O_CLOEXEC) for one command: its _grants, except beneath the closed
-    locations and `hidden` (secret files); TCP connect only with network or to `ports`."""
+    locations and reading `hidden` (secret files); TCP connect only with network or to `ports`."""
     abi = probe()[0]
-    closed = closed_locations(home, khaelor_home, confine.paths) + list(hidden)
+    closed = closed_locations(home, khaelor_home, confine.paths)
     grants = _grants(confine, project, temp_dir, home, khaelor_home)
     network = confine.network or abi < 4
     connect = 0 if network else _mask(("CONNECT_TCP",), abi)
@@ -527,7 +536,7 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     try:
         real_project = os.path.realpath(project)
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, real_project)
+            _grant(fd, path, rights, closed, abi, real_project, list(hidden))
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
@@ -562,25 +571,28 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
-           real_project: str) -> None:
-    """Grant `rights` beneath `path`, except beneath the closed locations. Landlock rules only
-    add and are inherited, so a closed location inside `path` means: the directory itself gets
-    READ_DIR (its names, and those below it, stay listable), and every entry of it but the
-    closed one is granted in turn."""
+           real_project: str, hidden: list[str]) -> None:
+    """Grant `rights` beneath `path`, except beneath the closed locations and reading the `hidden`
+    ones. Landlock rules only add and are inherited, so a closed location inside `path` means: the
+    directory itself gets READ_DIR (its names, and those below it, stay listable), and every entry
+    of it but the closed one is granted in turn; a hidden one, the rights but reading (an approved
+    command still writes beside a file it may not read)."""
     prefix = path.rstrip("/") + "/"
     inside = [place for place in closed if place.startswith(prefix)]
-    if not inside:
+    unread = [place for place in hidden if place.startswith(prefix)]
+    if not (inside or unread):
         _add_path(fd, path, rights, abi, real_project)
         return
-    _add_path(fd, path, rights & LIST_ONLY, abi, real_project)
+    kept = rights & LIST_ONLY if inside else rights - {"READ_FILE", "EXECUTE"}
+    _add_path(fd, path, kept, abi, real_project)
     entries = []
     with contextlib.suppress(OSError):
         entries = list(os.scandir(path))
     for entry in entries:
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
-        if entry.path not in inside and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, real_project)
+        if entry.path not in inside + unread and not entry.is_symlink():
+            _grant(fd, entry.path, rights, inside, abi, real_project, unread)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -645,24 +657,53 @@ MS_PRIVATE = 1 << 18
 SYS_MOUNT_SETATTR = 442    # one number on every machine (the unified table)
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 1
+# a cover's mount: read-only, no set-uid, no device, no program (as MS_* flags and MOUNT_ATTR_*)
+SEALED = 0xF
 
 
 @dataclass(frozen=True)
 class Mounts:
     """An approved command's mount namespace: where it may write (what its ruleset lets it write
-    beneath), and the folder it sees as /dev/shm (one of the session temp dir's)."""
+    beneath), the folder it sees as /dev/shm (one of the session temp dir's), and the real paths
+    it cannot open (_cover): what the user's rules deny reading, its folders keeping every right."""
     writable: tuple[str, ...]
     shared_memory: str = ""
+    covered: tuple[str, ...] = ()
 
 
-def mounts_for(confine: Confine, project: Path, temp_dir: Path | None) -> Mounts | None:
+def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
+               denied: list[str] = ()) -> Mounts | None:
     """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
     shared_memory = ""
     if confine.write and temp_dir:
         shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
-    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory)
+    mounts = _mount_points() if confine.write and denied else []
+    tops = []
+    # a link is judged where it leads; what a folder holds is covered with it
+    for path in sorted(denied) if mounts else ():
+        if not (within(path, tops) or os.path.islink(path)):
+            tops.append(path)
+    covered = [place for path in tops for place in _shown_at(path, mounts)]
+    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory, tuple(covered))
+
+
+def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
+    """Where the file at `path` (real) shows: there, at its place in every other mount of its file
+    system that holds it (the project bound at a second place, a btrfs pool's top mounted), and
+    for a folder, wherever a folder inside it is mounted too."""
+    # the mount it is reached through: the last one on the longest mount point above it
+    mount = max(reversed([m for m in mounts if within(path, [m[0]])]), key=lambda m: len(m[0]))
+    inner = os.path.join(mount[3], os.path.relpath(path, mount[0]))
+    places = []
+    for other in [other for other in mounts if other[2] == mount[2]]:
+        if within(inner, [other[3]]):
+            place = os.path.join(other[0], os.path.relpath(inner, other[3]))
+            places.append(os.path.normpath(place))
+        elif within(other[3], [inner]):
+            places.append(other[0])
+    return places
 
 
 def enter_read_only_mounts(mounts: Mounts) -> None:
@@ -671,7 +712,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     mount is read-only but `mounts.writable`. Nothing propagates out (MS_PRIVATE); Landlock,
     entered next, forbids the command any mount or unmount of its own. What was read-only stays
     so (a project mounted read-only, a read-only volume in it): the namespace only takes away."""
-    writable_mounts = [point for point, read_only in _mount_points() if not read_only]
+    writable_mounts = [mount[0] for mount in _mount_points() if not mount[1]]
     writable = []
     for path in mounts.writable:
         with contextlib.suppress(OSError):
@@ -701,6 +742,8 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
         _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
+    for path in mounts.covered:
+        _cover(path)
     # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
     # terminal only through khaelor, which cleans what it shows. Ptys it makes itself still work.
     terminals = os.listdir("/dev/pts") if os.path.isdir("/dev/pts") else []
@@ -712,6 +755,28 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
         os.chdir(os.getcwd())
 
 
+def _cover(path: str) -> None:
+    """Cover `path` in this namespace: a file with /dev/null on a mount where no device opens, a
+    folder with an empty tmpfs no one enters (mode 0, and the command has no capability), a mount
+    point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one
+    swapped in since the scan fails the command, never moves the cover; a file gone is not read."""
+    try:
+        fd = open_no_links(path, O_PATH)
+    except FileNotFoundError:
+        return
+    # the mount lands on the very file opened, whatever its path is now
+    target = f"/proc/self/fd/{fd}".encode()
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
+    else:
+        # a bind takes no flags: sealed once made
+        failed = (_libc.mount(b"/dev/null", target, None, MS_BIND, None)
+                  or _mount_attributes(path.encode(), set_=SEALED))
+    os.close(fd)
+    if failed:
+        raise OSError(ctypes.get_errno(), f"mount over {path}")
+
+
 def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0) -> None:
     # struct mount_attr: attr_set, attr_clr, propagation, userns_fd
     attr = (ctypes.c_uint64 * 4)(set_, clear, 0, 0)
@@ -719,14 +784,16 @@ def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0
              what="mount_setattr: ")
 
 
-def _mount_points() -> list[tuple[str, bool]]:
-    """(mount point, read-only) of each mount, from /proc/self/mountinfo (a space is \\040)."""
+def _mount_points() -> list[tuple[str, bool, str, str]]:
+    """(mount point, read-only, device, the folder of it mounted there) of each mount, from
+    /proc/self/mountinfo (a space is \\040)."""
     points = []
     with open("/proc/self/mountinfo") as mountinfo:
         for line in mountinfo:
             fields = line.split()
-            point = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields[4])
-            points.append((point, "ro" in fields[5].split(",")))
+            point, root = (re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), field)
+                           for field in (fields[4], fields[3]))
+            points.append((point, "ro" in fields[5].split(","), fields[2], root))
     return points
 
 
@@ -1393,9 +1460,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
-    if lines and confine.hide and not (confine.write or confine.secrets):
+    if lines and not (confine.write or confine.secrets):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
-        closed += SecretScan().find(str(project), confine.hide)
+        closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]

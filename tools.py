@@ -437,7 +437,7 @@ class Workspace:
         self.temp_dir: Path | None = None
         # Landlock ABI; 0: commands run unconfined.
         self.abi = sandbox.probe()[0]
-        # The project's secret files, left out of what a read-only command may read.
+        # The project's secret files and what the user's rules deny reading (see prepare).
         self.secrets = sandbox.SecretScan()
         # .git/index's stamp and the gitlinks it held (see gitlinks)
         self.gitlinks: tuple = (None, ())
@@ -702,12 +702,17 @@ class Workspace:
         supervisor = None
         if ports and sandbox.seccomp_available() and confine.write and not confine.network:
             supervisor = sandbox.Supervisor(ports)
-        ruleset = None
+        ruleset = mounts = None
         if self.abi:
             sandbox.make_parents(confine.paths)
-            hidden = []
+            # what the user's rules deny reading stays closed to every command
+            names, paths = (), confine.deny_paths
             if read_only and not confine.secrets:
-                hidden = self.secrets.find(str(self.cwd), confine.hide)
+                names, paths = confine.hide, confine.hide_paths
+            hidden = self.secrets.find(str(self.cwd), names, paths)
+            # an approved command's namespace covers them: its ruleset leaves their folders whole
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden)
+            hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
             # into each child's domain): what was granted, the secrets left out and the folders
@@ -732,7 +737,6 @@ class Workspace:
                 # this child starts, and its number could be reused meanwhile
                 ruleset = os.dup(kept)
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
-        mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir)
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor,
                                   mounts)
 
@@ -3314,21 +3318,19 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
                      meta: dict) -> tuple[list[str], str]:
     """(the files grep and glob show, the note naming the secret ones they leave out; `meta`
     gets the engine and their number): a file whose name matches one of the call's `hide`
-    patterns is secret; a link into a closed location (a committed notes.txt ->
-    ~/.aws/credentials; ripgrep never follows links, so only the Python fallback meets these) is
-    left out silently, as ripgrep does. Nothing is left out when the user granted reading secrets
-    for this call."""
+    patterns, or path its hide_paths or deny_paths, is secret; a link into a closed location (a
+    committed notes.txt -> ~/.aws/credentials; ripgrep never follows links, so only the Python
+    fallback meets these) is left out silently, as ripgrep does. When the user granted reading
+    secrets for this call, only what the user's rules deny reading is left out."""
     meta.update(engine="ripgrep" if box.ripgrep else "python", hidden=0)
-    if confine.secrets:
-        return list(rels), ""
     closed = sandbox.closed_locations(Path.home(), box.workspace.home, confine.paths)
-    is_secret = sandbox.secret_matcher(confine.hide) if confine.hide else lambda name: False
+    hidden = confine.deny_paths if confine.secrets else confine.hide_paths
+    is_secret = sandbox.secret_matcher(() if confine.secrets else confine.hide, hidden)
     kept = []
     secret = []
     for rel in rels:
-        name = rel.rsplit("/", 1)[-1]
         path = root / rel
-        if is_secret(name):
+        if is_secret(box.workspace.display(path)):
             secret.append(rel)
         elif not (os.path.islink(path) and sandbox.within(_realpath(path), closed)):
             kept.append(rel)
@@ -3339,7 +3341,7 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
     more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
     return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}{more}. "
-            "Reading them needs the user's permission: ask for it, "
+            "Reading them needs the user's permission (or their rules deny it): ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
 

@@ -713,6 +713,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "paths": [], "secrets": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
+                                  "hide_paths": [], "deny_paths": [],
                                   "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
@@ -876,7 +877,7 @@ def test_man_reads_and_its_options_that_run_a_program_ask_with_an_exact_always(p
     for command in ("man -C ./man.conf ls", "man -M ./pages ls", "man -p t ls"):
         result = bash(command, project)
         assert result["decision"] == "ask", command
-        assert result["suggestion"] == permissions._escape(permissions._shell_text(shlex.split(command)))
+        assert result["suggestion"] == permissions._escape(shlex.join(shlex.split(command)))
     # the pager and the browser are read as the commands they run (as sort --co= is): no "always"
     for command in ("man ls -P 'touch m'", "man --pager='touch m' ls", "man -Hfirefox ls", "man --pa=x ls"):
         assert bash(command, project)["decision"] == "ask", command

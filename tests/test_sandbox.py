@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 import context
+import permissions
 import sandbox
 import tools
 from conftest import was_reached
@@ -779,3 +781,154 @@ def test_only_a_network_command_gets_the_proxies_and_none_the_ssh_agent():
     offline = sandbox.child_environment(environ, [], False, "/home/u")
     assert online["HTTPS_PROXY"] == "http://proxy:3128" and "HTTPS_PROXY" not in offline
     assert "SSH_AUTH_SOCK" not in online and "SSH_AUTH_SOCK" not in offline
+
+
+# ---------------------------------------------------------------- the user's rules on reading paths
+
+
+def judged(world, rules, tool, tool_input):
+    """What `tool_input` gets from permissions: the decision's sandbox (an ask as the user approved)."""
+    decision = permissions.decide(*tools.permission_subject(tool, tool_input), world.project, rules)
+    assert decision.action != "deny", (tool_input, decision.reason)
+    return decision.confine
+
+
+@pytest.mark.parametrize("rule", [{"capability": "file.read", "pattern": "secrets/*", "action": "deny"},
+                                  "Read(./secrets/**)", "Read(./secrets)"])
+def test_a_path_the_user_denies_reading_is_read_by_no_search_and_no_command(world, rule):
+    """A deny of reading secrets/ was kept when a call named it, but a search of the whole project
+    (the grep tool without a path, a silent `grep -r`) printed its keys, and so did a command that
+    names it where the parser cannot see (a script) once approved: the sandbox now
+    closes what the user's read rules deny to every command, as it closes secret files."""
+    (world.project / "secrets").mkdir()
+    (world.project / "secrets" / "prod.cfg").write_text("MARKER-4242\n")
+    (world.project / "app.py").write_text("MARKER = 'visible'\n")
+    if isinstance(rule, dict):
+        rules = permissions.load_rules([("config.json", {"permissions": [rule]})])
+    else:
+        text = json.dumps({"permissions": {"deny": [rule]}})
+        rules = permissions.load_rules([permissions.claude_layer("settings.json", text, world.project)])
+    python = f"{sys.executable} -c"
+    commands = ["grep -r MARKER .", f"{python} \"print(open('secrets/prod.cfg').read())\"",
+                f"{python} \"import shutil; shutil.copy('secrets/prod.cfg', 'copy.txt')\"; "
+                "cat copy.txt; echo written > new.txt"]
+
+    async def scenario(box):
+        results = []
+        for tool, args in (("grep", {"pattern": "MARKER"}), ("glob", {"pattern": "**/*"})):
+            results.append(await box.run(tool, args, "t1", confine=judged(world, rules, tool, args)))
+        for command in commands:
+            results.append(await bash(box, command, judged(world, rules, "bash", {"command": command})))
+        return results
+    results = drive(world, scenario)
+    for found in results[:2]:       # the file is named as left out, and only so
+        assert "app.py" in found.text and "1 secret file left out: secrets/prod.cfg." in found.text
+        assert "secrets/prod.cfg" not in found.text.split("\n\n(")[0]
+    assert "access to" in results[2].text and "(a protected location)" in results[2].text
+    for result in results:
+        assert "MARKER-4242" not in result.text
+    assert "visible" in results[2].text
+    assert (world.project / "new.txt").read_text() == "written\n"      # an approved command still writes beside it
+
+
+def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(world):
+    """An ask rule on reading: no silent search reads it; a command that names it asks, and
+    once approved reads it."""
+    (world.project / "secrets").mkdir()
+    (world.project / "secrets" / "prod.cfg").write_text("MARKER-4242\n")
+    text = json.dumps({"permissions": {"ask": ["Read(./secrets/**)"]}})
+    rules = permissions.load_rules([permissions.claude_layer("settings.json", text, world.project)])
+    search = {"command": "grep -r MARKER ."}
+    named = {"command": "cat secrets/prod.cfg"}
+    assert permissions.decide(*tools.permission_subject("bash", search), world.project, rules).action == "allow"
+    assert permissions.decide(*tools.permission_subject("bash", named), world.project, rules).action == "ask"
+
+    async def scenario(box):
+        grep = await box.run("grep", {"pattern": "MARKER"}, "t1",
+                             confine=judged(world, rules, "grep", {"pattern": "MARKER"}))
+        return grep, await bash(box, search["command"], judged(world, rules, "bash", search)), \
+            await bash(box, named["command"], judged(world, rules, "bash", named))
+    grep, searched, approved = drive(world, scenario)
+    assert "MARKER-4242" not in grep.text and "MARKER-4242" not in searched.text
+    assert "MARKER-4242" in approved.text
+
+
+@pytest.mark.parametrize("rule, denied", [("Read(./.env)", ".env"), ("Read(./secrets)", "secrets/prod.cfg"),
+                                          ("Read(./secrets/**)", "secrets/prod.cfg")])
+def test_an_approved_command_reads_and_runs_what_it_makes_beside_a_denied_file_and_never_that_file(world, rule,
+                                                                                                  denied):
+    """Landlock only adds rights, so the folder above a denied file lost reading for all it held:
+    with `Read(./.env)` denied, a first `npm install`, `make` or `mkdir d && echo x > d/f && cat d/f`
+    failed at the project root. An approved command's namespace now covers the denied file instead,
+    and no other way reaches it: not /proc/self/root (nor khaelor's, outside the namespace), a hard link
+    made before, umount, mount --move, a rename."""
+    target = world.project / denied
+    target.parent.mkdir(exist_ok=True)
+    target.write_text("TOKEN=MARKER-7319\n")
+    os.link(target, world.project / "notes.txt")
+    text = json.dumps({"permissions": {"deny": [rule]}})
+    rules = permissions.load_rules([permissions.claude_layer("settings.json", text, world.project)])
+    made = "mkdir d && echo x > d/f && cat d/f && printf '#!/bin/sh\\necho ran' > s && chmod +x s && ./s"
+    folder = os.path.dirname(denied) or "."
+    python = f"{sys.executable} -c"
+    ways = {"cat": f"cat {denied}", "python": f"{python} \"print(open('{denied}').read())\"",
+            "root": f"cat /proc/self/root{world.project}/{denied}", "link": "cat notes.txt",
+            "other": f"cat /proc/1/root{world.project}/{denied} "
+                     f"/proc/$PPID/root{world.project}/{denied}",
+            "umount": f"umount {denied}; umount -l {denied}; umount -l {folder}; cat {denied}",
+            "move": f"mkdir m; touch e; mount --move {denied} e; mount --move {folder} m; "
+                    f"cat e m/{target.name} {denied}",
+            "syscalls": f"{python} \"import ctypes; c = ctypes.CDLL(None); c.umount2(b'{denied}', 2); "
+                        f"open('e2', 'w').close(); c.mount(b'{denied}', b'e2', None, 0x2000, None); "
+                        f"print(open('{denied}').read())\"",      # umount2(MNT_DETACH), MS_MOVE
+            "rename": f"mv {denied} moved; cat moved",
+            "folder": f"mv {folder} gone; cat gone/{target.name}",
+            "unshare": f"unshare -rm sh -c 'umount -l {denied}; cat {denied}'"}
+    # what each way read is kept in a file: a tool's output masks the values of .env files
+    commands = [made] + [f"({way}) > out-{name} 2>&1" for name, way in ways.items()]
+    confine = judged(world, rules, "bash", {"command": made})   # as a script doing each is approved
+
+    async def scenario(box):
+        return [await bash(box, command, confine) for command in commands]
+    results = drive(world, scenario)
+    assert "x\nran" in results[0].text and "Exit code: 0" in results[0].text
+    for name in ways:
+        assert "MARKER" not in (world.project / f"out-{name}").read_text(), name
+    assert not (world.project / "moved").exists()      # a cover is no file one renames
+
+
+SECOND_MOUNT = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+sys.path[:0] = {path!r}
+import permissions, test_sandbox
+world = SimpleNamespace(project=Path({project!r}), khaelor_home=Path({khaelor_home!r}))
+rules = permissions.load_rules([permissions.claude_layer("settings.json", {text!r}, world.project)])
+confine = test_sandbox.judged(world, rules, "bash", {{"command": "make"}})
+test_sandbox.drive(world, lambda box: test_sandbox.bash(box, {command!r}, confine))
+"""
+
+
+@pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+                    reason="no user namespace to bind the project a second time in")
+@pytest.mark.parametrize("rule, denied, bound", [("Read(./.env)", ".env", "."),
+                                                 ("Read(./secrets)", "secrets/sub/key", "secrets/sub")])
+def test_a_denied_file_is_covered_too_where_a_second_mount_shows_it(world, rule, denied, bound):
+    """Covering a denied file is a mount at its path: where the same folder shows at a second place (the
+    project bound there too, a btrfs pool's top mounted as well, a folder of it bound elsewhere) an
+    approved command read it there."""
+    (world.project / denied).parent.mkdir(parents=True, exist_ok=True)
+    (world.project / denied).write_text("TOKEN=MARKER-7319\n")
+    # a system folder every command reads (/var), where Landlock's walk up meets no rule otherwise
+    second = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    text = json.dumps({"permissions": {"deny": [rule]}})
+    command = f"cat {second}/{os.path.relpath(denied, bound)} > out 2>&1"
+    script = SECOND_MOUNT.format(path=sys.path, project=str(world.project), text=text, command=command,
+                                 khaelor_home=str(world.khaelor_home))
+    try:
+        subprocess.run(["unshare", "-rm", "sh", "-c", 'mount --bind "$1" "$2" && exec "$3" -c "$4"', "sh",
+                        world.project / bound, second, sys.executable, script], check=True, cwd=world.project)
+    finally:
+        second.rmdir()
+    assert "Permission denied" in (world.project / "out").read_text()
