@@ -30,8 +30,9 @@ What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also cros
 A bash line is split into the simple commands it runs (&&, ||, ;, |, &, newlines, $( ), backticks,
 subshells, heredocs, bash -c, eval, find -exec); each needs one of process.execute / git.modify /
 network.access, plus file.read or filesystem.outsideProject for each argument that may name a file,
-and file.write.project for each output redirection. Every request is judged; the strictest answer
-wins (deny > ask > allow).
+and file.write.project for each output redirection (and, met only by a deny or ask a rule file
+wrote, for each file its POLICY row says it writes: cp x f, sed -i f). Every request is judged; the
+strictest answer wins (deny > ask > allow).
 
 Silence is earned, not assumed: by default a command runs without asking only when it is provably
 read-only (POLICY below: literal words, listed commands and options spelled out, no writing
@@ -517,7 +518,6 @@ POLICY: dict[str, Program] = {
     **_each("cp install ln mv", Program("exact writes-last")),
     "dd": Program("exact writes-of"),
     "patch": Program("writes"),
-    "ddrescue": Program("writes-second"),
     **_each("""
         ./gradlew ansible artisan bazel buildah bunx cabal cdk cf cmake conda consul crictl
         dart docker-compose dotnet dune eksctl firebase flutter flyctl git gradle hatch
@@ -2507,8 +2507,10 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     kinds = " ".join(_row(name, *args[k:k + 1]).kinds for k in range(-1, len(args))).split()
     if "disk" in kinds and not set(options) & only_shows:
         return f"rewriting a disk ({name})"
-    # what it writes (cat counts: cat x /dev/sda)
-    written = targets if name == "cat" else _written(part.core)
+    # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
+    written = {"cp": targets[1:], "ddrescue": targets[1:], "tee": targets, "shred": targets,
+               "cat": targets,
+               "dd": [a[3:] for a in args if a.startswith("of=")]}.get(name, [])
     if any(_is_device(t) for t in written):
         return f"{name} onto a device"
     control = next((t for t in written if _kernel_control(t)), None)
