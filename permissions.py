@@ -2509,8 +2509,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
     written = {"cp": targets[1:], "ddrescue": targets[1:], "tee": targets, "shred": targets,
-               "cat": targets,
-               "dd": [a[3:] for a in args if a.startswith("of=")]}.get(name, [])
+               "cat": targets, "dd": _written(part.core)}.get(name, [])
     if any(_is_device(t) for t in written):
         return f"{name} onto a device"
     control = next((t for t in written if _kernel_control(t)), None)
