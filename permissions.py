@@ -1239,7 +1239,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         rule = None
     suggestion = None if destructive else _one_suggestion(verdicts, action)
     reason = f"no rule allows {request.capability} {request.subject}"
-    if destructive:
+    if destructive and action != "deny":
         reason = (f"destroys work in the repository ({destructive}): "
                   "asks every time, --yes alone never approves it")
     elif rule:

@@ -245,6 +245,9 @@ def test_a_denied_edit_is_denied_to_every_command_that_writes_the_file(root):
                     "dd if=config/prod.yml of=x", "tar -xf a.tar", "rsync -a migrations/ /tmp/m"):
         assert decision(root, "bash", command, rules) == "ask", command
     assert decision(root, "bash", "sed -n 1p config/prod.yml", rules) == "allow"
+    # (a command that also destroys work names the rule that denied it, not the question it skips)
+    denied = permissions.decide("bash", {"command": "git restore config/prod.yml"}, root, rules)
+    assert denied.reason.startswith('deny file.write.project "config/prod.yml"'), denied.reason
 
 
 def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
