@@ -30,8 +30,9 @@ What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also cros
 A bash line is split into the simple commands it runs (&&, ||, ;, |, &, newlines, $( ), backticks,
 subshells, heredocs, bash -c, eval, find -exec); each needs one of process.execute / git.modify /
 network.access, plus file.read or filesystem.outsideProject for each argument that may name a file,
-and file.write.project for each output redirection. Every request is judged; the strictest answer
-wins (deny > ask > allow).
+and file.write.project for each output redirection (and, met only by a deny or ask a rule file
+wrote, for each file its POLICY row says it writes: cp x f, sed -i f). Every request is judged; the
+strictest answer wins (deny > ask > allow).
 
 Silence is earned, not assumed: by default a command runs without asking only when it is provably
 read-only (POLICY below: literal words, listed commands and options spelled out, no writing
@@ -94,7 +95,9 @@ class Program(NamedTuple):
     # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
-    # -r), writes-second (uniq IN OUT), counts (-5 is a count: head -5, git log -5), data (every
+    # -r), what it writes (see _written): writes (every operand: rm, tee), writes-last (cp SRC
+    # DEST), writes-second (uniq IN OUT), writes-of (dd of=F), in-place (every operand, given -i:
+    # sed -i, perl -i), counts (-5 is a count: head -5, git log -5), data (every
     # word is data: echo, test), sets (changes what later commands run: export, read, alias, hash
     # -p), disk and power (the floor's)
     kinds: str = ""
@@ -250,7 +253,7 @@ POLICY: dict[str, Program] = {
         zero-terminated""")),
     "tr": Program("read", ("cCdst", """
         complement delete squeeze-repeats truncate-set1""")),
-    "sed": Program("read pattern exact", ("ne:", "quiet silent")),
+    "sed": Program("read pattern exact in-place", ("ne:", "quiet silent")),
     "diff": Program("read recursive", ("abBdEilNpqrsStTuwyZU:C:x:X:I:W:", """
         brief report-identical-files unified unified= context context= side-by-side
         recursive new-file ignore-case ignore-all-space ignore-space-change
@@ -383,12 +386,14 @@ POLICY: dict[str, Program] = {
     **_each("remote update, remote prune, submodule update, submodule add, submodule sync, "
             "submodule foreach", Program(network="*"), prefix="git "),
     **_each("""
-        add am apply bisect checkout cherry-pick clean commit commit-tree filter-branch
+        add am apply bisect cherry-pick clean commit commit-tree filter-branch
         fsck gc hash-object init lfs maintenance merge mktag mktree mv pack-refs prune
-        read-tree rebase repack replace reset restore revert rm sparse-checkout switch
+        read-tree rebase repack replace reset revert rm sparse-checkout switch
         symbolic-ref update-index update-ref write-tree""", Program("modify"), prefix="git "),
+    **_each("checkout restore", Program("modify writes"), prefix="git "),
     **_each("aria2c dig ftp host http https netcat nslookup ping whois", Program(network="*")),
-    **_each("curl rsync scp sftp wget", Program("exact", network="*")),
+    **_each("curl sftp wget", Program("exact", network="*")),
+    **_each("rsync scp", Program("exact writes-last", network="*")),
     "tar": Program(options=("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")),
     "gh": Program(network="*", arity=3),
     **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
@@ -483,7 +488,7 @@ POLICY: dict[str, Program] = {
         deno mongosh mysql node psql python python3 redis-cli ruby""",
             Program("interpreter", arity=2)),
     "ipython": Program("interpreter runner"),
-    "perl": Program("interpreter exact"),
+    "perl": Program("interpreter exact in-place"),
     "awk": Program("runner pattern exact"),
     **_each("""
         bpython ed emacs ex expect gawk gdb ipython3 lldb mawk nawk nvim
@@ -506,10 +511,13 @@ POLICY: dict[str, Program] = {
     **_each("""
         alias declare enable export getopts hash local mapfile read readarray readonly typeset
         unset""", Program("sets", arity=1)),
-    **_each("mkdir ps touch", Program(arity=1)),
-    **_each("""
-        . chgrp chmod chown cp dd eval find install kill killall ln mv pkill rm rmdir shred
-        source tee truncate""", Program("exact")),
+    "ps": Program(arity=1),
+    **_each("mkdir touch", Program("writes", arity=1)),
+    **_each(". eval find kill killall pkill source", Program("exact")),
+    **_each("chgrp chmod chown rm rmdir shred tee truncate", Program("exact writes")),
+    **_each("cp install ln mv", Program("exact writes-last")),
+    "dd": Program("exact writes-of"),
+    "patch": Program("writes"),
     **_each("""
         ./gradlew ansible artisan bazel buildah bunx cabal cdk cf cmake conda consul crictl
         dart docker-compose dotnet dune eksctl firebase flutter flyctl git gradle hatch
@@ -1230,7 +1238,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         rule = None
     suggestion = None if destructive else _one_suggestion(verdicts, action)
     reason = f"no rule allows {request.capability} {request.subject}"
-    if destructive:
+    if destructive and action != "deny":
         reason = (f"destroys work in the repository ({destructive}): "
                   "asks every time, --yes alone never approves it")
     elif rule:
@@ -1663,16 +1671,27 @@ def _part_requests(part: _Part, root: str, compound: bool,
             for place in places:
                 requests += _word_requests(target, place, root, access)
     suggest_paths = not compound and len(places) == 1
+    written = _written(part.core)
     for word in _path_arguments(part.core):
         _on_time()
         for place in places:
-            requests += _word_requests(word, place, root, FILE_READ,
-                                       suggest=suggest_paths)
+            named = _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
+            requests += named
+            if word in written:
+                requests += map(_as_written, named)
     for place in places:
         for secret in _recursive_secrets(part._replace(cwd=place)):
             request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
     return list(dict.fromkeys(requests))
+
+
+def _as_written(request: _Request) -> _Request:
+    """A path a command writes (cp x f) as a write of it: only a user's deny or ask of the write
+    meets it (read_only), as the command itself asks anyway."""
+    capability = FILE_WRITE if request.capability == FILE_READ else request.capability
+    return request._replace(capability=capability, writes=True, read_only=True,
+                            suggestion=None, secret=False)
 
 
 def _redirect_writes(op: str, target: str) -> bool:
@@ -1880,6 +1899,19 @@ def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
     if pattern_first and not any(map(_gives_pattern, options)):
         operands = operands[1:]
     return options, operands
+
+
+def _written(core: tuple[str, ...]) -> list[str]:
+    """The words naming the files a command writes, by its row's kinds (the Program docstring):
+    cp x f, tee f, dd of=f, sed -i ... f, git checkout -- f."""
+    git = core[:1] == ("git",)
+    row = _row(*core[:1 + git])
+    options, operands = _operands(core[git:])
+    if row.has("in-place") and _has(options, "--in-place", short="i"):
+        return operands
+    picked = {"writes": operands, "writes-last": operands[-1:], "writes-second": operands[1:2],
+              "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
+    return next((words for kind, words in picked.items() if row.has(kind)), [])
 
 
 def _bash_glob(word: str) -> str:
@@ -2483,8 +2515,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
     written = {"cp": targets[1:], "ddrescue": targets[1:], "tee": targets, "shred": targets,
-               "cat": targets,
-               "dd": [a[3:] for a in args if a.startswith("of=")]}.get(name, [])
+               "cat": targets, "dd": _written(part.core)}.get(name, [])
     if any(_is_device(t) for t in written):
         return f"{name} onto a device"
     control = next((t for t in written if _kernel_control(t)), None)

@@ -218,3 +218,48 @@ def test_a_legacy_prefix_rule_ends_at_a_word_not_inside_one(root):
         assert decision(root, "bash", command, rules) == "ask", command
     _, rules = rules_from(root, "deny", "Bash(curl http://x.test/:*)")
     assert decision(root, "bash", "curl http://x.test/a", rules) == "deny"
+
+
+WRITES_OF_A_DENIED_FILE = [
+    "cp x config/prod.yml", "mv x config/prod.yml", "tee config/prod.yml", "tee -a config/prod.yml",
+    "sed -i s/a/b/ config/prod.yml", "sed -i.bak -e s/a/b/ config/prod.yml", "touch config/prod.yml",
+    "rm -f config/prod.yml", "truncate -s0 config/prod.yml", "dd if=x of=config/prod.yml",
+    "install -m 644 x config/prod.yml", "ln -sf x config/prod.yml", "chmod 600 config/prod.yml",
+    "git checkout -- config/prod.yml", "git restore config/prod.yml", "patch config/prod.yml",
+    "perl -i -pe s/a/b/ config/prod.yml", "perl -pi -e s/a/b/ config/prod.yml",
+    "rsync -a x config/prod.yml", "sudo cp x config/prod.yml", "cd config && cp ../x prod.yml",
+    "cp x migrations/001.sql", "uniq a migrations/001.sql",
+]
+
+
+def test_a_denied_edit_is_denied_to_every_command_that_writes_the_file(root):
+    """Edit(./config/prod.yml) denied `echo x > config/prod.yml` but only asked for cp, sed -i,
+    dd of=, git restore ... of it, so --yes or a hurried "y" wrote it (anthropics/claude-code
+    #70369). A copy from it is a read, and a write elsewhere asks as before."""
+    (root / "config").mkdir()
+    (root / "config" / "prod.yml").write_text("a: 1\n")
+    _, rules = rules_from(root, "deny", "Edit(./config/prod.yml)", "Edit(./migrations/**)")
+    for command in WRITES_OF_A_DENIED_FILE:
+        assert decision(root, "bash", command, rules) == "deny", command
+    for command in ("cp config/prod.yml backup.yml", "cp x config/dev.yml", "sed -i s/a/b/ src/a",
+                    "dd if=config/prod.yml of=x", "tar -xf a.tar", "rsync -a migrations/ /tmp/m"):
+        assert decision(root, "bash", command, rules) == "ask", command
+    assert decision(root, "bash", "sed -n 1p config/prod.yml", rules) == "allow"
+    # (a command that also destroys work names the rule that denied it, not the question it skips)
+    denied = permissions.decide("bash", {"command": "git restore config/prod.yml"}, root, rules)
+    assert denied.reason.startswith('deny file.write.project "config/prod.yml"'), denied.reason
+
+
+def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
+    """{capability: file.write.project, action: deny} likewise; an ask of a path asks even where
+    the command is allowed, and a command allowed writes elsewhere without asking, as before."""
+    layer = permissions.Layer("u/config.json", {"permissions": [
+        {"capability": "process.execute", "pattern": "*", "action": "allow"},
+        {"capability": "file.write.project", "pattern": "config/prod.yml", "action": "deny"},
+        {"capability": "file.write.project", "pattern": "db/*", "action": "ask"}]})
+    rules = permissions.load_rules([layer])
+    for command in ("cp x config/prod.yml", "sed -i s/a/b/ config/prod.yml", "rm config/prod.yml",
+                    "dd of=config/prod.yml"):
+        assert decision(root, "bash", command, rules) == "deny", command
+    assert decision(root, "bash", "mv x db/a.sql", rules) == "ask"
+    assert decision(root, "bash", "cp config/prod.yml src/a", rules) == "allow"
