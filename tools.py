@@ -294,7 +294,8 @@ def _glob_base(args: dict) -> str:
 
 
 def _process_subject(args: dict) -> tuple[str, dict]:
-    """process's kind by action: start "bash", write "feed", others "held" (permission_subject)."""
+    """start runs a command line; write feeds the running one; list, read and stop act on
+    processes judged when they started (list and read only look)."""
     action = args.get("action") or ""
     if action == "start":
         return "bash", args
@@ -509,7 +510,8 @@ class Workspace:
         return _raced(shown)
 
     def read_file(self, path: Path, places: list[str]) -> bytes:
-        """The bytes of the regular file at `path`: opened by open_judged, read by _read_regular."""
+        """A regular file's bytes (see open); a FIFO, device or socket is refused unread, and a file
+        past READ_FILE_CAP_BYTES (or growing past it while it is read) is too large."""
         with os.fdopen(self.open_judged(path, places, os.O_RDONLY), "rb") as handle:
             return _read_regular(handle, self.display(path))
 
@@ -1059,6 +1061,7 @@ class Toolbox:
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
         self.places = [str(workspace.cwd)]
+        # Content-addressed file versions: a rewind to between two edits writes them back.
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
@@ -1070,6 +1073,7 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
+        # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
     async def run(self, name: str, tool_input: dict, tool_use_id: str,
@@ -1350,6 +1354,7 @@ def _remove_old_blobs(versions: int, cutoff: float) -> int:
                     continue
                 if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
                     continue
+                # unlink never follows a symlink.
                 os.unlink(entry.name, dir_fd=versions)
                 removed += 1
     return removed
