@@ -22,8 +22,10 @@ from model import ModelError, merge_usage, refused_field
 
 # byte-identical consecutive tool calls before the run pauses
 DOOM_LOOP_REPEATS = 3
-# a streaming text block reaches the log this often: a crash loses ~1 s of it
-CHECKPOINT_INTERVAL_S = 1.0
+# a streaming text block reaches the log this often, and a kill -9 loses at most this much of it
+CHECKPOINT_INTERVAL_S = 0.25
+# and reaches the disk this often (what a power cut loses)
+CHECKPOINT_SYNC_S = 1.0
 # or as soon as this much new text has arrived
 CHECKPOINT_CHARS = 4096
 # reminders to run a check before an answer is delivered as it is (ADR-12)
@@ -712,7 +714,8 @@ class Kernel:
             self.emit("Status", text=self.ctx.notes.pop(0))
         self.emit("ModelStarted", model=request["model"])
         reducer = StreamReducer()
-        synced_at = time.monotonic()  # fsync checkpoints at most once a CHECKPOINT_INTERVAL_S
+        # (a lambda: a retry replaces the reducer, and the saver must see the new one)
+        saver = asyncio.create_task(self.save_while_streaming(lambda: reducer))
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
@@ -727,13 +730,27 @@ class Kernel:
                         payload["card"] = tools.card_of(
                             payload["name"], payload["input"])
                     self.emit(kind, **payload)
-                if self.save_checkpoint(reducer, now) and now - synced_at >= CHECKPOINT_INTERVAL_S:
-                    synced_at = now
-                    await self.bus.store.sync_off_loop()
+                self.save_checkpoint(reducer, now)
         except asyncio.CancelledError:
             # Esc: the text streamed so far is kept (run() syncs it as the turn ends).
             self.save_checkpoint(reducer, None)
             raise
+        finally:
+            saver.cancel()
+            if saver.done() and not saver.cancelled() and saver.exception():
+                raise saver.exception()     # the log could not be written
+
+    async def save_while_streaming(self, current_reducer) -> None:
+        """Saves the streaming text on a clock, not only when a delta arrives: a reply that pauses
+        mid-sentence would otherwise keep the words on screen out of the log for the whole pause."""
+        synced_at = time.monotonic()
+        while True:
+            await asyncio.sleep(CHECKPOINT_INTERVAL_S)
+            now = time.monotonic()
+            self.save_checkpoint(current_reducer(), now)
+            if now - synced_at >= CHECKPOINT_SYNC_S:
+                synced_at = now
+                await self.bus.store.sync_off_loop()
 
     def save_checkpoint(self, reducer: StreamReducer,
                         now: float | None) -> bool:

@@ -94,9 +94,31 @@ def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "recovered"
     assert_no_rejections(fake)
-    sent = fake.requests[-1]["body"]["messages"]
-    assert sent[0]["role"] == "user" and [m["role"] for m in sent] == ["user"]
-    assert said(strip_request(sent)[0]) == ["write a lot", "try again"]
+    sent = strip_request(fake.requests[-1]["body"]["messages"])
+    # the words saved before the kill are kept as the cut-off answer, between the two messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    kept = [block["text"] for block in sent[1]["content"]]
+    assert len(kept) == 1 and kept[0].startswith("word word") and ("word " * 400).startswith(kept[0])
+    assert said(sent[0]) == ["write a lot"]
+    assert said(sent[2])[0].startswith("[I interrupted your reply here") and said(sent[2])[1:] == ["try again"]
+
+
+def test_kill_9_while_a_reply_pauses_mid_text_keeps_the_words_already_shown(khaelor, fake):
+    """A reply that streams a few words and then goes quiet (the model thinking between sentences,
+    a slow network): the words on screen reach the log within a fraction of a second even though
+    no further delta arrives to trigger a save, so a kill -9 during the pause loses none of them."""
+    fake.enqueue(reply(text("early words on screen. " + "the rest never comes " * 20), chunk=23,
+                       stall_after_events=4, stall_seconds=30))
+    proc = khaelor.popen("-p", "write a lot")
+    deadline = time.time() + 10
+    while not fake.requests and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.2)         # the pause: the first delta came, nothing since
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.release()
+    saved = "".join(e["text"] for e in khaelor.log() if e["type"] == "TextCheckpoint")
+    assert saved == "early words on screen. "
 
 
 def test_kill_9_mid_reply_still_counts_the_request_that_reached_the_api(khaelor, fake):

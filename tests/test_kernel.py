@@ -196,7 +196,7 @@ def test_derive_next_decides_pruning_and_compaction_before_a_call():
     assert derive_next(with_calls, budget="compact") == "execute-tools"    # results first
 
 
-def test_a_streaming_text_block_is_checkpointed_about_once_a_second():
+def test_a_streaming_text_block_is_checkpointed_about_four_times_a_second():
     from kernel import StreamReducer
     reducer = StreamReducer()
     reducer.feed({"type": "message_start", "message": {"id": "m1", "model": "m", "usage": {"input_tokens": 7}}})
@@ -207,7 +207,7 @@ def test_a_streaming_text_block_is_checkpointed_about_once_a_second():
         clock += 0.01
         if (payload := reducer.checkpoint(clock)) is not None:
             saved.append(payload["text"])
-    assert 2 <= len(saved) <= 3
+    assert 11 <= len(saved) <= 12
     final = reducer.checkpoint(None)           # cut off: the rest, and the usage reported so far
     assert "".join(saved) + final["text"] == "".join(f"w{k} " for k in range(300))
     assert final["usage"]["input_tokens"] == 7 and final["model"] == "m"
