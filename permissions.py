@@ -15,8 +15,8 @@ Must not: import our other modules but sandbox (the one secret vocabulary, Confi
 translator are defined there), write files or run anything. It only reads the world:
 os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME (and the user
 database for ~user), a bounded walk looks for secret files under a directory a command searches
-recursively, and PATH's entries are looked at to see whether a program would come from inside the
-project.
+recursively, PATH's entries are looked at to see whether a program would come from inside the
+project, and the diff patch applies is read for the files it names.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
   file.read, file.write.project  the project-relative POSIX path after resolving `..` and
@@ -96,10 +96,11 @@ class Program(NamedTuple):
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
     # -r), what it writes (see _written): writes (every operand: rm, tee), writes-last (cp SRC
-    # DEST), writes-second (uniq IN OUT), writes-of (dd of=F), in-place (every operand, given -i:
-    # sed -i, perl -i), counts (-5 is a count: head -5, git log -5), data (every
-    # word is data: echo, test), sets (changes what later commands run: export, read, alias, hash
-    # -p), disk and power (the floor's)
+    # DEST), writes-rest (all but the first: chmod MODE F), writes-second (uniq IN OUT), writes-of
+    # (dd of=F), in-place (every operand, given -i: sed -i, perl -i), into (its last operand may be
+    # a directory the others go into: cp F DIR/), patches (patch: its file, or the diff's), counts
+    # (-5 is a count: head -5, git log -5), data (every word is data: echo, test), sets (changes
+    # what later commands run: export, read, alias, hash -p), disk and power (the floor's)
     kinds: str = ""
     # read: the options that keep it read-only; otherwise (a wrapper, tar) its options that take a
     # value (both written as below: "n:" and "lines=" take a value)
@@ -393,7 +394,7 @@ POLICY: dict[str, Program] = {
     **_each("checkout restore", Program("modify writes"), prefix="git "),
     **_each("aria2c dig ftp host http https netcat nslookup ping whois", Program(network="*")),
     **_each("curl sftp wget", Program("exact", network="*")),
-    **_each("rsync scp", Program("exact writes-last", network="*")),
+    **_each("rsync scp", Program("exact writes-last into", network="*")),
     "tar": Program(options=("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")),
     "gh": Program(network="*", arity=3),
     **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
@@ -514,10 +515,14 @@ POLICY: dict[str, Program] = {
     "ps": Program(arity=1),
     **_each("mkdir touch", Program("writes", arity=1)),
     **_each(". eval find kill killall pkill source", Program("exact")),
-    **_each("chgrp chmod chown rm rmdir shred tee truncate", Program("exact writes")),
-    **_each("cp install ln mv", Program("exact writes-last")),
+    **_each("rm rmdir shred tee truncate", Program("exact writes")),
+    **_each("chgrp chmod chown", Program("exact writes-rest")),
+    **_each("cp install ln", Program("exact writes-last into")),
+    "mv": Program("exact writes into"),
     "dd": Program("exact writes-of"),
-    "patch": Program("writes"),
+    "patch": Program("patches", ("B:D:F:V:Y:d:g:i:o:p:r:z:", """
+        backup-if-mismatch= define= directory= fuzz= get= input= output= prefix= reject-file=
+        strip= suffix= version-control= basename-prefix= quoting-style= reject-format=""")),
     **_each("""
         ./gradlew ansible artisan bazel buildah bunx cabal cdk cf cmake conda consul crictl
         dart docker-compose dotnet dune eksctl firebase flutter flyctl git gradle hatch
@@ -1671,19 +1676,49 @@ def _part_requests(part: _Part, root: str, compound: bool,
             for place in places:
                 requests += _word_requests(target, place, root, access)
     suggest_paths = not compound and len(places) == 1
-    written = _written(part.core)
+    # (git -C DIR and a work tree move where git's path arguments start)
+    places = tuple(_git_place(part, place) for place in places)
     for word in _path_arguments(part.core):
         _on_time()
         for place in places:
-            named = _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
-            requests += named
-            if word in written:
-                requests += map(_as_written, named)
+            requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
+    for place in places:
+        written = _written(part.core, place)
+        if _row(*part.core[:1]).has("patches"):
+            written = _patched(part.core, part.redirects, place)
+        for word in dict.fromkeys(written):
+            requests += map(_as_written, _word_requests(word, place, root, FILE_READ))
     for place in places:
         for secret in _recursive_secrets(part._replace(cwd=place)):
             request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
     return list(dict.fromkeys(requests))
+
+
+def _git_place(part: _Part, place: str) -> str:
+    """Where git's path arguments start: -C moves it (each relative to the last); a work tree
+    (--work-tree, -c core.worktree, GIT_WORK_TREE) the directory is not inside is where they
+    start then (`git --work-tree=sub checkout -- x` writes sub/x)."""
+    if part.core[:1] != ("git",):
+        return place
+    tree = next((w[14:] for w in part.words if w.startswith("GIT_WORK_TREE=")), None)
+    args = part.core[1:]
+    k = 0
+    while k < len(args) and args[k].startswith("-"):
+        option, attached, value = args[k].partition("=")
+        separate = option in _GIT_VALUED and not attached
+        value = args[k + 1] if separate and k + 1 < len(args) else value
+        if option == "-C":
+            place = posixpath.normpath(posixpath.join(place, os.path.expanduser(value)))
+        elif option == "--work-tree":
+            tree = value
+        elif option == "-c" and value.lower().startswith("core.worktree="):
+            tree = value.partition("=")[2]
+        k += 1 + separate
+    if tree is None:
+        return place
+    tree = posixpath.normpath(posixpath.join(place, os.path.expanduser(tree)))
+    return place if sandbox.within(place, [tree]) else tree
 
 
 def _as_written(request: _Request) -> _Request:
@@ -1901,17 +1936,110 @@ def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return options, operands
 
 
-def _written(core: tuple[str, ...]) -> list[str]:
-    """The words naming the files a command writes, by its row's kinds (the Program docstring):
-    cp x f, tee f, dd of=f, sed -i ... f, git checkout -- f."""
+def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
+    """The words naming the files a command writes, by its row's kinds (the Program docstring) and
+    _WRITE_OPTIONS: cp x f, tee f, dd of=f, sed -i ... f, git checkout -- f, sort -o f; cp x DIR
+    and cp -t DIR x also write DIR/x (a directory is known as one by its trailing / or in cwd)."""
     git = core[:1] == ("git",)
+    if git:
+        _, sub, rest = _git_split(core[1:])
+        core = ("git", sub or "", *rest)
     row = _row(*core[:1 + git])
     options, operands = _operands(core[git:])
-    if row.has("in-place") and _has(options, "--in-place", short="i"):
-        return operands
-    picked = {"writes": operands, "writes-last": operands[-1:], "writes-second": operands[1:2],
+    words = _option_written(core)
+    if row.has("in-place") and _edits_in_place(core[0], options):
+        return operands + words
+    directories = list(words) if core[:1] in (("cp",), ("install",), ("ln",), ("mv",)) else []
+    last = operands[-1:]
+    if row.has("into") and not directories and last:
+        into = last[0].endswith("/") or os.path.isdir(os.path.join(cwd, last[0]))
+        directories = last if into else []
+        operands = operands[:-1] if into else operands
+    for directory in directories:
+        words += [posixpath.join(directory, posixpath.basename(o.rstrip("/"))) for o in operands]
+    mode_first = _chmod_mode(core, options) and not _has(options, "--reference")
+    picked = {"writes": operands, "writes-last": last, "writes-second": operands[1:2],
+              "writes-rest": operands[int(mode_first):],
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
-    return next((words for kind, words in picked.items() if row.has(kind)), [])
+    return words + next((ws for kind, ws in picked.items() if row.has(kind)), [])
+
+
+# the options whose value is a file a program writes: (short letters, long names); for git any
+# subcommand's --output (git log --output=F), for cp, install, ln and mv a target directory
+_WRITE_OPTIONS = {
+    **dict.fromkeys(("cp", "install", "ln", "mv"), ("t", "target-directory")),
+    **dict.fromkeys(("sort", "shuf"), ("o", "output")),
+    "curl": ("o", "output"),
+    "wget": ("O", "output-document"),
+    "patch": ("o", "output"),
+    "git": ("", "output"),
+    "git archive": ("o", "output"),
+    "git format-patch": ("o", "output-directory output"),
+}
+# find's actions that write their value: find . -fprint F
+_FIND_WRITES = frozenset(("-fprint", "-fprint0", "-fprintf", "-fls"))
+
+
+def _option_written(core: tuple[str, ...]) -> list[str]:
+    """The values of the options in _WRITE_OPTIONS (and find's -fprint F) in core."""
+    if core[:1] == ("find",):
+        return [value for option, value in zip(core, core[1:]) if option in _FIND_WRITES]
+    key = " ".join(core[:2])
+    short, longs = _WRITE_OPTIONS.get(key) or _WRITE_OPTIONS.get(core[0] if core else "", ("", ""))
+    skip = 1 + (key in _WRITE_OPTIONS or core[:1] == ("git",))
+    row = _row(*core[:skip])
+
+    def writes(option: str) -> bool:
+        if option.startswith("--"):
+            return _abbreviates(option, *longs.split())
+        return len(option) == 2 and option[1] in short
+
+    options = _parse(core[skip:], lambda o: writes(o) or row.reads_value(o))[0]
+    return [o.value for o in options if writes(o.name) and o.value]
+
+
+def _edits_in_place(name: str, options: list[str]) -> bool:
+    """sed -i, perl -pi: an -i in a cluster before a letter that takes the rest of the word
+    (perl -Mstrict loads strict; sed -es/i/x/ is a script)."""
+    rest = {"sed": "efl", "perl": "CDEFIMVdemx"}.get(name, "")
+    for option in options:
+        if name == "sed" and _abbreviates(option, "in-place"):
+            return True
+        letters = option[1:] if option[1:2] != "-" else ""
+        before = re.split(f"[{re.escape(rest)}]", letters, maxsplit=1)[0] if rest else letters
+        if "i" in before:
+            return True
+    return False
+
+
+def _chmod_mode(core: tuple[str, ...], options: list[str]) -> bool:
+    """Whether chmod's (chown's, chgrp's) first operand is its mode (owner, group), not a file:
+    not after --reference, nor for a mode written as an option (chmod -w f)."""
+    modes = [o for o in options if re.fullmatch(r"-[rwxXstugoa0-7=+,-]+", o)]
+    return not (core[:1] == ("chmod",) and modes)
+
+
+def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
+    """The files patch writes: its first operand and -o's value; without a file operand, each file
+    the diff names (read from -i F or < F; a diff from a pipe is not read), with every leading
+    directory stripped or not, as -p may have it; below -d's directory."""
+    options, operands, _ = _parse(core[1:], _row("patch").reads_value)
+    values = {o.name: o.value for o in options if o.value}
+    directory = values.get("-d") or values.get("--directory") or "."
+    diffs = [values[name] for name in ("-i", "--input") if name in values]
+    diffs += [target for op, target in redirects if op == "<"]
+    written = operands[:1]
+    for diff in diffs[:1] if not operands else []:
+        try:
+            with open(os.path.join(cwd, diff), "rb") as f:
+                text = f.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for named in re.findall(r"^(?:---|\+\+\+) ([^\t\n]+)", text, re.M):
+            parts = named.strip().split("/")
+            written += ["/".join(parts[k:]) for k in range(len(parts)) if parts[k:] != ["null"]]
+    written = [posixpath.join(directory, word) for word in written]
+    return written + _option_written(core)
 
 
 def _bash_glob(word: str) -> str:

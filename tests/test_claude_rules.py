@@ -250,6 +250,45 @@ def test_a_denied_edit_is_denied_to_every_command_that_writes_the_file(root):
     assert denied.reason.startswith('deny file.write.project "config/prod.yml"'), denied.reason
 
 
+WRITES_INTO_A_DENIED_DIRECTORY = [
+    "cp prod.yml config/", "cp prod.yml config", "cp src/prod.yml config", "mv prod.yml config/",
+    "install prod.yml config/", "ln -s prod.yml config/", "ln -s ../prod.yml config/",
+    "rsync prod.yml config/", "scp prod.yml config/", "cp -t config prod.yml", "cp -tconfig prod.yml",
+    "mv -t config prod.yml", "install -t config prod.yml", "ln -st config ../prod.yml",
+    "cp --target-directory=config prod.yml", "mv --target config prod.yml", "mv config/prod.yml x",
+    "git -C . checkout -- config/prod.yml", "git -C config restore prod.yml",
+    "git -C src -C ../config restore prod.yml", "git --work-tree=. checkout -- config/prod.yml",
+    "git --work-tree=config checkout -- prod.yml", "GIT_WORK_TREE=config git checkout -- prod.yml",
+    "git -c core.worktree=config checkout -- prod.yml", "find . -fprint config/prod.yml",
+    "find . -fprintf config/prod.yml %p", "find . -fls config/prod.yml", "find . -fprint0 config/prod.yml",
+    "git log --output=config/prod.yml", "git diff --output config/prod.yml", "git -C config show --output=prod.yml",
+    "git archive -o config/prod.yml HEAD", "sort -o config/prod.yml f", "sort -ro config/prod.yml f",
+    "sort --out=config/prod.yml f", "shuf -o config/prod.yml f", "curl -o config/prod.yml http://x",
+    "wget -O config/prod.yml http://x", "perl -lpi -e s/a/b/ config/prod.yml", "sed -ni 1p config/prod.yml",
+    "chmod -w config/prod.yml", "patch -p1 < fix.diff", "patch -i fix.diff", "patch -o config/prod.yml f fix.diff",
+]
+
+
+def test_a_denied_edit_meets_a_write_into_its_directory_by_option_or_through_git_s_directory(root):
+    """Edit(./config/prod.yml) denied `cp x config/prod.yml` but only asked for `cp prod.yml config/`,
+    `cp -t config prod.yml`, `git -C config restore prod.yml`, `find -fprint`, `sort -o`, `git log
+    --output=`: the file a command writes is named by a directory, an option, or git's own -C."""
+    (root / "config").mkdir()
+    (root / "config" / "prod.yml").write_text("a: 1\n")
+    (root / "src").mkdir()
+    (root / "fix.diff").write_text("--- a/config/prod.yml\t2020\n+++ b/config/prod.yml\n@@ -1 +1 @@\n")
+    _, rules = rules_from(root, "deny", "Edit(./config/prod.yml)", "Edit(./600)", "Edit(./fix.diff)")
+    for command in WRITES_INTO_A_DENIED_DIRECTORY:
+        assert decision(root, "bash", command, rules) == "deny", command
+    # a copy of another file, a mode, a diff patch reads, and perl -M or a sed script with an i in it
+    # write none of these
+    for command in ("cp -t config dev.yml", "cp dev.yml config/", "git -C config restore dev.yml",
+                    "find . -fprint config/dev.yml", "chmod 600 f", "chown 600 f", "patch f fix.diff",
+                    "perl -Mstrict -e 1 config/prod.yml", "sed -e s/i/x/ config/prod.yml",
+                    "git --work-tree=config checkout -- config/prod.yml", "rsync -t x config/dev.yml"):
+        assert decision(root, "bash", command, rules) == "ask", command
+
+
 def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
     """{capability: file.write.project, action: deny} likewise; an ask of a path asks even where
     the command is allowed, and a command allowed writes elsewhere without asking, as before."""
