@@ -32,7 +32,8 @@ subshells, heredocs, bash -c, eval, find -exec); each needs one of process.execu
 network.access, plus file.read or filesystem.outsideProject for each argument that may name a file,
 and file.write.project for each output redirection (and, met only by a deny or ask a rule file
 wrote, for each file its POLICY row says it writes: cp x f, sed -i f). Every request is judged; the
-strictest answer wins (deny > ask > allow).
+strictest answer wins (deny > ask > allow). An allow naming a program reaches its options that
+write or run more (git log --output, find -fprint, awk's system()) only by naming them (_ESCAPES).
 
 Silence is earned, not assumed: by default a command runs without asking only when it is provably
 read-only (POLICY below: literal words, listed commands and options spelled out, no writing
@@ -766,6 +767,8 @@ class _Request(NamedTuple):
     wrapped_at: int = 0
     # that command, standing alone, provably only reads (`timeout 5 ls`)
     wrapped_reads: bool = False
+    # its options that write or run more than the program's name says (see _ESCAPES)
+    escapes: tuple[str, ...] = ()
 
 
 class _Part(NamedTuple):
@@ -1250,6 +1253,8 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         reason = rule_text(rule)
     elif layer == "read-only":
         reason = "provably read-only"
+    elif layer == "escape":
+        reason = f"no allow rule names {' '.join(request.escapes)}, which writes or runs more"
     return Decision(action, request.capability, descriptor, rule, False,
                     suggestion, reason, layer=layer, read_only=read_only,
                     not_read_only=not_read_only, destructive=destructive,
@@ -1270,6 +1275,10 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
             and request.core != request.subject and not _names_the_wrapped(rule.pattern, request):
         alone = request._replace(subject=request.core, read_only=request.wrapped_reads)
         return _verdict(alone, rules)
+    unnamed = [e for e in request.escapes if not _names(rule.pattern, e)] if rule else []
+    if unnamed and rule.action == "allow" and rule.layer != "default" and rule.pattern != "*":
+        # `git log *` allowed is not `git log --output=F` nor --ext-diff
+        return "ask", None, request, "escape"
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
         trusted = [r for r in rules if not r.tighten_only]
@@ -1658,11 +1667,15 @@ def _part_requests(part: _Part, root: str, compound: bool,
             # --output=…): a wildcard over its arguments would grant exactly
             # that form from then on
             suggestion = _escape(command)
+    escapes = _escapes(part.core)
+    if suggestion and escapes:
+        suggestion = _escape(command)
     requests = [_Request(
         capability, command, suggestion,
         read_only=read_only and capability == EXECUTE,
         core=shlex.join(_rule_core(part.core)), wrapped_at=wrapped_at,
         wrapped_reads=capability == EXECUTE and _wrapped_reads(part, wrapped_at, root),
+        escapes=escapes,
     )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
@@ -1719,6 +1732,49 @@ def _git_place(part: _Part, place: str) -> str:
         return place
     tree = posixpath.normpath(posixpath.join(place, os.path.expanduser(tree)))
     return place if sandbox.within(place, [tree]) else tree
+
+
+# Options by which a program the user allowed by name writes a file or runs something unseen:
+# find -fprint F, git log --output=F or --ext-diff (the configured diff program), less +!CMD, vim
+# -c CMD, zip -TT CMD, an awk program read from a file. An allow rule reaches them only by naming
+# them in its own words (`git log --output=* *`); otherwise they ask.
+_ESCAPES = {
+    **dict.fromkeys(("sort", "shuf"), "-o --output"),
+    "find": "-fprint -fprint0 -fprintf -fls",
+    "git": "--output --ext-diff",
+    "less": "+ -k --lesskey-file --lesskey-src",
+    **dict.fromkeys(("vi", "vim", "nvim", "ex", "view"), "+ -c --cmd -S"),
+    "zip": "-TT --unzip-command",
+    **dict.fromkeys(("awk", "gawk", "mawk", "nawk"), "-f --file"),
+}
+# what in an awk program runs a command or writes a file: system(), a pipe (not ||), print >
+_AWK_ESCAPE = re.compile(r"system|(?<!\|)\|(?!\|)|print[^;{}\n]*>|@load")
+
+
+def _escapes(core: tuple[str, ...]) -> tuple[str, ...]:
+    """The options of _ESCAPES in a command (the letter in a cluster: sort -ro F), and what
+    _AWK_ESCAPE finds in an awk program."""
+    name = core[0] if core else ""
+    args = core[1:]
+    found = []
+    for token in _ESCAPES.get(name, "").split():
+        letter = token[1:] if len(token) == 2 and token != "-S" else ""
+        for word in args:
+            given = word == token or _abbreviates(word, token) or letter in _short_flags(word)
+            if given or (token == "+" and word.startswith("+")):
+                found.append(token)
+                break
+    if name in ("awk", "gawk", "mawk", "nawk"):
+        found += [m[0] for word in args for m in _AWK_ESCAPE.finditer(word)]
+    return tuple(dict.fromkeys(found))
+
+
+def _names(pattern: str, escape: str) -> bool:
+    """Whether a rule's pattern names an escape: an option as a word of its own (`sort -o *`,
+    `git log --output=* *`), what an awk program holds anywhere in it."""
+    if escape[:1] not in ("-", "+"):
+        return escape in pattern
+    return any(word.startswith(escape) for word in pattern.split())
 
 
 def _as_written(request: _Request) -> _Request:
