@@ -95,6 +95,7 @@ class Program(NamedTuple):
     # subcommand read-only only in the shapes of its three-word rows), wrapper (runs the rest of its
     # words), shell, interpreter, runner (runs what it reads), installer (a package manager), exact
     # (an "always" names the whole command: rm *, curl * would grant far more than the user saw),
+    # moded (an option picks what it does, tar -t lists, -x extracts: an "always" keeps it),
     # pattern (its first operand is a pattern, not a file), recursive (may read a whole tree: grep
     # -r), what it writes (see _written): writes (every operand: rm, tee), writes-last (cp SRC
     # DEST), writes-rest (all but the first: chmod MODE F), writes-second (uniq IN OUT), writes-of
@@ -396,7 +397,9 @@ POLICY: dict[str, Program] = {
     **_each("aria2c dig ftp host http https netcat nslookup ping whois", Program(network="*")),
     **_each("curl sftp wget", Program("exact", network="*")),
     **_each("rsync scp", Program("exact writes-last into", network="*")),
-    "tar": Program(options=("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")),
+    "tar": Program("moded", ("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")),
+    **_each("""
+        bunzip2 bzip2 cpio gunzip gzip lz4 unxz unzip unzstd xz zip zstd""", Program("moded")),
     "gh": Program(network="*", arity=3),
     **_each("nc ncat ssh telnet", Program("runner exact", network="*")),
     "socat": Program("runner", network="*"),
@@ -2215,6 +2218,10 @@ def _suggest(words: tuple[str, ...]) -> str | None:
     if unusual_start or destructive:
         return exact
     options = [word for word in words if word.startswith("-")]
+    if _row(program).has("moded") and options:
+        # `tar -tf x.tar` is `tar -tf *`, never `tar *`: that would grant -x and --to-command;
+        # with its options elsewhere too (tar -f x -t), which one picks the mode is not kept
+        return _escape(shlex.join(words[:2])) + " *" if options == [words[1]] else exact
     if program == "git" and _has(options, "--force", "--hard", short="fD"):
         # granting the whole subcommand would grant its forced form (-rf, --force-with-lease too)
         return exact

@@ -291,6 +291,23 @@ def test_arity_suggestions(project, command, pattern):
     assert result["suggestion"] == pattern, result
 
 
+@pytest.mark.parametrize("command, pattern", [
+    ("tar -tf x.tar", "tar -tf *"), ("tar -tvzf x.tgz", "tar -tvzf *"), ("tar tf x.tar", "tar tf *"),
+    ("tar -xf x.tar", "tar -xf *"), ("tar -czf a.tgz src", "tar -czf *"), ("unzip -l a.zip", "unzip -l *"),
+    ("zip -sf a.zip", "zip -sf *"), ("gzip -l a.gz", "gzip -l *"), ("xz -l a.xz", "xz -l *"),
+    ("cpio -t", "cpio -t *"), ("tar --list -f x.tar", "tar --list -f x.tar"),
+    ("tar -f x.tar -t", "tar -f x.tar -t")])
+def test_always_keeps_the_option_that_picks_what_an_archiver_does(project, command, pattern):
+    """"Always" to `tar -tf x.tar` saved `tar *`, which then allowed `tar -xf` and --to-command
+    unasked: an archiver's "always" keeps its mode option, or names the whole command."""
+    assert bash(command, project)["suggestion"] == pattern
+    rules = load_rules([("u", add_grant({}, {"capability": "process.execute", "pattern": pattern}))])
+    assert decide("bash", {"command": command}, project, rules).action == "allow"
+    for other in ("tar -xf x.tar", "tar -x --to-command=sh -f x.tar", "unzip a.zip", "gzip -d a.gz"):
+        if other != command:
+            assert decide("bash", {"command": other}, project, rules).action == "ask", other
+
+
 @pytest.mark.parametrize("command", [
     "git push origin main", "npm run build", "python -c 'print([1])'", "rm -rf build",
     "find . -name '*.pyc' -delete", "cat .env", "docker compose up -d"])
