@@ -170,8 +170,9 @@ _GREP = ("EFGPiyvwxcLlmoqsbHhnTZzrRUaIe:f:m:A:B:C:d:D:", """
     after-context= before-context= context= text binary-files= devices=
     directories= exclude= exclude-dir= include= recursive
     dereference-recursive line-buffered invert-match""")
-_SUMS = ("bctwz", """
-    binary check text tag quiet status warn strict zero ignore-missing""")
+# (not -c: it reads the files its list names, which no rule sees)
+_SUMS = ("btwz", """
+    binary text tag quiet status warn strict zero ignore-missing""")
 _GIT_LOG = ("pusznNmtrMCRBDiEFS:G:L:U:O:", """
     oneline stat stat= shortstat numstat name-only name-status graph all
     branches branches= tags tags= remotes remotes= decorate decorate=
@@ -551,7 +552,7 @@ NOBODY = Program()
 # jq programs can read the environment ($ENV, env), other files and modules.
 _JQ_UNSAFE = re.compile(
     r"\benv\b|\$\s*ENV|\$\s*__|\binput_filename\b|\bimport\b|\binclude\b"
-    r"|\bgetpath\b|\bdebug\b|\bstderr\b|\binput"
+    r"|\bgetpath\b|\bdebug\b|\bstderr\b|\binput|\bmodulemeta\b|\bget_search_list\b"
 )
 # sed scripts that only print: line N or lines M to N (1,5p).
 _SED_PRINT = re.compile(r"([0-9]+,)?[0-9]+p")
@@ -2305,6 +2306,8 @@ def _not_read_only(part: _Part, root: str = "") -> str | None:
         return f"{name} writes its second file argument"
     if name == "jq" and any(_JQ_UNSAFE.search(w) for w in positional):
         return "the jq program reads the environment or other files"
+    if name == "man" and any("/" in w for w in positional):
+        return "man: a page file's .so requests read other files"
     if name == "sed":
         # its scripts: -e's values, else the first operand
         for script in values or positional[:1] or [""]:

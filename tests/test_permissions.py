@@ -1204,3 +1204,14 @@ def test_an_allow_that_names_the_option_reaches_it(project):
         assert bash(command, project, rules[:-1])["decision"] == "allow", command
     # Bash(*) allows everything, these too
     assert bash("vim -c '!touch m' f", project, rules)["decision"] == "allow"
+
+
+@pytest.mark.parametrize("command", [
+    "man ./page.1", "man docs/x.5", "sha256sum -c SUMS", "md5sum --check SUMS", "b2sum -wc SUMS",
+    "jq -n '\"x\" | modulemeta'", "jq -n get_search_list"])
+def test_a_read_beyond_what_the_command_names_asks(project, command):
+    """`man ./page.1` (its .so requests include other files), `sha256sum -c SUMS` (it reads the
+    files SUMS lists) and jq's modulemeta (modules on its search path) ran as provably read-only."""
+    assert bash(command, project)["decision"] == "ask", command
+    for command in ("man ls", "man 1 ls", "sha256sum src/app.py", "jq . src/app.py"):
+        assert bash(command, project)["decision"] == "allow", command
