@@ -1770,6 +1770,8 @@ def _escapes(core: tuple[str, ...]) -> tuple[str, ...]:
                 break
     if name in ("awk", "gawk", "mawk", "nawk"):
         found += [m[0] for word in args for m in _AWK_ESCAPE.finditer(word)]
+    if name == "sed":
+        found += _sed_written(args)
     return tuple(dict.fromkeys(found))
 
 
@@ -2006,7 +2008,7 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
         core = ("git", sub or "", *rest)
     row = _row(*core[:1 + git])
     options, operands = _operands(core[git:])
-    words = _option_written(core)
+    words = _option_written(core) + (_sed_written(core[1:]) if core[:1] == ("sed",) else [])
     if row.has("in-place") and _edits_in_place(core[0], options):
         return operands + words
     directories = list(words) if core[:1] in (("cp",), ("install",), ("ln",), ("mv",)) else []
@@ -3354,20 +3356,36 @@ def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:
 _SED_E = re.compile(r"(?:^|[;\n{}])(?:/(?:[^/\\\n]|\\.)*/[IM]*|\\(.).*?\1|[\d$,~+!\s])*e"
                     r"(?:[ \t]+([^\n]*)|(?=[;\n}]|$))")
 _SED_S_E = re.compile(r"s(.)(?:(?!\1)[^\\\n]|\\.)*\1(?:(?!\1)[^\\\n]|\\.)*\1[0-9gpiImM]*e")
+# sed's w and W commands and s///w: each writes the file named to the end of its line
+_SED_W = re.compile(r"(?:^|[;\n{}])(?:/(?:[^/\\\n]|\\.)*/[IM]*|\\(.).*?\1|[\d$,~+!\s])*[wW]"
+                    r"[ \t]*([^\n]*)|s(.)(?:(?!\3)[^\\\n]|\\.)*\3(?:(?!\3)[^\\\n]|\\.)*\3"
+                    r"[0-9gpiImMe]*w[ \t]*([^\n]*)")
+
+
+def _sed_takes(option: str) -> bool:
+    return option in ("-e", "-f", "-l") or _abbreviates(option, "expression", "file", "line-length")
+
+
+def _sed_script(args: tuple[str, ...]) -> str:
+    """sed's script: -e's values joined by newlines, or its first operand."""
+    options, operands, _ = _parse(args, _sed_takes)
+    given = [o.value or "" for o in options if o.name == "-e" or _abbreviates(o.name, "expression")]
+    return "\n".join(given or operands[:1])
+
+
+def _sed_written(args: tuple[str, ...]) -> list[str]:
+    """The files sed's w commands write (sed -n '/x/w out' f; s/a/b/w out)."""
+    found = [m[2] or m[4] for m in _SED_W.finditer(_sed_script(args))]
+    return [name for name in found if name and name not in ("/dev/stdout", "/dev/stderr")]
 
 
 def _sed_scripts(_: str, args: tuple[str, ...]) -> tuple[list[str], str | None]:
     """The command lines GNU sed's e commands run, and why not all can be read: s///e and a bare e
     run text sed makes, -f a script file."""
-    def takes(option: str) -> bool:
-        long_names = ("expression", "file", "line-length")
-        return option in ("-e", "-f", "-l") or _abbreviates(option, *long_names)
-    options, operands, _ = _parse(args, takes)
+    options = _parse(args, _sed_takes)[0]
     if any(o.name == "-f" or _abbreviates(o.name, "file") for o in options):
         return [], "sed -f reads its script from a file not read here"
-    given = [o.value or "" for o in options if o.name == "-e" or _abbreviates(o.name, "expression")]
-    # (-e's values are one script, joined by newlines)
-    script = "\n".join(given or operands[:1])
+    script = _sed_script(args)
     lines = [m.group(2) for m in _SED_E.finditer(script) if (m.group(2) or "").strip()]
     if _SED_S_E.search(script) or len(lines) < len(_SED_E.findall(script)):
         return lines, "sed's e runs text sed makes as a command"

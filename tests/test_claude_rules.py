@@ -265,7 +265,8 @@ WRITES_INTO_A_DENIED_DIRECTORY = [
     "git archive -o config/prod.yml HEAD", "sort -o config/prod.yml f", "sort -ro config/prod.yml f",
     "sort --out=config/prod.yml f", "shuf -o config/prod.yml f", "curl -o config/prod.yml http://x",
     "wget -O config/prod.yml http://x", "perl -lpi -e s/a/b/ config/prod.yml", "sed -ni 1p config/prod.yml",
-    "chmod -w config/prod.yml", "patch -p1 < fix.diff", "patch -i fix.diff", "patch -o config/prod.yml f fix.diff",
+    "chmod -w config/prod.yml", "sed -n '/a/w config/prod.yml' f", "sed 's/a/b/gw config/prod.yml' f",
+    "patch -p1 < fix.diff", "patch -i fix.diff", "patch -o config/prod.yml f fix.diff",
 ]
 
 

@@ -1174,7 +1174,7 @@ def test_a_command_word_made_by_an_expansion_never_runs_unasked(project, command
     assert result["decision"] == "ask", (command, result)
 
 
-ESCAPE_RULES = ("git log *", "git *", "find *", "awk *", "less *", "zip *", "vim *", "sort *")
+ESCAPE_RULES = ("git log *", "git *", "find *", "awk *", "less *", "zip *", "vim *", "sort *", "sed *")
 
 
 @pytest.mark.parametrize("command", [
@@ -1183,7 +1183,7 @@ ESCAPE_RULES = ("git log *", "git *", "find *", "awk *", "less *", "zip *", "vim
     "awk 'BEGIN{system(\"touch m\")}'", "awk '{print | \"sh\"}' f", "awk '{print $1 > \"m\"}' f",
     "awk -f prog.awk f", "less '+!touch m' f", "vim -c '!touch m' f", "vim '+!touch m' f",
     "vim -S x.vim f", "zip -T -TT 'touch m' a.zip f", "zip --unzip-command='touch m' -T a.zip f",
-    "sort -o m f", "sort -ro m f", "sort --out=m f"])
+    "sort -o m f", "sort -ro m f", "sort --out=m f", "sed -n 'w m' f", "sed 's/a/b/gw m' f"])
 def test_an_allow_naming_the_program_does_not_reach_its_options_that_write_or_run(project, command):
     """`git log *` (Bash(git log:*)), `find *`, `awk *` … allowed let `git log --output=F`, `find
     -fprint F`, `awk 'BEGIN{system(...)}'`, `less '+!CMD'`, `vim -c '!CMD'`, `zip -TT CMD` run
@@ -1200,7 +1200,7 @@ def test_an_allow_that_names_the_option_reaches_it(project):
                   ("awk 'BEGIN{system(\"ls\")}'", "allow"), ("*", "allow"))
     for command in ("git log --output=m", "sort -o m f", "find . -fprint m", "awk 'BEGIN{system(\"ls\")}'",
                     "git log --oneline", "awk '$1 > 5 || $2 {print $1}' f", "less f", "vim f", "zip a.zip f",
-                    "sort -r f"):
+                    "sort -r f", "sed 's/w/x/' f"):
         assert bash(command, project, rules[:-1])["decision"] == "allow", command
     # Bash(*) allows everything, these too
     assert bash("vim -c '!touch m' f", project, rules)["decision"] == "allow"
