@@ -2017,13 +2017,43 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
         into = last[0].endswith("/") or os.path.isdir(os.path.join(cwd, last[0]))
         directories = last if into else []
         operands = operands[:-1] if into else operands
-    for directory in directories:
-        words += [posixpath.join(directory, posixpath.basename(o.rstrip("/"))) for o in operands]
+    copies = [(o, _copy_target(core[0], o, d)) for d in directories for o in operands]
+    words += [target for _, target in copies]
+    if row.has("into") and not directories and len(operands) == 2:
+        # cp -r DIR NEW and mv make NEW the copy of DIR; rsync makes NEW/DIR (NEW itself for DIR/)
+        renamed = core[0] != "rsync"
+        copies.append((operands[0], last[0] if renamed else _copy_target("rsync", *operands)))
+    for source, target in copies:
+        if core[0] in ("cp", "mv", "rsync", "scp"):
+            words += _copied_tree(source, target, cwd)
     mode_first = _chmod_mode(core, options) and not _has(options, "--reference")
     picked = {"writes": operands, "writes-last": last, "writes-second": operands[1:2],
               "writes-rest": operands[int(mode_first):],
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
     return words + next((ws for kind, ws in picked.items() if row.has(kind)), [])
+
+
+def _copy_target(name: str, source: str, directory: str) -> str:
+    """Where source lands in directory: DIR/NAME, or for rsync's `SRC/` DIR itself."""
+    if name == "rsync" and source.endswith("/"):
+        return directory
+    return posixpath.join(directory, posixpath.basename(source.rstrip("/")))
+
+
+def _copied_tree(source: str, target: str, cwd: str) -> list[str]:
+    """What copying (or moving) the directory source to target writes: target/ENTRY for each
+    entry below it, at most _MAX_GLOB (a deny of a file deeper in a bigger tree is not seen here:
+    the command asks anyway)."""
+    top = os.path.join(cwd, source)
+    found = []
+    for directory, subdirectories, files in os.walk(top) if os.path.isdir(top) else ():
+        _on_time()
+        for name in subdirectories + files:
+            entry = os.path.relpath(os.path.join(directory, name), top)
+            found.append(posixpath.join(target, entry))
+        if len(found) >= _MAX_GLOB:
+            break
+    return found[:_MAX_GLOB]
 
 
 # the options whose value is a file a program writes: (short letters, long names); for git any

@@ -290,6 +290,20 @@ def test_a_denied_edit_meets_a_write_into_its_directory_by_option_or_through_git
         assert decision(root, "bash", command, rules) == "ask", command
 
 
+def test_a_denied_edit_meets_a_tree_copied_or_moved_over_it(root):
+    """`cp -r sub config/` writes config/sub/x: Edit(./config/sub/x) denied it, and it only asked."""
+    for directory in ("config", "sub/deep"):
+        (root / directory).mkdir(parents=True)
+    (root / "sub" / "deep" / "x").write_text("1")
+    _, rules = rules_from(root, "deny", "Edit(./config/sub/deep/x)", "Edit(./new/deep/x)")
+    for command in ("cp -r sub config/", "cp -r sub config", "cp -a sub/ config", "mv sub config/",
+                    "rsync -a sub config/", "rsync -a sub/ config/sub", "cp -r sub new", "mv sub new",
+                    "rsync -a sub/ new", "scp -r sub config/"):
+        assert decision(root, "bash", command, rules) == "deny", command
+    for command in ("rsync -a sub new", "cp -r sub other", "ln -s ../sub config/", "cp -r sub/deep config/"):
+        assert decision(root, "bash", command, rules) == "ask", command
+
+
 def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
     """{capability: file.write.project, action: deny} likewise; an ask of a path asks even where
     the command is allowed, and a command allowed writes elsewhere without asking, as before."""
