@@ -2017,7 +2017,8 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
         into = last[0].endswith("/") or os.path.isdir(os.path.join(cwd, last[0]))
         directories = last if into else []
         operands = operands[:-1] if into else operands
-    copies = [(o, _copy_target(core[0], o, d)) for d in directories for o in operands]
+    sources = [path for word in operands for path in _expanded(word, cwd)]
+    copies = [(o, _copy_target(core[0], o, d)) for d in directories for o in sources]
     words += [target for _, target in copies]
     if row.has("into") and not directories and len(operands) == 2:
         # cp -r DIR NEW and mv make NEW the copy of DIR; rsync makes NEW/DIR (NEW itself for DIR/)
@@ -2031,6 +2032,14 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
               "writes-rest": operands[int(mode_first):],
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
     return words + next((ws for kind, ws in picked.items() if row.has(kind)), [])
+
+
+def _expanded(word: str, cwd: str) -> list[str]:
+    """The paths a glob word names (relative to cwd), or the word itself (cp *.yml DIR/)."""
+    if not any(ch in word for ch in "*?["):
+        return [word]
+    matches = _glob(os.path.join(cwd, os.path.expanduser(_bash_glob(word))))
+    return [os.path.relpath(m, cwd) for m in matches] if matches else [word]
 
 
 def _copy_target(name: str, source: str, directory: str) -> str:

@@ -291,14 +291,17 @@ def test_a_denied_edit_meets_a_write_into_its_directory_by_option_or_through_git
 
 
 def test_a_denied_edit_meets_a_tree_copied_or_moved_over_it(root):
-    """`cp -r sub config/` writes config/sub/x: Edit(./config/sub/x) denied it, and it only asked."""
+    """`cp -r sub config/` writes config/sub/x: Edit(./config/sub/x) denied it, and it only asked;
+    so did `cp *.yml config/` for config/new.yml."""
     for directory in ("config", "sub/deep"):
         (root / directory).mkdir(parents=True)
     (root / "sub" / "deep" / "x").write_text("1")
-    _, rules = rules_from(root, "deny", "Edit(./config/sub/deep/x)", "Edit(./new/deep/x)")
+    (root / "new.yml").write_text("")
+    _, rules = rules_from(root, "deny", "Edit(./config/sub/deep/x)", "Edit(./new/deep/x)",
+                          "Edit(./config/new.yml)")
     for command in ("cp -r sub config/", "cp -r sub config", "cp -a sub/ config", "mv sub config/",
                     "rsync -a sub config/", "rsync -a sub/ config/sub", "cp -r sub new", "mv sub new",
-                    "rsync -a sub/ new", "scp -r sub config/"):
+                    "rsync -a sub/ new", "scp -r sub config/", "cp *.yml config/", "mv -t config n*.yml"):
         assert decision(root, "bash", command, rules) == "deny", command
     for command in ("rsync -a sub new", "cp -r sub other", "ln -s ../sub config/", "cp -r sub/deep config/"):
         assert decision(root, "bash", command, rules) == "ask", command
