@@ -2025,13 +2025,18 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
         renamed = core[0] != "rsync"
         copies.append((operands[0], last[0] if renamed else _copy_target("rsync", *operands)))
     for source, target in copies:
-        if core[0] in ("cp", "mv", "rsync", "scp"):
+        if core[:1] in (("cp",), ("mv",), ("rsync",), ("scp",)):
             words += _copied_tree(source, target, cwd)
     mode_first = _chmod_mode(core, options) and not _has(options, "--reference")
     picked = {"writes": operands, "writes-last": last, "writes-second": operands[1:2],
               "writes-rest": operands[int(mode_first):],
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
-    return words + next((ws for kind, ws in picked.items() if row.has(kind)), [])
+    words += next((ws for kind, ws in picked.items() if row.has(kind)), [])
+    # rm -r DIR, chmod -R, git checkout -- DIR: every entry below it too
+    recursive = core[:1] in (("rm",), ("chmod",), ("chown",), ("chgrp",)) and _recursive(core)
+    if recursive or core[:2] in (("git", "checkout"), ("git", "restore")):
+        words += [entry for word in words for entry in _copied_tree(word, word, cwd)]
+    return words
 
 
 def _expanded(word: str, cwd: str) -> list[str]:

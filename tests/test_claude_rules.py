@@ -292,18 +292,21 @@ def test_a_denied_edit_meets_a_write_into_its_directory_by_option_or_through_git
 
 def test_a_denied_edit_meets_a_tree_copied_or_moved_over_it(root):
     """`cp -r sub config/` writes config/sub/x: Edit(./config/sub/x) denied it, and it only asked;
-    so did `cp *.yml config/` for config/new.yml."""
-    for directory in ("config", "sub/deep"):
+    so did `cp *.yml config/` for config/new.yml, and `rm -rf config`, `git checkout -- config`."""
+    for directory in ("config/sub/deep", "sub/deep"):
         (root / directory).mkdir(parents=True)
     (root / "sub" / "deep" / "x").write_text("1")
+    (root / "config" / "sub" / "deep" / "x").write_text("1")
     (root / "new.yml").write_text("")
     _, rules = rules_from(root, "deny", "Edit(./config/sub/deep/x)", "Edit(./new/deep/x)",
                           "Edit(./config/new.yml)")
     for command in ("cp -r sub config/", "cp -r sub config", "cp -a sub/ config", "mv sub config/",
                     "rsync -a sub config/", "rsync -a sub/ config/sub", "cp -r sub new", "mv sub new",
-                    "rsync -a sub/ new", "scp -r sub config/", "cp *.yml config/", "mv -t config n*.yml"):
+                    "rsync -a sub/ new", "scp -r sub config/", "cp *.yml config/", "mv -t config n*.yml",
+                    "rm -rf config", "chmod -R a-w config/", "git checkout -- config", "git restore ."):
         assert decision(root, "bash", command, rules) == "deny", command
-    for command in ("rsync -a sub new", "cp -r sub other", "ln -s ../sub config/", "cp -r sub/deep config/"):
+    for command in ("rsync -a sub new", "cp -r sub other", "ln -s ../sub config/", "cp -r sub/deep config/",
+                    "rm config", "chmod a-w config", "cp new.yml config/sub/"):
         assert decision(root, "bash", command, rules) == "ask", command
 
 
