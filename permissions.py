@@ -1762,10 +1762,13 @@ def _escapes(core: tuple[str, ...]) -> tuple[str, ...]:
     args = core[1:]
     found = []
     for token in _ESCAPES.get(name, "").split():
-        letter = token[1:] if len(token) == 2 and token != "-S" else ""
+        letter = token[1:] if len(token) == 2 else ""
         for word in args:
             given = word == token or _abbreviates(word, token) or letter in _short_flags(word)
-            if given or (token == "+" and word.startswith("+")):
+            if token == "+":
+                # (+N and + only go to a line)
+                given = word.startswith("+") and not re.fullmatch(r"\+\d*", word)
+            if given:
                 found.append(token)
                 break
     if name in ("awk", "gawk", "mawk", "nawk"):
