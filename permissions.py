@@ -15,8 +15,9 @@ Must not: import our other modules but sandbox (the one secret vocabulary, Confi
 translator are defined there), write files or run anything. It only reads the world:
 os.path.realpath resolves symlinks, glob expands wildcards, expanduser reads $HOME (and the user
 database for ~user), a bounded walk looks for secret files under a directory a command searches
-recursively, PATH's entries are looked at to see whether a program would come from inside the
-project, and the diff patch applies is read for the files it names.
+recursively (and for what a tree copied or removed holds), PATH's entries are looked at to see
+whether a program would come from inside the project, and the diff patch applies and the archive
+tar or unzip extracts are read for the files they name.
 
 What a rule's pattern is matched against (fnmatch, case-sensitive; `*` also crosses `/`):
   file.read, file.write.project  the project-relative POSIX path after resolving `..` and
@@ -2012,6 +2013,7 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
     row = _row(*core[:1 + git])
     options, operands = _operands(core[git:])
     words = _option_written(core) + (_sed_written(core[1:]) if core[:1] == ("sed",) else [])
+    words += _archive_written(core, cwd) if core[:1] in (("tar",), ("unzip",), ("zip",)) else []
     if row.has("in-place") and _edits_in_place(core[0], options):
         return operands + words
     directories = list(words) if core[:1] in (("cp",), ("install",), ("ln",), ("mv",)) else []
@@ -2040,6 +2042,72 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
     if recursive or core[:2] in (("git", "checkout"), ("git", "restore")):
         words += [entry for word in words for entry in _copied_tree(word, word, cwd)]
     return words
+
+
+def _archive_written(core: tuple[str, ...], cwd: str) -> list[str]:
+    """What tar, zip and unzip write: the archive they make (tar -c/-r/-u/-A -f A, zip A ...), and
+    what they extract (tar -x, unzip): each member the archive lists (the first _MAX_GLOB, read by
+    tarfile or zipfile) below tar -C's or unzip -d's directory, and that directory."""
+    if core[0] == "zip":
+        return _operands(core)[1][:1]
+    if core[0] == "unzip":
+        options, operands, _ = _parse(core[1:], lambda o: o in ("-d", "-x"))
+        names = {o.name for o in options}
+        directory = next((o.value for o in options if o.name == "-d"), ".")
+        if names & {"-l", "-t", "-v", "-z", "-Z", "-p"}:
+            return []                   # it lists, tests or prints
+        return [directory] + _members(operands[:1], directory, cwd)
+    options = _parse(_tar_arguments(core[1:]), POLICY["tar"].reads_value)[0]
+    values = {o.name: o.value for o in options if o.value is not None}
+    archive = values.get("-f") or values.get("--file")
+    extracts = any(o.name == "-x" or _abbreviates(o.name, "--extract", "--get") for o in options)
+    makes = any(o.name in ("-c", "-r", "-u", "-A") for o in options)
+    if makes:
+        return [archive] if archive else []
+    if not extracts:
+        return []
+    directory = values.get("-C") or values.get("--directory") or "."
+    return [directory] + _members([archive] if archive else [], directory, cwd)
+
+
+def _tar_arguments(args: tuple[str, ...]) -> list[str]:
+    """tar's words with an old-style first cluster spelled out: `xfC A DIR` is `-x -f A -C DIR`
+    (its letters take their values from the next words, in order)."""
+    if not args or args[0].startswith("-"):
+        return list(args)
+    rest = iter(args[1:])
+    spelled = []
+    for letter in args[0]:
+        spelled.append("-" + letter)
+        if POLICY["tar"].takes_value("-" + letter):
+            spelled.append(next(rest, ""))
+    return spelled + list(rest)
+
+
+# the largest archive _members reads as a compressed tar
+_COMPRESSED_READ = 1 << 20
+
+
+def _members(archives: list[str], directory: str, cwd: str) -> list[str]:
+    """directory/MEMBER for the first _MAX_GLOB members an archive lists (none when unreadable)."""
+    import tarfile
+    import zipfile
+    names = []
+    for archive in archives:
+        path = os.path.join(cwd, archive)
+        try:
+            # (a compressed tar is read only when small: its members are found by inflating it)
+            mode = "r:*" if os.path.getsize(path) <= _COMPRESSED_READ else "r:"
+            if zipfile.is_zipfile(path):
+                names += zipfile.ZipFile(path).namelist()[:_MAX_GLOB]
+            else:
+                with tarfile.open(path, mode) as opened:
+                    for member in itertools.islice(opened, _MAX_GLOB):
+                        _on_time()
+                        names.append(member.name)
+        except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError):
+            continue
+    return [posixpath.join(directory, name.lstrip("/")) for name in names]
 
 
 def _expanded(word: str, cwd: str) -> list[str]:
