@@ -1280,10 +1280,6 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
             and request.core != request.subject and not _names_the_wrapped(rule.pattern, request):
         alone = request._replace(subject=request.core, read_only=request.wrapped_reads)
         return _verdict(alone, rules)
-    unnamed = [e for e in request.escapes if not _names(rule.pattern, e)] if rule else []
-    if unnamed and rule.action == "allow" and rule.layer != "default" and rule.pattern != "*":
-        # `git log *` allowed is not `git log --output=F` nor --ext-diff
-        return "ask", None, request, "escape"
     if rule is not None and rule.tighten_only:
         # an untrusted file's ask after the user's deny must not loosen it
         trusted = [r for r in rules if not r.tighten_only]
@@ -1299,6 +1295,10 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
             rule = stricter
     if rule is None:
         return "ask", None, request, "default"
+    unnamed = [e for e in request.escapes if not _names(rule.pattern, e)]
+    if unnamed and rule.action == "allow" and rule.layer != "default" and rule.pattern != "*":
+        # `git log *` allowed is not `git log --output=F` nor --ext-diff
+        return "ask", None, request, "escape"
     if request.read_only and rule.layer == "default":
         return "allow", None, request, "read-only"
     if request.secret and rule.layer == "default" and rule.action == "allow":
@@ -2131,7 +2131,7 @@ def _copied_tree(source: str, target: str, cwd: str) -> list[str]:
     the command asks anyway)."""
     top = os.path.join(cwd, source)
     found = []
-    for directory, subdirectories, files in os.walk(top) if os.path.isdir(top) else ():
+    for directory, subdirectories, files in os.walk(top):
         _on_time()
         for name in subdirectories + files:
             entry = os.path.relpath(os.path.join(directory, name), top)
@@ -2206,7 +2206,7 @@ def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
     diffs = [values[name] for name in ("-i", "--input") if name in values]
     diffs += [target for op, target in redirects if op == "<"]
     written = operands[:1]
-    for diff in diffs[:1] if not operands else []:
+    for diff in [] if operands else diffs[:1]:
         try:
             with open(os.path.join(cwd, diff), "rb") as f:
                 text = f.read(1 << 20).decode("utf-8", "replace")

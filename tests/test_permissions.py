@@ -1204,6 +1204,9 @@ def test_an_allow_that_names_the_option_reaches_it(project):
         assert bash(command, project, rules[:-1])["decision"] == "allow", command
     # Bash(*) allows everything, these too
     assert bash("vim -c '!touch m' f", project, rules)["decision"] == "allow"
+    # and a deny of the command a wrapper runs still holds where the allow names the wrapper
+    denied = ruled(("timeout 5 git log *", "allow"), ("git log --output*", "deny"))
+    assert bash("timeout 5 git log --output=m", project, denied)["decision"] == "deny"
 
 
 @pytest.mark.parametrize("command", [
