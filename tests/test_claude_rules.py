@@ -333,6 +333,17 @@ def test_a_denied_edit_meets_what_an_archive_is_extracted_into_or_made_as(root):
         assert decision(root, "bash", command, rules) == "ask", command
 
 
+def test_a_claude_prefix_rule_does_not_reach_the_programs_options_that_write_or_run(root):
+    """Bash(git log:*) allowed `git log --output=F` and Bash(find:*) `find -fprint F` unasked."""
+    _, rules = rules_from(root, "allow", "Bash(git log:*)", "Bash(find:*)", "Bash(awk:*)",
+                          "Bash(git diff --output=*)")
+    for command in ("git log --output=x", "git log -p --ext-diff", "find . -fprint x",
+                    "awk 'BEGIN{system(\"ls\")}'"):
+        assert decision(root, "bash", command, rules) == "ask", command
+    for command in ("git log --oneline", "find . -name x", "awk '{print $1}' f", "git diff --output=x"):
+        assert decision(root, "bash", command, rules) == "allow", command
+
+
 def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
     """{capability: file.write.project, action: deny} likewise; an ask of a path asks even where
     the command is allowed, and a command allowed writes elsewhere without asking, as before."""
