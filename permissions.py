@@ -1696,7 +1696,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
     suggest_paths = not compound and len(places) == 1
     # (git -C DIR and a work tree move where git's path arguments start)
     places = tuple(_git_place(part, place) for place in places)
-    for word in _path_arguments(part.core):
+    for word in _path_arguments(part.core) + _git_object_paths(part.core, root):
         _on_time()
         for place in places:
             requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
@@ -1711,6 +1711,21 @@ def _part_requests(part: _Part, root: str, compound: bool,
             request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
     return list(dict.fromkeys(requests))
+
+
+def _git_object_paths(core: tuple[str, ...], root: str) -> list[str]:
+    """The files git reads from its objects, named REV:PATH (git show HEAD:secrets/key, :0:PATH):
+    a read of PATH, from the top of the repository (./PATH from where git runs). Not :/TEXT,
+    which searches commit messages."""
+    if core[:1] != ("git",):
+        return []
+    paths = []
+    for word in core[1:]:
+        match = re.fullmatch(r"([^:/-][^:]*|):(?:[0-3]:)?([^/].*)", word)
+        if match and not _GIT_URL.match(word):
+            path = match[2]
+            paths.append(path if path.startswith(("./", "../")) else os.path.join(root, path))
+    return paths
 
 
 def _git_place(part: _Part, place: str) -> str:
