@@ -1701,7 +1701,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
         for place in places:
             requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
     for place in places:
-        written = _written(part.core, place)
+        written = _written(part.core, place, root)
         if _row(*part.core[:1]).has("patches"):
             written = _patched(part.core, part.redirects, place)
         for word in dict.fromkeys(written):
@@ -2017,10 +2017,11 @@ def _operands(core: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return options, operands
 
 
-def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
+def _written(core: tuple[str, ...], cwd: str = "", root: str = "") -> list[str]:
     """The words naming the files a command writes, by its row's kinds (the Program docstring) and
     _WRITE_OPTIONS: cp x f, tee f, dd of=f, sed -i ... f, git checkout -- f, sort -o f; cp x DIR
-    and cp -t DIR x also write DIR/x (a directory is known as one by its trailing / or in cwd)."""
+    and cp -t DIR x also write DIR/x (a directory is known as one by its trailing / or in cwd);
+    what is copied, removed or extracted into the project root is listed (see _copied_tree)."""
     git = core[:1] == ("git",)
     if git:
         _, sub, rest = _git_split(core[1:])
@@ -2028,7 +2029,8 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
     row = _row(*core[:1 + git])
     options, operands = _operands(core[git:])
     words = _option_written(core) + (_sed_written(core[1:]) if core[:1] == ("sed",) else [])
-    words += _archive_written(core, cwd) if core[:1] in (("tar",), ("unzip",), ("zip",)) else []
+    if core[:1] in (("tar",), ("unzip",), ("zip",)):
+        words += _archive_written(core, cwd, root)
     if row.has("in-place") and _edits_in_place(core[0], options):
         return operands + words
     directories = list(words) if core[:1] in (("cp",), ("install",), ("ln",), ("mv",)) else []
@@ -2046,7 +2048,7 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
         copies.append((operands[0], last[0] if renamed else _copy_target("rsync", *operands)))
     for source, target in copies:
         if core[:1] in (("cp",), ("mv",), ("rsync",), ("scp",)):
-            words += _copied_tree(source, target, cwd)
+            words += _copied_tree(source, target, cwd, root)
     mode_first = _chmod_mode(core, options) and not _has(options, "--reference")
     picked = {"writes": operands, "writes-last": last, "writes-second": operands[1:2],
               "writes-rest": operands[int(mode_first):],
@@ -2055,11 +2057,11 @@ def _written(core: tuple[str, ...], cwd: str = "") -> list[str]:
     # rm -r DIR, chmod -R, git checkout -- DIR: every entry below it too
     recursive = core[:1] in (("rm",), ("chmod",), ("chown",), ("chgrp",)) and _recursive(core)
     if recursive or core[:2] in (("git", "checkout"), ("git", "restore")):
-        words += [entry for word in words for entry in _copied_tree(word, word, cwd)]
+        words += [entry for word in words for entry in _copied_tree(word, word, cwd, root)]
     return words
 
 
-def _archive_written(core: tuple[str, ...], cwd: str) -> list[str]:
+def _archive_written(core: tuple[str, ...], cwd: str, root: str) -> list[str]:
     """What tar, zip and unzip write: the archive they make (tar -c/-r/-u/-A -f A, zip A ...), and
     what they extract (tar -x, unzip): each member the archive lists (the first _MAX_GLOB, read by
     tarfile or zipfile) below tar -C's or unzip -d's directory, and that directory."""
@@ -2071,7 +2073,7 @@ def _archive_written(core: tuple[str, ...], cwd: str) -> list[str]:
         directory = next((o.value for o in options if o.name == "-d"), ".")
         if names & {"-l", "-t", "-v", "-z", "-Z", "-p"}:
             return []                   # it lists, tests or prints
-        return [directory] + _members(operands[:1], directory, cwd)
+        return [directory] + _members(operands[:1], directory, cwd, root)
     options = _parse(_tar_arguments(core[1:]), POLICY["tar"].reads_value)[0]
     values = {o.name: o.value for o in options if o.value is not None}
     archive = values.get("-f") or values.get("--file")
@@ -2082,7 +2084,7 @@ def _archive_written(core: tuple[str, ...], cwd: str) -> list[str]:
     if not extracts:
         return []
     directory = values.get("-C") or values.get("--directory") or "."
-    return [directory] + _members([archive] if archive else [], directory, cwd)
+    return [directory] + _members([archive] if archive else [], directory, cwd, root)
 
 
 def _tar_arguments(args: tuple[str, ...]) -> list[str]:
@@ -2103,12 +2105,13 @@ def _tar_arguments(args: tuple[str, ...]) -> list[str]:
 _COMPRESSED_READ = 1 << 20
 
 
-def _members(archives: list[str], directory: str, cwd: str) -> list[str]:
-    """directory/MEMBER for the first _MAX_GLOB members an archive lists (none when unreadable)."""
+def _members(archives: list[str], directory: str, cwd: str, root: str) -> list[str]:
+    """directory/MEMBER for the first _MAX_GLOB members an archive lists (none when unreadable,
+    or extracted outside the project root)."""
     import tarfile
     import zipfile
     names = []
-    for archive in archives:
+    for archive in archives if _in_project(directory, cwd, root) else []:
         path = os.path.join(cwd, archive)
         try:
             # (a compressed tar is read only when small: its members are found by inflating it)
@@ -2123,6 +2126,10 @@ def _members(archives: list[str], directory: str, cwd: str) -> list[str]:
         except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError):
             continue
     return [posixpath.join(directory, name.lstrip("/")) for name in names]
+
+
+def _in_project(path: str, cwd: str, root: str) -> bool:
+    return bool(root) and sandbox.within(_word_path(path, cwd), [root])
 
 
 def _expanded(word: str, cwd: str) -> list[str]:
@@ -2140,20 +2147,26 @@ def _copy_target(name: str, source: str, directory: str) -> str:
     return posixpath.join(directory, posixpath.basename(source.rstrip("/")))
 
 
-def _copied_tree(source: str, target: str, cwd: str) -> list[str]:
+def _copied_tree(source: str, target: str, cwd: str, root: str) -> list[str]:
     """What copying (or moving) the directory source to target writes: target/ENTRY for each
-    entry below it, at most _MAX_GLOB (a deny of a file deeper in a bigger tree is not seen here:
-    the command asks anyway)."""
-    top = os.path.join(cwd, source)
+    entry below it, the first _MAX_GLOB met, nearest first (a deny of a file deeper in a bigger
+    tree is not seen here: the command asks anyway). Only in the project root: outside it, every
+    write asks, and each path would cost a look for secrets (rm -rf / must stay quick)."""
     found = []
-    for directory, subdirectories, files in os.walk(top):
-        _on_time()
-        for name in subdirectories + files:
-            entry = os.path.relpath(os.path.join(directory, name), top)
-            found.append(posixpath.join(target, entry))
-        if len(found) >= _MAX_GLOB:
-            break
-    return found[:_MAX_GLOB]
+    pending = [""] if _in_project(target, cwd, root) else []
+    while pending and len(found) < _MAX_GLOB:
+        below = pending.pop(0)
+        try:
+            with os.scandir(os.path.join(cwd, source, below)) as entries:
+                # (scandir reads a directory lazily: a huge one costs only what is taken)
+                for entry in itertools.islice(entries, _MAX_GLOB - len(found)):
+                    _on_time()
+                    found.append(posixpath.join(target, below, entry.name))
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(posixpath.join(below, entry.name))
+        except OSError:
+            continue
+    return found
 
 
 # the options whose value is a file a program writes: (short letters, long names); for git any

@@ -571,6 +571,19 @@ def test_pathological_commands_stay_fast(project):
         assert time.monotonic() - started < 1.0, command[:20]
 
 
+def test_a_tree_removed_outside_the_project_is_not_listed(project):
+    """rm -r lists the entries of the tree it removes, for the user's Edit denies: listing / (a
+    look for secrets at each of its paths) took `rm -rf /` to most of the time budget, and under
+    load past it, where the floor's refusal became a question. Outside the project nothing is
+    listed: every write there asks anyway."""
+    for command in ("rm -rf /", "chmod -R 777 /", "cd / && rm -rf \"$(pwd)\"", "rm -rf /usr"):
+        started = time.thread_time()
+        result = bash(command, project)
+        spent = time.thread_time() - started
+        assert (result["decision"], result["floor"]) == ("deny", True), command
+        assert spent < permissions.DECIDE_BUDGET_SECONDS / 3, (command, spent)
+
+
 def test_floor_does_not_apply_to_file_tools(project):
     assert check("write", "/dev/sda", project, DEFAULTS)["floor"] is False
 
