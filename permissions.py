@@ -1701,7 +1701,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
         for place in places:
             requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
     for place in places:
-        written = _written(part.core, place, root)
+        written = _written(part.core, place, root) + _wrappers_written(part)
         if _row(*part.core[:1]).has("patches"):
             written = _patched(part.core, part.redirects, place)
         for word in dict.fromkeys(written):
@@ -2173,7 +2173,7 @@ def _copied_tree(source: str, target: str, cwd: str, root: str) -> list[str]:
 # subcommand's --output (git log --output=F), for cp, install, ln and mv a target directory
 _WRITE_OPTIONS = {
     **dict.fromkeys(("cp", "install", "ln", "mv"), ("t", "target-directory")),
-    **dict.fromkeys(("sort", "shuf"), ("o", "output")),
+    **dict.fromkeys(("sort", "shuf", "time", "strace", "ltrace"), ("o", "output")),
     "curl": ("o", "output"),
     "wget": ("O", "output-document"),
     "patch": ("o", "output"),
@@ -2199,8 +2199,20 @@ def _option_written(core: tuple[str, ...]) -> list[str]:
             return _abbreviates(option, *longs.split())
         return len(option) == 2 and option[1] in short
 
-    options = _parse(core[skip:], lambda o: writes(o) or row.reads_value(o))[0]
+    # (a wrapper's options end at the command it runs: time -o F sort -o G)
+    stop = row.has("wrapper")
+    options = _parse(core[skip:], lambda o: writes(o) or row.reads_value(o), stop)[0]
     return [o.value for o in options if writes(o.name) and o.value]
+
+
+def _wrappers_written(part: _Part) -> list[str]:
+    """What the wrappers before a command write (time -o F, strace -o F, sudo time -o F make)."""
+    before = part.words[:_wrapped_at(part.words, part.core)]
+    written = []
+    for k, word in enumerate(before):
+        if posixpath.basename(word) in ("time", "strace", "ltrace"):
+            written += _option_written((posixpath.basename(word), *part.words[k + 1:]))
+    return written
 
 
 def _edits_in_place(name: str, options: list[str]) -> bool:

@@ -267,6 +267,8 @@ WRITES_INTO_A_DENIED_DIRECTORY = [
     "wget -O config/prod.yml http://x", "perl -lpi -e s/a/b/ config/prod.yml", "sed -ni 1p config/prod.yml",
     "chmod -w config/prod.yml", "sed -n '/a/w config/prod.yml' f", "sed 's/a/b/gw config/prod.yml' f",
     "patch -p1 < fix.diff", "patch -i fix.diff", "patch -o config/prod.yml f fix.diff",
+    "time -o config/prod.yml ls", "sudo time -o config/prod.yml make", "strace -f -o config/prod.yml ls",
+    "ltrace --output=config/prod.yml ls",
 ]
 
 
