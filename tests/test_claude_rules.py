@@ -348,13 +348,15 @@ def test_a_claude_prefix_rule_does_not_reach_the_programs_options_that_write_or_
 
 def test_a_denied_read_meets_git_reading_the_file_from_its_objects(root):
     """Read(./secrets/**) denied `cat secrets/key` but `git show HEAD:secrets/key` printed it from
-    git's objects, where the sandbox's hiding of secrets/ does not reach."""
+    git's objects, where the sandbox's hiding of secrets/ does not reach; `git -C sub diff token`
+    read sub/token, not ./token."""
     (root / "secrets").mkdir()
     (root / "sub").mkdir()
-    _, rules = rules_from(root, "deny", "Read(./secrets/**)")
+    _, rules = rules_from(root, "deny", "Read(./secrets/**)", "Read(./sub/token)")
     for command in ("git show HEAD:secrets/key", "git show :secrets/key", "git show :0:secrets/key",
                     "git cat-file -p HEAD~2:secrets/key", "git archive HEAD:secrets",
-                    "git -C secrets show HEAD:./key", "git diff HEAD:secrets/key HEAD:README"):
+                    "git -C secrets show HEAD:./key", "git diff HEAD:secrets/key HEAD:README",
+                    "git -C sub log -p -- token", "git -C sub diff token"):
         assert decision(root, "bash", command, rules) == "deny", command
     for command in ("git show HEAD:README", "git show :/fix", "git log --format=%h:%s", "git show HEAD",
                     "git -C sub show HEAD:./key"):
