@@ -1777,7 +1777,9 @@ def _escapes(core: tuple[str, ...]) -> tuple[str, ...]:
     name = core[0] if core else ""
     args = core[1:]
     found = []
-    for token in _ESCAPES.get(name, "").split():
+    # (git archive and format-patch write their --output by nature)
+    makes = name == "git" and _git_split(args)[1] in ("archive", "format-patch")
+    for token in "" if makes else _ESCAPES.get(name, "").split():
         letter = token[1:] if len(token) == 2 else ""
         for word in args:
             given = word == token or _abbreviates(word, token) or letter in _short_flags(word)

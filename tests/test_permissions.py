@@ -1213,7 +1213,8 @@ def test_an_allow_that_names_the_option_reaches_it(project):
                   ("awk 'BEGIN{system(\"ls\")}'", "allow"), ("*", "allow"))
     for command in ("git log --output=m", "sort -o m f", "find . -fprint m", "awk 'BEGIN{system(\"ls\")}'",
                     "git log --oneline", "awk '$1 > 5 || $2 {print $1}' f", "less f", "vim f", "zip a.zip f",
-                    "sort -r f", "sed 's/w/x/' f", "vim +10 f", "vim + f", "less +5 f"):
+                    "sort -r f", "sed 's/w/x/' f", "vim +10 f", "vim + f", "less +5 f",
+                    "git format-patch --output=m -1"):
         assert bash(command, project, rules[:-1])["decision"] == "allow", command
     # Bash(*) allows everything, these too
     assert bash("vim -c '!touch m' f", project, rules)["decision"] == "allow"
