@@ -2112,8 +2112,10 @@ def _members(archives: list[str], directory: str, cwd: str, root: str) -> list[s
     or extracted outside the project root)."""
     import tarfile
     import zipfile
+    if not _in_project(directory, cwd, root):
+        return []
     names = []
-    for archive in archives if _in_project(directory, cwd, root) else []:
+    for archive in archives:
         path = os.path.join(cwd, archive)
         try:
             # (a compressed tar is read only when small: its members are found by inflating it)
@@ -2248,7 +2250,9 @@ def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
     diffs = [values[name] for name in ("-i", "--input") if name in values]
     diffs += [target for op, target in redirects if op == "<"]
     written = operands[:1]
-    for diff in [] if operands else diffs[:1]:
+    if operands:
+        diffs = []                      # it patches the file named, whatever the diff says
+    for diff in diffs[:1]:
         try:
             with open(os.path.join(cwd, diff), "rb") as f:
                 text = f.read(1 << 20).decode("utf-8", "replace")
