@@ -1353,6 +1353,20 @@ def print_status(event: dict) -> None:
     elif event["type"] == "UserMessageCreated":
         for mention, why in event.get("skipped") or []:
             print(f"khaelor: @{mention} not attached: {why}", file=sys.stderr)
+    elif event["type"] == "PermissionDenied" and event.get("by") == "policy":
+        # (a call asked of nobody is said where it is asked)
+        print(f"khaelor: refused {events.visible_controls(event['reason'], one_line=True)}",
+              file=sys.stderr)
+    elif refused_outside(event):
+        path = events.visible_controls(event["meta"]["path"], one_line=True)
+        print(f"khaelor: refused {event['name']} of {path}: outside the project, which --yes"
+              " does not approve", file=sys.stderr)
+
+
+def refused_outside(event: dict) -> bool:
+    """A tool call granted under --yes that then named a path outside the project: refused by
+    the toolbox, not the policy, and as much a refusal."""
+    return event["type"] == "ToolFailed" and event["meta"].get("error") == "outside"
 
 
 def run_print(args, home: Path, project_root: Path) -> int:
@@ -1521,6 +1535,24 @@ def summed_usage(usage_by_model: dict) -> dict:
             for key in events.USAGE_KEYS}
 
 
+def permission_denials(store) -> list[dict]:
+    """The tool calls of this run that were refused (by a rule, the floor, a person, or nobody to
+    ask), as Claude Code lists them in its result."""
+    runs = [e["seq"] for e in store.events if e["type"] == "UserMessageCreated"]
+    since = runs[-1] if runs else 0
+    requested = {}
+    denials = []
+    for event in store.events:
+        if event["type"] == "ToolRequested":
+            requested[event["tool_use_id"]] = event
+        elif event["seq"] > since and (event["type"] == "PermissionDenied"
+                                       or refused_outside(event)):
+            call = requested.get(event["tool_use_id"], {})
+            denials.append({"tool_name": call.get("name"), "tool_use_id": event["tool_use_id"],
+                            "tool_input": call.get("input")})
+    return denials
+
+
 def result_object(args, store, step: str, prices: dict) -> dict:
     """What `--output-format json` prints, and `stream-json` ends with: Claude Code's result fields
     and KHAELOR's own, as listed below. A cost is null when a model has no known price: never
@@ -1554,6 +1586,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "duration_ms": round(elapsed_s * 1000),
         "total_cost_usd": cost,
         "usage": usage,
+        "permission_denials": permission_denials(store),
         # KHAELOR's own
         "error": failure(state, step),
         "cost_usd": cost,

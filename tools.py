@@ -487,7 +487,7 @@ class Workspace:
                 f"{_one_line(self.display(path))} resolves to {_one_line(real)}, outside the "
                 "project and the paths approved for this call: not opened. Name that path itself "
                 "to be asked (--yes approves nothing outside: then ask the user in your reply).",
-                error="outside")
+                error="outside", path=real)
         return real
 
     def open_judged(self, path: Path, places: list[str], flags: int) -> int:
