@@ -924,7 +924,10 @@ def user_text(event: dict) -> str:
     """What a user-side event says to the model. A `!` command is context the user supplied, like
     Claude Code's `!`: the command, then its output (or that the user stopped it)."""
     if event["type"] != "UserShellRan":
-        return "\n\n".join([event["text"], *event.get("attachments", [])])
+        # the model is told which mentions it did not get, and why, as the user was
+        left_out = [f'<not-attached path="{mention}">{why}</not-attached>'
+                    for mention, why in event.get("skipped", [])]
+        return "\n\n".join([event["text"], *event.get("attachments", []), *left_out])
     output = str(event.get("output") or "").rstrip() or "(no output)"
     if event.get("stopped"):
         output += "\n[stopped by the user before it finished]"
