@@ -328,8 +328,11 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
                 # between two runs of one style the space shares it (an underline goes on)
                 space_roles = runs[-1][1] if runs[-1][1] == roles else ()
                 _add_run(runs, " ", space_roles)
+            # a link longer than a whole line is not broken: the terminal wraps it, as it does a
+            # long code line, so that clicking or copying it gives the whole link
+            unbroken = not hard and used == start and "://" in word
             # longer than the room left: break it
-            while word and used + gap + w > width:
+            while word and not unbroken and used + gap + w > width:
                 head, word = split_at_width(word, width - used - gap)
                 # narrower than one wide char: overflow by one
                 if not head and used == start:

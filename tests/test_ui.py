@@ -236,6 +236,22 @@ def test_a_long_table_streams_as_one_table():
     assert len(lines) == 102 and all("│" in line or "┼" in line for line in lines)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_link_longer_than_a_line_is_left_whole_for_the_terminal_to_wrap(width):
+    """A URL cut by a newline is two broken links in the terminal and in a copy; alone on its
+    line and whole, the terminal wraps it and knows it for one link."""
+    url = "https://example.com/" + "/".join(f"segment{k}" for k in range(30)) + "?q=1&r=2"
+    for text in (f"See {url} for more.", f"- the item at {url}, and prose after it"):
+        lines = render_markdown(text, width, MONO)
+        assert [line for line in lines if url in line], lines
+        others = [line for line in lines if url not in line]
+        assert all(ui.visible_width(line) <= width for line in others)
+        screen = screen_of(lines, width, height=40)
+        assert url in "".join(text_of(screen).split())
+    short = render_markdown("a long word " + "x" * (width + 5), width, MONO)
+    assert all(ui.visible_width(line) <= width for line in short)    # other words still break
+
+
 def test_table_shrinks_to_fit_a_narrow_terminal():
     table = "| name | description |\n|---|---|\n| alpha | " + "word " * 30 + "|\n"
     lines = render_markdown(table, 40)
