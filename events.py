@@ -125,7 +125,8 @@ DURABLE_KINDS = {
     # meta: UI facts; "seen": [[real path, mtime_ns, size]] the call read
     "ToolCompleted": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
     "ToolFailed": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
-    "ToolCancelled": {"tool_use_id": str, "reason": str},
+    # output: what a command the user stopped had printed until then
+    "ToolCancelled": {"tool_use_id": str, "reason": str, "output": NotRequired[str]},
     "FileModified": {
         "tool_use_id": str,
         "path": str,                # as shown (relative to the project)
@@ -848,6 +849,8 @@ def tool_result_text(event: dict) -> str:
         return text
     if event["type"] == "ToolCancelled":
         reason = event.get("reason") or "the tool did not finish"
+        if event.get("output"):
+            return f"Cancelled: {reason}. Its output until then:\n{event['output']}"
         return f"Cancelled: {reason}."
     return event.get("output") or "(no output)"
 

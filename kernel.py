@@ -807,8 +807,9 @@ class Kernel:
             result = await self.toolbox.run(name, call["input"], tool_use_id,
                                             confine=decision.confine)
         except asyncio.CancelledError:
+            output = self.toolbox.output_when_stopped(tool_use_id)
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
-                      reason="interrupted by the user")
+                      reason="interrupted by the user", **({"output": output} if output else {}))
             raise
         kind = "ToolFailed" if result.is_error else "ToolCompleted"
         self.emit(kind, tool_use_id=tool_use_id, name=name,

@@ -1065,6 +1065,8 @@ class Toolbox:
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
+        # tool_use_id -> what a command stopped by the user printed until then (output_when_stopped)
+        self.stopped: dict[str, str] = {}
         # None: grep/glob use the Python fallback.
         self.ripgrep = shutil.which("rg", path=workspace.own_path)
         self.dotenv = _DotEnv(workspace.cwd)
@@ -1164,6 +1166,11 @@ class Toolbox:
             shutil.rmtree(self.workspace.temp_dir, ignore_errors=True)
             self.workspace.temp_dir = None
         _close_all(self.workspace.rulesets)
+
+    def output_when_stopped(self, tool_use_id: str) -> str:
+        """What a command printed before the user stopped it (budgeted and masked as a result is):
+        the user saw it, and may well ask about it next."""
+        return self.mask(self.stopped.pop(tool_use_id, ""))
 
     def mask(self, text: str) -> str:
         """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
@@ -3609,8 +3616,12 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
 
     started = time.monotonic()
     child = await _start(box, command, confine, workdir)
-    timed_out, stray = await _supervise(
-        box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
+    try:
+        timed_out, stray = await _supervise(
+            box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
+    except asyncio.CancelledError:
+        box.stopped[tool_use_id] = spool.finish({}).rstrip("\n")
+        raise
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}

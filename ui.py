@@ -1390,7 +1390,8 @@ class Timeline:
         card = self._pop_card(e)
         reason = sanitize(str(e.get("reason") or "")).strip()
         facts = ["cancelled" + (f" ({reason})" if reason else "")]
-        self._settle([self._card_line("○", card.name, card.summary, facts)])
+        # what it printed until then stays on screen, as it does for a finished command
+        self._hold([self._card_line("○", card.name, card.summary, facts)], card_output(e, {}))
 
     def _on_TaskCompleted(self, e: dict) -> None:
         """The evidence in one line: `✓ 2 files changed · pytest -q exit 0`. The ✓ only when
