@@ -512,8 +512,10 @@ class Kernel:
         (left alone: after a kill -9 its pid may already be another program's). Synced at the
         turn's first loop boundary, or by close."""
         for tool_use_id in sorted(self.state.started_tools):
+            output = self.toolbox.output_when_lost(tool_use_id)
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
-                      reason="khaelor exited while the tool was running")
+                      reason="khaelor exited while the tool was running",
+                      **({"output": output} if output else {}))
         for process_id in list(self.state.processes):
             self.emit("ProcessExited", process_id=process_id, exit_code=None,
                       cause="lost: khaelor exited while it ran")

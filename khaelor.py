@@ -1604,7 +1604,7 @@ def say_unstarted(args, message: str) -> None:
     print(f"khaelor: {message}", file=sys.stderr)
     if args is None or args.prompt is None or args.output_format == "text":
         return
-    nothing = argparse.Namespace(state=events.replay([]), session_id=None)
+    nothing = argparse.Namespace(state=events.replay([]), session_id=None, events=[])
     nothing.state.answer = nothing.state.failure_reason = message
     print(json.dumps(result_object(args, nothing, "unstarted", {}), ensure_ascii=False))
 

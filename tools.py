@@ -1167,6 +1167,24 @@ class Toolbox:
             self.workspace.temp_dir = None
         _close_all(self.workspace.rulesets)
 
+    def live_output_path(self, tool_use_id: str) -> Path:
+        """Where a running command's output is appended as it comes, so that a kill -9 loses none
+        of what the user saw (output_when_lost reads it back on resume)."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_use_id)[:80]
+        return self.spill_dir / f"running-{safe}.txt"
+
+    def output_when_lost(self, tool_use_id: str) -> str:
+        """What a command printed before khaelor died under it, budgeted and masked as a result is."""
+        path = self.live_output_path(tool_use_id)
+        try:
+            text = path.read_bytes().decode("utf-8", "replace")
+            path.unlink()
+        except OSError:
+            return ""
+        spool = _Spool(self.spill_dir, tool_use_id)
+        spool.add(text)
+        return self.mask(spool.finish({}).rstrip("\n"))
+
     def output_when_stopped(self, tool_use_id: str) -> str:
         """What a command printed before the user stopped it (budgeted and masked as a result is):
         the user saw it, and may well ask about it next."""
@@ -2049,6 +2067,16 @@ class _Spool:
         lines = events.counted(n_lines, "line")
         marker = f"[… {n_omitted:,} characters ({lines}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
+
+
+def _open_live_output(path: Path) -> int | None:
+    """A descriptor to append a running command's output to (Toolbox.live_output_path), or None
+    when the spill folder cannot take it: the command runs all the same."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
 
 
 def _prune_spill(spill_dir: Path) -> None:
@@ -3609,19 +3637,28 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
     workdir = _existing(box.workspace, args.get("workdir"))
     spool = _Spool(box.spill_dir, tool_use_id or "bash")
+    live_path = box.live_output_path(tool_use_id or "bash")
+    live = _open_live_output(live_path)
 
     def on_text(text: str) -> None:
         spool.add(text)
+        if live is not None and spool.total <= SPILL_FILE_CAP_BYTES:
+            with contextlib.suppress(OSError):
+                os.write(live, text.encode("utf-8", "replace"))
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    child = await _start(box, command, confine, workdir)
     try:
+        child = await _start(box, command, confine, workdir)
         timed_out, stray = await _supervise(
             box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
     except asyncio.CancelledError:
         box.stopped[tool_use_id] = spool.finish({}).rstrip("\n")
         raise
+    finally:
+        if live is not None:
+            os.close(live)
+            live_path.unlink(missing_ok=True)
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}

@@ -149,6 +149,31 @@ def test_kill_9_while_a_reply_pauses_mid_text_keeps_the_words_already_shown(khae
     assert saved == "early words on screen. "
 
 
+def test_kill_9_while_a_command_runs_keeps_what_it_printed(khaelor, fake):
+    """The user watched a long command print its failures, then khaelor was killed: on resume the
+    cancelled result gives the model (and the replay) that output, not only "khaelor exited"."""
+    fake.enqueue(reply(tool_use("bash", {"command": "echo 'FAILED test_b: 2 != 3'; sleep 30"})))
+    proc = khaelor.popen("-p", "run the tests", "--yes")
+    deadline = time.time() + 20
+    while time.time() < deadline and not list(Path(khaelor.env["KHAELOR_HOME"]).glob(
+            "spill/*/running-*.txt")):
+        time.sleep(0.05)
+    [live] = Path(khaelor.env["KHAELOR_HOME"]).glob("spill/*/running-*.txt")
+    while time.time() < deadline and b"FAILED" not in live.read_bytes():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.enqueue(reply(text("b fails")))
+    result = khaelor.run("-c", "-p", "what failed?")
+    assert result.returncode == 0, result.stderr
+    [cancelled] = [e for e in khaelor.log() if e["type"] == "ToolCancelled"]
+    assert cancelled["output"] == "FAILED test_b: 2 != 3"
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "khaelor exited while the tool was running. Its output until then:" in sent
+    assert "FAILED test_b: 2 != 3" in sent and not live.exists()
+    assert_no_rejections(fake)
+
+
 def test_kill_9_mid_reply_still_counts_the_request_that_reached_the_api(khaelor, fake):
     """message_start says what the request's input cost before any text streams: it is in the log
     at once, so after a kill -9 the resumed session counts it (once), never $0 for a paid request."""
