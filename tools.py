@@ -1174,7 +1174,7 @@ class Toolbox:
         return self.spill_dir / f"running-{safe}.txt"
 
     def output_when_lost(self, tool_use_id: str) -> str:
-        """What a command printed before khaelor died under it, budgeted and masked as a result is."""
+        """What a command printed before khaelor was killed under it, budgeted and masked."""
         path = self.live_output_path(tool_use_id)
         try:
             text = path.read_bytes().decode("utf-8", "replace")
