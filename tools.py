@@ -83,6 +83,9 @@ GREP_PATTERN_BUDGET_S = 10.0
 # A pattern with no regex syntax: it is searched for as it is, in linear time.
 PLAIN_PATTERN = re.compile(r"[^.^$*+?{}\[\]\\|()]*")
 
+# A missing file's name is looked for among this many of the project's files.
+PROJECT_FILES_LIMIT = 50_000
+
 BASH_DEFAULT_TIMEOUT_MS = 120_000
 BASH_MAX_TIMEOUT_MS = 600_000
 # After a shell exits, its backgrounded children get this long to finish.
@@ -2503,8 +2506,16 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     with contextlib.suppress(OSError):
         names = os.listdir(parent)
     import difflib
-    for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
-        near.append(_one_line(ws.display(parent / name)))
+    # compared without case: "readme.md" meant README.md
+    by_lower = {name.lower(): name for name in names}
+    for lower in difflib.get_close_matches(path.name.lower(), list(by_lower), n=3, cutoff=0.5):
+        near.append(_one_line(ws.display(parent / by_lower[lower])))
+    if not near and sandbox.within(str(path), [str(ws.cwd)]):
+        # the same name in another folder: "app.py" or "scr/app.py" meant src/app.py
+        wanted = path.name.lower()
+        with contextlib.suppress(OSError, ToolError):
+            near += [_one_line(rel) for rel in project_files(ws, limit=PROJECT_FILES_LIMIT)
+                     if posixpath.basename(rel).lower() == wanted]
     near = list(dict.fromkeys(near))[:3]
     hint = " Use glob to find files by name."
     if near:
@@ -3344,7 +3355,14 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta.update(files=len(files), truncated=len(files) > SEARCH_RESULT_CAP)
     if not files:
-        text = f"No files match {_quoted(pattern)} under {ws.display(root)}.{note}"
+        where = ws.display(root)
+        if where == ".":
+            where = "the project"        # not "under .."
+        text = f"No files match {_quoted(pattern)} under {where}.{note}"
+        if pattern.endswith("/"):
+            # git's rule: a pattern ending in "/" names a folder, and glob lists only files
+            folder = pattern.rstrip("/")
+            text += f" glob lists files: for what a folder holds, try {_quoted(folder + '/**')}."
         return ToolResult(text, meta=meta)
     shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:

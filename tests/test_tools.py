@@ -153,6 +153,22 @@ def test_read_numbers_lines_and_pages_with_a_continuation_hint(box):
     assert "end of file" in page.text and page.meta["lines"] == 3000
 
 
+def test_a_missing_file_suggests_the_same_name_in_another_case_or_folder(box):
+    """Peers' read tools point at the file meant: "readme.md" for README.md, "app.py" or a typo in
+    the folder ("scr/app.py") for src/app.py. Only "use glob" was said for these."""
+    (box.root / "README.md").write_text("hi\n")
+    (box.root / "src").mkdir()
+    (box.root / "src" / "app.py").write_text("x = 1\n")
+    for asked, meant in [("readme.md", "README.md"), ("app.py", "src/app.py"),
+                         ("scr/app.py", "src/app.py"), ("lib/APP.py", "src/app.py")]:
+        missing = box.call("read", file_path=asked)
+        assert missing.is_error and f"Did you mean: {meant}?" in missing.text, (asked, missing.text)
+    outside = box.call("read", file_path="/no/such/place/app.py").text
+    assert "Did you mean" not in outside           # a path outside is not looked for inside
+    folder = box.call("glob", pattern="src/").text
+    assert "No files match 'src/' under the project." in folder and "'src/**'" in folder
+
+
 def test_read_failure_modes(box):
     (box.root / "config.yaml").write_text("a: 1\n")
     (box.root / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
