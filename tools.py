@@ -2067,6 +2067,11 @@ class _Spool:
         if self.spill_path:
             where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; "
                      "read it with offset/limit or grep it")
+            if self.total > LINE_CHAR_CAP * (self.newlines + 1):
+                # read cuts each line at LINE_CHAR_CAP: minified JSON would show one cut line
+                where += (f" (its lines are longer than the {LINE_CHAR_CAP:,} characters read "
+                          "shows of each: see parts with `grep -o '.\\{0,200\\}WORD.\\{0,200\\}'` "
+                          "or `cut -c`)")
         lines = events.counted(n_lines, "line")
         marker = f"[… {n_omitted:,} characters ({lines}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"

@@ -390,6 +390,14 @@ def test_long_output_keeps_head_and_tail_and_spills_the_rest(box):
     spill = Path(result.meta["spill"])
     assert str(spill) in text and spill.parent == box.toolbox.spill_dir
     assert spill.read_text().splitlines()[-1] == "200000"
+    assert "longer than the 2,000 characters" not in text      # short lines: read shows them
+
+
+def test_a_spilled_output_of_huge_lines_says_how_to_see_them(box):
+    """Minified JSON spilled whole: "read it with offset/limit" would show one line cut at 2,000
+    characters, so the marker says how to see parts of a line."""
+    text = box.call("bash", command="head -c 100000 /dev/zero | tr '\\0' x").text
+    assert "longer than the 2,000 characters read shows of each" in text and "cut -c" in text
 
 
 def test_ansi_and_progress_redraws_are_cleaned(box):
