@@ -1050,16 +1050,15 @@ class Toolbox:
     the background processes (what the model has read it asks the log's fold)."""
 
     def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
-                 state: Callable[[], events.State] | None = None):
+                 state: Callable[[], events.State]):
         self.workspace = workspace
         self.spill_dir = sandbox.spill_folder(home, workspace.cwd)
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
         # The log's fold: what the model has read (State.stamps) and the newest process number
         # (State.n_processes) are read from it, never copied, so a resumed session and a live
-        # one agree. None (a toolbox used alone): a State of its own, folded by the same rules.
-        self.own_state = events.State() if state is None else None
-        self.state = state or (lambda: self.own_state)
+        # one agree.
+        self.state = state
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
@@ -1106,8 +1105,6 @@ class Toolbox:
         if self.seen:
             # In the log (ToolCompleted): the fold's stamps, what a resumed session knows too.
             result.meta["seen"] = self.seen
-            if self.own_state is not None:
-                events.note_seen(self.own_state, result.meta)
         result.text = self.mask(result.text)
         # bash budgets its own stream.
         if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:
@@ -3848,9 +3845,6 @@ class _Processes:
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
         box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
-        if box.own_state is not None:
-            # a toolbox used alone folds its own State
-            events.note_process(box.own_state, process.process_id)
         self.forget_exited()
         return process
 

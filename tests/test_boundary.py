@@ -521,7 +521,7 @@ def run_tool(project, home, name, tool_input, confine):
     import tools
 
     async def main():
-        box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {})
+        box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {}, tools.events.State)
         try:
             result = await box.run(name, tool_input, "t1", confine=confine)
             # a background process: what it says until it has ended (its guard note included),

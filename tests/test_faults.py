@@ -65,7 +65,7 @@ def next_request(log_path, project, home, scratch):
     store = events.SessionStore.open(copy)
     bus = events.Bus(store)
     # (the toolbox gives back what a command killed with khaelor had printed)
-    toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit)
+    toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit, lambda: store.state)
     k = kernel.Kernel(bus=bus, model=None, toolbox=toolbox, ctx=None, rules=[], project_root=project,
                       ask=None)
     k.repair()

@@ -60,7 +60,7 @@ def drive(world, scenario, abi=None):
         workspace = tools.Workspace(world.project)
         if abi is not None:
             workspace.abi = abi     # 0: as on a kernel without Landlock, to test the git settings alone
-        box = tools.Toolbox(workspace, world.khaelor_home, lambda *args, **fields: {})
+        box = tools.Toolbox(workspace, world.khaelor_home, lambda *args, **fields: {}, tools.events.State)
         try:
             return await scenario(box)
         finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import events  # noqa: E402
 import sandbox  # noqa: E402
 import tools  # noqa: E402
 
@@ -28,16 +29,22 @@ class Box:
     def __init__(self, root: Path, home: Path):
         self.root, self.events = root, []
         self.loop = asyncio.new_event_loop()
-        self.toolbox = tools.Toolbox(tools.Workspace(root), home, self.record)
+        # what the kernel's log would fold from these calls: the read stamps, the process numbers
+        self.state = events.State()
+        self.toolbox = tools.Toolbox(tools.Workspace(root), home, self.record, lambda: self.state)
 
     def record(self, type_, **payload):
         event = {"type": type_, **payload}
         self.events.append(event)
+        if type_ == "ProcessStarted":
+            events.note_process(self.state, payload["process_id"])
         return event
 
-    def call(self, name, **tool_input) -> tools.ToolResult:
-        return self.loop.run_until_complete(self.toolbox.run(name, tool_input,
-                                                             f"tu{len(self.events)}"))
+    def call(self, name, confine=None, **tool_input) -> tools.ToolResult:
+        result = self.loop.run_until_complete(self.toolbox.run(name, tool_input,
+                                                               f"tu{len(self.events)}", confine))
+        events.note_seen(self.state, result.meta)
+        return result
 
     def of_type(self, type_):
         return [e for e in self.events if e["type"] == type_]
@@ -79,7 +86,7 @@ def wait_gone(pid: int, timeout_s: float = 3.0) -> bool:
 
 
 def test_schemas_are_the_seven_tools_in_order_with_exact_parameters():
-    box = tools.Toolbox(tools.Workspace(Path(".")), Path("/tmp"), lambda *a, **k: {})
+    box = tools.Toolbox(tools.Workspace(Path(".")), Path("/tmp"), lambda *a, **k: {}, tools.events.State)
     names = [s["name"] for s in box.schemas]
     assert names == ["read", "write", "edit", "grep", "glob", "bash", "process"]
     params = {s["name"]: sorted(s["input_schema"]["properties"]) for s in box.schemas}
@@ -1401,7 +1408,7 @@ sys.path.insert(0, {str(Path(tools.__file__).parent)!r})
 import tools
 async def main():
     box = tools.Toolbox(tools.Workspace(Path({str(tmp_path)!r})), Path({str(tmp_path / 'home')!r}),
-                        lambda *a, **k: {{}})
+                        lambda *a, **k: {{}}, tools.events.State)
     await box.run("process", {{"action": "start", "command": "sleep 60 & sleep 60"}}, "t1")
     await box.run("bash", {{"command": "true"}}, "t2")
     print(box.running_processes()[0]["pid"], flush=True)
@@ -1598,11 +1605,9 @@ def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_targe
     assert refused.meta["error"] == "outside" and "outside notes" not in refused.text
     assert box.call("write", file_path="notes.txt", content="x\n").is_error
     approved = sandbox.Confine(paths=(str(outside),))
-    read = box.loop.run_until_complete(
-        box.toolbox.run("read", {"file_path": "notes.txt"}, "tu", approved))
+    read = box.call("read", confine=approved, file_path="notes.txt")
     assert "outside notes" in read.text
-    written = box.loop.run_until_complete(
-        box.toolbox.run("write", {"file_path": "notes.txt", "content": "new\n"}, "tu", approved))
+    written = box.call("write", confine=approved, file_path="notes.txt", content="new\n")
     assert not written.is_error and outside.read_text() == "new\n"
     assert (box.root / "notes.txt").is_symlink()
 
@@ -1717,7 +1722,7 @@ async def main():
     hits = []
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, lambda: hits.append(1))
     root, home = Path({str(tmp_path / 'p')!r}), Path({str(tmp_path / 'home')!r})
-    box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {{}})
+    box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {{}}, tools.events.State)
     box.ripgrep = None
     task = asyncio.create_task(box.run("grep", {{"pattern": "(a+)+$"}}, "x"))
     await asyncio.sleep(0.5)
