@@ -3260,7 +3260,8 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
     code, out = ws.capture(argv, cwd=root)
     found = []
     with _closing(ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)) as root_fd:
-        if code == 0 and out:
+        if code == 0:
+            # (nothing listed: an empty repository, or every file ignored, not a walk of them)
             listed = [rel for rel in out.split("\0") if rel][:limit]
             return [rel for rel in listed if _plain_file(rel, root_fd)]
         # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.

@@ -1327,6 +1327,17 @@ def test_one_lister_for_search_and_mentions_walks_plain_files_outside_git(tmp_pa
     assert len(tools.project_files(ws, limit=2)) == 2
 
 
+def test_a_repository_whose_files_git_all_ignores_lists_none_of_them(tmp_path):
+    """git listing nothing was taken for "no git" and the tree was walked: grep without ripgrep
+    and @-completion then read node_modules and the rest of what the user's ignore rules hide."""
+    root = tmp_path / "project"
+    (root / "node_modules" / "m").mkdir(parents=True)
+    (root / "node_modules" / "m" / "index.js").write_text("x\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".git" / "info" / "exclude").write_text("*\n")
+    assert tools.project_files(tools.Workspace(root)) == []
+
+
 def test_neither_search_engine_follows_a_link_out_of_the_project(box, tmp_path):
     """ripgrep never follows a link it meets; the Python fallback must not either, or a
     committed link would carry grep and glob to any file the user can read."""
