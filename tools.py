@@ -2287,14 +2287,15 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
 
 async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     # Off the event loop: an 11 MB file takes 60 ms to read, decode and split.
-    return await asyncio.to_thread(read_now, box, args)
+    return await asyncio.to_thread(read_now, box, args, True)
 
 
-def read_now(box: Toolbox, args: dict) -> ToolResult:
+def read_now(box: Toolbox, args: dict, elsewhere: bool = False) -> ToolResult:
     """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
-    ToolError as the tool does. A directory's entries are numbered and paged as a file's lines."""
+    ToolError as the tool does. A directory's entries are numbered and paged as a file's lines.
+    `elsewhere` (off the loop only): a missing file's name is looked for in the whole project."""
     ws = box.workspace
-    path = _existing(ws, args["file_path"], directory=False)
+    path = _existing(ws, args["file_path"], directory=False, elsewhere=elsewhere)
     shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     heading = ""
@@ -2488,8 +2489,9 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return None
 
 
-def _missing(ws: Workspace, path: Path) -> ToolError:
-    """A missing path, with up to three existing ones the model probably meant."""
+def _missing(ws: Workspace, path: Path, elsewhere: bool = False) -> ToolError:
+    """A missing path, with up to three existing ones the model probably meant; `elsewhere`: also
+    the same name in the project's other folders (it lists them: not on the event loop)."""
     shown = _one_line(ws.display(path))
     if os.path.islink(path):
         return ToolError(
@@ -2512,7 +2514,7 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     by_lower = {name.lower(): name for name in names}
     for lower in difflib.get_close_matches(path.name.lower(), list(by_lower), n=3, cutoff=0.5):
         near.append(_one_line(ws.display(parent / by_lower[lower])))
-    if not near and sandbox.within(str(path), [str(ws.cwd)]):
+    if elsewhere and not near and sandbox.within(str(path), [str(ws.cwd)]):
         # the same name in another folder: "app.py" or "scr/app.py" meant src/app.py
         wanted = path.name.lower()
         with contextlib.suppress(OSError, ToolError):
@@ -2531,11 +2533,12 @@ def _fs_path(path: str) -> str:
     return re.sub(r"\\x([89a-f][0-9a-f])", lambda hh: chr(0xDC00 + int(hh[1], 16)), path)
 
 
-def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
+def _existing(ws: Workspace, value: str | None, directory: bool = True,
+              elsewhere: bool = False) -> Path:
     """The path a model gave (default the project root): it must exist, and be a folder if asked."""
     path = ws.resolve(value) if value else ws.cwd
     if not path.exists():
-        raise _missing(ws, path)
+        raise _missing(ws, path, elsewhere)
     if directory and not path.is_dir():
         raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
     return path
@@ -3151,7 +3154,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         if args["old_string"] == "":
             write_args = {"file_path": args["file_path"], "content": args["new_string"]}
             return await _tool_write(box, write_args, tool_use_id, confine)
-        error = _missing(ws, path)
+        error = await asyncio.to_thread(_missing, ws, path, True)
         raise ToolError(
             f"{error} To create a new file, use write (or edit with an empty old_string).",
             **error.meta)
