@@ -1741,7 +1741,8 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
         rows = preview_rows(descriptor, width - 2, style)
-    preview = shown(raw_preview).rstrip("\n")
+    # a CRLF file's line endings are not hidden characters (has_hidden_characters agrees)
+    preview = shown(raw_preview.replace("\r\n", "\n")).rstrip("\n")
     if preview and (preview.strip() not in descriptor or "content" in tool_input):
         is_edit = isinstance(tool_input.get("old_string"), str)
         if preview.startswith(("---", "@@")) or "\n@@ " in preview:

@@ -774,6 +774,18 @@ def test_permission_panel_shows_a_diff_preview_and_no_always_without_a_rule():
     assert "always" not in text
 
 
+def test_the_diff_of_a_crlf_file_shows_no_carriage_return_marks_but_a_lone_one_still_warns():
+    """A Windows file's edit showed ␍ at the end of every line of the diff (its line endings);
+    a carriage return inside a line is still shown, and still warned of."""
+    crlf = dict(PERMISSION, capability="file.write.project", descriptor="edit: win.txt",
+                preview="@@ -1,2 +1,2 @@\r\n-old line\r\n+new line\r\n keep\r\n")
+    text = "\n".join(ui.render_permission_panel(crlf, 80, MONO))
+    assert "old line" in text and "new line" in text and "␍" not in text and "hidden" not in text
+    lone = dict(crlf, preview="@@ -1,1 +1,1 @@\n-old\n+new\rlooks innocent\n")
+    text = "\n".join(ui.render_permission_panel(lone, 80, MONO))
+    assert "new␍looks innocent" in text and "hidden or control characters" in text
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_status_line_fits_the_width_and_drops_the_least_useful_first(width):
     status = FakeController().status()
