@@ -1192,9 +1192,10 @@ class Toolbox:
 
     def mask(self, text: str) -> str:
         """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
-        session log or a spill file, whatever shows it (env, printenv, a .env file). Commands still
-        get it in their environment. The values of the project's .env files, the passwords in URLs
-        and tokens of known formats are masked the same way."""
+        session log or a spill file, whatever shows it (env, printenv, a .env file); commands get it
+        only where the user's config passes it (sandbox.child_environment). The values of the
+        project's .env files, the passwords in URLs and tokens of known formats are masked the
+        same way."""
         for name in SECRET_ENV:
             secret = os.environ.get(name)
             if secret and len(secret) >= 8 and secret in text:
