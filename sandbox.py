@@ -497,14 +497,15 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     grants += [("/dev", LIST_ONLY)]
     if not (confine.write or confine.paths_write):
         grants += [(target, READ) for target in filter(None, map(approved_target, confine.paths))]
-    grants += [(place, WRITE) for place in _writes(confine, project, temp_dir)]
     if confine.write:
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
-    return [(os.path.realpath(path), rights) for path, rights in grants]
+    grants = [(os.path.realpath(path), rights) for path, rights in grants]
+    # as _writes names them: the shm folder must not be resolved
+    return grants + [(place, WRITE) for place in _writes(confine, project, temp_dir)]
 
 
 def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]:
-    """The real paths a command may write beneath (devices aside)."""
+    """The paths a command may write beneath (devices aside): real, but for the shm folder."""
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
     # and git writes the blobs it hands to a textconv or an external diff there.
     places = [temp_dir] if temp_dir else []
@@ -512,11 +513,19 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
         places += filter(None, map(approved_target, confine.paths))
     if confine.write:
         places += [project, SHARED_MEMORY]
+    places = [os.path.realpath(place) for place in places]
     if confine.write and temp_dir:
         # what its mount namespace shows as /dev/shm (Mounts): Landlock checks no rule on the way
-        # up from a mount through the place it is mounted on, so this folder needs its own
-        places.append(os.path.join(temp_dir, "shm"))
-    return [os.path.realpath(place) for place in places]
+        # up from a mount through the place it is mounted on, so this folder needs its own. Not
+        # resolved: every command writes the temp dir, so a read-only one could leave a link to ~
+        # there, which must open nothing (_add_path and _bind_no_links refuse a link)
+        places.append(shared_memory_folder(temp_dir))
+    return places
+
+
+def shared_memory_folder(temp_dir: Path) -> str:
+    """The session temp dir's folder an approved command sees as /dev/shm."""
+    return os.path.join(os.path.realpath(temp_dir), "shm")
 
 
 def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
@@ -534,9 +543,10 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
-        real_project = os.path.realpath(project)
+        # what a command changes is opened afresh: the project, and the temp dir (its shm folder)
+        fresh = [os.path.realpath(place) for place in filter(None, (project, temp_dir))]
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, real_project, list(hidden))
+            _grant(fd, path, rights, closed, abi, fresh, list(hidden))
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
@@ -571,7 +581,7 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
-           real_project: str, hidden: list[str]) -> None:
+           fresh: list[str], hidden: list[str]) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations and reading the `hidden`
     ones. Landlock rules only add and are inherited, so a closed location inside `path` means: the
     directory itself gets READ_DIR (its names, and those below it, stay listable), and every entry
@@ -581,10 +591,10 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
     inside = [place for place in closed if place.startswith(prefix)]
     unread = [place for place in hidden if place.startswith(prefix)]
     if not (inside or unread):
-        _add_path(fd, path, rights, abi, real_project)
+        _add_path(fd, path, rights, abi, fresh)
         return
     kept = rights & LIST_ONLY if inside else rights - {"READ_FILE", "EXECUTE"}
-    _add_path(fd, path, kept, abi, real_project)
+    _add_path(fd, path, kept, abi, fresh)
     entries = []
     with contextlib.suppress(OSError):
         entries = list(os.scandir(path))
@@ -592,7 +602,7 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
         if entry.path not in inside + unread and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, real_project, unread)
+            _grant(fd, entry.path, rights, inside, abi, fresh, unread)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -607,7 +617,7 @@ _opened: dict[str, tuple[int, bool]] = {}
 OPENED_CAP = 512
 
 
-def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, real_project: str) -> None:
+def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, fresh: list[str]) -> None:
     opened = _opened.get(path)
     if opened is None:
         try:
@@ -627,7 +637,7 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, real_project
                      what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if within(path, [real_project]):
+        if within(path, fresh):
             os.close(opened[0])
         else:
             _hold(path, opened)
@@ -678,7 +688,7 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
         return None
     shared_memory = ""
     if confine.write and temp_dir:
-        shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
+        shared_memory = shared_memory_folder(temp_dir)
     mounts = _mount_points() if confine.write and denied else []
     tops = []
     # a link is judged where it leads; what a folder holds is covered with it
@@ -686,7 +696,9 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
         if not (within(path, tops) or os.path.islink(path)):
             tops.append(path)
     covered = [place for path in tops for place in _shown_at(path, mounts)]
-    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory, tuple(covered))
+    # the temp dir's bind makes its shm folder writable; binding it by name would follow a link
+    writable = [place for place in _writes(confine, project, temp_dir) if place != shared_memory]
+    return Mounts(tuple(writable), shared_memory, tuple(covered))
 
 
 def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
@@ -741,7 +753,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
                 _mount_attributes(point.encode(), clear=MOUNT_ATTR_RDONLY)
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
-        _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
+        _bind_no_links(mounts.shared_memory, b"/dev/shm")
     for path in mounts.covered:
         _cover(path)
     # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
@@ -753,6 +765,15 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # the working directory was entered on the read-only mount beneath (a deleted one stays)
     with contextlib.suppress(OSError):
         os.chdir(os.getcwd())
+
+
+def _bind_no_links(folder: str, target: bytes) -> None:
+    """Bind the very folder opened at `folder` through no link at `target`: a command may have
+    swapped the shm folder for a link (to ~) since the parent looked; then the open fails, and so
+    does the command."""
+    fd = open_no_links(folder, O_PATH | os.O_DIRECTORY)
+    _libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, MS_BIND, None)
+    os.close(fd)
 
 
 def _cover(path: str) -> None:

@@ -751,8 +751,12 @@ class Workspace:
             self.temp_dir = Path(tempfile.mkdtemp(prefix=f"khaelor-session-{os.getpid()}-"))
             # Also when no Toolbox.close comes.
             weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
-        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it
-        (self.temp_dir / "shm").mkdir(exist_ok=True)
+        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it, or
+        # put a link or a file in its place (the sandbox would refuse to start the next command)
+        shm = self.temp_dir / "shm"
+        if shm.is_symlink() or shm.is_file():
+            shm.unlink()
+        shm.mkdir(exist_ok=True)
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:

