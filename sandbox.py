@@ -669,6 +669,8 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 1
 # a cover's mount: read-only, no set-uid, no device, no program (as MS_* flags and MOUNT_ATTR_*)
 SEALED = 0xF
+# no set-uid, no program: MS_NOSUID | MS_NOEXEC
+NO_PROGRAMS = 0xA
 
 
 @dataclass(frozen=True)
@@ -756,15 +758,26 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
         _bind_no_links(mounts.shared_memory, b"/dev/shm")
     for path in mounts.covered:
         _cover(path)
-    # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
-    # terminal only through khaelor, which cleans what it shows. Ptys it makes itself still work.
-    terminals = os.listdir("/dev/pts") if os.path.isdir("/dev/pts") else []
-    for name in terminals:
-        if name.isdigit():
-            _libc.mount(b"/dev/null", f"/dev/pts/{name}".encode(), None, MS_BIND, None)
+    # No terminal of the user's is in its sight, open now or opened while it runs (a long one
+    # would read the keys typed there): a command reaches the terminal only through khaelor, which
+    # cleans what it shows. Its ptys are in a devpts of its own, where /dev/ptmx makes them (the
+    # one at /dev/pts), granted by _grant_own_ptys.
+    if os.path.isdir("/dev/pts") and _libc.mount(b"devpts", b"/dev/pts", b"devpts", NO_PROGRAMS,
+                                                  b"newinstance,mode=0600"):
+        raise OSError(ctypes.get_errno(), "mount devpts")
     # the working directory was entered on the read-only mount beneath (a deleted one stays)
     with contextlib.suppress(OSError):
         os.chdir(os.getcwd())
+
+
+def _grant_own_ptys(ruleset: int) -> None:
+    """In the child: the rule that opens its own devpts. It goes into the ruleset the Workspace
+    keeps, naming this child's devpts, which no other process can reach (no ptrace, no setns)."""
+    fd = os.open("/dev/pts", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    rule = ctypes.create_string_buffer(struct.pack("=Qi", _mask(DEVICE, probe()[0]), fd))
+    _syscall(SYS_ADD_RULE, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
+             what="landlock_add_rule(/dev/pts): ")
+    os.close(fd)
 
 
 def _bind_no_links(folder: str, target: bytes) -> None:
@@ -865,6 +878,8 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
     def enter() -> None:
         if mounts:
             enter_read_only_mounts(mounts)
+        if mounts and ruleset is not None:
+            _grant_own_ptys(ruleset)
         for drop in drops:
             # EPERM without CAP_SETPCAP (not root): there is nothing to drop then
             prctl(*drop)
@@ -1136,7 +1151,7 @@ def layers() -> list[tuple[str, bool, str]]:
                              "setsid and setpgid leave a command in its group"),
         ("mount-namespace", mount_namespace_available(),
          "an approved command sees the rest read-only (no chmod, chown or utime outside), "
-         "the terminals open as it starts as /dev/null, a /dev/shm of the session's"),
+         "no terminal but the ptys it makes (a devpts of its own), a /dev/shm of the session's"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from conftest import ROOT, run_khaelor, was_reached
+from conftest import ROOT, khaelor_popen, run_khaelor, was_reached
 from fake_api import reply, text, tool_use
 
 if not sandbox.probe()[0] or not sandbox.seccomp_available():
@@ -337,6 +337,38 @@ def test_no_command_reaches_a_terminal_but_the_ptys_it_makes(project, env):
     finally:
         os.close(master)
         os.close(slave)
+
+
+@pytest.mark.skipif(not sandbox.mount_namespace_available(), reason="no mount namespace here")
+def test_a_terminal_opened_while_an_approved_command_runs_is_out_of_its_reach(project, env):
+    """Only the terminals open as it started were covered: a long approved command (a dev server)
+    read the keys typed into a terminal the user opened later (a sudo password) and wrote escape
+    sequences to it."""
+    wait = ("import os, time\nprint('ready', flush=True)\n"
+            "while not os.path.exists('go'): time.sleep(0.05)\n"
+            "for name in os.listdir('/dev/pts'):\n"
+            "    try:\n"
+            "        fd = os.open('/dev/pts/' + name, os.O_RDWR | os.O_NONBLOCK)\n"
+            "        os.write(fd, b'INJECTED'); print('READ', os.read(fd, 100))\n"
+            "    except OSError as error:\n"
+            "        print(name, error)\n")
+    options = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE,
+               "stderr": subprocess.DEVNULL, "text": True}
+    with khaelor_popen(["sandbox", "--write", "--", *python(wait)], project, env, False,
+                       **options) as process:
+        assert "ready" in process.stdout.readline()
+        master, slave = os.openpty()
+        try:
+            os.write(master, b"typed secret\n")
+            (project / "go").write_text("")
+            out = process.communicate(timeout=30)[0]
+            os.set_blocking(master, False)
+            echoed = os.read(master, 100)
+        finally:
+            os.close(master)
+            os.close(slave)
+    assert "typed secret" not in out and "INJECTED" not in echoed.decode(), out
+    assert echoed == b"typed secret\r\n", echoed
 
 
 def test_an_approved_command_has_shared_memory_of_its_own_not_other_programs(project, env):
