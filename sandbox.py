@@ -972,6 +972,9 @@ DENIED_SYSCALLS = [
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
+# S_ISUID | S_ISGID, and which argument of each chmod call holds the mode
+SET_ID_BITS = 0o6000
+CHMOD_MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
@@ -1061,6 +1064,10 @@ def _filter(write: bool, network: bool, supervised: bool,
     if not metadata:
         program += [(JEQ, nr[name], "deny") for name in [*METADATA_SYSCALLS, *IPC_SYSCALLS]
                     if name in nr]
+    # No set-user-ID or set-group-ID bit: a copy of sh made so in the project would run as its
+    # owner (root, or the user) for any local user (aarch64 has no chmod)
+    program += [(JEQ, nr[name], f"mode {index}") for name, index in CHMOD_MODE_ARGUMENT.items()
+                if name in nr]
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
@@ -1082,6 +1089,8 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,
+                ("label", "mode 1"), (LD_ABS, _arg(1)), (JSET, SET_ID_BITS, "deny"), allow,
+                ("label", "mode 2"), (LD_ABS, _arg(2)), (JSET, SET_ID_BITS, "deny"), allow,
                 ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
                 ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
                 (JEQ, SOCK_SEQPACKET, "allow"), refuse,
@@ -1148,6 +1157,7 @@ def layers() -> list[tuple[str, bool, str]]:
                              "no UDP, raw, packet or netlink socket without network; "
                              "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI; "
                              "no chmod, chown, utime or xattr from a read-only command; "
+                             "no set-user-ID or set-group-ID bit from any; "
                              "setsid and setpgid leave a command in its group"),
         ("mount-namespace", mount_namespace_available(),
          "an approved command sees the rest read-only (no chmod, chown or utime outside), "

@@ -236,6 +236,22 @@ def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project
     assert (project / "mine").stat().st_mode & 0o777 == 0o644
 
 
+def test_no_command_makes_a_set_user_or_group_id_file(project, env):
+    """A copy of sh made set-user-ID in the project runs as its owner (root, or the user) for every
+    local user who can reach it: chmod's own calls refuse those bits; plain modes still change."""
+    calls = ["os.chmod(K, 0o4755)", "os.chmod(K, 0o2755)", "os.chmod(K, 0o6711)",
+             "os.chmod(K, 0o4755, follow_symlinks=False)", "os.fchmod(os.open(K, 0), 0o4755)",
+             "os.chmod(K, 0o1755)", "os.chmod(D, 0o2775)"]
+    shutil.copy("/bin/sh", project / "key")
+    for shape in ("--write", "--network"):
+        code, out = sandboxed(project, env, shape, *python(try_each(calls, project)))
+        for call in calls[:5] + calls[6:]:
+            assert f"{call} REFUSED 1" in out, (call, out)      # EPERM
+        assert "os.chmod(K, 0o1755) DONE" in out, out
+        assert (project / "key").stat().st_mode & 0o6000 == 0
+        assert project.stat().st_mode & 0o6000 == 0
+
+
 @pytest.mark.parametrize("shape", ["--write", "--network"])
 def test_an_approved_command_changes_metadata_only_where_it_may_write(project, env, tmp_path, shape):
     """An approved command needs chmod, utime and xattrs in the project (chmod +x, tar, cp -p),
