@@ -360,6 +360,9 @@ SYSTEM_SECRETS = [
     "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
     "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
     "/var/lib/sss", "/var/lib/docker", "/var/lib/containers", "/var/lib/libvirt",
+    # the user's own under /var: mail, print and cron jobs, what programs keep in /var/tmp (an
+    # editor's recovery copy of a file edited elsewhere); the system's copies of /etc/shadow
+    "/var/mail", "/var/spool", "/var/tmp", "/var/backups",
 ]
 # Under $HOME only the toolchains and git's own config are readable; the rest (shell histories,
 # ~/.claude, ~/.config/*, browser profiles) opens only by an approval that names a path.

@@ -193,6 +193,21 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_the_users_own_files_under_var_are_unreadable(project, env, shape):
+    """/var is readable for its toolchains and data; the user's own there was too: their mail
+    (/var/mail/$USER), and what programs keep in /var/tmp, such as an editor's recovery copy."""
+    kept = Path(tempfile.mkdtemp(dir="/var/tmp")) / "notes.swp"
+    kept.write_text("recovered: API_KEY=var-marker-4242")
+    try:
+        code, out = sandboxed(project, env, shape, "sh", "-c",
+                              f"cat {kept}; ls /var/lib > /dev/null && echo LISTED")
+        assert "var-marker-4242" not in out and "Permission denied" in out
+        assert "LISTED" in out, out
+    finally:
+        shutil.rmtree(kept.parent)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_khaelors_own_environment_is_unreadable_even_as_root(project, env, shape):
     code, out = sandboxed(project, env, shape, "sh", "-c",
                           'cat /proc/$PPID/environ; tr "\\0" "\\n" < /proc/1/environ; '
