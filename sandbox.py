@@ -385,7 +385,8 @@ def readable_roots(home: str, path: str) -> list[str]:
         if os.path.isabs(entry):
             roots += _toolchain(entry)
     real = [os.path.realpath(root) for root in roots if os.path.exists(root)]
-    return list(dict.fromkeys(real))
+    # ~ itself on PATH is no toolchain (build_ruleset leaves it out of one that holds it)
+    return [root for root in dict.fromkeys(real) if root != os.path.realpath(home)]
 
 
 def _toolchain(entry: str) -> list[str]:
@@ -548,8 +549,12 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     try:
         # what a command changes is opened afresh: the project, and the temp dir (its shm folder)
         fresh = [os.path.realpath(place) for place in filter(None, (project, temp_dir))]
+        # a read grant that holds the home (a PATH entry of ~ or /; /var, where a CI user's home
+        # is) leaves it out: only HOME_READABLE's part of it is read (its own grants)
+        closed_to_reads = closed + [os.path.realpath(home)]
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, fresh, list(hidden))
+            kept_out = closed_to_reads if rights == READ else closed
+            _grant(fd, path, rights, kept_out, abi, fresh, list(hidden))
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)

@@ -193,6 +193,19 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_the_home_on_path_or_inside_a_readable_folder_stays_unreadable(project, env, home, shape):
+    """Every PATH entry is readable, as a toolchain: ~ itself on PATH (PATH=$PATH:~) opened all of
+    it to every command, and / (or /var, where a CI user's home is) held it."""
+    for entries in (f"{env['PATH']}:{home}", f"/:{env['PATH']}"):
+        code, out = sandboxed(project, env, shape, "sh", "-c",
+                              f"cat {home}/.claude/.credentials.json; "
+                              f"cat {home}/.config/tool/token; git --version",
+                              extra_env={"PATH": entries})
+        assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
+        assert "git version" in out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_the_users_own_files_under_var_are_unreadable(project, env, shape):
     """/var is readable for its toolchains and data; the user's own there was too: their mail
     (/var/mail/$USER), and what programs keep in /var/tmp, such as an editor's recovery copy."""
