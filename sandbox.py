@@ -120,6 +120,8 @@ SECRET_HOME_PATHS = [
     ".ssh", ".aws", ".gnupg", ".config/gcloud",
     ".docker", ".kube",
     ".config/gh", ".azure", ".password-store",
+    # in the folders HOME_READABLE opens: git's other credential store, cargo's registry token
+    ".config/git/credentials", ".cargo/credentials", ".cargo/credentials.toml",
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 

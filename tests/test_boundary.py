@@ -193,6 +193,25 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(project, env, home,
+                                                                            shape):
+    """git's config folder and cargo's home are readable for every command (the tools need them),
+    and each holds a credential store: git's at ~/.config/git/credentials, cargo's token."""
+    stores = [home / ".config" / "git" / "credentials", home / ".cargo" / "credentials.toml",
+              home / ".cargo" / "credentials"]
+    for store in stores:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(f"https://user:{CREDENTIAL}@example.com\n")
+    (home / ".config" / "git" / "config").write_text("[user]\n\tname = Kept Readable\n")
+    (home / ".cargo" / "config.toml").write_text("[build]\njobs = 1\n")
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          " ".join(f"cat {store};" for store in stores) +
+                          f" git config user.name; cat {home}/.cargo/config.toml")
+    assert CREDENTIAL not in out and out.count("Permission denied") == 3, out
+    assert "Kept Readable" in out and "jobs = 1" in out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_the_home_on_path_or_inside_a_readable_folder_stays_unreadable(project, env, home, shape):
     """Every PATH entry is readable, as a toolchain: ~ itself on PATH (PATH=$PATH:~) opened all of
     it to every command, and / (or /var, where a CI user's home is) held it."""
