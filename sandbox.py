@@ -766,6 +766,13 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
         _bind_no_links(mounts.shared_memory, b"/dev/shm")
+    # The folders on the way to a covered file, where it may write, each bound onto itself: a
+    # mount point is neither renamed nor removed (EBUSY), so `mv conf elsewhere` cannot carry the
+    # file out from under the user's rule for the next command to read. Before the covers: a bind
+    # made after one would show the file bare beneath it.
+    for folder in _folders_holding(mounts.covered, mounts.writable):
+        with contextlib.suppress(FileNotFoundError):
+            _bind_no_links(folder)
     for path in mounts.covered:
         _cover(path)
     # No terminal of the user's is in its sight, open now or opened while it runs (a long one
@@ -790,13 +797,28 @@ def _grant_own_ptys(ruleset: int) -> None:
     os.close(fd)
 
 
-def _bind_no_links(folder: str, target: bytes) -> None:
-    """Bind the very folder opened at `folder` through no link at `target`: a command may have
-    swapped the shm folder for a link (to ~) since the parent looked; then the open fails, and so
-    does the command."""
+def _bind_no_links(folder: str, target: bytes | None = None) -> None:
+    """Bind the very folder opened at `folder` through no link at `target` (None: onto itself): a
+    command may have swapped the shm folder for a link (to ~) since the parent looked; then the
+    open fails, and so does the command."""
     fd = open_no_links(folder, O_PATH | os.O_DIRECTORY)
-    _libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, MS_BIND, None)
+    opened = f"/proc/self/fd/{fd}".encode()
+    failed = _libc.mount(opened, target or opened, None, MS_BIND | MS_REC, None)
     os.close(fd)
+    if failed and target is None:
+        raise OSError(ctypes.get_errno(), f"mount --bind {folder}")
+
+
+def _folders_holding(paths: tuple[str, ...], places: tuple[str, ...]) -> list[str]:
+    """The folders on the way to each of `paths` inside `places` (not the places), outermost
+    first."""
+    folders = set()
+    for path in paths:
+        folder = os.path.dirname(path)
+        while within(folder, list(places)) and folder not in places:
+            folders.add(folder)
+            folder = os.path.dirname(folder)
+    return sorted(folders, key=len)
 
 
 def _cover(path: str) -> None:

@@ -858,6 +858,27 @@ def test_a_path_the_user_denies_reading_is_read_by_no_search_and_no_command(worl
     assert (world.project / "new.txt").read_text() == "written\n"      # an approved command still writes beside it
 
 
+@pytest.mark.skipif(not sandbox.mount_namespace_available(), reason="no mount namespace here")
+def test_a_denied_file_is_not_carried_out_from_under_its_rule(world):
+    """The user's rule names a path: an approved command moved the folder that holds the file
+    (mv conf conf2), and the next command read it at its new path. The folders on its way are
+    mount points to an approved command now, which stay where they are; the rest still changes."""
+    (world.project / "conf").mkdir()
+    (world.project / "conf" / "prod.yaml").write_text("password: MARKER-4242\n")
+    denied = [re.escape("conf/prod.yaml")]
+    move = "echo new > conf/other; mv conf conf2; mv conf $TMPDIR/conf; rmdir conf"
+
+    async def scenario(box):
+        moved = await bash(box, move, deny_paths=denied)
+        read = "cat conf2/prod.yaml $TMPDIR/conf/prod.yaml"
+        return moved, await bash(box, read, READ_ONLY, deny_paths=denied)
+    moved, read = drive(world, scenario)
+    assert "Device or resource busy" in moved.text, moved.text
+    assert (world.project / "conf" / "prod.yaml").read_text() == "password: MARKER-4242\n"
+    assert (world.project / "conf" / "other").read_text() == "new\n"
+    assert "MARKER-4242" not in moved.text + read.text and not (world.project / "conf2").exists()
+
+
 def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(world):
     """An ask rule on reading: no silent search reads it; a command that names it asks, and
     once approved reads it."""
