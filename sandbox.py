@@ -778,9 +778,9 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # No terminal of the user's is in its sight, open now or opened while it runs (a long one
     # would read the keys typed there): a command reaches the terminal only through khaelor, which
     # cleans what it shows. Its ptys are in a devpts of its own, where /dev/ptmx makes them (the
-    # one at /dev/pts), granted by _grant_own_ptys.
+    # one at /dev/pts, also where it links to pts/ptmx), granted by _grant_own_ptys.
     if os.path.isdir("/dev/pts") and _libc.mount(b"devpts", b"/dev/pts", b"devpts", NO_PROGRAMS,
-                                                  b"newinstance,mode=0600"):
+                                                  b"newinstance,mode=0600,ptmxmode=0666"):
         raise OSError(ctypes.get_errno(), "mount devpts")
     # the working directory was entered on the read-only mount beneath (a deleted one stays)
     with contextlib.suppress(OSError):
