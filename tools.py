@@ -752,10 +752,11 @@ class Workspace:
             # Also when no Toolbox.close comes.
             weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
         # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it, or
-        # put a link or a file in its place (the sandbox would refuse to start the next command)
+        # put a link, a file or a FIFO in its place (no later command would start)
         shm = self.temp_dir / "shm"
-        if shm.is_symlink() or shm.is_file():
-            shm.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(shm).st_mode):
+                shm.unlink()
         shm.mkdir(exist_ok=True)
         return self.temp_dir
 

@@ -122,6 +122,16 @@ def test_a_link_planted_in_the_temp_dir_opens_nothing_to_a_later_approved_comman
     assert "42" in lock.text, lock.text     # the session's own /dev/shm is back for the next one
 
 
+def test_a_fifo_left_in_place_of_the_shm_folder_stops_no_later_command(world):
+    """session_temp made the folder again with mkdir(exist_ok=True), which raises for anything but
+    a folder there: after `mkfifo $TMPDIR/shm` no command of the session started."""
+    async def scenario(box):
+        await bash(box, 'sleep 0.5; rmdir "$TMPDIR/shm"; mkfifo "$TMPDIR/shm"', READ_ONLY)
+        return await bash(box, "echo started", READ_ONLY), await bash(box, "echo approved")
+    read_only, approved = drive(world, scenario)
+    assert "started" in read_only.text and "approved" in approved.text, read_only.text
+
+
 def test_a_read_only_command_writing_an_approved_outside_file_is_told_it_needs_write_access(world):
     target = world.home / "notes.txt"
     target.write_text("kept\n")
