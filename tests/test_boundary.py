@@ -414,7 +414,9 @@ def test_a_terminal_opened_while_an_approved_command_runs_is_out_of_its_reach(pr
             "        fd = os.open('/dev/pts/' + name, os.O_RDWR | os.O_NONBLOCK)\n"
             "        os.write(fd, b'INJECTED'); print('READ', os.read(fd, 100))\n"
             "    except OSError as error:\n"
-            "        print(name, error)\n")
+            "        print(name, error)\n"
+            # where /dev/ptmx links to pts/ptmx, programs open that one
+            "os.close(os.open('/dev/pts/ptmx', os.O_RDWR)); print('own ptmx')\n")
     options = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE,
                "stderr": subprocess.DEVNULL, "text": True}
     with khaelor_popen(["sandbox", "--write", "--", *python(wait)], project, env, False,
@@ -431,6 +433,7 @@ def test_a_terminal_opened_while_an_approved_command_runs_is_out_of_its_reach(pr
             os.close(master)
             os.close(slave)
     assert "typed secret" not in out and "INJECTED" not in echoed.decode(), out
+    assert "own ptmx" in out, out
     assert echoed == b"typed secret\r\n", echoed
 
 
