@@ -296,8 +296,13 @@ _ESCAPES = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b"
 ESCAPE_STARTS = "\x1b\x9b\x90\x98\x9d\x9e\x9f"
 # C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
 CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-# what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
-INVISIBLE_CHARS = "\u200b-\u200d\u2060-\u2064\ufeff\U000e0000-\U000e007f"
+# what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters;
+# the soft hyphen, the grapheme joiner, Hangul fillers, Mongolian and Khmer invisible marks, line
+# and paragraph separators, musical and shorthand format controls, variation selectors 17-256
+# (Unicode's default ignorables, but the variation selectors 1-16 every emoji carries)
+INVISIBLE_CHARS = ("\u200b-\u200d\u2060-\u206f\ufeff\U000e0000-\U000e0fff\u00ad\u034f"
+                   "\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2028\u2029\u3164\uffa0\ufff0-\ufffb"
+                   "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a")
 _UNSAFE = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]"
 # every sequence starts with one of these: text without any (nearly all) is left as it is, fast
 _CONTROL = f"[{CONTROL_CHARS}]"

@@ -751,8 +751,13 @@ class Workspace:
             self.temp_dir = Path(tempfile.mkdtemp(prefix=f"khaelor-session-{os.getpid()}-"))
             # Also when no Toolbox.close comes.
             weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
-        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it
-        (self.temp_dir / "shm").mkdir(exist_ok=True)
+        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it, or
+        # put a link, a file or a FIFO in its place (no later command would start)
+        shm = self.temp_dir / "shm"
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(shm).st_mode):
+                shm.unlink()
+        shm.mkdir(exist_ok=True)
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
