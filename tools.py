@@ -698,7 +698,9 @@ class Workspace:
             env["GIT_OPTIONAL_LOCKS"] = "0"
         keys = self.repository_git_drivers(cwd) if _runs_git(argv) and scan_git else []
         settings = sandbox.git_settings(read_only, keys)
-        env.update(sandbox.git_env(os.environ, settings))
+        # numbered after the user's own GIT_CONFIG_* entries where the command gets them
+        carried = os.environ if confine.unconfined else env
+        env.update(sandbox.git_env(carried, settings))
         # the user's own `!` command
         if confine.unconfined:
             return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None

@@ -1327,6 +1327,18 @@ def test_one_lister_for_search_and_mentions_walks_plain_files_outside_git(tmp_pa
     assert len(tools.project_files(ws, limit=2)) == 2
 
 
+def test_git_runs_when_the_users_environment_carries_git_config_entries(box, monkeypatch):
+    """GIT_CONFIG_COUNT=1 in the user's environment: khaelor numbered its own entries after it,
+    but the command never gets the user's entry 0, so every git command failed ("missing config
+    key GIT_CONFIG_KEY_0")."""
+    for name, value in {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "color.ui",
+                        "GIT_CONFIG_VALUE_0": "never"}.items():
+        monkeypatch.setenv(name, value)
+    subprocess.run(["git", "init", "-q", str(box.root)], check=True)
+    result = box.call("bash", command="git status --short && echo git-ran")
+    assert "git-ran" in result.text and "missing config key" not in result.text, result.text
+
+
 def test_a_repository_whose_files_git_all_ignores_lists_none_of_them(tmp_path):
     """git listing nothing was taken for "no git" and the tree was walked: grep without ripgrep
     and @-completion then read node_modules and the rest of what the user's ignore rules hide."""
