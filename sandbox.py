@@ -382,6 +382,8 @@ def readable_roots(home: str, path: str) -> list[str]:
     interpreter's prefix."""
     roots = list(SYSTEM_READABLE)
     roots += [os.path.join(home, name) for name in HOME_READABLE]
+    for config in (".gitconfig", ".config/git/config"):
+        roots += git_includes(os.path.join(home, config), home)
     roots += [sys.prefix, sys.base_prefix]
     for entry in path.split(os.pathsep):
         if os.path.isabs(entry):
@@ -389,6 +391,34 @@ def readable_roots(home: str, path: str) -> list[str]:
     real = [os.path.realpath(root) for root in roots if os.path.exists(root)]
     # ~ itself on PATH is no toolchain (build_ruleset leaves it out of one that holds it)
     return [root for root in dict.fromkeys(real) if root != os.path.realpath(home)]
+
+
+def git_includes(config: str, home: str, depth: int = 0) -> list[str]:
+    """The files a git config includes ([include] and [includeIf] path = …), and theirs, as git
+    does, ten deep: one it cannot read fails every git command (a ~/.gitconfig.local is common)."""
+    try:
+        with open(config, errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    section = ""
+    for line in lines:
+        line = line.strip()
+        if line.startswith("["):
+            section = line[1:].split("]")[0].split(" ")[0].lower()
+            continue
+        key, _, value = line.partition("=")
+        if section not in ("include", "includeif") or key.strip().lower() != "path":
+            continue
+        value = value.strip().strip('"')
+        if value.startswith("~/"):
+            value = os.path.join(home, value[2:])
+        path = os.path.join(os.path.dirname(config), value)
+        found.append(path)
+        if depth < 10:
+            found += git_includes(path, home, depth + 1)
+    return found
 
 
 def _toolchain(entry: str) -> list[str]:
@@ -496,7 +526,11 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     """(real path, rights beneath it) for one command, what its ruleset grants and what explain
     reads: reads from the allow-list (system directories, toolchains, the project, its spill
     files, the temp dir), writes where `confine` says."""
-    grants = [(root, READ) for root in readable_roots(str(home), os.environ.get("PATH", ""))]
+    roots = readable_roots(str(home), os.environ.get("PATH", ""))
+    # one inside a closed location (a git include of ~/.ssh/config, ~/.aws/bin on PATH) opens
+    # nothing there
+    closed = closed_locations(home, khaelor_home, confine.paths)
+    grants = [(root, READ) for root in roots if not within(root, closed)]
     grants += [(project, READ), (spill_folder(khaelor_home, project), READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, READ_DEVICE) for device in READABLE_DEVICES]

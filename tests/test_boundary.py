@@ -212,6 +212,33 @@ def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(proje
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_git_reads_the_files_the_users_git_config_includes_and_no_secret(project, env, home, shape):
+    """[include] path = ~/.gitconfig.local (and includeIf, and theirs): every sandboxed git
+    command failed, the included file being unreadable. An include of a secret stays closed."""
+    (home / ".gitconfig").write_text(
+        "[include]\n\tpath = ~/.gitconfig.local\n"
+        "[include]\n\tpath = dotfiles/git/work.inc\n"
+        '[includeIf "gitdir:~/work/"]\n\tpath = ~/work.inc\n')
+    (home / "work.inc").write_text("# read when the repository is under ~/work\n")
+    (home / ".gitconfig.local").write_text("[user]\n\tname = From Local\n")
+    (home / "dotfiles" / "git").mkdir(parents=True)
+    (home / "dotfiles" / "git" / "work.inc").write_text("[include]\n\tpath = deeper.inc\n")
+    (home / "dotfiles" / "git" / "deeper.inc").write_text("[user]\n\temail = deep@example.com\n")
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".ssh" / "config").write_text(f"# {CREDENTIAL}\n")
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          f"git config user.name; git config user.email; cat {home}/work.inc;"
+                          f" cat {home}/.ssh/config")
+    assert "From Local" in out and "deep@example.com" in out and "under ~/work" in out, out
+    # an include of a closed location opens nothing there (git then fails, as it does wherever an
+    # include cannot be read)
+    with (home / ".gitconfig").open("a") as config:
+        config.write("[include]\n\tpath = ~/.ssh/config\n")
+    code, out = sandboxed(project, env, shape, "sh", "-c", f"cat {home}/.ssh/config; git config -l")
+    assert CREDENTIAL not in out and "Permission denied" in out, out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_the_home_on_path_or_inside_a_readable_folder_stays_unreadable(project, env, home, shape):
     """Every PATH entry is readable, as a toolchain: ~ itself on PATH (PATH=$PATH:~) opened all of
     it to every command, and / (or /var, where a CI user's home is) held it."""
