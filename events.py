@@ -752,6 +752,9 @@ class Bus:
         self._subscribers = []
         # tests: every event checked by its kind's row
         self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))
+        # run with a durable event's type before it is appended: while a reply streams, the kernel
+        # saves its text first, so a replay shows what came in its middle where the screen did
+        self.before_durable = None
 
     def subscribe(self, fn):
         self._subscribers.append(fn)
@@ -761,6 +764,8 @@ class Bus:
         durable = type in DURABLE
         if not durable and type not in EPHEMERAL:
             raise ValueError(f"unknown event type {type!r}")
+        if durable and self.before_durable is not None:
+            self.before_durable(type)
         event = {"v": SCHEMA_VERSION, "seq": self.store.next_seq if durable else 0,
                  "id": os.urandom(8).hex(), "ts": int(time.time() * 1000),
                  "session": self.store.session_id, "type": type, **payload}

@@ -1023,9 +1023,11 @@ class Timeline:
         self._after_block(self._marked("✗", "error", text))
 
     def _after_block(self, lines: list[str]) -> None:
-        """Lines that must not land inside a block still streaming: they settle after it."""
+        """Lines that must not land inside a text block still streaming: they settle after it.
+        Thinking is one line of its own, never in the log before it ends: they settle above it,
+        as a replay has them."""
         self._queued.append(lines)
-        if self._text is None and self._thinking is None:
+        if self._text is None:
             self._settle_queued()
 
     def flush_live(self) -> None:

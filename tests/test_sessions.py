@@ -903,6 +903,83 @@ def test_a_resumed_session_replays_what_each_command_answered_where_it_was(fake,
             assert len(line) < 12 or not any(quoted in body for body in sent), line
 
 
+def live_and_replayed_mid_reply(session, steps, width):
+    """As live_and_replayed, each step a line typed then, while the turn streams, a wait for an
+    event (a predicate) or a file touched (a Path: a stalled stream goes on), and a frame drawn."""
+    import asyncio
+
+    import pyte
+    import ui
+
+    async def run():
+        app = ui.App(session, style=ui.Style(False), width=width, height=500,
+                     spawn=asyncio.ensure_future)
+        seen = []
+        session.subscribe(app.on_event)
+        session.subscribe(seen.append)
+        live = pyte.Screen(width, 500)
+        screen = pyte.ByteStream(live)
+        for step in steps:
+            if isinstance(step, str):
+                # a wait is for what comes after the line typed last
+                del seen[:]
+                app.on_event({"type": "Typed", "text": step})
+            elif isinstance(step, Path):
+                step.touch()
+            while callable(step) and not any(step(e) for e in seen):
+                await asyncio.sleep(0.01)
+            screen.feed(app.render(time.monotonic()))
+        while session.busy:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        screen.feed(app.render(time.monotonic()))
+        rows = [row.rstrip() for row in live.display]
+        composer = next(k for k, row in enumerate(rows) if row.startswith("❯"))
+        log = [json.loads(line) for line in session.store.path.read_text().splitlines()]
+        replayed = pyte.Screen(width, 500)
+        lines = ui.render_transcript(log, width, max_turns=ui.REPLAY_TURNS)
+        pyte.ByteStream(replayed).feed("\r\n".join(lines).encode())
+        shown = "\n".join(rows[:composer - 1]).rstrip()
+        return shown, "\n".join(row.rstrip() for row in replayed.display).rstrip(), log
+    return run()
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_commands_answered_while_a_reply_thinks_or_streams_replay_where_they_were_shown(
+        fake, project, env, monkeypatch, tmp_path, width):
+    """QA: `/cost` typed while a reply streamed showed after the reply, but a resume showed it
+    above the reply: its answer was logged before any of the streamed text (the text is saved a
+    few times a second, and at the block's end). The text streamed so far is saved before
+    anything logged in its middle; and what comes in the middle of thinking shows above it live,
+    as in the log."""
+    from fake_api import thinking
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    # the clock's save would come first and hide the gap: it is not due while the test types
+    monkeypatch.setattr(kernel, "CHECKPOINT_INTERVAL_S", 600)
+    thought, streamed = tmp_path / "thought", tmp_path / "streamed"
+    fake.enqueue(reply(thinking("Let me plan. " * 10), text("A thought-out reply."), chunk=6,
+                       stall_after_events=6, stall_seconds=20, release_file=str(thought)),
+                 reply(text("The first words of a reply.\n\nMore " + "words " * 30), chunk=6,
+                       stall_after_events=8, stall_seconds=20, release_file=str(streamed)))
+
+    def answered(command):
+        return lambda e: e["type"] == "CommandAnswered" and e["command"] == command
+
+    steps = ["think", lambda e: e["type"] == "ThinkingDelta" and e["text"], "/status",
+             answered("/status"), thought, lambda e: e["type"] == "TaskCompleted",
+             "write", lambda e: e["type"] == "TextDelta", "/cost", answered("/cost"), streamed]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps,
+                                                                               width))
+    assert "A thought-out reply." in shown and "More words" in shown and "• model:" in shown
+    assert replayed == shown, shown
+    words = " ".join(shown.split())
+    order = [words.index(needle) for needle in ("Thinking", "A thought-out reply.",
+                                                "The first words", "More words", "output")]
+    assert order == sorted(order), shown
+
+
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,
                                                                               env, monkeypatch):
     """A command's answer is logged up to MAX_KEPT_ANSWER characters: a long /diff keeps its start
