@@ -200,7 +200,8 @@ DURABLE_KINDS = {
     # Shift-Tab, --permission-mode, a plan approved: from the next turn
     "ModeChanged": {"mode": str},           # one of MODES
     # a slash command's answer, for a resumed session's replay: no fold (nor the model) reads it
-    "CommandAnswered": {"command": str, "text": str},
+    "CommandAnswered": {"command": str, "text": str,
+                        "failed": NotRequired[bool]},   # it raised: `text` is why
 }
 # the permission modes, in the order Shift-Tab cycles them (as in Claude Code)
 MODES = ("default", "acceptEdits", "plan")

@@ -1960,16 +1960,25 @@ class Session:
             return ""
         if entry is None:
             return self.record_answer(line, f"unknown command {name}; /help lists them")
-        return self.record_answer(line, await entry[0](self, rest.strip()))
+        try:
+            answer = await entry[0](self, rest.strip())
+        except Exception as error:
+            # the screen says "✗ The command failed: …", and so does a replay
+            self.record_answer(line, str(error), failed=True)
+            raise
+        return self.record_answer(line, answer)
 
-    def record_answer(self, line: str, answer):
+    def record_answer(self, line: str, answer, failed: bool = False):
         """What a command showed joins the log (CommandAnswered), so a resumed session replays it
         where it was. Not kept: /help (a view, the same each time), QUIT, TRANSCRIPT, and the
         middle of an answer over MAX_KEPT_ANSWER characters (a long /diff: the replay says so)."""
-        if line.split()[0] != "/help" and isinstance(answer, str) and answer.strip():
+        shown = isinstance(answer, str) and (answer.strip() or failed)
+        if line.split()[0] != "/help" and shown:
             import context
             kept = context.clip(answer, MAX_KEPT_ANSWER)
             self.unlogged.append({"command": line.strip(), "text": kept})
+            if failed:
+                self.unlogged[-1]["failed"] = True
             self.log_answers()
         return answer
 

@@ -1290,7 +1290,20 @@ class Timeline:
 
     def _on_CommandAnswered(self, e: dict) -> None:
         """Replayed: a command's answer, drawn as App drew what run_command returned."""
-        self.note(str(e.get("text", "")))
+        self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"))
+
+    def command_answer(self, command: str, text: str, failed: bool = False) -> None:
+        """The command line as typed (`› /cost`, as Claude Code echoes it), then its answer, or
+        why it failed."""
+        lines = self._written(command, "user")
+        if failed:
+            lines += self._marked("✗", "error", f"{RESULT_ERRORS['run_command']}: {text}")
+        else:
+            stream = MarkdownStream(self.style, self.width)
+            stream.feed(text)
+            stream.finish()
+            lines += stream.take_settled()
+        self._after_block(lines)
 
     def _on_Notice(self, e: dict) -> None:
         self.note("⚠ " + str(e.get("text", "")))
@@ -2629,9 +2642,9 @@ class App:
         """Call the controller; run an awaitable result as a task; show what comes back."""
         async def finish(awaitable) -> None:
             try:
-                self._show_result(fn, await awaitable)
+                self._show_result(fn, await awaitable, args)
             except Exception as exc:
-                self._show_result(fn, exc)
+                self._show_result(fn, exc, args)
 
         try:
             result = fn(*args)
@@ -2640,13 +2653,17 @@ class App:
         if inspect.isawaitable(result):
             self._spawn(finish(result))
         else:
-            self._show_result(fn, result)
+            self._show_result(fn, result, args)
 
-    def _show_result(self, fn: Callable, result: object) -> None:
+    def _show_result(self, fn: Callable, result: object, args: tuple = ()) -> None:
         if isinstance(result, Exception) and fn == self.controller.run_shell:
             # it failed to run: not running
             self.timeline.cards.pop(events.USER_SHELL_ID, None)
-        if isinstance(result, Exception):
+        answered = isinstance(result, Exception) or (isinstance(result, str) and result.strip())
+        if fn == self.controller.run_command and answered:
+            # with the line typed, as its CommandAnswered replays it
+            self.timeline.command_answer(args[0], str(result), isinstance(result, Exception))
+        elif isinstance(result, Exception):
             # in the user's words, not the controller's method name
             what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")
             self.timeline.error(f"{what}: {result}")

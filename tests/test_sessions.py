@@ -887,7 +887,7 @@ def test_a_resumed_session_replays_what_each_command_answered_where_it_was(fake,
         project, env, monkeypatch, lambda session: live_and_replayed(session, typed, width))
     assert "unknown command /nonsense" in shown and "Second reply." in shown
     # /help is a view, the same each time: shown, not kept
-    help_rows = shown.index("\n**Commands")
+    help_rows = shown.index("\n› /help")
     assert replayed == shown[:help_rows].rstrip()
     answers = [e for e in log if e["type"] == "CommandAnswered"]
     assert [e["command"] for e in answers] == ["/status", "/model haiku", "/cost", "/nonsense",
@@ -901,6 +901,33 @@ def test_a_resumed_session_replays_what_each_command_answered_where_it_was(fake,
         for line in answer["text"].splitlines():
             quoted = json.dumps(line, ensure_ascii=False)[1:-1]
             assert len(line) < 12 or not any(quoted in body for body in sent), line
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_each_command_shows_its_line_then_its_answer_or_failure_live_and_replayed(
+        fake, project, env, monkeypatch, width):
+    """QA: a command that raised showed "✗ The command failed: …" and a resume showed nothing of
+    it (it was not logged); and no answer said which command it answered (Claude Code shows
+    `> /cost` above it). The line typed shows above its answer or its failure, live and replayed."""
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("Hello.")))
+
+    def script(session):
+        # a folder where a permission file goes: /new cannot read it, and says so
+        (project / ".khaelor" / "config.json").mkdir(parents=True)
+        return live_and_replayed(session, ["/cost", "hello", "/new", "/cost"], width)
+    shown, replayed, log = in_new_session(project, env, monkeypatch, script)
+    assert replayed == shown, shown
+    rows = shown.splitlines()
+    failed = rows.index("› /new")
+    assert rows[failed + 1].startswith("✗ The command failed:")
+    assert "(Is a directory)" in " ".join(shown.split())
+    assert rows[rows.index("› /cost") + 1] == "no model calls yet"
+    cost = len(rows) - rows[::-1].index("› /cost") - 1
+    assert rows[cost + 1].startswith("• claude-sonnet-5-5: input ")
+    answers = [(e["command"], e.get("failed", False)) for e in log if e["type"] == "CommandAnswered"]
+    assert answers == [("/cost", False), ("/new", True), ("/cost", False)]
 
 
 def live_and_replayed_mid_reply(session, steps, width):
