@@ -1801,6 +1801,9 @@ class Session:
         # the fsync off the loop: close's own then finds nothing left to write
         await self.store.sync_off_loop()
         close_session(self.store)
+        # what commands answered in a session that never began goes with it: its log, which
+        # would have kept them, is never written (nor is the session resumed next)
+        self.unlogged = []
 
     @property
     def toolbox(self):

@@ -930,6 +930,28 @@ def test_each_command_shows_its_line_then_its_answer_or_failure_live_and_replaye
     assert answers == [("/cost", False), ("/new", True), ("/cost", False)]
 
 
+def test_answers_before_a_first_message_stay_out_of_the_session_resumed_next(khaelor, fake,
+                                                                            project, env,
+                                                                            monkeypatch):
+    """QA: `/status` then `/resume OLD` in a new session showed the answer above the resumed
+    conversation, but it was written in OLD's log after it, so `khaelor -c` showed it below. The
+    answers belong to the session they were given in, and a session with no message leaves no
+    log: they go with it. What /resume answered is OLD's, below its conversation, both times."""
+    from test_claude_parity import in_session as in_new_session
+    fake.enqueue(reply(text("The old reply.")))
+    assert khaelor.run("-p", "old question").returncode == 0
+    old = khaelor.session_files()[-1].stem
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch,
+        lambda session: live_and_replayed(session, ["/status", f"/resume {old}", "/cost"], 80))
+    assert shown.startswith("› /status\n• version: ") and "› old question" in shown
+    assert shown.endswith(replayed) and replayed.startswith("› old question"), replayed
+    answers = [e["command"] for e in log if e["type"] == "CommandAnswered"]
+    assert answers == [f"/resume {old}", "/cost"]
+    assert [path.stem for path in khaelor.session_files()] == [old]
+
+
 def live_and_replayed_mid_reply(session, steps, width):
     """As live_and_replayed, each step a line typed then, while the turn streams, a wait for an
     event (a predicate) or a file touched (a Path: a stalled stream goes on), and a frame drawn."""
