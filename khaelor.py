@@ -2503,21 +2503,51 @@ def own_write_problem(e: OSError) -> str:
 
 
 def transcript_markdown(log: list[dict]) -> str:
-    """/export: what was said and done, as Markdown (a tool's output: its first 40 lines)."""
+    """/export: what was said and done, as Markdown, in the order the screen showed it (a tool's
+    output: its first 40 lines). What came while a reply streamed (a command's answer, steering)
+    follows the reply, as on screen; a reply cut off keeps what it had written."""
     parts = []
+    # the text saved of the reply streaming, and what showed after it
+    streaming = ""
+    after = []
     for event in log:
         kind = event["type"]
-        if kind == "UserMessageCreated":
+        if kind == "ModelTextBlockCompleted":
+            streaming = event.get("text") or ""
+        if kind == "ModelTextBlockCompleted" or kind in events.DROPPING_EVENTS:
+            parts += [streaming] * bool(streaming) + after
+            streaming = ""
+            after = []
+        if kind in ("CommandAnswered", "SteeringQueued"):
+            (after if streaming else parts).append(shown_markdown(event))
+        elif kind == "TextCheckpoint":
+            streaming += event.get("text") or ""
+        elif kind == "UserMessageCreated":
             parts.append(f"## You\n\n{event.get('text', '')}")
-        elif kind == "ModelTextBlockCompleted" and event.get("text"):
-            parts.append(event["text"])
+        elif kind == "UserShellRan":
+            output = "\n".join(str(event.get("output") or "").split("\n")[:40])
+            parts.append(f"**!** `{event.get('command')}`\n\n````\n{output}\n````")
+        elif kind == "Interrupted":
+            parts.append("*Interrupted*")
         elif kind == "ToolRequested":
             call = json.dumps(event.get("input"), ensure_ascii=False)
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
         elif kind in ("ToolCompleted", "ToolFailed"):
             lines = str(event.get("output") or "").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
+    parts += [streaming] * bool(streaming) + after
     return "\n\n".join(parts) + "\n"
+
+
+def shown_markdown(event: dict) -> str:
+    """/export: a command's answer, marked as its output, or steering the user typed."""
+    if event["type"] == "SteeringQueued":
+        return f"## You (while it worked)\n\n{event.get('text', '')}"
+    said = event.get("text", "")
+    if event.get("failed"):
+        said = f"The command failed: {said}"
+    quoted = "\n".join("> " + line for line in said.split("\n"))
+    return f"**`{event.get('command')}`** · command output\n\n{quoted}"
 
 
 def starting_instructions(root: Path) -> str:

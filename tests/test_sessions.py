@@ -953,16 +953,19 @@ def test_answers_before_a_first_message_stay_out_of_the_session_resumed_next(kha
 
 
 def live_and_replayed_mid_reply(session, steps, width):
-    """As live_and_replayed, each step a line typed then, while the turn streams, a wait for an
-    event (a predicate) or a file touched (a Path: a stalled stream goes on), and a frame drawn."""
+    """As live_and_replayed, each step a line typed (a command run to its end, a message's turn
+    not), then, while the turn streams, a wait for an
+    event (a predicate), a file touched (a Path: a stalled stream goes on) or a key pressed, and a
+    frame drawn."""
     import asyncio
 
     import pyte
     import ui
 
     async def run():
+        tasks = []
         app = ui.App(session, style=ui.Style(False), width=width, height=500,
-                     spawn=asyncio.ensure_future)
+                     spawn=lambda awaitable: tasks.append(asyncio.ensure_future(awaitable)))
         seen = []
         session.subscribe(app.on_event)
         session.subscribe(seen.append)
@@ -973,8 +976,12 @@ def live_and_replayed_mid_reply(session, steps, width):
                 # a wait is for what comes after the line typed last
                 del seen[:]
                 app.on_event({"type": "Typed", "text": step})
+                # a command runs to its end (a message's turn goes on)
+                await asyncio.gather(*tasks)
             elif isinstance(step, Path):
                 step.touch()
+            elif isinstance(step, ui.Key):
+                app.on_key(step)
             while callable(step) and not any(step(e) for e in seen):
                 await asyncio.sleep(0.01)
             screen.feed(app.render(time.monotonic()))
@@ -1012,12 +1019,9 @@ def test_commands_answered_while_a_reply_thinks_or_streams_replay_where_they_wer
                  reply(text("The first words of a reply.\n\nMore " + "words " * 30), chunk=6,
                        stall_after_events=8, stall_seconds=20, release_file=str(streamed)))
 
-    def answered(command):
-        return lambda e: e["type"] == "CommandAnswered" and e["command"] == command
-
-    steps = ["think", lambda e: e["type"] == "ThinkingDelta" and e["text"], "/status",
-             answered("/status"), thought, lambda e: e["type"] == "TaskCompleted",
-             "write", lambda e: e["type"] == "TextDelta", "/cost", answered("/cost"), streamed]
+    steps = ["think", lambda e: e["type"] == "ThinkingDelta" and e["text"], "/status", thought,
+             lambda e: e["type"] == "TaskCompleted", "write", lambda e: e["type"] == "TextDelta",
+             "/cost", streamed]
     shown, replayed, log = in_new_session(
         project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps,
                                                                                width))
@@ -1027,6 +1031,36 @@ def test_commands_answered_while_a_reply_thinks_or_streams_replay_where_they_wer
     order = [words.index(needle) for needle in ("Thinking", "A thought-out reply.",
                                                 "The first words", "More words", "output")]
     assert order == sorted(order), shown
+
+
+def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_in_order(
+        fake, project, env, monkeypatch, tmp_path):
+    """QA: /export wrote the messages, replies and tool calls only: no command's answer, no `!`
+    command, no reply cut off by Esc. It holds what the screen showed, in its order, an answer
+    marked as a command's output (one that came mid-reply after the reply, as on screen)."""
+    import ui
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("Hello back.")),
+                 reply(text("A long reply, " + "word " * 200), chunk=4, stall_after_events=10,
+                       stall_seconds=20))
+    out = tmp_path / "out.md"
+    steps = ["/status", "hello", lambda e: e["type"] == "TaskCompleted", "!echo shell-ran",
+             lambda e: e["type"] == "UserShellRan", "write more",
+             lambda e: e["type"] == "TextDelta", "/cost", ui.Key("esc"),
+             lambda e: e["type"] == "Interrupted", f"/export {out}"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 80))
+    exported = out.read_text()
+    needles = ["**`/status`** · command output\n\n> - version: ", "## You\n\nhello",
+               "Hello back.", "**!** `echo shell-ran`", "\nshell-ran\n", "## You\n\nwrite more",
+               "A long reply, word", "**`/cost`** · command output", "> - claude-sonnet-5-5: ",
+               "*Interrupted*"]
+    at = [exported.index(needle) for needle in needles]
+    assert at == sorted(at), exported
+    words = " ".join(shown.split())
+    on_screen = [words.index(n) for n in ("A long reply", "› /cost", "■ Interrupted")]
+    assert on_screen == sorted(on_screen) and replayed == shown
 
 
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,
