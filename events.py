@@ -185,7 +185,9 @@ DURABLE_KINDS = {
         "model": NotRequired[str | None],   # the summary call's model and usage (counted in /cost)
         "usage": NotRequired[dict],
     },
-    "Interrupted": {"reason": NotRequired[str]},
+    "Interrupted": {"reason": NotRequired[str],
+                    # the thinking it cut off, as shown (never sent), and how long it had taken
+                    "thinking": NotRequired[str], "thinking_ms": NotRequired[int]},
     "VerificationRequested": {"attempt": int, "changed_files": list, "commands": list,
                               "withheld": str, "text": str},
     "TaskCompleted": {"evidence": dict, "answer": NotRequired[str]},

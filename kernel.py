@@ -297,6 +297,15 @@ class StreamReducer:
             self.saved_at = now
         return payload
 
+    def cut_thinking(self, now: float) -> dict:
+        """The thinking block streaming when the stream is cut off, as the screen showed it (its
+        line stays there, so a replay draws it too); never sent: it has no signature."""
+        for block in self.blocks.values():
+            if block["type"] == "thinking" and self.thinking_since is not None:
+                took = round((now - self.thinking_since) * 1000)
+                return {"thinking": "".join(block["parts"]), "thinking_ms": took}
+        return {}
+
     def feed(self, event: dict, now: float | None = None) -> list[tuple[str, dict]]:
         """`now` (monotonic): when the event arrived; a thinking block then says how long it took
         (duration_ms, the UI's "✻ Thinking · 4s")."""
@@ -440,6 +449,8 @@ class Kernel:
         self.planned_seq = 0
         # the newest request sent (what a 400 refused)
         self.request = {}
+        # the thinking an Esc cut off (StreamReducer.cut_thinking), for its Interrupted
+        self.cut_thinking = {}
 
     @property
     def state(self) -> events.State:
@@ -545,7 +556,8 @@ class Kernel:
         except asyncio.CancelledError:
             # Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted
             self.cancel_pending("interrupted by the user")
-            self.emit("Interrupted")
+            self.emit("Interrupted", **self.cut_thinking)
+            self.cut_thinking = {}
             raise
         except Exception as error:
             self.fail(error)
@@ -736,6 +748,7 @@ class Kernel:
         except asyncio.CancelledError:
             # Esc: the text streamed so far is kept (run() syncs it as the turn ends).
             self.save_checkpoint(reducer, None)
+            self.cut_thinking = reducer.cut_thinking(time.monotonic())
             raise
         finally:
             self.bus.before_durable = None

@@ -991,6 +991,10 @@ class Timeline:
             self._n_streamed = 0
         elif kind in RESPONSE_ENDS:
             self._model_started = None
+        if kind == "Interrupted" and "thinking" in event:
+            # the thinking cut off, as the log keeps it: live and replayed alike
+            self._thinking = None
+            self._finish_thinking(event["thinking"], event.get("thinking_ms"))
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
@@ -1032,8 +1036,8 @@ class Timeline:
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption). What streamed of a
-        thinking block stays on screen as its line, though it is never kept (nor sent): a replay
-        has none of it."""
+        thinking block stays on screen as its line, never sent (an Esc's Interrupted keeps it for
+        a replay; a kill -9 does not)."""
         self._finish_text()
         self._finish_thinking(None)
         self._settle_queued()

@@ -1033,6 +1033,34 @@ def test_commands_answered_while_a_reply_thinks_or_streams_replay_where_they_wer
     assert order == sorted(order), shown
 
 
+@pytest.mark.parametrize("width", [80, 44])
+def test_thinking_cut_off_by_esc_replays_as_its_line_showed_and_is_never_sent(
+        fake, project, env, monkeypatch, width):
+    """QA (tmux): Esc while the model thought left `✻ Thinking · 1s · Plan it…` on the screen, and
+    `khaelor -c` showed nothing there: only a finished thinking block was logged. Interrupted keeps
+    what streamed of it and how long it took, for the screen only: no request carries it."""
+    import ui
+    from fake_api import thinking
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(thinking("Plan it carefully. " * 20), text("never shown"), chunk=6,
+                       stall_after_events=8, stall_seconds=20),
+                 reply(text("Went on.")))
+    steps = ["think", lambda e: e["type"] == "ThinkingDelta" and e["text"], ui.Key("esc"),
+             lambda e: e["type"] == "Interrupted", "go on", lambda e: e["type"] == "TaskCompleted"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps,
+                                                                               width))
+    assert replayed == shown, shown
+    rows = shown.splitlines()
+    line = next(k for k, row in enumerate(rows) if row.startswith("✻ Thinking · "))
+    assert "Plan it" in rows[line] and rows[line + 2].startswith("■ Interrupted")
+    cut = types(log, "Interrupted")[0]
+    assert cut["thinking"].startswith("Plan it carefully.") and cut["thinking_ms"] >= 0
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "Plan it" not in sent and "Went on." in shown
+
+
 def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_in_order(
         fake, project, env, monkeypatch, tmp_path):
     """QA: /export wrote the messages, replies and tool calls only: no command's answer, no `!`
