@@ -2515,7 +2515,8 @@ def transcript_markdown(log: list[dict]) -> str:
         if kind == "ModelTextBlockCompleted":
             streaming = event.get("text") or ""
         if kind == "ModelTextBlockCompleted" or kind in events.DROPPING_EVENTS:
-            parts += [streaming] * bool(streaming) + after
+            # the reply ends: its text, then what showed after it
+            parts += [text for text in (streaming, *after) if text]
             streaming = ""
             after = []
         if kind in ("CommandAnswered", "SteeringQueued"):
@@ -2535,7 +2536,7 @@ def transcript_markdown(log: list[dict]) -> str:
         elif kind in ("ToolCompleted", "ToolFailed"):
             lines = str(event.get("output") or "").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
-    parts += [streaming] * bool(streaming) + after
+    parts += [text for text in (streaming, *after) if text]
     return "\n\n".join(parts) + "\n"
 
 

@@ -926,7 +926,7 @@ def test_each_command_shows_its_line_then_its_answer_or_failure_live_and_replaye
     assert rows[rows.index("› /cost") + 1] == "no model calls yet"
     cost = len(rows) - rows[::-1].index("› /cost") - 1
     assert rows[cost + 1].startswith("• claude-sonnet-5-5: input ")
-    answers = [(e["command"], e.get("failed", False)) for e in log if e["type"] == "CommandAnswered"]
+    answers = [(e["command"], e.get("failed", False)) for e in types(log, "CommandAnswered")]
     assert answers == [("/cost", False), ("/new", True), ("/cost", False)]
 
 
@@ -1036,9 +1036,9 @@ def test_commands_answered_while_a_reply_thinks_or_streams_replay_where_they_wer
 @pytest.mark.parametrize("width", [80, 44])
 def test_thinking_cut_off_by_esc_replays_as_its_line_showed_and_is_never_sent(
         fake, project, env, monkeypatch, width):
-    """QA (tmux): Esc while the model thought left `✻ Thinking · 1s · Plan it…` on the screen, and
-    `khaelor -c` showed nothing there: only a finished thinking block was logged. Interrupted keeps
-    what streamed of it and how long it took, for the screen only: no request carries it."""
+    """QA (tmux): Esc while the model thought left `✻ Thinking · 1s · Plan it…` on the screen,
+    and `khaelor -c` showed nothing there: only a finished thinking block was logged. Interrupted
+    keeps what streamed of it and how long it took, for the screen only: no request carries it."""
     import ui
     from fake_api import thinking
     from test_claude_parity import in_session as in_new_session
