@@ -2370,7 +2370,7 @@ class Session:
         import ui
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
-                "preview": rewind.describe(),
+                "preview": rewind.describe(), "command": f"/rewind {argument}",
                 "answer": lambda choice: self.answer_rewind(rewind, choice, f"/rewind {argument}")}
 
     async def answer_rewind(self, rewind: Rewind, choice: str, line: str):

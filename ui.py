@@ -30,7 +30,8 @@ while it is live; what has settled is read in the transcript view (Ctrl-R, or a 
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown), QUIT (ends the app), TRANSCRIPT
-or a question (a dict as PermissionRequested's): its panel opens; the choice goes to its `answer`.
+or a question (a dict as PermissionRequested's): its panel opens; the choice goes to its `answer`,
+whose result shows as the answer to the question's `command` (the line typed).
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
 matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
@@ -2659,14 +2660,23 @@ class App:
         else:
             self._show_result(fn, result, args)
 
+    def answer_question(self, request: dict, choice: str) -> object:
+        """A command's question answered: its answer shows under the line typed (`command`)."""
+        return request["answer"](choice)
+
     def _show_result(self, fn: Callable, result: object, args: tuple = ()) -> None:
         if isinstance(result, Exception) and fn == self.controller.run_shell:
             # it failed to run: not running
             self.timeline.cards.pop(events.USER_SHELL_ID, None)
         answered = isinstance(result, Exception) or (isinstance(result, str) and result.strip())
-        if fn == self.controller.run_command and answered:
+        command = ""
+        if fn == self.controller.run_command:
+            command = args[0]
+        elif fn == self.answer_question:
+            command = args[0].get("command", "")
+        if command and answered:
             # with the line typed, as its CommandAnswered replays it
-            self.timeline.command_answer(args[0], str(result), isinstance(result, Exception))
+            self.timeline.command_answer(command, str(result), isinstance(result, Exception))
         elif isinstance(result, Exception):
             # in the user's words, not the controller's method name
             what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")
@@ -2783,7 +2793,7 @@ class App:
         if request.get("capability") == PLAN_CAPABILITY:
             return self.call(self.controller.proceed_with_plan, choice)
         if "answer" in request:         # a command's question (/rewind's)
-            return self.call(request["answer"], choice)
+            return self.call(self.answer_question, request, choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 
