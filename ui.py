@@ -1018,11 +1018,14 @@ class Timeline:
         return lines
 
     def note(self, markdown: str) -> None:
-        """Text from the controller (a slash command's answer), settled as markdown."""
+        """Text from the controller (a notice, the keys), settled as markdown."""
+        self._after_block(self._markdown_lines(markdown))
+
+    def _markdown_lines(self, markdown: str) -> list[str]:
         stream = MarkdownStream(self.style, self.width)
         stream.feed(markdown)
         stream.finish()
-        self._after_block(stream.take_settled())
+        return stream.take_settled()
 
     def error(self, text: str) -> None:
         self._after_block(self._marked("✗", "error", text))
@@ -1304,10 +1307,7 @@ class Timeline:
         if failed:
             lines += self._marked("✗", "error", f"{RESULT_ERRORS['run_command']}: {text}")
         else:
-            stream = MarkdownStream(self.style, self.width)
-            stream.feed(text)
-            stream.finish()
-            lines += stream.take_settled()
+            lines += self._markdown_lines(text)
         self._after_block(lines)
 
     def _on_Notice(self, e: dict) -> None:
