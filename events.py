@@ -186,7 +186,9 @@ DURABLE_KINDS = {
         "model": NotRequired[str | None],   # the summary call's model and usage (counted in /cost)
         "usage": NotRequired[dict],
     },
-    "Interrupted": {"reason": NotRequired[str]},
+    "Interrupted": {"reason": NotRequired[str],
+                    # the thinking it cut off, as shown (never sent), and how long it had taken
+                    "thinking": NotRequired[str], "thinking_ms": NotRequired[int]},
     "VerificationRequested": {"attempt": int, "changed_files": list, "commands": list,
                               "withheld": str, "text": str},
     "TaskCompleted": {"evidence": dict, "answer": NotRequired[str]},
@@ -201,7 +203,8 @@ DURABLE_KINDS = {
     # Shift-Tab, --permission-mode, a plan approved: from the next turn
     "ModeChanged": {"mode": str},           # one of MODES
     # a slash command's answer, for a resumed session's replay: no fold (nor the model) reads it
-    "CommandAnswered": {"command": str, "text": str},
+    "CommandAnswered": {"command": str, "text": str,
+                        "failed": NotRequired[bool]},   # it raised: `text` is why
 }
 # the permission modes, in the order Shift-Tab cycles them (as in Claude Code)
 MODES = ("default", "acceptEdits", "plan")
@@ -758,6 +761,9 @@ class Bus:
         self._subscribers = []
         # tests: every event checked by its kind's row
         self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))
+        # run with a durable event's type before it is appended: while a reply streams, the kernel
+        # saves its text first, so a replay shows what came in its middle where the screen did
+        self.before_durable = None
 
     def subscribe(self, fn):
         self._subscribers.append(fn)
@@ -767,6 +773,8 @@ class Bus:
         durable = type in DURABLE
         if not durable and type not in EPHEMERAL:
             raise ValueError(f"unknown event type {type!r}")
+        if durable and self.before_durable is not None:
+            self.before_durable(type)
         event = {"v": SCHEMA_VERSION, "seq": self.store.next_seq if durable else 0,
                  "id": os.urandom(8).hex(), "ts": int(time.time() * 1000),
                  "session": self.store.session_id, "type": type, **payload}

@@ -1834,6 +1834,9 @@ class Session:
         # the fsync off the loop: close's own then finds nothing left to write
         await self.store.sync_off_loop()
         close_session(self.store)
+        # what commands answered in a session that never began goes with it: its log, which
+        # would have kept them, is never written (nor is the session resumed next)
+        self.unlogged = []
 
     @property
     def toolbox(self):
@@ -1993,16 +1996,25 @@ class Session:
             return ""
         if entry is None:
             return self.record_answer(line, f"unknown command {name}; /help lists them")
-        return self.record_answer(line, await entry[0](self, rest.strip()))
+        try:
+            answer = await entry[0](self, rest.strip())
+        except Exception as error:
+            # the screen says "✗ The command failed: …", and so does a replay
+            self.record_answer(line, str(error), failed=True)
+            raise
+        return self.record_answer(line, answer)
 
-    def record_answer(self, line: str, answer):
+    def record_answer(self, line: str, answer, failed: bool = False):
         """What a command showed joins the log (CommandAnswered), so a resumed session replays it
         where it was. Not kept: /help (a view, the same each time), QUIT, TRANSCRIPT, and the
         middle of an answer over MAX_KEPT_ANSWER characters (a long /diff: the replay says so)."""
-        if line.split()[0] != "/help" and isinstance(answer, str) and answer.strip():
+        shown = isinstance(answer, str) and (answer.strip() or failed)
+        if line.split()[0] != "/help" and shown:
             import context
             kept = context.clip(answer, MAX_KEPT_ANSWER)
             self.unlogged.append({"command": line.strip(), "text": kept})
+            if failed:
+                self.unlogged[-1]["failed"] = True
             self.log_answers()
         return answer
 
@@ -2391,7 +2403,7 @@ class Session:
         import ui
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
-                "preview": rewind.describe(),
+                "preview": rewind.describe(), "command": f"/rewind {argument}",
                 "answer": lambda choice: self.answer_rewind(rewind, choice, f"/rewind {argument}")}
 
     async def answer_rewind(self, rewind: Rewind, choice: str, line: str):
@@ -2524,21 +2536,52 @@ def own_write_problem(e: OSError) -> str:
 
 
 def transcript_markdown(log: list[dict]) -> str:
-    """/export: what was said and done, as Markdown (a tool's output: its first 40 lines)."""
+    """/export: what was said and done, as Markdown, in the order the screen showed it (a tool's
+    output: its first 40 lines). What came while a reply streamed (a command's answer, steering)
+    follows the reply, as on screen; a reply cut off keeps what it had written."""
     parts = []
+    # the text saved of the reply streaming, and what showed after it
+    streaming = ""
+    after = []
     for event in log:
         kind = event["type"]
-        if kind == "UserMessageCreated":
+        if kind == "ModelTextBlockCompleted":
+            streaming = event.get("text") or ""
+        if kind == "ModelTextBlockCompleted" or kind in events.DROPPING_EVENTS:
+            # the reply ends: its text, then what showed after it
+            parts += [text for text in (streaming, *after) if text]
+            streaming = ""
+            after = []
+        if kind in ("CommandAnswered", "SteeringQueued"):
+            (after if streaming else parts).append(shown_markdown(event))
+        elif kind == "TextCheckpoint":
+            streaming += event.get("text") or ""
+        elif kind == "UserMessageCreated":
             parts.append(f"## You\n\n{event.get('text', '')}")
-        elif kind == "ModelTextBlockCompleted" and event.get("text"):
-            parts.append(event["text"])
+        elif kind == "UserShellRan":
+            output = "\n".join(str(event.get("output") or "").split("\n")[:40])
+            parts.append(f"**!** `{event.get('command')}`\n\n````\n{output}\n````")
+        elif kind == "Interrupted":
+            parts.append("*Interrupted*")
         elif kind == "ToolRequested":
             call = json.dumps(event.get("input"), ensure_ascii=False)
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
         elif kind in ("ToolCompleted", "ToolFailed"):
             lines = str(event.get("output") or "").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
+    parts += [text for text in (streaming, *after) if text]
     return "\n\n".join(parts) + "\n"
+
+
+def shown_markdown(event: dict) -> str:
+    """/export: a command's answer, marked as its output, or steering the user typed."""
+    if event["type"] == "SteeringQueued":
+        return f"## You (while it worked)\n\n{event.get('text', '')}"
+    said = event.get("text", "")
+    if event.get("failed"):
+        said = f"The command failed: {said}"
+    quoted = "\n".join("> " + line for line in said.split("\n"))
+    return f"**`{event.get('command')}`** · command output\n\n{quoted}"
 
 
 def starting_instructions(root: Path) -> str:

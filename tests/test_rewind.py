@@ -585,6 +585,24 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
     assert answers and "(1 file): 1 deleted." in answers[-1], answers
 
 
+def test_what_the_rewind_question_answered_shows_under_its_command_live_and_replayed(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: the answer to /rewind's question showed bare, where a resume showed it under
+    `› /rewind 1`, as every command's answer (its CommandAnswered names the command)."""
+    import ui
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    steps = ["/rewind 1", ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
+    shown, replayed, log = in_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 60))
+    assert "\n› /rewind 1\nRewinding to before step 1" in shown and "1 deleted." in shown, shown
+    assert replayed.endswith(shown) and not (project / "a.txt").exists()
+
+
 def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(
         khaelor, fake, project, env, monkeypatch):
     """QA: /rewind listed "• delete a.txt (you changed it …)" and then kept a.txt, and the report's
