@@ -616,7 +616,8 @@ def test_text_streamed_a_second_before_a_kill_is_in_the_next_request(terminal, e
     log = [json.loads(line) for path in Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl")
            for line in path.read_text().splitlines()]
     checkpoints = [e for e in log if e["type"] == "TextCheckpoint"]
-    assert 2 <= len(checkpoints) <= 8                # about one a second, not one per delta
+    # about four a second (a delta every 30 ms here: one in eight), not one per delta
+    assert 2 <= len(checkpoints) <= shown // 4, (len(checkpoints), shown)
 
 
 def test_steering_queued_before_an_esc_goes_first_with_the_next_message(terminal, project):
