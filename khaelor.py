@@ -2566,7 +2566,8 @@ def transcript_markdown(log: list[dict]) -> str:
         elif kind == "ToolRequested":
             call = json.dumps(event.get("input"), ensure_ascii=False)
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
-        elif kind in ("ToolCompleted", "ToolFailed"):
+        elif kind in ("ToolCompleted", "ToolFailed") or event.get("output"):
+            # (a command stopped or lost with khaelor: what it had printed, as its card shows)
             lines = str(event.get("output") or "").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
     parts += [text for text in (streaming, *after) if text]

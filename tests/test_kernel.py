@@ -437,4 +437,5 @@ def test_a_command_the_user_stops_keeps_what_it_printed_for_the_model_and_the_sc
     assert "FAILED test_b: 2 != 3" in sent
     shown = "\n".join(ui.render_transcript(log, 80))
     assert "cancelled (interrupted by the user)" in shown and "FAILED test_b: 2 != 3" in shown
+    assert "FAILED test_b: 2 != 3" in cli.transcript_markdown(log)       # and /export
     assert not list(home.glob("spill/*/running-*"))    # kept only while it runs (for a kill -9)
