@@ -125,7 +125,8 @@ DURABLE_KINDS = {
     # meta: UI facts; "seen": [[real path, mtime_ns, size]] the call read
     "ToolCompleted": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
     "ToolFailed": {"tool_use_id": str, "name": str, "output": str, "meta": dict},
-    "ToolCancelled": {"tool_use_id": str, "reason": str},
+    # output: what a command the user stopped had printed until then
+    "ToolCancelled": {"tool_use_id": str, "reason": str, "output": NotRequired[str]},
     "FileModified": {
         "tool_use_id": str,
         "path": str,                # as shown (relative to the project)
@@ -185,7 +186,9 @@ DURABLE_KINDS = {
         "model": NotRequired[str | None],   # the summary call's model and usage (counted in /cost)
         "usage": NotRequired[dict],
     },
-    "Interrupted": {"reason": NotRequired[str]},
+    "Interrupted": {"reason": NotRequired[str],
+                    # the thinking it cut off, as shown (never sent), and how long it had taken
+                    "thinking": NotRequired[str], "thinking_ms": NotRequired[int]},
     "VerificationRequested": {"attempt": int, "changed_files": list, "commands": list,
                               "withheld": str, "text": str},
     "TaskCompleted": {"evidence": dict, "answer": NotRequired[str]},
@@ -200,7 +203,8 @@ DURABLE_KINDS = {
     # Shift-Tab, --permission-mode, a plan approved: from the next turn
     "ModeChanged": {"mode": str},           # one of MODES
     # a slash command's answer, for a resumed session's replay: no fold (nor the model) reads it
-    "CommandAnswered": {"command": str, "text": str},
+    "CommandAnswered": {"command": str, "text": str,
+                        "failed": NotRequired[bool]},   # it raised: `text` is why
 }
 # the permission modes, in the order Shift-Tab cycles them (as in Claude Code)
 MODES = ("default", "acceptEdits", "plan")
@@ -295,8 +299,13 @@ _ESCAPES = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b"
 ESCAPE_STARTS = "\x1b\x9b\x90\x98\x9d\x9e\x9f"
 # C0 but tab and newline, DEL, C1, and the bidirectional controls that reorder what is read
 CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-# what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters
-INVISIBLE_CHARS = "\u200b-\u200d\u2060-\u2064\ufeff\U000e0000-\U000e007f"
+# what shows as nothing: zero-width spaces and joiners, invisible operators, BOM, tag characters;
+# the soft hyphen, the grapheme joiner, Hangul fillers, Mongolian and Khmer invisible marks, line
+# and paragraph separators, musical and shorthand format controls, variation selectors 17-256
+# (Unicode's default ignorables, but the variation selectors 1-16 every emoji carries)
+INVISIBLE_CHARS = ("\u200b-\u200d\u2060-\u206f\ufeff\U000e0000-\U000e0fff\u00ad\u034f"
+                   "\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2028\u2029\u3164\uffa0\ufff0-\ufffb"
+                   "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a")
 _UNSAFE = rf"{ESCAPE_SEQUENCE}|{_STRING_START}|\x1b|[{CONTROL_CHARS}]"
 # every sequence starts with one of these: text without any (nearly all) is left as it is, fast
 _CONTROL = f"[{CONTROL_CHARS}]"
@@ -752,6 +761,9 @@ class Bus:
         self._subscribers = []
         # tests: every event checked by its kind's row
         self.check = bool(os.environ.get("KHAELOR_CHECK_EVENTS"))
+        # run with a durable event's type before it is appended: while a reply streams, the kernel
+        # saves its text first, so a replay shows what came in its middle where the screen did
+        self.before_durable = None
 
     def subscribe(self, fn):
         self._subscribers.append(fn)
@@ -761,6 +773,8 @@ class Bus:
         durable = type in DURABLE
         if not durable and type not in EPHEMERAL:
             raise ValueError(f"unknown event type {type!r}")
+        if durable and self.before_durable is not None:
+            self.before_durable(type)
         event = {"v": SCHEMA_VERSION, "seq": self.store.next_seq if durable else 0,
                  "id": os.urandom(8).hex(), "ts": int(time.time() * 1000),
                  "session": self.store.session_id, "type": type, **payload}
@@ -848,6 +862,8 @@ def tool_result_text(event: dict) -> str:
         return text
     if event["type"] == "ToolCancelled":
         reason = event.get("reason") or "the tool did not finish"
+        if event.get("output"):
+            return f"Cancelled: {reason}. Its output until then:\n{event['output']}"
         return f"Cancelled: {reason}."
     return event.get("output") or "(no output)"
 
@@ -924,7 +940,10 @@ def user_text(event: dict) -> str:
     """What a user-side event says to the model. A `!` command is context the user supplied, like
     Claude Code's `!`: the command, then its output (or that the user stopped it)."""
     if event["type"] != "UserShellRan":
-        return "\n\n".join([event["text"], *event.get("attachments", [])])
+        # the model is told which mentions it did not get, and why, as the user was
+        left_out = [f'<not-attached path="{mention}">{why}</not-attached>'
+                    for mention, why in event.get("skipped", [])]
+        return "\n\n".join([event["text"], *event.get("attachments", []), *left_out])
     output = str(event.get("output") or "").rstrip() or "(no output)"
     if event.get("stopped"):
         output += "\n[stopped by the user before it finished]"

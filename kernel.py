@@ -272,10 +272,11 @@ class StreamReducer:
         return dict(payload or {"index": -1, "text": ""}, model=self.model,
                     message_id=self.message_id, usage=self.reported_usage())
 
-    def checkpoint(self, now: float | None) -> dict | None:
+    def checkpoint(self, now: float | None, force: bool = False) -> dict | None:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
         once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
-        cut off, so whatever is unsaved, with the usage the API has reported so far."""
+        cut off, so whatever is unsaved, with the usage the API has reported so far. force: the
+        unsaved text now, due or not."""
         if self.saved_at is None:
             self.saved_at = now or 0.0
         payload = None
@@ -283,7 +284,7 @@ class StreamReducer:
             if block["type"] != "text" or not block["unsaved_chars"]:
                 continue
             # asked after every delta: join the parts only when a checkpoint is due
-            due = now is None or now - self.saved_at >= CHECKPOINT_INTERVAL_S
+            due = force or now is None or now - self.saved_at >= CHECKPOINT_INTERVAL_S
             if due or block["unsaved_chars"] >= CHECKPOINT_CHARS:
                 text = "".join(block["parts"][block["n_saved"]:])
                 block["n_saved"] = len(block["parts"])
@@ -295,6 +296,15 @@ class StreamReducer:
         if payload is not None:
             self.saved_at = now
         return payload
+
+    def cut_thinking(self, now: float) -> dict:
+        """The thinking block streaming when the stream is cut off, as the screen showed it (its
+        line stays there, so a replay draws it too); never sent: it has no signature."""
+        for block in self.blocks.values():
+            if block["type"] == "thinking" and self.thinking_since is not None:
+                took = round((now - self.thinking_since) * 1000)
+                return {"thinking": "".join(block["parts"]), "thinking_ms": took}
+        return {}
 
     def feed(self, event: dict, now: float | None = None) -> list[tuple[str, dict]]:
         """`now` (monotonic): when the event arrived; a thinking block then says how long it took
@@ -439,6 +449,8 @@ class Kernel:
         self.planned_seq = 0
         # the newest request sent (what a 400 refused)
         self.request = {}
+        # the thinking an Esc cut off (StreamReducer.cut_thinking), for its Interrupted
+        self.cut_thinking = {}
 
     @property
     def state(self) -> events.State:
@@ -512,8 +524,10 @@ class Kernel:
         (left alone: after a kill -9 its pid may already be another program's). Synced at the
         turn's first loop boundary, or by close."""
         for tool_use_id in sorted(self.state.started_tools):
+            output = self.toolbox.output_when_lost(tool_use_id)
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
-                      reason="khaelor exited while the tool was running")
+                      reason="khaelor exited while the tool was running",
+                      **({"output": output} if output else {}))
         for process_id in list(self.state.processes):
             self.emit("ProcessExited", process_id=process_id, exit_code=None,
                       cause="lost: khaelor exited while it ran")
@@ -544,7 +558,8 @@ class Kernel:
         except asyncio.CancelledError:
             # Esc or Ctrl-C: every tool_use left open gets a cancelled result, then Interrupted
             self.cancel_pending("interrupted by the user")
-            self.emit("Interrupted")
+            self.emit("Interrupted", **self.cut_thinking)
+            self.cut_thinking = {}
             raise
         except Exception as error:
             self.fail(error)
@@ -716,6 +731,7 @@ class Kernel:
         reducer = StreamReducer()
         # (a lambda: a retry replaces the reducer, and the saver must see the new one)
         saver = asyncio.create_task(self.save_while_streaming(lambda: reducer))
+        self.bus.before_durable = lambda kind: self.save_text_before(reducer, kind)
         try:
             async for raw in self.model.stream(request):
                 if raw["type"] == "restart":
@@ -734,8 +750,10 @@ class Kernel:
         except asyncio.CancelledError:
             # Esc: the text streamed so far is kept (run() syncs it as the turn ends).
             self.save_checkpoint(reducer, None)
+            self.cut_thinking = reducer.cut_thinking(time.monotonic())
             raise
         finally:
+            self.bus.before_durable = None
             saver.cancel()
             if saver.done() and not saver.cancelled() and saver.exception():
                 raise saver.exception()     # the log could not be written
@@ -752,10 +770,16 @@ class Kernel:
                 synced_at = now
                 await self.bus.store.sync_off_loop()
 
+    def save_text_before(self, reducer: StreamReducer, kind: str) -> None:
+        """A command's answer, a model chosen, steering… logged while a text block streams: the
+        text the screen shows above it is saved first (the UI shows such a line after the block)."""
+        if kind != "TextCheckpoint":
+            self.save_checkpoint(reducer, time.monotonic(), force=True)
+
     def save_checkpoint(self, reducer: StreamReducer,
-                        now: float | None) -> bool:
+                        now: float | None, force: bool = False) -> bool:
         """The streaming text block, durably and at a low rate, so a crash or an Esc keeps it."""
-        payload = reducer.checkpoint(now)
+        payload = reducer.checkpoint(now, force)
         if payload is not None:
             self.emit("TextCheckpoint", **payload)
         return payload is not None
@@ -807,8 +831,9 @@ class Kernel:
             result = await self.toolbox.run(name, call["input"], tool_use_id,
                                             confine=decision.confine)
         except asyncio.CancelledError:
+            output = self.toolbox.output_when_stopped(tool_use_id)
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
-                      reason="interrupted by the user")
+                      reason="interrupted by the user", **({"output": output} if output else {}))
             raise
         kind = "ToolFailed" if result.is_error else "ToolCompleted"
         self.emit(kind, tool_use_id=tool_use_id, name=name,

@@ -1353,6 +1353,20 @@ def print_status(event: dict) -> None:
     elif event["type"] == "UserMessageCreated":
         for mention, why in event.get("skipped") or []:
             print(f"khaelor: @{mention} not attached: {why}", file=sys.stderr)
+    elif event["type"] == "PermissionDenied" and event.get("by") == "policy":
+        # (a call asked of nobody is said where it is asked)
+        print(f"khaelor: refused {events.visible_controls(event['reason'], one_line=True)}",
+              file=sys.stderr)
+    elif refused_outside(event):
+        path = events.visible_controls(event["meta"]["path"], one_line=True)
+        print(f"khaelor: refused {event['name']} of {path}: outside the project, which --yes"
+              " does not approve", file=sys.stderr)
+
+
+def refused_outside(event: dict) -> bool:
+    """A tool call granted under --yes that then named a path outside the project: refused by
+    the toolbox, not the policy, and as much a refusal."""
+    return event["type"] == "ToolFailed" and event["meta"].get("error") == "outside"
 
 
 def run_print(args, home: Path, project_root: Path) -> int:
@@ -1521,6 +1535,24 @@ def summed_usage(usage_by_model: dict) -> dict:
             for key in events.USAGE_KEYS}
 
 
+def permission_denials(store) -> list[dict]:
+    """The tool calls of this run that were refused (by a rule, the floor, a person, or nobody to
+    ask), as Claude Code lists them in its result."""
+    runs = [e["seq"] for e in store.events if e["type"] == "UserMessageCreated"]
+    since = runs[-1] if runs else 0
+    requested = {}
+    denials = []
+    for event in store.events:
+        if event["type"] == "ToolRequested":
+            requested[event["tool_use_id"]] = event
+        elif event["seq"] > since and (event["type"] == "PermissionDenied"
+                                       or refused_outside(event)):
+            call = requested.get(event["tool_use_id"], {})
+            denials.append({"tool_name": call.get("name"), "tool_use_id": event["tool_use_id"],
+                            "tool_input": call.get("input")})
+    return denials
+
+
 def result_object(args, store, step: str, prices: dict) -> dict:
     """What `--output-format json` prints, and `stream-json` ends with: Claude Code's result fields
     and KHAELOR's own, as listed below. A cost is null when a model has no known price: never
@@ -1554,6 +1586,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "duration_ms": round(elapsed_s * 1000),
         "total_cost_usd": cost,
         "usage": usage,
+        "permission_denials": permission_denials(store),
         # KHAELOR's own
         "error": failure(state, step),
         "cost_usd": cost,
@@ -1571,7 +1604,7 @@ def say_unstarted(args, message: str) -> None:
     print(f"khaelor: {message}", file=sys.stderr)
     if args is None or args.prompt is None or args.output_format == "text":
         return
-    nothing = argparse.Namespace(state=events.replay([]), session_id=None)
+    nothing = argparse.Namespace(state=events.replay([]), session_id=None, events=[])
     nothing.state.answer = nothing.state.failure_reason = message
     print(json.dumps(result_object(args, nothing, "unstarted", {}), ensure_ascii=False))
 
@@ -1801,6 +1834,9 @@ class Session:
         # the fsync off the loop: close's own then finds nothing left to write
         await self.store.sync_off_loop()
         close_session(self.store)
+        # what commands answered in a session that never began goes with it: its log, which
+        # would have kept them, is never written (nor is the session resumed next)
+        self.unlogged = []
 
     @property
     def toolbox(self):
@@ -1960,16 +1996,25 @@ class Session:
             return ""
         if entry is None:
             return self.record_answer(line, f"unknown command {name}; /help lists them")
-        return self.record_answer(line, await entry[0](self, rest.strip()))
+        try:
+            answer = await entry[0](self, rest.strip())
+        except Exception as error:
+            # the screen says "✗ The command failed: …", and so does a replay
+            self.record_answer(line, str(error), failed=True)
+            raise
+        return self.record_answer(line, answer)
 
-    def record_answer(self, line: str, answer):
+    def record_answer(self, line: str, answer, failed: bool = False):
         """What a command showed joins the log (CommandAnswered), so a resumed session replays it
         where it was. Not kept: /help (a view, the same each time), QUIT, TRANSCRIPT, and the
         middle of an answer over MAX_KEPT_ANSWER characters (a long /diff: the replay says so)."""
-        if line.split()[0] != "/help" and isinstance(answer, str) and answer.strip():
+        shown = isinstance(answer, str) and (answer.strip() or failed)
+        if line.split()[0] != "/help" and shown:
             import context
             kept = context.clip(answer, MAX_KEPT_ANSWER)
             self.unlogged.append({"command": line.strip(), "text": kept})
+            if failed:
+                self.unlogged[-1]["failed"] = True
             self.log_answers()
         return answer
 
@@ -2358,7 +2403,7 @@ class Session:
         import ui
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
-                "preview": rewind.describe(),
+                "preview": rewind.describe(), "command": f"/rewind {argument}",
                 "answer": lambda choice: self.answer_rewind(rewind, choice, f"/rewind {argument}")}
 
     async def answer_rewind(self, rewind: Rewind, choice: str, line: str):
@@ -2491,21 +2536,53 @@ def own_write_problem(e: OSError) -> str:
 
 
 def transcript_markdown(log: list[dict]) -> str:
-    """/export: what was said and done, as Markdown (a tool's output: its first 40 lines)."""
+    """/export: what was said and done, as Markdown, in the order the screen showed it (a tool's
+    output: its first 40 lines). What came while a reply streamed (a command's answer, steering)
+    follows the reply, as on screen; a reply cut off keeps what it had written."""
     parts = []
+    # the text saved of the reply streaming, and what showed after it
+    streaming = ""
+    after = []
     for event in log:
         kind = event["type"]
-        if kind == "UserMessageCreated":
+        if kind == "ModelTextBlockCompleted":
+            streaming = event.get("text") or ""
+        if kind == "ModelTextBlockCompleted" or kind in events.DROPPING_EVENTS:
+            # the reply ends: its text, then what showed after it
+            parts += [text for text in (streaming, *after) if text]
+            streaming = ""
+            after = []
+        if kind in ("CommandAnswered", "SteeringQueued"):
+            (after if streaming else parts).append(shown_markdown(event))
+        elif kind == "TextCheckpoint":
+            streaming += event.get("text") or ""
+        elif kind == "UserMessageCreated":
             parts.append(f"## You\n\n{event.get('text', '')}")
-        elif kind == "ModelTextBlockCompleted" and event.get("text"):
-            parts.append(event["text"])
+        elif kind == "UserShellRan":
+            output = "\n".join(str(event.get("output") or "").split("\n")[:40])
+            parts.append(f"**!** `{event.get('command')}`\n\n````\n{output}\n````")
+        elif kind == "Interrupted":
+            parts.append("*Interrupted*")
         elif kind == "ToolRequested":
             call = json.dumps(event.get("input"), ensure_ascii=False)
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
-        elif kind in ("ToolCompleted", "ToolFailed"):
+        elif kind in ("ToolCompleted", "ToolFailed") or event.get("output"):
+            # (a command stopped or lost with khaelor: what it had printed, as its card shows)
             lines = str(event.get("output") or "").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
+    parts += [text for text in (streaming, *after) if text]
     return "\n\n".join(parts) + "\n"
+
+
+def shown_markdown(event: dict) -> str:
+    """/export: a command's answer, marked as its output, or steering the user typed."""
+    if event["type"] == "SteeringQueued":
+        return f"## You (while it worked)\n\n{event.get('text', '')}"
+    said = event.get("text", "")
+    if event.get("failed"):
+        said = f"The command failed: {said}"
+    quoted = "\n".join("> " + line for line in said.split("\n"))
+    return f"**`{event.get('command')}`** · command output\n\n{quoted}"
 
 
 def starting_instructions(root: Path) -> str:

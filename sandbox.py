@@ -120,6 +120,8 @@ SECRET_HOME_PATHS = [
     ".ssh", ".aws", ".gnupg", ".config/gcloud",
     ".docker", ".kube",
     ".config/gh", ".azure", ".password-store",
+    # in the folders HOME_READABLE opens: git's other credential store, cargo's registry token
+    ".config/git/credentials", ".cargo/credentials", ".cargo/credentials.toml",
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
@@ -360,6 +362,9 @@ SYSTEM_SECRETS = [
     "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
     "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
     "/var/lib/sss", "/var/lib/docker", "/var/lib/containers", "/var/lib/libvirt",
+    # the user's own under /var: mail, print and cron jobs, what programs keep in /var/tmp (an
+    # editor's recovery copy of a file edited elsewhere); the system's copies of /etc/shadow
+    "/var/mail", "/var/spool", "/var/tmp", "/var/backups",
 ]
 # Under $HOME only the toolchains and git's own config are readable; the rest (shell histories,
 # ~/.claude, ~/.config/*, browser profiles) opens only by an approval that names a path.
@@ -377,12 +382,43 @@ def readable_roots(home: str, path: str) -> list[str]:
     interpreter's prefix."""
     roots = list(SYSTEM_READABLE)
     roots += [os.path.join(home, name) for name in HOME_READABLE]
+    for config in (".gitconfig", ".config/git/config"):
+        roots += git_includes(os.path.join(home, config), home)
     roots += [sys.prefix, sys.base_prefix]
     for entry in path.split(os.pathsep):
         if os.path.isabs(entry):
             roots += _toolchain(entry)
     real = [os.path.realpath(root) for root in roots if os.path.exists(root)]
-    return list(dict.fromkeys(real))
+    # ~ itself on PATH is no toolchain (build_ruleset leaves it out of one that holds it)
+    return [root for root in dict.fromkeys(real) if root != os.path.realpath(home)]
+
+
+def git_includes(config: str, home: str, depth: int = 0) -> list[str]:
+    """The files a git config includes ([include] and [includeIf] path = …), and theirs, as git
+    does, ten deep: one it cannot read fails every git command (a ~/.gitconfig.local is common)."""
+    try:
+        with open(config, errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    section = ""
+    for line in lines:
+        line = line.strip()
+        if line.startswith("["):
+            section = line[1:].split("]")[0].split(" ")[0].lower()
+            continue
+        key, _, value = line.partition("=")
+        if section not in ("include", "includeif") or key.strip().lower() != "path":
+            continue
+        value = value.strip().strip('"')
+        if value.startswith("~/"):
+            value = os.path.join(home, value[2:])
+        path = os.path.join(os.path.dirname(config), value)
+        found.append(path)
+        if depth < 10:
+            found += git_includes(path, home, depth + 1)
+    return found
 
 
 def _toolchain(entry: str) -> list[str]:
@@ -490,21 +526,26 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     """(real path, rights beneath it) for one command, what its ruleset grants and what explain
     reads: reads from the allow-list (system directories, toolchains, the project, its spill
     files, the temp dir), writes where `confine` says."""
-    grants = [(root, READ) for root in readable_roots(str(home), os.environ.get("PATH", ""))]
+    roots = readable_roots(str(home), os.environ.get("PATH", ""))
+    # one inside a closed location (a git include of ~/.ssh/config, ~/.aws/bin on PATH) opens
+    # nothing there
+    closed = closed_locations(home, khaelor_home, confine.paths)
+    grants = [(root, READ) for root in roots if not within(root, closed)]
     grants += [(project, READ), (spill_folder(khaelor_home, project), READ)]
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, READ_DEVICE) for device in READABLE_DEVICES]
     grants += [("/dev", LIST_ONLY)]
     if not (confine.write or confine.paths_write):
         grants += [(target, READ) for target in filter(None, map(approved_target, confine.paths))]
-    grants += [(place, WRITE) for place in _writes(confine, project, temp_dir)]
     if confine.write:
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
-    return [(os.path.realpath(path), rights) for path, rights in grants]
+    grants = [(os.path.realpath(path), rights) for path, rights in grants]
+    # as _writes names them: the shm folder must not be resolved
+    return grants + [(place, WRITE) for place in _writes(confine, project, temp_dir)]
 
 
 def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]:
-    """The real paths a command may write beneath (devices aside)."""
+    """The paths a command may write beneath (devices aside): real, but for the shm folder."""
     # The session's TMPDIR is writable even for read-only commands: sort spills big inputs there,
     # and git writes the blobs it hands to a textconv or an external diff there.
     places = [temp_dir] if temp_dir else []
@@ -512,11 +553,19 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
         places += filter(None, map(approved_target, confine.paths))
     if confine.write:
         places += [project, SHARED_MEMORY]
+    places = [os.path.realpath(place) for place in places]
     if confine.write and temp_dir:
         # what its mount namespace shows as /dev/shm (Mounts): Landlock checks no rule on the way
-        # up from a mount through the place it is mounted on, so this folder needs its own
-        places.append(os.path.join(temp_dir, "shm"))
-    return [os.path.realpath(place) for place in places]
+        # up from a mount through the place it is mounted on, so this folder needs its own. Not
+        # resolved: every command writes the temp dir, so a read-only one could leave a link to ~
+        # there, which must open nothing (_add_path and _bind_no_links refuse a link)
+        places.append(shared_memory_folder(temp_dir))
+    return places
+
+
+def shared_memory_folder(temp_dir: Path) -> str:
+    """The session temp dir's folder an approved command sees as /dev/shm."""
+    return os.path.join(os.path.realpath(temp_dir), "shm")
 
 
 def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
@@ -534,9 +583,14 @@ def build_ruleset(confine: Confine, project: Path, temp_dir: Path | None, home: 
     fd = _syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0,
                   what="landlock_create_ruleset: ")
     try:
-        real_project = os.path.realpath(project)
+        # what a command changes is opened afresh: the project, and the temp dir (its shm folder)
+        fresh = [os.path.realpath(place) for place in filter(None, (project, temp_dir))]
+        # a read grant that holds the home (a PATH entry of ~ or /; /var, where a CI user's home
+        # is) leaves it out: only HOME_READABLE's part of it is read (its own grants)
+        closed_to_reads = closed + [os.path.realpath(home)]
         for path, rights in grants:
-            _grant(fd, path, rights, closed, abi, real_project, list(hidden))
+            kept_out = closed_to_reads if rights == READ else closed
+            _grant(fd, path, rights, kept_out, abi, fresh, list(hidden))
         for port in [] if network else sorted(ports):
             # allowed_access, port
             rule = (ctypes.c_uint64 * 2)(_mask(("CONNECT_TCP",), abi), port)
@@ -571,7 +625,7 @@ def make_parents(paths: list[str]) -> None:
 
 
 def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: int,
-           real_project: str, hidden: list[str]) -> None:
+           fresh: list[str], hidden: list[str]) -> None:
     """Grant `rights` beneath `path`, except beneath the closed locations and reading the `hidden`
     ones. Landlock rules only add and are inherited, so a closed location inside `path` means: the
     directory itself gets READ_DIR (its names, and those below it, stay listable), and every entry
@@ -581,10 +635,10 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
     inside = [place for place in closed if place.startswith(prefix)]
     unread = [place for place in hidden if place.startswith(prefix)]
     if not (inside or unread):
-        _add_path(fd, path, rights, abi, real_project)
+        _add_path(fd, path, rights, abi, fresh)
         return
     kept = rights & LIST_ONLY if inside else rights - {"READ_FILE", "EXECUTE"}
-    _add_path(fd, path, kept, abi, real_project)
+    _add_path(fd, path, kept, abi, fresh)
     entries = []
     with contextlib.suppress(OSError):
         entries = list(os.scandir(path))
@@ -592,7 +646,7 @@ def _grant(fd: int, path: str, rights: frozenset[str], closed: list[str], abi: i
         # A link is checked where it leads, so it needs no rule
         # (and a rule on it would grant its target).
         if entry.path not in inside + unread and not entry.is_symlink():
-            _grant(fd, entry.path, rights, inside, abi, real_project, unread)
+            _grant(fd, entry.path, rights, inside, abi, fresh, unread)
 
 
 def within(path: str, places: list[str]) -> bool:
@@ -607,7 +661,7 @@ _opened: dict[str, tuple[int, bool]] = {}
 OPENED_CAP = 512
 
 
-def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, real_project: str) -> None:
+def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, fresh: list[str]) -> None:
     opened = _opened.get(path)
     if opened is None:
         try:
@@ -627,7 +681,7 @@ def _add_path(fd: int, path: str, rights: frozenset[str], abi: int, real_project
                      what=f"landlock_add_rule({path}): ")
     finally:
         # the project's entries are opened afresh: they come and go during a session
-        if within(path, [real_project]):
+        if within(path, fresh):
             os.close(opened[0])
         else:
             _hold(path, opened)
@@ -659,6 +713,8 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 1
 # a cover's mount: read-only, no set-uid, no device, no program (as MS_* flags and MOUNT_ATTR_*)
 SEALED = 0xF
+# no set-uid, no program: MS_NOSUID | MS_NOEXEC
+NO_PROGRAMS = 0xA
 
 
 @dataclass(frozen=True)
@@ -678,7 +734,7 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
         return None
     shared_memory = ""
     if confine.write and temp_dir:
-        shared_memory = os.path.realpath(os.path.join(temp_dir, "shm"))
+        shared_memory = shared_memory_folder(temp_dir)
     mounts = _mount_points() if confine.write and denied else []
     tops = []
     # a link is judged where it leads; what a folder holds is covered with it
@@ -686,7 +742,9 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
         if not (within(path, tops) or os.path.islink(path)):
             tops.append(path)
     covered = [place for path in tops for place in _shown_at(path, mounts)]
-    return Mounts(tuple(_writes(confine, project, temp_dir)), shared_memory, tuple(covered))
+    # the temp dir's bind makes its shm folder writable; binding it by name would follow a link
+    writable = [place for place in _writes(confine, project, temp_dir) if place != shared_memory]
+    return Mounts(tuple(writable), shared_memory, tuple(covered))
 
 
 def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
@@ -741,18 +799,60 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
                 _mount_attributes(point.encode(), clear=MOUNT_ATTR_RDONLY)
     # other programs' shared memory (a browser's) stays theirs: it reads and writes its own
     if mounts.shared_memory:
-        _libc.mount(mounts.shared_memory.encode(), b"/dev/shm", None, MS_BIND, None)
+        _bind_no_links(mounts.shared_memory, b"/dev/shm")
+    # The folders on the way to a covered file, where it may write, each bound onto itself: a
+    # mount point is neither renamed nor removed (EBUSY), so `mv conf elsewhere` cannot carry the
+    # file out from under the user's rule for the next command to read. Before the covers: a bind
+    # made after one would show the file bare beneath it.
+    for folder in _folders_holding(mounts.covered, mounts.writable):
+        with contextlib.suppress(FileNotFoundError):
+            _bind_no_links(folder)
     for path in mounts.covered:
         _cover(path)
-    # Each terminal open now (the user's, other shells') is /dev/null to it: a command reaches the
-    # terminal only through khaelor, which cleans what it shows. Ptys it makes itself still work.
-    terminals = os.listdir("/dev/pts") if os.path.isdir("/dev/pts") else []
-    for name in terminals:
-        if name.isdigit():
-            _libc.mount(b"/dev/null", f"/dev/pts/{name}".encode(), None, MS_BIND, None)
+    # No terminal of the user's is in its sight, open now or opened while it runs (a long one
+    # would read the keys typed there): a command reaches the terminal only through khaelor, which
+    # cleans what it shows. Its ptys are in a devpts of its own, where /dev/ptmx makes them (the
+    # one at /dev/pts, also where it links to pts/ptmx), granted by _grant_own_ptys.
+    if os.path.isdir("/dev/pts") and _libc.mount(b"devpts", b"/dev/pts", b"devpts", NO_PROGRAMS,
+                                                  b"newinstance,mode=0600,ptmxmode=0666"):
+        raise OSError(ctypes.get_errno(), "mount devpts")
     # the working directory was entered on the read-only mount beneath (a deleted one stays)
     with contextlib.suppress(OSError):
         os.chdir(os.getcwd())
+
+
+def _grant_own_ptys(ruleset: int) -> None:
+    """In the child: the rule that opens its own devpts. It goes into the ruleset the Workspace
+    keeps, naming this child's devpts, which no other process can reach (no ptrace, no setns)."""
+    fd = os.open("/dev/pts", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    rule = ctypes.create_string_buffer(struct.pack("=Qi", _mask(DEVICE, probe()[0]), fd))
+    _syscall(SYS_ADD_RULE, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), 0,
+             what="landlock_add_rule(/dev/pts): ")
+    os.close(fd)
+
+
+def _bind_no_links(folder: str, target: bytes | None = None) -> None:
+    """Bind the very folder opened at `folder` through no link at `target` (None: onto itself): a
+    command may have swapped the shm folder for a link (to ~) since the parent looked; then the
+    open fails, and so does the command."""
+    fd = open_no_links(folder, O_PATH | os.O_DIRECTORY)
+    opened = f"/proc/self/fd/{fd}".encode()
+    failed = _libc.mount(opened, target or opened, None, MS_BIND | MS_REC, None)
+    os.close(fd)
+    if failed and target is None:
+        raise OSError(ctypes.get_errno(), f"mount --bind {folder}")
+
+
+def _folders_holding(paths: tuple[str, ...], places: tuple[str, ...]) -> list[str]:
+    """The folders on the way to each of `paths` inside `places` (not the places), outermost
+    first."""
+    folders = set()
+    for path in paths:
+        folder = os.path.dirname(path)
+        while within(folder, list(places)) and folder not in places:
+            folders.add(folder)
+            folder = os.path.dirname(folder)
+    return sorted(folders, key=len)
 
 
 def _cover(path: str) -> None:
@@ -844,6 +944,8 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
     def enter() -> None:
         if mounts:
             enter_read_only_mounts(mounts)
+        if mounts and ruleset is not None:
+            _grant_own_ptys(ruleset)
         for drop in drops:
             # EPERM without CAP_SETPCAP (not root): there is nothing to drop then
             prctl(*drop)
@@ -936,6 +1038,9 @@ DENIED_SYSCALLS = [
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
+# S_ISUID | S_ISGID, and which argument of each chmod call holds the mode
+SET_ID_BITS = 0o6000
+CHMOD_MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
@@ -1025,6 +1130,10 @@ def _filter(write: bool, network: bool, supervised: bool,
     if not metadata:
         program += [(JEQ, nr[name], "deny") for name in [*METADATA_SYSCALLS, *IPC_SYSCALLS]
                     if name in nr]
+    # No set-user-ID or set-group-ID bit: a copy of sh made so in the project would run as its
+    # owner (root, or the user) for any local user (aarch64 has no chmod)
+    program += [(JEQ, nr[name], f"mode {index}") for name, index in CHMOD_MODE_ARGUMENT.items()
+                if name in nr]
     # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
     program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
@@ -1046,6 +1155,8 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,
+                ("label", "mode 1"), (LD_ABS, _arg(1)), (JSET, SET_ID_BITS, "deny"), allow,
+                ("label", "mode 2"), (LD_ABS, _arg(2)), (JSET, SET_ID_BITS, "deny"), allow,
                 ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
                 ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
                 (JEQ, SOCK_SEQPACKET, "allow"), refuse,
@@ -1112,10 +1223,11 @@ def layers() -> list[tuple[str, bool, str]]:
                              "no UDP, raw, packet or netlink socket without network; "
                              "no ptrace, io_uring, namespaces, bpf, keyrings, TIOCSTI; "
                              "no chmod, chown, utime or xattr from a read-only command; "
+                             "no set-user-ID or set-group-ID bit from any; "
                              "setsid and setpgid leave a command in its group"),
         ("mount-namespace", mount_namespace_available(),
          "an approved command sees the rest read-only (no chmod, chown or utime outside), "
-         "the terminals open as it starts as /dev/null, a /dev/shm of the session's"),
+         "no terminal but the ptys it makes (a devpts of its own), a /dev/shm of the session's"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]

@@ -83,6 +83,9 @@ GREP_PATTERN_BUDGET_S = 10.0
 # A pattern with no regex syntax: it is searched for as it is, in linear time.
 PLAIN_PATTERN = re.compile(r"[^.^$*+?{}\[\]\\|()]*")
 
+# A missing file's name is looked for among this many of the project's files.
+PROJECT_FILES_LIMIT = 50_000
+
 BASH_DEFAULT_TIMEOUT_MS = 120_000
 BASH_MAX_TIMEOUT_MS = 600_000
 # After a shell exits, its backgrounded children get this long to finish.
@@ -487,7 +490,7 @@ class Workspace:
                 f"{_one_line(self.display(path))} resolves to {_one_line(real)}, outside the "
                 "project and the paths approved for this call: not opened. Name that path itself "
                 "to be asked (--yes approves nothing outside: then ask the user in your reply).",
-                error="outside")
+                error="outside", path=real)
         return real
 
     def open_judged(self, path: Path, places: list[str], flags: int) -> int:
@@ -695,7 +698,9 @@ class Workspace:
             env["GIT_OPTIONAL_LOCKS"] = "0"
         keys = self.repository_git_drivers(cwd) if _runs_git(argv) and scan_git else []
         settings = sandbox.git_settings(read_only, keys)
-        env.update(sandbox.git_env(os.environ, settings))
+        # numbered after the user's own GIT_CONFIG_* entries where the command gets them
+        carried = os.environ if confine.unconfined else env
+        env.update(sandbox.git_env(carried, settings))
         # the user's own `!` command
         if confine.unconfined:
             return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
@@ -748,8 +753,13 @@ class Workspace:
             self.temp_dir = Path(tempfile.mkdtemp(prefix=f"khaelor-session-{os.getpid()}-"))
             # Also when no Toolbox.close comes.
             weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
-        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it
-        (self.temp_dir / "shm").mkdir(exist_ok=True)
+        # an approved command's /dev/shm (sandbox.Mounts), made again if a command removed it, or
+        # put a link, a file or a FIFO in its place (no later command would start)
+        shm = self.temp_dir / "shm"
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(shm).st_mode):
+                shm.unlink()
+        shm.mkdir(exist_ok=True)
         return self.temp_dir
 
     def repository_git_drivers(self, cwd: Path) -> list[str]:
@@ -1047,16 +1057,15 @@ class Toolbox:
     the background processes (what the model has read it asks the log's fold)."""
 
     def __init__(self, workspace: Workspace, home: Path, emit: Callable[..., dict],
-                 state: Callable[[], events.State] | None = None):
+                 state: Callable[[], events.State]):
         self.workspace = workspace
         self.spill_dir = sandbox.spill_folder(home, workspace.cwd)
         self.emit = emit
         self.schemas = [dict(schema) for schema in SCHEMAS]
         # The log's fold: what the model has read (State.stamps) and the newest process number
         # (State.n_processes) are read from it, never copied, so a resumed session and a live
-        # one agree. None (a toolbox used alone): a State of its own, folded by the same rules.
-        self.own_state = events.State() if state is None else None
-        self.state = state or (lambda: self.own_state)
+        # one agree.
+        self.state = state
         # [real path, mtime_ns, size] the running call saw.
         self.seen: list[list] = []
         # Where the running call's file tools may open (Workspace.places).
@@ -1065,6 +1074,8 @@ class Toolbox:
         self.versions_dir = Path(home) / "versions"
         # Process groups alive right now (bash and process).
         self.groups: set[int] = set()
+        # tool_use_id -> what a command stopped by the user printed until then (output_when_stopped)
+        self.stopped: dict[str, str] = {}
         # None: grep/glob use the Python fallback.
         self.ripgrep = shutil.which("rg", path=workspace.own_path)
         self.dotenv = _DotEnv(workspace.cwd)
@@ -1101,8 +1112,6 @@ class Toolbox:
         if self.seen:
             # In the log (ToolCompleted): the fold's stamps, what a resumed session knows too.
             result.meta["seen"] = self.seen
-            if self.own_state is not None:
-                events.note_seen(self.own_state, result.meta)
         result.text = self.mask(result.text)
         # bash budgets its own stream.
         if len(result.text) > OUTPUT_BUDGET_CHARS and "spill" not in result.meta:
@@ -1165,11 +1174,35 @@ class Toolbox:
             self.workspace.temp_dir = None
         _close_all(self.workspace.rulesets)
 
+    def live_output_path(self, tool_use_id: str) -> Path:
+        """Where a running command's output is appended as it comes, so that a kill -9 loses none
+        of what the user saw (output_when_lost reads it back on resume)."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_use_id)[:80]
+        return self.spill_dir / f"running-{safe}.txt"
+
+    def output_when_lost(self, tool_use_id: str) -> str:
+        """What a command printed before khaelor was killed under it, budgeted and masked."""
+        path = self.live_output_path(tool_use_id)
+        try:
+            text = path.read_bytes().decode("utf-8", "replace")
+            path.unlink()
+        except OSError:
+            return ""
+        spool = _Spool(self.spill_dir, tool_use_id)
+        spool.add(text)
+        return self.mask(spool.finish({}).rstrip("\n"))
+
+    def output_when_stopped(self, tool_use_id: str) -> str:
+        """What a command printed before the user stopped it (budgeted and masked as a result is):
+        the user saw it, and may well ask about it next."""
+        return self.mask(self.stopped.pop(tool_use_id, ""))
+
     def mask(self, text: str) -> str:
         """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
-        session log or a spill file, whatever shows it (env, printenv, a .env file). Commands still
-        get it in their environment. The values of the project's .env files, the passwords in URLs
-        and tokens of known formats are masked the same way."""
+        session log or a spill file, whatever shows it (env, printenv, a .env file); commands get it
+        only where the user's config passes it (sandbox.child_environment). The values of the
+        project's .env files, the passwords in URLs and tokens of known formats are masked the
+        same way."""
         for name in SECRET_ENV:
             secret = os.environ.get(name)
             if secret and len(secret) >= 8 and secret in text:
@@ -2039,9 +2072,24 @@ class _Spool:
         if self.spill_path:
             where = (f"full output ({self.total:,} characters) saved to {self.spill_path}; "
                      "read it with offset/limit or grep it")
+            if self.total > LINE_CHAR_CAP * (self.newlines + 1):
+                # read cuts each line at LINE_CHAR_CAP: minified JSON would show one cut line
+                where += (f" (its lines are longer than the {LINE_CHAR_CAP:,} characters read "
+                          "shows of each: see parts with `grep -o '.\\{0,200\\}WORD.\\{0,200\\}'` "
+                          "or `cut -c`)")
         lines = events.counted(n_lines, "line")
         marker = f"[… {n_omitted:,} characters ({lines}) omitted; {where} …]"
         return f"{head}\n{marker}\n{tail}"
+
+
+def _open_live_output(path: Path) -> int | None:
+    """A descriptor to append a running command's output to (Toolbox.live_output_path), or None
+    when the spill folder cannot take it: the command runs all the same."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
 
 
 def _prune_spill(spill_dir: Path) -> None:
@@ -2247,14 +2295,15 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
 
 async def _tool_read(box: Toolbox, args: dict, tool_use_id: str, confine: Confine) -> ToolResult:
     # Off the event loop: an 11 MB file takes 60 ms to read, decode and split.
-    return await asyncio.to_thread(read_now, box, args)
+    return await asyncio.to_thread(read_now, box, args, True)
 
 
-def read_now(box: Toolbox, args: dict) -> ToolResult:
+def read_now(box: Toolbox, args: dict, elsewhere: bool = False) -> ToolResult:
     """read, at once (it never waits): the tool, and an @mention attached to a message. Raises
-    ToolError as the tool does. A directory's entries are numbered and paged as a file's lines."""
+    ToolError as the tool does. A directory's entries are numbered and paged as a file's lines.
+    `elsewhere` (off the loop only): a missing file's name is looked for in the whole project."""
     ws = box.workspace
-    path = _existing(ws, args["file_path"], directory=False)
+    path = _existing(ws, args["file_path"], directory=False, elsewhere=elsewhere)
     shown = _one_line(ws.display(path))
     fd = ws.open_judged(path, box.places, os.O_RDONLY)
     heading = ""
@@ -2448,8 +2497,9 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return None
 
 
-def _missing(ws: Workspace, path: Path) -> ToolError:
-    """A missing path, with up to three existing ones the model probably meant."""
+def _missing(ws: Workspace, path: Path, elsewhere: bool = False) -> ToolError:
+    """A missing path, with up to three existing ones the model probably meant; `elsewhere`: also
+    the same name in the project's other folders (it lists them: not on the event loop)."""
     shown = _one_line(ws.display(path))
     if os.path.islink(path):
         return ToolError(
@@ -2468,8 +2518,16 @@ def _missing(ws: Workspace, path: Path) -> ToolError:
     with contextlib.suppress(OSError):
         names = os.listdir(parent)
     import difflib
-    for name in difflib.get_close_matches(path.name, names, n=3, cutoff=0.5):
-        near.append(_one_line(ws.display(parent / name)))
+    # compared without case: "readme.md" meant README.md
+    by_lower = {name.lower(): name for name in names}
+    for lower in difflib.get_close_matches(path.name.lower(), list(by_lower), n=3, cutoff=0.5):
+        near.append(_one_line(ws.display(parent / by_lower[lower])))
+    if elsewhere and not near and sandbox.within(str(path), [str(ws.cwd)]):
+        # the same name in another folder: "app.py" or "scr/app.py" meant src/app.py
+        wanted = path.name.lower()
+        with contextlib.suppress(OSError, ToolError):
+            near += [_one_line(rel) for rel in project_files(ws, limit=PROJECT_FILES_LIMIT)
+                     if posixpath.basename(rel).lower() == wanted]
     near = list(dict.fromkeys(near))[:3]
     hint = " Use glob to find files by name."
     if near:
@@ -2483,11 +2541,12 @@ def _fs_path(path: str) -> str:
     return re.sub(r"\\x([89a-f][0-9a-f])", lambda hh: chr(0xDC00 + int(hh[1], 16)), path)
 
 
-def _existing(ws: Workspace, value: str | None, directory: bool = True) -> Path:
+def _existing(ws: Workspace, value: str | None, directory: bool = True,
+              elsewhere: bool = False) -> Path:
     """The path a model gave (default the project root): it must exist, and be a folder if asked."""
     path = ws.resolve(value) if value else ws.cwd
     if not path.exists():
-        raise _missing(ws, path)
+        raise _missing(ws, path, elsewhere)
     if directory and not path.is_dir():
         raise ToolError(f"{ws.display(path)} is a file, not a directory.", error="not_a_directory")
     return path
@@ -3103,7 +3162,7 @@ async def _tool_edit(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
         if args["old_string"] == "":
             write_args = {"file_path": args["file_path"], "content": args["new_string"]}
             return await _tool_write(box, write_args, tool_use_id, confine)
-        error = _missing(ws, path)
+        error = await asyncio.to_thread(_missing, ws, path, True)
         raise ToolError(
             f"{error} To create a new file, use write (or edit with an empty old_string).",
             **error.meta)
@@ -3212,7 +3271,8 @@ def project_files(ws: Workspace, root: Path | None = None, places: list[str] | N
     code, out = ws.capture(argv, cwd=root)
     found = []
     with _closing(ws.open_judged(root, places, os.O_RDONLY | os.O_DIRECTORY)) as root_fd:
-        if code == 0 and out:
+        if code == 0:
+            # (nothing listed: an empty repository, or every file ignored, not a walk of them)
             listed = [rel for rel in out.split("\0") if rel][:limit]
             return [rel for rel in listed if _plain_file(rel, root_fd)]
         # From the judged folder's descriptor, fwalk enters no folder a link was swapped in for.
@@ -3309,7 +3369,14 @@ async def _tool_glob(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     files = await asyncio.to_thread(_newest_first, root, kept)
     meta.update(files=len(files), truncated=len(files) > SEARCH_RESULT_CAP)
     if not files:
-        text = f"No files match {_quoted(pattern)} under {ws.display(root)}.{note}"
+        where = ws.display(root)
+        if where == ".":
+            where = "the project"        # not "under .."
+        text = f"No files match {_quoted(pattern)} under {where}.{note}"
+        if pattern.endswith("/"):
+            # git's rule: a pattern ending in "/" names a folder, and glob lists only files
+            folder = pattern.rstrip("/")
+            text += f" glob lists files: for what a folder holds, try {_quoted(folder + '/**')}."
         return ToolResult(text, meta=meta)
     shown = "\n".join(_one_line(ws.display(root / rel)) for rel in files[:SEARCH_RESULT_CAP])
     if len(files) > SEARCH_RESULT_CAP:
@@ -3602,15 +3669,28 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     timeout_ms = min(timeout_ms, BASH_MAX_TIMEOUT_MS)
     workdir = _existing(box.workspace, args.get("workdir"))
     spool = _Spool(box.spill_dir, tool_use_id or "bash")
+    live_path = box.live_output_path(tool_use_id or "bash")
+    live = _open_live_output(live_path)
 
     def on_text(text: str) -> None:
         spool.add(text)
+        if live is not None and spool.total <= SPILL_FILE_CAP_BYTES:
+            with contextlib.suppress(OSError):
+                os.write(live, text.encode("utf-8", "replace"))
         box.emit("ToolOutput", tool_use_id=tool_use_id, text=text)
 
     started = time.monotonic()
-    child = await _start(box, command, confine, workdir)
-    timed_out, stray = await _supervise(
-        box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
+    try:
+        child = await _start(box, command, confine, workdir)
+        timed_out, stray = await _supervise(
+            box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
+    except asyncio.CancelledError:
+        box.stopped[tool_use_id] = spool.finish({}).rstrip("\n")
+        raise
+    finally:
+        if live is not None:
+            os.close(live)
+            live_path.unlink(missing_ok=True)
     exit_code = child.proc.returncode
     duration_ms = int((time.monotonic() - started) * 1000)
     meta = {"exit_code": exit_code, "duration_ms": duration_ms, "timed_out": timed_out}
@@ -3777,9 +3857,6 @@ class _Processes:
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
         box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
-        if box.own_state is not None:
-            # a toolbox used alone folds its own State
-            events.note_process(box.own_state, process.process_id)
         self.forget_exited()
         return process
 

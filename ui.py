@@ -30,7 +30,8 @@ while it is live; what has settled is read in the transcript view (Ctrl-R, or a 
 TRANSCRIPT), on the alternate screen, so the scrollback is never written twice.
 Controller methods may return an awaitable; the UI runs it as a task and shows its failure as an
 error line. run_command may return a str (shown as markdown), QUIT (ends the app), TRANSCRIPT
-or a question (a dict as PermissionRequested's): its panel opens; the choice goes to its `answer`.
+or a question (a dict as PermissionRequested's): its panel opens; the choice goes to its `answer`,
+whose result shows as the answer to the question's `command` (the line typed).
 Tool metadata read from ToolCompleted/ToolFailed `meta`: lines (start, end: the part read),
 matches, files, exit_code, duration_ms, timed_out, truncated; FileModified: ±lines, coloured diff.
 """
@@ -328,8 +329,11 @@ def wrap_spans(spans: Iterable[Span], width: int, style: Style,
                 # between two runs of one style the space shares it (an underline goes on)
                 space_roles = runs[-1][1] if runs[-1][1] == roles else ()
                 _add_run(runs, " ", space_roles)
+            # a link longer than a whole line is not broken: the terminal wraps it, as it does a
+            # long code line, so that clicking or copying it gives the whole link
+            unbroken = not hard and used == start and "://" in word
             # longer than the room left: break it
-            while word and used + gap + w > width:
+            while word and not unbroken and used + gap + w > width:
                 head, word = split_at_width(word, width - used - gap)
                 # narrower than one wide char: overflow by one
                 if not head and used == start:
@@ -991,6 +995,10 @@ class Timeline:
             self._n_streamed = 0
         elif kind in RESPONSE_ENDS:
             self._model_started = None
+        if kind == "Interrupted" and "thinking" in event:
+            # the thinking cut off, as the log keeps it: live and replayed alike
+            self._thinking = None
+            self._finish_thinking(event["thinking"], event.get("thinking_ms"))
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
@@ -1013,25 +1021,30 @@ class Timeline:
         return lines
 
     def note(self, markdown: str) -> None:
-        """Text from the controller (a slash command's answer), settled as markdown."""
+        """Text from the controller (a notice, the keys), settled as markdown."""
+        self._after_block(self._markdown_lines(markdown))
+
+    def _markdown_lines(self, markdown: str) -> list[str]:
         stream = MarkdownStream(self.style, self.width)
         stream.feed(markdown)
         stream.finish()
-        self._after_block(stream.take_settled())
+        return stream.take_settled()
 
     def error(self, text: str) -> None:
         self._after_block(self._marked("✗", "error", text))
 
     def _after_block(self, lines: list[str]) -> None:
-        """Lines that must not land inside a block still streaming: they settle after it."""
+        """Lines that must not land inside a text block still streaming: they settle after it.
+        Thinking is one line of its own, never in the log before it ends: they settle above it,
+        as a replay has them."""
         self._queued.append(lines)
-        if self._text is None and self._thinking is None:
+        if self._text is None:
             self._settle_queued()
 
     def flush_live(self) -> None:
         """Settle whatever is still streaming (on exit or interruption). What streamed of a
-        thinking block stays on screen as its line, though it is never kept (nor sent): a replay
-        has none of it."""
+        thinking block stays on screen as its line, never sent (an Esc's Interrupted keeps it for
+        a replay; a kill -9 does not)."""
         self._finish_text()
         self._finish_thinking(None)
         self._settle_queued()
@@ -1288,7 +1301,17 @@ class Timeline:
 
     def _on_CommandAnswered(self, e: dict) -> None:
         """Replayed: a command's answer, drawn as App drew what run_command returned."""
-        self.note(str(e.get("text", "")))
+        self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"))
+
+    def command_answer(self, command: str, text: str, failed: bool = False) -> None:
+        """The command line as typed (`› /cost`, as Claude Code echoes it), then its answer, or
+        why it failed."""
+        lines = self._written(command, "user")
+        if failed:
+            lines += self._marked("✗", "error", f"{RESULT_ERRORS['run_command']}: {text}")
+        else:
+            lines += self._markdown_lines(text)
+        self._after_block(lines)
 
     def _on_Notice(self, e: dict) -> None:
         self.note("⚠ " + str(e.get("text", "")))
@@ -1387,7 +1410,8 @@ class Timeline:
         card = self._pop_card(e)
         reason = sanitize(str(e.get("reason") or "")).strip()
         facts = ["cancelled" + (f" ({reason})" if reason else "")]
-        self._settle([self._card_line("○", card.name, card.summary, facts)])
+        # what it printed until then stays on screen, as it does for a finished command
+        self._hold([self._card_line("○", card.name, card.summary, facts)], card_output(e, {}))
 
     def _on_TaskCompleted(self, e: dict) -> None:
         """The evidence in one line: `✓ 2 files changed · pytest -q exit 0`. The ✓ only when
@@ -1737,7 +1761,8 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     # a multi-line command: its lines, not one run-on line
     if "\n" in descriptor:
         rows = preview_rows(descriptor, width - 2, style)
-    preview = shown(raw_preview).rstrip("\n")
+    # a CRLF file's line endings are not hidden characters (has_hidden_characters agrees)
+    preview = shown(raw_preview.replace("\r\n", "\n")).rstrip("\n")
     if preview and (preview.strip() not in descriptor or "content" in tool_input):
         is_edit = isinstance(tool_input.get("old_string"), str)
         if preview.startswith(("---", "@@")) or "\n@@ " in preview:
@@ -2627,9 +2652,9 @@ class App:
         """Call the controller; run an awaitable result as a task; show what comes back."""
         async def finish(awaitable) -> None:
             try:
-                self._show_result(fn, await awaitable)
+                self._show_result(fn, await awaitable, args)
             except Exception as exc:
-                self._show_result(fn, exc)
+                self._show_result(fn, exc, args)
 
         try:
             result = fn(*args)
@@ -2638,13 +2663,26 @@ class App:
         if inspect.isawaitable(result):
             self._spawn(finish(result))
         else:
-            self._show_result(fn, result)
+            self._show_result(fn, result, args)
 
-    def _show_result(self, fn: Callable, result: object) -> None:
+    def answer_question(self, request: dict, choice: str) -> object:
+        """A command's question answered: its answer shows under the line typed (`command`)."""
+        return request["answer"](choice)
+
+    def _show_result(self, fn: Callable, result: object, args: tuple = ()) -> None:
         if isinstance(result, Exception) and fn == self.controller.run_shell:
             # it failed to run: not running
             self.timeline.cards.pop(events.USER_SHELL_ID, None)
-        if isinstance(result, Exception):
+        answered = isinstance(result, Exception) or (isinstance(result, str) and result.strip())
+        command = ""
+        if fn == self.controller.run_command:
+            command = args[0]
+        elif fn == self.answer_question:
+            command = args[0].get("command", "")
+        if command and answered:
+            # with the line typed, as its CommandAnswered replays it
+            self.timeline.command_answer(command, str(result), isinstance(result, Exception))
+        elif isinstance(result, Exception):
             # in the user's words, not the controller's method name
             what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")
             self.timeline.error(f"{what}: {result}")
@@ -2760,7 +2798,7 @@ class App:
         if request.get("capability") == PLAN_CAPABILITY:
             return self.call(self.controller.proceed_with_plan, choice)
         if "answer" in request:         # a command's question (/rewind's)
-            return self.call(request["answer"], choice)
+            return self.call(self.answer_question, request, choice)
         self.call(self.controller.answer_permission,
                   request.get("tool_use_id", ""), choice, feedback)
 

@@ -67,7 +67,7 @@ def main() -> None:
         home = Path(tmp) / "home"
         root.mkdir()
         make_repository(root)
-        box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {})
+        box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {}, tools.events.State)
         previous = box.checkpoints.take()["tree"]
         changed, unchanged = [], []
         cpu_changed = []

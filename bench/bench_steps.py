@@ -97,7 +97,7 @@ async def run(n_steps: int, project: Path, home: Path) -> tuple[ScriptedModel, f
     (project / "src" / "module.py").write_text("".join(lines))
     store = events.SessionStore.create(home / "sessions")
     bus = events.Bus(store)
-    toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit)
+    toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit, lambda: store.state)
     ctx = context.Context(project_root=project, cwd=project, home=home, model="claude-sonnet-5-5",
                           tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
     model = ScriptedModel(n_steps)

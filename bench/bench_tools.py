@@ -159,8 +159,8 @@ async def main() -> None:
         project.mkdir()
         tree.mkdir()
         make_tree(tree, 5000)
-        box = tools.Toolbox(tools.Workspace(project), tmp_path / "home", lambda *a, **k: {})
-        tree_box = tools.Toolbox(tools.Workspace(tree), tmp_path / "home", lambda *a, **k: {})
+        box = tools.Toolbox(tools.Workspace(project), tmp_path / "home", lambda *a, **k: {}, tools.events.State)
+        tree_box = tools.Toolbox(tools.Workspace(tree), tmp_path / "home", lambda *a, **k: {}, tools.events.State)
         rows = {}
         rows.update(await bench_edit(project, box, 15))
         rows.update(await bench_search(tree, tree_box, 5))

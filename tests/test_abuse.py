@@ -166,7 +166,7 @@ def test_python_grep_fallback_judges_a_huge_sparse_file_by_its_head(tmp_path):
     """Without ripgrep on PATH, grep must not read a 1 GB file of zeros into memory."""
     (tmp_path / "disk.img").open("wb").truncate(1 << 30)
     (tmp_path / "notes.txt").write_text("a needle\n")
-    box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", lambda *a, **k: {})
+    box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", lambda *a, **k: {}, events.State)
     box.ripgrep = None
     started = time.monotonic()
     result = asyncio.run(box.run("grep", {"pattern": "needle"}, "t1"))
@@ -177,7 +177,12 @@ def test_processes_that_ignore_sigterm_or_never_read_stdin_are_bounded(tmp_path)
     """Concurrently, so the fixed grace periods overlap: a group that ignores SIGTERM is killed after
     the grace, a write to a process that never reads its stdin times out, and close() ends all."""
     marker = f"32.{uuid.uuid4().int % 10**6:06d}"
-    box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", lambda *a, **k: {})
+    state = events.State()
+
+    def emit(type_, **payload):
+        if type_ == "ProcessStarted":     # as the log's fold numbers processes
+            events.note_process(state, payload["process_id"])
+    box = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", emit, lambda: state)
 
     async def stubborn():
         command = f"trap '' TERM; sleep {marker} & sleep {marker} & wait"

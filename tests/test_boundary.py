@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from conftest import ROOT, run_khaelor, was_reached
+from conftest import ROOT, khaelor_popen, run_khaelor, was_reached
 from fake_api import reply, text, tool_use
 
 if not sandbox.probe()[0] or not sandbox.seccomp_available():
@@ -193,6 +193,80 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(project, env, home,
+                                                                            shape):
+    """git's config folder and cargo's home are readable for every command (the tools need them),
+    and each holds a credential store: git's at ~/.config/git/credentials, cargo's token."""
+    stores = [home / ".config" / "git" / "credentials", home / ".cargo" / "credentials.toml",
+              home / ".cargo" / "credentials"]
+    for store in stores:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(f"https://user:{CREDENTIAL}@example.com\n")
+    (home / ".config" / "git" / "config").write_text("[user]\n\tname = Kept Readable\n")
+    (home / ".cargo" / "config.toml").write_text("[build]\njobs = 1\n")
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          " ".join(f"cat {store};" for store in stores) +
+                          f" git config user.name; cat {home}/.cargo/config.toml")
+    assert CREDENTIAL not in out and out.count("Permission denied") == 3, out
+    assert "Kept Readable" in out and "jobs = 1" in out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_git_reads_the_files_the_users_git_config_includes_and_no_secret(project, env, home, shape):
+    """[include] path = ~/.gitconfig.local (and includeIf, and theirs): every sandboxed git
+    command failed, the included file being unreadable. An include of a secret stays closed."""
+    (home / ".gitconfig").write_text(
+        "[include]\n\tpath = ~/.gitconfig.local\n"
+        "[include]\n\tpath = dotfiles/git/work.inc\n"
+        '[includeIf "gitdir:~/work/"]\n\tpath = ~/work.inc\n')
+    (home / "work.inc").write_text("# read when the repository is under ~/work\n")
+    (home / ".gitconfig.local").write_text("[user]\n\tname = From Local\n")
+    (home / "dotfiles" / "git").mkdir(parents=True)
+    (home / "dotfiles" / "git" / "work.inc").write_text("[include]\n\tpath = deeper.inc\n")
+    (home / "dotfiles" / "git" / "deeper.inc").write_text("[user]\n\temail = deep@example.com\n")
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".ssh" / "config").write_text(f"# {CREDENTIAL}\n")
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          f"git config user.name; git config user.email; cat {home}/work.inc;"
+                          f" cat {home}/.ssh/config")
+    assert "From Local" in out and "deep@example.com" in out and "under ~/work" in out, out
+    # an include of a closed location opens nothing there (git then fails, as it does wherever an
+    # include cannot be read)
+    with (home / ".gitconfig").open("a") as config:
+        config.write("[include]\n\tpath = ~/.ssh/config\n")
+    code, out = sandboxed(project, env, shape, "sh", "-c", f"cat {home}/.ssh/config; git config -l")
+    assert CREDENTIAL not in out and "Permission denied" in out, out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_home_on_path_or_inside_a_readable_folder_stays_unreadable(project, env, home, shape):
+    """Every PATH entry is readable, as a toolchain: ~ itself on PATH (PATH=$PATH:~) opened all of
+    it to every command, and / (or /var, where a CI user's home is) held it."""
+    for entries in (f"{env['PATH']}:{home}", f"/:{env['PATH']}"):
+        code, out = sandboxed(project, env, shape, "sh", "-c",
+                              f"cat {home}/.claude/.credentials.json; "
+                              f"cat {home}/.config/tool/token; git --version",
+                              extra_env={"PATH": entries})
+        assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
+        assert "git version" in out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_users_own_files_under_var_are_unreadable(project, env, shape):
+    """/var is readable for its toolchains and data; the user's own there was too: their mail
+    (/var/mail/$USER), and what programs keep in /var/tmp, such as an editor's recovery copy."""
+    kept = Path(tempfile.mkdtemp(dir="/var/tmp")) / "notes.swp"
+    kept.write_text("recovered: API_KEY=var-marker-4242")
+    try:
+        code, out = sandboxed(project, env, shape, "sh", "-c",
+                              f"cat {kept}; ls /var/lib > /dev/null && echo LISTED")
+        assert "var-marker-4242" not in out and "Permission denied" in out
+        assert "LISTED" in out, out
+    finally:
+        shutil.rmtree(kept.parent)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_khaelors_own_environment_is_unreadable_even_as_root(project, env, shape):
     code, out = sandboxed(project, env, shape, "sh", "-c",
                           'cat /proc/$PPID/environ; tr "\\0" "\\n" < /proc/1/environ; '
@@ -234,6 +308,22 @@ def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project
         assert f"{call} REFUSED 1" in out, (call, out)      # EPERM
     assert [(p.stat().st_mode, p.stat().st_mtime_ns) for p in (outside, outside / "key")] == before
     assert (project / "mine").stat().st_mode & 0o777 == 0o644
+
+
+def test_no_command_makes_a_set_user_or_group_id_file(project, env):
+    """A copy of sh made set-user-ID in the project runs as its owner (root, or the user) for every
+    local user who can reach it: chmod's own calls refuse those bits; plain modes still change."""
+    calls = ["os.chmod(K, 0o4755)", "os.chmod(K, 0o2755)", "os.chmod(K, 0o6711)",
+             "os.chmod(K, 0o4755, follow_symlinks=False)", "os.fchmod(os.open(K, 0), 0o4755)",
+             "os.chmod(K, 0o1755)", "os.chmod(D, 0o2775)"]
+    shutil.copy("/bin/sh", project / "key")
+    for shape in ("--write", "--network"):
+        code, out = sandboxed(project, env, shape, *python(try_each(calls, project)))
+        for call in calls[:5] + calls[6:]:
+            assert f"{call} REFUSED 1" in out, (call, out)      # EPERM
+        assert "os.chmod(K, 0o1755) DONE" in out, out
+        assert (project / "key").stat().st_mode & 0o6000 == 0
+        assert project.stat().st_mode & 0o6000 == 0
 
 
 @pytest.mark.parametrize("shape", ["--write", "--network"])
@@ -337,6 +427,41 @@ def test_no_command_reaches_a_terminal_but_the_ptys_it_makes(project, env):
     finally:
         os.close(master)
         os.close(slave)
+
+
+@pytest.mark.skipif(not sandbox.mount_namespace_available(), reason="no mount namespace here")
+def test_a_terminal_opened_while_an_approved_command_runs_is_out_of_its_reach(project, env):
+    """Only the terminals open as it started were covered: a long approved command (a dev server)
+    read the keys typed into a terminal the user opened later (a sudo password) and wrote escape
+    sequences to it."""
+    wait = ("import os, time\nprint('ready', flush=True)\n"
+            "while not os.path.exists('go'): time.sleep(0.05)\n"
+            "for name in os.listdir('/dev/pts'):\n"
+            "    try:\n"
+            "        fd = os.open('/dev/pts/' + name, os.O_RDWR | os.O_NONBLOCK)\n"
+            "        os.write(fd, b'INJECTED'); print('READ', os.read(fd, 100))\n"
+            "    except OSError as error:\n"
+            "        print(name, error)\n"
+            # where /dev/ptmx links to pts/ptmx, programs open that one
+            "os.close(os.open('/dev/pts/ptmx', os.O_RDWR)); print('own ptmx')\n")
+    options = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE,
+               "stderr": subprocess.DEVNULL, "text": True}
+    with khaelor_popen(["sandbox", "--write", "--", *python(wait)], project, env, False,
+                       **options) as process:
+        assert "ready" in process.stdout.readline()
+        master, slave = os.openpty()
+        try:
+            os.write(master, b"typed secret\n")
+            (project / "go").write_text("")
+            out = process.communicate(timeout=30)[0]
+            os.set_blocking(master, False)
+            echoed = os.read(master, 100)
+        finally:
+            os.close(master)
+            os.close(slave)
+    assert "typed secret" not in out and "INJECTED" not in echoed.decode(), out
+    assert "own ptmx" in out, out
+    assert echoed == b"typed secret\r\n", echoed
 
 
 def test_an_approved_command_has_shared_memory_of_its_own_not_other_programs(project, env):
@@ -521,7 +646,7 @@ def run_tool(project, home, name, tool_input, confine):
     import tools
 
     async def main():
-        box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {})
+        box = tools.Toolbox(tools.Workspace(project), home, lambda *args, **fields: {}, tools.events.State)
         try:
             result = await box.run(name, tool_input, "t1", confine=confine)
             # a background process: what it says until it has ended (its guard note included),

@@ -292,7 +292,10 @@ def test_every_event_kind_has_a_typed_dict_and_events_are_checked_against_it(tmp
     ("a\x1b[31mb", "a^[[31mb"), ("50%\r100%", "50%␍100%"), ("\x00\x07\x08\x7f", "^@^G^H^?"),
     ("x\x9b2J", "x<U+009B>2J"), ("\x85\x9c", "<U+0085><U+009C>"), ("\u202eexe.gnp\u202c", "<U+202E>exe.gnp<U+202C>"),
     ("\u2066a\u2069", "<U+2066>a<U+2069>"), ("a\u200bb\u200dc\u2060d\ufeff", "a<U+200B>b<U+200D>c<U+2060>d<U+FEFF>"),
-    ("tab\tand\nline", "tab\tand\nline"), ("中文 🎉 é", "中文 🎉 é")])
+    ("tab\tand\nline", "tab\tand\nline"), ("中文 🎉 é ❤️", "中文 🎉 é ❤️"),
+    # what a terminal draws as nothing, or as a blank: a name that reads as another
+    ("no\u00adtes ls\u3164 a\u034fb\u2028", "no<U+00AD>tes ls<U+3164> a<U+034F>b<U+2028>"),
+    ("\u115f\u17b4\u180e\uffa0\U0001d173\U000e0100", "<U+115F><U+17B4><U+180E><U+FFA0><U+1D173><U+E0100>")])
 def test_every_control_bidi_and_invisible_character_is_shown_as_itself(raw, shown):
     assert events.visible_controls(raw) == shown
     assert events.has_hidden_characters(raw) == (raw != shown)

@@ -63,7 +63,10 @@ def next_request(log_path, project, home, scratch):
     copy = Path(scratch) / f"copy-{time.monotonic_ns()}.jsonl"
     copy.write_bytes(Path(log_path).read_bytes())
     store = events.SessionStore.open(copy)
-    k = kernel.Kernel(bus=events.Bus(store), model=None, toolbox=None, ctx=None, rules=[], project_root=project,
+    bus = events.Bus(store)
+    # (the toolbox gives back what a command killed with khaelor had printed)
+    toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit, lambda: store.state)
+    k = kernel.Kernel(bus=bus, model=None, toolbox=toolbox, ctx=None, rules=[], project_root=project,
                       ask=None)
     k.repair()
     k.submit("continue")

@@ -164,6 +164,11 @@ def test_a_mention_not_attached_is_said_with_why_on_screen_and_headless(khaelor,
     assert "@.env not attached: reading it asks; the model can read it with its tools" in result.stderr
     assert "@nosuch.txt not attached: no such file or folder" in result.stderr
     assert "@logo.png not attached: a binary file" in result.stderr
+    # and the model is told too, or it would take the mention for a file it was shown
+    sent = fake.requests[-1]["body"]["messages"][-1]["content"][0]["text"]
+    assert '<not-attached path=".env">reading it asks' in sent and "attach-me-never" not in sent
+    assert '<not-attached path="nosuch.txt">no such file or folder</not-attached>' in sent
+    assert '<not-attached path="logo.png">a binary file' in sent
 
     async def attach(session):
         return session.kernel.attachments(typed)

@@ -103,6 +103,34 @@ def test_kill_9_mid_stream_then_continue_gives_a_valid_request(khaelor, fake):
     assert said(sent[2])[0].startswith("[I interrupted your reply here") and said(sent[2])[1:] == ["try again"]
 
 
+def test_refused_tool_calls_are_said_on_stderr_and_listed_in_the_result(khaelor, fake, tmp_path):
+    """-p under --yes: a write outside the project, a command a deny rule names, and one that
+    would need a person all end refused; the run goes on (exit 0, as Claude Code's), but a script
+    is told which calls were refused, on stderr and in the result's permission_denials."""
+    outside = tmp_path / "outside.txt"
+    calls = [tool_use("write", {"file_path": str(outside), "content": "x"}, id="toolu_w"),
+             tool_use("bash", {"command": "touch denied-by-rule.txt"}, id="toolu_b")]
+    for output_format in ("text", "json"):
+        fake.enqueue(reply(*calls), reply(text("did what I could")))
+        result = khaelor.run("-p", "go", "--yes", "--disallowedTools", "Bash(touch:*)",
+                             "--output-format", output_format)
+        assert result.returncode == 0, result.stderr
+        said_no = [line for line in result.stderr.splitlines()
+                   if line.startswith(("khaelor: refused", "khaelor: denied"))]
+        assert len(said_no) == 2, result.stderr
+        assert str(outside) in said_no[0] and "touch denied-by-rule.txt" in said_no[1]
+        assert "--disallowedTools" in said_no[1]
+    listed = json.loads(result.stdout)["permission_denials"]
+    assert listed == [{"tool_name": "write", "tool_use_id": "toolu_w",
+                       "tool_input": {"file_path": str(outside), "content": "x"}},
+                      {"tool_name": "bash", "tool_use_id": "toolu_b",
+                       "tool_input": {"command": "touch denied-by-rule.txt"}}]
+    assert not outside.exists() and not (khaelor.project / "denied-by-rule.txt").exists()
+    fake.enqueue(reply(text("nothing refused")))
+    again = json.loads(khaelor.run("-c", "-p", "again", "--output-format", "json").stdout)
+    assert again["permission_denials"] == []          # the earlier run's are not this one's
+
+
 def test_kill_9_while_a_reply_pauses_mid_text_keeps_the_words_already_shown(khaelor, fake):
     """A reply that streams a few words and then goes quiet (the model thinking between sentences,
     a slow network): the words on screen reach the log within a fraction of a second even though
@@ -119,6 +147,31 @@ def test_kill_9_while_a_reply_pauses_mid_text_keeps_the_words_already_shown(khae
     fake.release()
     saved = "".join(e["text"] for e in khaelor.log() if e["type"] == "TextCheckpoint")
     assert saved == "early words on screen. "
+
+
+def test_kill_9_while_a_command_runs_keeps_what_it_printed(khaelor, fake):
+    """The user watched a long command print its failures, then khaelor was killed: on resume the
+    cancelled result gives the model (and the replay) that output, not only "khaelor exited"."""
+    fake.enqueue(reply(tool_use("bash", {"command": "echo 'FAILED test_b: 2 != 3'; sleep 30"})))
+    proc = khaelor.popen("-p", "run the tests", "--yes")
+    deadline = time.time() + 20
+    while time.time() < deadline and not list(Path(khaelor.env["KHAELOR_HOME"]).glob(
+            "spill/*/running-*.txt")):
+        time.sleep(0.05)
+    [live] = Path(khaelor.env["KHAELOR_HOME"]).glob("spill/*/running-*.txt")
+    while time.time() < deadline and b"FAILED" not in live.read_bytes():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.enqueue(reply(text("b fails")))
+    result = khaelor.run("-c", "-p", "what failed?")
+    assert result.returncode == 0, result.stderr
+    [cancelled] = [e for e in khaelor.log() if e["type"] == "ToolCancelled"]
+    assert cancelled["output"] == "FAILED test_b: 2 != 3"
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "khaelor exited while the tool was running. Its output until then:" in sent
+    assert "FAILED test_b: 2 != 3" in sent and not live.exists()
+    assert_no_rejections(fake)
 
 
 def test_kill_9_mid_reply_still_counts_the_request_that_reached_the_api(khaelor, fake):

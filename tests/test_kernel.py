@@ -1,4 +1,8 @@
 """The kernel's pure parts: derive_next over real logs, and the stream reducer over wire events."""
+import json
+
+import pytest
+
 import events
 from kernel import StreamReducer, derive_next
 
@@ -376,3 +380,62 @@ def test_a_call_with_a_wrong_field_name_is_refused_before_any_question(kernel_tu
     failed = [e["output"] for e in log if e["type"] == "ToolFailed"]
     assert len(failed) == len(calls) and all("Invalid input for" in out for out in failed[:6])
     assert "did you mean 'file_path'" in failed[0] and not (project / "made.txt").exists()
+
+
+def test_a_command_the_user_stops_keeps_what_it_printed_for_the_model_and_the_screen(
+        project, env, fake, monkeypatch):
+    """Esc while a long test run prints its failures: the card showed them, and "fix what failed"
+    is the natural next message. The cancelled result carried only "interrupted by the user", so
+    the model never saw the output, the card's lines vanished, and a resume showed none of it."""
+    import asyncio
+    from pathlib import Path
+
+    import khaelor as cli
+    import ui
+    from fake_api import reply, text, tool_use
+    for key in ("KHAELOR_HOME", "ANTHROPIC_API_KEY", "ANTHROPIC_CONFIG_DIR"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.chdir(project)
+    (project / ".env").write_text("DEPLOY_TOKEN=zq-unique-value-981\n")
+    command = "printf 'test_a passed\\nFAILED test_b: 2 != 3\\n'; echo t=zq-unique-value-$((900 + 81)); sleep 30"
+    fake.enqueue(reply(tool_use("bash", {"command": command})), reply(text("b fails: 2 != 3")))
+    home = Path(env["KHAELOR_HOME"])
+
+    async def stopped_then_asked():
+        args = cli.parse_args(["-p", "x"])
+        store = events.SessionStore.create(events.sessions_dir(home, project))
+        bus = events.Bus(store)
+        printed = []
+        bus.subscribe(lambda e: printed.append(e) if e["type"] == "ToolOutput" else None)
+        async def allow(request):
+            return "once", ""
+        kernel = cli.build_kernel(args, cli.load_settings(args, home, project), store, bus,
+                                  home, project, allow)
+        kernel.submit("run the tests")
+        turn = asyncio.ensure_future(kernel.run())
+        try:
+            while "t=" not in "".join(e["text"] for e in printed):
+                assert not turn.done()
+                await asyncio.sleep(0.02)
+            turn.cancel()                       # Esc
+            with pytest.raises(asyncio.CancelledError):
+                await turn
+            kernel.submit("what failed?")
+            assert await kernel.run() == "done"
+            return store.events
+        finally:
+            await kernel.toolbox.close()
+            await kernel.model.close()
+
+    log = asyncio.run(stopped_then_asked())
+    [cancelled] = [e for e in log if e["type"] == "ToolCancelled"]
+    # masked as a finished command's output is
+    assert "FAILED test_b: 2 != 3" in cancelled["output"] and "t=[redacted" in cancelled["output"]
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "Cancelled: interrupted by the user. Its output until then:" in sent
+    assert "FAILED test_b: 2 != 3" in sent
+    shown = "\n".join(ui.render_transcript(log, 80))
+    assert "cancelled (interrupted by the user)" in shown and "FAILED test_b: 2 != 3" in shown
+    assert "FAILED test_b: 2 != 3" in cli.transcript_markdown(log)       # and /export
+    assert not list(home.glob("spill/*/running-*"))    # kept only while it runs (for a kill -9)

@@ -32,7 +32,7 @@ def finishes(call, fifo: Path, timeout_s: float = 10.0):
 
 
 def toolbox(tmp_path: Path, root: Path) -> tools.Toolbox:
-    return tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {})
+    return tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {}, tools.events.State)
 
 
 def test_init_write_never_writes_through_a_link_the_repository_planted(project, env, monkeypatch,

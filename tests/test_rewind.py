@@ -75,7 +75,7 @@ def test_checkpoints_leave_the_users_repository_as_it_was(tmp_path):
     root.mkdir()
     make_repository(root)
     before = repository_facts(root)
-    toolbox = tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {})
+    toolbox = tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {}, tools.events.State)
     first = toolbox.checkpoints.take()
     (root / "a.txt").write_text("changed by a step\n")
     second = toolbox.checkpoints.take(first["tree"])
@@ -217,7 +217,7 @@ def test_a_shadow_repository_unused_for_30_days_is_pruned(tmp_path):
     (root / "a.txt").write_text("a\n")
     git(root, "add", "a.txt")
     home = tmp_path / "home"
-    toolbox = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {})
+    toolbox = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {}, tools.events.State)
     toolbox.checkpoints.take()
     shadow = toolbox.checkpoints.shadow(root)
     tools.prune_versions(home)
@@ -236,7 +236,7 @@ def test_a_folder_a_step_replaced_by_a_link_outside_is_restored_inside(tmp_path)
     outside.mkdir()
     (root / "src" / "main.py").write_text("mine\n")
     checkpoints = tools.Toolbox(tools.Workspace(root), tmp_path / "home",
-                                lambda *a, **k: {}).checkpoints
+                                lambda *a, **k: {}, tools.events.State).checkpoints
     before = checkpoints.take()
     (root / "src" / "main.py").unlink()
     (root / "src").rmdir()
@@ -257,7 +257,7 @@ def test_a_rewind_puts_head_back_only_in_the_repository_the_session_found(tmp_pa
     make_repository(root)
     other = root / "vendor"
     git(tmp_path, "clone", "-q", str(root), str(other))
-    box = tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {})
+    box = tools.Toolbox(tools.Workspace(root), tmp_path / "home", lambda *a, **k: {}, tools.events.State)
     recorded = box.checkpoints.take()
     (root / ".git").rename(tmp_path / "moved.git")
     (root / ".git").write_text(f"gitdir: {other / '.git'}\n")
@@ -311,7 +311,7 @@ def rewind_one_step(tmp_path, before_step, step, overlay=None) -> tuple[Path, li
     git(root, "init", "-q")
     before_step(root)
     checkpoints = tools.Toolbox(tools.Workspace(root), tmp_path / "home",
-                                lambda *a, **k: {}).checkpoints
+                                lambda *a, **k: {}, tools.events.State).checkpoints
     before = checkpoints.take()
     step(root)
     after = checkpoints.take(before["tree"])
@@ -583,6 +583,24 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
     answers = in_session(project, env, monkeypatch, lambda session: asyncio.sleep(
         0, [e["text"] for e in session.store.events if e["type"] == "CommandAnswered"]))
     assert answers and "(1 file): 1 deleted." in answers[-1], answers
+
+
+def test_what_the_rewind_question_answered_shows_under_its_command_live_and_replayed(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: the answer to /rewind's question showed bare, where a resume showed it under
+    `› /rewind 1`, as every command's answer (its CommandAnswered names the command)."""
+    import ui
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    steps = ["/rewind 1", ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
+    shown, replayed, log = in_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 60))
+    assert "\n› /rewind 1\nRewinding to before step 1" in shown and "1 deleted." in shown, shown
+    assert replayed.endswith(shown) and not (project / "a.txt").exists()
 
 
 def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(

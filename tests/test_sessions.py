@@ -887,7 +887,7 @@ def test_a_resumed_session_replays_what_each_command_answered_where_it_was(fake,
         project, env, monkeypatch, lambda session: live_and_replayed(session, typed, width))
     assert "unknown command /nonsense" in shown and "Second reply." in shown
     # /help is a view, the same each time: shown, not kept
-    help_rows = shown.index("\n**Commands")
+    help_rows = shown.index("\n› /help")
     assert replayed == shown[:help_rows].rstrip()
     answers = [e for e in log if e["type"] == "CommandAnswered"]
     assert [e["command"] for e in answers] == ["/status", "/model haiku", "/cost", "/nonsense",
@@ -901,6 +901,194 @@ def test_a_resumed_session_replays_what_each_command_answered_where_it_was(fake,
         for line in answer["text"].splitlines():
             quoted = json.dumps(line, ensure_ascii=False)[1:-1]
             assert len(line) < 12 or not any(quoted in body for body in sent), line
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_each_command_shows_its_line_then_its_answer_or_failure_live_and_replayed(
+        fake, project, env, monkeypatch, width):
+    """QA: a command that raised showed "✗ The command failed: …" and a resume showed nothing of
+    it (it was not logged); and no answer said which command it answered (Claude Code shows
+    `> /cost` above it). The line typed shows above its answer or its failure, live and replayed."""
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("Hello.")))
+
+    def script(session):
+        # a folder where a permission file goes: /new cannot read it, and says so
+        (project / ".khaelor" / "config.json").mkdir(parents=True)
+        return live_and_replayed(session, ["/cost", "hello", "/new", "/cost"], width)
+    shown, replayed, log = in_new_session(project, env, monkeypatch, script)
+    assert replayed == shown, shown
+    rows = shown.splitlines()
+    failed = rows.index("› /new")
+    assert rows[failed + 1].startswith("✗ The command failed:")
+    assert "(Is a directory)" in " ".join(shown.split())
+    assert rows[rows.index("› /cost") + 1] == "no model calls yet"
+    cost = len(rows) - rows[::-1].index("› /cost") - 1
+    assert rows[cost + 1].startswith("• claude-sonnet-5-5: input ")
+    answers = [(e["command"], e.get("failed", False)) for e in types(log, "CommandAnswered")]
+    assert answers == [("/cost", False), ("/new", True), ("/cost", False)]
+
+
+def test_answers_before_a_first_message_stay_out_of_the_session_resumed_next(khaelor, fake,
+                                                                            project, env,
+                                                                            monkeypatch):
+    """QA: `/status` then `/resume OLD` in a new session showed the answer above the resumed
+    conversation, but it was written in OLD's log after it, so `khaelor -c` showed it below. The
+    answers belong to the session they were given in, and a session with no message leaves no
+    log: they go with it. What /resume answered is OLD's, below its conversation, both times."""
+    from test_claude_parity import in_session as in_new_session
+    fake.enqueue(reply(text("The old reply.")))
+    assert khaelor.run("-p", "old question").returncode == 0
+    old = khaelor.session_files()[-1].stem
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch,
+        lambda session: live_and_replayed(session, ["/status", f"/resume {old}", "/cost"], 80))
+    assert shown.startswith("› /status\n• version: ") and "› old question" in shown
+    assert shown.endswith(replayed) and replayed.startswith("› old question"), replayed
+    answers = [e["command"] for e in log if e["type"] == "CommandAnswered"]
+    assert answers == [f"/resume {old}", "/cost"]
+    assert [path.stem for path in khaelor.session_files()] == [old]
+
+
+def live_and_replayed_mid_reply(session, steps, width):
+    """As live_and_replayed, each step a line typed (a command run to its end, a message's turn
+    not), then, while the turn streams, a wait for an
+    event (a predicate), a file touched (a Path: a stalled stream goes on) or a key pressed, and a
+    frame drawn."""
+    import asyncio
+
+    import pyte
+    import ui
+
+    async def run():
+        tasks = []
+        app = ui.App(session, style=ui.Style(False), width=width, height=500,
+                     spawn=lambda awaitable: tasks.append(asyncio.ensure_future(awaitable)))
+        seen = []
+        session.subscribe(app.on_event)
+        session.subscribe(seen.append)
+        live = pyte.Screen(width, 500)
+        screen = pyte.ByteStream(live)
+        for step in steps:
+            if isinstance(step, str):
+                # a wait is for what comes after the line typed last
+                del seen[:]
+                app.on_event({"type": "Typed", "text": step})
+                # a command runs to its end (a message's turn goes on)
+                await asyncio.gather(*tasks)
+            elif isinstance(step, Path):
+                step.touch()
+            elif isinstance(step, ui.Key):
+                app.on_key(step)
+            while callable(step) and not any(step(e) for e in seen):
+                await asyncio.sleep(0.01)
+            screen.feed(app.render(time.monotonic()))
+        while session.busy:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        screen.feed(app.render(time.monotonic()))
+        rows = [row.rstrip() for row in live.display]
+        composer = next(k for k, row in enumerate(rows) if row.startswith("❯"))
+        log = [json.loads(line) for line in session.store.path.read_text().splitlines()]
+        replayed = pyte.Screen(width, 500)
+        lines = ui.render_transcript(log, width, max_turns=ui.REPLAY_TURNS)
+        pyte.ByteStream(replayed).feed("\r\n".join(lines).encode())
+        shown = "\n".join(rows[:composer - 1]).rstrip()
+        return shown, "\n".join(row.rstrip() for row in replayed.display).rstrip(), log
+    return run()
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_commands_answered_while_a_reply_thinks_or_streams_replay_where_they_were_shown(
+        fake, project, env, monkeypatch, tmp_path, width):
+    """QA: `/cost` typed while a reply streamed showed after the reply, but a resume showed it
+    above the reply: its answer was logged before any of the streamed text (the text is saved a
+    few times a second, and at the block's end). The text streamed so far is saved before
+    anything logged in its middle; and what comes in the middle of thinking shows above it live,
+    as in the log."""
+    from fake_api import thinking
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    # the clock's save would come first and hide the gap: it is not due while the test types
+    monkeypatch.setattr(kernel, "CHECKPOINT_INTERVAL_S", 600)
+    thought, streamed = tmp_path / "thought", tmp_path / "streamed"
+    fake.enqueue(reply(thinking("Let me plan. " * 10), text("A thought-out reply."), chunk=6,
+                       stall_after_events=6, stall_seconds=20, release_file=str(thought)),
+                 reply(text("The first words of a reply.\n\nMore " + "words " * 30), chunk=6,
+                       stall_after_events=8, stall_seconds=20, release_file=str(streamed)))
+
+    steps = ["think", lambda e: e["type"] == "ThinkingDelta" and e["text"], "/status", thought,
+             lambda e: e["type"] == "TaskCompleted", "write", lambda e: e["type"] == "TextDelta",
+             "/cost", streamed]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps,
+                                                                               width))
+    assert "A thought-out reply." in shown and "More words" in shown and "• model:" in shown
+    assert replayed == shown, shown
+    words = " ".join(shown.split())
+    order = [words.index(needle) for needle in ("Thinking", "A thought-out reply.",
+                                                "The first words", "More words", "output")]
+    assert order == sorted(order), shown
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_thinking_cut_off_by_esc_replays_as_its_line_showed_and_is_never_sent(
+        fake, project, env, monkeypatch, width):
+    """QA (tmux): Esc while the model thought left `✻ Thinking · 1s · Plan it…` on the screen,
+    and `khaelor -c` showed nothing there: only a finished thinking block was logged. Interrupted
+    keeps what streamed of it and how long it took, for the screen only: no request carries it."""
+    import ui
+    from fake_api import thinking
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(thinking("Plan it carefully. " * 20), text("never shown"), chunk=6,
+                       stall_after_events=8, stall_seconds=20),
+                 reply(text("Went on.")))
+    steps = ["think", lambda e: e["type"] == "ThinkingDelta" and e["text"], ui.Key("esc"),
+             lambda e: e["type"] == "Interrupted", "go on", lambda e: e["type"] == "TaskCompleted"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps,
+                                                                               width))
+    assert replayed == shown, shown
+    rows = shown.splitlines()
+    line = next(k for k, row in enumerate(rows) if row.startswith("✻ Thinking · "))
+    assert "Plan it" in rows[line] and rows[line + 2].startswith("■ Interrupted")
+    cut = types(log, "Interrupted")[0]
+    assert cut["thinking"].startswith("Plan it carefully.") and cut["thinking_ms"] >= 0
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "Plan it" not in sent and "Went on." in shown
+
+
+def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_in_order(
+        fake, project, env, monkeypatch, tmp_path):
+    """QA: /export wrote the messages, replies and tool calls only: no command's answer, no `!`
+    command, no reply cut off by Esc. It holds what the screen showed, in its order, an answer
+    marked as a command's output (one that came mid-reply after the reply, as on screen)."""
+    import ui
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("Hello back.")),
+                 reply(text("A long reply, " + "word " * 200), chunk=4, stall_after_events=10,
+                       stall_seconds=20))
+    out = tmp_path / "out.md"
+    steps = ["/status", "hello", lambda e: e["type"] == "TaskCompleted", "!echo shell-ran",
+             lambda e: e["type"] == "UserShellRan", "write more",
+             lambda e: e["type"] == "TextDelta", "/cost", ui.Key("esc"),
+             lambda e: e["type"] == "Interrupted", f"/export {out}"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 80))
+    exported = out.read_text()
+    needles = ["**`/status`** · command output\n\n> - version: ", "## You\n\nhello",
+               "Hello back.", "**!** `echo shell-ran`", "\nshell-ran\n", "## You\n\nwrite more",
+               "A long reply, word", "**`/cost`** · command output", "> - claude-sonnet-5-5: ",
+               "*Interrupted*"]
+    at = [exported.index(needle) for needle in needles]
+    assert at == sorted(at), exported
+    words = " ".join(shown.split())
+    on_screen = [words.index(n) for n in ("A long reply", "› /cost", "■ Interrupted")]
+    assert on_screen == sorted(on_screen) and replayed == shown
 
 
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import events  # noqa: E402
 import sandbox  # noqa: E402
 import tools  # noqa: E402
 
@@ -28,16 +29,22 @@ class Box:
     def __init__(self, root: Path, home: Path):
         self.root, self.events = root, []
         self.loop = asyncio.new_event_loop()
-        self.toolbox = tools.Toolbox(tools.Workspace(root), home, self.record)
+        # what the kernel's log would fold from these calls: the read stamps, the process numbers
+        self.state = events.State()
+        self.toolbox = tools.Toolbox(tools.Workspace(root), home, self.record, lambda: self.state)
 
     def record(self, type_, **payload):
         event = {"type": type_, **payload}
         self.events.append(event)
+        if type_ == "ProcessStarted":
+            events.note_process(self.state, payload["process_id"])
         return event
 
-    def call(self, name, **tool_input) -> tools.ToolResult:
-        return self.loop.run_until_complete(self.toolbox.run(name, tool_input,
-                                                             f"tu{len(self.events)}"))
+    def call(self, name, confine=None, **tool_input) -> tools.ToolResult:
+        result = self.loop.run_until_complete(self.toolbox.run(name, tool_input,
+                                                               f"tu{len(self.events)}", confine))
+        events.note_seen(self.state, result.meta)
+        return result
 
     def of_type(self, type_):
         return [e for e in self.events if e["type"] == type_]
@@ -79,7 +86,7 @@ def wait_gone(pid: int, timeout_s: float = 3.0) -> bool:
 
 
 def test_schemas_are_the_seven_tools_in_order_with_exact_parameters():
-    box = tools.Toolbox(tools.Workspace(Path(".")), Path("/tmp"), lambda *a, **k: {})
+    box = tools.Toolbox(tools.Workspace(Path(".")), Path("/tmp"), lambda *a, **k: {}, tools.events.State)
     names = [s["name"] for s in box.schemas]
     assert names == ["read", "write", "edit", "grep", "glob", "bash", "process"]
     params = {s["name"]: sorted(s["input_schema"]["properties"]) for s in box.schemas}
@@ -151,6 +158,22 @@ def test_read_numbers_lines_and_pages_with_a_continuation_hint(box):
     page = box.call("read", file_path="f.txt", offset=2999, limit=5)
     assert page.text.splitlines()[:2] == ["  2999\tline 2999", "  3000\tline 3000"]
     assert "end of file" in page.text and page.meta["lines"] == 3000
+
+
+def test_a_missing_file_suggests_the_same_name_in_another_case_or_folder(box):
+    """Peers' read tools point at the file meant: "readme.md" for README.md, "app.py" or a typo in
+    the folder ("scr/app.py") for src/app.py. Only "use glob" was said for these."""
+    (box.root / "README.md").write_text("hi\n")
+    (box.root / "src").mkdir()
+    (box.root / "src" / "app.py").write_text("x = 1\n")
+    for asked, meant in [("readme.md", "README.md"), ("app.py", "src/app.py"),
+                         ("scr/app.py", "src/app.py"), ("lib/APP.py", "src/app.py")]:
+        missing = box.call("read", file_path=asked)
+        assert missing.is_error and f"Did you mean: {meant}?" in missing.text, (asked, missing.text)
+    outside = box.call("read", file_path="/no/such/place/app.py").text
+    assert "Did you mean" not in outside           # a path outside is not looked for inside
+    folder = box.call("glob", pattern="src/").text
+    assert "No files match 'src/' under the project." in folder and "'src/**'" in folder
 
 
 def test_read_failure_modes(box):
@@ -374,6 +397,14 @@ def test_long_output_keeps_head_and_tail_and_spills_the_rest(box):
     spill = Path(result.meta["spill"])
     assert str(spill) in text and spill.parent == box.toolbox.spill_dir
     assert spill.read_text().splitlines()[-1] == "200000"
+    assert "longer than the 2,000 characters" not in text      # short lines: read shows them
+
+
+def test_a_spilled_output_of_huge_lines_says_how_to_see_them(box):
+    """Minified JSON spilled whole: "read it with offset/limit" would show one line cut at 2,000
+    characters, so the marker says how to see parts of a line."""
+    text = box.call("bash", command="head -c 100000 /dev/zero | tr '\\0' x").text
+    assert "longer than the 2,000 characters read shows of each" in text and "cut -c" in text
 
 
 def test_ansi_and_progress_redraws_are_cleaned(box):
@@ -1296,6 +1327,29 @@ def test_one_lister_for_search_and_mentions_walks_plain_files_outside_git(tmp_pa
     assert len(tools.project_files(ws, limit=2)) == 2
 
 
+def test_git_runs_when_the_users_environment_carries_git_config_entries(box, monkeypatch):
+    """GIT_CONFIG_COUNT=1 in the user's environment: khaelor numbered its own entries after it,
+    but the command never gets the user's entry 0, so every git command failed ("missing config
+    key GIT_CONFIG_KEY_0")."""
+    for name, value in {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "color.ui",
+                        "GIT_CONFIG_VALUE_0": "never"}.items():
+        monkeypatch.setenv(name, value)
+    subprocess.run(["git", "init", "-q", str(box.root)], check=True)
+    result = box.call("bash", command="git status --short && echo git-ran")
+    assert "git-ran" in result.text and "missing config key" not in result.text, result.text
+
+
+def test_a_repository_whose_files_git_all_ignores_lists_none_of_them(tmp_path):
+    """git listing nothing was taken for "no git" and the tree was walked: grep without ripgrep
+    and @-completion then read node_modules and the rest of what the user's ignore rules hide."""
+    root = tmp_path / "project"
+    (root / "node_modules" / "m").mkdir(parents=True)
+    (root / "node_modules" / "m" / "index.js").write_text("x\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".git" / "info" / "exclude").write_text("*\n")
+    assert tools.project_files(tools.Workspace(root)) == []
+
+
 def test_neither_search_engine_follows_a_link_out_of_the_project(box, tmp_path):
     """ripgrep never follows a link it meets; the Python fallback must not either, or a
     committed link would carry grep and glob to any file the user can read."""
@@ -1377,7 +1431,7 @@ sys.path.insert(0, {str(Path(tools.__file__).parent)!r})
 import tools
 async def main():
     box = tools.Toolbox(tools.Workspace(Path({str(tmp_path)!r})), Path({str(tmp_path / 'home')!r}),
-                        lambda *a, **k: {{}})
+                        lambda *a, **k: {{}}, tools.events.State)
     await box.run("process", {{"action": "start", "command": "sleep 60 & sleep 60"}}, "t1")
     await box.run("bash", {{"command": "true"}}, "t2")
     print(box.running_processes()[0]["pid"], flush=True)
@@ -1574,11 +1628,9 @@ def test_a_link_out_of_the_project_opens_only_where_the_decision_named_its_targe
     assert refused.meta["error"] == "outside" and "outside notes" not in refused.text
     assert box.call("write", file_path="notes.txt", content="x\n").is_error
     approved = sandbox.Confine(paths=(str(outside),))
-    read = box.loop.run_until_complete(
-        box.toolbox.run("read", {"file_path": "notes.txt"}, "tu", approved))
+    read = box.call("read", confine=approved, file_path="notes.txt")
     assert "outside notes" in read.text
-    written = box.loop.run_until_complete(
-        box.toolbox.run("write", {"file_path": "notes.txt", "content": "new\n"}, "tu", approved))
+    written = box.call("write", confine=approved, file_path="notes.txt", content="new\n")
     assert not written.is_error and outside.read_text() == "new\n"
     assert (box.root / "notes.txt").is_symlink()
 
@@ -1693,7 +1745,7 @@ async def main():
     hits = []
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, lambda: hits.append(1))
     root, home = Path({str(tmp_path / 'p')!r}), Path({str(tmp_path / 'home')!r})
-    box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {{}})
+    box = tools.Toolbox(tools.Workspace(root), home, lambda *a, **k: {{}}, tools.events.State)
     box.ripgrep = None
     task = asyncio.create_task(box.run("grep", {{"pattern": "(a+)+$"}}, "x"))
     await asyncio.sleep(0.5)

@@ -236,6 +236,22 @@ def test_a_long_table_streams_as_one_table():
     assert len(lines) == 102 and all("│" in line or "┼" in line for line in lines)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_link_longer_than_a_line_is_left_whole_for_the_terminal_to_wrap(width):
+    """A URL cut by a newline is two broken links in the terminal and in a copy; alone on its
+    line and whole, the terminal wraps it and knows it for one link."""
+    url = "https://example.com/" + "/".join(f"segment{k}" for k in range(30)) + "?q=1&r=2"
+    for text in (f"See {url} for more.", f"- the item at {url}, and prose after it"):
+        lines = render_markdown(text, width, MONO)
+        assert [line for line in lines if url in line], lines
+        others = [line for line in lines if url not in line]
+        assert all(ui.visible_width(line) <= width for line in others)
+        screen = screen_of(lines, width, height=40)
+        assert url in "".join(text_of(screen).split())
+    short = render_markdown("a long word " + "x" * (width + 5), width, MONO)
+    assert all(ui.visible_width(line) <= width for line in short)    # other words still break
+
+
 def test_table_shrinks_to_fit_a_narrow_terminal():
     table = "| name | description |\n|---|---|\n| alpha | " + "word " * 30 + "|\n"
     lines = render_markdown(table, 40)
@@ -756,6 +772,18 @@ def test_permission_panel_shows_a_diff_preview_and_no_always_without_a_rule():
     text = "\n".join(ui.render_permission_panel(request, 80, MONO))
     assert "1 − a" in text and "1 + b" in text
     assert "always" not in text
+
+
+def test_the_diff_of_a_crlf_file_shows_no_carriage_return_marks_but_a_lone_one_still_warns():
+    """A Windows file's edit showed ␍ at the end of every line of the diff (its line endings);
+    a carriage return inside a line is still shown, and still warned of."""
+    crlf = dict(PERMISSION, capability="file.write.project", descriptor="edit: win.txt",
+                preview="@@ -1,2 +1,2 @@\r\n-old line\r\n+new line\r\n keep\r\n")
+    text = "\n".join(ui.render_permission_panel(crlf, 80, MONO))
+    assert "old line" in text and "new line" in text and "␍" not in text and "hidden" not in text
+    lone = dict(crlf, preview="@@ -1,1 +1,1 @@\n-old\n+new\rlooks innocent\n")
+    text = "\n".join(ui.render_permission_panel(lone, 80, MONO))
+    assert "new␍looks innocent" in text and "hidden or control characters" in text
 
 
 @pytest.mark.parametrize("width", WIDTHS)
