@@ -2103,10 +2103,6 @@ def _tar_arguments(args: tuple[str, ...]) -> list[str]:
     return spelled + list(rest)
 
 
-# the largest archive _members reads as a compressed tar
-_COMPRESSED_READ = 1 << 20
-
-
 def _members(archives: list[str], directory: str, cwd: str, root: str) -> list[str]:
     """directory/MEMBER for the first _MAX_GLOB members an archive lists (none when unreadable,
     or extracted outside the project root)."""
@@ -2118,12 +2114,13 @@ def _members(archives: list[str], directory: str, cwd: str, root: str) -> list[s
     for archive in archives:
         path = os.path.join(cwd, archive)
         try:
-            # (a compressed tar is read only when small: its members are found by inflating it)
-            mode = "r:*" if os.path.getsize(path) <= _COMPRESSED_READ else "r:"
             if zipfile.is_zipfile(path):
-                names += zipfile.ZipFile(path).namelist()[:_MAX_GLOB]
+                with zipfile.ZipFile(path) as opened:
+                    names += opened.namelist()[:_MAX_GLOB]
             else:
-                with tarfile.open(path, mode) as opened:
+                # never a compressed tar: its members are found only by inflating it, and a
+                # repository's few KB of xz can inflate to gigabytes (the judge would hang on it)
+                with tarfile.open(path, "r:") as opened:
                     for member in itertools.islice(opened, _MAX_GLOB):
                         _on_time()
                         names.append(member.name)

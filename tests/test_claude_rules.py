@@ -315,23 +315,26 @@ def test_a_denied_edit_meets_a_tree_copied_or_moved_over_it(root):
 def test_a_denied_edit_meets_what_an_archive_is_extracted_into_or_made_as(root):
     """`tar -xf a.tar -C config` and `unzip a.zip -d config` wrote config/prod.yml, and `tar -cf
     config/prod.yml src` made it: Edit(./config/prod.yml) only asked. The members are read from
-    the archive."""
+    the archive (a compressed tar's are not: finding them means inflating it, and a repository's
+    few KB of xz can inflate to gigabytes, so those extractions only ask)."""
     import tarfile
     import zipfile
     (root / "config").mkdir()
     (root / "prod.yml").write_text("a: 1\n")
-    with tarfile.open(root / "a.tgz", "w:gz") as archive:
-        archive.add(root / "prod.yml", "prod.yml")
+    for name, mode in (("a.tar", "w"), ("a.tgz", "w:gz")):
+        with tarfile.open(root / name, mode) as archive:
+            archive.add(root / "prod.yml", "prod.yml")
     with zipfile.ZipFile(root / "a.zip", "w") as archive:
         archive.write(root / "prod.yml", "prod.yml")
     _, rules = rules_from(root, "deny", "Edit(./config/prod.yml)")
-    for command in ("tar -xzf a.tgz -C config", "tar xzfC a.tgz config", "tar -C config -xf a.tgz",
-                    "tar --extract --file=a.tgz --directory=config", "unzip a.zip -d config",
+    for command in ("tar -xf a.tar -C config", "tar xfC a.tar config", "tar -C config -xf a.tar",
+                    "tar --extract --file=a.tar --directory=config", "unzip a.zip -d config",
                     "unzip -o a.zip -d config", "tar -cf config/prod.yml src", "tar cf config/prod.yml src",
                     "zip config/prod.yml src"):
         assert decision(root, "bash", command, rules) == "deny", command
-    for command in ("tar -xzf a.tgz", "tar -tzf a.tgz -C config", "unzip -l a.zip -d config",
-                    "unzip a.zip", "tar -cf a.tar config", "zip -r a2.zip config"):
+    for command in ("tar -xf a.tar", "tar -tf a.tar -C config", "unzip -l a.zip -d config",
+                    "unzip a.zip", "tar -cf a2.tar config", "zip -r a2.zip config",
+                    "tar -xzf a.tgz -C config"):
         assert decision(root, "bash", command, rules) == "ask", command
 
 
