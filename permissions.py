@@ -643,6 +643,8 @@ _NAME = r"(?<![^\s;&|(){}])(?P<n>[^\s(){}|&;<>]++)"
 _FUNCTION_DEFINITION = re.compile(
     rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
 )
+# ${x@P} expands x's value as a prompt string, which runs the $(...) and `...` in it
+_PROMPT_EXPANSION = re.compile(r"@P\s*\}")
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 # (a bomb's body is short: bounded, so nested definitions stay linear)
 _FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
@@ -1583,6 +1585,8 @@ def _decide_bash(command: str, workdir: str, root: str,
     if _FUNCTION_DEFINITION.search(command):
         line.unfollowed = ("it defines a shell function, "
                            "which can stand in for any command")
+    if _PROMPT_EXPANSION.search(command):
+        line.unfollowed = "its ${x@P} expansion runs the commands a variable's value holds"
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
