@@ -2324,10 +2324,22 @@ def _destroys_work(part: _Part, root: str) -> str:
                 why = _rm_destroys(start, part.cwd, root, "find -delete")
                 if why:
                     return why
+    if name == "gh" and _gh_deletes(core):
+        return "a gh deletion removes from the host what no checkpoint holds"
     copy = _rsync_deletes(core)
     if copy:
         return _rm_destroys(copy, part.cwd, root, "rsync --delete")
     return ""
+
+
+def _gh_deletes(core: tuple[str, ...]) -> bool:
+    """gh repo|release|issue|secret|... delete (delete-asset), gh api -X DELETE: like a forced
+    push, gone from the host for good."""
+    subcommands = [word for word in core[1:4] if not word.startswith("-")]
+    if any(word.startswith("delete") for word in subcommands[1:]):
+        return True
+    request = " ".join(core[2:]).upper()
+    return core[1:2] == ("api",) and re.search(r"(-X ?|--METHOD[= ])DELETE\b", request) is not None
 
 
 def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:

@@ -20,6 +20,7 @@ import pytest
 import permissions
 import sandbox
 from conftest import run_khaelor
+from fake_api import reply, text, tool_use
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "peer_shell_checks.json").read_text())
 CASES = CORPUS["cases"]
@@ -49,14 +50,16 @@ def world(tmp_path, monkeypatch):
 
 def judge(case, project):
     """The decision for the case's command under the user's own Claude Code settings."""
+    return decision_for(case, project).action
+
+
+def decision_for(case, project):
     settings = json.dumps({"permissions": case["rules"]})
     layers = [permissions.claude_layer("~/.claude/settings.json", settings, project)]
     rules = permissions.load_rules(layers if case["rules"] else [])
     mode = case.get("mode")
-    if mode:
-        return permissions.decide("bash", {"command": case["command"]}, project, rules,
-                                  mode=mode).action
-    return permissions.check("bash", case["command"], project, rules)["decision"]
+    return permissions.decide("bash", {"command": case["command"]}, project, rules,
+                              mode=mode or "default")
 
 
 def meets(decision, expected):
@@ -78,6 +81,35 @@ def test_what_the_peer_refuses_never_runs_silently(case, world):
         assert decision == case["ours"], "a recorded difference changed: " + where
     else:
         assert meets(decision, case["expected"]), where
+
+
+YES = [c for c in CASES if "yes" in c]
+
+
+@pytest.mark.parametrize("case", YES, ids=[label(c) for c in YES])
+def test_what_yes_approves_is_what_a_checkpoint_undoes(case, world):
+    """The kernel's rule for --yes: a step that destroys what no checkpoint brings back asks."""
+    decision = decision_for(case, world)
+    asks = bool(decision.destructive) and not permissions.checkpoint_undoes(decision.destructive)
+    assert ("asks" if asks else "runs") == case["yes"], (case["command"], decision.destructive)
+
+
+def test_yes_does_not_delete_on_the_host(khaelor, fake, tmp_path):
+    """Headless under --yes, a gh deletion nobody approved is refused before it runs: a gh on
+    PATH that would record its call is never started."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = khaelor.project / "gh-calls"
+    (bin_dir / "gh").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "gh").chmod(0o755)
+    commands = ["gh repo delete o/r --yes", "gh api -X DELETE repos/o/r", "gh pr list"]
+    fake.enqueue(*[reply(tool_use("bash", {"command": c})) for c in commands], reply(text("done")))
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    result = khaelor.run("-p", "clean up the host", "--yes", env={"PATH": path})
+    assert result.returncode == 0, result.stderr
+    denied = [e for e in khaelor.log() if e["type"] == "PermissionDenied"]
+    assert len(denied) == 2, denied
+    assert calls.read_text() == "pr list\n"
 
 
 def test_the_differences_are_few_and_each_has_its_reason():
