@@ -49,11 +49,11 @@ def world(tmp_path, monkeypatch):
 
 
 def judge(case, project):
-    """The decision for the case's command under the user's own Claude Code settings."""
     return decision_for(case, project).action
 
 
 def decision_for(case, project):
+    """The decision for the case's command under the user's own Claude Code settings."""
     settings = json.dumps({"permissions": case["rules"]})
     layers = [permissions.claude_layer("~/.claude/settings.json", settings, project)]
     rules = permissions.load_rules(layers if case["rules"] else [])
