@@ -654,6 +654,8 @@ _NAME = r"(?<![^\s;&|(){}])(?P<n>[^\s(){}|&;<>]++)"
 _FUNCTION_DEFINITION = re.compile(
     rf"{_NAME}\s*\(\s*\)|\bfunction\s+(?P<f>[^\s(){{}}|&;<>]++)"
 )
+# ${x@P} expands x's value as a prompt string, which runs the $(...) and `...` in it
+_PROMPT_EXPANSION = re.compile(r"@P\s*\}")
 _SELF_PIPE = re.compile(rf"{_NAME}\s*\|(?!\|)\s*(?P=n)\s*&")
 # (a bomb's body is short: bounded, so nested definitions stay linear)
 _FUNCTION_BODY = re.compile(r"\s*(?:\(\s*\)\s*)?\{([^}]{0,1000})\}")
@@ -1602,6 +1604,8 @@ def _decide_bash(command: str, workdir: str, root: str,
     if _FUNCTION_DEFINITION.search(command):
         line.unfollowed = ("it defines a shell function, "
                            "which can stand in for any command")
+    if _PROMPT_EXPANSION.search(command):
+        line.unfollowed = "its ${x@P} expansion runs the commands a variable's value holds"
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
@@ -2674,10 +2678,22 @@ def _destroys_work(part: _Part, root: str) -> str:
                 why = _rm_destroys(start, part.cwd, root, "find -delete")
                 if why:
                     return why
+    if name == "gh" and _gh_deletes(core):
+        return "a gh deletion removes from the host what no checkpoint holds"
     copy = _rsync_deletes(core)
     if copy:
         return _rm_destroys(copy, part.cwd, root, "rsync --delete")
     return ""
+
+
+def _gh_deletes(core: tuple[str, ...]) -> bool:
+    """gh repo|release|issue|secret|... delete (delete-asset), gh api -X DELETE: like a forced
+    push, gone from the host for good."""
+    subcommands = [word for word in core[1:4] if not word.startswith("-")]
+    if any(word.startswith("delete") for word in subcommands[1:]):
+        return True
+    request = " ".join(core[2:]).upper()
+    return core[1:2] == ("api",) and re.search(r"(-X ?|--METHOD[= ])DELETE\b", request) is not None
 
 
 def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:
