@@ -2680,10 +2680,31 @@ def _destroys_work(part: _Part, root: str) -> str:
                     return why
     if name == "gh" and _gh_deletes(core):
         return "a gh deletion removes from the host what no checkpoint holds"
+    if _publishes(core):
+        return f"{' '.join(core[:2])} puts a release in a public registry for good"
     copy = _rsync_deletes(core)
     if copy:
         return _rm_destroys(copy, part.cwd, root, "rsync --delete")
     return ""
+
+
+# What puts a package in a registry for everyone: --yes runs the network its program needs (an
+# install), but a publish cannot be taken back (npm forbids a version published once, forever)
+PUBLISHES = {("npm", "publish"), ("pnpm", "publish"), ("yarn", "publish"), ("yarn", "npm"),
+             ("bun", "publish"), ("cargo", "publish"), ("twine", "upload"), ("gem", "push"),
+             ("poetry", "publish"), ("uv", "publish"), ("hatch", "publish"), ("flit", "publish"),
+             ("dotnet", "nuget"), ("docker", "push"), ("gh", "release")}
+
+
+def _publishes(core: tuple[str, ...]) -> bool:
+    """npm publish, cargo publish, twine upload, docker push, gh release create…: its program and
+    first subcommand (yarn npm publish, dotnet nuget push, gh release create: the next one too)."""
+    words = [word for word in core[:4] if not word.startswith("-")]
+    if tuple(words[:2]) not in PUBLISHES:
+        return False
+    if words[:2] in (["yarn", "npm"], ["dotnet", "nuget"], ["gh", "release"]):
+        return words[2:3] in (["publish"], ["push"], ["create"], ["upload"])
+    return True
 
 
 def _gh_deletes(core: tuple[str, ...]) -> bool:

@@ -839,6 +839,12 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager GIT_CONFIG_VALUE_0=sh git log", True),
     ("env GIT_CONFIG_PARAMETERS=\"'core.fsmonitor=x'\" git status", True),
     ("GIT_PAGER=cat git log", False),
+    # a release put in a public registry, which --yes's network for installs must not reach
+    ("npm publish", True), ("npm publish --access public", True), ("cargo publish", True),
+    ("twine upload dist/*", True), ("yarn npm publish", True), ("docker push me/app", True),
+    ("gh release create v1", True), ("gh release upload v1 a.zip", True), ("uv publish", True),
+    ("npm install", False), ("cargo build", False), ("gh release list", False),
+    ("yarn npm info x", False), ("docker pull me/app", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
