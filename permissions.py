@@ -776,6 +776,8 @@ class _Request(NamedTuple):
     wrapped_reads: bool = False
     # its options that write or run more than the program's name says (see _ESCAPES)
     escapes: tuple[str, ...] = ()
+    # it prints files from git's objects (log -p, show, diff, grep --cached): see _prints_history
+    history: bool = False
 
 
 class _Part(NamedTuple):
@@ -1260,6 +1262,8 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
         reason = rule_text(rule)
     elif layer == "read-only":
         reason = "provably read-only"
+    elif layer == "history":
+        reason = "git prints from its objects what your read rules deny or ask about"
     elif layer == "escape":
         reason = f"no allow rule names {' '.join(request.escapes)}, which writes or runs more"
     return Decision(action, request.capability, descriptor, rule, False,
@@ -1301,6 +1305,11 @@ def _verdict(request: _Request, rules: list[Rule]) -> tuple:
     if unnamed and rule.action == "allow" and rule.layer != "default" and rule.pattern != "*":
         # `git log *` allowed is not `git log --output=F` nor --ext-diff
         return "ask", None, request, "escape"
+    silent = rule.action == "allow" or (request.read_only and rule.layer == "default")
+    if request.history and silent and _reads_kept_out(rules):
+        # git's objects hold every version of a file the user's read rules keep out of reach on
+        # disk (the sandbox hides the file, not its history)
+        return "ask", None, request, "history"
     if request.read_only and rule.layer == "default":
         return "allow", None, request, "read-only"
     if request.secret and rule.layer == "default" and rule.action == "allow":
@@ -1684,7 +1693,7 @@ def _part_requests(part: _Part, root: str, compound: bool,
         read_only=read_only and capability == EXECUTE,
         core=shlex.join(_rule_core(part.core)), wrapped_at=wrapped_at,
         wrapped_reads=capability == EXECUTE and _wrapped_reads(part, wrapped_at, root),
-        escapes=escapes,
+        escapes=escapes, history=_prints_history(part.core),
     )]
     places = part.cwds or (part.cwd,)
     for op, target in part.redirects:
@@ -1715,6 +1724,31 @@ def _part_requests(part: _Part, root: str, compound: bool,
             request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
     return list(dict.fromkeys(requests))
+
+
+# git subcommands that print files' contents from its objects (log only with a patch option)
+_GIT_HISTORY = frozenset("""
+    annotate archive blame cat-file diff difftool format-patch grep range-diff reflog show stash
+    whatchanged""".split())
+_GIT_LOG_PATCH = ("-p", "-u", "-U", "-L", "-c", "--cc", "--patch", "--unified", "--full-diff")
+
+
+def _prints_history(core: tuple[str, ...]) -> bool:
+    """git log -p, show, diff, grep, cat-file, archive…: what it prints may come from any version
+    of any file in the repository's history."""
+    if core[:1] != ("git",):
+        return False
+    sub, rest = _git_split(core[1:])[1:]
+    if sub == "log":
+        return any(word.startswith(_GIT_LOG_PATCH) for word in rest)
+    return sub in _GIT_HISTORY
+
+
+def _reads_kept_out(rules: list[Rule]) -> bool:
+    """A read deny or ask the user or the project wrote (the default secret rules aside: their
+    values are masked in every output)."""
+    return any(rule.layer != "default" and rule.action != "allow"
+               and fnmatch.fnmatchcase(FILE_READ, rule.capability) for rule in rules)
 
 
 def _git_object_paths(core: tuple[str, ...], root: str) -> list[str]:

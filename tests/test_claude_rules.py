@@ -361,9 +361,22 @@ def test_a_denied_read_meets_git_reading_the_file_from_its_objects(root):
                     "git -C secrets show HEAD:./key", "git diff HEAD:secrets/key HEAD:README",
                     "git -C sub log -p -- token", "git -C sub diff token"):
         assert decision(root, "bash", command, rules) == "deny", command
-    for command in ("git show HEAD:README", "git show :/fix", "git log --format=%h:%s", "git show HEAD",
-                    "git -C sub show HEAD:./key"):
+    # what prints from git's objects with no path named may print any version of them: it asks
+    # while a read rule keeps files out of reach (the sandbox hides the file, not its history)
+    for command in ("git show HEAD:README", "git show :/fix", "git show HEAD", "git log -p",
+                    "git log --patch --all", "git log -U3", "git diff HEAD~3", "git grep --cached KEY",
+                    "git -C sub show HEAD:./key", "git stash show -p", "git blame README"):
+        assert decision(root, "bash", command, rules) == "ask", command
+    for command in ("git log --format=%h:%s", "git log --oneline", "git status", "git branch -a"):
         assert decision(root, "bash", command, rules) == "allow", command
+    _, allowed = rules_from(root, "allow", "Bash(git:*)")
+    _, allowed_and_denied = rules_from(root, "allow", "Bash(git:*)")
+    allowed_and_denied += rules
+    for command in ("git show HEAD", "git log -p", "git diff HEAD~3"):
+        # no read rule: silent
+        assert decision(root, "bash", command, permissions.load_rules([])) == "allow", command
+        assert decision(root, "bash", command, allowed) == "allow", command
+        assert decision(root, "bash", command, allowed_and_denied) == "ask", command
 
 
 def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
