@@ -777,12 +777,11 @@ class Kernel:
             self.save_checkpoint(reducer, time.monotonic(), force=True)
 
     def save_checkpoint(self, reducer: StreamReducer,
-                        now: float | None, force: bool = False) -> bool:
+                        now: float | None, force: bool = False) -> None:
         """The streaming text block, durably and at a low rate, so a crash or an Esc keeps it."""
         payload = reducer.checkpoint(now, force)
         if payload is not None:
             self.emit("TextCheckpoint", **payload)
-        return payload is not None
 
     async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
         """Prune old tool results, or compact through the auxiliary model (both recorded)."""
