@@ -1726,9 +1726,10 @@ def _part_requests(part: _Part, root: str, compound: bool,
     return list(dict.fromkeys(requests))
 
 
-# git subcommands that print files' contents from its objects (log only with a patch option)
+# git subcommands that print past versions of files from its objects (log only with a patch
+# option; diff only given a revision; blame names its file, which the path rules judge)
 _GIT_HISTORY = frozenset("""
-    annotate archive blame cat-file diff difftool format-patch grep range-diff reflog show stash
+    archive cat-file diff difftool format-patch grep range-diff reflog show stash
     whatchanged""".split())
 _GIT_LOG_PATCH = ("-p", "-u", "-U", "-L", "-c", "--cc", "--patch", "--unified", "--full-diff")
 
@@ -1741,6 +1742,9 @@ def _prints_history(core: tuple[str, ...]) -> bool:
     sub, rest = _git_split(core[1:])[1:]
     if sub == "log":
         return any(word.startswith(_GIT_LOG_PATCH) for word in rest)
+    if sub in ("diff", "difftool"):
+        # the work tree against the index (`git diff`, `git diff --stat`) shows no past version
+        return any(not word.startswith("-") or word in ("--cached", "--staged") for word in rest)
     return sub in _GIT_HISTORY
 
 
