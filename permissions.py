@@ -62,6 +62,8 @@ import os
 import posixpath
 import re
 import shlex
+import stat
+import struct
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -952,7 +954,7 @@ def decide(kind: str, fields: dict, project_root: Path,
         if collecting:
             gc.enable()
     if decision is None:
-        decision = _out_of_time(kind, fields, rules)
+        decision = _out_of_time(kind, fields, str(project_root), rules)
     if mode == "plan" and _plan_refuses(kind, decision):
         reason = ("plan mode: only tools that read run; "
                   "describe the change instead of making it")
@@ -964,16 +966,34 @@ def decide(kind: str, fields: dict, project_root: Path,
     return decision
 
 
-def _out_of_time(kind: str, fields: dict,
+def _out_of_time(kind: str, fields: dict, root: str,
                  rules: list[Rule]) -> Decision:
     """What a call gets when judging it took too long: a question (or a deny
-    rule's answer), never a silent run."""
+    rule's answer, or the floor's refusal), never a silent run."""
     text = str(fields.get("command") or fields.get("input") or "")
     request = _Request(EXECUTE, text.strip(), None)
     why = (f"{kind}: not judged within "
            f"{DECIDE_BUDGET_SECONDS * 1000:.0f} ms")
-    return _judge(text.strip(), [request], rules, at_least="ask",
+    floor = _text_floor(text, root) if kind == "bash" else None
+    return _judge(text.strip(), [request], rules, floor=floor, at_least="ask",
                   not_read_only=why)
+
+
+def _text_floor(command: str, root: str) -> str | None:
+    """The floor read from the line's text alone, as for an unparsable line, on a budget of its
+    own: a line whose judgement ran out of time (cat big/* globs 100,000 files, a zip or a tree
+    listed) still refuses rm -rf / (the starved judgement never reached the floor's answer).
+    Not a line over 10,000 characters: single regular expressions over 300 KB take a second."""
+    if len(command) > 10_000:
+        return None
+    home = posixpath.normpath(os.path.expanduser("~"))
+    deadline = _DEADLINE.set(time.thread_time() + DECIDE_BUDGET_SECONDS)
+    try:
+        return _fork_bomb(command) or _unparsed_floor(command, root, home)
+    except (_OutOfTime, RecursionError):
+        return None
+    finally:
+        _DEADLINE.reset(deadline)
 
 
 def _on_time() -> None:
@@ -2154,21 +2174,55 @@ def _members(archives: list[str], directory: str, cwd: str, root: str) -> list[s
         return []
     names = []
     for archive in archives:
-        path = os.path.join(cwd, archive)
         try:
-            if zipfile.is_zipfile(path):
-                with zipfile.ZipFile(path) as opened:
-                    names += opened.namelist()[:_MAX_GLOB]
-            else:
+            with _open_regular(os.path.join(cwd, archive)) as f:
+                if zipfile.is_zipfile(f):
+                    names += _zip_names(f)
+                    continue
+                f.seek(0)
                 # never a compressed tar: its members are found only by inflating it, and a
                 # repository's few KB of xz can inflate to gigabytes (the judge would hang on it)
-                with tarfile.open(path, "r:") as opened:
+                with tarfile.open(fileobj=f, mode="r:") as opened:
                     for member in itertools.islice(opened, _MAX_GLOB):
                         _on_time()
                         names.append(member.name)
-        except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError):
+        except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError, struct.error):
             continue
+    names = [name for name in names if len(name) <= _PATH_MAX]
     return [posixpath.join(directory, name.lstrip("/")) for name in names]
+
+
+def _open_regular(path: str):
+    """path opened for reading when it is a regular file; OSError for a FIFO or a device (a FIFO
+    blocks the judge until a writer comes, /dev/zero never ends, /dev/stdin is the session's)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _zip_names(f) -> list[str]:
+    """The first _MAX_GLOB names a zip's central directory lists, record by record (ZipFile reads
+    every record: a 30 MB zip can list a million names, seconds of work)."""
+    import zipfile
+    end = zipfile._EndRecData(f)
+    if not end:
+        raise zipfile.BadZipFile
+    start = end[zipfile._ECD_LOCATION] - end[zipfile._ECD_SIZE]
+    if end[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:
+        start -= zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator
+    f.seek(start)
+    names = []
+    for _ in range(min(_MAX_GLOB, end[zipfile._ECD_ENTRIES_TOTAL])):
+        record = struct.unpack(zipfile.structCentralDir, f.read(zipfile.sizeCentralDir))
+        if record[0] != zipfile.stringCentralDir:
+            break
+        name = f.read(record[zipfile._CD_FILENAME_LENGTH])
+        f.seek(record[zipfile._CD_EXTRA_FIELD_LENGTH] + record[zipfile._CD_COMMENT_LENGTH], 1)
+        utf8 = record[zipfile._CD_FLAG_BITS] & 0x800
+        names.append(name.decode("utf-8" if utf8 else "cp437", "replace"))
+    return names
 
 
 def _in_project(path: str, cwd: str, root: str) -> bool:
@@ -2293,14 +2347,23 @@ def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
         diffs = []                      # it patches the file named, whatever the diff says
     for diff in diffs[:1]:
         try:
-            with open(os.path.join(cwd, diff), "rb") as f:
+            with _open_regular(os.path.join(cwd, diff)) as f:
                 text = f.read(1 << 20).decode("utf-8", "replace")
         except OSError:
             continue
-        for named in re.findall(r"^(?:---|\+\+\+) ([^\t\n]+)", text, re.M):
-            parts = named.strip().split("/")
+        # (the first _MAX_GLOB names: a MB of +++ lines, or one of 4,000 directories, is
+        # seconds of work and its last names are never seen; the patch asks anyway)
+        names = {}
+        for named in re.finditer(r"^(?:---|\+\+\+) ([^\t\n]+)", text, re.M):
+            _on_time()
+            if len(names) == _MAX_GLOB:
+                break
+            if len(named[1]) <= _PATH_MAX:
+                names[named[1]] = None
+        for named in names:
+            parts = named.strip().split("/")[-_MAX_GLOB:]
             written += ["/".join(parts[k:]) for k in range(len(parts)) if parts[k:] != ["null"]]
-    written = [posixpath.join(directory, word) for word in written]
+    written = [posixpath.join(directory, word) for word in written[:_MAX_GLOB]]
     return written + _option_written(core)
 
 
@@ -2944,7 +3007,10 @@ def _floor_reason(part: _Part, home: str) -> str | None:
         return f"rewriting a disk ({name})"
     # what it writes: cp's first argument is what it copies from (cat counts: cat x /dev/sda)
     written = {"cp": targets[1:], "ddrescue": targets[1:], "tee": targets, "shred": targets,
-               "cat": targets, "dd": _written(part.core)}.get(name, [])
+               "cat": targets}.get(name, [])
+    if name == "dd":
+        # (only dd's: _written reads the world, globs and trees, which the floor must not wait on)
+        written = _written(part.core)
     if any(_is_device(t) for t in written):
         return f"{name} onto a device"
     control = next((t for t in written if _kernel_control(t)), None)

@@ -394,3 +394,73 @@ def test_khaelors_own_write_rules_meet_the_files_a_command_writes(root):
         assert decision(root, "bash", command, rules) == "deny", command
     assert decision(root, "bash", "mv x db/a.sql", rules) == "ask"
     assert decision(root, "bash", "cp config/prod.yml src/a", rules) == "allow"
+
+
+def test_an_archive_or_a_diff_that_is_a_fifo_or_a_device_is_not_read(root):
+    """unzip F, tar -xf F, patch -i F and patch < F read the archive or the diff to list what they
+    write: a FIFO named so would block the judge until a writer came (the session hung), and
+    /dev/zero never ends. Only a regular file is read; the judgement returns."""
+    import os
+    import threading
+    _, rules = rules_from(root, "deny", "Edit(./config/**)")
+    os.mkfifo(root / "fifo")
+    commands = ["unzip fifo", "tar -xf fifo", "patch -i fifo", "patch < fifo",
+                "unzip /dev/zero", "tar -xf /dev/zero", "patch -i /dev/zero"]
+    for command in commands:
+        judged = threading.Thread(target=decision, args=(root, "bash", command, rules), daemon=True)
+        judged.start()
+        judged.join(timeout=10)
+        if judged.is_alive():
+            # (a writer lets the blocked judge go)
+            os.close(os.open(root / "fifo", os.O_WRONLY | os.O_NONBLOCK))
+        assert not judged.is_alive(), command
+
+
+def test_an_archive_lists_its_first_members_without_reading_the_rest(root):
+    """A zip's central directory can list a million names in 30 MB (ZipFile reads each one:
+    seconds): only the first hundred records are read, so a broken record past them does not
+    hide config/x, the first member, from Edit(./config/**)."""
+    import struct
+    import zipfile
+    _, rules = rules_from(root, "deny", "Edit(./config/**)")
+    with zipfile.ZipFile(root / "a.zip", "w") as archive:
+        for name in ["config/x"] + [f"m{k:03}" for k in range(150)]:
+            archive.writestr(name, b"")
+    data = bytearray((root / "a.zip").read_bytes())
+    # the 120th record of the central directory, its signature broken
+    record = [m.start() for m in re.finditer(re.escape(zipfile.stringCentralDir), data)][120]
+    data[record:record + 4] = struct.pack("<I", 0)
+    (root / "a.zip").write_bytes(bytes(data))
+    assert decision(root, "bash", "unzip a.zip", rules) == "deny"
+
+
+def test_a_diff_naming_thousands_of_files_is_judged_by_its_first_names(root):
+    """patch -i D writes each file D names (in every -p form): a 300 KB diff of 20,000 names ran
+    the judgement out of time (and one name of 4,000 directories took minutes), so the deny of
+    the first file it names became a question; only its first hundred are judged."""
+    _, rules = rules_from(root, "deny", "Edit(./config/**)")
+    names = ["config/x"] + [f"d{k}/f" for k in range(20_000)]
+    (root / "big.diff").write_text("".join(f"+++ {name}\n" for name in names))
+    assert decision(root, "bash", "patch -i big.diff", rules) == "deny"
+    (root / "deep.diff").write_text("+++ config/x\n+++ " + "a/" * 4000 + "b\n")
+    assert decision(root, "bash", "patch -i deep.diff", rules) == "deny"
+
+
+def test_the_floor_refuses_a_line_whose_judgement_runs_out_of_time(root, monkeypatch):
+    """A judgement that runs out of time asks; the floor's refusal stands all the same (it was
+    lost: `cat many/* ; rm -rf /` asked where a glob of 100,000 files starved the judgement), and
+    the floor does not expand globs itself (it listed what every command writes, not only dd's)."""
+    import itertools
+    _, rules = rules_from(root, "deny", "Edit(./config/**)")
+    (root / "many").mkdir()
+    for k in range(200):
+        (root / "many" / f"f{k}").write_text("")
+    # (the session runs in its project: a glob the floor expanded from "" met many/ there)
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(permissions, "DECIDE_BUDGET_SECONDS", -1)
+    for command in ("cat many/* ; rm -rf /", "cp many/* config/ ; rm -rf ~", "rm -rf / many/*"):
+        # (the clock is read every 64th check: from 1, the judgement stops at the 64th)
+        monkeypatch.setattr(permissions, "_TICKS", itertools.count(1))
+        decided = permissions.decide("bash", {"command": command}, root, rules)
+        assert decided.not_read_only.startswith("bash: not judged"), command
+        assert decided.action == "deny" and decided.floor, command
