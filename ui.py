@@ -1270,7 +1270,9 @@ class Timeline:
         title = "■ Interrupted" + (f" ({why})" if why else "")
         kept = "what it wrote is kept" if self._wrote else "it had written nothing yet"
         hint = f" · {kept}; say what to do next, or “continue”"
-        self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
+        # wrapped between words: the terminal would break the long hint anywhere
+        self._settle(wrap_spans([(title, ("warning",)), (hint, ("dim",))], self.width,
+                                self.style, "", "  "))
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
             self._settle(self._dim_lines(f"› {queued} will go first with your next message"))

@@ -2574,3 +2574,16 @@ def test_a_note_wraps_at_width_40_instead_of_losing_its_end():
     assert "earlier turns are now a summary" in words and "exited 137 (killed by a signal)" in words
     assert "◇ Session: two\\nlines" in words
     assert all(ui.visible_width(line) <= 40 for line in lines.split("\n"))
+
+
+@pytest.mark.parametrize("reason", ["", "by the user at the approval question"])
+def test_the_interrupted_notice_wraps_between_words_at_44_columns(reason):
+    """QA (tmux, 44 columns): the `■ Interrupted · … say what to do next` line was one painted
+    line, so the terminal broke it mid-word ("say w" / "hat to do next")."""
+    lines = ui.render_transcript([event("UserMessageCreated", text="go"),
+                                  event("TextCheckpoint", index=0, text="Half"),
+                                  event("Interrupted", reason=reason)], 44)
+    notice = lines[next(k for k, line in enumerate(lines) if "■ Interrupted" in line):]
+    assert all(ui.visible_width(line) <= 44 for line in notice)
+    words = " ".join(line.strip() for line in notice).split()
+    assert "what" in words and "“continue”" in words
