@@ -728,7 +728,9 @@ class MarkdownStream:
         partial = sanitize(self._partial)
         if not self._fence:
             block = self._block + ([partial] if partial.strip() else [])
-            return render_block(block, self.width, self.style)
+            # the blank line it will settle behind, shown now: no jump when it settles
+            gap = [""] * (self._blank_pending and bool(block))
+            return gap + render_block(block, self.width, self.style)
         if partial:
             return [render_code_line(partial, self._lang, self.style)]
         return []
@@ -1522,7 +1524,9 @@ class Timeline:
             lines = [""] * self._any
             lines += self._card_block(self._held, self._held_expanded, live=True)
         if self._text is not None:
-            lines += self._text.live_lines()
+            text = self._text.live_lines()
+            # the blank line its first settled lines will get (`_drain_text`), shown now
+            lines += [""] * (bool(text) and not self._text_started and self._any) + text
         if self._thinking is not None:
             lines += self._live_thinking(now)
         for queued in self._queued:

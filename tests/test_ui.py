@@ -2587,3 +2587,24 @@ def test_the_interrupted_notice_wraps_between_words_at_44_columns(reason):
     assert all(ui.visible_width(line) <= 44 for line in notice)
     words = " ".join(line.strip() for line in notice).split()
     assert "what" in words and "“continue”" in words
+
+
+@pytest.mark.parametrize("width", [44, 80, 120])
+def test_streamed_paragraphs_do_not_jump_when_they_settle(width):
+    """QA (tmux): a paragraph streamed right under `› talk` (or under the paragraph before it),
+    and the blank line between them appeared only when it settled: the text jumped a row down.
+    Every row shown while streaming, but the growing last one, stays where it ends up."""
+    text = "\n\n".join(" ".join(f"w{p}x{k}" for k in range(30)) for p in range(3))
+    timeline = ui.Timeline(MONO, width)
+    timeline.apply(event("UserMessageCreated", text="talk"))
+    settled = timeline.take_settled()
+    shown = []
+    for start in range(0, len(text), 7):
+        timeline.apply(event("TextDelta", text=text[start:start + 7]))
+        settled += timeline.take_settled()
+        shown.append(settled + timeline.live_lines(0.0))
+    timeline.apply(event("TextCheckpoint", index=0, text=text))
+    timeline.finish()
+    final = settled + timeline.take_settled()
+    for rows in shown:
+        assert rows[:-1] == final[:len(rows) - 1]
