@@ -1537,6 +1537,8 @@ class Timeline:
                 symbol, fact = spinner, events.duration(now - card.started)
             if tid in self._requests:
                 fact = "waiting for approval"
+            # the blank line it will settle behind (`_settle`), shown now: no jump when it ends
+            lines += [""] * bool(self._any or lines)
             lines.append(self._card_line(symbol, card.name, card.summary, [fact]))
             lines += self._preview(list(card.output_tail), len(card.output_tail))
         return lines

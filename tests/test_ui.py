@@ -2608,3 +2608,23 @@ def test_streamed_paragraphs_do_not_jump_when_they_settle(width):
     final = settled + timeline.take_settled()
     for rows in shown:
         assert rows[:-1] == final[:len(rows) - 1]
+
+
+@pytest.mark.parametrize("width", [44, 80, 120])
+def test_a_running_card_does_not_jump_when_it_finishes(width):
+    """QA (tmux): a running bash card sat right under `Running it.`; finished, it settled behind
+    a blank line, so the card and its output jumped a row down."""
+    timeline = ui.Timeline(MONO, width)
+    for e in [event("UserMessageCreated", text="run the loop"),
+              event("TextDelta", text="Running it."),
+              event("ToolRequested", tool_use_id="t", name="bash", input={"command": "seq 3"}),
+              event("ToolStarted", tool_use_id="t", name="bash"),
+              event("ToolOutput", tool_use_id="t", text="1\n2\n")]:
+        timeline.apply(e)
+    running = timeline.take_settled() + timeline.live_lines(0.0, "⠋")
+    timeline.apply(event("ToolCompleted", tool_use_id="t", name="bash", output="1\n2\n3\n",
+                         meta={"exit_code": 0}))
+    timeline.finish()
+    finished = running[:running.index("Running it.") + 1] + timeline.take_settled()
+    assert ([k for k, row in enumerate(running) if "seq 3" in row]
+            == [k for k, row in enumerate(finished) if "seq 3" in row])
