@@ -728,7 +728,9 @@ class MarkdownStream:
         partial = sanitize(self._partial)
         if not self._fence:
             block = self._block + ([partial] if partial.strip() else [])
-            return render_block(block, self.width, self.style)
+            # the blank line it will settle behind, shown now: no jump when it settles
+            gap = [""] * (self._blank_pending and bool(block))
+            return gap + render_block(block, self.width, self.style)
         if partial:
             return [render_code_line(partial, self._lang, self.style)]
         return []
@@ -1270,7 +1272,9 @@ class Timeline:
         title = "■ Interrupted" + (f" ({why})" if why else "")
         kept = "what it wrote is kept" if self._wrote else "it had written nothing yet"
         hint = f" · {kept}; say what to do next, or “continue”"
-        self._settle([self.style.paint(title, "warning") + self.style.paint(hint, "dim")])
+        # wrapped between words: the terminal would break the long hint anywhere
+        self._settle(wrap_spans([(title, ("warning",)), (hint, ("dim",))], self.width,
+                                self.style, "", "  "))
         if self._steering:
             queued = events.counted(len(self._steering), "queued instruction")
             self._settle(self._dim_lines(f"› {queued} will go first with your next message"))
@@ -1520,7 +1524,9 @@ class Timeline:
             lines = [""] * self._any
             lines += self._card_block(self._held, self._held_expanded, live=True)
         if self._text is not None:
-            lines += self._text.live_lines()
+            text = self._text.live_lines()
+            # the blank line its first settled lines will get (`_drain_text`), shown now
+            lines += [""] * (bool(text) and not self._text_started and self._any) + text
         if self._thinking is not None:
             lines += self._live_thinking(now)
         for queued in self._queued:
@@ -1531,6 +1537,8 @@ class Timeline:
                 symbol, fact = spinner, events.duration(now - card.started)
             if tid in self._requests:
                 fact = "waiting for approval"
+            # the blank line it will settle behind (`_settle`), shown now: no jump when it ends
+            lines += [""] * bool(self._any or lines)
             lines.append(self._card_line(symbol, card.name, card.summary, [fact]))
             lines += self._preview(list(card.output_tail), len(card.output_tail))
         return lines

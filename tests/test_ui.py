@@ -2574,3 +2574,57 @@ def test_a_note_wraps_at_width_40_instead_of_losing_its_end():
     assert "earlier turns are now a summary" in words and "exited 137 (killed by a signal)" in words
     assert "◇ Session: two\\nlines" in words
     assert all(ui.visible_width(line) <= 40 for line in lines.split("\n"))
+
+
+@pytest.mark.parametrize("reason", ["", "by the user at the approval question"])
+def test_the_interrupted_notice_wraps_between_words_at_44_columns(reason):
+    """QA (tmux, 44 columns): the `■ Interrupted · … say what to do next` line was one painted
+    line, so the terminal broke it mid-word ("say w" / "hat to do next")."""
+    lines = ui.render_transcript([event("UserMessageCreated", text="go"),
+                                  event("TextCheckpoint", index=0, text="Half"),
+                                  event("Interrupted", reason=reason)], 44)
+    notice = lines[next(k for k, line in enumerate(lines) if "■ Interrupted" in line):]
+    assert all(ui.visible_width(line) <= 44 for line in notice)
+    words = " ".join(line.strip() for line in notice).split()
+    assert "what" in words and "“continue”" in words
+
+
+@pytest.mark.parametrize("width", [44, 80, 120])
+def test_streamed_paragraphs_do_not_jump_when_they_settle(width):
+    """QA (tmux): a paragraph streamed right under `› talk` (or under the paragraph before it),
+    and the blank line between them appeared only when it settled: the text jumped a row down.
+    Every row shown while streaming, but the growing last one, stays where it ends up."""
+    text = "\n\n".join(" ".join(f"w{p}x{k}" for k in range(30)) for p in range(3))
+    timeline = ui.Timeline(MONO, width)
+    timeline.apply(event("UserMessageCreated", text="talk"))
+    settled = timeline.take_settled()
+    shown = []
+    for start in range(0, len(text), 7):
+        timeline.apply(event("TextDelta", text=text[start:start + 7]))
+        settled += timeline.take_settled()
+        shown.append(settled + timeline.live_lines(0.0))
+    timeline.apply(event("TextCheckpoint", index=0, text=text))
+    timeline.finish()
+    final = settled + timeline.take_settled()
+    for rows in shown:
+        assert rows[:-1] == final[:len(rows) - 1]
+
+
+@pytest.mark.parametrize("width", [44, 80, 120])
+def test_a_running_card_does_not_jump_when_it_finishes(width):
+    """QA (tmux): a running bash card sat right under `Running it.`; finished, it settled behind
+    a blank line, so the card and its output jumped a row down."""
+    timeline = ui.Timeline(MONO, width)
+    for e in [event("UserMessageCreated", text="run the loop"),
+              event("TextDelta", text="Running it."),
+              event("ToolRequested", tool_use_id="t", name="bash", input={"command": "seq 3"}),
+              event("ToolStarted", tool_use_id="t", name="bash"),
+              event("ToolOutput", tool_use_id="t", text="1\n2\n")]:
+        timeline.apply(e)
+    running = timeline.take_settled() + timeline.live_lines(0.0, "⠋")
+    timeline.apply(event("ToolCompleted", tool_use_id="t", name="bash", output="1\n2\n3\n",
+                         meta={"exit_code": 0}))
+    timeline.finish()
+    finished = running[:running.index("Running it.") + 1] + timeline.take_settled()
+    assert ([k for k, row in enumerate(running) if "seq 3" in row]
+            == [k for k, row in enumerate(finished) if "seq 3" in row])
