@@ -131,6 +131,16 @@ def test_refused_tool_calls_are_said_on_stderr_and_listed_in_the_result(khaelor,
     assert again["permission_denials"] == []          # the earlier run's are not this one's
 
 
+def test_claude_codes_stream_json_command_line_runs_as_it_is(khaelor, fake):
+    """`claude -p … --output-format stream-json --verbose` (Claude Code refuses stream-json without
+    --verbose, so every script passes it) was refused here: unrecognized arguments."""
+    fake.enqueue(reply(text("streamed")))
+    result = khaelor.run("-p", "hi", "--output-format", "stream-json", "--verbose")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[-1]["type"] == "result" and lines[-1]["result"] == "streamed"
+
+
 def test_kill_9_while_a_reply_pauses_mid_text_keeps_the_words_already_shown(khaelor, fake):
     """A reply that streams a few words and then goes quiet (the model thinking between sentences,
     a slow network): the words on screen reach the log within a fraction of a second even though
