@@ -1123,7 +1123,7 @@ def parse_args(argv: list):
                         help="the first message: the interactive UI starts with it sent"
                              " (with -c or -r: that session goes on with it); with -p, the task")
     parser.add_argument("--output-format", default="text", choices=("text", "json", "stream-json"))
-    # Claude Code requires it with stream-json, so its scripts pass it; every event is printed anyway
+    # Claude Code requires it with stream-json, so its scripts pass it; every event prints anyway
     parser.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yes", action="store_true",
                         help="approve every ask (the hardline floor still refuses)")
