@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,15 @@ def pytest_sessionfinish(session, exitstatus):
             print(f"\nFAILED: the API key was written to {path}")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return
+
+
+def new_session(*args: str) -> None:
+    """tmux new-session, again when it met the server exiting: the workers share tmux's server,
+    which exits as its last session is killed, and a session started at that moment fails
+    ("server exited unexpectedly")."""
+    for _ in range(5):
+        done = subprocess.run(["tmux", "new-session", *args], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)

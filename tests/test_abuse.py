@@ -262,7 +262,7 @@ def test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup(tmp_pa
     programs are (tests/pane.py), where three fresh interpreters cost three SDK imports. The UI
     exception is real, not injected: the composer's history file turns into a folder under it, and
     writing it on Enter raises (if that write ever becomes best-effort, pick another real trigger)."""
-    from conftest import fork_server
+    from conftest import fork_server, new_session
 
     def stty(terminal, path):
         with open(path, "w") as out:
@@ -273,8 +273,8 @@ def test_the_terminal_is_restored_after_a_ui_exception_sigterm_and_sighup(tmp_pa
         (files / "pane").mkdir(parents=True)
         home = files / "home"
         session = f"kh{uuid.uuid4().hex[:8]}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30",
-                        f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} '{files / 'pane'}'"], check=True)
+        new_session("-d", "-s", session, "-x", "100", "-y", "30",
+                    f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} '{files / 'pane'}'")
         wait_for(lambda: (files / "pane" / "pane.json").exists(), "the pane to give up its terminal")
         given = json.loads((files / "pane" / "pane.json").read_text())
         stty(given["tty"], files / "before")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fork_server
+from conftest import fork_server, new_session
 from fake_api import FakeAnthropic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ class Terminal:
         pane = files / "pane"
         pane.mkdir()
         command = f"exec {sys.executable} {ROOT / 'tests' / 'pane.py'} {_quote(str(pane))}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), command], check=True)
+        new_session("-d", "-s", self.name, "-x", str(width), "-y", str(height), command)
         wait_until((pane / "pane.json").exists, "the pane to give up its terminal", every=0.005)
         given = json.loads((pane / "pane.json").read_text())
         env = {**given["env"], **exports, "PWD": str(project)}
