@@ -1363,6 +1363,11 @@ def print_status(event: dict) -> None:
         path = events.visible_controls(event["meta"]["path"], one_line=True)
         print(f"khaelor: refused {event['name']} of {path}: outside the project, which --yes"
               " does not approve", file=sys.stderr)
+    elif event["type"] in ("ToolCompleted", "ToolFailed") and event["meta"].get("sandbox_refused"):
+        # (the command ran, confined: what it was refused is in the note its result ends with)
+        needed = re.search(r"it would need (.*?)\. The same command", event["output"], re.S)
+        what = events.visible_controls(needed[1] if needed else "more", one_line=True)
+        print(f"khaelor: the sandbox refused a command: it would need {what}", file=sys.stderr)
 
 
 def refused_outside(event: dict) -> bool:
