@@ -837,6 +837,21 @@ def test_resume_of_no_such_session_in_the_app_points_at_slash_sessions(project, 
 
 # ---------------------------------------------------------------- what a command answered, replayed
 
+def shown_and_replayed(live, session, width):
+    """(the live pyte screen above the status line, the replay of the log on disk as pyte shows
+    it, the log)."""
+    import pyte
+    import ui
+    rows = [row.rstrip() for row in live.display]
+    composer = next(k for k, row in enumerate(rows) if row.startswith("❯"))
+    log = [json.loads(line) for line in session.store.path.read_text().splitlines()]
+    replayed = pyte.Screen(width, 500)
+    lines = ui.render_transcript(log, width, max_turns=ui.REPLAY_TURNS)
+    pyte.ByteStream(replayed).feed("\r\n".join(lines).encode())
+    shown = "\n".join(rows[:composer - 1]).rstrip()
+    return shown, "\n".join(row.rstrip() for row in replayed.display).rstrip(), log
+
+
 def live_and_replayed(session, typed, width):
     """Type each line into a real ui.App over `session`, each run to its end; then the screen as
     it was left (above the status line) and the replay of the log on disk, as pyte shows them."""
@@ -859,14 +874,7 @@ def live_and_replayed(session, typed, width):
                 tasks.clear()
                 await asyncio.sleep(0.01)
             screen.feed(app.render(time.monotonic()))
-        rows = [row.rstrip() for row in live.display]
-        composer = next(k for k, row in enumerate(rows) if row.startswith("❯"))
-        log = [json.loads(line) for line in session.store.path.read_text().splitlines()]
-        replayed = pyte.Screen(width, 500)
-        lines = ui.render_transcript(log, width, max_turns=ui.REPLAY_TURNS)
-        pyte.ByteStream(replayed).feed("\r\n".join(lines).encode())
-        shown = "\n".join(rows[:composer - 1]).rstrip()
-        return shown, "\n".join(row.rstrip() for row in replayed.display).rstrip(), log
+        return shown_and_replayed(live, session, width)
     return run()
 
 
@@ -989,14 +997,7 @@ def live_and_replayed_mid_reply(session, steps, width):
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         screen.feed(app.render(time.monotonic()))
-        rows = [row.rstrip() for row in live.display]
-        composer = next(k for k, row in enumerate(rows) if row.startswith("❯"))
-        log = [json.loads(line) for line in session.store.path.read_text().splitlines()]
-        replayed = pyte.Screen(width, 500)
-        lines = ui.render_transcript(log, width, max_turns=ui.REPLAY_TURNS)
-        pyte.ByteStream(replayed).feed("\r\n".join(lines).encode())
-        shown = "\n".join(rows[:composer - 1]).rstrip()
-        return shown, "\n".join(row.rstrip() for row in replayed.display).rstrip(), log
+        return shown_and_replayed(live, session, width)
     return run()
 
 
