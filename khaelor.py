@@ -1363,7 +1363,7 @@ def print_status(event: dict) -> None:
         path = events.visible_controls(event["meta"]["path"], one_line=True)
         print(f"khaelor: refused {event['name']} of {path}: outside the project, which --yes"
               " does not approve", file=sys.stderr)
-    elif event["type"] in ("ToolCompleted", "ToolFailed") and event["meta"].get("sandbox_refused"):
+    elif refused_by_sandbox(event):
         # (the command ran, confined: what it was refused is in the note its result ends with)
         needed = re.search(r"it would need (.*?)\. The same command", event["output"], re.S)
         what = events.visible_controls(needed[1] if needed else "more", one_line=True)
@@ -1374,6 +1374,12 @@ def refused_outside(event: dict) -> bool:
     """A tool call granted under --yes that then named a path outside the project: refused by
     the toolbox, not the policy, and as much a refusal."""
     return event["type"] == "ToolFailed" and event["meta"].get("error") == "outside"
+
+
+def refused_by_sandbox(event: dict) -> bool:
+    """A command that ran, confined, and was refused an access it needed."""
+    return (event["type"] in ("ToolCompleted", "ToolFailed")
+            and bool(event["meta"].get("sandbox_refused")))
 
 
 def run_print(args, home: Path, project_root: Path) -> int:
@@ -1544,7 +1550,7 @@ def summed_usage(usage_by_model: dict) -> dict:
 
 def permission_denials(store) -> list[dict]:
     """The tool calls of this run that were refused (by a rule, the floor, a person, or nobody to
-    ask), as Claude Code lists them in its result."""
+    ask, or a command the sandbox refused an access), as Claude Code lists them in its result."""
     runs = [e["seq"] for e in store.events if e["type"] == "UserMessageCreated"]
     since = runs[-1] if runs else 0
     requested = {}
@@ -1553,7 +1559,7 @@ def permission_denials(store) -> list[dict]:
         if event["type"] == "ToolRequested":
             requested[event["tool_use_id"]] = event
         elif event["seq"] > since and (event["type"] == "PermissionDenied"
-                                       or refused_outside(event)):
+                                       or refused_outside(event) or refused_by_sandbox(event)):
             call = requested.get(event["tool_use_id"], {})
             denials.append({"tool_name": call.get("name"), "tool_use_id": event["tool_use_id"],
                             "tool_input": call.get("input")})

@@ -120,13 +120,15 @@ def test_refused_tool_calls_are_said_on_stderr_and_listed_in_the_result(khaelor,
         assert len(said_no) == 2, result.stderr
         assert str(outside) in said_no[0] and "touch denied-by-rule.txt" in said_no[1]
         assert "--disallowedTools" in said_no[1]
-    # a command that ran, confined, and was refused a write outside: said too
-    fake.enqueue(reply(tool_use("bash", {"command": f"echo x > {tmp_path / 'o2.txt'}"})),
-                 reply(text("tried")))
-    confined = khaelor.run("-p", "go", "--yes")
+    # a command that ran, confined, and was refused a write outside: said, and listed
+    confining = {"command": f"echo x > {tmp_path / 'o2.txt'}"}
+    fake.enqueue(reply(tool_use("bash", confining, id="toolu_s")), reply(text("tried")))
+    confined = khaelor.run("-p", "go", "--yes", "--output-format", "json")
     assert confined.returncode == 0 and not (tmp_path / "o2.txt").exists()
     said = f"khaelor: the sandbox refused a command: it would need write access to {tmp_path}"
     assert said in confined.stderr, confined.stderr
+    assert json.loads(confined.stdout)["permission_denials"] == [
+        {"tool_name": "bash", "tool_use_id": "toolu_s", "tool_input": confining}]
     listed = json.loads(result.stdout)["permission_denials"]
     assert listed == [{"tool_name": "write", "tool_use_id": "toolu_w",
                        "tool_input": {"file_path": str(outside), "content": "x"}},
