@@ -2779,8 +2779,9 @@ def _destroys_work(part: _Part, root: str) -> str:
                 why = _rm_destroys(start, part.cwd, root, "find -delete")
                 if why:
                     return why
-    if name == "gh" and _gh_deletes(core):
-        return "a gh deletion removes from the host what no checkpoint holds"
+    remote = _remote_destroys(core)
+    if remote:
+        return remote
     if _publishes(core):
         return f"{' '.join(core[:2])} puts a release in a public registry for good"
     copy = _rsync_deletes(core)
@@ -2808,14 +2809,32 @@ def _publishes(core: tuple[str, ...]) -> bool:
     return True
 
 
-def _gh_deletes(core: tuple[str, ...]) -> bool:
-    """gh repo|release|issue|secret|... delete (delete-asset), gh api -X DELETE: like a forced
-    push, gone from the host for good."""
+# An HTTP DELETE as curl, wget and gh api spell it: -X DELETE, -sXDELETE, --request DELETE,
+# --method=DELETE (the method's case is the server's business: any case asks)
+_HTTP_DELETE = re.compile(r"(?:^| )(?:-[a-zA-Z]*X ?|--request[= ]|--method[= ])DELETE\b", re.I)
+
+
+def _remote_destroys(core: tuple[str, ...]) -> str:
+    """Why a command takes from a host for good what no checkpoint holds, or "": gh
+    repo|release|issue|... delete (delete-asset), an HTTP DELETE (curl, wget, gh api, httpie's
+    method operand), a secret overwritten (gh secret set), a repository made public."""
+    name = core[0] if core else ""
     subcommands = [word for word in core[1:4] if not word.startswith("-")]
-    if any(word.startswith("delete") for word in subcommands[1:]):
-        return True
-    request = " ".join(core[2:]).upper()
-    return core[1:2] == ("api",) and re.search(r"(-X ?|--METHOD[= ])DELETE\b", request) is not None
+    options = " ".join(core[1:])
+    if name == "gh" and any(word.startswith("delete") for word in subcommands[1:]):
+        return "a gh deletion removes from the host what no checkpoint holds"
+    if name in ("curl", "wget") or core[:2] == ("gh", "api"):
+        if _HTTP_DELETE.search(options):
+            return f"an HTTP DELETE ({name}) removes from a host what no checkpoint holds"
+    if name in ("http", "https", "xh", "xhs"):
+        if any(word.upper() == "DELETE" for word in core[1:]):
+            return f"an HTTP DELETE ({name}) removes from a host what no checkpoint holds"
+    if name == "gh" and subcommands[:2] == ["secret", "set"]:
+        return "gh secret set replaces a secret on the host, and its old value is gone for good"
+    if name == "gh" and subcommands[:1] == ["repo"] and re.search(r"--(visibility[= ]|)public\b",
+                                                                   options):
+        return "a repository made public cannot be made unseen"
+    return ""
 
 
 def _rm_destroys(target: str, cwd: str, root: str, verb: str = "rm -r") -> str:

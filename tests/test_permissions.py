@@ -845,6 +845,16 @@ def test_without_the_whole_os_boundary_every_command_asks(project):
     ("gh release create v1", True), ("gh release upload v1 a.zip", True), ("uv publish", True),
     ("npm install", False), ("cargo build", False), ("gh release list", False),
     ("yarn npm info x", False), ("docker pull me/app", False),
+    # what a host loses for good: --yes runs the network curl and gh need, never these
+    ("curl -X DELETE https://api.example/items/1", True), ("curl -sXDELETE http://h/x", True),
+    ("curl --request delete http://h/x", True), ("wget --method=DELETE http://h/x", True),
+    ("http DELETE example.org/items/1", True), ("gh api --method DELETE repos/o/r", True),
+    ("gh secret set TOKEN --body x", True), ("gh repo edit --visibility public", True),
+    ("gh repo edit --visibility=public", True), ("gh repo create o/r --public --push", True),
+    ("gh repo delete o/r --yes", True), ("gh release delete-asset v1 a.zip", True),
+    ("curl -X POST http://h/x", False), ("curl https://example.org/DELETE", False),
+    ("http POST example.org/items", False), ("gh secret list", False),
+    ("gh repo edit --visibility private", False), ("gh api repos/o/r", False),
 ])
 def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, command, destroys):
     (project / "build").mkdir(exist_ok=True)
