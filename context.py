@@ -351,7 +351,7 @@ def _read_instruction(path: Path) -> str:
         data, size = events.read_regular(path, 4 * MAX_INSTRUCTION_CHARS, os.O_NOFOLLOW)
     except OSError as e:
         return f"[this file could not be read: {e.strerror}]"
-    text = data.decode("utf-8", "replace")
+    text = events.without_hidden_text(data.decode("utf-8", "replace"))
     if len(text) > MAX_INSTRUCTION_CHARS:
         text = text[:MAX_INSTRUCTION_CHARS] + f"\n[… cut: the file has {size} bytes]"
     return text

@@ -915,7 +915,8 @@ class FinishedCard(NamedTuple):
 
 
 def card_output(event: dict, meta: dict) -> list[str]:
-    output = sanitize(str(event.get("output") or ""))
+    # (what the model was told: hidden text removed, and a note saying so)
+    output = sanitize(events.without_hidden_text(str(event.get("output") or "")))
     lines = [line for line in output.split("\n") if line.strip()]
     if meta.get("process_id"):
         # what the process tool tells the model ("Poll it with process action …") is not output
