@@ -111,6 +111,7 @@ DURABLE_KINDS = {
         "descriptor": str,
         "suggestion": dict | None,  # the rule an "always" would save
         "preview": str,
+        "why": NotRequired[str],    # under --yes: why --yes does not approve it
     },
     "PermissionGranted": {"tool_use_id": str, "scope": str},     # "once", "always", "yes"
     "PermissionDenied": {

@@ -864,8 +864,10 @@ class Kernel:
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
             return _unattended(decision)
+        # (under --yes only what --yes does not approve is asked: say why)
         choice, feedback = await self.ask_user(call, decision.capability,
-                                               decision.descriptor, decision.suggestion)
+                                               decision.descriptor, decision.suggestion,
+                                               why=decision.reason if self.yes else "")
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
             by = "user" if choice == "deny" else "nobody"
@@ -884,13 +886,13 @@ class Kernel:
         return decision
 
     async def ask_user(self, call: dict, capability: str, descriptor: str,
-                       suggestion: dict | None) -> tuple[str, str]:
+                       suggestion: dict | None, why: str = "") -> tuple[str, str]:
         """PermissionRequested for the call, then the user's (choice, feedback)."""
         # off the loop: an edit's diff is planned on the file (a fuzzy match may take 100 ms)
         preview = await asyncio.to_thread(self.toolbox.preview, call["name"], call["input"])
         request = self.emit("PermissionRequested", tool_use_id=call["tool_use_id"],
                             capability=capability, descriptor=descriptor,
-                            suggestion=suggestion, preview=preview)
+                            suggestion=suggestion, preview=preview, **({"why": why} if why else {}))
         return await self.ask(request)
 
     def needs_checkpoint(self, call: dict, kind: str,

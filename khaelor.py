@@ -1425,6 +1425,11 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         how = "allow it with `khaelor permissions`"
         if flag := allowed_tools_flag(request):
             how = f"allow it with --allowedTools {flag}"
+        if request.get("why"):
+            why = events.visible_controls(request["why"], one_line=True)
+            print(f"khaelor: denied `{command}`: nobody to ask in -p mode, and {why}",
+                  file=sys.stderr)
+            return "nobody", ""
         print(f"khaelor: denied `{command}`: not allowed without asking,"
               f" and nobody to ask in -p mode. To run it, {how},"
               " or pass --yes (it does not cover what destroys work"

@@ -1273,11 +1273,16 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     elif _STRICTNESS[at_least] > _STRICTNESS[action]:
         action = at_least
         rule = None
-    suggestion = None if destructive else _one_suggestion(verdicts, action)
+    runs_denied = _runs_denied(verdicts, rules) if action == "ask" and not destructive else ""
+    suggestion = None if destructive or runs_denied else _one_suggestion(verdicts, action)
     reason = f"no rule allows {request.capability} {request.subject}"
     if destructive and action != "deny":
         reason = (f"destroys work in the repository ({destructive}): "
                   "asks every time, --yes alone never approves it")
+    elif runs_denied:
+        # (the kernel's --yes approves nothing that is "destructive")
+        destructive = runs_denied
+        reason = f"{runs_denied}: asks every time, --yes alone never approves it"
     elif rule:
         reason = rule_text(rule)
     elif layer == "read-only":
@@ -1290,6 +1295,43 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
                     suggestion, reason, layer=layer, read_only=read_only,
                     not_read_only=not_read_only, destructive=destructive,
                     confine=confine)
+
+
+def _runs_denied(verdicts: list[tuple], rules: list[Rule]) -> str:
+    """What an asked command may run that a deny rule of the user's or the project's refuses:
+    `poetry run touch m`, `gdb --args touch m`, `npx touch m` under a deny of `touch *`. The judge
+    unwraps the wrappers POLICY lists, not every program that runs the words after it, so such a
+    command keeps asking a person, and --yes does not answer for them."""
+    denies = [rule for rule in rules if rule.action == "deny" and rule.layer != "default"
+              and fnmatch.fnmatchcase(EXECUTE, rule.capability)]
+    if not denies:
+        return ""
+    # its own budget: a line judged out of time comes here with none
+    deadline = _DEADLINE.set(min(_DEADLINE.get(), time.thread_time() + DECIDE_BUDGET_SECONDS))
+    try:
+        return _denied_tail(verdicts, denies)
+    except (ValueError, _OutOfTime):   # an unclosed quote, or too long to read
+        return "it may run what a deny rule refuses (its words could not be read in time)"
+    finally:
+        _DEADLINE.reset(deadline)
+
+
+def _denied_tail(verdicts: list[tuple], denies: list[Rule]) -> str:
+    programs = {rule.pattern.split()[0] for rule in denies if rule.pattern.strip()}
+    any_program = any(ch in program for program in programs for ch in "*?[")
+    for action, _, request, _ in verdicts:
+        if action != "ask" or request.capability not in _COMMAND_CAPABILITIES:
+            continue
+        words = shlex.split(request.subject)
+        for start in range(1, len(words)):
+            _on_time()
+            program = posixpath.basename(words[start])
+            if program in programs or any_program:
+                tail = shlex.join([program, *words[start + 1:]])
+                rule = _last_match(denies, request._replace(capability=EXECUTE, subject=tail))
+                if rule is not None:
+                    return f"it may run `{tail}`, which {rule_text(rule)} refuses"
+    return ""
 
 
 def _verdict(request: _Request, rules: list[Rule]) -> tuple:

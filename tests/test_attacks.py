@@ -128,6 +128,21 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
     assert (project / "app.py").read_text() == "print('uncommitted work')\n"
 
 
+def test_under_yes_a_deny_rule_holds_through_programs_that_run_the_words_after_them(khaelor, fake,
+                                                                                    project):
+    """A deny of `touch` under --yes: `setarch linux64 -R touch m` (its -R is not in the wrapper
+    table) asked, and --yes approved it, so `touch` ran. Nobody is asked headless: refused."""
+    fake.enqueue(reply(tool_use("bash", {"command": "setarch linux64 -R touch m"})),
+                 reply(tool_use("bash", {"command": "setarch linux64 -R ls"})),
+                 reply(text("done")))
+    result = khaelor.run("-p", "go", "--yes", "--disallowedTools", "Bash(touch:*)")
+    assert result.returncode == 0, result.stderr
+    assert not (project / "m").exists()
+    assert "it may run `touch m`, which deny" in result.stderr, result.stderr
+    ran = [e for e in khaelor.log() if e["type"] == "ToolStarted"]
+    assert len(ran) == 1                                  # the same program running ls: approved
+
+
 def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, fake, project, tmp_path):
     """An approved command plants core.fsmonitor, a pager, an external diff and a hook in .git: under
     --yes nobody approved that by name, so the guard puts .git back at once; and khaelor's own

@@ -868,6 +868,31 @@ def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, co
         assert decision.action == "ask" and decision.suggestion is None
 
 
+@pytest.mark.parametrize("command, runs_denied", [
+    # programs the wrapper table does not list, running the words after them
+    ("gdb --args touch m", True), ("perf stat touch m", True), ("watchexec -- touch m", True),
+    ("npx touch m", True), ("poetry run /usr/bin/touch m", True), ("uv run touch m", True),
+    ("docker run img touch m", True), ("setarch linux64 -R touch m", True),
+    ("bash <(echo touch m)", True), ("make touch", True),
+    # words that cannot be read (an unclosed quote), or not in time: as if they ran it
+    ("poetry run touch 'm", True), ("poetry run " + "x " * 150_000, True),
+    # the denied program's name inside a word, or not there at all
+    ("git commit -m 'touch up'", False), ("npm test", False), ("poetry run pytest", False),
+    ("ls; make; echo touch", False),
+])
+def test_a_command_that_may_run_what_a_deny_refuses_is_never_approved_by_yes(project, command,
+                                                                              runs_denied):
+    rules = [*DEFAULTS, Rule("process.execute", "touch *", "deny", "u", "user")]
+    decision = decide("bash", {"command": command}, project, rules)
+    assert decision.action == "ask"
+    assert bool(decision.destructive) == runs_denied, decision
+    if runs_denied:
+        assert "--yes alone never approves it" in decision.reason and decision.suggestion is None
+    # an ask rule is not a deny
+    rules[-1] = Rule("process.execute", "touch *", "ask", "u", "user")
+    assert not decide("bash", {"command": command}, project, rules).destructive
+
+
 def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
     (project / "docs").symlink_to(project.parent / "outside", target_is_directory=True)
     for following in ("grep -R secret .", "grep --dereference-recursive secret .", "rg -L secret", "rg --follow x"):
