@@ -1797,19 +1797,14 @@ def _git_place(part: _Part, place: str) -> str:
     if part.core[:1] != ("git",):
         return place
     tree = next((w[14:] for w in part.words if w.startswith("GIT_WORK_TREE=")), None)
-    args = part.core[1:]
-    k = 0
-    while k < len(args) and args[k].startswith("-"):
-        option, attached, value = args[k].partition("=")
-        separate = option in _GIT_VALUED and not attached
-        value = args[k + 1] if separate and k + 1 < len(args) else value
-        if option == "-C":
+    for option in _parse(part.core[1:], _GIT_VALUED.__contains__, stop=True)[0]:
+        value = option.value or ""
+        if option.name == "-C":
             place = posixpath.normpath(posixpath.join(place, os.path.expanduser(value)))
-        elif option == "--work-tree":
+        elif option.name == "--work-tree":
             tree = value
-        elif option == "-c" and value.lower().startswith("core.worktree="):
+        elif option.name == "-c" and value.lower().startswith("core.worktree="):
             tree = value.partition("=")[2]
-        k += 1 + separate
     if tree is None:
         return place
     tree = posixpath.normpath(posixpath.join(place, os.path.expanduser(tree)))
