@@ -2786,21 +2786,17 @@ def _destroys_work(part: _Part, root: str) -> str:
 
 # What puts a package in a registry for everyone: --yes runs the network its program needs (an
 # install), but a publish cannot be taken back (npm forbids a version published once, forever)
-PUBLISHES = {("npm", "publish"), ("pnpm", "publish"), ("yarn", "publish"), ("yarn", "npm"),
-             ("bun", "publish"), ("cargo", "publish"), ("twine", "upload"), ("gem", "push"),
-             ("poetry", "publish"), ("uv", "publish"), ("hatch", "publish"), ("flit", "publish"),
-             ("dotnet", "nuget"), ("docker", "push"), ("gh", "release")}
+PUBLISHES = frozenset(tuple(entry.split()) for entry in """
+    npm publish, pnpm publish, yarn publish, yarn npm publish, bun publish, cargo publish,
+    twine upload, gem push, poetry publish, uv publish, hatch publish, flit publish,
+    dotnet nuget push, docker push, gh release create, gh release upload""".split(","))
 
 
 def _publishes(core: tuple[str, ...]) -> bool:
     """npm publish, cargo publish, twine upload, docker push, gh release create…: its program and
-    first subcommand (yarn npm publish, dotnet nuget push, gh release create: the next one too)."""
-    words = [word for word in core[:4] if not word.startswith("-")]
-    if tuple(words[:2]) not in PUBLISHES:
-        return False
-    if words[:2] in (["yarn", "npm"], ["dotnet", "nuget"], ["gh", "release"]):
-        return words[2:3] in (["publish"], ["push"], ["create"], ["upload"])
-    return True
+    first subcommand, or its first two (yarn npm publish, dotnet nuget push), are a row above."""
+    words = tuple(word for word in core[:4] if not word.startswith("-"))
+    return words[:2] in PUBLISHES or words[:3] in PUBLISHES
 
 
 def _gh_deletes(core: tuple[str, ...]) -> bool:
