@@ -2098,7 +2098,7 @@ def _written(core: tuple[str, ...], cwd: str = "", root: str = "") -> list[str]:
         into = last[0].endswith("/") or os.path.isdir(os.path.join(cwd, last[0]))
         directories = last if into else []
         operands = operands[:-1] if into else operands
-    sources = [path for word in operands for path in _expanded(word, cwd)]
+    sources = [path for word in operands for path in _expanded(word, cwd) or [word]]
     copies = [(o, _copy_target(core[0], o, d)) for d in directories for o in sources]
     words += [target for _, target in copies]
     if row.has("into") and not directories and len(operands) == 2:
@@ -2224,12 +2224,13 @@ def _in_project(path: str, cwd: str, root: str) -> bool:
     return bool(root) and sandbox.within(_word_path(path, cwd), [root])
 
 
-def _expanded(word: str, cwd: str) -> list[str]:
-    """The paths a glob word names (relative to cwd), or the word itself (cp *.yml DIR/)."""
+def _expanded(word: str, cwd: str) -> list[str] | None:
+    """The paths a glob word names (cat .e*, cp *.yml DIR/), or the word itself when it is none
+    or matches nothing; None when it matches more than _MAX_GLOB."""
     if not any(ch in word for ch in "*?["):
         return [word]
     matches = _glob(os.path.join(cwd, os.path.expanduser(_bash_glob(word))))
-    return [os.path.relpath(m, cwd) for m in matches] if matches else [word]
+    return matches if matches is None else matches or [word]
 
 
 def _copy_target(name: str, source: str, directory: str) -> str:
@@ -2384,14 +2385,10 @@ def _word_requests(word: str, cwd: str, root: str, capability: str,
     outside the project."""
     if "$(" in word or "`" in word or _PARAMETER.search(word):
         return [_Request(OUTSIDE, word, None)]
-    paths = [word]
-    if any(ch in word for ch in "*?["):
-        pattern = os.path.join(cwd, os.path.expanduser(_bash_glob(word)))
-        matches = _glob(pattern)
-        if matches is None:
-            # too many to vouch for each
-            return [_Request(OUTSIDE, word, None)]
-        paths = matches or paths
+    paths = _expanded(word, cwd)
+    if paths is None:
+        # too many to vouch for each
+        return [_Request(OUTSIDE, word, None)]
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
         return requests
@@ -2427,8 +2424,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     options, paths = _operands(core)
     targets = []
     for word in paths:
-        pattern = os.path.join(part.cwd, _bash_glob(word))
-        matches = _glob(pattern) or [os.path.join(part.cwd, word)]
+        matches = [os.path.join(part.cwd, path) for path in _expanded(word, part.cwd) or [word]]
         targets += [match for match in matches if os.path.isdir(match)]
     # grep -r PATTERN and rg PATTERN search the working directory; so may
     # rg -g*.ref WORD, where WORD may be the pattern or a file
