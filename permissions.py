@@ -2114,8 +2114,7 @@ def _written(core: tuple[str, ...], cwd: str = "", root: str = "") -> list[str]:
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
     words += next((ws for kind, ws in picked.items() if row.has(kind)), [])
     # rm -r DIR, chmod -R, git checkout -- DIR: every entry below it too
-    recursive = core[:1] in (("rm",), ("chmod",), ("chown",), ("chgrp",)) and _recursive(core)
-    if recursive or core[:2] in (("git", "checkout"), ("git", "restore")):
+    if _recursive(core) or core[:2] in (("git", "checkout"), ("git", "restore")):
         words += [entry for word in words for entry in _copied_tree(word, word, cwd, root)]
     return words
 
@@ -2923,9 +2922,9 @@ def checkpoint_undoes(destructive: str) -> bool:
 
 def _recursive(core: tuple[str, ...]) -> bool:
     """rm -r, -R or --recursive (--rec: GNU takes any prefix); for chmod,
-    chown and chgrp only -R, since their -r is a mode."""
-    letters = "rR" if core[0] == "rm" else "R"
-    return _has(_operands(core)[0], "--recursive", short=letters)
+    chown and chgrp only -R, since their -r is a mode; no other program."""
+    letters = {"rm": "rR", "chmod": "R", "chown": "R", "chgrp": "R"}.get(core[0] if core else "")
+    return letters is not None and _has(_operands(core)[0], "--recursive", short=letters)
 
 
 def _state_write(writing: list[_Part]) -> str | None:
@@ -2980,7 +2979,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     cwd = part.cwd
     options, targets = _operands(part.core)
     doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
-    if name in ("rm", "chmod", "chown", "chgrp") and _recursive(part.core) and doomed:
+    if _recursive(part.core) and doomed:
         verb = "delete" if name == "rm" else name
         return f"recursive {verb} of {doomed}"
     if name == "mv" and doomed:
