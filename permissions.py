@@ -2273,23 +2273,20 @@ _WRITE_OPTIONS = {
     "git archive": ("o", "output"),
     "git format-patch": ("o", "output-directory output"),
 }
-# find's actions that write their value: find . -fprint F
-_FIND_WRITES = frozenset(("-fprint", "-fprint0", "-fprintf", "-fls"))
 
 
 def _option_written(core: tuple[str, ...]) -> list[str]:
-    """The values of the options in _WRITE_OPTIONS (and find's -fprint F) in core."""
+    """The values of the options in _WRITE_OPTIONS (and find's -fprint F, see _ESCAPES) in core."""
     if core[:1] == ("find",):
-        return [value for option, value in zip(core, core[1:]) if option in _FIND_WRITES]
+        writes_to = _ESCAPES["find"].split()
+        return [value for option, value in zip(core, core[1:]) if option in writes_to]
     key = " ".join(core[:2])
     short, longs = _WRITE_OPTIONS.get(key) or _WRITE_OPTIONS.get(core[0] if core else "", ("", ""))
     skip = 1 + (key in _WRITE_OPTIONS or core[:1] == ("git",))
     row = _row(*core[:skip])
 
     def writes(option: str) -> bool:
-        if option.startswith("--"):
-            return _abbreviates(option, *longs.split())
-        return len(option) == 2 and option[1] in short
+        return _has([option], *longs.split(), short=short)
 
     # (a wrapper's options end at the command it runs: time -o F sort -o G)
     stop = row.has("wrapper")
