@@ -2108,9 +2108,8 @@ def _written(core: tuple[str, ...], cwd: str = "", root: str = "") -> list[str]:
     for source, target in copies:
         if core[:1] in (("cp",), ("mv",), ("rsync",), ("scp",)):
             words += _copied_tree(source, target, cwd, root)
-    mode_first = _chmod_mode(core, options) and not _has(options, "--reference")
     picked = {"writes": operands, "writes-last": last, "writes-second": operands[1:2],
-              "writes-rest": operands[int(mode_first):],
+              "writes-rest": operands[int(_chmod_mode(core, options)):],
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
     words += next((ws for kind, ws in picked.items() if row.has(kind)), [])
     # rm -r DIR, chmod -R, git checkout -- DIR: every entry below it too
@@ -2322,7 +2321,7 @@ def _chmod_mode(core: tuple[str, ...], options: list[str]) -> bool:
     """Whether chmod's (chown's, chgrp's) first operand is its mode (owner, group), not a file:
     not after --reference, nor for a mode written as an option (chmod -w f)."""
     modes = [o for o in options if re.fullmatch(r"-[rwxXstugoa0-7=+,-]+", o)]
-    return not (core[:1] == ("chmod",) and modes)
+    return not (core[:1] == ("chmod",) and modes) and not _has(options, "--reference")
 
 
 def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
