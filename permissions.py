@@ -1839,19 +1839,14 @@ def _git_place(part: _Part, place: str) -> str:
     if part.core[:1] != ("git",):
         return place
     tree = next((w[14:] for w in part.words if w.startswith("GIT_WORK_TREE=")), None)
-    args = part.core[1:]
-    k = 0
-    while k < len(args) and args[k].startswith("-"):
-        option, attached, value = args[k].partition("=")
-        separate = option in _GIT_VALUED and not attached
-        value = args[k + 1] if separate and k + 1 < len(args) else value
-        if option == "-C":
+    for option in _parse(part.core[1:], _GIT_VALUED.__contains__, stop=True)[0]:
+        value = option.value or ""
+        if option.name == "-C":
             place = posixpath.normpath(posixpath.join(place, os.path.expanduser(value)))
-        elif option == "--work-tree":
+        elif option.name == "--work-tree":
             tree = value
-        elif option == "-c" and value.lower().startswith("core.worktree="):
+        elif option.name == "-c" and value.lower().startswith("core.worktree="):
             tree = value.partition("=")[2]
-        k += 1 + separate
     if tree is None:
         return place
     tree = posixpath.normpath(posixpath.join(place, os.path.expanduser(tree)))
@@ -2145,7 +2140,7 @@ def _written(core: tuple[str, ...], cwd: str = "", root: str = "") -> list[str]:
         into = last[0].endswith("/") or os.path.isdir(os.path.join(cwd, last[0]))
         directories = last if into else []
         operands = operands[:-1] if into else operands
-    sources = [path for word in operands for path in _expanded(word, cwd)]
+    sources = [path for word in operands for path in _expanded(word, cwd) or [word]]
     copies = [(o, _copy_target(core[0], o, d)) for d in directories for o in sources]
     words += [target for _, target in copies]
     if row.has("into") and not directories and len(operands) == 2:
@@ -2155,14 +2150,12 @@ def _written(core: tuple[str, ...], cwd: str = "", root: str = "") -> list[str]:
     for source, target in copies:
         if core[:1] in (("cp",), ("mv",), ("rsync",), ("scp",)):
             words += _copied_tree(source, target, cwd, root)
-    mode_first = _chmod_mode(core, options) and not _has(options, "--reference")
     picked = {"writes": operands, "writes-last": last, "writes-second": operands[1:2],
-              "writes-rest": operands[int(mode_first):],
+              "writes-rest": operands[int(_chmod_mode(core, options)):],
               "writes-of": [a[3:] for a in core[1:] if a.startswith("of=")]}
     words += next((ws for kind, ws in picked.items() if row.has(kind)), [])
     # rm -r DIR, chmod -R, git checkout -- DIR: every entry below it too
-    recursive = core[:1] in (("rm",), ("chmod",), ("chown",), ("chgrp",)) and _recursive(core)
-    if recursive or core[:2] in (("git", "checkout"), ("git", "restore")):
+    if _recursive(core) or core[:2] in (("git", "checkout"), ("git", "restore")):
         words += [entry for word in words for entry in _copied_tree(word, word, cwd, root)]
     return words
 
@@ -2271,12 +2264,13 @@ def _in_project(path: str, cwd: str, root: str) -> bool:
     return bool(root) and sandbox.within(_word_path(path, cwd), [root])
 
 
-def _expanded(word: str, cwd: str) -> list[str]:
-    """The paths a glob word names (relative to cwd), or the word itself (cp *.yml DIR/)."""
+def _expanded(word: str, cwd: str) -> list[str] | None:
+    """The paths a glob word names (cat .e*, cp *.yml DIR/), or the word itself when it is none
+    or matches nothing; None when it matches more than _MAX_GLOB."""
     if not any(ch in word for ch in "*?["):
         return [word]
     matches = _glob(os.path.join(cwd, os.path.expanduser(_bash_glob(word))))
-    return [os.path.relpath(m, cwd) for m in matches] if matches else [word]
+    return matches if matches is None else matches or [word]
 
 
 def _copy_target(name: str, source: str, directory: str) -> str:
@@ -2320,23 +2314,20 @@ _WRITE_OPTIONS = {
     "git archive": ("o", "output"),
     "git format-patch": ("o", "output-directory output"),
 }
-# find's actions that write their value: find . -fprint F
-_FIND_WRITES = frozenset(("-fprint", "-fprint0", "-fprintf", "-fls"))
 
 
 def _option_written(core: tuple[str, ...]) -> list[str]:
-    """The values of the options in _WRITE_OPTIONS (and find's -fprint F) in core."""
+    """The values of the options in _WRITE_OPTIONS (and find's -fprint F, see _ESCAPES) in core."""
     if core[:1] == ("find",):
-        return [value for option, value in zip(core, core[1:]) if option in _FIND_WRITES]
+        writes_to = _ESCAPES["find"].split()
+        return [value for option, value in zip(core, core[1:]) if option in writes_to]
     key = " ".join(core[:2])
     short, longs = _WRITE_OPTIONS.get(key) or _WRITE_OPTIONS.get(core[0] if core else "", ("", ""))
     skip = 1 + (key in _WRITE_OPTIONS or core[:1] == ("git",))
     row = _row(*core[:skip])
 
     def writes(option: str) -> bool:
-        if option.startswith("--"):
-            return _abbreviates(option, *longs.split())
-        return len(option) == 2 and option[1] in short
+        return _has([option], *longs.split(), short=short)
 
     # (a wrapper's options end at the command it runs: time -o F sort -o G)
     stop = row.has("wrapper")
@@ -2372,7 +2363,7 @@ def _chmod_mode(core: tuple[str, ...], options: list[str]) -> bool:
     """Whether chmod's (chown's, chgrp's) first operand is its mode (owner, group), not a file:
     not after --reference, nor for a mode written as an option (chmod -w f)."""
     modes = [o for o in options if re.fullmatch(r"-[rwxXstugoa0-7=+,-]+", o)]
-    return not (core[:1] == ("chmod",) and modes)
+    return not (core[:1] == ("chmod",) and modes) and not _has(options, "--reference")
 
 
 def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
@@ -2431,14 +2422,10 @@ def _word_requests(word: str, cwd: str, root: str, capability: str,
     outside the project."""
     if "$(" in word or "`" in word or _PARAMETER.search(word):
         return [_Request(OUTSIDE, word, None)]
-    paths = [word]
-    if any(ch in word for ch in "*?["):
-        pattern = os.path.join(cwd, os.path.expanduser(_bash_glob(word)))
-        matches = _glob(pattern)
-        if matches is None:
-            # too many to vouch for each
-            return [_Request(OUTSIDE, word, None)]
-        paths = matches or paths
+    paths = _expanded(word, cwd)
+    if paths is None:
+        # too many to vouch for each
+        return [_Request(OUTSIDE, word, None)]
     requests = [_path_request(path, cwd, root, capability) for path in paths]
     if suggest and len(paths) == 1:
         return requests
@@ -2474,8 +2461,7 @@ def _recursive_secrets(part: _Part) -> list[str]:
     options, paths = _operands(core)
     targets = []
     for word in paths:
-        pattern = os.path.join(part.cwd, _bash_glob(word))
-        matches = _glob(pattern) or [os.path.join(part.cwd, word)]
+        matches = [os.path.join(part.cwd, path) for path in _expanded(word, part.cwd) or [word]]
         targets += [match for match in matches if os.path.isdir(match)]
     # grep -r PATTERN and rg PATTERN search the working directory; so may
     # rg -g*.ref WORD, where WORD may be the pattern or a file
@@ -2834,21 +2820,17 @@ def _destroys_work(part: _Part, root: str) -> str:
 
 # What puts a package in a registry for everyone: --yes runs the network its program needs (an
 # install), but a publish cannot be taken back (npm forbids a version published once, forever)
-PUBLISHES = {("npm", "publish"), ("pnpm", "publish"), ("yarn", "publish"), ("yarn", "npm"),
-             ("bun", "publish"), ("cargo", "publish"), ("twine", "upload"), ("gem", "push"),
-             ("poetry", "publish"), ("uv", "publish"), ("hatch", "publish"), ("flit", "publish"),
-             ("dotnet", "nuget"), ("docker", "push"), ("gh", "release")}
+PUBLISHES = frozenset(tuple(entry.split()) for entry in """
+    npm publish, pnpm publish, yarn publish, yarn npm publish, bun publish, cargo publish,
+    twine upload, gem push, poetry publish, uv publish, hatch publish, flit publish,
+    dotnet nuget push, docker push, gh release create, gh release upload""".split(","))
 
 
 def _publishes(core: tuple[str, ...]) -> bool:
     """npm publish, cargo publish, twine upload, docker push, gh release create…: its program and
-    first subcommand (yarn npm publish, dotnet nuget push, gh release create: the next one too)."""
-    words = [word for word in core[:4] if not word.startswith("-")]
-    if tuple(words[:2]) not in PUBLISHES:
-        return False
-    if words[:2] in (["yarn", "npm"], ["dotnet", "nuget"], ["gh", "release"]):
-        return words[2:3] in (["publish"], ["push"], ["create"], ["upload"])
-    return True
+    first subcommand, or its first two (yarn npm publish, dotnet nuget push), are a row above."""
+    words = tuple(word for word in core[:4] if not word.startswith("-"))
+    return words[:2] in PUBLISHES or words[:3] in PUBLISHES
 
 
 # An HTTP DELETE as curl, wget and gh api spell it: -X DELETE, -sXDELETE, --request DELETE,
@@ -2997,9 +2979,9 @@ def checkpoint_undoes(destructive: str) -> bool:
 
 def _recursive(core: tuple[str, ...]) -> bool:
     """rm -r, -R or --recursive (--rec: GNU takes any prefix); for chmod,
-    chown and chgrp only -R, since their -r is a mode."""
-    letters = "rR" if core[0] == "rm" else "R"
-    return _has(_operands(core)[0], "--recursive", short=letters)
+    chown and chgrp only -R, since their -r is a mode; no other program."""
+    letters = {"rm": "rR", "chmod": "R", "chown": "R", "chgrp": "R"}.get(core[0] if core else "")
+    return letters is not None and _has(_operands(core)[0], "--recursive", short=letters)
 
 
 def _state_write(writing: list[_Part]) -> str | None:
@@ -3054,7 +3036,7 @@ def _floor_reason(part: _Part, home: str) -> str | None:
     cwd = part.cwd
     options, targets = _operands(part.core)
     doomed = next((t for t in targets if _catastrophic(t, home, cwd)), None)
-    if name in ("rm", "chmod", "chown", "chgrp") and _recursive(part.core) and doomed:
+    if _recursive(part.core) and doomed:
         verb = "delete" if name == "rm" else name
         return f"recursive {verb} of {doomed}"
     if name == "mv" and doomed:
