@@ -68,8 +68,9 @@ def line_count(name: str) -> int:
 # publishing, a judge bounded against hostile archives and diffs; ten boundary holes: a link in
 # the temp dir, later terminals, set-uid bits, ~ on PATH, /var, git includes) and 267 elsewhere
 # (the replay in the live order, output kept when a command is stopped or killed,
-# permission_denials): issue 21's note lists them.
-RUNTIME_LINES = 20_221
+# permission_denials): issue 21's note lists them. Then 83 more: a background process's output and
+# the thinking or text an API error cut off reach the log (a kill -9, an error without retry).
+RUNTIME_LINES = 20_304
 SECURITY_CORE_LINES = 5_799
 
 
