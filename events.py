@@ -81,7 +81,9 @@ DURABLE_KINDS = {
     "SteeringQueued": {"text": str},
     "SteeringInjected": {"text": str},
     "TextCheckpoint": {"index": int, "text": str, "model": NotRequired[str | None],
-                       "usage": NotRequired[dict], "message_id": NotRequired[str | None]},
+                       "usage": NotRequired[dict], "message_id": NotRequired[str | None],
+                       # of a thinking block still streaming (text ""): for the screen only
+                       "thinking": NotRequired[str], "thinking_ms": NotRequired[int]},
     "ModelTextBlockCompleted": {"text": str},
     "ModelThinkingBlockCompleted": {
         "thinking": NotRequired[str],
@@ -104,6 +106,8 @@ DURABLE_KINDS = {
         "status": int | None,
         "message": str,
         "retrying": bool,
+        # as Interrupted's: the thinking the error cut off, as the screen keeps it (never sent)
+        "thinking": NotRequired[str], "thinking_ms": NotRequired[int],
     },
     "PermissionRequested": {
         "tool_use_id": str,
@@ -167,8 +171,12 @@ DURABLE_KINDS = {
     # bytes: on Sonnet and Opus 5.5 a replayed thinking block is valid only while the earlier
     # messages are unchanged, and the prompt cache keeps its prefix.
     "EnvironmentNoted": {"text": str},
-    "ProcessStarted": {"process_id": str, "pid": int, "command": str},
-    "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str},
+    # tool_use_id: the process start call (its output is kept under it while it runs)
+    "ProcessStarted": {"process_id": str, "pid": int, "command": str,
+                       "tool_use_id": NotRequired[str]},
+    # output: what a process lost with khaelor (a kill -9) had printed until then
+    "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str,
+                      "output": NotRequired[str]},
     "ContextPruned": {
         "tool_use_ids": list,
         "placeholders": NotRequired[dict],      # tool_use_id -> what its result says instead
@@ -844,6 +852,7 @@ class Attempt:
     def __init__(self):
         self.blocks = []        # block events of the open attempt, in stream order
         self.partial = []       # TextCheckpoint texts of the text block still streaming
+        self.thought = []       # TextCheckpoints of the thinking block still streaming
         self.cut_text = ""      # after an Interrupted: the attempt's text, kept in the conversation
 
     def feed(self, event: dict) -> tuple[str, list]:
@@ -855,10 +864,13 @@ class Attempt:
         self.cut_text = ""
         if kind == "TextCheckpoint":
             self.partial.append(event.get("text") or "")
+            if "thinking" in event:
+                self.thought.append(event)
             return OPEN, []
         if kind in BLOCK_EVENTS:
             if kind == "ModelTextBlockCompleted":
                 self.partial = []       # the whole block supersedes its checkpoints
+            self.thought = []
             self.blocks.append(event)
             return OPEN, []
         if kind == "ModelResponseCompleted" or self._answers_a_call(event):
@@ -877,9 +889,18 @@ class Attempt:
         tool_use_id = event["tool_use_id"]
         return any(b.get("tool_use_id") == tool_use_id for b in self.blocks)
 
+    def cut_thinking(self) -> dict:
+        """Interrupted's fields for the thinking block still streaming, as far as it was saved."""
+        if not self.thought:
+            return {}
+        cut = {"thinking": "".join(str(e["thinking"]) for e in self.thought)}
+        took = self.thought[-1].get("thinking_ms")
+        return {**cut, "thinking_ms": took} if isinstance(took, int) else cut
+
     def _take(self) -> list:
         blocks = self.blocks
         self.blocks, self.partial = [], []
+        self.thought = []
         return blocks
 
 
@@ -1086,6 +1107,8 @@ class State:
         self.edit_baseline = False      # a baseline before the first edit was taken (or an edit)
         self.stamps = {}                # real path -> (mtime_ns, size) last seen
         self.processes = {}             # running: process_id -> {id, command, status}
+        self.started_by = {}            # process_id -> the tool_use_id of its process start
+        self.lost_output = {}           # process_id -> what it printed before khaelor was killed
         self.n_processes = 0            # the highest process number started ("p7" -> 7)
         self.user_texts = []            # (seq, text) of every user message
         self.calls = {}                 # tool_use_id -> ToolRequested, until its result
@@ -1434,6 +1457,7 @@ def _on_process_started(state: State, event: dict) -> None:
     state.commands.append({"seq": event["seq"], "command": command, "exit_code": None,
                            "process_id": process_id})
     state.processes[process_id] = {"id": str(process_id), "command": command, "status": "running"}
+    state.started_by[process_id] = str(event.get("tool_use_id", ""))
     note_process(state, process_id)
 
 
@@ -1449,6 +1473,8 @@ def _on_process_exited(state: State, event: dict) -> None:
         if command.get("process_id") == event["process_id"]:
             command["exit_code"] = event.get("exit_code")
     state.processes.pop(event["process_id"], None)
+    if event.get("output"):
+        state.lost_output[event["process_id"]] = event["output"]
 
 
 def _on_verification(state: State, event: dict) -> None:

@@ -276,12 +276,13 @@ class StreamReducer:
         """A TextCheckpoint payload: the text streamed into the open text block since the last one,
         once CHECKPOINT_INTERVAL_S or CHECKPOINT_CHARS have passed. now=None: the stream is being
         cut off, so whatever is unsaved, with the usage the API has reported so far. force: the
-        unsaved text now, due or not."""
+        unsaved text now, due or not. An open thinking block's is saved the same way, as
+        `thinking` (for the screen: a kill -9's Interrupted shows its line; never sent)."""
         if self.saved_at is None:
             self.saved_at = now or 0.0
         payload = None
         for index, block in self.blocks.items():
-            if block["type"] != "text" or not block["unsaved_chars"]:
+            if block["type"] not in ("text", "thinking") or not block["unsaved_chars"]:
                 continue
             # asked after every delta: join the parts only when a checkpoint is due
             due = force or now is None or now - self.saved_at >= CHECKPOINT_INTERVAL_S
@@ -290,6 +291,10 @@ class StreamReducer:
                 block["n_saved"] = len(block["parts"])
                 block["unsaved_chars"] = 0
                 payload = {"index": index, "text": text}
+                if block["type"] == "thinking":
+                    payload = {"index": index, "text": "", "thinking": text}
+                    if None not in (now, self.thinking_since):
+                        payload["thinking_ms"] = round((now - self.thinking_since) * 1000)
         if now is None and any(self.usage.values()):
             # cut off: the usage goes with the text, or alone
             payload = self.with_usage(payload)
@@ -358,6 +363,7 @@ class StreamReducer:
             return [("TextDelta", {"text": delta["text"]})]
         if kind == "thinking_delta":
             block["parts"].append(delta["thinking"])
+            block["unsaved_chars"] += len(delta["thinking"])
             return [("ThinkingDelta", {"text": delta["thinking"]})]
         if kind == "signature_delta":
             signature = block.get("signature", "") + delta["signature"]
@@ -529,14 +535,19 @@ class Kernel:
                       reason="khaelor exited while the tool was running",
                       **({"output": output} if output else {}))
         for process_id in list(self.state.processes):
+            started_by = self.state.started_by.get(process_id, "")
+            output = self.toolbox.output_when_lost(started_by, process_id)
             self.emit("ProcessExited", process_id=process_id, exit_code=None,
-                      cause="lost: khaelor exited while it ran")
+                      cause="lost: khaelor exited while it ran",
+                      **({"output": output} if output else {}))
         attempt = self.state.attempt
         mid_reply = attempt.blocks or attempt.partial
         if self.state.turn_open and mid_reply:
-            # It died mid-reply: the turn ends there; the text saved so far stays.
+            # It died mid-reply: the turn ends there; the text saved so far stays, and the line
+            # of the thinking it was streaming.
             self.emit("Interrupted",
-                      reason="khaelor exited while the reply was streaming")
+                      reason="khaelor exited while the reply was streaming",
+                      **attempt.cut_thinking())
 
     def start(self) -> asyncio.Task:
         """The turn as a task (interactive). Busy from this moment, not from the task's first
@@ -685,8 +696,10 @@ class Kernel:
                     if retrying:
                         message += "; sent again without it"
                     self.ctx.refused.add((self.request["model"], refused))
+                # a retry starts the reply again: the screen drops the thinking cut off
+                cut, self.cut_thinking = self.cut_thinking, {}
                 self.emit("ModelRequestFailed", kind=e.kind, status=e.status,
-                          message=message, retrying=retrying)
+                          message=message, retrying=retrying, **({} if retrying else cut))
                 if not retrying:
                     break
                 if refused:
@@ -747,8 +760,10 @@ class Kernel:
                             payload["name"], payload["input"])
                     self.emit(kind, **payload)
                 self.save_checkpoint(reducer, now)
-        except asyncio.CancelledError:
-            # Esc: the text streamed so far is kept (run() syncs it as the turn ends).
+        except (asyncio.CancelledError, ModelError):
+            # Esc, or an error no retry follows: the text streamed so far is kept (run() syncs it
+            # as the turn ends), and the thinking cut off goes in the event that ends the reply
+            # (Interrupted, ModelRequestFailed), as the screen keeps its line.
             self.save_checkpoint(reducer, None)
             self.cut_thinking = reducer.cut_thinking(time.monotonic())
             raise

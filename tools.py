@@ -1174,15 +1174,18 @@ class Toolbox:
             self.workspace.temp_dir = None
         _close_all(self.workspace.rulesets)
 
-    def live_output_path(self, tool_use_id: str) -> Path:
+    def live_output_path(self, tool_use_id: str, process_id: str = "") -> Path:
         """Where a running command's output is appended as it comes, so that a kill -9 loses none
-        of what the user saw (output_when_lost reads it back on resume)."""
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", tool_use_id)[:80]
+        of what the user saw (output_when_lost reads it back on resume). A background process's
+        is named by the call that started it and its id."""
+        name = f"{tool_use_id}-{process_id}" if process_id else tool_use_id
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
         return self.spill_dir / f"running-{safe}.txt"
 
-    def output_when_lost(self, tool_use_id: str) -> str:
-        """What a command printed before khaelor was killed under it, budgeted and masked."""
-        path = self.live_output_path(tool_use_id)
+    def output_when_lost(self, tool_use_id: str, process_id: str = "") -> str:
+        """What a command (or a background process) printed before khaelor was killed under it,
+        budgeted and masked."""
+        path = self.live_output_path(tool_use_id, process_id)
         try:
             text = path.read_bytes().decode("utf-8", "replace")
             path.unlink()
@@ -3790,6 +3793,12 @@ class _Process:
     read_pos: int = 0
     # Set by new output and by the exit.
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    # Where its output is appended as it comes (Toolbox.live_output_path), so that a kill -9
+    # of khaelor loses none of it; live is None: the spill folder could not take it.
+    live_path: Path | None = None
+    live: int | None = None
+    # Characters in that file: past twice the buffer, it is written again as the buffer.
+    live_chars: int = 0
 
     def append(self, text: str) -> None:
         self.text += text
@@ -3797,7 +3806,22 @@ class _Process:
             drop = len(self.text) - PROCESS_BUFFER_CHARS
             self.text = self.text[drop:]
             self.base += drop
+        self.keep_live(text)
         self.arrived.set()
+
+    def keep_live(self, text: str) -> None:
+        """The newest output in the live file too; a server that runs for days keeps its tail,
+        never more than 2 × PROCESS_BUFFER_CHARS of it."""
+        if self.live is None:
+            return
+        if self.live_chars + len(text) > 2 * PROCESS_BUFFER_CHARS:
+            text, self.live_chars = self.text, 0
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.live, 0)
+                os.lseek(self.live, 0, os.SEEK_SET)
+        self.live_chars += len(text)
+        with contextlib.suppress(OSError):
+            os.write(self.live, text.encode("utf-8", "replace"))
 
     def take(self) -> tuple[int, str]:
         """(characters dropped unread, the new output) since the last take."""
@@ -3834,7 +3858,7 @@ class _Processes:
     def live(self) -> list[_Process]:
         return [p for p in self.items.values() if p.ended is None]
 
-    async def start(self, command: str, confine: Confine) -> _Process:
+    async def start(self, command: str, confine: Confine, tool_use_id: str) -> _Process:
         if self.closed:
             raise ToolError("khaelor is shutting down; no new processes.", error="closed")
         live = self.live()
@@ -3847,16 +3871,20 @@ class _Processes:
                 error="too_many")
         # Shielded: if the turn is cancelled mid-spawn, the process still gets registered (and so
         # stopped later).
-        return await asyncio.shield(self._spawn(command, confine))
+        return await asyncio.shield(self._spawn(command, confine, tool_use_id))
 
-    async def _spawn(self, command: str, confine: Confine) -> _Process:
+    async def _spawn(self, command: str, confine: Confine, tool_use_id: str) -> _Process:
         box = self.box
         child = await _start(box, command, confine, stdin=True)
         process = _Process(f"p{box.state().n_processes + 1}", command, child, confine)
+        # (no await before the watcher starts: the file is open before the first output)
+        process.live_path = box.live_output_path(tool_use_id, process.process_id)
+        process.live = _open_live_output(process.live_path)
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command)
+        box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command,
+                 tool_use_id=tool_use_id)
         self.forget_exited()
         return process
 
@@ -3883,6 +3911,11 @@ class _Processes:
             process.arrived.set()
             box.emit("ProcessExited", process_id=process.process_id,
                      exit_code=process.child.proc.returncode, cause=process.cause or "exited")
+            # its end is in the log: the file was only for a kill -9 before it
+            if process.live is not None:
+                os.close(process.live)
+                process.live = None
+                process.live_path.unlink(missing_ok=True)
 
     async def stop(self, process: _Process, cause: str) -> None:
         """SIGTERM to the whole group, SIGKILL after a grace period."""
@@ -3945,12 +3978,18 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
     lines = []
     if action == "start":
         needs("command", "the shell command to start")
-        process = await procs.start(_command(args), confine)
+        process = await procs.start(_command(args), confine, tool_use_id)
         lines.append(f"Started {process.process_id}. Poll it with process action \"read\", "
                      f"id \"{process.process_id}\".")
     else:
         process_id = needs("id", "the process id, e.g. \"p1\"")
         process = procs.items.get(process_id)
+        lost = box.state().lost_output.get(process_id)
+        if process is None and lost is not None:
+            # started before a khaelor that was killed (repair kept what it had printed)
+            text = (f"{process_id} was lost when khaelor exited while it ran; it is not running "
+                    f"now (start it again if it is needed). Its output until then:\n{lost}")
+            return ToolResult(text, meta={"process_id": process_id, "status": "lost"})
         if process is None:
             known = ", ".join(procs.items) or "none yet"
             raise ToolError(

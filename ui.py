@@ -998,7 +998,7 @@ class Timeline:
             self._n_streamed = 0
         elif kind in RESPONSE_ENDS:
             self._model_started = None
-        if kind == "Interrupted" and "thinking" in event:
+        if kind in ("Interrupted", "ModelRequestFailed") and "thinking" in event:
             # the thinking cut off, as the log keeps it: live and replayed alike
             self._thinking = None
             self._finish_thinking(event["thinking"], event.get("thinking_ms"))
@@ -1007,8 +1007,11 @@ class Timeline:
         if kind in NOTE_FORMATS:
             fields = collections.defaultdict(lambda: "?", event,
                                              n_pruned=len(event.get("tool_use_ids") or []))
+            note = self._dim_lines(NOTE_FORMATS[kind].format_map(fields))
+            # a process lost with khaelor: what it had printed, under its line as under a card
+            shown = self._card_block(FinishedCard(note, card_output(event, {}), False))
             # after the block that streams (a choice made mid-reply: `/model`)
-            self._after_block(self._dim_lines(NOTE_FORMATS[kind].format_map(fields)))
+            self._after_block(shown)
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
             outcome, blocks = self._attempt.feed(event)

@@ -20,6 +20,7 @@ Script items are plain JSON dicts, one consumed per POST /v1/messages (the first
       A request with thinking.display "omitted" gets its thinking blocks as a signature only ("").
     {"error": {"status"?, "type", "message", "headers"?}}       pre-stream JSON error
     {"stream_error": {"type", "message"}, "content": [...]}     the content, then `event: error`
+     ("after_events"? N in stream_error: the first N events, then the error, mid-block)
     {"drop_after_events": N, "content": [...]}                  socket closed after N events
     {"stall_after_events": N, "stall_seconds": S, "content": [...]}   (fake.release() ends it sooner,
      as "release_file": PATH does once that file exists: how a test runs the server as a process)
@@ -874,7 +875,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         events = sse_events(message, item.get("chunk", DEFAULT_CHUNK))
         if "stream_error" in item:   # the content went out; the error replaces message_delta/stop
             err = {"type": item["stream_error"]["type"], "message": item["stream_error"].get("message", "")}
-            events[-2:] = [("error", {"type": "error", "error": err})]
+            cut = item["stream_error"].get("after_events", len(events) - 2)
+            events[cut:] = [("error", {"type": "error", "error": err})]
         self.send_response(200)
         for name, value in {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
                             "request-id": self.request_id, "transfer-encoding": "chunked"}.items():

@@ -1,4 +1,5 @@
 """End to end: the real `khaelor -p` process, the real anthropic SDK, the scripted fake API."""
+import contextlib
 import json
 import os
 import pty
@@ -168,6 +169,35 @@ def test_kill_9_while_a_reply_pauses_mid_text_keeps_the_words_already_shown(khae
     assert saved == "early words on screen. "
 
 
+def test_kill_9_while_the_model_thinks_keeps_its_line_for_the_resume(khaelor, fake):
+    """The screen showed `✻ Thinking · 1s · Plan it…` when khaelor was killed, and `khaelor -c`
+    showed nothing there: thinking reached the log only as a finished block. What streams of it is
+    saved on the clock as text is, and the resume's Interrupted draws its line (never sent)."""
+    import ui
+    fake.enqueue(reply(thinking("Plan it carefully. " * 20), text("never shown"), chunk=6,
+                       stall_after_events=8, stall_seconds=30))
+    # (stream-json: someone watches, so the API is asked for the thinking's text)
+    proc = khaelor.popen("-p", "think hard", "--output-format", "stream-json", "--verbose")
+    deadline = time.time() + 10
+    while not fake.requests and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.2)         # the pause: five deltas of thinking came, nothing since
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.release()
+    fake.enqueue(reply(text("Went on.")))
+    result = khaelor.run("-c", "-p", "go on")
+    assert result.returncode == 0, result.stderr
+    log = khaelor.log()
+    [cut] = [e for e in log if e["type"] == "Interrupted"]
+    assert cut["thinking"] == "Plan it carefully. Plan it car" and cut["thinking_ms"] >= 0
+    shown = "\n".join(ui.render_transcript(log, 80))
+    assert "✻ Thinking · 1s · Plan it carefully. Plan it car\n\n■ Interrupted" in shown, shown
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "Plan it" not in sent and "Went on." in result.stdout
+    assert_no_rejections(fake)
+
+
 def test_kill_9_while_a_command_runs_keeps_what_it_printed(khaelor, fake):
     """The user watched a long command print its failures, then khaelor was killed: on resume the
     cancelled result gives the model (and the replay) that output, not only "khaelor exited"."""
@@ -190,6 +220,46 @@ def test_kill_9_while_a_command_runs_keeps_what_it_printed(khaelor, fake):
     sent = json.dumps(fake.requests[-1]["body"]["messages"])
     assert "khaelor exited while the tool was running. Its output until then:" in sent
     assert "FAILED test_b: 2 != 3" in sent and not live.exists()
+    assert_no_rejections(fake)
+
+
+def test_kill_9_while_a_background_process_runs_keeps_what_it_printed(khaelor, fake):
+    """A server the model started printed its error, then khaelor was killed: `khaelor -c` closes
+    the process the log still calls running with that output, which the replay shows under its
+    line and the model reads when it asks for the process again."""
+    import ui
+    command = "echo 'listening on 8123'; echo 'ERROR: db down'; sleep 30"
+    fake.enqueue(reply(tool_use("process", {"action": "start", "command": command})),
+                 reply(text("waiting " * 50), chunk=5, stall_after_events=4, stall_seconds=30))
+    proc = khaelor.popen("-p", "start the server", "--yes")
+    home = Path(khaelor.env["KHAELOR_HOME"])
+    deadline = time.time() + 20
+    while time.time() < deadline and not list(home.glob("spill/*/running-*-p1.txt")):
+        time.sleep(0.05)
+    [live] = home.glob("spill/*/running-*-p1.txt")
+    # the start call has its result: the model streams its next reply (stalled)
+    while time.time() < deadline and (b"ERROR" not in live.read_bytes() or len(fake.requests) < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fake.release()
+    [started] = [e for e in khaelor.log() if e["type"] == "ProcessStarted"]
+    try:
+        fake.enqueue(reply(tool_use("process", {"action": "read", "id": "p1"})),
+                     reply(text("the db is down")))
+        result = khaelor.run("-c", "-p", "what did the server say?", "--yes")
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(started["pid"], signal.SIGKILL)       # no khaelor manages it any more
+    assert result.returncode == 0, result.stderr
+    log = khaelor.log()
+    [lost] = [e for e in log if e["type"] == "ProcessExited"]
+    assert lost["output"] == "listening on 8123\nERROR: db down" and not live.exists()
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "p1 was lost when khaelor exited" in sent and "ERROR: db down" in sent
+    shown = "\n".join(ui.render_transcript(log, 80))
+    assert "◆ process p1 exited None (lost: khaelor exited while it ran)\n  ⎿ listening" in shown
+    assert "ERROR: db down" in shown
     assert_no_rejections(fake)
 
 

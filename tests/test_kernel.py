@@ -4,6 +4,7 @@ import json
 import pytest
 
 import events
+import tools
 from kernel import StreamReducer, derive_next
 
 USAGE = {"input_tokens": 1, "output_tokens": 1, "cache_read_tokens": 0, "cache_write_tokens": 0}
@@ -293,7 +294,9 @@ def test_repair_closes_the_processes_the_log_still_calls_running(tmp_path):
     assert list(store.state.processes) == ["p1"]
     store.close()
     store = events.SessionStore.open(store.path)
-    agent = kernel.Kernel(bus=events.Bus(store), model=None, toolbox=None, ctx=None, rules=[],
+    # what the toolbox kept of their output (none here: they were only logged)
+    toolbox = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", None, None)
+    agent = kernel.Kernel(bus=events.Bus(store), model=None, toolbox=toolbox, ctx=None, rules=[],
                           project_root=tmp_path, ask=None)
     agent.repair()
     exited = [e for e in store.events if e["type"] == "ProcessExited"]

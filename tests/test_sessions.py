@@ -1064,6 +1064,38 @@ def test_thinking_cut_off_by_esc_replays_as_its_line_showed_and_is_never_sent(
     assert "Plan it" not in sent and "Went on." in shown
 
 
+@pytest.mark.parametrize("cut", ["thinking", "text", "retries exhausted"])
+def test_a_reply_an_api_error_ends_mid_block_replays_as_the_screen_showed_it(
+        fake, project, env, monkeypatch, cut):
+    """An error event mid-stream that no retry follows (or the last retry's): the screen kept the
+    thinking's line and every word that had streamed, but the log lost the thinking and the text
+    since the last save (a quarter of a second of it), so a resume showed less. Both are saved as
+    the stream ends."""
+    import model
+    from fake_api import thinking
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    # the clock's save would hide the loss: it is not due while the reply streams
+    monkeypatch.setattr(kernel, "CHECKPOINT_INTERVAL_S", 600)
+    monkeypatch.setattr(model, "BASE_DELAY_S", 0.01)
+    block = thinking("Plan it carefully. " * 20) if cut == "thinking" else text("Said so far. " * 9)
+    error = {"stream_error": {"type": "invalid_request_error", "message": "cut short",
+                              "after_events": 14}}
+    if cut == "retries exhausted":
+        error = {"drop_after_events": 14}
+    for _ in range(model.MAX_ATTEMPTS if cut == "retries exhausted" else 1):
+        fake.enqueue({"content": [block, text("never shown")], "chunk": 6, **error})
+    steps = ["go", lambda e: e["type"] == "TaskFailed"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 80))
+    assert replayed == shown, shown
+    kept = "✻ Thinking · 1s · Plan it carefully." if cut == "thinking" else "Said so far."
+    assert kept in shown
+    assert "never shown" not in shown
+    failed = types(log, "ModelRequestFailed")[-1]
+    assert failed["retrying"] is False and failed["message"] in " ".join(shown.split())
+
+
 def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_in_order(
         fake, project, env, monkeypatch, tmp_path):
     """QA: /export wrote the messages, replies and tool calls only: no command's answer, no `!`

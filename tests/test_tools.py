@@ -518,6 +518,24 @@ def test_process_rolling_buffer_drops_old_output_with_a_marker(box, monkeypatch)
     assert "\n1\n" not in text
 
 
+def test_a_running_process_keeps_its_newest_output_in_a_file_until_it_exits(box, monkeypatch):
+    """What a kill -9 of khaelor would leave for `repair` to read back: the file holds the newest
+    output, at most twice the buffer of it (a server runs for days); once the process's end is in
+    the log, the file goes."""
+    monkeypatch.setattr(tools, "PROCESS_BUFFER_CHARS", 1000)
+    box.call("process", action="start", command="seq 1 5000; sleep 30")
+    [live] = box.toolbox.spill_dir.glob("running-*-p1.txt")
+    for _ in range(100):
+        if live.read_text().endswith("5000\n"):
+            break
+        box.loop.run_until_complete(asyncio.sleep(0.05))
+    kept = live.read_text()
+    assert kept.endswith("\n4999\n5000\n") and len(kept) <= 2000, len(kept)
+    assert "".join(f"{n}\n" for n in range(1, 5001)).endswith(kept)
+    box.call("process", action="stop", id="p1")
+    assert not live.exists()
+
+
 def test_process_live_cap(box, monkeypatch):
     monkeypatch.setattr(tools, "PROCESS_LIVE_CAP", 2)
     monkeypatch.setattr(tools, "PROCESS_SETTLE_S", 0.01)
