@@ -84,11 +84,13 @@ class ForkServer:
                     self.statuses[message["id"]] = message["status"]
                 self.changed.notify_all()
 
-    def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None) -> tuple:
+    def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None, closed=(), rlimits=None) -> tuple:
         """Start `khaelor *argv` with `fds` as its stdin, stdout and stderr (or, with `tty`, as a
-        terminal's session leader); returns (the job's id, its pid)."""
+        terminal's session leader), without the fds in `closed` and under `rlimits` (see
+        fork_server.py); returns (the job's id, its pid)."""
         job_id = f"job-{next(self.numbers)}"
-        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "tty": tty}
+        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "tty": tty,
+               "closed": list(closed), "rlimits": rlimits or {}}
         with self.write_lock:
             socket.send_fds(self.jobs, [json.dumps(job).encode()], [] if tty else list(fds))
         with self.changed:
@@ -109,7 +111,14 @@ class ForkServer:
 class ForkedPopen(subprocess.Popen):
     """subprocess.Popen([python, khaelor.py, *argv], ...) whose child the fork server forks: the
     same pipes, files, terminals and contract (communicate, wait, poll, signals, returncode). It
-    replaces only the three steps of Popen that start and reap a child (CPython's POSIX ones)."""
+    replaces only the three steps of Popen that start and reap a child (CPython's POSIX ones).
+    Two options a preexec_fn would otherwise give a fresh child: `closed`, the fds of 0-2 it
+    starts without (what preexec_fn=lambda: os.close(0) does), and `rlimits`, the resource
+    limits it runs under ({"RLIMIT_FSIZE": 2000}: soft and hard)."""
+
+    def __init__(self, *args, closed=(), rlimits=None, **options):
+        self.closed, self.rlimits = closed, rlimits
+        super().__init__(*args, **options)
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
@@ -123,7 +132,8 @@ class ForkedPopen(subprocess.Popen):
         # and this process's directory and environment, unless given
         cwd = os.getcwd() if cwd is None else cwd
         env = dict(os.environ) if env is None else env
-        self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds)
+        self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds, closed=self.closed,
+                                                 rlimits=self.rlimits)
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
     def _try_wait(self, wait_flags):

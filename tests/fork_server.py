@@ -3,7 +3,9 @@
 It imports the SDK once (~1.9 s, most of a headless run's cost), runs `khaelor.main` once
 in-process (WARM_UP: {"cwd", "env", "argv"}, against a fake API) so the lazy imports and the SDK's
 schemas are built, then reads jobs from its stdin, a Unix SOCK_SEQPACKET socket: one message each,
-    {"id", "argv", "cwd", "env", "tty" (optional: a terminal's path)}
+    {"id", "argv", "cwd", "env", "tty" (optional: a terminal's path),
+     "closed" (optional: of fds 0-2, those the job starts without, as `<&-` or `>&-` leave them),
+     "rlimits" (optional: {"RLIMIT_FSIZE": 2000}, the soft and hard limits the job runs under)}
 carrying three file descriptors, the job's stdin, stdout and stderr (the pipes, files or terminal
 a subprocess.Popen child would get). It forks a child per job. The child is an ordinary process
 with the job's cwd, environment, argv and files as fds 0, 1 and 2; it runs
@@ -22,6 +24,7 @@ import gc
 import io
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -106,10 +109,17 @@ def become(job: dict, fds: list) -> None:
     for received in set(fds):
         if received > 2:
             os.close(received)
+    closed = job.get("closed", ())
+    for fd in closed:
+        os.close(fd)        # free, as in a process started without it: the next open takes it
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
-        stream = stdio(fd, getattr(sys, name))
+        # a closed one is None, as CPython's create_stdio makes it for an fd that is not valid
+        stream = None if fd in closed else stdio(fd, getattr(sys, name))
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+    # set here, in the job's own process, as a preexec_fn sets them before a fresh one's exec
+    for name, limit in job.get("rlimits", {}).items():
+        resource.setrlimit(getattr(resource, name), (limit, limit))
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
