@@ -185,7 +185,9 @@ def session_script():
     return [reply(text("Let me look at the notes first. " * 3), tool_use("read", {"file_path": "notes.txt"}),
                   chunk=6, delay=0.005),
             reply(text("Two things at once."), tool_use("bash", {"command": "sleep 0.3; echo one >> notes.txt"}),
-                  tool_use("bash", {"command": "python3 -c \"print('x' * 40000)\""}), chunk=6, delay=0.005),
+                  # 40 000 x's and a newline without a Python's start (~0.1 s of CPU, pyenv's shim)
+                  tool_use("bash", {"command": "head -c 40000 /dev/zero | tr '\\0' x; echo"}),
+                  chunk=6, delay=0.005),
             reply(tool_use("write", {"file_path": "big.txt", "content": "y" * 60000 + "\n"}), chunk=2000, delay=0.005),
             reply(thinking("The notes changed under me; try the edit anyway."),
                   tool_use("edit", {"file_path": "notes.txt", "old_string": "one", "new_string": "two"}),
