@@ -632,8 +632,8 @@ def test_ordinary_work_keeps_working_in_an_approved_sandbox(project, env):
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     npm = "npm test && " if shutil.which("npm") or os.environ.get("KHAELOR_CI") else ""
     code, out = sandboxed(project, env, "--write", "sh", "-c",
-                          f"make -s && {sys.executable} -m pytest -q -p no:cacheprovider {NO_PLUGINS}"
-                          " -n 0 test_x.py && "
+                          f"make -s && {sys.executable} -m pytest -q -p no:cacheprovider "
+                          f"{NO_PLUGINS} -n 0 test_x.py && "
                           f"{npm}git add -A && git -c user.name=u -c user.email=u@x commit -qm one && "
                           "git log --oneline | wc -l")
     assert code == 0, out
