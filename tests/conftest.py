@@ -50,24 +50,46 @@ def fake():
         yield server
 
 
+def start_fork_server(base: Path) -> tuple[subprocess.Popen, str]:
+    """Start tests/fork_server.py listening at a socket in `base`: (the server, its address). Its
+    warm-up runs in the background (this returns at once); a client that connects meanwhile waits
+    for it. Closing the server's stdin ends it."""
+    address = str(base / "server.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(16)
+    (base / "project" / ".git").mkdir(parents=True)
+    fake = FakeAnthropic([reply(text("Warming up."), tool_use("bash", {"command": "true"})),
+                          reply(text("ok"))]).__enter__()
+    warm_up = {"cwd": str(base / "project"), "argv": ["-p", "warm up", "--yes"],
+               "env": {**base_env(base), "KHAELOR_HOME": str(base / "home"),
+                       "ANTHROPIC_BASE_URL": fake.base_url}}
+    server = [sys.executable, str(ROOT / "tests" / "fork_server.py"), str(ROOT),
+              json.dumps(warm_up), str(listener.fileno())]
+    proc = subprocess.Popen(server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            pass_fds=[listener.fileno()])
+    listener.close()            # the server's now: once it has gone, a connect is refused
+
+    def end_the_warm_up():
+        """The fake API lives until the warm-up has used it (the server says it is ready)."""
+        proc.stdout.readline()
+        fake.__exit__(None, None, None)
+    threading.Thread(target=end_the_warm_up, daemon=True).start()
+    return proc, address
+
+
 class ForkServer:
-    """The client of tests/fork_server.py: a process that imported the SDK once and forks the real
+    """A client of tests/fork_server.py: a process that imported the SDK once and forks the real
     `khaelor.main` per job. Each child is an ordinary process with its own cwd, environment and
     files; it skips only the ~1.9 s SDK import that would otherwise be most of the suite's time."""
 
-    def __init__(self, base: Path):
-        with FakeAnthropic([reply(text("Warming up."), tool_use("bash", {"command": "true"})),
-                            reply(text("ok"))]) as fake:
-            warm_up = {"cwd": str(base / "project"), "argv": ["-p", "warm up", "--yes"],
-                       "env": {**base_env(base), "KHAELOR_HOME": str(base / "home"),
-                               "ANTHROPIC_BASE_URL": fake.base_url}}
-            (base / "project" / ".git").mkdir(parents=True)
-            server = [sys.executable, str(ROOT / "tests" / "fork_server.py"), str(ROOT)]
-            self.jobs, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            self.proc = subprocess.Popen([*server, json.dumps(warm_up)], stdin=theirs,
-                                         stdout=subprocess.PIPE, text=True, bufsize=1)
-            theirs.close()
-            assert "ready" in json.loads(self.proc.stdout.readline())
+    def __init__(self, address: str):
+        self.jobs = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.jobs.connect(address)
+        self.jobs.settimeout(120)       # the server's warm-up, on a machine under load
+        ready = self.jobs.recv(1 << 16)
+        assert ready, "the fork server ended before it was ready: its warm-up failed"
+        self.jobs.settimeout(None)
         self.pids, self.statuses = {}, {}
         self.changed = threading.Condition()
         self.write_lock = threading.Lock()
@@ -75,8 +97,8 @@ class ForkServer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            message = json.loads(line)
+        while data := self.jobs.recv(1 << 16):
+            message = json.loads(data)
             with self.changed:
                 if "pid" in message:
                     self.pids[message["id"]] = message["pid"]
@@ -84,11 +106,13 @@ class ForkServer:
                     self.statuses[message["id"]] = message["status"]
                 self.changed.notify_all()
 
-    def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None) -> tuple:
+    def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None, closed=(), rlimits=None) -> tuple:
         """Start `khaelor *argv` with `fds` as its stdin, stdout and stderr (or, with `tty`, as a
-        terminal's session leader); returns (the job's id, its pid)."""
+        terminal's session leader), without the fds in `closed` and under `rlimits` (see
+        fork_server.py); returns (the job's id, its pid)."""
         job_id = f"job-{next(self.numbers)}"
-        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "tty": tty}
+        job = {"id": job_id, "argv": list(argv), "cwd": str(cwd), "env": env, "tty": tty,
+               "closed": list(closed), "rlimits": rlimits or {}}
         with self.write_lock:
             socket.send_fds(self.jobs, [json.dumps(job).encode()], [] if tty else list(fds))
         with self.changed:
@@ -103,13 +127,19 @@ class ForkServer:
 
     def close(self):
         self.jobs.close()
-        self.proc.wait(timeout=20)
 
 
 class ForkedPopen(subprocess.Popen):
     """subprocess.Popen([python, khaelor.py, *argv], ...) whose child the fork server forks: the
     same pipes, files, terminals and contract (communicate, wait, poll, signals, returncode). It
-    replaces only the three steps of Popen that start and reap a child (CPython's POSIX ones)."""
+    replaces only the three steps of Popen that start and reap a child (CPython's POSIX ones).
+    Two options a preexec_fn would otherwise give a fresh child: `closed`, the fds of 0-2 it
+    starts without (what preexec_fn=lambda: os.close(0) does), and `rlimits`, the resource
+    limits it runs under ({"RLIMIT_FSIZE": 2000}: soft and hard)."""
+
+    def __init__(self, *args, closed=(), rlimits=None, **options):
+        self.closed, self.rlimits = closed, rlimits
+        super().__init__(*args, **options)
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
@@ -123,7 +153,8 @@ class ForkedPopen(subprocess.Popen):
         # and this process's directory and environment, unless given
         cwd = os.getcwd() if cwd is None else cwd
         env = dict(os.environ) if env is None else env
-        self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds)
+        self.job, self.pid = fork_server().spawn(args[2:], cwd, env, fds, closed=self.closed,
+                                                 rlimits=self.rlimits)
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
     def _try_wait(self, wait_flags):
@@ -140,15 +171,31 @@ class ForkedPopen(subprocess.Popen):
 
 _fork_server = {}
 _fork_server_lock = threading.Lock()
+# where an xdist run's fork server listens: the controller starts it, its workers connect
+FORK_SERVER_ADDRESS = "KHAELOR_TESTS_FORK_SERVER"
 
 
 def fork_server() -> ForkServer:
-    """This worker's fork server, started on first use (a worker with no CLI test starts none)."""
+    """This worker's client of the run's fork server (connected on first use). Without xdist,
+    this process starts the server itself."""
     with _fork_server_lock:
-        if "server" not in _fork_server:
-            base = _fork_server["config"]._tmp_path_factory.mktemp("fork-server")
-            _fork_server["server"] = ForkServer(base)
-        return _fork_server["server"]
+        if "client" not in _fork_server:
+            address = os.environ.get(FORK_SERVER_ADDRESS)
+            if address is None:
+                base = _fork_server["config"]._tmp_path_factory.mktemp("fork-server")
+                _fork_server["process"], address = start_fork_server(base)
+            _fork_server["client"] = ForkServer(address)
+        return _fork_server["client"]
+
+
+def end_fork_server() -> None:
+    """Close this process's client, and the server if this process started it."""
+    if "client" in _fork_server:
+        _fork_server.pop("client").close()
+    if "process" in _fork_server:
+        process = _fork_server.pop("process")
+        process.stdin.close()
+        process.wait(timeout=20)
 
 
 def khaelor_popen(argv, cwd, env, fresh=False, **options) -> subprocess.Popen:
@@ -351,9 +398,20 @@ def kernel_turn(project, env, fake, monkeypatch):
     return lambda prompt, ask: asyncio.run(turn(prompt, ask))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """In an xdist controller, before its workers start (xdist starts them here too): one fork
+    server for all of them (they inherit its address), its SDK import and warm-up (~2.5 s of CPU)
+    made once, while the workers start."""
+    config = session.config
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        base = config._tmp_path_factory.getbasetemp() / "fork-server"
+        base.mkdir()
+        _fork_server["process"], os.environ[FORK_SERVER_ADDRESS] = start_fork_server(base)
+
+
 def pytest_unconfigure(config):
-    if "server" in _fork_server:
-        _fork_server.pop("server").close()
+    end_fork_server()
 
 
 _suite_end = {}

@@ -1,9 +1,15 @@
-"""The fork server the tests run the real program through: `python fork_server.py ROOT WARM_UP`.
+"""The fork server the tests run the real program through:
+`python fork_server.py ROOT WARM_UP LISTENER`.
 
 It imports the SDK once (~1.9 s, most of a headless run's cost), runs `khaelor.main` once
 in-process (WARM_UP: {"cwd", "env", "argv"}, against a fake API) so the lazy imports and the SDK's
-schemas are built, then reads jobs from its stdin, a Unix SOCK_SEQPACKET socket: one message each,
-    {"id", "argv", "cwd", "env", "tty" (optional: a terminal's path)}
+schemas are built, prints {"ready": its pid}, then serves the clients that connect to LISTENER (the
+number of an inherited, listening Unix SOCK_SEQPACKET socket): all the xdist workers of a run
+share one server, so the import and the warm-up are paid once, not once per worker. A client is
+sent {"ready": pid} once accepted, then sends jobs: one message each,
+    {"id", "argv", "cwd", "env", "tty" (optional: a terminal's path),
+     "closed" (optional: of fds 0-2, those the job starts without, as `<&-` or `>&-` leave them),
+     "rlimits" (optional: {"RLIMIT_FSIZE": 2000}, the soft and hard limits the job runs under)}
 carrying three file descriptors, the job's stdin, stdout and stderr (the pipes, files or terminal
 a subprocess.Popen child would get). It forks a child per job. The child is an ordinary process
 with the job's cwd, environment, argv and files as fds 0, 1 and 2; it runs
@@ -12,9 +18,9 @@ threads, atexit, the flush, the exit status), without the interpreter's teardown
 end_as_the_interpreter_would). With "tty", the child is what a terminal's shell starts:
 a session leader whose controlling terminal is that one (the terminal must have no session: see
 tests/pane.py). The job's env may set KHAELOR_TEST_CONSTANTS (see become). For each job the
-server prints {"id", "pid"} once forked and {"id", "status"}
-once reaped (the raw wait status). EOF on stdin ends the server. conftest.py's ForkServer is the
-other end.
+server sends its client {"id", "pid"} once forked and {"id", "status"} once reaped (the raw wait
+status). EOF on stdin ends the server. conftest.py's ForkServer is the client, and
+start_fork_server the one that starts it.
 """
 import atexit
 import fcntl
@@ -22,6 +28,7 @@ import gc
 import io
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -61,27 +68,44 @@ def warm_up(job: dict) -> None:
     assert signal.set_wakeup_fd(-1) == -1, "the warm-up left its event loop's wakeup fd"
 
 
-def tell(message: dict) -> None:
-    print(json.dumps(message), flush=True)
+def tell(client: socket.socket, message: dict) -> None:
+    try:
+        client.send(json.dumps(message).encode())
+    except OSError:
+        pass        # the client has gone (its worker ended): nobody is waiting for this
 
 
-def serve(jobs: socket.socket) -> tuple:
-    """Fork a child per job and report the exits. Returns, in the child only, (job, its fds)."""
+def serve(listener: socket.socket) -> tuple:
+    """Accept clients, fork a child per job and report the exits to the job's client. Returns, in
+    the child only, (job, its fds, the server's sockets the child must close); ({}, [], []) once
+    stdin reaches EOF."""
+    clients = []
     children = {}
     while True:
         # a job's exit is noticed within 10 ms; with none running, wait for the next job
-        if select.select([jobs], [], [], 0.01 if children else None)[0]:
-            data, fds, _, _ = socket.recv_fds(jobs, 1 << 20, 3)
-            if not data:
-                return {}, []
-            job = json.loads(data)
-            pid = os.fork()
-            if pid == 0:
-                return job, fds
-            for fd in fds:
-                os.close(fd)
-            children[pid] = job["id"]
-            tell({"id": job["id"], "pid": pid})
+        waiting = [sys.stdin, listener, *clients]
+        for ready in select.select(waiting, [], [], 0.01 if children else None)[0]:
+            if ready is sys.stdin:
+                if not os.read(0, 1 << 10):
+                    return {}, [], []
+            elif ready is listener:
+                client, _ = listener.accept()
+                clients.append(client)
+                tell(client, {"ready": os.getpid()})
+            else:
+                data, fds, _, _ = socket.recv_fds(ready, 1 << 20, 3)
+                if not data:
+                    clients.remove(ready)
+                    ready.close()
+                    continue
+                job = json.loads(data)
+                pid = os.fork()
+                if pid == 0:
+                    return job, fds, [listener, *clients]
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = ready, job["id"]
+                tell(ready, {"id": job["id"], "pid": pid})
         reap(children)
 
 
@@ -90,12 +114,13 @@ def reap(children: dict) -> None:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if not pid:
             return
-        tell({"id": children.pop(pid), "status": status})
+        client, job_id = children.pop(pid)
+        tell(client, {"id": job_id, "status": status})
 
 
 def become(job: dict, fds: list) -> None:
     """Turn this forked child into the job's process: its files, terminal, directory, environment
-    and argv. The server's own fds 0 and 1 (the job socket, the report pipe) are replaced."""
+    and argv. The server's own fds 0 and 1 (its stdin, its stdout) are replaced."""
     if job.get("tty"):
         os.setsid()
         terminal = os.open(job["tty"], os.O_RDWR)
@@ -106,10 +131,17 @@ def become(job: dict, fds: list) -> None:
     for received in set(fds):
         if received > 2:
             os.close(received)
+    closed = job.get("closed", ())
+    for fd in closed:
+        os.close(fd)        # free, as in a process started without it: the next open takes it
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
-        stream = stdio(fd, getattr(sys, name))
+        # a closed one is None, as CPython's create_stdio makes it for an fd that is not valid
+        stream = None if fd in closed else stdio(fd, getattr(sys, name))
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+    # set here, in the job's own process, as a preexec_fn sets them before a fresh one's exec
+    for name, limit in job.get("rlimits", {}).items():
+        resource.setrlimit(getattr(resource, name), (limit, limit))
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
@@ -162,11 +194,11 @@ warm_up(json.loads(sys.argv[2]))
 # from 0.47 s to 0.15 s.
 gc.collect()
 gc.freeze()
-tell({"ready": os.getpid()})
-job_socket = socket.socket(fileno=0)
-job, job_fds = serve(job_socket)
+print(json.dumps({"ready": os.getpid()}), flush=True)
+job, job_fds, servers = serve(socket.socket(fileno=int(sys.argv[3])))
 if job:
-    job_socket.detach()          # fd 0 becomes the job's stdin: the socket object must not close it
+    for server_socket in servers:
+        server_socket.close()        # the server's, not the job's
     become(job, job_fds)
     try:
         code = khaelor.main(job["argv"])

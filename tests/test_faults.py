@@ -8,7 +8,6 @@ server's own rules.
 """
 import json
 import random
-import resource
 import shutil
 import signal
 import subprocess
@@ -29,10 +28,12 @@ KEY = "sk-test-secret-key"      # conftest's env fixture; test_abuse greps for i
 
 
 def run_cli(project, env, *args, fake=None, extra_env=None, timeout=60, fresh=False,
-            preexec_fn=None):
-    """One real `khaelor …` (what the `khaelor` fixture does, with a few more knobs)."""
+            rlimits=None):
+    """One real `khaelor …` (what the `khaelor` fixture does, with a few more knobs: `rlimits`,
+    the resource limits a forked run runs under)."""
     env = {**env, **({"ANTHROPIC_BASE_URL": fake.base_url} if fake else {}), **(extra_env or {})}
-    result = run_khaelor(args, project, env, timeout=timeout, fresh=fresh, preexec_fn=preexec_fn)
+    options = {"rlimits": rlimits} if rlimits else {}
+    result = run_khaelor(args, project, env, timeout=timeout, fresh=fresh, **options)
     with open(Path(project).parent / "khaelor-output.txt", "a", encoding="utf-8") as kept:   # for test_abuse's key scan
         kept.write(f"$ khaelor {' '.join(args)[:200]}\n{result.stdout}{result.stderr}")
     return result
@@ -184,7 +185,9 @@ def session_script():
     return [reply(text("Let me look at the notes first. " * 3), tool_use("read", {"file_path": "notes.txt"}),
                   chunk=6, delay=0.005),
             reply(text("Two things at once."), tool_use("bash", {"command": "sleep 0.3; echo one >> notes.txt"}),
-                  tool_use("bash", {"command": "python3 -c \"print('x' * 40000)\""}), chunk=6, delay=0.005),
+                  # 40 000 x's and a newline without a Python's start (~0.1 s of CPU, pyenv's shim)
+                  tool_use("bash", {"command": "head -c 40000 /dev/zero | tr '\\0' x; echo"}),
+                  chunk=6, delay=0.005),
             reply(tool_use("write", {"file_path": "big.txt", "content": "y" * 60000 + "\n"}), chunk=2000, delay=0.005),
             reply(thinking("The notes changed under me; try the edit anyway."),
                   tool_use("edit", {"file_path": "notes.txt", "old_string": "one", "new_string": "two"}),
@@ -409,11 +412,10 @@ def test_a_log_from_a_newer_khaelor_is_refused_untouched(project, env):
 
 def test_a_full_disk_while_appending_is_a_clear_error_and_the_log_stays_whole(project, env):
     """RLIMIT_FSIZE makes an append write part of a line and then fail, as a full disk does."""
-    def small_disk():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))   # SessionCreated and the prompt fit; the answer not
+    small_disk = {"RLIMIT_FSIZE": 2000}     # SessionCreated and the prompt fit; the answer not
     with FakeAnthropic([reply(text("a long answer " * 400))]) as fake:
-        # fresh: the limit must bind the program's own process, not the fork server's output files
-        full = run_cli(project, env, "-p", "first", fake=fake, fresh=True, preexec_fn=small_disk)
+        # the forked run's own limit (set in its process, not the fork server's)
+        full = run_cli(project, env, "-p", "first", fake=fake, rlimits=small_disk)
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr
         assert "cannot append to the session log (File too large)" in full.stderr.splitlines()[-1]

@@ -768,13 +768,10 @@ def test_a_closed_stdin_or_stdout_is_read_and_written_as_dev_null(khaelor, fake)
     """`khaelor -p - <&-` crashed ("internal error: AttributeError: 'NoneType' object has no attribute
     'isatty'"), and `khaelor sessions >&-` ended in a traceback: a closed standard stream is
     /dev/null, so -p - has an empty prompt (exit 2) and output goes nowhere."""
-    import sys
-    argv = [sys.executable, str(Path(__file__).resolve().parent.parent / "khaelor.py")]
-
     def run(*args, close):
-        return subprocess.run([*argv, *args], cwd=khaelor.project, env=khaelor.env, text=True,
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                              preexec_fn=lambda: os.close(close))
+        # forked without that fd: as a fresh interpreter started so, it has sys.stdin (or stdout)
+        # None, and the fd is free for the next file it opens
+        return run_khaelor(args, khaelor.project, khaelor.env, closed=(close,))
 
     closed_stdin = run("-p", "-", close=0)
     assert closed_stdin.returncode == 2, closed_stdin.stderr
