@@ -471,10 +471,11 @@ class Context:
                 self.notes.append(note)
         return taken
 
-    def volatile_facts(self, processes: list[dict],
-                       world_seq: int | None = None) -> str:
-        """Date, git and running processes, wrapped in <environment>; small and new every turn.
-        `world_seq`: the log's newest event that may have changed the tree (None: unknown)."""
+    def volatile_facts(self, processes: list[dict], world_seq: int | None = None,
+                       ended: list[dict] = ()) -> str:
+        """Date, git, running processes and those that ended since (State.ended: a crashed
+        server, one lost with a killed khaelor), wrapped in <environment>; small and new every
+        turn. `world_seq`: the log's newest event that may have changed the tree (None: unknown)."""
         lines = [f"Date: {datetime.date.today():%A %Y-%m-%d}"]
         git = self.git_status_line(world_seq)
         # none outside a repository
@@ -483,13 +484,15 @@ class Context:
         if processes:
             lines.append("Running processes (see the process tool):")
         for proc in processes[:10]:
-            command = " ".join(str(proc.get("command", "")).split())
-            if len(command) > 120:
-                command = command[:117] + "..."
             ran = events.duration(proc.get("runtime_s") or 0)
-            lines.append(f"- {proc.get('process_id')}: {command} (running {ran})")
+            lines.append(f"- {proc.get('process_id')}: {_one_line(proc.get('command'))}"
+                         f" (running {ran})")
         if len(processes) > 10:
             lines.append(f"- … and {len(processes) - 10} more")
+        if ended:
+            lines.append("Ended since the last message (`process read` shows their output):")
+        for proc in ended[:10]:
+            lines.append(f"- {proc['id']}: {_one_line(proc['command'])} ({events.process_end(proc)})")
         return ENVIRONMENT_OPEN + "\n" + "\n".join(lines) + "\n</environment>"
 
     def git_status_line(self, world_seq: int | None) -> str | None:
@@ -595,6 +598,12 @@ class Context:
                  "cache_write_tokens": write,
                  "usable_tokens": self.usable_tokens}
         return rows + [total]
+
+
+def _one_line(command) -> str:
+    """A process's command for the facts: one line, at most 120 characters."""
+    command = " ".join(str(command or "").split())
+    return command[:117] + "..." if len(command) > 120 else command
 
 
 def summarize_git_status(out: str) -> str:

@@ -1109,6 +1109,7 @@ class State:
         self.processes = {}             # running: process_id -> {id, command, status}
         self.started_by = {}            # process_id -> the tool_use_id of its process start
         self.lost_output = {}           # process_id -> what it printed before khaelor was killed
+        self.ended = []                 # processes ended since the model's last facts, unstopped
         self.n_processes = 0            # the highest process number started ("p7" -> 7)
         self.user_texts = []            # (seq, text) of every user message
         self.calls = {}                 # tool_use_id -> ToolRequested, until its result
@@ -1472,7 +1473,11 @@ def _on_process_exited(state: State, event: dict) -> None:
     for command in state.commands:
         if command.get("process_id") == event["process_id"]:
             command["exit_code"] = event.get("exit_code")
-    state.processes.pop(event["process_id"], None)
+    process = state.processes.pop(event["process_id"], None)
+    # (one the model stopped itself it knows of)
+    if process is not None and event.get("cause") != "stopped":
+        state.ended = state.ended + [{**process, "exit_code": event.get("exit_code"),
+                                      "cause": event.get("cause", "")}]
     if event.get("output"):
         state.lost_output[event["process_id"]] = event["output"]
 
@@ -1514,6 +1519,23 @@ def _on_renamed(state: State, event: dict) -> None:
     state.title = event["title"]
 
 
+def process_end(exited: dict) -> str:
+    """"exited with code 1", "lost: khaelor exited while it ran" …: a ProcessExited's fields
+    in words, for the screen and the model's facts."""
+    cause, code = str(exited.get("cause") or "exited"), exited.get("exit_code")
+    if cause == "khaelor exit":
+        return "stopped when khaelor exited"
+    if cause != "exited":
+        return cause if code is None else f"{cause}, exit code {code}"
+    if isinstance(code, int) and code < 0:
+        return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _on_environment_noted(state: State, event: dict) -> None:
+    state.ended = []        # the facts named them
+
+
 _HANDLERS = {
     "UserMessageCreated": _on_user_message,
     "SteeringQueued": _on_steering_queued,
@@ -1531,6 +1553,7 @@ _HANDLERS = {
     "Rewound": _on_rewound,
     "ProcessStarted": _on_process_started,
     "ProcessExited": _on_process_exited,
+    "EnvironmentNoted": _on_environment_noted,
     "VerificationRequested": _on_verification,
     "PermissionRequested": _on_permission_requested,
     "PermissionGranted": _on_permission_granted,

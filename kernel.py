@@ -730,7 +730,7 @@ class Kernel:
             processes = self.toolbox.running_processes()
             world_seq = self.state.world_seq
             facts = await asyncio.to_thread(self.ctx.volatile_facts,
-                                            processes, world_seq)
+                                            processes, world_seq, self.state.ended)
             if self.turn_mode() == "plan":
                 # after the user's message: leaving plan mode keeps the cached system prompt valid
                 facts += "\n" + context.PLAN_MODE

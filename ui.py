@@ -813,7 +813,7 @@ NOTE_FORMATS = {
     "ContextPruned": "◇ Context: old tool results pruned ({n_pruned}; /context says why)",
     "ContextCompacted": "◇ Context compacted: earlier turns are now a summary",
     "VerificationRequested": "◇ Checking the work before answering",
-    "ProcessExited": "◆ process {process_id} exited {exit_code} ({cause})",
+    "ProcessExited": "◆ process {process_id}: {ended}",
     "SessionRenamed": "◇ Session: {title}",
     "ModelChanged": "◇ Model: {model}",
     "Rewound": "◇ Rewound the work tree to before step {step}",
@@ -1006,7 +1006,8 @@ class Timeline:
             self.flush_live()
         if kind in NOTE_FORMATS:
             fields = collections.defaultdict(lambda: "?", event,
-                                             n_pruned=len(event.get("tool_use_ids") or []))
+                                             n_pruned=len(event.get("tool_use_ids") or []),
+                                             ended=events.process_end(event))
             note = self._dim_lines(NOTE_FORMATS[kind].format_map(fields))
             # a process lost with khaelor: what it had printed, under its line as under a card
             shown = self._card_block(FinishedCard(note, card_output(event, {}), False))

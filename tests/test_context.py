@@ -446,6 +446,27 @@ def test_volatile_facts_from_a_real_repository(tmp_path):
     assert "Git:" not in make_context(tmp_path).volatile_facts([])   # no workspace, no git line
 
 
+def test_the_facts_say_which_processes_ended_since_the_last_message_and_how(tmp_path):
+    """A dev server that crashed, or was lost with a killed khaelor, is named once in the next
+    turn's facts, so the model does not go on as if it ran; one it stopped itself is not."""
+    log = [{"type": "ProcessStarted", "process_id": f"p{n}", "pid": n, "command": command}
+           for n, command in enumerate(["npm run dev", "pytest -x", "sleep 99", "sh s"], 1)]
+    log += [{"type": "ProcessExited", "process_id": "p1", "exit_code": 3, "cause": "exited"},
+            {"type": "ProcessExited", "process_id": "p2", "exit_code": -15, "cause": "stopped"},
+            {"type": "ProcessExited", "process_id": "p3", "exit_code": -9, "cause": "exited"},
+            {"type": "ProcessExited", "process_id": "p4", "exit_code": None,
+             "cause": "lost: khaelor exited while it ran"}]
+    state = events.replay([{**event, "seq": seq} for seq, event in enumerate(log, 1)])
+    facts = make_context(tmp_path).volatile_facts([], ended=state.ended)
+    assert "Ended since the last message (`process read` shows their output):" in facts
+    assert "- p1: npm run dev (exited with code 3)" in facts
+    assert "- p3: sleep 99 (killed by signal 9)" in facts
+    assert "- p4: sh s (lost: khaelor exited while it ran)" in facts
+    assert "p2" not in facts
+    events.apply(state, {"type": "EnvironmentNoted", "text": facts, "seq": 99})
+    assert "Ended" not in make_context(tmp_path).volatile_facts([], ended=state.ended)
+
+
 # ---------------------------------------------------------------- budget and pruning
 
 def tool_turns(n_results: int, chars: int) -> Log:

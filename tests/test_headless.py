@@ -258,7 +258,10 @@ def test_kill_9_while_a_background_process_runs_keeps_what_it_printed(khaelor, f
     sent = json.dumps(fake.requests[-1]["body"]["messages"])
     assert "p1 was lost when khaelor exited" in sent and "ERROR: db down" in sent
     shown = "\n".join(ui.render_transcript(log, 80))
-    assert "◆ process p1 exited None (lost: khaelor exited while it ran)\n  ⎿ listening" in shown
+    assert "◆ process p1: lost: khaelor exited while it ran\n  ⎿ listening" in shown
+    # the resumed turn's facts say so before the model asks (the next turn's no more)
+    facts = json.dumps(fake.requests[-2]["body"]["messages"][-1])
+    assert "- p1: echo 'listening on 8123'" in facts and "(lost: khaelor exited while it ran)" in facts
     assert "ERROR: db down" in shown
     assert_no_rejections(fake)
 

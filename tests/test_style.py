@@ -70,12 +70,13 @@ def line_count(name: str) -> int:
 # (the replay in the live order, output kept when a command is stopped or killed,
 # permission_denials), and in session 16 by 61 of the security core (what a host loses for good:
 # an HTTP DELETE, gh secret set, a repository made public; a deny rule held under --yes through
-# programs that run the words after them) and 135 elsewhere (the sandbox's refusals in
+# programs that run the words after them) and 168 elsewhere (the sandbox's refusals in
 # permission_denials; text hidden in tag characters kept from the model; a background process's
-# output and the thinking an API error cut off kept through a kill -9 or the error), less 18
+# output and the thinking an API error cut off kept through a kill -9 or the error; the facts
+# name the processes that ended since the last message), less 18
 # lines of the core read again (one glob expansion, publishes as table rows): issue 21's note
 # lists them.
-RUNTIME_LINES = 20_399
+RUNTIME_LINES = 20_432
 SECURITY_CORE_LINES = 5_842
 
 

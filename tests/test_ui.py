@@ -1799,7 +1799,8 @@ def test_steering_queued_mid_code_block_shows_after_the_block(width):
 @pytest.mark.parametrize("change, line", [
     (event("ModelChanged", model="claude-opus-5-5"), "◇ Model: claude-opus-5-5"),
     (event("ThinkingChanged", effort="max"), "◇ effort max from the next message"),
-    (event("ProcessExited", process_id="p1", exit_code=0, cause="exit"), "◆ process p1 exited")])
+    (event("ProcessExited", process_id="p1", exit_code=0, cause="exited"),
+     "◆ process p1: exited with code 0")])
 def test_a_choice_or_a_note_made_mid_reply_shows_after_the_streamed_block(width, change, line):
     """QA: `/model opus` typed while the reply streamed showed "◇ Model: claude-opus-5-5" above
     the reply (the note settled at once, the reply's paragraph after it). A note lands where
@@ -1861,7 +1862,7 @@ def test_a_newline_in_a_one_line_notice_is_escaped():
     text = timeline_text([event("SessionRenamed", title="two\nlines"),
                           event("ProcessExited", process_id="p1", exit_code=1,
                                 cause="killed\nrm -rf x")])
-    assert "◇ Session: two\\nlines" in text and "(killed\\nrm -rf x)" in text
+    assert "◇ Session: two\\nlines" in text and "◆ process p1: killed\\nrm -rf x" in text
     assert all("\n" not in line for line in ui.render_transcript(
         [event("SessionRenamed", title="a\nb\nc")], 80))
 
@@ -2578,7 +2579,7 @@ def test_a_note_wraps_at_width_40_instead_of_losing_its_end():
                                  cause="killed by a signal"),
                            event("SessionRenamed", title="two\nlines")], width=40)
     words = " ".join(lines.replace("\n", " ").split())
-    assert "earlier turns are now a summary" in words and "exited 137 (killed by a signal)" in words
+    assert "earlier turns are now a summary" in words and "killed by a signal, exit code 137" in words
     assert "◇ Session: two\\nlines" in words
     assert all(ui.visible_width(line) <= 40 for line in lines.split("\n"))
 
