@@ -492,7 +492,8 @@ class Context:
         if ended:
             lines.append("Ended since the last message (`process read` shows their output):")
         for proc in ended[:10]:
-            lines.append(f"- {proc['id']}: {_one_line(proc['command'])} ({events.process_end(proc)})")
+            how = events.process_end(proc)
+            lines.append(f"- {proc['id']}: {_one_line(proc['command'])} ({how})")
         return ENVIRONMENT_OPEN + "\n" + "\n".join(lines) + "\n</environment>"
 
     def git_status_line(self, world_seq: int | None) -> str | None:
