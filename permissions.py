@@ -401,7 +401,18 @@ POLICY: dict[str, Program] = {
     **_each("aria2c dig ftp host http https netcat nslookup ping whois", Program(network="*")),
     **_each("curl sftp wget", Program("exact", network="*")),
     **_each("rsync scp", Program("exact writes-last into", network="*")),
-    "tar": Program("moded", ("b:C:f:F:g:H:I:K:L:N:T:V:X:", "")),
+    # (its options with an optional value are plain; so are list, sparse and xattrs, which would
+    # otherwise be read as short for listed-incremental=, sparse-version= and xattrs-include=)
+    "tar": Program("moded", ("b:C:f:F:g:H:I:K:L:N:T:V:X:", """
+        add-file= after-date= blocking-factor= checkpoint-action= directory= exclude= exclude-from=
+        exclude-ignore= exclude-ignore-recursive= exclude-tag= exclude-tag-all= exclude-tag-under=
+        file= files-from= format= group= group-map= hole-detection= index-file= info-script=
+        label= level= listed-incremental= mode= mtime= new-volume-script= newer= newer-mtime=
+        no-quote-chars= owner= owner-map= pax-option= quote-chars= quoting-style= record-size=
+        rmt-command= rsh-command= sort= sparse-version= starting-file= strip-components= suffix=
+        tape-length= to-command= transform= use-compress-program= volno-file= warning=
+        xattrs-exclude= xattrs-include= xform= atime-preserve backup checkpoint occurrence
+        one-top-level totals list sparse xattrs""")),
     **_each("""
         bunzip2 bzip2 cpio gunzip gzip lz4 unxz unzip unzstd xz zip zstd""", Program("moded")),
     "gh": Program(network="*", arity=3),
@@ -529,7 +540,7 @@ POLICY: dict[str, Program] = {
     "mv": Program("exact writes into"),
     "dd": Program("exact writes-of"),
     "patch": Program("patches", ("B:D:F:V:Y:d:g:i:o:p:r:z:", """
-        backup-if-mismatch= define= directory= fuzz= get= input= output= prefix= reject-file=
+        backup-if-mismatch define= directory= fuzz= get= input= output= prefix= reject-file=
         strip= suffix= version-control= basename-prefix= quoting-style= reject-format=""")),
     **_each("""
         ./gradlew ansible artisan bazel buildah bunx cabal cdk cf cmake conda consul crictl
@@ -1776,11 +1787,16 @@ def _part_requests(part: _Part, root: str, compound: bool,
         for place in places:
             requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
     for place in places:
-        written = _written(part.core, place, root) + _wrappers_written(part)
+        written = _written(part.core, place, root)
         if _row(*part.core[:1]).has("patches"):
             written = _patched(part.core, part.redirects, place)
         for word in dict.fromkeys(written):
             requests += map(_as_written, _word_requests(word, place, root, FILE_READ))
+        # a wrapper's output (time -o F ls) is judged as a redirection's: an allow of `time *`
+        # reaches only the command it wraps, judged alone
+        for word in _wrappers_written(part):
+            if word not in _SAFE_DEVICES:
+                requests += _word_requests(word, place, root, FILE_WRITE)
     for place in places:
         for secret in _recursive_secrets(part._replace(cwd=place)):
             request = _path_request(secret, place, root, FILE_READ)
@@ -2174,15 +2190,16 @@ def _archive_written(core: tuple[str, ...], cwd: str, root: str) -> list[str]:
             return []                   # it lists, tests or prints
         return [directory] + _members(operands[:1], directory, cwd, root)
     options = _parse(_tar_arguments(core[1:]), POLICY["tar"].reads_value)[0]
-    values = {o.name: o.value for o in options if o.value is not None}
-    archive = values.get("-f") or values.get("--file")
+    archive = _option_value(options, "-f", "file")
     extracts = any(o.name == "-x" or _abbreviates(o.name, "--extract", "--get") for o in options)
-    makes = any(o.name in ("-c", "-r", "-u", "-A") for o in options)
+    # (--delete rewrites the archive too)
+    modes = ("create", "append", "update", "catenate", "concatenate", "delete")
+    makes = any(o.name in ("-c", "-r", "-u", "-A") or _abbreviates(o.name, *modes) for o in options)
     if makes:
         return [archive] if archive else []
     if not extracts:
         return []
-    directory = values.get("-C") or values.get("--directory") or "."
+    directory = _option_value(options, "-C", "directory") or "."
     return [directory] + _members([archive] if archive else [], directory, cwd, root)
 
 
@@ -2310,6 +2327,9 @@ _WRITE_OPTIONS = {
     "curl": ("o", "output"),
     "wget": ("O", "output-document"),
     "patch": ("o", "output"),
+    "tar": ("g", "listed-incremental index-file volno-file"),
+    "valgrind": ("", "log-file xml-file"),
+    "fakeroot": ("s", ""),
     "git": ("", "output"),
     "git archive": ("o", "output"),
     "git format-patch": ("o", "output-directory output"),
@@ -2331,16 +2351,18 @@ def _option_written(core: tuple[str, ...]) -> list[str]:
 
     # (a wrapper's options end at the command it runs: time -o F sort -o G)
     stop = row.has("wrapper")
-    options = _parse(core[skip:], lambda o: writes(o) or row.reads_value(o), stop)[0]
+    args = _tar_arguments(core[skip:]) if core[:1] == ("tar",) else core[skip:]
+    options = _parse(args, lambda o: writes(o) or row.reads_value(o), stop)[0]
     return [o.value for o in options if writes(o.name) and o.value]
 
 
 def _wrappers_written(part: _Part) -> list[str]:
-    """What the wrappers before a command write (time -o F, strace -o F, sudo time -o F make)."""
+    """What the wrappers before a command write (time -o F, strace -o F, sudo time -o F make,
+    valgrind --log-file=F, fakeroot -s F)."""
     before = part.words[:_wrapped_at(part.words, part.core)]
     written = []
     for k, word in enumerate(before):
-        if posixpath.basename(word) in ("time", "strace", "ltrace"):
+        if posixpath.basename(word) in ("time", "strace", "ltrace", "valgrind", "fakeroot"):
             written += _option_written((posixpath.basename(word), *part.words[k + 1:]))
     return written
 
@@ -2371,9 +2393,9 @@ def _patched(core: tuple[str, ...], redirects, cwd: str) -> list[str]:
     the diff names (read from -i F or < F; a diff from a pipe is not read), with every leading
     directory stripped or not, as -p may have it; below -d's directory."""
     options, operands, _ = _parse(core[1:], _row("patch").reads_value)
-    values = {o.name: o.value for o in options if o.value}
-    directory = values.get("-d") or values.get("--directory") or "."
-    diffs = [values[name] for name in ("-i", "--input") if name in values]
+    directory = _option_value(options, "-d", "directory") or "."
+    diff = _option_value(options, "-i", "input")
+    diffs = [diff] if diff else []
     diffs += [target for op, target in redirects if op == "<"]
     written = operands[:1]
     if operands:
@@ -3094,6 +3116,16 @@ def _has(options: list[str], *longs: str, short: str = "") -> bool:
     return any(_abbreviates(o, *longs) or _short_flags(o) & set(short) for o in options)
 
 
+def _option_value(options: list[_Option], short: str, long: str) -> str | None:
+    """The value of the last -s or --long in options (--dir=D for --directory: GNU takes any
+    unambiguous prefix), or None."""
+    value = None
+    for option in options:
+        if option.value is not None and (option.name == short or _abbreviates(option.name, long)):
+            value = option.value
+    return value
+
+
 def _short_flags(word: str) -> set[str]:
     """The letters of a cluster of short options (-rf); none for --long."""
     if word[:1] == "-" and word[1:2] != "-":
@@ -3678,12 +3710,14 @@ def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:
     """The command lines named by the options of _COMMAND_OPTIONS (`--checkpoint-action=exec=CMD`
     too)."""
     runs = _COMMAND_OPTIONS[name]
+    if name == "tar":
+        args = _tar_arguments(args)     # `tar xIf CMD A` is `tar -x -I CMD -f A`
 
     def named(option: str) -> bool:
         # (tar's --checkpoint is an option of its own, not short for --checkpoint-action)
         return option in runs or (_abbreviates(option, *runs) and option != "--checkpoint")
     scripts = []
-    for option in _parse(args, lambda o: named(o) or _row(name).takes_value(o))[0]:
+    for option in _parse(args, lambda o: named(o) or _row(name).reads_value(o))[0]:
         value = option.value or ""
         if named(option.name) and _abbreviates(option.name, "checkpoint-action"):
             if value.startswith("exec="):

@@ -131,8 +131,14 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
 def test_under_yes_a_deny_rule_holds_through_programs_that_run_the_words_after_them(khaelor, fake,
                                                                                     project):
     """A deny of `touch` under --yes: `setarch linux64 -R touch m` (its -R is not in the wrapper
-    table) asked, and --yes approved it, so `touch` ran. Nobody is asked headless: refused."""
+    table) asked, and --yes approved it, so `touch` ran; so did tar's -I program bundled in its
+    old-style first word (`tar xIf CMD a.tar`). Nobody is asked headless: refused."""
+    import tarfile
+    (project / "f").write_text("x\n")
+    with tarfile.open(project / "a.tar", "w") as archive:
+        archive.add(project / "f", "f")
     fake.enqueue(reply(tool_use("bash", {"command": "setarch linux64 -R touch m"})),
+                 reply(tool_use("bash", {"command": "tar xIf 'sh -c \"touch m\"' a.tar"})),
                  reply(tool_use("bash", {"command": "setarch linux64 -R ls"})),
                  reply(text("done")))
     result = khaelor.run("-p", "go", "--yes", "--disallowedTools", "Bash(touch:*)")

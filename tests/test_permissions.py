@@ -456,6 +456,9 @@ FLOORED = [
     "cryptsetup luksErase /dev/sda", "hdparm --write-sector 1 --yes-i-know-what-i-am-doing /dev/sda",
     "hdparm --make-bad-sector 1 /dev/sda", "hdparm --fwdownload fw.bin /dev/sda",
     "sg_format --format /dev/sg0", "sg_sanitize --crypto /dev/sg0", "ddrescue /dev/zero /dev/sda",
+    # tar's options that name a command: bundled in its old-style first word, long, abbreviated
+    "tar xIf 'rm -rf ~' a.tar", "tar cfI a.tar 'rm -rf /' src", "tar xFf 'rm -rf ~' a.tar",
+    "tar --use-comp='rm -rf ~' -xf a.tar", "tar xf a.tar --info 'rm -rf ~'",
 ]
 
 
@@ -1123,13 +1126,55 @@ def test_git_with_another_exec_path_asks_even_where_git_is_allowed(project):
     "tar --checkpoint=1 --checkpoint-action=exec='touch m' -cf a.tar src",
     "tar --checkpoint --to-command='touch m' -xf a.tar", "sort --compress-program='touch m' f",
     "rg --pre touch x", "rg --pre=touch x", "fd -x touch m", "fd -e py --exec-batch sh -c 'touch m'",
-    "git grep -O'touch m' x"])
+    "git grep -O'touch m' x",
+    # tar's old-style first word bundles options that take the next words (xIf CMD A), and GNU
+    # takes any unambiguous prefix of a long option
+    "tar xIf 'touch m' a.tar", "tar xfI a.tar 'touch m'", "tar cFf 'touch m' a.tar src",
+    "tar xf a.tar --new-vol 'touch m'", "tar --rsh-c='touch m' -xf h:a.tar",
+    "tar --use-comp 'touch m' -xf a.tar", "tar x --checkpoint-act=exec='touch m' -f a.tar",
+    "tar --xattrs --to-command='touch m' -xf a.tar", "tar --list --to-command='touch m' -f a.tar",
+    "tar --sparse -I 'touch m' -cf a.tar src"])
 def test_a_command_an_option_of_tar_sort_rg_fd_or_git_grep_names_meets_the_users_deny(project, command):
     rules = ruled(("tar *", "allow"), ("sort *", "allow"), ("rg *", "allow"), ("fd *", "allow"),
                   ("git *", "allow"), ("touch *", "deny"))
     assert bash(command, project, rules)["decision"] == "deny", command
     for allowed in ("tar -czf a.tgz src", "tar -C out -xf a.tar", "tar --checkpoint -cf a.tar src"):
         assert bash(allowed, project, rules)["decision"] == "allow", allowed
+
+
+@pytest.mark.parametrize("command", [
+    "tar --create --file=config/prod.yml src", "tar --create --fil config/prod.yml src",
+    "tar --cre -f config/prod.yml src", "tar --append --file config/prod.yml src",
+    "tar -r --fi=config/prod.yml x", "tar --delete --file=config/prod.yml x",
+    "tar --extract --dir=config -f a.tar", "tar -x --directory config -f a.tar",
+    "tar --extract --fil=a.tar -C config", "tar --get --file a.tar --dir config",
+    "tar xf a.tar --dir config", "tar --exclude x --extract --file a.tar --directory config",
+    "tar -g config/prod.yml -cf a2.tar src", "tar cgf config/prod.yml a2.tar src",
+    "tar --listed=config/prod.yml -cf a.tar src", "tar -v --index-file config/prod.yml -cf a.tar .",
+    "patch --dir=config -p1 < fix.diff", "patch --in=fix.diff --dir config",
+    "patch --inp fix.diff -d config", "patch --out=config/prod.yml f fix.diff",
+    "patch --backup-if-mismatch --out=config/prod.yml f fix.diff",
+    "patch --backup-if-mismatch --dir=config -p1 < fix.diff",
+    "time -o config/prod.yml patch -p1 < fix.diff"])
+def test_a_deny_of_a_write_meets_tar_and_patch_by_their_long_options(project, command):
+    """Where tar and patch write was read from their short options (tar -c -f OUT, -x -C DIR,
+    patch -d DIR -i D) and a few long ones spelled out: `tar --create --file OUT`, `--dir=DIR` and
+    `patch --in=D --dir=DIR` (GNU takes any unambiguous prefix) wrote a file a deny protects, and
+    only asked; so did tar's snapshot and index files (-g F, --index-file F) and a patch wrapped
+    by `time -o F`."""
+    import tarfile
+    (project / "config").mkdir()
+    (project / "prod.yml").write_text("a: 1\n")
+    with tarfile.open(project / "a.tar", "w") as archive:
+        archive.add(project / "prod.yml", "prod.yml")
+    (project / "fix.diff").write_text("--- a/prod.yml\t2020\n+++ b/prod.yml\n@@ -1 +1 @@\n")
+    denied = Rule("file.write.project", "config/prod.yml", "deny", "u", "user", glob=True)
+    rules = [*DEFAULTS, denied]
+    assert bash(command, project, rules)["decision"] == "deny", command
+    for other in ("tar --extract --file=a.tar", "tar --list --file=a.tar --directory=config",
+                  "tar --create --file=a2.tar config", "patch --dir=src -p1 < fix.diff",
+                  "patch -p1 < fix.diff"):
+        assert bash(other, project, rules)["decision"] == "ask", other
 
 
 SSH_RULES = [Rule("network.access", f"{program} *", "allow", "u", "user")
@@ -1184,6 +1229,21 @@ def test_an_allow_that_names_only_a_wrapper_does_not_reach_what_it_runs(project,
                 "valgrind *", "faketime *", "proot *", "fakeroot *")
     rules = ruled(*[(pattern, "allow") for pattern in wrappers])
     assert bash(command, project, rules)["decision"] == "ask", command
+
+
+@pytest.mark.parametrize("command", [
+    "time -o m ls", "time --output=m ls", "time --out m ls", "time -ao m ls", "time -a -o m sort f",
+    "strace -o m ls", "time -o m patch -p1 < f.diff", "time -o m strace -o m2 ls",
+    "valgrind --log-file=m ls", "valgrind --xml-file=m ls", "fakeroot -s m ls"])
+def test_a_wrappers_output_file_is_a_write_even_where_the_wrapper_is_allowed(project, command):
+    """`time -o F ls` under an allow of `time *` ran unasked and wrote F (ls alone is read-only,
+    and sort or patch had rules of their own): the file a wrapper writes is judged as a
+    redirection's is, and asks unless a rule allows writing it."""
+    wrappers = ("time", "strace", "sort", "patch", "valgrind", "fakeroot")
+    rules = ruled(*[(f"{name} *", "allow") for name in wrappers])
+    assert bash(command, project, rules)["decision"] == "ask", command
+    writes = [*rules, *(Rule("file.write.project", f, "allow", "u", "user") for f in ("m", "m2"))]
+    assert bash(command, project, writes)["decision"] == "allow", command
 
 
 def test_an_allow_that_names_the_wrapped_command_still_allows_it(project):
