@@ -3,7 +3,8 @@
 Run: python3 bench/compare.py [BASE [HEAD]] [--runs N]     (defaults: 75094d5 against the work tree)
 
 Each commit is checked out with `git archive` into a temp dir and run from its own bytecode, as an
-installed copy would be; the runs of the two alternate so that drift of the machine hits both. For
+installed copy would be; the runs of the two alternate, and which goes first alternates too, so
+that drift of the machine hits both. For
 each: the median of
   - `khaelor --version`, wall time;
   - first paint: the interactive program in a pseudo-terminal until its composer's `❯` appears;
@@ -167,7 +168,10 @@ def main() -> None:
     samples = {name: {} for name in sources}
     long = long_reply()
     for run in range(args.runs):
-        for i, (name, source) in enumerate(sources.items()):
+        # which goes first alternates too: the second of a pair ran measurably slower (an A/A run
+        # of one commit against itself gave the second 1.03-1.09x)
+        order = list(enumerate(sources.items()))
+        for i, (name, source) in order[::-1] if run % 2 else order:
             workdir = tmp / f"project-{i}-{run}"
             workdir.mkdir()
             figures = measure(source, tmp / f"home-{i}-{run}", workdir, long)
