@@ -582,6 +582,9 @@ def boundary_lines() -> list[str]:
 def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     """`khaelor sandbox [--read-only|--write|--network] [--path P] -- CMD…`: run any command in the
     sandbox a permission decision would give it, so the boundary can be tested without the model."""
+    import shlex
+
+    import permissions
     import sandbox
     import tools
     parser = argparse.ArgumentParser(
@@ -603,8 +606,12 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
         raise UsageError("sandbox: name a command after --")
     shape = args.shape or "read-only"
     paths = tuple(os.path.abspath(path) for path in args.path)
+    # the paths your read rules deny or ask about, as in a session (you typed the command:
+    # what it names of the guarded files it may change, as an approval of it in a panel)
+    rules = permissions.load_rules(permission_layers(home, project_root))
     confine = sandbox.Confine(write=shape != "read-only", network=shape == "network", paths=paths,
-                              secrets=args.secrets, hide=sandbox.SECRET_NAMES)
+                              secrets=args.secrets, hide=sandbox.SECRET_NAMES, attended=True,
+                              **permissions.read_rule_paths(rules))
     workspace = tools.Workspace(project_root)
     workspace.home = home
     workspace.pass_env = read_config(home / "config.json").get("pass_env", [])
@@ -612,10 +619,19 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
           f"{', outside paths: ' + ', '.join(confine.paths) if confine.paths else ''}",
           file=sys.stderr)
     print("\n".join(boundary_lines()), file=sys.stderr)
+    links = tools.gitlinks(workspace)
+    guarded = tools.guard_record(project_root, links) if confine.write else None
     try:
         return workspace.run_attached(command, confine)
     except FileNotFoundError:
         raise UsageError(f"khaelor sandbox: no such program: {command[0]}") from None
+    finally:
+        if guarded is not None:
+            links = tuple(dict.fromkeys((*links, *tools.gitlinks(workspace))))
+            note = tools.guard_check(project_root, sandbox.spill_folder(home, project_root),
+                                     guarded, shlex.join(command), confine, links)
+            if note:
+                print(f"khaelor sandbox: {note}", file=sys.stderr)
 
 
 def layer_exists(layer) -> bool:

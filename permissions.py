@@ -1480,8 +1480,6 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
     the command is not read-only, network only when asked for, the outside
     paths it named, and the project paths read rules ask about or deny, which no
     command reads unnamed (a later allow is not weighed: a read naming one is)."""
-    reads = [r for r in rules if r.layer != "default" and r.scope != "write"
-             and fnmatch.fnmatchcase(FILE_READ, r.capability)]
     paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
@@ -1499,11 +1497,21 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         paths=tuple(sorted(paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
-        hide_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action != "allow"),
-        deny_paths=tuple(_path_regex(r.pattern, r.glob) for r in reads if r.action == "deny"),
+        **read_rule_paths(rules),
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
+
+
+def read_rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
+    """Confine's hide_paths and deny_paths: the paths the user's and the project's read rules
+    ask about or deny (`khaelor sandbox` takes them too)."""
+    reads = [r for r in rules if r.layer != "default" and r.scope != "write"
+             and fnmatch.fnmatchcase(FILE_READ, r.capability)]
+    return {"hide_paths": tuple(_path_regex(r.pattern, r.glob)
+                                for r in reads if r.action != "allow"),
+            "deny_paths": tuple(_path_regex(r.pattern, r.glob)
+                                for r in reads if r.action == "deny")}
 
 
 # Where package managers install and cache, under $HOME: an approved `pip

@@ -608,6 +608,28 @@ def test_the_project_secrets_and_their_hard_links_are_left_out_of_a_read_only_co
     assert "late-marker" not in out
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_khaelor_sandbox_holds_the_read_rules_and_the_guard_a_session_has(project, env, shape):
+    """`khaelor sandbox` is the session's sandbox, not a looser one: a path the project's deny
+    rule names stays unread, and a step that plants a git hook unnamed has it put back (one the
+    typed command names stays, as an approval in a panel keeps it)."""
+    (project / ".khaelor").mkdir()
+    rules = {"permissions": {"deny": ["Read(./private/**)"]}}
+    (project / ".khaelor" / "config.json").write_text(json.dumps(rules))
+    (project / "private").mkdir()
+    (project / "private" / "key").write_text("MARKER-private\n")
+    (project / "main.py").write_text("print('ok')\n")
+    code, out = sandboxed(project, env, shape, "cat", "private/key", "main.py")
+    assert code != 0 and "MARKER-private" not in out and "print('ok')" in out
+    (project / "plant.sh").write_text("mkdir -p .git/hooks\nprintf 'touch m' > .git/hooks/pre-commit\n")
+    code, out = sandboxed(project, env, shape, "sh", "plant.sh")
+    assert not (project / ".git" / "hooks" / "pre-commit").exists()
+    if shape == "--write":
+        assert code == 0 and "put back .git/hooks/pre-commit" in out, out
+        sandboxed(project, env, shape, "sh", "-c", "printf 'make' > .git/hooks/pre-commit")
+        assert (project / ".git" / "hooks" / "pre-commit").read_text() == "make"
+
+
 def test_the_connect_supervisor_lets_only_loopback_through():
     def inet(host: bytes, port: int) -> bytes:
         return (2).to_bytes(2, "little") + port.to_bytes(2, "big") + host + bytes(8)
