@@ -287,7 +287,7 @@ POLICY: dict[str, Program] = {
     # elsewhere), -c and -u (they write man's caches), -l (a page's .so reads any file): those ask
     "man": Program("read", ("adDfhiIkKwWL:m:S:s:e:E:R:", """
         all apropos whatis where path location where-cat location-cat ignore-case
-        match-case regex wildcard names-only sections= locale= systems= extensions= encoding=
+        match-case regex wildcard names-only sections= locale= systems= extension= encoding=
         recode= no-hyphenation no-justification help version usage debug default""")),
     "uniq": Program("read writes-second", ("cdDiuzf:s:w:", """
         count repeated all-repeated unique ignore-case skip-fields= skip-chars=
@@ -540,8 +540,9 @@ POLICY: dict[str, Program] = {
     "mv": Program("exact writes into"),
     "dd": Program("exact writes-of"),
     "patch": Program("patches", ("B:D:F:V:Y:d:g:i:o:p:r:z:", """
-        backup-if-mismatch define= directory= fuzz= get= input= output= prefix= reject-file=
-        strip= suffix= version-control= basename-prefix= quoting-style= reject-format=""")),
+        backup-if-mismatch ifdef= directory= fuzz= get= input= output= prefix= reject-file=
+        read-only= strip= suffix= version-control= basename-prefix= quoting-style=
+        reject-format=""")),
     **_each("""
         ./gradlew ansible artisan bazel buildah bunx cabal cdk cf cmake conda consul crictl
         dart docker-compose dotnet dune eksctl firebase flutter flyctl git gradle hatch

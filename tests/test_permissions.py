@@ -1173,7 +1173,7 @@ def test_a_deny_of_a_write_meets_tar_and_patch_by_their_long_options(project, co
     assert bash(command, project, rules)["decision"] == "deny", command
     for other in ("tar --extract --file=a.tar", "tar --list --file=a.tar --directory=config",
                   "tar --create --file=a2.tar config", "patch --dir=src -p1 < fix.diff",
-                  "patch -p1 < fix.diff"):
+                  "patch -p1 < fix.diff", "patch --ifdef config/prod.yml -i fix.diff"):
         assert bash(other, project, rules)["decision"] == "ask", other
 
 
