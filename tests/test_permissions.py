@@ -896,6 +896,32 @@ def test_a_command_that_may_run_what_a_deny_refuses_is_never_approved_by_yes(pro
     assert not decide("bash", {"command": command}, project, rules).destructive
 
 
+def test_what_a_deny_refuses_beside_an_undoable_destruction_is_never_approved_by_yes(project):
+    """--yes takes a checkpoint and runs a git reset --hard (a rewind undoes it); the command that
+    may run what a deny refuses beside it was left unread, and so ran with it."""
+    rules = [*DEFAULTS, Rule("process.execute", "touch *", "deny", "u", "user")]
+    for command in ("git reset --hard; npx touch m", "git checkout -- .; poetry run touch m"):
+        decision = decide("bash", {"command": command}, project, rules)
+        assert decision.action == "ask", command
+        assert not permissions.checkpoint_undoes(decision.destructive), decision
+        assert "touch m" in decision.reason, decision
+
+
+def test_a_long_command_that_may_run_a_denied_one_is_read_within_its_budget(project):
+    """What a deny refuses is looked for in every tail of the words: each joined anew, 64 at a time
+    between looks at the clock, and the words split unclocked, 300 KB took 1.6 s. tar's old-style
+    cluster is spelled out letter by letter: 600 KB of it took 0.46 s."""
+    rules = [*DEFAULTS, Rule("process.execute", "rm -rf *", "deny", "u", "user")]
+    decide("bash", {"command": "npx rm rm"}, project, rules)
+    for command in ("npx " + "rm " * 3_000, "npx " + "rm " * 100_000,
+                    "tar " + "v" * 600_000 + "f a.tar"):
+        started = time.thread_time()
+        decision = decide("bash", {"command": command}, project, rules)
+        spent = time.thread_time() - started
+        assert decision.action == "ask", decision
+        assert spent < 4 * permissions.DECIDE_BUDGET_SECONDS, f"{len(command)}: {spent:.3f} s"
+
+
 def test_a_search_that_follows_symlinks_out_of_the_project_asks(project):
     (project / "docs").symlink_to(project.parent / "outside", target_is_directory=True)
     for following in ("grep -R secret .", "grep --dereference-recursive secret .", "rg -L secret", "rg --follow x"):
