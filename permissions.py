@@ -3452,6 +3452,8 @@ class _ShellLine:
             scripts, stored = _tmux_scripts(core[1:])
             if stored:
                 self.unfollowed = f"tmux {stored} keeps commands to run later, not read here"
+        # strace -o '|CMD' (or '!CMD') pipes its trace into CMD, which a shell runs
+        scripts = [*scripts, *(w[1:] for w in _wrappers_written(part) if w[:1] in ("|", "!"))]
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's

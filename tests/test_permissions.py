@@ -907,6 +907,16 @@ def test_what_a_deny_refuses_beside_an_undoable_destruction_is_never_approved_by
         assert "touch m" in decision.reason, decision
 
 
+def test_a_command_strace_pipes_its_trace_into_is_judged(project):
+    """strace -o '|CMD' (or '!CMD') runs CMD in a shell: it was judged as a file written, and so
+    ran under --yes what a deny refuses."""
+    rules = [*DEFAULTS, Rule("process.execute", "touch *", "deny", "u", "user")]
+    for command in ("strace -o '|touch m' ls", "strace -o'!touch m' ls",
+                    "strace --output='|touch m' ls", "sudo strace -ff -o '|touch m' make"):
+        assert decide("bash", {"command": command}, project, rules).action == "deny", command
+    assert decide("bash", {"command": "strace -o trace.txt ls"}, project, rules).action == "ask"
+
+
 def test_a_long_command_that_may_run_a_denied_one_is_read_within_its_budget(project):
     """What a deny refuses is looked for in every tail of the words: each joined anew, 64 at a time
     between looks at the clock, and the words split unclocked, 300 KB took 1.6 s. tar's old-style
