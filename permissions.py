@@ -1344,14 +1344,24 @@ def _denied_tail(verdicts: list[tuple], denies: list[Rule]) -> str:
         for start in range(1, len(words)):
             _on_time()
             program = posixpath.basename(words[start])
-            if program in programs or any_program:
+            shell = _row(program).has("shell")
+            if program in programs or any_program or shell:
                 if time.thread_time() > _DEADLINE.get():    # (each tail is joined anew)
                     raise _OutOfTime
                 tail = shlex.join([program, *words[start + 1:]])
-                rule = _last_match(denies, request._replace(capability=EXECUTE, subject=tail))
-                if rule is not None:
-                    return f"it may run `{tail}`, which {rule_text(rule)} refuses"
+                # (npx sh -c 'touch m': what the shell runs, each command of it)
+                tails = [tail, *_shell_commands(tail)] if shell else [tail]
+                for tail in tails:
+                    rule = _last_match(denies, request._replace(capability=EXECUTE, subject=tail))
+                    if rule is not None:
+                        return f"it may run `{tail}`, which {rule_text(rule)} refuses"
     return ""
+
+
+def _shell_commands(line: str) -> list[str]:
+    """The simple commands a shell line runs, nested ones included, as a deny rule reads them."""
+    parts = _ShellLine(line, "/", posixpath.expanduser("~")).parts
+    return [shlex.join(part.core) for part in parts if part.core]
 
 
 def _verdict(request: _Request, rules: list[Rule]) -> tuple:

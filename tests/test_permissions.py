@@ -877,6 +877,9 @@ def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, co
     ("npx touch m", True), ("poetry run /usr/bin/touch m", True), ("uv run touch m", True),
     ("docker run img touch m", True), ("setarch linux64 -R touch m", True),
     ("bash <(echo touch m)", True), ("make touch", True),
+    # a shell those programs run, and the line it runs
+    ("npx sh -c 'touch m'", True), ("poetry run bash -c 'ls; touch m'", True),
+    ("npx sh -c 'echo hi'", False),
     # words that cannot be read (an unclosed quote), or not in time: as if they ran it
     ("poetry run touch 'm", True), ("poetry run " + "x " * 150_000, True),
     # the denied program's name inside a word, or not there at all
