@@ -1341,9 +1341,14 @@ def _denied_tail(verdicts: list[tuple], denies: list[Rule]) -> str:
             # shlex reads 300 KB for 150 ms, unclocked, and each tail below is joined anew
             raise _OutOfTime
         words = shlex.split(request.subject)
-        for start in range(1, len(words)):
+        for start in range(len(words)):
             _on_time()
             program = posixpath.basename(words[start])
+            # (/usr/bin/t?uch m: bash may expand a glob to a denied program's name, first too)
+            if any(ch in program for ch in "*?["):
+                program = next((p for p in programs if fnmatch.fnmatchcase(p, program)), program)
+            elif not start:
+                continue
             shell = _row(program).has("shell")
             if program in programs or any_program or shell:
                 if time.thread_time() > _DEADLINE.get():    # (each tail is joined anew)

@@ -81,9 +81,10 @@ def line_count(name: str) -> int:
 # sandbox` holds the read rules and the guard a session has; 1 for patch's --ifdef and --read-only.
 # And by 9 of the core: the deny rules read beside an undoable destruction, their look kept to
 # its budget, and tar's old-style cluster spelled out on the clock; 2 for strace -o '|CMD'; 10
-# for the line a shell runs under npx, poetry run …, read for what a deny refuses.
-RUNTIME_LINES = 20_513
-SECURITY_CORE_LINES = 5_906
+# for the line a shell runs under npx, poetry run …, read for what a deny refuses; 5 for a glob
+# that may expand to a denied program's name (/usr/bin/t?uch m).
+RUNTIME_LINES = 20_518
+SECURITY_CORE_LINES = 5_911
 
 
 def test_the_runtime_and_its_security_core_never_grow():
