@@ -1027,7 +1027,9 @@ async def compact(state: events.State, summarize, *, focus: str = "",
     else:
         answer_text = str(answer)
     checkpoint = parse_checkpoint(answer_text)
-    checkpoint["running_processes"] = [dict(p) for p in state.processes.values()]
+    shown = RECORD_KEYS["running_processes"]       # (not the pid khaelor stops it by)
+    checkpoint["running_processes"] = [{key: p.get(key) for key in shown}
+                                       for p in state.processes.values()]
     if not checkpoint["changes"]:
         checkpoint["changes"] = _changes_through(state, cut_seq)
     latest = next((text for seq, text in reversed(state.user_texts) if seq <= cut_seq), None)

@@ -172,8 +172,10 @@ DURABLE_KINDS = {
     # messages are unchanged, and the prompt cache keeps its prefix.
     "EnvironmentNoted": {"text": str},
     # tool_use_id: the process start call (its output is kept under it while it runs)
+    # started_ticks: its start in /proc's clock ticks; with the pid, it names that process for
+    # good (a resumed session stops a process a killed khaelor left running, never a stranger)
     "ProcessStarted": {"process_id": str, "pid": int, "command": str,
-                       "tool_use_id": NotRequired[str]},
+                       "tool_use_id": NotRequired[str], "started_ticks": NotRequired[int]},
     # output: what a process lost with khaelor (a kill -9) had printed until then
     "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str,
                       "output": NotRequired[str]},
@@ -1457,7 +1459,9 @@ def _on_process_started(state: State, event: dict) -> None:
     command = str(event.get("command", ""))
     state.commands.append({"seq": event["seq"], "command": command, "exit_code": None,
                            "process_id": process_id})
-    state.processes[process_id] = {"id": str(process_id), "command": command, "status": "running"}
+    state.processes[process_id] = {"id": str(process_id), "command": command, "status": "running",
+                                   "pid": event.get("pid"),
+                                   "started_ticks": event.get("started_ticks")}
     state.started_by[process_id] = str(event.get("tool_use_id", ""))
     note_process(state, process_id)
 

@@ -534,11 +534,13 @@ class Kernel:
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
                       reason="khaelor exited while the tool was running",
                       **({"output": output} if output else {}))
-        for process_id in list(self.state.processes):
+        for process_id, process in list(self.state.processes.items()):
             started_by = self.state.started_by.get(process_id, "")
             output = self.toolbox.output_when_lost(started_by, process_id)
-            self.emit("ProcessExited", process_id=process_id, exit_code=None,
-                      cause="lost: khaelor exited while it ran",
+            # still running (a dev server holding its port): no khaelor would ever stop it
+            stopped = tools.stop_orphan(process.get("pid"), process.get("started_ticks"))
+            cause = "lost: khaelor exited while it ran" + ("; stopped on resume" if stopped else "")
+            self.emit("ProcessExited", process_id=process_id, exit_code=None, cause=cause,
                       **({"output": output} if output else {}))
         attempt = self.state.attempt
         mid_reply = attempt.blocks or attempt.partial

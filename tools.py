@@ -101,6 +101,8 @@ PROCESS_STOP_GRACE_S = 3.0
 PROCESS_SETTLE_S = 0.5
 # After a background process exits, what it left running gets this long.
 PROCESS_STRAY_GRACE_S = 1.0
+# On resume: a process a killed khaelor left running gets this long after SIGTERM.
+ORPHAN_GRACE_S = 1.0
 
 # Unified diff carried by FileModified.
 DIFF_CHAR_CAP = 20_000
@@ -2209,6 +2211,32 @@ def _kill_groups(pgids: set[int]) -> None:
     pgids.clear()
 
 
+def started_ticks(pid: int) -> int | None:
+    """When a process leading its own group started, in clock ticks since boot (/proc/PID/stat):
+    with its pid it names one process for good, since a pid is used again, never with the same
+    start. None: not running, or not a group leader."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        leads = int(fields[2]) == pid and fields[0] != b"Z"
+        return int(fields[19]) if leads else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_orphan(pid: int | None, ticks: int | None) -> bool:
+    """Stop the group of a background process that a killed khaelor left running (SIGTERM, then
+    SIGKILL after ORPHAN_GRACE_S): only if `pid` is still the process started at `ticks`."""
+    if not isinstance(pid, int) or ticks is None or started_ticks(pid) != ticks:
+        return False
+    _kill_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    while _group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill_group(pid, signal.SIGKILL)
+    return True
+
+
 def _group_alive(pgid: int) -> bool:
     """Whether any live process remains in the group. killpg also reaches zombies that a
     non-reaping init (containers) leaves behind, so /proc settles it where there is one."""
@@ -3883,8 +3911,9 @@ class _Processes:
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
+        ticks = started_ticks(child.pid)
         box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command,
-                 tool_use_id=tool_use_id)
+                 tool_use_id=tool_use_id, **({"started_ticks": ticks} if ticks else {}))
         self.forget_exited()
         return process
 

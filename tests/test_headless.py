@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import events
+import sandbox
 from conftest import run_khaelor
 from fake_api import error, redacted_thinking, reply, text, thinking, tool_use
 
@@ -258,10 +259,12 @@ def test_kill_9_while_a_background_process_runs_keeps_what_it_printed(khaelor, f
     sent = json.dumps(fake.requests[-1]["body"]["messages"])
     assert "p1 was lost when khaelor exited" in sent and "ERROR: db down" in sent
     shown = "\n".join(ui.render_transcript(log, 80))
-    assert "◆ process p1: lost: khaelor exited while it ran\n  ⎿ listening" in shown
+    # the server a killed khaelor left running (its group, named by pid and start) is stopped
+    assert "◆ process p1: lost: khaelor exited while it ran; stopped on resume\n  ⎿ listening" in shown
+    assert "started_ticks" in started and not sandbox.pids_in_groups({started["pid"]})
     # the resumed turn's facts say so before the model asks (the next turn's no more)
     facts = json.dumps(fake.requests[-2]["body"]["messages"][-1])
-    assert "- p1: echo 'listening on 8123'" in facts and "(lost: khaelor exited while it ran)" in facts
+    assert "- p1: echo 'listening on 8123'" in facts and "(lost: khaelor exited while it ran" in facts
     assert "ERROR: db down" in shown
     assert_no_rejections(fake)
 

@@ -282,6 +282,38 @@ def test_a_command_files_model_holds_for_its_turn_and_a_model_chosen_meanwhile_i
     assert ctx.model == store.state.model == events.replay(store.events).model == "claude-opus-5-5"
 
 
+def test_repair_stops_a_process_left_running_only_if_it_is_the_very_one_started(tmp_path):
+    """A server a killed khaelor left running holds its port with no khaelor to stop it: resume
+    stops its group, named by pid and start time; a process that has the pid now but started at
+    another time (the number used again), or a log without the start, is never touched."""
+    import subprocess
+
+    import kernel
+    ours = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        store = events.SessionStore.create(tmp_path / "sessions")
+        bus = events.Bus(store)
+        bus.emit("ProcessStarted", process_id="p1", pid=ours.pid, command="npm run dev",
+                 started_ticks=tools.started_ticks(ours.pid))
+        bus.emit("ProcessStarted", process_id="p2", pid=stranger.pid, command="make watch",
+                 started_ticks=tools.started_ticks(stranger.pid) - 1)
+        bus.emit("ProcessStarted", process_id="p3", pid=stranger.pid, command="old log")
+        toolbox = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", None, None)
+        agent = kernel.Kernel(bus=bus, model=None, toolbox=toolbox, ctx=None, rules=[],
+                              project_root=tmp_path, ask=None)
+        agent.repair()
+        assert ours.wait(timeout=5) == -15 and stranger.poll() is None
+        causes = {e["process_id"]: e["cause"] for e in store.events if e["type"] == "ProcessExited"}
+        assert causes == {"p1": "lost: khaelor exited while it ran; stopped on resume",
+                          "p2": "lost: khaelor exited while it ran",
+                          "p3": "lost: khaelor exited while it ran"}
+    finally:
+        for process in (ours, stranger):
+            process.kill()
+            process.wait()
+
+
 def test_repair_closes_the_processes_the_log_still_calls_running(tmp_path):
     """After a kill -9 no khaelor manages the processes the log started: repair records that each
     ended, so the fold no longer lists them as running, now or when the log is read again."""
