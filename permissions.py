@@ -1905,12 +1905,13 @@ def _git_place(part: _Part, place: str) -> str:
 # find -fprint F, git log --output=F or --ext-diff (the configured diff program), less +!CMD, vim
 # -c CMD, zip -TT CMD, an awk program read from a file. An allow rule reaches them only by naming
 # them in its own words (`git log --output=* *`); otherwise they ask.
+_VIM = ("vi", "vim", "nvim", "ex", "view")
 _ESCAPES = {
     **dict.fromkeys(("sort", "shuf"), "-o --output"),
     "find": "-fprint -fprint0 -fprintf -fls",
     "git": "--output --ext-diff",
     "less": "+ -k --lesskey-file --lesskey-src",
-    **dict.fromkeys(("vi", "vim", "nvim", "ex", "view"), "+ -c --cmd -S"),
+    **dict.fromkeys(_VIM, "+ -c --cmd -S"),
     "zip": "-TT --unzip-command",
     **dict.fromkeys(("awk", "gawk", "mawk", "nawk"), "-f --file"),
 }
@@ -3455,6 +3456,8 @@ class _ShellLine:
             scripts = _git_scripts(core[1:])
         elif name in _COMMAND_OPTIONS:
             scripts = _option_scripts(name, core[1:])
+        elif name in _VIM:
+            scripts = _vim_shell_lines(core[1:])
         elif name in ("fd", "fdfind"):
             # fd -x CMD ARG...: the words after -x (--exec, -X, --exec-batch) are a command
             runs = ("-x", "--exec", "-X", "--exec-batch")
@@ -3738,7 +3741,17 @@ _COMMAND_OPTIONS = {
     "sort": ("compress-program",),
     "rg": ("pre",),
     "man": ("-P", "pager", "-H", "html"),
+    "nix-shell": ("run", "command"),
 }
+# an Ex command that runs a shell line: `!CMD`, also after silent, read or write (`r !CMD`)
+_EX_BANG = re.compile(r"[\s:]*(?:(?:sil(?:ent)?!?|r(?:ead)?|w(?:rite)?)\s*)*!(.*)", re.S)
+
+
+def _vim_shell_lines(args: tuple[str, ...]) -> list[str]:
+    """What the Ex commands vim runs at start (-c CMD, --cmd CMD, +CMD) run in a shell."""
+    commands = [args[k + 1] for k in range(len(args) - 1) if args[k] in ("-c", "--cmd")]
+    commands += [arg[1:] for arg in args if arg.startswith("+")]
+    return [match[1] for match in map(_EX_BANG.match, commands) if match]
 
 
 def _option_scripts(name: str, args: tuple[str, ...]) -> list[str]:

@@ -356,6 +356,8 @@ def test_suggestion_is_in_the_event_shape(project):
 # ---------------------------------------------------------------- hardline floor
 
 FLOORED = [
+    # a shell line carried by an option: nix-shell's, an Ex command's `!` in vim
+    "nix-shell --run 'rm -rf ~'", "vim -c '!rm -rf ~'", "nvim +'silent !rm -rf /'",
     "rm -rf /", "rm -rf /*", "rm -rf ~", "rm -rf ~/", "rm -rf ~/*", "rm -rf $HOME", 'rm -rf "${HOME}"',
     'rm -rf "$HOME"/', "cd ~ && rm -rf *", "cd && rm -rf ./*", "rm -fr /", "rm -r -f /", "rm -R /",
     "rm --recursive --force /", "rm -rf --no-preserve-root /", "rm -rf -- /", "rm -rf //",
@@ -1185,6 +1187,22 @@ def test_a_command_an_option_of_tar_sort_rg_fd_or_git_grep_names_meets_the_users
 
 
 @pytest.mark.parametrize("command", [
+    "nix-shell --run 'touch m'", "nix-shell -p hello --comm 'touch m'", "vim -c '!touch m' f",
+    "vim +'silent !touch m'", "nvim --cmd ':r !touch m'", "vim -c 'w !touch m' f"])
+def test_the_shell_line_of_nix_shell_or_of_a_vim_ex_command_meets_the_users_deny(project, command):
+    """nix-shell --run CMD and vim's `!CMD` run CMD in a shell: under a deny of touch they asked,
+    and --yes approved them."""
+    rules = ruled(("touch *", "deny"))
+    assert bash(command, project, rules)["decision"] == "deny", command
+    for other in ("nix-shell --run 'make test'", "vim -c 'set nu' f", "vim +10 f"):
+        assert bash(other, project, rules)["decision"] == "ask", other
+    # an allow of the program does not reach the line (nor offer "always": two things ask)
+    allowed = bash(command, project, ruled(("nix-shell *", "allow"), ("vim *", "allow"),
+                                           ("nvim *", "allow")))
+    assert allowed["decision"] == "ask" and allowed["suggestion"] is None, allowed
+
+
+@pytest.mark.parametrize("command", [
     "tar --create --file=config/prod.yml src", "tar --create --fil config/prod.yml src",
     "tar --cre -f config/prod.yml src", "tar --append --file config/prod.yml src",
     "tar -r --fi=config/prod.yml x", "tar --delete --file=config/prod.yml x",
@@ -1337,8 +1355,7 @@ ESCAPE_RULES = ("git log *", "git *", "find *", "awk *", "less *", "zip *", "vim
     "git log --output=m", "git log --output m", "git diff --output=m HEAD", "git log -p --ext-diff",
     "git show --ext-diff HEAD", "find . -fprint m", "find . -name x -fprintf m %p", "find . -fls m",
     "awk 'BEGIN{system(\"touch m\")}'", "awk '{print | \"sh\"}' f", "awk '{print $1 > \"m\"}' f",
-    "awk -f prog.awk f", "less '+!touch m' f", "vim -c '!touch m' f", "vim '+!touch m' f",
-    "vim -S x.vim f", "zip -T -TT 'touch m' a.zip f", "zip --unzip-command='touch m' -T a.zip f",
+    "awk -f prog.awk f", "less '+!touch m' f", "vim -S x.vim f", "zip -T -TT 'touch m' a.zip f", "zip --unzip-command='touch m' -T a.zip f",
     "sort -o m f", "sort -ro m f", "sort --out=m f", "sed -n 'w m' f", "sed 's/a/b/gw m' f"])
 def test_an_allow_naming_the_program_does_not_reach_its_options_that_write_or_run(project, command):
     """`git log *` (Bash(git log:*)), `find *`, `awk *` … allowed let `git log --output=F`, `find
