@@ -1108,7 +1108,7 @@ class State:
         self.dirty_before_edit = []     # edited paths already dirty before
         self.edit_baseline = False      # a baseline before the first edit was taken (or an edit)
         self.stamps = {}                # real path -> (mtime_ns, size) last seen
-        self.processes = {}             # running: process_id -> {id, command, status}
+        self.processes = {}             # running: process_id -> {id, command, status, pid, …}
         self.started_by = {}            # process_id -> the tool_use_id of its process start
         self.lost_output = {}           # process_id -> what it printed before khaelor was killed
         self.ended = []                 # processes ended since the model's last facts, unstopped
