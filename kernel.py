@@ -534,12 +534,15 @@ class Kernel:
             self.emit("ToolCancelled", tool_use_id=tool_use_id,
                       reason="khaelor exited while the tool was running",
                       **({"output": output} if output else {}))
-        for process_id, process in list(self.state.processes.items()):
+        processes = list(self.state.processes.items())
+        # still running (a dev server holding its port): no khaelor would ever stop them
+        stopped = tools.stop_orphans([(p.get("pid"), p.get("started_ticks")) for _, p in processes])
+        for process_id, process in processes:
             started_by = self.state.started_by.get(process_id, "")
             output = self.toolbox.output_when_lost(started_by, process_id)
-            # still running (a dev server holding its port): no khaelor would ever stop it
-            stopped = tools.stop_orphan(process.get("pid"), process.get("started_ticks"))
-            cause = "lost: khaelor exited while it ran" + ("; stopped on resume" if stopped else "")
+            cause = "lost: khaelor exited while it ran"
+            if process.get("pid") in stopped:
+                cause += "; stopped on resume"
             self.emit("ProcessExited", process_id=process_id, exit_code=None, cause=cause,
                       **({"output": output} if output else {}))
         attempt = self.state.attempt

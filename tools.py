@@ -2224,17 +2224,20 @@ def started_ticks(pid: int) -> int | None:
         return None
 
 
-def stop_orphan(pid: int | None, ticks: int | None) -> bool:
-    """Stop the group of a background process that a killed khaelor left running (SIGTERM, then
-    SIGKILL after ORPHAN_GRACE_S): only if `pid` is still the process started at `ticks`."""
-    if not isinstance(pid, int) or ticks is None or started_ticks(pid) != ticks:
-        return False
-    _kill_group(pid, signal.SIGTERM)
+def stop_orphans(processes: list[tuple]) -> set[int]:
+    """Stop the groups of the background processes, (pid, started_ticks) each, that a killed
+    khaelor left running: SIGTERM, then SIGKILL after ORPHAN_GRACE_S. Only a pid that is still
+    the process started at those ticks; the pids stopped."""
+    ours = {pid for pid, ticks in processes
+            if isinstance(pid, int) and ticks is not None and started_ticks(pid) == ticks}
+    for pid in ours:
+        _kill_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + ORPHAN_GRACE_S
-    while _group_alive(pid) and time.monotonic() < deadline:
+    while any(map(_group_alive, ours)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    _kill_group(pid, signal.SIGKILL)
-    return True
+    for pid in ours:
+        _kill_group(pid, signal.SIGKILL)
+    return ours
 
 
 def _group_alive(pgid: int) -> bool:

@@ -290,12 +290,15 @@ def test_repair_stops_a_process_left_running_only_if_it_is_the_very_one_started(
 
     import kernel
     ours = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    also_ours = subprocess.Popen(["sleep", "30"], start_new_session=True)
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         store = events.SessionStore.create(tmp_path / "sessions")
         bus = events.Bus(store)
         bus.emit("ProcessStarted", process_id="p1", pid=ours.pid, command="npm run dev",
                  started_ticks=tools.started_ticks(ours.pid))
+        bus.emit("ProcessStarted", process_id="p4", pid=also_ours.pid, command="make watch",
+                 started_ticks=tools.started_ticks(also_ours.pid))
         bus.emit("ProcessStarted", process_id="p2", pid=stranger.pid, command="make watch",
                  started_ticks=tools.started_ticks(stranger.pid) - 1)
         bus.emit("ProcessStarted", process_id="p3", pid=stranger.pid, command="old log")
@@ -303,13 +306,15 @@ def test_repair_stops_a_process_left_running_only_if_it_is_the_very_one_started(
         agent = kernel.Kernel(bus=bus, model=None, toolbox=toolbox, ctx=None, rules=[],
                               project_root=tmp_path, ask=None)
         agent.repair()
-        assert ours.wait(timeout=5) == -15 and stranger.poll() is None
+        assert ours.wait(timeout=5) == -15 and also_ours.wait(timeout=5) == -15
+        assert stranger.poll() is None
         causes = {e["process_id"]: e["cause"] for e in store.events if e["type"] == "ProcessExited"}
         assert causes == {"p1": "lost: khaelor exited while it ran; stopped on resume",
+                          "p4": "lost: khaelor exited while it ran; stopped on resume",
                           "p2": "lost: khaelor exited while it ran",
                           "p3": "lost: khaelor exited while it ran"}
     finally:
-        for process in (ours, stranger):
+        for process in (ours, also_ours, stranger):
             process.kill()
             process.wait()
 
