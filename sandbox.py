@@ -1038,6 +1038,10 @@ DENIED_SYSCALLS = [
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
+# TIOCSCTTY: after a setsid that only pretended, taking a pty as the controlling terminal fails
+# (EPERM), and with it pty.fork() and forkpty(); so it pretends too (the child has no controlling
+# terminal, and reads and writes its pty as before)
+TAKE_TERMINAL = 0x540E
 # S_ISUID | S_ISGID, and which argument of each chmod call holds the mode
 SET_ID_BITS = 0o6000
 CHMOD_MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
@@ -1152,6 +1156,7 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [allow,
                 ("label", "ioctl"), (LD_ABS, _arg(1))]
     program += [(JEQ, request, "deny") for request in TERMINAL_INJECTION]
+    program += [(JEQ, TAKE_TERMINAL, "pretend")]
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,

@@ -426,6 +426,12 @@ def test_no_command_reaches_a_terminal_but_the_ptys_it_makes(project, env):
         code, out = sandboxed(project, env, "--write", "sh", "-c",
                               f"printf INJECTED > {terminal}; {sys.executable} -c \"{own_pty}\"")
         assert "own-pty" in out, out
+        # pty.fork(), as pexpect and tests of terminal programs use it (its child's TIOCSCTTY
+        # failed after the setsid the sandbox only pretends, and the child died: EIO)
+        forked = ("import os, pty\npid, fd = pty.fork()\nif pid == 0: print('forked-child')\n"
+                  "else: print(os.read(fd, 100))")
+        code, out = sandboxed(project, env, "--write", *python(forked))
+        assert code == 0 and "forked-child" in out, out
         if sandbox.mount_namespace_available() or os.environ.get("KHAELOR_CI"):
             with pytest.raises(BlockingIOError):
                 os.read(master, 100)
