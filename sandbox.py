@@ -1473,14 +1473,19 @@ def pids_in_groups(pgids: set[int]) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) in pgids and fields[0] != b"Z":
+        fields = proc_stat(int(entry.name))
+        if fields and int(fields[2]) in pgids and fields[0] != b"Z":
             pids.append(int(entry.name))
     return pids
+
+
+def proc_stat(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after the command's name (state, ppid, pgrp, …), or none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
 
 # ---------------------------------------------------------------- the child's environment
 

@@ -2215,13 +2215,9 @@ def started_ticks(pid: int) -> int | None:
     """When a process leading its own group started, in clock ticks since boot (/proc/PID/stat):
     with its pid it names one process for good, since a pid is used again, never with the same
     start. None: not running, or not a group leader."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        leads = int(fields[2]) == pid and fields[0] != b"Z"
-        return int(fields[19]) if leads else None
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = sandbox.proc_stat(pid)
+    leads = len(fields) > 19 and fields[2] == b"%d" % pid and fields[0] != b"Z"
+    return int(fields[19]) if leads else None
 
 
 def stop_orphans(processes: list[tuple]) -> set[int]:
