@@ -1263,7 +1263,7 @@ def _anywhere(names: tuple[str, ...]) -> list[str]:
 def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
            floor: str | None = None, at_least: str = "allow",
            read_only: bool = False, not_read_only: str = "",
-           destructive: str = "") -> Decision:
+           destructive: str = "", code: tuple[str, ...] = ()) -> Decision:
     floor = floor or _protected_write(requests)
     confine = _confine(requests, read_only, rules)
     if floor:
@@ -1288,7 +1288,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     # (a checkpoint undoes a git reset --hard, which --yes then runs, not what a deny refuses
     # beside it: `git reset --hard; npx touch m`)
     undoable = not destructive or checkpoint_undoes(destructive)
-    runs_denied = _runs_denied(verdicts, rules) if action == "ask" and undoable else ""
+    runs_denied = _runs_denied(verdicts, rules, code) if action == "ask" and undoable else ""
     suggestion = None if destructive or runs_denied else _one_suggestion(verdicts, action)
     reason = f"no rule allows {request.capability} {request.subject}"
     if runs_denied:
@@ -1312,10 +1312,11 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
                     confine=confine)
 
 
-def _runs_denied(verdicts: list[tuple], rules: list[Rule]) -> str:
+def _runs_denied(verdicts: list[tuple], rules: list[Rule], code: tuple[str, ...]) -> str:
     """What an asked command may run that a deny rule of the user's or the project's refuses:
-    `poetry run touch m`, `gdb --args touch m`, `npx touch m` under a deny of `touch *`. The judge
-    unwraps the wrappers POLICY lists, not every program that runs the words after it, so such a
+    `poetry run touch m`, `gdb --args touch m`, `npx touch m` under a deny of `touch *`, or code
+    that names the program (`python3 -c 'os.system("touch m")'`). The judge unwraps the wrappers
+    POLICY lists, not every program that runs the words after it, and reads no code, so such a
     command keeps asking a person, and --yes does not answer for them."""
     denies = [rule for rule in rules if rule.action == "deny" and rule.layer != "default"
               and fnmatch.fnmatchcase(EXECUTE, rule.capability)]
@@ -1324,7 +1325,7 @@ def _runs_denied(verdicts: list[tuple], rules: list[Rule]) -> str:
     # its own budget: a line judged out of time comes here with none
     deadline = _DEADLINE.set(min(_DEADLINE.get(), time.thread_time() + DECIDE_BUDGET_SECONDS))
     try:
-        return _denied_tail(verdicts, denies)
+        return _denied_tail(verdicts, denies) or _code_names_denied(code, denies)
     except (ValueError, _OutOfTime):   # an unclosed quote, or too long to read
         return "it may run what a deny rule refuses (its words could not be read in time)"
     finally:
@@ -1360,6 +1361,21 @@ def _denied_tail(verdicts: list[tuple], denies: list[Rule]) -> str:
                     rule = _last_match(denies, request._replace(capability=EXECUTE, subject=tail))
                     if rule is not None:
                         return f"it may run `{tail}`, which {rule_text(rule)} refuses"
+    return ""
+
+
+def _code_names_denied(code: tuple[str, ...], denies: list[Rule]) -> str:
+    """A denied program named as a word in code an interpreter or make runs: a call to it, most
+    likely (`system("touch m")`, `["touch", "m"]`); a string that only mentions it asks too."""
+    for rule in denies:
+        program = rule.pattern.split()[0] if rule.pattern.strip() else ""
+        if not program or any(ch in program for ch in "*?["):
+            continue
+        named = re.compile(rf"(?<![\w.-]){re.escape(program)}(?![\w.-])")
+        for text in code:
+            _on_time()
+            if named.search(text):
+                return f"its code names `{program}`, which {rule_text(rule)} refuses"
     return ""
 
 
@@ -1727,7 +1743,7 @@ def _decide_bash(command: str, workdir: str, root: str,
     return _judge(command.strip(), requests, rules, floor=floor,
                   at_least="ask" if line.unfollowed else "allow",
                   read_only=not not_read_only, not_read_only=not_read_only,
-                  destructive=destructive)
+                  destructive=destructive, code=tuple(line.code))
 
 
 def _unparsable(command: str, cwd: str, home: str, rules: list[Rule],
@@ -2048,7 +2064,7 @@ def _decide_process_write(text: str, process_command: str, root: str,
         request = _Request(EXECUTE,
                            f"{program} -c {text.strip()}", None)
         return _judge(f"{program} ← {text.strip()}", [request], rules,
-                      at_least="ask",
+                      at_least="ask", code=(text,),
                       not_read_only=f"code written to {program} runs unread")
     return Decision("allow", EXECUTE, "process write")
 
@@ -2381,6 +2397,8 @@ def _option_written(core: tuple[str, ...]) -> list[str]:
     row = _row(*core[:skip])
 
     def writes(option: str) -> bool:
+        if core[:1] == ("valgrind",):   # (it takes no abbreviation: --xml=yes names no file)
+            return option in ("--log-file", "--xml-file")
         return _has([option], *longs.split(), short=short)
 
     # (a wrapper's options end at the command it runs: time -o F sort -o G)
@@ -3342,6 +3360,8 @@ class _ShellLine:
         self.visited: list[str] = [cwd]
         # xargs commands with what is piped into them (for the destroy-work tier)
         self.fed: list[_Part] = []
+        # the code interpreters and make are given: words, heredocs, what is piped in
+        self.code: list[str] = []
         # characters expansions may still add: A=xx; A+=$A; A+=$A ... doubles
         self.room = 2 * len(command) + _EXPANSION_ROOM
         self._parse(command, cwd, 0)
@@ -3472,6 +3492,10 @@ class _ShellLine:
                 self.unfollowed = f"tmux {stored} keeps commands to run later, not read here"
         # strace -o '|CMD' (or '!CMD') pipes its trace into CMD, which a shell runs
         scripts = [*scripts, *(w[1:] for w in _wrappers_written(part) if w[:1] in ("|", "!"))]
+        if _runs_code(name) or name == "make":
+            # python3 -c CODE, awk PROGRAM, make -f - <<< 'all:; CMD': see _runs_denied
+            fed = [target for op, target in redirects if op in ("<<", "<<-", "<<<")]
+            self.code.append(" ".join([*core[1:], *fed, stdin_text or ""]))
         program = posixpath.basename(words[0] if words else "")
         if stdin_text and program == "xargs":
             # echo / | xargs rm -rf: what is piped in becomes the command's

@@ -15,8 +15,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from conftest import was_reached
 from fake_api import reply, text, tool_use
 
@@ -59,7 +57,7 @@ def test_a_cloned_repository_and_a_hijacked_model_run_nothing_without_a_question
     port = listener.getsockname()[1]
     attacks = [
         f"printf -v x 'a[$(touch {markers}/arith)]'; echo $((x))",
-        f'printf -v PATH %s "$PWD/bin"; cat app.py',
+        'printf -v PATH %s "$PWD/bin"; cat app.py',
         "sort --co=bin/cat app.py",
         "sort * app.py",
         f"git remote show http://127.0.0.1:{port}/x",
@@ -99,7 +97,7 @@ def test_under_yes_the_floor_and_the_work_in_the_repository_hold(khaelor, fake, 
     attacks = [
         f"sort -mo .khaelor/config.json - <<< '{allow_all}'",
         f"mkdir -p .khaelor && echo '{allow_all}' > .khaelor/config.json",
-        f"cp app.py \"$KHAELOR_HOME/config.json\"",
+        "cp app.py \"$KHAELOR_HOME/config.json\"",
         f"tee {kh}/config.json <<< '{allow_all}'",
         'rm -rf "${HOME:?}"',
         "rm${IFS:0:1}-rf ~",
@@ -132,7 +130,8 @@ def test_under_yes_a_deny_rule_holds_through_programs_that_run_the_words_after_t
                                                                                     project):
     """A deny of `touch` under --yes: `setarch linux64 -R touch m` (its -R is not in the wrapper
     table) asked, and --yes approved it, so `touch` ran; so did tar's -I program bundled in its
-    old-style first word (`tar xIf CMD a.tar`). Nobody is asked headless: refused."""
+    old-style first word (`tar xIf CMD a.tar`), and python3 -c code calling it. Nobody is asked
+    headless: refused."""
     import tarfile
     (project / "f").write_text("x\n")
     with tarfile.open(project / "a.tar", "w") as archive:
@@ -140,11 +139,14 @@ def test_under_yes_a_deny_rule_holds_through_programs_that_run_the_words_after_t
     fake.enqueue(reply(tool_use("bash", {"command": "setarch linux64 -R touch m"})),
                  reply(tool_use("bash", {"command": "tar xIf 'sh -c \"touch m\"' a.tar"})),
                  reply(tool_use("bash", {"command": "setarch linux64 -R ls"})),
+                 reply(tool_use("bash", {"command": """python3 -c 'import os
+os.system("touch m")'"""})),
                  reply(text("done")))
     result = khaelor.run("-p", "go", "--yes", "--disallowedTools", "Bash(touch:*)")
     assert result.returncode == 0, result.stderr
     assert not (project / "m").exists()
     assert "it may run `touch m`, which deny" in result.stderr, result.stderr
+    assert "its code names `touch`, which deny" in result.stderr, result.stderr
     ran = [e for e in khaelor.log() if e["type"] == "ToolStarted"]
     assert len(ran) == 1                                  # the same program running ls: approved
 

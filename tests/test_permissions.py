@@ -890,6 +890,16 @@ def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, co
     # the denied program's name inside a word, or not there at all
     ("git commit -m 'touch up'", False), ("npm test", False), ("poetry run pytest", False),
     ("ls; make; echo touch", False),
+    # code an interpreter or make runs that names the denied program, given any way
+    ("""python3 -c 'import os; os.system("touch m")'""", True), ("perl -e 'system q(touch m)'", True),
+    ("""node -e 'require("child_process").execSync("touch m")'""", True),
+    ("ruby -e '`touch m`'", True), ("""awk 'BEGIN{system("touch m")}'""", True),
+    ("""python3 -c 'import subprocess; subprocess.run(["touch", "m"])'""", True),
+    ("python3 <<'EOF'\nimport os\nos.system('touch m')\nEOF", True),
+    ("""echo 'import os; os.system("touch m")' | python3""", True),
+    ("make -f - <<< 'all:; touch m'", True), ("echo 'all:; touch m' | make -f -", True),
+    ("python3 -c 'print(1)'", False), ("python3 -c 'import retouch, touchy'", False),
+    ("echo touch | tee out", False),
 ])
 def test_a_command_that_may_run_what_a_deny_refuses_is_never_approved_by_yes(project, command,
                                                                               runs_denied):
@@ -902,6 +912,14 @@ def test_a_command_that_may_run_what_a_deny_refuses_is_never_approved_by_yes(pro
     # an ask rule is not a deny
     rules[-1] = Rule("process.execute", "touch *", "ask", "u", "user")
     assert not decide("bash", {"command": command}, project, rules).destructive
+
+
+def test_code_written_to_an_interpreter_that_names_a_denied_program_is_never_approved_by_yes(
+        project):
+    rules = [*DEFAULTS, Rule("process.execute", "touch *", "deny", "u", "user")]
+    for text, runs_denied in (("os.system('touch m')\n", True), ("print(2)\n", False)):
+        decision = decide("feed", {"input": text}, project, rules, process_command="python3")
+        assert decision.action == "ask" and bool(decision.destructive) == runs_denied, decision
 
 
 def test_what_a_deny_refuses_beside_an_undoable_destruction_is_never_approved_by_yes(project):
@@ -1304,6 +1322,15 @@ def test_a_wrappers_output_file_is_a_write_even_where_the_wrapper_is_allowed(pro
     assert bash(command, project, rules)["decision"] == "ask", command
     writes = [*rules, *(Rule("file.write.project", f, "allow", "u", "user") for f in ("m", "m2"))]
     assert bash(command, project, writes)["decision"] == "allow", command
+
+
+def test_valgrinds_options_are_read_whole_as_valgrind_reads_them(project):
+    """valgrind takes no abbreviated option: `--xml=yes` turns XML on and names no file (it was
+    read as `--xml-file=yes`, a file written, so the line asked under an allow of valgrind)."""
+    rules = ruled(("valgrind *", "allow"))
+    for command in ("valgrind --xml=yes --xml-fd=2 ls", "valgrind --log-fd=2 ls"):
+        assert bash(command, project, rules)["decision"] == "allow", command
+    assert bash("valgrind --xml=yes --xml-file=m ls", project, rules)["decision"] == "ask"
 
 
 def test_an_allow_that_names_the_wrapped_command_still_allows_it(project):

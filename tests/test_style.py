@@ -87,8 +87,10 @@ def line_count(name: str) -> int:
 # its pid and start time. And 13 of the core: the shell line of nix-shell --run and of a vim Ex
 # command's `!` is read as a command; 5 for pty.fork() in an approved command (TIOCSCTTY pretends);
 # 5 for one reader of /proc/PID/stat (sandbox.proc_stat), 4 fewer in tools.py.
-RUNTIME_LINES = 20_580
-SECURITY_CORE_LINES = 5_934
+# Session 18, by 24 of the core: code an interpreter or make runs is read for a denied program's
+# name (python3 -c 'os.system("touch m")' under --yes); valgrind's options are not abbreviated.
+RUNTIME_LINES = 20_604
+SECURITY_CORE_LINES = 5_958
 
 
 def test_the_runtime_and_its_security_core_never_grow():
