@@ -611,7 +611,7 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     rules = permissions.load_rules(permission_layers(home, project_root))
     confine = sandbox.Confine(write=shape != "read-only", network=shape == "network", paths=paths,
                               secrets=args.secrets, hide=sandbox.SECRET_NAMES, attended=True,
-                              **permissions.read_rule_paths(rules))
+                              **permissions.rule_paths(rules))
     workspace = tools.Workspace(project_root)
     workspace.home = home
     workspace.pass_env = read_config(home / "config.json").get("pass_env", [])

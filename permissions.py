@@ -1537,21 +1537,25 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         paths=tuple(sorted(paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
-        **read_rule_paths(rules),
+        **rule_paths(rules),
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
 
 
-def read_rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
-    """Confine's hide_paths and deny_paths: the paths the user's and the project's read rules
-    ask about or deny (`khaelor sandbox` takes them too)."""
+def rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
+    """Confine's hide_paths and deny_paths, the paths the user's and the project's read rules
+    ask about or deny, and its frozen_paths, those their write rules deny (`khaelor sandbox`
+    takes them too)."""
     reads = [r for r in rules if r.layer != "default" and r.scope != "write"
              and fnmatch.fnmatchcase(FILE_READ, r.capability)]
+    writes = [r for r in rules if r.layer != "default" and r.action == "deny"
+              and r.scope != "read" and fnmatch.fnmatchcase(FILE_WRITE, r.capability)]
     return {"hide_paths": tuple(_path_regex(r.pattern, r.glob)
                                 for r in reads if r.action != "allow"),
             "deny_paths": tuple(_path_regex(r.pattern, r.glob)
-                                for r in reads if r.action == "deny")}
+                                for r in reads if r.action == "deny"),
+            "frozen_paths": tuple(_path_regex(r.pattern, r.glob) for r in writes)}
 
 
 # Where package managers install and cache, under $HOME: an approved `pip

@@ -235,6 +235,8 @@ class Confine:
     hide_paths: tuple[str, ...] = ()
     # those of them denied: closed to every command, approved or not
     deny_paths: tuple[str, ...] = ()
+    # regexes over project paths the user's rules deny writing: read-only to every command
+    frozen_paths: tuple[str, ...] = ()
     # what --yes grants of `network`: only where every program of the line is known to need it
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
@@ -721,30 +723,39 @@ NO_PROGRAMS = 0xA
 class Mounts:
     """An approved command's mount namespace: where it may write (what its ruleset lets it write
     beneath), the folder it sees as /dev/shm (one of the session temp dir's), and the real paths
-    it cannot open (_cover): what the user's rules deny reading, its folders keeping every right."""
+    it cannot open (_cover): what the user's rules deny reading, its folders keeping every right;
+    and the real paths it cannot change (_freeze): what their rules deny writing."""
     writable: tuple[str, ...]
     shared_memory: str = ""
     covered: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
 
 
 def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
-               denied: list[str] = ()) -> Mounts | None:
+               denied: list[str] = (), frozen: list[str] = ()) -> Mounts | None:
     """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
     shared_memory = ""
     if confine.write and temp_dir:
         shared_memory = shared_memory_folder(temp_dir)
-    mounts = _mount_points() if confine.write and denied else []
-    tops = []
-    # a link is judged where it leads; what a folder holds is covered with it
-    for path in sorted(denied) if mounts else ():
-        if not (within(path, tops) or os.path.islink(path)):
-            tops.append(path)
-    covered = [place for path in tops for place in _shown_at(path, mounts)]
+    mounts = _mount_points() if confine.write and (denied or frozen) else []
+    covered = _places(denied, [], mounts)
+    # (a file both denied reading and writing is covered: it cannot be opened at all)
+    frozen = _places(frozen, covered, mounts)
     # the temp dir's bind makes its shm folder writable; binding it by name would follow a link
     writable = [place for place in _writes(confine, project, temp_dir) if place != shared_memory]
-    return Mounts(tuple(writable), shared_memory, tuple(covered))
+    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen))
+
+
+def _places(paths: list[str], covered: list[str], mounts: list[tuple]) -> list[str]:
+    """Where each of `paths` shows, outermost only: a link is judged where it leads, what a folder
+    holds goes with it."""
+    tops = []
+    for path in sorted(paths) if mounts else ():
+        if not (within(path, tops + covered) or os.path.islink(path)):
+            tops.append(path)
+    return [place for path in tops for place in _shown_at(path, mounts)]
 
 
 def _shown_at(path: str, mounts: list[tuple]) -> list[str]:
@@ -804,11 +815,13 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # mount point is neither renamed nor removed (EBUSY), so `mv conf elsewhere` cannot carry the
     # file out from under the user's rule for the next command to read. Before the covers: a bind
     # made after one would show the file bare beneath it.
-    for folder in _folders_holding(mounts.covered, mounts.writable):
+    for folder in _folders_holding(mounts.covered + mounts.frozen, mounts.writable):
         with contextlib.suppress(FileNotFoundError):
             _bind_no_links(folder)
     for path in mounts.covered:
         _cover(path)
+    for path in mounts.frozen:
+        _freeze(path)
     # No terminal of the user's is in its sight, open now or opened while it runs (a long one
     # would read the keys typed there): a command reaches the terminal only through khaelor, which
     # cleans what it shows. Its ptys are in a devpts of its own, where /dev/ptmx makes them (the
@@ -875,6 +888,22 @@ def _cover(path: str) -> None:
     os.close(fd)
     if failed:
         raise OSError(ctypes.get_errno(), f"mount over {path}")
+
+
+def _freeze(path: str) -> None:
+    """Make `path` read-only in this namespace: the file (or folder, with all it holds) bound onto
+    itself, a mount point it can neither write, rename nor remove (EROFS, EBUSY). Opened through
+    no link, as _cover's is."""
+    try:
+        fd = open_no_links(path, O_PATH)
+    except FileNotFoundError:
+        return
+    opened = f"/proc/self/fd/{fd}".encode()
+    failed = _libc.mount(opened, opened, None, MS_BIND | MS_REC, None)
+    os.close(fd)
+    if failed:
+        raise OSError(ctypes.get_errno(), f"mount --bind {path}")
+    _mount_attributes(path.encode(), set_=MOUNT_ATTR_RDONLY, flags=AT_RECURSIVE)
 
 
 def _mount_attributes(path: bytes, set_: int = 0, clear: int = 0, flags: int = 0) -> None:
@@ -1558,13 +1587,13 @@ def git_env(environ: dict, pairs: list[tuple[str, str]]) -> dict:
 # ---------------------------------------------------------------- explaining a refusal
 
 DENIED = re.compile(
-    r"Permission denied|Operation not permitted|Read-only file system"
+    r"Permission denied|Operation not permitted|Read-only file system|Device or resource busy"
     r"|\bEACCES\b|\bEPERM\b",
     re.I)
 # Where such a line names its path: quoted ('x', "x", `x', ‘x’), or as "<path>: Permission denied".
 DENIED_PATH = re.compile(
     r"""['"`‘]([^'"`’\n]+)['"`’]"""
-    r"""|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only)""",
+    r"""|([^\s:'"]+): (?:Permission denied|Operation not permitted|Read-only|Device or)""",
     re.I)
 CONNECTING = re.compile(
     r"connect|socket|urlopen|https?://|network|port \d+", re.I)
@@ -1594,6 +1623,8 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
             named = match.group(1) or match.group(2)
             path = os.path.realpath(cwd / named)
             need = _need(path, closed, writable, unopened, project)
+            if confine.write and _frozen(path, project, confine.frozen_paths):
+                need = f"write access to {path}, which the user's rules deny"
             if need:
                 needs.append(need)
     # A refused connect names no path.
@@ -1612,13 +1643,24 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     if not needs:
         return None
     wanted = "; ".join(dict.fromkeys(needs))
+    way = ("or run a command that names that path or URL itself, "
+           "so that the user's permission question covers it")
+    if any(need.endswith("which the user's rules deny") for need in needs):
+        way = "no command changes what their rules deny"
     return ("[khaelor sandbox: this command ran confined to what its "
             "permission allowed, and the sandbox refused it: "
             f"it would need {wanted}. "
             "The same command will fail the same way. "
-            "If the task needs this, ask the user: say so in your reply, "
-            "or run a command that names that path or URL itself, "
-            "so that the user's permission question covers it.]")
+            f"If the task needs this, ask the user: say so in your reply; {way}.]")
+
+
+def _frozen(path: str, project: Path, frozen_paths: tuple[str, ...]) -> bool:
+    """Whether the user's rules deny writing `path` (or a folder above it)."""
+    if not frozen_paths or not within(path, [str(project)]) or path == str(project):
+        return False
+    relative = os.path.relpath(path, project)
+    folders = [relative.rsplit("/", n)[0] for n in range(relative.count("/") + 1)]
+    return any(secret_matcher((), frozen_paths)(folder) for folder in folders)
 
 
 def _need(path: str, closed: list[str], writable: list[str], unopened: list[str],

@@ -445,6 +445,8 @@ class Workspace:
         self.abi = sandbox.probe()[0]
         # The project's secret files and what the user's rules deny reading (see prepare).
         self.secrets = sandbox.SecretScan()
+        # the files the user's rules deny writing, found as the secrets are
+        self.frozen = sandbox.SecretScan()
         # .git/index's stamp and the gitlinks it held (see gitlinks)
         self.gitlinks: tuple = (None, ())
         # Landlock ruleset fds by what they were built from (see prepare), which runs in threads.
@@ -719,8 +721,12 @@ class Workspace:
             if read_only and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
+            # and what they deny writing stays as it is (an approved command's namespace only)
+            frozen = []
+            if confine.write and confine.frozen_paths:
+                frozen = self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
-            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden)
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
             hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it

@@ -151,6 +151,22 @@ os.system("touch m")'"""})),
     assert len(ran) == 1                                  # the same program running ls: approved
 
 
+def test_under_yes_a_file_an_edit_rule_denies_stays_as_it_is_whatever_writes_it(khaelor, fake,
+                                                                                project):
+    """The judge cannot read where python's open() writes: the command asked, --yes approved it,
+    and it wrote the file the user's Edit deny names. The kernel holds it read-only now; the
+    model is told why, and no other way is offered."""
+    (project / "prod.yml").write_text("replicas: 3\n")
+    write = """python3 -c "open('prod.yml', 'w').write('replicas: 0')" """
+    fake.enqueue(reply(tool_use("bash", {"command": write})), reply(text("done")))
+    result = khaelor.run("-p", "go", "--yes", "--disallowedTools", "Edit(./prod.yml)")
+    assert result.returncode == 0, result.stderr
+    assert (project / "prod.yml").read_text() == "replicas: 3\n"
+    assert "which the user's rules deny" in result.stderr, result.stderr
+    outputs = "\n".join(tool_outputs(khaelor))
+    assert "no command changes what their rules deny" in outputs, outputs
+
+
 def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, fake, project, tmp_path):
     """An approved command plants core.fsmonitor, a pager, an external diff and a hook in .git: under
     --yes nobody approved that by name, so the guard puts .git back at once; and khaelor's own

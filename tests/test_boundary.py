@@ -636,6 +636,36 @@ def test_khaelor_sandbox_holds_the_read_rules_and_the_guard_a_session_has(projec
         assert (project / ".git" / "hooks" / "pre-commit").read_text() == "make"
 
 
+def test_what_the_users_rules_deny_writing_no_approved_command_changes(project, env):
+    """An Edit deny held only where the judge read the write: `go build -o prod.yml`, python's
+    open(), a rename over it asked, and an approval (or --yes) let them change the file. In an
+    approved command's namespace such a file (a folder: all it holds) is read-only and cannot be
+    renamed or removed; the rest of the project stays writable."""
+    (project / ".khaelor").mkdir()
+    rules = {"permissions": {"deny": ["Edit(./prod.yml)", "Edit(./config/**)"]}}
+    (project / ".khaelor" / "config.json").write_text(json.dumps(rules))
+    (project / "config").mkdir()
+    for name in ("prod.yml", "config/db.yml"):
+        (project / name).write_text("MARKER-kept\n")
+    os.link(project / "prod.yml", project / "linked.txt")      # the same file under another name
+    attempts = [
+        "echo changed > prod.yml", "echo changed >> linked.txt", "rm -f prod.yml",
+        "mv prod.yml moved.yml", "mv config elsewhere", "echo x > other && mv other prod.yml",
+        "cp /dev/null config/db.yml", "touch config/new.yml", "chmod 000 prod.yml",
+        "ln prod.yml another.txt && echo changed > another.txt",
+        f"{sys.executable} -c \"open('prod.yml', 'w').write('changed')\"",
+    ]
+    for attempt in attempts:
+        code, out = sandboxed(project, env, "--write", "sh", "-c", attempt)
+        assert code != 0, (attempt, out)
+        assert (project / "prod.yml").read_text() == "MARKER-kept\n", attempt
+        assert (project / "config" / "db.yml").read_text() == "MARKER-kept\n", attempt
+        assert sorted(p.name for p in (project / "config").iterdir()) == ["db.yml"], attempt
+    assert os.stat(project / "prod.yml").st_mode & 0o777 != 0
+    code, out = sandboxed(project, env, "--write", "sh", "-c", "echo ok > app.txt && cat prod.yml")
+    assert code == 0 and "MARKER-kept" in out and (project / "app.txt").read_text() == "ok\n"
+
+
 def test_the_connect_supervisor_lets_only_loopback_through():
     def inet(host: bytes, port: int) -> bytes:
         return (2).to_bytes(2, "little") + port.to_bytes(2, "big") + host + bytes(8)

@@ -748,7 +748,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "paths": [], "secrets": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
-                                  "hide_paths": [], "deny_paths": [],
+                                  "hide_paths": [], "deny_paths": [], "frozen_paths": [],
                                   "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
