@@ -1545,8 +1545,8 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
 
 def rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
     """Confine's hide_paths and deny_paths, the paths the user's and the project's read rules
-    ask about or deny, and its frozen_paths, those their write rules deny (`khaelor sandbox`
-    takes them too)."""
+    ask about or deny; its frozen_paths, those their write rules deny; and its frozen_files, the
+    project's own permission files (`khaelor sandbox` takes them too)."""
     reads = [r for r in rules if r.layer != "default" and r.scope != "write"
              and fnmatch.fnmatchcase(FILE_READ, r.capability)]
     writes = [r for r in rules if r.layer != "default" and r.action == "deny"
@@ -1555,7 +1555,8 @@ def rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
                                 for r in reads if r.action != "allow"),
             "deny_paths": tuple(_path_regex(r.pattern, r.glob)
                                 for r in reads if r.action == "deny"),
-            "frozen_paths": tuple(_path_regex(r.pattern, r.glob) for r in writes)}
+            "frozen_paths": tuple(_path_regex(r.pattern, r.glob) for r in writes),
+            "frozen_files": PROJECT_FILES}
 
 
 # Where package managers install and cache, under $HOME: an approved `pip

@@ -237,6 +237,8 @@ class Confine:
     deny_paths: tuple[str, ...] = ()
     # regexes over project paths the user's rules deny writing: read-only to every command
     frozen_paths: tuple[str, ...] = ()
+    # and project files by name: the project's permission files, changed only by the user
+    frozen_files: tuple[str, ...] = ()
     # what --yes grants of `network`: only where every program of the line is known to need it
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
@@ -1623,8 +1625,8 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
             named = match.group(1) or match.group(2)
             path = os.path.realpath(cwd / named)
             need = _need(path, closed, writable, unopened, project)
-            if confine.write and _frozen(path, project, confine.frozen_paths):
-                need = f"write access to {path}, which the user's rules deny"
+            if confine.write and _frozen(path, project, confine):
+                need = f"write access to {path}, which only the user changes"
             if need:
                 needs.append(need)
     # A refused connect names no path.
@@ -1645,8 +1647,8 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     wanted = "; ".join(dict.fromkeys(needs))
     way = ("or run a command that names that path or URL itself, "
            "so that the user's permission question covers it")
-    if any(need.endswith("which the user's rules deny") for need in needs):
-        way = "no command changes what their rules deny"
+    if any(need.endswith("which only the user changes") for need in needs):
+        way = "no command changes it, approved or not"
     return ("[khaelor sandbox: this command ran confined to what its "
             "permission allowed, and the sandbox refused it: "
             f"it would need {wanted}. "
@@ -1654,13 +1656,15 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
             f"If the task needs this, ask the user: say so in your reply; {way}.]")
 
 
-def _frozen(path: str, project: Path, frozen_paths: tuple[str, ...]) -> bool:
-    """Whether the user's rules deny writing `path` (or a folder above it)."""
-    if not frozen_paths or not within(path, [str(project)]) or path == str(project):
+def _frozen(path: str, project: Path, confine: Confine) -> bool:
+    """Whether `path` (or a folder above it) is one only the user changes (Confine.frozen_*)."""
+    if not within(path, [str(project)]) or path == str(project):
         return False
     relative = os.path.relpath(path, project)
     folders = [relative.rsplit("/", n)[0] for n in range(relative.count("/") + 1)]
-    return any(secret_matcher((), frozen_paths)(folder) for folder in folders)
+    if relative in confine.frozen_files:
+        return True
+    return any(secret_matcher((), confine.frozen_paths)(folder) for folder in folders)
 
 
 def _need(path: str, closed: list[str], writable: list[str], unopened: list[str],

@@ -721,10 +721,13 @@ class Workspace:
             if read_only and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
-            # and what they deny writing stays as it is (an approved command's namespace only)
+            # and what only the user changes stays as it is (an approved command's namespace)
             frozen = []
+            if confine.write:
+                frozen = [str(self.cwd / name) for name in confine.frozen_files
+                          if os.path.isfile(self.cwd / name)]
             if confine.write and confine.frozen_paths:
-                frozen = self.frozen.find(str(self.cwd), (), confine.frozen_paths)
+                frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
             mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
             hidden = [] if mounts and confine.write else hidden

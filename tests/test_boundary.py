@@ -640,10 +640,13 @@ def test_what_the_users_rules_deny_writing_no_approved_command_changes(project, 
     """An Edit deny held only where the judge read the write: `go build -o prod.yml`, python's
     open(), a rename over it asked, and an approval (or --yes) let them change the file. In an
     approved command's namespace such a file (a folder: all it holds) is read-only and cannot be
-    renamed or removed; the rest of the project stays writable."""
+    renamed or removed; the rest of the project stays writable. So is the project's permission
+    file: emptied, its deny rules would be gone at the next "always" or session."""
     (project / ".khaelor").mkdir()
-    rules = {"permissions": {"deny": ["Edit(./prod.yml)", "Edit(./config/**)"]}}
-    (project / ".khaelor" / "config.json").write_text(json.dumps(rules))
+    rules = json.dumps({"permissions": {"deny": ["Edit(./prod.yml)", "Edit(./config/**)"]}})
+    (project / ".khaelor" / "config.json").write_text(rules)
+    (project / ".claude").mkdir()
+    (project / ".claude" / "settings.json").write_text("{}")
     (project / "config").mkdir()
     for name in ("prod.yml", "config/db.yml"):
         (project / name).write_text("MARKER-kept\n")
@@ -654,6 +657,8 @@ def test_what_the_users_rules_deny_writing_no_approved_command_changes(project, 
         "cp /dev/null config/db.yml", "touch config/new.yml", "chmod 000 prod.yml",
         "ln prod.yml another.txt && echo changed > another.txt",
         f"{sys.executable} -c \"open('prod.yml', 'w').write('changed')\"",
+        "echo '{}' > .khaelor/config.json", "rm .khaelor/config.json", "mv .khaelor elsewhere",
+        "echo x > .claude/settings.json",
     ]
     for attempt in attempts:
         code, out = sandboxed(project, env, "--write", "sh", "-c", attempt)
@@ -661,6 +666,8 @@ def test_what_the_users_rules_deny_writing_no_approved_command_changes(project, 
         assert (project / "prod.yml").read_text() == "MARKER-kept\n", attempt
         assert (project / "config" / "db.yml").read_text() == "MARKER-kept\n", attempt
         assert sorted(p.name for p in (project / "config").iterdir()) == ["db.yml"], attempt
+        assert (project / ".khaelor" / "config.json").read_text() == rules, attempt
+        assert (project / ".claude" / "settings.json").read_text() == "{}", attempt
     assert os.stat(project / "prod.yml").st_mode & 0o777 != 0
     code, out = sandboxed(project, env, "--write", "sh", "-c", "echo ok > app.txt && cat prod.yml")
     assert code == 0 and "MARKER-kept" in out and (project / "app.txt").read_text() == "ok\n"
