@@ -50,14 +50,18 @@ def warm_up(job: dict) -> None:
               if signum not in (signal.SIGKILL, signal.SIGSTOP)}
     os.chdir(job["cwd"])
     os.environ.update(job["env"])
-    saved = os.dup(1)
-    quiet = os.open(os.devnull, os.O_WRONLY)
+    # its stdin is /dev/null (the server's own is the pipe whose EOF ends it: on it, -p waited
+    # STDIN_WAIT_S for a prompt, 3 s of every run's start)
+    saved = [os.dup(0), os.dup(1)]
+    quiet = os.open(os.devnull, os.O_RDWR)
+    os.dup2(quiet, 0)
     os.dup2(quiet, 1)
     khaelor.main(job["argv"])
     sys.stdout.flush()
-    os.dup2(saved, 1)
-    os.close(saved)
-    os.close(quiet)
+    os.dup2(saved[0], 0)
+    os.dup2(saved[1], 1)
+    for fd in (*saved, quiet):
+        os.close(fd)
     for thread in threading.enumerate():
         if thread is not threading.main_thread():
             thread.join()
