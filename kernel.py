@@ -420,13 +420,15 @@ class StreamReducer:
 
 def _unattended(decision: permissions.Decision) -> permissions.Decision:
     """What --yes approves (see permissions._confine): project writes; the network only when
-    every program of the line is known to need it; outside the project only an install's places."""
+    every program of the line is known to need it; outside the project only an install's places;
+    never the project's secret files."""
     confine = decision.confine
     if not confine:
         return decision
     network = confine.network and confine.unattended_network
     paths = confine.unattended_paths
-    return replace(decision, confine=replace(confine, network=network, paths=paths))
+    return replace(decision, confine=replace(confine, network=network, paths=paths,
+                                             unattended=True))
 
 
 class Kernel:
@@ -880,14 +882,18 @@ class Kernel:
             # what a rewind brings back: run once it can (no file left out)
             taken = await self.checkpoint(tool_use_id, "before a destructive step")
             undoable = taken and not self.state.checkpoints[-1]["skipped"]
-        if self.yes and (not decision.destructive or undoable):
+        # a secret is a person's to open: read, its value could leave encoded past the masking
+        secret = bool(decision.confine and decision.confine.secrets)
+        if self.yes and (not decision.destructive or undoable) and not secret:
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
             return _unattended(decision)
         # (under --yes only what --yes does not approve is asked: say why)
+        why = decision.reason if self.yes else ""
+        if self.yes and secret and not decision.destructive:
+            why = "it reads the project's secret files: asks every time, --yes never opens them"
         choice, feedback = await self.ask_user(call, decision.capability,
-                                               decision.descriptor, decision.suggestion,
-                                               why=decision.reason if self.yes else "")
+                                               decision.descriptor, decision.suggestion, why=why)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
             by = "user" if choice == "deny" else "nobody"

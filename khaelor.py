@@ -1142,7 +1142,7 @@ def parse_args(argv: list):
     # Claude Code requires it with stream-json, so its scripts pass it; every event prints anyway
     parser.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yes", action="store_true",
-                        help="approve every ask (the hardline floor still refuses)")
+                        help="approve ordinary asks (never the floor, destroying work or a secret)")
     parser.add_argument("-c", "--continue", dest="continue_", action="store_true",
                         help="continue the newest session")
     parser.add_argument("-r", "--resume", metavar="ID",

@@ -243,6 +243,9 @@ class Confine:
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
     unattended_paths: tuple[str, ...] = ()
+    # approved by --yes, not by a person: the project's secret files stay closed, as to a
+    # read-only command (no copy or encoding of them reaches the model or a network it is given)
+    unattended: bool = False
     # the user saw this very call: what it names, it may change (tools.guard_check)
     attended: bool = False
     # the user's own `!` commands: no sandbox at all
@@ -1613,7 +1616,7 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     can grant it."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
-    if lines and not (confine.write or confine.secrets):
+    if lines and not confine.secrets and (confine.unattended or not confine.write):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
         closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
     granted = _grants(confine, project, temp_dir, home, khaelor_home)

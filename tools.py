@@ -718,7 +718,7 @@ class Workspace:
             sandbox.make_parents(confine.paths)
             # what the user's rules deny reading stays closed to every command
             names, paths = (), confine.deny_paths
-            if read_only and not confine.secrets:
+            if (read_only or confine.unattended) and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
             # and what only the user changes stays as it is (an approved command's namespace)

@@ -254,7 +254,9 @@ def test_dotenv_values_are_masked_even_when_the_user_approves_reading(khaelor, f
     fake.enqueue(reply(tool_use("bash", {"command": "cat .env"})),
                  reply(tool_use("read", {"file_path": ".env"})),
                  reply(text("done")))
-    assert khaelor.run("-p", "show the env", "--yes").returncode == 0
+    approved = ("--allowedTools", "Read(./.env)", "Bash(cat .env)")     # (--yes never opens it)
+    assert khaelor.run("-p", "show the env", *approved).returncode == 0
+    assert not [e for e in khaelor.log() if e["type"] == "PermissionDenied"]
     sent = all_request_text(fake)
     assert SECRET_VALUE not in sent and "DB_PASSWORD" in sent
 
