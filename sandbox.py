@@ -1650,6 +1650,8 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     wanted = "; ".join(dict.fromkeys(needs))
     way = ("or run a command that names that path or URL itself, "
            "so that the user's permission question covers it")
+    if confine.unattended:
+        way = "--yes opens nothing more: a person must approve it"
     if any(need.endswith("which only the user changes") for need in needs):
         way = "no command changes it, approved or not"
     return ("[khaelor sandbox: this command ran confined to what its "

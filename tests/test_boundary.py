@@ -1012,7 +1012,9 @@ def test_under_yes_no_secret_of_the_project_leaves_by_a_network_command(khaelor,
             connection.close()
     assert secret.encode() not in received
     assert not (project / "notes.txt").exists()
-    assert secret not in json.dumps([request["body"] for request in fake.requests])
+    sent = json.dumps([request["body"] for request in fake.requests])
+    assert secret not in sent
+    assert "would need access to" in sent and "--yes opens nothing more" in sent, sent[-3000:]
     ran = [e for e in khaelor.log() if e["type"] == "ToolStarted"]
     assert len(ran) == 2                      # the script and the second curl: approved, confined
 
