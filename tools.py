@@ -126,12 +126,27 @@ DOTENV_MASK = "[redacted: a value from the project's .env file]"
 # `cat .git/config` would otherwise show the model and the session log.
 URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
 URL_PASSWORD_MASK = "[redacted]@"
-# Tokens whose format names them (GitHub, GitLab, Slack, Anthropic): masked wherever they show,
-# a URL's user name included (https://ghp_…@github.com).
-# (No \b before them: it makes the scan of 100 MB of output 3.5 times slower.)
+# Tokens whose format names them (GitHub, GitLab, Slack, Anthropic, OpenAI, Stripe, AWS, Google,
+# npm, PyPI, Hugging Face): masked wherever they show, a URL's user name included
+# (https://ghp_…@github.com). Each starts with its literal prefix: a \b or a class first makes
+# the scan up to ten times slower; the two prefixes that end words (disk-usage_…, shelf_…) look
+# behind themselves after matching.
 TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{20,}"
-                   r"|xox[abpr]-[A-Za-z0-9-]{10,}|sk-ant-[\w-]{20,}")
+                   r"|xox[abpr]-[A-Za-z0-9-]{10,}|sk-ant-[\w-]{20,}|sk_live_[A-Za-z0-9]{20,}"
+                   r"|rk_live_[A-Za-z0-9]{20,}|sk-(?<![\w-]sk-)(?:proj-)?[A-Za-z0-9_]{32,}"
+                   r"|AKIA[0-9A-Z]{16}|AIza[\w-]{35}|npm_[A-Za-z0-9]{36}|pypi-[\w-]{50,}"
+                   r"|hf_(?<![\w-]hf_)[A-Za-z0-9]{30,}")
 TOKEN_MASK = "[redacted: a token]"
+# A private key's body, however it is printed (a diff puts + before each line), to its end line
+# or, cut short, to the end of the text
+PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?"
+                         r"(-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)")
+PRIVATE_KEY_MASK = "[redacted: a private key]"
+# In the diff of a secret file (git log -p, git show, git diff print .env's past versions, whose
+# values the .env masking does not know): a line that sets a value, KEY=v, key: v, "key": "v"
+SECRET_DIFF_SETTING = re.compile(
+    r"""(?m)^([-+ ]\s*(?:export\s+)?["']?[\w.-]+["']?\s*[=:]\s*)\S.*$""")
+SECRET_DIFF_MASK = "[redacted: a value from a secret file's history]"
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
@@ -1226,6 +1241,10 @@ class Toolbox:
                 text = text.replace(value, DOTENV_MASK)
         if "@" in text:
             text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+        if "PRIVATE KEY-----" in text:
+            text = PRIVATE_KEY.sub(rf"\1 {PRIVATE_KEY_MASK} \2", text)
+        if "diff --" in text:
+            text = _mask_secret_diffs(text)
         return TOKEN.sub(TOKEN_MASK, text)
 
     def running_processes(self) -> list[dict]:
@@ -2123,11 +2142,24 @@ def _prune_spill(spill_dir: Path) -> None:
         total -= size
 
 
+def _mask_secret_diffs(text: str) -> str:
+    """The values in each diff of a file named as a secret (`diff --git a/.env b/.env`, ... --cc,
+    --no-prefix: its last word names it), up to the next diff."""
+    parts = re.split(r"(?m)^(?=diff --)", text)
+    for n, part in enumerate(parts):
+        first = part.partition("\n")[0]
+        name = first.rsplit(" ", 1)[-1].strip('"')
+        if first.startswith("diff --") and sandbox.is_secret_name(name):
+            parts[n] = SECRET_DIFF_SETTING.sub(rf"\1{SECRET_DIFF_MASK}", part)
+    return "".join(parts)
+
+
 def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
     """A write or edit must not put a mask where the secret it hid was: a model that read a
     masked .env and wrote it back would replace every value with the mask. A file that holds
     the mask's text itself (khaelor's own source) may still be edited."""
-    for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK, TOKEN_MASK):
+    for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK, TOKEN_MASK, PRIVATE_KEY_MASK,
+                 SECRET_DIFF_MASK):
         in_file = before is not None and mask.encode() in before
         if mask in new_text and not in_file:
             raise ToolError(

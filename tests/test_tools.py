@@ -1403,6 +1403,42 @@ def test_a_quoted_env_value_with_a_comment_after_it_is_masked(box):
     assert shown.text.count(tools.DOTENV_MASK) == 2
 
 
+def test_a_secret_files_past_values_and_private_keys_are_masked_in_gits_history(box):
+    """`git log -p` (read-only: it runs unasked) printed the values a .env held before, which the
+    masking of today's .env does not know, and a private key committed once and deleted."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=box.root, check=True, capture_output=True)
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (box.root / ".env").write_text("DB_PASSWORD=old-s3cret-value-1\nexport TOKEN='old-t0ken-2'\n")
+    (box.root / "deploy.key").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAA"
+                                        "\nMARKERkeybody\n-----END OPENSSH PRIVATE KEY-----\n")
+    (box.root / "app.cfg").write_text("timeout: 30\n")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    (box.root / ".env").write_text("DB_PASSWORD=new-s3cret-value-3\n")
+    (box.root / "deploy.key").unlink()
+    (box.root / "app.cfg").write_text("timeout: 45\n")
+    git("commit", "-qam", "two")
+    for command in ("git log -p", "git log -p --no-prefix", "git show HEAD~1", "git diff HEAD~1"):
+        shown = box.call("bash", command=command).text
+        for secret in ("old-s3cret-value-1", "old-t0ken-2", "new-s3cret-value-3", "MARKERkeybody"):
+            assert secret not in shown, (command, secret, shown)
+        assert "+timeout: " in shown, shown             # another file's values stay as they are
+    assert tools.PRIVATE_KEY_MASK in box.call("bash", command="git log -p").text
+
+
+@pytest.mark.parametrize("token", [
+    "sk-proj-" + "Ab1" * 16, "sk_live_" + "x9" * 12, "AKIA" + "ABCD2345EFGH6789", "AIza" + "y" * 35,
+    "npm_" + "n1" * 18, "pypi-" + "AgEIcHlwaS5vcmc" * 4, "hf_" + "h4" * 16])
+def test_tokens_of_known_formats_are_masked_and_words_that_look_alike_are_not(box, token):
+    shown = box.call("bash", command=f"echo 'key={token}' disk-usage-report-generator-for-linux-x"
+                                     " shelf_abcdefghijklmnopqrstuvwxyz01234").text
+    assert token not in shown and tools.TOKEN_MASK in shown
+    assert "disk-usage-report-generator-for-linux-x shelf_abcdefghijklmnopqrstuvwxyz01234" in shown
+
+
 def test_a_password_in_a_url_is_masked_and_a_masked_secret_is_never_written_back(box):
     """The model sees neither a remote's password nor a .env value, and writing back what it saw
     (a whole .env with its values masked) is refused, so no secret is lost."""
