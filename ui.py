@@ -1764,6 +1764,10 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
     raw = str(request.get("descriptor", ""))
     descriptor = shown(raw).strip("\n")
     lines = wrap_spans(panel_question(request, tool_input, descriptor), width, style, "", bar)
+    if request.get("why"):
+        # under --yes: why this one is asked all the same
+        because = "--yes does not answer this: " + shown(str(request["why"]))
+        lines += wrap_spans([(because, ("dim",))], width, style, bar, bar)
     raw_preview = panel_preview(request, tool_input)
     if events.has_hidden_characters(raw + raw_preview):
         noun = "command" if "command" in tool_input else "call"

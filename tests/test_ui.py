@@ -725,6 +725,21 @@ def test_the_panel_asks_in_plain_words(width):
         assert "file.write" not in joined and "process.execute" not in joined
 
 
+@pytest.mark.parametrize("width", [40, 60, 100])
+def test_under_yes_the_panel_says_why_it_asks_all_the_same(width):
+    """--yes asked about `cat .env` and said nothing of why: the user, who passed --yes, was
+    left to guess. The reason the model is given (PermissionRequested's why) shows, wrapped."""
+    why = "it reads the project's secret files: asks every time, --yes never opens them"
+    request = dict(PERMISSION, descriptor="cat .env", why=why)
+    lines = ui.render_permission_panel(request, width, COLOR)
+    assert all(ui.visible_width(line) <= width for line in lines)
+    joined = " ".join(text_of(screen_of(lines, width)).replace("│", " ").split())
+    assert f"--yes does not answer this: {why}" in joined, joined
+    plain = " ".join(text_of(screen_of(ui.render_permission_panel(PERMISSION, width, COLOR),
+                                       width)).split())
+    assert "--yes" not in plain
+
+
 # A command that reads as harmless where its bytes are not: a CR that would draw `echo hello` over
 # the start of the line, a CSI that would erase it, an OSC retitling the window, an 8-bit CSI
 # (0x9B) that would clear the screen, a right-to-left override reversing `gnp.exe`, a zero-width
