@@ -978,6 +978,9 @@ class Timeline:
         self._n_streamed = 0
         # the model wrote text since the user's message (what an interruption keeps)
         self._wrote = False
+        # the command line last shown above its own ◇ line (`typed`): live, its answer then
+        # follows without it (App._show_result reads and clears it)
+        self.last_echo: str | None = None
 
     # -- folding --
 
@@ -1012,7 +1015,7 @@ class Timeline:
             # a process lost with khaelor: what it had printed, under its line as under a card
             shown = self._card_block(FinishedCard(note, card_output(event, {}), False))
             # after the block that streams (a choice made mid-reply: `/model`)
-            self._after_block(shown)
+            self._after_block(self._typed(event) + shown)
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
             outcome, blocks = self._attempt.feed(event)
@@ -1244,7 +1247,17 @@ class Timeline:
 
     def _on_ThinkingChanged(self, e: dict) -> None:
         chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
-        self._after_block(self._dim_lines("◇ " + ", ".join(chosen) + " from the next message"))
+        note = self._dim_lines("◇ " + ", ".join(chosen) + " from the next message")
+        self._after_block(self._typed(e) + note)
+
+    def _typed(self, e: dict) -> list[str]:
+        """The command line typed (`› /rename x`) that this event confirms, to go above its ◇
+        line, as above a command's answer; none when the event has none (a flag chose it, a log
+        from before `typed`)."""
+        if not e.get("typed"):
+            return []
+        self.last_echo = str(e["typed"])
+        return self._written(self.last_echo, "user")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         message = sanitize(str(e.get("message") or "")).strip()
@@ -1310,12 +1323,14 @@ class Timeline:
 
     def _on_CommandAnswered(self, e: dict) -> None:
         """Replayed: a command's answer, drawn as App drew what run_command returned."""
-        self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"))
+        self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"),
+                            bool(e.get("echoed")))
 
-    def command_answer(self, command: str, text: str, failed: bool = False) -> None:
+    def command_answer(self, command: str, text: str, failed: bool = False,
+                       echoed: bool = False) -> None:
         """The command line as typed (`› /cost`, as Claude Code echoes it), then its answer, or
-        why it failed."""
-        lines = self._written(command, "user")
+        why it failed; `echoed`: the line is above the ◇ line of the command's own event."""
+        lines = [] if echoed else self._written(command, "user")
         if failed:
             lines += self._marked("✗", "error", f"{RESULT_ERRORS['run_command']}: {text}")
         else:
@@ -2692,9 +2707,14 @@ class App:
             command = args[0]
         elif fn == self.answer_question:
             command = args[0].get("command", "")
+        # the command's own event showed its line (and the line is not kept for a later command)
+        echoed = bool(command) and self.timeline.last_echo == command
+        if command:
+            self.timeline.last_echo = None
         if command and answered:
             # with the line typed, as its CommandAnswered replays it
-            self.timeline.command_answer(command, str(result), isinstance(result, Exception))
+            self.timeline.command_answer(command, str(result), isinstance(result, Exception),
+                                         echoed)
         elif isinstance(result, Exception):
             # in the user's words, not the controller's method name
             what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")
