@@ -653,6 +653,12 @@ def policy_json(layers: list, rules) -> dict:
             "rules": [dataclasses.asdict(rule) for rule in rules], "ignored": ignored}
 
 
+def markdown_literal(text: str) -> str:
+    """`text` as markdown that shows it as written: what would be read as emphasis, code or a
+    link (a rule's `secrets/**`, a path's `__x__`), and the escape itself, escaped."""
+    return MARKDOWN_MARKERS.sub(r"\\\1", text)
+
+
 def policy_report(layers: list, rules) -> list[str]:
     """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
     and what is ignored; every character shown as itself (events.visible_controls)."""
@@ -2516,9 +2522,11 @@ class Session:
         return ui.TRANSCRIPT
 
     async def cmd_permissions(self, _):
-        """`khaelor permissions` in the session: the boundary, the layers and the rules."""
+        """`khaelor permissions` in the session: the boundary, the layers and the rules, a line an
+        item, so a narrow screen wraps each at its words (a code block's lines broke anywhere),
+        every character as written (markdown_literal)."""
         report = policy_report(self.read_layers(), self.kernel.rules)
-        return "```\n" + "\n".join(report) + "\n```"
+        return "\n".join("- " + markdown_literal(line) for line in report)
 
     async def cmd_status(self, _):
         import sandbox
@@ -2754,6 +2762,8 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
 
 # of a `!` command stopped with Esc, the output kept (its end)
 STOPPED_OUTPUT_CHARS = 20_000
+# the characters ui.INLINE_RE reads as markup (and the backslash that escapes them)
+MARKDOWN_MARKERS = re.compile(r"([\\`*_~\[])")
 # a command's answer the log keeps (CommandAnswered), in characters: the replay says what is not
 MAX_KEPT_ANSWER = 20_000
 # The slash command running, as typed, and how long the log was when it began: the event that is

@@ -415,7 +415,9 @@ def code_token_re(comment: str) -> re.Pattern:
 
 def regex_spans(pattern: re.Pattern, text: str, styled: Callable,
                 roles: tuple = ()) -> list[Span]:
-    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans."""
+    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans. Neighbours of one
+    style are one span (an escaped `\\_` in a path): a wrap breaks between spans, never inside
+    a word of one."""
     spans: list[Span] = []
     pos = 0
     for m in pattern.finditer(text):
@@ -425,16 +427,22 @@ def regex_spans(pattern: re.Pattern, text: str, styled: Callable,
         pos = m.end()
     if pos < len(text):
         spans.append((text[pos:], roles))
-    return spans
+    merged: list[Span] = []
+    for span in spans:
+        if merged and merged[-1][1] == span[1]:
+            merged[-1] = (merged[-1][0] + span[0], span[1])
+        else:
+            merged.append(span)
+    return merged
 
 
 def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
     """Bold, italic, strike, `code` and [links](url) as spans. Monochrome keeps the markdown as
     written: the markers are the meaning there."""
     has_markup = any(c in text for c in "*_`[~\\")
+    if not style.color and has_markup:
+        return regex_spans(INLINE_RE, text, lambda m: [(as_written(m), roles)], roles)
     if not style.color or not has_markup:
-        if "\\" in text and "`" not in text:
-            text = ESCAPED_RE.sub(r"\1", text)
         return [(text, roles)]
 
     def styled(m: re.Match) -> list[Span]:
@@ -457,6 +465,14 @@ def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
         return inline_spans(m[name], style, roles + (name.rstrip("2"),))
 
     return regex_spans(INLINE_RE, text, styled, roles)
+
+
+def as_written(m: re.Match) -> str:
+    """Monochrome: markup as written, but an escape (`\\*`) is its character, outside a code span
+    as anywhere else (a code span keeps its backslashes)."""
+    if m["code"]:
+        return m[0]
+    return ESCAPED_RE.sub(r"\1", m[0])
 
 
 def highlight_code(line: str, lang: str) -> list[Span]:

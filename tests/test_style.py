@@ -95,8 +95,9 @@ def line_count(name: str) -> int:
 # secret (a call naming one asks every time; a command it approves finds them closed, and the
 # note to the model says a person must approve it).
 # And by 65 elsewhere: a slash command's own event (◇ Session, Model, effort, compacted, Rewound)
-# carries the line typed, shown above it live and replayed.
-RUNTIME_LINES = 20_740
+# carries the line typed, shown above it live and replayed; 26 for /permissions as items that wrap
+# at words (escaped markup, one span for neighbours of one style, monochrome escapes).
+RUNTIME_LINES = 20_766
 SECURITY_CORE_LINES = 6_014
 
 
