@@ -183,7 +183,8 @@ DURABLE_KINDS = {
                        "tool_use_id": NotRequired[str], "started_ticks": NotRequired[int]},
     # output: what a process lost with khaelor (a kill -9) had printed until then
     "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str,
-                      "output": NotRequired[str]},
+                      "output": NotRequired[str],
+                      "typed": NotRequired[str]},       # `/processes stop ID` stopped it
     "ContextPruned": {
         "tool_use_ids": list,
         "placeholders": NotRequired[dict],      # tool_use_id -> what its result says instead

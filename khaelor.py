@@ -2503,6 +2503,8 @@ class Session:
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
         if action == "stop" and target:
+            # its ◆ line confirms the command: the line typed goes above it
+            self.toolbox.stopping_for(target, typed_line())
             stop = {"action": "stop", "id": target}
             result = await self.toolbox.run("process", stop, "user-processes")
             return result.text

@@ -981,6 +981,28 @@ def test_a_command_that_answers_with_its_own_line_shows_what_was_typed_live_and_
     assert answers == [("/thinking off", True), ("/thinking off", False)]
 
 
+def test_processes_stop_shows_the_line_typed_above_the_process_line_live_and_replayed(
+        fake, project, env, monkeypatch):
+    """QA: `/processes stop p1` showed the process's ◆ line above the line typed, then the
+    report: the line typed first, once, then the ◆ line, then the report, live and replayed."""
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+
+    async def script(session):
+        session.begin()
+        session.bus.emit("UserMessageCreated", text="start it")
+        await session.toolbox.run("process", {"action": "start", "command": "sleep 30"}, "t1")
+        return await live_and_replayed(session, ["/processes stop p1"], 60)
+    shown, replayed, log = in_new_session(project, env, monkeypatch, script)
+    assert replayed.endswith(shown), (shown, replayed)
+    assert shown.startswith("› /processes stop p1\n◆ process p1: stopped, exit code -15\n\n"
+                            "[p1 · stopped"), shown
+    assert shown.count("› /processes stop p1") == 1, shown
+    exited = types(log, "ProcessExited")
+    assert [e.get("typed") for e in exited] == ["/processes stop p1"], exited
+    assert [e.get("echoed") for e in types(log, "CommandAnswered")] == [True]
+
+
 def test_a_log_from_before_the_typed_line_replays_as_it_did(fake, project, env, monkeypatch):
     """A log written before `typed` and `echoed` (none of its events has them) replays as then:
     the ◇ lines without a line typed above them, each answer under its command."""

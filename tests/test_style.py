@@ -96,8 +96,9 @@ def line_count(name: str) -> int:
 # note to the model says a person must approve it).
 # And by 65 elsewhere: a slash command's own event (◇ Session, Model, effort, compacted, Rewound)
 # carries the line typed, shown above it live and replayed; 26 for /permissions as items that wrap
-# at words (escaped markup, one span for neighbours of one style, monochrome escapes).
-RUNTIME_LINES = 20_766
+# at words (escaped markup, one span for neighbours of one style, monochrome escapes); 13 for
+# `/processes stop ID`'s line above its ◆ line (ProcessExited carries it).
+RUNTIME_LINES = 20_779
 SECURITY_CORE_LINES = 6_014
 
 
