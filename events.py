@@ -165,6 +165,11 @@ DURABLE_KINDS = {
         "restored": list,           # paths written back or deleted
         "kept": list,       # paths the user changed after the agent's last step, left as they are
         "text": str,
+        # `typed` (here and below): the slash command line the user typed (`/rewind 2`) when this
+        # event is its command's own confirmation (its ◇ line): the UI shows the line above it,
+        # live and replayed, as above a command's answer. Absent: not typed (a flag, start-up,
+        # `khaelor rewind`), or a log from before the field (no line shown then).
+        "typed": NotRequired[str],
     },
     # The volatile facts (date, git, running processes, the mode) the turn's first request told the
     # model, after the user's message. Recorded, so every later request sends them as the same
@@ -178,7 +183,8 @@ DURABLE_KINDS = {
                        "tool_use_id": NotRequired[str], "started_ticks": NotRequired[int]},
     # output: what a process lost with khaelor (a kill -9) had printed until then
     "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str,
-                      "output": NotRequired[str]},
+                      "output": NotRequired[str],
+                      "typed": NotRequired[str]},       # `/processes stop ID` stopped it
     "ContextPruned": {
         "tool_use_ids": list,
         "placeholders": NotRequired[dict],      # tool_use_id -> what its result says instead
@@ -196,6 +202,7 @@ DURABLE_KINDS = {
         "cut_seq": int,
         "model": NotRequired[str | None],   # the summary call's model and usage (counted in /cost)
         "usage": NotRequired[dict],
+        "typed": NotRequired[str],          # /compact's line
     },
     "Interrupted": {"reason": NotRequired[str],
                     # the thinking it cut off, as shown (never sent), and how long it had taken
@@ -204,18 +211,21 @@ DURABLE_KINDS = {
                               "withheld": str, "text": str},
     "TaskCompleted": {"evidence": dict, "answer": NotRequired[str]},
     "TaskFailed": {"reason": str, "traceback": NotRequired[str]},
-    "SessionRenamed": {"title": str},
-    "ModelChanged": {"model": str},
+    "SessionRenamed": {"title": str, "typed": NotRequired[str]},
+    "ModelChanged": {"model": str, "typed": NotRequired[str]},
     # /thinking, /effort, --thinking, --effort: from the next turn
     "ThinkingChanged": {
         "thinking": NotRequired[str],       # off, adaptive, always
         "effort": NotRequired[str],         # low, medium, high, xhigh, max
+        "typed": NotRequired[str],
     },
     # Shift-Tab, --permission-mode, a plan approved: from the next turn
     "ModeChanged": {"mode": str},           # one of MODES
     # a slash command's answer, for a resumed session's replay: no fold (nor the model) reads it
     "CommandAnswered": {"command": str, "text": str,
-                        "failed": NotRequired[bool]},   # it raised: `text` is why
+                        "failed": NotRequired[bool],    # it raised: `text` is why
+                        # its command's own event showed the line typed (`typed`) already
+                        "echoed": NotRequired[bool]},
 }
 # the permission modes, in the order Shift-Tab cycles them (as in Claude Code)
 MODES = ("default", "acceptEdits", "plan")

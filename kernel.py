@@ -805,8 +805,9 @@ class Kernel:
         if payload is not None:
             self.emit("TextCheckpoint", **payload)
 
-    async def keep_in_budget(self, plan: str | None, focus: str = "") -> None:
-        """Prune old tool results, or compact through the auxiliary model (both recorded)."""
+    async def keep_in_budget(self, plan: str | None, focus: str = "", **typed) -> None:
+        """Prune old tool results, or compact through the auxiliary model (both recorded; `typed`:
+        /compact's line, on its ContextCompacted)."""
         if plan == "prune":
             self.emit("ContextPruned", **self.ctx.prune(self.state))
         elif plan == "compact":
@@ -815,7 +816,7 @@ class Kernel:
                                             focus=focus,
                                             aux_model=self.ctx.aux_model)
             if payload is not None:
-                self.emit("ContextCompacted", **payload)
+                self.emit("ContextCompacted", **payload, **typed)
 
     async def execute_tools(self) -> None:
         for call in list(self.state.pending_tools):

@@ -14,6 +14,7 @@ It is the only module that imports ui, and only when the interactive UI starts.
     khaelor -p "fix the test"    headless one-shot (see --help)
 """
 import argparse
+import contextvars
 import errno
 import json
 import os
@@ -652,6 +653,12 @@ def policy_json(layers: list, rules) -> dict:
             "rules": [dataclasses.asdict(rule) for rule in rules], "ignored": ignored}
 
 
+def markdown_literal(text: str) -> str:
+    """`text` as markdown that shows it as written: what would be read as emphasis, code or a
+    link (a rule's `secrets/**`, a path's `__x__`), and the escape itself, escaped."""
+    return MARKDOWN_MARKERS.sub(r"\\\1", text)
+
+
 def policy_report(layers: list, rules) -> list[str]:
     """`khaelor permissions` and /permissions: the sandbox, the boundary, the layers, the rules,
     and what is ignored; every character shown as itself (events.visible_controls)."""
@@ -823,7 +830,7 @@ class Rewind:
         restored = [r.path for r in self.todo]
         note = rewound_note(self.number, undone, restored, self.kept)
         self.bus.emit("Rewound", step=self.number, undone=undone,
-                      restored=restored, kept=self.kept, text=note)
+                      restored=restored, kept=self.kept, text=note, **typed_line())
         self.bus.emit("CheckpointRecorded", step="", reason="after a rewind", **self.after)
         # what was done to each file (a file it deleted is not "restored")
         deleted = sum(restore.mode == "000000" for restore in self.todo)
@@ -1288,13 +1295,20 @@ def shows_thinking(args, settings) -> bool:
     return args.prompt is None or args.output_format == "stream-json"
 
 
-def record_reasoning(bus, store, wanted: dict) -> None:
+def record_reasoning(bus, store, wanted: dict, **typed) -> None:
     """ThinkingChanged for what `wanted` sets differently from the log (flags, or a choice made
-    before the log began), so the session keeps it."""
+    before the log began), so the session keeps it; `typed`: typed_line() (/thinking, /effort)."""
     recorded = store.state.reasoning
     changed = {key: value for key, value in wanted.items() if recorded.get(key) != value}
     if changed:
-        bus.emit("ThinkingChanged", **changed)
+        bus.emit("ThinkingChanged", **changed, **typed)
+
+
+def typed_line() -> dict:
+    """{"typed": the slash command line running}, for the event that is its confirmation (its ◇
+    line), so the UI shows the line above it, live and replayed; {} outside a command."""
+    line, _ = TYPED.get()
+    return {"typed": line} if line else {}
 
 
 def reasoning_label(request: dict) -> str:
@@ -2019,6 +2033,14 @@ class Session:
                       duration_ms=meta.get("duration_ms"), stopped=False)
 
     async def run_command(self, line: str):
+        """A slash command, with its line in TYPED while it runs (the task's own)."""
+        begun = TYPED.set((line.strip(), len(self.store.events)))
+        try:
+            return await self.run_typed(line)
+        finally:
+            TYPED.reset(begun)
+
+    async def run_typed(self, line: str):
         name, _, rest = line.strip().partition(" ")
         entry = COMMANDS.get(name)
         if entry is None and name in self.custom:
@@ -2049,8 +2071,18 @@ class Session:
             self.unlogged.append({"command": line.strip(), "text": kept})
             if failed:
                 self.unlogged[-1]["failed"] = True
+            if self.echoed(line):
+                self.unlogged[-1]["echoed"] = True
             self.log_answers()
         return answer
+
+    def echoed(self, line: str) -> bool:
+        """Whether an event this command wrote showed its line already (`typed`): its answer is
+        then shown without it, below that event's ◇ line."""
+        running, begun = TYPED.get()
+        if running != line.strip():
+            return False
+        return any(event.get("typed") == running for event in self.store.events[begun:])
 
     def log_answers(self) -> None:
         """Once the session has begun: before its first message there is no log to write to."""
@@ -2262,7 +2294,7 @@ class Session:
             return "usage: /rename TITLE"
         self.begin()
         # its line ("◇ Session: …") is the confirmation
-        self.bus.emit("SessionRenamed", title=title)
+        self.bus.emit("SessionRenamed", title=title, **typed_line())
         return ""
 
     async def cmd_cost(self, _):
@@ -2317,7 +2349,7 @@ class Session:
             return ("khaelor is working; /compact once the turn ends (or press Esc first)")
         cut_before = self.store.state.cut_seq
         try:
-            await self.kernel.keep_in_budget("compact", focus)
+            await self.kernel.keep_in_budget("compact", focus, **typed_line())
         finally:
             # the "compacting…" status ends with the command
             self.bus.emit("Status", text="")
@@ -2343,7 +2375,7 @@ class Session:
         if not self.store.events:
             return f"model set to {name}, from your first message"
         # its line ("◇ Model: …") is the confirmation
-        self.bus.emit("ModelChanged", model=name)
+        self.bus.emit("ModelChanged", model=name, **typed_line())
         return ""
 
     async def choose_reasoning(self, key: str, value: str) -> str:
@@ -2388,7 +2420,7 @@ class Session:
         if unchanged:
             return f"{key} is {value} already"
         # its line ("◇ effort high from the next message") is the confirmation
-        record_reasoning(self.bus, self.store, self.reasoning)
+        record_reasoning(self.bus, self.store, self.reasoning, **typed_line())
         return notes
 
     async def cmd_diff(self, _):
@@ -2441,8 +2473,13 @@ class Session:
                 "answer": lambda choice: self.answer_rewind(rewind, choice, f"/rewind {argument}")}
 
     async def answer_rewind(self, rewind: Rewind, choice: str, line: str):
-        """The panel /rewind opened, answered: what it shows joins the log, as a command's does."""
-        return self.record_answer(line, await self.finish_rewind(rewind, choice))
+        """The panel /rewind opened, answered: what it shows joins the log, as a command's does;
+        the line is TYPED again meanwhile (this runs in a task of its own, after the command's)."""
+        begun = TYPED.set((line, len(self.store.events)))
+        try:
+            return self.record_answer(line, await self.finish_rewind(rewind, choice))
+        finally:
+            TYPED.reset(begun)
 
     async def finish_rewind(self, rewind: Rewind, choice: str):
         """The planned /rewind: "overwrite" writes over the files the user changed since the
@@ -2466,6 +2503,8 @@ class Session:
     async def cmd_processes(self, rest):
         action, _, target = rest.partition(" ")
         if action == "stop" and target:
+            # its ◆ line confirms the command: the line typed goes above it
+            self.toolbox.stopping_for(target, typed_line())
             stop = {"action": "stop", "id": target}
             result = await self.toolbox.run("process", stop, "user-processes")
             return result.text
@@ -2485,9 +2524,11 @@ class Session:
         return ui.TRANSCRIPT
 
     async def cmd_permissions(self, _):
-        """`khaelor permissions` in the session: the boundary, the layers and the rules."""
+        """`khaelor permissions` in the session: the boundary, the layers and the rules, a line an
+        item, so a narrow screen wraps each at its words (a code block's lines broke anywhere),
+        every character as written (markdown_literal)."""
         report = policy_report(self.read_layers(), self.kernel.rules)
-        return "```\n" + "\n".join(report) + "\n```"
+        return "\n".join("- " + markdown_literal(line) for line in report)
 
     async def cmd_status(self, _):
         import sandbox
@@ -2723,8 +2764,14 @@ def edit_summary(path: str, changes: list, was_dirty: bool) -> str:
 
 # of a `!` command stopped with Esc, the output kept (its end)
 STOPPED_OUTPUT_CHARS = 20_000
+# the characters ui.INLINE_RE reads as markup (and the backslash that escapes them)
+MARKDOWN_MARKERS = re.compile(r"([\\`*_~\[])")
 # a command's answer the log keeps (CommandAnswered), in characters: the replay says what is not
 MAX_KEPT_ANSWER = 20_000
+# The slash command running, as typed, and how long the log was when it began: the event that is
+# its own confirmation carries the line (`typed`: typed_line()). A context variable, not a field
+# of the Session: each command runs in a task of its own, and two may run at once.
+TYPED = contextvars.ContextVar("typed", default=("", 0))
 # a new @ mention lists the files again when the list is older than this
 MENTION_REFRESH_S = 1.0
 # files offered for @ completion, at most

@@ -1253,6 +1253,13 @@ class Toolbox:
                  "command": process.command, "runtime_s": process.runtime_s()}
                 for process in self.processes.live()]
 
+    def stopping_for(self, process_id: str, typed: dict) -> None:
+        """A slash command is about to stop this process: its ProcessExited carries the command's
+        line (`typed`), which the UI shows above its ◆ line."""
+        process = self.processes.items.get(process_id)
+        if process is not None and process.ended is None:
+            process.typed = typed
+
     def remember(self, path: Path) -> None:
         """Record that the model has seen this file as it is now (it read it, or wrote it): the
         call's result carries it to the log, whose fold the next check_fresh reads."""
@@ -3853,6 +3860,8 @@ class _Process:
     ended: float | None = None
     # Why we stopped it ("stopped", "khaelor exit"); None: it exited by itself.
     cause: str | None = None
+    # {"typed": the line}: `/processes stop ID` stops it, and its ProcessExited shows that line
+    typed: dict = field(default_factory=dict)
     watcher: asyncio.Task | None = None
     text: str = ""
     # Absolute position of text[0] in everything it ever wrote.
@@ -3979,7 +3988,8 @@ class _Processes:
             process.ended = time.monotonic()
             process.arrived.set()
             box.emit("ProcessExited", process_id=process.process_id,
-                     exit_code=process.child.proc.returncode, cause=process.cause or "exited")
+                     exit_code=process.child.proc.returncode, cause=process.cause or "exited",
+                     **process.typed)
             # its end is in the log: the file was only for a kill -9 before it
             if process.live is not None:
                 os.close(process.live)

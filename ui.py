@@ -415,7 +415,9 @@ def code_token_re(comment: str) -> re.Pattern:
 
 def regex_spans(pattern: re.Pattern, text: str, styled: Callable,
                 roles: tuple = ()) -> list[Span]:
-    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans."""
+    """`text` cut at `pattern`'s matches: styled(match) gives a match's spans. Neighbours of one
+    style are one span (an escaped `\\_` in a path): a wrap breaks between spans, never inside
+    a word of one."""
     spans: list[Span] = []
     pos = 0
     for m in pattern.finditer(text):
@@ -425,16 +427,22 @@ def regex_spans(pattern: re.Pattern, text: str, styled: Callable,
         pos = m.end()
     if pos < len(text):
         spans.append((text[pos:], roles))
-    return spans
+    merged: list[Span] = []
+    for span in spans:
+        if merged and merged[-1][1] == span[1]:
+            merged[-1] = (merged[-1][0] + span[0], span[1])
+        else:
+            merged.append(span)
+    return merged
 
 
 def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
     """Bold, italic, strike, `code` and [links](url) as spans. Monochrome keeps the markdown as
     written: the markers are the meaning there."""
     has_markup = any(c in text for c in "*_`[~\\")
+    if not style.color and has_markup:
+        return regex_spans(INLINE_RE, text, lambda m: [(as_written(m), roles)], roles)
     if not style.color or not has_markup:
-        if "\\" in text and "`" not in text:
-            text = ESCAPED_RE.sub(r"\1", text)
         return [(text, roles)]
 
     def styled(m: re.Match) -> list[Span]:
@@ -457,6 +465,14 @@ def inline_spans(text: str, style: Style, roles: tuple = ()) -> list[Span]:
         return inline_spans(m[name], style, roles + (name.rstrip("2"),))
 
     return regex_spans(INLINE_RE, text, styled, roles)
+
+
+def as_written(m: re.Match) -> str:
+    """Monochrome: markup as written, but an escape (`\\*`) is its character, outside a code span
+    as anywhere else (a code span keeps its backslashes)."""
+    if m["code"]:
+        return m[0]
+    return ESCAPED_RE.sub(r"\1", m[0])
 
 
 def highlight_code(line: str, lang: str) -> list[Span]:
@@ -978,6 +994,9 @@ class Timeline:
         self._n_streamed = 0
         # the model wrote text since the user's message (what an interruption keeps)
         self._wrote = False
+        # the command line last shown above its own ◇ line (`typed`): live, its answer then
+        # follows without it (App._show_result reads and clears it)
+        self.last_echo: str | None = None
 
     # -- folding --
 
@@ -1012,7 +1031,7 @@ class Timeline:
             # a process lost with khaelor: what it had printed, under its line as under a card
             shown = self._card_block(FinishedCard(note, card_output(event, {}), False))
             # after the block that streams (a choice made mid-reply: `/model`)
-            self._after_block(shown)
+            self._after_block(self._typed(event) + shown)
         if kind in events.DURABLE:
             # a response retried or interrupted mid-stream: its calls will never run
             outcome, blocks = self._attempt.feed(event)
@@ -1244,7 +1263,17 @@ class Timeline:
 
     def _on_ThinkingChanged(self, e: dict) -> None:
         chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
-        self._after_block(self._dim_lines("◇ " + ", ".join(chosen) + " from the next message"))
+        note = self._dim_lines("◇ " + ", ".join(chosen) + " from the next message")
+        self._after_block(self._typed(e) + note)
+
+    def _typed(self, e: dict) -> list[str]:
+        """The command line typed (`› /rename x`) that this event confirms, to go above its ◇
+        line, as above a command's answer; none when the event has none (a flag chose it, a log
+        from before `typed`)."""
+        if not e.get("typed"):
+            return []
+        self.last_echo = str(e["typed"])
+        return self._written(self.last_echo, "user")
 
     def _on_ModelRequestFailed(self, e: dict) -> None:
         message = sanitize(str(e.get("message") or "")).strip()
@@ -1310,12 +1339,14 @@ class Timeline:
 
     def _on_CommandAnswered(self, e: dict) -> None:
         """Replayed: a command's answer, drawn as App drew what run_command returned."""
-        self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"))
+        self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"),
+                            bool(e.get("echoed")))
 
-    def command_answer(self, command: str, text: str, failed: bool = False) -> None:
+    def command_answer(self, command: str, text: str, failed: bool = False,
+                       echoed: bool = False) -> None:
         """The command line as typed (`› /cost`, as Claude Code echoes it), then its answer, or
-        why it failed."""
-        lines = self._written(command, "user")
+        why it failed; `echoed`: the line is above the ◇ line of the command's own event."""
+        lines = [] if echoed else self._written(command, "user")
         if failed:
             lines += self._marked("✗", "error", f"{RESULT_ERRORS['run_command']}: {text}")
         else:
@@ -2696,9 +2727,14 @@ class App:
             command = args[0]
         elif fn == self.answer_question:
             command = args[0].get("command", "")
+        # the command's own event showed its line (and the line is not kept for a later command)
+        echoed = bool(command) and self.timeline.last_echo == command
+        if command:
+            self.timeline.last_echo = None
         if command and answered:
             # with the line typed, as its CommandAnswered replays it
-            self.timeline.command_answer(command, str(result), isinstance(result, Exception))
+            self.timeline.command_answer(command, str(result), isinstance(result, Exception),
+                                         echoed)
         elif isinstance(result, Exception):
             # in the user's words, not the controller's method name
             what = RESULT_ERRORS.get(getattr(fn, "__name__", ""), "That failed")

@@ -2,6 +2,8 @@
 and, where only the real program proves it, the real program against the fake API."""
 import json
 
+import pytest
+
 import ui
 from fake_api import reply, text, tool_use
 from test_claude_parity import in_session
@@ -84,6 +86,58 @@ def test_exit_init_permissions_status_and_export(project, env, monkeypatch, tmp_
     assert "## You\n\nfix the parser" in (tmp_path / "out.md").read_text()
 
 
+@pytest.mark.parametrize("width", [40, 60, 100])
+def test_slash_permissions_wraps_at_words_live_and_replayed_in_colour_or_not(project, env,
+                                                                           monkeypatch, width):
+    """QA: /permissions showed its report as a code block, whose long lines the terminal broke
+    anywhere at 40 or 60 columns ("enforced  file" / "s: reads from"). A line an item: each wraps
+    at its words under its bullet (only a word longer than a line is broken), every character
+    as written (a rule's `*`, `_` and backquotes are not markup), live and replayed."""
+    import re
+
+    import khaelor
+    from test_sessions import live_and_replayed
+    (project / ".khaelor").mkdir()
+    rules = {"deny": ["Read(./secrets/**)", "Read(./a`b*c_d_`)"], "allow": ["Bash(npm run t:*)"]}
+    (project / ".khaelor" / "config.json").write_text(json.dumps({"permissions": rules}))
+
+    async def script(session):
+        report = khaelor.policy_report(session.read_layers(), session.kernel.rules)
+        return report, await live_and_replayed(session, ["/rename t", "/permissions"], width)
+    report, (shown, replayed, log) = in_session(project, env, monkeypatch, script)
+    assert replayed == shown, shown
+    lines = [" ".join(line.split()) for line in report]
+    for rule in ("59 deny file.read secrets/** ", "60 deny file.read a`b*c_d_` "):
+        assert any(line.startswith(rule) for line in lines), lines
+    assert_wrapped_at_words(shown.split("› /permissions\n")[1].splitlines(), lines, width)
+    coloured = ui.render_transcript(log, width, color=True)
+    plain = [re.sub(r"\x1b\[[0-9;]*m", "", row) for row in coloured]
+    assert_wrapped_at_words(plain[plain.index("› /permissions") + 1:], lines, width)
+
+
+def assert_wrapped_at_words(rows: list, lines: list, width: int) -> None:
+    """`rows` show `lines`, one bulleted item each, in `width` columns, broken only at a space
+    or inside a word too long for a line."""
+    items = []
+    for row in rows:
+        assert len(row) <= width and row.startswith(("• ", "  ")), row
+        if row.startswith("• "):
+            items.append([])
+        items[-1].append(row[2:])
+    assert len(items) == len(lines), items
+    for item, line in zip(items, lines):
+        at = 0
+        for row in item:
+            assert line.startswith(row, at), (row, line)
+            at += len(row)
+            if at < len(line) and line[at] == " ":
+                at += 1
+            elif at < len(line):
+                word = line[:at].split(" ")[-1] + line[at:].split(" ")[0]
+                assert len(word) > width - 2, (row, line)
+        assert at == len(line), (item, line)
+
+
 def test_slash_enter_opens_the_menu_and_question_mark_shows_the_keys():
     from test_ui import COLOR, FakeController, K, app_screen, text_of
     ctrl = FakeController()
@@ -119,7 +173,7 @@ def test_an_api_error_shows_once_and_internal_words_never_reach_the_user():
 
 
 def test_model_rename_and_compact_confirm_once(project, env, monkeypatch):
-    from test_ui import event, timeline_text
+    from test_ui import timeline_text
 
     async def confirm(session):
         session.begin()
@@ -207,7 +261,6 @@ def test_a_file_mentioned_twice_is_attached_once_and_takes_one_place(project, en
 def test_a_path_with_spaces_is_attached_as_the_composer_completes_it(project, env, monkeypatch):
     """The @ menu completes a name with a space as @"my notes.md"; the kernel read `"my` and
     attached nothing, and /context's pruning did not know it was attached."""
-    import context
     import events
     (project / "my notes.md").write_text("the notes\n")
 

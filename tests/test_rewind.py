@@ -588,7 +588,8 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
 def test_what_the_rewind_question_answered_shows_under_its_command_live_and_replayed(
         khaelor, fake, project, env, monkeypatch):
     """QA: the answer to /rewind's question showed bare, where a resume showed it under
-    `› /rewind 1`, as every command's answer (its CommandAnswered names the command)."""
+    `› /rewind 1`, as every command's answer (its CommandAnswered names the command). And the
+    ◇ line of its Rewound showed above `› /rewind 1`: the line typed comes first."""
     import ui
     from test_sessions import in_session, live_and_replayed_mid_reply
     git(project, "init", "-q")
@@ -599,8 +600,34 @@ def test_what_the_rewind_question_answered_shows_under_its_command_live_and_repl
     steps = ["/rewind 1", ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
     shown, replayed, log = in_session(
         project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 60))
-    assert "\n› /rewind 1\nRewinding to before step 1" in shown and "1 deleted." in shown, shown
+    assert shown.startswith("› /rewind 1\n◇ Rewound the work tree to before step 1\n\n"
+                            "Rewinding to before step 1") and "1 deleted." in shown, shown
+    assert shown.count("› /rewind 1") == 1, shown
     assert replayed.endswith(shown) and not (project / "a.txt").exists()
+
+
+def test_slash_rewind_and_undo_show_the_line_typed_above_their_rewound_line(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: `/rewind 1` (nothing to ask) and `/undo` showed their ◇ Rewound line above the line
+    typed, then the report: the line typed first, once, then the ◇ line, then the report, live
+    and replayed."""
+    from test_sessions import in_session, live_and_replayed
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "a\n"})),
+                 reply(tool_use("write", {"file_path": "b.txt", "content": "b\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    shown, replayed, log = in_session(
+        project, env, monkeypatch, lambda session: live_and_replayed(session,
+                                                                     ["/undo", "/rewind 1"], 60))
+    assert not (project / "a.txt").exists() and not (project / "b.txt").exists()
+    assert replayed.endswith(shown), (shown, replayed)
+    for line, step in (("/undo", 2), ("/rewind 1", 1)):
+        head = f"› {line}\n◇ Rewound the work tree to before step {step}\n\nRewinding to before"
+        assert head in shown and shown.count(f"› {line}") == 1, shown
+    assert shown.index("› /undo") < shown.index("› /rewind 1")
+    rewound = [(e["step"], e["typed"]) for e in log if e["type"] == "Rewound"]
+    assert rewound == [(2, "/undo"), (1, "/rewind 1")]
 
 
 def test_slash_rewind_says_it_keeps_a_file_the_user_changed_and_each_line_stands_alone(

@@ -938,6 +938,92 @@ def test_each_command_shows_its_line_then_its_answer_or_failure_live_and_replaye
     assert answers == [("/cost", False), ("/new", True), ("/cost", False)]
 
 
+@pytest.mark.parametrize("width", [80, 44])
+def test_a_command_that_answers_with_its_own_line_shows_what_was_typed_live_and_replayed(
+        fake, project, env, monkeypatch, width):
+    """QA: `/rename x`, `/model X`, `/effort L`, `/thinking T` and `/compact` answer with a ◇ line
+    of their own event (no text): the line typed showed above a text answer but above none of
+    these, and a resume had to agree. Each shows `› /cmd …` above its ◇ line, live and replayed,
+    in the order typed; an answer that follows the ◇ line does not say the line again, and the
+    same command typed again (an answer, no ◇ line) says it."""
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("First reply.")), reply(text("The summary.")),
+                 reply(text("Second reply.")))
+    typed = ["/rename before", "hello", "/rename my title", "/model haiku", "/effort low",
+             "/thinking off", "/thinking off", "/compact", "again"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed(session, typed, width))
+    assert replayed == shown, shown
+    rows = shown.splitlines()
+    confirmed = {"/rename before": "◇ Session: before", "/rename my title": "◇ Session: my title",
+                 "/model haiku": "◇ Model: claude-haiku-5-5",
+                 "/effort low": "◇ effort low from the next message",
+                 "/thinking off": "◇ thinking off from the next message",
+                 "/compact": "◇ Context compacted: earlier turns are now a summary"}
+    for line, note in confirmed.items():
+        # (at 44 columns a note wraps)
+        assert note.startswith(rows[rows.index("› " + line) + 1]), shown
+    # in the order typed, each once but the /thinking typed twice
+    echoes = [row[2:] for row in rows if row.startswith("› ")]
+    assert echoes == typed, echoes
+    # the first /thinking off's answer (a note) follows its ◇ line; the second answers alone
+    first = rows.index("› /thinking off")
+    assert rows[first + 2] == "" and "thinking" in rows[first + 3], shown
+    again = len(rows) - rows[::-1].index("› /thinking off") - 1
+    assert rows[again + 1] == "thinking is off already", shown
+    stamped = [(e["type"], e["typed"]) for e in log if "typed" in e]
+    assert stamped == [("SessionRenamed", "/rename before"),
+                       ("SessionRenamed", "/rename my title"), ("ModelChanged", "/model haiku"),
+                       ("ThinkingChanged", "/effort low"), ("ThinkingChanged", "/thinking off"),
+                       ("ContextCompacted", "/compact")]
+    answers = [(e["command"], e.get("echoed", False)) for e in types(log, "CommandAnswered")]
+    assert answers == [("/thinking off", True), ("/thinking off", False)]
+
+
+def test_processes_stop_shows_the_line_typed_above_the_process_line_live_and_replayed(
+        fake, project, env, monkeypatch):
+    """QA: `/processes stop p1` showed the process's ◆ line above the line typed, then the
+    report: the line typed first, once, then the ◆ line, then the report, live and replayed."""
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+
+    async def script(session):
+        session.begin()
+        session.bus.emit("UserMessageCreated", text="start it")
+        await session.toolbox.run("process", {"action": "start", "command": "sleep 30"}, "t1")
+        return await live_and_replayed(session, ["/processes stop p1"], 60)
+    shown, replayed, log = in_new_session(project, env, monkeypatch, script)
+    assert replayed.endswith(shown), (shown, replayed)
+    assert shown.startswith("› /processes stop p1\n◆ process p1: stopped, exit code -15\n\n"
+                            "[p1 · stopped"), shown
+    assert shown.count("› /processes stop p1") == 1, shown
+    exited = types(log, "ProcessExited")
+    assert [e.get("typed") for e in exited] == ["/processes stop p1"], exited
+    assert [e.get("echoed") for e in types(log, "CommandAnswered")] == [True]
+
+
+def test_a_log_from_before_the_typed_line_replays_as_it_did(fake, project, env, monkeypatch):
+    """A log written before `typed` and `echoed` (none of its events has them) replays as then:
+    the ◇ lines without a line typed above them, each answer under its command."""
+    import pyte
+    import ui
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    typed = ["/rename a title", "/model haiku", "/thinking off"]
+    _, _, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed(session, typed, 60))
+    for event in log:
+        event.pop("typed", None)
+        event.pop("echoed", None)
+    screen = pyte.Screen(60, 100)
+    pyte.ByteStream(screen).feed("\r\n".join(ui.render_transcript(log, 60)).encode())
+    rows = [row.rstrip() for row in screen.display if row.strip()]
+    assert rows[:4] == ["◇ Session: a title", "◇ Model: claude-haiku-5-5",
+                        "◇ thinking off from the next message", "› /thinking off"], rows
+    assert "thinking" in rows[4], rows
+
+
 def test_answers_before_a_first_message_stay_out_of_the_session_resumed_next(khaelor, fake,
                                                                             project, env,
                                                                             monkeypatch):

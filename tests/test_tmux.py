@@ -376,7 +376,9 @@ def test_rename_new_sessions_and_resume_commands(terminal, env):
     term.type("/rename Walrus facts")
     term.keys("Enter")
     screen = term.wait_for("◇ Session: Walrus facts")
-    assert screen.count("Walrus facts") == 1 and "renamed to" not in screen   # one message (issue 22 item 14)
+    # one message (issue 22 item 14), under the line typed
+    assert screen.count("Walrus facts") == 2 and "renamed to" not in screen
+    assert "› /rename Walrus facts\n◇ Session: Walrus facts" in screen, screen
     first_id = sorted(Path(env["KHAELOR_HOME"]).glob("sessions/*/*.jsonl"))[0].stem
     term.type("/new")
     term.keys("Enter")
@@ -657,7 +659,7 @@ def test_a_denied_check_is_not_asked_for_again(terminal, project):
     term.type("n")
     term.wait_for("Tell the model")
     term.keys("Enter")                                    # denied, no message
-    screen = term.wait_for("Not tested, as you asked; x is 2.")
+    term.wait_for("Not tested, as you asked; x is 2.")
     time.sleep(0.5)
     assert term.screen().count("Checking the work before answering") == 1
     assert "⚠ 1 file changed" in term.screen() and len(term.requests()) == 5 and rejected(term) == []
@@ -895,6 +897,34 @@ def test_a_resumed_session_shows_what_the_live_one_showed(terminal, project, env
     again = terminal([], args="-c", width=width, height=20)
     again.wait_for("Interrupted")
     assert conversation(again) == shown_live
+
+
+def test_commands_that_answer_with_a_line_of_their_own_show_what_was_typed_after_a_resume(
+        terminal, project, env):
+    """QA: `/rename`, `/model` and `/effort` answer with a ◇ line and no text; the line typed
+    (`› /rename my title`) shows above it, in the real program and after `khaelor -c`, in the
+    same place."""
+    live = terminal([reply(text("First reply."))], width=60, height=20)
+    live.type("first")
+    live.keys("Enter")
+    live.wait_for("First reply.")
+    for line, note in (("/rename my title", "Session: my title"),
+                       ("/model haiku", "Model: claude-haiku"), ("/effort low", "effort low from")):
+        live.wait_for("Ask anything")
+        live.type(line)
+        live.keys("Enter")
+        live.wait_for(note)
+    live.wait_for("Ask anything")
+    rows = [row.rstrip() for row in scrollback(live)]
+    shown = rows[rows.index("› first"):rows.index("◇ effort low from the next message") + 1]
+    for line in ("/rename my title", "/model haiku", "/effort low"):
+        assert shown[shown.index("› " + line) + 1].startswith("◇ "), shown
+    live.keys("C-d")
+    live.wait_for("EXITED 0")
+    again = terminal([], args="-c", width=60, height=20)
+    again.wait_for("effort low from")
+    rows = [row.rstrip() for row in scrollback(again)]
+    assert rows[rows.index("› first"):rows.index("◇ effort low from the next message") + 1] == shown
 
 
 def text_checkpoints(env) -> int:
