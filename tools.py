@@ -2155,7 +2155,11 @@ def _mask_secret_diffs(text: str) -> str:
     --no-prefix: a word of its first line names it), up to the next diff or commit."""
     parts = DIFF_PART_START.split(text)
     for n, part in enumerate(parts):
-        first = re.sub(LINE_START, "", part.partition("\n")[0])
+        first = part.partition("\n")[0]
+        if "diff --" not in first:
+            continue
+        # (a read tool's line number, colors)
+        first = re.sub(r"\x1b\[[0-9;]*m", "", first).lstrip(" 0123456789\t")
         # Either name: a .env renamed to .env.example shows the values it held as removed lines
         names = [word.strip('"') for word in first.split()[2:]]
         if first.startswith("diff --") and any(map(sandbox.is_secret_name, names)):
