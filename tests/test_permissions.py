@@ -750,7 +750,7 @@ def test_check_returns_the_cli_json_shape(project):
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
                                   "hide_paths": [], "deny_paths": [], "frozen_paths": [],
                                   "frozen_files": list(permissions.PROJECT_FILES),
-                                  "attended": False, "unconfined": False}}
+                                  "unattended": False, "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
 
