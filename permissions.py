@@ -1368,15 +1368,27 @@ def _code_names_denied(code: tuple[str, ...], denies: list[Rule]) -> str:
     """A denied program named as a word in code an interpreter or make runs: a call to it, most
     likely (`system("touch m")`, `["touch", "m"]`); a string that only mentions it asks too."""
     for rule in denies:
-        program = rule.pattern.split()[0] if rule.pattern.strip() else ""
-        if not program or any(ch in program for ch in "*?["):
+        words = _named_words(rule.pattern)
+        if not words:
             continue
-        named = re.compile(rf"(?<![\w.-]){re.escape(program)}(?![\w.-])")
+        named = [re.compile(rf"(?<![\w.-]){re.escape(word)}(?![\w.-])") for word in words]
         for text in code:
             _on_time()
-            if named.search(text):
-                return f"its code names `{program}`, which {rule_text(rule)} refuses"
+            if all(word.search(text) for word in named):
+                return f"its code names `{' '.join(words)}`, which {rule_text(rule)} refuses"
     return ""
+
+
+def _named_words(pattern: str) -> list[str]:
+    """The program a deny names and its literal words after it, options aside (`git push *`: git
+    and push; code that runs `git log` does not ask every time); none if the program is a glob."""
+    words = []
+    for word in pattern.split():
+        if any(ch in word for ch in "*?["):
+            break
+        if not word.startswith("-"):
+            words.append(word)
+    return words if pattern.split()[:1] == words[:1] else []
 
 
 def _shell_commands(line: str) -> list[str]:
@@ -2079,7 +2091,7 @@ def _runs_code(program: str) -> bool:
     row = _row(program)
     if row.has("interpreter") or row.has("runner"):
         return True
-    return program.startswith(("python", "node", "ruby", "perl", "php"))
+    return program.startswith(("python", "pypy", "node", "ruby", "perl", "php"))
 
 
 def _stdin_reader(command: str, root: str) -> str:

@@ -757,10 +757,23 @@ def _places(paths: list[str], covered: list[str], mounts: list[tuple]) -> list[s
     """Where each of `paths` shows, outermost only: a link is judged where it leads, what a folder
     holds goes with it."""
     tops = []
+    # each path's folders looked up in a set: compared with every top before it, 20,000 frozen
+    # files took 70 s before each approved command
+    outer = {place.rstrip("/") or "/" for place in covered}
     for path in sorted(paths) if mounts else ():
-        if not (within(path, tops + covered) or os.path.islink(path)):
+        if not (_in_or_under(path, outer) or os.path.islink(path)):
             tops.append(path)
+            outer.add(path)
     return [place for path in tops for place in _shown_at(path, mounts)]
+
+
+def _in_or_under(path: str, places: set[str]) -> bool:
+    """within(path, places) for a set of places."""
+    while path not in places:
+        if path == os.path.dirname(path):
+            return False
+        path = os.path.dirname(path)
+    return True
 
 
 def _shown_at(path: str, mounts: list[tuple]) -> list[str]:

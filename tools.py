@@ -143,9 +143,17 @@ PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?"
                          r"(-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)")
 PRIVATE_KEY_MASK = "[redacted: a private key]"
 # In the diff of a secret file (git log -p, git show, git diff print .env's past versions, whose
-# values the .env masking does not know): a line that sets a value, KEY=v, key: v, "key": "v"
+# values the .env masking does not know): a line that sets a value, KEY=v, key: v, "key": "v".
+# Its mark (+, -, space) may be missing or another (--word-diff, --output-indicator-new);
+# --word-diff wraps it in {+ +}, [- -]. The read tool's line number or colors may come first
+# (a saved `git log -p --color=always`).
+LINE_START = r"(?: *\d+\t)?(?:\x1b\[[0-9;]*m)*"
 SECRET_DIFF_SETTING = re.compile(
-    r"""(?m)^([-+ ]\s*(?:export\s+)?["']?[\w.-]+["']?\s*[=:]\s*)\S.*$""")
+    rf"""(?m)^({LINE_START}.?{LINE_START}(?:\{{\+|\[-)?\s*(?:export\s+)?["']?[\w.-]+["']?"""
+    r"\s*[=:]\s*)\S.*$")
+# Where a diff starts, and where it ends at the latest: the next diff, commit, or mail of a patch
+DIFF_PART_START = re.compile(
+    rf"(?m)^(?={LINE_START}(?:diff --|commit [0-9a-f]{{7}}|From [0-9a-f]{{40}} ))")
 SECRET_DIFF_MASK = "[redacted: a value from a secret file's history]"
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
@@ -2151,12 +2159,17 @@ def _prune_spill(spill_dir: Path) -> None:
 
 def _mask_secret_diffs(text: str) -> str:
     """The values in each diff of a file named as a secret (`diff --git a/.env b/.env`, ... --cc,
-    --no-prefix: its last word names it), up to the next diff."""
-    parts = re.split(r"(?m)^(?=diff --)", text)
+    --no-prefix: a word of its first line names it), up to the next diff or commit."""
+    parts = DIFF_PART_START.split(text)
     for n, part in enumerate(parts):
         first = part.partition("\n")[0]
-        name = first.rsplit(" ", 1)[-1].strip('"')
-        if first.startswith("diff --") and sandbox.is_secret_name(name):
+        if "diff --" not in first:
+            continue
+        # (a read tool's line number, colors)
+        first = re.sub(r"\x1b\[[0-9;]*m", "", first).lstrip(" 0123456789\t")
+        # Either name: a .env renamed to .env.example shows the values it held as removed lines
+        names = [word.strip('"') for word in first.split()[2:]]
+        if first.startswith("diff --") and any(map(sandbox.is_secret_name, names)):
             parts[n] = SECRET_DIFF_SETTING.sub(rf"\1{SECRET_DIFF_MASK}", part)
     return "".join(parts)
 

@@ -339,8 +339,10 @@ def test_the_api_key_never_reaches_the_log_spill_files_or_output(project, env):
               reply(tool_use("process", {"action": "read", "id": "p1"})),
               reply(text("Done looking."))]
     with FakeAnthropic(script) as fake:
-        result = run_cli(project, env, "-p", "look for credentials", "--yes", "--output-format", "stream-json",
-                         fake=fake)
+        # (--yes never opens a secret file: the user's rules approve reading it)
+        approved = ("--allowedTools", "Read(./secrets.env)", "Bash(cat secrets.env*)")
+        result = run_cli(project, env, "-p", "look for credentials", "--yes", *approved,
+                         "--output-format", "stream-json", fake=fake)
         assert result.returncode == 0, result.stderr
         sent = [request["raw"] for request in fake.requests]
     log_path = session_files(env)[-1]

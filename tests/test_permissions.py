@@ -750,7 +750,7 @@ def test_check_returns_the_cli_json_shape(project):
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
                                   "hide_paths": [], "deny_paths": [], "frozen_paths": [],
                                   "frozen_files": list(permissions.PROJECT_FILES),
-                                  "attended": False, "unconfined": False}}
+                                  "unattended": False, "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
 
@@ -899,6 +899,7 @@ def test_commands_that_destroy_work_in_the_repository_ask_every_time(project, co
     ("python3 <<'EOF'\nimport os\nos.system('touch m')\nEOF", True),
     ("""echo 'import os; os.system("touch m")' | python3""", True),
     ("make -f - <<< 'all:; touch m'", True), ("echo 'all:; touch m' | make -f -", True),
+    ("""pypy3 -c 'import os; os.system("touch m")'""", True),
     ("python3 -c 'print(1)'", False), ("python3 -c 'import retouch, touchy'", False),
     ("echo touch | tee out", False),
 ])
@@ -913,6 +914,19 @@ def test_a_command_that_may_run_what_a_deny_refuses_is_never_approved_by_yes(pro
     # an ask rule is not a deny
     rules[-1] = Rule("process.execute", "touch *", "ask", "u", "user")
     assert not decide("bash", {"command": command}, project, rules).destructive
+
+
+@pytest.mark.parametrize("command, runs_denied", [
+    ("""python3 -c 'import subprocess; subprocess.run(["git", "push", "origin"])'""", True),
+    ("""python3 -c 'import os; os.system("git -C . push")'""", True),
+    ("""python3 -c 'import subprocess; print(subprocess.check_output(["git", "log"]))'""", False),
+    ("python3 -m pytest tests -k git", False), ("awk '/git/' log.txt", False),
+])
+def test_code_must_name_each_word_of_a_deny_to_ask_every_time(project, command, runs_denied):
+    """A deny of `git push *` made every line of code that names git ask every time under --yes."""
+    rules = [*DEFAULTS, Rule("process.execute", "git push *", "deny", "u", "user")]
+    decision = decide("bash", {"command": command}, project, rules)
+    assert decision.action == "ask" and bool(decision.destructive) == runs_denied, decision
 
 
 def test_code_written_to_an_interpreter_that_names_a_denied_program_is_never_approved_by_yes(

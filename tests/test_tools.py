@@ -1429,6 +1429,35 @@ def test_a_secret_files_past_values_and_private_keys_are_masked_in_gits_history(
     assert tools.PRIVATE_KEY_MASK in box.call("bash", command="git log -p").text
 
 
+def test_a_secret_files_past_values_are_masked_in_colored_word_and_renamed_diffs(box):
+    """Colors before each line (color.ui=always), --word-diff's lines without a mark, and a .env
+    renamed to its template (the header names .env.example last) showed the values it held; the
+    messages of the commits after such a diff stay as they are."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=box.root, check=True, capture_output=True)
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    rest = "PORT=8080\nHOST=localhost\nMODE=dev\n"
+    (box.root / ".env").write_text("DB_PASSWORD=old-s3cret-value-1\nTOKEN='old-t0ken-2'\n" + rest)
+    git("add", "-A")
+    git("commit", "-qm", "fix: the timeout")
+    (box.root / ".env").write_text("DB_PASSWORD=new-s3cret-value-3\nTOKEN='old-t0ken-2'\n" + rest)
+    git("commit", "-qam", "two")
+    git("mv", ".env", ".env.example")
+    (box.root / ".env.example").write_text("DB_PASSWORD=changeme\nTOKEN='changeme'\n" + rest)
+    git("commit", "-qam", "three")
+    box.call("bash", command="git -c color.ui=always log -p > colored.log")
+    shown_by = {"read colored.log": box.call("read", file_path="colored.log").text}
+    for command in ("git log -p --word-diff", "git log -p --color-words", "git show HEAD",
+                    "git format-patch --stdout HEAD~3"):
+        shown_by[command] = box.call("bash", command=command).text
+    for command, shown in shown_by.items():
+        for secret in ("old-s3cret-value-1", "old-t0ken-2", "new-s3cret-value-3"):
+            assert secret not in shown, (command, secret, shown)
+    assert "    fix: the timeout" in box.call("bash", command="git log -p").text
+
+
 @pytest.mark.parametrize("token", [
     "sk-proj-" + "Ab1" * 16, "sk_live_" + "x9" * 12, "AKIA" + "ABCD2345EFGH6789", "AIza" + "y" * 35,
     "npm_" + "n1" * 18, "pypi-" + "AgEIcHlwaS5vcmc" * 4, "hf_" + "h4" * 16])
