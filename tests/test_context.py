@@ -392,7 +392,9 @@ def test_random_sessions_and_their_logs_cut_anywhere_give_valid_requests(tmp_pat
     (Sonnet 5.5 binds it)."""
     import fake_api
     ctx = make_context(tmp_path)
-    for seed in range(150):
+    # 100 sessions: a prune that unbinds replayed thinking (may_prune_now always True) fails
+    # seeds 12, 24, 94 and 98 of the first 150, blank texts sent back fail 65 of the first 100
+    for seed in range(100):
         rng = random.Random(seed)
         ctx.prune_at = rng.choice([0, 2_000, 100_000])
         log, memory = Log(), fake_api.Memory()
