@@ -295,8 +295,8 @@ def pytest_configure(config):
 # here only starts later; the figures need only keep their order.
 LONG_TESTS = {
     "test_kill_9_at_random_points_loses_no_recorded_event_and_continue_is_valid": 30,
-    # first with the kill test, so that both go to one worker, which builds their module fixture
-    # (reference_run) once
+    # first with the kill test: the worker that runs the first of them makes reference_run, the
+    # session both read, for every worker (test_faults.py)
     "test_reference_session_uses_every_tool_path_the_kill_points_hit": 30,
     "test_a_log_cut_at_any_byte_keeps_every_whole_line_and_continues_validly": 10,
     "test_a_checkpoint_does_not_wait_on_a_fifo_planted_as_packed_refs": 10,

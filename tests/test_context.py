@@ -42,6 +42,25 @@ class Log(list):
         self._folded = list(self)
         return self._state
 
+    def cut_to(self, whole: list[dict], cut: int, folded: events.State) -> None:
+        """The log cut to whole[:cut], with `folded` (that prefix's fold) as its state."""
+        self[:] = whole[:cut]
+        self._state, self._folded = folded, list(self)
+
+
+def folds_at(whole: list[dict], cuts: list[int]) -> list[events.State]:
+    """The fold of whole[:cut] for each of the ascending `cuts`: one pass over the log, a copy of
+    the state at each cut (folding each prefix from its start took a third of the test's time)."""
+    folds = []
+    state = events.State()
+    done = 0            # the events folded into state so far
+    for cut in cuts:
+        for event in whole[done:cut]:
+            events.apply(state, event)
+        done = cut
+        folds.append(copy.deepcopy(state))
+    return folds
+
 
 def make_context(tmp_path, model="claude-sonnet-5-5", workspace=None) -> context.Context:
     root = tmp_path / "project"
@@ -392,7 +411,9 @@ def test_random_sessions_and_their_logs_cut_anywhere_give_valid_requests(tmp_pat
     (Sonnet 5.5 binds it)."""
     import fake_api
     ctx = make_context(tmp_path)
-    for seed in range(150):
+    # 100 sessions: a prune that unbinds replayed thinking (may_prune_now always True) fails
+    # seeds 12, 24, 94 and 98 of the first 150, blank texts sent back fail 65 of the first 100
+    for seed in range(100):
         rng = random.Random(seed)
         ctx.prune_at = rng.choice([0, 2_000, 100_000])
         log, memory = Log(), fake_api.Memory()
@@ -406,8 +427,9 @@ def test_random_sessions_and_their_logs_cut_anywhere_give_valid_requests(tmp_pat
                 memory.bound[block["signature"]] = fake_api._binding_key(body, len(body["messages"]))
         random_session(rng, log, ctx, send)
         whole = list(log)
-        for cut in sorted(rng.sample(range(1, len(whole) + 1), min(20, len(whole)))):
-            log[:] = whole[:cut]
+        cuts = sorted(rng.sample(range(1, len(whole) + 1), min(20, len(whole))))
+        for cut, folded in zip(cuts, folds_at(whole, cuts)):
+            log.cut_to(whole, cut, folded)
             carry_on(log)
             if ctx.plan(log.state, 1e9) == "prune":
                 log.add("ContextPruned", **ctx.prune(log.state, 1e9))

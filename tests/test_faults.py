@@ -6,6 +6,7 @@ Where many damaged logs are checked (every byte offset, every line), the next re
 in-process by the same functions `--continue` runs and checked with fake_api.validate, the fake
 server's own rules.
 """
+import fcntl
 import json
 import random
 import shutil
@@ -251,10 +252,8 @@ def phase_of(log: list, torn: bool, n_requests: int) -> str:
     return "after a response"
 
 
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
+def make_reference_run(base: Path) -> dict:
     """The whole scripted session, not killed: its log and timing calibrate the kill points."""
-    base = tmp_path_factory.mktemp("reference")
     env = base_env(base)
     run = kill_experiment(base / "run", env, "reference", ("never",))
     assert run["code"] == 0, run["stderr"].read_text()
@@ -262,6 +261,41 @@ def reference_run(tmp_path_factory):
     run["log_path"] = session_files(run["env"])[-1]
     run["base_env"] = env
     return run
+
+
+REFERENCE_PATHS = ("project", "stdout", "stderr", "base", "log_path")
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, worker_id):
+    """make_reference_run's, once per pytest run. Under xdist the five tests that read it go to
+    different workers, and each built its own (2-3.4 s each): now the first worker to need it
+    makes it in the run's shared temp folder, under a lock the others wait on, and leaves it
+    there as JSON for them. The tests only read what it made."""
+    if worker_id == "master":
+        return make_reference_run(tmp_path_factory.mktemp("reference"))
+    shared = tmp_path_factory.getbasetemp().parent / "faults-reference"
+    shared.mkdir(exist_ok=True)
+    saved = shared / "run.json"
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.exists():
+            saved.write_text(json.dumps(without_the_key(make_reference_run(shared / "made")),
+                                        default=str))
+    run = json.loads(saved.read_text())
+    for name in REFERENCE_PATHS:
+        run[name] = Path(run[name])
+    for name in ("env", "base_env"):
+        run[name]["ANTHROPIC_API_KEY"] = KEY
+    return run
+
+
+def without_the_key(run: dict) -> dict:
+    """The run's record with its environments' API key left out: no file may hold it (the
+    suite's key scan)."""
+    environments = {name: {k: v for k, v in run[name].items() if k != "ANTHROPIC_API_KEY"}
+                    for name in ("env", "base_env")}
+    return {**run, **environments}
 
 
 def test_reference_session_uses_every_tool_path_the_kill_points_hit(reference_run):

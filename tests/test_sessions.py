@@ -350,14 +350,24 @@ def test_a_sessions_token_count_holds_its_thinking_once(tmp_path):
 
 def test_listing_two_hundred_sessions_reads_only_the_caches(khaelor, project, env):
     directory = events.sessions_dir(Path(env["KHAELOR_HOME"]), project)
-    for i in range(200):
-        bus = events.Bus(events.SessionStore.create(directory, f"20250101-000000{i:03d}-aaaaaa"))
-        bus.emit("SessionCreated", cwd=str(project), project_root=str(project), model="claude-sonnet-5-5",
-                 aux_model="claude-haiku-5-5", version="t")
-        bus.emit("UserMessageCreated", text=f"task number {i}")
-        for _ in range(50):
-            bus.emit("ToolCompleted", tool_use_id="t", name="bash", output="x" * 2000, meta={})
-        bus.store.close()
+    first_id = "20250101-000000000-aaaaaa"
+    bus = events.Bus(events.SessionStore.create(directory, first_id))
+    bus.emit("SessionCreated", cwd=str(project), project_root=str(project),
+             model="claude-sonnet-5-5", aux_model="claude-haiku-5-5", version="t")
+    bus.emit("UserMessageCreated", text="task number 0")
+    for _ in range(50):
+        bus.emit("ToolCompleted", tool_use_id="t", name="bash", output="x" * 2000, meta={})
+    bus.store.close()
+    # the other 199 as copies of what the store left (its log and lock), each log with its own
+    # session id and task: what 199 more stores would write, without 10,000 appends and 199 fsyncs
+    written = (directory / f"{first_id}.jsonl").read_text()
+    lock = (directory / f"{first_id}.lock").read_bytes()
+    for i in range(1, 200):
+        session_id = f"20250101-000000{i:03d}-aaaaaa"
+        copied = written.replace(first_id, session_id)
+        copied = copied.replace('"task number 0"', f'"task number {i}"')
+        (directory / f"{session_id}.jsonl").write_text(copied)
+        (directory / f"{session_id}.lock").write_bytes(lock)
     first = khaelor.run("sessions")
     assert first.returncode == 0 and len(first.stdout.splitlines()) == 201
     assert len(list(directory.glob("*.meta.json"))) == 200
