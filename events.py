@@ -370,7 +370,9 @@ _FLAG_OR_PLANE_14 = ("(\U0001f3f4[\U000e0030-\U000e0039\U000e0061-\U000e007a]{1,
 def without_hidden_text(text: str) -> str:
     """Untrusted text for the model, and as the user sees it: plane 14's invisible characters
     removed (a flag emoji's kept), with a note saying so, so that the model can tell the user."""
-    if not re.search(_PLANE_14, text):
+    # (isascii is a flag the string keeps: most results are ASCII, and the search costs 0.6 ms in
+    # 70 KB, paid again at every fold of the log)
+    if text.isascii() or not re.search(_PLANE_14, text):
         return text
     removed = 0
 

@@ -199,8 +199,16 @@ def is_secret_path(path: str, home: str) -> bool:
     (as named, or as resolved: a dotfile manager links ~/.kube to where it keeps it)."""
     if is_secret_name(path):
         return True
+    return within(path, _home_secret_places(home))
+
+
+@functools.cache
+def _home_secret_places(home: str) -> list[str]:
+    """SECRET_HOME_PATHS in `home`, as named and as resolved, once a process: the judge asks for
+    every path it reads (16,000 realpath calls for 983 commands), and a link made later is still
+    closed by the sandbox, which resolves them anew for each ruleset (closed_locations)."""
     places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
-    return within(path, places + [os.path.realpath(place) for place in places])
+    return places + [os.path.realpath(place) for place in places]
 
 
 # /dev is closed too (raw disks would bypass every rule); these devices stay usable.
