@@ -581,8 +581,9 @@ def boundary_lines() -> list[str]:
 
 
 def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
-    """`khaelor sandbox [--read-only|--write|--network] [--path P] -- CMD…`: run any command in the
-    sandbox a permission decision would give it, so the boundary can be tested without the model."""
+    """`khaelor sandbox [--read-only|--write|--network] [--path P] [--secrets] [--yes] -- CMD…`:
+    run any command in the sandbox a permission decision would give it, so the boundary can be
+    tested without the model."""
     import shlex
 
     import permissions
@@ -600,6 +601,8 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
                         help="an approved path outside the project (repeatable)")
     parser.add_argument("--secrets", action="store_true",
                         help="as if reading the project's secret files was approved")
+    parser.add_argument("--yes", action="store_true",
+                        help="as --yes approves it: the project's secret files stay closed")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -611,7 +614,8 @@ def cmd_sandbox(argv: list, home: Path, project_root: Path) -> int:
     # what it names of the guarded files it may change, as an approval of it in a panel)
     rules = permissions.load_rules(permission_layers(home, project_root))
     confine = sandbox.Confine(write=shape != "read-only", network=shape == "network", paths=paths,
-                              secrets=args.secrets, hide=sandbox.SECRET_NAMES, attended=True,
+                              secrets=args.secrets, hide=sandbox.SECRET_NAMES,
+                              attended=not args.yes, unattended=args.yes,
                               **permissions.rule_paths(rules))
     workspace = tools.Workspace(project_root)
     workspace.home = home

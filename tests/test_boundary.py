@@ -1034,6 +1034,16 @@ def test_under_yes_no_secret_of_the_project_leaves_by_a_network_command(khaelor,
     assert len(ran) == 2                      # the script and the second curl: approved, confined
 
 
+def test_khaelor_sandbox_gives_the_shape_yes_approves_too(project, env):
+    """`khaelor sandbox --write --yes`: an approved command as --yes approves it, the project's
+    secret files closed (a person's approval, `--write` alone, opens them)."""
+    (project / ".env").write_text("API_TOKEN=MARKER-sandbox-yes\n")
+    code, out = sandboxed(project, env, "--write", "cat", ".env")
+    assert code == 0 and "MARKER-sandbox-yes" in out
+    done = run_khaelor(["sandbox", "--write", "--yes", "--", "cat", ".env"], project, env)
+    assert done.returncode != 0 and "MARKER-sandbox-yes" not in done.stdout + done.stderr
+
+
 def test_a_read_only_command_filling_the_temp_dir_is_stopped(project, tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "TEMP_DIR_CAP", 1 << 20)
     command = ("for i in 1 2 3; do head -c 600000 /dev/urandom > $TMPDIR/f$i; done; sleep 20; "
