@@ -203,12 +203,12 @@ def is_secret_path(path: str, home: str) -> bool:
 
 
 @functools.cache
-def _home_secret_places(home: str) -> list[str]:
+def _home_secret_places(home: str) -> tuple[str, ...]:
     """SECRET_HOME_PATHS in `home`, as named and as resolved, once a process: the judge asks for
     every path it reads (16,000 realpath calls for 983 commands), and a link made later is still
     closed by the sandbox, which resolves them anew for each ruleset (closed_locations)."""
     places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
-    return places + [os.path.realpath(place) for place in places]
+    return tuple(places + [os.path.realpath(place) for place in places])
 
 
 # /dev is closed too (raw disks would bypass every rule); these devices stay usable.
