@@ -1287,7 +1287,8 @@ def layers() -> list[tuple[str, bool, str]]:
                              "setsid and setpgid leave a command in its group"),
         ("mount-namespace", mount_namespace_available(),
          "an approved command sees the rest read-only (no chmod, chown or utime outside), "
-         "no terminal but the ptys it makes (a devpts of its own), a /dev/shm of the session's"),
+         "no terminal but the ptys it makes (a devpts of its own), a /dev/shm of the session's; "
+         "what your rules deny writing and the project's permission files read-only"),
         ("capabilities", True, "every capability dropped, also for root"),
         ("rlimits", True, "a read-only command: file size, CPU, memory; the temp dir is watched"),
     ]
