@@ -1126,7 +1126,9 @@ class Toolbox:
         """Run one tool call, confined as the permission decision's `confine` says (sandbox.py;
         None: DEFAULT_CONFINE). Never raises, except CancelledError (the turn was interrupted)."""
         confine = confine or DEFAULT_CONFINE
-        self.dotenv.refresh()
+        reads_secrets = confine.secrets or (name in ("bash", "process") and confine.write
+                                            and not confine.unattended)
+        await asyncio.to_thread(self.dotenv.refresh, reads_secrets)
         args, invalid = _checked(name, tool_input)
         if invalid:
             return invalid
@@ -2195,43 +2197,49 @@ DOTENV_CAP_BYTES = 10_000_000
 
 
 class _DotEnv:
-    """The values in the project's .env files (.env, .env.*, *.env at its root, but not the
-    templates: .env.example and the like), KEY=value lines with quotes stripped; read again only
-    when one of those files changed (name, mtime, size)."""
+    """The values in the project's .env files (.env, .env.*, *.env, but not the templates:
+    .env.example and the like), KEY=value lines with quotes stripped; a file is read again only
+    when it changed (mtime, size). The root's files are looked at before every call; every
+    folder's (found as secret files are: SecretScan lists a folder again only when it changed)
+    before a call that may read them: one approved to, or an approved command, which reads the
+    project's secret files unless --yes approved it. A value once known stays masked: a file
+    gone, or a folder unreadable for a while (a step's `chmod 000 .`), takes none out."""
 
     def __init__(self, root: Path):
         self.root = root
-        self.stamp: list[tuple[str, int, int]] = []
+        self.scan = sandbox.SecretScan()
+        # (one refresh at a time: it runs in a thread, and the scan keeps its listings)
+        self.lock = threading.Lock()
+        self.stamps: dict[str, tuple[int, int]] = {}
+        self.known: set[str] = set()
         # Longest first, so a value inside another is not masked half.
         self.values: list[str] = []
 
-    def refresh(self) -> None:
-        # (name, mtime_ns, size) of the .env files at the root, sorted
-        files = []
-        try:
-            for entry in os.scandir(self.root):
-                if sandbox.secret_matcher(sandbox.ENV_FILES)(entry.name) and entry.is_file():
-                    found = entry.stat()
-                    files.append((entry.name, found.st_mtime_ns, found.st_size))
-        except OSError:
-            # unreadable for a while (a step's `chmod 000 .`): what is known stays masked
-            return
-        files.sort()
-        if files == self.stamp:
-            return
-        values = set()
-        for name, _, _ in files:
-            # at every tool call, on the event loop: a FIFO or a sparse giant is not read
-            with contextlib.suppress(OSError):
-                real = Path(os.path.realpath(self.root / name))
-                data = _read_plain(real, DOTENV_CAP_BYTES)
-                text = (data or b"").decode(errors="replace")
-                for line in text.splitlines():
-                    value = _dotenv_value(line)
-                    if len(value) >= DOTENV_VALUE_MIN_CHARS:
-                        values.add(value)
-        self.stamp = files
-        self.values = sorted(values, key=len, reverse=True)
+    def refresh(self, everywhere: bool = False) -> None:
+        with self.lock:
+            if everywhere:
+                paths = self.scan.find(str(self.root), sandbox.ENV_FILES)
+            else:
+                matches = sandbox.secret_matcher(sandbox.ENV_FILES)
+                paths = []
+                with contextlib.suppress(OSError):
+                    paths = [entry.path for entry in os.scandir(self.root) if matches(entry.name)]
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    found = os.stat(path)
+                    stamp = (found.st_mtime_ns, found.st_size)
+                    if stat.S_ISREG(found.st_mode) and self.stamps.get(path) != stamp:
+                        self.stamps[path] = stamp
+                        self._read(path)
+
+    def _read(self, path: str) -> None:
+        # (a FIFO or a sparse giant is not read)
+        data = _read_plain(Path(os.path.realpath(path)), DOTENV_CAP_BYTES)
+        for line in (data or b"").decode(errors="replace").splitlines():
+            value = _dotenv_value(line)
+            if len(value) >= DOTENV_VALUE_MIN_CHARS:
+                self.known.add(value)
+        self.values = sorted(self.known, key=len, reverse=True)
 
 
 def _dotenv_value(line: str) -> str:

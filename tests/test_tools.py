@@ -1403,6 +1403,27 @@ def test_a_quoted_env_value_with_a_comment_after_it_is_masked(box):
     assert shown.text.count(tools.DOTENV_MASK) == 2
 
 
+def test_a_nested_env_files_values_are_masked_and_stay_masked(box):
+    """Only the .env files at the root were read for masking: a monorepo's packages/api/.env
+    reached the model whole once a person approved reading it. And a value stays masked once
+    known, when its folder turns unreadable for a while or the file goes."""
+    (box.root / "packages" / "api").mkdir(parents=True)
+    (box.root / "packages" / "api" / ".env").write_text("DB_PASSWORD=nested-s3cret-99\n")
+    (box.root / "deploy" / "prod").mkdir(parents=True)
+    (box.root / "deploy" / "prod" / "app.env").write_text("TOKEN=deep-s3cret-token-7\n")
+    shown = box.call("bash", command="echo nested-s3cret-99 deep-s3cret-token-7").text
+    assert "nested-s3cret-99" not in shown and "deep-s3cret-token-7" not in shown
+    assert shown.count(tools.DOTENV_MASK) == 2
+    (box.root / "packages" / "api").chmod(0)
+    try:
+        again = box.call("bash", command="echo nested-s3cret-99").text
+    finally:
+        (box.root / "packages" / "api").chmod(0o755)
+    assert "nested-s3cret-99" not in again
+    (box.root / "deploy" / "prod" / "app.env").unlink()
+    assert "deep-s3cret-token-7" not in box.call("bash", command="echo deep-s3cret-token-7").text
+
+
 def test_a_secret_files_past_values_and_private_keys_are_masked_in_gits_history(box):
     """`git log -p` (read-only: it runs unasked) printed the values a .env held before, which the
     masking of today's .env does not know, and a private key committed once and deleted."""
