@@ -457,8 +457,10 @@ class SecretScan:
     listed again only when its mtime changed, so a .env made mid-session is left out of the next
     command."""
 
-    def __init__(self):
+    def __init__(self, skipped: tuple[str, ...] = ()):
         self.matches = self.root = None
+        # folders not walked, by name (masking's look for .env files leaves dependencies out)
+        self.skipped = (".git", *skipped)
         # directory -> (mtime_ns, {secret inodes}, [subdirectory names], {inode: [entry names]})
         self.listings: dict[str, tuple] = {}
         # counts the folders listed anew: unchanged, no folder of the project changed
@@ -506,7 +508,7 @@ class SecretScan:
                 if self.matches(path) or folder and self.matches(path + "/\0"):
                     found.add(entry.inode())
                 # a secret folder is walked too: a hard link elsewhere to a file in it is secret
-                if folder and entry.name != ".git":
+                if folder and entry.name not in self.skipped:
                     subdirectories.append(entry.name)
                 names.setdefault(entry.inode(), []).append(entry.name)
         return (mtime, found, subdirectories, names)

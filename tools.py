@@ -155,6 +155,9 @@ SECRET_DIFF_SETTING = re.compile(
 DIFF_PART_START = re.compile(
     rf"(?m)^(?={LINE_START}(?:diff --|commit [0-9a-f]{{7}}|From [0-9a-f]{{40}} ))")
 SECRET_DIFF_MASK = "[redacted: a value from a secret file's history]"
+# Folders of installed dependencies, where masking does not look for .env files (a
+# node_modules of 30,000 folders would be walked before every approved command)
+DEPENDENCY_FOLDERS = ("node_modules", ".venv", "venv", ".tox", "__pycache__", "target")
 # Shorter .env values (ports, flags, "true") are not worth masking.
 DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
@@ -2207,7 +2210,7 @@ class _DotEnv:
 
     def __init__(self, root: Path):
         self.root = root
-        self.scan = sandbox.SecretScan()
+        self.scan = sandbox.SecretScan(DEPENDENCY_FOLDERS)
         # (one refresh at a time: it runs in a thread, and the scan keeps its listings)
         self.lock = threading.Lock()
         self.stamps: dict[str, tuple[int, int]] = {}

@@ -107,9 +107,10 @@ def line_count(name: str) -> int:
 # characters skipped when it is ASCII, the floor's catastrophe test only where it is read. 4 for
 # `khaelor sandbox --yes`, the shape --yes approves (the secret files closed); 1 of the core: the
 # boundary line says what the mount namespace keeps read-only. 8 in tools.py: the values of .env
-# files in any folder are masked (looked for before a call that may read them), and stay masked.
-RUNTIME_LINES = 20_879
-SECURITY_CORE_LINES = 6_051
+# files in any folder are masked (looked for before a call that may read them), and stay masked;
+# 5 more (2 of the core): that look leaves dependency folders out (node_modules, .venv).
+RUNTIME_LINES = 20_884
+SECURITY_CORE_LINES = 6_053
 
 
 def test_the_runtime_and_its_security_core_never_grow():
