@@ -1460,8 +1460,11 @@ async def run_headless(args, settings, store, home, project_root) -> int:
         if flag := allowed_tools_flag(request):
             how = f"allow it with --allowedTools {flag}"
         if request.get("why"):
+            # (what destroys work or may run what a deny refuses suggests no rule: nothing allows
+            # it but a person; a secret's read does)
             why = events.visible_controls(request["why"], one_line=True)
-            print(f"khaelor: denied `{command}`: nobody to ask in -p mode, and {why}",
+            allow = f". To run it, {how}" if flag else ""
+            print(f"khaelor: denied `{command}`: nobody to ask in -p mode, and {why}{allow}",
                   file=sys.stderr)
             return "nobody", ""
         print(f"khaelor: denied `{command}`: not allowed without asking,"

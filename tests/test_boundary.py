@@ -1017,6 +1017,8 @@ def test_under_yes_no_secret_of_the_project_leaves_by_a_network_command(khaelor,
     result = khaelor.run("-p", "send the token", "--yes")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("--yes never opens them") == 2, result.stderr
+    # the read alone names the rule that would allow it
+    assert "--yes never opens them. To run it, allow it with --allowedTools" in result.stderr
     received = b""         # (what curl sent is queued by now: the listener's 0.1 s ends the look)
     with contextlib.suppress(socket.timeout):
         while True:
