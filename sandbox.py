@@ -1690,9 +1690,9 @@ def _frozen(path: str, project: Path, confine: Confine) -> bool:
     if not within(path, [str(project)]) or path == str(project):
         return False
     relative = os.path.relpath(path, project)
-    folders = [relative.rsplit("/", n)[0] for n in range(relative.count("/") + 1)]
     if relative in confine.frozen_files:
         return True
+    folders = [relative.rsplit("/", n)[0] for n in range(relative.count("/") + 1)]
     return any(secret_matcher((), confine.frozen_paths)(folder) for folder in folders)
 
 

@@ -752,7 +752,6 @@ class Workspace:
             if confine.write:
                 frozen = [str(self.cwd / name) for name in confine.frozen_files
                           if os.path.isfile(self.cwd / name)]
-            if confine.write and confine.frozen_paths:
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
             mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
