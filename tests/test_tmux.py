@@ -484,6 +484,8 @@ def test_model_rejects_an_unknown_id_and_compact_clears_its_status(terminal):
     term.type("hello")
     term.keys("Enter")
     term.wait_for("short answer")
+    # the answer shows before its turn ends, and a /compact typed in between is told to wait
+    term.wait_for("Ask anything")
     term.type("/compact")
     term.keys("Enter")
     term.wait_for("Context compacted: earlier turns are now a summary")
