@@ -39,6 +39,21 @@ def bash(command, root, rules=DEFAULTS):
     return check("bash", command, root, rules)
 
 
+def timed(call):
+    """call()'s result and CPU time, with collections held off as decide() holds them: in a full
+    run a collection of the worker's heap, due as soon as decide() lets it, took 0.28 s in CI and
+    is not the judgement's cost."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        started = time.thread_time()
+        result = call()
+        return result, time.thread_time() - started
+    finally:
+        if collecting:
+            gc.enable()
+
+
 # ---------------------------------------------------------------- evaluator table
 
 @pytest.mark.parametrize("tool, tool_input, action, capability", [
@@ -582,9 +597,7 @@ def test_a_tree_removed_outside_the_project_is_not_listed(project):
     load past it, where the floor's refusal became a question. Outside the project nothing is
     listed: every write there asks anyway."""
     for command in ("rm -rf /", "chmod -R 777 /", "cd / && rm -rf \"$(pwd)\"", "rm -rf /usr"):
-        started = time.thread_time()
-        result = bash(command, project)
-        spent = time.thread_time() - started
+        result, spent = timed(lambda: bash(command, project))
         assert (result["decision"], result["floor"]) == ("deny", True), command
         assert spent < permissions.DECIDE_BUDGET_SECONDS / 3, (command, spent)
 
@@ -966,9 +979,7 @@ def test_a_long_command_that_may_run_a_denied_one_is_read_within_its_budget(proj
     decide("bash", {"command": "npx rm rm"}, project, rules)
     for command in ("npx " + "rm " * 3_000, "npx " + "rm " * 100_000,
                     "tar " + "v" * 600_000 + "f a.tar"):
-        started = time.thread_time()
-        decision = decide("bash", {"command": command}, project, rules)
-        spent = time.thread_time() - started
+        decision, spent = timed(lambda: decide("bash", {"command": command}, project, rules))
         assert decision.action == "ask", decision
         assert spent < 5 * permissions.DECIDE_BUDGET_SECONDS, f"{len(command)}: {spent:.3f} s"
 
@@ -1110,9 +1121,7 @@ def test_a_300_kb_pathological_command_asks_within_its_budget(project, shape):
     import time
     # the first call in a worker compiles the module's regular expressions: not the judgement's cost
     decide("bash", {"command": PATHOLOGICAL[shape][:2000]}, project, DEFAULTS)
-    started = time.thread_time()
-    decision = decide("bash", {"command": PATHOLOGICAL[shape]}, project, DEFAULTS)
-    spent = time.thread_time() - started
+    decision, spent = timed(lambda: decide("bash", {"command": PATHOLOGICAL[shape]}, project, DEFAULTS))
     assert decision.action == "ask" and not decision.read_only
     assert spent < 5 * permissions.DECIDE_BUDGET_SECONDS, f"{shape}: {spent:.3f} s"
 
@@ -1137,9 +1146,7 @@ def test_judging_grows_linearly_with_the_command(project, monkeypatch, shape):
     command = PATHOLOGICAL[shape][:40_000]
 
     def judged_in(text):
-        started = time.thread_time()
-        decide("bash", {"command": text}, project, DEFAULTS)
-        return time.thread_time() - started
+        return timed(lambda: decide("bash", {"command": text}, project, DEFAULTS))[1]
     quarter = min(judged_in(command[:10_000]) for _ in range(3))
     whole = judged_in(command)
     assert whole < 9 * quarter + 0.02, f"{shape}: {quarter:.3f} s, then {whole:.3f} s"
