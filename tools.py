@@ -2294,9 +2294,13 @@ def started_ticks(pid: int) -> int | None:
 def stop_orphans(processes: list[tuple]) -> set[int]:
     """Stop the groups of the background processes, (pid, started_ticks) each, that a killed
     khaelor left running: SIGTERM, then SIGKILL after ORPHAN_GRACE_S. Only a pid that is still
-    the process started at those ticks; the pids stopped."""
-    ours = {pid for pid, ticks in processes
-            if isinstance(pid, int) and ticks is not None and started_ticks(pid) == ticks}
+    the process started at those ticks, or a group its leader left; the pids stopped."""
+    ours = set()
+    for pid, ticks in processes:
+        if not isinstance(pid, int) or not isinstance(ticks, int):
+            continue
+        if started_ticks(pid) == ticks or _left_by_its_leader(pid, ticks):
+            ours.add(pid)
     for pid in ours:
         _kill_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + ORPHAN_GRACE_S
@@ -2305,6 +2309,21 @@ def stop_orphans(processes: list[tuple]) -> set[int]:
     for pid in ours:
         _kill_group(pid, signal.SIGKILL)
     return ours
+
+
+def _left_by_its_leader(pgid: int, ticks: int) -> bool:
+    """Whether the group's leader is gone (or a zombie) and members that started after it remain:
+    the children a shell left running (`server &`). Linux gives a pid out again only once no
+    group bears its number, so they are the leader's, unless the group ended, its pid went to a
+    new leader and that one left children too: a chance taken."""
+    leader = sandbox.proc_stat(pgid)
+    if leader and leader[0] != b"Z":
+        return False
+    for member in sandbox.pids_in_groups({pgid}):
+        fields = sandbox.proc_stat(member)
+        if len(fields) > 19 and int(fields[19]) >= ticks:
+            return True
+    return False
 
 
 def _group_alive(pgid: int) -> bool:

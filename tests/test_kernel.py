@@ -1,9 +1,13 @@
 """The kernel's pure parts: derive_next over real logs, and the stream reducer over wire events."""
+import contextlib
 import json
+import os
+import signal
 
 import pytest
 
 import events
+import sandbox
 import tools
 from kernel import StreamReducer, derive_next
 
@@ -317,6 +321,46 @@ def test_repair_stops_a_process_left_running_only_if_it_is_the_very_one_started(
         for process in (ours, also_ours, stranger):
             process.kill()
             process.wait()
+
+
+def test_repair_stops_the_children_a_shell_left_running_in_its_group(tmp_path):
+    """`server &` in a background command: the shell that led the group exits, its children keep
+    the group and the port. Resume stops them (started after the recorded leader); a leaderless
+    group whose members are older than the recorded start is another's, never touched."""
+    import subprocess
+
+    import kernel
+
+    def leaderless_group():
+        shell = subprocess.Popen(["bash", "-c", "sleep 30 & echo $!; read"], start_new_session=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        child = int(shell.stdout.readline())
+        ticks = tools.started_ticks(shell.pid)
+        shell.stdin.close()
+        shell.wait()
+        return shell.pid, ticks, child
+    ours, ours_ticks, ours_child = leaderless_group()
+    other, other_ticks, other_child = leaderless_group()
+    try:
+        store = events.SessionStore.create(tmp_path / "sessions")
+        bus = events.Bus(store)
+        bus.emit("ProcessStarted", process_id="p1", pid=ours, command="server &",
+                 started_ticks=ours_ticks)
+        bus.emit("ProcessStarted", process_id="p2", pid=other, command="server &",
+                 started_ticks=other_ticks + 10**6)
+        toolbox = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", None, None)
+        agent = kernel.Kernel(bus=bus, model=None, toolbox=toolbox, ctx=None, rules=[],
+                              project_root=tmp_path, ask=None)
+        agent.repair()
+        assert not sandbox.pids_in_groups({ours})
+        assert sandbox.pids_in_groups({other}) == [other_child]
+        causes = {e["process_id"]: e["cause"] for e in store.events if e["type"] == "ProcessExited"}
+        assert causes == {"p1": "lost: khaelor exited while it ran; stopped on resume",
+                          "p2": "lost: khaelor exited while it ran"}
+    finally:
+        for child in (ours_child, other_child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_repair_closes_the_processes_the_log_still_calls_running(tmp_path):
