@@ -1,7 +1,9 @@
-"""Per-step cost over a long session (issue 13). Run: python3 bench/bench_steps.py [--steps 1000]
+"""Per-step cost over a long session (issue 13). Run:
+python3 bench/bench_steps.py [--steps 1000] [--tool bash]
 
 One turn of N tool steps through the real kernel, context and toolbox (the `read` tool on a
-small file in a temporary project), against a scripted in-process model that streams one text
+small file in a temporary project, or with --tool bash a command that runs without asking, in
+its sandbox, with the SDK imported as in khaelor by then), against a scripted in-process model that streams one text
 block and one tool call per response. It measures:
 - khaelor's own CPU per step (time.process_time between two model calls), early (steps 11-60)
   and late (the last 50), with the cost of what the SDK would do to the request (deep-copying
@@ -15,6 +17,7 @@ Budget: late ≤ 1.5 × early; no block over 16 ms.
 import argparse
 import asyncio
 import copy
+import importlib
 import json
 import statistics
 import sys
@@ -39,8 +42,9 @@ USAGE = {"input_tokens": 50, "cache_read_tokens": 9_000, "cache_creation_input_t
 class ScriptedModel:
     """Streams `n_steps` responses of one text block and one read call, then a final answer."""
 
-    def __init__(self, n_steps: int):
+    def __init__(self, n_steps: int, tool: str):
         self.n_steps = n_steps
+        self.tool = tool
         self.step_cpu = []      # (process_time when a model call starts, after its SDK work)
         self.sdk_cpu = []       # CPU of copying + encoding a request as the SDK would, sampled
         self.sdk_wall = 0.0     # wall time of that work, summed (the ticker leaves it out)
@@ -65,9 +69,11 @@ class ScriptedModel:
         stop = "end_turn"
         if n <= self.n_steps:
             stop = "tool_use"
-            block = {"type": "tool_use", "id": f"toolu_{n}", "name": "read", "input": {}}
+            block = {"type": "tool_use", "id": f"toolu_{n}", "name": self.tool, "input": {}}
             yield {"type": "content_block_start", "index": 1, "content_block": block}
             partial = json.dumps({"file_path": "src/module.py", "offset": 1 + n % 5})
+            if self.tool == "bash":
+                partial = json.dumps({"command": f"grep -c function_{n % 20} src/module.py"})
             delta = {"type": "input_json_delta", "partial_json": partial}
             yield {"type": "content_block_delta", "index": 1, "delta": delta}
             yield {"type": "content_block_stop", "index": 1}
@@ -91,7 +97,7 @@ async def ticker(worst: list, model: ScriptedModel) -> None:
         worst[0] = max(worst[0], late)
 
 
-async def run(n_steps: int, project: Path, home: Path) -> tuple[ScriptedModel, float]:
+async def run(n_steps: int, tool: str, project: Path, home: Path) -> tuple[ScriptedModel, float]:
     (project / "src").mkdir(parents=True)
     lines = [f"def function_{i}(value):\n    return value * {i}  # some code\n" for i in range(20)]
     (project / "src" / "module.py").write_text("".join(lines))
@@ -100,7 +106,7 @@ async def run(n_steps: int, project: Path, home: Path) -> tuple[ScriptedModel, f
     toolbox = tools.Toolbox(tools.Workspace(project), home, bus.emit, lambda: store.state)
     ctx = context.Context(project_root=project, cwd=project, home=home, model="claude-sonnet-5-5",
                           tool_schemas=toolbox.schemas, workspace=toolbox.workspace)
-    model = ScriptedModel(n_steps)
+    model = ScriptedModel(n_steps, tool)
 
     async def ask(request):
         return "once", ""
@@ -126,9 +132,13 @@ async def run(n_steps: int, project: Path, home: Path) -> tuple[ScriptedModel, f
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--tool", choices=["read", "bash"], default="read")
     args = parser.parse_args()
+    if args.tool == "bash":
+        importlib.import_module("anthropic")    # its 60 MB are in the process each command forks
     with tempfile.TemporaryDirectory() as tmp:
-        model, worst = asyncio.run(run(args.steps, Path(tmp) / "project", Path(tmp) / "home"))
+        model, worst = asyncio.run(run(args.steps, args.tool, Path(tmp) / "project",
+                                       Path(tmp) / "home"))
     starts, sdk = model.step_cpu, model.sdk_cpu
     # A step: from the end of one model call's SDK-equivalent work to the start of the next call.
     per_step = [b[0] - a[1] for a, b in zip(starts, starts[1:])]

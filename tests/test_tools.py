@@ -377,6 +377,54 @@ def test_bash_cancellation_kills_the_group(box):
     assert wait_gone(pid)
 
 
+class RecordedPopen(subprocess.Popen):
+    """subprocess.Popen (the standard library's, not ours), noting the thread each command
+    (bash -c) started in, and taking `delay` seconds before it forks."""
+    threads: list = []
+    delay = 0.0
+
+    def __init__(self, argv, **options):
+        if argv[1:2] == ["-c"]:
+            RecordedPopen.threads.append(threading.get_ident())
+            time.sleep(RecordedPopen.delay)
+        super().__init__(argv, **options)
+
+
+def test_a_command_starts_off_the_event_loop(box, monkeypatch):
+    """The fork, with the sandbox set up in the child, returns once the child has exec'd: on the
+    event loop it held the screen's redraws and the stream 30-50 ms per command in a 200 MB heap."""
+    monkeypatch.setattr(subprocess, "Popen", RecordedPopen)
+    monkeypatch.setattr(RecordedPopen, "threads", [])
+
+    async def started_from():
+        await box.toolbox.run("bash", {"command": "echo started"}, "tu")
+        return threading.get_ident()
+    loop_thread = box.loop.run_until_complete(started_from())
+    assert box.of_type("ToolOutput")[0]["text"] == "started\n"
+    assert RecordedPopen.threads and loop_thread not in RecordedPopen.threads
+
+
+def test_a_command_cancelled_while_it_starts_is_stopped(box, monkeypatch):
+    """Esc while a command is being started (Popen in its thread): the process it would have had
+    is killed once it exists, and the turn is cancelled."""
+    marker = box.toolbox.workspace.cwd / "ran"
+    monkeypatch.setattr(subprocess, "Popen", RecordedPopen)
+    monkeypatch.setattr(RecordedPopen, "threads", [])
+    monkeypatch.setattr(RecordedPopen, "delay", 0.3)
+
+    async def cancel_while_starting():
+        command = f"sleep 1; touch {marker}"
+        task = asyncio.create_task(box.toolbox.run("bash", {"command": command}, "tu"))
+        while not RecordedPopen.threads:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.5)
+    box.loop.run_until_complete(asyncio.wait_for(cancel_while_starting(), 10))
+    assert not marker.exists()
+
+
 def test_bash_stops_background_strays_when_the_command_ends(box):
     result = box.call("bash", command="sleep 30 > /dev/null & echo $!")
     assert "stopped" in result.text and result.meta["exit_code"] == 0
