@@ -1118,10 +1118,9 @@ class Timeline:
     def _dim(self, text: str, *roles: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", *roles)
 
-    def _marked(self, symbol: str, role: str, text: str,
-                text_role: str = "") -> list[str]:
+    def _marked(self, symbol: str, role: str, text: str) -> list[str]:
         """`✗ text` in `role`, wrapped under its symbol."""
-        spans = [(sanitize(text), (text_role or role,))]
+        spans = [(sanitize(text), (role,))]
         first = self.style.paint(symbol + " ", role)
         return wrap_spans(spans, self.width, self.style, first, "  ")
 
