@@ -934,8 +934,7 @@ def choose_cut(state: events.State) -> int | None:
 
 # -------------------------------------------------------------- compaction: summary and checkpoint
 
-def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
-                    aux_model: str = DEFAULT_AUX_MODEL) -> dict:
+def summary_request(state: events.State, cut_seq: int, *, focus: str, aux_model: str) -> dict:
     """A tool-free request asking the aux model for the checkpoint JSON of everything up to the
     cut."""
     head = events.history_through(state, cut_seq)
