@@ -516,8 +516,7 @@ def table_cells(row: str) -> list[str]:
     return [cell.strip() for cell in inner.split("|")]
 
 
-def render_table(rows: list[str], width: int, style: Style,
-                 separator: str = "") -> list[str]:
+def render_table(rows: list[str], width: int, style: Style, separator: str) -> list[str]:
     """The header row, then the body rows; `separator` (|---|--:|:-:|) aligns the columns."""
     grid = [table_cells(row) for row in rows]
     n_cols = max(len(r) for r in grid)
