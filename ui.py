@@ -1340,8 +1340,7 @@ class Timeline:
         self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"),
                             bool(e.get("echoed")))
 
-    def command_answer(self, command: str, text: str, failed: bool = False,
-                       echoed: bool = False) -> None:
+    def command_answer(self, command: str, text: str, failed: bool, echoed: bool) -> None:
         """The command line as typed (`› /cost`, as Claude Code echoes it), then its answer, or
         why it failed; `echoed`: the line is above the ◇ line of the command's own event."""
         lines = [] if echoed else self._written(command, "user")
