@@ -2318,8 +2318,7 @@ class Composer:
             self._pastes = self._draft_pastes
         self.cursor = len(self.text)
 
-    def _remember(self, text: str,
-                  pastes: dict[str, str] | None = None) -> None:
+    def _remember(self, text: str, pastes: dict[str, str]) -> None:
         """`text` as shown (paste labels in it) and what the labels stand for."""
         self._remember_mentions(events.mentions(text))
         if pastes:
