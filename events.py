@@ -574,7 +574,7 @@ class SessionStore:
         if data and not data.endswith(b"\n"):
             keep = data.rfind(b"\n") + 1
             warnings.append(f"{path}: the last line was cut off mid-write (a crash); dropped it "
-                            f"({len(data) - keep} {'byte' if len(data) - keep == 1 else 'bytes'})")
+                            f"({counted(len(data) - keep, 'byte')})")
             if not read_only:
                 os.truncate(path, keep)
             data = data[:keep]
