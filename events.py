@@ -480,6 +480,12 @@ def counted(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + "s" * (n != 1)
 
 
+def listed(names: list[str], limit: int) -> str:
+    """"a.py, b.py and 3 more": the first `limit` names, then how many others there are."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
 def duration(seconds: float) -> str:
     """How long, for people, in two units at most: 900ms, 3.2s, 2m 5s, 3h 5m, 2d 3h."""
     if seconds < 1:

@@ -3530,9 +3530,8 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     if not secret:
         return kept, ""
     ws = box.workspace
-    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
-    more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
-    return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}{more}. "
+    names = events.listed([_one_line(ws.display(root / rel)) for rel in sorted(secret)], 5)
+    return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}. "
             "Reading them needs the user's permission (or their rules deny it): ask for it, "
             "or read one with the read tool so that the user is asked.)")
 
