@@ -1290,12 +1290,7 @@ class Toolbox:
                 os.utime(path)
         else:
             self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-            fd = os.open(tmp, flags, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            events.replace_private(path, data)
         return name
 
     def load_version(self, name: str) -> bytes:

@@ -2124,12 +2124,8 @@ class Composer:
         if len(lines) > 2 * MAX_HISTORY:
             # the newest are kept: a history that only grew would slow every start
             lines = lines[-MAX_HISTORY:]
-            tmp = path.with_name(f".{path.name}.tmp")
             with contextlib.suppress(OSError):
-                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                          encoding="utf-8") as out:
-                    out.write("\n".join(lines) + "\n")
-                os.replace(tmp, path)
+                events.replace_private(path, ("\n".join(lines) + "\n").encode())
         for line in lines[-MAX_HISTORY:]:
             try:
                 entry = json.loads(line)
