@@ -365,12 +365,9 @@ INSTRUCTION_WHOSE = {
 }
 
 
-def build_system(project_root: Path, cwd: Path, home: Path,
-                 instructions: list[Instruction] | None = None) -> list[dict]:
+def build_system(project_root: Path, cwd: Path, instructions: list[Instruction]) -> list[dict]:
     """Three text blocks: identity, tool guidance, then this session's environment and instructions
     (each file and each import in its own section, an import right after the file that made it)."""
-    if instructions is None:
-        instructions = load_instructions(home, project_root, cwd)[0]
     project = [f"Project root: {project_root}",
                f"Working directory: {cwd}",
                f"Platform: {sys.platform}"]
@@ -401,7 +398,6 @@ class Context:
                  show_thinking: bool = True):
         self.project_root = Path(project_root).resolve()
         self.cwd = Path(cwd).resolve()
-        self.home = Path(home)
         self.model = model
         self.aux_model = aux_model
         self.max_tokens = max_tokens
@@ -423,9 +419,8 @@ class Context:
         # Read once: the instructions (and what /context says about their imports) hold for the
         # session.
         self.instructions, self.instruction_notes = load_instructions(
-            self.home, self.project_root, self.cwd, user_home, is_secret, mask)
-        self.system = build_system(self.project_root, self.cwd, self.home,
-                                   self.instructions)
+            home, self.project_root, self.cwd, user_home, is_secret, mask)
+        self.system = build_system(self.project_root, self.cwd, self.instructions)
         self.system_names = ["identity", "tool guidance", "project"]
         # The text of --append-system-prompt is its own block after the project's (plan mode is
         # in the volatile tail: it changes mid-session). One breakpoint still ends the system.
@@ -939,8 +934,7 @@ def choose_cut(state: events.State) -> int | None:
 
 # -------------------------------------------------------------- compaction: summary and checkpoint
 
-def summary_request(state: events.State, cut_seq: int, *, focus: str = "",
-                    aux_model: str = DEFAULT_AUX_MODEL) -> dict:
+def summary_request(state: events.State, cut_seq: int, *, focus: str, aux_model: str) -> dict:
     """A tool-free request asking the aux model for the checkpoint JSON of everything up to the
     cut."""
     head = events.history_through(state, cut_seq)

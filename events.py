@@ -480,6 +480,12 @@ def counted(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + "s" * (n != 1)
 
 
+def listed(names: list[str], limit: int) -> str:
+    """"a.py, b.py and 3 more": the first `limit` names, then how many others there are."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
 def duration(seconds: float) -> str:
     """How long, for people, in two units at most: 900ms, 3.2s, 2m 5s, 3h 5m, 2d 3h."""
     if seconds < 1:
@@ -574,7 +580,7 @@ class SessionStore:
         if data and not data.endswith(b"\n"):
             keep = data.rfind(b"\n") + 1
             warnings.append(f"{path}: the last line was cut off mid-write (a crash); dropped it "
-                            f"({len(data) - keep} {'byte' if len(data) - keep == 1 else 'bytes'})")
+                            f"({counted(len(data) - keep, 'byte')})")
             if not read_only:
                 os.truncate(path, keep)
             data = data[:keep]
@@ -716,17 +722,12 @@ def write_meta(log_path: Path, meta: dict, stat: os.stat_result | None = None) -
     """Atomically replace the cache, stamped with the log's size and mtime — `stat` taken before
     the log was read, when another khaelor may be appending to it. A cache that cannot be written
     is only a slower listing next time, so failures are ignored."""
-    target = meta_path(log_path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         stat = stat or os.stat(log_path)
         data = json.dumps({**meta, "log_size": stat.st_size, "log_mtime_ns": stat.st_mtime_ns})
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)     # as private as the log
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-        os.replace(tmp, target)
+        replace_private(meta_path(log_path), data.encode())     # as private as the log
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def read_regular(path: Path | str, cap: int, flags: int = 0) -> tuple[bytes, int]:
@@ -749,6 +750,19 @@ def private_file(path: Path) -> Path:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
     os.chmod(path, 0o600)
     return path
+
+
+def replace_private(path: Path, data: bytes) -> None:
+    """`path`'s content replaced whole by `data`, readable by its owner only: written beside it and
+    renamed over it, so a reader finds the old content or the new, never a part of either."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    finally:
+        # renamed, it is gone already; failed, it is left nowhere
+        tmp.unlink(missing_ok=True)
 
 
 def _lock(log_path: Path) -> int:

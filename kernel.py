@@ -167,9 +167,7 @@ def checks_run(state: events.State) -> list[dict]:
 def verification_nudge(changed: list[str], commands: list[str],
                        attempt: int) -> str:
     """The user-side text the model reads when its answer is held back."""
-    files = ", ".join(changed[:8])
-    if len(changed) > 8:
-        files += f" and {len(changed) - 8} more"
+    files = events.listed(changed, 8)
     header = f"[Khaelor verification, reminder {attempt} of {VERIFY_NUDGES}]"
     lines = [f"{header} Your answer is held back: you changed {files}"
              " in this turn and no check has run since the last change."]

@@ -710,9 +710,7 @@ def step_lines(state) -> list[str]:
         elif not changed:
             what = "changed nothing"
         else:
-            what = ", ".join(changed[:4])
-            if len(changed) > 4:
-                what += f" and {len(changed) - 4} more"
+            what = events.listed(changed, 4)
         if step["undone"]:
             what += " (undone)"
         shown = " ".join(step["what"].split())[:60]
@@ -2749,9 +2747,7 @@ def diff_report(state, dirty_now: list | None = None,
         paths = who[key]
         if not paths:
             continue
-        names = ", ".join(f"`{p}`" for p in paths[:30])
-        if len(paths) > 30:
-            names += f" and {len(paths) - 30} more"
+        names = events.listed([f"`{p}`" for p in paths], 30)
         lines += ["", f"**{title}:** {names}"]
     return "\n".join(lines)
 

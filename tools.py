@@ -1334,12 +1334,7 @@ class Toolbox:
                 os.utime(path)
         else:
             self.versions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-            fd = os.open(tmp, flags, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            events.replace_private(path, data)
         return name
 
     def load_version(self, name: str) -> bytes:
@@ -3574,9 +3569,8 @@ def _without_secrets(box: Toolbox, confine: Confine, root: Path, rels,
     if not secret:
         return kept, ""
     ws = box.workspace
-    names = ", ".join(_one_line(ws.display(root / rel)) for rel in sorted(secret)[:5])
-    more = f" and {len(secret) - 5} more" if len(secret) > 5 else ""
-    return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}{more}. "
+    names = events.listed([_one_line(ws.display(root / rel)) for rel in sorted(secret)], 5)
+    return kept, (f"\n\n({events.counted(len(secret), 'secret file')} left out: {names}. "
             "Reading them needs the user's permission (or their rules deny it): ask for it, "
             "or read one with the read tool so that the user is asked.)")
 

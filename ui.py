@@ -516,8 +516,7 @@ def table_cells(row: str) -> list[str]:
     return [cell.strip() for cell in inner.split("|")]
 
 
-def render_table(rows: list[str], width: int, style: Style,
-                 separator: str = "") -> list[str]:
+def render_table(rows: list[str], width: int, style: Style, separator: str) -> list[str]:
     """The header row, then the body rows; `separator` (|---|--:|:-:|) aligns the columns."""
     grid = [table_cells(row) for row in rows]
     n_cols = max(len(r) for r in grid)
@@ -1118,10 +1117,9 @@ class Timeline:
     def _dim(self, text: str, *roles: str) -> str:
         return self.style.paint(clip(text, self.width), "dim", *roles)
 
-    def _marked(self, symbol: str, role: str, text: str,
-                text_role: str = "") -> list[str]:
+    def _marked(self, symbol: str, role: str, text: str) -> list[str]:
         """`✗ text` in `role`, wrapped under its symbol."""
-        spans = [(sanitize(text), (text_role or role,))]
+        spans = [(sanitize(text), (role,))]
         first = self.style.paint(symbol + " ", role)
         return wrap_spans(spans, self.width, self.style, first, "  ")
 
@@ -1342,8 +1340,7 @@ class Timeline:
         self.command_answer(str(e.get("command", "")), str(e.get("text", "")), e.get("failed"),
                             bool(e.get("echoed")))
 
-    def command_answer(self, command: str, text: str, failed: bool = False,
-                       echoed: bool = False) -> None:
+    def command_answer(self, command: str, text: str, failed: bool, echoed: bool) -> None:
         """The command line as typed (`› /cost`, as Claude Code echoes it), then its answer, or
         why it failed; `echoed`: the line is above the ◇ line of the command's own event."""
         lines = [] if echoed else self._written(command, "user")
@@ -2127,12 +2124,8 @@ class Composer:
         if len(lines) > 2 * MAX_HISTORY:
             # the newest are kept: a history that only grew would slow every start
             lines = lines[-MAX_HISTORY:]
-            tmp = path.with_name(f".{path.name}.tmp")
             with contextlib.suppress(OSError):
-                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                          encoding="utf-8") as out:
-                    out.write("\n".join(lines) + "\n")
-                os.replace(tmp, path)
+                events.replace_private(path, ("\n".join(lines) + "\n").encode())
         for line in lines[-MAX_HISTORY:]:
             try:
                 entry = json.loads(line)
@@ -2321,8 +2314,7 @@ class Composer:
             self._pastes = self._draft_pastes
         self.cursor = len(self.text)
 
-    def _remember(self, text: str,
-                  pastes: dict[str, str] | None = None) -> None:
+    def _remember(self, text: str, pastes: dict[str, str]) -> None:
         """`text` as shown (paste labels in it) and what the labels stand for."""
         self._remember_mentions(events.mentions(text))
         if pastes:

@@ -134,7 +134,8 @@ def test_instruction_discovery_nearest_project_file_wins_and_global_comes_first(
     assert instruction_files(home, root, deeper)[1] == root / "pkg" / "KHAELOR.md"
     assert instruction_files(home, root, root)[1] == root / "KHAELOR.md"
 
-    project_tier = context.build_system(root, deeper, home)[2]["text"]
+    loaded = context.load_instructions(home, root, deeper)[0]
+    project_tier = context.build_system(root, deeper, loaded)[2]["text"]
     assert project_tier.index("GLOBAL claude") < project_tier.index("PKG khaelor")
     for absent in ("ROOT khaelor", "PKG agents", "never read", "loses to"):
         assert absent not in project_tier

@@ -366,3 +366,9 @@ def test_a_session_taken_with_stdin_closed_appends(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "still mine" in (tmp_path / "s.jsonl").read_text()
+
+
+def test_listed_names_the_first_few_then_how_many_others_there_are():
+    assert events.listed(["a.py", "b.py"], 2) == "a.py, b.py"
+    assert events.listed(["a.py", "b.py", "c.py", "d.py"], 2) == "a.py, b.py and 2 more"
+    assert events.listed([], 3) == ""
