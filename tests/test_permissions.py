@@ -1118,7 +1118,6 @@ PATHOLOGICAL = {
 def test_a_300_kb_pathological_command_asks_within_its_budget(project, shape):
     """decide() stops at DECIDE_BUDGET_SECONDS of CPU time and asks; the work after that (one linear
     pass to build the answer) is bounded too."""
-    import time
     # the first call in a worker compiles the module's regular expressions: not the judgement's cost
     decide("bash", {"command": PATHOLOGICAL[shape][:2000]}, project, DEFAULTS)
     decision, spent = timed(lambda: decide("bash", {"command": PATHOLOGICAL[shape]}, project, DEFAULTS))
