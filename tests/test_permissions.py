@@ -1140,7 +1140,6 @@ def test_judging_grows_linearly_with_the_command(project, monkeypatch, shape):
     """Without the budget, judging four times the command takes about four times as long (each
     shape was quadratic once: sixteen times, and minutes at 300 KB). A ratio, not a time: a busy
     machine slows both alike."""
-    import time
     monkeypatch.setattr(permissions, "DECIDE_BUDGET_SECONDS", 60)
     command = PATHOLOGICAL[shape][:40_000]
 
