@@ -867,6 +867,13 @@ GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 NESTED_GUARDED = ("{}/.git/config", ".git/modules/{}/config", "{}/.git", "{}/.git/hooks",
                   ".git/modules/{}/hooks")
 NESTED_PLAIN = re.compile(r"core\.worktree", re.I)
+# and, for each linked worktree (`git worktree add`), its git directory in .git/worktrees: git run
+# in that worktree, outside the project, reads the config its commondir names and its
+# config.worktree, and without a commondir that folder is a repository with config and hooks
+WORKTREES = ".git/worktrees"
+WORKTREE_GUARDED = ("commondir", "config.worktree", "config", "hooks")
+# the commondir `git worktree add` writes: the project's own .git
+WORKTREE_COMMONDIR = b"../..\n"
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
     r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
@@ -906,6 +913,23 @@ def nested_guarded(links: tuple[str, ...]) -> list[str]:
     return [form.format(link) for link in links for form in NESTED_GUARDED]
 
 
+def linked_worktrees(project: Path) -> list[str]:
+    """The guarded files of each linked worktree's git directory (.git/worktrees/<name>/…)."""
+    with contextlib.suppress(OSError):
+        folder = os.path.join(os.path.realpath(project), WORKTREES)
+        with _closing(sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)) as fd:
+            names = sorted(os.listdir(fd))
+        return [f"{WORKTREES}/{name}/{part}" for name in names for part in WORKTREE_GUARDED]
+    return []
+
+
+def _worktree_plain(rel: str, old: tuple | None, new: tuple | None) -> bool:
+    """A linked worktree's guarded file removed (`git worktree remove`, `prune`: its config and
+    hooks stay guarded), or its commondir made as `git worktree add` makes it."""
+    made = old is None and new is not None and new[1] == WORKTREE_COMMONDIR
+    return new is None or made and rel.endswith("/commondir")
+
+
 def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
     through a link is recorded as that link and never walked: what it points to is not ours. Every
@@ -913,7 +937,7 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (*GUARDED_FILES, *GUARDED_DIRS, *nested_guarded(links)):
+    for top in (*GUARDED_FILES, *GUARDED_DIRS, *nested_guarded(links), *linked_worktrees(project)):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
@@ -978,6 +1002,8 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             continue
         # a repository a gitlink names may be made, changed plainly or removed (nothing then runs)
         if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new)):
+            continue
+        if rel.startswith(WORKTREES + "/") and _worktree_plain(rel, old, new):
             continue
         # a copy that cannot be kept (a step filled the disk) must not keep the change in place
         if new is not None:

@@ -865,6 +865,60 @@ def test_a_planted_submodule_whose_repository_runs_code_is_put_back(repo, tmp_pa
     assert not (repo / "MARKER").exists()
 
 
+LINKED = """
+import os, shutil, subprocess, sys
+linked = ".git/worktrees/linked/"
+how = sys.argv[1]
+payload = "[core]" + chr(10) + "fsmonitor = touch MARKER; false" + chr(10)
+if how == "worktree config":
+    # extensions.worktreeConfig is a plain entry
+    subprocess.run(["git", "config", "extensions.worktreeConfig", "true"], check=True)
+    open(linked + "config.worktree", "w").write(payload)
+elif how == "commondir":
+    shutil.copytree(".git", "evil", ignore=shutil.ignore_patterns("worktrees"))
+    open("evil/config", "a").write(payload)
+    open(linked + "commondir", "w").write("../../../evil" + chr(10))
+else:
+    # without a commondir, that folder is a repository of its own, config and hooks included
+    os.remove(linked + "commondir")
+    os.makedirs(linked + "objects")
+    os.makedirs(linked + "refs")
+    open(linked + "config", "w").write(payload)
+"""
+
+
+def git_in(folder, *args):
+    return subprocess.run(["git", "-c", "user.name=a", "-c", "user.email=a@b", *args],
+                          cwd=folder, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("how", ["worktree config", "commondir", "own config"])
+def test_a_linked_worktrees_git_directory_in_the_project_runs_no_planted_code(repo, tmp_path,
+                                                                              how):
+    """A worktree made by `git worktree add` (outside the project) has its git directory in the
+    project's .git/worktrees: the user's next `git status` there, unconfined, ran core.fsmonitor
+    a step had planted in it, whichever file brought it in."""
+    git_in(repo, "commit", "-q", "--allow-empty", "-m", "first")
+    linked = tmp_path / "linked"
+    git_in(repo, "worktree", "add", "-q", str(linked))
+    (repo / "linked.py").write_text(LINKED)
+    result = run_tool(repo, tmp_path / "kh", "bash",
+                      {"command": f"{sys.executable} linked.py {how}"}, APPROVED)
+    subprocess.run(["git", "status"], cwd=linked, capture_output=True)
+    assert not (linked / "MARKER").exists() and not (repo / "MARKER").exists()
+    assert "put back .git/worktrees/linked/" in result.text, result.text
+
+
+def test_a_worktree_added_or_removed_as_git_does_it_stays(repo, tmp_path):
+    git_in(repo, "commit", "-q", "--allow-empty", "-m", "first")
+    git_in(repo, "worktree", "add", "-q", "old")
+    result = run_tool(repo, tmp_path / "kh", "bash",
+                      {"command": "git worktree remove old && git worktree add -q new"}, APPROVED)
+    assert "put back" not in result.text, result.text
+    assert sorted(os.listdir(repo / ".git" / "worktrees")) == ["new"]
+    assert "new" in git_in(repo / "new", "rev-parse", "--show-toplevel")
+
+
 def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
     """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
     nothing in that runs code, and nothing is put back."""

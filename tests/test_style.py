@@ -110,7 +110,9 @@ def line_count(name: str) -> int:
 # files in any folder are masked (looked for before a call that may read them), and stay masked;
 # 5 more (2 of the core): that look leaves dependency folders out (node_modules, .venv). 3 in
 # khaelor.py: -p names the --allowedTools rule that would allow a secret's read refused under --yes.
-RUNTIME_LINES = 20_886
+# 26 in tools.py: the guard also holds each linked worktree's git directory in .git/worktrees
+# (its commondir, config.worktree, config and hooks), which git reads in that worktree.
+RUNTIME_LINES = 20_912
 SECURITY_CORE_LINES = 6_053
 
 
