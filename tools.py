@@ -698,6 +698,10 @@ class Workspace:
         """Run a command confined as `confine`, on khaelor's own terminal (`khaelor sandbox`): its
         exit code."""
         env, entry = self.prepare(argv, confine, Path.cwd(), set)
+        # What the command leaves running is handed to khaelor as its parents end, and ends with
+        # it, as a session's step ends with its group (which on the user's terminal would be
+        # stopped reading it): it would write the project after the guard looked (a hook).
+        sandbox.become_subreaper()
         try:
             child = subprocess.Popen(argv, env=env, preexec_fn=entry and entry.hook)
             if entry:
@@ -706,6 +710,7 @@ class Workspace:
             if entry:
                 entry.close()
         code = child.wait()
+        _end_children()
         # killed by a signal: 128 + N, as a shell says (SIGPIPE under `| head -1` is 141)
         return 128 - code if code < 0 else code
 
@@ -2294,6 +2299,22 @@ def _one_line(name: str) -> str:
     return name
 
 # ---------------------------------------------------------------- process groups to their end
+
+
+def _end_children() -> None:
+    """Kill and reap khaelor's children, and theirs as they are handed to it (a child subreaper),
+    until none is left: one forking meanwhile hands its child on to the next round."""
+    me = b"%d" % os.getpid()
+    for _ in range(100):
+        children = [int(entry.name) for entry in os.scandir("/proc")
+                    if entry.name.isdigit() and sandbox.proc_stat(int(entry.name))[1:2] == [me]]
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

@@ -967,6 +967,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def test_khaelor_sandbox_leaves_nothing_running_after_its_command(project, env):
+    """What the command left running outlived `khaelor sandbox` and wrote the project after the
+    guard had looked: a hook the user's next `git commit` runs. It ends with the command, as a
+    session's step does."""
+    code, out = sandboxed(project, env, "--write", "sh", "-c",
+                          "(sleep 1; echo planted > late) & echo survivor $!")
+    survivor = int(out.split("survivor ")[1].split()[0])
+    deadline = time.monotonic() + 5          # past its `sleep 1`
+    while alive(survivor) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not (project / "late").exists() and not alive(survivor)
+
+
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):
     result = run_tool(repo, tmp_path / "kh", "process",
                       {"action": "start", "command": f"{sys.executable} plant.py"}, APPROVED)
