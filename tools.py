@@ -1036,15 +1036,16 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
 
 def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
     """Make the project's `rel` what `old` recorded (None: absent). Every folder on the way is
-    opened without following a link, and a link found there is removed (it is the project's own
-    entry), so that nothing outside the project is read, deleted or written."""
+    opened without following a link, and a link or a file found there is removed (it is the
+    project's own entry), so that nothing outside the project is read, deleted or written, and a
+    .git made a file that points git elsewhere is a folder again."""
     parts = rel.split("/")
     fd = os.open(project, sandbox.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, dir_fd=fd)
-            if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+            if not stat.S_ISDIR(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
                 os.unlink(part, dir_fd=fd)
                 os.mkdir(part, dir_fd=fd)
             step = sandbox.open_no_links(part, sandbox.O_PATH | os.O_DIRECTORY, dir_fd=fd)

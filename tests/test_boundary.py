@@ -788,6 +788,12 @@ def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_
     "shutil.copytree('.git', 'evil')\n"
     "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
     "open('.git/commondir', 'w').write('../evil\\n')\n",
+    # .git made a file that points git to such a copy (putting .git/config back failed: ENOTDIR)
+    "import shutil\n"
+    "shutil.copytree('.git', 'evil')\n"
+    "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+    "shutil.rmtree('.git')\n"
+    "open('.git', 'w').write('gitdir: evil\\n')\n",
 ])
 def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir(repo, tmp_path,
                                                                                   plant):
