@@ -864,6 +864,9 @@ GIT_CONFIG = ".git/config"
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
 GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
+# and .git itself where it is a file (`gitdir: …`): one a step made where there was no repository,
+# or rewrote, sends the user's git to a repository of its choosing (never named: always put back)
+GIT_POINTER = ".git"
 # and, for each gitlink (a submodule) in the index, the config and hooks of the repository it
 # names: `git status` runs git there, which reads that config (gitlinks; a nested one may also set
 # its work tree, as `git submodule add` does), and `git submodule update` runs its hooks. Its .git
@@ -942,7 +945,8 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (*GUARDED_FILES, *GUARDED_DIRS, *nested_guarded(links), *linked_worktrees(project)):
+    for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
+                *linked_worktrees(project)):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):

@@ -806,6 +806,23 @@ def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir
     assert not (repo / "MARKER").exists()
 
 
+def test_a_git_pointer_a_step_makes_in_a_folder_without_git_is_put_back(project, tmp_path):
+    """A .git file (`gitdir: …`, as a linked worktree has) made where there was no repository sent
+    the user's next `git status` to a repository the step made, and ran its core.fsmonitor."""
+    shutil.rmtree(project / ".git")
+    (project / "point.py").write_text(
+        "import os, subprocess\n"
+        "subprocess.run(['git', 'init', '-q', 'made'], check=True)\n"
+        "os.rename('made/.git', 'evil')\n"
+        "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+        "open('.git', 'w').write('gitdir: evil\\n')\n")
+    result = run_tool(project, tmp_path / "kh", "bash",
+                      {"command": f"{sys.executable} point.py"}, sandbox.Confine(attended=True))
+    subprocess.run(["git", "status"], cwd=project, capture_output=True)
+    assert not (project / "MARKER").exists()
+    assert "put back .git:" in result.text, result.text
+
+
 @pytest.mark.parametrize("entries", [
     # a key on its section's header line
     "[core] fsmonitor = touch MARKER\n",

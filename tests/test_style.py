@@ -113,8 +113,9 @@ def line_count(name: str) -> int:
 # 26 in tools.py: the guard also holds each linked worktree's git directory in .git/worktrees
 # (its commondir, config.worktree, config and hooks), which git reads in that worktree. 28 (7 of
 # the core): `khaelor sandbox` ends what its command left running (a child subreaper), as a step.
-# 1: a .git that a step made a file (pointing git elsewhere) is a folder again when put back.
-RUNTIME_LINES = 20_941
+# 1: a .git that a step made a file (pointing git elsewhere) is a folder again when put back; 4:
+# a .git file is guarded too (one made where there was no repository).
+RUNTIME_LINES = 20_945
 SECURITY_CORE_LINES = 6_060
 
 
