@@ -121,8 +121,10 @@ SECRET_HOME_PATHS = [
     ".ssh", ".aws", ".gnupg", ".config/gcloud",
     ".docker", ".kube",
     ".config/gh", ".azure", ".password-store",
-    # in the folders HOME_READABLE opens: git's other credential store, cargo's registry token
+    # in the folders HOME_READABLE opens: git's other credential store, cargo's registry token,
+    # Maven's master password (settings.xml's passwords are encrypted with it)
     ".config/git/credentials", ".cargo/credentials", ".cargo/credentials.toml",
+    ".m2/settings-security.xml",
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 

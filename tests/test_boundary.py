@@ -201,10 +201,11 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(project, env, home,
                                                                             shape):
-    """git's config folder and cargo's home are readable for every command (the tools need them),
-    and each holds a credential store: git's at ~/.config/git/credentials, cargo's token."""
+    """git's config folder and cargo's and Maven's homes are readable for every command (the tools
+    need them), and each holds a credential store: git's at ~/.config/git/credentials, cargo's
+    token, Maven's master password (which decrypts the passwords in ~/.m2/settings.xml)."""
     stores = [home / ".config" / "git" / "credentials", home / ".cargo" / "credentials.toml",
-              home / ".cargo" / "credentials"]
+              home / ".cargo" / "credentials", home / ".m2" / "settings-security.xml"]
     for store in stores:
         store.parent.mkdir(parents=True, exist_ok=True)
         store.write_text(f"https://user:{CREDENTIAL}@example.com\n")
@@ -213,7 +214,7 @@ def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(proje
     code, out = sandboxed(project, env, shape, "sh", "-c",
                           " ".join(f"cat {store};" for store in stores) +
                           f" git config user.name; cat {home}/.cargo/config.toml")
-    assert CREDENTIAL not in out and out.count("Permission denied") == 3, out
+    assert CREDENTIAL not in out and out.count("Permission denied") == 4, out
     assert "Kept Readable" in out and "jobs = 1" in out
 
 
