@@ -475,6 +475,8 @@ class Workspace:
         self.frozen = sandbox.SecretScan()
         # .git/index's stamp and the gitlinks it held (see gitlinks)
         self.gitlinks: tuple = (None, ())
+        # the folders holding a repository of their own, found as the secrets are (see gitlinks)
+        self.repositories = sandbox.SecretScan(DEPENDENCY_FOLDERS)
         # Landlock ruleset fds by what they were built from (see prepare), which runs in threads.
         self.rulesets: dict[tuple, int] = {}
         self.rulesets_lock = threading.Lock()
@@ -902,11 +904,14 @@ GUARD_FILE_CAP = 1 << 20
 
 
 def gitlinks(ws: Workspace) -> tuple[str, ...]:
-    """The paths .git/index holds a gitlink at, listed again only when the index changed."""
+    """The paths .git/index holds a gitlink at, listed again only when the index changed; and the
+    folders holding a repository of their own (`git init src`): the user's git run there reads
+    its config and hooks, as `git status` reads a gitlink's."""
+    nested = nested_repositories(ws)
     try:
         info = os.stat(ws.cwd / ".git" / "index")
     except OSError:
-        return ()
+        return nested
     stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
     if ws.gitlinks[0] != stamp:
         code, out = ws.capture(["git", "ls-files", "--stage", "-z"], cwd=ws.cwd)
@@ -914,7 +919,15 @@ def gitlinks(ws: Workspace) -> tuple[str, ...]:
         links = [entry.split("\t", 1)[1] for entry in out.split("\0")
                  if code == 0 and entry.startswith("160000 ")]
         ws.gitlinks = (stamp, tuple(links))
-    return ws.gitlinks[1]
+    return tuple(dict.fromkeys(ws.gitlinks[1] + nested))
+
+
+def nested_repositories(ws: Workspace) -> tuple[str, ...]:
+    """The project's folders that hold a .git (a folder or a file), its top left out; dependency
+    folders are not looked in (nobody runs git there)."""
+    found = ws.repositories.find(str(ws.cwd), (".git",))
+    folders = (os.path.relpath(os.path.dirname(path), ws.cwd) for path in found)
+    return tuple(folder for folder in folders if folder != ".")
 
 
 def nested_guarded(links: tuple[str, ...]) -> list[str]:
@@ -1010,7 +1023,7 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
         # a repository a gitlink names may be made, changed plainly or removed (nothing then runs)
-        if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new)):
+        if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new, project)):
             continue
         if rel.startswith(WORKTREES + "/") and _worktree_plain(rel, old, new):
             continue
@@ -1082,7 +1095,7 @@ def _named(rel: str, command: str) -> bool:
     return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
 
 
-def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes]) -> bool:
+def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:
     if not rel.endswith("/.git"):
         return _git_config_plain(old, new[1], nested=True)
     link = rel[:-len("/.git")]
@@ -1090,7 +1103,9 @@ def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes]) -> bool:
     if not stat.S_ISREG(new[0]) or not pointer.startswith("gitdir:"):
         return False
     target = os.path.normpath(os.path.join(link, pointer[len("gitdir:"):].strip()))
-    return target == f".git/modules/{link}"
+    # `git worktree add` names that worktree's git directory in full (guarded: linked_worktrees)
+    inside = os.path.relpath(target, os.path.realpath(project)) if os.path.isabs(target) else target
+    return target == f".git/modules/{link}" or os.path.dirname(inside) == WORKTREES
 
 
 def _git_config_plain(old: bytes, new: bytes, nested: bool = False) -> bool:

@@ -943,6 +943,20 @@ def test_a_worktree_added_or_removed_as_git_does_it_stays(repo, tmp_path):
     assert "new" in git_in(repo / "new", "rev-parse", "--show-toplevel")
 
 
+def test_a_repository_a_step_makes_in_a_folder_runs_no_planted_code(repo, tmp_path):
+    """`git init src` with core.fsmonitor in its config: the user's next git command in src, its
+    own repository now, ran it (no gitlink names src: the guard did not look there). A plain one
+    made as `cargo new` makes it stays."""
+    (repo / "src").mkdir()
+    result = run_tool(repo, tmp_path / "kh", "bash", {
+        "command": "git init -q src && git -C src config core.fsmonitor 'touch MARKER; false' && "
+                   "git init -q lib"}, APPROVED)
+    subprocess.run(["git", "status"], cwd=repo / "src", capture_output=True)
+    assert not (repo / "src" / "MARKER").exists()
+    assert "put back src/.git/config" in result.text, result.text
+    assert (repo / "lib" / ".git" / "config").exists() and "lib" not in result.text
+
+
 def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
     """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
     nothing in that runs code, and nothing is put back."""
