@@ -859,9 +859,11 @@ def _runs_git(argv: list[str]) -> bool:
 # ---------------------------------------------------------------- the guard: nothing persists
 # Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
 # later, unconfined (git's hooks and drivers when the user runs git, khaelor's and Claude Code's
-# permission files), is recorded before an approved step and compared after it. A change the user
-# did not approve by name is put back, and what it had written is kept in the spill folder.
-GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude")
+# permission files, the editor's workspace settings, which name interpreters, a terminal's
+# environment and tasks run as the folder opens, and which git often ignores, so no diff shows
+# them), is recorded before an approved step and compared after it. A change the user did not
+# approve by name is put back, and what it had written is kept in the spill folder.
+GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
 GIT_CONFIG = ".git/config"
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
@@ -1046,7 +1048,8 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     if lost:
         kept = f"its version of {', '.join(lost)} could not be kept in {keep}"
     return (f"[khaelor: put back {', '.join(restored)}: this command changed "
-            "what git or khaelor would run or grant later, and nobody approved that by name; "
+            "what git, your editor or khaelor would run or grant later, and nobody approved "
+            "that by name; "
             f"{kept}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
 

@@ -957,6 +957,23 @@ def test_a_repository_a_step_makes_in_a_folder_runs_no_planted_code(repo, tmp_pa
     assert (repo / "lib" / ".git" / "config").exists() and "lib" not in result.text
 
 
+def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them(repo, tmp_path):
+    """.vscode/ (often ignored by git: no diff shows it) runs what its settings name when the user
+    opens the folder in a trusted window: an interpreter, a terminal's environment, a task."""
+    (repo / "settings.py").write_text(
+        "import os\n"
+        "os.makedirs('.vscode', exist_ok=True)\n"
+        "open('.vscode/settings.json', 'w').write('{\"python.defaultInterpreterPath\": \"./x\"}')\n")
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} settings.py"},
+                      sandbox.Confine(attended=True))
+    assert not (repo / ".vscode" / "settings.json").exists()
+    assert "put back .vscode/settings.json" in result.text, result.text
+    result = run_tool(repo, tmp_path / "kh", "bash", {
+        "command": "mkdir -p .vscode && echo '{}' > .vscode/launch.json"},
+        sandbox.Confine(attended=True))
+    assert (repo / ".vscode" / "launch.json").exists() and "put back" not in result.text
+
+
 def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
     """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
     nothing in that runs code, and nothing is put back."""

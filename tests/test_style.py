@@ -116,8 +116,9 @@ def line_count(name: str) -> int:
 # 1: a .git that a step made a file (pointing git elsewhere) is a folder again when put back; 4:
 # a .git file is guarded too (one made where there was no repository). 2 of the core: Maven's
 # master password (~/.m2/settings-security.xml) is closed as cargo's token is. 15 in tools.py:
-# a repository of its own in a project folder (`git init src`) is guarded as a gitlink's is.
-RUNTIME_LINES = 20_962
+# a repository of its own in a project folder (`git init src`) is guarded as a gitlink's is. 3:
+# .vscode/ is guarded too (workspace settings run interpreters and tasks as the folder opens).
+RUNTIME_LINES = 20_965
 SECURITY_CORE_LINES = 6_062
 
 
