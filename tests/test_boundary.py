@@ -963,7 +963,8 @@ def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them
     (repo / "settings.py").write_text(
         "import os\n"
         "os.makedirs('.vscode', exist_ok=True)\n"
-        "open('.vscode/settings.json', 'w').write('{\"python.defaultInterpreterPath\": \"./x\"}')\n")
+        "open('.vscode/settings.json', 'w')"
+        ".write('{\"python.defaultInterpreterPath\": \"./x\"}')\n")
     result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} settings.py"},
                       sandbox.Confine(attended=True))
     assert not (repo / ".vscode" / "settings.json").exists()
