@@ -59,6 +59,7 @@ RULE_PATH_BENEATH, RULE_NET_PORT = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
+PR_SET_CHILD_SUBREAPER = 36
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # What a read-only command may use: one file's size, CPU seconds, memory; the temp dir's total.
@@ -120,8 +121,10 @@ SECRET_HOME_PATHS = [
     ".ssh", ".aws", ".gnupg", ".config/gcloud",
     ".docker", ".kube",
     ".config/gh", ".azure", ".password-store",
-    # in the folders HOME_READABLE opens: git's other credential store, cargo's registry token
+    # in the folders HOME_READABLE opens: git's other credential store, cargo's registry token,
+    # Maven's master password (settings.xml's passwords are encrypted with it)
     ".config/git/credentials", ".cargo/credentials", ".cargo/credentials.toml",
+    ".m2/settings-security.xml",
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
@@ -1023,6 +1026,12 @@ def child_hook(ruleset: int | None, program: tuple | None, limits: list, listene
                 socket.send_fds(listener_to, [b"L"], [listener])
                 os.close(listener)
     return enter
+
+
+def become_subreaper() -> None:
+    """Orphans among this process's descendants are handed to it, not to init (`khaelor sandbox`
+    ends them with its command)."""
+    _libc.prctl(*_longs(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0))
 
 
 def limits_for(confine: Confine) -> list[tuple[int, int]]:

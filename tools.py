@@ -519,6 +519,8 @@ class Workspace:
         self.frozen = sandbox.SecretScan()
         # .git/index's stamp and the gitlinks it held (see gitlinks)
         self.gitlinks: tuple = (None, ())
+        # the folders holding a repository of their own, found as the secrets are (see gitlinks)
+        self.repositories = sandbox.SecretScan(DEPENDENCY_FOLDERS)
         # Landlock ruleset fds by what they were built from (see prepare), which runs in threads.
         self.rulesets: dict[tuple, int] = {}
         self.rulesets_lock = threading.Lock()
@@ -742,6 +744,10 @@ class Workspace:
         """Run a command confined as `confine`, on khaelor's own terminal (`khaelor sandbox`): its
         exit code."""
         env, entry = self.prepare(argv, confine, Path.cwd(), set)
+        # What the command leaves running is handed to khaelor as its parents end, and ends with
+        # it, as a session's step ends with its group (which on the user's terminal would be
+        # stopped reading it): it would write the project after the guard looked (a hook).
+        sandbox.become_subreaper()
         try:
             child = subprocess.Popen(argv, env=env, preexec_fn=entry and entry.hook)
             if entry:
@@ -750,6 +756,7 @@ class Workspace:
             if entry:
                 entry.close()
         code = child.wait()
+        _end_children()
         # killed by a signal: 128 + N, as a shell says (SIGPIPE under `| head -1` is 141)
         return 128 - code if code < 0 else code
 
@@ -896,13 +903,18 @@ def _runs_git(argv: list[str]) -> bool:
 # ---------------------------------------------------------------- the guard: nothing persists
 # Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
 # later, unconfined (git's hooks and drivers when the user runs git, khaelor's and Claude Code's
-# permission files), is recorded before an approved step and compared after it. A change the user
-# did not approve by name is put back, and what it had written is kept in the spill folder.
-GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude")
+# permission files, the editor's workspace settings, which name interpreters, a terminal's
+# environment and tasks run as the folder opens, and which git often ignores, so no diff shows
+# them), is recorded before an approved step and compared after it. A change the user did not
+# approve by name is put back, and what it had written is kept in the spill folder.
+GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
 GIT_CONFIG = ".git/config"
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
 GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
+# and .git itself where it is a file (`gitdir: …`): one a step made where there was no repository,
+# or rewrote, sends the user's git to a repository of its choosing (never named: always put back)
+GIT_POINTER = ".git"
 # and, for each gitlink (a submodule) in the index, the config and hooks of the repository it
 # names: `git status` runs git there, which reads that config (gitlinks; a nested one may also set
 # its work tree, as `git submodule add` does), and `git submodule update` runs its hooks. Its .git
@@ -911,6 +923,13 @@ GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
 NESTED_GUARDED = ("{}/.git/config", ".git/modules/{}/config", "{}/.git", "{}/.git/hooks",
                   ".git/modules/{}/hooks")
 NESTED_PLAIN = re.compile(r"core\.worktree", re.I)
+# and, for each linked worktree (`git worktree add`), its git directory in .git/worktrees: git run
+# in that worktree, outside the project, reads the config its commondir names and its
+# config.worktree, and without a commondir that folder is a repository with config and hooks
+WORKTREES = ".git/worktrees"
+WORKTREE_GUARDED = ("commondir", "config.worktree", "config", "hooks")
+# the commondir `git worktree add` writes: the project's own .git
+WORKTREE_COMMONDIR = b"../..\n"
 # .git/config entries a step may change freely (anything else there can run code or reroute git)
 GIT_CONFIG_PLAIN = re.compile(
     r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
@@ -931,11 +950,14 @@ GUARD_FILE_CAP = 1 << 20
 
 
 def gitlinks(ws: Workspace) -> tuple[str, ...]:
-    """The paths .git/index holds a gitlink at, listed again only when the index changed."""
+    """The paths .git/index holds a gitlink at, listed again only when the index changed; and the
+    folders holding a repository of their own (`git init src`): the user's git run there reads
+    its config and hooks, as `git status` reads a gitlink's."""
+    nested = nested_repositories(ws)
     try:
         info = os.stat(ws.cwd / ".git" / "index")
     except OSError:
-        return ()
+        return nested
     stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
     if ws.gitlinks[0] != stamp:
         code, out = ws.capture(["git", "ls-files", "--stage", "-z"], cwd=ws.cwd)
@@ -943,11 +965,36 @@ def gitlinks(ws: Workspace) -> tuple[str, ...]:
         links = [entry.split("\t", 1)[1] for entry in out.split("\0")
                  if code == 0 and entry.startswith("160000 ")]
         ws.gitlinks = (stamp, tuple(links))
-    return ws.gitlinks[1]
+    return tuple(dict.fromkeys(ws.gitlinks[1] + nested))
+
+
+def nested_repositories(ws: Workspace) -> tuple[str, ...]:
+    """The project's folders that hold a .git (a folder or a file), its top left out; dependency
+    folders are not looked in (nobody runs git there)."""
+    found = ws.repositories.find(str(ws.cwd), (".git",))
+    folders = (os.path.relpath(os.path.dirname(path), ws.cwd) for path in found)
+    return tuple(folder for folder in folders if folder != ".")
 
 
 def nested_guarded(links: tuple[str, ...]) -> list[str]:
     return [form.format(link) for link in links for form in NESTED_GUARDED]
+
+
+def linked_worktrees(project: Path) -> list[str]:
+    """The guarded files of each linked worktree's git directory (.git/worktrees/<name>/…)."""
+    with contextlib.suppress(OSError):
+        folder = os.path.join(os.path.realpath(project), WORKTREES)
+        with _closing(sandbox.open_no_links(folder, os.O_RDONLY | os.O_DIRECTORY)) as fd:
+            names = sorted(os.listdir(fd))
+        return [f"{WORKTREES}/{name}/{part}" for name in names for part in WORKTREE_GUARDED]
+    return []
+
+
+def _worktree_plain(rel: str, old: tuple | None, new: tuple | None) -> bool:
+    """A linked worktree's guarded file removed (`git worktree remove`, `prune`: its config and
+    hooks stay guarded), or its commondir made as `git worktree add` makes it."""
+    made = old is None and new is not None and new[1] == WORKTREE_COMMONDIR
+    return new is None or made and rel.endswith("/commondir")
 
 
 def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
@@ -957,7 +1004,8 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (*GUARDED_FILES, *GUARDED_DIRS, *nested_guarded(links)):
+    for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
+                *linked_worktrees(project)):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
@@ -1021,7 +1069,9 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
         # a repository a gitlink names may be made, changed plainly or removed (nothing then runs)
-        if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new)):
+        if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new, project)):
+            continue
+        if rel.startswith(WORKTREES + "/") and _worktree_plain(rel, old, new):
             continue
         # a copy that cannot be kept (a step filled the disk) must not keep the change in place
         if new is not None:
@@ -1042,22 +1092,24 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     if lost:
         kept = f"its version of {', '.join(lost)} could not be kept in {keep}"
     return (f"[khaelor: put back {', '.join(restored)}: this command changed "
-            "what git or khaelor would run or grant later, and nobody approved that by name; "
+            "what git, your editor or khaelor would run or grant later, and nobody approved "
+            "that by name; "
             f"{kept}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
 
 
 def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
     """Make the project's `rel` what `old` recorded (None: absent). Every folder on the way is
-    opened without following a link, and a link found there is removed (it is the project's own
-    entry), so that nothing outside the project is read, deleted or written."""
+    opened without following a link, and a link or a file found there is removed (it is the
+    project's own entry), so that nothing outside the project is read, deleted or written, and a
+    .git made a file that points git elsewhere is a folder again."""
     parts = rel.split("/")
     fd = os.open(project, sandbox.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, dir_fd=fd)
-            if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+            if not stat.S_ISDIR(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
                 os.unlink(part, dir_fd=fd)
                 os.mkdir(part, dir_fd=fd)
             step = sandbox.open_no_links(part, sandbox.O_PATH | os.O_DIRECTORY, dir_fd=fd)
@@ -1090,7 +1142,7 @@ def _named(rel: str, command: str) -> bool:
     return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
 
 
-def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes]) -> bool:
+def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:
     if not rel.endswith("/.git"):
         return _git_config_plain(old, new[1], nested=True)
     link = rel[:-len("/.git")]
@@ -1098,7 +1150,9 @@ def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes]) -> bool:
     if not stat.S_ISREG(new[0]) or not pointer.startswith("gitdir:"):
         return False
     target = os.path.normpath(os.path.join(link, pointer[len("gitdir:"):].strip()))
-    return target == f".git/modules/{link}"
+    # `git worktree add` names that worktree's git directory in full (guarded: linked_worktrees)
+    inside = os.path.relpath(target, os.path.realpath(project)) if os.path.isabs(target) else target
+    return target == f".git/modules/{link}" or os.path.dirname(inside) == WORKTREES
 
 
 def _git_config_plain(old: bytes, new: bytes, nested: bool = False) -> bool:
@@ -2307,6 +2361,22 @@ def _one_line(name: str) -> str:
     return name
 
 # ---------------------------------------------------------------- process groups to their end
+
+
+def _end_children() -> None:
+    """Kill and reap khaelor's children, and theirs as they are handed to it (a child subreaper),
+    until none is left: one forking meanwhile hands its child on to the next round."""
+    me = b"%d" % os.getpid()
+    for _ in range(100):
+        children = [int(entry.name) for entry in os.scandir("/proc")
+                    if entry.name.isdigit() and sandbox.proc_stat(int(entry.name))[1:2] == [me]]
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

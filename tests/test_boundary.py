@@ -201,10 +201,11 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(project, env, home,
                                                                             shape):
-    """git's config folder and cargo's home are readable for every command (the tools need them),
-    and each holds a credential store: git's at ~/.config/git/credentials, cargo's token."""
+    """git's config folder and cargo's and Maven's homes are readable for every command (the tools
+    need them), and each holds a credential store: git's at ~/.config/git/credentials, cargo's
+    token, Maven's master password (which decrypts the passwords in ~/.m2/settings.xml)."""
     stores = [home / ".config" / "git" / "credentials", home / ".cargo" / "credentials.toml",
-              home / ".cargo" / "credentials"]
+              home / ".cargo" / "credentials", home / ".m2" / "settings-security.xml"]
     for store in stores:
         store.parent.mkdir(parents=True, exist_ok=True)
         store.write_text(f"https://user:{CREDENTIAL}@example.com\n")
@@ -213,7 +214,7 @@ def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(proje
     code, out = sandboxed(project, env, shape, "sh", "-c",
                           " ".join(f"cat {store};" for store in stores) +
                           f" git config user.name; cat {home}/.cargo/config.toml")
-    assert CREDENTIAL not in out and out.count("Permission denied") == 3, out
+    assert CREDENTIAL not in out and out.count("Permission denied") == 4, out
     assert "Kept Readable" in out and "jobs = 1" in out
 
 
@@ -788,6 +789,12 @@ def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_
     "shutil.copytree('.git', 'evil')\n"
     "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
     "open('.git/commondir', 'w').write('../evil\\n')\n",
+    # .git made a file that points git to such a copy (putting .git/config back failed: ENOTDIR)
+    "import shutil\n"
+    "shutil.copytree('.git', 'evil')\n"
+    "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+    "shutil.rmtree('.git')\n"
+    "open('.git', 'w').write('gitdir: evil\\n')\n",
 ])
 def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir(repo, tmp_path,
                                                                                   plant):
@@ -798,6 +805,23 @@ def test_a_step_cannot_bring_in_a_git_config_by_the_worktree_config_or_commondir
     assert "put back" in result.text
     subprocess.run(["git", "status"], cwd=repo, capture_output=True)
     assert not (repo / "MARKER").exists()
+
+
+def test_a_git_pointer_a_step_makes_in_a_folder_without_git_is_put_back(project, tmp_path):
+    """A .git file (`gitdir: …`, as a linked worktree has) made where there was no repository sent
+    the user's next `git status` to a repository the step made, and ran its core.fsmonitor."""
+    shutil.rmtree(project / ".git")
+    (project / "point.py").write_text(
+        "import os, subprocess\n"
+        "subprocess.run(['git', 'init', '-q', 'made'], check=True)\n"
+        "os.rename('made/.git', 'evil')\n"
+        "open('evil/config', 'a').write('[core]\\n\\tfsmonitor = touch MARKER\\n')\n"
+        "open('.git', 'w').write('gitdir: evil\\n')\n")
+    result = run_tool(project, tmp_path / "kh", "bash",
+                      {"command": f"{sys.executable} point.py"}, sandbox.Confine(attended=True))
+    subprocess.run(["git", "status"], cwd=project, capture_output=True)
+    assert not (project / "MARKER").exists()
+    assert "put back .git:" in result.text, result.text
 
 
 @pytest.mark.parametrize("entries", [
@@ -865,6 +889,92 @@ def test_a_planted_submodule_whose_repository_runs_code_is_put_back(repo, tmp_pa
     assert not (repo / "MARKER").exists()
 
 
+LINKED = """
+import os, shutil, subprocess, sys
+linked = ".git/worktrees/linked/"
+how = sys.argv[1]
+payload = "[core]" + chr(10) + "fsmonitor = touch MARKER; false" + chr(10)
+if how == "worktree config":
+    # extensions.worktreeConfig is a plain entry
+    subprocess.run(["git", "config", "extensions.worktreeConfig", "true"], check=True)
+    open(linked + "config.worktree", "w").write(payload)
+elif how == "commondir":
+    shutil.copytree(".git", "evil", ignore=shutil.ignore_patterns("worktrees"))
+    open("evil/config", "a").write(payload)
+    open(linked + "commondir", "w").write("../../../evil" + chr(10))
+else:
+    # without a commondir, that folder is a repository of its own, config and hooks included
+    os.remove(linked + "commondir")
+    os.makedirs(linked + "objects")
+    os.makedirs(linked + "refs")
+    open(linked + "config", "w").write(payload)
+"""
+
+
+def git_in(folder, *args):
+    return subprocess.run(["git", "-c", "user.name=a", "-c", "user.email=a@b", *args],
+                          cwd=folder, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("how", ["worktree config", "commondir", "own config"])
+def test_a_linked_worktrees_git_directory_in_the_project_runs_no_planted_code(repo, tmp_path,
+                                                                              how):
+    """A worktree made by `git worktree add` (outside the project) has its git directory in the
+    project's .git/worktrees: the user's next `git status` there, unconfined, ran core.fsmonitor
+    a step had planted in it, whichever file brought it in."""
+    git_in(repo, "commit", "-q", "--allow-empty", "-m", "first")
+    linked = tmp_path / "linked"
+    git_in(repo, "worktree", "add", "-q", str(linked))
+    (repo / "linked.py").write_text(LINKED)
+    result = run_tool(repo, tmp_path / "kh", "bash",
+                      {"command": f"{sys.executable} linked.py {how}"}, APPROVED)
+    subprocess.run(["git", "status"], cwd=linked, capture_output=True)
+    assert not (linked / "MARKER").exists() and not (repo / "MARKER").exists()
+    assert "put back .git/worktrees/linked/" in result.text, result.text
+
+
+def test_a_worktree_added_or_removed_as_git_does_it_stays(repo, tmp_path):
+    git_in(repo, "commit", "-q", "--allow-empty", "-m", "first")
+    git_in(repo, "worktree", "add", "-q", "old")
+    result = run_tool(repo, tmp_path / "kh", "bash",
+                      {"command": "git worktree remove old && git worktree add -q new"}, APPROVED)
+    assert "put back" not in result.text, result.text
+    assert sorted(os.listdir(repo / ".git" / "worktrees")) == ["new"]
+    assert "new" in git_in(repo / "new", "rev-parse", "--show-toplevel")
+
+
+def test_a_repository_a_step_makes_in_a_folder_runs_no_planted_code(repo, tmp_path):
+    """`git init src` with core.fsmonitor in its config: the user's next git command in src, its
+    own repository now, ran it (no gitlink names src: the guard did not look there). A plain one
+    made as `cargo new` makes it stays."""
+    (repo / "src").mkdir()
+    result = run_tool(repo, tmp_path / "kh", "bash", {
+        "command": "git init -q src && git -C src config core.fsmonitor 'touch MARKER; false' && "
+                   "git init -q lib"}, APPROVED)
+    subprocess.run(["git", "status"], cwd=repo / "src", capture_output=True)
+    assert not (repo / "src" / "MARKER").exists()
+    assert "put back src/.git/config" in result.text, result.text
+    assert (repo / "lib" / ".git" / "config").exists() and "lib" not in result.text
+
+
+def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them(repo, tmp_path):
+    """.vscode/ (often ignored by git: no diff shows it) runs what its settings name when the user
+    opens the folder in a trusted window: an interpreter, a terminal's environment, a task."""
+    (repo / "settings.py").write_text(
+        "import os\n"
+        "os.makedirs('.vscode', exist_ok=True)\n"
+        "open('.vscode/settings.json', 'w')"
+        ".write('{\"python.defaultInterpreterPath\": \"./x\"}')\n")
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} settings.py"},
+                      sandbox.Confine(attended=True))
+    assert not (repo / ".vscode" / "settings.json").exists()
+    assert "put back .vscode/settings.json" in result.text, result.text
+    result = run_tool(repo, tmp_path / "kh", "bash", {
+        "command": "mkdir -p .vscode && echo '{}' > .vscode/launch.json"},
+        sandbox.Confine(attended=True))
+    assert (repo / ".vscode" / "launch.json").exists() and "put back" not in result.text
+
+
 def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
     """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
     nothing in that runs code, and nothing is put back."""
@@ -911,6 +1021,19 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_khaelor_sandbox_leaves_nothing_running_after_its_command(project, env):
+    """What the command left running outlived `khaelor sandbox` and wrote the project after the
+    guard had looked: a hook the user's next `git commit` runs. It ends with the command, as a
+    session's step does."""
+    code, out = sandboxed(project, env, "--write", "sh", "-c",
+                          "(sleep 1; echo planted > late) & echo survivor $!")
+    survivor = int(out.split("survivor ")[1].split()[0])
+    deadline = time.monotonic() + 5          # past its `sleep 1`
+    while alive(survivor) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not (project / "late").exists() and not alive(survivor)
 
 
 def test_a_background_process_that_plants_a_hook_has_it_put_back_when_it_ends(repo, tmp_path):

@@ -116,8 +116,17 @@ def line_count(name: str) -> int:
 # 12 (issue 21, what was said twice or is dead): dead parameters and defaults (-5), build_system's
 # branch only a test reached (-5), "and N more" and the private atomic write each said once
 # (events.listed, events.replace_private: -2).
-RUNTIME_LINES = 20_937
-SECURITY_CORE_LINES = 6_053
+# And, from session 19's red team: 26 in tools.py: the guard also holds each linked worktree's
+# git directory in .git/worktrees (its commondir, config.worktree, config and hooks), which git
+# reads in that worktree. 28 (7 of
+# the core): `khaelor sandbox` ends what its command left running (a child subreaper), as a step.
+# 1: a .git that a step made a file (pointing git elsewhere) is a folder again when put back; 4:
+# a .git file is guarded too (one made where there was no repository). 2 of the core: Maven's
+# master password (~/.m2/settings-security.xml) is closed as cargo's token is. 15 in tools.py:
+# a repository of its own in a project folder (`git init src`) is guarded as a gitlink's is. 3:
+# .vscode/ is guarded too (workspace settings run interpreters and tasks as the folder opens).
+RUNTIME_LINES = 21_016
+SECURITY_CORE_LINES = 6_062
 
 
 def test_the_runtime_and_its_security_core_never_grow():
