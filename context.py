@@ -556,12 +556,11 @@ class Context:
         return _prune_or_compact(state, asked - maximum + BUFFER_TOKENS, self.model_of(state))
 
     # -- inspection
-    def inspect(self, state: events.State, last_usage: dict | None = None,
-                volatile: str = "") -> list[dict]:
+    def inspect(self, state: events.State, last_usage: dict | None = None) -> list[dict]:
         """Rows for /context: {section, tokens (estimated), cached_tokens}. The last response's
         cache reads are attributed in the order the API caches (tools, system, messages), scaled
-        from estimates to the real total; the volatile tail is never cached. A final row holds the
-        measured totals."""
+        from estimates to the real total (the volatile facts are in the history: EnvironmentNoted).
+        A final row holds the measured totals."""
         checkpoint = estimate_tokens(state.summary or "")
         history = 0
         if state.messages:
@@ -569,8 +568,7 @@ class Context:
         sizes = [("tools", estimate_tokens(self.tools))]
         sizes += [(f"system: {name}", estimate_tokens(block["text"]))
                   for name, block in zip(self.system_names, self.system)]
-        sizes += [("checkpoint", checkpoint), ("history", history),
-                  ("volatile tail", estimate_tokens(volatile))]
+        sizes += [("checkpoint", checkpoint), ("history", history)]
         usage = last_usage or state.last_usage or {}
         read = usage.get("cache_read_tokens") or 0
         write = usage.get("cache_write_tokens") or 0
@@ -582,9 +580,7 @@ class Context:
         rows = []
         left = read         # cache reads not attributed yet
         for section, tokens in sizes:
-            cached = 0
-            if section != "volatile tail":
-                cached = min(left, round(tokens * scale))
+            cached = min(left, round(tokens * scale))
             rows.append({"section": section, "tokens": tokens,
                          "cached_tokens": cached})
             left -= cached

@@ -741,13 +741,13 @@ def test_inspect_reports_every_section(tmp_path):
     ctx, requests = make_context(tmp_path), []
     store = events.SessionStore.create(tmp_path / "s")
     scripted_session(events.Bus(store), requests, ctx)
-    rows = ctx.inspect(store.state, usage(n_input=100, read=3_000, write=200), volatile="<environment>x</environment>")
+    rows = ctx.inspect(store.state, usage(n_input=100, read=3_000, write=200))
     names = [row["section"] for row in rows]
     assert names[:-1] == ["tools", "system: identity", "system: tool guidance", "system: project",
-                          "checkpoint", "history", "volatile tail"]
+                          "checkpoint", "history"]
     assert all(row["tokens"] > 0 for row in rows if row["section"] != "checkpoint")
     assert sum(row["cached_tokens"] for row in rows[:-1]) <= 3_000 and rows[-1]["cached_tokens"] == 3_000
-    assert rows[0]["cached_tokens"] > 0 and rows[6]["cached_tokens"] == 0
+    assert rows[0]["cached_tokens"] > 0
 
 
 def test_context_imports_only_stdlib_events_and_model():
