@@ -471,21 +471,23 @@ class Kernel:
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
                       reason=reason)
 
-    def submit(self, text: str, model: str | None = None) -> None:
+    def submit(self, text: str, model: str | None = None, typed: str = "") -> None:
         """A user message; while a turn runs it is queued as steering instead. `model`: the one
-        this turn's requests use (a command file's), recorded with the message. Only whitespace (a
-        paste of blank lines) is no message: nothing to ask, and the API refuses it."""
+        this turn's requests use (a command file's), recorded with the message; `typed`: the
+        command file's line the user typed, shown instead of its template `text`. Only whitespace
+        (a paste of blank lines) is no message: nothing to ask, and the API refuses it."""
         if not text.strip():
             return
+        shown = {"typed": typed} if typed else {}
         if self.busy:
-            self.emit("SteeringQueued", text=text)
+            self.emit("SteeringQueued", text=text, **shown)
             return
         self.cancel_pending("not run: the user sent a new message")
         # typed before an Esc: it goes first, in order
         for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
         chosen = {"model": model} if model else {}
-        self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen)
+        self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen, **shown)
 
     def send_queued(self) -> bool:
         """Messages typed after the turn's last request (while it wrote its last checkpoint) were

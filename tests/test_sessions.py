@@ -1193,6 +1193,40 @@ def test_a_reply_an_api_error_ends_mid_block_replays_as_the_screen_showed_it(
     assert failed["retrying"] is False and failed["message"] in " ".join(shown.split())
 
 
+@pytest.mark.parametrize("width", [80, 44])
+def test_a_command_file_shows_the_line_typed_not_its_template_live_and_replayed(
+        fake, project, env, monkeypatch, width):
+    """QA: `/foo bar` from a commands folder showed its filled-in template as the user's message,
+    and `khaelor -c` too, where Claude Code shows the line typed. The line typed shows, as a
+    message and as steering typed while a turn runs, live and replayed; the model gets the
+    template."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "Please do foo with $ARGUMENTS now.\n")
+    fake.enqueue(reply(text("Did foo.")),
+                 reply(text("A reply, " + "word " * 100), chunk=4, stall_after_events=10,
+                       stall_seconds=20),
+                 reply(text("Did foo again.")))
+    steps = ["/foo bar", lambda e: e["type"] == "TaskCompleted", "hello",
+             lambda e: e["type"] == "TextDelta", "/foo baz",
+             lambda e: e["type"] == "SteeringQueued" and (fake.release() or True),
+             lambda e: e["type"] == "TaskCompleted"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, width))
+    assert replayed == shown, (shown, replayed)
+    assert shown.startswith("› /foo bar\n\nDid foo.") and "Please do" not in shown, shown
+    assert "Queued instruction: /foo baz" in shown, shown
+    said = [(e["type"], e["text"], e.get("typed")) for e in log
+            if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+    assert said == [("UserMessageCreated", "Please do foo with bar now.", "/foo bar"),
+                    ("UserMessageCreated", "hello", None),
+                    ("SteeringQueued", "Please do foo with baz now.", "/foo baz")], said
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "Please do foo with bar now." in sent and "Please do foo with baz now." in sent
+    assert "/foo" not in sent
+
+
 def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_in_order(
         fake, project, env, monkeypatch, tmp_path):
     """QA: /export wrote the messages, replies and tool calls only: no command's answer, no `!`
@@ -1221,6 +1255,39 @@ def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_i
     words = " ".join(shown.split())
     on_screen = [words.index(n) for n in ("A long reply", "› /cost", "■ Interrupted")]
     assert on_screen == sorted(on_screen) and replayed == shown
+
+
+def test_export_holds_each_line_typed_and_each_note_the_screen_showed_in_order(
+        fake, project, env, monkeypatch, tmp_path):
+    """QA: /export left out the ◇ lines (`◇ Session: …`, `◇ Model: …`, `◇ thinking off …`) and the
+    line typed above each, and wrote a command file's template where the screen showed `/foo bar`.
+    Each `› ` line and each ◇ line of the screen is in the export, in the screen's order."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "Please do foo with $ARGUMENTS now.\n")
+    fake.enqueue(reply(text("Hello back.")), reply(text("Did foo.")))
+    out = tmp_path / "out.md"
+    typed = ["/rename my title", "hello", "/model haiku", "/thinking off", "/thinking off",
+             "/foo bar", "/cost", f"/export {out}"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed(session, typed, 200))
+    exported = out.read_text()
+    at = 0
+    for row in shown.split("\n› /export")[0].splitlines():
+        if row.startswith("◇ "):
+            needles = [row]
+        elif row.startswith("› "):
+            needles = [f"**`{row[2:]}`**", f"## You\n\n{row[2:]}"]
+        else:
+            continue
+        found = [exported.find(needle, at) for needle in needles]
+        assert max(found) >= 0, (row, exported[at:])
+        at = min(k for k in found if k >= 0) + 1
+    assert "Please do foo" not in exported and "◇ Model: claude-haiku-5-5" in exported
+    # the first /thinking off's answer follows its ◇ line, without its line again
+    assert "**`/thinking off`**\n\n◇ thinking off from the next message\n\n> " in exported
+    assert exported.count("**`/thinking off`**") == 2, exported
 
 
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,

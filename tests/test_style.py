@@ -110,7 +110,10 @@ def line_count(name: str) -> int:
 # files in any folder are masked (looked for before a call that may read them), and stay masked;
 # 5 more (2 of the core): that look leaves dependency folders out (node_modules, .venv). 3 in
 # khaelor.py: -p names the --allowedTools rule that would allow a secret's read refused under --yes.
-RUNTIME_LINES = 20_886
+# 27 for a replay and /export as the screen was: a command file's message and steering carry the
+# line typed (shown instead of the template), /undo's question answers under `/undo`, and /export
+# writes each ◇ line (one note_text for screen and file) under the line typed.
+RUNTIME_LINES = 20_913
 SECURITY_CORE_LINES = 6_053
 
 
