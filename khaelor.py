@@ -2655,6 +2655,10 @@ def transcript_markdown(log: list[dict]) -> str:
             parts.append(f"**!** `{event.get('command')}`\n\n````\n{output}\n````")
         elif kind == "Interrupted":
             parts.append("*Interrupted*")
+        elif kind == "PermissionDenied":
+            # not run, as its card said, and what the user told the model
+            told = f" · told the model: {event['feedback']}" if event.get("feedback") else ""
+            parts.append(f"✗ Denied{told}")
         elif kind == "ToolRequested":
             call = json.dumps(event.get("input"), ensure_ascii=False)
             parts.append(f"**{event.get('name')}** `{call[:300]}`")

@@ -1290,6 +1290,20 @@ def test_export_holds_each_line_typed_and_each_note_the_screen_showed_in_order(
     assert exported.count("**`/thinking off`**") == 2, exported
 
 
+def test_export_says_a_call_was_denied_and_what_the_model_was_told():
+    """QA (tmux): a call denied at the panel showed `✗ Denied: touch b.txt · told the model: not
+    now` on screen; /export had the call and nothing after it, as if it had run."""
+    log = [{"type": "UserMessageCreated", "text": "make b"},
+           {"type": "ToolRequested", "tool_use_id": "t1", "name": "bash",
+            "input": {"command": "touch b.txt"}},
+           {"type": "PermissionDenied", "tool_use_id": "t1", "reason": "denied by the user",
+            "feedback": "not now", "by": "user"},
+           {"type": "ModelTextBlockCompleted", "text": "Denied, fine."}]
+    exported = cli.transcript_markdown(log)
+    assert '**bash** `{"command": "touch b.txt"}`\n\n✗ Denied · told the model: not now\n\n' \
+           "Denied, fine." in exported, exported
+
+
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,
                                                                               env, monkeypatch):
     """A command's answer is logged up to MAX_KEPT_ANSWER characters: a long /diff keeps its start
