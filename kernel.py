@@ -498,7 +498,11 @@ class Kernel:
             return False
         for text in earlier:
             self.emit("SteeringInjected", text=text)
-        self.emit("UserMessageCreated", text=last, **self.attachments(last))
+        # a command file's line, shown as when it was queued
+        typed = next((event.get("typed") for event in reversed(self.bus.store.events)
+                      if event["type"] == "SteeringQueued" and event["text"] == last), None)
+        shown = {"typed": typed} if typed else {}
+        self.emit("UserMessageCreated", text=last, **self.attachments(last), **shown)
         return True
 
     def attachments(self, text: str) -> dict:

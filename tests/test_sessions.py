@@ -613,6 +613,36 @@ def test_a_message_typed_as_the_turn_ends_starts_the_next_turn(khaelor, fake, pr
     assert "late" in json.dumps(fake.requests[-1]["body"]["messages"][-1])
 
 
+def test_a_command_file_typed_as_the_turn_ends_shows_its_line_in_the_next_turn(
+        khaelor, fake, project, env, monkeypatch):
+    """A command file's line typed after the turn's last request is queued, then starts the
+    next turn: its message shows the line typed, as its queued line did, not the template."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "Please do foo with $ARGUMENTS now.\n")
+    fake.enqueue(reply(text("first answer")), reply(text("second answer")))
+
+    async def script(session):
+        typed = []
+
+        def type_as_it_ends(event):
+            if event["type"] == "TaskCompleted" and not typed:
+                typed.append(session.submit("/foo late"))
+        session.subscribe(type_as_it_ends)
+        session.submit("first")
+        first = session.turn
+        await first
+        assert session.turn is not first
+        await session.turn
+        return [(e["type"], e.get("typed")) for e in session.store.events
+                if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+    said = in_new_session(project, env, monkeypatch, script)
+    assert said == [("UserMessageCreated", None), ("SteeringQueued", "/foo late"),
+                    ("UserMessageCreated", "/foo late")], said
+    assert "Please do foo with late now." in json.dumps(fake.requests[-1]["body"]["messages"])
+
+
 def test_mention_files_are_listed_off_the_event_loop_and_announced(khaelor, fake, project, env, monkeypatch):
     fake.enqueue(reply(text("hello")))
     assert khaelor.run("-p", "hi", "--yes").returncode == 0

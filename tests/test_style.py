@@ -113,8 +113,9 @@ def line_count(name: str) -> int:
 # 27 for a replay and /export as the screen was: a command file's message and steering carry the
 # line typed (shown instead of the template), /undo's question answers under `/undo`, and /export
 # writes each ◇ line (one note_text for screen and file) under the line typed; 4 more: and a
-# call denied at the panel, with what the model was told.
-RUNTIME_LINES = 20_917
+# call denied at the panel, with what the model was told; 4 more: a command file's line queued as
+# a turn ends keeps its line when it starts the next.
+RUNTIME_LINES = 20_921
 SECURITY_CORE_LINES = 6_053
 
 
