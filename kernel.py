@@ -567,8 +567,14 @@ class Kernel:
         step, so a message sent in between is steering, never a second turn."""
         self.busy = True
         turn = asyncio.get_running_loop().create_task(self.run())
-        # A task cancelled before its first step never runs run()'s finally.
-        turn.add_done_callback(lambda _: setattr(self, "busy", False))
+        self.newest_turn = turn
+
+        def ended(_) -> None:
+            # A task cancelled before its first step never runs run()'s finally. A turn a message
+            # began while this one synced its log (after its last step) is its own: busy still.
+            if self.newest_turn is turn:
+                self.busy = False
+        turn.add_done_callback(ended)
         return turn
 
     async def run(self) -> str:

@@ -643,6 +643,41 @@ def test_a_command_file_typed_as_the_turn_ends_shows_its_line_in_the_next_turn(
     assert "Please do foo with late now." in json.dumps(fake.requests[-1]["body"]["messages"])
 
 
+def test_a_message_sent_as_the_last_turn_syncs_its_log_begins_a_turn_that_stays_busy(
+        fake, project, env, monkeypatch):
+    """Found as a flaky replay test: a message sent after a turn's last step, while its task
+    synced the log, began a turn that the old task's end then marked idle, so a message sent
+    during that turn began a second turn beside it instead of steering it."""
+    import asyncio
+
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("first")),
+                 reply(text("second " * 50), chunk=4, stall_after_events=10, stall_seconds=20),
+                 reply(text("third")))
+
+    async def script(session):
+        session.submit("one")
+        first = session.turn
+        while session.working:
+            await asyncio.sleep(0)
+        # the window: the turn has ended, and its task syncs the log
+        assert not first.done()
+        session.submit("two")
+        await first
+        busy = session.working
+        session.submit("three")
+        fake.release()
+        while session.working:
+            await asyncio.sleep(0.01)
+        return busy, [(e["type"], e["text"]) for e in session.store.events
+                      if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+    busy, said = in_new_session(project, env, monkeypatch, script)
+    assert busy
+    assert said == [("UserMessageCreated", "one"), ("UserMessageCreated", "two"),
+                    ("SteeringQueued", "three")], said
+
+
 def test_mention_files_are_listed_off_the_event_loop_and_announced(khaelor, fake, project, env, monkeypatch):
     fake.enqueue(reply(text("hello")))
     assert khaelor.run("-p", "hi", "--yes").returncode == 0
@@ -1243,7 +1278,8 @@ def test_a_command_file_shows_the_line_typed_not_its_template_live_and_replayed(
              lambda e: e["type"] == "SteeringQueued" and (fake.release() or True),
              lambda e: e["type"] == "TaskCompleted"]
     shown, replayed, log = in_new_session(
-        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, width))
+        project, env, monkeypatch,
+        lambda session: live_and_replayed_mid_reply(session, steps, width))
     assert replayed == shown, (shown, replayed)
     assert shown.startswith("› /foo bar\n\nDid foo.") and "Please do" not in shown, shown
     assert "Queued instruction: /foo baz" in shown, shown

@@ -114,8 +114,9 @@ def line_count(name: str) -> int:
 # line typed (shown instead of the template), /undo's question answers under `/undo`, and /export
 # writes each ◇ line (one note_text for screen and file) under the line typed; 4 more: and a
 # call denied at the panel, with what the model was told; 4 more: a command file's line queued as
-# a turn ends keeps its line when it starts the next.
-RUNTIME_LINES = 20_921
+# a turn ends keeps its line when it starts the next; 6 more: an older turn's end leaves a newer
+# turn busy (a message sent as it synced its log began one; the next began a second beside it).
+RUNTIME_LINES = 20_927
 SECURITY_CORE_LINES = 6_053
 
 
