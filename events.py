@@ -75,10 +75,13 @@ DURABLE_KINDS = {
         "seen": NotRequired[list],          # their stamps (as a read's meta): read by the model
         "skipped": NotRequired[list],       # [[mention, why]] the ones not attached, as told
         "model": NotRequired[str],  # the model of this turn's requests (a command file's `model:`)
+        # a command file's line as typed (`/fix 12`), whose filled-in template `text` is: the
+        # screen shows the line, live and replayed
+        "typed": NotRequired[str],
     },
     "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,
                      "duration_ms": NotRequired[int | None]},
-    "SteeringQueued": {"text": str},
+    "SteeringQueued": {"text": str, "typed": NotRequired[str]},     # as UserMessageCreated's
     "SteeringInjected": {"text": str},
     "TextCheckpoint": {"index": int, "text": str, "model": NotRequired[str | None],
                        "usage": NotRequired[dict], "message_id": NotRequired[str | None],

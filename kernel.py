@@ -469,21 +469,23 @@ class Kernel:
             self.emit("ToolCancelled", tool_use_id=call["tool_use_id"],
                       reason=reason)
 
-    def submit(self, text: str, model: str | None = None) -> None:
+    def submit(self, text: str, model: str | None = None, typed: str = "") -> None:
         """A user message; while a turn runs it is queued as steering instead. `model`: the one
-        this turn's requests use (a command file's), recorded with the message. Only whitespace (a
-        paste of blank lines) is no message: nothing to ask, and the API refuses it."""
+        this turn's requests use (a command file's), recorded with the message; `typed`: the
+        command file's line the user typed, shown instead of its template `text`. Only whitespace
+        (a paste of blank lines) is no message: nothing to ask, and the API refuses it."""
         if not text.strip():
             return
+        shown = {"typed": typed} if typed else {}
         if self.busy:
-            self.emit("SteeringQueued", text=text)
+            self.emit("SteeringQueued", text=text, **shown)
             return
         self.cancel_pending("not run: the user sent a new message")
         # typed before an Esc: it goes first, in order
         for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
         chosen = {"model": model} if model else {}
-        self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen)
+        self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen, **shown)
 
     def send_queued(self) -> bool:
         """Messages typed after the turn's last request (while it wrote its last checkpoint) were
@@ -494,7 +496,11 @@ class Kernel:
             return False
         for text in earlier:
             self.emit("SteeringInjected", text=text)
-        self.emit("UserMessageCreated", text=last, **self.attachments(last))
+        # a command file's line, shown as when it was queued
+        typed = next((event.get("typed") for event in reversed(self.bus.store.events)
+                      if event["type"] == "SteeringQueued" and event["text"] == last), None)
+        shown = {"typed": typed} if typed else {}
+        self.emit("UserMessageCreated", text=last, **self.attachments(last), **shown)
         return True
 
     def attachments(self, text: str) -> dict:
@@ -559,8 +565,14 @@ class Kernel:
         step, so a message sent in between is steering, never a second turn."""
         self.busy = True
         turn = asyncio.get_running_loop().create_task(self.run())
-        # A task cancelled before its first step never runs run()'s finally.
-        turn.add_done_callback(lambda _: setattr(self, "busy", False))
+        self.newest_turn = turn
+
+        def ended(_) -> None:
+            # A task cancelled before its first step never runs run()'s finally. A turn a message
+            # began while this one synced its log (after its last step) is its own: busy still.
+            if self.newest_turn is turn:
+                self.busy = False
+        turn.add_done_callback(ended)
         return turn
 
     async def run(self) -> str:

@@ -1427,7 +1427,8 @@ def run_print(args, home: Path, project_root: Path) -> int:
     # the SDK import (~2 s) overlaps with the rest of start-up
     model.preload()
     prune_in_background(home)
-    args.prompt = expand_headless(read_prompt(args), settings, home, project_root)
+    args.typed = read_prompt(args)
+    args.prompt = expand_headless(args.typed, settings, home, project_root)
     store = open_session(args, home, project_root)
     for warning in store.warnings:
         print(f"khaelor: warning: {warning}", file=sys.stderr)
@@ -1481,7 +1482,8 @@ async def run_headless(args, settings, store, home, project_root) -> int:
     cancel_on_sigterm(asyncio.current_task())
     try:
         await kernel_.record_baseline("resume" if resumed else "session start")
-        kernel_.submit(args.prompt)
+        # a command file's line (`-p "/fix 12"`) is what a resumed session shows
+        kernel_.submit(args.prompt, typed=args.typed.strip() if args.typed != args.prompt else "")
         step = await kernel_.run()
     except asyncio.CancelledError:
         if stream.reader_gone:
@@ -1934,12 +1936,13 @@ class Session:
 
     def submit(self, text: str):
         command, arguments = match_command(text, self.custom)
-        # a command file: its template, filled in, is the message
+        typed = ""
+        # a command file: its template, filled in, is the message (the line typed is shown)
         if command is not None:
-            text = expand_command(command, arguments)
+            typed, text = text.strip(), expand_command(command, arguments)
         self.begin()
         model = command_model(command, self.settings["prices"]) if command is not None else None
-        self.kernel.submit(text, model)
+        self.kernel.submit(text, model, typed)
         if not self.working:
             self.start_turn()
 
@@ -2472,10 +2475,12 @@ class Session:
         if not any(restore.user_changed for restore in rewind.restores):
             return await self.finish_rewind(rewind, "keep")
         import ui
+        # the answer shows under the line typed (`/undo` asks this too)
+        line = TYPED.get()[0] or f"/rewind {argument}"
         return {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
                 "descriptor": "overwrite the files you changed since the agent's last step",
-                "preview": rewind.describe(), "command": f"/rewind {argument}",
-                "answer": lambda choice: self.answer_rewind(rewind, choice, f"/rewind {argument}")}
+                "preview": rewind.describe(), "command": line,
+                "answer": lambda choice: self.answer_rewind(rewind, choice, line)}
 
     async def answer_rewind(self, rewind: Rewind, choice: str, line: str):
         """The panel /rewind opened, answered: what it shows joins the log, as a command's does;
@@ -2619,6 +2624,7 @@ def transcript_markdown(log: list[dict]) -> str:
     """/export: what was said and done, as Markdown, in the order the screen showed it (a tool's
     output: its first 40 lines). What came while a reply streamed (a command's answer, steering)
     follows the reply, as on screen; a reply cut off keeps what it had written."""
+    import ui
     parts = []
     # the text saved of the reply streaming, and what showed after it
     streaming = ""
@@ -2634,15 +2640,23 @@ def transcript_markdown(log: list[dict]) -> str:
             after = []
         if kind in ("CommandAnswered", "SteeringQueued"):
             (after if streaming else parts).append(shown_markdown(event))
-        elif kind == "TextCheckpoint":
+        elif kind in ui.NOTE_FORMATS:
+            # its ◇ line (◆ for a process), under the command line typed, as on screen
+            (after if streaming else parts).append(typed_markdown(event) + ui.note_text(event))
+        if kind == "TextCheckpoint":
             streaming += event.get("text") or ""
         elif kind == "UserMessageCreated":
-            parts.append(f"## You\n\n{event.get('text', '')}")
+            # a command file's line as typed, as on screen
+            parts.append(f"## You\n\n{event.get('typed') or event.get('text', '')}")
         elif kind == "UserShellRan":
             output = "\n".join(str(event.get("output") or "").split("\n")[:40])
             parts.append(f"**!** `{event.get('command')}`\n\n````\n{output}\n````")
         elif kind == "Interrupted":
             parts.append("*Interrupted*")
+        elif kind == "PermissionDenied":
+            # not run, as its card said, and what the user told the model
+            told = f" · told the model: {event['feedback']}" if event.get("feedback") else ""
+            parts.append(f"✗ Denied{told}")
         elif kind == "ToolRequested":
             call = json.dumps(event.get("input"), ensure_ascii=False)
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
@@ -2657,12 +2671,20 @@ def transcript_markdown(log: list[dict]) -> str:
 def shown_markdown(event: dict) -> str:
     """/export: a command's answer, marked as its output, or steering the user typed."""
     if event["type"] == "SteeringQueued":
-        return f"## You (while it worked)\n\n{event.get('text', '')}"
+        return f"## You (while it worked)\n\n{event.get('typed') or event.get('text', '')}"
     said = event.get("text", "")
     if event.get("failed"):
         said = f"The command failed: {said}"
     quoted = "\n".join("> " + line for line in said.split("\n"))
+    if event.get("echoed"):
+        # its line is above the ◇ line just written
+        return quoted
     return f"**`{event.get('command')}`** · command output\n\n{quoted}"
+
+
+def typed_markdown(event: dict) -> str:
+    """/export: the command line typed above the ◇ line that confirms it, if one was."""
+    return f"**`{event['typed']}`**\n\n" if event.get("typed") else ""
 
 
 def starting_instructions(root: Path) -> str:

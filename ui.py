@@ -832,6 +832,7 @@ NOTE_FORMATS = {
     "SessionRenamed": "◇ Session: {title}",
     "ModelChanged": "◇ Model: {model}",
     "Rewound": "◇ Rewound the work tree to before step {step}",
+    "ThinkingChanged": "◇ {chosen} from the next message",
 }
 # Events that only change what the spinner says (None: leaves it) and clear the Status text.
 PHASES = {
@@ -946,6 +947,15 @@ def card_output(event: dict, meta: dict) -> list[str]:
     return lines
 
 
+def note_text(event: dict) -> str:
+    """The one line an event of NOTE_FORMATS is shown as (/export writes it too)."""
+    chosen = [f"{key} {event[key]}" for key in ("thinking", "effort") if event.get(key)]
+    fields = collections.defaultdict(lambda: "?", event,
+                                     n_pruned=len(event.get("tool_use_ids") or []),
+                                     ended=events.process_end(event), chosen=", ".join(chosen))
+    return NOTE_FORMATS[str(event["type"])].format_map(fields)
+
+
 class Timeline:
     """The conversation as the user sees it. `apply` folds one event; finished lines queue in
     `take_settled()` (printed once into scrollback); `live_lines()` is what is still moving."""
@@ -1023,10 +1033,7 @@ class Timeline:
         if kind in FLUSHING:
             self.flush_live()
         if kind in NOTE_FORMATS:
-            fields = collections.defaultdict(lambda: "?", event,
-                                             n_pruned=len(event.get("tool_use_ids") or []),
-                                             ended=events.process_end(event))
-            note = self._dim_lines(NOTE_FORMATS[kind].format_map(fields))
+            note = self._dim_lines(note_text(event))
             # a process lost with khaelor: what it had printed, under its line as under a card
             shown = self._card_block(FinishedCard(note, card_output(event, {}), False))
             # after the block that streams (a choice made mid-reply: `/model`)
@@ -1153,7 +1160,8 @@ class Timeline:
         # a message queued as the last turn ended is this one (Kernel.send_queued)
         self._on_SteeringInjected(e)
         self._wrote = False
-        lines = self._written(e.get("text", ""), "user")
+        # a command file's line as typed, not its template
+        lines = self._written(e.get("typed") or e.get("text", ""), "user")
         # the @mentions sent with it (kernel.attachments)
         found = [ATTACHED_RE.match(str(attached)) for attached in e.get("attachments") or []]
         names = [m[1] for m in found if m]
@@ -1166,7 +1174,8 @@ class Timeline:
     def _on_SteeringQueued(self, e: dict) -> None:
         """Shown after the block being streamed, never inside it (a code block, a paragraph)."""
         self._steering.append(e.get("text"))
-        self._after_block(self._written(e.get("text", ""), "dim", "Queued instruction: "))
+        shown = e.get("typed") or e.get("text", "")
+        self._after_block(self._written(shown, "dim", "Queued instruction: "))
 
     def _settle_queued(self) -> None:
         queued, self._queued = self._queued, []
@@ -1258,11 +1267,6 @@ class Timeline:
         if words and room > 8:
             head += " · …" + words[-room:]
         return [self._dim(head + hint, "italic")]
-
-    def _on_ThinkingChanged(self, e: dict) -> None:
-        chosen = [f"{key} {e[key]}" for key in ("thinking", "effort") if e.get(key)]
-        note = self._dim_lines("◇ " + ", ".join(chosen) + " from the next message")
-        self._after_block(self._typed(e) + note)
 
     def _typed(self, e: dict) -> list[str]:
         """The command line typed (`› /rename x`) that this event confirms, to go above its ◇

@@ -226,6 +226,9 @@ def test_a_custom_command_runs_headless_with_its_template_and_model(khaelor, fak
     assert result.returncode == 0, result.stderr
     assert last_user_text(fake.requests[0]) == "Fix issue #123 following our coding standards."
     assert fake.requests[0]["body"]["model"] == "claude-haiku-5-5"
+    # `khaelor -c` shows the line typed, not the template
+    typed = [e.get("typed") for e in khaelor.log() if e["type"] == "UserMessageCreated"]
+    assert typed == ["/fixissue 123"], typed
     assert not (project / "granted.txt").exists()      # allowed-tools grants nothing: it was asked, so denied
     assert [e["type"] for e in khaelor.log() if e["type"] == "PermissionDenied"] == ["PermissionDenied"]
     assert fake.rejections == []

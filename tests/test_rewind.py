@@ -606,6 +606,27 @@ def test_what_the_rewind_question_answered_shows_under_its_command_live_and_repl
     assert replayed.endswith(shown) and not (project / "a.txt").exists()
 
 
+def test_undo_that_asks_shows_undo_above_its_answer_live_and_replayed(khaelor, fake, project,
+                                                                     env, monkeypatch):
+    """QA: `/undo` that asked about a file the user changed showed its answer under
+    `› /rewind 1`, live and on resume: the line typed was `/undo`, and it shows, once."""
+    import ui
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    steps = ["/undo", ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
+    shown, replayed, log = in_session(
+        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 60))
+    assert shown.startswith("› /undo\n◇ Rewound the work tree to before step 1\n\n"), shown
+    assert shown.count("› /undo") == 1 and "/rewind 1" not in shown, shown
+    assert replayed.endswith(shown) and not (project / "a.txt").exists()
+    answered = [(e["command"], e.get("echoed")) for e in log if e["type"] == "CommandAnswered"]
+    assert answered == [("/undo", True)], answered
+
+
 def test_slash_rewind_and_undo_show_the_line_typed_above_their_rewound_line(
         khaelor, fake, project, env, monkeypatch):
     """QA: `/rewind 1` (nothing to ask) and `/undo` showed their ◇ Rewound line above the line

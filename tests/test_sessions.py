@@ -613,6 +613,71 @@ def test_a_message_typed_as_the_turn_ends_starts_the_next_turn(khaelor, fake, pr
     assert "late" in json.dumps(fake.requests[-1]["body"]["messages"][-1])
 
 
+def test_a_command_file_typed_as_the_turn_ends_shows_its_line_in_the_next_turn(
+        khaelor, fake, project, env, monkeypatch):
+    """A command file's line typed after the turn's last request is queued, then starts the
+    next turn: its message shows the line typed, as its queued line did, not the template."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "Please do foo with $ARGUMENTS now.\n")
+    fake.enqueue(reply(text("first answer")), reply(text("second answer")))
+
+    async def script(session):
+        typed = []
+
+        def type_as_it_ends(event):
+            if event["type"] == "TaskCompleted" and not typed:
+                typed.append(session.submit("/foo late"))
+        session.subscribe(type_as_it_ends)
+        session.submit("first")
+        first = session.turn
+        await first
+        assert session.turn is not first
+        await session.turn
+        return [(e["type"], e.get("typed")) for e in session.store.events
+                if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+    said = in_new_session(project, env, monkeypatch, script)
+    assert said == [("UserMessageCreated", None), ("SteeringQueued", "/foo late"),
+                    ("UserMessageCreated", "/foo late")], said
+    assert "Please do foo with late now." in json.dumps(fake.requests[-1]["body"]["messages"])
+
+
+def test_a_message_sent_as_the_last_turn_syncs_its_log_begins_a_turn_that_stays_busy(
+        fake, project, env, monkeypatch):
+    """Found as a flaky replay test: a message sent after a turn's last step, while its task
+    synced the log, began a turn that the old task's end then marked idle, so a message sent
+    during that turn began a second turn beside it instead of steering it."""
+    import asyncio
+
+    from test_claude_parity import in_session as in_new_session
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    fake.enqueue(reply(text("first")),
+                 reply(text("second " * 50), chunk=4, stall_after_events=10, stall_seconds=20),
+                 reply(text("third")))
+
+    async def script(session):
+        session.submit("one")
+        first = session.turn
+        while session.working:
+            await asyncio.sleep(0)
+        # the window: the turn has ended, and its task syncs the log
+        assert not first.done()
+        session.submit("two")
+        await first
+        busy = session.working
+        session.submit("three")
+        fake.release()
+        while session.working:
+            await asyncio.sleep(0.01)
+        return busy, [(e["type"], e["text"]) for e in session.store.events
+                      if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+    busy, said = in_new_session(project, env, monkeypatch, script)
+    assert busy
+    assert said == [("UserMessageCreated", "one"), ("UserMessageCreated", "two"),
+                    ("SteeringQueued", "three")], said
+
+
 def test_mention_files_are_listed_off_the_event_loop_and_announced(khaelor, fake, project, env, monkeypatch):
     fake.enqueue(reply(text("hello")))
     assert khaelor.run("-p", "hi", "--yes").returncode == 0
@@ -1193,6 +1258,41 @@ def test_a_reply_an_api_error_ends_mid_block_replays_as_the_screen_showed_it(
     assert failed["retrying"] is False and failed["message"] in " ".join(shown.split())
 
 
+@pytest.mark.parametrize("width", [80, 44])
+def test_a_command_file_shows_the_line_typed_not_its_template_live_and_replayed(
+        fake, project, env, monkeypatch, width):
+    """QA: `/foo bar` from a commands folder showed its filled-in template as the user's message,
+    and `khaelor -c` too, where Claude Code shows the line typed. The line typed shows, as a
+    message and as steering typed while a turn runs, live and replayed; the model gets the
+    template."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "Please do foo with $ARGUMENTS now.\n")
+    fake.enqueue(reply(text("Did foo.")),
+                 reply(text("A reply, " + "word " * 100), chunk=4, stall_after_events=10,
+                       stall_seconds=20),
+                 reply(text("Did foo again.")))
+    steps = ["/foo bar", lambda e: e["type"] == "TaskCompleted", "hello",
+             lambda e: e["type"] == "TextDelta", "/foo baz",
+             lambda e: e["type"] == "SteeringQueued" and (fake.release() or True),
+             lambda e: e["type"] == "TaskCompleted"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch,
+        lambda session: live_and_replayed_mid_reply(session, steps, width))
+    assert replayed == shown, (shown, replayed)
+    assert shown.startswith("› /foo bar\n\nDid foo.") and "Please do" not in shown, shown
+    assert "Queued instruction: /foo baz" in shown, shown
+    said = [(e["type"], e["text"], e.get("typed")) for e in log
+            if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+    assert said == [("UserMessageCreated", "Please do foo with bar now.", "/foo bar"),
+                    ("UserMessageCreated", "hello", None),
+                    ("SteeringQueued", "Please do foo with baz now.", "/foo baz")], said
+    sent = json.dumps(fake.requests[-1]["body"]["messages"])
+    assert "Please do foo with bar now." in sent and "Please do foo with baz now." in sent
+    assert "/foo" not in sent
+
+
 def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_in_order(
         fake, project, env, monkeypatch, tmp_path):
     """QA: /export wrote the messages, replies and tool calls only: no command's answer, no `!`
@@ -1221,6 +1321,53 @@ def test_export_holds_what_the_screen_showed_answers_shell_and_a_cut_off_reply_i
     words = " ".join(shown.split())
     on_screen = [words.index(n) for n in ("A long reply", "› /cost", "■ Interrupted")]
     assert on_screen == sorted(on_screen) and replayed == shown
+
+
+def test_export_holds_each_line_typed_and_each_note_the_screen_showed_in_order(
+        fake, project, env, monkeypatch, tmp_path):
+    """QA: /export left out the ◇ lines (`◇ Session: …`, `◇ Model: …`, `◇ thinking off …`) and the
+    line typed above each, and wrote a command file's template where the screen showed `/foo bar`.
+    Each `› ` line and each ◇ line of the screen is in the export, in the screen's order."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "Please do foo with $ARGUMENTS now.\n")
+    fake.enqueue(reply(text("Hello back.")), reply(text("Did foo.")))
+    out = tmp_path / "out.md"
+    typed = ["/rename my title", "hello", "/model haiku", "/thinking off", "/thinking off",
+             "/foo bar", "/cost", f"/export {out}"]
+    shown, replayed, log = in_new_session(
+        project, env, monkeypatch, lambda session: live_and_replayed(session, typed, 200))
+    exported = out.read_text()
+    at = 0
+    for row in shown.split("\n› /export")[0].splitlines():
+        if row.startswith("◇ "):
+            needles = [row]
+        elif row.startswith("› "):
+            needles = [f"**`{row[2:]}`**", f"## You\n\n{row[2:]}"]
+        else:
+            continue
+        found = [exported.find(needle, at) for needle in needles]
+        assert max(found) >= 0, (row, exported[at:])
+        at = min(k for k in found if k >= 0) + 1
+    assert "Please do foo" not in exported and "◇ Model: claude-haiku-5-5" in exported
+    # the first /thinking off's answer follows its ◇ line, without its line again
+    assert "**`/thinking off`**\n\n◇ thinking off from the next message\n\n> " in exported
+    assert exported.count("**`/thinking off`**") == 2, exported
+
+
+def test_export_says_a_call_was_denied_and_what_the_model_was_told():
+    """QA (tmux): a call denied at the panel showed `✗ Denied: touch b.txt · told the model: not
+    now` on screen; /export had the call and nothing after it, as if it had run."""
+    log = [{"type": "UserMessageCreated", "text": "make b"},
+           {"type": "ToolRequested", "tool_use_id": "t1", "name": "bash",
+            "input": {"command": "touch b.txt"}},
+           {"type": "PermissionDenied", "tool_use_id": "t1", "reason": "denied by the user",
+            "feedback": "not now", "by": "user"},
+           {"type": "ModelTextBlockCompleted", "text": "Denied, fine."}]
+    exported = cli.transcript_markdown(log)
+    assert '**bash** `{"command": "touch b.txt"}`\n\n✗ Denied · told the model: not now\n\n' \
+           "Denied, fine." in exported, exported
 
 
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,

@@ -111,22 +111,27 @@ def line_count(name: str) -> int:
 # 5 more (2 of the core): that look leaves dependency folders out (node_modules, .venv). 3 in
 # khaelor.py: -p names the --allowedTools rule that would allow a secret's read refused under --yes.
 # Session 19: 19 in tools.py: the children a shell left in its group (`server &`) are stopped on
-# resume once their leader is gone. 44 in tools.py: a command is started off the event loop
-# (the fork, with the sandbox set up before exec, held it 30-50 ms in a 200 MB heap). Lowered by
-# 12 (issue 21, what was said twice or is dead): dead parameters and defaults (-5), build_system's
+# resume once their leader is gone. 44 in tools.py: a command is started off the event loop (the
+# fork, with the sandbox set up before exec, held it 30-50 ms in a 200 MB heap). Lowered by 12
+# (issue 21, what was said twice or is dead): dead parameters and defaults (-5), build_system's
 # branch only a test reached (-5), "and N more" and the private atomic write each said once
-# (events.listed, events.replace_private: -2).
-# And, from session 19's red team: 26 in tools.py: the guard also holds each linked worktree's
-# git directory in .git/worktrees (its commondir, config.worktree, config and hooks), which git
-# reads in that worktree. 28 (7 of
-# the core): `khaelor sandbox` ends what its command left running (a child subreaper), as a step.
-# 1: a .git that a step made a file (pointing git elsewhere) is a folder again when put back; 4:
-# a .git file is guarded too (one made where there was no repository). 2 of the core: Maven's
-# master password (~/.m2/settings-security.xml) is closed as cargo's token is. 15 in tools.py:
-# a repository of its own in a project folder (`git init src`) is guarded as a gitlink's is. 3:
-# .vscode/ is guarded too (workspace settings run interpreters and tasks as the folder opens).
-# Lowered by 5: /context's volatile-tail row, always 0 since the facts are in the history.
-RUNTIME_LINES = 21_012
+# (events.listed, events.replace_private: -2); by 5: /context's volatile-tail row, always 0 since
+# the facts are in the history. From the red team: 26 in tools.py: the guard also holds each linked
+# worktree's git directory in .git/worktrees (its commondir, config.worktree, config and hooks),
+# which git reads in that worktree. 28 (7 of the core): `khaelor sandbox` ends what its command left
+# running (a child subreaper), as a step does. 1: a .git that a step made a file (pointing git
+# elsewhere) is a folder again when put back; 4: a .git file is guarded too (one made where there
+# was no repository). 2 of the core: Maven's master password (~/.m2/settings-security.xml) is closed
+# as cargo's token is. 15 in tools.py: a repository of its own in a project folder (`git init src`)
+# is guarded as a gitlink's is. 3: .vscode/ is guarded too (workspace settings run interpreters and
+# tasks as the folder opens). From the replay pass: 27 for a replay and /export as the screen was: a
+# command file's message and steering carry the line typed (shown instead of the template), /undo's
+# question answers under `/undo`, and /export writes each ◇ line (one note_text for screen and file)
+# under the line typed; 4 more: and a call denied at the panel, with what the model was told; 4
+# more: a command file's line queued as a turn ends keeps its line when it starts the next; 6 more:
+# an older turn's end leaves a newer turn busy (a message sent as it synced its log began one; the
+# next began a second beside it).
+RUNTIME_LINES = 21_053
 SECURITY_CORE_LINES = 6_062
 
 
