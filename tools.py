@@ -2513,11 +2513,18 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
         box.groups.discard(child.pid)
         child.close_pipes()
         if child.guarded is not None:
-            links = (*child.gitlinks, *gitlinks(box.workspace))
-            note = guard_check(box.workspace.cwd, box.spill_dir, child.guarded, command, confine,
-                               tuple(dict.fromkeys(links)))
+            # Off the loop (it lists the project's repositories), and to its end even if this step
+            # is cancelled meanwhile: the thread runs on.
+            note = await asyncio.shield(asyncio.to_thread(_guard_after, box, child, command, confine))
             if note:
                 on_text(f"\n{note}\n")
+
+
+def _guard_after(box: Toolbox, child: Child, command: str, confine: Confine) -> str | None:
+    """The guard's check after an approved command: what it changed put back (guard_check)."""
+    links = (*child.gitlinks, *gitlinks(box.workspace))
+    return guard_check(box.workspace.cwd, box.spill_dir, child.guarded, command, confine,
+                       tuple(dict.fromkeys(links)))
 
 # ---------------------------------------------------------------- read and file helpers
 
