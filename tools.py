@@ -2515,7 +2515,8 @@ async def _supervise(box: Toolbox, child: Child, confine: Confine, command: str,
         if child.guarded is not None:
             # Off the loop (it lists the project's repositories), and to its end even if this step
             # is cancelled meanwhile: the thread runs on.
-            note = await asyncio.shield(asyncio.to_thread(_guard_after, box, child, command, confine))
+            checked = asyncio.to_thread(_guard_after, box, child, command, confine)
+            note = await asyncio.shield(checked)
             if note:
                 on_text(f"\n{note}\n")
 
