@@ -459,6 +459,10 @@ class Started:
     def __init__(self, popen: subprocess.Popen, loop: asyncio.AbstractEventLoop):
         self.popen = popen
         self.pid = popen.pid
+        # Its start (see started_ticks), read while it is not reaped yet: a leader that exits at
+        # once (`sh -c 'server &'`) is gone from /proc as soon as the thread below reaps it.
+        fields = sandbox.proc_stat(self.pid)
+        self.ticks = int(fields[19]) if len(fields) > 19 else None
         self.exited = loop.create_future()
         threading.Thread(target=self._wait, args=(loop,), daemon=True).start()
 
@@ -693,16 +697,27 @@ class Workspace:
                 entry.close()
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader),
-            os.fdopen(out_read, "rb", 0))
-        child = Child(proc, reader, None, [transport])
-        if stdin:
-            transport, protocol = await loop.connect_write_pipe(
-                asyncio.streams.FlowControlMixin,
-                os.fdopen(in_write, "wb", 0))
-            child.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        out_file = os.fdopen(out_read, "rb", 0)
+        in_file = os.fdopen(in_write, "wb", 0) if stdin else None
+        child = Child(proc, reader)
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), out_file)
             child.transports.append(transport)
+            if in_file:
+                transport, protocol = await loop.connect_write_pipe(
+                    asyncio.streams.FlowControlMixin, in_file)
+                child.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+                child.transports.append(transport)
+        except BaseException:
+            # Cancelled (Esc) as a pipe was connected: the command is not in box.groups yet, and
+            # would run on where nothing stops it.
+            _kill_group(proc.pid)
+            child.close_pipes()
+            out_file.close()
+            if in_file:
+                in_file.close()
+            raise
         return child
 
     def capture(self, argv: list[str], **options) -> tuple[int, str]:
@@ -4118,7 +4133,7 @@ class _Processes:
         self.items[process.process_id] = process
         process.watcher = asyncio.create_task(
             self._watch(process), name=f"khaelor process {process.process_id}")
-        ticks = started_ticks(child.pid)
+        ticks = child.proc.ticks
         box.emit("ProcessStarted", process_id=process.process_id, pid=child.pid, command=command,
                  tool_use_id=tool_use_id, **({"started_ticks": ticks} if ticks else {}))
         self.forget_exited()
@@ -4250,6 +4265,9 @@ async def _tool_process(box: Toolbox, args: dict, tool_use_id: str, confine: Con
     lines.append(new.rstrip("\n") if new.strip() else "(no new output)")
     meta = {"process_id": process.process_id, "pid": process.child.pid,
             "status": process.status(), "exit_code": process.child.proc.returncode}
+    if process.cause:
+        # khaelor stopped it: its code answers our signal (-15), no failure of its own (✗ exit -15)
+        meta["exit_code"] = None
     return ToolResult("\n".join(lines), meta=meta)
 
 

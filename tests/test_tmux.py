@@ -1,4 +1,5 @@
 """The real program in a real terminal (tmux), driven as a user would, against the fake API."""
+import contextlib
 import json
 import os
 import shlex
@@ -554,6 +555,40 @@ def test_a_shell_command_shows_running_stops_with_esc_and_joins_the_conversation
     assert "$ echo started; sleep 30\nstarted\n[stopped by the user" in texts[0]
     assert "$ echo shell-marker-42\nshell-marker-42" in texts[1]
     assert texts[2] == "what did I run?" and rejected(term) == []
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes in a process group (/proc: a zombie is no member)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = Path(entry.path, "stat").read_bytes().rsplit(b")", 1)[1].split()
+            if entry.name.isdigit() and int(fields[2]) == pgid and fields[0] != b"Z":
+                members.append(int(entry.name))
+    return members
+
+
+def test_a_stopped_process_is_no_failure_and_what_a_killed_khaelor_left_stops_on_resume(terminal):
+    """QA: the model's stop of a background process showed as a failed command (`✗ process stop
+    p1 · exit -15`). What a kill -9 of khaelor left running (a shell's `sleep &` whose leader
+    exited at once) is stopped by `khaelor -c`, which says so."""
+    first = terminal([reply(tool("process", action="start", command="sleep 300")),
+                      reply(tool("process", action="stop", id="p1")),
+                      reply(tool("process", action="start", command="sh -c 'sleep 301 & exit'")),
+                      reply(text("one left running"))], args="--yes", width=80)
+    first.type("start two")
+    first.keys("Enter")
+    screen = first.wait_for("one left running")
+    assert "● process stop p1" in screen and "✗" not in screen
+    left = int(screen.split("[p2 · running · pid ")[1].split()[0])
+    assert group_members(left), "the leader's child runs on in its group"
+    os.kill(first.pid, 9)
+    wait_until(lambda: not Path(f"/proc/{first.pid}").exists(), "khaelor to die")
+    first.close()
+    assert group_members(left), "a killed khaelor stops nothing"
+    again = terminal([], args="-c --yes", width=80)
+    again.wait_for("process p2: lost: khaelor exited while it ran; stopped on resume")
+    wait_until(lambda: not group_members(left), "the group to be stopped")
 
 
 def test_a_reply_that_breaks_off_is_retried_in_a_new_block(terminal):

@@ -425,6 +425,61 @@ def test_a_command_cancelled_while_it_starts_is_stopped(box, monkeypatch):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("tool_name, tool_input, connect", [
+    ("bash", {}, "connect_read_pipe"),
+    ("process", {"action": "start"}, "connect_read_pipe"),
+    ("process", {"action": "start"}, "connect_write_pipe")])
+def test_a_command_cancelled_as_its_pipes_are_connected_is_stopped(box, monkeypatch, tool_name,
+                                                                   tool_input, connect):
+    """QA: Esc just after the command had started, while its output pipe (or a process's stdin)
+    was connected to the event loop: the process ran on, in no group khaelor knew of."""
+    marker = box.toolbox.workspace.cwd / "ran"
+    box.call("bash", command="true")                # the workspace's own fds are made by now
+    open_before = len(os.listdir("/proc/self/fd"))
+    connect_pipe = getattr(box.loop, connect)
+
+    async def cancelled_meanwhile(*args):
+        # the Esc: the turn's task is cancelled as the loop connects the pipe
+        asyncio.current_task().cancel()
+        return await connect_pipe(*args)
+    monkeypatch.setattr(box.loop, connect, cancelled_meanwhile)
+
+    async def cancel_while_connecting():
+        command = f"sleep 1; touch {marker}"
+        with pytest.raises(asyncio.CancelledError):
+            await box.toolbox.run(tool_name, {**tool_input, "command": command}, "tu")
+        await asyncio.sleep(1.5)
+    box.loop.run_until_complete(asyncio.wait_for(cancel_while_connecting(), 10))
+    assert not marker.exists()
+    assert len(os.listdir("/proc/self/fd")) == open_before, "a pipe end was left open"
+
+
+class LatePopen(subprocess.Popen):
+    """subprocess.Popen (the standard library's), returning `delay` seconds after the fork, as
+    its thread does on a loaded machine."""
+    delay = 0.0
+
+    def __init__(self, argv, **options):
+        super().__init__(argv, **options)
+        time.sleep(LatePopen.delay)
+
+
+def test_a_process_whose_leader_exits_at_once_is_known_on_resume(box, monkeypatch):
+    """QA: `sh -c 'server &'` (its leader gone at once) was reaped before its start was read, so
+    its ProcessStarted had no started_ticks, and a resume after a kill -9 of khaelor left the
+    server running ("lost", not "stopped on resume")."""
+    monkeypatch.setattr(subprocess, "Popen", LatePopen)
+    monkeypatch.setattr(LatePopen, "delay", 0.3)
+    box.call("process", action="start", command="sh -c 'sleep 30 & exit'")
+    [started] = box.of_type("ProcessStarted")
+    assert isinstance(started.get("started_ticks"), int), started
+    leader = started["pid"]
+    assert sandbox.pids_in_groups({leader}), "the sleep runs on in the leader's group"
+    # what a resume does with the log's ProcessStarted once khaelor was killed
+    assert tools.stop_orphans([(leader, started["started_ticks"])]) == {leader}
+    assert not sandbox.pids_in_groups({leader})
+
+
 def test_bash_stops_background_strays_when_the_command_ends(box):
     result = box.call("bash", command="sleep 30 > /dev/null & echo $!")
     assert "stopped" in result.text and result.meta["exit_code"] == 0
