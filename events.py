@@ -184,6 +184,9 @@ DURABLE_KINDS = {
     # good (a resumed session stops a process a killed khaelor left running, never a stranger)
     "ProcessStarted": {"process_id": str, "pid": int, "command": str,
                        "tool_use_id": NotRequired[str], "started_ticks": NotRequired[int]},
+    # a bash call's command started (pid, started_ticks as ProcessStarted's): a resumed session
+    # stops its group if a killed khaelor left it running
+    "CommandStarted": {"tool_use_id": str, "pid": int, "started_ticks": NotRequired[int]},
     # output: what a process lost with khaelor (a kill -9) had printed until then
     "ProcessExited": {"process_id": str, "exit_code": int | None, "cause": str,
                       "output": NotRequired[str],
@@ -1116,6 +1119,7 @@ class State:
         self.needs_model = False        # the conversation ends on the user side
         self.pending_tools = []         # calls of closed responses without a result
         self.started_tools = set()      # ToolStarted, no result yet
+        self.commands_running = {}      # of those, bash's: tool_use_id -> (pid, started_ticks)
         self.queued_steering = []       # SteeringQueued texts not injected yet
         self.last_stop_reason: str | None = None
         # -- the session
@@ -1333,6 +1337,10 @@ def _on_tool_started(state: State, event: dict) -> None:
     state.started_tools.add(event["tool_use_id"])
 
 
+def _on_command_started(state: State, event: dict) -> None:
+    state.commands_running[event["tool_use_id"]] = (event.get("pid"), event.get("started_ticks"))
+
+
 def _on_tool_result(state: State, event: dict) -> None:
     tool_use_id = event["tool_use_id"]
     reason = str(event.get("reason", ""))
@@ -1352,6 +1360,7 @@ def _on_tool_result(state: State, event: dict) -> None:
         state.commands.append({"seq": event["seq"], "command": command,
                                "exit_code": meta.get("exit_code")})
     state.started_tools.discard(tool_use_id)
+    state.commands_running.pop(tool_use_id, None)
     state.pending_tools = [t for t in state.pending_tools if t["tool_use_id"] != tool_use_id]
     output = event.get("output") or ""
     tokens = estimate_tokens(output) - PLACEHOLDER_TOKENS
@@ -1578,6 +1587,7 @@ _HANDLERS = {
     "ModelRequestFailed": _on_request_failed,
     "ModelResponseCompleted": _on_response_completed,
     "ToolStarted": _on_tool_started,
+    "CommandStarted": _on_command_started,
     "ContextPruned": _on_pruned,
     "ContextCompacted": _on_compacted,
     "FileModified": _on_file_modified,

@@ -532,17 +532,24 @@ class Kernel:
 
     def repair(self) -> None:
         """On resume: a tool that was running when khaelor died gets a result, so the history is
-        valid; a process the log still calls running is closed, since no khaelor manages it now
-        (left alone: after a kill -9 its pid may already be another program's). Synced at the
-        turn's first loop boundary, or by close."""
+        valid; a process the log still calls running is closed, and it and a bash call's command
+        are stopped if they still run, since no khaelor manages them now (named by pid and start
+        time: after a kill -9 the pid may be another program's). Synced at the turn's first loop
+        boundary, or by close."""
+        processes = list(self.state.processes.items())
+        # still running (a dev server holding its port, a build writing the project): no khaelor
+        # would ever stop them
+        commands = self.state.commands_running
+        left = [(p.get("pid"), p.get("started_ticks")) for _, p in processes]
+        left += [commands[t] for t in self.state.started_tools if t in commands]
+        stopped = tools.stop_orphans(left)
         for tool_use_id in sorted(self.state.started_tools):
             output = self.toolbox.output_when_lost(tool_use_id)
-            self.emit("ToolCancelled", tool_use_id=tool_use_id,
-                      reason="khaelor exited while the tool was running",
+            reason = "khaelor exited while the tool was running"
+            if commands.get(tool_use_id, (None,))[0] in stopped:
+                reason += "; its command was stopped on resume"
+            self.emit("ToolCancelled", tool_use_id=tool_use_id, reason=reason,
                       **({"output": output} if output else {}))
-        processes = list(self.state.processes.items())
-        # still running (a dev server holding its port): no khaelor would ever stop them
-        stopped = tools.stop_orphans([(p.get("pid"), p.get("started_ticks")) for _, p in processes])
         for process_id, process in processes:
             started_by = self.state.started_by.get(process_id, "")
             output = self.toolbox.output_when_lost(started_by, process_id)

@@ -3933,6 +3933,8 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     started = time.monotonic()
     try:
         child = await _start(box, command, confine, workdir)
+        ticks = {"started_ticks": child.proc.ticks} if child.proc.ticks else {}
+        box.emit("CommandStarted", tool_use_id=tool_use_id, pid=child.pid, **ticks)
         timed_out, stray = await _supervise(
             box, child, confine, command, on_text, timeout_ms / 1000, STRAY_GRACE_S)
     except asyncio.CancelledError:

@@ -219,8 +219,12 @@ def test_kill_9_while_a_command_runs_keeps_what_it_printed(khaelor, fake):
     [cancelled] = [e for e in khaelor.log() if e["type"] == "ToolCancelled"]
     assert cancelled["output"] == "FAILED test_b: 2 != 3"
     sent = json.dumps(fake.requests[-1]["body"]["messages"])
-    assert "khaelor exited while the tool was running. Its output until then:" in sent
+    assert ("khaelor exited while the tool was running; its command was stopped on resume. "
+            "Its output until then:") in sent
     assert "FAILED test_b: 2 != 3" in sent and not live.exists()
+    # the `sleep 30` the killed khaelor left is stopped, not left to run on
+    [started] = [e for e in khaelor.log() if e["type"] == "CommandStarted"]
+    assert not sandbox.pids_in_groups({started["pid"]})
     assert_no_rejections(fake)
 
 

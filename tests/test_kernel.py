@@ -363,6 +363,33 @@ def test_repair_stops_the_children_a_shell_left_running_in_its_group(tmp_path):
                 os.kill(child, signal.SIGKILL)
 
 
+def test_repair_stops_the_command_of_a_bash_call_a_killed_khaelor_left_running(tmp_path):
+    """A build a bash call started runs on after a kill -9 of khaelor, writing the project while
+    the user resumes: resume stops its group (CommandStarted named it), and says so."""
+    import subprocess
+
+    import kernel
+    build = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        store = events.SessionStore.create(tmp_path / "sessions")
+        bus = events.Bus(store)
+        bus.emit("ToolStarted", tool_use_id="toolu_1", name="bash")
+        bus.emit("CommandStarted", tool_use_id="toolu_1", pid=build.pid,
+                 started_ticks=tools.started_ticks(build.pid))
+        toolbox = tools.Toolbox(tools.Workspace(tmp_path), tmp_path / "home", None, None)
+        agent = kernel.Kernel(bus=bus, model=None, toolbox=toolbox, ctx=None, rules=[],
+                              project_root=tmp_path, ask=None)
+        agent.repair()
+        assert build.wait(timeout=5) == -15
+        cancelled = [e for e in store.events if e["type"] == "ToolCancelled"]
+        assert [e["reason"] for e in cancelled] == [
+            "khaelor exited while the tool was running; its command was stopped on resume"]
+        assert store.state.commands_running == {} and not store.state.started_tools
+    finally:
+        build.kill()
+        build.wait()
+
+
 def test_repair_closes_the_processes_the_log_still_calls_running(tmp_path):
     """After a kill -9 no khaelor manages the processes the log started: repair records that each
     ended, so the fold no longer lists them as running, now or when the log is read again."""

@@ -404,6 +404,14 @@ def test_a_command_starts_off_the_event_loop(box, monkeypatch):
     assert RecordedPopen.threads and loop_thread not in RecordedPopen.threads
 
 
+def test_a_bash_call_records_its_command_for_a_resumed_session_to_stop(box):
+    """CommandStarted names the command's group by pid and start, while it runs (see repair)."""
+    result = box.call("bash", command="echo $$")
+    started = box.of_type("CommandStarted")
+    assert [e["pid"] for e in started] == [int(result.text.split()[0])]
+    assert started[0]["started_ticks"] > 0 and started[0]["tool_use_id"]
+
+
 def test_a_command_cancelled_while_it_starts_is_stopped(box, monkeypatch):
     """Esc while a command is being started (Popen in its thread): the process it would have had
     is killed once it exists, and the turn is cancelled."""
