@@ -585,11 +585,9 @@ def test_slash_rewind_asks_before_writing_over_a_file_the_user_changed(khaelor, 
     assert answers and "(1 file): 1 deleted." in answers[-1], answers
 
 
-def test_what_the_rewind_question_answered_shows_under_its_command_live_and_replayed(
-        khaelor, fake, project, env, monkeypatch):
-    """QA: the answer to /rewind's question showed bare, where a resume showed it under
-    `› /rewind 1`, as every command's answer (its CommandAnswered names the command). And the
-    ◇ line of its Rewound showed above `› /rewind 1`: the line typed comes first."""
+def rewind_question_answered(line, khaelor, fake, project, env, monkeypatch):
+    """A step wrote a.txt, the user changed it, then `line` asks about it and is answered yes: the
+    screen live and replayed (in a session at 60 columns), and the log."""
     import ui
     from test_sessions import in_session, live_and_replayed_mid_reply
     git(project, "init", "-q")
@@ -597,9 +595,19 @@ def test_what_the_rewind_question_answered_shows_under_its_command_live_and_repl
                  reply(text("done")))
     assert khaelor.run("-p", "go", "--yes").returncode == 0
     (project / "a.txt").write_text("the user's own\n")
-    steps = ["/rewind 1", ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
+    steps = [line, ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
     shown, replayed, log = in_session(
         project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 60))
+    return shown, replayed, log
+
+
+def test_what_the_rewind_question_answered_shows_under_its_command_live_and_replayed(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: the answer to /rewind's question showed bare, where a resume showed it under
+    `› /rewind 1`, as every command's answer (its CommandAnswered names the command). And the
+    ◇ line of its Rewound showed above `› /rewind 1`: the line typed comes first."""
+    shown, replayed, _ = rewind_question_answered("/rewind 1", khaelor, fake, project, env,
+                                                  monkeypatch)
     assert shown.startswith("› /rewind 1\n◇ Rewound the work tree to before step 1\n\n"
                             "Rewinding to before step 1") and "1 deleted." in shown, shown
     assert shown.count("› /rewind 1") == 1, shown
@@ -610,16 +618,8 @@ def test_undo_that_asks_shows_undo_above_its_answer_live_and_replayed(khaelor, f
                                                                      env, monkeypatch):
     """QA: `/undo` that asked about a file the user changed showed its answer under
     `› /rewind 1`, live and on resume: the line typed was `/undo`, and it shows, once."""
-    import ui
-    from test_sessions import in_session, live_and_replayed_mid_reply
-    git(project, "init", "-q")
-    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
-                 reply(text("done")))
-    assert khaelor.run("-p", "go", "--yes").returncode == 0
-    (project / "a.txt").write_text("the user's own\n")
-    steps = ["/undo", ui.Key("text", "y"), lambda e: e["type"] == "CommandAnswered"]
-    shown, replayed, log = in_session(
-        project, env, monkeypatch, lambda session: live_and_replayed_mid_reply(session, steps, 60))
+    shown, replayed, log = rewind_question_answered("/undo", khaelor, fake, project, env,
+                                                    monkeypatch)
     assert shown.startswith("› /undo\n◇ Rewound the work tree to before step 1\n\n"), shown
     assert shown.count("› /undo") == 1 and "/rewind 1" not in shown, shown
     assert replayed.endswith(shown) and not (project / "a.txt").exists()

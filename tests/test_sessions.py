@@ -584,6 +584,23 @@ def test_a_message_sent_before_the_turn_task_first_runs_is_steering(khaelor, fak
                          ("SteeringInjected", "second")]
 
 
+async def typed_as_the_turn_ends(session, line: str, kinds: tuple, field: str) -> list:
+    """Sends "first", and `line` once that turn has ended in the log but not yet for the session
+    (the window of the race); then (type, field) of the log's events of `kinds`."""
+    typed = []
+
+    def type_as_it_ends(event):
+        if event["type"] == "TaskCompleted" and not typed:
+            typed.append(session.submit(line))
+    session.subscribe(type_as_it_ends)
+    session.submit("first")
+    first = session.turn
+    await first
+    assert session.turn is not first
+    await session.turn
+    return [(e["type"], e.get(field)) for e in session.store.events if e["type"] in kinds]
+
+
 def test_a_message_typed_as_the_turn_ends_starts_the_next_turn(khaelor, fake, project, env, monkeypatch):
     """QA: a message typed after the last request, while the turn wrote its last checkpoint, was
     queued as steering that no step could take: it waited, unsent, for the user's next message."""
@@ -592,20 +609,8 @@ def test_a_message_typed_as_the_turn_ends_starts_the_next_turn(khaelor, fake, pr
     fake.enqueue(reply(text("first answer")), reply(text("second answer")))
 
     async def script(session):
-        typed = []
-
-        def type_as_it_ends(event):
-            # the turn has ended in the log, not yet for the session: the window of the race
-            if event["type"] == "TaskCompleted" and not typed:
-                typed.append(session.submit("late"))
-        session.subscribe(type_as_it_ends)
-        session.submit("first")
-        first = session.turn
-        await first
-        assert session.turn is not first
-        await session.turn
-        return [(e["type"], e.get("text")) for e in session.store.events
-                if e["type"] in ("UserMessageCreated", "SteeringQueued", "TaskCompleted")]
+        return await typed_as_the_turn_ends(
+            session, "late", ("UserMessageCreated", "SteeringQueued", "TaskCompleted"), "text")
     said = in_session(project, env, monkeypatch, script)
     assert said[-5:] == [("UserMessageCreated", "first"), ("TaskCompleted", None),
                          ("SteeringQueued", "late"), ("UserMessageCreated", "late"),
@@ -624,19 +629,8 @@ def test_a_command_file_typed_as_the_turn_ends_shows_its_line_in_the_next_turn(
     fake.enqueue(reply(text("first answer")), reply(text("second answer")))
 
     async def script(session):
-        typed = []
-
-        def type_as_it_ends(event):
-            if event["type"] == "TaskCompleted" and not typed:
-                typed.append(session.submit("/foo late"))
-        session.subscribe(type_as_it_ends)
-        session.submit("first")
-        first = session.turn
-        await first
-        assert session.turn is not first
-        await session.turn
-        return [(e["type"], e.get("typed")) for e in session.store.events
-                if e["type"] in ("UserMessageCreated", "SteeringQueued")]
+        return await typed_as_the_turn_ends(
+            session, "/foo late", ("UserMessageCreated", "SteeringQueued"), "typed")
     said = in_new_session(project, env, monkeypatch, script)
     assert said == [("UserMessageCreated", None), ("SteeringQueued", "/foo late"),
                     ("UserMessageCreated", "/foo late")], said
