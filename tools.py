@@ -924,9 +924,13 @@ def _runs_git(argv: list[str]) -> bool:
 # approve by name is put back, and what it had written is kept in the spill folder.
 GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
 GIT_CONFIG = ".git/config"
+# a rebase's todo list, whose exec lines the user's `git rebase --continue` runs
+REBASE_TODO = ".git/rebase-merge/git-rebase-todo"
+# an exec line as git's todo parser reads it: blanks, `exec` or `x`, blanks, the command line
+TODO_EXEC = re.compile(rb"^[ \t]*(?:exec|x)[ \t]+(.*?)[ \t\r]*$", re.M)
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
-GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
+GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir", REBASE_TODO)
 # and .git itself where it is a file (`gitdir: …`): one a step made where there was no repository,
 # or rewrote, sends the user's git to a repository of its choosing (never named: always put back)
 GIT_POINTER = ".git"
@@ -1083,6 +1087,8 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
+        if rel == REBASE_TODO and _rebase_todo_plain(old, new, command):
+            continue
         # a repository a gitlink names may be made, changed plainly or removed (nothing then runs)
         if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new, project)):
             continue
@@ -1111,6 +1117,14 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             "that by name; "
             f"{kept}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
+
+
+def _rebase_todo_plain(old: tuple | None, new: tuple | None, command: str) -> bool:
+    """A rebase's todo list made, changed or removed by a step: plain unless it gained an exec
+    line that the approved command does not spell out (`git rebase -x 'make test' main` does)."""
+    before = set(TODO_EXEC.findall(old[1])) if old else set()
+    gained = [line for line in TODO_EXEC.findall(new[1]) if line not in before] if new else []
+    return all(os.fsdecode(line) in command for line in gained)
 
 
 def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:

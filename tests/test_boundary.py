@@ -975,6 +975,37 @@ def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them
     assert (repo / ".vscode" / "launch.json").exists() and "put back" not in result.text
 
 
+def test_a_rebase_todo_gains_no_exec_line_the_approved_command_did_not_spell_out(repo, tmp_path):
+    """`git rebase --continue` runs the todo list's exec lines unconfined: one planted in
+    .git/rebase-merge is put back; a rebase stopped on a conflict keeps its todo, and the exec
+    lines of `git rebase -x CMD`, which the user approved, stay."""
+    commit = ["git", "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qam"]
+    (repo / "f").write_text("base\n")
+    subprocess.run(["git", "add", "f"], cwd=repo, check=True)
+    subprocess.run([*commit, "base"], cwd=repo, check=True)
+    subprocess.run(["git", "checkout", "-qb", "topic"], cwd=repo, check=True)
+    for n in (1, 2):
+        (repo / "f").write_text(f"topic {n}\n")
+        subprocess.run([*commit, f"topic {n}"], cwd=repo, check=True)
+    subprocess.run(["git", "checkout", "-q", "-"], cwd=repo, check=True)
+    (repo / "f").write_text("main\n")
+    subprocess.run([*commit, "main"], cwd=repo, check=True)
+    todo = repo / ".git" / "rebase-merge" / "git-rebase-todo"
+    (repo / "todo.py").write_text("import os\nos.makedirs('.git/rebase-merge')\n"
+                                  "open('.git/rebase-merge/git-rebase-todo', 'w')"
+                                  ".write('pick 0\\n  x  touch MARKER\\n')\n")
+    plant = f"{sys.executable} todo.py"
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": plant}, APPROVED)
+    assert "put back .git/rebase-merge/git-rebase-todo" in result.text, result.text
+    assert not todo.exists()
+    todo.parent.rmdir()
+    rebase = "git -c user.name=u -c user.email=u@x rebase -x 'echo checked' HEAD topic"
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": rebase}, APPROVED)
+    assert "put back" not in result.text and b"exec echo checked" in todo.read_bytes(), result.text
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": "echo later"}, APPROVED)
+    assert "put back" not in result.text and todo.exists()
+
+
 def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
     """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
     nothing in that runs code, and nothing is put back."""

@@ -138,7 +138,9 @@ def line_count(name: str) -> int:
 # in no known group), a process's start is read before its leader is reaped (`sh -c 'server &'`
 # is stopped on resume), a stop is no ✗ (exit -15). 19: a bash call's command is named in the log
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running.
-RUNTIME_LINES = 21_105
+# Session 20: 14 in tools.py: a rebase's todo list is guarded (an exec line planted there ran on the
+# user's `git rebase --continue`); the exec lines an approved `git rebase -x CMD` spells out stay.
+RUNTIME_LINES = 21_119
 SECURITY_CORE_LINES = 6_069
 
 
