@@ -877,7 +877,16 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
     args = parser.parse_args(argv)
     import tools
     args.continue_ = not args.resume
-    store = open_session(args, home, project_root, "no session in this project has steps to rewind")
+    try:
+        store = open_session(args, home, project_root, "no session in this project yet")
+    except UsageError as error:
+        # no session at all is nothing to rewind (1) and an empty list (0), as with a session
+        if args.resume:
+            raise
+        if args.list:
+            print("no steps that changed the work tree")
+            return EXIT_OK
+        raise KhaelorError(f"nothing to rewind: {error}") from None
     try:
         bus = events.Bus(store)
         toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,

@@ -137,8 +137,9 @@ def line_count(name: str) -> int:
 # QA pass, 18 in tools.py: a command cancelled as its pipes were connected is stopped (it ran on,
 # in no known group), a process's start is read before its leader is reaped (`sh -c 'server &'`
 # is stopped on resume), a stop is no ✗ (exit -15). 19: a bash call's command is named in the log
-# (CommandStarted), and a resumed session stops it if a killed khaelor left it running.
-RUNTIME_LINES = 21_105
+# (CommandStarted), and a resumed session stops it if a killed khaelor left it running. Session 20:
+# 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
+RUNTIME_LINES = 21_114
 SECURITY_CORE_LINES = 6_069
 
 
