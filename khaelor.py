@@ -1160,7 +1160,8 @@ def parse_args(argv: list):
     # Claude Code requires it with stream-json, so its scripts pass it; every event prints anyway
     parser.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yes", action="store_true",
-                        help="approve ordinary asks (never the floor, destroying work or a secret)")
+                        help="approve ordinary asks (never the floor, a secret or what no"
+                             " checkpoint undoes)")
     parser.add_argument("-c", "--continue", dest="continue_", action="store_true",
                         help="continue the newest session")
     parser.add_argument("-r", "--resume", metavar="ID",
@@ -2934,11 +2935,12 @@ def prune_in_background(home: Path) -> None:
 
 SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
     "sessions": (cmd_sessions, "", "list this project's sessions"),
-    "permissions": (cmd_permissions, "[check] [--json]", "show or test the permission policy"),
+    "permissions": (cmd_permissions, "[--json | check --bash CMD|--read P|--write P [--json]]",
+                    "show or test the permission policy"),
     "trust": (cmd_trust, "[--revoke] [--yes]",
               "review and trust this repository's permission files"),
-    "sandbox": (cmd_sandbox, "[--write|--network] [--path P] -- CMD",
-                "run a command in the sandbox a permission decision gives"),
+    "sandbox": (cmd_sandbox, "[--read-only|--write|--network] [--path P] [--secrets] [--yes] --"
+                " CMD", "run a command in the sandbox a permission decision gives"),
     "rewind": (cmd_rewind, "[--list] [STEP] [-r SESSION] [--yes]",
                "the work tree back to before a step of a session"),
 }

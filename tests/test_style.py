@@ -139,7 +139,9 @@ def line_count(name: str) -> int:
 # is stopped on resume), a stop is no ✗ (exit -15). 19: a bash call's command is named in the log
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running. Session 20:
 # 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
-RUNTIME_LINES = 21_114
+# 2: --help names every option of each subcommand, and --yes's help no longer says it never
+# destroys work (it approves what a checkpoint undoes).
+RUNTIME_LINES = 21_116
 SECURITY_CORE_LINES = 6_069
 
 
