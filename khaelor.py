@@ -8,7 +8,7 @@ a step, from its checkpoints), the slash-command table and the custom command fi
 error into one line plus the log path. It reads the permission files and trust.json and writes
 grants and trust records; what a file grants is permissions.py's to decide (the trust model).
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
-It is the only module that imports ui, and only when the interactive UI starts.
+It is the only module that imports ui: when the interactive UI starts, and for --help's keys.
 
     khaelor                      interactive, in the current directory
     khaelor -p "fix the test"    headless one-shot (see --help)
@@ -160,7 +160,7 @@ def setting_choices() -> dict:
 
 
 def load_settings(args, home: Path, project_root: Path) -> dict:
-    """Precedence: flags → project config → user config → env → defaults."""
+    """Precedence: flags → project config → user config ($KHAELOR_HOME's) → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL, MODEL_ALIASES
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
