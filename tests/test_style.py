@@ -140,8 +140,8 @@ def line_count(name: str) -> int:
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running. Session 20:
 # 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
 # 2: --help names every option of each subcommand, and --yes's help no longer says it never
-# destroys work (it approves what a checkpoint undoes).
-RUNTIME_LINES = 21_116
+# destroys work (it approves what a checkpoint undoes). 1: `?` lists Shift-Tab (the mode).
+RUNTIME_LINES = 21_117
 SECURITY_CORE_LINES = 6_069
 
 
