@@ -8,7 +8,7 @@ a step, from its checkpoints), the slash-command table and the custom command fi
 error into one line plus the log path. It reads the permission files and trust.json and writes
 grants and trust records; what a file grants is permissions.py's to decide (the trust model).
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
-It is the only module that imports ui, and only when the interactive UI starts.
+It is the only module that imports ui: when the interactive UI starts, and for --help's keys.
 
     khaelor                      interactive, in the current directory
     khaelor -p "fix the test"    headless one-shot (see --help)
@@ -160,7 +160,7 @@ def setting_choices() -> dict:
 
 
 def load_settings(args, home: Path, project_root: Path) -> dict:
-    """Precedence: flags → project config → user config → env → defaults."""
+    """Precedence: flags → project config → user config ($KHAELOR_HOME's) → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL, MODEL_ALIASES
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
@@ -877,7 +877,16 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
     args = parser.parse_args(argv)
     import tools
     args.continue_ = not args.resume
-    store = open_session(args, home, project_root, "no session in this project has steps to rewind")
+    try:
+        store = open_session(args, home, project_root, "no session in this project yet")
+    except UsageError as error:
+        # no session at all is nothing to rewind (1) and an empty list (0), as with a session
+        if args.resume:
+            raise
+        if args.list:
+            print("no steps that changed the work tree")
+            return EXIT_OK
+        raise KhaelorError(f"nothing to rewind: {error}") from None
     try:
         bus = events.Bus(store)
         toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
@@ -1151,7 +1160,8 @@ def parse_args(argv: list):
     # Claude Code requires it with stream-json, so its scripts pass it; every event prints anyway
     parser.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yes", action="store_true",
-                        help="approve ordinary asks (never the floor, destroying work or a secret)")
+                        help="approve ordinary asks (never the floor, a secret or what no"
+                             " checkpoint undoes)")
     parser.add_argument("-c", "--continue", dest="continue_", action="store_true",
                         help="continue the newest session")
     parser.add_argument("-r", "--resume", metavar="ID",
@@ -2925,11 +2935,12 @@ def prune_in_background(home: Path) -> None:
 
 SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
     "sessions": (cmd_sessions, "", "list this project's sessions"),
-    "permissions": (cmd_permissions, "[check] [--json]", "show or test the permission policy"),
+    "permissions": (cmd_permissions, "[--json | check --bash CMD|--read P|--write P [--json]]",
+                    "show or test the permission policy"),
     "trust": (cmd_trust, "[--revoke] [--yes]",
               "review and trust this repository's permission files"),
-    "sandbox": (cmd_sandbox, "[--write|--network] [--path P] -- CMD",
-                "run a command in the sandbox a permission decision gives"),
+    "sandbox": (cmd_sandbox, "[--read-only|--write|--network] [--path P] [--secrets] [--yes] --"
+                " CMD", "run a command in the sandbox a permission decision gives"),
     "rewind": (cmd_rewind, "[--list] [STEP] [-r SESSION] [--yes]",
                "the work tree back to before a step of a session"),
 }

@@ -141,8 +141,11 @@ def line_count(name: str) -> int:
 # Session 20: 14 in tools.py: a rebase's todo list is guarded (an exec line planted there ran on the
 # user's `git rebase --continue`); the exec lines an approved `git rebase -x CMD` spells out stay.
 # 7 in model.py: the SDK's objects are frozen out of the collector's sight once it is loaded (a full
-# collection walked them: 55-110 ms of a held event loop, now under 12 ms).
-RUNTIME_LINES = 21_126
+# collection walked them: 55-110 ms of a held event loop, now under 12 ms). From the docs pass,
+# 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
+# 2: --help names every option of each subcommand, and --yes's help no longer says it never
+# destroys work (it approves what a checkpoint undoes). 1: `?` lists Shift-Tab (the mode).
+RUNTIME_LINES = 21_138
 SECURITY_CORE_LINES = 6_069
 
 
