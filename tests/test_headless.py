@@ -374,9 +374,10 @@ def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
     # "" is a prefix of every id: it started a new session without a word
     empty = khaelor.run("-r", "", "-p", "hi")
     assert empty.returncode == 2 and "-r needs a session id" in empty.stderr
-    # (it said "run without -c", which rewind has not)
+    # (it said "run without -c", which rewind has not; no session is nothing to rewind: exit 1)
     no_steps = khaelor.run("rewind")
-    assert no_steps.returncode == 2 and "no session in this project has steps" in no_steps.stderr
+    assert no_steps.returncode == 1 and "no session in this project yet" in no_steps.stderr
+    assert len(no_steps.stderr.splitlines()) == 1
     bad_flag = khaelor.run("--frobnicate")
     assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
     assert fake.requests == []
