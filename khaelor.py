@@ -1474,6 +1474,7 @@ async def run_headless(args, settings, store, home, project_root) -> int:
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root,
                            ask, layers=layers)
+    kernel_.toolbox.asks_nobody = not args.yes
     resumed = bool(store.events)
     if not resumed:
         emit_created(bus, settings, project_root)

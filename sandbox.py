@@ -1643,10 +1643,10 @@ CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
 def explain(output: str, confine: Confine, cwd: Path, project: Path,
             temp_dir: Path | None, home: Path,
-            khaelor_home: Path) -> str | None:
+            khaelor_home: Path, asks_nobody: bool = False) -> str | None:
     """A note for the model when a confined command's failure looks like the sandbox refusing
     it: what it would need (a path, write access outside the project, network) and that the user
-    can grant it."""
+    can grant it (`asks_nobody`: -p without --yes, where no one answers a question)."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
     if lines and not confine.secrets and (confine.unattended or not confine.write):
@@ -1685,6 +1685,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
            "so that the user's permission question covers it")
     if confine.unattended:
         way = "--yes opens nothing more: a person must approve it"
+    elif asks_nobody:
+        way = ("nobody answers a permission question in this run (khaelor -p): only the user's "
+               "own rules (--allowedTools) let a command that names it run")
     if any(need.endswith("which only the user changes") for need in needs):
         way = "no command changes it, approved or not"
     return ("[khaelor sandbox: this command ran confined to what its "

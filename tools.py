@@ -1233,6 +1233,8 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
+        # -p without --yes: no one answers a permission question (the sandbox's note says so)
+        self.asks_nobody = False
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
@@ -3968,7 +3970,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if box.sandboxed and exit_code != 0:
         ws = box.workspace
         refused = sandbox.explain(
-            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
+            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home, box.asks_nobody)
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)
