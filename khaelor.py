@@ -1631,6 +1631,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     thought = [usage["thinking_tokens"] for usage in state.usage.values()
                if "thinking_tokens" in usage]
     thinking_tokens = sum(thought) if thought else None
+    reason = failure(state, step)
     return {
         # Claude Code's
         "type": "result",
@@ -1643,8 +1644,10 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "total_cost_usd": cost,
         "usage": usage,
         "permission_denials": permission_denials(store),
+        # (Claude Code's error results list why: `jq -r '.errors[]'`)
+        "errors": [reason] if reason else [],
         # KHAELOR's own
-        "error": failure(state, step),
+        "error": reason,
         "cost_usd": cost,
         "usage_by_model": state.usage,
         "thinking": thinking,

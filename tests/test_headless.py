@@ -358,10 +358,14 @@ def test_stream_json_prints_every_durable_event_as_it_is_recorded(khaelor, fake)
 
 def test_max_turns_stops_the_loop_with_exit_1(khaelor, fake):
     fake.enqueue(*[reply(tool_use("bash", {"command": f"echo {i}"})) for i in range(5)])
-    result = khaelor.run("-p", "loop", "--yes", "--max-turns", "2")
+    result = khaelor.run("-p", "loop", "--yes", "--max-turns", "2", "--output-format", "json")
     assert result.returncode == 1
     assert "--max-turns 2" in result.stderr
     assert len(fake.requests) == 2
+    # as Claude Code's: error_max_turns, is_error, and why in `errors` (a list of strings)
+    answer = json.loads(result.stdout)
+    assert answer["subtype"] == "error_max_turns" and answer["is_error"] is True
+    assert len(answer["errors"]) == 1 and "--max-turns 2" in answer["errors"][0], answer
 
 
 def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
