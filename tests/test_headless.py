@@ -348,12 +348,29 @@ def test_a_torn_last_line_is_recovered_on_continue(khaelor, fake):
 
 
 def test_stream_json_prints_every_durable_event_as_it_is_recorded(khaelor, fake):
-    fake.enqueue(reply(tool_use("bash", {"command": "true"})), reply(text("ok")))
+    """Every event of the log as it is recorded, and among them Claude Code's messages (a script
+    written for `claude -p --output-format stream-json` read none: its session_id from the system
+    init line, the text from assistant messages, the tool results from user ones)."""
+    fake.enqueue(reply(text("running it"), tool_use("bash", {"command": "echo hi"}, id="toolu_1")),
+                 reply(text("ok")))
     result = khaelor.run("-p", "go", "--yes", "--output-format", "stream-json")
     assert result.returncode == 0, result.stderr
     printed = [json.loads(line) for line in result.stdout.splitlines()]
-    assert printed[:-1] == khaelor.log() and printed[-1]["type"] == "result"    # then Claude Code's result
+    logged = [line for line in printed if "seq" in line]
+    assert logged == khaelor.log() and printed[-1]["type"] == "result"
     assert {"ToolRequested", "ToolCompleted", "ModelResponseCompleted", "TaskCompleted"} <= {e["type"] for e in printed}
+    claude = [line for line in printed if line["type"] in ("system", "assistant", "user", "result")]
+    kinds = [line["type"] for line in claude]
+    assert kinds == ["system", "assistant", "user", "assistant", "result"]
+    session = printed[-1]["session_id"]
+    assert claude[0]["subtype"] == "init" and "bash" in claude[0]["tools"]
+    assert {line["session_id"] for line in claude} == {session}
+    assert claude[1]["message"]["content"] == [
+        {"type": "text", "text": "running it"},
+        {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo hi"}}]
+    result_block = claude[2]["message"]["content"][0]
+    assert result_block["type"] == "tool_result" and result_block["tool_use_id"] == "toolu_1"
+    assert "hi" in result_block["content"] and claude[3]["message"]["content"][0]["text"] == "ok"
 
 
 def test_max_turns_stops_the_loop_with_exit_1(khaelor, fake):

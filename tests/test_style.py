@@ -140,7 +140,8 @@ def line_count(name: str) -> int:
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running. Session 20,
 # 30 (24 of the core): under --yes a secret file a command makes or only looks at (cp .env.example
 # .env, test -f .env) is no read of it; -p's sandbox note says nobody answers; results list errors.
-RUNTIME_LINES = 21_135
+# 33 in khaelor.py: stream-json carries Claude Code's system init, assistant and user messages.
+RUNTIME_LINES = 21_168
 SECURITY_CORE_LINES = 6_093
 
 
