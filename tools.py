@@ -820,7 +820,8 @@ class Workspace:
                           if os.path.isfile(self.cwd / name)]
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
-            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
+            cover = sandbox.cover_file(self.home) if hidden else ""
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover)
             hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it

@@ -141,8 +141,10 @@ def line_count(name: str) -> int:
 # 30 (24 of the core): under --yes a secret file a command makes or only looks at (cp .env.example
 # .env, test -f .env) is no read of it; -p's sandbox note says nobody answers; results list errors.
 # 33 in khaelor.py: stream-json carries Claude Code's system init, assistant and user messages.
-RUNTIME_LINES = 21_168
-SECURITY_CORE_LINES = 6_093
+# 33 (32 of the core): a closed secret file is covered with an empty file of mode 0, not /dev/null,
+# so `test -f .env` in a command --yes approves answers as it would outside.
+RUNTIME_LINES = 21_201
+SECURITY_CORE_LINES = 6_125
 
 
 def test_the_runtime_and_its_security_core_never_grow():
