@@ -820,7 +820,8 @@ class Workspace:
                           if os.path.isfile(self.cwd / name)]
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
-            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
+            cover = sandbox.cover_file(self.home) if hidden else ""
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover)
             hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
@@ -1247,6 +1248,8 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
+        # -p without --yes: no one answers a permission question (the sandbox's note says so)
+        self.asks_nobody = False
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
@@ -3982,7 +3985,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if box.sandboxed and exit_code != 0:
         ws = box.workspace
         refused = sandbox.explain(
-            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
+            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home, box.asks_nobody)
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)

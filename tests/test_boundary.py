@@ -1200,6 +1200,21 @@ def test_khaelor_sandbox_gives_the_shape_yes_approves_too(project, env):
     assert done.returncode != 0 and "MARKER-sandbox-yes" not in done.stdout + done.stderr
 
 
+@pytest.mark.skipif(not sandbox.mount_namespace_available(), reason="no mount namespace here")
+def test_under_yes_a_closed_secret_file_is_still_a_regular_file_to_test(project, env):
+    """An approved command under --yes saw a closed .env as /dev/null, a character device: `test
+    -f .env` answered no (`[ -f .env ] || exit 1` failed a build, `test -f .env || cp …` wrote).
+    It sees an empty file no open passes: test -f says yes; nothing reads, writes or removes it."""
+    (project / ".env").write_text("API_TOKEN=MARKER-cover\n")
+    (project / ".env.example").write_text("API_TOKEN=\n")
+    script = ("test -f .env && echo REGULAR; test -f .env || cp .env.example .env; cat .env; "
+              "cp .env.example .env; rm -f .env; python3 -c 'print(open(\".env\").read())'")
+    done = run_khaelor(["sandbox", "--write", "--yes", "--", "sh", "-c", script], project, env)
+    assert "REGULAR" in done.stdout and "MARKER-cover" not in done.stdout + done.stderr, done
+    assert "Permission denied" in done.stderr and "busy" in done.stderr, done.stderr
+    assert (project / ".env").read_text() == "API_TOKEN=MARKER-cover\n"
+
+
 def test_a_read_only_command_filling_the_temp_dir_is_stopped(project, tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "TEMP_DIR_CAP", 1 << 20)
     command = ("for i in 1 2 3; do head -c 600000 /dev/urandom > $TMPDIR/f$i; done; sleep 20; "

@@ -145,8 +145,13 @@ def line_count(name: str) -> int:
 # 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
 # 2: --help names every option of each subcommand, and --yes's help no longer says it never
 # destroys work (it approves what a checkpoint undoes). 1: `?` lists Shift-Tab (the mode).
-RUNTIME_LINES = 21_138
-SECURITY_CORE_LINES = 6_069
+# From the headless pass, 30 (24 of the core): under --yes a secret file a command makes or only
+# looks at (cp .env.example .env, test -f .env) is no read of it; -p's sandbox note says nobody
+# answers; results list errors. 33 in khaelor.py: stream-json carries Claude Code's system init,
+# assistant and user messages. 33 (32 of the core): a closed secret file is covered with an empty
+# file of mode 0, not /dev/null, so `test -f .env` in a command --yes approves answers as outside.
+RUNTIME_LINES = 21_234
+SECURITY_CORE_LINES = 6_125
 
 
 def test_the_runtime_and_its_security_core_never_grow():
