@@ -137,6 +137,10 @@ TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{2
                    r"|AKIA[0-9A-Z]{16}|AIza[\w-]{35}|npm_[A-Za-z0-9]{36}|pypi-[\w-]{50,}"
                    r"|hf_(?<![\w-]hf_)[A-Za-z0-9]{30,}")
 TOKEN_MASK = "[redacted: a token]"
+# An HTTP credential in a header: what `git config -l` shows of the extraheader actions/checkout
+# leaves in .git/config (AUTHORIZATION: basic <base64 of x-access-token:TOKEN>), or `curl -v`.
+AUTH_HEADER = re.compile(r"(?i)(authorization:[ \t]*(?:basic|bearer|token)[ \t]+)[^\s\"']+")
+AUTH_HEADER_MASK = "[redacted: a credential]"
 # A private key's body, however it is printed (a diff puts + before each line), to its end line
 # or, cut short, to the end of the text
 PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?"
@@ -1372,8 +1376,8 @@ class Toolbox:
         """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
         session log or a spill file, whatever shows it (env, printenv, a .env file); commands get it
         only where the user's config passes it (sandbox.child_environment). The values of the
-        project's .env files, the passwords in URLs and tokens of known formats are masked the
-        same way."""
+        project's .env files, the passwords in URLs, tokens of known formats and HTTP
+        authorization headers are masked the same way."""
         for name in SECRET_ENV:
             secret = os.environ.get(name)
             if secret and len(secret) >= 8 and secret in text:
@@ -1387,6 +1391,8 @@ class Toolbox:
             text = PRIVATE_KEY.sub(rf"\1 {PRIVATE_KEY_MASK} \2", text)
         if "diff --" in text:
             text = _mask_secret_diffs(text)
+        if "uthorization" in text or "UTHORIZATION" in text:
+            text = AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, text)
         return TOKEN.sub(TOKEN_MASK, text)
 
     def running_processes(self) -> list[dict]:
@@ -2308,7 +2314,7 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
     masked .env and wrote it back would replace every value with the mask. A file that holds
     the mask's text itself (khaelor's own source) may still be edited."""
     for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK, TOKEN_MASK, PRIVATE_KEY_MASK,
-                 SECRET_DIFF_MASK):
+                 SECRET_DIFF_MASK, AUTH_HEADER_MASK):
         in_file = before is not None and mask.encode() in before
         if mask in new_text and not in_file:
             raise ToolError(
