@@ -150,7 +150,7 @@ def line_count(name: str) -> int:
 # answers; results list errors. 33 in khaelor.py: stream-json carries Claude Code's system init,
 # assistant and user messages. 33 (32 of the core): a closed secret file is covered with an empty
 # file of mode 0, not /dev/null, so `test -f .env` in a command --yes approves answers as outside.
-# 7 in tools.py: an HTTP authorization header's credential is masked (actions/checkout leaves the
+# 6 in tools.py: an HTTP authorization header's credential is masked (actions/checkout leaves the
 # job's token in .git/config as an extraheader, base64: no token format matched it).
 RUNTIME_LINES = 21_240
 SECURITY_CORE_LINES = 6_125
