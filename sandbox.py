@@ -391,6 +391,9 @@ HOME_READABLE = [
     ".sdkman", ".bun", ".deno", ".local/bin", ".local/lib", ".local/pipx", ".m2", ".gradle",
     ".gitconfig", ".config/git",
 ]
+# ... whose build tools keep plaintext credentials in files they read on every build: closed to
+# the commands that may not read the project's secret files (read-only ones, --yes's), as those are
+HOME_CREDENTIALS = [".gradle/gradle.properties", ".m2/settings.xml"]
 
 
 @functools.cache
@@ -446,6 +449,12 @@ def _toolchain(entry: str) -> list[str]:
     prefix = os.path.dirname(entry.rstrip("/"))
     beside = ["lib", "lib64", "libexec", "include", "pyvenv.cfg"]
     return [entry] + [os.path.join(prefix, name) for name in beside]
+
+
+def home_credentials(home: str) -> list[str]:
+    """HOME_CREDENTIALS that exist in `home`, as real paths (what a ruleset or a cover names)."""
+    paths = [os.path.realpath(os.path.join(home, name)) for name in HOME_CREDENTIALS]
+    return [path for path in paths if os.path.isfile(path)]
 
 
 @functools.cache
@@ -1652,6 +1661,7 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     if lines and not confine.secrets and (confine.unattended or not confine.write):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
         closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
+        closed += home_credentials(str(home))
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]

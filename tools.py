@@ -813,6 +813,8 @@ class Workspace:
             if (read_only or confine.unattended) and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
+            if names:
+                hidden += sandbox.home_credentials(str(Path.home()))
             # and what only the user changes stays as it is (an approved command's namespace)
             frozen = []
             if confine.write:

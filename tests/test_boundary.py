@@ -218,6 +218,28 @@ def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(proje
     assert "Kept Readable" in out and "jobs = 1" in out
 
 
+def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secret_files(
+        project, env, home):
+    """~/.gradle and ~/.m2 are readable (builds need them), and their gradle.properties and
+    settings.xml hold registry and signing passwords in plain text: a read-only command and one
+    --yes approved found them open (a postinstall given the network by --yes could send them).
+    They are closed to those as the project's .env is; a build a person approved still reads them."""
+    stores = [home / ".gradle" / "gradle.properties", home / ".m2" / "settings.xml"]
+    for store in stores:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(f"password={CREDENTIAL}\n")
+    (home / ".m2" / "repository").mkdir()
+    (home / ".m2" / "repository" / "a.pom").write_text("<project>kept readable</project>\n")
+    command = ["sh", "-c", f"cat {stores[0]}; cat {stores[1]}; cat {home}/.m2/repository/a.pom"]
+    for shape in (["--read-only"], ["--write", "--yes"]):
+        done = run_khaelor(["sandbox", *shape, "--", *command], project, env)
+        out = done.stdout + done.stderr
+        assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
+        assert "kept readable" in out
+    code, out = sandboxed(project, env, "--write", *command)
+    assert out.count(CREDENTIAL) == 2 and "kept readable" in out, out
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_git_reads_the_files_the_users_git_config_includes_and_no_secret(project, env, home, shape):
     """[include] path = ~/.gitconfig.local (and includeIf, and theirs): every sandboxed git
