@@ -1024,13 +1024,21 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
-    """acceptEdits writes a project file where only the default rule asked;
-    not into .git/: .git/config can run code later (.GIT on a file system that ignores case), and
-    so can .vscode/ (a task run when the folder opens, an editor agent's auto-approve setting)."""
+    """acceptEdits writes a project file where only the default rule asked, but what runs later."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not sandbox.within(decision.descriptor.lower(), [".git", ".vscode"])
+    return not runs_later(decision.descriptor)
+
+
+def runs_later(descriptor: str) -> bool:
+    """Whether writing this project path plants what runs later, unconfined, so that only a person
+    approves it (not acceptEdits, not --yes): any repository's .git (its config's core.fsmonitor,
+    its hooks; .GIT on a file system that ignores case), .vscode/ (a task run when the folder
+    opens, an editor agent's auto-approve setting), .claude/ and .khaelor/ (what the bash guard
+    holds too)."""
+    parts = descriptor.lower().split("/")
+    return ".git" in parts or parts[0] in (".vscode", ".claude", ".khaelor")
 
 
 def _decide(kind: str, fields: dict, project_root: Path,

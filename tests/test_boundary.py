@@ -1181,6 +1181,32 @@ def test_under_yes_no_secret_of_the_project_leaves_by_a_network_command(khaelor,
     assert len(ran) == 2                      # the script and the second curl: approved, confined
 
 
+def test_under_yes_the_write_tool_plants_nothing_that_git_or_the_editor_runs_later(khaelor, fake,
+                                                                                   project):
+    """The guard puts back what a command writes in .git/ or .vscode/, but --yes approved the
+    write and edit tools there: `core.fsmonitor` written into .git/config ran at the user's next
+    `git status`, unconfined. Such a write is a person's to approve; other files are written."""
+    shutil.rmtree(project / ".git")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    config = (project / ".git" / "config").read_text()
+    planted = {".git/config": config + "[core]\n\tfsmonitor = touch MARKER; false #\n",
+               ".git/hooks/pre-commit": "#!/bin/sh\ntouch MARKER\n",
+               ".vscode/tasks.json": '{"tasks": [{"command": "touch MARKER"}]}\n',
+               "app.py": "print(1)\n"}
+    calls = [("read", {"file_path": str(project / ".git" / "config")})]
+    calls += [("write", {"file_path": str(project / rel), "content": content})
+              for rel, content in planted.items()]
+    fake.enqueue(*[reply(tool_use(name, given)) for name, given in calls], reply(text("done")))
+    result = khaelor.run("-p", "set up the repository", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("--yes never writes it") == 3, result.stderr
+    assert (project / ".git" / "config").read_text() == config
+    assert not (project / ".git" / "hooks" / "pre-commit").exists()
+    assert not (project / ".vscode").exists() and (project / "app.py").exists()
+    subprocess.run(["git", "status"], cwd=project, capture_output=True)
+    assert not (project / "MARKER").exists()
+
+
 def test_khaelor_sandbox_gives_the_shape_yes_approves_too(project, env):
     """`khaelor sandbox --write --yes`: an approved command as --yes approves it, the project's
     secret files closed (a person's approval, `--write` alone, opens them)."""
