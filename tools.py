@@ -1014,22 +1014,29 @@ def _worktree_plain(rel: str, old: tuple | None, new: tuple | None) -> bool:
     return new is None or made and rel.endswith("/commondir")
 
 
-def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
+def guard_record(project: Path, links: tuple[str, ...] = (),
+                 hooks: str | None = None) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
     through a link is recorded as that link and never walked: what it points to is not ours. Every
     folder is opened without following a link, and walked from its descriptor, so one swapped for a
-    link meanwhile (by a process a step left running) is not entered either."""
+    link meanwhile (by a process a step left running) is not entered either. `hooks`: the folder
+    core.hooksPath named before the step (None: read it now)."""
     state = {}
     real = os.path.realpath(project)
+    if hooks is None:
+        with contextlib.suppress(OSError):
+            with _closing(sandbox.open_no_links(os.path.join(real, ".git"), sandbox.O_PATH)) as fd:
+                _record_entry(state, GIT_CONFIG, "config", fd)
+        hooks = hooks_folder(state.get(GIT_CONFIG), project)
     for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
-                *linked_worktrees(project)):
+                *linked_worktrees(project), *filter(None, [hooks])):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks")):
+        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks") or top == hooks):
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -1039,6 +1046,19 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
                         rel = os.path.normpath(f"{top}/{folder}/{file}")
                         _record_entry(state, rel, file, folder_fd)
     return state
+
+
+def hooks_folder(config: tuple[int, bytes] | None, project: Path) -> str:
+    """The project folder (relative) that a recorded .git/config's core.hooksPath names: husky's
+    .husky/_, which git ignores, so no diff shows a hook planted there; "" for none or one outside
+    the project."""
+    entries = _config_entries(config[1] if config else b"")
+    values = [value for name, value in entries if name.lower() == "core.hookspath" and value]
+    if not values:
+        return ""
+    real = os.path.realpath(project)
+    rel = os.path.relpath(os.path.join(real, values[0].strip().strip('"')), real)
+    return "" if rel == "." or rel.startswith("..") else rel
 
 
 def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
@@ -1074,14 +1094,16 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     named = command if confine.attended else ""
     keep = spill_dir / "guarded"
     nested = nested_guarded(links)
-    after = guard_record(project, links)
+    hooks = hooks_folder(before.get(GIT_CONFIG), project)
+    after = guard_record(project, links, hooks)
     restored = []
     lost = []
     for rel in sorted(set(before) | set(after)):
         old = before.get(rel)
         new = after.get(rel)
         # git runs no hook named *.sample (git init and submodule add write them)
-        if old == new or _named(rel, named) or (rel.endswith(".sample") and "/hooks/" in rel):
+        sample = rel.endswith(".sample") and "/hooks/" in rel
+        if old == new or _named(rel, named, hooks) or sample:
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
@@ -1151,12 +1173,12 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
         os.close(fd)
 
 
-def _named(rel: str, command: str) -> bool:
+def _named(rel: str, command: str, hooks: str = "") -> bool:
     if not command:
         return False
     if rel in GUARDED_FILES:
         return "git config" in command or rel in command
-    return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
+    return any(rel.startswith(name) and name in command for name in (*GUARDED_DIRS, hooks) if name)
 
 
 def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:

@@ -801,6 +801,28 @@ def test_a_step_that_plants_hooks_drivers_or_grants_has_them_put_back(repo, tmp_
     assert any(b"touch MARKER" in path.read_bytes() for path in kept)     # nothing is lost
 
 
+def test_a_hook_planted_where_core_hooks_path_points_in_the_project_is_put_back(repo, tmp_path):
+    """husky sets core.hooksPath to .husky/_, a project folder git ignores: a step (under --yes
+    too) wrote a pre-commit hook there, no diff showed it, and the user's next commit ran it."""
+    hooks = repo / ".husky" / "_"
+    hooks.mkdir(parents=True)
+    (hooks / ".gitignore").write_text("*\n")
+    (hooks / "h").write_text("#!/bin/sh\n")
+    for key, value in (("core.hooksPath", ".husky/_"), ("user.name", "u"), ("user.email", "u@x")):
+        subprocess.run(["git", "config", key, value], cwd=repo, check=True)
+    (repo / "hook.py").write_text(
+        "import os\n"
+        "for name in ('pre-commit', 'h'):\n"
+        "    open(f'.husky/_/{name}', 'w').write('#!/bin/sh\\ntouch MARKER\\n')\n"
+        "    os.chmod(f'.husky/_/{name}', 0o755)\n")
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} hook.py"},
+                      sandbox.Confine(attended=True))
+    assert "put back .husky/_/h, .husky/_/pre-commit" in result.text
+    assert (hooks / "h").read_text() == "#!/bin/sh\n" and not (hooks / "pre-commit").exists()
+    subprocess.run(["git", "commit", "-qm", "x", "--allow-empty"], cwd=repo, capture_output=True)
+    assert not (repo / "MARKER").exists()
+
+
 @pytest.mark.parametrize("plant", [
     # extensions.worktreeConfig is a plain entry; config.worktree then holds the hook
     "import subprocess\n"

@@ -141,7 +141,8 @@ def line_count(name: str) -> int:
 # the core): ~/.gradle/gradle.properties and ~/.m2/settings.xml closed as the project's .env is.
 # 13 (8 of the core): --yes and acceptEdits write no .git/ (a nested one's too), .vscode/, .claude/
 # or .khaelor/ with the write tool (a planted core.fsmonitor ran at the user's next git status).
-RUNTIME_LINES = 21_130
+# 22 in tools.py: the guard holds the project folder core.hooksPath names (husky's .husky/_).
+RUNTIME_LINES = 21_152
 SECURITY_CORE_LINES = 6_087
 
 
