@@ -249,6 +249,23 @@ def test_symlinks_out_of_the_project_are_outside_and_instruction_files_through_t
     assert len([e for e in khaelor.log() if e["type"] == "PermissionDenied"]) == 2
 
 
+def test_an_instruction_file_imports_nothing_the_users_read_rules_deny(khaelor, fake, project, env):
+    """The read tool refused `private/notes.md` (the user denies `Read(./private/**)`), but the
+    repository's CLAUDE.md said `@private/notes.md`, and the import put it in the system prompt of
+    every request."""
+    claude = Path(env["HOME"]) / ".claude"
+    claude.mkdir(parents=True)
+    (claude / "settings.json").write_text('{"permissions": {"deny": ["Read(./private/**)"]}}')
+    (project / "private").mkdir()
+    (project / "private" / "notes.md").write_text(f"db password: {SECRET_VALUE}\n")
+    (project / "style.md").write_text("Use tabs.\n")
+    (project / "CLAUDE.md").write_text("Conventions: @style.md and @private/notes.md\n")
+    fake.enqueue(reply(text("done")))
+    assert khaelor.run("-p", "hi").returncode == 0
+    sent = all_request_text(fake)
+    assert SECRET_VALUE not in sent and "Use tabs." in sent
+
+
 def test_dotenv_values_are_masked_even_when_the_user_approves_reading(khaelor, fake, project):
     (project / ".env").write_text(f'DB_PASSWORD="{SECRET_VALUE}"\nDEBUG=1\n')
     fake.enqueue(reply(tool_use("bash", {"command": "cat .env"})),
