@@ -209,7 +209,8 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
     project-level file from cwd up to the project root (ancestors do not stack), then the nearest
     CLAUDE.local.md.
     is_secret(path): whether a project-relative path (outside the project, a name) is never
-    imported: a secret file (sandbox.is_secret_name), or one the read rules deny or ask about. mask(text): the secrets in a file's text masked as in a tool's output (an import of
+    imported: a secret file (sandbox.is_secret_name), or one the read rules deny or ask about.
+    mask(text): the secrets in a file's text masked as in a tool's output (an import of
     .git/config would bring the token in a remote's URL)."""
     notes = []
     cwd = Path(cwd).resolve()

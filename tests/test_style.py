@@ -142,8 +142,8 @@ def line_count(name: str) -> int:
 # 13 (8 of the core): --yes and acceptEdits write no .git/ (a nested one's too), .vscode/, .claude/
 # or .khaelor/ with the write tool (a planted core.fsmonitor ran at the user's next git status).
 # 22 in tools.py: the guard holds the project folder core.hooksPath names (husky's .husky/_).
-# 5: an instruction file imports nothing the read rules deny or ask about (it reached the API).
-RUNTIME_LINES = 21_157
+# 6: an instruction file imports nothing the read rules deny or ask about (it reached the API).
+RUNTIME_LINES = 21_158
 SECURITY_CORE_LINES = 6_087
 
 
