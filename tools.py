@@ -126,6 +126,9 @@ DOTENV_MASK = "[redacted: a value from the project's .env file]"
 # `cat .git/config` would otherwise show the model and the session log.
 URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@")
 URL_PASSWORD_MASK = "[redacted]@"
+# An HTTP authorization header's credential: the GitHub token actions/checkout keeps in .git/config
+# (http.<url>.extraheader = AUTHORIZATION: basic <base64>), a header a command prints
+AUTH_HEADER = re.compile(r"(?i)(authorization:\s*(?:basic|bearer|token)\s+)[\w+/=.~-]{8,}")
 # Tokens whose format names them (GitHub, GitLab, Slack, Anthropic, OpenAI, Stripe, AWS, Google,
 # npm, PyPI, Hugging Face): masked wherever they show, a URL's user name included
 # (https://ghp_…@github.com). Each starts with its literal prefix: a \b or a class first makes
@@ -1392,6 +1395,8 @@ class Toolbox:
             text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
         if "PRIVATE KEY-----" in text:
             text = PRIVATE_KEY.sub(rf"\1 {PRIVATE_KEY_MASK} \2", text)
+        if "uthorization" in text or "UTHORIZATION" in text:
+            text = AUTH_HEADER.sub(r"\1" + TOKEN_MASK, text)
         if "diff --" in text:
             text = _mask_secret_diffs(text)
         return TOKEN.sub(TOKEN_MASK, text)

@@ -143,7 +143,8 @@ def line_count(name: str) -> int:
 # or .khaelor/ with the write tool (a planted core.fsmonitor ran at the user's next git status).
 # 22 in tools.py: the guard holds the project folder core.hooksPath names (husky's .husky/_).
 # 6: an instruction file imports nothing the read rules deny or ask about (it reached the API).
-RUNTIME_LINES = 21_158
+# 5 in tools.py: an authorization header's credential is masked (actions/checkout's extraheader).
+RUNTIME_LINES = 21_163
 SECURITY_CORE_LINES = 6_087
 
 
