@@ -1555,7 +1555,9 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
     # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`);
     # and of the outside paths only where an approved install puts packages: nothing outside the
     # project can be rewound, and what it reads (a shell history) could leave with the answer.
-    known = not any(r.capability == EXECUTE for r in requests)
+    # Nor to a program run with variables set for it (GIT_SSH_COMMAND=, LD_PRELOAD=: it runs the
+    # repository's code).
+    known = not any(r.capability == EXECUTE or _sets_variables(r) for r in requests)
     return sandbox.Confine(
         write=not read_only,
         network=bool(network),
@@ -1566,6 +1568,12 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
+
+
+def _sets_variables(request: _Request) -> bool:
+    """A command run with NAME=value words before it (its own, or env's)."""
+    words = shlex.split(request.subject)[:request.wrapped_at] if request.wrapped_at else []
+    return any(map(_ASSIGNMENT.match, words))
 
 
 def rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:

@@ -1168,6 +1168,24 @@ def test_under_yes_a_hostile_payload_gets_nothing_out(khaelor, fake, project, en
     unix_server.close()
 
 
+def test_under_yes_no_script_gets_the_network_through_a_variable_a_known_program_runs(
+        khaelor, fake, project, listener):
+    """--yes gives the network to git fetch and curl, never to a script; but GIT_SSH_COMMAND (or
+    GIT_SSH, LD_PRELOAD) set for the command made git run the repository's script with it."""
+    port = listener.getsockname()[1]
+    (project / "p.py").write_text(
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port})).sendall(b'out')\n")
+    (project / "p.sh").write_text(f"#!/bin/sh\nexec {sys.executable} {project / 'p.py'}\n")
+    (project / "p.sh").chmod(0o755)
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    commands = [f'GIT_SSH_COMMAND="{sys.executable} p.py" git fetch ssh://example.invalid/x',
+                "env GIT_SSH=./p.sh git ls-remote ssh://example.invalid/x"]
+    fake.enqueue(*[reply(tool_use("bash", {"command": c})) for c in commands], reply(text("done")))
+    assert khaelor.run("-p", "fetch", "--yes").returncode == 0
+    assert len([e for e in khaelor.log() if e["type"] == "ToolStarted"]) == 2
+    assert not was_reached(listener)
+
+
 def test_under_yes_no_secret_of_the_project_leaves_by_a_network_command(khaelor, fake, project,
                                                                         listener):
     """`curl --data-binary @.env URL` asked for the network, --yes gave it to curl (a program known
