@@ -904,7 +904,8 @@ class Kernel:
         secret = bool(decision.confine and decision.confine.secrets)
         # and so is a file git or the editor runs later, outside the sandbox (the bash guard puts
         # back what a command writes there; the write tool's is approved here or never)
-        runs_later = kind == "write" and permissions.runs_later(decision.descriptor)
+        runs_later = kind == "write" and permissions.runs_later(
+            decision.descriptor, tools.hooks_folder_now(self.project_root))
         if self.yes and (not decision.destructive or undoable) and not (secret or runs_later):
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")

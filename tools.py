@@ -1027,10 +1027,7 @@ def guard_record(project: Path, links: tuple[str, ...] = (),
     state = {}
     real = os.path.realpath(project)
     if hooks is None:
-        with contextlib.suppress(OSError):
-            with _closing(sandbox.open_no_links(os.path.join(real, ".git"), sandbox.O_PATH)) as fd:
-                _record_entry(state, GIT_CONFIG, "config", fd)
-        hooks = hooks_folder(state.get(GIT_CONFIG), project)
+        hooks = hooks_folder_now(project)
     for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
                 *linked_worktrees(project), *filter(None, [hooks])):
         link = _first_link(project, top)
@@ -1062,6 +1059,16 @@ def hooks_folder(config: tuple[int, bytes] | None, project: Path) -> str:
     real = os.path.realpath(project)
     rel = os.path.relpath(os.path.join(real, values[0].strip().strip('"')), real)
     return "" if rel == "." or rel.startswith("..") else rel
+
+
+def hooks_folder_now(project: Path) -> str:
+    """hooks_folder of the project's .git/config as it is now."""
+    state = {}
+    with contextlib.suppress(OSError):
+        git = os.path.join(os.path.realpath(project), ".git")
+        with _closing(sandbox.open_no_links(git, sandbox.O_PATH)) as fd:
+            _record_entry(state, GIT_CONFIG, "config", fd)
+    return hooks_folder(state.get(GIT_CONFIG), project)
 
 
 def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:

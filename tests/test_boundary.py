@@ -1225,12 +1225,15 @@ def test_under_yes_the_write_tool_plants_nothing_that_git_or_the_editor_runs_lat
                                                                                    project):
     """The guard puts back what a command writes in .git/ or .vscode/, but --yes approved the
     write and edit tools there: `core.fsmonitor` written into .git/config ran at the user's next
-    `git status`, unconfined. Such a write is a person's to approve; other files are written."""
+    `git status`, unconfined (and a hook in husky's .husky/_ at the next commit). Such a write is
+    a person's to approve; other files are written."""
     shutil.rmtree(project / ".git")
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "config", "core.hooksPath", ".husky/_"], cwd=project, check=True)
     config = (project / ".git" / "config").read_text()
     planted = {".git/config": config + "[core]\n\tfsmonitor = touch MARKER; false #\n",
                ".git/hooks/pre-commit": "#!/bin/sh\ntouch MARKER\n",
+               ".husky/_/pre-commit": "#!/bin/sh\ntouch MARKER\n",
                ".vscode/tasks.json": '{"tasks": [{"command": "touch MARKER"}]}\n',
                "app.py": "print(1)\n"}
     calls = [("read", {"file_path": str(project / ".git" / "config")})]
@@ -1239,9 +1242,10 @@ def test_under_yes_the_write_tool_plants_nothing_that_git_or_the_editor_runs_lat
     fake.enqueue(*[reply(tool_use(name, given)) for name, given in calls], reply(text("done")))
     result = khaelor.run("-p", "set up the repository", "--yes")
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("--yes never writes it") == 3, result.stderr
+    assert result.stderr.count("--yes never writes it") == 4, result.stderr
     assert (project / ".git" / "config").read_text() == config
     assert not (project / ".git" / "hooks" / "pre-commit").exists()
+    assert not (project / ".husky").exists()
     assert not (project / ".vscode").exists() and (project / "app.py").exists()
     subprocess.run(["git", "status"], cwd=project, capture_output=True)
     assert not (project / "MARKER").exists()

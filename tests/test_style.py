@@ -145,9 +145,10 @@ def line_count(name: str) -> int:
 # 6: an instruction file imports nothing the read rules deny or ask about (it reached the API).
 # 5 in tools.py: an authorization header's credential is masked (actions/checkout's extraheader).
 # 8 of the core: --yes gives no network to a program run with variables set for it
-# (GIT_SSH_COMMAND=… git fetch ran the repository's script with the network).
-RUNTIME_LINES = 21_171
-SECURITY_CORE_LINES = 6_095
+# (GIT_SSH_COMMAND=… git fetch ran the repository's script with the network). 9 (1 of the
+# core): nor does --yes write into the folder core.hooksPath names with the write tool.
+RUNTIME_LINES = 21_180
+SECURITY_CORE_LINES = 6_096
 
 
 def test_the_runtime_and_its_security_core_never_grow():
