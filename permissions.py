@@ -1778,6 +1778,9 @@ def _decide_bash(command: str, workdir: str, root: str,
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
+    if line.unfollowed:
+        # what it runs is not known (ssh -F CONFIG): no program of it counts as known to --yes
+        requests.append(_Request(EXECUTE, command.strip(), None))
     floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
                   at_least="ask" if line.unfollowed else "allow",
@@ -3810,6 +3813,7 @@ _COMMAND_OPTIONS = {
     "rg": ("pre",),
     "man": ("-P", "pager", "-H", "html"),
     "nix-shell": ("run", "command"),
+    "wget": ("use-askpass",),
 }
 # an Ex command that runs a shell line: `!CMD`, also after silent, read or write (`r !CMD`)
 _EX_BANG = re.compile(r"[\s:]*(?:(?:sil(?:ent)?!?|r(?:ead)?|w(?:rite)?)\s*)*!(.*)", re.S)

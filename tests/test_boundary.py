@@ -1168,10 +1168,11 @@ def test_under_yes_a_hostile_payload_gets_nothing_out(khaelor, fake, project, en
     unix_server.close()
 
 
-def test_under_yes_no_script_gets_the_network_through_a_variable_a_known_program_runs(
+def test_under_yes_no_script_gets_the_network_through_a_known_program_that_runs_it(
         khaelor, fake, project, listener):
-    """--yes gives the network to git fetch and curl, never to a script; but GIT_SSH_COMMAND (or
-    GIT_SSH, LD_PRELOAD) set for the command made git run the repository's script with it."""
+    """--yes gives the network to git fetch, wget and ssh, never to a script; but GIT_SSH_COMMAND
+    (or GIT_SSH, LD_PRELOAD) set for the command made git run the repository's script with it,
+    and so did wget's --use-askpass and a ProxyCommand in the ssh config `ssh -F` names."""
     port = listener.getsockname()[1]
     (project / "p.py").write_text(
         f"import socket\nsocket.create_connection(('127.0.0.1', {port})).sendall(b'out')\n")
@@ -1179,10 +1180,13 @@ def test_under_yes_no_script_gets_the_network_through_a_variable_a_known_program
     (project / "p.sh").chmod(0o755)
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     commands = [f'GIT_SSH_COMMAND="{sys.executable} p.py" git fetch ssh://example.invalid/x',
-                "env GIT_SSH=./p.sh git ls-remote ssh://example.invalid/x"]
+                "env GIT_SSH=./p.sh git ls-remote ssh://example.invalid/x",
+                "wget -q --user=u --use-askpass=./p.sh http://127.0.0.1:9/",
+                "ssh -F ./cfg -o BatchMode=yes example.invalid true"]
+    (project / "cfg").write_text(f"Host *\n  ProxyCommand {project / 'p.sh'}\n")
     fake.enqueue(*[reply(tool_use("bash", {"command": c})) for c in commands], reply(text("done")))
     assert khaelor.run("-p", "fetch", "--yes").returncode == 0
-    assert len([e for e in khaelor.log() if e["type"] == "ToolStarted"]) == 2
+    assert len([e for e in khaelor.log() if e["type"] == "ToolStarted"]) == 4
     assert not was_reached(listener)
 
 
