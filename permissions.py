@@ -3012,6 +3012,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     # (after --, -n is a path: git clean -fdx -- -n . deletes)
     options, plain = _operands(("git", *rest))
 
+    if sub == "clone" and _has(options, "--config", short="c"):
+        return "git clone -c sets the new repository's config before its fetch (core.gitProxy)"
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
         return (f"git config {aliasing[0]} defines what a later git "

@@ -1172,7 +1172,8 @@ def test_under_yes_no_script_gets_the_network_through_a_known_program_that_runs_
         khaelor, fake, project, listener):
     """--yes gives the network to git fetch, wget and ssh, never to a script; but GIT_SSH_COMMAND
     (or GIT_SSH, LD_PRELOAD) set for the command made git run the repository's script with it,
-    and so did wget's --use-askpass and a ProxyCommand in the ssh config `ssh -F` names."""
+    and so did wget's --use-askpass, a ProxyCommand in the ssh config `ssh -F` names, and
+    `git clone -c core.gitProxy=…` (which, as `git -c`, --yes never runs)."""
     port = listener.getsockname()[1]
     (project / "p.py").write_text(
         f"import socket\nsocket.create_connection(('127.0.0.1', {port})).sendall(b'out')\n")
@@ -1182,7 +1183,8 @@ def test_under_yes_no_script_gets_the_network_through_a_known_program_that_runs_
     commands = [f'GIT_SSH_COMMAND="{sys.executable} p.py" git fetch ssh://example.invalid/x',
                 "env GIT_SSH=./p.sh git ls-remote ssh://example.invalid/x",
                 "wget -q --user=u --use-askpass=./p.sh http://127.0.0.1:9/",
-                "ssh -F ./cfg -o BatchMode=yes example.invalid true"]
+                "ssh -F ./cfg -o BatchMode=yes example.invalid true",
+                "git clone -c core.gitProxy=./p.sh git://example.invalid/x c1"]
     (project / "cfg").write_text(f"Host *\n  ProxyCommand {project / 'p.sh'}\n")
     fake.enqueue(*[reply(tool_use("bash", {"command": c})) for c in commands], reply(text("done")))
     assert khaelor.run("-p", "fetch", "--yes").returncode == 0
