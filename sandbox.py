@@ -1578,6 +1578,8 @@ ENV_NAMES = {
     "MAKEFLAGS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
 }
 ENV_PREFIXES = ("LC_",)
+# the search paths a program's name or library is looked up in
+SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH")
 # Only a command approved for the network needs its proxies. (Not SSH_AUTH_SOCK: no command opens a
 # unix socket, and ~/.ssh is closed.)
 NETWORK_ENV_NAMES = {
@@ -1589,15 +1591,19 @@ NETWORK_ENV_NAMES = {
 def child_environment(environ: dict, passed: list[str], network: bool, home: str) -> dict:
     """The allow-listed part of `environ`, and what the user's config passes (fnmatch patterns).
     HOME is pinned (a repository cannot point git or the shell at its own start-up files); PATH
-    keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
+    and LD_LIBRARY_PATH keep only absolute entries (with "." or "bin" on PATH, `cat` would run the
+    repository's; with an empty entry of LD_LIBRARY_PATH, a trailing ":", `ls` its libselinux)."""
     names = ENV_NAMES | NETWORK_ENV_NAMES if network else ENV_NAMES
     env = {}
     for name, value in environ.items():
         wanted = name in names or name.startswith(ENV_PREFIXES)
         if wanted or any(fnmatch.fnmatchcase(name, pattern) for pattern in passed):
             env[name] = value
-    entries = environ.get("PATH", "").split(os.pathsep)
-    env["PATH"] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
+    env.setdefault("PATH", "")
+    for name in SEARCH_PATHS:
+        if name in env:
+            entries = env[name].split(os.pathsep)
+            env[name] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
     env["HOME"] = home
     return env
 

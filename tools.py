@@ -802,7 +802,8 @@ class Workspace:
         env.update(sandbox.git_env(carried, settings))
         # the user's own `!` command
         if confine.unconfined:
-            return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
+            own = {name: os.environ[name] for name in sandbox.SEARCH_PATHS if name in os.environ}
+            return {**os.environ, **env, **own}, None
         # An approved command reaches the session's servers through the connect supervisor where
         # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
         supervisor = None

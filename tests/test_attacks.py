@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import was_reached
 from fake_api import reply, text, tool_use
 
@@ -339,6 +341,27 @@ def test_control_sequences_from_the_model_never_reach_the_terminal(khaelor, fake
     assert proc.returncode == 0, proc.stderr.read()
     assert b"answer" in output and b"safe" in output
     assert b"\x1b" not in output
+
+
+def test_an_empty_library_path_entry_never_loads_the_repositorys_own_libraries(khaelor, fake, project,
+                                                                             tmp_path):
+    """The user's LD_LIBRARY_PATH ends in ":" (`export LD_LIBRARY_PATH=/opt/x/lib:$LD_LIBRARY_PATH`
+    with none before): an empty entry is the working directory, so a read-only `ls` loaded the
+    repository's libselinux.so.1 and ran its code without a question."""
+    marker = tmp_path / "own-lib"
+    source = tmp_path / "own.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void own(void)'
+                      f' {{ fprintf(stderr, "OWN-LIB {marker}\\n"); }}\n')
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(project / "libselinux.so.1"),
+                            str(source)], capture_output=True)
+    if built.returncode or "libselinux" not in subprocess.run(
+            ["ldd", shutil.which("ls")], capture_output=True, text=True).stdout:
+        pytest.skip("no C compiler, or an ls without libselinux")
+    fake.enqueue(reply(tool_use("bash", {"command": "ls"})), reply(text("done")))
+    result = khaelor.run("-p", "list", env={"LD_LIBRARY_PATH": "/usr/local/lib:"})
+    assert result.returncode == 0, result.stderr
+    outputs = "\n".join(tool_outputs(khaelor))
+    assert "OWN-LIB" not in outputs and "libselinux.so.1" in outputs
 
 
 def test_a_relative_path_entry_never_runs_the_repositorys_own_programs(khaelor, fake, project, tmp_path):
