@@ -1272,10 +1272,13 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
+    # what an instruction file may not import: a secret file, or what the read rules deny or ask
+    hidden = permissions.rule_paths(permissions.load_rules(layers))["hide_paths"]
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home,
                           model=current_model(store, settings), aux_model=settings["aux_model"],
                           tool_schemas=toolbox.schemas, workspace=toolbox.workspace,
-                          user_home=Path.home(), is_secret=sandbox.is_secret_name,
+                          user_home=Path.home(),
+                          is_secret=sandbox.secret_matcher(sandbox.SECRET_NAMES, hidden),
                           mask=toolbox.mask,
                           append_system=getattr(args, "append_system_prompt", ""),
                           prune_at=settings["context"].get("prune_at", context.PRUNE_AT_TOKENS),

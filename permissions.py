@@ -1024,13 +1024,22 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
-    """acceptEdits writes a project file where only the default rule asked;
-    not into .git/: .git/config can run code later (.GIT on a file system that ignores case), and
-    so can .vscode/ (a task run when the folder opens, an editor agent's auto-approve setting)."""
+    """acceptEdits writes a project file where only the default rule asked, but what runs later."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not sandbox.within(decision.descriptor.lower(), [".git", ".vscode"])
+    return not runs_later(decision.descriptor)
+
+
+def runs_later(descriptor: str, hooks: str = "") -> bool:
+    """Whether writing this project path plants what runs later, unconfined, so that only a person
+    approves it (not acceptEdits, not --yes): any repository's .git (its config's core.fsmonitor,
+    its hooks; .GIT on a file system that ignores case), .vscode/ (a task run when the folder
+    opens, an editor agent's auto-approve setting), .claude/ and .khaelor/ (what the bash guard
+    holds too), and `hooks`, the folder core.hooksPath names (husky's .husky/_)."""
+    parts = descriptor.lower().split("/")
+    hooked = bool(hooks) and sandbox.within(descriptor.lower(), [hooks.lower()])
+    return ".git" in parts or parts[0] in (".vscode", ".claude", ".khaelor") or hooked
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
@@ -1547,7 +1556,9 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
     # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`);
     # and of the outside paths only where an approved install puts packages: nothing outside the
     # project can be rewound, and what it reads (a shell history) could leave with the answer.
-    known = not any(r.capability == EXECUTE for r in requests)
+    # Nor to a program run with variables set for it (GIT_SSH_COMMAND=, LD_PRELOAD=: it runs the
+    # repository's code).
+    known = not any(r.capability == EXECUTE or _sets_variables(r) for r in requests)
     return sandbox.Confine(
         write=not read_only,
         network=bool(network),
@@ -1558,6 +1569,12 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
+
+
+def _sets_variables(request: _Request) -> bool:
+    """A command run with NAME=value words before it (its own, or env's)."""
+    words = shlex.split(request.subject)[:request.wrapped_at] if request.wrapped_at else []
+    return any(map(_ASSIGNMENT.match, words))
 
 
 def rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
@@ -1761,6 +1778,9 @@ def _decide_bash(command: str, workdir: str, root: str,
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
+    if line.unfollowed:
+        # what it runs is not known (ssh -F CONFIG): no program of it counts as known to --yes
+        requests.append(_Request(EXECUTE, command.strip(), None))
     floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
                   at_least="ask" if line.unfollowed else "allow",
@@ -3013,6 +3033,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     # (after --, -n is a path: git clean -fdx -- -n . deletes)
     options, plain = _operands(("git", *rest))
 
+    if sub == "clone" and _has(options, "--config", short="c"):
+        return "git clone -c sets the new repository's config before its fetch (core.gitProxy)"
     aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
     if sub == "config" and aliasing and _git_form_problem(sub, rest):
         return (f"git config {aliasing[0]} defines what a later git "
@@ -3814,6 +3836,7 @@ _COMMAND_OPTIONS = {
     "rg": ("pre",),
     "man": ("-P", "pager", "-H", "html"),
     "nix-shell": ("run", "command"),
+    "wget": ("use-askpass",),
 }
 # an Ex command that runs a shell line: `!CMD`, also after silent, read or write (`r !CMD`)
 _EX_BANG = re.compile(r"[\s:]*(?:(?:sil(?:ent)?!?|r(?:ead)?|w(?:rite)?)\s*)*!(.*)", re.S)

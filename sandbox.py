@@ -207,10 +207,11 @@ def is_secret_path(path: str, home: str) -> bool:
 
 @functools.cache
 def _home_secret_places(home: str) -> tuple[str, ...]:
-    """SECRET_HOME_PATHS in `home`, as named and as resolved, once a process: the judge asks for
-    every path it reads (16,000 realpath calls for 983 commands), and a link made later is still
-    closed by the sandbox, which resolves them anew for each ruleset (closed_locations)."""
-    places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
+    """SECRET_HOME_PATHS and HOME_CREDENTIALS in `home`, as named and as resolved, once a process:
+    the judge asks for every path it reads (16,000 realpath calls for 983 commands), and a link
+    made later is still closed by the sandbox, which resolves them anew for each ruleset
+    (closed_locations)."""
+    places = [os.path.join(home, name) for name in SECRET_HOME_PATHS + HOME_CREDENTIALS]
     return tuple(places + [os.path.realpath(place) for place in places])
 
 
@@ -391,6 +392,10 @@ HOME_READABLE = [
     ".sdkman", ".bun", ".deno", ".local/bin", ".local/lib", ".local/pipx", ".m2", ".gradle",
     ".gitconfig", ".config/git",
 ]
+# ... whose build tools keep plaintext credentials in files they read on every build: closed to
+# read-only commands, and secret to the judge (a command that names one asks, and --yes never
+# approves it), but readable by an approved build, which needs them
+HOME_CREDENTIALS = [".gradle/gradle.properties", ".m2/settings.xml"]
 
 
 @functools.cache
@@ -446,6 +451,12 @@ def _toolchain(entry: str) -> list[str]:
     prefix = os.path.dirname(entry.rstrip("/"))
     beside = ["lib", "lib64", "libexec", "include", "pyvenv.cfg"]
     return [entry] + [os.path.join(prefix, name) for name in beside]
+
+
+def home_credentials(home: str) -> list[str]:
+    """HOME_CREDENTIALS that exist in `home`, as real paths (what a ruleset or a cover names)."""
+    paths = [os.path.realpath(os.path.join(home, name)) for name in HOME_CREDENTIALS]
+    return [path for path in paths if os.path.isfile(path)]
 
 
 @functools.cache
@@ -1601,6 +1612,8 @@ ENV_NAMES = {
     "MAKEFLAGS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
 }
 ENV_PREFIXES = ("LC_",)
+# the search paths a program's name or library is looked up in
+SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH")
 # Only a command approved for the network needs its proxies. (Not SSH_AUTH_SOCK: no command opens a
 # unix socket, and ~/.ssh is closed.)
 NETWORK_ENV_NAMES = {
@@ -1612,15 +1625,19 @@ NETWORK_ENV_NAMES = {
 def child_environment(environ: dict, passed: list[str], network: bool, home: str) -> dict:
     """The allow-listed part of `environ`, and what the user's config passes (fnmatch patterns).
     HOME is pinned (a repository cannot point git or the shell at its own start-up files); PATH
-    keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
+    and LD_LIBRARY_PATH keep only absolute entries (with "." or "bin" on PATH, `cat` would run the
+    repository's; with an empty entry of LD_LIBRARY_PATH, a trailing ":", `ls` its libselinux)."""
     names = ENV_NAMES | NETWORK_ENV_NAMES if network else ENV_NAMES
     env = {}
     for name, value in environ.items():
         wanted = name in names or name.startswith(ENV_PREFIXES)
         if wanted or any(fnmatch.fnmatchcase(name, pattern) for pattern in passed):
             env[name] = value
-    entries = environ.get("PATH", "").split(os.pathsep)
-    env["PATH"] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
+    env.setdefault("PATH", "")
+    for name in SEARCH_PATHS:
+        if name in env:
+            entries = env[name].split(os.pathsep)
+            env[name] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
     env["HOME"] = home
     return env
 
@@ -1684,6 +1701,8 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
     if lines and not confine.secrets and (confine.unattended or not confine.write):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
         closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
+        if not confine.write:
+            closed += home_credentials(str(home))
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]

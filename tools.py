@@ -803,7 +803,8 @@ class Workspace:
         env.update(sandbox.git_env(carried, settings))
         # the user's own `!` command
         if confine.unconfined:
-            return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
+            own = {name: os.environ[name] for name in sandbox.SEARCH_PATHS if name in os.environ}
+            return {**os.environ, **env, **own}, None
         # An approved command reaches the session's servers through the connect supervisor where
         # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
         supervisor = None
@@ -817,6 +818,11 @@ class Workspace:
             if (read_only or confine.unattended) and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
+            if names and read_only:
+                # (an approved build reads them, --yes's too: Maven stops on a settings.xml it
+                # cannot read, and actions/setup-java writes one; the judge asks before a command
+                # that names them)
+                hidden += sandbox.home_credentials(str(Path.home()))
             # and what only the user changes stays as it is (an approved command's namespace)
             frozen = []
             if confine.write:
@@ -1021,22 +1027,26 @@ def _worktree_plain(rel: str, old: tuple | None, new: tuple | None) -> bool:
     return new is None or made and rel.endswith("/commondir")
 
 
-def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
+def guard_record(project: Path, links: tuple[str, ...] = (),
+                 hooks: str | None = None) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
     through a link is recorded as that link and never walked: what it points to is not ours. Every
     folder is opened without following a link, and walked from its descriptor, so one swapped for a
-    link meanwhile (by a process a step left running) is not entered either."""
+    link meanwhile (by a process a step left running) is not entered either. `hooks`: the folder
+    core.hooksPath named before the step (None: read it now)."""
     state = {}
     real = os.path.realpath(project)
+    if hooks is None:
+        hooks = hooks_folder_now(project)
     for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
-                *linked_worktrees(project)):
+                *linked_worktrees(project), *filter(None, [hooks])):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks")):
+        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks") or top == hooks):
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -1046,6 +1056,29 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
                         rel = os.path.normpath(f"{top}/{folder}/{file}")
                         _record_entry(state, rel, file, folder_fd)
     return state
+
+
+def hooks_folder(config: tuple[int, bytes] | None, project: Path) -> str:
+    """The project folder (relative) that a recorded .git/config's core.hooksPath names: husky's
+    .husky/_, which git ignores, so no diff shows a hook planted there; "" for none or one outside
+    the project."""
+    entries = _config_entries(config[1] if config else b"")
+    values = [value for name, value in entries if name.lower() == "core.hookspath" and value]
+    if not values:
+        return ""
+    real = os.path.realpath(project)
+    rel = os.path.relpath(os.path.join(real, values[0].strip().strip('"')), real)
+    return "" if rel == "." or rel.startswith("..") else rel
+
+
+def hooks_folder_now(project: Path) -> str:
+    """hooks_folder of the project's .git/config as it is now."""
+    state = {}
+    with contextlib.suppress(OSError):
+        git = os.path.join(os.path.realpath(project), ".git")
+        with _closing(sandbox.open_no_links(git, sandbox.O_PATH)) as fd:
+            _record_entry(state, GIT_CONFIG, "config", fd)
+    return hooks_folder(state.get(GIT_CONFIG), project)
 
 
 def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
@@ -1081,14 +1114,16 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     named = command if confine.attended else ""
     keep = spill_dir / "guarded"
     nested = nested_guarded(links)
-    after = guard_record(project, links)
+    hooks = hooks_folder(before.get(GIT_CONFIG), project)
+    after = guard_record(project, links, hooks)
     restored = []
     lost = []
     for rel in sorted(set(before) | set(after)):
         old = before.get(rel)
         new = after.get(rel)
         # git runs no hook named *.sample (git init and submodule add write them)
-        if old == new or _named(rel, named) or (rel.endswith(".sample") and "/hooks/" in rel):
+        sample = rel.endswith(".sample") and "/hooks/" in rel
+        if old == new or _named(rel, named, hooks) or sample:
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
@@ -1168,12 +1203,12 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
         os.close(fd)
 
 
-def _named(rel: str, command: str) -> bool:
+def _named(rel: str, command: str, hooks: str = "") -> bool:
     if not command:
         return False
     if rel in GUARDED_FILES:
-        return "git config" in command or rel in command
-    return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
+        return rel in command or ("git config" in command and rel != REBASE_TODO)
+    return any(rel.startswith(name) and name in command for name in (*GUARDED_DIRS, hooks) if name)
 
 
 def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:

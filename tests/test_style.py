@@ -152,8 +152,21 @@ def line_count(name: str) -> int:
 # file of mode 0, not /dev/null, so `test -f .env` in a command --yes approves answers as outside.
 # 6 in tools.py: an HTTP authorization header's credential is masked (actions/checkout leaves the
 # job's token in .git/config as an extraheader, base64: no token format matched it).
-RUNTIME_LINES = 21_240
-SECURITY_CORE_LINES = 6_125
+# From the red team: 12 (10 of the core): ~/.gradle/gradle.properties and ~/.m2/settings.xml are
+# closed to read-only commands and secret to the judge (an approved build, --yes's too, reads them).
+# 13 (8 of the core): --yes and acceptEdits write no .git/ (a nested one's too), .vscode/, .claude/
+# or .khaelor/ with the write tool (a planted core.fsmonitor ran at the user's next git status).
+# 22 in tools.py: the guard holds the project folder core.hooksPath names (husky's .husky/_).
+# 6: an instruction file imports nothing the read rules deny or ask about (it reached the API).
+# 8 of the core: --yes gives no network to a program run with variables set for it
+# (GIT_SSH_COMMAND=… git fetch ran the repository's script with the network). 9 (1 of the
+# core): nor does --yes write into the folder core.hooksPath names with the write tool. 4 of the
+# core: nor give the network to wget --use-askpass=SCRIPT or a line it cannot read (ssh -F CONFIG).
+# 2 of the core: git clone -c is git -c (core.gitProxy ran a script with the network under --yes).
+# 7 (6 of the core): LD_LIBRARY_PATH keeps only absolute entries, as PATH (a trailing ":" made a
+# read-only `ls` load the repository's libselinux.so.1).
+RUNTIME_LINES = 21_329
+SECURITY_CORE_LINES = 6_167
 
 
 def test_the_runtime_and_its_security_core_never_grow():

@@ -1622,13 +1622,16 @@ def test_a_password_in_a_url_is_masked_and_a_masked_secret_is_never_written_back
     (a whole .env with its values masked) is refused, so no secret is lost."""
     (box.root / ".git").mkdir()
     remote = "https://ci-bot:hunter2-remote-pw@git.example.com/team/app.git"
-    (box.root / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {remote}\n')
+    header = "AUTHORIZATION: basic eC1hY2Nlc3MtdG9rZW46Z2hzX0ZBS0U="     # actions/checkout's
+    (box.root / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {remote}\n'
+                                              f'[http "https://github.com/"]\n\textraheader = {header}\n')
     (box.root / ".env").write_text("DB_PASSWORD=s3cret-value-42\nPORT=8000\n")
     token = "ghp_" + "T0ken" * 8
     (box.root / "deploy.cfg").write_text(f"push = https://{token}@github.com/team/app.git\n")
     shown = box.call("bash", command="git config --file .git/config -l; cat .git/config deploy.cfg")
     assert "hunter2-remote-pw" not in shown.text
     assert "ci-bot:[redacted]@git.example.com" in shown.text
+    assert "eC1hY2Nlc3MtdG9rZW46Z2hzX0ZBS0U=" not in shown.text and "basic [redacted" in shown.text
     assert token not in shown.text and f"https://{tools.TOKEN_MASK}@github.com" in shown.text
     seen = box.call("read", file_path=".env")
     assert "s3cret-value-42" not in seen.text and tools.DOTENV_MASK in seen.text
