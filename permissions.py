@@ -589,7 +589,6 @@ _GIT_READ_ONLY = frozenset("""
     -C --no-pager -P --no-optional-locks --literal-pathspecs --no-replace-objects
     --version""".split())
 # config keys that define commands for later: aliases, included files
-_GIT_ALIASING = ("alias.", "include")
 _GIT_URL = re.compile(
     r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:|ext::|fd::)", re.I
 )
@@ -3035,10 +3034,12 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
 
     if sub == "clone" and _has(options, "--config", short="c"):
         return "git clone -c sets the new repository's config before its fetch (core.gitProxy)"
-    aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
-    if sub == "config" and aliasing and _git_form_problem(sub, rest):
-        return (f"git config {aliasing[0]} defines what a later git "
-                "command runs")
+    # (git 2.46's `git config set KEY VALUE`)
+    keys = plain[1:2] if plain[:1] == ["set"] else plain[:1]
+    running = [key for key in keys if not sandbox.GIT_CONFIG_PLAIN.fullmatch(key)]
+    if sub == "config" and running and _git_form_problem(sub, rest):
+        return (f"git config {running[0]} may define what git runs (a credential helper, an "
+                "alias), and git later in the line would run it before the guard puts it back")
     if sub == "reset" and _has(options, "--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not _has(options, "--dry-run", short="n"):

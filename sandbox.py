@@ -266,6 +266,14 @@ class Confine:
 
 # ------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file (tested on git 2.39).
+# git config entries a command may set freely (anything else can run code or reroute git): the
+# guard keeps the rest of .git/config as it was, and permissions.py asks before a `git config` that
+# sets one, every time (git in the same line would run it before the guard looks)
+GIT_CONFIG_PLAIN = re.compile(
+    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
+    r"|user\.\w+|init\.defaultbranch|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
+    r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
+    r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
 GIT_ALWAYS = [
     ("core.fsmonitor", "false"),
     ("core.pager", "cat"),

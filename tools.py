@@ -960,12 +960,6 @@ WORKTREES = ".git/worktrees"
 WORKTREE_GUARDED = ("commondir", "config.worktree", "config", "hooks")
 # the commondir `git worktree add` writes: the project's own .git
 WORKTREE_COMMONDIR = b"../..\n"
-# .git/config entries a step may change freely (anything else there can run code or reroute git)
-GIT_CONFIG_PLAIN = re.compile(
-    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
-    r"|user\.\w+|init\.defaultbranch|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
-    r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
-    r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
 # A git config file as git's config.c reads it, token by token: blanks (only these: a form feed
 # is not one), comments, [section "sub"] headers and `key = value` entries, any of them on one
 # line; a value runs on past a backslash-newline and through quotes, and ends at its comment.
@@ -1229,7 +1223,8 @@ def _git_config_plain(old: bytes, new: bytes, nested: bool = False) -> bool:
     config of a repository a gitlink names, which may also set its work tree)."""
     changed = _config_entries(old) ^ _config_entries(new)
     for name, _ in changed:
-        if not GIT_CONFIG_PLAIN.fullmatch(name) and not (nested and NESTED_PLAIN.fullmatch(name)):
+        plain = sandbox.GIT_CONFIG_PLAIN.fullmatch(name)
+        if not plain and not (nested and NESTED_PLAIN.fullmatch(name)):
             return False
     return True
 

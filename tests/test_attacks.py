@@ -176,9 +176,10 @@ def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, f
     real_git_repository(project)
     markers = tmp_path / "markers"
     markers.mkdir()
-    plant = (f"git config core.fsmonitor 'touch {markers}/fsmonitor' && "
-             f"git config core.pager 'touch {markers}/pager' && "
-             f"git config diff.external 'touch {markers}/external' && "
+    # (written as text: `git config core.fsmonitor …` itself asks every time, --yes or not)
+    plant = (f"printf '[core]\\n\\tfsmonitor = touch {markers}/fsmonitor\\n' >> .git/config && "
+             f"printf '\\tpager = touch {markers}/pager\\n' >> .git/config && "
+             f"printf '[diff]\\n\\texternal = touch {markers}/external\\n' >> .git/config && "
              f"printf '#!/bin/sh\\ntouch {markers}/hook\\n' > .git/hooks/post-index-change && "
              "chmod +x .git/hooks/post-index-change && echo changed >> app.py")
     fake.enqueue(reply(tool_use("bash", {"command": plant})),

@@ -1098,6 +1098,19 @@ def test_unknown_git_commands_and_aliases_are_never_approved_by_yes(project):
     assert bash("git config --get alias.st", project)["decision"] == "allow"
 
 
+@pytest.mark.parametrize("key", ["credential.helper", "core.askPass", "remote.origin.receivepack",
+                                 "remote.origin.uploadpack", "core.hooksPath", "http.proxy",
+                                 "url.ext::sh.insteadOf", "filter.x.smudge", "sequence.editor"])
+def test_git_config_of_what_git_runs_is_never_approved_by_yes(project, key):
+    """`git config credential.helper '!SCRIPT' && git push`: --yes gave the line the network (git
+    is known to need it), and the push ran the script with it before the guard put the config back.
+    A key the guard would put back now asks every time (also as git 2.46's `git config set`)."""
+    for command in (f"git config {key} x && git push", f"git config set {key} x"):
+        result = bash(command, project)
+        assert result["decision"] == "ask" and result["destructive"], command
+    assert not bash("git config remote.origin.url https://x/y && git push", project)["destructive"]
+
+
 PATHOLOGICAL = {
     "nested substitutions": "echo " + "$(" * 75_000 + ")" * 75_000,
     "empty quotes": "echo " + "''" * 150_000,
