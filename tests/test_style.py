@@ -165,8 +165,8 @@ def line_count(name: str) -> int:
 # 2 of the core: git clone -c is git -c (core.gitProxy ran a script with the network under --yes).
 # 7 (6 of the core): LD_LIBRARY_PATH keeps only absolute entries, as PATH (a trailing ":" made a
 # read-only `ls` load the repository's libselinux.so.1).
-# 4 (9 of the core, the plain keys moved there): a `git config` of what git runs asks under --yes (`git config
-# credential.helper '!SCRIPT' && git push` ran the script with the network before the guard looked).
+# 4 (9 of the core, the plain keys moved there): a `git config` of what git runs asks under --yes
+# (`git config credential.helper '!SCRIPT' && git push` ran the script with the network first).
 RUNTIME_LINES = 21_333
 SECURITY_CORE_LINES = 6_176
 
