@@ -1566,6 +1566,7 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
         unattended_network=bool(network) and known,
+        git_network=bool(network) and all(r.core.split()[:1] == ["git"] for r in network),
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
 
