@@ -2662,17 +2662,18 @@ def transcript_markdown(log: list[dict]) -> str:
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
         elif kind in ("ToolCompleted", "ToolFailed") or event.get("output"):
             # (a command stopped or lost with khaelor: what it had printed, as its card shows)
-            lines = str(event.get("output") or "").split("\n")
+            lines = str(event.get("output") or "").rstrip("\n").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
     parts += [text for text in (streaming, *after) if text]
-    return "\n\n".join(parts) + "\n"
+    # a text's own final newlines would pile up blank lines before the next part
+    return "\n\n".join(part.rstrip("\n") for part in parts) + "\n"
 
 
 def shown_markdown(event: dict) -> str:
     """/export: a command's answer, marked as its output, or steering the user typed."""
     if event["type"] == "SteeringQueued":
         return f"## You (while it worked)\n\n{event.get('typed') or event.get('text', '')}"
-    said = event.get("text", "")
+    said = event.get("text", "").rstrip("\n")
     if event.get("failed"):
         said = f"The command failed: {said}"
     quoted = "\n".join("> " + line for line in said.split("\n"))

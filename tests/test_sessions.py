@@ -1364,6 +1364,22 @@ def test_export_says_a_call_was_denied_and_what_the_model_was_told():
            "Denied, fine." in exported, exported
 
 
+def test_export_keeps_one_blank_line_between_parts_whatever_newlines_a_text_ends_with():
+    """QA: a reply ending in "\\n\\n" (as one before a tool call does), a paste ending in a
+    newline, a command's answer or a tool's output ending in one: /export piled blank lines (and
+    empty `> ` quote lines) after each, where the screen shows one gap."""
+    log = [{"type": "UserMessageCreated", "text": "pasted\ncode\n\n"},
+           {"type": "ModelTextBlockCompleted", "text": "Let me look.\n\n"},
+           {"type": "ToolRequested", "tool_use_id": "t1", "name": "bash", "input": {"command": "ls"}},
+           {"type": "ToolCompleted", "tool_use_id": "t1", "name": "bash", "output": "a\nb\n"},
+           {"type": "CommandAnswered", "command": "/cost", "text": "cost line\n\n"},
+           {"type": "ModelTextBlockCompleted", "text": "Done.\n\n\n"}]
+    exported = cli.transcript_markdown(log)
+    assert exported == ('## You\n\npasted\ncode\n\nLet me look.\n\n**bash** `{"command": "ls"}`'
+                        "\n\n````\na\nb\n````\n\n**`/cost`** · command output\n\n> cost line"
+                        "\n\nDone.\n"), exported
+
+
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,
                                                                               env, monkeypatch):
     """A command's answer is logged up to MAX_KEPT_ANSWER characters: a long /diff keeps its start
