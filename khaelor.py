@@ -2894,10 +2894,14 @@ async def interactive_main(args, settings, store, home: Path,
 
 
 def welcome_line(session) -> str:
-    """The first line: what runs, where, with which model, and whether the sandbox holds."""
+    """The first line: what runs, where, with which model, and whether the sandbox holds. A
+    resumed session's is the line its live screen began with: the model it was created on (its
+    replay then shows each `/model` after it; the status line names the one that runs now)."""
     import sandbox
     boundary = "sandboxed" if sandbox.enforced() else "no OS sandbox"
     model_id = current_model(session.store, session.settings)
+    if session.store.events:
+        model_id = session.store.events[0].get("model") or model_id
     return (f"khaelor {VERSION} · {session.project_root} · {model_id}"
             f" · {boundary} · /help, ? for keys")
 

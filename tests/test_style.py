@@ -138,8 +138,9 @@ def line_count(name: str) -> int:
 # in no known group), a process's start is read before its leader is reaped (`sh -c 'server &'`
 # is stopped on resume), a stop is no ✗ (exit -15). 19: a bash call's command is named in the log
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running.
-# Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines).
-RUNTIME_LINES = 21_106
+# Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
+# resumed session's welcome line names the model it began with, as its live screen did.
+RUNTIME_LINES = 21_110
 SECURITY_CORE_LINES = 6_069
 
 
