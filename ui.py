@@ -2879,6 +2879,10 @@ class App:
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
         live += [style.paint(f"› queued: !{one_line(command)} · runs when the turn ends", "dim")
                  for command in self.queued_shell]
+        asking = self.timeline.permissions[:1]
+        if asking and asking[0].get("command"):
+            # a command's question (/undo's): its line typed, where it settles once answered
+            live += ["", *self.timeline._written(asking[0]["command"], "user")]
         # the newest live lines that fit above the panel
         live = live[max(0, len(live) - room + len(panel)):]
         frame = live + panel + [status] + rows + menu

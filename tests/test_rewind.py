@@ -614,6 +614,22 @@ def test_what_the_rewind_question_answered_shows_under_its_command_live_and_repl
     assert replayed.endswith(shown) and not (project / "a.txt").exists()
 
 
+def test_an_open_undo_question_shows_the_line_typed_above_it_where_it_settles(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: while `/undo`'s question was open the screen had no `› /undo`: the line typed showed
+    only once the question was answered. It shows above the question, in the row it then keeps."""
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    shown, _, _ = in_session(project, env, monkeypatch,
+                             lambda session: live_and_replayed_mid_reply(session, ["/undo"], 60))
+    assert shown.startswith("\n› /undo\n⚠ Overwrite the files you changed"), shown
+    # answered, it settles there once (test_undo_that_asks_shows_undo_above_its_answer_…)
+
+
 def test_undo_that_asks_shows_undo_above_its_answer_live_and_replayed(khaelor, fake, project,
                                                                      env, monkeypatch):
     """QA: `/undo` that asked about a file the user changed showed its answer under

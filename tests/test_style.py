@@ -139,8 +139,9 @@ def line_count(name: str) -> int:
 # is stopped on resume), a stop is no ✗ (exit -15). 19: a bash call's command is named in the log
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running.
 # Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
-# resumed session's welcome line names the model it began with, as its live screen did.
-RUNTIME_LINES = 21_110
+# resumed session's welcome line names the model it began with, as its live screen did; 4: an open
+# /undo or /rewind question has the line typed above it.
+RUNTIME_LINES = 21_114
 SECURITY_CORE_LINES = 6_069
 
 
