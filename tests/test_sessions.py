@@ -637,6 +637,38 @@ def test_a_command_file_typed_as_the_turn_ends_shows_its_line_in_the_next_turn(
     assert "Please do foo with late now." in json.dumps(fake.requests[-1]["body"]["messages"])
 
 
+def test_a_command_file_with_a_model_typed_mid_turn_waits_for_a_turn_on_its_model(
+        fake, project, env, monkeypatch):
+    """QA: `/foo` whose file names `model: haiku`, typed while a turn ran, was queued as steering
+    and taken by the running turn on its model: its own model was lost. It waits now, and starts
+    the next turn, on its model; plain steering typed after it still steers the running turn."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "---\nmodel: haiku\n---\nDo foo $1.\n")
+    fake.enqueue(reply(text("Looking."), tool_use("bash", {"command": "sleep 1"})),
+                 reply(text("Looked.")), reply(text("Did foo.")))
+
+    async def script(session):
+        def type_mid_turn(event):
+            if event["type"] == "ToolStarted":
+                session.submit("/foo now")
+                session.submit("and be brief")
+        session.subscribe(type_mid_turn)
+        session.submit("look")
+        first = session.turn
+        await first
+        assert session.turn is not first
+        await session.turn
+        return [(e["type"], e.get("text"), e.get("model")) for e in session.store.events
+                if e["type"] in ("UserMessageCreated", "SteeringInjected")]
+    said = in_new_session(project, env, monkeypatch, script)
+    assert said == [("UserMessageCreated", "look", None), ("SteeringInjected", "and be brief", None),
+                    ("UserMessageCreated", "Do foo now.", "claude-haiku-5-5")], said
+    models = [request["body"]["model"] for request in fake.requests]
+    assert models == ["claude-sonnet-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"], models
+
+
 def test_a_message_sent_as_the_last_turn_syncs_its_log_begins_a_turn_that_stays_busy(
         fake, project, env, monkeypatch):
     """Found as a flaky replay test: a message sent after a turn's last step, while its task

@@ -140,8 +140,9 @@ def line_count(name: str) -> int:
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running.
 # Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
 # resumed session's welcome line names the model it began with, as its live screen did; 4: an open
-# /undo or /rewind question has the line typed above it.
-RUNTIME_LINES = 21_114
+# /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
+# while a turn runs, waits for the turn's end and starts one of its own on its model.
+RUNTIME_LINES = 21_135
 SECURITY_CORE_LINES = 6_069
 
 
