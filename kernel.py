@@ -946,15 +946,17 @@ class Kernel:
     def needs_checkpoint(self, call: dict, kind: str,
                          decision: permissions.Decision) -> bool:
         """Before a step that may change the work tree: a command run or text fed to a process,
-        not proven read-only; a file write when this turn has none yet (its own file's
-        versions are kept, but a rewind to before it needs the tree it started from)."""
+        not proven read-only; a file write when this turn has none yet, or a command ran since
+        the newest (its own file's versions are kept, but a rewind to before it needs the tree it
+        started from, with what the command did)."""
         state = self.state
         newest = state.checkpoints[-1] if state.checkpoints else {}
         if newest.get("step") == call["tool_use_id"]:
             return False
         if kind == "write":
             turn_seq = state.user_texts[-1][0] if state.user_texts else 0
-            return newest.get("seq", 0) < turn_seq
+            command_unrecorded = any(step["changed"] is None for step in state.steps)
+            return newest.get("seq", 0) < turn_seq or command_unrecorded
         return kind in ("bash", "feed") and not decision.read_only
 
     async def checkpoint(self, step: str, reason: str) -> bool:

@@ -176,6 +176,24 @@ def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
     assert not (project / "c.txt").exists()
 
 
+def test_rewinding_a_write_that_followed_a_command_keeps_what_the_command_made(khaelor, fake,
+                                                                              project):
+    """QA (tmux): a turn ran `touch a.txt`, then wrote b.txt; `/rewind 2` (before the write) said
+    "delete a.txt, delete b.txt": the write took no checkpoint of its own (the turn had one, from
+    before the command), so going back to before it went back to before the command too."""
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo made > a.txt"})),
+                 reply(tool_use("write", {"file_path": "b.txt", "content": "b\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    rewound = khaelor.run("rewind", "2", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert "a.txt" not in rewound.stdout, rewound.stdout
+    assert (project / "a.txt").read_text() == "made\n" and not (project / "b.txt").exists()
+    assert khaelor.run("rewind", "1", "--yes").returncode == 0
+    assert work_tree(project) == {}
+
+
 def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
     (project / ".git").rmdir()
     (project / "src").mkdir()

@@ -141,8 +141,9 @@ def line_count(name: str) -> int:
 # Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
 # resumed session's welcome line names the model it began with, as its live screen did; 4: an open
 # /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
-# while a turn runs, waits for the turn's end and starts one of its own on its model.
-RUNTIME_LINES = 21_135
+# while a turn runs, waits for the turn's end and starts one of its own on its model; 2: a write
+# after a command takes a checkpoint (a rewind to before it kept undoing the command too).
+RUNTIME_LINES = 21_137
 SECURITY_CORE_LINES = 6_069
 
 
