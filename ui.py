@@ -1816,6 +1816,12 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
         is_edit = isinstance(tool_input.get("old_string"), str)
         if preview.startswith(("---", "@@")) or "\n@@ " in preview:
             rows += render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES)
+        elif request.get("capability") == REWIND_CAPABILITY:
+            # /rewind's plan is markdown, as its answer shows it: wrapped between words
+            stream = MarkdownStream(style, width - 2)
+            stream.feed(preview)
+            stream.finish()
+            rows += stream.take_settled()
         else:
             rows += preview_rows(preview, width - 2, style, "diff" if is_edit else "sh")
     return lines + [bar + row for row in rows]

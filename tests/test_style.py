@@ -142,8 +142,9 @@ def line_count(name: str) -> int:
 # resumed session's welcome line names the model it began with, as its live screen did; 4: an open
 # /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
 # while a turn runs, waits for the turn's end and starts one of its own on its model; 2: a write
-# after a command takes a checkpoint (a rewind to before it kept undoing the command too).
-RUNTIME_LINES = 21_137
+# after a command takes a checkpoint (a rewind to before it kept undoing the command too); 6: the
+# rewind question's plan is drawn as markdown, wrapped between words.
+RUNTIME_LINES = 21_143
 SECURITY_CORE_LINES = 6_069
 
 

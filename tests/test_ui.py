@@ -725,6 +725,19 @@ def test_the_panel_asks_in_plain_words(width):
         assert "file.write" not in joined and "process.execute" not in joined
 
 
+@pytest.mark.parametrize("style", [COLOR, MONO])
+def test_the_rewind_question_wraps_its_plan_between_words(style):
+    """QA (tmux, 60 columns): /undo's question showed its plan as a shell command, cut anywhere
+    ("after the agent's last s" / "tep)"), where its answer shows the same markdown as prose."""
+    plan = ("Rewinding to before step 1 (write `a.txt`):\n\n"
+            "- delete `a.txt`  (you changed it after the agent's last step)")
+    request = {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
+               "descriptor": "overwrite the files you changed since the agent's last step",
+               "preview": plan, "command": "/undo"}
+    rows = text_of(screen_of(ui.render_permission_panel(request, 60, style), 60)).split("\n")
+    assert "│   step)" in rows and any(row.endswith("the agent's last") for row in rows), rows
+
+
 @pytest.mark.parametrize("width", [40, 60, 100])
 def test_under_yes_the_panel_says_why_it_asks_all_the_same(width):
     """--yes asked about `cat .env` and said nothing of why: the user, who passed --yes, was
