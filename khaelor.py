@@ -1539,7 +1539,9 @@ class StreamedAnswer:
             sys.stdout.write(self.clean(event["text"]))
             sys.stdout.flush()
         elif event["type"] == "ModelTextBlockCompleted" and event["text"]:
-            sys.stdout.write(for_terminal(self.pending, sys.stdout) + "\n\n")
+            # one blank line after the block, counting the newlines it ended with
+            ending = "\n" * (2 - min(2, len(event["text"]) - len(event["text"].rstrip("\n"))))
+            sys.stdout.write(for_terminal(self.pending, sys.stdout) + ending)
             self.pending = ""
         elif event["type"] == "ModelResponseCompleted":
             self.shown = False
@@ -1672,7 +1674,8 @@ def report(args, store, step: str, prices: dict) -> int:
     if args.output_format in ("json", "stream-json"):
         print(json.dumps(result_object(args, store, step, prices), ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not streamed:
-        print(for_terminal(state.answer, sys.stdout))
+        # one final newline, whatever the answer ended with (as `$(…)` reads it)
+        print(for_terminal(state.answer.rstrip("\n"), sys.stdout))
     if step == "done":
         return EXIT_OK
     print(f"khaelor: {reason}", file=sys.stderr)

@@ -143,8 +143,9 @@ def line_count(name: str) -> int:
 # /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
 # while a turn runs, waits for the turn's end and starts one of its own on its model; 2: a write
 # after a command takes a checkpoint (a rewind to before it kept undoing the command too); 6: the
-# rewind question's plan is drawn as markdown, wrapped between words.
-RUNTIME_LINES = 21_143
+# rewind question's plan is drawn as markdown, wrapped between words; 3: -p's text counts the
+# newlines a block ends with (no piled blank lines on a terminal or in a pipe).
+RUNTIME_LINES = 21_146
 SECURITY_CORE_LINES = 6_069
 
 
