@@ -2825,9 +2825,11 @@ class App:
             self._answer(request, choice, "")
 
     def _stop(self, request: dict) -> None:
-        """Esc or Ctrl-C at the panel: the call is denied and the turn ends, as in Claude Code."""
+        """Esc or Ctrl-C at the panel: the call is denied and the turn ends, as in Claude Code. A
+        command's question (/rewind's "esc) do not rewind") is only declined: a turn goes on."""
         self._answer(request, "deny", "")
-        self.call(self.controller.interrupt)
+        if "answer" not in request:
+            self.call(self.controller.interrupt)
 
     def _feedback_key(self, request: dict, key: Key) -> None:
         """After `n`: the line is a message to the model that goes with the denial. What is typed

@@ -144,8 +144,9 @@ def line_count(name: str) -> int:
 # while a turn runs, waits for the turn's end and starts one of its own on its model; 2: a write
 # after a command takes a checkpoint (a rewind to before it kept undoing the command too); 6: the
 # rewind question's plan is drawn as markdown, wrapped between words; 3: -p's text counts the
-# newlines a block ends with (no piled blank lines on a terminal or in a pipe).
-RUNTIME_LINES = 21_146
+# newlines a block ends with (no piled blank lines on a terminal or in a pipe); 2: Esc at the
+# rewind question declines it without interrupting a turn running meanwhile.
+RUNTIME_LINES = 21_148
 SECURITY_CORE_LINES = 6_069
 
 

@@ -2262,6 +2262,16 @@ def test_slash_rewind_asks_in_a_panel_before_writing_over_the_users_changes(key,
     assert ("rewind", choice) in ctrl.calls and app.timeline.permissions == []
 
 
+def test_esc_at_the_rewind_question_declines_it_and_leaves_a_running_turn_alone():
+    """QA (tmux): `/undo` asked, the user sent a message meanwhile, then pressed Esc ("esc) do
+    not rewind"): the reply being written was interrupted too."""
+    ctrl = RewindController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+    app.call(ctrl.run_command, "/undo")
+    app.on_key(K("esc"))
+    assert ("rewind", "deny") in ctrl.calls and ("interrupt",) not in ctrl.calls, ctrl.calls
+
+
 # ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
 
 def all_rows(screen):
