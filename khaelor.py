@@ -758,6 +758,8 @@ class Rewind:
         self.target, overlay = events.rewind_target(state, self.number)
         if self.target is None:
             raise UsageError(f"no checkpoint before step {self.number}")
+        # a step taken after this plan (a turn while its question is open) makes it stale
+        self.planned_steps = len(state.steps)
         checkpoints = self.toolbox.checkpoints
         newest = state.checkpoints[-1]["tree"]
         # the log's word, read before the checkpoint below: the newest one follows the last step
@@ -2502,6 +2504,8 @@ class Session:
             return "Not rewound."
         if self.working:
             return "khaelor is working; not rewound (/rewind again once the turn ends)"
+        if len(self.store.state.steps) != rewind.planned_steps:
+            return "the work tree changed since the question; not rewound (/rewind again)"
         try:
             rewind.start(overwrite=choice == "overwrite")
             # off the loop: the writes and a checkpoint

@@ -648,6 +648,34 @@ def test_an_open_undo_question_shows_the_line_typed_above_it_where_it_settles(
     # answered, it settles there once (test_undo_that_asks_shows_undo_above_its_answer_…)
 
 
+def test_a_rewind_question_answered_after_a_turn_changed_the_tree_rewinds_nothing(
+        khaelor, fake, project, env, monkeypatch):
+    """QA (tmux): `/undo` asked; a message sent while it was open ran a turn that wrote c.txt;
+    then `y` carried out the plan made before that turn: a.txt went, c.txt stayed, and the log
+    called the write of c.txt undone (a later /undo found nothing to undo). A plan the session
+    has moved past is not carried out."""
+    import ui
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    fake.enqueue(reply(tool_use("write", {"file_path": "c.txt", "content": "c\n"})),
+                 reply(text("wrote c")))
+
+    async def script(session):
+        session.cycle_mode()            # accept edits: the turn's write does not ask
+        ended = lambda e: e["type"] == "TaskCompleted" and not session.working  # noqa: E731
+        steps = ["/undo", "write c", ended, ui.Key("text", "y"),
+                 lambda e: e["type"] == "CommandAnswered"]
+        return await live_and_replayed_mid_reply(session, steps, 80)
+    shown, _, log = in_session(project, env, monkeypatch, script)
+    assert "changed since the question; not rewound" in shown, shown
+    assert not [e for e in log if e["type"] == "Rewound"]
+    assert (project / "a.txt").read_text() == "the user's own\n" and (project / "c.txt").exists()
+
+
 def test_undo_that_asks_shows_undo_above_its_answer_live_and_replayed(khaelor, fake, project,
                                                                      env, monkeypatch):
     """QA: `/undo` that asked about a file the user changed showed its answer under

@@ -145,8 +145,9 @@ def line_count(name: str) -> int:
 # after a command takes a checkpoint (a rewind to before it kept undoing the command too); 6: the
 # rewind question's plan is drawn as markdown, wrapped between words; 3: -p's text counts the
 # newlines a block ends with (no piled blank lines on a terminal or in a pipe); 2: Esc at the
-# rewind question declines it without interrupting a turn running meanwhile.
-RUNTIME_LINES = 21_148
+# rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
+# step has overtaken while its question was open is not carried out.
+RUNTIME_LINES = 21_152
 SECURITY_CORE_LINES = 6_069
 
 
