@@ -5,7 +5,7 @@ fsync at loop boundaries), recovery of torn/bad lines, replay, and the pure fold
 Anthropic `messages` history, the kernel's state and usage totals; the price table with the one
 cost function, and the one cost, count and duration formatters, which every module may use.
 Must not: import any other khaelor module, touch the network, or rewrite a line once written
-(the one exception: a torn final line, which was never a complete event, is cut off on open).
+(the one exception: a torn final line, never a complete event, is cut off on open or at once).
 """
 import errno
 import fcntl

@@ -8,7 +8,7 @@ a step, from its checkpoints), the slash-command table and the custom command fi
 error into one line plus the log path. It reads the permission files and trust.json and writes
 grants and trust records; what a file grants is permissions.py's to decide (the trust model).
 Must not: hold agent logic (kernel.py), build requests (context.py) or run tools (tools.py).
-It is the only module that imports ui, and only when the interactive UI starts.
+It is the only module that imports ui: when the interactive UI starts, and for --help's keys.
 
     khaelor                      interactive, in the current directory
     khaelor -p "fix the test"    headless one-shot (see --help)
@@ -160,7 +160,7 @@ def setting_choices() -> dict:
 
 
 def load_settings(args, home: Path, project_root: Path) -> dict:
-    """Precedence: flags → project config → user config → env → defaults."""
+    """Precedence: flags → project config → user config ($KHAELOR_HOME's) → defaults."""
     from model import DEFAULT_AUX_MODEL, DEFAULT_MODEL, MODEL_ALIASES
     user = read_config(home / "config.json")
     merged = {"model": DEFAULT_MODEL, "aux_model": DEFAULT_AUX_MODEL,
@@ -879,7 +879,16 @@ def cmd_rewind(argv: list, home: Path, project_root: Path) -> int:
     args = parser.parse_args(argv)
     import tools
     args.continue_ = not args.resume
-    store = open_session(args, home, project_root, "no session in this project has steps to rewind")
+    try:
+        store = open_session(args, home, project_root, "no session in this project yet")
+    except UsageError as error:
+        # no session at all is nothing to rewind (1) and an empty list (0), as with a session
+        if args.resume:
+            raise
+        if args.list:
+            print("no steps that changed the work tree")
+            return EXIT_OK
+        raise KhaelorError(f"nothing to rewind: {error}") from None
     try:
         bus = events.Bus(store)
         toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
@@ -1153,7 +1162,8 @@ def parse_args(argv: list):
     # Claude Code requires it with stream-json, so its scripts pass it; every event prints anyway
     parser.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yes", action="store_true",
-                        help="approve ordinary asks (never the floor, destroying work or a secret)")
+                        help="approve ordinary asks (never the floor, a secret or what no"
+                             " checkpoint undoes)")
     parser.add_argument("-c", "--continue", dest="continue_", action="store_true",
                         help="continue the newest session")
     parser.add_argument("-r", "--resume", metavar="ID",
@@ -1363,24 +1373,55 @@ def current_model(store, settings) -> str:
 
 
 class StreamJson:
-    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens.
-    When the reader has gone (`| head -1`) the run stops as Ctrl-C stops it (the log says it was
-    interrupted), and nothing more is written."""
+    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens,
+    and among them Claude Code's messages for scripts written for `claude -p` (`system` init,
+    then an `assistant` message after each response and a `user` one for each tool's result, the
+    content as the conversation holds it). When the reader has gone (`| head -1`) the run stops as
+    Ctrl-C stops it (the log says it was interrupted), and nothing more is written."""
 
-    def __init__(self):
+    def __init__(self, store):
         import asyncio
         self.run = asyncio.current_task()
         self.reader_gone = False
+        self.store = store
 
     def __call__(self, event: dict) -> None:
-        if event["type"] not in events.DURABLE or self.reader_gone:
+        if event["type"] in events.DURABLE:
+            self.write(event)
+            self.write(self.claude_message(event))
+
+    def claude_message(self, event: dict) -> dict | None:
+        messages = self.store.state.messages
+        last = messages[-1] if messages else {"role": "", "content": [{}]}
+        if event["type"] == "ModelResponseCompleted" and last["role"] == "assistant":
+            return self.message("assistant", last["content"])
+        block = last["content"][-1]
+        answered = last["role"] == "user" and block.get("tool_use_id") == event.get("tool_use_id")
+        if event["type"] in events.TOOL_RESULT_EVENTS and answered:
+            return self.message("user", [block])
+        return None
+
+    def message(self, role: str, content: list) -> dict:
+        return {"type": role, "message": {"role": role, "content": content},
+                "parent_tool_use_id": None, "session_id": self.store.session_id}
+
+    def write(self, line: dict | None) -> None:
+        if line is None or self.reader_gone:
             return
         try:
-            print(json.dumps(event, ensure_ascii=False), flush=True)
+            print(json.dumps(line, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             self.reader_gone = True
             stdout_to_devnull()
             self.run.cancel()
+
+    def init(self, kernel_, args) -> None:
+        """Claude Code's first line: what this run is (a script takes its session_id from it)."""
+        tools = [schema["name"] for schema in kernel_.toolbox.schemas]
+        self.write({"type": "system", "subtype": "init", "session_id": self.store.session_id,
+                    "cwd": os.getcwd(), "model": kernel_.ctx.model, "tools": tools,
+                    "permissionMode": getattr(args, "permission_mode", "default"),
+                    "mcp_servers": [], "slash_commands": []})
 
 
 def print_status(event: dict) -> None:
@@ -1440,7 +1481,7 @@ def run_print(args, home: Path, project_root: Path) -> int:
 async def run_headless(args, settings, store, home, project_root) -> int:
     import asyncio
     bus = events.Bus(store)
-    stream = StreamJson()
+    stream = StreamJson(store)
     if args.output_format == "stream-json":
         bus.subscribe(stream)
     bus.subscribe(print_status)
@@ -1476,6 +1517,9 @@ async def run_headless(args, settings, store, home, project_root) -> int:
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root,
                            ask, layers=layers)
+    kernel_.toolbox.asks_nobody = not args.yes
+    if args.output_format == "stream-json":
+        stream.init(kernel_, args)
     resumed = bool(store.events)
     if not resumed:
         emit_created(bus, settings, project_root)
@@ -1634,6 +1678,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     thought = [usage["thinking_tokens"] for usage in state.usage.values()
                if "thinking_tokens" in usage]
     thinking_tokens = sum(thought) if thought else None
+    reason = failure(state, step)
     return {
         # Claude Code's
         "type": "result",
@@ -1646,8 +1691,10 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "total_cost_usd": cost,
         "usage": usage,
         "permission_denials": permission_denials(store),
+        # (Claude Code's error results list why: `jq -r '.errors[]'`)
+        "errors": [reason] if reason else [],
         # KHAELOR's own
-        "error": failure(state, step),
+        "error": reason,
         "cost_usd": cost,
         "usage_by_model": state.usage,
         "thinking": thinking,
@@ -2937,11 +2984,12 @@ def prune_in_background(home: Path) -> None:
 
 SUBCOMMANDS = {   # name: (handler, usage, what it does: --help lists them)
     "sessions": (cmd_sessions, "", "list this project's sessions"),
-    "permissions": (cmd_permissions, "[check] [--json]", "show or test the permission policy"),
+    "permissions": (cmd_permissions, "[--json | check --bash CMD|--read P|--write P [--json]]",
+                    "show or test the permission policy"),
     "trust": (cmd_trust, "[--revoke] [--yes]",
               "review and trust this repository's permission files"),
-    "sandbox": (cmd_sandbox, "[--write|--network] [--path P] -- CMD",
-                "run a command in the sandbox a permission decision gives"),
+    "sandbox": (cmd_sandbox, "[--read-only|--write|--network] [--path P] [--secrets] [--yes] --"
+                " CMD", "run a command in the sandbox a permission decision gives"),
     "rewind": (cmd_rewind, "[--list] [STEP] [-r SESSION] [--yes]",
                "the work tree back to before a step of a session"),
 }

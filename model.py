@@ -7,9 +7,11 @@ plain dicts with only the fields the API defined.
 Must not: import kernel/tools/ui/context, touch files, or estimate usage (usage is the API's).
 """
 import asyncio
+import gc
 import json
 import random
 import re
+import sys
 import threading
 import time
 from typing import NamedTuple
@@ -86,7 +88,12 @@ _import_lock = threading.Lock()
 def _sdk():
     """Import the SDK on first use (≈2 s, ~3,500 modules), never at start-up."""
     with _import_lock:
+        first = "anthropic" not in sys.modules
         import anthropic
+        if first:
+            # What is loaded by now lives as long as the process: out of the collector's sight, a
+            # full collection no longer walks the SDK's objects (it held the loop 65-70 ms).
+            gc.freeze()
         return anthropic
 
 

@@ -1852,8 +1852,16 @@ def _part_requests(part: _Part, root: str, compound: bool,
     suggest_paths = not compound and len(places) == 1
     # (git -C DIR and a work tree move where git's path arguments start)
     places = tuple(_git_place(part, place) for place in places)
-    for word in _path_arguments(part.core) + _git_object_paths(part.core, root):
+    # test -f .env, [ -s .env ]: it looks at the file, and prints no byte of it
+    looks = _row(*part.core[:1]).has("data")
+    named_from = len(requests)
+    for word in _path_arguments(part.core):
         _on_time()
+        for place in places:
+            found = _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
+            requests += map(_looked_at, found) if looks else found
+    named_to = len(requests)
+    for word in _git_object_paths(part.core, root):
         for place in places:
             requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
     for place in places:
@@ -1871,6 +1879,10 @@ def _part_requests(part: _Part, root: str, compound: bool,
         for secret in _recursive_secrets(part._replace(cwd=place)):
             request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
+    # an argument naming a file it makes (cp .env.example .env, no .env yet): no bytes to read
+    made = {r.path for r in requests if r.writes and r.path and not os.path.lexists(r.path)}
+    named = requests[named_from:named_to]
+    requests[named_from:named_to] = [_looked_at(r) if r.path in made else r for r in named]
     return list(dict.fromkeys(requests))
 
 
@@ -1996,6 +2008,15 @@ def _as_written(request: _Request) -> _Request:
     capability = FILE_WRITE if request.capability == FILE_READ else request.capability
     return request._replace(capability=capability, writes=True, read_only=True,
                             suggestion=None, secret=False)
+
+
+def _looked_at(request: _Request) -> _Request:
+    """A project file a command only looks at or makes, as no read of it: allowed but by a user's
+    deny or ask of reading it, and no secret (the kernel keeps the secret files closed to what
+    --yes approves and to what runs unasked, so a wrong judgement costs a failed command)."""
+    if request.capability != FILE_READ:
+        return request
+    return request._replace(read_only=True, secret=False, suggestion=None)
 
 
 def _redirect_writes(op: str, target: str) -> bool:

@@ -747,10 +747,26 @@ class Mounts:
     shared_memory: str = ""
     covered: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
+    # what a covered file shows: an empty file of mode 0 (cover_file); /dev/null without it
+    cover: str = ""
+
+
+def cover_file(khaelor_home: Path) -> str:
+    """The file a secret file is covered with: regular, so `test -f .env` answers as it would
+    outside, and of mode 0, so no open passes it without a capability ("" if it cannot be made)."""
+    path = os.path.join(os.path.realpath(khaelor_home), "cover")
+    try:
+        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0))
+    except FileExistsError:
+        pass
+    except OSError:
+        return ""
+    return path
 
 
 def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
-               denied: list[str] = (), frozen: list[str] = ()) -> Mounts | None:
+               denied: list[str] = (), frozen: list[str] = (), cover: str = "") -> Mounts | None:
     """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
@@ -763,7 +779,7 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
     frozen = _places(frozen, covered, mounts)
     # the temp dir's bind makes its shm folder writable; binding it by name would follow a link
     writable = [place for place in _writes(confine, project, temp_dir) if place != shared_memory]
-    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen))
+    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen), cover)
 
 
 def _places(paths: list[str], covered: list[str], mounts: list[tuple]) -> list[str]:
@@ -850,7 +866,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
         with contextlib.suppress(FileNotFoundError):
             _bind_no_links(folder)
     for path in mounts.covered:
-        _cover(path)
+        _cover(path, mounts.cover)
     for path in mounts.frozen:
         _freeze(path)
     # No terminal of the user's is in its sight, open now or opened while it runs (a long one
@@ -899,11 +915,12 @@ def _folders_holding(paths: tuple[str, ...], places: tuple[str, ...]) -> list[st
     return sorted(folders, key=len)
 
 
-def _cover(path: str) -> None:
-    """Cover `path` in this namespace: a file with /dev/null on a mount where no device opens, a
-    folder with an empty tmpfs no one enters (mode 0, and the command has no capability), a mount
-    point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one
-    swapped in since the scan fails the command, never moves the cover; a file gone is not read."""
+def _cover(path: str, cover: str = "") -> None:
+    """Cover `path` in this namespace: a file with `cover` (an empty file of mode 0, where it is
+    one still: no open passes it, the command has no capability) or /dev/null, on a mount where no
+    device opens, a folder with an empty tmpfs no one enters (mode 0), a mount point it can neither
+    unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one swapped in since the
+    scan fails the command, never moves the cover; a file gone is not read."""
     try:
         fd = open_no_links(path, O_PATH)
     except FileNotFoundError:
@@ -914,11 +931,26 @@ def _cover(path: str) -> None:
         failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
     else:
         # a bind takes no flags: sealed once made
-        failed = (_libc.mount(b"/dev/null", target, None, MS_BIND, None)
+        failed = (_libc.mount(_cover_source(cover), target, None, MS_BIND, None)
                   or _mount_attributes(path.encode(), set_=SEALED))
     os.close(fd)
     if failed:
         raise OSError(ctypes.get_errno(), f"mount over {path}")
+
+
+def _cover_source(cover: str) -> bytes:
+    """`cover` opened through no link while it is an empty regular file of mode 0 with no other
+    name (as a /proc/self/fd path, open until exec), else /dev/null."""
+    try:
+        fd = open_no_links(cover, O_PATH)
+    except OSError:
+        return b"/dev/null"
+    info = os.fstat(fd)
+    alone = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+    if alone and not (info.st_size or info.st_mode & 0o7777):
+        return f"/proc/self/fd/{fd}".encode()
+    os.close(fd)
+    return b"/dev/null"
 
 
 def _freeze(path: str) -> None:
@@ -1643,10 +1675,10 @@ CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
 def explain(output: str, confine: Confine, cwd: Path, project: Path,
             temp_dir: Path | None, home: Path,
-            khaelor_home: Path) -> str | None:
+            khaelor_home: Path, asks_nobody: bool = False) -> str | None:
     """A note for the model when a confined command's failure looks like the sandbox refusing
     it: what it would need (a path, write access outside the project, network) and that the user
-    can grant it."""
+    can grant it (`asks_nobody`: -p without --yes, where no one answers a question)."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
     if lines and not confine.secrets and (confine.unattended or not confine.write):
@@ -1685,6 +1717,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
            "so that the user's permission question covers it")
     if confine.unattended:
         way = "--yes opens nothing more: a person must approve it"
+    elif asks_nobody:
+        way = ("nobody answers a permission question in this run (khaelor -p): only the user's "
+               "own rules (--allowedTools) let a command that names it run")
     if any(need.endswith("which only the user changes") for need in needs):
         way = "no command changes it, approved or not"
     return ("[khaelor sandbox: this command ran confined to what its "

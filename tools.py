@@ -137,6 +137,10 @@ TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{2
                    r"|AKIA[0-9A-Z]{16}|AIza[\w-]{35}|npm_[A-Za-z0-9]{36}|pypi-[\w-]{50,}"
                    r"|hf_(?<![\w-]hf_)[A-Za-z0-9]{30,}")
 TOKEN_MASK = "[redacted: a token]"
+# An HTTP credential in a header: what `git config -l` shows of the extraheader actions/checkout
+# leaves in .git/config (AUTHORIZATION: basic <base64 of x-access-token:TOKEN>), or `curl -v`.
+AUTH_HEADER = re.compile(r"(?i)(authorization:[ \t]*(?:basic|bearer|token)[ \t]+)[^\s\"']+")
+AUTH_HEADER_MASK = "[redacted: a credential]"
 # A private key's body, however it is printed (a diff puts + before each line), to its end line
 # or, cut short, to the end of the text
 PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?"
@@ -820,7 +824,8 @@ class Workspace:
                           if os.path.isfile(self.cwd / name)]
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
-            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
+            cover = sandbox.cover_file(self.home) if hidden else ""
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover)
             hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
@@ -924,9 +929,13 @@ def _runs_git(argv: list[str]) -> bool:
 # approve by name is put back, and what it had written is kept in the spill folder.
 GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
 GIT_CONFIG = ".git/config"
+# a rebase's todo list, whose exec lines the user's `git rebase --continue` runs
+REBASE_TODO = ".git/rebase-merge/git-rebase-todo"
+# an exec line as git's todo parser reads it: blanks, `exec` or `x`, blanks, the command line
+TODO_EXEC = re.compile(rb"^[ \t]*(?:exec|x)[ \t]+(.*?)[ \t\r]*$", re.M)
 # and what brings another config in: the worktree's own (read once extensions.worktreeConfig is
 # set, a plain entry) and the pointer to a common git directory (whose config git reads)
-GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir")
+GUARDED_FILES = (GIT_CONFIG, ".git/config.worktree", ".git/commondir", REBASE_TODO)
 # and .git itself where it is a file (`gitdir: …`): one a step made where there was no repository,
 # or rewrote, sends the user's git to a repository of its choosing (never named: always put back)
 GIT_POINTER = ".git"
@@ -1083,6 +1092,8 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
+        if rel == REBASE_TODO and _rebase_todo_plain(old, new, command):
+            continue
         # a repository a gitlink names may be made, changed plainly or removed (nothing then runs)
         if rel in nested and (not new or _nested_plain(rel, old[1] if old else b"", new, project)):
             continue
@@ -1111,6 +1122,14 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
             "that by name; "
             f"{kept}. To make such a change, run a command that names "
             "the file, so that the user's question shows it.]")
+
+
+def _rebase_todo_plain(old: tuple | None, new: tuple | None, command: str) -> bool:
+    """A rebase's todo list made, changed or removed by a step: plain unless it gained an exec
+    line that the approved command does not spell out (`git rebase -x 'make test' main` does)."""
+    before = set(TODO_EXEC.findall(old[1])) if old else set()
+    gained = [line for line in TODO_EXEC.findall(new[1]) if line not in before] if new else []
+    return all(os.fsdecode(line) in command for line in gained)
 
 
 def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
@@ -1233,6 +1252,8 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
+        # -p without --yes: no one answers a permission question (the sandbox's note says so)
+        self.asks_nobody = False
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
@@ -1355,8 +1376,8 @@ class Toolbox:
         """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
         session log or a spill file, whatever shows it (env, printenv, a .env file); commands get it
         only where the user's config passes it (sandbox.child_environment). The values of the
-        project's .env files, the passwords in URLs and tokens of known formats are masked the
-        same way."""
+        project's .env files, the passwords in URLs, tokens of known formats and HTTP
+        authorization headers are masked the same way."""
         for name in SECRET_ENV:
             secret = os.environ.get(name)
             if secret and len(secret) >= 8 and secret in text:
@@ -1370,6 +1391,8 @@ class Toolbox:
             text = PRIVATE_KEY.sub(rf"\1 {PRIVATE_KEY_MASK} \2", text)
         if "diff --" in text:
             text = _mask_secret_diffs(text)
+        if "uthorization" in text or "UTHORIZATION" in text:
+            text = AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, text)
         return TOKEN.sub(TOKEN_MASK, text)
 
     def running_processes(self) -> list[dict]:
@@ -2291,7 +2314,7 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
     masked .env and wrote it back would replace every value with the mask. A file that holds
     the mask's text itself (khaelor's own source) may still be edited."""
     for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK, TOKEN_MASK, PRIVATE_KEY_MASK,
-                 SECRET_DIFF_MASK):
+                 SECRET_DIFF_MASK, AUTH_HEADER_MASK):
         in_file = before is not None and mask.encode() in before
         if mask in new_text and not in_file:
             raise ToolError(
@@ -3968,7 +3991,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if box.sandboxed and exit_code != 0:
         ws = box.workspace
         refused = sandbox.explain(
-            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
+            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home, box.asks_nobody)
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)

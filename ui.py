@@ -2007,6 +2007,7 @@ KEY_HELP = (
     ("Ctrl-O", "open or close the newest tool card, or the thinking that streams"),
     ("Ctrl-R", "the transcript: everything, every card whole (q leaves)"),
     ("Ctrl-Z", "suspend khaelor (`fg` brings it back)"),
+    ("Shift-Tab", "the mode: default → accept edits → plan, from the next message"),
     ("Up, Down", "input history; in a permission question, choose an answer"),
     ("y, a, n",
      "answer a permission question (on an empty input; typing writes a message)"),

@@ -975,6 +975,37 @@ def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them
     assert (repo / ".vscode" / "launch.json").exists() and "put back" not in result.text
 
 
+def test_a_rebase_todo_gains_no_exec_line_the_approved_command_did_not_spell_out(repo, tmp_path):
+    """`git rebase --continue` runs the todo list's exec lines unconfined: one planted in
+    .git/rebase-merge is put back; a rebase stopped on a conflict keeps its todo, and the exec
+    lines of `git rebase -x CMD`, which the user approved, stay."""
+    commit = ["git", "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qam"]
+    (repo / "f").write_text("base\n")
+    subprocess.run(["git", "add", "f"], cwd=repo, check=True)
+    subprocess.run([*commit, "base"], cwd=repo, check=True)
+    subprocess.run(["git", "checkout", "-qb", "topic"], cwd=repo, check=True)
+    for n in (1, 2):
+        (repo / "f").write_text(f"topic {n}\n")
+        subprocess.run([*commit, f"topic {n}"], cwd=repo, check=True)
+    subprocess.run(["git", "checkout", "-q", "-"], cwd=repo, check=True)
+    (repo / "f").write_text("main\n")
+    subprocess.run([*commit, "main"], cwd=repo, check=True)
+    todo = repo / ".git" / "rebase-merge" / "git-rebase-todo"
+    (repo / "todo.py").write_text("import os\nos.makedirs('.git/rebase-merge')\n"
+                                  "open('.git/rebase-merge/git-rebase-todo', 'w')"
+                                  ".write('pick 0\\n  x  touch MARKER\\n')\n")
+    plant = f"{sys.executable} todo.py"
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": plant}, APPROVED)
+    assert "put back .git/rebase-merge/git-rebase-todo" in result.text, result.text
+    assert not todo.exists()
+    todo.parent.rmdir()
+    rebase = "git -c user.name=u -c user.email=u@x rebase -x 'echo checked' HEAD topic"
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": rebase}, APPROVED)
+    assert "put back" not in result.text and b"exec echo checked" in todo.read_bytes(), result.text
+    result = run_tool(repo, tmp_path / "kh", "bash", {"command": "echo later"}, APPROVED)
+    assert "put back" not in result.text and todo.exists()
+
+
 def test_a_submodule_added_as_git_adds_it_stays(repo, tmp_path):
     """`git submodule add` writes a .git file into .git/modules and a config with core.worktree:
     nothing in that runs code, and nothing is put back."""
@@ -1167,6 +1198,21 @@ def test_khaelor_sandbox_gives_the_shape_yes_approves_too(project, env):
     assert code == 0 and "MARKER-sandbox-yes" in out
     done = run_khaelor(["sandbox", "--write", "--yes", "--", "cat", ".env"], project, env)
     assert done.returncode != 0 and "MARKER-sandbox-yes" not in done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not sandbox.mount_namespace_available(), reason="no mount namespace here")
+def test_under_yes_a_closed_secret_file_is_still_a_regular_file_to_test(project, env):
+    """An approved command under --yes saw a closed .env as /dev/null, a character device: `test
+    -f .env` answered no (`[ -f .env ] || exit 1` failed a build, `test -f .env || cp …` wrote).
+    It sees an empty file no open passes: test -f says yes; nothing reads, writes or removes it."""
+    (project / ".env").write_text("API_TOKEN=MARKER-cover\n")
+    (project / ".env.example").write_text("API_TOKEN=\n")
+    script = ("test -f .env && echo REGULAR; test -f .env || cp .env.example .env; cat .env; "
+              "cp .env.example .env; rm -f .env; python3 -c 'print(open(\".env\").read())'")
+    done = run_khaelor(["sandbox", "--write", "--yes", "--", "sh", "-c", script], project, env)
+    assert "REGULAR" in done.stdout and "MARKER-cover" not in done.stdout + done.stderr, done
+    assert "Permission denied" in done.stderr and "busy" in done.stderr, done.stderr
+    assert (project / ".env").read_text() == "API_TOKEN=MARKER-cover\n"
 
 
 def test_a_read_only_command_filling_the_temp_dir_is_stopped(project, tmp_path, monkeypatch):

@@ -154,6 +154,17 @@ def test_slash_enter_opens_the_menu_and_question_mark_shows_the_keys():
     assert "Esc" in text_of(screen) and "Ctrl-O" in text_of(screen) and app.composer.text == ""
 
 
+def test_the_keys_shown_by_question_mark_include_shift_tab():
+    """README: `?` shows the keys, and Shift-Tab cycles default → accept edits → plan. The list
+    (also /help's and --help's) left Shift-Tab out: the one way into plan mode went unsaid."""
+    from test_ui import COLOR, FakeController, K, app_screen, text_of
+    app = ui.App(FakeController(), style=COLOR, width=100, height=40)
+    screen, stream = app_screen(app)
+    app.on_key(K("text", "?"))
+    stream.feed(app.render(1.0))
+    assert "Shift-Tab" in text_of(screen) and "plan" in text_of(screen), text_of(screen)
+
+
 # ---------------------------------------------------------------- item 14: one message per event
 
 def test_an_api_error_shows_once_and_internal_words_never_reach_the_user():

@@ -1439,3 +1439,27 @@ def test_a_read_beyond_what_the_command_names_asks(project, command):
     assert bash(command, project)["decision"] == "ask", command
     for command in ("man ls", "man 1 ls", "sha256sum src/app.py", "jq . src/app.py"):
         assert bash(command, project)["decision"] == "allow", command
+
+
+def test_a_secret_file_a_command_makes_or_looks_at_is_no_read_of_it(project):
+    """cp .env.example .env with no .env yet, test -f .env: no bytes of a secret to read, so --yes
+    may approve them (the kernel keeps the secret files closed to it). An existing .env written
+    over, a read beside the copy, git's object of it, a stdin from it still open the secrets."""
+    (project / ".env").unlink()
+    (project / ".env.example").write_text("KEY=changeme\n")
+
+    def secrets(command):
+        return decide("bash", {"command": command}, project, DEFAULTS).confine.secrets
+
+    def action(command, rules=DEFAULTS):
+        return decide("bash", {"command": command}, project, rules).action
+    assert not secrets("cp .env.example .env")
+    assert not secrets("test -f .env || cp .env.example .env")
+    assert action("test -f .env") == "allow"
+    assert secrets("git show HEAD:.env > .env") and secrets("cp .env.example .env; cat .env")
+    (project / ".env").write_text("KEY=1\n")
+    assert action("[ -s .env ]") == "allow" and secrets("[ -s .env ] < .env")
+    assert secrets("cp .env.example .env") and secrets("chmod 600 .env")
+    deny = load_rules([("user", {"permissions": [
+        {"capability": "file.read", "pattern": ".env", "action": "deny"}]})])
+    assert action("test -f .env", deny) == "deny"

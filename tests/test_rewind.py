@@ -321,6 +321,16 @@ def test_a_rewind_with_nothing_to_rewind_exits_1_as_git_commit_does(khaelor, fak
     assert khaelor.run("rewind", "--list").returncode == 0
 
 
+def test_a_rewind_in_a_project_with_no_session_is_nothing_to_rewind_too(khaelor, project):
+    """README: exit 1 when `khaelor rewind` finds nothing to rewind. With no session yet it said
+    so as a usage error (2), and `--list` listed nothing as one."""
+    rewound = khaelor.run("rewind", "--yes")
+    assert rewound.returncode == 1, rewound.stderr
+    assert "nothing to rewind" in rewound.stderr, rewound.stderr
+    assert khaelor.run("rewind", "--list").returncode == 0
+    assert khaelor.run("rewind", "-r", "2026").returncode == 2
+
+
 def rewind_one_step(tmp_path, before_step, step, overlay=None) -> tuple[Path, list[str]]:
     """A project set up by `before_step(root)`, a checkpoint, `step(root)`, a checkpoint, and the
     rewind to before the step (in-process): (the project, what apply could not restore)."""

@@ -2,6 +2,7 @@
 `khaelor` process and the real SDK against the scripted fake API (plus the pure parts they share)."""
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -494,6 +495,17 @@ def test_help_lists_the_keys_and_the_instruction_files(khaelor):
         assert key in result.stdout, key
     assert "KHAELOR.md, CLAUDE.md, AGENTS.md" in result.stdout and "khaelor sessions" in result.stdout
     assert "khaelor permissions" in result.stdout and "khaelor trust [--revoke]" in result.stdout
+
+
+def test_help_names_every_option_of_each_subcommand(khaelor):
+    """`khaelor --help` said `khaelor sandbox [--write|--network] [--path P] -- CMD`: no
+    --read-only, --secrets or --yes, which README's Usage and `khaelor sandbox --help` have."""
+    listed = khaelor.run("--help").stdout
+    for argv in (["permissions"], ["permissions", "check"], ["trust"], ["sandbox"], ["rewind"]):
+        usage = next(line for line in listed.splitlines() if line.startswith(f"  khaelor {argv[0]}"))
+        own = khaelor.run(*argv, "--help").stdout.split("\n\n")[0]
+        options = set(re.findall(r"(?<![\w-])--?[a-z-]+", own)) - {"-h"}
+        assert options and all(option in usage for option in options), (usage, options)
 
 
 # ---------------------------------------------------------------- the world belongs to the session

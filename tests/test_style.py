@@ -138,6 +138,20 @@ def line_count(name: str) -> int:
 # in no known group), a process's start is read before its leader is reaped (`sh -c 'server &'`
 # is stopped on resume), a stop is no ✗ (exit -15). 19: a bash call's command is named in the log
 # (CommandStarted), and a resumed session stops it if a killed khaelor left it running.
+# Session 20: 14 in tools.py: a rebase's todo list is guarded (an exec line planted there ran on the
+# user's `git rebase --continue`); the exec lines an approved `git rebase -x CMD` spells out stay.
+# 7 in model.py: the SDK's objects are frozen out of the collector's sight once it is loaded (a full
+# collection walked them: 55-110 ms of a held event loop, now under 12 ms). From the docs pass,
+# 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
+# 2: --help names every option of each subcommand, and --yes's help no longer says it never
+# destroys work (it approves what a checkpoint undoes). 1: `?` lists Shift-Tab (the mode).
+# From the headless pass, 30 (24 of the core): under --yes a secret file a command makes or only
+# looks at (cp .env.example .env, test -f .env) is no read of it; -p's sandbox note says nobody
+# answers; results list errors. 33 in khaelor.py: stream-json carries Claude Code's system init,
+# assistant and user messages. 33 (32 of the core): a closed secret file is covered with an empty
+# file of mode 0, not /dev/null, so `test -f .env` in a command --yes approves answers as outside.
+# 6 in tools.py: an HTTP authorization header's credential is masked (actions/checkout leaves the
+# job's token in .git/config as an extraheader, base64: no token format matched it).
 # Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
 # resumed session's welcome line names the model it began with, as its live screen did; 4: an open
 # /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
@@ -147,8 +161,8 @@ def line_count(name: str) -> int:
 # newlines a block ends with (no piled blank lines on a terminal or in a pipe); 2: Esc at the
 # rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
 # step has overtaken while its question was open is not carried out.
-RUNTIME_LINES = 21_152
-SECURITY_CORE_LINES = 6_069
+RUNTIME_LINES = 21_287
+SECURITY_CORE_LINES = 6_125
 
 
 def test_the_runtime_and_its_security_core_never_grow():
