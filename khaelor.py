@@ -2610,6 +2610,8 @@ class Session:
     async def cmd_export(self, target):
         """The transcript as Markdown: to a file (default khaelor-<session>.md here), or with
         `clipboard` to the terminal's clipboard by OSC 52."""
+        if not self.store.events:
+            return "nothing to export yet: this session has no messages"
         text = transcript_markdown(self.store.events)
         if target == "clipboard":
             import base64

@@ -1424,6 +1424,17 @@ def test_export_keeps_one_blank_line_between_parts_whatever_newlines_a_text_ends
                         "\n\nDone.\n"), exported
 
 
+def test_export_before_the_first_message_writes_no_file(project, env, monkeypatch):
+    """QA (tmux): /export in a session with no message yet wrote a file of one empty line into
+    the project (named for a session that would never have a log) and said it had."""
+    from test_claude_parity import in_session as in_new_session
+
+    async def export(session):
+        return await session.cmd_export("")
+    answer = in_new_session(project, env, monkeypatch, export)
+    assert answer.startswith("nothing to export yet") and not list(project.glob("*.md")), answer
+
+
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,
                                                                               env, monkeypatch):
     """A command's answer is logged up to MAX_KEPT_ANSWER characters: a long /diff keeps its start

@@ -160,8 +160,9 @@ def line_count(name: str) -> int:
 # rewind question's plan is drawn as markdown, wrapped between words; 3: -p's text counts the
 # newlines a block ends with (no piled blank lines on a terminal or in a pipe); 2: Esc at the
 # rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
-# step has overtaken while its question was open is not carried out.
-RUNTIME_LINES = 21_287
+# step has overtaken while its question was open is not carried out; 2: /export before the first
+# message writes no empty file.
+RUNTIME_LINES = 21_289
 SECURITY_CORE_LINES = 6_125
 
 
