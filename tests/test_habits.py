@@ -434,11 +434,16 @@ def test_rewind_to_a_step_in_a_session_with_none_says_it_has_none(project, env, 
 
 
 def test_export_to_the_clipboard_counts_in_the_singular(project, env, monkeypatch, capsys):
-    """QA: /export clipboard in a new session said "sent the transcript (1 characters)"."""
+    """QA: /export clipboard in a new session said "sent the transcript (1 characters)". (A new
+    session has nothing to export now; the count is said as every count is.)"""
+    import events
+
     async def export(session):
+        session.bus.emit("UserMessageCreated", text="hi")
         return await session.run_command("/export clipboard")
-    assert "(1 character) to the clipboard" in in_session(project, env, monkeypatch, export)
+    assert "(11 characters) to the clipboard" in in_session(project, env, monkeypatch, export)
     assert "\x1b]52;c;" in capsys.readouterr().out
+    assert events.counted(1, "character") == "1 character"
 
 
 def test_a_title_typed_over_two_lines_is_one_line_in_every_listing(project, env, monkeypatch):
