@@ -169,7 +169,17 @@ def line_count(name: str) -> int:
 # (`git config credential.helper '!SCRIPT' && git push` ran the script with the network first).
 # 34 (12 of the core): under --yes a line given the network that runs more than git reads
 # .git/config without its credentials (`curl -d @.git/config` sent actions/checkout's token).
-RUNTIME_LINES = 21_367
+# Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
+# resumed session's welcome line names the model it began with, as its live screen did; 4: an open
+# /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
+# while a turn runs, waits for the turn's end and starts one of its own on its model; 2: a write
+# after a command takes a checkpoint (a rewind to before it kept undoing the command too); 6: the
+# rewind question's plan is drawn as markdown, wrapped between words; 3: -p's text counts the
+# newlines a block ends with (no piled blank lines on a terminal or in a pipe); 2: Esc at the
+# rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
+# step has overtaken while its question was open is not carried out; 2: /export before the first
+# message writes no empty file.
+RUNTIME_LINES = 21_416
 SECURITY_CORE_LINES = 6_188
 
 
