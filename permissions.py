@@ -1033,12 +1033,12 @@ def _accepts_edit(kind: str, decision: Decision) -> bool:
 def runs_later(descriptor: str, hooks: str = "") -> bool:
     """Whether writing this project path plants what runs later, unconfined, so that only a person
     approves it (not acceptEdits, not --yes): any repository's .git (its config's core.fsmonitor,
-    its hooks; .GIT on a file system that ignores case), .vscode/ (a task run when the folder
-    opens, an editor agent's auto-approve setting), .claude/ and .khaelor/ (what the bash guard
-    holds too), and `hooks`, the folder core.hooksPath names (husky's .husky/_)."""
+    its hooks; .GIT on a file system that ignores case), sandbox.RUNS_LATER_DIRS (what the bash
+    guard holds too: .vscode/'s tasks, .claude/'s permissions), and `hooks`, the folder
+    core.hooksPath names (husky's .husky/_)."""
     parts = descriptor.lower().split("/")
     hooked = bool(hooks) and sandbox.within(descriptor.lower(), [hooks.lower()])
-    return ".git" in parts or parts[0] in (".vscode", ".claude", ".khaelor") or hooked
+    return ".git" in parts or parts[0] in sandbox.RUNS_LATER_DIRS or hooked
 
 
 def _decide(kind: str, fields: dict, project_root: Path,

@@ -269,6 +269,12 @@ class Confine:
 
 # ------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file (tested on git 2.39).
+# Project folders whose files run later, unconfined, as a folder is opened: khaelor's and Claude
+# Code's permission files, the editor's workspace settings (interpreters, terminal environments,
+# tasks), a dev container's initializeCommand (run on the host), Zed's language servers, Cursor's
+# MCP servers (MCPoison: a changed approved server ran unasked). The guard puts back what a command
+# changed there; the write tool asks a person (permissions.runs_later).
+RUNS_LATER_DIRS = (".khaelor", ".claude", ".vscode", ".devcontainer", ".zed", ".cursor")
 # git config entries a command may set freely (anything else can run code or reroute git): the
 # guard keeps the rest of .git/config as it was, and permissions.py asks before a `git config` that
 # sets one, every time (git in the same line would run it before the guard looks)

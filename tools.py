@@ -950,12 +950,11 @@ def _runs_git(argv: list[str]) -> bool:
 
 # ---------------------------------------------------------------- the guard: nothing persists
 # Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
-# later, unconfined (git's hooks and drivers when the user runs git, khaelor's and Claude Code's
-# permission files, the editor's workspace settings, which name interpreters, a terminal's
-# environment and tasks run as the folder opens, and which git often ignores, so no diff shows
-# them), is recorded before an approved step and compared after it. A change the user did not
-# approve by name is put back, and what it had written is kept in the spill folder.
-GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
+# later, unconfined (git's hooks and drivers when the user runs git, sandbox.RUNS_LATER_DIRS as a
+# folder is opened, which git often ignores, so no diff shows them), is recorded before an
+# approved step and compared after it. A change the user did not approve by name is put back, and
+# what it had written is kept in the spill folder.
+GUARDED_DIRS = (".git/hooks", *sandbox.RUNS_LATER_DIRS)
 GIT_CONFIG = ".git/config"
 # a rebase's todo list, whose exec lines the user's `git rebase --continue` runs
 REBASE_TODO = ".git/rebase-merge/git-rebase-todo"

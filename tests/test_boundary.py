@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import permissions
 import sandbox
 from conftest import ROOT, khaelor_popen, run_khaelor, was_reached
 from fake_api import reply, text, tool_use
@@ -1032,22 +1033,32 @@ def test_a_repository_a_step_makes_in_a_folder_runs_no_planted_code(repo, tmp_pa
     assert (repo / "lib" / ".git" / "config").exists() and "lib" not in result.text
 
 
-def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them(repo, tmp_path):
-    """.vscode/ (often ignored by git: no diff shows it) runs what its settings name when the user
-    opens the folder in a trusted window: an interpreter, a terminal's environment, a task."""
+@pytest.mark.parametrize("folder, name, content", [
+    # an interpreter, a terminal's environment, a task, run as a trusted window opens the folder
+    (".vscode", "settings.json", '{"python.defaultInterpreterPath": "./x"}'),
+    # run on the host before the container is built
+    (".devcontainer", "devcontainer.json", '{"initializeCommand": "touch MARKER"}'),
+    (".zed", "settings.json", '{"lsp": {"x": {"binary": {"path": "./x"}}}}'),
+    # MCPoison: a changed server of an approved MCP config ran without a new question
+    (".cursor", "mcp.json", '{"mcpServers": {"x": {"command": "./x"}}}'),
+])
+def test_the_editors_workspace_settings_change_only_by_a_command_that_names_them(repo, tmp_path,
+                                                                                  folder, name,
+                                                                                  content):
+    """An editor's folder settings (often ignored by git: no diff shows them) run what they name
+    when the user opens the folder."""
     (repo / "settings.py").write_text(
-        "import os\n"
-        "os.makedirs('.vscode', exist_ok=True)\n"
-        "open('.vscode/settings.json', 'w')"
-        ".write('{\"python.defaultInterpreterPath\": \"./x\"}')\n")
+        f"import os\nos.makedirs({folder!r}, exist_ok=True)\n"
+        f"open({folder + '/' + name!r}, 'w').write({content!r})\n")
     result = run_tool(repo, tmp_path / "kh", "bash", {"command": f"{sys.executable} settings.py"},
                       sandbox.Confine(attended=True))
-    assert not (repo / ".vscode" / "settings.json").exists()
-    assert "put back .vscode/settings.json" in result.text, result.text
+    assert not (repo / folder / name).exists()
+    assert f"put back {folder}/{name}" in result.text, result.text
     result = run_tool(repo, tmp_path / "kh", "bash", {
-        "command": "mkdir -p .vscode && echo '{}' > .vscode/launch.json"},
+        "command": f"mkdir -p {folder} && echo '{{}}' > {folder}/launch.json"},
         sandbox.Confine(attended=True))
-    assert (repo / ".vscode" / "launch.json").exists() and "put back" not in result.text
+    assert (repo / folder / "launch.json").exists() and "put back" not in result.text
+    assert permissions.runs_later(f"{folder}/{name}")
 
 
 def test_a_rebase_todo_gains_no_exec_line_the_approved_command_did_not_spell_out(repo, tmp_path):

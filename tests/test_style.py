@@ -169,6 +169,8 @@ def line_count(name: str) -> int:
 # (`git config credential.helper '!SCRIPT' && git push` ran the script with the network first).
 # 34 (12 of the core): under --yes a line given the network that runs more than git reads
 # .git/config without its credentials (`curl -d @.git/config` sent actions/checkout's token).
+# 5 (6 of the core): .devcontainer/, .zed/ and .cursor/ are guarded as .vscode/ is (one list,
+# RUNS_LATER_DIRS, for the guard and the write tool's question).
 # Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
 # resumed session's welcome line names the model it began with, as its live screen did; 4: an open
 # /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
@@ -179,8 +181,8 @@ def line_count(name: str) -> int:
 # rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
 # step has overtaken while its question was open is not carried out; 2: /export before the first
 # message writes no empty file.
-RUNTIME_LINES = 21_416
-SECURITY_CORE_LINES = 6_188
+RUNTIME_LINES = 21_421
+SECURITY_CORE_LINES = 6_194
 
 
 def test_the_runtime_and_its_security_core_never_grow():
