@@ -1072,6 +1072,8 @@ SYSCALL_NUMBERS = {
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
     "socketpair": (53, 199), "prlimit64": (302, 261), "bind": (49, 200), "listen": (50, 201),
+    "open": (2, None), "openat": (257, 56), "openat2": (437, 437), "creat": (85, None),
+    "mknod": (133, None), "mknodat": (259, 33),
 }
 # Refused where nothing but the temp dir is writable (why: the mounts above; None: aarch64 has only
 # the *at forms), and System V IPC, whose objects no path names (Landlock and mounts miss them): a
@@ -1108,9 +1110,13 @@ TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
 # (EPERM), and with it pty.fork() and forkpty(); so it pretends too (the child has no controlling
 # terminal, and reads and writes its pty as before)
 TAKE_TERMINAL = 0x540E
-# S_ISUID | S_ISGID, and which argument of each chmod call holds the mode
+# S_ISUID | S_ISGID, and which argument of each call that sets or creates a mode holds it (an open
+# only when its flags, the argument before, create: O_CREAT | O_TMPFILE; else the mode is junk)
 SET_ID_BITS = 0o6000
-CHMOD_MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
+MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2, "creat": 1, "mknod": 1,
+                 "mknodat": 2}
+CREATE_FLAGS_ARGUMENT = {"open": 1, "openat": 2}
+CREATES = 0o100 | 0o20000000
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
@@ -1145,7 +1151,7 @@ class _SockFprog(ctypes.Structure):
 
 def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
     """Classic BPF from a list of ("label", name) markers and (code, k, jump-if-true label) steps;
-    a false test falls through. Jumps only go forward, as BPF requires."""
+    a false test falls through. Jumps only go forward and at most 255 steps, as BPF requires."""
     where = {}
     steps = []
     for item in program:
@@ -1153,8 +1159,11 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
             where[item[1]] = len(steps)
         else:
             steps.append(item)
-    return [(op, where[target[0]] - index - 1 if target else 0, 0, k)
-            for index, (op, k, *target) in enumerate(steps)]
+    jumps = [where[target[0]] - index - 1 if target else 0
+             for index, (_, _, *target) in enumerate(steps)]
+    if not all(0 <= jump < 256 for jump in jumps):
+        raise ValueError("a seccomp jump goes back or past 255 steps (its field is one byte)")
+    return [(op, jump, 0, k) for jump, (op, k, *_) in zip(jumps, steps)]
 
 
 @functools.cache
@@ -1201,11 +1210,16 @@ def _filter(write: bool, network: bool, supervised: bool,
         program += [(JEQ, nr[name], "deny") for name in [*METADATA_SYSCALLS, *IPC_SYSCALLS]
                     if name in nr]
     # No set-user-ID or set-group-ID bit: a copy of sh made so in the project would run as its
-    # owner (root, or the user) for any local user (aarch64 has no chmod)
-    program += [(JEQ, nr[name], f"mode {index}") for name, index in CHMOD_MODE_ARGUMENT.items()
+    # owner (root, or the user) for any local user: not by chmod, nor by creating it so (aarch64
+    # has no chmod, open, creat or mknod)
+    program += [(JEQ, nr[name], f"mode {index}") for name, index in MODE_ARGUMENT.items()
                 if name in nr]
-    # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
-    program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
+    program += [(JEQ, nr[name], f"creates {index}") for name, index in CREATE_FLAGS_ARGUMENT.items()
+                if name in nr]
+    # glibc falls back to clone when clone3 is missing, openat2's mode and clone3's flags are out of
+    # a filter's reach (glibc's open never uses openat2)
+    program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["openat2"], "enosys"),
+                (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
     # a new session or process group would outlive the kill of the command's group at its end
     # (and, writing the project after the guard looked, plant a hook): both answer success and
@@ -1226,8 +1240,11 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,
+                ("label", "creates 1"), (LD_ABS, _arg(1)), (JSET, CREATES, "mode 2"), allow,
+                ("label", "creates 2"), (LD_ABS, _arg(2)), (JSET, CREATES, "mode 3"), allow,
                 ("label", "mode 1"), (LD_ABS, _arg(1)), (JSET, SET_ID_BITS, "deny"), allow,
                 ("label", "mode 2"), (LD_ABS, _arg(2)), (JSET, SET_ID_BITS, "deny"), allow,
+                ("label", "mode 3"), (LD_ABS, _arg(3)), (JSET, SET_ID_BITS, "deny"), allow,
                 ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
                 ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
                 (JEQ, SOCK_SEQPACKET, "allow"), refuse,

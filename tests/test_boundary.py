@@ -319,18 +319,28 @@ def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project
 
 def test_no_command_makes_a_set_user_or_group_id_file(project, env):
     """A copy of sh made set-user-ID in the project runs as its owner (root, or the user) for every
-    local user who can reach it: chmod's own calls refuse those bits; plain modes still change."""
+    local user who can reach it: chmod's own calls refuse those bits, and so do the calls that
+    create a file with them (open, mknod, O_TMPFILE; creat and the bare open on x86_64, which a
+    check of the *at forms alone would miss; openat2 is missing); plain modes still change."""
     calls = ["os.chmod(K, 0o4755)", "os.chmod(K, 0o2755)", "os.chmod(K, 0o6711)",
              "os.chmod(K, 0o4755, follow_symlinks=False)", "os.fchmod(os.open(K, 0), 0o4755)",
-             "os.chmod(K, 0o1755)", "os.chmod(D, 0o2775)"]
+             "os.chmod(K, 0o1755)", "os.chmod(D, 0o2775)",
+             "os.open(D + '/made', os.O_CREAT | os.O_WRONLY, 0o4755)",
+             "os.mknod(D + '/node', 0o106755)", "os.open(D, os.O_TMPFILE | os.O_WRONLY, 0o2755)"]
+    raw = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+           "print('raw', libc.syscall(85, b'creat', 0o4755), libc.syscall(2, b'open', 0o101, 0o2755),"
+           " libc.syscall(437, b'openat2', bytes(24), 24), libc.syscall(2, b'plain', 0o101, 0o755))")
     shutil.copy("/bin/sh", project / "key")
     for shape in ("--write", "--network"):
         code, out = sandboxed(project, env, shape, *python(try_each(calls, project)))
         for call in calls[:5] + calls[6:]:
             assert f"{call} REFUSED 1" in out, (call, out)      # EPERM
         assert "os.chmod(K, 0o1755) DONE" in out, out
-        assert (project / "key").stat().st_mode & 0o6000 == 0
-        assert project.stat().st_mode & 0o6000 == 0
+        if os.uname().machine == "x86_64":
+            code, out = sandboxed(project, env, shape, *python(raw))
+            assert "raw -1 -1 -1 " in out and (project / "plain").exists(), out
+        for made in [project, *project.iterdir()]:
+            assert made.stat().st_mode & 0o6000 == 0, made
 
 
 @pytest.mark.parametrize("shape", ["--write", "--network"])
