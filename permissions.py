@@ -1025,12 +1025,15 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
-    not into .git/: .git/config can run code later (.GIT on a file system that ignores case), and
-    so can .vscode/ (a task run when the folder opens, an editor agent's auto-approve setting)."""
+    not into a .git, the project's or a nested repository's (vendor/x/.git/config, or a .git file
+    that points git elsewhere): its config and hooks can run code later (.GIT on a file system
+    that ignores case), and so can .vscode/ (a task run when the folder opens, an editor agent's
+    auto-approve setting)."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    return not sandbox.within(decision.descriptor.lower(), [".git", ".vscode"])
+    folders = decision.descriptor.lower().split("/")
+    return ".git" not in folders and folders[0] != ".vscode"
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
