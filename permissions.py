@@ -1490,7 +1490,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            regex = _path_regex(pattern, glob=True)
+            regex = _path_regex(pattern, is_glob=True)
             probes = [subject] + [subject + "/\0"] * os.path.isdir(request.path)  # NUL: any entry
             return any(re.fullmatch(regex, probe) for probe in probes)
         if fnmatch.fnmatchcase(subject, pattern):
@@ -1503,9 +1503,9 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
     return next(filter(matches, for_capability), None)
 
 
-def _path_regex(pattern: str, glob: bool) -> str:
+def _path_regex(pattern: str, is_glob: bool) -> str:
     """The regex a path rule's subject matches whole: a glob as Rule.glob says, else fnmatch's."""
-    if glob:
+    if is_glob:
         return f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
     return fnmatch.translate(pattern)
 
@@ -1526,9 +1526,8 @@ def _protected(path: str) -> str | None:
     lowered = path.lower()
     places = (khaelor_home(), os.path.expanduser("~/.khaelor"),
               os.path.expanduser("~/.claude"))
-    for place in places:
-        place = place.lower()
-        if lowered == place or lowered.startswith(place + os.sep):
+    for place in map(str.lower, places):
+        if sandbox.within(lowered, [place]):
             return ("khaelor's own state and the user's permission files "
                     f"({place}) are changed only by the user")
     if "/".join(lowered.split(os.sep)[-2:]) in PROJECT_FILES:

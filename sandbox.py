@@ -486,9 +486,9 @@ class SecretScan:
         self.listings = visited
         inodes = set().union(*(listing[1] for listing in visited.values()))
         secrets = []
-        for directory, (_, _, _, names) in visited.items():
-            for inode in inodes & names.keys():
-                secrets += [os.path.join(directory, name) for name in names[inode]]
+        for directory, (_, _, _, by_inode) in visited.items():
+            for inode in inodes & by_inode.keys():
+                secrets += [os.path.join(directory, name) for name in by_inode[inode]]
         return secrets
 
     def _listing(self, directory: str) -> tuple:
@@ -502,7 +502,7 @@ class SecretScan:
         self.version += 1
         found = set()
         subdirectories = []
-        names = {}
+        by_inode = {}
         with contextlib.suppress(OSError), os.scandir(directory) as entries:
             for entry in entries:
                 path = entry.path[len(self.root) + 1:]
@@ -513,8 +513,8 @@ class SecretScan:
                 # a secret folder is walked too: a hard link elsewhere to a file in it is secret
                 if folder and entry.name not in self.skipped:
                     subdirectories.append(entry.name)
-                names.setdefault(entry.inode(), []).append(entry.name)
-        return (mtime, found, subdirectories, names)
+                by_inode.setdefault(entry.inode(), []).append(entry.name)
+        return (mtime, found, subdirectories, by_inode)
 
 
 # ---------------------------------------------------------------- the ruleset
@@ -913,9 +913,10 @@ def _cover(path: str) -> None:
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
     else:
-        # a bind takes no flags: sealed once made
-        failed = (_libc.mount(b"/dev/null", target, None, MS_BIND, None)
-                  or _mount_attributes(path.encode(), set_=SEALED))
+        # a bind takes no flags: sealed once made (mount_setattr raises when it cannot seal it)
+        failed = _libc.mount(b"/dev/null", target, None, MS_BIND, None)
+        if not failed:
+            _mount_attributes(path.encode(), set_=SEALED)
     os.close(fd)
     if failed:
         raise OSError(ctypes.get_errno(), f"mount over {path}")
@@ -1102,9 +1103,9 @@ DENIED_SYSCALLS = [
     "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "setns", "open_by_handle_at", "userfaultfd",
 ]
-# clone and unshare flags that make a namespace (CLONE_NEWNS … CLONE_NEWNET)
-NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
-    | 0x40000000
+# clone and unshare flags that make a namespace: mount, IPC, user; cgroup, UTS, PID, network
+NAMESPACE_FLAGS = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUSER | 0x02000000 | 0x04000000 \
+    | 0x20000000 | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
 # TIOCSCTTY: after a setsid that only pretended, taking a pty as the controlling terminal fails
 # (EPERM), and with it pty.fork() and forkpty(); so it pretends too (the child has no controlling
