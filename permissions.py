@@ -792,6 +792,8 @@ class _Request(NamedTuple):
     escapes: tuple[str, ...] = ()
     # it prints files from git's objects (log -p, show, diff, grep --cached): see _prints_history
     history: bool = False
+    # a path only read (a provably reading command's operand, a `<` target): see Confine.read_paths
+    only_read: bool = False
 
 
 class _Part(NamedTuple):
@@ -1541,6 +1543,8 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
     paths it named, and the project paths read rules ask about or deny, which no
     command reads unnamed (a later allow is not weighed: a read naming one is)."""
     paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
+    # (an approved `cat ~/.bashrc > out && make` must not let make write ~/.bashrc)
+    read_paths = paths - {r.path for r in requests if r.capability == OUTSIDE and not r.only_read}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
     if any(_row(*r.core.split()[:1]).has("installer") for r in network):
@@ -1555,6 +1559,7 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         write=not read_only,
         network=bool(network),
         paths=tuple(sorted(paths)),
+        read_paths=tuple(sorted(read_paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
@@ -1851,14 +1856,16 @@ def _part_requests(part: _Part, root: str, compound: bool,
         if (writes or op == "<") and target not in _SAFE_DEVICES:
             access = FILE_WRITE if writes else FILE_READ
             for place in places:
-                requests += _word_requests(target, place, root, access)
+                found = _word_requests(target, place, root, access)
+                requests += [request._replace(only_read=not writes) for request in found]
     suggest_paths = not compound and len(places) == 1
     # (git -C DIR and a work tree move where git's path arguments start)
     places = tuple(_git_place(part, place) for place in places)
     for word in _path_arguments(part.core) + _git_object_paths(part.core, root):
         _on_time()
         for place in places:
-            requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
+            found = _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
+            requests += [request._replace(only_read=read_only) for request in found]
     for place in places:
         written = _written(part.core, place, root)
         if _row(*part.core[:1]).has("patches"):

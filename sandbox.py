@@ -236,6 +236,8 @@ class Confine:
     network: bool = False
     # real paths outside the project the call may open (read, or write with `write`)
     paths: tuple[str, ...] = ()
+    # of them, those it only reads, even with `write`: `cat ~/.bashrc > out && make` reads ~/.bashrc
+    read_paths: tuple[str, ...] = ()
     # the approved paths are writable though the project is not (a checkpoint's shadow repository)
     paths_write: bool = False
     # reading the project's secret files was approved
@@ -555,8 +557,9 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, READ_DEVICE) for device in READABLE_DEVICES]
     grants += [("/dev", LIST_ONLY)]
-    if not (confine.write or confine.paths_write):
-        grants += [(target, READ) for target in filter(None, map(approved_target, confine.paths))]
+    writes_paths = confine.write or confine.paths_write
+    read = [path for path in confine.paths if not writes_paths or path in confine.read_paths]
+    grants += [(target, READ) for target in filter(None, map(approved_target, read))]
     if confine.write:
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
     grants = [(os.path.realpath(path), rights) for path, rights in grants]
@@ -570,7 +573,8 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
     # and git writes the blobs it hands to a textconv or an external diff there.
     places = [temp_dir] if temp_dir else []
     if confine.write or confine.paths_write:
-        places += filter(None, map(approved_target, confine.paths))
+        written = [path for path in confine.paths if path not in confine.read_paths]
+        places += filter(None, map(approved_target, written))
     if confine.write:
         places += [project, SHARED_MEMORY]
     places = [os.path.realpath(place) for place in places]

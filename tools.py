@@ -827,7 +827,8 @@ class Workspace:
             # into each child's domain): what was granted, the secrets left out and the folders
             # they sit in (rules hold inodes: a file made in such a folder needs a new rule).
             key = (confine.write, confine.network, confine.paths_write, tuple(confine.paths),
-                   tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
+                   tuple(confine.read_paths), tuple(map(sandbox.approved_target, confine.paths)),
+                   tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), self.home, tuple(sorted(static_ports)))
             with self.rulesets_lock:

@@ -762,7 +762,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "not_read_only": "git push origin main: git push is not on the read-only list",
                       "destructive": "",
                       "confine": {"write": True, "network": True, "unattended_network": True,
-                                  "unattended_paths": [], "paths": [], "secrets": False,
+                                  "unattended_paths": [], "paths": [], "read_paths": [], "secrets": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
                                   "hide_paths": [], "deny_paths": [], "frozen_paths": [],
                                   "frozen_files": list(permissions.PROJECT_FILES),

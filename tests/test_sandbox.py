@@ -913,6 +913,29 @@ def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(worl
     assert "MARKER-4242" in approved.text
 
 
+def test_an_outside_path_an_approved_line_only_reads_stays_read_only_to_it(world):
+    """An approved `cat ~/.bashrc > out.txt && python3 plant.py` read ~/.bashrc, and the script,
+    which names no path, could append to it (code in every shell the user starts): every outside
+    path an approved command named was writable. A path the line writes, or hands to a program
+    that may, still is."""
+    rc = world.home / ".bashrc"
+    rc.write_text("# rc\n")
+    (world.project / "plant.py").write_text(
+        "import os, sys\ntry:\n    open(sys.argv[1] if sys.argv[1:] else os.path.expanduser("
+        "'~/.bashrc'), 'a').write('PLANTED\\n')\nexcept OSError as error:\n    print(error)\n")
+    rules = permissions.default_rules()
+    line = {"command": f"cat {rc} > out.txt && {sys.executable} plant.py"}
+    named = {"command": f"{sys.executable} plant.py {rc}"}
+
+    async def scenario(box):
+        return (await bash(box, line["command"], judged(world, rules, "bash", line)),
+                await bash(box, named["command"], judged(world, rules, "bash", named)))
+    planted, written = drive(world, scenario)
+    assert (world.project / "out.txt").read_text() == "# rc\n"
+    assert "Permission denied" in planted.text or "Read-only file system" in planted.text, planted.text
+    assert rc.read_text() == "# rc\nPLANTED\n", written.text
+
+
 def test_approving_a_read_an_ask_rule_names_opens_that_path_and_no_secret_file(world):
     """A repository's own settings may add an ask at once (untrusted: it only tightens). Approving
     `cat README.md; git grep …` for the README that rule asks about opened every secret file of the
