@@ -125,6 +125,8 @@ SECRET_HOME_PATHS = [
     # Maven's master password (settings.xml's passwords are encrypted with it)
     ".config/git/credentials", ".cargo/credentials", ".cargo/credentials.toml",
     ".m2/settings-security.xml",
+    # coding agents' sign-ins (Claude Code's, Codex's), which an approval naming ~ would open
+    ".claude/.credentials.json", ".codex/auth.json",
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 

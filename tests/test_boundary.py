@@ -199,6 +199,19 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_an_approval_naming_the_home_opens_no_coding_agents_sign_in(project, env, home, shape):
+    """Approving `ls ~` or `du -sh ~` opens ~ around its closed locations: Claude Code's and
+    Codex's sign-ins were not among them, so what rode along on that line read their tokens."""
+    (home / ".codex").mkdir(exist_ok=True)
+    (home / ".codex" / "auth.json").write_text(f'{{"token": "{CREDENTIAL}"}}')
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          f"cat {home}/.claude/.credentials.json {home}/.codex/auth.json; "
+                          f"cat {home}/.bashrc", paths=[home])
+    assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
+    assert "# the user's" in out, out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(project, env, home,
                                                                             shape):
     """git's config folder and cargo's and Maven's homes are readable for every command (the tools
