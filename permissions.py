@@ -1029,13 +1029,12 @@ def _accepts_edit(kind: str, decision: Decision) -> bool:
     """acceptEdits writes a project file where only the default rule asked;
     not into a .git, the project's or a nested repository's (vendor/x/.git/config, or a .git file
     that points git elsewhere): its config and hooks can run code later (.GIT on a file system
-    that ignores case), and so can .vscode/ (a task run when the folder opens, an editor agent's
-    auto-approve setting)."""
+    that ignores case), and so can sandbox.GUARDED_DIRS."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
     folders = decision.descriptor.lower().split("/")
-    return ".git" not in folders and folders[0] != ".vscode"
+    return ".git" not in folders and not sandbox.within("/".join(folders), sandbox.GUARDED_DIRS)
 
 
 def _decide(kind: str, fields: dict, project_root: Path,

@@ -12,8 +12,8 @@ their hard links); building a ruleset in the parent from a `Confine`; the seccom
 approved command's mounts; the preexec hook that enters all of it in the child; the connect
 supervisor that keeps an approved command's TCP on loopback (connects: the session's servers); the
 child's environment; the git settings every command carries; the note that explains a refusal;
-opening a path through no symbolic link (openat2), for khaelor's own file tools; and the one
-gitignore-style glob translator.
+opening a path through no symbolic link (openat2), for khaelor's own file tools; the one
+gitignore-style glob translator; and the project folders that run code later (GUARDED_DIRS).
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to
 confine what it does not: `layers()` says which layer this kernel enforces, and without Landlock or
 seccomp every command asks (permissions.py).
@@ -278,6 +278,9 @@ GIT_ALWAYS = [
     ("core.sshCommand", "ssh"),
 ]
 GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
+# The project's folders whose files run code or grant rights later (tools.py's guard says how):
+# the guard puts back what a step changed there unasked, and acceptEdits asks before writing there.
+GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
 # Drivers a repository's own config (local or worktree scope) may define; git_settings replaces
 # external diff commands for every command and the rest for read-only ones. No git setting turns
 # textconv or filters off wholesale (the .gitattributes naming them outrank core.attributesFile;

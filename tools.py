@@ -922,8 +922,8 @@ def _runs_git(argv: list[str]) -> bool:
 # permission files, the editor's workspace settings, which name interpreters, a terminal's
 # environment and tasks run as the folder opens, and which git often ignores, so no diff shows
 # them), is recorded before an approved step and compared after it. A change the user did not
-# approve by name is put back, and what it had written is kept in the spill folder.
-GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode")
+# approve by name is put back, and what it had written is kept in the spill folder (the folders:
+# sandbox.GUARDED_DIRS, for which acceptEdits asks too).
 GIT_CONFIG = ".git/config"
 # a rebase's todo list, whose exec lines the user's `git rebase --continue` runs
 REBASE_TODO = ".git/rebase-merge/git-rebase-todo"
@@ -1024,7 +1024,7 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
     link meanwhile (by a process a step left running) is not entered either."""
     state = {}
     real = os.path.realpath(project)
-    for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
+    for top in (*GUARDED_FILES, GIT_POINTER, *sandbox.GUARDED_DIRS, *nested_guarded(links),
                 *linked_worktrees(project)):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
@@ -1032,7 +1032,7 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks")):
+        if link is not None or not (top in sandbox.GUARDED_DIRS or top.endswith("/hooks")):
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -1169,7 +1169,7 @@ def _named(rel: str, command: str) -> bool:
         return False
     if rel in GUARDED_FILES:
         return "git config" in command or rel in command
-    return any(rel.startswith(name) and name in command for name in GUARDED_DIRS)
+    return any(rel.startswith(name) and name in command for name in sandbox.GUARDED_DIRS)
 
 
 def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:

@@ -156,9 +156,11 @@ def test_accept_edits_never_writes_into_git_in_any_case(project):
     """.git/config and hooks run code later; on a case-insensitive file system (macOS, Windows)
     .GIT/hooks/pre-commit is that same file, and acceptEdits wrote it without asking. A nested
     repository's are as much code (the user's git runs them there, or a submodule's from the top),
-    and so is a .git file, which sends git to a repository of the writer's choosing."""
+    and so is a .git file, which sends git to a repository of the writer's choosing; and so are the
+    folders the guard holds (sandbox.GUARDED_DIRS), which acceptEdits wrote unasked."""
     for path in (".git/hooks/pre-commit", ".GIT/hooks/pre-commit", ".Git/config",
-                 "vendor/lib/.git/config", "vendor/lib/.GIT/hooks/pre-commit", "vendor/lib/.git"):
+                 "vendor/lib/.git/config", "vendor/lib/.GIT/hooks/pre-commit", "vendor/lib/.git",
+                 ".vscode/tasks.json", ".claude/commands/x.md", ".khaelor/notes"):
         decision = decide("write", {"file_path": path}, project, DEFAULTS, mode="acceptEdits")
         assert decision.action == "ask", path
     assert decide("write", {"file_path": "src/new.py"}, project, DEFAULTS,
