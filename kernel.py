@@ -901,7 +901,8 @@ class Kernel:
             taken = await self.checkpoint(tool_use_id, "before a destructive step")
             undoable = taken and not self.state.checkpoints[-1]["skipped"]
         # a secret is a person's to open: read, its value could leave encoded past the masking
-        secret = bool(decision.confine and decision.confine.secrets)
+        confine = decision.confine
+        secret = bool(confine and (confine.secrets or confine.rule_asked))
         if self.yes and (not decision.destructive or undoable) and not secret:
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")

