@@ -208,8 +208,9 @@ def load_instructions(home: Path, project_root: Path, cwd: Path,
     user's (~/.claude/CLAUDE.md, then the first instruction file in KHAELOR_HOME), the nearest
     project-level file from cwd up to the project root (ancestors do not stack), then the nearest
     CLAUDE.local.md.
-    is_secret(name): a file name that holds credentials (sandbox.is_secret_name); never
-    imported. mask(text): the secrets in a file's text masked as in a tool's output (an import of
+    is_secret(path): whether a project-relative path (outside the project, a name) is never
+    imported: a secret file (sandbox.is_secret_name), or one the read rules deny or ask about.
+    mask(text): the secrets in a file's text masked as in a tool's output (an import of
     .git/config would bring the token in a remote's URL)."""
     notes = []
     cwd = Path(cwd).resolve()
@@ -322,9 +323,11 @@ class _Importer:
             return f"an import cycle ({loop}); not imported again"
         if len(chain) > MAX_IMPORT_DEPTH:
             return f"more than {MAX_IMPORT_DEPTH} imports deep; not imported"
-        if self.is_secret is not None and self.is_secret(resolved.name):
-            return "not imported: it is a secret file"
-        if _inside(resolved, self.root):
+        inside = _inside(resolved, self.root)
+        named = str(resolved.relative_to(self.root)) if inside else resolved.name
+        if self.is_secret is not None and self.is_secret(named):
+            return "not imported: it is a secret file, or one your read rules deny or ask about"
+        if inside:
             return None
         if tier == "user":
             if _inside(resolved, self.user_home.resolve()):

@@ -903,7 +903,11 @@ class Kernel:
         # a secret is a person's to open: read, its value could leave encoded past the masking
         confine = decision.confine
         secret = bool(confine and (confine.secrets or confine.rule_asked))
-        if self.yes and (not decision.destructive or undoable) and not secret:
+        # and so is a file git or the editor runs later, outside the sandbox (the bash guard puts
+        # back what a command writes there; the write tool's is approved here or never)
+        runs_later = kind == "write" and permissions.runs_later(
+            decision.descriptor, tools.hooks_folder_now(self.project_root))
+        if self.yes and (not decision.destructive or undoable) and not (secret or runs_later):
             self.emit("PermissionGranted", tool_use_id=tool_use_id,
                       scope="yes")
             return _unattended(decision)
@@ -911,6 +915,8 @@ class Kernel:
         why = decision.reason if self.yes else ""
         if self.yes and secret and not decision.destructive:
             why = "it reads the project's secret files: asks every time, --yes never opens them"
+        if self.yes and runs_later:
+            why = "git or your editor runs what it writes later, unconfined: --yes never writes it"
         choice, feedback = await self.ask_user(call, decision.capability,
                                                decision.descriptor, decision.suggestion, why=why)
         if choice not in ("once", "always"):

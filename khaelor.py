@@ -1272,10 +1272,13 @@ def build_kernel(args, settings, store, bus, home, project_root, ask,
     toolbox = tools.Toolbox(tools.Workspace(project_root), home, bus.emit,
                             lambda: bus.store.state)
     toolbox.workspace.pass_env = settings["pass_env"]
+    # what an instruction file may not import: a secret file, or what the read rules deny or ask
+    hidden = permissions.rule_paths(permissions.load_rules(layers))["hide_paths"]
     ctx = context.Context(project_root=project_root, cwd=Path.cwd(), home=home,
                           model=current_model(store, settings), aux_model=settings["aux_model"],
                           tool_schemas=toolbox.schemas, workspace=toolbox.workspace,
-                          user_home=Path.home(), is_secret=sandbox.is_secret_name,
+                          user_home=Path.home(),
+                          is_secret=sandbox.secret_matcher(sandbox.SECRET_NAMES, hidden),
                           mask=toolbox.mask,
                           append_system=getattr(args, "append_system_prompt", ""),
                           prune_at=settings["context"].get("prune_at", context.PRUNE_AT_TOKENS),
@@ -1371,24 +1374,55 @@ def current_model(store, settings) -> str:
 
 
 class StreamJson:
-    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens.
-    When the reader has gone (`| head -1`) the run stops as Ctrl-C stops it (the log says it was
-    interrupted), and nothing more is written."""
+    """--output-format stream-json: every event the log keeps, one JSON line each, as it happens,
+    and among them Claude Code's messages for scripts written for `claude -p` (`system` init,
+    then an `assistant` message after each response and a `user` one for each tool's result, the
+    content as the conversation holds it). When the reader has gone (`| head -1`) the run stops as
+    Ctrl-C stops it (the log says it was interrupted), and nothing more is written."""
 
-    def __init__(self):
+    def __init__(self, store):
         import asyncio
         self.run = asyncio.current_task()
         self.reader_gone = False
+        self.store = store
 
     def __call__(self, event: dict) -> None:
-        if event["type"] not in events.DURABLE or self.reader_gone:
+        if event["type"] in events.DURABLE:
+            self.write(event)
+            self.write(self.claude_message(event))
+
+    def claude_message(self, event: dict) -> dict | None:
+        messages = self.store.state.messages
+        last = messages[-1] if messages else {"role": "", "content": [{}]}
+        if event["type"] == "ModelResponseCompleted" and last["role"] == "assistant":
+            return self.message("assistant", last["content"])
+        block = last["content"][-1]
+        answered = last["role"] == "user" and block.get("tool_use_id") == event.get("tool_use_id")
+        if event["type"] in events.TOOL_RESULT_EVENTS and answered:
+            return self.message("user", [block])
+        return None
+
+    def message(self, role: str, content: list) -> dict:
+        return {"type": role, "message": {"role": role, "content": content},
+                "parent_tool_use_id": None, "session_id": self.store.session_id}
+
+    def write(self, line: dict | None) -> None:
+        if line is None or self.reader_gone:
             return
         try:
-            print(json.dumps(event, ensure_ascii=False), flush=True)
+            print(json.dumps(line, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             self.reader_gone = True
             stdout_to_devnull()
             self.run.cancel()
+
+    def init(self, kernel_, args) -> None:
+        """Claude Code's first line: what this run is (a script takes its session_id from it)."""
+        tools = [schema["name"] for schema in kernel_.toolbox.schemas]
+        self.write({"type": "system", "subtype": "init", "session_id": self.store.session_id,
+                    "cwd": os.getcwd(), "model": kernel_.ctx.model, "tools": tools,
+                    "permissionMode": getattr(args, "permission_mode", "default"),
+                    "mcp_servers": [], "slash_commands": []})
 
 
 def print_status(event: dict) -> None:
@@ -1448,7 +1482,7 @@ def run_print(args, home: Path, project_root: Path) -> int:
 async def run_headless(args, settings, store, home, project_root) -> int:
     import asyncio
     bus = events.Bus(store)
-    stream = StreamJson()
+    stream = StreamJson(store)
     if args.output_format == "stream-json":
         bus.subscribe(stream)
     bus.subscribe(print_status)
@@ -1484,6 +1518,9 @@ async def run_headless(args, settings, store, home, project_root) -> int:
 
     kernel_ = build_kernel(args, settings, store, bus, home, project_root,
                            ask, layers=layers)
+    kernel_.toolbox.asks_nobody = not args.yes
+    if args.output_format == "stream-json":
+        stream.init(kernel_, args)
     resumed = bool(store.events)
     if not resumed:
         emit_created(bus, settings, project_root)
@@ -1640,6 +1677,7 @@ def result_object(args, store, step: str, prices: dict) -> dict:
     thought = [usage["thinking_tokens"] for usage in state.usage.values()
                if "thinking_tokens" in usage]
     thinking_tokens = sum(thought) if thought else None
+    reason = failure(state, step)
     return {
         # Claude Code's
         "type": "result",
@@ -1652,8 +1690,10 @@ def result_object(args, store, step: str, prices: dict) -> dict:
         "total_cost_usd": cost,
         "usage": usage,
         "permission_denials": permission_denials(store),
+        # (Claude Code's error results list why: `jq -r '.errors[]'`)
+        "errors": [reason] if reason else [],
         # KHAELOR's own
-        "error": failure(state, step),
+        "error": reason,
         "cost_usd": cost,
         "usage_by_model": state.usage,
         "thinking": thinking,

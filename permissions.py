@@ -589,7 +589,6 @@ _GIT_READ_ONLY = frozenset("""
     -C --no-pager -P --no-optional-locks --literal-pathspecs --no-replace-objects
     --version""".split())
 # config keys that define commands for later: aliases, included files
-_GIT_ALIASING = ("alias.", "include")
 _GIT_URL = re.compile(
     r"^(?:[a-z][a-z0-9+.-]*://|[\w.-]+@[\w.-]+:|ext::|fd::)", re.I
 )
@@ -1026,15 +1025,22 @@ def _plan_refuses(kind: str, decision: Decision) -> bool:
 
 
 def _accepts_edit(kind: str, decision: Decision) -> bool:
-    """acceptEdits writes a project file where only the default rule asked;
-    not into a .git, the project's or a nested repository's (vendor/x/.git/config, or a .git file
-    that points git elsewhere): its config and hooks can run code later (.GIT on a file system
-    that ignores case), and so can sandbox.GUARDED_DIRS."""
+    """acceptEdits writes a project file where only the default rule asked, but what runs later."""
     shape = (kind, decision.action, decision.capability, decision.layer)
     if shape != ("write", "ask", FILE_WRITE, "default"):
         return False
-    folders = decision.descriptor.lower().split("/")
-    return ".git" not in folders and not sandbox.within("/".join(folders), sandbox.GUARDED_DIRS)
+    return not runs_later(decision.descriptor)
+
+
+def runs_later(descriptor: str, hooks: str = "") -> bool:
+    """Whether writing this project path plants what runs later, unconfined, so that only a person
+    approves it (not acceptEdits, not --yes): any repository's .git (its config's core.fsmonitor,
+    its hooks; .GIT on a file system that ignores case), .vscode/ (a task run when the folder
+    opens, an editor agent's auto-approve setting), .claude/ and .khaelor/ (what the bash guard
+    holds too: sandbox.GUARDED_DIRS), and `hooks`, the folder core.hooksPath names (.husky/_)."""
+    parts = descriptor.lower().split("/")
+    hooked = bool(hooks) and sandbox.within(descriptor.lower(), [hooks.lower()])
+    return ".git" in parts or sandbox.within("/".join(parts), sandbox.GUARDED_DIRS) or hooked
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
@@ -1553,7 +1559,9 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
     # an interpreter, a script or an unknown program riding along (`curl x; python3 payload.py`);
     # and of the outside paths only where an approved install puts packages: nothing outside the
     # project can be rewound, and what it reads (a shell history) could leave with the answer.
-    known = not any(r.capability == EXECUTE for r in requests)
+    # Nor to a program run with variables set for it (GIT_SSH_COMMAND=, LD_PRELOAD=: it runs the
+    # repository's code).
+    known = not any(r.capability == EXECUTE or _sets_variables(r) for r in requests)
     return sandbox.Confine(
         write=not read_only,
         network=bool(network),
@@ -1565,6 +1573,12 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         unattended_network=bool(network) and known,
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
+
+
+def _sets_variables(request: _Request) -> bool:
+    """A command run with NAME=value words before it (its own, or env's)."""
+    words = shlex.split(request.subject)[:request.wrapped_at] if request.wrapped_at else []
+    return any(map(_ASSIGNMENT.match, words))
 
 
 def rule_paths(rules: list[Rule]) -> dict[str, tuple[str, ...]]:
@@ -1768,6 +1782,9 @@ def _decide_bash(command: str, workdir: str, root: str,
     if line.unfollowed and not not_read_only:
         not_read_only = line.unfollowed
         requests = [r._replace(read_only=False) for r in requests]
+    if line.unfollowed:
+        # what it runs is not known (ssh -F CONFIG): no program of it counts as known to --yes
+        requests.append(_Request(EXECUTE, command.strip(), None))
     floor = line.floor or _state_write(writing)
     return _judge(command.strip(), requests, rules, floor=floor,
                   at_least="ask" if line.unfollowed else "allow",
@@ -1860,11 +1877,19 @@ def _part_requests(part: _Part, root: str, compound: bool,
     suggest_paths = not compound and len(places) == 1
     # (git -C DIR and a work tree move where git's path arguments start)
     places = tuple(_git_place(part, place) for place in places)
-    for word in _path_arguments(part.core) + _git_object_paths(part.core, root):
+    # test -f .env, [ -s .env ]: it looks at the file, and prints no byte of it
+    looks = _row(*part.core[:1]).has("data")
+    named_from = len(requests)
+    for word in _path_arguments(part.core):
         _on_time()
         for place in places:
             found = _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
+            found = map(_looked_at, found) if looks else found
             requests += [request._replace(only_read=read_only) for request in found]
+    named_to = len(requests)
+    for word in _git_object_paths(part.core, root):
+        for place in places:
+            requests += _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
     for place in places:
         written = _written(part.core, place, root)
         if _row(*part.core[:1]).has("patches"):
@@ -1880,6 +1905,10 @@ def _part_requests(part: _Part, root: str, compound: bool,
         for secret in _recursive_secrets(part._replace(cwd=place)):
             request = _path_request(secret, place, root, FILE_READ)
             requests.append(request._replace(suggestion=None))
+    # an argument naming a file it makes (cp .env.example .env, no .env yet): no bytes to read
+    made = {r.path for r in requests if r.writes and r.path and not os.path.lexists(r.path)}
+    named = requests[named_from:named_to]
+    requests[named_from:named_to] = [_looked_at(r) if r.path in made else r for r in named]
     return list(dict.fromkeys(requests))
 
 
@@ -2005,6 +2034,15 @@ def _as_written(request: _Request) -> _Request:
     capability = FILE_WRITE if request.capability == FILE_READ else request.capability
     return request._replace(capability=capability, writes=True, read_only=True,
                             suggestion=None, secret=False)
+
+
+def _looked_at(request: _Request) -> _Request:
+    """A project file a command only looks at or makes, as no read of it: allowed but by a user's
+    deny or ask of reading it, and no secret (the kernel keeps the secret files closed to what
+    --yes approves and to what runs unasked, so a wrong judgement costs a failed command)."""
+    if request.capability != FILE_READ:
+        return request
+    return request._replace(read_only=True, secret=False, suggestion=None)
 
 
 def _redirect_writes(op: str, target: str) -> bool:
@@ -3001,10 +3039,14 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     # (after --, -n is a path: git clean -fdx -- -n . deletes)
     options, plain = _operands(("git", *rest))
 
-    aliasing = [a for a in plain if a.lower().startswith(_GIT_ALIASING)]
-    if sub == "config" and aliasing and _git_form_problem(sub, rest):
-        return (f"git config {aliasing[0]} defines what a later git "
-                "command runs")
+    if sub == "clone" and _has(options, "--config", short="c"):
+        return "git clone -c sets the new repository's config before its fetch (core.gitProxy)"
+    # (git 2.46's `git config set KEY VALUE`)
+    keys = plain[1:2] if plain[:1] == ["set"] else plain[:1]
+    running = [key for key in keys if not sandbox.GIT_CONFIG_PLAIN.fullmatch(key)]
+    if sub == "config" and running and _git_form_problem(sub, rest):
+        return (f"git config {running[0]} may define what git runs (a credential helper, an "
+                "alias), and git later in the line would run it before the guard puts it back")
     if sub == "reset" and _has(options, "--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not _has(options, "--dry-run", short="n"):
@@ -3802,6 +3844,7 @@ _COMMAND_OPTIONS = {
     "rg": ("pre",),
     "man": ("-P", "pager", "-H", "html"),
     "nix-shell": ("run", "command"),
+    "wget": ("use-askpass",),
 }
 # an Ex command that runs a shell line: `!CMD`, also after silent, read or write (`r !CMD`)
 _EX_BANG = re.compile(r"[\s:]*(?:(?:sil(?:ent)?!?|r(?:ead)?|w(?:rite)?)\s*)*!(.*)", re.S)

@@ -209,10 +209,11 @@ def is_secret_path(path: str, home: str) -> bool:
 
 @functools.cache
 def _home_secret_places(home: str) -> tuple[str, ...]:
-    """SECRET_HOME_PATHS in `home`, as named and as resolved, once a process: the judge asks for
-    every path it reads (16,000 realpath calls for 983 commands), and a link made later is still
-    closed by the sandbox, which resolves them anew for each ruleset (closed_locations)."""
-    places = [os.path.join(home, name) for name in SECRET_HOME_PATHS]
+    """SECRET_HOME_PATHS and HOME_CREDENTIALS in `home`, as named and as resolved, once a process:
+    the judge asks for every path it reads (16,000 realpath calls for 983 commands), and a link
+    made later is still closed by the sandbox, which resolves them anew for each ruleset
+    (closed_locations)."""
+    places = [os.path.join(home, name) for name in SECRET_HOME_PATHS + HOME_CREDENTIALS]
     return tuple(places + [os.path.realpath(place) for place in places])
 
 
@@ -272,6 +273,14 @@ class Confine:
 
 # ------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file (tested on git 2.39).
+# git config entries a command may set freely (anything else can run code or reroute git): the
+# guard keeps the rest of .git/config as it was, and permissions.py asks before a `git config` that
+# sets one, every time (git in the same line would run it before the guard looks)
+GIT_CONFIG_PLAIN = re.compile(
+    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
+    r"|user\.\w+|init\.defaultbranch|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
+    r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
+    r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
 GIT_ALWAYS = [
     ("core.fsmonitor", "false"),
     ("core.pager", "cat"),
@@ -401,6 +410,10 @@ HOME_READABLE = [
     ".sdkman", ".bun", ".deno", ".local/bin", ".local/lib", ".local/pipx", ".m2", ".gradle",
     ".gitconfig", ".config/git",
 ]
+# ... whose build tools keep plaintext credentials in files they read on every build: closed to
+# read-only commands, and secret to the judge (a command that names one asks, and --yes never
+# approves it), but readable by an approved build, which needs them
+HOME_CREDENTIALS = [".gradle/gradle.properties", ".m2/settings.xml"]
 
 
 @functools.cache
@@ -456,6 +469,12 @@ def _toolchain(entry: str) -> list[str]:
     prefix = os.path.dirname(entry.rstrip("/"))
     beside = ["lib", "lib64", "libexec", "include", "pyvenv.cfg"]
     return [entry] + [os.path.join(prefix, name) for name in beside]
+
+
+def home_credentials(home: str) -> list[str]:
+    """HOME_CREDENTIALS that exist in `home`, as real paths (what a ruleset or a cover names)."""
+    paths = [os.path.realpath(os.path.join(home, name)) for name in HOME_CREDENTIALS]
+    return [path for path in paths if os.path.isfile(path)]
 
 
 @functools.cache
@@ -759,10 +778,26 @@ class Mounts:
     shared_memory: str = ""
     covered: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
+    # what a covered file shows: an empty file of mode 0 (cover_file); /dev/null without it
+    cover: str = ""
+
+
+def cover_file(khaelor_home: Path) -> str:
+    """The file a secret file is covered with: regular, so `test -f .env` answers as it would
+    outside, and of mode 0, so no open passes it without a capability ("" if it cannot be made)."""
+    path = os.path.join(os.path.realpath(khaelor_home), "cover")
+    try:
+        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0))
+    except FileExistsError:
+        pass
+    except OSError:
+        return ""
+    return path
 
 
 def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
-               denied: list[str] = (), frozen: list[str] = ()) -> Mounts | None:
+               denied: list[str] = (), frozen: list[str] = (), cover: str = "") -> Mounts | None:
     """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
@@ -775,7 +810,7 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
     frozen = _places(frozen, covered, mounts)
     # the temp dir's bind makes its shm folder writable; binding it by name would follow a link
     writable = [place for place in _writes(confine, project, temp_dir) if place != shared_memory]
-    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen))
+    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen), cover)
 
 
 def _places(paths: list[str], covered: list[str], mounts: list[tuple]) -> list[str]:
@@ -862,7 +897,7 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
         with contextlib.suppress(FileNotFoundError):
             _bind_no_links(folder)
     for path in mounts.covered:
-        _cover(path)
+        _cover(path, mounts.cover)
     for path in mounts.frozen:
         _freeze(path)
     # No terminal of the user's is in its sight, open now or opened while it runs (a long one
@@ -911,11 +946,12 @@ def _folders_holding(paths: tuple[str, ...], places: tuple[str, ...]) -> list[st
     return sorted(folders, key=len)
 
 
-def _cover(path: str) -> None:
-    """Cover `path` in this namespace: a file with /dev/null on a mount where no device opens, a
-    folder with an empty tmpfs no one enters (mode 0, and the command has no capability), a mount
-    point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one
-    swapped in since the scan fails the command, never moves the cover; a file gone is not read."""
+def _cover(path: str, cover: str = "") -> None:
+    """Cover `path` in this namespace: a file with `cover` (an empty file of mode 0, where it is
+    one still: no open passes it, the command has no capability) or /dev/null, on a mount where no
+    device opens, a folder with an empty tmpfs no one enters (mode 0), a mount point it can neither
+    unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one swapped in since the
+    scan fails the command, never moves the cover; a file gone is not read."""
     try:
         fd = open_no_links(path, O_PATH)
     except FileNotFoundError:
@@ -926,12 +962,27 @@ def _cover(path: str) -> None:
         failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
     else:
         # a bind takes no flags: sealed once made (mount_setattr raises when it cannot seal it)
-        failed = _libc.mount(b"/dev/null", target, None, MS_BIND, None)
+        failed = _libc.mount(_cover_source(cover), target, None, MS_BIND, None)
         if not failed:
             _mount_attributes(path.encode(), set_=SEALED)
     os.close(fd)
     if failed:
         raise OSError(ctypes.get_errno(), f"mount over {path}")
+
+
+def _cover_source(cover: str) -> bytes:
+    """`cover` opened through no link while it is an empty regular file of mode 0 with no other
+    name (as a /proc/self/fd path, open until exec), else /dev/null."""
+    try:
+        fd = open_no_links(cover, O_PATH)
+    except OSError:
+        return b"/dev/null"
+    info = os.fstat(fd)
+    alone = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+    if alone and not (info.st_size or info.st_mode & 0o7777):
+        return f"/proc/self/fd/{fd}".encode()
+    os.close(fd)
+    return b"/dev/null"
 
 
 def _freeze(path: str) -> None:
@@ -1599,6 +1650,8 @@ ENV_NAMES = {
     "MAKEFLAGS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
 }
 ENV_PREFIXES = ("LC_",)
+# the search paths a program's name or library is looked up in
+SEARCH_PATHS = ("PATH", "LD_LIBRARY_PATH")
 # Only a command approved for the network needs its proxies. (Not SSH_AUTH_SOCK: no command opens a
 # unix socket, and ~/.ssh is closed.)
 NETWORK_ENV_NAMES = {
@@ -1610,15 +1663,19 @@ NETWORK_ENV_NAMES = {
 def child_environment(environ: dict, passed: list[str], network: bool, home: str) -> dict:
     """The allow-listed part of `environ`, and what the user's config passes (fnmatch patterns).
     HOME is pinned (a repository cannot point git or the shell at its own start-up files); PATH
-    keeps only absolute entries (with "." or "bin" on PATH, `cat` would run the repository's)."""
+    and LD_LIBRARY_PATH keep only absolute entries (with "." or "bin" on PATH, `cat` would run the
+    repository's; with an empty entry of LD_LIBRARY_PATH, a trailing ":", `ls` its libselinux)."""
     names = ENV_NAMES | NETWORK_ENV_NAMES if network else ENV_NAMES
     env = {}
     for name, value in environ.items():
         wanted = name in names or name.startswith(ENV_PREFIXES)
         if wanted or any(fnmatch.fnmatchcase(name, pattern) for pattern in passed):
             env[name] = value
-    entries = environ.get("PATH", "").split(os.pathsep)
-    env["PATH"] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
+    env.setdefault("PATH", "")
+    for name in SEARCH_PATHS:
+        if name in env:
+            entries = env[name].split(os.pathsep)
+            env[name] = os.pathsep.join(entry for entry in entries if os.path.isabs(entry))
     env["HOME"] = home
     return env
 
@@ -1673,15 +1730,17 @@ CURL_REFUSED = re.compile(r"Couldn't connect to server")
 
 def explain(output: str, confine: Confine, cwd: Path, project: Path,
             temp_dir: Path | None, home: Path,
-            khaelor_home: Path) -> str | None:
+            khaelor_home: Path, asks_nobody: bool = False) -> str | None:
     """A note for the model when a confined command's failure looks like the sandbox refusing
     it: what it would need (a path, write access outside the project, network) and that the user
-    can grant it."""
+    can grant it (`asks_nobody`: -p without --yes, where no one answers a question)."""
     lines = [line for line in output.splitlines() if DENIED.search(line)]
     closed = closed_locations(home, khaelor_home, confine.paths)
     if lines and not confine.secrets and (confine.unattended or not confine.write):
         # the project's secret files, left out of a read-only command's ruleset (tools.prepare)
         closed += SecretScan().find(str(project), confine.hide, confine.hide_paths)
+        if not confine.write:
+            closed += home_credentials(str(home))
     granted = _grants(confine, project, temp_dir, home, khaelor_home)
     writable = [path for path, rights in granted if "WRITE_FILE" in rights]
     unopened = [os.path.realpath(path) for path in confine.paths if not approved_target(path)]
@@ -1715,6 +1774,9 @@ def explain(output: str, confine: Confine, cwd: Path, project: Path,
            "so that the user's permission question covers it")
     if confine.unattended:
         way = "--yes opens nothing more: a person must approve it"
+    elif asks_nobody:
+        way = ("nobody answers a permission question in this run (khaelor -p): only the user's "
+               "own rules (--allowedTools) let a command that names it run")
     if any(need.endswith("which only the user changes") for need in needs):
         way = "no command changes it, approved or not"
     return ("[khaelor sandbox: this command ran confined to what its "

@@ -137,6 +137,10 @@ TOKEN = re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}|glpat-[\w-]{2
                    r"|AKIA[0-9A-Z]{16}|AIza[\w-]{35}|npm_[A-Za-z0-9]{36}|pypi-[\w-]{50,}"
                    r"|hf_(?<![\w-]hf_)[A-Za-z0-9]{30,}")
 TOKEN_MASK = "[redacted: a token]"
+# An HTTP credential in a header: what `git config -l` shows of the extraheader actions/checkout
+# leaves in .git/config (AUTHORIZATION: basic <base64 of x-access-token:TOKEN>), or `curl -v`.
+AUTH_HEADER = re.compile(r"(?i)(authorization:[ \t]*(?:basic|bearer|token)[ \t]+)[^\s\"']+")
+AUTH_HEADER_MASK = "[redacted: a credential]"
 # A private key's body, however it is printed (a diff puts + before each line), to its end line
 # or, cut short, to the end of the text
 PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----)[\s\S]*?"
@@ -799,7 +803,8 @@ class Workspace:
         env.update(sandbox.git_env(carried, settings))
         # the user's own `!` command
         if confine.unconfined:
-            return {**os.environ, **env, "PATH": os.environ.get("PATH", "")}, None
+            own = {name: os.environ[name] for name in sandbox.SEARCH_PATHS if name in os.environ}
+            return {**os.environ, **env, **own}, None
         # An approved command reaches the session's servers through the connect supervisor where
         # seccomp has one; otherwise through Landlock's port rules (a port then open on every host).
         supervisor = None
@@ -813,6 +818,11 @@ class Workspace:
             if (read_only or confine.unattended) and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
+            if names and read_only:
+                # (an approved build reads them, --yes's too: Maven stops on a settings.xml it
+                # cannot read, and actions/setup-java writes one; the judge asks before a command
+                # that names them)
+                hidden += sandbox.home_credentials(str(Path.home()))
             # and what only the user changes stays as it is (an approved command's namespace)
             frozen = []
             if confine.write:
@@ -820,7 +830,8 @@ class Workspace:
                           if os.path.isfile(self.cwd / name)]
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
             # an approved command's namespace covers them: its ruleset leaves their folders whole
-            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen)
+            cover = sandbox.cover_file(self.home) if hidden else ""
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover)
             hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
@@ -950,12 +961,6 @@ WORKTREES = ".git/worktrees"
 WORKTREE_GUARDED = ("commondir", "config.worktree", "config", "hooks")
 # the commondir `git worktree add` writes: the project's own .git
 WORKTREE_COMMONDIR = b"../..\n"
-# .git/config entries a step may change freely (anything else there can run code or reroute git)
-GIT_CONFIG_PLAIN = re.compile(
-    r"remote\..*\.(url|pushurl|fetch|push|tagopt|prune)|branch\..*|submodule\..*\.(url|active)"
-    r"|user\.\w+|init\.defaultbranch|pull\.\w+|push\.default|gc\.\w+|extensions\.\w+"
-    r"|core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase"
-    r"|precomposeunicode|autocrlf|eol|symlinks)", re.I)
 # A git config file as git's config.c reads it, token by token: blanks (only these: a form feed
 # is not one), comments, [section "sub"] headers and `key = value` entries, any of them on one
 # line; a value runs on past a backslash-newline and through quotes, and ends at its comment.
@@ -1017,22 +1022,27 @@ def _worktree_plain(rel: str, old: tuple | None, new: tuple | None) -> bool:
     return new is None or made and rel.endswith("/commondir")
 
 
-def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[int, bytes] | None]:
+def guard_record(project: Path, links: tuple[str, ...] = (),
+                 hooks: str | None = None) -> dict[str, tuple[int, bytes] | None]:
     """The guarded files: relative path -> (mode, bytes; a link's target). A guarded folder reached
     through a link is recorded as that link and never walked: what it points to is not ours. Every
     folder is opened without following a link, and walked from its descriptor, so one swapped for a
-    link meanwhile (by a process a step left running) is not entered either."""
+    link meanwhile (by a process a step left running) is not entered either. `hooks`: the folder
+    core.hooksPath named before the step (None: read it now)."""
     state = {}
     real = os.path.realpath(project)
+    if hooks is None:
+        hooks = hooks_folder_now(project)
     for top in (*GUARDED_FILES, GIT_POINTER, *sandbox.GUARDED_DIRS, *nested_guarded(links),
-                *linked_worktrees(project)):
+                *linked_worktrees(project), *filter(None, [hooks])):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
         with contextlib.suppress(OSError):
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or not (top in sandbox.GUARDED_DIRS or top.endswith("/hooks")):
+        walked = top in sandbox.GUARDED_DIRS or top.endswith("/hooks") or top == hooks
+        if link is not None or not walked:
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -1042,6 +1052,29 @@ def guard_record(project: Path, links: tuple[str, ...] = ()) -> dict[str, tuple[
                         rel = os.path.normpath(f"{top}/{folder}/{file}")
                         _record_entry(state, rel, file, folder_fd)
     return state
+
+
+def hooks_folder(config: tuple[int, bytes] | None, project: Path) -> str:
+    """The project folder (relative) that a recorded .git/config's core.hooksPath names: husky's
+    .husky/_, which git ignores, so no diff shows a hook planted there; "" for none or one outside
+    the project."""
+    entries = _config_entries(config[1] if config else b"")
+    values = [value for name, value in entries if name.lower() == "core.hookspath" and value]
+    if not values:
+        return ""
+    real = os.path.realpath(project)
+    rel = os.path.relpath(os.path.join(real, values[0].strip().strip('"')), real)
+    return "" if rel == "." or rel.startswith("..") else rel
+
+
+def hooks_folder_now(project: Path) -> str:
+    """hooks_folder of the project's .git/config as it is now."""
+    state = {}
+    with contextlib.suppress(OSError):
+        git = os.path.join(os.path.realpath(project), ".git")
+        with _closing(sandbox.open_no_links(git, sandbox.O_PATH)) as fd:
+            _record_entry(state, GIT_CONFIG, "config", fd)
+    return hooks_folder(state.get(GIT_CONFIG), project)
 
 
 def _record_entry(state: dict, rel: str, name: str, folder_fd: int) -> None:
@@ -1077,14 +1110,16 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     named = command if confine.attended else ""
     keep = spill_dir / "guarded"
     nested = nested_guarded(links)
-    after = guard_record(project, links)
+    hooks = hooks_folder(before.get(GIT_CONFIG), project)
+    after = guard_record(project, links, hooks)
     restored = []
     lost = []
     for rel in sorted(set(before) | set(after)):
         old = before.get(rel)
         new = after.get(rel)
         # git runs no hook named *.sample (git init and submodule add write them)
-        if old == new or _named(rel, named) or (rel.endswith(".sample") and "/hooks/" in rel):
+        sample = rel.endswith(".sample") and "/hooks/" in rel
+        if old == new or _named(rel, named, hooks) or sample:
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue
@@ -1164,12 +1199,13 @@ def _put_back(project: Path, rel: str, old: tuple[int, bytes] | None) -> None:
         os.close(fd)
 
 
-def _named(rel: str, command: str) -> bool:
+def _named(rel: str, command: str, hooks: str = "") -> bool:
     if not command:
         return False
     if rel in GUARDED_FILES:
-        return "git config" in command or rel in command
-    return any(rel.startswith(name) and name in command for name in sandbox.GUARDED_DIRS)
+        return rel in command or ("git config" in command and rel != REBASE_TODO)
+    folders = (*sandbox.GUARDED_DIRS, hooks)
+    return any(rel.startswith(name) and name in command for name in folders if name)
 
 
 def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:
@@ -1190,7 +1226,8 @@ def _git_config_plain(old: bytes, new: bytes, nested: bool = False) -> bool:
     config of a repository a gitlink names, which may also set its work tree)."""
     changed = _config_entries(old) ^ _config_entries(new)
     for name, _ in changed:
-        if not GIT_CONFIG_PLAIN.fullmatch(name) and not (nested and NESTED_PLAIN.fullmatch(name)):
+        plain = sandbox.GIT_CONFIG_PLAIN.fullmatch(name)
+        if not plain and not (nested and NESTED_PLAIN.fullmatch(name)):
             return False
     return True
 
@@ -1248,6 +1285,8 @@ class Toolbox:
         self.processes = _Processes(self)
         # False: the boundary is incomplete here (the kernel asks for every command).
         self.sandboxed = bool(workspace.abi) and sandbox.seccomp_available()
+        # -p without --yes: no one answers a permission question (the sandbox's note says so)
+        self.asks_nobody = False
         # If khaelor dies without awaiting close(), every group is still killed at interpreter exit.
         weakref.finalize(self, _kill_groups, self.groups)
 
@@ -1370,8 +1409,8 @@ class Toolbox:
         """Secrets out of a tool's text: khaelor's own API credential never reaches the model, the
         session log or a spill file, whatever shows it (env, printenv, a .env file); commands get it
         only where the user's config passes it (sandbox.child_environment). The values of the
-        project's .env files, the passwords in URLs and tokens of known formats are masked the
-        same way."""
+        project's .env files, the passwords in URLs, tokens of known formats and HTTP
+        authorization headers are masked the same way."""
         for name in SECRET_ENV:
             secret = os.environ.get(name)
             if secret and len(secret) >= 8 and secret in text:
@@ -1385,6 +1424,8 @@ class Toolbox:
             text = PRIVATE_KEY.sub(rf"\1 {PRIVATE_KEY_MASK} \2", text)
         if "diff --" in text:
             text = _mask_secret_diffs(text)
+        if "uthorization" in text or "UTHORIZATION" in text:
+            text = AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, text)
         return TOKEN.sub(TOKEN_MASK, text)
 
     def running_processes(self) -> list[dict]:
@@ -2306,7 +2347,7 @@ def _refuse_masks(new_text: str, before: bytes | None, shown: str) -> None:
     masked .env and wrote it back would replace every value with the mask. A file that holds
     the mask's text itself (khaelor's own source) may still be edited."""
     for mask in (SECRET_MASK, DOTENV_MASK, URL_PASSWORD_MASK, TOKEN_MASK, PRIVATE_KEY_MASK,
-                 SECRET_DIFF_MASK):
+                 SECRET_DIFF_MASK, AUTH_HEADER_MASK):
         in_file = before is not None and mask.encode() in before
         if mask in new_text and not in_file:
             raise ToolError(
@@ -3983,7 +4024,7 @@ async def _tool_bash(box: Toolbox, args: dict, tool_use_id: str, confine: Confin
     if box.sandboxed and exit_code != 0:
         ws = box.workspace
         refused = sandbox.explain(
-            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home)
+            output, confine, workdir, ws.cwd, ws.temp_dir, Path.home(), ws.home, box.asks_nobody)
     if refused:
         meta["sandbox_refused"] = True
         parts.append(refused)

@@ -97,14 +97,17 @@ class ForkServer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        while data := self.jobs.recv(1 << 16):
-            message = json.loads(data)
-            with self.changed:
-                if "pid" in message:
-                    self.pids[message["id"]] = message["pid"]
-                else:
-                    self.statuses[message["id"]] = message["status"]
-                self.changed.notify_all()
+        try:
+            while data := self.jobs.recv(1 << 16):
+                message = json.loads(data)
+                with self.changed:
+                    if "pid" in message:
+                        self.pids[message["id"]] = message["pid"]
+                    else:
+                        self.statuses[message["id"]] = message["status"]
+                    self.changed.notify_all()
+        except OSError:
+            return      # close() at the end of the run: the socket went from under this recv
 
     def spawn(self, argv, cwd, env, fds=(0, 1, 2), tty=None, closed=(), rlimits=None) -> tuple:
         """Start `khaelor *argv` with `fds` as its stdin, stdout and stderr (or, with `tty`, as a

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import was_reached
 from fake_api import reply, text, tool_use
 
@@ -174,9 +176,10 @@ def test_git_config_written_by_an_approved_command_runs_nothing_later(khaelor, f
     real_git_repository(project)
     markers = tmp_path / "markers"
     markers.mkdir()
-    plant = (f"git config core.fsmonitor 'touch {markers}/fsmonitor' && "
-             f"git config core.pager 'touch {markers}/pager' && "
-             f"git config diff.external 'touch {markers}/external' && "
+    # (written as text: `git config core.fsmonitor …` itself asks every time, --yes or not)
+    plant = (f"printf '[core]\\n\\tfsmonitor = touch {markers}/fsmonitor\\n' >> .git/config && "
+             f"printf '\\tpager = touch {markers}/pager\\n' >> .git/config && "
+             f"printf '[diff]\\n\\texternal = touch {markers}/external\\n' >> .git/config && "
              f"printf '#!/bin/sh\\ntouch {markers}/hook\\n' > .git/hooks/post-index-change && "
              "chmod +x .git/hooks/post-index-change && echo changed >> app.py")
     fake.enqueue(reply(tool_use("bash", {"command": plant})),
@@ -247,6 +250,23 @@ def test_symlinks_out_of_the_project_are_outside_and_instruction_files_through_t
     assert SECRET_VALUE not in sent
     assert "EVIL-INSTRUCTIONS" not in sent
     assert len([e for e in khaelor.log() if e["type"] == "PermissionDenied"]) == 2
+
+
+def test_an_instruction_file_imports_nothing_the_users_read_rules_deny(khaelor, fake, project, env):
+    """The read tool refused `private/notes.md` (the user denies `Read(./private/**)`), but the
+    repository's CLAUDE.md said `@private/notes.md`, and the import put it in the system prompt of
+    every request."""
+    claude = Path(env["HOME"]) / ".claude"
+    claude.mkdir(parents=True)
+    (claude / "settings.json").write_text('{"permissions": {"deny": ["Read(./private/**)"]}}')
+    (project / "private").mkdir()
+    (project / "private" / "notes.md").write_text(f"db password: {SECRET_VALUE}\n")
+    (project / "style.md").write_text("Use tabs.\n")
+    (project / "CLAUDE.md").write_text("Conventions: @style.md and @private/notes.md\n")
+    fake.enqueue(reply(text("done")))
+    assert khaelor.run("-p", "hi").returncode == 0
+    sent = all_request_text(fake)
+    assert SECRET_VALUE not in sent and "Use tabs." in sent
 
 
 def test_dotenv_values_are_masked_even_when_the_user_approves_reading(khaelor, fake, project):
@@ -322,6 +342,27 @@ def test_control_sequences_from_the_model_never_reach_the_terminal(khaelor, fake
     assert proc.returncode == 0, proc.stderr.read()
     assert b"answer" in output and b"safe" in output
     assert b"\x1b" not in output
+
+
+def test_an_empty_library_path_entry_never_loads_the_repositorys_own_libraries(khaelor, fake, project,
+                                                                             tmp_path):
+    """The user's LD_LIBRARY_PATH ends in ":" (`export LD_LIBRARY_PATH=/opt/x/lib:$LD_LIBRARY_PATH`
+    with none before): an empty entry is the working directory, so a read-only `ls` loaded the
+    repository's libselinux.so.1 and ran its code without a question."""
+    marker = tmp_path / "own-lib"
+    source = tmp_path / "own.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void own(void)'
+                      f' {{ fprintf(stderr, "OWN-LIB {marker}\\n"); }}\n')
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(project / "libselinux.so.1"),
+                            str(source)], capture_output=True)
+    if built.returncode or "libselinux" not in subprocess.run(
+            ["ldd", shutil.which("ls")], capture_output=True, text=True).stdout:
+        pytest.skip("no C compiler, or an ls without libselinux")
+    fake.enqueue(reply(tool_use("bash", {"command": "ls"})), reply(text("done")))
+    result = khaelor.run("-p", "list", env={"LD_LIBRARY_PATH": "/usr/local/lib:"})
+    assert result.returncode == 0, result.stderr
+    outputs = "\n".join(tool_outputs(khaelor))
+    assert "OWN-LIB" not in outputs and "libselinux.so.1" in outputs
 
 
 def test_a_relative_path_entry_never_runs_the_repositorys_own_programs(khaelor, fake, project, tmp_path):

@@ -348,20 +348,41 @@ def test_a_torn_last_line_is_recovered_on_continue(khaelor, fake):
 
 
 def test_stream_json_prints_every_durable_event_as_it_is_recorded(khaelor, fake):
-    fake.enqueue(reply(tool_use("bash", {"command": "true"})), reply(text("ok")))
+    """Every event of the log as it is recorded, and among them Claude Code's messages (a script
+    written for `claude -p --output-format stream-json` read none: its session_id from the system
+    init line, the text from assistant messages, the tool results from user ones)."""
+    fake.enqueue(reply(text("running it"), tool_use("bash", {"command": "echo hi"}, id="toolu_1")),
+                 reply(text("ok")))
     result = khaelor.run("-p", "go", "--yes", "--output-format", "stream-json")
     assert result.returncode == 0, result.stderr
     printed = [json.loads(line) for line in result.stdout.splitlines()]
-    assert printed[:-1] == khaelor.log() and printed[-1]["type"] == "result"    # then Claude Code's result
+    logged = [line for line in printed if "seq" in line]
+    assert logged == khaelor.log() and printed[-1]["type"] == "result"
     assert {"ToolRequested", "ToolCompleted", "ModelResponseCompleted", "TaskCompleted"} <= {e["type"] for e in printed}
+    claude = [line for line in printed if line["type"] in ("system", "assistant", "user", "result")]
+    kinds = [line["type"] for line in claude]
+    assert kinds == ["system", "assistant", "user", "assistant", "result"]
+    session = printed[-1]["session_id"]
+    assert claude[0]["subtype"] == "init" and "bash" in claude[0]["tools"]
+    assert {line["session_id"] for line in claude} == {session}
+    assert claude[1]["message"]["content"] == [
+        {"type": "text", "text": "running it"},
+        {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo hi"}}]
+    result_block = claude[2]["message"]["content"][0]
+    assert result_block["type"] == "tool_result" and result_block["tool_use_id"] == "toolu_1"
+    assert "hi" in result_block["content"] and claude[3]["message"]["content"][0]["text"] == "ok"
 
 
 def test_max_turns_stops_the_loop_with_exit_1(khaelor, fake):
     fake.enqueue(*[reply(tool_use("bash", {"command": f"echo {i}"})) for i in range(5)])
-    result = khaelor.run("-p", "loop", "--yes", "--max-turns", "2")
+    result = khaelor.run("-p", "loop", "--yes", "--max-turns", "2", "--output-format", "json")
     assert result.returncode == 1
     assert "--max-turns 2" in result.stderr
     assert len(fake.requests) == 2
+    # as Claude Code's: error_max_turns, is_error, and why in `errors` (a list of strings)
+    answer = json.loads(result.stdout)
+    assert answer["subtype"] == "error_max_turns" and answer["is_error"] is True
+    assert len(answer["errors"]) == 1 and "--max-turns 2" in answer["errors"][0], answer
 
 
 def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
@@ -374,9 +395,10 @@ def test_usage_errors_are_one_line_with_exit_2(khaelor, fake):
     # "" is a prefix of every id: it started a new session without a word
     empty = khaelor.run("-r", "", "-p", "hi")
     assert empty.returncode == 2 and "-r needs a session id" in empty.stderr
-    # (it said "run without -c", which rewind has not)
+    # (it said "run without -c", which rewind has not; no session is nothing to rewind: exit 1)
     no_steps = khaelor.run("rewind")
-    assert no_steps.returncode == 2 and "no session in this project has steps" in no_steps.stderr
+    assert no_steps.returncode == 1 and "no session in this project yet" in no_steps.stderr
+    assert len(no_steps.stderr.splitlines()) == 1
     bad_flag = khaelor.run("--frobnicate")
     assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
     assert fake.requests == []
@@ -830,3 +852,49 @@ def test_a_positional_prompt_is_the_p_prompt_and_subcommands_stay_subcommands(kh
     assert khaelor.run("sessions").returncode == 0
     assert "a first word that names a subcommand" in khaelor.run("--help").stdout
     assert len(fake.requests) == 1
+
+
+def test_under_yes_a_fresh_clones_env_setup_runs_and_no_secret_is_opened(khaelor, fake, project):
+    """QA: under -p --yes, `cp .env.example .env`, `test -f .env || cp …` and `chmod 600 .env` in
+    a fresh clone were refused ("it reads the project's secret files"): a file the command makes
+    has no bytes to read, and test only looks at one. A .env that holds values stays closed: a cp
+    onto it still asks (refused here), and its value reaches no request."""
+    (project / ".env.example").write_text("API_KEY=changeme\n")
+    setup = ["test -f .env || cp .env.example .env && chmod 600 .env", "ls -la",
+             "test -f .env && echo present"]
+    fake.enqueue(reply(*[tool_use("bash", {"command": c}, id=f"toolu_{n}")
+                         for n, c in enumerate(setup)]), reply(text("set up")))
+    result = khaelor.run("-p", "set the project up", "--yes", "--output-format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["permission_denials"] == [], result.stderr
+    assert (project / ".env").read_text() == "API_KEY=changeme\n"
+    assert (project / ".env").stat().st_mode & 0o777 == 0o600
+    outputs = [b["content"] for b in fake.requests[-1]["body"]["messages"][-1]["content"]
+               if b.get("type") == "tool_result"]
+    assert "-rw------- " in outputs[1] and " .env\n" in outputs[1] and "present" in outputs[2]
+    (project / ".env").write_text("API_KEY=sk-the-real-one-2f9a\n")
+    again = ["cp .env.example .env", "test -f .env && echo present",
+             "cp .env.example .env && cat .env"]
+    fake.enqueue(reply(*[tool_use("bash", {"command": c}, id=f"toolu_{n}")
+                         for n, c in enumerate(again)]), reply(text("kept")))
+    result = khaelor.run("-p", "again", "--yes", "--output-format", "json")
+    refused = [d["tool_input"]["command"] for d in json.loads(result.stdout)["permission_denials"]]
+    assert refused == [again[0], again[2]], result.stderr
+    assert (project / ".env").read_text() == "API_KEY=sk-the-real-one-2f9a\n"
+    assert "present" in json.dumps(fake.requests[-1]["body"])
+    assert "sk-the-real-one" not in json.dumps([r["body"] for r in fake.requests])
+
+
+def test_a_sandbox_refusal_under_p_without_yes_says_nobody_answers_a_question(khaelor, fake,
+                                                                              tmp_path):
+    """The sandbox's note told the model to run a command naming the path so that the user's
+    permission question covers it: under -p no one answers one (that command is refused), so the
+    note says so, and that only the user's own rules let such a command run."""
+    target = tmp_path / "outside.txt"
+    code = f"open({str(target)!r}, 'w').write('x')"
+    fake.enqueue(reply(tool_use("bash", {"command": f'python3 -c "{code}"'})), reply(text("no")))
+    result = khaelor.run("-p", "go", "--allowedTools", "Bash(python3:*)")
+    assert result.returncode == 0 and not target.exists(), result.stderr
+    sent = json.dumps(fake.requests[-1]["body"]["messages"][-1])
+    assert f"write access to {tmp_path}" in sent and "nobody answers a permission question" in sent
+    assert "so that the user's permission question covers it" not in sent, sent

@@ -1104,6 +1104,19 @@ def test_unknown_git_commands_and_aliases_are_never_approved_by_yes(project):
     assert bash("git config --get alias.st", project)["decision"] == "allow"
 
 
+@pytest.mark.parametrize("key", ["credential.helper", "core.askPass", "remote.origin.receivepack",
+                                 "remote.origin.uploadpack", "core.hooksPath", "http.proxy",
+                                 "url.ext::sh.insteadOf", "filter.x.smudge", "sequence.editor"])
+def test_git_config_of_what_git_runs_is_never_approved_by_yes(project, key):
+    """`git config credential.helper '!SCRIPT' && git push`: --yes gave the line the network (git
+    is known to need it), and the push ran the script with it before the guard put the config back.
+    A key the guard would put back now asks every time (also as git 2.46's `git config set`)."""
+    for command in (f"git config {key} x && git push", f"git config set {key} x"):
+        result = bash(command, project)
+        assert result["decision"] == "ask" and result["destructive"], command
+    assert not bash("git config remote.origin.url https://x/y && git push", project)["destructive"]
+
+
 PATHOLOGICAL = {
     "nested substitutions": "echo " + "$(" * 75_000 + ")" * 75_000,
     "empty quotes": "echo " + "''" * 150_000,
@@ -1445,3 +1458,27 @@ def test_a_read_beyond_what_the_command_names_asks(project, command):
     assert bash(command, project)["decision"] == "ask", command
     for command in ("man ls", "man 1 ls", "sha256sum src/app.py", "jq . src/app.py"):
         assert bash(command, project)["decision"] == "allow", command
+
+
+def test_a_secret_file_a_command_makes_or_looks_at_is_no_read_of_it(project):
+    """cp .env.example .env with no .env yet, test -f .env: no bytes of a secret to read, so --yes
+    may approve them (the kernel keeps the secret files closed to it). An existing .env written
+    over, a read beside the copy, git's object of it, a stdin from it still open the secrets."""
+    (project / ".env").unlink()
+    (project / ".env.example").write_text("KEY=changeme\n")
+
+    def secrets(command):
+        return decide("bash", {"command": command}, project, DEFAULTS).confine.secrets
+
+    def action(command, rules=DEFAULTS):
+        return decide("bash", {"command": command}, project, rules).action
+    assert not secrets("cp .env.example .env")
+    assert not secrets("test -f .env || cp .env.example .env")
+    assert action("test -f .env") == "allow"
+    assert secrets("git show HEAD:.env > .env") and secrets("cp .env.example .env; cat .env")
+    (project / ".env").write_text("KEY=1\n")
+    assert action("[ -s .env ]") == "allow" and secrets("[ -s .env ] < .env")
+    assert secrets("cp .env.example .env") and secrets("chmod 600 .env")
+    deny = load_rules([("user", {"permissions": [
+        {"capability": "file.read", "pattern": ".env", "action": "deny"}]})])
+    assert action("test -f .env", deny) == "deny"

@@ -145,6 +145,28 @@ def line_count(name: str) -> int:
 # 9: `khaelor rewind` with no session yet is nothing to rewind (exit 1), as README says, not 2.
 # 2: --help names every option of each subcommand, and --yes's help no longer says it never
 # destroys work (it approves what a checkpoint undoes). 1: `?` lists Shift-Tab (the mode).
+# From the headless pass, 30 (24 of the core): under --yes a secret file a command makes or only
+# looks at (cp .env.example .env, test -f .env) is no read of it; -p's sandbox note says nobody
+# answers; results list errors. 33 in khaelor.py: stream-json carries Claude Code's system init,
+# assistant and user messages. 33 (32 of the core): a closed secret file is covered with an empty
+# file of mode 0, not /dev/null, so `test -f .env` in a command --yes approves answers as outside.
+# 6 in tools.py: an HTTP authorization header's credential is masked (actions/checkout leaves the
+# job's token in .git/config as an extraheader, base64: no token format matched it).
+# From the red team: 12 (10 of the core): ~/.gradle/gradle.properties and ~/.m2/settings.xml are
+# closed to read-only commands and secret to the judge (an approved build, --yes's too, reads them).
+# 13 (8 of the core): --yes and acceptEdits write no .git/ (a nested one's too), .vscode/, .claude/
+# or .khaelor/ with the write tool (a planted core.fsmonitor ran at the user's next git status).
+# 22 in tools.py: the guard holds the project folder core.hooksPath names (husky's .husky/_).
+# 6: an instruction file imports nothing the read rules deny or ask about (it reached the API).
+# 8 of the core: --yes gives no network to a program run with variables set for it
+# (GIT_SSH_COMMAND=… git fetch ran the repository's script with the network). 9 (1 of the
+# core): nor does --yes write into the folder core.hooksPath names with the write tool. 4 of the
+# core: nor give the network to wget --use-askpass=SCRIPT or a line it cannot read (ssh -F CONFIG).
+# 2 of the core: git clone -c is git -c (core.gitProxy ran a script with the network under --yes).
+# 7 (6 of the core): LD_LIBRARY_PATH keeps only absolute entries, as PATH (a trailing ":" made a
+# read-only `ls` load the repository's libselinux.so.1).
+# 4 (9 of the core, the plain keys moved there): a `git config` of what git runs asks under --yes
+# (`git config credential.helper '!SCRIPT' && git push` ran the script with the network first).
 # From the audit, 16 of the core: no set-user-ID file is made by open, creat or mknod either (only
 # chmod was refused), and a seccomp jump past 255 steps fails loudly; 4: acceptEdits asks for a
 # nested repository's .git as for the project's; 1: approving a read an ask rule names opens that
@@ -153,8 +175,9 @@ def line_count(name: str) -> int:
 # 2: Claude Code's and Codex's sign-ins stay closed when an approval opens ~ around them. 2: the
 # guarded folders are said once (sandbox.GUARDED_DIRS), and acceptEdits asks before writing there.
 # 4 (1 in kernel.py): a read an ask rule names stays a person's to approve under --yes (rule_asked).
-RUNTIME_LINES = 21_179
-SECURITY_CORE_LINES = 6_108
+# Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
+RUNTIME_LINES = 21_374
+SECURITY_CORE_LINES = 6_213
 
 
 def test_the_runtime_and_its_security_core_never_grow():

@@ -1600,18 +1600,38 @@ def test_tokens_of_known_formats_are_masked_and_words_that_look_alike_are_not(bo
     assert "disk-usage-report-generator-for-linux-x shelf_abcdefghijklmnopqrstuvwxyz01234" in shown
 
 
+def test_an_authorization_header_is_masked_as_actions_checkout_leaves_it_in_git_config(box):
+    """actions/checkout persists the job's token in .git/config as an extraheader (base64, so no
+    token format matches it): `git config -l` in CI showed it to the model."""
+    (box.root / ".git").mkdir()
+    credential = "eC1hY2Nlc3MtdG9rZW46Z2hzX1NlY3JldFRva2VuVmFsdWU="
+    bearer = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjaSJ9.c2lnbmF0dXJl"
+    (box.root / ".git" / "config").write_text(
+        '[http "https://github.com/"]\n'
+        f"\textraheader = AUTHORIZATION: basic {credential}\n")
+    (box.root / "trace.txt").write_text(f"> Authorization: Bearer {bearer}\n> Accept: */*\n")
+    shown = box.call("bash", command="git config --file .git/config -l; cat trace.txt").text
+    assert credential not in shown and bearer not in shown, shown
+    assert f"AUTHORIZATION: basic {tools.AUTH_HEADER_MASK}" in shown and "Accept: */*" in shown
+    written = box.call("write", file_path="curl.txt", content=shown)
+    assert written.is_error and written.meta["error"] == "masked_secret"
+
+
 def test_a_password_in_a_url_is_masked_and_a_masked_secret_is_never_written_back(box):
     """The model sees neither a remote's password nor a .env value, and writing back what it saw
     (a whole .env with its values masked) is refused, so no secret is lost."""
     (box.root / ".git").mkdir()
     remote = "https://ci-bot:hunter2-remote-pw@git.example.com/team/app.git"
-    (box.root / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {remote}\n')
+    header = "AUTHORIZATION: basic eC1hY2Nlc3MtdG9rZW46Z2hzX0ZBS0U="     # actions/checkout's
+    (box.root / ".git" / "config").write_text(f'[remote "origin"]\n\turl = {remote}\n'
+                                              f'[http "https://github.com/"]\n\textraheader = {header}\n')
     (box.root / ".env").write_text("DB_PASSWORD=s3cret-value-42\nPORT=8000\n")
     token = "ghp_" + "T0ken" * 8
     (box.root / "deploy.cfg").write_text(f"push = https://{token}@github.com/team/app.git\n")
     shown = box.call("bash", command="git config --file .git/config -l; cat .git/config deploy.cfg")
     assert "hunter2-remote-pw" not in shown.text
     assert "ci-bot:[redacted]@git.example.com" in shown.text
+    assert "eC1hY2Nlc3MtdG9rZW46Z2hzX0ZBS0U=" not in shown.text and "basic [redacted" in shown.text
     assert token not in shown.text and f"https://{tools.TOKEN_MASK}@github.com" in shown.text
     seen = box.call("read", file_path=".env")
     assert "s3cret-value-42" not in seen.text and tools.DOTENV_MASK in seen.text
