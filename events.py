@@ -81,7 +81,8 @@ DURABLE_KINDS = {
     },
     "UserShellRan": {"command": str, "output": str, "exit_code": int | None, "stopped": bool,
                      "duration_ms": NotRequired[int | None]},
-    "SteeringQueued": {"text": str, "typed": NotRequired[str]},     # as UserMessageCreated's
+    "SteeringQueued": {"text": str, "typed": NotRequired[str],      # as UserMessageCreated's
+                       "model": NotRequired[str]},
     "SteeringInjected": {"text": str},
     "TextCheckpoint": {"index": int, "text": str, "model": NotRequired[str | None],
                        "usage": NotRequired[dict], "message_id": NotRequired[str | None],
@@ -1121,6 +1122,7 @@ class State:
         self.started_tools = set()      # ToolStarted, no result yet
         self.commands_running = {}      # of those, bash's: tool_use_id -> (pid, started_ticks)
         self.queued_steering = []       # SteeringQueued texts not injected yet
+        self.queued_models = {}         # of those, a command file's: its model (a turn of its own)
         self.last_stop_reason: str | None = None
         # -- the session
         self.last_seq = 0
@@ -1174,6 +1176,11 @@ class State:
         self.turn_reasoning = dict(self.reasoning)  # `reasoning` as the turn began
         self.turn_mode = self.mode      # `mode` as the turn began
         self.turn_model = model         # the model its message named ("": the session's)
+
+    @property
+    def steering_now(self) -> list:
+        """Queued texts the running turn takes; a command file's with a model waits for its own."""
+        return [text for text in self.queued_steering if text not in self.queued_models]
 
     @property
     def messages(self) -> list:
@@ -1261,6 +1268,7 @@ def _on_user_message(state: State, event: dict) -> None:
     # a message queued as the last turn ended is this one (Kernel.send_queued)
     if text in state.queued_steering:
         state.queued_steering = [queued for queued in state.queued_steering if queued != text]
+        state.queued_models = forget_sent(state)
     state.start_turn(text, event.get("model") or "")
     state.user_texts.append((event["seq"], text))
     if not state.title:
@@ -1277,8 +1285,16 @@ def _on_turn_end(state: State, event: dict) -> None:
         state.answer = event["answer"]
 
 
+def forget_sent(state: State) -> dict:
+    """The queued commands' models, but of those sent (a text queued twice keeps its model)."""
+    return {text: model for text, model in state.queued_models.items()
+            if text in state.queued_steering}
+
+
 def _on_steering_queued(state: State, event: dict) -> None:
     state.queued_steering = state.queued_steering + [event["text"]]
+    if event.get("model"):
+        state.queued_models = {**state.queued_models, event["text"]: event["model"]}
 
 
 def _on_steering_injected(state: State, event: dict) -> None:
@@ -1286,6 +1302,7 @@ def _on_steering_injected(state: State, event: dict) -> None:
     if event["text"] in queued:
         queued.remove(event["text"])
     state.queued_steering = queued
+    state.queued_models = forget_sent(state)
     state.needs_model = True
 
 

@@ -60,7 +60,7 @@ def derive_next(state: events.State, max_turns: int | None = None,
         if doom_loop and not state.started_tools:
             return "ask-user"
         return "execute-tools"
-    if state.queued_steering:
+    if state.steering_now:
         return "inject-steering"
     if state.needs_model:
         if out_of_turns(state, max_turns):
@@ -477,30 +477,34 @@ class Kernel:
         if not text.strip():
             return
         shown = {"typed": typed} if typed else {}
+        chosen = {"model": model} if model else {}
         if self.busy:
-            self.emit("SteeringQueued", text=text, **shown)
+            self.emit("SteeringQueued", text=text, **shown, **chosen)
             return
         self.cancel_pending("not run: the user sent a new message")
         # typed before an Esc: it goes first, in order
         for queued in list(self.state.queued_steering):
             self.emit("SteeringInjected", text=queued)
-        chosen = {"model": model} if model else {}
         self.emit("UserMessageCreated", text=text, **self.attachments(text), **chosen, **shown)
 
     def send_queued(self) -> bool:
         """Messages typed after the turn's last request (while it wrote its last checkpoint) were
-        queued as steering that no step took: they start the next turn, the last as its message.
+        queued as steering that no step took: they start the next turn, the last as its message
+        (or the first command file with a model: its turn has that model, the rest steer it).
         False: none waits, or a turn runs."""
-        *earlier, last = self.state.queued_steering or [None]
-        if last is None or self.busy:
+        queued = self.state.queued_steering
+        if not queued or self.busy:
             return False
-        for text in earlier:
+        last = next((text for text in queued if text in self.state.queued_models), queued[-1])
+        for text in queued[:queued.index(last)]:
             self.emit("SteeringInjected", text=text)
         # a command file's line, shown as when it was queued
         typed = next((event.get("typed") for event in reversed(self.bus.store.events)
                       if event["type"] == "SteeringQueued" and event["text"] == last), None)
         shown = {"typed": typed} if typed else {}
-        self.emit("UserMessageCreated", text=last, **self.attachments(last), **shown)
+        model = self.state.queued_models.get(last)
+        chosen = {"model": model} if model else {}
+        self.emit("UserMessageCreated", text=last, **self.attachments(last), **shown, **chosen)
         return True
 
     def attachments(self, text: str) -> dict:
@@ -615,7 +619,7 @@ class Kernel:
             elif step == "execute-tools":
                 await self.execute_tools()
             elif step == "inject-steering":
-                for text in list(self.state.queued_steering):
+                for text in self.state.steering_now:
                     self.emit("SteeringInjected", text=text)
             elif step == "ask-user":
                 await self.ask_to_continue()
@@ -949,15 +953,17 @@ class Kernel:
     def needs_checkpoint(self, call: dict, kind: str,
                          decision: permissions.Decision) -> bool:
         """Before a step that may change the work tree: a command run or text fed to a process,
-        not proven read-only; a file write when this turn has none yet (its own file's
-        versions are kept, but a rewind to before it needs the tree it started from)."""
+        not proven read-only; a file write when this turn has none yet, or a command ran since
+        the newest (its own file's versions are kept, but a rewind to before it needs the tree it
+        started from, with what the command did)."""
         state = self.state
         newest = state.checkpoints[-1] if state.checkpoints else {}
         if newest.get("step") == call["tool_use_id"]:
             return False
         if kind == "write":
             turn_seq = state.user_texts[-1][0] if state.user_texts else 0
-            return newest.get("seq", 0) < turn_seq
+            command_unrecorded = any(step["changed"] is None for step in state.steps)
+            return newest.get("seq", 0) < turn_seq or command_unrecorded
         return kind in ("bash", "feed") and not decision.read_only
 
     async def checkpoint(self, step: str, reason: str) -> bool:

@@ -758,6 +758,8 @@ class Rewind:
         self.target, overlay = events.rewind_target(state, self.number)
         if self.target is None:
             raise UsageError(f"no checkpoint before step {self.number}")
+        # a step taken after this plan (a turn while its question is open) makes it stale
+        self.planned_steps = len(state.steps)
         checkpoints = self.toolbox.checkpoints
         newest = state.checkpoints[-1]["tree"]
         # the log's word, read before the checkpoint below: the newest one follows the last step
@@ -1586,7 +1588,9 @@ class StreamedAnswer:
             sys.stdout.write(self.clean(event["text"]))
             sys.stdout.flush()
         elif event["type"] == "ModelTextBlockCompleted" and event["text"]:
-            sys.stdout.write(for_terminal(self.pending, sys.stdout) + "\n\n")
+            # one blank line after the block, counting the newlines it ended with
+            ending = "\n" * (2 - min(2, len(event["text"]) - len(event["text"].rstrip("\n"))))
+            sys.stdout.write(for_terminal(self.pending, sys.stdout) + ending)
             self.pending = ""
         elif event["type"] == "ModelResponseCompleted":
             self.shown = False
@@ -1722,7 +1726,8 @@ def report(args, store, step: str, prices: dict) -> int:
     if args.output_format in ("json", "stream-json"):
         print(json.dumps(result_object(args, store, step, prices), ensure_ascii=False), flush=True)
     elif args.output_format == "text" and state.answer and not streamed:
-        print(for_terminal(state.answer, sys.stdout))
+        # one final newline, whatever the answer ended with (as `$(…)` reads it)
+        print(for_terminal(state.answer.rstrip("\n"), sys.stdout))
     if step == "done":
         return EXIT_OK
     print(f"khaelor: {reason}", file=sys.stderr)
@@ -2549,6 +2554,8 @@ class Session:
             return "Not rewound."
         if self.working:
             return "khaelor is working; not rewound (/rewind again once the turn ends)"
+        if len(self.store.state.steps) != rewind.planned_steps:
+            return "the work tree changed since the question; not rewound (/rewind again)"
         try:
             rewind.start(overwrite=choice == "overwrite")
             # off the loop: the writes and a checkpoint
@@ -2606,6 +2613,8 @@ class Session:
     async def cmd_export(self, target):
         """The transcript as Markdown: to a file (default khaelor-<session>.md here), or with
         `clipboard` to the terminal's clipboard by OSC 52."""
+        if not self.store.events:
+            return "nothing to export yet: this session has no messages"
         text = transcript_markdown(self.store.events)
         if target == "clipboard":
             import base64
@@ -2712,17 +2721,18 @@ def transcript_markdown(log: list[dict]) -> str:
             parts.append(f"**{event.get('name')}** `{call[:300]}`")
         elif kind in ("ToolCompleted", "ToolFailed") or event.get("output"):
             # (a command stopped or lost with khaelor: what it had printed, as its card shows)
-            lines = str(event.get("output") or "").split("\n")
+            lines = str(event.get("output") or "").rstrip("\n").split("\n")
             parts.append("````\n" + "\n".join(lines[:40]) + "\n````")
     parts += [text for text in (streaming, *after) if text]
-    return "\n\n".join(parts) + "\n"
+    # a text's own final newlines would pile up blank lines before the next part
+    return "\n\n".join(part.rstrip("\n") for part in parts) + "\n"
 
 
 def shown_markdown(event: dict) -> str:
     """/export: a command's answer, marked as its output, or steering the user typed."""
     if event["type"] == "SteeringQueued":
         return f"## You (while it worked)\n\n{event.get('typed') or event.get('text', '')}"
-    said = event.get("text", "")
+    said = event.get("text", "").rstrip("\n")
     if event.get("failed"):
         said = f"The command failed: {said}"
     quoted = "\n".join("> " + line for line in said.split("\n"))
@@ -2943,10 +2953,14 @@ async def interactive_main(args, settings, store, home: Path,
 
 
 def welcome_line(session) -> str:
-    """The first line: what runs, where, with which model, and whether the sandbox holds."""
+    """The first line: what runs, where, with which model, and whether the sandbox holds. A
+    resumed session's is the line its live screen began with: the model it was created on (its
+    replay then shows each `/model` after it; the status line names the one that runs now)."""
     import sandbox
     boundary = "sandboxed" if sandbox.enforced() else "no OS sandbox"
     model_id = current_model(session.store, session.settings)
+    if session.store.events:
+        model_id = session.store.events[0].get("model") or model_id
     return (f"khaelor {VERSION} · {session.project_root} · {model_id}"
             f" · {boundary} · /help, ? for keys")
 

@@ -1571,6 +1571,7 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
         unattended_network=bool(network) and known,
+        git_network=bool(network) and all(r.core.split()[:1] == ["git"] for r in network),
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
 
@@ -3045,8 +3046,8 @@ def _git_destroys(args: tuple[str, ...], cwd: str = "") -> str:
     keys = plain[1:2] if plain[:1] == ["set"] else plain[:1]
     running = [key for key in keys if not sandbox.GIT_CONFIG_PLAIN.fullmatch(key)]
     if sub == "config" and running and _git_form_problem(sub, rest):
-        return (f"git config {running[0]} may define what git runs (a credential helper, an "
-                "alias), and git later in the line would run it before the guard puts it back")
+        return (f"git config {running[0]} defines what a later git command may run (a credential "
+                "helper, an alias), later in this line too, before the guard puts it back")
     if sub == "reset" and _has(options, "--hard", "--merge", "--keep"):
         return "git reset --hard discards uncommitted changes"
     if sub == "clean" and not _has(options, "--dry-run", short="n"):

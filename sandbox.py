@@ -262,6 +262,9 @@ class Confine:
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
     unattended_paths: tuple[str, ...] = ()
+    # the line's network is git's alone (fetch, push): under --yes only such a line sees the
+    # credentials in .git/config (tools.prepare)
+    git_network: bool = False
     # approved by --yes, not by a person: the project's secret files stay closed, as to a
     # read-only command (no copy or encoding of them reaches the model or a network it is given)
     unattended: bool = False
@@ -780,6 +783,8 @@ class Mounts:
     frozen: tuple[str, ...] = ()
     # what a covered file shows: an empty file of mode 0 (cover_file); /dev/null without it
     cover: str = ""
+    # (real path, the file it shows instead): .git/config without its credentials
+    replaced: tuple[tuple[str, str], ...] = ()
 
 
 def cover_file(khaelor_home: Path) -> str:
@@ -796,8 +801,8 @@ def cover_file(khaelor_home: Path) -> str:
     return path
 
 
-def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
-               denied: list[str] = (), frozen: list[str] = (), cover: str = "") -> Mounts | None:
+def mounts_for(confine: Confine, project: Path, temp_dir: Path | None, denied: list[str] = (),
+               frozen: list[str] = (), cover: str = "", replaced: tuple = ()) -> Mounts | None:
     """None: a read-only command needs no namespace, or this kernel gives none."""
     if not (confine.write or confine.paths_write) or not mount_namespace_available():
         return None
@@ -810,7 +815,8 @@ def mounts_for(confine: Confine, project: Path, temp_dir: Path | None,
     frozen = _places(frozen, covered, mounts)
     # the temp dir's bind makes its shm folder writable; binding it by name would follow a link
     writable = [place for place in _writes(confine, project, temp_dir) if place != shared_memory]
-    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen), cover)
+    return Mounts(tuple(writable), shared_memory, tuple(covered), tuple(frozen), cover,
+                  tuple(replaced))
 
 
 def _places(paths: list[str], covered: list[str], mounts: list[tuple]) -> list[str]:
@@ -893,11 +899,14 @@ def enter_read_only_mounts(mounts: Mounts) -> None:
     # mount point is neither renamed nor removed (EBUSY), so `mv conf elsewhere` cannot carry the
     # file out from under the user's rule for the next command to read. Before the covers: a bind
     # made after one would show the file bare beneath it.
-    for folder in _folders_holding(mounts.covered + mounts.frozen, mounts.writable):
+    replaced = tuple(path for path, _ in mounts.replaced)
+    for folder in _folders_holding(mounts.covered + mounts.frozen + replaced, mounts.writable):
         with contextlib.suppress(FileNotFoundError):
             _bind_no_links(folder)
     for path in mounts.covered:
         _cover(path, mounts.cover)
+    for path, copy in mounts.replaced:
+        _cover(path, copy, as_is=True)
     for path in mounts.frozen:
         _freeze(path)
     # No terminal of the user's is in its sight, open now or opened while it runs (a long one
@@ -946,12 +955,13 @@ def _folders_holding(paths: tuple[str, ...], places: tuple[str, ...]) -> list[st
     return sorted(folders, key=len)
 
 
-def _cover(path: str, cover: str = "") -> None:
+def _cover(path: str, cover: str = "", as_is: bool = False) -> None:
     """Cover `path` in this namespace: a file with `cover` (an empty file of mode 0, where it is
-    one still: no open passes it, the command has no capability) or /dev/null, on a mount where no
-    device opens, a folder with an empty tmpfs no one enters (mode 0), a mount point it can neither
-    unmount (Landlock), rename nor remove (EBUSY). Opened through no link: one swapped in since the
-    scan fails the command, never moves the cover; a file gone is not read."""
+    one still: no open passes it, the command has no capability; `as_is`: whatever it holds) or
+    /dev/null, on a mount where no device opens, a folder with an empty tmpfs no one enters (mode
+    0), a mount point it can neither unmount (Landlock), rename nor remove (EBUSY). Opened through
+    no link: one swapped in since the scan fails the command, never moves the cover; a file gone
+    is not read."""
     try:
         fd = open_no_links(path, O_PATH)
     except FileNotFoundError:
@@ -962,7 +972,8 @@ def _cover(path: str, cover: str = "") -> None:
         failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
     else:
         # a bind takes no flags: sealed once made (mount_setattr raises when it cannot seal it)
-        failed = _libc.mount(_cover_source(cover), target, None, MS_BIND, None)
+        source = f"/proc/self/fd/{open_no_links(cover, O_PATH)}".encode() if as_is else None
+        failed = _libc.mount(source or _cover_source(cover), target, None, MS_BIND, None)
         if not failed:
             _mount_attributes(path.encode(), set_=SEALED)
     os.close(fd)

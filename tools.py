@@ -829,9 +829,15 @@ class Workspace:
                 frozen = [str(self.cwd / name) for name in confine.frozen_files
                           if os.path.isfile(self.cwd / name)]
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
+            # Under --yes, a line given the network that runs more than git (`curl -d
+            # @.git/config`) sees .git/config without the credentials CI leaves there
+            replaced = ()
+            if confine.unattended and confine.network and not confine.git_network:
+                replaced = self.git_config_without_credentials()
             # an approved command's namespace covers them: its ruleset leaves their folders whole
             cover = sandbox.cover_file(self.home) if hidden else ""
-            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover)
+            mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover,
+                                        replaced)
             hidden = [] if mounts and confine.write else hidden
             static_ports = set() if supervisor or read_only or not ports else ports()
             # A ruleset serves again while nothing it was built from changed (Landlock copies it
@@ -860,6 +866,22 @@ class Workspace:
         program = sandbox.filter_for(confine, supervised=bool(supervisor))
         return env, sandbox.Entry(ruleset, program, sandbox.limits_for(confine), supervisor,
                                   mounts)
+
+    def git_config_without_credentials(self) -> tuple[tuple[str, str], ...]:
+        """((.git/config, a copy with its credentials masked),) where it holds one: a password in
+        a URL, an authorization header (actions/checkout's extraheader), a token; else ()."""
+        config = os.path.realpath(self.cwd / GIT_CONFIG)
+        with contextlib.suppress(OSError):
+            with _closing(sandbox.open_no_links(config, os.O_RDONLY)) as fd:
+                text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
+            masked = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+            masked = TOKEN.sub(TOKEN_MASK, AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, masked))
+            if masked != text:
+                copy = sandbox.spill_folder(self.home, self.cwd) / "git-config"
+                copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
+                return ((config, str(copy)),)
+        return ()
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():

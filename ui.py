@@ -1816,6 +1816,12 @@ def panel_head(request: dict, width: int, style: Style, tool_input: dict,
         is_edit = isinstance(tool_input.get("old_string"), str)
         if preview.startswith(("---", "@@")) or "\n@@ " in preview:
             rows += render_diff(preview, width - 2, style, max_lines=PANEL_PREVIEW_LINES)
+        elif request.get("capability") == REWIND_CAPABILITY:
+            # /rewind's plan is markdown, as its answer shows it: wrapped between words
+            stream = MarkdownStream(style, width - 2)
+            stream.feed(preview)
+            stream.finish()
+            rows += stream.take_settled()
         else:
             rows += preview_rows(preview, width - 2, style, "diff" if is_edit else "sh")
     return lines + [bar + row for row in rows]
@@ -2820,9 +2826,11 @@ class App:
             self._answer(request, choice, "")
 
     def _stop(self, request: dict) -> None:
-        """Esc or Ctrl-C at the panel: the call is denied and the turn ends, as in Claude Code."""
+        """Esc or Ctrl-C at the panel: the call is denied and the turn ends, as in Claude Code. A
+        command's question (/rewind's "esc) do not rewind") is only declined: a turn goes on."""
         self._answer(request, "deny", "")
-        self.call(self.controller.interrupt)
+        if "answer" not in request:
+            self.call(self.controller.interrupt)
 
     def _feedback_key(self, request: dict, key: Key) -> None:
         """After `n`: the line is a message to the model that goes with the denial. What is typed
@@ -2880,6 +2888,10 @@ class App:
         live = self.timeline.live_lines(now, style.paint(spinner, "warning"))
         live += [style.paint(f"› queued: !{one_line(command)} · runs when the turn ends", "dim")
                  for command in self.queued_shell]
+        asking = self.timeline.permissions[:1]
+        if asking and asking[0].get("command"):
+            # a command's question (/undo's): its line typed, where it settles once answered
+            live += ["", *self.timeline._written(asking[0]["command"], "user")]
         # the newest live lines that fit above the panel
         live = live[max(0, len(live) - room + len(panel)):]
         frame = live + panel + [status] + rows + menu

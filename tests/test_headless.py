@@ -796,6 +796,23 @@ def test_a_retry_before_any_text_of_the_reply_says_nothing_broke_off(monkeypatch
     assert out.getvalue() == "half\n[the reply broke off; it is being written again]\n\nwhole\n\n"
 
 
+def test_text_mode_leaves_one_blank_line_after_a_block_whatever_newlines_it_ends_with(
+        khaelor, fake, monkeypatch):
+    """QA: a text block ending in "\\n\\n" (as one before a tool call often does) was followed by
+    two more on a terminal (three blank lines), and an answer ending in newlines by a blank line
+    more in a pipe."""
+    import khaelor as cli
+    out = terminal_stdout(monkeypatch)
+    answer = cli.StreamedAnswer()
+    for block in ("Looking.\n\n", "Found it.\n", "Done."):
+        answer({"type": "TextDelta", "text": block})
+        answer({"type": "ModelTextBlockCompleted", "text": block})
+    assert out.getvalue() == "Looking.\n\nFound it.\n\nDone.\n\n"
+    fake.enqueue(reply(text("Answer one.\n\n")))
+    piped = khaelor.run("-p", "answer")
+    assert piped.returncode == 0 and piped.stdout == "Answer one.\n", piped.stdout
+
+
 def test_a_closed_stdin_or_stdout_is_read_and_written_as_dev_null(khaelor, fake):
     """`khaelor -p - <&-` crashed ("internal error: AttributeError: 'NoneType' object has no attribute
     'isatty'"), and `khaelor sessions >&-` ended in a traceback: a closed standard stream is

@@ -57,6 +57,7 @@ def test_export_never_writes_through_a_link_planted_under_its_name(project, env,
     outside.mkdir()
 
     async def export(session):
+        session.bus.emit("UserMessageCreated", text="hi")     # something to export
         name = f"khaelor-{session.store.session_id}.md"
         (project / name).symlink_to(outside / "planted")
         return await session.run_command("/export")
@@ -75,6 +76,7 @@ def test_export_never_writes_through_a_directory_link_the_repository_planted(pro
     (project / "docs" / "deep").symlink_to(outside, target_is_directory=True)
 
     async def export(session):
+        session.bus.emit("UserMessageCreated", text="hi")     # something to export
         return [await session.run_command(f"/export {where}")
                 for where in ("notes/x.md", "docs/deep/x.md", "docs/../notes/y.md")]
     shown = in_session(project, env, monkeypatch, export)

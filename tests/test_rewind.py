@@ -176,6 +176,24 @@ def test_rewinding_a_file_the_user_changed_since_asks(khaelor, fake, project):
     assert not (project / "c.txt").exists()
 
 
+def test_rewinding_a_write_that_followed_a_command_keeps_what_the_command_made(khaelor, fake,
+                                                                              project):
+    """QA (tmux): a turn ran `touch a.txt`, then wrote b.txt; `/rewind 2` (before the write) said
+    "delete a.txt, delete b.txt": the write took no checkpoint of its own (the turn had one, from
+    before the command), so going back to before it went back to before the command too."""
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("bash", {"command": "echo made > a.txt"})),
+                 reply(tool_use("write", {"file_path": "b.txt", "content": "b\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    rewound = khaelor.run("rewind", "2", "--yes")
+    assert rewound.returncode == 0, rewound.stderr
+    assert "a.txt" not in rewound.stdout, rewound.stdout
+    assert (project / "a.txt").read_text() == "made\n" and not (project / "b.txt").exists()
+    assert khaelor.run("rewind", "1", "--yes").returncode == 0
+    assert work_tree(project) == {}
+
+
 def test_a_project_without_git_rewinds_a_find_delete(khaelor, fake, project):
     (project / ".git").rmdir()
     (project / "src").mkdir()
@@ -622,6 +640,50 @@ def test_what_the_rewind_question_answered_shows_under_its_command_live_and_repl
                             "Rewinding to before step 1") and "1 deleted." in shown, shown
     assert shown.count("› /rewind 1") == 1, shown
     assert replayed.endswith(shown) and not (project / "a.txt").exists()
+
+
+def test_an_open_undo_question_shows_the_line_typed_above_it_where_it_settles(
+        khaelor, fake, project, env, monkeypatch):
+    """QA: while `/undo`'s question was open the screen had no `› /undo`: the line typed showed
+    only once the question was answered. It shows above the question, in the row it then keeps."""
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    shown, _, _ = in_session(project, env, monkeypatch,
+                             lambda session: live_and_replayed_mid_reply(session, ["/undo"], 60))
+    assert shown.startswith("\n› /undo\n⚠ Overwrite the files you changed"), shown
+    # answered, it settles there once (test_undo_that_asks_shows_undo_above_its_answer_…)
+
+
+def test_a_rewind_question_answered_after_a_turn_changed_the_tree_rewinds_nothing(
+        khaelor, fake, project, env, monkeypatch):
+    """QA (tmux): `/undo` asked; a message sent while it was open ran a turn that wrote c.txt;
+    then `y` carried out the plan made before that turn: a.txt went, c.txt stayed, and the log
+    called the write of c.txt undone (a later /undo found nothing to undo). A plan the session
+    has moved past is not carried out."""
+    import ui
+    from test_sessions import in_session, live_and_replayed_mid_reply
+    git(project, "init", "-q")
+    fake.enqueue(reply(tool_use("write", {"file_path": "a.txt", "content": "agent\n"})),
+                 reply(text("done")))
+    assert khaelor.run("-p", "go", "--yes").returncode == 0
+    (project / "a.txt").write_text("the user's own\n")
+    fake.enqueue(reply(tool_use("write", {"file_path": "c.txt", "content": "c\n"})),
+                 reply(text("wrote c")))
+
+    async def script(session):
+        session.cycle_mode()            # accept edits: the turn's write does not ask
+        ended = lambda e: e["type"] == "TaskCompleted" and not session.working  # noqa: E731
+        steps = ["/undo", "write c", ended, ui.Key("text", "y"),
+                 lambda e: e["type"] == "CommandAnswered"]
+        return await live_and_replayed_mid_reply(session, steps, 80)
+    shown, _, log = in_session(project, env, monkeypatch, script)
+    assert "changed since the question; not rewound" in shown, shown
+    assert not [e for e in log if e["type"] == "Rewound"]
+    assert (project / "a.txt").read_text() == "the user's own\n" and (project / "c.txt").exists()
 
 
 def test_undo_that_asks_shows_undo_above_its_answer_live_and_replayed(khaelor, fake, project,

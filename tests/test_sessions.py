@@ -649,6 +649,38 @@ def test_a_command_file_typed_as_the_turn_ends_shows_its_line_in_the_next_turn(
     assert "Please do foo with late now." in json.dumps(fake.requests[-1]["body"]["messages"])
 
 
+def test_a_command_file_with_a_model_typed_mid_turn_waits_for_a_turn_on_its_model(
+        fake, project, env, monkeypatch):
+    """QA: `/foo` whose file names `model: haiku`, typed while a turn ran, was queued as steering
+    and taken by the running turn on its model: its own model was lost. It waits now, and starts
+    the next turn, on its model; plain steering typed after it still steers the running turn."""
+    from test_claude_parity import in_session as in_new_session
+    from test_claude_parity import write
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    write(project / ".khaelor" / "commands" / "foo.md", "---\nmodel: haiku\n---\nDo foo $1.\n")
+    fake.enqueue(reply(text("Looking."), tool_use("bash", {"command": "sleep 1"})),
+                 reply(text("Looked.")), reply(text("Did foo.")))
+
+    async def script(session):
+        def type_mid_turn(event):
+            if event["type"] == "ToolStarted":
+                session.submit("/foo now")
+                session.submit("and be brief")
+        session.subscribe(type_mid_turn)
+        session.submit("look")
+        first = session.turn
+        await first
+        assert session.turn is not first
+        await session.turn
+        return [(e["type"], e.get("text"), e.get("model")) for e in session.store.events
+                if e["type"] in ("UserMessageCreated", "SteeringInjected")]
+    said = in_new_session(project, env, monkeypatch, script)
+    assert said == [("UserMessageCreated", "look", None), ("SteeringInjected", "and be brief", None),
+                    ("UserMessageCreated", "Do foo now.", "claude-haiku-5-5")], said
+    models = [request["body"]["model"] for request in fake.requests]
+    assert models == ["claude-sonnet-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"], models
+
+
 def test_a_message_sent_as_the_last_turn_syncs_its_log_begins_a_turn_that_stays_busy(
         fake, project, env, monkeypatch):
     """Found as a flaky replay test: a message sent after a turn's last step, while its task
@@ -1374,6 +1406,33 @@ def test_export_says_a_call_was_denied_and_what_the_model_was_told():
     exported = cli.transcript_markdown(log)
     assert '**bash** `{"command": "touch b.txt"}`\n\n✗ Denied · told the model: not now\n\n' \
            "Denied, fine." in exported, exported
+
+
+def test_export_keeps_one_blank_line_between_parts_whatever_newlines_a_text_ends_with():
+    """QA: a reply ending in "\\n\\n" (as one before a tool call does), a paste ending in a
+    newline, a command's answer or a tool's output ending in one: /export piled blank lines (and
+    empty `> ` quote lines) after each, where the screen shows one gap."""
+    log = [{"type": "UserMessageCreated", "text": "pasted\ncode\n\n"},
+           {"type": "ModelTextBlockCompleted", "text": "Let me look.\n\n"},
+           {"type": "ToolRequested", "tool_use_id": "t1", "name": "bash", "input": {"command": "ls"}},
+           {"type": "ToolCompleted", "tool_use_id": "t1", "name": "bash", "output": "a\nb\n"},
+           {"type": "CommandAnswered", "command": "/cost", "text": "cost line\n\n"},
+           {"type": "ModelTextBlockCompleted", "text": "Done.\n\n\n"}]
+    exported = cli.transcript_markdown(log)
+    assert exported == ('## You\n\npasted\ncode\n\nLet me look.\n\n**bash** `{"command": "ls"}`'
+                        "\n\n````\na\nb\n````\n\n**`/cost`** · command output\n\n> cost line"
+                        "\n\nDone.\n"), exported
+
+
+def test_export_before_the_first_message_writes_no_file(project, env, monkeypatch):
+    """QA (tmux): /export in a session with no message yet wrote a file of one empty line into
+    the project (named for a session that would never have a log) and said it had."""
+    from test_claude_parity import in_session as in_new_session
+
+    async def export(session):
+        return await session.cmd_export("")
+    answer = in_new_session(project, env, monkeypatch, export)
+    assert answer.startswith("nothing to export yet") and not list(project.glob("*.md")), answer
 
 
 def test_a_huge_answer_is_shown_whole_and_logged_without_its_middle_saying_so(khaelor, fake, project,

@@ -167,6 +167,18 @@ def line_count(name: str) -> int:
 # read-only `ls` load the repository's libselinux.so.1).
 # 4 (9 of the core, the plain keys moved there): a `git config` of what git runs asks under --yes
 # (`git config credential.helper '!SCRIPT' && git push` ran the script with the network first).
+# 34 (12 of the core): under --yes a line given the network that runs more than git reads
+# .git/config without its credentials (`curl -d @.git/config` sent actions/checkout's token).
+# Session 20 QA, 1: /export drops each part's own final newlines (no piled blank lines); 4: a
+# resumed session's welcome line names the model it began with, as its live screen did; 4: an open
+# /undo or /rewind question has the line typed above it; 21: a command file with a model, typed
+# while a turn runs, waits for the turn's end and starts one of its own on its model; 2: a write
+# after a command takes a checkpoint (a rewind to before it kept undoing the command too); 6: the
+# rewind question's plan is drawn as markdown, wrapped between words; 3: -p's text counts the
+# newlines a block ends with (no piled blank lines on a terminal or in a pipe); 2: Esc at the
+# rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
+# step has overtaken while its question was open is not carried out; 2: /export before the first
+# message writes no empty file.
 # From the audit, 16 of the core: no set-user-ID file is made by open, creat or mknod either (only
 # chmod was refused), and a seccomp jump past 255 steps fails loudly; 4: acceptEdits asks for a
 # nested repository's .git as for the project's; 1: approving a read an ask rule names opens that
@@ -176,8 +188,8 @@ def line_count(name: str) -> int:
 # guarded folders are said once (sandbox.GUARDED_DIRS), and acceptEdits asks before writing there.
 # 4 (1 in kernel.py): a read an ask rule names stays a person's to approve under --yes (rule_asked).
 # Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
-RUNTIME_LINES = 21_374
-SECURITY_CORE_LINES = 6_213
+RUNTIME_LINES = 21_457
+SECURITY_CORE_LINES = 6_225
 
 
 def test_the_runtime_and_its_security_core_never_grow():

@@ -725,6 +725,19 @@ def test_the_panel_asks_in_plain_words(width):
         assert "file.write" not in joined and "process.execute" not in joined
 
 
+@pytest.mark.parametrize("style", [COLOR, MONO])
+def test_the_rewind_question_wraps_its_plan_between_words(style):
+    """QA (tmux, 60 columns): /undo's question showed its plan as a shell command, cut anywhere
+    ("after the agent's last s" / "tep)"), where its answer shows the same markdown as prose."""
+    plan = ("Rewinding to before step 1 (write `a.txt`):\n\n"
+            "- delete `a.txt`  (you changed it after the agent's last step)")
+    request = {"capability": ui.REWIND_CAPABILITY, "tool_use_id": ui.REWIND_CAPABILITY,
+               "descriptor": "overwrite the files you changed since the agent's last step",
+               "preview": plan, "command": "/undo"}
+    rows = text_of(screen_of(ui.render_permission_panel(request, 60, style), 60)).split("\n")
+    assert "│   step)" in rows and any(row.endswith("the agent's last") for row in rows), rows
+
+
 @pytest.mark.parametrize("width", [40, 60, 100])
 def test_under_yes_the_panel_says_why_it_asks_all_the_same(width):
     """--yes asked about `cat .env` and said nothing of why: the user, who passed --yes, was
@@ -2247,6 +2260,16 @@ def test_slash_rewind_asks_in_a_panel_before_writing_over_the_users_changes(key,
     assert "n) keep them as you left them" in words and "do not rewind" in words, words
     app.on_key(K("esc") if key == "esc" else K("text", key))
     assert ("rewind", choice) in ctrl.calls and app.timeline.permissions == []
+
+
+def test_esc_at_the_rewind_question_declines_it_and_leaves_a_running_turn_alone():
+    """QA (tmux): `/undo` asked, the user sent a message meanwhile, then pressed Esc ("esc) do
+    not rewind"): the reply being written was interrupted too."""
+    ctrl = RewindController(busy=True)
+    app = ui.App(ctrl, style=MONO, width=80, height=30)
+    app.call(ctrl.run_command, "/undo")
+    app.on_key(K("esc"))
+    assert ("rewind", "deny") in ctrl.calls and ("interrupt",) not in ctrl.calls, ctrl.calls
 
 
 # ---- a clean scrollback: Ctrl-O toggles in place, Ctrl-R reads the transcript (issue 22) ----
