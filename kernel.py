@@ -905,7 +905,8 @@ class Kernel:
             taken = await self.checkpoint(tool_use_id, "before a destructive step")
             undoable = taken and not self.state.checkpoints[-1]["skipped"]
         # a secret is a person's to open: read, its value could leave encoded past the masking
-        secret = bool(decision.confine and decision.confine.secrets)
+        confine = decision.confine
+        secret = bool(confine and (confine.secrets or confine.rule_asked))
         # and so is a file git or the editor runs later, outside the sandbox (the bash guard puts
         # back what a command writes there; the write tool's is approved here or never)
         runs_later = kind == "write" and permissions.runs_later(

@@ -791,6 +791,8 @@ class _Request(NamedTuple):
     escapes: tuple[str, ...] = ()
     # it prints files from git's objects (log -p, show, diff, grep --cached): see _prints_history
     history: bool = False
+    # a path only read (a provably reading command's operand, a `<` target): see Confine.read_paths
+    only_read: bool = False
 
 
 class _Part(NamedTuple):
@@ -1033,12 +1035,12 @@ def _accepts_edit(kind: str, decision: Decision) -> bool:
 def runs_later(descriptor: str, hooks: str = "") -> bool:
     """Whether writing this project path plants what runs later, unconfined, so that only a person
     approves it (not acceptEdits, not --yes): any repository's .git (its config's core.fsmonitor,
-    its hooks; .GIT on a file system that ignores case), sandbox.RUNS_LATER_DIRS (what the bash
-    guard holds too: .vscode/'s tasks, .claude/'s permissions), and `hooks`, the folder
-    core.hooksPath names (husky's .husky/_)."""
+    its hooks; .GIT on a file system that ignores case), sandbox.GUARDED_DIRS (what the bash guard
+    holds too: .vscode/'s tasks, .claude/'s permissions), and `hooks`, the folder core.hooksPath
+    names (husky's .husky/_)."""
     parts = descriptor.lower().split("/")
     hooked = bool(hooks) and sandbox.within(descriptor.lower(), [hooks.lower()])
-    return ".git" in parts or parts[0] in sandbox.RUNS_LATER_DIRS or hooked
+    return ".git" in parts or sandbox.within("/".join(parts), sandbox.GUARDED_DIRS) or hooked
 
 
 def _decide(kind: str, fields: dict, project_root: Path,
@@ -1284,8 +1286,9 @@ def _judge(descriptor: str, requests: list[_Request], rules: list[Rule], *,
     strictest = max(verdicts, key=lambda v: _STRICTNESS[v[0]])
     action, rule, request, layer = strictest
     if any(v[0] == "ask" and v[1] and v[2].capability == FILE_READ for v in verdicts):
-        # the user is asked about a read a rule asks for: approving it opens what such rules hide
-        confine = replace(confine, secrets=True)
+        # the user is asked about a read a rule asks for: approving it opens what such rules hide,
+        # not the secret files (a repository's ask of README.md would open .env to what rides along)
+        confine = replace(confine, hide_paths=confine.deny_paths, rule_asked=True)
     if destructive and action == "allow":
         action = "ask"
         rule = None
@@ -1494,7 +1497,7 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
         if capability == OUTSIDE and pattern.startswith("~"):
             pattern = os.path.expanduser(pattern)
         if rule.glob:
-            regex = _path_regex(pattern, glob=True)
+            regex = _path_regex(pattern, is_glob=True)
             probes = [subject] + [subject + "/\0"] * os.path.isdir(request.path)  # NUL: any entry
             return any(re.fullmatch(regex, probe) for probe in probes)
         if fnmatch.fnmatchcase(subject, pattern):
@@ -1507,9 +1510,9 @@ def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
     return next(filter(matches, for_capability), None)
 
 
-def _path_regex(pattern: str, glob: bool) -> str:
+def _path_regex(pattern: str, is_glob: bool) -> str:
     """The regex a path rule's subject matches whole: a glob as Rule.glob says, else fnmatch's."""
-    if glob:
+    if is_glob:
         return f"(?:{re.escape(pattern)}|{sandbox.glob_regex(pattern)})(?s:/.*)?"
     return fnmatch.translate(pattern)
 
@@ -1530,9 +1533,8 @@ def _protected(path: str) -> str | None:
     lowered = path.lower()
     places = (khaelor_home(), os.path.expanduser("~/.khaelor"),
               os.path.expanduser("~/.claude"))
-    for place in places:
-        place = place.lower()
-        if lowered == place or lowered.startswith(place + os.sep):
+    for place in map(str.lower, places):
+        if sandbox.within(lowered, [place]):
             return ("khaelor's own state and the user's permission files "
                     f"({place}) are changed only by the user")
     if "/".join(lowered.split(os.sep)[-2:]) in PROJECT_FILES:
@@ -1546,6 +1548,8 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
     paths it named, and the project paths read rules ask about or deny, which no
     command reads unnamed (a later allow is not weighed: a read naming one is)."""
     paths = {r.path for r in requests if r.capability == OUTSIDE and r.path}
+    # (an approved `cat ~/.bashrc > out && make` must not let make write ~/.bashrc)
+    read_paths = paths - {r.path for r in requests if r.capability == OUTSIDE and not r.only_read}
     network = [r for r in requests if r.capability == NETWORK]
     installs = []
     if any(_row(*r.core.split()[:1]).has("installer") for r in network):
@@ -1562,6 +1566,7 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         write=not read_only,
         network=bool(network),
         paths=tuple(sorted(paths)),
+        read_paths=tuple(sorted(read_paths)),
         secrets=any(r.secret for r in requests),
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
@@ -1868,7 +1873,8 @@ def _part_requests(part: _Part, root: str, compound: bool,
         if (writes or op == "<") and target not in _SAFE_DEVICES:
             access = FILE_WRITE if writes else FILE_READ
             for place in places:
-                requests += _word_requests(target, place, root, access)
+                found = _word_requests(target, place, root, access)
+                requests += [request._replace(only_read=not writes) for request in found]
     suggest_paths = not compound and len(places) == 1
     # (git -C DIR and a work tree move where git's path arguments start)
     places = tuple(_git_place(part, place) for place in places)
@@ -1879,7 +1885,8 @@ def _part_requests(part: _Part, root: str, compound: bool,
         _on_time()
         for place in places:
             found = _word_requests(word, place, root, FILE_READ, suggest=suggest_paths)
-            requests += map(_looked_at, found) if looks else found
+            found = map(_looked_at, found) if looks else found
+            requests += [request._replace(only_read=read_only) for request in found]
     named_to = len(requests)
     for word in _git_object_paths(part.core, root):
         for place in places:

@@ -12,8 +12,8 @@ their hard links); building a ruleset in the parent from a `Confine`; the seccom
 approved command's mounts; the preexec hook that enters all of it in the child; the connect
 supervisor that keeps an approved command's TCP on loopback (connects: the session's servers); the
 child's environment; the git settings every command carries; the note that explains a refusal;
-opening a path through no symbolic link (openat2), for khaelor's own file tools; and the one
-gitignore-style glob translator.
+opening a path through no symbolic link (openat2), for khaelor's own file tools; the one
+gitignore-style glob translator; and the project folders that run code later (GUARDED_DIRS).
 Must not: import anything of ours, run a program (tools.py starts every process), or claim to
 confine what it does not: `layers()` says which layer this kernel enforces, and without Landlock or
 seccomp every command asks (permissions.py).
@@ -125,6 +125,8 @@ SECRET_HOME_PATHS = [
     # Maven's master password (settings.xml's passwords are encrypted with it)
     ".config/git/credentials", ".cargo/credentials", ".cargo/credentials.toml",
     ".m2/settings-security.xml",
+    # coding agents' sign-ins (Claude Code's, Codex's), which an approval naming ~ would open
+    ".claude/.credentials.json", ".codex/auth.json",
 ] + [name for name in SECRET_NAMES if not any(ch in name for ch in "*?[")]
 
 
@@ -237,10 +239,15 @@ class Confine:
     network: bool = False
     # real paths outside the project the call may open (read, or write with `write`)
     paths: tuple[str, ...] = ()
+    # of them, those it only reads, even with `write`: `cat ~/.bashrc > out && make` reads ~/.bashrc
+    read_paths: tuple[str, ...] = ()
     # the approved paths are writable though the project is not (a checkpoint's shadow repository)
     paths_write: bool = False
     # reading the project's secret files was approved
     secrets: bool = False
+    # a read the user's or the project's rules ask about was approved (hide_paths then opened): as
+    # a secret file's, a person's to answer, never --yes's
+    rule_asked: bool = False
     # name patterns of the project's secret files, closed to a read-only command (SECRET_NAMES)
     hide: tuple[str, ...] = ()
     # regexes over project paths the user's rules ask about or deny reading (closed as `hide` is)
@@ -269,12 +276,6 @@ class Confine:
 
 # ------------------------------------------------------- git: a repository must not run code
 # Sent as GIT_CONFIG_COUNT/KEY_n/VALUE_n, which outranks every config file (tested on git 2.39).
-# Project folders whose files run later, unconfined, as a folder is opened: khaelor's and Claude
-# Code's permission files, the editor's workspace settings (interpreters, terminal environments,
-# tasks), a dev container's initializeCommand (run on the host), Zed's language servers, Cursor's
-# MCP servers (MCPoison: a changed approved server ran unasked). The guard puts back what a command
-# changed there; the write tool asks a person (permissions.runs_later).
-RUNS_LATER_DIRS = (".khaelor", ".claude", ".vscode", ".devcontainer", ".zed", ".cursor")
 # git config entries a command may set freely (anything else can run code or reroute git): the
 # guard keeps the rest of .git/config as it was, and permissions.py asks before a `git config` that
 # sets one, every time (git in the same line would run it before the guard looks)
@@ -292,6 +293,13 @@ GIT_ALWAYS = [
     ("core.sshCommand", "ssh"),
 ]
 GIT_READ_ONLY = [("core.hooksPath", "/dev/null")]
+# The project's folders whose files run code or grant rights later, unconfined: git's hooks,
+# khaelor's and Claude Code's permission files, the editor's workspace settings (interpreters,
+# terminal environments, tasks, as the folder opens), a dev container's initializeCommand (run on
+# the host), Zed's language servers, Cursor's MCP servers (MCPoison: a changed approved server ran
+# unasked). tools.py's guard puts back what a step changed there unasked, and the write tool asks
+# a person (permissions.runs_later: not acceptEdits, not --yes).
+GUARDED_DIRS = (".git/hooks", ".khaelor", ".claude", ".vscode", ".devcontainer", ".zed", ".cursor")
 # Drivers a repository's own config (local or worktree scope) may define; git_settings replaces
 # external diff commands for every command and the rest for read-only ones. No git setting turns
 # textconv or filters off wholesale (the .gitattributes naming them outrank core.attributesFile;
@@ -514,9 +522,9 @@ class SecretScan:
         self.listings = visited
         inodes = set().union(*(listing[1] for listing in visited.values()))
         secrets = []
-        for directory, (_, _, _, names) in visited.items():
-            for inode in inodes & names.keys():
-                secrets += [os.path.join(directory, name) for name in names[inode]]
+        for directory, (_, _, _, by_inode) in visited.items():
+            for inode in inodes & by_inode.keys():
+                secrets += [os.path.join(directory, name) for name in by_inode[inode]]
         return secrets
 
     def _listing(self, directory: str) -> tuple:
@@ -530,7 +538,7 @@ class SecretScan:
         self.version += 1
         found = set()
         subdirectories = []
-        names = {}
+        by_inode = {}
         with contextlib.suppress(OSError), os.scandir(directory) as entries:
             for entry in entries:
                 path = entry.path[len(self.root) + 1:]
@@ -541,8 +549,8 @@ class SecretScan:
                 # a secret folder is walked too: a hard link elsewhere to a file in it is secret
                 if folder and entry.name not in self.skipped:
                     subdirectories.append(entry.name)
-                names.setdefault(entry.inode(), []).append(entry.name)
-        return (mtime, found, subdirectories, names)
+                by_inode.setdefault(entry.inode(), []).append(entry.name)
+        return (mtime, found, subdirectories, by_inode)
 
 
 # ---------------------------------------------------------------- the ruleset
@@ -583,8 +591,9 @@ def _grants(confine: Confine, project: Path, temp_dir: Path | None, home: Path,
     grants += [(device, DEVICE) for device in NULL_DEVICES]
     grants += [(device, READ_DEVICE) for device in READABLE_DEVICES]
     grants += [("/dev", LIST_ONLY)]
-    if not (confine.write or confine.paths_write):
-        grants += [(target, READ) for target in filter(None, map(approved_target, confine.paths))]
+    writes_paths = confine.write or confine.paths_write
+    read = [path for path in confine.paths if not writes_paths or path in confine.read_paths]
+    grants += [(target, READ) for target in filter(None, map(approved_target, read))]
     if confine.write:
         grants += [(device, DEVICE) for device in TERMINAL_DEVICES]
     grants = [(os.path.realpath(path), rights) for path, rights in grants]
@@ -598,7 +607,8 @@ def _writes(confine: Confine, project: Path, temp_dir: Path | None) -> list[str]
     # and git writes the blobs it hands to a textconv or an external diff there.
     places = [temp_dir] if temp_dir else []
     if confine.write or confine.paths_write:
-        places += filter(None, map(approved_target, confine.paths))
+        written = [path for path in confine.paths if path not in confine.read_paths]
+        places += filter(None, map(approved_target, written))
     if confine.write:
         places += [project, SHARED_MEMORY]
     places = [os.path.realpath(place) for place in places]
@@ -965,10 +975,11 @@ def _cover(path: str, cover: str = "", as_is: bool = False) -> None:
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         failed = _libc.mount(b"tmpfs", target, b"tmpfs", SEALED, b"mode=0,size=4k")
     else:
-        # a bind takes no flags: sealed once made
+        # a bind takes no flags: sealed once made (mount_setattr raises when it cannot seal it)
         source = f"/proc/self/fd/{open_no_links(cover, O_PATH)}".encode() if as_is else None
-        failed = (_libc.mount(source or _cover_source(cover), target, None, MS_BIND, None)
-                  or _mount_attributes(path.encode(), set_=SEALED))
+        failed = _libc.mount(source or _cover_source(cover), target, None, MS_BIND, None)
+        if not failed:
+            _mount_attributes(path.encode(), set_=SEALED)
     os.close(fd)
     if failed:
         raise OSError(ctypes.get_errno(), f"mount over {path}")
@@ -1140,6 +1151,8 @@ SYSCALL_NUMBERS = {
     "io_uring_register": (427, 427), "setns": (308, 268), "open_by_handle_at": (304, 265),
     "userfaultfd": (323, 282), "seccomp": (317, 277), "setsid": (112, 157), "setpgid": (109, 154),
     "socketpair": (53, 199), "prlimit64": (302, 261), "bind": (49, 200), "listen": (50, 201),
+    "open": (2, None), "openat": (257, 56), "openat2": (437, 437), "creat": (85, None),
+    "mknod": (133, None), "mknodat": (259, 33),
 }
 # Refused where nothing but the temp dir is writable (why: the mounts above; None: aarch64 has only
 # the *at forms), and System V IPC, whose objects no path names (Landlock and mounts miss them): a
@@ -1168,17 +1181,21 @@ DENIED_SYSCALLS = [
     "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "setns", "open_by_handle_at", "userfaultfd",
 ]
-# clone and unshare flags that make a namespace (CLONE_NEWNS … CLONE_NEWNET)
-NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
-    | 0x40000000
+# clone and unshare flags that make a namespace: mount, IPC, user; cgroup, UTS, PID, network
+NAMESPACE_FLAGS = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUSER | 0x02000000 | 0x04000000 \
+    | 0x20000000 | 0x40000000
 TERMINAL_INJECTION = [0x5412, 0x541C]    # TIOCSTI, TIOCLINUX
 # TIOCSCTTY: after a setsid that only pretended, taking a pty as the controlling terminal fails
 # (EPERM), and with it pty.fork() and forkpty(); so it pretends too (the child has no controlling
 # terminal, and reads and writes its pty as before)
 TAKE_TERMINAL = 0x540E
-# S_ISUID | S_ISGID, and which argument of each chmod call holds the mode
+# S_ISUID | S_ISGID, and which argument of each call that sets or creates a mode holds it (an open
+# only when its flags, the argument before, create: O_CREAT | O_TMPFILE; else the mode is junk)
 SET_ID_BITS = 0o6000
-CHMOD_MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
+MODE_ARGUMENT = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2, "creat": 1, "mknod": 1,
+                 "mknodat": 2}
+CREATE_FLAGS_ARGUMENT = {"open": 1, "openat": 2}
+CREATES = 0o100 | 0o20000000
 MSG_FASTOPEN = 0x20000000
 X32_SYSCALL_BIT = 0x40000000
 SECCOMP_SET_MODE_FILTER = 1
@@ -1213,7 +1230,7 @@ class _SockFprog(ctypes.Structure):
 
 def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
     """Classic BPF from a list of ("label", name) markers and (code, k, jump-if-true label) steps;
-    a false test falls through. Jumps only go forward, as BPF requires."""
+    a false test falls through. Jumps only go forward and at most 255 steps, as BPF requires."""
     where = {}
     steps = []
     for item in program:
@@ -1221,8 +1238,11 @@ def _assemble(program: list[tuple]) -> list[tuple[int, int, int, int]]:
             where[item[1]] = len(steps)
         else:
             steps.append(item)
-    return [(op, where[target[0]] - index - 1 if target else 0, 0, k)
-            for index, (op, k, *target) in enumerate(steps)]
+    jumps = [where[target[0]] - index - 1 if target else 0
+             for index, (_, _, *target) in enumerate(steps)]
+    if not all(0 <= jump < 256 for jump in jumps):
+        raise ValueError("a seccomp jump goes back or past 255 steps (its field is one byte)")
+    return [(op, jump, 0, k) for jump, (op, k, *_) in zip(jumps, steps)]
 
 
 @functools.cache
@@ -1269,11 +1289,16 @@ def _filter(write: bool, network: bool, supervised: bool,
         program += [(JEQ, nr[name], "deny") for name in [*METADATA_SYSCALLS, *IPC_SYSCALLS]
                     if name in nr]
     # No set-user-ID or set-group-ID bit: a copy of sh made so in the project would run as its
-    # owner (root, or the user) for any local user (aarch64 has no chmod)
-    program += [(JEQ, nr[name], f"mode {index}") for name, index in CHMOD_MODE_ARGUMENT.items()
+    # owner (root, or the user) for any local user: not by chmod, nor by creating it so (aarch64
+    # has no chmod, open, creat or mknod)
+    program += [(JEQ, nr[name], f"mode {index}") for name, index in MODE_ARGUMENT.items()
                 if name in nr]
-    # glibc falls back to clone when clone3 is missing; clone3's flags are out of a filter's reach
-    program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["ioctl"], "ioctl"),
+    program += [(JEQ, nr[name], f"creates {index}") for name, index in CREATE_FLAGS_ARGUMENT.items()
+                if name in nr]
+    # glibc falls back to clone when clone3 is missing, openat2's mode and clone3's flags are out of
+    # a filter's reach (glibc's open never uses openat2)
+    program += [(JEQ, nr["clone3"], "enosys"), (JEQ, nr["openat2"], "enosys"),
+                (JEQ, nr["ioctl"], "ioctl"),
                 (JEQ, nr["clone"], "clone"), (JEQ, nr["unshare"], "clone")]
     # a new session or process group would outlive the kill of the command's group at its end
     # (and, writing the project after the guard looked, plant a hook): both answer success and
@@ -1294,8 +1319,11 @@ def _filter(write: bool, network: bool, supervised: bool,
     program += [allow,
                 ("label", "clone"), (LD_ABS, _arg(0)), (JSET, NAMESPACE_FLAGS, "deny"), allow,
                 ("label", "prlimit"), (LD_ABS, _arg(0)), (JEQ, 0, "allow"), deny,
+                ("label", "creates 1"), (LD_ABS, _arg(1)), (JSET, CREATES, "mode 2"), allow,
+                ("label", "creates 2"), (LD_ABS, _arg(2)), (JSET, CREATES, "mode 3"), allow,
                 ("label", "mode 1"), (LD_ABS, _arg(1)), (JSET, SET_ID_BITS, "deny"), allow,
                 ("label", "mode 2"), (LD_ABS, _arg(2)), (JSET, SET_ID_BITS, "deny"), allow,
+                ("label", "mode 3"), (LD_ABS, _arg(3)), (JSET, SET_ID_BITS, "deny"), allow,
                 ("label", "pair"), (LD_ABS, _arg(0)), (JEQ, AF_UNIX, "unix pair"), refuse,
                 ("label", "unix pair"), (LD_ABS, _arg(1)), (AND, 0xF), (JEQ, SOCK_STREAM, "allow"),
                 (JEQ, SOCK_SEQPACKET, "allow"), refuse,

@@ -844,7 +844,8 @@ class Workspace:
             # into each child's domain): what was granted, the secrets left out and the folders
             # they sit in (rules hold inodes: a file made in such a folder needs a new rule).
             key = (confine.write, confine.network, confine.paths_write, tuple(confine.paths),
-                   tuple(map(sandbox.approved_target, confine.paths)), tuple(hidden),
+                   tuple(confine.read_paths), tuple(map(sandbox.approved_target, confine.paths)),
+                   tuple(hidden),
                    self.secrets.version if hidden else 0, os.stat(self.cwd).st_mtime_ns,
                    str(self.temp_dir), self.home, tuple(sorted(static_ports)))
             with self.rulesets_lock:
@@ -950,11 +951,10 @@ def _runs_git(argv: list[str]) -> bool:
 
 # ---------------------------------------------------------------- the guard: nothing persists
 # Inside a writable project Landlock cannot deny a subpath, so what would run code or grant rights
-# later, unconfined (git's hooks and drivers when the user runs git, sandbox.RUNS_LATER_DIRS as a
-# folder is opened, which git often ignores, so no diff shows them), is recorded before an
-# approved step and compared after it. A change the user did not approve by name is put back, and
-# what it had written is kept in the spill folder.
-GUARDED_DIRS = (".git/hooks", *sandbox.RUNS_LATER_DIRS)
+# later, unconfined (git's hooks and drivers when the user runs git, sandbox.GUARDED_DIRS, which
+# git often ignores, so no diff shows them), is recorded before an approved step and compared after
+# it. A change the user did not approve by name is put back, and what it had written is kept in the
+# spill folder.
 GIT_CONFIG = ".git/config"
 # a rebase's todo list, whose exec lines the user's `git rebase --continue` runs
 REBASE_TODO = ".git/rebase-merge/git-rebase-todo"
@@ -1053,7 +1053,7 @@ def guard_record(project: Path, links: tuple[str, ...] = (),
     real = os.path.realpath(project)
     if hooks is None:
         hooks = hooks_folder_now(project)
-    for top in (*GUARDED_FILES, GIT_POINTER, *GUARDED_DIRS, *nested_guarded(links),
+    for top in (*GUARDED_FILES, GIT_POINTER, *sandbox.GUARDED_DIRS, *nested_guarded(links),
                 *linked_worktrees(project), *filter(None, [hooks])):
         link = _first_link(project, top)
         folder, name = os.path.split(link or top)
@@ -1061,7 +1061,8 @@ def guard_record(project: Path, links: tuple[str, ...] = (),
             path = os.path.join(real, folder)
             with _closing(sandbox.open_no_links(path, sandbox.O_PATH)) as folder_fd:
                 _record_entry(state, link or top, name, folder_fd)
-        if link is not None or not (top in GUARDED_DIRS or top.endswith("/hooks") or top == hooks):
+        walked = top in sandbox.GUARDED_DIRS or top.endswith("/hooks") or top == hooks
+        if link is not None or not walked:
             continue
         with contextlib.suppress(OSError):
             flags = os.O_RDONLY | os.O_DIRECTORY
@@ -1223,7 +1224,8 @@ def _named(rel: str, command: str, hooks: str = "") -> bool:
         return False
     if rel in GUARDED_FILES:
         return rel in command or ("git config" in command and rel != REBASE_TODO)
-    return any(rel.startswith(name) and name in command for name in (*GUARDED_DIRS, hooks) if name)
+    folders = (*sandbox.GUARDED_DIRS, hooks)
+    return any(rel.startswith(name) and name in command for name in folders if name)
 
 
 def _nested_plain(rel: str, old: bytes, new: tuple[int, bytes], project: Path) -> bool:

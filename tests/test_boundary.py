@@ -200,6 +200,19 @@ def test_the_home_is_unreadable_but_toolchains_are(project, env, home, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_an_approval_naming_the_home_opens_no_coding_agents_sign_in(project, env, home, shape):
+    """Approving `ls ~` or `du -sh ~` opens ~ around its closed locations: Claude Code's and
+    Codex's sign-ins were not among them, so what rode along on that line read their tokens."""
+    (home / ".codex").mkdir(exist_ok=True)
+    (home / ".codex" / "auth.json").write_text(f'{{"token": "{CREDENTIAL}"}}')
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          f"cat {home}/.claude/.credentials.json {home}/.codex/auth.json; "
+                          f"cat {home}/.bashrc", paths=[home])
+    assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
+    assert "# the user's" in out, out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(project, env, home,
                                                                             shape):
     """git's config folder and cargo's and Maven's homes are readable for every command (the tools
@@ -373,18 +386,28 @@ def test_a_read_only_command_changes_no_mode_owner_time_or_xattr_outside(project
 
 def test_no_command_makes_a_set_user_or_group_id_file(project, env):
     """A copy of sh made set-user-ID in the project runs as its owner (root, or the user) for every
-    local user who can reach it: chmod's own calls refuse those bits; plain modes still change."""
+    local user who can reach it: chmod's own calls refuse those bits, and so do the calls that
+    create a file with them (open, mknod, O_TMPFILE; creat and the bare open on x86_64, which a
+    check of the *at forms alone would miss; openat2 is missing); plain modes still change."""
     calls = ["os.chmod(K, 0o4755)", "os.chmod(K, 0o2755)", "os.chmod(K, 0o6711)",
              "os.chmod(K, 0o4755, follow_symlinks=False)", "os.fchmod(os.open(K, 0), 0o4755)",
-             "os.chmod(K, 0o1755)", "os.chmod(D, 0o2775)"]
+             "os.chmod(K, 0o1755)", "os.chmod(D, 0o2775)",
+             "os.open(D + '/made', os.O_CREAT | os.O_WRONLY, 0o4755)",
+             "os.mknod(D + '/node', 0o106755)", "os.open(D, os.O_TMPFILE | os.O_WRONLY, 0o2755)"]
+    raw = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+           "print('raw', libc.syscall(85, b'creat', 0o4755), libc.syscall(2, b'open', 0o101, 0o2755),"
+           " libc.syscall(437, b'openat2', bytes(24), 24), libc.syscall(2, b'plain', 0o101, 0o755))")
     shutil.copy("/bin/sh", project / "key")
     for shape in ("--write", "--network"):
         code, out = sandboxed(project, env, shape, *python(try_each(calls, project)))
         for call in calls[:5] + calls[6:]:
             assert f"{call} REFUSED 1" in out, (call, out)      # EPERM
         assert "os.chmod(K, 0o1755) DONE" in out, out
-        assert (project / "key").stat().st_mode & 0o6000 == 0
-        assert project.stat().st_mode & 0o6000 == 0
+        if os.uname().machine == "x86_64":
+            code, out = sandboxed(project, env, shape, *python(raw))
+            assert "raw -1 -1 -1 " in out and (project / "plain").exists(), out
+        for made in [project, *project.iterdir()]:
+            assert made.stat().st_mode & 0o6000 == 0, made
 
 
 @pytest.mark.parametrize("shape", ["--write", "--network"])
@@ -1241,6 +1264,22 @@ def test_under_yes_a_hostile_payload_gets_nothing_out(khaelor, fake, project, en
     assert not (project / ".git" / "hooks" / "post-checkout").exists()
     receiver.close()
     unix_server.close()
+
+
+def test_under_yes_a_read_the_users_rule_asks_about_is_still_asked(khaelor, fake, project, env):
+    """A path the user's own rule asks about reading is the user's to open, as a secret file is:
+    --yes does not answer for it, and what it runs finds it closed."""
+    (project / "conf").mkdir()
+    (project / "conf" / "prod.cfg").write_text("password: MARKER-6160\n")
+    home = Path(env["KHAELOR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.json").write_text(json.dumps({"permissions": [
+        {"capability": "file.read", "pattern": "conf/*", "action": "ask"}]}))
+    fake.enqueue(reply(tool_use("bash", {"command": "cat conf/prod.cfg"})), reply(text("done")))
+    result = khaelor.run("-p", "show the config", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert "--yes never opens them" in result.stderr, result.stderr
+    assert "MARKER-6160" not in json.dumps([request["body"] for request in fake.requests])
 
 
 def test_under_yes_no_script_gets_the_network_through_a_known_program_that_runs_it(

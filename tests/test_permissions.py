@@ -154,8 +154,13 @@ def test_plan_mode_runs_only_what_reads_judged_by_each_tools_subject(project, to
 
 def test_accept_edits_never_writes_into_git_in_any_case(project):
     """.git/config and hooks run code later; on a case-insensitive file system (macOS, Windows)
-    .GIT/hooks/pre-commit is that same file, and acceptEdits wrote it without asking."""
-    for path in (".git/hooks/pre-commit", ".GIT/hooks/pre-commit", ".Git/config"):
+    .GIT/hooks/pre-commit is that same file, and acceptEdits wrote it without asking. A nested
+    repository's are as much code (the user's git runs them there, or a submodule's from the top),
+    and so is a .git file, which sends git to a repository of the writer's choosing; and so are the
+    folders the guard holds (sandbox.GUARDED_DIRS), which acceptEdits wrote unasked."""
+    for path in (".git/hooks/pre-commit", ".GIT/hooks/pre-commit", ".Git/config",
+                 "vendor/lib/.git/config", "vendor/lib/.GIT/hooks/pre-commit", "vendor/lib/.git",
+                 ".vscode/tasks.json", ".claude/commands/x.md", ".khaelor/notes"):
         decision = decide("write", {"file_path": path}, project, DEFAULTS, mode="acceptEdits")
         assert decision.action == "ask", path
     assert decide("write", {"file_path": "src/new.py"}, project, DEFAULTS,
@@ -759,7 +764,8 @@ def test_check_returns_the_cli_json_shape(project):
                       "not_read_only": "git push origin main: git push is not on the read-only list",
                       "destructive": "",
                       "confine": {"write": True, "network": True, "unattended_network": True,
-                                  "unattended_paths": [], "git_network": True, "paths": [], "secrets": False,
+                                  "unattended_paths": [], "git_network": True, "paths": [],
+                                  "read_paths": [], "secrets": False, "rule_asked": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
                                   "hide_paths": [], "deny_paths": [], "frozen_paths": [],
                                   "frozen_files": list(permissions.PROJECT_FILES),

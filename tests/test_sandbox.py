@@ -913,6 +913,50 @@ def test_a_path_the_user_asks_about_is_read_only_once_the_user_saw_it_named(worl
     assert "MARKER-4242" in approved.text
 
 
+def test_an_outside_path_an_approved_line_only_reads_stays_read_only_to_it(world):
+    """An approved `cat ~/.bashrc > out.txt && python3 plant.py` read ~/.bashrc, and the script,
+    which names no path, could append to it (code in every shell the user starts): every outside
+    path an approved command named was writable. A path the line writes, or hands to a program
+    that may, still is."""
+    rc = world.home / ".bashrc"
+    rc.write_text("# rc\n")
+    (world.project / "plant.py").write_text(
+        "import os, sys\ntry:\n    open(sys.argv[1] if sys.argv[1:] else os.path.expanduser("
+        "'~/.bashrc'), 'a').write('PLANTED\\n')\nexcept OSError as error:\n    print(error)\n")
+    rules = permissions.default_rules()
+    line = {"command": f"cat {rc} > out.txt && {sys.executable} plant.py"}
+    named = {"command": f"{sys.executable} plant.py {rc}"}
+
+    async def scenario(box):
+        return (await bash(box, line["command"], judged(world, rules, "bash", line)),
+                await bash(box, named["command"], judged(world, rules, "bash", named)))
+    planted, written = drive(world, scenario)
+    assert (world.project / "out.txt").read_text() == "# rc\n"
+    assert "Permission denied" in planted.text or "Read-only file system" in planted.text, planted.text
+    assert rc.read_text() == "# rc\nPLANTED\n", written.text
+
+
+def test_approving_a_read_an_ask_rule_names_opens_that_path_and_no_secret_file(world):
+    """A repository's own settings may add an ask at once (untrusted: it only tightens). Approving
+    `cat README.md; git grep …` for the README that rule asks about opened every secret file of the
+    project to the line: git grep printed a tracked secrets.yml no question had named."""
+    (world.project / "README.md").write_text("hello\n")
+    (world.project / "secrets.yml").write_text("token: MARKER-5150\n")
+    git = ["git", "-C", str(world.project), "-c", "user.name=a", "-c", "user.email=a@b"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run(git + step, check=True, capture_output=True)
+    text = json.dumps({"permissions": {"ask": ["Read(README.md)"]}})
+    layer = permissions.claude_layer(".claude/settings.json", text, world.project, "project", False)
+    rules = permissions.load_rules([layer])
+    line = {"command": "cat README.md; git grep -h MARKER"}
+    assert permissions.decide(*tools.permission_subject("bash", line), world.project, rules).action == "ask"
+
+    async def scenario(box):
+        return await bash(box, line["command"], judged(world, rules, "bash", line))
+    approved = drive(world, scenario)
+    assert "hello" in approved.text and "MARKER-5150" not in approved.text, approved.text
+
+
 @pytest.mark.parametrize("rule, denied", [("Read(./.env)", ".env"), ("Read(./secrets)", "secrets/prod.cfg"),
                                           ("Read(./secrets/**)", "secrets/prod.cfg")])
 def test_an_approved_command_reads_and_runs_what_it_makes_beside_a_denied_file_and_never_that_file(world, rule,

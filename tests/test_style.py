@@ -181,8 +181,17 @@ def line_count(name: str) -> int:
 # rewind question declines it without interrupting a turn running meanwhile; 4: a rewind plan a
 # step has overtaken while its question was open is not carried out; 2: /export before the first
 # message writes no empty file.
-RUNTIME_LINES = 21_421
-SECURITY_CORE_LINES = 6_194
+# From the audit, 16 of the core: no set-user-ID file is made by open, creat or mknod either (only
+# chmod was refused), and a seccomp jump past 255 steps fails loudly; 4: acceptEdits asks for a
+# nested repository's .git as for the project's; 1: approving a read an ask rule names opens that
+# path, no longer every secret file of the project. 11 (1 in tools.py): an outside path an approved
+# line only reads (cat ~/.bashrc > out && make) stays read-only to it, not writable to what it runs.
+# 2: Claude Code's and Codex's sign-ins stay closed when an approval opens ~ around them. 2: the
+# guarded folders are said once (sandbox.GUARDED_DIRS), and acceptEdits asks before writing there.
+# 4 (1 in kernel.py): a read an ask rule names stays a person's to approve under --yes (rule_asked).
+# Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
+RUNTIME_LINES = 21_459
+SECURITY_CORE_LINES = 6_229
 
 
 def test_the_runtime_and_its_security_core_never_grow():
