@@ -168,6 +168,8 @@ DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?
 # A quoted value, and the comment that may follow it: KEY="value" # note
 DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
 
+# The folder of khaelor's modules (its venv's site-packages once installed): no command writes it.
+OWN_CODE = os.path.dirname(os.path.realpath(__file__))
 # Landlock rulesets a Workspace keeps for reuse.
 RULESETS_KEPT = 8
 # What a call may do when the kernel gives no `confine` (see sandbox.py and permissions.py).
@@ -829,6 +831,11 @@ class Workspace:
                 frozen = [str(self.cwd / name) for name in confine.frozen_files
                           if os.path.isfile(self.cwd / name)]
                 frozen += self.frozen.find(str(self.cwd), (), confine.frozen_paths)
+            # and khaelor's own code, where an approved path holds it (an install's ~/.local holds
+            # pipx's venv: a postinstall that wrote a .pth there would run unconfined next start)
+            approved = [os.path.realpath(path) for path in confine.paths]
+            if confine.write and sandbox.within(OWN_CODE, approved):
+                frozen.append(OWN_CODE)
             # Under --yes, a line given the network that runs more than git (`curl -d
             # @.git/config`) sees .git/config without the credentials CI leaves there
             replaced = ()

@@ -258,6 +258,24 @@ def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(pr
     assert result.text.split()[0] == "2", result.text
 
 
+def test_no_approved_path_opens_khaelors_own_code_to_a_command(project, env, tmp_path):
+    """--yes lets an install write where packages go (~/.local, which holds pipx's venv of
+    khaelor): a postinstall that left a .pth or a changed module there would run unconfined at
+    khaelor's next start. Its own code's folder stays read-only inside any approved path."""
+    installed = tmp_path / "venv" / "site-packages"
+    installed.mkdir(parents=True)
+    for module in ROOT.glob("*.py"):
+        shutil.copy(module, installed)
+    plant = (f"echo 'import os' > {installed}/evil.pth; echo x >> {installed}/events.py;"
+             f" touch {tmp_path}/venv/ok")
+    done = subprocess.run([sys.executable, str(installed / "khaelor.py"), "sandbox", "--write",
+                           f"--path={tmp_path / 'venv'}", "--", "sh", "-c", plant],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert not (installed / "evil.pth").exists(), done.stderr
+    assert (installed / "events.py").read_bytes() == (ROOT / "events.py").read_bytes()
+    assert (tmp_path / "venv" / "ok").exists(), done.stderr
+
+
 def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secret_files(
         project, env, home):
     """~/.gradle and ~/.m2 are readable (builds need them), and their gradle.properties and

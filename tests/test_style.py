@@ -190,7 +190,9 @@ def line_count(name: str) -> int:
 # guarded folders are said once (sandbox.GUARDED_DIRS), and acceptEdits asks before writing there.
 # 4 (1 in kernel.py): a read an ask rule names stays a person's to approve under --yes (rule_asked).
 # Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
-RUNTIME_LINES = 21_459
+# 7 in tools.py: khaelor's own code stays read-only inside an approved path (an install under
+# --yes writes ~/.local, which holds pipx's venv: a .pth there ran at khaelor's next start).
+RUNTIME_LINES = 21_466
 SECURITY_CORE_LINES = 6_229
 
 
