@@ -192,6 +192,7 @@ def line_count(name: str) -> int:
 # Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
 # 7 in tools.py: khaelor's own code stays read-only inside an approved path (an install under
 # --yes writes ~/.local, which holds pipx's venv: a .pth there ran at khaelor's next start).
+# 2: the guard reads no sample hook (0.36 → 0.26 ms a record, with more places guarded).
 RUNTIME_LINES = 21_468
 SECURITY_CORE_LINES = 6_229
 
