@@ -406,6 +406,11 @@ SYSTEM_SECRETS = [
     "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
     "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
     "/var/lib/sss", "/var/lib/docker", "/var/lib/containers", "/var/lib/libvirt",
+    # root's own stores (a root khaelor, as in a CI container, reads its 0600 files): debconf's
+    # and MySQL's passwords, Wi-Fi, VPN and TLS keys
+    "/var/cache/debconf/passwords.dat", "/etc/mysql/debian.cnf",
+    "/etc/NetworkManager/system-connections", "/etc/wireguard", "/etc/ipsec.secrets",
+    "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/letsencrypt",
     # the user's own under /var: mail, print and cron jobs, what programs keep in /var/tmp (an
     # editor's recovery copy of a file edited elsewhere); the system's copies of /etc/shadow
     "/var/mail", "/var/spool", "/var/tmp", "/var/backups",

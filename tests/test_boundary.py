@@ -359,6 +359,18 @@ def test_the_users_own_files_under_var_are_unreadable(project, env, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
+def test_the_systems_secret_files_are_closed_even_to_a_root_command(project, env, shape):
+    """A root khaelor (a CI container) gave its commands root's 0600 files: a read-only `wc -c
+    /var/cache/debconf/passwords.dat` succeeded. Every one of SYSTEM_SECRETS this machine has
+    (/etc/shadow's kind, debconf's and MySQL's passwords, VPN keys …) stays closed."""
+    known = ("/etc/shadow", "/var/cache/debconf/passwords.dat", *sandbox.system_secrets())
+    stores = [path for path in dict.fromkeys(known) if os.path.isfile(path)]
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          "".join(f"wc -c {path} || echo CLOSED; " for path in stores))
+    assert stores and out.count("CLOSED") == len(stores), out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_khaelors_own_environment_is_unreadable_even_as_root(project, env, shape):
     code, out = sandboxed(project, env, shape, "sh", "-c",
                           'cat /proc/$PPID/environ; tr "\\0" "\\n" < /proc/1/environ; '
