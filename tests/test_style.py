@@ -195,8 +195,10 @@ def line_count(name: str) -> int:
 # 2: the guard reads no sample hook (0.36 → 0.26 ms a record, with more places guarded).
 # 5 of the core: root's own secret stores are closed (debconf's passwords.dat, MySQL's
 # debian.cnf, Wi-Fi and VPN keys): a root khaelor's read-only command read them.
-RUNTIME_LINES = 21_473
-SECURITY_CORE_LINES = 6_234
+# 8 of the core: an "always" to reading an outside file saves a rule of scope read (a saved
+# `cat ~/.bashrc` let `echo X >> ~/.bashrc` run unasked: the auditor's finding).
+RUNTIME_LINES = 21_481
+SECURITY_CORE_LINES = 6_242
 
 
 def test_the_runtime_and_its_security_core_never_grow():
