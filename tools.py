@@ -836,10 +836,11 @@ class Workspace:
             approved = [os.path.realpath(path) for path in confine.paths]
             if confine.write and sandbox.within(OWN_CODE, approved):
                 frozen.append(OWN_CODE)
-            # Under --yes, a line given the network that runs more than git (`curl -d
-            # @.git/config`) sees .git/config without the credentials CI leaves there
+            # Under --yes, a line that runs more than git's network (`curl -d @.git/config`; `cat
+            # .git/config > n`, which a later curl sends) sees .git/config without the credentials
+            # CI leaves there; a read-only one too (what it prints, the model may send)
             replaced = ()
-            if confine.unattended and confine.network and not confine.git_network:
+            if confine.unattended and not confine.git_network:
                 replaced = self.git_config_without_credentials()
             # an approved command's namespace covers them: its ruleset leaves their folders whole
             cover = sandbox.cover_file(self.home) if hidden else ""

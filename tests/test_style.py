@@ -192,8 +192,9 @@ def line_count(name: str) -> int:
 # Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
 # 7 in tools.py: khaelor's own code stays read-only inside an approved path (an install under
 # --yes writes ~/.local, which holds pipx's venv: a .pth there ran at khaelor's next start).
-RUNTIME_LINES = 21_466
-SECURITY_CORE_LINES = 6_229
+# 22 (18 of the core): under --yes only git's network and plain settings read CI's token in .git/config.
+RUNTIME_LINES = 21_488
+SECURITY_CORE_LINES = 6_247
 
 
 def test_the_runtime_and_its_security_core_never_grow():
