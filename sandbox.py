@@ -807,7 +807,7 @@ def cover_file(khaelor_home: Path) -> str:
 
 def mounts_for(confine: Confine, project: Path, temp_dir: Path | None, denied: list[str] = (),
                frozen: list[str] = (), cover: str = "", replaced: tuple = ()) -> Mounts | None:
-    """None: a read-only command needs none (unless a file is `replaced`), or the kernel gives none."""
+    """None: a read-only command needs none (unless to show a copy), or the kernel gives none."""
     if not (confine.write or confine.paths_write or replaced) or not mount_namespace_available():
         return None
     shared_memory = ""

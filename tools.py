@@ -167,6 +167,16 @@ DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
 # A quoted value, and the comment that may follow it: KEY="value" # note
 DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
+# What an --yes line that writes reads of the home's build credentials (sandbox.HOME_CREDENTIALS):
+# settings.xml without its servers, proxies and any element naming a password, passphrase, token
+# or secret (a profile's gpg.passphrase), or where such a word is left, empty settings;
+# gradle.properties with only Gradle's own org.gradle.* lines.
+BUILD_SECRETS = {
+    "settings.xml": re.compile(r"<(servers|proxies)\b.*?</\1\s*>|<([\w.-]*(?:password|passphrase"
+                               r"|token|secret)[\w.-]*)\b[^>]*>.*?</\2\s*>", re.I | re.S),
+    "gradle.properties": re.compile(r"^(?!\s*(?:org\.gradle\.|[#!]|$)).*\n?", re.M),
+}
+BUILD_SECRET_WORD = re.compile(r"password|passphrase|token|secret", re.I)
 
 # The folder of khaelor's modules (its venv's site-packages once installed): no command writes it.
 OWN_CODE = os.path.dirname(os.path.realpath(__file__))
@@ -842,6 +852,10 @@ class Workspace:
             replaced = ()
             if confine.unattended and not confine.git_network:
                 replaced = self.git_config_without_credentials()
+            if confine.unattended and confine.write:
+                # (closed to a read-only one) a script names none: `python3 x.py` copied them for
+                # a later curl, an install's setup.py sent them
+                replaced += self.home_credentials_masked()
             # an approved command's namespace covers them: its ruleset leaves their folders whole
             cover = sandbox.cover_file(self.home) if hidden else ""
             mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover,
@@ -890,6 +904,22 @@ class Workspace:
                 events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
                 return ((config, str(copy)),)
         return ()
+
+    def home_credentials_masked(self) -> tuple[tuple[str, str], ...]:
+        """(each build credential file of the home, a copy without its secrets: BUILD_SECRETS)."""
+        pairs = []
+        for path in sandbox.home_credentials(str(Path.home())):
+            with contextlib.suppress(OSError):
+                with _closing(sandbox.open_no_links(path, os.O_RDONLY)) as fd:
+                    text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
+                copy = sandbox.spill_folder(self.home, self.cwd) / os.path.basename(path)
+                copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                masked = BUILD_SECRETS[os.path.basename(path)].sub("", text)
+                if BUILD_SECRET_WORD.search(masked):
+                    masked = "<settings/>\n" if path.endswith(".xml") else ""
+                events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
+                pairs.append((path, str(copy)))
+        return tuple(pairs)
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():

