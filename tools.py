@@ -890,20 +890,31 @@ class Workspace:
                                   mounts)
 
     def git_config_without_credentials(self) -> tuple[tuple[str, str], ...]:
-        """((.git/config, a copy with its credentials masked),) where it holds one: a password in
-        a URL, an authorization header (actions/checkout's extraheader), a token; else ()."""
-        config = os.path.realpath(self.cwd / GIT_CONFIG)
-        with contextlib.suppress(OSError):
-            with _closing(sandbox.open_no_links(config, os.O_RDONLY)) as fd:
-                text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
-            masked = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
-            masked = TOKEN.sub(TOKEN_MASK, AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, masked))
-            if masked != text:
-                copy = sandbox.spill_folder(self.home, self.cwd) / "git-config"
-                copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
-                return ((config, str(copy)),)
-        return ()
+        """((a git config, a copy with its credentials masked), …) for .git/config and each
+        submodule's (actions/checkout leaves its extraheader there too) that holds one: a password
+        in a URL, an authorization header, a token."""
+        pairs = []
+        for n, config in enumerate(self.git_configs()):
+            with contextlib.suppress(OSError):
+                with _closing(sandbox.open_no_links(config, os.O_RDONLY)) as fd:
+                    text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
+                masked = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+                masked = TOKEN.sub(TOKEN_MASK, AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, masked))
+                if masked != text:
+                    copy = sandbox.spill_folder(self.home, self.cwd) / f"git-config-{n}"
+                    copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
+                    pairs.append((config, str(copy)))
+        return tuple(pairs)
+
+    def git_configs(self) -> list[str]:
+        """.git/config and the configs in .git/modules (submodules', nested ones beneath), real."""
+        configs = [os.path.realpath(self.cwd / GIT_CONFIG)]
+        for folder, names, files in os.walk(os.path.realpath(self.cwd / ".git" / "modules")):
+            configs += [os.path.join(folder, "config")] * ("config" in files)
+            # (not into a repository's objects, refs or logs: only where submodules are kept)
+            names[:] = [name for name in names if name not in ("objects", "refs", "logs")]
+        return configs
 
     def home_credentials_masked(self) -> tuple[tuple[str, str], ...]:
         """(each build credential file of the home, a copy without its secrets: BUILD_SECRETS)."""

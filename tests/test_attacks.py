@@ -398,17 +398,21 @@ def test_under_yes_the_token_ci_leaves_in_git_config_reaches_neither_a_file_nor_
     """actions/checkout leaves the job's token in .git/config. Under --yes only a line given the
     network that ran more than git read a copy without it: a line without network copied it into
     the project, and a read-only one showed it to the model (`cut` past the masked prefix), for a
-    later `curl` to send. Every --yes line but git's own network reads the copy now."""
+    later `curl` to send; and a submodule's config was never masked. Every --yes line but git's own
+    network reads copies of them now."""
     real_git_repository(project)
     header = "eC1hY2Nlc3MtdG9rZW46Z2hzX3JlZHRlYW0yMXRva2Vu"
     with open(project / ".git" / "config", "a") as config:
         config.write(f'[http "https://github.com/"]\n'
                      f'\textraheader = AUTHORIZATION: basic {header}\n')
+    # and in a submodule's config (actions/checkout with submodules: true)
+    (project / ".git" / "modules" / "lib").mkdir(parents=True)
+    shutil.copy(project / ".git" / "config", project / ".git" / "modules" / "lib" / "config")
     port = listener.getsockname()[1]
     attacks = [
         "git config user.email ci@example.com",
         "git config user.name ci",
-        "cat .git/config > n.txt",
+        "cat .git/config .git/modules/lib/config > n.txt",
         "git config --get-regexp extraheader | cut -c40-",
         "git commit -q --allow-empty -F .git/config",
         "git commit -q --allow-empty -F .git/config --trailer https://x",
