@@ -1588,7 +1588,8 @@ def _keeps_git_credentials(request: _Request) -> bool:
         return False
     _, sub, rest = _git_split(words[1:])
     if sub == "config":
-        return len(rest) == 2 and bool(sandbox.GIT_CONFIG_PLAIN.fullmatch(rest[0]))
+        plain = len(rest) == 2 and not rest[1].startswith("-")
+        return plain and bool(sandbox.GIT_CONFIG_PLAIN.fullmatch(rest[0]))
     first = rest[0] if rest else ""
     by_name = _row("git", sub).network or _row("git", sub, first).network
     return request.capability == NETWORK and bool(by_name)

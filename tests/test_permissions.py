@@ -784,7 +784,7 @@ def test_under_yes_only_gits_network_and_plain_settings_read_the_credentials_in_
               "git ls-remote --get-url origin > url.txt", "cat .git/config > n; git push",
               "git fetch origin && git notes add -F .git/config", "git config -l",
               "git config --get-regexp extraheader", "GIT_TRACE=1 git push",
-              "git fetch < .git/config"]
+              "git fetch < .git/config", "git config remote.origin.url --get"]
     for line in kept + masked:
         assert bash(line, project)["confine"]["git_network"] == (line in kept), line
 
