@@ -1579,9 +1579,28 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
         unattended_network=bool(network) and known,
-        git_network=bool(network) and all(r.core.split()[:1] == ["git"] for r in network),
+        git_network=known and all(map(_keeps_git_credentials, requests)),
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
+
+
+def _keeps_git_credentials(request: _Request) -> bool:
+    """A part of a line that may read .git/config with its credentials (Confine.git_network): git
+    reaching a remote by its subcommand (not by a URL-like word: `git commit -F .git/config
+    --trailer https://x` kept the token in a commit), `git config KEY VALUE` of a plain key (a CI
+    job sets user.email), or a word of theirs; no redirection (`git ls-remote --get-url > f`)."""
+    words = tuple(request.core.split())
+    if not words:
+        return request.capability == FILE_READ and not request.only_read
+    if words[0] != "git" or request.escapes:
+        return False
+    _, sub, rest = _git_split(words[1:])
+    if sub == "config":
+        plain = len(rest) == 2 and not rest[1].startswith("-")
+        return plain and bool(sandbox.GIT_CONFIG_PLAIN.fullmatch(rest[0]))
+    first = rest[0] if rest else ""
+    by_name = _row("git", sub).network or _row("git", sub, first).network
+    return request.capability == NETWORK and bool(by_name)
 
 
 def _sets_variables(request: _Request) -> bool:

@@ -262,8 +262,8 @@ class Confine:
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
     unattended_paths: tuple[str, ...] = ()
-    # the line's network is git's alone (fetch, push): under --yes only such a line sees the
-    # credentials in .git/config (tools.prepare)
+    # the line runs git's network (fetch, push) and plain settings alone: under --yes only such a
+    # line sees the credentials in .git/config (tools.prepare)
     git_network: bool = False
     # approved by --yes, not by a person: the project's secret files stay closed, as to a
     # read-only command (no copy or encoding of them reaches the model or a network it is given)
@@ -812,8 +812,8 @@ def cover_file(khaelor_home: Path) -> str:
 
 def mounts_for(confine: Confine, project: Path, temp_dir: Path | None, denied: list[str] = (),
                frozen: list[str] = (), cover: str = "", replaced: tuple = ()) -> Mounts | None:
-    """None: a read-only command needs no namespace, or this kernel gives none."""
-    if not (confine.write or confine.paths_write) or not mount_namespace_available():
+    """None: a read-only command needs none (unless to show a copy), or the kernel gives none."""
+    if not (confine.write or confine.paths_write or replaced) or not mount_namespace_available():
         return None
     shared_memory = ""
     if confine.write and temp_dir:

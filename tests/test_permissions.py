@@ -790,6 +790,21 @@ def test_check_returns_the_cli_json_shape(project):
         check("delete", "x", project, DEFAULTS)
 
 
+def test_under_yes_only_gits_network_and_plain_settings_read_the_credentials_in_git_config(project):
+    """Confine.git_network: the lines that see .git/config with CI's token under --yes. A URL-like
+    word made any git subcommand network (`git commit -F .git/config --trailer https://x` kept the
+    token in a commit for a push to send), and a redirection kept `git ls-remote --get-url`'s."""
+    kept = ["git push origin main", "git fetch && git pull --rebase", "git config user.email a@b",
+            "git config user.email a@b && git push -u origin HEAD", "git remote update"]
+    masked = ["git commit --allow-empty -F .git/config --trailer https://x",
+              "git ls-remote --get-url origin > url.txt", "cat .git/config > n; git push",
+              "git fetch origin && git notes add -F .git/config", "git config -l",
+              "git config --get-regexp extraheader", "GIT_TRACE=1 git push",
+              "git fetch < .git/config", "git config remote.origin.url --get"]
+    for line in kept + masked:
+        assert bash(line, project)["confine"]["git_network"] == (line in kept), line
+
+
 def test_describe_rules_lists_evaluation_order_with_sources():
     rules = load_rules([("/p/.khaelor/config.json",
                          {"permissions": [{"capability": "git.modify", "pattern": "git push *", "action": "allow"}]})])
