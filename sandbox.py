@@ -424,7 +424,8 @@ HOME_READABLE = [
 ]
 # ... whose build tools keep plaintext credentials in files they read on every build: closed to
 # read-only commands, and secret to the judge (a command that names one asks, and --yes never
-# approves it), but readable by an approved build, which needs them
+# approves it), but readable by an approved build, which needs them (--yes's reads a copy without
+# their secrets: tools.Workspace.home_credentials_masked)
 HOME_CREDENTIALS = [".gradle/gradle.properties", ".m2/settings.xml"]
 
 

@@ -831,9 +831,9 @@ class Workspace:
                 names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
             if names and read_only:
-                # (an approved build reads them, --yes's too: Maven stops on a settings.xml it
-                # cannot read, and actions/setup-java writes one; the judge asks before a command
-                # that names them)
+                # (an approved build reads them, --yes's a copy without their secrets, below:
+                # Maven stops on a settings.xml it cannot read, and actions/setup-java writes one;
+                # the judge asks before a command that names them)
                 hidden += sandbox.home_credentials(str(Path.home()))
             # and what only the user changes stays as it is (an approved command's namespace)
             frozen = []
