@@ -2574,7 +2574,8 @@ class Session:
             self.toolbox.stopping_for(target, typed_line())
             stop = {"action": "stop", "id": target}
             result = await self.toolbox.run("process", stop, "user-processes")
-            return result.text
+            # an answer is Markdown: unfenced, the output's lines would join into one paragraph
+            return f"````\n{result.text}\n````"
         lines = []
         for process in self.toolbox.running_processes():
             runtime_s = int(process["runtime_s"])

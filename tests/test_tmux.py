@@ -1229,3 +1229,19 @@ def test_closing_the_terminal_ends_with_129_and_no_crash_report(terminal, tmp_pa
     crash_log = Path(env["KHAELOR_HOME"]) / "crash.log"
     assert not crash_log.exists(), crash_log.read_text()
     assert exit_file.read_text() == "129"
+
+
+def test_processes_stop_shows_the_output_line_by_line(terminal):
+    """QA: `/processes stop p1` showed the process's last output as one paragraph (`… done
+    tick tick tick`): the answer is Markdown, whose single newlines join lines."""
+    term = terminal([reply(tool("process", action="start", command="sleep 1; echo tick1; echo tick2; echo tick3; sleep 300")),
+                     reply(text("started"))], width=80)
+    term.type("start it")
+    term.keys("Enter")
+    term.wait_for("started")
+    time.sleep(1.5)
+    term.type("/processes stop p1")
+    term.keys("Enter")
+    answer = term.wait_for("[p1 · stopped").split("process p1: stopped")[1]
+    lines = [line.strip() for line in answer.splitlines()]
+    assert "tick1" in lines and "tick2" in lines and "tick3" in lines, answer
