@@ -2237,6 +2237,15 @@ class Session:
                 "reasoning": reasoning_label(self.next_reasoning().fields),
                 "branch": state.branch}
 
+    def setting_in_use(self, command: str) -> str:
+        """What /model, /thinking or /effort is now: their pickers open on it."""
+        if self.kernel is None:
+            return ""
+        ctx = self.kernel.ctx
+        chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
+                  **self.store.state.reasoning, **self.reasoning, "model": ctx.model}
+        return str(chosen.get(command.lstrip("/")) or "")
+
     def next_reasoning(self, **trying):
         """The thinking fields the next turn's requests carry (model.Reasoning), with this
         process's choices (and what `trying` sets)."""

@@ -2096,7 +2096,8 @@ class Composer:
                  commands: Callable[[], list[str]] = list,
                  mentions: Callable[[str], list[str]] = lambda prefix: [],
                  about: dict[str, str] | None = None,
-                 choices: dict[str, list[str]] | None = None):
+                 choices: dict[str, list[str]] | None = None,
+                 in_use: Callable[[str], str] = lambda command: ""):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
         self.menu_index = 0
@@ -2111,6 +2112,8 @@ class Composer:
         self._about = about or {}
         # a command's arguments, offered once its name and a space are typed
         self._choices = choices or {}
+        # "/model" -> the model in use: the picker opens on it (Enter, Enter changes nothing)
+        self._in_use = in_use
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
@@ -2370,6 +2373,8 @@ class Composer:
         if matches != [before]:
             self.menu = sorted(matches, key=lambda n: n != before)
         self._menu_kind, self._menu_start = "command", 0
+        if space and not partial and f"{name} {self._in_use(name)}" in self.menu:
+            self.menu_index = self.menu.index(f"{name} {self._in_use(name)}")
 
     def _mention_matches(self, query: str) -> list[str]:
         """Typing narrows: while the caller returns the same list and the query only grows,
@@ -2591,7 +2596,8 @@ class App:
                                  commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates,
                                  about=getattr(controller, "command_descriptions", None),
-                                 choices=getattr(controller, "command_choices", None))
+                                 choices=getattr(controller, "command_choices", None),
+                                 in_use=getattr(controller, "setting_in_use", lambda name: ""))
         self.renderer = InlineRenderer()
         # deny message being typed in the permission panel
         self.feedback: str | None = None

@@ -1234,7 +1234,8 @@ def test_closing_the_terminal_ends_with_129_and_no_crash_report(terminal, tmp_pa
 def test_processes_stop_shows_the_output_line_by_line(terminal):
     """QA: `/processes stop p1` showed the process's last output as one paragraph (`… done
     tick tick tick`): the answer is Markdown, whose single newlines join lines."""
-    term = terminal([reply(tool("process", action="start", command="sleep 1; echo tick1; echo tick2; echo tick3; sleep 300")),
+    ticks = "sleep 1; echo tick1; echo tick2; echo tick3; sleep 300"
+    term = terminal([reply(tool("process", action="start", command=ticks)),
                      reply(text("started"))], width=80)
     term.type("start it")
     term.keys("Enter")
@@ -1245,3 +1246,22 @@ def test_processes_stop_shows_the_output_line_by_line(terminal):
     answer = term.wait_for("[p1 · stopped").split("process p1: stopped")[1]
     lines = [line.strip() for line in answer.splitlines()]
     assert "tick1" in lines and "tick2" in lines and "tick3" in lines, answer
+
+
+def test_a_commands_picker_opens_on_the_value_in_use(terminal):
+    """QA: `/model`, Enter (the picker opens), Enter switched a sonnet session to opus, the
+    picker's first entry; `/thinking` twice so turned thinking off. It opens on what is in use."""
+    term = terminal([reply(text("first answer"))], width=100)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("first answer")
+    for command in ("/model", "/thinking"):
+        term.type(command)
+        term.keys("Enter")
+        term.wait_for(f"  {command} ")
+        term.keys("Enter")
+        term.wait_for("Ask anything")
+    time.sleep(0.5)
+    screen = term.screen()
+    assert "claude-sonnet-5-5 ·" in screen and "opus" not in screen, screen
+    assert "thinking off" not in screen, screen
