@@ -2037,7 +2037,8 @@ class Session:
     def task_ended(self, task) -> None:
         """The turn or the baseline task ended: a failure is said in one line, never lost."""
         if not task.cancelled() and task.exception() is not None:
-            self.bus.emit("Status", text=f"error: {task.exception()}")
+            # in the conversation, whole: the status line cut it at the terminal's width
+            self.bus.emit("Notice", text=f"error: {task.exception()}")
 
     def interrupt(self) -> None:
         if self.working:

@@ -1355,6 +1355,8 @@ class Timeline:
         self._after_block(lines)
 
     def _on_Notice(self, e: dict) -> None:
+        # a turn's error the log could not take ended it: no "writing" stays on the status line
+        self.phase = ""
         self.note("⚠ " + str(e.get("text", "")))
 
     def _on_SessionResumed(self, e: dict) -> None:

@@ -193,8 +193,9 @@ def line_count(name: str) -> int:
 # 7 in tools.py: khaelor's own code stays read-only inside an approved path (an install under
 # --yes writes ~/.local, which holds pipx's venv: a .pth there ran at khaelor's next start).
 # QA21, 1: /processes stop fences the output it shows (its lines joined into one paragraph);
-# 15: a /model, /thinking or /effort picker opens on the value in use (Enter, Enter chose opus).
-RUNTIME_LINES = 21_482
+# 15: a /model, /thinking or /effort picker opens on the value in use (Enter, Enter chose opus);
+# 3: a turn's error the full disk kept from the log is said whole, not cut in the status line.
+RUNTIME_LINES = 21_485
 SECURITY_CORE_LINES = 6_229
 
 

@@ -28,7 +28,7 @@ if not shutil.which("tmux"):
 class Terminal:
     """khaelor under tmux, against a fake API of its own, with the requests it received."""
 
-    def __init__(self, tmp_path, project, env, script, args="", width=100, height=30):
+    def __init__(self, tmp_path, project, env, script, args="", width=100, height=30, rlimits=None):
         self.name = f"k{uuid.uuid4().hex[:8]}"
         files = tmp_path / self.name
         files.mkdir()
@@ -45,7 +45,8 @@ class Terminal:
         wait_until((pane / "pane.json").exists, "the pane to give up its terminal", every=0.005)
         given = json.loads((pane / "pane.json").read_text())
         env = {**given["env"], **exports, "PWD": str(project)}
-        self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"])
+        self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"],
+                                                 rlimits=rlimits)
         threading.Thread(target=self._tell_the_pane_the_exit, args=(pane,), daemon=True).start()
         self.wait_for("❯")
 
@@ -1265,3 +1266,18 @@ def test_a_commands_picker_opens_on_the_value_in_use(terminal):
     screen = term.screen()
     assert "claude-sonnet-5-5 ·" in screen and "opus" not in screen, screen
     assert "thinking off" not in screen, screen
+
+
+def test_a_failure_the_full_log_cannot_record_is_said_whole(terminal):
+    """QA: once the disk was too full for even TaskFailed, the turn's error went to the status
+    line, cut at the terminal's width ("· error: …/20261207-….jsonl: cannot a…"): the reason and
+    what to do (`khaelor -c` continues it) were never readable; below the error the status line
+    said "· writing · 10s" on, the turn long gone."""
+    term = terminal([reply(text("a long answer " * 400))], width=100,
+                    rlimits={"RLIMIT_FSIZE": 2000})
+    term.type("first")
+    term.keys("Enter")
+    screen = term.wait_for("continues it")
+    assert "cannot append to the session log (File too large)" in " ".join(screen.split())
+    time.sleep(0.5)
+    assert "writing" not in term.screen(), "nothing is being written: the turn has ended"
