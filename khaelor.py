@@ -2016,6 +2016,9 @@ class Session:
 
     def proceed_with_plan(self, choice: str):
         """The plan is ready: go ahead in acceptEdits or default mode, or keep planning."""
+        if choice not in ("acceptEdits", "default") and self.mode != "plan":
+            # Shift-Tab left plan mode while the question was open: the status line says which
+            return "The plan is not approved: say what to do next."
         if choice not in ("acceptEdits", "default"):
             return "Still in plan mode: say what to change in the plan (Shift-Tab leaves it)."
         self.mode = choice

@@ -1281,3 +1281,23 @@ def test_a_failure_the_full_log_cannot_record_is_said_whole(terminal):
     assert "cannot append to the session log (File too large)" in " ".join(screen.split())
     time.sleep(0.5)
     assert "writing" not in term.screen(), "nothing is being written: the turn has ended"
+
+
+def test_keep_planning_after_shift_tab_left_plan_mode_says_the_mode_it_is_in(terminal):
+    """QA: Shift-Tab twice while "The plan is ready" was open (plan → default → accept edits),
+    then `n`: "Still in plan mode", while the status line said accept edits, which the next
+    message ran in: edits without a question, where the user was told only reads would run."""
+    term = terminal([reply(text("Plan: write notes.md."))], width=100)
+    term.keys("BTab")
+    term.wait_for("accept edits")
+    term.keys("BTab")
+    term.wait_for("plan mode")
+    term.type("plan the notes")
+    term.keys("Enter")
+    term.wait_for("The plan is ready")
+    term.keys("BTab")
+    term.keys("BTab")
+    term.wait_for("accept edits")
+    term.type("n")
+    screen = term.wait_for("Ask anything")
+    assert "Still in plan mode" not in screen and "accept edits" in screen, screen
