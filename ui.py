@@ -2875,7 +2875,9 @@ class App:
         width, style = self.width, self.style
         busy = bool(self.controller.busy)
         spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
-        if self.timeline.permissions:
+        if self.feedback is not None:
+            hint = "typing goes to the denial above · Enter sends it"
+        elif self.timeline.permissions:
             hint = "a key or ↑↓ Enter answers · typing writes a message"
         elif busy:
             hint = "Type to steer · Esc to interrupt"

@@ -195,8 +195,9 @@ def line_count(name: str) -> int:
 # QA21, 1: /processes stop fences the output it shows (its lines joined into one paragraph);
 # 15: a /model, /thinking or /effort picker opens on the value in use (Enter, Enter chose opus);
 # 3: a turn's error the full disk kept from the log is said whole, not cut in the status line;
-# 3: "keep planning" after Shift-Tab left plan mode no longer says "Still in plan mode".
-RUNTIME_LINES = 21_488
+# 3: "keep planning" after Shift-Tab left plan mode no longer says "Still in plan mode"; 2: while
+# a denial is explained, the composer's hint no longer says "typing writes a message".
+RUNTIME_LINES = 21_490
 SECURITY_CORE_LINES = 6_229
 
 

@@ -1301,3 +1301,15 @@ def test_keep_planning_after_shift_tab_left_plan_mode_says_the_mode_it_is_in(ter
     term.type("n")
     screen = term.wait_for("Ask anything")
     assert "Still in plan mode" not in screen and "accept edits" in screen, screen
+
+
+def test_while_a_denial_is_explained_the_composer_does_not_say_typing_writes_a_message(terminal):
+    """QA: after `n`, the words typed go into the panel ("Tell the model what to do instead"),
+    while the composer below said "a key or ↑↓ Enter answers · typing writes a message"."""
+    term = terminal([reply(bash("touch no.txt")), reply(text("ok"))], width=100)
+    term.type("go")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("n")
+    screen = term.wait_for("Tell the model")
+    assert "typing writes a message" not in screen, screen
