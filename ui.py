@@ -1306,7 +1306,7 @@ class Timeline:
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
         title = "■ Interrupted" + (f" ({why})" if why else "")
-        kept = "what it wrote is kept" if self._wrote else "it had written nothing yet"
+        kept = "what it wrote is kept" if self._wrote else "it had said nothing yet"
         hint = f" · {kept}; say what to do next, or “continue”"
         # wrapped between words: the terminal would break the long hint anywhere
         self._settle(wrap_spans([(title, ("warning",)), (hint, ("dim",))], self.width,

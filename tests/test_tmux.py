@@ -1313,3 +1313,18 @@ def test_while_a_denial_is_explained_the_composer_does_not_say_typing_writes_a_m
     term.type("n")
     screen = term.wait_for("Tell the model")
     assert "typing writes a message" not in screen, screen
+
+
+def test_an_interruption_after_a_write_does_not_say_nothing_was_written(terminal, project):
+    """QA: a write approved, then Esc at the next question: "■ Interrupted · it had written
+    nothing yet", with notes.md just written: it meant the reply's text, none yet."""
+    write = tool("write", file_path="notes.md", content="hi\n")
+    term = terminal([reply(write), reply(bash("touch two.txt"))], width=100)
+    term.type("go")
+    term.keys("Enter")
+    term.wait_for("Write notes.md?")
+    term.type("y")
+    term.wait_for("touch two.txt")
+    term.keys("Escape")
+    screen = term.wait_for("Interrupted")
+    assert (project / "notes.md").exists() and "written nothing" not in screen, screen
