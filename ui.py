@@ -1493,7 +1493,8 @@ class Timeline:
         what = str(self._resolve(e).get("descriptor") or card.summary or card.name)
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         reason = str(e.get("reason") or "")
-        text = f"Denied: {shown(what)}"
+        # its first line, as the card's: joined, its lines read as another command (`done rm …`)
+        text = f"Denied: {one_line(what)}"
         if "plan mode: " in reason:
             text += " · plan mode: only what reads runs (Shift-Tab leaves it)"
         if feedback:

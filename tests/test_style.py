@@ -196,8 +196,9 @@ def line_count(name: str) -> int:
 # 15: a /model, /thinking or /effort picker opens on the value in use (Enter, Enter chose opus);
 # 3: a turn's error the full disk kept from the log is said whole, not cut in the status line;
 # 3: "keep planning" after Shift-Tab left plan mode no longer says "Still in plan mode"; 2: while
-# a denial is explained, the composer's hint no longer says "typing writes a message".
-RUNTIME_LINES = 21_490
+# a denial is explained, the composer's hint no longer says "typing writes a message"; 1: a denied
+# multi-line command settles as its first line, not its lines joined into another command.
+RUNTIME_LINES = 21_491
 SECURITY_CORE_LINES = 6_229
 
 

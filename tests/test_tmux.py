@@ -1328,3 +1328,17 @@ def test_an_interruption_after_a_write_does_not_say_nothing_was_written(terminal
     term.keys("Escape")
     screen = term.wait_for("Interrupted")
     assert (project / "notes.md").exists() and "written nothing" not in screen, screen
+
+
+def test_a_denied_multi_line_command_is_not_shown_as_one_joined_line(terminal):
+    """QA: a denied `make\\nrm -rf build` settled as `✗ Denied: make rm -rf build`: its lines
+    joined read as another command. It shows its first line, as its card does."""
+    term = terminal([reply(bash("make\nrm -rf build")), reply(text("ok"))], width=100)
+    term.type("go")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("n")
+    term.wait_for("Tell the model")
+    term.keys("Enter")
+    screen = term.wait_for("Denied:")
+    assert "make rm" not in screen and "Denied: make …" in screen, screen
