@@ -2587,8 +2587,12 @@ class Session:
             self.toolbox.stopping_for(target, typed_line())
             stop = {"action": "stop", "id": target}
             result = await self.toolbox.run("process", stop, "user-processes")
+            lines = result.text.split("\n")
+            if len(lines) > 22:
+                # the header and the newest lines: the model's budget is no screenful
+                lines[1:-20] = [f"… {events.counted(len(lines) - 21, 'earlier line')}"]
             # an answer is Markdown: unfenced, the output's lines would join into one paragraph
-            return f"````\n{result.text}\n````"
+            return "````\n" + "\n".join(lines) + "\n````"
         lines = []
         for process in self.toolbox.running_processes():
             runtime_s = int(process["runtime_s"])

@@ -198,8 +198,9 @@ def line_count(name: str) -> int:
 # 3: "keep planning" after Shift-Tab left plan mode no longer says "Still in plan mode"; 2: while
 # a denial is explained, the composer's hint no longer says "typing writes a message"; 1: a denied
 # multi-line command settles as its first line, not its lines joined into another command; 5 in
-# tools.py: a write its folder refuses (a read-only mount) names the file, not its temp.
-RUNTIME_LINES = 21_496
+# tools.py: a write its folder refuses (a read-only mount) names the file, not its temp; 4:
+# /processes stop shows the newest 20 lines of the output (a chatty server's 1,300 filled it).
+RUNTIME_LINES = 21_500
 SECURITY_CORE_LINES = 6_229
 
 

@@ -1249,6 +1249,24 @@ def test_processes_stop_shows_the_output_line_by_line(terminal):
     assert "tick1" in lines and "tick2" in lines and "tick3" in lines, answer
 
 
+def test_processes_stop_shows_the_newest_lines_not_the_whole_buffer(terminal):
+    """QA: `/processes stop` of a chatty server put its whole buffer, 1,300 lines, in the
+    scrollback; a card shows a preview. The report keeps its header and newest 20 lines."""
+    chatty = "sleep 1; seq 1 500; sleep 300"
+    term = terminal([reply(tool("process", action="start", command=chatty)),
+                     reply(text("started"))], args="--yes", width=80)
+    term.type("start it")
+    term.keys("Enter")
+    term.wait_for("started")
+    time.sleep(1.5)
+    term.type("/processes stop p1")
+    term.keys("Enter")
+    term.wait_for("[p1 · stopped")
+    shown = [line.strip() for line in scrollback(term)]
+    report = shown[shown.index("› /processes stop p1"):]
+    assert "500" in report and sum(line.isdigit() for line in report) == 20, report
+
+
 def test_a_commands_picker_opens_on_the_value_in_use(terminal):
     """QA: `/model`, Enter (the picker opens), Enter switched a sonnet session to opus, the
     picker's first entry; `/thinking` twice so turned thinking off. It opens on what is in use."""
