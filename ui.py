@@ -1764,7 +1764,7 @@ def preview_rows(text: str, width: int, style: Style,
         spans = highlight_code(line, lang) if style.color else [(line, ())]
         out += wrap_spans(spans, width, style, hard=True)
     if more:
-        out.append(style.paint(more_lines(more), "dim"))
+        out.append(style.paint(more_lines(more) + " · Ctrl-R shows them all", "dim"))
     return out
 
 
@@ -2973,6 +2973,19 @@ class App:
             self._main_width = 0
         return leaving
 
+    def _question_whole(self) -> list[str]:
+        """The open question's call in full, at the transcript's end: the panel shows only the
+        first lines of a long one (a heredoc's last line may be what it runs)."""
+        if not self.timeline.permissions:
+            return []
+        request = self.timeline.permissions[0]
+        card = self.timeline.cards.get(request.get("tool_use_id", ""))
+        descriptor = shown(str(request.get("descriptor", "")))
+        whole = shown(panel_preview(request, card.tool_input if card else {}))
+        title = self.style.paint("⚠ Waiting for your answer; the call in full:", "warning")
+        body = descriptor if whole.strip() in descriptor else f"{descriptor}\n{whole}"
+        return ["", title, *body.split("\n")]
+
     def _transcript_key(self, key: Key) -> None:
         page = max(1, self.height - 2)
         # keys typed while a frame is drawn arrive as one run of text: each is a key
@@ -2994,6 +3007,7 @@ class App:
             if self.transcript_top >= len(self._view_rows[1]) - page:
                 self.transcript_top = sys.maxsize
             lines = render_transcript(self.log, self.width, self.style.color, expanded=True)
+            lines += self._question_whole()
             rows = [row for line in lines for row in fold(line, self.width)]
             self._view_rows = (key, rows)
         rows = self._view_rows[1]

@@ -199,8 +199,9 @@ def line_count(name: str) -> int:
 # a denial is explained, the composer's hint no longer says "typing writes a message"; 1: a denied
 # multi-line command settles as its first line, not its lines joined into another command; 5 in
 # tools.py: a write its folder refuses (a read-only mount) names the file, not its temp; 4:
-# /processes stop shows the newest 20 lines of the output (a chatty server's 1,300 filled it).
-RUNTIME_LINES = 21_500
+# /processes stop shows the newest 20 lines of the output (a chatty server's 1,300 filled it);
+# 14: Ctrl-R ends with the open question's call whole (a long heredoc's end was readable nowhere).
+RUNTIME_LINES = 21_514
 SECURITY_CORE_LINES = 6_229
 
 

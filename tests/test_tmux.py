@@ -1360,3 +1360,25 @@ def test_a_denied_multi_line_command_is_not_shown_as_one_joined_line(terminal):
     term.keys("Enter")
     screen = term.wait_for("Denied:")
     assert "make rm" not in screen and "Denied: make …" in screen, screen
+
+
+def test_a_long_commands_question_can_be_read_whole_before_it_is_answered(terminal, project):
+    """QA: a 100-line heredoc's panel showed 14 lines and "… 89 more lines": the end, `python3
+    gen.py` (or `rm -rf ~`), could be read nowhere before answering; Ctrl-R showed the
+    conversation without the open call. The transcript ends with it whole."""
+    lines = "\n".join(f"print('line {i}')" for i in range(100))
+    term = terminal([reply(bash(f"cat > gen.py <<'EOF'\n{lines}\nEOF\ntouch the-last-line")),
+                     reply(text("ok"))], width=80, height=24)
+    term.type("go")
+    term.keys("Enter")
+    assert "Ctrl-R shows them all" in term.wait_for("more lines")
+    term.keys("C-r")
+    screen = term.wait_for("touch the-last-line")
+    assert "print('line 99')" in screen and "khaelor waits for your answer" in screen
+    term.type("q")
+    term.wait_for("allow once")
+    term.type("n")
+    term.wait_for("Tell the model")
+    term.keys("Enter")
+    term.wait_for("ok")
+    assert not (project / "the-last-line").exists()
