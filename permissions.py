@@ -86,6 +86,8 @@ ACTIONS = ("allow", "ask", "deny")
 _STRICTNESS = {action: n for n, action in enumerate(ACTIONS)}
 _COMMAND_CAPABILITIES = (EXECUTE, GIT_MODIFY, NETWORK)
 _RULE_KEYS = ("capability", "pattern", "action")
+# and optional: "scope", "read" or "write" (an "always" to reading an outside path saves "read")
+_RULE_SCOPES = ("read", "write")
 
 # entries a recursive search's tree is scanned for secrets, at most
 _SECRET_WALK_CAP = 20_000
@@ -869,7 +871,7 @@ def load_rules(layers) -> list[Rule]:
             for entry in (layer.config or {}).get("permissions", []):
                 where = _where(layer, json.dumps(entry["pattern"]))
                 rules.append(Rule(entry["capability"], entry["pattern"], entry["action"], where,
-                                  layer.kind))
+                                  layer.kind, scope=entry.get("scope", "")))
         for rule in rules:
             if layer.trusted or rule.action != "allow":
                 rule = replace(rule, tighten_only=not layer.trusted)
@@ -1125,6 +1127,8 @@ def add_grant(config: dict, rule: dict) -> dict:
     action="allow"}), so it wins; an identical earlier entry is moved there,
     never duplicated."""
     entry = {key: rule.get(key, "allow" if key == "action" else None) for key in _RULE_KEYS}
+    if rule.get("scope"):
+        entry["scope"] = rule["scope"]
     problem = validate_config_rules([entry]) or validate_config_rules(config)
     if problem:
         message = problem.replace("permissions[0]", "grant", 1)
@@ -1147,10 +1151,12 @@ def _entry_problem(entry, example: str) -> str | None:
     missing = [key for key in _RULE_KEYS if key not in entry]
     if missing:
         return f" is missing {', '.join(missing)}; a rule looks like {example}"
-    unknown = sorted(set(entry) - set(_RULE_KEYS))
+    unknown = sorted(set(entry) - {*_RULE_KEYS, "scope"})
     if unknown:
         return (f" has unknown key {', '.join(unknown)}; "
-                "allowed: capability, pattern, action")
+                "allowed: capability, pattern, action, scope")
+    if entry.get("scope", "read") not in _RULE_SCOPES:
+        return '.scope must be "read" or "write"'
     for key in _RULE_KEYS:
         if not isinstance(entry[key], str) or not entry[key]:
             return f".{key} must be a non-empty string"
@@ -1477,13 +1483,15 @@ def _one_suggestion(verdicts: list[tuple], action: str) -> dict | None:
         specific = matched is not None and matched.pattern != "*"
         if pattern is not None and specific:
             pattern = _escape(request.subject)
-        asking.add((request.capability, pattern))
+        # an outside path read: "always" allows reading it, not writing (cat ~/.bashrc)
+        scope = "read" if request.capability == OUTSIDE and not request.writes else ""
+        asking.add((request.capability, pattern, scope))
     if len(asking) != 1:
         return None
-    capability, pattern = asking.pop()
+    capability, pattern, scope = asking.pop()
     if not pattern:
         return None
-    return {"capability": capability, "pattern": pattern}
+    return {"capability": capability, "pattern": pattern, **({"scope": scope} if scope else {})}
 
 
 def _last_match(rules: list[Rule], request: _Request) -> Rule | None:
@@ -1571,9 +1579,28 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
         unattended_network=bool(network) and known,
-        git_network=bool(network) and all(r.core.split()[:1] == ["git"] for r in network),
+        git_network=known and all(map(_keeps_git_credentials, requests)),
         unattended_paths=tuple(sorted(installs)) if known else (),
     )
+
+
+def _keeps_git_credentials(request: _Request) -> bool:
+    """A part of a line that may read .git/config with its credentials (Confine.git_network): git
+    reaching a remote by its subcommand (not by a URL-like word: `git commit -F .git/config
+    --trailer https://x` kept the token in a commit), `git config KEY VALUE` of a plain key (a CI
+    job sets user.email), or a word of theirs; no redirection (`git ls-remote --get-url > f`)."""
+    words = tuple(request.core.split())
+    if not words:
+        return request.capability == FILE_READ and not request.only_read
+    if words[0] != "git" or request.escapes:
+        return False
+    _, sub, rest = _git_split(words[1:])
+    if sub == "config":
+        plain = len(rest) == 2 and not rest[1].startswith("-")
+        return plain and bool(sandbox.GIT_CONFIG_PLAIN.fullmatch(rest[0]))
+    first = rest[0] if rest else ""
+    by_name = _row("git", sub).network or _row("git", sub, first).network
+    return request.capability == NETWORK and bool(by_name)
 
 
 def _sets_variables(request: _Request) -> bool:

@@ -262,8 +262,8 @@ class Confine:
     unattended_network: bool = False
     # what --yes grants of `paths`: only where an approved install puts packages
     unattended_paths: tuple[str, ...] = ()
-    # the line's network is git's alone (fetch, push): under --yes only such a line sees the
-    # credentials in .git/config (tools.prepare)
+    # the line runs git's network (fetch, push) and plain settings alone: under --yes only such a
+    # line sees the credentials in .git/config (tools.prepare)
     git_network: bool = False
     # approved by --yes, not by a person: the project's secret files stay closed, as to a
     # read-only command (no copy or encoding of them reaches the model or a network it is given)
@@ -406,6 +406,11 @@ SYSTEM_SECRETS = [
     "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
     "/etc/sudoers.d", "/etc/ssl/private", "/etc/krb5.keytab", "/etc/security/opasswd",
     "/var/lib/sss", "/var/lib/docker", "/var/lib/containers", "/var/lib/libvirt",
+    # root's own stores (a root khaelor, as in a CI container, reads its 0600 files): debconf's
+    # and MySQL's passwords, Wi-Fi, VPN and TLS keys
+    "/var/cache/debconf/passwords.dat", "/etc/mysql/debian.cnf",
+    "/etc/NetworkManager/system-connections", "/etc/wireguard", "/etc/ipsec.secrets",
+    "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets", "/etc/letsencrypt",
     # the user's own under /var: mail, print and cron jobs, what programs keep in /var/tmp (an
     # editor's recovery copy of a file edited elsewhere); the system's copies of /etc/shadow
     "/var/mail", "/var/spool", "/var/tmp", "/var/backups",
@@ -807,8 +812,8 @@ def cover_file(khaelor_home: Path) -> str:
 
 def mounts_for(confine: Confine, project: Path, temp_dir: Path | None, denied: list[str] = (),
                frozen: list[str] = (), cover: str = "", replaced: tuple = ()) -> Mounts | None:
-    """None: a read-only command needs no namespace, or this kernel gives none."""
-    if not (confine.write or confine.paths_write) or not mount_namespace_available():
+    """None: a read-only command needs none (unless to show a copy), or the kernel gives none."""
+    if not (confine.write or confine.paths_write or replaced) or not mount_namespace_available():
         return None
     shared_memory = ""
     if confine.write and temp_dir:

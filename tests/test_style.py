@@ -192,6 +192,17 @@ def line_count(name: str) -> int:
 # Merged with the red team's runs_later (the same .git fix), which reads sandbox.GUARDED_DIRS now.
 # 7 in tools.py: khaelor's own code stays read-only inside an approved path (an install under
 # --yes writes ~/.local, which holds pipx's venv: a .pth there ran at khaelor's next start).
+# 2: the guard reads no sample hook (0.36 → 0.26 ms a record, with more places guarded).
+# 5 of the core: root's own secret stores are closed (debconf's passwords.dat, MySQL's
+# debian.cnf, Wi-Fi and VPN keys): a root khaelor's read-only command read them.
+# 8 of the core: an "always" to reading an outside file saves a rule of scope read (a saved
+# `cat ~/.bashrc` let `echo X >> ~/.bashrc` run unasked: the auditor's finding).
+# 22 (18 of the core): under --yes only git's network and plain settings read CI's token in
+# .git/config.
+# 30 in tools.py: under --yes a line that writes reads the home's build credentials as a copy
+# without their secrets (an install's setup.py sent ~/.gradle/gradle.properties).
+# 11 in tools.py: the same copy for each submodule's config in .git/modules. 1 of the core: a plain
+# setting keeps them only when its value is no option.
 # QA21, 1: /processes stop fences the output it shows (its lines joined into one paragraph);
 # 15: a /model, /thinking or /effort picker opens on the value in use (Enter, Enter chose opus);
 # 3: a turn's error the full disk kept from the log is said whole, not cut in the status line;
@@ -201,8 +212,8 @@ def line_count(name: str) -> int:
 # tools.py: a write its folder refuses (a read-only mount) names the file, not its temp; 4:
 # /processes stop shows the newest 20 lines of the output (a chatty server's 1,300 filled it);
 # 14: Ctrl-R ends with the open question's call whole (a long heredoc's end was readable nowhere).
-RUNTIME_LINES = 21_514
-SECURITY_CORE_LINES = 6_229
+RUNTIME_LINES = 21_593
+SECURITY_CORE_LINES = 6_261
 
 
 def test_the_runtime_and_its_security_core_never_grow():
