@@ -246,7 +246,7 @@ EPHEMERAL_KINDS = {
     "Status": {"text": str},
     "FilesListed": {"count": int},          # the project's files were listed for @ completion
     "SessionResumed": {"events": list},     # /resume: the UI replays the log as it was shown
-    "Notice": {"text": str},                # said once at the start (grants waiting for trust)
+    "Notice": {"text": str},                # grants waiting for trust; a turn's unlogged error
     "StartFailed": {"text": str},           # the session could not be built: the UI closes
 }
 EVENT_KINDS = {**DURABLE_KINDS, **EPHEMERAL_KINDS}

@@ -2016,6 +2016,9 @@ class Session:
 
     def proceed_with_plan(self, choice: str):
         """The plan is ready: go ahead in acceptEdits or default mode, or keep planning."""
+        if choice not in ("acceptEdits", "default") and self.mode != "plan":
+            # Shift-Tab left plan mode while the question was open: the status line says which
+            return "The plan is not approved: say what to do next."
         if choice not in ("acceptEdits", "default"):
             return "Still in plan mode: say what to change in the plan (Shift-Tab leaves it)."
         self.mode = choice
@@ -2037,7 +2040,8 @@ class Session:
     def task_ended(self, task) -> None:
         """The turn or the baseline task ended: a failure is said in one line, never lost."""
         if not task.cancelled() and task.exception() is not None:
-            self.bus.emit("Status", text=f"error: {task.exception()}")
+            # in the conversation, whole: the status line cut it at the terminal's width
+            self.bus.emit("Notice", text=f"error: {task.exception()}")
 
     def interrupt(self) -> None:
         if self.working:
@@ -2236,6 +2240,15 @@ class Session:
                 "cache_share": cache_share,
                 "reasoning": reasoning_label(self.next_reasoning().fields),
                 "branch": state.branch}
+
+    def setting_in_use(self, command: str) -> str:
+        """What /model, /thinking or /effort is now: their pickers open on it."""
+        if self.kernel is None:
+            return ""
+        ctx = self.kernel.ctx
+        chosen = {"thinking": ctx.thinking, "effort": ctx.effort,
+                  **self.store.state.reasoning, **self.reasoning, "model": ctx.model}
+        return str(chosen.get(command.lstrip("/")) or "")
 
     def next_reasoning(self, **trying):
         """The thinking fields the next turn's requests carry (model.Reasoning), with this
@@ -2574,7 +2587,12 @@ class Session:
             self.toolbox.stopping_for(target, typed_line())
             stop = {"action": "stop", "id": target}
             result = await self.toolbox.run("process", stop, "user-processes")
-            return result.text
+            lines = result.text.split("\n")
+            if len(lines) > 22:
+                # the header and the newest lines: the model's budget is no screenful
+                lines[1:-20] = [f"… {events.counted(len(lines) - 21, 'earlier line')}"]
+            # an answer is Markdown: unfenced, the output's lines would join into one paragraph
+            return "````\n" + "\n".join(lines) + "\n````"
         lines = []
         for process in self.toolbox.running_processes():
             runtime_s = int(process["runtime_s"])

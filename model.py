@@ -335,8 +335,8 @@ def classify(exc: BaseException) -> ModelError:
         if status == 200:   # an `error` event in the middle of a stream
             label = f"stream error ({err_type}): {message}"
         if status in (401, 403):
-            return ModelError("auth", f"the API refused the credentials ({status} {err_type}); "
-                              "check ANTHROPIC_API_KEY", status)
+            # the API's own reason stays: a 403 says what the key may not do
+            return ModelError("auth", f"{label}; check ANTHROPIC_API_KEY", status)
         if status == 413 or (status == 400 and OVERFLOW_MESSAGE.match(message.strip().lower())):
             return ModelError("context_overflow", label, status)
         transient = status in RETRYABLE_STATUS or status >= 500 or err_type in RETRYABLE_TYPES

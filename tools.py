@@ -638,7 +638,12 @@ class Workspace:
             create_mode = 0o666 if mode is None else 0o600
             tmp = f".{name}.{os.urandom(6).hex()}.tmp"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(tmp, flags, create_mode, dir_fd=folder_fd)
+            try:
+                fd = os.open(tmp, flags, create_mode, dir_fd=folder_fd)
+            except OSError as exc:
+                # the error names the file asked for (a read-only file system), not its temp
+                exc.filename = self.display(path)
+                raise
             try:
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(data)

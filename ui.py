@@ -1306,7 +1306,7 @@ class Timeline:
     def _on_Interrupted(self, e: dict) -> None:
         why = sanitize(str(e.get("reason") or "")).strip()
         title = "■ Interrupted" + (f" ({why})" if why else "")
-        kept = "what it wrote is kept" if self._wrote else "it had written nothing yet"
+        kept = "what it wrote is kept" if self._wrote else "it had said nothing yet"
         hint = f" · {kept}; say what to do next, or “continue”"
         # wrapped between words: the terminal would break the long hint anywhere
         self._settle(wrap_spans([(title, ("warning",)), (hint, ("dim",))], self.width,
@@ -1355,6 +1355,8 @@ class Timeline:
         self._after_block(lines)
 
     def _on_Notice(self, e: dict) -> None:
+        # a turn's error the log could not take ended it: no "writing" stays on the status line
+        self.phase = ""
         self.note("⚠ " + str(e.get("text", "")))
 
     def _on_SessionResumed(self, e: dict) -> None:
@@ -1491,7 +1493,8 @@ class Timeline:
         what = str(self._resolve(e).get("descriptor") or card.summary or card.name)
         feedback = sanitize(str(e.get("feedback") or "")).strip()
         reason = str(e.get("reason") or "")
-        text = f"Denied: {shown(what)}"
+        # its first line, as the card's: joined, its lines read as another command (`done rm …`)
+        text = f"Denied: {one_line(what)}"
         if "plan mode: " in reason:
             text += " · plan mode: only what reads runs (Shift-Tab leaves it)"
         if feedback:
@@ -1761,7 +1764,7 @@ def preview_rows(text: str, width: int, style: Style,
         spans = highlight_code(line, lang) if style.color else [(line, ())]
         out += wrap_spans(spans, width, style, hard=True)
     if more:
-        out.append(style.paint(more_lines(more), "dim"))
+        out.append(style.paint(more_lines(more) + " · Ctrl-R shows them all", "dim"))
     return out
 
 
@@ -2096,7 +2099,8 @@ class Composer:
                  commands: Callable[[], list[str]] = list,
                  mentions: Callable[[str], list[str]] = lambda prefix: [],
                  about: dict[str, str] | None = None,
-                 choices: dict[str, list[str]] | None = None):
+                 choices: dict[str, list[str]] | None = None,
+                 in_use: Callable[[str], str] = lambda command: ""):
         self.text, self.cursor = "", 0
         self.menu: list[str] = []
         self.menu_index = 0
@@ -2111,6 +2115,8 @@ class Composer:
         self._about = about or {}
         # a command's arguments, offered once its name and a space are typed
         self._choices = choices or {}
+        # "/model" -> the model in use: the picker opens on it (Enter, Enter changes nothing)
+        self._in_use = in_use
         self._pastes: dict[str, str] = {}
         self._kill = ""
         self._history_path = Path(history_path) if history_path else None
@@ -2370,6 +2376,8 @@ class Composer:
         if matches != [before]:
             self.menu = sorted(matches, key=lambda n: n != before)
         self._menu_kind, self._menu_start = "command", 0
+        if space and not partial and f"{name} {self._in_use(name)}" in self.menu:
+            self.menu_index = self.menu.index(f"{name} {self._in_use(name)}")
 
     def _mention_matches(self, query: str) -> list[str]:
         """Typing narrows: while the caller returns the same list and the query only grows,
@@ -2591,7 +2599,8 @@ class App:
                                  commands=lambda: controller.command_names,
                                  mentions=controller.mention_candidates,
                                  about=getattr(controller, "command_descriptions", None),
-                                 choices=getattr(controller, "command_choices", None))
+                                 choices=getattr(controller, "command_choices", None),
+                                 in_use=getattr(controller, "setting_in_use", lambda name: ""))
         self.renderer = InlineRenderer()
         # deny message being typed in the permission panel
         self.feedback: str | None = None
@@ -2867,7 +2876,9 @@ class App:
         width, style = self.width, self.style
         busy = bool(self.controller.busy)
         spinner = SPINNER_FRAMES[int(now / TICK_INTERVAL) % len(SPINNER_FRAMES)]
-        if self.timeline.permissions:
+        if self.feedback is not None:
+            hint = "typing goes to the denial above · Enter sends it"
+        elif self.timeline.permissions:
             hint = "a key or ↑↓ Enter answers · typing writes a message"
         elif busy:
             hint = "Type to steer · Esc to interrupt"
@@ -2962,6 +2973,19 @@ class App:
             self._main_width = 0
         return leaving
 
+    def _question_whole(self) -> list[str]:
+        """The open question's call in full, at the transcript's end: the panel shows only the
+        first lines of a long one (a heredoc's last line may be what it runs)."""
+        if not self.timeline.permissions:
+            return []
+        request = self.timeline.permissions[0]
+        card = self.timeline.cards.get(request.get("tool_use_id", ""))
+        descriptor = shown(str(request.get("descriptor", "")))
+        whole = shown(panel_preview(request, card.tool_input if card else {}))
+        title = self.style.paint("⚠ Waiting for your answer; the call in full:", "warning")
+        body = descriptor if whole.strip() in descriptor else f"{descriptor}\n{whole}"
+        return ["", title, *body.split("\n")]
+
     def _transcript_key(self, key: Key) -> None:
         page = max(1, self.height - 2)
         # keys typed while a frame is drawn arrive as one run of text: each is a key
@@ -2983,6 +3007,7 @@ class App:
             if self.transcript_top >= len(self._view_rows[1]) - page:
                 self.transcript_top = sys.maxsize
             lines = render_transcript(self.log, self.width, self.style.color, expanded=True)
+            lines += self._question_whole()
             rows = [row for line in lines for row in fold(line, self.width)]
             self._view_rows = (key, rows)
         rows = self._view_rows[1]

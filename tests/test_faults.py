@@ -151,6 +151,7 @@ def test_api_faults_that_do_not_clear_end_with_one_clear_line_and_exit_1(tmp_pat
         assert "Traceback" not in result.stderr and result.stderr.splitlines()[-1].startswith("khaelor: ")
     assert len(burst_requests) == 5 and "529" in burst.stderr.splitlines()[-1] and "5 attempts" in burst.stderr
     assert len(badkey_requests) == 1 and "ANTHROPIC_API_KEY" in badkey.stderr.splitlines()[-1]
+    assert "invalid x-api-key" in badkey.stderr, "the API's own reason"
     assert "bad-key" not in badkey.stderr
     assert overflow_rejections and "too long" in overflow.stderr.splitlines()[-1]
     assert len(fatal_requests) == 1 and "bad thing" in fatal.stderr.splitlines()[-1]

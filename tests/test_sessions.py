@@ -1109,7 +1109,7 @@ def test_processes_stop_shows_the_line_typed_above_the_process_line_live_and_rep
     shown, replayed, log = in_new_session(project, env, monkeypatch, script)
     assert replayed.endswith(shown), (shown, replayed)
     assert shown.startswith("› /processes stop p1\n◆ process p1: stopped, exit code -15\n\n"
-                            "[p1 · stopped"), shown
+                            "````\n[p1 · stopped"), shown
     assert shown.count("› /processes stop p1") == 1, shown
     exited = types(log, "ProcessExited")
     assert [e.get("typed") for e in exited] == ["/processes stop p1"], exited

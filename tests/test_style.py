@@ -203,7 +203,16 @@ def line_count(name: str) -> int:
 # without their secrets (an install's setup.py sent ~/.gradle/gradle.properties).
 # 11 in tools.py: the same copy for each submodule's config in .git/modules. 1 of the core: a plain
 # setting keeps them only when its value is no option.
-RUNTIME_LINES = 21_546
+# QA21, 1: /processes stop fences the output it shows (its lines joined into one paragraph);
+# 15: a /model, /thinking or /effort picker opens on the value in use (Enter, Enter chose opus);
+# 3: a turn's error the full disk kept from the log is said whole, not cut in the status line;
+# 3: "keep planning" after Shift-Tab left plan mode no longer says "Still in plan mode"; 2: while
+# a denial is explained, the composer's hint no longer says "typing writes a message"; 1: a denied
+# multi-line command settles as its first line, not its lines joined into another command; 5 in
+# tools.py: a write its folder refuses (a read-only mount) names the file, not its temp; 4:
+# /processes stop shows the newest 20 lines of the output (a chatty server's 1,300 filled it);
+# 14: Ctrl-R ends with the open question's call whole (a long heredoc's end was readable nowhere).
+RUNTIME_LINES = 21_594
 SECURITY_CORE_LINES = 6_262
 
 

@@ -28,7 +28,7 @@ if not shutil.which("tmux"):
 class Terminal:
     """khaelor under tmux, against a fake API of its own, with the requests it received."""
 
-    def __init__(self, tmp_path, project, env, script, args="", width=100, height=30):
+    def __init__(self, tmp_path, project, env, script, args="", width=100, height=30, rlimits=None):
         self.name = f"k{uuid.uuid4().hex[:8]}"
         files = tmp_path / self.name
         files.mkdir()
@@ -45,7 +45,8 @@ class Terminal:
         wait_until((pane / "pane.json").exists, "the pane to give up its terminal", every=0.005)
         given = json.loads((pane / "pane.json").read_text())
         env = {**given["env"], **exports, "PWD": str(project)}
-        self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"])
+        self.job, self.pid = fork_server().spawn(shlex.split(args), project, env, tty=given["tty"],
+                                                 rlimits=rlimits)
         threading.Thread(target=self._tell_the_pane_the_exit, args=(pane,), daemon=True).start()
         self.wait_for("❯")
 
@@ -1229,3 +1230,155 @@ def test_closing_the_terminal_ends_with_129_and_no_crash_report(terminal, tmp_pa
     crash_log = Path(env["KHAELOR_HOME"]) / "crash.log"
     assert not crash_log.exists(), crash_log.read_text()
     assert exit_file.read_text() == "129"
+
+
+def test_processes_stop_shows_the_output_line_by_line(terminal):
+    """QA: `/processes stop p1` showed the process's last output as one paragraph (`… done
+    tick tick tick`): the answer is Markdown, whose single newlines join lines."""
+    ticks = "sleep 1; echo tick1; echo tick2; echo tick3; sleep 300"
+    term = terminal([reply(tool("process", action="start", command=ticks)),
+                     reply(text("started"))], width=80)
+    term.type("start it")
+    term.keys("Enter")
+    term.wait_for("started")
+    time.sleep(1.5)
+    term.type("/processes stop p1")
+    term.keys("Enter")
+    answer = term.wait_for("[p1 · stopped").split("process p1: stopped")[1]
+    lines = [line.strip() for line in answer.splitlines()]
+    assert "tick1" in lines and "tick2" in lines and "tick3" in lines, answer
+
+
+def test_processes_stop_shows_the_newest_lines_not_the_whole_buffer(terminal):
+    """QA: `/processes stop` of a chatty server put its whole buffer, 1,300 lines, in the
+    scrollback; a card shows a preview. The report keeps its header and newest 20 lines."""
+    chatty = "sleep 1; seq 1 500; sleep 300"
+    term = terminal([reply(tool("process", action="start", command=chatty)),
+                     reply(text("started"))], args="--yes", width=80)
+    term.type("start it")
+    term.keys("Enter")
+    term.wait_for("started")
+    time.sleep(1.5)
+    term.type("/processes stop p1")
+    term.keys("Enter")
+    term.wait_for("[p1 · stopped")
+    shown = [line.strip() for line in scrollback(term)]
+    report = shown[shown.index("› /processes stop p1"):]
+    assert "500" in report and sum(line.isdigit() for line in report) == 20, report
+
+
+def test_a_commands_picker_opens_on_the_value_in_use(terminal):
+    """QA: `/model`, Enter (the picker opens), Enter switched a sonnet session to opus, the
+    picker's first entry; `/thinking` twice so turned thinking off. It opens on what is in use."""
+    term = terminal([reply(text("first answer"))], width=100)
+    term.type("hello")
+    term.keys("Enter")
+    term.wait_for("first answer")
+    for command in ("/model", "/thinking"):
+        term.type(command)
+        term.keys("Enter")
+        term.wait_for(f"  {command} ")
+        term.keys("Enter")
+        term.wait_for("Ask anything")
+    time.sleep(0.5)
+    screen = term.screen()
+    assert "claude-sonnet-5-5 ·" in screen and "opus" not in screen, screen
+    assert "thinking off" not in screen, screen
+
+
+def test_a_failure_the_full_log_cannot_record_is_said_whole(terminal):
+    """QA: once the disk was too full for even TaskFailed, the turn's error went to the status
+    line, cut at the terminal's width ("· error: …/20261207-….jsonl: cannot a…"): the reason and
+    what to do (`khaelor -c` continues it) were never readable; below the error the status line
+    said "· writing · 10s" on, the turn long gone."""
+    term = terminal([reply(text("a long answer " * 400))], width=100,
+                    rlimits={"RLIMIT_FSIZE": 2000})
+    term.type("first")
+    term.keys("Enter")
+    screen = term.wait_for("continues it")
+    assert "cannot append to the session log (File too large)" in " ".join(screen.split())
+    time.sleep(0.5)
+    assert "writing" not in term.screen(), "nothing is being written: the turn has ended"
+
+
+def test_keep_planning_after_shift_tab_left_plan_mode_says_the_mode_it_is_in(terminal):
+    """QA: Shift-Tab twice while "The plan is ready" was open (plan → default → accept edits),
+    then `n`: "Still in plan mode", while the status line said accept edits, which the next
+    message ran in: edits without a question, where the user was told only reads would run."""
+    term = terminal([reply(text("Plan: write notes.md."))], width=100)
+    term.keys("BTab")
+    term.wait_for("accept edits")
+    term.keys("BTab")
+    term.wait_for("plan mode")
+    term.type("plan the notes")
+    term.keys("Enter")
+    term.wait_for("The plan is ready")
+    term.keys("BTab")
+    term.keys("BTab")
+    term.wait_for("accept edits")
+    term.type("n")
+    screen = term.wait_for("Ask anything")
+    assert "Still in plan mode" not in screen and "accept edits" in screen, screen
+
+
+def test_while_a_denial_is_explained_the_composer_does_not_say_typing_writes_a_message(terminal):
+    """QA: after `n`, the words typed go into the panel ("Tell the model what to do instead"),
+    while the composer below said "a key or ↑↓ Enter answers · typing writes a message"."""
+    term = terminal([reply(bash("touch no.txt")), reply(text("ok"))], width=100)
+    term.type("go")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("n")
+    screen = term.wait_for("Tell the model")
+    assert "typing writes a message" not in screen, screen
+
+
+def test_an_interruption_after_a_write_does_not_say_nothing_was_written(terminal, project):
+    """QA: a write approved, then Esc at the next question: "■ Interrupted · it had written
+    nothing yet", with notes.md just written: it meant the reply's text, none yet."""
+    write = tool("write", file_path="notes.md", content="hi\n")
+    term = terminal([reply(write), reply(bash("touch two.txt"))], width=100)
+    term.type("go")
+    term.keys("Enter")
+    term.wait_for("Write notes.md?")
+    term.type("y")
+    term.wait_for("touch two.txt")
+    term.keys("Escape")
+    screen = term.wait_for("Interrupted")
+    assert (project / "notes.md").exists() and "written nothing" not in screen, screen
+
+
+def test_a_denied_multi_line_command_is_not_shown_as_one_joined_line(terminal):
+    """QA: a denied `make\\nrm -rf build` settled as `✗ Denied: make rm -rf build`: its lines
+    joined read as another command. It shows its first line, as its card does."""
+    term = terminal([reply(bash("make\nrm -rf build")), reply(text("ok"))], width=100)
+    term.type("go")
+    term.keys("Enter")
+    term.wait_for("allow once")
+    term.type("n")
+    term.wait_for("Tell the model")
+    term.keys("Enter")
+    screen = term.wait_for("Denied:")
+    assert "make rm" not in screen and "Denied: make …" in screen, screen
+
+
+def test_a_long_commands_question_can_be_read_whole_before_it_is_answered(terminal, project):
+    """QA: a 100-line heredoc's panel showed 14 lines and "… 89 more lines": the end, `python3
+    gen.py` (or `rm -rf ~`), could be read nowhere before answering; Ctrl-R showed the
+    conversation without the open call. The transcript ends with it whole."""
+    lines = "\n".join(f"print('line {i}')" for i in range(100))
+    term = terminal([reply(bash(f"cat > gen.py <<'EOF'\n{lines}\nEOF\ntouch the-last-line")),
+                     reply(text("ok"))], width=80, height=24)
+    term.type("go")
+    term.keys("Enter")
+    assert "Ctrl-R shows them all" in term.wait_for("more lines")
+    term.keys("C-r")
+    screen = term.wait_for("touch the-last-line")
+    assert "print('line 99')" in screen and "khaelor waits for your answer" in screen
+    term.type("q")
+    term.wait_for("allow once")
+    term.type("n")
+    term.wait_for("Tell the model")
+    term.keys("Enter")
+    term.wait_for("ok")
+    assert not (project / "the-last-line").exists()

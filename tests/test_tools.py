@@ -2034,3 +2034,12 @@ def test_the_guard_puts_a_planted_hook_back_even_when_its_copy_cannot_be_kept(tm
     assert f"its version is kept in {spill / 'guarded'}" in note
     [copy] = (spill / "guarded").iterdir()
     assert copy.read_text() == "#!/bin/sh\ntouch MARKER\n"
+
+
+def test_a_write_that_cannot_create_its_temp_names_the_file_asked_for(box):
+    """QA: on a read-only file system a write failed with "Read-only file system
+    (.new.txt.7fea6ab1e9bb.tmp)": a name the model never used. A name of 250 characters (its
+    temp's is over 255) fails where the temp is made, as a read-only mount does."""
+    name = "n" * 250
+    result = box.call("write", file_path=name, content="x\n")
+    assert result.is_error and ".tmp" not in result.text and name in result.text, result.text

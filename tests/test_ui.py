@@ -563,7 +563,7 @@ def test_thinking_cut_off_stays_on_screen_and_nothing_written_is_said(end):
     assert "✻ Thinking" in shown and "Considering options." in shown
     assert "what it wrote is kept" not in shown
     if end["type"] == "Interrupted":
-        assert "■ Interrupted · it had written nothing yet; say what to do next" in shown
+        assert "■ Interrupted · it had said nothing yet; say what to do next" in shown
     wrote = timeline_text([event("UserMessageCreated", text="go"),
                            event("TextCheckpoint", index=0, text="Half an answer"), end])
     assert end["type"] != "Interrupted" or "what it wrote is kept" in wrote
