@@ -924,8 +924,10 @@ class Kernel:
             why = "it reads the project's secret files: asks every time, --yes never opens them"
         if self.yes and runs_later:
             why = "git or your editor runs what it writes later, unconfined: --yes never writes it"
+        # (and no "always" for it: a saved grant would let later writes there go unasked)
+        suggestion = None if runs_later else decision.suggestion
         choice, feedback = await self.ask_user(call, decision.capability,
-                                               decision.descriptor, decision.suggestion, why=why)
+                                               decision.descriptor, suggestion, why=why)
         if choice not in ("once", "always"):
             # "deny": a person said no; "nobody": there was no one to ask
             by = "user" if choice == "deny" else "nobody"

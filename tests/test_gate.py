@@ -78,6 +78,25 @@ def test_an_untrusted_project_config_still_tightens(khaelor, fake, project):
     assert "deny process.execute" in results[0]["content"]
 
 
+def test_no_always_is_offered_for_a_write_that_git_or_the_editor_runs_later(fake, project,
+                                                                             kernel_turn):
+    """A write into .git/hooks or .vscode/ is a person's to approve each time: "always" saved a
+    grant under which later writes there went unasked (a hook planted at the next step)."""
+    fake.enqueue(reply(tool_use("write", {"file_path": str(project / ".vscode" / "tasks.json"),
+                                          "content": "{}"})),
+                 reply(tool_use("write", {"file_path": str(project / "notes.txt"),
+                                          "content": "x"})),
+                 *[reply(text("done"))] * 4)     # (and the verification and the title ask too)
+    asked = []
+
+    async def ask(request):
+        asked.append(request)
+        return "once", ""
+
+    assert kernel_turn("write two files", ask)[0] == "done"
+    assert asked[0]["suggestion"] is None and asked[1]["suggestion"], asked
+
+
 def test_an_always_grant_is_persisted_and_honoured_by_a_new_process(khaelor, fake, project, kernel_turn):
     """The kernel is driven in-process with a user who answers "always"; a fresh `khaelor -p`
     without --yes then runs the same kind of command because the grant is in the project config."""

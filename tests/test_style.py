@@ -212,7 +212,9 @@ def line_count(name: str) -> int:
 # tools.py: a write its folder refuses (a read-only mount) names the file, not its temp; 4:
 # /processes stop shows the newest 20 lines of the output (a chatty server's 1,300 filled it);
 # 14: Ctrl-R ends with the open question's call whole (a long heredoc's end was readable nowhere).
-RUNTIME_LINES = 21_594
+# 2 in kernel.py: no "always" is offered for a write git or the editor runs later (.vscode/,
+# .git/hooks: a saved grant let later writes there go unasked; QA21 saw it offered).
+RUNTIME_LINES = 21_596
 SECURITY_CORE_LINES = 6_262
 
 
