@@ -1576,6 +1576,7 @@ def _confine(requests: list[_Request], read_only: bool, rules: list[Rule]) -> sa
         paths=tuple(sorted(paths)),
         read_paths=tuple(sorted(read_paths)),
         secrets=any(r.secret for r in requests),
+        secret_paths=tuple(sorted({r.path for r in requests if r.secret and r.path})),
         hide=sandbox.SECRET_NAMES,
         **rule_paths(rules),
         unattended_network=bool(network) and known,

@@ -245,6 +245,9 @@ class Confine:
     paths_write: bool = False
     # reading the project's secret files was approved
     secrets: bool = False
+    # the secret files that approval named (real paths): a read-only line opens those, not every
+    # secret of the project (none named: all, as `khaelor sandbox --secrets` asks)
+    secret_paths: tuple[str, ...] = ()
     # a read the user's or the project's rules ask about was approved (hide_paths then opened): as
     # a secret file's, a person's to answer, never --yes's
     rule_asked: bool = False

@@ -834,7 +834,12 @@ class Workspace:
             names, paths = (), confine.deny_paths
             if (read_only or confine.unattended) and not confine.secrets:
                 names, paths = confine.hide, confine.hide_paths
+            elif read_only and confine.secret_paths:
+                # an approved secret read opens what it names, not every secret of the project
+                # (`cat .env; git grep KEY` printed a tracked secrets.yml no question named)
+                names, paths = confine.hide, confine.hide_paths
             hidden = self.secrets.find(str(self.cwd), names, paths)
+            hidden = [path for path in hidden if path not in confine.secret_paths]
             if names and read_only:
                 # (an approved build reads them, --yes's a copy without their secrets, below:
                 # Maven stops on a settings.xml it cannot read, and actions/setup-java writes one;

@@ -277,6 +277,21 @@ def test_no_approved_path_opens_khaelors_own_code_to_a_command(project, env, tmp
     assert (tmp_path / "venv" / "ok").exists(), done.stderr
 
 
+def test_approving_one_secret_read_opens_that_file_and_no_other_secret(project, env, tmp_path):
+    """Approving `cat .env; git grep -h token` (the question names .env) opened every secret file
+    of the project to the line: git grep printed a tracked secrets.yml no question named."""
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    (project / ".env").write_text("A=ok\n")
+    (project / "secrets.yml").write_text("token: never-approved-4242\n")
+    subprocess.run(["git", "add", "-f", ".env", "secrets.yml"], cwd=project, check=True)
+    command = "cat .env; git grep -h token"
+    decision = permissions.decide("bash", {"command": command}, project,
+                                  permissions.default_rules())
+    assert decision.action == "ask" and decision.confine.secrets
+    result = run_tool(project, tmp_path / "kh", "bash", {"command": command}, decision.confine)
+    assert "A=ok" in result.text and "never-approved-4242" not in result.text, result.text
+
+
 def test_the_build_tools_credentials_in_the_home_are_closed_as_the_projects_secret_files(
         project, env, home):
     """~/.gradle and ~/.m2 are readable (builds need them), and their gradle.properties and

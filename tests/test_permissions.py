@@ -781,7 +781,7 @@ def test_check_returns_the_cli_json_shape(project):
                       "destructive": "",
                       "confine": {"write": True, "network": True, "unattended_network": True,
                                   "unattended_paths": [], "git_network": True, "paths": [],
-                                  "read_paths": [], "secrets": False, "rule_asked": False,
+                                  "read_paths": [], "secrets": False, "secret_paths": [], "rule_asked": False,
                                   "hide": list(sandbox.SECRET_NAMES), "paths_write": False,
                                   "hide_paths": [], "deny_paths": [], "frozen_paths": [],
                                   "frozen_files": list(permissions.PROJECT_FILES),

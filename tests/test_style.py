@@ -214,8 +214,10 @@ def line_count(name: str) -> int:
 # 14: Ctrl-R ends with the open question's call whole (a long heredoc's end was readable nowhere).
 # 2 in kernel.py: no "always" is offered for a write git or the editor runs later (.vscode/,
 # .git/hooks: a saved grant let later writes there go unasked; QA21 saw it offered).
-RUNTIME_LINES = 21_596
-SECURITY_CORE_LINES = 6_262
+# 9 (4 of the core): an approved secret read in a read-only line opens the secret files it
+# names, not every one (`cat .env; git grep KEY` printed secrets.yml: the auditor's finding).
+RUNTIME_LINES = 21_605
+SECURITY_CORE_LINES = 6_266
 
 
 def test_the_runtime_and_its_security_core_never_grow():
