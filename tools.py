@@ -905,16 +905,12 @@ class Workspace:
         in a URL, an authorization header, a token."""
         pairs = []
         for n, config in enumerate(self.git_configs()):
-            with contextlib.suppress(OSError):
-                with _closing(sandbox.open_no_links(config, os.O_RDONLY)) as fd:
-                    text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
-                masked = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
-                masked = TOKEN.sub(TOKEN_MASK, AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, masked))
-                if masked != text:
-                    copy = sandbox.spill_folder(self.home, self.cwd) / f"git-config-{n}"
-                    copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                    events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
-                    pairs.append((config, str(copy)))
+            data = _read_plain(Path(config), GUARD_FILE_CAP)
+            text = "" if data is None else data.decode("utf-8", "surrogateescape")
+            masked = mask_credentials(text)
+            # (not a plain file within the cap, a FIFO: shown empty, never waited on or shown whole)
+            if masked != text or data is None and os.path.lexists(config):
+                pairs.append((config, self.spill_copy(f"git-config-{n}", masked)))
         return tuple(pairs)
 
     def git_configs(self) -> list[str]:
@@ -930,17 +926,20 @@ class Workspace:
         """(each build credential file of the home, a copy without its secrets: BUILD_SECRETS)."""
         pairs = []
         for path in sandbox.home_credentials(str(Path.home())):
-            with contextlib.suppress(OSError):
-                with _closing(sandbox.open_no_links(path, os.O_RDONLY)) as fd:
-                    text = os.read(fd, GUARD_FILE_CAP).decode("utf-8", "surrogateescape")
-                copy = sandbox.spill_folder(self.home, self.cwd) / os.path.basename(path)
-                copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                masked = BUILD_SECRETS[os.path.basename(path)].sub("", text)
-                if BUILD_SECRET_WORD.search(masked):
-                    masked = "<settings/>\n" if path.endswith(".xml") else ""
-                events.replace_private(copy, masked.encode("utf-8", "surrogateescape"))
-                pairs.append((path, str(copy)))
+            name = os.path.basename(path)
+            data = _read_plain(Path(path), GUARD_FILE_CAP)
+            masked = BUILD_SECRETS[name].sub("", (data or b"").decode("utf-8", "surrogateescape"))
+            if data is None or BUILD_SECRET_WORD.search(masked):
+                masked = "<settings/>\n" if name.endswith(".xml") else ""
+            pairs.append((path, self.spill_copy(name, masked)))
         return tuple(pairs)
+
+    def spill_copy(self, name: str, text: str) -> str:
+        """`text` written as `name` in this project's spill folder (private): what a mount shows."""
+        copy = sandbox.spill_folder(self.home, self.cwd) / name
+        copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        events.replace_private(copy, text.encode("utf-8", "surrogateescape"))
+        return str(copy)
 
     def session_temp(self) -> Path:
         if self.temp_dir is None or not self.temp_dir.is_dir():
@@ -1499,15 +1498,11 @@ class Toolbox:
         for value in self.dotenv.values:
             if value in text:
                 text = text.replace(value, DOTENV_MASK)
-        if "@" in text:
-            text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
         if "PRIVATE KEY-----" in text:
             text = PRIVATE_KEY.sub(rf"\1 {PRIVATE_KEY_MASK} \2", text)
         if "diff --" in text:
             text = _mask_secret_diffs(text)
-        if "uthorization" in text or "UTHORIZATION" in text:
-            text = AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, text)
-        return TOKEN.sub(TOKEN_MASK, text)
+        return mask_credentials(text)
 
     def running_processes(self) -> list[dict]:
         """[{process_id, pid, command, runtime_s}] for the processes still running."""
@@ -2404,6 +2399,16 @@ def _prune_spill(spill_dir: Path) -> None:
             break
         Path(path).unlink(missing_ok=True)
         total -= size
+
+
+def mask_credentials(text: str) -> str:
+    """A URL's password, an authorization header's credential and tokens of known formats masked:
+    in every tool output (Toolbox.mask) and the copy of .git/config a --yes line reads."""
+    if "@" in text:
+        text = URL_PASSWORD.sub(r"\1" + URL_PASSWORD_MASK, text)
+    if "uthorization" in text or "UTHORIZATION" in text:
+        text = AUTH_HEADER.sub(r"\1" + AUTH_HEADER_MASK, text)
+    return TOKEN.sub(TOKEN_MASK, text)
 
 
 def _mask_secret_diffs(text: str) -> str:

@@ -232,6 +232,18 @@ def test_the_credential_stores_in_the_readable_part_of_the_home_are_closed(proje
     assert "Kept Readable" in out and "jobs = 1" in out
 
 
+def test_under_yes_a_fifo_among_the_git_configs_is_shown_empty_not_waited_on(project, tmp_path):
+    """The copy of each git config a --yes line reads was made with a blocking read: a FIFO an
+    earlier step left at .git/modules/lib/config hung khaelor before the next command started."""
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    (project / ".git" / "modules" / "lib").mkdir(parents=True)
+    os.mkfifo(project / ".git" / "modules" / "lib" / "config")
+    confine = sandbox.Confine(write=False, unattended=True, hide=sandbox.SECRET_NAMES)
+    result = run_tool(project, tmp_path / "kh", "bash",
+                      {"command": "wc -c < .git/modules/lib/config"}, confine)
+    assert result.text.split()[0] == "0", result.text
+
+
 def test_under_yes_a_line_given_the_network_reads_no_credential_in_git_config(project, env):
     """actions/checkout leaves the job's token in .git/config (an extraheader; others a password in
     a remote's URL): under --yes `curl --data-binary @.git/config URL` got the network (curl is

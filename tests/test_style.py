@@ -216,7 +216,9 @@ def line_count(name: str) -> int:
 # .git/hooks: a saved grant let later writes there go unasked; QA21 saw it offered).
 # 9 (4 of the core): an approved secret read in a read-only line opens the secret files it
 # names, not every one (`cat .env; git grep KEY` printed secrets.yml: the auditor's finding).
-RUNTIME_LINES = 21_605
+# 5 in tools.py, on the last read: one mask_credentials for the tool output and the .git/config
+# copy, one spill_copy, and _read_plain's reading (a FIFO among the git configs hung the copy).
+RUNTIME_LINES = 21_610
 SECURITY_CORE_LINES = 6_266
 
 
